@@ -1,0 +1,124 @@
+/* cmd_convert.c - `jlm convert SRC [-o OUT] [--plan]`. */
+#include "cli.h"
+#include "converter/convert.h"
+
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+/* The .part being written, so a SIGINT/SIGTERM removes it (format invariant
+ * 4). Written before the handlers can run; read only by them. */
+static char *g_part;
+
+static void on_signal(int sig)
+{
+    if (g_part)
+        unlink(g_part);
+    signal(sig, SIG_DFL);
+    raise(sig);
+}
+
+typedef struct bar { int tty; double t0; int last; } bar;
+
+static double now_s(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return ts.tv_sec + ts.tv_nsec * 1e-9;
+}
+
+static void progress(void *ctx, uint64_t done, uint64_t total)
+{
+    bar *b = ctx;
+    /* Test hook: terminate ourselves at N% to check that nothing is left. */
+    const char *at = getenv("JLM_TEST_SIGNAL_AT");
+    if (at && total && done * 100 >= (uint64_t)atoi(at) * total)
+        raise(SIGTERM);
+    if (!b->tty || !total)
+        return;
+    int pct = (int)(done * 100 / total);
+    if (pct == b->last)
+        return;
+    b->last = pct;
+    int w = pct / 4;
+    fprintf(stderr, "\r[%.*s%*s] %3d%%  %.1f MiB", w, "#########################", 25 - w, "", pct,
+            done / 1048576.0);
+    fflush(stderr);
+}
+
+static void print_plan(const jlm_conv *c, const char *out)
+{
+    const jlm_header *h = &c->plan.hdr;
+    printf("plan for %s -> %s\n", c->src_path, out);
+    printf("  arch            %s, %u layers, %u tensors\n", jlm_fmt_arch_name(c->config.arch), c->config.n_layer, c->n_tensors);
+    printf("  metadata        %llu bytes (config %llu, vocab %llu, table %llu)\n", (unsigned long long)h->dense_off,
+           (unsigned long long)h->cfg_len, (unsigned long long)h->voc_len, (unsigned long long)h->tab_len);
+    printf("  dense region    %llu bytes at %llu\n", (unsigned long long)h->dense_len, (unsigned long long)h->dense_off);
+    printf("  text pages      %u x %llu bytes at %llu\n", h->n_blocks, (unsigned long long)h->page_size, (unsigned long long)h->data_off);
+    if (h->n_vis_blocks)
+        printf("  vision pages    %u x %llu bytes at %llu\n", h->n_vis_blocks, (unsigned long long)h->vis_page_size,
+               (unsigned long long)h->vis_data_off);
+    if (h->n_exp_pages)
+        printf("  expert pages    %u x %llu bytes at %llu\n", h->n_exp_pages, (unsigned long long)h->exp_page_size,
+               (unsigned long long)h->exp_data_off);
+    printf("  chunk           %llu\n  stream groups   %u\n", (unsigned long long)h->chunk, h->stream_groups);
+    printf("  file size       %llu bytes (source %llu)\n", (unsigned long long)c->plan.file_size,
+           (unsigned long long)c->g->total_bytes);
+}
+
+int jlm_cmd_convert(int argc, char **argv)
+{
+    const char *src = NULL, *out = NULL;
+    int plan_only = 0;
+    for (int i = 1; i < argc; i++) {
+        if (!strcmp(argv[i], "-o") && i + 1 < argc) out = argv[++i];
+        else if (!strcmp(argv[i], "--plan")) plan_only = 1;
+        else if (argv[i][0] == '-' || src) {
+            fprintf(stderr, "usage: jlm convert SRC.gguf [-o OUT.jlm] [--plan]\n");
+            return 2;
+        } else src = argv[i];
+    }
+    if (!src) {
+        fprintf(stderr, "usage: jlm convert SRC.gguf [-o OUT.jlm] [--plan]\n");
+        return 2;
+    }
+    char *def = out ? NULL : jlm_conv_default_out(src);
+    if (!out)
+        out = def;
+    jlm_err err = {0};
+    jlm_conv *c;
+    double t0 = now_s();
+    if (jlm_conv_open(src, stderr, &c, &err)) {
+        fprintf(stderr, "jlm convert: %s\n", err.msg);
+        free(def);
+        return 1;
+    }
+    if (plan_only) {
+        print_plan(c, out);
+        jlm_conv_close(c);
+        free(def);
+        return 0;
+    }
+    if (asprintf(&g_part, "%s.part", out) < 0)
+        g_part = NULL;
+    signal(SIGINT, on_signal);
+    signal(SIGTERM, on_signal);
+    signal(SIGHUP, on_signal);
+    bar b = {isatty(2), t0, -1};
+    int rc = jlm_conv_write(c, out, NULL, progress, &b, &err);
+    if (b.tty)
+        fprintf(stderr, "\n");
+    if (rc) {
+        fprintf(stderr, "jlm convert: %s\n", err.msg);
+    } else {
+        double dt = now_s() - t0;
+        fprintf(stderr, "jlm convert: wrote %s (%llu bytes, %u tensors) in %.2f s\n", out,
+                (unsigned long long)c->plan.file_size, c->n_tensors, dt);
+    }
+    jlm_conv_close(c);
+    free(def);
+    return rc ? 1 : 0;
+}

@@ -1,0 +1,148 @@
+/* cmd_info.c - `jlm info MODEL [--tensors] [--json]`: header, config, page
+ * arrays, vocab summary, fingerprint and (optionally) the tensor table. */
+#include "cli.h"
+#include "format/jlm_format.h"
+
+#include <jansson.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+static const char *vocab_kind(uint8_t k)
+{
+    static const char *n[] = {"none", "spm", "bpe", "wpm", "spbpe"};
+    return k < 5 ? n[k] : "?";
+}
+
+static json_t *tensors_json(const jlm_model *m)
+{
+    json_t *a = json_array();
+    for (uint32_t i = 0; i < m->hdr.n_tensors; i++) {
+        const jlm_tensor *t = &m->tensors[i];
+        json_t *dims = json_array();
+        for (int d = 0; d < t->ndim; d++)
+            json_array_append_new(dims, json_integer((json_int_t)t->dims[d]));
+        jlm_tensor_loc l;
+        jlm_fmt_tensor_loc(m, t, &l);
+        static const char *rn[] = {"dense", "text", "vision", "expert"};
+        json_array_append_new(a, json_pack("{s:s, s:i, s:i, s:i, s:s, s:o, s:s, s:I, s:I, s:I, s:I}",
+            "name", t->name.s, "role", t->role, "block", t->block, "index", t->index,
+            "type", jlm_fmt_type_traits(t->type)->name, "dims", dims, "region", rn[l.region],
+            "page", (json_int_t)l.page, "qs_off", (json_int_t)t->qs_off, "d_off", (json_int_t)t->d_off,
+            "sc_off", (json_int_t)t->sc_off));
+    }
+    return a;
+}
+
+static json_t *info_json(const jlm_model *m, int with_tensors)
+{
+    const jlm_header *h = &m->hdr;
+    const jlm_config *c = &m->config;
+    json_t *o = json_pack("{s:s, s:i, s:I}", "path", m->path, "version", h->version, "file_size", (json_int_t)m->file_size);
+    json_object_set_new(o, "header", json_pack("{s:I, s:i, s:i, s:I, s:I, s:I, s:I, s:I, s:i, s:I, s:I, s:I, s:i, s:I, s:i}",
+        "page_size", (json_int_t)h->page_size, "n_blocks", h->n_blocks, "n_tensors", h->n_tensors,
+        "data_off", (json_int_t)h->data_off, "dense_off", (json_int_t)h->dense_off, "dense_len", (json_int_t)h->dense_len,
+        "vis_data_off", (json_int_t)h->vis_data_off, "vis_page_size", (json_int_t)h->vis_page_size,
+        "n_vis_blocks", h->n_vis_blocks, "chunk", (json_int_t)h->chunk, "exp_data_off", (json_int_t)h->exp_data_off,
+        "exp_page_size", (json_int_t)h->exp_page_size, "n_exp_pages", h->n_exp_pages,
+        "meta_len", (json_int_t)h->dense_off, "stream_groups", h->stream_groups));
+    json_object_set_new(o, "config", json_pack("{s:s, s:i, s:i, s:i, s:i, s:i, s:i, s:i, s:i, s:i, s:i, s:i, s:i, s:i, s:i, s:f, s:f, s:f, s:i}",
+        "arch", jlm_fmt_arch_name(c->arch), "n_layer", c->n_layer, "n_embd", c->n_embd, "n_head", c->n_head,
+        "n_kv_head", c->n_kv_head, "head_dim", c->head_dim, "n_rot", c->n_rot, "n_ffn", c->n_ffn,
+        "n_vocab", c->n_vocab, "n_ctx", c->n_ctx, "n_expert", c->n_expert, "n_expert_used", c->n_expert_used,
+        "n_ffn_exp", c->n_ffn_exp, "swa_window", c->swa_window, "swa_period", c->swa_period,
+        "rms_eps", (double)c->rms_eps, "rope_base", (double)c->rope_base, "rope_base_swa", (double)c->rope_base_swa,
+        "flags", c->flags));
+    json_object_set_new(o, "vocab", json_pack("{s:s, s:i, s:i, s:i, s:i, s:i, s:s, s:i}",
+        "kind", vocab_kind(m->vocab.kind), "n_tokens", m->vocab.n_tokens, "n_merges", m->vocab.n_merges,
+        "bos", m->vocab.bos, "eos", m->vocab.eos, "n_added", m->vocab.n_added, "pre", m->vocab.pre_name.s,
+        "n_templates", m->vocab.n_templates));
+    json_object_set_new(o, "fingerprint", json_pack("{s:s, s:s, s:s, s:I}", "host", m->fp.host.s,
+        "device", m->fp.device.s, "writer", m->fp.writer.s, "vram", (json_int_t)m->fp.vram));
+    if (with_tensors)
+        json_object_set_new(o, "tensors", tensors_json(m));
+    return o;
+}
+
+static void info_text(const jlm_model *m, int with_tensors)
+{
+    const jlm_header *h = &m->hdr;
+    const jlm_config *c = &m->config;
+    printf("%s: jlm container version %u, %llu bytes\n", m->path, h->version, (unsigned long long)m->file_size);
+    printf("  arch          %s\n", jlm_fmt_arch_name(c->arch));
+    printf("  dims          n_layer %u, n_embd %u, n_head %u, n_kv_head %u, head_dim %u, n_rot %u, n_ffn %u\n",
+           c->n_layer, c->n_embd, c->n_head, c->n_kv_head, c->head_dim, c->n_rot, c->n_ffn);
+    printf("  vocab/ctx     n_vocab %u, n_ctx %u\n", c->n_vocab, c->n_ctx);
+    if (c->n_expert)
+        printf("  experts       %u, %u used, n_ffn_exp %u\n", c->n_expert, c->n_expert_used, c->n_ffn_exp);
+    if (c->swa_window)
+        printf("  sliding win   %u, period %u\n", c->swa_window, c->swa_period);
+    printf("  rope          base %g, base_swa %g, yarn factor %g\n", (double)c->rope_base, (double)c->rope_base_swa,
+           (double)c->yarn_factor);
+    printf("  rms_eps       %g\n  flags         0x%08x\n", (double)c->rms_eps, c->flags);
+    printf("  metadata      %llu bytes; dense region %llu bytes at %llu\n", (unsigned long long)h->dense_off,
+           (unsigned long long)h->dense_len, (unsigned long long)h->dense_off);
+    printf("  text pages    %u x %llu bytes at %llu\n", h->n_blocks, (unsigned long long)h->page_size, (unsigned long long)h->data_off);
+    if (h->n_vis_blocks)
+        printf("  vision pages  %u x %llu bytes at %llu\n", h->n_vis_blocks, (unsigned long long)h->vis_page_size,
+               (unsigned long long)h->vis_data_off);
+    if (h->n_exp_pages)
+        printf("  expert pages  %u x %llu bytes at %llu\n", h->n_exp_pages, (unsigned long long)h->exp_page_size,
+               (unsigned long long)h->exp_data_off);
+    printf("  chunk         %llu, stream groups %u\n", (unsigned long long)h->chunk, h->stream_groups);
+    printf("  tokenizer     %s, %u tokens, %u merges, bos %d, eos %d, pre '%s', %u chat template(s)\n",
+           vocab_kind(m->vocab.kind), m->vocab.n_tokens, m->vocab.n_merges, m->vocab.bos, m->vocab.eos,
+           m->vocab.pre_name.s, m->vocab.n_templates);
+    printf("  fingerprint   host %s, device %s, writer %s\n", m->fp.host.s, m->fp.device.s, m->fp.writer.s);
+    if (!with_tensors)
+        return;
+    printf("  %-32s %5s %5s %-6s %-22s %-7s %5s %12s\n", "tensor", "role", "block", "type", "dims", "region", "page", "qs_off");
+    for (uint32_t i = 0; i < h->n_tensors; i++) {
+        const jlm_tensor *t = &m->tensors[i];
+        char dims[64] = "";
+        for (int d = 0; d < t->ndim; d++)
+            snprintf(dims + strlen(dims), sizeof dims - strlen(dims), d ? "x%llu" : "%llu", (unsigned long long)t->dims[d]);
+        jlm_tensor_loc l;
+        jlm_fmt_tensor_loc(m, t, &l);
+        static const char *rn[] = {"dense", "text", "vision", "expert"};
+        printf("  %-32s %5u %5d %-6s %-22s %-7s %5lld %12llu\n", t->name.s, t->role, t->block,
+               jlm_fmt_type_traits(t->type)->name, dims, rn[l.region], (long long)l.page, (unsigned long long)t->qs_off);
+    }
+}
+
+int jlm_cmd_info(int argc, char **argv)
+{
+    const char *path = NULL;
+    int tensors = 0, js = 0;
+    for (int i = 1; i < argc; i++) {
+        if (!strcmp(argv[i], "--tensors")) tensors = 1;
+        else if (!strcmp(argv[i], "--json")) js = 1;
+        else if (argv[i][0] == '-' || path) { fprintf(stderr, "usage: jlm info MODEL [--tensors] [--json]\n"); return 2; }
+        else path = argv[i];
+    }
+    if (!path) {
+        fprintf(stderr, "usage: jlm info MODEL [--tensors] [--json]\n");
+        return 2;
+    }
+    if (jlm_cli_is_gguf(path)) {
+        fprintf(stderr, "jlm info: %s: a GGUF file, not a .jlm container: convert it first with `jlm convert %s`\n", path, path);
+        return 1;
+    }
+    jlm_err err = {0};
+    jlm_model *m;
+    if (jlm_fmt_open(path, &m, &err)) {
+        fprintf(stderr, "jlm info: %s\n", err.msg);
+        return 1;
+    }
+    if (js) {
+        json_t *o = info_json(m, tensors);
+        char *s = json_dumps(o, JSON_INDENT(2) | JSON_PRESERVE_ORDER);
+        puts(s);
+        free(s);
+        json_decref(o);
+    } else {
+        info_text(m, tensors);
+    }
+    jlm_fmt_close(m);
+    return 0;
+}

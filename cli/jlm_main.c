@@ -1,0 +1,36 @@
+/* jlm_main.c - the `jlm` command: a thin dispatcher over cli/cmd_*.c. */
+#include "cli.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+typedef struct cmd { const char *name; int (*fn)(int, char **); const char *help; } cmd;
+
+static const cmd CMDS[] = {
+    {"convert",  jlm_cmd_convert,  "convert SRC.gguf [-o OUT.jlm] [--plan]   GGUF -> .jlm container"},
+    {"info",     jlm_cmd_info,     "info MODEL [--tensors] [--json]          what a container holds"},
+    {"run",      jlm_cmd_run,      "run MODEL -p PROMPT [-n N] [-c CTX] [--temp T] [--top-k K] [--top-p P] [--min-p P] [--repeat-penalty R] [--seed S] [-t N] [--budget SIZE] [--stats] [--print-ids] [--logits FILE]"},
+    {"template", jlm_cmd_template, "template (MODEL | --template F) --messages F.json [--add-generation-prompt] [--bos S] [--eos S] [--now ISO]"},
+};
+
+static void usage(FILE *f)
+{
+    fprintf(f, "usage: jlm COMMAND [ARGS]\n\ncommands:\n");
+    for (size_t i = 0; i < sizeof CMDS / sizeof CMDS[0]; i++)
+        fprintf(f, "  jlm %s\n", CMDS[i].help);
+}
+
+int main(int argc, char **argv)
+{
+    if (argc < 2 || !strcmp(argv[1], "-h") || !strcmp(argv[1], "--help")) {
+        usage(argc < 2 ? stderr : stdout);
+        return argc < 2 ? 2 : 0;
+    }
+    for (size_t i = 0; i < sizeof CMDS / sizeof CMDS[0]; i++)
+        if (!strcmp(argv[1], CMDS[i].name))
+            return CMDS[i].fn(argc - 1, argv + 1);
+    fprintf(stderr, "jlm: unknown command '%s'\n", argv[1]);
+    usage(stderr);
+    return 2;
+}

@@ -1,0 +1,176 @@
+/* template_cmd.c - `jlm template (MODEL | --template FILE.jinja) --messages FILE.json
+ * [--add-generation-prompt] [--bos S] [--eos S] [--now ISO-8601]`: prints the
+ * prompt llama.cpp would render for the messages, and nothing else.
+ * MODEL's default template and BOS/EOS token texts come from its vocab;
+ * --bos/--eos override them. Without --now the clock is the current local
+ * time (as llama.cpp); with --now it is that instant, formatted in UTC. */
+#define _XOPEN_SOURCE 700
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include <jansson.h>
+
+#include "cli.h"
+#include "engine/chat.h"
+
+static int usage(void)
+{
+    fprintf(stderr, "usage: jlm template (MODEL | --template FILE.jinja) --messages FILE.json "
+                    "[--add-generation-prompt] [--bos S] [--eos S] [--now ISO-8601]\n");
+    return 2;
+}
+
+static char *read_file(const char *path, size_t *len)
+{
+    FILE *f = fopen(path, "rb");
+    if (!f) return NULL;
+    size_t cap = 1 << 16, n = 0;
+    char *buf = malloc(cap);
+    for (;;) {
+        if (!buf) break;
+        if (n + 1 >= cap) {
+            char *nb = realloc(buf, cap *= 2);
+            if (!nb) { free(buf); buf = NULL; break; }
+            buf = nb;
+        }
+        size_t r = fread(buf + n, 1, cap - n - 1, f);
+        n += r;
+        if (r == 0) {
+            if (ferror(f)) { free(buf); buf = NULL; }
+            break;
+        }
+    }
+    int e = errno;
+    fclose(f);
+    if (!buf) { errno = e ? e : ENOMEM; return NULL; }
+    buf[n] = 0;
+    *len = n;
+    return buf;
+}
+
+/* "YYYY-MM-DD[THH:MM[:SS]][Z]" as UTC; -1 on a malformed string. */
+static time_t parse_iso(const char *s)
+{
+    struct tm tm = {0};
+    int y, mo, d, h = 0, mi = 0, sec = 0, used = 0;
+    if (sscanf(s, "%4d-%2d-%2d%n", &y, &mo, &d, &used) != 3) return -1;
+    s += used;
+    if (*s == 'T' || *s == ' ') {
+        int u2 = 0;
+        if (sscanf(s + 1, "%2d:%2d%n", &h, &mi, &u2) != 2) return -1;
+        s += 1 + u2;
+        if (*s == ':') {
+            if (sscanf(s + 1, "%2d%n", &sec, &u2) != 1) return -1;
+            s += 1 + u2;
+        }
+    }
+    if (*s == 'Z' || !strcmp(s, "+00:00")) s += *s == 'Z' ? 1 : 6;
+    if (*s) return -1;
+    if (mo < 1 || mo > 12 || d < 1 || d > 31 || h > 23 || mi > 59 || sec > 60) return -1;
+    tm.tm_year = y - 1900;
+    tm.tm_mon = mo - 1;
+    tm.tm_mday = d;
+    tm.tm_hour = h;
+    tm.tm_min = mi;
+    tm.tm_sec = sec;
+    return timegm(&tm);
+}
+
+typedef struct targs {
+    const char *model, *tmpl_path, *msgs_path, *bos, *eos, *now;
+    int add_gen;
+} targs;
+
+static int parse_args(int argc, char **argv, targs *a)
+{
+    for (int i = 1; i < argc; i++) {
+        const char *o = argv[i];
+        const char **dst = !strcmp(o, "--template") ? &a->tmpl_path : !strcmp(o, "--messages") ? &a->msgs_path
+                         : !strcmp(o, "--bos") ? &a->bos : !strcmp(o, "--eos") ? &a->eos
+                         : !strcmp(o, "--now") ? &a->now : NULL;
+        if (dst) {
+            if (i + 1 >= argc) { fprintf(stderr, "jlm template: %s needs a value\n", o); return 2; }
+            *dst = argv[++i];
+        } else if (!strcmp(o, "--add-generation-prompt")) a->add_gen = 1;
+        else if (o[0] == '-' && o[1]) { fprintf(stderr, "jlm template: unknown option %s\n", o); return 2; }
+        else if (a->model) { fprintf(stderr, "jlm template: more than one MODEL given\n"); return 2; }
+        else a->model = o;
+    }
+    if (!a->msgs_path || (!a->model) == (!a->tmpl_path)) return usage();
+    return 0;
+}
+
+static json_t *load_messages(const char *path)
+{
+    json_error_t je;
+    json_t *j = json_load_file(path, 0, &je);
+    if (!j) {
+        fprintf(stderr, "jlm template: %s: line %d: %s\n", path, je.line, je.text);
+        return NULL;
+    }
+    if (json_is_object(j) && json_is_array(json_object_get(j, "messages"))) {
+        json_t *m = json_incref(json_object_get(j, "messages"));
+        json_decref(j);
+        j = m;
+    }
+    if (!json_is_array(j)) {
+        fprintf(stderr, "jlm template: %s: expected a JSON array of messages\n", path);
+        json_decref(j);
+        return NULL;
+    }
+    return j;
+}
+
+int jlm_cmd_template(int argc, char **argv)
+{
+    targs a = {0};
+    int rc = parse_args(argc, argv, &a);
+    if (rc) return rc;
+    jlm_chat_opts o = {.add_generation_prompt = a.add_gen, .local_time = 1};
+    if (a.now) {
+        o.now = parse_iso(a.now);
+        if (o.now == (time_t)-1) {
+            fprintf(stderr, "jlm template: --now %s: expected ISO-8601 like 2025-03-07T12:00:00Z\n", a.now);
+            return 2;
+        }
+        o.local_time = 0;
+    }
+    char *tmpl = NULL, *bos = NULL, *eos = NULL;
+    size_t tlen = 0;
+    jlm_err err = {0};
+    if (a.tmpl_path) {
+        tmpl = read_file(a.tmpl_path, &tlen);
+        if (!tmpl) {
+            fprintf(stderr, "jlm template: %s: %s\n", a.tmpl_path, strerror(errno));
+            return 1;
+        }
+    } else {
+        if (jlm_chat_template_from_model(a.model, &tmpl, &bos, &eos, &err)) {
+            fprintf(stderr, "jlm template: %s\n", err.msg);
+            return 1;
+        }
+        tlen = strlen(tmpl);
+    }
+    o.bos_token = a.bos ? a.bos : bos;
+    o.eos_token = a.eos ? a.eos : eos;
+    json_t *msgs = load_messages(a.msgs_path);
+    char *out = NULL;
+    size_t n = 0;
+    rc = 1;
+    if (msgs) {
+        if (jlm_chat_render_json(tmpl, tlen, msgs, &o, 1, &out, &n, &err))
+            fprintf(stderr, "jlm template: %s: %s\n", a.tmpl_path ? a.tmpl_path : a.model, err.msg);
+        else if (fwrite(out, 1, n, stdout) != n || fflush(stdout))
+            fprintf(stderr, "jlm template: <stdout>: %s\n", strerror(errno));
+        else rc = 0;
+    }
+    json_decref(msgs);
+    free(out);
+    free(tmpl);
+    free(bos);
+    free(eos);
+    return rc;
+}

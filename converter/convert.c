@@ -1,0 +1,366 @@
+/* convert.c - the conversion driver: GGUF -> mapped tensors -> plan (pass 1)
+ * -> packed planes in OUT.part -> read-back checks -> rename (pass 2). */
+#include "convert_int.h"
+#include "pack.h"
+#include "vocab.h"
+#include "../kernels/cpu/dequant.h"
+
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+/* ---------------------------------------------------------------- tensor mapping */
+typedef struct mapped { jlm_tensor t; jlm_conv_src s; } mapped;
+
+static int cmp_mapped(const void *a, const void *b)
+{
+    const jlm_tensor *x = &((const mapped *)a)->t, *y = &((const mapped *)b)->t;
+    if (x->block != y->block) return x->block < y->block ? -1 : 1;
+    if (x->role != y->role) return x->role < y->role ? -1 : 1;
+    return 0;
+}
+
+/* Adds one container tensor taking `rows` rows of source tensor gi from row0. */
+static int add(jlm_conv *c, mapped *v, uint32_t *n, uint32_t gi, uint16_t role, int32_t block,
+               uint64_t row0, uint64_t rows, FILE *notes, jlm_err *err)
+{
+    const jlm_gguf_tensor *gt = &c->g->tensors[gi];
+    mapped *m = &v[(*n)++];
+    memset(m, 0, sizeof *m);
+    int exact;
+    int rc = jlm_pack_stored_type(gt->type, &m->t.type, &exact, err);
+    if (rc)
+        return jlm_err_prefix(err, "%s: tensor '%s'", c->src_path, gt->name.s);
+    if (!exact && notes && row0 == 0)
+        fprintf(notes, "note: %s: tensor '%s' is %s, stored as %s (re-quantized)\n", c->src_path, gt->name.s,
+                jlm_ggml_type_name(gt->type), jlm_fmt_type_traits(m->t.type)->name);
+    m->t.role = role;
+    m->t.block = block;
+    m->t.index = -1;
+    m->t.ndim = (uint8_t)(gt->n_dims ? gt->n_dims : 1);
+    for (int d = 0; d < 4; d++)
+        m->t.dims[d] = gt->ne[d] ? gt->ne[d] : 1;
+    if (m->t.ndim >= 2)
+        m->t.dims[1] = rows;
+    m->t.name.s = gt->name.s;
+    m->t.name.len = (uint32_t)gt->name.len;
+    m->s.gguf_idx = gi;
+    m->s.row0 = row0;
+    m->s.src_type = gt->type;
+    m->s.exact = exact;
+    return JLM_OK;
+}
+
+static int map_tensors(jlm_conv *c, FILE *notes, jlm_err *err)
+{
+    const jlm_gguf *g = c->g;
+    const jlm_config *k = &c->config;
+    mapped *v = calloc(g->n_tensors * 3 + 1, sizeof *v);
+    if (!v)
+        return jlm_errf(err, JLM_ENOMEM, "%s: out of memory", c->src_path);
+    uint32_t n = 0;
+    int rc = JLM_OK;
+    for (uint32_t i = 0; i < g->n_tensors && !rc; i++) {
+        const jlm_gguf_tensor *gt = &g->tensors[i];
+        int32_t blk;
+        int fused;
+        int role = jlm_conv_role(gt->name.s, &blk, &fused);
+        if (!role) {
+            rc = jlm_errf(err, JLM_EUNSUPPORTED, "%s: tensor '%s' has no role for architecture %s", c->src_path,
+                          gt->name.s, jlm_fmt_arch_name(k->arch));
+            break;
+        }
+        if (blk >= 0 && (uint32_t)blk >= k->n_layer) {
+            rc = jlm_errf(err, JLM_EFORMAT, "%s: tensor '%s' is in block %d of %u", c->src_path, gt->name.s, blk, k->n_layer);
+            break;
+        }
+        uint64_t rows = gt->n_dims >= 2 ? gt->ne[1] : 1;
+        if (fused == 1 || fused == 2) {   /* q | k | v by rows (bias: by elements of a 1-D tensor) */
+            uint64_t q = (uint64_t)k->n_head * k->head_dim, kk = (uint64_t)k->n_kv_head * k->head_dim;
+            uint64_t vv = (uint64_t)k->n_kv_head * (k->head_dim_v ? k->head_dim_v : k->head_dim);
+            uint64_t total = fused == 1 ? rows : gt->ne[0];
+            if (q + kk + vv != total) {
+                rc = jlm_errf(err, JLM_EFORMAT, "%s: fused '%s' has %llu rows, expected q %llu + k %llu + v %llu",
+                              c->src_path, gt->name.s, (unsigned long long)total, (unsigned long long)q,
+                              (unsigned long long)kk, (unsigned long long)vv);
+                break;
+            }
+            if (fused == 2) {
+                rc = jlm_errf(err, JLM_EUNSUPPORTED, "%s: fused bias '%s' is not supported yet", c->src_path, gt->name.s);
+                break;
+            }
+            (void)((rc = add(c, v, &n, i, JLM_R_ATTN_Q, blk, 0, q, notes, err)) ||
+                   (rc = add(c, v, &n, i, JLM_R_ATTN_K, blk, q, kk, notes, err)) ||
+                   (rc = add(c, v, &n, i, JLM_R_ATTN_V, blk, q + kk, vv, notes, err)));
+            continue;
+        }
+        if (role == JLM_R_FFN_UP && k->arch == JLM_ARCH_PHI3) {   /* phi3: ffn_up = gate | up */
+            char gate[96];
+            snprintf(gate, sizeof gate, "blk.%d.ffn_gate.weight", blk);
+            if (!jlm_gguf_find_tensor(g, gate)) {
+                if (rows % 2) {
+                    rc = jlm_errf(err, JLM_EFORMAT, "%s: fused gate|up '%s' has an odd row count", c->src_path, gt->name.s);
+                    break;
+                }
+                (void)((rc = add(c, v, &n, i, JLM_R_FFN_GATE, blk, 0, rows / 2, notes, err)) ||
+                       (rc = add(c, v, &n, i, JLM_R_FFN_UP, blk, rows / 2, rows / 2, notes, err)));
+                continue;
+            }
+        }
+        rc = add(c, v, &n, i, (uint16_t)role, blk, 0, rows, notes, err);
+    }
+    if (rc) {
+        free(v);
+        return rc;
+    }
+    qsort(v, n, sizeof *v, cmp_mapped);
+    c->tensors = jlm_arena_alloc(c->arena, (n ? n : 1) * sizeof *c->tensors);
+    c->src = jlm_arena_alloc(c->arena, (n ? n : 1) * sizeof *c->src);
+    if (!c->tensors || !c->src) {
+        free(v);
+        return jlm_errf(err, JLM_ENOMEM, "%s: out of memory", c->src_path);
+    }
+    for (uint32_t i = 0; i < n; i++) {
+        c->tensors[i] = v[i].t;
+        c->src[i] = v[i].s;
+    }
+    c->n_tensors = n;
+    free(v);
+    return JLM_OK;
+}
+
+/* ---------------------------------------------------------------- open / plan */
+static int has_role(const jlm_conv *c, uint16_t role)
+{
+    for (uint32_t i = 0; i < c->n_tensors; i++)
+        if (c->tensors[i].role == role)
+            return 1;
+    return 0;
+}
+
+int jlm_conv_open(const char *src_path, FILE *notes, jlm_conv **out, jlm_err *err)
+{
+    jlm_conv *c = calloc(1, sizeof *c);
+    if (!c || !(c->arena = jlm_arena_new())) {
+        free(c);
+        return jlm_errf(err, JLM_ENOMEM, "%s: out of memory", src_path);
+    }
+    int rc = jlm_gguf_open(src_path, &c->g, err);
+    if (rc)
+        goto fail;
+    c->src_path = c->g->path;
+    if ((rc = jlm_conv_config(c->g, &c->config, err)))
+        goto fail;
+    if ((rc = jlm_conv_vocab(c->g, c->arena, &c->vocab, err)))
+        goto fail;
+    if (c->config.arch != JLM_ARCH_NONE && c->config.n_vocab == 0)
+        c->config.n_vocab = c->vocab.n_tokens;
+    if (c->config.arch == JLM_ARCH_NONE)
+        c->config.n_vocab = c->vocab.n_tokens;
+    c->fp.host.s = "x86_64"; c->fp.host.len = 6;
+    c->fp.device.s = "cpu"; c->fp.device.len = 3;
+    c->fp.writer.s = JLM_WRITER_NAME; c->fp.writer.len = (uint32_t)strlen(JLM_WRITER_NAME);
+    if (c->config.arch != JLM_ARCH_NONE && (rc = map_tensors(c, notes, err)))
+        goto fail;
+    if (c->config.arch != JLM_ARCH_NONE && !has_role(c, JLM_R_TOKEN_EMBD)) {
+        rc = jlm_errf(err, JLM_EFORMAT, "%s: no token_embd.weight tensor", c->src_path);
+        goto fail;
+    }
+    jlm_plan_input in = {.config = &c->config, .vocab = &c->vocab, .fp = &c->fp,
+                         .n_tensors = c->n_tensors, .tensors = c->tensors};
+    if ((rc = jlm_fmt_plan(&in, &c->plan, err))) {
+        jlm_err_prefix(err, "%s", c->src_path);
+        goto fail;
+    }
+    memcpy(c->tensors, c->plan.tensors, c->n_tensors * sizeof *c->tensors);
+    *out = c;
+    return JLM_OK;
+fail:
+    jlm_conv_close(c);
+    return rc;
+}
+
+void jlm_conv_close(jlm_conv *c)
+{
+    if (!c)
+        return;
+    jlm_fmt_plan_free(&c->plan);
+    jlm_gguf_close(c->g);
+    jlm_arena_free(c->arena);
+    free(c);
+}
+
+char *jlm_conv_default_out(const char *src)
+{
+    size_t n = strlen(src);
+    char *o = malloc(n + 5);
+    if (!o)
+        return NULL;
+    memcpy(o, src, n + 1);
+    if (n > 5 && !strcmp(o + n - 5, ".gguf"))
+        o[n - 5] = 0;
+    strcat(o, ".jlm");
+    return o;
+}
+
+/* ---------------------------------------------------------------- pass 2: packing */
+/* Source bytes of one sheet (rows x k from row0) of a container tensor. */
+static uint64_t src_row_bytes(uint32_t type, uint64_t k)
+{
+    return k / jlm_ggml_block_elems(type) * jlm_ggml_block_bytes(type);
+}
+
+int jlm_conv_pack_tensor(jlm_conv *c, uint32_t i, int64_t expert, uint8_t *buf,
+                         uint64_t base, uint64_t len, jlm_err *err)
+{
+    const jlm_tensor *t = &c->tensors[i];
+    const jlm_conv_src *s = &c->src[i];
+    const jlm_gguf_tensor *gt = &c->g->tensors[s->gguf_idx];
+    jlm_tensor_planes pl;
+    int rc = jlm_fmt_tensor_planes(t, &pl, err);
+    if (rc)
+        return rc;
+    int bank = jlm_fmt_role_is_bank(t->role);
+    uint64_t k = jlm_tensor_k(t), rows = jlm_tensor_rows(t);
+    uint64_t sheets = bank ? 1 : jlm_tensor_sheets(t);
+    uint64_t rb = src_row_bytes(s->src_type, k);
+    uint64_t src_rows_total = gt->n_dims >= 2 ? gt->ne[1] : 1;
+    uint64_t sheet_src = rb * src_rows_total;          /* one full source sheet */
+    uint64_t shift = bank ? (uint64_t)expert * c->plan.hdr.exp_page_size : 0;
+    uint64_t qo = t->qs_off + shift, dof = t->d_off + shift, so = t->sc_off + shift;
+    if (qo < base || qo + pl.qs_len > base + len || dof + pl.d_len > base + len || so + pl.sc_len > base + len)
+        return jlm_errf(err, JLM_EINVAL, "tensor '%s': planes outside the buffer", t->name.s);
+    uint8_t *src = malloc(rb * rows + 1);
+    if (!src)
+        return jlm_errf(err, JLM_ENOMEM, "%s: out of memory packing '%s'", c->src_path, t->name.s);
+    for (uint64_t sh = 0; sh < sheets && !rc; sh++) {
+        uint64_t sheet = bank ? (uint64_t)expert : sh;
+        uint64_t off = sheet * sheet_src + s->row0 * rb;
+        rc = jlm_gguf_read(c->g, gt, off, src, rb * rows, err);
+        if (!rc)
+            rc = jlm_pack_matrix(s->src_type, src, k, rows, t->type, buf + (qo - base) + sh * pl.sheet_qs,
+                                 buf + (dof - base) + sh * pl.sheet_d, buf + (so - base) + sh * pl.sheet_sc,
+                                 t->name.s, err);
+    }
+    free(src);
+    if (rc)
+        return jlm_err_prefix(err, "%s", c->src_path);
+    return JLM_OK;
+}
+
+/* The span [first plane, end of last plane) of tensor i (for one expert). */
+static void tensor_span(const jlm_conv *c, uint32_t i, uint64_t *off, uint64_t *len)
+{
+    const jlm_tensor *t = &c->tensors[i];
+    jlm_tensor_planes pl;
+    jlm_fmt_tensor_planes(t, &pl, NULL);
+    uint64_t end = t->qs_off + pl.qs_len;
+    if (t->d_off + pl.d_len > end) end = t->d_off + pl.d_len;
+    if (t->sc_off + pl.sc_len > end) end = t->sc_off + pl.sc_len;
+    *off = t->qs_off;
+    *len = end - t->qs_off;
+}
+
+/* Read-back: the written file re-opens, its table equals the plan, and rows 0
+ * and rows-1 of the first and last sheet dequantize to the source's values. */
+static int verify(jlm_conv *c, const char *part, jlm_err *err)
+{
+    jlm_model *m;
+    int rc = jlm_fmt_open(part, &m, err);
+    if (rc)
+        return jlm_err_prefix(err, "read-back");
+    if (m->hdr.n_tensors != c->n_tensors || m->file_size != c->plan.file_size) {
+        jlm_fmt_close(m);
+        return jlm_errf(err, JLM_EIO, "%s: read-back: the written file differs from the plan", part);
+    }
+    for (uint32_t i = 0; i < c->n_tensors && !rc; i++) {
+        const jlm_tensor *t = &m->tensors[i];
+        const jlm_conv_src *s = &c->src[i];
+        if (!s->exact)
+            continue;
+        uint64_t off, len, k = jlm_tensor_k(t), rows = jlm_tensor_rows(t);
+        tensor_span(c, i, &off, &len);
+        int bank = jlm_fmt_role_is_bank(t->role);
+        uint64_t nsheet = bank ? t->dims[2] : jlm_tensor_sheets(t);
+        uint8_t *buf = malloc(len);
+        float *a = malloc(k * sizeof *a), *b = malloc(k * sizeof *b);
+        uint8_t *srow = malloc(src_row_bytes(s->src_type, k));
+        if (!buf || !a || !b || !srow)
+            rc = jlm_errf(err, JLM_ENOMEM, "read-back: out of memory");
+        jlm_tensor_planes pl;
+        jlm_fmt_tensor_planes(t, &pl, NULL);
+        uint64_t sheets[2] = {0, nsheet - 1};
+        for (int si = 0; si < 2 && !rc; si++) {
+            uint64_t sh = sheets[si];
+            uint64_t shift = bank ? sh * m->hdr.exp_page_size : 0;
+            uint64_t in = bank ? 0 : sh;
+            if (pread(m->fd, buf, len, (off_t)(off + shift)) != (ssize_t)len) {
+                rc = jlm_errf(err, JLM_EIO, "%s: read-back of '%s' failed", part, t->name.s);
+                break;
+            }
+            uint64_t rr[2] = {0, rows - 1};
+            const jlm_gguf_tensor *gt = &c->g->tensors[s->gguf_idx];
+            uint64_t rb = src_row_bytes(s->src_type, k), srows = gt->n_dims >= 2 ? gt->ne[1] : 1;
+            for (int ri = 0; ri < 2 && !rc; ri++) {
+                jlm_k_dequant_row_ref(t->type, buf + (t->qs_off - off) + in * pl.sheet_qs,
+                                      buf + (t->d_off - off) + in * pl.sheet_d,
+                                      buf + (t->sc_off - off) + in * pl.sheet_sc, k, rows, rr[ri], a);
+                rc = jlm_gguf_read(c->g, gt, sh * rb * srows + (s->row0 + rr[ri]) * rb, srow, rb, err);
+                if (!rc)
+                    rc = jlm_ggml_dequant_row(s->src_type, srow, b, k, err);
+                if (!rc && memcmp(a, b, k * sizeof *a))
+                    rc = jlm_errf(err, JLM_EIO, "%s: read-back: tensor '%s' row %llu differs from the source",
+                                  part, t->name.s, (unsigned long long)rr[ri]);
+            }
+        }
+        free(buf); free(a); free(b); free(srow);
+    }
+    jlm_fmt_close(m);
+    return rc;
+}
+
+int jlm_conv_write(jlm_conv *c, const char *out_path, const jlm_io *io,
+                   jlm_conv_progress cb, void *cb_ctx, jlm_err *err)
+{
+    jlm_writer *w;
+    int rc = jlm_fmt_writer_open(out_path, &c->plan, io, &w, err);
+    if (rc)
+        return rc;
+    uint64_t total = 0, done = 0;
+    for (uint32_t i = 0; i < c->n_tensors; i++) {
+        uint64_t off, len;
+        tensor_span(c, i, &off, &len);
+        total += len * (jlm_fmt_role_is_bank(c->tensors[i].role) ? c->tensors[i].dims[2] : 1);
+    }
+    for (uint32_t i = 0; i < c->n_tensors && !rc; i++) {
+        const jlm_tensor *t = &c->tensors[i];
+        int64_t nexp = jlm_fmt_role_is_bank(t->role) ? (int64_t)t->dims[2] : 1;
+        uint64_t off, len;
+        tensor_span(c, i, &off, &len);
+        uint8_t *buf = calloc(1, len ? len : 1);
+        if (!buf) {
+            rc = jlm_errf(err, JLM_ENOMEM, "%s: out of memory (%llu bytes for '%s')", c->src_path,
+                          (unsigned long long)len, t->name.s);
+            break;
+        }
+        for (int64_t x = 0; x < nexp && !rc; x++) {
+            uint64_t shift = nexp > 1 || jlm_fmt_role_is_bank(t->role) ? (uint64_t)x * c->plan.hdr.exp_page_size : 0;
+            if (x)
+                memset(buf, 0, len);
+            rc = jlm_conv_pack_tensor(c, i, x, buf, off + shift, len, err);
+            if (!rc)
+                rc = jlm_fmt_writer_pwrite(w, buf, len, off + shift, err);
+            done += len;
+            if (cb)
+                cb(cb_ctx, done, total);
+        }
+        free(buf);
+    }
+    if (!rc)
+        rc = verify(c, jlm_fmt_writer_part_path(w), err);
+    if (rc) {
+        jlm_fmt_writer_abort(w);
+        return rc;
+    }
+    return jlm_fmt_writer_commit(w, err);
+}

@@ -1,0 +1,72 @@
+/* convert.h - GGUF -> .jlm conversion: architecture mapping, tensor roles,
+ * fused-tensor splitting, the layout plan (pass 1) and packing (pass 2).
+ *
+ * Owns: the mapping of llama.cpp's metadata keys and tensor names to the
+ * typed config and role codes (docs/converter.md lists it per architecture).
+ * Uses format/ (planner, writer, reader), converter/gguf, converter/pack,
+ * converter/vocab and the scalar dequantization kernel for read-back checks.
+ *
+ * Invariants:
+ *  (1) jlm_conv_open computes the complete plan from shapes alone: no weight
+ *      byte is read before jlm_conv_write (so --plan and jlmfs views are cheap).
+ *  (2) jlm_conv_write leaves OUT only after the written file re-opens cleanly
+ *      and spot checks match the source; on any failure neither OUT nor
+ *      OUT.part exists afterwards.
+ * Thread safety: one jlm_conv per thread; packing uses its own threads.
+ */
+#ifndef JLM_CONVERT_H
+#define JLM_CONVERT_H
+
+#include "../format/jlm_format.h"
+#include "gguf.h"
+
+#include <stdio.h>
+
+typedef struct jlm_conv jlm_conv;
+
+/* Where a container tensor's bytes come from in the source. */
+typedef struct jlm_conv_src {
+    uint32_t gguf_idx;      /* index in g->tensors */
+    uint64_t row0;          /* first source row (fused tensors are split by rows) */
+    uint32_t src_type;      /* ggml type */
+    int      exact;         /* 0: re-quantized (e.g. Q2_K) */
+} jlm_conv_src;
+
+struct jlm_conv {
+    jlm_gguf       *g;
+    jlm_arena      *arena;
+    jlm_config      config;
+    jlm_vocab       vocab;
+    jlm_fingerprint fp;
+    uint32_t        n_tensors;
+    jlm_tensor     *tensors;   /* table order, offsets from the plan */
+    jlm_conv_src   *src;       /* (n_tensors,) */
+    jlm_plan        plan;
+    const char     *src_path;
+};
+
+/* Progress callback: bytes packed so far of total. */
+typedef void (*jlm_conv_progress)(void *ctx, uint64_t done, uint64_t total);
+
+/* Opens a GGUF, maps it and plans the container. Notes (e.g. a re-quantized
+ * type) go to `notes` if non-NULL (one line each). Errors name the file:
+ * JLM_EUNSUPPORTED for an unknown architecture / tensor / type (named),
+ * JLM_EFORMAT for a malformed source. *out untouched on error. */
+int  jlm_conv_open(const char *src_path, FILE *notes, jlm_conv **out, jlm_err *err);
+void jlm_conv_close(jlm_conv *c);   /* accepts NULL */
+
+/* Pass 2: packs every tensor into OUT.part, verifies, renames to OUT. */
+int  jlm_conv_write(jlm_conv *c, const char *out_path, const jlm_io *io,
+                    jlm_conv_progress cb, void *cb_ctx, jlm_err *err);
+
+/* Packs the planes of tensor i into buf, laid out exactly as they are in the
+ * file from the tensor's page/dense start `base` (buf covers [base, base+len)).
+ * Used by the writer and by jlmfs's on-demand packing of a single page.
+ * For a bank, `expert` selects the sheet and base is that expert's page. */
+int  jlm_conv_pack_tensor(jlm_conv *c, uint32_t i, int64_t expert, uint8_t *buf,
+                          uint64_t base, uint64_t len, jlm_err *err);
+
+/* Default output path: SRC with .gguf replaced by .jlm (caller frees). */
+char *jlm_conv_default_out(const char *src_path);
+
+#endif

@@ -1,0 +1,249 @@
+/* chat.c - llama.cpp-compatible chat template rendering (see chat.h). */
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "engine/chat.h"
+#include "engine/jinja.h"
+#include "format/jlm_format.h"
+
+#define SYS_NEEDLE  "<System Needle>"
+#define USER_NEEDLE "<User Needle>"
+
+/* ================================================================ variables */
+static void set_date(json_t *vars, const char *key, const char *fmt, time_t now, int local)
+{
+    struct tm tm;
+    char s[64];
+    if (local) localtime_r(&now, &tm); else gmtime_r(&now, &tm);
+    size_t n = strftime(s, sizeof s, fmt, &tm);
+    json_object_set_new(vars, key, json_stringn(s, n));
+}
+
+static json_t *build_vars(const json_t *messages, const jlm_chat_opts *o, int add_gen, time_t now)
+{
+    json_t *v = json_object();
+    if (!v) return NULL;
+    json_object_set(v, "messages", (json_t *)messages);
+    json_object_set_new(v, "bos_token", json_string(o && o->bos_token ? o->bos_token : ""));
+    json_object_set_new(v, "eos_token", json_string(o && o->eos_token ? o->eos_token : ""));
+    if (add_gen) json_object_set_new(v, "add_generation_prompt", json_true());   /* undefined when false */
+    json_object_set_new(v, "enable_thinking", json_boolean(!(o && o->disable_thinking)));
+    set_date(v, "datetime", "%b %d %Y", now, o && o->local_time);
+    set_date(v, "date_string", "%d %b %Y", now, o && o->local_time);
+    return v;
+}
+
+static int render(const jlm_jinja *t, const json_t *messages, const jlm_chat_opts *o, int add_gen, time_t now,
+                  char **out, size_t *out_len, jlm_err *err)
+{
+    json_t *vars = build_vars(messages, o, add_gen, now);
+    if (!vars) return jlm_errf(err, JLM_ENOMEM, "template: out of memory building variables");
+    jlm_jinja_opts jo = {.now = now, .local_time = o && o->local_time};
+    int rc = jlm_jinja_render(t, vars, &jo, out, out_len, err);
+    json_decref(vars);
+    return rc;
+}
+
+/* ================================================================ capability probes */
+static json_t *msg(const char *role, const char *content, int typed)
+{
+    json_t *m = json_object();
+    json_object_set_new(m, "role", json_string(role));
+    if (typed) json_object_set_new(m, "content", json_pack("[{s:s, s:s}]", "type", "text", "text", content));
+    else json_object_set_new(m, "content", json_string(content));
+    return m;
+}
+
+/* Renders the probe conversation (add_generation_prompt false); 1 if the
+ * output contains needle, 0 if not or if the template raised. */
+static int probe(const jlm_jinja *t, json_t *msgs, const jlm_chat_opts *o, time_t now, const char *needle)
+{
+    char *out = NULL;
+    size_t n;
+    int found = 0;
+    if (msgs && !render(t, msgs, o, 0, now, &out, &n, NULL)) found = strstr(out, needle) != NULL;
+    free(out);
+    json_decref(msgs);
+    return found;
+}
+
+typedef struct caps { int typed_content, system_role; } caps;
+
+static caps detect_caps(const jlm_jinja *t, const jlm_chat_opts *o, time_t now)
+{
+    caps c;
+    c.typed_content = !probe(t, json_pack("[o]", msg("user", USER_NEEDLE, 0)), o, now, USER_NEEDLE) &&
+                      probe(t, json_pack("[o]", msg("user", USER_NEEDLE, 1)), o, now, USER_NEEDLE);
+    c.system_role = probe(t, json_pack("[o,o]", msg("system", SYS_NEEDLE, c.typed_content),
+                                       msg("user", "Hey", c.typed_content)), o, now, SYS_NEEDLE);
+    return c;
+}
+
+/* ================================================================ polyfills */
+static void add_message(json_t *arr, json_t *m, int typed)
+{
+    json_t *c = json_object_get(m, "content");
+    if (typed && json_is_string(c)) {
+        json_t *copy = json_copy(m);
+        json_object_set_new(copy, "content", json_pack("[{s:s, s:O}]", "type", "text", "text", c));
+        json_array_append_new(arr, copy);
+    } else json_array_append(arr, m);
+}
+
+static void flush_system(json_t *arr, char **pending, int typed)
+{
+    if (!*pending) return;
+    json_t *m = msg("user", *pending, 0);
+    add_message(arr, m, typed);
+    json_decref(m);
+    free(*pending);
+    *pending = NULL;
+}
+
+static char *join2(const char *a, const char *sep, const char *b)
+{
+    size_t la = strlen(a), ls = strlen(sep), lb = strlen(b);
+    char *s = malloc(la + ls + lb + 1);
+    if (!s) return NULL;
+    memcpy(s, a, la);
+    memcpy(s + la, sep, ls);
+    memcpy(s + la + ls, b, lb + 1);
+    return s;
+}
+
+/* minja's chat_template::apply polyfills for the system role and typed content. */
+static json_t *adjust_messages(const json_t *in, caps c)
+{
+    json_t *arr = json_array();
+    char *pending = NULL;
+    size_t i;
+    json_t *m;
+    json_array_foreach(in, i, m) {
+        json_t *content = json_object_get(m, "content");
+        const char *role = json_string_value(json_object_get(m, "role"));
+        if (!c.system_role && json_is_string(content) && role) {
+            const char *text = json_string_value(content);
+            if (!strcmp(role, "system")) {
+                char *p = pending ? join2(pending, "\n", text) : strdup(text);
+                free(pending);
+                pending = p;
+                continue;
+            }
+            if (!strcmp(role, "user") && pending) {
+                json_t *copy = json_copy(m);
+                char *merged = *text ? join2(pending, "\n", text) : strdup(pending);
+                json_object_set_new(copy, "content", json_string(merged ? merged : ""));
+                free(merged);
+                free(pending);
+                pending = NULL;
+                add_message(arr, copy, c.typed_content);
+                json_decref(copy);
+                continue;
+            }
+            if (strcmp(role, "user")) flush_system(arr, &pending, c.typed_content);
+        }
+        add_message(arr, m, c.typed_content);
+    }
+    flush_system(arr, &pending, c.typed_content);
+    return arr;
+}
+
+/* ================================================================ entry points */
+static int check_messages(const json_t *messages, jlm_err *err)
+{
+    if (!json_is_array(messages)) return jlm_errf(err, JLM_EINVAL, "chat: messages must be a JSON array");
+    size_t i;
+    json_t *m;
+    json_array_foreach(messages, i, m)
+        if (!json_is_object(m)) return jlm_errf(err, JLM_EINVAL, "chat: message %zu is not an object", i);
+    return 0;
+}
+
+int jlm_chat_render_json(const char *template_src, size_t len, const json_t *messages,
+                         const jlm_chat_opts *opts, int adjust, char **out, size_t *out_len, jlm_err *err)
+{
+    int rc = check_messages(messages, err);
+    if (rc) return rc;
+    jlm_jinja *t;
+    if ((rc = jlm_jinja_parse(template_src, len, &t, err))) return rc;
+    time_t now = opts && opts->now ? opts->now : time(NULL);
+    int add_gen = opts && opts->add_generation_prompt;
+    char *s = NULL;
+    size_t n = 0;
+    if (!adjust) {
+        rc = render(t, messages, opts, add_gen, now, &s, &n, err);
+    } else {
+        caps c = detect_caps(t, opts, now);
+        json_t *adj = (c.system_role && !c.typed_content) ? json_incref((json_t *)messages)
+                                                            : adjust_messages(messages, c);
+        rc = adj ? render(t, adj, opts, add_gen, now, &s, &n, err)
+                 : jlm_errf(err, JLM_ENOMEM, "chat: out of memory adjusting messages");
+        json_decref(adj);
+        /* llama.cpp gpt-oss handler (issue 15417): end the last turn with <|end|>. */
+        if (!rc && !add_gen && memmem(template_src, len, "<|channel|>", 11)) {
+            char *last = NULL;
+            for (char *p = s; (p = strstr(p, "<|return|>")); p++) last = p;
+            if (last) {
+                memcpy(last, "<|end|>", 7);
+                memmove(last + 7, last + 10, n - (size_t)(last + 10 - s) + 1);
+                n -= 3;
+            }
+        }
+    }
+    jlm_jinja_free(t);
+    if (rc) return rc;
+    *out = s;
+    if (out_len) *out_len = n;
+    return 0;
+}
+
+int jlm_chat_render(const char *template_src, size_t len, const jlm_chat_msg *msgs, size_t n,
+                    const jlm_chat_opts *opts, char **out, size_t *out_len, jlm_err *err)
+{
+    json_t *arr = json_array();
+    if (!arr) return jlm_errf(err, JLM_ENOMEM, "chat: out of memory");
+    for (size_t i = 0; i < n; i++) {
+        json_t *m = json_pack("{s:s, s:s}", "role", msgs[i].role ? msgs[i].role : "",
+                              "content", msgs[i].content ? msgs[i].content : "");
+        if (!m || json_array_append_new(arr, m)) {
+            json_decref(arr);
+            return jlm_errf(err, JLM_EINVAL, "chat: message %zu: role/content not valid UTF-8", i);
+        }
+    }
+    int rc = jlm_chat_render_json(template_src, len, arr, opts, 1, out, out_len, err);
+    json_decref(arr);
+    return rc;
+}
+
+int jlm_chat_template_from_model(const char *path, char **tmpl, char **bos, char **eos, jlm_err *err)
+{
+    jlm_model *m;
+    int rc = jlm_fmt_open(path, &m, err);
+    if (rc) return rc;
+    const jlm_vocab *v = &m->vocab;
+    const jlm_str *body = NULL;
+    for (uint32_t i = 0; i < v->n_templates; i++)
+        if (v->templates[2 * i].len == 0) { body = &v->templates[2 * i + 1]; break; }
+    if (!body) {
+        jlm_fmt_close(m);
+        return jlm_errf(err, JLM_ENOTFOUND, "%s: no default chat template in the vocab (%u named templates)",
+                        path, v->n_templates);
+    }
+    const jlm_str *b = v->bos >= 0 && (uint32_t)v->bos < v->n_tokens ? &v->tokens[v->bos] : NULL;
+    const jlm_str *e = v->eos >= 0 && (uint32_t)v->eos < v->n_tokens ? &v->tokens[v->eos] : NULL;
+    char *t = strndup(body->s, body->len);
+    char *bs = b ? strndup(b->s, b->len) : strdup("");
+    char *es = e ? strndup(e->s, e->len) : strdup("");
+    jlm_fmt_close(m);
+    if (!t || !bs || !es) {
+        free(t);
+        free(bs);
+        free(es);
+        return jlm_errf(err, JLM_ENOMEM, "%s: out of memory copying the chat template", path);
+    }
+    *tmpl = t;
+    *bos = bs;
+    *eos = es;
+    return 0;
+}

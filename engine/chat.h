@@ -1,0 +1,70 @@
+/* chat.h - rendering a chat template for a message list, as llama.cpp does.
+ *
+ * Owns: the variables llama.cpp b10359 gives a chat template
+ * (common_chat_templates_apply with use_jinja): messages, bos_token,
+ * eos_token, add_generation_prompt (defined only when true), enable_thinking,
+ * datetime ("%b %d %Y" of now), date_string ("%d %b %Y" of now), plus the
+ * interpreter's globals (strftime_now, raise_exception, namespace, range);
+ * and llama.cpp's message adjustments:
+ *   1. capability probes by trial renders (as minja's chat_template caps):
+ *      requires_typed_content (string content not rendered, but
+ *      [{type: text, text}] is) and supports_system_role (a system message's
+ *      text appears in the output; a raising template does not support it);
+ *   2. without a system role, system messages are held and prepended to the
+ *      next user message as system + "\n" + content (several systems joined
+ *      by "\n"); before a non-user message or at the end they are flushed as
+ *      a user message of their own;
+ *   3. with typed content required, string contents become [{type: text, text}];
+ *   4. gpt-oss templates (source contains "<|channel|>"): with
+ *      add_generation_prompt false the last "<|return|>" of the prompt
+ *      becomes "<|end|>".
+ * A leading BOS is never stripped (llama.cpp does that only with a model
+ * whose vocab adds BOS; callers that tokenize must do it themselves).
+ *
+ * Thread safety: all functions are reentrant. Memory: the caller frees *out
+ * (and the strings of jlm_chat_template_from_model) with free().
+ */
+#ifndef JLM_CHAT_H
+#define JLM_CHAT_H
+
+#include <stddef.h>
+#include <time.h>
+
+#include <jansson.h>
+
+#include "format/jlm_err.h"
+
+typedef struct jlm_chat_msg {
+    const char *role;
+    const char *content;
+} jlm_chat_msg;
+
+typedef struct jlm_chat_opts {
+    int         add_generation_prompt;
+    const char *bos_token, *eos_token;   /* NULL = "" */
+    time_t      now;                     /* 0 = time(NULL) */
+    int         local_time;              /* dates in local time (llama.cpp) instead of UTC */
+    int         disable_thinking;        /* enable_thinking = false (llama.cpp default: true) */
+} jlm_chat_opts;
+
+/* Renders template_src[0, len) for msgs[0, n) with llama.cpp's adjustments.
+ * Template errors (syntax JLM_EFORMAT, raise_exception/type errors
+ * JLM_EINVAL, JLM_EUNSUPPORTED, JLM_ERANGE), JLM_ENOMEM; *out untouched on
+ * error. */
+int jlm_chat_render(const char *template_src, size_t len, const jlm_chat_msg *msgs, size_t n,
+                    const jlm_chat_opts *opts, char **out, size_t *out_len, jlm_err *err);
+
+/* Same with messages as a JSON array of objects (any fields: role, content
+ * (string or parts), tool_calls, ...). adjust = 0 renders the bare template
+ * on the unmodified messages (no probes, no polyfills, no gpt-oss fix).
+ * JLM_EINVAL when messages is not an array of objects. */
+int jlm_chat_render_json(const char *template_src, size_t len, const json_t *messages,
+                         const jlm_chat_opts *opts, int adjust, char **out, size_t *out_len, jlm_err *err);
+
+/* Reads the default chat template (name "") of a .jlm container and its BOS
+ * and EOS token texts ("" when the vocab has none). JLM_ENOTFOUND when the
+ * container has no default template; reader errors as jlm_fmt_open; *tmpl,
+ * *bos, *eos untouched on error. */
+int jlm_chat_template_from_model(const char *path, char **tmpl, char **bos, char **eos, jlm_err *err);
+
+#endif

@@ -1,0 +1,615 @@
+/* model.c - the forward pass on the CPU, every architecture in one graph with
+ * per-architecture switches, in the order the papers (and llama.cpp's
+ * src/models/) apply them. See model.h for the contract. */
+#include "engine/model.h"
+
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "engine/pool.h"
+#include "kernels/cpu/dequant.h"
+#include "kernels/cpu/kernels.h"
+
+#define ROLE_SLOTS 64   /* text roles are < 64 */
+
+/* ================================================================ engine state */
+struct jlm_engine {
+    jlm_model       *m;
+    const jlm_config *c;
+    jlm_source      *src;
+    jlm_pager       *pager;
+    jlm_pool        *pool;
+    const jlm_k_cpu *k;
+    uint64_t         budget;
+    uint8_t         *dense;       /* (DenseLen,) the dense region, resident */
+    const jlm_tensor **roles;     /* ((n_layer+1) * ROLE_SLOTS,) slot (block+1)*64 + role */
+    uint64_t        *text_extent; /* (n_layer,) */
+    uint64_t        *exp_extent;  /* (n_exp_pages,) */
+    uint32_t         n_ctx, n_past;
+    uint32_t         hd, hd_v, kv_dim, kv_dim_v, q_dim;
+    /* KV cache, F32 */
+    float *kc;        /* (n_layer, n_ctx, kv_dim) */
+    float *vc;        /* (n_layer, n_ctx, kv_dim_v) */
+    /* scratch, one token at a time */
+    float *x;         /* (n_embd,) residual stream */
+    float *h;         /* (max(n_embd, ffn),) normed input */
+    float *q;         /* (q_dim,) */
+    float *kk, *vv;   /* (kv_dim,), (kv_dim_v,) */
+    float *att;       /* (n_head * hd_v,) */
+    float *o;         /* (n_embd,) */
+    float *g, *u;     /* (max ffn,) */
+    float *moe;       /* (n_embd,) expert mixture */
+    float *scores;    /* (n_ctx,) */
+    float *mask;      /* (n_ctx,) */
+    float *router;    /* (n_expert,) */
+    int32_t *route;   /* (n_layer, n_expert_used) last routing */
+    float   *route_w; /* (n_expert_used,) */
+    void    *xq_buf;
+    jlm_act_q8 xq;
+};
+
+/* ================================================================ tensors -> kernel operands */
+static const jlm_tensor *W(const jlm_engine *e, int32_t block, uint16_t role)
+{
+    return role < ROLE_SLOTS ? e->roles[(size_t)(block + 1) * ROLE_SLOTS + role] : NULL;
+}
+
+/* A kernel matrix over planes at base (whose file offset is base_off). For an
+ * expert bank, `shift` is the expert's page offset relative to expert 0. */
+static jlm_k_mat mat_at(const jlm_tensor *t, const uint8_t *base, uint64_t base_off, uint64_t shift)
+{
+    jlm_k_mat m = {.type = t->type, .k = jlm_tensor_k(t), .rows = jlm_tensor_rows(t)};
+    m.qs = base + (t->qs_off + shift - base_off);
+    const jlm_type_traits *tr = jlm_fmt_type_traits(t->type);
+    m.d = tr->is_float ? NULL : base + (t->d_off + shift - base_off);
+    m.sc = tr->sc_kind ? base + (t->sc_off + shift - base_off) : NULL;
+    return m;
+}
+
+static jlm_k_mat mat_dense(const jlm_engine *e, const jlm_tensor *t)
+{
+    return mat_at(t, e->dense, e->m->hdr.dense_off, 0);
+}
+
+static const float *vec_dense(const jlm_engine *e, const jlm_tensor *t)
+{
+    return t ? (const float *)(e->dense + (t->qs_off - e->m->hdr.dense_off)) : NULL;
+}
+
+static void *zalloc(size_t n) { return calloc(1, n ? n : 1); }
+
+/* ================================================================ threaded matvec */
+typedef struct mv_job {
+    jlm_k_matvec_fn fn;
+    const jlm_k_mat *m;
+    const float *x;
+    const jlm_act_q8 *xq;
+    float *y;
+} mv_job;
+
+static void mv_slice(void *ctx, size_t b, size_t en, int tid)
+{
+    (void)tid;
+    mv_job *j = ctx;
+    j->fn(j->m, j->x, j->xq, j->y, b, en);
+}
+
+/* y = W x (rows of W). Quantized weights use int8 activations (7.7). */
+static void matvec(jlm_engine *e, const jlm_k_mat *m, const float *x, float *y)
+{
+    mv_job j = {e->k->matvec[m->type], m, x, NULL, y};
+    if (!jlm_fmt_type_traits(m->type)->is_float) {
+        e->xq.k = m->k;
+        jlm_k_quantize_act(x, &e->xq);
+        j.xq = &e->xq;
+    }
+    size_t grain = m->rows >= 256 ? 64 : m->rows;
+    jlm_pool_for(e->pool, m->rows, grain, mv_slice, &j);
+}
+
+static void add_bias(float *y, const float *b, uint64_t n)
+{
+    if (b)
+        for (uint64_t i = 0; i < n; i++)
+            y[i] += b[i];
+}
+
+/* ================================================================ open / close */
+static int alloc_buffers(jlm_engine *e, jlm_err *err)
+{
+    const jlm_config *c = e->c;
+    uint64_t ffn = c->n_ffn > c->n_ffn_exp ? c->n_ffn : c->n_ffn_exp;
+    if (ffn < c->n_embd) ffn = c->n_embd;
+    uint64_t wide = ffn > e->q_dim ? ffn : e->q_dim;
+    uint64_t att = (uint64_t)c->n_head * e->hd_v;
+    if (att > wide) wide = att;
+    uint64_t kv = (uint64_t)c->n_layer * e->n_ctx;
+    e->kc = zalloc(kv * e->kv_dim * sizeof(float));
+    e->vc = zalloc(kv * e->kv_dim_v * sizeof(float));
+    e->x = zalloc(c->n_embd * sizeof(float));
+    e->h = zalloc(wide * sizeof(float));
+    e->q = zalloc(e->q_dim * sizeof(float));
+    e->kk = zalloc(e->kv_dim * sizeof(float));
+    e->vv = zalloc(e->kv_dim_v * sizeof(float));
+    e->att = zalloc(att * sizeof(float));
+    e->o = zalloc(c->n_embd * sizeof(float));
+    e->g = zalloc(ffn * sizeof(float));
+    e->u = zalloc(ffn * sizeof(float));
+    e->moe = zalloc(c->n_embd * sizeof(float));
+    e->scores = zalloc(e->n_ctx * sizeof(float));
+    e->mask = zalloc(e->n_ctx * sizeof(float));
+    e->router = zalloc((c->n_expert + 1) * sizeof(float));
+    e->route = zalloc(((size_t)c->n_layer * c->n_expert_used + 1) * sizeof(int32_t));
+    e->route_w = zalloc((c->n_expert_used + 1) * sizeof(float));
+    uint64_t qk = (wide + 255) / 256 * 256;
+    if (qk < c->n_embd) qk = c->n_embd;
+    e->xq_buf = zalloc(jlm_k_act_q8_bytes(qk));
+    if (!e->kc || !e->vc || !e->x || !e->h || !e->q || !e->kk || !e->vv || !e->att || !e->o || !e->g ||
+        !e->u || !e->moe || !e->scores || !e->mask || !e->router || !e->route || !e->route_w || !e->xq_buf)
+        return jlm_errf(err, JLM_ENOMEM, "%s: out of memory for the KV cache (%u positions) and buffers",
+                        e->m->path, e->n_ctx);
+    return jlm_k_act_q8_init(&e->xq, e->xq_buf, qk, err);
+}
+
+static int supported(uint16_t arch)
+{
+    switch (arch) {
+    case JLM_ARCH_LLAMA: case JLM_ARCH_QWEN2: case JLM_ARCH_QWEN3: case JLM_ARCH_QWEN3MOE:
+    case JLM_ARCH_OLMOE: case JLM_ARCH_GEMMA3: case JLM_ARCH_PHI3: case JLM_ARCH_GPTOSS:
+        return 1;
+    default:
+        return 0;
+    }
+}
+
+/* Index tensors by (block, role) and check the graph has what it needs. */
+static int index_tensors(jlm_engine *e, jlm_err *err)
+{
+    const jlm_model *m = e->m;
+    e->roles = calloc((size_t)(e->c->n_layer + 1) * ROLE_SLOTS, sizeof *e->roles);
+    if (!e->roles)
+        return jlm_errf(err, JLM_ENOMEM, "%s: out of memory", m->path);
+    for (uint32_t i = 0; i < m->hdr.n_tensors; i++) {
+        const jlm_tensor *t = &m->tensors[i];
+        if (t->role < ROLE_SLOTS && t->block < (int32_t)e->c->n_layer)
+            e->roles[(size_t)(t->block + 1) * ROLE_SLOTS + t->role] = t;
+    }
+    if (!W(e, -1, JLM_R_TOKEN_EMBD) || !W(e, -1, JLM_R_OUTPUT_NORM))
+        return jlm_errf(err, JLM_EFORMAT, "%s: no token_embd or output_norm tensor", m->path);
+    for (uint32_t l = 0; l < e->c->n_layer; l++) {
+        int moe = W(e, l, JLM_R_EXP_GATE) != NULL;
+        uint16_t need[] = {JLM_R_ATTN_NORM, JLM_R_ATTN_Q, JLM_R_ATTN_K, JLM_R_ATTN_V, JLM_R_ATTN_OUT,
+                           moe ? JLM_R_ROUTER : JLM_R_FFN_GATE, moe ? JLM_R_EXP_UP : JLM_R_FFN_UP,
+                           moe ? JLM_R_EXP_DOWN : JLM_R_FFN_DOWN};
+        for (size_t i = 0; i < sizeof need / sizeof need[0]; i++)
+            if (!W(e, l, need[i]))
+                return jlm_errf(err, JLM_EFORMAT, "%s: block %u has no %s tensor", m->path, l, jlm_fmt_role_name(need[i]));
+        /* every tensor the graph reads through a page must be in that page */
+        const jlm_tensor *t = W(e, l, JLM_R_ATTN_Q);
+        jlm_tensor_loc loc;
+        jlm_fmt_tensor_loc(m, t, &loc);
+        if (loc.region != JLM_REG_TEXT)
+            return jlm_errf(err, JLM_EFORMAT, "%s: block %u's attn_q is not in its text page", m->path, l);
+    }
+    return JLM_OK;
+}
+
+static int read_dense(jlm_engine *e, jlm_err *err)
+{
+    const jlm_header *h = &e->m->hdr;
+    if (posix_memalign((void **)&e->dense, 4096, h->dense_len ? h->dense_len : 4096))
+        return jlm_errf(err, JLM_ENOMEM, "%s: out of memory for the dense region (%llu bytes)", e->m->path,
+                        (unsigned long long)h->dense_len);
+    if (!h->dense_len)
+        return JLM_OK;
+    int rc = e->src->read(e->src, h->dense_off, h->dense_len, e->dense, err);
+    return rc ? jlm_err_prefix(err, "dense region") : JLM_OK;
+}
+
+static int open_pager(jlm_engine *e, const jlm_engine_opts *o, jlm_err *err)
+{
+    const jlm_header *h = &e->m->hdr;
+    e->text_extent = zalloc(((size_t)h->n_blocks + 1) * sizeof(uint64_t));
+    e->exp_extent = zalloc(((size_t)h->n_exp_pages + 1) * sizeof(uint64_t));
+    if (!e->text_extent || !e->exp_extent)
+        return jlm_errf(err, JLM_ENOMEM, "%s: out of memory", e->m->path);
+    for (uint32_t b = 0; b < h->n_blocks; b++)
+        e->text_extent[b] = jlm_fmt_page_extent(e->m, JLM_REG_TEXT, b);
+    for (uint32_t p = 0; p < h->n_exp_pages; p++)
+        e->exp_extent[p] = jlm_fmt_page_extent(e->m, JLM_REG_EXPERT, p);
+    int rc = jlm_pager_open_model(e->m, e->src, 0, &e->pager, err);
+    if (rc)
+        return rc;
+    uint32_t pins[3] = {1, 0, e->c->n_expert ? e->c->n_expert_used : 0};
+    uint64_t min = jlm_pager_min_budget(e->pager, pins);
+    e->budget = o->budget;
+    if (o->budget && o->budget < min) {
+        if (!o->quiet)
+            fprintf(stderr, "note: budget %llu bytes is below the minimum working set (one block frame%s): raised to %llu\n",
+                    (unsigned long long)o->budget, e->c->n_expert ? " plus the routed experts' frames" : "",
+                    (unsigned long long)min);
+        e->budget = min;
+    }
+    return jlm_pager_set_budget(e->pager, e->budget, err);
+}
+
+int jlm_engine_open(const char *path, const jlm_engine_opts *opts, jlm_engine **out, jlm_err *err)
+{
+    jlm_engine_opts o = {0};
+    if (opts)
+        o = *opts;
+    jlm_engine *e = calloc(1, sizeof *e);
+    if (!e)
+        return jlm_errf(err, JLM_ENOMEM, "%s: out of memory", path);
+    int rc = jlm_fmt_open(path, &e->m, err);
+    if (rc)
+        goto fail;
+    e->c = &e->m->config;
+    const jlm_config *c = e->c;
+    if (!supported(c->arch)) {
+        rc = jlm_errf(err, JLM_EUNSUPPORTED, "%s: architecture '%s' has no graph in this engine%s", path,
+                      jlm_fmt_arch_name(c->arch), c->arch == JLM_ARCH_NONE ? " (a vocab-only container)" : "");
+        goto fail;
+    }
+    e->hd = c->head_dim;
+    e->hd_v = c->head_dim_v ? c->head_dim_v : c->head_dim;
+    e->q_dim = c->n_head * e->hd;
+    e->kv_dim = c->n_kv_head * e->hd;
+    e->kv_dim_v = c->n_kv_head * e->hd_v;
+    e->n_ctx = o.n_ctx ? o.n_ctx : (c->n_ctx && c->n_ctx < 4096 ? c->n_ctx : 4096);
+    jlm_err kerr = {0};
+    if (jlm_k_cpu_init(&kerr) && !o.quiet)
+        fprintf(stderr, "note: %s\n", kerr.msg);
+    e->k = jlm_k_cpu_get();
+    jlm_file_source_opts so = {.direct = o.direct, .n_threads = 0};
+    if ((rc = jlm_source_open_file(path, &so, &e->src, err)) || (rc = index_tensors(e, err)) ||
+        (rc = read_dense(e, err)) || (rc = open_pager(e, &o, err)) ||
+        (rc = jlm_pool_create(o.n_threads, 0, &e->pool, err)) || (rc = alloc_buffers(e, err)))
+        goto fail;
+    *out = e;
+    return JLM_OK;
+fail:
+    jlm_engine_close(e);
+    return rc;
+}
+
+void jlm_engine_close(jlm_engine *e)
+{
+    if (!e)
+        return;
+    jlm_pool_destroy(e->pool);
+    jlm_pager_close(e->pager);
+    jlm_source_close(e->src);
+    jlm_fmt_close(e->m);
+    void *bufs[] = {e->dense, e->roles, e->kc, e->vc, e->x, e->h, e->q, e->kk, e->vv, e->att, e->o, e->g,
+                    e->u, e->moe, e->scores, e->mask, e->router, e->route, e->route_w, e->xq_buf, e->text_extent, e->exp_extent};
+    for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++)
+        free(bufs[i]);
+    free(e);
+}
+
+/* ================================================================ attention */
+static int is_swa_layer(const jlm_config *c, uint32_t l)
+{
+    return c->swa_window && c->swa_period && (l % c->swa_period) < c->swa_period - 1;
+}
+
+static void rope_params(const jlm_engine *e, uint32_t l, jlm_k_rope *p)
+{
+    const jlm_config *c = e->c;
+    float base = is_swa_layer(c, l) ? c->rope_base_swa : c->rope_base;
+    jlm_k_rope_defaults(p, c->n_rot, base);
+    p->neox = (c->flags & JLM_F_ROPE_NEOX) != 0;
+    if (c->yarn_factor > 0) {
+        p->freq_scale = 1.0f / c->yarn_factor;
+        p->ext_factor = 1.0f;
+        p->beta_fast = c->yarn_beta_fast ? c->yarn_beta_fast : 32.0f;
+        p->beta_slow = c->yarn_beta_slow ? c->yarn_beta_slow : 1.0f;
+        p->orig_ctx = c->yarn_orig_ctx;
+    } else if (c->rope_linear > 0) {
+        p->freq_scale = 1.0f / c->rope_linear;
+    }
+    if (c->attn_factor > 0)
+        p->attn_factor = c->attn_factor;
+    const jlm_tensor *ff = W(e, -1, JLM_R_ROPE_FREQS);
+    if (ff)
+        p->freq_factors = vec_dense(e, ff);
+}
+
+/* Per-head (or, QKNormWide, whole-vector) RMS norm of q and k. */
+static void qk_norm(jlm_engine *e, uint32_t l)
+{
+    const jlm_config *c = e->c;
+    const float *qn = vec_dense(e, W(e, l, JLM_R_ATTN_Q_NORM)), *kn = vec_dense(e, W(e, l, JLM_R_ATTN_K_NORM));
+    if (c->flags & JLM_F_QK_NORM_WIDE) {
+        if (qn) jlm_k_rmsnorm(e->q, e->q, qn, e->q_dim, c->rms_eps);
+        if (kn) jlm_k_rmsnorm(e->kk, e->kk, kn, e->kv_dim, c->rms_eps);
+        return;
+    }
+    for (uint32_t h = 0; qn && h < c->n_head; h++)
+        jlm_k_rmsnorm(e->q + h * e->hd, e->q + h * e->hd, qn, e->hd, c->rms_eps);
+    for (uint32_t h = 0; kn && h < c->n_kv_head; h++)
+        jlm_k_rmsnorm(e->kk + h * e->hd, e->kk + h * e->hd, kn, e->hd, c->rms_eps);
+}
+
+/* x += attention(norm(x)) for layer l at position pos; page = block l's frame. */
+static void attention(jlm_engine *e, uint32_t l, const uint8_t *page, uint64_t page_off, uint32_t pos)
+{
+    const jlm_config *c = e->c;
+    jlm_k_rmsnorm(e->h, e->x, vec_dense(e, W(e, l, JLM_R_ATTN_NORM)), c->n_embd, c->rms_eps);
+    jlm_k_mat wq = mat_at(W(e, l, JLM_R_ATTN_Q), page, page_off, 0);
+    jlm_k_mat wk = mat_at(W(e, l, JLM_R_ATTN_K), page, page_off, 0);
+    jlm_k_mat wv = mat_at(W(e, l, JLM_R_ATTN_V), page, page_off, 0);
+    matvec(e, &wq, e->h, e->q);
+    matvec(e, &wk, e->h, e->kk);
+    matvec(e, &wv, e->h, e->vv);
+    add_bias(e->q, vec_dense(e, W(e, l, JLM_R_ATTN_Q_B)), e->q_dim);
+    add_bias(e->kk, vec_dense(e, W(e, l, JLM_R_ATTN_K_B)), e->kv_dim);
+    add_bias(e->vv, vec_dense(e, W(e, l, JLM_R_ATTN_V_B)), e->kv_dim_v);
+    qk_norm(e, l);
+    if (!(c->flags & JLM_F_NO_POS_ENC)) {
+        jlm_k_rope rp;
+        rope_params(e, l, &rp);
+        jlm_k_rope_apply(&rp, e->q, c->n_head, e->hd, pos);
+        jlm_k_rope_apply(&rp, e->kk, c->n_kv_head, e->hd, pos);
+    }
+    float *kl = e->kc + (uint64_t)l * e->n_ctx * e->kv_dim, *vl = e->vc + (uint64_t)l * e->n_ctx * e->kv_dim_v;
+    memcpy(kl + (uint64_t)pos * e->kv_dim, e->kk, e->kv_dim * sizeof(float));
+    memcpy(vl + (uint64_t)pos * e->kv_dim_v, e->vv, e->kv_dim_v * sizeof(float));
+    /* sliding window: a key at j is hidden when pos - j >= window (llama.cpp's standard SWA) */
+    uint32_t n_kv = pos + 1;
+    int swa = is_swa_layer(c, l);
+    for (uint32_t j = 0; j < n_kv; j++)
+        e->mask[j] = swa && pos - j >= c->swa_window ? -INFINITY : 0.0f;
+    const float *sinks = vec_dense(e, W(e, l, JLM_R_ATTN_SINKS));
+    jlm_k_attn ap = {.head_dim = e->hd, .head_dim_v = e->hd_v, .k_stride = e->kv_dim, .v_stride = e->kv_dim_v,
+                     .scale = c->attn_scale > 0 ? c->attn_scale : 1.0f / sqrtf((float)e->hd),
+                     .softcap = c->attn_softcap, .mask = swa ? e->mask : NULL};
+    uint32_t group = c->n_head / c->n_kv_head;
+    for (uint32_t h = 0; h < c->n_head; h++) {
+        uint32_t kvh = h / group;
+        ap.has_sink = sinks != NULL;
+        ap.sink = sinks ? sinks[h] : 0.0f;
+        jlm_k_attn_head(&ap, e->q + h * e->hd, kl + kvh * e->hd, vl + kvh * e->hd_v, n_kv, e->scores,
+                        e->att + h * e->hd_v);
+    }
+    jlm_k_mat wo = mat_at(W(e, l, JLM_R_ATTN_OUT), page, page_off, 0);
+    matvec(e, &wo, e->att, e->o);
+    add_bias(e->o, vec_dense(e, W(e, l, JLM_R_ATTN_OUT_B)), c->n_embd);
+    if (c->arch == JLM_ARCH_GEMMA3) {
+        const float *pn = vec_dense(e, W(e, l, JLM_R_POST_ATTN_NORM));
+        if (pn) jlm_k_rmsnorm(e->o, e->o, pn, c->n_embd, c->rms_eps);
+    }
+    jlm_k_add(e->x, e->x, e->o, c->n_embd);
+}
+
+/* ================================================================ feed-forward */
+/* The pre-FFN norm: ffn_norm; gpt-oss names it post_attention_norm. */
+static const float *ffn_norm_w(const jlm_engine *e, uint32_t l)
+{
+    const jlm_tensor *t = W(e, l, JLM_R_FFN_NORM);
+    if (!t && e->c->arch == JLM_ARCH_GPTOSS)
+        t = W(e, l, JLM_R_POST_ATTN_NORM);
+    return vec_dense(e, t);
+}
+
+static void activate(const jlm_config *c, float *g, const float *u, uint64_t n)
+{
+    if (c->flags & JLM_F_SWIGLU_OAI) {
+        jlm_k_swiglu_oai(g, g, u, n, 1.702f, 7.0f);
+    } else if (c->flags & JLM_F_GELU) {
+        jlm_k_gelu_fp16(g, g, n);   /* llama.cpp's CPU GELU reads an fp16 table */
+        jlm_k_mul(g, g, u, n);
+    } else {
+        jlm_k_swiglu(g, g, u, n);
+    }
+}
+
+static void ffn_dense(jlm_engine *e, uint32_t l, const uint8_t *page, uint64_t page_off)
+{
+    const jlm_config *c = e->c;
+    jlm_k_rmsnorm(e->h, e->x, ffn_norm_w(e, l), c->n_embd, c->rms_eps);
+    jlm_k_mat wg = mat_at(W(e, l, JLM_R_FFN_GATE), page, page_off, 0);
+    jlm_k_mat wu = mat_at(W(e, l, JLM_R_FFN_UP), page, page_off, 0);
+    jlm_k_mat wd = mat_at(W(e, l, JLM_R_FFN_DOWN), page, page_off, 0);
+    matvec(e, &wg, e->h, e->g);
+    matvec(e, &wu, e->h, e->u);
+    activate(c, e->g, e->u, wg.rows);
+    matvec(e, &wd, e->g, e->o);
+    if (c->arch == JLM_ARCH_GEMMA3) {
+        const float *pn = vec_dense(e, W(e, l, JLM_R_POST_FFW_NORM));
+        if (pn) jlm_k_rmsnorm(e->o, e->o, pn, c->n_embd, c->rms_eps);
+    }
+    jlm_k_add(e->x, e->x, e->o, c->n_embd);
+}
+
+/* Top-k routing as llama.cpp does it per architecture. */
+static void route(jlm_engine *e, uint32_t l, const uint8_t *page, uint64_t page_off)
+{
+    const jlm_config *c = e->c;
+    uint32_t ne = c->n_expert, nu = c->n_expert_used;
+    jlm_k_mat wr = mat_at(W(e, l, JLM_R_ROUTER), page, page_off, 0);
+    matvec(e, &wr, e->h, e->router);
+    add_bias(e->router, vec_dense(e, W(e, l, JLM_R_ROUTER_B)), ne);
+    float probs[1024];
+    int oai = (c->flags & JLM_F_SWIGLU_OAI) != 0;   /* gpt-oss: top-k of logits, softmax of those */
+    for (uint32_t i = 0; i < ne; i++)
+        probs[i] = e->router[i];
+    if (!oai)
+        jlm_k_softmax(probs, ne);
+    int32_t *sel = e->route + (size_t)l * nu;
+    uint8_t taken[1024] = {0};
+    for (uint32_t s = 0; s < nu; s++) {
+        int32_t best = -1;
+        for (uint32_t i = 0; i < ne; i++)
+            if (!taken[i] && (best < 0 || probs[i] > probs[best]))
+                best = (int32_t)i;
+        taken[best] = 1;
+        sel[s] = best;
+        e->route_w[s] = probs[best];
+    }
+    if (oai) {
+        jlm_k_softmax(e->route_w, nu);
+    } else if (!(c->flags & JLM_F_NO_EXPERT_NORM)) {
+        float sum = 0;
+        for (uint32_t s = 0; s < nu; s++) sum += e->route_w[s];
+        for (uint32_t s = 0; s < nu; s++) e->route_w[s] /= sum;
+    }
+    if (c->expert_scale > 0)
+        for (uint32_t s = 0; s < nu; s++) e->route_w[s] *= c->expert_scale;
+}
+
+static int ffn_moe(jlm_engine *e, uint32_t l, const uint8_t *page, uint64_t page_off, jlm_err *err)
+{
+    const jlm_config *c = e->c;
+    const jlm_header *hd = &e->m->hdr;
+    uint32_t nu = c->n_expert_used;
+    jlm_k_rmsnorm(e->h, e->x, ffn_norm_w(e, l), c->n_embd, c->rms_eps);
+    route(e, l, page, page_off);
+    const jlm_tensor *tg = W(e, l, JLM_R_EXP_GATE), *tu = W(e, l, JLM_R_EXP_UP), *td = W(e, l, JLM_R_EXP_DOWN);
+    const float *bg = vec_dense(e, W(e, l, JLM_R_EXP_GATE_B)), *bu = vec_dense(e, W(e, l, JLM_R_EXP_UP_B));
+    const float *bd = vec_dense(e, W(e, l, JLM_R_EXP_DOWN_B));
+    uint32_t first = (uint32_t)((tg->qs_off - hd->exp_data_off) / hd->exp_page_size);
+    const int32_t *sel = e->route + (size_t)l * nu;
+    const void *frames[256];
+    uint32_t pinned = 0;
+    int rc = JLM_OK;
+    /* page in every routed expert first (the minimum working set counts them all) */
+    for (; pinned < nu && !rc; pinned++) {
+        uint32_t pg = first + (uint32_t)sel[pinned];
+        rc = jlm_pager_get(e->pager, JLM_PAGER_EXPERTS, pg, 0, e->exp_extent ? e->exp_extent[pg] : hd->exp_page_size,
+                           &frames[pinned], err);
+    }
+    if (rc) {
+        pinned--;
+        goto out;
+    }
+    memset(e->moe, 0, c->n_embd * sizeof(float));
+    uint64_t nff = jlm_tensor_rows(tg);
+    for (uint32_t s = 0; s < nu; s++) {
+        uint32_t x = (uint32_t)sel[s];
+        uint64_t pg_off = hd->exp_data_off + (uint64_t)(first + x) * hd->exp_page_size;
+        uint64_t shift = (uint64_t)x * hd->exp_page_size;
+        /* bank offsets address expert 0's page: shift them to expert x's page */
+        jlm_k_mat wg = mat_at(tg, frames[s], pg_off, shift), wu = mat_at(tu, frames[s], pg_off, shift);
+        jlm_k_mat wd = mat_at(td, frames[s], pg_off, shift);
+        matvec(e, &wg, e->h, e->g);
+        matvec(e, &wu, e->h, e->u);
+        if (bg) add_bias(e->g, bg + (uint64_t)x * nff, nff);
+        if (bu) add_bias(e->u, bu + (uint64_t)x * nff, nff);
+        activate(c, e->g, e->u, nff);
+        matvec(e, &wd, e->g, e->o);
+        if (bd) add_bias(e->o, bd + (uint64_t)x * c->n_embd, c->n_embd);
+        for (uint32_t i = 0; i < c->n_embd; i++)
+            e->moe[i] += e->route_w[s] * e->o[i];
+    }
+    jlm_k_add(e->x, e->x, e->moe, c->n_embd);
+out:
+    for (uint32_t s = 0; s < pinned; s++)
+        jlm_pager_unpin(e->pager, JLM_PAGER_EXPERTS, first + (uint32_t)sel[s]);
+    return rc;
+}
+
+/* ================================================================ one token */
+static void embed(jlm_engine *e, int32_t tok)
+{
+    const jlm_tensor *t = W(e, -1, JLM_R_TOKEN_EMBD);
+    jlm_k_mat m = mat_dense(e, t);
+    jlm_k_dequant_row_ref(t->type, m.qs, m.d, m.sc, m.k, m.rows, (uint64_t)tok, e->x);
+    if (e->c->embd_scale > 0)
+        jlm_k_scale(e->x, e->x, e->c->embd_scale, e->c->n_embd);
+}
+
+static void output(jlm_engine *e, float *logits)
+{
+    const jlm_config *c = e->c;
+    jlm_k_rmsnorm(e->h, e->x, vec_dense(e, W(e, -1, JLM_R_OUTPUT_NORM)), c->n_embd, c->rms_eps);
+    const jlm_tensor *t = W(e, -1, JLM_R_OUTPUT);
+    if (!t)
+        t = W(e, -1, JLM_R_TOKEN_EMBD);   /* tied embeddings */
+    jlm_k_mat m = mat_dense(e, t);
+    matvec(e, &m, e->h, logits);
+    if (c->final_softcap > 0)
+        for (uint64_t i = 0; i < m.rows; i++)
+            logits[i] = c->final_softcap * tanhf(logits[i] / c->final_softcap);
+}
+
+static int forward(jlm_engine *e, int32_t tok, uint32_t pos, float *logits, jlm_err *err)
+{
+    const jlm_config *c = e->c;
+    const jlm_header *hd = &e->m->hdr;
+    embed(e, tok);
+    for (uint32_t l = 0; l < c->n_layer; l++) {
+        const void *page;
+        uint64_t page_off = hd->data_off + (uint64_t)l * hd->page_size;
+        int rc = jlm_pager_get(e->pager, JLM_PAGER_TEXT, l, 0, e->text_extent[l], &page, err);
+        if (rc)
+            return jlm_err_prefix(err, "%s: block %u", e->m->path, l);
+        attention(e, l, page, page_off, pos);
+        if (W(e, l, JLM_R_EXP_GATE))
+            rc = ffn_moe(e, l, page, page_off, err);
+        else
+            ffn_dense(e, l, page, page_off);
+        jlm_pager_unpin(e->pager, JLM_PAGER_TEXT, l);
+        if (rc)
+            return jlm_err_prefix(err, "%s: block %u experts", e->m->path, l);
+    }
+    if (logits)
+        output(e, logits);
+    return JLM_OK;
+}
+
+int jlm_engine_eval(jlm_engine *e, const int32_t *tokens, uint32_t n, float *logits, jlm_err *err)
+{
+    for (uint32_t i = 0; i < n; i++) {
+        if (e->n_past >= e->n_ctx)
+            return jlm_errf(err, JLM_ERANGE, "context full: %u positions (-c)", e->n_ctx);
+        if (tokens[i] < 0 || (uint32_t)tokens[i] >= jlm_tensor_rows(W(e, -1, JLM_R_TOKEN_EMBD)))
+            return jlm_errf(err, JLM_ERANGE, "token id %d outside [0, %llu)", tokens[i],
+                            (unsigned long long)jlm_tensor_rows(W(e, -1, JLM_R_TOKEN_EMBD)));
+        int rc = forward(e, tokens[i], e->n_past, i + 1 == n ? logits : NULL, err);
+        if (rc)
+            return rc;
+        e->n_past++;
+    }
+    return JLM_OK;
+}
+
+/* ================================================================ queries */
+void jlm_engine_rewind(jlm_engine *e, uint32_t pos) { if (pos < e->n_past) e->n_past = pos; }
+const jlm_model *jlm_engine_model(const jlm_engine *e) { return e->m; }
+uint32_t jlm_engine_n_past(const jlm_engine *e) { return e->n_past; }
+uint32_t jlm_engine_n_ctx(const jlm_engine *e) { return e->n_ctx; }
+uint32_t jlm_engine_n_vocab(const jlm_engine *e)
+{
+    const jlm_tensor *t = W(e, -1, JLM_R_OUTPUT);
+    return (uint32_t)jlm_tensor_rows(t ? t : W(e, -1, JLM_R_TOKEN_EMBD));
+}
+jlm_pager *jlm_engine_pager(jlm_engine *e) { return e->pager; }
+uint64_t jlm_engine_budget(const jlm_engine *e) { return e->budget; }
+
+const int32_t *jlm_engine_last_route(const jlm_engine *e, uint32_t block)
+{
+    if (block >= e->c->n_layer || !W(e, block, JLM_R_EXP_GATE))
+        return NULL;
+    return e->route + (size_t)block * e->c->n_expert_used;
+}
+
+uint64_t jlm_engine_bytes_per_token(const jlm_engine *e)
+{
+    const jlm_header *h = &e->m->hdr;
+    uint64_t b = 0;
+    for (uint32_t l = 0; l < e->c->n_layer; l++)
+        b += e->text_extent[l];
+    if (h->n_exp_pages)
+        b += (uint64_t)(h->n_exp_pages / e->c->n_expert) * e->c->n_expert_used * h->exp_page_size;
+    const jlm_tensor *t = W(e, -1, JLM_R_OUTPUT);
+    if (!t)
+        t = W(e, -1, JLM_R_TOKEN_EMBD);
+    jlm_tensor_planes pl;
+    if (!jlm_fmt_tensor_planes(t, &pl, NULL))
+        b += pl.qs_len + pl.d_len + pl.sc_len;
+    return b;
+}

@@ -1,0 +1,72 @@
+/* model.h - the inference engine: a container, its pager, the KV cache and
+ * the forward pass of every supported architecture on the CPU.
+ *
+ * Owns: the model graphs (llama incl. Mixtral-style MoE, qwen2, qwen3,
+ * qwen3moe, olmoe, gemma3, phi3, gpt-oss), read in the paper's order in
+ * model.c; the F32 KV cache; scratch buffers. Reads only the .jlm container
+ * (format/), through a page source and the pager (engine/pager.h); computes
+ * with kernels/cpu. Knows nothing of GGUF.
+ *
+ * Invariants:
+ *  (1) The dense region is read whole at open and stays resident; every
+ *      block and expert page is reached through the pager, pinned while its
+ *      layer runs and unpinned right after.
+ *  (2) The logits depend only on the tokens evaluated, never on the budget
+ *      (tests: same ids at every budget down to one block frame).
+ *  (3) n_past <= n_ctx; a token beyond n_ctx is refused (JLM_ERANGE).
+ * Thread safety: one engine per thread; it runs its own worker pool.
+ * Memory: the engine owns the model, source, pager, pool and buffers.
+ */
+#ifndef JLM_MODEL_H
+#define JLM_MODEL_H
+
+#include <stdint.h>
+
+#include "engine/pager.h"
+#include "engine/source.h"
+#include "format/jlm_format.h"
+
+typedef struct jlm_engine_opts {
+    int      n_threads;    /* <= 0: online CPUs */
+    uint64_t budget;       /* bytes of page frames; 0 = unlimited */
+    uint32_t n_ctx;        /* 0: min(model context, 4096) */
+    int      direct;       /* plain-file source: 1 try O_DIRECT, 0 buffered */
+    int      quiet;        /* 1: no notes on stderr */
+} jlm_engine_opts;
+
+typedef struct jlm_engine jlm_engine;
+
+/* Opens a container (a .jlm file, or a jlmfs view directory's model.jlm),
+ * reads its dense region, sizes the pager (a budget below the minimum working
+ * set is raised to it, with a note on stderr unless quiet) and allocates the
+ * KV cache. JLM_EUNSUPPORTED for an architecture without a graph, or the
+ * reader's errors; *out untouched on error. */
+int  jlm_engine_open(const char *path, const jlm_engine_opts *opts, jlm_engine **out, jlm_err *err);
+void jlm_engine_close(jlm_engine *e);   /* accepts NULL */
+
+/* Runs tokens[0, n) at positions n_past.. and writes the logits after the last
+ * one to logits (n_vocab floats) if non-NULL. JLM_ERANGE (context full, token
+ * id out of range), or a page-in error (JLM_EIO...) naming the page: the
+ * engine's state is then unchanged for the failed token. */
+int  jlm_engine_eval(jlm_engine *e, const int32_t *tokens, uint32_t n, float *logits, jlm_err *err);
+
+/* Forgets the KV cache from position pos on (0: everything). Cannot fail. */
+void jlm_engine_rewind(jlm_engine *e, uint32_t pos);
+
+const jlm_model *jlm_engine_model(const jlm_engine *e);
+uint32_t jlm_engine_n_past(const jlm_engine *e);
+uint32_t jlm_engine_n_ctx(const jlm_engine *e);
+uint32_t jlm_engine_n_vocab(const jlm_engine *e);
+jlm_pager *jlm_engine_pager(jlm_engine *e);
+/* The budget actually in force (after raising to the minimum working set). */
+uint64_t jlm_engine_budget(const jlm_engine *e);
+/* Bytes of weights one token reads: the dense tensors a token uses plus
+ * every block page (and the routed experts' pages, counted as n_expert_used
+ * pages per MoE block). For the roofline bench. */
+uint64_t jlm_engine_bytes_per_token(const jlm_engine *e);
+
+/* Expert routing observed on the last evaluated token (for tests): for block
+ * b, the n_expert_used expert indices chosen; NULL for a dense block. */
+const int32_t *jlm_engine_last_route(const jlm_engine *e, uint32_t block);
+
+#endif

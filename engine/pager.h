@@ -1,0 +1,191 @@
+/* pager.h - the engine's page cache: frames, one byte budget, eviction,
+ * partial fill at Chunk granularity, statistics.
+ *
+ * Owns: every engine frame (4096-aligned heap memory holding one page of a
+ * page array) and each page's filled-chunk bitmap. Knows page arrays only as
+ * (base_off, page_size, n_pages, extent per page) descriptions, reads through
+ * a jlm_source, and knows nothing of tensors, kernels or the container format
+ * (jlm_pager_arrays_from_model in docs/pager.md shows the mapping).
+ *
+ * A page's lifecycle (SQLite pager.c style):
+ *
+ *                 get(off,len): frame taken, missing chunks read
+ *      ABSENT ----------------------------------------> FILLING
+ *        ^  ^                                            |   |
+ *        |  |  read failed and no chunk of it filled      |   | all chunks of
+ *        |  +--------------------------------------------+   | [off,len) read
+ *        |                                                   v
+ *        |   evict (unpinned only)             +---> RESIDENT, PINNED (pins > 0)
+ *        +---------- RESIDENT, UNPINNED <------+        |   ^
+ *                    (pins == 0, on the LRU    unpin to |   | get (hit, or a
+ *                     list of its class)       pins = 0 v   | partial fill)
+ *                                 ^--------------------------+
+ *
+ *   ABSENT     frame == NULL, no chunk filled, pins == 0, on no list.
+ *   FILLING    transient, inside jlm_pager_get only (the pager is single-
+ *              threaded); a read error returns the page to RESIDENT with the
+ *              chunks read before, or to ABSENT if none were.
+ *   RESIDENT   frame != NULL; bitmap says which chunks hold the source's
+ *              bytes; a pinned page is on no list and is never a victim.
+ *
+ * Invariants (jlm_pager_check verifies all of them):
+ *  (1) resident_bytes == sum of frame_len over pages with a frame.
+ *  (2) budget == 0 or resident_bytes <= budget.
+ *  (3) frame == NULL implies no chunk filled and pins == 0.
+ *  (4) A page is on its class's LRU list iff it has a frame and pins == 0.
+ *  (5) n_filled == popcount(bitmap); no bit at or past the page's chunk count.
+ *  (6) A filled chunk holds exactly the source's bytes for that span (tests
+ *      check this against the source content).
+ *  (7) Eviction picks the least recently used unpinned EXPERT-class page; if
+ *      there is none, the MOST recently used unpinned BLOCK-class page (blocks
+ *      are scanned cyclically every token: MRU faults about N-F pages a token
+ *      where LRU faults all N). "Used" = the last get or unpin.
+ *
+ * Budget: 0 = unlimited. The caller sizes the minimum working set (the most
+ * pages it pins at once) with jlm_pager_min_budget() and raises the budget to
+ * it, saying so; a get that finds every resident page pinned with no room is a
+ * caller bug and fails with JLM_ERANGE (the pager is left unchanged).
+ *
+ * Thread safety: one pager per engine; every jlm_pager_* call comes from one
+ * thread (the engine thread). Only the source may use other threads (a file
+ * source splits large reads across its I/O threads, inside one call). The
+ * event callback runs synchronously on the calling thread.
+ * Memory: the pager owns frames and bitmaps; pointers returned by get stay
+ * valid until the matching unpin. The source is borrowed (must outlive it).
+ */
+#ifndef JLM_PAGER_H
+#define JLM_PAGER_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "engine/source.h"
+#include "format/jlm_err.h"
+
+enum jlm_pager_class {
+    JLM_PAGER_BLOCK = 0,    /* scanned cyclically: MRU victim (text, vision blocks) */
+    JLM_PAGER_EXPERT = 1,   /* routed, reused by recency: LRU victim, evicted first */
+};
+
+#define JLM_PAGER_MAX_ARRAYS 8
+
+typedef struct jlm_pager_array_desc {
+    const char     *name;       /* "blocks", "vision", "experts": used in messages and events */
+    int             cls;        /* enum jlm_pager_class */
+    uint64_t        base_off;   /* source offset of page 0, 4096-aligned */
+    uint64_t        page_size;  /* stride between pages, multiple of 4096 */
+    uint32_t        n_pages;
+    const uint64_t *extent;     /* (n_pages,) bytes used per page (multiple of 4096,
+                                   <= page_size; copied); NULL: every page is page_size */
+} jlm_pager_array_desc;
+
+typedef struct jlm_pager_config {
+    jlm_source *src;            /* borrowed */
+    uint64_t    chunk;          /* fill granularity: power of two >= 4096 */
+    uint64_t    budget;         /* bytes of frames; 0 = unlimited */
+    uint32_t    n_arrays;       /* <= JLM_PAGER_MAX_ARRAYS; array index = position */
+    const jlm_pager_array_desc *arrays;
+} jlm_pager_config;
+
+/* ---------------------------------------------------------------- events */
+enum jlm_pager_ev_kind {
+    JLM_PAGER_EV_PAGE_IN = 1,   /* ABSENT -> RESIDENT: bytes = bytes read */
+    JLM_PAGER_EV_FILL = 2,      /* more chunks read into a resident page */
+    JLM_PAGER_EV_HIT = 3,       /* served from the frame, nothing read */
+    JLM_PAGER_EV_EVICT = 4,     /* RESIDENT -> ABSENT: bytes = frame_len */
+};
+typedef struct jlm_pager_event {
+    int      kind;              /* enum jlm_pager_ev_kind */
+    uint32_t array, page;
+    const char *array_name;
+    uint64_t bytes;
+    int      tier;              /* enum jlm_tier: FRAME for hits, else the source's */
+} jlm_pager_event;
+typedef void (*jlm_pager_event_fn)(void *ctx, const jlm_pager_event *ev);
+
+/* ---------------------------------------------------------------- stats */
+typedef struct jlm_pager_array_counters {
+    uint64_t page_ins;          /* ABSENT -> RESIDENT transitions */
+    uint64_t fills;             /* partial fills of a resident page */
+    uint64_t evictions;
+    uint64_t hits;              /* gets that read nothing */
+    uint64_t reads;             /* source reads (one per coalesced run of chunks) */
+    uint64_t bytes_read;
+    uint64_t read_ns;           /* wall time spent waiting in source reads */
+    uint32_t resident_pages;
+    uint64_t resident_bytes;
+} jlm_pager_array_counters;
+
+typedef struct jlm_pager_counters {
+    uint64_t budget, resident_bytes, peak_bytes;
+    uint32_t n_arrays;
+    jlm_pager_array_counters a[JLM_PAGER_MAX_ARRAYS];
+} jlm_pager_counters;
+
+typedef struct jlm_pager jlm_pager;
+
+/* ---------------------------------------------------------------- open / close */
+/* Validates the configuration (chunk a power of two >= 4096; each array's
+ * base aligned, page_size a nonzero multiple of 4096, extents multiples of
+ * 4096 and <= page_size, the whole array inside the source, no overflow).
+ * JLM_EINVAL naming the array and the bound, or JLM_ENOMEM; *out untouched. */
+int  jlm_pager_open(const jlm_pager_config *cfg, jlm_pager **out, jlm_err *err);
+/* Frees every frame (pinned or not) and the pager; accepts NULL. */
+void jlm_pager_close(jlm_pager *p);
+
+/* ---------------------------------------------------------------- from a container */
+/* Array indices jlm_pager_open_model gives a container's page arrays (an
+ * array without pages is present with n_pages 0). */
+enum { JLM_PAGER_TEXT = 0, JLM_PAGER_VISION = 1, JLM_PAGER_EXPERTS = 2 };
+struct jlm_model;
+/* Opens a pager over m's text (BLOCK class), vision (BLOCK) and expert
+ * (EXPERT) page arrays with extents from jlm_fmt_page_extent and the
+ * container's Chunk; src reads the container's bytes. Errors as
+ * jlm_pager_open, naming m->path; *out untouched then. */
+int  jlm_pager_open_model(const struct jlm_model *m, jlm_source *src, uint64_t budget,
+                          jlm_pager **out, jlm_err *err);
+
+/* ---------------------------------------------------------------- configure */
+/* Bytes of the smallest budget that lets n_pinned[a] pages of each array be
+ * pinned at once (sum of n_pinned[a] * frame_len(a)). Cannot fail. */
+uint64_t jlm_pager_min_budget(const jlm_pager *p, const uint32_t *n_pinned);
+/* Sets the budget (0 = unlimited), evicting unpinned pages (invariant 7
+ * order) until resident bytes fit. JLM_ERANGE if the pinned pages alone
+ * exceed it (budget unchanged then). */
+int  jlm_pager_set_budget(jlm_pager *p, uint64_t budget, jlm_err *err);
+/* Subscribes fn to events (NULL unsubscribes). Cannot fail. */
+void jlm_pager_set_events(jlm_pager *p, jlm_pager_event_fn fn, void *ctx);
+
+/* ---------------------------------------------------------------- get / unpin */
+/* Pins page `page` of array `array` and guarantees [off, off+len) of it holds
+ * the source's bytes: only missing chunks are read, adjacent missing chunks
+ * coalesced into one read. *ptr = frame + off. Every successful get must be
+ * matched by one jlm_pager_unpin. Errors: JLM_EINVAL (array/page out of range,
+ * [off,len) past the page's extent), JLM_ERANGE (no room: every resident page
+ * pinned), JLM_ENOMEM, or the source's code (JLM_EIO...) with the message
+ * prefixed by "array page N"; then nothing is pinned, *ptr is untouched and
+ * the pager is consistent (chunks read before the failure stay filled). */
+int  jlm_pager_get(jlm_pager *p, uint32_t array, uint32_t page, uint64_t off, uint64_t len,
+                   const void **ptr, jlm_err *err);
+/* Releases one pin; at zero the page becomes the most recently used of its
+ * class. Unpinning a page that is not pinned is a caller bug (assert). */
+void jlm_pager_unpin(jlm_pager *p, uint32_t array, uint32_t page);
+
+/* ---------------------------------------------------------------- query */
+/* Bytes of the page currently filled (0 when absent). Cannot fail. */
+uint64_t jlm_pager_filled(const jlm_pager *p, uint32_t array, uint32_t page);
+/* 1 if the page holds a frame. Cannot fail. */
+int  jlm_pager_resident(const jlm_pager *p, uint32_t array, uint32_t page);
+/* Frame bytes one page of the array takes (its largest extent). */
+uint64_t jlm_pager_frame_len(const jlm_pager *p, uint32_t array);
+/* Copies the counters. Cannot fail. */
+void jlm_pager_stats(const jlm_pager *p, jlm_pager_counters *out);
+/* Zeroes the counters (not the residency). Cannot fail. */
+void jlm_pager_stats_reset(jlm_pager *p);
+
+/* ---------------------------------------------------------------- testing */
+/* Verifies invariants (1)-(5). 0, or JLM_EINVAL with the first broken
+ * invariant in err. */
+int  jlm_pager_check(const jlm_pager *p, jlm_err *err);
+
+#endif

@@ -1,0 +1,233 @@
+/* pool.c - parallel-for thread pool with spin-then-sleep workers (see pool.h).
+ *
+ * Protocol. The dispatcher writes the job (fn, ctx, n, grain), sets `pending`
+ * to the number of workers, then increments `gen` (seq_cst). A worker that saw
+ * generation g waits for gen != g: first spinning, then, under `mu`,
+ * incrementing `n_sleep`, re-checking gen and sleeping on `wake`. The
+ * dispatcher reads `n_sleep` after its increment (seq_cst): either the worker's
+ * re-check sees the new generation or the dispatcher sees the sleeper and
+ * broadcasts under `mu`, so no wake-up is lost. Completion mirrors this with
+ * `pending`, `caller_sleeps` and `done`.
+ */
+#include "engine/pool.h"
+
+#include <errno.h>
+#include <pthread.h>
+#include <sched.h>
+#include <stdatomic.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#define POOL_MAX_THREADS 256
+#define POOL_DEFAULT_SPIN 4000u   /* wait steps before sleeping */
+#define POOL_PAUSE_SPINS  256u    /* of which pause-only */
+
+struct jlm_pool {
+    int        n_threads;             /* including the caller */
+    unsigned   spin;                  /* busy-wait iterations before sleeping */
+    pthread_t *threads;               /* (n_threads - 1,) */
+
+    /* the current job: written by the dispatcher before gen is bumped */
+    jlm_pool_fn fn;
+    void       *ctx;
+    size_t      n, grain;
+    int         stop;                 /* set (then gen bumped) by destroy */
+
+    /* changes during routine operation */
+    _Atomic unsigned long gen;        /* job generation */
+    _Atomic int           pending;    /* workers still running the current job */
+    _Atomic int           n_sleep;    /* workers asleep on `wake` */
+    _Atomic int           caller_sleeps;
+    pthread_mutex_t       mu;
+    pthread_cond_t        wake;       /* workers wait here for a new gen */
+    pthread_cond_t        done;       /* the caller waits here for pending == 0 */
+};
+
+typedef struct pool_arg { jlm_pool *p; int idx; } pool_arg;
+
+/* One wait step of iteration i: a pause at first, then sched_yield so an
+ * oversubscribed machine (more threads than free cores) runs the thread we
+ * wait for instead of burning our time slice. */
+static inline void cpu_relax(unsigned i)
+{
+    if (i >= POOL_PAUSE_SPINS) {
+        sched_yield();
+        return;
+    }
+#if defined(__x86_64__) || defined(__i386__)
+    __builtin_ia32_pause();
+#endif
+}
+
+/* Slice [*b, *e) of thread t: contiguous, grain-aligned boundaries. */
+static void slice_of(const jlm_pool *p, int t, size_t *b, size_t *e)
+{
+    size_t grain = p->grain, units = (p->n + grain - 1) / grain;
+    size_t per = units / (size_t)p->n_threads, rem = units % (size_t)p->n_threads;
+    size_t ub = (size_t)t * per + ((size_t)t < rem ? (size_t)t : rem);
+    size_t ue = ub + per + ((size_t)t < rem ? 1 : 0);
+    *b = ub * grain < p->n ? ub * grain : p->n;
+    *e = ue * grain < p->n ? ue * grain : p->n;
+}
+
+static void run_slice(jlm_pool *p, int t)
+{
+    size_t b, e;
+    slice_of(p, t, &b, &e);
+    if (b < e)
+        p->fn(p->ctx, b, e, t);
+}
+
+static void worker_finish(jlm_pool *p)
+{
+    if (atomic_fetch_sub(&p->pending, 1) == 1 && atomic_load(&p->caller_sleeps)) {
+        pthread_mutex_lock(&p->mu);
+        pthread_cond_signal(&p->done);
+        pthread_mutex_unlock(&p->mu);
+    }
+}
+
+static void *worker_main(void *v)
+{
+    pool_arg *a = v;
+    jlm_pool *p = a->p;
+    int idx = a->idx;
+    free(a);
+    unsigned long seen = 0;
+    for (;;) {
+        unsigned long g;
+        unsigned i = 0;
+        while ((g = atomic_load_explicit(&p->gen, memory_order_acquire)) == seen && i < p->spin) {
+            cpu_relax(i);
+            i++;
+        }
+        if (g == seen) {
+            pthread_mutex_lock(&p->mu);
+            atomic_fetch_add(&p->n_sleep, 1);
+            while ((g = atomic_load(&p->gen)) == seen)
+                pthread_cond_wait(&p->wake, &p->mu);
+            atomic_fetch_sub(&p->n_sleep, 1);
+            pthread_mutex_unlock(&p->mu);
+        }
+        seen = g;
+        if (p->stop)
+            return NULL;
+        run_slice(p, idx);
+        worker_finish(p);
+    }
+}
+
+/* Bumps the generation and wakes sleepers if any (see the protocol above). */
+static void publish(jlm_pool *p)
+{
+    atomic_fetch_add(&p->gen, 1);
+    if (atomic_load(&p->n_sleep) > 0) {
+        pthread_mutex_lock(&p->mu);
+        pthread_cond_broadcast(&p->wake);
+        pthread_mutex_unlock(&p->mu);
+    }
+}
+
+void jlm_pool_for(jlm_pool *p, size_t n, size_t grain, jlm_pool_fn fn, void *ctx)
+{
+    if (n == 0)
+        return;
+    if (!p || p->n_threads == 1 || n <= (grain ? grain : 1)) {
+        fn(ctx, 0, n, 0);
+        return;
+    }
+    p->fn = fn;
+    p->ctx = ctx;
+    p->n = n;
+    p->grain = grain ? grain : 1;
+    atomic_store(&p->pending, p->n_threads - 1);
+    publish(p);
+    run_slice(p, 0);
+    unsigned i = 0;
+    while (atomic_load_explicit(&p->pending, memory_order_acquire) > 0 && i < p->spin) {
+        cpu_relax(i);
+        i++;
+    }
+    if (atomic_load(&p->pending) > 0) {
+        pthread_mutex_lock(&p->mu);
+        atomic_store(&p->caller_sleeps, 1);
+        while (atomic_load(&p->pending) > 0)
+            pthread_cond_wait(&p->done, &p->mu);
+        atomic_store(&p->caller_sleeps, 0);
+        pthread_mutex_unlock(&p->mu);
+    }
+}
+
+static void pool_stop(jlm_pool *p, int n_started)
+{
+    p->stop = 1;
+    publish(p);
+    /* a worker may sleep between our n_sleep check and its wait: the
+     * protocol rules that out, but a broadcast here is cheap insurance */
+    pthread_mutex_lock(&p->mu);
+    pthread_cond_broadcast(&p->wake);
+    pthread_mutex_unlock(&p->mu);
+    for (int i = 0; i < n_started; i++)
+        pthread_join(p->threads[i], NULL);
+}
+
+int jlm_pool_create(int n_threads, unsigned spin, jlm_pool **out, jlm_err *err)
+{
+    if (n_threads <= 0) {
+        long c = sysconf(_SC_NPROCESSORS_ONLN);
+        n_threads = c > 0 ? (int)c : 1;
+    }
+    if (n_threads > POOL_MAX_THREADS)
+        n_threads = POOL_MAX_THREADS;
+    jlm_pool *p = calloc(1, sizeof *p);
+    if (!p)
+        return jlm_errf(err, JLM_ENOMEM, "thread pool: out of memory");
+    p->n_threads = n_threads;
+    p->spin = spin ? spin : POOL_DEFAULT_SPIN;
+    pthread_mutex_init(&p->mu, NULL);
+    pthread_cond_init(&p->wake, NULL);
+    pthread_cond_init(&p->done, NULL);
+    p->threads = calloc((size_t)n_threads, sizeof *p->threads);
+    if (!p->threads) {
+        jlm_pool_destroy(p);
+        return jlm_errf(err, JLM_ENOMEM, "thread pool: out of memory");
+    }
+    for (int i = 1; i < n_threads; i++) {
+        pool_arg *a = malloc(sizeof *a);
+        int rc = ENOMEM;
+        if (a) {
+            a->p = p;
+            a->idx = i;
+            rc = pthread_create(&p->threads[i - 1], NULL, worker_main, a);
+        }
+        if (rc) {
+            free(a);
+            pool_stop(p, i - 1);
+            p->n_threads = 1;
+            jlm_pool_destroy(p);
+            return jlm_errf(err, JLM_EIO, "thread pool: starting thread %d of %d: %s",
+                            i, n_threads, strerror(rc));
+        }
+    }
+    *out = p;
+    return 0;
+}
+
+void jlm_pool_destroy(jlm_pool *p)
+{
+    if (!p)
+        return;
+    if (p->n_threads > 1 && p->threads)
+        pool_stop(p, p->n_threads - 1);
+    pthread_mutex_destroy(&p->mu);
+    pthread_cond_destroy(&p->wake);
+    pthread_cond_destroy(&p->done);
+    free(p->threads);
+    free(p);
+}
+
+int jlm_pool_n_threads(const jlm_pool *p)
+{
+    return p ? p->n_threads : 1;
+}

@@ -1,0 +1,281 @@
+/* source.c - page sources: plain file (pread, O_DIRECT, split reads), memory,
+ * and a fault-injecting wrapper for tests (see source.h). */
+#include "engine/source.h"
+#include "engine/pool.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#define SRC_ALIGN        4096u
+#define SRC_SPLIT_MIN    ((size_t)4 << 20)  /* reads this large are split */
+#define SRC_PIECE_MIN    ((size_t)1 << 20)  /* no piece smaller than this */
+#define SRC_MAX_PIECES   16
+
+void jlm_source_close(jlm_source *s)
+{
+    if (s)
+        s->close(s);
+}
+
+/* ---------------------------------------------------------------- file source */
+typedef struct file_source {
+    jlm_source   base;
+    char        *path;
+    int          fd;          /* buffered descriptor */
+    int          dfd;         /* O_DIRECT descriptor, -1 if unavailable */
+    size_t       split_min;
+    jlm_pread_fn pread;
+    jlm_pool    *pool;        /* I/O threads for split reads; NULL: none */
+} file_source;
+
+static int aligned(uint64_t x) { return (x & (SRC_ALIGN - 1)) == 0; }
+
+/* Reads [off, off+len) with retries on short reads and EINTR. A piece goes to
+ * the O_DIRECT descriptor only while offset, length left and buffer are all
+ * aligned (invariant 2); after a short read that breaks alignment the rest is
+ * read buffered. EOF before len bytes is JLM_EIO naming the offset reached. */
+static int file_read_span(file_source *f, uint64_t off, size_t len, uint8_t *buf, jlm_err *err)
+{
+    size_t done = 0;
+    int eintr = 0;
+    while (done < len) {
+        uint64_t pos = off + done;
+        size_t left = len - done;
+        int use_direct = f->dfd >= 0 && aligned(pos) && aligned(left) && aligned((uintptr_t)(buf + done));
+        ssize_t r = f->pread(use_direct ? f->dfd : f->fd, buf + done, left, (off_t)pos);
+        /* a filesystem may accept O_DIRECT at open and still refuse an
+         * alignment it dislikes (a larger logical block): read this piece
+         * buffered instead */
+        if (r < 0 && errno == EINVAL && use_direct)
+            r = f->pread(f->fd, buf + done, left, (off_t)pos);
+        if (r < 0) {
+            if (errno == EINTR && ++eintr < 1000)
+                continue;
+            return jlm_errf(err, JLM_EIO, "%s: read of %zu bytes at offset %llu failed: %s",
+                            f->path, left, (unsigned long long)pos, strerror(errno));
+        }
+        if (r == 0)
+            return jlm_errf(err, JLM_EIO,
+                            "%s: unexpected end of file at offset %llu (wanted [%llu, %llu), file is %llu bytes)",
+                            f->path, (unsigned long long)pos, (unsigned long long)off,
+                            (unsigned long long)(off + len), (unsigned long long)f->base.size);
+        done += (size_t)r;
+    }
+    return 0;
+}
+
+typedef struct split_job {
+    file_source *f;
+    uint64_t     off;
+    size_t       len, piece;   /* piece: bytes per piece (aligned) */
+    uint8_t     *buf;
+    int          rc[SRC_MAX_PIECES];
+    jlm_err      err[SRC_MAX_PIECES];
+} split_job;
+
+static void split_piece(void *ctx, size_t b, size_t e, int t)
+{
+    split_job *j = ctx;
+    for (size_t i = b; i < e; i++) {
+        size_t o = i * j->piece;
+        size_t n = j->len - o < j->piece ? j->len - o : j->piece;
+        j->rc[i] = file_read_span(j->f, j->off + o, n, j->buf + o, &j->err[i]);
+    }
+}
+
+static int file_read(jlm_source *s, uint64_t off, size_t len, void *buf, jlm_err *err)
+{
+    file_source *f = (file_source *)s;
+    if (off > s->size || len > s->size - off)
+        return jlm_errf(err, JLM_EIO, "%s: read of [%llu, %llu) past the end of the file (%llu bytes)",
+                        f->path, (unsigned long long)off, (unsigned long long)(off + len),
+                        (unsigned long long)s->size);
+    int nt = jlm_pool_n_threads(f->pool);
+    if (!f->pool || len < f->split_min || nt < 2)
+        return file_read_span(f, off, len, buf, err);
+    size_t n_pieces = (size_t)nt;
+    if (n_pieces > SRC_MAX_PIECES)
+        n_pieces = SRC_MAX_PIECES;
+    if (len / n_pieces < SRC_PIECE_MIN)
+        n_pieces = len / SRC_PIECE_MIN ? len / SRC_PIECE_MIN : 1;
+    /* pieces are 4096-aligned so each stays eligible for O_DIRECT */
+    size_t piece = ((len / n_pieces) + SRC_ALIGN - 1) & ~(size_t)(SRC_ALIGN - 1);
+    n_pieces = (len + piece - 1) / piece;
+    split_job *j = malloc(sizeof *j);
+    if (!j)
+        return file_read_span(f, off, len, buf, err);
+    j->f = f;
+    j->off = off;
+    j->len = len;
+    j->piece = piece;
+    j->buf = buf;
+    jlm_pool_for(f->pool, n_pieces, 1, split_piece, j);
+    int rc = 0;
+    for (size_t i = 0; i < n_pieces && !rc; i++)
+        if (j->rc[i]) {
+            rc = j->rc[i];
+            if (err)
+                *err = j->err[i];
+        }
+    free(j);
+    return rc;
+}
+
+static void file_close(jlm_source *s)
+{
+    file_source *f = (file_source *)s;
+    jlm_pool_destroy(f->pool);
+    if (f->dfd >= 0)
+        close(f->dfd);
+    if (f->fd >= 0)
+        close(f->fd);
+    free(f->path);
+    free(f);
+}
+
+static ssize_t plain_pread(int fd, void *buf, size_t n, off_t off)
+{
+    return pread(fd, buf, n, off);
+}
+
+/* The O_DIRECT descriptor, or -1 where the filesystem refuses it (tmpfs:
+ * EINVAL) or the caller asked for buffered reads. */
+static int open_direct(const char *path, int want)
+{
+#ifdef O_DIRECT
+    if (want)
+        return open(path, O_RDONLY | O_DIRECT | O_CLOEXEC);
+#endif
+    (void)path;
+    (void)want;
+    return -1;
+}
+
+int jlm_source_open_file(const char *path, const jlm_file_source_opts *opts,
+                         jlm_source **out, jlm_err *err)
+{
+    jlm_file_source_opts o = { .direct = 1 };
+    if (opts)
+        o = *opts;
+    file_source *f = calloc(1, sizeof *f);
+    char *p = strdup(path);
+    if (!f || !p) {
+        free(f);
+        free(p);
+        return jlm_errf(err, JLM_ENOMEM, "%s: out of memory opening the page source", path);
+    }
+    f->path = p;
+    f->dfd = -1;
+    f->fd = open(path, O_RDONLY | O_CLOEXEC);
+    struct stat st;
+    if (f->fd < 0 || fstat(f->fd, &st) != 0) {
+        int e = errno;
+        file_close(&f->base);
+        return jlm_errf(err, JLM_EIO, "%s: cannot open: %s", path, strerror(e));
+    }
+    f->dfd = open_direct(path, o.direct);
+    f->pread = o.pread ? o.pread : plain_pread;
+    f->split_min = o.split_min ? o.split_min : SRC_SPLIT_MIN;
+    int nt = o.n_threads;
+    if (nt <= 0) {
+        long c = sysconf(_SC_NPROCESSORS_ONLN);
+        nt = c > 4 ? 4 : (c > 0 ? (int)c : 1);
+    }
+    if (nt > 1 && jlm_pool_create(nt, 2000, &f->pool, err) != 0) {
+        file_close(&f->base);
+        return jlm_err_prefix(err, "%s", path);
+    }
+    f->base.read = file_read;
+    f->base.close = file_close;
+    f->base.name = f->path;
+    f->base.size = (uint64_t)st.st_size;
+    f->base.direct = f->dfd >= 0;
+    f->base.tier = f->dfd >= 0 ? JLM_TIER_DISK : JLM_TIER_UNKNOWN;
+    *out = &f->base;
+    return 0;
+}
+
+/* ---------------------------------------------------------------- mem source */
+typedef struct mem_source {
+    jlm_source     base;
+    const uint8_t *data;
+    char          *label;
+} mem_source;
+
+static int mem_read(jlm_source *s, uint64_t off, size_t len, void *buf, jlm_err *err)
+{
+    mem_source *m = (mem_source *)s;
+    if (off > s->size || len > s->size - off)
+        return jlm_errf(err, JLM_EIO, "%s: read of [%llu, %llu) past the end (%llu bytes)",
+                        m->label, (unsigned long long)off, (unsigned long long)(off + len),
+                        (unsigned long long)s->size);
+    memcpy(buf, m->data + off, len);
+    return 0;
+}
+
+static void mem_close(jlm_source *s)
+{
+    mem_source *m = (mem_source *)s;
+    free(m->label);
+    free(m);
+}
+
+int jlm_source_open_mem(const void *data, uint64_t size, const char *name,
+                        jlm_source **out, jlm_err *err)
+{
+    mem_source *m = calloc(1, sizeof *m);
+    char *l = strdup(name ? name : "(memory)");
+    if (!m || !l) {
+        free(m);
+        free(l);
+        return jlm_errf(err, JLM_ENOMEM, "%s: out of memory", name ? name : "(memory)");
+    }
+    m->data = data;
+    m->label = l;
+    m->base = (jlm_source){ .read = mem_read, .close = mem_close, .name = l, .size = size,
+                            .tier = JLM_TIER_MEMORY, .direct = 0 };
+    *out = &m->base;
+    return 0;
+}
+
+/* ---------------------------------------------------------------- fault source */
+static int fault_read(jlm_source *s, uint64_t off, size_t len, void *buf, jlm_err *err)
+{
+    jlm_fault_source *f = (jlm_fault_source *)s;
+    uint64_t nth = ++f->n_reads;
+    if (f->n_log < sizeof f->log / sizeof f->log[0])
+        f->log[f->n_log] = (jlm_fault_span){ off, len };
+    f->n_log++;
+    int fail = (f->fail_nth && (nth == f->fail_nth || (f->fail_every_after && nth > f->fail_nth))) ||
+               (f->fail_byte_on && f->fail_byte >= off && f->fail_byte - off < len);
+    if (fail) {
+        f->n_failed++;
+        return jlm_errf(err, JLM_EIO, "%s: read of %zu bytes at offset %llu failed: %s (injected)",
+                        f->inner->name, len, (unsigned long long)off, strerror(EIO));
+    }
+    int rc = f->inner->read(f->inner, off, len, buf, err);
+    if (rc == 0)
+        f->bytes_read += len;
+    return rc;
+}
+
+static void fault_close(jlm_source *s)
+{
+    free(s);
+}
+
+int jlm_source_open_fault(jlm_source *inner, jlm_fault_source **out, jlm_err *err)
+{
+    jlm_fault_source *f = calloc(1, sizeof *f);
+    if (!f)
+        return jlm_errf(err, JLM_ENOMEM, "%s: out of memory", inner->name);
+    f->inner = inner;
+    f->base = (jlm_source){ .read = fault_read, .close = fault_close, .name = inner->name,
+                            .size = inner->size, .tier = inner->tier, .direct = inner->direct };
+    *out = f;
+    return 0;
+}

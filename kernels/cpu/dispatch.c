@@ -1,0 +1,116 @@
+/* dispatch.c - CPU feature detection and the one global kernel table
+ * (kernels.h invariant 3). Variants are scored like ggml's cpu-feats: a
+ * variant needs all its features; the best one the CPU runs wins unless
+ * JLM_CPU names another. */
+#include "kernels.h"
+
+#include <cpuid.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+/* ---------------------------------------------------------------- features */
+
+static uint64_t xgetbv0(void)
+{
+    uint32_t lo, hi;
+    __asm__ volatile("xgetbv" : "=a"(lo), "=d"(hi) : "c"(0));
+    return ((uint64_t)hi << 32) | lo;
+}
+
+int jlm_k_cpu_has(int v)
+{
+    if (v == JLM_K_REF)
+        return 1;
+    if (v != JLM_K_AVX2 && v != JLM_K_AVX512)
+        return 0;
+    unsigned a, b, c, d;
+    if (!__get_cpuid(1, &a, &b, &c, &d))
+        return 0;
+    int fma = (c >> 12) & 1, osxsave = (c >> 27) & 1, avx = (c >> 28) & 1, f16c = (c >> 29) & 1;
+    if (!(fma && osxsave && avx && f16c))
+        return 0;
+    uint64_t xcr0 = xgetbv0();
+    if ((xcr0 & 0x6) != 0x6)                 /* OS saves XMM and YMM state */
+        return 0;
+    if (__get_cpuid_max(0, NULL) < 7)
+        return 0;
+    __cpuid_count(7, 0, a, b, c, d);
+    int avx2 = (b >> 5) & 1;
+    if (v == JLM_K_AVX2)
+        return avx2;
+    int f = (b >> 16) & 1, dq = (b >> 17) & 1, bw = (b >> 30) & 1, vl = (b >> 31) & 1;
+    int vnni = (c >> 11) & 1;
+    return avx2 && f && dq && bw && vl && vnni && (xcr0 & 0xe0) == 0xe0;   /* opmask, ZMM */
+}
+
+static const char *const NAMES[JLM_K_NVARIANT] = {"ref", "avx2", "avx512"};
+
+int jlm_k_cpu_variant_by_name(const char *name)
+{
+    for (int v = 0; v < JLM_K_NVARIANT; v++)
+        if (name && !strcmp(name, NAMES[v]))
+            return v;
+    return -1;
+}
+
+/* ---------------------------------------------------------------- tables */
+
+int jlm_k_cpu_table(int v, jlm_k_cpu *t, jlm_err *err)
+{
+    if (v < 0 || v >= JLM_K_NVARIANT)
+        return jlm_errf(err, JLM_EINVAL, "kernel variant %d unknown", v);
+    if (!jlm_k_cpu_has(v))
+        return jlm_errf(err, JLM_EUNSUPPORTED, "kernel variant %s: this CPU lacks its features",
+                        NAMES[v]);
+    jlm_k_cpu tab;
+    memset(&tab, 0, sizeof tab);
+    tab.name = NAMES[v];
+    tab.variant = v;
+    for (int i = 0; i < JLM_T_COUNT; i++) {
+        tab.matvec[i] = jlm_k_matvec_ref;
+        tab.matmul[i] = jlm_k_matmul_ref;
+    }
+    if (v == JLM_K_AVX2)
+        jlm_k_fill_avx2(&tab);
+    if (v == JLM_K_AVX512)
+        jlm_k_fill_avx512(&tab);
+    *t = tab;
+    return JLM_OK;
+}
+
+/* The only global mutable state of kernels/ (invariant 3). */
+static jlm_k_cpu g_table;
+static int g_ready;
+
+int jlm_k_cpu_init(jlm_err *err)
+{
+    int best = jlm_k_cpu_has(JLM_K_AVX512) ? JLM_K_AVX512 : jlm_k_cpu_has(JLM_K_AVX2) ? JLM_K_AVX2 : JLM_K_REF;
+    int v = best, rc = JLM_OK;
+    const char *env = getenv("JLM_CPU");
+    if (env && *env) {
+        int want = jlm_k_cpu_variant_by_name(env);
+        if (want < 0) {
+            rc = jlm_errf(err, JLM_EINVAL, "JLM_CPU=%s: unknown variant (ref, avx2, avx512)", env);
+        } else if (!jlm_k_cpu_has(want)) {
+            fprintf(stderr, "jlm: JLM_CPU=%s: this CPU lacks its features; using %s\n", env, NAMES[best]);
+        } else {
+            v = want;
+        }
+    }
+    jlm_k_cpu_table(v, &g_table, NULL);   /* cannot fail: v is supported */
+    g_ready = 1;
+    return rc;
+}
+
+const jlm_k_cpu *jlm_k_cpu_get(void)
+{
+    if (!g_ready)
+        jlm_k_cpu_init(NULL);
+    return &g_table;
+}
+
+const char *jlm_k_cpu_variant_name(void)
+{
+    return jlm_k_cpu_get()->name;
+}

@@ -1,0 +1,354 @@
+/* matvec_avx2.c - AVX2+FMA+F16C matvec/matmul, vectorized ACROSS ROWS.
+ *
+ * The packed layout puts word w of sub-block s of 8 consecutive rows in 32
+ * contiguous bytes, so one load feeds 8 row lanes and each dword lane keeps
+ * its own int32 dot product. Loops run sub-block outer, rows inner: memory is
+ * then read in storage order (a few parallel streams, one per word of the
+ * sub-block), which is what the hardware prefetcher follows; y (f32, per row)
+ * stays in L1 between sub-blocks. Activations of one sub-block are
+ * broadcast once and reused by every row.
+ *
+ * int8 dots: vpmaddubsw (u8 weight x s8 activation -> s16 pairs) then
+ * vpmaddwd by 1. Nibble codes <= 15 and |a| <= 127 bound a pair by 3810, so 8
+ * pairs may be summed in s16 (30480) before widening. Signed Q8_0 weights use
+ * |w| x sign(a, w), widened per word.
+ *
+ * matmul reuses each weight load (and its nibble split) for up to 4 tokens.
+ * Rows left over after the last full group of 8 go through the reference
+ * (the shared scalar tail); so do the types without code here (see
+ * docs/kernels.md). Results equal the reference's int32 dots exactly and its
+ * f32 sums within tolerances.h (FMA rounding). */
+#include "kernels.h"
+
+#include <immintrin.h>
+#include <string.h>
+
+#define ALWAYS_INLINE static inline __attribute__((always_inline))
+#define MAXT 4
+
+ALWAYS_INLINE __m256i bcast4(const int8_t *p)
+{
+    int32_t v;
+    memcpy(&v, p, 4);
+    return _mm256_set1_epi32(v);
+}
+
+ALWAYS_INLINE __m256i ld(const uint32_t *p) { return _mm256_loadu_si256((const __m256i *)p); }
+
+/* Two f16 per dword (lo16, hi16) of 8 rows -> two f32 vectors. */
+ALWAYS_INLINE void half_pair(__m256i w, __m256 *lo, __m256 *hi)
+{
+    __m256i l = _mm256_and_si256(w, _mm256_set1_epi32(0xffff)), h = _mm256_srli_epi32(w, 16);
+    __m256i p = _mm256_permute4x64_epi64(_mm256_packus_epi32(l, h), 0xd8);
+    *lo = _mm256_cvtph_ps(_mm256_castsi256_si128(p));
+    *hi = _mm256_cvtph_ps(_mm256_extracti128_si256(p, 1));
+}
+
+/* Six-bit field f of the Q4_K/Q5_K 96-bit stream for rows r..r+7 (7.3). */
+ALWAYS_INLINE __m256i field6(const uint32_t *scb, uint64_t rows, uint64_t r, unsigned f)
+{
+    unsigned bit = 6 * f, wi = bit / 32, sh = bit % 32;
+    __m256i v = _mm256_srl_epi32(ld(scb + wi * rows + r), _mm_cvtsi32_si128((int)sh));
+    if (sh > 26)
+        v = _mm256_or_si256(v, _mm256_sll_epi32(ld(scb + (wi + 1) * rows + r), _mm_cvtsi32_si128((int)(32 - sh))));
+    return _mm256_and_si256(v, _mm256_set1_epi32(63));
+}
+
+/* Per-token view of one 32-wide activation block. */
+typedef struct tok32 {
+    __m256i a[8];        /* bcast of a[4w..4w+3], w = 0..7 */
+    int32_t suma;
+    float   da;
+} tok32;
+
+ALWAYS_INLINE void tok_load(tok32 *t, const jlm_act_q8 *a, uint64_t s)
+{
+    for (int w = 0; w < 8; w++)
+        t->a[w] = bcast4(a->q + 32 * s + 4 * w);
+    t->suma = a->sum16[2 * s] + a->sum16[2 * s + 1];
+    t->da = a->d[s];
+}
+
+/* ---------------------------------------------------------------- 4-bit cores */
+
+/* dot of a 4-word nibble sub-block (8 rows) with NT tokens; split done once. */
+ALWAYS_INLINE void dot_nib(const uint32_t *col, uint64_t rows, uint64_t r, int nt,
+                           const tok32 *tk, __m256i *out)
+{
+    const __m256i m4 = _mm256_set1_epi8(15), one = _mm256_set1_epi16(1);
+    __m256i acc[MAXT];
+    for (int t = 0; t < nt; t++)
+        acc[t] = _mm256_setzero_si256();
+    for (int w = 0; w < 4; w++) {
+        __m256i v = ld(col + w * rows + r);
+        __m256i lo = _mm256_and_si256(v, m4), hi = _mm256_and_si256(_mm256_srli_epi16(v, 4), m4);
+        for (int t = 0; t < nt; t++) {
+            acc[t] = _mm256_add_epi16(acc[t], _mm256_maddubs_epi16(lo, tk[t].a[w]));
+            acc[t] = _mm256_add_epi16(acc[t], _mm256_maddubs_epi16(hi, tk[t].a[w + 4]));
+        }
+    }
+    for (int t = 0; t < nt; t++)
+        out[t] = _mm256_madd_epi16(acc[t], one);
+}
+
+/* Q4_0: y += (d*da) * (dot - 8*suma). */
+ALWAYS_INLINE void q4_0_core(const jlm_k_mat *m, const jlm_act_q8 *xq, int nt, float *y,
+                             uint64_t r0, uint64_t nv)
+{
+    uint64_t rows = m->rows, dcol = (rows + 1) / 2 * 2;
+    const uint32_t *qs = m->qs;
+    const uint16_t *d16 = m->d;
+    for (uint64_t s = 0; s < m->k / 32; s++) {
+        tok32 tk[MAXT];
+        for (int t = 0; t < nt; t++)
+            tok_load(&tk[t], &xq[t], s);
+        const uint32_t *col = qs + s * 4 * rows;
+        for (uint64_t r = r0; r < nv; r += 8) {
+            __m256i dot[MAXT];
+            dot_nib(col, rows, r, nt, tk, dot);
+            __m256 d = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(d16 + s * dcol + r)));
+            for (int t = 0; t < nt; t++) {
+                __m256i is = _mm256_sub_epi32(dot[t], _mm256_set1_epi32(8 * tk[t].suma));
+                float *yt = y + t * rows + r;
+                __m256 acc = s ? _mm256_loadu_ps(yt) : _mm256_setzero_ps();
+                acc = _mm256_fmadd_ps(_mm256_mul_ps(d, _mm256_set1_ps(tk[t].da)), _mm256_cvtepi32_ps(is), acc);
+                _mm256_storeu_ps(yt, acc);
+            }
+        }
+    }
+}
+
+/* Q4_K: y += da * (d*(sc*dot) - dmin*(m*suma)). */
+ALWAYS_INLINE void q4_k_core(const jlm_k_mat *m, const jlm_act_q8 *xq, int nt, float *y,
+                             uint64_t r0, uint64_t nv)
+{
+    uint64_t rows = m->rows;
+    const uint32_t *qs = m->qs, *dp = m->d, *scp = m->sc;
+    for (uint64_t s = 0; s < m->k / 32; s++) {
+        uint64_t sb = s / 8;
+        unsigned j = (unsigned)(s % 8);
+        tok32 tk[MAXT];
+        for (int t = 0; t < nt; t++)
+            tok_load(&tk[t], &xq[t], s);
+        const uint32_t *col = qs + s * 4 * rows, *scb = scp + sb * 3 * rows;
+        for (uint64_t r = r0; r < nv; r += 8) {
+            __m256i dot[MAXT];
+            dot_nib(col, rows, r, nt, tk, dot);
+            __m256 d, dmin;
+            half_pair(ld(dp + sb * rows + r), &d, &dmin);
+            __m256i sc = field6(scb, rows, r, 2 * j), mn = field6(scb, rows, r, 2 * j + 1);
+            for (int t = 0; t < nt; t++) {
+                __m256 a = _mm256_cvtepi32_ps(_mm256_mullo_epi32(sc, dot[t]));
+                __m256 b = _mm256_cvtepi32_ps(_mm256_mullo_epi32(mn, _mm256_set1_epi32(tk[t].suma)));
+                __m256 v = _mm256_fnmadd_ps(dmin, b, _mm256_mul_ps(d, a));
+                float *yt = y + t * rows + r;
+                __m256 acc = s ? _mm256_loadu_ps(yt) : _mm256_setzero_ps();
+                _mm256_storeu_ps(yt, _mm256_fmadd_ps(_mm256_set1_ps(tk[t].da), v, acc));
+            }
+        }
+    }
+}
+
+/* ---------------------------------------------------------------- Q8_0 */
+
+ALWAYS_INLINE void q8_0_core(const jlm_k_mat *m, const jlm_act_q8 *xq, int nt, float *y,
+                             uint64_t r0, uint64_t nv)
+{
+    const __m256i one = _mm256_set1_epi16(1);
+    uint64_t rows = m->rows, dcol = (rows + 1) / 2 * 2;
+    const uint32_t *qs = m->qs;
+    const uint16_t *d16 = m->d;
+    for (uint64_t s = 0; s < m->k / 32; s++) {
+        tok32 tk[MAXT];
+        for (int t = 0; t < nt; t++)
+            tok_load(&tk[t], &xq[t], s);
+        const uint32_t *col = qs + s * 8 * rows;
+        for (uint64_t r = r0; r < nv; r += 8) {
+            __m256i acc[MAXT];
+            for (int t = 0; t < nt; t++)
+                acc[t] = _mm256_setzero_si256();
+            for (int w = 0; w < 8; w++) {
+                __m256i v = ld(col + w * rows + r), av = _mm256_abs_epi8(v);
+                for (int t = 0; t < nt; t++) {
+                    __m256i p = _mm256_maddubs_epi16(av, _mm256_sign_epi8(tk[t].a[w], v));
+                    acc[t] = _mm256_add_epi32(acc[t], _mm256_madd_epi16(p, one));
+                }
+            }
+            __m256 d = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(d16 + s * dcol + r)));
+            for (int t = 0; t < nt; t++) {
+                float *yt = y + t * rows + r;
+                __m256 a = s ? _mm256_loadu_ps(yt) : _mm256_setzero_ps();
+                a = _mm256_fmadd_ps(_mm256_mul_ps(d, _mm256_set1_ps(tk[t].da)), _mm256_cvtepi32_ps(acc[t]), a);
+                _mm256_storeu_ps(yt, a);
+            }
+        }
+    }
+}
+
+/* ---------------------------------------------------------------- Q6_K */
+
+/* Q6_K (see matvec_avx512.c): codes 0..63, so a vpmaddubsw pair is at most
+ * 2*63*127 = 16002 and the lo and hi halves of one word may share an s16 add. */
+ALWAYS_INLINE void q6_k_core(const jlm_k_mat *m, const jlm_act_q8 *xq, int nt, float *y,
+                             uint64_t r0, uint64_t nv)
+{
+    const __m256i m4 = _mm256_set1_epi8(15), m30 = _mm256_set1_epi8(0x30), one = _mm256_set1_epi16(1);
+    uint64_t rows = m->rows;
+    const uint32_t *qs = m->qs, *dp = m->d, *scp = m->sc;
+    for (uint64_t b = 0; b < m->k / 32; b++) {
+        tok32 tk[MAXT];
+        for (int t = 0; t < nt; t++)
+            tok_load(&tk[t], &xq[t], b);
+        const __m128i c8a = _mm_cvtsi32_si128((int)(8 * ((2 * b) % 4)));
+        const __m128i c8b = _mm_cvtsi32_si128((int)(8 * ((2 * b + 1) % 4)));
+        const uint32_t *scw = scp + (2 * b / 4) * rows, *dw = dp + (b / 8) * rows;
+        for (uint64_t r = r0; r < nv; r += 8) {
+            __m256i is[MAXT];
+            for (int t = 0; t < nt; t++)
+                is[t] = _mm256_setzero_si256();
+            __m256i scv = ld(scw + r);
+            for (int h = 0; h < 2; h++) {
+                const uint32_t *col = qs + (2 * b + h) * 3 * rows + r;
+                __m256i hb = ld(col + 2 * rows), acc[MAXT];
+                for (int t = 0; t < nt; t++)
+                    acc[t] = _mm256_setzero_si256();
+                for (int p = 0; p < 2; p++) {
+                    __m256i v = ld(col + p * rows);
+                    __m256i lo = _mm256_or_si256(_mm256_and_si256(v, m4),
+                                                 _mm256_and_si256(p ? _mm256_slli_epi32(hb, 2) : _mm256_slli_epi32(hb, 4), m30));
+                    __m256i hi = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(v, 4), m4),
+                                                 _mm256_and_si256(p ? _mm256_srli_epi32(hb, 2) : hb, m30));
+                    for (int t = 0; t < nt; t++) {
+                        __m256i s16 = _mm256_add_epi16(_mm256_maddubs_epi16(lo, tk[t].a[4 * h + p]),
+                                                       _mm256_maddubs_epi16(hi, tk[t].a[4 * h + 2 + p]));
+                        acc[t] = _mm256_add_epi32(acc[t], _mm256_madd_epi16(s16, one));
+                    }
+                }
+                __m256i sc = _mm256_sub_epi32(_mm256_and_si256(_mm256_srl_epi32(scv, h ? c8b : c8a),
+                                                               _mm256_set1_epi32(0xff)), _mm256_set1_epi32(128));
+                for (int t = 0; t < nt; t++) {
+                    __m256i dot = _mm256_sub_epi32(acc[t], _mm256_set1_epi32(32 * xq[t].sum16[2 * b + h]));
+                    is[t] = _mm256_add_epi32(is[t], _mm256_mullo_epi32(sc, dot));
+                }
+            }
+            __m256 d, unused;
+            half_pair(ld(dw + r), &d, &unused);
+            for (int t = 0; t < nt; t++) {
+                float *yt = y + t * rows + r;
+                __m256 a = b ? _mm256_loadu_ps(yt) : _mm256_setzero_ps();
+                a = _mm256_fmadd_ps(_mm256_mul_ps(d, _mm256_set1_ps(tk[t].da)), _mm256_cvtepi32_ps(is[t]), a);
+                _mm256_storeu_ps(yt, a);
+            }
+        }
+    }
+}
+
+/* ---------------------------------------------------------------- float types (along k) */
+
+ALWAYS_INLINE __m256 load8f(const void *w, int type, uint64_t i)
+{
+    if (type == JLM_T_F32)
+        return _mm256_loadu_ps((const float *)w + i);
+    __m128i h = _mm_loadu_si128((const __m128i *)((const uint16_t *)w + i));
+    if (type == JLM_T_F16)
+        return _mm256_cvtph_ps(h);
+    return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16));
+}
+
+ALWAYS_INLINE float hsum8(__m256 v)
+{
+    __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+    s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+    s = _mm_add_ss(s, _mm_movehdup_ps(s));
+    return _mm_cvtss_f32(s);
+}
+
+ALWAYS_INLINE void float_rows(const jlm_k_mat *m, const float *x, float *y, uint64_t r0, uint64_t r1, int type)
+{
+    uint64_t k = m->k, kv = k / 32 * 32, es = type == JLM_T_F32 ? 4 : 2;
+    for (uint64_t r = r0; r < r1; r++) {
+        const uint8_t *w = (const uint8_t *)m->qs + r * k * es;
+        __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
+        for (uint64_t i = 0; i < kv; i += 32) {
+            a0 = _mm256_fmadd_ps(load8f(w, type, i), _mm256_loadu_ps(x + i), a0);
+            a1 = _mm256_fmadd_ps(load8f(w, type, i + 8), _mm256_loadu_ps(x + i + 8), a1);
+            a2 = _mm256_fmadd_ps(load8f(w, type, i + 16), _mm256_loadu_ps(x + i + 16), a2);
+            a3 = _mm256_fmadd_ps(load8f(w, type, i + 24), _mm256_loadu_ps(x + i + 24), a3);
+        }
+        float acc = hsum8(_mm256_add_ps(_mm256_add_ps(a0, a1), _mm256_add_ps(a2, a3)));
+        for (uint64_t i = kv; i < k; i++) {
+            float wi = type == JLM_T_F32 ? ((const float *)w)[i]
+                     : type == JLM_T_F16 ? jlm_k_fp16_to_f32(((const uint16_t *)w)[i])
+                                          : jlm_k_bf16_to_f32(((const uint16_t *)w)[i]);
+            acc += wi * x[i];
+        }
+        y[r] = acc;
+    }
+}
+
+/* ---------------------------------------------------------------- entry points */
+
+/* matvec = core with one token; matmul = groups of 4 tokens, then singles. */
+#define DEFINE_Q(name, core)                                                                  \
+    static void mv_##name(const jlm_k_mat *m, const float *x, const jlm_act_q8 *xq, float *y, \
+                          uint64_t r0, uint64_t r1)                                           \
+    {                                                                                         \
+        uint64_t nv = r0 + (r1 - r0) / 8 * 8;                                                 \
+        if (nv > r0)                                                                          \
+            core(m, xq, 1, y, r0, nv);                                                        \
+        if (nv < r1)                                                                          \
+            jlm_k_matvec_ref(m, x, xq, y, nv, r1);                                            \
+    }                                                                                         \
+    static void mm_##name(const jlm_k_mat *m, uint64_t n, const float *x, const jlm_act_q8 *xq, \
+                          float *y, uint64_t r0, uint64_t r1)                                 \
+    {                                                                                         \
+        uint64_t nv = r0 + (r1 - r0) / 8 * 8, t = 0;                                          \
+        for (; nv > r0 && t + MAXT <= n; t += MAXT)                                           \
+            core(m, xq + t, MAXT, y + t * m->rows, r0, nv);                                   \
+        for (; nv > r0 && t < n; t++)                                                         \
+            core(m, xq + t, 1, y + t * m->rows, r0, nv);                                      \
+        if (nv < r1)                                                                          \
+            jlm_k_matmul_ref(m, n, x, xq, y, nv, r1);                                         \
+    }
+
+DEFINE_Q(q4_0, q4_0_core)
+DEFINE_Q(q4_k, q4_k_core)
+DEFINE_Q(q8_0, q8_0_core)
+DEFINE_Q(q6_k, q6_k_core)
+
+#define DEFINE_F(name, type)                                                                  \
+    static void mv_##name(const jlm_k_mat *m, const float *x, const jlm_act_q8 *xq, float *y, \
+                          uint64_t r0, uint64_t r1)                                           \
+    {                                                                                         \
+        float_rows(m, x, y, r0, r1, type);                                                    \
+    }                                                                                         \
+    static void mm_##name(const jlm_k_mat *m, uint64_t n, const float *x, const jlm_act_q8 *xq, \
+                          float *y, uint64_t r0, uint64_t r1)                                 \
+    {                                                                                         \
+        for (uint64_t t = 0; t < n; t++)                                                      \
+            float_rows(m, x + t * m->k, y + t * m->rows, r0, r1, type);                       \
+    }
+DEFINE_F(f32, JLM_T_F32)
+DEFINE_F(f16, JLM_T_F16)
+DEFINE_F(bf16, JLM_T_BF16)
+
+void jlm_k_fill_avx2(jlm_k_cpu *t)
+{
+    t->matvec[JLM_T_Q4_0] = mv_q4_0;
+    t->matmul[JLM_T_Q4_0] = mm_q4_0;
+    t->matvec[JLM_T_Q4_K] = mv_q4_k;
+    t->matmul[JLM_T_Q4_K] = mm_q4_k;
+    t->matvec[JLM_T_Q8_0] = mv_q8_0;
+    t->matmul[JLM_T_Q8_0] = mm_q8_0;
+    t->matvec[JLM_T_Q6_K] = mv_q6_k;
+    t->matmul[JLM_T_Q6_K] = mm_q6_k;
+    t->matvec[JLM_T_F32] = mv_f32;
+    t->matvec[JLM_T_F16] = mv_f16;
+    t->matvec[JLM_T_BF16] = mv_bf16;
+    t->matmul[JLM_T_F32] = mm_f32;
+    t->matmul[JLM_T_F16] = mm_f16;
+    t->matmul[JLM_T_BF16] = mm_bf16;
+    t->native = 1u << JLM_T_Q4_0 | 1u << JLM_T_Q4_K | 1u << JLM_T_Q8_0 | 1u << JLM_T_Q6_K |
+                1u << JLM_T_F32 | 1u << JLM_T_F16 | 1u << JLM_T_BF16;
+    t->native_mm = t->native;
+}

@@ -1,0 +1,323 @@
+/* matvec_avx512.c - AVX-512 F/BW/VL/DQ + VNNI matvec/matmul, vectorized
+ * ACROSS ROWS (16 rows per 64-byte load).
+ *
+ * Same loop order as matvec_avx2.c (sub-block outer, rows inner: storage
+ * order), with vpdpbusd doing u8 x s8 -> int32 per row lane directly.
+ * Unsigned codes (nibbles, MXFP4 table values) feed it as they are; signed
+ * Q8_0 bytes are flipped to w + 128 and 128*sum(a) is taken off the int32,
+ * exact because the activations' 32-block sums are known.
+ *
+ * matmul reuses each weight load for up to 4 tokens. Rows after the last full
+ * group of 16 go through the reference (the shared scalar tail); so do types
+ * without code here (docs/kernels.md). */
+#include "kernels.h"
+
+#include <immintrin.h>
+#include <string.h>
+
+#define ALWAYS_INLINE static inline __attribute__((always_inline))
+#define MAXT 4
+
+ALWAYS_INLINE __m512i bcast4(const int8_t *p)
+{
+    int32_t v;
+    memcpy(&v, p, 4);
+    return _mm512_set1_epi32(v);
+}
+
+ALWAYS_INLINE __m512i ld(const uint32_t *p) { return _mm512_loadu_si512((const void *)p); }
+
+ALWAYS_INLINE __m512 cvt16h(const uint16_t *p)
+{
+    return _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)p));
+}
+
+/* Two f16 per dword (lo16, hi16) of 16 rows -> two f32 vectors. */
+ALWAYS_INLINE void half_pair(__m512i w, __m512 *lo, __m512 *hi)
+{
+    *lo = _mm512_cvtph_ps(_mm512_cvtepi32_epi16(w));
+    *hi = _mm512_cvtph_ps(_mm512_cvtepi32_epi16(_mm512_srli_epi32(w, 16)));
+}
+
+ALWAYS_INLINE __m512i field6(const uint32_t *scb, uint64_t rows, uint64_t r, unsigned f)
+{
+    unsigned bit = 6 * f, wi = bit / 32, sh = bit % 32;
+    __m512i v = _mm512_srl_epi32(ld(scb + wi * rows + r), _mm_cvtsi32_si128((int)sh));
+    if (sh > 26)
+        v = _mm512_or_si512(v, _mm512_sll_epi32(ld(scb + (wi + 1) * rows + r), _mm_cvtsi32_si128((int)(32 - sh))));
+    return _mm512_and_si512(v, _mm512_set1_epi32(63));
+}
+
+typedef struct tok32 {
+    __m512i a[8];        /* bcast of a[4w..4w+3], w = 0..7 */
+    int32_t suma;
+    float   da;
+} tok32;
+
+ALWAYS_INLINE void tok_load(tok32 *t, const jlm_act_q8 *a, uint64_t s)
+{
+    for (int w = 0; w < 8; w++)
+        t->a[w] = bcast4(a->q + 32 * s + 4 * w);
+    t->suma = a->sum16[2 * s] + a->sum16[2 * s + 1];
+    t->da = a->d[s];
+}
+
+ALWAYS_INLINE void dot_nib(const uint32_t *col, uint64_t rows, uint64_t r, int nt,
+                           const tok32 *tk, __m512i *acc)
+{
+    const __m512i m4 = _mm512_set1_epi8(15);
+    for (int t = 0; t < nt; t++)
+        acc[t] = _mm512_setzero_si512();
+    for (int w = 0; w < 4; w++) {
+        __m512i v = ld(col + w * rows + r);
+        __m512i lo = _mm512_and_si512(v, m4), hi = _mm512_and_si512(_mm512_srli_epi16(v, 4), m4);
+        for (int t = 0; t < nt; t++) {
+            acc[t] = _mm512_dpbusd_epi32(acc[t], lo, tk[t].a[w]);
+            acc[t] = _mm512_dpbusd_epi32(acc[t], hi, tk[t].a[w + 4]);
+        }
+    }
+}
+
+ALWAYS_INLINE void acc_y(float *yt, uint64_t s, __m512 scale, __m512i is)
+{
+    __m512 a = s ? _mm512_loadu_ps(yt) : _mm512_setzero_ps();
+    _mm512_storeu_ps(yt, _mm512_fmadd_ps(scale, _mm512_cvtepi32_ps(is), a));
+}
+
+/* ---------------------------------------------------------------- Q4_0, Q8_0, Q4_K */
+
+ALWAYS_INLINE void q4_0_core(const jlm_k_mat *m, const jlm_act_q8 *xq, int nt, float *y,
+                             uint64_t r0, uint64_t nv)
+{
+    uint64_t rows = m->rows, dcol = (rows + 1) / 2 * 2;
+    const uint32_t *qs = m->qs;
+    const uint16_t *d16 = m->d;
+    for (uint64_t s = 0; s < m->k / 32; s++) {
+        tok32 tk[MAXT];
+        for (int t = 0; t < nt; t++)
+            tok_load(&tk[t], &xq[t], s);
+        const uint32_t *col = qs + s * 4 * rows;
+        for (uint64_t r = r0; r < nv; r += 16) {
+            __m512i dot[MAXT];
+            dot_nib(col, rows, r, nt, tk, dot);
+            __m512 d = cvt16h(d16 + s * dcol + r);
+            for (int t = 0; t < nt; t++)
+                acc_y(y + t * rows + r, s, _mm512_mul_ps(d, _mm512_set1_ps(tk[t].da)),
+                      _mm512_sub_epi32(dot[t], _mm512_set1_epi32(8 * tk[t].suma)));
+        }
+    }
+}
+
+ALWAYS_INLINE void q8_0_core(const jlm_k_mat *m, const jlm_act_q8 *xq, int nt, float *y,
+                             uint64_t r0, uint64_t nv)
+{
+    const __m512i flip = _mm512_set1_epi8((char)0x80);
+    uint64_t rows = m->rows, dcol = (rows + 1) / 2 * 2;
+    const uint32_t *qs = m->qs;
+    const uint16_t *d16 = m->d;
+    for (uint64_t s = 0; s < m->k / 32; s++) {
+        tok32 tk[MAXT];
+        for (int t = 0; t < nt; t++)
+            tok_load(&tk[t], &xq[t], s);
+        const uint32_t *col = qs + s * 8 * rows;
+        for (uint64_t r = r0; r < nv; r += 16) {
+            __m512i acc[MAXT];
+            for (int t = 0; t < nt; t++)
+                acc[t] = _mm512_setzero_si512();
+            for (int w = 0; w < 8; w++) {
+                __m512i u = _mm512_xor_si512(ld(col + w * rows + r), flip);   /* w + 128 */
+                for (int t = 0; t < nt; t++)
+                    acc[t] = _mm512_dpbusd_epi32(acc[t], u, tk[t].a[w]);
+            }
+            __m512 d = cvt16h(d16 + s * dcol + r);
+            for (int t = 0; t < nt; t++)
+                acc_y(y + t * rows + r, s, _mm512_mul_ps(d, _mm512_set1_ps(tk[t].da)),
+                      _mm512_sub_epi32(acc[t], _mm512_set1_epi32(128 * tk[t].suma)));
+        }
+    }
+}
+
+ALWAYS_INLINE void q4_k_core(const jlm_k_mat *m, const jlm_act_q8 *xq, int nt, float *y,
+                             uint64_t r0, uint64_t nv)
+{
+    uint64_t rows = m->rows;
+    const uint32_t *qs = m->qs, *dp = m->d, *scp = m->sc;
+    for (uint64_t s = 0; s < m->k / 32; s++) {
+        uint64_t sb = s / 8;
+        unsigned j = (unsigned)(s % 8);
+        tok32 tk[MAXT];
+        for (int t = 0; t < nt; t++)
+            tok_load(&tk[t], &xq[t], s);
+        const uint32_t *col = qs + s * 4 * rows, *scb = scp + sb * 3 * rows;
+        for (uint64_t r = r0; r < nv; r += 16) {
+            __m512i dot[MAXT];
+            dot_nib(col, rows, r, nt, tk, dot);
+            __m512 d, dmin;
+            half_pair(ld(dp + sb * rows + r), &d, &dmin);
+            __m512i sc = field6(scb, rows, r, 2 * j), mn = field6(scb, rows, r, 2 * j + 1);
+            for (int t = 0; t < nt; t++) {
+                __m512 a = _mm512_cvtepi32_ps(_mm512_mullo_epi32(sc, dot[t]));
+                __m512 b = _mm512_cvtepi32_ps(_mm512_mullo_epi32(mn, _mm512_set1_epi32(tk[t].suma)));
+                __m512 v = _mm512_fnmadd_ps(dmin, b, _mm512_mul_ps(d, a));
+                float *yt = y + t * rows + r;
+                __m512 acc = s ? _mm512_loadu_ps(yt) : _mm512_setzero_ps();
+                _mm512_storeu_ps(yt, _mm512_fmadd_ps(_mm512_set1_ps(tk[t].da), v, acc));
+            }
+        }
+    }
+}
+
+/* ---------------------------------------------------------------- Q6_K */
+
+/* Q6_K: 16-wide sub-blocks, 2 primary words + 1 word of 2-bit highs (7.5:
+ * byte b of it holds elements b, b+4, b+8, b+12 at bits 0, 2, 4, 6). Codes
+ * 0..63 go to vpdpbusd unsigned; per 32-block
+ * isum = sum_h (sc_h - 128) * (dot_h - 32*sum16_h); y += (d*da) * isum. */
+ALWAYS_INLINE void q6_k_core(const jlm_k_mat *m, const jlm_act_q8 *xq, int nt, float *y,
+                             uint64_t r0, uint64_t nv)
+{
+    const __m512i m4 = _mm512_set1_epi8(15), m30 = _mm512_set1_epi8(0x30);
+    uint64_t rows = m->rows;
+    const uint32_t *qs = m->qs, *dp = m->d, *scp = m->sc;
+    for (uint64_t b = 0; b < m->k / 32; b++) {
+        tok32 tk[MAXT];
+        for (int t = 0; t < nt; t++)
+            tok_load(&tk[t], &xq[t], b);
+        const __m128i c8a = _mm_cvtsi32_si128((int)(8 * ((2 * b) % 4)));
+        const __m128i c8b = _mm_cvtsi32_si128((int)(8 * ((2 * b + 1) % 4)));
+        const uint32_t *scw = scp + (2 * b / 4) * rows, *dw = dp + (b / 8) * rows;
+        for (uint64_t r = r0; r < nv; r += 16) {
+            __m512i is[MAXT];
+            for (int t = 0; t < nt; t++)
+                is[t] = _mm512_setzero_si512();
+            __m512i scv = ld(scw + r);
+            for (int h = 0; h < 2; h++) {
+                const uint32_t *col = qs + (2 * b + h) * 3 * rows + r;
+                __m512i hb = ld(col + 2 * rows), acc[MAXT];
+                for (int t = 0; t < nt; t++)
+                    acc[t] = _mm512_setzero_si512();
+                for (int p = 0; p < 2; p++) {
+                    __m512i v = ld(col + p * rows);
+                    __m512i lo = _mm512_or_si512(_mm512_and_si512(v, m4),
+                                                 _mm512_and_si512(p ? _mm512_slli_epi32(hb, 2) : _mm512_slli_epi32(hb, 4), m30));
+                    __m512i hi = _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi16(v, 4), m4),
+                                                 _mm512_and_si512(p ? _mm512_srli_epi32(hb, 2) : hb, m30));
+                    for (int t = 0; t < nt; t++) {
+                        acc[t] = _mm512_dpbusd_epi32(acc[t], lo, tk[t].a[4 * h + p]);
+                        acc[t] = _mm512_dpbusd_epi32(acc[t], hi, tk[t].a[4 * h + 2 + p]);
+                    }
+                }
+                __m512i sc = _mm512_sub_epi32(_mm512_and_si512(_mm512_srl_epi32(scv, h ? c8b : c8a),
+                                                               _mm512_set1_epi32(0xff)), _mm512_set1_epi32(128));
+                for (int t = 0; t < nt; t++) {
+                    __m512i dot = _mm512_sub_epi32(acc[t], _mm512_set1_epi32(32 * xq[t].sum16[2 * b + h]));
+                    is[t] = _mm512_add_epi32(is[t], _mm512_mullo_epi32(sc, dot));
+                }
+            }
+            __m512 d = _mm512_cvtph_ps(_mm512_cvtepi32_epi16(ld(dw + r)));
+            for (int t = 0; t < nt; t++)
+                acc_y(y + t * rows + r, b, _mm512_mul_ps(d, _mm512_set1_ps(tk[t].da)), is[t]);
+        }
+    }
+}
+
+/* ---------------------------------------------------------------- float types (along k) */
+
+ALWAYS_INLINE __m512 load16f(const void *w, int type, uint64_t i)
+{
+    if (type == JLM_T_F32)
+        return _mm512_loadu_ps((const float *)w + i);
+    __m256i h = _mm256_loadu_si256((const __m256i *)((const uint16_t *)w + i));
+    if (type == JLM_T_F16)
+        return _mm512_cvtph_ps(h);
+    return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
+}
+
+ALWAYS_INLINE void float_rows(const jlm_k_mat *m, const float *x, float *y, uint64_t r0, uint64_t r1, int type)
+{
+    uint64_t k = m->k, kv = k / 64 * 64, es = type == JLM_T_F32 ? 4 : 2;
+    for (uint64_t r = r0; r < r1; r++) {
+        const uint8_t *w = (const uint8_t *)m->qs + r * k * es;
+        __m512 a0 = _mm512_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
+        for (uint64_t i = 0; i < kv; i += 64) {
+            a0 = _mm512_fmadd_ps(load16f(w, type, i), _mm512_loadu_ps(x + i), a0);
+            a1 = _mm512_fmadd_ps(load16f(w, type, i + 16), _mm512_loadu_ps(x + i + 16), a1);
+            a2 = _mm512_fmadd_ps(load16f(w, type, i + 32), _mm512_loadu_ps(x + i + 32), a2);
+            a3 = _mm512_fmadd_ps(load16f(w, type, i + 48), _mm512_loadu_ps(x + i + 48), a3);
+        }
+        float acc = _mm512_reduce_add_ps(_mm512_add_ps(_mm512_add_ps(a0, a1), _mm512_add_ps(a2, a3)));
+        for (uint64_t i = kv; i < k; i++) {
+            float wi = type == JLM_T_F32 ? ((const float *)w)[i]
+                     : type == JLM_T_F16 ? jlm_k_fp16_to_f32(((const uint16_t *)w)[i])
+                                          : jlm_k_bf16_to_f32(((const uint16_t *)w)[i]);
+            acc += wi * x[i];
+        }
+        y[r] = acc;
+    }
+}
+
+/* ---------------------------------------------------------------- entry points */
+
+#define DEFINE_Q(name, core)                                                                  \
+    static void mv_##name(const jlm_k_mat *m, const float *x, const jlm_act_q8 *xq, float *y, \
+                          uint64_t r0, uint64_t r1)                                           \
+    {                                                                                         \
+        uint64_t nv = r0 + (r1 - r0) / 16 * 16;                                               \
+        if (nv > r0)                                                                          \
+            core(m, xq, 1, y, r0, nv);                                                        \
+        if (nv < r1)                                                                          \
+            jlm_k_matvec_ref(m, x, xq, y, nv, r1);                                            \
+    }                                                                                         \
+    static void mm_##name(const jlm_k_mat *m, uint64_t n, const float *x, const jlm_act_q8 *xq, \
+                          float *y, uint64_t r0, uint64_t r1)                                 \
+    {                                                                                         \
+        uint64_t nv = r0 + (r1 - r0) / 16 * 16, t = 0;                                        \
+        for (; nv > r0 && t + MAXT <= n; t += MAXT)                                           \
+            core(m, xq + t, MAXT, y + t * m->rows, r0, nv);                                   \
+        for (; nv > r0 && t < n; t++)                                                         \
+            core(m, xq + t, 1, y + t * m->rows, r0, nv);                                      \
+        if (nv < r1)                                                                          \
+            jlm_k_matmul_ref(m, n, x, xq, y, nv, r1);                                         \
+    }
+
+DEFINE_Q(q4_0, q4_0_core)
+DEFINE_Q(q4_k, q4_k_core)
+DEFINE_Q(q8_0, q8_0_core)
+DEFINE_Q(q6_k, q6_k_core)
+
+#define DEFINE_F(name, type)                                                                  \
+    static void mv_##name(const jlm_k_mat *m, const float *x, const jlm_act_q8 *xq, float *y, \
+                          uint64_t r0, uint64_t r1)                                           \
+    {                                                                                         \
+        float_rows(m, x, y, r0, r1, type);                                                    \
+    }                                                                                         \
+    static void mm_##name(const jlm_k_mat *m, uint64_t n, const float *x, const jlm_act_q8 *xq, \
+                          float *y, uint64_t r0, uint64_t r1)                                 \
+    {                                                                                         \
+        for (uint64_t t = 0; t < n; t++)                                                      \
+            float_rows(m, x + t * m->k, y + t * m->rows, r0, r1, type);                       \
+    }
+DEFINE_F(f32, JLM_T_F32)
+DEFINE_F(f16, JLM_T_F16)
+DEFINE_F(bf16, JLM_T_BF16)
+
+void jlm_k_fill_avx512(jlm_k_cpu *t)
+{
+    t->matvec[JLM_T_Q4_0] = mv_q4_0;
+    t->matmul[JLM_T_Q4_0] = mm_q4_0;
+    t->matvec[JLM_T_Q4_K] = mv_q4_k;
+    t->matmul[JLM_T_Q4_K] = mm_q4_k;
+    t->matvec[JLM_T_Q8_0] = mv_q8_0;
+    t->matmul[JLM_T_Q8_0] = mm_q8_0;
+    t->matvec[JLM_T_Q6_K] = mv_q6_k;
+    t->matmul[JLM_T_Q6_K] = mm_q6_k;
+    t->matvec[JLM_T_F32] = mv_f32;
+    t->matmul[JLM_T_F32] = mm_f32;
+    t->matvec[JLM_T_F16] = mv_f16;
+    t->matmul[JLM_T_F16] = mm_f16;
+    t->matvec[JLM_T_BF16] = mv_bf16;
+    t->matmul[JLM_T_BF16] = mm_bf16;
+    t->native = 1u << JLM_T_Q4_0 | 1u << JLM_T_Q4_K | 1u << JLM_T_Q8_0 | 1u << JLM_T_Q6_K |
+                1u << JLM_T_F32 | 1u << JLM_T_F16 | 1u << JLM_T_BF16;
+    t->native_mm = t->native;
+}

@@ -1,0 +1,619 @@
+/* test_kernels.c - suite `kernels`: every (type x variant) matvec/matmul
+ * against a plain dequantize-then-dot oracle (jlm_k_dequant_row_ref, written
+ * independently of the kernels), activation quantization, fp16 rounding, the
+ * kernel table, and the f32 ops against plain f64 formulas. */
+#include <criterion/criterion.h>
+#include <criterion/parameterized.h>
+
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "kernels/cpu/dequant.h"
+#include "kernels/cpu/kernels.h"
+#include "kernels/cpu/tolerances.h"
+
+/* ---------------------------------------------------------------- random data */
+
+static uint64_t rng_next(uint64_t *s)
+{
+    uint64_t x = *s;
+    x ^= x << 13;
+    x ^= x >> 7;
+    x ^= x << 17;
+    return *s = x;
+}
+
+static float rng_unit(uint64_t *s)   /* [-1, 1) */
+{
+    return (float)((rng_next(s) >> 40) * 0x1p-24) * 2.0f - 1.0f;
+}
+
+static double tol_of(uint8_t type)
+{
+    switch (type) {
+    case JLM_T_F32: return JLM_K_TOL_F32;
+    case JLM_T_F16: return JLM_K_TOL_F16;
+    case JLM_T_BF16: return JLM_K_TOL_BF16;
+    case JLM_T_Q4_0: return JLM_K_TOL_Q4_0;
+    case JLM_T_Q8_0: return JLM_K_TOL_Q8_0;
+    case JLM_T_Q5_0: return JLM_K_TOL_Q5_0;
+    case JLM_T_Q5_1: return JLM_K_TOL_Q5_1;
+    case JLM_T_MXFP4: return JLM_K_TOL_MXFP4;
+    case JLM_T_Q3_K: return JLM_K_TOL_Q3_K;
+    case JLM_T_Q4_K: return JLM_K_TOL_Q4_K;
+    case JLM_T_Q5_K: return JLM_K_TOL_Q5_K;
+    default: return JLM_K_TOL_Q6_K;
+    }
+}
+
+/* A random f16 scale of magnitude in [2^-12, 2^-4), random sign if sign. */
+static uint16_t rand_scale(uint64_t *s, int sign)
+{
+    float v = ldexpf(1.0f + 0.5f * (rng_unit(s) + 1.0f), -12 + (int)(rng_next(s) % 8));
+    if (sign && (rng_next(s) & 1))
+        v = -v;
+    return jlm_k_f32_to_fp16(v);
+}
+
+typedef struct tmat {
+    jlm_k_mat m;
+    uint32_t *qs, *d, *sc;
+} tmat;
+
+/* Random packed planes: every code and field random, d slots sane, unused
+ * d-word slots and the Q3_K nibbles' top bit zero (jlm-format.md 8). */
+static void tmat_make(tmat *t, uint8_t type, uint64_t k, uint64_t rows, uint64_t *seed)
+{
+    const jlm_type_traits *tr = jlm_fmt_type_traits(type);
+    uint64_t ql, dl, sl;
+    cr_assert(jlm_fmt_planes(type, k, rows, &ql, &dl, &sl, NULL) == 0);
+    t->qs = calloc(ql / 4 + 16, 4);
+    t->d = calloc(dl / 4 + 16, 4);
+    t->sc = calloc(sl / 4 + 16, 4);
+    if (tr->is_float) {
+        for (uint64_t i = 0; i < k * rows; i++) {
+            float v = rng_unit(seed);
+            if (type == JLM_T_F32)
+                ((float *)t->qs)[i] = v;
+            else if (type == JLM_T_F16)
+                ((uint16_t *)t->qs)[i] = jlm_k_f32_to_fp16(v);
+            else {
+                uint32_t b;
+                memcpy(&b, &v, 4);
+                ((uint16_t *)t->qs)[i] = (uint16_t)(b >> 16);
+            }
+        }
+    } else {
+        for (uint64_t i = 0; i < ql / 4; i++)
+            t->qs[i] = (uint32_t)rng_next(seed) & (type == JLM_T_Q3_K ? 0x77777777u : 0xffffffffu);
+        uint64_t nsuper = k / ((uint64_t)tr->sub * tr->super_sub), S = tr->d_share;
+        uint64_t drows = (rows + S - 1) / S;
+        for (uint64_t sb = 0; sb < nsuper; sb++)
+            for (uint64_t r = 0; r < rows; r++) {
+                uint32_t *w = &t->d[sb * (S > 1 ? drows : rows) + (S > 1 ? r / S : r)];
+                if (type == JLM_T_MXFP4)
+                    *w |= (uint32_t)(110 + rng_next(seed) % 20) << (8 * (r % 4));
+                else if (S == 2)
+                    *w |= (uint32_t)rand_scale(seed, 1) << (16 * (r % 2));
+                else if (type == JLM_T_Q5_1 || type == JLM_T_Q4_K || type == JLM_T_Q5_K)
+                    *w = rand_scale(seed, type == JLM_T_Q5_1) | (uint32_t)rand_scale(seed, type == JLM_T_Q5_1) << 16;
+                else
+                    *w = rand_scale(seed, 1);
+            }
+        for (uint64_t i = 0; i < sl / 4; i++)
+            t->sc[i] = (uint32_t)rng_next(seed) & (type == JLM_T_Q3_K ? 0x3f3f3f3fu : 0xffffffffu);
+    }
+    t->m = (jlm_k_mat){.type = type, .k = k, .rows = rows, .qs = t->qs,
+                       .d = tr->is_float ? NULL : t->d, .sc = tr->sc_kind ? t->sc : NULL};
+}
+
+static void tmat_free(tmat *t)
+{
+    free(t->qs);
+    free(t->d);
+    free(t->sc);
+}
+
+/* Activations with zeros, denormals and large values mixed in. */
+static void rand_act(float *x, uint64_t k, uint64_t *seed, int flavour)
+{
+    for (uint64_t i = 0; i < k; i++) {
+        float v = rng_unit(seed);
+        if (flavour == 1 && i % 5 == 0)
+            v = 0.0f;
+        if (flavour == 2)
+            v *= 1e-39f;                       /* denormal blocks */
+        if (flavour == 3 && i % 7 == 0)
+            v *= 1e20f;                        /* a few huge values */
+        if (flavour == 4 && (i / 32) % 2 == 0)
+            v = 0.0f;                          /* whole zero blocks */
+        x[i] = v;
+    }
+}
+
+/* ---------------------------------------------------------------- oracle */
+
+/* f64 dot of the dequantized row with the dequantized activations (float
+ * types: the f32 x itself); *scale = sum |w*x|. */
+static double oracle_row(const tmat *t, const float *x, const jlm_act_q8 *xq, uint64_t r, double *scale)
+{
+    const jlm_k_mat *m = &t->m;
+    float *w = malloc(m->k * sizeof *w);
+    cr_assert(jlm_k_dequant_row_ref(m->type, m->qs, m->d, m->sc, m->k, m->rows, r, w) == 0);
+    int fl = jlm_fmt_type_traits(m->type)->is_float;
+    double acc = 0.0, sc = 0.0;
+    for (uint64_t i = 0; i < m->k; i++) {
+        double xi = fl ? (double)x[i] : (double)xq->q[i] * (double)xq->d[i / 32];
+        acc += (double)w[i] * xi;
+        sc += fabs((double)w[i] * xi);
+    }
+    free(w);
+    *scale = sc;
+    return acc;
+}
+
+/* ---------------------------------------------------------------- matvec (type x variant) */
+
+typedef struct mv_param {
+    uint8_t type;
+    int     variant;
+} mv_param;
+
+static const uint8_t ALL_TYPES[] = {JLM_T_F32, JLM_T_F16, JLM_T_BF16, JLM_T_Q4_0, JLM_T_Q8_0,
+                                    JLM_T_Q5_0, JLM_T_Q5_1, JLM_T_MXFP4, JLM_T_Q3_K, JLM_T_Q4_K,
+                                    JLM_T_Q5_K, JLM_T_Q6_K};
+#define N_TYPES (sizeof ALL_TYPES / sizeof ALL_TYPES[0])
+
+ParameterizedTestParameters(kernels, matvec_matches_the_dequantized_dot_for_every_type_and_variant)
+{
+    static mv_param p[N_TYPES * JLM_K_NVARIANT];
+    size_t n = 0;
+    for (int v = 0; v < JLM_K_NVARIANT; v++)
+        for (size_t i = 0; i < N_TYPES; i++)
+            p[n++] = (mv_param){ALL_TYPES[i], v};
+    return cr_make_param_array(mv_param, p, n);
+}
+
+static const char *VNAME[JLM_K_NVARIANT] = {"ref", "avx2", "avx512"};
+
+/* Fills *tab or skips the test when the CPU lacks the variant. */
+static void table_or_skip(int v, jlm_k_cpu *tab)
+{
+    jlm_err err = {0};
+    if (!jlm_k_cpu_has(v))
+        cr_skip_test("variant %s: not supported by this CPU", VNAME[v]);
+    cr_assert(jlm_k_cpu_table(v, tab, &err) == 0, "%s", err.msg);
+}
+
+/* One shape: rows [r0, r1) through the variant's matvec and (n tokens) matmul;
+ * rows outside the range must keep their sentinel. */
+static void check_shape(const jlm_k_cpu *tab, uint8_t type, uint64_t k, uint64_t rows,
+                        uint64_t r0, uint64_t r1, int flavour, uint64_t *seed)
+{
+    enum { NT = 5 };
+    const char *tn = jlm_fmt_type_traits(type)->name;
+    tmat t;
+    tmat_make(&t, type, k, rows, seed);
+    float *x = malloc(NT * k * sizeof *x), *y = malloc(NT * rows * sizeof *y);
+    jlm_act_q8 xq[NT];
+    void *buf[NT];
+    for (int i = 0; i < NT; i++) {
+        rand_act(x + i * k, k, seed, (flavour + i) % 5);
+        buf[i] = malloc(jlm_k_act_q8_bytes(k + 32));
+        cr_assert(jlm_k_act_q8_init(&xq[i], buf[i], k % 32 ? k + 32 - k % 32 : k, NULL) == 0);
+        if (k % 32 == 0)
+            jlm_k_quantize_act(x + i * k, &xq[i]);
+    }
+    for (int pass = 0; pass < 2; pass++) {
+        int nt = pass ? NT : 1;
+        for (uint64_t i = 0; i < NT * rows; i++)
+            y[i] = 12345.0f;
+        if (pass)
+            tab->matmul[type](&t.m, nt, x, xq, y, r0, r1);
+        else
+            tab->matvec[type](&t.m, x, xq, y, r0, r1);
+        for (int tk = 0; tk < nt; tk++)
+            for (uint64_t r = 0; r < rows; r++) {
+                float got = y[tk * rows + r];
+                if (r < r0 || r >= r1) {
+                    cr_assert(got == 12345.0f, "%s %s k %llu rows %llu: row %llu outside [%llu,%llu) written",
+                              tab->name, tn, (unsigned long long)k, (unsigned long long)rows,
+                              (unsigned long long)r, (unsigned long long)r0, (unsigned long long)r1);
+                    continue;
+                }
+                double scale, want = oracle_row(&t, x + tk * k, &xq[tk], r, &scale);
+                double err = fabs((double)got - want), lim = tol_of(type) * scale + 1e-30;
+                cr_assert(!(err > lim) && err == err,
+                          "%s %s %s k %llu rows %llu [%llu,%llu) token %d flavour %d row %llu: "
+                          "expected %.9g got %.9g (err %.3g > %.3g)",
+                          tab->name, pass ? "matmul" : "matvec", tn, (unsigned long long)k,
+                          (unsigned long long)rows, (unsigned long long)r0, (unsigned long long)r1,
+                          tk, (flavour + tk) % 5, (unsigned long long)r, want, (double)got, err, lim);
+            }
+    }
+    for (int i = 0; i < NT; i++)
+        free(buf[i]);
+    free(x);
+    free(y);
+    tmat_free(&t);
+}
+
+ParameterizedTest(mv_param *p, kernels, matvec_matches_the_dequantized_dot_for_every_type_and_variant,
+                  .timeout = 60)
+{
+    jlm_k_cpu tab;
+    table_or_skip(p->variant, &tab);
+    const jlm_type_traits *tr = jlm_fmt_type_traits(p->type);
+    uint64_t sw = tr->is_float ? 32 : (uint64_t)tr->sub * tr->super_sub;
+    static const uint64_t ROWS[] = {1, 3, 7, 8, 9, 16, 17, 33};
+    uint64_t seed = 0x9e3779b97f4a7c15ull ^ (p->type * 131u + (unsigned)p->variant);
+    int flavour = 0;
+    for (size_t i = 0; i < sizeof ROWS / sizeof ROWS[0]; i++) {
+        uint64_t n = ROWS[i];
+        check_shape(&tab, p->type, sw, n, 0, n, flavour++ % 5, &seed);
+        check_shape(&tab, p->type, 3 * sw, n, 0, n, flavour++ % 5, &seed);
+        if (n >= 3)
+            check_shape(&tab, p->type, 2 * sw, n, 1, n - 1, flavour++ % 5, &seed);
+    }
+    /* a wide range with unaligned ends: vector body plus scalar head and tail */
+    check_shape(&tab, p->type, tr->is_float ? 100 : 2 * sw, 70, 3, 61, 0, &seed);
+    check_shape(&tab, p->type, tr->is_float ? 4 * sw : 4 * sw, 64, 16, 48, 3, &seed);
+    if (tr->is_float)
+        check_shape(&tab, p->type, 1, 5, 0, 5, 0, &seed);   /* k = 1: no vector body */
+}
+
+ParameterizedTestParameters(kernels, variant_matvec_equals_the_reference_within_tolerance)
+{
+    static mv_param p[N_TYPES * 2];
+    size_t n = 0;
+    for (int v = 1; v < JLM_K_NVARIANT; v++)
+        for (size_t i = 0; i < N_TYPES; i++)
+            p[n++] = (mv_param){ALL_TYPES[i], v};
+    return cr_make_param_array(mv_param, p, n);
+}
+
+ParameterizedTest(mv_param *p, kernels, variant_matvec_equals_the_reference_within_tolerance)
+{
+    jlm_k_cpu tab;
+    table_or_skip(p->variant, &tab);
+    const jlm_type_traits *tr = jlm_fmt_type_traits(p->type);
+    uint64_t k = tr->is_float ? 1000 : 1024, rows = 96, seed = 77 + p->type;
+    tmat t;
+    tmat_make(&t, p->type, k, rows, &seed);
+    float *x = malloc(k * sizeof *x), *y = malloc(rows * sizeof *y), *yr = malloc(rows * sizeof *yr);
+    void *buf = malloc(jlm_k_act_q8_bytes(1024));
+    jlm_act_q8 xq;
+    cr_assert(jlm_k_act_q8_init(&xq, buf, 1024, NULL) == 0);
+    rand_act(x, k, &seed, 1);
+    if (!tr->is_float)
+        jlm_k_quantize_act(x, &xq);
+    tab.matvec[p->type](&t.m, x, &xq, y, 0, rows);
+    jlm_k_matvec_ref(&t.m, x, &xq, yr, 0, rows);
+    for (uint64_t r = 0; r < rows; r++) {
+        double scale;
+        oracle_row(&t, x, &xq, r, &scale);
+        double err = fabs((double)y[r] - (double)yr[r]), lim = tol_of(p->type) * scale;
+        cr_assert(!(err > lim) && err == err, "%s %s row %llu: ref %.9g, variant %.9g (err %.3g > %.3g)",
+                  tab.name, tr->name, (unsigned long long)r, (double)yr[r], (double)y[r], err, lim);
+    }
+    free(buf);
+    free(x);
+    free(y);
+    free(yr);
+    tmat_free(&t);
+}
+
+/* ---------------------------------------------------------------- activations, fp16 */
+
+Test(kernels, quantize_act_rounds_each_block_to_amax_over_127)
+{
+    enum { K = 256 };
+    float x[K];
+    uint64_t seed = 5;
+    rand_act(x, K, &seed, 3);
+    x[40] = -3.5f;                              /* block 1 has a clear amax */
+    for (int i = 64; i < 96; i++)
+        x[i] = 0.0f;                            /* block 2 all zero */
+    x[100] = NAN;                               /* block 3 poisoned */
+    void *buf = malloc(jlm_k_act_q8_bytes(K));
+    jlm_act_q8 a;
+    cr_assert(jlm_k_act_q8_init(&a, buf, K, NULL) == 0);
+    jlm_k_quantize_act(x, &a);
+    for (int b = 0; b < K / 32; b++) {
+        float amax = 0.0f;
+        for (int i = 0; i < 32; i++)
+            amax = fmaxf(amax, fabsf(x[32 * b + i]));
+        if (b == 3) {
+            cr_assert(isnan(a.d[b]), "block 3 holds NaN: expected d NaN, got %g", (double)a.d[b]);
+            continue;
+        }
+        cr_assert(a.d[b] == amax / 127.0f, "block %d: expected d %g got %g", b, (double)(amax / 127.0f), (double)a.d[b]);
+        int s16[2] = {0, 0};
+        for (int i = 0; i < 32; i++) {
+            int q = a.q[32 * b + i];
+            long want = a.d[b] == 0.0f ? 0 : lroundf(x[32 * b + i] / a.d[b]);
+            cr_assert(q == want && q >= -127 && q <= 127, "block %d elem %d: x %g d %g: expected q %ld got %d",
+                      b, i, (double)x[32 * b + i], (double)a.d[b], want, q);
+            s16[i / 16] += q;
+        }
+        cr_assert(a.sum16[2 * b] == s16[0] && a.sum16[2 * b + 1] == s16[1],
+                  "block %d: sums %d %d, expected %d %d", b, a.sum16[2 * b], a.sum16[2 * b + 1], s16[0], s16[1]);
+    }
+    cr_assert(a.d[2] == 0.0f, "all-zero block: expected d 0, got %g", (double)a.d[2]);
+    jlm_err err = {0};
+    cr_assert(jlm_k_act_q8_init(&a, buf, 48, &err) == JLM_EINVAL, "k 48 must be refused");
+    free(buf);
+}
+
+Test(kernels, fp16_conversion_round_trips_and_rounds_ties_to_even)
+{
+    for (uint32_t h = 0; h < 65536; h++) {
+        float f = jlm_k_fp16_to_f32((uint16_t)h);
+        if (isnan(f))
+            continue;
+        cr_assert(jlm_k_f32_to_fp16(f) == h, "half 0x%04x -> %g -> 0x%04x", h, (double)f, jlm_k_f32_to_fp16(f));
+        uint16_t nx = (uint16_t)(h + 1);
+        if ((h & 0x7fff) >= 0x7bff)
+            continue;                            /* next is inf or wraps sign */
+        double mid = ((double)f + (double)jlm_k_fp16_to_f32(nx)) / 2.0;
+        uint16_t want = (h & 1) ? nx : (uint16_t)h;
+        cr_assert(jlm_k_f32_to_fp16((float)mid) == want, "midpoint %.10g after 0x%04x: expected 0x%04x got 0x%04x",
+                  mid, h, want, jlm_k_f32_to_fp16((float)mid));
+    }
+    cr_assert(jlm_k_f32_to_fp16(65520.0f) == 0x7c00, "65520 must round to inf");
+    cr_assert(jlm_k_f32_to_fp16(65519.0f) == 0x7bff, "65519 must round to 65504");
+    cr_assert(jlm_k_f32_to_fp16(1e-9f) == 0, "1e-9 must round to 0");
+}
+
+/* ---------------------------------------------------------------- kernel table */
+
+Test(kernels, jlm_cpu_ref_forces_the_reference_table)
+{
+    setenv("JLM_CPU", "ref", 1);
+    jlm_err err = {0};
+    cr_assert(jlm_k_cpu_init(&err) == 0, "%s", err.msg);
+    cr_assert_str_eq(jlm_k_cpu_variant_name(), "ref");
+    for (int t = 1; t < JLM_T_COUNT; t++)
+        cr_assert(jlm_k_cpu_get()->matvec[t] == jlm_k_matvec_ref, "type %d: not the reference", t);
+}
+
+Test(kernels, an_unknown_jlm_cpu_is_refused_and_the_best_variant_used)
+{
+    setenv("JLM_CPU", "sse9", 1);
+    jlm_err err = {0};
+    cr_assert(jlm_k_cpu_init(&err) == JLM_EINVAL, "JLM_CPU=sse9 accepted");
+    cr_assert(strstr(err.msg, "sse9"), "message does not name the value: %s", err.msg);
+    int best = jlm_k_cpu_has(JLM_K_AVX512) ? JLM_K_AVX512 : jlm_k_cpu_has(JLM_K_AVX2) ? JLM_K_AVX2 : JLM_K_REF;
+    cr_assert_str_eq(jlm_k_cpu_variant_name(), VNAME[best]);
+}
+
+Test(kernels, every_table_entry_is_set_for_every_supported_variant)
+{
+    for (int v = 0; v < JLM_K_NVARIANT; v++) {
+        jlm_k_cpu tab;
+        if (!jlm_k_cpu_has(v)) {
+            cr_log_warn("variant %s: not supported by this CPU, not checked", VNAME[v]);
+            continue;
+        }
+        cr_assert(jlm_k_cpu_table(v, &tab, NULL) == 0);
+        for (int t = 1; t < JLM_T_COUNT; t++)
+            cr_assert(tab.matvec[t] && tab.matmul[t], "%s: type %d has no kernel", VNAME[v], t);
+    }
+}
+
+Test(kernels, mat_check_refuses_k_not_a_multiple_of_the_super_block)
+{
+    uint32_t w[16] = {0};
+    jlm_k_mat m = {.type = JLM_T_Q4_K, .k = 128, .rows = 1, .qs = w, .d = w, .sc = w};
+    jlm_err err = {0};
+    cr_assert(jlm_k_mat_check(&m, &err) == JLM_EINVAL, "Q4_K with k 128 accepted");
+    m.k = 256;
+    cr_assert(jlm_k_mat_check(&m, &err) == 0, "%s", err.msg);
+    m.type = 99;
+    cr_assert(jlm_k_mat_check(&m, &err) == JLM_EINVAL, "type 99 accepted");
+}
+
+/* ---------------------------------------------------------------- ops */
+
+static void expect_close(const char *what, int i, double want, double got, double tol)
+{
+    double err = fabs(got - want), lim = tol * fmax(1.0, fabs(want));
+    cr_assert(!(err > lim) && err == err, "%s [%d]: expected %.9g got %.9g (err %.3g)", what, i, want, got, err);
+}
+
+Test(kernels, rmsnorm_and_layernorm_match_the_plain_formulas)
+{
+    enum { N = 300 };
+    float x[N], w[N], b[N], o[N];
+    uint64_t seed = 11;
+    for (int i = 0; i < N; i++) {
+        x[i] = 3.0f * rng_unit(&seed) + 0.5f;
+        w[i] = rng_unit(&seed);
+        b[i] = rng_unit(&seed);
+    }
+    double ss = 0, mean = 0, var = 0;
+    for (int i = 0; i < N; i++) {
+        ss += (double)x[i] * x[i];
+        mean += x[i];
+    }
+    mean /= N;
+    for (int i = 0; i < N; i++)
+        var += (x[i] - mean) * (x[i] - mean);
+    var /= N;
+    jlm_k_rmsnorm(o, x, w, N, 1e-5f);
+    for (int i = 0; i < N; i++)
+        expect_close("rmsnorm", i, x[i] / sqrt(ss / N + 1e-5) * w[i], o[i], JLM_K_TOL_NORM);
+    jlm_k_layernorm(o, x, w, b, N, 1e-6f);
+    for (int i = 0; i < N; i++)
+        expect_close("layernorm", i, (x[i] - mean) / sqrt(var + 1e-6) * w[i] + b[i], o[i], JLM_K_TOL_NORM);
+}
+
+/* Plain f64 RoPE with optional YaRN, written from the paper's formulas. */
+static void rope_plain(const jlm_k_rope *p, double *x, int head_dim, int n_head, long pos)
+{
+    double lo = 0, hi = 0;
+    if (p->ext_factor != 0.0f) {
+        double cd_fast = p->n_rot * log(p->orig_ctx / (p->beta_fast * 2 * M_PI)) / (2 * log(p->freq_base));
+        double cd_slow = p->n_rot * log(p->orig_ctx / (p->beta_slow * 2 * M_PI)) / (2 * log(p->freq_base));
+        lo = fmax(0, floor(cd_fast));
+        hi = fmin(p->n_rot - 1, ceil(cd_slow));
+    }
+    for (int h = 0; h < n_head; h++)
+        for (unsigned i = 0; i < p->n_rot / 2; i++) {
+            double ext = pos * pow(p->freq_base, -2.0 * i / p->n_rot) / (p->freq_factors ? p->freq_factors[i] : 1.0);
+            double theta = ext * p->freq_scale, ms = p->attn_factor;
+            if (p->ext_factor != 0.0f) {
+                double ramp = 1 - fmin(1, fmax(0, (i - lo) / fmax(0.001, hi - lo)));
+                double mix = ramp * p->ext_factor;
+                theta = theta * (1 - mix) + ext * mix;
+                ms *= 1 + 0.1 * log(1 / p->freq_scale);
+            }
+            unsigned a = p->neox ? i : 2 * i, b = p->neox ? i + p->n_rot / 2 : 2 * i + 1;
+            double *xh = x + h * head_dim, x0 = xh[a], x1 = xh[b];
+            xh[a] = (x0 * cos(theta) - x1 * sin(theta)) * ms;
+            xh[b] = (x0 * sin(theta) + x1 * cos(theta)) * ms;
+        }
+}
+
+Test(kernels, rope_normal_neox_and_yarn_match_the_plain_formulas)
+{
+    enum { HD = 64, NH = 3 };
+    float ff[HD / 2];
+    uint64_t seed = 3;
+    for (int i = 0; i < HD / 2; i++)
+        ff[i] = 1.0f + (float)i / 8.0f;
+    for (int mode = 0; mode < 4; mode++) {
+        jlm_k_rope p;
+        jlm_k_rope_defaults(&p, mode == 2 ? 32 : HD, 10000.0f);
+        p.neox = mode & 1;
+        if (mode == 2)
+            p.freq_factors = ff;
+        if (mode == 3) {
+            p.freq_scale = 0.25f;
+            p.ext_factor = 1.0f;
+            p.attn_factor = 1.0f;
+            p.orig_ctx = 4096;
+        }
+        for (long pos = 0; pos < 300; pos += 37) {
+            float x[HD * NH];
+            double xd[HD * NH];
+            for (int i = 0; i < HD * NH; i++)
+                xd[i] = x[i] = rng_unit(&seed);
+            jlm_k_rope_apply(&p, x, NH, HD, pos);
+            rope_plain(&p, xd, HD, NH, pos);
+            for (int i = 0; i < HD * NH; i++)
+                expect_close(mode == 0 ? "rope" : mode == 1 ? "rope neox" : mode == 2 ? "rope ff" : "rope yarn",
+                             i, xd[i], x[i], JLM_K_TOL_ROPE);
+        }
+    }
+}
+
+Test(kernels, softmax_silu_gelu_and_swiglu_match_the_plain_formulas)
+{
+    enum { N = 200 };
+    float x[N], g[N], o[N];
+    uint64_t seed = 9;
+    double mx = -1e300, sum = 0;
+    for (int i = 0; i < N; i++) {
+        x[i] = 12.0f * rng_unit(&seed);
+        g[i] = 4.0f * rng_unit(&seed);
+        mx = fmax(mx, x[i]);
+    }
+    for (int i = 0; i < N; i++)
+        sum += exp(x[i] - mx);
+    memcpy(o, x, sizeof o);
+    jlm_k_softmax(o, N);
+    for (int i = 0; i < N; i++)
+        expect_close("softmax", i, exp(x[i] - mx) / sum, o[i], JLM_K_TOL_SOFTMAX);
+    jlm_k_silu(o, g, N);
+    for (int i = 0; i < N; i++)
+        expect_close("silu", i, g[i] / (1 + exp(-(double)g[i])), o[i], JLM_K_TOL_ACT);
+    jlm_k_gelu(o, g, N);
+    for (int i = 0; i < N; i++) {
+        double v = g[i];
+        expect_close("gelu", i, 0.5 * v * (1 + tanh(sqrt(2 / M_PI) * (v + 0.044715 * v * v * v))), o[i], JLM_K_TOL_ACT);
+    }
+    jlm_k_swiglu(o, g, x, N);
+    for (int i = 0; i < N; i++)
+        expect_close("swiglu", i, g[i] / (1 + exp(-(double)g[i])) * x[i], o[i], JLM_K_TOL_ACT * 10);
+    jlm_k_swiglu_oai(o, x, g, N, 1.702f, 7.0f);
+    for (int i = 0; i < N; i++) {
+        double gg = fmin(x[i], 7.0), u = fmax(fmin(g[i], 7.0), -7.0);
+        expect_close("swiglu_oai", i, gg / (1 + exp(-1.702 * gg)) * (u + 1), o[i], JLM_K_TOL_ACT * 10);
+    }
+}
+
+Test(kernels, gelu_fp16_returns_the_fp16_rounded_gelu_of_the_fp16_rounded_input)
+{
+    float x[] = {-11.0f, -10.0f, -3.3f, -0.5f, 0.0f, 1e-6f, 0.7f, 2.5f, 9.99f, 10.0f, 50.0f};
+    float o[sizeof x / sizeof x[0]];
+    jlm_k_gelu_fp16(o, x, sizeof x / sizeof x[0]);
+    for (size_t i = 0; i < sizeof x / sizeof x[0]; i++) {
+        double v = x[i], want;
+        if (v <= -10) {
+            want = 0;
+        } else if (v >= 10) {
+            want = v;
+        } else {
+            double h = jlm_k_fp16_to_f32(jlm_k_f32_to_fp16(x[i]));
+            want = 0.5 * h * (1 + tanh(sqrt(2 / M_PI) * (h + 0.044715 * h * h * h)));
+            cr_assert(jlm_k_fp16_to_f32(jlm_k_f32_to_fp16(o[i])) == o[i], "gelu_fp16(%g) = %.9g is not an fp16 value",
+                      v, (double)o[i]);
+            cr_assert(fabs(o[i] - want) <= fabs(want) * 0x1p-10 + 1e-7, "gelu_fp16(%g): expected ~%.6g got %.6g",
+                      v, want, (double)o[i]);
+            continue;
+        }
+        cr_assert(o[i] == want, "gelu_fp16(%g): expected %g got %g", v, want, (double)o[i]);
+    }
+}
+
+Test(kernels, attention_head_matches_softmax_of_scaled_capped_masked_scores)
+{
+    enum { HD = 16, HV = 8, NKV = 23, STR = 40 };
+    float q[HD], k[NKV * STR], v[NKV * STR], mask[NKV], p[NKV], out[HV];
+    uint64_t seed = 21;
+    for (int i = 0; i < HD; i++)
+        q[i] = 2.0f * rng_unit(&seed);
+    for (int i = 0; i < NKV * STR; i++) {
+        k[i] = rng_unit(&seed);
+        v[i] = rng_unit(&seed);
+    }
+    for (int j = 0; j < NKV; j++)
+        mask[j] = j % 4 == 3 ? -INFINITY : 0.0f;
+    for (int cfg = 0; cfg < 3; cfg++) {
+        jlm_k_attn a = {.head_dim = HD, .head_dim_v = HV, .k_stride = STR, .v_stride = STR,
+                        .scale = 0.25f, .softcap = cfg == 1 ? 2.0f : 0.0f, .has_sink = cfg == 2,
+                        .sink = 1.5f, .mask = cfg ? mask : NULL};
+        jlm_k_attn_head(&a, q, k, v, NKV, p, out);
+        double s[NKV], mx = a.has_sink ? a.sink : -1e300, sum = 0;
+        for (int j = 0; j < NKV; j++) {
+            double d = 0;
+            for (int i = 0; i < HD; i++)
+                d += (double)q[i] * k[j * STR + i];
+            if (a.softcap > 0)
+                d = a.softcap * tanh(d / a.softcap);
+            s[j] = d * a.scale + (a.mask ? a.mask[j] : 0);
+            mx = fmax(mx, s[j]);
+        }
+        for (int j = 0; j < NKV; j++)
+            sum += exp(s[j] - mx);
+        if (a.has_sink)
+            sum += exp(a.sink - mx);
+        for (int i = 0; i < HV; i++) {
+            double o = 0;
+            for (int j = 0; j < NKV; j++)
+                o += exp(s[j] - mx) / sum * v[j * STR + i];
+            expect_close("attn out", cfg * 100 + i, o, out[i], JLM_K_TOL_SOFTMAX * 4);
+        }
+        for (int j = 0; j < NKV; j++)
+            expect_close("attn p", cfg * 100 + j, exp(s[j] - mx) / sum, p[j], JLM_K_TOL_SOFTMAX);
+    }
+    for (int j = 0; j < NKV; j++)
+        mask[j] = -INFINITY;
+    jlm_k_attn a = {.head_dim = HD, .head_dim_v = HV, .k_stride = STR, .v_stride = STR, .scale = 1, .mask = mask};
+    jlm_k_attn_head(&a, q, k, v, NKV, p, out);
+    for (int i = 0; i < HV; i++)
+        cr_assert(out[i] == 0.0f, "all keys masked: expected 0 got %g", (double)out[i]);
+}

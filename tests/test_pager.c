@@ -1,0 +1,787 @@
+/* test_pager.c - page sources, the thread pool and the pager.
+ *
+ * The pager is tested without a container: page arrays are described as
+ * (base, page size, pages, extents) over a memory or file source whose byte
+ * at offset i is content_byte(i), so every byte handed out can be checked
+ * against where it must have come from. jlm_pager_check runs after every
+ * operation. */
+#include <criterion/criterion.h>
+
+#include <errno.h>
+#include <fcntl.h>
+#include <stdatomic.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "engine/pager.h"
+#include "engine/pool.h"
+#include "engine/source.h"
+#include "format/jlm_format.h"
+
+/* ---------------------------------------------------------------- fixtures */
+static uint8_t content_byte(uint64_t i)
+{
+    uint64_t z = i * 0x9E3779B97F4A7C15ull;
+    return (uint8_t)((z >> 29) ^ (z >> 47) ^ i);
+}
+
+static uint8_t *make_content(size_t n)
+{
+    uint8_t *b = malloc(n);
+    cr_assert(b);
+    for (size_t i = 0; i < n; i++)
+        b[i] = content_byte(i);
+    return b;
+}
+
+static void check_bytes(const void *got, uint64_t off, size_t len, const char *what)
+{
+    const uint8_t *g = got;
+    for (size_t i = 0; i < len; i++)
+        if (g[i] != content_byte(off + i))
+            cr_assert_fail("%s: byte at source offset %llu is %u, expected %u", what,
+                           (unsigned long long)(off + i), g[i], content_byte(off + i));
+}
+
+#define PG 16384u          /* block page size */
+#define XPG 8192u          /* expert page size */
+#define NB 6u              /* block pages */
+#define NX 8u              /* expert pages */
+#define BLK_BASE 8192u
+#define EXP_BASE (BLK_BASE + NB * PG)
+#define SRC_LEN (EXP_BASE + NX * XPG)
+
+typedef struct rig {
+    uint8_t          *data;
+    jlm_source       *mem;
+    jlm_fault_source *fs;
+    jlm_pager        *p;
+    /* event log */
+    int               n_ev;
+    jlm_pager_event   ev[512];
+} rig;
+
+static void on_event(void *ctx, const jlm_pager_event *e)
+{
+    rig *r = ctx;
+    if (r->n_ev < 512)
+        r->ev[r->n_ev++] = *e;
+}
+
+static void rig_open(rig *r, uint64_t budget_blocks, uint64_t budget_experts, const uint64_t *blk_extent)
+{
+    memset(r, 0, sizeof *r);
+    jlm_err err = { 0 };
+    r->data = make_content(SRC_LEN);
+    cr_assert_eq(jlm_source_open_mem(r->data, SRC_LEN, "mem.jlm", &r->mem, &err), 0, "%s", err.msg);
+    cr_assert_eq(jlm_source_open_fault(r->mem, &r->fs, &err), 0, "%s", err.msg);
+    jlm_pager_array_desc arrays[2] = {
+        { .name = "blocks", .cls = JLM_PAGER_BLOCK, .base_off = BLK_BASE, .page_size = PG,
+          .n_pages = NB, .extent = blk_extent },
+        { .name = "experts", .cls = JLM_PAGER_EXPERT, .base_off = EXP_BASE, .page_size = XPG,
+          .n_pages = NX, .extent = NULL },
+    };
+    jlm_pager_config cfg = { .src = &r->fs->base, .chunk = 4096, .n_arrays = 2, .arrays = arrays,
+                             .budget = budget_blocks * PG + budget_experts * XPG };
+    cr_assert_eq(jlm_pager_open(&cfg, &r->p, &err), 0, "%s", err.msg);
+    jlm_pager_set_events(r->p, on_event, r);
+}
+
+static void rig_close(rig *r)
+{
+    jlm_pager_close(r->p);
+    jlm_source_close(&r->fs->base);
+    jlm_source_close(r->mem);
+    free(r->data);
+}
+
+static void check(rig *r)
+{
+    jlm_err err = { 0 };
+    cr_assert_eq(jlm_pager_check(r->p, &err), 0, "invariant broken: %s", err.msg);
+}
+
+static uint64_t page_off(uint32_t array, uint32_t page)
+{
+    return array == 0 ? BLK_BASE + (uint64_t)page * PG : EXP_BASE + (uint64_t)page * XPG;
+}
+
+/* get + byte check + check(); returns the pointer. */
+static const uint8_t *get_ok(rig *r, uint32_t array, uint32_t page, uint64_t off, uint64_t len)
+{
+    jlm_err err = { 0 };
+    const void *ptr = NULL;
+    int rc = jlm_pager_get(r->p, array, page, off, len, &ptr, &err);
+    cr_assert_eq(rc, 0, "get array %u page %u [%llu,+%llu): rc %d: %s", array, page,
+                 (unsigned long long)off, (unsigned long long)len, rc, err.msg);
+    check_bytes(ptr, page_off(array, page) + off, (size_t)len, "pager get");
+    check(r);
+    return ptr;
+}
+
+static void use(rig *r, uint32_t array, uint32_t page, uint64_t len)
+{
+    get_ok(r, array, page, 0, len);
+    jlm_pager_unpin(r->p, array, page);
+    check(r);
+}
+
+/* Pages evicted so far, in order, of one array. */
+static int evictions(const rig *r, uint32_t array, uint32_t *out, int max)
+{
+    int n = 0;
+    for (int i = 0; i < r->n_ev; i++)
+        if (r->ev[i].kind == JLM_PAGER_EV_EVICT && r->ev[i].array == array && n < max)
+            out[n++] = r->ev[i].page;
+    return n;
+}
+
+/* ---------------------------------------------------------------- pager */
+Test(pager, never_evicts_a_page_in_use, .timeout = 10)
+{
+    rig r;
+    rig_open(&r, 2, 0, NULL);
+    const uint8_t *p0 = get_ok(&r, 0, 0, 0, PG);            /* pinned throughout */
+    use(&r, 0, 1, PG);
+    use(&r, 0, 2, PG);                                       /* must evict 1, not 0 */
+    uint32_t ev[8];
+    int n = evictions(&r, 0, ev, 8);
+    cr_assert_eq(n, 1, "evictions: %d, expected 1", n);
+    cr_assert_eq(ev[0], 1, "evicted block %u, expected 1 (0 is pinned)", ev[0]);
+    cr_assert(jlm_pager_resident(r.p, 0, 0));
+    check_bytes(p0, page_off(0, 0), PG, "pinned page after eviction");
+
+    get_ok(&r, 0, 2, 0, PG);                                 /* now both frames pinned */
+    jlm_err err = { 0 };
+    const void *ptr = NULL;
+    int rc = jlm_pager_get(r.p, 0, 3, 0, PG, &ptr, &err);
+    cr_assert_eq(rc, JLM_ERANGE, "get with every frame pinned: rc %d, expected JLM_ERANGE", rc);
+    cr_assert(strstr(err.msg, "min_budget"), "message does not say how to fix it: %s", err.msg);
+    cr_assert_null(ptr);
+    check(&r);
+    cr_assert(jlm_pager_resident(r.p, 0, 0) && jlm_pager_resident(r.p, 0, 2));
+    cr_assert(!jlm_pager_resident(r.p, 0, 3));
+    check_bytes(p0, page_off(0, 0), PG, "pinned page after a refused get");
+    jlm_pager_unpin(r.p, 0, 0);
+    jlm_pager_unpin(r.p, 0, 2);
+    check(&r);
+    rig_close(&r);
+}
+
+Test(pager, evicts_the_least_recently_used_expert_before_any_block, .timeout = 10)
+{
+    rig r;
+    rig_open(&r, 1, 3, NULL);
+    use(&r, 0, 0, PG);
+    use(&r, 1, 0, XPG);
+    use(&r, 1, 1, XPG);
+    use(&r, 1, 2, XPG);
+    use(&r, 1, 0, XPG);          /* expert 0 is now the most recent */
+    use(&r, 1, 3, XPG);          /* LRU expert: 1 */
+    use(&r, 1, 4, XPG);          /* LRU expert: 2 */
+    use(&r, 1, 0, XPG);          /* hit */
+    use(&r, 1, 5, XPG);          /* LRU expert: 3 */
+    uint32_t ev[8];
+    int n = evictions(&r, 1, ev, 8);
+    uint32_t want[3] = { 1, 2, 3 };
+    cr_assert_eq(n, 3, "expert evictions: %d, expected 3", n);
+    for (int i = 0; i < 3; i++)
+        cr_assert_eq(ev[i], want[i], "eviction %d: expert %u, expected %u", i, ev[i], want[i]);
+    cr_assert_eq(evictions(&r, 0, ev, 8), 0, "a block was evicted while experts were evictable");
+    cr_assert(jlm_pager_resident(r.p, 0, 0));
+    rig_close(&r);
+}
+
+Test(pager, evicts_the_most_recently_used_block_so_a_cyclic_scan_faults_n_minus_f, .timeout = 10)
+{
+    rig r;
+    rig_open(&r, 3, 0, NULL);
+    /* token 1: 0,1,2 fill the frames; 3 evicts 2 (MRU); 4 evicts 3 -> {0,1,4}.
+     * token 2: 0,1 hit; 2 evicts 1 (MRU); 3 evicts 2; 4 hits. */
+    for (int tok = 0; tok < 2; tok++)
+        for (uint32_t b = 0; b < 5; b++)
+            use(&r, 0, b, PG);
+    uint32_t ev[8], want[4] = { 2, 3, 1, 2 };
+    int n = evictions(&r, 0, ev, 8);
+    cr_assert_eq(n, 4, "evictions: %d, expected 4", n);
+    for (int i = 0; i < 4; i++)
+        cr_assert_eq(ev[i], want[i], "eviction %d: block %u, expected %u (MRU)", i, ev[i], want[i]);
+    jlm_pager_counters st;
+    jlm_pager_stats(r.p, &st);
+    cr_assert_eq(st.a[0].page_ins, 7, "page-ins %llu, expected 5 + (N-F = 2)", (unsigned long long)st.a[0].page_ins);
+    cr_assert_eq(st.a[0].hits, 3, "hits %llu, expected 3", (unsigned long long)st.a[0].hits);
+    rig_close(&r);
+}
+
+Test(pager, partial_fill_reads_only_missing_chunks_and_coalesces_runs, .timeout = 10)
+{
+    rig r;
+    rig_open(&r, 0, 0, NULL);
+    get_ok(&r, 0, 2, 4096 + 10, 100);                        /* chunk 1 only */
+    jlm_pager_unpin(r.p, 0, 2);
+    cr_assert_eq(r.fs->n_reads, 1);
+    cr_assert_eq(r.fs->log[0].off, page_off(0, 2) + 4096, "read at %llu", (unsigned long long)r.fs->log[0].off);
+    cr_assert_eq(r.fs->log[0].len, 4096);
+    cr_assert_eq(jlm_pager_filled(r.p, 0, 2), 4096);
+    get_ok(&r, 0, 2, 0, PG);                                 /* chunk 0, then chunks 2-3 as one read */
+    jlm_pager_unpin(r.p, 0, 2);
+    cr_assert_eq(r.fs->n_reads, 3, "reads %llu, expected 3", (unsigned long long)r.fs->n_reads);
+    cr_assert_eq(r.fs->log[1].off, page_off(0, 2));
+    cr_assert_eq(r.fs->log[1].len, 4096);
+    cr_assert_eq(r.fs->log[2].off, page_off(0, 2) + 8192);
+    cr_assert_eq(r.fs->log[2].len, 8192, "coalesced run of %zu bytes, expected 8192", r.fs->log[2].len);
+    cr_assert_eq(r.fs->bytes_read, PG, "bytes read %llu, expected one page", (unsigned long long)r.fs->bytes_read);
+    get_ok(&r, 0, 2, 5000, 9000);
+    jlm_pager_unpin(r.p, 0, 2);
+    cr_assert_eq(r.fs->n_reads, 3, "a fully filled page was read again");
+    jlm_pager_counters st;
+    jlm_pager_stats(r.p, &st);
+    cr_assert_eq(st.a[0].page_ins, 1);
+    cr_assert_eq(st.a[0].fills, 1);
+    cr_assert_eq(st.a[0].hits, 1);
+    cr_assert_eq(st.a[0].bytes_read, PG);
+    rig_close(&r);
+}
+
+Test(pager, unlimited_budget_reads_each_page_once_then_only_hits, .timeout = 10)
+{
+    rig r;
+    rig_open(&r, 0, 0, NULL);
+    for (int tok = 0; tok < 3; tok++) {
+        for (uint32_t b = 0; b < NB; b++)
+            use(&r, 0, b, PG);
+        for (uint32_t x = 0; x < NX; x += 2)
+            use(&r, 1, x, XPG);
+    }
+    jlm_pager_counters st;
+    jlm_pager_stats(r.p, &st);
+    cr_assert_eq(r.fs->bytes_read, NB * PG + (NX / 2) * XPG, "bytes read %llu",
+                 (unsigned long long)r.fs->bytes_read);
+    cr_assert_eq(st.a[0].page_ins, NB);
+    cr_assert_eq(st.a[0].hits, 2 * NB);
+    cr_assert_eq(st.a[1].hits, 2 * (NX / 2));
+    cr_assert_eq(st.a[0].evictions + st.a[1].evictions, 0);
+    cr_assert_eq(st.resident_bytes, NB * PG + (NX / 2) * XPG);
+    rig_close(&r);
+}
+
+Test(pager, a_one_frame_budget_pages_every_block_in_with_the_right_bytes, .timeout = 10)
+{
+    rig r;
+    rig_open(&r, 0, 0, NULL);
+    uint32_t pinned[2] = { 1, 0 };
+    uint64_t min = jlm_pager_min_budget(r.p, pinned);
+    cr_assert_eq(min, PG, "min budget %llu, expected one block frame", (unsigned long long)min);
+    jlm_err err = { 0 };
+    cr_assert_eq(jlm_pager_set_budget(r.p, min, &err), 0, "%s", err.msg);
+    for (int tok = 0; tok < 3; tok++)
+        for (uint32_t b = 0; b < NB; b++)
+            use(&r, 0, b, PG);                                /* use() compares every byte */
+    jlm_pager_counters st;
+    jlm_pager_stats(r.p, &st);
+    cr_assert_eq(st.a[0].page_ins, 3 * NB);
+    cr_assert_eq(st.a[0].evictions, 3 * NB - 1);
+    cr_assert_eq(st.peak_bytes, PG, "peak %llu bytes, budget %u", (unsigned long long)st.peak_bytes, PG);
+    cr_assert_eq(r.fs->bytes_read, 3ull * NB * PG);
+    rig_close(&r);
+}
+
+Test(pager, a_failed_read_names_the_file_and_offset_and_leaves_the_pager_consistent, .timeout = 10)
+{
+    rig r;
+    rig_open(&r, 2, 0, NULL);
+    use(&r, 0, 0, PG);
+    r.fs->fail_nth = 2;                                      /* the next read */
+    jlm_err err = { 0 };
+    const void *ptr = NULL;
+    int rc = jlm_pager_get(r.p, 0, 1, 0, PG, &ptr, &err);
+    cr_assert_eq(rc, JLM_EIO, "rc %d, expected JLM_EIO", rc);
+    char off[32];
+    snprintf(off, sizeof off, "%llu", (unsigned long long)page_off(0, 1));
+    cr_assert(strstr(err.msg, "mem.jlm") && strstr(err.msg, off) && strstr(err.msg, "blocks page 1"),
+              "message should name the file, offset %s and page: %s", off, err.msg);
+    cr_assert_null(ptr);
+    check(&r);
+    cr_assert(!jlm_pager_resident(r.p, 0, 1), "a page with nothing read stayed resident");
+    /* a failure in the middle of a partial fill keeps the chunks read before it */
+    get_ok(&r, 0, 1, 0, 4096);
+    jlm_pager_unpin(r.p, 0, 1);
+    r.fs->fail_nth = r.fs->n_reads + 2;                      /* chunk 1 reads, chunks 3.. fail */
+    get_ok(&r, 0, 1, 4096, 4096);
+    jlm_pager_unpin(r.p, 0, 1);
+    rc = jlm_pager_get(r.p, 0, 1, 0, PG, &ptr, &err);
+    cr_assert_eq(rc, JLM_EIO);
+    check(&r);
+    cr_assert_eq(jlm_pager_filled(r.p, 0, 1), 8192, "filled %llu after a failed fill, expected 8192",
+                 (unsigned long long)jlm_pager_filled(r.p, 0, 1));
+    get_ok(&r, 0, 1, 0, PG);                                 /* the source recovered */
+    jlm_pager_unpin(r.p, 0, 1);
+    check(&r);
+    rig_close(&r);
+}
+
+Test(pager, reads_a_page_only_up_to_its_extent_and_refuses_ranges_past_it, .timeout = 10)
+{
+    uint64_t ext[NB] = { PG, 8192, PG, 4096, PG, PG };
+    rig r;
+    rig_open(&r, 0, 0, ext);
+    use(&r, 0, 1, 8192);
+    cr_assert_eq(r.fs->bytes_read, 8192);
+    jlm_err err = { 0 };
+    const void *ptr = NULL;
+    int rc = jlm_pager_get(r.p, 0, 3, 0, 4097, &ptr, &err);
+    cr_assert_eq(rc, JLM_EINVAL, "rc %d for a range past the extent", rc);
+    cr_assert(strstr(err.msg, "extent 4096"), "%s", err.msg);
+    rc = jlm_pager_get(r.p, 0, NB, 0, 1, &ptr, &err);
+    cr_assert_eq(rc, JLM_EINVAL, "rc %d for a page out of range", rc);
+    check(&r);
+    rig_close(&r);
+}
+
+Test(pager, refuses_configurations_it_cannot_page, .timeout = 10)
+{
+    uint8_t *data = make_content(SRC_LEN);
+    jlm_source *s;
+    jlm_err err = { 0 };
+    cr_assert_eq(jlm_source_open_mem(data, SRC_LEN, "m", &s, &err), 0);
+    jlm_pager_array_desc d = { .name = "blocks", .cls = JLM_PAGER_BLOCK, .base_off = BLK_BASE,
+                               .page_size = PG, .n_pages = NB };
+    jlm_pager_config cfg = { .src = s, .chunk = 4096, .n_arrays = 1, .arrays = &d };
+    jlm_pager *p = NULL;
+    cfg.chunk = 6144;
+    cr_assert_eq(jlm_pager_open(&cfg, &p, &err), JLM_EINVAL, "chunk 6144 accepted");
+    cr_assert(strstr(err.msg, "chunk 6144"), "%s", err.msg);
+    cfg.chunk = 4096;
+    d.page_size = 5000;
+    cr_assert_eq(jlm_pager_open(&cfg, &p, &err), JLM_EINVAL, "page size 5000 accepted");
+    d.page_size = PG;
+    d.n_pages = 100;
+    cr_assert_eq(jlm_pager_open(&cfg, &p, &err), JLM_EINVAL, "an array past the source's end accepted");
+    cr_assert(strstr(err.msg, "end past m"), "%s", err.msg);
+    d.n_pages = NB;
+    uint64_t ext[NB] = { PG, PG, 100, PG, PG, PG };
+    d.extent = ext;
+    cr_assert_eq(jlm_pager_open(&cfg, &p, &err), JLM_EINVAL, "extent 100 accepted");
+    cr_assert_null(p);
+    jlm_source_close(s);
+    free(data);
+}
+
+Test(pager, lowering_the_budget_evicts_unpinned_pages_and_refuses_below_the_pinned_ones, .timeout = 10)
+{
+    rig r;
+    rig_open(&r, 0, 0, NULL);
+    for (uint32_t b = 0; b < 4; b++)
+        use(&r, 0, b, PG);
+    use(&r, 1, 0, XPG);
+    get_ok(&r, 0, 0, 0, PG);                                 /* pinned */
+    jlm_err err = { 0 };
+    cr_assert_eq(jlm_pager_set_budget(r.p, PG - 4096, &err), JLM_ERANGE, "budget below a pinned frame accepted");
+    cr_assert_eq(jlm_pager_set_budget(r.p, 2 * PG, &err), 0, "%s", err.msg);
+    check(&r);
+    cr_assert(!jlm_pager_resident(r.p, 1, 0), "the expert should go first");
+    cr_assert(jlm_pager_resident(r.p, 0, 0), "the pinned block was evicted");
+    jlm_pager_counters st;
+    jlm_pager_stats(r.p, &st);
+    cr_assert_eq(st.resident_bytes, 2 * PG);
+    jlm_pager_unpin(r.p, 0, 0);
+    check(&r);
+    rig_close(&r);
+}
+
+Test(pager, reports_page_ins_hits_and_evictions_to_the_event_hook, .timeout = 10)
+{
+    rig r;
+    rig_open(&r, 1, 0, NULL);
+    use(&r, 0, 0, PG);
+    use(&r, 0, 0, PG);
+    use(&r, 0, 1, PG);
+    int kinds[4] = { JLM_PAGER_EV_PAGE_IN, JLM_PAGER_EV_HIT, JLM_PAGER_EV_EVICT, JLM_PAGER_EV_PAGE_IN };
+    uint32_t pages[4] = { 0, 0, 0, 1 };
+    cr_assert_eq(r.n_ev, 4, "%d events, expected 4", r.n_ev);
+    for (int i = 0; i < 4; i++) {
+        cr_assert_eq(r.ev[i].kind, kinds[i], "event %d kind %d, expected %d", i, r.ev[i].kind, kinds[i]);
+        cr_assert_eq(r.ev[i].page, pages[i], "event %d page %u", i, r.ev[i].page);
+        cr_assert_str_eq(r.ev[i].array_name, "blocks");
+    }
+    cr_assert_eq(r.ev[0].bytes, PG);
+    cr_assert_eq(r.ev[0].tier, JLM_TIER_MEMORY);
+    cr_assert_eq(r.ev[1].tier, JLM_TIER_FRAME);
+    rig_close(&r);
+}
+
+Test(pager, random_gets_and_unpins_keep_every_invariant_and_every_byte, .timeout = 20)
+{
+    rig r;
+    rig_open(&r, 2, 2, NULL);                                /* room for 3 pins of any array */
+    uint64_t x = 12345;
+    uint32_t pins[8][2];
+    int n_pins = 0;
+    for (int op = 0; op < 4000; op++) {
+        x = x * 6364136223846793005ull + 1442695040888963407ull;
+        uint32_t rnd = (uint32_t)(x >> 33);
+        if (n_pins == 3 || (n_pins > 0 && rnd % 3 == 0)) {
+            int k = (int)(rnd / 3 % (uint32_t)n_pins);
+            jlm_pager_unpin(r.p, pins[k][0], pins[k][1]);
+            pins[k][0] = pins[n_pins - 1][0];
+            pins[k][1] = pins[n_pins - 1][1];
+            n_pins--;
+            check(&r);
+            continue;
+        }
+        uint32_t a = rnd >> 4 & 1, pg = (rnd >> 5) % (a ? NX : NB), psz = a ? XPG : PG;
+        uint64_t off = (rnd >> 9) % psz, len = (rnd >> 3) % (psz - off + 1);
+        get_ok(&r, a, pg, off, len);                         /* compares the bytes, checks */
+        pins[n_pins][0] = a;
+        pins[n_pins][1] = pg;
+        n_pins++;
+    }
+    while (n_pins > 0) {
+        n_pins--;
+        jlm_pager_unpin(r.p, pins[n_pins][0], pins[n_pins][1]);
+    }
+    check(&r);
+    jlm_pager_counters st;
+    jlm_pager_stats(r.p, &st);
+    cr_assert_gt(st.a[0].evictions + st.a[1].evictions, 0, "the budget never forced an eviction");
+    cr_assert_gt(st.a[0].fills + st.a[1].fills, 0, "no partial fill happened");
+    rig_close(&r);
+}
+
+Test(pager, opens_a_container_s_page_arrays_with_the_extent_of_each_page, .timeout = 10)
+{
+    /* two text blocks of 16 KiB; block 0 holds an F32 (1024 x 2) tensor
+     * (8 KiB), block 1 an F32 (1024 x 3) one (12 KiB): extents 8192, 12288 */
+    jlm_tensor t[2] = {
+        { .role = JLM_R_ATTN_Q, .block = 0, .index = -1, .type = JLM_T_F32, .ndim = 2,
+          .dims = { 1024, 2, 1, 1 }, .qs_off = BLK_BASE, .d_off = BLK_BASE, .sc_off = BLK_BASE,
+          .name = { "blk.0.attn_q.weight", 19 } },
+        { .role = JLM_R_ATTN_Q, .block = 1, .index = -1, .type = JLM_T_F32, .ndim = 2,
+          .dims = { 1024, 3, 1, 1 }, .qs_off = BLK_BASE + PG, .d_off = BLK_BASE + PG, .sc_off = BLK_BASE + PG,
+          .name = { "blk.1.attn_q.weight", 19 } },
+    };
+    jlm_model m = { .path = "hand.jlm", .fd = -1, .tensors = t };
+    m.hdr = (jlm_header){ .version = JLM_VERSION, .page_size = PG, .n_blocks = 2, .n_tensors = 2,
+                          .data_off = BLK_BASE, .vis_data_off = BLK_BASE + 2 * PG, .chunk = 4096,
+                          .stream_groups = 1 };
+    uint8_t *data = make_content(BLK_BASE + 2 * PG);
+    jlm_source *s;
+    jlm_err err = { 0 };
+    cr_assert_eq(jlm_source_open_mem(data, BLK_BASE + 2 * PG, "hand.jlm", &s, &err), 0);
+    jlm_pager *p = NULL;
+    cr_assert_eq(jlm_pager_open_model(&m, s, 0, &p, &err), 0, "%s", err.msg);
+    cr_assert_eq(jlm_pager_frame_len(p, JLM_PAGER_TEXT), 12288, "frame %llu, expected the largest extent 12288",
+                 (unsigned long long)jlm_pager_frame_len(p, JLM_PAGER_TEXT));
+    const void *ptr;
+    cr_assert_eq(jlm_pager_get(p, JLM_PAGER_TEXT, 1, 0, 12288, &ptr, &err), 0, "%s", err.msg);
+    check_bytes(ptr, BLK_BASE + PG, 12288, "block 1");
+    jlm_pager_unpin(p, JLM_PAGER_TEXT, 1);
+    cr_assert_eq(jlm_pager_get(p, JLM_PAGER_TEXT, 0, 0, 8193, &ptr, &err), JLM_EINVAL,
+                 "block 0 read past its extent 8192");
+    cr_assert_eq(jlm_pager_get(p, JLM_PAGER_EXPERTS, 0, 0, 1, &ptr, &err), JLM_EINVAL, "a dense model has no expert pages");
+    cr_assert_eq(jlm_pager_check(p, &err), 0, "%s", err.msg);
+    jlm_pager_close(p);
+    jlm_source_close(s);
+    free(data);
+}
+
+/* ---------------------------------------------------------------- source */
+typedef struct tmpfile_fix { char dir[256], path[300]; uint8_t *data; size_t len; } tmpfile_fix;
+
+static void tmp_create(tmpfile_fix *t, size_t len)
+{
+    /* /var/tmp first: usually a disk filesystem, so O_DIRECT is exercised
+     * (a tmpfs /tmp refuses it and the source falls back to buffered) */
+    static const char *bases[2] = { "/var/tmp", "/tmp" };
+    int made = 0;
+    for (int i = 0; i < 2 && !made; i++) {
+        int n = snprintf(t->dir, sizeof t->dir, "%s/jlm-pager-XXXXXX", bases[i]);
+        made = n > 0 && (size_t)n < sizeof t->dir && mkdtemp(t->dir) != NULL;
+    }
+    cr_assert(made, "mkdtemp: %s", strerror(errno));
+    snprintf(t->path, sizeof t->path, "%s/model.jlm", t->dir);
+    t->len = len;
+    t->data = make_content(len);
+    FILE *f = fopen(t->path, "wb");
+    cr_assert(f);
+    cr_assert_eq(fwrite(t->data, 1, len, f), len);
+    cr_assert_eq(fclose(f), 0);
+}
+
+static void tmp_remove(tmpfile_fix *t)
+{
+    unlink(t->path);
+    rmdir(t->dir);
+    free(t->data);
+}
+
+static void *aligned_buf(size_t n)
+{
+    void *p = NULL;
+    cr_assert_eq(posix_memalign(&p, 4096, n ? n : 4096), 0);
+    return p;
+}
+
+static void read_and_compare(jlm_source *s, const tmpfile_fix *t, uint64_t off, size_t len, size_t skew)
+{
+    uint8_t *raw = aligned_buf(len + skew);
+    jlm_err err = { 0 };
+    int rc = s->read(s, off, len, raw + skew, &err);
+    cr_assert_eq(rc, 0, "read [%llu,+%zu): %s", (unsigned long long)off, len, err.msg);
+    cr_assert(memcmp(raw + skew, t->data + off, len) == 0, "bytes of [%llu,+%zu) differ from the file",
+              (unsigned long long)off, len);
+    free(raw);
+}
+
+Test(source, direct_reads_give_the_bytes_of_a_buffered_pread_including_an_unaligned_tail, .timeout = 20)
+{
+    tmpfile_fix t;
+    tmp_create(&t, (9u << 20) + 100);                        /* > 4 MiB: split reads; 100-byte tail */
+    jlm_source *s = NULL;
+    jlm_err err = { 0 };
+    jlm_file_source_opts o = { .direct = 1, .n_threads = 3 };
+    cr_assert_eq(jlm_source_open_file(t.path, &o, &s, &err), 0, "%s", err.msg);
+    cr_log_info("file source on %s: O_DIRECT %s", t.dir, s->direct ? "on" : "refused, buffered");
+    cr_assert_eq(s->size, t.len);
+    int fd = open(t.path, O_RDONLY);
+    uint8_t *ref = malloc(t.len);
+    cr_assert_eq(pread(fd, ref, t.len, 0), (ssize_t)t.len);
+    close(fd);
+    cr_assert(memcmp(ref, t.data, t.len) == 0);
+    free(ref);
+    size_t aligned_len = t.len & ~(size_t)4095;
+    read_and_compare(s, &t, 0, aligned_len, 0);              /* split across threads, direct */
+    read_and_compare(s, &t, 4096, 8192, 0);
+    read_and_compare(s, &t, 4096, 8192, 7);                  /* unaligned buffer: buffered */
+    read_and_compare(s, &t, 123, 5000, 0);                   /* unaligned offset and length */
+    read_and_compare(s, &t, aligned_len, 100, 0);            /* the tail */
+    read_and_compare(s, &t, aligned_len - 4096, 4196, 0);    /* a span ending at EOF */
+    read_and_compare(s, &t, 0, t.len, 0);                    /* the whole file, split, ragged end */
+    jlm_source_close(s);
+    tmp_remove(&t);
+}
+
+typedef struct seam_state { int calls; size_t max; int eintr_every; int eof_at_call; } seam_state;
+static seam_state g_seam;   /* the pread seam has no context argument: one test at a time uses it */
+
+static ssize_t seam_pread(int fd, void *buf, size_t n, off_t off)
+{
+    int c = ++g_seam.calls;
+    if (g_seam.eof_at_call && c == g_seam.eof_at_call)
+        return 0;
+    if (g_seam.eintr_every && c % g_seam.eintr_every == 0) {
+        errno = EINTR;
+        return -1;
+    }
+    return pread(fd, buf, n < g_seam.max ? n : g_seam.max, off);
+}
+
+Test(source, short_reads_and_eintr_are_retried_until_the_span_is_complete, .timeout = 10)
+{
+    tmpfile_fix t;
+    tmp_create(&t, 64 * 1024);
+    g_seam = (seam_state){ .max = 1000, .eintr_every = 3 };
+    jlm_file_source_opts o = { .direct = 1, .n_threads = 1, .pread = seam_pread };
+    jlm_source *s = NULL;
+    jlm_err err = { 0 };
+    cr_assert_eq(jlm_source_open_file(t.path, &o, &s, &err), 0, "%s", err.msg);
+    read_and_compare(s, &t, 4096, 40960, 0);
+    cr_assert_gt(g_seam.calls, 41, "only %d pread calls for 1000-byte short reads", g_seam.calls);
+    jlm_source_close(s);
+    tmp_remove(&t);
+}
+
+Test(source, an_early_end_of_file_or_a_read_past_the_end_names_the_file_and_offset, .timeout = 10)
+{
+    tmpfile_fix t;
+    tmp_create(&t, 3 * 4096 + 100);
+    g_seam = (seam_state){ .max = 4096, .eof_at_call = 2 };
+    jlm_file_source_opts o = { .direct = 1, .n_threads = 1, .pread = seam_pread };
+    jlm_source *s = NULL;
+    jlm_err err = { 0 };
+    cr_assert_eq(jlm_source_open_file(t.path, &o, &s, &err), 0, "%s", err.msg);
+    uint8_t *buf = aligned_buf(4 * 4096);
+    int rc = s->read(s, 0, 8192, buf, &err);
+    cr_assert_eq(rc, JLM_EIO, "rc %d", rc);
+    cr_assert(strstr(err.msg, t.path) && strstr(err.msg, "end of file at offset 4096"), "%s", err.msg);
+    rc = s->read(s, 8192, 8192, buf, &err);                  /* 4096+100 bytes exist */
+    cr_assert_eq(rc, JLM_EIO, "a read past EOF: rc %d", rc);
+    cr_assert(strstr(err.msg, t.path) && strstr(err.msg, "8192"), "%s", err.msg);
+    free(buf);
+    jlm_source_close(s);
+    tmp_remove(&t);
+}
+
+Test(source, a_missing_file_is_refused_naming_it, .timeout = 10)
+{
+    jlm_source *s = NULL;
+    jlm_err err = { 0 };
+    int rc = jlm_source_open_file("/nonexistent/dir/x.jlm", NULL, &s, &err);
+    cr_assert_eq(rc, JLM_EIO);
+    cr_assert_null(s);
+    cr_assert(strstr(err.msg, "/nonexistent/dir/x.jlm") && strstr(err.msg, "No such file"), "%s", err.msg);
+}
+
+Test(source, a_pager_over_a_file_source_returns_the_file_bytes_at_a_one_frame_budget, .timeout = 20)
+{
+    tmpfile_fix t;
+    tmp_create(&t, 4096 + 5 * 65536);
+    jlm_source *s = NULL;
+    jlm_err err = { 0 };
+    cr_assert_eq(jlm_source_open_file(t.path, NULL, &s, &err), 0, "%s", err.msg);
+    jlm_pager_array_desc d = { .name = "blocks", .cls = JLM_PAGER_BLOCK, .base_off = 4096,
+                               .page_size = 65536, .n_pages = 5 };
+    jlm_pager_config cfg = { .src = s, .chunk = 8192, .budget = 65536, .n_arrays = 1, .arrays = &d };
+    jlm_pager *p = NULL;
+    cr_assert_eq(jlm_pager_open(&cfg, &p, &err), 0, "%s", err.msg);
+    for (int tok = 0; tok < 2; tok++)
+        for (uint32_t b = 0; b < 5; b++) {
+            const void *ptr;
+            cr_assert_eq(jlm_pager_get(p, 0, b, 1000, 30000, &ptr, &err), 0, "%s", err.msg);
+            cr_assert(memcmp(ptr, t.data + 4096 + b * 65536 + 1000, 30000) == 0, "block %u bytes differ", b);
+            jlm_pager_unpin(p, 0, b);
+            cr_assert_eq(jlm_pager_check(p, &err), 0, "%s", err.msg);
+        }
+    jlm_pager_close(p);
+    jlm_source_close(s);
+    tmp_remove(&t);
+}
+
+/* Converts a test model with $JLM_BIN into dir; skips (saying why) when the
+ * tool is not available. */
+static void convert_or_skip(const char *model, const char *out, tmpfile_fix *t)
+{
+    const char *bin = getenv("JLM_BIN"), *root = getenv("JLM_ROOT");
+    if (!bin || access(bin, X_OK) != 0) {
+        tmp_remove(t);
+        cr_skip_test("JLM_BIN (%s) is not an executable jlm: cannot make a container", bin ? bin : "unset");
+    }
+    char cmd[2048];
+    snprintf(cmd, sizeof cmd, "'%s' convert '%s/tests/models/%s' -o '%s' >/dev/null 2>&1", bin,
+             root ? root : ".", model, out);
+    int rc = system(cmd);
+    if (rc != 0) {
+        unlink(out);
+        tmp_remove(t);
+        cr_skip_test("jlm convert %s failed (status %d): the converter's tests cover that", model, rc);
+    }
+}
+
+/* Every page of every array at the minimum budget, twice, against pread. */
+static void page_whole_container(const char *model)
+{
+    tmpfile_fix t;
+    tmp_create(&t, 1);
+    char out[400];
+    snprintf(out, sizeof out, "%s/m.jlm", t.dir);
+    convert_or_skip(model, out, &t);
+    jlm_err err = { 0 };
+    jlm_model *m = NULL;
+    cr_assert_eq(jlm_fmt_open(out, &m, &err), 0, "%s", err.msg);
+    jlm_source *s = NULL;
+    cr_assert_eq(jlm_source_open_file(out, NULL, &s, &err), 0, "%s", err.msg);
+    jlm_pager *p = NULL;
+    cr_assert_eq(jlm_pager_open_model(m, s, 0, &p, &err), 0, "%s", err.msg);
+    uint32_t pinned[3] = { 1, 1, 1 };
+    cr_assert_eq(jlm_pager_set_budget(p, jlm_pager_min_budget(p, pinned), &err), 0, "%s", err.msg);
+    int fd = open(out, O_RDONLY);
+    uint64_t base[3] = { m->hdr.data_off, m->hdr.vis_data_off, m->hdr.exp_data_off };
+    uint64_t psz[3] = { m->hdr.page_size, m->hdr.vis_page_size, m->hdr.exp_page_size };
+    uint32_t n[3] = { m->hdr.n_blocks, m->hdr.n_vis_blocks, m->hdr.n_exp_pages };
+    uint64_t total = 0;
+    for (int rep = 0; rep < 2; rep++)
+        for (uint32_t a = 0; a < 3; a++)
+            for (uint32_t i = 0; i < n[a]; i++) {
+                uint64_t len = jlm_fmt_page_extent(m, (int)a + 1, i);
+                const void *ptr;
+                cr_assert_eq(jlm_pager_get(p, a, i, 0, len, &ptr, &err), 0, "%s", err.msg);
+                uint8_t *ref = malloc(len ? len : 1);
+                cr_assert_eq(pread(fd, ref, len, (off_t)(base[a] + i * psz[a])), (ssize_t)len);
+                cr_assert(memcmp(ptr, ref, len) == 0, "%s: array %u page %u differs from the file", model, a, i);
+                free(ref);
+                jlm_pager_unpin(p, a, i);
+                cr_assert_eq(jlm_pager_check(p, &err), 0, "%s", err.msg);
+                total += len;
+            }
+    jlm_pager_counters st;
+    jlm_pager_stats(p, &st);
+    uint64_t got = st.a[0].bytes_read + st.a[1].bytes_read + st.a[2].bytes_read;
+    cr_log_info("%s: %u blocks, %u expert pages, %llu bytes paged at a %llu-byte budget", model, n[0], n[2],
+                (unsigned long long)got, (unsigned long long)st.budget);
+    cr_assert_leq(got, total, "read %llu bytes for %llu requested", (unsigned long long)got, (unsigned long long)total);
+    close(fd);
+    jlm_pager_close(p);
+    jlm_source_close(s);
+    jlm_fmt_close(m);
+    unlink(out);
+    tmp_remove(&t);
+}
+
+Test(pager, pages_every_page_of_a_converted_dense_model_at_the_minimum_budget, .timeout = 60)
+{
+    page_whole_container("stories260K.gguf");
+}
+
+Test(pager, pages_every_page_of_a_converted_moe_model_at_the_minimum_budget, .timeout = 60)
+{
+    page_whole_container("synth-qwen3moe-256.Q4_K_M.gguf");
+}
+
+/* ---------------------------------------------------------------- pool */
+#define POOL_N 1000
+typedef struct cover { _Atomic int hits[POOL_N]; size_t grain; _Atomic int bad_slice; } cover;
+
+static void cover_fn(void *ctx, size_t b, size_t e, int t)
+{
+    cover *c = ctx;
+    if (b % c->grain)
+        atomic_store(&c->bad_slice, 1);
+    for (size_t i = b; i < e; i++)
+        atomic_fetch_add(&c->hits[i], 1);
+}
+
+static void run_cover(jlm_pool *pool, cover *c, size_t n, size_t grain)
+{
+    for (size_t i = 0; i < POOL_N; i++)
+        atomic_store(&c->hits[i], 0);
+    c->grain = grain ? grain : 1;
+    jlm_pool_for(pool, n, grain, cover_fn, c);
+    for (size_t i = 0; i < POOL_N; i++) {
+        int want = i < n ? 1 : 0, got = atomic_load(&c->hits[i]);
+        if (got != want)
+            cr_assert_fail("n %zu grain %zu: index %zu ran %d times, expected %d", n, grain, i, got, want);
+    }
+    cr_assert(!atomic_load(&c->bad_slice), "a slice began off a grain boundary (n %zu grain %zu)", n, grain);
+}
+
+Test(pool, parallel_for_covers_every_index_exactly_once_under_repeated_dispatch, .timeout = 30)
+{
+    jlm_pool *pool = NULL;
+    jlm_err err = { 0 };
+    cr_assert_eq(jlm_pool_create(3, 0, &pool, &err), 0, "%s", err.msg);
+    cr_assert_eq(jlm_pool_n_threads(pool), 3);
+    static cover c;
+    for (int rep = 0; rep < 3000; rep++) {
+        size_t n = (size_t)(rep * 7919) % (POOL_N + 1);
+        size_t grain = (size_t)(rep % 5) * 3;
+        run_cover(pool, &c, n, grain);
+    }
+    jlm_pool_destroy(pool);
+}
+
+Test(pool, workers_asleep_after_idling_still_take_the_next_job, .timeout = 30)
+{
+    jlm_pool *pool = NULL;
+    jlm_err err = { 0 };
+    cr_assert_eq(jlm_pool_create(4, 100, &pool, &err), 0, "%s", err.msg);
+    static cover c;
+    for (int rep = 0; rep < 20; rep++) {
+        usleep(2000);
+        run_cover(pool, &c, POOL_N, 16);
+    }
+    jlm_pool_destroy(pool);
+    run_cover(NULL, &c, 77, 1);                              /* no pool: runs on the caller */
+}

@@ -1,0 +1,122 @@
+/* testutil.h - helpers shared by the Criterion suites: fixture paths, temp
+ * dirs, whole-file reads and running the `jlm` binary. Header-only (static)
+ * so each suite stays one file. */
+#ifndef JLM_TESTUTIL_H
+#define JLM_TESTUTIL_H
+
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+/* Repo root (JLM_ROOT, set by `make test`; else "."). */
+static inline const char *tu_root(void)
+{
+    const char *r = getenv("JLM_ROOT");
+    return r && *r ? r : ".";
+}
+
+/* "<root>/tests/models/<name>" in a static rotating buffer. */
+static inline const char *tu_model(const char *name)
+{
+    static char buf[8][1024];
+    static int i;
+    char *b = buf[i++ & 7];
+    snprintf(b, 1024, "%s/tests/models/%s", tu_root(), name);
+    return b;
+}
+
+/* A fresh private temp dir (caller removes with tu_rmrf). */
+static inline char *tu_tmpdir(void)
+{
+    char *t = strdup("/tmp/jlmtest.XXXXXX");
+    if (!mkdtemp(t)) {
+        free(t);
+        return NULL;
+    }
+    return t;
+}
+
+static inline void tu_rmrf(const char *dir)
+{
+    if (!dir)
+        return;
+    char cmd[1200];
+    snprintf(cmd, sizeof cmd, "rm -rf '%s'", dir);
+    if (system(cmd)) {}
+}
+
+static inline int tu_exists(const char *p)
+{
+    struct stat st;
+    return stat(p, &st) == 0;
+}
+
+/* Reads a whole file; NULL on error. */
+static inline unsigned char *tu_read_file(const char *path, size_t *len)
+{
+    FILE *f = fopen(path, "rb");
+    if (!f)
+        return NULL;
+    fseek(f, 0, SEEK_END);
+    long n = ftell(f);
+    fseek(f, 0, SEEK_SET);
+    unsigned char *b = malloc(n > 0 ? (size_t)n : 1);
+    if (b && fread(b, 1, (size_t)n, f) != (size_t)n) {
+        free(b);
+        b = NULL;
+    }
+    fclose(f);
+    if (b && len)
+        *len = (size_t)n;
+    return b;
+}
+
+static inline int tu_write_file(const char *path, const void *p, size_t n)
+{
+    FILE *f = fopen(path, "wb");
+    if (!f)
+        return -1;
+    size_t w = fwrite(p, 1, n, f);
+    return fclose(f) == 0 && w == n ? 0 : -1;
+}
+
+/* Path of the jlm binary (JLM_BIN, set by `make test`). */
+static inline const char *tu_jlm(void)
+{
+    const char *b = getenv("JLM_BIN");
+    return b && *b ? b : "build/jlm";
+}
+
+/* Runs a shell command, capturing stdout+stderr into *out (malloc'd) if out is
+ * non-NULL. Returns the exit status, or 128+signal. */
+static inline int tu_run(const char *cmd, char **out)
+{
+    char full[4096];
+    snprintf(full, sizeof full, "%s 2>&1", cmd);
+    FILE *p = popen(full, "r");
+    if (!p)
+        return -1;
+    size_t cap = 4096, len = 0;
+    char *buf = malloc(cap);
+    size_t r;
+    while (buf && (r = fread(buf + len, 1, cap - len - 1, p)) > 0) {
+        len += r;
+        if (cap - len < 2) {
+            char *nb = realloc(buf, cap *= 2);
+            if (!nb) break;
+            buf = nb;
+        }
+    }
+    if (buf) buf[len] = 0;
+    int st = pclose(p);
+    if (out) *out = buf; else free(buf);
+    if (WIFEXITED(st)) return WEXITSTATUS(st);
+    if (WIFSIGNALED(st)) return 128 + WTERMSIG(st);
+    return -1;
+}
+
+#endif
