@@ -434,9 +434,10 @@ static int build_eog(cv *c, jlm_vocab *v)
     set_add(&s, v->eos);
     set_add(&s, eot);
     set_add(&s, eom);
-    int32_t end = set_find(v, &s, "<|end|>"), ret = set_find(v, &s, "<|return|>");
-    int32_t call = set_find(v, &s, "<|call|>") >= 0 ? 1 : set_find(v, &s, "<|calls|>");
-    if (end >= 0 && call >= 0 && (ret >= 0 || set_find(v, &s, "<|flush|>") >= 0)) {
+    int32_t end = set_find(v, &s, "<|end|>");
+    int has_call = set_find(v, &s, "<|call|>") >= 0 || set_find(v, &s, "<|calls|>") >= 0;
+    int has_ret_or_flush = set_find(v, &s, "<|return|>") >= 0 || set_find(v, &s, "<|flush|>") >= 0;
+    if (end >= 0 && has_call && has_ret_or_flush) {
         set_del(&s, end);                                 /* o200k_harmony, solar-open */
         if (v->n_token_kinds)
             v->token_kinds[end] = JLM_TOK_USER;

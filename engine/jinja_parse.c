@@ -130,6 +130,44 @@ static jj_val decode_string(jj_ctx *C, const char *s, size_t n)
     return jj_strn(C, b.p ? b.p : "", b.len);
 }
 
+/* An integer or float literal at pos (underscores allowed); returns the end. */
+static size_t lex_number(lexer *L, size_t pos)
+{
+    jj_ctx *C = L->C;
+    const char *s = L->src;
+    size_t st = pos;
+    int isf = 0;
+    while (pos < L->n && (isdigit((unsigned char)s[pos]) || s[pos] == '_')) pos++;
+    if (pos + 1 < L->n && s[pos] == '.' && isdigit((unsigned char)s[pos + 1])) {
+        isf = 1;
+        pos++;
+        while (pos < L->n && (isdigit((unsigned char)s[pos]) || s[pos] == '_')) pos++;
+    }
+    if (pos < L->n && (s[pos] == 'e' || s[pos] == 'E')) {
+        size_t p2 = pos + 1;
+        if (p2 < L->n && (s[p2] == '+' || s[p2] == '-')) p2++;
+        if (p2 < L->n && isdigit((unsigned char)s[p2])) {
+            isf = 1;
+            pos = p2;
+            while (pos < L->n && isdigit((unsigned char)s[pos])) pos++;
+        }
+    }
+    char num[64];
+    size_t nn = 0;
+    for (size_t i = st; i < pos && nn < sizeof num - 1; i++)
+        if (s[i] != '_') num[nn++] = s[i];
+    num[nn] = 0;
+    tok *k = push_tok(L, isf ? T_FLOAT : T_INT, L->line);
+    if (isf) k->v = jj_float(strtod(num, NULL));
+    else {
+        char *end;
+        long long v = strtoll(num, &end, 10);
+        if (nn > 18) jj_fail(C, JLM_EUNSUPPORTED, "unsupported construct: integer literal %s beyond 64 bits", num);
+        k->v = jj_int(v);
+    }
+    return pos;
+}
+
 /* Lexes the inside of a {{ }} or {% %} tag; returns position after the end
  * delimiter (and after the whitespace it consumes). */
 static size_t lex_tag(lexer *L, size_t pos, int var, int *trim_out)
@@ -159,36 +197,7 @@ static size_t lex_tag(lexer *L, size_t pos, int var, int *trim_out)
             k->s = jj_strdup(C, s + st, pos - st);
             k->n = pos - st;
         } else if (isdigit((unsigned char)c)) {
-            size_t st = pos;
-            int isf = 0;
-            while (pos < L->n && (isdigit((unsigned char)s[pos]) || s[pos] == '_')) pos++;
-            if (pos + 1 < L->n && s[pos] == '.' && isdigit((unsigned char)s[pos + 1])) {
-                isf = 1;
-                pos++;
-                while (pos < L->n && (isdigit((unsigned char)s[pos]) || s[pos] == '_')) pos++;
-            }
-            if (pos < L->n && (s[pos] == 'e' || s[pos] == 'E')) {
-                size_t p2 = pos + 1;
-                if (p2 < L->n && (s[p2] == '+' || s[p2] == '-')) p2++;
-                if (p2 < L->n && isdigit((unsigned char)s[p2])) {
-                    isf = 1;
-                    pos = p2;
-                    while (pos < L->n && isdigit((unsigned char)s[pos])) pos++;
-                }
-            }
-            char num[64];
-            size_t nn = 0;
-            for (size_t i = st; i < pos && nn < sizeof num - 1; i++)
-                if (s[i] != '_') num[nn++] = s[i];
-            num[nn] = 0;
-            tok *k = push_tok(L, isf ? T_FLOAT : T_INT, L->line);
-            if (isf) k->v = jj_float(strtod(num, NULL));
-            else {
-                char *end;
-                long long v = strtoll(num, &end, 10);
-                if (nn > 18) jj_fail(C, JLM_EUNSUPPORTED, "unsupported construct: integer literal %s beyond 64 bits", num);
-                k->v = jj_int(v);
-            }
+            pos = lex_number(L, pos);
         } else if (c == '\'' || c == '"') {
             size_t st = ++pos;
             int line0 = L->line;
@@ -901,6 +910,50 @@ static void set_macro_flags(jj_node *n)
     }
 }
 
+static jj_node *parse_set(parser *P)
+{
+    jj_node *n;
+    n = node(P, N_SET);
+    parse_set_target(P, n);
+    if (is_op(cur(P), "=")) {
+        P->i++;
+        n->b = parse_tuple(P, 1, 0);
+        expect_t(P, T_BLOCK_END, "'%}'");
+        return n;
+    }
+    static const char *const ends[] = {"endset", NULL};
+    n->kind = N_SETBLOCK;
+    if (is_op(cur(P), "|")) {   /* {% set x | filter %} */
+        jj_node *dummy = node(P, N_LIT);
+        dummy->lit = jj_undef(NULL);
+        n->c = parse_filter_expr(P, dummy);
+    }
+    expect_t(P, T_BLOCK_END, "'%}'");
+    n->args = parse_body(P, ends);
+    end_tag_name(P);
+    expect_t(P, T_BLOCK_END, "'%}'");
+    return n;
+}
+
+static jj_node *parse_macro_or_call(parser *P, const char *nm)
+{
+    jj_node *n;
+    int is_macro = nm[0] == 'm';
+    static const char *const em[] = {"endmacro", NULL}, *const ec[] = {"endcall", NULL};
+    n = node(P, is_macro ? N_MACRO : N_CALLBLOCK);
+    if (is_macro) n->name = expect_name(P);
+    if (is_macro || is_op(cur(P), "(")) parse_params(P, n);
+    if (!is_macro) n->a = parse_expr(P, 1);
+    if (!is_macro && n->a->kind != N_CALL) unexpected(P, "a call after {% call %}");
+    expect_t(P, T_BLOCK_END, "'%}'");
+    n->args = parse_body(P, is_macro ? em : ec);
+    end_tag_name(P);
+    if (cur(P)->t == T_NAME) P->i++;   /* {% endmacro name %} */
+    expect_t(P, T_BLOCK_END, "'%}'");
+    set_macro_flags(n);
+    return n;
+}
+
 static jj_node *parse_stmt(parser *P)
 {
     tok *k = cur(P);
@@ -911,51 +964,13 @@ static jj_node *parse_stmt(parser *P)
     jj_node *n;
     if (!strcmp(nm, "if")) return parse_if(P);
     if (!strcmp(nm, "for")) return parse_for(P);
-    if (!strcmp(nm, "set")) {
-        n = node(P, N_SET);
-        parse_set_target(P, n);
-        if (is_op(cur(P), "=")) {
-            P->i++;
-            n->b = parse_tuple(P, 1, 0);
-            expect_t(P, T_BLOCK_END, "'%}'");
-            return n;
-        }
-        static const char *const ends[] = {"endset", NULL};
-        n->kind = N_SETBLOCK;
-        if (is_op(cur(P), "|")) {   /* {% set x | filter %} */
-            jj_node *dummy = node(P, N_LIT);
-            dummy->lit = jj_undef(NULL);
-            n->c = parse_filter_expr(P, dummy);
-        }
-        expect_t(P, T_BLOCK_END, "'%}'");
-        n->args = parse_body(P, ends);
-        end_tag_name(P);
-        expect_t(P, T_BLOCK_END, "'%}'");
-        return n;
-    }
-    if (!strcmp(nm, "macro") || !strcmp(nm, "call")) {
-        int is_macro = nm[0] == 'm';
-        static const char *const em[] = {"endmacro", NULL}, *const ec[] = {"endcall", NULL};
-        n = node(P, is_macro ? N_MACRO : N_CALLBLOCK);
-        if (is_macro) n->name = expect_name(P);
-        if (is_macro || is_op(cur(P), "(")) parse_params(P, n);
-        if (!is_macro) n->a = parse_expr(P, 1);
-        if (!is_macro && n->a->kind != N_CALL) unexpected(P, "a call after {% call %}");
-        expect_t(P, T_BLOCK_END, "'%}'");
-        n->args = parse_body(P, is_macro ? em : ec);
-        end_tag_name(P);
-        if (cur(P)->t == T_NAME) P->i++;   /* {% endmacro name %} */
-        expect_t(P, T_BLOCK_END, "'%}'");
-        set_macro_flags(n);
-        return n;
-    }
+    if (!strcmp(nm, "set")) return parse_set(P);
+    if (!strcmp(nm, "macro") || !strcmp(nm, "call")) return parse_macro_or_call(P, nm);
     if (!strcmp(nm, "filter")) {
         static const char *const ends[] = {"endfilter", NULL};
         n = node(P, N_FILTERBLOCK);
         jj_node *dummy = node(P, N_LIT);
         dummy->lit = jj_undef(NULL);
-        P->i--;   /* parse_filter_expr wants to see "|": fake it by parsing filters one by one */
-        P->i++;
         jj_node *f = node(P, N_FILTER);
         f->a = dummy;
         f->name = dotted_name(P);

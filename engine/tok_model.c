@@ -133,6 +133,11 @@ static void spm_emit(const jlm_tok *t, const sym *sy, tok_ids *out)
     }
     /* A symbol that is not a token is a single character (merged symbols are
      * always tokens): output it as byte tokens, llama.cpp's byte fallback. */
+    if (!t->v->byte_fallback) {
+        if (t->v->unk >= 0)
+            tok_ids_push(out, t->v->unk);
+        return;
+    }
     for (size_t j = 0; j < sy->n; j++) {
         int32_t b = t->byte_tok[(uint8_t)sy->text[j]];
         if (b < 0)

@@ -169,16 +169,16 @@ void tok_cpts_from_utf8(const char *str, size_t n, tok_cpts *out)
 }
 
 /* GPT-2's bytes_to_unicode: printable Latin-1 bytes map to themselves, the
- * other 68 to U+0100.. in byte order. */
+ * other 68 (0x00-0x20, 0x7F-0xA0, 0xAD) to U+0100.. in byte order. */
 uint32_t tok_byte_to_cpt(uint8_t b)
 {
-    if ((b >= 0x21 && b <= 0x7E) || (b >= 0xA1 && b <= 0xAC) || b >= 0xAE)
-        return b;
-    uint32_t n = 0;
-    for (uint32_t c = 0; c < b; c++)
-        if (!((c >= 0x21 && c <= 0x7E) || (c >= 0xA1 && c <= 0xAC) || c >= 0xAE))
-            n++;
-    return 256 + n;
+    if (b <= 0x20)
+        return 256u + b;
+    if (b >= 0x7F && b <= 0xA0)
+        return 256u + 33 + (b - 0x7Fu);
+    if (b == 0xAD)
+        return 256u + 67;
+    return b;
 }
 
 int tok_cpt_to_byte(uint32_t cp)
@@ -187,14 +187,8 @@ int tok_cpt_to_byte(uint32_t cp)
         return (int)cp;
     if (cp < 256 || cp >= 256 + 68)
         return -1;
-    uint32_t want = cp - 256, n = 0;
-    for (uint32_t c = 0; c < 256; c++)
-        if (!((c >= 0x21 && c <= 0x7E) || (c >= 0xA1 && c <= 0xAC) || c >= 0xAE)) {
-            if (n == want)
-                return (int)c;
-            n++;
-        }
-    return -1;
+    uint32_t m = cp - 256;
+    return m < 33 ? (int)m : m < 67 ? (int)(0x7F + m - 33) : 0xAD;
 }
 
 /* ================================================================ Split: the hand-written matcher */

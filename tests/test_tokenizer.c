@@ -432,3 +432,121 @@ Test(tokenizer, a_vocab_survives_record_encode_and_decode_and_tokenizes_identica
         jlm_arena_free(a);
     }
 }
+
+/* ================================================================ refusals */
+/* A minimal GGUF v3 image with no tensors: string and string-array keys. */
+typedef struct gb { uint8_t p[4096]; size_t n; } gb;
+
+static void gb_put(gb *b, const void *x, size_t n)
+{
+    cr_assert(b->n + n <= sizeof b->p);
+    memcpy(b->p + b->n, x, n);
+    b->n += n;
+}
+static void gb_u32(gb *b, uint32_t x) { gb_put(b, &x, 4); }
+static void gb_u64(gb *b, uint64_t x) { gb_put(b, &x, 8); }
+static void gb_str(gb *b, const char *s) { gb_u64(b, strlen(s)); gb_put(b, s, strlen(s)); }
+static void gb_kv_str(gb *b, const char *k, const char *v) { gb_str(b, k); gb_u32(b, 8); gb_str(b, v); }
+static void gb_kv_strs(gb *b, const char *k, const char *const *v, size_t n)
+{
+    gb_str(b, k);
+    gb_u32(b, 9);
+    gb_u32(b, 8);
+    gb_u64(b, n);
+    for (size_t i = 0; i < n; i++)
+        gb_str(b, v[i]);
+}
+
+/* tokenizer.ggml.model = model, pre (NULL: absent), tokens, merges (NULL: absent). */
+static int convert_mem(const char *model, const char *pre, const char *const *toks, size_t n_toks,
+                       const char *const *merges, size_t n_merges, jlm_err *err)
+{
+    gb b = {.n = 0};
+    uint64_t n_kv = 2 + (pre != NULL) + (merges != NULL);
+    gb_put(&b, "GGUF", 4);
+    gb_u32(&b, 3);
+    gb_u64(&b, 0);
+    gb_u64(&b, n_kv);
+    gb_kv_str(&b, "tokenizer.ggml.model", model);
+    if (pre)
+        gb_kv_str(&b, "tokenizer.ggml.pre", pre);
+    gb_kv_strs(&b, "tokenizer.ggml.tokens", toks, n_toks);
+    if (merges)
+        gb_kv_strs(&b, "tokenizer.ggml.merges", merges, n_merges);
+    jlm_gguf *g = NULL;
+    int rc = jlm_gguf_open_mem(b.p, b.n, "mem.gguf", &g, err);
+    cr_assert_eq(rc, 0, "test GGUF image refused: %s", err->msg);
+    jlm_arena *a = jlm_arena_new();
+    jlm_vocab v;
+    rc = jlm_conv_vocab(g, a, &v, err);
+    jlm_arena_free(a);
+    jlm_gguf_close(g);
+    return rc;
+}
+
+static const char *const k_toks[] = {"a", "b", "ab"};
+static const char *const k_merges[] = {"a b"};
+
+Test(tokenizer, converter_accepts_a_minimal_gpt2_vocab, .timeout = 10)
+{
+    jlm_err err = {0};
+    cr_assert_eq(convert_mem("gpt2", "gpt-2", k_toks, 3, k_merges, 1, &err), 0, "%s", err.msg);
+}
+
+Test(tokenizer, converter_refuses_an_unknown_pre_tokenizer_by_name, .timeout = 10)
+{
+    jlm_err err = {0};
+    cr_assert_eq(convert_mem("gpt2", "no-such-pre", k_toks, 3, k_merges, 1, &err), JLM_EUNSUPPORTED);
+    cr_assert(strstr(err.msg, "no-such-pre"), "message does not name the pre: %s", err.msg);
+}
+
+Test(tokenizer, converter_refuses_an_unknown_tokenizer_model_by_name, .timeout = 10)
+{
+    jlm_err err = {0};
+    cr_assert_eq(convert_mem("t5", NULL, k_toks, 3, NULL, 0, &err), JLM_EUNSUPPORTED);
+    cr_assert(strstr(err.msg, "'t5'"), "message does not name the model: %s", err.msg);
+}
+
+Test(tokenizer, converter_refuses_a_gpt2_vocab_without_merges, .timeout = 10)
+{
+    jlm_err err = {0};
+    cr_assert_eq(convert_mem("gpt2", "gpt-2", k_toks, 3, NULL, 0, &err), JLM_ENOTFOUND, "%s", err.msg);
+}
+
+Test(tokenizer, converter_refuses_two_tokens_with_one_text, .timeout = 10)
+{
+    static const char *const dup[] = {"a", "b", "a"};
+    jlm_err err = {0};
+    cr_assert_eq(convert_mem("llama", NULL, dup, 3, NULL, 0, &err), JLM_EFORMAT, "%s", err.msg);
+    cr_assert(strstr(err.msg, "duplicate"), "%s", err.msg);
+}
+
+/* A hand-made BPE record with one regex stage. */
+static int create_with_pattern(const char *pat, jlm_err *err)
+{
+    static jlm_str toks[2] = {{"a", 1}, {"b", 1}};
+    jlm_preop op = {.kind = 1, .use_regex = 1, .behavior = {pat, (uint32_t)strlen(pat)}};
+    jlm_vocab v = {.kind = JLM_VOCAB_BPE, .n_tokens = 2, .tokens = toks, .n_preops = 1, .preops = &op,
+                   .bos = -1, .eos = -1, .unk = -1, .pad = -1, .sep = -1, .mask = -1};
+    jlm_tok *t = NULL;
+    int rc = jlm_tok_create(&v, &t, err);
+    jlm_tok_destroy(t);
+    return rc;
+}
+
+Test(tokenizer, regex_stages_refuse_categories_mixed_with_non_ascii_literals, .timeout = 10)
+{
+    jlm_err err = {0};
+    cr_assert_eq(create_with_pattern("\\p{L}+|\\s?[\\x{FF01}-\\x{FF0F}]+", &err), JLM_EUNSUPPORTED, "%s", err.msg);
+    cr_assert_eq(create_with_pattern("\\s?\\p{L}+", &err), 0, "%s", err.msg);
+}
+
+Test(tokenizer, regex_stages_refuse_malformed_patterns, .timeout = 10)
+{
+    jlm_err err = {0};
+    cr_assert_eq(create_with_pattern("(ab", &err), JLM_EFORMAT, "%s", err.msg);
+    cr_assert_eq(create_with_pattern("[a-", &err), JLM_EFORMAT, "%s", err.msg);
+    cr_assert_eq(create_with_pattern("[z-a]", &err), JLM_EFORMAT, "%s", err.msg);
+    cr_assert_eq(create_with_pattern("a{3,1}", &err), JLM_EFORMAT, "%s", err.msg);
+    cr_assert_eq(create_with_pattern("(?<=a)b", &err), JLM_EUNSUPPORTED, "%s", err.msg);
+}

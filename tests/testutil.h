@@ -95,9 +95,11 @@ static inline const char *tu_jlm(void)
  * non-NULL. Returns the exit status, or 128+signal. */
 static inline int tu_run(const char *cmd, char **out)
 {
-    char full[4096];
-    snprintf(full, sizeof full, "%s 2>&1", cmd);
+    char *full = NULL;
+    if (asprintf(&full, "%s 2>&1", cmd) < 0)
+        return -1;
     FILE *p = popen(full, "r");
+    free(full);
     if (!p)
         return -1;
     size_t cap = 4096, len = 0;

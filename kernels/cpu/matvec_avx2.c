@@ -21,6 +21,8 @@
 #include "kernels.h"
 
 #include <immintrin.h>
+#define MULADD(a, b, c) _mm256_add_ps(_mm256_mul_ps((a), (b)), (c))   /* no FMA: the same roundings as the reference */
+#define NMULADD(a, b, c) _mm256_sub_ps((c), _mm256_mul_ps((a), (b)))
 #include <string.h>
 
 #define ALWAYS_INLINE static inline __attribute__((always_inline))
@@ -111,7 +113,7 @@ ALWAYS_INLINE void q4_0_core(const jlm_k_mat *m, const jlm_act_q8 *xq, int nt, f
                 __m256i is = _mm256_sub_epi32(dot[t], _mm256_set1_epi32(8 * tk[t].suma));
                 float *yt = y + t * rows + r;
                 __m256 acc = s ? _mm256_loadu_ps(yt) : _mm256_setzero_ps();
-                acc = _mm256_fmadd_ps(_mm256_mul_ps(d, _mm256_set1_ps(tk[t].da)), _mm256_cvtepi32_ps(is), acc);
+                acc = MULADD(_mm256_mul_ps(d, _mm256_set1_ps(tk[t].da)), _mm256_cvtepi32_ps(is), acc);
                 _mm256_storeu_ps(yt, acc);
             }
         }
@@ -140,10 +142,10 @@ ALWAYS_INLINE void q4_k_core(const jlm_k_mat *m, const jlm_act_q8 *xq, int nt, f
             for (int t = 0; t < nt; t++) {
                 __m256 a = _mm256_cvtepi32_ps(_mm256_mullo_epi32(sc, dot[t]));
                 __m256 b = _mm256_cvtepi32_ps(_mm256_mullo_epi32(mn, _mm256_set1_epi32(tk[t].suma)));
-                __m256 v = _mm256_fnmadd_ps(dmin, b, _mm256_mul_ps(d, a));
+                __m256 v = NMULADD(dmin, b, _mm256_mul_ps(d, a));
                 float *yt = y + t * rows + r;
                 __m256 acc = s ? _mm256_loadu_ps(yt) : _mm256_setzero_ps();
-                _mm256_storeu_ps(yt, _mm256_fmadd_ps(_mm256_set1_ps(tk[t].da), v, acc));
+                _mm256_storeu_ps(yt, MULADD(_mm256_set1_ps(tk[t].da), v, acc));
             }
         }
     }
@@ -178,7 +180,7 @@ ALWAYS_INLINE void q8_0_core(const jlm_k_mat *m, const jlm_act_q8 *xq, int nt, f
             for (int t = 0; t < nt; t++) {
                 float *yt = y + t * rows + r;
                 __m256 a = s ? _mm256_loadu_ps(yt) : _mm256_setzero_ps();
-                a = _mm256_fmadd_ps(_mm256_mul_ps(d, _mm256_set1_ps(tk[t].da)), _mm256_cvtepi32_ps(acc[t]), a);
+                a = MULADD(_mm256_mul_ps(d, _mm256_set1_ps(tk[t].da)), _mm256_cvtepi32_ps(acc[t]), a);
                 _mm256_storeu_ps(yt, a);
             }
         }
@@ -236,7 +238,7 @@ ALWAYS_INLINE void q6_k_core(const jlm_k_mat *m, const jlm_act_q8 *xq, int nt, f
             for (int t = 0; t < nt; t++) {
                 float *yt = y + t * rows + r;
                 __m256 a = b ? _mm256_loadu_ps(yt) : _mm256_setzero_ps();
-                a = _mm256_fmadd_ps(_mm256_mul_ps(d, _mm256_set1_ps(tk[t].da)), _mm256_cvtepi32_ps(is[t]), a);
+                a = MULADD(_mm256_mul_ps(d, _mm256_set1_ps(tk[t].da)), _mm256_cvtepi32_ps(is[t]), a);
                 _mm256_storeu_ps(yt, a);
             }
         }
@@ -270,10 +272,10 @@ ALWAYS_INLINE void float_rows(const jlm_k_mat *m, const float *x, float *y, uint
         const uint8_t *w = (const uint8_t *)m->qs + r * k * es;
         __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
         for (uint64_t i = 0; i < kv; i += 32) {
-            a0 = _mm256_fmadd_ps(load8f(w, type, i), _mm256_loadu_ps(x + i), a0);
-            a1 = _mm256_fmadd_ps(load8f(w, type, i + 8), _mm256_loadu_ps(x + i + 8), a1);
-            a2 = _mm256_fmadd_ps(load8f(w, type, i + 16), _mm256_loadu_ps(x + i + 16), a2);
-            a3 = _mm256_fmadd_ps(load8f(w, type, i + 24), _mm256_loadu_ps(x + i + 24), a3);
+            a0 = MULADD(load8f(w, type, i), _mm256_loadu_ps(x + i), a0);
+            a1 = MULADD(load8f(w, type, i + 8), _mm256_loadu_ps(x + i + 8), a1);
+            a2 = MULADD(load8f(w, type, i + 16), _mm256_loadu_ps(x + i + 16), a2);
+            a3 = MULADD(load8f(w, type, i + 24), _mm256_loadu_ps(x + i + 24), a3);
         }
         float acc = hsum8(_mm256_add_ps(_mm256_add_ps(a0, a1), _mm256_add_ps(a2, a3)));
         for (uint64_t i = kv; i < k; i++) {

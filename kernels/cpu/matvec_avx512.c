@@ -13,6 +13,8 @@
 #include "kernels.h"
 
 #include <immintrin.h>
+#define MULADD(a, b, c) _mm512_add_ps(_mm512_mul_ps((a), (b)), (c))   /* no FMA: the same roundings as the reference */
+#define NMULADD(a, b, c) _mm512_sub_ps((c), _mm512_mul_ps((a), (b)))
 #include <string.h>
 
 #define ALWAYS_INLINE static inline __attribute__((always_inline))
@@ -37,15 +39,6 @@ ALWAYS_INLINE void half_pair(__m512i w, __m512 *lo, __m512 *hi)
 {
     *lo = _mm512_cvtph_ps(_mm512_cvtepi32_epi16(w));
     *hi = _mm512_cvtph_ps(_mm512_cvtepi32_epi16(_mm512_srli_epi32(w, 16)));
-}
-
-ALWAYS_INLINE __m512i field6(const uint32_t *scb, uint64_t rows, uint64_t r, unsigned f)
-{
-    unsigned bit = 6 * f, wi = bit / 32, sh = bit % 32;
-    __m512i v = _mm512_srl_epi32(ld(scb + wi * rows + r), _mm_cvtsi32_si128((int)sh));
-    if (sh > 26)
-        v = _mm512_or_si512(v, _mm512_sll_epi32(ld(scb + (wi + 1) * rows + r), _mm_cvtsi32_si128((int)(32 - sh))));
-    return _mm512_and_si512(v, _mm512_set1_epi32(63));
 }
 
 typedef struct tok32 {
@@ -81,7 +74,7 @@ ALWAYS_INLINE void dot_nib(const uint32_t *col, uint64_t rows, uint64_t r, int n
 ALWAYS_INLINE void acc_y(float *yt, uint64_t s, __m512 scale, __m512i is)
 {
     __m512 a = s ? _mm512_loadu_ps(yt) : _mm512_setzero_ps();
-    _mm512_storeu_ps(yt, _mm512_fmadd_ps(scale, _mm512_cvtepi32_ps(is), a));
+    _mm512_storeu_ps(yt, MULADD(scale, _mm512_cvtepi32_ps(is), a));
 }
 
 /* ---------------------------------------------------------------- Q4_0, Q8_0, Q4_K */
@@ -137,6 +130,20 @@ ALWAYS_INLINE void q8_0_core(const jlm_k_mat *m, const jlm_act_q8 *xq, int nt, f
     }
 }
 
+/* Six-bit field f of the Q4_K/Q5_K 96-bit stream for rows r..r+15 (7.3). */
+ALWAYS_INLINE __m512i field6(const uint32_t *scb, uint64_t rows, uint64_t r, unsigned f)
+{
+    unsigned bit = 6 * f, wi = bit / 32, sh = bit % 32;
+    __m512i v = _mm512_srl_epi32(ld(scb + wi * rows + r), _mm_cvtsi32_si128((int)sh));
+    if (sh > 26)
+        v = _mm512_or_si512(v, _mm512_sll_epi32(ld(scb + (wi + 1) * rows + r), _mm_cvtsi32_si128((int)(32 - sh))));
+    return _mm512_and_si512(v, _mm512_set1_epi32(63));
+}
+
+/* Q4_K: y += da * (d*(sc*dot) - dmin*(m*suma)), sub-block outer like the
+ * others. (Decoding d and the fields once per super-block and looping the 8
+ * sub-blocks inside the row loop was faster from L3 but slower from DRAM: 36
+ * concurrent streams defeat the prefetcher.) */
 ALWAYS_INLINE void q4_k_core(const jlm_k_mat *m, const jlm_act_q8 *xq, int nt, float *y,
                              uint64_t r0, uint64_t nv)
 {
@@ -158,10 +165,10 @@ ALWAYS_INLINE void q4_k_core(const jlm_k_mat *m, const jlm_act_q8 *xq, int nt, f
             for (int t = 0; t < nt; t++) {
                 __m512 a = _mm512_cvtepi32_ps(_mm512_mullo_epi32(sc, dot[t]));
                 __m512 b = _mm512_cvtepi32_ps(_mm512_mullo_epi32(mn, _mm512_set1_epi32(tk[t].suma)));
-                __m512 v = _mm512_fnmadd_ps(dmin, b, _mm512_mul_ps(d, a));
+                __m512 v = NMULADD(dmin, b, _mm512_mul_ps(d, a));
                 float *yt = y + t * rows + r;
                 __m512 acc = s ? _mm512_loadu_ps(yt) : _mm512_setzero_ps();
-                _mm512_storeu_ps(yt, _mm512_fmadd_ps(_mm512_set1_ps(tk[t].da), v, acc));
+                _mm512_storeu_ps(yt, MULADD(_mm512_set1_ps(tk[t].da), v, acc));
             }
         }
     }
@@ -240,10 +247,10 @@ ALWAYS_INLINE void float_rows(const jlm_k_mat *m, const float *x, float *y, uint
         const uint8_t *w = (const uint8_t *)m->qs + r * k * es;
         __m512 a0 = _mm512_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
         for (uint64_t i = 0; i < kv; i += 64) {
-            a0 = _mm512_fmadd_ps(load16f(w, type, i), _mm512_loadu_ps(x + i), a0);
-            a1 = _mm512_fmadd_ps(load16f(w, type, i + 16), _mm512_loadu_ps(x + i + 16), a1);
-            a2 = _mm512_fmadd_ps(load16f(w, type, i + 32), _mm512_loadu_ps(x + i + 32), a2);
-            a3 = _mm512_fmadd_ps(load16f(w, type, i + 48), _mm512_loadu_ps(x + i + 48), a3);
+            a0 = MULADD(load16f(w, type, i), _mm512_loadu_ps(x + i), a0);
+            a1 = MULADD(load16f(w, type, i + 16), _mm512_loadu_ps(x + i + 16), a1);
+            a2 = MULADD(load16f(w, type, i + 32), _mm512_loadu_ps(x + i + 32), a2);
+            a3 = MULADD(load16f(w, type, i + 48), _mm512_loadu_ps(x + i + 48), a3);
         }
         float acc = _mm512_reduce_add_ps(_mm512_add_ps(_mm512_add_ps(a0, a1), _mm512_add_ps(a2, a3)));
         for (uint64_t i = kv; i < k; i++) {
