@@ -319,6 +319,54 @@ static int verify(jlm_conv *c, const char *part, jlm_err *err)
     return rc;
 }
 
+static void copy_overlap(uint8_t *out, uint64_t off, uint64_t len, const uint8_t *src, uint64_t soff, uint64_t slen)
+{
+    uint64_t lo = off > soff ? off : soff, hi = off + len < soff + slen ? off + len : soff + slen;
+    if (lo < hi)
+        memcpy(out + (lo - off), src + (lo - soff), hi - lo);
+}
+
+int jlm_conv_read_span(jlm_conv *c, uint64_t off, size_t len, uint8_t *out, jlm_err *err)
+{
+    const jlm_plan *p = &c->plan;
+    const jlm_header *h = &p->hdr;
+    if (off > p->file_size || len > p->file_size - off)
+        return jlm_errf(err, JLM_EINVAL, "%s: span [%llu, +%zu) past the planned %llu bytes", c->src_path,
+                        (unsigned long long)off, len, (unsigned long long)p->file_size);
+    memset(out, 0, len);
+    if (off < h->dense_off) {
+        uint8_t hdr[JLM_HEADER_LEN];
+        jlm_fmt_header_encode(h, hdr);
+        copy_overlap(out, off, len, hdr, 0, sizeof hdr);
+        copy_overlap(out, off, len, p->cfg.p, h->cfg_off, p->cfg.len);
+        copy_overlap(out, off, len, p->vis.p, h->vis_off, p->vis.len);
+        copy_overlap(out, off, len, p->voc.p, h->voc_off, p->voc.len);
+        copy_overlap(out, off, len, p->tab.p, h->tab_off, p->tab.len);
+        copy_overlap(out, off, len, p->fp.p, h->fp_off, p->fp.len);
+    }
+    for (uint32_t i = 0; i < c->n_tensors; i++) {
+        const jlm_tensor *t = &c->tensors[i];
+        uint64_t toff, tlen;
+        tensor_span(c, i, &toff, &tlen);
+        int64_t nexp = jlm_fmt_role_is_bank(t->role) ? (int64_t)t->dims[2] : 1;
+        for (int64_t x = 0; x < nexp; x++) {
+            uint64_t s = toff + (jlm_fmt_role_is_bank(t->role) ? (uint64_t)x * h->exp_page_size : 0);
+            if (s >= off + len || s + tlen <= off)
+                continue;
+            uint8_t *buf = calloc(1, tlen ? tlen : 1);
+            if (!buf)
+                return jlm_errf(err, JLM_ENOMEM, "%s: out of memory", c->src_path);
+            int rc = jlm_conv_pack_tensor(c, i, x, buf, s, tlen, err);
+            if (!rc)
+                copy_overlap(out, off, len, buf, s, tlen);
+            free(buf);
+            if (rc)
+                return rc;
+        }
+    }
+    return JLM_OK;
+}
+
 int jlm_conv_write(jlm_conv *c, const char *out_path, const jlm_io *io,
                    jlm_conv_progress cb, void *cb_ctx, jlm_err *err)
 {

@@ -66,6 +66,16 @@ int  jlm_conv_write(jlm_conv *c, const char *out_path, const jlm_io *io,
 int  jlm_conv_pack_tensor(jlm_conv *c, uint32_t i, int64_t expert, uint8_t *buf,
                           uint64_t base, uint64_t len, jlm_err *err);
 
+/* Fills out[0, len) with the bytes the finished container has at [off,
+ * off+len), computed from the plan and the source alone (header, sections,
+ * packed planes, zero padding): what jlmfs serves for a page that background
+ * conversion has not written yet. Packs every tensor the span touches (the
+ * whole tensor, or the whole expert sheet, even for a partial overlap), so
+ * callers should ask for whole pages. JLM_EINVAL if the span passes EOF;
+ * source errors as jlm_conv_write. Thread safety: concurrent calls on one
+ * jlm_conv are safe (reads use pread, state is read-only after open). */
+int  jlm_conv_read_span(jlm_conv *c, uint64_t off, size_t len, uint8_t *out, jlm_err *err);
+
 /* Default output path: SRC with .gguf replaced by .jlm (caller frees). */
 char *jlm_conv_default_out(const char *src_path);
 

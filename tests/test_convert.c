@@ -365,3 +365,34 @@ Test(convert_cli, converts_and_shows_info_and_plan)
     tu_rmrf(dir);
     free(dir);
 }
+
+Test(convert, computes_any_span_of_the_container_before_writing_it, .timeout = 60)
+{
+    char *dir = tu_tmpdir();
+    const char *ms[] = {"synth-qwen3moe-256.Q4_K_M.gguf", "stories260K.gguf"};
+    for (int k = 0; k < 2; k++) {
+        char *out = convert_to(ms[k], dir);
+        size_t n = 0;
+        unsigned char *want = tu_read_file(out, &n);
+        jlm_conv *c;
+        cr_assert_eq(jlm_conv_open(tu_model(ms[k]), NULL, &c, NULL), 0);
+        /* whole file in pages of 4096, and a few odd spans */
+        unsigned char *got = malloc(n);
+        for (size_t off = 0; off < n; off += 65536) {
+            size_t len = n - off < 65536 ? n - off : 65536;
+            cr_assert_eq(jlm_conv_read_span(c, off, len, got + off, NULL), 0);
+        }
+        cr_assert(!memcmp(got, want, n), "%s: spans equal the written file", ms[k]);
+        unsigned char small[777];
+        size_t offs[] = {0, 191, 5000, n / 3, n - 777};
+        for (int i = 0; i < 5; i++) {
+            cr_assert_eq(jlm_conv_read_span(c, offs[i], sizeof small, small, NULL), 0);
+            cr_assert(!memcmp(small, want + offs[i], sizeof small), "span at %zu", offs[i]);
+        }
+        cr_assert_eq(jlm_conv_read_span(c, n - 10, 11, small, NULL), JLM_EINVAL);
+        jlm_conv_close(c);
+        free(got); free(want); free(out);
+    }
+    tu_rmrf(dir);
+    free(dir);
+}

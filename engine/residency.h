@@ -1,0 +1,83 @@
+/* residency.h - the residency and statistics database (SQLite, WAL) shared by
+ * running engines and the jlmfs daemon.
+ *
+ * Owns: the schema and every SQL statement. Engines report what their pagers
+ * do (page-in, fill, hit, eviction, with the tier that served it); the daemon
+ * reports the reads of view files that reached it, i.e. that the kernel page
+ * cache could not serve (tier disk, or on-demand packing), and serves
+ * `resident/`, `stats` and `jlm stats` from the same tables. Knows nothing of
+ * FUSE, pagers or kernels: pages are named (array, a, b) where array is
+ * "blocks", "vision" or "experts", a is the page (block index B for experts)
+ * and b is -1 (the expert index E for experts). The entry names are
+ * "blocks.12", "vision.0", "experts.3.5" (like the page files).
+ *
+ * How the engine finds the database: a jlmfs model view directory (and its
+ * model.jlm) carries the extended attributes
+ *     user.jlmfs.db     absolute path of the SQLite database
+ *     user.jlmfs.model  the model's key in it (the view's name, "foo.jlm")
+ * (jlm_rdb_discover reads them; docs/jlmfs.md documents them).
+ *
+ * Invariants:
+ *  (1) A page is listed as resident for a model iff some live engine session
+ *      reported a page-in for it after its last eviction; ending a session
+ *      (or finding its pid dead) removes its residency rows.
+ *  (2) Counters only grow; every event is attributed to one tier
+ *      (enum jlm_tier in engine/source.h).
+ * Thread safety: one jlm_rdb per thread (SQLite connection rules); several
+ * processes may share the database file (WAL, busy timeout).
+ * Failure: every function returns 0 or a JLM_E* code with the database path
+ * and SQLite's message in err; a reporting failure must never stop an engine
+ * (callers print one note and carry on).
+ */
+#ifndef JLM_RESIDENCY_H
+#define JLM_RESIDENCY_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "format/jlm_err.h"
+
+typedef struct jlm_rdb jlm_rdb;
+
+/* Opens (creating if absent, when create) the database; WAL mode, busy
+ * timeout, schema created or checked. *out untouched on error. */
+int  jlm_rdb_open(const char *path, int create, jlm_rdb **out, jlm_err *err);
+void jlm_rdb_close(jlm_rdb *db);   /* accepts NULL */
+
+/* Reads the view's extended attributes from a view directory or a file in
+ * it. JLM_ENOTFOUND if path is not on a jlmfs view. Outputs malloc'd. */
+int  jlm_rdb_discover(const char *path, char **db_path, char **model_key, jlm_err *err);
+
+/* ---------------------------------------------------------------- engine side */
+/* Registers a running engine (its pid) on model_key; *session is its id. */
+int  jlm_rdb_session_begin(jlm_rdb *db, const char *model_key, int64_t *session, jlm_err *err);
+/* Removes the session and its residency rows. */
+int  jlm_rdb_session_end(jlm_rdb *db, int64_t session, jlm_err *err);
+
+enum jlm_rdb_kind { JLM_RDB_PAGE_IN = 1, JLM_RDB_FILL = 2, JLM_RDB_HIT = 3, JLM_RDB_EVICT = 4 };
+
+/* Queues one pager event (cheap: no SQL until flush). */
+int  jlm_rdb_event(jlm_rdb *db, int64_t session, const char *array, int32_t a, int32_t b,
+                   int kind, int tier, uint64_t bytes, jlm_err *err);
+/* Writes the queued events in one transaction (the engine calls this once
+ * per token and at exit). */
+int  jlm_rdb_flush(jlm_rdb *db, jlm_err *err);
+
+/* ---------------------------------------------------------------- daemon side */
+/* Records a read of a view file the daemon served itself (tier DISK or
+ * CONVERT), for the page (array, a, b) of model_key. Batched like events. */
+int  jlm_rdb_daemon_read(jlm_rdb *db, const char *model_key, const char *array, int32_t a, int32_t b,
+                         int tier, uint64_t bytes, jlm_err *err);
+
+/* Entry names of the pages live sessions hold now ("blocks.12", ...), sorted.
+ * *names is malloc'd (array and strings); free with jlm_rdb_free_names. */
+int  jlm_rdb_resident(jlm_rdb *db, const char *model_key, char ***names, size_t *n, jlm_err *err);
+void jlm_rdb_free_names(char **names, size_t n);
+
+/* The counters as text (one line per page: name, page-ins, bytes, hits,
+ * evictions, per-tier counts, last access) or JSON; model_key NULL = every
+ * model. *out malloc'd, NUL-terminated. */
+int  jlm_rdb_stats_text(jlm_rdb *db, const char *model_key, char **out, jlm_err *err);
+int  jlm_rdb_stats_json(jlm_rdb *db, const char *model_key, char **out, jlm_err *err);
+
+#endif
