@@ -8,6 +8,8 @@ int jlm_cmd_convert(int argc, char **argv);
 int jlm_cmd_info(int argc, char **argv);
 int jlm_cmd_template(int argc, char **argv);
 int jlm_cmd_run(int argc, char **argv);
+int jlm_cmd_tokenize(int argc, char **argv);
+int jlm_cmd_chat(int argc, char **argv);
 
 /* Parses "123", "4K", "512M", "2G" (binary units); -1 on error. */
 long long jlm_cli_parse_size(const char *s);

@@ -11,6 +11,8 @@ static const cmd CMDS[] = {
     {"convert",  jlm_cmd_convert,  "convert SRC.gguf [-o OUT.jlm] [--plan]   GGUF -> .jlm container"},
     {"info",     jlm_cmd_info,     "info MODEL [--tensors] [--json]          what a container holds"},
     {"run",      jlm_cmd_run,      "run MODEL -p PROMPT [-n N] [-c CTX] [--temp T] [--top-k K] [--top-p P] [--min-p P] [--repeat-penalty R] [--seed S] [-t N] [--budget SIZE] [--stats] [--print-ids] [--logits FILE]"},
+    {"tokenize", jlm_cmd_tokenize, "tokenize MODEL TEXT [--ids] [--no-bos] [--parse-special]"},
+    {"chat",     jlm_cmd_chat,     "chat MODEL [-n N] [-c CTX] [-t T] [--temp T] [--seed S] [--budget SIZE]   one user message per line"},
     {"template", jlm_cmd_template, "template (MODEL | --template F) --messages F.json [--add-generation-prompt] [--bos S] [--eos S] [--now ISO]"},
 };
 

@@ -172,7 +172,8 @@ int jlm_conv_open(const char *src_path, FILE *notes, jlm_conv **out, jlm_err *er
         jlm_err_prefix(err, "%s", c->src_path);
         goto fail;
     }
-    memcpy(c->tensors, c->plan.tensors, c->n_tensors * sizeof *c->tensors);
+    if (c->n_tensors)
+        memcpy(c->tensors, c->plan.tensors, c->n_tensors * sizeof *c->tensors);
     *out = c;
     return JLM_OK;
 fail:

@@ -226,9 +226,10 @@ int jlm_chat_template_from_model(const char *path, char **tmpl, char **bos, char
     for (uint32_t i = 0; i < v->n_templates; i++)
         if (v->templates[2 * i].len == 0) { body = &v->templates[2 * i + 1]; break; }
     if (!body) {
+        uint32_t n_named = v->n_templates;
         jlm_fmt_close(m);
         return jlm_errf(err, JLM_ENOTFOUND, "%s: no default chat template in the vocab (%u named templates)",
-                        path, v->n_templates);
+                        path, n_named);
     }
     const jlm_str *b = v->bos >= 0 && (uint32_t)v->bos < v->n_tokens ? &v->tokens[v->bos] : NULL;
     const jlm_str *e = v->eos >= 0 && (uint32_t)v->eos < v->n_tokens ? &v->tokens[v->eos] : NULL;

@@ -88,7 +88,8 @@ int jlm_fmt_plan(const jlm_plan_input *in, jlm_plan *out, jlm_err *err)
         rc = jlm_errf(err, JLM_ENOMEM, "plan: out of memory");
         goto fail;
     }
-    memcpy(p.tensors, in->tensors, n * sizeof *p.tensors);
+    if (n)
+        memcpy(p.tensors, in->tensors, n * sizeof *p.tensors);
     p.n_tensors = n;
 
     /* Shapes, regions, and which blocks are MoE blocks. */

@@ -24,9 +24,9 @@ static jlm_config small_config(void)
 static jlm_vocab small_vocab(void)
 {
     static jlm_str toks[32];
-    static char names[32][8];
+    static char names[32][16];
     for (int i = 0; i < 32; i++) {
-        snprintf(names[i], 8, "t%d", i);
+        snprintf(names[i], sizeof names[i], "t%d", i);
         toks[i] = S(names[i]);
     }
     jlm_vocab v = {0};

@@ -1,0 +1,207 @@
+/* cmd_chat.c - `jlm chat MODEL`: an interactive conversation that renders the
+ * container's chat template and keeps the conversation in the KV cache: each
+ * turn evaluates only the text the new messages add to the rendered prompt
+ * (llama.cpp's common_chat_format_single), then generates the reply. Reads
+ * one user message per line from stdin; the reply goes to stdout. */
+#include "cli.h"
+#include "engine/chat.h"
+#include "engine/model.h"
+#include "engine/sampler.h"
+#include "engine/tokenizer.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+/* Used when a container has no template (llama.cpp falls back to chatml too). */
+static const char CHATML[] =
+    "{% for message in messages %}{{'<|im_start|>' + message['role'] + '\n' + message['content'] + '<|im_end|>' + '\n'}}"
+    "{% endfor %}{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}";
+
+typedef struct conv {
+    jlm_chat_msg *msgs;
+    char        **owned;
+    size_t        n, cap;
+} conv;
+
+static int conv_add(conv *c, const char *role, const char *content)
+{
+    if (c->n == c->cap) {
+        size_t cap = c->cap ? c->cap * 2 : 16;
+        jlm_chat_msg *m = realloc(c->msgs, cap * sizeof *m);
+        char **o = m ? realloc(c->owned, cap * sizeof *o) : NULL;
+        if (!m || !o) { if (m) c->msgs = m; return -1; }
+        c->msgs = m; c->owned = o; c->cap = cap;
+    }
+    c->owned[c->n] = strdup(content);
+    if (!c->owned[c->n])
+        return -1;
+    c->msgs[c->n].role = role;
+    c->msgs[c->n].content = c->owned[c->n];
+    c->n++;
+    return 0;
+}
+
+static void conv_free(conv *c)
+{
+    for (size_t i = 0; i < c->n; i++) free(c->owned[i]);
+    free(c->owned); free(c->msgs);
+}
+
+static int is_eog(const jlm_vocab *v, int32_t id)
+{
+    if (id == v->eos) return 1;
+    for (uint32_t i = 0; i < v->n_stop; i++) if (v->stop[i] == id) return 1;
+    return 0;
+}
+
+/* Generates a reply after the evaluated prompt; appends its text to *reply. */
+static int reply(jlm_engine *e, jlm_tok *tok, jlm_sampler *s, float *logits, int n_max, char **out, jlm_err *err)
+{
+    const jlm_vocab *v = &jlm_engine_model(e)->vocab;
+    jlm_tok_stream ts;
+    jlm_tok_stream_init(&ts, tok, 0, 0);
+    size_t cap = jlm_tok_max_piece_len(tok) + 8, len = 0, tcap = 256;
+    char *piece = malloc(cap), *text = malloc(tcap);
+    int rc = piece && text ? JLM_OK : JLM_ENOMEM;
+    for (int i = 0; i < n_max && !rc; i++) {
+        int32_t id = jlm_samp_next(s, logits);
+        jlm_samp_accept(s, id);
+        if (is_eog(v, id)) {
+            rc = jlm_engine_eval(e, &id, 1, NULL, err);   /* keep the end of turn in the cache */
+            break;
+        }
+        size_t n = 0;
+        if (jlm_tok_stream_feed(&ts, id, piece, cap, &n, err) == 0 && n) {
+            fwrite(piece, 1, n, stdout);
+            fflush(stdout);
+            while (len + n + 1 > tcap) { char *t = realloc(text, tcap *= 2); if (!t) { rc = JLM_ENOMEM; break; } text = t; }
+            if (!rc) { memcpy(text + len, piece, n); len += n; }
+        }
+        if (!rc)
+            rc = jlm_engine_eval(e, &id, 1, logits, err);
+    }
+    if (text) text[len] = 0;
+    fputc('\n', stdout);
+    free(piece);
+    *out = text;
+    return rc;
+}
+
+int jlm_cmd_chat(int argc, char **argv)
+{
+    const char *model = NULL;
+    jlm_engine_opts eo = {.direct = 1};
+    jlm_samp_params sp;
+    jlm_samp_params_default(&sp);
+    int n_max = 256;
+    for (int i = 1; i < argc; i++) {
+        const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
+        if (!strcmp(a, "-n") && v) n_max = atoi(argv[++i]);
+        else if (!strcmp(a, "-c") && v) eo.n_ctx = (uint32_t)atoi(argv[++i]);
+        else if (!strcmp(a, "-t") && v) eo.n_threads = atoi(argv[++i]);
+        else if (!strcmp(a, "--temp") && v) sp.temp = strtof(argv[++i], NULL);
+        else if (!strcmp(a, "--seed") && v) sp.seed = strtoull(argv[++i], NULL, 10);
+        else if (!strcmp(a, "--budget") && v) {
+            long long b = jlm_cli_parse_size(argv[++i]);
+            if (b < 0) { fprintf(stderr, "jlm chat: bad --budget '%s'\n", v); return 2; }
+            eo.budget = (uint64_t)b;
+        }
+        else if (a[0] != '-' && !model) model = a;
+        else { fprintf(stderr, "usage: jlm chat MODEL [-n N] [-c CTX] [-t T] [--temp T] [--seed S] [--budget SIZE]\n"); return 2; }
+    }
+    if (!model) {
+        fprintf(stderr, "usage: jlm chat MODEL [-n N] [-c CTX] [-t T] [--temp T] [--seed S] [--budget SIZE]\n");
+        return 2;
+    }
+    if (jlm_cli_is_gguf(model)) {
+        fprintf(stderr, "jlm chat: %s: a GGUF file; convert it first with `jlm convert %s`\n", model, model);
+        return 1;
+    }
+    jlm_err err = {0};
+    jlm_engine *e = NULL;
+    jlm_tok *tok = NULL;
+    jlm_sampler *s = NULL;
+    char *tmpl = NULL, *bos = NULL, *eos = NULL, *prev = NULL;
+    float *logits = NULL;
+    conv cv = {0};
+    int status = 1;
+    if (jlm_engine_open(model, &eo, &e, &err) || jlm_tok_create(&jlm_engine_model(e)->vocab, &tok, &err) ||
+        jlm_samp_create(&sp, jlm_engine_n_vocab(e), &s, &err)) {
+        fprintf(stderr, "jlm chat: %s\n", err.msg);
+        goto out;
+    }
+    if (jlm_chat_template_from_model(model, &tmpl, &bos, &eos, &err)) {
+        fprintf(stderr, "note: %s has no chat template: using chatml\n", model);
+        tmpl = strdup(CHATML);
+        const jlm_vocab *v = &jlm_engine_model(e)->vocab;
+        bos = strdup(v->bos >= 0 ? v->tokens[v->bos].s : "");
+        eos = strdup(v->eos >= 0 ? v->tokens[v->eos].s : "");
+    }
+    logits = malloc(jlm_engine_n_vocab(e) * sizeof *logits);
+    prev = strdup("");
+    const jlm_vocab *voc = &jlm_engine_model(e)->vocab;
+    char line[8192];
+    int tty = isatty(0);
+    while (logits && prev) {
+        if (tty) { fputs("> ", stderr); fflush(stderr); }
+        if (!fgets(line, sizeof line, stdin))
+            break;
+        line[strcspn(line, "\n")] = 0;
+        if (!*line)
+            continue;
+        if (conv_add(&cv, "user", line)) break;
+        jlm_chat_opts co = {.add_generation_prompt = 1, .bos_token = bos, .eos_token = eos, .local_time = 1};
+        char *full = NULL;
+        size_t flen;
+        if (jlm_chat_render(tmpl, strlen(tmpl), cv.msgs, cv.n, &co, &full, &flen, &err)) {
+            fprintf(stderr, "jlm chat: template: %s\n", err.msg);
+            goto out;
+        }
+        /* only what this turn adds: the suffix after the previous render */
+        size_t plen = strlen(prev);
+        const char *delta = (flen >= plen && !strncmp(full, prev, plen)) ? full + plen : full;
+        int first = jlm_engine_n_past(e) == 0;
+        /* a leading BOS text is dropped when the vocab adds BOS itself (llama.cpp) */
+        if (first && voc->add_bos && bos && *bos && !strncmp(delta, bos, strlen(bos)))
+            delta += strlen(bos);
+        int32_t *ids = NULL;
+        size_t n = 0;
+        if (jlm_tok_encode(tok, delta, strlen(delta), first, 1, &ids, &n, &err) ||
+            (n && jlm_engine_eval(e, ids, (uint32_t)n, logits, &err))) {
+            fprintf(stderr, "jlm chat: %s\n", err.msg);
+            free(ids); free(full);
+            goto out;
+        }
+        for (size_t i = 0; i < n; i++) jlm_samp_accept(s, ids[i]);
+        free(ids);
+        char *text = NULL;
+        int rc = reply(e, tok, s, logits, n_max, &text, &err);
+        if (rc) {
+            fprintf(stderr, "jlm chat: %s\n", err.msg);
+            free(text); free(full);
+            goto out;
+        }
+        conv_add(&cv, "assistant", text);
+        free(text);
+        /* the prompt now holds the conversation without a generation prompt */
+        jlm_chat_opts c2 = co;
+        c2.add_generation_prompt = 0;
+        free(full);
+        free(prev);
+        prev = NULL;
+        if (jlm_chat_render(tmpl, strlen(tmpl), cv.msgs, cv.n, &c2, &prev, &flen, &err)) {
+            fprintf(stderr, "jlm chat: template: %s\n", err.msg);
+            goto out;
+        }
+    }
+    status = 0;
+out:
+    conv_free(&cv);
+    free(tmpl); free(bos); free(eos); free(prev); free(logits);
+    jlm_samp_destroy(s);
+    jlm_tok_destroy(tok);
+    jlm_engine_close(e);
+    return status;
+}
