@@ -86,6 +86,16 @@ $(BUILD)/bench/%: bench/%.c $(LIB)
 bench: all $(BENCH_BIN)
 	@for b in $(BENCH_BIN); do echo "== $$b"; JLM_BIN=$(abspath $(BUILD)/jlm) $$b || exit 1; done
 
+# Fuzz targets (clang + libFuzzer). Run one with e.g.
+#   build-fuzz/fuzz_gguf -max_total_time=60 tests/models/vocab
+FUZZ_SRC := format/jlm_err.c format/types.c format/codec.c format/plan.c format/reader.c format/writer.c \
+            converter/gguf.c converter/ggml_quants.c
+fuzz:
+	@mkdir -p build-fuzz
+	for f in tests/fuzz/fuzz_*.c; do \
+	    clang -std=c11 -D_GNU_SOURCE -g -O1 -fsanitize=fuzzer,address,undefined -I. $$f $(FUZZ_SRC) -lm \
+	        -o build-fuzz/$$(basename $$f .c) || exit 1; done
+
 install: all
 	install -d $(DESTDIR)$(PREFIX)/bin
 	install -m 755 $(BINS) $(DESTDIR)$(PREFIX)/bin/

@@ -30,7 +30,7 @@ static int add(jlm_conv *c, mapped *v, uint32_t *n, uint32_t gi, uint16_t role, 
     int exact;
     int rc = jlm_pack_stored_type(gt->type, &m->t.type, &exact, err);
     if (rc)
-        return jlm_err_prefix(err, "%s: tensor '%s'", c->src_path, gt->name.s);
+        return jlm_err_prefix(err, rc, "%s: tensor '%s'", c->src_path, gt->name.s);
     if (!exact && notes && row0 == 0)
         fprintf(notes, "note: %s: tensor '%s' is %s, stored as %s (re-quantized)\n", c->src_path, gt->name.s,
                 jlm_ggml_type_name(gt->type), jlm_fmt_type_traits(m->t.type)->name);
@@ -169,7 +169,7 @@ int jlm_conv_open(const char *src_path, FILE *notes, jlm_conv **out, jlm_err *er
     jlm_plan_input in = {.config = &c->config, .vocab = &c->vocab, .fp = &c->fp,
                          .n_tensors = c->n_tensors, .tensors = c->tensors};
     if ((rc = jlm_fmt_plan(&in, &c->plan, err))) {
-        jlm_err_prefix(err, "%s", c->src_path);
+        jlm_err_prefix(err, rc, "%s", c->src_path);
         goto fail;
     }
     if (c->n_tensors)
@@ -245,7 +245,7 @@ int jlm_conv_pack_tensor(jlm_conv *c, uint32_t i, int64_t expert, uint8_t *buf,
     }
     free(src);
     if (rc)
-        return jlm_err_prefix(err, "%s", c->src_path);
+        return jlm_err_prefix(err, rc, "%s", c->src_path);
     return JLM_OK;
 }
 
@@ -269,7 +269,7 @@ static int verify(jlm_conv *c, const char *part, jlm_err *err)
     jlm_model *m;
     int rc = jlm_fmt_open(part, &m, err);
     if (rc)
-        return jlm_err_prefix(err, "read-back");
+        return jlm_err_prefix(err, rc, "read-back");
     if (m->hdr.n_tensors != c->n_tensors || m->file_size != c->plan.file_size) {
         jlm_fmt_close(m);
         return jlm_errf(err, JLM_EIO, "%s: read-back: the written file differs from the plan", part);

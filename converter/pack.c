@@ -452,7 +452,7 @@ int jlm_pack_matrix(uint32_t ggml_type, const void *src, uint64_t k, uint64_t ro
     uint8_t want;
     int exact, rc = jlm_pack_stored_type(ggml_type, &want, &exact, err);
     if (rc) {
-        jlm_err_prefix(err, "%s", what);   /* returns 0 when err is NULL: keep rc */
+        jlm_err_prefix(err, rc, "%s", what);   /* returns 0 when err is NULL: keep rc */
         return rc;
     }
     if (want != jlm_type)

@@ -205,7 +205,7 @@ static int read_dense(jlm_engine *e, jlm_err *err)
     if (!h->dense_len)
         return JLM_OK;
     int rc = e->src->read(e->src, h->dense_off, h->dense_len, e->dense, err);
-    return rc ? jlm_err_prefix(err, "dense region") : JLM_OK;
+    return rc ? jlm_err_prefix(err, rc, "dense region") : JLM_OK;
 }
 
 static int open_pager(jlm_engine *e, const jlm_engine_opts *o, jlm_err *err)
@@ -546,7 +546,7 @@ static int forward(jlm_engine *e, int32_t tok, uint32_t pos, float *logits, jlm_
         uint64_t page_off = hd->data_off + (uint64_t)l * hd->page_size;
         int rc = jlm_pager_get(e->pager, JLM_PAGER_TEXT, l, 0, e->text_extent[l], &page, err);
         if (rc)
-            return jlm_err_prefix(err, "%s: block %u", e->m->path, l);
+            return jlm_err_prefix(err, rc, "%s: block %u", e->m->path, l);
         attention(e, l, page, page_off, pos);
         if (W(e, l, JLM_R_EXP_GATE))
             rc = ffn_moe(e, l, page, page_off, err);
@@ -554,7 +554,7 @@ static int forward(jlm_engine *e, int32_t tok, uint32_t pos, float *logits, jlm_
             ffn_dense(e, l, page, page_off);
         jlm_pager_unpin(e->pager, JLM_PAGER_TEXT, l);
         if (rc)
-            return jlm_err_prefix(err, "%s: block %u experts", e->m->path, l);
+            return jlm_err_prefix(err, rc, "%s: block %u experts", e->m->path, l);
     }
     if (logits)
         output(e, logits);

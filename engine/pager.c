@@ -240,7 +240,7 @@ int jlm_pager_open_model(const jlm_model *m, jlm_source *src, uint64_t budget,
         jlm_pager_config cfg = { .src = src, .chunk = h->chunk, .budget = budget, .n_arrays = 3, .arrays = d };
         rc = jlm_pager_open(&cfg, out, err);
         if (rc)
-            jlm_err_prefix(err, "%s", m->path);
+            jlm_err_prefix(err, rc, "%s", m->path);
     }
     for (int a = 0; a < 3; a++)
         free(ext[a]);
@@ -363,7 +363,7 @@ static int fill_chunks(jlm_pager *p, ppage *pg, uint64_t c0, uint64_t c1, uint64
                               (size_t)(hi - lo), pg->frame + lo, err);
         r->st.read_ns += now_ns() - t0;
         if (rc)
-            return jlm_err_prefix(err, "%s page %u", r->name, pg->idx);
+            return jlm_err_prefix(err, rc, "%s page %u", r->name, pg->idx);
         r->st.reads++;
         r->st.bytes_read += hi - lo;
         *read_bytes += hi - lo;

@@ -185,9 +185,10 @@ int jlm_source_open_file(const char *path, const jlm_file_source_opts *opts,
         long c = sysconf(_SC_NPROCESSORS_ONLN);
         nt = c > 4 ? 4 : (c > 0 ? (int)c : 1);
     }
-    if (nt > 1 && jlm_pool_create(nt, 2000, &f->pool, err) != 0) {
+    int prc;
+    if (nt > 1 && (prc = jlm_pool_create(nt, 2000, &f->pool, err)) != 0) {
         file_close(&f->base);
-        return jlm_err_prefix(err, "%s", path);
+        return jlm_err_prefix(err, prc, "%s", path);
     }
     f->base.read = file_read;
     f->base.close = file_close;

@@ -16,10 +16,10 @@ int jlm_errf(jlm_err *err, int code, const char *fmt, ...)
     return code;
 }
 
-int jlm_err_prefix(jlm_err *err, const char *fmt, ...)
+int jlm_err_prefix(jlm_err *err, int code, const char *fmt, ...)
 {
     if (!err)
-        return 0;
+        return code;
     char head[512], old[sizeof err->msg];
     va_list ap;
     va_start(ap, fmt);
@@ -39,7 +39,8 @@ int jlm_err_prefix(jlm_err *err, const char *fmt, ...)
     } else {
         err->msg[hl] = 0;
     }
-    return err->code;
+    err->code = code;
+    return code;
 }
 
 const char *jlm_strerror(int code)

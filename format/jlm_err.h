@@ -37,9 +37,12 @@ typedef struct jlm_err {
 int jlm_errf(jlm_err *err, int code, const char *fmt, ...)
     __attribute__((format(printf, 3, 4)));
 
-/* Prepends "prefix: " to an existing message; returns err->code. Cannot fail. */
-int jlm_err_prefix(jlm_err *err, const char *fmt, ...)
-    __attribute__((format(printf, 2, 3)));
+/* Prepends "prefix: " to the message already in *err (if non-NULL) and
+ * returns code, so a caller adds context in one line:
+ *   if (rc) return jlm_err_prefix(err, rc, "%s", path);
+ * Cannot fail. */
+int jlm_err_prefix(jlm_err *err, int code, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
 
 /* Short name of a code ("format error", ...). Cannot fail. */
 const char *jlm_strerror(int code);

@@ -51,7 +51,7 @@ static int check_tensor(const jlm_model *m, const jlm_tensor *t, uint32_t i, jlm
     jlm_tensor_planes pl;
     int rc = jlm_fmt_tensor_planes(t, &pl, err);
     if (rc)
-        return jlm_err_prefix(err, "%s", m->path);
+        return jlm_err_prefix(err, rc, "%s", m->path);
     if (t->role == 0)
         return jlm_errf(err, JLM_EFORMAT, "%s: tensor '%s': role 0", m->path, nm);
     int reg = region_of(t);
@@ -107,9 +107,9 @@ static int parse(jlm_model *m, const uint8_t *buf, size_t len, jlm_err *err)
     jlm_header *h = &m->hdr;
     int rc = jlm_fmt_header_decode(buf, len, h, err);
     if (rc)
-        return jlm_err_prefix(err, "%s", w);
+        return jlm_err_prefix(err, rc, "%s", w);
     if ((rc = jlm_fmt_header_validate(h, m->file_size, err)))
-        return jlm_err_prefix(err, "%s", w);
+        return jlm_err_prefix(err, rc, "%s", w);
     if (h->dense_off > len)
         return jlm_errf(err, JLM_EFORMAT, "%s: only %zu bytes of metadata, header says %llu", w, len,
                         (unsigned long long)h->dense_off);
@@ -208,7 +208,7 @@ int jlm_fmt_open(const char *path, jlm_model **out, jlm_err *err)
     jlm_header h;
     if ((rc = jlm_fmt_header_decode(hb, (size_t)got, &h, err)) ||
         (rc = jlm_fmt_header_validate(&h, m->file_size, err))) {
-        jlm_err_prefix(err, "%s", path);
+        jlm_err_prefix(err, rc, "%s", path);
         goto fail;
     }
     if (h.dense_off > MAX_META) {

@@ -80,7 +80,7 @@ int jlm_fmt_tensor_planes(const jlm_tensor *t, jlm_tensor_planes *out, jlm_err *
             return jlm_errf(err, JLM_EFORMAT, "tensor '%s': dims overflow", t->name.s ? t->name.s : "");
     int rc = jlm_fmt_planes(t->type, jlm_tensor_k(t), jlm_tensor_rows(t), &q, &d, &s, err);
     if (rc)
-        return jlm_err_prefix(err, "tensor '%s'", t->name.s ? t->name.s : "");
+        return jlm_err_prefix(err, rc, "tensor '%s'", t->name.s ? t->name.s : "");
     jlm_tensor_planes p = {.sheet_qs = q, .sheet_d = d, .sheet_sc = s};
     if (jlm_fmt_role_is_bank(t->role)) {
         p.qs_len = q; p.d_len = d; p.sc_len = s;    /* one sheet per expert page */
