@@ -87,7 +87,8 @@ bench: all $(BENCH_BIN)
 	@for b in $(BENCH_BIN); do echo "== $$b"; JLM_BIN=$(abspath $(BUILD)/jlm) $$b || exit 1; done
 
 # Fuzz targets (clang + libFuzzer). Run one with e.g.
-#   build-fuzz/fuzz_gguf -max_total_time=60 tests/models/vocab
+#   mkdir -p /tmp/corpus && build-fuzz/fuzz_gguf -max_total_time=60 /tmp/corpus tests/models/vocab
+# (the first directory receives new inputs: never point it into the tree)
 FUZZ_SRC := format/jlm_err.c format/types.c format/codec.c format/plan.c format/reader.c format/writer.c \
             converter/gguf.c converter/ggml_quants.c
 fuzz:

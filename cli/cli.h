@@ -8,6 +8,8 @@ int jlm_cmd_convert(int argc, char **argv);
 int jlm_cmd_info(int argc, char **argv);
 int jlm_cmd_template(int argc, char **argv);
 int jlm_cmd_run(int argc, char **argv);
+int jlm_cmd_bench(int argc, char **argv);
+int jlm_cmd_stats(int argc, char **argv);
 int jlm_cmd_tokenize(int argc, char **argv);
 int jlm_cmd_chat(int argc, char **argv);
 

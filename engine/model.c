@@ -13,6 +13,9 @@
 #include "kernels/cpu/kernels.h"
 
 #define ROLE_SLOTS 64   /* text roles are < 64 */
+/* Tokens evaluated together: each block page is paged in once per batch and
+ * each weight row is read once for up to BATCH tokens (prefill). */
+#define BATCH 16
 
 /* ================================================================ engine state */
 struct jlm_engine {
@@ -32,22 +35,22 @@ struct jlm_engine {
     /* KV cache, F32 */
     float *kc;        /* (n_layer, n_ctx, kv_dim) */
     float *vc;        /* (n_layer, n_ctx, kv_dim_v) */
-    /* scratch, one token at a time */
-    float *x;         /* (n_embd,) residual stream */
-    float *h;         /* (max(n_embd, ffn),) normed input */
-    float *q;         /* (q_dim,) */
-    float *kk, *vv;   /* (kv_dim,), (kv_dim_v,) */
-    float *att;       /* (n_head * hd_v,) */
-    float *o;         /* (n_embd,) */
-    float *g, *u;     /* (max ffn,) */
-    float *moe;       /* (n_embd,) expert mixture */
+    /* scratch for a batch of up to BATCH tokens, row t of each at t * width */
+    float *x;         /* (BATCH, n_embd) residual stream */
+    float *h;         /* (BATCH, n_embd) normed input */
+    float *q;         /* (BATCH, q_dim) */
+    float *kk, *vv;   /* (BATCH, kv_dim), (BATCH, kv_dim_v) */
+    float *att;       /* (BATCH, n_head * hd_v) */
+    float *o;         /* (BATCH, n_embd) */
+    float *g, *u;     /* (BATCH, max ffn) */
+    float *moe;       /* (n_embd,) expert mixture of one token */
     float *scores;    /* (n_ctx,) */
     float *mask;      /* (n_ctx,) */
     float *router;    /* (n_expert,) */
-    int32_t *route;   /* (n_layer, n_expert_used) last routing */
+    int32_t *route;   /* (n_layer, n_expert_used) routing of the last token */
     float   *route_w; /* (n_expert_used,) */
-    void    *xq_buf;
-    jlm_act_q8 xq;
+    void    *xq_buf;  /* BATCH quantized activation rows */
+    jlm_act_q8 xq[BATCH];
 };
 
 /* ================================================================ tensors -> kernel operands */
@@ -80,34 +83,45 @@ static const float *vec_dense(const jlm_engine *e, const jlm_tensor *t)
 
 static void *zalloc(size_t n) { return calloc(1, n ? n : 1); }
 
-/* ================================================================ threaded matvec */
-typedef struct mv_job {
-    jlm_k_matvec_fn fn;
+/* ================================================================ threaded matvec / matmul */
+typedef struct mm_job {
+    jlm_k_matvec_fn mv;
+    jlm_k_matmul_fn mm;
     const jlm_k_mat *m;
+    uint64_t n;
     const float *x;
     const jlm_act_q8 *xq;
     float *y;
-} mv_job;
+} mm_job;
 
-static void mv_slice(void *ctx, size_t b, size_t en, int tid)
+static void mm_slice(void *ctx, size_t b, size_t en, int tid)
 {
     (void)tid;
-    mv_job *j = ctx;
-    j->fn(j->m, j->x, j->xq, j->y, b, en);
+    mm_job *j = ctx;
+    if (j->n == 1)
+        j->mv(j->m, j->x, j->xq, j->y, b, en);
+    else
+        j->mm(j->m, j->n, j->x, j->xq, j->y, b, en);
 }
 
-/* y = W x (rows of W). Quantized weights use int8 activations (7.7). */
-static void matvec(jlm_engine *e, const jlm_k_mat *m, const float *x, float *y)
+/* Y (n, rows) = X (n, k) W^T, rows split across the pool. Quantized weights
+ * use int8 activations (7.7), one quantized row per token. Hot path: every
+ * weight of every token goes through here. */
+static void matmul(jlm_engine *e, const jlm_k_mat *m, uint32_t n, const float *x, float *y)
 {
-    mv_job j = {e->k->matvec[m->type], m, x, NULL, y};
+    mm_job j = {e->k->matvec[m->type], e->k->matmul[m->type], m, n, x, NULL, y};
     if (!jlm_fmt_type_traits(m->type)->is_float) {
-        e->xq.k = m->k;
-        jlm_k_quantize_act(x, &e->xq);
-        j.xq = &e->xq;
+        for (uint32_t t = 0; t < n; t++) {
+            e->xq[t].k = m->k;
+            jlm_k_quantize_act(x + (uint64_t)t * m->k, &e->xq[t]);
+        }
+        j.xq = e->xq;
     }
     size_t grain = m->rows >= 256 ? 64 : m->rows;
-    jlm_pool_for(e->pool, m->rows, grain, mv_slice, &j);
+    jlm_pool_for(e->pool, m->rows, grain, mm_slice, &j);
 }
+
+static void matvec(jlm_engine *e, const jlm_k_mat *m, const float *x, float *y) { matmul(e, m, 1, x, y); }
 
 static void add_bias(float *y, const float *b, uint64_t n)
 {
@@ -122,35 +136,40 @@ static int alloc_buffers(jlm_engine *e, jlm_err *err)
     const jlm_config *c = e->c;
     uint64_t ffn = c->n_ffn > c->n_ffn_exp ? c->n_ffn : c->n_ffn_exp;
     if (ffn < c->n_embd) ffn = c->n_embd;
-    uint64_t wide = ffn > e->q_dim ? ffn : e->q_dim;
     uint64_t att = (uint64_t)c->n_head * e->hd_v;
-    if (att > wide) wide = att;
+    uint64_t kmax = ffn > att ? ffn : att;
+    if (kmax < e->q_dim) kmax = e->q_dim;
+    kmax = (kmax + 255) / 256 * 256;
     uint64_t kv = (uint64_t)c->n_layer * e->n_ctx;
     e->kc = zalloc(kv * e->kv_dim * sizeof(float));
     e->vc = zalloc(kv * e->kv_dim_v * sizeof(float));
-    e->x = zalloc(c->n_embd * sizeof(float));
-    e->h = zalloc(wide * sizeof(float));
-    e->q = zalloc(e->q_dim * sizeof(float));
-    e->kk = zalloc(e->kv_dim * sizeof(float));
-    e->vv = zalloc(e->kv_dim_v * sizeof(float));
-    e->att = zalloc(att * sizeof(float));
-    e->o = zalloc(c->n_embd * sizeof(float));
-    e->g = zalloc(ffn * sizeof(float));
-    e->u = zalloc(ffn * sizeof(float));
+    e->x = zalloc(BATCH * c->n_embd * sizeof(float));
+    e->h = zalloc(BATCH * c->n_embd * sizeof(float));
+    e->q = zalloc(BATCH * e->q_dim * sizeof(float));
+    e->kk = zalloc(BATCH * e->kv_dim * sizeof(float));
+    e->vv = zalloc(BATCH * e->kv_dim_v * sizeof(float));
+    e->att = zalloc(BATCH * att * sizeof(float));
+    e->o = zalloc(BATCH * c->n_embd * sizeof(float));
+    e->g = zalloc(BATCH * ffn * sizeof(float));
+    e->u = zalloc(BATCH * ffn * sizeof(float));
     e->moe = zalloc(c->n_embd * sizeof(float));
     e->scores = zalloc(e->n_ctx * sizeof(float));
     e->mask = zalloc(e->n_ctx * sizeof(float));
     e->router = zalloc((c->n_expert + 1) * sizeof(float));
     e->route = zalloc(((size_t)c->n_layer * c->n_expert_used + 1) * sizeof(int32_t));
     e->route_w = zalloc((c->n_expert_used + 1) * sizeof(float));
-    uint64_t qk = (wide + 255) / 256 * 256;
-    if (qk < c->n_embd) qk = c->n_embd;
-    e->xq_buf = zalloc(jlm_k_act_q8_bytes(qk));
+    size_t qb = jlm_k_act_q8_bytes(kmax);
+    e->xq_buf = zalloc(BATCH * qb);
     if (!e->kc || !e->vc || !e->x || !e->h || !e->q || !e->kk || !e->vv || !e->att || !e->o || !e->g ||
         !e->u || !e->moe || !e->scores || !e->mask || !e->router || !e->route || !e->route_w || !e->xq_buf)
         return jlm_errf(err, JLM_ENOMEM, "%s: out of memory for the KV cache (%u positions) and buffers",
                         e->m->path, e->n_ctx);
-    return jlm_k_act_q8_init(&e->xq, e->xq_buf, qk, err);
+    for (int t = 0; t < BATCH; t++) {
+        int rc = jlm_k_act_q8_init(&e->xq[t], (uint8_t *)e->xq_buf + t * qb, kmax, err);
+        if (rc)
+            return rc;
+    }
+    return JLM_OK;
 }
 
 static int supported(uint16_t arch)
@@ -318,51 +337,32 @@ static void rope_params(const jlm_engine *e, uint32_t l, jlm_k_rope *p)
         p->freq_factors = vec_dense(e, ff);
 }
 
-/* Per-head (or, QKNormWide, whole-vector) RMS norm of q and k. */
-static void qk_norm(jlm_engine *e, uint32_t l)
+/* Per-head (or, QKNormWide, whole-vector) RMS norm of one token's q and k. */
+static void qk_norm(jlm_engine *e, uint32_t l, float *q, float *k)
 {
     const jlm_config *c = e->c;
     const float *qn = vec_dense(e, W(e, l, JLM_R_ATTN_Q_NORM)), *kn = vec_dense(e, W(e, l, JLM_R_ATTN_K_NORM));
     if (c->flags & JLM_F_QK_NORM_WIDE) {
-        if (qn) jlm_k_rmsnorm(e->q, e->q, qn, e->q_dim, c->rms_eps);
-        if (kn) jlm_k_rmsnorm(e->kk, e->kk, kn, e->kv_dim, c->rms_eps);
+        if (qn) jlm_k_rmsnorm(q, q, qn, e->q_dim, c->rms_eps);
+        if (kn) jlm_k_rmsnorm(k, k, kn, e->kv_dim, c->rms_eps);
         return;
     }
     for (uint32_t h = 0; qn && h < c->n_head; h++)
-        jlm_k_rmsnorm(e->q + h * e->hd, e->q + h * e->hd, qn, e->hd, c->rms_eps);
+        jlm_k_rmsnorm(q + h * e->hd, q + h * e->hd, qn, e->hd, c->rms_eps);
     for (uint32_t h = 0; kn && h < c->n_kv_head; h++)
-        jlm_k_rmsnorm(e->kk + h * e->hd, e->kk + h * e->hd, kn, e->hd, c->rms_eps);
+        jlm_k_rmsnorm(k + h * e->hd, k + h * e->hd, kn, e->hd, c->rms_eps);
 }
 
-/* x += attention(norm(x)) for layer l at position pos; page = block l's frame. */
-static void attention(jlm_engine *e, uint32_t l, const uint8_t *page, uint64_t page_off, uint32_t pos)
+/* One token's attention over the cache at position pos: q -> out. */
+static void attend(jlm_engine *e, uint32_t l, uint32_t pos, const float *q, float *out)
 {
     const jlm_config *c = e->c;
-    jlm_k_rmsnorm(e->h, e->x, vec_dense(e, W(e, l, JLM_R_ATTN_NORM)), c->n_embd, c->rms_eps);
-    jlm_k_mat wq = mat_at(W(e, l, JLM_R_ATTN_Q), page, page_off, 0);
-    jlm_k_mat wk = mat_at(W(e, l, JLM_R_ATTN_K), page, page_off, 0);
-    jlm_k_mat wv = mat_at(W(e, l, JLM_R_ATTN_V), page, page_off, 0);
-    matvec(e, &wq, e->h, e->q);
-    matvec(e, &wk, e->h, e->kk);
-    matvec(e, &wv, e->h, e->vv);
-    add_bias(e->q, vec_dense(e, W(e, l, JLM_R_ATTN_Q_B)), e->q_dim);
-    add_bias(e->kk, vec_dense(e, W(e, l, JLM_R_ATTN_K_B)), e->kv_dim);
-    add_bias(e->vv, vec_dense(e, W(e, l, JLM_R_ATTN_V_B)), e->kv_dim_v);
-    qk_norm(e, l);
-    if (!(c->flags & JLM_F_NO_POS_ENC)) {
-        jlm_k_rope rp;
-        rope_params(e, l, &rp);
-        jlm_k_rope_apply(&rp, e->q, c->n_head, e->hd, pos);
-        jlm_k_rope_apply(&rp, e->kk, c->n_kv_head, e->hd, pos);
-    }
     float *kl = e->kc + (uint64_t)l * e->n_ctx * e->kv_dim, *vl = e->vc + (uint64_t)l * e->n_ctx * e->kv_dim_v;
-    memcpy(kl + (uint64_t)pos * e->kv_dim, e->kk, e->kv_dim * sizeof(float));
-    memcpy(vl + (uint64_t)pos * e->kv_dim_v, e->vv, e->kv_dim_v * sizeof(float));
     /* sliding window: a key at j is hidden when pos - j >= window (llama.cpp's standard SWA) */
     uint32_t n_kv = pos + 1;
     int swa = is_swa_layer(c, l);
-    for (uint32_t j = 0; j < n_kv; j++)
-        e->mask[j] = swa && pos - j >= c->swa_window ? -INFINITY : 0.0f;
+    for (uint32_t j = 0; swa && j < n_kv; j++)
+        e->mask[j] = pos - j >= c->swa_window ? -INFINITY : 0.0f;
     const float *sinks = vec_dense(e, W(e, l, JLM_R_ATTN_SINKS));
     jlm_k_attn ap = {.head_dim = e->hd, .head_dim_v = e->hd_v, .k_stride = e->kv_dim, .v_stride = e->kv_dim_v,
                      .scale = c->attn_scale > 0 ? c->attn_scale : 1.0f / sqrtf((float)e->hd),
@@ -372,17 +372,52 @@ static void attention(jlm_engine *e, uint32_t l, const uint8_t *page, uint64_t p
         uint32_t kvh = h / group;
         ap.has_sink = sinks != NULL;
         ap.sink = sinks ? sinks[h] : 0.0f;
-        jlm_k_attn_head(&ap, e->q + h * e->hd, kl + kvh * e->hd, vl + kvh * e->hd_v, n_kv, e->scores,
-                        e->att + h * e->hd_v);
+        jlm_k_attn_head(&ap, q + h * e->hd, kl + kvh * e->hd, vl + kvh * e->hd_v, n_kv, e->scores, out + h * e->hd_v);
+    }
+}
+
+/* x[t] += attention(norm(x[t])) for tokens t < n at positions pos0 + t of
+ * layer l; page = block l's frame. Tokens are causal within the batch: token
+ * t's keys are in the cache before token t+1 attends. */
+static void attention(jlm_engine *e, uint32_t l, const uint8_t *page, uint64_t page_off, uint32_t pos0, uint32_t n)
+{
+    const jlm_config *c = e->c;
+    uint32_t E = c->n_embd, A = c->n_head * e->hd_v;
+    for (uint32_t t = 0; t < n; t++)
+        jlm_k_rmsnorm(e->h + t * E, e->x + t * E, vec_dense(e, W(e, l, JLM_R_ATTN_NORM)), E, c->rms_eps);
+    jlm_k_mat wq = mat_at(W(e, l, JLM_R_ATTN_Q), page, page_off, 0);
+    jlm_k_mat wk = mat_at(W(e, l, JLM_R_ATTN_K), page, page_off, 0);
+    jlm_k_mat wv = mat_at(W(e, l, JLM_R_ATTN_V), page, page_off, 0);
+    matmul(e, &wq, n, e->h, e->q);
+    matmul(e, &wk, n, e->h, e->kk);
+    matmul(e, &wv, n, e->h, e->vv);
+    jlm_k_rope rp;
+    rope_params(e, l, &rp);
+    for (uint32_t t = 0; t < n; t++) {
+        float *q = e->q + t * e->q_dim, *k = e->kk + t * e->kv_dim, *v = e->vv + t * e->kv_dim_v;
+        add_bias(q, vec_dense(e, W(e, l, JLM_R_ATTN_Q_B)), e->q_dim);
+        add_bias(k, vec_dense(e, W(e, l, JLM_R_ATTN_K_B)), e->kv_dim);
+        add_bias(v, vec_dense(e, W(e, l, JLM_R_ATTN_V_B)), e->kv_dim_v);
+        qk_norm(e, l, q, k);
+        if (!(c->flags & JLM_F_NO_POS_ENC)) {
+            jlm_k_rope_apply(&rp, q, c->n_head, e->hd, pos0 + t);
+            jlm_k_rope_apply(&rp, k, c->n_kv_head, e->hd, pos0 + t);
+        }
+        uint64_t at = (uint64_t)l * e->n_ctx + pos0 + t;
+        memcpy(e->kc + at * e->kv_dim, k, e->kv_dim * sizeof(float));
+        memcpy(e->vc + at * e->kv_dim_v, v, e->kv_dim_v * sizeof(float));
+        attend(e, l, pos0 + t, q, e->att + t * A);
     }
     jlm_k_mat wo = mat_at(W(e, l, JLM_R_ATTN_OUT), page, page_off, 0);
-    matvec(e, &wo, e->att, e->o);
-    add_bias(e->o, vec_dense(e, W(e, l, JLM_R_ATTN_OUT_B)), c->n_embd);
-    if (c->arch == JLM_ARCH_GEMMA3) {
-        const float *pn = vec_dense(e, W(e, l, JLM_R_POST_ATTN_NORM));
-        if (pn) jlm_k_rmsnorm(e->o, e->o, pn, c->n_embd, c->rms_eps);
+    matmul(e, &wo, n, e->att, e->o);
+    const float *bo = vec_dense(e, W(e, l, JLM_R_ATTN_OUT_B));
+    const float *pn = c->arch == JLM_ARCH_GEMMA3 ? vec_dense(e, W(e, l, JLM_R_POST_ATTN_NORM)) : NULL;
+    for (uint32_t t = 0; t < n; t++) {
+        float *o = e->o + t * E;
+        add_bias(o, bo, E);
+        if (pn) jlm_k_rmsnorm(o, o, pn, E, c->rms_eps);
+        jlm_k_add(e->x + t * E, e->x + t * E, o, E);
     }
-    jlm_k_add(e->x, e->x, e->o, c->n_embd);
 }
 
 /* ================================================================ feed-forward */
@@ -407,31 +442,36 @@ static void activate(const jlm_config *c, float *g, const float *u, uint64_t n)
     }
 }
 
-static void ffn_dense(jlm_engine *e, uint32_t l, const uint8_t *page, uint64_t page_off)
+static void ffn_dense(jlm_engine *e, uint32_t l, const uint8_t *page, uint64_t page_off, uint32_t n)
 {
     const jlm_config *c = e->c;
-    jlm_k_rmsnorm(e->h, e->x, ffn_norm_w(e, l), c->n_embd, c->rms_eps);
+    uint32_t E = c->n_embd;
+    for (uint32_t t = 0; t < n; t++)
+        jlm_k_rmsnorm(e->h + t * E, e->x + t * E, ffn_norm_w(e, l), E, c->rms_eps);
     jlm_k_mat wg = mat_at(W(e, l, JLM_R_FFN_GATE), page, page_off, 0);
     jlm_k_mat wu = mat_at(W(e, l, JLM_R_FFN_UP), page, page_off, 0);
     jlm_k_mat wd = mat_at(W(e, l, JLM_R_FFN_DOWN), page, page_off, 0);
-    matvec(e, &wg, e->h, e->g);
-    matvec(e, &wu, e->h, e->u);
-    activate(c, e->g, e->u, wg.rows);
-    matvec(e, &wd, e->g, e->o);
-    if (c->arch == JLM_ARCH_GEMMA3) {
-        const float *pn = vec_dense(e, W(e, l, JLM_R_POST_FFW_NORM));
-        if (pn) jlm_k_rmsnorm(e->o, e->o, pn, c->n_embd, c->rms_eps);
+    uint64_t F = wg.rows;
+    matmul(e, &wg, n, e->h, e->g);
+    matmul(e, &wu, n, e->h, e->u);
+    for (uint32_t t = 0; t < n; t++)
+        activate(c, e->g + t * F, e->u + t * F, F);
+    matmul(e, &wd, n, e->g, e->o);
+    const float *pn = c->arch == JLM_ARCH_GEMMA3 ? vec_dense(e, W(e, l, JLM_R_POST_FFW_NORM)) : NULL;
+    for (uint32_t t = 0; t < n; t++) {
+        if (pn) jlm_k_rmsnorm(e->o + t * E, e->o + t * E, pn, E, c->rms_eps);
+        jlm_k_add(e->x + t * E, e->x + t * E, e->o + t * E, E);
     }
-    jlm_k_add(e->x, e->x, e->o, c->n_embd);
 }
 
-/* Top-k routing as llama.cpp does it per architecture. */
-static void route(jlm_engine *e, uint32_t l, const uint8_t *page, uint64_t page_off)
+/* Top-k routing of one token (normed input h) as llama.cpp does it per
+ * architecture; fills e->route for block l and e->route_w. */
+static void route(jlm_engine *e, uint32_t l, const uint8_t *page, uint64_t page_off, const float *h)
 {
     const jlm_config *c = e->c;
     uint32_t ne = c->n_expert, nu = c->n_expert_used;
     jlm_k_mat wr = mat_at(W(e, l, JLM_R_ROUTER), page, page_off, 0);
-    matvec(e, &wr, e->h, e->router);
+    matvec(e, &wr, h, e->router);
     add_bias(e->router, vec_dense(e, W(e, l, JLM_R_ROUTER_B)), ne);
     float probs[1024];
     int oai = (c->flags & JLM_F_SWIGLU_OAI) != 0;   /* gpt-oss: top-k of logits, softmax of those */
@@ -461,13 +501,16 @@ static void route(jlm_engine *e, uint32_t l, const uint8_t *page, uint64_t page_
         for (uint32_t s = 0; s < nu; s++) e->route_w[s] *= c->expert_scale;
 }
 
-static int ffn_moe(jlm_engine *e, uint32_t l, const uint8_t *page, uint64_t page_off, jlm_err *err)
+/* x += the routed experts' mixture for one token (row t). Pages in every
+ * routed expert first: the minimum working set counts them all. */
+static int moe_token(jlm_engine *e, uint32_t l, const uint8_t *page, uint64_t page_off, uint32_t t, jlm_err *err)
 {
     const jlm_config *c = e->c;
     const jlm_header *hd = &e->m->hdr;
-    uint32_t nu = c->n_expert_used;
-    jlm_k_rmsnorm(e->h, e->x, ffn_norm_w(e, l), c->n_embd, c->rms_eps);
-    route(e, l, page, page_off);
+    uint32_t nu = c->n_expert_used, E = c->n_embd;
+    float *h = e->h + t * E, *x = e->x + t * E;
+    jlm_k_rmsnorm(h, x, ffn_norm_w(e, l), E, c->rms_eps);
+    route(e, l, page, page_off, h);
     const jlm_tensor *tg = W(e, l, JLM_R_EXP_GATE), *tu = W(e, l, JLM_R_EXP_UP), *td = W(e, l, JLM_R_EXP_DOWN);
     const float *bg = vec_dense(e, W(e, l, JLM_R_EXP_GATE_B)), *bu = vec_dense(e, W(e, l, JLM_R_EXP_UP_B));
     const float *bd = vec_dense(e, W(e, l, JLM_R_EXP_DOWN_B));
@@ -476,56 +519,52 @@ static int ffn_moe(jlm_engine *e, uint32_t l, const uint8_t *page, uint64_t page
     const void *frames[256];
     uint32_t pinned = 0;
     int rc = JLM_OK;
-    /* page in every routed expert first (the minimum working set counts them all) */
-    for (; pinned < nu && !rc; pinned++) {
+    for (; pinned < nu; pinned++) {
         uint32_t pg = first + (uint32_t)sel[pinned];
-        rc = jlm_pager_get(e->pager, JLM_PAGER_EXPERTS, pg, 0, e->exp_extent ? e->exp_extent[pg] : hd->exp_page_size,
-                           &frames[pinned], err);
+        if ((rc = jlm_pager_get(e->pager, JLM_PAGER_EXPERTS, pg, 0, e->exp_extent[pg], &frames[pinned], err)))
+            break;
     }
-    if (rc) {
-        pinned--;
-        goto out;
+    if (!rc) {
+        memset(e->moe, 0, E * sizeof(float));
+        uint64_t nff = jlm_tensor_rows(tg);
+        for (uint32_t s = 0; s < nu; s++) {
+            uint32_t xe = (uint32_t)sel[s];
+            uint64_t pg_off = hd->exp_data_off + (uint64_t)(first + xe) * hd->exp_page_size;
+            uint64_t shift = (uint64_t)xe * hd->exp_page_size;
+            /* bank offsets address expert 0's page: shift them to expert xe's page */
+            jlm_k_mat wg = mat_at(tg, frames[s], pg_off, shift), wu = mat_at(tu, frames[s], pg_off, shift);
+            jlm_k_mat wd = mat_at(td, frames[s], pg_off, shift);
+            matvec(e, &wg, h, e->g);
+            matvec(e, &wu, h, e->u);
+            if (bg) add_bias(e->g, bg + (uint64_t)xe * nff, nff);
+            if (bu) add_bias(e->u, bu + (uint64_t)xe * nff, nff);
+            activate(c, e->g, e->u, nff);
+            matvec(e, &wd, e->g, e->o);
+            if (bd) add_bias(e->o, bd + (uint64_t)xe * E, E);
+            for (uint32_t i = 0; i < E; i++)
+                e->moe[i] += e->route_w[s] * e->o[i];
+        }
+        jlm_k_add(x, x, e->moe, E);
     }
-    memset(e->moe, 0, c->n_embd * sizeof(float));
-    uint64_t nff = jlm_tensor_rows(tg);
-    for (uint32_t s = 0; s < nu; s++) {
-        uint32_t x = (uint32_t)sel[s];
-        uint64_t pg_off = hd->exp_data_off + (uint64_t)(first + x) * hd->exp_page_size;
-        uint64_t shift = (uint64_t)x * hd->exp_page_size;
-        /* bank offsets address expert 0's page: shift them to expert x's page */
-        jlm_k_mat wg = mat_at(tg, frames[s], pg_off, shift), wu = mat_at(tu, frames[s], pg_off, shift);
-        jlm_k_mat wd = mat_at(td, frames[s], pg_off, shift);
-        matvec(e, &wg, e->h, e->g);
-        matvec(e, &wu, e->h, e->u);
-        if (bg) add_bias(e->g, bg + (uint64_t)x * nff, nff);
-        if (bu) add_bias(e->u, bu + (uint64_t)x * nff, nff);
-        activate(c, e->g, e->u, nff);
-        matvec(e, &wd, e->g, e->o);
-        if (bd) add_bias(e->o, bd + (uint64_t)x * c->n_embd, c->n_embd);
-        for (uint32_t i = 0; i < c->n_embd; i++)
-            e->moe[i] += e->route_w[s] * e->o[i];
-    }
-    jlm_k_add(e->x, e->x, e->moe, c->n_embd);
-out:
     for (uint32_t s = 0; s < pinned; s++)
         jlm_pager_unpin(e->pager, JLM_PAGER_EXPERTS, first + (uint32_t)sel[s]);
     return rc;
 }
 
-/* ================================================================ one token */
-static void embed(jlm_engine *e, int32_t tok)
+/* ================================================================ a batch of tokens */
+static void embed(jlm_engine *e, int32_t tok, float *x)
 {
     const jlm_tensor *t = W(e, -1, JLM_R_TOKEN_EMBD);
     jlm_k_mat m = mat_dense(e, t);
-    jlm_k_dequant_row_ref(t->type, m.qs, m.d, m.sc, m.k, m.rows, (uint64_t)tok, e->x);
+    jlm_k_dequant_row_ref(t->type, m.qs, m.d, m.sc, m.k, m.rows, (uint64_t)tok, x);
     if (e->c->embd_scale > 0)
-        jlm_k_scale(e->x, e->x, e->c->embd_scale, e->c->n_embd);
+        jlm_k_scale(x, x, e->c->embd_scale, e->c->n_embd);
 }
 
-static void output(jlm_engine *e, float *logits)
+static void output(jlm_engine *e, const float *x, float *logits)
 {
     const jlm_config *c = e->c;
-    jlm_k_rmsnorm(e->h, e->x, vec_dense(e, W(e, -1, JLM_R_OUTPUT_NORM)), c->n_embd, c->rms_eps);
+    jlm_k_rmsnorm(e->h, x, vec_dense(e, W(e, -1, JLM_R_OUTPUT_NORM)), c->n_embd, c->rms_eps);
     const jlm_tensor *t = W(e, -1, JLM_R_OUTPUT);
     if (!t)
         t = W(e, -1, JLM_R_TOKEN_EMBD);   /* tied embeddings */
@@ -536,43 +575,50 @@ static void output(jlm_engine *e, float *logits)
             logits[i] = c->final_softcap * tanhf(logits[i] / c->final_softcap);
 }
 
-static int forward(jlm_engine *e, int32_t tok, uint32_t pos, float *logits, jlm_err *err)
+/* tokens[0, n) at positions pos0.., n <= BATCH: each block page is pinned
+ * once for the whole batch. */
+static int forward(jlm_engine *e, const int32_t *tokens, uint32_t n, uint32_t pos0, float *logits, jlm_err *err)
 {
     const jlm_config *c = e->c;
     const jlm_header *hd = &e->m->hdr;
-    embed(e, tok);
+    for (uint32_t t = 0; t < n; t++)
+        embed(e, tokens[t], e->x + t * c->n_embd);
     for (uint32_t l = 0; l < c->n_layer; l++) {
         const void *page;
         uint64_t page_off = hd->data_off + (uint64_t)l * hd->page_size;
         int rc = jlm_pager_get(e->pager, JLM_PAGER_TEXT, l, 0, e->text_extent[l], &page, err);
         if (rc)
             return jlm_err_prefix(err, rc, "%s: block %u", e->m->path, l);
-        attention(e, l, page, page_off, pos);
-        if (W(e, l, JLM_R_EXP_GATE))
-            rc = ffn_moe(e, l, page, page_off, err);
-        else
-            ffn_dense(e, l, page, page_off);
+        attention(e, l, page, page_off, pos0, n);
+        if (W(e, l, JLM_R_EXP_GATE)) {
+            for (uint32_t t = 0; t < n && !rc; t++)
+                rc = moe_token(e, l, page, page_off, t, err);
+        } else {
+            ffn_dense(e, l, page, page_off, n);
+        }
         jlm_pager_unpin(e->pager, JLM_PAGER_TEXT, l);
         if (rc)
             return jlm_err_prefix(err, rc, "%s: block %u experts", e->m->path, l);
     }
     if (logits)
-        output(e, logits);
+        output(e, e->x + (uint64_t)(n - 1) * c->n_embd, logits);
     return JLM_OK;
 }
 
 int jlm_engine_eval(jlm_engine *e, const int32_t *tokens, uint32_t n, float *logits, jlm_err *err)
 {
-    for (uint32_t i = 0; i < n; i++) {
-        if (e->n_past >= e->n_ctx)
-            return jlm_errf(err, JLM_ERANGE, "context full: %u positions (-c)", e->n_ctx);
-        if (tokens[i] < 0 || (uint32_t)tokens[i] >= jlm_tensor_rows(W(e, -1, JLM_R_TOKEN_EMBD)))
-            return jlm_errf(err, JLM_ERANGE, "token id %d outside [0, %llu)", tokens[i],
-                            (unsigned long long)jlm_tensor_rows(W(e, -1, JLM_R_TOKEN_EMBD)));
-        int rc = forward(e, tokens[i], e->n_past, i + 1 == n ? logits : NULL, err);
+    uint64_t nv = jlm_tensor_rows(W(e, -1, JLM_R_TOKEN_EMBD));
+    for (uint32_t i = 0; i < n; i++)
+        if (tokens[i] < 0 || (uint64_t)tokens[i] >= nv)
+            return jlm_errf(err, JLM_ERANGE, "token id %d outside [0, %llu)", tokens[i], (unsigned long long)nv);
+    if ((uint64_t)e->n_past + n > e->n_ctx)
+        return jlm_errf(err, JLM_ERANGE, "context full: %u + %u tokens exceed %u positions (-c)", e->n_past, n, e->n_ctx);
+    for (uint32_t i = 0; i < n; i += BATCH) {
+        uint32_t b = n - i < BATCH ? n - i : BATCH;
+        int rc = forward(e, tokens + i, b, e->n_past, i + b == n ? logits : NULL, err);
         if (rc)
             return rc;
-        e->n_past++;
+        e->n_past += b;
     }
     return JLM_OK;
 }

@@ -56,11 +56,15 @@ int  jlm_rdb_session_end(jlm_rdb *db, int64_t session, jlm_err *err);
 
 enum jlm_rdb_kind { JLM_RDB_PAGE_IN = 1, JLM_RDB_FILL = 2, JLM_RDB_HIT = 3, JLM_RDB_EVICT = 4 };
 
-/* Queues one pager event (cheap: no SQL until flush). */
+/* Queues one pager event (cheap: no SQL until flush). tier: FRAME for hits;
+ * a page-in/fill of a view page read through the page cache is PAGECACHE and
+ * is re-attributed to DISK/CONVERT from the daemon's reads (docs/residency.md).
+ * JLM_EINVAL for another array name or kind, JLM_ENOMEM. */
 int  jlm_rdb_event(jlm_rdb *db, int64_t session, const char *array, int32_t a, int32_t b,
                    int kind, int tier, uint64_t bytes, jlm_err *err);
 /* Writes the queued events in one transaction (the engine calls this once
- * per token and at exit). */
+ * per token and at exit). On failure the transaction is rolled back and the
+ * queue kept for a later flush; JLM_ENOTFOUND if an event's session is gone. */
 int  jlm_rdb_flush(jlm_rdb *db, jlm_err *err);
 
 /* ---------------------------------------------------------------- daemon side */
@@ -69,7 +73,8 @@ int  jlm_rdb_flush(jlm_rdb *db, jlm_err *err);
 int  jlm_rdb_daemon_read(jlm_rdb *db, const char *model_key, const char *array, int32_t a, int32_t b,
                          int tier, uint64_t bytes, jlm_err *err);
 
-/* Entry names of the pages live sessions hold now ("blocks.12", ...), sorted.
+/* Entry names of the pages live sessions hold now ("blocks.12", ...), sorted
+ * blocks, vision, experts, then numerically; prunes dead sessions first.
  * *names is malloc'd (array and strings); free with jlm_rdb_free_names. */
 int  jlm_rdb_resident(jlm_rdb *db, const char *model_key, char ***names, size_t *n, jlm_err *err);
 void jlm_rdb_free_names(char **names, size_t n);

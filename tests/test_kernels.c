@@ -206,14 +206,27 @@ static void check_shape(const jlm_k_cpu *tab, uint8_t type, uint64_t k, uint64_t
         if (k % 32 == 0)
             jlm_k_quantize_act(x + i * k, &xq[i]);
     }
+    float *yr = malloc(NT * rows * sizeof *yr);
+    int quant = !jlm_fmt_type_traits(type)->is_float;
     for (int pass = 0; pass < 2; pass++) {
         int nt = pass ? NT : 1;
         for (uint64_t i = 0; i < NT * rows; i++)
-            y[i] = 12345.0f;
-        if (pass)
+            y[i] = yr[i] = 12345.0f;
+        if (pass) {
             tab->matmul[type](&t.m, nt, x, xq, y, r0, r1);
-        else
+            jlm_k_matmul_ref(&t.m, nt, x, xq, yr, r0, r1);
+        } else {
             tab->matvec[type](&t.m, x, xq, y, r0, r1);
+            jlm_k_matvec_ref(&t.m, x, xq, yr, r0, r1);
+        }
+        /* quantized types: every variant rounds exactly like the reference */
+        for (uint64_t i = 0; quant && i < (uint64_t)nt * rows; i++)
+            cr_assert(!memcmp(&y[i], &yr[i], sizeof *y),
+                      "%s %s %s k %llu rows %llu [%llu,%llu) token %llu row %llu: "
+                      "reference %a, variant %a (must be bit-identical)",
+                      tab->name, pass ? "matmul" : "matvec", tn, (unsigned long long)k,
+                      (unsigned long long)rows, (unsigned long long)r0, (unsigned long long)r1,
+                      (unsigned long long)(i / rows), (unsigned long long)(i % rows), (double)yr[i], (double)y[i]);
         for (int tk = 0; tk < nt; tk++)
             for (uint64_t r = 0; r < rows; r++) {
                 float got = y[tk * rows + r];
@@ -237,6 +250,7 @@ static void check_shape(const jlm_k_cpu *tab, uint8_t type, uint64_t k, uint64_t
         free(buf[i]);
     free(x);
     free(y);
+    free(yr);
     tmat_free(&t);
 }
 
@@ -264,7 +278,7 @@ ParameterizedTest(mv_param *p, kernels, matvec_matches_the_dequantized_dot_for_e
         check_shape(&tab, p->type, 1, 5, 0, 5, 0, &seed);   /* k = 1: no vector body */
 }
 
-ParameterizedTestParameters(kernels, variant_matvec_equals_the_reference_within_tolerance)
+ParameterizedTestParameters(kernels, variant_equals_the_reference_bit_for_bit_on_quantized_types)
 {
     static mv_param p[N_TYPES * 2];
     size_t n = 0;
@@ -274,35 +288,87 @@ ParameterizedTestParameters(kernels, variant_matvec_equals_the_reference_within_
     return cr_make_param_array(mv_param, p, n);
 }
 
-ParameterizedTest(mv_param *p, kernels, variant_matvec_equals_the_reference_within_tolerance)
+/* y (nt tokens x rows) of the variant against the reference: quantized types
+ * bit for bit (docs/kernels.md, last section), float types within tolerance. */
+static void expect_same_as_ref(const jlm_k_cpu *tab, const tmat *t, const char *what, int nt,
+                               const float *x, const jlm_act_q8 *xq, const float *y, const float *yr)
 {
+    const jlm_type_traits *tr = jlm_fmt_type_traits(t->m.type);
+    uint64_t rows = t->m.rows;
+    for (uint64_t i = 0; i < (uint64_t)nt * rows; i++) {
+        uint64_t tk = i / rows, r = i % rows;
+        if (!tr->is_float) {
+            cr_assert(!memcmp(&y[i], &yr[i], sizeof *y), "%s %s %s token %llu row %llu: reference %a, variant %a",
+                      tab->name, tr->name, what, (unsigned long long)tk, (unsigned long long)r,
+                      (double)yr[i], (double)y[i]);
+            continue;
+        }
+        if (isnan(y[i]) && isnan(yr[i]))
+            continue;                              /* the token with a NaN */
+        double scale;
+        oracle_row(t, x + tk * t->m.k, &xq[tk], r, &scale);
+        double err = fabs((double)y[i] - (double)yr[i]), lim = tol_of(t->m.type) * scale;
+        cr_assert(!(err > lim) && err == err, "%s %s %s token %llu row %llu: ref %.9g, variant %.9g (err %.3g > %.3g)",
+                  tab->name, tr->name, what, (unsigned long long)tk, (unsigned long long)r,
+                  (double)yr[i], (double)y[i], err, lim);
+    }
+}
+
+/* Random planes, 6 tokens of every activation flavour (one with a NaN block),
+ * 101 rows (vector body + scalar tail), through matvec and matmul; then
+ * saturating operands: every code at its extreme, activations all +-127. */
+ParameterizedTest(mv_param *p, kernels, variant_equals_the_reference_bit_for_bit_on_quantized_types,
+                  .timeout = 60)
+{
+    enum { NT = 6 };
     jlm_k_cpu tab;
     table_or_skip(p->variant, &tab);
     const jlm_type_traits *tr = jlm_fmt_type_traits(p->type);
-    uint64_t k = tr->is_float ? 1000 : 1024, rows = 96, seed = 77 + p->type;
-    tmat t;
-    tmat_make(&t, p->type, k, rows, &seed);
-    float *x = malloc(k * sizeof *x), *y = malloc(rows * sizeof *y), *yr = malloc(rows * sizeof *yr);
-    void *buf = malloc(jlm_k_act_q8_bytes(1024));
-    jlm_act_q8 xq;
-    cr_assert(jlm_k_act_q8_init(&xq, buf, 1024, NULL) == 0);
-    rand_act(x, k, &seed, 1);
-    if (!tr->is_float)
-        jlm_k_quantize_act(x, &xq);
-    tab.matvec[p->type](&t.m, x, &xq, y, 0, rows);
-    jlm_k_matvec_ref(&t.m, x, &xq, yr, 0, rows);
-    for (uint64_t r = 0; r < rows; r++) {
-        double scale;
-        oracle_row(&t, x, &xq, r, &scale);
-        double err = fabs((double)y[r] - (double)yr[r]), lim = tol_of(p->type) * scale;
-        cr_assert(!(err > lim) && err == err, "%s %s row %llu: ref %.9g, variant %.9g (err %.3g > %.3g)",
-                  tab.name, tr->name, (unsigned long long)r, (double)yr[r], (double)y[r], err, lim);
+    uint64_t k = tr->is_float ? 1000 : 1024, rows = 101, seed = 77 + p->type;
+    float *x = malloc(NT * k * sizeof *x), *y = malloc(NT * rows * sizeof *y), *yr = malloc(NT * rows * sizeof *yr);
+    void *buf[NT];
+    jlm_act_q8 xq[NT];
+    for (int i = 0; i < NT; i++) {
+        buf[i] = malloc(jlm_k_act_q8_bytes(1024));
+        cr_assert(jlm_k_act_q8_init(&xq[i], buf[i], 1024, NULL) == 0);
     }
-    free(buf);
+    static const uint8_t FILL[] = {0xff, 0x88, 0x80, 0x7f, 0x0f, 0xf0};
+    for (int round = 0; round < 3 + (int)sizeof FILL; round++) {
+        tmat t;
+        tmat_make(&t, p->type, k, rows, &seed);
+        int sat = round >= 3;
+        uint64_t ql, dl, sl;
+        cr_assert(jlm_fmt_planes(p->type, k, rows, &ql, &dl, &sl, NULL) == 0);
+        if (sat && tr->is_float) {
+            tmat_free(&t);
+            continue;
+        }
+        if (sat)
+            memset(t.qs, FILL[round - 3], ql);
+        for (int i = 0; i < NT; i++) {
+            if (sat)
+                for (uint64_t e = 0; e < k; e++)
+                    x[i * k + e] = (i % 3 == 0) ? 1.0f : (i % 3 == 1) ? -1.0f : ((e / 32) % 2 ? 2.0f : -2.0f);
+            else
+                rand_act(x + i * k, k, &seed, i % 5);
+            if (!sat && i == 5)
+                x[i * k + 40] = NAN;
+            if (!tr->is_float)
+                jlm_k_quantize_act(x + i * k, &xq[i]);
+        }
+        tab.matvec[p->type](&t.m, x, &xq[0], y, 0, rows);
+        jlm_k_matvec_ref(&t.m, x, &xq[0], yr, 0, rows);
+        expect_same_as_ref(&tab, &t, "matvec", 1, x, xq, y, yr);
+        tab.matmul[p->type](&t.m, NT, x, xq, y, 0, rows);
+        jlm_k_matmul_ref(&t.m, NT, x, xq, yr, 0, rows);
+        expect_same_as_ref(&tab, &t, "matmul", NT, x, xq, y, yr);
+        tmat_free(&t);
+    }
+    for (int i = 0; i < NT; i++)
+        free(buf[i]);
     free(x);
     free(y);
     free(yr);
-    tmat_free(&t);
 }
 
 /* ---------------------------------------------------------------- activations, fp16 */

@@ -12,8 +12,10 @@
  *      an exact int32 dot product of the stored integer codes with the int8
  *      activations, the zero point removed as bias*sum(a), then one f32
  *      multiply-add per sub-block into a per-row f32 accumulator, sub-blocks in
- *      order. Variants compute the same int32 values; they differ from ref only
- *      in f32 rounding (FMA), within kernels/cpu/tolerances.h.
+ *      order. For quantized types every variant is BIT-IDENTICAL to ref (same
+ *      f32 operations in the same order, no FMA; docs/kernels.md). Float
+ *      types (F32/F16/BF16) may differ in the last bits (FMA, several
+ *      accumulators), within kernels/cpu/tolerances.h.
  *  (2) A matvec writes y[r] for r in [r0, r1) only, reads nothing of y, and
  *      touches no other state: threads may split the rows of one matrix.
  *  (3) The kernel table chosen by jlm_k_cpu_init() is the module's only global

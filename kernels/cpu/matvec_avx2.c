@@ -15,9 +15,9 @@
  *
  * matmul reuses each weight load (and its nibble split) for up to 4 tokens.
  * Rows left over after the last full group of 8 go through the reference
- * (the shared scalar tail); so do the types without code here (see
- * docs/kernels.md). Results equal the reference's int32 dots exactly and its
- * f32 sums within tolerances.h (FMA rounding). */
+ * (the shared scalar tail). Quantized types: the reference's int32 dots and
+ * its f32 operations in its order, without FMA (MULADD), so the results are
+ * bit-identical to it (docs/kernels.md); float types sum in another order. */
 #include "kernels.h"
 
 #include <immintrin.h>
@@ -46,14 +46,15 @@ ALWAYS_INLINE void half_pair(__m256i w, __m256 *lo, __m256 *hi)
     *hi = _mm256_cvtph_ps(_mm256_extracti128_si256(p, 1));
 }
 
-/* Six-bit field f of the Q4_K/Q5_K 96-bit stream for rows r..r+7 (7.3). */
-ALWAYS_INLINE __m256i field6(const uint32_t *scb, uint64_t rows, uint64_t r, unsigned f)
+/* Fields 2j and 2j+1 (scale, min of sub-block j) as one 12-bit value at bit
+ * 12j of the stream (one load and shift; a second where it straddles). */
+ALWAYS_INLINE __m256i field12(const uint32_t *scb, uint64_t rows, uint64_t r, unsigned j)
 {
-    unsigned bit = 6 * f, wi = bit / 32, sh = bit % 32;
+    unsigned bit = 12 * j, wi = bit / 32, sh = bit % 32;
     __m256i v = _mm256_srl_epi32(ld(scb + wi * rows + r), _mm_cvtsi32_si128((int)sh));
-    if (sh > 26)
+    if (sh > 20)
         v = _mm256_or_si256(v, _mm256_sll_epi32(ld(scb + (wi + 1) * rows + r), _mm_cvtsi32_si128((int)(32 - sh))));
-    return _mm256_and_si256(v, _mm256_set1_epi32(63));
+    return v;
 }
 
 /* Per-token view of one 32-wide activation block. */
@@ -120,9 +121,128 @@ ALWAYS_INLINE void q4_0_core(const jlm_k_mat *m, const jlm_act_q8 *xq, int nt, f
     }
 }
 
-/* Q4_K: y += da * (d*(sc*dot) - dmin*(m*suma)). */
-ALWAYS_INLINE void q4_k_core(const jlm_k_mat *m, const jlm_act_q8 *xq, int nt, float *y,
-                             uint64_t r0, uint64_t nv)
+/* ---------------------------------------------------------------- 5-bit and MXFP4 cores */
+
+/* dot of a 5-word sub-block (4 nibble words + 1 word of high bits, 7.5: the
+ * high bit of element 4w+b is bit w of byte b, of element 16+4w+b bit 4+w).
+ * Codes <= 31: a vpmaddubsw pair is at most 7874, so 4 pairs (2 words) are
+ * summed in s16 (31496) before widening. */
+ALWAYS_INLINE void dot_nib5(const uint32_t *col, uint64_t rows, uint64_t r, int nt,
+                            const tok32 *tk, __m256i *out)
+{
+    const __m256i m4 = _mm256_set1_epi8(15), m10 = _mm256_set1_epi8(0x10), one = _mm256_set1_epi16(1);
+    __m256i hb = ld(col + 4 * rows + r), hl = _mm256_slli_epi32(hb, 4);
+    for (int t = 0; t < nt; t++)
+        out[t] = _mm256_setzero_si256();
+    for (int w2 = 0; w2 < 4; w2 += 2) {
+        __m256i acc[MAXT];
+        for (int t = 0; t < nt; t++)
+            acc[t] = _mm256_setzero_si256();
+        for (int w = w2; w < w2 + 2; w++) {
+            __m256i v = ld(col + w * rows + r);
+            __m256i lo = _mm256_or_si256(_mm256_and_si256(v, m4), _mm256_and_si256(_mm256_srli_epi32(hl, w), m10));
+            __m256i hi = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(v, 4), m4),
+                                         _mm256_and_si256(_mm256_srli_epi32(hb, w), m10));
+            for (int t = 0; t < nt; t++) {
+                acc[t] = _mm256_add_epi16(acc[t], _mm256_maddubs_epi16(lo, tk[t].a[w]));
+                acc[t] = _mm256_add_epi16(acc[t], _mm256_maddubs_epi16(hi, tk[t].a[w + 4]));
+            }
+        }
+        for (int t = 0; t < nt; t++)
+            out[t] = _mm256_add_epi32(out[t], _mm256_madd_epi16(acc[t], one));
+    }
+}
+
+/* MXFP4: codes through the doubled-plus-12 table (values 0..24, vpshufb); a
+ * pair is at most 6096, so 4 pairs (2 words) share an s16 sum (24384). */
+ALWAYS_INLINE void dot_mx(const uint32_t *col, uint64_t rows, uint64_t r, int nt,
+                          const tok32 *tk, __m256i *out)
+{
+    const __m256i m4 = _mm256_set1_epi8(15), one = _mm256_set1_epi16(1);
+    const __m256i lut = _mm256_setr_epi8(12, 13, 14, 15, 16, 18, 20, 24, 12, 11, 10, 9, 8, 6, 4, 0,
+                                         12, 13, 14, 15, 16, 18, 20, 24, 12, 11, 10, 9, 8, 6, 4, 0);
+    for (int t = 0; t < nt; t++)
+        out[t] = _mm256_setzero_si256();
+    for (int w2 = 0; w2 < 4; w2 += 2) {
+        __m256i acc[MAXT];
+        for (int t = 0; t < nt; t++)
+            acc[t] = _mm256_setzero_si256();
+        for (int w = w2; w < w2 + 2; w++) {
+            __m256i v = ld(col + w * rows + r);
+            __m256i lo = _mm256_shuffle_epi8(lut, _mm256_and_si256(v, m4));
+            __m256i hi = _mm256_shuffle_epi8(lut, _mm256_and_si256(_mm256_srli_epi16(v, 4), m4));
+            for (int t = 0; t < nt; t++) {
+                acc[t] = _mm256_add_epi16(acc[t], _mm256_maddubs_epi16(lo, tk[t].a[w]));
+                acc[t] = _mm256_add_epi16(acc[t], _mm256_maddubs_epi16(hi, tk[t].a[w + 4]));
+            }
+        }
+        for (int t = 0; t < nt; t++)
+            out[t] = _mm256_add_epi32(out[t], _mm256_madd_epi16(acc[t], one));
+    }
+}
+
+/* Q5_0: y += (d*da)*(dot - 16*suma); MXFP4: y += (e*da)*(dot' - 12*suma), e
+ * the f32 with bits byte << 23; Q5_1: y += ((d*da)*dot - (b*da)*suma). The
+ * same operations in the same order as the reference (bit-identical). */
+ALWAYS_INLINE void sub32_core(const jlm_k_mat *m, const jlm_act_q8 *xq, int nt, float *y,
+                              uint64_t r0, uint64_t nv, int type)
+{
+    uint64_t rows = m->rows, W = type == JLM_T_MXFP4 ? 4 : 5;
+    uint64_t dcol = type == JLM_T_Q5_0 ? (rows + 1) / 2 * 2 : (rows + 3) / 4 * 4;
+    const uint32_t *qs = m->qs, *dp = m->d;
+    const uint16_t *d16 = m->d;
+    const uint8_t *d8 = m->d;
+    int32_t bias = type == JLM_T_Q5_0 ? 16 : 12;
+    for (uint64_t s = 0; s < m->k / 32; s++) {
+        tok32 tk[MAXT];
+        for (int t = 0; t < nt; t++)
+            tok_load(&tk[t], &xq[t], s);
+        const uint32_t *col = qs + s * W * rows;
+        for (uint64_t r = r0; r < nv; r += 8) {
+            __m256i dot[MAXT];
+            if (type == JLM_T_MXFP4)
+                dot_mx(col, rows, r, nt, tk, dot);
+            else
+                dot_nib5(col, rows, r, nt, tk, dot);
+            for (int t = 0; t < nt; t++) {
+                float *yt = y + t * rows + r;
+                __m256 acc = s ? _mm256_loadu_ps(yt) : _mm256_setzero_ps(), da = _mm256_set1_ps(tk[t].da);
+                if (type == JLM_T_Q5_1) {
+                    __m256 d, b;
+                    half_pair(ld(dp + s * rows + r), &d, &b);
+                    __m256 pd = _mm256_mul_ps(_mm256_mul_ps(d, da), _mm256_cvtepi32_ps(dot[t]));
+                    __m256 pb = _mm256_mul_ps(_mm256_mul_ps(b, da), _mm256_set1_ps((float)tk[t].suma));
+                    acc = _mm256_add_ps(acc, _mm256_sub_ps(pd, pb));
+                } else {
+                    __m256 d = type == JLM_T_Q5_0
+                        ? _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(d16 + s * dcol + r)))
+                        : _mm256_castsi256_ps(_mm256_slli_epi32(
+                              _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)(d8 + s * dcol + r))), 23));
+                    __m256i is = _mm256_sub_epi32(dot[t], _mm256_set1_epi32(bias * tk[t].suma));
+                    acc = MULADD(_mm256_mul_ps(d, da), _mm256_cvtepi32_ps(is), acc);
+                }
+                _mm256_storeu_ps(yt, acc);
+            }
+        }
+    }
+}
+
+ALWAYS_INLINE void q5_0_core(const jlm_k_mat *m, const jlm_act_q8 *xq, int nt, float *y, uint64_t r0, uint64_t nv)
+{
+    sub32_core(m, xq, nt, y, r0, nv, JLM_T_Q5_0);
+}
+ALWAYS_INLINE void q5_1_core(const jlm_k_mat *m, const jlm_act_q8 *xq, int nt, float *y, uint64_t r0, uint64_t nv)
+{
+    sub32_core(m, xq, nt, y, r0, nv, JLM_T_Q5_1);
+}
+ALWAYS_INLINE void mxfp4_core(const jlm_k_mat *m, const jlm_act_q8 *xq, int nt, float *y, uint64_t r0, uint64_t nv)
+{
+    sub32_core(m, xq, nt, y, r0, nv, JLM_T_MXFP4);
+}
+
+/* Q4_K (W 4), Q5_K (W 5): y += da * (d*(sc*dot) - dmin*(m*suma)). */
+ALWAYS_INLINE void k32_core(const jlm_k_mat *m, const jlm_act_q8 *xq, int nt, float *y,
+                            uint64_t r0, uint64_t nv, unsigned W)
 {
     uint64_t rows = m->rows;
     const uint32_t *qs = m->qs, *dp = m->d, *scp = m->sc;
@@ -132,20 +252,91 @@ ALWAYS_INLINE void q4_k_core(const jlm_k_mat *m, const jlm_act_q8 *xq, int nt, f
         tok32 tk[MAXT];
         for (int t = 0; t < nt; t++)
             tok_load(&tk[t], &xq[t], s);
-        const uint32_t *col = qs + s * 4 * rows, *scb = scp + sb * 3 * rows;
+        const uint32_t *col = qs + s * W * rows, *scb = scp + sb * 3 * rows;
         for (uint64_t r = r0; r < nv; r += 8) {
             __m256i dot[MAXT];
-            dot_nib(col, rows, r, nt, tk, dot);
+            if (W == 5)
+                dot_nib5(col, rows, r, nt, tk, dot);
+            else
+                dot_nib(col, rows, r, nt, tk, dot);
             __m256 d, dmin;
             half_pair(ld(dp + sb * rows + r), &d, &dmin);
-            __m256i sc = field6(scb, rows, r, 2 * j), mn = field6(scb, rows, r, 2 * j + 1);
+            /* sc*dot < 2^24 and m*suma < 2^24: the f32 products are exact, so
+             * they equal the reference's (float)(sc*dot) and (float)(m*suma) */
+            __m256i f = field12(scb, rows, r, j), m63 = _mm256_set1_epi32(63);
+            __m256 sc = _mm256_cvtepi32_ps(_mm256_and_si256(f, m63));
+            __m256 mn = _mm256_cvtepi32_ps(_mm256_and_si256(_mm256_srli_epi32(f, 6), m63));
             for (int t = 0; t < nt; t++) {
-                __m256 a = _mm256_cvtepi32_ps(_mm256_mullo_epi32(sc, dot[t]));
-                __m256 b = _mm256_cvtepi32_ps(_mm256_mullo_epi32(mn, _mm256_set1_epi32(tk[t].suma)));
+                __m256 a = _mm256_mul_ps(sc, _mm256_cvtepi32_ps(dot[t]));
+                __m256 b = _mm256_mul_ps(mn, _mm256_set1_ps((float)tk[t].suma));
                 __m256 v = NMULADD(dmin, b, _mm256_mul_ps(d, a));
                 float *yt = y + t * rows + r;
                 __m256 acc = s ? _mm256_loadu_ps(yt) : _mm256_setzero_ps();
                 _mm256_storeu_ps(yt, MULADD(_mm256_set1_ps(tk[t].da), v, acc));
+            }
+        }
+    }
+}
+
+ALWAYS_INLINE void q4_k_core(const jlm_k_mat *m, const jlm_act_q8 *xq, int nt, float *y, uint64_t r0, uint64_t nv)
+{
+    k32_core(m, xq, nt, y, r0, nv, 4);
+}
+ALWAYS_INLINE void q5_k_core(const jlm_k_mat *m, const jlm_act_q8 *xq, int nt, float *y, uint64_t r0, uint64_t nv)
+{
+    k32_core(m, xq, nt, y, r0, nv, 5);
+}
+
+/* ---------------------------------------------------------------- Q3_K */
+
+/* Q3_K: 16-wide sub-blocks of 2 nibble words (byte j: element j low, j+8
+ * high); per 32-block isum = sum_h (sc_h - 32) * (dot_h - 4*sum16_h),
+ * y += (d*da) * isum. 4 vpmaddubsw per sub-block fit s16 (4*3810). */
+ALWAYS_INLINE void q3_k_core(const jlm_k_mat *m, const jlm_act_q8 *xq, int nt, float *y,
+                             uint64_t r0, uint64_t nv)
+{
+    const __m256i m4 = _mm256_set1_epi8(15), one = _mm256_set1_epi16(1);
+    uint64_t rows = m->rows;
+    const uint32_t *qs = m->qs, *dp = m->d, *scp = m->sc;
+    for (uint64_t b = 0; b < m->k / 32; b++) {
+        tok32 tk[MAXT];
+        for (int t = 0; t < nt; t++)
+            tok_load(&tk[t], &xq[t], b);
+        const __m128i c8a = _mm_cvtsi32_si128((int)(8 * ((2 * b) % 4)));
+        const __m128i c8b = _mm_cvtsi32_si128((int)(8 * ((2 * b + 1) % 4)));
+        const uint32_t *scw = scp + (2 * b / 4) * rows, *dw = dp + (b / 8) * rows;
+        for (uint64_t r = r0; r < nv; r += 8) {
+            __m256i is[MAXT];
+            for (int t = 0; t < nt; t++)
+                is[t] = _mm256_setzero_si256();
+            __m256i scv = ld(scw + r);
+            for (int h = 0; h < 2; h++) {
+                const uint32_t *col = qs + (2 * b + h) * 2 * rows + r;
+                __m256i acc[MAXT];
+                for (int t = 0; t < nt; t++)
+                    acc[t] = _mm256_setzero_si256();
+                for (int p = 0; p < 2; p++) {
+                    __m256i v = ld(col + p * rows);
+                    __m256i lo = _mm256_and_si256(v, m4), hi = _mm256_and_si256(_mm256_srli_epi16(v, 4), m4);
+                    for (int t = 0; t < nt; t++)
+                        acc[t] = _mm256_add_epi16(acc[t], _mm256_add_epi16(_mm256_maddubs_epi16(lo, tk[t].a[4 * h + p]),
+                                                                           _mm256_maddubs_epi16(hi, tk[t].a[4 * h + 2 + p])));
+                }
+                __m256i sc = _mm256_sub_epi32(_mm256_and_si256(_mm256_srl_epi32(scv, h ? c8b : c8a),
+                                                               _mm256_set1_epi32(0xff)), _mm256_set1_epi32(32));
+                for (int t = 0; t < nt; t++) {
+                    __m256i dot = _mm256_sub_epi32(_mm256_madd_epi16(acc[t], one),
+                                                   _mm256_set1_epi32(4 * xq[t].sum16[2 * b + h]));
+                    is[t] = _mm256_add_epi32(is[t], _mm256_mullo_epi32(sc, dot));
+                }
+            }
+            __m256 d, unused;
+            half_pair(ld(dw + r), &d, &unused);
+            for (int t = 0; t < nt; t++) {
+                float *yt = y + t * rows + r;
+                __m256 a = b ? _mm256_loadu_ps(yt) : _mm256_setzero_ps();
+                a = MULADD(_mm256_mul_ps(d, _mm256_set1_ps(tk[t].da)), _mm256_cvtepi32_ps(is[t]), a);
+                _mm256_storeu_ps(yt, a);
             }
         }
     }
@@ -317,6 +508,11 @@ DEFINE_Q(q4_0, q4_0_core)
 DEFINE_Q(q4_k, q4_k_core)
 DEFINE_Q(q8_0, q8_0_core)
 DEFINE_Q(q6_k, q6_k_core)
+DEFINE_Q(q5_0, q5_0_core)
+DEFINE_Q(q5_1, q5_1_core)
+DEFINE_Q(mxfp4, mxfp4_core)
+DEFINE_Q(q5_k, q5_k_core)
+DEFINE_Q(q3_k, q3_k_core)
 
 #define DEFINE_F(name, type)                                                                  \
     static void mv_##name(const jlm_k_mat *m, const float *x, const jlm_act_q8 *xq, float *y, \
@@ -350,7 +546,18 @@ void jlm_k_fill_avx2(jlm_k_cpu *t)
     t->matmul[JLM_T_F32] = mm_f32;
     t->matmul[JLM_T_F16] = mm_f16;
     t->matmul[JLM_T_BF16] = mm_bf16;
+    t->matvec[JLM_T_Q5_0] = mv_q5_0;
+    t->matmul[JLM_T_Q5_0] = mm_q5_0;
+    t->matvec[JLM_T_Q5_1] = mv_q5_1;
+    t->matmul[JLM_T_Q5_1] = mm_q5_1;
+    t->matvec[JLM_T_MXFP4] = mv_mxfp4;
+    t->matmul[JLM_T_MXFP4] = mm_mxfp4;
+    t->matvec[JLM_T_Q5_K] = mv_q5_k;
+    t->matmul[JLM_T_Q5_K] = mm_q5_k;
+    t->matvec[JLM_T_Q3_K] = mv_q3_k;
+    t->matmul[JLM_T_Q3_K] = mm_q3_k;
     t->native = 1u << JLM_T_Q4_0 | 1u << JLM_T_Q4_K | 1u << JLM_T_Q8_0 | 1u << JLM_T_Q6_K |
-                1u << JLM_T_F32 | 1u << JLM_T_F16 | 1u << JLM_T_BF16;
+                1u << JLM_T_Q5_0 | 1u << JLM_T_Q5_1 | 1u << JLM_T_MXFP4 | 1u << JLM_T_Q5_K |
+                1u << JLM_T_Q3_K | 1u << JLM_T_F32 | 1u << JLM_T_F16 | 1u << JLM_T_BF16;
     t->native_mm = t->native;
 }

@@ -8,8 +8,9 @@
  * exact because the activations' 32-block sums are known.
  *
  * matmul reuses each weight load for up to 4 tokens. Rows after the last full
- * group of 16 go through the reference (the shared scalar tail); so do types
- * without code here (docs/kernels.md). */
+ * group of 16 go through the reference (the shared scalar tail). Quantized
+ * types are bit-identical to the reference (its f32 operations in its order,
+ * no FMA; docs/kernels.md). */
 #include "kernels.h"
 
 #include <immintrin.h>
@@ -37,8 +38,12 @@ ALWAYS_INLINE __m512 cvt16h(const uint16_t *p)
 /* Two f16 per dword (lo16, hi16) of 16 rows -> two f32 vectors. */
 ALWAYS_INLINE void half_pair(__m512i w, __m512 *lo, __m512 *hi)
 {
-    *lo = _mm512_cvtph_ps(_mm512_cvtepi32_epi16(w));
-    *hi = _mm512_cvtph_ps(_mm512_cvtepi32_epi16(_mm512_srli_epi32(w, 16)));
+    /* one vpermw: the 16 low halves to the low 256 bits, the high halves above */
+    const __m512i idx = _mm512_set_epi16(31, 29, 27, 25, 23, 21, 19, 17, 15, 13, 11, 9, 7, 5, 3, 1,
+                                         30, 28, 26, 24, 22, 20, 18, 16, 14, 12, 10, 8, 6, 4, 2, 0);
+    __m512i p = _mm512_permutexvar_epi16(idx, w);
+    *lo = _mm512_cvtph_ps(_mm512_castsi512_si256(p));
+    *hi = _mm512_cvtph_ps(_mm512_extracti64x4_epi64(p, 1));
 }
 
 typedef struct tok32 {
@@ -130,22 +135,123 @@ ALWAYS_INLINE void q8_0_core(const jlm_k_mat *m, const jlm_act_q8 *xq, int nt, f
     }
 }
 
-/* Six-bit field f of the Q4_K/Q5_K 96-bit stream for rows r..r+15 (7.3). */
-ALWAYS_INLINE __m512i field6(const uint32_t *scb, uint64_t rows, uint64_t r, unsigned f)
+/* Fields 2j and 2j+1 (scale, min of sub-block j) as one 12-bit value at bit
+ * 12j of the stream (one load and shift; a second where it straddles). */
+ALWAYS_INLINE __m512i field12(const uint32_t *scb, uint64_t rows, uint64_t r, unsigned j)
 {
-    unsigned bit = 6 * f, wi = bit / 32, sh = bit % 32;
+    unsigned bit = 12 * j, wi = bit / 32, sh = bit % 32;
     __m512i v = _mm512_srl_epi32(ld(scb + wi * rows + r), _mm_cvtsi32_si128((int)sh));
-    if (sh > 26)
+    if (sh > 20)
         v = _mm512_or_si512(v, _mm512_sll_epi32(ld(scb + (wi + 1) * rows + r), _mm_cvtsi32_si128((int)(32 - sh))));
-    return _mm512_and_si512(v, _mm512_set1_epi32(63));
+    return v;
 }
 
-/* Q4_K: y += da * (d*(sc*dot) - dmin*(m*suma)), sub-block outer like the
- * others. (Decoding d and the fields once per super-block and looping the 8
- * sub-blocks inside the row loop was faster from L3 but slower from DRAM: 36
- * concurrent streams defeat the prefetcher.) */
-ALWAYS_INLINE void q4_k_core(const jlm_k_mat *m, const jlm_act_q8 *xq, int nt, float *y,
-                             uint64_t r0, uint64_t nv)
+/* dot of a 5-word sub-block (4 nibble words + 1 word of high bits, 7.5: the
+ * high bit of element 4w+b is bit w of byte b, of element 16+4w+b bit 4+w). */
+ALWAYS_INLINE void dot_nib5(const uint32_t *col, uint64_t rows, uint64_t r, int nt,
+                            const tok32 *tk, __m512i *acc)
+{
+    const __m512i m4 = _mm512_set1_epi8(15), m10 = _mm512_set1_epi8(0x10);
+    __m512i hb = ld(col + 4 * rows + r), hl = _mm512_slli_epi32(hb, 4);
+    for (int t = 0; t < nt; t++)
+        acc[t] = _mm512_setzero_si512();
+    for (int w = 0; w < 4; w++) {
+        __m512i v = ld(col + w * rows + r);
+        __m512i lo = _mm512_ternarylogic_epi32(v, m4, _mm512_and_si512(_mm512_srli_epi32(hl, w), m10), 0xea);   /* (a & b) | c */
+        __m512i hi = _mm512_ternarylogic_epi32(_mm512_srli_epi16(v, 4), m4,
+                                               _mm512_and_si512(_mm512_srli_epi32(hb, w), m10), 0xea);   /* (a & b) | c */
+        for (int t = 0; t < nt; t++) {
+            acc[t] = _mm512_dpbusd_epi32(acc[t], lo, tk[t].a[w]);
+            acc[t] = _mm512_dpbusd_epi32(acc[t], hi, tk[t].a[w + 4]);
+        }
+    }
+}
+
+/* MXFP4: codes through the doubled-plus-12 table (values 0..24, vpshufb). */
+ALWAYS_INLINE void dot_mx(const uint32_t *col, uint64_t rows, uint64_t r, int nt,
+                          const tok32 *tk, __m512i *acc)
+{
+    const __m512i m4 = _mm512_set1_epi8(15);
+    const __m512i lut = _mm512_broadcast_i32x4(_mm_setr_epi8(12, 13, 14, 15, 16, 18, 20, 24,
+                                                             12, 11, 10, 9, 8, 6, 4, 0));
+    for (int t = 0; t < nt; t++)
+        acc[t] = _mm512_setzero_si512();
+    for (int w = 0; w < 4; w++) {
+        __m512i v = ld(col + w * rows + r);
+        __m512i lo = _mm512_shuffle_epi8(lut, _mm512_and_si512(v, m4));
+        __m512i hi = _mm512_shuffle_epi8(lut, _mm512_and_si512(_mm512_srli_epi16(v, 4), m4));
+        for (int t = 0; t < nt; t++) {
+            acc[t] = _mm512_dpbusd_epi32(acc[t], lo, tk[t].a[w]);
+            acc[t] = _mm512_dpbusd_epi32(acc[t], hi, tk[t].a[w + 4]);
+        }
+    }
+}
+
+/* Q5_0: y += (d*da)*(dot - 16*suma); MXFP4: y += (e*da)*(dot' - 12*suma), e
+ * the f32 with bits byte << 23; Q5_1: y += ((d*da)*dot - (b*da)*suma). The
+ * same operations in the same order as the reference (bit-identical). */
+ALWAYS_INLINE void sub32_core(const jlm_k_mat *m, const jlm_act_q8 *xq, int nt, float *y,
+                              uint64_t r0, uint64_t nv, int type)
+{
+    uint64_t rows = m->rows, W = type == JLM_T_MXFP4 ? 4 : 5;
+    uint64_t dcol = type == JLM_T_Q5_0 ? (rows + 1) / 2 * 2 : (rows + 3) / 4 * 4;
+    const uint32_t *qs = m->qs, *dp = m->d;
+    const uint16_t *d16 = m->d;
+    const uint8_t *d8 = m->d;
+    int32_t bias = type == JLM_T_Q5_0 ? 16 : 12;
+    for (uint64_t s = 0; s < m->k / 32; s++) {
+        tok32 tk[MAXT];
+        for (int t = 0; t < nt; t++)
+            tok_load(&tk[t], &xq[t], s);
+        const uint32_t *col = qs + s * W * rows;
+        for (uint64_t r = r0; r < nv; r += 16) {
+            __m512i dot[MAXT];
+            if (type == JLM_T_MXFP4)
+                dot_mx(col, rows, r, nt, tk, dot);
+            else
+                dot_nib5(col, rows, r, nt, tk, dot);
+            if (type == JLM_T_Q5_1) {
+                __m512 d, b;
+                half_pair(ld(dp + s * rows + r), &d, &b);
+                for (int t = 0; t < nt; t++) {
+                    float *yt = y + t * rows + r;
+                    __m512 acc = s ? _mm512_loadu_ps(yt) : _mm512_setzero_ps(), da = _mm512_set1_ps(tk[t].da);
+                    __m512 pd = _mm512_mul_ps(_mm512_mul_ps(d, da), _mm512_cvtepi32_ps(dot[t]));
+                    __m512 pb = _mm512_mul_ps(_mm512_mul_ps(b, da), _mm512_set1_ps((float)tk[t].suma));
+                    _mm512_storeu_ps(yt, _mm512_add_ps(acc, _mm512_sub_ps(pd, pb)));
+                }
+                continue;
+            }
+            __m512 d = type == JLM_T_Q5_0
+                ? cvt16h(d16 + s * dcol + r)
+                : _mm512_castsi512_ps(_mm512_slli_epi32(
+                      _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)(d8 + s * dcol + r))), 23));
+            for (int t = 0; t < nt; t++)
+                acc_y(y + t * rows + r, s, _mm512_mul_ps(d, _mm512_set1_ps(tk[t].da)),
+                      _mm512_sub_epi32(dot[t], _mm512_set1_epi32(bias * tk[t].suma)));
+        }
+    }
+}
+
+ALWAYS_INLINE void q5_0_core(const jlm_k_mat *m, const jlm_act_q8 *xq, int nt, float *y, uint64_t r0, uint64_t nv)
+{
+    sub32_core(m, xq, nt, y, r0, nv, JLM_T_Q5_0);
+}
+ALWAYS_INLINE void q5_1_core(const jlm_k_mat *m, const jlm_act_q8 *xq, int nt, float *y, uint64_t r0, uint64_t nv)
+{
+    sub32_core(m, xq, nt, y, r0, nv, JLM_T_Q5_1);
+}
+ALWAYS_INLINE void mxfp4_core(const jlm_k_mat *m, const jlm_act_q8 *xq, int nt, float *y, uint64_t r0, uint64_t nv)
+{
+    sub32_core(m, xq, nt, y, r0, nv, JLM_T_MXFP4);
+}
+
+/* Q4_K (W 4), Q5_K (W 5): y += da * (d*(sc*dot) - dmin*(m*suma)), sub-block
+ * outer like the others. (Decoding d and the fields once per super-block and
+ * looping the 8 sub-blocks inside the row loop was faster from L3 but slower
+ * from DRAM: 36 concurrent streams defeat the prefetcher.) */
+ALWAYS_INLINE void k32_core(const jlm_k_mat *m, const jlm_act_q8 *xq, int nt, float *y,
+                            uint64_t r0, uint64_t nv, unsigned W)
 {
     uint64_t rows = m->rows;
     const uint32_t *qs = m->qs, *dp = m->d, *scp = m->sc;
@@ -155,21 +261,87 @@ ALWAYS_INLINE void q4_k_core(const jlm_k_mat *m, const jlm_act_q8 *xq, int nt, f
         tok32 tk[MAXT];
         for (int t = 0; t < nt; t++)
             tok_load(&tk[t], &xq[t], s);
-        const uint32_t *col = qs + s * 4 * rows, *scb = scp + sb * 3 * rows;
+        const uint32_t *col = qs + s * W * rows, *scb = scp + sb * 3 * rows;
         for (uint64_t r = r0; r < nv; r += 16) {
             __m512i dot[MAXT];
-            dot_nib(col, rows, r, nt, tk, dot);
+            if (W == 5)
+                dot_nib5(col, rows, r, nt, tk, dot);
+            else
+                dot_nib(col, rows, r, nt, tk, dot);
             __m512 d, dmin;
             half_pair(ld(dp + sb * rows + r), &d, &dmin);
-            __m512i sc = field6(scb, rows, r, 2 * j), mn = field6(scb, rows, r, 2 * j + 1);
+            /* sc*dot < 2^24 and m*suma < 2^24: the f32 products are exact, so
+             * they equal the reference's (float)(sc*dot) and (float)(m*suma) */
+            __m512i f = field12(scb, rows, r, j), m63 = _mm512_set1_epi32(63);
+            __m512 sc = _mm512_cvtepi32_ps(_mm512_and_si512(f, m63));
+            __m512 mn = _mm512_cvtepi32_ps(_mm512_and_si512(_mm512_srli_epi32(f, 6), m63));
             for (int t = 0; t < nt; t++) {
-                __m512 a = _mm512_cvtepi32_ps(_mm512_mullo_epi32(sc, dot[t]));
-                __m512 b = _mm512_cvtepi32_ps(_mm512_mullo_epi32(mn, _mm512_set1_epi32(tk[t].suma)));
+                __m512 a = _mm512_mul_ps(sc, _mm512_cvtepi32_ps(dot[t]));
+                __m512 b = _mm512_mul_ps(mn, _mm512_set1_ps((float)tk[t].suma));
                 __m512 v = NMULADD(dmin, b, _mm512_mul_ps(d, a));
                 float *yt = y + t * rows + r;
                 __m512 acc = s ? _mm512_loadu_ps(yt) : _mm512_setzero_ps();
                 _mm512_storeu_ps(yt, MULADD(_mm512_set1_ps(tk[t].da), v, acc));
             }
+        }
+    }
+}
+
+ALWAYS_INLINE void q4_k_core(const jlm_k_mat *m, const jlm_act_q8 *xq, int nt, float *y, uint64_t r0, uint64_t nv)
+{
+    k32_core(m, xq, nt, y, r0, nv, 4);
+}
+ALWAYS_INLINE void q5_k_core(const jlm_k_mat *m, const jlm_act_q8 *xq, int nt, float *y, uint64_t r0, uint64_t nv)
+{
+    k32_core(m, xq, nt, y, r0, nv, 5);
+}
+
+/* ---------------------------------------------------------------- Q3_K */
+
+/* Q3_K: 16-wide sub-blocks of 2 nibble words (byte j: element j low, j+8
+ * high); per 32-block isum = sum_h (sc_h - 32) * (dot_h - 4*sum16_h),
+ * y += (d*da) * isum. */
+ALWAYS_INLINE void q3_k_core(const jlm_k_mat *m, const jlm_act_q8 *xq, int nt, float *y,
+                             uint64_t r0, uint64_t nv)
+{
+    const __m512i m4 = _mm512_set1_epi8(15);
+    uint64_t rows = m->rows;
+    const uint32_t *qs = m->qs, *dp = m->d, *scp = m->sc;
+    for (uint64_t b = 0; b < m->k / 32; b++) {
+        tok32 tk[MAXT];
+        for (int t = 0; t < nt; t++)
+            tok_load(&tk[t], &xq[t], b);
+        const __m128i c8a = _mm_cvtsi32_si128((int)(8 * ((2 * b) % 4)));
+        const __m128i c8b = _mm_cvtsi32_si128((int)(8 * ((2 * b + 1) % 4)));
+        const uint32_t *scw = scp + (2 * b / 4) * rows, *dw = dp + (b / 8) * rows;
+        for (uint64_t r = r0; r < nv; r += 16) {
+            __m512i is[MAXT];
+            for (int t = 0; t < nt; t++)
+                is[t] = _mm512_setzero_si512();
+            __m512i scv = ld(scw + r);
+            for (int h = 0; h < 2; h++) {
+                const uint32_t *col = qs + (2 * b + h) * 2 * rows + r;
+                __m512i acc[MAXT];
+                for (int t = 0; t < nt; t++)
+                    acc[t] = _mm512_setzero_si512();
+                for (int p = 0; p < 2; p++) {
+                    __m512i v = ld(col + p * rows);
+                    __m512i lo = _mm512_and_si512(v, m4), hi = _mm512_and_si512(_mm512_srli_epi16(v, 4), m4);
+                    for (int t = 0; t < nt; t++) {
+                        acc[t] = _mm512_dpbusd_epi32(acc[t], lo, tk[t].a[4 * h + p]);
+                        acc[t] = _mm512_dpbusd_epi32(acc[t], hi, tk[t].a[4 * h + 2 + p]);
+                    }
+                }
+                __m512i sc = _mm512_sub_epi32(_mm512_and_si512(_mm512_srl_epi32(scv, h ? c8b : c8a),
+                                                               _mm512_set1_epi32(0xff)), _mm512_set1_epi32(32));
+                for (int t = 0; t < nt; t++) {
+                    __m512i dot = _mm512_sub_epi32(acc[t], _mm512_set1_epi32(4 * xq[t].sum16[2 * b + h]));
+                    is[t] = _mm512_add_epi32(is[t], _mm512_mullo_epi32(sc, dot));
+                }
+            }
+            __m512 d = _mm512_cvtph_ps(_mm512_cvtepi32_epi16(ld(dw + r)));
+            for (int t = 0; t < nt; t++)
+                acc_y(y + t * rows + r, b, _mm512_mul_ps(d, _mm512_set1_ps(tk[t].da)), is[t]);
         }
     }
 }
@@ -291,6 +463,11 @@ DEFINE_Q(q4_0, q4_0_core)
 DEFINE_Q(q4_k, q4_k_core)
 DEFINE_Q(q8_0, q8_0_core)
 DEFINE_Q(q6_k, q6_k_core)
+DEFINE_Q(q5_0, q5_0_core)
+DEFINE_Q(q5_1, q5_1_core)
+DEFINE_Q(mxfp4, mxfp4_core)
+DEFINE_Q(q5_k, q5_k_core)
+DEFINE_Q(q3_k, q3_k_core)
 
 #define DEFINE_F(name, type)                                                                  \
     static void mv_##name(const jlm_k_mat *m, const float *x, const jlm_act_q8 *xq, float *y, \
@@ -324,7 +501,18 @@ void jlm_k_fill_avx512(jlm_k_cpu *t)
     t->matmul[JLM_T_F16] = mm_f16;
     t->matvec[JLM_T_BF16] = mv_bf16;
     t->matmul[JLM_T_BF16] = mm_bf16;
+    t->matvec[JLM_T_Q5_0] = mv_q5_0;
+    t->matmul[JLM_T_Q5_0] = mm_q5_0;
+    t->matvec[JLM_T_Q5_1] = mv_q5_1;
+    t->matmul[JLM_T_Q5_1] = mm_q5_1;
+    t->matvec[JLM_T_MXFP4] = mv_mxfp4;
+    t->matmul[JLM_T_MXFP4] = mm_mxfp4;
+    t->matvec[JLM_T_Q5_K] = mv_q5_k;
+    t->matmul[JLM_T_Q5_K] = mm_q5_k;
+    t->matvec[JLM_T_Q3_K] = mv_q3_k;
+    t->matmul[JLM_T_Q3_K] = mm_q3_k;
     t->native = 1u << JLM_T_Q4_0 | 1u << JLM_T_Q4_K | 1u << JLM_T_Q8_0 | 1u << JLM_T_Q6_K |
-                1u << JLM_T_F32 | 1u << JLM_T_F16 | 1u << JLM_T_BF16;
+                1u << JLM_T_Q5_0 | 1u << JLM_T_Q5_1 | 1u << JLM_T_MXFP4 | 1u << JLM_T_Q5_K |
+                1u << JLM_T_Q3_K | 1u << JLM_T_F32 | 1u << JLM_T_F16 | 1u << JLM_T_BF16;
     t->native_mm = t->native;
 }

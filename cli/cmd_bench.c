@@ -1,0 +1,225 @@
+/* cmd_bench.c - `jlm bench MODEL [-p 512] [-n 128] [-r 3] [-t T] [--budget SIZE]`:
+ * a llama-bench-like table of prompt processing (ppP) and generation (tgN)
+ * speed, with the pager's page-in figures per test.
+ *
+ * Method (llama-bench's, adapted): one engine per invocation; one 1-token
+ * warm-up eval pages the weights in (within the budget) before any timing;
+ * each repetition starts from an empty context (rewind to 0) and zeroed pager
+ * counters. ppP evaluates P random token ids in one jlm_engine_eval call (the
+ * engine runs them one by one); tgN evaluates N random ids one call each.
+ * t/s is mean +- sample sd over r repetitions; page-ins, MiB read and read
+ * wait are means per repetition. Nothing goes to stdout but the table. */
+#include "cli.h"
+#include "engine/model.h"
+
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <time.h>
+#include <unistd.h>
+
+static const char BENCH_USAGE[] =
+    "usage: jlm bench MODEL [-p 512] [-n 128] [-r 3] [-t THREADS] [--budget SIZE] [--no-direct]\n"
+    "  -p 0 or -n 0 skips that test\n";
+
+typedef struct bench_opts { const char *model; int n_pp, n_tg, reps; jlm_engine_opts eng; } bench_opts;
+
+/* One test's figures: per repetition, then summarized. */
+typedef struct bench_res { double tps_mean, tps_sd, pageins, mib, wait_ms; } bench_res;
+
+static int bench_parse(int argc, char **argv, bench_opts *o)
+{
+    o->n_pp = 512;
+    o->n_tg = 128;
+    o->reps = 3;
+    o->eng.direct = 1;
+    o->eng.quiet = 1;
+    for (int i = 1; i < argc; i++) {
+        const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
+#define ARG(name) (!strcmp(a, name) && v && (i++, 1))
+        if (ARG("-p") || ARG("--n-prompt")) o->n_pp = atoi(v);
+        else if (ARG("-n") || ARG("--n-gen")) o->n_tg = atoi(v);
+        else if (ARG("-r") || ARG("--repetitions")) o->reps = atoi(v);
+        else if (ARG("-t") || ARG("--threads")) o->eng.n_threads = atoi(v);
+        else if (ARG("--budget")) {
+            long long b = jlm_cli_parse_size(v);
+            if (b < 0) {
+                fprintf(stderr, "jlm bench: --budget '%s': expected bytes with an optional K/M/G suffix\n", v);
+                return 2;
+            }
+            o->eng.budget = (uint64_t)b;
+        }
+        else if (!strcmp(a, "--no-direct")) o->eng.direct = 0;
+        else if (a[0] != '-' && !o->model) o->model = a;
+        else {
+            fprintf(stderr, "jlm bench: unknown or incomplete option '%s'\n%s", a, BENCH_USAGE);
+            return 2;
+        }
+#undef ARG
+    }
+    if (!o->model || o->n_pp < 0 || o->n_tg < 0 || o->n_pp + o->n_tg == 0 || o->reps < 1 || o->reps > 1000) {
+        fputs(BENCH_USAGE, stderr);
+        return 2;
+    }
+    return 0;
+}
+
+static double bench_clock(void)
+{
+    struct timespec t;
+    clock_gettime(CLOCK_MONOTONIC, &t);
+    return (double)t.tv_sec + (double)t.tv_nsec * 1e-9;
+}
+
+/* Random ids as llama-bench uses (fixed seed: runs compare), skipping the
+ * first 3 (usually unk/bos/eos). */
+static void bench_ids(int32_t *ids, uint32_t n, uint32_t n_vocab, uint64_t *state)
+{
+    for (uint32_t i = 0; i < n; i++) {
+        *state = *state * 6364136223846793005ull + 1442695040888963407ull;
+        ids[i] = (int32_t)(n_vocab > 3 ? 3 + (*state >> 33) % (n_vocab - 3) : 0);
+    }
+}
+
+/* Runs one test r times: pp (one eval of n ids) or tg (n evals of one id). */
+static int bench_test(jlm_engine *e, int pp, uint32_t n, int reps, bench_res *res, jlm_err *err)
+{
+    uint32_t nv = jlm_engine_n_vocab(e);
+    int32_t *ids = malloc(n * sizeof *ids);
+    double *tps = malloc((size_t)reps * sizeof *tps);
+    uint64_t seed = 1234;
+    int rc = ids && tps ? 0 : jlm_errf(err, JLM_ENOMEM, "out of memory");
+    double pageins = 0, bytes = 0, wait_ns = 0;
+    for (int r = 0; r < reps && !rc; r++) {
+        bench_ids(ids, n, nv, &seed);
+        jlm_engine_rewind(e, 0);
+        jlm_pager_stats_reset(jlm_engine_pager(e));
+        double t0 = bench_clock();
+        if (pp)
+            rc = jlm_engine_eval(e, ids, n, NULL, err);
+        else
+            for (uint32_t i = 0; i < n && !rc; i++)
+                rc = jlm_engine_eval(e, &ids[i], 1, NULL, err);
+        tps[r] = n / (bench_clock() - t0);
+        jlm_pager_counters c;
+        jlm_pager_stats(jlm_engine_pager(e), &c);
+        for (uint32_t a = 0; a < c.n_arrays; a++) {
+            pageins += (double)c.a[a].page_ins;
+            bytes += (double)c.a[a].bytes_read;
+            wait_ns += (double)c.a[a].read_ns;
+        }
+    }
+    if (!rc) {
+        double s = 0, q = 0;
+        for (int r = 0; r < reps; r++)
+            s += tps[r];
+        res->tps_mean = s / reps;
+        for (int r = 0; r < reps; r++)
+            q += (tps[r] - res->tps_mean) * (tps[r] - res->tps_mean);
+        res->tps_sd = reps > 1 ? sqrt(q / (reps - 1)) : 0.0;
+        res->pageins = pageins / reps;
+        res->mib = bytes / reps / 1048576.0;
+        res->wait_ms = wait_ns / reps / 1e6;
+    }
+    free(ids);
+    free(tps);
+    return rc;
+}
+
+static void bench_size(char *buf, size_t n, double bytes)
+{
+    if (bytes >= 1024.0 * 1048576.0)
+        snprintf(buf, n, "%.2f GiB", bytes / (1024.0 * 1048576.0));
+    else
+        snprintf(buf, n, "%.2f MiB", bytes / 1048576.0);
+}
+
+static void bench_header(void)
+{
+    printf("| %-24s | %10s | %8s | %7s | %10s | %7s | %16s | %9s | %9s | %9s |\n", "model", "size", "params",
+           "threads", "budget", "test", "t/s", "page-ins", "read MiB", "wait ms");
+    printf("| %.24s | %.10s | %.8s | %.7s | %.10s | %.7s | %.16s | %.9s | %.9s | %.9s |\n",
+           "------------------------", "----------", "--------", "-------", "----------", "-------",
+           "----------------", "---------", "---------", "---------");
+}
+
+/* The model's size, parameter count and the budget cells. */
+static void bench_describe(jlm_engine *e, const bench_opts *o, char *size, char *params, char *budget)
+{
+    const jlm_model *m = jlm_engine_model(e);
+    double n = 0;
+    for (uint32_t i = 0; i < m->hdr.n_tensors; i++) {
+        const jlm_tensor *t = &m->tensors[i];
+        double k = 1;
+        for (int d = 0; d < t->ndim && d < 4; d++)
+            k *= (double)t->dims[d];
+        n += k;
+    }
+    bench_size(size, 16, (double)m->file_size);
+    snprintf(params, 16, n >= 1e9 ? "%.2f B" : "%.2f M", n >= 1e9 ? n / 1e9 : n / 1e6);
+    if (o->eng.budget == 0)
+        snprintf(budget, 16, "unlimited");
+    else
+        bench_size(budget, 16, (double)jlm_engine_budget(e));
+}
+
+static char *bench_container(const char *model)
+{
+    struct stat st;
+    char *p = NULL;
+    if (stat(model, &st) == 0 && S_ISDIR(st.st_mode))
+        return asprintf(&p, "%s/model.jlm", model) < 0 ? NULL : p;
+    return strdup(model);
+}
+
+int jlm_cmd_bench(int argc, char **argv)
+{
+    bench_opts o = {0};
+    int rc = bench_parse(argc, argv, &o);
+    if (rc)
+        return rc;
+    if (jlm_cli_is_gguf(o.model)) {
+        fprintf(stderr, "jlm bench: %s: a GGUF file; convert it first with `jlm convert %s`\n", o.model, o.model);
+        return 1;
+    }
+    o.eng.n_ctx = (uint32_t)(o.n_pp > o.n_tg ? o.n_pp : o.n_tg) + 1;
+    char *path = bench_container(o.model);
+    jlm_err err = {0};
+    jlm_engine *e = NULL;
+    int32_t warm = 3;
+    if (!path || jlm_engine_open(path, &o.eng, &e, &err) || jlm_engine_eval(e, &warm, 1, NULL, &err)) {
+        fprintf(stderr, "jlm bench: %s\n", path ? err.msg : "out of memory");
+        jlm_engine_close(e);
+        free(path);
+        return 1;
+    }
+    char size[16], params[16], budget[16], name[25];
+    bench_describe(e, &o, size, params, budget);
+    const char *base = strrchr(path, '/');
+    snprintf(name, sizeof name, "%s", base ? base + 1 : path);
+    int threads = o.eng.n_threads > 0 ? o.eng.n_threads : (int)sysconf(_SC_NPROCESSORS_ONLN);
+    bench_header();
+    int status = 0;
+    for (int pp = 1; pp >= 0 && !status; pp--) {
+        int n = pp ? o.n_pp : o.n_tg;
+        if (n == 0)
+            continue;
+        bench_res r;
+        if (bench_test(e, pp, (uint32_t)n, o.reps, &r, &err)) {
+            fprintf(stderr, "jlm bench: %s: %s\n", path, err.msg);
+            status = 1;
+            break;
+        }
+        char test[16], tps[24];
+        snprintf(test, sizeof test, "%s%d", pp ? "pp" : "tg", n);
+        snprintf(tps, sizeof tps, "%.2f ± %.2f", r.tps_mean, r.tps_sd);
+        printf("| %-24s | %10s | %8s | %7d | %10s | %7s | %17s | %9.1f | %9.2f | %9.2f |\n", name, size, params,
+               threads, budget, test, tps, r.pageins, r.mib, r.wait_ms);
+        fflush(stdout);
+    }
+    jlm_engine_close(e);
+    free(path);
+    return status;
+}
