@@ -49,17 +49,9 @@ static void conv_free(conv *c)
     free(c->owned); free(c->msgs);
 }
 
-static int is_eog(const jlm_vocab *v, int32_t id)
-{
-    if (id == v->eos) return 1;
-    for (uint32_t i = 0; i < v->n_stop; i++) if (v->stop[i] == id) return 1;
-    return 0;
-}
-
 /* Generates a reply after the evaluated prompt; appends its text to *reply. */
 static int reply(jlm_engine *e, jlm_tok *tok, jlm_sampler *s, float *logits, int n_max, char **out, jlm_err *err)
 {
-    const jlm_vocab *v = &jlm_engine_model(e)->vocab;
     jlm_tok_stream ts;
     jlm_tok_stream_init(&ts, tok, 0, 0);
     size_t cap = jlm_tok_max_piece_len(tok) + 8, len = 0, tcap = 256;
@@ -68,7 +60,7 @@ static int reply(jlm_engine *e, jlm_tok *tok, jlm_sampler *s, float *logits, int
     for (int i = 0; i < n_max && !rc; i++) {
         int32_t id = jlm_samp_next(s, logits);
         jlm_samp_accept(s, id);
-        if (is_eog(v, id)) {
+        if (jlm_tok_is_eog(tok, id)) {
             rc = jlm_engine_eval(e, &id, 1, NULL, err);   /* keep the end of turn in the cache */
             break;
         }

@@ -102,16 +102,6 @@ static int parse_ids(const char *s, int32_t **ids, size_t *n)
     return v ? 0 : -1;
 }
 
-static int is_eog(const jlm_vocab *v, int32_t id)
-{
-    if (id == v->eos)
-        return 1;
-    for (uint32_t i = 0; i < v->n_stop; i++)
-        if (v->stop[i] == id)
-            return 1;
-    return 0;
-}
-
 static int write_logits(const char *path, const float *l, uint32_t n)
 {
     FILE *f = fopen(path, "w");
@@ -330,7 +320,7 @@ int jlm_cmd_run(int argc, char **argv)
         int32_t id = jlm_samp_next(s, logits);
         gen[ng++] = id;
         jlm_samp_accept(s, id);
-        if (is_eog(voc, id))
+        if (jlm_tok_is_eog(tok, id))
             break;
         size_t n = 0;
         if (!o.print_ids && piece && jlm_tok_stream_feed(&ts, id, piece, cap, &n, &err) == 0) {

@@ -318,6 +318,17 @@ void jlm_tok_destroy(jlm_tok *t)
 
 uint32_t jlm_tok_n_tokens(const jlm_tok *t) { return t->n_tokens; }
 const jlm_vocab *jlm_tok_vocab(const jlm_tok *t) { return t->v; }
+
+int jlm_tok_is_eog(const jlm_tok *t, int32_t id)
+{
+    const jlm_vocab *v = t->v;
+    if (id == v->eos)
+        return 1;
+    for (uint32_t i = 0; i < v->n_stop; i++)
+        if (v->stop[i] == id)
+            return 1;
+    return 0;
+}
 size_t jlm_tok_max_piece_len(const jlm_tok *t) { return t->max_piece_len; }
 
 /* ================================================================ encode */

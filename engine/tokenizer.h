@@ -48,6 +48,8 @@ void jlm_tok_destroy(jlm_tok *t);   /* accepts NULL */
 
 uint32_t jlm_tok_n_tokens(const jlm_tok *t);        /* cannot fail */
 const jlm_vocab *jlm_tok_vocab(const jlm_tok *t);   /* cannot fail */
+/* 1 if id ends generation: EOS or one of the vocab's Stop ids. Cannot fail. */
+int jlm_tok_is_eog(const jlm_tok *t, int32_t id);
 
 /* Tokenizes text[0, len) (any bytes; invalid UTF-8 is handled as llama.cpp
  * does). add_special: prepend BOS if the vocab's AddBOS, append EOS (SPM,
