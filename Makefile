@@ -79,7 +79,8 @@ $(TEST_BIN): $(TEST_OBJ) $(LIB)
 test: all $(TEST_BIN)
 	JLM_BIN=$(abspath $(BUILD)/jlm) JLM_ROOT=$(CURDIR) $(TEST_BIN) $(TESTARGS)
 
-$(BUILD)/bench/%: bench/%.c $(LIB)
+# benches include bench/mkgguf.c and bench/*.h: rebuild them when those change
+$(BUILD)/bench/%: bench/%.c $(wildcard bench/*.h) bench/mkgguf.c $(LIB)
 	@mkdir -p $(dir $@)
 	$(CC) $(BASECFLAGS) -o $@ $< $(LIB) $(LDLIBS)
 

@@ -6,8 +6,8 @@
  * paged per token), then measure
  *   probe   memory-read bandwidth of T threads over a 1 GiB buffer (> L3),
  *           measured before each of R decode rounds, in the same run;
- *   pp      prefill tokens/s (P tokens in one jlm_engine_eval call, which
- *           runs them one by one);
+ *   pp      prefill tokens/s (P tokens in one jlm_engine_eval call, batched
+ *           as the engine batches them);
  *   tg      decode tokens/s (N single-token evals, greedy feed, in R rounds);
  *   B/tok   jlm_engine_bytes_per_token: weight bytes one token reads;
  *   roof    (B/tok x tg) / probe: the fraction of the bandwidth roofline,

@@ -6,7 +6,7 @@
  * warm-up eval pages the weights in (within the budget) before any timing;
  * each repetition starts from an empty context (rewind to 0) and zeroed pager
  * counters. ppP evaluates P random token ids in one jlm_engine_eval call (the
- * engine runs them one by one); tgN evaluates N random ids one call each.
+ * engine batches them as it does for a prompt); tgN evaluates N random ids one call each.
  * t/s is mean +- sample sd over r repetitions; page-ins, MiB read and read
  * wait are means per repetition. Nothing goes to stdout but the table. */
 #include "cli.h"
