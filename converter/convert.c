@@ -5,6 +5,7 @@
 #include "vocab.h"
 #include "../kernels/cpu/dequant.h"
 
+#include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
@@ -291,7 +292,7 @@ static int verify(jlm_conv *c, const char *part, jlm_err *err)
         jlm_tensor_planes pl;
         jlm_fmt_tensor_planes(t, &pl, NULL);
         uint64_t sheets[2] = {0, nsheet - 1};
-        for (int si = 0; si < 2 && !rc; si++) {
+        for (int si = 0; si < (nsheet > 1 ? 2 : 1) && !rc; si++) {   /* one sheet: read it once */
             uint64_t sh = sheets[si];
             uint64_t shift = bank ? sh * m->hdr.exp_page_size : 0;
             uint64_t in = bank ? 0 : sh;
@@ -368,6 +369,186 @@ int jlm_conv_read_span(jlm_conv *c, uint64_t off, size_t len, uint8_t *out, jlm_
     return JLM_OK;
 }
 
+/* ---------------------------------------------------------------- pass 2: parallel writer */
+/* jlm_conv_write packs on worker threads and writes on the calling thread.
+ * A job is one tensor (one expert sheet of a bank): the workers claim jobs in
+ * table order and pack each into its own zeroed buffer with
+ * jlm_conv_pack_tensor (thread-safe: it only reads the conversion and preads
+ * the source); the caller pwrites finished buffers in the order they finish,
+ * frees them and reports progress. So the jlm_io seam, the progress callback
+ * and the error message all stay on one thread, as before, and the output
+ * bytes do not depend on the schedule (each job owns a disjoint span). Cost:
+ * memory for the buffers in flight (packed, not yet written) is bounded by
+ * PACK_BUDGET, except that one job is always allowed however large (the
+ * largest tensor, e.g. a 128k-vocabulary embedding, ~150 MB at Q4_K for 2048
+ * columns); jlm_conv_pack_tensor holds a source copy of the same size. */
+#define PACK_BUDGET (512ull << 20)
+#define PACK_MAX_WORKERS 64
+
+typedef struct pack_job {
+    uint32_t i;          /* tensor */
+    int64_t  x;          /* expert sheet of a bank, else 0 */
+    uint64_t off, len;   /* the span written */
+    uint8_t *buf;        /* packed, waiting for the writer; NULL otherwise */
+} pack_job;
+
+typedef struct pack_run {
+    jlm_conv       *c;
+    pack_job       *jobs;      /* (n_jobs,) table order */
+    uint32_t        n_jobs;
+    pthread_mutex_t mu;        /* guards everything below */
+    pthread_cond_t  cv;        /* any change below: broadcast */
+    uint32_t        next;      /* next job to claim */
+    uint32_t       *ready;     /* (n_jobs,) FIFO of packed jobs: [head, tail) */
+    uint32_t        head, tail;
+    uint64_t        in_flight; /* bytes claimed and not yet written */
+    int             stop;      /* set on the first error: claim nothing more */
+    int             rc;        /* the first worker error, with its message */
+    jlm_err         err;
+} pack_run;
+
+static void *pack_worker(void *arg)
+{
+    pack_run *p = arg;
+    pthread_mutex_lock(&p->mu);
+    while (!p->stop && p->next < p->n_jobs) {
+        pack_job *j = &p->jobs[p->next];
+        if (p->in_flight && p->in_flight + j->len > PACK_BUDGET) {
+            pthread_cond_wait(&p->cv, &p->mu);   /* the writer frees a buffer, then broadcasts */
+            continue;
+        }
+        p->next++;
+        p->in_flight += j->len;
+        pthread_mutex_unlock(&p->mu);
+        jlm_err err = {0};
+        uint8_t *buf = calloc(1, j->len ? j->len : 1);
+        int rc = buf ? jlm_conv_pack_tensor(p->c, j->i, j->x, buf, j->off, j->len, &err)
+                     : jlm_errf(&err, JLM_ENOMEM, "%s: out of memory (%llu bytes for '%s')", p->c->src_path,
+                                (unsigned long long)j->len, p->c->tensors[j->i].name.s);
+        pthread_mutex_lock(&p->mu);
+        if (rc) {
+            free(buf);
+            p->in_flight -= j->len;
+            if (!p->rc) {
+                p->rc = rc;
+                p->err = err;
+            }
+            p->stop = 1;
+        } else {
+            j->buf = buf;
+            p->ready[p->tail++] = (uint32_t)(j - p->jobs);
+        }
+        pthread_cond_broadcast(&p->cv);
+    }
+    pthread_mutex_unlock(&p->mu);
+    return NULL;
+}
+
+/* The jobs of c in table order, and the bytes they write in all. */
+static int plan_jobs(jlm_conv *c, pack_job **out, uint32_t *n_out, uint64_t *total, jlm_err *err)
+{
+    uint64_t n = 0;
+    for (uint32_t i = 0; i < c->n_tensors; i++)
+        n += jlm_fmt_role_is_bank(c->tensors[i].role) ? c->tensors[i].dims[2] : 1;
+    pack_job *v = calloc(n ? n : 1, sizeof *v);
+    if (!v || n > UINT32_MAX) {
+        free(v);
+        return jlm_errf(err, JLM_ENOMEM, "%s: out of memory (%llu packing jobs)", c->src_path, (unsigned long long)n);
+    }
+    uint32_t k = 0;
+    *total = 0;
+    for (uint32_t i = 0; i < c->n_tensors; i++) {
+        const jlm_tensor *t = &c->tensors[i];
+        int bank = jlm_fmt_role_is_bank(t->role);
+        int64_t nexp = bank ? (int64_t)t->dims[2] : 1;
+        uint64_t off, len;
+        tensor_span(c, i, &off, &len);
+        for (int64_t x = 0; x < nexp; x++) {
+            v[k] = (pack_job){.i = i, .x = x, .off = off + (bank ? (uint64_t)x * c->plan.hdr.exp_page_size : 0),
+                              .len = len};
+            *total += len;
+            k++;
+        }
+    }
+    *out = v;
+    *n_out = k;
+    return JLM_OK;
+}
+
+/* Writes the packed buffers as the workers finish them; stops at the first
+ * error of either side. Returns the writer's error, or JLM_OK. */
+static int write_ready(pack_run *p, jlm_writer *w, uint64_t total, jlm_conv_progress cb, void *cb_ctx,
+                       jlm_err *err)
+{
+    uint64_t done = 0;
+    int rc = JLM_OK;
+    pthread_mutex_lock(&p->mu);
+    for (uint32_t written = 0; written < p->n_jobs && !p->stop;) {
+        if (p->head == p->tail) {
+            pthread_cond_wait(&p->cv, &p->mu);
+            continue;
+        }
+        pack_job *j = &p->jobs[p->ready[p->head++]];
+        pthread_mutex_unlock(&p->mu);
+        rc = jlm_fmt_writer_pwrite(w, j->buf, j->len, j->off, err);
+        free(j->buf);
+        j->buf = NULL;
+        done += j->len;
+        written++;
+        if (!rc && cb)
+            cb(cb_ctx, done, total);
+        pthread_mutex_lock(&p->mu);
+        p->in_flight -= j->len;
+        if (rc)
+            p->stop = 1;
+        pthread_cond_broadcast(&p->cv);
+    }
+    pthread_mutex_unlock(&p->mu);
+    return rc;
+}
+
+/* Packs every job on min(online CPUs, jobs) workers while this thread writes. */
+static int pack_and_write(jlm_conv *c, jlm_writer *w, jlm_conv_progress cb, void *cb_ctx, jlm_err *err)
+{
+    pack_run p = {.c = c};
+    uint64_t total = 0;
+    int rc = plan_jobs(c, &p.jobs, &p.n_jobs, &total, err);
+    if (rc)
+        return rc;
+    p.ready = calloc(p.n_jobs ? p.n_jobs : 1, sizeof *p.ready);
+    if (!p.ready) {
+        free(p.jobs);
+        return jlm_errf(err, JLM_ENOMEM, "%s: out of memory", c->src_path);
+    }
+    long ncpu = sysconf(_SC_NPROCESSORS_ONLN);
+    uint32_t nw = ncpu < 1 ? 1 : ncpu > PACK_MAX_WORKERS ? PACK_MAX_WORKERS : (uint32_t)ncpu, started = 0;
+    if (nw > p.n_jobs)
+        nw = p.n_jobs ? p.n_jobs : 1;
+    pthread_t th[PACK_MAX_WORKERS];
+    pthread_mutex_init(&p.mu, NULL);
+    pthread_cond_init(&p.cv, NULL);
+    while (started < nw && pthread_create(&th[started], NULL, pack_worker, &p) == 0)
+        started++;
+    if (!started)
+        rc = jlm_errf(err, JLM_ENOMEM, "%s: cannot start a packing thread", c->src_path);
+    else
+        rc = write_ready(&p, w, total, cb, cb_ctx, err);
+    for (uint32_t t = 0; t < started; t++)
+        pthread_join(th[t], NULL);
+    for (uint32_t q = p.head; q < p.tail; q++)   /* packed, never written (after an error) */
+        free(p.jobs[p.ready[q]].buf);
+    if (!rc && p.rc) {
+        rc = p.rc;
+        if (err)
+            *err = p.err;
+    }
+    pthread_cond_destroy(&p.cv);
+    pthread_mutex_destroy(&p.mu);
+    free(p.ready);
+    free(p.jobs);
+    return rc;
+}
+
 int jlm_conv_write(jlm_conv *c, const char *out_path, const jlm_io *io,
                    jlm_conv_progress cb, void *cb_ctx, jlm_err *err)
 {
@@ -375,36 +556,7 @@ int jlm_conv_write(jlm_conv *c, const char *out_path, const jlm_io *io,
     int rc = jlm_fmt_writer_open(out_path, &c->plan, io, &w, err);
     if (rc)
         return rc;
-    uint64_t total = 0, done = 0;
-    for (uint32_t i = 0; i < c->n_tensors; i++) {
-        uint64_t off, len;
-        tensor_span(c, i, &off, &len);
-        total += len * (jlm_fmt_role_is_bank(c->tensors[i].role) ? c->tensors[i].dims[2] : 1);
-    }
-    for (uint32_t i = 0; i < c->n_tensors && !rc; i++) {
-        const jlm_tensor *t = &c->tensors[i];
-        int64_t nexp = jlm_fmt_role_is_bank(t->role) ? (int64_t)t->dims[2] : 1;
-        uint64_t off, len;
-        tensor_span(c, i, &off, &len);
-        uint8_t *buf = calloc(1, len ? len : 1);
-        if (!buf) {
-            rc = jlm_errf(err, JLM_ENOMEM, "%s: out of memory (%llu bytes for '%s')", c->src_path,
-                          (unsigned long long)len, t->name.s);
-            break;
-        }
-        for (int64_t x = 0; x < nexp && !rc; x++) {
-            uint64_t shift = nexp > 1 || jlm_fmt_role_is_bank(t->role) ? (uint64_t)x * c->plan.hdr.exp_page_size : 0;
-            if (x)
-                memset(buf, 0, len);
-            rc = jlm_conv_pack_tensor(c, i, x, buf, off + shift, len, err);
-            if (!rc)
-                rc = jlm_fmt_writer_pwrite(w, buf, len, off + shift, err);
-            done += len;
-            if (cb)
-                cb(cb_ctx, done, total);
-        }
-        free(buf);
-    }
+    rc = pack_and_write(c, w, cb, cb_ctx, err);
     if (!rc)
         rc = verify(c, jlm_fmt_writer_part_path(w), err);
     if (rc) {
