@@ -101,6 +101,8 @@ fuzz:
 install: all
 	install -d $(DESTDIR)$(PREFIX)/bin
 	install -m 755 $(BINS) $(DESTDIR)$(PREFIX)/bin/
+	install -d $(DESTDIR)/sbin
+	install -m 755 mount-helpers/mount.jlmfs $(DESTDIR)/sbin/mount.jlmfs
 
 clean:
 	rm -rf build build-*

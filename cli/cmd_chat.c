@@ -4,6 +4,7 @@
  * (llama.cpp's common_chat_format_single), then generates the reply. Reads
  * one user message per line from stdin; the reply goes to stdout. */
 #include "cli.h"
+#include "report.h"
 #include "engine/chat.h"
 #include "engine/model.h"
 #include "engine/sampler.h"
@@ -50,7 +51,8 @@ static void conv_free(conv *c)
 }
 
 /* Generates a reply after the evaluated prompt; appends its text to *reply. */
-static int reply(jlm_engine *e, jlm_tok *tok, jlm_sampler *s, float *logits, int n_max, char **out, jlm_err *err)
+static int reply(jlm_engine *e, jlm_tok *tok, jlm_sampler *s, float *logits, int n_max, jlm_cli_report *rep,
+                 char **out, jlm_err *err)
 {
     jlm_tok_stream ts;
     jlm_tok_stream_init(&ts, tok, 0, 0);
@@ -73,6 +75,7 @@ static int reply(jlm_engine *e, jlm_tok *tok, jlm_sampler *s, float *logits, int
         }
         if (!rc)
             rc = jlm_engine_eval(e, &id, 1, logits, err);
+        jlm_cli_report_flush(rep);
     }
     if (text) text[len] = 0;
     fputc('\n', stdout);
@@ -115,16 +118,27 @@ int jlm_cmd_chat(int argc, char **argv)
     jlm_engine *e = NULL;
     jlm_tok *tok = NULL;
     jlm_sampler *s = NULL;
-    char *tmpl = NULL, *bos = NULL, *eos = NULL, *prev = NULL;
+    char *tmpl = NULL, *bos = NULL, *eos = NULL, *prev = NULL, *db = NULL, *key = NULL;
     float *logits = NULL;
     conv cv = {0};
+    jlm_cli_report rep = {0};
     int status = 1;
-    if (jlm_engine_open(model, &eo, &e, &err) || jlm_tok_create(&jlm_engine_model(e)->vocab, &tok, &err) ||
+    char *path = jlm_cli_container_path(model);
+    int on_view = jlm_cli_view_discover(model, path, &db, &key);
+    if (on_view)
+        eo.direct = 0;   /* a view is read through the page cache the mount fills */
+    if (!path) {
+        fprintf(stderr, "jlm chat: out of memory\n");
+        goto out;
+    }
+    if (jlm_engine_open(path, &eo, &e, &err) || jlm_tok_create(&jlm_engine_model(e)->vocab, &tok, &err) ||
         jlm_samp_create(&sp, jlm_engine_n_vocab(e), &s, &err)) {
         fprintf(stderr, "jlm chat: %s\n", err.msg);
         goto out;
     }
-    if (jlm_chat_template_from_model(model, &tmpl, &bos, &eos, &err)) {
+    if (on_view)
+        jlm_cli_report_open(&rep, e, db, key, "jlm chat");
+    if (jlm_chat_template_from_model(path, &tmpl, &bos, &eos, &err)) {
         fprintf(stderr, "note: %s has no chat template: using chatml\n", model);
         tmpl = strdup(CHATML);
         const jlm_vocab *v = &jlm_engine_model(e)->vocab;
@@ -168,8 +182,9 @@ int jlm_cmd_chat(int argc, char **argv)
         }
         for (size_t i = 0; i < n; i++) jlm_samp_accept(s, ids[i]);
         free(ids);
+        jlm_cli_report_flush(&rep);
         char *text = NULL;
-        int rc = reply(e, tok, s, logits, n_max, &text, &err);
+        int rc = reply(e, tok, s, logits, n_max, &rep, &text, &err);
         if (rc) {
             fprintf(stderr, "jlm chat: %s\n", err.msg);
             free(text); free(full);
@@ -190,8 +205,9 @@ int jlm_cmd_chat(int argc, char **argv)
     }
     status = 0;
 out:
+    jlm_cli_report_close(&rep, e);
     conv_free(&cv);
-    free(tmpl); free(bos); free(eos); free(prev); free(logits);
+    free(tmpl); free(bos); free(eos); free(prev); free(logits); free(path); free(db); free(key);
     jlm_samp_destroy(s);
     jlm_tok_destroy(tok);
     jlm_engine_close(e);

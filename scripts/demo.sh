@@ -1,12 +1,47 @@
 #!/usr/bin/env bash
 # demo.sh - the README's main job on the bundled model: install what is
-# missing, build, convert models/stories260K.gguf to a .jlm container and show
-# what is inside. (Later issues extend it: mount it with jlmfs and generate.)
+# missing, build, mount a temporary folder with jlmfs, drop the bundled GGUF in,
+# generate text through the mounted .jlm view, show the pages the engine holds
+# (resident/) and the statistics, unmount.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 ./scripts/deps.sh
 make -j2 all >/dev/null
-out=$(mktemp -d /tmp/jlmdemo.XXXXXX)
-trap 'rm -rf "$out"' EXIT
-./build/jlm convert models/stories260K.gguf -o "$out/stories260K.jlm"
-./build/jlm info "$out/stories260K.jlm"
+work=$(mktemp -d /tmp/jlmdemo.XXXXXX)
+mkdir -p "$work/src" "$work/mnt"
+cleanup() {
+    exec 3>&- 2>/dev/null || true
+    fusermount3 -u "$work/mnt" 2>/dev/null || true
+    rm -rf "$work"
+}
+trap cleanup EXIT
+
+./build/jlmfs "$work/src" "$work/mnt"               # daemonizes; the cache lives in src/.jlmfs-cache
+cp models/stories260K.gguf "$work/mnt/"
+view="$work/mnt/stories260K.jlm"
+for _ in $(seq 100); do
+    [ "$(cat "$view/status" 2>/dev/null)" = ready ] && break
+    sleep 0.1
+done
+echo "== $view: $(cat "$view/status")"
+ls "$view"
+
+echo "== jlm run through the mount"
+./build/jlm run "$view" -p "Once upon a time" -n 48 --temp 0 --stats
+echo
+
+echo "== an engine holding the model open (jlm chat), and what resident/ shows meanwhile"
+mkfifo "$work/in"
+./build/jlm chat "$view" -n 16 --temp 0 < "$work/in" > "$work/chat.out" 2>/dev/null &
+chat=$!
+exec 3>"$work/in"
+echo "The little dog" >&3
+for _ in $(seq 100); do grep -q . "$work/chat.out" 2>/dev/null && break; sleep 0.1; done
+sleep 0.2
+echo "resident/: $(ls "$view/resident" | tr '\n' ' ')"
+exec 3>&-
+wait "$chat" || true
+echo "chat replied: $(cat "$work/chat.out")"
+
+echo "== stats"
+cat "$view/stats"

@@ -1,0 +1,455 @@
+/* jlmfs_main.c - `jlmfs SRC MOUNTPOINT [-f] [-o cache=DIR,workers=N,...]`: the
+ * FUSE layer. Each callback resolves its path to a node (fs/jlmfs.h), does a
+ * plain syscall for a passthrough node (as libfuse's passthrough.c does) or
+ * calls fs/ logic for a view node, maps the JLM_E* code to -errno in one
+ * place (errno_of) and returns. Views are read-only: every mutation of a
+ * view node is refused with EROFS. */
+#define FUSE_USE_VERSION 31
+#include <fuse.h>
+
+#include "fs/jlmfs.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <stddef.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <sys/statvfs.h>
+#include <sys/xattr.h>
+#include <unistd.h>
+
+static const char USAGE[] =
+    "usage: jlmfs SRC MOUNTPOINT [-f] [-d] [-o OPTIONS]\n"
+    "Mounts the folder SRC at MOUNTPOINT; every complete x.gguf in it gets a\n"
+    "read-only model view x.jlm/ (model.jlm, status, config.json, tensors, dense,\n"
+    "blocks/N, vision/N, experts/B.E, resident/, stats). See docs/jlmfs.md.\n"
+    "options:\n"
+    "  -o cache=DIR     container cache (default SRC/.jlmfs-cache, hidden from the mount)\n"
+    "  -o workers=N     background conversion threads (default 1)\n"
+    "  -o allow_other   let other users read the mount (FUSE option)\n"
+    "  -f               stay in the foreground; -d: debug (implies -f)\n"
+    "test hook: JLMFS_TEST_SLOW_MS=N sleeps N ms before each page the\n"
+    "background conversion packs (so tests can read ahead of it).\n";
+
+static int errno_of(int code)
+{
+    switch (code) {
+    case JLM_OK: return 0;
+    case JLM_ENOTFOUND: return -ENOENT;
+    case JLM_EINVAL: return -EINVAL;
+    case JLM_ENOMEM: return -ENOMEM;
+    case JLM_ENOSPC: return -ENOSPC;
+    case JLM_ERANGE: return -ERANGE;
+    case JLM_EUNSUPPORTED: return -ENOTSUP;
+    default: return -EIO;   /* JLM_EIO, JLM_EFORMAT, JLM_EVERSION: the bytes cannot be served */
+    }
+}
+
+static jlmfs *FS(void) { return fuse_get_context()->private_data; }
+
+/* An open file: the node it resolved to, plus its fd (passthrough) or the
+ * text snapshot taken at open (status, stats, ...). */
+typedef struct handle {
+    jlmfs_node node;
+    int        fd;        /* PASS: open descriptor; else -1 */
+    int        writing;   /* PASS opened for writing: release re-syncs the view */
+    char      *text;      /* TEXT: snapshot */
+    size_t     text_len;
+} handle;
+
+static handle *H(struct fuse_file_info *fi) { return (handle *)(uintptr_t)fi->fh; }
+
+static int resolve(const char *path, jlmfs_node *n)
+{
+    jlm_err e;
+    return errno_of(jlmfs_resolve(FS(), path, n, &e));
+}
+
+/* For a name to be created: an absent name inside a view is refused as a
+ * write to a read-only view (EROFS), not as a missing file. */
+static int resolve_new(const char *path, jlmfs_node *n)
+{
+    int rc = resolve(path, n);
+    if (rc != -ENOENT)
+        return rc;
+    char *dir = strdup(path), *slash = dir ? strrchr(dir, '/') : NULL;
+    if (!slash) {
+        free(dir);
+        return rc;
+    }
+    *(slash == dir ? slash + 1 : slash) = 0;
+    jlmfs_node p = {0};
+    if (!resolve(dir, &p) && p.kind != JLMFS_PASS)
+        rc = -EROFS;
+    jlmfs_node_clear(&p);
+    free(dir);
+    return rc;
+}
+
+#define RESOLVE_WITH(fn, path, n)         \
+    jlmfs_node n = {0};                   \
+    int rc_ = fn(path, &n);               \
+    if (rc_)                              \
+        return rc_
+#define RESOLVE(path, n) RESOLVE_WITH(resolve, path, n)
+
+/* ---------------------------------------------------------------- attributes, listings */
+static int op_getattr(const char *path, struct stat *st, struct fuse_file_info *fi)
+{
+    if (fi && H(fi)->fd >= 0)
+        return fstat(H(fi)->fd, st) ? -errno : 0;
+    RESOLVE(path, n);
+    jlm_err e;
+    int rc = n.kind == JLMFS_PASS ? (lstat(n.real, st) ? -errno : 0) : errno_of(jlmfs_node_stat(FS(), &n, st, &e));
+    jlmfs_node_clear(&n);
+    return rc;
+}
+
+typedef struct fill_ctx { void *buf; fuse_fill_dir_t filler; } fill_ctx;
+
+static int fill_one(void *ctx, const char *name, const struct stat *st)
+{
+    fill_ctx *f = ctx;
+    return f->filler(f->buf, name, st, 0, 0);
+}
+
+static int op_readdir(const char *path, void *buf, fuse_fill_dir_t filler, off_t off,
+                      struct fuse_file_info *fi, enum fuse_readdir_flags flags)
+{
+    RESOLVE(path, n);
+    fill_ctx f = {buf, filler};
+    jlm_err e;
+    int rc = 0;
+    if (n.kind != JLMFS_PASS) {   /* a PASS listing carries the real . and .. */
+        filler(buf, ".", NULL, 0, 0);
+        filler(buf, "..", NULL, 0, 0);
+    }
+    rc = errno_of(jlmfs_list(FS(), &n, fill_one, &f, &e));
+    jlmfs_node_clear(&n);
+    return rc;
+}
+
+static int op_readlink(const char *path, char *buf, size_t size)
+{
+    RESOLVE(path, n);
+    ssize_t r = n.kind == JLMFS_PASS ? readlink(n.real, buf, size - 1) : (errno = EINVAL, -1);
+    jlmfs_node_clear(&n);
+    if (r < 0)
+        return -errno;
+    buf[r] = 0;
+    return 0;
+}
+
+static int op_statfs(const char *path, struct statvfs *st)
+{
+    RESOLVE(path, n);
+    int rc = statvfs(n.real ? n.real : jlmfs_cache_dir(FS()), st) ? -errno : 0;
+    jlmfs_node_clear(&n);
+    return rc;
+}
+
+/* ---------------------------------------------------------------- open, read, release */
+static int open_node(const char *path, struct fuse_file_info *fi, int create, mode_t mode)
+{
+    handle *h = calloc(1, sizeof *h);
+    if (!h)
+        return -ENOMEM;
+    h->fd = -1;
+    int rc = create ? resolve_new(path, &h->node) : resolve(path, &h->node);
+    if (!rc && h->node.kind == JLMFS_PASS) {
+        h->fd = create ? open(h->node.real, fi->flags | O_CREAT, mode) : open(h->node.real, fi->flags);
+        rc = h->fd < 0 ? -errno : 0;
+        h->writing = (fi->flags & O_ACCMODE) != O_RDONLY || (fi->flags & O_TRUNC);
+        if (!rc && h->writing)
+            jlmfs_write_begin(FS(), h->node.rel);   /* its view goes until release */
+    } else if (!rc) {
+        jlm_err e;
+        if (create || (fi->flags & O_ACCMODE) != O_RDONLY || (fi->flags & O_TRUNC))
+            rc = -EROFS;
+        else if (h->node.kind == JLMFS_SPAN)
+            fi->keep_cache = 1;   /* a view's bytes never change while it exists: page-ins stay cached */
+        else if (h->node.kind == JLMFS_TEXT) {
+            fi->direct_io = 1;    /* status and stats change: every read asks the daemon */
+            rc = errno_of(jlmfs_text(FS(), &h->node, &h->text, &h->text_len, &e));
+        } else if (h->node.kind == JLMFS_DIR)
+            rc = -EISDIR;
+    }
+    if (rc) {
+        if (h->fd >= 0)
+            close(h->fd);
+        jlmfs_node_clear(&h->node);
+        free(h);
+        return rc;
+    }
+    fi->fh = (uint64_t)(uintptr_t)h;
+    return 0;
+}
+
+static int op_open(const char *path, struct fuse_file_info *fi) { return open_node(path, fi, 0, 0); }
+static int op_create(const char *path, mode_t mode, struct fuse_file_info *fi) { return open_node(path, fi, 1, mode); }
+
+static int op_read(const char *path, char *buf, size_t size, off_t off, struct fuse_file_info *fi)
+{
+    handle *h = H(fi);
+    jlm_err e;
+    size_t got = 0;
+    switch (h->node.kind) {
+    case JLMFS_PASS: {
+        ssize_t r = pread(h->fd, buf, size, off);
+        return r < 0 ? -errno : (int)r;
+    }
+    case JLMFS_SPAN: {
+        int rc = errno_of(jlmfs_read(FS(), &h->node, buf, size, (uint64_t)off, &got, &e));
+        if (rc)
+            fprintf(stderr, "jlmfs: %s\n", e.msg);
+        return rc ? rc : (int)got;
+    }
+    case JLMFS_TEXT:
+        if ((size_t)off >= h->text_len)
+            return 0;
+        got = h->text_len - (size_t)off < size ? h->text_len - (size_t)off : size;
+        memcpy(buf, h->text + off, got);
+        return (int)got;
+    default:
+        return 0;
+    }
+}
+
+static int op_write(const char *path, const char *buf, size_t size, off_t off, struct fuse_file_info *fi)
+{
+    handle *h = H(fi);
+    if (h->fd < 0)
+        return -EROFS;
+    ssize_t r = pwrite(h->fd, buf, size, off);
+    return r < 0 ? -errno : (int)r;
+}
+
+static int op_release(const char *path, struct fuse_file_info *fi)
+{
+    handle *h = H(fi);
+    if (h->fd >= 0)
+        close(h->fd);
+    if (h->writing)
+        jlmfs_write_end(FS(), h->node.rel);   /* a GGUF closed after writing gets its view */
+    jlmfs_node_clear(&h->node);
+    free(h->text);
+    free(h);
+    return 0;
+}
+
+/* close(2) waits for flush, not for release: ending the write here makes
+ * `cp x.gguf MNT/ && ls MNT/x.jlm` see the view. A later write through a
+ * dup'd descriptor changes the file's identity, which replaces the view. */
+static int op_flush(const char *path, struct fuse_file_info *fi)
+{
+    handle *h = H(fi);
+    if (h->writing) {
+        h->writing = 0;
+        jlmfs_write_end(FS(), h->node.rel);
+    }
+    return 0;
+}
+
+static int op_fsync(const char *path, int datasync, struct fuse_file_info *fi)
+{
+    handle *h = H(fi);
+    if (h->fd < 0)
+        return 0;
+    return (datasync ? fdatasync(h->fd) : fsync(h->fd)) ? -errno : 0;
+}
+
+/* ---------------------------------------------------------------- mutations (passthrough only) */
+/* Runs a syscall on a passthrough path and re-syncs the view of that path. */
+#define PASS_OP(path, call)                                   \
+    do {                                                      \
+        RESOLVE_WITH(resolve_new, path, n);                   \
+        int rc = n.kind != JLMFS_PASS ? -EROFS : ((call) ? -errno : 0); \
+        if (n.kind == JLMFS_PASS && !rc)                      \
+            jlmfs_changed(FS(), n.rel);                       \
+        jlmfs_node_clear(&n);                                 \
+        return rc;                                            \
+    } while (0)
+
+static int op_mkdir(const char *path, mode_t mode) { PASS_OP(path, mkdir(n.real, mode)); }
+static int op_rmdir(const char *path) { PASS_OP(path, rmdir(n.real)); }
+static int op_unlink(const char *path) { PASS_OP(path, unlink(n.real)); }
+static int op_symlink(const char *target, const char *path) { PASS_OP(path, symlink(target, n.real)); }
+static int op_chmod(const char *path, mode_t mode, struct fuse_file_info *fi) { PASS_OP(path, chmod(n.real, mode)); }
+static int op_chown(const char *path, uid_t uid, gid_t gid, struct fuse_file_info *fi)
+{
+    PASS_OP(path, lchown(n.real, uid, gid));
+}
+static int op_truncate(const char *path, off_t size, struct fuse_file_info *fi)
+{
+    if (fi && H(fi)->fd >= 0)
+        return ftruncate(H(fi)->fd, size) ? -errno : 0;
+    PASS_OP(path, truncate(n.real, size));
+}
+static int op_utimens(const char *path, const struct timespec tv[2], struct fuse_file_info *fi)
+{
+    PASS_OP(path, utimensat(AT_FDCWD, n.real, tv, AT_SYMLINK_NOFOLLOW));
+}
+
+static int op_rename(const char *from, const char *to, unsigned int flags)
+{
+    RESOLVE(from, a);
+    jlmfs_node b = {0};
+    int rc = resolve_new(to, &b);
+    if (!rc && (a.kind != JLMFS_PASS || b.kind != JLMFS_PASS))
+        rc = -EROFS;
+    if (!rc && renameat2(AT_FDCWD, a.real, AT_FDCWD, b.real, flags))
+        rc = -errno;
+    if (!rc) {
+        jlmfs_changed(FS(), a.rel);
+        jlmfs_changed(FS(), b.rel);
+    }
+    jlmfs_node_clear(&a);
+    jlmfs_node_clear(&b);
+    return rc;
+}
+
+/* ---------------------------------------------------------------- extended attributes */
+static int op_getxattr(const char *path, const char *name, char *value, size_t size)
+{
+    RESOLVE(path, n);
+    int rc;
+    if (n.kind == JLMFS_PASS) {
+        ssize_t r = lgetxattr(n.real, name, value, size);
+        rc = r < 0 ? -errno : (int)r;
+    } else {
+        char *v;
+        size_t len;
+        jlm_err e;
+        rc = jlmfs_getxattr(FS(), &n, name, &v, &len, &e);
+        rc = rc == JLM_ENOTFOUND ? -ENODATA : errno_of(rc);
+        if (!rc) {
+            rc = !size ? (int)len : size < len ? -ERANGE : (memcpy(value, v, len), (int)len);
+            free(v);
+        }
+    }
+    jlmfs_node_clear(&n);
+    return rc;
+}
+
+static int op_listxattr(const char *path, char *list, size_t size)
+{
+    RESOLVE(path, n);
+    int rc;
+    if (n.kind == JLMFS_PASS) {
+        ssize_t r = llistxattr(n.real, list, size);
+        rc = r < 0 ? -errno : (int)r;
+    } else {
+        char *v;
+        size_t len;
+        jlm_err e;
+        rc = errno_of(jlmfs_listxattr(FS(), &n, &v, &len, &e));
+        if (!rc) {
+            rc = !size ? (int)len : size < len ? -ERANGE : (memcpy(list, v, len), (int)len);
+            free(v);
+        }
+    }
+    jlmfs_node_clear(&n);
+    return rc;
+}
+
+/* ---------------------------------------------------------------- lifecycle */
+static int g_started;
+
+static void *op_init(struct fuse_conn_info *conn, struct fuse_config *cfg)
+{
+    /* No name or attribute caching: views appear and vanish with their GGUF
+     * (a cached entry would show a removed view for its timeout), and text
+     * files change size. The cost is one lookup per path walk; page-ins
+     * read an open descriptor and do not walk. Data caching is chosen per
+     * open file (keep_cache for view spans only). hard_remove: handles hold
+     * descriptors, so an unlinked open file needs no .fuse_hidden rename. */
+    cfg->entry_timeout = 0.0;
+    cfg->attr_timeout = 0.0;
+    cfg->negative_timeout = 0.0;
+    cfg->hard_remove = 1;
+    cfg->kernel_cache = 0;
+    jlmfs *fs = fuse_get_context()->private_data;
+    jlm_err e;
+    if (jlmfs_start(fs, &e))
+        fprintf(stderr, "jlmfs: %s\n", e.msg);
+    g_started = 1;
+    return fs;
+}
+
+static void op_destroy(void *data) { jlmfs_close(data); }
+
+static const struct fuse_operations ops = {
+    .init = op_init, .destroy = op_destroy,
+    .getattr = op_getattr, .readdir = op_readdir, .readlink = op_readlink, .statfs = op_statfs,
+    .open = op_open, .create = op_create, .read = op_read, .write = op_write,
+    .flush = op_flush, .release = op_release, .fsync = op_fsync,
+    .mkdir = op_mkdir, .rmdir = op_rmdir, .unlink = op_unlink, .symlink = op_symlink,
+    .rename = op_rename, .chmod = op_chmod, .chown = op_chown, .truncate = op_truncate,
+    .utimens = op_utimens, .getxattr = op_getxattr, .listxattr = op_listxattr,
+};
+
+/* ---------------------------------------------------------------- options */
+typedef struct opts { char *src, *cache; unsigned workers; int help, n_nonopt; } opts;
+
+enum { KEY_HELP = 1 };
+static const struct fuse_opt opt_spec[] = {
+    {"cache=%s", offsetof(opts, cache), 0},
+    {"workers=%u", offsetof(opts, workers), 0},
+    FUSE_OPT_KEY("-h", KEY_HELP),
+    FUSE_OPT_KEY("--help", KEY_HELP),
+    FUSE_OPT_END,
+};
+
+static int opt_proc(void *data, const char *arg, int key, struct fuse_args *out)
+{
+    opts *o = data;
+    if (key == KEY_HELP) {
+        o->help = 1;
+        return 0;
+    }
+    if (key == FUSE_OPT_KEY_NONOPT && o->n_nonopt++ == 0) {
+        o->src = strdup(arg);   /* SRC; the mount point goes on to FUSE */
+        return 0;
+    }
+    return 1;
+}
+
+int main(int argc, char **argv)
+{
+    struct fuse_args args = FUSE_ARGS_INIT(argc, argv);
+    opts o = {0};
+    if (fuse_opt_parse(&args, &o, opt_spec, opt_proc))
+        return 2;
+    if (o.help) {
+        fputs(USAGE, stdout);
+        return 0;
+    }
+    if (!o.src || o.n_nonopt != 2) {
+        fputs(USAGE, stderr);
+        return 2;
+    }
+    const char *slow = getenv("JLMFS_TEST_SLOW_MS");
+    jlmfs_opts fo = {.src = o.src, .cache = o.cache, .n_workers = o.workers,
+                     .slow_ms = slow ? (unsigned)strtoul(slow, NULL, 10) : 0};
+    jlmfs *fs;
+    jlm_err e;
+    if (jlmfs_open(&fo, &fs, &e)) {
+        fprintf(stderr, "jlmfs: %s\n", e.msg);
+        return 1;
+    }
+    /* libfuse 3.14's fuse_main passes max_idle_threads = -1 ("unlimited")
+     * and warns about it; 10 is the documented default. Inserted first so a
+     * user's -o max_idle_threads wins. */
+    fuse_opt_insert_arg(&args, 1, "-omax_idle_threads=10");
+    char *name = NULL;   /* "SRC on MNT type fuse.jlmfs" in the mount table */
+    if (!strchr(o.src, ',') && asprintf(&name, "-ofsname=%s,subtype=jlmfs", o.src) >= 0)
+        fuse_opt_add_arg(&args, name);
+    int rc = fuse_main(args.argc, args.argv, &ops, fs);
+    if (!g_started)
+        jlmfs_close(fs);   /* fuse_main failed before init: destroy will not run */
+    fuse_opt_free_args(&args);
+    free(name); free(o.src); free(o.cache);
+    return rc;
+}

@@ -1,0 +1,501 @@
+/* jlmfs.c - the daemon's state: the view table kept in step with SRC, the
+ * cache folder, the conversion workers, path resolution, listings, texts,
+ * extended attributes and the residency database connection. */
+#include "fs/jlmfs_int.h"
+
+#include <dirent.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <limits.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/file.h>
+#include <time.h>
+#include <unistd.h>
+
+/* ---------------------------------------------------------------- helpers */
+static int ends_with(const char *s, const char *suf)
+{
+    size_t n = strlen(s), m = strlen(suf);
+    return n > m && !strcmp(s + n - m, suf);
+}
+
+static char *join(const char *a, const char *b)
+{
+    char *r = NULL;
+    if (asprintf(&r, "%s%s%s", a, *a && *b ? "/" : "", b) < 0)
+        return NULL;
+    return r;
+}
+
+static void ident_of(const struct stat *st, jlmfs_ident *id)
+{
+    *id = (jlmfs_ident){st->st_dev, st->st_ino, st->st_size, st->st_mtim.tv_sec, st->st_mtim.tv_nsec};
+}
+
+static int ident_eq(const jlmfs_ident *a, const jlmfs_ident *b)
+{
+    return a->dev == b->dev && a->ino == b->ino && a->size == b->size && a->mtime_s == b->mtime_s &&
+           a->mtime_ns == b->mtime_ns;
+}
+
+const char *jlmfs_cache_dir(const jlmfs *fs) { return fs->cache; }
+const char *jlmfs_db_path(const jlmfs *fs) { return fs->db_path; }
+
+/* ---------------------------------------------------------------- table (fs->lock held) */
+static ssize_t find_view(jlmfs *fs, const char *rel)
+{
+    for (size_t i = 0; i < fs->n_views; i++)
+        if (!strcmp(fs->views[i]->rel, rel))
+            return (ssize_t)i;
+    return -1;
+}
+
+static jlmfs_view *take_view(jlmfs *fs, size_t i)
+{
+    jlmfs_view *v = fs->views[i];
+    fs->views[i] = fs->views[--fs->n_views];
+    return v;
+}
+
+static int writers_of(jlmfs *fs, const char *rel)
+{
+    for (size_t i = 0; i < fs->n_writers; i++)
+        if (!strcmp(fs->writers[i].rel, rel))
+            return fs->writers[i].n;
+    return 0;
+}
+
+static int grow(void **p, size_t *cap, size_t n, size_t el)
+{
+    if (n < *cap)
+        return 0;
+    size_t nc = *cap ? *cap * 2 : 16;
+    void *np = realloc(*p, nc * el);
+    if (!np)
+        return -1;
+    *p = np;
+    *cap = nc;
+    return 0;
+}
+
+/* Inserts v (the table takes the caller's reference) and queues it if it
+ * needs converting (the queue takes another). */
+static int insert_view(jlmfs *fs, jlmfs_view *v)
+{
+    if (grow((void **)&fs->views, &fs->cap_views, fs->n_views, sizeof *fs->views))
+        return -1;
+    fs->views[fs->n_views++] = v;
+    if (jlmfs_view_state(v, NULL, NULL, 0) == JLMFS_CONVERTING &&
+        !grow((void **)&fs->queue, &fs->cap_queue, fs->n_queue, sizeof *fs->queue)) {
+        jlmfs_view_ref(v);
+        fs->queue[fs->n_queue++] = v;
+        pthread_cond_broadcast(&fs->queue_cond);
+    }
+    return 0;
+}
+
+/* ---------------------------------------------------------------- sync (invariant 1) */
+/* Brings the view of SRC/rel in step with the file; returns a reference to
+ * it, or NULL if there is none. Planning runs unlocked, serialised by
+ * create_lock so two threads never plan (and truncate the .part of) the
+ * same view at once. */
+jlmfs_view *jlmfs_sync_view(jlmfs *fs, const char *rel)
+{
+    if (!ends_with(rel, ".gguf"))
+        return NULL;
+    char *path = join(fs->src, rel);
+    struct stat st;
+    int ok = path && stat(path, &st) == 0 && S_ISREG(st.st_mode);
+    free(path);
+    jlmfs_ident id;
+    if (ok)
+        ident_of(&st, &id);
+    int locked_create = 0;
+    jlmfs_view *res = NULL, *old = NULL;
+    for (;;) {
+        pthread_mutex_lock(&fs->lock);
+        ssize_t i = find_view(fs, rel);
+        if (!ok || writers_of(fs, rel) > 0) {
+            old = i >= 0 ? take_view(fs, (size_t)i) : NULL;
+        } else if (i >= 0 && ident_eq(&fs->views[i]->id, &id)) {
+            res = fs->views[i];
+            jlmfs_view_ref(res);
+        } else if (!locked_create) {
+            pthread_mutex_unlock(&fs->lock);
+            pthread_mutex_lock(&fs->create_lock);
+            locked_create = 1;
+            continue;   /* re-check under create_lock */
+        } else {
+            old = i >= 0 ? take_view(fs, (size_t)i) : NULL;
+        }
+        pthread_mutex_unlock(&fs->lock);
+        break;
+    }
+    if (old) {   /* replaced or gone: its cache entry is stale */
+        jlmfs_view_kill(old);
+        jlmfs_view_unref(old);
+    }
+    if (!res && ok && locked_create) {
+        jlmfs_view *v;
+        jlm_err e;
+        if (!jlmfs_view_create(fs, rel, &id, &st, &v, &e)) {   /* slow: plans from the GGUF's metadata */
+            pthread_mutex_lock(&fs->lock);
+            if (insert_view(fs, v)) {
+                jlmfs_view_kill(v);
+                jlmfs_view_unref(v);
+            } else {
+                jlmfs_view_ref(v);
+                res = v;
+            }
+            pthread_mutex_unlock(&fs->lock);
+        }
+    }
+    if (locked_create)
+        pthread_mutex_unlock(&fs->create_lock);
+    if (fs->check) {   /* JLMFS_CHECK=1 (the tests): every invariant after every sync */
+        jlm_err e;
+        if (jlmfs_check(fs, &e)) {
+            fprintf(stderr, "jlmfs: BUG: %s\n", e.msg);
+            abort();
+        }
+    }
+    return res;
+}
+
+void jlmfs_changed(jlmfs *fs, const char *rel)
+{
+    jlmfs_view_unref(jlmfs_sync_view(fs, rel));
+}
+
+void jlmfs_write_begin(jlmfs *fs, const char *rel)
+{
+    pthread_mutex_lock(&fs->lock);
+    size_t i;
+    for (i = 0; i < fs->n_writers && strcmp(fs->writers[i].rel, rel); i++)
+        ;
+    if (i < fs->n_writers) {
+        fs->writers[i].n++;
+    } else if (!grow((void **)&fs->writers, &fs->cap_writers, fs->n_writers, sizeof *fs->writers)) {
+        fs->writers[fs->n_writers].rel = strdup(rel);
+        fs->writers[fs->n_writers].n = 1;
+        if (fs->writers[fs->n_writers].rel)
+            fs->n_writers++;
+    }
+    pthread_mutex_unlock(&fs->lock);
+    jlmfs_changed(fs, rel);   /* a GGUF being written has no view */
+}
+
+void jlmfs_write_end(jlmfs *fs, const char *rel)
+{
+    pthread_mutex_lock(&fs->lock);
+    for (size_t i = 0; i < fs->n_writers; i++)
+        if (!strcmp(fs->writers[i].rel, rel)) {
+            if (--fs->writers[i].n == 0) {
+                free(fs->writers[i].rel);
+                fs->writers[i] = fs->writers[--fs->n_writers];
+            }
+            break;
+        }
+    pthread_mutex_unlock(&fs->lock);
+    jlmfs_changed(fs, rel);   /* closed after writing: complete, gets its view */
+}
+
+/* ---------------------------------------------------------------- database */
+void jlmfs_db_record(jlmfs *fs, const char *key, const jlmfs_unit *u, int tier, uint64_t bytes)
+{
+    pthread_mutex_lock(&fs->db_lock);
+    if (fs->db) {
+        jlm_err e;
+        if (jlm_rdb_daemon_read(fs->db, key, jlmfs_arr_name(u->arr), u->a, u->b, tier, bytes, &e))
+            fprintf(stderr, "jlmfs: note: %s\n", e.msg);
+        fs->db_dirty = 1;
+    }
+    pthread_mutex_unlock(&fs->db_lock);
+}
+
+static void db_flush_locked(jlmfs *fs)
+{
+    jlm_err e;
+    if (fs->db && fs->db_dirty && jlm_rdb_flush(fs->db, &e))
+        fprintf(stderr, "jlmfs: note: %s\n", e.msg);
+    fs->db_dirty = 0;
+}
+
+/* resident/ and stats read the tables after a flush, so they include the
+ * reads this daemon served a moment ago. */
+int jlmfs_db_names(jlmfs *fs, const char *key, char ***names, size_t *n, jlm_err *err)
+{
+    pthread_mutex_lock(&fs->db_lock);
+    int rc;
+    if (fs->db) {
+        db_flush_locked(fs);
+        rc = jlm_rdb_resident(fs->db, key, names, n, err);
+    } else {
+        rc = jlm_errf(err, JLM_EIO, "no residency database: %s", fs->db_err);
+    }
+    pthread_mutex_unlock(&fs->db_lock);
+    return rc;
+}
+
+int jlmfs_db_stats(jlmfs *fs, const char *key, char **out, jlm_err *err)
+{
+    pthread_mutex_lock(&fs->db_lock);
+    int rc;
+    if (fs->db) {
+        db_flush_locked(fs);
+        rc = jlm_rdb_stats_text(fs->db, key, out, err);
+    } else {
+        rc = jlm_errf(err, JLM_EIO, "no residency database: %s", fs->db_err[0] ? fs->db_err : "not open");
+    }
+    pthread_mutex_unlock(&fs->db_lock);
+    return rc;
+}
+
+/* Queued reads reach SQLite at most 500 ms late (one transaction each time). */
+static void *flusher_main(void *arg)
+{
+    jlmfs *fs = arg;
+    pthread_mutex_lock(&fs->lock);
+    while (!fs->stop) {
+        struct timespec ts;
+        clock_gettime(CLOCK_REALTIME, &ts);
+        ts.tv_nsec += 500000000L;
+        if (ts.tv_nsec >= 1000000000L) { ts.tv_sec++; ts.tv_nsec -= 1000000000L; }
+        pthread_cond_timedwait(&fs->queue_cond, &fs->lock, &ts);
+        pthread_mutex_unlock(&fs->lock);
+        pthread_mutex_lock(&fs->db_lock);
+        db_flush_locked(fs);
+        pthread_mutex_unlock(&fs->db_lock);
+        pthread_mutex_lock(&fs->lock);
+    }
+    pthread_mutex_unlock(&fs->lock);
+    return NULL;
+}
+
+/* ---------------------------------------------------------------- workers */
+static void *worker_main(void *arg)
+{
+    jlmfs *fs = arg;
+    for (;;) {
+        pthread_mutex_lock(&fs->lock);
+        while (!fs->stop && fs->n_queue == 0)
+            pthread_cond_wait(&fs->queue_cond, &fs->lock);
+        if (fs->stop) {
+            pthread_mutex_unlock(&fs->lock);
+            return NULL;
+        }
+        jlmfs_view *v = fs->queue[0];
+        memmove(fs->queue, fs->queue + 1, --fs->n_queue * sizeof *fs->queue);
+        pthread_mutex_unlock(&fs->lock);
+        jlmfs_view_convert(v);   /* slow: packs every unit, no lock held */
+        jlmfs_view_unref(v);
+    }
+}
+
+int jlmfs_start(jlmfs *fs, jlm_err *err)
+{
+    jlm_err e;
+    if (jlm_rdb_open(fs->db_path, 1, &fs->db, &e)) {
+        fs->db = NULL;
+        snprintf(fs->db_err, sizeof fs->db_err, "%s", e.msg);
+        fprintf(stderr, "jlmfs: note: no statistics: %s\n", e.msg);
+    }
+    fs->threads = calloc(fs->n_workers, sizeof *fs->threads);
+    if (!fs->threads)
+        return jlm_errf(err, JLM_ENOMEM, "out of memory");
+    for (; fs->n_threads < fs->n_workers; fs->n_threads++)
+        if (pthread_create(&fs->threads[fs->n_threads], NULL, worker_main, fs))
+            return jlm_errf(err, JLM_EIO, "cannot start conversion thread %u", fs->n_threads);
+    if (pthread_create(&fs->flusher, NULL, flusher_main, fs))
+        return jlm_errf(err, JLM_EIO, "cannot start the statistics thread");
+    fs->has_flusher = 1;
+    return JLM_OK;
+}
+
+/* ---------------------------------------------------------------- open / close */
+static int mkdirs(const char *path)
+{
+    char *p = strdup(path);
+    if (!p)
+        return -1;
+    for (char *s = p + 1; *s; s++)
+        if (*s == '/') {
+            *s = 0;
+            mkdir(p, 0755);
+            *s = '/';
+        }
+    int rc = mkdir(p, 0755) && errno != EEXIST ? -1 : 0;
+    free(p);
+    return rc;
+}
+
+/* Plans a view for every GGUF under dir (relative to SRC), skipping the cache. */
+static void scan(jlmfs *fs, const char *rel, int depth)
+{
+    char *path = join(fs->src, rel);
+    DIR *d = path ? opendir(path) : NULL;
+    free(path);
+    if (!d)
+        return;
+    struct dirent *de;
+    while ((de = readdir(d))) {
+        if (de->d_name[0] == '.' && (!de->d_name[1] || (de->d_name[1] == '.' && !de->d_name[2])))
+            continue;
+        char *sub = join(rel, de->d_name);
+        if (!sub)
+            break;
+        if (fs->cache_rel && !strcmp(sub, fs->cache_rel)) {
+            free(sub);
+            continue;
+        }
+        if (de->d_type == DT_DIR && depth < 16)
+            scan(fs, sub, depth + 1);
+        else
+            jlmfs_changed(fs, sub);
+        free(sub);
+    }
+    closedir(d);
+}
+
+/* First pass (parts_only, before any view exists): removes every .part (a
+ * killed daemon's). Second pass: removes finished entries no view owns. */
+static void clean_cache(jlmfs *fs, int parts_only)
+{
+    DIR *d = opendir(fs->cache);
+    if (!d)
+        return;
+    struct dirent *de;
+    while ((de = readdir(d))) {
+        int part = ends_with(de->d_name, ".jlm.part");
+        if (parts_only ? !part : (part || !strchr(de->d_name, '@') || !ends_with(de->d_name, ".jlm")))
+            continue;
+        char *p = join(fs->cache, de->d_name);
+        int owned = 0;
+        pthread_mutex_lock(&fs->lock);
+        for (size_t i = 0; p && !parts_only && i < fs->n_views; i++)
+            owned |= !strcmp(fs->views[i]->cache_path, p);
+        pthread_mutex_unlock(&fs->lock);
+        if (p && !owned)
+            unlink(p);
+        free(p);
+    }
+    closedir(d);
+}
+
+static int open_cache(jlmfs *fs, const char *cache, jlm_err *err)
+{
+    char *def = NULL;
+    if (!cache && asprintf(&def, "%s/.jlmfs-cache", fs->src) < 0)
+        return jlm_errf(err, JLM_ENOMEM, "out of memory");
+    const char *c = cache ? cache : def;
+    int rc = mkdirs(c) ? jlm_errf(err, JLM_EIO, "cache %s: %s", c, strerror(errno)) : 0;
+    if (!rc && !(fs->cache = realpath(c, NULL)))
+        rc = jlm_errf(err, JLM_EIO, "cache %s: %s", c, strerror(errno));
+    free(def);
+    if (rc)
+        return rc;
+    size_t n = strlen(fs->src);
+    if (!strncmp(fs->cache, fs->src, n) && fs->cache[n] == '/')
+        fs->cache_rel = strdup(fs->cache + n + 1);
+    char *lock = join(fs->cache, "jlmfs.lock");
+    fs->db_path = join(fs->cache, "jlmfs.db");
+    if (!lock || !fs->db_path) {
+        free(lock);
+        return jlm_errf(err, JLM_ENOMEM, "out of memory");
+    }
+    fs->lock_fd = open(lock, O_RDWR | O_CREAT | O_CLOEXEC, 0644);
+    if (fs->lock_fd < 0)
+        rc = jlm_errf(err, JLM_EIO, "%s: %s", lock, strerror(errno));
+    else if (flock(fs->lock_fd, LOCK_EX | LOCK_NB))
+        rc = jlm_errf(err, JLM_EINVAL, "cache %s is in use by another jlmfs (one daemon per cache folder)", fs->cache);
+    free(lock);
+    return rc;
+}
+
+int jlmfs_open(const jlmfs_opts *o, jlmfs **out, jlm_err *err)
+{
+    jlmfs *fs = calloc(1, sizeof *fs);
+    if (!fs)
+        return jlm_errf(err, JLM_ENOMEM, "out of memory");
+    fs->lock_fd = -1;
+    pthread_mutex_init(&fs->lock, NULL);
+    pthread_mutex_init(&fs->create_lock, NULL);
+    pthread_mutex_init(&fs->db_lock, NULL);
+    pthread_cond_init(&fs->queue_cond, NULL);
+    fs->n_workers = o->n_workers ? o->n_workers : 1;
+    fs->slow_ms = o->slow_ms;
+    const char *chk = getenv("JLMFS_CHECK");
+    fs->check = chk && *chk == '1';
+    struct stat st;
+    int rc = 0;
+    if (!o->src || !(fs->src = realpath(o->src, NULL)) || stat(fs->src, &st) || !S_ISDIR(st.st_mode))
+        rc = jlm_errf(err, JLM_EINVAL, "source %s: %s", o->src ? o->src : "(none)",
+                      fs->src ? "not a directory" : strerror(errno));
+    if (!rc)
+        rc = open_cache(fs, o->cache, err);
+    if (rc) {
+        jlmfs_close(fs);
+        return rc;
+    }
+    clean_cache(fs, 1);
+    scan(fs, "", 0);
+    clean_cache(fs, 0);
+    *out = fs;
+    return JLM_OK;
+}
+
+void jlmfs_close(jlmfs *fs)
+{
+    if (!fs)
+        return;
+    pthread_mutex_lock(&fs->lock);
+    fs->stop = 1;
+    pthread_cond_broadcast(&fs->queue_cond);
+    pthread_mutex_unlock(&fs->lock);
+    for (unsigned i = 0; i < fs->n_threads; i++)
+        pthread_join(fs->threads[i], NULL);
+    if (fs->has_flusher)
+        pthread_join(fs->flusher, NULL);
+    for (size_t i = 0; i < fs->n_queue; i++)
+        jlmfs_view_unref(fs->queue[i]);
+    for (size_t i = 0; i < fs->n_views; i++) {
+        jlmfs_view *v = fs->views[i];
+        if (jlmfs_view_state(v, NULL, NULL, 0) == JLMFS_CONVERTING)
+            unlink(v->part_path);   /* invariant 3: no half-written entry survives */
+        jlmfs_view_unref(v);
+    }
+    for (size_t i = 0; i < fs->n_writers; i++)
+        free(fs->writers[i].rel);
+    if (fs->db) {
+        db_flush_locked(fs);
+        jlm_rdb_close(fs->db);
+    }
+    if (fs->lock_fd >= 0)
+        close(fs->lock_fd);
+    free(fs->views); free(fs->queue); free(fs->writers); free(fs->threads);
+    free(fs->src); free(fs->cache); free(fs->cache_rel); free(fs->db_path);
+    pthread_mutex_destroy(&fs->lock);
+    pthread_mutex_destroy(&fs->create_lock);
+    pthread_mutex_destroy(&fs->db_lock);
+    pthread_cond_destroy(&fs->queue_cond);
+    free(fs);
+}
+
+int jlmfs_check(jlmfs *fs, jlm_err *err)
+{
+    int rc = 0;
+    pthread_mutex_lock(&fs->lock);
+    for (size_t i = 0; i < fs->n_views && !rc; i++) {
+        rc = jlmfs_view_check(fs->views[i], err);
+        for (size_t j = 0; j < i && !rc; j++)
+            if (!strcmp(fs->views[i]->rel, fs->views[j]->rel))
+                rc = jlm_errf(err, JLM_EINVAL, "view %s listed twice", fs->views[i]->rel);
+    }
+    for (size_t i = 0; i < fs->n_writers && !rc; i++)
+        if (fs->writers[i].n <= 0)
+            rc = jlm_errf(err, JLM_EINVAL, "writer count %d for %s", fs->writers[i].n, fs->writers[i].rel);
+    pthread_mutex_unlock(&fs->lock);
+    return rc;
+}

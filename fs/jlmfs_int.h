@@ -1,0 +1,103 @@
+/* jlmfs_int.h - shared between fs/jlmfs.c (table, cache, workers, paths) and
+ * fs/view.c (one view: plan, units, conversion, reads, texts). Not a public
+ * contract: see jlmfs.h. */
+#ifndef JLMFS_INT_H
+#define JLMFS_INT_H
+
+#include "fs/jlmfs.h"
+#include "converter/convert.h"
+#include "engine/residency.h"
+#include "engine/source.h"
+
+#include <pthread.h>
+#include <sys/types.h>
+
+enum jlmfs_state { JLMFS_CONVERTING = 1, JLMFS_READY = 2, JLMFS_ERROR = 3 };
+
+/* What a unit of the container is, for residency records. */
+enum jlmfs_arr { JLMFS_A_META = 0, JLMFS_A_BLOCKS, JLMFS_A_VISION, JLMFS_A_EXPERTS };
+
+typedef struct jlmfs_ident {
+    dev_t dev; ino_t ino; off_t size; int64_t mtime_s; long mtime_ns;
+} jlmfs_ident;
+
+typedef struct jlmfs_unit {
+    uint64_t off, len;      /* bytes of model.jlm */
+    uint8_t  arr;           /* enum jlmfs_arr */
+    int32_t  a, b;          /* page name: blocks.a, vision.a, experts.a.b */
+} jlmfs_unit;
+
+struct jlmfs_view {
+    jlmfs      *fs;
+    int         refs;        /* atomic (__atomic builtins) */
+    /* immutable after view_create */
+    char       *rel;         /* "sub/foo.gguf" */
+    char       *key;         /* model key = view path "sub/foo.jlm" */
+    char       *cache_path;  /* CACHE/<flat>@<ident>.v27.jlm */
+    char       *part_path;   /* cache_path + ".part" */
+    jlmfs_ident id;
+    struct stat dir_st;      /* owner/times shown for view nodes */
+    jlm_conv   *conv;        /* NULL in ERROR-at-create */
+    jlm_model  *plan;        /* the planned [0, DenseOff) decoded (jlm_fmt_parse) */
+    uint8_t    *meta;        /* (plan->hdr.dense_off,) the planned bytes [0, DenseOff) */
+    uint64_t    file_size;
+    int         fd;          /* .part (O_RDWR) or finished file; -1 if none */
+    uint32_t    n_units;
+    jlmfs_unit *units;       /* (n_units,) ascending, covering [0, file_size) */
+    int32_t    *moe_rank;    /* (n_layer,) rank among MoE blocks or -1 */
+    uint32_t    n_moe, n_expert;
+    char       *config_json, *tensors_txt;
+    pthread_mutex_t lock;
+    /* under lock */
+    int         state;       /* enum jlmfs_state */
+    char        errmsg[1024];
+    uint8_t    *done;        /* (n_units,) 1 = written to fd */
+    uint64_t    done_bytes;
+    int         dead;        /* dropped from the table: stop converting */
+};
+
+struct jlmfs {
+    char           *src;          /* realpath of SRC */
+    char           *cache;        /* realpath of the cache folder */
+    char           *cache_rel;    /* cache path relative to SRC if inside it, else NULL */
+    char           *db_path;
+    int             lock_fd;      /* flock on CACHE/jlmfs.lock */
+    unsigned        n_workers, slow_ms;
+    int             check;        /* JLMFS_CHECK=1: jlmfs_check after every sync */
+    pthread_mutex_t create_lock;  /* serialises view planning; taken before lock */
+    pthread_mutex_t lock;
+    /* under lock */
+    jlmfs_view    **views; size_t n_views, cap_views;
+    struct jlmfs_writer { char *rel; int n; } *writers; size_t n_writers, cap_writers;
+    jlmfs_view    **queue; size_t n_queue, cap_queue;
+    pthread_cond_t  queue_cond;
+    int             stop;
+    pthread_t      *threads; unsigned n_threads;
+    pthread_t       flusher; int has_flusher;
+    /* database: own lock, never held with the others */
+    pthread_mutex_t db_lock;
+    jlm_rdb        *db;           /* NULL if it could not be opened */
+    char            db_err[1024];
+    int             db_dirty;
+};
+
+/* view.c */
+int   jlmfs_view_create(jlmfs *fs, const char *rel, const jlmfs_ident *id, const struct stat *dir_st,
+                        jlmfs_view **out, jlm_err *err);
+void  jlmfs_view_ref(jlmfs_view *v);
+void  jlmfs_view_unref(jlmfs_view *v);
+void  jlmfs_view_kill(jlmfs_view *v);          /* mark dead, remove its cache files */
+void  jlmfs_view_convert(jlmfs_view *v);       /* the worker's job: runs to READY/ERROR/dead */
+int   jlmfs_view_state(jlmfs_view *v, int *pct, char *msg, size_t msg_len);
+int   jlmfs_view_read(jlmfs_view *v, uint64_t off, size_t len, uint8_t *out, jlm_err *err);
+int   jlmfs_view_check(jlmfs_view *v, jlm_err *err);
+int   jlmfs_view_expert_page(const jlmfs_view *v, int32_t b, int32_t e, uint64_t *off);
+const char *jlmfs_arr_name(int arr);
+
+/* jlmfs.c */
+jlmfs_view *jlmfs_sync_view(jlmfs *fs, const char *rel);   /* reference or NULL */
+int   jlmfs_db_names(jlmfs *fs, const char *key, char ***names, size_t *n, jlm_err *err);
+int   jlmfs_db_stats(jlmfs *fs, const char *key, char **out, jlm_err *err);
+void  jlmfs_db_record(jlmfs *fs, const char *key, const jlmfs_unit *u, int tier, uint64_t bytes);
+
+#endif

@@ -1,0 +1,544 @@
+/* view.c - one model view: its plan (from shapes alone), its container's
+ * units (the metadata+dense prefix, then every page), background conversion
+ * into the cache's .part file, on-demand packing, and its texts. */
+#include "fs/jlmfs_int.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <jansson.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+const char *jlmfs_arr_name(int arr)
+{
+    static const char *n[] = {"meta", "blocks", "vision", "experts"};
+    return arr >= 0 && arr < 4 ? n[arr] : "?";
+}
+
+/* ---------------------------------------------------------------- small helpers */
+static int pread_full(int fd, uint8_t *buf, size_t n, uint64_t off)
+{
+    while (n) {
+        ssize_t r = pread(fd, buf, n, (off_t)off);
+        if (r < 0 && errno == EINTR)
+            continue;
+        if (r <= 0)
+            return r < 0 ? -errno : -EIO;
+        buf += r; n -= (size_t)r; off += (uint64_t)r;
+    }
+    return 0;
+}
+
+static int pwrite_full(int fd, const uint8_t *buf, size_t n, uint64_t off)
+{
+    while (n) {
+        ssize_t r = pwrite(fd, buf, n, (off_t)off);
+        if (r < 0 && errno == EINTR)
+            continue;
+        if (r <= 0)
+            return r < 0 ? -errno : -EIO;
+        buf += r; n -= (size_t)r; off += (uint64_t)r;
+    }
+    return 0;
+}
+
+static void set_error(jlmfs_view *v, const char *msg)
+{
+    pthread_mutex_lock(&v->lock);
+    if (v->state != JLMFS_ERROR) {
+        v->state = JLMFS_ERROR;
+        snprintf(v->errmsg, sizeof v->errmsg, "%s", msg);
+    }
+    pthread_mutex_unlock(&v->lock);
+}
+
+/* ---------------------------------------------------------------- layout */
+static int add_unit(jlmfs_view *v, size_t *cap, uint64_t off, uint64_t len, int arr, int32_t a, int32_t b)
+{
+    if (v->n_units == *cap) {
+        size_t nc = *cap ? *cap * 2 : 64;
+        jlmfs_unit *nu = realloc(v->units, nc * sizeof *nu);
+        if (!nu)
+            return -1;
+        v->units = nu;
+        *cap = nc;
+    }
+    v->units[v->n_units++] = (jlmfs_unit){off, len, (uint8_t)arr, a, b};
+    return 0;
+}
+
+/* MoE blocks (those holding an expert bank) in ascending order get ranks. */
+static int plan_experts(jlmfs_view *v, int32_t **rank_block)
+{
+    const jlm_model *m = v->plan;
+    uint32_t nl = m->config.n_layer;
+    v->moe_rank = malloc((nl ? nl : 1) * sizeof *v->moe_rank);
+    *rank_block = malloc((nl ? nl : 1) * sizeof **rank_block);
+    if (!v->moe_rank || !*rank_block)
+        return -1;
+    for (uint32_t i = 0; i < nl; i++)
+        v->moe_rank[i] = -1;
+    for (uint32_t i = 0; i < m->hdr.n_tensors; i++) {
+        const jlm_tensor *t = &m->tensors[i];
+        if (jlm_fmt_role_is_bank(t->role) && t->block >= 0 && (uint32_t)t->block < nl)
+            v->moe_rank[t->block] = 0;
+    }
+    for (uint32_t i = 0; i < nl; i++)
+        if (v->moe_rank[i] == 0) {
+            (*rank_block)[v->n_moe] = (int32_t)i;
+            v->moe_rank[i] = (int32_t)v->n_moe++;
+        }
+    v->n_expert = m->config.n_expert;
+    return 0;
+}
+
+/* Units: [0, first page) then every text, vision and expert page; a gap
+ * (none in a v27 file) is absorbed by the unit before it. */
+static int plan_units(jlmfs_view *v, jlm_err *err)
+{
+    const jlm_header *h = &v->plan->hdr;
+    int32_t *rank_block = NULL;
+    size_t cap = 0;
+    int rc = plan_experts(v, &rank_block);
+    if (!rc && (uint64_t)v->n_moe * v->n_expert != h->n_exp_pages)
+        rc = jlm_errf(err, JLM_EFORMAT, "%s: %u expert pages planned, %u MoE blocks x %u experts",
+                      v->rel, h->n_exp_pages, v->n_moe, v->n_expert);
+    if (!rc)
+        rc = add_unit(v, &cap, 0, 0, JLMFS_A_META, -1, -1);
+    for (uint32_t i = 0; !rc && i < h->n_blocks; i++)
+        rc = add_unit(v, &cap, h->data_off + (uint64_t)i * h->page_size, h->page_size, JLMFS_A_BLOCKS, (int32_t)i, -1);
+    for (uint32_t i = 0; !rc && i < h->n_vis_blocks; i++)
+        rc = add_unit(v, &cap, h->vis_data_off + (uint64_t)i * h->vis_page_size, h->vis_page_size,
+                      JLMFS_A_VISION, (int32_t)i, -1);
+    for (uint32_t p = 0; !rc && p < h->n_exp_pages; p++)
+        rc = add_unit(v, &cap, h->exp_data_off + (uint64_t)p * h->exp_page_size, h->exp_page_size, JLMFS_A_EXPERTS,
+                      rank_block[p / v->n_expert], (int32_t)(p % v->n_expert));
+    free(rank_block);
+    if (rc == -1)
+        return jlm_errf(err, JLM_ENOMEM, "%s: out of memory planning units", v->rel);
+    if (rc)
+        return rc;
+    for (uint32_t u = 0; u < v->n_units; u++) {
+        uint64_t next = u + 1 < v->n_units ? v->units[u + 1].off : v->file_size;
+        if (next < v->units[u].off + v->units[u].len || next > v->file_size)
+            return jlm_errf(err, JLM_EFORMAT, "%s: unit %u [%llu, +%llu) overlaps the next or passes EOF %llu",
+                            v->rel, u, (unsigned long long)v->units[u].off, (unsigned long long)v->units[u].len,
+                            (unsigned long long)v->file_size);
+        v->units[u].len = next - v->units[u].off;
+    }
+    v->done = calloc(v->n_units ? v->n_units : 1, 1);
+    return v->done ? 0 : jlm_errf(err, JLM_ENOMEM, "%s: out of memory", v->rel);
+}
+
+/* ---------------------------------------------------------------- texts */
+static char *config_json(const jlm_model *m)
+{
+    const jlm_config *c = &m->config;
+    const char *an = jlm_fmt_arch_name(c->arch);
+    json_t *o = json_object();
+    json_object_set_new(o, "arch", json_string(an ? an : "unknown"));
+    json_object_set_new(o, "arch_code", json_integer(c->arch));
+#define U(f) json_object_set_new(o, #f, json_integer((json_int_t)c->f))
+#define F(f) json_object_set_new(o, #f, json_real((double)c->f))
+    U(n_layer); U(n_embd); U(n_head); U(n_kv_head); U(head_dim); U(n_rot); U(n_ffn); U(n_vocab);
+    U(n_ctx); U(n_expert); U(n_expert_used); U(n_ffn_exp); U(swa_window); U(swa_period);
+    F(rms_eps); F(rope_base); F(attn_factor); F(embd_scale); F(rope_base_swa); U(flags); U(n_ffn_shexp);
+    F(attn_softcap); F(final_softcap); F(yarn_factor); U(yarn_orig_ctx); F(yarn_beta_fast);
+    F(yarn_beta_slow); F(rope_linear); U(head_dim_v); U(n_dense_lead); U(q_lora_rank); U(kv_lora_rank);
+    F(yarn_log_mul); F(expert_scale); U(n_expert_group); U(n_expert_group_used); U(moe_step);
+    F(attn_scale); F(residual_scale); F(logit_scale); F(clamp_kqv); U(head_dim_swa); U(n_kv_head_swa);
+    U(n_rot_swa); U(flags2); U(n_kv_shared); U(ple_dim);
+#undef U
+#undef F
+    json_t *rs = json_array();
+    for (int i = 0; i < 4; i++)
+        json_array_append_new(rs, json_integer(c->rope_sections[i]));
+    json_object_set_new(o, "rope_sections", rs);
+    json_t *lk = json_array();
+    for (uint32_t i = 0; i < c->n_layer_kinds; i++)
+        json_array_append_new(lk, json_integer(c->layer_kinds[i]));
+    json_object_set_new(o, "layer_kinds", lk);
+    json_object_set_new(o, "has_vision", json_boolean(m->has_vision));
+    char *s = json_dumps(o, JSON_INDENT(2) | JSON_PRESERVE_ORDER);
+    json_decref(o);
+    if (!s)
+        return NULL;
+    char *r = NULL;
+    if (asprintf(&r, "%s\n", s) < 0)
+        r = NULL;
+    free(s);
+    return r;
+}
+
+/* One line a tensor: name role block index type dims region page qs_off d_off sc_off. */
+static char *tensors_text(const jlm_model *m)
+{
+    static const char *rn[] = {"dense", "text", "vision", "expert"};
+    char *buf = NULL;
+    size_t len = 0;
+    FILE *f = open_memstream(&buf, &len);
+    if (!f)
+        return NULL;
+    for (uint32_t i = 0; i < m->hdr.n_tensors; i++) {
+        const jlm_tensor *t = &m->tensors[i];
+        const jlm_type_traits *tt = jlm_fmt_type_traits(t->type);
+        const char *role = jlm_fmt_role_name(t->role);
+        jlm_tensor_loc l;
+        jlm_fmt_tensor_loc(m, t, &l);
+        fprintf(f, "%s %s %d %d %s ", t->name.s, role ? role : "?", t->block, t->index, tt ? tt->name : "?");
+        for (int d = 0; d < t->ndim; d++)
+            fprintf(f, "%s%llu", d ? "x" : "", (unsigned long long)t->dims[d]);
+        fprintf(f, " %s %lld %llu %llu %llu\n", rn[l.region & 3], (long long)l.page,
+                (unsigned long long)t->qs_off, (unsigned long long)t->d_off, (unsigned long long)t->sc_off);
+    }
+    if (fclose(f))
+        return NULL;
+    return buf;
+}
+
+/* ---------------------------------------------------------------- create */
+/* Plans the view; a source that cannot be planned leaves it in ERROR. */
+static int plan_view(jlmfs_view *v, const char *src_path, jlm_err *err)
+{
+    int rc = jlm_conv_open(src_path, NULL, &v->conv, err);
+    if (rc)
+        return rc;
+    v->file_size = v->conv->plan.file_size;
+    uint64_t meta_len = v->conv->plan.hdr.dense_off;
+    uint8_t *meta = malloc(meta_len ? meta_len : 1);
+    if (!meta)
+        return jlm_errf(err, JLM_ENOMEM, "%s: out of memory", src_path);
+    rc = jlm_conv_read_span(v->conv, 0, meta_len, meta, err);
+    if (!rc)
+        rc = jlm_fmt_parse(meta, meta_len, v->file_size, v->key, &v->plan, err);
+    v->meta = meta;
+    if (!rc)
+        rc = plan_units(v, err);
+    if (!rc) {
+        v->config_json = config_json(v->plan);
+        v->tensors_txt = tensors_text(v->plan);
+        if (!v->config_json || !v->tensors_txt)
+            rc = jlm_errf(err, JLM_ENOMEM, "%s: out of memory", src_path);
+    }
+    return rc;
+}
+
+/* A finished entry is used only if it opens cleanly and its [0, DenseOff)
+ * equals the plan's (a foreign version or another source never matches). */
+static int cache_valid(jlmfs_view *v)
+{
+    jlm_model *m;
+    jlm_err e;
+    if (access(v->cache_path, F_OK) || jlm_fmt_open(v->cache_path, &m, &e))
+        return 0;
+    int ok = m->file_size == v->file_size && m->hdr.dense_off == v->plan->hdr.dense_off &&
+             !memcmp(m->meta, v->meta, m->hdr.dense_off);
+    jlm_fmt_close(m);
+    return ok;
+}
+
+static int open_container(jlmfs_view *v, jlm_err *err)
+{
+    if (cache_valid(v)) {
+        v->fd = open(v->cache_path, O_RDONLY | O_CLOEXEC);
+        if (v->fd >= 0) {
+            memset(v->done, 1, v->n_units);
+            v->done_bytes = v->file_size;
+            v->state = JLMFS_READY;
+            return 0;
+        }
+    }
+    unlink(v->cache_path);   /* stale, foreign or unreadable: rebuilt, never misread */
+    v->fd = open(v->part_path, O_RDWR | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+    if (v->fd < 0)
+        return jlm_errf(err, JLM_EIO, "%s: %s", v->part_path, strerror(errno));
+    if (ftruncate(v->fd, (off_t)v->file_size))
+        return jlm_errf(err, JLM_EIO, "%s: cannot size to %llu bytes: %s", v->part_path,
+                        (unsigned long long)v->file_size, strerror(errno));
+    v->state = JLMFS_CONVERTING;
+    return 0;
+}
+
+static char *cache_name(const jlmfs *fs, const char *rel, const jlmfs_ident *id)
+{
+    size_t n = strlen(rel);
+    char *flat = strndup(rel, n > 5 ? n - 5 : n), *out = NULL;
+    if (!flat)
+        return NULL;
+    for (char *p = flat; *p; p++)
+        if (*p == '/')
+            *p = '%';
+    if (asprintf(&out, "%s/%s@%llx-%llx-%llx-%lld.%09ld.v%u.jlm", fs->cache, flat, (unsigned long long)id->dev,
+                 (unsigned long long)id->ino, (unsigned long long)id->size, (long long)id->mtime_s, id->mtime_ns,
+                 JLM_VERSION) < 0)
+        out = NULL;
+    free(flat);
+    return out;
+}
+
+int jlmfs_view_create(jlmfs *fs, const char *rel, const jlmfs_ident *id, const struct stat *dir_st,
+                      jlmfs_view **out, jlm_err *err)
+{
+    jlmfs_view *v = calloc(1, sizeof *v);
+    if (!v)
+        return jlm_errf(err, JLM_ENOMEM, "%s: out of memory", rel);
+    v->fs = fs;
+    v->refs = 1;
+    v->fd = -1;
+    v->id = *id;
+    v->dir_st = *dir_st;
+    pthread_mutex_init(&v->lock, NULL);
+    size_t n = strlen(rel);
+    v->rel = strdup(rel);
+    v->key = malloc(n + 1);
+    v->cache_path = cache_name(fs, rel, id);
+    if (v->cache_path && asprintf(&v->part_path, "%s.part", v->cache_path) < 0)
+        v->part_path = NULL;
+    if (!v->rel || !v->key || !v->cache_path || !v->part_path) {
+        jlmfs_view_unref(v);
+        return jlm_errf(err, JLM_ENOMEM, "%s: out of memory", rel);
+    }
+    memcpy(v->key, rel, n - 5);
+    strcpy(v->key + n - 5, ".jlm");
+    char *src_path = NULL;
+    jlm_err e = {0};
+    int rc = asprintf(&src_path, "%s/%s", fs->src, rel) < 0 ? jlm_errf(&e, JLM_ENOMEM, "out of memory") : 0;
+    if (!rc)
+        rc = plan_view(v, src_path, &e);
+    if (!rc)
+        rc = open_container(v, &e);
+    free(src_path);
+    if (rc) {   /* the view exists, in ERROR: status names the reason */
+        v->state = JLMFS_ERROR;
+        snprintf(v->errmsg, sizeof v->errmsg, "%s", e.msg);
+        if (v->fd >= 0)
+            close(v->fd);
+        v->fd = -1;
+        unlink(v->part_path);
+    }
+    *out = v;
+    return JLM_OK;
+}
+
+void jlmfs_view_ref(jlmfs_view *v)
+{
+    __atomic_add_fetch(&v->refs, 1, __ATOMIC_RELAXED);
+}
+
+void jlmfs_view_unref(jlmfs_view *v)
+{
+    if (!v || __atomic_sub_fetch(&v->refs, 1, __ATOMIC_ACQ_REL))
+        return;
+    if (v->fd >= 0)
+        close(v->fd);
+    jlm_conv_close(v->conv);
+    jlm_fmt_close(v->plan);
+    pthread_mutex_destroy(&v->lock);
+    free(v->rel); free(v->key); free(v->cache_path); free(v->part_path);
+    free(v->meta); free(v->units); free(v->done); free(v->moe_rank); free(v->config_json); free(v->tensors_txt);
+    free(v);
+}
+
+/* Dropped from the table (source gone or replaced): its entry is stale. The
+ * unlinks happen under the lock the worker renames under, so no finished
+ * entry can appear after this. Open handles keep reading their fd. */
+void jlmfs_view_kill(jlmfs_view *v)
+{
+    pthread_mutex_lock(&v->lock);
+    v->dead = 1;
+    unlink(v->cache_path);
+    unlink(v->part_path);
+    pthread_mutex_unlock(&v->lock);
+}
+
+/* ---------------------------------------------------------------- units */
+/* Packs unit u (jlm_conv_read_span), writes it into the cache file and marks
+ * it done. The caller gets the bytes in *bytes if non-NULL (else freed). Two
+ * threads packing the same unit write the same bytes: harmless. Slow: no
+ * lock held while packing or writing. */
+static int fill_unit(jlmfs_view *v, uint32_t u, uint8_t **bytes, jlm_err *err)
+{
+    const jlmfs_unit *un = &v->units[u];
+    uint8_t *buf = malloc(un->len ? un->len : 1);
+    if (!buf)
+        return jlm_errf(err, JLM_ENOMEM, "%s: out of memory (%llu bytes for a page)", v->key,
+                        (unsigned long long)un->len);
+    int rc = jlm_conv_read_span(v->conv, un->off, un->len, buf, err);
+    if (!rc) {
+        int e = pwrite_full(v->fd, buf, un->len, un->off);
+        if (e)
+            rc = jlm_errf(err, e == -ENOSPC ? JLM_ENOSPC : JLM_EIO, "%s: writing [%llu, +%llu): %s", v->part_path,
+                          (unsigned long long)un->off, (unsigned long long)un->len, strerror(-e));
+    }
+    if (!rc) {
+        pthread_mutex_lock(&v->lock);
+        if (!v->done[u]) {
+            v->done[u] = 1;
+            v->done_bytes += un->len;
+        }
+        pthread_mutex_unlock(&v->lock);
+    }
+    if (!rc && bytes)
+        *bytes = buf;
+    else
+        free(buf);
+    return rc;
+}
+
+/* Every unit written: sync, re-open and compare with the plan, rename. */
+static int finish(jlmfs_view *v, jlm_err *err)
+{
+    if (fsync(v->fd))
+        return jlm_errf(err, JLM_EIO, "%s: fsync: %s", v->part_path, strerror(errno));
+    jlm_model *m;
+    int rc = jlm_fmt_open(v->part_path, &m, err);
+    if (rc)
+        return jlm_err_prefix(err, rc, "read-back");
+    int same = m->file_size == v->file_size && m->hdr.dense_off == v->plan->hdr.dense_off &&
+               !memcmp(m->meta, v->meta, v->plan->hdr.dense_off);
+    jlm_fmt_close(m);
+    if (!same)
+        return jlm_errf(err, JLM_EIO, "%s: read-back differs from the plan", v->part_path);
+    pthread_mutex_lock(&v->lock);
+    if (!v->dead && rename(v->part_path, v->cache_path))
+        rc = jlm_errf(err, JLM_EIO, "%s: rename: %s", v->part_path, strerror(errno));
+    if (!rc && !v->dead)
+        v->state = JLMFS_READY;
+    pthread_mutex_unlock(&v->lock);
+    return rc;
+}
+
+void jlmfs_view_convert(jlmfs_view *v)
+{
+    jlm_err err = {0};
+    int rc = 0;
+    for (uint32_t u = 0; u < v->n_units && !rc; u++) {
+        pthread_mutex_lock(&v->lock);
+        int skip = v->done[u], stop = v->dead || v->state != JLMFS_CONVERTING ||
+                                      __atomic_load_n(&v->fs->stop, __ATOMIC_RELAXED);
+        pthread_mutex_unlock(&v->lock);
+        if (stop)
+            return;   /* dropped (kill removed the files) or shutting down (close removes the .part) */
+        if (skip)
+            continue;
+        if (v->fs->slow_ms) {   /* test hook: lets tests read ahead of the worker */
+            struct timespec ts = {v->fs->slow_ms / 1000, (long)(v->fs->slow_ms % 1000) * 1000000L};
+            nanosleep(&ts, NULL);
+        }
+        rc = fill_unit(v, u, NULL, &err);
+    }
+    if (!rc)
+        rc = finish(v, &err);
+    if (rc) {
+        set_error(v, err.msg);
+        unlink(v->part_path);
+    }
+}
+
+/* ---------------------------------------------------------------- reads */
+static uint32_t unit_at(const jlmfs_view *v, uint64_t off)
+{
+    uint32_t lo = 0, hi = v->n_units;   /* last unit with units[u].off <= off */
+    while (hi - lo > 1) {
+        uint32_t mid = lo + (hi - lo) / 2;
+        if (v->units[mid].off <= off)
+            lo = mid;
+        else
+            hi = mid;
+    }
+    return lo;
+}
+
+int jlmfs_view_read(jlmfs_view *v, uint64_t off, size_t len, uint8_t *out, jlm_err *err)
+{
+    pthread_mutex_lock(&v->lock);
+    int state = v->state;
+    pthread_mutex_unlock(&v->lock);
+    if (state == JLMFS_ERROR)
+        return jlm_errf(err, JLM_EIO, "%s: conversion failed: %s", v->key, v->errmsg);
+    if (off > v->file_size || len > v->file_size - off)
+        return jlm_errf(err, JLM_EINVAL, "%s: read [%llu, +%zu) past %llu bytes", v->key,
+                        (unsigned long long)off, len, (unsigned long long)v->file_size);
+    uint64_t end = off + len;
+    for (uint32_t u = unit_at(v, off); u < v->n_units && off < end; u++) {
+        const jlmfs_unit *un = &v->units[u];
+        uint64_t hi = un->off + un->len < end ? un->off + un->len : end, n = hi - off;
+        pthread_mutex_lock(&v->lock);
+        int done = v->done[u];
+        pthread_mutex_unlock(&v->lock);
+        int tier = done ? JLM_TIER_DISK : JLM_TIER_CONVERT;
+        if (done) {   /* hot path: the cache file (its own page cache sits below) */
+            int e = pread_full(v->fd, out, n, off);
+            if (e)
+                return jlm_errf(err, JLM_EIO, "%s: reading [%llu, +%llu): %s", v->cache_path,
+                                (unsigned long long)off, (unsigned long long)n, strerror(-e));
+        } else {      /* ahead of the worker: pack the whole unit now, keep it */
+            uint8_t *b;
+            int rc = fill_unit(v, u, &b, err);
+            if (rc)
+                return rc;
+            memcpy(out, b + (off - un->off), n);
+            free(b);
+        }
+        if (un->arr != JLMFS_A_META)
+            jlmfs_db_record(v->fs, v->key, un, tier, n);
+        out += n;
+        off = hi;
+    }
+    return JLM_OK;
+}
+
+int jlmfs_view_state(jlmfs_view *v, int *pct, char *msg, size_t msg_len)
+{
+    pthread_mutex_lock(&v->lock);
+    int s = v->state;
+    if (pct)
+        *pct = v->file_size ? (int)(v->done_bytes * 100 / v->file_size) : 100;
+    if (msg && msg_len)
+        snprintf(msg, msg_len, "%s", v->errmsg);
+    pthread_mutex_unlock(&v->lock);
+    return s;
+}
+
+int jlmfs_view_expert_page(const jlmfs_view *v, int32_t b, int32_t e, uint64_t *off)
+{
+    const jlm_header *h = &v->plan->hdr;
+    if (b < 0 || (uint32_t)b >= v->plan->config.n_layer || v->moe_rank[b] < 0 || e < 0 || (uint32_t)e >= v->n_expert)
+        return JLM_ENOTFOUND;
+    *off = h->exp_data_off + ((uint64_t)v->moe_rank[b] * v->n_expert + (uint64_t)e) * h->exp_page_size;
+    return JLM_OK;
+}
+
+/* ---------------------------------------------------------------- check */
+int jlmfs_view_check(jlmfs_view *v, jlm_err *err)
+{
+    int rc = 0;
+    pthread_mutex_lock(&v->lock);
+    if (v->state != JLMFS_CONVERTING && v->state != JLMFS_READY && v->state != JLMFS_ERROR)
+        rc = jlm_errf(err, JLM_EINVAL, "%s: state %d", v->key, v->state);
+    if (!rc && v->state != JLMFS_ERROR) {
+        uint64_t at = 0, done = 0;
+        for (uint32_t u = 0; u < v->n_units && !rc; u++) {
+            if (v->units[u].off != at)
+                rc = jlm_errf(err, JLM_EINVAL, "%s: unit %u starts at %llu, expected %llu", v->key, u,
+                              (unsigned long long)v->units[u].off, (unsigned long long)at);
+            at += v->units[u].len;
+            done += v->done[u] ? v->units[u].len : 0;
+            if (!rc && v->state == JLMFS_READY && !v->done[u])
+                rc = jlm_errf(err, JLM_EINVAL, "%s: ready but unit %u not written", v->key, u);
+        }
+        if (!rc && at != v->file_size)
+            rc = jlm_errf(err, JLM_EINVAL, "%s: units cover %llu of %llu bytes", v->key,
+                          (unsigned long long)at, (unsigned long long)v->file_size);
+        if (!rc && done != v->done_bytes)
+            rc = jlm_errf(err, JLM_EINVAL, "%s: %llu bytes marked done, counter says %llu", v->key,
+                          (unsigned long long)done, (unsigned long long)v->done_bytes);
+        if (!rc && v->fd < 0)
+            rc = jlm_errf(err, JLM_EINVAL, "%s: no container descriptor", v->key);
+    }
+    pthread_mutex_unlock(&v->lock);
+    return rc;
+}
