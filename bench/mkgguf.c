@@ -368,11 +368,18 @@ static int mkg_data(mkg_out *o, const mkg_tensor *t, uint64_t seed, uint32_t idx
     }
     for (uint64_t r = 0; r < rows && !o->bad; r += per) {
         uint64_t k = rows - r < per ? rows - r : per;
-        if (t->norm)
+        if (t->norm) {
             for (uint64_t i = 0; i < k * row; i++)
                 x[i] = 1.0f;
-        else
+        } else {
             mkg_fill(&st, x, k * row);
+            /* Routers 25x wider (std ~0.5): with std-0.02 routers every token of a
+             * random model picks nearly the same experts, which no trained
+             * model (load-balanced) does and which leaves an expert cache idle. */
+            if (strstr(t->name, "ffn_gate_inp"))
+                for (uint64_t i = 0; i < k * row; i++)
+                    x[i] *= 25.0f;
+        }
         mkg_encode(t->type, x, y, k * row);
         mkg_bytes(o, y, k * row_bytes);
     }
