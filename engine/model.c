@@ -44,7 +44,7 @@ struct jlm_engine {
     float *o;         /* (BATCH, n_embd) */
     float *g, *u;     /* (BATCH, max ffn) */
     float *moe;       /* (n_embd,) expert mixture of one token */
-    float *scores;    /* (n_ctx,) */
+    float *scores;    /* (n_threads, n_ctx) attention scores, a row per pool thread */
     float *mask;      /* (n_ctx,) */
     float *router;    /* (n_expert,) */
     int32_t *route;   /* (n_layer, n_expert_used) routing of the last token */
@@ -113,7 +113,7 @@ static void matmul(jlm_engine *e, const jlm_k_mat *m, uint32_t n, const float *x
     if (!jlm_fmt_type_traits(m->type)->is_float) {
         for (uint32_t t = 0; t < n; t++) {
             e->xq[t].k = m->k;
-            jlm_k_quantize_act(x + (uint64_t)t * m->k, &e->xq[t]);
+            e->k->quantize_act(x + (uint64_t)t * m->k, &e->xq[t]);
         }
         j.xq = e->xq;
     }
@@ -153,7 +153,7 @@ static int alloc_buffers(jlm_engine *e, jlm_err *err)
     e->g = zalloc(BATCH * ffn * sizeof(float));
     e->u = zalloc(BATCH * ffn * sizeof(float));
     e->moe = zalloc(c->n_embd * sizeof(float));
-    e->scores = zalloc(e->n_ctx * sizeof(float));
+    e->scores = zalloc((size_t)jlm_pool_n_threads(e->pool) * e->n_ctx * sizeof(float));   /* a row per thread */
     e->mask = zalloc(e->n_ctx * sizeof(float));
     e->router = zalloc((c->n_expert + 1) * sizeof(float));
     e->route = zalloc(((size_t)c->n_layer * c->n_expert_used + 1) * sizeof(int32_t));
@@ -353,27 +353,49 @@ static void qk_norm(jlm_engine *e, uint32_t l, float *q, float *k)
         jlm_k_rmsnorm(k + h * e->hd, k + h * e->hd, kn, e->hd, c->rms_eps);
 }
 
-/* One token's attention over the cache at position pos: q -> out. */
+/* One token's attention over the cache at position pos: q -> out, heads
+ * split across the pool (each thread has its own score row). */
+typedef struct attn_job {
+    jlm_engine *e;
+    jlm_k_attn  ap;
+    const float *q, *kl, *vl, *sinks;
+    float      *out;
+    uint32_t    n_kv, group;
+} attn_job;
+
+static void attn_heads(void *ctx, size_t h0, size_t h1, int tid)
+{
+    attn_job *j = ctx;
+    jlm_engine *e = j->e;
+    jlm_k_attn ap = j->ap;
+    float *scores = e->scores + (size_t)tid * e->n_ctx;
+    for (size_t h = h0; h < h1; h++) {
+        uint32_t kvh = (uint32_t)h / j->group;
+        ap.has_sink = j->sinks != NULL;
+        ap.sink = j->sinks ? j->sinks[h] : 0.0f;
+        jlm_k_attn_head(&ap, j->q + h * e->hd, j->kl + kvh * e->hd, j->vl + kvh * e->hd_v, j->n_kv, scores,
+                        j->out + h * e->hd_v);
+    }
+}
+
 static void attend(jlm_engine *e, uint32_t l, uint32_t pos, const float *q, float *out)
 {
     const jlm_config *c = e->c;
-    float *kl = e->kc + (uint64_t)l * e->n_ctx * e->kv_dim, *vl = e->vc + (uint64_t)l * e->n_ctx * e->kv_dim_v;
     /* sliding window: a key at j is hidden when pos - j >= window (llama.cpp's standard SWA) */
     uint32_t n_kv = pos + 1;
     int swa = is_swa_layer(c, l);
     for (uint32_t j = 0; swa && j < n_kv; j++)
         e->mask[j] = pos - j >= c->swa_window ? -INFINITY : 0.0f;
-    const float *sinks = vec_dense(e, W(e, l, JLM_R_ATTN_SINKS));
-    jlm_k_attn ap = {.head_dim = e->hd, .head_dim_v = e->hd_v, .k_stride = e->kv_dim, .v_stride = e->kv_dim_v,
-                     .scale = c->attn_scale > 0 ? c->attn_scale : 1.0f / sqrtf((float)e->hd),
-                     .softcap = c->attn_softcap, .mask = swa ? e->mask : NULL};
-    uint32_t group = c->n_head / c->n_kv_head;
-    for (uint32_t h = 0; h < c->n_head; h++) {
-        uint32_t kvh = h / group;
-        ap.has_sink = sinks != NULL;
-        ap.sink = sinks ? sinks[h] : 0.0f;
-        jlm_k_attn_head(&ap, q + h * e->hd, kl + kvh * e->hd, vl + kvh * e->hd_v, n_kv, e->scores, out + h * e->hd_v);
-    }
+    attn_job j = {
+        .e = e, .q = q, .out = out, .n_kv = n_kv, .group = c->n_head / c->n_kv_head,
+        .kl = e->kc + (uint64_t)l * e->n_ctx * e->kv_dim, .vl = e->vc + (uint64_t)l * e->n_ctx * e->kv_dim_v,
+        .sinks = vec_dense(e, W(e, l, JLM_R_ATTN_SINKS)),
+        .ap = {.head_dim = e->hd, .head_dim_v = e->hd_v, .k_stride = e->kv_dim, .v_stride = e->kv_dim_v,
+               .scale = c->attn_scale > 0 ? c->attn_scale : 1.0f / sqrtf((float)e->hd),
+               .softcap = c->attn_softcap, .mask = swa ? e->mask : NULL},
+    };
+    /* short contexts are not worth a dispatch */
+    jlm_pool_for(n_kv >= 64 ? e->pool : NULL, c->n_head, 1, attn_heads, &j);
 }
 
 /* x[t] += attention(norm(x[t])) for tokens t < n at positions pos0 + t of

@@ -683,3 +683,39 @@ Test(kernels, attention_head_matches_softmax_of_scaled_capped_masked_scores)
     for (int i = 0; i < HV; i++)
         cr_assert(out[i] == 0.0f, "all keys masked: expected 0 got %g", (double)out[i]);
 }
+
+/* The table's activation quantizer equals jlm_k_quantize_act bit for bit:
+ * random blocks, rounding ties (x/d = k + 0.5), zeros, denormals, inf, NaN. */
+Test(kernels, every_variants_activation_quantizer_equals_the_reference)
+{
+    enum { K = 32 * 64 };
+    static float x[K];
+    uint64_t s = 12345;
+    for (int i = 0; i < K; i++) {
+        s = s * 6364136223846793005ull + 1442695040888963407ull;
+        x[i] = ((float)(s >> 40) / 16777216.0f - 0.5f) * ((i / 32) % 7 + 1);
+    }
+    for (int i = 0; i < 32; i++) x[32 * 3 + i] = (float)(i - 16) + 0.5f;    /* ties with amax 15.5 */
+    x[32 * 3] = 127.0f;                                                      /* d = 1: x/d = k + 0.5 exactly */
+    for (int i = 0; i < 32; i++) x[32 * 5 + i] = 0.0f;
+    for (int i = 0; i < 32; i++) x[32 * 6 + i] = 1e-40f * (float)(i - 16);   /* denormals */
+    x[32 * 7 + 3] = INFINITY;
+    x[32 * 8 + 9] = NAN;
+    x[32 * 9 + 1] = -INFINITY;
+    for (int v = 0; v < JLM_K_NVARIANT; v++) {
+        jlm_k_cpu tab;
+        if (jlm_k_cpu_table(v, &tab, NULL) != 0)
+            continue;
+        static unsigned char b1[1 << 16], b2[1 << 16];
+        jlm_act_q8 a, r;
+        cr_assert_eq(jlm_k_act_q8_init(&a, b1, K, NULL), 0);
+        cr_assert_eq(jlm_k_act_q8_init(&r, b2, K, NULL), 0);
+        jlm_k_quantize_act(x, &r);
+        tab.quantize_act(x, &a);
+        cr_assert(!memcmp(a.q, r.q, K), "%s: int8 values differ from the reference", tab.name);
+        cr_assert(!memcmp(a.sum16, r.sum16, K / 16 * sizeof(int16_t)), "%s: sums of 16 differ", tab.name);
+        for (int b = 0; b < K / 32; b++)
+            cr_assert(!memcmp(&a.d[b], &r.d[b], 4) || (isnan(a.d[b]) && isnan(r.d[b])), "%s: block %d scale %g vs %g",
+                      tab.name, b, a.d[b], r.d[b]);
+    }
+}

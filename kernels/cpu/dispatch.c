@@ -71,6 +71,7 @@ int jlm_k_cpu_table(int v, jlm_k_cpu *t, jlm_err *err)
         tab.matvec[i] = jlm_k_matvec_ref;
         tab.matmul[i] = jlm_k_matmul_ref;
     }
+    tab.quantize_act = jlm_k_quantize_act;
     if (v == JLM_K_AVX2)
         jlm_k_fill_avx2(&tab);
     if (v == JLM_K_AVX512)

@@ -98,6 +98,8 @@ typedef struct jlm_k_cpu {
     uint32_t        native_mm;             /* bit t: matmul[t] is this variant's own code */
     jlm_k_matvec_fn matvec[JLM_T_COUNT];   /* every stored type; never NULL */
     jlm_k_matmul_fn matmul[JLM_T_COUNT];   /* every stored type; never NULL */
+    /* jlm_k_quantize_act or a variant of it with bit-identical output */
+    void          (*quantize_act)(const float *x, jlm_act_q8 *a);
 } jlm_k_cpu;
 
 /* 1 if this CPU (cpuid + OS xsave state) runs variant v. Cannot fail. */
@@ -117,6 +119,9 @@ int jlm_k_cpu_init(jlm_err *err);
  * called: that first call must then happen before threads start). */
 const jlm_k_cpu *jlm_k_cpu_get(void);
 const char *jlm_k_cpu_variant_name(void);
+
+/* The AVX2 activation quantizer (also used by the AVX-512 table). */
+void jlm_k_quantize_act_avx2(const float *x, jlm_act_q8 *a);
 
 /* Internal: a variant's file overrides the entries it has code for. */
 void jlm_k_fill_avx2(jlm_k_cpu *t);

@@ -487,6 +487,7 @@ DEFINE_F(bf16, JLM_T_BF16)
 
 void jlm_k_fill_avx512(jlm_k_cpu *t)
 {
+    t->quantize_act = jlm_k_quantize_act_avx2;   /* 32 floats a block: AVX2 width is enough */
     t->matvec[JLM_T_Q4_0] = mv_q4_0;
     t->matmul[JLM_T_Q4_0] = mm_q4_0;
     t->matvec[JLM_T_Q4_K] = mv_q4_k;

@@ -117,8 +117,13 @@ void jlm_k_quantize_act(const float *x, jlm_act_q8 *a)
         float d = bad ? NAN : amax / 127.0f;
         int8_t *q = a->q + 32 * b;
         for (int i = 0; i < 32; i++) {
-            float v = (bad || d == 0.0f) ? 0.0f : roundf(xb[i] / d);
-            q[i] = (int8_t)(v > 127.0f ? 127 : v < -127.0f ? -127 : (int)v);
+            /* roundf (half away from zero) without the libm call: |v| <= 127
+             * (plus rounding), so v - trunc(v) is exact (hot: every matmul) */
+            float v = (bad || d == 0.0f) ? 0.0f : xb[i] / d;
+            int iv = (int)v;
+            float frac = v - (float)iv;
+            iv += frac >= 0.5f ? 1 : frac <= -0.5f ? -1 : 0;
+            q[i] = (int8_t)(iv > 127 ? 127 : iv < -127 ? -127 : iv);
         }
         a->d[b] = d;
         for (int h = 0; h < 2; h++) {
