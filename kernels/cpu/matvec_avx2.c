@@ -241,40 +241,57 @@ ALWAYS_INLINE void mxfp4_core(const jlm_k_mat *m, const jlm_act_q8 *xq, int nt, 
     sub32_core(m, xq, nt, y, r0, nv, JLM_T_MXFP4);
 }
 
-/* Q4_K (W 4), Q5_K (W 5): y += da * (d*(sc*dot) - dmin*(m*suma)). */
+/* Q4_K (W 4), Q5_K (W 5): y += da * (d*(sc*dot) - dmin*(m*suma)). KP
+ * consecutive sub-blocks of one super-block per pass over the rows: d/dmin
+ * decoded once per KP, y kept in a register across them (the reference's f32
+ * operations in its order). KP = 2 measured best (docs/kernels.md). */
+#ifndef JLM_K32_KP
+#define JLM_K32_KP 2
+#endif
 ALWAYS_INLINE void k32_core(const jlm_k_mat *m, const jlm_act_q8 *xq, int nt, float *y,
                             uint64_t r0, uint64_t nv, unsigned W)
 {
+    enum { KP = JLM_K32_KP };
     uint64_t rows = m->rows;
     const uint32_t *qs = m->qs, *dp = m->d, *scp = m->sc;
-    for (uint64_t s = 0; s < m->k / 32; s++) {
-        uint64_t sb = s / 8;
-        unsigned j = (unsigned)(s % 8);
-        tok32 tk[MAXT];
-        for (int t = 0; t < nt; t++)
-            tok_load(&tk[t], &xq[t], s);
-        const uint32_t *col = qs + s * W * rows, *scb = scp + sb * 3 * rows;
+    const __m256i m63 = _mm256_set1_epi32(63);
+    for (uint64_t s0 = 0; s0 < m->k / 32; s0 += KP) {
+        uint64_t sb = s0 / 8;
+        unsigned j0 = (unsigned)(s0 % 8);
+        tok32 tk[KP][MAXT];
+        for (int p = 0; p < KP; p++)
+            for (int t = 0; t < nt; t++)
+                tok_load(&tk[p][t], &xq[t], s0 + p);
+        const uint32_t *scb = scp + sb * 3 * rows;
         for (uint64_t r = r0; r < nv; r += 8) {
-            __m256i dot[MAXT];
-            if (W == 5)
-                dot_nib5(col, rows, r, nt, tk, dot);
-            else
-                dot_nib(col, rows, r, nt, tk, dot);
-            __m256 d, dmin;
+            __m256 d, dmin, sc[KP], mn[KP];
             half_pair(ld(dp + sb * rows + r), &d, &dmin);
             /* sc*dot < 2^24 and m*suma < 2^24: the f32 products are exact, so
              * they equal the reference's (float)(sc*dot) and (float)(m*suma) */
-            __m256i f = field12(scb, rows, r, j), m63 = _mm256_set1_epi32(63);
-            __m256 sc = _mm256_cvtepi32_ps(_mm256_and_si256(f, m63));
-            __m256 mn = _mm256_cvtepi32_ps(_mm256_and_si256(_mm256_srli_epi32(f, 6), m63));
-            for (int t = 0; t < nt; t++) {
-                __m256 a = _mm256_mul_ps(sc, _mm256_cvtepi32_ps(dot[t]));
-                __m256 b = _mm256_mul_ps(mn, _mm256_set1_ps((float)tk[t].suma));
-                __m256 v = NMULADD(dmin, b, _mm256_mul_ps(d, a));
-                float *yt = y + t * rows + r;
-                __m256 acc = s ? _mm256_loadu_ps(yt) : _mm256_setzero_ps();
-                _mm256_storeu_ps(yt, MULADD(_mm256_set1_ps(tk[t].da), v, acc));
+            for (int p = 0; p < KP; p++) {
+                __m256i f = field12(scb, rows, r, j0 + p);
+                sc[p] = _mm256_cvtepi32_ps(_mm256_and_si256(f, m63));
+                mn[p] = _mm256_cvtepi32_ps(_mm256_and_si256(_mm256_srli_epi32(f, 6), m63));
             }
+            __m256 acc[MAXT];
+            for (int t = 0; t < nt; t++)
+                acc[t] = s0 ? _mm256_loadu_ps(y + t * rows + r) : _mm256_setzero_ps();
+            for (int p = 0; p < KP; p++) {
+                const uint32_t *col = qs + (s0 + p) * W * rows;
+                __m256i dot[MAXT];
+                if (W == 5)
+                    dot_nib5(col, rows, r, nt, tk[p], dot);
+                else
+                    dot_nib(col, rows, r, nt, tk[p], dot);
+                for (int t = 0; t < nt; t++) {
+                    __m256 a = _mm256_mul_ps(sc[p], _mm256_cvtepi32_ps(dot[t]));
+                    __m256 b = _mm256_mul_ps(mn[p], _mm256_set1_ps((float)tk[p][t].suma));
+                    __m256 v = NMULADD(dmin, b, _mm256_mul_ps(d, a));
+                    acc[t] = MULADD(_mm256_set1_ps(tk[p][t].da), v, acc[t]);
+                }
+            }
+            for (int t = 0; t < nt; t++)
+                _mm256_storeu_ps(y + t * rows + r, acc[t]);
         }
     }
 }

@@ -246,43 +246,58 @@ ALWAYS_INLINE void mxfp4_core(const jlm_k_mat *m, const jlm_act_q8 *xq, int nt, 
     sub32_core(m, xq, nt, y, r0, nv, JLM_T_MXFP4);
 }
 
-/* Q4_K (W 4), Q5_K (W 5): y += da * (d*(sc*dot) - dmin*(m*suma)), sub-block
- * outer like the others. (Decoding d and the fields once per super-block and
- * looping the 8 sub-blocks inside the row loop was faster from L3 but slower
- * from DRAM: 36 concurrent streams defeat the prefetcher.) */
+/* Q4_K (W 4), Q5_K (W 5): y += da * (d*(sc*dot) - dmin*(m*suma)). KP
+ * consecutive sub-blocks of one super-block per pass over the rows: d/dmin
+ * decoded once per KP, y kept in a register across them (the same f32
+ * operations in the same order as the reference). KP = 8 (36 streams) was
+ * slower from DRAM; KP = 2 measured best (docs/kernels.md). */
+#ifndef JLM_K32_KP
+#define JLM_K32_KP 2
+#endif
 ALWAYS_INLINE void k32_core(const jlm_k_mat *m, const jlm_act_q8 *xq, int nt, float *y,
                             uint64_t r0, uint64_t nv, unsigned W)
 {
+    enum { KP = JLM_K32_KP };
     uint64_t rows = m->rows;
     const uint32_t *qs = m->qs, *dp = m->d, *scp = m->sc;
-    for (uint64_t s = 0; s < m->k / 32; s++) {
-        uint64_t sb = s / 8;
-        unsigned j = (unsigned)(s % 8);
-        tok32 tk[MAXT];
-        for (int t = 0; t < nt; t++)
-            tok_load(&tk[t], &xq[t], s);
-        const uint32_t *col = qs + s * W * rows, *scb = scp + sb * 3 * rows;
+    const __m512i m63 = _mm512_set1_epi32(63);
+    for (uint64_t s0 = 0; s0 < m->k / 32; s0 += KP) {
+        uint64_t sb = s0 / 8;
+        unsigned j0 = (unsigned)(s0 % 8);
+        tok32 tk[KP][MAXT];
+        for (int p = 0; p < KP; p++)
+            for (int t = 0; t < nt; t++)
+                tok_load(&tk[p][t], &xq[t], s0 + p);
+        const uint32_t *scb = scp + sb * 3 * rows;
         for (uint64_t r = r0; r < nv; r += 16) {
-            __m512i dot[MAXT];
-            if (W == 5)
-                dot_nib5(col, rows, r, nt, tk, dot);
-            else
-                dot_nib(col, rows, r, nt, tk, dot);
-            __m512 d, dmin;
+            __m512 d, dmin, sc[KP], mn[KP];
             half_pair(ld(dp + sb * rows + r), &d, &dmin);
             /* sc*dot < 2^24 and m*suma < 2^24: the f32 products are exact, so
              * they equal the reference's (float)(sc*dot) and (float)(m*suma) */
-            __m512i f = field12(scb, rows, r, j), m63 = _mm512_set1_epi32(63);
-            __m512 sc = _mm512_cvtepi32_ps(_mm512_and_si512(f, m63));
-            __m512 mn = _mm512_cvtepi32_ps(_mm512_and_si512(_mm512_srli_epi32(f, 6), m63));
-            for (int t = 0; t < nt; t++) {
-                __m512 a = _mm512_mul_ps(sc, _mm512_cvtepi32_ps(dot[t]));
-                __m512 b = _mm512_mul_ps(mn, _mm512_set1_ps((float)tk[t].suma));
-                __m512 v = NMULADD(dmin, b, _mm512_mul_ps(d, a));
-                float *yt = y + t * rows + r;
-                __m512 acc = s ? _mm512_loadu_ps(yt) : _mm512_setzero_ps();
-                _mm512_storeu_ps(yt, MULADD(_mm512_set1_ps(tk[t].da), v, acc));
+            for (int p = 0; p < KP; p++) {
+                __m512i f = field12(scb, rows, r, j0 + p);
+                sc[p] = _mm512_cvtepi32_ps(_mm512_and_si512(f, m63));
+                mn[p] = _mm512_cvtepi32_ps(_mm512_and_si512(_mm512_srli_epi32(f, 6), m63));
             }
+            __m512 acc[MAXT];
+            for (int t = 0; t < nt; t++)
+                acc[t] = s0 ? _mm512_loadu_ps(y + t * rows + r) : _mm512_setzero_ps();
+            for (int p = 0; p < KP; p++) {
+                const uint32_t *col = qs + (s0 + p) * W * rows;
+                __m512i dot[MAXT];
+                if (W == 5)
+                    dot_nib5(col, rows, r, nt, tk[p], dot);
+                else
+                    dot_nib(col, rows, r, nt, tk[p], dot);
+                for (int t = 0; t < nt; t++) {
+                    __m512 a = _mm512_mul_ps(sc[p], _mm512_cvtepi32_ps(dot[t]));
+                    __m512 b = _mm512_mul_ps(mn[p], _mm512_set1_ps((float)tk[p][t].suma));
+                    __m512 v = NMULADD(dmin, b, _mm512_mul_ps(d, a));
+                    acc[t] = MULADD(_mm512_set1_ps(tk[p][t].da), v, acc[t]);
+                }
+            }
+            for (int t = 0; t < nt; t++)
+                _mm512_storeu_ps(y + t * rows + r, acc[t]);
         }
     }
 }
