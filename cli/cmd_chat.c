@@ -79,6 +79,7 @@ static int reply(jlm_engine *e, jlm_tok *tok, jlm_sampler *s, float *logits, int
     }
     if (text) text[len] = 0;
     fputc('\n', stdout);
+    fflush(stdout);   /* the turn is over: a reader waiting on a pipe sees it now */
     free(piece);
     *out = text;
     return rc;

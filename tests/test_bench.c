@@ -93,6 +93,7 @@ Test(bench, a_generated_file_is_a_pure_function_of_the_seed, .timeout = 30)
     free(pb);
     free(pc);
     tu_rmrf(dir);
+    free(dir);
 }
 
 /* The GGUF reader sees llama.cpp's keys and tensor shapes as written. */
@@ -119,6 +120,7 @@ Test(bench, a_generated_file_reads_back_with_its_shape_and_vocab, .timeout = 30)
               "blk.1.ffn_down_exps.weight missing or of the wrong type/shape");
     jlm_gguf_close(g);
     tu_rmrf(dir);
+    free(dir);
 }
 
 typedef struct gen_case { char preset[16]; uint32_t type; } gen_case;
@@ -166,4 +168,5 @@ ParameterizedTest(gen_case *gc, bench, a_generated_model_converts_and_runs, .tim
     cr_assert_eq(n, 4, "%d ids generated, expected 4: %s", n, log);
     free(log);
     tu_rmrf(dir);
+    free(dir);
 }
