@@ -4,7 +4,8 @@
 #
 # Targets and what their flags risk:
 #   all     -O2 -g, -Werror: a new compiler warning breaks the build (on purpose).
-#   debug   ASan + UBSan, -O1: 2-3x slower, catches our memory bugs; use for tests.
+#   debug   the suite built and run under ASan + UBSan (-O1, build-debug/): ~3x slower;
+#           one test process at a time (Criterion's workers and ASan's arena clash).
 #   test    builds the suite and runs it (Criterion's closing line is what CI reads).
 #   bench   benchmarks in bench/, printing ratios against an in-run baseline.
 #   fuzz    libFuzzer targets (clang); needs libclang-rt-14-dev.
@@ -48,7 +49,7 @@ all: $(LIB) $(BINS)
 
 debug:
 	$(MAKE) BUILD=build-debug OPT="-O1 -g -fsanitize=address,undefined -fno-omit-frame-pointer" \
-	    LDFLAGS="-fsanitize=address,undefined" all $(if $(filter test,$(MAKECMDGOALS)),,)
+	    LDFLAGS="-fsanitize=address,undefined" test TESTARGS="-j1 $(TESTARGS)"
 
 $(BUILD)/obj/%_avx2.o: %_avx2.c
 	@mkdir -p $(dir $@)
