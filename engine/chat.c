@@ -91,16 +91,6 @@ static void add_message(json_t *arr, json_t *m, int typed)
     } else json_array_append(arr, m);
 }
 
-static void flush_system(json_t *arr, char **pending, int typed)
-{
-    if (!*pending) return;
-    json_t *m = msg("user", *pending, 0);
-    add_message(arr, m, typed);
-    json_decref(m);
-    free(*pending);
-    *pending = NULL;
-}
-
 static char *join2(const char *a, const char *sep, const char *b)
 {
     size_t la = strlen(a), ls = strlen(sep), lb = strlen(b);
@@ -112,40 +102,42 @@ static char *join2(const char *a, const char *sep, const char *b)
     return s;
 }
 
-/* minja's chat_template::apply polyfills for the system role and typed content. */
-static json_t *adjust_messages(const json_t *in, caps c)
+/* llama.cpp b10359's message workarounds (common/chat.cpp, namespace
+ * workaround), in its order:
+ *  - developer -> system, unless the template is gpt-oss's ("<|channel|>");
+ *  - without a system role, a FIRST system message is merged into the next
+ *    message (whatever its role) as system + "\n" + content, or dropped when
+ *    it is the only message; later system messages are left as they are;
+ *  - string contents become [{type: text, text}] when the template needs
+ *    typed content. */
+static json_t *adjust_messages(const json_t *in, caps c, int gpt_oss)
 {
-    json_t *arr = json_array();
-    char *pending = NULL;
+    json_t *msgs = json_deep_copy(in);
+    if (!msgs) return NULL;
     size_t i;
     json_t *m;
-    json_array_foreach(in, i, m) {
-        json_t *content = json_object_get(m, "content");
+    json_array_foreach(msgs, i, m) {
         const char *role = json_string_value(json_object_get(m, "role"));
-        if (!c.system_role && json_is_string(content) && role) {
-            const char *text = json_string_value(content);
-            if (!strcmp(role, "system")) {
-                char *p = pending ? join2(pending, "\n", text) : strdup(text);
-                free(pending);
-                pending = p;
-                continue;
-            }
-            if (!strcmp(role, "user") && pending) {
-                json_t *copy = json_copy(m);
-                char *merged = *text ? join2(pending, "\n", text) : strdup(pending);
-                json_object_set_new(copy, "content", json_string(merged ? merged : ""));
-                free(merged);
-                free(pending);
-                pending = NULL;
-                add_message(arr, copy, c.typed_content);
-                json_decref(copy);
-                continue;
-            }
-            if (strcmp(role, "user")) flush_system(arr, &pending, c.typed_content);
-        }
-        add_message(arr, m, c.typed_content);
+        if (!gpt_oss && role && !strcmp(role, "developer"))
+            json_object_set_new(m, "role", json_string("system"));
     }
-    flush_system(arr, &pending, c.typed_content);
+    json_t *first = json_array_get(msgs, 0);
+    const char *role0 = json_string_value(json_object_get(first, "role"));
+    if (!c.system_role && role0 && !strcmp(role0, "system")) {
+        json_t *second = json_array_get(msgs, 1);
+        const char *a = json_string_value(json_object_get(first, "content"));
+        const char *b = json_string_value(json_object_get(second, "content"));
+        if (second && a && b) {
+            char *merged = join2(a, "\n", b);
+            json_object_set_new(second, "content", json_string(merged ? merged : ""));
+            free(merged);
+        }
+        json_array_remove(msgs, 0);
+    }
+    json_t *arr = json_array();
+    json_array_foreach(msgs, i, m)
+        add_message(arr, m, c.typed_content);
+    json_decref(msgs);
     return arr;
 }
 
@@ -175,8 +167,7 @@ int jlm_chat_render_json(const char *template_src, size_t len, const json_t *mes
         rc = render(t, messages, opts, add_gen, now, &s, &n, err);
     } else {
         caps c = detect_caps(t, opts, now);
-        json_t *adj = (c.system_role && !c.typed_content) ? json_incref((json_t *)messages)
-                                                            : adjust_messages(messages, c);
+        json_t *adj = adjust_messages(messages, c, memmem(template_src, len, "<|channel|>", 11) != NULL);
         rc = adj ? render(t, adj, opts, add_gen, now, &s, &n, err)
                  : jlm_errf(err, JLM_ENOMEM, "chat: out of memory adjusting messages");
         json_decref(adj);

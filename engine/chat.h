@@ -10,10 +10,10 @@
  *      requires_typed_content (string content not rendered, but
  *      [{type: text, text}] is) and supports_system_role (a system message's
  *      text appears in the output; a raising template does not support it);
- *   2. without a system role, system messages are held and prepended to the
- *      next user message as system + "\n" + content (several systems joined
- *      by "\n"); before a non-user message or at the end they are flushed as
- *      a user message of their own;
+ *   2. the developer role becomes system (not for gpt-oss templates); without
+ *      a system role, a FIRST system message is merged into the next message
+ *      (any role) as system + "\n" + content, or dropped when alone (llama.cpp
+ *      b10359's workaround::system_message_not_supported);
  *   3. with typed content required, string contents become [{type: text, text}];
  *   4. gpt-oss templates (source contains "<|channel|>"): with
  *      add_generation_prompt false the last "<|return|>" of the prompt

@@ -628,3 +628,55 @@ Test(template, cli_prints_the_prompt_and_nothing_else, .timeout = 30)
     free(dir);
     json_decref(cases);
 }
+
+/* ---------------------------------------------------------------- llama.cpp b10359's message workarounds */
+static char *render_msgs(const char *tmpl, const jlm_chat_msg *m, size_t n)
+{
+    jlm_chat_opts o = {.now = 1741348800};
+    char *out = NULL;
+    size_t len;
+    jlm_err err = {0};
+    cr_assert_eq(jlm_chat_render(tmpl, strlen(tmpl), m, n, &o, &out, &len, &err), 0, "%s", err.msg);
+    return out;
+}
+
+/* a template without a system role: it never reads a system message */
+static const char NOSYS[] = "{% for m in messages %}{% if m['role'] == 'user' %}U:{{ m['content'] }}|"
+                            "{% elif m['role'] == 'assistant' %}A:{{ m['content'] }}|{% endif %}{% endfor %}";
+
+Test(template, a_first_system_message_is_merged_into_the_next_message_whatever_its_role)
+{
+    jlm_chat_msg a[] = {{"system", "S"}, {"user", "Q"}};
+    char *o = render_msgs(NOSYS, a, 2);
+    cr_assert_str_eq(o, "U:S\nQ|");
+    free(o);
+    jlm_chat_msg b[] = {{"system", "S"}, {"assistant", "X"}, {"user", "Q"}};
+    o = render_msgs(NOSYS, b, 3);
+    cr_assert_str_eq(o, "A:S\nX|U:Q|", "merged into the assistant message, as llama.cpp does");
+    free(o);
+}
+
+Test(template, a_lone_system_message_is_dropped_and_a_later_one_left_alone)
+{
+    jlm_chat_msg a[] = {{"system", "S"}};
+    char *o = render_msgs(NOSYS, a, 1);
+    cr_assert_str_eq(o, "");
+    free(o);
+    jlm_chat_msg b[] = {{"user", "Q"}, {"system", "S2"}, {"user", "V"}};
+    o = render_msgs(NOSYS, b, 3);
+    cr_assert_str_eq(o, "U:Q|U:V|", "only a first system message is merged");
+    free(o);
+}
+
+Test(template, the_developer_role_becomes_system_except_for_gpt_oss_templates)
+{
+    static const char ROLES[] = "{% for m in messages %}{{ m['role'] }}:{{ m['content'] }}|{% endfor %}";
+    static const char OSS[] = "{# <|channel|> #}{% for m in messages %}{{ m['role'] }}:{{ m['content'] }}|{% endfor %}";
+    jlm_chat_msg a[] = {{"developer", "D"}, {"user", "Q"}};
+    char *o = render_msgs(ROLES, a, 2);
+    cr_assert_str_eq(o, "system:D|user:Q|");
+    free(o);
+    o = render_msgs(OSS, a, 2);
+    cr_assert_str_eq(o, "developer:D|user:Q|");
+    free(o);
+}
