@@ -28,8 +28,6 @@ struct jlm_engine {
     uint64_t         budget;
     uint8_t         *dense;       /* (DenseLen,) the dense region, resident */
     const jlm_tensor **roles;     /* ((n_layer+1) * ROLE_SLOTS,) slot (block+1)*64 + role */
-    uint64_t        *text_extent; /* (n_layer,) */
-    uint64_t        *exp_extent;  /* (n_exp_pages,) */
     uint32_t         n_ctx, n_past;
     uint32_t         hd, hd_v, kv_dim, kv_dim_v, q_dim;
     /* KV cache, F32 */
@@ -229,15 +227,6 @@ static int read_dense(jlm_engine *e, jlm_err *err)
 
 static int open_pager(jlm_engine *e, const jlm_engine_opts *o, jlm_err *err)
 {
-    const jlm_header *h = &e->m->hdr;
-    e->text_extent = zalloc(((size_t)h->n_blocks + 1) * sizeof(uint64_t));
-    e->exp_extent = zalloc(((size_t)h->n_exp_pages + 1) * sizeof(uint64_t));
-    if (!e->text_extent || !e->exp_extent)
-        return jlm_errf(err, JLM_ENOMEM, "%s: out of memory", e->m->path);
-    for (uint32_t b = 0; b < h->n_blocks; b++)
-        e->text_extent[b] = jlm_fmt_page_extent(e->m, JLM_REG_TEXT, b);
-    for (uint32_t p = 0; p < h->n_exp_pages; p++)
-        e->exp_extent[p] = jlm_fmt_page_extent(e->m, JLM_REG_EXPERT, p);
     int rc = jlm_pager_open_model(e->m, e->src, 0, &e->pager, err);
     if (rc)
         return rc;
@@ -303,7 +292,7 @@ void jlm_engine_close(jlm_engine *e)
     jlm_source_close(e->src);
     jlm_fmt_close(e->m);
     void *bufs[] = {e->dense, e->roles, e->kc, e->vc, e->x, e->h, e->q, e->kk, e->vv, e->att, e->o, e->g,
-                    e->u, e->moe, e->scores, e->mask, e->router, e->route, e->route_w, e->xq_buf, e->text_extent, e->exp_extent};
+                    e->u, e->moe, e->scores, e->mask, e->router, e->route, e->route_w, e->xq_buf};
     for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++)
         free(bufs[i]);
     free(e);
@@ -543,7 +532,8 @@ static int moe_token(jlm_engine *e, uint32_t l, const uint8_t *page, uint64_t pa
     int rc = JLM_OK;
     for (; pinned < nu; pinned++) {
         uint32_t pg = first + (uint32_t)sel[pinned];
-        if ((rc = jlm_pager_get(e->pager, JLM_PAGER_EXPERTS, pg, 0, e->exp_extent[pg], &frames[pinned], err)))
+        if ((rc = jlm_pager_get(e->pager, JLM_PAGER_EXPERTS, pg, 0, jlm_pager_extent(e->pager, JLM_PAGER_EXPERTS, pg),
+                                 &frames[pinned], err)))
             break;
     }
     if (!rc) {
@@ -608,7 +598,8 @@ static int forward(jlm_engine *e, const int32_t *tokens, uint32_t n, uint32_t po
     for (uint32_t l = 0; l < c->n_layer; l++) {
         const void *page;
         uint64_t page_off = hd->data_off + (uint64_t)l * hd->page_size;
-        int rc = jlm_pager_get(e->pager, JLM_PAGER_TEXT, l, 0, e->text_extent[l], &page, err);
+        int rc = jlm_pager_get(e->pager, JLM_PAGER_TEXT, l, 0, jlm_pager_extent(e->pager, JLM_PAGER_TEXT, l),
+                               &page, err);
         if (rc)
             return jlm_err_prefix(err, rc, "%s: block %u", e->m->path, l);
         attention(e, l, page, page_off, pos0, n);
@@ -670,7 +661,7 @@ uint64_t jlm_engine_bytes_per_token(const jlm_engine *e)
     const jlm_header *h = &e->m->hdr;
     uint64_t b = 0;
     for (uint32_t l = 0; l < e->c->n_layer; l++)
-        b += e->text_extent[l];
+        b += jlm_pager_extent(e->pager, JLM_PAGER_TEXT, l);
     if (h->n_exp_pages)
         b += (uint64_t)(h->n_exp_pages / e->c->n_expert) * e->c->n_expert_used * h->exp_page_size;
     const jlm_tensor *t = W(e, -1, JLM_R_OUTPUT);

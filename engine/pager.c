@@ -493,6 +493,11 @@ int jlm_pager_resident(const jlm_pager *p, uint32_t array, uint32_t page)
     return array < p->n_arrays && page < p->arr[array].n_pages && p->arr[array].pages[page].frame != NULL;
 }
 
+uint64_t jlm_pager_extent(const jlm_pager *p, uint32_t array, uint32_t page)
+{
+    return array < p->n_arrays && page < p->arr[array].n_pages ? p->arr[array].extent[page] : 0;
+}
+
 uint64_t jlm_pager_frame_len(const jlm_pager *p, uint32_t array)
 {
     return array < p->n_arrays ? p->arr[array].frame_len : 0;

@@ -176,6 +176,8 @@ void jlm_pager_unpin(jlm_pager *p, uint32_t array, uint32_t page);
 uint64_t jlm_pager_filled(const jlm_pager *p, uint32_t array, uint32_t page);
 /* 1 if the page holds a frame. Cannot fail. */
 int  jlm_pager_resident(const jlm_pager *p, uint32_t array, uint32_t page);
+/* Bytes of page `page` a reader uses (its extent); 0 out of range. Cannot fail. */
+uint64_t jlm_pager_extent(const jlm_pager *p, uint32_t array, uint32_t page);
 /* Frame bytes one page of the array takes (its largest extent). */
 uint64_t jlm_pager_frame_len(const jlm_pager *p, uint32_t array);
 /* Copies the counters. Cannot fail. */
