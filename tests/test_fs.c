@@ -616,10 +616,14 @@ Test(fs, resident_lists_an_open_engines_pages_and_stats_count_them_by_tier)
     free(st);
 }
 
-/* Starts `jlm run` on the view with a one-frame budget (every token reads
- * pages) and returns once it has printed its first bytes. */
+/* Mounts, copies stories260K in, starts `jlm run` on its view with a
+ * one-frame budget (every token reads pages) writing to out_path, and
+ * returns once it has printed its first bytes. */
 static FILE *start_reader(const char *out_path)
 {
+    mnt_start(0, 1);
+    copy_in("stories260K.gguf", "s.gguf");
+    wait_ready("s.jlm", 20);
     char cmd[3000];
     snprintf(cmd, sizeof cmd, "timeout 30 '%s' run '%s/s.jlm' -p 'Once upon a time' -n 1900 --temp 0 --budget 1 "
              "> '%s' 2>&1", tu_jlm(), M.mnt, out_path);
@@ -637,18 +641,21 @@ static FILE *start_reader(const char *out_path)
     }
 }
 
+/* The reader's exit status (128 when it was killed by a signal). */
+static int reader_exit(FILE *p)
+{
+    int st = pclose(p);
+    return WIFEXITED(st) ? WEXITSTATUS(st) : 128;
+}
+
 Test(fs, a_daemon_killed_while_an_engine_reads_gives_it_a_clear_error_not_a_hang)
 {
-    mnt_start(0, 1);
-    copy_in("stories260K.gguf", "s.gguf");
-    wait_ready("s.jlm", 20);
     char *out = pathf("%s/run.out", M.tmp);
     FILE *p = start_reader(out);
     kill(M.pid, SIGKILL);
     waitpid(M.pid, NULL, 0);
     M.pid = 0;
-    int st = pclose(p);
-    int rc = WIFEXITED(st) ? WEXITSTATUS(st) : 128;
+    int rc = reader_exit(p);
     char *o = read_text(out);
     cr_assert(rc != 124, "jlm run hung after the daemon died: %s", o);
     cr_assert(rc == 1 && o && strstr(o, "jlm run:") && strstr(o, "s.jlm"),
@@ -658,16 +665,12 @@ Test(fs, a_daemon_killed_while_an_engine_reads_gives_it_a_clear_error_not_a_hang
 
 Test(fs, a_lazy_unmount_while_an_engine_reads_does_not_hang_it)
 {
-    mnt_start(0, 1);
-    copy_in("stories260K.gguf", "s.gguf");
-    wait_ready("s.jlm", 20);
     char *out = pathf("%s/run.out", M.tmp);
     FILE *p = start_reader(out);
     char cmd[1200];
     snprintf(cmd, sizeof cmd, "fusermount3 -uz '%s'", M.mnt);
     cr_assert(tu_run(cmd, NULL) == 0, "lazy unmount");
-    int st = pclose(p);
-    int rc = WIFEXITED(st) ? WEXITSTATUS(st) : 128;
+    int rc = reader_exit(p);
     char *o = read_text(out);
     /* the open container stays readable through the detached mount: the run
      * finishes; if it could not, it must say so, never hang */
