@@ -29,7 +29,7 @@ LDLIBS  := $(PKG_LIBS) -lm -pthread
 AVX2_FLAGS   := -mavx2 -mfma -mf16c
 AVX512_FLAGS := -mavx2 -mfma -mf16c -mavx512f -mavx512bw -mavx512vl -mavx512dq -mavx512vnni
 
-LIB_DIRS := format converter kernels/cpu engine fs
+LIB_DIRS := base format converter kernels/cpu engine text/tokenizer text/template residency fs
 LIB_SRC  := $(foreach d,$(LIB_DIRS),$(wildcard $(d)/*.c))
 LIB_OBJ  := $(LIB_SRC:%.c=$(BUILD)/obj/%.o)
 LIB      := $(BUILD)/libjlm.a
@@ -91,7 +91,7 @@ bench: all $(BENCH_BIN)
 # Fuzz targets (clang + libFuzzer). Run one with e.g.
 #   mkdir -p /tmp/corpus && build-fuzz/fuzz_gguf -max_total_time=60 /tmp/corpus tests/models/vocab
 # (the first directory receives new inputs: never point it into the tree)
-FUZZ_SRC := format/jlm_err.c format/types.c format/codec.c format/plan.c format/reader.c format/writer.c \
+FUZZ_SRC := base/jlm_err.c format/types.c format/codec.c format/plan.c format/reader.c format/writer.c \
             converter/gguf.c converter/ggml_quants.c
 fuzz:
 	@mkdir -p build-fuzz

@@ -3,12 +3,12 @@
  * turn evaluates only the text the new messages add to the rendered prompt
  * (llama.cpp's common_chat_format_single), then generates the reply. Reads
  * one user message per line from stdin; the reply goes to stdout. */
-#include "cli.h"
-#include "report.h"
-#include "engine/chat.h"
+#include "cli/cli.h"
+#include "cli/report.h"
+#include "text/template/chat.h"
 #include "engine/model.h"
 #include "engine/sampler.h"
-#include "engine/tokenizer.h"
+#include "text/tokenizer/tokenizer.h"
 
 #include <stdio.h>
 #include <stdlib.h>

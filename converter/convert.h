@@ -17,8 +17,8 @@
 #ifndef JLM_CONVERT_H
 #define JLM_CONVERT_H
 
-#include "../format/jlm_format.h"
-#include "gguf.h"
+#include "format/jlm_format.h"
+#include "converter/gguf.h"
 
 #include <stdio.h>
 

@@ -7,7 +7,7 @@
  * returned (strings, arrays, tables) is copied into one arena owned by the
  * handle, so the read buffer is freed as soon as parsing ends.
  */
-#include "gguf.h"
+#include "converter/gguf.h"
 
 #include <errno.h>
 #include <fcntl.h>

@@ -60,7 +60,7 @@
 #include <stdint.h>
 
 #include "engine/source.h"
-#include "format/jlm_err.h"
+#include "base/jlm_err.h"
 
 enum jlm_pager_class {
     JLM_PAGER_BLOCK = 0,    /* scanned cyclically: MRU victim (text, vision blocks) */

@@ -41,7 +41,7 @@
 #include <stdint.h>
 #include <sys/types.h>
 
-#include "format/jlm_err.h"
+#include "base/jlm_err.h"
 
 /* Which storage tier served a read, as far as the source can tell. */
 enum jlm_tier {

@@ -27,7 +27,7 @@
 #include <stdint.h>
 #include <sys/types.h>
 
-#include "jlm_err.h"
+#include "base/jlm_err.h"
 
 #define JLM_VERSION      27u
 #define JLM_ALIGN        4096u

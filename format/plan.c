@@ -8,7 +8,7 @@
  *  - vision page b: tower tensors (roles 64..93) of tower block b;
  *  - expert page rank(b)*NExpert + x: sheet x of every bank of block b.
  * Zero-length planes take the tensor's qsOff (section 8). */
-#include "jlm_format.h"
+#include "format/jlm_format.h"
 
 #include <stdlib.h>
 #include <string.h>

@@ -1,7 +1,7 @@
 /* reader.c - opening a container: one read of [0, DenseOff), every check of
  * jlm-format.md 3 and 4, then per-tensor placement checks (invariant 1 of
  * jlm_format.h). Refuses, never repairs. */
-#include "jlm_format.h"
+#include "format/jlm_format.h"
 
 #include <errno.h>
 #include <fcntl.h>

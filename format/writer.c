@@ -2,7 +2,7 @@
  * created pre-sized to the planned length (so ENOSPC shows up front), filled
  * at planned offsets, fsynced and renamed to OUT. Any failure removes the
  * .part (invariant 4). All I/O goes through a jlm_io seam for fault tests. */
-#include "jlm_format.h"
+#include "format/jlm_format.h"
 
 #include <errno.h>
 #include <fcntl.h>

@@ -37,7 +37,7 @@
 #include <stdint.h>
 #include <sys/stat.h>
 
-#include "format/jlm_err.h"
+#include "base/jlm_err.h"
 
 typedef struct jlmfs jlmfs;
 typedef struct jlmfs_view jlmfs_view;

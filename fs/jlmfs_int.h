@@ -6,7 +6,7 @@
 
 #include "fs/jlmfs.h"
 #include "converter/convert.h"
-#include "engine/residency.h"
+#include "residency/residency.h"
 #include "engine/source.h"
 
 #include <pthread.h>

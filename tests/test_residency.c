@@ -1,12 +1,12 @@
-/* test_residency.c - the residency database (engine/residency.h) and
+/* test_residency.c - the residency database (residency/residency.h) and
  * `jlm stats`: sessions, counters, residency, pruning of dead sessions, tier
  * attribution with daemon reads, two writer processes, bad files, xattr
  * discovery. Every test works on a database in its own temp dir. */
 #include <criterion/criterion.h>
 
-#include "engine/residency.h"
+#include "residency/residency.h"
 #include "engine/source.h"
-#include "testutil.h"
+#include "tests/testutil.h"
 
 #include <jansson.h>
 #include <sqlite3.h>

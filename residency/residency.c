@@ -1,10 +1,10 @@
-/* residency.c - the residency and statistics database (engine/residency.h).
+/* residency.c - the residency and statistics database (residency/residency.h).
  *
  * Sections: schema and open; discovery (xattrs); sessions and pruning; the
  * event queue and flush (tier attribution); queries (resident, stats text and
  * JSON). docs/residency.md gives the schema, the attribution rule and why.
  */
-#include "engine/residency.h"
+#include "residency/residency.h"
 #include "engine/source.h"
 
 #include <errno.h>

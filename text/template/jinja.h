@@ -3,7 +3,7 @@
  * Owns: parsing a template (Jinja2 3.1 syntax with the Hugging Face
  * transformers settings trim_blocks, lstrip_blocks, one trailing newline
  * dropped) and rendering it with variables given as a JSON object. Knows
- * nothing of chat messages or models (engine/chat.h adds those).
+ * nothing of chat messages or models (text/template/chat.h adds those).
  *
  * Invariants:
  *   1. Output is Python Jinja2's output for the same template and variables,
@@ -34,7 +34,7 @@
 
 #include <jansson.h>
 
-#include "format/jlm_err.h"
+#include "base/jlm_err.h"
 
 typedef struct jlm_jinja jlm_jinja;
 
