@@ -91,7 +91,7 @@ bench: all $(BENCH_BIN)
 # Fuzz targets (clang + libFuzzer). Run one with e.g.
 #   mkdir -p /tmp/corpus && build-fuzz/fuzz_gguf -max_total_time=60 /tmp/corpus tests/models/vocab
 # (the first directory receives new inputs: never point it into the tree)
-FUZZ_SRC := base/jlm_err.c format/types.c format/codec.c format/plan.c format/reader.c format/writer.c \
+FUZZ_SRC := base/jlm_err.c base/io.c format/types.c format/codec.c format/plan.c format/reader.c format/writer.c \
             converter/gguf.c converter/ggml_quants.c
 fuzz:
 	@mkdir -p build-fuzz
@@ -108,4 +108,5 @@ install: all
 clean:
 	rm -rf build build-*
 
--include $(LIB_OBJ:.o=.d) $(TEST_OBJ:.o=.d)
+CLI_OBJ := $(CLI_SRC:%.c=$(BUILD)/obj/%.o)
+-include $(LIB_OBJ:.o=.d) $(TEST_OBJ:.o=.d) $(CLI_OBJ:.o=.d)

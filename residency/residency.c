@@ -5,7 +5,7 @@
  * JSON). docs/residency.md gives the schema, the attribution rule and why.
  */
 #include "residency/residency.h"
-#include "engine/source.h"
+#include "base/tier.h"
 
 #include <errno.h>
 #include <jansson.h>

@@ -5,7 +5,7 @@
 #include <criterion/criterion.h>
 
 #include "residency/residency.h"
-#include "engine/source.h"
+#include "base/tier.h"
 #include "tests/testutil.h"
 
 #include <jansson.h>
