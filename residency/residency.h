@@ -44,6 +44,13 @@ typedef struct jlm_rdb jlm_rdb;
 int  jlm_rdb_open(const char *path, int create, jlm_rdb **out, jlm_err *err);
 void jlm_rdb_close(jlm_rdb *db);   /* accepts NULL */
 
+/* The wall clock stamping sessions, models and reads (seconds since the
+ * epoch). Default CLOCK_REALTIME; tests inject a clock that advances on every
+ * call instead of sleeping for distinct stamps. fn NULL restores the default.
+ * Per handle; cannot fail. */
+typedef double (*jlm_rdb_clock_fn)(void *ctx);
+void jlm_rdb_set_clock(jlm_rdb *db, jlm_rdb_clock_fn fn, void *ctx);
+
 /* Reads the view's extended attributes from a view directory or a file in
  * it. JLM_ENOTFOUND if path is not on a jlmfs view. Outputs malloc'd. */
 int  jlm_rdb_discover(const char *path, char **db_path, char **model_key, jlm_err *err);
