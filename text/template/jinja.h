@@ -17,7 +17,9 @@
  *   3. Undefined is jinja2.Undefined: renders "", is falsy, iterates empty,
  *      and raises on attribute access, call or arithmetic.
  *   4. Bounds: at most 512 MiB of interpreter memory, 256 MiB of output,
- *      nesting depth 2000, range() of 100000 items: JLM_ERANGE beyond.
+ *      expressions and variables (and tojson) nested 200 deep, evaluation
+ *      (statements, calls, macros, recursion) nested 2000 deep, range() of
+ *      100000 items: JLM_ERANGE beyond, naming the bound.
  *
  * Globals always defined: range, namespace, dict, raise_exception(msg)
  * (fails with JLM_EINVAL and the message), strftime_now(fmt) (C strftime of
