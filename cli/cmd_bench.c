@@ -9,7 +9,7 @@
  * engine batches them as it does for a prompt); tgN evaluates N random ids one call each.
  * t/s is mean +- sample sd over r repetitions; page-ins, MiB read and read
  * wait are means per repetition. Nothing goes to stdout but the table. */
-#include "cli.h"
+#include "cli/cli.h"
 #include "engine/model.h"
 
 #include <math.h>

@@ -3,12 +3,13 @@
  * turn evaluates only the text the new messages add to the rendered prompt
  * (llama.cpp's common_chat_format_single), then generates the reply. Reads
  * one user message per line from stdin; the reply goes to stdout. */
-#include "cli.h"
-#include "report.h"
-#include "engine/chat.h"
+#include "cli/cli.h"
+#include "cli/generate.h"
+#include "cli/report.h"
+#include "text/template/chat.h"
 #include "engine/model.h"
 #include "engine/sampler.h"
-#include "engine/tokenizer.h"
+#include "text/tokenizer/tokenizer.h"
 
 #include <stdio.h>
 #include <stdlib.h>
@@ -50,38 +51,18 @@ static void conv_free(conv *c)
     free(c->owned); free(c->msgs);
 }
 
-/* Generates a reply after the evaluated prompt; appends its text to *reply. */
+/* Generates a reply after the evaluated prompt into *out (malloc'd); ends
+ * the line and flushes stdout: a reader waiting on a pipe sees the turn now. */
 static int reply(jlm_engine *e, jlm_tok *tok, jlm_sampler *s, float *logits, int n_max, jlm_cli_report *rep,
                  char **out, jlm_err *err)
 {
     jlm_tok_stream ts;
     jlm_tok_stream_init(&ts, tok, 0, 0);
-    size_t cap = jlm_tok_max_piece_len(tok) + 8, len = 0, tcap = 256;
-    char *piece = malloc(cap), *text = malloc(tcap);
-    int rc = piece && text ? JLM_OK : JLM_ENOMEM;
-    for (int i = 0; i < n_max && !rc; i++) {
-        int32_t id = jlm_samp_next(s, logits);
-        jlm_samp_accept(s, id);
-        if (jlm_tok_is_eog(tok, id)) {
-            rc = jlm_engine_eval(e, &id, 1, NULL, err);   /* keep the end of turn in the cache */
-            break;
-        }
-        size_t n = 0;
-        if (jlm_tok_stream_feed(&ts, id, piece, cap, &n, err) == 0 && n) {
-            fwrite(piece, 1, n, stdout);
-            fflush(stdout);
-            while (len + n + 1 > tcap) { char *t = realloc(text, tcap *= 2); if (!t) { rc = JLM_ENOMEM; break; } text = t; }
-            if (!rc) { memcpy(text + len, piece, n); len += n; }
-        }
-        if (!rc)
-            rc = jlm_engine_eval(e, &id, 1, logits, err);
-        jlm_cli_report_flush(rep);
-    }
-    if (text) text[len] = 0;
+    jlm_cli_gen g = {.e = e, .tok = tok, .s = s, .logits = logits, .rep = rep, .ts = &ts,
+                     .n_max = n_max, .print = 1, .eval_eog = 1, .eval_last = 1};
+    int rc = jlm_cli_generate(&g, NULL, NULL, out, err);
     fputc('\n', stdout);
-    fflush(stdout);   /* the turn is over: a reader waiting on a pipe sees it now */
-    free(piece);
-    *out = text;
+    fflush(stdout);
     return rc;
 }
 

@@ -1,5 +1,5 @@
 /* cmd_convert.c - `jlm convert SRC [-o OUT] [--plan]`. */
-#include "cli.h"
+#include "cli/cli.h"
 #include "converter/convert.h"
 
 #include <signal.h>

@@ -1,6 +1,6 @@
 /* cmd_info.c - `jlm info MODEL [--tensors] [--json]`: header, config, page
  * arrays, vocab summary, fingerprint and (optionally) the tensor table. */
-#include "cli.h"
+#include "cli/cli.h"
 #include "format/jlm_format.h"
 
 #include <jansson.h>

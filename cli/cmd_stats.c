@@ -4,8 +4,8 @@
  * or a file in it: its xattrs name the database and the model), or a mount
  * point (every view directly inside it is found by its xattrs; each distinct
  * database is printed once, with every model it holds). */
-#include "cli.h"
-#include "engine/residency.h"
+#include "cli/cli.h"
+#include "residency/residency.h"
 
 #include <dirent.h>
 #include <stdio.h>

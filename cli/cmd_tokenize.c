@@ -1,8 +1,8 @@
 /* cmd_tokenize.c - `jlm tokenize MODEL TEXT [--ids] [--no-bos] [--parse-special]`
  * with llama-tokenize's habits: one "id -> 'piece'" line per token, or with
  * --ids one bracketed list. MODEL may be a vocab-only container. */
-#include "cli.h"
-#include "engine/tokenizer.h"
+#include "cli/cli.h"
+#include "text/tokenizer/tokenizer.h"
 #include "format/jlm_format.h"
 
 #include <stdio.h>

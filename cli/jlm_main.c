@@ -1,5 +1,5 @@
 /* jlm_main.c - the `jlm` command: a thin dispatcher over cli/cmd_*.c. */
-#include "cli.h"
+#include "cli/cli.h"
 
 #include <stdio.h>
 #include <stdlib.h>

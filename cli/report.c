@@ -1,7 +1,7 @@
 /* report.c - what `jlm run`, `jlm chat` and `jlm bench` share when their
  * model is a jlmfs view: finding the view's database, and reporting the
- * pager's events to it (engine/residency.h, docs/residency.md). */
-#include "report.h"
+ * pager's events to it (residency/residency.h, docs/residency.md). */
+#include "cli/report.h"
 
 #include <stdio.h>
 #include <stdlib.h>

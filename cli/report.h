@@ -8,7 +8,7 @@
 #include <stdint.h>
 
 #include "engine/model.h"
-#include "engine/residency.h"
+#include "residency/residency.h"
 
 typedef struct jlm_cli_report {
     jlm_rdb    *db;          /* NULL: not reporting */

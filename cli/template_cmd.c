@@ -13,8 +13,8 @@
 
 #include <jansson.h>
 
-#include "cli.h"
-#include "engine/chat.h"
+#include "cli/cli.h"
+#include "text/template/chat.h"
 
 static int usage(void)
 {

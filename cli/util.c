@@ -1,5 +1,5 @@
 /* util.c - small helpers shared by the subcommands. */
-#include "cli.h"
+#include "cli/cli.h"
 
 #include <ctype.h>
 #include <stdio.h>

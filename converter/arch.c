@@ -5,7 +5,7 @@
  * (phi3 attn_qkv, phi3 gate|up in ffn_up) are split by rows here. Anything
  * not in the tables is refused by name: a tensor we do not know would be a
  * weight the engine silently ignores. */
-#include "convert_int.h"
+#include "converter/convert_int.h"
 
 #include <math.h>
 #include <stdio.h>

@@ -1,9 +1,9 @@
 /* convert.c - the conversion driver: GGUF -> mapped tensors -> plan (pass 1)
  * -> packed planes in OUT.part -> read-back checks -> rename (pass 2). */
-#include "convert_int.h"
-#include "pack.h"
-#include "vocab.h"
-#include "../kernels/cpu/dequant.h"
+#include "converter/convert_int.h"
+#include "converter/pack.h"
+#include "converter/vocab.h"
+#include "format/dequant.h"
 
 #include <pthread.h>
 #include <stdlib.h>

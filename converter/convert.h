@@ -3,8 +3,9 @@
  *
  * Owns: the mapping of llama.cpp's metadata keys and tensor names to the
  * typed config and role codes (docs/converter.md lists it per architecture).
- * Uses format/ (planner, writer, reader), converter/gguf, converter/pack,
- * converter/vocab and the scalar dequantization kernel for read-back checks.
+ * Uses format/ (planner, writer, reader, and the dequantization oracle
+ * format/dequant.h for read-back checks), converter/gguf, converter/pack and
+ * converter/vocab.
  *
  * Invariants:
  *  (1) jlm_conv_open computes the complete plan from shapes alone: no weight
@@ -12,13 +13,18 @@
  *  (2) jlm_conv_write leaves OUT only after the written file re-opens cleanly
  *      and spot checks match the source; on any failure neither OUT nor
  *      OUT.part exists afterwards.
- * Thread safety: one jlm_conv per thread; packing uses its own threads.
+ * Thread safety: open, write and close one jlm_conv from one thread at a
+ * time. jlm_conv_write packs on worker threads it starts and joins itself;
+ * every write through the jlm_io seam, the progress callback and the error
+ * message stay on the calling thread. jlm_conv_pack_tensor and
+ * jlm_conv_read_span may run on any number of threads at once, also during
+ * a write (the plan is read-only after open; the source is read with pread).
  */
 #ifndef JLM_CONVERT_H
 #define JLM_CONVERT_H
 
-#include "../format/jlm_format.h"
-#include "gguf.h"
+#include "format/jlm_format.h"
+#include "converter/gguf.h"
 
 #include <stdio.h>
 

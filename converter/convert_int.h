@@ -2,7 +2,7 @@
 #ifndef JLM_CONVERT_INT_H
 #define JLM_CONVERT_INT_H
 
-#include "convert.h"
+#include "converter/convert.h"
 
 int jlm_conv_config(const jlm_gguf *g, jlm_config *c, jlm_err *err);
 int jlm_conv_role(const char *name, int32_t *block, int *fused);

@@ -9,7 +9,7 @@
  * Source bytes are read byte by byte (little-endian): blocks in GGUF have no
  * alignment guarantee beyond the tensor's start.
  */
-#include "gguf.h"
+#include "converter/gguf.h"
 
 #include <string.h>
 

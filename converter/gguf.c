@@ -7,7 +7,8 @@
  * returned (strings, arrays, tables) is copied into one arena owned by the
  * handle, so the read buffer is freed as soon as parsing ends.
  */
-#include "gguf.h"
+#include "converter/gguf.h"
+#include "base/io.h"
 
 #include <errno.h>
 #include <fcntl.h>
@@ -189,15 +190,12 @@ static int rd_grow(rd *r, uint64_t upto)
         return jlm_errf(r->err, JLM_ENOMEM, "%s: %" PRIu64 " bytes for metadata", r->what, want);
     r->own = nb;
     r->buf = nb;
-    while (r->avail < want) {
-        ssize_t got = pread(r->fd, nb + r->avail, want - r->avail, (off_t)r->avail);
-        if (got < 0 && errno == EINTR)
-            continue;
-        if (got <= 0)
-            return jlm_errf(r->err, JLM_EIO, "%s: read at offset %" PRIu64 ": %s", r->what,
-                            r->avail, got < 0 ? strerror(errno) : "unexpected end of file");
-        r->avail += (uint64_t)got;
-    }
+    size_t got;
+    int e = jlm_io_pread_full(NULL, r->fd, nb + r->avail, want - r->avail, r->avail, &got);
+    r->avail += got;
+    if (e)
+        return jlm_errf(r->err, JLM_EIO, "%s: read at offset %" PRIu64 ": %s", r->what, r->avail,
+                        jlm_io_strerror(e));
     return 0;
 }
 
@@ -1055,15 +1053,10 @@ int jlm_gguf_read(const jlm_gguf *g, const jlm_gguf_tensor *t, uint64_t off, voi
         memcpy(buf, pv->mem + at, n);
         return 0;
     }
-    for (size_t done = 0; done < n;) {
-        ssize_t got = pread(pv->fds[t->part], (char *)buf + done, n - done, (off_t)(at + done));
-        if (got < 0 && errno == EINTR)
-            continue;
-        if (got <= 0)
-            return jlm_errf(err, JLM_EIO, "%s: tensor '%s': read at offset %" PRIu64 ": %s",
-                            pv->paths[t->part], t->name.s, at + done,
-                            got < 0 ? strerror(errno) : "unexpected end of file");
-        done += (size_t)got;
-    }
+    size_t done;
+    int e = jlm_io_pread_full(NULL, pv->fds[t->part], buf, n, at, &done);
+    if (e)
+        return jlm_errf(err, JLM_EIO, "%s: tensor '%s': read at offset %" PRIu64 ": %s",
+                        pv->paths[t->part], t->name.s, at + done, jlm_io_strerror(e));
     return 0;
 }

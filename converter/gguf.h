@@ -24,7 +24,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "../format/jlm_err.h"
+#include "base/jlm_err.h"
 
 /* ggml type ids as stored in GGUF */
 enum jlm_ggml_type {

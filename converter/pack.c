@@ -14,14 +14,14 @@
  * 64-byte run per word (store_tile). Q2_K's re-quantization (ggml's
  * make_qkx2_quants search, ~20 passes per 32 elements) costs ~100x more.
  */
-#include "pack.h"
+#include "converter/pack.h"
 
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
 
-#include "gguf.h"
-#include "../format/jlm_format.h"
+#include "converter/gguf.h"
+#include "format/jlm_format.h"
 
 /* ---------------------------------------------------------------- type mapping */
 int jlm_pack_stored_type(uint32_t ggml_type, uint8_t *jlm_type, int *exact, jlm_err *err)

@@ -16,7 +16,7 @@
 #define JLM_PACK_H
 
 #include <stdint.h>
-#include "../format/jlm_err.h"
+#include "base/jlm_err.h"
 
 /* The stored .jlm type for a ggml source type, and whether the conversion is
  * exact (1) or a re-quantization (0). JLM_EUNSUPPORTED (naming the type) if

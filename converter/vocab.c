@@ -7,7 +7,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "vocab.h"
+#include "converter/vocab.h"
 
 #define K_PRE "tokenizer.ggml.pre"
 #define NAME_FW_BAR "\xef\xbd\x9c"   /* U+FF5C, DeepSeek's full-width bar */

@@ -5,7 +5,7 @@
  * impl::load), and resolving the pre-tokenizer family name
  * (tokenizer.ggml.pre) into the PreOp stage list the engine interprets
  * (docs/tokenizer.md lists every accepted name and its stages).
- * Must not know: how stages run (engine/tokenizer.c), the record's bytes
+ * Must not know: how stages run (text/tokenizer/tokenizer.c), the record's bytes
  * (format/).
  *
  * Invariants of a jlm_vocab it fills:
@@ -24,9 +24,9 @@
 #ifndef JLM_CONV_VOCAB_H
 #define JLM_CONV_VOCAB_H
 
-#include "../format/jlm_err.h"
-#include "../format/jlm_format.h"
-#include "gguf.h"
+#include "base/jlm_err.h"
+#include "format/jlm_format.h"
+#include "converter/gguf.h"
 
 /* Fills *out from g's tokenizer keys; every allocation comes from a.
  * JLM_ENOTFOUND if tokenizer.ggml.model or .tokens (or .merges for gpt2) is

@@ -9,7 +9,7 @@
 #include <string.h>
 
 #include "engine/pool.h"
-#include "kernels/cpu/dequant.h"
+#include "format/dequant.h"
 #include "kernels/cpu/kernels.h"
 
 #define ROLE_SLOTS 64   /* text roles are < 64 */

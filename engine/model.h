@@ -26,6 +26,17 @@
 #include "engine/source.h"
 #include "format/jlm_format.h"
 
+/* ---------------------------------------------------------------- pages of a container */
+/* Array indices jlm_pager_open_model gives a container's page arrays (an
+ * array without pages is present with n_pages 0). */
+enum { JLM_PAGER_TEXT = 0, JLM_PAGER_VISION = 1, JLM_PAGER_EXPERTS = 2 };
+/* Opens a pager over m's text (BLOCK class), vision (BLOCK) and expert
+ * (EXPERT) page arrays with extents from jlm_fmt_page_extent and the
+ * container's Chunk; src reads the container's bytes. Errors as
+ * jlm_pager_open, naming m->path; *out untouched then. */
+int  jlm_pager_open_model(const jlm_model *m, jlm_source *src, uint64_t budget,
+                          jlm_pager **out, jlm_err *err);
+
 typedef struct jlm_engine_opts {
     int      n_threads;    /* <= 0: online CPUs */
     uint64_t budget;       /* bytes of page frames; 0 = unlimited */

@@ -5,7 +5,7 @@
  * page array) and each page's filled-chunk bitmap. Knows page arrays only as
  * (base_off, page_size, n_pages, extent per page) descriptions, reads through
  * a jlm_source, and knows nothing of tensors, kernels or the container format
- * (jlm_pager_arrays_from_model in docs/pager.md shows the mapping).
+ * (jlm_pager_open_model in engine/model.h does the mapping).
  *
  * A page's lifecycle (SQLite pager.c style):
  *
@@ -60,7 +60,7 @@
 #include <stdint.h>
 
 #include "engine/source.h"
-#include "format/jlm_err.h"
+#include "base/jlm_err.h"
 
 enum jlm_pager_class {
     JLM_PAGER_BLOCK = 0,    /* scanned cyclically: MRU victim (text, vision blocks) */
@@ -133,18 +133,6 @@ int  jlm_pager_open(const jlm_pager_config *cfg, jlm_pager **out, jlm_err *err);
 /* Frees every frame (pinned or not) and the pager; accepts NULL. */
 void jlm_pager_close(jlm_pager *p);
 
-/* ---------------------------------------------------------------- from a container */
-/* Array indices jlm_pager_open_model gives a container's page arrays (an
- * array without pages is present with n_pages 0). */
-enum { JLM_PAGER_TEXT = 0, JLM_PAGER_VISION = 1, JLM_PAGER_EXPERTS = 2 };
-struct jlm_model;
-/* Opens a pager over m's text (BLOCK class), vision (BLOCK) and expert
- * (EXPERT) page arrays with extents from jlm_fmt_page_extent and the
- * container's Chunk; src reads the container's bytes. Errors as
- * jlm_pager_open, naming m->path; *out untouched then. */
-int  jlm_pager_open_model(const struct jlm_model *m, jlm_source *src, uint64_t budget,
-                          jlm_pager **out, jlm_err *err);
-
 /* ---------------------------------------------------------------- configure */
 /* Bytes of the smallest budget that lets n_pinned[a] pages of each array be
  * pinned at once (sum of n_pinned[a] * frame_len(a)). Cannot fail. */
@@ -164,7 +152,10 @@ void jlm_pager_set_events(jlm_pager *p, jlm_pager_event_fn fn, void *ctx);
  * [off,len) past the page's extent), JLM_ERANGE (no room: every resident page
  * pinned), JLM_ENOMEM, or the source's code (JLM_EIO...) with the message
  * prefixed by "array page N"; then nothing is pinned, *ptr is untouched and
- * the pager is consistent (chunks read before the failure stay filled). */
+ * the pager is consistent (chunks read before the failure stay filled). A
+ * failed get is not free of effects: unpinned pages evicted to make room for
+ * the frame (before JLM_ERANGE was known, or before the read failed) stay
+ * evicted. */
 int  jlm_pager_get(jlm_pager *p, uint32_t array, uint32_t page, uint64_t off, uint64_t len,
                    const void **ptr, jlm_err *err);
 /* Releases one pin; at zero the page becomes the most recently used of its

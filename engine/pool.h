@@ -25,7 +25,7 @@
 
 #include <stddef.h>
 
-#include "format/jlm_err.h"
+#include "base/jlm_err.h"
 
 typedef struct jlm_pool jlm_pool;
 typedef void (*jlm_pool_fn)(void *ctx, size_t begin, size_t end, int thread_idx);

@@ -35,7 +35,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "format/jlm_err.h"
+#include "base/jlm_err.h"
 
 /* ---------------------------------------------------------------- RNG */
 /* splitmix64: a 64-bit state, full period, good equidistribution. */

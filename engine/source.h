@@ -41,17 +41,8 @@
 #include <stdint.h>
 #include <sys/types.h>
 
-#include "format/jlm_err.h"
-
-/* Which storage tier served a read, as far as the source can tell. */
-enum jlm_tier {
-    JLM_TIER_UNKNOWN = 0,   /* buffered file: page cache or disk, not known */
-    JLM_TIER_FRAME = 1,     /* already in an engine frame (pager hits) */
-    JLM_TIER_PAGECACHE = 2, /* the kernel's page cache */
-    JLM_TIER_DISK = 3,      /* O_DIRECT: the device */
-    JLM_TIER_CONVERT = 4,   /* packed on demand by a jlmfs view */
-    JLM_TIER_MEMORY = 5,    /* a memory source */
-};
+#include "base/jlm_err.h"
+#include "base/tier.h"
 
 typedef struct jlm_source jlm_source;
 struct jlm_source {

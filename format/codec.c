@@ -5,7 +5,7 @@
  * Decoders read through a cursor that carries an end pointer; every length is
  * checked against the bytes left before anything is allocated (style rule 6).
  * They refuse, never repair. */
-#include "jlm_format.h"
+#include "format/jlm_format.h"
 
 #include <math.h>
 #include <stdlib.h>

@@ -27,7 +27,8 @@
 #include <stdint.h>
 #include <sys/types.h>
 
-#include "jlm_err.h"
+#include "base/io.h"
+#include "base/jlm_err.h"
 
 #define JLM_VERSION      27u
 #define JLM_ALIGN        4096u
@@ -329,18 +330,7 @@ const jlm_tensor *jlm_fmt_find(const jlm_model *m, uint16_t role, int32_t block,
 uint64_t jlm_fmt_page_extent(const jlm_model *m, int region, uint32_t page);
 
 /* ---------------------------------------------------------------- atomic writer (6) */
-/* I/O seam: tests swap these to inject EIO/ENOSPC/short writes. */
-typedef struct jlm_io {
-    int     (*open)(const char *path, int flags, int mode);
-    ssize_t (*pwrite)(int fd, const void *buf, size_t n, int64_t off);
-    ssize_t (*pread)(int fd, void *buf, size_t n, int64_t off);
-    int     (*ftruncate)(int fd, int64_t len);
-    int     (*fsync)(int fd);
-    int     (*close)(int fd);
-    int     (*rename)(const char *from, const char *to);
-    int     (*unlink)(const char *path);
-} jlm_io;
-extern const jlm_io jlm_io_posix;
+/* I/O goes through the jlm_io seam of base/io.h (tests inject EIO/ENOSPC/short writes). */
 
 typedef struct jlm_writer jlm_writer;
 /* Creates OUT.part pre-sized to plan->file_size and writes header and

@@ -8,7 +8,7 @@
  *  - vision page b: tower tensors (roles 64..93) of tower block b;
  *  - expert page rank(b)*NExpert + x: sheet x of every bank of block b.
  * Zero-length planes take the tensor's qsOff (section 8). */
-#include "jlm_format.h"
+#include "format/jlm_format.h"
 
 #include <stdlib.h>
 #include <string.h>
@@ -70,179 +70,228 @@ static int check_unique(const jlm_tensor *ts, uint32_t n, const char *what, jlm_
     return rc;
 }
 
-int jlm_fmt_plan(const jlm_plan_input *in, jlm_plan *out, jlm_err *err)
+/* ---------------------------------------------------------------- the planner's phases */
+/* What the phases share. Offsets of paged tensors stay page-relative until
+ * plan_absolute. */
+typedef struct planner {
+    const jlm_plan_input *in;
+    const jlm_config     *cfg;
+    uint32_t              n, nvis, n_moe;
+    jlm_plan              p;
+    jlm_tensor_planes    *pl;          /* (n,) plane lengths */
+    uint64_t             *text_used;   /* (n_layer+1,) bytes used in text page b */
+    uint64_t             *vis_used;    /* (nvis+1,) bytes used in vision page b */
+    uint64_t             *exp_cursor;  /* (n_layer+1,) bytes used in block b's expert sheet */
+    int32_t              *moe_rank;    /* (n_layer+1,) rank among MoE blocks or -1 */
+    uint64_t              exp_used;    /* largest exp_cursor */
+    uint64_t              minp;        /* smallest paged plane (Chunk) */
+    uint64_t              min_sheet;   /* smallest expert-sheet plane (StreamGroups) */
+} planner;
+
+static void planner_free(planner *P)
 {
-    const jlm_config *cfg = in->config;
-    uint32_t n = in->n_tensors;
-    jlm_plan p = {0};
-    int rc = check_unique(in->tensors, n, "plan", err);
-    if (rc)
-        return rc;
-    p.tensors = calloc(n ? n : 1, sizeof *p.tensors);
-    jlm_tensor_planes *pl = calloc(n ? n : 1, sizeof *pl);
-    uint32_t nvis = in->vision ? in->vision->n_layer : 0;
-    uint64_t *text_used = calloc(cfg->n_layer + 1, sizeof *text_used);
-    uint64_t *vis_used = calloc(nvis + 1, sizeof *vis_used);
-    int32_t *moe_rank = malloc((cfg->n_layer + 1) * sizeof *moe_rank);
-    if (!p.tensors || !pl || !text_used || !vis_used || !moe_rank) {
-        rc = jlm_errf(err, JLM_ENOMEM, "plan: out of memory");
-        goto fail;
-    }
+    free(P->pl); free(P->text_used); free(P->vis_used); free(P->exp_cursor); free(P->moe_rank);
+}
+
+static int plan_alloc(planner *P, jlm_err *err)
+{
+    uint32_t n = P->n, nl = P->cfg->n_layer;
+    P->p.tensors = calloc(n ? n : 1, sizeof *P->p.tensors);
+    P->pl = calloc(n ? n : 1, sizeof *P->pl);
+    P->text_used = calloc(nl + 1, sizeof *P->text_used);
+    P->vis_used = calloc(P->nvis + 1, sizeof *P->vis_used);
+    P->exp_cursor = calloc(nl + 1, sizeof *P->exp_cursor);
+    P->moe_rank = malloc((nl + 1) * sizeof *P->moe_rank);
+    if (!P->p.tensors || !P->pl || !P->text_used || !P->vis_used || !P->exp_cursor || !P->moe_rank)
+        return jlm_errf(err, JLM_ENOMEM, "plan: out of memory");
     if (n)
-        memcpy(p.tensors, in->tensors, n * sizeof *p.tensors);
-    p.n_tensors = n;
+        memcpy(P->p.tensors, P->in->tensors, n * sizeof *P->p.tensors);
+    P->p.n_tensors = n;
+    return JLM_OK;
+}
 
-    /* Shapes, regions, and which blocks are MoE blocks. */
+/* Phase 1: shapes, regions, and which blocks are MoE blocks (their rank). */
+static int plan_shapes(planner *P, jlm_err *err)
+{
+    const jlm_config *cfg = P->cfg;
     for (uint32_t b = 0; b <= cfg->n_layer; b++)
-        moe_rank[b] = -1;
-    for (uint32_t i = 0; i < n; i++) {
-        jlm_tensor *t = &p.tensors[i];
-        if ((rc = jlm_fmt_tensor_planes(t, &pl[i], err)))
-            goto fail;
-        if (t->block >= 0 && (is_vision_role(t->role) ? (uint32_t)t->block >= nvis : (uint32_t)t->block >= cfg->n_layer)) {
-            rc = jlm_errf(err, JLM_EFORMAT, "plan: tensor '%s' in block %d, model has %u", t->name.s, t->block,
-                          is_vision_role(t->role) ? nvis : cfg->n_layer);
-            goto fail;
-        }
+        P->moe_rank[b] = -1;
+    for (uint32_t i = 0; i < P->n; i++) {
+        jlm_tensor *t = &P->p.tensors[i];
+        int rc = jlm_fmt_tensor_planes(t, &P->pl[i], err);
+        if (rc)
+            return rc;
+        uint32_t lim = is_vision_role(t->role) ? P->nvis : cfg->n_layer;
+        if (t->block >= 0 && (uint32_t)t->block >= lim)
+            return jlm_errf(err, JLM_EFORMAT, "plan: tensor '%s' in block %d, model has %u", t->name.s, t->block, lim);
         if (jlm_fmt_role_is_bank(t->role)) {
-            if (t->block < 0 || t->ndim != 3 || t->dims[2] != cfg->n_expert) {
-                rc = jlm_errf(err, JLM_EFORMAT, "plan: expert bank '%s' must be 3-D with %u experts in a block",
-                              t->name.s, cfg->n_expert);
-                goto fail;
-            }
-            moe_rank[t->block] = 0;
+            if (t->block < 0 || t->ndim != 3 || t->dims[2] != cfg->n_expert)
+                return jlm_errf(err, JLM_EFORMAT, "plan: expert bank '%s' must be 3-D with %u experts in a block",
+                                t->name.s, cfg->n_expert);
+            P->moe_rank[t->block] = 0;
         }
-        if (t->role >= JLM_R_EXP1_GATE && t->role <= JLM_R_EXP1_DOWN) {
-            rc = jlm_errf(err, JLM_EUNSUPPORTED, "plan: single-expert tensor '%s': merge experts into a bank", t->name.s);
-            goto fail;
-        }
+        if (t->role >= JLM_R_EXP1_GATE && t->role <= JLM_R_EXP1_DOWN)
+            return jlm_errf(err, JLM_EUNSUPPORTED, "plan: single-expert tensor '%s': merge experts into a bank", t->name.s);
     }
-    uint32_t n_moe = 0;
     for (uint32_t b = 0; b < cfg->n_layer; b++)
-        if (moe_rank[b] == 0)
-            moe_rank[b] = (int32_t)n_moe++;
+        if (P->moe_rank[b] == 0)
+            P->moe_rank[b] = (int32_t)P->n_moe++;
+    return JLM_OK;
+}
 
-    /* Sections. */
-    jlm_fmt_config_encode(&p.cfg, cfg);
-    if (in->vision)
-        jlm_fmt_vision_encode(&p.vis, in->vision);
-    jlm_fmt_vocab_encode(&p.voc, in->vocab);
-    for (uint32_t i = 0; i < n; i++)
-        jlm_fmt_tensor_encode(&p.tab, &p.tensors[i]);   /* offsets zero: same length */
-    jlm_fmt_fingerprint_encode(&p.fp, in->fp);
-    if (p.cfg.oom || p.vis.oom || p.voc.oom || p.tab.oom || p.fp.oom) {
-        rc = jlm_errf(err, JLM_ENOMEM, "plan: out of memory");
-        goto fail;
-    }
-    jlm_header *h = &p.hdr;
+/* Phase 2: the sections, encoded (table offsets still zero: same length), and
+ * their places in the header; the dense region starts after them. */
+static int plan_sections(planner *P, jlm_err *err)
+{
+    jlm_plan *p = &P->p;
+    jlm_fmt_config_encode(&p->cfg, P->cfg);
+    if (P->in->vision)
+        jlm_fmt_vision_encode(&p->vis, P->in->vision);
+    jlm_fmt_vocab_encode(&p->voc, P->in->vocab);
+    for (uint32_t i = 0; i < P->n; i++)
+        jlm_fmt_tensor_encode(&p->tab, &p->tensors[i]);
+    jlm_fmt_fingerprint_encode(&p->fp, P->in->fp);
+    if (p->cfg.oom || p->vis.oom || p->voc.oom || p->tab.oom || p->fp.oom)
+        return jlm_errf(err, JLM_ENOMEM, "plan: out of memory");
+    jlm_header *h = &p->hdr;
     h->version = JLM_VERSION;
-    h->n_tensors = n;
-    h->n_blocks = cfg->n_layer;
-    h->cfg_off = JLM_HEADER_LEN; h->cfg_len = p.cfg.len;
-    h->vis_off = h->cfg_off + h->cfg_len; h->vis_len = p.vis.len;
-    h->voc_off = h->vis_off + h->vis_len; h->voc_len = p.voc.len;
-    h->tab_off = h->voc_off + h->voc_len; h->tab_len = p.tab.len;
-    h->fp_off = h->tab_off + h->tab_len; h->fp_len = p.fp.len;
+    h->n_tensors = P->n;
+    h->n_blocks = P->cfg->n_layer;
+    h->cfg_off = JLM_HEADER_LEN; h->cfg_len = p->cfg.len;
+    h->vis_off = h->cfg_off + h->cfg_len; h->vis_len = p->vis.len;
+    h->voc_off = h->vis_off + h->vis_len; h->voc_len = p->voc.len;
+    h->tab_off = h->voc_off + h->voc_len; h->tab_len = p->tab.len;
+    h->fp_off = h->tab_off + h->tab_len; h->fp_len = p->fp.len;
     h->dense_off = jlm_align_up(h->fp_off + h->fp_len);
+    return JLM_OK;
+}
 
-    /* Pass over the table: dense offsets absolute, paged offsets page-relative. */
-    uint64_t dense = h->dense_off, exp_used = 0, minp = UINT64_MAX, min_sheet = UINT64_MAX;
-    uint64_t *exp_cursor = calloc(cfg->n_layer + 1, sizeof *exp_cursor);
-    if (!exp_cursor) {
-        rc = jlm_errf(err, JLM_ENOMEM, "plan: out of memory");
-        goto fail;
-    }
-    for (uint32_t i = 0; i < n; i++) {
-        jlm_tensor *t = &p.tensors[i];
-        const jlm_tensor_planes *q = &pl[i];
+/* Phase 3: one pass over the table in order: dense offsets absolute, paged
+ * offsets relative to their page; the smallest planes for Chunk and groups. */
+static void plan_place(planner *P)
+{
+    uint64_t dense = P->p.hdr.dense_off;
+    P->minp = P->min_sheet = UINT64_MAX;
+    for (uint32_t i = 0; i < P->n; i++) {
+        jlm_tensor *t = &P->p.tensors[i];
+        const jlm_tensor_planes *q = &P->pl[i];
         if (t->block < 0 || jlm_fmt_role_is_dense(t->role)) {
             dense = place(dense, q->qs_len, q->d_len, q->sc_len, &t->qs_off, &t->d_off, &t->sc_off);
-            p.dense_used = dense;
+            P->p.dense_used = dense;
         } else if (jlm_fmt_role_is_bank(t->role)) {
-            exp_cursor[t->block] = place(exp_cursor[t->block], q->qs_len, q->d_len, q->sc_len,
-                                         &t->qs_off, &t->d_off, &t->sc_off);
-            if (exp_cursor[t->block] > exp_used) exp_used = exp_cursor[t->block];
-            minplane(&minp, q->sheet_qs, q->sheet_d, q->sheet_sc);
-            minplane(&min_sheet, q->sheet_qs, q->sheet_d, q->sheet_sc);
+            uint64_t *c = &P->exp_cursor[t->block];
+            *c = place(*c, q->qs_len, q->d_len, q->sc_len, &t->qs_off, &t->d_off, &t->sc_off);
+            if (*c > P->exp_used) P->exp_used = *c;
+            minplane(&P->minp, q->sheet_qs, q->sheet_d, q->sheet_sc);
+            minplane(&P->min_sheet, q->sheet_qs, q->sheet_d, q->sheet_sc);
         } else if (is_vision_role(t->role)) {
-            vis_used[t->block] = place(vis_used[t->block], q->qs_len, q->d_len, q->sc_len,
-                                       &t->qs_off, &t->d_off, &t->sc_off);
-            minplane(&minp, q->qs_len, q->d_len, q->sc_len);
+            P->vis_used[t->block] = place(P->vis_used[t->block], q->qs_len, q->d_len, q->sc_len,
+                                          &t->qs_off, &t->d_off, &t->sc_off);
+            minplane(&P->minp, q->qs_len, q->d_len, q->sc_len);
         } else {
-            text_used[t->block] = place(text_used[t->block], q->qs_len, q->d_len, q->sc_len,
-                                        &t->qs_off, &t->d_off, &t->sc_off);
-            minplane(&minp, q->qs_len, q->d_len, q->sc_len);
+            P->text_used[t->block] = place(P->text_used[t->block], q->qs_len, q->d_len, q->sc_len,
+                                           &t->qs_off, &t->d_off, &t->sc_off);
+            minplane(&P->minp, q->qs_len, q->d_len, q->sc_len);
         }
     }
-    free(exp_cursor);
-    h->dense_len = jlm_align_up(dense) - h->dense_off;
+    P->p.hdr.dense_len = jlm_align_up(dense) - P->p.hdr.dense_off;
+}
+
+/* Phase 4: page sizes and the three page arrays after the dense region; the
+ * file size. JLM_EFORMAT when an array's size overflows. */
+static int plan_arrays(planner *P, jlm_err *err)
+{
+    jlm_header *h = &P->p.hdr;
+    uint32_t nvis = P->nvis;
     h->data_off = jlm_align_up(h->dense_off + h->dense_len);
     uint64_t ps = 0, vps = 0;
-    for (uint32_t b = 0; b < cfg->n_layer; b++) if (text_used[b] > ps) ps = text_used[b];
-    for (uint32_t b = 0; b < nvis; b++) if (vis_used[b] > vps) vps = vis_used[b];
+    for (uint32_t b = 0; b < P->cfg->n_layer; b++) if (P->text_used[b] > ps) ps = P->text_used[b];
+    for (uint32_t b = 0; b < nvis; b++) if (P->vis_used[b] > vps) vps = P->vis_used[b];
     h->page_size = ps ? jlm_align_up(ps) : JLM_ALIGN;
     h->n_vis_blocks = nvis;
     h->vis_page_size = nvis ? jlm_align_up(vps ? vps : 1) : 0;
     uint64_t text_bytes, vis_bytes, exp_bytes;
     if (__builtin_mul_overflow((uint64_t)h->n_blocks, h->page_size, &text_bytes) ||
-        __builtin_mul_overflow((uint64_t)nvis, h->vis_page_size, &vis_bytes)) {
-        rc = jlm_errf(err, JLM_EFORMAT, "plan: page arrays overflow");
-        goto fail;
-    }
+        __builtin_mul_overflow((uint64_t)nvis, h->vis_page_size, &vis_bytes))
+        return jlm_errf(err, JLM_EFORMAT, "plan: page arrays overflow");
     h->vis_data_off = jlm_align_up(h->data_off + text_bytes);
     uint64_t eof = nvis ? h->vis_data_off + vis_bytes : h->data_off + text_bytes;
-    if (n_moe) {
-        h->exp_page_size = jlm_align_up(exp_used);
-        h->n_exp_pages = n_moe * cfg->n_expert;
+    if (P->n_moe) {
+        h->exp_page_size = jlm_align_up(P->exp_used);
+        h->n_exp_pages = P->n_moe * P->cfg->n_expert;
         h->exp_data_off = jlm_align_up(h->vis_data_off + vis_bytes);
-        if (__builtin_mul_overflow((uint64_t)h->n_exp_pages, h->exp_page_size, &exp_bytes)) {
-            rc = jlm_errf(err, JLM_EFORMAT, "plan: expert page array overflows");
-            goto fail;
-        }
+        if (__builtin_mul_overflow((uint64_t)h->n_exp_pages, h->exp_page_size, &exp_bytes))
+            return jlm_errf(err, JLM_EFORMAT, "plan: expert page array overflows");
         eof = h->exp_data_off + exp_bytes;
     }
-    p.file_size = eof;
+    P->p.file_size = eof;
+    return JLM_OK;
+}
 
-    /* Page-relative -> absolute. */
-    for (uint32_t i = 0; i < n; i++) {
-        jlm_tensor *t = &p.tensors[i];
+/* Phase 5: page-relative offsets made absolute; the table encoded again, now
+ * with offsets (same length). */
+static void plan_absolute(planner *P)
+{
+    const jlm_header *h = &P->p.hdr;
+    for (uint32_t i = 0; i < P->n; i++) {
+        jlm_tensor *t = &P->p.tensors[i];
         uint64_t base;
         if (t->block < 0 || jlm_fmt_role_is_dense(t->role))
             continue;
         if (jlm_fmt_role_is_bank(t->role))
-            base = h->exp_data_off + (uint64_t)moe_rank[t->block] * cfg->n_expert * h->exp_page_size;
+            base = h->exp_data_off + (uint64_t)P->moe_rank[t->block] * P->cfg->n_expert * h->exp_page_size;
         else if (is_vision_role(t->role))
             base = h->vis_data_off + (uint64_t)t->block * h->vis_page_size;
         else
             base = h->data_off + (uint64_t)t->block * h->page_size;
         t->qs_off += base; t->d_off += base; t->sc_off += base;
     }
-    /* Table again, now with offsets (same length). */
-    p.tab.len = 0;
-    for (uint32_t i = 0; i < n; i++)
-        jlm_fmt_tensor_encode(&p.tab, &p.tensors[i]);
+    P->p.tab.len = 0;
+    for (uint32_t i = 0; i < P->n; i++)
+        jlm_fmt_tensor_encode(&P->p.tab, &P->p.tensors[i]);
+}
 
-    /* Chunk: largest power of two <= min(1 MiB, smallest paged plane), >= 4096. */
-    uint64_t lim = minp == UINT64_MAX ? JLM_ALIGN : minp < JLM_MAX_CHUNK ? minp : JLM_MAX_CHUNK;
+/* Phase 6: Chunk is the largest power of two <= min(1 MiB, smallest paged
+ * plane), >= 4096; StreamGroups the largest g <= NExpertUsed with
+ * ceil(used/g) * min_sheet >= 64 KiB. */
+static void plan_chunk_and_groups(planner *P)
+{
+    jlm_header *h = &P->p.hdr;
+    const jlm_config *cfg = P->cfg;
+    uint64_t lim = P->minp == UINT64_MAX ? JLM_ALIGN : P->minp < JLM_MAX_CHUNK ? P->minp : JLM_MAX_CHUNK;
     uint64_t chunk = JLM_ALIGN;
     while (chunk * 2 <= lim)
         chunk *= 2;
     h->chunk = chunk;
-    /* StreamGroups: largest g <= NExpertUsed with ceil(used/g) * min_sheet >= 64 KiB. */
     h->stream_groups = 1;
-    if (n_moe && cfg->n_expert_used >= 2 && min_sheet != UINT64_MAX)
+    if (P->n_moe && cfg->n_expert_used >= 2 && P->min_sheet != UINT64_MAX)
         for (uint32_t g = cfg->n_expert_used; g >= 1; g--)
-            if ((uint64_t)((cfg->n_expert_used + g - 1) / g) * min_sheet >= 65536) {
+            if ((uint64_t)((cfg->n_expert_used + g - 1) / g) * P->min_sheet >= 65536) {
                 h->stream_groups = g;
                 break;
             }
-    free(pl); free(text_used); free(vis_used); free(moe_rank);
-    *out = p;
+}
+
+int jlm_fmt_plan(const jlm_plan_input *in, jlm_plan *out, jlm_err *err)
+{
+    planner P = {.in = in, .cfg = in->config, .n = in->n_tensors, .nvis = in->vision ? in->vision->n_layer : 0};
+    int rc = check_unique(in->tensors, P.n, "plan", err);
+    if (rc)
+        return rc;
+    if (!(rc = plan_alloc(&P, err)) && !(rc = plan_shapes(&P, err)) && !(rc = plan_sections(&P, err))) {
+        plan_place(&P);
+        if (!(rc = plan_arrays(&P, err))) {
+            plan_absolute(&P);
+            plan_chunk_and_groups(&P);
+        }
+    }
+    planner_free(&P);
+    if (rc) {
+        jlm_fmt_plan_free(&P.p);
+        return rc;
+    }
+    *out = P.p;
     return JLM_OK;
-fail:
-    free(pl); free(text_used); free(vis_used); free(moe_rank);
-    jlm_fmt_plan_free(&p);
-    return rc;
 }
 
 void jlm_fmt_plan_free(jlm_plan *p)

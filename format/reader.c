@@ -1,7 +1,7 @@
 /* reader.c - opening a container: one read of [0, DenseOff), every check of
  * jlm-format.md 3 and 4, then per-tensor placement checks (invariant 1 of
  * jlm_format.h). Refuses, never repairs. */
-#include "jlm_format.h"
+#include "format/jlm_format.h"
 
 #include <errno.h>
 #include <fcntl.h>
@@ -221,16 +221,11 @@ int jlm_fmt_open(const char *path, jlm_model **out, jlm_err *err)
         rc = jlm_errf(err, JLM_ENOMEM, "%s: out of memory for %llu bytes of metadata", path, (unsigned long long)h.dense_off);
         goto fail;
     }
-    size_t done = 0;
-    while (done < h.dense_off) {
-        ssize_t r = pread(m->fd, m->meta + done, h.dense_off - done, (off_t)done);
-        if (r < 0 && errno == EINTR)
-            continue;
-        if (r <= 0) {
-            rc = jlm_errf(err, JLM_EIO, "%s: reading metadata at %zu: %s", path, done, r ? strerror(errno) : "unexpected end of file");
-            goto fail;
-        }
-        done += (size_t)r;
+    size_t done;
+    int e = jlm_io_pread_full(NULL, m->fd, m->meta, h.dense_off, 0, &done);
+    if (e) {
+        rc = jlm_errf(err, JLM_EIO, "%s: reading metadata at %zu: %s", path, done, jlm_io_strerror(e));
+        goto fail;
     }
     if ((rc = parse(m, m->meta, h.dense_off, err)))
         goto fail;

@@ -1,6 +1,6 @@
 /* types.c - type traits, plane-length arithmetic (jlm-format.md 7.4) and the
  * name tables for arch and role codes. Pure functions, no I/O. */
-#include "jlm_format.h"
+#include "format/jlm_format.h"
 
 #include <stddef.h>
 

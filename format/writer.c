@@ -2,7 +2,7 @@
  * created pre-sized to the planned length (so ENOSPC shows up front), filled
  * at planned offsets, fsynced and renamed to OUT. Any failure removes the
  * .part (invariant 4). All I/O goes through a jlm_io seam for fault tests. */
-#include "jlm_format.h"
+#include "format/jlm_format.h"
 
 #include <errno.h>
 #include <fcntl.h>
@@ -10,32 +10,6 @@
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
-
-/* ---------------------------------------------------------------- posix seam */
-static int     px_open(const char *p, int f, int m)                 { return open(p, f, m); }
-static ssize_t px_pwrite(int fd, const void *b, size_t n, int64_t o) { return pwrite(fd, b, n, (off_t)o); }
-static ssize_t px_pread(int fd, void *b, size_t n, int64_t o)        { return pread(fd, b, n, (off_t)o); }
-static int     px_fsync(int fd)                                     { return fsync(fd); }
-static int     px_close(int fd)                                     { return close(fd); }
-static int     px_rename(const char *a, const char *b)              { return rename(a, b); }
-static int     px_unlink(const char *p)                             { return unlink(p); }
-/* Sizes the file and reserves its blocks where the filesystem can, so a full
- * disk is reported before any packing work. */
-static int px_ftruncate(int fd, int64_t len)
-{
-    if (ftruncate(fd, (off_t)len) != 0)
-        return -1;
-    int rc = posix_fallocate(fd, 0, (off_t)len);
-    if (rc == 0 || rc == EINVAL || rc == EOPNOTSUPP)
-        return 0;
-    errno = rc;
-    return -1;
-}
-
-const jlm_io jlm_io_posix = {
-    .open = px_open, .pwrite = px_pwrite, .pread = px_pread, .ftruncate = px_ftruncate,
-    .fsync = px_fsync, .close = px_close, .rename = px_rename, .unlink = px_unlink,
-};
 
 /* ---------------------------------------------------------------- writer */
 struct jlm_writer {
@@ -67,19 +41,12 @@ int jlm_fmt_writer_pwrite(jlm_writer *w, const void *buf, size_t n, uint64_t off
     if (off > w->size || n > w->size - off)
         return jlm_errf(err, JLM_EINVAL, "%s: write [%llu, +%zu) outside the planned %llu bytes", w->out,
                         (unsigned long long)off, n, (unsigned long long)w->size);
-    const uint8_t *p = buf;
-    while (n) {
-        ssize_t r = w->io->pwrite(w->fd, p, n, (int64_t)off);
-        if (r < 0 && errno == EINTR)
-            continue;
-        if (r <= 0) {
-            int e = r < 0 ? errno : EIO;
-            return jlm_errf(err, io_code(e), "%s: writing %zu bytes at %llu: %s", w->part, n,
-                            (unsigned long long)off, strerror(e));
-        }
-        p += r;
-        n -= (size_t)r;
-        off += (uint64_t)r;
+    size_t done;
+    int e = jlm_io_pwrite_full(w->io, w->fd, buf, n, off, &done);
+    if (e) {
+        e = e == JLM_IO_EOF ? EIO : e;
+        return jlm_errf(err, io_code(e), "%s: writing %zu bytes at %llu: %s", w->part, n - done,
+                        (unsigned long long)(off + done), strerror(e));
     }
     return JLM_OK;
 }

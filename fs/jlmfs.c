@@ -426,6 +426,7 @@ int jlmfs_open(const jlmfs_opts *o, jlmfs **out, jlm_err *err)
     pthread_cond_init(&fs->queue_cond, NULL);
     fs->n_workers = o->n_workers ? o->n_workers : 1;
     fs->slow_ms = o->slow_ms;
+    fs->io = o->io ? o->io : &jlm_io_posix;
     const char *chk = getenv("JLMFS_CHECK");
     fs->check = chk && *chk == '1';
     struct stat st;

@@ -37,7 +37,8 @@
 #include <stdint.h>
 #include <sys/stat.h>
 
-#include "format/jlm_err.h"
+#include "base/io.h"
+#include "base/jlm_err.h"
 
 typedef struct jlmfs jlmfs;
 typedef struct jlmfs_view jlmfs_view;
@@ -47,6 +48,7 @@ typedef struct jlmfs_opts {
     const char *cache;      /* cache folder; NULL: SRC/.jlmfs-cache */
     unsigned    n_workers;  /* background conversion threads; 0: 1 */
     unsigned    slow_ms;    /* test hook (JLMFS_TEST_SLOW_MS): sleep before each unit */
+    const jlm_io *io;       /* seam for the cache files' reads and writes; NULL: POSIX */
 } jlmfs_opts;
 
 /* Checks SRC, creates and locks the cache folder (one daemon per cache),

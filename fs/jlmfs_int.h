@@ -6,8 +6,8 @@
 
 #include "fs/jlmfs.h"
 #include "converter/convert.h"
-#include "engine/residency.h"
-#include "engine/source.h"
+#include "residency/residency.h"
+#include "base/tier.h"
 
 #include <pthread.h>
 #include <sys/types.h>
@@ -63,6 +63,7 @@ struct jlmfs {
     char           *db_path;
     int             lock_fd;      /* flock on CACHE/jlmfs.lock */
     unsigned        n_workers, slow_ms;
+    const jlm_io   *io;           /* never NULL: opts.io or jlm_io_posix */
     int             check;        /* JLMFS_CHECK=1: jlmfs_check after every sync */
     pthread_mutex_t create_lock;  /* serialises view planning; taken before lock */
     pthread_mutex_t lock;

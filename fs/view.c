@@ -19,32 +19,6 @@ const char *jlmfs_arr_name(int arr)
 }
 
 /* ---------------------------------------------------------------- small helpers */
-static int pread_full(int fd, uint8_t *buf, size_t n, uint64_t off)
-{
-    while (n) {
-        ssize_t r = pread(fd, buf, n, (off_t)off);
-        if (r < 0 && errno == EINTR)
-            continue;
-        if (r <= 0)
-            return r < 0 ? -errno : -EIO;
-        buf += r; n -= (size_t)r; off += (uint64_t)r;
-    }
-    return 0;
-}
-
-static int pwrite_full(int fd, const uint8_t *buf, size_t n, uint64_t off)
-{
-    while (n) {
-        ssize_t r = pwrite(fd, buf, n, (off_t)off);
-        if (r < 0 && errno == EINTR)
-            continue;
-        if (r <= 0)
-            return r < 0 ? -errno : -EIO;
-        buf += r; n -= (size_t)r; off += (uint64_t)r;
-    }
-    return 0;
-}
-
 static void set_error(jlmfs_view *v, const char *msg)
 {
     pthread_mutex_lock(&v->lock);
@@ -368,10 +342,11 @@ static int fill_unit(jlmfs_view *v, uint32_t u, uint8_t **bytes, jlm_err *err)
                         (unsigned long long)un->len);
     int rc = jlm_conv_read_span(v->conv, un->off, un->len, buf, err);
     if (!rc) {
-        int e = pwrite_full(v->fd, buf, un->len, un->off);
+        int e = jlm_io_pwrite_full(v->fs->io, v->fd, buf, un->len, un->off, NULL);
         if (e)
-            rc = jlm_errf(err, e == -ENOSPC ? JLM_ENOSPC : JLM_EIO, "%s: writing [%llu, +%llu): %s", v->part_path,
-                          (unsigned long long)un->off, (unsigned long long)un->len, strerror(-e));
+            rc = jlm_errf(err, e == ENOSPC ? JLM_ENOSPC : JLM_EIO, "%s: writing [%llu, +%llu): %s", v->part_path,
+                          (unsigned long long)un->off, (unsigned long long)un->len,
+                          strerror(e == JLM_IO_EOF ? EIO : e));
     }
     if (!rc) {
         pthread_mutex_lock(&v->lock);
@@ -471,10 +446,11 @@ int jlmfs_view_read(jlmfs_view *v, uint64_t off, size_t len, uint8_t *out, jlm_e
         pthread_mutex_unlock(&v->lock);
         int tier = done ? JLM_TIER_DISK : JLM_TIER_CONVERT;
         if (done) {   /* hot path: the cache file (its own page cache sits below) */
-            int e = pread_full(v->fd, out, n, off);
+            int e = jlm_io_pread_full(v->fs->io, v->fd, out, n, off, NULL);
             if (e)
                 return jlm_errf(err, JLM_EIO, "%s: reading [%llu, +%llu): %s", v->cache_path,
-                                (unsigned long long)off, (unsigned long long)n, strerror(-e));
+                                (unsigned long long)off, (unsigned long long)n,
+                                strerror(e == JLM_IO_EOF ? EIO : e));
         } else {      /* ahead of the worker: pack the whole unit now, keep it */
             uint8_t *b;
             int rc = fill_unit(v, u, &b, err);

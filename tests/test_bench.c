@@ -6,7 +6,7 @@
 #define MKGGUF_NO_MAIN
 #include "bench/mkgguf.c"
 
-#include "testutil.h"
+#include "tests/testutil.h"
 
 #include <criterion/criterion.h>
 #include <criterion/parameterized.h>

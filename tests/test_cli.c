@@ -2,7 +2,7 @@
 #include <criterion/criterion.h>
 
 #include "converter/convert.h"
-#include "testutil.h"
+#include "tests/testutil.h"
 
 static char *convert(const char *gguf, const char *dir, const char *name)
 {

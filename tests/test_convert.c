@@ -9,9 +9,9 @@
 
 #include "converter/convert.h"
 #include "converter/gguf.h"
-#include "kernels/cpu/dequant.h"
+#include "format/dequant.h"
 #include "format/jlm_format.h"
-#include "testutil.h"
+#include "tests/testutil.h"
 
 /* Q2_K is re-quantized to Q4_K (docs/packing.md): per row, the max abs error
  * must stay below this fraction of the row's max |w|. */

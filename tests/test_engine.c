@@ -9,8 +9,8 @@
 
 #include "converter/convert.h"
 #include "engine/model.h"
-#include "engine/tokenizer.h"
-#include "testutil.h"
+#include "text/tokenizer/tokenizer.h"
+#include "tests/testutil.h"
 
 /* Tolerances on logits, as a fraction of the reference's max |logit|.
  * F32 weights: only summation order differs from llama.cpp. F16: llama.cpp

@@ -6,7 +6,7 @@
 #include <math.h>
 
 #include "format/jlm_format.h"
-#include "testutil.h"
+#include "tests/testutil.h"
 
 /* ---------------------------------------------------------------- fixtures */
 static jlm_str S(const char *s) { jlm_str r = {s, (uint32_t)strlen(s)}; return r; }

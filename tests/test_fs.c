@@ -7,7 +7,7 @@
 #include <criterion/criterion.h>
 
 #include "format/jlm_format.h"
-#include "testutil.h"
+#include "tests/testutil.h"
 
 #include <dirent.h>
 #include <fcntl.h>

@@ -1,5 +1,5 @@
 /* test_pack.c - suite `pack`: converter/ggml_quants.c, converter/pack.c and
- * kernels/cpu/dequant_ref.c against each other, against the spec's literal
+ * format/dequant_ref.c against each other, against the spec's literal
  * formulas (jlm-format.md 7) and against every tensor of the test models. */
 #include <criterion/criterion.h>
 
@@ -12,7 +12,7 @@
 #include "converter/gguf.h"
 #include "converter/pack.h"
 #include "format/jlm_format.h"
-#include "kernels/cpu/dequant.h"
+#include "format/dequant.h"
 
 /* Q2_K -> Q4_K re-quantization bounds (docs/packing.md): per row, the max
  * abs error over the row's max |w|, and the RMS error over the row's RMS. */

@@ -16,6 +16,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include "engine/model.h"
 #include "engine/pager.h"
 #include "engine/pool.h"
 #include "engine/source.h"

@@ -1,12 +1,12 @@
-/* test_residency.c - the residency database (engine/residency.h) and
+/* test_residency.c - the residency database (residency/residency.h) and
  * `jlm stats`: sessions, counters, residency, pruning of dead sessions, tier
  * attribution with daemon reads, two writer processes, bad files, xattr
  * discovery. Every test works on a database in its own temp dir. */
 #include <criterion/criterion.h>
 
-#include "engine/residency.h"
-#include "engine/source.h"
-#include "testutil.h"
+#include "residency/residency.h"
+#include "base/tier.h"
+#include "tests/testutil.h"
 
 #include <jansson.h>
 #include <sqlite3.h>
@@ -30,12 +30,18 @@ static void teardown(void)
 
 TestSuite(residency, .init = setup, .fini = teardown, .timeout = 30);
 
+/* One clock for every handle of a test: each stamp 1 ms after the one
+ * before, so order is by call and no test sleeps for distinct stamps. */
+static double fake_now = 1.7e9;
+static double fake_clock(void *ctx) { return fake_now += 0.001; }
+
 static jlm_rdb *open_db(void)
 {
     jlm_err err = {0};
     jlm_rdb *db = NULL;
     int rc = jlm_rdb_open(dbpath, 1, &db, &err);
     cr_assert_eq(rc, 0, "open %s: %s", dbpath, err.msg);
+    jlm_rdb_set_clock(db, fake_clock, NULL);
     return db;
 }
 
@@ -261,7 +267,6 @@ Test(residency, a_session_whose_process_died_is_pruned_with_its_residency)
 }
 
 /* ---------------------------------------------------------------- tiers */
-static void settle(void) { usleep(2000); }   /* distinct CLOCK_REALTIME stamps */
 
 Test(residency, a_view_page_in_is_pagecache_unless_the_daemon_read_it_since_the_last)
 {
@@ -274,13 +279,11 @@ Test(residency, a_view_page_in_is_pagecache_unless_the_daemon_read_it_since_the_
      * page-in and flushed first */
     for (int i = 0; i < 3; i++)
         cr_assert_eq(jlm_rdb_daemon_read(dmn, "m.jlm", "blocks", 1, -1, JLM_TIER_DISK, 1024, &err), 0, "%s", err.msg);
-    settle();
     ev(eng, s, "blocks", 1, -1, JLM_RDB_PAGE_IN, JLM_TIER_PAGECACHE, 4096);
     flush(dmn);
     flush(eng);
     /* blocks.2: packed on demand during the page-in; the engine flushed first */
     cr_assert_eq(jlm_rdb_daemon_read(dmn, "m.jlm", "blocks", 2, -1, JLM_TIER_CONVERT, 4096, &err), 0, "%s", err.msg);
-    settle();
     ev(eng, s, "blocks", 2, -1, JLM_RDB_PAGE_IN, JLM_TIER_PAGECACHE, 4096);
     flush(eng);
     flush(dmn);
@@ -295,13 +298,10 @@ Test(residency, a_view_page_in_is_pagecache_unless_the_daemon_read_it_since_the_
      * kernel dropped it): the second page-in is the disk one, the first stays */
     ev(eng, s, "blocks", 0, -1, JLM_RDB_EVICT, JLM_TIER_FRAME, 4096);
     flush(eng);
-    settle();
     cr_assert_eq(jlm_rdb_daemon_read(dmn, "m.jlm", "blocks", 0, -1, JLM_TIER_DISK, 4096, &err), 0, "%s", err.msg);
     flush(dmn);
-    settle();
     ev(eng, s, "blocks", 0, -1, JLM_RDB_PAGE_IN, JLM_TIER_PAGECACHE, 4096);
     ev(eng, s, "blocks", 0, -1, JLM_RDB_EVICT, JLM_TIER_FRAME, 4096);
-    settle();
     ev(eng, s, "blocks", 0, -1, JLM_RDB_PAGE_IN, JLM_TIER_PAGECACHE, 4096);   /* third: page cache again */
     flush(eng);
     j = stats(eng, "m.jlm");

@@ -1,5 +1,5 @@
-/* test_template.c - suite `template`: the Jinja interpreter (engine/jinja.h), the
- * llama.cpp-compatible chat rendering (engine/chat.h) and `jlm template`.
+/* test_template.c - suite `template`: the Jinja interpreter (text/template/jinja.h), the
+ * llama.cpp-compatible chat rendering (text/template/chat.h) and `jlm template`.
  *
  * Reference renders: tests/reference/chat-templates/ (llama.cpp b10359 output for
  * 20 real templates, 3 conversations each, clock pinned to 2025-03-07T12:00:00Z).
@@ -16,9 +16,9 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "engine/chat.h"
-#include "engine/jinja.h"
-#include "testutil.h"
+#include "text/template/chat.h"
+#include "text/template/jinja.h"
+#include "tests/testutil.h"
 
 #define PINNED_NOW ((time_t)1741348800)   /* 2025-03-07T12:00:00Z */
 

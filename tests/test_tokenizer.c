@@ -1,4 +1,4 @@
-/* test_tokenizer.c - suite `tokenizer`: converter/vocab.c + engine/tokenizer.c
+/* test_tokenizer.c - suite `tokenizer`: converter/vocab.c + text/tokenizer/tokenizer.c
  * against llama.cpp's own test vectors (the .inp/.out files of tests/models/vocab, made
  * by test-tokenizer-0 with add_special=false, parse_special=false) and the
  * prompt/generation oracles in tests/reference/.
@@ -11,7 +11,7 @@
 
 #include "converter/gguf.h"
 #include "converter/vocab.h"
-#include "engine/tokenizer.h"
+#include "text/tokenizer/tokenizer.h"
 #include "format/jlm_format.h"
 
 /* ================================================================ fixtures */

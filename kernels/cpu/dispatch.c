@@ -2,7 +2,7 @@
  * (kernels.h invariant 3). Variants are scored like ggml's cpu-feats: a
  * variant needs all its features; the best one the CPU runs wins unless
  * JLM_CPU names another. */
-#include "kernels.h"
+#include "kernels/cpu/kernels.h"
 
 #include <cpuid.h>
 #include <stdio.h>

@@ -30,7 +30,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "format/jlm_err.h"
+#include "base/jlm_err.h"
 #include "format/jlm_format.h"
 
 /* ---------------------------------------------------------------- operands */

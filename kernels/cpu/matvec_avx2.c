@@ -18,7 +18,7 @@
  * (the shared scalar tail). Quantized types: the reference's int32 dots and
  * its f32 operations in its order, without FMA (MULADD), so the results are
  * bit-identical to it (docs/kernels.md); float types sum in another order. */
-#include "kernels.h"
+#include "kernels/cpu/kernels.h"
 
 #include <immintrin.h>
 #define MULADD(a, b, c) _mm256_add_ps(_mm256_mul_ps((a), (b)), (c))   /* no FMA: the same roundings as the reference */

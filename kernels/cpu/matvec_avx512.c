@@ -11,7 +11,7 @@
  * group of 16 go through the reference (the shared scalar tail). Quantized
  * types are bit-identical to the reference (its f32 operations in its order,
  * no FMA; docs/kernels.md). */
-#include "kernels.h"
+#include "kernels/cpu/kernels.h"
 
 #include <immintrin.h>
 #define MULADD(a, b, c) _mm512_add_ps(_mm512_mul_ps((a), (b)), (c))   /* no FMA: the same roundings as the reference */

@@ -3,7 +3,7 @@
  * Plain loops, no intrinsics. It defines the math (kernels.h invariant 1):
  * every vector variant must reproduce its int32 sub-block dot products exactly
  * and its f32 results within kernels/cpu/tolerances.h. */
-#include "kernels.h"
+#include "kernels/cpu/kernels.h"
 
 #include <math.h>
 #include <string.h>

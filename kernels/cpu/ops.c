@@ -3,7 +3,7 @@
  * accumulation precision (sums in double where ggml uses ggml_float), so the
  * engine can match llama.cpp's reference outputs. These are a few percent of
  * a token's time next to the matvecs; they are not in the variant table. */
-#include "kernels.h"
+#include "kernels/cpu/kernels.h"
 
 #include <math.h>
 

@@ -1,7 +1,7 @@
 /* fuzz_gguf.c - libFuzzer target for the GGUF parser (converter/gguf.c).
  *
  *   clang -g -O1 -fsanitize=fuzzer,address,undefined -I. tests/fuzz/fuzz_gguf.c \
- *       converter/gguf.c converter/ggml_quants.c format/jlm_err.c -o fuzz_gguf
+ *       converter/gguf.c converter/ggml_quants.c base/jlm_err.c -o fuzz_gguf
  *   ./fuzz_gguf -max_len=65536 CORPUS_DIR
  *
  * Seeds: metadata prefixes of the files in tests/models, plus small whole files. Every input

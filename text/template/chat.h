@@ -32,7 +32,7 @@
 
 #include <jansson.h>
 
-#include "format/jlm_err.h"
+#include "base/jlm_err.h"
 
 typedef struct jlm_chat_msg {
     const char *role;

@@ -11,7 +11,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "engine/jinja_int.h"
+#include "text/template/jinja_int.h"
 
 #define JJ_MAX_EVAL_DEPTH 2000
 
@@ -22,7 +22,7 @@ static int exec_list(jj_ctx *C, jj_nlist *l, jj_scope *sc);
 
 static jj_scope *new_scope(jj_ctx *C, jj_scope *parent)
 {
-    jj_scope *s = jj_alloc(C, sizeof(jj_scope));
+    jj_scope *s = jlm_jj_alloc(C, sizeof(jj_scope));
     s->parent = parent;
     return s;
 }
@@ -30,7 +30,7 @@ static jj_scope *new_scope(jj_ctx *C, jj_scope *parent)
 static jj_val *lookup(jj_scope *sc, const char *name)
 {
     for (; sc; sc = sc->parent) {
-        jj_val *v = jj_dict_finds(&sc->vars, name);
+        jj_val *v = jlm_jj_dict_finds(&sc->vars, name);
         if (v) return v;
     }
     return NULL;
@@ -38,30 +38,30 @@ static jj_val *lookup(jj_scope *sc, const char *name)
 
 _Noreturn static void fail_undef(jj_ctx *C, jj_val v)
 {
-    if (v.u.uname) jj_fail(C, JLM_EINVAL, "'%s' is undefined", v.u.uname);
-    jj_fail(C, JLM_EINVAL, "undefined value used");
+    if (v.u.uname) jlm_jj_fail(C, JLM_EINVAL, "'%s' is undefined", v.u.uname);
+    jlm_jj_fail(C, JLM_EINVAL, "undefined value used");
 }
 
 /* ================================================================ access */
-jj_val jj_getattr(jj_ctx *C, jj_val obj, const char *name)
+jj_val jlm_jj_getattr(jj_ctx *C, jj_val obj, const char *name)
 {
     switch (obj.t) {
     case JT_UNDEF: fail_undef(C, obj);
     case JT_DICT: {
-        jj_val m = jj_method(C, obj, name);
+        jj_val m = jlm_jj_method(C, obj, name);
         if (m.t != JT_UNDEF) return m;
-        jj_val *v = jj_dict_finds(obj.u.d, name);
-        return v ? *v : jj_undef(name);
+        jj_val *v = jlm_jj_dict_finds(obj.u.d, name);
+        return v ? *v : jlm_jj_undef(name);
     }
     case JT_NS: {
-        jj_val *v = jj_dict_finds(obj.u.d, name);
-        return v ? *v : jj_undef(name);
+        jj_val *v = jlm_jj_dict_finds(obj.u.d, name);
+        return v ? *v : jlm_jj_undef(name);
     }
     case JT_STR: case JT_LIST: {
-        jj_val m = jj_method(C, obj, name);
-        return m.t != JT_UNDEF ? m : jj_undef(name);
+        jj_val m = jlm_jj_method(C, obj, name);
+        return m.t != JT_UNDEF ? m : jlm_jj_undef(name);
     }
-    default: return jj_undef(name);
+    default: return jlm_jj_undef(name);
     }
 }
 
@@ -72,15 +72,15 @@ static int64_t norm_index(int64_t i, size_t n, int *ok)
     return i;
 }
 
-jj_val jj_getitem(jj_ctx *C, jj_val obj, jj_val key)
+jj_val jlm_jj_getitem(jj_ctx *C, jj_val obj, jj_val key)
 {
     switch (obj.t) {
     case JT_UNDEF: fail_undef(C, obj);
     case JT_DICT: case JT_NS: {
-        jj_val *v = jj_dict_find(obj.u.d, key);
+        jj_val *v = jlm_jj_dict_find(obj.u.d, key);
         if (v) return *v;
-        if (key.t == JT_STR && obj.t == JT_DICT) return jj_getattr(C, obj, key.u.s->s);
-        return jj_undef(key.t == JT_STR ? key.u.s->s : NULL);
+        if (key.t == JT_STR && obj.t == JT_DICT) return jlm_jj_getattr(C, obj, key.u.s->s);
+        return jlm_jj_undef(key.t == JT_STR ? key.u.s->s : NULL);
     }
     case JT_LIST: case JT_STR: {
         if (key.t == JT_INT || key.t == JT_BOOL) {
@@ -88,26 +88,26 @@ jj_val jj_getitem(jj_ctx *C, jj_val obj, jj_val key)
             int64_t k = key.t == JT_INT ? key.u.i : key.u.b;
             if (obj.t == JT_LIST) {
                 int64_t i = norm_index(k, obj.u.l->n, &ok);
-                return ok ? obj.u.l->v[i] : jj_undef(NULL);
+                return ok ? obj.u.l->v[i] : jlm_jj_undef(NULL);
             }
-            size_t ncp = jj_utf8_len(obj.u.s->s, obj.u.s->len);
+            size_t ncp = jlm_jj_utf8_len(obj.u.s->s, obj.u.s->len);
             int64_t i = norm_index(k, ncp, &ok);
-            if (!ok) return jj_undef(NULL);
-            size_t a = jj_utf8_offset(obj.u.s->s, obj.u.s->len, (size_t)i);
-            size_t b = jj_utf8_offset(obj.u.s->s, obj.u.s->len, (size_t)i + 1);
-            return jj_strn(C, obj.u.s->s + a, b - a);
+            if (!ok) return jlm_jj_undef(NULL);
+            size_t a = jlm_jj_utf8_offset(obj.u.s->s, obj.u.s->len, (size_t)i);
+            size_t b = jlm_jj_utf8_offset(obj.u.s->s, obj.u.s->len, (size_t)i + 1);
+            return jlm_jj_strn(C, obj.u.s->s + a, b - a);
         }
-        if (key.t == JT_STR) return jj_getattr(C, obj, key.u.s->s);
-        return jj_undef(NULL);
+        if (key.t == JT_STR) return jlm_jj_getattr(C, obj, key.u.s->s);
+        return jlm_jj_undef(NULL);
     }
-    default: return jj_undef(NULL);
+    default: return jlm_jj_undef(NULL);
     }
 }
 
 static int64_t slice_bound(jj_ctx *C, jj_val v, int64_t def, int64_t n, int64_t step)
 {
     if (v.t == JT_NONE || v.t == JT_UNDEF) return def;
-    if (v.t != JT_INT && v.t != JT_BOOL) jj_fail(C, JLM_EINVAL, "slice indices must be integers or None");
+    if (v.t != JT_INT && v.t != JT_BOOL) jlm_jj_fail(C, JLM_EINVAL, "slice indices must be integers or None");
     int64_t i = v.t == JT_INT ? v.u.i : v.u.b;
     if (i < 0) {
         i += n;
@@ -119,61 +119,61 @@ static int64_t slice_bound(jj_ctx *C, jj_val v, int64_t def, int64_t n, int64_t 
 static jj_val do_slice(jj_ctx *C, jj_val obj, jj_val vs, jj_val ve, jj_val vst)
 {
     if (obj.t == JT_UNDEF) fail_undef(C, obj);
-    if (obj.t != JT_LIST && obj.t != JT_STR) jj_fail(C, JLM_EINVAL, "'%s' object is not subscriptable", jj_type_name(obj));
+    if (obj.t != JT_LIST && obj.t != JT_STR) jlm_jj_fail(C, JLM_EINVAL, "'%s' object is not subscriptable", jlm_jj_type_name(obj));
     int64_t step = 1;
     if (vst.t == JT_INT) step = vst.u.i;
-    else if (vst.t != JT_NONE && vst.t != JT_UNDEF) jj_fail(C, JLM_EINVAL, "slice step must be an integer");
-    if (step == 0) jj_fail(C, JLM_EINVAL, "slice step cannot be zero");
-    int64_t n = obj.t == JT_LIST ? (int64_t)obj.u.l->n : (int64_t)jj_utf8_len(obj.u.s->s, obj.u.s->len);
+    else if (vst.t != JT_NONE && vst.t != JT_UNDEF) jlm_jj_fail(C, JLM_EINVAL, "slice step must be an integer");
+    if (step == 0) jlm_jj_fail(C, JLM_EINVAL, "slice step cannot be zero");
+    int64_t n = obj.t == JT_LIST ? (int64_t)obj.u.l->n : (int64_t)jlm_jj_utf8_len(obj.u.s->s, obj.u.s->len);
     int64_t s = slice_bound(C, vs, step < 0 ? n - 1 : 0, n, step);
     int64_t e = slice_bound(C, ve, step < 0 ? -1 : n, n, step);
     if (obj.t == JT_LIST) {
-        jj_val r = jj_new_list(C);
+        jj_val r = jlm_jj_new_list(C);
         r.tuple = obj.tuple;
-        for (int64_t i = s; step > 0 ? i < e : i > e; i += step) jj_list_push(C, r.u.l, obj.u.l->v[i]);
+        for (int64_t i = s; step > 0 ? i < e : i > e; i += step) jlm_jj_list_push(C, r.u.l, obj.u.l->v[i]);
         return r;
     }
     jj_buf b = {0};
     const char *p = obj.u.s->s;
     size_t len = obj.u.s->len;
     if (step == 1 && s < e) {
-        size_t a = jj_utf8_offset(p, len, (size_t)s), z = jj_utf8_offset(p, len, (size_t)e);
-        return jj_strn(C, p + a, z - a);
+        size_t a = jlm_jj_utf8_offset(p, len, (size_t)s), z = jlm_jj_utf8_offset(p, len, (size_t)e);
+        return jlm_jj_strn(C, p + a, z - a);
     }
     for (int64_t i = s; step > 0 ? i < e : i > e; i += step) {
-        size_t a = jj_utf8_offset(p, len, (size_t)i), z = jj_utf8_offset(p, len, (size_t)i + 1);
-        jj_buf_put(C, &b, p + a, z - a);
+        size_t a = jlm_jj_utf8_offset(p, len, (size_t)i), z = jlm_jj_utf8_offset(p, len, (size_t)i + 1);
+        jlm_jj_buf_put(C, &b, p + a, z - a);
     }
-    return jj_strn(C, b.p ? b.p : "", b.len);
+    return jlm_jj_strn(C, b.p ? b.p : "", b.len);
 }
 
-jj_val jj_iter_list(jj_ctx *C, jj_val v)
+jj_val jlm_jj_iter_list(jj_ctx *C, jj_val v)
 {
     switch (v.t) {
-    case JT_UNDEF: return jj_new_list(C);
+    case JT_UNDEF: return jlm_jj_new_list(C);
     case JT_LIST: {   /* snapshot: the loop visits the items present when it starts */
-        jj_val r = jj_new_list(C);
-        for (size_t i = 0; i < v.u.l->n; i++) jj_list_push(C, r.u.l, v.u.l->v[i]);
+        jj_val r = jlm_jj_new_list(C);
+        for (size_t i = 0; i < v.u.l->n; i++) jlm_jj_list_push(C, r.u.l, v.u.l->v[i]);
         return r;
     }
     case JT_DICT: {
-        jj_val r = jj_new_list(C);
-        for (size_t i = 0; i < v.u.d->n; i++) jj_list_push(C, r.u.l, v.u.d->k[i]);
+        jj_val r = jlm_jj_new_list(C);
+        for (size_t i = 0; i < v.u.d->n; i++) jlm_jj_list_push(C, r.u.l, v.u.d->k[i]);
         return r;
     }
     case JT_STR: {
-        jj_val r = jj_new_list(C);
+        jj_val r = jlm_jj_new_list(C);
         const char *p = v.u.s->s;
         size_t i = 0;
         while (i < v.u.s->len) {
             size_t j = i + 1;
             while (j < v.u.s->len && ((unsigned char)p[j] & 0xc0) == 0x80) j++;
-            jj_list_push(C, r.u.l, jj_strn(C, p + i, j - i));
+            jlm_jj_list_push(C, r.u.l, jlm_jj_strn(C, p + i, j - i));
             i = j;
         }
         return r;
     }
-    default: jj_fail(C, JLM_EINVAL, "'%s' object is not iterable", jj_type_name(v));
+    default: jlm_jj_fail(C, JLM_EINVAL, "'%s' object is not iterable", jlm_jj_type_name(v));
     }
 }
 
@@ -188,102 +188,102 @@ _Noreturn static void bad_operands(jj_ctx *C, int op, jj_val a, jj_val b)
 {
     if (a.t == JT_UNDEF) fail_undef(C, a);
     if (b.t == JT_UNDEF) fail_undef(C, b);
-    jj_fail(C, JLM_EINVAL, "unsupported operand type(s) for %s: '%s' and '%s'", OPNAME[op], jj_type_name(a),
-            jj_type_name(b));
+    jlm_jj_fail(C, JLM_EINVAL, "unsupported operand type(s) for %s: '%s' and '%s'", OPNAME[op], jlm_jj_type_name(a),
+            jlm_jj_type_name(b));
 }
 
 static jj_val repeat(jj_ctx *C, jj_val seq, int64_t k)
 {
     if (k < 0) k = 0;
     if (seq.t == JT_STR) {
-        if (seq.u.s->len && (uint64_t)k > JJ_MAX_OUT / seq.u.s->len) jj_fail(C, JLM_ERANGE, "string repetition too large");
+        if (seq.u.s->len && (uint64_t)k > JJ_MAX_OUT / seq.u.s->len) jlm_jj_fail(C, JLM_ERANGE, "string repetition too large");
         jj_buf b = {0};
-        for (int64_t i = 0; i < k; i++) jj_buf_put(C, &b, seq.u.s->s, seq.u.s->len);
-        return jj_strn(C, b.p ? b.p : "", b.len);
+        for (int64_t i = 0; i < k; i++) jlm_jj_buf_put(C, &b, seq.u.s->s, seq.u.s->len);
+        return jlm_jj_strn(C, b.p ? b.p : "", b.len);
     }
-    if (seq.u.l->n && (uint64_t)k > (1u << 24) / seq.u.l->n) jj_fail(C, JLM_ERANGE, "list repetition too large");
-    jj_val r = jj_new_list(C);
+    if (seq.u.l->n && (uint64_t)k > (1u << 24) / seq.u.l->n) jlm_jj_fail(C, JLM_ERANGE, "list repetition too large");
+    jj_val r = jlm_jj_new_list(C);
     for (int64_t i = 0; i < k; i++)
-        for (size_t j = 0; j < seq.u.l->n; j++) jj_list_push(C, r.u.l, seq.u.l->v[j]);
+        for (size_t j = 0; j < seq.u.l->n; j++) jlm_jj_list_push(C, r.u.l, seq.u.l->v[j]);
     return r;
 }
 
-jj_val jj_str_mod(jj_ctx *C, jj_val fmt, jj_val args);   /* jinja_builtins.c */
+jj_val jlm_jj_str_mod(jj_ctx *C, jj_val fmt, jj_val args);   /* jinja_builtins.c */
 
 static jj_val int_arith(jj_ctx *C, int op, int64_t x, int64_t y, jj_val a, jj_val b)
 {
     int64_t r;
     switch (op) {
-    case OP_ADD: if (__builtin_add_overflow(x, y, &r)) break; return jj_int(r);
-    case OP_SUB: if (__builtin_sub_overflow(x, y, &r)) break; return jj_int(r);
-    case OP_MUL: if (__builtin_mul_overflow(x, y, &r)) break; return jj_int(r);
+    case OP_ADD: if (__builtin_add_overflow(x, y, &r)) break; return jlm_jj_int(r);
+    case OP_SUB: if (__builtin_sub_overflow(x, y, &r)) break; return jlm_jj_int(r);
+    case OP_MUL: if (__builtin_mul_overflow(x, y, &r)) break; return jlm_jj_int(r);
     case OP_FLOORDIV: case OP_MOD: {
-        if (y == 0) jj_fail(C, JLM_EINVAL, "integer division or modulo by zero");
+        if (y == 0) jlm_jj_fail(C, JLM_EINVAL, "integer division or modulo by zero");
         if (x == INT64_MIN && y == -1) break;
         int64_t q = x / y, m = x % y;
         if (m != 0 && ((m < 0) != (y < 0))) { q--; m += y; }
-        return jj_int(op == OP_FLOORDIV ? q : m);
+        return jlm_jj_int(op == OP_FLOORDIV ? q : m);
     }
     case OP_POW: {
-        if (y < 0) return jj_float(pow((double)x, (double)y));
+        if (y < 0) return jlm_jj_float(pow((double)x, (double)y));
         int64_t acc = 1;
         for (int64_t i = 0; i < y; i++)
-            if (__builtin_mul_overflow(acc, x, &acc)) jj_fail(C, JLM_ERANGE, "integer power overflows 64 bits");
-        return jj_int(acc);
+            if (__builtin_mul_overflow(acc, x, &acc)) jlm_jj_fail(C, JLM_ERANGE, "integer power overflows 64 bits");
+        return jlm_jj_int(acc);
     }
-    default: return jj_undef(NULL);
+    default: return jlm_jj_undef(NULL);
     }
     (void)a; (void)b;
-    jj_fail(C, JLM_ERANGE, "integer %s overflows 64 bits", OPNAME[op]);
+    jlm_jj_fail(C, JLM_ERANGE, "integer %s overflows 64 bits", OPNAME[op]);
 }
 
 static jj_val arith(jj_ctx *C, int op, jj_val a, jj_val b)
 {
     if (op == OP_CONCAT) {
-        jj_val x = jj_to_str(C, a), y = jj_to_str(C, b);
+        jj_val x = jlm_jj_to_str(C, a), y = jlm_jj_to_str(C, b);
         jj_buf buf = {0};
-        jj_buf_put(C, &buf, x.u.s->s, x.u.s->len);
-        jj_buf_put(C, &buf, y.u.s->s, y.u.s->len);
-        return jj_strn(C, buf.p ? buf.p : "", buf.len);
+        jlm_jj_buf_put(C, &buf, x.u.s->s, x.u.s->len);
+        jlm_jj_buf_put(C, &buf, y.u.s->s, y.u.s->len);
+        return jlm_jj_strn(C, buf.p ? buf.p : "", buf.len);
     }
     if (is_num(a) && is_num(b)) {
         if (a.t != JT_FLOAT && b.t != JT_FLOAT && op != OP_DIV) return int_arith(C, op, inum(a), inum(b), a, b);
         double x = fnum(a), y = fnum(b);
         switch (op) {
-        case OP_ADD: return jj_float(x + y);
-        case OP_SUB: return jj_float(x - y);
-        case OP_MUL: return jj_float(x * y);
+        case OP_ADD: return jlm_jj_float(x + y);
+        case OP_SUB: return jlm_jj_float(x - y);
+        case OP_MUL: return jlm_jj_float(x * y);
         case OP_DIV:
-            if (y == 0) jj_fail(C, JLM_EINVAL, "division by zero");
-            return jj_float(x / y);
+            if (y == 0) jlm_jj_fail(C, JLM_EINVAL, "division by zero");
+            return jlm_jj_float(x / y);
         case OP_FLOORDIV:
-            if (y == 0) jj_fail(C, JLM_EINVAL, "float floor division by zero");
-            return jj_float(floor(x / y));
+            if (y == 0) jlm_jj_fail(C, JLM_EINVAL, "float floor division by zero");
+            return jlm_jj_float(floor(x / y));
         case OP_MOD: {
-            if (y == 0) jj_fail(C, JLM_EINVAL, "float modulo");
+            if (y == 0) jlm_jj_fail(C, JLM_EINVAL, "float modulo");
             double m = fmod(x, y);
             if (m != 0 && ((m < 0) != (y < 0))) m += y;
-            return jj_float(m);
+            return jlm_jj_float(m);
         }
-        case OP_POW: return jj_float(pow(x, y));
+        case OP_POW: return jlm_jj_float(pow(x, y));
         }
     }
     if (op == OP_ADD && a.t == JT_STR && b.t == JT_STR) {
         jj_buf buf = {0};
-        jj_buf_put(C, &buf, a.u.s->s, a.u.s->len);
-        jj_buf_put(C, &buf, b.u.s->s, b.u.s->len);
-        return jj_strn(C, buf.p ? buf.p : "", buf.len);
+        jlm_jj_buf_put(C, &buf, a.u.s->s, a.u.s->len);
+        jlm_jj_buf_put(C, &buf, b.u.s->s, b.u.s->len);
+        return jlm_jj_strn(C, buf.p ? buf.p : "", buf.len);
     }
     if (op == OP_ADD && a.t == JT_LIST && b.t == JT_LIST && a.tuple == b.tuple) {
-        jj_val r = jj_new_list(C);
+        jj_val r = jlm_jj_new_list(C);
         r.tuple = a.tuple;
-        for (size_t i = 0; i < a.u.l->n; i++) jj_list_push(C, r.u.l, a.u.l->v[i]);
-        for (size_t i = 0; i < b.u.l->n; i++) jj_list_push(C, r.u.l, b.u.l->v[i]);
+        for (size_t i = 0; i < a.u.l->n; i++) jlm_jj_list_push(C, r.u.l, a.u.l->v[i]);
+        for (size_t i = 0; i < b.u.l->n; i++) jlm_jj_list_push(C, r.u.l, b.u.l->v[i]);
         return r;
     }
     if (op == OP_MUL && (a.t == JT_STR || a.t == JT_LIST) && (b.t == JT_INT || b.t == JT_BOOL)) return repeat(C, a, inum(b));
     if (op == OP_MUL && (b.t == JT_STR || b.t == JT_LIST) && (a.t == JT_INT || a.t == JT_BOOL)) return repeat(C, b, inum(a));
-    if (op == OP_MOD && a.t == JT_STR) return jj_str_mod(C, a, b);
+    if (op == OP_MOD && a.t == JT_STR) return jlm_jj_str_mod(C, a, b);
     bad_operands(C, op, a, b);
 }
 
@@ -292,29 +292,29 @@ static int contains(jj_ctx *C, jj_val item, jj_val cont)
     switch (cont.t) {
     case JT_UNDEF: return 0;
     case JT_STR:
-        if (item.t != JT_STR) jj_fail(C, JLM_EINVAL, "'in <string>' requires string as left operand, not %s", jj_type_name(item));
+        if (item.t != JT_STR) jlm_jj_fail(C, JLM_EINVAL, "'in <string>' requires string as left operand, not %s", jlm_jj_type_name(item));
         return memmem(cont.u.s->s, cont.u.s->len, item.u.s->s, item.u.s->len) != NULL || item.u.s->len == 0;
     case JT_LIST:
         for (size_t i = 0; i < cont.u.l->n; i++)
-            if (jj_equal(cont.u.l->v[i], item)) return 1;
+            if (jlm_jj_equal(cont.u.l->v[i], item)) return 1;
         return 0;
-    case JT_DICT: case JT_NS: return jj_dict_find(cont.u.d, item) != NULL;
-    default: jj_fail(C, JLM_EINVAL, "argument of type '%s' is not iterable", jj_type_name(cont));
+    case JT_DICT: case JT_NS: return jlm_jj_dict_find(cont.u.d, item) != NULL;
+    default: jlm_jj_fail(C, JLM_EINVAL, "argument of type '%s' is not iterable", jlm_jj_type_name(cont));
     }
 }
 
 static int compare(jj_ctx *C, int op, jj_val a, jj_val b)
 {
     switch (op) {
-    case OP_EQ: return jj_equal(a, b);
-    case OP_NE: return !jj_equal(a, b);
+    case OP_EQ: return jlm_jj_equal(a, b);
+    case OP_NE: return !jlm_jj_equal(a, b);
     case OP_IN: return contains(C, a, b);
     case OP_NOTIN: return !contains(C, a, b);
     default: break;
     }
     if (a.t == JT_UNDEF) fail_undef(C, a);
     if (b.t == JT_UNDEF) fail_undef(C, b);
-    int c = jj_compare(C, a, b);
+    int c = jlm_jj_compare(C, a, b);
     if (c == 0 && ((a.t == JT_FLOAT && isnan(a.u.f)) || (b.t == JT_FLOAT && isnan(b.u.f)))) return 0;
     switch (op) {
     case OP_LT: return c < 0;
@@ -333,9 +333,9 @@ static void eval_args(jj_ctx *C, jj_node *n, jj_scope *sc, jj_args *a)
         if (n->names[i]) nk++;
         else np++;
     }
-    a->pos = jj_alloc(C, (size_t)(np + 1) * sizeof(jj_val));
-    a->kw = jj_alloc(C, (size_t)(nk + 1) * sizeof(jj_val));
-    a->kw_name = jj_alloc(C, (size_t)(nk + 1) * sizeof(char *));
+    a->pos = jlm_jj_alloc(C, (size_t)(np + 1) * sizeof(jj_val));
+    a->kw = jlm_jj_alloc(C, (size_t)(nk + 1) * sizeof(jj_val));
+    a->kw_name = jlm_jj_alloc(C, (size_t)(nk + 1) * sizeof(char *));
     for (int i = 0; i < n->args.n; i++) {
         jj_val v = eval(C, n->args.v[i], sc);
         if (n->names[i]) {
@@ -350,44 +350,44 @@ static jj_val call_macro(jj_ctx *C, jj_func *f, jj_args *a)
     jj_node *m = f->macro;
     const char *mname = m->name ? m->name : "caller";
     jj_scope *sc = new_scope(C, f->closure);
-    char *set = jj_alloc(C, (size_t)m->n_names + 1);
-    jj_val varargs = jj_new_list(C), kwargs = jj_new_dict(C);
+    char *set = jlm_jj_alloc(C, (size_t)m->n_names + 1);
+    jj_val varargs = jlm_jj_new_list(C), kwargs = jlm_jj_new_dict(C);
     varargs.tuple = 1;
     for (int i = 0; i < a->n_pos; i++) {
         if (i < m->n_names) {
-            jj_dict_sets(C, &sc->vars, m->names[i], a->pos[i]);
+            jlm_jj_dict_sets(C, &sc->vars, m->names[i], a->pos[i]);
             set[i] = 1;
-        } else if (m->flags & 1) jj_list_push(C, varargs.u.l, a->pos[i]);
-        else jj_fail(C, JLM_EINVAL, "macro '%s' takes not more than %d argument(s)", mname, m->n_names);
+        } else if (m->flags & 1) jlm_jj_list_push(C, varargs.u.l, a->pos[i]);
+        else jlm_jj_fail(C, JLM_EINVAL, "macro '%s' takes not more than %d argument(s)", mname, m->n_names);
     }
     for (int i = 0; i < a->n_kw; i++) {
         int j;
         for (j = 0; j < m->n_names; j++)
             if (!strcmp(m->names[j], a->kw_name[i])) break;
         if (j < m->n_names) {
-            if (set[j]) jj_fail(C, JLM_EINVAL, "macro '%s' got multiple values for argument '%s'", mname, m->names[j]);
-            jj_dict_sets(C, &sc->vars, m->names[j], a->kw[i]);
+            if (set[j]) jlm_jj_fail(C, JLM_EINVAL, "macro '%s' got multiple values for argument '%s'", mname, m->names[j]);
+            jlm_jj_dict_sets(C, &sc->vars, m->names[j], a->kw[i]);
             set[j] = 1;
-        } else if (m->flags & 2) jj_dict_sets(C, kwargs.u.d, a->kw_name[i], a->kw[i]);
-        else jj_fail(C, JLM_EINVAL, "macro '%s' takes no keyword argument '%s'", mname, a->kw_name[i]);
+        } else if (m->flags & 2) jlm_jj_dict_sets(C, kwargs.u.d, a->kw_name[i], a->kw[i]);
+        else jlm_jj_fail(C, JLM_EINVAL, "macro '%s' takes no keyword argument '%s'", mname, a->kw_name[i]);
     }
     for (int j = 0; j < m->n_names; j++)
         if (!set[j])
-            jj_dict_sets(C, &sc->vars, m->names[j], m->args2.v[j] ? eval(C, m->args2.v[j], sc) : jj_undef(m->names[j]));
-    jj_dict_sets(C, &sc->vars, "varargs", varargs);
-    jj_dict_sets(C, &sc->vars, "kwargs", kwargs);
-    if (f->caller.t == JT_FUNC) jj_dict_sets(C, &sc->vars, "caller", f->caller);
+            jlm_jj_dict_sets(C, &sc->vars, m->names[j], m->args2.v[j] ? eval(C, m->args2.v[j], sc) : jlm_jj_undef(m->names[j]));
+    jlm_jj_dict_sets(C, &sc->vars, "varargs", varargs);
+    jlm_jj_dict_sets(C, &sc->vars, "kwargs", kwargs);
+    if (f->caller.t == JT_FUNC) jlm_jj_dict_sets(C, &sc->vars, "caller", f->caller);
     jj_buf *saved = C->out, buf = {0};
     C->out = &buf;
     exec_list(C, &m->args, sc);
     C->out = saved;
-    return jj_strn(C, buf.p ? buf.p : "", buf.len);
+    return jlm_jj_strn(C, buf.p ? buf.p : "", buf.len);
 }
 
-jj_val jj_call(jj_ctx *C, jj_val fn, jj_args *a)
+jj_val jlm_jj_call(jj_ctx *C, jj_val fn, jj_args *a)
 {
     if (fn.t == JT_UNDEF) fail_undef(C, fn);
-    if (fn.t != JT_FUNC) jj_fail(C, JLM_EINVAL, "'%s' object is not callable", jj_type_name(fn));
+    if (fn.t != JT_FUNC) jlm_jj_fail(C, JLM_EINVAL, "'%s' object is not callable", jlm_jj_type_name(fn));
     if (fn.u.fn->kind == JJ_FN_MACRO) return call_macro(C, fn.u.fn, a);
     return fn.u.fn->fn(C, fn.u.fn->self, a);
 }
@@ -398,7 +398,7 @@ static jj_val eval_filter(jj_ctx *C, jj_node *n, jj_scope *sc, jj_val in)
     jj_args a;
     eval_args(C, n, sc, &a);
     C->line = n->line;
-    return jj_apply_filter(C, n->name, in, &a);
+    return jlm_jj_apply_filter(C, n->name, in, &a);
 }
 
 /* Applies a chain of N_FILTER nodes whose innermost input is a placeholder. */
@@ -415,31 +415,31 @@ static jj_val eval_inner(jj_ctx *C, jj_node *n, jj_scope *sc)
     case N_LIT: return n->lit;
     case N_NAME: {
         jj_val *v = lookup(sc, n->name);
-        return v ? *v : jj_undef(n->name);
+        return v ? *v : jlm_jj_undef(n->name);
     }
     case N_LIST: case N_TUPLE: {
-        jj_val r = jj_new_list(C);
+        jj_val r = jlm_jj_new_list(C);
         r.tuple = n->kind == N_TUPLE;
-        for (int i = 0; i < n->args.n; i++) jj_list_push(C, r.u.l, eval(C, n->args.v[i], sc));
+        for (int i = 0; i < n->args.n; i++) jlm_jj_list_push(C, r.u.l, eval(C, n->args.v[i], sc));
         return r;
     }
     case N_DICT: {
-        jj_val r = jj_new_dict(C);
+        jj_val r = jlm_jj_new_dict(C);
         for (int i = 0; i < n->args.n; i++) {
             jj_val k = eval(C, n->args.v[i], sc);
-            if (k.t == JT_LIST && !k.tuple) jj_fail(C, JLM_EINVAL, "unhashable type: 'list'");
-            if (k.t == JT_DICT) jj_fail(C, JLM_EINVAL, "unhashable type: 'dict'");
-            jj_dict_set(C, r.u.d, k, eval(C, n->args2.v[i], sc));
+            if (k.t == JT_LIST && !k.tuple) jlm_jj_fail(C, JLM_EINVAL, "unhashable type: 'list'");
+            if (k.t == JT_DICT) jlm_jj_fail(C, JLM_EINVAL, "unhashable type: 'dict'");
+            jlm_jj_dict_set(C, r.u.d, k, eval(C, n->args2.v[i], sc));
         }
         return r;
     }
-    case N_ATTR: return jj_getattr(C, eval(C, n->a, sc), n->name);
+    case N_ATTR: return jlm_jj_getattr(C, eval(C, n->a, sc), n->name);
     case N_ITEM: {
         jj_val o = eval(C, n->a, sc);
-        return jj_getitem(C, o, eval(C, n->b, sc));
+        return jlm_jj_getitem(C, o, eval(C, n->b, sc));
     }
     case N_SLICE: {
-        jj_val o = eval(C, n->a, sc), u = jj_none();
+        jj_val o = eval(C, n->a, sc), u = jlm_jj_none();
         return do_slice(C, o, n->b ? eval(C, n->b, sc) : u, n->c ? eval(C, n->c, sc) : u, n->d ? eval(C, n->d, sc) : u);
     }
     case N_CALL: {
@@ -447,7 +447,7 @@ static jj_val eval_inner(jj_ctx *C, jj_node *n, jj_scope *sc)
         jj_args a;
         eval_args(C, n, sc, &a);
         C->line = n->line;
-        return jj_call(C, fn, &a);
+        return jlm_jj_call(C, fn, &a);
     }
     case N_FILTER: return eval_filter(C, n, sc, eval(C, n->a, sc));
     case N_TEST: {
@@ -455,29 +455,29 @@ static jj_val eval_inner(jj_ctx *C, jj_node *n, jj_scope *sc)
         jj_args a;
         eval_args(C, n, sc, &a);
         C->line = n->line;
-        int r = jj_apply_test(C, n->name, in, &a);
-        return jj_bool(n->op ? !r : r);
+        int r = jlm_jj_apply_test(C, n->name, in, &a);
+        return jlm_jj_bool(n->op ? !r : r);
     }
     case N_NEG: case N_POS: {
         jj_val v = eval(C, n->a, sc);
-        if (v.t == JT_FLOAT) return jj_float(n->kind == N_NEG ? -v.u.f : v.u.f);
+        if (v.t == JT_FLOAT) return jlm_jj_float(n->kind == N_NEG ? -v.u.f : v.u.f);
         if (v.t == JT_INT || v.t == JT_BOOL) {
             int64_t i = inum(v);
-            if (n->kind == N_POS) return jj_int(i);
-            if (i == INT64_MIN) jj_fail(C, JLM_ERANGE, "integer negation overflows 64 bits");
-            return jj_int(-i);
+            if (n->kind == N_POS) return jlm_jj_int(i);
+            if (i == INT64_MIN) jlm_jj_fail(C, JLM_ERANGE, "integer negation overflows 64 bits");
+            return jlm_jj_int(-i);
         }
         if (v.t == JT_UNDEF) fail_undef(C, v);
-        jj_fail(C, JLM_EINVAL, "bad operand type for unary %s: '%s'", n->kind == N_NEG ? "-" : "+", jj_type_name(v));
+        jlm_jj_fail(C, JLM_EINVAL, "bad operand type for unary %s: '%s'", n->kind == N_NEG ? "-" : "+", jlm_jj_type_name(v));
     }
-    case N_NOT: return jj_bool(!jj_truthy(eval(C, n->a, sc)));
+    case N_NOT: return jlm_jj_bool(!jlm_jj_truthy(eval(C, n->a, sc)));
     case N_AND: {
         jj_val a = eval(C, n->a, sc);
-        return jj_truthy(a) ? eval(C, n->b, sc) : a;
+        return jlm_jj_truthy(a) ? eval(C, n->b, sc) : a;
     }
     case N_OR: {
         jj_val a = eval(C, n->a, sc);
-        return jj_truthy(a) ? a : eval(C, n->b, sc);
+        return jlm_jj_truthy(a) ? a : eval(C, n->b, sc);
     }
     case N_BIN: {
         jj_val a = eval(C, n->a, sc), b = eval(C, n->b, sc);
@@ -487,19 +487,19 @@ static jj_val eval_inner(jj_ctx *C, jj_node *n, jj_scope *sc)
     case N_CMP: {
         jj_val a = eval(C, n->a, sc), b = eval(C, n->b, sc);
         C->line = n->line;
-        return jj_bool(compare(C, n->op, a, b));
+        return jlm_jj_bool(compare(C, n->op, a, b));
     }
     case N_COND:
-        if (jj_truthy(eval(C, n->a, sc))) return eval(C, n->b, sc);
-        return n->c ? eval(C, n->c, sc) : jj_undef(NULL);
+        if (jlm_jj_truthy(eval(C, n->a, sc))) return eval(C, n->b, sc);
+        return n->c ? eval(C, n->c, sc) : jlm_jj_undef(NULL);
     default:
-        jj_fail(C, JLM_EUNSUPPORTED, "unsupported construct: node kind %d in an expression", n->kind);
+        jlm_jj_fail(C, JLM_EUNSUPPORTED, "unsupported construct: node kind %d in an expression", n->kind);
     }
 }
 
 static jj_val eval(jj_ctx *C, jj_node *n, jj_scope *sc)
 {
-    if (++C->depth > JJ_MAX_EVAL_DEPTH) jj_fail(C, JLM_ERANGE, "evaluation nested deeper than %d", JJ_MAX_EVAL_DEPTH);
+    if (++C->depth > JJ_MAX_EVAL_DEPTH) jlm_jj_fail(C, JLM_ERANGE, "evaluation nested deeper than %d", JJ_MAX_EVAL_DEPTH);
     C->line = n->line;
     jj_val v = eval_inner(C, n, sc);
     C->depth--;
@@ -510,51 +510,51 @@ static jj_val eval(jj_ctx *C, jj_node *n, jj_scope *sc)
 static void assign_targets(jj_ctx *C, jj_scope *sc, const char **names, int n, jj_val v)
 {
     if (n == 1) {
-        jj_dict_sets(C, &sc->vars, names[0], v);
+        jlm_jj_dict_sets(C, &sc->vars, names[0], v);
         return;
     }
-    jj_val items = v.t == JT_LIST ? v : jj_iter_list(C, v);
+    jj_val items = v.t == JT_LIST ? v : jlm_jj_iter_list(C, v);
     if (items.u.l->n != (size_t)n)
-        jj_fail(C, JLM_EINVAL, "cannot unpack %zu values into %d names", items.u.l->n, n);
-    for (int i = 0; i < n; i++) jj_dict_sets(C, &sc->vars, names[i], items.u.l->v[i]);
+        jlm_jj_fail(C, JLM_EINVAL, "cannot unpack %zu values into %d names", items.u.l->n, n);
+    for (int i = 0; i < n; i++) jlm_jj_dict_sets(C, &sc->vars, names[i], items.u.l->v[i]);
 }
 
 static jj_val loop_cycle(jj_ctx *C, jj_val self, jj_args *a)
 {
-    if (!a->n_pos) jj_fail(C, JLM_EINVAL, "loop.cycle: no items given");
+    if (!a->n_pos) jlm_jj_fail(C, JLM_EINVAL, "loop.cycle: no items given");
     return a->pos[self.u.i % a->n_pos];
 }
 
 static void exec_for(jj_ctx *C, jj_node *n, jj_scope *sc)
 {
-    jj_val items = jj_iter_list(C, eval(C, n->a, sc));
+    jj_val items = jlm_jj_iter_list(C, eval(C, n->a, sc));
     jj_scope *ls = new_scope(C, sc);
     if (n->b) {   /* for x in y if cond: filter first, loop.* counts the kept items */
-        jj_val kept = jj_new_list(C);
+        jj_val kept = jlm_jj_new_list(C);
         for (size_t i = 0; i < items.u.l->n; i++) {
             assign_targets(C, ls, n->names, n->n_names, items.u.l->v[i]);
-            if (jj_truthy(eval(C, n->b, ls))) jj_list_push(C, kept.u.l, items.u.l->v[i]);
+            if (jlm_jj_truthy(eval(C, n->b, ls))) jlm_jj_list_push(C, kept.u.l, items.u.l->v[i]);
         }
         items = kept;
     }
     size_t len = items.u.l->n;
     for (size_t i = 0; i < len; i++) {
         ls = new_scope(C, sc);   /* Jinja: a set in one iteration is not seen by the next */
-        jj_val lp = jj_new_dict(C);
+        jj_val lp = jlm_jj_new_dict(C);
         jj_dict *d = lp.u.d;
-        jj_dict_sets(C, d, "index", jj_int((int64_t)i + 1));
-        jj_dict_sets(C, d, "index0", jj_int((int64_t)i));
-        jj_dict_sets(C, d, "revindex", jj_int((int64_t)(len - i)));
-        jj_dict_sets(C, d, "revindex0", jj_int((int64_t)(len - i - 1)));
-        jj_dict_sets(C, d, "first", jj_bool(i == 0));
-        jj_dict_sets(C, d, "last", jj_bool(i + 1 == len));
-        jj_dict_sets(C, d, "length", jj_int((int64_t)len));
-        jj_dict_sets(C, d, "depth", jj_int(1));
-        jj_dict_sets(C, d, "depth0", jj_int(0));
-        jj_dict_sets(C, d, "previtem", i ? items.u.l->v[i - 1] : jj_undef("previtem"));
-        jj_dict_sets(C, d, "nextitem", i + 1 < len ? items.u.l->v[i + 1] : jj_undef("nextitem"));
-        jj_dict_sets(C, d, "cycle", jj_new_func(C, "loop.cycle", loop_cycle, jj_int((int64_t)i)));
-        jj_dict_sets(C, &ls->vars, "loop", lp);
+        jlm_jj_dict_sets(C, d, "index", jlm_jj_int((int64_t)i + 1));
+        jlm_jj_dict_sets(C, d, "index0", jlm_jj_int((int64_t)i));
+        jlm_jj_dict_sets(C, d, "revindex", jlm_jj_int((int64_t)(len - i)));
+        jlm_jj_dict_sets(C, d, "revindex0", jlm_jj_int((int64_t)(len - i - 1)));
+        jlm_jj_dict_sets(C, d, "first", jlm_jj_bool(i == 0));
+        jlm_jj_dict_sets(C, d, "last", jlm_jj_bool(i + 1 == len));
+        jlm_jj_dict_sets(C, d, "length", jlm_jj_int((int64_t)len));
+        jlm_jj_dict_sets(C, d, "depth", jlm_jj_int(1));
+        jlm_jj_dict_sets(C, d, "depth0", jlm_jj_int(0));
+        jlm_jj_dict_sets(C, d, "previtem", i ? items.u.l->v[i - 1] : jlm_jj_undef("previtem"));
+        jlm_jj_dict_sets(C, d, "nextitem", i + 1 < len ? items.u.l->v[i + 1] : jlm_jj_undef("nextitem"));
+        jlm_jj_dict_sets(C, d, "cycle", jlm_jj_new_func(C, "loop.cycle", loop_cycle, jlm_jj_int((int64_t)i)));
+        jlm_jj_dict_sets(C, &ls->vars, "loop", lp);
         assign_targets(C, ls, n->names, n->n_names, items.u.l->v[i]);
         int fl = exec_list(C, &n->args, ls);
         if (fl == FLOW_BREAK) break;
@@ -568,12 +568,12 @@ static jj_val render_body(jj_ctx *C, jj_nlist *body, jj_scope *sc)
     C->out = &buf;
     exec_list(C, body, sc);
     C->out = saved;
-    return jj_strn(C, buf.p ? buf.p : "", buf.len);
+    return jlm_jj_strn(C, buf.p ? buf.p : "", buf.len);
 }
 
 static jj_val make_macro(jj_ctx *C, jj_node *n, jj_scope *sc)
 {
-    jj_val f = jj_new_func(C, n->name ? n->name : "caller", NULL, jj_none());
+    jj_val f = jlm_jj_new_func(C, n->name ? n->name : "caller", NULL, jlm_jj_none());
     f.u.fn->kind = JJ_FN_MACRO;
     f.u.fn->macro = n;
     f.u.fn->closure = sc;
@@ -584,18 +584,18 @@ static int exec_node(jj_ctx *C, jj_node *n, jj_scope *sc)
 {
     C->line = n->line;
     switch (n->kind) {
-    case N_TEXT: jj_buf_put(C, C->out, n->lit.u.s->s, n->lit.u.s->len); return 0;
-    case N_EMIT: jj_write_str(C, C->out, eval(C, n->a, sc)); return 0;
+    case N_TEXT: jlm_jj_buf_put(C, C->out, n->lit.u.s->s, n->lit.u.s->len); return 0;
+    case N_EMIT: jlm_jj_write_str(C, C->out, eval(C, n->a, sc)); return 0;
     case N_IF:
-        if (jj_truthy(eval(C, n->a, sc))) return exec_list(C, &n->args, sc);
+        if (jlm_jj_truthy(eval(C, n->a, sc))) return exec_list(C, &n->args, sc);
         return exec_list(C, &n->args2, sc);
     case N_FOR: exec_for(C, n, sc); return 0;
     case N_SET: {
         jj_val v = eval(C, n->b, sc);
         if (n->a) {
             jj_val ns = eval(C, n->a, sc);
-            if (ns.t != JT_NS) jj_fail(C, JLM_EINVAL, "cannot assign attribute on non-namespace object '%s'", n->a->name);
-            jj_dict_sets(C, ns.u.d, n->name, v);
+            if (ns.t != JT_NS) jlm_jj_fail(C, JLM_EINVAL, "cannot assign attribute on non-namespace object '%s'", n->a->name);
+            jlm_jj_dict_sets(C, ns.u.d, n->name, v);
         } else assign_targets(C, sc, n->names, n->n_names, v);
         return 0;
     }
@@ -604,26 +604,26 @@ static int exec_node(jj_ctx *C, jj_node *n, jj_scope *sc)
         if (n->c) v = apply_filter_chain(C, n->c, sc, v);
         if (n->a) {
             jj_val ns = eval(C, n->a, sc);
-            if (ns.t != JT_NS) jj_fail(C, JLM_EINVAL, "cannot assign attribute on non-namespace object '%s'", n->a->name);
-            jj_dict_sets(C, ns.u.d, n->name, v);
+            if (ns.t != JT_NS) jlm_jj_fail(C, JLM_EINVAL, "cannot assign attribute on non-namespace object '%s'", n->a->name);
+            jlm_jj_dict_sets(C, ns.u.d, n->name, v);
         } else assign_targets(C, sc, n->names, n->n_names, v);
         return 0;
     }
-    case N_MACRO: jj_dict_sets(C, &sc->vars, n->name, make_macro(C, n, sc)); return 0;
+    case N_MACRO: jlm_jj_dict_sets(C, &sc->vars, n->name, make_macro(C, n, sc)); return 0;
     case N_CALLBLOCK: {
         jj_val fn = eval(C, n->a->a, sc);
         jj_args a;
         eval_args(C, n->a, sc, &a);
         if (fn.t != JT_FUNC || fn.u.fn->kind != JJ_FN_MACRO)
-            jj_fail(C, JLM_EUNSUPPORTED, "unsupported construct: {%% call %%} of something other than a macro");
+            jlm_jj_fail(C, JLM_EUNSUPPORTED, "unsupported construct: {%% call %%} of something other than a macro");
         jj_func f = *fn.u.fn;
         f.caller = make_macro(C, n, sc);
-        jj_buf_puts(C, C->out, call_macro(C, &f, &a).u.s->s);
+        jlm_jj_buf_puts(C, C->out, call_macro(C, &f, &a).u.s->s);
         return 0;
     }
     case N_FILTERBLOCK: {
         jj_val v = render_body(C, &n->args, sc);
-        jj_write_str(C, C->out, apply_filter_chain(C, n->c, sc, v));
+        jlm_jj_write_str(C, C->out, apply_filter_chain(C, n->c, sc, v));
         return 0;
     }
     case N_BREAK: return FLOW_BREAK;
@@ -632,16 +632,16 @@ static int exec_node(jj_ctx *C, jj_node *n, jj_scope *sc)
     case N_DO: eval(C, n->a, sc); return 0;
     case N_WITH: {
         jj_scope *ws = new_scope(C, sc);
-        for (int i = 0; i < n->n_names; i++) jj_dict_sets(C, &ws->vars, n->names[i], eval(C, n->args2.v[i], sc));
+        for (int i = 0; i < n->n_names; i++) jlm_jj_dict_sets(C, &ws->vars, n->names[i], eval(C, n->args2.v[i], sc));
         return exec_list(C, &n->args, ws);
     }
-    default: jj_fail(C, JLM_EUNSUPPORTED, "unsupported construct: node kind %d as a statement", n->kind);
+    default: jlm_jj_fail(C, JLM_EUNSUPPORTED, "unsupported construct: node kind %d as a statement", n->kind);
     }
 }
 
 static int exec_list(jj_ctx *C, jj_nlist *l, jj_scope *sc)
 {
-    if (++C->depth > JJ_MAX_EVAL_DEPTH) jj_fail(C, JLM_ERANGE, "statements nested deeper than %d", JJ_MAX_EVAL_DEPTH);
+    if (++C->depth > JJ_MAX_EVAL_DEPTH) jlm_jj_fail(C, JLM_ERANGE, "statements nested deeper than %d", JJ_MAX_EVAL_DEPTH);
     for (int i = 0; i < l->n; i++) {
         int fl = exec_node(C, l->v[i], sc);
         if (fl) { C->depth--; return fl; }
@@ -650,7 +650,7 @@ static int exec_list(jj_ctx *C, jj_nlist *l, jj_scope *sc)
     return FLOW_NORMAL;
 }
 
-void jj_exec(jj_ctx *C, jj_node *body, jj_scope *sc)
+void jlm_jj_exec(jj_ctx *C, jj_node *body, jj_scope *sc)
 {
     C->depth = 0;
     exec_list(C, &body->args, sc);

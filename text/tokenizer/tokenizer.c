@@ -9,7 +9,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "tok_internal.h"
+#include "text/tokenizer/tokenizer_int.h"
 
 /* ================================================================ hash maps */
 static uint64_t fnv1a(const char *s, size_t n, uint64_t h)
@@ -40,7 +40,7 @@ static int map_init(tok_map *m, uint32_t n)
     return JLM_OK;
 }
 
-int32_t tok_lookup(const jlm_tok *t, const char *s, size_t n)
+int32_t jlm_tok_lookup(const jlm_tok *t, const char *s, size_t n)
 {
     const jlm_str *tk = t->v->tokens;
     for (uint64_t i = fnv1a(s, n, FNV_SEED) & t->tokmap.mask;; i = (i + 1) & t->tokmap.mask) {
@@ -50,7 +50,7 @@ int32_t tok_lookup(const jlm_tok *t, const char *s, size_t n)
     }
 }
 
-int32_t tok_merge_rank(const jlm_tok *t, const char *l, size_t ln, const char *r, size_t rn)
+int32_t jlm_tok_merge_rank(const jlm_tok *t, const char *l, size_t ln, const char *r, size_t rn)
 {
     if (!t->mergemap.slot)
         return -1;
@@ -75,7 +75,7 @@ static int build_tokmap(jlm_tok *t, jlm_err *err)
         const jlm_str *s = &v->tokens[id];
         if (!s->s && s->len)
             return jlm_errf(err, JLM_EFORMAT, "vocab: token %u has no text", id);
-        int32_t found = tok_lookup(t, s->s ? s->s : "", s->len);
+        int32_t found = jlm_tok_lookup(t, s->s ? s->s : "", s->len);
         if (found >= 0)
             return jlm_errf(err, JLM_EFORMAT, "vocab: token %u duplicates the text of token %d", id, found);
         uint64_t i = fnv1a(s->s ? s->s : "", s->len, FNV_SEED) & t->tokmap.mask;
@@ -100,7 +100,7 @@ static int build_mergemap(jlm_tok *t, jlm_err *err)
         const jlm_str *a = &v->merges[2 * (size_t)k], *b = &v->merges[2 * (size_t)k + 1];
         if ((!a->s && a->len) || (!b->s && b->len))
             return jlm_errf(err, JLM_EFORMAT, "vocab: merge %u has no text", k);
-        if (tok_merge_rank(t, a->s, a->len, b->s, b->len) >= 0)
+        if (jlm_tok_merge_rank(t, a->s, a->len, b->s, b->len) >= 0)
             continue;
         uint64_t i = pair_hash(a->s, a->len, b->s, b->len) & t->mergemap.mask;
         while (t->mergemap.slot[i] >= 0)
@@ -132,24 +132,24 @@ static int hex2(const char *s, size_t n, uint8_t *out)
 static void decode_bytelevel(const jlm_str *s, tok_sbuf *b)
 {
     tok_cpts cp = {0};
-    tok_cpts_from_utf8(s->s, s->len, &cp);
+    jlm_tok_cpts_from_utf8(s->s, s->len, &cp);
     for (size_t i = 0; i < cp.n; i++) {
-        int byte = tok_cpt_to_byte(cp.p[i]);
+        int byte = jlm_tok_cpt_to_byte(cp.p[i]);
         if (byte >= 0) {
             uint8_t c = (uint8_t)byte;
-            tok_sbuf_put(b, &c, 1);
+            jlm_tok_sbuf_put(b, &c, 1);
             continue;
         }
         tok_sbuf u = {0};
-        tok_sbuf_cpt(&u, cp.p[i]);
-        tok_sbuf_put(b, "[UNK_BYTE_0x", 12);
+        jlm_tok_sbuf_cpt(&u, cp.p[i]);
+        jlm_tok_sbuf_put(b, "[UNK_BYTE_0x", 12);
         for (size_t j = 0; j < u.n; j++) {
             char hx[3];
             snprintf(hx, sizeof hx, "%02x", (uint8_t)u.p[j]);
-            tok_sbuf_put(b, hx, 2);
+            jlm_tok_sbuf_put(b, hx, 2);
         }
-        tok_sbuf_put(b, s->s, s->len);
-        tok_sbuf_put(b, "]", 1);
+        jlm_tok_sbuf_put(b, s->s, s->len);
+        jlm_tok_sbuf_put(b, "]", 1);
         if (u.oom)
             b->oom = 1;
         free(u.p);
@@ -166,13 +166,13 @@ static void render_piece(const jlm_tok *t, uint32_t id, tok_sbuf *b)
     uint8_t k = t->kind[id], byte;
     switch (k) {
     case JLM_TOK_CONTROL: case JLM_TOK_UNKNOWN: case JLM_TOK_USER:
-        tok_sbuf_put(b, s->s, s->len);
+        jlm_tok_sbuf_put(b, s->s, s->len);
         return;
     case JLM_TOK_BYTE:
         if (t->v->kind != JLM_VOCAB_WPM && hex2(s->s, s->len, &byte))
-            tok_sbuf_put(b, &byte, 1);
+            jlm_tok_sbuf_put(b, &byte, 1);
         else
-            tok_sbuf_put(b, s->s, s->len);
+            jlm_tok_sbuf_put(b, s->s, s->len);
         return;
     case JLM_TOK_NORMAL:
         if (t->v->kind == JLM_VOCAB_BPE && t->byte_level) {
@@ -181,10 +181,10 @@ static void render_piece(const jlm_tok *t, uint32_t id, tok_sbuf *b)
         }
         for (size_t i = 0; i < s->len;) {      /* U+2581 -> ' ' */
             if (s->len - i >= 3 && !memcmp(s->s + i, "\xe2\x96\x81", 3)) {
-                tok_sbuf_put(b, " ", 1);
+                jlm_tok_sbuf_put(b, " ", 1);
                 i += 3;
             } else {
-                tok_sbuf_put(b, s->s + i, 1);
+                jlm_tok_sbuf_put(b, s->s + i, 1);
                 i++;
             }
         }
@@ -205,7 +205,7 @@ static int build_pieces(jlm_tok *t, jlm_err *err)
         render_piece(t, id, &b);
         if (b.n - t->piece_off[id] > t->max_piece_len)
             t->max_piece_len = b.n - t->piece_off[id];
-        tok_sbuf_put(&b, "", 1);            /* NUL separator */
+        jlm_tok_sbuf_put(&b, "", 1);            /* NUL separator */
     }
     t->piece_off[t->n_tokens] = b.n;
     t->pieces = b.p;
@@ -264,8 +264,8 @@ static void build_bytes(jlm_tok *t)
     for (int b = 0; b < 256; b++) {
         char hx[8], one = (char)b;
         snprintf(hx, sizeof hx, "<0x%02X>", b);
-        int32_t id = tok_lookup(t, hx, 6);
-        t->byte_tok[b] = id >= 0 ? id : tok_lookup(t, &one, 1);
+        int32_t id = jlm_tok_lookup(t, hx, 6);
+        t->byte_tok[b] = id >= 0 ? id : jlm_tok_lookup(t, &one, 1);
     }
 }
 
@@ -292,7 +292,7 @@ int jlm_tok_create(const jlm_vocab *v, jlm_tok **out, jlm_err *err)
     }
     for (uint32_t i = 0; i < v->n_tokens; i++)
         t->kind[i] = v->n_token_kinds ? v->token_kinds[i] : JLM_TOK_NORMAL;
-    if ((rc = build_tokmap(t, err)) || (rc = build_mergemap(t, err)) || (rc = tok_pre_build(t, err)) ||
+    if ((rc = build_tokmap(t, err)) || (rc = build_mergemap(t, err)) || (rc = jlm_tok_pre_build(t, err)) ||
         (rc = build_pieces(t, err)) || (rc = build_specials(t, err))) {
         jlm_tok_destroy(t);
         return rc;
@@ -306,7 +306,7 @@ void jlm_tok_destroy(jlm_tok *t)
 {
     if (!t)
         return;
-    tok_pre_free(t);
+    jlm_tok_pre_free(t);
     free(t->kind);
     free(t->tokmap.slot);
     free(t->mergemap.slot);
@@ -415,14 +415,14 @@ static int spm_fragment(const jlm_tok *t, const char *s, size_t n, int prefix, t
 {
     tok_sbuf b = {0};
     if (prefix)
-        tok_sbuf_put(&b, "\xe2\x96\x81", 3);
+        jlm_tok_sbuf_put(&b, "\xe2\x96\x81", 3);
     for (size_t i = 0; i < n; i++) {
         if (s[i] == ' ')
-            tok_sbuf_put(&b, "\xe2\x96\x81", 3);
+            jlm_tok_sbuf_put(&b, "\xe2\x96\x81", 3);
         else
-            tok_sbuf_put(&b, s + i, 1);
+            jlm_tok_sbuf_put(&b, s + i, 1);
     }
-    int rc = b.oom ? JLM_ENOMEM : tok_spm(t, b.p ? b.p : "", b.n, out);
+    int rc = b.oom ? JLM_ENOMEM : jlm_tok_spm(t, b.p ? b.p : "", b.n, out);
     free(b.p);
     return rc;
 }
@@ -437,25 +437,25 @@ int jlm_tok_encode(const jlm_tok *t, const char *text, size_t len, int add_speci
     tok_ids out = {0};
     int rc = partition(t, text, len, parse_special, &f);
     if (add_special && v->add_bos)
-        tok_ids_push(&out, v->bos);
+        jlm_tok_ids_push(&out, v->bos);
     int prev_special = 1;
     for (size_t i = 0; i < f.n && !rc; i++) {
         const frag *fr = &f.p[i];
         if (fr->id >= 0) {
-            tok_ids_push(&out, fr->id);
+            jlm_tok_ids_push(&out, fr->id);
             prev_special = 1;
             continue;
         }
         if (v->kind == JLM_VOCAB_SPM)
             rc = spm_fragment(t, text + fr->off, fr->len, v->add_space_prefix && prev_special, &out);
         else if (v->kind == JLM_VOCAB_BPE)
-            rc = tok_bpe(t, text + fr->off, fr->len, &out);
+            rc = jlm_tok_bpe(t, text + fr->off, fr->len, &out);
         else
-            rc = tok_wpm(t, text + fr->off, fr->len, &out);
+            rc = jlm_tok_wpm(t, text + fr->off, fr->len, &out);
         prev_special = 0;
     }
     if (add_special && v->add_eos)
-        tok_ids_push(&out, v->kind == JLM_VOCAB_WPM ? v->sep : v->eos);
+        jlm_tok_ids_push(&out, v->kind == JLM_VOCAB_WPM ? v->sep : v->eos);
     free(f.p);
     if (!rc && out.oom)
         rc = JLM_ENOMEM;
@@ -494,7 +494,7 @@ int jlm_tok_decode(const jlm_tok *t, const int32_t *ids, size_t n, int special,
                    char **text, size_t *len, jlm_err *err)
 {
     tok_sbuf b = {0};
-    tok_sbuf_put(&b, "", 0);
+    jlm_tok_sbuf_put(&b, "", 0);
     for (size_t i = 0; i < n; i++) {
         const char *p;
         size_t pl;
@@ -507,7 +507,7 @@ int jlm_tok_decode(const jlm_tok *t, const int32_t *ids, size_t n, int special,
             p++;
             pl--;
         }
-        tok_sbuf_put(&b, p, pl);
+        jlm_tok_sbuf_put(&b, p, pl);
     }
     if (b.oom) {
         free(b.p);

@@ -1,11 +1,11 @@
-/* residency.c - the residency and statistics database (engine/residency.h).
+/* residency.c - the residency and statistics database (residency/residency.h).
  *
  * Sections: schema and open; discovery (xattrs); sessions and pruning; the
  * event queue and flush (tier attribution); queries (resident, stats text and
  * JSON). docs/residency.md gives the schema, the attribution rule and why.
  */
-#include "engine/residency.h"
-#include "engine/source.h"
+#include "residency/residency.h"
+#include "base/tier.h"
 
 #include <errno.h>
 #include <jansson.h>
@@ -73,6 +73,8 @@ struct jlm_rdb {
     size_t        nq, capq;
     char        **keys;             /* (nkeys,) model keys of queued daemon reads */
     size_t        nkeys;
+    jlm_rdb_clock_fn clock;         /* wall clock of every stamp; never NULL */
+    void         *clock_ctx;
 };
 
 /* Page order everywhere: blocks, vision, experts, then a, then b. */
@@ -99,11 +101,17 @@ static const char SCHEMA[] =
     "CREATE INDEX IF NOT EXISTS resident_model ON resident(model_id, array, a, b);"
     "INSERT OR IGNORE INTO meta(key, value) VALUES ('schema_version', '1');";
 
-static double now_real(void)
+static double now_real(void *ctx)
 {
     struct timespec t;
     clock_gettime(CLOCK_REALTIME, &t);
     return (double)t.tv_sec + (double)t.tv_nsec * 1e-9;
+}
+
+void jlm_rdb_set_clock(jlm_rdb *db, jlm_rdb_clock_fn fn, void *ctx)
+{
+    db->clock = fn ? fn : now_real;
+    db->clock_ctx = fn ? ctx : NULL;
 }
 
 /* The SQLite failure as a JLM code with the path and SQLite's message. */
@@ -199,6 +207,7 @@ int jlm_rdb_open(const char *path, int create, jlm_rdb **out, jlm_err *err)
         free(db);
         return jlm_errf(err, JLM_ENOMEM, "%s: residency database: out of memory", path);
     }
+    db->clock = now_real;
     int e = open_db(db, create, err);
     if (e) {
         jlm_rdb_close(db);
@@ -332,7 +341,7 @@ static int model_id(jlm_rdb *db, const char *key, int64_t *id, jlm_err *err)
 {
     sqlite3_stmt *ins = db->st[ST_MODEL_INS], *sel = db->st[ST_MODEL_ID];
     sqlite3_bind_text(ins, 1, key, -1, SQLITE_STATIC);
-    sqlite3_bind_double(ins, 2, now_real());
+    sqlite3_bind_double(ins, 2, db->clock(db->clock_ctx));
     int rc = sqlite3_step(ins);
     sqlite3_reset(ins);
     if (rc != SQLITE_DONE)
@@ -357,7 +366,7 @@ int jlm_rdb_session_begin(jlm_rdb *db, const char *model_key, int64_t *session, 
     }
     char sql[200];
     snprintf(sql, sizeof sql, "INSERT INTO sessions(model_id, pid, pid_start, started) VALUES (%lld, %d, %lld, %.6f)",
-             (long long)mid, (int)getpid(), (long long)pid_start(getpid()), now_real());
+             (long long)mid, (int)getpid(), (long long)pid_start(getpid()), db->clock(db->clock_ctx));
     if ((e = exec(db, sql, "begin session", err))) {
         rollback(db);
         return e;
@@ -425,7 +434,7 @@ int jlm_rdb_event(jlm_rdb *db, int64_t session, const char *array, int32_t a, in
     if (!valid_array(array) || kind < JLM_RDB_PAGE_IN || kind > JLM_RDB_EVICT || bytes > INT64_MAX)
         return jlm_errf(err, JLM_EINVAL, "%s: residency event: array '%s', kind %d (expected blocks, vision or "
                         "experts and kind 1..4)", db->path, array ? array : "(null)", kind);
-    rdb_rec r = { .sid = session, .a = a, .b = b, .kind = kind, .tier = tier, .bytes = bytes, .t = now_real() };
+    rdb_rec r = { .sid = session, .a = a, .b = b, .kind = kind, .tier = tier, .bytes = bytes, .t = db->clock(db->clock_ctx) };
     snprintf(r.array, sizeof r.array, "%s", array);
     return enqueue(db, &r, err);
 }
@@ -448,7 +457,7 @@ int jlm_rdb_daemon_read(jlm_rdb *db, const char *model_key, const char *array, i
         db->nkeys++;
     }
     rdb_rec r = { .key_idx = (uint32_t)k, .a = a, .b = b, .kind = RDB_DAEMON, .tier = tier, .bytes = bytes,
-                  .t = now_real() };
+                  .t = db->clock(db->clock_ctx) };
     snprintf(r.array, sizeof r.array, "%s", array);
     return enqueue(db, &r, err);
 }

@@ -22,7 +22,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "tok_internal.h"
+#include "text/tokenizer/tokenizer_int.h"
 
 /* ================================================================ AST */
 enum { RX_ATOM = 1, RX_GROUP = 2, RX_END = 3, RX_NLA = 4 };
@@ -43,7 +43,7 @@ struct rx_seq { uint32_t n, cap; rx_node *node; };
 
 struct tok_rx {
     rx_alt top;
-    void  *blocks;           /* every allocation, chained for tok_rx_free */
+    void  *blocks;           /* every allocation, chained for jlm_tok_rx_free */
 };
 
 /* All memory of a regex is chained in rx->blocks: [next][payload]. */
@@ -57,7 +57,7 @@ static void *rx_alloc(tok_rx *rx, size_t n)
     return b + 1;
 }
 
-void tok_rx_free(tok_rx *rx)
+void jlm_tok_rx_free(tok_rx *rx)
 {
     if (!rx)
         return;
@@ -363,10 +363,10 @@ static int parse_alt(rx_parse *ps, rx_alt *alt)
     }
 }
 
-int tok_rx_compile(const char *src, size_t len, const char *what, tok_rx **out, jlm_err *err)
+int jlm_tok_rx_compile(const char *src, size_t len, const char *what, tok_rx **out, jlm_err *err)
 {
     tok_cpts cp = {0};
-    tok_cpts_from_utf8(src, len, &cp);
+    jlm_tok_cpts_from_utf8(src, len, &cp);
     if (cp.oom) {
         free(cp.p);
         return jlm_errf(err, JLM_ENOMEM, "%s: out of memory", what);
@@ -383,7 +383,7 @@ int tok_rx_compile(const char *src, size_t len, const char *what, tok_rx **out, 
         perr(&ps, JLM_EUNSUPPORTED, "\\p{..} together with non-ASCII literals (llama.cpp refuses this too)");
     free(cp.p);
     if (ps.rc) {
-        tok_rx_free(rx);
+        jlm_tok_rx_free(rx);
         return ps.rc;
     }
     *out = rx;
@@ -415,7 +415,7 @@ static int is_rx_space(uint32_t w) { return w == ' ' || (w >= 0x09 && w <= 0x0D)
 /* One code point against a class. w is cp with non-ASCII whitespace mapped to 0x0B. */
 static int class_match(const rx_class *c, uint32_t cp)
 {
-    uint32_t fl = cp >= 128 ? tok_flags(cp) : 0;
+    uint32_t fl = cp >= 128 ? jlm_tok_flags(cp) : 0;
     uint32_t w = (cp >= 128 && (fl & TF_WS)) ? 0x0B : cp;
     int hit = 0;
     for (uint32_t i = 0; i < c->n && !hit; i++) {
@@ -481,7 +481,7 @@ static long m_seq(const rx_ctx *c, const rx_seq *s, uint32_t i, size_t pos, cons
     }
 }
 
-int tok_rx_split(const tok_rx *rx, const uint32_t *cpts, const tok_lens *in, tok_lens *out)
+int jlm_tok_rx_split(const tok_rx *rx, const uint32_t *cpts, const tok_lens *in, tok_lens *out)
 {
     size_t start = 0;
     for (size_t p = 0; p < in->n; p++) {
@@ -494,12 +494,12 @@ int tok_rx_split(const tok_rx *rx, const uint32_t *cpts, const tok_lens *in, tok
                 continue;
             }
             if (at > prev)
-                tok_lens_push(out, at - prev);
-            tok_lens_push(out, (size_t)e - at);
+                jlm_tok_lens_push(out, at - prev);
+            jlm_tok_lens_push(out, (size_t)e - at);
             prev = at = (size_t)e;
         }
         if (prev < end)
-            tok_lens_push(out, end - prev);
+            jlm_tok_lens_push(out, end - prev);
         start = end;
     }
     return out->oom ? JLM_ENOMEM : JLM_OK;

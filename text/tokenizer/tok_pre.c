@@ -14,7 +14,7 @@
 
 #include <utf8proc.h>
 
-#include "tok_internal.h"
+#include "text/tokenizer/tokenizer_int.h"
 
 /* ================================================================ vectors */
 #define VEC_PUSH(v, x) do {                                                     \
@@ -28,11 +28,11 @@
         (v)->p[(v)->n++] = (x);                                                 \
     } while (0)
 
-void tok_ids_push(tok_ids *v, int32_t x)    { VEC_PUSH(v, x); }
-void tok_lens_push(tok_lens *v, size_t x)   { VEC_PUSH(v, x); }
-void tok_cpts_push(tok_cpts *v, uint32_t x) { VEC_PUSH(v, x); }
+void jlm_tok_ids_push(tok_ids *v, int32_t x)    { VEC_PUSH(v, x); }
+void jlm_tok_lens_push(tok_lens *v, size_t x)   { VEC_PUSH(v, x); }
+void jlm_tok_cpts_push(tok_cpts *v, uint32_t x) { VEC_PUSH(v, x); }
 
-void tok_sbuf_put(tok_sbuf *b, const void *p, size_t n)
+void jlm_tok_sbuf_put(tok_sbuf *b, const void *p, size_t n)
 {
     if (b->oom)
         return;
@@ -55,7 +55,7 @@ void tok_sbuf_put(tok_sbuf *b, const void *p, size_t n)
 }
 
 /* unicode_cpt_to_utf8; a code point above U+10FFFF (never produced) is dropped. */
-void tok_sbuf_cpt(tok_sbuf *b, uint32_t cp)
+void jlm_tok_sbuf_cpt(tok_sbuf *b, uint32_t cp)
 {
     uint8_t u[4];
     size_t n;
@@ -69,7 +69,7 @@ void tok_sbuf_cpt(tok_sbuf *b, uint32_t cp)
     } else {
         return;
     }
-    tok_sbuf_put(b, u, n);
+    jlm_tok_sbuf_put(b, u, n);
 }
 
 /* ================================================================ unicode */
@@ -81,7 +81,7 @@ static int is_white(uint32_t cp)
            cp == 0x205F || cp == 0x3000;
 }
 
-uint32_t tok_flags(uint32_t cp)
+uint32_t jlm_tok_flags(uint32_t cp)
 {
     if (cp > 0x10FFFF)
         return TF_UNDEF;
@@ -112,12 +112,12 @@ uint32_t tok_flags(uint32_t cp)
     return is_white(cp) ? f | TF_WS : f;
 }
 
-uint32_t tok_tolower(uint32_t cp)
+uint32_t jlm_tok_tolower(uint32_t cp)
 {
     return cp > 0x10FFFF ? cp : (uint32_t)utf8proc_tolower((utf8proc_int32_t)cp);
 }
 
-uint32_t tok_nfd_first(uint32_t cp)
+uint32_t jlm_tok_nfd_first(uint32_t cp)
 {
     if (cp < 0xC0 || cp > 0x10FFFF)
         return cp;
@@ -127,7 +127,7 @@ uint32_t tok_nfd_first(uint32_t cp)
     return (n >= 1 && n <= 32) ? (uint32_t)d[0] : cp;
 }
 
-size_t tok_utf8_len(uint8_t lead)
+size_t jlm_tok_utf8_len(uint8_t lead)
 {
     static const uint8_t lookup[16] = {1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 2, 2, 3, 4};
     return lookup[lead >> 4];
@@ -135,7 +135,7 @@ size_t tok_utf8_len(uint8_t lead)
 
 /* unicode_cpt_from_utf8 + unicode_cpts_from_utf8: structure checks only (no
  * overlong/surrogate checks), a bad sequence gives U+FFFD and skips one byte. */
-void tok_cpts_from_utf8(const char *str, size_t n, tok_cpts *out)
+void jlm_tok_cpts_from_utf8(const char *str, size_t n, tok_cpts *out)
 {
     const uint8_t *s = (const uint8_t *)str;
     for (size_t i = 0; i < n;) {
@@ -159,10 +159,10 @@ void tok_cpts_from_utf8(const char *str, size_t n, tok_cpts *out)
             }
         }
         if (len == 0) {
-            tok_cpts_push(out, 0xFFFD);
+            jlm_tok_cpts_push(out, 0xFFFD);
             i++;
         } else {
-            tok_cpts_push(out, cp);
+            jlm_tok_cpts_push(out, cp);
             i += len;
         }
     }
@@ -170,7 +170,7 @@ void tok_cpts_from_utf8(const char *str, size_t n, tok_cpts *out)
 
 /* GPT-2's bytes_to_unicode: printable Latin-1 bytes map to themselves, the
  * other 68 (0x00-0x20, 0x7F-0xA0, 0xAD) to U+0100.. in byte order. */
-uint32_t tok_byte_to_cpt(uint8_t b)
+uint32_t jlm_tok_byte_to_cpt(uint8_t b)
 {
     if (b <= 0x20)
         return 256u + b;
@@ -181,7 +181,7 @@ uint32_t tok_byte_to_cpt(uint8_t b)
     return b;
 }
 
-int tok_cpt_to_byte(uint32_t cp)
+int jlm_tok_cpt_to_byte(uint32_t cp)
 {
     if ((cp >= 0x21 && cp <= 0x7E) || (cp >= 0xA1 && cp <= 0xAC) || (cp >= 0xAE && cp <= 0xFF))
         return (int)cp;
@@ -203,13 +203,13 @@ typedef struct split_ctx {
 } split_ctx;
 
 static uint32_t sc_cpt(const split_ctx *c, size_t pos) { return pos >= c->ini && pos < c->end ? c->cp[pos] : 0xFFFFFFFFu; }
-static uint32_t sc_flags(const split_ctx *c, size_t pos) { return pos >= c->ini && pos < c->end ? tok_flags(c->cp[pos]) : 0; }
+static uint32_t sc_flags(const split_ctx *c, size_t pos) { return pos >= c->ini && pos < c->end ? jlm_tok_flags(c->cp[pos]) : 0; }
 
 static size_t sc_add(split_ctx *c, size_t end)
 {
     size_t len = end - c->prev;
     if (len)
-        tok_lens_push(c->out, len);
+        jlm_tok_lens_push(c->out, len);
     c->prev = end;
     return len;
 }
@@ -221,14 +221,14 @@ static size_t contraction(const split_ctx *c, size_t pos, int fold)
         return 0;
     uint32_t a = sc_cpt(c, pos + 1);
     if (fold)
-        a = tok_tolower(a);
+        a = jlm_tok_tolower(a);
     if (a == 's' || a == 't' || a == 'm' || a == 'd')
         return 2;
     if (pos + 2 >= c->end)
         return 0;
     uint32_t b = sc_cpt(c, pos + 2);
     if (fold)
-        b = tok_tolower(b);
+        b = jlm_tok_tolower(b);
     if ((a == 'r' && b == 'e') || (a == 'v' && b == 'e') || (a == 'l' && b == 'l'))
         return 3;
     return 0;
@@ -364,7 +364,7 @@ static const char *kind_pattern(const jlm_preop *op, char *buf, size_t cap)
     }
 }
 
-int tok_pre_build(jlm_tok *t, jlm_err *err)
+int jlm_tok_pre_build(jlm_tok *t, jlm_err *err)
 {
     const jlm_vocab *v = t->v;
     t->wpm_lower = t->wpm_strip = 0;
@@ -411,7 +411,7 @@ int tok_pre_build(jlm_tok *t, jlm_err *err)
             return jlm_errf(err, JLM_EUNSUPPORTED, "%s: Split with LetterMarks needs a regex stage", what);
         }
         if (pat) {
-            int rc = tok_rx_compile(pat, plen, what, &st->rx, err);
+            int rc = jlm_tok_rx_compile(pat, plen, what, &st->rx, err);
             if (rc)
                 return rc;
         }
@@ -419,10 +419,10 @@ int tok_pre_build(jlm_tok *t, jlm_err *err)
     return JLM_OK;
 }
 
-void tok_pre_free(jlm_tok *t)
+void jlm_tok_pre_free(jlm_tok *t)
 {
     for (uint32_t i = 0; i < t->n_stages; i++)
-        tok_rx_free(t->stages[i].rx);
+        jlm_tok_rx_free(t->stages[i].rx);
     free(t->stages);
     t->stages = NULL;
     t->n_stages = 0;
@@ -430,13 +430,13 @@ void tok_pre_free(jlm_tok *t)
 
 /* Runs every splitting stage, then writes each piece as UTF-8 (byte-encoded
  * when a ByteLevel stage is present), as unicode_regex_split does. */
-int tok_pre_split(const jlm_tok *t, const char *text, size_t len, tok_sbuf *words, tok_lens *lens)
+int jlm_tok_pre_split(const jlm_tok *t, const char *text, size_t len, tok_sbuf *words, tok_lens *lens)
 {
     tok_cpts cp = {0};
     tok_lens a = {0}, b = {0};
     int rc = JLM_OK;
-    tok_cpts_from_utf8(text, len, &cp);
-    tok_lens_push(&a, cp.n);
+    jlm_tok_cpts_from_utf8(text, len, &cp);
+    jlm_tok_lens_push(&a, cp.n);
     if (cp.oom || a.oom)
         rc = JLM_ENOMEM;
     for (uint32_t i = 0; i < t->n_stages && !rc; i++) {
@@ -444,7 +444,7 @@ int tok_pre_split(const jlm_tok *t, const char *text, size_t len, tok_sbuf *word
         if (st->op->kind == 2 || st->op->kind == 5)
             continue;
         b.n = 0;
-        rc = st->rx ? tok_rx_split(st->rx, cp.p, &a, &b) : split_hand(st->op, cp.p, &a, &b);
+        rc = st->rx ? jlm_tok_rx_split(st->rx, cp.p, &a, &b) : split_hand(st->op, cp.p, &a, &b);
         tok_lens tmp = a;
         a = b;
         b = tmp;
@@ -456,16 +456,16 @@ int tok_pre_split(const jlm_tok *t, const char *text, size_t len, tok_sbuf *word
             continue;
         piece.n = 0;
         for (size_t i = start; i < start + a.p[p]; i++)
-            tok_sbuf_cpt(&piece, cp.p[i]);
+            jlm_tok_sbuf_cpt(&piece, cp.p[i]);
         start += a.p[p];
         size_t before = words->n;
         if (t->byte_level) {
             for (size_t i = 0; i < piece.n; i++)
-                tok_sbuf_cpt(words, tok_byte_to_cpt((uint8_t)piece.p[i]));
+                jlm_tok_sbuf_cpt(words, jlm_tok_byte_to_cpt((uint8_t)piece.p[i]));
         } else {
-            tok_sbuf_put(words, piece.p, piece.n);
+            jlm_tok_sbuf_put(words, piece.p, piece.n);
         }
-        tok_lens_push(lens, words->n - before);
+        jlm_tok_lens_push(lens, words->n - before);
         if (piece.oom || words->oom || lens->oom)
             rc = JLM_ENOMEM;
     }

@@ -3,7 +3,7 @@
  * Owns: parsing a template (Jinja2 3.1 syntax with the Hugging Face
  * transformers settings trim_blocks, lstrip_blocks, one trailing newline
  * dropped) and rendering it with variables given as a JSON object. Knows
- * nothing of chat messages or models (engine/chat.h adds those).
+ * nothing of chat messages or models (text/template/chat.h adds those).
  *
  * Invariants:
  *   1. Output is Python Jinja2's output for the same template and variables,
@@ -17,7 +17,9 @@
  *   3. Undefined is jinja2.Undefined: renders "", is falsy, iterates empty,
  *      and raises on attribute access, call or arithmetic.
  *   4. Bounds: at most 512 MiB of interpreter memory, 256 MiB of output,
- *      nesting depth 2000, range() of 100000 items: JLM_ERANGE beyond.
+ *      expressions and variables (and tojson) nested 200 deep, evaluation
+ *      (statements, calls, macros, recursion) nested 2000 deep, range() of
+ *      100000 items: JLM_ERANGE beyond, naming the bound.
  *
  * Globals always defined: range, namespace, dict, raise_exception(msg)
  * (fails with JLM_EINVAL and the message), strftime_now(fmt) (C strftime of
@@ -34,7 +36,7 @@
 
 #include <jansson.h>
 
-#include "format/jlm_err.h"
+#include "base/jlm_err.h"
 
 typedef struct jlm_jinja jlm_jinja;
 

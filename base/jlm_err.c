@@ -1,5 +1,5 @@
 /* jlm_err.c - formatting of the project's error values (see jlm_err.h). */
-#include "jlm_err.h"
+#include "base/jlm_err.h"
 
 #include <stdio.h>
 #include <string.h>

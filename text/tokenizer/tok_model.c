@@ -10,7 +10,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "tok_internal.h"
+#include "text/tokenizer/tokenizer_int.h"
 
 /* ================================================================ symbols and the pair heap */
 typedef struct sym { int prev, next; const char *text; size_t n; } sym;
@@ -88,7 +88,7 @@ static sym *make_syms(const char *text, size_t len, size_t *n_out)
         return NULL;
     size_t n = 0;
     for (size_t off = 0; off < len;) {
-        size_t cl = tok_utf8_len((uint8_t)text[off]);
+        size_t cl = jlm_tok_utf8_len((uint8_t)text[off]);
         if (cl > len - off)
             cl = len - off;
         s[n] = (sym){(int)n - 1, off + cl == len ? -1 : (int)n + 1, text + off, cl};
@@ -117,7 +117,7 @@ static void spm_try(const jlm_tok *t, const sym *s, heap *h, int left, int right
         return;
     size_t n = s[left].n + s[right].n;
     memcpy(scratch, s[left].text, n);   /* the two symbols are adjacent in the text */
-    int32_t id = tok_lookup(t, scratch, n);
+    int32_t id = jlm_tok_lookup(t, scratch, n);
     if (id < 0)
         return;
     float score = t->v->n_scores ? t->v->scores[id] : 0.0f;
@@ -126,16 +126,16 @@ static void spm_try(const jlm_tok *t, const sym *s, heap *h, int left, int right
 
 static void spm_emit(const jlm_tok *t, const sym *sy, tok_ids *out)
 {
-    int32_t id = tok_lookup(t, sy->text, sy->n);
+    int32_t id = jlm_tok_lookup(t, sy->text, sy->n);
     if (id >= 0) {
-        tok_ids_push(out, id);
+        jlm_tok_ids_push(out, id);
         return;
     }
     /* A symbol that is not a token is a single character (merged symbols are
      * always tokens): output it as byte tokens, llama.cpp's byte fallback. */
     if (!t->v->byte_fallback) {
         if (t->v->unk >= 0)
-            tok_ids_push(out, t->v->unk);
+            jlm_tok_ids_push(out, t->v->unk);
         return;
     }
     for (size_t j = 0; j < sy->n; j++) {
@@ -143,11 +143,11 @@ static void spm_emit(const jlm_tok *t, const sym *sy, tok_ids *out)
         if (b < 0)
             b = t->v->unk;
         if (b >= 0)
-            tok_ids_push(out, b);
+            jlm_tok_ids_push(out, b);
     }
 }
 
-int tok_spm(const jlm_tok *t, const char *text, size_t len, tok_ids *out)
+int jlm_tok_spm(const jlm_tok *t, const char *text, size_t len, tok_ids *out)
 {
     size_t n = 0;
     sym *s = make_syms(text, len, &n);
@@ -180,7 +180,7 @@ static void bpe_try(const jlm_tok *t, const sym *s, heap *h, int left, int right
 {
     if (left < 0 || right < 0)
         return;
-    int32_t rank = tok_merge_rank(t, s[left].text, s[left].n, s[right].text, s[right].n);
+    int32_t rank = jlm_tok_merge_rank(t, s[left].text, s[left].n, s[right].text, s[right].n);
     if (rank < 0)
         return;
     heap_push(h, (pair){left, right, 0.0f, rank, s[left].n, s[right].n});
@@ -188,15 +188,15 @@ static void bpe_try(const jlm_tok *t, const sym *s, heap *h, int left, int right
 
 static void bpe_emit(const jlm_tok *t, const sym *sy, tok_ids *out)
 {
-    int32_t id = tok_lookup(t, sy->text, sy->n);
+    int32_t id = jlm_tok_lookup(t, sy->text, sy->n);
     if (id >= 0) {
-        tok_ids_push(out, id);
+        jlm_tok_ids_push(out, id);
         return;
     }
     for (size_t j = 0; j < sy->n; j++) {   /* llama.cpp: each byte as a 1-byte token, else dropped */
-        int32_t b = t->byte_level ? tok_lookup(t, sy->text + j, 1) : t->byte_tok[(uint8_t)sy->text[j]];
+        int32_t b = t->byte_level ? jlm_tok_lookup(t, sy->text + j, 1) : t->byte_tok[(uint8_t)sy->text[j]];
         if (b >= 0)
-            tok_ids_push(out, b);
+            jlm_tok_ids_push(out, b);
     }
 }
 
@@ -204,7 +204,7 @@ static int bpe_word(const jlm_tok *t, const char *w, size_t wl, tok_ids *out)
 {
     size_t n = 0;
     sym *s;
-    if (t->v->ignore_merges && tok_lookup(t, w, wl) >= 0) {
+    if (t->v->ignore_merges && jlm_tok_lookup(t, w, wl) >= 0) {
         s = malloc(sizeof(sym));
         if (s) {
             s[0] = (sym){-1, -1, w, wl};
@@ -236,11 +236,11 @@ static int bpe_word(const jlm_tok *t, const char *w, size_t wl, tok_ids *out)
     return rc;
 }
 
-int tok_bpe(const jlm_tok *t, const char *text, size_t len, tok_ids *out)
+int jlm_tok_bpe(const jlm_tok *t, const char *text, size_t len, tok_ids *out)
 {
     tok_sbuf words = {0};
     tok_lens lens = {0};
-    int rc = tok_pre_split(t, text, len, &words, &lens);
+    int rc = jlm_tok_pre_split(t, text, len, &words, &lens);
     size_t off = 0;
     for (size_t i = 0; i < lens.n && !rc; i++) {
         rc = bpe_word(t, words.p + off, lens.p[i], out);
@@ -268,30 +268,30 @@ static void wpm_word(const jlm_tok *t, const char *w, size_t n, tok_ids *out)
         size_t j = i + t->max_token_len + 1 < n ? i + t->max_token_len + 1 : n;
         int32_t id = -1;
         for (; j > i; j--)
-            if ((id = tok_lookup(t, w + i, j - i)) >= 0)
+            if ((id = jlm_tok_lookup(t, w + i, j - i)) >= 0)
                 break;
         if (id < 0) {
             out->n = mark;
             break;
         }
-        tok_ids_push(out, id);
+        jlm_tok_ids_push(out, id);
         i = j - 1;
     }
     if (out->n == mark && t->v->unk >= 0)
-        tok_ids_push(out, t->v->unk);
+        jlm_tok_ids_push(out, t->v->unk);
 }
 
-int tok_wpm(const jlm_tok *t, const char *text, size_t len, tok_ids *out)
+int jlm_tok_wpm(const jlm_tok *t, const char *text, size_t len, tok_ids *out)
 {
     tok_cpts cp = {0};
     tok_sbuf w = {0};
-    tok_cpts_from_utf8(text, len, &cp);
-    tok_sbuf_put(&w, "\xe2\x96\x81", 3);
+    jlm_tok_cpts_from_utf8(text, len, &cp);
+    jlm_tok_sbuf_put(&w, "\xe2\x96\x81", 3);
     for (size_t i = 0; i <= cp.n && !cp.oom; i++) {
         uint32_t c = i < cp.n ? cp.p[i] : ' ';
         if (t->wpm_strip)
-            c = tok_nfd_first(c);
-        uint32_t f = tok_flags(c);
+            c = jlm_tok_nfd_first(c);
+        uint32_t f = jlm_tok_flags(c);
         int single = !(f & TF_WS) && ((f & TF_PUNCT) || (c < 0x7F && (f & TF_SYMBOL)) || is_chinese(c));
         if ((f & TF_WS) || single) {            /* finish the word in progress */
             if (w.n > 3)
@@ -304,7 +304,7 @@ int tok_wpm(const jlm_tok *t, const char *text, size_t len, tok_ids *out)
             continue;
         if (t->wpm_strip && (f & TF_MARK))
             continue;
-        tok_sbuf_cpt(&w, t->wpm_lower ? tok_tolower(c) : c);
+        jlm_tok_sbuf_cpt(&w, t->wpm_lower ? jlm_tok_tolower(c) : c);
         if (single) {
             wpm_word(t, w.p, w.n, out);
             w.n = 3;

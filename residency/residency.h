@@ -35,7 +35,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "format/jlm_err.h"
+#include "base/jlm_err.h"
 
 typedef struct jlm_rdb jlm_rdb;
 
@@ -43,6 +43,13 @@ typedef struct jlm_rdb jlm_rdb;
  * timeout, schema created or checked. *out untouched on error. */
 int  jlm_rdb_open(const char *path, int create, jlm_rdb **out, jlm_err *err);
 void jlm_rdb_close(jlm_rdb *db);   /* accepts NULL */
+
+/* The wall clock stamping sessions, models and reads (seconds since the
+ * epoch). Default CLOCK_REALTIME; tests inject a clock that advances on every
+ * call instead of sleeping for distinct stamps. fn NULL restores the default.
+ * Per handle; cannot fail. */
+typedef double (*jlm_rdb_clock_fn)(void *ctx);
+void jlm_rdb_set_clock(jlm_rdb *db, jlm_rdb_clock_fn fn, void *ctx);
 
 /* Reads the view's extended attributes from a view directory or a file in
  * it. JLM_ENOTFOUND if path is not on a jlmfs view. Outputs malloc'd. */

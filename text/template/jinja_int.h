@@ -5,7 +5,7 @@
  * it and nothing is reference counted.
  *
  * Errors: inside the lexer, parser and interpreter an error is raised with
- * jj_fail(), which formats the message into the caller's jlm_err and longjmps
+ * jlm_jj_fail(), which formats the message into the caller's jlm_err and longjmps
  * back to the single public entry point (jlm_jinja_parse / jlm_jinja_render).
  * This is safe because nothing is owned outside the arena. The public
  * functions keep the project convention (return 0 or -JLM_E*).
@@ -21,7 +21,7 @@
 #include <stdint.h>
 #include <time.h>
 
-#include "format/jlm_err.h"
+#include "base/jlm_err.h"
 
 #define JJ_MAX_ARENA ((size_t)512 << 20)
 #define JJ_MAX_OUT   ((size_t)256 << 20)
@@ -131,60 +131,60 @@ struct jj_ctx {
 };
 
 /* jinja_value.c */
-_Noreturn void jj_fail(jj_ctx *C, int code, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
-void   *jj_alloc(jj_ctx *C, size_t n);
-void    jj_arena_free(jj_arena *a);
-char   *jj_strdup(jj_ctx *C, const char *s, size_t n);
-jj_val  jj_undef(const char *name);
-jj_val  jj_none(void);
-jj_val  jj_bool(int b);
-jj_val  jj_int(int64_t i);
-jj_val  jj_float(double f);
-jj_val  jj_strn(jj_ctx *C, const char *s, size_t n);
-jj_val  jj_cstr(jj_ctx *C, const char *s);
-jj_val  jj_new_list(jj_ctx *C);
-jj_val  jj_new_dict(jj_ctx *C);
-jj_val  jj_new_func(jj_ctx *C, const char *name, jj_builtin fn, jj_val self);
-void    jj_list_push(jj_ctx *C, jj_list *l, jj_val v);
-jj_val *jj_dict_find(jj_dict *d, jj_val key);
-jj_val *jj_dict_finds(jj_dict *d, const char *key);
-void    jj_dict_set(jj_ctx *C, jj_dict *d, jj_val key, jj_val v);
-void    jj_dict_sets(jj_ctx *C, jj_dict *d, const char *key, jj_val v);
-int     jj_truthy(jj_val v);
-int     jj_equal(jj_val a, jj_val b);
-int     jj_compare(jj_ctx *C, jj_val a, jj_val b);   /* <0, 0, >0; raises on unorderable */
-const char *jj_type_name(jj_val v);
-void    jj_buf_put(jj_ctx *C, jj_buf *b, const char *s, size_t n);
-void    jj_buf_puts(jj_ctx *C, jj_buf *b, const char *s);
-void    jj_buf_printf(jj_ctx *C, jj_buf *b, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
-void    jj_write_str(jj_ctx *C, jj_buf *b, jj_val v);      /* Python str() */
-void    jj_write_repr(jj_ctx *C, jj_buf *b, jj_val v);     /* Python repr() */
-void    jj_write_float(jj_buf *b, jj_ctx *C, double f);    /* Python float repr */
-jj_val  jj_to_str(jj_ctx *C, jj_val v);                    /* str() as a JT_STR */
+_Noreturn void jlm_jj_fail(jj_ctx *C, int code, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
+void   *jlm_jj_alloc(jj_ctx *C, size_t n);
+void    jlm_jj_arena_free(jj_arena *a);
+char   *jlm_jj_strdup(jj_ctx *C, const char *s, size_t n);
+jj_val  jlm_jj_undef(const char *name);
+jj_val  jlm_jj_none(void);
+jj_val  jlm_jj_bool(int b);
+jj_val  jlm_jj_int(int64_t i);
+jj_val  jlm_jj_float(double f);
+jj_val  jlm_jj_strn(jj_ctx *C, const char *s, size_t n);
+jj_val  jlm_jj_cstr(jj_ctx *C, const char *s);
+jj_val  jlm_jj_new_list(jj_ctx *C);
+jj_val  jlm_jj_new_dict(jj_ctx *C);
+jj_val  jlm_jj_new_func(jj_ctx *C, const char *name, jj_builtin fn, jj_val self);
+void    jlm_jj_list_push(jj_ctx *C, jj_list *l, jj_val v);
+jj_val *jlm_jj_dict_find(jj_dict *d, jj_val key);
+jj_val *jlm_jj_dict_finds(jj_dict *d, const char *key);
+void    jlm_jj_dict_set(jj_ctx *C, jj_dict *d, jj_val key, jj_val v);
+void    jlm_jj_dict_sets(jj_ctx *C, jj_dict *d, const char *key, jj_val v);
+int     jlm_jj_truthy(jj_val v);
+int     jlm_jj_equal(jj_val a, jj_val b);
+int     jlm_jj_compare(jj_ctx *C, jj_val a, jj_val b);   /* <0, 0, >0; raises on unorderable */
+const char *jlm_jj_type_name(jj_val v);
+void    jlm_jj_buf_put(jj_ctx *C, jj_buf *b, const char *s, size_t n);
+void    jlm_jj_buf_puts(jj_ctx *C, jj_buf *b, const char *s);
+void    jlm_jj_buf_printf(jj_ctx *C, jj_buf *b, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
+void    jlm_jj_write_str(jj_ctx *C, jj_buf *b, jj_val v);      /* Python str() */
+void    jlm_jj_write_repr(jj_ctx *C, jj_buf *b, jj_val v);     /* Python repr() */
+void    jlm_jj_write_float(jj_buf *b, jj_ctx *C, double f);    /* Python float repr */
+jj_val  jlm_jj_to_str(jj_ctx *C, jj_val v);                    /* str() as a JT_STR */
 /* json.dumps(v, ensure_ascii, indent (NULL = none), separators, sort_keys) */
-void    jj_write_json(jj_ctx *C, jj_buf *b, jj_val v, const char *indent, const char *item_sep,
+void    jlm_jj_write_json(jj_ctx *C, jj_buf *b, jj_val v, const char *indent, const char *item_sep,
                       const char *key_sep, int sort_keys, int ensure_ascii, int level);
 /* Unicode helpers */
-size_t  jj_utf8_len(const char *s, size_t n);              /* number of code points */
-size_t  jj_utf8_offset(const char *s, size_t n, size_t cp); /* byte offset of code point cp */
-int     jj_py_space(const char *s, size_t n, size_t *cl);  /* whitespace code point at s? its byte length in *cl */
+size_t  jlm_jj_utf8_len(const char *s, size_t n);              /* number of code points */
+size_t  jlm_jj_utf8_offset(const char *s, size_t n, size_t cp); /* byte offset of code point cp */
+int     jlm_jj_py_space(const char *s, size_t n, size_t *cl);  /* whitespace code point at s? its byte length in *cl */
 
 /* jinja_parse.c */
-jj_node *jj_parse(jj_ctx *C, const char *src, size_t len);
+jj_node *jlm_jj_parse(jj_ctx *C, const char *src, size_t len);
 
 /* jinja_eval.c */
-void    jj_exec(jj_ctx *C, jj_node *body, jj_scope *sc);
-jj_val  jj_call(jj_ctx *C, jj_val fn, jj_args *a);
-jj_val  jj_getattr(jj_ctx *C, jj_val obj, const char *name);
-jj_val  jj_getitem(jj_ctx *C, jj_val obj, jj_val key);
-jj_val  jj_iter_list(jj_ctx *C, jj_val v);                  /* list of the items `for` visits */
+void    jlm_jj_exec(jj_ctx *C, jj_node *body, jj_scope *sc);
+jj_val  jlm_jj_call(jj_ctx *C, jj_val fn, jj_args *a);
+jj_val  jlm_jj_getattr(jj_ctx *C, jj_val obj, const char *name);
+jj_val  jlm_jj_getitem(jj_ctx *C, jj_val obj, jj_val key);
+jj_val  jlm_jj_iter_list(jj_ctx *C, jj_val v);                  /* list of the items `for` visits */
 
 /* jinja_builtins.c */
-jj_val  jj_apply_filter(jj_ctx *C, const char *name, jj_val in, jj_args *a);
-int     jj_apply_test(jj_ctx *C, const char *name, jj_val in, jj_args *a);
-jj_val  jj_method(jj_ctx *C, jj_val obj, const char *name);  /* bound method or JT_UNDEF */
-void    jj_install_globals(jj_ctx *C, jj_scope *g);
-int     jj_has_filter(const char *name);
-int     jj_has_test(const char *name);
+jj_val  jlm_jj_apply_filter(jj_ctx *C, const char *name, jj_val in, jj_args *a);
+int     jlm_jj_apply_test(jj_ctx *C, const char *name, jj_val in, jj_args *a);
+jj_val  jlm_jj_method(jj_ctx *C, jj_val obj, const char *name);  /* bound method or JT_UNDEF */
+void    jlm_jj_install_globals(jj_ctx *C, jj_scope *g);
+int     jlm_jj_has_filter(const char *name);
+int     jlm_jj_has_test(const char *name);
 
 #endif

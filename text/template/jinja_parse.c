@@ -11,7 +11,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "engine/jinja_int.h"
+#include "text/template/jinja_int.h"
 
 /* ================================================================ tokens */
 enum { T_DATA, T_VAR_BEGIN, T_VAR_END, T_BLOCK_BEGIN, T_BLOCK_END, T_NAME, T_STRING, T_INT,
@@ -35,7 +35,7 @@ static tok *push_tok(lexer *L, int t, int line)
 {
     if (L->ntok == L->cap) {
         size_t cap = L->cap ? L->cap * 2 : 256;
-        tok *nt = jj_alloc(L->C, cap * sizeof(tok));
+        tok *nt = jlm_jj_alloc(L->C, cap * sizeof(tok));
         if (L->ntok) memcpy(nt, L->toks, L->ntok * sizeof(tok));
         L->toks = nt;
         L->cap = cap;
@@ -62,7 +62,7 @@ static size_t rstrip_len(const char *s, size_t n)
         size_t k = n - 1;
         while (k > 0 && ((unsigned char)s[k] & 0xc0) == 0x80) k--;
         size_t cl;
-        if (!jj_py_space(s + k, n - k, &cl) || k + cl != n) break;
+        if (!jlm_jj_py_space(s + k, n - k, &cl) || k + cl != n) break;
         n = k;
     }
     return n;
@@ -72,7 +72,7 @@ static void emit_data(lexer *L, const char *s, size_t n, int line)
 {
     if (!n) return;
     tok *k = push_tok(L, T_DATA, line);
-    k->v = jj_strn(L->C, s, n);
+    k->v = jlm_jj_strn(L->C, s, n);
 }
 
 /* Decodes a Python string literal body (unicode-escape semantics). */
@@ -80,7 +80,7 @@ static jj_val decode_string(jj_ctx *C, const char *s, size_t n)
 {
     jj_buf b = {0};
     for (size_t i = 0; i < n; i++) {
-        if (s[i] != '\\' || i + 1 == n) { jj_buf_put(C, &b, s + i, 1); continue; }
+        if (s[i] != '\\' || i + 1 == n) { jlm_jj_buf_put(C, &b, s + i, 1); continue; }
         char e = s[++i];
         const char *simple = NULL;
         switch (e) {
@@ -97,15 +97,15 @@ static jj_val decode_string(jj_ctx *C, const char *s, size_t n)
         case '\n': simple = ""; break;
         default: break;
         }
-        if (simple) { jj_buf_puts(C, &b, simple); continue; }
+        if (simple) { jlm_jj_buf_puts(C, &b, simple); continue; }
         int nd = e == 'x' ? 2 : e == 'u' ? 4 : e == 'U' ? 8 : 0;
         if (nd || (e >= '0' && e <= '7')) {
             unsigned long cp = 0;
             if (nd) {
-                if (i + (size_t)nd >= n) jj_fail(C, JLM_EFORMAT, "truncated \\%c escape in string literal", e);
+                if (i + (size_t)nd >= n) jlm_jj_fail(C, JLM_EFORMAT, "truncated \\%c escape in string literal", e);
                 for (int k = 1; k <= nd; k++) {
                     char h = s[i + (size_t)k];
-                    if (!isxdigit((unsigned char)h)) jj_fail(C, JLM_EFORMAT, "bad \\%c escape in string literal", e);
+                    if (!isxdigit((unsigned char)h)) jlm_jj_fail(C, JLM_EFORMAT, "bad \\%c escape in string literal", e);
                     cp = cp * 16 + (unsigned long)(isdigit((unsigned char)h) ? h - '0' : (tolower((unsigned char)h) - 'a' + 10));
                 }
                 i += (size_t)nd;
@@ -114,20 +114,20 @@ static jj_val decode_string(jj_ctx *C, const char *s, size_t n)
                 while (k < 3 && i < n && s[i] >= '0' && s[i] <= '7') { cp = cp * 8 + (unsigned long)(s[i] - '0'); i++; k++; }
                 i--;
             }
-            if (cp > 0x10ffff) jj_fail(C, JLM_EFORMAT, "escape out of Unicode range in string literal");
+            if (cp > 0x10ffff) jlm_jj_fail(C, JLM_EFORMAT, "escape out of Unicode range in string literal");
             char u[4];
             int ul;
             if (cp < 0x80) { u[0] = (char)cp; ul = 1; }
             else if (cp < 0x800) { u[0] = (char)(0xc0 | (cp >> 6)); u[1] = (char)(0x80 | (cp & 63)); ul = 2; }
             else if (cp < 0x10000) { u[0] = (char)(0xe0 | (cp >> 12)); u[1] = (char)(0x80 | ((cp >> 6) & 63)); u[2] = (char)(0x80 | (cp & 63)); ul = 3; }
             else { u[0] = (char)(0xf0 | (cp >> 18)); u[1] = (char)(0x80 | ((cp >> 12) & 63)); u[2] = (char)(0x80 | ((cp >> 6) & 63)); u[3] = (char)(0x80 | (cp & 63)); ul = 4; }
-            jj_buf_put(C, &b, u, (size_t)ul);
+            jlm_jj_buf_put(C, &b, u, (size_t)ul);
             continue;
         }
-        if (e == 'N') jj_fail(C, JLM_EUNSUPPORTED, "unsupported construct: \\N{...} escape in string literal");
-        jj_buf_put(C, &b, s + i - 1, 2);   /* unknown escape: kept as is */
+        if (e == 'N') jlm_jj_fail(C, JLM_EUNSUPPORTED, "unsupported construct: \\N{...} escape in string literal");
+        jlm_jj_buf_put(C, &b, s + i - 1, 2);   /* unknown escape: kept as is */
     }
-    return jj_strn(C, b.p ? b.p : "", b.len);
+    return jlm_jj_strn(C, b.p ? b.p : "", b.len);
 }
 
 /* An integer or float literal at pos (underscores allowed); returns the end. */
@@ -158,12 +158,12 @@ static size_t lex_number(lexer *L, size_t pos)
         if (s[i] != '_') num[nn++] = s[i];
     num[nn] = 0;
     tok *k = push_tok(L, isf ? T_FLOAT : T_INT, L->line);
-    if (isf) k->v = jj_float(strtod(num, NULL));
+    if (isf) k->v = jlm_jj_float(strtod(num, NULL));
     else {
         char *end;
         long long v = strtoll(num, &end, 10);
-        if (nn > 18) jj_fail(C, JLM_EUNSUPPORTED, "unsupported construct: integer literal %s beyond 64 bits", num);
-        k->v = jj_int(v);
+        if (nn > 18) jlm_jj_fail(C, JLM_EUNSUPPORTED, "unsupported construct: integer literal %s beyond 64 bits", num);
+        k->v = jlm_jj_int(v);
     }
     return pos;
 }
@@ -177,7 +177,7 @@ static size_t lex_tag(lexer *L, size_t pos, int var, int *trim_out)
     int depth = 0;
     for (;;) {
         while (pos < L->n && is_ws(s[pos])) { if (s[pos] == '\n') L->line++; pos++; }
-        if (pos >= L->n) jj_fail(C, JLM_EFORMAT, "unexpected end of template inside a %s tag", var ? "{{ }}" : "{% %}");
+        if (pos >= L->n) jlm_jj_fail(C, JLM_EFORMAT, "unexpected end of template inside a %s tag", var ? "{{ }}" : "{% %}");
         C->line = L->line;
         if (depth == 0) {
             const char *e = var ? "}}" : "%}";
@@ -194,7 +194,7 @@ static size_t lex_tag(lexer *L, size_t pos, int var, int *trim_out)
             size_t st = pos;
             while (pos < L->n && (isalnum((unsigned char)s[pos]) || s[pos] == '_')) pos++;
             tok *k = push_tok(L, T_NAME, L->line);
-            k->s = jj_strdup(C, s + st, pos - st);
+            k->s = jlm_jj_strdup(C, s + st, pos - st);
             k->n = pos - st;
         } else if (isdigit((unsigned char)c)) {
             pos = lex_number(L, pos);
@@ -206,7 +206,7 @@ static size_t lex_tag(lexer *L, size_t pos, int var, int *trim_out)
                 if (s[pos] == '\n') L->line++;
                 pos++;
             }
-            if (pos >= L->n) jj_fail(C, JLM_EFORMAT, "unterminated string literal");
+            if (pos >= L->n) jlm_jj_fail(C, JLM_EFORMAT, "unterminated string literal");
             tok *k = push_tok(L, T_STRING, line0);
             k->v = decode_string(C, s + st, pos - st);
             pos++;
@@ -225,7 +225,7 @@ static size_t lex_tag(lexer *L, size_t pos, int var, int *trim_out)
                     break;
                 }
             }
-            if (!found) jj_fail(C, JLM_EFORMAT, "unexpected character '%c'", c);
+            if (!found) jlm_jj_fail(C, JLM_EFORMAT, "unexpected character '%c'", c);
         }
     }
 }
@@ -303,7 +303,7 @@ static void lex(lexer *L)
             size_t r = q, e = 0;
             for (; r + 1 < L->n; r++)
                 if ((e = match_word_tag(s, L->n, r, "endraw", &sl, &sr))) break;
-            if (!e) jj_fail(C, JLM_EFORMAT, "{%% raw %%} without {%% endraw %%}");
+            if (!e) jlm_jj_fail(C, JLM_EFORMAT, "{%% raw %%} without {%% endraw %%}");
             int rl = L->line;
             L->line += count_nl(s + q, r - q);
             text_before(L, q, r, '%', sl, 0, rl);
@@ -314,7 +314,7 @@ static void lex(lexer *L)
             const char *e = NULL;
             for (size_t i = p + 2; i + 1 < L->n; i++)
                 if (s[i] == '#' && s[i + 1] == '}') { e = s + i; break; }
-            if (!e) jj_fail(C, JLM_EFORMAT, "unterminated comment");
+            if (!e) jlm_jj_fail(C, JLM_EFORMAT, "unterminated comment");
             size_t ei = (size_t)(e - s);
             int trim = (ei > p + 2 && s[ei - 1] == '-') ? 2 : (ei > p + 2 && s[ei - 1] == '+') ? 0 : 1;
             L->line += count_nl(s + p, ei - p);
@@ -355,7 +355,7 @@ static const char *tok_desc(tok *k)
 _Noreturn static void unexpected(parser *P, const char *want)
 {
     P->C->line = cur(P)->line;
-    jj_fail(P->C, JLM_EFORMAT, "expected %s, got %s", want, tok_desc(cur(P)));
+    jlm_jj_fail(P->C, JLM_EFORMAT, "expected %s, got %s", want, tok_desc(cur(P)));
 }
 
 static void expect_op(parser *P, const char *op)
@@ -378,7 +378,7 @@ static void expect_t(parser *P, int t, const char *what)
 
 static jj_node *node(parser *P, int kind)
 {
-    jj_node *n = jj_alloc(P->C, sizeof(jj_node));
+    jj_node *n = jlm_jj_alloc(P->C, sizeof(jj_node));
     n->kind = kind;
     n->line = cur(P)->line;
     return n;
@@ -388,7 +388,7 @@ static void nl_push(jj_ctx *C, jj_nlist *l, jj_node *n)
 {
     if (l->n == l->cap) {
         int cap = l->cap ? l->cap * 2 : 4;
-        jj_node **nv = jj_alloc(C, (size_t)cap * sizeof(jj_node *));
+        jj_node **nv = jlm_jj_alloc(C, (size_t)cap * sizeof(jj_node *));
         if (l->n) memcpy(nv, l->v, (size_t)l->n * sizeof(jj_node *));
         l->v = nv;
         l->cap = cap;
@@ -398,7 +398,7 @@ static void nl_push(jj_ctx *C, jj_nlist *l, jj_node *n)
 
 static void names_push(jj_ctx *C, jj_node *n, const char *nm)
 {
-    const char **nv = jj_alloc(C, (size_t)(n->n_names + 1) * sizeof(char *));
+    const char **nv = jlm_jj_alloc(C, (size_t)(n->n_names + 1) * sizeof(char *));
     if (n->n_names) memcpy(nv, n->names, (size_t)n->n_names * sizeof(char *));
     nv[n->n_names++] = nm;
     n->names = nv;
@@ -438,7 +438,7 @@ static void parse_call_args(parser *P, jj_node *call)
         if (is_op(cur(P), ")")) break;
         if (is_op(cur(P), "*") || is_op(cur(P), "**")) {
             P->C->line = cur(P)->line;
-            jj_fail(P->C, JLM_EUNSUPPORTED, "unsupported construct: *args/**kwargs in a call");
+            jlm_jj_fail(P->C, JLM_EUNSUPPORTED, "unsupported construct: *args/**kwargs in a call");
         }
         const char *kw = NULL;
         if (cur(P)->t == T_NAME && is_op(peek(P, 1), "=")) {
@@ -461,9 +461,9 @@ static jj_node *parse_primary(parser *P)
         P->i++;
         n = node(P, N_LIT);
         n->line = k->line;
-        if (!strcmp(k->s, "true") || !strcmp(k->s, "True")) n->lit = jj_bool(1);
-        else if (!strcmp(k->s, "false") || !strcmp(k->s, "False")) n->lit = jj_bool(0);
-        else if (!strcmp(k->s, "none") || !strcmp(k->s, "None")) n->lit = jj_none();
+        if (!strcmp(k->s, "true") || !strcmp(k->s, "True")) n->lit = jlm_jj_bool(1);
+        else if (!strcmp(k->s, "false") || !strcmp(k->s, "False")) n->lit = jlm_jj_bool(0);
+        else if (!strcmp(k->s, "none") || !strcmp(k->s, "None")) n->lit = jlm_jj_none();
         else { n->kind = N_NAME; n->name = k->s; }
         return n;
     }
@@ -471,10 +471,10 @@ static jj_node *parse_primary(parser *P)
         jj_buf b = {0};
         n = node(P, N_LIT);
         while (cur(P)->t == T_STRING) {
-            jj_buf_put(P->C, &b, cur(P)->v.u.s->s, cur(P)->v.u.s->len);
+            jlm_jj_buf_put(P->C, &b, cur(P)->v.u.s->s, cur(P)->v.u.s->len);
             P->i++;
         }
-        n->lit = jj_strn(P->C, b.p ? b.p : "", b.len);
+        n->lit = jlm_jj_strn(P->C, b.p ? b.p : "", b.len);
         return n;
     }
     if (k->t == T_INT || k->t == T_FLOAT) {
@@ -596,7 +596,7 @@ static const char *dotted_name(parser *P)
     while (is_op(cur(P), ".") && peek(P, 1)->t == T_NAME) {
         P->i++;
         size_t a = strlen(nm), b = strlen(cur(P)->s);
-        char *j = jj_alloc(P->C, a + b + 2);
+        char *j = jlm_jj_alloc(P->C, a + b + 2);
         memcpy(j, nm, a);
         j[a] = '.';
         memcpy(j + a + 1, cur(P)->s, b + 1);
@@ -766,7 +766,7 @@ static jj_node *parse_or(parser *P)
 
 static jj_node *parse_expr(parser *P, int with_cond)
 {
-    if (++P->C->depth > JJ_MAX_DEPTH) jj_fail(P->C, JLM_ERANGE, "expression nested deeper than %d", JJ_MAX_DEPTH);
+    if (++P->C->depth > JJ_MAX_DEPTH) jlm_jj_fail(P->C, JLM_ERANGE, "expression nested deeper than %d", JJ_MAX_DEPTH);
     jj_node *n = parse_or(P);
     while (with_cond && is_name(cur(P), "if")) {
         jj_node *c = node(P, N_COND);
@@ -834,7 +834,7 @@ static jj_node *parse_for(parser *P)
     if (is_name(cur(P), "if")) { P->i++; n->b = parse_expr(P, 1); }
     if (is_name(cur(P), "recursive")) {
         P->C->line = cur(P)->line;
-        jj_fail(P->C, JLM_EUNSUPPORTED, "unsupported construct: recursive for loop");
+        jlm_jj_fail(P->C, JLM_EUNSUPPORTED, "unsupported construct: recursive for loop");
     }
     expect_t(P, T_BLOCK_END, "'%}'");
     n->args = parse_body(P, ends);
@@ -925,7 +925,7 @@ static jj_node *parse_set(parser *P)
     n->kind = N_SETBLOCK;
     if (is_op(cur(P), "|")) {   /* {% set x | filter %} */
         jj_node *dummy = node(P, N_LIT);
-        dummy->lit = jj_undef(NULL);
+        dummy->lit = jlm_jj_undef(NULL);
         n->c = parse_filter_expr(P, dummy);
     }
     expect_t(P, T_BLOCK_END, "'%}'");
@@ -970,7 +970,7 @@ static jj_node *parse_stmt(parser *P)
         static const char *const ends[] = {"endfilter", NULL};
         n = node(P, N_FILTERBLOCK);
         jj_node *dummy = node(P, N_LIT);
-        dummy->lit = jj_undef(NULL);
+        dummy->lit = jlm_jj_undef(NULL);
         jj_node *f = node(P, N_FILTER);
         f->a = dummy;
         f->name = dotted_name(P);
@@ -1017,7 +1017,7 @@ static jj_node *parse_stmt(parser *P)
         expect_t(P, T_BLOCK_END, "'%}'");
         return n;
     }
-    jj_fail(P->C, JLM_EUNSUPPORTED, "unsupported construct: {%% %s %%} tag", nm);
+    jlm_jj_fail(P->C, JLM_EUNSUPPORTED, "unsupported construct: {%% %s %%} tag", nm);
 }
 
 static jj_nlist parse_body(parser *P, const char *const *ends)
@@ -1027,7 +1027,7 @@ static jj_nlist parse_body(parser *P, const char *const *ends)
         tok *k = cur(P);
         P->C->line = k->line;
         if (k->t == T_EOF) {
-            if (ends) jj_fail(P->C, JLM_EFORMAT, "unexpected end of template, expected {%% %s %%}", ends[0]);
+            if (ends) jlm_jj_fail(P->C, JLM_EFORMAT, "unexpected end of template, expected {%% %s %%}", ends[0]);
             return body;
         }
         if (k->t == T_DATA) {
@@ -1046,7 +1046,7 @@ static jj_nlist parse_body(parser *P, const char *const *ends)
             tok *nm = peek(P, 1);
             if (nm->t == T_NAME && (!strncmp(nm->s, "end", 3) || !strcmp(nm->s, "elif") || !strcmp(nm->s, "else"))) {
                 P->C->line = nm->line;
-                jj_fail(P->C, JLM_EFORMAT, "unexpected {%% %s %%}%s%s", nm->s, ends ? ", expected {% " : "",
+                jlm_jj_fail(P->C, JLM_EFORMAT, "unexpected {%% %s %%}%s%s", nm->s, ends ? ", expected {% " : "",
                         ends ? ends[0] : "");
             }
             P->i++;
@@ -1056,9 +1056,9 @@ static jj_nlist parse_body(parser *P, const char *const *ends)
 }
 
 /* Normalises newlines, drops one trailing newline, lexes and parses. */
-jj_node *jj_parse(jj_ctx *C, const char *src, size_t len)
+jj_node *jlm_jj_parse(jj_ctx *C, const char *src, size_t len)
 {
-    char *s = jj_alloc(C, len + 1);
+    char *s = jlm_jj_alloc(C, len + 1);
     size_t n = 0;
     for (size_t i = 0; i < len; i++) {
         if (src[i] == '\r') {
@@ -1071,7 +1071,7 @@ jj_node *jj_parse(jj_ctx *C, const char *src, size_t len)
     lexer L = {.C = C, .src = s, .n = n, .line = 1};
     lex(&L);
     parser P = {.C = C, .t = L.toks, .n = L.ntok};
-    jj_node *root = jj_alloc(C, sizeof(jj_node));
+    jj_node *root = jlm_jj_alloc(C, sizeof(jj_node));
     root->kind = N_BODY;
     root->line = 1;
     C->depth = 0;

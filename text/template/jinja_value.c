@@ -10,10 +10,10 @@
 
 #include <utf8proc.h>
 
-#include "engine/jinja_int.h"
+#include "text/template/jinja_int.h"
 
 /* ================================================================ errors, arena */
-_Noreturn void jj_fail(jj_ctx *C, int code, const char *fmt, ...)
+_Noreturn void jlm_jj_fail(jj_ctx *C, int code, const char *fmt, ...)
 {
     char msg[900];
     va_list ap;
@@ -25,16 +25,16 @@ _Noreturn void jj_fail(jj_ctx *C, int code, const char *fmt, ...)
     longjmp(C->jb, 1);
 }
 
-void *jj_alloc(jj_ctx *C, size_t n)
+void *jlm_jj_alloc(jj_ctx *C, size_t n)
 {
     n = (n + 15) & ~(size_t)15;
     jj_chunk *h = C->arena.head;
     if (!h || h->cap - h->used < n) {
         size_t cap = n > 65536 ? n : 65536;
         if (C->arena.total + cap > JJ_MAX_ARENA)
-            jj_fail(C, JLM_ERANGE, "memory limit of %zu bytes exceeded", JJ_MAX_ARENA);
+            jlm_jj_fail(C, JLM_ERANGE, "memory limit of %zu bytes exceeded", JJ_MAX_ARENA);
         h = malloc(sizeof(jj_chunk) + 16 + cap);
-        if (!h) jj_fail(C, JLM_ENOMEM, "out of memory allocating %zu bytes", cap);
+        if (!h) jlm_jj_fail(C, JLM_ENOMEM, "out of memory allocating %zu bytes", cap);
         h->used = 0;
         h->cap = cap;
         h->next = C->arena.head;
@@ -48,7 +48,7 @@ void *jj_alloc(jj_ctx *C, size_t n)
     return p;
 }
 
-void jj_arena_free(jj_arena *a)
+void jlm_jj_arena_free(jj_arena *a)
 {
     jj_chunk *h = a->head;
     while (h) {
@@ -60,51 +60,51 @@ void jj_arena_free(jj_arena *a)
     a->total = 0;
 }
 
-char *jj_strdup(jj_ctx *C, const char *s, size_t n)
+char *jlm_jj_strdup(jj_ctx *C, const char *s, size_t n)
 {
-    char *p = jj_alloc(C, n + 1);
+    char *p = jlm_jj_alloc(C, n + 1);
     memcpy(p, s, n);
     p[n] = 0;
     return p;
 }
 
 /* ================================================================ constructors */
-jj_val jj_undef(const char *name) { jj_val v = {.t = JT_UNDEF}; v.u.uname = name; return v; }
-jj_val jj_none(void) { jj_val v = {.t = JT_NONE}; return v; }
-jj_val jj_bool(int b) { jj_val v = {.t = JT_BOOL}; v.u.b = !!b; return v; }
-jj_val jj_int(int64_t i) { jj_val v = {.t = JT_INT}; v.u.i = i; return v; }
-jj_val jj_float(double f) { jj_val v = {.t = JT_FLOAT}; v.u.f = f; return v; }
+jj_val jlm_jj_undef(const char *name) { jj_val v = {.t = JT_UNDEF}; v.u.uname = name; return v; }
+jj_val jlm_jj_none(void) { jj_val v = {.t = JT_NONE}; return v; }
+jj_val jlm_jj_bool(int b) { jj_val v = {.t = JT_BOOL}; v.u.b = !!b; return v; }
+jj_val jlm_jj_int(int64_t i) { jj_val v = {.t = JT_INT}; v.u.i = i; return v; }
+jj_val jlm_jj_float(double f) { jj_val v = {.t = JT_FLOAT}; v.u.f = f; return v; }
 
-jj_val jj_strn(jj_ctx *C, const char *s, size_t n)
+jj_val jlm_jj_strn(jj_ctx *C, const char *s, size_t n)
 {
     jj_val v = {.t = JT_STR};
-    v.u.s = jj_alloc(C, sizeof(jj_str) + n + 1);
+    v.u.s = jlm_jj_alloc(C, sizeof(jj_str) + n + 1);
     v.u.s->len = n;
     if (n) memcpy(v.u.s->s, s, n);
     v.u.s->s[n] = 0;
     return v;
 }
 
-jj_val jj_cstr(jj_ctx *C, const char *s) { return jj_strn(C, s, strlen(s)); }
+jj_val jlm_jj_cstr(jj_ctx *C, const char *s) { return jlm_jj_strn(C, s, strlen(s)); }
 
-jj_val jj_new_list(jj_ctx *C)
+jj_val jlm_jj_new_list(jj_ctx *C)
 {
     jj_val v = {.t = JT_LIST};
-    v.u.l = jj_alloc(C, sizeof(jj_list));
+    v.u.l = jlm_jj_alloc(C, sizeof(jj_list));
     return v;
 }
 
-jj_val jj_new_dict(jj_ctx *C)
+jj_val jlm_jj_new_dict(jj_ctx *C)
 {
     jj_val v = {.t = JT_DICT};
-    v.u.d = jj_alloc(C, sizeof(jj_dict));
+    v.u.d = jlm_jj_alloc(C, sizeof(jj_dict));
     return v;
 }
 
-jj_val jj_new_func(jj_ctx *C, const char *name, jj_builtin fn, jj_val self)
+jj_val jlm_jj_new_func(jj_ctx *C, const char *name, jj_builtin fn, jj_val self)
 {
     jj_val v = {.t = JT_FUNC};
-    v.u.fn = jj_alloc(C, sizeof(jj_func));
+    v.u.fn = jlm_jj_alloc(C, sizeof(jj_func));
     v.u.fn->kind = JJ_FN_BUILTIN;
     v.u.fn->name = name;
     v.u.fn->fn = fn;
@@ -112,11 +112,11 @@ jj_val jj_new_func(jj_ctx *C, const char *name, jj_builtin fn, jj_val self)
     return v;
 }
 
-void jj_list_push(jj_ctx *C, jj_list *l, jj_val v)
+void jlm_jj_list_push(jj_ctx *C, jj_list *l, jj_val v)
 {
     if (l->n == l->cap) {
         size_t cap = l->cap ? l->cap * 2 : 8;
-        jj_val *nv = jj_alloc(C, cap * sizeof(jj_val));
+        jj_val *nv = jlm_jj_alloc(C, cap * sizeof(jj_val));
         if (l->n) memcpy(nv, l->v, l->n * sizeof(jj_val));
         l->v = nv;
         l->cap = cap;
@@ -125,15 +125,15 @@ void jj_list_push(jj_ctx *C, jj_list *l, jj_val v)
 }
 
 /* Linear lookup: dicts in chat templates hold a handful of keys. */
-jj_val *jj_dict_find(jj_dict *d, jj_val key)
+jj_val *jlm_jj_dict_find(jj_dict *d, jj_val key)
 {
     for (size_t i = 0; i < d->n; i++)
         if (d->k[i].t == key.t || (d->k[i].t != JT_STR && key.t != JT_STR))
-            if (jj_equal(d->k[i], key)) return &d->v[i];
+            if (jlm_jj_equal(d->k[i], key)) return &d->v[i];
     return NULL;
 }
 
-jj_val *jj_dict_finds(jj_dict *d, const char *key)
+jj_val *jlm_jj_dict_finds(jj_dict *d, const char *key)
 {
     size_t n = strlen(key);
     for (size_t i = 0; i < d->n; i++)
@@ -142,13 +142,13 @@ jj_val *jj_dict_finds(jj_dict *d, const char *key)
     return NULL;
 }
 
-void jj_dict_set(jj_ctx *C, jj_dict *d, jj_val key, jj_val v)
+void jlm_jj_dict_set(jj_ctx *C, jj_dict *d, jj_val key, jj_val v)
 {
-    jj_val *p = jj_dict_find(d, key);
+    jj_val *p = jlm_jj_dict_find(d, key);
     if (p) { *p = v; return; }
     if (d->n == d->cap) {
         size_t cap = d->cap ? d->cap * 2 : 8;
-        jj_val *nk = jj_alloc(C, cap * sizeof(jj_val)), *nv = jj_alloc(C, cap * sizeof(jj_val));
+        jj_val *nk = jlm_jj_alloc(C, cap * sizeof(jj_val)), *nv = jlm_jj_alloc(C, cap * sizeof(jj_val));
         if (d->n) {
             memcpy(nk, d->k, d->n * sizeof(jj_val));
             memcpy(nv, d->v, d->n * sizeof(jj_val));
@@ -161,15 +161,15 @@ void jj_dict_set(jj_ctx *C, jj_dict *d, jj_val key, jj_val v)
     d->v[d->n++] = v;
 }
 
-void jj_dict_sets(jj_ctx *C, jj_dict *d, const char *key, jj_val v)
+void jlm_jj_dict_sets(jj_ctx *C, jj_dict *d, const char *key, jj_val v)
 {
-    jj_val *p = jj_dict_finds(d, key);
+    jj_val *p = jlm_jj_dict_finds(d, key);
     if (p) { *p = v; return; }
-    jj_dict_set(C, d, jj_cstr(C, key), v);
+    jlm_jj_dict_set(C, d, jlm_jj_cstr(C, key), v);
 }
 
 /* ================================================================ truth, equality, order */
-int jj_truthy(jj_val v)
+int jlm_jj_truthy(jj_val v)
 {
     switch (v.t) {
     case JT_UNDEF: case JT_NONE: return 0;
@@ -187,7 +187,7 @@ static int is_num(jj_val v) { return v.t == JT_BOOL || v.t == JT_INT || v.t == J
 static double num_f(jj_val v) { return v.t == JT_FLOAT ? v.u.f : v.t == JT_INT ? (double)v.u.i : v.u.b; }
 static int64_t num_i(jj_val v) { return v.t == JT_INT ? v.u.i : v.u.b; }
 
-int jj_equal(jj_val a, jj_val b)
+int jlm_jj_equal(jj_val a, jj_val b)
 {
     if (is_num(a) && is_num(b)) {
         if (a.t == JT_FLOAT || b.t == JT_FLOAT) return num_f(a) == num_f(b);
@@ -200,20 +200,20 @@ int jj_equal(jj_val a, jj_val b)
     case JT_LIST:
         if (a.tuple != b.tuple || a.u.l->n != b.u.l->n) return 0;
         for (size_t i = 0; i < a.u.l->n; i++)
-            if (!jj_equal(a.u.l->v[i], b.u.l->v[i])) return 0;
+            if (!jlm_jj_equal(a.u.l->v[i], b.u.l->v[i])) return 0;
         return 1;
     case JT_DICT:
         if (a.u.d->n != b.u.d->n) return 0;
         for (size_t i = 0; i < a.u.d->n; i++) {
-            jj_val *o = jj_dict_find(b.u.d, a.u.d->k[i]);
-            if (!o || !jj_equal(a.u.d->v[i], *o)) return 0;
+            jj_val *o = jlm_jj_dict_find(b.u.d, a.u.d->k[i]);
+            if (!o || !jlm_jj_equal(a.u.d->v[i], *o)) return 0;
         }
         return 1;
     default: return a.u.d == b.u.d;   /* identity for namespaces, functions */
     }
 }
 
-int jj_compare(jj_ctx *C, jj_val a, jj_val b)
+int jlm_jj_compare(jj_ctx *C, jj_val a, jj_val b)
 {
     if (is_num(a) && is_num(b)) {
         if (a.t == JT_FLOAT || b.t == JT_FLOAT) {
@@ -232,16 +232,16 @@ int jj_compare(jj_ctx *C, jj_val a, jj_val b)
     if (a.t == JT_LIST && b.t == JT_LIST) {
         size_t n = a.u.l->n < b.u.l->n ? a.u.l->n : b.u.l->n;
         for (size_t i = 0; i < n; i++) {
-            if (jj_equal(a.u.l->v[i], b.u.l->v[i])) continue;
-            return jj_compare(C, a.u.l->v[i], b.u.l->v[i]);
+            if (jlm_jj_equal(a.u.l->v[i], b.u.l->v[i])) continue;
+            return jlm_jj_compare(C, a.u.l->v[i], b.u.l->v[i]);
         }
         return a.u.l->n < b.u.l->n ? -1 : a.u.l->n > b.u.l->n ? 1 : 0;
     }
-    jj_fail(C, JLM_EINVAL, "'<' not supported between instances of '%s' and '%s'",
-            jj_type_name(a), jj_type_name(b));
+    jlm_jj_fail(C, JLM_EINVAL, "'<' not supported between instances of '%s' and '%s'",
+            jlm_jj_type_name(a), jlm_jj_type_name(b));
 }
 
-const char *jj_type_name(jj_val v)
+const char *jlm_jj_type_name(jj_val v)
 {
     static const char *names[] = {"Undefined", "NoneType", "bool", "int", "float", "str",
                                   "list", "dict", "Namespace", "function"};
@@ -250,13 +250,13 @@ const char *jj_type_name(jj_val v)
 }
 
 /* ================================================================ buffers */
-void jj_buf_put(jj_ctx *C, jj_buf *b, const char *s, size_t n)
+void jlm_jj_buf_put(jj_ctx *C, jj_buf *b, const char *s, size_t n)
 {
     if (b->len + n + 1 > b->cap) {
-        if (b->len + n > JJ_MAX_OUT) jj_fail(C, JLM_ERANGE, "output larger than %zu bytes", JJ_MAX_OUT);
+        if (b->len + n > JJ_MAX_OUT) jlm_jj_fail(C, JLM_ERANGE, "output larger than %zu bytes", JJ_MAX_OUT);
         size_t cap = b->cap ? b->cap : 256;
         while (cap < b->len + n + 1) cap *= 2;
-        char *p = jj_alloc(C, cap);
+        char *p = jlm_jj_alloc(C, cap);
         if (b->len) memcpy(p, b->p, b->len);
         b->p = p;
         b->cap = cap;
@@ -266,9 +266,9 @@ void jj_buf_put(jj_ctx *C, jj_buf *b, const char *s, size_t n)
     b->p[b->len] = 0;
 }
 
-void jj_buf_puts(jj_ctx *C, jj_buf *b, const char *s) { jj_buf_put(C, b, s, strlen(s)); }
+void jlm_jj_buf_puts(jj_ctx *C, jj_buf *b, const char *s) { jlm_jj_buf_put(C, b, s, strlen(s)); }
 
-void jj_buf_printf(jj_ctx *C, jj_buf *b, const char *fmt, ...)
+void jlm_jj_buf_printf(jj_ctx *C, jj_buf *b, const char *fmt, ...)
 {
     char tmp[512];
     va_list ap;
@@ -276,16 +276,16 @@ void jj_buf_printf(jj_ctx *C, jj_buf *b, const char *fmt, ...)
     int n = vsnprintf(tmp, sizeof tmp, fmt, ap);
     va_end(ap);
     if (n < 0) return;
-    jj_buf_put(C, b, tmp, (size_t)n < sizeof tmp ? (size_t)n : sizeof tmp - 1);
+    jlm_jj_buf_put(C, b, tmp, (size_t)n < sizeof tmp ? (size_t)n : sizeof tmp - 1);
 }
 
 /* ================================================================ str / repr */
 /* Python's float repr: shortest digits that round-trip; fixed notation for
  * 1e-4 <= |f| < 1e16, else d.ddde+XX. */
-void jj_write_float(jj_buf *b, jj_ctx *C, double f)
+void jlm_jj_write_float(jj_buf *b, jj_ctx *C, double f)
 {
-    if (isnan(f)) { jj_buf_puts(C, b, "nan"); return; }
-    if (isinf(f)) { jj_buf_puts(C, b, f < 0 ? "-inf" : "inf"); return; }
+    if (isnan(f)) { jlm_jj_buf_puts(C, b, "nan"); return; }
+    if (isinf(f)) { jlm_jj_buf_puts(C, b, f < 0 ? "-inf" : "inf"); return; }
     char e[40];
     int prec;
     for (prec = 1; prec <= 17; prec++) {
@@ -324,96 +324,96 @@ void jj_write_float(jj_buf *b, jj_ctx *C, double f)
         }
         snprintf(out + o, sizeof out - (size_t)o, "e%c%02d", exp < 0 ? '-' : '+', exp < 0 ? -exp : exp);
     }
-    jj_buf_puts(C, b, out);
+    jlm_jj_buf_puts(C, b, out);
 }
 
 static void write_repr_str(jj_ctx *C, jj_buf *b, const char *s, size_t n)
 {
     char q = (memchr(s, '\'', n) && !memchr(s, '"', n)) ? '"' : '\'';
-    jj_buf_put(C, b, &q, 1);
+    jlm_jj_buf_put(C, b, &q, 1);
     size_t i = 0;
     while (i < n) {
         unsigned char c = (unsigned char)s[i];
-        if (c == '\\' || c == (unsigned char)q) { jj_buf_put(C, b, "\\", 1); jj_buf_put(C, b, s + i, 1); i++; continue; }
-        if (c == '\n') { jj_buf_puts(C, b, "\\n"); i++; continue; }
-        if (c == '\r') { jj_buf_puts(C, b, "\\r"); i++; continue; }
-        if (c == '\t') { jj_buf_puts(C, b, "\\t"); i++; continue; }
-        if (c < 0x20 || c == 0x7f) { jj_buf_printf(C, b, "\\x%02x", c); i++; continue; }
-        if (c < 0x80) { jj_buf_put(C, b, s + i, 1); i++; continue; }
+        if (c == '\\' || c == (unsigned char)q) { jlm_jj_buf_put(C, b, "\\", 1); jlm_jj_buf_put(C, b, s + i, 1); i++; continue; }
+        if (c == '\n') { jlm_jj_buf_puts(C, b, "\\n"); i++; continue; }
+        if (c == '\r') { jlm_jj_buf_puts(C, b, "\\r"); i++; continue; }
+        if (c == '\t') { jlm_jj_buf_puts(C, b, "\\t"); i++; continue; }
+        if (c < 0x20 || c == 0x7f) { jlm_jj_buf_printf(C, b, "\\x%02x", c); i++; continue; }
+        if (c < 0x80) { jlm_jj_buf_put(C, b, s + i, 1); i++; continue; }
         utf8proc_int32_t cp;
         utf8proc_ssize_t cl = utf8proc_iterate((const utf8proc_uint8_t *)s + i, (utf8proc_ssize_t)(n - i), &cp);
-        if (cl <= 0) { jj_buf_printf(C, b, "\\x%02x", c); i++; continue; }
+        if (cl <= 0) { jlm_jj_buf_printf(C, b, "\\x%02x", c); i++; continue; }
         utf8proc_category_t cat = utf8proc_category(cp);
         int printable = !(cat == UTF8PROC_CATEGORY_CC || cat == UTF8PROC_CATEGORY_CF || cat == UTF8PROC_CATEGORY_CS ||
                           cat == UTF8PROC_CATEGORY_CO || cat == UTF8PROC_CATEGORY_CN || cat == UTF8PROC_CATEGORY_ZL ||
                           cat == UTF8PROC_CATEGORY_ZP || cat == UTF8PROC_CATEGORY_ZS);
-        if (printable) jj_buf_put(C, b, s + i, (size_t)cl);
-        else if (cp < 0x100) jj_buf_printf(C, b, "\\x%02x", (unsigned)cp);
-        else if (cp < 0x10000) jj_buf_printf(C, b, "\\u%04x", (unsigned)cp);
-        else jj_buf_printf(C, b, "\\U%08x", (unsigned)cp);
+        if (printable) jlm_jj_buf_put(C, b, s + i, (size_t)cl);
+        else if (cp < 0x100) jlm_jj_buf_printf(C, b, "\\x%02x", (unsigned)cp);
+        else if (cp < 0x10000) jlm_jj_buf_printf(C, b, "\\u%04x", (unsigned)cp);
+        else jlm_jj_buf_printf(C, b, "\\U%08x", (unsigned)cp);
         i += (size_t)cl;
     }
-    jj_buf_put(C, b, &q, 1);
+    jlm_jj_buf_put(C, b, &q, 1);
 }
 
 static void write_seq(jj_ctx *C, jj_buf *b, jj_val v, int repr_items)
 {
     (void)repr_items;
-    jj_buf_puts(C, b, v.tuple ? "(" : "[");
+    jlm_jj_buf_puts(C, b, v.tuple ? "(" : "[");
     for (size_t i = 0; i < v.u.l->n; i++) {
-        if (i) jj_buf_puts(C, b, ", ");
-        jj_write_repr(C, b, v.u.l->v[i]);
+        if (i) jlm_jj_buf_puts(C, b, ", ");
+        jlm_jj_write_repr(C, b, v.u.l->v[i]);
     }
-    if (v.tuple && v.u.l->n == 1) jj_buf_puts(C, b, ",");
-    jj_buf_puts(C, b, v.tuple ? ")" : "]");
+    if (v.tuple && v.u.l->n == 1) jlm_jj_buf_puts(C, b, ",");
+    jlm_jj_buf_puts(C, b, v.tuple ? ")" : "]");
 }
 
 static void write_dict(jj_ctx *C, jj_buf *b, jj_dict *d)
 {
-    jj_buf_puts(C, b, "{");
+    jlm_jj_buf_puts(C, b, "{");
     for (size_t i = 0; i < d->n; i++) {
-        if (i) jj_buf_puts(C, b, ", ");
-        jj_write_repr(C, b, d->k[i]);
-        jj_buf_puts(C, b, ": ");
-        jj_write_repr(C, b, d->v[i]);
+        if (i) jlm_jj_buf_puts(C, b, ", ");
+        jlm_jj_write_repr(C, b, d->k[i]);
+        jlm_jj_buf_puts(C, b, ": ");
+        jlm_jj_write_repr(C, b, d->v[i]);
     }
-    jj_buf_puts(C, b, "}");
+    jlm_jj_buf_puts(C, b, "}");
 }
 
-void jj_write_repr(jj_ctx *C, jj_buf *b, jj_val v)
+void jlm_jj_write_repr(jj_ctx *C, jj_buf *b, jj_val v)
 {
     if (v.t == JT_STR) write_repr_str(C, b, v.u.s->s, v.u.s->len);
-    else jj_write_str(C, b, v);
+    else jlm_jj_write_str(C, b, v);
 }
 
-void jj_write_str(jj_ctx *C, jj_buf *b, jj_val v)
+void jlm_jj_write_str(jj_ctx *C, jj_buf *b, jj_val v)
 {
     switch (v.t) {
     case JT_UNDEF: return;
-    case JT_NONE: jj_buf_puts(C, b, "None"); return;
-    case JT_BOOL: jj_buf_puts(C, b, v.u.b ? "True" : "False"); return;
-    case JT_INT: jj_buf_printf(C, b, "%lld", (long long)v.u.i); return;
-    case JT_FLOAT: jj_write_float(b, C, v.u.f); return;
-    case JT_STR: jj_buf_put(C, b, v.u.s->s, v.u.s->len); return;
+    case JT_NONE: jlm_jj_buf_puts(C, b, "None"); return;
+    case JT_BOOL: jlm_jj_buf_puts(C, b, v.u.b ? "True" : "False"); return;
+    case JT_INT: jlm_jj_buf_printf(C, b, "%lld", (long long)v.u.i); return;
+    case JT_FLOAT: jlm_jj_write_float(b, C, v.u.f); return;
+    case JT_STR: jlm_jj_buf_put(C, b, v.u.s->s, v.u.s->len); return;
     case JT_LIST: write_seq(C, b, v, 1); return;
     case JT_DICT: write_dict(C, b, v.u.d); return;
-    case JT_NS: jj_buf_puts(C, b, "<Namespace "); write_dict(C, b, v.u.d); jj_buf_puts(C, b, ">"); return;
-    case JT_FUNC: jj_buf_printf(C, b, "<function %s>", v.u.fn->name ? v.u.fn->name : "?"); return;
+    case JT_NS: jlm_jj_buf_puts(C, b, "<Namespace "); write_dict(C, b, v.u.d); jlm_jj_buf_puts(C, b, ">"); return;
+    case JT_FUNC: jlm_jj_buf_printf(C, b, "<function %s>", v.u.fn->name ? v.u.fn->name : "?"); return;
     }
 }
 
-jj_val jj_to_str(jj_ctx *C, jj_val v)
+jj_val jlm_jj_to_str(jj_ctx *C, jj_val v)
 {
     if (v.t == JT_STR) return v;
     jj_buf b = {0};
-    jj_write_str(C, &b, v);
-    return jj_strn(C, b.p ? b.p : "", b.len);
+    jlm_jj_write_str(C, &b, v);
+    return jlm_jj_strn(C, b.p ? b.p : "", b.len);
 }
 
 /* ================================================================ json.dumps */
 static void write_json_str(jj_ctx *C, jj_buf *b, const char *s, size_t n, int ensure_ascii)
 {
-    jj_buf_put(C, b, "\"", 1);
+    jlm_jj_buf_put(C, b, "\"", 1);
     size_t i = 0, run = 0;
     while (i < n) {
         unsigned char c = (unsigned char)s[i];
@@ -440,20 +440,20 @@ static void write_json_str(jj_ctx *C, jj_buf *b, const char *s, size_t n, int en
             esc = tmp;
         }
         if (esc) {
-            jj_buf_put(C, b, s + i - run, run);
+            jlm_jj_buf_put(C, b, s + i - run, run);
             run = 0;
-            jj_buf_puts(C, b, esc);
+            jlm_jj_buf_puts(C, b, esc);
             i += adv;
         } else { run++; i++; }
     }
-    jj_buf_put(C, b, s + n - run, run);
-    jj_buf_put(C, b, "\"", 1);
+    jlm_jj_buf_put(C, b, s + n - run, run);
+    jlm_jj_buf_put(C, b, "\"", 1);
 }
 
 static void json_newline(jj_ctx *C, jj_buf *b, const char *indent, int level)
 {
-    jj_buf_put(C, b, "\n", 1);
-    for (int i = 0; i < level; i++) jj_buf_puts(C, b, indent);
+    jlm_jj_buf_put(C, b, "\n", 1);
+    for (int i = 0; i < level; i++) jlm_jj_buf_puts(C, b, indent);
 }
 
 static int cmp_keys(const void *x, const void *y)
@@ -463,64 +463,64 @@ static int cmp_keys(const void *x, const void *y)
     return a->t - b->t;
 }
 
-void jj_write_json(jj_ctx *C, jj_buf *b, jj_val v, const char *indent, const char *item_sep,
+void jlm_jj_write_json(jj_ctx *C, jj_buf *b, jj_val v, const char *indent, const char *item_sep,
                    const char *key_sep, int sort_keys, int ensure_ascii, int level)
 {
-    if (level > JJ_MAX_DEPTH) jj_fail(C, JLM_ERANGE, "tojson: nesting deeper than %d", JJ_MAX_DEPTH);
+    if (level > JJ_MAX_DEPTH) jlm_jj_fail(C, JLM_ERANGE, "tojson: nesting deeper than %d", JJ_MAX_DEPTH);
     switch (v.t) {
-    case JT_NONE: jj_buf_puts(C, b, "null"); return;
-    case JT_BOOL: jj_buf_puts(C, b, v.u.b ? "true" : "false"); return;
-    case JT_INT: jj_buf_printf(C, b, "%lld", (long long)v.u.i); return;
+    case JT_NONE: jlm_jj_buf_puts(C, b, "null"); return;
+    case JT_BOOL: jlm_jj_buf_puts(C, b, v.u.b ? "true" : "false"); return;
+    case JT_INT: jlm_jj_buf_printf(C, b, "%lld", (long long)v.u.i); return;
     case JT_FLOAT:
-        if (isnan(v.u.f)) jj_buf_puts(C, b, "NaN");
-        else if (isinf(v.u.f)) jj_buf_puts(C, b, v.u.f < 0 ? "-Infinity" : "Infinity");
-        else jj_write_float(b, C, v.u.f);
+        if (isnan(v.u.f)) jlm_jj_buf_puts(C, b, "NaN");
+        else if (isinf(v.u.f)) jlm_jj_buf_puts(C, b, v.u.f < 0 ? "-Infinity" : "Infinity");
+        else jlm_jj_write_float(b, C, v.u.f);
         return;
     case JT_STR: write_json_str(C, b, v.u.s->s, v.u.s->len, ensure_ascii); return;
     case JT_LIST:
-        if (!v.u.l->n) { jj_buf_puts(C, b, "[]"); return; }
-        jj_buf_puts(C, b, "[");
+        if (!v.u.l->n) { jlm_jj_buf_puts(C, b, "[]"); return; }
+        jlm_jj_buf_puts(C, b, "[");
         for (size_t i = 0; i < v.u.l->n; i++) {
-            if (i) jj_buf_puts(C, b, item_sep);
+            if (i) jlm_jj_buf_puts(C, b, item_sep);
             if (indent) json_newline(C, b, indent, level + 1);
-            jj_write_json(C, b, v.u.l->v[i], indent, item_sep, key_sep, sort_keys, ensure_ascii, level + 1);
+            jlm_jj_write_json(C, b, v.u.l->v[i], indent, item_sep, key_sep, sort_keys, ensure_ascii, level + 1);
         }
         if (indent) json_newline(C, b, indent, level);
-        jj_buf_puts(C, b, "]");
+        jlm_jj_buf_puts(C, b, "]");
         return;
     case JT_DICT: case JT_NS: {
         jj_dict *d = v.u.d;
-        if (!d->n) { jj_buf_puts(C, b, "{}"); return; }
-        jj_val **order = jj_alloc(C, d->n * sizeof(jj_val *));
+        if (!d->n) { jlm_jj_buf_puts(C, b, "{}"); return; }
+        jj_val **order = jlm_jj_alloc(C, d->n * sizeof(jj_val *));
         for (size_t i = 0; i < d->n; i++) order[i] = &d->k[i];
         if (sort_keys) qsort(order, d->n, sizeof(jj_val *), cmp_keys);
-        jj_buf_puts(C, b, "{");
+        jlm_jj_buf_puts(C, b, "{");
         for (size_t j = 0; j < d->n; j++) {
             size_t i = (size_t)(order[j] - d->k);
-            if (j) jj_buf_puts(C, b, item_sep);
+            if (j) jlm_jj_buf_puts(C, b, item_sep);
             if (indent) json_newline(C, b, indent, level + 1);
             jj_val k = d->k[i];
             if (k.t != JT_STR) {   /* json.dumps converts int/float/bool/None keys to strings */
-                if (k.t == JT_BOOL) k = jj_cstr(C, k.u.b ? "true" : "false");
-                else if (k.t == JT_NONE) k = jj_cstr(C, "null");
-                else if (k.t == JT_INT || k.t == JT_FLOAT) k = jj_to_str(C, k);
-                else jj_fail(C, JLM_EINVAL, "tojson: keys must be str, int, float, bool or None, not %s", jj_type_name(k));
+                if (k.t == JT_BOOL) k = jlm_jj_cstr(C, k.u.b ? "true" : "false");
+                else if (k.t == JT_NONE) k = jlm_jj_cstr(C, "null");
+                else if (k.t == JT_INT || k.t == JT_FLOAT) k = jlm_jj_to_str(C, k);
+                else jlm_jj_fail(C, JLM_EINVAL, "tojson: keys must be str, int, float, bool or None, not %s", jlm_jj_type_name(k));
             }
             write_json_str(C, b, k.u.s->s, k.u.s->len, ensure_ascii);
-            jj_buf_puts(C, b, key_sep);
-            jj_write_json(C, b, d->v[i], indent, item_sep, key_sep, sort_keys, ensure_ascii, level + 1);
+            jlm_jj_buf_puts(C, b, key_sep);
+            jlm_jj_write_json(C, b, d->v[i], indent, item_sep, key_sep, sort_keys, ensure_ascii, level + 1);
         }
         if (indent) json_newline(C, b, indent, level);
-        jj_buf_puts(C, b, "}");
+        jlm_jj_buf_puts(C, b, "}");
         return;
     }
     default:
-        jj_fail(C, JLM_EINVAL, "tojson: object of type %s is not JSON serializable", jj_type_name(v));
+        jlm_jj_fail(C, JLM_EINVAL, "tojson: object of type %s is not JSON serializable", jlm_jj_type_name(v));
     }
 }
 
 /* ================================================================ unicode */
-size_t jj_utf8_len(const char *s, size_t n)
+size_t jlm_jj_utf8_len(const char *s, size_t n)
 {
     size_t c = 0;
     for (size_t i = 0; i < n; i++)
@@ -528,7 +528,7 @@ size_t jj_utf8_len(const char *s, size_t n)
     return c;
 }
 
-size_t jj_utf8_offset(const char *s, size_t n, size_t cp)
+size_t jlm_jj_utf8_offset(const char *s, size_t n, size_t cp)
 {
     size_t c = 0, i = 0;
     for (; i < n; i++) {
@@ -541,7 +541,7 @@ size_t jj_utf8_offset(const char *s, size_t n, size_t cp)
 }
 
 /* Python str.isspace() code points (what str.strip()/split() remove). */
-int jj_py_space(const char *s, size_t n, size_t *cl)
+int jlm_jj_py_space(const char *s, size_t n, size_t *cl)
 {
     unsigned char c = (unsigned char)s[0];
     *cl = 1;

@@ -3,8 +3,8 @@
 #include <string.h>
 #include <time.h>
 
-#include "engine/chat.h"
-#include "engine/jinja.h"
+#include "text/template/chat.h"
+#include "text/template/jinja.h"
 #include "format/jlm_format.h"
 
 #define SYS_NEEDLE  "<System Needle>"

@@ -6,11 +6,11 @@
  * for the source type (e.g. Q6_K is (d * sc) * q, Q3_K is (d * (sc-32)) * q),
  * so that for an exact conversion the result equals ggml's bit for bit.
  */
-#include "dequant.h"
+#include "format/dequant.h"
 
 #include <string.h>
 
-#include "../../format/jlm_format.h"
+#include "format/jlm_format.h"
 
 /* ---------------------------------------------------------------- scalars */
 static float bits_f32(uint32_t u) { float f; memcpy(&f, &u, 4); return f; }

@@ -32,8 +32,8 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "../format/jlm_err.h"
-#include "../format/jlm_format.h"
+#include "base/jlm_err.h"
+#include "format/jlm_format.h"
 
 typedef struct jlm_tok jlm_tok;
 

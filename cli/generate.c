@@ -1,0 +1,73 @@
+/* generate.c - the decode loop shared by jlm run and jlm chat (generate.h). */
+#include "cli/generate.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+typedef struct textbuf { char *p; size_t len, cap; } textbuf;
+
+static int text_put(textbuf *t, const char *s, size_t n)
+{
+    while (t->len + n + 1 > t->cap) {
+        char *np = realloc(t->p, t->cap *= 2);
+        if (!np)
+            return JLM_ENOMEM;
+        t->p = np;
+    }
+    memcpy(t->p + t->len, s, n);
+    t->len += n;
+    return 0;
+}
+
+/* Feeds id to the stream; prints and keeps what it completes. */
+static int emit(const jlm_cli_gen *g, int32_t id, char *piece, size_t cap, textbuf *t, jlm_err *err)
+{
+    size_t n = 0;
+    if (jlm_tok_stream_feed(g->ts, id, piece, cap, &n, err) != 0 || !n)
+        return 0;   /* an id without a piece prints nothing (as before) */
+    if (g->print) {
+        fwrite(piece, 1, n, stdout);
+        fflush(stdout);
+    }
+    return t ? text_put(t, piece, n) : 0;
+}
+
+static int eval_one(const jlm_cli_gen *g, int32_t id, float *logits, jlm_err *err)
+{
+    int rc = jlm_engine_eval(g->e, &id, 1, logits, err);
+    jlm_cli_report_flush(g->rep);
+    return rc;
+}
+
+int jlm_cli_generate(const jlm_cli_gen *g, int32_t *ids, size_t *n_ids, char **text, jlm_err *err)
+{
+    size_t cap = jlm_tok_max_piece_len(g->tok) + 8;
+    char *piece = malloc(cap);
+    textbuf t = {.p = text ? malloc(256) : NULL, .cap = 256};
+    int rc = piece && (!text || t.p) ? 0 : JLM_ENOMEM;
+    int streams = g->print || text;
+    if (n_ids)
+        *n_ids = 0;
+    for (int i = 0; i < g->n_max && !rc; i++) {
+        int32_t id = jlm_samp_next(g->s, g->logits);
+        if (ids)
+            ids[(*n_ids)++] = id;
+        jlm_samp_accept(g->s, id);
+        if (jlm_tok_is_eog(g->tok, id)) {
+            if (g->eval_eog)
+                rc = eval_one(g, id, NULL, err);
+            break;
+        }
+        if (streams)
+            rc = emit(g, id, piece, cap, text ? &t : NULL, err);
+        if (!rc && (i + 1 < g->n_max || g->eval_last))
+            rc = eval_one(g, id, g->logits, err);
+    }
+    if (t.p)
+        t.p[t.len] = 0;
+    if (text)
+        *text = t.p;
+    free(piece);
+    return rc;
+}
