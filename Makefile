@@ -29,7 +29,7 @@ LDLIBS  := $(PKG_LIBS) -lm -pthread
 AVX2_FLAGS   := -mavx2 -mfma -mf16c
 AVX512_FLAGS := -mavx2 -mfma -mf16c -mavx512f -mavx512bw -mavx512vl -mavx512dq -mavx512vnni
 
-LIB_DIRS := format converter kernels/cpu engine fs
+LIB_DIRS := format converter kernels/cpu engine fs picture
 LIB_SRC  := $(foreach d,$(LIB_DIRS),$(wildcard $(d)/*.c))
 LIB_OBJ  := $(LIB_SRC:%.c=$(BUILD)/obj/%.o)
 LIB      := $(BUILD)/libjlm.a
@@ -62,6 +62,17 @@ $(BUILD)/obj/%_avx512.o: %_avx512.c
 $(BUILD)/obj/%.o: %.c
 	@mkdir -p $(dir $@)
 	$(CC) $(BASECFLAGS) -MMD -MP -c $< -o $@
+
+# picture/page.css and page.js become C strings in $(BUILD)/gen/picture_assets.h
+# (one "line\n" literal per line; '?' escaped so no trigraph can form).
+PIC_ASSETS := $(BUILD)/gen/picture_assets.h
+$(PIC_ASSETS): picture/page.css picture/page.js
+	@mkdir -p $(dir $@)
+	{ for a in css js; do echo "#define PICTURE_PAGE_$$(echo $$a | tr a-z A-Z) \\"; \
+	    sed -e 's/\\/\\\\/g' -e 's/"/\\"/g' -e 's/?/\\?/g' -e 's/^/    "/' -e 's/$$/\\n" \\/' picture/page.$$a; \
+	    echo '    ""'; done; } > $@.tmp && mv $@.tmp $@
+$(BUILD)/obj/picture/picture.o: $(PIC_ASSETS)
+$(BUILD)/obj/picture/picture.o: BASECFLAGS += -I$(BUILD)/gen
 
 $(LIB): $(LIB_OBJ)
 	@mkdir -p $(dir $@)

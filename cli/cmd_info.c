@@ -2,6 +2,8 @@
  * arrays, vocab summary, fingerprint and (optionally) the tensor table. */
 #include "cli.h"
 #include "format/jlm_format.h"
+#include "picture/picture.h"
+#include "report.h"
 
 #include <jansson.h>
 #include <stdio.h>
@@ -110,31 +112,74 @@ static void info_text(const jlm_model *m, int with_tensors)
     }
 }
 
+/* --html: the picture (picture/picture.h) to out_path or stdout, with the
+ * residency overlay of the view's database (or --db/--key) when there is one. */
+static int info_html(const jlm_model *m, const char *model, const char *out_path, const char *db, const char *key)
+{
+    char *vdb = NULL, *vkey = NULL;
+    if (!db && jlm_cli_view_discover(model, m->path, &vdb, &vkey)) {
+        db = vdb;
+        key = vkey;
+    }
+    jlm_pic_overlay ov = {db, key};
+    jlm_err err = {0};
+    char *html = NULL;
+    size_t len = 0;
+    int e = jlm_pic_html(m, db ? &ov : NULL, model, &html, &len, &err);
+    if (!e && out_path)
+        e = jlm_pic_write(out_path, html, len, &err);
+    else if (!e && fwrite(html, 1, len, stdout) != len)
+        e = jlm_errf(&err, JLM_EIO, "stdout: write failed");
+    if (e)
+        fprintf(stderr, "jlm info: %s\n", err.msg);
+    free(html);
+    free(vdb);
+    free(vkey);
+    return e ? 1 : 0;
+}
+
+static const char INFO_USAGE[] = "usage: jlm info MODEL [--tensors] [--json] [--html [-o FILE] [--db DB --key KEY]]\n";
+
 int jlm_cmd_info(int argc, char **argv)
 {
-    const char *path = NULL;
-    int tensors = 0, js = 0;
+    const char *path = NULL, *out = NULL, *db = NULL, *key = NULL;
+    int tensors = 0, js = 0, html = 0;
     for (int i = 1; i < argc; i++) {
         if (!strcmp(argv[i], "--tensors")) tensors = 1;
         else if (!strcmp(argv[i], "--json")) js = 1;
-        else if (argv[i][0] == '-' || path) { fprintf(stderr, "usage: jlm info MODEL [--tensors] [--json]\n"); return 2; }
+        else if (!strcmp(argv[i], "--html")) html = 1;
+        else if (!strcmp(argv[i], "-o") && i + 1 < argc) out = argv[++i];
+        else if (!strcmp(argv[i], "--db") && i + 1 < argc) db = argv[++i];
+        else if (!strcmp(argv[i], "--key") && i + 1 < argc) key = argv[++i];
+        else if (argv[i][0] == '-' || path) { fputs(INFO_USAGE, stderr); return 2; }
         else path = argv[i];
     }
-    if (!path) {
-        fprintf(stderr, "usage: jlm info MODEL [--tensors] [--json]\n");
+    if (!path || ((out || db || key) && !html) || !db != !key || (html && js)) {
+        fputs(INFO_USAGE, stderr);
         return 2;
     }
-    if (jlm_cli_is_gguf(path)) {
+    char *cpath = jlm_cli_container_path(path);   /* a jlmfs view directory: its model.jlm */
+    if (!cpath) {
+        fprintf(stderr, "jlm info: out of memory\n");
+        return 1;
+    }
+    if (jlm_cli_is_gguf(cpath)) {
         fprintf(stderr, "jlm info: %s: a GGUF file, not a .jlm container: convert it first with `jlm convert %s`\n", path, path);
+        free(cpath);
         return 1;
     }
     jlm_err err = {0};
     jlm_model *m;
-    if (jlm_fmt_open(path, &m, &err)) {
+    int rc = jlm_fmt_open(cpath, &m, &err);
+    free(cpath);
+    if (rc) {
         fprintf(stderr, "jlm info: %s\n", err.msg);
         return 1;
     }
-    if (js) {
+    rc = 0;
+    if (html) {
+        rc = info_html(m, path, out, db, key);
+    } else if (js) {
         json_t *o = info_json(m, tensors);
         char *s = json_dumps(o, JSON_INDENT(2) | JSON_PRESERVE_ORDER);
         puts(s);
@@ -144,5 +189,5 @@ int jlm_cmd_info(int argc, char **argv)
         info_text(m, tensors);
     }
     jlm_fmt_close(m);
-    return 0;
+    return rc;
 }
