@@ -1,0 +1,249 @@
+/* test_picture.c - `jlm info --html` (picture/): the page's data against the
+ * header bytes, `jlm info --json` and the engine's pager; escaping of hostile
+ * container strings; and the page as headless Chromium renders it (skipped,
+ * saying so in one line, where chromium is not installed). */
+#include <criterion/criterion.h>
+#include <jansson.h>
+
+#include "converter/convert.h"
+#include "engine/pager.h"
+#include "engine/residency.h"
+#include "engine/source.h"
+#include "picture/picture.h"
+#include "testutil.h"
+
+/* ---------------------------------------------------------------- fixtures */
+static char *convert(const char *gguf, const char *dir, const char *name)
+{
+    char *out = malloc(1024);
+    snprintf(out, 1024, "%s/%s", dir, name);
+    jlm_conv *c;
+    jlm_err err = {0};
+    cr_assert_eq(jlm_conv_open(tu_model(gguf), NULL, &c, &err), 0, "%s", err.msg);
+    cr_assert_eq(jlm_conv_write(c, out, NULL, NULL, NULL, &err), 0, "%s", err.msg);
+    jlm_conv_close(c);
+    return out;
+}
+
+static jlm_model *open_model(const char *path)
+{
+    jlm_model *m = NULL;
+    jlm_err err = {0};
+    cr_assert_eq(jlm_fmt_open(path, &m, &err), 0, "%s", err.msg);
+    return m;
+}
+
+static uint64_t le64(const unsigned char *p)
+{
+    uint64_t v = 0;
+    for (int i = 7; i >= 0; i--)
+        v = v << 8 | p[i];
+    return v;
+}
+
+static uint32_t le32(const unsigned char *p) { return (uint32_t)p[0] | (uint32_t)p[1] << 8 | (uint32_t)p[2] << 16 | (uint32_t)p[3] << 24; }
+
+static json_t *run_json(const char *cmd)
+{
+    char *out = NULL;
+    cr_assert_eq(tu_run(cmd, &out), 0, "%s: %s", cmd, out);
+    json_error_t je;
+    json_t *j = json_loads(out, 0, &je);
+    cr_assert_not_null(j, "%s: not JSON: %s", cmd, je.text);
+    free(out);
+    return j;
+}
+
+#define JI(o, k) ((uint64_t)json_integer_value(json_object_get((o), (k))))
+
+/* ---------------------------------------------------------------- regions */
+/* Each region against the header's bytes at the offsets of jlm-format.md 3
+ * (read here, not by the reader) and against `jlm info --json`; in file order,
+ * not overlapping, the last one ending at EOF. */
+static void check_regions(const char *gguf)
+{
+    char *dir = tu_tmpdir(), *path = convert(gguf, dir, "m.jlm"), cmd[2048];
+    jlm_model *m = open_model(path);
+    jlm_pic_region r[JLM_PIC_N_REGIONS];
+    jlm_pic_regions(m, r);
+    size_t n;
+    unsigned char *b = tu_read_file(path, &n);
+    cr_assert(b && n >= 192);
+    uint64_t want[JLM_PIC_N_REGIONS][2] = {
+        {0, 192}, {le64(b + 32), le64(b + 40)}, {le64(b + 120), le64(b + 128)}, {le64(b + 104), le64(b + 112)},
+        {le64(b + 48), le64(b + 56)}, {le64(b + 88), le64(b + 96)}, {le64(b + 72), le64(b + 80)},
+        {le64(b + 64), le32(b + 24) * le64(b + 16)}, {le64(b + 136), le32(b + 152) * le64(b + 144)},
+        {le64(b + 176), le32(b + 172) * le64(b + 184)},
+    };
+    snprintf(cmd, sizeof cmd, "'%s' info '%s' --json", tu_jlm(), path);
+    json_t *j = run_json(cmd), *h = json_object_get(j, "header");
+    uint64_t info[4][2] = {{JI(h, "dense_off"), JI(h, "dense_len")}, {JI(h, "data_off"), JI(h, "n_blocks") * JI(h, "page_size")},
+        {JI(h, "vis_data_off"), JI(h, "n_vis_blocks") * JI(h, "vis_page_size")},
+        {JI(h, "exp_data_off"), JI(h, "n_exp_pages") * JI(h, "exp_page_size")}};
+    uint64_t end = 0;
+    for (int i = 0; i < JLM_PIC_N_REGIONS; i++) {
+        cr_assert_eq(r[i].off, want[i][0], "%s: %s offset %llu, header bytes say %llu", gguf, r[i].id,
+                     (unsigned long long)r[i].off, (unsigned long long)want[i][0]);
+        cr_assert_eq(r[i].len, want[i][1], "%s: %s length", gguf, r[i].id);
+        if (i >= JLM_PIC_DENSE && r[i].len) {
+            cr_assert_eq(r[i].off, info[i - JLM_PIC_DENSE][0], "%s: %s offset vs jlm info --json", gguf, r[i].id);
+            cr_assert_eq(r[i].len, info[i - JLM_PIC_DENSE][1], "%s: %s length vs jlm info --json", gguf, r[i].id);
+        }
+        if (!r[i].len)
+            continue;
+        cr_assert_geq(r[i].off, end, "%s: %s overlaps the region before it", gguf, r[i].id);
+        cr_assert_eq(r[i].off % r[i].align, 0, "%s: %s misaligned", gguf, r[i].id);
+        end = r[i].off + r[i].len;
+    }
+    cr_assert_eq(end, JI(j, "file_size"), "%s: last region ends at %llu, file has %llu bytes", gguf,
+                 (unsigned long long)end, (unsigned long long)JI(j, "file_size"));
+    json_decref(j);
+    free(b);
+    jlm_fmt_close(m);
+    free(path);
+    tu_rmrf(dir);
+    free(dir);
+}
+
+Test(picture, regions_match_header_bytes_and_info_json_dense) { check_regions("stories260K.gguf"); }
+Test(picture, regions_match_header_bytes_and_info_json_moe) { check_regions("synth-qwen3moe-256.Q4_K_M.gguf"); }
+Test(picture, regions_match_header_bytes_and_info_json_gpt_oss) { check_regions("synth-gpt-oss-256.MXFP4_MOE.gguf"); }
+
+/* ---------------------------------------------------------------- page arrays */
+/* Every page's span in the data is the one the engine's pager reads:
+ * base + i*size, length jlm_pager_extent of a pager opened on the container. */
+static void check_spans(const char *gguf)
+{
+    char *dir = tu_tmpdir(), *path = convert(gguf, dir, "m.jlm");
+    jlm_model *m = open_model(path);
+    jlm_err err = {0};
+    jlm_source *s = NULL;
+    jlm_pager *p = NULL;
+    cr_assert_eq(jlm_source_open_file(path, NULL, &s, &err), 0, "%s", err.msg);
+    cr_assert_eq(jlm_pager_open_model(m, s, 0, &p, &err), 0, "%s", err.msg);
+    char *js = NULL;
+    cr_assert_eq(jlm_pic_data_json(m, NULL, &js, &err), 0, "%s", err.msg);
+    json_t *d = json_loads(js, 0, NULL), *arrays = json_object_get(d, "arrays");
+    cr_assert_not_null(arrays);
+    const char *names[3] = {"text", "vision", "experts"};
+    uint64_t base[3] = {m->hdr.data_off, m->hdr.vis_data_off, m->hdr.exp_data_off};
+    uint64_t size[3] = {m->hdr.page_size, m->hdr.vis_page_size, m->hdr.exp_page_size};
+    uint32_t np[3] = {m->hdr.n_blocks, m->hdr.n_vis_blocks, m->hdr.n_exp_pages}, checked = 0;
+    for (int a = 0; a < 3; a++) {
+        json_t *A = json_object_get(arrays, names[a]), *ext = json_object_get(A, "extents");
+        cr_assert_eq(JI(A, "n"), np[a]);
+        cr_assert_eq(json_array_size(ext), np[a]);
+        if (!np[a])
+            continue;
+        cr_assert_eq(JI(A, "base"), base[a]);
+        cr_assert_eq(JI(A, "page_size"), size[a]);
+        for (uint32_t i = 0; i < np[a]; i++, checked++) {
+            uint64_t e = (uint64_t)json_integer_value(json_array_get(ext, i));
+            cr_assert_eq(e, jlm_pager_extent(p, (uint32_t)a, i), "%s: %s page %u: extent %llu, pager reads %llu", gguf,
+                         names[a], i, (unsigned long long)e, (unsigned long long)jlm_pager_extent(p, (uint32_t)a, i));
+            cr_assert(e > 0 && e <= size[a]);
+        }
+    }
+    cr_assert_gt(checked, 0);
+    cr_assert_eq(json_array_size(json_object_get(d, "tensors")), m->hdr.n_tensors);
+    json_decref(d);
+    free(js);
+    jlm_pager_close(p);
+    jlm_source_close(s);
+    jlm_fmt_close(m);
+    free(path);
+    tu_rmrf(dir);
+    free(dir);
+}
+
+Test(picture, page_spans_are_the_pagers_dense) { check_spans("stories260K.gguf"); }
+Test(picture, page_spans_are_the_pagers_moe) { check_spans("synth-llama-moe-256.Q4_K_M.gguf"); }
+
+/* ---------------------------------------------------------------- escaping */
+static const char *HOSTILE_T = "</script><script>alert(1)</script><img src=x onerror=alert(2)>";
+static const char *HOSTILE_N = "<!--<script>&amp;\xff\xfe-->";
+
+/* A model whose tensor names and chat template names are hostile (set in
+ * memory after a valid open: the generator must not trust them). */
+static jlm_model *hostile_model(const char *path, jlm_str tmpl[2])
+{
+    jlm_model *m = open_model(path);
+    m->tensors[0].name = (jlm_str){HOSTILE_T, (uint32_t)strlen(HOSTILE_T)};
+    m->tensors[1].name = (jlm_str){HOSTILE_N, (uint32_t)strlen(HOSTILE_N)};
+    tmpl[0] = (jlm_str){HOSTILE_T, (uint32_t)strlen(HOSTILE_T)};
+    tmpl[1] = (jlm_str){"", 0};
+    m->vocab.templates = tmpl;
+    m->vocab.n_templates = 1;
+    return m;
+}
+
+static size_t count(const char *hay, const char *needle)
+{
+    size_t n = 0;
+    for (const char *p = hay; (p = strstr(p, needle)); p++)
+        n++;
+    return n;
+}
+
+Test(picture, hostile_names_stay_inside_the_json_and_round_trip)
+{
+    char *dir = tu_tmpdir(), *path = convert("stories260K.gguf", dir, "m.jlm");
+    jlm_str tmpl[2];
+    jlm_model *m = hostile_model(path, tmpl);
+    jlm_err err = {0};
+    char *html = NULL;
+    size_t len = 0;
+    cr_assert_eq(jlm_pic_html(m, NULL, "<b>title</b>", &html, &len, &err), 0, "%s", err.msg);
+    cr_assert_eq(strlen(html), len);
+    cr_assert_eq(count(html, "<script"), 2, "only the data block and the page's script open a script");
+    cr_assert_eq(count(html, "</script"), 2);
+    cr_assert_eq(count(html, "<img"), 0);
+    cr_assert_eq(count(html, "<!--"), 0);
+    cr_assert_eq(count(html, "<b>"), 0, "the title is escaped");
+    /* the data block parses back to the same names (invalid bytes as U+FFFD) */
+    const char *a = strstr(html, "id=\"jlm-data\">") + 14, *b = strstr(a, "</script>");
+    json_error_t je;
+    json_t *d = json_loadb(a, (size_t)(b - a), 0, &je);
+    cr_assert_not_null(d, "data block: %s", je.text);
+    json_t *t = json_object_get(d, "tensors");
+    cr_assert_str_eq(json_string_value(json_object_get(json_array_get(t, 0), "name")), HOSTILE_T);
+    cr_assert_str_eq(json_string_value(json_object_get(json_array_get(t, 1), "name")),
+                     "<!--<script>&amp;\xEF\xBF\xBD\xEF\xBF\xBD-->");
+    cr_assert_str_eq(json_string_value(json_array_get(json_object_get(json_object_get(d, "vocab"), "templates"), 0)),
+                     HOSTILE_T);
+    json_decref(d);
+    free(html);
+    jlm_fmt_close(m);
+    free(path);
+    tu_rmrf(dir);
+    free(dir);
+}
+
+Test(picture, write_is_atomic_and_names_the_file_on_failure)
+{
+    char *dir = tu_tmpdir(), path[1200], part[1300];
+    jlm_err err = {0};
+    snprintf(path, sizeof path, "%s/no/such/dir/p.html", dir);
+    cr_assert_neq(jlm_pic_write(path, "x", 1, &err), 0);
+    cr_assert(strstr(err.msg, path), "message names the file: %s", err.msg);
+    snprintf(path, sizeof path, "%s/p.html", dir);
+    snprintf(part, sizeof part, "%s.part", path);
+    cr_assert_eq(jlm_pic_write(path, "<html></html>", 13, &err), 0, "%s", err.msg);
+    cr_assert(tu_exists(path) && !tu_exists(part));
+    tu_rmrf(dir);
+    free(dir);
+}
+
+Test(picture, cli_refuses_bad_input_with_one_line)
+{
+    char *dir = tu_tmpdir(), cmd[2048], *out = NULL;
+    snprintf(cmd, sizeof cmd, "cd '%s' && printf 'JITLLM\\0\\0garbage' > bad.jlm && '%s' info bad.jlm --html -o p.html 2>&1; "
+             "test ! -e p.html && test ! -e p.html.part", dir, tu_jlm());
+    cr_assert_eq(tu_run(cmd, &out), 0, "no page is left behind: %s", out);
+    cr_assert(strstr(out, "bad.jlm") && count(out, "\n") == 1, "one line naming the file: %s", out);
+    free(out);
+    snprintf(cmd, sizeof cmd, "'%s' info x.jlm --json --html", tu_jlm());
+    cr_assert_eq(tu_run(cmd, NULL), 2);
+    tu_rmrf(dir);
+    free(dir);
+}
