@@ -247,3 +247,253 @@ Test(picture, cli_refuses_bad_input_with_one_line)
     tu_rmrf(dir);
     free(dir);
 }
+
+/* ---------------------------------------------------------------- the page in Chromium */
+/* Chromium's DOM of file#hash after the page's scripts ran (malloc'd). Skips,
+ * in one line, where chromium is not installed (scripts/deps.sh installs it). */
+static char *chromium_dom(const char *file, const char *hash, const char *dir)
+{
+    if (system("command -v chromium >/dev/null 2>&1") != 0)
+        cr_skip_test("chromium is not installed: the page is not rendered (scripts/deps.sh installs it)");
+    char cmd[4096], *out = NULL;
+    snprintf(cmd, sizeof cmd, "{ timeout 60 chromium --headless --no-sandbox --disable-gpu --user-data-dir='%s/chromium' "
+             "--dump-dom 'file://%s#%s' 2>/dev/null; }", dir, file, hash);
+    cr_assert_eq(tu_run(cmd, &out), 0, "chromium failed on %s#%s", file, hash);
+    cr_assert(strstr(out, "</html>"), "no DOM for %s#%s: %.300s", file, hash, out);
+    return out;
+}
+
+/* The first text inside the element with this id (past any opening tags). */
+static char *dom_text(const char *dom, const char *id)
+{
+    char key[128];
+    snprintf(key, sizeof key, "id=\"%s\"", id);
+    const char *p = strstr(dom, key);
+    cr_assert_not_null(p, "no element #%s in the DOM", id);
+    p = strchr(p, '>') + 1;
+    while (*p == '<')
+        p = strchr(p, '>') + 1;
+    size_t n = strcspn(p, "<");
+    return strndup(p, n);
+}
+
+static void assert_dom_u64(const char *dom, const char *id, uint64_t want)
+{
+    char *t = dom_text(dom, id);
+    cr_assert_eq(strtoull(t, NULL, 10), want, "#%s shows '%s', want %llu", id, t, (unsigned long long)want);
+    free(t);
+}
+
+/* The tensor names in #page-tensors' rows, "\n"-joined. */
+static char *dom_page_tensors(const char *dom)
+{
+    const char *p = strstr(dom, "id=\"page-tensors\""), *end = p ? strstr(p, "</table>") : NULL;
+    cr_assert(p && end, "no #page-tensors table");
+    p = strstr(p, "<tbody>");
+    char *out = calloc(1, (size_t)(end - p) + 1);
+    while ((p = strstr(p, "<tr><td")) && p < end) {
+        p = strchr(p + 4, '>') + 1;
+        strncat(out, p, strcspn(p, "<"));
+        strcat(out, "\n");
+    }
+    return out;
+}
+
+/* The names the tensor table puts on page `page` of region reg. */
+static char *expected_tensors(const jlm_model *m, int reg, uint32_t page)
+{
+    char *out = calloc(1, 65536);
+    for (uint32_t i = 0; i < m->hdr.n_tensors; i++) {
+        jlm_tensor_loc l;
+        jlm_fmt_tensor_loc(m, &m->tensors[i], &l);
+        int64_t n = reg == JLM_REG_EXPERT && m->tensors[i].index < 0 ? m->config.n_expert : 1;
+        if (l.region == reg && (int64_t)page >= l.page && (int64_t)page < l.page + n) {
+            strcat(out, m->tensors[i].name.s);
+            strcat(out, "\n");
+        }
+    }
+    return out;
+}
+
+static char *write_page(const jlm_model *m, const jlm_pic_overlay *ov, const char *dir, const char *name)
+{
+    char *html = NULL, *path = malloc(1200);
+    size_t len = 0;
+    jlm_err err = {0};
+    cr_assert_eq(jlm_pic_html(m, ov, NULL, &html, &len, &err), 0, "%s", err.msg);
+    cr_assert_lt(len, 200 * 1024, "the page of a test model stays under 200 KiB (%zu bytes)", len);
+    snprintf(path, 1200, "%s/%s", dir, name);
+    cr_assert_eq(jlm_pic_write(path, html, len, &err), 0, "%s", err.msg);
+    free(html);
+    return path;
+}
+
+/* #region=text&page=N: the page's span, padding and tensors as the DOM shows
+ * them after the scripts ran; every region's row with its offset and length. */
+static void check_text_page_in_chromium(const char *gguf, uint32_t page)
+{
+    char *dir = tu_tmpdir(), *path = convert(gguf, dir, "m.jlm"), hash[64];
+    jlm_model *m = open_model(path);
+    char *html = write_page(m, NULL, dir, "m.html");
+    snprintf(hash, sizeof hash, "region=text&page=%u", page);
+    char *dom = chromium_dom(html, hash, dir);
+    uint64_t off = m->hdr.data_off + page * m->hdr.page_size, ext = jlm_fmt_page_extent(m, JLM_REG_TEXT, page);
+    assert_dom_u64(dom, "page-index", page);
+    assert_dom_u64(dom, "page-off", off);
+    assert_dom_u64(dom, "page-len", ext);
+    assert_dom_u64(dom, "page-pad", m->hdr.page_size - ext);
+    char span[96], *t = dom_text(dom, "page-span");
+    snprintf(span, sizeof span, "[%llu, %llu)", (unsigned long long)off, (unsigned long long)(off + ext));
+    cr_assert_str_eq(t, span);
+    free(t);
+    char *got = dom_page_tensors(dom), *want = expected_tensors(m, JLM_REG_TEXT, page);
+    cr_assert(*want, "page %u holds tensors", page);
+    cr_assert_str_eq(got, want, "tensors of text page %u", page);
+    assert_dom_u64(dom, "sel-off", m->hdr.data_off);
+    jlm_pic_region r[JLM_PIC_N_REGIONS];
+    jlm_pic_regions(m, r);
+    for (int i = 0; i < JLM_PIC_N_REGIONS; i++) {
+        char row[64];
+        snprintf(row, sizeof row, "id=\"row-%s\"", r[i].id);
+        const char *p = strstr(dom, row);
+        cr_assert_not_null(p, "no row for %s", r[i].id);
+        unsigned long long o, l;
+        cr_assert_eq(sscanf(strstr(p, "class=\"off\">"), "class=\"off\">%llu</td><td class=\"len\">%llu", &o, &l), 2);
+        cr_assert(o == r[i].off && l == r[i].len, "%s row shows %llu+%llu", r[i].id, o, l);
+    }
+    free(got); free(want); free(dom); free(html);
+    jlm_fmt_close(m);
+    free(path);
+    tu_rmrf(dir);
+    free(dir);
+}
+
+Test(picture_chromium, text_page_span_and_tensors_dense, .timeout = 120) { check_text_page_in_chromium("stories260K.gguf", 3); }
+Test(picture_chromium, text_page_span_and_tensors_moe, .timeout = 120) { check_text_page_in_chromium("synth-qwen3moe-256.Q4_K_M.gguf", 1); }
+
+static size_t count_cells(const char *dom, const char *cls, const char *names_of, char *names, size_t cap)
+{
+    size_t n = 0;
+    for (const char *p = dom; (p = strstr(p, "<rect ")); p++) {
+        const char *e = strchr(p, '>');
+        char *tag = strndup(p, (size_t)(e - p));
+        if (strstr(tag, "class=\"cell") && (!cls || strstr(tag, cls))) {
+            n++;
+            const char *d = strstr(tag, names_of);
+            if (names && d) {
+                d += strlen(names_of);
+                strncat(names, d, strcspn(d, "\""));
+                strncat(names, "\n", cap - strlen(names) - 1);
+            }
+        }
+        free(tag);
+    }
+    return n;
+}
+
+/* #region=experts&page=N: the grid has NBlocks x NExpert cells, page N is
+ * (rank 1, expert 3) with the banks' sheets at + 3 x ExpPageSize. */
+Test(picture_chromium, experts_grid_and_page, .timeout = 120)
+{
+    char *dir = tu_tmpdir(), *path = convert("synth-qwen3moe-256.Q4_K_M.gguf", dir, "m.jlm"), hash[64];
+    jlm_model *m = open_model(path);
+    char *html = write_page(m, NULL, dir, "m.html");
+    uint32_t ne = m->config.n_expert, page = ne + 3;
+    cr_assert_geq(m->hdr.n_exp_pages, 2 * ne);
+    snprintf(hash, sizeof hash, "region=experts&page=%u", page);
+    char *dom = chromium_dom(html, hash, dir);
+    cr_assert_eq(count_cells(dom, NULL, "", NULL, 0), m->hdr.n_exp_pages);
+    assert_dom_u64(dom, "page-index", page);
+    assert_dom_u64(dom, "page-off", m->hdr.exp_data_off + page * m->hdr.exp_page_size);
+    assert_dom_u64(dom, "page-len", jlm_fmt_page_extent(m, JLM_REG_EXPERT, page));
+    char *got = dom_page_tensors(dom), *want = expected_tensors(m, JLM_REG_EXPERT, page);
+    cr_assert(*want);
+    cr_assert_str_eq(got, want);
+    const jlm_tensor *bank = NULL;
+    for (uint32_t i = 0; i < m->hdr.n_tensors && !bank; i++)
+        if (!strcmp(m->tensors[i].name.s, strtok(want, "\n")))
+            bank = &m->tensors[i];
+    char name[64], *t = dom_text(dom, "page-name");
+    snprintf(name, sizeof name, "experts.%d.3", bank->block);
+    cr_assert_str_eq(t, name);
+    char qs[64];
+    snprintf(qs, sizeof qs, "<td class=\"num\">%llu</td>", (unsigned long long)(bank->qs_off + 3 * m->hdr.exp_page_size));
+    cr_assert(strstr(strstr(dom, "id=\"page-tensors\""), qs), "expert 3's qs plane at %s", qs);
+    free(t); free(got); free(want); free(dom); free(html);
+    jlm_fmt_close(m);
+    free(path);
+    tu_rmrf(dir);
+    free(dir);
+}
+
+/* The overlay marks exactly the pages the database lists as resident, and
+ * pages paged in then evicted as touched. */
+Test(picture_chromium, overlay_marks_exactly_the_resident_pages, .timeout = 120)
+{
+    char *dir = tu_tmpdir(), *path = convert("synth-qwen3moe-256.Q4_K_M.gguf", dir, "m.jlm"), db_path[1200];
+    jlm_model *m = open_model(path);
+    snprintf(db_path, sizeof db_path, "%s/res.db", dir);
+    jlm_err err = {0};
+    jlm_rdb *db = NULL;
+    int64_t s;
+    cr_assert_eq(jlm_rdb_open(db_path, 1, &db, &err), 0, "%s", err.msg);
+    cr_assert_eq(jlm_rdb_session_begin(db, "m.jlm", &s, &err), 0, "%s", err.msg);
+    int ev[][5] = {{0, 1, -1, JLM_RDB_PAGE_IN}, {0, 0, -1, JLM_RDB_PAGE_IN}, {0, 0, -1, JLM_RDB_EVICT},
+                   {1, 1, 2, JLM_RDB_PAGE_IN}, {1, 0, 5, JLM_RDB_PAGE_IN}, {1, 0, 5, JLM_RDB_EVICT}};
+    for (size_t i = 0; i < sizeof ev / sizeof ev[0]; i++)
+        cr_assert_eq(jlm_rdb_event(db, s, ev[i][0] ? "experts" : "blocks", ev[i][1], ev[i][2], ev[i][3], 1, 4096, &err),
+                     0, "%s", err.msg);
+    cr_assert_eq(jlm_rdb_flush(db, &err), 0, "%s", err.msg);
+    char **names = NULL;
+    size_t n = 0;
+    cr_assert_eq(jlm_rdb_resident(db, "m.jlm", &names, &n, &err), 0, "%s", err.msg);
+    jlm_pic_overlay ov = {db_path, "m.jlm"};
+    char *html = write_page(m, &ov, dir, "m.html");
+    const char *arrays[2] = {"text", "experts"}, *prefix[2] = {"blocks.", "experts."};
+    const char *touched[2] = {"blocks.0\n", "experts.0.5\n"};
+    for (int a = 0; a < 2; a++) {
+        char hash[64], want[256] = "", got[256] = "", gt[256] = "";
+        for (size_t i = 0; i < n; i++)
+            if (!strncmp(names[i], prefix[a], strlen(prefix[a])))
+                strcat(strcat(want, names[i]), "\n");
+        snprintf(hash, sizeof hash, "region=%s", arrays[a]);
+        char *dom = chromium_dom(html, hash, dir);
+        count_cells(dom, "res-now", "data-name=\"", got, sizeof got);
+        count_cells(dom, "res-touched", "data-name=\"", gt, sizeof gt);
+        cr_assert(*want, "the database lists resident %s pages", arrays[a]);
+        cr_assert_str_eq(got, want, "%s: resident cells", arrays[a]);
+        cr_assert_str_eq(gt, touched[a], "%s: paged-in-before cells", arrays[a]);
+        free(dom);
+    }
+    jlm_rdb_free_names(names, n);
+    jlm_rdb_session_end(db, s, &err);
+    jlm_rdb_close(db);
+    free(html);
+    jlm_fmt_close(m);
+    free(path);
+    tu_rmrf(dir);
+    free(dir);
+}
+
+/* Hostile tensor and template names are shown as text: no element from them. */
+Test(picture_chromium, hostile_names_render_as_text, .timeout = 120)
+{
+    char *dir = tu_tmpdir(), *path = convert("stories260K.gguf", dir, "m.jlm");
+    jlm_str tmpl[2];
+    jlm_model *m = hostile_model(path, tmpl);
+    char *html = write_page(m, NULL, dir, "m.html");
+    char *dom = chromium_dom(html, "region=table", dir), *dom2 = chromium_dom(html, "region=vocab", dir);
+    cr_assert_eq(count(dom, "<img"), 0);
+    cr_assert_eq(count(dom, "<script"), 2);
+    cr_assert(strstr(dom, "&lt;/script&gt;&lt;script&gt;alert(1)&lt;/script&gt;&lt;img src=x onerror=alert(2)&gt;"),
+              "the hostile tensor name is shown as text");
+    cr_assert(strstr(dom, "id=\"tensor-table\""), "the script ran to the end");
+    cr_assert(strstr(strstr(dom2, "id=\"templates\""), "<li>&lt;/script&gt;&lt;script&gt;alert(1)"),
+              "the hostile template name is shown as text");
+    cr_assert_eq(count(dom2, "<img"), 0);
+    free(dom); free(dom2); free(html);
+    jlm_fmt_close(m);
+    free(path);
+    tu_rmrf(dir);
+    free(dir);
+}
