@@ -10,6 +10,7 @@
 #include "engine/residency.h"
 #include "engine/source.h"
 #include "picture/picture.h"
+#include "shell_jlm.h"
 #include "testutil.h"
 
 /* ---------------------------------------------------------------- fixtures */
@@ -60,9 +61,9 @@ static json_t *run_json(const char *cmd)
 /* Each region against the header's bytes at the offsets of jlm-format.md 3
  * (read here, not by the reader) and against `jlm info --json`; in file order,
  * not overlapping, the last one ending at EOF. */
-static void check_regions(const char *gguf)
+static void check_regions_of(const char *path, const char *gguf)
 {
-    char *dir = tu_tmpdir(), *path = convert(gguf, dir, "m.jlm"), cmd[2048];
+    char cmd[2048];
     jlm_model *m = open_model(path);
     jlm_pic_region r[JLM_PIC_N_REGIONS];
     jlm_pic_regions(m, r);
@@ -100,6 +101,57 @@ static void check_regions(const char *gguf)
     json_decref(j);
     free(b);
     jlm_fmt_close(m);
+}
+
+static void check_regions(const char *gguf)
+{
+    char *dir = tu_tmpdir(), *path = convert(gguf, dir, "m.jlm");
+    check_regions_of(path, gguf);
+    free(path);
+    tu_rmrf(dir);
+    free(dir);
+}
+
+/* A shell container (tests/shell_jlm.h) with a 3-block vision tower beside 2
+ * text blocks: no test model converts to one yet. */
+static char *vision_container(const char *dir)
+{
+    static shell_list L;
+    memset(&L, 0, sizeof L);
+    jlm_config c = {.arch = JLM_ARCH_GEMMA3, .n_layer = 2, .n_embd = 64, .n_head = 4, .n_kv_head = 2, .head_dim = 16,
+                    .n_rot = 16, .n_ffn = 128, .n_vocab = 4, .n_ctx = 256, .rms_eps = 1e-6f, .rope_base = 10000.0f};
+    jlm_vision v = {.n_layer = 3, .n_embd = 64, .n_head = 4, .n_ffn = 128, .image_size = 32, .patch_size = 2,
+                    .proj_dim = 64, .scale = 1, .eps = 1e-6f, .projector = 4, .std = {1, 1, 1}};
+    char nm[48];
+    shell_add(&L, JLM_R_TOKEN_EMBD, -1, JLM_T_F32, 2, 64, 4, 1, "token_embd.weight");
+    shell_add(&L, JLM_R_OUTPUT_NORM, -1, JLM_T_F32, 1, 64, 1, 1, "output_norm.weight");
+    for (int b = 0; b < 2; b++) {
+        snprintf(nm, sizeof nm, "blk.%d.attn_q.weight", b);
+        shell_add(&L, JLM_R_ATTN_Q, b, JLM_T_Q8_0, 2, 64, 64, 1, nm);
+        snprintf(nm, sizeof nm, "blk.%d.ffn_down.weight", b);
+        shell_add(&L, JLM_R_FFN_DOWN, b, JLM_T_Q4_K, 2, 256, 64, 1, nm);
+    }
+    for (int b = 0; b < 3; b++) {
+        snprintf(nm, sizeof nm, "v.blk.%d.attn_q.weight", b);
+        shell_add(&L, 70, b, JLM_T_F16, 2, 64, 64 * (b + 1), 1, nm);
+        snprintf(nm, sizeof nm, "v.blk.%d.ffn_up.weight", b);
+        shell_add(&L, 72, b, JLM_T_Q8_0, 2, 64, 128, 1, nm);
+    }
+    char *path = malloc(1200);
+    snprintf(path, 1200, "%s/v.jlm", dir);
+    jlm_err err = {0};
+    cr_assert_eq(shell_write(path, &c, &v, &L, &err), 0, "%s", err.msg);
+    return path;
+}
+
+Test(picture, regions_match_header_bytes_and_info_json_vision)
+{
+    char *dir = tu_tmpdir(), *path = vision_container(dir);
+    jlm_model *m = open_model(path);
+    cr_assert_eq(m->hdr.n_vis_blocks, 3);
+    cr_assert(m->has_vision);
+    jlm_fmt_close(m);
+    check_regions_of(path, "vision shell");
     free(path);
     tu_rmrf(dir);
     free(dir);
@@ -112,9 +164,8 @@ Test(picture, regions_match_header_bytes_and_info_json_gpt_oss) { check_regions(
 /* ---------------------------------------------------------------- page arrays */
 /* Every page's span in the data is the one the engine's pager reads:
  * base + i*size, length jlm_pager_extent of a pager opened on the container. */
-static void check_spans(const char *gguf)
+static void check_spans_of(const char *path, const char *gguf)
 {
-    char *dir = tu_tmpdir(), *path = convert(gguf, dir, "m.jlm");
     jlm_model *m = open_model(path);
     jlm_err err = {0};
     jlm_source *s = NULL;
@@ -151,6 +202,12 @@ static void check_spans(const char *gguf)
     jlm_pager_close(p);
     jlm_source_close(s);
     jlm_fmt_close(m);
+}
+
+static void check_spans(const char *gguf)
+{
+    char *dir = tu_tmpdir(), *path = convert(gguf, dir, "m.jlm");
+    check_spans_of(path, gguf);
     free(path);
     tu_rmrf(dir);
     free(dir);
@@ -158,6 +215,14 @@ static void check_spans(const char *gguf)
 
 Test(picture, page_spans_are_the_pagers_dense) { check_spans("stories260K.gguf"); }
 Test(picture, page_spans_are_the_pagers_moe) { check_spans("synth-llama-moe-256.Q4_K_M.gguf"); }
+Test(picture, page_spans_are_the_pagers_vision)
+{
+    char *dir = tu_tmpdir(), *path = vision_container(dir);
+    check_spans_of(path, "vision shell");
+    free(path);
+    tu_rmrf(dir);
+    free(dir);
+}
 
 /* ---------------------------------------------------------------- escaping */
 static const char *HOSTILE_T = "</script><script>alert(1)</script><img src=x onerror=alert(2)>";
@@ -330,26 +395,28 @@ static char *write_page(const jlm_model *m, const jlm_pic_overlay *ov, const cha
 
 /* #region=text&page=N: the page's span, padding and tensors as the DOM shows
  * them after the scripts ran; every region's row with its offset and length. */
-static void check_text_page_in_chromium(const char *gguf, uint32_t page)
+static void check_page_in_chromium(const char *dir, const char *path, int reg, uint32_t page)
 {
-    char *dir = tu_tmpdir(), *path = convert(gguf, dir, "m.jlm"), hash[64];
+    char hash[64];
     jlm_model *m = open_model(path);
     char *html = write_page(m, NULL, dir, "m.html");
-    snprintf(hash, sizeof hash, "region=text&page=%u", page);
+    int vis = reg == JLM_REG_VISION;
+    snprintf(hash, sizeof hash, "region=%s&page=%u", vis ? "vision" : "text", page);
     char *dom = chromium_dom(html, hash, dir);
-    uint64_t off = m->hdr.data_off + page * m->hdr.page_size, ext = jlm_fmt_page_extent(m, JLM_REG_TEXT, page);
+    uint64_t base = vis ? m->hdr.vis_data_off : m->hdr.data_off, size = vis ? m->hdr.vis_page_size : m->hdr.page_size;
+    uint64_t off = base + page * size, ext = jlm_fmt_page_extent(m, reg, page);
     assert_dom_u64(dom, "page-index", page);
     assert_dom_u64(dom, "page-off", off);
     assert_dom_u64(dom, "page-len", ext);
-    assert_dom_u64(dom, "page-pad", m->hdr.page_size - ext);
+    assert_dom_u64(dom, "page-pad", size - ext);
     char span[96], *t = dom_text(dom, "page-span");
     snprintf(span, sizeof span, "[%llu, %llu)", (unsigned long long)off, (unsigned long long)(off + ext));
     cr_assert_str_eq(t, span);
     free(t);
-    char *got = dom_page_tensors(dom), *want = expected_tensors(m, JLM_REG_TEXT, page);
+    char *got = dom_page_tensors(dom), *want = expected_tensors(m, reg, page);
     cr_assert(*want, "page %u holds tensors", page);
-    cr_assert_str_eq(got, want, "tensors of text page %u", page);
-    assert_dom_u64(dom, "sel-off", m->hdr.data_off);
+    cr_assert_str_eq(got, want, "tensors of page %u", page);
+    assert_dom_u64(dom, "sel-off", base);
     jlm_pic_region r[JLM_PIC_N_REGIONS];
     jlm_pic_regions(m, r);
     for (int i = 0; i < JLM_PIC_N_REGIONS; i++) {
@@ -363,6 +430,12 @@ static void check_text_page_in_chromium(const char *gguf, uint32_t page)
     }
     free(got); free(want); free(dom); free(html);
     jlm_fmt_close(m);
+}
+
+static void check_text_page_in_chromium(const char *gguf, uint32_t page)
+{
+    char *dir = tu_tmpdir(), *path = convert(gguf, dir, "m.jlm");
+    check_page_in_chromium(dir, path, JLM_REG_TEXT, page);
     free(path);
     tu_rmrf(dir);
     free(dir);
@@ -370,6 +443,14 @@ static void check_text_page_in_chromium(const char *gguf, uint32_t page)
 
 Test(picture_chromium, text_page_span_and_tensors_dense, .timeout = 120) { check_text_page_in_chromium("stories260K.gguf", 3); }
 Test(picture_chromium, text_page_span_and_tensors_moe, .timeout = 120) { check_text_page_in_chromium("synth-qwen3moe-256.Q4_K_M.gguf", 1); }
+Test(picture_chromium, vision_page_span_and_tensors, .timeout = 120)
+{
+    char *dir = tu_tmpdir(), *path = vision_container(dir);
+    check_page_in_chromium(dir, path, JLM_REG_VISION, 2);
+    free(path);
+    tu_rmrf(dir);
+    free(dir);
+}
 
 static size_t count_cells(const char *dom, const char *cls, const char *names_of, char *names, size_t cap)
 {
