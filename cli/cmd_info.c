@@ -2,8 +2,6 @@
  * arrays, vocab summary, fingerprint and (optionally) the tensor table. */
 #include "cli.h"
 #include "format/jlm_format.h"
-#include "picture/picture.h"
-#include "report.h"
 
 #include <jansson.h>
 #include <stdio.h>
@@ -112,32 +110,6 @@ static void info_text(const jlm_model *m, int with_tensors)
     }
 }
 
-/* --html: the picture (picture/picture.h) to out_path or stdout, with the
- * residency overlay of the view's database (or --db/--key) when there is one. */
-static int info_html(const jlm_model *m, const char *model, const char *out_path, const char *db, const char *key)
-{
-    char *vdb = NULL, *vkey = NULL;
-    if (!db && jlm_cli_view_discover(model, m->path, &vdb, &vkey)) {
-        db = vdb;
-        key = vkey;
-    }
-    jlm_pic_overlay ov = {db, key};
-    jlm_err err = {0};
-    char *html = NULL;
-    size_t len = 0;
-    int e = jlm_pic_html(m, db ? &ov : NULL, model, &html, &len, &err);
-    if (!e && out_path)
-        e = jlm_pic_write(out_path, html, len, &err);
-    else if (!e && fwrite(html, 1, len, stdout) != len)
-        e = jlm_errf(&err, JLM_EIO, "stdout: write failed");
-    if (e)
-        fprintf(stderr, "jlm info: %s\n", err.msg);
-    free(html);
-    free(vdb);
-    free(vkey);
-    return e ? 1 : 0;
-}
-
 static const char INFO_USAGE[] = "usage: jlm info MODEL [--tensors] [--json] [--html [-o FILE] [--db DB --key KEY]]\n";
 
 int jlm_cmd_info(int argc, char **argv)
@@ -158,28 +130,19 @@ int jlm_cmd_info(int argc, char **argv)
         fputs(INFO_USAGE, stderr);
         return 2;
     }
-    char *cpath = jlm_cli_container_path(path);   /* a jlmfs view directory: its model.jlm */
-    if (!cpath) {
-        fprintf(stderr, "jlm info: out of memory\n");
-        return 1;
-    }
-    if (jlm_cli_is_gguf(cpath)) {
+    if (html)
+        return jlm_cli_picture("jlm info", path, out, db, key);
+    if (jlm_cli_is_gguf(path)) {
         fprintf(stderr, "jlm info: %s: a GGUF file, not a .jlm container: convert it first with `jlm convert %s`\n", path, path);
-        free(cpath);
         return 1;
     }
     jlm_err err = {0};
     jlm_model *m;
-    int rc = jlm_fmt_open(cpath, &m, &err);
-    free(cpath);
-    if (rc) {
+    if (jlm_fmt_open(path, &m, &err)) {
         fprintf(stderr, "jlm info: %s\n", err.msg);
         return 1;
     }
-    rc = 0;
-    if (html) {
-        rc = info_html(m, path, out, db, key);
-    } else if (js) {
+    if (js) {
         json_t *o = info_json(m, tensors);
         char *s = json_dumps(o, JSON_INDENT(2) | JSON_PRESERVE_ORDER);
         puts(s);
@@ -189,5 +152,5 @@ int jlm_cmd_info(int argc, char **argv)
         info_text(m, tensors);
     }
     jlm_fmt_close(m);
-    return rc;
+    return 0;
 }
