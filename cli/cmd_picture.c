@@ -27,7 +27,7 @@ int jlm_cli_picture(const char *who, const char *model, const char *out_path, co
         db = vdb;
         key = vkey;
     }
-    jlm_pic_overlay ov = {db, key};
+    jlm_pic_overlay ov = {db, key, NULL};
     if (!e)
         e = jlm_pic_html(m, db ? &ov : NULL, model, &html, &len, &err);
     if (!e && out_path)

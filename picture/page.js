@@ -164,7 +164,7 @@
       L.appendChild(document.createTextNode(" " + t));
     });
     var T = D.residency.totals || {};
-    L.appendChild(document.createTextNode("; model totals: " + (T.page_ins || 0) + " page-ins, " + (T.hits || 0) +
+    L.appendChild(document.createTextNode("; as of " + D.residency.as_of + "; model totals: " + (T.page_ins || 0) + " page-ins, " + (T.hits || 0) +
       " hits, " + (T.evictions || 0) + " evictions, " + (D.residency.sessions || 0) + " live sessions"));
     return L;
   }
@@ -276,5 +276,10 @@
     }
   }
   window.addEventListener("hashchange", render);
+  /* the overlay is as of generation: reload (the hash, hence the selection,
+   * survives); ?refresh=N reloads every N seconds */
+  document.getElementById("reload").addEventListener("click", function () { location.reload(); });
+  var every = /[?&]refresh=(\d+)/.exec(location.search);
+  if (every && +every[1] > 0) setTimeout(function () { location.reload(); }, +every[1] * 1000);
   render();
 })();

@@ -11,6 +11,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 #include <unistd.h>
 #include <utf8proc.h>
 
@@ -179,15 +180,16 @@ static json_t *arrays_json(const jlm_model *m)
 /* The model's resident pages and counters, as the database has them now. */
 static int residency_json(const jlm_pic_overlay *ov, json_t **out, jlm_err *err)
 {
-    jlm_rdb *db = NULL;
+    jlm_rdb *db = ov->db;
     char **names = NULL, *stats = NULL;
     size_t n = 0;
-    int e = jlm_rdb_open(ov->db_path, 0, &db, err);
+    int e = db ? 0 : jlm_rdb_open(ov->db_path, 0, &db, err);
     if (!e)
         e = jlm_rdb_resident(db, ov->model_key, &names, &n, err);
     if (!e)
         e = jlm_rdb_stats_json(db, ov->model_key, &stats, err);
-    jlm_rdb_close(db);
+    if (db != ov->db)
+        jlm_rdb_close(db);
     if (e) {
         jlm_rdb_free_names(names, n);
         return e;
@@ -199,13 +201,16 @@ static int residency_json(const jlm_pic_overlay *ov, json_t **out, jlm_err *err)
     json_t *all = json_loads(stats, 0, NULL);
     free(stats);
     json_t *model = json_object_get(json_object_get(all, "models"), ov->model_key);
-    *out = json_pack("{s:o, s:O, s:O, s:O}", "resident", res, "pages",
+    char when[32];
+    time_t now = time(NULL);
+    strftime(when, sizeof when, "%Y-%m-%dT%H:%M:%SZ", gmtime(&now));
+    *out = json_pack("{s:s, s:o, s:O, s:O, s:O}", "as_of", when, "resident", res, "pages",
                      model ? json_object_get(model, "pages") : json_null(), "totals",
                      model ? json_object_get(model, "totals") : json_null(), "sessions",
                      model ? json_object_get(model, "sessions") : json_null());
     json_decref(all);
     if (!*out)
-        return jlm_errf(err, JLM_ENOMEM, "%s: residency overlay: out of memory", ov->db_path);
+        return jlm_errf(err, JLM_ENOMEM, "%s: residency overlay: out of memory", ov->model_key);
     return 0;
 }
 
@@ -337,7 +342,8 @@ static void put_page(FILE *f, const jlm_model *m, const char *title, const char 
     put_html(f, title);
     fprintf(f, "</title>\n<style>\n%s</style></head>\n<body>\n<header><h1>", PICTURE_PAGE_CSS);
     put_html(f, title);
-    fprintf(f, "</h1><p id=\"summary\">jlm container version %u, %s, %llu bytes, %u tensors</p></header>\n",
+    fprintf(f, "</h1><p id=\"summary\">jlm container version %u, %s, %llu bytes, %u tensors "
+               "<button id=\"reload\" type=\"button\">reload</button></p></header>\n",
             m->hdr.version, arch ? arch : "?", (unsigned long long)m->file_size, m->hdr.n_tensors);
     put_bars(f, m, r);
     put_region_table(f, r);

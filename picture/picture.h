@@ -22,6 +22,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "engine/residency.h"
 #include "format/jlm_format.h"
 
 /* The ten regions of jlm-format.md section 2, in file order. */
@@ -41,10 +42,13 @@ typedef struct jlm_pic_region {
 /* The regions of m in file order (all JLM_PIC_N_REGIONS, absent ones with len 0). */
 void jlm_pic_regions(const jlm_model *m, jlm_pic_region out[JLM_PIC_N_REGIONS]);
 
-/* A residency overlay: the view's database and the model's key in it. */
+/* A residency overlay: the view's database and the model's key in it. db, when
+ * set, is an open connection to use (borrowed; the jlmfs daemon passes its own
+ * under its lock), else db_path is opened for the call. */
 typedef struct jlm_pic_overlay {
     const char *db_path;
     const char *model_key;
+    jlm_rdb    *db;
 } jlm_pic_overlay;
 
 /* The page's data as JSON text (what the script reads), malloc'd. ov NULL: no

@@ -622,15 +622,20 @@ Test(fs, resident_lists_an_open_engines_pages_and_stats_count_them_by_tier)
     int blocks = 0;
     for (int b = 0; b < 5; b++)
         blocks += tu_exists(pathf("%s/blocks.%d", res, b));
-    /* the picture's overlay, for the view and for the whole mount, lists exactly resident/ */
+    /* the picture's overlay (jlm stats --html of the view and of the mount, and the view's
+     * layout.html) lists exactly resident/ */
+    char resdir[1024];
+    snprintf(resdir, sizeof resdir, "%s", res);   /* pathf's buffers rotate */
     snprintf(cmd, sizeof cmd, "'%s' stats '%s/s.jlm' --html -o '%s/v.html' && mkdir '%s/pics' && "
              "'%s' stats '%s' --html -o '%s/pics'", tu_jlm(), M.mnt, M.tmp, M.tmp, tu_jlm(), M.mnt, M.tmp);
     int html_rc = tu_run(cmd, NULL);
-    int in_view = picture_resident_in(pathf("%s/v.html", M.tmp), res);
-    int in_mount = picture_resident_in(pathf("%s/pics/s.jlm.html", M.tmp), res);
+    int in_view = picture_resident_in(pathf("%s/v.html", M.tmp), resdir);
+    int in_mount = picture_resident_in(pathf("%s/pics/s.jlm.html", M.tmp), resdir);
+    int in_layout = picture_resident_in(pathf("%s/s.jlm/layout.html", M.mnt), resdir);
     pclose(p);
     cr_assert(html_rc == 0 && in_view == n && in_mount == n, "jlm stats --html: status %d, overlay lists %d and %d "
               "pages that resident/ has, of %d", html_rc, in_view, in_mount, n);
+    cr_assert_eq(in_layout, n, "layout.html's overlay lists %d pages that resident/ has, of %d", in_layout, n);
     cr_assert(blocks == 5 && n == 5, "resident/ lists the 5 block pages the engine holds (%d blocks, %d entries)", blocks, n);
     cr_assert(count_entries(res, "") == 0, "resident/ is empty once the engine has exited");
     char *st = read_text(pathf("%s/s.jlm/stats", M.mnt));

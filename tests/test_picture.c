@@ -528,7 +528,7 @@ Test(picture_chromium, overlay_marks_exactly_the_resident_pages, .timeout = 120)
     char **names = NULL;
     size_t n = 0;
     cr_assert_eq(jlm_rdb_resident(db, "m.jlm", &names, &n, &err), 0, "%s", err.msg);
-    jlm_pic_overlay ov = {db_path, "m.jlm"};
+    jlm_pic_overlay ov = {db_path, "m.jlm", NULL};
     char *html = write_page(m, &ov, dir, "m.html");
     const char *arrays[2] = {"text", "experts"}, *prefix[2] = {"blocks.", "experts."};
     const char *touched[2] = {"blocks.0\n", "experts.0.5\n"};
