@@ -121,9 +121,9 @@
   /* ------------------------------------------------------------ grid of an array */
   function drawGrid(arr, sel) {
     var A = D.arrays[arr], g = clear(document.getElementById("grid"));
-    g.className = arr;
-    if (!A.n) return;
     var res = residency();
+    g.className = arr + (res ? " overlay" : "");
+    if (!A.n) return;
     var cols = arr === "experts" ? A.n_expert : Math.min(A.n, 32);
     var rows = Math.ceil(A.n / cols), cell = cols > 64 ? 10 : cols > 32 ? 14 : 22, left = 56;
     var s = svg("svg", { width: left + cols * cell + 2, height: rows * cell + 2, id: "grid-svg" });
