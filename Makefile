@@ -104,10 +104,13 @@ bench: all $(BENCH_BIN)
 # (the first directory receives new inputs: never point it into the tree)
 FUZZ_SRC := format/jlm_err.c format/types.c format/codec.c format/plan.c format/reader.c format/writer.c \
             converter/gguf.c converter/ggml_quants.c
-fuzz:
+# fuzz_picture also needs the picture, the residency code and their libraries.
+FUZZ_PIC := picture/picture.c engine/residency.c -I$(BUILD)/gen $(PKG_CFLAGS) $(PKG_LIBS)
+fuzz: $(PIC_ASSETS)
 	@mkdir -p build-fuzz
 	for f in tests/fuzz/fuzz_*.c; do \
-	    clang -std=c11 -D_GNU_SOURCE -g -O1 -fsanitize=fuzzer,address,undefined -I. $$f $(FUZZ_SRC) -lm \
+	    case $$f in *picture*) extra="$(FUZZ_PIC)";; *) extra="";; esac; \
+	    clang -std=c11 -D_GNU_SOURCE -g -O1 -fsanitize=fuzzer,address,undefined -I. $$f $(FUZZ_SRC) $$extra -lm \
 	        -o build-fuzz/$$(basename $$f .c) || exit 1; done
 
 install: all

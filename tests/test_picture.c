@@ -16,13 +16,9 @@
 /* ---------------------------------------------------------------- fixtures */
 static char *convert(const char *gguf, const char *dir, const char *name)
 {
-    char *out = malloc(1024);
-    snprintf(out, 1024, "%s/%s", dir, name);
-    jlm_conv *c;
     jlm_err err = {0};
-    cr_assert_eq(jlm_conv_open(tu_model(gguf), NULL, &c, &err), 0, "%s", err.msg);
-    cr_assert_eq(jlm_conv_write(c, out, NULL, NULL, NULL, &err), 0, "%s", err.msg);
-    jlm_conv_close(c);
+    char *out = tu_convert(gguf, dir, name, &err);
+    cr_assert_not_null(out, "%s", err.msg);
     return out;
 }
 
@@ -322,7 +318,8 @@ static char *chromium_dom(const char *file, const char *hash, const char *dir)
         cr_skip_test("chromium is not installed: the page is not rendered (scripts/deps.sh installs it)");
     char cmd[4096], *out = NULL;
     snprintf(cmd, sizeof cmd, "{ timeout 60 chromium --headless --no-sandbox --disable-gpu --user-data-dir='%s/chromium' "
-             "--dump-dom 'file://%s#%s' 2>/dev/null; }", dir, file, hash);
+             "--no-first-run --disable-extensions --disable-background-networking --disable-component-update "
+             "--disable-sync --mute-audio --dump-dom 'file://%s#%s' 2>/dev/null; }", dir, file, hash);
     cr_assert_eq(tu_run(cmd, &out), 0, "chromium failed on %s#%s", file, hash);
     cr_assert(strstr(out, "</html>"), "no DOM for %s#%s: %.300s", file, hash, out);
     return out;
