@@ -254,7 +254,7 @@
   function render() {
     var st = hashState(), id = st.region;
     Array.prototype.forEach.call(document.querySelectorAll(".sel"), function (e) { e.classList.remove("sel"); });
-    var R = clear(document.getElementById("region-detail"));
+    var R = clear(document.getElementById("region-detail")), C = clear(document.getElementById("region-contents"));
     clear(document.getElementById("grid"));
     clear(document.getElementById("page-detail"));
     if (!id) {
@@ -269,7 +269,7 @@
     R.appendChild(el("h2", { id: "sel-region" }, r.label));
     R.appendChild(dl([["region", r.id, "sel-id"], ["offset", bytes(r.off), "sel-off"], ["length", bytes(r.len), "sel-len"],
       ["end", bytes(r.off + r.len), "sel-end"], ["alignment", r.align, "sel-align"]]));
-    R.appendChild(contents(id));
+    (ARRAYS[id] ? R : C).appendChild(contents(id));   /* an array's summary is short: beside the table */
     if (ARRAYS[id]) {
       drawGrid(id, st.page);
       drawPage(id, st.page);

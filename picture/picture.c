@@ -348,7 +348,8 @@ static void put_page(FILE *f, const jlm_model *m, const char *title, const char 
     put_bars(f, m, r);
     fputs("<div class=\"cols\">", f);
     put_region_table(f, r);
-    fputs("<section id=\"region-detail\"></section></div>\n<main><section id=\"grid\"></section>"
+    fputs("<section id=\"region-detail\"></section></div>\n<main><section id=\"region-contents\"></section>"
+          "<section id=\"grid\"></section>"
           "<section id=\"page-detail\"></section></main>\n<script type=\"application/json\" id=\"jlm-data\">", f);
     fputs(data, f);
     fprintf(f, "</script>\n<script>\n%s</script>\n</body></html>\n", PICTURE_PAGE_JS);
