@@ -43,7 +43,7 @@ LDLIBS  := $(PKG_LIBS) -lm -pthread
 AVX2_FLAGS   := -mavx2 -mfma -mf16c
 AVX512_FLAGS := -mavx2 -mfma -mf16c -mavx512f -mavx512bw -mavx512vl -mavx512dq -mavx512vnni
 
-LIB_DIRS := base format converter kernels/cpu engine text/tokenizer text/template residency fs
+LIB_DIRS := base format converter kernels/cpu engine text/tokenizer text/template residency fs picture
 LIB_SRC  := $(foreach d,$(LIB_DIRS),$(wildcard $(d)/*.c))
 LIB_OBJ  := $(LIB_SRC:%.c=$(BUILD)/obj/%.o)
 LIB      := $(BUILD)/libjlm.a
@@ -81,6 +81,17 @@ $(BUILD)/obj/%.o: %.c
 	@mkdir -p $(dir $@)
 	$(CC) $(BASECFLAGS) -MMD -MP -c $< -o $@
 
+# picture/page.css and page.js become C strings in $(BUILD)/gen/picture/picture_assets.h
+# (one "line\n" literal per line; '?' escaped so no trigraph can form).
+PIC_ASSETS := $(BUILD)/gen/picture/picture_assets.h
+$(PIC_ASSETS): picture/page.css picture/page.js
+	@mkdir -p $(dir $@)
+	{ for a in css js; do echo "#define PICTURE_PAGE_$$(echo $$a | tr a-z A-Z) \\"; \
+	    sed -e 's/\\/\\\\/g' -e 's/"/\\"/g' -e 's/?/\\?/g' -e 's/^/    "/' -e 's/$$/\\n" \\/' picture/page.$$a; \
+	    echo '    ""'; done; } > $@.tmp && mv $@.tmp $@
+$(BUILD)/obj/picture/picture.o: $(PIC_ASSETS)
+$(BUILD)/obj/picture/picture.o: BASECFLAGS += -I$(BUILD)/gen
+
 $(LIB): $(LIB_OBJ)
 	@mkdir -p $(dir $@)
 	rm -f $@ && ar rcs $@ $^
@@ -111,10 +122,13 @@ bench: all $(BENCH_BIN)
 # (the first directory receives new inputs: never point it into the tree)
 FUZZ_SRC := base/jlm_err.c base/io.c format/types.c format/codec.c format/plan.c format/reader.c format/writer.c \
             converter/gguf.c converter/ggml_quants.c
-fuzz:
+# fuzz_picture also needs the picture, the residency code and their libraries.
+FUZZ_PIC := picture/picture.c residency/residency.c -I$(BUILD)/gen $(PKG_CFLAGS) $(PKG_LIBS)
+fuzz: $(PIC_ASSETS)
 	@mkdir -p build-fuzz
 	for f in tests/fuzz/fuzz_*.c; do \
-	    clang -std=c11 -D_GNU_SOURCE -g -O1 -fsanitize=fuzzer,address,undefined -I. $$f $(FUZZ_SRC) -lm \
+	    case $$f in *picture*) extra="$(FUZZ_PIC)";; *) extra="";; esac; \
+	    clang -std=c11 -D_GNU_SOURCE -g -O1 -fsanitize=fuzzer,address,undefined -I. $$f $(FUZZ_SRC) $$extra -lm \
 	        -o build-fuzz/$$(basename $$f .c) || exit 1; done
 
 install: all

@@ -13,6 +13,11 @@ int jlm_cmd_stats(int argc, char **argv);
 int jlm_cmd_tokenize(int argc, char **argv);
 int jlm_cmd_chat(int argc, char **argv);
 
+/* The container picture of model (a .jlm or a jlmfs view) to out_path (NULL:
+ * stdout), with the residency overlay of db/key, or of the view's database
+ * when db is NULL; errors printed as "<who>: ...". Exit status. */
+int jlm_cli_picture(const char *who, const char *model, const char *out_path, const char *db, const char *key);
+
 /* Parses "123", "4K", "512M", "2G" (binary units); -1 on error. */
 long long jlm_cli_parse_size(const char *s);
 /* 1 if the file starts with the GGUF magic. */

@@ -110,20 +110,28 @@ static void info_text(const jlm_model *m, int with_tensors)
     }
 }
 
+static const char INFO_USAGE[] = "usage: jlm info MODEL [--tensors] [--json] [--html [-o FILE] [--db DB --key KEY]]\n";
+
 int jlm_cmd_info(int argc, char **argv)
 {
-    const char *path = NULL;
-    int tensors = 0, js = 0;
+    const char *path = NULL, *out = NULL, *db = NULL, *key = NULL;
+    int tensors = 0, js = 0, html = 0;
     for (int i = 1; i < argc; i++) {
         if (!strcmp(argv[i], "--tensors")) tensors = 1;
         else if (!strcmp(argv[i], "--json")) js = 1;
-        else if (argv[i][0] == '-' || path) { fprintf(stderr, "usage: jlm info MODEL [--tensors] [--json]\n"); return 2; }
+        else if (!strcmp(argv[i], "--html")) html = 1;
+        else if (!strcmp(argv[i], "-o") && i + 1 < argc) out = argv[++i];
+        else if (!strcmp(argv[i], "--db") && i + 1 < argc) db = argv[++i];
+        else if (!strcmp(argv[i], "--key") && i + 1 < argc) key = argv[++i];
+        else if (argv[i][0] == '-' || path) { fputs(INFO_USAGE, stderr); return 2; }
         else path = argv[i];
     }
-    if (!path) {
-        fprintf(stderr, "usage: jlm info MODEL [--tensors] [--json]\n");
+    if (!path || ((out || db || key) && !html) || !db != !key || (html && js)) {
+        fputs(INFO_USAGE, stderr);
         return 2;
     }
+    if (html)
+        return jlm_cli_picture("jlm info", path, out, db, key);
     if (jlm_cli_is_gguf(path)) {
         fprintf(stderr, "jlm info: %s: a GGUF file, not a .jlm container: convert it first with `jlm convert %s`\n", path, path);
         return 1;

@@ -1,4 +1,6 @@
-/* cmd_stats.c - `jlm stats MOUNT_OR_DB [--json]`: the residency counters.
+/* cmd_stats.c - `jlm stats MOUNT_OR_DB [--json | --html [-o FILE_OR_DIR]]`:
+ * the residency counters, as text, JSON or the container picture coloured by
+ * residency (one page per view; a mount writes DIR/<view>.html for each).
  *
  * The argument is the SQLite database itself, a jlmfs model view (directory
  * or a file in it: its xattrs name the database and the model), or a mount
@@ -13,7 +15,7 @@
 #include <string.h>
 #include <sys/stat.h>
 
-static const char USAGE[] = "usage: jlm stats MOUNT_OR_DB [--json]\n";
+static const char USAGE[] = "usage: jlm stats MOUNT_OR_DB [--json | --html [-o FILE_OR_DIR]]\n";
 
 static int print_db(const char *db_path, const char *model_key, int json)
 {
@@ -69,13 +71,71 @@ static int scan_mount(const char *dir, char ***dbs, size_t *n)
     return 0;
 }
 
+/* --html on a mount: the picture of every view directly inside it, written
+ * to out_dir/<view name>.html (each named on stderr). */
+static int html_mount(const char *dir, const char *out_dir)
+{
+    DIR *d = opendir(dir);
+    if (!d) {
+        fprintf(stderr, "jlm stats: %s: cannot list it\n", dir);
+        return 1;
+    }
+    struct dirent *de;
+    int rc = 0, n = 0;
+    while ((de = readdir(d))) {
+        char *p = NULL, *dbp = NULL, *key = NULL, *out = NULL;
+        jlm_err err = {0};
+        struct stat st;
+        if (de->d_name[0] != '.' && asprintf(&p, "%s/%s", dir, de->d_name) >= 0 && stat(p, &st) == 0 &&
+            S_ISDIR(st.st_mode) && jlm_rdb_discover(p, &dbp, &key, &err) == 0 &&
+            asprintf(&out, "%s/%s.html", out_dir, de->d_name) >= 0) {
+            int r = jlm_cli_picture("jlm stats", p, out, dbp, key);
+            if (!r)
+                fprintf(stderr, "jlm stats: wrote %s\n", out);
+            rc |= r;
+            n++;
+        }
+        free(p); free(dbp); free(key); free(out);
+    }
+    closedir(d);
+    if (!n)
+        fprintf(stderr, "jlm stats: %s: a directory without jlmfs model views\n", dir);
+    return n ? rc : 1;
+}
+
+static int stats_html(const char *path, const char *out)
+{
+    jlm_err err = {0};
+    char *dbp = NULL, *key = NULL;
+    if (jlm_rdb_discover(path, &dbp, &key, &err) == 0) {   /* a view */
+        int rc = jlm_cli_picture("jlm stats", path, out, dbp, key);
+        free(dbp);
+        free(key);
+        return rc;
+    }
+    struct stat st;
+    if (stat(path, &st) != 0 || !S_ISDIR(st.st_mode)) {
+        fprintf(stderr, "jlm stats: %s: --html draws containers: give a jlmfs view or mount, not a database\n", path);
+        return 1;
+    }
+    if (!out) {
+        fprintf(stderr, "jlm stats: %s: --html on a mount writes one page per view: give -o DIR\n", path);
+        return 2;
+    }
+    return html_mount(path, out);
+}
+
 int jlm_cmd_stats(int argc, char **argv)
 {
-    const char *path = NULL;
-    int json = 0;
+    const char *path = NULL, *out = NULL;
+    int json = 0, html = 0;
     for (int i = 1; i < argc; i++) {
         if (!strcmp(argv[i], "--json"))
             json = 1;
+        else if (!strcmp(argv[i], "--html"))
+            html = 1;
+        else if (!strcmp(argv[i], "-o") && i + 1 < argc)
+            out = argv[++i];
         else if (!strcmp(argv[i], "-h") || !strcmp(argv[i], "--help")) {
             fputs(USAGE, stdout);
             return 0;
@@ -86,10 +146,12 @@ int jlm_cmd_stats(int argc, char **argv)
             return 2;
         }
     }
-    if (!path) {
+    if (!path || (json && html) || (out && !html)) {
         fputs(USAGE, stderr);
         return 2;
     }
+    if (html)
+        return stats_html(path, out);
     jlm_err err = {0};
     char *dbp = NULL, *key = NULL;
     if (jlm_rdb_discover(path, &dbp, &key, &err) == 0) {   /* a view */

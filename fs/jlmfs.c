@@ -2,6 +2,7 @@
  * cache folder, the conversion workers, path resolution, listings, texts,
  * extended attributes and the residency database connection. */
 #include "fs/jlmfs_int.h"
+#include "picture/picture.h"
 
 #include <dirent.h>
 #include <errno.h>
@@ -249,6 +250,19 @@ int jlmfs_db_stats(jlmfs *fs, const char *key, char **out, jlm_err *err)
     } else {
         rc = jlm_errf(err, JLM_EIO, "no residency database: %s", fs->db_err[0] ? fs->db_err : "not open");
     }
+    pthread_mutex_unlock(&fs->db_lock);
+    return rc;
+}
+
+/* The overlay reads the daemon's own connection after a flush (no database:
+ * the picture without an overlay). */
+int jlmfs_db_layout(jlmfs *fs, const jlmfs_view *v, char **out, size_t *len, jlm_err *err)
+{
+    pthread_mutex_lock(&fs->db_lock);
+    if (fs->db)
+        db_flush_locked(fs);
+    jlm_pic_overlay ov = {fs->db_path, v->key, fs->db};
+    int rc = jlm_pic_html(v->plan, fs->db ? &ov : NULL, v->key, out, len, err);
     pthread_mutex_unlock(&fs->db_lock);
     return rc;
 }

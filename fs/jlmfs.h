@@ -71,12 +71,12 @@ enum jlmfs_kind {
     JLMFS_PASS = 0,     /* a path of SRC: node.real */
     JLMFS_DIR,          /* a view dir or one of its sub-folders */
     JLMFS_SPAN,         /* model.jlm, dense, blocks/N, vision/N, experts/B.E */
-    JLMFS_TEXT,         /* status, config.json, tensors, stats */
+    JLMFS_TEXT,         /* status, config.json, tensors, stats, layout.html */
     JLMFS_EMPTY,        /* an entry of resident/ (an empty file) */
 };
 enum jlmfs_what {       /* which dir / text */
     JLMFS_W_VIEW = 1, JLMFS_W_BLOCKS, JLMFS_W_VISION, JLMFS_W_EXPERTS, JLMFS_W_RESIDENT,
-    JLMFS_W_STATUS, JLMFS_W_CONFIG, JLMFS_W_TENSORS, JLMFS_W_STATS,
+    JLMFS_W_STATUS, JLMFS_W_CONFIG, JLMFS_W_TENSORS, JLMFS_W_STATS, JLMFS_W_LAYOUT,
 };
 
 typedef struct jlmfs_node {

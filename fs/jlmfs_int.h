@@ -99,6 +99,8 @@ const char *jlmfs_arr_name(int arr);
 jlmfs_view *jlmfs_sync_view(jlmfs *fs, const char *rel);   /* reference or NULL */
 int   jlmfs_db_names(jlmfs *fs, const char *key, char ***names, size_t *n, jlm_err *err);
 int   jlmfs_db_stats(jlmfs *fs, const char *key, char **out, jlm_err *err);
+/* layout.html: the container picture of v (picture/picture.h) with the overlay as of now. */
+int   jlmfs_db_layout(jlmfs *fs, const jlmfs_view *v, char **out, size_t *len, jlm_err *err);
 void  jlmfs_db_record(jlmfs *fs, const char *key, const jlmfs_unit *u, int tier, uint64_t bytes);
 
 #endif

@@ -57,6 +57,7 @@ static int resolve_in_view(jlmfs *fs, jlmfs_view *v, const char *rest, jlmfs_nod
         if (IS("config.json")) return text(n, JLMFS_W_CONFIG);
         if (IS("tensors")) return text(n, JLMFS_W_TENSORS);
         if (IS("stats")) return text(n, JLMFS_W_STATS);
+        if (IS("layout.html")) return text(n, JLMFS_W_LAYOUT);
         if (IS("blocks")) return dir(n, JLMFS_W_BLOCKS);
         if (IS("resident")) return dir(n, JLMFS_W_RESIDENT);
         if (IS("vision") && h->n_vis_blocks) return dir(n, JLMFS_W_VISION);
@@ -184,7 +185,7 @@ static int list_view(jlmfs *fs, jlmfs_view *v, int what, jlmfs_fill_fn fill, voi
         if (jlmfs_view_state(v, NULL, NULL, 0) == JLMFS_ERROR)
             return fill(ctx, "status", &f), JLM_OK;
         const jlm_header *h = &v->plan->hdr;
-        static const char *files[] = {"model.jlm", "status", "config.json", "tensors", "dense", "stats"};
+        static const char *files[] = {"model.jlm", "status", "config.json", "tensors", "dense", "stats", "layout.html"};
         for (size_t i = 0; i < sizeof files / sizeof *files; i++)
             if (fill(ctx, files[i], &f))
                 return JLM_OK;
@@ -340,6 +341,7 @@ int jlmfs_text(jlmfs *fs, const jlmfs_node *n, char **out, size_t *len, jlm_err 
         *len = strlen(s);
         return JLM_OK;
     }
+    case JLMFS_W_LAYOUT: return jlmfs_db_layout(fs, v, out, len, err);
     default: return jlm_errf(err, JLM_EINVAL, "not a text file");
     }
 }

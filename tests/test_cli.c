@@ -6,13 +6,9 @@
 
 static char *convert(const char *gguf, const char *dir, const char *name)
 {
-    char *out = malloc(1024);
-    snprintf(out, 1024, "%s/%s", dir, name);
-    jlm_conv *c;
     jlm_err err = {0};
-    cr_assert_eq(jlm_conv_open(tu_model(gguf), NULL, &c, &err), 0, "%s", err.msg);
-    cr_assert_eq(jlm_conv_write(c, out, NULL, NULL, NULL, &err), 0, "%s", err.msg);
-    jlm_conv_close(c);
+    char *out = tu_convert(gguf, dir, name, &err);
+    cr_assert_not_null(out, "%s", err.msg);
     return out;
 }
 

@@ -9,6 +9,8 @@
 #include "format/jlm_format.h"
 #include "tests/testutil.h"
 
+#include <jansson.h>
+
 #include <dirent.h>
 #include <fcntl.h>
 #include <signal.h>
@@ -261,6 +263,26 @@ static int count_entries(const char *dir, const char *suffix)
     }
     if (d)
         closedir(d);
+    return n;
+}
+
+/* The resident page names in the data block of a `--html` page, each
+ * checked against dir/NAME existing; returns how many (-1: no data block). */
+static int picture_resident_in(const char *html_path, const char *dir)
+{
+    char *h = (char *)tu_read_file(html_path, NULL);
+    const char *a = h ? strstr(h, "id=\"jlm-data\">") : NULL, *b = a ? strstr(a, "</script>") : NULL;
+    json_t *d = b ? json_loadb(a + 14, (size_t)(b - a - 14), 0, NULL) : NULL;
+    json_t *res = json_object_get(json_object_get(d, "residency"), "resident");
+    int n = res ? (int)json_array_size(res) : -1;
+    for (int i = 0; i < n; i++) {
+        char p[1200];
+        snprintf(p, sizeof p, "%s/%s", dir, json_string_value(json_array_get(res, (size_t)i)));
+        if (!tu_exists(p))
+            n = -1;
+    }
+    json_decref(d);
+    free(h);
     return n;
 }
 
@@ -600,7 +622,20 @@ Test(fs, resident_lists_an_open_engines_pages_and_stats_count_them_by_tier)
     int blocks = 0;
     for (int b = 0; b < 5; b++)
         blocks += tu_exists(pathf("%s/blocks.%d", res, b));
+    /* the picture's overlay (jlm stats --html of the view and of the mount, and the view's
+     * layout.html) lists exactly resident/ */
+    char resdir[1024];
+    snprintf(resdir, sizeof resdir, "%s", res);   /* pathf's buffers rotate */
+    snprintf(cmd, sizeof cmd, "'%s' stats '%s/s.jlm' --html -o '%s/v.html' && mkdir '%s/pics' && "
+             "'%s' stats '%s' --html -o '%s/pics'", tu_jlm(), M.mnt, M.tmp, M.tmp, tu_jlm(), M.mnt, M.tmp);
+    int html_rc = tu_run(cmd, NULL);
+    int in_view = picture_resident_in(pathf("%s/v.html", M.tmp), resdir);
+    int in_mount = picture_resident_in(pathf("%s/pics/s.jlm.html", M.tmp), resdir);
+    int in_layout = picture_resident_in(pathf("%s/s.jlm/layout.html", M.mnt), resdir);
     pclose(p);
+    cr_assert(html_rc == 0 && in_view == n && in_mount == n, "jlm stats --html: status %d, overlay lists %d and %d "
+              "pages that resident/ has, of %d", html_rc, in_view, in_mount, n);
+    cr_assert_eq(in_layout, n, "layout.html's overlay lists %d pages that resident/ has, of %d", in_layout, n);
     cr_assert(blocks == 5 && n == 5, "resident/ lists the 5 block pages the engine holds (%d blocks, %d entries)", blocks, n);
     cr_assert(count_entries(res, "") == 0, "resident/ is empty once the engine has exited");
     char *st = read_text(pathf("%s/s.jlm/stats", M.mnt));

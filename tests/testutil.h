@@ -12,6 +12,8 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include "converter/convert.h"
+
 /* Repo root (JLM_ROOT, set by `make test`; else "."). */
 static inline const char *tu_root(void)
 {
@@ -119,6 +121,25 @@ static inline int tu_run(const char *cmd, char **out)
     if (WIFEXITED(st)) return WEXITSTATUS(st);
     if (WIFSIGNALED(st)) return 128 + WTERMSIG(st);
     return -1;
+}
+
+/* Converts tests/models/<gguf> to "<dir>/<name>" through the library; the
+ * path (malloc'd), or NULL with err set. */
+static inline char *tu_convert(const char *gguf, const char *dir, const char *name, jlm_err *err)
+{
+    char *out = NULL;
+    jlm_conv *c = NULL;
+    if (asprintf(&out, "%s/%s", dir, name) < 0)
+        return NULL;
+    int rc = jlm_conv_open(tu_model(gguf), NULL, &c, err);
+    if (!rc)
+        rc = jlm_conv_write(c, out, NULL, NULL, NULL, err);
+    jlm_conv_close(c);
+    if (rc) {
+        free(out);
+        return NULL;
+    }
+    return out;
 }
 
 #endif
