@@ -14,7 +14,7 @@
 BUILD   ?= build
 PREFIX  ?= /usr/local
 CC      ?= cc
-PKGS    := fuse3 sqlite3 jansson libutf8proc
+PKGS    := fuse3 sqlite3 jansson libutf8proc stb
 PKG_CFLAGS := $(shell pkg-config --cflags $(PKGS) 2>/dev/null)
 PKG_LIBS   := $(shell pkg-config --libs $(PKGS) 2>/dev/null)
 

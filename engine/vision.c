@@ -1,0 +1,699 @@
+/* vision.c - images in: decoding (libstb), llama.cpp's preprocessing, the
+ * SigLIP-style tower through the pager's vision array, the projector, and an
+ * image prompt fed to the text engine. See vision.h for the contract and
+ * docs/vision.md for the numerics chosen. */
+#include "engine/vision.h"
+
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+
+#include <stb_image.h>
+
+#include "kernels/cpu/kernels.h"
+
+/* ================================================================ image decoding */
+static int known_magic(const uint8_t *b, size_t n)
+{
+    if (n >= 8 && !memcmp(b, "\x89PNG\r\n\x1a\n", 8)) return 1;
+    if (n >= 3 && b[0] == 0xFF && b[1] == 0xD8 && b[2] == 0xFF) return 1;
+    if (n >= 2 && b[0] == 'P' && (b[1] == '5' || b[1] == '6')) return 1;   /* binary PGM/PPM */
+    return 0;
+}
+
+/* stb decodes a truncated PPM or JPEG without complaint (zero fill): check
+ * that the data is all there first. PNM: the header (magic, width, height,
+ * maxval, comments) then w*h*channels samples. JPEG: the end-of-image marker
+ * near the end (entropy-coded data never holds FF D9: FF is stuffed). */
+static size_t pnm_number(const uint8_t *b, size_t n, size_t i, uint32_t *v)
+{
+    for (;;) {
+        while (i < n && (b[i] == ' ' || b[i] == '\t' || b[i] == '\n' || b[i] == '\r' || b[i] == '\v' || b[i] == '\f'))
+            i++;
+        if (i < n && b[i] == '#') {
+            while (i < n && b[i] != '\n' && b[i] != '\r')
+                i++;
+            continue;
+        }
+        break;
+    }
+    uint64_t x = 0;
+    size_t s = i;
+    while (i < n && b[i] >= '0' && b[i] <= '9' && x < (1u << 30))
+        x = x * 10 + (uint64_t)(b[i++] - '0');
+    *v = (uint32_t)x;
+    return i > s ? i : 0;
+}
+
+static int complete(const uint8_t *b, size_t n)
+{
+    if (b[0] == 0xFF) {
+        for (size_t i = n >= 1024 ? n - 1024 : 0; i + 1 < n; i++)
+            if (b[i] == 0xFF && b[i + 1] == 0xD9)
+                return 1;
+        return 0;
+    }
+    if (b[0] != 'P')
+        return 1;   /* PNG: zlib and CRC checks catch truncation */
+    uint32_t w, h, mx;
+    size_t i = 2;
+    if (!(i = pnm_number(b, n, i, &w)) || !(i = pnm_number(b, n, i, &h)) || !(i = pnm_number(b, n, i, &mx)) || i >= n)
+        return 0;
+    uint64_t need = (uint64_t)w * h * (b[1] == '6' ? 3 : 1) * (mx > 255 ? 2 : 1);
+    return n - (i + 1) >= need;
+}
+
+int jlm_image_load_mem(const uint8_t *buf, size_t len, const char *what, jlm_image *out, jlm_err *err)
+{
+    if (len == 0)
+        return jlm_errf(err, JLM_EFORMAT, "%s: empty image file", what);
+    if (len > JLM_IMAGE_MAX_BYTES)
+        return jlm_errf(err, JLM_EFORMAT, "%s: image file of %zu bytes, the limit is %u", what, len, JLM_IMAGE_MAX_BYTES);
+    if (!known_magic(buf, len))
+        return jlm_errf(err, JLM_EFORMAT, "%s: not a PNG, JPEG or binary PPM image", what);
+    int w, h, comp;
+    if (!stbi_info_from_memory(buf, (int)len, &w, &h, &comp))
+        return jlm_errf(err, JLM_EFORMAT, "%s: unreadable image header (%s)", what, stbi_failure_reason());
+    if (w <= 0 || h <= 0)
+        return jlm_errf(err, JLM_EFORMAT, "%s: image of size %dx%d", what, w, h);
+    if ((uint64_t)w * (uint64_t)h > JLM_IMAGE_MAX_PIXELS)
+        return jlm_errf(err, JLM_EFORMAT, "%s: image of %dx%d pixels, the limit is %u pixels", what, w, h,
+                        JLM_IMAGE_MAX_PIXELS);
+    if (!complete(buf, len))
+        return jlm_errf(err, JLM_EFORMAT, "%s: truncated image (%dx%d, the data ends early)", what, w, h);
+    int w2, h2;
+    uint8_t *px = stbi_load_from_memory(buf, (int)len, &w2, &h2, &comp, 3);
+    if (!px)
+        return jlm_errf(err, JLM_EFORMAT, "%s: corrupt or truncated image (%s)", what, stbi_failure_reason());
+    if (w2 != w || h2 != h) {
+        stbi_image_free(px);
+        return jlm_errf(err, JLM_EFORMAT, "%s: image size changed while decoding", what);
+    }
+    uint8_t *rgb = malloc((size_t)w * h * 3);   /* ours, so jlm_image_free needs no stb */
+    if (!rgb) {
+        stbi_image_free(px);
+        return jlm_errf(err, JLM_ENOMEM, "%s: out of memory for %dx%d pixels", what, w, h);
+    }
+    memcpy(rgb, px, (size_t)w * h * 3);
+    stbi_image_free(px);
+    *out = (jlm_image){.w = (uint32_t)w, .h = (uint32_t)h, .rgb = rgb};
+    return JLM_OK;
+}
+
+int jlm_image_load(const char *path, jlm_image *out, jlm_err *err)
+{
+    FILE *f = fopen(path, "rb");
+    if (!f)
+        return jlm_errf(err, JLM_EIO, "%s: cannot open the image", path);
+    struct stat st;
+    if (fstat(fileno(f), &st) || !S_ISREG(st.st_mode)) {
+        fclose(f);
+        return jlm_errf(err, JLM_EIO, "%s: not a regular file", path);
+    }
+    if ((uint64_t)st.st_size > JLM_IMAGE_MAX_BYTES) {
+        fclose(f);
+        return jlm_errf(err, JLM_EFORMAT, "%s: image file of %lld bytes, the limit is %u", path, (long long)st.st_size,
+                        JLM_IMAGE_MAX_BYTES);
+    }
+    size_t n = (size_t)st.st_size;
+    uint8_t *buf = malloc(n ? n : 1);
+    if (!buf || fread(buf, 1, n, f) != n) {
+        free(buf);
+        fclose(f);
+        return jlm_errf(err, buf ? JLM_EIO : JLM_ENOMEM, "%s: cannot read the image", path);
+    }
+    fclose(f);
+    int rc = jlm_image_load_mem(buf, n, path, out, err);
+    free(buf);
+    return rc;
+}
+
+void jlm_image_free(jlm_image *img)
+{
+    if (!img)
+        return;
+    free(img->rgb);
+    img->rgb = NULL;
+}
+
+/* ================================================================ preprocessing */
+/* llama.cpp's resize_bilinear (clip.cpp): align-corners ratios, every step a
+ * separately rounded float32 operation, the result truncated to u8. */
+static void resize_bilinear(const jlm_image *src, uint32_t nw, uint32_t nh, uint8_t *dst)
+{
+    float xr = nw > 1 ? (float)(src->w - 1) / (float)(nw - 1) : 0.0f;
+    float yr = nh > 1 ? (float)(src->h - 1) / (float)(nh - 1) : 0.0f;
+    for (uint32_t y = 0; y < nh; y++) {
+        float py = (float)y * yr;
+        uint32_t y0 = (uint32_t)py < src->h - 1 ? (uint32_t)py : src->h - 1;
+        uint32_t y1 = y0 + 1 < src->h ? y0 + 1 : src->h - 1;
+        float yf = py - (float)y0;
+        for (uint32_t x = 0; x < nw; x++) {
+            float px = (float)x * xr;
+            uint32_t x0 = (uint32_t)px < src->w - 1 ? (uint32_t)px : src->w - 1;
+            uint32_t x1 = x0 + 1 < src->w ? x0 + 1 : src->w - 1;
+            float xf = px - (float)x0;
+            for (int c = 0; c < 3; c++) {
+                float p00 = src->rgb[((size_t)y0 * src->w + x0) * 3 + c], p10 = src->rgb[((size_t)y0 * src->w + x1) * 3 + c];
+                float p01 = src->rgb[((size_t)y1 * src->w + x0) * 3 + c], p11 = src->rgb[((size_t)y1 * src->w + x1) * 3 + c];
+                volatile float top = p00 + (p10 - p00) * xf, bot = p01 + (p11 - p01) * xf;   /* no FMA */
+                float v = top + (bot - top) * yf;
+                dst[((size_t)y * nw + x) * 3 + c] = (uint8_t)v;
+            }
+        }
+    }
+}
+
+/* gemma3 (llama.cpp's fixed-size preprocessor, PAD_CEIL): fit inside S x S
+ * keeping the aspect ratio, centre on black. */
+static int pre_fixed_pad(const jlm_vision *v, const jlm_image *img, uint8_t *u8, jlm_err *err)
+{
+    uint32_t S = v->image_size;
+    if (img->w == S && img->h == S) {
+        memcpy(u8, img->rgb, (size_t)S * S * 3);
+        return JLM_OK;
+    }
+    float sw = (float)S / (float)img->w, sh = (float)S / (float)img->h, sc = sw < sh ? sw : sh;
+    float fw = ceilf((float)img->w * sc), fh = ceilf((float)img->h * sc);
+    uint32_t nw = fw < (float)S ? (uint32_t)fw : S, nh = fh < (float)S ? (uint32_t)fh : S;
+    if (nw == 0) nw = 1;
+    if (nh == 0) nh = 1;
+    uint8_t *tmp = malloc((size_t)nw * nh * 3);
+    if (!tmp)
+        return jlm_errf(err, JLM_ENOMEM, "out of memory resizing an image");
+    resize_bilinear(img, nw, nh, tmp);
+    memset(u8, 0, (size_t)S * S * 3);
+    uint32_t ox = (S - nw) / 2, oy = (S - nh) / 2;
+    for (uint32_t y = 0; y < nh; y++)
+        memcpy(u8 + ((size_t)(y + oy) * S + ox) * 3, tmp + (size_t)y * nw * 3, (size_t)nw * 3);
+    free(tmp);
+    return JLM_OK;
+}
+
+static void normalise(const jlm_vision *v, const uint8_t *u8, float *f32)
+{
+    size_t n = (size_t)v->image_size * v->image_size;
+    for (size_t i = 0; i < n; i++)
+        for (int c = 0; c < 3; c++)
+            f32[i * 3 + c] = ((float)u8[i * 3 + c] / 255.0f - v->mean[c]) / v->std[c];
+}
+
+/* ================================================================ the tower */
+typedef struct vproj vproj;
+
+struct jlm_vtower {
+    jlm_engine       *e;
+    const jlm_model  *m;
+    const jlm_vision *v;
+    const vproj      *proj;
+    jlm_pager        *pager;
+    const uint8_t    *dense;
+    const jlm_k_cpu  *k;
+    uint32_t side, n_patch, n_tok, n_out, E, F, hd;
+    float *patch_w;            /* (E, 3, P, P) rounded to fp16 as ggml's im2col does */
+    const float *patch_b, *pos, *pre_w, *pre_b, *post_w, *post_b, *mm_norm;
+    float *mm_proj;            /* (E in, n_out) */
+    int    mm_proj_f16;        /* round the projector input to fp16 */
+    float *x, *h, *q, *kk, *vv, *att, *o, *f, *scores;   /* scratch */
+    void  *xq_buf;
+    jlm_act_q8 *xq;            /* (n_patch,) */
+};
+
+/* A projector: its tokens, its begin/end markers in the text vocabulary, its
+ * preprocessing, the tensors it needs, and its projection. */
+struct vproj {
+    uint16_t    code;
+    const char *name, *boi, *eoi;   /* begin/end-of-image token text */
+    int       (*preprocess)(const jlm_vision *v, const jlm_image *img, uint8_t *u8, jlm_err *err);
+    uint32_t  (*n_tokens)(const jlm_vision *v);
+    int       (*open)(jlm_vtower *vt, jlm_err *err);
+    void      (*project)(jlm_vtower *vt, float *out);
+};
+
+static uint32_t gemma3_tokens(const jlm_vision *v)
+{
+    uint32_t s = v->image_size / v->patch_size / v->scale;
+    return s * s;
+}
+static int gemma3_open(jlm_vtower *vt, jlm_err *err);
+static void gemma3_project(jlm_vtower *vt, float *out);
+
+static const vproj projectors[] = {
+    {JLM_PROJ_GEMMA3, "gemma3", "<start_of_image>", "<end_of_image>", pre_fixed_pad, gemma3_tokens, gemma3_open,
+     gemma3_project},
+};
+
+static const vproj *find_proj(uint16_t code)
+{
+    for (size_t i = 0; i < sizeof projectors / sizeof projectors[0]; i++)
+        if (projectors[i].code == code)
+            return &projectors[i];
+    return NULL;
+}
+
+int jlm_vision_preprocess(const jlm_vision *v, const jlm_image *img, uint8_t *u8, float *f32, jlm_err *err)
+{
+    const vproj *p = find_proj(v->projector);
+    if (!p)
+        return jlm_errf(err, JLM_EUNSUPPORTED, "vision projector %u has no preprocessing in this engine", v->projector);
+    size_t n = (size_t)v->image_size * v->image_size * 3;
+    uint8_t *buf = u8 ? u8 : malloc(n);
+    if (!buf)
+        return jlm_errf(err, JLM_ENOMEM, "out of memory preprocessing an image");
+    int rc = p->preprocess(v, img, buf, err);
+    if (!rc && f32)
+        normalise(v, buf, f32);
+    if (buf != u8)
+        free(buf);
+    return rc;
+}
+
+/* ---------------------------------------------------------------- tensors, checked at open */
+static int need(const jlm_vtower *vt, uint16_t role, int32_t block, uint64_t k, uint64_t rows, int vec,
+                const jlm_tensor **out, jlm_err *err)
+{
+    const jlm_tensor *t = jlm_fmt_find(vt->m, role, block, -1);
+    const char *rn = jlm_fmt_role_name(role);
+    if (!t)
+        return jlm_errf(err, JLM_EFORMAT, "%s: the vision tower has no %s tensor%s", vt->m->path, rn,
+                        block >= 0 ? " in a block" : "");
+    if (jlm_tensor_k(t) != k || jlm_tensor_rows(t) != rows || jlm_tensor_sheets(t) != 1 ||
+        (vec && t->type != JLM_T_F32))
+        return jlm_errf(err, JLM_EFORMAT, "%s: vision tensor '%s' is %llux%llu %s, expected %llux%llu%s", vt->m->path,
+                        t->name.s, (unsigned long long)jlm_tensor_k(t), (unsigned long long)jlm_tensor_rows(t),
+                        jlm_fmt_type_traits(t->type)->name, (unsigned long long)k, (unsigned long long)rows,
+                        vec ? " F32" : "");
+    *out = t;
+    return JLM_OK;
+}
+
+static const float *dense_f32(const jlm_vtower *vt, const jlm_tensor *t)
+{
+    return (const float *)(vt->dense + (t->qs_off - vt->m->hdr.dense_off));
+}
+
+/* A float tensor of any stored float type (F32/F16/BF16) as n owned floats. */
+static float *dense_floats(const jlm_vtower *vt, const jlm_tensor *t, uint64_t n, jlm_err *err)
+{
+    const jlm_type_traits *tr = jlm_fmt_type_traits(t->type);
+    if (!tr->is_float)
+        return jlm_errf(err, JLM_EFORMAT, "%s: vision tensor '%s' must be a float type", vt->m->path, t->name.s), NULL;
+    float *o = malloc(n * sizeof *o);
+    if (!o)
+        return jlm_errf(err, JLM_ENOMEM, "%s: out of memory", vt->m->path), NULL;
+    const uint8_t *p = vt->dense + (t->qs_off - vt->m->hdr.dense_off);
+    for (uint64_t i = 0; i < n; i++) {
+        uint16_t hv;
+        if (t->type == JLM_T_F32) { memcpy(&o[i], p + i * 4, 4); continue; }
+        memcpy(&hv, p + i * 2, 2);
+        o[i] = t->type == JLM_T_F16 ? jlm_k_fp16_to_f32(hv) : jlm_k_bf16_to_f32(hv);
+    }
+    return o;
+}
+
+static float fp16_round(float x) { return jlm_k_fp16_to_f32(jlm_k_f32_to_fp16(x)); }
+
+static int open_embeddings(jlm_vtower *vt, jlm_err *err)
+{
+    const jlm_vision *v = vt->v;
+    uint32_t P = v->patch_size, E = vt->E;
+    const jlm_tensor *pw, *pb, *pos, *t;
+    int rc;
+    pw = jlm_fmt_find(vt->m, JLM_R_V_PATCH_EMBD, -1, -1);
+    if (!pw || pw->ndim != 4 || pw->dims[0] != P || pw->dims[1] != P || pw->dims[2] != 3 || pw->dims[3] != E)
+        return jlm_errf(err, JLM_EFORMAT, "%s: the vision tower's patch embedding is missing or not %ux%ux3x%u",
+                        vt->m->path, P, P, E);
+    if ((rc = need(vt, JLM_R_V_PATCH_EMBD_B, -1, E, 1, 1, &pb, err)) ||
+        (rc = need(vt, JLM_R_V_POS_EMBD, -1, E, vt->n_patch, 0, &pos, err)))
+        return rc;
+    if (!(vt->patch_w = dense_floats(vt, pw, (uint64_t)P * P * 3 * E, err)))
+        return err ? err->code : JLM_EFORMAT;
+    for (uint64_t i = 0; i < (uint64_t)P * P * 3 * E; i++)
+        vt->patch_w[i] = fp16_round(vt->patch_w[i]);
+    vt->patch_b = dense_f32(vt, pb);
+    if (pos->type != JLM_T_F32)
+        return jlm_errf(err, JLM_EFORMAT, "%s: vision position embedding must be F32", vt->m->path);
+    vt->pos = dense_f32(vt, pos);
+    if (!need(vt, JLM_R_V_PRE_LN, -1, E, 1, 1, &t, NULL)) {
+        vt->pre_w = dense_f32(vt, t);
+        if ((rc = need(vt, JLM_R_V_PRE_LN_B, -1, E, 1, 1, &t, err)))
+            return rc;
+        vt->pre_b = dense_f32(vt, t);
+    }
+    if (!need(vt, JLM_R_V_POST_LN, -1, E, 1, 1, &t, NULL)) {
+        vt->post_w = dense_f32(vt, t);
+        if ((rc = need(vt, JLM_R_V_POST_LN_B, -1, E, 1, 1, &t, err)))
+            return rc;
+        vt->post_b = dense_f32(vt, t);
+    }
+    return JLM_OK;
+}
+
+/* Every block's tensors present with the record's shapes. */
+static int check_blocks(const jlm_vtower *vt, jlm_err *err)
+{
+    uint32_t E = vt->E, F = vt->F;
+    static const uint16_t vecE[] = {JLM_R_V_LN1, JLM_R_V_LN1_B, JLM_R_V_LN2, JLM_R_V_LN2_B, JLM_R_V_ATTN_Q_B,
+                                    JLM_R_V_ATTN_K_B, JLM_R_V_ATTN_V_B, JLM_R_V_ATTN_OUT_B, JLM_R_V_FFN_DOWN_B};
+    const jlm_tensor *t;
+    int rc = JLM_OK;
+    for (uint32_t b = 0; b < vt->v->n_layer && !rc; b++) {
+        for (size_t i = 0; i < sizeof vecE / sizeof vecE[0] && !rc; i++)
+            rc = need(vt, vecE[i], (int32_t)b, E, 1, 1, &t, err);
+        uint16_t sq[] = {JLM_R_V_ATTN_Q, JLM_R_V_ATTN_K, JLM_R_V_ATTN_V, JLM_R_V_ATTN_OUT};
+        for (size_t i = 0; i < 4 && !rc; i++)
+            rc = need(vt, sq[i], (int32_t)b, E, E, 0, &t, err);
+        if (!rc) rc = need(vt, JLM_R_V_FFN_UP, (int32_t)b, E, F, 0, &t, err);
+        if (!rc) rc = need(vt, JLM_R_V_FFN_UP_B, (int32_t)b, F, 1, 1, &t, err);
+        if (!rc) rc = need(vt, JLM_R_V_FFN_DOWN, (int32_t)b, F, E, 0, &t, err);
+        if (!rc && jlm_fmt_find(vt->m, JLM_R_V_FFN_GATE, (int32_t)b, -1))
+            rc = jlm_errf(err, JLM_EUNSUPPORTED, "%s: gated vision FFN (ffn_gate) is not supported yet", vt->m->path);
+    }
+    if (!rc && vt->m->hdr.n_vis_blocks != vt->v->n_layer)
+        rc = jlm_errf(err, JLM_EFORMAT, "%s: %u vision pages for %u tower blocks", vt->m->path, vt->m->hdr.n_vis_blocks,
+                      vt->v->n_layer);
+    return rc;
+}
+
+static int alloc_scratch(jlm_vtower *vt, jlm_err *err)
+{
+    size_t n = vt->n_patch, E = vt->E, F = vt->F, kmax = (E > F ? E : F);
+    float **bufs[] = {&vt->x, &vt->h, &vt->q, &vt->kk, &vt->vv, &vt->att, &vt->o};
+    for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++)
+        *bufs[i] = malloc(n * E * sizeof(float));
+    vt->f = malloc(n * F * sizeof(float));
+    vt->scores = malloc(n * sizeof(float));
+    size_t qb = jlm_k_act_q8_bytes(kmax);
+    vt->xq_buf = malloc(n * qb);
+    vt->xq = calloc(n, sizeof *vt->xq);
+    for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++)
+        if (!*bufs[i])
+            return jlm_errf(err, JLM_ENOMEM, "%s: out of memory for the vision tower", vt->m->path);
+    if (!vt->f || !vt->scores || !vt->xq_buf || !vt->xq)
+        return jlm_errf(err, JLM_ENOMEM, "%s: out of memory for the vision tower", vt->m->path);
+    for (size_t t = 0; t < n; t++) {
+        int rc = jlm_k_act_q8_init(&vt->xq[t], (uint8_t *)vt->xq_buf + t * qb, kmax, err);
+        if (rc)
+            return rc;
+    }
+    return JLM_OK;
+}
+
+int jlm_vtower_open(jlm_engine *e, jlm_vtower **out, jlm_err *err)
+{
+    const jlm_model *m = jlm_engine_model(e);
+    if (!m->has_vision)
+        return jlm_errf(err, JLM_EUNSUPPORTED, "%s: no vision tower in this container (convert with --mmproj)", m->path);
+    const jlm_vision *v = &m->vision;
+    const vproj *p = find_proj(v->projector);
+    if (!p)
+        return jlm_errf(err, JLM_EUNSUPPORTED, "%s: vision projector %u has no graph in this engine", m->path, v->projector);
+    if (!v->n_layer || !v->n_head || !v->patch_size || !v->scale || v->n_embd % v->n_head || v->n_embd % 32 ||
+        v->n_ffn % 32 || v->image_size % v->patch_size || (v->image_size / v->patch_size) % v->scale ||
+        v->image_size > 4096 || v->patch_size > 64)
+        return jlm_errf(err, JLM_EFORMAT, "%s: inconsistent vision record", m->path);
+    jlm_vtower *vt = calloc(1, sizeof *vt);
+    if (!vt)
+        return jlm_errf(err, JLM_ENOMEM, "%s: out of memory", m->path);
+    *vt = (jlm_vtower){.e = e, .m = m, .v = v, .proj = p, .pager = jlm_engine_pager(e), .dense = jlm_engine_dense(e),
+                       .k = jlm_k_cpu_get(), .side = v->image_size / v->patch_size, .E = v->n_embd, .F = v->n_ffn,
+                       .hd = v->n_embd / v->n_head, .n_out = jlm_engine_model(e)->config.n_embd};
+    vt->n_patch = vt->side * vt->side;
+    vt->n_tok = p->n_tokens(v);
+    int rc;
+    if ((rc = open_embeddings(vt, err)) || (rc = check_blocks(vt, err)) || (rc = p->open(vt, err)) ||
+        (rc = alloc_scratch(vt, err))) {
+        jlm_vtower_close(vt);
+        return rc;
+    }
+    *out = vt;
+    return JLM_OK;
+}
+
+void jlm_vtower_close(jlm_vtower *vt)
+{
+    if (!vt)
+        return;
+    void *bufs[] = {vt->patch_w, vt->mm_proj, vt->x, vt->h, vt->q, vt->kk, vt->vv, vt->att, vt->o, vt->f,
+                    vt->scores, vt->xq_buf, vt->xq};
+    for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++)
+        free(bufs[i]);
+    free(vt);
+}
+
+uint32_t jlm_vtower_n_tokens(const jlm_vtower *vt) { return vt->n_tok; }
+uint32_t jlm_vtower_n_embd(const jlm_vtower *vt) { return vt->n_out; }
+
+/* ---------------------------------------------------------------- forward */
+/* Y (n, rows) = X (n, k) W^T with the engine's kernels (int8 activations for
+ * quantized weights, as the text graph). */
+static void vmatmul(jlm_vtower *vt, const jlm_tensor *t, const uint8_t *page, uint64_t page_off, const float *x,
+                    float *y)
+{
+    jlm_k_mat m = {.type = t->type, .k = jlm_tensor_k(t), .rows = jlm_tensor_rows(t)};
+    const jlm_type_traits *tr = jlm_fmt_type_traits(t->type);
+    m.qs = page + (t->qs_off - page_off);
+    m.d = tr->is_float ? NULL : page + (t->d_off - page_off);
+    m.sc = tr->sc_kind ? page + (t->sc_off - page_off) : NULL;
+    if (!tr->is_float)
+        for (uint32_t i = 0; i < vt->n_patch; i++) {
+            vt->xq[i].k = m.k;
+            vt->k->quantize_act(x + (uint64_t)i * m.k, &vt->xq[i]);
+        }
+    vt->k->matmul[t->type](&m, vt->n_patch, x, vt->xq, y, 0, m.rows);
+}
+
+static void add_rows(float *y, const float *b, uint32_t n, uint32_t w)
+{
+    for (uint32_t t = 0; t < n; t++)
+        for (uint32_t i = 0; i < w; i++)
+            y[(size_t)t * w + i] += b[i];
+}
+
+/* ggml's conv_2d: im2col in fp16, f32 accumulation; then + position. */
+static void patch_embed(jlm_vtower *vt, const float *img)
+{
+    uint32_t P = vt->v->patch_size, S = vt->v->image_size, E = vt->E;
+    float col[3 * 64 * 64];
+    for (uint32_t p = 0; p < vt->n_patch; p++) {
+        uint32_t px = p % vt->side, py = p / vt->side, n = 0;
+        for (uint32_t c = 0; c < 3; c++)
+            for (uint32_t ky = 0; ky < P; ky++)
+                for (uint32_t kx = 0; kx < P; kx++)
+                    col[n++] = fp16_round(img[((size_t)(py * P + ky) * S + px * P + kx) * 3 + c]);
+        for (uint32_t o = 0; o < E; o++) {
+            const float *w = vt->patch_w + (size_t)o * n;
+            float s = 0;
+            for (uint32_t i = 0; i < n; i++)
+                s += col[i] * w[i];
+            vt->x[(size_t)p * E + o] = s + vt->patch_b[o] + vt->pos[(size_t)p * E + o];
+        }
+    }
+}
+
+static void layernorm_rows(jlm_vtower *vt, float *out, const float *x, const float *w, const float *b)
+{
+    for (uint32_t t = 0; t < vt->n_patch; t++)
+        jlm_k_layernorm(out + (size_t)t * vt->E, x + (size_t)t * vt->E, w, b, vt->E, vt->v->eps);
+}
+
+static const jlm_tensor *BT(const jlm_vtower *vt, uint16_t role, uint32_t b)
+{
+    return jlm_fmt_find(vt->m, role, (int32_t)b, -1);
+}
+
+static const float *BV(const jlm_vtower *vt, uint16_t role, uint32_t b) { return dense_f32(vt, BT(vt, role, b)); }
+
+/* Full (unmasked) multi-head attention of every patch over every patch. */
+static void self_attention(jlm_vtower *vt)
+{
+    uint32_t E = vt->E;
+    jlm_k_attn ap = {.head_dim = vt->hd, .head_dim_v = vt->hd, .k_stride = E, .v_stride = E,
+                     .scale = 1.0f / sqrtf((float)vt->hd)};
+    for (uint32_t t = 0; t < vt->n_patch; t++)
+        for (uint32_t h = 0; h < vt->v->n_head; h++)
+            jlm_k_attn_head(&ap, vt->q + (size_t)t * E + h * vt->hd, vt->kk + h * vt->hd, vt->vv + h * vt->hd,
+                            vt->n_patch, vt->scores, vt->att + (size_t)t * E + h * vt->hd);
+}
+
+static void block_forward(jlm_vtower *vt, uint32_t b, const uint8_t *page, uint64_t page_off)
+{
+    uint32_t n = vt->n_patch, E = vt->E, F = vt->F;
+    layernorm_rows(vt, vt->h, vt->x, BV(vt, JLM_R_V_LN1, b), BV(vt, JLM_R_V_LN1_B, b));
+    vmatmul(vt, BT(vt, JLM_R_V_ATTN_Q, b), page, page_off, vt->h, vt->q);
+    vmatmul(vt, BT(vt, JLM_R_V_ATTN_K, b), page, page_off, vt->h, vt->kk);
+    vmatmul(vt, BT(vt, JLM_R_V_ATTN_V, b), page, page_off, vt->h, vt->vv);
+    add_rows(vt->q, BV(vt, JLM_R_V_ATTN_Q_B, b), n, E);
+    add_rows(vt->kk, BV(vt, JLM_R_V_ATTN_K_B, b), n, E);
+    add_rows(vt->vv, BV(vt, JLM_R_V_ATTN_V_B, b), n, E);
+    self_attention(vt);
+    vmatmul(vt, BT(vt, JLM_R_V_ATTN_OUT, b), page, page_off, vt->att, vt->o);
+    add_rows(vt->o, BV(vt, JLM_R_V_ATTN_OUT_B, b), n, E);
+    jlm_k_add(vt->x, vt->x, vt->o, (uint64_t)n * E);
+    layernorm_rows(vt, vt->h, vt->x, BV(vt, JLM_R_V_LN2, b), BV(vt, JLM_R_V_LN2_B, b));
+    vmatmul(vt, BT(vt, JLM_R_V_FFN_UP, b), page, page_off, vt->h, vt->f);
+    add_rows(vt->f, BV(vt, JLM_R_V_FFN_UP_B, b), n, F);
+    if (vt->v->flags & JLM_VF_QUICK_GELU)
+        jlm_k_gelu_quick(vt->f, vt->f, (uint64_t)n * F);
+    else
+        jlm_k_gelu_fp16(vt->f, vt->f, (uint64_t)n * F);   /* ggml CPU's fp16 GELU table */
+    vmatmul(vt, BT(vt, JLM_R_V_FFN_DOWN, b), page, page_off, vt->f, vt->o);
+    add_rows(vt->o, BV(vt, JLM_R_V_FFN_DOWN_B, b), n, E);
+    jlm_k_add(vt->x, vt->x, vt->o, (uint64_t)n * E);
+}
+
+int jlm_vtower_encode(jlm_vtower *vt, const float *f32, float *out, jlm_err *err)
+{
+    const jlm_header *hd = &vt->m->hdr;
+    patch_embed(vt, f32);
+    if (vt->pre_w)
+        layernorm_rows(vt, vt->x, vt->x, vt->pre_w, vt->pre_b);
+    for (uint32_t b = 0; b < vt->v->n_layer; b++) {
+        const void *page;
+        int rc = jlm_pager_get(vt->pager, JLM_PAGER_VISION, b, 0, jlm_pager_extent(vt->pager, JLM_PAGER_VISION, b),
+                               &page, err);
+        if (rc)
+            return jlm_err_prefix(err, rc, "%s: vision block %u", vt->m->path, b);
+        block_forward(vt, b, page, hd->vis_data_off + (uint64_t)b * hd->vis_page_size);
+        jlm_pager_unpin(vt->pager, JLM_PAGER_VISION, b);
+    }
+    if (vt->post_w)
+        layernorm_rows(vt, vt->x, vt->x, vt->post_w, vt->post_b);
+    vt->proj->project(vt, out);
+    return JLM_OK;
+}
+
+/* ---------------------------------------------------------------- gemma3 projector */
+static int gemma3_open(jlm_vtower *vt, jlm_err *err)
+{
+    const jlm_tensor *nw, *pj;
+    int rc = need(vt, JLM_R_MM_SOFT_EMB_NORM, -1, vt->E, 1, 1, &nw, err);
+    if (rc || (rc = need(vt, JLM_R_MM_INPUT_PROJ, -1, vt->n_out, vt->E, 0, &pj, err)))   /* ne [out, in] */
+        return rc;
+    vt->mm_norm = dense_f32(vt, nw);
+    vt->mm_proj_f16 = pj->type == JLM_T_F16;
+    if (!(vt->mm_proj = dense_floats(vt, pj, (uint64_t)vt->E * vt->n_out, err)))
+        return err ? err->code : JLM_EFORMAT;
+    return JLM_OK;
+}
+
+/* Average-pool the patch grid by Scale, RMS-norm times soft_emb_norm, then
+ * out = x @ W (W numpy (in, out), F16: x rounded to fp16 first). */
+static void gemma3_project(jlm_vtower *vt, float *out)
+{
+    uint32_t E = vt->E, s = vt->v->scale, os = vt->side / s, N = vt->n_out;
+    for (uint32_t t = 0; t < vt->n_tok; t++) {
+        uint32_t tx = t % os, ty = t / os;
+        float *y = vt->h + (size_t)t * E;
+        for (uint32_t i = 0; i < E; i++) {
+            float sum = 0;
+            for (uint32_t dy = 0; dy < s; dy++)
+                for (uint32_t dx = 0; dx < s; dx++)
+                    sum += vt->x[((size_t)(ty * s + dy) * vt->side + tx * s + dx) * E + i];
+            y[i] = sum / (float)(s * s);
+        }
+        jlm_k_rmsnorm(y, y, vt->mm_norm, E, vt->v->eps);
+        if (vt->mm_proj_f16)
+            for (uint32_t i = 0; i < E; i++)
+                y[i] = fp16_round(y[i]);
+        float *o = out + (size_t)t * N;
+        memset(o, 0, N * sizeof *o);
+        for (uint32_t i = 0; i < E; i++) {
+            const float *w = vt->mm_proj + (size_t)i * N;
+            for (uint32_t j = 0; j < N; j++)
+                o[j] += y[i] * w[j];
+        }
+    }
+}
+
+/* ================================================================ an image prompt */
+static int token_id(const jlm_vocab *voc, const char *text, int32_t *id)
+{
+    for (uint32_t i = 0; i < voc->n_tokens; i++)
+        if (voc->tokens[i].len == strlen(text) && !memcmp(voc->tokens[i].s, text, voc->tokens[i].len)) {
+            *id = (int32_t)i;
+            return 1;
+        }
+    return 0;
+}
+
+/* Splits prompt at its image marker: [pre_len) before, *post after. */
+static void split_marker(const char *prompt, size_t *pre_len, const char **post)
+{
+    static const char *const markers[] = {"<image>", "<__media__>"};
+    const char *best = NULL;
+    size_t blen = 0;
+    for (size_t i = 0; i < 2; i++) {
+        const char *p = strstr(prompt, markers[i]);
+        if (p && (!best || p < best)) {
+            best = p;
+            blen = strlen(markers[i]);
+        }
+    }
+    *pre_len = best ? (size_t)(best - prompt) : 0;
+    *post = best ? best + blen : prompt;
+}
+
+/* Tokenizes a + b (parse_special) and appends the ids to *ids. */
+static int encode_cat(const jlm_tok *tok, const char *a, size_t alen, const char *b, int add_special, int32_t **ids,
+                      size_t *n, jlm_err *err)
+{
+    size_t blen = strlen(b);
+    char *s = malloc(alen + blen + 1);
+    if (!s)
+        return jlm_errf(err, JLM_ENOMEM, "out of memory");
+    memcpy(s, a, alen);
+    memcpy(s + alen, b, blen + 1);
+    int32_t *v = NULL;
+    size_t m = 0;
+    int rc = jlm_tok_encode(tok, s, alen + blen, add_special, 1, &v, &m, err);
+    free(s);
+    if (rc)
+        return rc;
+    int32_t *all = realloc(*ids, (*n + m + 1) * sizeof *all);
+    if (!all) {
+        free(v);
+        return jlm_errf(err, JLM_ENOMEM, "out of memory");
+    }
+    memcpy(all + *n, v, m * sizeof *v);
+    free(v);
+    *ids = all;
+    *n += m;
+    return JLM_OK;
+}
+
+int jlm_vision_eval_prompt(jlm_engine *e, jlm_vtower *vt, const jlm_tok *tok, const char *prompt, const jlm_image *img,
+                           float *logits, int32_t **ids, size_t *n_ids, jlm_err *err)
+{
+    const jlm_vocab *voc = jlm_tok_vocab(tok);
+    int32_t boi, eoi;
+    if (!token_id(voc, vt->proj->boi, &boi) || !token_id(voc, vt->proj->eoi, &eoi))
+        return jlm_errf(err, JLM_EFORMAT, "%s: the vocabulary has no %s / %s token for %s images", vt->m->path,
+                        vt->proj->boi, vt->proj->eoi, vt->proj->name);
+    size_t pre_len, n1 = 0, n = 0;
+    const char *post;
+    split_marker(prompt, &pre_len, &post);
+    size_t S = vt->v->image_size, px = S * S * 3;
+    float *pix = malloc(px * sizeof *pix), *emb = malloc((size_t)vt->n_tok * vt->n_out * sizeof *emb);
+    int32_t *v = NULL;
+    int rc = !pix || !emb ? jlm_errf(err, JLM_ENOMEM, "out of memory for an image") : JLM_OK;
+    if (!rc) rc = encode_cat(tok, prompt, pre_len, vt->proj->boi, 1, &v, &n, err);
+    n1 = n;
+    if (!rc) rc = encode_cat(tok, vt->proj->eoi, strlen(vt->proj->eoi), post, 0, &v, &n, err);
+    if (!rc) rc = jlm_vision_preprocess(vt->v, img, NULL, pix, err);
+    if (!rc) rc = jlm_vtower_encode(vt, pix, emb, err);
+    if (!rc) rc = jlm_engine_eval(e, v, (uint32_t)n1, NULL, err);
+    if (!rc) rc = jlm_engine_eval_embd(e, emb, vt->n_tok, 1, NULL, err);
+    if (!rc) rc = jlm_engine_eval(e, v + n1, (uint32_t)(n - n1), logits, err);
+    free(pix);
+    free(emb);
+    if (rc) {
+        free(v);
+        return rc;
+    }
+    *ids = v;
+    *n_ids = n;
+    return JLM_OK;
+}
