@@ -14,7 +14,7 @@
 BUILD   ?= build
 PREFIX  ?= /usr/local
 CC      ?= cc
-PKGS    := fuse3 sqlite3 jansson libutf8proc stb
+PKGS    := fuse3 sqlite3 jansson libutf8proc stb zlib
 PKG_CFLAGS := $(shell pkg-config --cflags $(PKGS) 2>/dev/null)
 PKG_LIBS   := $(shell pkg-config --libs $(PKGS) 2>/dev/null)
 
@@ -93,11 +93,17 @@ bench: all $(BENCH_BIN)
 # (the first directory receives new inputs: never point it into the tree)
 FUZZ_SRC := format/jlm_err.c format/types.c format/codec.c format/plan.c format/reader.c format/writer.c \
             converter/gguf.c converter/ggml_quants.c
+# Per-target extra sources and libraries (the rest links FUZZ_SRC alone).
+FUZZ_EXTRA_fuzz_image  := engine/image.c $(shell pkg-config --cflags --libs stb zlib)
+FUZZ_EXTRA_fuzz_mmproj := converter/arch.c converter/convert.c converter/pack.c converter/vision_map.c \
+                          converter/vocab.c kernels/cpu/dequant_ref.c kernels/cpu/ops.c kernels/cpu/matvec_ref.c -pthread \
+                          $(shell pkg-config --cflags --libs libutf8proc)
 fuzz:
 	@mkdir -p build-fuzz
-	for f in tests/fuzz/fuzz_*.c; do \
-	    clang -std=c11 -D_GNU_SOURCE -g -O1 -fsanitize=fuzzer,address,undefined -I. $$f $(FUZZ_SRC) -lm \
-	        -o build-fuzz/$$(basename $$f .c) || exit 1; done
+	for f in tests/fuzz/fuzz_*.c; do b=$$(basename $$f .c); \
+	    case $$b in fuzz_image) x="$(FUZZ_EXTRA_fuzz_image)";; fuzz_mmproj) x="$(FUZZ_EXTRA_fuzz_mmproj)";; *) x="";; esac; \
+	    clang -std=c11 -D_GNU_SOURCE -g -O1 -fsanitize=fuzzer,address,undefined -I. $$f $(FUZZ_SRC) $$x -lm \
+	        -o build-fuzz/$$b || exit 1; done
 
 install: all
 	install -d $(DESTDIR)$(PREFIX)/bin

@@ -1,204 +1,15 @@
-/* vision.c - images in: decoding (libstb), llama.cpp's preprocessing, the
- * SigLIP-style tower through the pager's vision array, the projector, and an
- * image prompt fed to the text engine. See vision.h for the contract and
- * docs/vision.md for the numerics chosen. */
+/* vision.c - the SigLIP-style tower through the pager's vision array, the
+ * projectors (a table: preprocessing, tokens, projection), and an image
+ * prompt fed to the text engine (decoding is image.c). See vision.h for the
+ * contract and docs/vision.md for the numerics chosen. */
 #include "engine/vision.h"
 
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/stat.h>
-
-#include <stb_image.h>
 
 #include "kernels/cpu/kernels.h"
-
-/* ================================================================ image decoding */
-static int known_magic(const uint8_t *b, size_t n)
-{
-    if (n >= 8 && !memcmp(b, "\x89PNG\r\n\x1a\n", 8)) return 1;
-    if (n >= 3 && b[0] == 0xFF && b[1] == 0xD8 && b[2] == 0xFF) return 1;
-    if (n >= 2 && b[0] == 'P' && (b[1] == '5' || b[1] == '6')) return 1;   /* binary PGM/PPM */
-    return 0;
-}
-
-/* stb decodes a truncated PPM or JPEG without complaint (zero fill): check
- * that the data is all there first. PNM: the header (magic, width, height,
- * maxval, comments) then w*h*channels samples. JPEG: the end-of-image marker
- * near the end (entropy-coded data never holds FF D9: FF is stuffed). */
-static size_t pnm_number(const uint8_t *b, size_t n, size_t i, uint32_t *v)
-{
-    for (;;) {
-        while (i < n && (b[i] == ' ' || b[i] == '\t' || b[i] == '\n' || b[i] == '\r' || b[i] == '\v' || b[i] == '\f'))
-            i++;
-        if (i < n && b[i] == '#') {
-            while (i < n && b[i] != '\n' && b[i] != '\r')
-                i++;
-            continue;
-        }
-        break;
-    }
-    uint64_t x = 0;
-    size_t s = i;
-    while (i < n && b[i] >= '0' && b[i] <= '9' && x < (1u << 30))
-        x = x * 10 + (uint64_t)(b[i++] - '0');
-    *v = (uint32_t)x;
-    return i > s ? i : 0;
-}
-
-static int complete(const uint8_t *b, size_t n)
-{
-    if (b[0] == 0xFF) {
-        for (size_t i = n >= 1024 ? n - 1024 : 0; i + 1 < n; i++)
-            if (b[i] == 0xFF && b[i + 1] == 0xD9)
-                return 1;
-        return 0;
-    }
-    if (b[0] != 'P')
-        return 1;   /* PNG: zlib and CRC checks catch truncation */
-    uint32_t w, h, mx;
-    size_t i = 2;
-    if (!(i = pnm_number(b, n, i, &w)) || !(i = pnm_number(b, n, i, &h)) || !(i = pnm_number(b, n, i, &mx)) || i >= n)
-        return 0;
-    uint64_t need = (uint64_t)w * h * (b[1] == '6' ? 3 : 1) * (mx > 255 ? 2 : 1);
-    return n - (i + 1) >= need;
-}
-
-int jlm_image_load_mem(const uint8_t *buf, size_t len, const char *what, jlm_image *out, jlm_err *err)
-{
-    if (len == 0)
-        return jlm_errf(err, JLM_EFORMAT, "%s: empty image file", what);
-    if (len > JLM_IMAGE_MAX_BYTES)
-        return jlm_errf(err, JLM_EFORMAT, "%s: image file of %zu bytes, the limit is %u", what, len, JLM_IMAGE_MAX_BYTES);
-    if (!known_magic(buf, len))
-        return jlm_errf(err, JLM_EFORMAT, "%s: not a PNG, JPEG or binary PPM image", what);
-    int w, h, comp;
-    if (!stbi_info_from_memory(buf, (int)len, &w, &h, &comp))
-        return jlm_errf(err, JLM_EFORMAT, "%s: unreadable image header (%s)", what, stbi_failure_reason());
-    if (w <= 0 || h <= 0)
-        return jlm_errf(err, JLM_EFORMAT, "%s: image of size %dx%d", what, w, h);
-    if ((uint64_t)w * (uint64_t)h > JLM_IMAGE_MAX_PIXELS)
-        return jlm_errf(err, JLM_EFORMAT, "%s: image of %dx%d pixels, the limit is %u pixels", what, w, h,
-                        JLM_IMAGE_MAX_PIXELS);
-    if (!complete(buf, len))
-        return jlm_errf(err, JLM_EFORMAT, "%s: truncated image (%dx%d, the data ends early)", what, w, h);
-    int w2, h2;
-    uint8_t *px = stbi_load_from_memory(buf, (int)len, &w2, &h2, &comp, 3);
-    if (!px)
-        return jlm_errf(err, JLM_EFORMAT, "%s: corrupt or truncated image (%s)", what, stbi_failure_reason());
-    if (w2 != w || h2 != h) {
-        stbi_image_free(px);
-        return jlm_errf(err, JLM_EFORMAT, "%s: image size changed while decoding", what);
-    }
-    uint8_t *rgb = malloc((size_t)w * h * 3);   /* ours, so jlm_image_free needs no stb */
-    if (!rgb) {
-        stbi_image_free(px);
-        return jlm_errf(err, JLM_ENOMEM, "%s: out of memory for %dx%d pixels", what, w, h);
-    }
-    memcpy(rgb, px, (size_t)w * h * 3);
-    stbi_image_free(px);
-    *out = (jlm_image){.w = (uint32_t)w, .h = (uint32_t)h, .rgb = rgb};
-    return JLM_OK;
-}
-
-int jlm_image_load(const char *path, jlm_image *out, jlm_err *err)
-{
-    FILE *f = fopen(path, "rb");
-    if (!f)
-        return jlm_errf(err, JLM_EIO, "%s: cannot open the image", path);
-    struct stat st;
-    if (fstat(fileno(f), &st) || !S_ISREG(st.st_mode)) {
-        fclose(f);
-        return jlm_errf(err, JLM_EIO, "%s: not a regular file", path);
-    }
-    if ((uint64_t)st.st_size > JLM_IMAGE_MAX_BYTES) {
-        fclose(f);
-        return jlm_errf(err, JLM_EFORMAT, "%s: image file of %lld bytes, the limit is %u", path, (long long)st.st_size,
-                        JLM_IMAGE_MAX_BYTES);
-    }
-    size_t n = (size_t)st.st_size;
-    uint8_t *buf = malloc(n ? n : 1);
-    if (!buf || fread(buf, 1, n, f) != n) {
-        free(buf);
-        fclose(f);
-        return jlm_errf(err, buf ? JLM_EIO : JLM_ENOMEM, "%s: cannot read the image", path);
-    }
-    fclose(f);
-    int rc = jlm_image_load_mem(buf, n, path, out, err);
-    free(buf);
-    return rc;
-}
-
-void jlm_image_free(jlm_image *img)
-{
-    if (!img)
-        return;
-    free(img->rgb);
-    img->rgb = NULL;
-}
-
-/* ================================================================ preprocessing */
-/* llama.cpp's resize_bilinear (clip.cpp): align-corners ratios, every step a
- * separately rounded float32 operation, the result truncated to u8. */
-static void resize_bilinear(const jlm_image *src, uint32_t nw, uint32_t nh, uint8_t *dst)
-{
-    float xr = nw > 1 ? (float)(src->w - 1) / (float)(nw - 1) : 0.0f;
-    float yr = nh > 1 ? (float)(src->h - 1) / (float)(nh - 1) : 0.0f;
-    for (uint32_t y = 0; y < nh; y++) {
-        float py = (float)y * yr;
-        uint32_t y0 = (uint32_t)py < src->h - 1 ? (uint32_t)py : src->h - 1;
-        uint32_t y1 = y0 + 1 < src->h ? y0 + 1 : src->h - 1;
-        float yf = py - (float)y0;
-        for (uint32_t x = 0; x < nw; x++) {
-            float px = (float)x * xr;
-            uint32_t x0 = (uint32_t)px < src->w - 1 ? (uint32_t)px : src->w - 1;
-            uint32_t x1 = x0 + 1 < src->w ? x0 + 1 : src->w - 1;
-            float xf = px - (float)x0;
-            for (int c = 0; c < 3; c++) {
-                float p00 = src->rgb[((size_t)y0 * src->w + x0) * 3 + c], p10 = src->rgb[((size_t)y0 * src->w + x1) * 3 + c];
-                float p01 = src->rgb[((size_t)y1 * src->w + x0) * 3 + c], p11 = src->rgb[((size_t)y1 * src->w + x1) * 3 + c];
-                volatile float top = p00 + (p10 - p00) * xf, bot = p01 + (p11 - p01) * xf;   /* no FMA */
-                float v = top + (bot - top) * yf;
-                dst[((size_t)y * nw + x) * 3 + c] = (uint8_t)v;
-            }
-        }
-    }
-}
-
-/* gemma3 (llama.cpp's fixed-size preprocessor, PAD_CEIL): fit inside S x S
- * keeping the aspect ratio, centre on black. */
-static int pre_fixed_pad(const jlm_vision *v, const jlm_image *img, uint8_t *u8, jlm_err *err)
-{
-    uint32_t S = v->image_size;
-    if (img->w == S && img->h == S) {
-        memcpy(u8, img->rgb, (size_t)S * S * 3);
-        return JLM_OK;
-    }
-    float sw = (float)S / (float)img->w, sh = (float)S / (float)img->h, sc = sw < sh ? sw : sh;
-    float fw = ceilf((float)img->w * sc), fh = ceilf((float)img->h * sc);
-    uint32_t nw = fw < (float)S ? (uint32_t)fw : S, nh = fh < (float)S ? (uint32_t)fh : S;
-    if (nw == 0) nw = 1;
-    if (nh == 0) nh = 1;
-    uint8_t *tmp = malloc((size_t)nw * nh * 3);
-    if (!tmp)
-        return jlm_errf(err, JLM_ENOMEM, "out of memory resizing an image");
-    resize_bilinear(img, nw, nh, tmp);
-    memset(u8, 0, (size_t)S * S * 3);
-    uint32_t ox = (S - nw) / 2, oy = (S - nh) / 2;
-    for (uint32_t y = 0; y < nh; y++)
-        memcpy(u8 + ((size_t)(y + oy) * S + ox) * 3, tmp + (size_t)y * nw * 3, (size_t)nw * 3);
-    free(tmp);
-    return JLM_OK;
-}
-
-static void normalise(const jlm_vision *v, const uint8_t *u8, float *f32)
-{
-    size_t n = (size_t)v->image_size * v->image_size;
-    for (size_t i = 0; i < n; i++)
-        for (int c = 0; c < 3; c++)
-            f32[i * 3 + c] = ((float)u8[i * 3 + c] / 255.0f - v->mean[c]) / v->std[c];
-}
 
 /* ================================================================ the tower */
 typedef struct vproj vproj;
@@ -241,7 +52,7 @@ static int gemma3_open(jlm_vtower *vt, jlm_err *err);
 static void gemma3_project(jlm_vtower *vt, float *out);
 
 static const vproj projectors[] = {
-    {JLM_PROJ_GEMMA3, "gemma3", "<start_of_image>", "<end_of_image>", pre_fixed_pad, gemma3_tokens, gemma3_open,
+    {JLM_PROJ_GEMMA3, "gemma3", "<start_of_image>", "<end_of_image>", jlm_image_fit_pad, gemma3_tokens, gemma3_open,
      gemma3_project},
 };
 
@@ -264,7 +75,7 @@ int jlm_vision_preprocess(const jlm_vision *v, const jlm_image *img, uint8_t *u8
         return jlm_errf(err, JLM_ENOMEM, "out of memory preprocessing an image");
     int rc = p->preprocess(v, img, buf, err);
     if (!rc && f32)
-        normalise(v, buf, f32);
+        jlm_image_normalise(v, buf, f32);
     if (buf != u8)
         free(buf);
     return rc;

@@ -54,6 +54,14 @@ void jlm_image_free(jlm_image *img);   /* accepts NULL */
  * Either may be NULL. JLM_EUNSUPPORTED for a projector without a graph. */
 int jlm_vision_preprocess(const jlm_vision *v, const jlm_image *img, uint8_t *u8, float *f32, jlm_err *err);
 
+/* Preprocessing steps (image.c), for the projector table in vision.c:
+ * fit_pad: llama.cpp's fixed-size preprocessor (PAD_CEIL): scale to fit
+ * image_size x image_size keeping the aspect ratio (its own align-corners
+ * bilinear, truncated to u8), centred on black; an image already that size
+ * is copied. normalise: (u/255 - mean) / std per channel, f32, HWC. */
+int  jlm_image_fit_pad(const jlm_vision *v, const jlm_image *img, uint8_t *u8, jlm_err *err);
+void jlm_image_normalise(const jlm_vision *v, const uint8_t *u8, float *f32);
+
 typedef struct jlm_vtower jlm_vtower;
 
 /* The tower of e's container. JLM_EUNSUPPORTED without a vision record or for

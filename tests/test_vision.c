@@ -144,6 +144,57 @@ Test(vision, mmproj_for_another_text_model_is_refused_and_nothing_written)
     cr_assert(!tu_exists(cmd));
 }
 
+/* The mmproj with `from` (first occurrence) replaced by `to` (same length),
+ * or cut to `cut` bytes; converted with the F32 text model: the message. */
+static char *convert_patched(const char *from, const char *to, const void *val, size_t vlen, size_t cut)
+{
+    size_t n;
+    uint8_t *b = tu_read_file(tu_model("mmproj-tinygemma3.gguf"), &n);
+    cr_assert(b);
+    if (from) {
+        uint8_t *at = memmem(b, n, from, strlen(from));
+        cr_assert(at, "%s not in the mmproj", from);
+        if (to)
+            memcpy(at, to, strlen(to));
+        else   /* a u32 value: after the key, its u32 type */
+            memcpy(at + strlen(from) + 4, val, vlen);
+    }
+    char mm[1200], out[1200];
+    snprintf(mm, sizeof mm, "%s/mm.gguf", tmp);
+    snprintf(out, sizeof out, "%s/out.jlm", tmp);
+    cr_assert_eq(tu_write_file(mm, b, cut ? cut : n), 0);
+    free(b);
+    jlm_conv *c = NULL;
+    jlm_err err = {0};
+    int rc = jlm_conv_open_mm(tu_model("synth-gemma3v-128.F32.gguf"), mm, NULL, &c, &err);
+    cr_assert_neq(rc, 0, "accepted");
+    cr_assert(c == NULL && err.msg[0] && !strchr(err.msg, '\n'), "'%s'", err.msg);
+    cr_assert(!tu_exists(out));
+    return strdup(err.msg);
+}
+
+Test(vision, crafted_mmproj_files_are_refused_by_name)
+{
+    char *m;
+    m = convert_patched(NULL, NULL, NULL, 0, 1000);
+    cr_assert(strstr(m, "mm.gguf"), "%s", m);
+    free(m);
+    m = convert_patched("gemma3", "gemmaX", NULL, 0, 0);
+    cr_assert(strstr(m, "'gemmaX' is not supported"), "%s", m);
+    free(m);
+    m = convert_patched("v.post_ln.bias", "v.post_xx.bias", NULL, 0, 0);
+    cr_assert(strstr(m, "v.post_xx.bias") && strstr(m, "no vision role"), "%s", m);
+    free(m);
+    uint32_t three = 3;
+    m = convert_patched("clip.vision.block_count", NULL, &three, 4, 0);
+    cr_assert(strstr(m, "block 3 of 3"), "%s", m);
+    free(m);
+    uint32_t zero = 0;
+    m = convert_patched("clip.vision.attention.head_count", NULL, &zero, 4, 0);
+    cr_assert(strstr(m, "head_count"), "%s", m);
+    free(m);
+}
+
 /* ================================================================ preprocessing and the tower */
 static double cosine(const float *a, const double *b, int n)
 {
@@ -363,6 +414,11 @@ Test(vision, cli_run_image_gives_llama_cpps_ids)
 }
 
 /* ================================================================ bad images */
+/* Found by fuzz_image: a truncated zlib stream stb follows into gigabytes of
+ * zeros (the PNG bomb), and a chunk name with raw bytes in stb's message. */
+static const uint8_t png_bomb[] = {0x89, 0x50, 0x4e, 0x47, 0x0d, 0x0a, 0x1a, 0x0a, 0x00, 0x00, 0x00, 0x0d, 0x49, 0x48, 0x44, 0x52, 0x00, 0x00, 0x00, 0x08, 0x00, 0x00, 0x00, 0x06, 0x08, 0x00, 0x00, 0x00, 0x00, 0xdb, 0x6e, 0x80, 0x27, 0x00, 0x00, 0x00, 0x1f, 0x49, 0x44, 0x41, 0x54, 0x78, 0x5e, 0x89, 0x50, 0x4e, 0x30, 0x03, 0x24, 0x0a, 0x62, 0x80, 0x65, 0x01, 0xb7, 0xfa, 0x06, 0xf9, 0x93, 0x26, 0x42, 0x95, 0x00, 0x00, 0x00, 0x00, 0x49, 0x45, 0x4e, 0x44, 0xae, 0x42, 0x60, 0x82, 0x24, 0x0a, 0x62, 0x00, 0x00, 0x1f, 0x49, 0x44, 0x41, 0x54, 0x78, 0x5e, 0x63, 0x64, 0x50, 0x85, 0x00, 0x46, 0x0d, 0x28, 0x83, 0x05, 0xc2, 0xd0, 0x50, 0x85, 0x30, 0x80, 0x3c, 0x30, 0x03, 0x24, 0x0a, 0x62, 0x80, 0x65, 0x01, 0xb7, 0xfa, 0x06, 0xf9, 0x93, 0x26, 0x42, 0x95, 0x00, 0x00, 0x00, 0x00, 0x49, 0x45, 0x4e, 0x44, 0xae, 0x42, 0x60, 0x82, 0x24, 0x0a, 0x62, 0x80, 0x65, 0x01, 0xb7, 0xfa, 0x06, 0xf9, 0x93, 0x26, 0x42, 0x95, 0x00, 0x00, 0x00, 0x00, 0x49, 0x45, 0x4e, 0x44, 0xae, 0x42, 0x60, 0x82};
+static const uint8_t png_odd_chunk[] = {0x89, 0x50, 0x4e, 0x47, 0x0d, 0x0a, 0x1a, 0x0a, 0x00, 0x00, 0x00, 0x0d, 0x49, 0x48, 0x44, 0x52, 0x00, 0x00, 0x00, 0x08, 0x00, 0x00, 0x00, 0x06, 0x08, 0x00, 0x00, 0x00, 0x00, 0xdb, 0x6e, 0x80, 0x27, 0x00, 0x00, 0x00, 0x1f, 0x03, 0x24, 0x0a, 0x62, 0x80, 0x65, 0x01, 0xb7, 0xfa, 0x06, 0xf9, 0x93, 0x26, 0x42, 0x95, 0x00, 0x00, 0x00, 0x00, 0x49, 0x45, 0x4e, 0x44, 0xae, 0x42, 0x60, 0x82};
+
 static void expect_refused(const uint8_t *buf, size_t len, const char *why)
 {
     jlm_image img = {0};
@@ -387,6 +443,8 @@ Test(vision, bad_images_are_refused_in_one_line)
     expect_refused((const uint8_t *)zero, strlen(zero), "zero width");
     expect_refused((const uint8_t *)"GIF89a\1\0\1\0\0\0\0", 13, "GIF");
     expect_refused((const uint8_t *)"\x89PNG\r\n\x1a\nxxxxxxxxxxxxxxxxxxxx", 28, "corrupt PNG");
+    expect_refused(png_bomb, sizeof png_bomb, "PNG whose stream runs past its end");
+    expect_refused(png_odd_chunk, sizeof png_odd_chunk, "PNG with an unknown critical chunk");
     /* a real PNG, then cut */
     char png[1200];
     snprintf(png, sizeof png, "%s/a.png", tmp);
