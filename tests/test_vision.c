@@ -354,6 +354,49 @@ static void check_e2e(const char *model, double tol, double margin)
     free(p);
 }
 
+/* The text side alone: llama.cpp's own image embeddings fed through
+ * jlm_engine_eval_embd (bidirectional) give its logits within TOL_TEXT_F32;
+ * the same rows run causally are far off (the mask matters). */
+#define TOL_TEXT_F32 5e-3
+Test(vision, llama_cpps_embeddings_through_the_text_model_give_its_logits)
+{
+    char *p = convert_vision("synth-gemma3v-128.F32.gguf", "v");
+    static float emb[256 * 128], logits[514];
+    for (size_t k = 0; k < 2; k++) {
+        json_t *r = load_ref(IMAGES[k]), *em = json_object_get(r, "embedding");
+        for (size_t t = 0; t < 256; t++)
+            for (size_t i = 0; i < 128; i++)
+                emb[t * 128 + i] = (float)json_number_value(json_array_get(json_array_get(em, t), i));
+        char name[64];
+        snprintf(name, sizeof name, "e2e-%s", IMAGES[k]);
+        json_t *e2e = load_ref(name);
+        json_t *lr = json_object_get(json_object_get(json_object_get(e2e, "models"), "synth-gemma3v-128.F32.gguf"),
+                                     "logits_after_prompt");
+        double err[2];
+        for (int bidir = 1; bidir >= 0; bidir--) {
+            jlm_engine *e = open_engine(p, 0);
+            jlm_err je = {0};
+            int32_t pre[] = {1, 512}, post[] = {513, 410, 455, 406, 429, 325, 430, 411, 467};
+            cr_assert_eq(jlm_engine_eval(e, pre, 2, NULL, &je), 0, "%s", je.msg);
+            cr_assert_eq(jlm_engine_eval_embd(e, emb, 256, bidir, NULL, &je), 0, "%s", je.msg);
+            cr_assert_eq(jlm_engine_eval(e, post, 9, logits, &je), 0, "%s", je.msg);
+            double mx = 0;
+            for (size_t i = 0; i < 514; i++) {
+                double d = fabs(logits[i] - json_number_value(json_array_get(lr, i)));
+                if (!(d <= mx)) mx = d;
+            }
+            err[bidir] = mx;
+            jlm_engine_close(e);
+        }
+        cr_log_info("%s: text-side logits max abs %.3g bidirectional, %.3g causal", IMAGES[k], err[1], err[0]);
+        cr_assert(err[1] <= TOL_TEXT_F32, "%s: %g", IMAGES[k], err[1]);
+        cr_assert(err[0] > 1.0, "%s: a causal image block should not match (%g)", IMAGES[k], err[0]);
+        json_decref(r);
+        json_decref(e2e);
+    }
+    free(p);
+}
+
 Test(vision, image_prompt_f32_matches_llama_cpp) { check_e2e("synth-gemma3v-128.F32.gguf", TOL_LOGIT_F32, MARGIN_F32); }
 Test(vision, image_prompt_q8_0_matches_llama_cpp) { check_e2e("synth-gemma3v-128.Q8_0.gguf", TOL_LOGIT_Q8, MARGIN_Q8); }
 
