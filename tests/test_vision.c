@@ -314,7 +314,7 @@ static void check_e2e(const char *model, double tol, double margin)
     for (size_t k = 0; k < 2; k++) {
         char name[64];
         snprintf(name, sizeof name, "e2e-%s", IMAGES[k]);
-        json_t *r = json_object_get(json_object_get(load_ref(name), "models"), model);
+        json_t *root = load_ref(name), *r = json_object_get(json_object_get(root, "models"), model);
         cr_assert(r);
         jlm_engine *e = open_engine(p, 0);
         static float logits[514];
@@ -350,6 +350,7 @@ static void check_e2e(const char *model, double tol, double margin)
         cr_assert(lead >= 4, "%s %s: only %d steps above the margin", model, IMAGES[k], lead);
         free(ids);
         jlm_engine_close(e);
+        json_decref(root);
     }
     free(p);
 }
