@@ -457,6 +457,28 @@ Test(vision, cli_run_image_gives_llama_cpps_ids)
     free(p);
 }
 
+Test(vision, cli_chat_image_answers_and_counts_vision_pages)
+{
+    char *p = convert_vision("synth-gemma3v-128.F32.gguf", "v");
+    char cmd[4096], *o = NULL;
+    /* 2 tokens: this random model soon emits bytes that are not UTF-8, which the
+     * chat's next render refuses (a limit of jlm chat, not of the image path) */
+    snprintf(cmd, sizeof cmd, "printf 'Describe:\\n' | { %s chat %s --image %s -n 2 --temp 0 2>/dev/null; }", tu_jlm(),
+             p, image_path(IMAGES[0]));
+    cr_assert_eq(tu_run(cmd, &o), 0, "%s", o);
+    cr_assert(o && o[0] && o[0] != '\n', "no reply: '%s'", o);
+    free(o);
+    snprintf(cmd, sizeof cmd, "%s run %s --image %s -p 'x' -n 2 --stats --budget 1", tu_jlm(), p, image_path(IMAGES[1]));
+    cr_assert_eq(tu_run(cmd, &o), 0, "%s", o);
+    cr_assert(strstr(o, "vision: page-ins 4, evictions 4"), "%s", o);
+    free(o);
+    snprintf(cmd, sizeof cmd, "printf 'x\\n' | %s chat %s --image /nonexistent.png -n 4", tu_jlm(), p);
+    cr_assert_eq(tu_run(cmd, &o), 1, "%s", o);
+    cr_assert(strstr(o, "/nonexistent.png: cannot open the image"), "%s", o);
+    free(o);
+    free(p);
+}
+
 /* ================================================================ bad images */
 /* Found by fuzz_image: a truncated zlib stream stb follows into gigabytes of
  * zeros (the PNG bomb), and a chunk name with raw bytes in stb's message. */
