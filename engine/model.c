@@ -711,6 +711,7 @@ uint32_t jlm_engine_n_vocab(const jlm_engine *e)
 }
 jlm_pager *jlm_engine_pager(jlm_engine *e) { return e->pager; }
 const uint8_t *jlm_engine_dense(const jlm_engine *e) { return e->dense; }
+struct jlm_pool *jlm_engine_pool(jlm_engine *e) { return e->pool; }
 uint64_t jlm_engine_budget(const jlm_engine *e) { return e->budget; }
 
 const int32_t *jlm_engine_last_route(const jlm_engine *e, uint32_t block)

@@ -67,6 +67,9 @@ uint32_t jlm_engine_n_vocab(const jlm_engine *e);
 jlm_pager *jlm_engine_pager(jlm_engine *e);
 /* The resident dense region (DenseLen bytes from DenseOff), for engine/vision.c. */
 const uint8_t *jlm_engine_dense(const jlm_engine *e);
+/* The engine's worker pool, for engine/vision.c between evaluations (never
+ * while one runs: the pool is not reentrant). */
+struct jlm_pool *jlm_engine_pool(jlm_engine *e);
 /* The budget actually in force (after raising to the minimum working set). */
 uint64_t jlm_engine_budget(const jlm_engine *e);
 /* Bytes of weights one token reads: the dense tensors a token uses plus

@@ -9,6 +9,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "engine/pool.h"
 #include "kernels/cpu/kernels.h"
 
 /* ================================================================ the tower */
@@ -20,6 +21,7 @@ struct jlm_vtower {
     const jlm_vision *v;
     const vproj      *proj;
     jlm_pager        *pager;
+    jlm_pool         *pool;       /* the engine's */
     const uint8_t    *dense;
     const jlm_k_cpu  *k;
     uint32_t side, n_patch, n_tok, n_out, E, F, hd;
@@ -27,7 +29,8 @@ struct jlm_vtower {
     const float *patch_b, *pos, *pre_w, *pre_b, *post_w, *post_b, *mm_norm;
     float *mm_proj;            /* (E in, n_out) */
     int    mm_proj_f16;        /* round the projector input to fp16 */
-    float *x, *h, *q, *kk, *vv, *att, *o, *f, *scores;   /* scratch */
+    float *x, *h, *q, *kk, *vv, *att, *o, *f;   /* scratch */
+    float *scores;             /* (pool threads, n_patch) */
     void  *xq_buf;
     jlm_act_q8 *xq;            /* (n_patch,) */
 };
@@ -195,7 +198,7 @@ static int alloc_scratch(jlm_vtower *vt, jlm_err *err)
     for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++)
         *bufs[i] = malloc(n * E * sizeof(float));
     vt->f = malloc(n * F * sizeof(float));
-    vt->scores = malloc(n * sizeof(float));
+    vt->scores = malloc((size_t)jlm_pool_n_threads(vt->pool) * n * sizeof(float));
     size_t qb = jlm_k_act_q8_bytes(kmax);
     vt->xq_buf = malloc(n * qb);
     vt->xq = calloc(n, sizeof *vt->xq);
@@ -228,7 +231,7 @@ int jlm_vtower_open(jlm_engine *e, jlm_vtower **out, jlm_err *err)
     jlm_vtower *vt = calloc(1, sizeof *vt);
     if (!vt)
         return jlm_errf(err, JLM_ENOMEM, "%s: out of memory", m->path);
-    *vt = (jlm_vtower){.e = e, .m = m, .v = v, .proj = p, .pager = jlm_engine_pager(e), .dense = jlm_engine_dense(e),
+    *vt = (jlm_vtower){.e = e, .m = m, .v = v, .proj = p, .pager = jlm_engine_pager(e), .pool = jlm_engine_pool(e), .dense = jlm_engine_dense(e),
                        .k = jlm_k_cpu_get(), .side = v->image_size / v->patch_size, .E = v->n_embd, .F = v->n_ffn,
                        .hd = v->n_embd / v->n_head, .n_out = jlm_engine_model(e)->config.n_embd};
     vt->n_patch = vt->side * vt->side;
@@ -258,8 +261,23 @@ uint32_t jlm_vtower_n_tokens(const jlm_vtower *vt) { return vt->n_tok; }
 uint32_t jlm_vtower_n_embd(const jlm_vtower *vt) { return vt->n_out; }
 
 /* ---------------------------------------------------------------- forward */
+typedef struct vmm_job {
+    jlm_vtower      *vt;
+    const jlm_k_mat *m;
+    const float     *x;
+    float           *y;
+} vmm_job;
+
+static void vmm_slice(void *ctx, size_t b, size_t e, int tid)
+{
+    (void)tid;
+    vmm_job *j = ctx;
+    j->vt->k->matmul[j->m->type](j->m, j->vt->n_patch, j->x, j->vt->xq, j->y, b, e);
+}
+
 /* Y (n, rows) = X (n, k) W^T with the engine's kernels (int8 activations for
- * quantized weights, as the text graph). */
+ * quantized weights, as the text graph), rows split across the pool: each
+ * output is computed by one thread, so the result does not depend on it. */
 static void vmatmul(jlm_vtower *vt, const jlm_tensor *t, const uint8_t *page, uint64_t page_off, const float *x,
                     float *y)
 {
@@ -273,7 +291,8 @@ static void vmatmul(jlm_vtower *vt, const jlm_tensor *t, const uint8_t *page, ui
             vt->xq[i].k = m.k;
             vt->k->quantize_act(x + (uint64_t)i * m.k, &vt->xq[i]);
         }
-    vt->k->matmul[t->type](&m, vt->n_patch, x, vt->xq, y, 0, m.rows);
+    vmm_job j = {vt, &m, x, y};
+    jlm_pool_for(vt->pool, m.rows, m.rows >= 64 ? 16 : m.rows, vmm_slice, &j);
 }
 
 static void add_rows(float *y, const float *b, uint32_t n, uint32_t w)
@@ -317,17 +336,21 @@ static const jlm_tensor *BT(const jlm_vtower *vt, uint16_t role, uint32_t b)
 
 static const float *BV(const jlm_vtower *vt, uint16_t role, uint32_t b) { return dense_f32(vt, BT(vt, role, b)); }
 
-/* Full (unmasked) multi-head attention of every patch over every patch. */
-static void self_attention(jlm_vtower *vt)
+/* Full (unmasked) multi-head attention of patches [t0, t1) over every patch. */
+static void attn_slice(void *ctx, size_t t0, size_t t1, int tid)
 {
+    jlm_vtower *vt = ctx;
     uint32_t E = vt->E;
     jlm_k_attn ap = {.head_dim = vt->hd, .head_dim_v = vt->hd, .k_stride = E, .v_stride = E,
                      .scale = 1.0f / sqrtf((float)vt->hd)};
-    for (uint32_t t = 0; t < vt->n_patch; t++)
+    float *scores = vt->scores + (size_t)tid * vt->n_patch;
+    for (size_t t = t0; t < t1; t++)
         for (uint32_t h = 0; h < vt->v->n_head; h++)
-            jlm_k_attn_head(&ap, vt->q + (size_t)t * E + h * vt->hd, vt->kk + h * vt->hd, vt->vv + h * vt->hd,
-                            vt->n_patch, vt->scores, vt->att + (size_t)t * E + h * vt->hd);
+            jlm_k_attn_head(&ap, vt->q + t * E + h * vt->hd, vt->kk + h * vt->hd, vt->vv + h * vt->hd, vt->n_patch,
+                            scores, vt->att + t * E + h * vt->hd);
 }
+
+static void self_attention(jlm_vtower *vt) { jlm_pool_for(vt->pool, vt->n_patch, 8, attn_slice, vt); }
 
 static void block_forward(jlm_vtower *vt, uint32_t b, const uint8_t *page, uint64_t page_off)
 {
