@@ -150,13 +150,18 @@ static int open_embeddings(jlm_vtower *vt, jlm_err *err)
     if (pos->type != JLM_T_F32)
         return jlm_errf(err, JLM_EFORMAT, "%s: vision position embedding must be F32", vt->m->path);
     vt->pos = dense_f32(vt, pos);
-    if (!need(vt, JLM_R_V_PRE_LN, -1, E, 1, 1, &t, NULL)) {
+    /* optional norms: absent is fine, present must have the right shape */
+    if (jlm_fmt_find(vt->m, JLM_R_V_PRE_LN, -1, -1)) {
+        if ((rc = need(vt, JLM_R_V_PRE_LN, -1, E, 1, 1, &t, err)))
+            return rc;
         vt->pre_w = dense_f32(vt, t);
         if ((rc = need(vt, JLM_R_V_PRE_LN_B, -1, E, 1, 1, &t, err)))
             return rc;
         vt->pre_b = dense_f32(vt, t);
     }
-    if (!need(vt, JLM_R_V_POST_LN, -1, E, 1, 1, &t, NULL)) {
+    if (jlm_fmt_find(vt->m, JLM_R_V_POST_LN, -1, -1)) {
+        if ((rc = need(vt, JLM_R_V_POST_LN, -1, E, 1, 1, &t, err)))
+            return rc;
         vt->post_w = dense_f32(vt, t);
         if ((rc = need(vt, JLM_R_V_POST_LN_B, -1, E, 1, 1, &t, err)))
             return rc;
