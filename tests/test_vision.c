@@ -115,6 +115,15 @@ Test(vision, convert_writes_the_vision_record_and_pages)
     jlm_fmt_tensor_loc(m, jlm_fmt_find(m, JLM_R_MM_INPUT_PROJ, -1, -1), &loc);
     cr_assert_eq(loc.region, JLM_REG_DENSE);
     jlm_fmt_close(m);
+    char cmd[2048], *o = NULL;   /* jlm info shows the record */
+    snprintf(cmd, sizeof cmd, "%s info %s --json", tu_jlm(), p);
+    cr_assert_eq(tu_run(cmd, &o), 0, "%s", o);
+    json_t *j = json_loads(o, 0, NULL);
+    cr_assert(j, "%s", o);
+    cr_assert_eq(json_integer_value(json_object_get(json_object_get(j, "vision"), "projector")), JLM_PROJ_GEMMA3);
+    cr_assert_eq(json_integer_value(json_object_get(json_object_get(j, "header"), "n_vis_blocks")), 4);
+    json_decref(j);
+    free(o);
     free(p);
 }
 
