@@ -30,6 +30,7 @@ struct jlm_vtower {
     float *mm_proj;            /* (E in, n_out) */
     int    mm_proj_f16;        /* round the projector input to fp16 */
     float *x, *h, *q, *kk, *vv, *att, *o, *f;   /* scratch */
+    float *kt;                 /* (E, n_patch) the keys transposed: a head's scores vectorize */
     float *scores;             /* (pool threads, n_patch) */
     void  *xq_buf;
     jlm_act_q8 *xq;            /* (n_patch,) */
@@ -199,7 +200,7 @@ static int check_blocks(const jlm_vtower *vt, jlm_err *err)
 static int alloc_scratch(jlm_vtower *vt, jlm_err *err)
 {
     size_t n = vt->n_patch, E = vt->E, F = vt->F, kmax = (E > F ? E : F);
-    float **bufs[] = {&vt->x, &vt->h, &vt->q, &vt->kk, &vt->vv, &vt->att, &vt->o};
+    float **bufs[] = {&vt->x, &vt->h, &vt->q, &vt->kk, &vt->vv, &vt->att, &vt->o, &vt->kt};
     for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++)
         *bufs[i] = malloc(n * E * sizeof(float));
     vt->f = malloc(n * F * sizeof(float));
@@ -255,7 +256,7 @@ void jlm_vtower_close(jlm_vtower *vt)
 {
     if (!vt)
         return;
-    void *bufs[] = {vt->patch_w, vt->mm_proj, vt->x, vt->h, vt->q, vt->kk, vt->vv, vt->att, vt->o, vt->f,
+    void *bufs[] = {vt->patch_w, vt->mm_proj, vt->x, vt->h, vt->q, vt->kk, vt->vv, vt->att, vt->o, vt->kt, vt->f,
                     vt->scores, vt->xq_buf, vt->xq};
     for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++)
         free(bufs[i]);
@@ -341,21 +342,61 @@ static const jlm_tensor *BT(const jlm_vtower *vt, uint16_t role, uint32_t b)
 
 static const float *BV(const jlm_vtower *vt, uint16_t role, uint32_t b) { return dense_f32(vt, BT(vt, role, b)); }
 
-/* Full (unmasked) multi-head attention of patches [t0, t1) over every patch. */
+/* softmax(s * scale) V for one head, exactly jlm_k_attn_head's arithmetic
+ * (no mask, no softcap, no sink): s holds the raw scores, v strides E. */
+static void softmax_v(float *s, uint32_t n, float scale, const float *v, uint32_t E, uint32_t hd, float *out)
+{
+    float max = -INFINITY;
+    for (uint32_t j = 0; j < n; j++) {
+        s[j] = s[j] * scale + 0.0f;
+        max = fmaxf(max, s[j]);
+    }
+    for (uint32_t i = 0; i < hd; i++)
+        out[i] = 0.0f;
+    double sum = 0.0;
+    for (uint32_t j = 0; j < n; j++) {
+        s[j] = expf(s[j] - max);
+        sum += (double)s[j];
+    }
+    const float inv = (float)(1.0 / sum);
+    for (uint32_t j = 0; j < n; j++) {
+        float pj = s[j] * inv;
+        if (pj == 0.0f)
+            continue;
+        for (uint32_t i = 0; i < hd; i++)
+            out[i] += pj * v[(size_t)j * E + i];
+    }
+}
+
+/* Full (unmasked) multi-head attention of patches [t0, t1) over every patch.
+ * The scores run over keys in the inner loop (kt), so they vectorize; each
+ * score still sums q[i]*k[i] in i order from 0, as the scalar kernel does. */
 static void attn_slice(void *ctx, size_t t0, size_t t1, int tid)
 {
     jlm_vtower *vt = ctx;
-    uint32_t E = vt->E;
-    jlm_k_attn ap = {.head_dim = vt->hd, .head_dim_v = vt->hd, .k_stride = E, .v_stride = E,
-                     .scale = 1.0f / sqrtf((float)vt->hd)};
-    float *scores = vt->scores + (size_t)tid * vt->n_patch;
+    uint32_t E = vt->E, n = vt->n_patch, hd = vt->hd;
+    float *s = vt->scores + (size_t)tid * n, scale = 1.0f / sqrtf((float)hd);
     for (size_t t = t0; t < t1; t++)
-        for (uint32_t h = 0; h < vt->v->n_head; h++)
-            jlm_k_attn_head(&ap, vt->q + t * E + h * vt->hd, vt->kk + h * vt->hd, vt->vv + h * vt->hd, vt->n_patch,
-                            scores, vt->att + t * E + h * vt->hd);
+        for (uint32_t h = 0; h < vt->v->n_head; h++) {
+            const float *q = vt->q + t * E + h * hd;
+            for (uint32_t j = 0; j < n; j++)
+                s[j] = 0.0f;
+            for (uint32_t i = 0; i < hd; i++) {
+                const float qi = q[i], *kr = vt->kt + (size_t)(h * hd + i) * n;
+                for (uint32_t j = 0; j < n; j++)
+                    s[j] += qi * kr[j];
+            }
+            softmax_v(s, n, scale, vt->vv + h * hd, E, hd, vt->att + t * E + h * hd);
+        }
 }
 
-static void self_attention(jlm_vtower *vt) { jlm_pool_for(vt->pool, vt->n_patch, 8, attn_slice, vt); }
+static void self_attention(jlm_vtower *vt)
+{
+    for (uint32_t j = 0; j < vt->n_patch; j++)
+        for (uint32_t c = 0; c < vt->E; c++)
+            vt->kt[(size_t)c * vt->n_patch + j] = vt->kk[(size_t)j * vt->E + c];
+    jlm_pool_for(vt->pool, vt->n_patch, 8, attn_slice, vt);
+}
 
 static void block_forward(jlm_vtower *vt, uint32_t b, const uint8_t *page, uint64_t page_off)
 {
