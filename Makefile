@@ -23,7 +23,7 @@ BUILD   ?= build
 PREFIX  ?= /usr/local
 SBINDIR ?= /sbin
 CC      ?= cc
-PKGS    := fuse3 sqlite3 jansson libutf8proc
+PKGS    := fuse3 sqlite3 jansson libutf8proc stb zlib
 PKG_CFLAGS := $(shell pkg-config --cflags $(PKGS) 2>/dev/null)
 PKG_LIBS   := $(shell pkg-config --libs $(PKGS) 2>/dev/null)
 
@@ -44,7 +44,7 @@ LDLIBS  := $(PKG_LIBS) -lm -pthread
 AVX2_FLAGS   := -mavx2 -mfma -mf16c
 AVX512_FLAGS := -mavx2 -mfma -mf16c -mavx512f -mavx512bw -mavx512vl -mavx512dq -mavx512vnni
 
-LIB_DIRS := base format converter kernels/cpu engine text/tokenizer text/template residency fs picture
+LIB_DIRS := base format converter kernels/cpu engine text/tokenizer text/template prompt residency fs picture
 LIB_SRC  := $(foreach d,$(LIB_DIRS),$(wildcard $(d)/*.c))
 LIB_OBJ  := $(LIB_SRC:%.c=$(BUILD)/obj/%.o)
 LIB      := $(BUILD)/libjlm.a
@@ -119,14 +119,18 @@ bench: all $(BENCH_BIN)
 # (the first directory receives new inputs: never point it into the tree)
 FUZZ_SRC := base/jlm_err.c base/io.c format/types.c format/codec.c format/plan.c format/reader.c format/writer.c \
             converter/gguf.c converter/ggml_quants.c
-# fuzz_picture also needs the picture, the residency code and their libraries.
-FUZZ_PIC := picture/picture.c residency/residency.c -I$(BUILD)/gen $(PKG_CFLAGS) $(PKG_LIBS)
-fuzz: $(PIC_ASSETS)
+# Per-target extra sources and libraries (a target without FUZZ_EXTRA_name links FUZZ_SRC alone).
+FUZZ_EXTRA_fuzz_picture := picture/picture.c residency/residency.c -I$(BUILD)/gen $(PKG_CFLAGS) $(PKG_LIBS)
+FUZZ_EXTRA_fuzz_image   := engine/image.c $(shell pkg-config --cflags --libs stb zlib)
+FUZZ_EXTRA_fuzz_mmproj  := converter/arch.c converter/convert.c converter/pack.c converter/vision_map.c \
+                           converter/vocab.c format/dequant_ref.c kernels/cpu/ops.c kernels/cpu/matvec_ref.c -pthread \
+                           $(shell pkg-config --cflags --libs libutf8proc)
+FUZZ_BINS := $(patsubst tests/fuzz/%.c,build-fuzz/%,$(wildcard tests/fuzz/fuzz_*.c))
+fuzz: $(FUZZ_BINS)
+build-fuzz/fuzz_picture: $(PIC_ASSETS)
+build-fuzz/%: tests/fuzz/%.c
 	@mkdir -p build-fuzz
-	for f in tests/fuzz/fuzz_*.c; do \
-	    case $$f in *picture*) extra="$(FUZZ_PIC)";; *) extra="";; esac; \
-	    clang -std=c11 -D_GNU_SOURCE -g -O1 -fsanitize=fuzzer,address,undefined -I. $$f $(FUZZ_SRC) $$extra -lm \
-	        -o build-fuzz/$$(basename $$f .c) || exit 1; done
+	clang -std=c11 -D_GNU_SOURCE -g -O1 -fsanitize=fuzzer,address,undefined -I. $< $(FUZZ_SRC) $(FUZZ_EXTRA_$*) -lm -o $@
 
 install: all
 	install -d $(DESTDIR)$(PREFIX)/bin

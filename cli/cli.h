@@ -23,4 +23,13 @@ long long jlm_cli_parse_size(const char *s);
 /* 1 if the file starts with the GGUF magic. */
 int jlm_cli_is_gguf(const char *path);
 
+#include <stddef.h>
+#include "engine/model.h"
+#include "text/tokenizer/tokenizer.h"
+/* `--image FILE`: decodes it and evaluates prompt with the image at its
+ * marker (engine/vision.h), logits after the last token; *ids gets the text
+ * tokens (malloc'd). Errors name the image or the container. */
+int jlm_cli_prefill_image(jlm_engine *e, const jlm_tok *tok, const char *image, const char *prompt, float *logits,
+                          int32_t **ids, size_t *n_ids, jlm_err *err);
+
 #endif

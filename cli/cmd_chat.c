@@ -68,7 +68,7 @@ static int reply(jlm_engine *e, jlm_tok *tok, jlm_sampler *s, float *logits, int
 
 int jlm_cmd_chat(int argc, char **argv)
 {
-    const char *model = NULL;
+    const char *model = NULL, *image = NULL;
     jlm_engine_opts eo = {.direct = 1};
     jlm_samp_params sp;
     jlm_samp_params_default(&sp);
@@ -80,16 +80,17 @@ int jlm_cmd_chat(int argc, char **argv)
         else if (!strcmp(a, "-t") && v) eo.n_threads = atoi(argv[++i]);
         else if (!strcmp(a, "--temp") && v) sp.temp = strtof(argv[++i], NULL);
         else if (!strcmp(a, "--seed") && v) sp.seed = strtoull(argv[++i], NULL, 10);
+        else if (!strcmp(a, "--image") && v) image = argv[++i];
         else if (!strcmp(a, "--budget") && v) {
             long long b = jlm_cli_parse_size(argv[++i]);
             if (b < 0) { fprintf(stderr, "jlm chat: bad --budget '%s'\n", v); return 2; }
             eo.budget = (uint64_t)b;
         }
         else if (a[0] != '-' && !model) model = a;
-        else { fprintf(stderr, "usage: jlm chat MODEL [-n N] [-c CTX] [-t T] [--temp T] [--seed S] [--budget SIZE]\n"); return 2; }
+        else { fprintf(stderr, "usage: jlm chat MODEL [-n N] [-c CTX] [-t T] [--temp T] [--seed S] [--budget SIZE] [--image FILE]\n"); return 2; }
     }
     if (!model) {
-        fprintf(stderr, "usage: jlm chat MODEL [-n N] [-c CTX] [-t T] [--temp T] [--seed S] [--budget SIZE]\n");
+        fprintf(stderr, "usage: jlm chat MODEL [-n N] [-c CTX] [-t T] [--temp T] [--seed S] [--budget SIZE] [--image FILE]\n");
         return 2;
     }
     if (jlm_cli_is_gguf(model)) {
@@ -131,7 +132,7 @@ int jlm_cmd_chat(int argc, char **argv)
     prev = strdup("");
     const jlm_vocab *voc = &jlm_engine_model(e)->vocab;
     char line[8192];
-    int tty = isatty(0);
+    int tty = isatty(0), rc_add;
     while (logits && prev) {
         if (tty) { fputs("> ", stderr); fflush(stderr); }
         if (!fgets(line, sizeof line, stdin))
@@ -139,7 +140,14 @@ int jlm_cmd_chat(int argc, char **argv)
         line[strcspn(line, "\n")] = 0;
         if (!*line)
             continue;
-        if (conv_add(&cv, "user", line)) break;
+        /* --image: in the first message, at its <image> marker or first */
+        char *msg = image && !cv.n && !strstr(line, "<image>") && !strstr(line, "<__media__>") ? NULL : strdup(line);
+        if (!msg && asprintf(&msg, "<image>%s", line) < 0)
+            break;
+        int with_image = image && !cv.n;
+        rc_add = conv_add(&cv, "user", msg);
+        free(msg);
+        if (rc_add) break;
         jlm_chat_opts co = {.add_generation_prompt = 1, .bos_token = bos, .eos_token = eos, .local_time = 1};
         char *full = NULL;
         size_t flen;
@@ -156,8 +164,9 @@ int jlm_cmd_chat(int argc, char **argv)
             delta += strlen(bos);
         int32_t *ids = NULL;
         size_t n = 0;
-        if (jlm_tok_encode(tok, delta, strlen(delta), first, 1, &ids, &n, &err) ||
-            (n && jlm_engine_eval(e, ids, (uint32_t)n, logits, &err))) {
+        if (with_image ? jlm_cli_prefill_image(e, tok, image, delta, logits, &ids, &n, &err)
+                       : jlm_tok_encode(tok, delta, strlen(delta), first, 1, &ids, &n, &err) ||
+                             (n && jlm_engine_eval(e, ids, (uint32_t)n, logits, &err))) {
             fprintf(stderr, "jlm chat: %s\n", err.msg);
             free(ids); free(full);
             goto out;

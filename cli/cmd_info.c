@@ -59,6 +59,14 @@ static json_t *info_json(const jlm_model *m, int with_tensors)
         "n_templates", m->vocab.n_templates));
     json_object_set_new(o, "fingerprint", json_pack("{s:s, s:s, s:s, s:I}", "host", m->fp.host.s,
         "device", m->fp.device.s, "writer", m->fp.writer.s, "vram", (json_int_t)m->fp.vram));
+    if (m->has_vision) {
+        const jlm_vision *v = &m->vision;
+        json_object_set_new(o, "vision", json_pack("{s:i, s:i, s:i, s:i, s:i, s:i, s:i, s:i, s:i, s:f, s:[f,f,f], s:[f,f,f], s:i}",
+            "projector", v->projector, "n_layer", v->n_layer, "n_embd", v->n_embd, "n_head", v->n_head, "n_ffn", v->n_ffn,
+            "image_size", v->image_size, "patch_size", v->patch_size, "proj_dim", v->proj_dim, "scale", v->scale,
+            "eps", (double)v->eps, "mean", (double)v->mean[0], (double)v->mean[1], (double)v->mean[2],
+            "std", (double)v->std[0], (double)v->std[1], (double)v->std[2], "flags", v->flags));
+    }
     if (with_tensors)
         json_object_set_new(o, "tensors", tensors_json(m));
     return o;
@@ -86,6 +94,12 @@ static void info_text(const jlm_model *m, int with_tensors)
     if (h->n_vis_blocks)
         printf("  vision pages  %u x %llu bytes at %llu\n", h->n_vis_blocks, (unsigned long long)h->vis_page_size,
                (unsigned long long)h->vis_data_off);
+    if (m->has_vision) {
+        const jlm_vision *v = &m->vision;
+        printf("  vision tower  projector %u, %u blocks, n_embd %u, %u heads, n_ffn %u, image %u, patch %u, pool %u, "
+               "eps %g, flags 0x%x\n", v->projector, v->n_layer, v->n_embd, v->n_head, v->n_ffn, v->image_size,
+               v->patch_size, v->scale, (double)v->eps, v->flags);
+    }
     if (h->n_exp_pages)
         printf("  expert pages  %u x %llu bytes at %llu\n", h->n_exp_pages, (unsigned long long)h->exp_page_size,
                (unsigned long long)h->exp_data_off);

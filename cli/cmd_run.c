@@ -19,10 +19,11 @@
 static const char USAGE[] =
     "usage: jlm run MODEL -p PROMPT [-n N] [-c CTX] [--temp T] [--top-k K] [--top-p P] [--min-p P]\n"
     "               [--repeat-penalty R] [--repeat-last-n N] [--seed S] [-t THREADS] [--budget SIZE]\n"
-    "               [--stats] [--print-ids] [--logits FILE] [--ids 1,2,3] [--no-direct]\n";
+    "               [--stats] [--print-ids] [--logits FILE] [--ids 1,2,3] [--no-direct]\n"
+    "               [--image FILE]   (PNG/JPEG/PPM at the prompt's <image> marker, or first)\n";
 
 typedef struct run_opts {
-    const char *model, *prompt, *logits_file, *ids;
+    const char *model, *prompt, *logits_file, *ids, *image;
     int n_predict, stats, print_ids;
     jlm_engine_opts eng;
     jlm_samp_params samp;
@@ -49,6 +50,7 @@ static int parse(int argc, char **argv, run_opts *o)
         else if (ARG("-t") || ARG("--threads")) o->eng.n_threads = atoi(v);
         else if (ARG("--logits")) o->logits_file = v;
         else if (ARG("--ids")) o->ids = v;
+        else if (ARG("--image")) o->image = v;
         else if (ARG("--budget")) {
             long long b = jlm_cli_parse_size(v);
             if (b < 0) {
@@ -67,7 +69,7 @@ static int parse(int argc, char **argv, run_opts *o)
         }
 #undef ARG
     }
-    if (!o->model || (!o->prompt && !o->ids)) {
+    if (!o->model || (!o->prompt && !o->ids && !o->image) || (o->image && o->ids)) {
         fputs(USAGE, stderr);
         return 2;
     }
@@ -157,12 +159,14 @@ int jlm_cmd_run(int argc, char **argv)
         fprintf(stderr, "jlm run: %s: tokenizer: %s\n", path, err.msg);
         goto out;
     }
-    if (o.ids ? parse_ids(o.ids, &prompt, &np) != 0
-              : jlm_tok_encode(tok, o.prompt, strlen(o.prompt), 1, 0, &prompt, &np, &err) != 0) {
+    if (o.image) {
+        /* tokenized around the image below */
+    } else if (o.ids ? parse_ids(o.ids, &prompt, &np) != 0
+                     : jlm_tok_encode(tok, o.prompt, strlen(o.prompt), 1, 0, &prompt, &np, &err) != 0) {
         fprintf(stderr, "jlm run: %s\n", o.ids ? "--ids: expected comma-separated token ids" : err.msg);
         goto out;
     }
-    if (np == 0) {
+    if (np == 0 && !o.image) {
         fprintf(stderr, "jlm run: the prompt is empty after tokenization\n");
         goto out;
     }
@@ -173,13 +177,14 @@ int jlm_cmd_run(int argc, char **argv)
         fprintf(stderr, "jlm run: %s\n", err.msg[0] ? err.msg : "out of memory");
         goto out;
     }
-    for (size_t i = 0; i < np; i++)
-        jlm_samp_accept(s, prompt[i]);
     double t0 = now();
-    if (jlm_engine_eval(e, prompt, (uint32_t)np, logits, &err)) {
+    if (o.image ? jlm_cli_prefill_image(e, tok, o.image, o.prompt, logits, &prompt, &np, &err)
+                : jlm_engine_eval(e, prompt, (uint32_t)np, logits, &err)) {
         fprintf(stderr, "jlm run: %s\n", err.msg);
         goto out;
     }
+    for (size_t i = 0; i < np; i++)
+        jlm_samp_accept(s, prompt[i]);
     jlm_cli_report_flush(&rep);
     double t1 = now();
     if (o.logits_file && write_logits(o.logits_file, logits, nv) != 0) {
@@ -216,6 +221,10 @@ int jlm_cmd_run(int argc, char **argv)
         }
         fprintf(stderr, "pager: page-ins %llu, evictions %llu, bytes-read %llu, hits %llu\n",
                 (unsigned long long)pi, (unsigned long long)ev, (unsigned long long)br, (unsigned long long)hi);
+        if (pc.n_arrays > JLM_PAGER_VISION && pc.a[JLM_PAGER_VISION].page_ins + pc.a[JLM_PAGER_VISION].hits)
+            fprintf(stderr, "vision: page-ins %llu, evictions %llu, hits %llu\n",
+                    (unsigned long long)pc.a[JLM_PAGER_VISION].page_ins,
+                    (unsigned long long)pc.a[JLM_PAGER_VISION].evictions, (unsigned long long)pc.a[JLM_PAGER_VISION].hits);
         if (pc.n_arrays > JLM_PAGER_EXPERTS && pc.a[JLM_PAGER_EXPERTS].page_ins + pc.a[JLM_PAGER_EXPERTS].hits) {
             const jlm_pager_array_counters *x = &pc.a[JLM_PAGER_EXPERTS];
             double tokens = (double)(np + ng);

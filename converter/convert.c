@@ -141,6 +141,11 @@ static int has_role(const jlm_conv *c, uint16_t role)
 
 int jlm_conv_open(const char *src_path, FILE *notes, jlm_conv **out, jlm_err *err)
 {
+    return jlm_conv_open_mm(src_path, NULL, notes, out, err);
+}
+
+int jlm_conv_open_mm(const char *src_path, const char *mm_path, FILE *notes, jlm_conv **out, jlm_err *err)
+{
     jlm_conv *c = calloc(1, sizeof *c);
     if (!c || !(c->arena = jlm_arena_new())) {
         free(c);
@@ -167,8 +172,10 @@ int jlm_conv_open(const char *src_path, FILE *notes, jlm_conv **out, jlm_err *er
         rc = jlm_errf(err, JLM_EFORMAT, "%s: no token_embd.weight tensor", c->src_path);
         goto fail;
     }
+    if (mm_path && (rc = jlm_conv_map_vision(c, mm_path, notes, err)))
+        goto fail;
     jlm_plan_input in = {.config = &c->config, .vocab = &c->vocab, .fp = &c->fp,
-                         .n_tensors = c->n_tensors, .tensors = c->tensors};
+                         .vision = c->mm ? &c->vision : NULL, .n_tensors = c->n_tensors, .tensors = c->tensors};
     if ((rc = jlm_fmt_plan(&in, &c->plan, err))) {
         jlm_err_prefix(err, rc, "%s", c->src_path);
         goto fail;
@@ -188,6 +195,7 @@ void jlm_conv_close(jlm_conv *c)
         return;
     jlm_fmt_plan_free(&c->plan);
     jlm_gguf_close(c->g);
+    jlm_gguf_close(c->mm);
     jlm_arena_free(c->arena);
     free(c);
 }
@@ -217,7 +225,8 @@ int jlm_conv_pack_tensor(jlm_conv *c, uint32_t i, int64_t expert, uint8_t *buf,
 {
     const jlm_tensor *t = &c->tensors[i];
     const jlm_conv_src *s = &c->src[i];
-    const jlm_gguf_tensor *gt = &c->g->tensors[s->gguf_idx];
+    const jlm_gguf *g = jlm_conv_src_gguf(c, s);
+    const jlm_gguf_tensor *gt = &g->tensors[s->gguf_idx];
     jlm_tensor_planes pl;
     int rc = jlm_fmt_tensor_planes(t, &pl, err);
     if (rc)
@@ -238,7 +247,7 @@ int jlm_conv_pack_tensor(jlm_conv *c, uint32_t i, int64_t expert, uint8_t *buf,
     for (uint64_t sh = 0; sh < sheets && !rc; sh++) {
         uint64_t sheet = bank ? (uint64_t)expert : sh;
         uint64_t off = sheet * sheet_src + s->row0 * rb;
-        rc = jlm_gguf_read(c->g, gt, off, src, rb * rows, err);
+        rc = jlm_gguf_read(g, gt, off, src, rb * rows, err);
         if (!rc)
             rc = jlm_pack_matrix(s->src_type, src, k, rows, t->type, buf + (qo - base) + sh * pl.sheet_qs,
                                  buf + (dof - base) + sh * pl.sheet_d, buf + (so - base) + sh * pl.sheet_sc,
@@ -301,13 +310,14 @@ static int verify(jlm_conv *c, const char *part, jlm_err *err)
                 break;
             }
             uint64_t rr[2] = {0, rows - 1};
-            const jlm_gguf_tensor *gt = &c->g->tensors[s->gguf_idx];
+            const jlm_gguf *g = jlm_conv_src_gguf(c, s);
+            const jlm_gguf_tensor *gt = &g->tensors[s->gguf_idx];
             uint64_t rb = src_row_bytes(s->src_type, k), srows = gt->n_dims >= 2 ? gt->ne[1] : 1;
             for (int ri = 0; ri < 2 && !rc; ri++) {
                 jlm_k_dequant_row_ref(t->type, buf + (t->qs_off - off) + in * pl.sheet_qs,
                                       buf + (t->d_off - off) + in * pl.sheet_d,
                                       buf + (t->sc_off - off) + in * pl.sheet_sc, k, rows, rr[ri], a);
-                rc = jlm_gguf_read(c->g, gt, sh * rb * srows + (s->row0 + rr[ri]) * rb, srow, rb, err);
+                rc = jlm_gguf_read(g, gt, sh * rb * srows + (s->row0 + rr[ri]) * rb, srow, rb, err);
                 if (!rc)
                     rc = jlm_ggml_dequant_row(s->src_type, srow, b, k, err);
                 if (!rc && memcmp(a, b, k * sizeof *a))

@@ -36,6 +36,7 @@ typedef struct jlm_conv_src {
     uint64_t row0;          /* first source row (fused tensors are split by rows) */
     uint32_t src_type;      /* ggml type */
     int      exact;         /* 0: re-quantized (e.g. Q2_K) */
+    int      from_mm;       /* 1: the tensor is the mmproj's (c->mm), not the text GGUF's */
 } jlm_conv_src;
 
 struct jlm_conv {
@@ -49,6 +50,8 @@ struct jlm_conv {
     jlm_conv_src   *src;       /* (n_tensors,) */
     jlm_plan        plan;
     const char     *src_path;
+    jlm_gguf       *mm;        /* the vision projector GGUF (--mmproj), or NULL */
+    jlm_vision      vision;    /* its vision record when mm != NULL */
 };
 
 /* Progress callback: bytes packed so far of total. */
@@ -60,6 +63,11 @@ typedef void (*jlm_conv_progress)(void *ctx, uint64_t done, uint64_t total);
  * JLM_EFORMAT for a malformed source. *out untouched on error. */
 int  jlm_conv_open(const char *src_path, FILE *notes, jlm_conv **out, jlm_err *err);
 void jlm_conv_close(jlm_conv *c);   /* accepts NULL */
+/* Same, with a vision tower from an mmproj GGUF (llama.cpp's clip format):
+ * the tower's config becomes the vision record, its blocks the vision pages
+ * (docs/vision.md). A projector whose output width is not the text model's
+ * n_embd, an unknown projector type or tensor is refused, naming the file. */
+int  jlm_conv_open_mm(const char *src_path, const char *mmproj_path, FILE *notes, jlm_conv **out, jlm_err *err);
 
 /* Pass 2: packs every tensor into OUT.part, verifies, renames to OUT. */
 int  jlm_conv_write(jlm_conv *c, const char *out_path, const jlm_io *io,

@@ -29,6 +29,7 @@ struct jlm_engine {
     uint8_t         *dense;       /* (DenseLen,) the dense region, resident */
     const jlm_tensor **roles;     /* ((n_layer+1) * ROLE_SLOTS,) slot (block+1)*64 + role */
     uint32_t         n_ctx, n_past;
+    uint32_t         bidir_end;   /* > 0: queries below it also see keys up to it (an image, eval_embd) */
     uint32_t         hd, hd_v, kv_dim, kv_dim_v, q_dim;
     /* KV cache, F32 */
     float *kc;        /* (n_layer, n_ctx, kv_dim) */
@@ -230,8 +231,10 @@ static int open_pager(jlm_engine *e, const jlm_engine_opts *o, jlm_err *err)
     int rc = jlm_pager_open_model(e->m, e->src, 0, &e->pager, err);
     if (rc)
         return rc;
-    uint32_t pins[3] = {1, 0, e->c->n_expert ? e->c->n_expert_used : 0};
-    uint64_t min = jlm_pager_min_budget(e->pager, pins);
+    uint32_t pins[3] = {1, 0, e->c->n_expert ? e->c->n_expert_used : 0}, vis_pins[3] = {0, 1, 0};
+    uint64_t min = jlm_pager_min_budget(e->pager, pins), vmin = jlm_pager_min_budget(e->pager, vis_pins);
+    if (vmin > min)   /* the tower pins one vision block at a time, no text block */
+        min = vmin;
     e->budget = o->budget;
     if (o->budget && o->budget < min) {
         if (!o->quiet)
@@ -332,13 +335,13 @@ static void qk_norm(jlm_engine *e, uint32_t l, float *q, float *k)
     const jlm_config *c = e->c;
     const float *qn = vec_dense(e, W(e, l, JLM_R_ATTN_Q_NORM)), *kn = vec_dense(e, W(e, l, JLM_R_ATTN_K_NORM));
     if (c->flags & JLM_F_QK_NORM_WIDE) {
-        if (qn) jlm_k_rmsnorm(q, q, qn, e->q_dim, c->rms_eps);
-        if (kn) jlm_k_rmsnorm(k, k, kn, e->kv_dim, c->rms_eps);
+        if (q && qn) jlm_k_rmsnorm(q, q, qn, e->q_dim, c->rms_eps);
+        if (k && kn) jlm_k_rmsnorm(k, k, kn, e->kv_dim, c->rms_eps);
         return;
     }
-    for (uint32_t h = 0; qn && h < c->n_head; h++)
+    for (uint32_t h = 0; q && qn && h < c->n_head; h++)
         jlm_k_rmsnorm(q + h * e->hd, q + h * e->hd, qn, e->hd, c->rms_eps);
-    for (uint32_t h = 0; kn && h < c->n_kv_head; h++)
+    for (uint32_t h = 0; k && kn && h < c->n_kv_head; h++)
         jlm_k_rmsnorm(k + h * e->hd, k + h * e->hd, kn, e->hd, c->rms_eps);
 }
 
@@ -370,11 +373,12 @@ static void attn_heads(void *ctx, size_t h0, size_t h1, int tid)
 static void attend(jlm_engine *e, uint32_t l, uint32_t pos, const float *q, float *out)
 {
     const jlm_config *c = e->c;
-    /* sliding window: a key at j is hidden when pos - j >= window (llama.cpp's standard SWA) */
-    uint32_t n_kv = pos + 1;
+    /* sliding window: a key at j is hidden when pos - j >= window (llama.cpp's standard SWA);
+     * inside an image (bidir_end) later keys are seen too and never cut by the window */
+    uint32_t n_kv = pos < e->bidir_end ? e->bidir_end : pos + 1;
     int swa = is_swa_layer(c, l);
     for (uint32_t j = 0; swa && j < n_kv; j++)
-        e->mask[j] = pos - j >= c->swa_window ? -INFINITY : 0.0f;
+        e->mask[j] = j <= pos && pos - j >= c->swa_window ? -INFINITY : 0.0f;
     attn_job j = {
         .e = e, .q = q, .out = out, .n_kv = n_kv, .group = c->n_head / c->n_kv_head,
         .kl = e->kc + (uint64_t)l * e->n_ctx * e->kv_dim, .vl = e->vc + (uint64_t)l * e->n_ctx * e->kv_dim_v,
@@ -387,36 +391,52 @@ static void attend(jlm_engine *e, uint32_t l, uint32_t pos, const float *q, floa
     jlm_pool_for(n_kv >= 64 ? e->pool : NULL, c->n_head, 1, attn_heads, &j);
 }
 
+/* Keys and values of tokens t < n (rows of x) at positions pos0 + t of layer
+ * l into the cache; page = block l's frame. */
+static void attn_kv(jlm_engine *e, uint32_t l, const uint8_t *page, uint64_t page_off, uint32_t pos0, uint32_t n)
+{
+    const jlm_config *c = e->c;
+    uint32_t E = c->n_embd;
+    for (uint32_t t = 0; t < n; t++)
+        jlm_k_rmsnorm(e->h + t * E, e->x + t * E, vec_dense(e, W(e, l, JLM_R_ATTN_NORM)), E, c->rms_eps);
+    jlm_k_mat wk = mat_at(W(e, l, JLM_R_ATTN_K), page, page_off, 0);
+    jlm_k_mat wv = mat_at(W(e, l, JLM_R_ATTN_V), page, page_off, 0);
+    matmul(e, &wk, n, e->h, e->kk);
+    matmul(e, &wv, n, e->h, e->vv);
+    jlm_k_rope rp;
+    rope_params(e, l, &rp);
+    for (uint32_t t = 0; t < n; t++) {
+        float *k = e->kk + t * e->kv_dim, *v = e->vv + t * e->kv_dim_v;
+        add_bias(k, vec_dense(e, W(e, l, JLM_R_ATTN_K_B)), e->kv_dim);
+        add_bias(v, vec_dense(e, W(e, l, JLM_R_ATTN_V_B)), e->kv_dim_v);
+        qk_norm(e, l, NULL, k);
+        if (!(c->flags & JLM_F_NO_POS_ENC))
+            jlm_k_rope_apply(&rp, k, c->n_kv_head, e->hd, pos0 + t);
+        uint64_t at = (uint64_t)l * e->n_ctx + pos0 + t;
+        memcpy(e->kc + at * e->kv_dim, k, e->kv_dim * sizeof(float));
+        memcpy(e->vc + at * e->kv_dim_v, v, e->kv_dim_v * sizeof(float));
+    }
+}
+
 /* x[t] += attention(norm(x[t])) for tokens t < n at positions pos0 + t of
- * layer l; page = block l's frame. Tokens are causal within the batch: token
- * t's keys are in the cache before token t+1 attends. */
-static void attention(jlm_engine *e, uint32_t l, const uint8_t *page, uint64_t page_off, uint32_t pos0, uint32_t n)
+ * layer l, whose keys attn_kv has cached: token t sees keys up to pos0 + t
+ * (up to bidir_end inside an image). */
+static void attn_out(jlm_engine *e, uint32_t l, const uint8_t *page, uint64_t page_off, uint32_t pos0, uint32_t n)
 {
     const jlm_config *c = e->c;
     uint32_t E = c->n_embd, A = c->n_head * e->hd_v;
     for (uint32_t t = 0; t < n; t++)
         jlm_k_rmsnorm(e->h + t * E, e->x + t * E, vec_dense(e, W(e, l, JLM_R_ATTN_NORM)), E, c->rms_eps);
     jlm_k_mat wq = mat_at(W(e, l, JLM_R_ATTN_Q), page, page_off, 0);
-    jlm_k_mat wk = mat_at(W(e, l, JLM_R_ATTN_K), page, page_off, 0);
-    jlm_k_mat wv = mat_at(W(e, l, JLM_R_ATTN_V), page, page_off, 0);
     matmul(e, &wq, n, e->h, e->q);
-    matmul(e, &wk, n, e->h, e->kk);
-    matmul(e, &wv, n, e->h, e->vv);
     jlm_k_rope rp;
     rope_params(e, l, &rp);
     for (uint32_t t = 0; t < n; t++) {
-        float *q = e->q + t * e->q_dim, *k = e->kk + t * e->kv_dim, *v = e->vv + t * e->kv_dim_v;
+        float *q = e->q + t * e->q_dim;
         add_bias(q, vec_dense(e, W(e, l, JLM_R_ATTN_Q_B)), e->q_dim);
-        add_bias(k, vec_dense(e, W(e, l, JLM_R_ATTN_K_B)), e->kv_dim);
-        add_bias(v, vec_dense(e, W(e, l, JLM_R_ATTN_V_B)), e->kv_dim_v);
-        qk_norm(e, l, q, k);
-        if (!(c->flags & JLM_F_NO_POS_ENC)) {
+        qk_norm(e, l, q, NULL);
+        if (!(c->flags & JLM_F_NO_POS_ENC))
             jlm_k_rope_apply(&rp, q, c->n_head, e->hd, pos0 + t);
-            jlm_k_rope_apply(&rp, k, c->n_kv_head, e->hd, pos0 + t);
-        }
-        uint64_t at = (uint64_t)l * e->n_ctx + pos0 + t;
-        memcpy(e->kc + at * e->kv_dim, k, e->kv_dim * sizeof(float));
-        memcpy(e->vc + at * e->kv_dim_v, v, e->kv_dim_v * sizeof(float));
         attend(e, l, pos0 + t, q, e->att + t * A);
     }
     jlm_k_mat wo = mat_at(W(e, l, JLM_R_ATTN_OUT), page, page_off, 0);
@@ -587,35 +607,78 @@ static void output(jlm_engine *e, const float *x, float *logits)
             logits[i] = c->final_softcap * tanhf(logits[i] / c->final_softcap);
 }
 
-/* tokens[0, n) at positions pos0.., n <= BATCH: each block page is pinned
- * once for the whole batch. */
-static int forward(jlm_engine *e, const int32_t *tokens, uint32_t n, uint32_t pos0, float *logits, jlm_err *err)
+/* Every layer over rows [0, n) of xs (n_embd floats each, the residual
+ * stream) at positions pos0..: each block page is pinned once for all rows,
+ * which run BATCH at a time through e->x. bidir: the rows attend to each
+ * other both ways (an image); otherwise causally. */
+static int run_layers(jlm_engine *e, float *xs, uint32_t n, uint32_t pos0, int bidir, jlm_err *err)
 {
     const jlm_config *c = e->c;
     const jlm_header *hd = &e->m->hdr;
-    for (uint32_t t = 0; t < n; t++)
-        embed(e, tokens[t], e->x + t * c->n_embd);
-    for (uint32_t l = 0; l < c->n_layer; l++) {
+    float *x0 = e->x;
+    int rc = JLM_OK;
+    e->bidir_end = bidir ? pos0 + n : 0;
+    for (uint32_t l = 0; l < c->n_layer && !rc; l++) {
         const void *page;
         uint64_t page_off = hd->data_off + (uint64_t)l * hd->page_size;
-        int rc = jlm_pager_get(e->pager, JLM_PAGER_TEXT, l, 0, jlm_pager_extent(e->pager, JLM_PAGER_TEXT, l),
-                               &page, err);
-        if (rc)
-            return jlm_err_prefix(err, rc, "%s: block %u", e->m->path, l);
-        attention(e, l, page, page_off, pos0, n);
-        if (W(e, l, JLM_R_EXP_GATE)) {
-            for (uint32_t t = 0; t < n && !rc; t++)
-                rc = moe_token(e, l, page, page_off, t, err);
-        } else {
-            ffn_dense(e, l, page, page_off, n);
+        rc = jlm_pager_get(e->pager, JLM_PAGER_TEXT, l, 0, jlm_pager_extent(e->pager, JLM_PAGER_TEXT, l), &page, err);
+        if (rc) {
+            rc = jlm_err_prefix(err, rc, "%s: block %u", e->m->path, l);
+            break;
+        }
+        for (uint32_t i = 0; i < n; i += BATCH) {   /* every key first: later rows may see them */
+            e->x = xs + (uint64_t)i * c->n_embd;
+            attn_kv(e, l, page, page_off, pos0 + i, n - i < BATCH ? n - i : BATCH);
+        }
+        for (uint32_t i = 0; i < n && !rc; i += BATCH) {
+            uint32_t b = n - i < BATCH ? n - i : BATCH;
+            e->x = xs + (uint64_t)i * c->n_embd;
+            attn_out(e, l, page, page_off, pos0 + i, b);
+            if (W(e, l, JLM_R_EXP_GATE)) {
+                for (uint32_t t = 0; t < b && !rc; t++)
+                    rc = moe_token(e, l, page, page_off, t, err);
+            } else {
+                ffn_dense(e, l, page, page_off, b);
+            }
         }
         jlm_pager_unpin(e->pager, JLM_PAGER_TEXT, l);
         if (rc)
-            return jlm_err_prefix(err, rc, "%s: block %u experts", e->m->path, l);
+            rc = jlm_err_prefix(err, rc, "%s: block %u experts", e->m->path, l);
     }
-    if (logits)
+    e->x = x0;
+    e->bidir_end = 0;
+    return rc;
+}
+
+/* tokens[0, n) at positions pos0.., n <= BATCH. */
+static int forward(jlm_engine *e, const int32_t *tokens, uint32_t n, uint32_t pos0, float *logits, jlm_err *err)
+{
+    const jlm_config *c = e->c;
+    for (uint32_t t = 0; t < n; t++)
+        embed(e, tokens[t], e->x + t * c->n_embd);
+    int rc = run_layers(e, e->x, n, pos0, 0, err);
+    if (!rc && logits)
         output(e, e->x + (uint64_t)(n - 1) * c->n_embd, logits);
-    return JLM_OK;
+    return rc;
+}
+
+int jlm_engine_eval_embd(jlm_engine *e, const float *embd, uint32_t n, int bidir, float *logits, jlm_err *err)
+{
+    const jlm_config *c = e->c;
+    if (n == 0 || (uint64_t)e->n_past + n > e->n_ctx)
+        return jlm_errf(err, JLM_ERANGE, "context full: %u + %u embeddings exceed %u positions (-c)", e->n_past, n,
+                        e->n_ctx);
+    float *xs = malloc((size_t)n * c->n_embd * sizeof *xs);
+    if (!xs)
+        return jlm_errf(err, JLM_ENOMEM, "out of memory for %u embeddings", n);
+    memcpy(xs, embd, (size_t)n * c->n_embd * sizeof *xs);   /* entered as they are: no embedding scale */
+    int rc = run_layers(e, xs, n, e->n_past, bidir, err);
+    if (!rc && logits)
+        output(e, xs + (uint64_t)(n - 1) * c->n_embd, logits);
+    free(xs);
+    if (!rc)
+        e->n_past += n;
+    return rc;
 }
 
 int jlm_engine_eval(jlm_engine *e, const int32_t *tokens, uint32_t n, float *logits, jlm_err *err)
@@ -647,6 +710,8 @@ uint32_t jlm_engine_n_vocab(const jlm_engine *e)
     return (uint32_t)jlm_tensor_rows(t ? t : W(e, -1, JLM_R_TOKEN_EMBD));
 }
 jlm_pager *jlm_engine_pager(jlm_engine *e) { return e->pager; }
+const uint8_t *jlm_engine_dense(const jlm_engine *e) { return e->dense; }
+struct jlm_pool *jlm_engine_pool(jlm_engine *e) { return e->pool; }
 uint64_t jlm_engine_budget(const jlm_engine *e) { return e->budget; }
 
 const int32_t *jlm_engine_last_route(const jlm_engine *e, uint32_t block)

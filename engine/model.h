@@ -61,6 +61,13 @@ void jlm_engine_close(jlm_engine *e);   /* accepts NULL */
  * engine's state is then unchanged for the failed token. */
 int  jlm_engine_eval(jlm_engine *e, const int32_t *tokens, uint32_t n, float *logits, jlm_err *err);
 
+/* Runs n embedding rows (n_embd floats each, entered unscaled) at positions
+ * n_past.., e.g. an image's projector output; bidir: the rows attend to each
+ * other both ways (gemma3's image block; the sliding window still applies to
+ * earlier keys). Logits after the last row as jlm_engine_eval. JLM_ERANGE
+ * when the context is full; state unchanged on error. */
+int  jlm_engine_eval_embd(jlm_engine *e, const float *embd, uint32_t n, int bidir, float *logits, jlm_err *err);
+
 /* Forgets the KV cache from position pos on (0: everything). Cannot fail. */
 void jlm_engine_rewind(jlm_engine *e, uint32_t pos);
 
@@ -69,6 +76,11 @@ uint32_t jlm_engine_n_past(const jlm_engine *e);
 uint32_t jlm_engine_n_ctx(const jlm_engine *e);
 uint32_t jlm_engine_n_vocab(const jlm_engine *e);
 jlm_pager *jlm_engine_pager(jlm_engine *e);
+/* The resident dense region (DenseLen bytes from DenseOff), for engine/vision.c. */
+const uint8_t *jlm_engine_dense(const jlm_engine *e);
+/* The engine's worker pool, for engine/vision.c between evaluations (never
+ * while one runs: the pool is not reentrant). */
+struct jlm_pool *jlm_engine_pool(jlm_engine *e);
 /* The budget actually in force (after raising to the minimum working set). */
 uint64_t jlm_engine_budget(const jlm_engine *e);
 /* Bytes of weights one token reads: the dense tensors a token uses plus

@@ -90,8 +90,22 @@ enum jlm_role {
     JLM_R_EXP1_GATE = 52, JLM_R_EXP1_UP = 53, JLM_R_EXP1_DOWN = 54,
     JLM_R_SHEXP_GATE_INP = 55, JLM_R_SHEXP_GATE = 56, JLM_R_SHEXP_UP = 57, JLM_R_SHEXP_DOWN = 58,
     JLM_R_ROPE_LONG = 59, JLM_R_ROPE_SHORT = 60, JLM_R_ROPE_FREQS = 61,
+    /* vision tower, 64..93 (docs/vision.md); block -1 unless a tower block's */
+    JLM_R_V_PATCH_EMBD = 64, JLM_R_V_PATCH_EMBD_B = 65, JLM_R_V_POS_EMBD = 66,
+    JLM_R_V_PRE_LN = 67, JLM_R_V_PRE_LN_B = 68, JLM_R_V_POST_LN = 69, JLM_R_V_POST_LN_B = 70,
+    JLM_R_V_LN1 = 71, JLM_R_V_LN1_B = 72, JLM_R_V_ATTN_Q = 73, JLM_R_V_ATTN_Q_B = 74,
+    JLM_R_V_ATTN_K = 75, JLM_R_V_ATTN_K_B = 76, JLM_R_V_ATTN_V = 77, JLM_R_V_ATTN_V_B = 78,
+    JLM_R_V_ATTN_OUT = 79, JLM_R_V_ATTN_OUT_B = 80, JLM_R_V_LN2 = 81, JLM_R_V_LN2_B = 82,
+    JLM_R_V_FFN_UP = 83, JLM_R_V_FFN_UP_B = 84, JLM_R_V_FFN_DOWN = 85, JLM_R_V_FFN_DOWN_B = 86,
+    JLM_R_V_FFN_GATE = 87, JLM_R_V_FFN_GATE_B = 88,
+    JLM_R_MM_INPUT_PROJ = 89, JLM_R_MM_SOFT_EMB_NORM = 90,   /* gemma3 projector; 91..93 free */
 };
+#define JLM_R_VISION_FIRST 64
+#define JLM_R_VISION_LAST  93
 const char *jlm_fmt_role_name(uint16_t role);   /* "attn_q", NULL if unknown */
+/* Names of the vision roles 64..93 (docs/vision.md): "v.post_ln", a tower
+ * block's "attn_q"; NULL outside the assigned ones. */
+const char *jlm_fmt_vision_role_name(uint16_t role);
 /* 1 if the role is "expanded" into the dense region even inside a block (5). */
 int jlm_fmt_role_is_dense(uint16_t role);
 /* 1 for an expert bank (49/50/51). */
@@ -143,6 +157,9 @@ typedef struct jlm_vision {
     uint32_t flags;
     uint32_t min_tiles, max_tiles, win_pattern, win_size, min_pixels, max_pixels;
 } jlm_vision;
+/* Projector codes (4.2) and vision Flags bits (the project's, docs/vision.md). */
+enum { JLM_PROJ_NONE = 0, JLM_PROJ_IDEFICS3 = 1, JLM_PROJ_MLP = 2, JLM_PROJ_QWEN2VL = 3, JLM_PROJ_GEMMA3 = 4 };
+enum { JLM_VF_GELU = 1u << 0, JLM_VF_QUICK_GELU = 1u << 9 };
 
 /* ---------------------------------------------------------------- vocab record (4.3) */
 typedef struct jlm_str { const char *s; uint32_t len; } jlm_str;   /* s is NUL-terminated when decoded */

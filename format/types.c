@@ -115,6 +115,22 @@ const char *jlm_fmt_arch_name(uint16_t arch)
     }
 }
 
+/* Vision roles 64..93 by their mmproj (GGUF) names without the block prefix. */
+static const char *const vision_role_names[] = {
+    "v.patch_embd", "v.patch_embd.bias", "v.position_embd", "v.pre_ln", "v.pre_ln.bias",
+    "v.post_ln", "v.post_ln.bias", "ln1", "ln1.bias", "attn_q", "attn_q.bias", "attn_k",
+    "attn_k.bias", "attn_v", "attn_v.bias", "attn_out", "attn_out.bias", "ln2", "ln2.bias",
+    "ffn_up", "ffn_up.bias", "ffn_down", "ffn_down.bias", "ffn_gate", "ffn_gate.bias",
+    "mm.input_projection", "mm.soft_emb_norm",
+};
+
+const char *jlm_fmt_vision_role_name(uint16_t role)
+{
+    size_t n = sizeof vision_role_names / sizeof vision_role_names[0];
+    return role >= JLM_R_VISION_FIRST && (size_t)(role - JLM_R_VISION_FIRST) < n ? vision_role_names[role - JLM_R_VISION_FIRST]
+                                                                       : NULL;
+}
+
 const char *jlm_fmt_role_name(uint16_t role)
 {
     switch (role) {
@@ -157,7 +173,7 @@ const char *jlm_fmt_role_name(uint16_t role)
     case JLM_R_ROPE_LONG:      return "rope_factors_long";
     case JLM_R_ROPE_SHORT:     return "rope_factors_short";
     case JLM_R_ROPE_FREQS:     return "rope_freqs";
-    default:                   return NULL;
+    default:                   return jlm_fmt_vision_role_name(role);
     }
 }
 
@@ -171,6 +187,10 @@ int jlm_fmt_role_is_dense(uint16_t role)
     case JLM_R_EXP_GATE_B: case JLM_R_EXP_UP_B: case JLM_R_EXP_DOWN_B:
     case JLM_R_SHEXP_GATE_INP:
     case JLM_R_ROPE_LONG: case JLM_R_ROPE_SHORT: case JLM_R_ROPE_FREQS:
+    case JLM_R_V_PRE_LN: case JLM_R_V_PRE_LN_B: case JLM_R_V_POST_LN: case JLM_R_V_POST_LN_B:
+    case JLM_R_V_LN1: case JLM_R_V_LN1_B: case JLM_R_V_LN2: case JLM_R_V_LN2_B:
+    case JLM_R_V_ATTN_Q_B: case JLM_R_V_ATTN_K_B: case JLM_R_V_ATTN_V_B: case JLM_R_V_ATTN_OUT_B:
+    case JLM_R_V_FFN_UP_B: case JLM_R_V_FFN_DOWN_B: case JLM_R_V_FFN_GATE_B:
         return 1;
     default:
         return 0;

@@ -32,13 +32,14 @@ static char *join(const char *a, const char *b)
 
 static void ident_of(const struct stat *st, jlmfs_ident *id)
 {
-    *id = (jlmfs_ident){st->st_dev, st->st_ino, st->st_size, st->st_mtim.tv_sec, st->st_mtim.tv_nsec};
+    *id = (jlmfs_ident){st->st_dev, st->st_ino, st->st_size, st->st_mtim.tv_sec, st->st_mtim.tv_nsec, 0, 0, 0, 0};
 }
 
 static int ident_eq(const jlmfs_ident *a, const jlmfs_ident *b)
 {
     return a->dev == b->dev && a->ino == b->ino && a->size == b->size && a->mtime_s == b->mtime_s &&
-           a->mtime_ns == b->mtime_ns;
+           a->mtime_ns == b->mtime_ns && a->mm_ino == b->mm_ino && a->mm_size == b->mm_size &&
+           a->mm_mtime_s == b->mm_mtime_s && a->mm_mtime_ns == b->mm_mtime_ns;
 }
 
 const char *jlmfs_cache_dir(const jlmfs *fs) { return fs->cache; }
@@ -104,15 +105,21 @@ static int insert_view(jlmfs *fs, jlmfs_view *v)
  * same view at once. */
 jlmfs_view *jlmfs_sync_view(jlmfs *fs, const char *rel)
 {
-    if (!ends_with(rel, ".gguf"))
+    if (!ends_with(rel, ".gguf") || jlmfs_is_mmproj(rel))
         return NULL;
     char *path = join(fs->src, rel);
-    struct stat st;
+    struct stat st, mst;
     int ok = path && stat(path, &st) == 0 && S_ISREG(st.st_mode);
     free(path);
     jlmfs_ident id;
-    if (ok)
+    if (ok) {
         ident_of(&st, &id);
+        char *mm = jlmfs_mmproj_rel(fs->src, rel, &mst);   /* adding or changing it replans the view */
+        if (mm)
+            id.mm_ino = mst.st_ino, id.mm_size = mst.st_size, id.mm_mtime_s = mst.st_mtim.tv_sec,
+            id.mm_mtime_ns = mst.st_mtim.tv_nsec;
+        free(mm);
+    }
     int locked_create = 0;
     jlmfs_view *res = NULL, *old = NULL;
     for (;;) {

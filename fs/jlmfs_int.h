@@ -19,6 +19,8 @@ enum jlmfs_arr { JLMFS_A_META = 0, JLMFS_A_BLOCKS, JLMFS_A_VISION, JLMFS_A_EXPER
 
 typedef struct jlmfs_ident {
     dev_t dev; ino_t ino; off_t size; int64_t mtime_s; long mtime_ns;
+    /* the paired vision projector (mmproj.c), all 0 without one */
+    ino_t mm_ino; off_t mm_size; int64_t mm_mtime_s; long mm_mtime_ns;
 } jlmfs_ident;
 
 typedef struct jlmfs_unit {
@@ -94,6 +96,11 @@ int   jlmfs_view_read(jlmfs_view *v, uint64_t off, size_t len, uint8_t *out, jlm
 int   jlmfs_view_check(jlmfs_view *v, jlm_err *err);
 int   jlmfs_view_expert_page(const jlmfs_view *v, int32_t b, int32_t e, uint64_t *off);
 const char *jlmfs_arr_name(int arr);
+
+/* mmproj.c: the projector paired with rel (malloc'd rel, *st filled) or
+ * NULL; 1 if rel is itself a projector's name. */
+char *jlmfs_mmproj_rel(const char *src, const char *rel, struct stat *st);
+int   jlmfs_is_mmproj(const char *rel);
 
 /* jlmfs.c */
 jlmfs_view *jlmfs_sync_view(jlmfs *fs, const char *rel);   /* reference or NULL */

@@ -175,9 +175,9 @@ static char *tensors_text(const jlm_model *m)
 
 /* ---------------------------------------------------------------- create */
 /* Plans the view; a source that cannot be planned leaves it in ERROR. */
-static int plan_view(jlmfs_view *v, const char *src_path, jlm_err *err)
+static int plan_view(jlmfs_view *v, const char *src_path, const char *mm_path, jlm_err *err)
 {
-    int rc = jlm_conv_open(src_path, NULL, &v->conv, err);
+    int rc = jlm_conv_open_mm(src_path, mm_path, NULL, &v->conv, err);
     if (rc)
         return rc;
     v->file_size = v->conv->plan.file_size;
@@ -245,8 +245,12 @@ static char *cache_name(const jlmfs *fs, const char *rel, const jlmfs_ident *id)
     for (char *p = flat; *p; p++)
         if (*p == '/')
             *p = '%';
-    if (asprintf(&out, "%s/%s@%llx-%llx-%llx-%lld.%09ld.v%u.jlm", fs->cache, flat, (unsigned long long)id->dev,
-                 (unsigned long long)id->ino, (unsigned long long)id->size, (long long)id->mtime_s, id->mtime_ns,
+    char mm[96] = "";   /* with a projector: its identity too */
+    if (id->mm_ino)
+        snprintf(mm, sizeof mm, "+%llx-%llx-%lld.%09ld", (unsigned long long)id->mm_ino,
+                 (unsigned long long)id->mm_size, (long long)id->mm_mtime_s, id->mm_mtime_ns);
+    if (asprintf(&out, "%s/%s@%llx-%llx-%llx-%lld.%09ld%s.v%u.jlm", fs->cache, flat, (unsigned long long)id->dev,
+                 (unsigned long long)id->ino, (unsigned long long)id->size, (long long)id->mtime_s, id->mtime_ns, mm,
                  JLM_VERSION) < 0)
         out = NULL;
     free(flat);
@@ -277,11 +281,15 @@ int jlmfs_view_create(jlmfs *fs, const char *rel, const jlmfs_ident *id, const s
     }
     memcpy(v->key, rel, n - 5);
     strcpy(v->key + n - 5, ".jlm");
-    char *src_path = NULL;
+    char *src_path = NULL, *mm_path = NULL, *mm = jlmfs_mmproj_rel(fs->src, rel, NULL);
     jlm_err e = {0};
     int rc = asprintf(&src_path, "%s/%s", fs->src, rel) < 0 ? jlm_errf(&e, JLM_ENOMEM, "out of memory") : 0;
+    if (!rc && mm && asprintf(&mm_path, "%s/%s", fs->src, mm) < 0)
+        rc = jlm_errf(&e, JLM_ENOMEM, "out of memory");
     if (!rc)
-        rc = plan_view(v, src_path, &e);
+        rc = plan_view(v, src_path, mm_path, &e);
+    free(mm);
+    free(mm_path);
     if (!rc)
         rc = open_container(v, &e);
     free(src_path);

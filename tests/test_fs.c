@@ -712,3 +712,49 @@ Test(fs, a_lazy_unmount_while_an_engine_reads_does_not_hang_it)
     cr_assert(rc == 0 || (rc == 1 && strstr(o, "jlm run:")), "exit %d after a lazy unmount: %s", rc, o);
     free(o);
 }
+
+/* docs/vision.md: foo.gguf with mmproj-foo.gguf beside it gets the tower;
+ * adding the projector later replans the view; the projector has no view. */
+static char *run_image_ids(const char *model, const char *budget)
+{
+    char cmd[3000], *out = NULL;
+    snprintf(cmd, sizeof cmd, "timeout 30 '%s' run '%s' --image '%s/tests/models/images/grad-32x32.ppm' "
+             "-p '<image>Describe:' -n 16 --temp 0 --print-ids %s", tu_jlm(), model, tu_root(), budget);
+    int rc = tu_run(cmd, &out);
+    if (rc) {
+        char *r = strdup(out ? out : "");
+        free(out);
+        return r;
+    }
+    char *ids = strstr(out, "{\"prompt\"");
+    cr_assert(ids, "jlm run %s %s printed no ids: %s", model, budget, out);
+    char *r = strndup(ids, strcspn(ids, "\n"));
+    free(out);
+    return r;
+}
+
+Test(fs, a_gguf_with_its_mmproj_beside_it_gets_the_vision_tower)
+{
+    mnt_start(0, 1);
+    copy_in("synth-gemma3v-128.F32.gguf", "g.gguf");
+    char *before = run_image_ids(pathf("%s/g.jlm", M.mnt), "");
+    cr_assert(strstr(before, "no vision tower"), "%s", before);
+    free(before);
+    copy_in("mmproj-tinygemma3.gguf", "mmproj-g.gguf");
+    cr_assert(!tu_exists(pathf("%s/mmproj-g.jlm", M.mnt)), "a projector got a view of its own");
+    cr_assert(tu_exists(pathf("%s/g.jlm/vision/3", M.mnt)), "no vision pages in the view");
+    char plain[1200], cmd[4000];
+    snprintf(plain, sizeof plain, "%s/plain.jlm", M.tmp);
+    snprintf(cmd, sizeof cmd, "'%s' convert '%s' --mmproj '%s' -o '%s'", tu_jlm(), tu_model("synth-gemma3v-128.F32.gguf"),
+             tu_model("mmproj-tinygemma3.gguf"), plain);
+    cr_assert_eq(tu_run(cmd, NULL), 0);
+    char *want = run_image_ids(plain, "");
+    cr_assert(strstr(want, "\"generated\": [61, 107, 118"), "%s", want);   /* llama.cpp's first ids */
+    const char *budgets[] = {"", "--budget 1"};
+    for (int i = 0; i < 2; i++) {
+        char *got = run_image_ids(pathf("%s/g.jlm", M.mnt), budgets[i]);
+        cr_assert(!strcmp(got, want), "through the view (%s): %s\nplain file: %s", budgets[i], got, want);
+        free(got);
+    }
+    free(want);
+}

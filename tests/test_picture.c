@@ -110,7 +110,7 @@ static void check_regions(const char *gguf)
 }
 
 /* A shell container (tests/shell_jlm.h) with a 3-block vision tower beside 2
- * text blocks: no test model converts to one yet. */
+ * text blocks, with the vision roles of docs/vision.md. */
 static char *vision_container(const char *dir)
 {
     static shell_list L;
@@ -130,9 +130,9 @@ static char *vision_container(const char *dir)
     }
     for (int b = 0; b < 3; b++) {
         snprintf(nm, sizeof nm, "v.blk.%d.attn_q.weight", b);
-        shell_add(&L, 70, b, JLM_T_F16, 2, 64, 64 * (b + 1), 1, nm);
+        shell_add(&L, JLM_R_V_ATTN_Q, b, JLM_T_F16, 2, 64, 64 * (b + 1), 1, nm);
         snprintf(nm, sizeof nm, "v.blk.%d.ffn_up.weight", b);
-        shell_add(&L, 72, b, JLM_T_Q8_0, 2, 64, 128, 1, nm);
+        shell_add(&L, JLM_R_V_FFN_UP, b, JLM_T_Q8_0, 2, 64, 128, 1, nm);
     }
     char *path = malloc(1200);
     snprintf(path, 1200, "%s/v.jlm", dir);
