@@ -14,7 +14,7 @@
 BUILD   ?= build
 PREFIX  ?= /usr/local
 CC      ?= cc
-PKGS    := fuse3 sqlite3 jansson libutf8proc
+PKGS    := fuse3 sqlite3 jansson libutf8proc libmicrohttpd
 PKG_CFLAGS := $(shell pkg-config --cflags $(PKGS) 2>/dev/null)
 PKG_LIBS   := $(shell pkg-config --libs $(PKGS) 2>/dev/null)
 
@@ -29,7 +29,7 @@ LDLIBS  := $(PKG_LIBS) -lm -pthread
 AVX2_FLAGS   := -mavx2 -mfma -mf16c
 AVX512_FLAGS := -mavx2 -mfma -mf16c -mavx512f -mavx512bw -mavx512vl -mavx512dq -mavx512vnni
 
-LIB_DIRS := format converter kernels/cpu engine fs
+LIB_DIRS := format converter kernels/cpu engine fs serve
 LIB_SRC  := $(foreach d,$(LIB_DIRS),$(wildcard $(d)/*.c))
 LIB_OBJ  := $(LIB_SRC:%.c=$(BUILD)/obj/%.o)
 LIB      := $(BUILD)/libjlm.a

@@ -12,6 +12,7 @@ int jlm_cmd_bench(int argc, char **argv);
 int jlm_cmd_stats(int argc, char **argv);
 int jlm_cmd_tokenize(int argc, char **argv);
 int jlm_cmd_chat(int argc, char **argv);
+int jlm_cmd_serve(int argc, char **argv);
 
 /* Parses "123", "4K", "512M", "2G" (binary units); -1 on error. */
 long long jlm_cli_parse_size(const char *s);
