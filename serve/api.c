@@ -63,8 +63,6 @@ static int add_stop(jlm_srv_req *r, const json_t *s, jlm_err *err)
         return bad(err, "stop", "non-empty strings of at most 256 bytes");
     if (r->n_stop == JLM_SRV_MAX_STOP)
         return bad(err, "stop", "at most 4 strings");
-    if (memchr(json_string_value(s), 0, n))
-        return bad(err, "stop", "strings without NUL");
     r->stop[r->n_stop] = strndup(json_string_value(s), n);
     if (!r->stop[r->n_stop])
         return jlm_errf(err, JLM_ENOMEM, "out of memory");
@@ -92,12 +90,10 @@ static int get_stop(const json_t *o, jlm_srv_req *r, jlm_err *err)
 
 /* ---------------------------------------------------------------- prompt and messages */
 
-static int dup_text(const json_t *s, char **out, const char *field, jlm_err *err)
+/* (jansson refuses \u0000 in a body: strings hold no NUL) */
+static int dup_text(const json_t *s, char **out, jlm_err *err)
 {
-    size_t n = json_string_length(s);
-    if (memchr(json_string_value(s), 0, n))
-        return bad(err, field, "a string without NUL");
-    *out = strndup(json_string_value(s), n);
+    *out = strndup(json_string_value(s), json_string_length(s));
     return *out ? 0 : jlm_errf(err, JLM_ENOMEM, "out of memory");
 }
 
@@ -112,7 +108,7 @@ static int get_prompt(const json_t *o, jlm_srv_req *r, jlm_err *err)
         return jlm_errf(err, JLM_EUNSUPPORTED, "'prompt': only one text prompt per request is supported");
     if (!json_is_string(v))
         return bad(err, "prompt", "a string");
-    return dup_text(v, &r->prompt, "prompt", err);
+    return dup_text(v, &r->prompt, err);
 }
 
 static int check_content(const json_t *c, size_t i, jlm_err *err)
@@ -208,7 +204,7 @@ static int parse_fields(const json_t *o, jlm_srv_kind kind, jlm_srv_req *r, jlm_
     const json_t *m = json_object_get(o, "model");
     if (m && !json_is_null(m) && !json_is_string(m))
         return bad(err, "model", "a string");
-    if (json_is_string(m) && dup_text(m, &r->model, "model", err))
+    if (json_is_string(m) && dup_text(m, &r->model, err))
         return err ? err->code : JLM_EINVAL;
     int rc = kind == JLM_SRV_CHAT ? get_messages(o, r, err) : get_prompt(o, r, err);
     if (!rc) rc = get_unsupported(o, kind, err);
@@ -218,6 +214,7 @@ static int parse_fields(const json_t *o, jlm_srv_kind kind, jlm_srv_req *r, jlm_
     if (!rc) rc = get_sampling(o, r, err);
     if (!rc) rc = get_stop(o, r, err);
     if (!rc) rc = get_stream(o, r, err);
+    if (!rc) rc = get_bool(o, "ignore_eos", &r->ignore_eos, err);
     return rc;
 }
 

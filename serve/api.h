@@ -44,6 +44,7 @@ typedef struct jlm_srv_req {
     char   *stop[JLM_SRV_MAX_STOP];
     size_t  n_stop;
     int     stream, include_usage;
+    int     ignore_eos;                 /* llama-server's extension: generate through EOS */
 } jlm_srv_req;
 
 /* Parses body[0, len) (not NUL-terminated) for kind. JLM_EFORMAT for a body

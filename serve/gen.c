@@ -116,6 +116,32 @@ void srv_job_unref(srv_job *j)
 
 /* ---------------------------------------------------------------- prompts */
 
+/* A copy of the messages with every content given as parts ([{type: text,
+ * text}], checked by api.c) joined into one string with "\n", as llama.cpp's
+ * server does; the renderer types it again for a template that needs parts. */
+static json_t *flatten_parts(const json_t *msgs)
+{
+    json_t *out = json_deep_copy(msgs), *m;
+    size_t i;
+    json_array_foreach(out, i, m) {
+        json_t *c = json_object_get(m, "content"), *p;
+        if (!json_is_array(c))
+            continue;
+        char *text = NULL;
+        size_t len = 0, j;
+        FILE *f = open_memstream(&text, &len);
+        json_array_foreach(c, j, p)
+            if (f) fprintf(f, "%s%s", j ? "\n" : "", json_string_value(json_object_get(p, "text")));
+        if (!f || fclose(f) || json_object_set_new(m, "content", json_stringn(text, len))) {
+            free(text);
+            json_decref(out);
+            return NULL;
+        }
+        free(text);
+    }
+    return out;
+}
+
 /* The chat prompt as `jlm chat` renders its first turn: the template with a
  * generation prompt, a leading BOS text dropped when the vocab adds BOS. */
 static int chat_prompt(srv_model *m, const json_t *msgs, int32_t **ids, size_t *n, jlm_err *err)
@@ -123,7 +149,11 @@ static int chat_prompt(srv_model *m, const json_t *msgs, int32_t **ids, size_t *
     jlm_chat_opts co = {.add_generation_prompt = 1, .bos_token = m->bos, .eos_token = m->eos, .local_time = 1};
     char *text = NULL;
     size_t len;
-    int rc = jlm_chat_render_json(m->tmpl, strlen(m->tmpl), msgs, &co, 1, &text, &len, err);
+    json_t *flat = flatten_parts(msgs);
+    if (!flat)
+        return jlm_errf(err, JLM_ENOMEM, "out of memory");
+    int rc = jlm_chat_render_json(m->tmpl, strlen(m->tmpl), flat, &co, 1, &text, &len, err);
+    json_decref(flat);
     if (rc)
         return jlm_err_prefix(err, JLM_EINVAL, "'messages': chat template");
     const jlm_vocab *v = &jlm_engine_model(m->e)->vocab;
@@ -229,7 +259,7 @@ static int gen_loop(srv_job *j, jlm_sampler *s, float *logits, gen_state *g, jlm
         int32_t id = jlm_samp_next(s, logits);
         jlm_samp_accept(s, id);
         n_gen++;
-        if (jlm_tok_is_eog(m->tok, id)) {
+        if (!j->req.ignore_eos && jlm_tok_is_eog(m->tok, id)) {
             fin = "stop";
             break;
         }
