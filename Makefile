@@ -93,10 +93,12 @@ bench: all $(BENCH_BIN)
 # (the first directory receives new inputs: never point it into the tree)
 FUZZ_SRC := format/jlm_err.c format/types.c format/codec.c format/plan.c format/reader.c format/writer.c \
             converter/gguf.c converter/ggml_quants.c
+FUZZ_SRC += serve/api.c engine/sampler.c
 fuzz:
 	@mkdir -p build-fuzz
 	for f in tests/fuzz/fuzz_*.c; do \
-	    clang -std=c11 -D_GNU_SOURCE -g -O1 -fsanitize=fuzzer,address,undefined -I. $$f $(FUZZ_SRC) -lm \
+	    clang -std=c11 -D_GNU_SOURCE -g -O1 -fsanitize=fuzzer,address,undefined -I. $(shell pkg-config --cflags jansson libutf8proc) \
+	        $$f $(FUZZ_SRC) $(shell pkg-config --libs jansson libutf8proc) -lm \
 	        -o build-fuzz/$$(basename $$f .c) || exit 1; done
 
 install: all
