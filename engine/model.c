@@ -49,6 +49,16 @@ struct jlm_engine {
     float   *route_w; /* (n_expert_used,) */
     void    *xq_buf;  /* BATCH quantized activation rows */
     jlm_act_q8 xq[BATCH];
+    /* the batch being run: token t writes and reads the cache at bkc[t]/bvc[t]
+     * (the engine's own, or a jlm_engine_seq's) at position bpos[t] */
+    float   *bkc[BATCH], *bvc[BATCH];
+    uint32_t bpos[BATCH];
+};
+
+/* A KV cache of its own, for serving several sequences on one engine. */
+struct jlm_engine_seq {
+    float   *kc, *vc;   /* (n_layer, n_ctx, kv_dim), (n_layer, n_ctx, kv_dim_v) */
+    uint32_t n_past;
 };
 
 /* ================================================================ tensors -> kernel operands */
@@ -367,8 +377,9 @@ static void attn_heads(void *ctx, size_t h0, size_t h1, int tid)
     }
 }
 
-static void attend(jlm_engine *e, uint32_t l, uint32_t pos, const float *q, float *out)
+static void attend(jlm_engine *e, uint32_t l, uint32_t t, const float *q, float *out)
 {
+    uint32_t pos = e->bpos[t];
     const jlm_config *c = e->c;
     /* sliding window: a key at j is hidden when pos - j >= window (llama.cpp's standard SWA) */
     uint32_t n_kv = pos + 1;
@@ -377,7 +388,7 @@ static void attend(jlm_engine *e, uint32_t l, uint32_t pos, const float *q, floa
         e->mask[j] = pos - j >= c->swa_window ? -INFINITY : 0.0f;
     attn_job j = {
         .e = e, .q = q, .out = out, .n_kv = n_kv, .group = c->n_head / c->n_kv_head,
-        .kl = e->kc + (uint64_t)l * e->n_ctx * e->kv_dim, .vl = e->vc + (uint64_t)l * e->n_ctx * e->kv_dim_v,
+        .kl = e->bkc[t] + (uint64_t)l * e->n_ctx * e->kv_dim, .vl = e->bvc[t] + (uint64_t)l * e->n_ctx * e->kv_dim_v,
         .sinks = vec_dense(e, W(e, l, JLM_R_ATTN_SINKS)),
         .ap = {.head_dim = e->hd, .head_dim_v = e->hd_v, .k_stride = e->kv_dim, .v_stride = e->kv_dim_v,
                .scale = c->attn_scale > 0 ? c->attn_scale : 1.0f / sqrtf((float)e->hd),
@@ -387,10 +398,10 @@ static void attend(jlm_engine *e, uint32_t l, uint32_t pos, const float *q, floa
     jlm_pool_for(n_kv >= 64 ? e->pool : NULL, c->n_head, 1, attn_heads, &j);
 }
 
-/* x[t] += attention(norm(x[t])) for tokens t < n at positions pos0 + t of
+/* x[t] += attention(norm(x[t])) for tokens t < n at positions bpos[t] of
  * layer l; page = block l's frame. Tokens are causal within the batch: token
  * t's keys are in the cache before token t+1 attends. */
-static void attention(jlm_engine *e, uint32_t l, const uint8_t *page, uint64_t page_off, uint32_t pos0, uint32_t n)
+static void attention(jlm_engine *e, uint32_t l, const uint8_t *page, uint64_t page_off, uint32_t n)
 {
     const jlm_config *c = e->c;
     uint32_t E = c->n_embd, A = c->n_head * e->hd_v;
@@ -411,13 +422,13 @@ static void attention(jlm_engine *e, uint32_t l, const uint8_t *page, uint64_t p
         add_bias(v, vec_dense(e, W(e, l, JLM_R_ATTN_V_B)), e->kv_dim_v);
         qk_norm(e, l, q, k);
         if (!(c->flags & JLM_F_NO_POS_ENC)) {
-            jlm_k_rope_apply(&rp, q, c->n_head, e->hd, pos0 + t);
-            jlm_k_rope_apply(&rp, k, c->n_kv_head, e->hd, pos0 + t);
+            jlm_k_rope_apply(&rp, q, c->n_head, e->hd, e->bpos[t]);
+            jlm_k_rope_apply(&rp, k, c->n_kv_head, e->hd, e->bpos[t]);
         }
-        uint64_t at = (uint64_t)l * e->n_ctx + pos0 + t;
-        memcpy(e->kc + at * e->kv_dim, k, e->kv_dim * sizeof(float));
-        memcpy(e->vc + at * e->kv_dim_v, v, e->kv_dim_v * sizeof(float));
-        attend(e, l, pos0 + t, q, e->att + t * A);
+        uint64_t at = (uint64_t)l * e->n_ctx + e->bpos[t];
+        memcpy(e->bkc[t] + at * e->kv_dim, k, e->kv_dim * sizeof(float));
+        memcpy(e->bvc[t] + at * e->kv_dim_v, v, e->kv_dim_v * sizeof(float));
+        attend(e, l, t, q, e->att + t * A);
     }
     jlm_k_mat wo = mat_at(W(e, l, JLM_R_ATTN_OUT), page, page_off, 0);
     matmul(e, &wo, n, e->att, e->o);
@@ -587,9 +598,10 @@ static void output(jlm_engine *e, const float *x, float *logits)
             logits[i] = c->final_softcap * tanhf(logits[i] / c->final_softcap);
 }
 
-/* tokens[0, n) at positions pos0.., n <= BATCH: each block page is pinned
- * once for the whole batch. */
-static int forward(jlm_engine *e, const int32_t *tokens, uint32_t n, uint32_t pos0, float *logits, jlm_err *err)
+/* tokens[0, n) at the caches and positions bkc/bvc/bpos[0, n), n <= BATCH:
+ * each block page is pinned once for the whole batch. logits: after the last
+ * token (n_vocab), or with all_logits after every token (n, n_vocab). */
+static int forward(jlm_engine *e, const int32_t *tokens, uint32_t n, float *logits, int all_logits, jlm_err *err)
 {
     const jlm_config *c = e->c;
     const jlm_header *hd = &e->m->hdr;
@@ -602,7 +614,7 @@ static int forward(jlm_engine *e, const int32_t *tokens, uint32_t n, uint32_t po
                                &page, err);
         if (rc)
             return jlm_err_prefix(err, rc, "%s: block %u", e->m->path, l);
-        attention(e, l, page, page_off, pos0, n);
+        attention(e, l, page, page_off, n);
         if (W(e, l, JLM_R_EXP_GATE)) {
             for (uint32_t t = 0; t < n && !rc; t++)
                 rc = moe_token(e, l, page, page_off, t, err);
@@ -613,28 +625,108 @@ static int forward(jlm_engine *e, const int32_t *tokens, uint32_t n, uint32_t po
         if (rc)
             return jlm_err_prefix(err, rc, "%s: block %u experts", e->m->path, l);
     }
-    if (logits)
-        output(e, e->x + (uint64_t)(n - 1) * c->n_embd, logits);
+    uint64_t nv = jlm_engine_n_vocab(e);
+    for (uint32_t t = all_logits ? 0 : n - 1; logits && t < n; t++)
+        output(e, e->x + (uint64_t)t * c->n_embd, logits + (all_logits ? t * nv : 0));
     return JLM_OK;
 }
 
-int jlm_engine_eval(jlm_engine *e, const int32_t *tokens, uint32_t n, float *logits, jlm_err *err)
+static int check_ids(const jlm_engine *e, const int32_t *tokens, uint32_t n, jlm_err *err)
 {
     uint64_t nv = jlm_tensor_rows(W(e, -1, JLM_R_TOKEN_EMBD));
     for (uint32_t i = 0; i < n; i++)
         if (tokens[i] < 0 || (uint64_t)tokens[i] >= nv)
             return jlm_errf(err, JLM_ERANGE, "token id %d outside [0, %llu)", tokens[i], (unsigned long long)nv);
-    if ((uint64_t)e->n_past + n > e->n_ctx)
-        return jlm_errf(err, JLM_ERANGE, "context full: %u + %u tokens exceed %u positions (-c)", e->n_past, n, e->n_ctx);
+    return JLM_OK;
+}
+
+/* tokens[0, n) of one sequence (cache kc/vc, *n_past), BATCH at a time. */
+static int eval_one(jlm_engine *e, float *kc, float *vc, uint32_t *n_past, const int32_t *tokens, uint32_t n,
+                    float *logits, jlm_err *err)
+{
+    int rc = check_ids(e, tokens, n, err);
+    if (rc)
+        return rc;
+    if ((uint64_t)*n_past + n > e->n_ctx)
+        return jlm_errf(err, JLM_ERANGE, "context full: %u + %u tokens exceed %u positions (-c)", *n_past, n, e->n_ctx);
     for (uint32_t i = 0; i < n; i += BATCH) {
         uint32_t b = n - i < BATCH ? n - i : BATCH;
-        int rc = forward(e, tokens + i, b, e->n_past, i + b == n ? logits : NULL, err);
+        for (uint32_t t = 0; t < b; t++) {
+            e->bkc[t] = kc;
+            e->bvc[t] = vc;
+            e->bpos[t] = *n_past + t;
+        }
+        rc = forward(e, tokens + i, b, i + b == n ? logits : NULL, 0, err);
         if (rc)
             return rc;
-        e->n_past += b;
+        *n_past += b;
     }
     return JLM_OK;
 }
+
+int jlm_engine_eval(jlm_engine *e, const int32_t *tokens, uint32_t n, float *logits, jlm_err *err)
+{
+    return eval_one(e, e->kc, e->vc, &e->n_past, tokens, n, logits, err);
+}
+
+/* ================================================================ sequences */
+int jlm_engine_seq_create(jlm_engine *e, jlm_engine_seq **out, jlm_err *err)
+{
+    uint64_t kv = (uint64_t)e->c->n_layer * e->n_ctx;
+    jlm_engine_seq *s = calloc(1, sizeof *s);
+    if (s) {
+        s->kc = zalloc(kv * e->kv_dim * sizeof(float));
+        s->vc = zalloc(kv * e->kv_dim_v * sizeof(float));
+    }
+    if (!s || !s->kc || !s->vc) {
+        jlm_engine_seq_destroy(s);
+        return jlm_errf(err, JLM_ENOMEM, "%s: KV cache of a sequence (%u positions): out of memory", e->m->path,
+                        e->n_ctx);
+    }
+    *out = s;
+    return JLM_OK;
+}
+
+void jlm_engine_seq_destroy(jlm_engine_seq *s)
+{
+    if (!s) return;
+    free(s->kc);
+    free(s->vc);
+    free(s);
+}
+
+void jlm_engine_seq_rewind(jlm_engine_seq *s, uint32_t pos) { if (pos < s->n_past) s->n_past = pos; }
+uint32_t jlm_engine_seq_n_past(const jlm_engine_seq *s) { return s->n_past; }
+
+int jlm_engine_eval_seq(jlm_engine *e, jlm_engine_seq *s, const int32_t *tokens, uint32_t n, float *logits,
+                        jlm_err *err)
+{
+    return eval_one(e, s->kc, s->vc, &s->n_past, tokens, n, logits, err);
+}
+
+int jlm_engine_eval_batch(jlm_engine *e, jlm_engine_seq *const *seqs, const int32_t *tokens, uint32_t n,
+                          float *logits, jlm_err *err)
+{
+    if (n == 0 || n > BATCH)
+        return jlm_errf(err, JLM_EINVAL, "a batch of %u sequences (1..%d)", n, BATCH);
+    int rc = check_ids(e, tokens, n, err);
+    for (uint32_t t = 0; !rc && t < n; t++) {
+        for (uint32_t u = 0; u < t; u++)
+            if (seqs[u] == seqs[t])
+                return jlm_errf(err, JLM_EINVAL, "a sequence appears twice in one batch");
+        if (seqs[t]->n_past + 1 > e->n_ctx)
+            return jlm_errf(err, JLM_ERANGE, "context full: sequence %u holds %u positions (-c)", t, e->n_ctx);
+        e->bkc[t] = seqs[t]->kc;
+        e->bvc[t] = seqs[t]->vc;
+        e->bpos[t] = seqs[t]->n_past;
+    }
+    if (!rc) rc = forward(e, tokens, n, logits, 1, err);
+    for (uint32_t t = 0; !rc && t < n; t++)
+        seqs[t]->n_past++;
+    return rc;
+}
+
+uint32_t jlm_engine_max_batch(void) { return BATCH; }
 
 /* ================================================================ queries */
 void jlm_engine_rewind(jlm_engine *e, uint32_t pos) { if (pos < e->n_past) e->n_past = pos; }

@@ -14,6 +14,8 @@
 #include <time.h>
 
 #include "converter/convert.h"
+#include "engine/model.h"
+#include "engine/sampler.h"
 #include "serve/api.h"
 #include "testutil.h"
 
@@ -625,4 +627,117 @@ Test(serve_api, replaces_invalid_utf8_in_generated_text)
     const char *t = json_string_value(json_object_get(json_array_get(json_object_get(j, "choices"), 0), "text"));
     cr_assert_str_eq(t, "a\xEF\xBF\xBD" "b\xEF\xBF\xBD");
     json_decref(j);
+}
+
+/* ---------------------------------------------------------------- batched sequences */
+
+/* Greedy decode of `steps` tokens after prompt p on the engine's own cache;
+ * logits of every step in ref (steps, nv). */
+static void decode_alone(jlm_engine *e, const int32_t *p, uint32_t np, int steps, float *ref)
+{
+    jlm_err err = {0};
+    uint32_t nv = jlm_engine_n_vocab(e);
+    jlm_engine_rewind(e, 0);
+    cr_assert_eq(jlm_engine_eval(e, p, np, ref, &err), 0, "%s", err.msg);
+    for (int s = 1; s < steps; s++) {
+        int32_t id = jlm_samp_argmax(ref + (size_t)(s - 1) * nv, nv);
+        cr_assert_eq(jlm_engine_eval(e, &id, 1, ref + (size_t)s * nv, &err), 0, "%s", err.msg);
+    }
+}
+
+/* Four sequences with different prompts decode together, the fourth joining
+ * two steps late; each step's logits must equal the sequence's alone, bit for bit. */
+static void check_batch_equals_alone(const char *gguf)
+{
+    enum { NS = 4, STEPS = 8, LATE = 2 };
+    char *dir = tu_tmpdir();
+    char *m = convert_to(gguf, dir, "m.jlm");
+    jlm_engine_opts eo = {.n_threads = 2, .n_ctx = 128, .direct = 0, .quiet = 1};
+    jlm_engine *e;
+    jlm_err err = {0};
+    cr_assert_eq(jlm_engine_open(m, &eo, &e, &err), 0, "%s", err.msg);
+    uint32_t nv = jlm_engine_n_vocab(e);
+    static const int32_t prompts[NS][4] = {{1, 5, 9, 13}, {1, 100, 7, 3}, {1, 42, 42, 42}, {1, 77, 8, 200}};
+    float *ref = malloc((size_t)NS * STEPS * nv * sizeof *ref), *got = malloc((size_t)NS * nv * sizeof *got);
+    for (int s = 0; s < NS; s++)
+        decode_alone(e, prompts[s], 4, STEPS, ref + (size_t)s * STEPS * nv);
+    jlm_engine_seq *seq[NS];
+    int step[NS] = {0};   /* logits rows already produced per sequence */
+    int32_t next[NS];
+    for (int s = 0; s < NS; s++) {
+        cr_assert_eq(jlm_engine_seq_create(e, &seq[s], &err), 0, "%s", err.msg);
+        if (s == NS - 1) continue;   /* joins late */
+        cr_assert_eq(jlm_engine_eval_seq(e, seq[s], prompts[s], 4, got, &err), 0, "%s", err.msg);
+        cr_assert(!memcmp(got, ref + (size_t)s * STEPS * nv, nv * sizeof *got), "%s: prompt logits of seq %d", gguf, s);
+        next[s] = jlm_samp_argmax(got, nv);
+        step[s] = 1;
+    }
+    for (int round = 0; round < STEPS + LATE; round++) {
+        if (round == LATE) {
+            int s = NS - 1;
+            cr_assert_eq(jlm_engine_eval_seq(e, seq[s], prompts[s], 4, got, &err), 0, "%s", err.msg);
+            next[s] = jlm_samp_argmax(got, nv);
+            step[s] = 1;
+        }
+        jlm_engine_seq *bs[NS];
+        int32_t bt[NS];
+        int who[NS];
+        uint32_t n = 0;
+        for (int s = 0; s < NS; s++)
+            if (step[s] > 0 && step[s] < STEPS) { bs[n] = seq[s]; bt[n] = next[s]; who[n++] = s; }
+        if (!n) break;
+        cr_assert_eq(jlm_engine_eval_batch(e, bs, bt, n, got, &err), 0, "%s", err.msg);
+        for (uint32_t t = 0; t < n; t++) {
+            int s = who[t];
+            cr_assert(!memcmp(got + (size_t)t * nv, ref + ((size_t)s * STEPS + (size_t)step[s]) * nv, nv * sizeof *got),
+                      "%s: seq %d step %d in a batch of %u differs from alone", gguf, s, step[s], n);
+            next[s] = jlm_samp_argmax(got + (size_t)t * nv, nv);
+            step[s]++;
+        }
+    }
+    for (int s = 0; s < NS; s++) {
+        cr_assert_eq(step[s], STEPS, "seq %d ran every step", s);
+        jlm_engine_seq_destroy(seq[s]);
+    }
+    jlm_engine_close(e);
+    free(ref); free(got); free(m);
+    tu_rmrf(dir);
+    free(dir);
+}
+
+Test(engine_batch, each_sequence_gets_the_logits_it_gets_alone_dense, .timeout = 60)
+{
+    check_batch_equals_alone("stories260K.gguf");
+    check_batch_equals_alone("synth-llama-256.Q4_K_M.gguf");
+}
+
+Test(engine_batch, each_sequence_gets_the_logits_it_gets_alone_moe_and_swa, .timeout = 60)
+{
+    check_batch_equals_alone("synth-qwen3moe-256.Q4_K_M.gguf");
+    check_batch_equals_alone("synth-gemma3-256.Q8_0.gguf");
+}
+
+Test(engine_batch, refuses_a_repeated_sequence_and_a_full_context)
+{
+    char *dir = tu_tmpdir();
+    char *m = convert_to("stories260K.gguf", dir, "m.jlm");
+    jlm_engine_opts eo = {.n_threads = 1, .n_ctx = 4, .direct = 0, .quiet = 1};
+    jlm_engine *e;
+    jlm_err err = {0};
+    cr_assert_eq(jlm_engine_open(m, &eo, &e, &err), 0, "%s", err.msg);
+    jlm_engine_seq *s;
+    cr_assert_eq(jlm_engine_seq_create(e, &s, &err), 0);
+    float *l = malloc(2 * jlm_engine_n_vocab(e) * sizeof *l);
+    jlm_engine_seq *two[2] = {s, s};
+    int32_t ids[4] = {1, 2, 3, 4};
+    cr_assert_eq(jlm_engine_eval_batch(e, two, ids, 2, l, &err), JLM_EINVAL);
+    cr_assert_eq(jlm_engine_eval_seq(e, s, ids, 4, l, &err), 0, "%s", err.msg);
+    cr_assert_eq(jlm_engine_eval_batch(e, two, ids, 1, l, &err), JLM_ERANGE, "the context is full");
+    cr_assert_eq(jlm_engine_seq_n_past(s), 4);
+    free(l);
+    jlm_engine_seq_destroy(s);
+    jlm_engine_close(e);
+    free(m);
+    tu_rmrf(dir);
+    free(dir);
 }
