@@ -12,7 +12,7 @@
 #include <string.h>
 
 static const char USAGE[] =
-    "usage: jlm serve (MODEL... | --models DIR) [--host 127.0.0.1] [--port 8080] [--queue N]\n"
+    "usage: jlm serve (MODEL... | --models DIR) [--host 127.0.0.1] [--port 8080] [--parallel N] [--queue N]\n"
     "                 [--api-key KEY] [--body-max SIZE] [-c CTX] [-t THREADS] [--budget SIZE]\n"
     "       (the key may also come from the environment: JLM_API_KEY)\n";
 
@@ -63,6 +63,7 @@ static int parse(int argc, char **argv, serve_opts *o)
         else if (ARG("--host")) o->srv.host = v;
         else if (ARG("--port")) o->srv.port = atoi(v);
         else if (ARG("--queue")) o->srv.queue = atoi(v);
+        else if (ARG("--parallel") || ARG("-np")) o->srv.parallel = atoi(v);
         else if (ARG("--api-key")) o->srv.api_key = v;
         else if (ARG("-c") || ARG("--ctx-size")) o->srv.eng.n_ctx = (uint32_t)atoi(v);
         else if (ARG("-t") || ARG("--threads")) o->srv.eng.n_threads = atoi(v);
@@ -76,8 +77,8 @@ static int parse(int argc, char **argv, serve_opts *o)
 #undef ARG
     }
     o->srv.body_max = (size_t)body;
-    if (!rc && (o->srv.port < 0 || o->srv.port > 65535 || o->srv.queue < 0)) {
-        fprintf(stderr, "jlm serve: --port must be in [0, 65535] and --queue >= 0\n");
+    if (!rc && (o->srv.port < 0 || o->srv.port > 65535 || o->srv.queue < 0 || o->srv.parallel < 0 || o->srv.parallel > 16)) {
+        fprintf(stderr, "jlm serve: --port must be in [0, 65535], --queue >= 0, --parallel in [1, 16]\n");
         rc = 2;
     }
     if (!rc && !o->models_dir && !o->n_models) {

@@ -216,18 +216,33 @@ int srv_job_create(srv_model *m, jlm_srv_req *req, srv_job **out, jlm_err *err)
     return 0;
 }
 
-/* ---------------------------------------------------------------- generation */
+/* ---------------------------------------------------------------- generation
+ * Continuous batching: a model's worker holds up to `parallel` slots, each a
+ * request with its own KV cache (jlm_engine_seq), sampler and detokenizer.
+ * A step admits waiting requests into free slots (evaluating each one's
+ * prompt alone), then runs one forward pass over the next token of every
+ * active slot (jlm_engine_eval_batch) and samples each from its own logits.
+ * Per sequence this computes exactly what it computes alone (model.h), so a
+ * request's output does not depend on the others in the batch. A finished,
+ * cancelled or failed slot leaves at the step it ends. */
 
 typedef struct gen_state {
     jlm_tok_stream ts;
     char  *text;            /* (cap,) everything generated so far */
     size_t len, cap, sent;  /* sent: bytes of text already emitted */
-    char  *piece;
-    size_t piece_cap;
 } gen_state;
 
+typedef struct slot {
+    srv_job        *j;      /* NULL: free */
+    jlm_engine_seq *seq;    /* kept across requests once created */
+    jlm_sampler    *s;
+    gen_state       g;
+    uint32_t        n_gen;
+    int32_t         next;   /* the token the next step evaluates */
+} slot;
+
 /* Adds bytes to the text and emits what no stop string can still claim;
- * 1 when a stop string was hit. */
+ * 1 when a stop string was hit, -1 on OOM. */
 static int gen_push(srv_job *j, gen_state *g, const char *p, size_t n, int final)
 {
     if (g->len + n + 1 > g->cap) {
@@ -248,104 +263,165 @@ static int gen_push(srv_job *j, gen_state *g, const char *p, size_t n, int final
     return hit;
 }
 
-/* Samples and evaluates until EOG, a stop string, max_tokens or cancel. */
-static int gen_loop(srv_job *j, jlm_sampler *s, float *logits, gen_state *g, jlm_err *err)
+/* Ends the slot's request: flushes the detokenizer (unless it failed), sends
+ * the end, frees the slot for the next request. */
+static void slot_end(srv_model *m, slot *sl, const char *fin, int status, const char *msg)
 {
-    srv_model *m = j->m;
-    const char *fin = "length";
-    uint32_t n_gen = 0;
-    int rc = 0, hit = 0;
-    while (n_gen < j->max_tokens && !atomic_load(&j->cancelled)) {
-        int32_t id = jlm_samp_next(s, logits);
-        jlm_samp_accept(s, id);
-        n_gen++;
-        if (!j->req.ignore_eos && jlm_tok_is_eog(m->tok, id)) {
-            fin = "stop";
-            break;
-        }
-        size_t n = 0;
-        if (jlm_tok_stream_feed(&g->ts, id, g->piece, g->piece_cap, &n, err) == 0 && n &&
-            (hit = gen_push(j, g, g->piece, n, 0)) != 0)
-            break;
-        if (hit < 0 || n_gen == j->max_tokens)
-            break;
-        if ((rc = jlm_engine_eval(m->e, &id, 1, logits, err)) != 0)
-            break;
-    }
+    srv_job *j = sl->j;
     char tail[4];
-    size_t nt = jlm_tok_stream_flush(&g->ts, tail);
-    if (!rc && hit == 0)
-        hit = gen_push(j, g, tail, nt, 1);
-    if (hit > 0)
-        fin = "stop";
-    j->res.finish_reason = fin;
-    j->res.completion_tokens = n_gen;
-    atomic_fetch_add(&m->n_gen_tok, n_gen);
-    return rc ? rc : hit < 0 ? jlm_errf(err, JLM_ENOMEM, "out of memory") : 0;
+    size_t nt = jlm_tok_stream_flush(&sl->g.ts, tail);
+    int hit = status == 200 ? gen_push(j, &sl->g, tail, nt, 1) : 0;
+    if (hit < 0) { status = 500; msg = "out of memory"; }
+    j->res.finish_reason = hit > 0 ? "stop" : fin;
+    j->res.completion_tokens = sl->n_gen;
+    atomic_fetch_add(&m->n_gen_tok, sl->n_gen);
+    if (atomic_load(&j->cancelled)) {
+        atomic_fetch_add(&m->n_cancelled, 1);
+        if (status == 200) { status = 499; msg = "cancelled"; }
+    }
+    job_finish(j, status, msg);
+    atomic_fetch_add(&m->n_done, 1);
+    jlm_samp_destroy(sl->s);
+    free(sl->g.text);
+    if (sl->seq)
+        jlm_engine_seq_rewind(sl->seq, 0);
+    jlm_engine_seq *seq = sl->seq;
+    *sl = (slot){.seq = seq};
+    srv_job_unref(j);
 }
 
-static void gen_run(srv_job *j)
+/* Samples the slot's next token from logits and hands out its text; ends the
+ * request at EOG, a stop string or max_tokens. */
+static void slot_sample(srv_model *m, slot *sl, const float *logits, char *piece, size_t piece_cap)
 {
-    srv_model *m = j->m;
+    srv_job *j = sl->j;
+    if (sl->n_gen == j->max_tokens || atomic_load(&j->cancelled)) {
+        slot_end(m, sl, "length", 200, "");
+        return;
+    }
+    int32_t id = jlm_samp_next(sl->s, logits);
+    jlm_samp_accept(sl->s, id);
+    sl->n_gen++;
+    if (!j->req.ignore_eos && jlm_tok_is_eog(m->tok, id)) {
+        slot_end(m, sl, "stop", 200, "");
+        return;
+    }
+    size_t n = 0;
     jlm_err err = {0};
-    jlm_sampler *s = NULL;
-    gen_state g = {0};
-    uint32_t nv = jlm_engine_n_vocab(m->e);
-    float *logits = malloc(nv * sizeof *logits);
-    g.piece_cap = jlm_tok_max_piece_len(m->tok) + 8;
-    g.piece = malloc(g.piece_cap);
-    jlm_tok_stream_init(&g.ts, m->tok, 0, 0);
+    int hit = jlm_tok_stream_feed(&sl->g.ts, id, piece, piece_cap, &n, &err) == 0 && n
+                  ? gen_push(j, &sl->g, piece, n, 0) : 0;
+    if (hit != 0 || sl->n_gen == j->max_tokens)
+        slot_end(m, sl, hit > 0 ? "stop" : "length", hit < 0 ? 500 : 200, hit < 0 ? "out of memory" : "");
+    else
+        sl->next = id;
+}
+
+/* Puts job j in slot sl and evaluates its prompt alone; 0 or ends it. */
+static void slot_start(srv_model *m, slot *sl, srv_job *j, float *logits, char *piece, size_t piece_cap)
+{
+    jlm_err err = {0};
+    sl->j = j;
     j->res.prompt_tokens = (uint32_t)j->n_prompt;
-    jlm_engine_rewind(m->e, 0);
-    int rc = !logits || !g.piece ? jlm_errf(&err, JLM_ENOMEM, "out of memory")
-                                 : jlm_samp_create(&j->req.samp, nv, &s, &err);
+    jlm_tok_stream_init(&sl->g.ts, m->tok, 0, 0);
+    if (atomic_load(&j->cancelled)) {
+        slot_end(m, sl, "length", 200, "");
+        return;
+    }
+    int rc = sl->seq ? 0 : jlm_engine_seq_create(m->e, &sl->seq, &err);
+    if (!rc) rc = jlm_samp_create(&j->req.samp, jlm_engine_n_vocab(m->e), &sl->s, &err);
     for (size_t i = 0; !rc && i < j->n_prompt; i++)
-        jlm_samp_accept(s, j->prompt[i]);
-    if (!rc) rc = jlm_engine_eval(m->e, j->prompt, (uint32_t)j->n_prompt, logits, &err);
+        jlm_samp_accept(sl->s, j->prompt[i]);
+    if (!rc) rc = jlm_engine_eval_seq(m->e, sl->seq, j->prompt, (uint32_t)j->n_prompt, logits, &err);
     atomic_fetch_add(&m->n_prompt_tok, j->n_prompt);
-    if (!rc) rc = gen_loop(j, s, logits, &g, &err);
-    if (atomic_load(&j->cancelled))
-        atomic_fetch_add(&m->n_cancelled, 1);
-    job_finish(j, rc ? 500 : 200, err.msg);
-    jlm_samp_destroy(s);
-    free(logits);
-    free(g.piece);
-    free(g.text);
+    if (rc) {
+        slot_end(m, sl, "length", rc == JLM_ENOMEM ? 503 : 500, err.msg);
+        return;
+    }
+    slot_sample(m, sl, logits, piece, piece_cap);
 }
 
 /* ---------------------------------------------------------------- workers */
 
+/* Takes waiting jobs into free slots; the number of active slots after. */
+static int admit(srv_model *m, slot *slots, srv_job **taken)
+{
+    int n_active = 0;
+    pthread_mutex_lock(&m->mu);
+    for (int i = 0; i < m->parallel; i++) {
+        taken[i] = NULL;
+        if (!slots[i].j && m->q_len) {
+            taken[i] = m->q[m->q_head];
+            m->q_head = (m->q_head + 1) % m->q_cap;
+            m->q_len--;
+        }
+        n_active += slots[i].j || taken[i];
+    }
+    m->running = n_active;
+    pthread_mutex_unlock(&m->mu);
+    return n_active;
+}
+
+/* One decode step over every active slot. */
+static void step(srv_model *m, slot *slots, float *logits, char *piece, size_t piece_cap)
+{
+    jlm_engine_seq *seqs[JLM_SRV_MAX_PARALLEL];
+    int32_t ids[JLM_SRV_MAX_PARALLEL];
+    int who[JLM_SRV_MAX_PARALLEL];
+    uint32_t n = 0, nv = jlm_engine_n_vocab(m->e);
+    for (int i = 0; i < m->parallel; i++)
+        if (slots[i].j) { seqs[n] = slots[i].seq; ids[n] = slots[i].next; who[n++] = i; }
+    if (!n)
+        return;
+    jlm_err err = {0};
+    atomic_fetch_add(&m->n_steps, 1);
+    atomic_fetch_add(&m->n_step_seqs, n);
+    if (jlm_engine_eval_batch(m->e, seqs, ids, n, logits, &err)) {
+        for (uint32_t t = 0; t < n; t++)
+            slot_end(m, &slots[who[t]], "length", 500, err.msg);
+        return;
+    }
+    for (uint32_t t = 0; t < n; t++)
+        slot_sample(m, &slots[who[t]], logits + (size_t)t * nv, piece, piece_cap);
+}
+
 static void *worker_main(void *arg)
 {
     srv_model *m = arg;
+    uint32_t nv = jlm_engine_n_vocab(m->e);
+    size_t piece_cap = jlm_tok_max_piece_len(m->tok) + 8;
+    slot slots[JLM_SRV_MAX_PARALLEL] = {{0}};
+    srv_job *taken[JLM_SRV_MAX_PARALLEL];
+    float *logits = malloc((size_t)m->parallel * nv * sizeof *logits);
+    char *piece = malloc(piece_cap);
     for (;;) {
         pthread_mutex_lock(&m->mu);
-        while (!m->q_len && !m->stop)
+        while (!m->q_len && !m->running && !m->stop)
             pthread_cond_wait(&m->cv, &m->mu);
-        if (!m->q_len) {
-            pthread_mutex_unlock(&m->mu);
-            return NULL;
-        }
-        srv_job *j = m->q[m->q_head];
-        m->q_head = (m->q_head + 1) % m->q_cap;
-        m->q_len--;
-        m->running = 1;
+        int quit = !m->q_len && !m->running && m->stop;
         pthread_mutex_unlock(&m->mu);
+        if (quit)
+            break;
         uint64_t t0 = now_us();
-        if (atomic_load(&j->cancelled)) {
-            atomic_fetch_add(&m->n_cancelled, 1);
-            job_finish(j, 499, "cancelled");
-        } else {
-            gen_run(j);
-        }
+        admit(m, slots, taken);
+        for (int i = 0; i < m->parallel; i++)
+            if (taken[i]) {
+                if (logits && piece) slot_start(m, &slots[i], taken[i], logits, piece, piece_cap);
+                else { slots[i].j = taken[i]; slot_end(m, &slots[i], "length", 500, "out of memory"); }
+            }
+        step(m, slots, logits, piece, piece_cap);
+        int active = 0;
+        for (int i = 0; i < m->parallel; i++) active += slots[i].j != NULL;
         atomic_fetch_add(&m->busy_us, now_us() - t0);
-        atomic_fetch_add(&m->n_done, 1);
         pthread_mutex_lock(&m->mu);
-        m->running = 0;
+        m->running = active;
         jlm_pager_stats(jlm_engine_pager(m->e), &m->pc);   /* the pager is this thread's alone */
         pthread_mutex_unlock(&m->mu);
-        srv_job_unref(j);
     }
+    for (int i = 0; i < m->parallel; i++)
+        jlm_engine_seq_destroy(slots[i].seq);
+    free(logits);
+    free(piece);
+    return NULL;
 }
 
 int srv_job_submit(srv_job *j)
@@ -404,6 +480,9 @@ int srv_model_open(struct jlm_srv *s, const char *path, srv_model **out, jlm_err
     pthread_mutex_init(&m->mu, NULL);
     pthread_cond_init(&m->cv, NULL);
     m->q_cap = (size_t)(s->o.queue > 0 ? s->o.queue : 8);
+    m->parallel = s->o.parallel > 0 ? s->o.parallel : 4;
+    if (m->parallel > JLM_SRV_MAX_PARALLEL) m->parallel = JLM_SRV_MAX_PARALLEL;
+    if ((uint32_t)m->parallel > jlm_engine_max_batch()) m->parallel = (int)jlm_engine_max_batch();
     m->q = calloc(m->q_cap, sizeof *m->q);
     int rc = !m->q || model_paths(path, &m->path, &m->id) ? jlm_errf(err, JLM_ENOMEM, "out of memory")
                                                           : model_load(m, &s->o.eng, err);

@@ -226,6 +226,8 @@ static void metrics_model(FILE *f, srv_model *m)
     fprintf(f, "jlm_generated_tokens_total{model=\"%s\"} %llu\n", m->id, gen);
     fprintf(f, "jlm_busy_seconds_total{model=\"%s\"} %.3f\n", m->id, busy);
     fprintf(f, "jlm_tokens_per_second{model=\"%s\"} %.3f\n", m->id, busy > 0 ? (double)gen / busy : 0.0);
+    fprintf(f, "jlm_decode_steps_total{model=\"%s\"} %llu\n", m->id, atomic_load(&m->n_steps));
+    fprintf(f, "jlm_decode_step_sequences_total{model=\"%s\"} %llu\n", m->id, atomic_load(&m->n_step_seqs));
     fprintf(f, "jlm_queue_length{model=\"%s\"} %zu\n", m->id, queued);
     fprintf(f, "jlm_requests_running{model=\"%s\"} %d\n", m->id, running);
     fprintf(f, "jlm_page_ins_total{model=\"%s\"} %llu\n", m->id, (unsigned long long)pi);

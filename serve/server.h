@@ -6,9 +6,12 @@
  * the drain on shutdown. Request and response shapes live in serve/api.h;
  * the decisions the OpenAI API leaves open are in docs/serve.md.
  *
- * Concurrency: each model runs one generation at a time, in arrival order;
- * up to `queue` further requests per model wait, and one more gets 503. A
- * request's output is therefore exactly what it gets alone (no batching).
+ * Concurrency: each model's worker decodes up to `parallel` requests together
+ * (continuous batching: one forward pass per step for all of them, each with
+ * its own KV cache and sampler; a request joins at the next step and leaves
+ * when it ends); up to `queue` further requests per model wait in arrival
+ * order, and one more gets 503. A request's output is exactly what it gets
+ * alone (engine/model.h: jlm_engine_eval_batch).
  *
  * Thread safety: jlm_srv_open, _drain and _close are called from one thread
  * (the main); everything else runs on the daemon's and workers' threads.
@@ -26,7 +29,8 @@
 typedef struct jlm_srv_opts {
     const char *host;        /* NULL: 127.0.0.1 */
     int         port;        /* 0: any free port (see jlm_srv_port) */
-    int         queue;       /* requests waiting per model beyond the one running; <= 0: 8 */
+    int         parallel;    /* requests per model decoded together; <= 0: 4 (at most 16) */
+    int         queue;       /* requests waiting per model beyond those running; <= 0: 8 */
     size_t      body_max;    /* request body limit in bytes; 0: 1 MiB */
     const char *api_key;     /* NULL: no key required */
     jlm_engine_opts eng;     /* per model */

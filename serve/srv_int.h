@@ -20,6 +20,8 @@
 
 typedef struct srv_job srv_job;
 
+#define JLM_SRV_MAX_PARALLEL 16   /* slots per model (the engine's batch is 16 too) */
+
 typedef struct srv_model {
     char        *id, *path;          /* id: the file stem */
     jlm_engine  *e;
@@ -33,11 +35,13 @@ typedef struct srv_model {
     pthread_cond_t  cv;
     srv_job    **q;                  /* (q_cap,) ring of waiting jobs */
     size_t       q_head, q_len, q_cap;
-    int          running, stop;
+    int          parallel;           /* slots: requests decoded together */
+    int          running, stop;      /* running: active slots */
     jlm_pager_counters pc;           /* the pager's counters after the last request */
     /* counters (atomic: read by /metrics) */
     atomic_ullong n_done, n_cancelled, n_prompt_tok, n_gen_tok;
     atomic_ullong busy_us;
+    atomic_ullong n_steps, n_step_seqs;  /* decode passes, and sequences in them (mean batch = ratio) */
 } srv_model;
 
 struct srv_job {

@@ -392,23 +392,28 @@ Test(serve, stop_strings_cut_the_text_streamed_or_not, .timeout = 60)
     srv_free(&s);
 }
 
+/* 8 greedy requests at once on --parallel 8: decoded together in one batch
+ * per step, each must return exactly what jlm run gives it alone. */
 Test(serve, concurrent_requests_each_get_what_they_get_alone, .timeout = 120)
 {
+    enum { N = 8 };
     srv s = {0};
-    srv_start(&s, NULL);
-    const char *prompts[] = {"Once upon a time", "The dog", "One day, Tom", "She was happy"};
-    char *alone[4];
-    for (int i = 0; i < 4; i++) alone[i] = jlm_run(&s, prompts[i], 32);
-    char cmd[8192];
+    const char *args[] = {"--parallel", "8", NULL};
+    srv_start(&s, args);
+    const char *prompts[N] = {"Once upon a time", "The dog", "One day, Tom", "She was happy",
+                              "Lily saw a bird", "The sun", "Ben and Mia", "A big red ball"};
+    char *alone[N];
+    for (int i = 0; i < N; i++) alone[i] = jlm_run(&s, prompts[i], 32 + 4 * i);
+    char cmd[16384];
     int k = snprintf(cmd, sizeof cmd, "(");
-    for (int i = 0; i < 4; i++)
+    for (int i = 0; i < N; i++)
         k += snprintf(cmd + k, sizeof cmd - (size_t)k,
                       "curl -s --max-time 60 -o %s/c%d http://127.0.0.1:%d/v1/completions -d "
-                      "'{\"prompt\": \"%s\", \"max_tokens\": 32, \"temperature\": 0%s}' & ",
-                      s.dir, i, s.port, prompts[i], i % 2 ? ", \"stream\": true" : "");
+                      "'{\"prompt\": \"%s\", \"max_tokens\": %d, \"temperature\": 0%s}' & ",
+                      s.dir, i, s.port, prompts[i], 32 + 4 * i, i % 2 ? ", \"stream\": true" : "");
     snprintf(cmd + k, sizeof cmd - (size_t)k, "wait)");
     cr_assert_eq(tu_run(cmd, NULL), 0);
-    for (int i = 0; i < 4; i++) {
+    for (int i = 0; i < N; i++) {
         char p[1100];
         snprintf(p, sizeof p, "%s/c%d", s.dir, i);
         size_t rl = 0;
@@ -416,12 +421,14 @@ Test(serve, concurrent_requests_each_get_what_they_get_alone, .timeout = 120)
         cr_assert(raw, "response %d", i);
         char *r = strndup((const char *)raw, rl);
         free(raw);
-        size_t n = strlen(alone[i]);
         char *t = i % 2 ? stream_text(r, NULL) : completion_text(r, NULL);
-        cr_assert_eq(strlen(t), n);
-        cr_assert(!memcmp(t, alone[i], n), "request %d alongside three others equals alone", i);
+        cr_assert_str_eq(t, alone[i], "request %d alongside seven others equals jlm run alone", i);
         free(t); free(r); free(alone[i]);
     }
+    char *r = NULL;
+    cr_assert_eq(http(&s, "GET", "/metrics", NULL, NULL, &r), 200);
+    cr_assert(strstr(r, "jlm_requests_done_total{model=\"stories\"} 8"), "%s", r);
+    free(r);
     srv_free(&s);
 }
 
