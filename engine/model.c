@@ -584,17 +584,21 @@ static void embed(jlm_engine *e, int32_t tok, float *x)
         jlm_k_scale(x, x, e->c->embd_scale, e->c->n_embd);
 }
 
-static void output(jlm_engine *e, const float *x, float *logits)
+/* logits (n, n_vocab) of the rows x (n, n_embd): one matmul, so the output
+ * matrix is read once for a batch of sequences (each row as its matvec). */
+static void output(jlm_engine *e, const float *x, uint32_t n, float *logits)
 {
     const jlm_config *c = e->c;
-    jlm_k_rmsnorm(e->h, x, vec_dense(e, W(e, -1, JLM_R_OUTPUT_NORM)), c->n_embd, c->rms_eps);
+    for (uint32_t r = 0; r < n; r++)
+        jlm_k_rmsnorm(e->h + (uint64_t)r * c->n_embd, x + (uint64_t)r * c->n_embd,
+                      vec_dense(e, W(e, -1, JLM_R_OUTPUT_NORM)), c->n_embd, c->rms_eps);
     const jlm_tensor *t = W(e, -1, JLM_R_OUTPUT);
     if (!t)
         t = W(e, -1, JLM_R_TOKEN_EMBD);   /* tied embeddings */
     jlm_k_mat m = mat_dense(e, t);
-    matvec(e, &m, e->h, logits);
+    matmul(e, &m, n, e->h, logits);
     if (c->final_softcap > 0)
-        for (uint64_t i = 0; i < m.rows; i++)
+        for (uint64_t i = 0; i < m.rows * n; i++)
             logits[i] = c->final_softcap * tanhf(logits[i] / c->final_softcap);
 }
 
@@ -625,9 +629,8 @@ static int forward(jlm_engine *e, const int32_t *tokens, uint32_t n, float *logi
         if (rc)
             return jlm_err_prefix(err, rc, "%s: block %u experts", e->m->path, l);
     }
-    uint64_t nv = jlm_engine_n_vocab(e);
-    for (uint32_t t = all_logits ? 0 : n - 1; logits && t < n; t++)
-        output(e, e->x + (uint64_t)t * c->n_embd, logits + (all_logits ? t * nv : 0));
+    if (logits)
+        output(e, e->x + (uint64_t)(all_logits ? 0 : n - 1) * c->n_embd, all_logits ? n : 1, logits);
     return JLM_OK;
 }
 

@@ -1,0 +1,102 @@
+/* bench_serve.c - aggregate generation speed of `jlm serve` at 1, 4 and 8
+ * concurrent requests, as ratios to 1 request, measured in the same run.
+ *
+ * Model: bench/mkgguf.c preset llama-1b (n_embd 2048, ff 8192, vocab 32000),
+ * 2 layers, Q4_K (~90 MiB in $TMPDIR): decode is weight-read bound, which is
+ * where one forward pass for the whole batch pays. The server runs with
+ * --parallel 8; each request asks N tokens (ignore_eos, greedy) of a short
+ * prompt. Aggregate t/s = c * N / wall time of c simultaneous curl requests.
+ * A ratio near c means the batch costs about what one sequence costs.
+ *
+ *   build/bench/bench_serve [-n N] [-t T]      defaults: N 24, T 2
+ */
+#include "bench/bench_common.h"
+
+#include <poll.h>
+#include <signal.h>
+#include <sys/wait.h>
+
+/* Starts `jlm serve model --port 0`; the port, or -1. */
+static int start_server(const char *model, int n_threads, pid_t *pid)
+{
+    const char *jb = getenv("JLM_BIN");
+    char t[16];
+    snprintf(t, sizeof t, "%d", n_threads);
+    int fd[2];
+    if (!jb || pipe(fd))
+        return -1;
+    if ((*pid = fork()) == 0) {
+        dup2(fd[1], 1);
+        close(fd[0]);
+        execl(jb, jb, "serve", model, "--port", "0", "--parallel", "8", "-t", t, (char *)NULL);
+        _exit(127);
+    }
+    close(fd[1]);
+    char line[256] = "";
+    size_t n = 0;
+    for (int i = 0; i < 600 && n < sizeof line - 1; i++) {
+        struct pollfd p = {.fd = fd[0], .events = POLLIN};
+        if (poll(&p, 1, 100) <= 0) continue;
+        ssize_t r = read(fd[0], line + n, sizeof line - 1 - n);
+        if (r <= 0) break;
+        n += (size_t)r;
+        line[n] = 0;
+        if (strchr(line, '\n')) break;
+    }
+    close(fd[0]);
+    const char *c = strstr(line, "127.0.0.1:");
+    return c ? atoi(c + 10) : -1;
+}
+
+/* c simultaneous requests of n tokens; aggregate tokens/s, or -1. */
+static double run_concurrent(int port, int c, int n)
+{
+    char cmd[8192];
+    int k = snprintf(cmd, sizeof cmd, "(");
+    for (int i = 0; i < c; i++)
+        k += snprintf(cmd + k, sizeof cmd - (size_t)k,
+                      "curl -sf --max-time 300 -o /dev/null http://127.0.0.1:%d/v1/completions -d "
+                      "'{\"prompt\": \"request %d\", \"max_tokens\": %d, \"temperature\": 0, \"ignore_eos\": true}' & ",
+                      port, i, n);
+    snprintf(cmd + k, sizeof cmd - (size_t)k, "wait) >/dev/null 2>&1");
+    double t0 = bench_now();
+    if (system(cmd) != 0)
+        return -1;
+    return (double)c * n / (bench_now() - t0);
+}
+
+int main(int argc, char **argv)
+{
+    int n = 24, n_threads = 2;
+    for (int i = 1; i + 1 < argc; i += 2) {
+        if (!strcmp(argv[i], "-n")) n = atoi(argv[i + 1]);
+        else if (!strcmp(argv[i], "-t")) n_threads = atoi(argv[i + 1]);
+    }
+    char *dir = bench_tmpdir(), model[1024];
+    uint32_t type;
+    if (!dir || mkg_parse_type("Q4_K", &type) || bench_make_model(dir, "serve", "llama-1b", type, 2, model, sizeof model))
+        return 1;
+    pid_t pid;
+    int port = start_server(model, n_threads, &pid);
+    int rc = port > 0 ? 0 : 1;
+    if (rc)
+        fprintf(stderr, "bench_serve: the server did not start (JLM_BIN set?)\n");
+    double base = 0;
+    static const int conc[] = {1, 4, 8};
+    printf("model llama-1b shape, 2 layers, Q4_K; %d tokens per request, --parallel 8, -t %d\n", n, n_threads);
+    printf("%-12s %10s %10s\n", "concurrent", "t/s", "ratio");
+    run_concurrent(port, 1, 4);   /* warm: pages in the weights once */
+    for (size_t i = 0; !rc && i < sizeof conc / sizeof conc[0]; i++) {
+        double tps = run_concurrent(port, conc[i], n);
+        if (tps < 0) { fprintf(stderr, "bench_serve: a request failed\n"); rc = 1; break; }
+        if (i == 0) base = tps;
+        printf("%-12d %10.1f %10.2f\n", conc[i], tps, tps / base);
+    }
+    if (port > 0) {
+        kill(pid, SIGTERM);
+        waitpid(pid, NULL, 0);
+    }
+    bench_rmrf(dir);
+    free(dir);
+    return rc;
+}
