@@ -7,6 +7,7 @@
 
 #include "engine/chat.h"
 #include "engine/chat_prompt.h"
+#include "engine/residency.h"
 #include "engine/sampler.h"
 
 #include <stdio.h>
@@ -461,10 +462,14 @@ static int model_paths(const char *path, char **container, char **id)
     return *id && *container ? 0 : -1;
 }
 
-static int model_load(srv_model *m, const jlm_engine_opts *eo, jlm_err *err)
+static int model_load(srv_model *m, const char *given, const jlm_engine_opts *opts, jlm_err *err)
 {
     int fallback;
-    int rc = jlm_engine_open(m->path, eo, &m->e, err);
+    jlm_engine_opts eo = *opts;
+    if (jlm_rdb_discover(given, &m->rdb_path, &m->rdb_key, NULL) == 0 ||
+        jlm_rdb_discover(m->path, &m->rdb_path, &m->rdb_key, NULL) == 0)
+        eo.direct = 0;   /* a view is read through the page cache the mount fills */
+    int rc = jlm_engine_open(m->path, &eo, &m->e, err);
     if (!rc) rc = jlm_tok_create(&jlm_engine_model(m->e)->vocab, &m->tok, err);
     if (!rc) rc = jlm_chat_template_or_chatml(m->path, &jlm_engine_model(m->e)->vocab, &m->tmpl, &m->bos, &m->eos,
                                               &fallback, err);
@@ -485,7 +490,7 @@ int srv_model_open(struct jlm_srv *s, const char *path, srv_model **out, jlm_err
     if ((uint32_t)m->parallel > jlm_engine_max_batch()) m->parallel = (int)jlm_engine_max_batch();
     m->q = calloc(m->q_cap, sizeof *m->q);
     int rc = !m->q || model_paths(path, &m->path, &m->id) ? jlm_errf(err, JLM_ENOMEM, "out of memory")
-                                                          : model_load(m, &s->o.eng, err);
+                                                          : model_load(m, path, &s->o.eng, err);
     if (!rc && pthread_create(&m->worker, NULL, worker_main, m))
         rc = jlm_errf(err, JLM_ENOMEM, "model '%s': cannot start its worker thread", m->id);
     m->started = !rc;
@@ -510,7 +515,7 @@ void srv_model_close(srv_model *m)
     jlm_tok_destroy(m->tok);
     jlm_engine_close(m->e);
     free(m->tmpl); free(m->bos); free(m->eos);
-    free(m->q); free(m->id); free(m->path);
+    free(m->q); free(m->id); free(m->path); free(m->rdb_path); free(m->rdb_key);
     pthread_mutex_destroy(&m->mu);
     pthread_cond_destroy(&m->cv);
     free(m);

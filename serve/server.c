@@ -4,6 +4,8 @@
  * job (non-streamed) and a stream reader may wait for the next token. */
 #include "serve/srv_int.h"
 
+#include "engine/residency.h"
+
 #include <arpa/inet.h>
 #include <errno.h>
 #include <microhttpd.h>
@@ -255,6 +257,37 @@ static enum MHD_Result send_metrics(jlm_srv *s, struct MHD_Connection *c)
     return send_text(c, MHD_HTTP_OK, buf, len, "text/plain; version=0.0.4");
 }
 
+/* ---------------------------------------------------------------- residency */
+
+/* What `jlm stats --json` says for a model on a jlmfs view; for a plain
+ * container, the engine pager's counters per page array (docs/serve.md). */
+static enum MHD_Result send_residency(jlm_srv *s, struct MHD_Connection *c, srv_model *m)
+{
+    jlm_err err = {0};
+    if (m->rdb_path) {
+        jlm_rdb *db = NULL;
+        char *out = NULL;
+        int rc = jlm_rdb_open(m->rdb_path, 0, &db, &err);
+        if (!rc) rc = jlm_rdb_stats_json(db, m->rdb_key, &out, &err);
+        jlm_rdb_close(db);
+        return rc ? send_error(s, c, 500, err.msg) : send_text(c, 200, out, strlen(out), "application/json");
+    }
+    pthread_mutex_lock(&m->mu);
+    jlm_pager_counters pc = m->pc;
+    pthread_mutex_unlock(&m->mu);
+    json_t *arrays = json_array();
+    for (uint32_t a = 0; arrays && a < pc.n_arrays; a++) {
+        const jlm_pager_array_counters *x = &pc.a[a];
+        json_array_append_new(arrays, json_pack("{s:I, s:I, s:I, s:I, s:I, s:I, s:I}", "page_ins",
+            (json_int_t)x->page_ins, "fills", (json_int_t)x->fills, "evictions", (json_int_t)x->evictions, "hits",
+            (json_int_t)x->hits, "reads", (json_int_t)x->reads, "bytes_read", (json_int_t)x->bytes_read,
+            "resident_pages", (json_int_t)x->resident_pages));
+    }
+    return send_json(c, 200, json_pack("{s:s, s:s, s:I, s:I, s:I, s:o}", "model", m->id, "source", "engine", "budget",
+                                       (json_int_t)pc.budget, "resident_bytes", (json_int_t)pc.resident_bytes,
+                                       "peak_bytes", (json_int_t)pc.peak_bytes, "arrays", arrays));
+}
+
 /* ---------------------------------------------------------------- routing */
 
 static enum MHD_Result route(jlm_srv *s, struct MHD_Connection *c, const char *url, const char *method,
@@ -269,6 +302,15 @@ static enum MHD_Result route(jlm_srv *s, struct MHD_Connection *c, const char *u
         return send_error(s, c, 401, "missing or wrong API key (Authorization: Bearer KEY)");
     if (!strcmp(url, "/v1/models"))
         return get ? send_json(c, 200, models_json(s)) : send_error(s, c, 405, "GET only");
+    size_t ul = strlen(url);
+    if (!strncmp(url, "/v1/models/", 11) && ul > 21 && !strcmp(url + ul - 10, "/residency")) {
+        char id[256];
+        snprintf(id, sizeof id, "%.*s", (int)(ul - 21 < 255 ? ul - 21 : 255), url + 11);
+        srv_model *m = find_model(s, id);
+        return !get ? send_error(s, c, 405, "GET only")
+             : m    ? send_residency(s, c, m)
+                    : send_error(s, c, 404, "no such model (GET /v1/models lists the ids)");
+    }
     if (!strncmp(url, "/v1/models/", 11)) {
         srv_model *m = find_model(s, url + 11);
         return !get ? send_error(s, c, 405, "GET only")

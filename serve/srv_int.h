@@ -24,6 +24,7 @@ typedef struct srv_job srv_job;
 
 typedef struct srv_model {
     char        *id, *path;          /* id: the file stem */
+    char        *rdb_path, *rdb_key;  /* on a jlmfs view: its residency database; else NULL */
     jlm_engine  *e;
     jlm_tok     *tok;
     char        *tmpl, *bos, *eos;   /* chat template (chatml when the container has none) */

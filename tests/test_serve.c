@@ -207,6 +207,9 @@ static char *jlm_run(const srv *s, const char *prompt, int n)
     return o;
 }
 
+static void expect_error(const srv *s, const char *method, const char *path, const char *body, const char *extra,
+                         int status, const char *type);
+
 /* ---------------------------------------------------------------- endpoints */
 
 Test(serve, greedy_completion_equals_jlm_run_streamed_or_not, .timeout = 120)
@@ -297,6 +300,21 @@ Test(serve, lists_models_and_answers_health, .timeout = 60)
     cr_assert_eq(http(&s, "GET", "/metrics", NULL, NULL, &r), 200, "%s", r);
     cr_assert(strstr(r, "jlm_generated_tokens_total{model=\"stories\"} 0"), "%s", r);
     free(r);
+    cr_assert_eq(http(&s, "POST", "/v1/completions", "{\"prompt\": \"Once\", \"max_tokens\": 3}", NULL, &r), 200);
+    free(r);
+    cr_assert_eq(http(&s, "GET", "/v1/models/stories/residency", NULL, NULL, &r), 200, "%s", r);
+    j = parse(r);
+    json_t *a0 = json_array_get(json_object_get(j, "arrays"), 0);
+    cr_assert_str_eq(json_string_value(json_object_get(j, "source")), "engine", "%s", r);
+    cr_assert(json_integer_value(json_object_get(a0, "page_ins")) >= 1, "the block pages were paged in: %s", r);
+    cr_assert(json_integer_value(json_object_get(j, "resident_bytes")) > 0, "%s", r);
+    json_decref(j);
+    free(r);
+    cr_assert_eq(http(&s, "GET", "/metrics", NULL, NULL, &r), 200, "%s", r);
+    cr_assert(strstr(r, "jlm_generated_tokens_total{model=\"stories\"} 3"), "%s", r);
+    cr_assert(!strstr(r, "jlm_page_ins_total{model=\"stories\"} 0"), "%s", r);
+    free(r);
+    expect_error(&s, "GET", "/v1/models/nope/residency", NULL, NULL, 404, "not_found_error");
     srv_free(&s);
 }
 
