@@ -6,9 +6,16 @@
  * where one forward pass for the whole batch pays. The server runs with
  * --parallel 8; each request asks N tokens (ignore_eos, greedy) of a short
  * prompt. Aggregate t/s = c * N / wall time of c simultaneous curl requests.
- * A ratio near c means the batch costs about what one sequence costs.
+ * A ratio near c means the batch costs about what one sequence costs. The
+ * server's CPU time per generated token (from /proc) is printed too, with
+ * its ratio to 1 request (how many times cheaper a token got): on a shared
+ * machine that figure depends far less on other load than wall time does.
  *
- *   build/bench/bench_serve [-n N] [-t T]      defaults: N 24, T 2
+ * Then a bounded soak: 8 clients each stream requests (16 tokens) back to
+ * back for S seconds; prints requests done, failed requests (must be 0) and
+ * the server's RSS after the warm-up and at the end (steady = no leak).
+ *
+ *   build/bench/bench_serve [-n N] [-t T] [--soak S]   defaults: N 24, T 2, S 20
  */
 #include "bench/bench_common.h"
 
@@ -48,6 +55,19 @@ static int start_server(const char *model, int n_threads, pid_t *pid)
     return c ? atoi(c + 10) : -1;
 }
 
+/* CPU seconds (user + system) the process has used so far, or 0. */
+static double cpu_s(pid_t pid)
+{
+    char p[64];
+    snprintf(p, sizeof p, "/proc/%d/stat", (int)pid);
+    FILE *f = fopen(p, "r");
+    unsigned long ut = 0, st = 0;
+    /* fields 14 and 15 after "pid (comm) state": comm holds no spaces here ("jlm") */
+    int ok = f && fscanf(f, "%*d %*s %*c %*d %*d %*d %*d %*d %*u %*u %*u %*u %*u %lu %lu", &ut, &st) == 2;
+    if (f) fclose(f);
+    return ok ? (double)(ut + st) / (double)sysconf(_SC_CLK_TCK) : 0.0;
+}
+
 /* c simultaneous requests of n tokens; aggregate tokens/s, or -1. */
 static double run_concurrent(int port, int c, int n)
 {
@@ -65,12 +85,55 @@ static double run_concurrent(int port, int c, int n)
     return (double)c * n / (bench_now() - t0);
 }
 
+/* VmRSS of pid in KiB, or 0. */
+static long rss_kib(pid_t pid)
+{
+    char p[64], line[256];
+    snprintf(p, sizeof p, "/proc/%d/status", (int)pid);
+    FILE *f = fopen(p, "r");
+    long kib = 0;
+    while (f && fgets(line, sizeof line, f))
+        if (!strncmp(line, "VmRSS:", 6)) kib = atol(line + 6);
+    if (f) fclose(f);
+    return kib;
+}
+
+/* 8 streaming clients for secs seconds; 0 when no request failed. */
+static int soak(int port, pid_t pid, int secs, const char *dir)
+{
+    long rss0 = rss_kib(pid);
+    char cmd[4096];
+    snprintf(cmd, sizeof cmd,
+             "for c in 1 2 3 4 5 6 7 8; do (end=$(($(date +%%s)+%d)); n=0; f=0; while [ $(date +%%s) -lt $end ]; do "
+             "curl -sfN --max-time 60 -o /dev/null http://127.0.0.1:%d/v1/completions -d "
+             "'{\"prompt\": \"soak\", \"max_tokens\": 16, \"stream\": true, \"ignore_eos\": true}' || f=$((f+1)); "
+             "n=$((n+1)); done; echo $n $f > %s/soak$c) & done; wait", secs, port, dir);
+    if (system(cmd) != 0)
+        return -1;
+    long total = 0, failed = 0;
+    for (int c = 1; c <= 8; c++) {
+        char p[1100];
+        snprintf(p, sizeof p, "%s/soak%d", dir, c);
+        FILE *f = fopen(p, "r");
+        long a = 0, b = 1;
+        if (!f || fscanf(f, "%ld %ld", &a, &b) != 2) b = 1;
+        if (f) fclose(f);
+        total += a;
+        failed += b;
+    }
+    long rss1 = rss_kib(pid);
+    printf("soak %d s, 8 streaming clients: %ld requests, %ld failed; server RSS %ld -> %ld KiB (x%.2f)\n", secs,
+           total, failed, rss0, rss1, rss0 ? (double)rss1 / (double)rss0 : 0.0);
+    return failed ? -1 : 0;
+}
+
 int main(int argc, char **argv)
 {
-    int n = 24, n_threads = 2;
+    int n = 24, n_threads = 2, soak_s = 20;
     for (int i = 1; i + 1 < argc; i += 2) {
         if (!strcmp(argv[i], "-n")) n = atoi(argv[i + 1]);
         else if (!strcmp(argv[i], "-t")) n_threads = atoi(argv[i + 1]);
+        else if (!strcmp(argv[i], "--soak")) soak_s = atoi(argv[i + 1]);
     }
     char *dir = bench_tmpdir(), model[1024];
     uint32_t type;
@@ -84,13 +147,19 @@ int main(int argc, char **argv)
     double base = 0;
     static const int conc[] = {1, 4, 8};
     printf("model llama-1b shape, 2 layers, Q4_K; %d tokens per request, --parallel 8, -t %d\n", n, n_threads);
-    printf("%-12s %10s %10s\n", "concurrent", "t/s", "ratio");
+    printf("%-12s %10s %10s %16s %10s\n", "concurrent", "t/s", "ratio", "server cpu ms/t", "ratio");
     run_concurrent(port, 1, 4);   /* warm: pages in the weights once */
+    double cbase = 0;
     for (size_t i = 0; !rc && i < sizeof conc / sizeof conc[0]; i++) {
-        double tps = run_concurrent(port, conc[i], n);
+        double c0 = cpu_s(pid), tps = run_concurrent(port, conc[i], n);
+        double cpt = (cpu_s(pid) - c0) * 1e3 / ((double)conc[i] * n);   /* load-independent cost of a token */
         if (tps < 0) { fprintf(stderr, "bench_serve: a request failed\n"); rc = 1; break; }
-        if (i == 0) base = tps;
-        printf("%-12d %10.1f %10.2f\n", conc[i], tps, tps / base);
+        if (i == 0) { base = tps; cbase = cpt; }
+        printf("%-12d %10.1f %10.2f %16.1f %10.2f\n", conc[i], tps, tps / base, cpt, cpt > 0 ? cbase / cpt : 0.0);
+    }
+    if (!rc && soak_s > 0 && soak(port, pid, soak_s, dir)) {
+        fprintf(stderr, "bench_serve: the soak had failed requests\n");
+        rc = 1;
     }
     if (port > 0) {
         kill(pid, SIGTERM);

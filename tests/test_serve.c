@@ -110,9 +110,14 @@ static int srv_stop(srv *s)
     return -1;
 }
 
+/* Stops the server (it must exit 0: under ASan a leak or an error fails it
+ * here), removes the temp dir. */
 static void srv_free(srv *s)
 {
-    if (s->pid > 0) srv_stop(s);
+    if (s->pid > 0) {
+        int rc = srv_stop(s);
+        cr_assert_eq(rc, 0, "the server exits 0 on SIGTERM (see %s/server.log)", s->dir);
+    }
     tu_rmrf(s->dir);
     free(s->dir);
     free(s->model);
