@@ -6,6 +6,9 @@
  * where one forward pass for the whole batch pays. The server runs with
  * --parallel 8; each request asks N tokens (ignore_eos, greedy) of a short
  * prompt. Aggregate t/s = c * N / wall time of c simultaneous curl requests.
+ * Run twice: with the model resident, and with --budget half the container,
+ * where every step pages the block pages in again: once per step for the
+ * whole batch, so the ratio there should approach the request count.
  * A ratio near c means the batch costs about what one sequence costs. The
  * server's CPU time per generated token (from /proc) is printed too, with
  * its ratio to 1 request (how many times cheaper a token got): on a shared
@@ -15,7 +18,7 @@
  * back for S seconds; prints requests done, failed requests (must be 0) and
  * the server's RSS after the warm-up and at the end (steady = no leak).
  *
- *   build/bench/bench_serve [-n N] [-t T] [--soak S]   defaults: N 24, T 2, S 20
+ *   build/bench/bench_serve [-n N] [-t T] [--soak S]   defaults: N 16, T 2, S 15
  */
 #include "bench/bench_common.h"
 
@@ -24,7 +27,7 @@
 #include <sys/wait.h>
 
 /* Starts `jlm serve model --port 0`; the port, or -1. */
-static int start_server(const char *model, int n_threads, pid_t *pid)
+static int start_server(const char *model, int n_threads, const char *budget, pid_t *pid)
 {
     const char *jb = getenv("JLM_BIN");
     char t[16];
@@ -35,7 +38,7 @@ static int start_server(const char *model, int n_threads, pid_t *pid)
     if ((*pid = fork()) == 0) {
         dup2(fd[1], 1);
         close(fd[0]);
-        execl(jb, jb, "serve", model, "--port", "0", "--parallel", "8", "-t", t, (char *)NULL);
+        execl(jb, jb, "serve", model, "--port", "0", "--parallel", "8", "-t", t, "--budget", budget, (char *)NULL);
         _exit(127);
     }
     close(fd[1]);
@@ -127,9 +130,35 @@ static int soak(int port, pid_t pid, int secs, const char *dir)
     return failed ? -1 : 0;
 }
 
+/* The 1/4/8 table for one server; 0 or -1. */
+static int table(int port, pid_t pid, int n)
+{
+    static const int conc[] = {1, 4, 8};
+    printf("%-12s %10s %10s %16s %10s\n", "concurrent", "t/s", "ratio", "server cpu ms/t", "ratio");
+    run_concurrent(port, 1, 4);   /* warm: pages in the weights once */
+    double base = 0, cbase = 0;
+    for (size_t i = 0; i < sizeof conc / sizeof conc[0]; i++) {
+        double c0 = cpu_s(pid), tps = run_concurrent(port, conc[i], n);
+        double cpt = (cpu_s(pid) - c0) * 1e3 / ((double)conc[i] * n);   /* load-independent cost of a token */
+        if (tps < 0) {
+            fprintf(stderr, "bench_serve: a request failed\n");
+            return -1;
+        }
+        if (i == 0) { base = tps; cbase = cpt; }
+        printf("%-12d %10.1f %10.2f %16.1f %10.2f\n", conc[i], tps, tps / base, cpt, cpt > 0 ? cbase / cpt : 0.0);
+    }
+    return 0;
+}
+
+static void stop_server(pid_t pid)
+{
+    kill(pid, SIGTERM);
+    waitpid(pid, NULL, 0);
+}
+
 int main(int argc, char **argv)
 {
-    int n = 24, n_threads = 2, soak_s = 20;
+    int n = 16, n_threads = 2, soak_s = 15;
     for (int i = 1; i + 1 < argc; i += 2) {
         if (!strcmp(argv[i], "-n")) n = atoi(argv[i + 1]);
         else if (!strcmp(argv[i], "-t")) n_threads = atoi(argv[i + 1]);
@@ -139,31 +168,26 @@ int main(int argc, char **argv)
     uint32_t type;
     if (!dir || mkg_parse_type("Q4_K", &type) || bench_make_model(dir, "serve", "llama-1b", type, 2, model, sizeof model))
         return 1;
-    pid_t pid;
-    int port = start_server(model, n_threads, &pid);
-    int rc = port > 0 ? 0 : 1;
-    if (rc)
-        fprintf(stderr, "bench_serve: the server did not start (JLM_BIN set?)\n");
-    double base = 0;
-    static const int conc[] = {1, 4, 8};
     printf("model llama-1b shape, 2 layers, Q4_K; %d tokens per request, --parallel 8, -t %d\n", n, n_threads);
-    printf("%-12s %10s %10s %16s %10s\n", "concurrent", "t/s", "ratio", "server cpu ms/t", "ratio");
-    run_concurrent(port, 1, 4);   /* warm: pages in the weights once */
-    double cbase = 0;
-    for (size_t i = 0; !rc && i < sizeof conc / sizeof conc[0]; i++) {
-        double c0 = cpu_s(pid), tps = run_concurrent(port, conc[i], n);
-        double cpt = (cpu_s(pid) - c0) * 1e3 / ((double)conc[i] * n);   /* load-independent cost of a token */
-        if (tps < 0) { fprintf(stderr, "bench_serve: a request failed\n"); rc = 1; break; }
-        if (i == 0) { base = tps; cbase = cpt; }
-        printf("%-12d %10.1f %10.2f %16.1f %10.2f\n", conc[i], tps, tps / base, cpt, cpt > 0 ? cbase / cpt : 0.0);
-    }
-    if (!rc && soak_s > 0 && soak(port, pid, soak_s, dir)) {
-        fprintf(stderr, "bench_serve: the soak had failed requests\n");
-        rc = 1;
-    }
-    if (port > 0) {
-        kill(pid, SIGTERM);
-        waitpid(pid, NULL, 0);
+    char half[32];
+    snprintf(half, sizeof half, "%llu", (unsigned long long)bench_file_size(model) / 2);
+    const char *budgets[] = {"0", half};
+    int rc = 0;
+    for (int b = 0; b < 2 && !rc; b++) {
+        pid_t pid;
+        int port = start_server(model, n_threads, budgets[b], &pid);
+        if (port <= 0) {
+            fprintf(stderr, "bench_serve: the server did not start (JLM_BIN set?)\n");
+            rc = 1;
+            break;
+        }
+        printf("-- budget %s\n", b ? "half the container (block pages are read again every step)" : "unlimited (resident)");
+        rc = table(port, pid, n) ? 1 : 0;
+        if (!rc && b == 0 && soak_s > 0 && soak(port, pid, soak_s, dir)) {
+            fprintf(stderr, "bench_serve: the soak had failed requests\n");
+            rc = 1;
+        }
+        stop_server(pid);
     }
     bench_rmrf(dir);
     free(dir);
