@@ -789,7 +789,9 @@ Test(serve, serves_every_model_of_a_folder_by_file_stem, .timeout = 120)
     /* the folder alone: both models */
     char *keep = s.model;
     s.model = NULL;
-    const char *args[] = {"--models", s.dir, NULL};
+    /* --budget 1 is raised to each engine's minimum working set (one block
+     * frame): every token pages blocks out and in again, answers unchanged */
+    const char *args[] = {"--models", s.dir, "--budget", "1", NULL};
     srv_start(&s, args);
     s.model = keep;
     char *r = NULL;
@@ -816,5 +818,9 @@ Test(serve, serves_every_model_of_a_folder_by_file_stem, .timeout = 120)
     cr_assert_str_eq(t, ref, "the synth model answers as jlm run");
     cr_assert(strstr(r, "\"completion_tokens\":8"), "%s", r);
     free(t); free(r); free(ref); free(m2);
+    cr_assert_eq(http(&s, "GET", "/metrics", NULL, NULL, &r), 200);
+    cr_assert(!strstr(r, "jlm_page_evictions_total{model=\"stories\"} 0\n"), "stories pages were evicted: %s", r);
+    cr_assert(!strstr(r, "jlm_page_evictions_total{model=\"synth\"} 0\n"), "synth pages were evicted: %s", r);
+    free(r);
     srv_free(&s);
 }
