@@ -151,6 +151,26 @@ static int get_messages(const json_t *o, jlm_srv_req *r, jlm_err *err)
 
 /* ---------------------------------------------------------------- request */
 
+/* completions: logprobs = N alternatives (0..5); chat: logprobs = true and
+ * top_logprobs = N (0..20). */
+static int get_logprobs(const json_t *o, jlm_srv_kind kind, jlm_srv_req *r, jlm_err *err)
+{
+    int64_t top = 0;
+    int rc;
+    if (kind == JLM_SRV_COMPLETION) {
+        top = -1;
+        rc = get_int(o, "logprobs", 0, 5, &top, err);
+        r->logprobs = top >= 0;
+    } else {
+        rc = get_bool(o, "logprobs", &r->logprobs, err);
+        if (!rc) rc = get_int(o, "top_logprobs", 0, 20, &top, err);
+        if (!rc && top > 0 && !r->logprobs)
+            return jlm_errf(err, JLM_EINVAL, "'top_logprobs': needs 'logprobs': true");
+    }
+    r->top_logprobs = top > 0 ? (int)top : 0;
+    return rc;
+}
+
 static int get_unsupported(const json_t *o, jlm_srv_kind kind, jlm_err *err)
 {
     int64_t n = 1;
@@ -158,9 +178,6 @@ static int get_unsupported(const json_t *o, jlm_srv_kind kind, jlm_err *err)
     if (rc) return rc;
     if (n != 1)
         return jlm_errf(err, JLM_EUNSUPPORTED, "'n': only n = 1 is supported");
-    const json_t *lp = json_object_get(o, "logprobs");
-    if (lp && !json_is_null(lp) && !json_is_false(lp) && !(json_is_integer(lp) && json_integer_value(lp) == 0))
-        return jlm_errf(err, JLM_EUNSUPPORTED, "'logprobs': not supported by this server");
     const json_t *echo = json_object_get(o, "echo");
     if (kind == JLM_SRV_COMPLETION && json_is_true(echo))
         return jlm_errf(err, JLM_EUNSUPPORTED, "'echo': not supported by this server");
@@ -215,6 +232,7 @@ static int parse_fields(const json_t *o, jlm_srv_kind kind, jlm_srv_req *r, jlm_
     if (!rc) rc = get_stop(o, r, err);
     if (!rc) rc = get_stream(o, r, err);
     if (!rc) rc = get_bool(o, "ignore_eos", &r->ignore_eos, err);
+    if (!rc) rc = get_logprobs(o, kind, r, err);
     return rc;
 }
 
@@ -349,6 +367,63 @@ json_t *jlm_srv_json_error(int status, const char *message)
 {
     return json_pack("{s:{s:s, s:s, s:n, s:i}}", "error", "message", message, "type", error_type(status), "param",
                      "code", status);
+}
+
+static json_t *bytes_json(const char *p, size_t n)
+{
+    json_t *a = json_array();
+    for (size_t i = 0; a && i < n; i++)
+        json_array_append_new(a, json_integer((unsigned char)p[i]));
+    return a;
+}
+
+json_t *jlm_srv_json_lp_entry(const char *tok, size_t len, double lp)
+{
+    return json_pack("{s:o, s:f, s:o, s:[]}", "token", text_json(tok, len), "logprob", lp, "bytes",
+                     bytes_json(tok, len), "top_logprobs");
+}
+
+int jlm_srv_json_lp_add_top(json_t *entry, const char *tok, size_t len, double lp)
+{
+    json_t *t = json_pack("{s:o, s:f, s:o}", "token", text_json(tok, len), "logprob", lp, "bytes", bytes_json(tok, len));
+    return t ? json_array_append_new(json_object_get(entry, "top_logprobs"), t) : -1;
+}
+
+/* The legacy completions shape of the chat-shaped entries. */
+static json_t *completion_logprobs(const json_t *entries, size_t *offset)
+{
+    json_t *toks = json_array(), *lps = json_array(), *tops = json_array(), *offs = json_array();
+    size_t i, k;
+    const json_t *e, *t;
+    json_array_foreach(entries, i, e) {
+        json_array_append(toks, json_object_get(e, "token"));
+        json_array_append(lps, json_object_get(e, "logprob"));
+        json_array_append_new(offs, json_integer((json_int_t)*offset));
+        *offset += json_array_size(json_object_get(e, "bytes"));
+        json_t *top = json_object();
+        json_array_foreach(json_object_get(e, "top_logprobs"), k, t)
+            json_object_set(top, json_string_value(json_object_get(t, "token")), json_object_get(t, "logprob"));
+        json_array_append_new(tops, top);
+    }
+    return json_pack("{s:o, s:o, s:o, s:o}", "tokens", toks, "token_logprobs", lps, "top_logprobs", tops,
+                     "text_offset", offs);
+}
+
+json_t *jlm_srv_json_logprobs(jlm_srv_kind kind, json_t *entries, size_t *offset)
+{
+    if (!entries)
+        return NULL;
+    json_t *lp = kind == JLM_SRV_CHAT ? json_pack("{s:O}", "content", entries) : completion_logprobs(entries, offset);
+    json_decref(entries);
+    return lp;
+}
+
+void jlm_srv_json_set_logprobs(json_t *obj, json_t *lp)
+{
+    json_t *c = json_array_get(json_object_get(obj, "choices"), 0);
+    if (c && lp)
+        json_object_set(c, "logprobs", lp);
+    json_decref(lp);
 }
 
 char *jlm_srv_sse(const json_t *j, size_t *len)

@@ -45,6 +45,8 @@ typedef struct jlm_srv_req {
     size_t  n_stop;
     int     stream, include_usage;
     int     ignore_eos;                 /* llama-server's extension: generate through EOS */
+    int     logprobs;                   /* 1: report each token's log-probability */
+    int     top_logprobs;               /* and this many most likely alternatives (<= 20) */
 } jlm_srv_req;
 
 /* Parses body[0, len) (not NUL-terminated) for kind. JLM_EFORMAT for a body
@@ -82,6 +84,18 @@ json_t *jlm_srv_json_usage_chunk(const jlm_srv_ident *id, const jlm_srv_result *
  * not_found_error, 413 request_too_large, 503 server_busy, else
  * server_error). NULL on OOM. */
 json_t *jlm_srv_json_error(int status, const char *message);
+/* Log-probabilities. One generated token's entry, in the chat shape
+ * {token, logprob, bytes, top_logprobs: []}; NULL on OOM. */
+json_t *jlm_srv_json_lp_entry(const char *tok, size_t len, double lp);
+/* Appends an alternative {token, logprob, bytes} to entry's top_logprobs. */
+int     jlm_srv_json_lp_add_top(json_t *entry, const char *tok, size_t len, double lp);
+/* The choice's "logprobs" for entries (taken): chat {"content": entries};
+ * completions {tokens, token_logprobs, top_logprobs, text_offset}, offsets
+ * counted from *offset, which advances by the tokens' bytes. NULL on OOM. */
+json_t *jlm_srv_json_logprobs(jlm_srv_kind kind, json_t *entries, size_t *offset);
+/* Sets choices[0].logprobs of a completion or chunk to lp (taken). */
+void    jlm_srv_json_set_logprobs(json_t *obj, json_t *lp);
+
 /* "data: <compact json>\n\n", malloc'd; NULL on OOM. */
 char   *jlm_srv_sse(const json_t *j, size_t *len);
 

@@ -10,6 +10,7 @@
 #include "engine/residency.h"
 #include "engine/sampler.h"
 
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -57,11 +58,25 @@ static void job_event(srv_job *j, json_t *ev)
     free(s);
 }
 
-/* Hands text to the client: a chunk when streaming, else appended. */
+/* The logprobs recorded since the last chunk, in the response's shape; NULL
+ * when not asked for or none. */
+static json_t *job_take_lp(srv_job *j)
+{
+    if (!j->lp_pending || !json_array_size(j->lp_pending))
+        return NULL;
+    json_t *lp = jlm_srv_json_logprobs(j->ident.kind, j->lp_pending, &j->lp_offset);
+    j->lp_pending = json_array();
+    return lp;
+}
+
+/* Hands text to the client: a chunk when streaming (with the logprobs of the
+ * tokens sampled since the last one), else appended. */
 static void job_emit(srv_job *j, const char *p, size_t n, int first)
 {
     if (j->req.stream) {
-        job_event(j, jlm_srv_json_chunk(&j->ident, p, n, first && j->ident.kind == JLM_SRV_CHAT, NULL));
+        json_t *c = jlm_srv_json_chunk(&j->ident, p, n, first && j->ident.kind == JLM_SRV_CHAT, NULL);
+        jlm_srv_json_set_logprobs(c, job_take_lp(j));
+        job_event(j, c);
         return;
     }
     pthread_mutex_lock(&j->mu);
@@ -74,9 +89,15 @@ static void job_emit(srv_job *j, const char *p, size_t n, int first)
 
 static void job_finish(srv_job *j, int status, const char *msg)
 {
+    if (!j->req.stream && status == 200 && j->lp_pending) {
+        j->lp_final = jlm_srv_json_logprobs(j->ident.kind, j->lp_pending, &j->lp_offset);
+        j->lp_pending = NULL;
+    }
     if (j->req.stream) {
         if (status == 200) {
-            job_event(j, jlm_srv_json_chunk(&j->ident, "", 0, 0, &j->res));
+            json_t *c = jlm_srv_json_chunk(&j->ident, "", 0, 0, &j->res);
+            jlm_srv_json_set_logprobs(c, job_take_lp(j));
+            job_event(j, c);
             if (j->req.include_usage)
                 job_event(j, jlm_srv_json_usage_chunk(&j->ident, &j->res));
         } else {
@@ -104,6 +125,8 @@ void srv_job_unref(srv_job *j)
     if (!last) return;
     struct jlm_srv *s = j->m->srv;
     jlm_srv_req_free(&j->req);
+    json_decref(j->lp_pending);
+    json_decref(j->lp_final);
     free(j->prompt);
     free(j->out);
     pthread_mutex_destroy(&j->mu);
@@ -205,6 +228,7 @@ int srv_job_create(srv_model *m, jlm_srv_req *req, srv_job **out, jlm_err *err)
     j->max_tokens = (uint32_t)(j->req.max_tokens >= 0 && (uint64_t)j->req.max_tokens < room ? (uint64_t)j->req.max_tokens : room);
     j->refs = 2;
     j->status = 200;
+    j->lp_pending = j->req.logprobs ? json_array() : NULL;
     pthread_mutex_init(&j->mu, NULL);
     pthread_cond_init(&j->cv, NULL);
     make_ident(j);
@@ -291,6 +315,33 @@ static void slot_end(srv_model *m, slot *sl, const char *fin, int status, const 
     srv_job_unref(j);
 }
 
+/* Records token id's log-probability under logits (log-softmax in double)
+ * and the top_logprobs most likely tokens (ties: lower id first). */
+static void lp_record(srv_model *m, srv_job *j, const float *logits, int32_t id)
+{
+    uint32_t nv = jlm_engine_n_vocab(m->e);
+    int32_t best[20];
+    int nb = 0, want = j->req.top_logprobs;
+    double mx = logits[0], sum = 0;
+    for (uint32_t i = 1; i < nv; i++) if (logits[i] > mx) mx = logits[i];
+    for (uint32_t i = 0; i < nv; i++) {
+        sum += exp((double)logits[i] - mx);
+        if (!want || (nb == want && !(logits[i] > logits[best[nb - 1]])))
+            continue;
+        int k = nb < want ? nb++ : want - 1;   /* full: the last one drops out */
+        while (k > 0 && logits[i] > logits[best[k - 1]]) { best[k] = best[k - 1]; k--; }
+        best[k] = (int32_t)i;
+    }
+    double lse = mx + log(sum);
+    const char *p;
+    size_t n;
+    json_t *e = jlm_tok_piece(m->tok, id, 0, &p, &n, NULL) ? NULL : jlm_srv_json_lp_entry(p, n, logits[id] - lse);
+    for (int k = 0; e && k < nb; k++)
+        if (!jlm_tok_piece(m->tok, best[k], 0, &p, &n, NULL))
+            jlm_srv_json_lp_add_top(e, p, n, logits[best[k]] - lse);
+    if (e) json_array_append_new(j->lp_pending, e);
+}
+
 /* Samples the slot's next token from logits and hands out its text; ends the
  * request at EOG, a stop string or max_tokens. */
 static void slot_sample(srv_model *m, slot *sl, const float *logits, char *piece, size_t piece_cap)
@@ -303,7 +354,10 @@ static void slot_sample(srv_model *m, slot *sl, const float *logits, char *piece
     int32_t id = jlm_samp_next(sl->s, logits);
     jlm_samp_accept(sl->s, id);
     sl->n_gen++;
-    if (!j->req.ignore_eos && jlm_tok_is_eog(m->tok, id)) {
+    int eog = !j->req.ignore_eos && jlm_tok_is_eog(m->tok, id);
+    if (j->lp_pending && !eog)
+        lp_record(m, j, logits, id);
+    if (eog) {
         slot_end(m, sl, "stop", 200, "");
         return;
     }

@@ -159,9 +159,11 @@ static enum MHD_Result send_whole(jlm_srv *s, struct MHD_Connection *c, srv_job 
     while (!j->done)
         pthread_cond_wait(&j->cv, &j->mu);
     pthread_mutex_unlock(&j->mu);
-    enum MHD_Result ok = j->status == 200
-        ? send_json(c, MHD_HTTP_OK, jlm_srv_json_completion(&j->ident, j->out ? j->out : "", j->len, &j->res))
-        : send_error(s, c, (unsigned)j->status, j->errmsg);
+    json_t *done = j->status == 200 ? jlm_srv_json_completion(&j->ident, j->out ? j->out : "", j->len, &j->res) : NULL;
+    if (done && j->lp_final)
+        jlm_srv_json_set_logprobs(done, json_incref(j->lp_final));
+    enum MHD_Result ok = j->status == 200 ? send_json(c, MHD_HTTP_OK, done)
+                                          : send_error(s, c, (unsigned)j->status, j->errmsg);
     srv_job_unref(j);
     return ok;
 }

@@ -53,6 +53,10 @@ struct srv_job {
     size_t        n_prompt;
     uint32_t      max_tokens;
     atomic_int    cancelled;         /* the client went away */
+    /* logprobs (worker only until done; then the connection reads lp_final) */
+    json_t       *lp_pending;        /* entries not yet sent (chat shape) */
+    size_t        lp_offset;         /* completions' text_offset of the next entry */
+    json_t       *lp_final;          /* non-streamed: the choice's logprobs */
     /* guarded by mu */
     pthread_mutex_t mu;
     pthread_cond_t  cv;

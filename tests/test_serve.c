@@ -5,6 +5,7 @@
 
 #include <arpa/inet.h>
 #include <fcntl.h>
+#include <math.h>
 #include <jansson.h>
 #include <netinet/in.h>
 #include <poll.h>
@@ -604,7 +605,8 @@ Test(serve_api, refuses_wrong_types_and_ranges_naming_the_field)
         {"{\"prompt\": \"a\", \"model\": 3}", "model"},
         {"{\"prompt\": [\"a\", \"b\"]}", "prompt"},
         {"{\"prompt\": [1, 2]}", "prompt"},
-        {"{\"prompt\": \"a\", \"logprobs\": 2}", "logprobs"},
+        {"{\"prompt\": \"a\", \"logprobs\": 6}", "logprobs"},
+        {"{\"prompt\": \"a\", \"logprobs\": true}", "logprobs"},
         {"{\"prompt\": \"a\\u0000b\"}", "u0000"},
         {"{\"prompt\": \"a\", \"prompt\": \"b\"}", "duplicate"},
     };
@@ -822,5 +824,62 @@ Test(serve, serves_every_model_of_a_folder_by_file_stem, .timeout = 120)
     cr_assert(!strstr(r, "jlm_page_evictions_total{model=\"stories\"} 0\n"), "stories pages were evicted: %s", r);
     cr_assert(!strstr(r, "jlm_page_evictions_total{model=\"synth\"} 0\n"), "synth pages were evicted: %s", r);
     free(r);
+    srv_free(&s);
+}
+
+/* ---------------------------------------------------------------- logprobs */
+
+/* The first generated token's log-probability equals log-softmax of the
+ * logits `jlm run --logits` writes for the same prompt; the alternatives are
+ * the most likely tokens in order. */
+Test(serve, logprobs_match_the_log_softmax_of_jlm_run_logits, .timeout = 60)
+{
+    srv s = {0};
+    srv_start(&s, NULL);
+    char cmd[2048], lf[1100], *o = NULL, *r = NULL;
+    snprintf(lf, sizeof lf, "%s/logits.json", s.dir);
+    snprintf(cmd, sizeof cmd, "%s run %s -p 'Once upon' -n 1 --temp 0 -t 1 --logits %s", tu_jlm(), s.model, lf);
+    cr_assert_eq(tu_run(cmd, &o), 0, "%s", o);
+    free(o);
+    size_t n = 0;
+    unsigned char *raw = tu_read_file(lf, &n);
+    char *txt = strndup((const char *)raw, n);
+    json_t *lg = parse(txt);
+    free(raw); free(txt);
+    size_t nv = json_array_size(lg), best = 0, second = 0;
+    double mx = -INFINITY, sum = 0;
+    for (size_t i = 0; i < nv; i++) mx = fmax(mx, json_number_value(json_array_get(lg, i)));
+    for (size_t i = 0; i < nv; i++) sum += exp(json_number_value(json_array_get(lg, i)) - mx);
+    for (size_t i = 1; i < nv; i++) {
+        double v = json_number_value(json_array_get(lg, i));
+        if (v > json_number_value(json_array_get(lg, best))) { second = best; best = i; }
+        else if (second == best || v > json_number_value(json_array_get(lg, second))) second = i;
+    }
+    double want0 = json_number_value(json_array_get(lg, best)) - mx - log(sum);
+    double want1 = json_number_value(json_array_get(lg, second)) - mx - log(sum);
+    json_decref(lg);
+    const char *body = "{\"prompt\": \"Once upon\", \"max_tokens\": 3, \"temperature\": 0, \"logprobs\": 2}";
+    cr_assert_eq(http(&s, "POST", "/v1/completions", body, NULL, &r), 200, "%s", r);
+    json_t *j = parse(r), *lp = json_object_get(json_array_get(json_object_get(j, "choices"), 0), "logprobs");
+    json_t *tl = json_object_get(lp, "token_logprobs"), *top = json_array_get(json_object_get(lp, "top_logprobs"), 0);
+    cr_assert_eq(json_array_size(tl), 3, "one entry per token: %s", r);
+    double got = json_number_value(json_array_get(tl, 0));
+    cr_assert(fabs(got - want0) < 1e-5, "logprob %.9g, log-softmax of jlm run's logits %.9g", got, want0);
+    cr_assert_eq(json_object_size(top), 2, "%s", r);
+    const char *k;
+    json_t *v;
+    double lo = 0;
+    json_object_foreach(top, k, v) lo = fmin(lo, json_number_value(v));
+    cr_assert(fabs(lo - want1) < 1e-5, "second alternative %.9g, expected %.9g", lo, want1);
+    json_decref(j);
+    free(r);
+    const char *cb = "{\"messages\": [{\"role\": \"user\", \"content\": \"hi\"}], \"max_tokens\": 2, "
+                     "\"temperature\": 0, \"logprobs\": true, \"top_logprobs\": 3, \"stream\": true}";
+    cr_assert_eq(http(&s, "POST", "/v1/chat/completions", cb, NULL, &r), 200, "%s", r);
+    cr_assert(strstr(r, "\"logprobs\":{\"content\":[{\"token\":"), "streamed chat chunks carry logprobs: %s", r);
+    free(r);
+    expect_error(&s, "POST", "/v1/chat/completions",
+                 "{\"messages\": [{\"role\": \"user\", \"content\": \"hi\"}], \"top_logprobs\": 2}", NULL, 400,
+                 "invalid_request_error");
     srv_free(&s);
 }
