@@ -31,7 +31,16 @@ static void use(const jlm_srv_req *r, const uint8_t *data, size_t size)
     sink += n;
     free(sse);
     json_decref(j);
-    json_decref(jlm_srv_json_chunk(&id, (const char *)data, cut, 1, NULL));
+    json_t *c = jlm_srv_json_chunk(&id, (const char *)data, cut, 1, NULL);
+    if (r->logprobs) {   /* the input's bytes as token texts */
+        json_t *entries = json_array(), *e = jlm_srv_json_lp_entry((const char *)data, cut, -1.5);
+        for (int k = 0; e && k < r->top_logprobs; k++)
+            jlm_srv_json_lp_add_top(e, (const char *)data + cut, size - cut, -2.0 - k);
+        json_array_append_new(entries, e);
+        size_t off = 0;
+        jlm_srv_json_set_logprobs(c, jlm_srv_json_logprobs(r->kind, entries, &off));
+    }
+    json_decref(c);
     (void)sink;
 }
 
