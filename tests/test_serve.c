@@ -342,9 +342,12 @@ static void expect_error(const srv *s, const char *method, const char *path, con
 Test(serve, answers_bad_requests_with_openai_error_objects, .timeout = 60)
 {
     srv s = {0};
-    const char *args[] = {"--body-max", "4K", NULL};
+    const char *args[] = {"--body-max", "4K", "-c", "16", NULL};
     srv_start(&s, args);
     const char *inv = "invalid_request_error";
+    expect_error(&s, "POST", "/v1/completions",
+                 "{\"prompt\": \"Once upon a time there was a little girl named Lily who loved to play in the park\"}",
+                 NULL, 400, inv);   /* more tokens than -c 16 holds */
     expect_error(&s, "POST", "/v1/completions", "{\"prompt\": ", NULL, 400, inv);
     expect_error(&s, "POST", "/v1/completions", "[1, 2]", NULL, 400, inv);
     expect_error(&s, "POST", "/v1/completions", "{\"max_tokens\": 4}", NULL, 400, inv);
@@ -523,6 +526,26 @@ Test(serve, a_client_that_disconnects_cancels_its_generation, .timeout = 120)
     cr_assert_eq(http(&s, "POST", "/v1/completions", "{\"prompt\": \"Once\", \"max_tokens\": 4}", NULL, &r), 200,
                  "the next request is served: %s", r);
     free(r);
+    srv_free(&s);
+}
+
+Test(serve, a_full_queue_answers_503, .timeout = 120)
+{
+    srv s = {0};
+    const char *args[] = {"--parallel", "1", "--queue", "1", "-c", "4096", NULL};
+    srv_start(&s, args);
+    int running = start_long_stream(&s, 4000);   /* holds the only slot */
+    int queued = tcp_connect(s.port);            /* waits in the queue of one */
+    const char *body = "{\"prompt\": \"Once\", \"max_tokens\": 4000, \"ignore_eos\": true, \"stream\": true}";
+    char req[512];
+    int nr = snprintf(req, sizeof req, "POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Length: %zu\r\n\r\n%s",
+                      strlen(body), body);
+    cr_assert_eq(write(queued, req, (size_t)nr), nr);
+    cr_assert(metrics_reach(&s, "jlm_queue_length{model=\"stories\"} 1"), "the second request waits");
+    expect_error(&s, "POST", "/v1/completions", "{\"prompt\": \"Once\", \"max_tokens\": 2}", NULL, 503, "server_busy");
+    close(queued);
+    close(running);
+    cr_assert(metrics_reach(&s, "jlm_requests_running{model=\"stories\"} 0"), "both leave once their clients are gone");
     srv_free(&s);
 }
 
