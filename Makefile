@@ -23,7 +23,7 @@ BUILD   ?= build
 PREFIX  ?= /usr/local
 SBINDIR ?= /sbin
 CC      ?= cc
-PKGS    := fuse3 sqlite3 jansson libutf8proc stb zlib
+PKGS    := fuse3 sqlite3 jansson libutf8proc stb zlib libmicrohttpd
 PKG_CFLAGS := $(shell pkg-config --cflags $(PKGS) 2>/dev/null)
 PKG_LIBS   := $(shell pkg-config --libs $(PKGS) 2>/dev/null)
 
@@ -44,7 +44,7 @@ LDLIBS  := $(PKG_LIBS) -lm -pthread
 AVX2_FLAGS   := -mavx2 -mfma -mf16c
 AVX512_FLAGS := -mavx2 -mfma -mf16c -mavx512f -mavx512bw -mavx512vl -mavx512dq -mavx512vnni
 
-LIB_DIRS := base format converter kernels/cpu engine text/tokenizer text/template prompt residency fs picture
+LIB_DIRS := base format converter kernels/cpu engine text/tokenizer text/template prompt residency fs picture serve
 LIB_SRC  := $(foreach d,$(LIB_DIRS),$(wildcard $(d)/*.c))
 LIB_OBJ  := $(LIB_SRC:%.c=$(BUILD)/obj/%.o)
 LIB      := $(BUILD)/libjlm.a
@@ -125,6 +125,7 @@ FUZZ_EXTRA_fuzz_image   := engine/image.c $(shell pkg-config --cflags --libs stb
 FUZZ_EXTRA_fuzz_mmproj  := converter/arch.c converter/convert.c converter/pack.c converter/vision_map.c \
                            converter/vocab.c format/dequant_ref.c kernels/cpu/ops.c kernels/cpu/matvec_ref.c -pthread \
                            $(shell pkg-config --cflags --libs libutf8proc)
+FUZZ_EXTRA_fuzz_serve_req := serve/api.c engine/sampler.c $(shell pkg-config --cflags --libs jansson libutf8proc)
 FUZZ_BINS := $(patsubst tests/fuzz/%.c,build-fuzz/%,$(wildcard tests/fuzz/fuzz_*.c))
 fuzz: $(FUZZ_BINS)
 build-fuzz/fuzz_picture: $(PIC_ASSETS)

@@ -12,6 +12,7 @@ int jlm_cmd_bench(int argc, char **argv);
 int jlm_cmd_stats(int argc, char **argv);
 int jlm_cmd_tokenize(int argc, char **argv);
 int jlm_cmd_chat(int argc, char **argv);
+int jlm_cmd_serve(int argc, char **argv);
 
 /* The container picture of model (a .jlm or a jlmfs view) to out_path (NULL:
  * stdout), with the residency overlay of db/key, or of the view's database

@@ -7,6 +7,7 @@
 #include "cli/generate.h"
 #include "cli/report.h"
 #include "text/template/chat.h"
+#include "prompt/chat_prompt.h"
 #include "engine/model.h"
 #include "engine/sampler.h"
 #include "text/tokenizer/tokenizer.h"
@@ -15,11 +16,6 @@
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
-
-/* Used when a container has no template (llama.cpp falls back to chatml too). */
-static const char CHATML[] =
-    "{% for message in messages %}{{'<|im_start|>' + message['role'] + '\n' + message['content'] + '<|im_end|>' + '\n'}}"
-    "{% endfor %}{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}";
 
 typedef struct conv {
     jlm_chat_msg *msgs;
@@ -121,13 +117,13 @@ int jlm_cmd_chat(int argc, char **argv)
     }
     if (on_view)
         jlm_cli_report_open(&rep, e, db, key, "jlm chat");
-    if (jlm_chat_template_from_model(path, &tmpl, &bos, &eos, &err)) {
-        fprintf(stderr, "note: %s has no chat template: using chatml\n", model);
-        tmpl = strdup(CHATML);
-        const jlm_vocab *v = &jlm_engine_model(e)->vocab;
-        bos = strdup(v->bos >= 0 ? v->tokens[v->bos].s : "");
-        eos = strdup(v->eos >= 0 ? v->tokens[v->eos].s : "");
+    int fallback = 0;
+    if (jlm_chat_template_or_chatml(path, &jlm_engine_model(e)->vocab, &tmpl, &bos, &eos, &fallback, &err)) {
+        fprintf(stderr, "jlm chat: %s\n", err.msg);
+        goto out;
     }
+    if (fallback)
+        fprintf(stderr, "note: %s has no chat template: using chatml\n", model);
     logits = malloc(jlm_engine_n_vocab(e) * sizeof *logits);
     prev = strdup("");
     const jlm_vocab *voc = &jlm_engine_model(e)->vocab;

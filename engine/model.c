@@ -50,6 +50,16 @@ struct jlm_engine {
     float   *route_w; /* (n_expert_used,) */
     void    *xq_buf;  /* BATCH quantized activation rows */
     jlm_act_q8 xq[BATCH];
+    /* the batch being run: token t writes and reads the cache at bkc[t]/bvc[t]
+     * (the engine's own, or a jlm_engine_seq's) at position bpos[t] */
+    float   *bkc[BATCH], *bvc[BATCH];
+    uint32_t bpos[BATCH];
+};
+
+/* A KV cache of its own, for serving several sequences on one engine. */
+struct jlm_engine_seq {
+    float   *kc, *vc;   /* (n_layer, n_ctx, kv_dim), (n_layer, n_ctx, kv_dim_v) */
+    uint32_t n_past;
 };
 
 /* ================================================================ tensors -> kernel operands */
@@ -370,8 +380,9 @@ static void attn_heads(void *ctx, size_t h0, size_t h1, int tid)
     }
 }
 
-static void attend(jlm_engine *e, uint32_t l, uint32_t pos, const float *q, float *out)
+static void attend(jlm_engine *e, uint32_t l, uint32_t t, const float *q, float *out)
 {
+    uint32_t pos = e->bpos[t];
     const jlm_config *c = e->c;
     /* sliding window: a key at j is hidden when pos - j >= window (llama.cpp's standard SWA);
      * inside an image (bidir_end) later keys are seen too and never cut by the window */
@@ -381,7 +392,7 @@ static void attend(jlm_engine *e, uint32_t l, uint32_t pos, const float *q, floa
         e->mask[j] = j <= pos && pos - j >= c->swa_window ? -INFINITY : 0.0f;
     attn_job j = {
         .e = e, .q = q, .out = out, .n_kv = n_kv, .group = c->n_head / c->n_kv_head,
-        .kl = e->kc + (uint64_t)l * e->n_ctx * e->kv_dim, .vl = e->vc + (uint64_t)l * e->n_ctx * e->kv_dim_v,
+        .kl = e->bkc[t] + (uint64_t)l * e->n_ctx * e->kv_dim, .vl = e->bvc[t] + (uint64_t)l * e->n_ctx * e->kv_dim_v,
         .sinks = vec_dense(e, W(e, l, JLM_R_ATTN_SINKS)),
         .ap = {.head_dim = e->hd, .head_dim_v = e->hd_v, .k_stride = e->kv_dim, .v_stride = e->kv_dim_v,
                .scale = c->attn_scale > 0 ? c->attn_scale : 1.0f / sqrtf((float)e->hd),
@@ -391,9 +402,9 @@ static void attend(jlm_engine *e, uint32_t l, uint32_t pos, const float *q, floa
     jlm_pool_for(n_kv >= 64 ? e->pool : NULL, c->n_head, 1, attn_heads, &j);
 }
 
-/* Keys and values of tokens t < n (rows of x) at positions pos0 + t of layer
- * l into the cache; page = block l's frame. */
-static void attn_kv(jlm_engine *e, uint32_t l, const uint8_t *page, uint64_t page_off, uint32_t pos0, uint32_t n)
+/* Keys and values of tokens t < n (rows of x) of layer l into their caches
+ * bkc/bvc[t] at positions bpos[t]; page = block l's frame. */
+static void attn_kv(jlm_engine *e, uint32_t l, const uint8_t *page, uint64_t page_off, uint32_t n)
 {
     const jlm_config *c = e->c;
     uint32_t E = c->n_embd;
@@ -411,17 +422,17 @@ static void attn_kv(jlm_engine *e, uint32_t l, const uint8_t *page, uint64_t pag
         add_bias(v, vec_dense(e, W(e, l, JLM_R_ATTN_V_B)), e->kv_dim_v);
         qk_norm(e, l, NULL, k);
         if (!(c->flags & JLM_F_NO_POS_ENC))
-            jlm_k_rope_apply(&rp, k, c->n_kv_head, e->hd, pos0 + t);
-        uint64_t at = (uint64_t)l * e->n_ctx + pos0 + t;
-        memcpy(e->kc + at * e->kv_dim, k, e->kv_dim * sizeof(float));
-        memcpy(e->vc + at * e->kv_dim_v, v, e->kv_dim_v * sizeof(float));
+            jlm_k_rope_apply(&rp, k, c->n_kv_head, e->hd, e->bpos[t]);
+        uint64_t at = (uint64_t)l * e->n_ctx + e->bpos[t];
+        memcpy(e->bkc[t] + at * e->kv_dim, k, e->kv_dim * sizeof(float));
+        memcpy(e->bvc[t] + at * e->kv_dim_v, v, e->kv_dim_v * sizeof(float));
     }
 }
 
-/* x[t] += attention(norm(x[t])) for tokens t < n at positions pos0 + t of
- * layer l, whose keys attn_kv has cached: token t sees keys up to pos0 + t
+/* x[t] += attention(norm(x[t])) for tokens t < n at positions bpos[t] of
+ * layer l, whose keys attn_kv has cached: token t sees keys up to bpos[t]
  * (up to bidir_end inside an image). */
-static void attn_out(jlm_engine *e, uint32_t l, const uint8_t *page, uint64_t page_off, uint32_t pos0, uint32_t n)
+static void attn_out(jlm_engine *e, uint32_t l, const uint8_t *page, uint64_t page_off, uint32_t n)
 {
     const jlm_config *c = e->c;
     uint32_t E = c->n_embd, A = c->n_head * e->hd_v;
@@ -436,8 +447,8 @@ static void attn_out(jlm_engine *e, uint32_t l, const uint8_t *page, uint64_t pa
         add_bias(q, vec_dense(e, W(e, l, JLM_R_ATTN_Q_B)), e->q_dim);
         qk_norm(e, l, q, NULL);
         if (!(c->flags & JLM_F_NO_POS_ENC))
-            jlm_k_rope_apply(&rp, q, c->n_head, e->hd, pos0 + t);
-        attend(e, l, pos0 + t, q, e->att + t * A);
+            jlm_k_rope_apply(&rp, q, c->n_head, e->hd, e->bpos[t]);
+        attend(e, l, t, q, e->att + t * A);
     }
     jlm_k_mat wo = mat_at(W(e, l, JLM_R_ATTN_OUT), page, page_off, 0);
     matmul(e, &wo, n, e->att, e->o);
@@ -593,25 +604,43 @@ static void embed(jlm_engine *e, int32_t tok, float *x)
         jlm_k_scale(x, x, e->c->embd_scale, e->c->n_embd);
 }
 
-static void output(jlm_engine *e, const float *x, float *logits)
+/* logits (n, n_vocab) of the rows x (n, n_embd): one matmul, so the output
+ * matrix is read once for a batch of sequences (each row as its matvec). */
+static void output(jlm_engine *e, const float *x, uint32_t n, float *logits)
 {
     const jlm_config *c = e->c;
-    jlm_k_rmsnorm(e->h, x, vec_dense(e, W(e, -1, JLM_R_OUTPUT_NORM)), c->n_embd, c->rms_eps);
+    for (uint32_t r = 0; r < n; r++)
+        jlm_k_rmsnorm(e->h + (uint64_t)r * c->n_embd, x + (uint64_t)r * c->n_embd,
+                      vec_dense(e, W(e, -1, JLM_R_OUTPUT_NORM)), c->n_embd, c->rms_eps);
     const jlm_tensor *t = W(e, -1, JLM_R_OUTPUT);
     if (!t)
         t = W(e, -1, JLM_R_TOKEN_EMBD);   /* tied embeddings */
     jlm_k_mat m = mat_dense(e, t);
-    matvec(e, &m, e->h, logits);
+    matmul(e, &m, n, e->h, logits);
     if (c->final_softcap > 0)
-        for (uint64_t i = 0; i < m.rows; i++)
+        for (uint64_t i = 0; i < m.rows * n; i++)
             logits[i] = c->final_softcap * tanhf(logits[i] / c->final_softcap);
 }
 
+/* Token rows [i, i+b) of one sequence (cache kc/vc) at positions pos0 + i..
+ * become the batch's rows [0, b). */
+static void bind_rows(jlm_engine *e, float *kc, float *vc, uint32_t pos0, uint32_t b)
+{
+    for (uint32_t t = 0; t < b; t++) {
+        e->bkc[t] = kc;
+        e->bvc[t] = vc;
+        e->bpos[t] = pos0 + t;
+    }
+}
+
 /* Every layer over rows [0, n) of xs (n_embd floats each, the residual
- * stream) at positions pos0..: each block page is pinned once for all rows,
- * which run BATCH at a time through e->x. bidir: the rows attend to each
- * other both ways (an image); otherwise causally. */
-static int run_layers(jlm_engine *e, float *xs, uint32_t n, uint32_t pos0, int bidir, jlm_err *err)
+ * stream); each block page is pinned once for all rows, which run BATCH at a
+ * time through e->x. kc/vc non-NULL: the rows are one sequence's, at
+ * positions pos0.. of that cache (any n); NULL: the batch already bound in
+ * bkc/bvc/bpos (n <= BATCH). bidir: the rows attend to each other both ways
+ * (an image, one sequence); otherwise causally. */
+static int run_layers(jlm_engine *e, float *xs, uint32_t n, float *kc, float *vc, uint32_t pos0, int bidir,
+                      jlm_err *err)
 {
     const jlm_config *c = e->c;
     const jlm_header *hd = &e->m->hdr;
@@ -627,13 +656,18 @@ static int run_layers(jlm_engine *e, float *xs, uint32_t n, uint32_t pos0, int b
             break;
         }
         for (uint32_t i = 0; i < n; i += BATCH) {   /* every key first: later rows may see them */
+            uint32_t b = n - i < BATCH ? n - i : BATCH;
+            if (kc)
+                bind_rows(e, kc, vc, pos0 + i, b);
             e->x = xs + (uint64_t)i * c->n_embd;
-            attn_kv(e, l, page, page_off, pos0 + i, n - i < BATCH ? n - i : BATCH);
+            attn_kv(e, l, page, page_off, b);
         }
         for (uint32_t i = 0; i < n && !rc; i += BATCH) {
             uint32_t b = n - i < BATCH ? n - i : BATCH;
+            if (kc)
+                bind_rows(e, kc, vc, pos0 + i, b);
             e->x = xs + (uint64_t)i * c->n_embd;
-            attn_out(e, l, page, page_off, pos0 + i, b);
+            attn_out(e, l, page, page_off, b);
             if (W(e, l, JLM_R_EXP_GATE)) {
                 for (uint32_t t = 0; t < b && !rc; t++)
                     rc = moe_token(e, l, page, page_off, t, err);
@@ -650,15 +684,17 @@ static int run_layers(jlm_engine *e, float *xs, uint32_t n, uint32_t pos0, int b
     return rc;
 }
 
-/* tokens[0, n) at positions pos0.., n <= BATCH. */
-static int forward(jlm_engine *e, const int32_t *tokens, uint32_t n, uint32_t pos0, float *logits, jlm_err *err)
+/* tokens[0, n) at the caches and positions bkc/bvc/bpos[0, n), n <= BATCH:
+ * each block page is pinned once for the whole batch. logits: after the last
+ * token (n_vocab), or with all_logits after every token (n, n_vocab). */
+static int forward(jlm_engine *e, const int32_t *tokens, uint32_t n, float *logits, int all_logits, jlm_err *err)
 {
     const jlm_config *c = e->c;
     for (uint32_t t = 0; t < n; t++)
         embed(e, tokens[t], e->x + t * c->n_embd);
-    int rc = run_layers(e, e->x, n, pos0, 0, err);
+    int rc = run_layers(e, e->x, n, NULL, NULL, 0, 0, err);
     if (!rc && logits)
-        output(e, e->x + (uint64_t)(n - 1) * c->n_embd, logits);
+        output(e, e->x + (uint64_t)(all_logits ? 0 : n - 1) * c->n_embd, all_logits ? n : 1, logits);
     return rc;
 }
 
@@ -672,32 +708,107 @@ int jlm_engine_eval_embd(jlm_engine *e, const float *embd, uint32_t n, int bidir
     if (!xs)
         return jlm_errf(err, JLM_ENOMEM, "out of memory for %u embeddings", n);
     memcpy(xs, embd, (size_t)n * c->n_embd * sizeof *xs);   /* entered as they are: no embedding scale */
-    int rc = run_layers(e, xs, n, e->n_past, bidir, err);
+    int rc = run_layers(e, xs, n, e->kc, e->vc, e->n_past, bidir, err);
     if (!rc && logits)
-        output(e, xs + (uint64_t)(n - 1) * c->n_embd, logits);
+        output(e, xs + (uint64_t)(n - 1) * c->n_embd, 1, logits);
     free(xs);
     if (!rc)
         e->n_past += n;
     return rc;
 }
 
-int jlm_engine_eval(jlm_engine *e, const int32_t *tokens, uint32_t n, float *logits, jlm_err *err)
+static int check_ids(const jlm_engine *e, const int32_t *tokens, uint32_t n, jlm_err *err)
 {
     uint64_t nv = jlm_tensor_rows(W(e, -1, JLM_R_TOKEN_EMBD));
     for (uint32_t i = 0; i < n; i++)
         if (tokens[i] < 0 || (uint64_t)tokens[i] >= nv)
             return jlm_errf(err, JLM_ERANGE, "token id %d outside [0, %llu)", tokens[i], (unsigned long long)nv);
-    if ((uint64_t)e->n_past + n > e->n_ctx)
-        return jlm_errf(err, JLM_ERANGE, "context full: %u + %u tokens exceed %u positions (-c)", e->n_past, n, e->n_ctx);
+    return JLM_OK;
+}
+
+/* tokens[0, n) of one sequence (cache kc/vc, *n_past), BATCH at a time. */
+static int eval_one(jlm_engine *e, float *kc, float *vc, uint32_t *n_past, const int32_t *tokens, uint32_t n,
+                    float *logits, jlm_err *err)
+{
+    int rc = check_ids(e, tokens, n, err);
+    if (rc)
+        return rc;
+    if ((uint64_t)*n_past + n > e->n_ctx)
+        return jlm_errf(err, JLM_ERANGE, "context full: %u + %u tokens exceed %u positions (-c)", *n_past, n, e->n_ctx);
     for (uint32_t i = 0; i < n; i += BATCH) {
         uint32_t b = n - i < BATCH ? n - i : BATCH;
-        int rc = forward(e, tokens + i, b, e->n_past, i + b == n ? logits : NULL, err);
+        bind_rows(e, kc, vc, *n_past, b);
+        rc = forward(e, tokens + i, b, i + b == n ? logits : NULL, 0, err);
         if (rc)
             return rc;
-        e->n_past += b;
+        *n_past += b;
     }
     return JLM_OK;
 }
+
+int jlm_engine_eval(jlm_engine *e, const int32_t *tokens, uint32_t n, float *logits, jlm_err *err)
+{
+    return eval_one(e, e->kc, e->vc, &e->n_past, tokens, n, logits, err);
+}
+
+/* ================================================================ sequences */
+int jlm_engine_seq_create(jlm_engine *e, jlm_engine_seq **out, jlm_err *err)
+{
+    uint64_t kv = (uint64_t)e->c->n_layer * e->n_ctx;
+    jlm_engine_seq *s = calloc(1, sizeof *s);
+    if (s) {
+        s->kc = zalloc(kv * e->kv_dim * sizeof(float));
+        s->vc = zalloc(kv * e->kv_dim_v * sizeof(float));
+    }
+    if (!s || !s->kc || !s->vc) {
+        jlm_engine_seq_destroy(s);
+        return jlm_errf(err, JLM_ENOMEM, "%s: KV cache of a sequence (%u positions): out of memory", e->m->path,
+                        e->n_ctx);
+    }
+    *out = s;
+    return JLM_OK;
+}
+
+void jlm_engine_seq_destroy(jlm_engine_seq *s)
+{
+    if (!s) return;
+    free(s->kc);
+    free(s->vc);
+    free(s);
+}
+
+void jlm_engine_seq_rewind(jlm_engine_seq *s, uint32_t pos) { if (pos < s->n_past) s->n_past = pos; }
+uint32_t jlm_engine_seq_n_past(const jlm_engine_seq *s) { return s->n_past; }
+
+int jlm_engine_eval_seq(jlm_engine *e, jlm_engine_seq *s, const int32_t *tokens, uint32_t n, float *logits,
+                        jlm_err *err)
+{
+    return eval_one(e, s->kc, s->vc, &s->n_past, tokens, n, logits, err);
+}
+
+int jlm_engine_eval_batch(jlm_engine *e, jlm_engine_seq *const *seqs, const int32_t *tokens, uint32_t n,
+                          float *logits, jlm_err *err)
+{
+    if (n == 0 || n > BATCH)
+        return jlm_errf(err, JLM_EINVAL, "a batch of %u sequences (1..%d)", n, BATCH);
+    int rc = check_ids(e, tokens, n, err);
+    for (uint32_t t = 0; !rc && t < n; t++) {
+        for (uint32_t u = 0; u < t; u++)
+            if (seqs[u] == seqs[t])
+                return jlm_errf(err, JLM_EINVAL, "a sequence appears twice in one batch");
+        if (seqs[t]->n_past + 1 > e->n_ctx)
+            return jlm_errf(err, JLM_ERANGE, "context full: sequence %u holds %u positions (-c)", t, e->n_ctx);
+        e->bkc[t] = seqs[t]->kc;
+        e->bvc[t] = seqs[t]->vc;
+        e->bpos[t] = seqs[t]->n_past;
+    }
+    if (!rc) rc = forward(e, tokens, n, logits, 1, err);
+    for (uint32_t t = 0; !rc && t < n; t++)
+        seqs[t]->n_past++;
+    return rc;
+}
+
+uint32_t jlm_engine_max_batch(void) { return BATCH; }
 
 /* ================================================================ queries */
 void jlm_engine_rewind(jlm_engine *e, uint32_t pos) { if (pos < e->n_past) e->n_past = pos; }

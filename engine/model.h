@@ -71,6 +71,32 @@ int  jlm_engine_eval_embd(jlm_engine *e, const float *embd, uint32_t n, int bidi
 /* Forgets the KV cache from position pos on (0: everything). Cannot fail. */
 void jlm_engine_rewind(jlm_engine *e, uint32_t pos);
 
+/* ---------------------------------------------------------------- sequences
+ * A jlm_engine_seq is a KV cache of its own (n_ctx positions) on an engine,
+ * so one engine (one pager, one copy of the weights) serves several
+ * sequences. jlm_engine_eval_batch runs one token of each of n sequences in
+ * one forward pass: each block page is pinned once for all of them, each
+ * token is computed exactly as it is alone (every kernel's row of a
+ * matmul equals its matvec bit for bit; norms, RoPE, attention and the
+ * experts run per token on that token's own cache), so a sequence's logits
+ * do not depend on what else is in the batch. A sequence belongs to the
+ * engine that created it and must be destroyed before it. */
+typedef struct jlm_engine_seq jlm_engine_seq;
+int  jlm_engine_seq_create(jlm_engine *e, jlm_engine_seq **out, jlm_err *err);   /* JLM_ENOMEM */
+void jlm_engine_seq_destroy(jlm_engine_seq *s);                                  /* accepts NULL */
+void jlm_engine_seq_rewind(jlm_engine_seq *s, uint32_t pos);                     /* cannot fail */
+uint32_t jlm_engine_seq_n_past(const jlm_engine_seq *s);
+/* jlm_engine_eval on s's cache instead of the engine's own. */
+int  jlm_engine_eval_seq(jlm_engine *e, jlm_engine_seq *s, const int32_t *tokens, uint32_t n, float *logits,
+                         jlm_err *err);
+/* tokens[t] at the next position of seqs[t], t < n <= jlm_engine_max_batch(),
+ * all distinct; logits (n, n_vocab) after each. JLM_EINVAL (n, a repeated
+ * sequence), JLM_ERANGE (a bad id, a full context: nothing evaluated), a
+ * page-in error (no sequence advances). */
+int  jlm_engine_eval_batch(jlm_engine *e, jlm_engine_seq *const *seqs, const int32_t *tokens, uint32_t n,
+                           float *logits, jlm_err *err);
+uint32_t jlm_engine_max_batch(void);
+
 const jlm_model *jlm_engine_model(const jlm_engine *e);
 uint32_t jlm_engine_n_past(const jlm_engine *e);
 uint32_t jlm_engine_n_ctx(const jlm_engine *e);

@@ -15,11 +15,12 @@ declare -A ALLOW=(
     [text]="base format"
     [prompt]="base format engine text"
     [residency]="base"
+    [serve]="base format engine text prompt residency"
     [picture]="base format residency"
     [fs]="base format converter residency picture"
-    [cli]="base format converter kernels engine text prompt residency fs picture"
-    [bench]="base format converter kernels engine text prompt residency fs picture tests"
-    [tests]="base format converter kernels engine text prompt residency fs picture cli bench"
+    [cli]="base format converter kernels engine text prompt residency serve fs picture"
+    [bench]="base format converter kernels engine text prompt residency serve fs picture tests"
+    [tests]="base format converter kernels engine text prompt residency serve fs picture cli bench"
 )
 
 bad=0
@@ -37,7 +38,7 @@ while IFS= read -r file; do
             echo "$file:$line: $from/ may not include $to/ (\"$target\"; see docs/architecture.md)"; bad=1
         fi
     done < <(grep -nE '^[[:space:]]*#[[:space:]]*include[[:space:]]+"' "$file" | cut -d: -f1,2- || true)
-done < <(git ls-files --cached --others --exclude-standard '*.c' '*.h' | grep -E '^(base|format|converter|kernels|engine|text|prompt|residency|picture|fs|cli|bench|tests)/')
+done < <(git ls-files --cached --others --exclude-standard '*.c' '*.h' | grep -E '^(base|format|converter|kernels|engine|text|prompt|residency|serve|picture|fs|cli|bench|tests)/')
 
 [ $bad -eq 0 ] && echo "check-includes: every include follows docs/architecture.md"
 exit $bad

@@ -1,0 +1,195 @@
+/* bench_serve.c - aggregate generation speed of `jlm serve` at 1, 4 and 8
+ * concurrent requests, as ratios to 1 request, measured in the same run.
+ *
+ * Model: bench/mkgguf.c preset llama-1b (n_embd 2048, ff 8192, vocab 32000),
+ * 2 layers, Q4_K (~90 MiB in $TMPDIR): decode is weight-read bound, which is
+ * where one forward pass for the whole batch pays. The server runs with
+ * --parallel 8; each request asks N tokens (ignore_eos, greedy) of a short
+ * prompt. Aggregate t/s = c * N / wall time of c simultaneous curl requests.
+ * Run twice: with the model resident, and with --budget half the container,
+ * where every step pages the block pages in again: once per step for the
+ * whole batch, so the ratio there should approach the request count.
+ * A ratio near c means the batch costs about what one sequence costs. The
+ * server's CPU time per generated token (from /proc) is printed too, with
+ * its ratio to 1 request (how many times cheaper a token got): on a shared
+ * machine that figure depends far less on other load than wall time does.
+ *
+ * Then a bounded soak: 8 clients each stream requests (16 tokens) back to
+ * back for S seconds; prints requests done, failed requests (must be 0) and
+ * the server's RSS after the warm-up and at the end (steady = no leak).
+ *
+ *   build/bench/bench_serve [-n N] [-t T] [--soak S]   defaults: N 16, T 2, S 15
+ */
+#include "bench/bench_common.h"
+
+#include <poll.h>
+#include <signal.h>
+#include <sys/wait.h>
+
+/* Starts `jlm serve model --port 0`; the port, or -1. */
+static int start_server(const char *model, int n_threads, const char *budget, pid_t *pid)
+{
+    const char *jb = getenv("JLM_BIN");
+    char t[16];
+    snprintf(t, sizeof t, "%d", n_threads);
+    int fd[2];
+    if (!jb || pipe(fd))
+        return -1;
+    if ((*pid = fork()) == 0) {
+        dup2(fd[1], 1);
+        close(fd[0]);
+        execl(jb, jb, "serve", model, "--port", "0", "--parallel", "8", "-t", t, "--budget", budget, (char *)NULL);
+        _exit(127);
+    }
+    close(fd[1]);
+    char line[256] = "";
+    size_t n = 0;
+    for (int i = 0; i < 600 && n < sizeof line - 1; i++) {
+        struct pollfd p = {.fd = fd[0], .events = POLLIN};
+        if (poll(&p, 1, 100) <= 0) continue;
+        ssize_t r = read(fd[0], line + n, sizeof line - 1 - n);
+        if (r <= 0) break;
+        n += (size_t)r;
+        line[n] = 0;
+        if (strchr(line, '\n')) break;
+    }
+    close(fd[0]);
+    const char *c = strstr(line, "127.0.0.1:");
+    return c ? atoi(c + 10) : -1;
+}
+
+/* CPU seconds (user + system) the process has used so far, or 0. */
+static double cpu_s(pid_t pid)
+{
+    char p[64];
+    snprintf(p, sizeof p, "/proc/%d/stat", (int)pid);
+    FILE *f = fopen(p, "r");
+    unsigned long ut = 0, st = 0;
+    /* fields 14 and 15 after "pid (comm) state": comm holds no spaces here ("jlm") */
+    int ok = f && fscanf(f, "%*d %*s %*c %*d %*d %*d %*d %*d %*u %*u %*u %*u %*u %lu %lu", &ut, &st) == 2;
+    if (f) fclose(f);
+    return ok ? (double)(ut + st) / (double)sysconf(_SC_CLK_TCK) : 0.0;
+}
+
+/* c simultaneous requests of n tokens; aggregate tokens/s, or -1. */
+static double run_concurrent(int port, int c, int n)
+{
+    char cmd[8192];
+    int k = snprintf(cmd, sizeof cmd, "(");
+    for (int i = 0; i < c; i++)
+        k += snprintf(cmd + k, sizeof cmd - (size_t)k,
+                      "curl -sf --max-time 300 -o /dev/null http://127.0.0.1:%d/v1/completions -d "
+                      "'{\"prompt\": \"request %d\", \"max_tokens\": %d, \"temperature\": 0, \"ignore_eos\": true}' & ",
+                      port, i, n);
+    snprintf(cmd + k, sizeof cmd - (size_t)k, "wait) >/dev/null 2>&1");
+    double t0 = bench_now();
+    if (system(cmd) != 0)
+        return -1;
+    return (double)c * n / (bench_now() - t0);
+}
+
+/* VmRSS of pid in KiB, or 0. */
+static long rss_kib(pid_t pid)
+{
+    char p[64], line[256];
+    snprintf(p, sizeof p, "/proc/%d/status", (int)pid);
+    FILE *f = fopen(p, "r");
+    long kib = 0;
+    while (f && fgets(line, sizeof line, f))
+        if (!strncmp(line, "VmRSS:", 6)) kib = atol(line + 6);
+    if (f) fclose(f);
+    return kib;
+}
+
+/* 8 streaming clients for secs seconds; 0 when no request failed. */
+static int soak(int port, pid_t pid, int secs, const char *dir)
+{
+    long rss0 = rss_kib(pid);
+    char cmd[4096];
+    snprintf(cmd, sizeof cmd,
+             "for c in 1 2 3 4 5 6 7 8; do (end=$(($(date +%%s)+%d)); n=0; f=0; while [ $(date +%%s) -lt $end ]; do "
+             "curl -sfN --max-time 60 -o /dev/null http://127.0.0.1:%d/v1/completions -d "
+             "'{\"prompt\": \"soak\", \"max_tokens\": 16, \"stream\": true, \"ignore_eos\": true}' || f=$((f+1)); "
+             "n=$((n+1)); done; echo $n $f > %s/soak$c) & done; wait", secs, port, dir);
+    if (system(cmd) != 0)
+        return -1;
+    long total = 0, failed = 0;
+    for (int c = 1; c <= 8; c++) {
+        char p[1100];
+        snprintf(p, sizeof p, "%s/soak%d", dir, c);
+        FILE *f = fopen(p, "r");
+        long a = 0, b = 1;
+        if (!f || fscanf(f, "%ld %ld", &a, &b) != 2) b = 1;
+        if (f) fclose(f);
+        total += a;
+        failed += b;
+    }
+    long rss1 = rss_kib(pid);
+    printf("soak %d s, 8 streaming clients: %ld requests, %ld failed; server RSS %ld -> %ld KiB (x%.2f)\n", secs,
+           total, failed, rss0, rss1, rss0 ? (double)rss1 / (double)rss0 : 0.0);
+    return failed ? -1 : 0;
+}
+
+/* The 1/4/8 table for one server; 0 or -1. */
+static int table(int port, pid_t pid, int n)
+{
+    static const int conc[] = {1, 4, 8};
+    printf("%-12s %10s %10s %16s %10s\n", "concurrent", "t/s", "ratio", "server cpu ms/t", "ratio");
+    run_concurrent(port, 1, 4);   /* warm: pages in the weights once */
+    double base = 0, cbase = 0;
+    for (size_t i = 0; i < sizeof conc / sizeof conc[0]; i++) {
+        double c0 = cpu_s(pid), tps = run_concurrent(port, conc[i], n);
+        double cpt = (cpu_s(pid) - c0) * 1e3 / ((double)conc[i] * n);   /* load-independent cost of a token */
+        if (tps < 0) {
+            fprintf(stderr, "bench_serve: a request failed\n");
+            return -1;
+        }
+        if (i == 0) { base = tps; cbase = cpt; }
+        printf("%-12d %10.1f %10.2f %16.1f %10.2f\n", conc[i], tps, tps / base, cpt, cpt > 0 ? cbase / cpt : 0.0);
+    }
+    return 0;
+}
+
+static void stop_server(pid_t pid)
+{
+    kill(pid, SIGTERM);
+    waitpid(pid, NULL, 0);
+}
+
+int main(int argc, char **argv)
+{
+    int n = 16, n_threads = 2, soak_s = 15;
+    for (int i = 1; i + 1 < argc; i += 2) {
+        if (!strcmp(argv[i], "-n")) n = atoi(argv[i + 1]);
+        else if (!strcmp(argv[i], "-t")) n_threads = atoi(argv[i + 1]);
+        else if (!strcmp(argv[i], "--soak")) soak_s = atoi(argv[i + 1]);
+    }
+    char *dir = bench_tmpdir(), model[1024];
+    uint32_t type;
+    if (!dir || mkg_parse_type("Q4_K", &type) || bench_make_model(dir, "serve", "llama-1b", type, 2, model, sizeof model))
+        return 1;
+    printf("model llama-1b shape, 2 layers, Q4_K; %d tokens per request, --parallel 8, -t %d\n", n, n_threads);
+    char half[32];
+    snprintf(half, sizeof half, "%llu", (unsigned long long)bench_file_size(model) / 2);
+    const char *budgets[] = {"0", half};
+    int rc = 0;
+    for (int b = 0; b < 2 && !rc; b++) {
+        pid_t pid;
+        int port = start_server(model, n_threads, budgets[b], &pid);
+        if (port <= 0) {
+            fprintf(stderr, "bench_serve: the server did not start (JLM_BIN set?)\n");
+            rc = 1;
+            break;
+        }
+        printf("-- budget %s\n", b ? "half the container (block pages are read again every step)" : "unlimited (resident)");
+        rc = table(port, pid, n) ? 1 : 0;
+        if (!rc && b == 0 && soak_s > 0 && soak(port, pid, soak_s, dir)) {
+            fprintf(stderr, "bench_serve: the soak had failed requests\n");
+            rc = 1;
+        }
+        stop_server(pid);
+    }
+    bench_rmrf(dir);
+    free(dir);
+    return rc;
+}

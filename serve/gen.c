@@ -1,0 +1,576 @@
+/* gen.c - served models, their generation workers and the generation of one
+ * request (contract in srv_int.h). A request generates exactly as `jlm run`
+ * (completions) or the first turn of `jlm chat` (chat) does with the same
+ * sampling parameters: same tokenization, same sampler chain, same
+ * detokenizer, on a fresh KV cache. */
+#include "serve/srv_int.h"
+
+#include "text/template/chat.h"
+#include "prompt/chat_prompt.h"
+#include "residency/residency.h"
+#include "engine/sampler.h"
+
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <time.h>
+
+static uint64_t now_us(void)
+{
+    struct timespec t;
+    clock_gettime(CLOCK_MONOTONIC, &t);
+    return (uint64_t)t.tv_sec * 1000000u + (uint64_t)t.tv_nsec / 1000u;
+}
+
+/* ---------------------------------------------------------------- jobs */
+
+static int job_append(srv_job *j, const char *p, size_t n)
+{
+    if (j->len + n + 1 > j->cap) {
+        size_t cap = j->cap ? j->cap : 1024;
+        while (cap < j->len + n + 1) cap *= 2;
+        char *o = realloc(j->out, cap);
+        if (!o) return JLM_ENOMEM;
+        j->out = o;
+        j->cap = cap;
+    }
+    memcpy(j->out + j->len, p, n);
+    j->len += n;
+    j->out[j->len] = 0;
+    return 0;
+}
+
+/* Appends one JSON object as an SSE event; takes the reference. */
+static void job_event(srv_job *j, json_t *ev)
+{
+    size_t n = 0;
+    char *s = ev ? jlm_srv_sse(ev, &n) : NULL;
+    json_decref(ev);
+    pthread_mutex_lock(&j->mu);
+    if (!s || job_append(j, s, n)) {
+        j->status = 500;
+        snprintf(j->errmsg, sizeof j->errmsg, "out of memory");
+    }
+    pthread_cond_broadcast(&j->cv);
+    pthread_mutex_unlock(&j->mu);
+    free(s);
+}
+
+/* The logprobs recorded since the last chunk, in the response's shape; NULL
+ * when not asked for or none. */
+static json_t *job_take_lp(srv_job *j)
+{
+    if (!j->lp_pending || !json_array_size(j->lp_pending))
+        return NULL;
+    json_t *lp = jlm_srv_json_logprobs(j->ident.kind, j->lp_pending, &j->lp_offset);
+    j->lp_pending = json_array();
+    return lp;
+}
+
+/* Hands text to the client: a chunk when streaming (with the logprobs of the
+ * tokens sampled since the last one), else appended. */
+static void job_emit(srv_job *j, const char *p, size_t n, int first)
+{
+    if (j->req.stream) {
+        json_t *c = jlm_srv_json_chunk(&j->ident, p, n, first && j->ident.kind == JLM_SRV_CHAT, NULL);
+        jlm_srv_json_set_logprobs(c, job_take_lp(j));
+        job_event(j, c);
+        return;
+    }
+    pthread_mutex_lock(&j->mu);
+    if (job_append(j, p, n)) {
+        j->status = 500;
+        snprintf(j->errmsg, sizeof j->errmsg, "out of memory");
+    }
+    pthread_mutex_unlock(&j->mu);
+}
+
+static void job_finish(srv_job *j, int status, const char *msg)
+{
+    if (!j->req.stream && status == 200 && j->lp_pending) {
+        j->lp_final = jlm_srv_json_logprobs(j->ident.kind, j->lp_pending, &j->lp_offset);
+        j->lp_pending = NULL;
+    }
+    if (j->req.stream) {
+        if (status == 200) {
+            json_t *c = jlm_srv_json_chunk(&j->ident, "", 0, 0, &j->res);
+            jlm_srv_json_set_logprobs(c, job_take_lp(j));
+            job_event(j, c);
+            if (j->req.include_usage)
+                job_event(j, jlm_srv_json_usage_chunk(&j->ident, &j->res));
+        } else {
+            job_event(j, jlm_srv_json_error(status, msg));
+        }
+    }
+    pthread_mutex_lock(&j->mu);
+    if (j->req.stream)
+        job_append(j, "data: [DONE]\n\n", 14);
+    if (status != 200 && j->status == 200) {
+        j->status = status;
+        snprintf(j->errmsg, sizeof j->errmsg, "%s", msg);
+    }
+    j->done = 1;
+    pthread_cond_broadcast(&j->cv);
+    pthread_mutex_unlock(&j->mu);
+}
+
+void srv_job_unref(srv_job *j)
+{
+    if (!j) return;
+    pthread_mutex_lock(&j->mu);
+    int last = --j->refs == 0;
+    pthread_mutex_unlock(&j->mu);
+    if (!last) return;
+    struct jlm_srv *s = j->m->srv;
+    jlm_srv_req_free(&j->req);
+    json_decref(j->lp_pending);
+    json_decref(j->lp_final);
+    free(j->prompt);
+    free(j->out);
+    pthread_mutex_destroy(&j->mu);
+    pthread_cond_destroy(&j->cv);
+    free(j);
+    pthread_mutex_lock(&s->mu);
+    s->in_flight--;
+    pthread_cond_broadcast(&s->cv);
+    pthread_mutex_unlock(&s->mu);
+}
+
+/* ---------------------------------------------------------------- prompts */
+
+/* A copy of the messages with every content given as parts ([{type: text,
+ * text}], checked by api.c) joined into one string with "\n", as llama.cpp's
+ * server does; the renderer types it again for a template that needs parts. */
+static json_t *flatten_parts(const json_t *msgs)
+{
+    json_t *out = json_deep_copy(msgs), *m;
+    size_t i;
+    json_array_foreach(out, i, m) {
+        json_t *c = json_object_get(m, "content"), *p;
+        if (!json_is_array(c))
+            continue;
+        char *text = NULL;
+        size_t len = 0, j;
+        FILE *f = open_memstream(&text, &len);
+        json_array_foreach(c, j, p)
+            if (f) fprintf(f, "%s%s", j ? "\n" : "", json_string_value(json_object_get(p, "text")));
+        if (!f || fclose(f) || json_object_set_new(m, "content", json_stringn(text, len))) {
+            free(text);
+            json_decref(out);
+            return NULL;
+        }
+        free(text);
+    }
+    return out;
+}
+
+/* The chat prompt as `jlm chat` renders its first turn: the template with a
+ * generation prompt, a leading BOS text dropped when the vocab adds BOS. */
+static int chat_prompt(srv_model *m, const json_t *msgs, int32_t **ids, size_t *n, jlm_err *err)
+{
+    jlm_chat_opts co = {.add_generation_prompt = 1, .bos_token = m->bos, .eos_token = m->eos, .local_time = 1};
+    char *text = NULL;
+    size_t len;
+    json_t *flat = flatten_parts(msgs);
+    if (!flat)
+        return jlm_errf(err, JLM_ENOMEM, "out of memory");
+    int rc = jlm_chat_render_json(m->tmpl, strlen(m->tmpl), flat, &co, 1, &text, &len, err);
+    json_decref(flat);
+    if (rc)
+        return jlm_err_prefix(err, JLM_EINVAL, "'messages': chat template");
+    const jlm_vocab *v = &jlm_engine_model(m->e)->vocab;
+    const char *p = text;
+    if (v->add_bos && *m->bos && !strncmp(p, m->bos, strlen(m->bos)))
+        p += strlen(m->bos);
+    rc = jlm_tok_encode(m->tok, p, strlen(p), 1, 1, ids, n, err);
+    free(text);
+    return rc;
+}
+
+static void make_ident(srv_job *j)
+{
+    static atomic_ullong seq;
+    unsigned long long k = atomic_fetch_add(&seq, 1) + 1;
+    snprintf(j->ident.id, sizeof j->ident.id, "%s-%llx%06llx", j->req.kind == JLM_SRV_CHAT ? "chatcmpl" : "cmpl",
+             (unsigned long long)time(NULL), k);
+    j->ident.created = (int64_t)time(NULL);
+    j->ident.model = j->m->id;
+    j->ident.kind = j->req.kind;
+}
+
+int srv_job_create(srv_model *m, jlm_srv_req *req, srv_job **out, jlm_err *err)
+{
+    int32_t *ids = NULL;
+    size_t n = 0;
+    int rc = req->kind == JLM_SRV_CHAT ? chat_prompt(m, req->messages, &ids, &n, err)
+                                       : jlm_tok_encode(m->tok, req->prompt, strlen(req->prompt), 1, 0, &ids, &n, err);
+    if (rc)
+        return rc;
+    uint32_t n_ctx = jlm_engine_n_ctx(m->e);
+    if (n == 0 || n >= n_ctx) {
+        free(ids);
+        return n == 0 ? jlm_errf(err, JLM_EINVAL, "the prompt is empty after tokenization")
+                      : jlm_errf(err, JLM_EINVAL, "the prompt is %zu tokens; the context holds %u", n, n_ctx);
+    }
+    srv_job *j = calloc(1, sizeof *j);
+    if (!j) {
+        free(ids);
+        return jlm_errf(err, JLM_ENOMEM, "out of memory");
+    }
+    j->m = m;
+    j->req = *req;
+    memset(req, 0, sizeof *req);
+    j->prompt = ids;
+    j->n_prompt = n;
+    uint64_t room = n_ctx - n;
+    j->max_tokens = (uint32_t)(j->req.max_tokens >= 0 && (uint64_t)j->req.max_tokens < room ? (uint64_t)j->req.max_tokens : room);
+    j->refs = 2;
+    j->status = 200;
+    j->lp_pending = j->req.logprobs ? json_array() : NULL;
+    pthread_mutex_init(&j->mu, NULL);
+    pthread_cond_init(&j->cv, NULL);
+    make_ident(j);
+    if (!j->req.seeded)
+        j->req.samp.seed = (uint64_t)time(NULL) ^ ((uint64_t)(uintptr_t)j << 16) ^ now_us();
+    pthread_mutex_lock(&m->srv->mu);
+    m->srv->in_flight++;
+    pthread_mutex_unlock(&m->srv->mu);
+    *out = j;
+    return 0;
+}
+
+/* ---------------------------------------------------------------- generation
+ * Continuous batching: a model's worker holds up to `parallel` slots, each a
+ * request with its own KV cache (jlm_engine_seq), sampler and detokenizer.
+ * A step admits waiting requests into free slots (evaluating each one's
+ * prompt alone), then runs one forward pass over the next token of every
+ * active slot (jlm_engine_eval_batch) and samples each from its own logits.
+ * Per sequence this computes exactly what it computes alone (model.h), so a
+ * request's output does not depend on the others in the batch. A finished,
+ * cancelled or failed slot leaves at the step it ends. */
+
+typedef struct gen_state {
+    jlm_tok_stream ts;
+    char  *text;            /* (cap,) everything generated so far */
+    size_t len, cap, sent;  /* sent: bytes of text already emitted */
+} gen_state;
+
+typedef struct slot {
+    srv_job        *j;      /* NULL: free */
+    jlm_engine_seq *seq;    /* kept across requests once created */
+    jlm_sampler    *s;
+    gen_state       g;
+    uint32_t        n_gen;
+    int32_t         next;   /* the token the next step evaluates */
+} slot;
+
+/* Adds bytes to the text and emits what no stop string can still claim;
+ * 1 when a stop string was hit, -1 on OOM. */
+static int gen_push(srv_job *j, gen_state *g, const char *p, size_t n, int final)
+{
+    if (g->len + n + 1 > g->cap) {
+        size_t cap = (g->len + n + 1) * 2;
+        char *t = realloc(g->text, cap);
+        if (!t) return -1;
+        g->text = t;
+        g->cap = cap;
+    }
+    memcpy(g->text + g->len, p, n);
+    g->len += n;
+    int hit;
+    size_t safe = jlm_srv_stop_scan(&j->req, g->text, g->len, final, &hit);
+    if (safe > g->sent) {
+        job_emit(j, g->text + g->sent, safe - g->sent, g->sent == 0);
+        g->sent = safe;
+    }
+    return hit;
+}
+
+/* Ends the slot's request: flushes the detokenizer (unless it failed), sends
+ * the end, frees the slot for the next request. */
+static void slot_end(srv_model *m, slot *sl, const char *fin, int status, const char *msg)
+{
+    srv_job *j = sl->j;
+    char tail[4];
+    size_t nt = jlm_tok_stream_flush(&sl->g.ts, tail);
+    int hit = status == 200 ? gen_push(j, &sl->g, tail, nt, 1) : 0;
+    if (hit < 0) { status = 500; msg = "out of memory"; }
+    j->res.finish_reason = hit > 0 ? "stop" : fin;
+    j->res.completion_tokens = sl->n_gen;
+    atomic_fetch_add(&m->n_gen_tok, sl->n_gen);
+    if (atomic_load(&j->cancelled)) {
+        atomic_fetch_add(&m->n_cancelled, 1);
+        if (status == 200) { status = 499; msg = "cancelled"; }
+    }
+    job_finish(j, status, msg);
+    atomic_fetch_add(&m->n_done, 1);
+    jlm_samp_destroy(sl->s);
+    free(sl->g.text);
+    if (sl->seq)
+        jlm_engine_seq_rewind(sl->seq, 0);
+    jlm_engine_seq *seq = sl->seq;
+    *sl = (slot){.seq = seq};
+    srv_job_unref(j);
+}
+
+/* Records token id's log-probability under logits (log-softmax in double)
+ * and the top_logprobs most likely tokens (ties: lower id first). */
+static void lp_record(srv_model *m, srv_job *j, const float *logits, int32_t id)
+{
+    uint32_t nv = jlm_engine_n_vocab(m->e);
+    int32_t best[20];
+    int nb = 0, want = j->req.top_logprobs;
+    double mx = logits[0], sum = 0;
+    for (uint32_t i = 1; i < nv; i++) if (logits[i] > mx) mx = logits[i];
+    for (uint32_t i = 0; i < nv; i++) {
+        sum += exp((double)logits[i] - mx);
+        if (!want || (nb == want && !(logits[i] > logits[best[nb - 1]])))
+            continue;
+        int k = nb < want ? nb++ : want - 1;   /* full: the last one drops out */
+        while (k > 0 && logits[i] > logits[best[k - 1]]) { best[k] = best[k - 1]; k--; }
+        best[k] = (int32_t)i;
+    }
+    double lse = mx + log(sum);
+    const char *p;
+    size_t n;
+    json_t *e = jlm_tok_piece(m->tok, id, 0, &p, &n, NULL) ? NULL : jlm_srv_json_lp_entry(p, n, logits[id] - lse);
+    for (int k = 0; e && k < nb; k++)
+        if (!jlm_tok_piece(m->tok, best[k], 0, &p, &n, NULL))
+            jlm_srv_json_lp_add_top(e, p, n, logits[best[k]] - lse);
+    if (e) json_array_append_new(j->lp_pending, e);
+}
+
+/* Samples the slot's next token from logits and hands out its text; ends the
+ * request at EOG, a stop string or max_tokens. */
+static void slot_sample(srv_model *m, slot *sl, const float *logits, char *piece, size_t piece_cap)
+{
+    srv_job *j = sl->j;
+    if (sl->n_gen == j->max_tokens || atomic_load(&j->cancelled)) {
+        slot_end(m, sl, "length", 200, "");
+        return;
+    }
+    int32_t id = jlm_samp_next(sl->s, logits);
+    jlm_samp_accept(sl->s, id);
+    sl->n_gen++;
+    int eog = !j->req.ignore_eos && jlm_tok_is_eog(m->tok, id);
+    if (j->lp_pending && !eog)
+        lp_record(m, j, logits, id);
+    if (eog) {
+        slot_end(m, sl, "stop", 200, "");
+        return;
+    }
+    size_t n = 0;
+    jlm_err err = {0};
+    int hit = jlm_tok_stream_feed(&sl->g.ts, id, piece, piece_cap, &n, &err) == 0 && n
+                  ? gen_push(j, &sl->g, piece, n, 0) : 0;
+    if (hit != 0 || sl->n_gen == j->max_tokens)
+        slot_end(m, sl, hit > 0 ? "stop" : "length", hit < 0 ? 500 : 200, hit < 0 ? "out of memory" : "");
+    else
+        sl->next = id;
+}
+
+/* Puts job j in slot sl and evaluates its prompt alone; 0 or ends it. */
+static void slot_start(srv_model *m, slot *sl, srv_job *j, float *logits, char *piece, size_t piece_cap)
+{
+    jlm_err err = {0};
+    sl->j = j;
+    j->res.prompt_tokens = (uint32_t)j->n_prompt;
+    jlm_tok_stream_init(&sl->g.ts, m->tok, 0, 0);
+    if (atomic_load(&j->cancelled)) {
+        slot_end(m, sl, "length", 200, "");
+        return;
+    }
+    int rc = sl->seq ? 0 : jlm_engine_seq_create(m->e, &sl->seq, &err);
+    if (!rc) rc = jlm_samp_create(&j->req.samp, jlm_engine_n_vocab(m->e), &sl->s, &err);
+    for (size_t i = 0; !rc && i < j->n_prompt; i++)
+        jlm_samp_accept(sl->s, j->prompt[i]);
+    if (!rc) rc = jlm_engine_eval_seq(m->e, sl->seq, j->prompt, (uint32_t)j->n_prompt, logits, &err);
+    atomic_fetch_add(&m->n_prompt_tok, j->n_prompt);
+    if (rc) {
+        slot_end(m, sl, "length", rc == JLM_ENOMEM ? 503 : 500, err.msg);
+        return;
+    }
+    slot_sample(m, sl, logits, piece, piece_cap);
+}
+
+/* ---------------------------------------------------------------- workers */
+
+/* Takes waiting jobs into free slots; the number of active slots after. */
+static int admit(srv_model *m, slot *slots, srv_job **taken)
+{
+    int n_active = 0;
+    pthread_mutex_lock(&m->mu);
+    for (int i = 0; i < m->parallel; i++) {
+        taken[i] = NULL;
+        if (!slots[i].j && m->q_len) {
+            taken[i] = m->q[m->q_head];
+            m->q_head = (m->q_head + 1) % m->q_cap;
+            m->q_len--;
+        }
+        n_active += slots[i].j || taken[i];
+    }
+    m->running = n_active;
+    pthread_mutex_unlock(&m->mu);
+    return n_active;
+}
+
+/* One decode step over every active slot. */
+static void step(srv_model *m, slot *slots, float *logits, char *piece, size_t piece_cap)
+{
+    jlm_engine_seq *seqs[JLM_SRV_MAX_PARALLEL];
+    int32_t ids[JLM_SRV_MAX_PARALLEL];
+    int who[JLM_SRV_MAX_PARALLEL];
+    uint32_t n = 0, nv = jlm_engine_n_vocab(m->e);
+    for (int i = 0; i < m->parallel; i++)
+        if (slots[i].j) { seqs[n] = slots[i].seq; ids[n] = slots[i].next; who[n++] = i; }
+    if (!n)
+        return;
+    jlm_err err = {0};
+    atomic_fetch_add(&m->n_steps, 1);
+    atomic_fetch_add(&m->n_step_seqs, n);
+    if (jlm_engine_eval_batch(m->e, seqs, ids, n, logits, &err)) {
+        for (uint32_t t = 0; t < n; t++)
+            slot_end(m, &slots[who[t]], "length", 500, err.msg);
+        return;
+    }
+    for (uint32_t t = 0; t < n; t++)
+        slot_sample(m, &slots[who[t]], logits + (size_t)t * nv, piece, piece_cap);
+}
+
+static void *worker_main(void *arg)
+{
+    srv_model *m = arg;
+    uint32_t nv = jlm_engine_n_vocab(m->e);
+    size_t piece_cap = jlm_tok_max_piece_len(m->tok) + 8;
+    slot slots[JLM_SRV_MAX_PARALLEL] = {{0}};
+    srv_job *taken[JLM_SRV_MAX_PARALLEL];
+    float *logits = malloc((size_t)m->parallel * nv * sizeof *logits);
+    char *piece = malloc(piece_cap);
+    for (;;) {
+        pthread_mutex_lock(&m->mu);
+        while (!m->q_len && !m->running && !m->stop)
+            pthread_cond_wait(&m->cv, &m->mu);
+        int quit = !m->q_len && !m->running && m->stop;
+        pthread_mutex_unlock(&m->mu);
+        if (quit)
+            break;
+        uint64_t t0 = now_us();
+        admit(m, slots, taken);
+        for (int i = 0; i < m->parallel; i++)
+            if (taken[i]) {
+                if (logits && piece) slot_start(m, &slots[i], taken[i], logits, piece, piece_cap);
+                else { slots[i].j = taken[i]; slot_end(m, &slots[i], "length", 500, "out of memory"); }
+            }
+        step(m, slots, logits, piece, piece_cap);
+        int active = 0;
+        for (int i = 0; i < m->parallel; i++) active += slots[i].j != NULL;
+        atomic_fetch_add(&m->busy_us, now_us() - t0);
+        pthread_mutex_lock(&m->mu);
+        m->running = active;
+        jlm_pager_stats(jlm_engine_pager(m->e), &m->pc);   /* the pager is this thread's alone */
+        pthread_mutex_unlock(&m->mu);
+    }
+    for (int i = 0; i < m->parallel; i++)
+        jlm_engine_seq_destroy(slots[i].seq);
+    free(logits);
+    free(piece);
+    return NULL;
+}
+
+int srv_job_submit(srv_job *j)
+{
+    srv_model *m = j->m;
+    pthread_mutex_lock(&m->mu);
+    int full = m->q_len == m->q_cap || m->stop;
+    if (!full) {
+        m->q[(m->q_head + m->q_len) % m->q_cap] = j;
+        m->q_len++;
+        pthread_cond_signal(&m->cv);
+    }
+    pthread_mutex_unlock(&m->mu);
+    return full ? JLM_ERANGE : 0;
+}
+
+/* ---------------------------------------------------------------- models */
+
+/* A jlmfs view is a directory holding model.jlm; its id is the directory's
+ * stem. A file's id is its name without ".jlm". */
+static int model_paths(const char *path, char **container, char **id)
+{
+    struct stat st;
+    int dir = stat(path, &st) == 0 && S_ISDIR(st.st_mode);
+    size_t n = strlen(path);
+    while (n > 1 && path[n - 1] == '/') n--;
+    const char *b = path + n;
+    while (b > path && b[-1] != '/') b--;
+    size_t bl = (size_t)(path + n - b);
+    if (bl > 4 && !strncmp(b + bl - 4, ".jlm", 4)) bl -= 4;
+    *id = strndup(b, bl);
+    if (dir) {
+        if (asprintf(container, "%.*s/model.jlm", (int)n, path) < 0) *container = NULL;
+    } else {
+        *container = strdup(path);
+    }
+    return *id && *container ? 0 : -1;
+}
+
+static int model_load(srv_model *m, const char *given, const jlm_engine_opts *opts, jlm_err *err)
+{
+    int fallback;
+    jlm_engine_opts eo = *opts;
+    if (jlm_rdb_discover(given, &m->rdb_path, &m->rdb_key, NULL) == 0 ||
+        jlm_rdb_discover(m->path, &m->rdb_path, &m->rdb_key, NULL) == 0)
+        eo.direct = 0;   /* a view is read through the page cache the mount fills */
+    int rc = jlm_engine_open(m->path, &eo, &m->e, err);
+    if (!rc) rc = jlm_tok_create(&jlm_engine_model(m->e)->vocab, &m->tok, err);
+    if (!rc) rc = jlm_chat_template_or_chatml(m->path, &jlm_engine_model(m->e)->vocab, &m->tmpl, &m->bos, &m->eos,
+                                              &fallback, err);
+    return rc ? jlm_err_prefix(err, rc, "model '%s'", m->id) : 0;
+}
+
+int srv_model_open(struct jlm_srv *s, const char *path, srv_model **out, jlm_err *err)
+{
+    srv_model *m = calloc(1, sizeof *m);
+    if (!m)
+        return jlm_errf(err, JLM_ENOMEM, "out of memory");
+    m->srv = s;
+    pthread_mutex_init(&m->mu, NULL);
+    pthread_cond_init(&m->cv, NULL);
+    m->q_cap = (size_t)(s->o.queue > 0 ? s->o.queue : 8);
+    m->parallel = s->o.parallel > 0 ? s->o.parallel : 4;
+    if (m->parallel > JLM_SRV_MAX_PARALLEL) m->parallel = JLM_SRV_MAX_PARALLEL;
+    if ((uint32_t)m->parallel > jlm_engine_max_batch()) m->parallel = (int)jlm_engine_max_batch();
+    m->q = calloc(m->q_cap, sizeof *m->q);
+    int rc = !m->q || model_paths(path, &m->path, &m->id) ? jlm_errf(err, JLM_ENOMEM, "out of memory")
+                                                          : model_load(m, path, &s->o.eng, err);
+    if (!rc && pthread_create(&m->worker, NULL, worker_main, m))
+        rc = jlm_errf(err, JLM_ENOMEM, "model '%s': cannot start its worker thread", m->id);
+    m->started = !rc;
+    if (rc) {
+        srv_model_close(m);
+        return rc;
+    }
+    *out = m;
+    return 0;
+}
+
+void srv_model_close(srv_model *m)
+{
+    if (!m) return;
+    if (m->started) {
+        pthread_mutex_lock(&m->mu);
+        m->stop = 1;
+        pthread_cond_broadcast(&m->cv);
+        pthread_mutex_unlock(&m->mu);
+        pthread_join(m->worker, NULL);
+    }
+    jlm_tok_destroy(m->tok);
+    jlm_engine_close(m->e);
+    free(m->tmpl); free(m->bos); free(m->eos);
+    free(m->q); free(m->id); free(m->path); free(m->rdb_path); free(m->rdb_key);
+    pthread_mutex_destroy(&m->mu);
+    pthread_cond_destroy(&m->cv);
+    free(m);
+}

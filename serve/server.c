@@ -1,0 +1,466 @@
+/* server.c - the HTTP side of `jlm serve` (contract in server.h): routing,
+ * body limit, API key, JSON and SSE responses, metrics, drain. HTTP itself is
+ * libmicrohttpd's, one thread per connection, so a handler may block on its
+ * job (non-streamed) and a stream reader may wait for the next token. */
+#include "serve/srv_int.h"
+
+#include "residency/residency.h"
+
+#include <arpa/inet.h>
+#include <errno.h>
+#include <microhttpd.h>
+#include <netinet/in.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#define CONN_LIMIT     64   /* simultaneous connections; more are refused by the daemon */
+#define CONN_TIMEOUT_S 60   /* an idle connection is closed after this */
+#define PING_S          2   /* a stream waiting for its first token sends an SSE comment this often */
+
+typedef struct conn_ctx {
+    char  *body;            /* (cap,) the request body so far */
+    size_t len, cap;
+    int    too_big;         /* the body passed body_max: the rest is discarded */
+    int    answered;        /* a response was queued before the body was read */
+} conn_ctx;
+
+/* ---------------------------------------------------------------- responses */
+
+static enum MHD_Result send_text(struct MHD_Connection *c, unsigned status, char *body, size_t len, const char *type)
+{
+    struct MHD_Response *r = MHD_create_response_from_buffer(len, body, MHD_RESPMEM_MUST_FREE);
+    if (!r) {
+        free(body);
+        return MHD_NO;
+    }
+    MHD_add_response_header(r, MHD_HTTP_HEADER_CONTENT_TYPE, type);
+    enum MHD_Result ok = MHD_queue_response(c, status, r);
+    MHD_destroy_response(r);
+    return ok;
+}
+
+/* Sends j (taking the reference) as application/json. */
+static enum MHD_Result send_json(struct MHD_Connection *c, unsigned status, json_t *j)
+{
+    char *s = j ? json_dumps(j, JSON_COMPACT) : NULL;
+    json_decref(j);
+    if (!s)
+        return MHD_NO;
+    size_t n = strlen(s);
+    char *b = realloc(s, n + 2);
+    if (!b) {
+        free(s);
+        return MHD_NO;
+    }
+    b[n] = '\n';
+    return send_text(c, status, b, n + 1, "application/json");
+}
+
+static enum MHD_Result send_error(jlm_srv *s, struct MHD_Connection *c, unsigned status, const char *msg)
+{
+    atomic_fetch_add(&s->n_errors, 1);
+    return send_json(c, status, jlm_srv_json_error((int)status, msg));
+}
+
+/* ---------------------------------------------------------------- models and auth */
+
+static srv_model *find_model(jlm_srv *s, const char *id)
+{
+    for (size_t i = 0; i < s->n_models; i++)
+        if (!strcmp(s->models[i]->id, id))
+            return s->models[i];
+    return NULL;
+}
+
+static json_t *model_json(const srv_model *m)
+{
+    return json_pack("{s:s, s:s, s:I, s:s, s:I}", "id", m->id, "object", "model", "created", (json_int_t)0,
+                     "owned_by", "jlmfs", "context_length", (json_int_t)jlm_engine_n_ctx(m->e));
+}
+
+static json_t *models_json(const jlm_srv *s)
+{
+    json_t *data = json_array();
+    for (size_t i = 0; data && i < s->n_models; i++)
+        json_array_append_new(data, model_json(s->models[i]));
+    return json_pack("{s:s, s:o}", "object", "list", "data", data);
+}
+
+/* "Authorization: Bearer KEY", compared in constant time. */
+static int authorized(const jlm_srv *s, struct MHD_Connection *c)
+{
+    if (!s->api_key)
+        return 1;
+    const char *h = MHD_lookup_connection_value(c, MHD_HEADER_KIND, MHD_HTTP_HEADER_AUTHORIZATION);
+    if (!h || strncmp(h, "Bearer ", 7))
+        return 0;
+    return jlm_srv_key_equal(h + 7, strlen(h + 7), s->api_key, strlen(s->api_key));
+}
+
+/* ---------------------------------------------------------------- streaming */
+
+static ssize_t stream_read(void *cls, uint64_t pos, char *buf, size_t max)
+{
+    srv_job *j = cls;
+    (void)pos;
+    pthread_mutex_lock(&j->mu);
+    while (j->sent == j->len && !j->done) {
+        struct timespec t;
+        clock_gettime(CLOCK_REALTIME, &t);
+        t.tv_sec += PING_S;
+        if (pthread_cond_timedwait(&j->cv, &j->mu, &t) == ETIMEDOUT && j->sent == j->len && !j->done) {
+            pthread_mutex_unlock(&j->mu);
+            static const char ping[] = ": ping\n\n";   /* an SSE comment: finds a client that left */
+            size_t n = sizeof ping - 1 < max ? sizeof ping - 1 : max;
+            memcpy(buf, ping, n);
+            return (ssize_t)n;
+        }
+    }
+    size_t n = j->len - j->sent;
+    if (n > max) n = max;
+    memcpy(buf, j->out + j->sent, n);
+    j->sent += n;
+    int end = n == 0;
+    pthread_mutex_unlock(&j->mu);
+    return end ? MHD_CONTENT_READER_END_OF_STREAM : (ssize_t)n;
+}
+
+/* The connection is done with the stream (finished, or the client left). */
+static void stream_free(void *cls)
+{
+    srv_job *j = cls;
+    pthread_mutex_lock(&j->mu);
+    if (!j->done)
+        atomic_store(&j->cancelled, 1);
+    pthread_mutex_unlock(&j->mu);
+    srv_job_unref(j);
+}
+
+static enum MHD_Result send_stream(struct MHD_Connection *c, srv_job *j)
+{
+    struct MHD_Response *r = MHD_create_response_from_callback(MHD_SIZE_UNKNOWN, 4096, stream_read, j, stream_free);
+    if (!r) {
+        stream_free(j);
+        return MHD_NO;
+    }
+    MHD_add_response_header(r, MHD_HTTP_HEADER_CONTENT_TYPE, "text/event-stream");
+    MHD_add_response_header(r, MHD_HTTP_HEADER_CACHE_CONTROL, "no-cache");
+    enum MHD_Result ok = MHD_queue_response(c, MHD_HTTP_OK, r);
+    MHD_destroy_response(r);
+    return ok;
+}
+
+/* Waits for a non-streamed job and sends its completion object. */
+static enum MHD_Result send_whole(jlm_srv *s, struct MHD_Connection *c, srv_job *j)
+{
+    pthread_mutex_lock(&j->mu);
+    while (!j->done)
+        pthread_cond_wait(&j->cv, &j->mu);
+    pthread_mutex_unlock(&j->mu);
+    json_t *done = j->status == 200 ? jlm_srv_json_completion(&j->ident, j->out ? j->out : "", j->len, &j->res) : NULL;
+    if (done && j->lp_final)
+        jlm_srv_json_set_logprobs(done, json_incref(j->lp_final));
+    enum MHD_Result ok = j->status == 200 ? send_json(c, MHD_HTTP_OK, done)
+                                          : send_error(s, c, (unsigned)j->status, j->errmsg);
+    srv_job_unref(j);
+    return ok;
+}
+
+/* ---------------------------------------------------------------- generation requests */
+
+static unsigned status_of(int rc)
+{
+    return rc == JLM_ENOMEM ? 500 : 400;
+}
+
+static enum MHD_Result generate(jlm_srv *s, struct MHD_Connection *c, jlm_srv_kind kind, const conn_ctx *cx)
+{
+    if (atomic_load(&s->draining))
+        return send_error(s, c, 503, "the server is shutting down");
+    jlm_err err = {0};
+    jlm_srv_req req;
+    int rc = jlm_srv_req_parse(cx->body ? cx->body : "", cx->len, kind, &req, &err);
+    if (rc)
+        return send_error(s, c, status_of(rc), err.msg);
+    srv_model *m = req.model ? find_model(s, req.model) : s->n_models == 1 ? s->models[0] : NULL;
+    if (!m) {
+        char msg[600];
+        snprintf(msg, sizeof msg, req.model ? "model '%.500s' does not exist (GET /v1/models lists the ids)"
+                                            : "'model' is required: this server has several models", req.model);
+        unsigned status = req.model ? 404 : 400;
+        jlm_srv_req_free(&req);
+        return send_error(s, c, status, msg);
+    }
+    srv_job *j;
+    rc = srv_job_create(m, &req, &j, &err);
+    if (rc) {
+        jlm_srv_req_free(&req);
+        return send_error(s, c, status_of(rc), err.msg);
+    }
+    if (srv_job_submit(j)) {
+        srv_job_unref(j);
+        srv_job_unref(j);
+        char msg[256];
+        snprintf(msg, sizeof msg, "model '%s' is busy: its queue of %zu requests is full", m->id, m->q_cap);
+        return send_error(s, c, 503, msg);
+    }
+    return j->req.stream ? send_stream(c, j) : send_whole(s, c, j);
+}
+
+/* ---------------------------------------------------------------- metrics */
+
+static void metrics_model(FILE *f, srv_model *m)
+{
+    pthread_mutex_lock(&m->mu);
+    size_t queued = m->q_len;
+    int running = m->running;
+    jlm_pager_counters pc = m->pc;
+    pthread_mutex_unlock(&m->mu);
+    uint64_t pi = 0, ev = 0, br = 0, hi = 0;
+    for (uint32_t a = 0; a < pc.n_arrays; a++) {
+        pi += pc.a[a].page_ins; ev += pc.a[a].evictions; br += pc.a[a].bytes_read; hi += pc.a[a].hits;
+    }
+    double busy = (double)atomic_load(&m->busy_us) * 1e-6;
+    unsigned long long gen = atomic_load(&m->n_gen_tok);
+    fprintf(f, "jlm_requests_done_total{model=\"%s\"} %llu\n", m->id, atomic_load(&m->n_done));
+    fprintf(f, "jlm_requests_cancelled_total{model=\"%s\"} %llu\n", m->id, atomic_load(&m->n_cancelled));
+    fprintf(f, "jlm_prompt_tokens_total{model=\"%s\"} %llu\n", m->id, atomic_load(&m->n_prompt_tok));
+    fprintf(f, "jlm_generated_tokens_total{model=\"%s\"} %llu\n", m->id, gen);
+    fprintf(f, "jlm_busy_seconds_total{model=\"%s\"} %.3f\n", m->id, busy);
+    fprintf(f, "jlm_tokens_per_second{model=\"%s\"} %.3f\n", m->id, busy > 0 ? (double)gen / busy : 0.0);
+    fprintf(f, "jlm_decode_steps_total{model=\"%s\"} %llu\n", m->id, atomic_load(&m->n_steps));
+    fprintf(f, "jlm_decode_step_sequences_total{model=\"%s\"} %llu\n", m->id, atomic_load(&m->n_step_seqs));
+    fprintf(f, "jlm_queue_length{model=\"%s\"} %zu\n", m->id, queued);
+    fprintf(f, "jlm_requests_running{model=\"%s\"} %d\n", m->id, running);
+    fprintf(f, "jlm_page_ins_total{model=\"%s\"} %llu\n", m->id, (unsigned long long)pi);
+    fprintf(f, "jlm_page_evictions_total{model=\"%s\"} %llu\n", m->id, (unsigned long long)ev);
+    fprintf(f, "jlm_page_hits_total{model=\"%s\"} %llu\n", m->id, (unsigned long long)hi);
+    fprintf(f, "jlm_bytes_read_total{model=\"%s\"} %llu\n", m->id, (unsigned long long)br);
+    fprintf(f, "jlm_resident_bytes{model=\"%s\"} %llu\n", m->id, (unsigned long long)pc.resident_bytes);
+    fprintf(f, "jlm_budget_bytes{model=\"%s\"} %llu\n", m->id, (unsigned long long)pc.budget);
+}
+
+static enum MHD_Result send_metrics(jlm_srv *s, struct MHD_Connection *c)
+{
+    char *buf = NULL;
+    size_t len = 0;
+    FILE *f = open_memstream(&buf, &len);
+    if (!f)
+        return MHD_NO;
+    fprintf(f, "# jlm serve metrics (docs/serve.md)\n");
+    fprintf(f, "jlm_http_requests_total %llu\n", atomic_load(&s->n_requests));
+    fprintf(f, "jlm_http_errors_total %llu\n", atomic_load(&s->n_errors));
+    for (size_t i = 0; i < s->n_models; i++)
+        metrics_model(f, s->models[i]);
+    if (fclose(f))
+        return MHD_NO;
+    return send_text(c, MHD_HTTP_OK, buf, len, "text/plain; version=0.0.4");
+}
+
+/* ---------------------------------------------------------------- residency */
+
+/* What `jlm stats --json` says for a model on a jlmfs view; for a plain
+ * container, the engine pager's counters per page array (docs/serve.md). */
+static enum MHD_Result send_residency(jlm_srv *s, struct MHD_Connection *c, srv_model *m)
+{
+    jlm_err err = {0};
+    if (m->rdb_path) {
+        jlm_rdb *db = NULL;
+        char *out = NULL;
+        int rc = jlm_rdb_open(m->rdb_path, 0, &db, &err);
+        if (!rc) rc = jlm_rdb_stats_json(db, m->rdb_key, &out, &err);
+        jlm_rdb_close(db);
+        return rc ? send_error(s, c, 500, err.msg) : send_text(c, 200, out, strlen(out), "application/json");
+    }
+    pthread_mutex_lock(&m->mu);
+    jlm_pager_counters pc = m->pc;
+    pthread_mutex_unlock(&m->mu);
+    json_t *arrays = json_array();
+    for (uint32_t a = 0; arrays && a < pc.n_arrays; a++) {
+        const jlm_pager_array_counters *x = &pc.a[a];
+        json_array_append_new(arrays, json_pack("{s:I, s:I, s:I, s:I, s:I, s:I, s:I}", "page_ins",
+            (json_int_t)x->page_ins, "fills", (json_int_t)x->fills, "evictions", (json_int_t)x->evictions, "hits",
+            (json_int_t)x->hits, "reads", (json_int_t)x->reads, "bytes_read", (json_int_t)x->bytes_read,
+            "resident_pages", (json_int_t)x->resident_pages));
+    }
+    return send_json(c, 200, json_pack("{s:s, s:s, s:I, s:I, s:I, s:o}", "model", m->id, "source", "engine", "budget",
+                                       (json_int_t)pc.budget, "resident_bytes", (json_int_t)pc.resident_bytes,
+                                       "peak_bytes", (json_int_t)pc.peak_bytes, "arrays", arrays));
+}
+
+/* ---------------------------------------------------------------- routing */
+
+static enum MHD_Result route(jlm_srv *s, struct MHD_Connection *c, const char *url, const char *method,
+                             const conn_ctx *cx)
+{
+    int get = !strcmp(method, "GET"), post = !strcmp(method, "POST");
+    if (!strcmp(url, "/health"))
+        return get ? send_json(c, atomic_load(&s->draining) ? 503 : 200,
+                               json_pack("{s:s}", "status", atomic_load(&s->draining) ? "draining" : "ok"))
+                   : send_error(s, c, 405, "GET only");
+    if (!authorized(s, c))
+        return send_error(s, c, 401, "missing or wrong API key (Authorization: Bearer KEY)");
+    if (!strcmp(url, "/v1/models"))
+        return get ? send_json(c, 200, models_json(s)) : send_error(s, c, 405, "GET only");
+    size_t ul = strlen(url);
+    if (!strncmp(url, "/v1/models/", 11) && ul > 21 && !strcmp(url + ul - 10, "/residency")) {
+        char id[256];
+        snprintf(id, sizeof id, "%.*s", (int)(ul - 21 < 255 ? ul - 21 : 255), url + 11);
+        srv_model *m = find_model(s, id);
+        return !get ? send_error(s, c, 405, "GET only")
+             : m    ? send_residency(s, c, m)
+                    : send_error(s, c, 404, "no such model (GET /v1/models lists the ids)");
+    }
+    if (!strncmp(url, "/v1/models/", 11)) {
+        srv_model *m = find_model(s, url + 11);
+        return !get ? send_error(s, c, 405, "GET only")
+             : m    ? send_json(c, 200, model_json(m))
+                    : send_error(s, c, 404, "no such model (GET /v1/models lists the ids)");
+    }
+    if (!strcmp(url, "/metrics"))
+        return get ? send_metrics(s, c) : send_error(s, c, 405, "GET only");
+    int chat = !strcmp(url, "/v1/chat/completions");
+    if (chat || !strcmp(url, "/v1/completions"))
+        return post ? generate(s, c, chat ? JLM_SRV_CHAT : JLM_SRV_COMPLETION, cx) : send_error(s, c, 405, "POST only");
+    return send_error(s, c, 404, "no such endpoint");
+}
+
+/* Collects the body (at most body_max bytes), then routes. */
+static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const char *url, const char *method,
+                                  const char *version, const char *upload, size_t *upload_size, void **con_cls)
+{
+    jlm_srv *s = cls;
+    conn_ctx *cx = *con_cls;
+    (void)version;
+    if (!cx) {
+        if (!(cx = calloc(1, sizeof *cx)))
+            return MHD_NO;
+        *con_cls = cx;
+        atomic_fetch_add(&s->n_requests, 1);
+        const char *cl = MHD_lookup_connection_value(c, MHD_HEADER_KIND, MHD_HTTP_HEADER_CONTENT_LENGTH);
+        if (cl && strtoull(cl, NULL, 10) > s->o.body_max) {
+            cx->answered = 1;
+            return send_error(s, c, 413, "request body too large");
+        }
+        return MHD_YES;
+    }
+    if (*upload_size) {
+        if (!cx->answered && !cx->too_big && cx->len + *upload_size > s->o.body_max)
+            cx->too_big = 1;
+        if (!cx->answered && !cx->too_big) {
+            if (cx->len + *upload_size > cx->cap) {
+                size_t cap = cx->cap ? cx->cap : 4096;
+                while (cap < cx->len + *upload_size) cap *= 2;
+                char *b = realloc(cx->body, cap);
+                if (!b) return MHD_NO;
+                cx->body = b;
+                cx->cap = cap;
+            }
+            memcpy(cx->body + cx->len, upload, *upload_size);
+            cx->len += *upload_size;
+        }
+        *upload_size = 0;
+        return MHD_YES;
+    }
+    if (cx->answered)
+        return MHD_YES;
+    cx->answered = 1;
+    if (cx->too_big)
+        return send_error(s, c, 413, "request body too large");
+    return route(s, c, url, method, cx);
+}
+
+static void on_completed(void *cls, struct MHD_Connection *c, void **con_cls, enum MHD_RequestTerminationCode t)
+{
+    conn_ctx *cx = *con_cls;
+    (void)cls; (void)c; (void)t;
+    if (cx) {
+        free(cx->body);
+        free(cx);
+        *con_cls = NULL;
+    }
+}
+
+/* ---------------------------------------------------------------- life cycle */
+
+static int start_daemon(jlm_srv *s, jlm_err *err)
+{
+    struct sockaddr_in sa = {.sin_family = AF_INET, .sin_port = htons((uint16_t)s->o.port)};
+    if (inet_pton(AF_INET, s->host, &sa.sin_addr) != 1)
+        return jlm_errf(err, JLM_EINVAL, "--host '%s': expected an IPv4 address such as 127.0.0.1", s->host);
+    s->d = MHD_start_daemon(MHD_USE_THREAD_PER_CONNECTION | MHD_USE_INTERNAL_POLLING_THREAD | MHD_USE_POLL |
+                                MHD_USE_ERROR_LOG,
+                            0, NULL, NULL, on_request, s, MHD_OPTION_SOCK_ADDR, (struct sockaddr *)&sa,
+                            MHD_OPTION_CONNECTION_LIMIT, (unsigned)CONN_LIMIT, MHD_OPTION_CONNECTION_TIMEOUT,
+                            (unsigned)CONN_TIMEOUT_S, MHD_OPTION_NOTIFY_COMPLETED, on_completed, s, MHD_OPTION_END);
+    if (!s->d)
+        return jlm_errf(err, JLM_EIO, "cannot listen on %s:%d (in use, or not an address of this machine)", s->host,
+                        s->o.port);
+    const union MHD_DaemonInfo *di = MHD_get_daemon_info(s->d, MHD_DAEMON_INFO_BIND_PORT);
+    s->port = di ? di->port : s->o.port;
+    return 0;
+}
+
+int jlm_srv_open(const char *const *models, size_t n_models, const jlm_srv_opts *o, jlm_srv **out, jlm_err *err)
+{
+    jlm_srv *s = calloc(1, sizeof *s);
+    if (!s)
+        return jlm_errf(err, JLM_ENOMEM, "out of memory");
+    s->o = *o;
+    if (!s->o.body_max) s->o.body_max = 1u << 20;
+    s->host = strdup(o->host ? o->host : "127.0.0.1");
+    s->api_key = o->api_key ? strdup(o->api_key) : NULL;
+    pthread_mutex_init(&s->mu, NULL);
+    pthread_cond_init(&s->cv, NULL);
+    s->models = calloc(n_models ? n_models : 1, sizeof *s->models);
+    int rc = !s->host || !s->models || (o->api_key && !s->api_key) ? jlm_errf(err, JLM_ENOMEM, "out of memory") : 0;
+    for (size_t i = 0; !rc && i < n_models; i++) {
+        rc = srv_model_open(s, models[i], &s->models[i], err);
+        if (!rc && find_model(s, s->models[i]->id))
+            rc = jlm_errf(err, JLM_EINVAL, "%s: model id '%s' is served twice (ids are file stems)", models[i],
+                          s->models[i]->id);
+        s->n_models += s->models[i] != NULL;
+    }
+    if (!rc)
+        rc = start_daemon(s, err);
+    if (rc) {
+        jlm_srv_close(s);
+        return rc;
+    }
+    *out = s;
+    return 0;
+}
+
+int jlm_srv_port(const jlm_srv *s) { return s->port; }
+
+int jlm_srv_drain(jlm_srv *s, int timeout_s)
+{
+    atomic_store(&s->draining, 1);
+    struct timespec t;
+    clock_gettime(CLOCK_REALTIME, &t);
+    t.tv_sec += timeout_s;
+    pthread_mutex_lock(&s->mu);
+    int rc = 0;
+    while (s->in_flight > 0 && rc == 0)
+        rc = pthread_cond_timedwait(&s->cv, &s->mu, &t);
+    int left = s->in_flight;
+    pthread_mutex_unlock(&s->mu);
+    return left ? JLM_ERANGE : 0;
+}
+
+void jlm_srv_close(jlm_srv *s)
+{
+    if (!s) return;
+    if (s->d)
+        MHD_stop_daemon(s->d);
+    for (size_t i = 0; i < s->n_models; i++)
+        srv_model_close(s->models[i]);
+    free(s->models);
+    free(s->host);
+    free(s->api_key);
+    pthread_mutex_destroy(&s->mu);
+    pthread_cond_destroy(&s->cv);
+    free(s);
+}

@@ -1,0 +1,55 @@
+/* server.h - `jlm serve`: an OpenAI-compatible HTTP server over .jlm models.
+ *
+ * Owns: the HTTP daemon (libmicrohttpd, one thread per connection), the
+ * table of served models (one engine, tokenizer and chat template each), one
+ * generation worker per model with a bounded queue, the API key check and
+ * the drain on shutdown. Request and response shapes live in serve/api.h;
+ * the decisions the OpenAI API leaves open are in docs/serve.md.
+ *
+ * Concurrency: each model's worker decodes up to `parallel` requests together
+ * (continuous batching: one forward pass per step for all of them, each with
+ * its own KV cache and sampler; a request joins at the next step and leaves
+ * when it ends); up to `queue` further requests per model wait in arrival
+ * order, and one more gets 503. A request's output is exactly what it gets
+ * alone (engine/model.h: jlm_engine_eval_batch).
+ *
+ * Thread safety: jlm_srv_open, _drain and _close are called from one thread
+ * (the main); everything else runs on the daemon's and workers' threads.
+ * Memory: the server owns everything it opened; jlm_srv_close accepts NULL.
+ */
+#ifndef JLM_SERVE_SERVER_H
+#define JLM_SERVE_SERVER_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "engine/model.h"
+#include "base/jlm_err.h"
+
+typedef struct jlm_srv_opts {
+    const char *host;        /* NULL: 127.0.0.1 */
+    int         port;        /* 0: any free port (see jlm_srv_port) */
+    int         parallel;    /* requests per model decoded together; <= 0: 4 (at most 16) */
+    int         queue;       /* requests waiting per model beyond those running; <= 0: 8 */
+    size_t      body_max;    /* request body limit in bytes; 0: 1 MiB */
+    const char *api_key;     /* NULL: no key required */
+    jlm_engine_opts eng;     /* per model */
+} jlm_srv_opts;
+
+typedef struct jlm_srv jlm_srv;
+
+/* Opens every model (paths to .jlm files or jlmfs views; ids are the file
+ * stems, which must be unique), starts one worker per model and the HTTP
+ * daemon. JLM_EINVAL (bad host, duplicate id), JLM_EIO (bind failed), the
+ * engine's errors naming the model; *out untouched on error. */
+int  jlm_srv_open(const char *const *models, size_t n_models, const jlm_srv_opts *o, jlm_srv **out, jlm_err *err);
+/* The port the daemon listens on. Cannot fail. */
+int  jlm_srv_port(const jlm_srv *s);
+/* From now on every generation request gets 503; waits until the requests in
+ * flight have been answered, at most timeout_s seconds. 0 when all were,
+ * JLM_ERANGE on timeout. */
+int  jlm_srv_drain(jlm_srv *s, int timeout_s);
+/* Stops the daemon and the workers, closes the models. */
+void jlm_srv_close(jlm_srv *s);
+
+#endif

@@ -1,0 +1,60 @@
+/* fuzz_serve_req.c - libFuzzer target for the request-body parser of
+ * `jlm serve` (serve/api.c), both endpoint kinds, plus the stop-string scan
+ * and the response builders on what parsed.
+ *
+ *   make fuzz && mkdir -p /tmp/corpus && build-fuzz/fuzz_serve_req -max_total_time=60 /tmp/corpus
+ *
+ * Every input must be refused with a message or parsed into a request whose
+ * fields are then all read, so ASan sees anything left dangling. */
+#include <stddef.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "serve/api.h"
+
+static void use(const jlm_srv_req *r, const uint8_t *data, size_t size)
+{
+    volatile size_t sink = r->model ? strlen(r->model) : 0;
+    sink += r->prompt ? strlen(r->prompt) : 0;
+    sink += r->messages ? json_array_size(r->messages) : 0;
+    int hit;
+    /* the input itself as "generated text", split where the first byte says */
+    size_t cut = size ? data[0] % (size + 1) : 0;
+    sink += jlm_srv_stop_scan(r, (const char *)data, cut, 0, &hit);
+    sink += jlm_srv_stop_scan(r, (const char *)data, size, 1, &hit);
+    jlm_srv_ident id = {.id = "cmpl-x", .model = r->model ? r->model : "m", .kind = r->kind};
+    jlm_srv_result res = {.finish_reason = "stop", .prompt_tokens = 1, .completion_tokens = 2};
+    json_t *j = jlm_srv_json_completion(&id, (const char *)data, size, &res);
+    size_t n = 0;
+    char *sse = j ? jlm_srv_sse(j, &n) : NULL;
+    sink += n;
+    free(sse);
+    json_decref(j);
+    json_t *c = jlm_srv_json_chunk(&id, (const char *)data, cut, 1, NULL);
+    if (r->logprobs) {   /* the input's bytes as token texts */
+        json_t *entries = json_array(), *e = jlm_srv_json_lp_entry((const char *)data, cut, -1.5);
+        for (int k = 0; e && k < r->top_logprobs; k++)
+            jlm_srv_json_lp_add_top(e, (const char *)data + cut, size - cut, -2.0 - k);
+        json_array_append_new(entries, e);
+        size_t off = 0;
+        jlm_srv_json_set_logprobs(c, jlm_srv_json_logprobs(r->kind, entries, &off));
+    }
+    json_decref(c);
+    (void)sink;
+}
+
+int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
+{
+    for (int kind = JLM_SRV_COMPLETION; kind <= JLM_SRV_CHAT; kind++) {
+        jlm_srv_req r;
+        jlm_err err = {0};
+        if (jlm_srv_req_parse((const char *)data, size, (jlm_srv_kind)kind, &r, &err) == 0) {
+            use(&r, data, size);
+            jlm_srv_req_free(&r);
+        } else if (!err.msg[0]) {
+            abort();   /* a refusal always says why */
+        }
+    }
+    return 0;
+}

@@ -1,0 +1,908 @@
+/* test_serve.c - `jlm serve` as clients use it: a server on a free loopback
+ * port per test, driven with curl and a small socket client; request parsing
+ * and the stop-string scan on crafted inputs. */
+#include <criterion/criterion.h>
+
+#include <arpa/inet.h>
+#include <fcntl.h>
+#include <math.h>
+#include <jansson.h>
+#include <netinet/in.h>
+#include <poll.h>
+#include <signal.h>
+#include <sys/prctl.h>
+#include <sys/socket.h>
+#include <time.h>
+
+#include "converter/convert.h"
+#include "engine/model.h"
+#include "engine/sampler.h"
+#include "serve/api.h"
+#include "tests/testutil.h"
+
+/* ---------------------------------------------------------------- a server per test */
+
+typedef struct srv {
+    char *dir, *model;   /* temp dir, converted stories260K */
+    pid_t pid;
+    int   port;
+} srv;
+
+static char *convert_to(const char *gguf, const char *dir, const char *name)
+{
+    char *out = malloc(1024);
+    snprintf(out, 1024, "%s/%s", dir, name);
+    jlm_conv *c;
+    jlm_err err = {0};
+    cr_assert_eq(jlm_conv_open(tu_model(gguf), NULL, &c, &err), 0, "%s", err.msg);
+    cr_assert_eq(jlm_conv_write(c, out, NULL, NULL, NULL, &err), 0, "%s", err.msg);
+    jlm_conv_close(c);
+    return out;
+}
+
+/* Reads the "listening on http://127.0.0.1:PORT" line (at most 20 s). */
+static int read_port(int fd)
+{
+    char line[256];
+    size_t n = 0;
+    for (int tries = 0; tries < 200 && n < sizeof line - 1; tries++) {
+        struct pollfd p = {.fd = fd, .events = POLLIN};
+        if (poll(&p, 1, 100) <= 0) continue;
+        ssize_t r = read(fd, line + n, sizeof line - 1 - n);
+        if (r <= 0) break;
+        n += (size_t)r;
+        line[n] = 0;
+        const char *c = strstr(line, "127.0.0.1:");
+        if (c && strchr(c, '\n'))
+            return atoi(c + 10);
+    }
+    return -1;
+}
+
+/* Starts `jlm serve MODEL ARGS...` on port 0 (the kernel picks a free one). */
+static void srv_start(srv *s, const char *const *args)
+{
+    if (!s->dir) {
+        s->dir = tu_tmpdir();
+        s->model = convert_to("stories260K.gguf", s->dir, "stories.jlm");
+    }
+    const char *argv[32] = {tu_jlm(), "serve", "--port", "0", "-t", "1", s->model};
+    size_t k = s->model ? 7 : 6;   /* no model: args name them (--models DIR) */
+    for (size_t i = 0; args && args[i] && k < 31; i++) argv[k++] = args[i];
+    argv[k] = NULL;
+    int fd[2];
+    cr_assert_eq(pipe(fd), 0);
+    s->pid = fork();
+    cr_assert(s->pid >= 0);
+    if (s->pid == 0) {
+        prctl(PR_SET_PDEATHSIG, SIGKILL);   /* a failed assertion never leaves a server behind */
+        char log[1100];
+        snprintf(log, sizeof log, "%s/server.log", s->dir);
+        int lf = open(log, O_WRONLY | O_CREAT | O_APPEND, 0644);
+        if (lf >= 0) dup2(lf, 2);
+        dup2(fd[1], 1);
+        close(fd[0]);
+        close(fd[1]);
+        execv(argv[0], (char *const *)argv);
+        _exit(127);
+    }
+    close(fd[1]);
+    s->port = read_port(fd[0]);
+    close(fd[0]);
+    cr_assert(s->port > 0, "jlm serve printed its port");
+}
+
+/* SIGTERM, then the exit status (at most 30 s; -1 if it did not exit). */
+static int srv_stop(srv *s)
+{
+    if (s->pid <= 0) return -1;
+    kill(s->pid, SIGTERM);
+    int st = 0;
+    for (int i = 0; i < 600; i++) {
+        if (waitpid(s->pid, &st, WNOHANG) == s->pid) {
+            s->pid = 0;
+            return WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
+        }
+        usleep(50000);
+    }
+    kill(s->pid, SIGKILL);
+    waitpid(s->pid, &st, 0);
+    s->pid = 0;
+    return -1;
+}
+
+/* Stops the server (it must exit 0: under ASan a leak or an error fails it
+ * here), removes the temp dir. */
+static void srv_free(srv *s)
+{
+    if (s->pid > 0) {
+        int rc = srv_stop(s);
+        cr_assert_eq(rc, 0, "the server exits 0 on SIGTERM (see %s/server.log)", s->dir);
+    }
+    tu_rmrf(s->dir);
+    free(s->dir);
+    free(s->model);
+}
+
+/* curl METHOD PATH [-d @body]: the response body in *out, the HTTP status returned. */
+static int http(const srv *s, const char *method, const char *path, const char *body, const char *extra, char **out)
+{
+    char bf[1100] = "", cmd[4096];
+    if (body) {
+        snprintf(bf, sizeof bf, "%s/body.json", s->dir);
+        cr_assert_eq(tu_write_file(bf, body, strlen(body)), 0);
+    }
+    snprintf(cmd, sizeof cmd, "curl -sN --max-time 60 -o %s/resp -w '%%{http_code}' -X %s %s%s %s http://127.0.0.1:%d%s",
+             s->dir, method, body ? "--data-binary @" : "", bf, extra ? extra : "", s->port, path);
+    char *code = NULL;
+    tu_run(cmd, &code);
+    int status = code ? atoi(code) : -1;
+    free(code);
+    char rp[1100];
+    snprintf(rp, sizeof rp, "%s/resp", s->dir);
+    size_t n = 0;
+    unsigned char *b = tu_read_file(rp, &n);
+    char *t = malloc(n + 1);
+    if (b) memcpy(t, b, n);
+    t[n] = 0;
+    free(b);
+    *out = t;
+    return status;
+}
+
+static json_t *parse(const char *s)
+{
+    json_error_t e;
+    json_t *j = json_loads(s, 0, &e);
+    cr_assert(j, "JSON response: %s (%s)", e.text, s);
+    return j;
+}
+
+/* The text of a completion (choices[0].text or .message.content). */
+static char *completion_text(const char *resp, const char **finish)
+{
+    json_t *j = parse(resp), *c = json_array_get(json_object_get(j, "choices"), 0);
+    json_t *t = json_object_get(c, "text");
+    if (!t) t = json_object_get(json_object_get(c, "message"), "content");
+    cr_assert(json_is_string(t), "a text in %s", resp);
+    char *r = strdup(json_string_value(t));
+    static char fin[16];
+    snprintf(fin, sizeof fin, "%s", json_string_value(json_object_get(c, "finish_reason")));
+    if (finish) *finish = fin;
+    json_decref(j);
+    return r;
+}
+
+/* Concatenates the text of every SSE chunk; checks the stream ends with [DONE]. */
+static char *stream_text(const char *resp, const char **finish)
+{
+    static char fin[16] = "";
+    size_t cap = strlen(resp) + 1, len = 0;
+    char *out = calloc(1, cap);
+    const char *p = resp, *last = NULL;
+    while ((p = strstr(p, "data: "))) {
+        p += 6;
+        const char *e = strstr(p, "\n\n");
+        cr_assert(e, "every event ends with a blank line");
+        last = p;
+        if (!strncmp(p, "[DONE]", 6)) break;
+        char *ev = strndup(p, (size_t)(e - p));
+        json_t *j = parse(ev), *c = json_array_get(json_object_get(j, "choices"), 0);
+        json_t *t = json_object_get(c, "text");
+        if (!t) t = json_object_get(json_object_get(c, "delta"), "content");
+        if (json_is_string(t)) {
+            memcpy(out + len, json_string_value(t), json_string_length(t));
+            len += json_string_length(t);
+        }
+        if (json_is_string(json_object_get(c, "finish_reason")))
+            snprintf(fin, sizeof fin, "%s", json_string_value(json_object_get(c, "finish_reason")));
+        json_decref(j);
+        free(ev);
+        p = e;
+    }
+    cr_assert(last && !strncmp(last, "[DONE]\n\n", 8), "the stream ends with data: [DONE]: %s", resp);
+    if (finish) *finish = fin;
+    return out;
+}
+
+static char *jlm_run(const srv *s, const char *prompt, int n)
+{
+    char cmd[2048], *o = NULL;
+    snprintf(cmd, sizeof cmd, "%s run %s -p '%s' -n %d --temp 0 -t 1 2>/dev/null", tu_jlm(), s->model, prompt, n);
+    cr_assert_eq(tu_run(cmd, &o), 0, "%s", o);
+    return o;
+}
+
+static void expect_error(const srv *s, const char *method, const char *path, const char *body, const char *extra,
+                         int status, const char *type);
+
+/* ---------------------------------------------------------------- endpoints */
+
+Test(serve, greedy_completion_equals_jlm_run_streamed_or_not, .timeout = 120)
+{
+    srv s = {0};
+    srv_start(&s, NULL);
+    const char *prompts[] = {"Once upon a time", "The cat", "Lily and Ben went to"};
+    for (size_t i = 0; i < 3; i++) {
+        char *ref = jlm_run(&s, prompts[i], 24), body[512], *r = NULL;
+        cr_assert(strlen(ref) > 0);
+        snprintf(body, sizeof body, "{\"prompt\": \"%s\", \"max_tokens\": 24, \"temperature\": 0}", prompts[i]);
+        cr_assert_eq(http(&s, "POST", "/v1/completions", body, NULL, &r), 200, "%s", r);
+        json_t *j = parse(r);
+        cr_assert_str_eq(json_string_value(json_object_get(j, "object")), "text_completion");
+        cr_assert_str_eq(json_string_value(json_object_get(j, "model")), "stories");
+        json_t *u = json_object_get(j, "usage");
+        cr_assert_eq(json_integer_value(json_object_get(u, "completion_tokens")), 24, "%s", r);
+        cr_assert_eq(json_integer_value(json_object_get(u, "total_tokens")),
+                     json_integer_value(json_object_get(u, "prompt_tokens")) + 24);
+        json_decref(j);
+        const char *fin;
+        char *t = completion_text(r, &fin);
+        cr_assert_str_eq(t, ref, "API text equals jlm run's for '%s'", prompts[i]);
+        cr_assert_str_eq(fin, "length");
+        free(t); free(r);
+        snprintf(body, sizeof body, "{\"prompt\": \"%s\", \"max_tokens\": 24, \"temperature\": 0, \"stream\": true}",
+                 prompts[i]);
+        cr_assert_eq(http(&s, "POST", "/v1/completions", body, NULL, &r), 200, "%s", r);
+        t = stream_text(r, &fin);
+        cr_assert_str_eq(t, ref, "streamed text equals jlm run's for '%s'", prompts[i]);
+        cr_assert_str_eq(fin, "length");
+        free(t); free(r); free(ref);
+    }
+    cr_assert_eq(srv_stop(&s), 0, "SIGTERM exits 0");
+    srv_free(&s);
+}
+
+Test(serve, greedy_chat_equals_jlm_chat_first_reply, .timeout = 120)
+{
+    srv s = {0};
+    srv_start(&s, NULL);
+    char cmd[2048], *ref = NULL, *r = NULL;
+    snprintf(cmd, sizeof cmd, "(printf 'Hello there\\n' | %s chat %s -n 12 --temp 0 -t 1 2>/dev/null)", tu_jlm(), s.model);
+    cr_assert_eq(tu_run(cmd, &ref), 0, "%s", ref);
+    const char *body = "{\"model\": \"stories\", \"messages\": [{\"role\": \"user\", \"content\": \"Hello there\"}], "
+                       "\"max_tokens\": 12, \"temperature\": 0}";
+    cr_assert_eq(http(&s, "POST", "/v1/chat/completions", body, NULL, &r), 200, "%s", r);
+    json_t *j = parse(r);
+    cr_assert_str_eq(json_string_value(json_object_get(j, "object")), "chat.completion");
+    json_t *msg = json_object_get(json_array_get(json_object_get(j, "choices"), 0), "message");
+    cr_assert_str_eq(json_string_value(json_object_get(msg, "role")), "assistant");
+    json_decref(j);
+    char *t = completion_text(r, NULL), want[4096];
+    snprintf(want, sizeof want, "%s\n", t);
+    cr_assert_str_eq(want, ref, "chat reply through the API equals jlm chat's");
+    free(t); free(r);
+    const char *sbody = "{\"messages\": [{\"role\": \"user\", \"content\": [{\"type\": \"text\", \"text\": \"Hello there\"}]}], "
+                        "\"max_tokens\": 12, \"temperature\": 0, \"stream\": true, \"stream_options\": {\"include_usage\": true}}";
+    cr_assert_eq(http(&s, "POST", "/v1/chat/completions", sbody, NULL, &r), 200, "%s", r);
+    cr_assert(strstr(r, "\"object\":\"chat.completion.chunk\""), "%s", r);
+    cr_assert(strstr(r, "\"role\":\"assistant\""), "the first delta carries the role: %s", r);
+    cr_assert(strstr(r, "\"usage\":{\"prompt_tokens\":"), "include_usage adds a usage chunk: %s", r);
+    t = stream_text(r, NULL);
+    snprintf(want, sizeof want, "%s\n", t);
+    cr_assert_str_eq(want, ref, "streamed chat reply (typed content parts) equals jlm chat's");
+    free(t); free(r); free(ref);
+    srv_free(&s);
+}
+
+Test(serve, lists_models_and_answers_health, .timeout = 60)
+{
+    srv s = {0};
+    srv_start(&s, NULL);
+    char *r = NULL;
+    cr_assert_eq(http(&s, "GET", "/health", NULL, NULL, &r), 200, "%s", r);
+    cr_assert(strstr(r, "\"ok\""), "%s", r);
+    free(r);
+    cr_assert_eq(http(&s, "GET", "/v1/models", NULL, NULL, &r), 200, "%s", r);
+    json_t *j = parse(r), *d = json_object_get(j, "data");
+    cr_assert_str_eq(json_string_value(json_object_get(j, "object")), "list");
+    cr_assert_eq(json_array_size(d), 1);
+    cr_assert_str_eq(json_string_value(json_object_get(json_array_get(d, 0), "id")), "stories", "ids are file stems");
+    cr_assert_str_eq(json_string_value(json_object_get(json_array_get(d, 0), "object")), "model");
+    json_decref(j);
+    free(r);
+    cr_assert_eq(http(&s, "GET", "/v1/models/stories", NULL, NULL, &r), 200, "%s", r);
+    free(r);
+    cr_assert_eq(http(&s, "GET", "/metrics", NULL, NULL, &r), 200, "%s", r);
+    cr_assert(strstr(r, "jlm_generated_tokens_total{model=\"stories\"} 0"), "%s", r);
+    free(r);
+    cr_assert_eq(http(&s, "POST", "/v1/completions", "{\"prompt\": \"Once\", \"max_tokens\": 3}", NULL, &r), 200);
+    free(r);
+    cr_assert_eq(http(&s, "GET", "/v1/models/stories/residency", NULL, NULL, &r), 200, "%s", r);
+    j = parse(r);
+    json_t *a0 = json_array_get(json_object_get(j, "arrays"), 0);
+    cr_assert_str_eq(json_string_value(json_object_get(j, "source")), "engine", "%s", r);
+    cr_assert(json_integer_value(json_object_get(a0, "page_ins")) >= 1, "the block pages were paged in: %s", r);
+    cr_assert(json_integer_value(json_object_get(j, "resident_bytes")) > 0, "%s", r);
+    json_decref(j);
+    free(r);
+    cr_assert_eq(http(&s, "GET", "/metrics", NULL, NULL, &r), 200, "%s", r);
+    cr_assert(strstr(r, "jlm_generated_tokens_total{model=\"stories\"} 3"), "%s", r);
+    cr_assert(!strstr(r, "jlm_page_ins_total{model=\"stories\"} 0"), "%s", r);
+    free(r);
+    expect_error(&s, "GET", "/v1/models/nope/residency", NULL, NULL, 404, "not_found_error");
+    srv_free(&s);
+}
+
+/* ---------------------------------------------------------------- errors */
+
+static void expect_error(const srv *s, const char *method, const char *path, const char *body, const char *extra,
+                         int status, const char *type)
+{
+    char *r = NULL;
+    int got = http(s, method, path, body, extra, &r);
+    cr_assert_eq(got, status, "%s %s %s: status %d, expected %d: %s", method, path, body ? body : "", got, status, r);
+    json_t *j = parse(r), *e = json_object_get(j, "error");
+    cr_assert(json_is_string(json_object_get(e, "message")), "an OpenAI error object: %s", r);
+    cr_assert_str_eq(json_string_value(json_object_get(e, "type")), type, "%s", r);
+    json_decref(j);
+    free(r);
+}
+
+Test(serve, answers_bad_requests_with_openai_error_objects, .timeout = 60)
+{
+    srv s = {0};
+    const char *args[] = {"--body-max", "4K", "-c", "16", NULL};
+    srv_start(&s, args);
+    const char *inv = "invalid_request_error";
+    expect_error(&s, "POST", "/v1/completions",
+                 "{\"prompt\": \"Once upon a time there was a little girl named Lily who loved to play in the park\"}",
+                 NULL, 400, inv);   /* more tokens than -c 16 holds */
+    expect_error(&s, "POST", "/v1/completions", "{\"prompt\": ", NULL, 400, inv);
+    expect_error(&s, "POST", "/v1/completions", "[1, 2]", NULL, 400, inv);
+    expect_error(&s, "POST", "/v1/completions", "{\"max_tokens\": 4}", NULL, 400, inv);
+    expect_error(&s, "POST", "/v1/completions", "{\"prompt\": \"a\", \"temperature\": 5}", NULL, 400, inv);
+    expect_error(&s, "POST", "/v1/completions", "{\"prompt\": \"a\", \"max_tokens\": -1}", NULL, 400, inv);
+    expect_error(&s, "POST", "/v1/completions", "{\"prompt\": \"a\", \"n\": 2}", NULL, 400, inv);
+    expect_error(&s, "POST", "/v1/chat/completions", "{\"messages\": []}", NULL, 400, inv);
+    expect_error(&s, "POST", "/v1/chat/completions", "{\"messages\": [{\"content\": \"x\"}]}", NULL, 400, inv);
+    expect_error(&s, "POST", "/v1/completions", "{\"prompt\": \"a\", \"model\": \"nope\"}", NULL, 404, "not_found_error");
+    expect_error(&s, "GET", "/v1/nothing", NULL, NULL, 404, "not_found_error");
+    expect_error(&s, "GET", "/v1/models/nope", NULL, NULL, 404, "not_found_error");
+    expect_error(&s, "GET", "/v1/completions", NULL, NULL, 405, "server_error");
+    char big[6000];
+    memset(big, ' ', sizeof big - 1);
+    big[sizeof big - 1] = 0;
+    memcpy(big, "{\"prompt\": \"", 12);
+    expect_error(&s, "POST", "/v1/completions", big, NULL, 413, "request_too_large");
+    expect_error(&s, "POST", "/v1/completions", big, "-H 'Transfer-Encoding: chunked'", 413, "request_too_large");
+    char *r = NULL;
+    cr_assert_eq(http(&s, "GET", "/health", NULL, NULL, &r), 200, "still serving after bad requests: %s", r);
+    free(r);
+    cr_assert_eq(srv_stop(&s), 0);
+    srv_free(&s);
+}
+
+Test(serve, requires_the_api_key_when_given_one, .timeout = 60)
+{
+    srv s = {0};
+    const char *args[] = {"--api-key", "sekrit-123", NULL};
+    srv_start(&s, args);
+    const char *body = "{\"prompt\": \"Once\", \"max_tokens\": 2}";
+    expect_error(&s, "POST", "/v1/completions", body, NULL, 401, "authentication_error");
+    expect_error(&s, "POST", "/v1/completions", body, "-H 'Authorization: Bearer sekrit-12'", 401, "authentication_error");
+    expect_error(&s, "POST", "/v1/completions", body, "-H 'Authorization: Bearer sekrit-1234'", 401, "authentication_error");
+    expect_error(&s, "GET", "/v1/models", NULL, NULL, 401, "authentication_error");
+    char *r = NULL;
+    cr_assert_eq(http(&s, "POST", "/v1/completions", body, "-H 'Authorization: Bearer sekrit-123'", &r), 200, "%s", r);
+    free(r);
+    cr_assert_eq(http(&s, "GET", "/health", NULL, NULL, &r), 200, "health needs no key: %s", r);
+    free(r);
+    srv_free(&s);
+}
+
+/* ---------------------------------------------------------------- generation control */
+
+Test(serve, stop_strings_cut_the_text_streamed_or_not, .timeout = 60)
+{
+    srv s = {0};
+    srv_start(&s, NULL);
+    char *ref = jlm_run(&s, "Once upon a time", 24), *r = NULL;
+    const char *cut = strstr(ref, "girl");
+    cr_assert(cut, "the reference continuation mentions a girl: '%s'", ref);
+    size_t keep = (size_t)(cut - ref);
+    const char *body = "{\"prompt\": \"Once upon a time\", \"max_tokens\": 24, \"temperature\": 0, \"stop\": [\"zzz\", \"girl\"]}";
+    cr_assert_eq(http(&s, "POST", "/v1/completions", body, NULL, &r), 200, "%s", r);
+    const char *fin;
+    char *t = completion_text(r, &fin);
+    cr_assert_eq(strlen(t), keep, "'%s' is the reference up to the stop string", t);
+    cr_assert(!strncmp(t, ref, keep));
+    cr_assert_str_eq(fin, "stop");
+    free(t); free(r);
+    body = "{\"prompt\": \"Once upon a time\", \"max_tokens\": 24, \"temperature\": 0, \"stop\": \"girl\", \"stream\": true}";
+    cr_assert_eq(http(&s, "POST", "/v1/completions", body, NULL, &r), 200, "%s", r);
+    t = stream_text(r, &fin);
+    cr_assert_eq(strlen(t), keep, "streamed '%s' stops before the stop string", t);
+    cr_assert_str_eq(fin, "stop");
+    cr_assert(!strstr(r, "gir"), "no prefix of the stop string was sent: %s", r);
+    free(t); free(r); free(ref);
+    srv_free(&s);
+}
+
+/* 8 greedy requests at once on --parallel 8: decoded together in one batch
+ * per step, each must return exactly what jlm run gives it alone. */
+Test(serve, concurrent_requests_each_get_what_they_get_alone, .timeout = 120)
+{
+    enum { N = 8 };
+    srv s = {0};
+    const char *args[] = {"--parallel", "8", NULL};
+    srv_start(&s, args);
+    const char *prompts[N] = {"Once upon a time", "The dog", "One day, Tom", "She was happy",
+                              "Lily saw a bird", "The sun", "Ben and Mia", "A big red ball"};
+    char *alone[N];
+    for (int i = 0; i < N; i++) alone[i] = jlm_run(&s, prompts[i], 32 + 4 * i);
+    char cmd[16384];
+    int k = snprintf(cmd, sizeof cmd, "(");
+    for (int i = 0; i < N; i++)
+        k += snprintf(cmd + k, sizeof cmd - (size_t)k,
+                      "curl -s --max-time 60 -o %s/c%d http://127.0.0.1:%d/v1/completions -d "
+                      "'{\"prompt\": \"%s\", \"max_tokens\": %d, \"temperature\": 0%s}' & ",
+                      s.dir, i, s.port, prompts[i], 32 + 4 * i, i % 2 ? ", \"stream\": true" : "");
+    snprintf(cmd + k, sizeof cmd - (size_t)k, "wait)");
+    cr_assert_eq(tu_run(cmd, NULL), 0);
+    for (int i = 0; i < N; i++) {
+        char p[1100];
+        snprintf(p, sizeof p, "%s/c%d", s.dir, i);
+        size_t rl = 0;
+        unsigned char *raw = tu_read_file(p, &rl);
+        cr_assert(raw, "response %d", i);
+        char *r = strndup((const char *)raw, rl);
+        free(raw);
+        char *t = i % 2 ? stream_text(r, NULL) : completion_text(r, NULL);
+        cr_assert_str_eq(t, alone[i], "request %d alongside seven others equals jlm run alone", i);
+        free(t); free(r); free(alone[i]);
+    }
+    char *r = NULL;
+    cr_assert_eq(http(&s, "GET", "/metrics", NULL, NULL, &r), 200);
+    cr_assert(strstr(r, "jlm_requests_done_total{model=\"stories\"} 8"), "%s", r);
+    free(r);
+    srv_free(&s);
+}
+
+/* ---------------------------------------------------------------- disconnects and drain */
+
+static int tcp_connect(int port)
+{
+    int fd = socket(AF_INET, SOCK_STREAM, 0);
+    struct sockaddr_in a = {.sin_family = AF_INET, .sin_port = htons((uint16_t)port)};
+    inet_pton(AF_INET, "127.0.0.1", &a.sin_addr);
+    cr_assert(fd >= 0 && connect(fd, (struct sockaddr *)&a, sizeof a) == 0, "connect to the server");
+    return fd;
+}
+
+/* Sends a long streamed generation (ignore_eos) and waits for its first event. */
+static int start_long_stream(const srv *s, int n_tokens)
+{
+    int fd = tcp_connect(s->port);
+    char body[256], req[512];
+    int nb = snprintf(body, sizeof body, "{\"prompt\": \"Once\", \"max_tokens\": %d, \"ignore_eos\": true, \"stream\": true}",
+                      n_tokens);
+    int nr = snprintf(req, sizeof req, "POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                      "Content-Length: %d\r\n\r\n%s", nb, body);
+    cr_assert_eq(write(fd, req, (size_t)nr), nr);
+    char buf[4096];
+    size_t got = 0;
+    for (int i = 0; i < 200 && got < sizeof buf - 1; i++) {
+        struct pollfd p = {.fd = fd, .events = POLLIN};
+        if (poll(&p, 1, 100) <= 0) continue;
+        ssize_t r = read(fd, buf + got, sizeof buf - 1 - got);
+        cr_assert(r > 0, "the stream is open");
+        got += (size_t)r;
+        buf[got] = 0;
+        if (strstr(buf, "data: {")) return fd;
+    }
+    cr_assert_fail("no first event within 20 s: %s", buf);
+    return -1;
+}
+
+/* Polls /metrics until it holds `line` (at most 20 s). */
+static int metrics_reach(const srv *s, const char *line)
+{
+    for (int i = 0; i < 200; i++) {
+        char *r = NULL;
+        http(s, "GET", "/metrics", NULL, NULL, &r);
+        int ok = strstr(r, line) != NULL;
+        free(r);
+        if (ok) return 1;
+        usleep(100000);
+    }
+    return 0;
+}
+
+Test(serve, a_client_that_disconnects_cancels_its_generation, .timeout = 120)
+{
+    srv s = {0};
+    const char *args[] = {"-c", "4096", NULL};
+    srv_start(&s, args);
+    int fd = start_long_stream(&s, 4000);
+    close(fd);
+    cr_assert(metrics_reach(&s, "jlm_requests_cancelled_total{model=\"stories\"} 1"), "the cancel is counted");
+    cr_assert(metrics_reach(&s, "jlm_requests_running{model=\"stories\"} 0"), "the slot is free again");
+    char *r = NULL;
+    cr_assert_eq(http(&s, "GET", "/metrics", NULL, NULL, &r), 200);
+    const char *g = strstr(r, "jlm_generated_tokens_total{model=\"stories\"} ");
+    cr_assert(g && atoi(g + 43) < 4000, "generation stopped early: %s", r);
+    free(r);
+    cr_assert_eq(http(&s, "POST", "/v1/completions", "{\"prompt\": \"Once\", \"max_tokens\": 4}", NULL, &r), 200,
+                 "the next request is served: %s", r);
+    free(r);
+    srv_free(&s);
+}
+
+Test(serve, a_full_queue_answers_503, .timeout = 120)
+{
+    srv s = {0};
+    const char *args[] = {"--parallel", "1", "--queue", "1", "-c", "4096", NULL};
+    srv_start(&s, args);
+    int running = start_long_stream(&s, 4000);   /* holds the only slot */
+    int queued = tcp_connect(s.port);            /* waits in the queue of one */
+    const char *body = "{\"prompt\": \"Once\", \"max_tokens\": 4000, \"ignore_eos\": true, \"stream\": true}";
+    char req[512];
+    int nr = snprintf(req, sizeof req, "POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Length: %zu\r\n\r\n%s",
+                      strlen(body), body);
+    cr_assert_eq(write(queued, req, (size_t)nr), nr);
+    cr_assert(metrics_reach(&s, "jlm_queue_length{model=\"stories\"} 1"), "the second request waits");
+    expect_error(&s, "POST", "/v1/completions", "{\"prompt\": \"Once\", \"max_tokens\": 2}", NULL, 503, "server_busy");
+    close(queued);
+    close(running);
+    cr_assert(metrics_reach(&s, "jlm_requests_running{model=\"stories\"} 0"), "both leave once their clients are gone");
+    srv_free(&s);
+}
+
+Test(serve, sigterm_finishes_requests_in_flight_refuses_new_ones_and_exits_0, .timeout = 120)
+{
+    srv s = {0};
+    srv_start(&s, NULL);
+    int fd = start_long_stream(&s, 1200);
+    kill(s.pid, SIGTERM);
+    usleep(20000);
+    char *r = NULL;
+    int st = http(&s, "POST", "/v1/completions", "{\"prompt\": \"Once\", \"max_tokens\": 4}", NULL, &r);
+    cr_assert_eq(st, 503, "a new request while draining gets 503: %d %s", st, r);
+    free(r);
+    /* the stream in flight runs to its end */
+    size_t cap = 4 << 20, got = 0;
+    char *buf = malloc(cap);
+    time_t t0 = time(NULL);
+    while (got < cap - 1 && time(NULL) - t0 < 60) {
+        struct pollfd p = {.fd = fd, .events = POLLIN};
+        if (poll(&p, 1, 100) <= 0) continue;
+        ssize_t n = read(fd, buf + got, cap - 1 - got);
+        if (n <= 0) break;
+        got += (size_t)n;
+        buf[got] = 0;
+        if (strstr(buf + (got > 64 ? got - 64 : 0), "data: [DONE]")) break;
+    }
+    buf[got] = 0;
+    cr_assert(strstr(buf, "\"finish_reason\":\"length\""), "the drained stream finished whole");
+    cr_assert(strstr(buf, "data: [DONE]"), "and ended with [DONE]");
+    free(buf);
+    close(fd);
+    int code = -1;
+    for (int i = 0; i < 600 && code < 0; i++) {
+        int w;
+        if (waitpid(s.pid, &w, WNOHANG) == s.pid) code = WIFEXITED(w) ? WEXITSTATUS(w) : 128 + WTERMSIG(w);
+        else usleep(50000);
+    }
+    cr_assert_eq(code, 0, "the server exits 0 after draining");
+    s.pid = 0;
+    srv_free(&s);
+}
+
+/* ---------------------------------------------------------------- request parsing */
+
+Test(serve_api, parses_every_supported_field)
+{
+    const char *b = "{\"model\": \"m\", \"prompt\": [\"hi\"], \"max_tokens\": 7, \"temperature\": 0.5, \"top_p\": 0.9, "
+                    "\"top_k\": 5, \"min_p\": 0.1, \"seed\": 42, \"stop\": [\"a\", \"b\"], \"stream\": true, "
+                    "\"presence_penalty\": 1, \"frequency_penalty\": -0.5, \"stream_options\": {\"include_usage\": true}, "
+                    "\"user\": \"ignored\", \"logprobs\": null, \"n\": 1}";
+    jlm_srv_req r;
+    jlm_err err = {0};
+    cr_assert_eq(jlm_srv_req_parse(b, strlen(b), JLM_SRV_COMPLETION, &r, &err), 0, "%s", err.msg);
+    cr_assert_str_eq(r.model, "m");
+    cr_assert_str_eq(r.prompt, "hi");
+    cr_assert_eq(r.max_tokens, 7);
+    cr_assert_float_eq(r.samp.temp, 0.5f, 1e-7);
+    cr_assert_float_eq(r.samp.top_p, 0.9f, 1e-7);
+    cr_assert_eq(r.samp.top_k, 5);
+    cr_assert_float_eq(r.samp.min_p, 0.1f, 1e-7);
+    cr_assert_float_eq(r.samp.presence_penalty, 1.0f, 1e-7);
+    cr_assert_float_eq(r.samp.freq_penalty, -0.5f, 1e-7);
+    cr_assert(r.seeded && r.samp.seed == 42);
+    cr_assert_eq(r.n_stop, 2);
+    cr_assert(r.stream && r.include_usage);
+    jlm_srv_req_free(&r);
+}
+
+Test(serve_api, refuses_wrong_types_and_ranges_naming_the_field)
+{
+    static const struct { const char *body, *field; } cases[] = {
+        {"{\"prompt\": \"a\", \"temperature\": \"hot\"}", "temperature"},
+        {"{\"prompt\": \"a\", \"top_p\": 1.5}", "top_p"},
+        {"{\"prompt\": \"a\", \"top_k\": 1.5}", "top_k"},
+        {"{\"prompt\": \"a\", \"max_tokens\": 1e9}", "max_tokens"},
+        {"{\"prompt\": \"a\", \"stop\": [\"\"]}", "stop"},
+        {"{\"prompt\": \"a\", \"stop\": [\"1\", \"2\", \"3\", \"4\", \"5\"]}", "stop"},
+        {"{\"prompt\": \"a\", \"stream\": 1}", "stream"},
+        {"{\"prompt\": \"a\", \"model\": 3}", "model"},
+        {"{\"prompt\": [\"a\", \"b\"]}", "prompt"},
+        {"{\"prompt\": [1, 2]}", "prompt"},
+        {"{\"prompt\": \"a\", \"logprobs\": 6}", "logprobs"},
+        {"{\"prompt\": \"a\", \"logprobs\": true}", "logprobs"},
+        {"{\"prompt\": \"a\\u0000b\"}", "u0000"},
+        {"{\"prompt\": \"a\", \"prompt\": \"b\"}", "duplicate"},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        jlm_srv_req r;
+        jlm_err err = {0};
+        cr_assert_neq(jlm_srv_req_parse(cases[i].body, strlen(cases[i].body), JLM_SRV_COMPLETION, &r, &err), 0,
+                      "refused: %s", cases[i].body);
+        cr_assert(strstr(err.msg, cases[i].field), "'%s' named in '%s'", cases[i].field, err.msg);
+    }
+    const char *chat = "{\"messages\": [{\"role\": \"user\", \"content\": [{\"type\": \"image_url\"}]}]}";
+    jlm_srv_req r;
+    jlm_err err = {0};
+    cr_assert_eq(jlm_srv_req_parse(chat, strlen(chat), JLM_SRV_CHAT, &r, &err), JLM_EUNSUPPORTED);
+    cr_assert(strstr(err.msg, "messages[0].content[0]"), "%s", err.msg);
+}
+
+Test(serve_api, stop_scan_holds_back_what_could_become_a_stop_string)
+{
+    jlm_srv_req r = {.n_stop = 1};
+    r.stop[0] = "END";
+    int hit;
+    cr_assert_eq(jlm_srv_stop_scan(&r, "abcE", 4, 0, &hit), 3);
+    cr_assert_eq(hit, 0);
+    cr_assert_eq(jlm_srv_stop_scan(&r, "abcEN", 5, 0, &hit), 3);
+    cr_assert_eq(jlm_srv_stop_scan(&r, "abcENx", 6, 0, &hit), 6, "a broken prefix is released");
+    cr_assert_eq(jlm_srv_stop_scan(&r, "abENDx", 6, 0, &hit), 2);
+    cr_assert_eq(hit, 1);
+    cr_assert_eq(jlm_srv_stop_scan(&r, "abcE", 4, 1, &hit), 4, "at the end nothing is held");
+    r.stop[0] = "\xC3\xA9!";   /* held-back bytes never split a character */
+    cr_assert_eq(jlm_srv_stop_scan(&r, "a\xC3\xA9", 3, 0, &hit), 1);
+    r.n_stop = 0;
+    cr_assert_eq(jlm_srv_stop_scan(&r, "a\xC3", 2, 0, &hit), 2, "without stop strings everything goes");
+}
+
+Test(serve_api, compares_keys_by_content_and_length)
+{
+    cr_assert(jlm_srv_key_equal("abc", 3, "abc", 3));
+    cr_assert(!jlm_srv_key_equal("abc", 3, "abd", 3));
+    cr_assert(!jlm_srv_key_equal("abc", 3, "abcd", 4));
+    cr_assert(!jlm_srv_key_equal("", 0, "a", 1));
+}
+
+Test(serve_api, replaces_invalid_utf8_in_generated_text)
+{
+    jlm_srv_ident id = {.id = "cmpl-1", .model = "m", .kind = JLM_SRV_COMPLETION};
+    jlm_srv_result res = {.finish_reason = "stop", .prompt_tokens = 1, .completion_tokens = 2};
+    json_t *j = jlm_srv_json_completion(&id, "a\xFF" "b\xC3", 4, &res);
+    cr_assert(j, "built despite invalid bytes");
+    const char *t = json_string_value(json_object_get(json_array_get(json_object_get(j, "choices"), 0), "text"));
+    cr_assert_str_eq(t, "a\xEF\xBF\xBD" "b\xEF\xBF\xBD");
+    json_decref(j);
+}
+
+/* ---------------------------------------------------------------- batched sequences */
+
+/* Greedy decode of `steps` tokens after prompt p on the engine's own cache;
+ * logits of every step in ref (steps, nv). */
+static void decode_alone(jlm_engine *e, const int32_t *p, uint32_t np, int steps, float *ref)
+{
+    jlm_err err = {0};
+    uint32_t nv = jlm_engine_n_vocab(e);
+    jlm_engine_rewind(e, 0);
+    cr_assert_eq(jlm_engine_eval(e, p, np, ref, &err), 0, "%s", err.msg);
+    for (int s = 1; s < steps; s++) {
+        int32_t id = jlm_samp_argmax(ref + (size_t)(s - 1) * nv, nv);
+        cr_assert_eq(jlm_engine_eval(e, &id, 1, ref + (size_t)s * nv, &err), 0, "%s", err.msg);
+    }
+}
+
+/* Four sequences with different prompts decode together, the fourth joining
+ * two steps late; each step's logits must equal the sequence's alone, bit for bit. */
+static void check_batch_equals_alone(const char *gguf)
+{
+    enum { NS = 4, STEPS = 8, LATE = 2 };
+    char *dir = tu_tmpdir();
+    char *m = convert_to(gguf, dir, "m.jlm");
+    jlm_engine_opts eo = {.n_threads = 2, .n_ctx = 128, .direct = 0, .quiet = 1};
+    jlm_engine *e;
+    jlm_err err = {0};
+    cr_assert_eq(jlm_engine_open(m, &eo, &e, &err), 0, "%s", err.msg);
+    uint32_t nv = jlm_engine_n_vocab(e);
+    static const int32_t prompts[NS][4] = {{1, 5, 9, 13}, {1, 100, 7, 3}, {1, 42, 42, 42}, {1, 77, 8, 200}};
+    float *ref = malloc((size_t)NS * STEPS * nv * sizeof *ref), *got = malloc((size_t)NS * nv * sizeof *got);
+    for (int s = 0; s < NS; s++)
+        decode_alone(e, prompts[s], 4, STEPS, ref + (size_t)s * STEPS * nv);
+    jlm_engine_seq *seq[NS];
+    int step[NS] = {0};   /* logits rows already produced per sequence */
+    int32_t next[NS];
+    for (int s = 0; s < NS; s++) {
+        cr_assert_eq(jlm_engine_seq_create(e, &seq[s], &err), 0, "%s", err.msg);
+        if (s == NS - 1) continue;   /* joins late */
+        cr_assert_eq(jlm_engine_eval_seq(e, seq[s], prompts[s], 4, got, &err), 0, "%s", err.msg);
+        cr_assert(!memcmp(got, ref + (size_t)s * STEPS * nv, nv * sizeof *got), "%s: prompt logits of seq %d", gguf, s);
+        next[s] = jlm_samp_argmax(got, nv);
+        step[s] = 1;
+    }
+    for (int round = 0; round < STEPS + LATE; round++) {
+        if (round == LATE) {
+            int s = NS - 1;
+            cr_assert_eq(jlm_engine_eval_seq(e, seq[s], prompts[s], 4, got, &err), 0, "%s", err.msg);
+            next[s] = jlm_samp_argmax(got, nv);
+            step[s] = 1;
+        }
+        jlm_engine_seq *bs[NS];
+        int32_t bt[NS];
+        int who[NS];
+        uint32_t n = 0;
+        for (int s = 0; s < NS; s++)
+            if (step[s] > 0 && step[s] < STEPS) { bs[n] = seq[s]; bt[n] = next[s]; who[n++] = s; }
+        if (!n) break;
+        cr_assert_eq(jlm_engine_eval_batch(e, bs, bt, n, got, &err), 0, "%s", err.msg);
+        for (uint32_t t = 0; t < n; t++) {
+            int s = who[t];
+            cr_assert(!memcmp(got + (size_t)t * nv, ref + ((size_t)s * STEPS + (size_t)step[s]) * nv, nv * sizeof *got),
+                      "%s: seq %d step %d in a batch of %u differs from alone", gguf, s, step[s], n);
+            next[s] = jlm_samp_argmax(got + (size_t)t * nv, nv);
+            step[s]++;
+        }
+    }
+    for (int s = 0; s < NS; s++) {
+        cr_assert_eq(step[s], STEPS, "seq %d ran every step", s);
+        jlm_engine_seq_destroy(seq[s]);
+    }
+    jlm_engine_close(e);
+    free(ref); free(got); free(m);
+    tu_rmrf(dir);
+    free(dir);
+}
+
+Test(engine_batch, each_sequence_gets_the_logits_it_gets_alone_dense, .timeout = 60)
+{
+    check_batch_equals_alone("stories260K.gguf");
+    check_batch_equals_alone("synth-llama-256.Q4_K_M.gguf");
+}
+
+Test(engine_batch, each_sequence_gets_the_logits_it_gets_alone_moe_and_swa, .timeout = 60)
+{
+    check_batch_equals_alone("synth-qwen3moe-256.Q4_K_M.gguf");
+    check_batch_equals_alone("synth-gemma3-256.Q8_0.gguf");
+}
+
+Test(engine_batch, refuses_a_repeated_sequence_and_a_full_context)
+{
+    char *dir = tu_tmpdir();
+    char *m = convert_to("stories260K.gguf", dir, "m.jlm");
+    jlm_engine_opts eo = {.n_threads = 1, .n_ctx = 4, .direct = 0, .quiet = 1};
+    jlm_engine *e;
+    jlm_err err = {0};
+    cr_assert_eq(jlm_engine_open(m, &eo, &e, &err), 0, "%s", err.msg);
+    jlm_engine_seq *s;
+    cr_assert_eq(jlm_engine_seq_create(e, &s, &err), 0);
+    float *l = malloc(2 * jlm_engine_n_vocab(e) * sizeof *l);
+    jlm_engine_seq *two[2] = {s, s};
+    int32_t ids[4] = {1, 2, 3, 4};
+    cr_assert_eq(jlm_engine_eval_batch(e, two, ids, 2, l, &err), JLM_EINVAL);
+    cr_assert_eq(jlm_engine_eval_seq(e, s, ids, 4, l, &err), 0, "%s", err.msg);
+    cr_assert_eq(jlm_engine_eval_batch(e, two, ids, 1, l, &err), JLM_ERANGE, "the context is full");
+    cr_assert_eq(jlm_engine_seq_n_past(s), 4);
+    free(l);
+    jlm_engine_seq_destroy(s);
+    jlm_engine_close(e);
+    free(m);
+    tu_rmrf(dir);
+    free(dir);
+}
+
+/* ---------------------------------------------------------------- several models */
+
+Test(serve, serves_every_model_of_a_folder_by_file_stem, .timeout = 120)
+{
+    srv s = {0};
+    s.dir = tu_tmpdir();
+    s.model = convert_to("stories260K.gguf", s.dir, "stories.jlm");
+    char *m2 = convert_to("synth-llama-256.Q4_K_M.gguf", s.dir, "synth.jlm");
+    /* a model given twice (by path and through the folder) is refused */
+    char cmd[2048], *o = NULL;
+    snprintf(cmd, sizeof cmd, "%s serve %s --models %s --port 0", tu_jlm(), s.model, s.dir);
+    cr_assert_eq(tu_run(cmd, &o), 1, "a duplicate id is refused: %s", o);
+    cr_assert(strstr(o, "served twice"), "%s", o);
+    free(o);
+    /* the folder alone: both models */
+    char *keep = s.model;
+    s.model = NULL;
+    /* --budget 1 is raised to each engine's minimum working set (one block
+     * frame): every token pages blocks out and in again, answers unchanged */
+    const char *args[] = {"--models", s.dir, "--budget", "1", NULL};
+    srv_start(&s, args);
+    s.model = keep;
+    char *r = NULL;
+    cr_assert_eq(http(&s, "GET", "/v1/models", NULL, NULL, &r), 200, "%s", r);
+    cr_assert(strstr(r, "\"id\":\"stories\"") && strstr(r, "\"id\":\"synth\""), "%s", r);
+    free(r);
+    expect_error(&s, "POST", "/v1/completions", "{\"prompt\": \"a\"}", NULL, 400, "invalid_request_error");
+    const char *body = "{\"model\": \"stories\", \"prompt\": \"Once upon a time\", \"max_tokens\": 16, \"temperature\": 0}";
+    cr_assert_eq(http(&s, "POST", "/v1/completions", body, NULL, &r), 200, "%s", r);
+    char *t = completion_text(r, NULL), *ref = jlm_run(&s, "Once upon a time", 16);
+    cr_assert_str_eq(t, ref, "the stories model answers as jlm run");
+    free(t); free(r); free(ref);
+    body = "{\"model\": \"synth\", \"prompt\": \"t1 t2\", \"max_tokens\": 8, \"temperature\": 0}";
+    cr_assert_eq(http(&s, "POST", "/v1/completions", body, NULL, &r), 200, "%s", r);
+    t = completion_text(r, NULL);
+    snprintf(cmd, sizeof cmd, "%s run %s -p 't1 t2' -n 8 --temp 0 -t 1 2>/dev/null", tu_jlm(), m2);
+    cr_assert_eq(tu_run(cmd, &ref), 0, "%s", ref);
+    /* random weights emit lone UTF-8 lead bytes, which JSON carries as U+FFFD:
+     * compare the ASCII of both (stories above compares every byte) */
+    char *a = t, *b = ref;
+    for (char *p = t; *p; p++) if (!((unsigned char)*p & 0x80)) *a++ = *p;
+    for (char *p = ref; *p; p++) if (!((unsigned char)*p & 0x80)) *b++ = *p;
+    *a = *b = 0;
+    cr_assert_str_eq(t, ref, "the synth model answers as jlm run");
+    cr_assert(strstr(r, "\"completion_tokens\":8"), "%s", r);
+    free(t); free(r); free(ref); free(m2);
+    cr_assert_eq(http(&s, "GET", "/metrics", NULL, NULL, &r), 200);
+    cr_assert(!strstr(r, "jlm_page_evictions_total{model=\"stories\"} 0\n"), "stories pages were evicted: %s", r);
+    cr_assert(!strstr(r, "jlm_page_evictions_total{model=\"synth\"} 0\n"), "synth pages were evicted: %s", r);
+    free(r);
+    srv_free(&s);
+}
+
+/* ---------------------------------------------------------------- logprobs */
+
+/* The first generated token's log-probability equals log-softmax of the
+ * logits `jlm run --logits` writes for the same prompt; the alternatives are
+ * the most likely tokens in order. */
+Test(serve, logprobs_match_the_log_softmax_of_jlm_run_logits, .timeout = 60)
+{
+    srv s = {0};
+    srv_start(&s, NULL);
+    char cmd[2048], lf[1100], *o = NULL, *r = NULL;
+    snprintf(lf, sizeof lf, "%s/logits.json", s.dir);
+    snprintf(cmd, sizeof cmd, "%s run %s -p 'Once upon' -n 1 --temp 0 -t 1 --logits %s", tu_jlm(), s.model, lf);
+    cr_assert_eq(tu_run(cmd, &o), 0, "%s", o);
+    free(o);
+    size_t n = 0;
+    unsigned char *raw = tu_read_file(lf, &n);
+    char *txt = strndup((const char *)raw, n);
+    json_t *lg = parse(txt);
+    free(raw); free(txt);
+    size_t nv = json_array_size(lg), best = 0, second = 0;
+    double mx = -INFINITY, sum = 0;
+    for (size_t i = 0; i < nv; i++) mx = fmax(mx, json_number_value(json_array_get(lg, i)));
+    for (size_t i = 0; i < nv; i++) sum += exp(json_number_value(json_array_get(lg, i)) - mx);
+    for (size_t i = 1; i < nv; i++) {
+        double v = json_number_value(json_array_get(lg, i));
+        if (v > json_number_value(json_array_get(lg, best))) { second = best; best = i; }
+        else if (second == best || v > json_number_value(json_array_get(lg, second))) second = i;
+    }
+    double want0 = json_number_value(json_array_get(lg, best)) - mx - log(sum);
+    double want1 = json_number_value(json_array_get(lg, second)) - mx - log(sum);
+    json_decref(lg);
+    const char *body = "{\"prompt\": \"Once upon\", \"max_tokens\": 3, \"temperature\": 0, \"logprobs\": 2}";
+    cr_assert_eq(http(&s, "POST", "/v1/completions", body, NULL, &r), 200, "%s", r);
+    json_t *j = parse(r), *lp = json_object_get(json_array_get(json_object_get(j, "choices"), 0), "logprobs");
+    json_t *tl = json_object_get(lp, "token_logprobs"), *top = json_array_get(json_object_get(lp, "top_logprobs"), 0);
+    cr_assert_eq(json_array_size(tl), 3, "one entry per token: %s", r);
+    double got = json_number_value(json_array_get(tl, 0));
+    cr_assert(fabs(got - want0) < 1e-5, "logprob %.9g, log-softmax of jlm run's logits %.9g", got, want0);
+    cr_assert_eq(json_object_size(top), 2, "%s", r);
+    const char *k;
+    json_t *v;
+    double lo = 0;
+    json_object_foreach(top, k, v) lo = fmin(lo, json_number_value(v));
+    cr_assert(fabs(lo - want1) < 1e-5, "second alternative %.9g, expected %.9g", lo, want1);
+    json_decref(j);
+    free(r);
+    const char *cb = "{\"messages\": [{\"role\": \"user\", \"content\": \"hi\"}], \"max_tokens\": 2, "
+                     "\"temperature\": 0, \"logprobs\": true, \"top_logprobs\": 3, \"stream\": true}";
+    cr_assert_eq(http(&s, "POST", "/v1/chat/completions", cb, NULL, &r), 200, "%s", r);
+    cr_assert(strstr(r, "\"logprobs\":{\"content\":[{\"token\":"), "streamed chat chunks carry logprobs: %s", r);
+    free(r);
+    expect_error(&s, "POST", "/v1/chat/completions",
+                 "{\"messages\": [{\"role\": \"user\", \"content\": \"hi\"}], \"top_logprobs\": 2}", NULL, 400,
+                 "invalid_request_error");
+    srv_free(&s);
+}
