@@ -152,7 +152,9 @@ int jlm_cmd_run(int argc, char **argv)
     if (on_view)
         jlm_cli_report_open(&rep, e, rdb_path, rdb_key, "jlm run");
     const jlm_vocab *voc = &jlm_engine_model(e)->vocab;
-    if (jlm_tok_create(voc, &tok, &err)) {
+    if (voc->kind == JLM_VOCAB_NONE && o.ids) {
+        o.print_ids = 1;   /* no vocab (an HF folder without tokenizer files): ids in, ids out */
+    } else if (jlm_tok_create(voc, &tok, &err)) {
         fprintf(stderr, "jlm run: %s: tokenizer: %s\n", path, err.msg);
         goto out;
     }
@@ -186,16 +188,17 @@ int jlm_cmd_run(int argc, char **argv)
         goto out;
     }
     jlm_tok_stream ts;
-    jlm_tok_stream_init(&ts, tok, 0, voc->add_space_prefix && prompt[0] != voc->bos);
+    if (tok)
+        jlm_tok_stream_init(&ts, tok, 0, voc->add_space_prefix && prompt[0] != voc->bos);
     ts.strip_space = 0;   /* continuation of the prompt: keep the leading space */
-    size_t cap = jlm_tok_max_piece_len(tok) + 8;
+    size_t cap = (tok ? jlm_tok_max_piece_len(tok) : 0) + 8;
     char *piece = malloc(cap);
     status = 0;
     for (int i = 0; i < o.n_predict; i++) {
         int32_t id = jlm_samp_next(s, logits);
         gen[ng++] = id;
         jlm_samp_accept(s, id);
-        if (jlm_tok_is_eog(tok, id))
+        if (tok && jlm_tok_is_eog(tok, id))
             break;
         size_t n = 0;
         if (!o.print_ids && piece && jlm_tok_stream_feed(&ts, id, piece, cap, &n, &err) == 0) {

@@ -1,6 +1,7 @@
 /* convert.c - the conversion driver: GGUF -> mapped tensors -> plan (pass 1)
  * -> packed planes in OUT.part -> read-back checks -> rename (pass 2). */
 #include "convert_int.h"
+#include "hf.h"
 #include "pack.h"
 #include "vocab.h"
 #include "../kernels/cpu/dequant.h"
@@ -146,7 +147,7 @@ int jlm_conv_open(const char *src_path, FILE *notes, jlm_conv **out, jlm_err *er
         free(c);
         return jlm_errf(err, JLM_ENOMEM, "%s: out of memory", src_path);
     }
-    int rc = jlm_gguf_open(src_path, &c->g, err);
+    int rc = jlm_hf_is_folder(src_path) ? jlm_hf_open(src_path, &c->g, err) : jlm_gguf_open(src_path, &c->g, err);
     if (rc)
         goto fail;
     c->src_path = c->g->path;
@@ -199,6 +200,8 @@ char *jlm_conv_default_out(const char *src)
     if (!o)
         return NULL;
     memcpy(o, src, n + 1);
+    while (n > 1 && o[n - 1] == '/')   /* an HF folder: DIR/ -> DIR.jlm */
+        o[--n] = 0;
     if (n > 5 && !strcmp(o + n - 5, ".gguf"))
         o[n - 5] = 0;
     strcat(o, ".jlm");

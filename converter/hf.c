@@ -1,0 +1,754 @@
+/* hf.c - Hugging Face folder -> virtual GGUF handle (see hf.h).
+ *
+ * Phases: (1) config.json -> hfc (typed, per class, refusals by key);
+ * (2) hfc -> llama.cpp metadata keys; (3) every safetensors tensor -> a
+ * llama.cpp tensor name, a shape check against hfc and a row source (expert
+ * tensors are gathered into one stacked tensor); (4) the handle, whose reads
+ * go through vread (row permutation, dtype widening, norm + 1). */
+#include "hf.h"
+#include "safetensors.h"
+
+#include <inttypes.h>
+#include <stdarg.h>
+#include <jansson.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+
+enum { FAM_LLAMA, FAM_QWEN2, FAM_QWEN3, FAM_QWEN3MOE, FAM_GEMMA3, FAM_PHI3 };
+
+typedef struct cls_def { const char *hf, *gguf; int fam; } cls_def;
+
+static const cls_def CLASSES[] = {
+    {"LlamaForCausalLM", "llama", FAM_LLAMA},     {"MistralForCausalLM", "llama", FAM_LLAMA},
+    {"MixtralForCausalLM", "llama", FAM_LLAMA},   {"Qwen2ForCausalLM", "qwen2", FAM_QWEN2},
+    {"Qwen3ForCausalLM", "qwen3", FAM_QWEN3},     {"Qwen3MoeForCausalLM", "qwen3moe", FAM_QWEN3MOE},
+    {"Gemma3ForCausalLM", "gemma3", FAM_GEMMA3},  {"Phi3ForCausalLM", "phi3", FAM_PHI3},
+};
+
+/* ---------------------------------------------------------------- phase 1: config.json */
+typedef struct hfc {
+    const cls_def *cls;
+    uint32_t n_layer, n_embd, n_ffn, n_head, n_kv, head_dim, n_ctx, n_vocab;
+    uint32_t n_expert, n_expert_used, n_ffn_exp, swa, swa_pattern, n_rot;
+    double   eps, theta, theta_swa, attn_softcap, final_softcap;
+    int      tied, head_dim_given;
+} hfc;
+
+typedef struct cfgp { json_t *j; const char *path; jlm_err *err; } cfgp;
+
+/* An optional non-negative integer key (absent or null: def). */
+static int c_u32(cfgp *p, const char *key, uint32_t def, uint32_t *out)
+{
+    json_t *v = json_object_get(p->j, key);
+    if (!v || json_is_null(v)) {
+        *out = def;
+        return 0;
+    }
+    if (!json_is_integer(v) || json_integer_value(v) < 0 || json_integer_value(v) > 0x7fffffff)
+        return jlm_errf(p->err, JLM_EFORMAT, "%s: '%s' is not an integer in 0..2^31", p->path, key);
+    *out = (uint32_t)json_integer_value(v);
+    return 0;
+}
+
+static int c_req(cfgp *p, const char *key, uint32_t *out)
+{
+    int rc = c_u32(p, key, 0, out);
+    if (!rc && *out == 0)
+        return jlm_errf(p->err, JLM_EFORMAT, "%s: '%s' is missing or 0", p->path, key);
+    return rc;
+}
+
+static int c_num(cfgp *p, const char *key, double def, double *out)
+{
+    json_t *v = json_object_get(p->j, key);
+    if (!v || json_is_null(v)) {
+        *out = def;
+        return 0;
+    }
+    if (!json_is_number(v))
+        return jlm_errf(p->err, JLM_EFORMAT, "%s: '%s' is not a number", p->path, key);
+    *out = json_number_value(v);
+    return 0;
+}
+
+static int c_bool(cfgp *p, const char *key, int def, int *out)
+{
+    json_t *v = json_object_get(p->j, key);
+    if (!v || json_is_null(v)) {
+        *out = def;
+        return 0;
+    }
+    if (!json_is_boolean(v))
+        return jlm_errf(p->err, JLM_EFORMAT, "%s: '%s' is not a boolean", p->path, key);
+    *out = json_is_true(v);
+    return 0;
+}
+
+/* A key the engine cannot honour unless it has the neutral value. */
+static int c_refuse_unless(cfgp *p, const char *key, const char *ok1, const char *ok2)
+{
+    json_t *v = json_object_get(p->j, key);
+    if (!v || json_is_null(v) || json_is_false(v))
+        return 0;
+    const char *s = json_string_value(v);
+    if (s && ((ok1 && !strcmp(s, ok1)) || (ok2 && !strcmp(s, ok2))))
+        return 0;
+    return jlm_errf(p->err, JLM_EUNSUPPORTED, "%s: '%s' = %s is not supported", p->path, key,
+                    s ? s : json_is_true(v) ? "true" : "a value other than null");
+}
+
+static int cfg_class(cfgp *p, hfc *c)
+{
+    json_t *a = json_object_get(p->j, "architectures");
+    const char *name = json_string_value(json_array_get(a, 0));
+    if (!name || json_array_size(a) != 1)
+        return jlm_errf(p->err, JLM_EFORMAT, "%s: 'architectures' is not a list of one class name", p->path);
+    for (size_t i = 0; i < sizeof CLASSES / sizeof CLASSES[0]; i++)
+        if (!strcmp(name, CLASSES[i].hf)) {
+            c->cls = &CLASSES[i];
+            return 0;
+        }
+    return jlm_errf(p->err, JLM_EUNSUPPORTED,
+                    "%s: architecture class '%.100s' is not supported (supported: LlamaForCausalLM, MistralForCausalLM, "
+                    "MixtralForCausalLM, Qwen2ForCausalLM, Qwen3ForCausalLM, Qwen3MoeForCausalLM, Gemma3ForCausalLM, "
+                    "Phi3ForCausalLM)", p->path, name);
+}
+
+static int cfg_sizes(cfgp *p, hfc *c)
+{
+    int rc;
+    if ((rc = c_req(p, "num_hidden_layers", &c->n_layer)) || (rc = c_req(p, "hidden_size", &c->n_embd)) ||
+        (rc = c_req(p, "num_attention_heads", &c->n_head)) || (rc = c_req(p, "vocab_size", &c->n_vocab)) ||
+        (rc = c_req(p, "intermediate_size", &c->n_ffn)) || (rc = c_u32(p, "num_key_value_heads", c->n_head, &c->n_kv)) ||
+        (rc = c_u32(p, "max_position_embeddings", 0, &c->n_ctx)) || (rc = c_u32(p, "head_dim", 0, &c->head_dim)))
+        return rc;
+    if (c->n_layer > 100000 || c->n_head > 4096 || c->n_kv == 0 || c->n_kv > c->n_head || c->n_head % c->n_kv)
+        return jlm_errf(p->err, JLM_EFORMAT, "%s: num_hidden_layers %u / num_attention_heads %u / num_key_value_heads %u "
+                        "out of range", p->path, c->n_layer, c->n_head, c->n_kv);
+    c->head_dim_given = c->head_dim != 0;
+    if (!c->head_dim)
+        c->head_dim = c->n_embd / c->n_head;
+    if (!c->head_dim || c->head_dim > 4096)
+        return jlm_errf(p->err, JLM_EFORMAT, "%s: head_dim %u out of range", p->path, c->head_dim);
+    c->n_rot = c->head_dim;
+    return 0;
+}
+
+static int cfg_moe(cfgp *p, hfc *c)
+{
+    int rc, fam = c->cls->fam;
+    uint32_t step;
+    int norm;
+    if (!strcmp(c->cls->hf, "MixtralForCausalLM")) {
+        if ((rc = c_req(p, "num_local_experts", &c->n_expert)) || (rc = c_req(p, "num_experts_per_tok", &c->n_expert_used)))
+            return rc;
+        c->n_ffn_exp = c->n_ffn;
+    } else if (fam == FAM_QWEN3MOE) {
+        if ((rc = c_req(p, "num_experts", &c->n_expert)) || (rc = c_req(p, "num_experts_per_tok", &c->n_expert_used)) ||
+            (rc = c_req(p, "moe_intermediate_size", &c->n_ffn_exp)) || (rc = c_u32(p, "decoder_sparse_step", 1, &step)) ||
+            (rc = c_bool(p, "norm_topk_prob", 1, &norm)))
+            return rc;
+        json_t *mlp_only = json_object_get(p->j, "mlp_only_layers");
+        if (step != 1 || !norm || json_array_size(mlp_only))
+            return jlm_errf(p->err, JLM_EUNSUPPORTED, "%s: decoder_sparse_step %u / norm_topk_prob false / mlp_only_layers "
+                            "are not supported", p->path, step);
+    }
+    if (c->n_expert && (c->n_expert > 4096 || c->n_expert_used > c->n_expert))
+        return jlm_errf(p->err, JLM_EFORMAT, "%s: %u experts, %u used: out of range", p->path, c->n_expert, c->n_expert_used);
+    return 0;
+}
+
+static int cfg_family(cfgp *p, hfc *c)
+{
+    int rc, fam = c->cls->fam;
+    double pre, partial;
+    if (fam == FAM_GEMMA3) {
+        if ((rc = c_refuse_unless(p, "hidden_activation", "gelu_pytorch_tanh", NULL)) ||
+            (rc = c_u32(p, "sliding_window", 0, &c->swa)) || (rc = c_u32(p, "sliding_window_pattern", 6, &c->swa_pattern)) ||
+            (rc = c_num(p, "rope_local_base_freq", 10000.0, &c->theta_swa)) ||
+            (rc = c_num(p, "attn_logit_softcapping", 0, &c->attn_softcap)) ||
+            (rc = c_num(p, "final_logit_softcapping", 0, &c->final_softcap)) ||
+            (rc = c_num(p, "query_pre_attn_scalar", c->head_dim, &pre)))
+            return rc;
+        if (pre != c->head_dim)
+            return jlm_errf(p->err, JLM_EUNSUPPORTED, "%s: query_pre_attn_scalar %g differs from head_dim %u: not supported",
+                            p->path, pre, c->head_dim);
+        return 0;
+    }
+    if ((rc = c_refuse_unless(p, "hidden_act", "silu", NULL)) || (rc = c_refuse_unless(p, "attention_bias", NULL, NULL)) ||
+        (rc = c_refuse_unless(p, "mlp_bias", NULL, NULL)))
+        return rc;
+    if (fam == FAM_PHI3) {
+        if ((rc = c_num(p, "partial_rotary_factor", 1.0, &partial)))
+            return rc;
+        c->n_rot = (uint32_t)(c->head_dim * partial);
+        if (partial <= 0 || partial > 1 || c->n_rot % 2)
+            return jlm_errf(p->err, JLM_EFORMAT, "%s: partial_rotary_factor %g out of range", p->path, partial);
+    }
+    return 0;
+}
+
+static int cfg_parse(json_t *j, const char *path, hfc *c, jlm_err *err)
+{
+    cfgp p = {j, path, err};
+    memset(c, 0, sizeof *c);
+    if (!json_is_object(j))
+        return jlm_errf(err, JLM_EFORMAT, "%s: not a JSON object", path);
+    int rc;
+    if ((rc = cfg_class(&p, c)) || (rc = cfg_sizes(&p, c)) || (rc = cfg_moe(&p, c)) || (rc = cfg_family(&p, c)) ||
+        (rc = c_num(&p, "rms_norm_eps", 1e-6, &c->eps)) || (rc = c_num(&p, "rope_theta", 10000.0, &c->theta)) ||
+        (rc = c_bool(&p, "tie_word_embeddings", c->cls->fam == FAM_GEMMA3, &c->tied)) ||
+        (rc = c_refuse_unless(&p, "rope_scaling", NULL, NULL)))
+        return rc;
+    if (!(c->eps > 0 && c->eps < 1) || !(c->theta > 0 && c->theta < 1e12))
+        return jlm_errf(err, JLM_EFORMAT, "%s: rms_norm_eps %g / rope_theta %g out of range", path, c->eps, c->theta);
+    return 0;
+}
+
+/* ---------------------------------------------------------------- the virtual model */
+typedef struct vsrc {
+    const jlm_st_tensor **seg;   /* one per expert (stacked) or one */
+    uint32_t n_seg;
+    uint64_t seg_rows, row_len;
+    uint32_t perm_heads;         /* llama q/k: rows permuted per head (0: none) */
+    int      add_one;            /* gemma norms: w + 1 */
+} vsrc;
+
+typedef struct hf {
+    jlm_st_set      *st;
+    const char      *dir;
+    hfc              c;
+    jlm_gguf_kv     *kv;
+    uint64_t         n_kv, cap_kv;
+    jlm_gguf_tensor *t;
+    vsrc            *src;
+    uint64_t         n_t, cap_t, cap_src;
+    char           **own;
+    uint64_t         n_own, cap_own;
+    jlm_err         *err;
+} hf;
+
+static void hf_free(void *p)
+{
+    hf *h = p;
+    if (!h)
+        return;
+    for (uint64_t i = 0; i < h->n_own; i++)
+        free(h->own[i]);
+    for (uint64_t i = 0; i < h->n_t; i++)
+        free(h->src[i].seg);
+    free(h->own); free(h->kv); free(h->t); free(h->src);
+    jlm_st_close(h->st);
+    free(h);
+}
+
+static int more(void **v, uint64_t *cap, uint64_t n, size_t sz)
+{
+    if (n < *cap)
+        return 1;
+    uint64_t nc = *cap ? *cap * 2 : 64;
+    void *p = realloc(*v, nc * sz);
+    if (!p)
+        return 0;
+    *v = p;
+    *cap = nc;
+    return 1;
+}
+
+/* A string owned by h (freed with it). */
+static char *own(hf *h, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+static char *own(hf *h, const char *fmt, ...)
+{
+    char buf[512];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(buf, sizeof buf, fmt, ap);
+    va_end(ap);
+    char *s = strdup(buf);
+    if (!s || !more((void **)&h->own, &h->cap_own, h->n_own, sizeof *h->own)) {
+        free(s);
+        return NULL;
+    }
+    h->own[h->n_own++] = s;
+    return s;
+}
+
+/* ---------------------------------------------------------------- phase 2: metadata */
+static jlm_gguf_kv *kv_new(hf *h, const char *key, int arch_key, uint32_t type)
+{
+    char *k = arch_key ? own(h, "%s.%s", h->c.cls->gguf, key) : own(h, "%s", key);
+    if (!k || !more((void **)&h->kv, &h->cap_kv, h->n_kv, sizeof *h->kv))
+        return NULL;
+    jlm_gguf_kv *kv = &h->kv[h->n_kv++];
+    memset(kv, 0, sizeof *kv);
+    kv->key.s = k;
+    kv->key.len = strlen(k);
+    kv->type = type;
+    kv->n = 1;
+    return kv;
+}
+
+static int kv_u32(hf *h, const char *key, uint32_t v)
+{
+    jlm_gguf_kv *kv = kv_new(h, key, 1, GGUF_T_U32);
+    if (kv)
+        kv->v.u = v;
+    return kv ? 0 : JLM_ENOMEM;
+}
+
+static int kv_f32(hf *h, const char *key, double v)
+{
+    jlm_gguf_kv *kv = kv_new(h, key, 1, GGUF_T_F32);
+    if (kv)
+        kv->v.f = (float)v;
+    return kv ? 0 : JLM_ENOMEM;
+}
+
+static int kv_str(hf *h, const char *key, const char *v)
+{
+    jlm_gguf_kv *kv = kv_new(h, key, 0, GGUF_T_STRING);
+    char *s = kv ? own(h, "%s", v) : NULL;
+    if (s) {
+        kv->v.str.s = s;
+        kv->v.str.len = strlen(s);
+    }
+    return s ? 0 : JLM_ENOMEM;
+}
+
+static int metadata(hf *h)
+{
+    const hfc *c = &h->c;
+    int rc = kv_str(h, "general.architecture", c->cls->gguf) || kv_str(h, "tokenizer.ggml.model", "none") ||
+             kv_u32(h, "block_count", c->n_layer) || kv_u32(h, "embedding_length", c->n_embd) ||
+             kv_u32(h, "feed_forward_length", c->n_ffn) || kv_u32(h, "attention.head_count", c->n_head) ||
+             kv_u32(h, "attention.head_count_kv", c->n_kv) || kv_u32(h, "context_length", c->n_ctx) ||
+             kv_u32(h, "vocab_size", c->n_vocab) || kv_f32(h, "attention.layer_norm_rms_epsilon", c->eps) ||
+             kv_f32(h, "rope.freq_base", c->theta);
+    if (!rc && c->head_dim_given)
+        rc = kv_u32(h, "attention.key_length", c->head_dim) || kv_u32(h, "attention.value_length", c->head_dim);
+    if (!rc && c->n_rot != c->head_dim)
+        rc = kv_u32(h, "rope.dimension_count", c->n_rot);
+    if (!rc && c->n_expert)
+        rc = kv_u32(h, "expert_count", c->n_expert) || kv_u32(h, "expert_used_count", c->n_expert_used) ||
+             kv_u32(h, "expert_feed_forward_length", c->n_ffn_exp);
+    if (!rc && c->cls->fam == FAM_GEMMA3) {
+        rc = kv_f32(h, "rope.freq_base_swa", c->theta_swa);
+        if (!rc && c->swa)
+            rc = kv_u32(h, "attention.sliding_window", c->swa) || kv_u32(h, "attention.sliding_window_pattern", c->swa_pattern);
+        if (!rc && c->attn_softcap)
+            rc = kv_f32(h, "attn_logit_softcapping", c->attn_softcap);
+        if (!rc && c->final_softcap)
+            rc = kv_f32(h, "final_logit_softcapping", c->final_softcap);
+    }
+    return rc ? jlm_errf(h->err, JLM_ENOMEM, "%s: metadata", h->dir) : 0;
+}
+
+/* ---------------------------------------------------------------- phase 3: tensors */
+enum { SH_EMBD, SH_VEC, SH_Q, SH_KV, SH_O, SH_QB, SH_KVB, SH_HEAD, SH_UP, SH_DOWN, SH_QKV, SH_UP2,
+       SH_ROUTER, SH_XUP, SH_XDOWN, SH_SKIP };
+enum { P_Q = 1, P_K = 2, EXPERT = 4, LLAMA_ONLY_PERM = 8 };
+
+typedef struct name_map { const char *hf, *gguf; int shape, flags; } name_map;
+
+/* model.layers.N.<hf> -> blk.N.<gguf>. Gemma3's own names come first for it. */
+static const name_map GEMMA_BLOCK[] = {
+    {"post_attention_layernorm.weight", "post_attention_norm.weight", SH_VEC, 0},
+    {"pre_feedforward_layernorm.weight", "ffn_norm.weight", SH_VEC, 0},
+    {"post_feedforward_layernorm.weight", "post_ffw_norm.weight", SH_VEC, 0},
+};
+static const name_map BLOCK[] = {
+    {"input_layernorm.weight", "attn_norm.weight", SH_VEC, 0},
+    {"post_attention_layernorm.weight", "ffn_norm.weight", SH_VEC, 0},
+    {"self_attn.q_proj.weight", "attn_q.weight", SH_Q, P_Q},
+    {"self_attn.k_proj.weight", "attn_k.weight", SH_KV, P_K},
+    {"self_attn.v_proj.weight", "attn_v.weight", SH_KV, 0},
+    {"self_attn.o_proj.weight", "attn_output.weight", SH_O, 0},
+    {"self_attn.q_proj.bias", "attn_q.bias", SH_QB, 0},
+    {"self_attn.k_proj.bias", "attn_k.bias", SH_KVB, 0},
+    {"self_attn.v_proj.bias", "attn_v.bias", SH_KVB, 0},
+    {"self_attn.q_norm.weight", "attn_q_norm.weight", SH_HEAD, 0},
+    {"self_attn.k_norm.weight", "attn_k_norm.weight", SH_HEAD, 0},
+    {"self_attn.qkv_proj.weight", "attn_qkv.weight", SH_QKV, 0},
+    {"self_attn.rotary_emb.inv_freq", NULL, SH_SKIP, 0},
+    {"mlp.gate_proj.weight", "ffn_gate.weight", SH_UP, 0},
+    {"mlp.up_proj.weight", "ffn_up.weight", SH_UP, 0},
+    {"mlp.down_proj.weight", "ffn_down.weight", SH_DOWN, 0},
+    {"mlp.gate_up_proj.weight", "ffn_up.weight", SH_UP2, 0},
+    {"mlp.gate.weight", "ffn_gate_inp.weight", SH_ROUTER, 0},
+    {"block_sparse_moe.gate.weight", "ffn_gate_inp.weight", SH_ROUTER, 0},
+};
+/* model.layers.N.<prefix>.E.<hf> -> blk.N.<gguf>, stacked over E. */
+static const struct { const char *prefix, *hf, *gguf; int shape; } EXPERTS[] = {
+    {"mlp.experts.", "gate_proj.weight", "ffn_gate_exps.weight", SH_XUP},
+    {"mlp.experts.", "up_proj.weight", "ffn_up_exps.weight", SH_XUP},
+    {"mlp.experts.", "down_proj.weight", "ffn_down_exps.weight", SH_XDOWN},
+    {"block_sparse_moe.experts.", "w1.weight", "ffn_gate_exps.weight", SH_XUP},
+    {"block_sparse_moe.experts.", "w3.weight", "ffn_up_exps.weight", SH_XUP},
+    {"block_sparse_moe.experts.", "w2.weight", "ffn_down_exps.weight", SH_XDOWN},
+};
+static const name_map GLOBAL[] = {
+    {"model.embed_tokens.weight", "token_embd.weight", SH_EMBD, 0},
+    {"lm_head.weight", "output.weight", SH_EMBD, 0},
+    {"model.norm.weight", "output_norm.weight", SH_VEC, 0},
+};
+
+/* Expected HF shape [rows, cols] (cols 0: a vector of rows). */
+static void expect(const hfc *c, int shape, uint64_t *rows, uint64_t *cols)
+{
+    uint64_t q = (uint64_t)c->n_head * c->head_dim, kv = (uint64_t)c->n_kv * c->head_dim, E = c->n_embd;
+    uint64_t r = 0, k = E;
+    switch (shape) {
+    case SH_EMBD:   r = c->n_vocab; break;
+    case SH_VEC:    r = E; k = 0; break;
+    case SH_Q:      r = q; break;
+    case SH_KV:     r = kv; break;
+    case SH_O:      r = E; k = q; break;
+    case SH_QB:     r = q; k = 0; break;
+    case SH_KVB:    r = kv; k = 0; break;
+    case SH_HEAD:   r = c->head_dim; k = 0; break;
+    case SH_UP:     r = c->n_ffn; break;
+    case SH_DOWN:   r = E; k = c->n_ffn; break;
+    case SH_QKV:    r = q + 2 * kv; break;
+    case SH_UP2:    r = 2 * (uint64_t)c->n_ffn; break;
+    case SH_ROUTER: r = c->n_expert; break;
+    case SH_XUP:    r = c->n_ffn_exp; break;
+    case SH_XDOWN:  r = E; k = c->n_ffn_exp; break;
+    }
+    *rows = r;
+    *cols = k;
+}
+
+static int check_shape(hf *h, const jlm_st_tensor *t, int shape)
+{
+    uint64_t rows, cols;
+    expect(&h->c, shape, &rows, &cols);
+    int ok = cols ? t->n_dims == 2 && t->shape[0] == rows && t->shape[1] == cols
+                  : t->n_dims == 1 && t->shape[0] == rows;
+    if (ok && rows)
+        return 0;
+    char got[96];
+    int n = snprintf(got, sizeof got, "[");
+    for (uint32_t d = 0; d < t->n_dims && n < 80; d++)
+        n += snprintf(got + n, sizeof got - n, "%s%" PRIu64, d ? ", " : "", t->shape[d]);
+    snprintf(got + n, sizeof got - n, "]");
+    if (cols)
+        return jlm_errf(h->err, JLM_EFORMAT, "%s: tensor '%s' has shape %s, config.json gives [%" PRIu64 ", %" PRIu64 "]",
+                        jlm_st_file(h->st, t->file), t->name, got, rows, cols);
+    return jlm_errf(h->err, JLM_EFORMAT, "%s: tensor '%s' has shape %s, config.json gives [%" PRIu64 "]",
+                    jlm_st_file(h->st, t->file), t->name, got, rows);
+}
+
+static jlm_gguf_tensor *find_made(hf *h, const char *name, uint64_t *i)
+{
+    for (uint64_t k = 0; k < h->n_t; k++)
+        if (!strcmp(h->t[k].name.s, name)) {
+            *i = k;
+            return &h->t[k];
+        }
+    return NULL;
+}
+
+/* A new virtual tensor over n_seg sources of rows x cols (cols 0: a vector). */
+static int make(hf *h, const char *name, const jlm_st_tensor *t, uint32_t n_seg, int flags)
+{
+    if (!more((void **)&h->t, &h->cap_t, h->n_t, sizeof *h->t) ||
+        !more((void **)&h->src, &h->cap_src, h->n_t, sizeof *h->src) ||
+        !(name = own(h, "%s", name)))
+        return jlm_errf(h->err, JLM_ENOMEM, "%s: tensor table", h->dir);
+    jlm_gguf_tensor *g = &h->t[h->n_t];
+    vsrc *s = &h->src[h->n_t];
+    memset(g, 0, sizeof *g);
+    memset(s, 0, sizeof *s);
+    if (!(s->seg = calloc(n_seg, sizeof *s->seg)))
+        return jlm_errf(h->err, JLM_ENOMEM, "%s: tensor table", h->dir);
+    h->n_t++;
+    int vec = t->n_dims == 1;
+    uint32_t type = vec ? GGML_F32 : t->dtype;   /* 1-D: F32, as llama.cpp writes them */
+    s->n_seg = n_seg;
+    s->row_len = t->shape[vec ? 0 : 1];
+    s->seg_rows = vec ? 1 : t->shape[0];
+    s->add_one = h->c.cls->fam == FAM_GEMMA3 && vec && strstr(name, "norm.weight");
+    if (h->c.cls->fam == FAM_LLAMA && (flags & (P_Q | P_K)))
+        s->perm_heads = flags & P_Q ? h->c.n_head : h->c.n_kv;
+    if (s->perm_heads && (s->seg_rows % s->perm_heads || (s->seg_rows / s->perm_heads) % 2))
+        return jlm_errf(h->err, JLM_EFORMAT, "%s: tensor '%s': %" PRIu64 " rows do not split into %u heads of even size",
+                        jlm_st_file(h->st, t->file), t->name, s->seg_rows, s->perm_heads);
+    g->name.s = name;
+    g->name.len = strlen(name);
+    g->type = type;
+    g->n_dims = vec ? 1 : n_seg > 1 || (flags & EXPERT) ? 3 : 2;
+    g->ne[0] = s->row_len;
+    g->ne[1] = vec ? 1 : s->seg_rows;
+    g->ne[2] = n_seg;
+    g->ne[3] = 1;
+    g->n_bytes = s->row_len * s->seg_rows * n_seg * jlm_ggml_block_bytes(type);
+    return 0;
+}
+
+/* "model.layers.N.rest" -> N and rest; 0 if not a layer tensor. */
+static int layer_of(const char *name, uint32_t *blk, const char **rest)
+{
+    static const char P[] = "model.layers.";
+    if (strncmp(name, P, sizeof P - 1))
+        return 0;
+    char *end;
+    const char *d = name + sizeof P - 1;
+    if (*d < '0' || *d > '9')
+        return 0;
+    unsigned long b = strtoul(d, &end, 10);
+    if (*end != '.' || b > 1000000)
+        return 0;
+    *blk = (uint32_t)b;
+    *rest = end + 1;
+    return 1;
+}
+
+/* An expert tensor: stacks it into blk.N.<gguf>; 1 if handled, <0 on error. */
+static int map_expert(hf *h, const jlm_st_tensor *t, uint32_t blk, const char *rest)
+{
+    for (size_t i = 0; i < sizeof EXPERTS / sizeof EXPERTS[0]; i++) {
+        size_t pl = strlen(EXPERTS[i].prefix);
+        if (strncmp(rest, EXPERTS[i].prefix, pl))
+            continue;
+        char *end;
+        unsigned long e = strtoul(rest + pl, &end, 10);
+        if (end == rest + pl || *end != '.' || strcmp(end + 1, EXPERTS[i].hf))
+            continue;
+        if (!h->c.n_expert || e >= h->c.n_expert)
+            return jlm_errf(h->err, JLM_EFORMAT, "%s: tensor '%s': expert %lu of %u", jlm_st_file(h->st, t->file), t->name,
+                            e, h->c.n_expert);
+        int rc = check_shape(h, t, EXPERTS[i].shape);
+        if (rc)
+            return rc;
+        char name[96];
+        snprintf(name, sizeof name, "blk.%u.%s", blk, EXPERTS[i].gguf);
+        uint64_t k;
+        if (!find_made(h, name, &k)) {
+            if ((rc = make(h, name, t, h->c.n_expert, EXPERT)))
+                return rc;
+            k = h->n_t - 1;
+        }
+        const jlm_st_tensor *first = NULL;
+        for (uint32_t s = 0; s < h->src[k].n_seg && !first; s++)
+            first = h->src[k].seg[s];
+        if (first && first->dtype != t->dtype)
+            return jlm_errf(h->err, JLM_EFORMAT, "%s: tensor '%s': dtype differs from '%s'", jlm_st_file(h->st, t->file),
+                            t->name, first->name);
+        h->src[k].seg[e] = t;
+        return 1;
+    }
+    return 0;
+}
+
+static const name_map *lookup(const name_map *m, size_t n, const char *name)
+{
+    for (size_t i = 0; i < n; i++)
+        if (!strcmp(m[i].hf, name))
+            return &m[i];
+    return NULL;
+}
+
+static int map_one(hf *h, const jlm_st_tensor *t)
+{
+    uint32_t blk;
+    const char *rest;
+    const name_map *m = NULL;
+    char name[160];
+    if (layer_of(t->name, &blk, &rest)) {
+        if (blk >= h->c.n_layer)
+            return jlm_errf(h->err, JLM_EFORMAT, "%s: tensor '%s' is in layer %u, config.json has num_hidden_layers %u",
+                            jlm_st_file(h->st, t->file), t->name, blk, h->c.n_layer);
+        int rc = map_expert(h, t, blk, rest);
+        if (rc)
+            return rc < 0 ? rc : 0;
+        if (h->c.cls->fam == FAM_GEMMA3)
+            m = lookup(GEMMA_BLOCK, sizeof GEMMA_BLOCK / sizeof GEMMA_BLOCK[0], rest);
+        if (!m)
+            m = lookup(BLOCK, sizeof BLOCK / sizeof BLOCK[0], rest);
+        if (m && m->gguf)
+            snprintf(name, sizeof name, "blk.%u.%s", blk, m->gguf);
+    } else {
+        m = lookup(GLOBAL, sizeof GLOBAL / sizeof GLOBAL[0], t->name);
+        if (m)
+            snprintf(name, sizeof name, "%s", m->gguf);
+    }
+    if (!m)
+        return jlm_errf(h->err, JLM_EUNSUPPORTED, "%s: tensor '%s' is not known for %s", jlm_st_file(h->st, t->file),
+                        t->name, h->c.cls->hf);
+    if (m->shape == SH_SKIP)
+        return 0;
+    if (!strcmp(t->name, "lm_head.weight") && h->c.tied)
+        return 0;                 /* tied: transformers uses the embeddings */
+    int rc = check_shape(h, t, m->shape);
+    if (!rc)
+        rc = make(h, name, t, 1, m->flags);
+    if (!rc)
+        h->src[h->n_t - 1].seg[0] = t;
+    return rc;
+}
+
+/* Every stacked tensor got all its experts; untied models have lm_head. */
+static int check_complete(hf *h)
+{
+    for (uint64_t i = 0; i < h->n_t; i++)
+        for (uint32_t s = 0; s < h->src[i].n_seg; s++)
+            if (!h->src[i].seg[s])
+                return jlm_errf(h->err, JLM_EFORMAT, "%s: %s: expert %u has no tensor", h->dir, h->t[i].name.s, s);
+    uint64_t k;
+    if (!h->c.tied && !find_made(h, "output.weight", &k))
+        return jlm_errf(h->err, JLM_EFORMAT, "%s: config.json: tie_word_embeddings is false but there is no lm_head.weight",
+                        h->dir);
+    return 0;
+}
+
+static int map_all(hf *h)
+{
+    for (uint64_t i = 0; i < jlm_st_count(h->st); i++) {
+        int rc = map_one(h, jlm_st_at(h->st, i));
+        if (rc)
+            return rc;
+    }
+    return check_complete(h);
+}
+
+/* ---------------------------------------------------------------- phase 4: reads */
+static uint32_t esize(uint32_t type) { return type == GGML_F32 ? 4 : 2; }
+
+/* Source row of output row r within a segment: llama.cpp's permute() undone
+ * in reverse: out row (h, i, p) comes from source row (h, p, i). */
+static uint64_t src_row(const vsrc *s, uint64_t r)
+{
+    if (!s->perm_heads)
+        return r;
+    uint64_t hd = s->seg_rows / s->perm_heads, half = hd / 2;
+    uint64_t h = r / hd, j = r % hd;
+    return h * hd + (j % 2) * half + j / 2;
+}
+
+static void widen(uint32_t type, const uint8_t *in, float *out, uint64_t n, int add_one)
+{
+    for (uint64_t i = 0; i < n; i++) {
+        uint16_t v = (uint16_t)(in[2 * i] | in[2 * i + 1] << 8);
+        float f;
+        if (type == GGML_F32)
+            memcpy(&f, in + 4 * i, 4);
+        else
+            f = type == GGML_BF16 ? jlm_bf16_to_f32(v) : jlm_f16_to_f32(v);
+        out[i] = add_one ? f + 1.0f : f;
+    }
+}
+
+/* Row by row: through a bounce buffer when rows are permuted or converted. */
+static int read_rows(hf *h, const jlm_gguf_tensor *g, const vsrc *s, uint64_t off, uint8_t *buf, size_t n)
+{
+    uint64_t srb = s->row_len * esize(s->seg[0]->dtype), orb = s->row_len * esize(g->type);
+    uint8_t *row = malloc(srb + orb);
+    if (!row)
+        return jlm_errf(h->err, JLM_ENOMEM, "%s: row buffer", h->dir);
+    int rc = 0;
+    for (uint64_t r = off / orb; r * orb < off + n && !rc; r++) {
+        const jlm_st_tensor *t = s->seg[r / s->seg_rows];
+        uint8_t *o = row + srb;
+        if ((rc = jlm_st_read(h->st, t, src_row(s, r % s->seg_rows) * srb, row, srb, h->err)))
+            break;
+        if (g->type == t->dtype && !s->add_one)
+            memcpy(o, row, srb);
+        else
+            widen(t->dtype, row, (float *)(void *)o, s->row_len, s->add_one);
+        uint64_t lo = r * orb > off ? r * orb : off, hi = (r + 1) * orb < off + n ? (r + 1) * orb : off + n;
+        memcpy(buf + (lo - off), o + (lo - r * orb), hi - lo);
+    }
+    free(row);
+    return rc;
+}
+
+static int vread(void *ctx, uint64_t i, uint64_t off, void *buf, size_t n, jlm_err *err)
+{
+    hf *h = ctx;
+    const jlm_gguf_tensor *g = &h->t[i];
+    const vsrc *s = &h->src[i];
+    h->err = err;
+    if (off > g->n_bytes || n > g->n_bytes - off)
+        return jlm_errf(err, JLM_EINVAL, "%s: tensor '%s': read past its %" PRIu64 " bytes", h->dir, g->name.s, g->n_bytes);
+    if (s->perm_heads || s->add_one || g->type != s->seg[0]->dtype)
+        return read_rows(h, g, s, off, buf, n);
+    uint64_t sb = s->seg[0]->n_bytes;   /* direct: segment by segment */
+    for (uint32_t k = (uint32_t)(off / sb); k < s->n_seg && (uint64_t)k * sb < off + n; k++) {
+        uint64_t lo = k * sb > off ? k * sb : off, hi = (k + 1) * sb < off + n ? (k + 1) * sb : off + n;
+        int rc = jlm_st_read(h->st, s->seg[k], lo - k * sb, (uint8_t *)buf + (lo - off), hi - lo, err);
+        if (rc)
+            return rc;
+    }
+    return 0;
+}
+
+/* ---------------------------------------------------------------- open */
+static int build(hf *h, json_t *cfg, const char *cfg_path, jlm_gguf **out, jlm_err *err)
+{
+    h->err = err;
+    int rc = cfg_parse(cfg, cfg_path, &h->c, err);
+    if (!rc)
+        rc = metadata(h);
+    if (!rc)
+        rc = map_all(h);
+    if (rc) {
+        hf_free(h);
+        return rc;
+    }
+    return jlm_gguf_virtual(h->dir, h->kv, h->n_kv, h->t, h->n_t, jlm_st_total_bytes(h->st), vread, h, hf_free, out, err);
+}
+
+int jlm_hf_is_folder(const char *path)
+{
+    struct stat st;
+    char p[4096];
+    if (stat(path, &st) != 0 || !S_ISDIR(st.st_mode))
+        return 0;
+    snprintf(p, sizeof p, "%s/config.json", path);
+    return stat(p, &st) == 0;
+}
+
+int jlm_hf_open(const char *dir, jlm_gguf **out, jlm_err *err)
+{
+    hf *h = calloc(1, sizeof *h);
+    char *cp = h ? own(h, "%s/config.json", dir) : NULL;
+    if (!cp || !(h->dir = own(h, "%s", dir))) {
+        hf_free(h);
+        return jlm_errf(err, JLM_ENOMEM, "%s", dir);
+    }
+    json_error_t je;
+    json_t *cfg = json_load_file(cp, JSON_REJECT_DUPLICATES, &je);
+    int rc = cfg ? jlm_st_open_dir(dir, &h->st, err)
+                 : jlm_errf(err, JLM_EFORMAT, "%s: line %d: %s", cp, je.line, je.text);
+    if (rc) {
+        json_decref(cfg);
+        hf_free(h);
+        return rc;
+    }
+    rc = build(h, cfg, cp, out, err);
+    json_decref(cfg);
+    return rc;
+}
+
+int jlm_hf_open_mem(const char *config, size_t config_len, const void *st, size_t st_len, jlm_gguf **out, jlm_err *err)
+{
+    hf *h = calloc(1, sizeof *h);
+    if (!h || !(h->dir = own(h, "<memory>"))) {
+        hf_free(h);
+        return jlm_errf(err, JLM_ENOMEM, "hf");
+    }
+    json_error_t je;
+    json_t *cfg = json_loadb(config, config_len, JSON_REJECT_DUPLICATES, &je);
+    int rc = cfg ? jlm_st_open_mem(st, st_len, "<memory>.safetensors", &h->st, err)
+                 : jlm_errf(err, JLM_EFORMAT, "config.json: line %d: %s", je.line, je.text);
+    if (rc) {
+        json_decref(cfg);
+        hf_free(h);
+        return rc;
+    }
+    rc = build(h, cfg, "config.json", out, err);
+    json_decref(cfg);
+    return rc;
+}
