@@ -92,11 +92,11 @@ bench: all $(BENCH_BIN)
 #   mkdir -p /tmp/corpus && build-fuzz/fuzz_gguf -max_total_time=60 /tmp/corpus tests/models/vocab
 # (the first directory receives new inputs: never point it into the tree)
 FUZZ_SRC := format/jlm_err.c format/types.c format/codec.c format/plan.c format/reader.c format/writer.c \
-            converter/gguf.c converter/ggml_quants.c
+            converter/gguf.c converter/ggml_quants.c converter/safetensors.c converter/hf.c
 fuzz:
 	@mkdir -p build-fuzz
 	for f in tests/fuzz/fuzz_*.c; do \
-	    clang -std=c11 -D_GNU_SOURCE -g -O1 -fsanitize=fuzzer,address,undefined -I. $$f $(FUZZ_SRC) -lm \
+	    clang -std=c11 -D_GNU_SOURCE -g -O1 -fsanitize=fuzzer,address,undefined -I. $$f $(FUZZ_SRC) -ljansson -lm \
 	        -o build-fuzz/$$(basename $$f .c) || exit 1; done
 
 install: all
