@@ -147,7 +147,7 @@ int jlm_conv_open(const char *src_path, FILE *notes, jlm_conv **out, jlm_err *er
         free(c);
         return jlm_errf(err, JLM_ENOMEM, "%s: out of memory", src_path);
     }
-    int rc = jlm_hf_is_folder(src_path) ? jlm_hf_open(src_path, &c->g, err) : jlm_gguf_open(src_path, &c->g, err);
+    int rc = jlm_hf_is_folder(src_path) ? jlm_hf_open(src_path, notes, &c->g, err) : jlm_gguf_open(src_path, &c->g, err);
     if (rc)
         goto fail;
     c->src_path = c->g->path;

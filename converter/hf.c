@@ -5,7 +5,7 @@
  * llama.cpp tensor name, a shape check against hfc and a row source (expert
  * tensors are gathered into one stacked tensor); (4) the handle, whose reads
  * go through vread (row permutation, dtype widening, norm + 1). */
-#include "hf.h"
+#include "hf_int.h"
 #include "safetensors.h"
 
 #include <inttypes.h>
@@ -16,10 +16,6 @@
 #include <string.h>
 #include <sys/stat.h>
 
-enum { FAM_LLAMA, FAM_QWEN2, FAM_QWEN3, FAM_QWEN3MOE, FAM_GEMMA3, FAM_PHI3 };
-
-typedef struct cls_def { const char *hf, *gguf; int fam; } cls_def;
-
 static const cls_def CLASSES[] = {
     {"LlamaForCausalLM", "llama", FAM_LLAMA},     {"MistralForCausalLM", "llama", FAM_LLAMA},
     {"MixtralForCausalLM", "llama", FAM_LLAMA},   {"Qwen2ForCausalLM", "qwen2", FAM_QWEN2},
@@ -28,14 +24,6 @@ static const cls_def CLASSES[] = {
 };
 
 /* ---------------------------------------------------------------- phase 1: config.json */
-typedef struct hfc {
-    const cls_def *cls;
-    uint32_t n_layer, n_embd, n_ffn, n_head, n_kv, head_dim, n_ctx, n_vocab;
-    uint32_t n_expert, n_expert_used, n_ffn_exp, swa, swa_pattern, n_rot;
-    double   eps, theta, theta_swa, attn_softcap, final_softcap;
-    int      tied, head_dim_given;
-} hfc;
-
 typedef struct cfgp { json_t *j; const char *path; jlm_err *err; } cfgp;
 
 /* An optional non-negative integer key (absent or null: def). */
@@ -208,28 +196,6 @@ static int cfg_parse(json_t *j, const char *path, hfc *c, jlm_err *err)
 }
 
 /* ---------------------------------------------------------------- the virtual model */
-typedef struct vsrc {
-    const jlm_st_tensor **seg;   /* one per expert (stacked) or one */
-    uint32_t n_seg;
-    uint64_t seg_rows, row_len;
-    uint32_t perm_heads;         /* llama q/k: rows permuted per head (0: none) */
-    int      add_one;            /* gemma norms: w + 1 */
-} vsrc;
-
-typedef struct hf {
-    jlm_st_set      *st;
-    const char      *dir;
-    hfc              c;
-    jlm_gguf_kv     *kv;
-    uint64_t         n_kv, cap_kv;
-    jlm_gguf_tensor *t;
-    vsrc            *src;
-    uint64_t         n_t, cap_t, cap_src;
-    char           **own;
-    uint64_t         n_own, cap_own;
-    jlm_err         *err;
-} hf;
-
 static void hf_free(void *p)
 {
     hf *h = p;
@@ -257,28 +223,30 @@ static int more(void **v, uint64_t *cap, uint64_t n, size_t sz)
     return 1;
 }
 
-/* A string owned by h (freed with it). */
-static char *own(hf *h, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
-static char *own(hf *h, const char *fmt, ...)
+char *jlm_hf_own(hf *h, const char *fmt, ...)
 {
     char buf[512];
     va_list ap;
     va_start(ap, fmt);
     vsnprintf(buf, sizeof buf, fmt, ap);
     va_end(ap);
-    char *s = strdup(buf);
-    if (!s || !more((void **)&h->own, &h->cap_own, h->n_own, sizeof *h->own)) {
-        free(s);
+    return jlm_hf_keep(h, strdup(buf));
+}
+
+void *jlm_hf_keep(hf *h, void *p)
+{
+    if (!p || !more((void **)&h->own, &h->cap_own, h->n_own, sizeof *h->own)) {
+        free(p);
         return NULL;
     }
-    h->own[h->n_own++] = s;
-    return s;
+    h->own[h->n_own++] = p;
+    return p;
 }
 
 /* ---------------------------------------------------------------- phase 2: metadata */
-static jlm_gguf_kv *kv_new(hf *h, const char *key, int arch_key, uint32_t type)
+jlm_gguf_kv *jlm_hf_kv(hf *h, const char *key, int arch_key, uint32_t type)
 {
-    char *k = arch_key ? own(h, "%s.%s", h->c.cls->gguf, key) : own(h, "%s", key);
+    char *k = arch_key ? jlm_hf_own(h, "%s.%s", h->c.cls->gguf, key) : jlm_hf_own(h, "%s", key);
     if (!k || !more((void **)&h->kv, &h->cap_kv, h->n_kv, sizeof *h->kv))
         return NULL;
     jlm_gguf_kv *kv = &h->kv[h->n_kv++];
@@ -292,7 +260,7 @@ static jlm_gguf_kv *kv_new(hf *h, const char *key, int arch_key, uint32_t type)
 
 static int kv_u32(hf *h, const char *key, uint32_t v)
 {
-    jlm_gguf_kv *kv = kv_new(h, key, 1, GGUF_T_U32);
+    jlm_gguf_kv *kv = jlm_hf_kv(h, key, 1, GGUF_T_U32);
     if (kv)
         kv->v.u = v;
     return kv ? 0 : JLM_ENOMEM;
@@ -300,16 +268,16 @@ static int kv_u32(hf *h, const char *key, uint32_t v)
 
 static int kv_f32(hf *h, const char *key, double v)
 {
-    jlm_gguf_kv *kv = kv_new(h, key, 1, GGUF_T_F32);
+    jlm_gguf_kv *kv = jlm_hf_kv(h, key, 1, GGUF_T_F32);
     if (kv)
         kv->v.f = (float)v;
     return kv ? 0 : JLM_ENOMEM;
 }
 
-static int kv_str(hf *h, const char *key, const char *v)
+int jlm_hf_kv_str(hf *h, const char *key, const char *v)
 {
-    jlm_gguf_kv *kv = kv_new(h, key, 0, GGUF_T_STRING);
-    char *s = kv ? own(h, "%s", v) : NULL;
+    jlm_gguf_kv *kv = jlm_hf_kv(h, key, 0, GGUF_T_STRING);
+    char *s = kv ? jlm_hf_own(h, "%s", v) : NULL;
     if (s) {
         kv->v.str.s = s;
         kv->v.str.len = strlen(s);
@@ -320,7 +288,7 @@ static int kv_str(hf *h, const char *key, const char *v)
 static int metadata(hf *h)
 {
     const hfc *c = &h->c;
-    int rc = kv_str(h, "general.architecture", c->cls->gguf) || kv_str(h, "tokenizer.ggml.model", "none") ||
+    int rc = jlm_hf_kv_str(h, "general.architecture", c->cls->gguf) ||
              kv_u32(h, "block_count", c->n_layer) || kv_u32(h, "embedding_length", c->n_embd) ||
              kv_u32(h, "feed_forward_length", c->n_ffn) || kv_u32(h, "attention.head_count", c->n_head) ||
              kv_u32(h, "attention.head_count_kv", c->n_kv) || kv_u32(h, "context_length", c->n_ctx) ||
@@ -455,7 +423,7 @@ static int make(hf *h, const char *name, const jlm_st_tensor *t, uint32_t n_seg,
 {
     if (!more((void **)&h->t, &h->cap_t, h->n_t, sizeof *h->t) ||
         !more((void **)&h->src, &h->cap_src, h->n_t, sizeof *h->src) ||
-        !(name = own(h, "%s", name)))
+        !(name = jlm_hf_own(h, "%s", name)))
         return jlm_errf(h->err, JLM_ENOMEM, "%s: tensor table", h->dir);
     jlm_gguf_tensor *g = &h->t[h->n_t];
     vsrc *s = &h->src[h->n_t];
@@ -685,70 +653,110 @@ static int vread(void *ctx, uint64_t i, uint64_t off, void *buf, size_t n, jlm_e
 }
 
 /* ---------------------------------------------------------------- open */
-static int build(hf *h, json_t *cfg, const char *cfg_path, jlm_gguf **out, jlm_err *err)
+/* The folder's JSON files; config.json may be absent only in a tokenizer-only folder. */
+typedef struct hf_json { json_t *cfg, *tok, *tok_cfg, *gen; const char *cfg_path; } hf_json;
+
+static void json_free(hf_json *j)
+{
+    json_decref(j->cfg); json_decref(j->tok); json_decref(j->tok_cfg); json_decref(j->gen);
+}
+
+static int build(hf *h, hf_json *j, FILE *notes, jlm_gguf **out, jlm_err *err)
 {
     h->err = err;
-    int rc = cfg_parse(cfg, cfg_path, &h->c, err);
+    int rc = 0;
+    if (j->cfg) {
+        if (!(rc = cfg_parse(j->cfg, j->cfg_path, &h->c, err)) && !(rc = metadata(h)))
+            rc = map_all(h);
+    }
     if (!rc)
-        rc = metadata(h);
-    if (!rc)
-        rc = map_all(h);
+        rc = jlm_hf_tokenizer(h, j->tok, j->tok_cfg, j->gen, j->cfg ? h->c.n_vocab : 0, notes);
+    json_free(j);
     if (rc) {
         hf_free(h);
         return rc;
     }
-    return jlm_gguf_virtual(h->dir, h->kv, h->n_kv, h->t, h->n_t, jlm_st_total_bytes(h->st), vread, h, hf_free, out, err);
+    return jlm_gguf_virtual(h->dir, h->kv, h->n_kv, h->t, h->n_t, h->st ? jlm_st_total_bytes(h->st) : 0, vread, h,
+                            hf_free, out, err);
+}
+
+static int exists(const char *dir, const char *name)
+{
+    struct stat st;
+    char p[4096];
+    snprintf(p, sizeof p, "%s/%s", dir, name);
+    return stat(p, &st) == 0;
 }
 
 int jlm_hf_is_folder(const char *path)
 {
     struct stat st;
-    char p[4096];
-    if (stat(path, &st) != 0 || !S_ISDIR(st.st_mode))
-        return 0;
-    snprintf(p, sizeof p, "%s/config.json", path);
-    return stat(p, &st) == 0;
+    return stat(path, &st) == 0 && S_ISDIR(st.st_mode) && (exists(path, "config.json") || exists(path, "tokenizer.json"));
 }
 
-int jlm_hf_open(const char *dir, jlm_gguf **out, jlm_err *err)
+/* An optional JSON file of the folder (absent: *out NULL). tokenizer_config.json
+ * is read with integers as reals: its model_max_length is often 1e30, and no
+ * integer of it is used. */
+static int load(hf *h, const char *name, size_t flags, json_t **out, const char **path_out, jlm_err *err)
+{
+    *out = NULL;
+    if (!exists(h->dir, name))
+        return 0;
+    char *p = jlm_hf_own(h, "%s/%s", h->dir, name);
+    json_error_t je;
+    if (!p)
+        return jlm_errf(err, JLM_ENOMEM, "%s", h->dir);
+    if (path_out)
+        *path_out = p;
+    *out = json_load_file(p, JSON_REJECT_DUPLICATES | flags, &je);
+    if (!*out || !json_is_object(*out))
+        return jlm_errf(err, JLM_EFORMAT, "%s: line %d: %s", p, je.line, *out ? "not a JSON object" : je.text);
+    return 0;
+}
+
+int jlm_hf_open(const char *dir, FILE *notes, jlm_gguf **out, jlm_err *err)
 {
     hf *h = calloc(1, sizeof *h);
-    char *cp = h ? own(h, "%s/config.json", dir) : NULL;
-    if (!cp || !(h->dir = own(h, "%s", dir))) {
+    hf_json j = {0};
+    if (!h || !(h->dir = jlm_hf_own(h, "%s", dir))) {
         hf_free(h);
         return jlm_errf(err, JLM_ENOMEM, "%s", dir);
     }
-    json_error_t je;
-    json_t *cfg = json_load_file(cp, JSON_REJECT_DUPLICATES, &je);
-    int rc = cfg ? jlm_st_open_dir(dir, &h->st, err)
-                 : jlm_errf(err, JLM_EFORMAT, "%s: line %d: %s", cp, je.line, je.text);
+    int rc = load(h, "config.json", 0, &j.cfg, &j.cfg_path, err);
+    if (!rc)
+        rc = load(h, "tokenizer.json", 0, &j.tok, NULL, err);
+    if (!rc)
+        rc = load(h, "tokenizer_config.json", JSON_DECODE_INT_AS_REAL, &j.tok_cfg, NULL, err);
+    if (!rc)
+        rc = load(h, "generation_config.json", 0, &j.gen, NULL, err);
+    if (!rc && !j.cfg && !j.tok)
+        rc = jlm_errf(err, JLM_ENOTFOUND, "%s: no config.json or tokenizer.json", dir);
+    if (!rc && j.cfg)
+        rc = jlm_st_open_dir(dir, &h->st, err);
     if (rc) {
-        json_decref(cfg);
+        json_free(&j);
         hf_free(h);
         return rc;
     }
-    rc = build(h, cfg, cp, out, err);
-    json_decref(cfg);
-    return rc;
+    return build(h, &j, notes, out, err);
 }
 
 int jlm_hf_open_mem(const char *config, size_t config_len, const void *st, size_t st_len, jlm_gguf **out, jlm_err *err)
 {
     hf *h = calloc(1, sizeof *h);
-    if (!h || !(h->dir = own(h, "<memory>"))) {
+    hf_json j = {.cfg_path = "config.json"};
+    if (!h || !(h->dir = jlm_hf_own(h, "<memory>"))) {
         hf_free(h);
         return jlm_errf(err, JLM_ENOMEM, "hf");
     }
     json_error_t je;
-    json_t *cfg = json_loadb(config, config_len, JSON_REJECT_DUPLICATES, &je);
-    int rc = cfg ? jlm_st_open_mem(st, st_len, "<memory>.safetensors", &h->st, err)
-                 : jlm_errf(err, JLM_EFORMAT, "config.json: line %d: %s", je.line, je.text);
+    j.cfg = json_loadb(config, config_len, JSON_REJECT_DUPLICATES, &je);
+    int rc = j.cfg ? jlm_st_open_mem(st, st_len, "<memory>.safetensors", &h->st, err)
+                   : jlm_errf(err, JLM_EFORMAT, "config.json: line %d: %s", je.line, je.text);
     if (rc) {
-        json_decref(cfg);
+        json_free(&j);
         hf_free(h);
         return rc;
     }
-    rc = build(h, cfg, "config.json", out, err);
-    json_decref(cfg);
-    return rc;
+    return build(h, &j, NULL, out, err);
 }

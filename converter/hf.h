@@ -14,11 +14,15 @@
 
 #include "gguf.h"
 
-/* 1 if path is a folder holding config.json. */
+#include <stdio.h>
+
+/* 1 if path is a folder holding config.json or tokenizer.json. */
 int jlm_hf_is_folder(const char *path);
 
-/* Opens the folder as a virtual GGUF handle (close with jlm_gguf_close). */
-int jlm_hf_open(const char *dir, jlm_gguf **out, jlm_err *err);
+/* Opens the folder as a virtual GGUF handle (close with jlm_gguf_close). A
+ * folder with tokenizer files and no config.json gives a vocab-only handle.
+ * Notes (what is accepted but not applied) go to notes if non-NULL. */
+int jlm_hf_open(const char *dir, FILE *notes, jlm_gguf **out, jlm_err *err);
 
 /* The same from a config.json text and one in-memory safetensors image
  * (which outlives the handle). For fuzzing and crafted-input tests. */

@@ -3,7 +3,7 @@
 # any is missing. Idempotent; needs root (or sudo) only when it installs.
 set -euo pipefail
 PKGS=(build-essential pkg-config libcriterion-dev libfuse3-dev fuse3 libsqlite3-dev sqlite3
-      libjansson-dev libutf8proc-dev)
+      libjansson-dev libutf8proc-dev xz-utils)
 missing=()
 for p in "${PKGS[@]}"; do
     dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")

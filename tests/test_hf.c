@@ -13,6 +13,7 @@
 #include "converter/hf.h"
 #include "converter/safetensors.h"
 #include "engine/model.h"
+#include "engine/tokenizer.h"
 #include "testutil.h"
 
 #define TOL_HF 1e-4   /* transformers' fp32 forward of the same bf16 weights: only summation order differs */
@@ -392,3 +393,61 @@ Test(hf_cli, refuses_an_unknown_class_and_a_missing_lm_head, .timeout = 60)
     tu_rmrf(d);
     free(d);
 }
+
+/* ---------------------------------------------------------------- tokenizer.json */
+/* A folder with only tokenizer.json (unpacked from .xz: 9-11 MB as JSON) and
+ * tokenizer_config.json becomes a vocab-only container; every reference string
+ * tokenizes to Hugging Face tokenizers' ids, with and without the
+ * post-processor's additions, and decodes back to its `decoded`. */
+static void against_hf_tokenizers(const char *name)
+{
+    char *d = tu_tmpdir(), cmd[3000], src[1100], out[1100], ref[1100];
+    snprintf(cmd, sizeof cmd, "mkdir '%s/t' && cp '%s/tests/models/hf-tok/%s/tokenizer_config.json' '%s/t/' && "
+             "xz -dc '%s/tests/models/hf-tok/%s/tokenizer.json.xz' > '%s/t/tokenizer.json'",
+             d, tu_root(), name, d, tu_root(), name, d);
+    cr_assert_eq(system(cmd), 0, "%s", cmd);
+    snprintf(src, sizeof src, "%s/t", d);
+    snprintf(out, sizeof out, "%s/v.jlm", d);
+    jlm_conv *c;
+    jlm_err err = {0};
+    cr_assert_eq(jlm_conv_open(src, NULL, &c, &err), 0, "%s", err.msg);
+    cr_assert_eq(c->n_tensors, 0);
+    cr_assert_eq(jlm_conv_write(c, out, NULL, NULL, NULL, &err), 0, "%s", err.msg);
+    jlm_conv_close(c);
+    jlm_model *m;
+    jlm_tok *tok;
+    cr_assert_eq(jlm_fmt_open(out, &m, &err), 0, "%s", err.msg);
+    cr_assert_eq(jlm_tok_create(&m->vocab, &tok, &err), 0, "%s", err.msg);
+    snprintf(ref, sizeof ref, "%s/tests/reference/hf-tokenizers/%s.json", tu_root(), name);
+    json_t *o = json_load_file(ref, 0, NULL), *cases = json_object_get(o, "cases"), *cs;
+    size_t i;
+    cr_assert(json_array_size(cases) > 50, "%s", ref);
+    json_array_foreach(cases, i, cs) {
+        const char *text = json_string_value(json_object_get(cs, "text"));
+        for (int add = 0; add < 2; add++) {
+            size_t nw, n;
+            int32_t *want = ids(json_object_get(cs, add ? "ids_add_special" : "ids"), &nw), *got = NULL;
+            cr_assert_eq(jlm_tok_encode(tok, text, strlen(text), add, 1, &got, &n, &err), 0, "%s", err.msg);
+            cr_assert(n == nw && (!n || !memcmp(got, want, n * 4)), "%s: '%s' (add_special %d): %zu ids, HF %zu", name,
+                      text, add, n, nw);
+            if (!add) {
+                char *txt;
+                size_t tl;
+                const char *dec = json_string_value(json_object_get(cs, "decoded"));
+                cr_assert_eq(jlm_tok_decode(tok, got, n, 1, &txt, &tl, &err), 0, "%s", err.msg);
+                cr_assert(tl == strlen(dec) && !memcmp(txt, dec, tl), "%s: '%s' decodes to '%s'", name, dec, txt);
+                free(txt);
+            }
+            free(got);
+            free(want);
+        }
+    }
+    json_decref(o);
+    jlm_tok_destroy(tok);
+    jlm_fmt_close(m);
+    tu_rmrf(d);
+    free(d);
+}
+
+Test(hf_tok, llama3_tokenizer_json_matches_hf_tokenizers, .timeout = 180) { against_hf_tokenizers("llama3"); }
+Test(hf_tok, qwen3_tokenizer_json_matches_hf_tokenizers, .timeout = 180) { against_hf_tokenizers("qwen3"); }
