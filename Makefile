@@ -92,7 +92,7 @@ bench: all $(BENCH_BIN)
 #   mkdir -p /tmp/corpus && build-fuzz/fuzz_gguf -max_total_time=60 /tmp/corpus tests/models/vocab
 # (the first directory receives new inputs: never point it into the tree)
 FUZZ_SRC := format/jlm_err.c format/types.c format/codec.c format/plan.c format/reader.c format/writer.c \
-            converter/gguf.c converter/ggml_quants.c converter/safetensors.c converter/hf.c
+            converter/gguf.c converter/ggml_quants.c converter/safetensors.c converter/hf.c converter/hf_tok.c converter/vocab.c
 fuzz:
 	@mkdir -p build-fuzz
 	for f in tests/fuzz/fuzz_*.c; do \

@@ -760,3 +760,21 @@ int jlm_hf_open_mem(const char *config, size_t config_len, const void *st, size_
     }
     return build(h, &j, NULL, out, err);
 }
+
+int jlm_hf_open_tok_mem(const char *tok, size_t tok_len, jlm_gguf **out, jlm_err *err)
+{
+    hf *h = calloc(1, sizeof *h);
+    hf_json j = {0};
+    if (!h || !(h->dir = jlm_hf_own(h, "<memory>"))) {
+        hf_free(h);
+        return jlm_errf(err, JLM_ENOMEM, "hf");
+    }
+    json_error_t je;
+    j.tok = json_loadb(tok, tok_len, JSON_REJECT_DUPLICATES, &je);
+    if (!json_is_object(j.tok)) {
+        json_free(&j);
+        hf_free(h);
+        return jlm_errf(err, JLM_EFORMAT, "tokenizer.json: line %d: %s", je.line, j.tok ? "not an object" : je.text);
+    }
+    return build(h, &j, NULL, out, err);
+}

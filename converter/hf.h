@@ -29,4 +29,7 @@ int jlm_hf_open(const char *dir, FILE *notes, jlm_gguf **out, jlm_err *err);
 int jlm_hf_open_mem(const char *config, size_t config_len, const void *st, size_t st_len,
                     jlm_gguf **out, jlm_err *err);
 
+/* A vocab-only handle from an in-memory tokenizer.json. For fuzzing. */
+int jlm_hf_open_tok_mem(const char *tok, size_t tok_len, jlm_gguf **out, jlm_err *err);
+
 #endif

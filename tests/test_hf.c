@@ -12,6 +12,7 @@
 #include "converter/convert.h"
 #include "converter/hf.h"
 #include "converter/safetensors.h"
+#include "converter/vocab.h"
 #include "engine/model.h"
 #include "engine/tokenizer.h"
 #include "testutil.h"
@@ -451,3 +452,58 @@ static void against_hf_tokenizers(const char *name)
 
 Test(hf_tok, llama3_tokenizer_json_matches_hf_tokenizers, .timeout = 180) { against_hf_tokenizers("llama3"); }
 Test(hf_tok, qwen3_tokenizer_json_matches_hf_tokenizers, .timeout = 180) { against_hf_tokenizers("qwen3"); }
+
+/* The tokenizer fuzz seeds (tiny byte-level BPEs shaped like qwen3's and
+ * llama-3's files) build a vocab record: the fuzzer starts from valid inputs. */
+Test(hf_tok, fuzz_seeds_build_a_vocab)
+{
+    const char *seeds[] = {"qwen-like.json", "llama3-like.json"};
+    for (int i = 0; i < 2; i++) {
+        char p[1024];
+        snprintf(p, sizeof p, "%s/tests/fuzz/seeds-hf-tokenizer/%s", tu_root(), seeds[i]);
+        size_t len = 0;
+        unsigned char *b = tu_read_file(p, &len);
+        jlm_gguf *g;
+        jlm_err err = {0};
+        cr_assert_eq(jlm_hf_open_tok_mem((const char *)b, len, &g, &err), 0, "%s: %s", seeds[i], err.msg);
+        jlm_arena *a = jlm_arena_new();
+        jlm_vocab v;
+        cr_assert_eq(jlm_conv_vocab(g, a, &v, &err), 0, "%s: %s", seeds[i], err.msg);
+        cr_assert_eq(v.kind, JLM_VOCAB_BPE);
+        cr_assert_eq(v.add_bos, i == 1, "%s: BOS from the post-processor", seeds[i]);
+        jlm_arena_free(a);
+        jlm_gguf_close(g);
+        free(b);
+    }
+}
+
+/* Each unsupported part of tokenizer.json is refused naming its field. */
+Test(hf_tok, refuses_what_the_record_cannot_carry_by_field)
+{
+    char p[1024];
+    snprintf(p, sizeof p, "%s/tests/fuzz/seeds-hf-tokenizer/qwen-like.json", tu_root());
+    json_t *base = json_load_file(p, 0, NULL);
+    struct { const char *path, *value, *want; } cases[] = {
+        {"normalizer", "{\"type\":\"NFKC\"}", "normalizer NFKC"},
+        {"model.byte_fallback", "true", "model.byte_fallback"},
+        {"model.type", "\"Unigram\"", "model.type Unigram"},
+        {"decoder", "{\"type\":\"Metaspace\"}", "decoder Metaspace"},
+        {"pre_tokenizer", "{\"type\":\"Whitespace\"}", "pre_tokenizer"},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        json_t *t = json_deep_copy(base), *v = json_loads(cases[i].value, JSON_DECODE_ANY, NULL);
+        const char *dot = strchr(cases[i].path, '.');
+        if (dot)
+            json_object_set_new(json_object_get(t, "model"), dot + 1, v);
+        else
+            json_object_set_new(t, cases[i].path, v);
+        char *s = json_dumps(t, 0);
+        jlm_gguf *g;
+        jlm_err err = {0};
+        cr_assert_neq(jlm_hf_open_tok_mem(s, strlen(s), &g, &err), 0, "%s accepted", cases[i].path);
+        cr_assert(strstr(err.msg, cases[i].want) && strstr(err.msg, "not supported"), "%s", err.msg);
+        free(s);
+        json_decref(t);
+    }
+    json_decref(base);
+}
