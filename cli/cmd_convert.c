@@ -77,12 +77,12 @@ int jlm_cmd_convert(int argc, char **argv)
         if (!strcmp(argv[i], "-o") && i + 1 < argc) out = argv[++i];
         else if (!strcmp(argv[i], "--plan")) plan_only = 1;
         else if (argv[i][0] == '-' || src) {
-            fprintf(stderr, "usage: jlm convert SRC.gguf [-o OUT.jlm] [--plan]\n");
+            fprintf(stderr, "usage: jlm convert SRC.gguf|HF_FOLDER [-o OUT.jlm] [--plan]\n");
             return 2;
         } else src = argv[i];
     }
     if (!src) {
-        fprintf(stderr, "usage: jlm convert SRC.gguf [-o OUT.jlm] [--plan]\n");
+        fprintf(stderr, "usage: jlm convert SRC.gguf|HF_FOLDER [-o OUT.jlm] [--plan]\n");
         return 2;
     }
     char *def = out ? NULL : jlm_conv_default_out(src);
