@@ -71,18 +71,19 @@ static void print_plan(const jlm_conv *c, const char *out)
 
 int jlm_cmd_convert(int argc, char **argv)
 {
-    const char *src = NULL, *out = NULL;
+    const char *src = NULL, *out = NULL, *type = NULL;
     int plan_only = 0;
     for (int i = 1; i < argc; i++) {
         if (!strcmp(argv[i], "-o") && i + 1 < argc) out = argv[++i];
+        else if (!strcmp(argv[i], "--type") && i + 1 < argc) type = argv[++i];
         else if (!strcmp(argv[i], "--plan")) plan_only = 1;
         else if (argv[i][0] == '-' || src) {
-            fprintf(stderr, "usage: jlm convert SRC.gguf|HF_FOLDER [-o OUT.jlm] [--plan]\n");
+            fprintf(stderr, "usage: jlm convert SRC.gguf|HF_FOLDER [-o OUT.jlm] [--type keep|Q8_0] [--plan]\n");
             return 2;
         } else src = argv[i];
     }
     if (!src) {
-        fprintf(stderr, "usage: jlm convert SRC.gguf|HF_FOLDER [-o OUT.jlm] [--plan]\n");
+        fprintf(stderr, "usage: jlm convert SRC.gguf|HF_FOLDER [-o OUT.jlm] [--type keep|Q8_0] [--plan]\n");
         return 2;
     }
     char *def = out ? NULL : jlm_conv_default_out(src);
@@ -91,7 +92,7 @@ int jlm_cmd_convert(int argc, char **argv)
     jlm_err err = {0};
     jlm_conv *c;
     double t0 = now_s();
-    if (jlm_conv_open(src, stderr, &c, &err)) {
+    if (jlm_conv_open_as(src, type, stderr, &c, &err)) {
         fprintf(stderr, "jlm convert: %s\n", err.msg);
         free(def);
         return 1;

@@ -30,6 +30,7 @@ typedef struct jlm_conv_src {
     uint64_t row0;          /* first source row (fused tensors are split by rows) */
     uint32_t src_type;      /* ggml type */
     int      exact;         /* 0: re-quantized (e.g. Q2_K) */
+    uint32_t qtype;         /* --type: quantized to this ggml type at packing (0: as stored) */
 } jlm_conv_src;
 
 struct jlm_conv {
@@ -43,6 +44,7 @@ struct jlm_conv {
     jlm_conv_src   *src;       /* (n_tensors,) */
     jlm_plan        plan;
     const char     *src_path;
+    uint32_t        quant;     /* --type target (ggml type), 0: keep */
 };
 
 /* Progress callback: bytes packed so far of total. */
@@ -54,6 +56,10 @@ typedef void (*jlm_conv_progress)(void *ctx, uint64_t done, uint64_t total);
  * JLM_EFORMAT for a malformed source. *out untouched on error. */
 int  jlm_conv_open(const char *src_path, FILE *notes, jlm_conv **out, jlm_err *err);
 void jlm_conv_close(jlm_conv *c);   /* accepts NULL */
+
+/* The same, quantizing weights to `type` at packing ("keep" or NULL: as they
+ * are; "Q8_0"), with llama-quantize's per-tensor choices (converter/quantize.h). */
+int  jlm_conv_open_as(const char *src_path, const char *type, FILE *notes, jlm_conv **out, jlm_err *err);
 
 /* Pass 2: packs every tensor into OUT.part, verifies, renames to OUT. */
 int  jlm_conv_write(jlm_conv *c, const char *out_path, const jlm_io *io,

@@ -507,3 +507,75 @@ Test(hf_tok, refuses_what_the_record_cannot_carry_by_field)
     }
     json_decref(base);
 }
+
+/* ---------------------------------------------------------------- --type */
+/* synth-llama-256.Q8_0.gguf is llama-quantize's Q8_0 of synth-llama-256.f32.gguf:
+ * quantizing the F32 file at conversion gives the same container byte for byte
+ * (ggml's reference quantizer, llama-quantize's choice of tensors). */
+Test(quantize, q8_0_at_conversion_equals_llama_quantize, .timeout = 60)
+{
+    char *d = tu_tmpdir(), a[1100], b[1100];
+    snprintf(a, sizeof a, "%s/q.jlm", d);
+    snprintf(b, sizeof b, "%s/r.jlm", d);
+    jlm_conv *c;
+    jlm_err err = {0};
+    cr_assert_eq(jlm_conv_open_as(tu_model("synth-llama-256.f32.gguf"), "Q8_0", NULL, &c, &err), 0, "%s", err.msg);
+    cr_assert_eq(jlm_conv_write(c, a, NULL, NULL, NULL, &err), 0, "%s", err.msg);
+    jlm_conv_close(c);
+    cr_assert_eq(jlm_conv_open(tu_model("synth-llama-256.Q8_0.gguf"), NULL, &c, &err), 0, "%s", err.msg);
+    cr_assert_eq(jlm_conv_write(c, b, NULL, NULL, NULL, &err), 0, "%s", err.msg);
+    jlm_conv_close(c);
+    size_t na = 0, nb = 0;
+    unsigned char *x = tu_read_file(a, &na), *y = tu_read_file(b, &nb);
+    cr_assert(x && y && na == nb && !memcmp(x, y, na), "the Q8_0 containers differ");
+    free(x); free(y);
+    tu_rmrf(d);
+    free(d);
+}
+
+Test(quantize, refuses_a_type_it_does_not_have_by_name)
+{
+    jlm_conv *c;
+    jlm_err err = {0};
+    cr_assert_eq(jlm_conv_open_as(tu_model("synth-llama-256.f32.gguf"), "Q4_K_M", NULL, &c, &err), JLM_EUNSUPPORTED);
+    cr_assert(strstr(err.msg, "--type Q4_K_M is not supported"), "%s", err.msg);
+}
+
+/* An HF folder quantized at conversion still runs: tiny-mixtral in Q8_0 stays
+ * within the quantized tolerance of llama.cpp's F32 logits. */
+Test(quantize, hf_folder_to_q8_0_runs, .timeout = 60)
+{
+    char *d = tu_tmpdir(), out[1100], src[1100];
+    snprintf(out, sizeof out, "%s/m.jlm", d);
+    snprintf(src, sizeof src, "%s/tests/models/hf/tiny-mixtral", tu_root());
+    jlm_conv *c;
+    jlm_err err = {0};
+    cr_assert_eq(jlm_conv_open_as(src, "Q8_0", NULL, &c, &err), 0, "%s", err.msg);
+    cr_assert_eq(jlm_conv_write(c, out, NULL, NULL, NULL, &err), 0, "%s", err.msg);
+    jlm_conv_close(c);
+    char ref[1100];
+    snprintf(ref, sizeof ref, "%s/tests/reference/oracle-tiny-mixtral.json", tu_root());
+    json_t *o = json_load_file(ref, 0, NULL), *run = json_array_get(json_object_get(o, "runs"), 0);
+    size_t np;
+    int32_t *p = ids(json_object_get(run, "prompt_ids"), &np);
+    jlm_engine_opts eo = {.n_threads = 2, .quiet = 1, .direct = 1};
+    jlm_engine *e;
+    cr_assert_eq(jlm_engine_open(out, &eo, &e, &err), 0, "%s", err.msg);
+    uint32_t nv = jlm_engine_n_vocab(e);
+    float *l = malloc(nv * sizeof *l);
+    cr_assert_eq(jlm_engine_eval(e, p, (uint32_t)np, l, &err), 0, "%s", err.msg);
+    json_t *want = json_object_get(run, "logits_after_prompt");
+    double mx = 0, d2 = 0;
+    for (uint32_t i = 0; i < nv; i++) {
+        double r = json_number_value(json_array_get(want, i));
+        mx = fmax(mx, fabs(r));
+        if (!(fabs(r - l[i]) <= d2)) d2 = fabs(r - l[i]);
+    }
+    cr_assert(!(d2 > 0.05 * mx), "Q8_0 logit error %g of max %g", d2, mx);
+    cr_log_info("tiny-mixtral Q8_0: logit error %.3g of max |logit| %.3g", d2, mx);
+    free(l); free(p);
+    json_decref(o);
+    jlm_engine_close(e);
+    tu_rmrf(d);
+    free(d);
+}

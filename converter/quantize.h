@@ -1,0 +1,25 @@
+/* quantize.h - quantization at conversion (`jlm convert --type T`): ggml's
+ * reference quantizers (no importance matrix) and llama-quantize's per-tensor
+ * choices, so the container equals what `llama-quantize` + `jlm convert` give.
+ * Today: Q8_0 ("keep" stores weights as they are). docs/safetensors.md.
+ * Thread safety: pure functions. */
+#ifndef JLM_QUANTIZE_H
+#define JLM_QUANTIZE_H
+
+#include <stdint.h>
+
+#include "../format/jlm_err.h"
+
+/* "keep" -> 0 (no quantization); "Q8_0" -> GGML_Q8_0. Others: JLM_EUNSUPPORTED naming T. */
+int jlm_quant_parse(const char *name, uint32_t *ggml_type, jlm_err *err);
+
+/* llama-quantize's choice for one tensor of a model quantized to `target`:
+ * the ggml type to store, or src_type to leave it as it is (1-D tensors, the
+ * MoE router, rows not a multiple of the block, non-float sources). */
+uint32_t jlm_quant_choice(uint32_t target, const char *name, uint32_t n_dims, uint64_t row_len, uint32_t src_type);
+
+/* Quantizes k floats (k a multiple of the block size) to `type` blocks at dst,
+ * bit-identical to ggml's quantize_row_*_ref. */
+int jlm_quant_row(uint32_t type, const float *src, void *dst, uint64_t k, jlm_err *err);
+
+#endif
