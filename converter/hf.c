@@ -9,6 +9,7 @@
 #include "safetensors.h"
 
 #include <inttypes.h>
+#include <math.h>
 #include <stdarg.h>
 #include <jansson.h>
 #include <stdio.h>
@@ -178,6 +179,43 @@ static int cfg_family(cfgp *p, hfc *c)
     return 0;
 }
 
+/* rope_scaling: null, linear, yarn (factor, original_max_position_embeddings) or
+ * llama3 (llama family: a generated rope_freqs tensor, section 3 of docs/safetensors.md). */
+static int cfg_rope(cfgp *p, hfc *c)
+{
+    json_t *r = json_object_get(p->j, "rope_scaling");
+    if (!r || json_is_null(r))
+        return 0;
+    const char *ty = json_string_value(json_object_get(r, "rope_type"));
+    if (!ty)
+        ty = json_string_value(json_object_get(r, "type"));
+    cfgp q = {r, p->path, p->err};
+    int rc = c_num(&q, "factor", 0, &c->rope_factor);
+    if (!rc && (!ty || !strcmp(ty, "default")))
+        return 0;
+    if (!rc && !strcmp(ty, "linear"))
+        c->rope_kind = 1;
+    else if (!rc && !strcmp(ty, "yarn") && !json_object_get(r, "beta_fast") && !json_object_get(r, "beta_slow") &&
+             !json_object_get(r, "attention_factor") && !json_object_get(r, "mscale"))
+        c->rope_kind = 2;
+    else if (!rc && !strcmp(ty, "llama3") && c->cls->fam == FAM_LLAMA)
+        c->rope_kind = 3;
+    else if (!rc)
+        return jlm_errf(p->err, JLM_EUNSUPPORTED, "%s: rope_scaling type '%.40s'%s is not supported", p->path, ty,
+                        !strcmp(ty, "yarn") ? " with beta_fast/beta_slow/attention_factor/mscale" : "");
+    if (!rc && c->rope_kind == 3 && !json_object_get(r, "factor"))
+        c->rope_factor = 8.0;
+    if (!rc && !(c->rope_factor > 0 && c->rope_factor < 1e6))
+        return jlm_errf(p->err, JLM_EFORMAT, "%s: rope_scaling.factor %g out of range", p->path, c->rope_factor);
+    if (rc || (rc = c_num(&q, "low_freq_factor", 1.0, &c->rope_low)) || (rc = c_num(&q, "high_freq_factor", 4.0, &c->rope_high)) ||
+        (rc = c_u32(&q, "original_max_position_embeddings", c->rope_kind == 3 ? 8192 : c->n_ctx, &c->rope_orig_ctx)))
+        return rc;
+    if (c->rope_kind == 3 && !(c->rope_low > 0 && c->rope_high > c->rope_low && c->rope_orig_ctx))
+        return jlm_errf(p->err, JLM_EFORMAT, "%s: rope_scaling low/high_freq_factor or original_max_position_embeddings "
+                        "out of range", p->path);
+    return 0;
+}
+
 static int cfg_parse(json_t *j, const char *path, hfc *c, jlm_err *err)
 {
     cfgp p = {j, path, err};
@@ -188,7 +226,7 @@ static int cfg_parse(json_t *j, const char *path, hfc *c, jlm_err *err)
     if ((rc = cfg_class(&p, c)) || (rc = cfg_sizes(&p, c)) || (rc = cfg_moe(&p, c)) || (rc = cfg_family(&p, c)) ||
         (rc = c_num(&p, "rms_norm_eps", 1e-6, &c->eps)) || (rc = c_num(&p, "rope_theta", 10000.0, &c->theta)) ||
         (rc = c_bool(&p, "tie_word_embeddings", c->cls->fam == FAM_GEMMA3, &c->tied)) ||
-        (rc = c_refuse_unless(&p, "rope_scaling", NULL, NULL)))
+        (rc = cfg_rope(&p, c)))
         return rc;
     if (!(c->eps > 0 && c->eps < 1) || !(c->theta > 0 && c->theta < 1e12))
         return jlm_errf(err, JLM_EFORMAT, "%s: rms_norm_eps %g / rope_theta %g out of range", path, c->eps, c->theta);
@@ -298,6 +336,16 @@ static int metadata(hf *h)
         rc = kv_u32(h, "attention.key_length", c->head_dim) || kv_u32(h, "attention.value_length", c->head_dim);
     if (!rc && c->n_rot != c->head_dim)
         rc = kv_u32(h, "rope.dimension_count", c->n_rot);
+    if (!rc && (c->rope_kind == 1 || c->rope_kind == 2)) {
+        jlm_gguf_kv *kv = jlm_hf_kv(h, "rope.scaling.type", 1, GGUF_T_STRING);
+        char *ty = kv ? jlm_hf_own(h, "%s", c->rope_kind == 1 ? "linear" : "yarn") : NULL;
+        if (ty) {
+            kv->v.str.s = ty;
+            kv->v.str.len = strlen(ty);
+        }
+        rc = !ty || kv_f32(h, "rope.scaling.factor", c->rope_factor) ||
+             (c->rope_kind == 2 && kv_u32(h, "rope.scaling.original_context_length", c->rope_orig_ctx));
+    }
     if (!rc && c->n_expert)
         rc = kv_u32(h, "expert_count", c->n_expert) || kv_u32(h, "expert_used_count", c->n_expert_used) ||
              kv_u32(h, "expert_feed_forward_length", c->n_ffn_exp);
@@ -571,10 +619,42 @@ static int check_complete(hf *h)
     return 0;
 }
 
+/* llama.cpp's LlamaModel.generate_extra_tensors for rope_type llama3, in
+ * float32 as torch computes it: the per-frequency divisors of rope_freqs. */
+static int llama3_rope_freqs(hf *h)
+{
+    const hfc *c = &h->c;
+    uint32_t n = c->head_dim / 2;
+    float *f = jlm_hf_keep(h, calloc(n ? n : 1, sizeof *f));
+    jlm_st_tensor shape = {.name = "rope_freqs", .dtype = GGML_F32, .n_dims = 1, .shape = {n}};
+    if (!f || make(h, "rope_freqs.weight", &shape, 1, 0))
+        return jlm_errf(h->err, JLM_ENOMEM, "%s: rope_freqs", h->dir);
+    const float factor = (float)c->rope_factor, low = (float)c->rope_low, high = (float)c->rope_high;
+    const float old = (float)c->rope_orig_ctx, low_wl = old / low, high_wl = old / high;
+    for (uint32_t i = 0; i < n; i++) {
+        const float freq = 1.0f / powf((float)c->theta, (float)(2 * i) / (float)c->head_dim);
+        const float wl = 2.0f * (float)M_PI / freq;
+        if (wl < high_wl) {
+            f[i] = 1.0f;
+        } else if (wl > low_wl) {
+            f[i] = factor;
+        } else {
+            const float smooth = (old / wl - low) / (high - low);
+            f[i] = 1.0f / ((1.0f - smooth) / factor + smooth);
+        }
+    }
+    h->src[h->n_t - 1].data = f;
+    h->src[h->n_t - 1].n_seg = 0;
+    return 0;
+}
+
 static int map_all(hf *h)
 {
+    int rc = h->c.rope_kind == 3 ? llama3_rope_freqs(h) : 0;
+    if (rc)
+        return rc;
     for (uint64_t i = 0; i < jlm_st_count(h->st); i++) {
-        int rc = map_one(h, jlm_st_at(h->st, i));
+        rc = map_one(h, jlm_st_at(h->st, i));
         if (rc)
             return rc;
     }
@@ -640,6 +720,10 @@ static int vread(void *ctx, uint64_t i, uint64_t off, void *buf, size_t n, jlm_e
     h->err = err;
     if (off > g->n_bytes || n > g->n_bytes - off)
         return jlm_errf(err, JLM_EINVAL, "%s: tensor '%s': read past its %" PRIu64 " bytes", h->dir, g->name.s, g->n_bytes);
+    if (s->data) {
+        memcpy(buf, (const uint8_t *)s->data + off, n);
+        return 0;
+    }
     if (s->perm_heads || s->add_one || g->type != s->seg[0]->dtype)
         return read_rows(h, g, s, off, buf, n);
     uint64_t sb = s->seg[0]->n_bytes;   /* direct: segment by segment */

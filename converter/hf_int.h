@@ -19,6 +19,10 @@ typedef struct hfc {
     uint32_t n_expert, n_expert_used, n_ffn_exp, swa, swa_pattern, n_rot;
     double   eps, theta, theta_swa, attn_softcap, final_softcap;
     int      tied, head_dim_given;
+    /* rope_scaling: 0 none, 1 linear, 2 yarn, 3 llama3 */
+    int      rope_kind;
+    double   rope_factor, rope_low, rope_high;
+    uint32_t rope_orig_ctx;
 } hfc;
 
 typedef struct vsrc {
@@ -27,6 +31,7 @@ typedef struct vsrc {
     uint64_t seg_rows, row_len;
     uint32_t perm_heads;         /* llama q/k: rows permuted per head (0: none) */
     int      add_one;            /* gemma norms: w + 1 */
+    const float *data;           /* a generated F32 tensor (llama3 rope_freqs): no segments */
 } vsrc;
 
 typedef struct hf {

@@ -579,3 +579,55 @@ Test(quantize, hf_folder_to_q8_0_runs, .timeout = 60)
     tu_rmrf(d);
     free(d);
 }
+
+/* ---------------------------------------------------------------- rope_scaling */
+/* rope_type llama3 becomes llama.cpp's rope_freqs tensor (frequency divisors).
+ * Reference: transformers' llama3 inv_freq for Llama-3.1's scaling (head_dim
+ * 128, theta 5e5, factor 8, low 1, high 4, original 8192), in
+ * tiny-llama/expected/rope.safetensors: base_freq / rope_freqs must equal it. */
+Test(hf, llama3_rope_scaling_gives_transformers_inv_freq)
+{
+    tdef t[] = {
+        {"model.embed_tokens.weight", "BF16", {4, 8}, 2, 0, 64},
+        {"lm_head.weight", "BF16", {4, 8}, 2, 64, 128},
+        {"model.norm.weight", "BF16", {8}, 1, 128, 144},
+        {"model.layers.0.input_layernorm.weight", "BF16", {8}, 1, 144, 160},
+        {"model.layers.0.post_attention_layernorm.weight", "BF16", {8}, 1, 160, 176},
+        {"model.layers.0.self_attn.q_proj.weight", "BF16", {128, 8}, 2, 176, 2224},
+        {"model.layers.0.self_attn.k_proj.weight", "BF16", {128, 8}, 2, 2224, 4272},
+        {"model.layers.0.self_attn.v_proj.weight", "BF16", {128, 8}, 2, 4272, 6320},
+        {"model.layers.0.self_attn.o_proj.weight", "BF16", {8, 128}, 2, 6320, 8368},
+        {"model.layers.0.mlp.gate_proj.weight", "BF16", {16, 8}, 2, 8368, 8624},
+        {"model.layers.0.mlp.up_proj.weight", "BF16", {16, 8}, 2, 8624, 8880},
+        {"model.layers.0.mlp.down_proj.weight", "BF16", {8, 16}, 2, 8880, 9136},
+    };
+    size_t len;
+    unsigned char *img = image(t, 12, 9136, &len);
+    const char *cfg = "{\"architectures\":[\"LlamaForCausalLM\"],\"hidden_size\":8,\"intermediate_size\":16,"
+                      "\"num_attention_heads\":1,\"num_hidden_layers\":1,\"num_key_value_heads\":1,\"vocab_size\":4,"
+                      "\"head_dim\":128,\"rope_theta\":500000.0,\"rope_scaling\":{\"factor\":8.0,\"high_freq_factor\":4.0,"
+                      "\"low_freq_factor\":1.0,\"original_max_position_embeddings\":8192,\"rope_type\":\"llama3\"}}";
+    jlm_gguf *g;
+    jlm_err err = {0};
+    cr_assert_eq(jlm_hf_open_mem(cfg, strlen(cfg), img, len, &g, &err), 0, "%s", err.msg);
+    const jlm_gguf_tensor *rf = jlm_gguf_find_tensor(g, "rope_freqs.weight");
+    cr_assert(rf && rf->ne[0] == 64 && rf->type == GGML_F32);
+    float f[64];
+    cr_assert_eq(jlm_gguf_read(g, rf, 0, f, sizeof f, &err), 0, "%s", err.msg);
+    char p[1024];
+    snprintf(p, sizeof p, "%s/tests/models/hf/tiny-llama/expected/rope.safetensors", tu_root());
+    size_t n;
+    float *want = golden(p, "llama3.inv_freq", &n);
+    cr_assert_eq(n, 64);
+    double worst = 0;
+    for (int i = 0; i < 64; i++) {
+        double base = 1.0 / pow(500000.0, (2.0 * i) / 128.0);
+        double rel = fabs(base / f[i] - want[i]) / want[i];
+        worst = fmax(worst, rel);
+        cr_assert(rel < 1e-5, "frequency %d: %g vs transformers %g", i, base / f[i], want[i]);
+    }
+    cr_log_info("llama3 rope_freqs: worst relative error %.3g", worst);
+    free(want);
+    jlm_gguf_close(g);
+    free(img);
+}
