@@ -631,3 +631,50 @@ Test(hf, llama3_rope_scaling_gives_transformers_inv_freq)
     jlm_gguf_close(g);
     free(img);
 }
+
+/* Qwen3Moe's per-expert tensors stack into [n_expert, rows, cols] banks whose
+ * sheet E is expert E's tensor; a missing expert is refused. */
+Test(hf, qwen3moe_experts_stack_in_order_and_a_missing_one_is_refused)
+{
+    tdef t[] = {
+        {"model.embed_tokens.weight", "BF16", {4, 8}, 2, 0, 64},
+        {"lm_head.weight", "BF16", {4, 8}, 2, 64, 128},
+        {"model.norm.weight", "BF16", {8}, 1, 128, 144},
+        {"model.layers.0.input_layernorm.weight", "BF16", {8}, 1, 144, 160},
+        {"model.layers.0.post_attention_layernorm.weight", "BF16", {8}, 1, 160, 176},
+        {"model.layers.0.self_attn.q_proj.weight", "BF16", {8, 8}, 2, 176, 304},
+        {"model.layers.0.self_attn.k_proj.weight", "BF16", {4, 8}, 2, 304, 368},
+        {"model.layers.0.self_attn.v_proj.weight", "BF16", {4, 8}, 2, 368, 432},
+        {"model.layers.0.self_attn.o_proj.weight", "BF16", {8, 8}, 2, 432, 560},
+        {"model.layers.0.self_attn.q_norm.weight", "BF16", {4}, 1, 560, 568},
+        {"model.layers.0.self_attn.k_norm.weight", "BF16", {4}, 1, 568, 576},
+        {"model.layers.0.mlp.gate.weight", "BF16", {2, 8}, 2, 576, 608},
+        {"model.layers.0.mlp.experts.1.down_proj.weight", "BF16", {8, 4}, 2, 608, 672},
+        {"model.layers.0.mlp.experts.0.down_proj.weight", "BF16", {8, 4}, 2, 672, 736},
+        {"model.layers.0.mlp.experts.0.gate_proj.weight", "BF16", {4, 8}, 2, 736, 800},
+        {"model.layers.0.mlp.experts.1.gate_proj.weight", "BF16", {4, 8}, 2, 800, 864},
+        {"model.layers.0.mlp.experts.0.up_proj.weight", "BF16", {4, 8}, 2, 864, 928},
+        {"model.layers.0.mlp.experts.1.up_proj.weight", "BF16", {4, 8}, 2, 928, 992},
+    };
+    const char *cfg = "{\"architectures\":[\"Qwen3MoeForCausalLM\"],\"hidden_size\":8,\"intermediate_size\":16,"
+                      "\"num_attention_heads\":2,\"num_hidden_layers\":1,\"num_key_value_heads\":1,\"vocab_size\":4,"
+                      "\"head_dim\":4,\"num_experts\":2,\"num_experts_per_tok\":1,\"moe_intermediate_size\":4}";
+    size_t len;
+    unsigned char *img = image(t, 18, 992, &len);
+    jlm_gguf *g;
+    jlm_err err = {0};
+    cr_assert_eq(jlm_hf_open_mem(cfg, strlen(cfg), img, len, &g, &err), 0, "%s", err.msg);
+    const jlm_gguf_tensor *d = jlm_gguf_find_tensor(g, "blk.0.ffn_down_exps.weight");
+    cr_assert(d && d->n_dims == 3 && d->ne[0] == 4 && d->ne[1] == 8 && d->ne[2] == 2);
+    cr_assert(jlm_gguf_find_tensor(g, "blk.0.ffn_gate_inp.weight") && jlm_gguf_find_tensor(g, "blk.0.attn_k_norm.weight"));
+    uint8_t got[128];
+    cr_assert_eq(jlm_gguf_read(g, d, 0, got, sizeof got, &err), 0, "%s", err.msg);
+    cr_assert(!memcmp(got, img + len - 992 + 672, 64) && !memcmp(got + 64, img + len - 992 + 608, 64),
+              "sheet E is expert E's down_proj");
+    jlm_gguf_close(g);
+    free(img);
+    img = image(t, 17, 928, &len);     /* no experts.1.up_proj */
+    cr_assert_neq(jlm_hf_open_mem(cfg, strlen(cfg), img, len, &g, &err), 0);
+    cr_assert(strstr(err.msg, "blk.0.ffn_up_exps.weight: expert 1 has no tensor"), "%s", err.msg);
+    free(img);
+}
