@@ -263,12 +263,12 @@ static int more(void **v, uint64_t *cap, uint64_t n, size_t sz)
 
 char *jlm_hf_own(hf *h, const char *fmt, ...)
 {
-    char buf[512];
     va_list ap;
     va_start(ap, fmt);
-    vsnprintf(buf, sizeof buf, fmt, ap);
+    char *s = NULL;
+    int n = vasprintf(&s, fmt, ap);
     va_end(ap);
-    return jlm_hf_keep(h, strdup(buf));
+    return jlm_hf_keep(h, n < 0 ? NULL : s);
 }
 
 void *jlm_hf_keep(hf *h, void *p)

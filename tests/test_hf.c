@@ -400,6 +400,22 @@ Test(hf_cli, refuses_an_unknown_class_and_a_missing_lm_head, .timeout = 60)
  * tokenizer_config.json becomes a vocab-only container; every reference string
  * tokenizes to Hugging Face tokenizers' ids, with and without the
  * post-processor's additions, and decodes back to its `decoded`. */
+/* The container's default chat template is tokenizer_config.json's, byte for byte. */
+static void template_kept(const char *d, const jlm_model *m, const char *name)
+{
+    char p[1100];
+    snprintf(p, sizeof p, "%s/t/tokenizer_config.json", d);
+    json_t *tc = json_load_file(p, JSON_DECODE_INT_AS_REAL, NULL);
+    const char *want = json_string_value(json_object_get(tc, "chat_template"));
+    cr_assert(want, "%s: no chat_template", p);
+    const jlm_str *got = NULL;
+    for (uint32_t i = 0; i < m->vocab.n_templates; i++)
+        if (m->vocab.templates[2 * i].len == 0)
+            got = &m->vocab.templates[2 * i + 1];
+    cr_assert(got && got->len == strlen(want) && !memcmp(got->s, want, got->len), "%s: chat template differs", name);
+    json_decref(tc);
+}
+
 static void against_hf_tokenizers(const char *name)
 {
     char *d = tu_tmpdir(), cmd[3000], src[1100], out[1100], ref[1100];
@@ -419,6 +435,7 @@ static void against_hf_tokenizers(const char *name)
     jlm_tok *tok;
     cr_assert_eq(jlm_fmt_open(out, &m, &err), 0, "%s", err.msg);
     cr_assert_eq(jlm_tok_create(&m->vocab, &tok, &err), 0, "%s", err.msg);
+    template_kept(d, m, name);
     snprintf(ref, sizeof ref, "%s/tests/reference/hf-tokenizers/%s.json", tu_root(), name);
     json_t *o = json_load_file(ref, 0, NULL), *cases = json_object_get(o, "cases"), *cs;
     size_t i;
