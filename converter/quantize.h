@@ -1,7 +1,8 @@
 /* quantize.h - quantization at conversion (`jlm convert --type T`): ggml's
  * reference quantizers (no importance matrix) and llama-quantize's per-tensor
  * choices, so the container equals what `llama-quantize` + `jlm convert` give.
- * Today: Q8_0 ("keep" stores weights as they are). docs/safetensors.md.
+ * Today: Q8_0, Q6_K, Q5_1, Q5_0, Q4_1, Q4_0 ("keep" stores weights as they are).
+ * docs/safetensors.md section 7.
  * Thread safety: pure functions. */
 #ifndef JLM_QUANTIZE_H
 #define JLM_QUANTIZE_H
@@ -10,7 +11,7 @@
 
 #include "../format/jlm_err.h"
 
-/* "keep" -> 0 (no quantization); "Q8_0" -> GGML_Q8_0. Others: JLM_EUNSUPPORTED naming T. */
+/* "keep" -> 0 (no quantization); "Q8_0" -> GGML_Q8_0, ... Others: JLM_EUNSUPPORTED naming T. */
 int jlm_quant_parse(const char *name, uint32_t *ggml_type, jlm_err *err);
 
 /* llama-quantize's choice for one tensor of a model quantized to `target`:

@@ -526,26 +526,31 @@ Test(hf_tok, refuses_what_the_record_cannot_carry_by_field)
 }
 
 /* ---------------------------------------------------------------- --type */
-/* synth-llama-256.Q8_0.gguf is llama-quantize's Q8_0 of synth-llama-256.f32.gguf:
+/* synth-llama-256.<T>.gguf are llama-quantize's outputs from synth-llama-256.f32.gguf:
  * quantizing the F32 file at conversion gives the same container byte for byte
- * (ggml's reference quantizer, llama-quantize's choice of tensors). */
-Test(quantize, q8_0_at_conversion_equals_llama_quantize, .timeout = 60)
+ * (ggml's reference quantizers, llama-quantize's choice of tensors: output.weight
+ * in Q6_K under the 4/5-bit legacy types). */
+Test(quantize, at_conversion_equals_llama_quantize_for_every_type, .timeout = 120)
 {
-    char *d = tu_tmpdir(), a[1100], b[1100];
+    const char *types[] = {"Q8_0", "Q6_K", "Q5_1", "Q5_0", "Q4_1", "Q4_0"};
+    char *d = tu_tmpdir(), a[1100], b[1100], ref[300];
     snprintf(a, sizeof a, "%s/q.jlm", d);
     snprintf(b, sizeof b, "%s/r.jlm", d);
-    jlm_conv *c;
-    jlm_err err = {0};
-    cr_assert_eq(jlm_conv_open_as(tu_model("synth-llama-256.f32.gguf"), "Q8_0", NULL, &c, &err), 0, "%s", err.msg);
-    cr_assert_eq(jlm_conv_write(c, a, NULL, NULL, NULL, &err), 0, "%s", err.msg);
-    jlm_conv_close(c);
-    cr_assert_eq(jlm_conv_open(tu_model("synth-llama-256.Q8_0.gguf"), NULL, &c, &err), 0, "%s", err.msg);
-    cr_assert_eq(jlm_conv_write(c, b, NULL, NULL, NULL, &err), 0, "%s", err.msg);
-    jlm_conv_close(c);
-    size_t na = 0, nb = 0;
-    unsigned char *x = tu_read_file(a, &na), *y = tu_read_file(b, &nb);
-    cr_assert(x && y && na == nb && !memcmp(x, y, na), "the Q8_0 containers differ");
-    free(x); free(y);
+    for (int i = 0; i < 6; i++) {
+        jlm_conv *c;
+        jlm_err err = {0};
+        cr_assert_eq(jlm_conv_open_as(tu_model("synth-llama-256.f32.gguf"), types[i], NULL, &c, &err), 0, "%s", err.msg);
+        cr_assert_eq(jlm_conv_write(c, a, NULL, NULL, NULL, &err), 0, "%s", err.msg);
+        jlm_conv_close(c);
+        snprintf(ref, sizeof ref, "synth-llama-256.%s.gguf", types[i]);
+        cr_assert_eq(jlm_conv_open(tu_model(ref), NULL, &c, &err), 0, "%s", err.msg);
+        cr_assert_eq(jlm_conv_write(c, b, NULL, NULL, NULL, &err), 0, "%s", err.msg);
+        jlm_conv_close(c);
+        size_t na = 0, nb = 0;
+        unsigned char *x = tu_read_file(a, &na), *y = tu_read_file(b, &nb);
+        cr_assert(x && y && na == nb && !memcmp(x, y, na), "--type %s: the container differs from %s's", types[i], ref);
+        free(x); free(y);
+    }
     tu_rmrf(d);
     free(d);
 }
