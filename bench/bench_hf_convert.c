@@ -1,6 +1,6 @@
 /* bench_hf_convert.c - converting a generated BF16 Hugging Face folder
- * (LlamaForCausalLM, random weights) with `jlm convert --type Q8_0` and with
- * `--type keep`, as a ratio to reading the folder once (`cat > /dev/null`) in
+ * (LlamaForCausalLM, random weights) with `jlm convert --type keep`, `Q8_0` and
+ * `Q4_K_M`, as a ratio to reading the folder once (`cat > /dev/null`) in
  * the same run, plus the converter's peak RSS. The folder is ~330 MB by
  * default (hidden 1024, 8 layers, vocab 32000); `--1b` makes a 1.2B-parameter
  * one (2.4 GB: hidden 2048, 16 layers, ffn 8192, vocab 128256, Llama-3.2-1B's shape).
@@ -140,8 +140,8 @@ int main(int argc, char **argv)
     double tcat = run(cmd, NULL);
     printf("folder %.1f MiB (BF16, hidden %u, %u layers, vocab %u); cat %.2f s\n", bytes / 1048576.0, s.hidden,
            s.layers, s.vocab, tcat);
-    const char *types[] = {"keep", "Q8_0"};
-    for (int i = 0; i < 2; i++) {
+    const char *types[] = {"keep", "Q8_0", "Q4_K_M"};
+    for (int i = 0; i < 3; i++) {
         long rss;
         snprintf(cmd, sizeof cmd, "'%s' convert '%s' --type %s -o '%s/out.jlm' 2>/dev/null", jlm, folder, types[i], dir);
         double t = run(cmd, &rss);

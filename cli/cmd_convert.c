@@ -78,12 +78,12 @@ int jlm_cmd_convert(int argc, char **argv)
         else if (!strcmp(argv[i], "--type") && i + 1 < argc) type = argv[++i];
         else if (!strcmp(argv[i], "--plan")) plan_only = 1;
         else if (argv[i][0] == '-' || src) {
-            fprintf(stderr, "usage: jlm convert SRC.gguf|HF_FOLDER [-o OUT.jlm] [--type keep|Q8_0|Q6_K|Q5_1|Q5_0|Q4_1|Q4_0] [--plan]\n");
+            fprintf(stderr, "usage: jlm convert SRC.gguf|HF_FOLDER [-o OUT.jlm] [--type keep|Q8_0|Q6_K|Q5_K_M|Q4_K_M|Q5_1|Q5_0|Q4_1|Q4_0] [--plan]\n");
             return 2;
         } else src = argv[i];
     }
     if (!src) {
-        fprintf(stderr, "usage: jlm convert SRC.gguf|HF_FOLDER [-o OUT.jlm] [--type keep|Q8_0|Q6_K|Q5_1|Q5_0|Q4_1|Q4_0] [--plan]\n");
+        fprintf(stderr, "usage: jlm convert SRC.gguf|HF_FOLDER [-o OUT.jlm] [--type keep|Q8_0|Q6_K|Q5_K_M|Q4_K_M|Q5_1|Q5_0|Q4_1|Q4_0] [--plan]\n");
         return 2;
     }
     char *def = out ? NULL : jlm_conv_default_out(src);

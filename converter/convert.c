@@ -31,7 +31,8 @@ static int add(jlm_conv *c, mapped *v, uint32_t *n, uint32_t gi, uint16_t role, 
     mapped *m = &v[(*n)++];
     memset(m, 0, sizeof *m);
     int exact;
-    uint32_t qt = jlm_quant_choice(c->quant, gt->name.s, gt->n_dims, gt->ne[0], gt->type);
+    uint32_t qt = jlm_quant_choice(c->quant, gt->name.s, gt->n_dims, gt->ne[0], gt->type, c->config.n_layer,
+                                   c->config.n_expert);
     int rc = jlm_pack_stored_type(qt, &m->t.type, &exact, err);
     if (rc)
         return jlm_err_prefix(err, rc, "%s: tensor '%s'", c->src_path, gt->name.s);

@@ -58,7 +58,7 @@ int  jlm_conv_open(const char *src_path, FILE *notes, jlm_conv **out, jlm_err *e
 void jlm_conv_close(jlm_conv *c);   /* accepts NULL */
 
 /* The same, quantizing weights to `type` at packing ("keep" or NULL: as they
- * are; "Q8_0", "Q6_K", "Q5_1", "Q5_0", "Q4_1", "Q4_0"), with llama-quantize's per-tensor choices (converter/quantize.h). */
+ * are; "Q8_0", "Q6_K", "Q5_K_M", "Q4_K_M", "Q5_1", "Q5_0", "Q4_1", "Q4_0"), with llama-quantize's per-tensor choices (converter/quantize.h). */
 int  jlm_conv_open_as(const char *src_path, const char *type, FILE *notes, jlm_conv **out, jlm_err *err);
 
 /* Pass 2: packs every tensor into OUT.part, verifies, renames to OUT. */

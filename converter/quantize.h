@@ -1,7 +1,7 @@
 /* quantize.h - quantization at conversion (`jlm convert --type T`): ggml's
  * reference quantizers (no importance matrix) and llama-quantize's per-tensor
  * choices, so the container equals what `llama-quantize` + `jlm convert` give.
- * Today: Q8_0, Q6_K, Q5_1, Q5_0, Q4_1, Q4_0 ("keep" stores weights as they are).
+ * Today: Q8_0, Q6_K, Q5_K_M, Q4_K_M, Q5_1, Q5_0, Q4_1, Q4_0 ("keep": as they are).
  * docs/safetensors.md section 7.
  * Thread safety: pure functions. */
 #ifndef JLM_QUANTIZE_H
@@ -17,7 +17,11 @@ int jlm_quant_parse(const char *name, uint32_t *ggml_type, jlm_err *err);
 /* llama-quantize's choice for one tensor of a model quantized to `target`:
  * the ggml type to store, or src_type to leave it as it is (1-D tensors, the
  * MoE router, rows not a multiple of the block, non-float sources). */
-uint32_t jlm_quant_choice(uint32_t target, const char *name, uint32_t n_dims, uint64_t row_len, uint32_t src_type);
+/* A target with this bit is a llama-quantize "_M" mix of its K type (Q4_K_M, Q5_K_M). */
+#define JLM_QUANT_MIX_M 0x10000u
+
+uint32_t jlm_quant_choice(uint32_t target, const char *name, uint32_t n_dims, uint64_t row_len, uint32_t src_type,
+                          uint32_t n_layer, uint32_t n_expert);
 
 /* Quantizes k floats (k a multiple of the block size) to `type` blocks at dst,
  * bit-identical to ggml's quantize_row_*_ref. */

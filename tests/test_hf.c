@@ -529,14 +529,14 @@ Test(hf_tok, refuses_what_the_record_cannot_carry_by_field)
 /* synth-llama-256.<T>.gguf are llama-quantize's outputs from synth-llama-256.f32.gguf:
  * quantizing the F32 file at conversion gives the same container byte for byte
  * (ggml's reference quantizers, llama-quantize's choice of tensors: output.weight
- * in Q6_K under the 4/5-bit legacy types). */
+ * in Q6_K; under the _M mixes attn_v and ffn_down of layers 2 and 3 of 4 in Q6_K). */
 Test(quantize, at_conversion_equals_llama_quantize_for_every_type, .timeout = 120)
 {
-    const char *types[] = {"Q8_0", "Q6_K", "Q5_1", "Q5_0", "Q4_1", "Q4_0"};
+    const char *types[] = {"Q8_0", "Q6_K", "Q5_1", "Q5_0", "Q4_1", "Q4_0", "Q4_K_M", "Q5_K_M"};
     char *d = tu_tmpdir(), a[1100], b[1100], ref[300];
     snprintf(a, sizeof a, "%s/q.jlm", d);
     snprintf(b, sizeof b, "%s/r.jlm", d);
-    for (int i = 0; i < 6; i++) {
+    for (int i = 0; i < 8; i++) {
         jlm_conv *c;
         jlm_err err = {0};
         cr_assert_eq(jlm_conv_open_as(tu_model("synth-llama-256.f32.gguf"), types[i], NULL, &c, &err), 0, "%s", err.msg);
@@ -559,8 +559,8 @@ Test(quantize, refuses_a_type_it_does_not_have_by_name)
 {
     jlm_conv *c;
     jlm_err err = {0};
-    cr_assert_eq(jlm_conv_open_as(tu_model("synth-llama-256.f32.gguf"), "Q4_K_M", NULL, &c, &err), JLM_EUNSUPPORTED);
-    cr_assert(strstr(err.msg, "--type Q4_K_M is not supported"), "%s", err.msg);
+    cr_assert_eq(jlm_conv_open_as(tu_model("synth-llama-256.f32.gguf"), "Q3_K_M", NULL, &c, &err), JLM_EUNSUPPORTED);
+    cr_assert(strstr(err.msg, "--type Q3_K_M is not supported"), "%s", err.msg);
 }
 
 /* An HF folder quantized at conversion still runs: tiny-mixtral in Q8_0 stays
