@@ -17,5 +17,7 @@ int jlm_cmd_chat(int argc, char **argv);
 long long jlm_cli_parse_size(const char *s);
 /* 1 if the file starts with the GGUF magic. */
 int jlm_cli_is_gguf(const char *path);
+/* "a GGUF file", "a Hugging Face folder" (converter sources the engine cannot read), or NULL. */
+const char *jlm_cli_source_kind(const char *path);
 
 #endif

@@ -125,9 +125,9 @@ int jlm_cmd_run(int argc, char **argv)
     int rc = parse(argc, argv, &o);
     if (rc)
         return rc;
-    if (jlm_cli_is_gguf(o.model)) {
-        fprintf(stderr, "jlm run: %s: a GGUF file; the engine reads .jlm containers: convert it with `jlm convert %s`\n",
-                o.model, o.model);
+    if (jlm_cli_source_kind(o.model)) {
+        fprintf(stderr, "jlm run: %s: %s; the engine reads .jlm containers: convert it with `jlm convert %s`\n",
+                o.model, jlm_cli_source_kind(o.model), o.model);
         return 1;
     }
     char *path = jlm_cli_container_path(o.model);

@@ -700,3 +700,12 @@ Test(hf, qwen3moe_experts_stack_in_order_and_a_missing_one_is_refused)
     cr_assert(strstr(err.msg, "blk.0.ffn_up_exps.weight: expert 1 has no tensor"), "%s", err.msg);
     free(img);
 }
+
+Test(hf_cli, run_and_chat_on_a_folder_say_to_convert_it)
+{
+    char cmd[2400], *out = NULL;
+    snprintf(cmd, sizeof cmd, "'%s' run '%s/tests/models/hf/tiny-llama' --ids 1 2>&1", tu_jlm(), tu_root());
+    cr_assert_neq(tu_run(cmd, &out), 0);
+    cr_assert(out && strstr(out, "a Hugging Face folder") && strstr(out, "jlm convert"), "%s", out ? out : "");
+    free(out);
+}
