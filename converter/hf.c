@@ -772,10 +772,15 @@ static int exists(const char *dir, const char *name)
     return stat(p, &st) == 0;
 }
 
+/* A jlmfs model view also holds a config.json (and model.jlm): it is not a source. */
 int jlm_hf_is_folder(const char *path)
 {
     struct stat st;
-    return stat(path, &st) == 0 && S_ISDIR(st.st_mode) && (exists(path, "config.json") || exists(path, "tokenizer.json"));
+    if (stat(path, &st) != 0 || !S_ISDIR(st.st_mode) || exists(path, "model.jlm"))
+        return 0;
+    return exists(path, "tokenizer.json") ||
+           (exists(path, "config.json") &&
+            (exists(path, "model.safetensors") || exists(path, "model.safetensors.index.json")));
 }
 
 /* An optional JSON file of the folder (absent: *out NULL). tokenizer_config.json

@@ -16,7 +16,8 @@
 
 #include <stdio.h>
 
-/* 1 if path is a folder holding config.json or tokenizer.json. */
+/* 1 if path is a folder holding config.json with model.safetensors or its
+ * index, or tokenizer.json, and no model.jlm (a jlmfs view is not a source). */
 int jlm_hf_is_folder(const char *path);
 
 /* Opens the folder as a virtual GGUF handle (close with jlm_gguf_close). A
