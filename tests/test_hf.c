@@ -709,3 +709,34 @@ Test(hf_cli, run_and_chat_on_a_folder_say_to_convert_it)
     cr_assert(out && strstr(out, "a Hugging Face folder") && strstr(out, "jlm convert"), "%s", out ? out : "");
     free(out);
 }
+
+/* generation_config.json's eos_token_id list joins the end-of-generation set
+ * (the first id is EOS when tokenizer_config.json names none). */
+Test(hf_tok, generation_config_eos_list_ends_generation)
+{
+    char *d = tu_tmpdir(), cmd[3000], p[1100];
+    snprintf(cmd, sizeof cmd, "mkdir '%s/t' && cp '%s/tests/fuzz/seeds-hf-tokenizer/qwen-like.json' '%s/t/tokenizer.json'",
+             d, tu_root(), d);
+    cr_assert_eq(system(cmd), 0);
+    snprintf(p, sizeof p, "%s/t/generation_config.json", d);
+    const char *gen = "{\"eos_token_id\": [5, 7], \"bos_token_id\": 1}";
+    cr_assert_eq(tu_write_file(p, gen, strlen(gen)), 0);
+    snprintf(p, sizeof p, "%s/t", d);
+    jlm_conv *c;
+    jlm_err err = {0};
+    cr_assert_eq(jlm_conv_open(p, NULL, &c, &err), 0, "%s", err.msg);
+    cr_assert_eq(c->vocab.eos, 5);
+    int has7 = 0;
+    for (uint32_t i = 0; i < c->vocab.n_stop; i++)
+        has7 |= c->vocab.stop[i] == 7;
+    cr_assert(has7, "id 7 of generation_config.json ends generation");
+    jlm_conv_close(c);
+    snprintf(p, sizeof p, "%s/t/generation_config.json", d);
+    const char *bad = "{\"eos_token_id\": [5, 999999]}";
+    cr_assert_eq(tu_write_file(p, bad, strlen(bad)), 0);
+    snprintf(p, sizeof p, "%s/t", d);
+    cr_assert_neq(jlm_conv_open(p, NULL, &c, &err), 0);
+    cr_assert(strstr(err.msg, "generation_config.json: eos_token_id 1 is not a token id"), "%s", err.msg);
+    tu_rmrf(d);
+    free(d);
+}
