@@ -118,12 +118,12 @@ bench: all $(BENCH_BIN)
 #   mkdir -p /tmp/corpus && build-fuzz/fuzz_gguf -max_total_time=60 /tmp/corpus tests/models/vocab
 # (the first directory receives new inputs: never point it into the tree)
 FUZZ_SRC := base/jlm_err.c base/io.c format/types.c format/codec.c format/plan.c format/reader.c format/writer.c \
-            converter/gguf.c converter/ggml_quants.c
+            converter/gguf.c converter/ggml_quants.c converter/safetensors.c converter/hf.c converter/hf_tok.c converter/vocab.c
 # Per-target extra sources and libraries (a target without FUZZ_EXTRA_name links FUZZ_SRC alone).
 FUZZ_EXTRA_fuzz_picture := picture/picture.c residency/residency.c -I$(BUILD)/gen $(PKG_CFLAGS) $(PKG_LIBS)
 FUZZ_EXTRA_fuzz_image   := engine/image.c $(shell pkg-config --cflags --libs stb zlib)
 FUZZ_EXTRA_fuzz_mmproj  := converter/arch.c converter/convert.c converter/pack.c converter/vision_map.c \
-                           converter/vocab.c format/dequant_ref.c kernels/cpu/ops.c kernels/cpu/matvec_ref.c -pthread \
+                           format/dequant_ref.c kernels/cpu/ops.c kernels/cpu/matvec_ref.c -pthread \
                            $(shell pkg-config --cflags --libs libutf8proc)
 FUZZ_EXTRA_fuzz_serve_req := serve/api.c engine/sampler.c $(shell pkg-config --cflags --libs jansson libutf8proc)
 FUZZ_BINS := $(patsubst tests/fuzz/%.c,build-fuzz/%,$(wildcard tests/fuzz/fuzz_*.c))
@@ -131,7 +131,7 @@ fuzz: $(FUZZ_BINS)
 build-fuzz/fuzz_picture: $(PIC_ASSETS)
 build-fuzz/%: tests/fuzz/%.c
 	@mkdir -p build-fuzz
-	clang -std=c11 -D_GNU_SOURCE -g -O1 -fsanitize=fuzzer,address,undefined -I. $< $(FUZZ_SRC) $(FUZZ_EXTRA_$*) -lm -o $@
+	clang -std=c11 -D_GNU_SOURCE -g -O1 -fsanitize=fuzzer,address,undefined -I. $< $(FUZZ_SRC) $(FUZZ_EXTRA_$*) -ljansson -lm -o $@
 
 install: all
 	install -d $(DESTDIR)$(PREFIX)/bin

@@ -23,6 +23,8 @@ int jlm_cli_picture(const char *who, const char *model, const char *out_path, co
 long long jlm_cli_parse_size(const char *s);
 /* 1 if the file starts with the GGUF magic. */
 int jlm_cli_is_gguf(const char *path);
+/* "a GGUF file", "a Hugging Face folder" (converter sources the engine cannot read), or NULL. */
+const char *jlm_cli_source_kind(const char *path);
 
 #include <stddef.h>
 #include "engine/model.h"

@@ -89,8 +89,9 @@ int jlm_cmd_chat(int argc, char **argv)
         fprintf(stderr, "usage: jlm chat MODEL [-n N] [-c CTX] [-t T] [--temp T] [--seed S] [--budget SIZE] [--image FILE]\n");
         return 2;
     }
-    if (jlm_cli_is_gguf(model)) {
-        fprintf(stderr, "jlm chat: %s: a GGUF file; convert it first with `jlm convert %s`\n", model, model);
+    if (jlm_cli_source_kind(model)) {
+        fprintf(stderr, "jlm chat: %s: %s; convert it first with `jlm convert %s`\n", model, jlm_cli_source_kind(model),
+                model);
         return 1;
     }
     jlm_err err = {0};

@@ -69,21 +69,26 @@ static void print_plan(const jlm_conv *c, const char *out)
            (unsigned long long)c->g->total_bytes);
 }
 
+static const char USAGE[] =
+    "usage: jlm convert SRC.gguf|HF_FOLDER [--mmproj MMPROJ.gguf] [-o OUT.jlm]\n"
+    "                   [--type keep|Q8_0|Q6_K|Q5_K_M|Q4_K_M|Q5_1|Q5_0|Q4_1|Q4_0] [--plan]\n";
+
 int jlm_cmd_convert(int argc, char **argv)
 {
-    const char *src = NULL, *out = NULL, *mmproj = NULL;
+    const char *src = NULL, *out = NULL, *mmproj = NULL, *type = NULL;
     int plan_only = 0;
     for (int i = 1; i < argc; i++) {
         if (!strcmp(argv[i], "-o") && i + 1 < argc) out = argv[++i];
         else if (!strcmp(argv[i], "--mmproj") && i + 1 < argc) mmproj = argv[++i];
+        else if (!strcmp(argv[i], "--type") && i + 1 < argc) type = argv[++i];
         else if (!strcmp(argv[i], "--plan")) plan_only = 1;
         else if (argv[i][0] == '-' || src) {
-            fprintf(stderr, "usage: jlm convert SRC.gguf [--mmproj MMPROJ.gguf] [-o OUT.jlm] [--plan]\n");
+            fputs(USAGE, stderr);
             return 2;
         } else src = argv[i];
     }
     if (!src) {
-        fprintf(stderr, "usage: jlm convert SRC.gguf [--mmproj MMPROJ.gguf] [-o OUT.jlm] [--plan]\n");
+        fputs(USAGE, stderr);
         return 2;
     }
     char *def = out ? NULL : jlm_conv_default_out(src);
@@ -92,7 +97,7 @@ int jlm_cmd_convert(int argc, char **argv)
     jlm_err err = {0};
     jlm_conv *c;
     double t0 = now_s();
-    if (jlm_conv_open_mm(src, mmproj, stderr, &c, &err)) {
+    if (jlm_conv_open_full(src, mmproj, type, stderr, &c, &err)) {
         fprintf(stderr, "jlm convert: %s\n", err.msg);
         free(def);
         return 1;

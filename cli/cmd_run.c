@@ -128,9 +128,9 @@ int jlm_cmd_run(int argc, char **argv)
     int rc = parse(argc, argv, &o);
     if (rc)
         return rc;
-    if (jlm_cli_is_gguf(o.model)) {
-        fprintf(stderr, "jlm run: %s: a GGUF file; the engine reads .jlm containers: convert it with `jlm convert %s`\n",
-                o.model, o.model);
+    if (jlm_cli_source_kind(o.model)) {
+        fprintf(stderr, "jlm run: %s: %s; the engine reads .jlm containers: convert it with `jlm convert %s`\n",
+                o.model, jlm_cli_source_kind(o.model), o.model);
         return 1;
     }
     char *path = jlm_cli_container_path(o.model);
@@ -155,7 +155,9 @@ int jlm_cmd_run(int argc, char **argv)
     if (on_view)
         jlm_cli_report_open(&rep, e, rdb_path, rdb_key, "jlm run");
     const jlm_vocab *voc = &jlm_engine_model(e)->vocab;
-    if (jlm_tok_create(voc, &tok, &err)) {
+    if (voc->kind == JLM_VOCAB_NONE && o.ids) {
+        o.print_ids = 1;   /* no vocab (an HF folder without tokenizer files): ids in, ids out */
+    } else if (jlm_tok_create(voc, &tok, &err)) {
         fprintf(stderr, "jlm run: %s: tokenizer: %s\n", path, err.msg);
         goto out;
     }
@@ -192,7 +194,8 @@ int jlm_cmd_run(int argc, char **argv)
         goto out;
     }
     jlm_tok_stream ts;
-    jlm_tok_stream_init(&ts, tok, 0, voc->add_space_prefix && prompt[0] != voc->bos);
+    if (tok)
+        jlm_tok_stream_init(&ts, tok, 0, voc->add_space_prefix && prompt[0] != voc->bos);
     ts.strip_space = 0;   /* continuation of the prompt: keep the leading space */
     jlm_cli_gen g = {.e = e, .tok = tok, .s = s, .logits = logits, .rep = &rep, .ts = &ts,
                      .n_max = o.n_predict, .print = !o.print_ids};

@@ -42,11 +42,11 @@ static int eval_one(const jlm_cli_gen *g, int32_t id, float *logits, jlm_err *er
 
 int jlm_cli_generate(const jlm_cli_gen *g, int32_t *ids, size_t *n_ids, char **text, jlm_err *err)
 {
-    size_t cap = jlm_tok_max_piece_len(g->tok) + 8;
+    size_t cap = (g->tok ? jlm_tok_max_piece_len(g->tok) : 0) + 8;   /* no tok: a vocab-less container, ids only */
     char *piece = malloc(cap);
     textbuf t = {.p = text ? malloc(256) : NULL, .cap = 256};
     int rc = piece && (!text || t.p) ? 0 : JLM_ENOMEM;
-    int streams = g->print || text;
+    int streams = g->tok && (g->print || text);
     if (n_ids)
         *n_ids = 0;
     for (int i = 0; i < g->n_max && !rc; i++) {
@@ -54,7 +54,7 @@ int jlm_cli_generate(const jlm_cli_gen *g, int32_t *ids, size_t *n_ids, char **t
         if (ids)
             ids[(*n_ids)++] = id;
         jlm_samp_accept(g->s, id);
-        if (jlm_tok_is_eog(g->tok, id)) {
+        if (g->tok && jlm_tok_is_eog(g->tok, id)) {
             if (g->eval_eog)
                 rc = eval_one(g, id, NULL, err);
             break;

@@ -8,7 +8,7 @@
 typedef struct cmd { const char *name; int (*fn)(int, char **); const char *help; } cmd;
 
 static const cmd CMDS[] = {
-    {"convert",  jlm_cmd_convert,  "convert SRC.gguf [-o OUT.jlm] [--plan]   GGUF -> .jlm container"},
+    {"convert",  jlm_cmd_convert,  "convert SRC.gguf|DIR [-o OUT.jlm] [--plan]   GGUF or HF folder -> .jlm"},
     {"info",     jlm_cmd_info,     "info MODEL [--tensors] [--json]          what a container holds"},
     {"run",      jlm_cmd_run,      "run MODEL -p PROMPT [-n N] [-c CTX] [--temp T] [--top-k K] [--top-p P] [--min-p P] [--repeat-penalty R] [--seed S] [-t N] [--budget SIZE] [--stats] [--print-ids] [--logits FILE]"},
     {"tokenize", jlm_cmd_tokenize, "tokenize MODEL TEXT [--ids] [--no-bos] [--parse-special]"},

@@ -1,5 +1,6 @@
 /* util.c - small helpers shared by the subcommands. */
 #include "cli/cli.h"
+#include "converter/hf.h"
 
 #include <ctype.h>
 #include <stdio.h>
@@ -37,4 +38,9 @@ int jlm_cli_is_gguf(const char *path)
     size_t n = fread(m, 1, 4, f);
     fclose(f);
     return n == 4 && !memcmp(m, "GGUF", 4);
+}
+
+const char *jlm_cli_source_kind(const char *path)
+{
+    return jlm_cli_is_gguf(path) ? "a GGUF file" : jlm_hf_is_folder(path) ? "a Hugging Face folder" : NULL;
 }

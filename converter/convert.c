@@ -1,7 +1,9 @@
 /* convert.c - the conversion driver: GGUF -> mapped tensors -> plan (pass 1)
  * -> packed planes in OUT.part -> read-back checks -> rename (pass 2). */
 #include "converter/convert_int.h"
+#include "converter/hf.h"
 #include "converter/pack.h"
+#include "converter/quantize.h"
 #include "converter/vocab.h"
 #include "format/dequant.h"
 
@@ -29,9 +31,13 @@ static int add(jlm_conv *c, mapped *v, uint32_t *n, uint32_t gi, uint16_t role, 
     mapped *m = &v[(*n)++];
     memset(m, 0, sizeof *m);
     int exact;
-    int rc = jlm_pack_stored_type(gt->type, &m->t.type, &exact, err);
+    uint32_t qt = jlm_quant_choice(c->quant, gt->name.s, gt->n_dims, gt->ne[0], gt->type, c->config.n_layer,
+                                   c->config.n_expert);
+    int rc = jlm_pack_stored_type(qt, &m->t.type, &exact, err);
     if (rc)
         return jlm_err_prefix(err, rc, "%s: tensor '%s'", c->src_path, gt->name.s);
+    if (qt != gt->type)
+        m->s.qtype = qt;    /* --type: the read-back compares with the quantized source row */
     if (!exact && notes && row0 == 0)
         fprintf(notes, "note: %s: tensor '%s' is %s, stored as %s (re-quantized)\n", c->src_path, gt->name.s,
                 jlm_ggml_type_name(gt->type), jlm_fmt_type_traits(m->t.type)->name);
@@ -141,17 +147,32 @@ static int has_role(const jlm_conv *c, uint16_t role)
 
 int jlm_conv_open(const char *src_path, FILE *notes, jlm_conv **out, jlm_err *err)
 {
-    return jlm_conv_open_mm(src_path, NULL, notes, out, err);
+    return jlm_conv_open_full(src_path, NULL, NULL, notes, out, err);
 }
 
 int jlm_conv_open_mm(const char *src_path, const char *mm_path, FILE *notes, jlm_conv **out, jlm_err *err)
 {
+    return jlm_conv_open_full(src_path, mm_path, NULL, notes, out, err);
+}
+
+int jlm_conv_open_as(const char *src_path, const char *type, FILE *notes, jlm_conv **out, jlm_err *err)
+{
+    return jlm_conv_open_full(src_path, NULL, type, notes, out, err);
+}
+
+int jlm_conv_open_full(const char *src_path, const char *mm_path, const char *type, FILE *notes, jlm_conv **out,
+                       jlm_err *err)
+{
+    uint32_t quant = 0;
+    if (type && jlm_quant_parse(type, &quant, err))
+        return JLM_EUNSUPPORTED;
     jlm_conv *c = calloc(1, sizeof *c);
     if (!c || !(c->arena = jlm_arena_new())) {
         free(c);
         return jlm_errf(err, JLM_ENOMEM, "%s: out of memory", src_path);
     }
-    int rc = jlm_gguf_open(src_path, &c->g, err);
+    c->quant = quant;
+    int rc = jlm_hf_is_folder(src_path) ? jlm_hf_open(src_path, notes, &c->g, err) : jlm_gguf_open(src_path, &c->g, err);
     if (rc)
         goto fail;
     c->src_path = c->g->path;
@@ -207,6 +228,8 @@ char *jlm_conv_default_out(const char *src)
     if (!o)
         return NULL;
     memcpy(o, src, n + 1);
+    while (n > 1 && o[n - 1] == '/')   /* an HF folder: DIR/ -> DIR.jlm */
+        o[--n] = 0;
     if (n > 5 && !strcmp(o + n - 5, ".gguf"))
         o[n - 5] = 0;
     strcat(o, ".jlm");
@@ -218,6 +241,21 @@ char *jlm_conv_default_out(const char *src)
 static uint64_t src_row_bytes(uint32_t type, uint64_t k)
 {
     return k / jlm_ggml_block_elems(type) * jlm_ggml_block_bytes(type);
+}
+
+/* --type: source rows (F32/F16/BF16) -> f32 -> s->qtype blocks in *q (allocated once). */
+static int quantize_rows(const jlm_conv_src *s, const uint8_t *src, uint64_t k, uint64_t rows, uint8_t **q, jlm_err *err)
+{
+    uint64_t rb = src_row_bytes(s->src_type, k), qb = src_row_bytes(s->qtype, k);
+    float *f = malloc(k * sizeof *f);
+    if (!*q)
+        *q = malloc(qb * rows + 1);
+    int rc = f && *q ? 0 : jlm_errf(err, JLM_ENOMEM, "quantize: out of memory");
+    for (uint64_t r = 0; r < rows && !rc; r++)
+        if (!(rc = jlm_ggml_dequant_row(s->src_type, src + r * rb, f, k, err)))
+            rc = jlm_quant_row(s->qtype, f, *q + r * qb, k, err);
+    free(f);
+    return rc;
 }
 
 int jlm_conv_pack_tensor(jlm_conv *c, uint32_t i, int64_t expert, uint8_t *buf,
@@ -241,19 +279,22 @@ int jlm_conv_pack_tensor(jlm_conv *c, uint32_t i, int64_t expert, uint8_t *buf,
     uint64_t qo = t->qs_off + shift, dof = t->d_off + shift, so = t->sc_off + shift;
     if (qo < base || qo + pl.qs_len > base + len || dof + pl.d_len > base + len || so + pl.sc_len > base + len)
         return jlm_errf(err, JLM_EINVAL, "tensor '%s': planes outside the buffer", t->name.s);
-    uint8_t *src = malloc(rb * rows + 1);
+    uint8_t *src = malloc(rb * rows + 1), *q = NULL;
     if (!src)
         return jlm_errf(err, JLM_ENOMEM, "%s: out of memory packing '%s'", c->src_path, t->name.s);
     for (uint64_t sh = 0; sh < sheets && !rc; sh++) {
         uint64_t sheet = bank ? (uint64_t)expert : sh;
         uint64_t off = sheet * sheet_src + s->row0 * rb;
         rc = jlm_gguf_read(g, gt, off, src, rb * rows, err);
+        if (!rc && s->qtype)
+            rc = quantize_rows(s, src, k, rows, &q, err);
         if (!rc)
-            rc = jlm_pack_matrix(s->src_type, src, k, rows, t->type, buf + (qo - base) + sh * pl.sheet_qs,
+            rc = jlm_pack_matrix(s->qtype ? s->qtype : s->src_type, s->qtype ? q : src, k, rows, t->type, buf + (qo - base) + sh * pl.sheet_qs,
                                  buf + (dof - base) + sh * pl.sheet_d, buf + (so - base) + sh * pl.sheet_sc,
                                  t->name.s, err);
     }
     free(src);
+    free(q);
     if (rc)
         return jlm_err_prefix(err, rc, "%s", c->src_path);
     return JLM_OK;
@@ -295,7 +336,7 @@ static int verify(jlm_conv *c, const char *part, jlm_err *err)
         uint64_t nsheet = bank ? t->dims[2] : jlm_tensor_sheets(t);
         uint8_t *buf = malloc(len);
         float *a = malloc(k * sizeof *a), *b = malloc(k * sizeof *b);
-        uint8_t *srow = malloc(src_row_bytes(s->src_type, k));
+        uint8_t *srow = malloc(src_row_bytes(s->src_type, k)), *qrow = NULL;
         if (!buf || !a || !b || !srow)
             rc = jlm_errf(err, JLM_ENOMEM, "read-back: out of memory");
         jlm_tensor_planes pl;
@@ -318,14 +359,16 @@ static int verify(jlm_conv *c, const char *part, jlm_err *err)
                                       buf + (t->d_off - off) + in * pl.sheet_d,
                                       buf + (t->sc_off - off) + in * pl.sheet_sc, k, rows, rr[ri], a);
                 rc = jlm_gguf_read(g, gt, sh * rb * srows + (s->row0 + rr[ri]) * rb, srow, rb, err);
+                if (!rc && s->qtype)
+                    rc = quantize_rows(s, srow, k, 1, &qrow, err);
                 if (!rc)
-                    rc = jlm_ggml_dequant_row(s->src_type, srow, b, k, err);
+                    rc = jlm_ggml_dequant_row(s->qtype ? s->qtype : s->src_type, s->qtype ? qrow : srow, b, k, err);
                 if (!rc && memcmp(a, b, k * sizeof *a))
                     rc = jlm_errf(err, JLM_EIO, "%s: read-back: tensor '%s' row %llu differs from the source",
                                   part, t->name.s, (unsigned long long)rr[ri]);
             }
         }
-        free(buf); free(a); free(b); free(srow);
+        free(buf); free(a); free(b); free(srow); free(qrow);
     }
     jlm_fmt_close(m);
     return rc;

@@ -37,6 +37,7 @@ typedef struct jlm_conv_src {
     uint32_t src_type;      /* ggml type */
     int      exact;         /* 0: re-quantized (e.g. Q2_K) */
     int      from_mm;       /* 1: the tensor is the mmproj's (c->mm), not the text GGUF's */
+    uint32_t qtype;         /* --type: quantized to this ggml type at packing (0: as stored) */
 } jlm_conv_src;
 
 struct jlm_conv {
@@ -52,6 +53,7 @@ struct jlm_conv {
     const char     *src_path;
     jlm_gguf       *mm;        /* the vision projector GGUF (--mmproj), or NULL */
     jlm_vision      vision;    /* its vision record when mm != NULL */
+    uint32_t        quant;     /* --type target (ggml type), 0: keep */
 };
 
 /* Progress callback: bytes packed so far of total. */
@@ -68,6 +70,13 @@ void jlm_conv_close(jlm_conv *c);   /* accepts NULL */
  * (docs/vision.md). A projector whose output width is not the text model's
  * n_embd, an unknown projector type or tensor is refused, naming the file. */
 int  jlm_conv_open_mm(const char *src_path, const char *mmproj_path, FILE *notes, jlm_conv **out, jlm_err *err);
+
+/* The same, quantizing weights to `type` at packing ("keep" or NULL: as they
+ * are; "Q8_0", "Q6_K", "Q5_K_M", "Q4_K_M", "Q5_1", "Q5_0", "Q4_1", "Q4_0"), with llama-quantize's per-tensor choices (converter/quantize.h). */
+int  jlm_conv_open_as(const char *src_path, const char *type, FILE *notes, jlm_conv **out, jlm_err *err);
+/* Both: a vision tower (mmproj_path, or NULL) and a target type (or NULL). */
+int  jlm_conv_open_full(const char *src_path, const char *mmproj_path, const char *type, FILE *notes,
+                        jlm_conv **out, jlm_err *err);
 
 /* Pass 2: packs every tensor into OUT.part, verifies, renames to OUT. */
 int  jlm_conv_write(jlm_conv *c, const char *out_path, const jlm_io *io,

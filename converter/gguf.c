@@ -652,6 +652,9 @@ typedef struct gpriv {
     int           *fds;         /* one per part; NULL for an in-memory image */
     char         **paths;       /* one per part, for messages */
     const uint8_t *mem;
+    jlm_gguf_reader vread;      /* virtual handle: reads go here */
+    void          *vctx;
+    void         (*vfree)(void *);
 } gpriv;
 
 void jlm_gguf_close(jlm_gguf *g)
@@ -664,6 +667,8 @@ void jlm_gguf_close(jlm_gguf *g)
             if (pv->fds[i] >= 0)
                 close(pv->fds[i]);
         free(pv->fds);
+        if (pv->vfree)
+            pv->vfree(pv->vctx);
         free(pv->kv_idx.slot);
         free(pv->t_idx.slot);
         ar_free(&pv->ar);
@@ -732,6 +737,46 @@ int jlm_gguf_open_mem(const void *buf, size_t len, const char *what, jlm_gguf **
     pv->mem = buf;
     pv->paths[0] = g->path;
     g->total_bytes = len;
+    *out = g;
+    return 0;
+}
+
+int jlm_gguf_virtual(const char *path, jlm_gguf_kv *kv, uint64_t n_kv, jlm_gguf_tensor *t, uint64_t n_t,
+                     uint64_t total_bytes, jlm_gguf_reader read, void *ctx, void (*owner_free)(void *),
+                     jlm_gguf **out, jlm_err *err)
+{
+    jlm_gguf *g;
+    int rc = new_handle(path, 1, &g, err);
+    if (rc) {
+        owner_free(ctx);
+        return rc;
+    }
+    gpriv *pv = g->priv;
+    pv->vread = read;
+    pv->vctx = ctx;
+    pv->vfree = owner_free;
+    pv->paths[0] = g->path;
+    g->version = 3;
+    g->alignment = DEFAULT_ALIGN;
+    g->n_kv = n_kv;
+    g->kv = kv;
+    g->n_tensors = n_t;
+    g->tensors = t;
+    g->total_bytes = total_bytes;
+    if (hidx_init(&pv->kv_idx, kv, sizeof *kv, n_kv) || hidx_init(&pv->t_idx, t, sizeof *t, n_t)) {
+        jlm_gguf_close(g);
+        return jlm_errf(err, JLM_ENOMEM, "%s: tables", path);
+    }
+    for (uint64_t i = 0; i < n_kv && !rc; i++)
+        if (hidx_add(&pv->kv_idx, i) >= 0)
+            rc = jlm_errf(err, JLM_EFORMAT, "%s: duplicate key '%s'", path, kv[i].key.s);
+    for (uint64_t i = 0; i < n_t && !rc; i++)
+        if (hidx_add(&pv->t_idx, i) >= 0)
+            rc = jlm_errf(err, JLM_EFORMAT, "%s: duplicate tensor '%s'", path, t[i].name.s);
+    if (rc) {
+        jlm_gguf_close(g);
+        return rc;
+    }
     *out = g;
     return 0;
 }
@@ -1048,6 +1093,8 @@ int jlm_gguf_read(const jlm_gguf *g, const jlm_gguf_tensor *t, uint64_t off, voi
     if (off > t->n_bytes || n > t->n_bytes - off)
         return jlm_errf(err, JLM_EINVAL, "%s: tensor '%s': read [%" PRIu64 ", +%zu) past its %" PRIu64 " bytes",
                         pv->paths[t->part], t->name.s, off, n, t->n_bytes);
+    if (pv->vread)
+        return pv->vread(pv->vctx, (uint64_t)(t - g->tensors), off, buf, n, err);
     uint64_t at = t->data_off + off;   /* inside the part file: checked at open */
     if (pv->mem) {
         memcpy(buf, pv->mem + at, n);

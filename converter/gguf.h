@@ -87,6 +87,16 @@ int  jlm_gguf_open(const char *path, jlm_gguf **out, jlm_err *err);
 int  jlm_gguf_open_mem(const void *buf, size_t len, const char *what, jlm_gguf **out, jlm_err *err);
 void jlm_gguf_close(jlm_gguf *g);   /* accepts NULL */
 
+/* A handle over tables the caller built (the Hugging Face folder reader,
+ * converter/safetensors.c): kv and tensors (with names) must stay valid until
+ * close, when owner_free(ctx) runs (also on error). Reads go to read(ctx, i,
+ * off, buf, n) with i the tensor's index; data_off/part are the caller's.
+ * Keys and tensor names must be unique (JLM_EFORMAT naming the duplicate). */
+typedef int (*jlm_gguf_reader)(void *ctx, uint64_t i, uint64_t off, void *buf, size_t n, jlm_err *err);
+int  jlm_gguf_virtual(const char *path, jlm_gguf_kv *kv, uint64_t n_kv, jlm_gguf_tensor *t, uint64_t n_t,
+                      uint64_t total_bytes, jlm_gguf_reader read, void *ctx, void (*owner_free)(void *),
+                      jlm_gguf **out, jlm_err *err);
+
 /* Lookups: NULL if absent. */
 const jlm_gguf_kv     *jlm_gguf_find(const jlm_gguf *g, const char *key);
 const jlm_gguf_tensor *jlm_gguf_find_tensor(const jlm_gguf *g, const char *name);

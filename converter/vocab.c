@@ -434,6 +434,13 @@ static int build_eog(cv *c, jlm_vocab *v)
     set_add(&s, v->eos);
     set_add(&s, eot);
     set_add(&s, eom);
+    const jlm_gguf_kv *gk = jlm_gguf_find(c->g, "tokenizer.ggml.eog_token_ids");   /* HF generation_config.json */
+    for (uint64_t i = 0; gk && gk->type == GGUF_T_ARRAY && gk->arr_type == GGUF_T_I32 && i < gk->n; i++) {
+        int32_t id;
+        memcpy(&id, (const char *)gk->arr + 4 * i, 4);
+        if (id >= 0 && (uint32_t)id < v->n_tokens)
+            set_add(&s, id);
+    }
     int32_t end = set_find(v, &s, "<|end|>");
     int has_call = set_find(v, &s, "<|call|>") >= 0 || set_find(v, &s, "<|calls|>") >= 0;
     int has_ret_or_flush = set_find(v, &s, "<|return|>") >= 0 || set_find(v, &s, "<|flush|>") >= 0;

@@ -3,7 +3,7 @@
 # any is missing. Idempotent; needs root (or sudo) only when it installs.
 set -euo pipefail
 PKGS=(build-essential pkg-config libcriterion-dev libfuse3-dev fuse3 libsqlite3-dev sqlite3
-      libjansson-dev libutf8proc-dev libstb-dev zlib1g-dev libmicrohttpd-dev curl
+      libjansson-dev libutf8proc-dev libstb-dev zlib1g-dev libmicrohttpd-dev curl xz-utils
       chromium)   # chromium: tests/test_picture.c renders `jlm info --html` headless
 missing=()
 for p in "${PKGS[@]}"; do

@@ -29,17 +29,19 @@ typedef struct mp { char name[64]; } mp;
 
 static double tol_for(const char *m)
 {
-    if (strstr(m, "f32") || !strcmp(m, "stories260K")) return TOL_F32;
+    if (strstr(m, "f32") || !strcmp(m, "stories260K") || !strncmp(m, "hf/", 3)) return TOL_F32;
     if (strstr(m, "F16") || strstr(m, "tiny-random")) return TOL_F16;
     if (strstr(m, "Q2_K")) return TOL_Q2K;
     return TOL_QUANT;
 }
 
+/* name: a GGUF in tests/models, or "hf/X": the Hugging Face folder tests/models/hf/X. */
 static char *convert_model(const char *name, const char *dir)
 {
     char src[1024], *out = malloc(1024);
-    snprintf(src, sizeof src, "%s/tests/models/%s.gguf", tu_root(), name);
-    snprintf(out, 1024, "%s/%s.jlm", dir, name);
+    int hf = !strncmp(name, "hf/", 3);
+    snprintf(src, sizeof src, "%s/tests/models/%s%s", tu_root(), name, hf ? "" : ".gguf");
+    snprintf(out, 1024, "%s/%s.jlm", dir, hf ? name + 3 : name);
     jlm_conv *c;
     jlm_err err = {0};
     cr_assert_eq(jlm_conv_open(src, NULL, &c, &err), 0, "%s", err.msg);
@@ -48,10 +50,14 @@ static char *convert_model(const char *name, const char *dir)
     return out;
 }
 
+/* HF folders' oracles (llama.cpp after its convert_hf_to_gguf.py) are exact-mode runs too. */
 static json_t *oracle(const char *name)
 {
     char p[1024];
-    snprintf(p, sizeof p, "%s/tests/reference/oracle-%s.exact.json", tu_root(), name);
+    if (!strncmp(name, "hf/", 3))
+        snprintf(p, sizeof p, "%s/tests/reference/oracle-%s.json", tu_root(), name + 3);
+    else
+        snprintf(p, sizeof p, "%s/tests/reference/oracle-%s.exact.json", tu_root(), name);
     json_error_t je;
     json_t *j = json_load_file(p, JSON_ALLOW_NUL, &je);
     cr_assert(j, "%s: %s", p, je.text);
@@ -140,6 +146,7 @@ static mp MODELS[] = {
     {"synth-phi3-256.Q4_K_M"}, {"synth-llama-moe-256.F16"}, {"synth-llama-moe-256.Q4_K_M"},
     {"synth-llama-moe-256.MXFP4_MOE"}, {"synth-qwen3moe-256.Q4_K_M"}, {"synth-qwen3moe-256.Q8_0"},
     {"synth-olmoe-256.Q4_K_M"}, {"synth-gpt-oss-256.MXFP4_MOE"},
+    {"hf/tiny-phi3"}, {"hf/tiny-gemma3"}, {"hf/tiny-mixtral"},
 };
 
 ParameterizedTestParameters(engine, matches_llama_cpp_logits_and_confident_tokens)

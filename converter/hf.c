@@ -1,0 +1,869 @@
+/* hf.c - Hugging Face folder -> virtual GGUF handle (see hf.h).
+ *
+ * Phases: (1) config.json -> hfc (typed, per class, refusals by key);
+ * (2) hfc -> llama.cpp metadata keys; (3) every safetensors tensor -> a
+ * llama.cpp tensor name, a shape check against hfc and a row source (expert
+ * tensors are gathered into one stacked tensor); (4) the handle, whose reads
+ * go through vread (row permutation, dtype widening, norm + 1). */
+#include "converter/hf_int.h"
+#include "converter/safetensors.h"
+
+#include <inttypes.h>
+#include <math.h>
+#include <stdarg.h>
+#include <jansson.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+
+static const cls_def CLASSES[] = {
+    {"LlamaForCausalLM", "llama", FAM_LLAMA},     {"MistralForCausalLM", "llama", FAM_LLAMA},
+    {"MixtralForCausalLM", "llama", FAM_LLAMA},   {"Qwen2ForCausalLM", "qwen2", FAM_QWEN2},
+    {"Qwen3ForCausalLM", "qwen3", FAM_QWEN3},     {"Qwen3MoeForCausalLM", "qwen3moe", FAM_QWEN3MOE},
+    {"Gemma3ForCausalLM", "gemma3", FAM_GEMMA3},  {"Phi3ForCausalLM", "phi3", FAM_PHI3},
+};
+
+/* ---------------------------------------------------------------- phase 1: config.json */
+typedef struct cfgp { json_t *j; const char *path; jlm_err *err; } cfgp;
+
+/* An optional non-negative integer key (absent or null: def). */
+static int c_u32(cfgp *p, const char *key, uint32_t def, uint32_t *out)
+{
+    json_t *v = json_object_get(p->j, key);
+    if (!v || json_is_null(v)) {
+        *out = def;
+        return 0;
+    }
+    if (!json_is_integer(v) || json_integer_value(v) < 0 || json_integer_value(v) > 0x7fffffff)
+        return jlm_errf(p->err, JLM_EFORMAT, "%s: '%s' is not an integer in 0..2^31", p->path, key);
+    *out = (uint32_t)json_integer_value(v);
+    return 0;
+}
+
+static int c_req(cfgp *p, const char *key, uint32_t *out)
+{
+    int rc = c_u32(p, key, 0, out);
+    if (!rc && *out == 0)
+        return jlm_errf(p->err, JLM_EFORMAT, "%s: '%s' is missing or 0", p->path, key);
+    return rc;
+}
+
+static int c_num(cfgp *p, const char *key, double def, double *out)
+{
+    json_t *v = json_object_get(p->j, key);
+    if (!v || json_is_null(v)) {
+        *out = def;
+        return 0;
+    }
+    if (!json_is_number(v))
+        return jlm_errf(p->err, JLM_EFORMAT, "%s: '%s' is not a number", p->path, key);
+    *out = json_number_value(v);
+    return 0;
+}
+
+static int c_bool(cfgp *p, const char *key, int def, int *out)
+{
+    json_t *v = json_object_get(p->j, key);
+    if (!v || json_is_null(v)) {
+        *out = def;
+        return 0;
+    }
+    if (!json_is_boolean(v))
+        return jlm_errf(p->err, JLM_EFORMAT, "%s: '%s' is not a boolean", p->path, key);
+    *out = json_is_true(v);
+    return 0;
+}
+
+/* A key the engine cannot honour unless it has the neutral value. */
+static int c_refuse_unless(cfgp *p, const char *key, const char *ok1, const char *ok2)
+{
+    json_t *v = json_object_get(p->j, key);
+    if (!v || json_is_null(v) || json_is_false(v))
+        return 0;
+    const char *s = json_string_value(v);
+    if (s && ((ok1 && !strcmp(s, ok1)) || (ok2 && !strcmp(s, ok2))))
+        return 0;
+    return jlm_errf(p->err, JLM_EUNSUPPORTED, "%s: '%s' = %s is not supported", p->path, key,
+                    s ? s : json_is_true(v) ? "true" : "a value other than null");
+}
+
+static int cfg_class(cfgp *p, hfc *c)
+{
+    json_t *a = json_object_get(p->j, "architectures");
+    const char *name = json_string_value(json_array_get(a, 0));
+    if (!name || json_array_size(a) != 1)
+        return jlm_errf(p->err, JLM_EFORMAT, "%s: 'architectures' is not a list of one class name", p->path);
+    for (size_t i = 0; i < sizeof CLASSES / sizeof CLASSES[0]; i++)
+        if (!strcmp(name, CLASSES[i].hf)) {
+            c->cls = &CLASSES[i];
+            return 0;
+        }
+    return jlm_errf(p->err, JLM_EUNSUPPORTED,
+                    "%s: architecture class '%.100s' is not supported (supported: LlamaForCausalLM, MistralForCausalLM, "
+                    "MixtralForCausalLM, Qwen2ForCausalLM, Qwen3ForCausalLM, Qwen3MoeForCausalLM, Gemma3ForCausalLM, "
+                    "Phi3ForCausalLM)", p->path, name);
+}
+
+static int cfg_sizes(cfgp *p, hfc *c)
+{
+    int rc;
+    if ((rc = c_req(p, "num_hidden_layers", &c->n_layer)) || (rc = c_req(p, "hidden_size", &c->n_embd)) ||
+        (rc = c_req(p, "num_attention_heads", &c->n_head)) || (rc = c_req(p, "vocab_size", &c->n_vocab)) ||
+        (rc = c_req(p, "intermediate_size", &c->n_ffn)) || (rc = c_u32(p, "num_key_value_heads", c->n_head, &c->n_kv)) ||
+        (rc = c_u32(p, "max_position_embeddings", 0, &c->n_ctx)) || (rc = c_u32(p, "head_dim", 0, &c->head_dim)))
+        return rc;
+    if (c->n_layer > 100000 || c->n_head > 4096 || c->n_kv == 0 || c->n_kv > c->n_head || c->n_head % c->n_kv)
+        return jlm_errf(p->err, JLM_EFORMAT, "%s: num_hidden_layers %u / num_attention_heads %u / num_key_value_heads %u "
+                        "out of range", p->path, c->n_layer, c->n_head, c->n_kv);
+    c->head_dim_given = c->head_dim != 0;
+    if (!c->head_dim)
+        c->head_dim = c->n_embd / c->n_head;
+    if (!c->head_dim || c->head_dim > 4096)
+        return jlm_errf(p->err, JLM_EFORMAT, "%s: head_dim %u out of range", p->path, c->head_dim);
+    c->n_rot = c->head_dim;
+    return 0;
+}
+
+static int cfg_moe(cfgp *p, hfc *c)
+{
+    int rc, fam = c->cls->fam;
+    uint32_t step;
+    int norm;
+    if (!strcmp(c->cls->hf, "MixtralForCausalLM")) {
+        if ((rc = c_req(p, "num_local_experts", &c->n_expert)) || (rc = c_req(p, "num_experts_per_tok", &c->n_expert_used)))
+            return rc;
+        c->n_ffn_exp = c->n_ffn;
+    } else if (fam == FAM_QWEN3MOE) {
+        if ((rc = c_req(p, "num_experts", &c->n_expert)) || (rc = c_req(p, "num_experts_per_tok", &c->n_expert_used)) ||
+            (rc = c_req(p, "moe_intermediate_size", &c->n_ffn_exp)) || (rc = c_u32(p, "decoder_sparse_step", 1, &step)) ||
+            (rc = c_bool(p, "norm_topk_prob", 1, &norm)))
+            return rc;
+        json_t *mlp_only = json_object_get(p->j, "mlp_only_layers");
+        if (step != 1 || !norm || json_array_size(mlp_only))
+            return jlm_errf(p->err, JLM_EUNSUPPORTED, "%s: decoder_sparse_step %u / norm_topk_prob false / mlp_only_layers "
+                            "are not supported", p->path, step);
+    }
+    if (c->n_expert && (c->n_expert > 4096 || c->n_expert_used > c->n_expert))
+        return jlm_errf(p->err, JLM_EFORMAT, "%s: %u experts, %u used: out of range", p->path, c->n_expert, c->n_expert_used);
+    return 0;
+}
+
+static int cfg_family(cfgp *p, hfc *c)
+{
+    int rc, fam = c->cls->fam;
+    double pre, partial;
+    if (fam == FAM_GEMMA3) {
+        if ((rc = c_refuse_unless(p, "hidden_activation", "gelu_pytorch_tanh", NULL)) ||
+            (rc = c_u32(p, "sliding_window", 0, &c->swa)) || (rc = c_u32(p, "sliding_window_pattern", 6, &c->swa_pattern)) ||
+            (rc = c_num(p, "rope_local_base_freq", 10000.0, &c->theta_swa)) ||
+            (rc = c_num(p, "attn_logit_softcapping", 0, &c->attn_softcap)) ||
+            (rc = c_num(p, "final_logit_softcapping", 0, &c->final_softcap)) ||
+            (rc = c_num(p, "query_pre_attn_scalar", c->head_dim, &pre)))
+            return rc;
+        if (pre != c->head_dim)
+            return jlm_errf(p->err, JLM_EUNSUPPORTED, "%s: query_pre_attn_scalar %g differs from head_dim %u: not supported",
+                            p->path, pre, c->head_dim);
+        return 0;
+    }
+    if ((rc = c_refuse_unless(p, "hidden_act", "silu", NULL)) || (rc = c_refuse_unless(p, "attention_bias", NULL, NULL)) ||
+        (rc = c_refuse_unless(p, "mlp_bias", NULL, NULL)))
+        return rc;
+    if (fam == FAM_PHI3) {
+        if ((rc = c_num(p, "partial_rotary_factor", 1.0, &partial)))
+            return rc;
+        c->n_rot = (uint32_t)(c->head_dim * partial);
+        if (partial <= 0 || partial > 1 || c->n_rot % 2)
+            return jlm_errf(p->err, JLM_EFORMAT, "%s: partial_rotary_factor %g out of range", p->path, partial);
+    }
+    return 0;
+}
+
+/* rope_scaling: null, linear, yarn (factor, original_max_position_embeddings) or
+ * llama3 (llama family: a generated rope_freqs tensor, section 3 of docs/safetensors.md). */
+static int cfg_rope(cfgp *p, hfc *c)
+{
+    json_t *r = json_object_get(p->j, "rope_scaling");
+    if (!r || json_is_null(r))
+        return 0;
+    const char *ty = json_string_value(json_object_get(r, "rope_type"));
+    if (!ty)
+        ty = json_string_value(json_object_get(r, "type"));
+    cfgp q = {r, p->path, p->err};
+    int rc = c_num(&q, "factor", 0, &c->rope_factor);
+    if (!rc && (!ty || !strcmp(ty, "default")))
+        return 0;
+    if (!rc && !strcmp(ty, "linear"))
+        c->rope_kind = 1;
+    else if (!rc && !strcmp(ty, "yarn") && !json_object_get(r, "beta_fast") && !json_object_get(r, "beta_slow") &&
+             !json_object_get(r, "attention_factor") && !json_object_get(r, "mscale"))
+        c->rope_kind = 2;
+    else if (!rc && !strcmp(ty, "llama3") && c->cls->fam == FAM_LLAMA)
+        c->rope_kind = 3;
+    else if (!rc)
+        return jlm_errf(p->err, JLM_EUNSUPPORTED, "%s: rope_scaling type '%.40s'%s is not supported", p->path, ty,
+                        !strcmp(ty, "yarn") ? " with beta_fast/beta_slow/attention_factor/mscale" : "");
+    if (!rc && c->rope_kind == 3 && !json_object_get(r, "factor"))
+        c->rope_factor = 8.0;
+    if (!rc && !(c->rope_factor > 0 && c->rope_factor < 1e6))
+        return jlm_errf(p->err, JLM_EFORMAT, "%s: rope_scaling.factor %g out of range", p->path, c->rope_factor);
+    if (rc || (rc = c_num(&q, "low_freq_factor", 1.0, &c->rope_low)) || (rc = c_num(&q, "high_freq_factor", 4.0, &c->rope_high)) ||
+        (rc = c_u32(&q, "original_max_position_embeddings", c->rope_kind == 3 ? 8192 : c->n_ctx, &c->rope_orig_ctx)))
+        return rc;
+    if (c->rope_kind == 3 && !(c->rope_low > 0 && c->rope_high > c->rope_low && c->rope_orig_ctx))
+        return jlm_errf(p->err, JLM_EFORMAT, "%s: rope_scaling low/high_freq_factor or original_max_position_embeddings "
+                        "out of range", p->path);
+    return 0;
+}
+
+static int cfg_parse(json_t *j, const char *path, hfc *c, jlm_err *err)
+{
+    cfgp p = {j, path, err};
+    memset(c, 0, sizeof *c);
+    if (!json_is_object(j))
+        return jlm_errf(err, JLM_EFORMAT, "%s: not a JSON object", path);
+    int rc;
+    if ((rc = cfg_class(&p, c)) || (rc = cfg_sizes(&p, c)) || (rc = cfg_moe(&p, c)) || (rc = cfg_family(&p, c)) ||
+        (rc = c_num(&p, "rms_norm_eps", 1e-6, &c->eps)) || (rc = c_num(&p, "rope_theta", 10000.0, &c->theta)) ||
+        (rc = c_bool(&p, "tie_word_embeddings", c->cls->fam == FAM_GEMMA3, &c->tied)) ||
+        (rc = cfg_rope(&p, c)))
+        return rc;
+    if (!(c->eps > 0 && c->eps < 1) || !(c->theta > 0 && c->theta < 1e12))
+        return jlm_errf(err, JLM_EFORMAT, "%s: rms_norm_eps %g / rope_theta %g out of range", path, c->eps, c->theta);
+    return 0;
+}
+
+/* ---------------------------------------------------------------- the virtual model */
+static void hf_free(void *p)
+{
+    hf *h = p;
+    if (!h)
+        return;
+    for (uint64_t i = 0; i < h->n_own; i++)
+        free(h->own[i]);
+    for (uint64_t i = 0; i < h->n_t; i++)
+        free(h->src[i].seg);
+    free(h->own); free(h->kv); free(h->t); free(h->src);
+    jlm_st_close(h->st);
+    free(h);
+}
+
+static int more(void **v, uint64_t *cap, uint64_t n, size_t sz)
+{
+    if (n < *cap)
+        return 1;
+    uint64_t nc = *cap ? *cap * 2 : 64;
+    void *p = realloc(*v, nc * sz);
+    if (!p)
+        return 0;
+    *v = p;
+    *cap = nc;
+    return 1;
+}
+
+char *jlm_hf_own(hf *h, const char *fmt, ...)
+{
+    va_list ap;
+    va_start(ap, fmt);
+    char *s = NULL;
+    int n = vasprintf(&s, fmt, ap);
+    va_end(ap);
+    return jlm_hf_keep(h, n < 0 ? NULL : s);
+}
+
+void *jlm_hf_keep(hf *h, void *p)
+{
+    if (!p || !more((void **)&h->own, &h->cap_own, h->n_own, sizeof *h->own)) {
+        free(p);
+        return NULL;
+    }
+    h->own[h->n_own++] = p;
+    return p;
+}
+
+/* ---------------------------------------------------------------- phase 2: metadata */
+jlm_gguf_kv *jlm_hf_kv(hf *h, const char *key, int arch_key, uint32_t type)
+{
+    char *k = arch_key ? jlm_hf_own(h, "%s.%s", h->c.cls->gguf, key) : jlm_hf_own(h, "%s", key);
+    if (!k || !more((void **)&h->kv, &h->cap_kv, h->n_kv, sizeof *h->kv))
+        return NULL;
+    jlm_gguf_kv *kv = &h->kv[h->n_kv++];
+    memset(kv, 0, sizeof *kv);
+    kv->key.s = k;
+    kv->key.len = strlen(k);
+    kv->type = type;
+    kv->n = 1;
+    return kv;
+}
+
+static int kv_u32(hf *h, const char *key, uint32_t v)
+{
+    jlm_gguf_kv *kv = jlm_hf_kv(h, key, 1, GGUF_T_U32);
+    if (kv)
+        kv->v.u = v;
+    return kv ? 0 : JLM_ENOMEM;
+}
+
+static int kv_f32(hf *h, const char *key, double v)
+{
+    jlm_gguf_kv *kv = jlm_hf_kv(h, key, 1, GGUF_T_F32);
+    if (kv)
+        kv->v.f = (float)v;
+    return kv ? 0 : JLM_ENOMEM;
+}
+
+int jlm_hf_kv_str(hf *h, const char *key, const char *v)
+{
+    jlm_gguf_kv *kv = jlm_hf_kv(h, key, 0, GGUF_T_STRING);
+    char *s = kv ? jlm_hf_own(h, "%s", v) : NULL;
+    if (s) {
+        kv->v.str.s = s;
+        kv->v.str.len = strlen(s);
+    }
+    return s ? 0 : JLM_ENOMEM;
+}
+
+static int metadata(hf *h)
+{
+    const hfc *c = &h->c;
+    int rc = jlm_hf_kv_str(h, "general.architecture", c->cls->gguf) ||
+             kv_u32(h, "block_count", c->n_layer) || kv_u32(h, "embedding_length", c->n_embd) ||
+             kv_u32(h, "feed_forward_length", c->n_ffn) || kv_u32(h, "attention.head_count", c->n_head) ||
+             kv_u32(h, "attention.head_count_kv", c->n_kv) || kv_u32(h, "context_length", c->n_ctx) ||
+             kv_u32(h, "vocab_size", c->n_vocab) || kv_f32(h, "attention.layer_norm_rms_epsilon", c->eps) ||
+             kv_f32(h, "rope.freq_base", c->theta);
+    if (!rc && c->head_dim_given)
+        rc = kv_u32(h, "attention.key_length", c->head_dim) || kv_u32(h, "attention.value_length", c->head_dim);
+    if (!rc && c->n_rot != c->head_dim)
+        rc = kv_u32(h, "rope.dimension_count", c->n_rot);
+    if (!rc && (c->rope_kind == 1 || c->rope_kind == 2)) {
+        jlm_gguf_kv *kv = jlm_hf_kv(h, "rope.scaling.type", 1, GGUF_T_STRING);
+        char *ty = kv ? jlm_hf_own(h, "%s", c->rope_kind == 1 ? "linear" : "yarn") : NULL;
+        if (ty) {
+            kv->v.str.s = ty;
+            kv->v.str.len = strlen(ty);
+        }
+        rc = !ty || kv_f32(h, "rope.scaling.factor", c->rope_factor) ||
+             (c->rope_kind == 2 && kv_u32(h, "rope.scaling.original_context_length", c->rope_orig_ctx));
+    }
+    if (!rc && c->n_expert)
+        rc = kv_u32(h, "expert_count", c->n_expert) || kv_u32(h, "expert_used_count", c->n_expert_used) ||
+             kv_u32(h, "expert_feed_forward_length", c->n_ffn_exp);
+    if (!rc && c->cls->fam == FAM_GEMMA3) {
+        rc = kv_f32(h, "rope.freq_base_swa", c->theta_swa);
+        if (!rc && c->swa)
+            rc = kv_u32(h, "attention.sliding_window", c->swa) || kv_u32(h, "attention.sliding_window_pattern", c->swa_pattern);
+        if (!rc && c->attn_softcap)
+            rc = kv_f32(h, "attn_logit_softcapping", c->attn_softcap);
+        if (!rc && c->final_softcap)
+            rc = kv_f32(h, "final_logit_softcapping", c->final_softcap);
+    }
+    return rc ? jlm_errf(h->err, JLM_ENOMEM, "%s: metadata", h->dir) : 0;
+}
+
+/* ---------------------------------------------------------------- phase 3: tensors */
+enum { SH_EMBD, SH_VEC, SH_Q, SH_KV, SH_O, SH_QB, SH_KVB, SH_HEAD, SH_UP, SH_DOWN, SH_QKV, SH_UP2,
+       SH_ROUTER, SH_XUP, SH_XDOWN, SH_SKIP };
+enum { P_Q = 1, P_K = 2, EXPERT = 4, LLAMA_ONLY_PERM = 8 };
+
+typedef struct name_map { const char *hf, *gguf; int shape, flags; } name_map;
+
+/* model.layers.N.<hf> -> blk.N.<gguf>. Gemma3's own names come first for it. */
+static const name_map GEMMA_BLOCK[] = {
+    {"post_attention_layernorm.weight", "post_attention_norm.weight", SH_VEC, 0},
+    {"pre_feedforward_layernorm.weight", "ffn_norm.weight", SH_VEC, 0},
+    {"post_feedforward_layernorm.weight", "post_ffw_norm.weight", SH_VEC, 0},
+};
+static const name_map BLOCK[] = {
+    {"input_layernorm.weight", "attn_norm.weight", SH_VEC, 0},
+    {"post_attention_layernorm.weight", "ffn_norm.weight", SH_VEC, 0},
+    {"self_attn.q_proj.weight", "attn_q.weight", SH_Q, P_Q},
+    {"self_attn.k_proj.weight", "attn_k.weight", SH_KV, P_K},
+    {"self_attn.v_proj.weight", "attn_v.weight", SH_KV, 0},
+    {"self_attn.o_proj.weight", "attn_output.weight", SH_O, 0},
+    {"self_attn.q_proj.bias", "attn_q.bias", SH_QB, 0},
+    {"self_attn.k_proj.bias", "attn_k.bias", SH_KVB, 0},
+    {"self_attn.v_proj.bias", "attn_v.bias", SH_KVB, 0},
+    {"self_attn.q_norm.weight", "attn_q_norm.weight", SH_HEAD, 0},
+    {"self_attn.k_norm.weight", "attn_k_norm.weight", SH_HEAD, 0},
+    {"self_attn.qkv_proj.weight", "attn_qkv.weight", SH_QKV, 0},
+    {"self_attn.rotary_emb.inv_freq", NULL, SH_SKIP, 0},
+    {"mlp.gate_proj.weight", "ffn_gate.weight", SH_UP, 0},
+    {"mlp.up_proj.weight", "ffn_up.weight", SH_UP, 0},
+    {"mlp.down_proj.weight", "ffn_down.weight", SH_DOWN, 0},
+    {"mlp.gate_up_proj.weight", "ffn_up.weight", SH_UP2, 0},
+    {"mlp.gate.weight", "ffn_gate_inp.weight", SH_ROUTER, 0},
+    {"block_sparse_moe.gate.weight", "ffn_gate_inp.weight", SH_ROUTER, 0},
+};
+/* model.layers.N.<prefix>.E.<hf> -> blk.N.<gguf>, stacked over E. */
+static const struct { const char *prefix, *hf, *gguf; int shape; } EXPERTS[] = {
+    {"mlp.experts.", "gate_proj.weight", "ffn_gate_exps.weight", SH_XUP},
+    {"mlp.experts.", "up_proj.weight", "ffn_up_exps.weight", SH_XUP},
+    {"mlp.experts.", "down_proj.weight", "ffn_down_exps.weight", SH_XDOWN},
+    {"block_sparse_moe.experts.", "w1.weight", "ffn_gate_exps.weight", SH_XUP},
+    {"block_sparse_moe.experts.", "w3.weight", "ffn_up_exps.weight", SH_XUP},
+    {"block_sparse_moe.experts.", "w2.weight", "ffn_down_exps.weight", SH_XDOWN},
+};
+static const name_map GLOBAL[] = {
+    {"model.embed_tokens.weight", "token_embd.weight", SH_EMBD, 0},
+    {"lm_head.weight", "output.weight", SH_EMBD, 0},
+    {"model.norm.weight", "output_norm.weight", SH_VEC, 0},
+};
+
+/* Expected HF shape [rows, cols] (cols 0: a vector of rows). */
+static void expect(const hfc *c, int shape, uint64_t *rows, uint64_t *cols)
+{
+    uint64_t q = (uint64_t)c->n_head * c->head_dim, kv = (uint64_t)c->n_kv * c->head_dim, E = c->n_embd;
+    uint64_t r = 0, k = E;
+    switch (shape) {
+    case SH_EMBD:   r = c->n_vocab; break;
+    case SH_VEC:    r = E; k = 0; break;
+    case SH_Q:      r = q; break;
+    case SH_KV:     r = kv; break;
+    case SH_O:      r = E; k = q; break;
+    case SH_QB:     r = q; k = 0; break;
+    case SH_KVB:    r = kv; k = 0; break;
+    case SH_HEAD:   r = c->head_dim; k = 0; break;
+    case SH_UP:     r = c->n_ffn; break;
+    case SH_DOWN:   r = E; k = c->n_ffn; break;
+    case SH_QKV:    r = q + 2 * kv; break;
+    case SH_UP2:    r = 2 * (uint64_t)c->n_ffn; break;
+    case SH_ROUTER: r = c->n_expert; break;
+    case SH_XUP:    r = c->n_ffn_exp; break;
+    case SH_XDOWN:  r = E; k = c->n_ffn_exp; break;
+    }
+    *rows = r;
+    *cols = k;
+}
+
+static int check_shape(hf *h, const jlm_st_tensor *t, int shape)
+{
+    uint64_t rows, cols;
+    expect(&h->c, shape, &rows, &cols);
+    int ok = cols ? t->n_dims == 2 && t->shape[0] == rows && t->shape[1] == cols
+                  : t->n_dims == 1 && t->shape[0] == rows;
+    if (ok && rows)
+        return 0;
+    char got[96];
+    int n = snprintf(got, sizeof got, "[");
+    for (uint32_t d = 0; d < t->n_dims && n < 80; d++)
+        n += snprintf(got + n, sizeof got - n, "%s%" PRIu64, d ? ", " : "", t->shape[d]);
+    snprintf(got + n, sizeof got - n, "]");
+    if (cols)
+        return jlm_errf(h->err, JLM_EFORMAT, "%s: tensor '%s' has shape %s, config.json gives [%" PRIu64 ", %" PRIu64 "]",
+                        jlm_st_file(h->st, t->file), t->name, got, rows, cols);
+    return jlm_errf(h->err, JLM_EFORMAT, "%s: tensor '%s' has shape %s, config.json gives [%" PRIu64 "]",
+                    jlm_st_file(h->st, t->file), t->name, got, rows);
+}
+
+static jlm_gguf_tensor *find_made(hf *h, const char *name, uint64_t *i)
+{
+    for (uint64_t k = 0; k < h->n_t; k++)
+        if (!strcmp(h->t[k].name.s, name)) {
+            *i = k;
+            return &h->t[k];
+        }
+    return NULL;
+}
+
+/* A new virtual tensor over n_seg sources of rows x cols (cols 0: a vector). */
+static int make(hf *h, const char *name, const jlm_st_tensor *t, uint32_t n_seg, int flags)
+{
+    if (!more((void **)&h->t, &h->cap_t, h->n_t, sizeof *h->t) ||
+        !more((void **)&h->src, &h->cap_src, h->n_t, sizeof *h->src) ||
+        !(name = jlm_hf_own(h, "%s", name)))
+        return jlm_errf(h->err, JLM_ENOMEM, "%s: tensor table", h->dir);
+    jlm_gguf_tensor *g = &h->t[h->n_t];
+    vsrc *s = &h->src[h->n_t];
+    memset(g, 0, sizeof *g);
+    memset(s, 0, sizeof *s);
+    if (!(s->seg = calloc(n_seg, sizeof *s->seg)))
+        return jlm_errf(h->err, JLM_ENOMEM, "%s: tensor table", h->dir);
+    h->n_t++;
+    int vec = t->n_dims == 1;
+    uint32_t type = vec ? GGML_F32 : t->dtype;   /* 1-D: F32, as llama.cpp writes them */
+    s->n_seg = n_seg;
+    s->row_len = t->shape[vec ? 0 : 1];
+    s->seg_rows = vec ? 1 : t->shape[0];
+    s->add_one = h->c.cls->fam == FAM_GEMMA3 && vec && strstr(name, "norm.weight");
+    if (h->c.cls->fam == FAM_LLAMA && (flags & (P_Q | P_K)))
+        s->perm_heads = flags & P_Q ? h->c.n_head : h->c.n_kv;
+    if (s->perm_heads && (s->seg_rows % s->perm_heads || (s->seg_rows / s->perm_heads) % 2))
+        return jlm_errf(h->err, JLM_EFORMAT, "%s: tensor '%s': %" PRIu64 " rows do not split into %u heads of even size",
+                        jlm_st_file(h->st, t->file), t->name, s->seg_rows, s->perm_heads);
+    g->name.s = name;
+    g->name.len = strlen(name);
+    g->type = type;
+    g->n_dims = vec ? 1 : n_seg > 1 || (flags & EXPERT) ? 3 : 2;
+    g->ne[0] = s->row_len;
+    g->ne[1] = vec ? 1 : s->seg_rows;
+    g->ne[2] = n_seg;
+    g->ne[3] = 1;
+    g->n_bytes = s->row_len * s->seg_rows * n_seg * jlm_ggml_block_bytes(type);
+    return 0;
+}
+
+/* "model.layers.N.rest" -> N and rest; 0 if not a layer tensor. */
+static int layer_of(const char *name, uint32_t *blk, const char **rest)
+{
+    static const char P[] = "model.layers.";
+    if (strncmp(name, P, sizeof P - 1))
+        return 0;
+    char *end;
+    const char *d = name + sizeof P - 1;
+    if (*d < '0' || *d > '9')
+        return 0;
+    unsigned long b = strtoul(d, &end, 10);
+    if (*end != '.' || b > 1000000)
+        return 0;
+    *blk = (uint32_t)b;
+    *rest = end + 1;
+    return 1;
+}
+
+/* An expert tensor: stacks it into blk.N.<gguf>; 1 if handled, <0 on error. */
+static int map_expert(hf *h, const jlm_st_tensor *t, uint32_t blk, const char *rest)
+{
+    for (size_t i = 0; i < sizeof EXPERTS / sizeof EXPERTS[0]; i++) {
+        size_t pl = strlen(EXPERTS[i].prefix);
+        if (strncmp(rest, EXPERTS[i].prefix, pl))
+            continue;
+        char *end;
+        unsigned long e = strtoul(rest + pl, &end, 10);
+        if (end == rest + pl || *end != '.' || strcmp(end + 1, EXPERTS[i].hf))
+            continue;
+        if (!h->c.n_expert || e >= h->c.n_expert)
+            return jlm_errf(h->err, JLM_EFORMAT, "%s: tensor '%s': expert %lu of %u", jlm_st_file(h->st, t->file), t->name,
+                            e, h->c.n_expert);
+        int rc = check_shape(h, t, EXPERTS[i].shape);
+        if (rc)
+            return rc;
+        char name[96];
+        snprintf(name, sizeof name, "blk.%u.%s", blk, EXPERTS[i].gguf);
+        uint64_t k;
+        if (!find_made(h, name, &k)) {
+            if ((rc = make(h, name, t, h->c.n_expert, EXPERT)))
+                return rc;
+            k = h->n_t - 1;
+        }
+        const jlm_st_tensor *first = NULL;
+        for (uint32_t s = 0; s < h->src[k].n_seg && !first; s++)
+            first = h->src[k].seg[s];
+        if (first && first->dtype != t->dtype)
+            return jlm_errf(h->err, JLM_EFORMAT, "%s: tensor '%s': dtype differs from '%s'", jlm_st_file(h->st, t->file),
+                            t->name, first->name);
+        h->src[k].seg[e] = t;
+        return 1;
+    }
+    return 0;
+}
+
+static const name_map *lookup(const name_map *m, size_t n, const char *name)
+{
+    for (size_t i = 0; i < n; i++)
+        if (!strcmp(m[i].hf, name))
+            return &m[i];
+    return NULL;
+}
+
+static int map_one(hf *h, const jlm_st_tensor *t)
+{
+    uint32_t blk;
+    const char *rest;
+    const name_map *m = NULL;
+    char name[160];
+    if (layer_of(t->name, &blk, &rest)) {
+        if (blk >= h->c.n_layer)
+            return jlm_errf(h->err, JLM_EFORMAT, "%s: tensor '%s' is in layer %u, config.json has num_hidden_layers %u",
+                            jlm_st_file(h->st, t->file), t->name, blk, h->c.n_layer);
+        int rc = map_expert(h, t, blk, rest);
+        if (rc)
+            return rc < 0 ? rc : 0;
+        if (h->c.cls->fam == FAM_GEMMA3)
+            m = lookup(GEMMA_BLOCK, sizeof GEMMA_BLOCK / sizeof GEMMA_BLOCK[0], rest);
+        if (!m)
+            m = lookup(BLOCK, sizeof BLOCK / sizeof BLOCK[0], rest);
+        if (m && m->gguf)
+            snprintf(name, sizeof name, "blk.%u.%s", blk, m->gguf);
+    } else {
+        m = lookup(GLOBAL, sizeof GLOBAL / sizeof GLOBAL[0], t->name);
+        if (m)
+            snprintf(name, sizeof name, "%s", m->gguf);
+    }
+    if (!m)
+        return jlm_errf(h->err, JLM_EUNSUPPORTED, "%s: tensor '%s' is not known for %s", jlm_st_file(h->st, t->file),
+                        t->name, h->c.cls->hf);
+    if (m->shape == SH_SKIP)
+        return 0;
+    if (!strcmp(t->name, "lm_head.weight") && h->c.tied)
+        return 0;                 /* tied: transformers uses the embeddings */
+    int rc = check_shape(h, t, m->shape);
+    if (!rc)
+        rc = make(h, name, t, 1, m->flags);
+    if (!rc)
+        h->src[h->n_t - 1].seg[0] = t;
+    return rc;
+}
+
+/* Every stacked tensor got all its experts; untied models have lm_head. */
+static int check_complete(hf *h)
+{
+    for (uint64_t i = 0; i < h->n_t; i++)
+        for (uint32_t s = 0; s < h->src[i].n_seg; s++)
+            if (!h->src[i].seg[s])
+                return jlm_errf(h->err, JLM_EFORMAT, "%s: %s: expert %u has no tensor", h->dir, h->t[i].name.s, s);
+    uint64_t k;
+    if (!h->c.tied && !find_made(h, "output.weight", &k))
+        return jlm_errf(h->err, JLM_EFORMAT, "%s: config.json: tie_word_embeddings is false but there is no lm_head.weight",
+                        h->dir);
+    return 0;
+}
+
+/* llama.cpp's LlamaModel.generate_extra_tensors for rope_type llama3, in
+ * float32 as torch computes it: the per-frequency divisors of rope_freqs. */
+static int llama3_rope_freqs(hf *h)
+{
+    const hfc *c = &h->c;
+    uint32_t n = c->head_dim / 2;
+    float *f = jlm_hf_keep(h, calloc(n ? n : 1, sizeof *f));
+    jlm_st_tensor shape = {.name = "rope_freqs", .dtype = GGML_F32, .n_dims = 1, .shape = {n}};
+    if (!f || make(h, "rope_freqs.weight", &shape, 1, 0))
+        return jlm_errf(h->err, JLM_ENOMEM, "%s: rope_freqs", h->dir);
+    const float factor = (float)c->rope_factor, low = (float)c->rope_low, high = (float)c->rope_high;
+    const float old = (float)c->rope_orig_ctx, low_wl = old / low, high_wl = old / high;
+    for (uint32_t i = 0; i < n; i++) {
+        const float freq = 1.0f / powf((float)c->theta, (float)(2 * i) / (float)c->head_dim);
+        const float wl = 2.0f * (float)M_PI / freq;
+        if (wl < high_wl) {
+            f[i] = 1.0f;
+        } else if (wl > low_wl) {
+            f[i] = factor;
+        } else {
+            const float smooth = (old / wl - low) / (high - low);
+            f[i] = 1.0f / ((1.0f - smooth) / factor + smooth);
+        }
+    }
+    h->src[h->n_t - 1].data = f;
+    h->src[h->n_t - 1].n_seg = 0;
+    return 0;
+}
+
+static int map_all(hf *h)
+{
+    int rc = h->c.rope_kind == 3 ? llama3_rope_freqs(h) : 0;
+    if (rc)
+        return rc;
+    for (uint64_t i = 0; i < jlm_st_count(h->st); i++) {
+        rc = map_one(h, jlm_st_at(h->st, i));
+        if (rc)
+            return rc;
+    }
+    return check_complete(h);
+}
+
+/* ---------------------------------------------------------------- phase 4: reads */
+static uint32_t esize(uint32_t type) { return type == GGML_F32 ? 4 : 2; }
+
+/* Source row of output row r within a segment: llama.cpp's permute() undone
+ * in reverse: out row (h, i, p) comes from source row (h, p, i). */
+static uint64_t src_row(const vsrc *s, uint64_t r)
+{
+    if (!s->perm_heads)
+        return r;
+    uint64_t hd = s->seg_rows / s->perm_heads, half = hd / 2;
+    uint64_t h = r / hd, j = r % hd;
+    return h * hd + (j % 2) * half + j / 2;
+}
+
+static void widen(uint32_t type, const uint8_t *in, float *out, uint64_t n, int add_one)
+{
+    for (uint64_t i = 0; i < n; i++) {
+        uint16_t v = (uint16_t)(in[2 * i] | in[2 * i + 1] << 8);
+        float f;
+        if (type == GGML_F32)
+            memcpy(&f, in + 4 * i, 4);
+        else
+            f = type == GGML_BF16 ? jlm_bf16_to_f32(v) : jlm_f16_to_f32(v);
+        out[i] = add_one ? f + 1.0f : f;
+    }
+}
+
+/* Row by row: through a bounce buffer when rows are permuted or converted. */
+static int read_rows(hf *h, const jlm_gguf_tensor *g, const vsrc *s, uint64_t off, uint8_t *buf, size_t n)
+{
+    uint64_t srb = s->row_len * esize(s->seg[0]->dtype), orb = s->row_len * esize(g->type);
+    uint8_t *row = malloc(srb + orb);
+    if (!row)
+        return jlm_errf(h->err, JLM_ENOMEM, "%s: row buffer", h->dir);
+    int rc = 0;
+    for (uint64_t r = off / orb; r * orb < off + n && !rc; r++) {
+        const jlm_st_tensor *t = s->seg[r / s->seg_rows];
+        uint8_t *o = row + srb;
+        if ((rc = jlm_st_read(h->st, t, src_row(s, r % s->seg_rows) * srb, row, srb, h->err)))
+            break;
+        if (g->type == t->dtype && !s->add_one)
+            memcpy(o, row, srb);
+        else
+            widen(t->dtype, row, (float *)(void *)o, s->row_len, s->add_one);
+        uint64_t lo = r * orb > off ? r * orb : off, hi = (r + 1) * orb < off + n ? (r + 1) * orb : off + n;
+        memcpy(buf + (lo - off), o + (lo - r * orb), hi - lo);
+    }
+    free(row);
+    return rc;
+}
+
+static int vread(void *ctx, uint64_t i, uint64_t off, void *buf, size_t n, jlm_err *err)
+{
+    hf *h = ctx;
+    const jlm_gguf_tensor *g = &h->t[i];
+    const vsrc *s = &h->src[i];
+    h->err = err;
+    if (off > g->n_bytes || n > g->n_bytes - off)
+        return jlm_errf(err, JLM_EINVAL, "%s: tensor '%s': read past its %" PRIu64 " bytes", h->dir, g->name.s, g->n_bytes);
+    if (s->data) {
+        memcpy(buf, (const uint8_t *)s->data + off, n);
+        return 0;
+    }
+    if (s->perm_heads || s->add_one || g->type != s->seg[0]->dtype)
+        return read_rows(h, g, s, off, buf, n);
+    uint64_t sb = s->seg[0]->n_bytes;   /* direct: segment by segment */
+    for (uint32_t k = (uint32_t)(off / sb); k < s->n_seg && (uint64_t)k * sb < off + n; k++) {
+        uint64_t lo = k * sb > off ? k * sb : off, hi = (k + 1) * sb < off + n ? (k + 1) * sb : off + n;
+        int rc = jlm_st_read(h->st, s->seg[k], lo - k * sb, (uint8_t *)buf + (lo - off), hi - lo, err);
+        if (rc)
+            return rc;
+    }
+    return 0;
+}
+
+/* ---------------------------------------------------------------- open */
+/* The folder's JSON files; config.json may be absent only in a tokenizer-only folder. */
+typedef struct hf_json { json_t *cfg, *tok, *tok_cfg, *gen; const char *cfg_path; } hf_json;
+
+static void json_free(hf_json *j)
+{
+    json_decref(j->cfg); json_decref(j->tok); json_decref(j->tok_cfg); json_decref(j->gen);
+}
+
+static int build(hf *h, hf_json *j, FILE *notes, jlm_gguf **out, jlm_err *err)
+{
+    h->err = err;
+    int rc = 0;
+    if (j->cfg) {
+        if (!(rc = cfg_parse(j->cfg, j->cfg_path, &h->c, err)) && !(rc = metadata(h)))
+            rc = map_all(h);
+    }
+    if (!rc)
+        rc = jlm_hf_tokenizer(h, j->tok, j->tok_cfg, j->gen, j->cfg ? h->c.n_vocab : 0, notes);
+    json_free(j);
+    if (rc) {
+        hf_free(h);
+        return rc;
+    }
+    return jlm_gguf_virtual(h->dir, h->kv, h->n_kv, h->t, h->n_t, h->st ? jlm_st_total_bytes(h->st) : 0, vread, h,
+                            hf_free, out, err);
+}
+
+static int exists(const char *dir, const char *name)
+{
+    struct stat st;
+    char p[4096];
+    snprintf(p, sizeof p, "%s/%s", dir, name);
+    return stat(p, &st) == 0;
+}
+
+/* A jlmfs model view also holds a config.json (and model.jlm): it is not a source. */
+int jlm_hf_is_folder(const char *path)
+{
+    struct stat st;
+    if (stat(path, &st) != 0 || !S_ISDIR(st.st_mode) || exists(path, "model.jlm"))
+        return 0;
+    return exists(path, "tokenizer.json") ||
+           (exists(path, "config.json") &&
+            (exists(path, "model.safetensors") || exists(path, "model.safetensors.index.json")));
+}
+
+/* An optional JSON file of the folder (absent: *out NULL). tokenizer_config.json
+ * is read with integers as reals: its model_max_length is often 1e30, and no
+ * integer of it is used. */
+static int load(hf *h, const char *name, size_t flags, json_t **out, const char **path_out, jlm_err *err)
+{
+    *out = NULL;
+    if (!exists(h->dir, name))
+        return 0;
+    char *p = jlm_hf_own(h, "%s/%s", h->dir, name);
+    json_error_t je;
+    if (!p)
+        return jlm_errf(err, JLM_ENOMEM, "%s", h->dir);
+    if (path_out)
+        *path_out = p;
+    *out = json_load_file(p, JSON_REJECT_DUPLICATES | flags, &je);
+    if (!*out || !json_is_object(*out))
+        return jlm_errf(err, JLM_EFORMAT, "%s: line %d: %s", p, je.line, *out ? "not a JSON object" : je.text);
+    return 0;
+}
+
+int jlm_hf_open(const char *dir, FILE *notes, jlm_gguf **out, jlm_err *err)
+{
+    hf *h = calloc(1, sizeof *h);
+    hf_json j = {0};
+    if (!h || !(h->dir = jlm_hf_own(h, "%s", dir))) {
+        hf_free(h);
+        return jlm_errf(err, JLM_ENOMEM, "%s", dir);
+    }
+    int rc = load(h, "config.json", 0, &j.cfg, &j.cfg_path, err);
+    if (!rc)
+        rc = load(h, "tokenizer.json", 0, &j.tok, NULL, err);
+    if (!rc)
+        rc = load(h, "tokenizer_config.json", JSON_DECODE_INT_AS_REAL, &j.tok_cfg, NULL, err);
+    if (!rc)
+        rc = load(h, "generation_config.json", 0, &j.gen, NULL, err);
+    if (!rc && !j.cfg && !j.tok)
+        rc = jlm_errf(err, JLM_ENOTFOUND, "%s: no config.json or tokenizer.json", dir);
+    if (!rc && j.cfg)
+        rc = jlm_st_open_dir(dir, &h->st, err);
+    if (rc) {
+        json_free(&j);
+        hf_free(h);
+        return rc;
+    }
+    return build(h, &j, notes, out, err);
+}
+
+int jlm_hf_open_mem(const char *config, size_t config_len, const void *st, size_t st_len, jlm_gguf **out, jlm_err *err)
+{
+    hf *h = calloc(1, sizeof *h);
+    hf_json j = {.cfg_path = "config.json"};
+    if (!h || !(h->dir = jlm_hf_own(h, "<memory>"))) {
+        hf_free(h);
+        return jlm_errf(err, JLM_ENOMEM, "hf");
+    }
+    json_error_t je;
+    j.cfg = json_loadb(config, config_len, JSON_REJECT_DUPLICATES, &je);
+    int rc = j.cfg ? jlm_st_open_mem(st, st_len, "<memory>.safetensors", &h->st, err)
+                   : jlm_errf(err, JLM_EFORMAT, "config.json: line %d: %s", je.line, je.text);
+    if (rc) {
+        json_free(&j);
+        hf_free(h);
+        return rc;
+    }
+    return build(h, &j, NULL, out, err);
+}
+
+int jlm_hf_open_tok_mem(const char *tok, size_t tok_len, jlm_gguf **out, jlm_err *err)
+{
+    hf *h = calloc(1, sizeof *h);
+    hf_json j = {0};
+    if (!h || !(h->dir = jlm_hf_own(h, "<memory>"))) {
+        hf_free(h);
+        return jlm_errf(err, JLM_ENOMEM, "hf");
+    }
+    json_error_t je;
+    j.tok = json_loadb(tok, tok_len, JSON_REJECT_DUPLICATES, &je);
+    if (!json_is_object(j.tok)) {
+        json_free(&j);
+        hf_free(h);
+        return jlm_errf(err, JLM_EFORMAT, "tokenizer.json: line %d: %s", je.line, j.tok ? "not an object" : je.text);
+    }
+    return build(h, &j, NULL, out, err);
+}

@@ -1,0 +1,62 @@
+/* hf_int.h - private declarations shared by hf.c (config and tensors) and
+ * hf_tok.c (tokenizer.json): the folder being built into a virtual handle. */
+#ifndef JLM_HF_INT_H
+#define JLM_HF_INT_H
+
+#include "converter/hf.h"
+#include "converter/safetensors.h"
+
+#include <jansson.h>
+#include <stdio.h>
+
+enum { FAM_LLAMA, FAM_QWEN2, FAM_QWEN3, FAM_QWEN3MOE, FAM_GEMMA3, FAM_PHI3 };
+
+typedef struct cls_def { const char *hf, *gguf; int fam; } cls_def;
+
+typedef struct hfc {
+    const cls_def *cls;
+    uint32_t n_layer, n_embd, n_ffn, n_head, n_kv, head_dim, n_ctx, n_vocab;
+    uint32_t n_expert, n_expert_used, n_ffn_exp, swa, swa_pattern, n_rot;
+    double   eps, theta, theta_swa, attn_softcap, final_softcap;
+    int      tied, head_dim_given;
+    /* rope_scaling: 0 none, 1 linear, 2 yarn, 3 llama3 */
+    int      rope_kind;
+    double   rope_factor, rope_low, rope_high;
+    uint32_t rope_orig_ctx;
+} hfc;
+
+typedef struct vsrc {
+    const jlm_st_tensor **seg;   /* one per expert (stacked) or one */
+    uint32_t n_seg;
+    uint64_t seg_rows, row_len;
+    uint32_t perm_heads;         /* llama q/k: rows permuted per head (0: none) */
+    int      add_one;            /* gemma norms: w + 1 */
+    const float *data;           /* a generated F32 tensor (llama3 rope_freqs): no segments */
+} vsrc;
+
+typedef struct hf {
+    jlm_st_set      *st;
+    const char      *dir;
+    hfc              c;
+    jlm_gguf_kv     *kv;
+    uint64_t         n_kv, cap_kv;
+    jlm_gguf_tensor *t;
+    vsrc            *src;
+    uint64_t         n_t, cap_t, cap_src;
+    void           **own;
+    uint64_t         n_own, cap_own;
+    jlm_err         *err;
+} hf;
+/* A string (printf) / a malloc'd block owned by h, freed with it; NULL on ENOMEM. */
+char *jlm_hf_own(hf *h, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+void *jlm_hf_keep(hf *h, void *p);
+/* A new metadata entry ("<arch>.key" when arch_key); NULL on ENOMEM. */
+jlm_gguf_kv *jlm_hf_kv(hf *h, const char *key, int arch_key, uint32_t type);
+int jlm_hf_kv_str(hf *h, const char *key, const char *v);
+
+/* tokenizer.json + tokenizer_config.json (+ generation_config.json) of h->dir
+ * -> llama.cpp's tokenizer.ggml.* keys; n_vocab: config.json's vocab_size or 0.
+ * Without tokenizer.json: tokenizer.ggml.model "none". Notes go to notes. */
+int jlm_hf_tokenizer(hf *h, json_t *tok, json_t *tok_cfg, json_t *gen_cfg, uint32_t n_vocab, FILE *notes);
+
+#endif

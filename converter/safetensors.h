@@ -1,0 +1,64 @@
+/* safetensors.h - a bounded reader of safetensors files and of sharded sets
+ * (model.safetensors.index.json), the converter's window on Hugging Face weights.
+ *
+ * Owns: the 8-byte header length, the JSON header (jansson), the shard index.
+ * Must not know: config.json, architectures, the .jlm format (converter/hf.c maps).
+ *
+ * Invariants (docs/safetensors.md):
+ *  (1) the header length is at most JLM_ST_HEADER_CAP and inside the file;
+ *  (2) every tensor's [begin, end) lies in the data section, end - begin equals
+ *      the product of its shape times its dtype's size, and the tensors sorted by
+ *      begin are contiguous and cover the data section exactly (no overlap, no
+ *      hole, no trailing bytes: a truncated or padded shard is refused);
+ *  (3) names are unique across every shard of a set; a shard the index names
+ *      is a plain file name in the same folder.
+ * Refusals name the file and, where one is involved, the tensor.
+ * Thread safety: a set is immutable after open; jlm_st_read may be called from
+ * several threads (pread).
+ */
+#ifndef JLM_SAFETENSORS_H
+#define JLM_SAFETENSORS_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "base/jlm_err.h"
+
+#define JLM_ST_HEADER_CAP ((uint64_t)100 << 20)   /* as the reference implementation */
+#define JLM_ST_MAX_DIMS   4
+
+typedef struct jlm_st_tensor {
+    const char *name;
+    uint32_t    dtype;                 /* ggml type id: GGML_F32, GGML_F16 or GGML_BF16 */
+    uint32_t    n_dims;                /* 0 (scalar) .. JLM_ST_MAX_DIMS */
+    uint64_t    shape[JLM_ST_MAX_DIMS];/* HF order: outermost first */
+    uint32_t    file;                  /* shard index */
+    uint64_t    off;                   /* absolute offset of the data in the shard */
+    uint64_t    n_bytes;
+} jlm_st_tensor;
+
+typedef struct jlm_st_set jlm_st_set;
+
+/* Parses one shard's header from buf (the first len bytes of a file of
+ * file_size bytes; len >= 8 + header length, else JLM_EFORMAT). Tensors are
+ * appended to the set's table with file index `file`. */
+int  jlm_st_parse(jlm_st_set *s, const uint8_t *buf, size_t len, uint64_t file_size, uint32_t file,
+                  jlm_err *err);
+
+/* Opens DIR/model.safetensors, or every shard DIR/model.safetensors.index.json
+ * names. JLM_ENOTFOUND when the folder has neither. */
+int  jlm_st_open_dir(const char *dir, jlm_st_set **out, jlm_err *err);
+/* One in-memory shard (the buffer outlives the set). For fuzzing and tests. */
+int  jlm_st_open_mem(const void *buf, size_t len, const char *what, jlm_st_set **out, jlm_err *err);
+void jlm_st_close(jlm_st_set *s);   /* accepts NULL */
+
+uint64_t             jlm_st_count(const jlm_st_set *s);
+const jlm_st_tensor *jlm_st_at(const jlm_st_set *s, uint64_t i);     /* sorted by name */
+const jlm_st_tensor *jlm_st_find(const jlm_st_set *s, const char *name);
+const char          *jlm_st_file(const jlm_st_set *s, uint32_t file);  /* path, for messages */
+uint64_t             jlm_st_total_bytes(const jlm_st_set *s);
+
+/* Reads [off, off+n) of a tensor's data (pread). JLM_EIO names file and tensor. */
+int  jlm_st_read(const jlm_st_set *s, const jlm_st_tensor *t, uint64_t off, void *buf, size_t n, jlm_err *err);
+
+#endif

@@ -1,0 +1,742 @@
+/* test_hf.c - Hugging Face folders as a converter source: tiny-llama and
+ * tiny-qwen2 against Hugging Face transformers' fp32 forward (logits at every
+ * position within 1e-4 of max |logit|, 3 x 40 greedy ids exact), the sharded
+ * copy giving the same container byte for byte, and every refusal the issue
+ * lists (truncated shard, overlapping / out-of-range offsets, dtypes, a
+ * config.json contradicting the tensors, a missing shard) with no output left.
+ * The llama.cpp oracles of tiny-phi3/gemma3/mixtral run in test_engine.c. */
+#include <criterion/criterion.h>
+#include <jansson.h>
+#include <math.h>
+
+#include "converter/convert.h"
+#include "converter/hf.h"
+#include "converter/safetensors.h"
+#include "converter/vocab.h"
+#include "engine/model.h"
+#include "text/tokenizer/tokenizer.h"
+#include "tests/testutil.h"
+
+#define TOL_HF 1e-4   /* transformers' fp32 forward of the same bf16 weights: only summation order differs */
+
+static char *hf_dir(const char *name)
+{
+    char *p = malloc(1024);
+    snprintf(p, 1024, "%s/tests/models/hf/%s", tu_root(), name);
+    return p;
+}
+
+static char *convert_dir(const char *src, const char *dir, const char *name)
+{
+    char *out = malloc(1024);
+    snprintf(out, 1024, "%s/%s.jlm", dir, name);
+    jlm_conv *c;
+    jlm_err err = {0};
+    cr_assert_eq(jlm_conv_open(src, NULL, &c, &err), 0, "%s", err.msg);
+    cr_assert_eq(jlm_conv_write(c, out, NULL, NULL, NULL, &err), 0, "%s", err.msg);
+    jlm_conv_close(c);
+    return out;
+}
+
+/* The F32 tensor `name` of a golden safetensors file (read with jansson, not
+ * with the reader under test). */
+static float *golden(const char *path, const char *name, size_t *n)
+{
+    size_t len = 0;
+    unsigned char *b = tu_read_file(path, &len);
+    cr_assert(b && len > 8, "%s", path);
+    uint64_t hl = 0;
+    for (int i = 0; i < 8; i++)
+        hl |= (uint64_t)b[i] << (8 * i);
+    json_t *h = json_loadb((const char *)b + 8, hl, 0, NULL), *e = json_object_get(h, name);
+    cr_assert(e && !strcmp(json_string_value(json_object_get(e, "dtype")), "F32"), "%s: %s", path, name);
+    json_t *of = json_object_get(e, "data_offsets");
+    size_t lo = json_integer_value(json_array_get(of, 0)), hi = json_integer_value(json_array_get(of, 1));
+    float *v = malloc(hi - lo);
+    memcpy(v, b + 8 + hl + lo, hi - lo);
+    *n = (hi - lo) / 4;
+    json_decref(h);
+    free(b);
+    return v;
+}
+
+static int32_t *ids(json_t *a, size_t *n)
+{
+    *n = json_array_size(a);
+    int32_t *v = malloc((*n + 1) * sizeof *v);
+    for (size_t i = 0; i < *n; i++)
+        v[i] = (int32_t)json_integer_value(json_array_get(a, i));
+    return v;
+}
+
+static int32_t argmax(const float *l, uint32_t n)
+{
+    int32_t b = 0;
+    for (uint32_t j = 1; j < n; j++)
+        if (l[j] > l[b]) b = (int32_t)j;
+    return b;
+}
+
+/* Logits after every prefix of the golden input ids (one token per eval). */
+static void logits_match(jlm_engine *e, const char *exp_dir, const char *name)
+{
+    char p[1200];
+    snprintf(p, sizeof p, "%s/meta.json", exp_dir);
+    json_t *meta = json_load_file(p, 0, NULL);
+    size_t np, nl;
+    int32_t *in = ids(json_object_get(meta, "input_ids"), &np);
+    snprintf(p, sizeof p, "%s/activations.safetensors", exp_dir);
+    float *want = golden(p, "logits", &nl);
+    uint32_t nv = jlm_engine_n_vocab(e);
+    cr_assert_eq(nl, np * nv);
+    float *l = malloc(nv * sizeof *l);
+    jlm_err err = {0};
+    jlm_engine_rewind(e, 0);
+    double worst = 0;
+    for (size_t t = 0; t < np; t++) {
+        cr_assert_eq(jlm_engine_eval(e, &in[t], 1, l, &err), 0, "%s", err.msg);
+        double mx = 0, d = 0;
+        for (uint32_t i = 0; i < nv; i++) {
+            double r = want[t * nv + i];
+            mx = fmax(mx, fabs(r));
+            if (!(fabs(r - l[i]) <= d)) d = fabs(r - l[i]);
+        }
+        cr_assert(!(d > TOL_HF * mx), "%s position %zu: logit error %g > %g x %g", name, t, d, TOL_HF, mx);
+        worst = fmax(worst, d / mx);
+    }
+    cr_log_info("%s: worst logit error %.3g of max |logit| over %zu positions", name, worst, np);
+    free(l); free(want); free(in);
+    json_decref(meta);
+}
+
+static void greedy_match(jlm_engine *e, const char *exp_dir, const char *name)
+{
+    char p[1200];
+    snprintf(p, sizeof p, "%s/generate.json", exp_dir);
+    json_t *g = json_load_file(p, 0, NULL), *cases = json_object_get(g, "cases");
+    cr_assert(json_array_size(cases) >= 3, "%s", p);
+    uint32_t nv = jlm_engine_n_vocab(e);
+    float *l = malloc(nv * sizeof *l);
+    jlm_err err = {0};
+    for (size_t c = 0; c < json_array_size(cases); c++) {
+        size_t np, ng;
+        int32_t *pr = ids(json_object_get(json_array_get(cases, c), "prompt_ids"), &np);
+        int32_t *want = ids(json_object_get(json_array_get(cases, c), "generated_ids"), &ng);
+        jlm_engine_rewind(e, 0);
+        cr_assert_eq(jlm_engine_eval(e, pr, (uint32_t)np, l, &err), 0, "%s", err.msg);
+        for (size_t i = 0; i < ng; i++) {
+            int32_t id = argmax(l, nv);
+            cr_assert_eq(id, want[i], "%s case %zu: id %zu is %d, transformers %d", name, c, i, id, want[i]);
+            cr_assert_eq(jlm_engine_eval(e, &id, 1, l, &err), 0, "%s", err.msg);
+        }
+        free(pr); free(want);
+    }
+    free(l);
+    json_decref(g);
+}
+
+static void against_transformers(const char *name)
+{
+    char *dir = tu_tmpdir(), *src = hf_dir(name), exp_dir[1100];
+    char *out = convert_dir(src, dir, name);
+    jlm_engine_opts o = {.n_threads = 2, .quiet = 1, .direct = 1};
+    jlm_engine *e;
+    jlm_err err = {0};
+    cr_assert_eq(jlm_engine_open(out, &o, &e, &err), 0, "%s", err.msg);
+    snprintf(exp_dir, sizeof exp_dir, "%s/expected", src);
+    logits_match(e, exp_dir, name);
+    greedy_match(e, exp_dir, name);
+    jlm_engine_close(e);
+    free(out); free(src);
+    tu_rmrf(dir);
+    free(dir);
+}
+
+Test(hf, tiny_llama_matches_transformers, .timeout = 60) { against_transformers("tiny-llama"); }
+Test(hf, tiny_qwen2_with_head_dim_24_matches_transformers, .timeout = 60) { against_transformers("tiny-qwen2"); }
+
+Test(hf, sharded_folder_gives_the_same_container_byte_for_byte, .timeout = 60)
+{
+    char *dir = tu_tmpdir(), *one = hf_dir("tiny-llama"), *sh = hf_dir("tiny-llama-sharded");
+    char *a = convert_dir(one, dir, "one"), *b = convert_dir(sh, dir, "sharded");
+    size_t na = 0, nb = 0;
+    unsigned char *x = tu_read_file(a, &na), *y = tu_read_file(b, &nb);
+    cr_assert(x && y && na == nb && !memcmp(x, y, na), "the sharded folder's container differs");
+    free(x); free(y); free(a); free(b); free(one); free(sh);
+    tu_rmrf(dir);
+    free(dir);
+}
+
+/* ---------------------------------------------------------------- crafted images */
+typedef struct tdef { const char *name, *dtype; uint64_t shape[2]; int nd; uint64_t b, e; } tdef;
+
+/* A safetensors image of the given entries; data bytes are a pattern. */
+static unsigned char *image(const tdef *t, int n, size_t data_len, size_t *len)
+{
+    char hdr[4096];
+    int k = snprintf(hdr, sizeof hdr, "{");
+    for (int i = 0; i < n; i++) {
+        k += snprintf(hdr + k, sizeof hdr - k, "%s\"%s\":{\"dtype\":\"%s\",\"shape\":[", i ? "," : "", t[i].name, t[i].dtype);
+        for (int d = 0; d < t[i].nd; d++)
+            k += snprintf(hdr + k, sizeof hdr - k, "%s%llu", d ? "," : "", (unsigned long long)t[i].shape[d]);
+        k += snprintf(hdr + k, sizeof hdr - k, "],\"data_offsets\":[%llu,%llu]}", (unsigned long long)t[i].b,
+                      (unsigned long long)t[i].e);
+    }
+    k += snprintf(hdr + k, sizeof hdr - k, "}");
+    *len = 8 + (size_t)k + data_len;
+    unsigned char *b = malloc(*len);
+    for (int i = 0; i < 8; i++)
+        b[i] = (unsigned char)((uint64_t)k >> (8 * i));
+    memcpy(b + 8, hdr, (size_t)k);
+    for (size_t i = 0; i < data_len; i++)
+        b[8 + k + i] = (unsigned char)(i * 7);
+    return b;
+}
+
+static void refused(const tdef *t, int n, size_t data_len, const char *want1, const char *want2)
+{
+    size_t len = 0;
+    unsigned char *b = image(t, n, data_len, &len);
+    jlm_st_set *s = NULL;
+    jlm_err err = {0};
+    cr_assert_neq(jlm_st_open_mem(b, len, "x.safetensors", &s, &err), 0);
+    cr_assert(strstr(err.msg, "x.safetensors") && strstr(err.msg, want1) && (!want2 || strstr(err.msg, want2)),
+              "message: %s", err.msg);
+    free(b);
+}
+
+Test(hf, refuses_overlapping_out_of_range_and_holed_offsets)
+{
+    tdef ov[] = {{"a", "F32", {4}, 1, 0, 16}, {"b", "F32", {4}, 1, 8, 24}};
+    refused(ov, 2, 24, "'b'", "overlaps 'a'");
+    tdef out[] = {{"a", "F32", {4}, 1, 0, 16}, {"b", "F32", {4}, 1, 16, 32}};
+    refused(out, 2, 20, "'b'", "past the end");
+    tdef hole[] = {{"a", "F32", {4}, 1, 0, 16}, {"b", "F32", {4}, 1, 20, 36}};
+    refused(hole, 2, 36, "'b'", "hole");
+    tdef size[] = {{"a", "F32", {4, 2}, 2, 0, 16}};
+    refused(size, 1, 16, "'a'", "needs 32");
+    tdef tail[] = {{"a", "F16", {4}, 1, 0, 8}};
+    refused(tail, 1, 12, "4 bytes after", NULL);
+}
+
+Test(hf, refuses_dtypes_it_cannot_store_by_name)
+{
+    tdef t[] = {{"w", "F8_E4M3", {4}, 1, 0, 4}};
+    refused(t, 1, 4, "'w'", "dtype F8_E4M3");
+    tdef i[] = {{"w", "I64", {4}, 1, 0, 32}};
+    refused(i, 1, 32, "'w'", "dtype I64");
+}
+
+Test(hf, refuses_a_bad_header_length_and_json)
+{
+    unsigned char b[16] = {0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0x7f, '{', '}'};
+    jlm_st_set *s = NULL;
+    jlm_err err = {0};
+    cr_assert_neq(jlm_st_open_mem(b, sizeof b, "x.safetensors", &s, &err), 0);
+    cr_assert(strstr(err.msg, "header length"), "%s", err.msg);
+    unsigned char c[16] = {8, 0, 0, 0, 0, 0, 0, 0, '[', '1', ']', ' ', ' ', ' ', ' ', ' '};
+    cr_assert_neq(jlm_st_open_mem(c, sizeof c, "x.safetensors", &s, &err), 0);
+    cr_assert(strstr(err.msg, "not a JSON object"), "%s", err.msg);
+}
+
+/* The fuzz seeds are small valid models of three classes: they open and every
+ * tensor reads back (llama q/k permuted, mixtral experts stacked, gemma norms + 1). */
+Test(hf, fuzz_seeds_open_as_models)
+{
+    const char *seeds[] = {"llama.bin", "mixtral.bin", "gemma3.bin"};
+    const char *probe[] = {"blk.0.attn_q.weight", "blk.0.ffn_up_exps.weight", "blk.0.post_ffw_norm.weight"};
+    for (int i = 0; i < 3; i++) {
+        char p[1024];
+        snprintf(p, sizeof p, "%s/tests/fuzz/seeds-safetensors/%s", tu_root(), seeds[i]);
+        size_t len = 0;
+        unsigned char *b = tu_read_file(p, &len);
+        unsigned char *nul = memchr(b, 0, len);
+        const char *cfg = "{\"architectures\":[\"LlamaForCausalLM\"],\"hidden_size\":8,\"intermediate_size\":16,"
+                          "\"num_attention_heads\":2,\"num_hidden_layers\":1,\"num_key_value_heads\":1,\"vocab_size\":4}";
+        size_t cl = strlen(cfg);
+        const unsigned char *img = b;
+        if (nul && i) {
+            cfg = (const char *)b;
+            cl = (size_t)(nul - b);
+            img = nul + 1;
+        }
+        jlm_gguf *g;
+        jlm_err err = {0};
+        cr_assert_eq(jlm_hf_open_mem(cfg, cl, img, len - (size_t)(img - b), &g, &err), 0, "%s: %s", seeds[i], err.msg);
+        const jlm_gguf_tensor *t = jlm_gguf_find_tensor(g, probe[i]);
+        cr_assert(t, "%s: %s", seeds[i], probe[i]);
+        unsigned char *buf = malloc(t->n_bytes);
+        cr_assert_eq(jlm_gguf_read(g, t, 0, buf, t->n_bytes, &err), 0, "%s", err.msg);
+        free(buf);
+        jlm_gguf_close(g);
+        free(b);
+    }
+}
+
+/* llama.cpp's permute(): HF row (head h, half p, i) is GGUF row (h, i, p). */
+Test(hf, llama_q_rows_are_permuted_as_llama_cpp_does)
+{
+    char p[1024];
+    snprintf(p, sizeof p, "%s/tests/fuzz/seeds-safetensors/llama.bin", tu_root());
+    size_t len = 0;
+    unsigned char *b = tu_read_file(p, &len);
+    const char *cfg = "{\"architectures\":[\"LlamaForCausalLM\"],\"hidden_size\":8,\"intermediate_size\":16,"
+                      "\"num_attention_heads\":2,\"num_hidden_layers\":1,\"num_key_value_heads\":1,\"vocab_size\":4}";
+    jlm_gguf *g;
+    jlm_st_set *s;
+    jlm_err err = {0};
+    cr_assert_eq(jlm_hf_open_mem(cfg, strlen(cfg), b, len, &g, &err), 0, "%s", err.msg);
+    cr_assert_eq(jlm_st_open_mem(b, len, "seed", &s, &err), 0, "%s", err.msg);
+    const jlm_st_tensor *q = jlm_st_find(s, "model.layers.0.self_attn.q_proj.weight");
+    uint16_t hfq[64], gq[64];
+    cr_assert_eq(jlm_st_read(s, q, 0, hfq, sizeof hfq, &err), 0);
+    cr_assert_eq(jlm_gguf_read(g, jlm_gguf_find_tensor(g, "blk.0.attn_q.weight"), 0, gq, sizeof gq, &err), 0);
+    for (int h = 0; h < 2; h++)          /* 2 heads of 4 rows: halves of 2 */
+        for (int i = 0; i < 2; i++)
+            for (int pp = 0; pp < 2; pp++)
+                cr_assert(!memcmp(&gq[(h * 4 + i * 2 + pp) * 8], &hfq[(h * 4 + pp * 2 + i) * 8], 16),
+                          "row h%d i%d p%d", h, i, pp);
+    jlm_st_close(s);
+    jlm_gguf_close(g);
+    free(b);
+}
+
+/* ---------------------------------------------------------------- folders, through the CLI */
+static char *copy_folder(const char *name)
+{
+    char *d = tu_tmpdir(), *src = hf_dir(name), cmd[2400];
+    snprintf(cmd, sizeof cmd, "cp -r '%s' '%s/m' && chmod -R u+w '%s/m'", src, d, d);
+    cr_assert_eq(system(cmd), 0);
+    free(src);
+    return d;
+}
+
+/* `jlm convert DIR/m` fails with one line containing want and leaves nothing. */
+static void cli_refuses(const char *d, const char *want)
+{
+    char cmd[2400], log[1100], out[1100], part[1200];
+    snprintf(log, sizeof log, "%s/err.txt", d);
+    snprintf(out, sizeof out, "%s/out.jlm", d);
+    snprintf(part, sizeof part, "%s.part", out);
+    snprintf(cmd, sizeof cmd, "'%s' convert '%s/m' -o '%s' 2>'%s'", tu_jlm(), d, out, log);
+    cr_assert_neq(system(cmd), 0, "convert succeeded");
+    size_t n = 0;
+    unsigned char *raw = tu_read_file(log, &n);
+    char *msg = calloc(1, n + 1);
+    if (raw)
+        memcpy(msg, raw, n);
+    free(raw);
+    cr_assert(strstr(msg, want), "stderr: %s", msg);
+    cr_assert(!tu_exists(out) && !tu_exists(part), "output left behind");
+    free(msg);
+}
+
+static void edit_config(const char *d, const char *from, const char *to)
+{
+    char p[1100];
+    snprintf(p, sizeof p, "%s/m/config.json", d);
+    size_t n = 0;
+    unsigned char *raw = tu_read_file(p, &n);
+    char *s = calloc(1, n + 1);
+    memcpy(s, raw, n);
+    free(raw);
+    char *at = strstr(s, from);
+    cr_assert(at, "%s not in config", from);
+    FILE *f = fopen(p, "wb");
+    fwrite(s, 1, (size_t)(at - s), f);
+    fputs(to, f);
+    fputs(at + strlen(from), f);
+    fclose(f);
+    free(s);
+}
+
+Test(hf_cli, converts_a_folder_and_refuses_a_truncated_shard, .timeout = 60)
+{
+    char *d = copy_folder("tiny-llama"), cmd[2400];
+    snprintf(cmd, sizeof cmd, "'%s' convert '%s/m' >/dev/null 2>&1 && test -s '%s/m.jlm'", tu_jlm(), d, d);
+    cr_assert_eq(system(cmd), 0, "jlm convert DIR writes DIR.jlm");
+    snprintf(cmd, sizeof cmd, "truncate -s -100 '%s/m/model.safetensors'", d);
+    cr_assert_eq(system(cmd), 0);
+    cli_refuses(d, "model.safetensors: tensor '");
+    tu_rmrf(d);
+    free(d);
+}
+
+Test(hf_cli, refuses_a_missing_shard, .timeout = 60)
+{
+    char *d = copy_folder("tiny-llama-sharded"), p[1100];
+    snprintf(p, sizeof p, "%s/m/model-00002-of-00002.safetensors", d);
+    cr_assert_eq(unlink(p), 0);
+    cli_refuses(d, "model-00002-of-00002.safetensors");
+    tu_rmrf(d);
+    free(d);
+}
+
+Test(hf_cli, refuses_a_config_contradicting_the_tensors, .timeout = 60)
+{
+    char *d = copy_folder("tiny-llama");
+    edit_config(d, "\"intermediate_size\": 176", "\"intermediate_size\": 160");
+    cli_refuses(d, "mlp.down_proj.weight' has shape [64, 176], config.json gives [64, 160]");
+    tu_rmrf(d);
+    free(d);
+}
+
+Test(hf_cli, refuses_an_unknown_class_and_a_missing_lm_head, .timeout = 60)
+{
+    char *d = copy_folder("tiny-llama");
+    edit_config(d, "LlamaForCausalLM", "FalconForCausalLM");
+    cli_refuses(d, "class 'FalconForCausalLM' is not supported");
+    tu_rmrf(d);
+    free(d);
+    d = copy_folder("tiny-qwen2");
+    edit_config(d, "\"tie_word_embeddings\": true", "\"tie_word_embeddings\": false");
+    cli_refuses(d, "tie_word_embeddings is false but there is no lm_head.weight");
+    tu_rmrf(d);
+    free(d);
+}
+
+/* ---------------------------------------------------------------- tokenizer.json */
+/* A folder with only tokenizer.json (unpacked from .xz: 9-11 MB as JSON) and
+ * tokenizer_config.json becomes a vocab-only container; every reference string
+ * tokenizes to Hugging Face tokenizers' ids, with and without the
+ * post-processor's additions, and decodes back to its `decoded`. */
+/* The container's default chat template is tokenizer_config.json's, byte for byte. */
+static void template_kept(const char *d, const jlm_model *m, const char *name)
+{
+    char p[1100];
+    snprintf(p, sizeof p, "%s/t/tokenizer_config.json", d);
+    json_t *tc = json_load_file(p, JSON_DECODE_INT_AS_REAL, NULL);
+    const char *want = json_string_value(json_object_get(tc, "chat_template"));
+    cr_assert(want, "%s: no chat_template", p);
+    const jlm_str *got = NULL;
+    for (uint32_t i = 0; i < m->vocab.n_templates; i++)
+        if (m->vocab.templates[2 * i].len == 0)
+            got = &m->vocab.templates[2 * i + 1];
+    cr_assert(got && got->len == strlen(want) && !memcmp(got->s, want, got->len), "%s: chat template differs", name);
+    json_decref(tc);
+}
+
+static void against_hf_tokenizers(const char *name)
+{
+    char *d = tu_tmpdir(), cmd[3000], src[1100], out[1100], ref[1100];
+    snprintf(cmd, sizeof cmd, "mkdir '%s/t' && cp '%s/tests/models/hf-tok/%s/tokenizer_config.json' '%s/t/' && "
+             "xz -dc '%s/tests/models/hf-tok/%s/tokenizer.json.xz' > '%s/t/tokenizer.json'",
+             d, tu_root(), name, d, tu_root(), name, d);
+    cr_assert_eq(system(cmd), 0, "%s", cmd);
+    snprintf(src, sizeof src, "%s/t", d);
+    snprintf(out, sizeof out, "%s/v.jlm", d);
+    jlm_conv *c;
+    jlm_err err = {0};
+    cr_assert_eq(jlm_conv_open(src, NULL, &c, &err), 0, "%s", err.msg);
+    cr_assert_eq(c->n_tensors, 0);
+    cr_assert_eq(jlm_conv_write(c, out, NULL, NULL, NULL, &err), 0, "%s", err.msg);
+    jlm_conv_close(c);
+    jlm_model *m;
+    jlm_tok *tok;
+    cr_assert_eq(jlm_fmt_open(out, &m, &err), 0, "%s", err.msg);
+    cr_assert_eq(jlm_tok_create(&m->vocab, &tok, &err), 0, "%s", err.msg);
+    template_kept(d, m, name);
+    snprintf(ref, sizeof ref, "%s/tests/reference/hf-tokenizers/%s.json", tu_root(), name);
+    json_t *o = json_load_file(ref, 0, NULL), *cases = json_object_get(o, "cases"), *cs;
+    size_t i;
+    cr_assert(json_array_size(cases) > 50, "%s", ref);
+    json_array_foreach(cases, i, cs) {
+        const char *text = json_string_value(json_object_get(cs, "text"));
+        for (int add = 0; add < 2; add++) {
+            size_t nw, n;
+            int32_t *want = ids(json_object_get(cs, add ? "ids_add_special" : "ids"), &nw), *got = NULL;
+            cr_assert_eq(jlm_tok_encode(tok, text, strlen(text), add, 1, &got, &n, &err), 0, "%s", err.msg);
+            cr_assert(n == nw && (!n || !memcmp(got, want, n * 4)), "%s: '%s' (add_special %d): %zu ids, HF %zu", name,
+                      text, add, n, nw);
+            if (!add) {
+                char *txt;
+                size_t tl;
+                const char *dec = json_string_value(json_object_get(cs, "decoded"));
+                cr_assert_eq(jlm_tok_decode(tok, got, n, 1, &txt, &tl, &err), 0, "%s", err.msg);
+                cr_assert(tl == strlen(dec) && !memcmp(txt, dec, tl), "%s: '%s' decodes to '%s'", name, dec, txt);
+                free(txt);
+            }
+            free(got);
+            free(want);
+        }
+    }
+    json_decref(o);
+    jlm_tok_destroy(tok);
+    jlm_fmt_close(m);
+    tu_rmrf(d);
+    free(d);
+}
+
+Test(hf_tok, llama3_tokenizer_json_matches_hf_tokenizers, .timeout = 180) { against_hf_tokenizers("llama3"); }
+Test(hf_tok, qwen3_tokenizer_json_matches_hf_tokenizers, .timeout = 180) { against_hf_tokenizers("qwen3"); }
+
+/* The tokenizer fuzz seeds (tiny byte-level BPEs shaped like qwen3's and
+ * llama-3's files) build a vocab record: the fuzzer starts from valid inputs. */
+Test(hf_tok, fuzz_seeds_build_a_vocab)
+{
+    const char *seeds[] = {"qwen-like.json", "llama3-like.json"};
+    for (int i = 0; i < 2; i++) {
+        char p[1024];
+        snprintf(p, sizeof p, "%s/tests/fuzz/seeds-hf-tokenizer/%s", tu_root(), seeds[i]);
+        size_t len = 0;
+        unsigned char *b = tu_read_file(p, &len);
+        jlm_gguf *g;
+        jlm_err err = {0};
+        cr_assert_eq(jlm_hf_open_tok_mem((const char *)b, len, &g, &err), 0, "%s: %s", seeds[i], err.msg);
+        jlm_arena *a = jlm_arena_new();
+        jlm_vocab v;
+        cr_assert_eq(jlm_conv_vocab(g, a, &v, &err), 0, "%s: %s", seeds[i], err.msg);
+        cr_assert_eq(v.kind, JLM_VOCAB_BPE);
+        cr_assert_eq(v.add_bos, i == 1, "%s: BOS from the post-processor", seeds[i]);
+        jlm_arena_free(a);
+        jlm_gguf_close(g);
+        free(b);
+    }
+}
+
+/* Each unsupported part of tokenizer.json is refused naming its field. */
+Test(hf_tok, refuses_what_the_record_cannot_carry_by_field)
+{
+    char p[1024];
+    snprintf(p, sizeof p, "%s/tests/fuzz/seeds-hf-tokenizer/qwen-like.json", tu_root());
+    json_t *base = json_load_file(p, 0, NULL);
+    struct { const char *path, *value, *want; } cases[] = {
+        {"normalizer", "{\"type\":\"NFKC\"}", "normalizer NFKC"},
+        {"model.byte_fallback", "true", "model.byte_fallback"},
+        {"model.type", "\"Unigram\"", "model.type Unigram"},
+        {"decoder", "{\"type\":\"Metaspace\"}", "decoder Metaspace"},
+        {"pre_tokenizer", "{\"type\":\"Whitespace\"}", "pre_tokenizer"},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        json_t *t = json_deep_copy(base), *v = json_loads(cases[i].value, JSON_DECODE_ANY, NULL);
+        const char *dot = strchr(cases[i].path, '.');
+        if (dot)
+            json_object_set_new(json_object_get(t, "model"), dot + 1, v);
+        else
+            json_object_set_new(t, cases[i].path, v);
+        char *s = json_dumps(t, 0);
+        jlm_gguf *g;
+        jlm_err err = {0};
+        cr_assert_neq(jlm_hf_open_tok_mem(s, strlen(s), &g, &err), 0, "%s accepted", cases[i].path);
+        cr_assert(strstr(err.msg, cases[i].want) && strstr(err.msg, "not supported"), "%s", err.msg);
+        free(s);
+        json_decref(t);
+    }
+    json_decref(base);
+}
+
+/* ---------------------------------------------------------------- --type */
+/* synth-llama-256.<T>.gguf are llama-quantize's outputs from synth-llama-256.f32.gguf:
+ * quantizing the F32 file at conversion gives the same container byte for byte
+ * (ggml's reference quantizers, llama-quantize's choice of tensors: output.weight
+ * in Q6_K; under the _M mixes attn_v and ffn_down of layers 2 and 3 of 4 in Q6_K). */
+Test(quantize, at_conversion_equals_llama_quantize_for_every_type, .timeout = 120)
+{
+    const char *types[] = {"Q8_0", "Q6_K", "Q5_1", "Q5_0", "Q4_1", "Q4_0", "Q4_K_M", "Q5_K_M"};
+    char *d = tu_tmpdir(), a[1100], b[1100], ref[300];
+    snprintf(a, sizeof a, "%s/q.jlm", d);
+    snprintf(b, sizeof b, "%s/r.jlm", d);
+    for (int i = 0; i < 8; i++) {
+        jlm_conv *c;
+        jlm_err err = {0};
+        cr_assert_eq(jlm_conv_open_as(tu_model("synth-llama-256.f32.gguf"), types[i], NULL, &c, &err), 0, "%s", err.msg);
+        cr_assert_eq(jlm_conv_write(c, a, NULL, NULL, NULL, &err), 0, "%s", err.msg);
+        jlm_conv_close(c);
+        snprintf(ref, sizeof ref, "synth-llama-256.%s.gguf", types[i]);
+        cr_assert_eq(jlm_conv_open(tu_model(ref), NULL, &c, &err), 0, "%s", err.msg);
+        cr_assert_eq(jlm_conv_write(c, b, NULL, NULL, NULL, &err), 0, "%s", err.msg);
+        jlm_conv_close(c);
+        size_t na = 0, nb = 0;
+        unsigned char *x = tu_read_file(a, &na), *y = tu_read_file(b, &nb);
+        cr_assert(x && y && na == nb && !memcmp(x, y, na), "--type %s: the container differs from %s's", types[i], ref);
+        free(x); free(y);
+    }
+    tu_rmrf(d);
+    free(d);
+}
+
+Test(quantize, refuses_a_type_it_does_not_have_by_name)
+{
+    jlm_conv *c;
+    jlm_err err = {0};
+    cr_assert_eq(jlm_conv_open_as(tu_model("synth-llama-256.f32.gguf"), "Q3_K_M", NULL, &c, &err), JLM_EUNSUPPORTED);
+    cr_assert(strstr(err.msg, "--type Q3_K_M is not supported"), "%s", err.msg);
+}
+
+/* An HF folder quantized at conversion still runs: tiny-mixtral in Q8_0 stays
+ * within the quantized tolerance of llama.cpp's F32 logits. */
+Test(quantize, hf_folder_to_q8_0_runs, .timeout = 60)
+{
+    char *d = tu_tmpdir(), out[1100], src[1100];
+    snprintf(out, sizeof out, "%s/m.jlm", d);
+    snprintf(src, sizeof src, "%s/tests/models/hf/tiny-mixtral", tu_root());
+    jlm_conv *c;
+    jlm_err err = {0};
+    cr_assert_eq(jlm_conv_open_as(src, "Q8_0", NULL, &c, &err), 0, "%s", err.msg);
+    cr_assert_eq(jlm_conv_write(c, out, NULL, NULL, NULL, &err), 0, "%s", err.msg);
+    jlm_conv_close(c);
+    char ref[1100];
+    snprintf(ref, sizeof ref, "%s/tests/reference/oracle-tiny-mixtral.json", tu_root());
+    json_t *o = json_load_file(ref, 0, NULL), *run = json_array_get(json_object_get(o, "runs"), 0);
+    size_t np;
+    int32_t *p = ids(json_object_get(run, "prompt_ids"), &np);
+    jlm_engine_opts eo = {.n_threads = 2, .quiet = 1, .direct = 1};
+    jlm_engine *e;
+    cr_assert_eq(jlm_engine_open(out, &eo, &e, &err), 0, "%s", err.msg);
+    uint32_t nv = jlm_engine_n_vocab(e);
+    float *l = malloc(nv * sizeof *l);
+    cr_assert_eq(jlm_engine_eval(e, p, (uint32_t)np, l, &err), 0, "%s", err.msg);
+    json_t *want = json_object_get(run, "logits_after_prompt");
+    double mx = 0, d2 = 0;
+    for (uint32_t i = 0; i < nv; i++) {
+        double r = json_number_value(json_array_get(want, i));
+        mx = fmax(mx, fabs(r));
+        if (!(fabs(r - l[i]) <= d2)) d2 = fabs(r - l[i]);
+    }
+    cr_assert(!(d2 > 0.05 * mx), "Q8_0 logit error %g of max %g", d2, mx);
+    cr_log_info("tiny-mixtral Q8_0: logit error %.3g of max |logit| %.3g", d2, mx);
+    free(l); free(p);
+    json_decref(o);
+    jlm_engine_close(e);
+    tu_rmrf(d);
+    free(d);
+}
+
+/* ---------------------------------------------------------------- rope_scaling */
+/* rope_type llama3 becomes llama.cpp's rope_freqs tensor (frequency divisors).
+ * Reference: transformers' llama3 inv_freq for Llama-3.1's scaling (head_dim
+ * 128, theta 5e5, factor 8, low 1, high 4, original 8192), in
+ * tiny-llama/expected/rope.safetensors: base_freq / rope_freqs must equal it. */
+Test(hf, llama3_rope_scaling_gives_transformers_inv_freq)
+{
+    tdef t[] = {
+        {"model.embed_tokens.weight", "BF16", {4, 8}, 2, 0, 64},
+        {"lm_head.weight", "BF16", {4, 8}, 2, 64, 128},
+        {"model.norm.weight", "BF16", {8}, 1, 128, 144},
+        {"model.layers.0.input_layernorm.weight", "BF16", {8}, 1, 144, 160},
+        {"model.layers.0.post_attention_layernorm.weight", "BF16", {8}, 1, 160, 176},
+        {"model.layers.0.self_attn.q_proj.weight", "BF16", {128, 8}, 2, 176, 2224},
+        {"model.layers.0.self_attn.k_proj.weight", "BF16", {128, 8}, 2, 2224, 4272},
+        {"model.layers.0.self_attn.v_proj.weight", "BF16", {128, 8}, 2, 4272, 6320},
+        {"model.layers.0.self_attn.o_proj.weight", "BF16", {8, 128}, 2, 6320, 8368},
+        {"model.layers.0.mlp.gate_proj.weight", "BF16", {16, 8}, 2, 8368, 8624},
+        {"model.layers.0.mlp.up_proj.weight", "BF16", {16, 8}, 2, 8624, 8880},
+        {"model.layers.0.mlp.down_proj.weight", "BF16", {8, 16}, 2, 8880, 9136},
+    };
+    size_t len;
+    unsigned char *img = image(t, 12, 9136, &len);
+    const char *cfg = "{\"architectures\":[\"LlamaForCausalLM\"],\"hidden_size\":8,\"intermediate_size\":16,"
+                      "\"num_attention_heads\":1,\"num_hidden_layers\":1,\"num_key_value_heads\":1,\"vocab_size\":4,"
+                      "\"head_dim\":128,\"rope_theta\":500000.0,\"rope_scaling\":{\"factor\":8.0,\"high_freq_factor\":4.0,"
+                      "\"low_freq_factor\":1.0,\"original_max_position_embeddings\":8192,\"rope_type\":\"llama3\"}}";
+    jlm_gguf *g;
+    jlm_err err = {0};
+    cr_assert_eq(jlm_hf_open_mem(cfg, strlen(cfg), img, len, &g, &err), 0, "%s", err.msg);
+    const jlm_gguf_tensor *rf = jlm_gguf_find_tensor(g, "rope_freqs.weight");
+    cr_assert(rf && rf->ne[0] == 64 && rf->type == GGML_F32);
+    float f[64];
+    cr_assert_eq(jlm_gguf_read(g, rf, 0, f, sizeof f, &err), 0, "%s", err.msg);
+    char p[1024];
+    snprintf(p, sizeof p, "%s/tests/models/hf/tiny-llama/expected/rope.safetensors", tu_root());
+    size_t n;
+    float *want = golden(p, "llama3.inv_freq", &n);
+    cr_assert_eq(n, 64);
+    double worst = 0;
+    for (int i = 0; i < 64; i++) {
+        double base = 1.0 / pow(500000.0, (2.0 * i) / 128.0);
+        double rel = fabs(base / f[i] - want[i]) / want[i];
+        worst = fmax(worst, rel);
+        cr_assert(rel < 1e-5, "frequency %d: %g vs transformers %g", i, base / f[i], want[i]);
+    }
+    cr_log_info("llama3 rope_freqs: worst relative error %.3g", worst);
+    free(want);
+    jlm_gguf_close(g);
+    free(img);
+}
+
+/* Qwen3Moe's per-expert tensors stack into [n_expert, rows, cols] banks whose
+ * sheet E is expert E's tensor; a missing expert is refused. */
+Test(hf, qwen3moe_experts_stack_in_order_and_a_missing_one_is_refused)
+{
+    tdef t[] = {
+        {"model.embed_tokens.weight", "BF16", {4, 8}, 2, 0, 64},
+        {"lm_head.weight", "BF16", {4, 8}, 2, 64, 128},
+        {"model.norm.weight", "BF16", {8}, 1, 128, 144},
+        {"model.layers.0.input_layernorm.weight", "BF16", {8}, 1, 144, 160},
+        {"model.layers.0.post_attention_layernorm.weight", "BF16", {8}, 1, 160, 176},
+        {"model.layers.0.self_attn.q_proj.weight", "BF16", {8, 8}, 2, 176, 304},
+        {"model.layers.0.self_attn.k_proj.weight", "BF16", {4, 8}, 2, 304, 368},
+        {"model.layers.0.self_attn.v_proj.weight", "BF16", {4, 8}, 2, 368, 432},
+        {"model.layers.0.self_attn.o_proj.weight", "BF16", {8, 8}, 2, 432, 560},
+        {"model.layers.0.self_attn.q_norm.weight", "BF16", {4}, 1, 560, 568},
+        {"model.layers.0.self_attn.k_norm.weight", "BF16", {4}, 1, 568, 576},
+        {"model.layers.0.mlp.gate.weight", "BF16", {2, 8}, 2, 576, 608},
+        {"model.layers.0.mlp.experts.1.down_proj.weight", "BF16", {8, 4}, 2, 608, 672},
+        {"model.layers.0.mlp.experts.0.down_proj.weight", "BF16", {8, 4}, 2, 672, 736},
+        {"model.layers.0.mlp.experts.0.gate_proj.weight", "BF16", {4, 8}, 2, 736, 800},
+        {"model.layers.0.mlp.experts.1.gate_proj.weight", "BF16", {4, 8}, 2, 800, 864},
+        {"model.layers.0.mlp.experts.0.up_proj.weight", "BF16", {4, 8}, 2, 864, 928},
+        {"model.layers.0.mlp.experts.1.up_proj.weight", "BF16", {4, 8}, 2, 928, 992},
+    };
+    const char *cfg = "{\"architectures\":[\"Qwen3MoeForCausalLM\"],\"hidden_size\":8,\"intermediate_size\":16,"
+                      "\"num_attention_heads\":2,\"num_hidden_layers\":1,\"num_key_value_heads\":1,\"vocab_size\":4,"
+                      "\"head_dim\":4,\"num_experts\":2,\"num_experts_per_tok\":1,\"moe_intermediate_size\":4}";
+    size_t len;
+    unsigned char *img = image(t, 18, 992, &len);
+    jlm_gguf *g;
+    jlm_err err = {0};
+    cr_assert_eq(jlm_hf_open_mem(cfg, strlen(cfg), img, len, &g, &err), 0, "%s", err.msg);
+    const jlm_gguf_tensor *d = jlm_gguf_find_tensor(g, "blk.0.ffn_down_exps.weight");
+    cr_assert(d && d->n_dims == 3 && d->ne[0] == 4 && d->ne[1] == 8 && d->ne[2] == 2);
+    cr_assert(jlm_gguf_find_tensor(g, "blk.0.ffn_gate_inp.weight") && jlm_gguf_find_tensor(g, "blk.0.attn_k_norm.weight"));
+    uint8_t got[128];
+    cr_assert_eq(jlm_gguf_read(g, d, 0, got, sizeof got, &err), 0, "%s", err.msg);
+    cr_assert(!memcmp(got, img + len - 992 + 672, 64) && !memcmp(got + 64, img + len - 992 + 608, 64),
+              "sheet E is expert E's down_proj");
+    jlm_gguf_close(g);
+    free(img);
+    img = image(t, 17, 928, &len);     /* no experts.1.up_proj */
+    cr_assert_neq(jlm_hf_open_mem(cfg, strlen(cfg), img, len, &g, &err), 0);
+    cr_assert(strstr(err.msg, "blk.0.ffn_up_exps.weight: expert 1 has no tensor"), "%s", err.msg);
+    free(img);
+}
+
+Test(hf_cli, run_and_chat_on_a_folder_say_to_convert_it)
+{
+    char cmd[2400], *out = NULL;
+    snprintf(cmd, sizeof cmd, "'%s' run '%s/tests/models/hf/tiny-llama' --ids 1 2>&1", tu_jlm(), tu_root());
+    cr_assert_neq(tu_run(cmd, &out), 0);
+    cr_assert(out && strstr(out, "a Hugging Face folder") && strstr(out, "jlm convert"), "%s", out ? out : "");
+    free(out);
+}
+
+/* generation_config.json's eos_token_id list joins the end-of-generation set
+ * (the first id is EOS when tokenizer_config.json names none). */
+Test(hf_tok, generation_config_eos_list_ends_generation)
+{
+    char *d = tu_tmpdir(), cmd[3000], p[1100];
+    snprintf(cmd, sizeof cmd, "mkdir '%s/t' && cp '%s/tests/fuzz/seeds-hf-tokenizer/qwen-like.json' '%s/t/tokenizer.json'",
+             d, tu_root(), d);
+    cr_assert_eq(system(cmd), 0);
+    snprintf(p, sizeof p, "%s/t/generation_config.json", d);
+    const char *gen = "{\"eos_token_id\": [5, 7], \"bos_token_id\": 1}";
+    cr_assert_eq(tu_write_file(p, gen, strlen(gen)), 0);
+    snprintf(p, sizeof p, "%s/t", d);
+    jlm_conv *c;
+    jlm_err err = {0};
+    cr_assert_eq(jlm_conv_open(p, NULL, &c, &err), 0, "%s", err.msg);
+    cr_assert_eq(c->vocab.eos, 5);
+    int has7 = 0;
+    for (uint32_t i = 0; i < c->vocab.n_stop; i++)
+        has7 |= c->vocab.stop[i] == 7;
+    cr_assert(has7, "id 7 of generation_config.json ends generation");
+    jlm_conv_close(c);
+    snprintf(p, sizeof p, "%s/t/generation_config.json", d);
+    const char *bad = "{\"eos_token_id\": [5, 999999]}";
+    cr_assert_eq(tu_write_file(p, bad, strlen(bad)), 0);
+    snprintf(p, sizeof p, "%s/t", d);
+    cr_assert_neq(jlm_conv_open(p, NULL, &c, &err), 0);
+    cr_assert(strstr(err.msg, "generation_config.json: eos_token_id 1 is not a token id"), "%s", err.msg);
+    tu_rmrf(d);
+    free(d);
+}
