@@ -91,7 +91,7 @@ bench: all $(BENCH_BIN)
 # Fuzz targets (clang + libFuzzer). Run one with e.g.
 #   mkdir -p /tmp/corpus && build-fuzz/fuzz_gguf -max_total_time=60 /tmp/corpus tests/models/vocab
 # (the first directory receives new inputs: never point it into the tree)
-FUZZ_SRC := format/jlm_err.c format/types.c format/codec.c format/plan.c format/reader.c format/writer.c \
+FUZZ_SRC := format/jlm_err.c format/types.c format/codec.c format/plan.c format/reader.c format/writer.c format/sanity.c \
             converter/gguf.c converter/ggml_quants.c
 fuzz:
 	@mkdir -p build-fuzz

@@ -167,12 +167,16 @@ int jlm_conv_open(const char *src_path, FILE *notes, jlm_conv **out, jlm_err *er
         rc = jlm_errf(err, JLM_EFORMAT, "%s: no token_embd.weight tensor", c->src_path);
         goto fail;
     }
+    if ((rc = jlm_fmt_shapes_check(&c->config, c->tensors, c->n_tensors, c->src_path, err)))
+        goto fail;
     jlm_plan_input in = {.config = &c->config, .vocab = &c->vocab, .fp = &c->fp,
                          .n_tensors = c->n_tensors, .tensors = c->tensors};
     if ((rc = jlm_fmt_plan(&in, &c->plan, err))) {
         jlm_err_prefix(err, rc, "%s", c->src_path);
         goto fail;
     }
+    if ((rc = jlm_conv_check_proportion(c, err)))
+        goto fail;
     if (c->n_tensors)
         memcpy(c->tensors, c->plan.tensors, c->n_tensors * sizeof *c->tensors);
     *out = c;

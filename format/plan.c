@@ -16,6 +16,10 @@
 #define ROLE_VISION_FIRST 64
 #define ROLE_VISION_LAST  93
 
+/* With at most JLM_MAX_TENSORS tensors of planes this long, every cursor sum
+ * below stays under 2^63. */
+#define JLM_MAX_PLANE (1ull << 40)
+
 static int is_vision_role(uint16_t r) { return r >= ROLE_VISION_FIRST && r <= ROLE_VISION_LAST; }
 
 /* Places the three planes of a tensor (lengths q,d,s) at a cursor relative to
@@ -75,15 +79,25 @@ int jlm_fmt_plan(const jlm_plan_input *in, jlm_plan *out, jlm_err *err)
     const jlm_config *cfg = in->config;
     uint32_t n = in->n_tensors;
     jlm_plan p = {0};
-    int rc = check_unique(in->tensors, n, "plan", err);
+    /* Untrusted sizes first: nothing below is sized before the config is
+     * bounded (sanity.c); shapes against the config are the caller's check
+     * (jlm_fmt_shapes_check: the converter and the engine). */
+    int rc = jlm_fmt_config_check(cfg, "plan", err);
+    if (!rc && n > JLM_MAX_TENSORS)
+        rc = jlm_errf(err, JLM_ERANGE, "plan: %u tensors, at most %u are accepted", n, JLM_MAX_TENSORS);
+    if (!rc && in->vision && in->vision->n_layer > JLM_MAX_LAYERS)
+        rc = jlm_errf(err, JLM_ERANGE, "plan: vision tower has %u layers, at most %u are accepted",
+                      in->vision->n_layer, JLM_MAX_LAYERS);
+    if (!rc)
+        rc = check_unique(in->tensors, n, "plan", err);
     if (rc)
         return rc;
     p.tensors = calloc(n ? n : 1, sizeof *p.tensors);
     jlm_tensor_planes *pl = calloc(n ? n : 1, sizeof *pl);
     uint32_t nvis = in->vision ? in->vision->n_layer : 0;
-    uint64_t *text_used = calloc(cfg->n_layer + 1, sizeof *text_used);
-    uint64_t *vis_used = calloc(nvis + 1, sizeof *vis_used);
-    int32_t *moe_rank = malloc((cfg->n_layer + 1) * sizeof *moe_rank);
+    uint64_t *text_used = calloc((size_t)cfg->n_layer + 1, sizeof *text_used);
+    uint64_t *vis_used = calloc((size_t)nvis + 1, sizeof *vis_used);
+    int32_t *moe_rank = malloc(((size_t)cfg->n_layer + 1) * sizeof *moe_rank);
     if (!p.tensors || !pl || !text_used || !vis_used || !moe_rank) {
         rc = jlm_errf(err, JLM_ENOMEM, "plan: out of memory");
         goto fail;
@@ -99,6 +113,10 @@ int jlm_fmt_plan(const jlm_plan_input *in, jlm_plan *out, jlm_err *err)
         jlm_tensor *t = &p.tensors[i];
         if ((rc = jlm_fmt_tensor_planes(t, &pl[i], err)))
             goto fail;
+        if (pl[i].qs_len > JLM_MAX_PLANE || pl[i].d_len > JLM_MAX_PLANE || pl[i].sc_len > JLM_MAX_PLANE) {
+            rc = jlm_errf(err, JLM_ERANGE, "plan: tensor '%s' has a plane over 1 TiB", t->name.s);
+            goto fail;
+        }
         if (t->block >= 0 && (is_vision_role(t->role) ? (uint32_t)t->block >= nvis : (uint32_t)t->block >= cfg->n_layer)) {
             rc = jlm_errf(err, JLM_EFORMAT, "plan: tensor '%s' in block %d, model has %u", t->name.s, t->block,
                           is_vision_role(t->role) ? nvis : cfg->n_layer);
@@ -147,7 +165,7 @@ int jlm_fmt_plan(const jlm_plan_input *in, jlm_plan *out, jlm_err *err)
 
     /* Pass over the table: dense offsets absolute, paged offsets page-relative. */
     uint64_t dense = h->dense_off, exp_used = 0, minp = UINT64_MAX, min_sheet = UINT64_MAX;
-    uint64_t *exp_cursor = calloc(cfg->n_layer + 1, sizeof *exp_cursor);
+    uint64_t *exp_cursor = calloc((size_t)cfg->n_layer + 1, sizeof *exp_cursor);
     if (!exp_cursor) {
         rc = jlm_errf(err, JLM_ENOMEM, "plan: out of memory");
         goto fail;

@@ -1,0 +1,178 @@
+/* test_hostile.c - untrusted sizes (issue 10, docs/security.md): crafted GGUFs
+ * through `jlm convert` and altered containers through `jlm run` give one
+ * clear line naming the field, exit 1, and leave nothing behind. The crafted
+ * inputs are made here by patching one value of a model in tests/models. */
+#include <criterion/criterion.h>
+
+#include "format/jlm_format.h"
+#include "testutil.h"
+
+/* Offset of the u32 value of GGUF key `key` (type UINT32/INT32), or 0. */
+static size_t gguf_u32_at(const unsigned char *b, size_t n, const char *key)
+{
+    size_t kl = strlen(key);
+    for (size_t i = 8; i + kl + 8 <= n; i++) {
+        uint64_t len;
+        memcpy(&len, b + i - 8, 8);
+        if (len != kl || memcmp(b + i, key, kl))
+            continue;
+        uint32_t type;
+        memcpy(&type, b + i + kl, 4);
+        if (type == 4 || type == 5)
+            return i + kl + 4;
+    }
+    return 0;
+}
+
+/* Writes dir/name: `model` with key set to v. */
+static char *craft_gguf(const char *dir, const char *model, const char *key, uint32_t v)
+{
+    size_t n;
+    unsigned char *b = tu_read_file(tu_model(model), &n);
+    cr_assert(b, "read %s", model);
+    size_t at = gguf_u32_at(b, n, key);
+    cr_assert(at, "%s has no u32 key %s", model, key);
+    memcpy(b + at, &v, 4);
+    char *p = malloc(1024);
+    snprintf(p, 1024, "%s/crafted.gguf", dir);
+    cr_assert_eq(tu_write_file(p, b, n), 0);
+    free(b);
+    return p;
+}
+
+static int count_lines(const char *s)
+{
+    int n = 0;
+    for (; *s; s++)
+        n += *s == '\n';
+    return n;
+}
+
+/* Runs `jlm convert` on the crafted file: exit 1, one line naming `want`,
+ * neither the container nor its .part left. */
+static void convert_refused(const char *model, const char *key, uint32_t v, const char *want)
+{
+    char *dir = tu_tmpdir();
+    char *src = craft_gguf(dir, model, key, v);
+    char cmd[3000], out[1100], part[1200], *o = NULL;
+    snprintf(out, sizeof out, "%s/crafted.jlm", dir);
+    snprintf(part, sizeof part, "%s.part", out);
+    snprintf(cmd, sizeof cmd, "%s convert -o %s %s", tu_jlm(), out, src);
+    int rc = tu_run(cmd, &o);
+    cr_expect_eq(rc, 1, "%s=%u: exit %d (want 1, no crash): %s", key, v, rc, o);
+    cr_expect(strstr(o, want), "%s=%u: message names '%s': %s", key, v, want, o);
+    cr_expect(strstr(o, "crafted.gguf"), "message names the file: %s", o);
+    cr_expect_eq(count_lines(o), 1, "one line: %s", o);
+    cr_expect(!tu_exists(out) && !tu_exists(part), "%s=%u: nothing half-written", key, v);
+    free(o);
+    free(src);
+    tu_rmrf(dir);
+    free(dir);
+}
+
+Test(hostile_gguf, block_count_that_wraps_the_planner_is_refused)
+{
+    convert_refused("stories260K.gguf", "llama.block_count", 0xFFFFFFFFu, "n_layer");
+}
+
+Test(hostile_gguf, block_count_that_would_allocate_gigabytes_is_refused)
+{
+    convert_refused("stories260K.gguf", "llama.block_count", 1000000000u, "n_layer");
+}
+
+Test(hostile_gguf, block_count_that_would_write_a_huge_sparse_file_is_refused)
+{
+    convert_refused("stories260K.gguf", "llama.block_count", 20000000u, "n_layer");
+    convert_refused("stories260K.gguf", "llama.block_count", 4000u, "block 5 has no tensor");
+}
+
+Test(hostile_gguf, expert_count_over_the_routing_arrays_is_refused)
+{
+    convert_refused("synth-qwen3moe-256.Q8_0.gguf", "qwen3moe.expert_count", 2000u, "n_expert is 2000");
+    convert_refused("synth-qwen3moe-256.Q8_0.gguf", "qwen3moe.expert_count", 16u, "ffn_gate_inp");
+}
+
+Test(hostile_gguf, dimensions_that_disagree_with_the_tensors_are_refused)
+{
+    convert_refused("stories260K.gguf", "llama.embedding_length", 128u, "token_embd");
+    convert_refused("stories260K.gguf", "llama.embedding_length", 0x7FFFFFFFu, "n_embd");
+    convert_refused("stories260K.gguf", "llama.attention.head_count", 16u, "n_rot");
+    convert_refused("stories260K.gguf", "llama.attention.head_count_kv", 8u, "attn_k");
+    convert_refused("stories260K.gguf", "llama.feed_forward_length", 4096u, "ffn_gate");
+    convert_refused("stories260K.gguf", "llama.rope.dimension_count", 1000u, "n_rot");
+    convert_refused("synth-qwen3moe-256.Q8_0.gguf", "qwen3moe.attention.key_length", 128u, "attn_q");
+    convert_refused("synth-qwen3moe-256.Q8_0.gguf", "qwen3moe.attention.value_length", 4096u, "attn_v");
+    convert_refused("synth-qwen3moe-256.Q8_0.gguf", "qwen3moe.expert_feed_forward_length", 512u, "ffn_gate_exps");
+}
+
+/* ---------------------------------------------------------------- altered containers */
+static char *convert_good(const char *dir, const char *model)
+{
+    char *out = malloc(1024), cmd[2600], *o = NULL;
+    snprintf(out, 1024, "%s/good.jlm", dir);
+    snprintf(cmd, sizeof cmd, "%s convert -o %s %s", tu_jlm(), out, tu_model(model));
+    cr_assert_eq(tu_run(cmd, &o), 0, "%s", o);
+    free(o);
+    return out;
+}
+
+/* Config field i (0 = n_layer, 1 = n_embd, ...; jlm-format.md 4.1) set to v. */
+static void run_refused(const char *model, int field, uint32_t v, const char *want)
+{
+    char *dir = tu_tmpdir();
+    char *path = convert_good(dir, model);
+    size_t n;
+    unsigned char *b = tu_read_file(path, &n);
+    cr_assert(b);
+    memcpy(b + JLM_HEADER_LEN + 2 + 4 * field, &v, 4);
+    cr_assert_eq(tu_write_file(path, b, n), 0);
+    free(b);
+    char cmd[2600], *o = NULL;
+    snprintf(cmd, sizeof cmd, "%s run %s -p 'Once upon' -n 2 --temp 0 2>&1", tu_jlm(), path);
+    int rc = tu_run(cmd, &o);
+    cr_expect_eq(rc, 1, "field %d=%u: exit %d (want 1, no crash): %s", field, v, rc, o);
+    cr_expect(strstr(o, want), "field %d=%u: message names '%s': %s", field, v, want, o);
+    cr_expect(strstr(o, "good.jlm"), "message names the file: %s", o);
+    free(o);
+    free(path);
+    tu_rmrf(dir);
+    free(dir);
+}
+
+Test(hostile_container, config_that_disagrees_with_the_tensors_is_refused_at_open)
+{
+    run_refused("stories260K.gguf", 1, 128, "token_embd");        /* n_embd */
+    run_refused("stories260K.gguf", 2, 16, "attn_q");             /* n_head */
+    run_refused("stories260K.gguf", 3, 8, "attn_k");              /* n_kv_head */
+    run_refused("stories260K.gguf", 4, 64, "attn_q");             /* head_dim */
+    run_refused("stories260K.gguf", 5, 64, "n_rot");              /* n_rot */
+    run_refused("stories260K.gguf", 6, 100000, "ffn_gate");       /* n_ffn */
+    run_refused("stories260K.gguf", 7, 4096, "token_embd");       /* n_vocab */
+    run_refused("stories260K.gguf", 1, 0xFFFFFFFFu, "n_embd");
+}
+
+Test(hostile_container, expert_config_that_disagrees_is_refused_at_open)
+{
+    run_refused("synth-qwen3moe-256.Q8_0.gguf", 11, 1024, "ffn_gate_exps");   /* n_ffn_exp */
+}
+
+/* The planner itself (the fuzz path and any other caller) bounds the config
+ * before sizing anything: n_layer 0xFFFFFFFF used to wrap n_layer + 1 to 0. */
+Test(hostile_plan, layer_count_that_wraps_is_refused_before_any_allocation)
+{
+    static jlm_str tok[1] = {{"a", 1}};
+    jlm_vocab v = {.kind = JLM_VOCAB_SPM, .n_tokens = 1, .tokens = tok, .bos = -1, .eos = -1, .unk = -1,
+                   .pad = -1, .sep = -1, .mask = -1};
+    jlm_fingerprint fp = {.host = {"x", 1}, .device = {"cpu", 3}, .writer = {"t", 1}};
+    jlm_config c = {.arch = JLM_ARCH_LLAMA, .n_layer = 0xFFFFFFFFu, .n_embd = 64, .n_head = 8, .n_kv_head = 4,
+                    .head_dim = 8, .n_rot = 8, .n_vocab = 1, .rms_eps = 1e-5f, .rope_base = 1e4f};
+    jlm_plan_input in = {.config = &c, .vocab = &v, .fp = &fp};
+    jlm_plan p;
+    jlm_err err = {0};
+    cr_assert_eq(jlm_fmt_plan(&in, &p, &err), JLM_ERANGE, "%s", err.msg);
+    cr_expect(strstr(err.msg, "n_layer"), "%s", err.msg);
+    c.n_layer = 2;
+    c.n_expert = 5000;
+    cr_assert_eq(jlm_fmt_plan(&in, &p, &err), JLM_ERANGE, "%s", err.msg);
+    cr_expect(strstr(err.msg, "n_expert"), "%s", err.msg);
+}
