@@ -141,12 +141,17 @@ static int has_role(const jlm_conv *c, uint16_t role)
 
 int jlm_conv_open(const char *src_path, FILE *notes, jlm_conv **out, jlm_err *err)
 {
+    return jlm_conv_open_at(-1, src_path, notes, out, err);
+}
+
+int jlm_conv_open_at(int root_fd, const char *src_path, FILE *notes, jlm_conv **out, jlm_err *err)
+{
     jlm_conv *c = calloc(1, sizeof *c);
     if (!c || !(c->arena = jlm_arena_new())) {
         free(c);
         return jlm_errf(err, JLM_ENOMEM, "%s: out of memory", src_path);
     }
-    int rc = jlm_gguf_open(src_path, &c->g, err);
+    int rc = jlm_gguf_open_at(root_fd, src_path, &c->g, err);
     if (rc)
         goto fail;
     c->src_path = c->g->path;

@@ -53,6 +53,10 @@ typedef void (*jlm_conv_progress)(void *ctx, uint64_t done, uint64_t total);
  * JLM_EUNSUPPORTED for an unknown architecture / tensor / type (named),
  * JLM_EFORMAT for a malformed source. *out untouched on error. */
 int  jlm_conv_open(const char *src_path, FILE *notes, jlm_conv **out, jlm_err *err);
+/* Same with src_path relative to the directory root_fd, opened without
+ * following any symlink and without leaving root_fd (jlm_gguf_open_at): what
+ * the daemon uses for sources in SRC. */
+int  jlm_conv_open_at(int root_fd, const char *src_path, FILE *notes, jlm_conv **out, jlm_err *err);
 void jlm_conv_close(jlm_conv *c);   /* accepts NULL */
 
 /* Pass 2: packs every tensor into OUT.part, verifies, renames to OUT. */

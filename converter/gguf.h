@@ -83,6 +83,10 @@ typedef struct jlm_gguf {
 /* Opens path (if it is part 1 of a split, all parts). *out untouched on error;
  * messages name the file and the offset/field. */
 int  jlm_gguf_open(const char *path, jlm_gguf **out, jlm_err *err);
+/* Same with path relative to the directory root_fd, opened (with every split
+ * part) by jlm_open_beneath: no symlink followed, nothing outside root_fd.
+ * Messages name the relative path only. root_fd -1: jlm_gguf_open. */
+int  jlm_gguf_open_at(int root_fd, const char *path, jlm_gguf **out, jlm_err *err);
 /* Same on an in-memory image (no splits); the buffer must outlive the handle. For fuzzing. */
 int  jlm_gguf_open_mem(const void *buf, size_t len, const char *what, jlm_gguf **out, jlm_err *err);
 void jlm_gguf_close(jlm_gguf *g);   /* accepts NULL */

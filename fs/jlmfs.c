@@ -2,6 +2,7 @@
  * cache folder, the conversion workers, path resolution, listings, texts,
  * extended attributes and the residency database connection. */
 #include "fs/jlmfs_int.h"
+#include "converter/beneath.h"
 
 #include <dirent.h>
 #include <errno.h>
@@ -105,10 +106,12 @@ jlmfs_view *jlmfs_sync_view(jlmfs *fs, const char *rel)
 {
     if (!ends_with(rel, ".gguf"))
         return NULL;
-    char *path = join(fs->src, rel);
+    /* lstat through SRC's descriptor: a symlink (anywhere in rel) is no source */
     struct stat st;
-    int ok = path && stat(path, &st) == 0 && S_ISREG(st.st_mode);
-    free(path);
+    int fd = jlm_open_beneath(fs->src_fd, rel, O_PATH, 0);
+    int ok = fd >= 0 && fstat(fd, &st) == 0 && S_ISREG(st.st_mode);
+    if (fd >= 0)
+        close(fd);
     jlmfs_ident id;
     if (ok)
         ident_of(&st, &id);
@@ -420,6 +423,7 @@ int jlmfs_open(const jlmfs_opts *o, jlmfs **out, jlm_err *err)
     if (!fs)
         return jlm_errf(err, JLM_ENOMEM, "out of memory");
     fs->lock_fd = -1;
+    fs->src_fd = -1;
     pthread_mutex_init(&fs->lock, NULL);
     pthread_mutex_init(&fs->create_lock, NULL);
     pthread_mutex_init(&fs->db_lock, NULL);
@@ -430,9 +434,10 @@ int jlmfs_open(const jlmfs_opts *o, jlmfs **out, jlm_err *err)
     fs->check = chk && *chk == '1';
     struct stat st;
     int rc = 0;
-    if (!o->src || !(fs->src = realpath(o->src, NULL)) || stat(fs->src, &st) || !S_ISDIR(st.st_mode))
+    if (!o->src || !(fs->src = realpath(o->src, NULL)) || stat(fs->src, &st) || !S_ISDIR(st.st_mode) ||
+        (fs->src_fd = open(fs->src, O_PATH | O_DIRECTORY | O_CLOEXEC)) < 0)
         rc = jlm_errf(err, JLM_EINVAL, "source %s: %s", o->src ? o->src : "(none)",
-                      fs->src ? "not a directory" : strerror(errno));
+                      fs->src && !S_ISDIR(st.st_mode) ? "not a directory" : strerror(errno));
     if (!rc)
         rc = open_cache(fs, o->cache, err);
     if (rc) {
@@ -474,6 +479,8 @@ void jlmfs_close(jlmfs *fs)
     }
     if (fs->lock_fd >= 0)
         close(fs->lock_fd);
+    if (fs->src_fd >= 0)
+        close(fs->src_fd);
     free(fs->views); free(fs->queue); free(fs->writers); free(fs->threads);
     free(fs->src); free(fs->cache); free(fs->cache_rel); free(fs->db_path);
     pthread_mutex_destroy(&fs->lock);

@@ -58,6 +58,7 @@ struct jlmfs_view {
 
 struct jlmfs {
     char           *src;          /* realpath of SRC */
+    int             src_fd;       /* SRC (O_PATH): sources open below it, no symlink followed */
     char           *cache;        /* realpath of the cache folder */
     char           *cache_rel;    /* cache path relative to SRC if inside it, else NULL */
     char           *db_path;
@@ -93,6 +94,10 @@ int   jlmfs_view_read(jlmfs_view *v, uint64_t off, size_t len, uint8_t *out, jlm
 int   jlmfs_view_check(jlmfs_view *v, jlm_err *err);
 int   jlmfs_view_expert_page(const jlmfs_view *v, int32_t b, int32_t e, uint64_t *off);
 const char *jlmfs_arr_name(int arr);
+
+/* status.c: msg as a status line may show it (docs/security.md): SRC's and
+ * the cache's absolute paths become "SRC" and "CACHE", control bytes "?". */
+void  jlmfs_status_clean(char *dst, size_t n, const char *msg, const jlmfs *fs);
 
 /* jlmfs.c */
 jlmfs_view *jlmfs_sync_view(jlmfs *fs, const char *rel);   /* reference or NULL */

@@ -50,7 +50,7 @@ static void set_error(jlmfs_view *v, const char *msg)
     pthread_mutex_lock(&v->lock);
     if (v->state != JLMFS_ERROR) {
         v->state = JLMFS_ERROR;
-        snprintf(v->errmsg, sizeof v->errmsg, "%s", msg);
+        jlmfs_status_clean(v->errmsg, sizeof v->errmsg, msg, v->fs);
     }
     pthread_mutex_unlock(&v->lock);
 }
@@ -203,7 +203,7 @@ static char *tensors_text(const jlm_model *m)
 /* Plans the view; a source that cannot be planned leaves it in ERROR. */
 static int plan_view(jlmfs_view *v, const char *src_path, jlm_err *err)
 {
-    int rc = jlm_conv_open(src_path, NULL, &v->conv, err);
+    int rc = jlm_conv_open_at(v->fs->src_fd, src_path, NULL, &v->conv, err);
     if (rc)
         return rc;
     v->file_size = v->conv->plan.file_size;
@@ -303,17 +303,13 @@ int jlmfs_view_create(jlmfs *fs, const char *rel, const jlmfs_ident *id, const s
     }
     memcpy(v->key, rel, n - 5);
     strcpy(v->key + n - 5, ".jlm");
-    char *src_path = NULL;
     jlm_err e = {0};
-    int rc = asprintf(&src_path, "%s/%s", fs->src, rel) < 0 ? jlm_errf(&e, JLM_ENOMEM, "out of memory") : 0;
-    if (!rc)
-        rc = plan_view(v, src_path, &e);
+    int rc = plan_view(v, v->rel, &e);   /* relative to SRC: below it, no symlink followed */
     if (!rc)
         rc = open_container(v, &e);
-    free(src_path);
     if (rc) {   /* the view exists, in ERROR: status names the reason */
         v->state = JLMFS_ERROR;
-        snprintf(v->errmsg, sizeof v->errmsg, "%s", e.msg);
+        jlmfs_status_clean(v->errmsg, sizeof v->errmsg, e.msg, fs);
         if (v->fd >= 0)
             close(v->fd);
         v->fd = -1;

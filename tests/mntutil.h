@@ -10,6 +10,7 @@
 #include "testutil.h"
 
 #include <fcntl.h>
+#include <stdarg.h>
 #include <signal.h>
 #include <sys/prctl.h>
 #include <time.h>
@@ -22,20 +23,20 @@ typedef struct mnt {
 
 static mnt M;
 
-static double now_s(void)
+static inline double now_s(void)
 {
     struct timespec ts;
     clock_gettime(CLOCK_MONOTONIC, &ts);
     return (double)ts.tv_sec + ts.tv_nsec * 1e-9;
 }
 
-static void sleep_ms(int ms)
+static inline void sleep_ms(int ms)
 {
     struct timespec ts = {ms / 1000, (long)(ms % 1000) * 1000000L};
     nanosleep(&ts, NULL);
 }
 
-static const char *jlmfs_bin(void)
+static inline const char *jlmfs_bin(void)
 {
     static char b[1024];
     snprintf(b, sizeof b, "%s", tu_jlm());
@@ -44,7 +45,7 @@ static const char *jlmfs_bin(void)
     return b;
 }
 
-static int is_mounted(const char *dir)
+static inline int is_mounted(const char *dir)
 {
     FILE *f = fopen("/proc/self/mountinfo", "r");
     char line[4096];
@@ -59,7 +60,7 @@ static int is_mounted(const char *dir)
     return found;
 }
 
-static void mnt_dirs(void)
+static inline void mnt_dirs(void)
 {
     M.tmp = tu_tmpdir();
     cr_assert(M.tmp, "cannot create a temp dir");
@@ -73,7 +74,7 @@ static void mnt_dirs(void)
 
 /* Starts `jlmfs SRC MNT -f [-o cache=CACHE]` (slow_ms: the test hook) and
  * waits up to 10 s for the mount to appear. */
-static void mnt_start(unsigned slow_ms, int own_cache)
+static inline void mnt_start(unsigned slow_ms, int own_cache)
 {
     pid_t pid = fork();
     cr_assert(pid >= 0, "fork failed");
@@ -107,7 +108,7 @@ static void mnt_start(unsigned slow_ms, int own_cache)
     }
 }
 
-static void mnt_stop(void)
+static inline void mnt_stop(void)
 {
     if (M.mnt[0] && is_mounted(M.mnt)) {
         char cmd[700];
@@ -129,12 +130,38 @@ static void mnt_stop(void)
     }
 }
 
-static void mnt_fini(void)
+static inline void mnt_fini(void)
 {
     mnt_stop();
     tu_rmrf(M.tmp);
     free(M.tmp);
     M.tmp = NULL;
+}
+
+/* A path in a rotating static buffer (8 live at once). */
+static inline char *pathf(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
+static inline char *pathf(const char *fmt, ...)
+{
+    static char buf[8][1024];
+    static int i;
+    char *b = buf[i++ & 7];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(b, 1024, fmt, ap);
+    va_end(ap);
+    return b;
+}
+
+/* A whole file as a NUL-terminated string; NULL if unreadable. */
+static inline char *read_text(const char *path)
+{
+    size_t n;
+    char *t = (char *)tu_read_file(path, &n);
+    if (t) {
+        char *z = realloc(t, n + 1);
+        if (z) { z[n] = 0; t = z; }
+    }
+    return t;
 }
 
 #endif

@@ -20,19 +20,6 @@
 static void init_own_cache(void) { mnt_dirs(); }
 
 /* ---------------------------------------------------------------- helpers */
-static char *pathf(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
-static char *pathf(const char *fmt, ...)
-{
-    static char buf[8][1024];
-    static int i;
-    char *b = buf[i++ & 7];
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(b, 1024, fmt, ap);
-    va_end(ap);
-    return b;
-}
-
 /* Copies a model into the mount (open, write, close: the view appears on close). */
 static void copy_in(const char *model, const char *as)
 {
@@ -58,17 +45,6 @@ static unsigned char *reference(const char *model, size_t *len, char **path_out)
     if (path_out)
         *path_out = path;
     return b;
-}
-
-static char *read_text(const char *path)
-{
-    size_t n;
-    char *t = (char *)tu_read_file(path, &n);
-    if (t) {
-        char *z = realloc(t, n + 1);
-        if (z) { z[n] = 0; t = z; }
-    }
-    return t;
 }
 
 static void wait_ready(const char *view, double limit_s)

@@ -171,3 +171,87 @@ Test(fs_priv, new_names_belong_to_the_caller_and_never_carry_setuid, .init = ini
     cr_assert_eq(stat(pathf_src("open/f"), &st), 0);
     cr_expect_eq(st.st_mode & 07777, 0600, "mode 0%o: no setuid/setgid bit", st.st_mode & 07777);
 }
+
+/* ---------------------------------------------------------------- symlinks and status */
+static void copy_model(const char *model, const char *to)
+{
+    size_t n;
+    unsigned char *b = tu_read_file(tu_model(model), &n);
+    cr_assert(b);
+    cr_assert_eq(tu_write_file(to, b, n), 0, "write %s", to);
+    free(b);
+}
+
+/* Polls VIEW/status until it starts with "error" (10 s at most). */
+static char *wait_error(const char *view)
+{
+    double t0 = now_s();
+    for (;;) {
+        char *s = read_text(pathf("%s/%s/status", M.mnt, view));
+        if (s && !strncmp(s, "error", 5))
+            return s;
+        free(s);
+        cr_assert(now_s() - t0 < 10, "%s: no error status within 10 s", view);
+        sleep_ms(20);
+    }
+}
+
+static void init_plain(void) { mnt_dirs(); }
+
+Test(fs_links, a_symlink_in_src_is_never_a_source, .init = init_plain, .fini = mnt_fini, .timeout = 60)
+{
+    copy_model("stories260K.gguf", pathf("%s/outside.gguf", M.tmp));    /* outside SRC */
+    copy_model("stories260K.gguf", pathf("%s/real.gguf", M.src));
+    cr_assert_eq(symlink(pathf("%s/outside.gguf", M.tmp), pathf("%s/evil.gguf", M.src)), 0);
+    cr_assert_eq(symlink("real.gguf", pathf("%s/inner.gguf", M.src)), 0);
+    mnt_start(0, 1);
+    struct stat st;
+    cr_assert_eq(stat(pathf("%s/real.jlm/status", M.mnt), &st), 0, "a regular GGUF gets its view");
+    cr_expect_neq(stat(pathf("%s/evil.jlm", M.mnt), &st), 0, "a link out of SRC gets no view");
+    cr_expect_neq(stat(pathf("%s/inner.jlm", M.mnt), &st), 0, "a link inside SRC gets no view either");
+    cr_expect(lstat(pathf("%s/evil.gguf", M.mnt), &st) == 0 && S_ISLNK(st.st_mode), "the link itself passes through");
+    /* a link made while mounted, through SRC and through the mount */
+    cr_assert_eq(symlink(pathf("%s/outside.gguf", M.tmp), pathf("%s/late.gguf", M.src)), 0);
+    cr_assert_eq(symlink(pathf("%s/outside.gguf", M.tmp), pathf("%s/late2.gguf", M.mnt)), 0);
+    cr_expect_neq(stat(pathf("%s/late.jlm", M.mnt), &st), 0, "no view for a link made in SRC");
+    cr_expect_neq(stat(pathf("%s/late2.jlm", M.mnt), &st), 0, "no view for a link made through the mount");
+}
+
+Test(fs_links, status_never_echoes_source_bytes_or_absolute_paths, .init = init_plain, .fini = mnt_fini,
+     .timeout = 60)
+{
+    const char secret[] = "root:$6$hash:19000:0:99999:7:::\n";
+    cr_assert_eq(tu_write_file(pathf("%s/bad.gguf", M.src), secret, sizeof secret - 1), 0);
+    size_t n;
+    unsigned char *b = tu_read_file(tu_model("stories260K.gguf"), &n);
+    cr_assert(b);
+    cr_assert_eq(tu_write_file(pathf("%s/cut.gguf", M.src), b, 4096), 0);   /* truncated: names a field */
+    free(b);
+    mnt_start(0, 1);
+    const char *views[] = {"bad.jlm", "cut.jlm"};
+    for (int i = 0; i < 2; i++) {
+        char *s = wait_error(views[i]);
+        cr_expect(!strstr(s, "root") && !strstr(s, "72 6f") && !strstr(s, "hash"), "%s echoes source bytes: %s",
+                  views[i], s);
+        cr_expect(!strstr(s, M.tmp), "%s shows an absolute path: %s", views[i], s);
+        cr_expect(strstr(s, views[i][0] == 'b' ? "bad.gguf" : "cut.gguf"), "%s names the source: %s", views[i], s);
+        free(s);
+    }
+}
+
+Test(fs_priv, a_view_is_readable_only_by_who_may_read_its_gguf, .init = init, .fini = fini, .timeout = 60)
+{
+    NEED_USER();
+    copy_model("stories260K.gguf", pathf_src("private.gguf"));
+    chmod(pathf_src("private.gguf"), 0600);
+    copy_model("stories260K.gguf", pathf_src("public.gguf"));
+    chmod(pathf_src("public.gguf"), 0644);
+    struct stat st;
+    cr_assert_eq(stat(pathf("%s/private.jlm/status", M.mnt), &st), 0, "root sees the view");
+    cr_expect_neq(as_user(OP_READ, M.src, "private.gguf"), 0, "the GGUF is private (the case tests a privilege)");
+    cr_expect_neq(as_user(OP_READ, M.mnt, "private.jlm/model.jlm"), 0, "its container is private too");
+    cr_expect_neq(as_user(OP_READ, M.mnt, "private.jlm/status"), 0, "and its status");
+    cr_expect_neq(as_user(OP_READ, M.mnt, "private.jlm/blocks/0"), 0, "and its pages");
+    cr_expect_eq(as_user(OP_READ, M.mnt, "public.jlm/status"), 0, "a readable GGUF's view stays readable");
+    cr_expect_eq(as_user(OP_READ, M.mnt, "public.jlm/model.jlm"), 0, "a readable GGUF's view stays readable");
+}
