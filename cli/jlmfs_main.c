@@ -187,8 +187,8 @@ static int open_node(const char *path, struct fuse_file_info *fi, int create, mo
     h->fd = -1;
     int rc = create ? resolve_new(path, &h->node) : resolve(path, &h->node);
     if (!rc && h->node.kind == JLMFS_PASS) {
-        h->fd = create ? open(h->node.real, fi->flags | O_CREAT | O_EXCL, mode & ~PRIV_BITS)
-                       : open(h->node.real, fi->flags);
+        h->fd = create ? jlmfs_pass_open(FS(), h->node.rel, fi->flags | O_CREAT | O_EXCL, mode & ~PRIV_BITS)
+                       : jlmfs_pass_open(FS(), h->node.rel, fi->flags, 0);
         rc = h->fd < 0 ? -errno : 0;
         if (!rc && create && (rc = give_to_caller(h->node.real, h->fd)))
             unlink(h->node.real);   /* never leave a root-owned file behind */

@@ -58,7 +58,10 @@ int jlm_open_beneath(int dirfd, const char *rel, int flags, mode_t mode)
         errno = EXDEV;
         return -1;
     }
-    struct open_how how = {.flags = (uint64_t)(flags | O_CLOEXEC), .mode = (flags & O_CREAT) ? mode : 0,
+    /* openat2 refuses flags open(2) ignores (FUSE hands on the kernel's own) */
+    flags &= O_ACCMODE | O_APPEND | O_TRUNC | O_CREAT | O_EXCL | O_NONBLOCK | O_DIRECTORY | O_NOFOLLOW |
+             O_SYNC | O_DSYNC | O_DIRECT | O_NOATIME | O_LARGEFILE | O_NOCTTY | O_PATH;
+    struct open_how how = {.flags = (uint64_t)(flags | O_CLOEXEC), .mode = (flags & O_CREAT) ? mode & 07777 : 0,
                            .resolve = RESOLVE_BENEATH | RESOLVE_NO_SYMLINKS | RESOLVE_NO_MAGICLINKS};
     long fd = syscall(SYS_openat2, dirfd, rel, &how, sizeof how);
     if (fd >= 0 || (errno != ENOSYS && errno != EPERM))   /* EPERM: a seccomp filter without openat2 */

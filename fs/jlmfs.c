@@ -42,6 +42,11 @@ static int ident_eq(const jlmfs_ident *a, const jlmfs_ident *b)
 }
 
 const char *jlmfs_cache_dir(const jlmfs *fs) { return fs->cache; }
+
+int jlmfs_pass_open(const jlmfs *fs, const char *rel, int flags, mode_t mode)
+{
+    return *rel ? jlm_open_beneath(fs->src_fd, rel, flags, mode) : open(fs->src, flags | O_CLOEXEC, mode);
+}
 const char *jlmfs_db_path(const jlmfs *fs) { return fs->db_path; }
 
 /* ---------------------------------------------------------------- table (fs->lock held) */

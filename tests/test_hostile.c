@@ -176,3 +176,41 @@ Test(hostile_plan, layer_count_that_wraps_is_refused_before_any_allocation)
     cr_assert_eq(jlm_fmt_plan(&in, &p, &err), JLM_ERANGE, "%s", err.msg);
     cr_expect(strstr(err.msg, "n_expert"), "%s", err.msg);
 }
+
+/* ---------------------------------------------------------------- opening below SRC */
+#include "converter/beneath.h"
+
+#include <fcntl.h>
+
+Test(hostile_beneath, no_symlink_and_no_dotdot_is_followed_out_of_the_root)
+{
+    char *dir = tu_tmpdir();
+    char p[1200];
+    snprintf(p, sizeof p, "%s/sub", dir);
+    mkdir(p, 0755);
+    snprintf(p, sizeof p, "%s/sub/f", dir);
+    cr_assert_eq(tu_write_file(p, "x", 1), 0);
+    snprintf(p, sizeof p, "%s/sub/lf", dir);
+    cr_assert_eq(symlink("f", p), 0);
+    snprintf(p, sizeof p, "%s/ld", dir);
+    cr_assert_eq(symlink("sub", p), 0);
+    snprintf(p, sizeof p, "%s/etc", dir);
+    cr_assert_eq(symlink("/etc", p), 0);
+    int root = open(dir, O_PATH | O_DIRECTORY);
+    cr_assert(root >= 0);
+    int fd = jlm_open_beneath(root, "sub/f", O_RDONLY, 0);
+    cr_expect(fd >= 0, "a plain path opens");
+    if (fd >= 0) close(fd);
+    const char *bad[] = {"sub/lf", "ld/f", "etc/passwd", "../etc/passwd", "sub/../../etc/passwd", "/etc/passwd", ""};
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        fd = jlm_open_beneath(root, bad[i], O_RDONLY, 0);
+        cr_expect(fd < 0, "'%s' must not open", bad[i]);
+        if (fd >= 0) close(fd);
+    }
+    fd = jlm_open_beneath(root, "sub/new", O_WRONLY | O_CREAT | O_EXCL, S_IFREG | 0644);
+    cr_expect(fd >= 0, "creating below the root works (mode with its type bits, as FUSE passes it)");
+    if (fd >= 0) close(fd);
+    close(root);
+    tu_rmrf(dir);
+    free(dir);
+}
