@@ -377,13 +377,16 @@ static void clean_cache(jlmfs *fs, int parts_only)
     struct dirent *de;
     while ((de = readdir(d))) {
         int part = ends_with(de->d_name, ".jlm.part");
-        if (parts_only ? !part : (part || !strchr(de->d_name, '@') || !ends_with(de->d_name, ".jlm")))
+        /* guard.c's records go with their entry: kept while its source is */
+        size_t rec = ends_with(de->d_name, ".jlm.fail") || ends_with(de->d_name, ".jlm.busy") ? 5 : 0;
+        if (parts_only ? !part : (part || !strchr(de->d_name, '@') || (!rec && !ends_with(de->d_name, ".jlm"))))
             continue;
         char *p = join(fs->cache, de->d_name);
         int owned = 0;
+        size_t plen = p ? strlen(p) - rec : 0;
         pthread_mutex_lock(&fs->lock);
         for (size_t i = 0; p && !parts_only && i < fs->n_views; i++)
-            owned |= !strcmp(fs->views[i]->cache_path, p);
+            owned |= strlen(fs->views[i]->cache_path) == plen && !strncmp(fs->views[i]->cache_path, p, plen);
         pthread_mutex_unlock(&fs->lock);
         if (p && !owned)
             unlink(p);
@@ -472,8 +475,10 @@ void jlmfs_close(jlmfs *fs)
         jlmfs_view_unref(fs->queue[i]);
     for (size_t i = 0; i < fs->n_views; i++) {
         jlmfs_view *v = fs->views[i];
-        if (jlmfs_view_state(v, NULL, NULL, 0) == JLMFS_CONVERTING)
+        if (jlmfs_view_state(v, NULL, NULL, 0) == JLMFS_CONVERTING) {
             unlink(v->part_path);   /* invariant 3: no half-written entry survives */
+            jlmfs_guard_leave(v, 0, NULL);   /* a clean stop is no crash */
+        }
         jlmfs_view_unref(v);
     }
     for (size_t i = 0; i < fs->n_writers; i++)

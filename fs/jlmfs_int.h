@@ -99,6 +99,14 @@ const char *jlmfs_arr_name(int arr);
  * the cache's absolute paths become "SRC" and "CACHE", control bytes "?". */
 void  jlmfs_status_clean(char *dst, size_t n, const char *msg, const jlmfs *fs);
 
+/* guard.c: crash isolation. enter: 1 (msg filled) if the source is refused
+ * (recorded failure, or daemons died on it twice), else records the attempt.
+ * leave: the attempt ended (code 0 or the JLM_E* it failed with; a failure in
+ * the source's bytes is recorded). forget: the source is gone or replaced. */
+int   jlmfs_guard_enter(jlmfs_view *v, char *msg, size_t n);
+void  jlmfs_guard_leave(jlmfs_view *v, int code, const char *msg);
+void  jlmfs_guard_forget(jlmfs_view *v);
+
 /* jlmfs.c */
 jlmfs_view *jlmfs_sync_view(jlmfs *fs, const char *rel);   /* reference or NULL */
 int   jlmfs_db_names(jlmfs *fs, const char *key, char ***names, size_t *n, jlm_err *err);

@@ -10,6 +10,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
+#include <sys/statvfs.h>
 #include <unistd.h>
 
 const char *jlmfs_arr_name(int arr)
@@ -53,6 +54,34 @@ static void set_error(jlmfs_view *v, const char *msg)
         jlmfs_status_clean(v->errmsg, sizeof v->errmsg, msg, v->fs);
     }
     pthread_mutex_unlock(&v->lock);
+}
+
+/* ERROR, and the .part goes: unlinked, and its descriptor swapped for
+ * /dev/null (dup2 is atomic, so a reader racing on v->fd reads 0 bytes, never
+ * another file) so the space comes back now, not when the view is dropped. */
+static void fail_view(jlmfs_view *v, const char *msg)
+{
+    set_error(v, msg);
+    pthread_mutex_lock(&v->lock);
+    unlink(v->part_path);
+    int null = open("/dev/null", O_RDONLY | O_CLOEXEC);
+    if (null >= 0 && v->fd >= 0)
+        dup3(null, v->fd, O_CLOEXEC);
+    if (null >= 0)
+        close(null);
+    pthread_mutex_unlock(&v->lock);
+}
+
+/* The status line for a full cache: how much the rest of the conversion
+ * needs and how much the cache's filesystem has. */
+static int no_space(jlmfs_view *v, jlm_err *err)
+{
+    struct statvfs sv;
+    unsigned long long have = statvfs(v->fs->cache, &sv) ? 0ull : (unsigned long long)sv.f_bavail * sv.f_frsize;
+    pthread_mutex_lock(&v->lock);
+    unsigned long long need = v->file_size - v->done_bytes;
+    pthread_mutex_unlock(&v->lock);
+    return jlm_errf(err, JLM_ENOSPC, "no space left in cache (need %llu, have %llu)", need, have);
 }
 
 /* ---------------------------------------------------------------- layout */
@@ -304,7 +333,8 @@ int jlmfs_view_create(jlmfs *fs, const char *rel, const jlmfs_ident *id, const s
     memcpy(v->key, rel, n - 5);
     strcpy(v->key + n - 5, ".jlm");
     jlm_err e = {0};
-    int rc = plan_view(v, v->rel, &e);   /* relative to SRC: below it, no symlink followed */
+    int refused = jlmfs_guard_enter(v, e.msg, sizeof e.msg);   /* a recorded failure is not retried */
+    int rc = refused ? JLM_EFORMAT : plan_view(v, v->rel, &e);   /* relative to SRC: below it, no symlink followed */
     if (!rc)
         rc = open_container(v, &e);
     if (rc) {   /* the view exists, in ERROR: status names the reason */
@@ -315,6 +345,8 @@ int jlmfs_view_create(jlmfs *fs, const char *rel, const jlmfs_ident *id, const s
         v->fd = -1;
         unlink(v->part_path);
     }
+    if (!refused && v->state != JLMFS_CONVERTING)
+        jlmfs_guard_leave(v, rc, v->errmsg);
     *out = v;
     return JLM_OK;
 }
@@ -347,6 +379,7 @@ void jlmfs_view_kill(jlmfs_view *v)
     v->dead = 1;
     unlink(v->cache_path);
     unlink(v->part_path);
+    jlmfs_guard_forget(v);
     pthread_mutex_unlock(&v->lock);
 }
 
@@ -365,8 +398,10 @@ static int fill_unit(jlmfs_view *v, uint32_t u, uint8_t **bytes, jlm_err *err)
     int rc = jlm_conv_read_span(v->conv, un->off, un->len, buf, err);
     if (!rc) {
         int e = pwrite_full(v->fd, buf, un->len, un->off);
-        if (e)
-            rc = jlm_errf(err, e == -ENOSPC ? JLM_ENOSPC : JLM_EIO, "%s: writing [%llu, +%llu): %s", v->part_path,
+        if (e == -ENOSPC || e == -EDQUOT)
+            rc = no_space(v, err);
+        else if (e)
+            rc = jlm_errf(err, JLM_EIO, "%s: writing [%llu, +%llu): %s", v->part_path,
                           (unsigned long long)un->off, (unsigned long long)un->len, strerror(-e));
     }
     if (!rc) {
@@ -428,10 +463,9 @@ void jlmfs_view_convert(jlmfs_view *v)
     }
     if (!rc)
         rc = finish(v, &err);
-    if (rc) {
-        set_error(v, err.msg);
-        unlink(v->part_path);
-    }
+    if (rc)
+        fail_view(v, err.msg);
+    jlmfs_guard_leave(v, rc, v->errmsg);
 }
 
 /* ---------------------------------------------------------------- reads */

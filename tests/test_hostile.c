@@ -6,23 +6,7 @@
 
 #include "format/jlm_format.h"
 #include "testutil.h"
-
-/* Offset of the u32 value of GGUF key `key` (type UINT32/INT32), or 0. */
-static size_t gguf_u32_at(const unsigned char *b, size_t n, const char *key)
-{
-    size_t kl = strlen(key);
-    for (size_t i = 8; i + kl + 8 <= n; i++) {
-        uint64_t len;
-        memcpy(&len, b + i - 8, 8);
-        if (len != kl || memcmp(b + i, key, kl))
-            continue;
-        uint32_t type;
-        memcpy(&type, b + i + kl, 4);
-        if (type == 4 || type == 5)
-            return i + kl + 4;
-    }
-    return 0;
-}
+#include "craft.h"
 
 /* Writes dir/name: `model` with key set to v. */
 static char *craft_gguf(const char *dir, const char *model, const char *key, uint32_t v)
@@ -30,12 +14,9 @@ static char *craft_gguf(const char *dir, const char *model, const char *key, uin
     size_t n;
     unsigned char *b = tu_read_file(tu_model(model), &n);
     cr_assert(b, "read %s", model);
-    size_t at = gguf_u32_at(b, n, key);
-    cr_assert(at, "%s has no u32 key %s", model, key);
-    memcpy(b + at, &v, 4);
     char *p = malloc(1024);
     snprintf(p, 1024, "%s/crafted.gguf", dir);
-    cr_assert_eq(tu_write_file(p, b, n), 0);
+    cr_assert_eq(tu_gguf_write_with(p, b, n, key, v), 0, "%s has no u32 key %s", model, key);
     free(b);
     return p;
 }
