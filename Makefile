@@ -8,7 +8,8 @@
 #           one test process at a time (Criterion's workers and ASan's arena clash).
 #   test    builds the suite and runs it (Criterion's closing line is what CI reads).
 #   bench   benchmarks in bench/, printing ratios against an in-run baseline.
-#   fuzz    libFuzzer targets (clang); needs libclang-rt-14-dev.
+#   fuzz    libFuzzer targets and seed corpora (clang); needs libclang-rt-14-dev.
+#   fuzz-smoke  every fuzz target for FUZZ_SECONDS (60) each.
 #   install PREFIX=/usr/local; mount.jlmfs always goes to /sbin (mount(8) looks only there).
 
 BUILD   ?= build
@@ -44,7 +45,7 @@ TEST_BIN := $(BUILD)/jlm-tests
 BENCH_SRC := $(wildcard bench/*.c)
 BENCH_BIN := $(BENCH_SRC:bench/%.c=$(BUILD)/bench/%)
 
-.PHONY: all debug test bench fuzz install clean
+.PHONY: all debug test bench fuzz fuzz-smoke install clean
 all: $(LIB) $(BINS)
 
 debug:
@@ -88,16 +89,35 @@ $(BUILD)/bench/%: bench/%.c $(wildcard bench/*.h) bench/mkgguf.c $(LIB)
 bench: all $(BENCH_BIN)
 	@for b in $(BENCH_BIN); do echo "== $$b"; JLM_BIN=$(abspath $(BUILD)/jlm) $$b || exit 1; done
 
-# Fuzz targets (clang + libFuzzer). Run one with e.g.
-#   mkdir -p /tmp/corpus && build-fuzz/fuzz_gguf -max_total_time=60 /tmp/corpus tests/models/vocab
-# (the first directory receives new inputs: never point it into the tree)
-FUZZ_SRC := format/jlm_err.c format/types.c format/codec.c format/plan.c format/reader.c format/writer.c format/sanity.c \
-            converter/gguf.c converter/ggml_quants.c
+# Fuzz targets (clang + libFuzzer): the library is built once more with
+# clang, ASan and UBSan (build-fuzz/lib), each tests/fuzz/fuzz_*.c is linked
+# against it, and tests/fuzz/mkseeds.c writes the seed corpora into
+# build-fuzz/seeds/{convert,engine} (the crafted inputs of issue 10 included).
+# Run one with e.g.
+#   mkdir -p /tmp/corpus && build-fuzz/fuzz_convert -max_total_time=60 /tmp/corpus build-fuzz/seeds/convert
+# (the first directory receives new inputs: never point it into the tree).
+# `make fuzz-smoke` runs every target for FUZZ_SECONDS (default 60) each.
+FUZZ_FLAGS := -O1 -g -fsanitize=address,undefined -fno-omit-frame-pointer
+FUZZ_LIB   := build-fuzz/lib/libjlm.a
+FUZZ_SECONDS ?= 60
 fuzz:
-	@mkdir -p build-fuzz
+	$(MAKE) BUILD=build-fuzz/lib CC=clang OPT="$(FUZZ_FLAGS) -fsanitize=fuzzer-no-link" $(FUZZ_LIB)
 	for f in tests/fuzz/fuzz_*.c; do \
-	    clang -std=c11 -D_GNU_SOURCE -g -O1 -fsanitize=fuzzer,address,undefined -I. $$f $(FUZZ_SRC) -lm \
+	    clang -std=c11 -D_GNU_SOURCE $(FUZZ_FLAGS) -fsanitize=fuzzer -I. $$f $(FUZZ_LIB) $(LDLIBS) \
 	        -o build-fuzz/$$(basename $$f .c) || exit 1; done
+	clang -std=c11 -D_GNU_SOURCE $(FUZZ_FLAGS) -I. tests/fuzz/mkseeds.c $(FUZZ_LIB) $(LDLIBS) -o build-fuzz/mkseeds
+	rm -rf build-fuzz/seeds && build-fuzz/mkseeds build-fuzz/seeds
+
+fuzz-smoke: fuzz
+	@for t in build-fuzz/fuzz_*; do \
+	    n=$$(basename $$t); seeds=""; \
+	    case $$n in fuzz_convert|fuzz_gguf) seeds=build-fuzz/seeds/convert;; fuzz_engine|fuzz_jlm) seeds=build-fuzz/seeds/engine;; esac; \
+	    rm -rf build-fuzz/corpus/$$n && mkdir -p build-fuzz/corpus/$$n; \
+	    echo "== $$n ($(FUZZ_SECONDS) s)"; \
+	    $$t -max_total_time=$(FUZZ_SECONDS) -rss_limit_mb=2048 -timeout=10 -print_final_stats=1 \
+	        -artifact_prefix=build-fuzz/ build-fuzz/corpus/$$n $$seeds > build-fuzz/$$n.log 2>&1; rc=$$?; \
+	    grep -E "stat::number_of_executed_units|Done" build-fuzz/$$n.log; \
+	    [ $$rc -eq 0 ] || { tail -40 build-fuzz/$$n.log; exit 1; }; done
 
 install: all
 	install -d $(DESTDIR)$(PREFIX)/bin
