@@ -6,6 +6,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -69,6 +70,21 @@ static void print_plan(const jlm_conv *c, const char *out)
            (unsigned long long)c->g->total_bytes);
 }
 
+/* Why -o OUT may not be written (NULL: it may): the converter writes OUT.part
+ * and renames it over OUT, which would replace a device node, a FIFO or the
+ * source itself. Checked before any work. */
+static const char *bad_out(const char *src, const char *out)
+{
+    struct stat o, s;
+    if (lstat(out, &o) != 0 || S_ISLNK(o.st_mode))
+        return NULL;   /* new, or a link (the rename replaces the link, not its target) */
+    if (!S_ISREG(o.st_mode))
+        return S_ISDIR(o.st_mode) ? "is a directory" : "is not a regular file (a device, FIFO or socket)";
+    if (stat(src, &s) == 0 && s.st_dev == o.st_dev && s.st_ino == o.st_ino)
+        return "is the source itself";
+    return NULL;
+}
+
 int jlm_cmd_convert(int argc, char **argv)
 {
     const char *src = NULL, *out = NULL;
@@ -83,6 +99,11 @@ int jlm_cmd_convert(int argc, char **argv)
     }
     if (!src) {
         fprintf(stderr, "usage: jlm convert SRC.gguf [-o OUT.jlm] [--plan]\n");
+        return 2;
+    }
+    const char *why = out && !plan_only ? bad_out(src, out) : NULL;
+    if (why) {
+        fprintf(stderr, "jlm convert: -o %s %s\n", out, why);
         return 2;
     }
     char *def = out ? NULL : jlm_conv_default_out(src);

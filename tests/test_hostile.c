@@ -195,3 +195,57 @@ Test(hostile_beneath, no_symlink_and_no_dotdot_is_followed_out_of_the_root)
     tu_rmrf(dir);
     free(dir);
 }
+
+/* ---------------------------------------------------------------- the CLI's own inputs */
+Test(hostile_cli, a_fifo_given_as_a_model_is_refused_not_waited_on)
+{
+    char *dir = tu_tmpdir();
+    char fifo[1100], cmd[3000], *o = NULL;
+    snprintf(fifo, sizeof fifo, "%s/m.gguf", dir);
+    cr_assert_eq(mkfifo(fifo, 0644), 0);
+    snprintf(cmd, sizeof cmd, "timeout 10 %s convert %s -o %s/m.jlm", tu_jlm(), fifo, dir);
+    int rc = tu_run(cmd, &o);
+    cr_expect_eq(rc, 1, "convert of a FIFO: exit %d (124: it waited): %s", rc, o);
+    cr_expect(strstr(o, "not a regular file"), "%s", o);
+    free(o);
+    snprintf(fifo, sizeof fifo, "%s/m.jlm", dir);
+    cr_assert_eq(mkfifo(fifo, 0644), 0);
+    snprintf(cmd, sizeof cmd, "timeout 10 %s run %s -p hi -n 1", tu_jlm(), fifo);
+    rc = tu_run(cmd, &o);
+    cr_expect_eq(rc, 1, "run of a FIFO: exit %d (124: it waited): %s", rc, o);
+    cr_expect(strstr(o, "not a regular file"), "%s", o);
+    free(o);
+    tu_rmrf(dir);
+    free(dir);
+}
+
+Test(hostile_cli, convert_refuses_an_output_that_is_the_source_a_directory_or_a_fifo)
+{
+    char *dir = tu_tmpdir();
+    char src[1100], cmd[3000], *o = NULL;
+    snprintf(src, sizeof src, "%s/s.gguf", dir);
+    size_t n;
+    unsigned char *b = tu_read_file(tu_model("stories260K.gguf"), &n);
+    cr_assert(b);
+    cr_assert_eq(tu_write_file(src, b, n), 0);
+    char fifo[1100];   /* stands for a device: a test must never risk a real one */
+    snprintf(fifo, sizeof fifo, "%s/out.fifo", dir);
+    cr_assert_eq(mkfifo(fifo, 0644), 0);
+    const char *outs[3][2] = {{src, "is the source itself"}, {dir, "is a directory"}, {fifo, "not a regular file"}};
+    for (int i = 0; i < 3; i++) {
+        snprintf(cmd, sizeof cmd, "%s convert %s -o %s", tu_jlm(), src, outs[i][0]);
+        int rc = tu_run(cmd, &o);
+        cr_expect_eq(rc, 2, "-o %s: exit %d: %s", outs[i][0], rc, o);
+        cr_expect(strstr(o, outs[i][1]), "-o %s: %s", outs[i][0], o);
+        free(o);
+    }
+    size_t m;
+    unsigned char *c = tu_read_file(src, &m);
+    cr_expect(c && m == n && !memcmp(b, c, n), "the source is untouched");
+    struct stat st;
+    cr_expect(stat(fifo, &st) == 0 && S_ISFIFO(st.st_mode), "the FIFO is still a FIFO");
+    free(b);
+    free(c);
+    tu_rmrf(dir);
+    free(dir);
+}
