@@ -10,26 +10,9 @@
 #include "bench/mkgguf.c"
 #include "converter/convert.h"
 #include "tests/craft.h"
+#include "tests/testutil.h"
 
 #include <sys/stat.h>
-
-static unsigned char *slurp(const char *path, size_t *n)
-{
-    FILE *f = fopen(path, "rb");
-    if (!f)
-        return NULL;
-    fseek(f, 0, SEEK_END);
-    long len = ftell(f);
-    fseek(f, 0, SEEK_SET);
-    unsigned char *b = malloc(len > 0 ? (size_t)len : 1);
-    if (b && fread(b, 1, (size_t)len, f) != (size_t)len) {
-        free(b);
-        b = NULL;
-    }
-    fclose(f);
-    *n = (size_t)len;
-    return b;
-}
 
 static int convert(const char *gguf, const char *out)
 {
@@ -49,7 +32,7 @@ static int convert(const char *gguf, const char *out)
 static void alter(const char *path, const char *out, int field, uint32_t v)
 {
     size_t n;
-    unsigned char *b = slurp(path, &n);
+    unsigned char *b = tu_read_file(path, &n);
     if (!b || n < 256)
         return;
     memcpy(b + 192 + 2 + 4 * field, &v, 4);
@@ -99,7 +82,7 @@ int main(int argc, char **argv)
     for (size_t i = 0; i < sizeof C / sizeof C[0]; i++) {
         size_t n;
         snprintf(p, sizeof p, "%s/convert/%s.gguf", argv[1], C[i].from);
-        unsigned char *b = slurp(p, &n);
+        unsigned char *b = tu_read_file(p, &n);
         snprintf(q, sizeof q, "%s/convert/crafted-%s.gguf", argv[1], C[i].as);
         if (!b || tu_gguf_write_with(q, b, n, C[i].key, C[i].v))
             fprintf(stderr, "mkseeds: cannot craft %s\n", q);
