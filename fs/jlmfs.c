@@ -464,7 +464,7 @@ void jlmfs_close(jlmfs *fs)
     if (!fs)
         return;
     pthread_mutex_lock(&fs->lock);
-    fs->stop = 1;
+    __atomic_store_n(&fs->stop, 1, __ATOMIC_RELAXED);   /* workers read it unlocked (view.c) */
     pthread_cond_broadcast(&fs->queue_cond);
     pthread_mutex_unlock(&fs->lock);
     for (unsigned i = 0; i < fs->n_threads; i++)

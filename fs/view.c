@@ -291,6 +291,10 @@ static int open_container(jlmfs_view *v, jlm_err *err)
     return 0;
 }
 
+/* Longest flattened path kept in a cache name: 255 - '@' - the identity
+ * (4 hex fields and a time, at most ~90) - ".vNN.jlm.fail.tmp". */
+#define FLAT_MAX 128
+
 static char *cache_name(const jlmfs *fs, const char *rel, const jlmfs_ident *id)
 {
     size_t n = strlen(rel);
@@ -300,6 +304,15 @@ static char *cache_name(const jlmfs *fs, const char *rel, const jlmfs_ident *id)
     for (char *p = flat; *p; p++)
         if (*p == '/')
             *p = '%';
+    /* A long stem or a deep path would make a name over NAME_MAX (with the
+     * ".part" / ".fail.tmp" the entry also gets): keep its head, add a hash
+     * of the whole path. */
+    if (strlen(flat) > FLAT_MAX) {
+        uint64_t h = 1469598103934665603ull;   /* FNV-1a 64 */
+        for (const char *p = flat; *p; p++)
+            h = (h ^ (unsigned char)*p) * 1099511628211ull;
+        snprintf(flat + FLAT_MAX - 17, 18, "~%016llx", (unsigned long long)h);
+    }
     if (asprintf(&out, "%s/%s@%llx-%llx-%llx-%lld.%09ld.v%u.jlm", fs->cache, flat, (unsigned long long)id->dev,
                  (unsigned long long)id->ino, (unsigned long long)id->size, (long long)id->mtime_s, id->mtime_ns,
                  JLM_VERSION) < 0)

@@ -84,7 +84,8 @@ static void copy_src(const char *model, const char *as)
 static void expect_same_as_convert(const char *model, const char *view)
 {
     char *out = NULL, cmd[3000];
-    const char *ref = pathf("%s/%s.ref.jlm", M.tmp, view);
+    static int k;
+    const char *ref = pathf("%s/ref%d.jlm", M.tmp, k++);
     snprintf(cmd, sizeof cmd, "'%s' convert '%s' -o '%s'", tu_jlm(), tu_model(model), ref);
     cr_assert_eq(tu_run(cmd, &out), 0, "%s", out);
     free(out);
@@ -228,4 +229,25 @@ Test(fs_isolation, a_full_cache_says_why_keeps_no_part_and_gives_the_space_back,
     copy_src("stories260K.gguf", "small.gguf");   /* ~1.2 MB: fits once the space is back */
     free(wait_status("small.jlm", "ready", 20));
     expect_same_as_convert("stories260K.gguf", "small.jlm");
+}
+
+/* ---------------------------------------------------------------- names */
+Test(fs_isolation, long_names_and_deep_paths_get_a_cache_entry, .init = init, .fini = mnt_fini, .timeout = 90)
+{
+    char stem[237], d1[201], d2[201];
+    memset(stem, 'x', 236); stem[236] = 0;
+    memset(d1, 'd', 200); d1[200] = 0;
+    memset(d2, 'e', 200); d2[200] = 0;
+    mkdir(pathf("%s/%s", M.src, d1), 0755);
+    mkdir(pathf("%s/%s/%s", M.src, d1, d2), 0755);
+    copy_src("stories260K.gguf", pathf("%s.gguf", stem));
+    copy_src("stories260K.gguf", pathf("%s/%s/m.gguf", d1, d2));
+    mnt_start(0, 1);
+    char *s = wait_status(pathf("%s.jlm", stem), "ready", 20);
+    free(s);
+    s = wait_status(pathf("%s/%s/m.jlm", d1, d2), "ready", 20);
+    free(s);
+    expect_same_as_convert("stories260K.gguf", pathf("%s.jlm", stem));
+    expect_same_as_convert("stories260K.gguf", pathf("%s/%s/m.jlm", d1, d2));
+    cr_expect_eq(count_suffix(M.cache, ".v27.jlm"), 2, "two cache entries");
 }
