@@ -199,8 +199,10 @@ static int open_node(const char *path, struct fuse_file_info *fi, int create, mo
         jlm_err e;
         if (create || (fi->flags & O_ACCMODE) != O_RDONLY || (fi->flags & O_TRUNC))
             rc = -EROFS;
-        else if (h->node.kind == JLMFS_SPAN)
-            fi->keep_cache = 1;   /* a view's bytes never change while it exists: page-ins stay cached */
+        /* view spans: page-ins stay cached while the view's attributes (the
+         * GGUF's mtime, the span's size) stay the same: auto_cache sets
+         * keep_cache then, and drops the kernel's pages when a rewritten
+         * source has made a new view under the same name */
         else if (h->node.kind == JLMFS_TEXT) {
             fi->direct_io = 1;    /* status and stats change: every read asks the daemon */
             rc = errno_of(jlmfs_text(FS(), &h->node, &h->text, &h->text_len, &e));
@@ -416,6 +418,7 @@ static void *op_init(struct fuse_conn_info *conn, struct fuse_config *cfg)
     cfg->negative_timeout = 0.0;
     cfg->hard_remove = 1;
     cfg->kernel_cache = 0;
+    cfg->auto_cache = 1;
     jlmfs *fs = fuse_get_context()->private_data;
     jlm_err e;
     if (jlmfs_start(fs, &e))

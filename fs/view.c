@@ -2,6 +2,7 @@
  * units (the metadata+dense prefix, then every page), background conversion
  * into the cache's .part file, on-demand packing, and its texts. */
 #include "fs/jlmfs_int.h"
+#include "converter/beneath.h"
 
 #include <errno.h>
 #include <fcntl.h>
@@ -396,6 +397,31 @@ void jlmfs_view_kill(jlmfs_view *v)
     pthread_mutex_unlock(&v->lock);
 }
 
+/* ---------------------------------------------------------------- torn sources */
+/* 1 if SRC/rel is no longer the file the view was planned from (rewritten in
+ * place: size or mtime; replaced or removed: identity). Checked after every
+ * packed unit and before ready, so no unit mixes two versions unnoticed. */
+static int source_changed(const jlmfs_view *v)
+{
+    struct stat st;
+    int fd = jlm_open_beneath(v->fs->src_fd, v->rel, O_PATH, 0);
+    int same = fd >= 0 && !fstat(fd, &st) && st.st_dev == v->id.dev && st.st_ino == v->id.ino &&
+               st.st_size == v->id.size && st.st_mtim.tv_sec == v->id.mtime_s && st.st_mtim.tv_nsec == v->id.mtime_ns;
+    if (fd >= 0)
+        close(fd);
+    return !same;
+}
+
+/* The view fails as a whole (every descriptor gets EIO from now on, never a
+ * page of the new version next to one of the old); the next lookup of the
+ * path plans the new version as a new view. */
+static int source_changed_error(jlmfs_view *v, jlm_err *err)
+{
+    int rc = jlm_errf(err, JLM_EIO, "%s: the source changed while it was converted", v->rel);
+    fail_view(v, err->msg);
+    return rc;
+}
+
 /* ---------------------------------------------------------------- units */
 /* Packs unit u (jlm_conv_read_span), writes it into the cache file and marks
  * it done. The caller gets the bytes in *bytes if non-NULL (else freed). Two
@@ -409,6 +435,8 @@ static int fill_unit(jlmfs_view *v, uint32_t u, uint8_t **bytes, jlm_err *err)
         return jlm_errf(err, JLM_ENOMEM, "%s: out of memory (%llu bytes for a page)", v->key,
                         (unsigned long long)un->len);
     int rc = jlm_conv_read_span(v->conv, un->off, un->len, buf, err);
+    if (!rc && source_changed(v))
+        rc = source_changed_error(v, err);
     if (!rc) {
         int e = pwrite_full(v->fd, buf, un->len, un->off);
         if (e == -ENOSPC || e == -EDQUOT)
@@ -435,6 +463,8 @@ static int fill_unit(jlmfs_view *v, uint32_t u, uint8_t **bytes, jlm_err *err)
 /* Every unit written: sync, re-open and compare with the plan, rename. */
 static int finish(jlmfs_view *v, jlm_err *err)
 {
+    if (source_changed(v))
+        return source_changed_error(v, err);
     if (fsync(v->fd))
         return jlm_errf(err, JLM_EIO, "%s: fsync: %s", v->part_path, strerror(errno));
     jlm_model *m;

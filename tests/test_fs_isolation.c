@@ -251,3 +251,31 @@ Test(fs_isolation, long_names_and_deep_paths_get_a_cache_entry, .init = init, .f
     expect_same_as_convert("stories260K.gguf", pathf("%s/%s/m.jlm", d1, d2));
     cr_expect_eq(count_suffix(M.cache, ".v27.jlm"), 2, "two cache entries");
 }
+
+/* ---------------------------------------------------------------- torn sources */
+Test(fs_isolation, a_source_rewritten_during_conversion_is_never_served_mixed, .init = init, .fini = mnt_fini,
+     .timeout = 90)
+{
+    copy_src("stories260K.gguf", "m.gguf");
+    mnt_start(300, 1);   /* 300 ms a unit: the rewrite lands mid-conversion */
+    free(wait_status("m.jlm", "converting", 10));
+    int fd = open(pathf("%s/m.jlm/model.jlm", M.mnt), O_RDONLY);
+    cr_assert(fd >= 0);
+    char head[4096];
+    cr_assert_eq(pread(fd, head, sizeof head, 0), (ssize_t)sizeof head, "the old version's header reads");
+    struct stat st;
+    cr_assert_eq(fstat(fd, &st), 0);
+    /* rewritten in place: same inode, other bytes */
+    size_t n;
+    unsigned char *b = tu_read_file(tu_model("synth-llama-256.Q8_0.gguf"), &n);
+    cr_assert(b);
+    int w = open(pathf("%s/m.gguf", M.src), O_WRONLY | O_TRUNC);
+    cr_assert(w >= 0 && write(w, b, n) == (ssize_t)n && close(w) == 0);
+    free(b);
+    char tail[4096];
+    ssize_t r = pread(fd, tail, sizeof tail, st.st_size - (off_t)sizeof tail);
+    cr_expect(r < 0 && errno == EIO, "the old descriptor gets EIO past the change, not the new bytes (%zd)", r);
+    close(fd);
+    free(wait_status("m.jlm", "ready", 30));
+    expect_same_as_convert("synth-llama-256.Q8_0.gguf", "m.jlm");   /* no page of the old version left cached */
+}
