@@ -101,6 +101,10 @@ static int op_getattr(const char *path, struct stat *st, struct fuse_file_info *
 {
     if (fi && H(fi)->fd >= 0)
         return fstat(H(fi)->fd, st) ? -errno : 0;
+    if (fi && H(fi)->node.kind != JLMFS_PASS) {   /* an open view file: its view, even once its GGUF is gone */
+        jlm_err e;
+        return errno_of(jlmfs_node_stat(FS(), &H(fi)->node, st, &e));
+    }
     RESOLVE(path, n);
     jlm_err e;
     int rc = n.kind == JLMFS_PASS ? (lstat(n.real, st) ? -errno : 0) : errno_of(jlmfs_node_stat(FS(), &n, st, &e));

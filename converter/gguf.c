@@ -744,6 +744,16 @@ int jlm_gguf_open_mem(const void *buf, size_t len, const char *what, jlm_gguf **
  * Files and splits
  * ==================================================================== */
 
+int jlm_gguf_fstat(const jlm_gguf *g, uint32_t k, struct stat *st)
+{
+    const gpriv *pv = g ? g->priv : NULL;
+    if (!pv || !pv->fds || k >= pv->n_fds || pv->fds[k] < 0) {
+        errno = EBADF;
+        return -1;
+    }
+    return fstat(pv->fds[k], st);
+}
+
 /* Opens and parses one file; *fd_out stays open for jlm_gguf_read. */
 static int open_part(int root_fd, const char *path, arena *ar, part *p, int *fd_out, jlm_err *err)
 {

@@ -23,6 +23,7 @@
 
 #include <stddef.h>
 #include <stdint.h>
+#include <sys/stat.h>
 
 #include "../format/jlm_err.h"
 
@@ -106,6 +107,10 @@ int jlm_gguf_get_str(const jlm_gguf *g, const char *key, jlm_gguf_str *out, jlm_
 
 /* Reads [off, off+n) of a tensor's data into buf (pread). JLM_EIO on error. */
 int jlm_gguf_read(const jlm_gguf *g, const jlm_gguf_tensor *t, uint64_t off, void *buf, size_t n, jlm_err *err);
+/* fstat of the open file of part k (0-based): what the reads see now (a file
+ * rewritten in place shows its new size and mtime; an unlinked or renamed one
+ * is unchanged). -1 with errno set for an in-memory image or a bad k. */
+int jlm_gguf_fstat(const jlm_gguf *g, uint32_t k, struct stat *st);
 
 /* ggml block traits: elements per block and bytes per block; 0 if unknown. */
 uint32_t jlm_ggml_block_elems(uint32_t type);

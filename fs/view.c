@@ -398,17 +398,16 @@ void jlmfs_view_kill(jlmfs_view *v)
 }
 
 /* ---------------------------------------------------------------- torn sources */
-/* 1 if SRC/rel is no longer the file the view was planned from (rewritten in
- * place: size or mtime; replaced or removed: identity). Checked after every
- * packed unit and before ready, so no unit mixes two versions unnoticed. */
+/* 1 if the file the conversion reads is no longer what the view was planned
+ * from (rewritten in place: size or mtime). Checked on the open descriptor,
+ * after every packed unit and before ready, so no unit mixes two versions
+ * unnoticed; a source unlinked or renamed meanwhile is unchanged for it, and
+ * open descriptors of the view keep being served the one version (POSIX). */
 static int source_changed(const jlmfs_view *v)
 {
     struct stat st;
-    int fd = jlm_open_beneath(v->fs->src_fd, v->rel, O_PATH, 0);
-    int same = fd >= 0 && !fstat(fd, &st) && st.st_dev == v->id.dev && st.st_ino == v->id.ino &&
+    int same = !jlm_gguf_fstat(v->conv->g, 0, &st) && st.st_dev == v->id.dev && st.st_ino == v->id.ino &&
                st.st_size == v->id.size && st.st_mtim.tv_sec == v->id.mtime_s && st.st_mtim.tv_nsec == v->id.mtime_ns;
-    if (fd >= 0)
-        close(fd);
     return !same;
 }
 

@@ -279,3 +279,35 @@ Test(fs_isolation, a_source_rewritten_during_conversion_is_never_served_mixed, .
     free(wait_status("m.jlm", "ready", 30));
     expect_same_as_convert("synth-llama-256.Q8_0.gguf", "m.jlm");   /* no page of the old version left cached */
 }
+
+Test(fs_isolation, an_open_view_outlives_the_unlink_of_its_gguf, .init = init, .fini = mnt_fini, .timeout = 90)
+{
+    copy_src("stories260K.gguf", "m.gguf");
+    mnt_start(200, 1);   /* slow: the unlink lands mid-conversion */
+    free(wait_status("m.jlm", "converting", 10));
+    int fd = open(pathf("%s/m.jlm/model.jlm", M.mnt), O_RDONLY);
+    cr_assert(fd >= 0);
+    cr_assert_eq(unlink(pathf("%s/m.gguf", M.mnt)), 0);
+    struct stat st;
+    cr_expect_neq(stat(pathf("%s/m.jlm", M.mnt), &st), 0, "the view is gone from the listing");
+    char *out = NULL, cmd[3000];
+    const char *ref = pathf("%s/ref.jlm", M.tmp);
+    snprintf(cmd, sizeof cmd, "'%s' convert '%s' -o '%s'", tu_jlm(), tu_model("stories260K.gguf"), ref);
+    cr_assert_eq(tu_run(cmd, &out), 0, "%s", out);
+    free(out);
+    size_t n = 0;
+    unsigned char *want = tu_read_file(ref, &n);
+    cr_assert(want);
+    unsigned char *got = malloc(n);
+    cr_assert(got);
+    size_t done = 0;
+    while (done < n) {
+        ssize_t r = pread(fd, got + done, n - done, (off_t)done);
+        cr_assert(r > 0, "read at %zu of the unlinked GGUF's view failed: %s", done, r < 0 ? strerror(errno) : "EOF");
+        done += (size_t)r;
+    }
+    cr_expect(!memcmp(want, got, n), "the open descriptor reads the whole container of the unlinked GGUF");
+    close(fd);
+    free(want);
+    free(got);
+}
