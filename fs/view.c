@@ -434,7 +434,7 @@ static int fill_unit(jlmfs_view *v, uint32_t u, uint8_t **bytes, jlm_err *err)
         return jlm_errf(err, JLM_ENOMEM, "%s: out of memory (%llu bytes for a page)", v->key,
                         (unsigned long long)un->len);
     int rc = jlm_conv_read_span(v->conv, un->off, un->len, buf, err);
-    if (!rc && source_changed(v))
+    if (source_changed(v))   /* also when the read failed: a truncated rewrite is a change, not a bad file */
         rc = source_changed_error(v, err);
     if (!rc) {
         int e = pwrite_full(v->fd, buf, un->len, un->off);
