@@ -63,6 +63,12 @@ static char *wait_status(const char *view, const char *want, double limit_s)
     }
 }
 
+static void touch(const char *path)
+{
+    struct timespec ts[2] = {{0, UTIME_NOW}, {0, UTIME_NOW}};
+    cr_assert_eq(utimensat(AT_FDCWD, path, ts, 0), 0, "touch %s", path);
+}
+
 static void crafted(const char *as, const char *model, const char *key, uint32_t v)
 {
     size_t n;
@@ -145,9 +151,7 @@ Test(fs_isolation, a_failure_in_the_bytes_is_recorded_and_not_retried_until_the_
     char *s = wait_status("m.jlm", "error: ", 10);
     cr_expect(strstr(s, "m.gguf: recorded"), "a restart retried the source instead of using its record: %s", s);
     free(s);
-    /* a changed source (touch) is tried again */
-    struct timespec ts[2] = {{0, UTIME_NOW}, {0, UTIME_NOW}};
-    cr_assert_eq(utimensat(AT_FDCWD, pathf("%s/m.gguf", M.mnt), ts, 0), 0);
+    touch(pathf("%s/m.gguf", M.mnt));   /* a changed source is tried again */
     s = wait_status("m.jlm", "error: ", 10);
     cr_expect(strstr(s, "block 5 has no tensor"), "after touch the source is planned again: %s", s);
     free(s);
@@ -183,8 +187,7 @@ Test(fs_isolation, a_source_two_daemons_died_on_is_not_tried_a_third_time, .init
     char *s = wait_status("m.jlm", "error: ", 10);
     cr_expect(strstr(s, "stopped 2 times"), "%s", s);
     free(s);
-    struct timespec ts[2] = {{0, UTIME_NOW}, {0, UTIME_NOW}};
-    cr_assert_eq(utimensat(AT_FDCWD, pathf("%s/m.gguf", M.src), ts, 0), 0);
+    touch(pathf("%s/m.gguf", M.src));
     free(wait_status("m.jlm", "ready", 30));
     expect_same_as_convert("synth-llama-256.Q4_K_M.gguf", "m.jlm");
 }

@@ -197,24 +197,28 @@ Test(hostile_beneath, no_symlink_and_no_dotdot_is_followed_out_of_the_root)
 }
 
 /* ---------------------------------------------------------------- the CLI's own inputs */
+/* Makes dir/name a FIFO and runs `jlm ARGS` on it: exit 1 naming the reason
+ * within 10 s (124: it waited on the FIFO). */
+static void fifo_refused(const char *dir, const char *name, const char *args)
+{
+    char fifo[1100], cmd[3000], *o = NULL;
+    snprintf(fifo, sizeof fifo, "%s/%s", dir, name);
+    cr_assert_eq(mkfifo(fifo, 0644), 0);
+    snprintf(cmd, sizeof cmd, "timeout 10 %s %s", tu_jlm(), args);
+    char *full = NULL;
+    cr_assert(asprintf(&full, cmd, fifo) > 0);
+    int rc = tu_run(full, &o);
+    cr_expect_eq(rc, 1, "%s: exit %d (124: it waited): %s", full, rc, o);
+    cr_expect(strstr(o, "not a regular file"), "%s", o);
+    free(o);
+    free(full);
+}
+
 Test(hostile_cli, a_fifo_given_as_a_model_is_refused_not_waited_on)
 {
     char *dir = tu_tmpdir();
-    char fifo[1100], cmd[3000], *o = NULL;
-    snprintf(fifo, sizeof fifo, "%s/m.gguf", dir);
-    cr_assert_eq(mkfifo(fifo, 0644), 0);
-    snprintf(cmd, sizeof cmd, "timeout 10 %s convert %s -o %s/m.jlm", tu_jlm(), fifo, dir);
-    int rc = tu_run(cmd, &o);
-    cr_expect_eq(rc, 1, "convert of a FIFO: exit %d (124: it waited): %s", rc, o);
-    cr_expect(strstr(o, "not a regular file"), "%s", o);
-    free(o);
-    snprintf(fifo, sizeof fifo, "%s/m.jlm", dir);
-    cr_assert_eq(mkfifo(fifo, 0644), 0);
-    snprintf(cmd, sizeof cmd, "timeout 10 %s run %s -p hi -n 1", tu_jlm(), fifo);
-    rc = tu_run(cmd, &o);
-    cr_expect_eq(rc, 1, "run of a FIFO: exit %d (124: it waited): %s", rc, o);
-    cr_expect(strstr(o, "not a regular file"), "%s", o);
-    free(o);
+    fifo_refused(dir, "m.gguf", "convert %s -o /tmp/never-written.jlm");
+    fifo_refused(dir, "m.jlm", "run %s -p hi -n 1");
     tu_rmrf(dir);
     free(dir);
 }
