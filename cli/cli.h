@@ -17,5 +17,9 @@ int jlm_cmd_chat(int argc, char **argv);
 long long jlm_cli_parse_size(const char *s);
 /* 1 if the file starts with the GGUF magic. */
 int jlm_cli_is_gguf(const char *path);
+/* Prints "who: msg" and a newline to stderr, each control byte of msg (a
+ * crafted tensor or key name) as '?' so a message can never drive the
+ * terminal. */
+void jlm_cli_error(const char *who, const char *msg);
 
 #endif

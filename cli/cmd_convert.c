@@ -113,7 +113,7 @@ int jlm_cmd_convert(int argc, char **argv)
     jlm_conv *c;
     double t0 = now_s();
     if (jlm_conv_open(src, stderr, &c, &err)) {
-        fprintf(stderr, "jlm convert: %s\n", err.msg);
+        jlm_cli_error("jlm convert", err.msg);
         free(def);
         return 1;
     }
@@ -133,7 +133,7 @@ int jlm_cmd_convert(int argc, char **argv)
     if (b.tty)
         fprintf(stderr, "\n");
     if (rc) {
-        fprintf(stderr, "jlm convert: %s\n", err.msg);
+        jlm_cli_error("jlm convert", err.msg);
     } else {
         double dt = now_s() - t0;
         fprintf(stderr, "jlm convert: wrote %s (%llu bytes, %u tensors) in %.2f s\n", out,

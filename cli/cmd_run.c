@@ -146,7 +146,7 @@ int jlm_cmd_run(int argc, char **argv)
     float *logits = NULL;
     int status = 1;
     if (!path || jlm_engine_open(path, &o.eng, &e, &err)) {
-        fprintf(stderr, "jlm run: %s\n", path ? err.msg : "out of memory");
+        jlm_cli_error("jlm run", path ? err.msg : "out of memory");
         goto out;
     }
     if (on_view)
@@ -169,14 +169,14 @@ int jlm_cmd_run(int argc, char **argv)
     logits = malloc(nv * sizeof *logits);
     gen = malloc(((size_t)(o.n_predict > 0 ? o.n_predict : 0) + 1) * sizeof *gen);
     if (!logits || !gen || jlm_samp_create(&o.samp, nv, &s, &err)) {
-        fprintf(stderr, "jlm run: %s\n", err.msg[0] ? err.msg : "out of memory");
+        jlm_cli_error("jlm run", err.msg[0] ? err.msg : "out of memory");
         goto out;
     }
     for (size_t i = 0; i < np; i++)
         jlm_samp_accept(s, prompt[i]);
     double t0 = now();
     if (jlm_engine_eval(e, prompt, (uint32_t)np, logits, &err)) {
-        fprintf(stderr, "jlm run: %s\n", err.msg);
+        jlm_cli_error("jlm run", err.msg);
         goto out;
     }
     jlm_cli_report_flush(&rep);
@@ -205,7 +205,7 @@ int jlm_cmd_run(int argc, char **argv)
         if (i + 1 == o.n_predict)
             break;
         if (jlm_engine_eval(e, &id, 1, logits, &err)) {
-            fprintf(stderr, "jlm run: %s\n", err.msg);
+            jlm_cli_error("jlm run", err.msg);
             status = 1;
             break;
         }

@@ -42,3 +42,11 @@ int jlm_cli_is_gguf(const char *path)
         close(fd);
     return n == 4 && !memcmp(m, "GGUF", 4);
 }
+
+void jlm_cli_error(const char *who, const char *msg)
+{
+    fprintf(stderr, "%s: ", who);
+    for (const unsigned char *p = (const unsigned char *)msg; *p; p++)
+        fputc(*p < 0x20 || *p == 0x7f ? '?' : *p, stderr);
+    fputc('\n', stderr);
+}

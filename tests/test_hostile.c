@@ -253,3 +253,28 @@ Test(hostile_cli, convert_refuses_an_output_that_is_the_source_a_directory_or_a_
     tu_rmrf(dir);
     free(dir);
 }
+
+Test(hostile_cli, control_bytes_in_a_crafted_name_never_reach_the_terminal)
+{
+    char *dir = tu_tmpdir();
+    size_t n;
+    unsigned char *b = tu_read_file(tu_model("stories260K.gguf"), &n);
+    cr_assert(b);
+    const char *name = "output_norm.weight";
+    unsigned char *at = memmem(b, n, name, strlen(name));
+    cr_assert(at, "stories260K has no '%s'", name);
+    at[11] = 0x1b;   /* "output_norm\x1bweight": no role, named in the message */
+    char src[1100], cmd[3000], *o = NULL;
+    snprintf(src, sizeof src, "%s/esc.gguf", dir);
+    cr_assert_eq(tu_write_file(src, b, n), 0);
+    free(b);
+    snprintf(cmd, sizeof cmd, "%s convert %s -o %s/esc.jlm", tu_jlm(), src, dir);
+    int rc = tu_run(cmd, &o);
+    cr_expect_eq(rc, 1, "exit %d: %s", rc, o);
+    cr_expect(strstr(o, "output_norm?weight"), "the name is shown with '?': %s", o);
+    for (const char *p = o; *p; p++)
+        cr_expect((unsigned char)*p >= 0x20 || *p == '\n', "control byte 0x%02x in the output", (unsigned char)*p);
+    free(o);
+    tu_rmrf(dir);
+    free(dir);
+}
