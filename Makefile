@@ -14,7 +14,8 @@
 #           cannot run under it; see docs/architecture.md.)
 #   test    builds the suite and runs it (Criterion's closing line is what CI reads).
 #   bench   benchmarks in bench/, printing ratios against an in-run baseline.
-#   fuzz    libFuzzer targets (clang); needs libclang-rt-14-dev.
+#   fuzz    libFuzzer targets and seed corpora (clang); needs libclang-rt-14-dev.
+#   fuzz-smoke  every fuzz target for FUZZ_SECONDS (60) each.
 #   install PREFIX=/usr/local; mount.jlmfs goes to SBINDIR (default /sbin: mount(8) looks
 #           only there for helpers).
 # Honours CC, CPPFLAGS, CFLAGS, LDFLAGS and DESTDIR as packagers expect.
@@ -59,7 +60,7 @@ TEST_BIN := $(BUILD)/jlm-tests
 BENCH_SRC := $(wildcard bench/*.c)
 BENCH_BIN := $(BENCH_SRC:bench/%.c=$(BUILD)/bench/%)
 
-.PHONY: all debug test bench fuzz install clean
+.PHONY: all debug test bench fuzz fuzz-smoke install clean
 all: $(LIB) $(BINS)
 
 debug:
@@ -114,24 +115,35 @@ $(BUILD)/bench/%: bench/%.c $(wildcard bench/*.h) bench/mkgguf.c $(LIB)
 bench: all $(BENCH_BIN)
 	@for b in $(BENCH_BIN); do echo "== $$b"; JLM_BIN=$(abspath $(BUILD)/jlm) $$b || exit 1; done
 
-# Fuzz targets (clang + libFuzzer). Run one with e.g.
-#   mkdir -p /tmp/corpus && build-fuzz/fuzz_gguf -max_total_time=60 /tmp/corpus tests/models/vocab
-# (the first directory receives new inputs: never point it into the tree)
-FUZZ_SRC := base/jlm_err.c base/io.c format/types.c format/codec.c format/plan.c format/reader.c format/writer.c \
-            converter/gguf.c converter/ggml_quants.c converter/safetensors.c converter/hf.c converter/hf_tok.c converter/vocab.c
-# Per-target extra sources and libraries (a target without FUZZ_EXTRA_name links FUZZ_SRC alone).
-FUZZ_EXTRA_fuzz_picture := picture/picture.c residency/residency.c -I$(BUILD)/gen $(PKG_CFLAGS) $(PKG_LIBS)
-FUZZ_EXTRA_fuzz_image   := engine/image.c $(shell pkg-config --cflags --libs stb zlib)
-FUZZ_EXTRA_fuzz_mmproj  := converter/arch.c converter/convert.c converter/pack.c converter/vision_map.c \
-                           format/dequant_ref.c kernels/cpu/ops.c kernels/cpu/matvec_ref.c -pthread \
-                           $(shell pkg-config --cflags --libs libutf8proc)
-FUZZ_EXTRA_fuzz_serve_req := serve/api.c engine/sampler.c $(shell pkg-config --cflags --libs jansson libutf8proc)
-FUZZ_BINS := $(patsubst tests/fuzz/%.c,build-fuzz/%,$(wildcard tests/fuzz/fuzz_*.c))
-fuzz: $(FUZZ_BINS)
-build-fuzz/fuzz_picture: $(PIC_ASSETS)
-build-fuzz/%: tests/fuzz/%.c
-	@mkdir -p build-fuzz
-	clang -std=c11 -D_GNU_SOURCE -g -O1 -fsanitize=fuzzer,address,undefined -I. $< $(FUZZ_SRC) $(FUZZ_EXTRA_$*) -ljansson -lm -o $@
+# Fuzz targets (clang + libFuzzer): the library is built once more with
+# clang, ASan and UBSan (build-fuzz/lib), each tests/fuzz/fuzz_*.c is linked
+# against it, and tests/fuzz/mkseeds.c writes the seed corpora into
+# build-fuzz/seeds/{convert,engine} (the crafted inputs of issue 10 included).
+# Run one with e.g.
+#   mkdir -p /tmp/corpus && build-fuzz/fuzz_convert -max_total_time=60 /tmp/corpus build-fuzz/seeds/convert
+# (the first directory receives new inputs: never point it into the tree).
+# `make fuzz-smoke` runs every target for FUZZ_SECONDS (default 60) each.
+FUZZ_FLAGS := -O1 -g -fsanitize=address,undefined -fno-omit-frame-pointer
+FUZZ_LIB   := build-fuzz/lib/libjlm.a
+FUZZ_SECONDS ?= 60
+fuzz:
+	$(MAKE) BUILD=build-fuzz/lib CC=clang OPT="$(FUZZ_FLAGS) -fsanitize=fuzzer-no-link" $(FUZZ_LIB)
+	for f in tests/fuzz/fuzz_*.c; do \
+	    clang -std=c11 -D_GNU_SOURCE $(FUZZ_FLAGS) -fsanitize=fuzzer -I. $$f $(FUZZ_LIB) $(LDLIBS) \
+	        -o build-fuzz/$$(basename $$f .c) || exit 1; done
+	clang -std=c11 -D_GNU_SOURCE $(FUZZ_FLAGS) -I. tests/fuzz/mkseeds.c $(FUZZ_LIB) $(LDLIBS) -o build-fuzz/mkseeds
+	rm -rf build-fuzz/seeds && build-fuzz/mkseeds build-fuzz/seeds
+
+fuzz-smoke: fuzz
+	@for t in build-fuzz/fuzz_*; do \
+	    n=$$(basename $$t); seeds=""; \
+	    case $$n in fuzz_convert|fuzz_gguf) seeds=build-fuzz/seeds/convert;; fuzz_engine|fuzz_jlm) seeds=build-fuzz/seeds/engine;; esac; \
+	    rm -rf build-fuzz/corpus/$$n && mkdir -p build-fuzz/corpus/$$n; \
+	    echo "== $$n ($(FUZZ_SECONDS) s)"; \
+	    $$t -max_total_time=$(FUZZ_SECONDS) -rss_limit_mb=2048 -timeout=10 -print_final_stats=1 \
+	        -artifact_prefix=build-fuzz/ build-fuzz/corpus/$$n $$seeds > build-fuzz/$$n.log 2>&1; rc=$$?; \
+	    grep -E "stat::number_of_executed_units|Done" build-fuzz/$$n.log; \
+	    [ $$rc -eq 0 ] || { tail -40 build-fuzz/$$n.log; exit 1; }; done
 
 install: all
 	install -d $(DESTDIR)$(PREFIX)/bin

@@ -3,7 +3,7 @@
  * benchmarks and tests that need a model of a given shape without shipping one.
  *
  *   mkgguf PRESET TYPE OUT.gguf [--layers N] [--seed S]
- *     PRESET  tiny | tiny-moe | llama-1b | moe-32x4
+ *     PRESET  tiny | tiny-moe | llama-1b | moe-32x4 | fuzz | fuzz-moe
  *     TYPE    F32 | F16 | Q8_0 | Q4_0 | Q4_K
  *
  * The benches #include this file with MKGGUF_NO_MAIN defined and call
@@ -49,6 +49,9 @@ static const mkg_shape MKG_PRESETS[] = {
     {"tiny-moe", 256, 256, 2, 4, 2, 512, 512, 4, 2, 10000.0f, 0},
     {"llama-1b", 2048, 8192, 16, 32, 8, 32000, 4096, 0, 0, 500000.0f, 1},
     {"moe-32x4", 1024, 512, 8, 16, 4, 32000, 4096, 32, 4, 10000.0f, 0},
+    /* fuzz seeds (tests/fuzz/mkseeds.c): the smallest files the whole path takes */
+    {"fuzz",     32, 64, 1, 2, 1, 288, 64, 0, 0, 10000.0f, 0},
+    {"fuzz-moe", 32, 32, 1, 2, 1, 288, 64, 4, 2, 10000.0f, 1},
 };
 
 MKG_API int mkg_preset(const char *name, mkg_shape *out)

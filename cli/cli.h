@@ -34,5 +34,9 @@ const char *jlm_cli_source_kind(const char *path);
  * tokens (malloc'd). Errors name the image or the container. */
 int jlm_cli_prefill_image(jlm_engine *e, const jlm_tok *tok, const char *image, const char *prompt, float *logits,
                           int32_t **ids, size_t *n_ids, jlm_err *err);
+/* Prints "who: msg" and a newline to stderr, each control byte of msg (a
+ * crafted tensor or key name) as '?' so a message can never drive the
+ * terminal. */
+void jlm_cli_error(const char *who, const char *msg);
 
 #endif

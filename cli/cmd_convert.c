@@ -6,6 +6,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -73,6 +74,21 @@ static const char USAGE[] =
     "usage: jlm convert SRC.gguf|HF_FOLDER [--mmproj MMPROJ.gguf] [-o OUT.jlm]\n"
     "                   [--type keep|Q8_0|Q6_K|Q5_K_M|Q4_K_M|Q5_1|Q5_0|Q4_1|Q4_0] [--plan]\n";
 
+/* Why -o OUT may not be written (NULL: it may): the converter writes OUT.part
+ * and renames it over OUT, which would replace a device node, a FIFO or the
+ * source itself. Checked before any work. */
+static const char *bad_out(const char *src, const char *out)
+{
+    struct stat o, s;
+    if (lstat(out, &o) != 0 || S_ISLNK(o.st_mode))
+        return NULL;   /* new, or a link (the rename replaces the link, not its target) */
+    if (!S_ISREG(o.st_mode))
+        return S_ISDIR(o.st_mode) ? "is a directory" : "is not a regular file (a device, FIFO or socket)";
+    if (stat(src, &s) == 0 && s.st_dev == o.st_dev && s.st_ino == o.st_ino)
+        return "is the source itself";
+    return NULL;
+}
+
 int jlm_cmd_convert(int argc, char **argv)
 {
     const char *src = NULL, *out = NULL, *mmproj = NULL, *type = NULL;
@@ -91,14 +107,19 @@ int jlm_cmd_convert(int argc, char **argv)
         fputs(USAGE, stderr);
         return 2;
     }
+    const char *why = out && !plan_only ? bad_out(src, out) : NULL;
+    if (why) {
+        fprintf(stderr, "jlm convert: -o %s %s\n", out, why);
+        return 2;
+    }
     char *def = out ? NULL : jlm_conv_default_out(src);
     if (!out)
         out = def;
     jlm_err err = {0};
     jlm_conv *c;
     double t0 = now_s();
-    if (jlm_conv_open_full(src, mmproj, type, stderr, &c, &err)) {
-        fprintf(stderr, "jlm convert: %s\n", err.msg);
+    if (jlm_conv_open_full(-1, src, mmproj, type, stderr, &c, &err)) {
+        jlm_cli_error("jlm convert", err.msg);
         free(def);
         return 1;
     }
@@ -118,7 +139,7 @@ int jlm_cmd_convert(int argc, char **argv)
     if (b.tty)
         fprintf(stderr, "\n");
     if (rc) {
-        fprintf(stderr, "jlm convert: %s\n", err.msg);
+        jlm_cli_error("jlm convert", err.msg);
     } else {
         double dt = now_s() - t0;
         fprintf(stderr, "jlm convert: wrote %s (%llu bytes, %u tensors) in %.2f s\n", out,

@@ -149,7 +149,7 @@ int jlm_cmd_run(int argc, char **argv)
     float *logits = NULL;
     int status = 1;
     if (!path || jlm_engine_open(path, &o.eng, &e, &err)) {
-        fprintf(stderr, "jlm run: %s\n", path ? err.msg : "out of memory");
+        jlm_cli_error("jlm run", path ? err.msg : "out of memory");
         goto out;
     }
     if (on_view)
@@ -176,13 +176,13 @@ int jlm_cmd_run(int argc, char **argv)
     logits = malloc(nv * sizeof *logits);
     gen = malloc(((size_t)(o.n_predict > 0 ? o.n_predict : 0) + 1) * sizeof *gen);
     if (!logits || !gen || jlm_samp_create(&o.samp, nv, &s, &err)) {
-        fprintf(stderr, "jlm run: %s\n", err.msg[0] ? err.msg : "out of memory");
+        jlm_cli_error("jlm run", err.msg[0] ? err.msg : "out of memory");
         goto out;
     }
     double t0 = now();
     if (o.image ? jlm_cli_prefill_image(e, tok, o.image, o.prompt, logits, &prompt, &np, &err)
                 : jlm_engine_eval(e, prompt, (uint32_t)np, logits, &err)) {
-        fprintf(stderr, "jlm run: %s\n", err.msg);
+        jlm_cli_error("jlm run", err.msg);
         goto out;
     }
     for (size_t i = 0; i < np; i++)
@@ -201,7 +201,7 @@ int jlm_cmd_run(int argc, char **argv)
                      .n_max = o.n_predict, .print = !o.print_ids};
     status = 0;
     if (jlm_cli_generate(&g, gen, &ng, NULL, &err)) {
-        fprintf(stderr, "jlm run: %s\n", err.msg[0] ? err.msg : "out of memory");
+        jlm_cli_error("jlm run", err.msg[0] ? err.msg : "out of memory");
         status = 1;
     }
     if (!o.print_ids) {

@@ -28,7 +28,8 @@ static const char USAGE[] =
     "options:\n"
     "  -o cache=DIR     container cache (default SRC/.jlmfs-cache, hidden from the mount)\n"
     "  -o workers=N     background conversion threads (default 1)\n"
-    "  -o allow_other   let other users read the mount (FUSE option)\n"
+    "  -o allow_other   let other users use the mount (FUSE option; the kernel checks\n"
+    "                   every access against SRC's owners and modes: default_permissions)\n"
     "  -f               stay in the foreground; -d: debug (implies -f)\n"
     "test hook: JLMFS_TEST_SLOW_MS=N sleeps N ms before each page the\n"
     "background conversion packs (so tests can read ahead of it).\n";
@@ -100,6 +101,10 @@ static int op_getattr(const char *path, struct stat *st, struct fuse_file_info *
 {
     if (fi && H(fi)->fd >= 0)
         return fstat(H(fi)->fd, st) ? -errno : 0;
+    if (fi && H(fi)->node.kind != JLMFS_PASS) {   /* an open view file: its view, even once its GGUF is gone */
+        jlm_err e;
+        return errno_of(jlmfs_node_stat(FS(), &H(fi)->node, st, &e));
+    }
     RESOLVE(path, n);
     jlm_err e;
     int rc = n.kind == JLMFS_PASS ? (lstat(n.real, st) ? -errno : 0) : errno_of(jlmfs_node_stat(FS(), &n, st, &e));
@@ -150,6 +155,33 @@ static int op_statfs(const char *path, struct statvfs *st)
     return rc;
 }
 
+/* ---------------------------------------------------------------- privilege (docs/security.md) */
+/* setuid/setgid bits are never set through the mount: a user able to write
+ * into SRC must not mint a privileged program there (the daemon is root). */
+#define PRIV_BITS (S_ISUID | S_ISGID)
+
+/* A new name made by the (root) daemon goes to the calling user: the caller's
+ * uid, and the caller's gid unless the parent directory is setgid (then its
+ * group, as the kernel does). No-op when the daemon is not root: it cannot
+ * give files away, and every file is then its own user's anyway. */
+static int give_to_caller(const char *real, int fd)
+{
+    if (geteuid() != 0)
+        return 0;
+    const struct fuse_context *cx = fuse_get_context();
+    gid_t gid = cx->gid;
+    char *dir = strdup(real), *slash = dir ? strrchr(dir, '/') : NULL;
+    struct stat pst;
+    if (slash && slash != dir) {
+        *slash = 0;
+        if (!stat(dir, &pst) && (pst.st_mode & S_ISGID))
+            gid = pst.st_gid;
+    }
+    free(dir);
+    int rc = fd >= 0 ? fchown(fd, cx->uid, gid) : fchownat(AT_FDCWD, real, cx->uid, gid, AT_SYMLINK_NOFOLLOW);
+    return rc ? -errno : 0;
+}
+
 /* ---------------------------------------------------------------- open, read, release */
 static int open_node(const char *path, struct fuse_file_info *fi, int create, mode_t mode)
 {
@@ -159,8 +191,11 @@ static int open_node(const char *path, struct fuse_file_info *fi, int create, mo
     h->fd = -1;
     int rc = create ? resolve_new(path, &h->node) : resolve(path, &h->node);
     if (!rc && h->node.kind == JLMFS_PASS) {
-        h->fd = create ? open(h->node.real, fi->flags | O_CREAT, mode) : open(h->node.real, fi->flags);
+        h->fd = create ? jlmfs_pass_open(FS(), h->node.rel, fi->flags | O_CREAT | O_EXCL, mode & ~PRIV_BITS)
+                       : jlmfs_pass_open(FS(), h->node.rel, fi->flags, 0);
         rc = h->fd < 0 ? -errno : 0;
+        if (!rc && create && (rc = give_to_caller(h->node.real, h->fd)))
+            unlink(h->node.real);   /* never leave a root-owned file behind */
         h->writing = (fi->flags & O_ACCMODE) != O_RDONLY || (fi->flags & O_TRUNC);
         if (!rc && h->writing)
             jlmfs_write_begin(FS(), h->node.rel);   /* its view goes until release */
@@ -168,8 +203,10 @@ static int open_node(const char *path, struct fuse_file_info *fi, int create, mo
         jlm_err e;
         if (create || (fi->flags & O_ACCMODE) != O_RDONLY || (fi->flags & O_TRUNC))
             rc = -EROFS;
-        else if (h->node.kind == JLMFS_SPAN)
-            fi->keep_cache = 1;   /* a view's bytes never change while it exists: page-ins stay cached */
+        /* view spans: page-ins stay cached while the view's attributes (the
+         * GGUF's mtime, the span's size) stay the same: auto_cache sets
+         * keep_cache then, and drops the kernel's pages when a rewritten
+         * source has made a new view under the same name */
         else if (h->node.kind == JLMFS_TEXT) {
             fi->direct_io = 1;    /* status and stats change: every read asks the daemon */
             rc = errno_of(jlmfs_text(FS(), &h->node, &h->text, &h->text_len, &e));
@@ -272,11 +309,26 @@ static int op_fsync(const char *path, int datasync, struct fuse_file_info *fi)
         return rc;                                            \
     } while (0)
 
-static int op_mkdir(const char *path, mode_t mode) { PASS_OP(path, mkdir(n.real, mode)); }
+/* mkdir/symlink, then the new name to the caller (removed if that fails). */
+static int made(int rc, const char *real, int is_dir)
+{
+    if (rc || !(rc = give_to_caller(real, -1)))
+        return rc;
+    (void)(is_dir ? rmdir(real) : unlink(real));
+    errno = -rc;
+    return -1;
+}
+
+static int op_mkdir(const char *path, mode_t mode) { PASS_OP(path, made(mkdir(n.real, mode & ~PRIV_BITS), n.real, 1)); }
 static int op_rmdir(const char *path) { PASS_OP(path, rmdir(n.real)); }
 static int op_unlink(const char *path) { PASS_OP(path, unlink(n.real)); }
-static int op_symlink(const char *target, const char *path) { PASS_OP(path, symlink(target, n.real)); }
-static int op_chmod(const char *path, mode_t mode, struct fuse_file_info *fi) { PASS_OP(path, chmod(n.real, mode)); }
+static int op_symlink(const char *target, const char *path) { PASS_OP(path, made(symlink(target, n.real), n.real, 0)); }
+static int op_chmod(const char *path, mode_t mode, struct fuse_file_info *fi)
+{
+    if (mode & PRIV_BITS)
+        return -EPERM;
+    PASS_OP(path, chmod(n.real, mode));
+}
 static int op_chown(const char *path, uid_t uid, gid_t gid, struct fuse_file_info *fi)
 {
     PASS_OP(path, lchown(n.real, uid, gid));
@@ -370,6 +422,7 @@ static void *op_init(struct fuse_conn_info *conn, struct fuse_config *cfg)
     cfg->negative_timeout = 0.0;
     cfg->hard_remove = 1;
     cfg->kernel_cache = 0;
+    cfg->auto_cache = 1;
     jlmfs *fs = fuse_get_context()->private_data;
     jlm_err e;
     if (jlmfs_start(fs, &e))
@@ -443,6 +496,10 @@ int main(int argc, char **argv)
      * and warns about it; 10 is the documented default. Inserted first so a
      * user's -o max_idle_threads wins. */
     fuse_opt_insert_arg(&args, 1, "-omax_idle_threads=10");
+    /* The kernel checks every access against the owner and mode each node
+     * shows (SRC's own for passthrough files): without it a root daemon
+     * mounted allow_other would read, write and chmod anything for anyone. */
+    fuse_opt_add_arg(&args, "-odefault_permissions");
     char *name = NULL;   /* "SRC on MNT type fuse.jlmfs" in the mount table */
     if (!strchr(o.src, ',') && asprintf(&name, "-ofsname=%s,subtype=jlmfs", o.src) >= 0)
         fuse_opt_add_arg(&args, name);

@@ -6,6 +6,9 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
+#include <sys/stat.h>
+#include <fcntl.h>
 
 long long jlm_cli_parse_size(const char *s)
 {
@@ -31,16 +34,25 @@ long long jlm_cli_parse_size(const char *s)
 
 int jlm_cli_is_gguf(const char *path)
 {
-    FILE *f = fopen(path, "rb");
-    if (!f)
-        return 0;
+    /* O_NONBLOCK and regular files only: a FIFO is never waited on here */
+    int fd = open(path, O_RDONLY | O_CLOEXEC | O_NONBLOCK);
+    struct stat st;
     char m[4] = {0};
-    size_t n = fread(m, 1, 4, f);
-    fclose(f);
+    ssize_t n = fd >= 0 && !fstat(fd, &st) && S_ISREG(st.st_mode) ? pread(fd, m, 4, 0) : -1;
+    if (fd >= 0)
+        close(fd);
     return n == 4 && !memcmp(m, "GGUF", 4);
 }
 
 const char *jlm_cli_source_kind(const char *path)
 {
     return jlm_cli_is_gguf(path) ? "a GGUF file" : jlm_hf_is_folder(path) ? "a Hugging Face folder" : NULL;
+}
+
+void jlm_cli_error(const char *who, const char *msg)
+{
+    fprintf(stderr, "%s: ", who);
+    for (const unsigned char *p = (const unsigned char *)msg; *p; p++)
+        fputc(*p < 0x20 || *p == 0x7f ? '?' : *p, stderr);
+    fputc('\n', stderr);
 }

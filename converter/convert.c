@@ -147,21 +147,26 @@ static int has_role(const jlm_conv *c, uint16_t role)
 
 int jlm_conv_open(const char *src_path, FILE *notes, jlm_conv **out, jlm_err *err)
 {
-    return jlm_conv_open_full(src_path, NULL, NULL, notes, out, err);
+    return jlm_conv_open_full(-1, src_path, NULL, NULL, notes, out, err);
+}
+
+int jlm_conv_open_at(int root_fd, const char *src_path, FILE *notes, jlm_conv **out, jlm_err *err)
+{
+    return jlm_conv_open_full(root_fd, src_path, NULL, NULL, notes, out, err);
 }
 
 int jlm_conv_open_mm(const char *src_path, const char *mm_path, FILE *notes, jlm_conv **out, jlm_err *err)
 {
-    return jlm_conv_open_full(src_path, mm_path, NULL, notes, out, err);
+    return jlm_conv_open_full(-1, src_path, mm_path, NULL, notes, out, err);
 }
 
 int jlm_conv_open_as(const char *src_path, const char *type, FILE *notes, jlm_conv **out, jlm_err *err)
 {
-    return jlm_conv_open_full(src_path, NULL, type, notes, out, err);
+    return jlm_conv_open_full(-1, src_path, NULL, type, notes, out, err);
 }
 
-int jlm_conv_open_full(const char *src_path, const char *mm_path, const char *type, FILE *notes, jlm_conv **out,
-                       jlm_err *err)
+int jlm_conv_open_full(int root_fd, const char *src_path, const char *mm_path, const char *type, FILE *notes,
+                       jlm_conv **out, jlm_err *err)
 {
     uint32_t quant = 0;
     if (type && jlm_quant_parse(type, &quant, err))
@@ -172,7 +177,9 @@ int jlm_conv_open_full(const char *src_path, const char *mm_path, const char *ty
         return jlm_errf(err, JLM_ENOMEM, "%s: out of memory", src_path);
     }
     c->quant = quant;
-    int rc = jlm_hf_is_folder(src_path) ? jlm_hf_open(src_path, notes, &c->g, err) : jlm_gguf_open(src_path, &c->g, err);
+    /* an HF folder is a command-line source only; the daemon opens GGUFs below its root */
+    int rc = root_fd < 0 && jlm_hf_is_folder(src_path) ? jlm_hf_open(src_path, notes, &c->g, err)
+                                                       : jlm_gguf_open_at(root_fd, src_path, &c->g, err);
     if (rc)
         goto fail;
     c->src_path = c->g->path;
@@ -193,7 +200,9 @@ int jlm_conv_open_full(const char *src_path, const char *mm_path, const char *ty
         rc = jlm_errf(err, JLM_EFORMAT, "%s: no token_embd.weight tensor", c->src_path);
         goto fail;
     }
-    if (mm_path && (rc = jlm_conv_map_vision(c, mm_path, notes, err)))
+    if ((rc = jlm_fmt_shapes_check(&c->config, c->tensors, c->n_tensors, c->src_path, err)))
+        goto fail;
+    if (mm_path && (rc = jlm_conv_map_vision(c, root_fd, mm_path, notes, err)))
         goto fail;
     jlm_plan_input in = {.config = &c->config, .vocab = &c->vocab, .fp = &c->fp,
                          .vision = c->mm ? &c->vision : NULL, .n_tensors = c->n_tensors, .tensors = c->tensors};
@@ -201,6 +210,8 @@ int jlm_conv_open_full(const char *src_path, const char *mm_path, const char *ty
         jlm_err_prefix(err, rc, "%s", c->src_path);
         goto fail;
     }
+    if ((rc = jlm_conv_check_proportion(c, err)))
+        goto fail;
     if (c->n_tensors)
         memcpy(c->tensors, c->plan.tensors, c->n_tensors * sizeof *c->tensors);
     *out = c;

@@ -64,6 +64,10 @@ typedef void (*jlm_conv_progress)(void *ctx, uint64_t done, uint64_t total);
  * JLM_EUNSUPPORTED for an unknown architecture / tensor / type (named),
  * JLM_EFORMAT for a malformed source. *out untouched on error. */
 int  jlm_conv_open(const char *src_path, FILE *notes, jlm_conv **out, jlm_err *err);
+/* Same with src_path relative to the directory root_fd, opened without
+ * following any symlink and without leaving root_fd (jlm_gguf_open_at): what
+ * the daemon uses for sources in SRC. */
+int  jlm_conv_open_at(int root_fd, const char *src_path, FILE *notes, jlm_conv **out, jlm_err *err);
 void jlm_conv_close(jlm_conv *c);   /* accepts NULL */
 /* Same, with a vision tower from an mmproj GGUF (llama.cpp's clip format):
  * the tower's config becomes the vision record, its blocks the vision pages
@@ -75,7 +79,7 @@ int  jlm_conv_open_mm(const char *src_path, const char *mmproj_path, FILE *notes
  * are; "Q8_0", "Q6_K", "Q5_K_M", "Q4_K_M", "Q5_1", "Q5_0", "Q4_1", "Q4_0"), with llama-quantize's per-tensor choices (converter/quantize.h). */
 int  jlm_conv_open_as(const char *src_path, const char *type, FILE *notes, jlm_conv **out, jlm_err *err);
 /* Both: a vision tower (mmproj_path, or NULL) and a target type (or NULL). */
-int  jlm_conv_open_full(const char *src_path, const char *mmproj_path, const char *type, FILE *notes,
+int  jlm_conv_open_full(int root_fd, const char *src_path, const char *mmproj_path, const char *type, FILE *notes,
                         jlm_conv **out, jlm_err *err);
 
 /* Pass 2: packs every tensor into OUT.part, verifies, renames to OUT. */

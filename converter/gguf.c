@@ -9,6 +9,7 @@
  */
 #include "converter/gguf.h"
 #include "base/io.h"
+#include "converter/beneath.h"
 
 #include <errno.h>
 #include <fcntl.h>
@@ -463,8 +464,7 @@ static int rd_header(rd *r, part *p)
     const uint8_t *m = r->buf;
     if (memcmp(m, "GGUF", 4) != 0)
         return jlm_errf(r->err, JLM_EFORMAT,
-                        "%s: bad magic %02x %02x %02x %02x at offset 0, expected \"GGUF\"",
-                        r->what, m[0], m[1], m[2], m[3]);
+                        "%s: not a GGUF file (no \"GGUF\" magic at offset 0)", r->what);
     r->pos = 4;
     uint32_t v;
     if ((rc = rd_u32(r, &v, "version")))
@@ -655,6 +655,7 @@ typedef struct gpriv {
     jlm_gguf_reader vread;      /* virtual handle: reads go here */
     void          *vctx;
     void         (*vfree)(void *);
+    int            root_fd;     /* jlm_gguf_open_at: paths are below it; else -1 */
 } gpriv;
 
 void jlm_gguf_close(jlm_gguf *g)
@@ -692,6 +693,7 @@ static int new_handle(const char *name, uint32_t n_parts, jlm_gguf **out, jlm_er
         return jlm_errf(err, JLM_ENOMEM, "%s: handle", name);
     }
     g->n_parts = n_parts;
+    pv->root_fd = -1;
     *out = g;
     return 0;
 }
@@ -785,10 +787,22 @@ int jlm_gguf_virtual(const char *path, jlm_gguf_kv *kv, uint64_t n_kv, jlm_gguf_
  * Files and splits
  * ==================================================================== */
 
-/* Opens and parses one file; *fd_out stays open for jlm_gguf_read. */
-static int open_part(const char *path, arena *ar, part *p, int *fd_out, jlm_err *err)
+int jlm_gguf_fstat(const jlm_gguf *g, uint32_t k, struct stat *st)
 {
-    int fd = open(path, O_RDONLY | O_CLOEXEC);
+    const gpriv *pv = g ? g->priv : NULL;
+    if (!pv || !pv->fds || k >= pv->n_fds || pv->fds[k] < 0) {
+        errno = EBADF;
+        return -1;
+    }
+    return fstat(pv->fds[k], st);
+}
+
+/* Opens and parses one file; *fd_out stays open for jlm_gguf_read. */
+static int open_part(int root_fd, const char *path, arena *ar, part *p, int *fd_out, jlm_err *err)
+{
+    /* O_NONBLOCK: a FIFO named like a GGUF is refused below, never waited on */
+    int fl = O_RDONLY | O_CLOEXEC | O_NONBLOCK;
+    int fd = root_fd >= 0 ? jlm_open_beneath(root_fd, path, fl, 0) : open(path, fl);
     if (fd < 0)
         return jlm_errf(err, errno == ENOENT ? JLM_ENOTFOUND : JLM_EIO, "%s: %s", path, strerror(errno));
     struct stat st;
@@ -917,7 +931,7 @@ static int open_other_parts(jlm_gguf *g, part *parts, size_t prefix_len, jlm_err
             return jlm_errf(err, JLM_ENOMEM, "%s: part name", g->path);
         snprintf(path, n, "%.*s-%05u-of-%05u.gguf", (int)prefix_len, g->path, k, g->n_parts);
         pv->paths[k - 1] = path;
-        int rc = open_part(path, &pv->ar, &parts[k - 1], &pv->fds[k - 1], err);
+        int rc = open_part(pv->root_fd, path, &pv->ar, &parts[k - 1], &pv->fds[k - 1], err);
         if (rc == JLM_ENOTFOUND)
             return jlm_errf(err, rc, "%s: split part %u of %u is missing: %s", g->path, k, g->n_parts, path);
         if (rc)
@@ -940,6 +954,11 @@ static int open_split(jlm_gguf *g, part *parts, size_t prefix_len, jlm_err *err)
 }
 
 int jlm_gguf_open(const char *path, jlm_gguf **out, jlm_err *err)
+{
+    return jlm_gguf_open_at(-1, path, out, err);
+}
+
+int jlm_gguf_open_at(int root_fd, const char *path, jlm_gguf **out, jlm_err *err)
 {
     if (!path)
         return jlm_errf(err, JLM_EINVAL, "jlm_gguf_open: NULL path");
@@ -966,7 +985,8 @@ int jlm_gguf_open(const char *path, jlm_gguf **out, jlm_err *err)
         pv->fds[k] = -1;
     pv->n_fds = count;
     pv->paths[0] = g->path;
-    rc = open_part(path, &pv->ar, &parts[0], &pv->fds[0], err);
+    pv->root_fd = root_fd;
+    rc = open_part(root_fd, path, &pv->ar, &parts[0], &pv->fds[0], err);
     if (!rc)
         adopt_first(g, &parts[0]);
     if (!rc)

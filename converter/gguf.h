@@ -23,6 +23,7 @@
 
 #include <stddef.h>
 #include <stdint.h>
+#include <sys/stat.h>
 
 #include "base/jlm_err.h"
 
@@ -83,6 +84,10 @@ typedef struct jlm_gguf {
 /* Opens path (if it is part 1 of a split, all parts). *out untouched on error;
  * messages name the file and the offset/field. */
 int  jlm_gguf_open(const char *path, jlm_gguf **out, jlm_err *err);
+/* Same with path relative to the directory root_fd, opened (with every split
+ * part) by jlm_open_beneath: no symlink followed, nothing outside root_fd.
+ * Messages name the relative path only. root_fd -1: jlm_gguf_open. */
+int  jlm_gguf_open_at(int root_fd, const char *path, jlm_gguf **out, jlm_err *err);
 /* Same on an in-memory image (no splits); the buffer must outlive the handle. For fuzzing. */
 int  jlm_gguf_open_mem(const void *buf, size_t len, const char *what, jlm_gguf **out, jlm_err *err);
 void jlm_gguf_close(jlm_gguf *g);   /* accepts NULL */
@@ -112,6 +117,10 @@ int jlm_gguf_get_str(const jlm_gguf *g, const char *key, jlm_gguf_str *out, jlm_
 
 /* Reads [off, off+n) of a tensor's data into buf (pread). JLM_EIO on error. */
 int jlm_gguf_read(const jlm_gguf *g, const jlm_gguf_tensor *t, uint64_t off, void *buf, size_t n, jlm_err *err);
+/* fstat of the open file of part k (0-based): what the reads see now (a file
+ * rewritten in place shows its new size and mtime; an unlinked or renamed one
+ * is unchanged). -1 with errno set for an in-memory image or a bad k. */
+int jlm_gguf_fstat(const jlm_gguf *g, uint32_t k, struct stat *st);
 
 /* ggml block traits: elements per block and bytes per block; 0 if unknown. */
 uint32_t jlm_ggml_block_elems(uint32_t type);

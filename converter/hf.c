@@ -760,7 +760,7 @@ static int build(hf *h, hf_json *j, FILE *notes, jlm_gguf **out, jlm_err *err)
         hf_free(h);
         return rc;
     }
-    return jlm_gguf_virtual(h->dir, h->kv, h->n_kv, h->t, h->n_t, h->st ? jlm_st_total_bytes(h->st) : 0, vread, h,
+    return jlm_gguf_virtual(h->dir, h->kv, h->n_kv, h->t, h->n_t, (h->st ? jlm_st_total_bytes(h->st) : 0) + h->json_bytes, vread, h,
                             hf_free, out, err);
 }
 
@@ -798,6 +798,9 @@ static int load(hf *h, const char *name, size_t flags, json_t **out, const char 
     if (path_out)
         *path_out = p;
     *out = json_load_file(p, JSON_REJECT_DUPLICATES | flags, &je);
+    struct stat st;
+    if (*out && stat(p, &st) == 0)
+        h->json_bytes += (uint64_t)st.st_size;
     if (!*out || !json_is_object(*out))
         return jlm_errf(err, JLM_EFORMAT, "%s: line %d: %s", p, je.line, *out ? "not a JSON object" : je.text);
     return 0;

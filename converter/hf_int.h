@@ -46,6 +46,7 @@ typedef struct hf {
     void           **own;
     uint64_t         n_own, cap_own;
     jlm_err         *err;
+    uint64_t         json_bytes;   /* config / tokenizer files read: with the shards, the source's size */
 } hf;
 /* A string (printf) / a malloc'd block owned by h, freed with it; NULL on ENOMEM. */
 char *jlm_hf_own(hf *h, const char *fmt, ...) __attribute__((format(printf, 2, 3)));

@@ -179,9 +179,9 @@ static int map_one(jlm_conv *c, const jlm_gguf *g, uint32_t gi, jlm_tensor *t, j
     return JLM_OK;
 }
 
-int jlm_conv_map_vision(jlm_conv *c, const char *mm_path, FILE *notes, jlm_err *err)
+int jlm_conv_map_vision(jlm_conv *c, int root_fd, const char *mm_path, FILE *notes, jlm_err *err)
 {
-    int rc = jlm_gguf_open(mm_path, &c->mm, err);
+    int rc = jlm_gguf_open_at(root_fd, mm_path, &c->mm, err);
     if (rc)
         return rc;
     const jlm_gguf *g = c->mm;

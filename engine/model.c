@@ -274,6 +274,8 @@ int jlm_engine_open(const char *path, const jlm_engine_opts *opts, jlm_engine **
                       jlm_fmt_arch_name(c->arch), c->arch == JLM_ARCH_NONE ? " (a vocab-only container)" : "");
         goto fail;
     }
+    if ((rc = jlm_fmt_shapes_check(c, e->m->tensors, e->m->hdr.n_tensors, path, err)))
+        goto fail;
     e->hd = c->head_dim;
     e->hd_v = c->head_dim_v ? c->head_dim_v : c->head_dim;
     e->q_dim = c->n_head * e->hd;

@@ -476,7 +476,7 @@ int jlm_fmt_config_check(const jlm_config *k, const char *what, jlm_err *err)
 #undef CHECK_NONNEG
     if (!isfinite(k->yarn_log_mul) || !isfinite(k->attn_temp_offset))
         return jlm_errf(err, JLM_EFORMAT, "%s: config: a float field is not finite", what);
-    return JLM_OK;
+    return jlm_fmt_config_bounds(k, what, err);
 }
 
 /* ================================================================ vision (4.2) */

@@ -274,6 +274,24 @@ void       jlm_arena_free(jlm_arena *a);
 void      *jlm_arena_alloc(jlm_arena *a, size_t n);   /* zeroed, 16-aligned; NULL on OOM */
 int jlm_fmt_config_decode(const uint8_t *p, size_t len, jlm_arena *a, jlm_config *out, const char *what, jlm_err *err);
 int jlm_fmt_config_check(const jlm_config *c, const char *what, jlm_err *err);
+
+/* Untrusted sizes (sanity.c, docs/security.md). Limits on config dimensions:
+ * far above any published model, low enough that every product the planner
+ * and the engine form fits 64 bits and every per-expert stack array holds. */
+#define JLM_MAX_LAYERS        4096u
+#define JLM_MAX_DIM           (1u << 20)
+#define JLM_MAX_HEADS         4096u
+#define JLM_MAX_HEAD_DIM      8192u
+#define JLM_MAX_VOCAB         (1u << 24)
+#define JLM_MAX_EXPERTS       1024u
+#define JLM_MAX_EXPERTS_USED  256u
+#define JLM_MAX_TENSORS       (1u << 20)
+/* JLM_ERANGE naming the field when a dimension exceeds its limit (called by
+ * jlm_fmt_config_check). */
+int jlm_fmt_config_bounds(const jlm_config *c, const char *what, jlm_err *err);
+/* JLM_EFORMAT naming the tensor and dimension when a tensor's shape disagrees
+ * with the config, or a block below n_layer has no tensor. Text archs only. */
+int jlm_fmt_shapes_check(const jlm_config *c, const jlm_tensor *ts, uint32_t n, const char *what, jlm_err *err);
 int jlm_fmt_vision_decode(const uint8_t *p, size_t len, jlm_vision *out, const char *what, jlm_err *err);
 int jlm_fmt_vocab_decode(const uint8_t *p, size_t len, jlm_arena *a, jlm_vocab *out, const char *what, jlm_err *err);
 int jlm_fmt_table_decode(const uint8_t *p, size_t len, uint32_t n, jlm_arena *a, jlm_tensor **out, const char *what, jlm_err *err);

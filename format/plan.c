@@ -16,6 +16,10 @@
 #define ROLE_VISION_FIRST 64
 #define ROLE_VISION_LAST  93
 
+/* With at most JLM_MAX_TENSORS tensors of planes this long, every cursor sum
+ * below stays under 2^63. */
+#define JLM_MAX_PLANE (1ull << 40)
+
 static int is_vision_role(uint16_t r) { return r >= ROLE_VISION_FIRST && r <= ROLE_VISION_LAST; }
 
 /* Places the three planes of a tensor (lengths q,d,s) at a cursor relative to
@@ -98,10 +102,10 @@ static int plan_alloc(planner *P, jlm_err *err)
     uint32_t n = P->n, nl = P->cfg->n_layer;
     P->p.tensors = calloc(n ? n : 1, sizeof *P->p.tensors);
     P->pl = calloc(n ? n : 1, sizeof *P->pl);
-    P->text_used = calloc(nl + 1, sizeof *P->text_used);
-    P->vis_used = calloc(P->nvis + 1, sizeof *P->vis_used);
-    P->exp_cursor = calloc(nl + 1, sizeof *P->exp_cursor);
-    P->moe_rank = malloc((nl + 1) * sizeof *P->moe_rank);
+    P->text_used = calloc((size_t)nl + 1, sizeof *P->text_used);
+    P->vis_used = calloc((size_t)P->nvis + 1, sizeof *P->vis_used);
+    P->exp_cursor = calloc((size_t)nl + 1, sizeof *P->exp_cursor);
+    P->moe_rank = malloc(((size_t)nl + 1) * sizeof *P->moe_rank);
     if (!P->p.tensors || !P->pl || !P->text_used || !P->vis_used || !P->exp_cursor || !P->moe_rank)
         return jlm_errf(err, JLM_ENOMEM, "plan: out of memory");
     if (n)
@@ -121,6 +125,9 @@ static int plan_shapes(planner *P, jlm_err *err)
         int rc = jlm_fmt_tensor_planes(t, &P->pl[i], err);
         if (rc)
             return rc;
+        const jlm_tensor_planes *q = &P->pl[i];
+        if (q->qs_len > JLM_MAX_PLANE || q->d_len > JLM_MAX_PLANE || q->sc_len > JLM_MAX_PLANE)
+            return jlm_errf(err, JLM_ERANGE, "plan: tensor '%s' has a plane over 1 TiB", t->name.s);
         uint32_t lim = is_vision_role(t->role) ? P->nvis : cfg->n_layer;
         if (t->block >= 0 && (uint32_t)t->block >= lim)
             return jlm_errf(err, JLM_EFORMAT, "plan: tensor '%s' in block %d, model has %u", t->name.s, t->block, lim);
@@ -275,7 +282,17 @@ static void plan_chunk_and_groups(planner *P)
 int jlm_fmt_plan(const jlm_plan_input *in, jlm_plan *out, jlm_err *err)
 {
     planner P = {.in = in, .cfg = in->config, .n = in->n_tensors, .nvis = in->vision ? in->vision->n_layer : 0};
-    int rc = check_unique(in->tensors, P.n, "plan", err);
+    /* Untrusted sizes first: nothing below is sized before the config is
+     * bounded (sanity.c); shapes against the config are the caller's check
+     * (jlm_fmt_shapes_check: the converter and the engine). */
+    int rc = jlm_fmt_config_check(in->config, "plan", err);
+    if (!rc && P.n > JLM_MAX_TENSORS)
+        rc = jlm_errf(err, JLM_ERANGE, "plan: %u tensors, at most %u are accepted", P.n, JLM_MAX_TENSORS);
+    if (!rc && P.nvis > JLM_MAX_LAYERS)
+        rc = jlm_errf(err, JLM_ERANGE, "plan: vision tower has %u layers, at most %u are accepted", P.nvis,
+                      JLM_MAX_LAYERS);
+    if (!rc)
+        rc = check_unique(in->tensors, P.n, "plan", err);
     if (rc)
         return rc;
     if (!(rc = plan_alloc(&P, err)) && !(rc = plan_shapes(&P, err)) && !(rc = plan_sections(&P, err))) {

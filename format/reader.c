@@ -189,7 +189,7 @@ int jlm_fmt_open(const char *path, jlm_model **out, jlm_err *err)
     int rc;
     struct stat st;
     uint8_t hb[JLM_HEADER_LEN];
-    m->fd = open(path, O_RDONLY | O_CLOEXEC);
+    m->fd = open(path, O_RDONLY | O_CLOEXEC | O_NONBLOCK);   /* a FIFO is refused below, never waited on */
     if (m->fd < 0 || fstat(m->fd, &st) != 0) {
         rc = jlm_errf(err, JLM_EIO, "%s: %s", path, strerror(errno));
         goto fail;

@@ -3,6 +3,7 @@
  * extended attributes and the residency database connection. */
 #include "fs/jlmfs_int.h"
 #include "picture/picture.h"
+#include "converter/beneath.h"
 
 #include <dirent.h>
 #include <errno.h>
@@ -43,6 +44,11 @@ static int ident_eq(const jlmfs_ident *a, const jlmfs_ident *b)
 }
 
 const char *jlmfs_cache_dir(const jlmfs *fs) { return fs->cache; }
+
+int jlmfs_pass_open(const jlmfs *fs, const char *rel, int flags, mode_t mode)
+{
+    return *rel ? jlm_open_beneath(fs->src_fd, rel, flags, mode) : open(fs->src, flags | O_CLOEXEC, mode);
+}
 const char *jlmfs_db_path(const jlmfs *fs) { return fs->db_path; }
 
 /* ---------------------------------------------------------------- table (fs->lock held) */
@@ -107,14 +113,16 @@ jlmfs_view *jlmfs_sync_view(jlmfs *fs, const char *rel)
 {
     if (!ends_with(rel, ".gguf") || jlmfs_is_mmproj(rel))
         return NULL;
-    char *path = join(fs->src, rel);
+    /* lstat through SRC's descriptor: a symlink (anywhere in rel) is no source */
     struct stat st, mst;
-    int ok = path && stat(path, &st) == 0 && S_ISREG(st.st_mode);
-    free(path);
+    int fd = jlm_open_beneath(fs->src_fd, rel, O_PATH, 0);
+    int ok = fd >= 0 && fstat(fd, &st) == 0 && S_ISREG(st.st_mode);
+    if (fd >= 0)
+        close(fd);
     jlmfs_ident id;
     if (ok) {
         ident_of(&st, &id);
-        char *mm = jlmfs_mmproj_rel(fs->src, rel, &mst);   /* adding or changing it replans the view */
+        char *mm = jlmfs_mmproj_rel(fs->src_fd, rel, &mst);   /* adding or changing it replans the view */
         if (mm)
             id.mm_ino = mst.st_ino, id.mm_size = mst.st_size, id.mm_mtime_s = mst.st_mtim.tv_sec,
             id.mm_mtime_ns = mst.st_mtim.tv_nsec;
@@ -390,13 +398,16 @@ static void clean_cache(jlmfs *fs, int parts_only)
     struct dirent *de;
     while ((de = readdir(d))) {
         int part = ends_with(de->d_name, ".jlm.part");
-        if (parts_only ? !part : (part || !strchr(de->d_name, '@') || !ends_with(de->d_name, ".jlm")))
+        /* guard.c's records go with their entry: kept while its source is */
+        size_t rec = ends_with(de->d_name, ".jlm.fail") || ends_with(de->d_name, ".jlm.busy") ? 5 : 0;
+        if (parts_only ? !part : (part || !strchr(de->d_name, '@') || (!rec && !ends_with(de->d_name, ".jlm"))))
             continue;
         char *p = join(fs->cache, de->d_name);
         int owned = 0;
+        size_t plen = p ? strlen(p) - rec : 0;
         pthread_mutex_lock(&fs->lock);
         for (size_t i = 0; p && !parts_only && i < fs->n_views; i++)
-            owned |= !strcmp(fs->views[i]->cache_path, p);
+            owned |= strlen(fs->views[i]->cache_path) == plen && !strncmp(fs->views[i]->cache_path, p, plen);
         pthread_mutex_unlock(&fs->lock);
         if (p && !owned)
             unlink(p);
@@ -441,6 +452,7 @@ int jlmfs_open(const jlmfs_opts *o, jlmfs **out, jlm_err *err)
     if (!fs)
         return jlm_errf(err, JLM_ENOMEM, "out of memory");
     fs->lock_fd = -1;
+    fs->src_fd = -1;
     pthread_mutex_init(&fs->lock, NULL);
     pthread_mutex_init(&fs->create_lock, NULL);
     pthread_mutex_init(&fs->db_lock, NULL);
@@ -452,9 +464,10 @@ int jlmfs_open(const jlmfs_opts *o, jlmfs **out, jlm_err *err)
     fs->check = chk && *chk == '1';
     struct stat st;
     int rc = 0;
-    if (!o->src || !(fs->src = realpath(o->src, NULL)) || stat(fs->src, &st) || !S_ISDIR(st.st_mode))
+    if (!o->src || !(fs->src = realpath(o->src, NULL)) || stat(fs->src, &st) || !S_ISDIR(st.st_mode) ||
+        (fs->src_fd = open(fs->src, O_PATH | O_DIRECTORY | O_CLOEXEC)) < 0)
         rc = jlm_errf(err, JLM_EINVAL, "source %s: %s", o->src ? o->src : "(none)",
-                      fs->src ? "not a directory" : strerror(errno));
+                      fs->src && !S_ISDIR(st.st_mode) ? "not a directory" : strerror(errno));
     if (!rc)
         rc = open_cache(fs, o->cache, err);
     if (rc) {
@@ -473,7 +486,7 @@ void jlmfs_close(jlmfs *fs)
     if (!fs)
         return;
     pthread_mutex_lock(&fs->lock);
-    fs->stop = 1;
+    __atomic_store_n(&fs->stop, 1, __ATOMIC_RELAXED);   /* workers read it unlocked (view.c) */
     pthread_cond_broadcast(&fs->queue_cond);
     pthread_mutex_unlock(&fs->lock);
     for (unsigned i = 0; i < fs->n_threads; i++)
@@ -484,8 +497,10 @@ void jlmfs_close(jlmfs *fs)
         jlmfs_view_unref(fs->queue[i]);
     for (size_t i = 0; i < fs->n_views; i++) {
         jlmfs_view *v = fs->views[i];
-        if (jlmfs_view_state(v, NULL, NULL, 0) == JLMFS_CONVERTING)
+        if (jlmfs_view_state(v, NULL, NULL, 0) == JLMFS_CONVERTING) {
             unlink(v->part_path);   /* invariant 3: no half-written entry survives */
+            jlmfs_guard_leave(v, 0, NULL);   /* a clean stop is no crash */
+        }
         jlmfs_view_unref(v);
     }
     for (size_t i = 0; i < fs->n_writers; i++)
@@ -496,6 +511,8 @@ void jlmfs_close(jlmfs *fs)
     }
     if (fs->lock_fd >= 0)
         close(fs->lock_fd);
+    if (fs->src_fd >= 0)
+        close(fs->src_fd);
     free(fs->views); free(fs->queue); free(fs->writers); free(fs->threads);
     free(fs->src); free(fs->cache); free(fs->cache_rel); free(fs->db_path);
     pthread_mutex_destroy(&fs->lock);

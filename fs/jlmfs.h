@@ -64,6 +64,10 @@ int  jlmfs_start(jlmfs *fs, jlm_err *err);
 void jlmfs_close(jlmfs *fs);
 
 const char *jlmfs_cache_dir(const jlmfs *fs);
+/* Opens SRC/rel for a passthrough node without following any symlink or
+ * leaving SRC (a component swapped for a link between the kernel's lookup and
+ * the open is refused: ELOOP). rel "" is SRC itself. -1 with errno set. */
+int jlmfs_pass_open(const jlmfs *fs, const char *rel, int flags, mode_t mode);
 const char *jlmfs_db_path(const jlmfs *fs);
 
 /* ---------------------------------------------------------------- nodes */

@@ -60,6 +60,7 @@ struct jlmfs_view {
 
 struct jlmfs {
     char           *src;          /* realpath of SRC */
+    int             src_fd;       /* SRC (O_PATH): sources open below it, no symlink followed */
     char           *cache;        /* realpath of the cache folder */
     char           *cache_rel;    /* cache path relative to SRC if inside it, else NULL */
     char           *db_path;
@@ -99,8 +100,20 @@ const char *jlmfs_arr_name(int arr);
 
 /* mmproj.c: the projector paired with rel (malloc'd rel, *st filled) or
  * NULL; 1 if rel is itself a projector's name. */
-char *jlmfs_mmproj_rel(const char *src, const char *rel, struct stat *st);
+char *jlmfs_mmproj_rel(int src_fd, const char *rel, struct stat *st);
 int   jlmfs_is_mmproj(const char *rel);
+
+/* status.c: msg as a status line may show it (docs/security.md): SRC's and
+ * the cache's absolute paths become "SRC" and "CACHE", control bytes "?". */
+void  jlmfs_status_clean(char *dst, size_t n, const char *msg, const jlmfs *fs);
+
+/* guard.c: crash isolation. enter: 1 (msg filled) if the source is refused
+ * (recorded failure, or daemons died on it twice), else records the attempt.
+ * leave: the attempt ended (code 0 or the JLM_E* it failed with; a failure in
+ * the source's bytes is recorded). forget: the source is gone or replaced. */
+int   jlmfs_guard_enter(jlmfs_view *v, char *msg, size_t n);
+void  jlmfs_guard_leave(jlmfs_view *v, int code, const char *msg);
+void  jlmfs_guard_forget(jlmfs_view *v);
 
 /* jlmfs.c */
 jlmfs_view *jlmfs_sync_view(jlmfs *fs, const char *rel);   /* reference or NULL */

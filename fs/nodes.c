@@ -153,11 +153,14 @@ int jlmfs_node_stat(jlmfs *fs, const jlmfs_node *n, struct stat *st, jlm_err *er
     s.st_gid = v->dir_st.st_gid;
     s.st_atim = s.st_mtim = s.st_ctim = v->dir_st.st_mtim;
     s.st_blksize = 4096;
+    /* who may read the GGUF may read its view, nobody else (the kernel checks:
+     * default_permissions); directories searchable where readable */
+    mode_t r = v->dir_st.st_mode & 0444;
     if (n->kind == JLMFS_DIR) {
-        s.st_mode = S_IFDIR | 0555;
+        s.st_mode = S_IFDIR | r | (r >> 2);
         s.st_nlink = 2;
     } else {
-        s.st_mode = S_IFREG | 0444;
+        s.st_mode = S_IFREG | r;
         s.st_nlink = 1;
         if (n->kind == JLMFS_SPAN) {
             s.st_size = (off_t)n->len;

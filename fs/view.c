@@ -2,6 +2,7 @@
  * units (the metadata+dense prefix, then every page), background conversion
  * into the cache's .part file, on-demand packing, and its texts. */
 #include "fs/jlmfs_int.h"
+#include "converter/beneath.h"
 
 #include <errno.h>
 #include <fcntl.h>
@@ -10,6 +11,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
+#include <sys/statvfs.h>
 #include <unistd.h>
 
 const char *jlmfs_arr_name(int arr)
@@ -24,9 +26,37 @@ static void set_error(jlmfs_view *v, const char *msg)
     pthread_mutex_lock(&v->lock);
     if (v->state != JLMFS_ERROR) {
         v->state = JLMFS_ERROR;
-        snprintf(v->errmsg, sizeof v->errmsg, "%s", msg);
+        jlmfs_status_clean(v->errmsg, sizeof v->errmsg, msg, v->fs);
     }
     pthread_mutex_unlock(&v->lock);
+}
+
+/* ERROR, and the .part goes: unlinked, and its descriptor swapped for
+ * /dev/null (dup2 is atomic, so a reader racing on v->fd reads 0 bytes, never
+ * another file) so the space comes back now, not when the view is dropped. */
+static void fail_view(jlmfs_view *v, const char *msg)
+{
+    set_error(v, msg);
+    pthread_mutex_lock(&v->lock);
+    unlink(v->part_path);
+    int null = open("/dev/null", O_RDONLY | O_CLOEXEC);
+    if (null >= 0 && v->fd >= 0)
+        dup3(null, v->fd, O_CLOEXEC);
+    if (null >= 0)
+        close(null);
+    pthread_mutex_unlock(&v->lock);
+}
+
+/* The status line for a full cache: how much the rest of the conversion
+ * needs and how much the cache's filesystem has. */
+static int no_space(jlmfs_view *v, jlm_err *err)
+{
+    struct statvfs sv;
+    unsigned long long have = statvfs(v->fs->cache, &sv) ? 0ull : (unsigned long long)sv.f_bavail * sv.f_frsize;
+    pthread_mutex_lock(&v->lock);
+    unsigned long long need = v->file_size - v->done_bytes;
+    pthread_mutex_unlock(&v->lock);
+    return jlm_errf(err, JLM_ENOSPC, "%s: no space left in cache (need %llu, have %llu)", v->part_path, need, have);
 }
 
 /* ---------------------------------------------------------------- layout */
@@ -177,7 +207,7 @@ static char *tensors_text(const jlm_model *m)
 /* Plans the view; a source that cannot be planned leaves it in ERROR. */
 static int plan_view(jlmfs_view *v, const char *src_path, const char *mm_path, jlm_err *err)
 {
-    int rc = jlm_conv_open_mm(src_path, mm_path, NULL, &v->conv, err);
+    int rc = jlm_conv_open_full(v->fs->src_fd, src_path, mm_path, NULL, NULL, &v->conv, err);
     if (rc)
         return rc;
     v->file_size = v->conv->plan.file_size;
@@ -236,6 +266,16 @@ static int open_container(jlmfs_view *v, jlm_err *err)
     return 0;
 }
 
+/* Longest flattened path kept in a cache name: 255 - '@' - the identity
+ * (4 hex fields and a time, at most ~90) - ".vNN.jlm.fail.tmp". */
+#define FLAT_MAX 128
+
+/* Longest flattened path kept in a cache name: 255 - '@' - the identity
+ * (4 hex fields and a time, at most ~90) - ".vNN.jlm.fail.tmp"; a paired
+ * projector's identity (at most 65 more) takes its share. */
+#define FLAT_MAX    128
+#define FLAT_MAX_MM 80
+
 static char *cache_name(const jlmfs *fs, const char *rel, const jlmfs_ident *id)
 {
     size_t n = strlen(rel);
@@ -245,6 +285,16 @@ static char *cache_name(const jlmfs *fs, const char *rel, const jlmfs_ident *id)
     for (char *p = flat; *p; p++)
         if (*p == '/')
             *p = '%';
+    /* A long stem or a deep path would make a name over NAME_MAX (with the
+     * ".part" / ".fail.tmp" the entry also gets): keep its head, add a hash
+     * of the whole path. */
+    size_t flat_max = id->mm_ino ? FLAT_MAX_MM : FLAT_MAX;
+    if (strlen(flat) > flat_max) {
+        uint64_t h = 1469598103934665603ull;   /* FNV-1a 64 */
+        for (const char *p = flat; *p; p++)
+            h = (h ^ (unsigned char)*p) * 1099511628211ull;
+        snprintf(flat + flat_max - 17, 18, "~%016llx", (unsigned long long)h);
+    }
     char mm[96] = "";   /* with a projector: its identity too */
     if (id->mm_ino)
         snprintf(mm, sizeof mm, "+%llx-%llx-%lld.%09ld", (unsigned long long)id->mm_ino,
@@ -281,26 +331,24 @@ int jlmfs_view_create(jlmfs *fs, const char *rel, const jlmfs_ident *id, const s
     }
     memcpy(v->key, rel, n - 5);
     strcpy(v->key + n - 5, ".jlm");
-    char *src_path = NULL, *mm_path = NULL, *mm = jlmfs_mmproj_rel(fs->src, rel, NULL);
+    char *mm = jlmfs_mmproj_rel(fs->src_fd, rel, NULL);   /* a projector beside it, relative to SRC too */
     jlm_err e = {0};
-    int rc = asprintf(&src_path, "%s/%s", fs->src, rel) < 0 ? jlm_errf(&e, JLM_ENOMEM, "out of memory") : 0;
-    if (!rc && mm && asprintf(&mm_path, "%s/%s", fs->src, mm) < 0)
-        rc = jlm_errf(&e, JLM_ENOMEM, "out of memory");
-    if (!rc)
-        rc = plan_view(v, src_path, mm_path, &e);
+    int refused = jlmfs_guard_enter(v, e.msg, sizeof e.msg);   /* a recorded failure is not retried */
+    /* relative to SRC: below it, no symlink followed */
+    int rc = refused ? JLM_EFORMAT : plan_view(v, v->rel, mm, &e);
     free(mm);
-    free(mm_path);
     if (!rc)
         rc = open_container(v, &e);
-    free(src_path);
     if (rc) {   /* the view exists, in ERROR: status names the reason */
         v->state = JLMFS_ERROR;
-        snprintf(v->errmsg, sizeof v->errmsg, "%s", e.msg);
+        jlmfs_status_clean(v->errmsg, sizeof v->errmsg, e.msg, fs);
         if (v->fd >= 0)
             close(v->fd);
         v->fd = -1;
         unlink(v->part_path);
     }
+    if (!refused && v->state != JLMFS_CONVERTING)
+        jlmfs_guard_leave(v, rc, v->errmsg);
     *out = v;
     return JLM_OK;
 }
@@ -333,7 +381,32 @@ void jlmfs_view_kill(jlmfs_view *v)
     v->dead = 1;
     unlink(v->cache_path);
     unlink(v->part_path);
+    jlmfs_guard_forget(v);
     pthread_mutex_unlock(&v->lock);
+}
+
+/* ---------------------------------------------------------------- torn sources */
+/* 1 if the file the conversion reads is no longer what the view was planned
+ * from (rewritten in place: size or mtime). Checked on the open descriptor,
+ * after every packed unit and before ready, so no unit mixes two versions
+ * unnoticed; a source unlinked or renamed meanwhile is unchanged for it, and
+ * open descriptors of the view keep being served the one version (POSIX). */
+static int source_changed(const jlmfs_view *v)
+{
+    struct stat st;
+    int same = !jlm_gguf_fstat(v->conv->g, 0, &st) && st.st_dev == v->id.dev && st.st_ino == v->id.ino &&
+               st.st_size == v->id.size && st.st_mtim.tv_sec == v->id.mtime_s && st.st_mtim.tv_nsec == v->id.mtime_ns;
+    return !same;
+}
+
+/* The view fails as a whole (every descriptor gets EIO from now on, never a
+ * page of the new version next to one of the old); the next lookup of the
+ * path plans the new version as a new view. */
+static int source_changed_error(jlmfs_view *v, jlm_err *err)
+{
+    int rc = jlm_errf(err, JLM_EIO, "%s: the source changed while it was converted", v->rel);
+    fail_view(v, err->msg);
+    return rc;
 }
 
 /* ---------------------------------------------------------------- units */
@@ -349,12 +422,15 @@ static int fill_unit(jlmfs_view *v, uint32_t u, uint8_t **bytes, jlm_err *err)
         return jlm_errf(err, JLM_ENOMEM, "%s: out of memory (%llu bytes for a page)", v->key,
                         (unsigned long long)un->len);
     int rc = jlm_conv_read_span(v->conv, un->off, un->len, buf, err);
+    if (source_changed(v))   /* also when the read failed: a truncated rewrite is a change, not a bad file */
+        rc = source_changed_error(v, err);
     if (!rc) {
         int e = jlm_io_pwrite_full(v->fs->io, v->fd, buf, un->len, un->off, NULL);
-        if (e)
-            rc = jlm_errf(err, e == ENOSPC ? JLM_ENOSPC : JLM_EIO, "%s: writing [%llu, +%llu): %s", v->part_path,
-                          (unsigned long long)un->off, (unsigned long long)un->len,
-                          strerror(e == JLM_IO_EOF ? EIO : e));
+        if (e == ENOSPC || e == EDQUOT)
+            rc = no_space(v, err);
+        else if (e)
+            rc = jlm_errf(err, JLM_EIO, "%s: writing [%llu, +%llu): %s", v->part_path, (unsigned long long)un->off,
+                          (unsigned long long)un->len, strerror(e == JLM_IO_EOF ? EIO : e));
     }
     if (!rc) {
         pthread_mutex_lock(&v->lock);
@@ -374,6 +450,8 @@ static int fill_unit(jlmfs_view *v, uint32_t u, uint8_t **bytes, jlm_err *err)
 /* Every unit written: sync, re-open and compare with the plan, rename. */
 static int finish(jlmfs_view *v, jlm_err *err)
 {
+    if (source_changed(v))
+        return source_changed_error(v, err);
     if (fsync(v->fd))
         return jlm_errf(err, JLM_EIO, "%s: fsync: %s", v->part_path, strerror(errno));
     jlm_model *m;
@@ -415,10 +493,9 @@ void jlmfs_view_convert(jlmfs_view *v)
     }
     if (!rc)
         rc = finish(v, &err);
-    if (rc) {
-        set_error(v, err.msg);
-        unlink(v->part_path);
-    }
+    if (rc)
+        fail_view(v, err.msg);
+    jlmfs_guard_leave(v, rc, v->errmsg);
 }
 
 /* ---------------------------------------------------------------- reads */

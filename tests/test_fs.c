@@ -8,6 +8,7 @@
 
 #include "format/jlm_format.h"
 #include "tests/testutil.h"
+#include "tests/mntutil.h"
 
 #include <jansson.h>
 
@@ -18,144 +19,9 @@
 #include <sys/xattr.h>
 #include <time.h>
 
-/* ---------------------------------------------------------------- mount fixture */
-typedef struct mnt {
-    char *tmp, src[512], mnt[512], cache[512], log[512];
-    pid_t pid;
-} mnt;
-
-static mnt M;
-
-static double now_s(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + ts.tv_nsec * 1e-9;
-}
-
-static void sleep_ms(int ms)
-{
-    struct timespec ts = {ms / 1000, (long)(ms % 1000) * 1000000L};
-    nanosleep(&ts, NULL);
-}
-
-static const char *jlmfs_bin(void)
-{
-    static char b[1024];
-    snprintf(b, sizeof b, "%s", tu_jlm());
-    char *s = strrchr(b, '/');
-    snprintf(s ? s + 1 : b, sizeof b - (size_t)(s ? s + 1 - b : 0), "jlmfs");
-    return b;
-}
-
-static int is_mounted(const char *dir)
-{
-    FILE *f = fopen("/proc/self/mountinfo", "r");
-    char line[4096];
-    int found = 0;
-    while (f && !found && fgets(line, sizeof line, f)) {
-        char a[64], b[64], c[64], root[1024], mp[1024];
-        if (sscanf(line, "%63s %63s %63s %1023s %1023s", a, b, c, root, mp) == 5 && !strcmp(mp, dir))
-            found = 1;
-    }
-    if (f)
-        fclose(f);
-    return found;
-}
-
-static void mnt_dirs(void)
-{
-    M.tmp = tu_tmpdir();
-    cr_assert(M.tmp, "cannot create a temp dir");
-    snprintf(M.src, sizeof M.src, "%s/src", M.tmp);
-    snprintf(M.mnt, sizeof M.mnt, "%s/mnt", M.tmp);
-    snprintf(M.cache, sizeof M.cache, "%s/cache", M.tmp);
-    snprintf(M.log, sizeof M.log, "%s/jlmfs.log", M.tmp);
-    mkdir(M.src, 0755);
-    mkdir(M.mnt, 0755);
-}
-
-/* Starts `jlmfs SRC MNT -f [-o cache=CACHE]` (slow_ms: the test hook) and
- * waits up to 10 s for the mount to appear. */
-static void mnt_start(unsigned slow_ms, int own_cache)
-{
-    pid_t pid = fork();
-    cr_assert(pid >= 0, "fork failed");
-    if (pid == 0) {
-        prctl(PR_SET_PDEATHSIG, SIGKILL);
-        char slow[32];
-        snprintf(slow, sizeof slow, "%u", slow_ms);
-        setenv("JLMFS_TEST_SLOW_MS", slow, 1);
-        setenv("JLMFS_CHECK", "1", 1);   /* the daemon aborts on a broken invariant */
-        int fd = open(M.log, O_WRONLY | O_CREAT | O_APPEND, 0644);
-        if (fd >= 0) { dup2(fd, 1); dup2(fd, 2); }
-        char opt[600];
-        snprintf(opt, sizeof opt, "cache=%s", M.cache);
-        if (own_cache)
-            execl(jlmfs_bin(), "jlmfs", M.src, M.mnt, "-f", "-o", opt, (char *)NULL);
-        else
-            execl(jlmfs_bin(), "jlmfs", M.src, M.mnt, "-f", (char *)NULL);
-        _exit(127);
-    }
-    M.pid = pid;
-    double t0 = now_s();
-    while (!is_mounted(M.mnt)) {
-        int st;
-        if (waitpid(pid, &st, WNOHANG) == pid) {
-            M.pid = 0;
-            cr_assert_fail("jlmfs exited before mounting (status %d); see %s", st, M.log);
-        }
-        cr_assert(now_s() - t0 < 10, "mount did not appear within 10 s");
-        sleep_ms(20);
-    }
-}
-
-static void mnt_stop(void)
-{
-    if (M.mnt[0] && is_mounted(M.mnt)) {
-        char cmd[700];
-        snprintf(cmd, sizeof cmd, "fusermount3 -u -z '%s' 2>/dev/null", M.mnt);
-        if (system(cmd)) {}
-    }
-    if (M.pid > 0) {
-        kill(M.pid, SIGTERM);
-        double t0 = now_s();
-        while (waitpid(M.pid, NULL, WNOHANG) == 0) {
-            if (now_s() - t0 > 5) {
-                kill(M.pid, SIGKILL);
-                waitpid(M.pid, NULL, 0);
-                break;
-            }
-            sleep_ms(10);
-        }
-        M.pid = 0;
-    }
-}
-
-static void fini(void)
-{
-    mnt_stop();
-    tu_rmrf(M.tmp);
-    free(M.tmp);
-    M.tmp = NULL;
-}
-
 static void init_own_cache(void) { mnt_dirs(); }
 
 /* ---------------------------------------------------------------- helpers */
-static char *pathf(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
-static char *pathf(const char *fmt, ...)
-{
-    static char buf[8][1024];
-    static int i;
-    char *b = buf[i++ & 7];
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(b, 1024, fmt, ap);
-    va_end(ap);
-    return b;
-}
-
 /* Copies a model into the mount (open, write, close: the view appears on close). */
 static void copy_in(const char *model, const char *as)
 {
@@ -181,17 +47,6 @@ static unsigned char *reference(const char *model, size_t *len, char **path_out)
     if (path_out)
         *path_out = path;
     return b;
-}
-
-static char *read_text(const char *path)
-{
-    size_t n;
-    char *t = (char *)tu_read_file(path, &n);
-    if (t) {
-        char *z = realloc(t, n + 1);
-        if (z) { z[n] = 0; t = z; }
-    }
-    return t;
 }
 
 static void wait_ready(const char *view, double limit_s)
@@ -287,7 +142,7 @@ static int picture_resident_in(const char *html_path, const char *dir)
 }
 
 /* ---------------------------------------------------------------- tests */
-TestSuite(fs, .init = init_own_cache, .fini = fini, .timeout = 60);
+TestSuite(fs, .init = init_own_cache, .fini = mnt_fini, .timeout = 60);
 
 Test(fs, every_view_file_of_every_copied_test_model_matches_jlm_convert, .timeout = 120)
 {

@@ -1,0 +1,101 @@
+/* mkseeds.c - writes the fuzz seed corpora (`make fuzz` runs it; nothing is
+ * committed): OUT/convert holds the smallest synthetic GGUFs (bench/mkgguf.c
+ * presets fuzz, fuzz-moe) and the crafted inputs of issue 10 made from them
+ * (block_count that wraps, allocates gigabytes or writes a huge sparse file,
+ * too many experts, dimensions that disagree); OUT/engine holds the
+ * containers `jlm convert` makes of the seeds, plus the same with an altered
+ * config.
+ *   mkseeds OUT */
+#define MKGGUF_NO_MAIN
+#include "bench/mkgguf.c"
+#include "converter/convert.h"
+#include "tests/craft.h"
+#include "tests/testutil.h"
+
+#include <sys/stat.h>
+
+static int convert(const char *gguf, const char *out)
+{
+    jlm_conv *c;
+    jlm_err err = {0};
+    int rc = jlm_conv_open(gguf, NULL, &c, &err);
+    if (!rc) {
+        rc = jlm_conv_write(c, out, NULL, NULL, NULL, &err);
+        jlm_conv_close(c);
+    }
+    if (rc)
+        fprintf(stderr, "mkseeds: %s\n", err.msg);
+    return rc;
+}
+
+/* Container at path with config u32 field i (jlm-format.md 4.1) set to v. */
+static void alter(const char *path, const char *out, int field, uint32_t v)
+{
+    size_t n;
+    unsigned char *b = tu_read_file(path, &n);
+    if (!b || n < 256)
+        return;
+    memcpy(b + 192 + 2 + 4 * field, &v, 4);
+    FILE *f = fopen(out, "wb");
+    if (f) {
+        fwrite(b, 1, n, f);
+        fclose(f);
+    }
+    free(b);
+}
+
+int main(int argc, char **argv)
+{
+    if (argc != 2) {
+        fputs("usage: mkseeds OUT\n", stderr);
+        return 2;
+    }
+    char p[1024], q[1024], msg[512];
+    snprintf(p, sizeof p, "%s/convert", argv[1]);
+    mkdir(argv[1], 0755);
+    mkdir(p, 0755);
+    snprintf(p, sizeof p, "%s/engine", argv[1]);
+    mkdir(p, 0755);
+    static const struct { const char *preset, *type; } S[] = {{"fuzz", "F32"}, {"fuzz", "Q8_0"}, {"fuzz-moe", "Q8_0"}};
+    for (size_t i = 0; i < sizeof S / sizeof S[0]; i++) {
+        mkg_shape sh;
+        uint32_t type;
+        snprintf(p, sizeof p, "%s/convert/%s-%s.gguf", argv[1], S[i].preset, S[i].type);
+        if (mkg_preset(S[i].preset, &sh) || mkg_parse_type(S[i].type, &type) || mkg_write(p, &sh, type, 0, 1, msg, sizeof msg)) {
+            fprintf(stderr, "mkseeds: %s\n", msg);
+            return 1;
+        }
+        snprintf(q, sizeof q, "%s/engine/%s-%s.jlm", argv[1], S[i].preset, S[i].type);
+        if (convert(p, q))
+            return 1;
+    }
+    /* issue 10's crafted inputs, from the dense and the MoE seed */
+    static const struct { const char *from, *key, *as; uint32_t v; } C[] = {
+        {"fuzz-F32", "llama.block_count", "wrap", 0xFFFFFFFFu},
+        {"fuzz-F32", "llama.block_count", "alloc", 1000000000u},
+        {"fuzz-F32", "llama.block_count", "sparse", 20000000u},
+        {"fuzz-F32", "llama.embedding_length", "embd", 0x7FFFFFFFu},
+        {"fuzz-F32", "llama.attention.head_count_kv", "kv", 0u},
+        {"fuzz-moe-Q8_0", "llama.expert_count", "experts", 5000u},
+        {"fuzz-moe-Q8_0", "llama.expert_used_count", "used", 300u},
+    };
+    for (size_t i = 0; i < sizeof C / sizeof C[0]; i++) {
+        size_t n;
+        snprintf(p, sizeof p, "%s/convert/%s.gguf", argv[1], C[i].from);
+        unsigned char *b = tu_read_file(p, &n);
+        snprintf(q, sizeof q, "%s/convert/crafted-%s.gguf", argv[1], C[i].as);
+        if (!b || tu_gguf_write_with(q, b, n, C[i].key, C[i].v))
+            fprintf(stderr, "mkseeds: cannot craft %s\n", q);
+        free(b);
+    }
+    static const struct { int field; uint32_t v; const char *as; } A[] = {
+        {0, 0xFFFFFFFFu, "layers"}, {1, 4096, "embd"}, {2, 64, "heads"}, {4, 4096, "head-dim"},
+        {5, 64, "rot"}, {6, 1u << 20, "ffn"}, {7, 1u << 24, "vocab"},
+    };
+    snprintf(p, sizeof p, "%s/engine/fuzz-F32.jlm", argv[1]);
+    for (size_t i = 0; i < sizeof A / sizeof A[0]; i++) {
+        snprintf(q, sizeof q, "%s/engine/altered-%s.jlm", argv[1], A[i].as);
+        alter(p, q, A[i].field, A[i].v);
+    }
+    return 0;
+}
