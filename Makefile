@@ -9,9 +9,11 @@
 #           WERROR=-Werror turns it on there, WERROR= turns it off here.
 #   debug   the suite built and run under ASan + UBSan (-O1, build-debug/): ~3x slower;
 #           one test process at a time (Criterion's workers and ASan's arena clash).
-#   (no tsan target: Criterion 2.4 cannot map its inheritable arena under
-#           ThreadSanitizer, "Could not initialize inheritable arena", so the suite
-#           cannot run under it; see docs/architecture.md.)
+#   tsan    the tools built under ThreadSanitizer (build-tsan/) driven by tests/tsan.sh:
+#           the engine's pool and pager, `jlm serve` with concurrent requests, the
+#           daemon converting while readers and an engine read its views. (Criterion
+#           2.4 cannot start under TSan, "Could not initialize inheritable arena", so
+#           the suite itself does not run under it; see docs/architecture.md.)
 #   test    builds the suite and runs it (Criterion's closing line is what CI reads).
 #   bench   benchmarks in bench/, printing ratios against an in-run baseline.
 #   fuzz    libFuzzer targets and seed corpora (clang); needs libclang-rt-14-dev.
@@ -60,12 +62,16 @@ TEST_BIN := $(BUILD)/jlm-tests
 BENCH_SRC := $(wildcard bench/*.c)
 BENCH_BIN := $(BENCH_SRC:bench/%.c=$(BUILD)/bench/%)
 
-.PHONY: all debug test bench fuzz fuzz-smoke install clean
+.PHONY: all debug tsan test bench fuzz fuzz-smoke install clean
 all: $(LIB) $(BINS)
 
 debug:
 	$(MAKE) BUILD=build-debug OPT="-O1 -g -fsanitize=address,undefined -fno-omit-frame-pointer" \
 	    LDFLAGS="-fsanitize=address,undefined" test TESTARGS="-j1 $(TESTARGS)"
+
+tsan:
+	$(MAKE) BUILD=build-tsan OPT="-O1 -g -fsanitize=thread" LDFLAGS="-fsanitize=thread" all
+	JLM_BIN=$(CURDIR)/build-tsan/jlm JLMFS_BIN=$(CURDIR)/build-tsan/jlmfs tests/tsan.sh
 
 $(BUILD)/obj/%_avx2.o: %_avx2.c
 	@mkdir -p $(dir $@)

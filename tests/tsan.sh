@@ -1,0 +1,84 @@
+#!/usr/bin/env bash
+# tsan.sh - the threaded paths of the tools under ThreadSanitizer (`make tsan`).
+# Criterion cannot start under TSan (its inheritable arena), so this drives the
+# tools built with -fsanitize=thread instead: the engine's thread pool and
+# pager, `jlm serve` with concurrent requests (continuous batching), and the
+# jlmfs daemon converting in the background while readers and an engine read
+# its views, then unmounted. Any race report fails the run (TSan exit 66).
+# Usage: JLM_BIN=build-tsan/jlm JLMFS_BIN=build-tsan/jlmfs tests/tsan.sh
+set -euo pipefail
+cd "$(dirname "$0")/.."
+JLM=${JLM_BIN:?}
+JLMFS=${JLMFS_BIN:?}
+export TSAN_OPTIONS="halt_on_error=1 exitcode=66 second_deadlock_stack=1 ${TSAN_OPTIONS:-}"
+work=$(mktemp -d /tmp/jlm-tsan.XXXXXX)
+srv=""
+cleanup() {
+    [ -n "$srv" ] && kill "$srv" 2>/dev/null || true
+    fusermount3 -u "$work/mnt" 2>/dev/null || true
+    rm -rf "$work"
+}
+trap cleanup EXIT
+fail() { echo "tsan: FAIL: $*" >&2; exit 1; }
+pass=0
+ok() { echo "tsan: ok: $*"; pass=$((pass + 1)); }
+
+# 1. The engine: pool threads and the pager at a budget that evicts (MoE experts).
+$JLM convert tests/models/synth-qwen3moe-256.Q4_K_M.gguf -o "$work/moe.jlm" 2>/dev/null || fail "convert"
+$JLM run "$work/moe.jlm" -p "Once upon a time" -n 8 --temp 0 -t 2 --budget 1 >/dev/null 2>"$work/run.err" ||
+    { cat "$work/run.err" >&2; fail "jlm run -t 2 at the minimum budget"; }
+ok "jlm run -t 2, minimum budget"
+
+# 2. jlm serve: four concurrent requests batched in one pass, then a drain.
+$JLM convert tests/models/stories260K.gguf -o "$work/stories.jlm" 2>/dev/null || fail "convert"
+$JLM serve "$work/stories.jlm" --port 0 --parallel 4 -t 2 > "$work/serve.out" 2>"$work/serve.err" &
+srv=$!
+port=""
+for _ in $(seq 300); do
+    port=$(sed -n 's/.*listening on http:\/\/127\.0\.0\.1:\([0-9]*\).*/\1/p' "$work/serve.out")
+    [ -n "$port" ] && break
+    sleep 0.1
+done
+[ -n "$port" ] || { cat "$work/serve.err" >&2; fail "jlm serve did not start"; }
+pids=()
+for i in 1 2 3 4; do
+    curl -sf -m 120 "http://127.0.0.1:$port/v1/completions" -H 'Content-Type: application/json' \
+        -d "{\"model\":\"stories\",\"prompt\":\"Tim had a dog $i\",\"max_tokens\":12,\"temperature\":0,\"stream\":$([ $i -gt 2 ] && echo true || echo false)}" \
+        -o "$work/r$i.json" &
+    pids+=($!)
+done
+for p in "${pids[@]}"; do wait "$p" || fail "a concurrent request failed"; done
+kill -TERM "$srv"
+rc=0; wait "$srv" || rc=$?
+srv=""
+[ "$rc" -eq 0 ] || { cat "$work/serve.err" >&2; fail "jlm serve exited $rc"; }
+ok "jlm serve: 4 concurrent requests, drain"
+
+# 3. jlmfs: background conversion of two models while readers read pages and an
+#    engine runs through a view; unmounted with conversions possibly in flight.
+mkdir -p "$work/src" "$work/mnt"
+$JLMFS "$work/src" "$work/mnt" -f 2>"$work/fs.err" &
+fs=$!
+for _ in $(seq 300); do mountpoint -q "$work/mnt" && break; sleep 0.1; done
+mountpoint -q "$work/mnt" || { cat "$work/fs.err" >&2; fail "jlmfs did not mount"; }
+cp tests/models/synth-llama-256.Q4_K_M.gguf "$work/mnt/a.gguf"
+cp tests/models/stories260K.gguf "$work/mnt/b.gguf"
+readers=()
+for v in a b; do
+    for r in 1 2; do
+        ( for _ in $(seq 50); do [ -e "$work/mnt/$v.jlm/blocks/0" ] && break; sleep 0.1; done
+          for f in "$work/mnt/$v.jlm"/blocks/*; do cat "$f" >/dev/null; done ) &
+        readers+=($!)
+    done
+done
+for _ in $(seq 600); do [ "$(cat "$work/mnt/b.jlm/status" 2>/dev/null)" = ready ] && break; sleep 0.1; done
+$JLM run "$work/mnt/b.jlm" -p "Once upon a time" -n 8 --temp 0 -t 2 >/dev/null 2>"$work/run2.err" ||
+    { cat "$work/run2.err" >&2; fail "jlm run through the mount"; }
+for p in "${readers[@]}"; do wait "$p" || true; done
+cp tests/models/synth-qwen3-256.Q8_0.gguf "$work/mnt/c.gguf"   # converting while we unmount
+fusermount3 -u "$work/mnt"
+rc=0; wait "$fs" || rc=$?
+[ "$rc" -eq 0 ] || { cat "$work/fs.err" >&2; fail "jlmfs exited $rc"; }
+ok "jlmfs: concurrent readers, an engine through a view, unmount mid-conversion"
+
+echo "tsan: all $pass checks clean"
