@@ -15,6 +15,7 @@
 #include "kernels/cpu/tolerances.h"
 #include "kernels/cuda/cuda.h"
 #include "tests/cuda/gen.h"
+#include "tests/testutil.h"
 
 /* ---------------------------------------------------------------- matvec: bit-identical to ref */
 
@@ -276,4 +277,40 @@ Test(cuda, device_probe_reports_count_or_reason)
         cr_skip_test("no CUDA device (%s); device tests run in build/jlm-cuda-check", in.reason);
     }
     cr_assert(in.name[0] != '\0' && in.mem_bytes > 0);
+}
+
+/* ---------------------------------------------------------------- the CLI */
+
+Test(cuda, version_lists_the_cuda_backend)
+{
+    char cmd[1024], *out = NULL;
+    snprintf(cmd, sizeof cmd, "%s --version", tu_jlm());
+    cr_assert_eq(tu_run(cmd, &out), 0);
+    jlm_cu_info in;
+    jlm_cu_probe(&in);
+    cr_assert(strstr(out, "\ncuda: ") != NULL, "%s", out);
+    if (in.built)
+        cr_assert(strstr(out, "cuda: built (runtime ") != NULL, "%s", out);
+    else
+        cr_assert(strstr(out, "cuda: not built") != NULL, "%s", out);
+    free(out);
+}
+
+Test(cuda, backend_cuda_fails_with_one_line_without_a_device)
+{
+    jlm_cu_info in;
+    jlm_cu_probe(&in);
+    if (in.count > 0)
+        cr_skip_test("a CUDA device is present (%s): the refusal is not reachable", in.name);
+    char cmd[1024], *out = NULL;
+    snprintf(cmd, sizeof cmd, "%s run no-such.jlm -p hi --backend cuda", tu_jlm());
+    cr_assert_eq(tu_run(cmd, &out), 1, "%s", out);
+    cr_assert(strncmp(out, "jlm run: --backend cuda: ", 25) == 0, "%s", out);
+    cr_assert(strstr(out, in.reason) != NULL, "%s", out);
+    cr_assert(strchr(out, '\n') == out + strlen(out) - 1, "not one line: %s", out);
+    free(out);
+    snprintf(cmd, sizeof cmd, "%s run no-such.jlm -p hi --backend opencl", tu_jlm());
+    cr_assert_eq(tu_run(cmd, &out), 2, "%s", out);
+    cr_assert(strstr(out, "unknown backend") != NULL, "%s", out);
+    free(out);
 }
