@@ -15,6 +15,8 @@
 #   test    builds the suite and runs it (Criterion's closing line is what CI reads).
 #   bench   benchmarks in bench/, printing ratios against an in-run baseline.
 #   fuzz    libFuzzer targets (clang); needs libclang-rt-14-dev.
+#   cuda-check  build/jlm-cuda-check, the CUDA kernels on a device (skips in one line
+#           without one); CUDA=0 leaves every .cu out (docs/cuda.md).
 #   install PREFIX=/usr/local; mount.jlmfs goes to SBINDIR (default /sbin: mount(8) looks
 #           only there for helpers).
 # Honours CC, CPPFLAGS, CFLAGS, LDFLAGS and DESTDIR as packagers expect.
