@@ -25,8 +25,11 @@
  *      kernels/cpu/tolerances.h, not bit-identical.
  *  (3) Bodies touch only their arguments; no globals, no allocation.
  *
- * The small helpers below (fp16 conversion, the YaRN ramp) are deliberate
- * twins of matvec_ref.c/ops.c: device code cannot call host functions.
+ * The plane readers, per-row math and small helpers below (fp16 conversion,
+ * the YaRN ramp) are deliberate twins of matvec_ref.c/ops.c: device code
+ * cannot call host functions, and the CPU reference must stay an independent
+ * implementation for suite `cuda` to compare against (sharing one copy would
+ * make that comparison vacuous).
  * Everything here is C that is also valid C++ (nvcc compiles it as C++). */
 #ifndef JLM_CU_BODY_H
 #define JLM_CU_BODY_H

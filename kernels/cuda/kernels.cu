@@ -26,30 +26,29 @@ __global__ void k_quantize(const float *x, jlm_cu_act a)
         jlm_cu_quantize_block(x, &a, b);
 }
 
-__device__ static double block_sum(double *sh, double v)
+// The block's total of v by the tree step (sum or max) of body.h.
+template <typename V, void (*STEP)(V *, unsigned, unsigned)>
+__device__ static V block_reduce(V *sh, V v)
 {
     sh[threadIdx.x] = v;
     __syncthreads();
     for (unsigned half = T / 2; half > 0; half /= 2) {
-        jlm_cu_tree_sum(sh, threadIdx.x, half);
+        STEP(sh, threadIdx.x, half);
         __syncthreads();
     }
-    double s = sh[0];
+    V s = sh[0];
     __syncthreads();
     return s;
 }
 
+__device__ static double block_sum(double *sh, double v)
+{
+    return block_reduce<double, jlm_cu_tree_sum>(sh, v);
+}
+
 __device__ static float block_max(float *sh, float v)
 {
-    sh[threadIdx.x] = v;
-    __syncthreads();
-    for (unsigned half = T / 2; half > 0; half /= 2) {
-        jlm_cu_tree_max(sh, threadIdx.x, half);
-        __syncthreads();
-    }
-    float s = sh[0];
-    __syncthreads();
-    return s;
+    return block_reduce<float, jlm_cu_tree_max>(sh, v);
 }
 
 __global__ void k_rmsnorm(float *out, const float *x, const float *w, uint64_t n, float eps)
