@@ -124,6 +124,28 @@ Test(cuda, rmsnorm_matches_cpu)
     }
 }
 
+Test(cuda, layernorm_matches_cpu)
+{
+    static const uint64_t N[] = {1, 5, 256, 1000};
+    uint64_t seed = 17;
+    for (unsigned c = 0; c < sizeof N / sizeof N[0]; c++) {
+        uint64_t n = N[c];
+        float *x = malloc(n * 4), *w = malloc(n * 4), *b = malloc(n * 4), *o0 = malloc(n * 4), *o1 = malloc(n * 4);
+        gen_floats(x, n, 4.0f, &seed);
+        for (uint64_t i = 0; i < n; i++)
+            x[i] += 3.0f;                      /* a non-zero mean */
+        gen_floats(w, n, 1.5f, &seed);
+        gen_floats(b, n, 1.0f, &seed);
+        for (int v = 0; v < 3; v++) {
+            jlm_k_layernorm(o0, x, v ? w : NULL, v == 2 ? b : NULL, n, 1e-5f);
+            memcpy(o1, x, n * 4);              /* in place */
+            jlm_cu_host_layernorm(o1, o1, v ? w : NULL, v == 2 ? b : NULL, n, 1e-5f);
+            assert_close(o0, o1, n, JLM_K_TOL_NORM, "layernorm");
+        }
+        free(x), free(w), free(b), free(o0), free(o1);
+    }
+}
+
 Test(cuda, softmax_matches_cpu)
 {
     static const uint64_t N[] = {1, 3, 256, 300, 5000};

@@ -341,6 +341,42 @@ JLM_CU_HD void jlm_cu_rms_apply(float *out, const float *x, const float *w, uint
         out[i] = w ? (x[i] * scale) * w[i] : x[i] * scale;
 }
 
+/* layernorm phase 1: partial sum of x; phase 2: out = x - mean and the
+ * partial sum of its squares; phase 3: scale, weight, bias. out may be x. */
+JLM_CU_HD double jlm_cu_sum_partial(const float *x, uint64_t n, unsigned t, unsigned T)
+{
+    double s = 0.0;
+    for (uint64_t i = t; i < n; i += T)
+        s += (double)x[i];
+    return s;
+}
+
+JLM_CU_HD double jlm_cu_center_partial(float *out, const float *x, uint64_t n, float mean,
+                                       unsigned t, unsigned T)
+{
+    double s = 0.0;
+    for (uint64_t i = t; i < n; i += T) {
+        float v = x[i] - mean;
+        out[i] = v;
+        s += (double)(v * v);
+    }
+    return s;
+}
+
+JLM_CU_HD void jlm_cu_ln_apply(float *out, const float *w, const float *b, uint64_t n, float eps,
+                               double sum2, unsigned t, unsigned T)
+{
+    const float scale = 1.0f / sqrtf((float)(sum2 / (double)n) + eps);
+    for (uint64_t i = t; i < n; i += T) {
+        float v = out[i] * scale;
+        if (w)
+            v *= w[i];
+        if (b)
+            v += b[i];
+        out[i] = v;
+    }
+}
+
 /* softmax phase 1: partial max; phase 2: exp in place and partial sum;
  * phase 3: scale by 1/total. */
 JLM_CU_HD float jlm_cu_max_partial(const float *x, uint64_t n, unsigned t, unsigned T)

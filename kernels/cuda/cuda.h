@@ -49,6 +49,7 @@ void jlm_cu_mat_from(const jlm_k_mat *m, jlm_cu_mat *out);
 void jlm_cu_host_matvec(const jlm_k_mat *m, const float *x, const jlm_act_q8 *xq, float *y);
 void jlm_cu_host_quantize(const float *x, jlm_act_q8 *a);
 void jlm_cu_host_rmsnorm(float *out, const float *x, const float *w, uint64_t n, float eps);
+void jlm_cu_host_layernorm(float *out, const float *x, const float *w, const float *b, uint64_t n, float eps);
 void jlm_cu_host_softmax(float *x, uint64_t n);
 void jlm_cu_host_rope(const jlm_k_rope *p, float *x, uint32_t n_head, uint32_t head_dim, int64_t pos);
 void jlm_cu_host_elem(int op, float *out, const float *a, const float *b, uint64_t n, float s, float lim);
@@ -68,6 +69,8 @@ int jlm_cu_launch_matvec(const jlm_cu_mat *m, uint64_t n, const float *x, const 
                          float *y, void *stream);
 int jlm_cu_launch_quantize(const float *x, const jlm_cu_act *a, void *stream);
 int jlm_cu_launch_rmsnorm(float *out, const float *x, const float *w, uint64_t n, float eps, void *stream);
+int jlm_cu_launch_layernorm(float *out, const float *x, const float *w, const float *b, uint64_t n, float eps,
+                            void *stream);
 int jlm_cu_launch_softmax(float *x, uint64_t n, void *stream);
 int jlm_cu_launch_rope(const jlm_cu_rope *p, float *x, uint32_t n_head, uint32_t head_dim, int64_t pos,
                        void *stream);

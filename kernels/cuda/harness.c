@@ -72,6 +72,20 @@ void jlm_cu_host_rmsnorm(float *out, const float *x, const float *w, uint64_t n,
         jlm_cu_rms_apply(out, x, w, n, eps, sum, t, JLM_CU_THREADS);
 }
 
+/* kernel layernorm: one block of THREADS. */
+void jlm_cu_host_layernorm(float *out, const float *x, const float *w, const float *b, uint64_t n, float eps)
+{
+    double sh[JLM_CU_THREADS];
+    for (unsigned t = 0; t < JLM_CU_THREADS; t++)
+        sh[t] = jlm_cu_sum_partial(x, n, t, JLM_CU_THREADS);
+    const float mean = (float)(tree_sum(sh) / (double)n);
+    for (unsigned t = 0; t < JLM_CU_THREADS; t++)
+        sh[t] = jlm_cu_center_partial(out, x, n, mean, t, JLM_CU_THREADS);
+    double sum2 = tree_sum(sh);
+    for (unsigned t = 0; t < JLM_CU_THREADS; t++)
+        jlm_cu_ln_apply(out, w, b, n, eps, sum2, t, JLM_CU_THREADS);
+}
+
 /* kernel softmax: one block of THREADS. */
 void jlm_cu_host_softmax(float *x, uint64_t n)
 {

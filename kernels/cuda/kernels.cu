@@ -58,6 +58,14 @@ __global__ void k_rmsnorm(float *out, const float *x, const float *w, uint64_t n
     jlm_cu_rms_apply(out, x, w, n, eps, sum, threadIdx.x, T);
 }
 
+__global__ void k_layernorm(float *out, const float *x, const float *w, const float *b, uint64_t n, float eps)
+{
+    __shared__ double sh[T];
+    const float mean = (float)(block_sum(sh, jlm_cu_sum_partial(x, n, threadIdx.x, T)) / (double)n);
+    double sum2 = block_sum(sh, jlm_cu_center_partial(out, x, n, mean, threadIdx.x, T));
+    jlm_cu_ln_apply(out, w, b, n, eps, sum2, threadIdx.x, T);
+}
+
 __global__ void k_softmax(float *x, uint64_t n)
 {
     __shared__ double shs[T];
@@ -124,6 +132,13 @@ int jlm_cu_launch_quantize(const float *x, const jlm_cu_act *a, void *stream)
 int jlm_cu_launch_rmsnorm(float *out, const float *x, const float *w, uint64_t n, float eps, void *stream)
 {
     k_rmsnorm<<<1, T, 0, (cudaStream_t)stream>>>(out, x, w, n, eps);
+    return launched();
+}
+
+int jlm_cu_launch_layernorm(float *out, const float *x, const float *w, const float *b, uint64_t n, float eps,
+                            void *stream)
+{
+    k_layernorm<<<1, T, 0, (cudaStream_t)stream>>>(out, x, w, b, n, eps);
     return launched();
 }
 

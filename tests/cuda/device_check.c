@@ -191,6 +191,10 @@ static void check_ops(void)
     launch_ok(jlm_cu_launch_rmsnorm(dout, dx, dw, N, 1e-6f, NULL), "rmsnorm");
     back(o1, dout, sizeof o1);
     report(close_all(o0, o1, N, JLM_K_TOL_NORM), "rmsnorm n 5000");
+    jlm_k_layernorm(o0, x, w, b, N, 1e-5f);
+    launch_ok(jlm_cu_launch_layernorm(dout, dx, dw, db, N, 1e-5f, NULL), "layernorm");
+    back(o1, dout, sizeof o1);
+    report(close_all(o0, o1, N, JLM_K_TOL_NORM), "layernorm n 5000");
     memcpy(o0, x, sizeof x);
     jlm_k_softmax(o0, N);
     CK(cudaMemcpy(dout, x, sizeof x, cudaMemcpyHostToDevice));
