@@ -160,6 +160,7 @@ Test(cuda, softmax_matches_cpu)
         jlm_k_softmax(a, n);
         jlm_cu_host_softmax(b, n);
         assert_close(a, b, n, JLM_K_TOL_SOFTMAX, "softmax");
+        free(a), free(b);
     }
 }
 
