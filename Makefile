@@ -18,6 +18,8 @@
 #   bench   benchmarks in bench/, printing ratios against an in-run baseline.
 #   fuzz    libFuzzer targets and seed corpora (clang); needs libclang-rt-14-dev.
 #   fuzz-smoke  every fuzz target for FUZZ_SECONDS (60) each.
+#   cuda-check  build/jlm-cuda-check, the CUDA kernels on a device (skips in one line
+#           without one); CUDA=0 leaves every .cu out (docs/cuda.md).
 #   install PREFIX=/usr/local; mount.jlmfs goes to SBINDIR (default /sbin: mount(8) looks
 #           only there for helpers).
 # Honours CC, CPPFLAGS, CFLAGS, LDFLAGS and DESTDIR as packagers expect.
@@ -47,9 +49,20 @@ LDLIBS  := $(PKG_LIBS) -lm -pthread
 AVX2_FLAGS   := -mavx2 -mfma -mf16c
 AVX512_FLAGS := -mavx2 -mfma -mf16c -mavx512f -mavx512bw -mavx512vl -mavx512dq -mavx512vnni
 
-LIB_DIRS := base format converter kernels/cpu engine text/tokenizer text/template prompt residency fs picture serve
+# CUDA: auto-detected (nvcc at $(NVCC)); `make CUDA=0` builds the stub probe and no .cu.
+# With CUDA=1 the library gains kernels/cuda/kernels.cu (nvcc, sm_80 + sm_90, ~7 s) and
+# links the static CUDA runtime, so binaries run where only the driver exists.
+NVCC      ?= /usr/local/cuda/bin/nvcc
+CUDA      ?= $(if $(wildcard $(NVCC)),1,0)
+CUDA_HOME ?= $(patsubst %/bin/nvcc,%,$(NVCC))
+CUDA_ARCH := -gencode arch=compute_80,code=sm_80 -gencode arch=compute_90,code=sm_90
+CUDA_LIBS := $(if $(filter 1,$(CUDA)),-L$(CUDA_HOME)/lib64 -lcudart_static -ldl -lrt -lstdc++)
+LDLIBS    += $(CUDA_LIBS)
+
+LIB_DIRS := base format converter kernels/cpu kernels/cuda engine text/tokenizer text/template prompt residency fs picture serve
 LIB_SRC  := $(foreach d,$(LIB_DIRS),$(wildcard $(d)/*.c))
 LIB_OBJ  := $(LIB_SRC:%.c=$(BUILD)/obj/%.o)
+LIB_OBJ  += $(if $(filter 1,$(CUDA)),$(BUILD)/obj/kernels/cuda/kernels.o)
 LIB      := $(BUILD)/libjlm.a
 
 CLI_SRC  := $(wildcard cli/*.c)
@@ -62,7 +75,7 @@ TEST_BIN := $(BUILD)/jlm-tests
 BENCH_SRC := $(wildcard bench/*.c)
 BENCH_BIN := $(BENCH_SRC:bench/%.c=$(BUILD)/bench/%)
 
-.PHONY: all debug tsan test bench fuzz fuzz-smoke install clean
+.PHONY: all debug tsan test bench fuzz fuzz-smoke install clean cuda-check
 all: $(LIB) $(BINS)
 
 debug:
@@ -80,6 +93,13 @@ $(BUILD)/obj/%_avx2.o: %_avx2.c
 $(BUILD)/obj/%_avx512.o: %_avx512.c
 	@mkdir -p $(dir $@)
 	$(CC) $(BASECFLAGS) $(AVX512_FLAGS) -MMD -MP -c $< -o $@
+
+$(BUILD)/obj/kernels/cuda/device.o: BASECFLAGS += $(if $(filter 1,$(CUDA)),-DJLM_CUDA=1 -I$(CUDA_HOME)/include)
+
+# -fmad=false: no FMA contraction, as -ffp-contract=off on the host (body.h invariant 1)
+$(BUILD)/obj/%.o: %.cu kernels/cuda/body.h
+	@mkdir -p $(dir $@)
+	$(NVCC) -std=c++17 -O3 -fmad=false -I. $(CUDA_ARCH) -c $< -o $@
 
 $(BUILD)/obj/%.o: %.c
 	@mkdir -p $(dir $@)
@@ -117,6 +137,15 @@ test: all $(TEST_BIN)
 $(BUILD)/bench/%: bench/%.c $(wildcard bench/*.h) bench/mkgguf.c $(LIB)
 	@mkdir -p $(dir $@)
 	$(CC) $(BASECFLAGS) -o $@ $< $(LIB) $(LDLIBS)
+
+# The device check and CUDA matvec bandwidth bench (bench/gpu-check.sh runs it on a GPU
+# machine). Self-contained: links only libjlm's kernel objects, libm and the static CUDA
+# runtime, so it runs where SQLite, jansson, FUSE and Criterion are absent.
+CUDA_CHECK := $(BUILD)/jlm-cuda-check
+cuda-check: $(CUDA_CHECK)
+$(CUDA_CHECK): tests/cuda/device_check.c $(LIB)
+	$(CC) $(BASECFLAGS) $(if $(filter 1,$(CUDA)),-DJLM_CUDA=1 -I$(CUDA_HOME)/include) $(LDFLAGS) \
+	    -o $@ $< $(LIB) $(CUDA_LIBS) -lm -pthread
 
 bench: all $(BENCH_BIN)
 	@for b in $(BENCH_BIN); do echo "== $$b"; JLM_BIN=$(abspath $(BUILD)/jlm) $$b || exit 1; done

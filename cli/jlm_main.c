@@ -1,4 +1,5 @@
 /* jlm_main.c - the `jlm` command: a thin dispatcher over cli/cmd_*.c. */
+#include "cli/backend.h"
 #include "cli/cli.h"
 
 #include <stdio.h>
@@ -21,7 +22,7 @@ static const cmd CMDS[] = {
 
 static void usage(FILE *f)
 {
-    fprintf(f, "usage: jlm COMMAND [ARGS]\n\ncommands:\n");
+    fprintf(f, "usage: jlm COMMAND [ARGS] | jlm --version\n\ncommands:\n");
     for (size_t i = 0; i < sizeof CMDS / sizeof CMDS[0]; i++)
         fprintf(f, "  jlm %s\n", CMDS[i].help);
 }
@@ -31,6 +32,10 @@ int main(int argc, char **argv)
     if (argc < 2 || !strcmp(argv[1], "-h") || !strcmp(argv[1], "--help")) {
         usage(argc < 2 ? stderr : stdout);
         return argc < 2 ? 2 : 0;
+    }
+    if (!strcmp(argv[1], "--version")) {
+        jlm_cli_print_version(stdout);
+        return 0;
     }
     for (size_t i = 0; i < sizeof CMDS / sizeof CMDS[0]; i++)
         if (!strcmp(argv[1], CMDS[i].name))

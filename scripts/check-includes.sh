@@ -38,7 +38,7 @@ while IFS= read -r file; do
             echo "$file:$line: $from/ may not include $to/ (\"$target\"; see docs/architecture.md)"; bad=1
         fi
     done < <(grep -nE '^[[:space:]]*#[[:space:]]*include[[:space:]]+"' "$file" | cut -d: -f1,2- || true)
-done < <(git ls-files --cached --others --exclude-standard '*.c' '*.h' | grep -E '^(base|format|converter|kernels|engine|text|prompt|residency|serve|picture|fs|cli|bench|tests)/')
+done < <(git ls-files --cached --others --exclude-standard '*.c' '*.h' '*.cu' | grep -E '^(base|format|converter|kernels|engine|text|prompt|residency|serve|picture|fs|cli|bench|tests)/')
 
 [ $bad -eq 0 ] && echo "check-includes: every include follows docs/architecture.md"
 exit $bad

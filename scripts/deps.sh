@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
 # deps.sh - installs the Debian packages jlmfs needs to build and test, when
 # any is missing. Idempotent; needs root (or sudo) only when it installs.
+# Optional, not installed here: the CUDA toolkit (NVIDIA's, at /usr/local/cuda);
+# when its nvcc exists the Makefile builds the CUDA kernels (docs/cuda.md).
 set -euo pipefail
 PKGS=(build-essential pkg-config libcriterion-dev libfuse3-dev fuse3 libsqlite3-dev sqlite3
       libjansson-dev libutf8proc-dev libstb-dev zlib1g-dev libmicrohttpd-dev curl xz-utils

@@ -1,0 +1,42 @@
+/* backend.c - `--backend` refusal and `jlm --version` (see backend.h). */
+#include "cli/backend.h"
+
+#include <string.h>
+
+#include "format/jlm_format.h"
+#include "kernels/cpu/kernels.h"
+#include "kernels/cuda/cuda.h"
+
+int jlm_cli_backend_check(const char *cmd, const char *name, int device)
+{
+    if (!name || !strcmp(name, "cpu"))
+        return 0;
+    if (strcmp(name, "cuda")) {
+        fprintf(stderr, "jlm %s: --backend '%s': unknown backend (cpu or cuda)\n", cmd, name);
+        return 2;
+    }
+    jlm_cu_info in;
+    jlm_cu_probe(&in);
+    if (!in.built) {
+        fprintf(stderr, "jlm %s: --backend cuda: CUDA backend %s\n", cmd, in.reason);
+        return 1;
+    }
+    if (in.count == 0) {
+        fprintf(stderr, "jlm %s: --backend cuda: no CUDA device: %s\n", cmd, in.reason);
+        return 1;
+    }
+    if (device < 0 || device >= in.count) {
+        fprintf(stderr, "jlm %s: --device %d: this machine has %d CUDA device(s)\n", cmd, device, in.count);
+        return 2;
+    }
+    fprintf(stderr, "jlm %s: --backend cuda: the CUDA kernels are built and %s is present, but the "
+                    "engine's graphs do not run on CUDA yet (docs/cuda.md)\n", cmd, in.name);
+    return 1;
+}
+
+void jlm_cli_print_version(FILE *f)
+{
+    char line[512];
+    jlm_cu_describe(line, sizeof line);
+    fprintf(f, "jlm: container format v%u\ncpu kernels: %s\n%s\n", JLM_VERSION, jlm_k_cpu_variant_name(), line);
+}

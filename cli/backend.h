@@ -1,0 +1,21 @@
+/* backend.h - choosing the compute backend (`--backend cpu|cuda`, `--device N`)
+ * and the build description of `jlm --version`.
+ *
+ * Owns: refusing a backend this binary or machine cannot run, with one line
+ * naming why. Today the engine's graphs run on the CPU only; `cuda` is
+ * accepted by the parser and refused here with the device probe's reason
+ * (not built / no device / graphs not wired yet: docs/cuda.md). */
+#ifndef JLM_CLI_BACKEND_H
+#define JLM_CLI_BACKEND_H
+
+#include <stdio.h>
+
+/* 0 when `name` (NULL = cpu) on device `device` can run; otherwise prints
+ * "jlm CMD: --backend NAME: REASON" to stderr and returns the exit status
+ * (2 for a usage error, 1 for a backend that cannot run here). */
+int jlm_cli_backend_check(const char *cmd, const char *name, int device);
+
+/* Prints the lines of `jlm --version` (format, CPU kernel variant, CUDA). */
+void jlm_cli_print_version(FILE *f);
+
+#endif

@@ -1,0 +1,580 @@
+/* body.h - the per-thread bodies of the CUDA kernels, one source for two
+ * compilers: nvcc builds them as __host__ __device__ functions for the
+ * __global__ wrappers in kernels/cuda/kernels.cu, and gcc builds them as plain
+ * C for the host harness (kernels/cuda/harness.c), which runs the same bodies
+ * over an emulated grid so the CPU test suite (suite `cuda`) checks their
+ * indexing and arithmetic against the CPU reference kernels without a GPU.
+ *
+ * Owns: the device-side math of every stored type read in place from the
+ * packed planes (jlm-format.md 7.1-7.7), activation quantization (7.7),
+ * rmsnorm, softmax, RoPE (ggml rope_ext + YaRN), the element-wise
+ * activations, and decode attention with GQA, sinks, softcap and a mask.
+ *
+ * Invariants:
+ *  (1) Matvec: one thread per output row, sub-blocks in order, the same f32
+ *      operations as jlm_k_matvec_ref (kernels/cpu/matvec_ref.c), so the
+ *      result is bit-identical to the CPU reference for every type. The
+ *      transposed planes make this coalesced: word w of sub-block s is at
+ *      (s*W + w)*rows + r, so neighbouring threads read neighbouring words.
+ *  (2) Reductions (norm, softmax, attention) are split into named phases:
+ *      a strided per-thread partial, a fixed binary tree over JLM_CU_THREADS
+ *      partials (jlm_cu_tree_*), and a strided apply. Device code puts
+ *      __syncthreads() between phases; the harness runs each phase for every
+ *      thread before the next. Sums are in double as in ops.c; the tree order
+ *      differs from ops.c's sequential one, so those results are within
+ *      kernels/cpu/tolerances.h, not bit-identical.
+ *  (3) Bodies touch only their arguments; no globals, no allocation.
+ *
+ * The plane readers, per-row math and small helpers below (fp16 conversion,
+ * the YaRN ramp) are deliberate twins of matvec_ref.c/ops.c: device code
+ * cannot call host functions, and the CPU reference must stay an independent
+ * implementation for suite `cuda` to compare against (sharing one copy would
+ * make that comparison vacuous).
+ * Everything here is C that is also valid C++ (nvcc compiles it as C++). */
+#ifndef JLM_CU_BODY_H
+#define JLM_CU_BODY_H
+
+#include <math.h>
+#include <stdint.h>
+#include <string.h>
+
+#ifdef __CUDACC__
+#define JLM_CU_HD static inline __host__ __device__
+#else
+#define JLM_CU_HD static inline
+#endif
+
+#define JLM_CU_THREADS   256u   /* threads per block of the reduction kernels (power of 2) */
+#define JLM_CU_ROWS_PER_BLOCK 128u /* threads per block of matvec (one row each) */
+
+/* Stored type codes (format/jlm_format.h enum jlm_type; repeated here because
+ * nvcc does not see format/'s C headers). */
+enum {
+    JLM_CU_F32 = 1, JLM_CU_F16 = 2, JLM_CU_Q4_0 = 3, JLM_CU_Q8_0 = 4, JLM_CU_Q3_K = 5,
+    JLM_CU_Q4_K = 6, JLM_CU_Q5_K = 7, JLM_CU_Q6_K = 8, JLM_CU_BF16 = 9, JLM_CU_Q5_0 = 10,
+    JLM_CU_MXFP4 = 11, JLM_CU_Q5_1 = 12
+};
+
+/* A packed sheet with its traits resolved on the host (jlm_cu_mat_from). */
+typedef struct jlm_cu_mat {
+    uint32_t type, sub, p0, p1, w, d_share;
+    uint64_t k, rows;
+    const void     *qs;   /* u32 words (quantized) or (rows, k) row-major floats */
+    const uint32_t *d, *sc;
+} jlm_cu_mat;
+
+/* int8 activations as jlm_act_q8 (7.7). */
+typedef struct jlm_cu_act {
+    uint64_t k;
+    int8_t  *q;
+    float   *d;
+    int16_t *sum16;
+} jlm_cu_act;
+
+/* ---------------------------------------------------------------- scalar conversions */
+
+JLM_CU_HD float jlm_cu_bits_f32(uint32_t bits)
+{
+    float f;
+    memcpy(&f, &bits, 4);
+    return f;
+}
+
+JLM_CU_HD uint32_t jlm_cu_f32_bits(float f)
+{
+    uint32_t x;
+    memcpy(&x, &f, 4);
+    return x;
+}
+
+JLM_CU_HD float jlm_cu_fp16_to_f32(uint32_t h)
+{
+    uint32_t sign = (h & 0x8000u) << 16, exp = (h >> 10) & 0x1f, man = h & 0x3ffu;
+    if (exp == 0x1f)
+        return jlm_cu_bits_f32(sign | 0x7f800000u | (man << 13));
+    if (exp == 0) {
+        float f = (float)man * 5.9604644775390625e-8f;   /* 2^-24: exact */
+        return sign ? -f : f;
+    }
+    return jlm_cu_bits_f32(sign | ((exp + 112u) << 23) | (man << 13));
+}
+
+JLM_CU_HD uint32_t jlm_cu_f32_to_fp16(float f)
+{
+    uint32_t x = jlm_cu_f32_bits(f);
+    uint32_t sign = (x >> 16) & 0x8000u, ax = x & 0x7fffffffu;
+    if (ax > 0x7f800000u)
+        return sign | 0x7e00u | ((ax >> 13) & 0x3ffu);
+    if (ax >= 0x477ff000u)
+        return sign | 0x7c00u;
+    if (ax < 0x38800000u)
+        return sign | (uint32_t)rintf(jlm_cu_bits_f32(ax) * 16777216.0f);
+    return (sign | ((ax + 0xc8000fffu + ((ax >> 13) & 1u)) >> 13)) & 0xffffu;
+}
+
+/* ---------------------------------------------------------------- activation quantization */
+
+/* Block b (32 elements) of x into a: thread per block. Same rounding as
+ * jlm_k_quantize_act: half away from zero, inf/NaN block -> d NaN, q 0. */
+JLM_CU_HD void jlm_cu_quantize_block(const float *x, const jlm_cu_act *a, uint64_t b)
+{
+    const float *xb = x + 32 * b;
+    float amax = 0.0f;
+    int bad = 0;
+    for (int i = 0; i < 32; i++) {
+        float v = fabsf(xb[i]);
+        if (!(v <= 3.4028235e38f))
+            bad = 1;
+        else if (v > amax)
+            amax = v;
+    }
+    float d = bad ? jlm_cu_bits_f32(0x7fc00000u) : amax / 127.0f;
+    int8_t *q = a->q + 32 * b;
+    for (int i = 0; i < 32; i++) {
+        float v = (bad || d == 0.0f) ? 0.0f : xb[i] / d;
+        int iv = (int)v;
+        float frac = v - (float)iv;
+        iv += frac >= 0.5f ? 1 : frac <= -0.5f ? -1 : 0;
+        q[i] = (int8_t)(iv > 127 ? 127 : iv < -127 ? -127 : iv);
+    }
+    a->d[b] = d;
+    for (int h = 0; h < 2; h++) {
+        int s = 0;
+        for (int i = 0; i < 16; i++)
+            s += q[16 * h + i];
+        a->sum16[2 * b + h] = (int16_t)s;
+    }
+}
+
+/* ---------------------------------------------------------------- plane readers (7.1-7.5) */
+
+JLM_CU_HD uint32_t jlm_cu_byte(const jlm_cu_mat *m, uint64_t s, uint64_t r, unsigned j)
+{
+    uint32_t word = ((const uint32_t *)m->qs)[(s * m->w + j / 4) * m->rows + r];
+    return (word >> (8 * (j % 4))) & 0xffu;
+}
+
+JLM_CU_HD int32_t jlm_cu_code(const jlm_cu_mat *m, uint64_t s, uint64_t r, unsigned e)
+{
+    unsigned sub = m->sub;
+    if (m->p0 == 8)
+        return (int8_t)jlm_cu_byte(m, s, r, e);
+    uint32_t b = jlm_cu_byte(m, s, r, e % (sub / 2));
+    int32_t q = (int32_t)(e < sub / 2 ? (b & 15u) : (b >> 4));
+    unsigned hi = m->p1;
+    if (hi) {
+        unsigned lanes = 8 / hi, prim = sub * 4 / 8;
+        uint32_t hb = jlm_cu_byte(m, s, r, prim + ((e / 4) / lanes) * 4 + e % 4);
+        q |= (int32_t)((hb >> (hi * ((e / 4) % lanes))) & ((1u << hi) - 1)) << 4;
+    }
+    return q;
+}
+
+JLM_CU_HD uint32_t jlm_cu_dword(const jlm_cu_mat *m, uint64_t sb, uint64_t r)
+{
+    unsigned S = m->d_share;
+    if (S == 1)
+        return m->d[sb * m->rows + r];
+    uint32_t w = m->d[sb * ((m->rows + S - 1) / S) + r / S];
+    return (w >> ((32 / S) * (r % S))) & (S == 2 ? 0xffffu : 0xffu);
+}
+
+JLM_CU_HD uint32_t jlm_cu_field6(const jlm_cu_mat *m, uint64_t sb, uint64_t r, unsigned f)
+{
+    uint32_t v = 0;
+    for (unsigned b = 0; b < 6; b++) {
+        unsigned bit = 6 * f + b;
+        uint32_t w = m->sc[(sb * 3 + bit / 32) * m->rows + r];
+        v |= ((w >> (bit % 32)) & 1u) << b;
+    }
+    return v;
+}
+
+JLM_CU_HD int32_t jlm_cu_scbyte(const jlm_cu_mat *m, uint64_t s, uint64_t r)
+{
+    return (int32_t)((m->sc[(s / 4) * m->rows + r] >> (8 * (s % 4))) & 0xffu);
+}
+
+/* MXFP4 e2m1 codes, doubled, plus 12 (7.6); a switch, not a table, so no
+ * global memory is needed on the device. */
+JLM_CU_HD int32_t jlm_cu_mxfp4(int32_t q)
+{
+    switch (q & 15) {
+    case 0: return 12;  case 1: return 13;  case 2: return 14;  case 3: return 15;
+    case 4: return 16;  case 5: return 18;  case 6: return 20;  case 7: return 24;
+    case 8: return 12;  case 9: return 11;  case 10: return 10; case 11: return 9;
+    case 12: return 8;  case 13: return 6;  case 14: return 4;  default: return 0;
+    }
+}
+
+JLM_CU_HD int32_t jlm_cu_dot(const jlm_cu_mat *m, const int8_t *a, uint64_t s, uint64_t r, int lut)
+{
+    int32_t acc = 0;
+    for (unsigned e = 0; e < m->sub; e++) {
+        int32_t q = jlm_cu_code(m, s, r, e);
+        acc += (lut ? jlm_cu_mxfp4(q) : q) * (int32_t)a[e];
+    }
+    return acc;
+}
+
+/* ---------------------------------------------------------------- per-row math */
+
+JLM_CU_HD float jlm_cu_row_sub32(const jlm_cu_mat *m, const jlm_cu_act *a, uint64_t r)
+{
+    uint32_t type = m->type;
+    float acc = 0.0f;
+    for (uint64_t s = 0; s < m->k / 32; s++) {
+        const int8_t *aq = a->q + 32 * s;
+        int32_t suma = a->sum16[2 * s] + a->sum16[2 * s + 1];
+        float da = a->d[s];
+        uint32_t dw = jlm_cu_dword(m, s, r);
+        if (type == JLM_CU_Q5_1) {
+            int32_t dot = jlm_cu_dot(m, aq, s, r, 0);
+            float d = jlm_cu_fp16_to_f32(dw & 0xffffu), b = jlm_cu_fp16_to_f32(dw >> 16);
+            acc += (d * da) * (float)dot - (b * da) * (float)suma;
+            continue;
+        }
+        int32_t bias = type == JLM_CU_Q4_0 ? 8 : type == JLM_CU_Q5_0 ? 16 : type == JLM_CU_MXFP4 ? 12 : 0;
+        int32_t isum = jlm_cu_dot(m, aq, s, r, type == JLM_CU_MXFP4) - bias * suma;
+        float d = type == JLM_CU_MXFP4 ? jlm_cu_bits_f32(dw << 23) : jlm_cu_fp16_to_f32(dw & 0xffffu);
+        acc += (d * da) * (float)isum;
+    }
+    return acc;
+}
+
+JLM_CU_HD float jlm_cu_row_k32(const jlm_cu_mat *m, const jlm_cu_act *a, uint64_t r)
+{
+    float acc = 0.0f;
+    for (uint64_t s = 0; s < m->k / 32; s++) {
+        uint64_t sb = s / 8;
+        unsigned j = (unsigned)(s % 8);
+        uint32_t dw = jlm_cu_dword(m, sb, r);
+        float d = jlm_cu_fp16_to_f32(dw & 0xffffu), dmin = jlm_cu_fp16_to_f32(dw >> 16);
+        int32_t sc = (int32_t)jlm_cu_field6(m, sb, r, 2 * j), mn = (int32_t)jlm_cu_field6(m, sb, r, 2 * j + 1);
+        int32_t dot = jlm_cu_dot(m, a->q + 32 * s, s, r, 0);
+        int32_t suma = a->sum16[2 * s] + a->sum16[2 * s + 1];
+        float t = d * (float)(sc * dot) - dmin * (float)(mn * suma);
+        acc += a->d[s] * t;
+    }
+    return acc;
+}
+
+JLM_CU_HD float jlm_cu_row_k16(const jlm_cu_mat *m, const jlm_cu_act *a, uint64_t r)
+{
+    int q3 = m->type == JLM_CU_Q3_K;
+    int32_t off = q3 ? -32 : -128, bias = q3 ? 4 : 32;
+    float acc = 0.0f;
+    for (uint64_t b = 0; b < m->k / 32; b++) {
+        float d = jlm_cu_fp16_to_f32(jlm_cu_dword(m, b / 8, r) & 0xffffu);
+        int32_t isum = 0;
+        for (uint64_t s = 2 * b; s < 2 * b + 2; s++) {
+            int32_t dot = jlm_cu_dot(m, a->q + 16 * s, s, r, 0) - bias * a->sum16[s];
+            isum += (jlm_cu_scbyte(m, s, r) + off) * dot;
+        }
+        acc += (d * a->d[b]) * (float)isum;
+    }
+    return acc;
+}
+
+JLM_CU_HD float jlm_cu_row_float(const jlm_cu_mat *m, const float *x, uint64_t r)
+{
+    float acc = 0.0f;
+    if (m->type == JLM_CU_F32) {
+        const float *w = (const float *)m->qs + r * m->k;
+        for (uint64_t i = 0; i < m->k; i++)
+            acc += w[i] * x[i];
+    } else {
+        const uint16_t *w = (const uint16_t *)m->qs + r * m->k;
+        int bf = m->type == JLM_CU_BF16;
+        for (uint64_t i = 0; i < m->k; i++)
+            acc += (bf ? jlm_cu_bits_f32((uint32_t)w[i] << 16) : jlm_cu_fp16_to_f32(w[i])) * x[i];
+    }
+    return acc;
+}
+
+/* y[r] of one token: the body of the matvec kernel (thread = row). */
+JLM_CU_HD float jlm_cu_matvec_row(const jlm_cu_mat *m, const float *x, const jlm_cu_act *a, uint64_t r)
+{
+    switch (m->type) {
+    case JLM_CU_F32: case JLM_CU_F16: case JLM_CU_BF16:
+        return jlm_cu_row_float(m, x, r);
+    case JLM_CU_Q4_K: case JLM_CU_Q5_K:
+        return jlm_cu_row_k32(m, a, r);
+    case JLM_CU_Q3_K: case JLM_CU_Q6_K:
+        return jlm_cu_row_k16(m, a, r);
+    default:
+        return jlm_cu_row_sub32(m, a, r);
+    }
+}
+
+/* ---------------------------------------------------------------- block reductions */
+
+/* One level of the tree: thread t < half folds partial t + half into t. */
+JLM_CU_HD void jlm_cu_tree_sum(double *sh, unsigned t, unsigned half)
+{
+    if (t < half)
+        sh[t] += sh[t + half];
+}
+
+JLM_CU_HD void jlm_cu_tree_max(float *sh, unsigned t, unsigned half)
+{
+    if (t < half)
+        sh[t] = fmaxf(sh[t], sh[t + half]);
+}
+
+/* rmsnorm phase 1: thread t's partial sum of squares (elements t, t+T, ...). */
+JLM_CU_HD double jlm_cu_rms_partial(const float *x, uint64_t n, unsigned t, unsigned T)
+{
+    double s = 0.0;
+    for (uint64_t i = t; i < n; i += T)
+        s += (double)(x[i] * x[i]);
+    return s;
+}
+
+/* rmsnorm phase 2: sum is the tree's total. out may be x. */
+JLM_CU_HD void jlm_cu_rms_apply(float *out, const float *x, const float *w, uint64_t n, float eps,
+                                double sum, unsigned t, unsigned T)
+{
+    const float mean = (float)(sum / (double)n);
+    const float scale = 1.0f / sqrtf(mean + eps);
+    for (uint64_t i = t; i < n; i += T)
+        out[i] = w ? (x[i] * scale) * w[i] : x[i] * scale;
+}
+
+/* layernorm phase 1: partial sum of x; phase 2: out = x - mean and the
+ * partial sum of its squares; phase 3: scale, weight, bias. out may be x. */
+JLM_CU_HD double jlm_cu_sum_partial(const float *x, uint64_t n, unsigned t, unsigned T)
+{
+    double s = 0.0;
+    for (uint64_t i = t; i < n; i += T)
+        s += (double)x[i];
+    return s;
+}
+
+JLM_CU_HD double jlm_cu_center_partial(float *out, const float *x, uint64_t n, float mean,
+                                       unsigned t, unsigned T)
+{
+    double s = 0.0;
+    for (uint64_t i = t; i < n; i += T) {
+        float v = x[i] - mean;
+        out[i] = v;
+        s += (double)(v * v);
+    }
+    return s;
+}
+
+JLM_CU_HD void jlm_cu_ln_apply(float *out, const float *w, const float *b, uint64_t n, float eps,
+                               double sum2, unsigned t, unsigned T)
+{
+    const float scale = 1.0f / sqrtf((float)(sum2 / (double)n) + eps);
+    for (uint64_t i = t; i < n; i += T) {
+        float v = out[i] * scale;
+        if (w)
+            v *= w[i];
+        if (b)
+            v += b[i];
+        out[i] = v;
+    }
+}
+
+/* softmax phase 1: partial max; phase 2: exp in place and partial sum;
+ * phase 3: scale by 1/total. */
+JLM_CU_HD float jlm_cu_max_partial(const float *x, uint64_t n, unsigned t, unsigned T)
+{
+    float m = -INFINITY;
+    for (uint64_t i = t; i < n; i += T)
+        m = fmaxf(m, x[i]);
+    return m;
+}
+
+JLM_CU_HD double jlm_cu_exp_partial(float *x, uint64_t n, float max, unsigned t, unsigned T)
+{
+    double s = 0.0;
+    for (uint64_t i = t; i < n; i += T) {
+        float v = expf(x[i] - max);
+        x[i] = v;
+        s += (double)v;
+    }
+    return s;
+}
+
+JLM_CU_HD void jlm_cu_scale_strided(float *x, uint64_t n, float s, unsigned t, unsigned T)
+{
+    for (uint64_t i = t; i < n; i += T)
+        x[i] *= s;
+}
+
+/* ---------------------------------------------------------------- rope (ggml rope_ext + YaRN) */
+
+typedef struct jlm_cu_rope {
+    uint32_t     n_rot, neox, orig_ctx;
+    float        freq_base, freq_scale, ext_factor, attn_factor, beta_fast, beta_slow;
+    const float *freq_factors;   /* (n_rot/2,) or NULL */
+} jlm_cu_rope;
+
+JLM_CU_HD float jlm_cu_yarn_dim(uint32_t n_dims, uint32_t orig_ctx, float n_rot, float base)
+{
+    return (float)n_dims * logf((float)orig_ctx / (n_rot * 2.0f * 3.14159265358979323846f)) /
+           (2.0f * logf(base));
+}
+
+/* One (head, pair) of x (n_head heads of head_dim floats) at position pos:
+ * the body of the rope kernel, thread = h * (n_rot/2) + pair. theta is
+ * pos * theta_scale^pair accumulated by repeated f32 multiplies, as ggml's
+ * loop does, so the host harness matches ops.c bit for bit. */
+JLM_CU_HD void jlm_cu_rope_pair(const jlm_cu_rope *p, float *x, uint32_t head_dim, int64_t pos,
+                                uint32_t h, uint32_t pair)
+{
+    const float theta_scale = powf(p->freq_base, -2.0f / (float)p->n_rot);
+    float theta_ex = (float)pos;
+    for (uint32_t i = 0; i < pair; i++)
+        theta_ex *= theta_scale;
+    uint32_t i0 = 2 * pair, half = p->n_rot / 2;
+    theta_ex /= p->freq_factors ? p->freq_factors[pair] : 1.0f;
+    float theta = p->freq_scale * theta_ex, mscale = p->attn_factor;
+    if (p->ext_factor != 0.0f) {
+        float lo = fmaxf(0.0f, floorf(jlm_cu_yarn_dim(p->n_rot, p->orig_ctx, p->beta_fast, p->freq_base)));
+        float hi = fminf((float)p->n_rot - 1.0f,
+                         ceilf(jlm_cu_yarn_dim(p->n_rot, p->orig_ctx, p->beta_slow, p->freq_base)));
+        float y = ((float)(i0 / 2) - lo) / fmaxf(0.001f, hi - lo);
+        float mix = (1.0f - fminf(1.0f, fmaxf(0.0f, y))) * p->ext_factor;
+        theta = theta * (1.0f - mix) + theta_ex * mix;
+        mscale *= 1.0f + 0.1f * logf(1.0f / p->freq_scale);
+    }
+    float c = cosf(theta) * mscale, s = sinf(theta) * mscale;
+    float *xh = x + (uint64_t)h * head_dim;
+    uint32_t a = p->neox ? pair : i0, b = p->neox ? pair + half : i0 + 1;
+    float x0 = xh[a], x1 = xh[b];
+    xh[a] = x0 * c - x1 * s;
+    xh[b] = x0 * s + x1 * c;
+}
+
+/* ---------------------------------------------------------------- element-wise activations */
+
+enum jlm_cu_op {
+    JLM_CU_SILU, JLM_CU_GELU, JLM_CU_GELU_FP16, JLM_CU_GELU_QUICK, JLM_CU_SWIGLU,
+    JLM_CU_SWIGLU_OAI, JLM_CU_ADD, JLM_CU_MUL, JLM_CU_SCALE, JLM_CU_NOP
+};
+
+JLM_CU_HD float jlm_cu_gelu1(float x)
+{
+    return 0.5f * x * (1.0f + tanhf(0.79788456080286535587989211986876f * x * (1.0f + 0.044715f * x * x)));
+}
+
+/* out[i] for element i: a is x (or gate), b is up / the second operand
+ * (unused by the unary ops), s is the scale (SCALE) or alpha (SWIGLU_OAI),
+ * lim the swiglu_oai limit. */
+JLM_CU_HD float jlm_cu_elem(int op, float a, float b, float s, float lim)
+{
+    switch (op) {
+    case JLM_CU_SILU: return a / (1.0f + expf(-a));
+    case JLM_CU_GELU: return jlm_cu_gelu1(a);
+    case JLM_CU_GELU_FP16:
+        if (a <= -10.0f)
+            return 0.0f;
+        if (a >= 10.0f)
+            return a;
+        return jlm_cu_fp16_to_f32(jlm_cu_f32_to_fp16(jlm_cu_gelu1(jlm_cu_fp16_to_f32(jlm_cu_f32_to_fp16(a)))));
+    case JLM_CU_GELU_QUICK: return a * (1.0f / (1.0f + expf(-1.702f * a)));
+    case JLM_CU_SWIGLU: return a / (1.0f + expf(-a)) * b;
+    case JLM_CU_SWIGLU_OAI: {
+        float g = fminf(a, lim), u = fmaxf(fminf(b, lim), -lim);
+        return g / (1.0f + expf(s * -g)) * (u + 1.0f);
+    }
+    case JLM_CU_ADD: return a + b;
+    case JLM_CU_MUL: return a * b;
+    case JLM_CU_SCALE: return a * s;
+    default: return a;
+    }
+}
+
+/* ---------------------------------------------------------------- decode attention (GQA) */
+
+/* One token's attention over an f32 KV cache, one block per query head h.
+ * Query head h reads KV head h / (n_head / n_head_kv). Key j of KV head g is
+ * k + g*kv_head_stride + j*k_stride; values alike with v_head_stride and
+ * v_stride. scores (n_head, n_kv) is scratch in global memory (probabilities
+ * on return). sinks (n_head,) or NULL; mask (n_kv,) or NULL. Same formulas as
+ * jlm_k_attn_head. */
+typedef struct jlm_cu_attn {
+    uint32_t     n_head, n_head_kv, head_dim, head_dim_v;
+    uint64_t     n_kv, k_stride, v_stride, k_head_stride, v_head_stride;
+    float        scale, softcap;
+    const float *sinks, *mask;
+} jlm_cu_attn;
+
+JLM_CU_HD const float *jlm_cu_attn_k(const jlm_cu_attn *p, const float *k, uint32_t h, uint64_t j)
+{
+    return k + (uint64_t)(h / (p->n_head / p->n_head_kv)) * p->k_head_stride + j * p->k_stride;
+}
+
+JLM_CU_HD const float *jlm_cu_attn_v(const jlm_cu_attn *p, const float *v, uint32_t h, uint64_t j)
+{
+    return v + (uint64_t)(h / (p->n_head / p->n_head_kv)) * p->v_head_stride + j * p->v_stride;
+}
+
+/* Phase 1: scores of keys t, t+T, ... into scores; returns the partial max. */
+JLM_CU_HD float jlm_cu_attn_scores(const jlm_cu_attn *p, const float *q, const float *k, float *scores,
+                                   uint32_t h, unsigned t, unsigned T)
+{
+    const float *qh = q + (uint64_t)h * p->head_dim;
+    float max = -INFINITY;
+    for (uint64_t j = t; j < p->n_kv; j += T) {
+        const float *kj = jlm_cu_attn_k(p, k, h, j);
+        float s = 0.0f;
+        for (uint32_t i = 0; i < p->head_dim; i++)
+            s += qh[i] * kj[i];
+        if (p->softcap > 0.0f)
+            s = p->softcap * tanhf(s / p->softcap);
+        s = s * p->scale + (p->mask ? p->mask[j] : 0.0f);
+        scores[h * p->n_kv + j] = s;
+        max = fmaxf(max, s);
+    }
+    return max;
+}
+
+/* The head's max including its sink (tree max in, sink folded here). */
+JLM_CU_HD float jlm_cu_attn_max(const jlm_cu_attn *p, uint32_t h, float tree_max)
+{
+    return p->sinks ? fmaxf(tree_max, p->sinks[h]) : tree_max;
+}
+
+/* Phase 2: exp in place, partial sum (max -INFINITY: every key masked, zeros). */
+JLM_CU_HD double jlm_cu_attn_exp(const jlm_cu_attn *p, float *scores, uint32_t h, float max,
+                                 unsigned t, unsigned T)
+{
+    float *sh = scores + h * p->n_kv;
+    if (max == -INFINITY) {
+        for (uint64_t j = t; j < p->n_kv; j += T)
+            sh[j] = 0.0f;
+        return 0.0;
+    }
+    return jlm_cu_exp_partial(sh, p->n_kv, max, t, T);
+}
+
+/* 1/denominator: the tree's sum plus the sink's exp. */
+JLM_CU_HD float jlm_cu_attn_inv(const jlm_cu_attn *p, uint32_t h, float max, double tree_sum)
+{
+    if (max == -INFINITY)
+        return 0.0f;
+    double sum = tree_sum + (p->sinks ? (double)expf(p->sinks[h] - max) : 0.0);
+    return (float)(1.0 / sum);
+}
+
+/* Phase 4 (after scaling the scores to probabilities): out dims t, t+T, ...,
+ * keys in order, zero probabilities skipped (as jlm_k_attn_head). */
+JLM_CU_HD void jlm_cu_attn_out(const jlm_cu_attn *p, const float *v, const float *scores, float *out,
+                               uint32_t h, unsigned t, unsigned T)
+{
+    const float *ph = scores + h * p->n_kv;
+    float *oh = out + (uint64_t)h * p->head_dim_v;
+    for (uint32_t i = t; i < p->head_dim_v; i += T) {
+        float acc = 0.0f;
+        for (uint64_t j = 0; j < p->n_kv; j++)
+            if (ph[j] != 0.0f)
+                acc += ph[j] * jlm_cu_attn_v(p, v, h, j)[i];
+        oh[i] = acc;
+    }
+}
+
+#endif

@@ -1,0 +1,83 @@
+/* cuda.h - the CUDA backend's host-side API: the device probe, the host
+ * harness that runs the kernels' per-thread bodies (kernels/cuda/body.h) over
+ * an emulated grid, and the device launchers of kernels/cuda/kernels.cu.
+ *
+ * Owns: converting a checked jlm_k_mat to the bodies' jlm_cu_mat, the grid
+ * emulation (harness.c, plain C, always built), the device probe (device.c:
+ * the CUDA runtime when built with CUDA, a stub otherwise) and the launchers
+ * (kernels.cu, only in `make cuda` outputs: build/libjlm_cuda.a).
+ *
+ * Failure: the probe never fails; it reports count 0 and a one-line reason.
+ * The harness functions cannot fail (preconditions as kernels.h). Launchers
+ * return 0 or a cudaError_t value; jlm_cu_launch_error() names it.
+ * Thread safety: the harness functions are pure; the probe may be called from
+ * any thread (the CUDA runtime is thread safe). */
+#ifndef JLM_CU_CUDA_H
+#define JLM_CU_CUDA_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "kernels/cpu/kernels.h"
+#include "kernels/cuda/body.h"
+
+/* ---------------------------------------------------------------- device probe */
+
+typedef struct jlm_cu_info {
+    int      built;          /* 1 if this binary was built with the CUDA runtime */
+    int      count;          /* devices usable; 0 whenever anything failed */
+    int      runtime;        /* cudaRuntimeGetVersion (e.g. 13000), 0 if unknown */
+    char     reason[320];    /* why count is 0 ("" otherwise) */
+    char     name[256];      /* device 0's name when count > 0 */
+    uint64_t mem_bytes;      /* device 0's global memory */
+    int      cc_major, cc_minor;
+} jlm_cu_info;
+
+/* Fills *info. Cannot fail: a failure is count 0 with the reason. */
+void jlm_cu_probe(jlm_cu_info *info);
+/* One line for `jlm --version`: "cuda: built (runtime 13.0), no device: ...". */
+void jlm_cu_describe(char *buf, size_t len);
+
+/* ---------------------------------------------------------------- host harness */
+
+/* The bodies' view of a checked matrix (traits resolved). */
+void jlm_cu_mat_from(const jlm_k_mat *m, jlm_cu_mat *out);
+
+/* Each runs the kernel of the same name in kernels.cu on the CPU: every block,
+ * every thread, phase by phase (body.h invariant 2). Arguments as the CPU ops
+ * of kernels.h; xq may be NULL for float types. */
+void jlm_cu_host_matvec(const jlm_k_mat *m, const float *x, const jlm_act_q8 *xq, float *y);
+void jlm_cu_host_quantize(const float *x, jlm_act_q8 *a);
+void jlm_cu_host_rmsnorm(float *out, const float *x, const float *w, uint64_t n, float eps);
+void jlm_cu_host_layernorm(float *out, const float *x, const float *w, const float *b, uint64_t n, float eps);
+void jlm_cu_host_softmax(float *x, uint64_t n);
+void jlm_cu_host_rope(const jlm_k_rope *p, float *x, uint32_t n_head, uint32_t head_dim, int64_t pos);
+void jlm_cu_host_elem(int op, float *out, const float *a, const float *b, uint64_t n, float s, float lim);
+/* scores: (n_head, n_kv) scratch; out (n_head, head_dim_v); q (n_head, head_dim). */
+void jlm_cu_host_attn(const jlm_cu_attn *p, const float *q, const float *k, const float *v,
+                      float *scores, float *out);
+
+/* The rope parameters as the bodies take them. */
+void jlm_cu_rope_from(const jlm_k_rope *p, jlm_cu_rope *out);
+
+/* ---------------------------------------------------------------- device launchers (kernels.cu) */
+
+/* All pointers are device pointers (m's planes too); stream is a cudaStream_t
+ * or NULL. n tokens: x (n, k), xq (n,) device-resident act structs whose
+ * buffers are device memory, y (n, rows). Return 0 or a cudaError_t. */
+int jlm_cu_launch_matvec(const jlm_cu_mat *m, uint64_t n, const float *x, const jlm_cu_act *xq,
+                         float *y, void *stream);
+int jlm_cu_launch_quantize(const float *x, const jlm_cu_act *a, void *stream);
+int jlm_cu_launch_rmsnorm(float *out, const float *x, const float *w, uint64_t n, float eps, void *stream);
+int jlm_cu_launch_layernorm(float *out, const float *x, const float *w, const float *b, uint64_t n, float eps,
+                            void *stream);
+int jlm_cu_launch_softmax(float *x, uint64_t n, void *stream);
+int jlm_cu_launch_rope(const jlm_cu_rope *p, float *x, uint32_t n_head, uint32_t head_dim, int64_t pos,
+                       void *stream);
+int jlm_cu_launch_elem(int op, float *out, const float *a, const float *b, uint64_t n, float s, float lim,
+                       void *stream);
+int jlm_cu_launch_attn(const jlm_cu_attn *p, const float *q, const float *k, const float *v, float *scores,
+                       float *out, void *stream);
+const char *jlm_cu_launch_error(int rc);
+
+#endif

@@ -1,0 +1,182 @@
+// kernels.cu - the CUDA kernels: thin __global__ wrappers that run the
+// per-thread bodies of kernels/cuda/body.h over a grid, and their launchers
+// (declared in kernels/cuda/cuda.h, C linkage). The host harness
+// (harness.c) emulates exactly these grids; keep the two in step.
+// Built by `make cuda` with nvcc for sm_80 and sm_90 (-fmad=false: no fused
+// multiply-add, as the CPU build's -ffp-contract=off, so matvec stays
+// bit-identical to the CPU reference).
+#include <cuda_runtime.h>
+
+#include "kernels/cuda/body.h"
+
+#define T JLM_CU_THREADS
+
+__global__ void k_matvec(jlm_cu_mat m, const float *x, const jlm_cu_act *xq, float *y)
+{
+    uint64_t r = (uint64_t)blockIdx.x * JLM_CU_ROWS_PER_BLOCK + threadIdx.x, tok = blockIdx.y;
+    if (r >= m.rows)
+        return;
+    y[tok * m.rows + r] = jlm_cu_matvec_row(&m, x ? x + tok * m.k : NULL, xq ? &xq[tok] : NULL, r);
+}
+
+__global__ void k_quantize(const float *x, jlm_cu_act a)
+{
+    uint64_t b = (uint64_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (b < a.k / 32)
+        jlm_cu_quantize_block(x, &a, b);
+}
+
+// The block's total of v by the tree step (sum or max) of body.h.
+template <typename V, void (*STEP)(V *, unsigned, unsigned)>
+__device__ static V block_reduce(V *sh, V v)
+{
+    sh[threadIdx.x] = v;
+    __syncthreads();
+    for (unsigned half = T / 2; half > 0; half /= 2) {
+        STEP(sh, threadIdx.x, half);
+        __syncthreads();
+    }
+    V s = sh[0];
+    __syncthreads();
+    return s;
+}
+
+__device__ static double block_sum(double *sh, double v)
+{
+    return block_reduce<double, jlm_cu_tree_sum>(sh, v);
+}
+
+__device__ static float block_max(float *sh, float v)
+{
+    return block_reduce<float, jlm_cu_tree_max>(sh, v);
+}
+
+__global__ void k_rmsnorm(float *out, const float *x, const float *w, uint64_t n, float eps)
+{
+    __shared__ double sh[T];
+    double sum = block_sum(sh, jlm_cu_rms_partial(x, n, threadIdx.x, T));
+    jlm_cu_rms_apply(out, x, w, n, eps, sum, threadIdx.x, T);
+}
+
+__global__ void k_layernorm(float *out, const float *x, const float *w, const float *b, uint64_t n, float eps)
+{
+    __shared__ double sh[T];
+    const float mean = (float)(block_sum(sh, jlm_cu_sum_partial(x, n, threadIdx.x, T)) / (double)n);
+    double sum2 = block_sum(sh, jlm_cu_center_partial(out, x, n, mean, threadIdx.x, T));
+    jlm_cu_ln_apply(out, w, b, n, eps, sum2, threadIdx.x, T);
+}
+
+__global__ void k_softmax(float *x, uint64_t n)
+{
+    __shared__ double shs[T];
+    __shared__ float shm[T];
+    float max = block_max(shm, jlm_cu_max_partial(x, n, threadIdx.x, T));
+    float inv = (float)(1.0 / block_sum(shs, jlm_cu_exp_partial(x, n, max, threadIdx.x, T)));
+    jlm_cu_scale_strided(x, n, inv, threadIdx.x, T);
+}
+
+__global__ void k_rope(jlm_cu_rope p, float *x, uint32_t n_head, uint32_t head_dim, int64_t pos)
+{
+    uint64_t i = (uint64_t)blockIdx.x * blockDim.x + threadIdx.x, half = p.n_rot / 2;
+    if (i < (uint64_t)n_head * half)
+        jlm_cu_rope_pair(&p, x, head_dim, pos, (uint32_t)(i / half), (uint32_t)(i % half));
+}
+
+__global__ void k_elem(int op, float *out, const float *a, const float *b, uint64_t n, float s, float lim)
+{
+    uint64_t i = (uint64_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < n)
+        out[i] = jlm_cu_elem(op, a[i], b ? b[i] : 0.0f, s, lim);
+}
+
+__global__ void k_attn(jlm_cu_attn p, const float *q, const float *k, const float *v, float *scores,
+                       float *out)
+{
+    __shared__ double shs[T];
+    __shared__ float shm[T];
+    uint32_t h = blockIdx.x;
+    unsigned t = threadIdx.x;
+    float max = jlm_cu_attn_max(&p, h, block_max(shm, jlm_cu_attn_scores(&p, q, k, scores, h, t, T)));
+    float inv = jlm_cu_attn_inv(&p, h, max, block_sum(shs, jlm_cu_attn_exp(&p, scores, h, max, t, T)));
+    jlm_cu_scale_strided(scores + h * p.n_kv, p.n_kv, inv, t, T);
+    __syncthreads();
+    jlm_cu_attn_out(&p, v, scores, out, h, t, T);
+}
+
+static unsigned blocks_for(uint64_t n, unsigned per)
+{
+    return (unsigned)((n + per - 1) / per);
+}
+
+static int launched(void)
+{
+    return (int)cudaGetLastError();
+}
+
+extern "C" {
+
+int jlm_cu_launch_matvec(const jlm_cu_mat *m, uint64_t n, const float *x, const jlm_cu_act *xq,
+                         float *y, void *stream)
+{
+    dim3 grid(blocks_for(m->rows, JLM_CU_ROWS_PER_BLOCK), (unsigned)n);
+    k_matvec<<<grid, JLM_CU_ROWS_PER_BLOCK, 0, (cudaStream_t)stream>>>(*m, x, xq, y);
+    return launched();
+}
+
+int jlm_cu_launch_quantize(const float *x, const jlm_cu_act *a, void *stream)
+{
+    k_quantize<<<blocks_for(a->k / 32, 128), 128, 0, (cudaStream_t)stream>>>(x, *a);
+    return launched();
+}
+
+int jlm_cu_launch_rmsnorm(float *out, const float *x, const float *w, uint64_t n, float eps, void *stream)
+{
+    k_rmsnorm<<<1, T, 0, (cudaStream_t)stream>>>(out, x, w, n, eps);
+    return launched();
+}
+
+int jlm_cu_launch_layernorm(float *out, const float *x, const float *w, const float *b, uint64_t n, float eps,
+                            void *stream)
+{
+    k_layernorm<<<1, T, 0, (cudaStream_t)stream>>>(out, x, w, b, n, eps);
+    return launched();
+}
+
+int jlm_cu_launch_softmax(float *x, uint64_t n, void *stream)
+{
+    k_softmax<<<1, T, 0, (cudaStream_t)stream>>>(x, n);
+    return launched();
+}
+
+int jlm_cu_launch_rope(const jlm_cu_rope *p, float *x, uint32_t n_head, uint32_t head_dim, int64_t pos,
+                       void *stream)
+{
+    uint64_t n = (uint64_t)n_head * (p->n_rot / 2);
+    if (n == 0)
+        return 0;
+    k_rope<<<blocks_for(n, 128), 128, 0, (cudaStream_t)stream>>>(*p, x, n_head, head_dim, pos);
+    return launched();
+}
+
+int jlm_cu_launch_elem(int op, float *out, const float *a, const float *b, uint64_t n, float s, float lim,
+                       void *stream)
+{
+    if (n == 0)
+        return 0;
+    k_elem<<<blocks_for(n, 256), 256, 0, (cudaStream_t)stream>>>(op, out, a, b, n, s, lim);
+    return launched();
+}
+
+int jlm_cu_launch_attn(const jlm_cu_attn *p, const float *q, const float *k, const float *v, float *scores,
+                       float *out, void *stream)
+{
+    k_attn<<<p->n_head, T, 0, (cudaStream_t)stream>>>(*p, q, k, v, scores, out);
+    return launched();
+}
+
+const char *jlm_cu_launch_error(int rc)
+{
+    return cudaGetErrorString((cudaError_t)rc);
+}
+
+}

@@ -1,0 +1,355 @@
+/* device_check.c - build/jlm-cuda-check: the CUDA kernels on a real device.
+ * Launches every kernel of kernels/cuda/kernels.cu on device memory and
+ * compares it with the CPU reference (matvec and quantization bit for bit,
+ * the f32 ops within kernels/cpu/tolerances.h x JLM_CU_DEV_SLACK, since the
+ * device's expf/cosf/powf are not glibc's), then measures matvec bandwidth
+ * against a device-to-device copy and a pinned host-to-device copy measured
+ * in the same run. Self-contained (no Criterion, SQLite, FUSE): it is what
+ * bench/gpu-check.sh runs on a GPU machine. Without a device it prints one
+ * "skip" line naming why and exits 0.
+ * Usage: jlm-cuda-check [--no-bench] [--bench-n N]   (N: rows = k of the bench, default 16384) */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "kernels/cpu/tolerances.h"
+#include "kernels/cuda/cuda.h"
+#include "tests/cuda/gen.h"
+
+#define JLM_CU_DEV_SLACK 8.0   /* device libm: a few ulp where glibc is correctly rounded */
+
+#ifdef JLM_CUDA
+#include <cuda_runtime_api.h>
+
+static int fails;
+
+#define CK(call)                                                                   \
+    do {                                                                           \
+        cudaError_t e_ = (call);                                                   \
+        if (e_ != cudaSuccess) {                                                   \
+            printf("FAIL %s:%d: %s: %s\n", __FILE__, __LINE__, #call, cudaGetErrorString(e_)); \
+            exit(1);                                                               \
+        }                                                                          \
+    } while (0)
+
+static void *dev_copy(const void *h, size_t n)
+{
+    void *d = NULL;
+    CK(cudaMalloc(&d, n ? n : 4));
+    if (n)
+        CK(cudaMemcpy(d, h, n, cudaMemcpyHostToDevice));
+    return d;
+}
+
+static void *dev_zero(size_t n)
+{
+    void *d = NULL;
+    CK(cudaMalloc(&d, n ? n : 4));
+    CK(cudaMemset(d, 0, n ? n : 4));
+    return d;
+}
+
+static void back(void *h, const void *d, size_t n)
+{
+    CK(cudaDeviceSynchronize());
+    CK(cudaMemcpy(h, d, n, cudaMemcpyDeviceToHost));
+}
+
+static void launch_ok(int rc, const char *what)
+{
+    if (rc) {
+        printf("FAIL launch %s: %s\n", what, jlm_cu_launch_error(rc));
+        exit(1);
+    }
+}
+
+/* Device activations of k floats (x already on the device). */
+typedef struct dev_act { jlm_cu_act host_view; jlm_cu_act *dev; } dev_act;
+
+static void dev_act_make(dev_act *a, uint64_t k)
+{
+    a->host_view = (jlm_cu_act){k, dev_zero(k), dev_zero(k / 32 * 4), dev_zero(k / 16 * 2)};
+    a->dev = dev_copy(&a->host_view, sizeof a->host_view);
+}
+
+static void dev_act_free(dev_act *a)
+{
+    cudaFree(a->host_view.q), cudaFree(a->host_view.d), cudaFree(a->host_view.sum16), cudaFree(a->dev);
+}
+
+/* Uploads g's planes; *cm gets device plane pointers. */
+static void dev_mat(const gen_mat *g, jlm_cu_mat *cm)
+{
+    jlm_cu_mat_from(&g->m, cm);
+    cm->qs = dev_copy(g->qs, g->qs_bytes);
+    cm->d = dev_copy(g->d, g->d_bytes);
+    cm->sc = dev_copy(g->sc, g->sc_bytes);
+}
+
+static void dev_mat_free(jlm_cu_mat *cm)
+{
+    cudaFree((void *)cm->qs), cudaFree((void *)cm->d), cudaFree((void *)cm->sc);
+}
+
+/* ---------------------------------------------------------------- correctness */
+
+static void check_matvec(uint8_t type, uint64_t k, uint64_t rows, uint64_t n, uint64_t seed)
+{
+    const char *name = jlm_fmt_type_traits(type)->name;
+    gen_mat g;
+    if (gen_mat_make(&g, type, k, rows, &seed)) {
+        printf("FAIL matvec %s: cannot make k %llu rows %llu\n", name, (unsigned long long)k, (unsigned long long)rows);
+        fails++;
+        return;
+    }
+    float *x = malloc(n * k * 4), *y0 = malloc(n * rows * 4), *y1 = malloc(n * rows * 4);
+    gen_floats(x, n * k, 2.0f, &seed);
+    jlm_act_q8 *aq = calloc(n, sizeof *aq);
+    void **abuf = calloc(n, sizeof *abuf);
+    dev_act *da = calloc(n, sizeof *da);
+    jlm_cu_act *views = calloc(n, sizeof *views);
+    float *dx = dev_copy(x, n * k * 4), *dy = dev_zero(n * rows * 4);
+    int quant = !jlm_fmt_type_traits(type)->is_float;
+    for (uint64_t t = 0; quant && t < n; t++) {
+        abuf[t] = malloc(jlm_k_act_q8_bytes(k));
+        jlm_k_act_q8_init(&aq[t], abuf[t], k, NULL);
+        jlm_k_quantize_act(x + t * k, &aq[t]);
+        dev_act_make(&da[t], k);
+        launch_ok(jlm_cu_launch_quantize(dx + t * k, &da[t].host_view, NULL), "quantize");
+        views[t] = da[t].host_view;
+        int8_t *q = malloc(k);
+        back(q, da[t].host_view.q, k);
+        if (memcmp(q, aq[t].q, k)) {
+            printf("FAIL quantize k %llu: device codes differ from jlm_k_quantize_act\n", (unsigned long long)k);
+            fails++;
+        }
+        free(q);
+    }
+    jlm_cu_act *dviews = quant ? dev_copy(views, n * sizeof *views) : NULL;
+    jlm_cu_mat cm;
+    dev_mat(&g, &cm);
+    launch_ok(jlm_cu_launch_matvec(&cm, n, dx, dviews, dy, NULL), "matvec");
+    back(y1, dy, n * rows * 4);
+    jlm_k_matmul_ref(&g.m, n, x, quant ? aq : NULL, y0, 0, rows);
+    uint64_t bad = 0;
+    for (uint64_t i = 0; i < n * rows; i++)
+        bad += memcmp(&y0[i], &y1[i], 4) != 0;
+    if (bad) {
+        printf("FAIL matvec %s k %llu rows %llu n %llu: %llu of %llu outputs differ from ref\n", name,
+               (unsigned long long)k, (unsigned long long)rows, (unsigned long long)n,
+               (unsigned long long)bad, (unsigned long long)(n * rows));
+        fails++;
+    }
+    for (uint64_t t = 0; quant && t < n; t++)
+        dev_act_free(&da[t]), free(abuf[t]);
+    dev_mat_free(&cm);
+    cudaFree(dx), cudaFree(dy), cudaFree(dviews);
+    free(x), free(y0), free(y1), free(aq), free(abuf), free(da), free(views);
+    gen_mat_free(&g);
+}
+
+static void check_all_matvec(void)
+{
+    int before = fails;
+    for (int i = 0; i < 12; i++) {
+        const jlm_type_traits *t = jlm_fmt_type_traits(GEN_TYPES[i]);
+        uint64_t super = t->is_float ? 32 : (uint64_t)t->sub * t->super_sub;
+        check_matvec(GEN_TYPES[i], super * 4, 1, 1, 1 + i);
+        check_matvec(GEN_TYPES[i], super * 2, 301, 1, 100 + i);
+        check_matvec(GEN_TYPES[i], 4096, 1000, 3, 200 + i);   /* prefill: 3 tokens */
+    }
+    printf("%s matvec: 12 types x 3 shapes, device bit-identical to jlm_k_matvec_ref\n",
+           fails == before ? "PASS" : "FAIL");
+}
+
+static int close_all(const float *want, const float *got, uint64_t n, double tol)
+{
+    for (uint64_t i = 0; i < n; i++) {
+        double err = fabs((double)want[i] - (double)got[i]), mag = fmax(1.0, fabs((double)want[i]));
+        if (!(err <= tol * JLM_CU_DEV_SLACK * mag))
+            return 0;
+    }
+    return 1;
+}
+
+static void report(int ok, const char *what)
+{
+    printf("%s %s\n", ok ? "PASS" : "FAIL", what);
+    fails += !ok;
+}
+
+static void check_ops(void)
+{
+    enum { N = 5000 };
+    static float x[N], w[N], b[N], o0[N], o1[N];
+    uint64_t seed = 7;
+    gen_floats(x, N, 4.0f, &seed);
+    gen_floats(w, N, 1.5f, &seed);
+    gen_floats(b, N, 4.0f, &seed);
+    float *dx = dev_copy(x, sizeof x), *dw = dev_copy(w, sizeof w), *db = dev_copy(b, sizeof b), *dout = dev_zero(sizeof x);
+    jlm_k_rmsnorm(o0, x, w, N, 1e-6f);
+    launch_ok(jlm_cu_launch_rmsnorm(dout, dx, dw, N, 1e-6f, NULL), "rmsnorm");
+    back(o1, dout, sizeof o1);
+    report(close_all(o0, o1, N, JLM_K_TOL_NORM), "rmsnorm n 5000");
+    jlm_k_layernorm(o0, x, w, b, N, 1e-5f);
+    launch_ok(jlm_cu_launch_layernorm(dout, dx, dw, db, N, 1e-5f, NULL), "layernorm");
+    back(o1, dout, sizeof o1);
+    report(close_all(o0, o1, N, JLM_K_TOL_NORM), "layernorm n 5000");
+    memcpy(o0, x, sizeof x);
+    jlm_k_softmax(o0, N);
+    CK(cudaMemcpy(dout, x, sizeof x, cudaMemcpyHostToDevice));
+    launch_ok(jlm_cu_launch_softmax(dout, N, NULL), "softmax");
+    back(o1, dout, sizeof o1);
+    report(close_all(o0, o1, N, JLM_K_TOL_SOFTMAX), "softmax n 5000");
+    int ok = 1;
+    for (int op = JLM_CU_SILU; op < JLM_CU_NOP; op++) {
+        jlm_cu_host_elem(op, o0, x, b, N, 0.5f, 7.0f);
+        launch_ok(jlm_cu_launch_elem(op, dout, dx, db, N, 0.5f, 7.0f, NULL), "elem");
+        back(o1, dout, sizeof o1);
+        ok &= close_all(o0, o1, N, JLM_K_TOL_ACT);
+    }
+    report(ok, "activations (9 ops) vs the host harness");
+    jlm_k_rope p;
+    jlm_k_rope_defaults(&p, 128, 500000.0f);
+    p.neox = 1;
+    memcpy(o0, x, 32 * 128 * 4);
+    jlm_k_rope_apply(&p, o0, 32, 128, 4321);
+    jlm_cu_rope cp;
+    jlm_cu_rope_from(&p, &cp);
+    CK(cudaMemcpy(dout, x, 32 * 128 * 4, cudaMemcpyHostToDevice));
+    launch_ok(jlm_cu_launch_rope(&cp, dout, 32, 128, 4321, NULL), "rope");
+    back(o1, dout, 32 * 128 * 4);
+    report(close_all(o0, o1, 32 * 128, JLM_K_TOL_ROPE), "rope neox 32 heads x 128 at pos 4321");
+    cudaFree(dx), cudaFree(dw), cudaFree(db), cudaFree(dout);
+}
+
+static void check_attn(void)
+{
+    enum { H = 32, HKV = 8, D = 128, NKV = 777 };
+    static float q[H * D], k[HKV * NKV * D], v[HKV * NKV * D], o0[H * D], o1[H * D], sc[H * NKV], sinks[H];
+    uint64_t seed = 21;
+    gen_floats(q, H * D, 2.0f, &seed);
+    gen_floats(k, HKV * NKV * D, 2.0f, &seed);
+    gen_floats(v, HKV * NKV * D, 1.0f, &seed);
+    gen_floats(sinks, H, 3.0f, &seed);
+    jlm_cu_attn p = {H, HKV, D, D, NKV, D, D, (uint64_t)NKV * D, (uint64_t)NKV * D, 0.088388f, 0.0f, sinks, NULL};
+    jlm_cu_host_attn(&p, q, k, v, sc, o0);
+    jlm_cu_attn dp = p;
+    dp.sinks = dev_copy(sinks, sizeof sinks);
+    float *dq = dev_copy(q, sizeof q), *dk = dev_copy(k, sizeof k), *dv = dev_copy(v, sizeof v);
+    float *dsc = dev_zero(sizeof sc), *dout = dev_zero(sizeof o1);
+    launch_ok(jlm_cu_launch_attn(&dp, dq, dk, dv, dsc, dout, NULL), "attn");
+    back(o1, dout, sizeof o1);
+    report(close_all(o0, o1, H * D, JLM_K_TOL_SOFTMAX), "attention GQA 32/8 heads x 128, 777 keys, sinks");
+    cudaFree((void *)dp.sinks), cudaFree(dq), cudaFree(dk), cudaFree(dv), cudaFree(dsc), cudaFree(dout);
+}
+
+/* ---------------------------------------------------------------- bandwidth */
+
+static double copy_gbs(size_t bytes, enum cudaMemcpyKind kind, void *dst, const void *src)
+{
+    cudaEvent_t a, b;
+    CK(cudaEventCreate(&a));
+    CK(cudaEventCreate(&b));
+    CK(cudaMemcpy(dst, src, bytes, kind));
+    CK(cudaEventRecord(a, 0));
+    for (int i = 0; i < 10; i++)
+        CK(cudaMemcpyAsync(dst, src, bytes, kind, 0));
+    CK(cudaEventRecord(b, 0));
+    CK(cudaEventSynchronize(b));
+    float ms = 0;
+    CK(cudaEventElapsedTime(&ms, a, b));
+    /* a device-to-device copy reads and writes every byte */
+    return (kind == cudaMemcpyDeviceToDevice ? 2.0 : 1.0) * 10.0 * (double)bytes / (ms * 1e6);
+}
+
+static void bench(uint64_t n)
+{
+    size_t big = (size_t)1 << 30;
+    void *d0 = dev_zero(big), *d1 = dev_zero(big), *h = NULL;
+    CK(cudaMallocHost(&h, big));
+    memset(h, 1, big);
+    double d2d = copy_gbs(big, cudaMemcpyDeviceToDevice, d1, d0);
+    double h2d = copy_gbs(big, cudaMemcpyHostToDevice, d0, h);
+    cudaFree(d0), cudaFree(d1), cudaFreeHost(h);
+    printf("baseline: device copy %.0f GB/s (read+write), pinned host-to-device %.1f GB/s\n", d2d, h2d);
+    static const uint8_t TYPES[] = {JLM_T_Q4_K, JLM_T_Q8_0, JLM_T_Q6_K, JLM_T_MXFP4, JLM_T_F16};
+    printf("%-6s %10s %10s %10s %12s\n", "type", "MB", "us/matvec", "GB/s", "of d2d copy");
+    for (unsigned i = 0; i < sizeof TYPES / sizeof TYPES[0]; i++) {
+        uint64_t seed = 5 + i;
+        gen_mat g;
+        if (gen_mat_make(&g, TYPES[i], n, n, &seed))
+            continue;
+        jlm_cu_mat cm;
+        dev_mat(&g, &cm);
+        float *x = malloc(n * 4);
+        gen_floats(x, n, 1.0f, &seed);
+        float *dx = dev_copy(x, n * 4), *dy = dev_zero(n * 4);
+        dev_act da;
+        dev_act_make(&da, n);
+        launch_ok(jlm_cu_launch_quantize(dx, &da.host_view, NULL), "quantize");
+        cudaEvent_t a, b;
+        CK(cudaEventCreate(&a));
+        CK(cudaEventCreate(&b));
+        launch_ok(jlm_cu_launch_matvec(&cm, 1, dx, da.dev, dy, NULL), "matvec");
+        CK(cudaEventRecord(a, 0));
+        for (int r = 0; r < 20; r++)
+            jlm_cu_launch_matvec(&cm, 1, dx, da.dev, dy, NULL);
+        CK(cudaEventRecord(b, 0));
+        CK(cudaEventSynchronize(b));
+        float ms = 0;
+        CK(cudaEventElapsedTime(&ms, a, b));
+        double bytes = (double)(g.qs_bytes + g.d_bytes + g.sc_bytes), us = ms * 1000.0 / 20.0;
+        double gbs = bytes / (us * 1e3);
+        printf("%-6s %10.1f %10.1f %10.0f %11.0f%%\n", jlm_fmt_type_traits(TYPES[i])->name, bytes / 1e6, us, gbs,
+               100.0 * gbs / d2d);
+        dev_act_free(&da);
+        dev_mat_free(&cm);
+        cudaFree(dx), cudaFree(dy), free(x);
+        gen_mat_free(&g);
+    }
+}
+
+int main(int argc, char **argv)
+{
+    int do_bench = 1;
+    uint64_t n = 16384;
+    for (int i = 1; i < argc; i++) {
+        if (!strcmp(argv[i], "--no-bench"))
+            do_bench = 0;
+        else if (!strcmp(argv[i], "--bench-n") && i + 1 < argc)
+            n = strtoull(argv[++i], NULL, 10) / 256 * 256;
+        else {
+            fprintf(stderr, "usage: jlm-cuda-check [--no-bench] [--bench-n N]\n");
+            return 2;
+        }
+    }
+    jlm_cu_info in;
+    jlm_cu_probe(&in);
+    if (in.count == 0) {
+        printf("jlm-cuda-check: skip: no CUDA device: %s\n", in.reason);
+        return 0;
+    }
+    char line[512];
+    jlm_cu_describe(line, sizeof line);
+    printf("%s\n", line);
+    check_all_matvec();
+    check_ops();
+    check_attn();
+    if (do_bench && n)
+        bench(n);
+    printf("jlm-cuda-check: %s (%d failure%s)\n", fails ? "FAIL" : "PASS", fails, fails == 1 ? "" : "s");
+    return fails ? 1 : 0;
+}
+
+#else
+
+int main(void)
+{
+    jlm_cu_info in;
+    jlm_cu_probe(&in);
+    printf("jlm-cuda-check: skip: CUDA backend %s\n", in.reason);
+    return 0;
+}
+
+#endif
