@@ -44,7 +44,7 @@ LDLIBS  := $(PKG_LIBS) -lm -pthread
 AVX2_FLAGS   := -mavx2 -mfma -mf16c
 AVX512_FLAGS := -mavx2 -mfma -mf16c -mavx512f -mavx512bw -mavx512vl -mavx512dq -mavx512vnni
 
-LIB_DIRS := base format converter kernels/cpu engine text/tokenizer text/template residency fs picture
+LIB_DIRS := base format converter kernels/cpu kernels/vulkan engine text/tokenizer text/template residency fs picture
 LIB_SRC  := $(foreach d,$(LIB_DIRS),$(wildcard $(d)/*.c))
 LIB_OBJ  := $(LIB_SRC:%.c=$(BUILD)/obj/%.o)
 LIB      := $(BUILD)/libjlm.a
@@ -88,6 +88,23 @@ $(PIC_ASSETS): picture/page.css picture/page.js
 	    echo '    ""'; done; } > $@.tmp && mv $@.tmp $@
 $(BUILD)/obj/picture/picture.o: $(PIC_ASSETS)
 $(BUILD)/obj/picture/picture.o: BASECFLAGS += -I$(BUILD)/gen
+
+# The Vulkan backend: kernels/vulkan/shaders/*.comp compiled by glslc into
+# $(BUILD)/gen/kernels/vulkan/*.spv.h (C initializers, embedded by vk.c). Without
+# the Vulkan headers or glslc the backend is left out (vk.c's stub says so at
+# run time) and make says so here.
+VK_OK := $(shell pkg-config --exists vulkan 2>/dev/null && command -v glslc >/dev/null 2>&1 && echo 1)
+VK_SPV := $(patsubst kernels/vulkan/shaders/%.comp,$(BUILD)/gen/kernels/vulkan/%.spv.h,$(wildcard kernels/vulkan/shaders/*.comp))
+ifeq ($(VK_OK),1)
+LDLIBS += $(shell pkg-config --libs vulkan)
+$(BUILD)/obj/kernels/vulkan/vk.o: $(VK_SPV)
+$(BUILD)/obj/kernels/vulkan/vk.o: BASECFLAGS += -DJLM_HAVE_VULKAN -I$(BUILD)/gen $(shell pkg-config --cflags vulkan)
+else
+$(info make: Vulkan backend left out (needs pkg-config vulkan and glslc: scripts/deps.sh installs them))
+endif
+$(BUILD)/gen/kernels/vulkan/%.spv.h: kernels/vulkan/shaders/%.comp
+	@mkdir -p $(dir $@)
+	glslc -fshader-stage=compute -O -mfmt=c $< -o $@.tmp && mv $@.tmp $@
 
 $(LIB): $(LIB_OBJ)
 	@mkdir -p $(dir $@)
