@@ -19,6 +19,7 @@
 static const char USAGE[] =
     "usage: jlm run MODEL -p PROMPT [-n N] [-c CTX] [--temp T] [--top-k K] [--top-p P] [--min-p P]\n"
     "               [--repeat-penalty R] [--repeat-last-n N] [--seed S] [-t THREADS] [--budget SIZE]\n"
+    "               [--backend cpu|vulkan|auto] [--device N|NAME]\n"
     "               [--stats] [--print-ids] [--logits FILE] [--ids 1,2,3] [--no-direct]\n";
 
 typedef struct run_opts {
@@ -48,6 +49,8 @@ static int parse(int argc, char **argv, run_opts *o)
         else if (ARG("--seed") || ARG("-s")) o->samp.seed = strtoull(v, NULL, 10);
         else if (ARG("-t") || ARG("--threads")) o->eng.n_threads = atoi(v);
         else if (ARG("--logits")) o->logits_file = v;
+        else if (ARG("--backend")) o->eng.backend = v;
+        else if (ARG("--device")) o->eng.device = v;
         else if (ARG("--ids")) o->ids = v;
         else if (ARG("--budget")) {
             long long b = jlm_cli_parse_size(v);

@@ -43,6 +43,11 @@ typedef struct jlm_engine_opts {
     uint32_t n_ctx;        /* 0: min(model context, 4096) */
     int      direct;       /* plain-file source: 1 try O_DIRECT, 0 buffered */
     int      quiet;        /* 1: no notes on stderr */
+    const char *backend;   /* NULL/"cpu"; "vulkan": matmuls on a Vulkan device
+                            * (engine/backend_vk.h); "auto": Vulkan on a GPU if
+                            * one is found, else the CPU with a note */
+    const char *device;    /* Vulkan device index or name substring (naming a
+                            * CPU device such as lavapipe allows it) */
 } jlm_engine_opts;
 
 typedef struct jlm_engine jlm_engine;
@@ -60,6 +65,10 @@ void jlm_engine_close(jlm_engine *e);   /* accepts NULL */
  * id out of range), or a page-in error (JLM_EIO...) naming the page: the
  * engine's state is then unchanged for the failed token. */
 int  jlm_engine_eval(jlm_engine *e, const int32_t *tokens, uint32_t n, float *logits, jlm_err *err);
+
+/* --backend vulkan: matmuls run on the device and bytes of planes uploaded
+ * (both 0 on the CPU backend). Cannot fail. */
+void jlm_engine_vk_counters(const jlm_engine *e, uint64_t *matmuls, uint64_t *bytes_up);
 
 /* Forgets the KV cache from position pos on (0: everything). Cannot fail. */
 void jlm_engine_rewind(jlm_engine *e, uint32_t pos);

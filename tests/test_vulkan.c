@@ -11,9 +11,13 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include <jansson.h>
+
+#include "engine/model.h"
 #include "kernels/cpu/kernels.h"
 #include "kernels/vulkan/vk.h"
 #include "tests/kernel_fixture.h"
+#include "tests/testutil.h"
 
 /* ---------------------------------------------------------------- helpers */
 
@@ -22,7 +26,7 @@ static jlm_vk *open_or_skip(void)
     jlm_vk *vk = NULL;
     jlm_err err = {0};
     if (jlm_vk_open(NULL, 1, &vk, &err) != 0)
-        cr_skip_test("vulkan: %s", err.msg);
+        cr_skip_test("%s", err.msg);
     return vk;
 }
 
@@ -375,4 +379,122 @@ Test(vulkan, attention_with_gqa_matches_the_cpu_within_TOL_EXP)
         check_attention(vk, 4, 1, 16, 5, f, &seed);        /* MQA */
     }
     jlm_vk_close(vk);
+}
+
+/* ---------------------------------------------------------------- engine: --backend vulkan */
+
+/* An engine on the named backend; NULL (test skipped by the caller) when
+ * Vulkan has no device. Device "0": the first one, lavapipe included. */
+static jlm_engine *engine_on(const char *path, const char *backend)
+{
+    jlm_engine_opts o = {.n_threads = 2, .quiet = 1, .direct = 1, .backend = backend, .device = "0"};
+    jlm_engine *e = NULL;
+    jlm_err err = {0};
+    int rc = jlm_engine_open(path, &o, &e, &err);
+    if (rc == JLM_EUNSUPPORTED && !strcmp(backend, "vulkan"))
+        return NULL;
+    cr_assert_eq(rc, 0, "%s", err.msg);
+    return e;
+}
+
+/* Greedy ids after prompt; the logits after the prompt into first. */
+static void greedy_ids(jlm_engine *e, const int32_t *prompt, size_t np, int n, int32_t *out, float *first)
+{
+    uint32_t nv = jlm_engine_n_vocab(e);
+    float *l = malloc(nv * sizeof *l);
+    jlm_err err = {0};
+    cr_assert_eq(jlm_engine_eval(e, prompt, (uint32_t)np, l, &err), 0, "%s", err.msg);
+    memcpy(first, l, nv * sizeof *l);
+    for (int i = 0; i < n; i++) {
+        int32_t best = 0;
+        for (uint32_t j = 1; j < nv; j++)
+            if (l[j] > l[best])
+                best = (int32_t)j;
+        out[i] = best;
+        if (i + 1 < n)
+            cr_assert_eq(jlm_engine_eval(e, &best, 1, l, &err), 0, "%s", err.msg);
+    }
+    free(l);
+}
+
+Test(vulkan, backend_vulkan_gives_llama_cpp_ids_on_stories260K, .timeout = 60)
+{
+    char *dir = tu_tmpdir();
+    jlm_err err = {0};
+    char *path = tu_convert("stories260K.gguf", dir, "s.jlm", &err);
+    cr_assert(path, "%s", err.msg);
+    jlm_engine *e = engine_on(path, "vulkan");
+    if (!e) {
+        tu_rmrf(dir);
+        cr_skip_test("vulkan: no device");
+    }
+    char ref[1024];
+    snprintf(ref, sizeof ref, "%s/tests/reference/oracle-stories260K.exact.json", tu_root());
+    json_t *o = json_load_file(ref, 0, NULL), *runs = json_object_get(o, "runs");
+    cr_assert(o && json_array_size(runs) > 0, "%s", ref);
+    float *first = malloc(jlm_engine_n_vocab(e) * sizeof *first);
+    for (size_t r = 0; r < json_array_size(runs); r++) {
+        json_t *run = json_array_get(runs, r), *jp = json_object_get(run, "prompt_ids"),
+               *jg = json_object_get(run, "generated_ids");
+        int32_t p[64], got[64];
+        size_t np = json_array_size(jp), ng = json_array_size(jg);
+        cr_assert(np <= 64 && ng <= 64);
+        for (size_t i = 0; i < np; i++)
+            p[i] = (int32_t)json_integer_value(json_array_get(jp, i));
+        jlm_engine_rewind(e, 0);
+        greedy_ids(e, p, np, (int)ng, got, first);
+        for (size_t i = 0; i < ng; i++)
+            cr_assert_eq(got[i], json_integer_value(json_array_get(jg, i)), "run %zu: id %zu is %d, llama.cpp %lld",
+                         r, i, got[i], (long long)json_integer_value(json_array_get(jg, i)));
+    }
+    uint64_t mm, up;
+    jlm_engine_vk_counters(e, &mm, &up);
+    cr_assert(mm > 0 && up > 0, "the matmuls ran on Vulkan (%llu, %llu bytes)", (unsigned long long)mm,
+              (unsigned long long)up);
+    free(first);
+    json_decref(o);
+    jlm_engine_close(e);
+    free(path);
+    tu_rmrf(dir);
+    free(dir);
+}
+
+/* Quantized models: the Vulkan matvec is bit-identical to the CPU kernels
+ * (all variants equal the reference for quantized types), so the logits are
+ * bit-identical too, and so are the ids. */
+Test(vulkan, backend_vulkan_equals_the_cpu_bit_for_bit_on_quantized_models, .timeout = 60)
+{
+    static const char *MODELS[] = {"synth-llama-256.Q4_K_M", "synth-llama-256.MXFP4", "synth-llama-256.Q8_0"};
+    char *dir = tu_tmpdir();
+    for (size_t m = 0; m < 3; m++) {
+        char gguf[256];
+        jlm_err err = {0};
+        snprintf(gguf, sizeof gguf, "%s.gguf", MODELS[m]);
+        char *path = tu_convert(gguf, dir, "q.jlm", &err);
+        cr_assert(path, "%s", err.msg);
+        jlm_engine *ec = engine_on(path, "cpu"), *ev = engine_on(path, "vulkan");
+        if (!ev) {
+            tu_rmrf(dir);
+            cr_skip_test("vulkan: no device");
+        }
+        uint32_t nv = jlm_engine_n_vocab(ec);
+        float *lc = malloc(nv * 4), *lv = malloc(nv * 4);
+        int32_t prompt[5] = {1, 10, 20, 30, 40}, ic[8], iv[8];
+        greedy_ids(ec, prompt, 5, 8, ic, lc);
+        greedy_ids(ev, prompt, 5, 8, iv, lv);
+        cr_assert(!memcmp(lc, lv, nv * 4), "%s: logits after the prompt differ", MODELS[m]);
+        cr_assert(!memcmp(ic, iv, sizeof ic), "%s: greedy ids differ", MODELS[m]);
+        uint64_t mm, up;
+        jlm_engine_vk_counters(ev, &mm, &up);
+        cr_assert(mm > 0 && up > 0, "%s: the matmuls ran on Vulkan", MODELS[m]);
+        jlm_engine_vk_counters(ec, &mm, &up);
+        cr_assert(mm == 0, "%s: the CPU engine ran no Vulkan matmul", MODELS[m]);
+        free(lc);
+        free(lv);
+        jlm_engine_close(ec);
+        jlm_engine_close(ev);
+        free(path);
+    }
+    tu_rmrf(dir);
+    free(dir);
 }
