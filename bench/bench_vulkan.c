@@ -137,7 +137,7 @@ int main(int argc, char **argv)
             jlm_vk_close(vk);
             return 1;
         }
-        printf("%-6s %8.1f MiB  cpu %6.2f GB/s  vulkan %6.2f GB/s  vulkan/cpu %.2f\n", name,
+        printf("%-6s %8.1f MiB  cpu %6.2f GB/s  vulkan %6.2f GB/s  vulkan/cpu %.4f\n", name,
                bytes / 1048576.0, bytes / cs / 1e9, bytes / vs / 1e9, cs / vs);
     }
     jlm_vk_close(vk);

@@ -225,6 +225,11 @@ int jlm_cmd_run(int argc, char **argv)
             fprintf(stderr, "experts: hit rate %.3f, bytes read per token %.0f\n",
                     (double)x->hits / (double)(x->hits + x->page_ins + x->fills), (double)x->bytes_read / tokens);
         }
+        uint64_t vmm, vup;
+        jlm_engine_vk_counters(e, &vmm, &vup);
+        if (vmm)
+            fprintf(stderr, "vulkan: matmuls %llu, bytes uploaded %llu\n", (unsigned long long)vmm,
+                    (unsigned long long)vup);
         fprintf(stderr, "timing: prefill %zu tokens %.1f t/s, decode %zu tokens %.1f t/s, budget %llu\n", np,
                 np / (t1 - t0), ng, ng > 1 ? (ng - 1) / (t2 - t1) : 0.0, (unsigned long long)jlm_engine_budget(e));
     }

@@ -498,3 +498,32 @@ Test(vulkan, backend_vulkan_equals_the_cpu_bit_for_bit_on_quantized_models, .tim
     tu_rmrf(dir);
     free(dir);
 }
+
+/* The CLI: a bad --backend is one line and a non-zero exit; --backend vulkan
+ * on a device named by JLM_VK_DEVICE reports its matmuls in --stats; auto
+ * always runs (on the CPU with a note when there is no GPU). */
+Test(vulkan, cli_backend_option, .timeout = 60)
+{
+    char *dir = tu_tmpdir(), *out = NULL, cmd[2048];
+    jlm_err err = {0};
+    char *path = tu_convert("stories260K.gguf", dir, "s.jlm", &err);
+    cr_assert(path, "%s", err.msg);
+    snprintf(cmd, sizeof cmd, "%s run %s -p Once -n 2 --backend bogus", tu_jlm(), path);
+    cr_assert_neq(tu_run(cmd, &out), 0);
+    cr_assert(strstr(out, "--backend 'bogus': expected cpu, vulkan or auto") && strchr(out, '\n') == strrchr(out, '\n'),
+              "%s", out);
+    free(out);
+    snprintf(cmd, sizeof cmd, "%s run %s -p Once -n 2 --backend auto --print-ids", tu_jlm(), path);
+    cr_assert_eq(tu_run(cmd, &out), 0, "%s", out);
+    free(out);
+    if (jlm_vk_built()) {
+        snprintf(cmd, sizeof cmd, "%s run %s -p Once -n 2 --backend vulkan --device 0 --stats", tu_jlm(), path);
+        int rc = tu_run(cmd, &out);
+        cr_assert(rc == 0 ? strstr(out, "vulkan: matmuls ") != NULL : strstr(out, "--backend vulkan: ") != NULL,
+                  "%s", out);
+        free(out);
+    }
+    free(path);
+    tu_rmrf(dir);
+    free(dir);
+}

@@ -62,7 +62,8 @@ struct jlm_vk {
     VkPhysicalDeviceMemoryProperties memprops;
     VkDescriptorSetLayout dsl;
     VkPipelineLayout      layout;
-    VkPipeline            pipe[K_COUNT];
+    VkPipeline            pipe[K_COUNT];   /* pipe[K_MATVEC] unused: see mv */
+    VkPipeline            mv[JLM_T_COUNT]; /* matvec per stored type, made on first use */
     VkDescriptorPool      pool;
     VkCommandPool         cmdpool;
     VkCommandBuffer       cmd;
@@ -191,7 +192,8 @@ static int make_layout(jlm_vk *vk, jlm_err *err)
     return r == VK_SUCCESS ? JLM_OK : vkfail(err, "vkCreatePipelineLayout", r);
 }
 
-static int make_pipeline(jlm_vk *vk, int k, jlm_err *err)
+/* Pipeline of shader k; spec (5 words) sets its specialization constants 0..4. */
+static int make_pipeline_spec(jlm_vk *vk, int k, const uint32_t *spec, VkPipeline *out, jlm_err *err)
 {
     VkShaderModuleCreateInfo mi = {.sType = VK_STRUCTURE_TYPE_SHADER_MODULE_CREATE_INFO,
                                    .codeSize = SPV[k].size, .pCode = SPV[k].code};
@@ -199,12 +201,17 @@ static int make_pipeline(jlm_vk *vk, int k, jlm_err *err)
     VkResult r = vkCreateShaderModule(vk->dev, &mi, NULL, &mod);
     if (r != VK_SUCCESS)
         return vkfail(err, "vkCreateShaderModule", r);
+    VkSpecializationMapEntry map[5];
+    for (uint32_t i = 0; i < 5; i++)
+        map[i] = (VkSpecializationMapEntry){.constantID = i, .offset = 4 * i, .size = 4};
+    VkSpecializationInfo si = {.mapEntryCount = 5, .pMapEntries = map, .dataSize = 20, .pData = spec};
     VkComputePipelineCreateInfo ci = {
         .sType = VK_STRUCTURE_TYPE_COMPUTE_PIPELINE_CREATE_INFO,
         .stage = {.sType = VK_STRUCTURE_TYPE_PIPELINE_SHADER_STAGE_CREATE_INFO,
-                  .stage = VK_SHADER_STAGE_COMPUTE_BIT, .module = mod, .pName = "main"},
+                  .stage = VK_SHADER_STAGE_COMPUTE_BIT, .module = mod, .pName = "main",
+                  .pSpecializationInfo = spec ? &si : NULL},
         .layout = vk->layout};
-    r = vkCreateComputePipelines(vk->dev, VK_NULL_HANDLE, 1, &ci, NULL, &vk->pipe[k]);
+    r = vkCreateComputePipelines(vk->dev, VK_NULL_HANDLE, 1, &ci, NULL, out);
     vkDestroyShaderModule(vk->dev, mod, NULL);
     return r == VK_SUCCESS ? JLM_OK : vkfail(err, "vkCreateComputePipelines", r);
 }
@@ -244,7 +251,8 @@ int jlm_vk_open(const char *want, int allow_cpu, jlm_vk **out, jlm_err *err)
     if (!rc)
         rc = make_layout(vk, err);
     for (int k = 0; !rc && k < K_COUNT; k++)
-        rc = make_pipeline(vk, k, err);
+        if (k != K_MATVEC)
+            rc = make_pipeline_spec(vk, k, NULL, &vk->pipe[k], err);
     if (!rc)
         rc = make_submit_objects(vk, err);
     if (rc) {
@@ -272,6 +280,9 @@ void jlm_vk_close(jlm_vk *vk)
         for (int k = 0; k < K_COUNT; k++)
             if (vk->pipe[k])
                 vkDestroyPipeline(vk->dev, vk->pipe[k], NULL);
+        for (int t = 0; t < JLM_T_COUNT; t++)
+            if (vk->mv[t])
+                vkDestroyPipeline(vk->dev, vk->mv[t], NULL);
         if (vk->layout)
             vkDestroyPipelineLayout(vk->dev, vk->layout, NULL);
         if (vk->dsl)
@@ -376,7 +387,7 @@ static int view_check(const jlm_vk *vk, const jlm_vk_view *v, int i, jlm_err *er
 
 /* Binds views (buf NULL: the dummy), pushes, dispatches gx x gy groups and
  * waits. */
-static int dispatch(jlm_vk *vk, int k, const jlm_vk_view *views, int nview, const void *push,
+static int dispatch(jlm_vk *vk, VkPipeline pipe, const jlm_vk_view *views, int nview, const void *push,
                     uint32_t push_size, uint32_t gx, jlm_err *err)
 {
     VkDescriptorBufferInfo bi[NBIND];
@@ -406,7 +417,7 @@ static int dispatch(jlm_vk *vk, int k, const jlm_vk_view *views, int nview, cons
                                    .flags = VK_COMMAND_BUFFER_USAGE_ONE_TIME_SUBMIT_BIT};
     vkResetCommandBuffer(vk->cmd, 0);
     vkBeginCommandBuffer(vk->cmd, &cb);
-    vkCmdBindPipeline(vk->cmd, VK_PIPELINE_BIND_POINT_COMPUTE, vk->pipe[k]);
+    vkCmdBindPipeline(vk->cmd, VK_PIPELINE_BIND_POINT_COMPUTE, pipe);
     vkCmdBindDescriptorSets(vk->cmd, VK_PIPELINE_BIND_POINT_COMPUTE, vk->layout, 0, 1, &set, 0, NULL);
     uint8_t pbuf[PUSH_MAX] = {0};
     memcpy(pbuf, push, push_size);
@@ -469,8 +480,13 @@ int jlm_vk_matvec(jlm_vk *vk, const jlm_vk_mat *m, jlm_vk_view x, const jlm_vk_a
     }
     v[6] = x;
     v[7] = y;
-    uint32_t push[8] = {m->type, (uint32_t)m->k, (uint32_t)m->rows, t->w, t->sub, t->p1, t->d_share, 0};
-    return dispatch(vk, K_MATVEC, v, 8, push, sizeof push, groups(m->rows, 64), err);
+    if (!vk->mv[m->type]) {
+        uint32_t spec[5] = {m->type, t->w ? t->w : 1, t->sub, t->p1, t->d_share};
+        if ((rc = make_pipeline_spec(vk, K_MATVEC, spec, &vk->mv[m->type], err)))
+            return rc;
+    }
+    uint32_t push[2] = {(uint32_t)m->k, (uint32_t)m->rows};
+    return dispatch(vk, vk->mv[m->type], v, 8, push, sizeof push, groups(m->rows, 64), err);
 }
 
 int jlm_vk_rmsnorm(jlm_vk *vk, jlm_vk_view out, jlm_vk_view x, jlm_vk_view w, uint32_t n,
@@ -478,13 +494,13 @@ int jlm_vk_rmsnorm(jlm_vk *vk, jlm_vk_view out, jlm_vk_view x, jlm_vk_view w, ui
 {
     struct { uint32_t n, has_w; float eps; } p = {n, w.buf != NULL, eps};
     jlm_vk_view v[3] = {x, w, out};
-    return dispatch(vk, K_RMSNORM, v, 3, &p, sizeof p, 1, err);
+    return dispatch(vk, vk->pipe[K_RMSNORM], v, 3, &p, sizeof p, 1, err);
 }
 
 int jlm_vk_softmax(jlm_vk *vk, jlm_vk_view x, uint32_t n, uint32_t rows, jlm_err *err)
 {
     uint32_t p = n;
-    return dispatch(vk, K_SOFTMAX, &x, 1, &p, sizeof p, rows, err);
+    return dispatch(vk, vk->pipe[K_SOFTMAX], &x, 1, &p, sizeof p, rows, err);
 }
 
 int jlm_vk_eltwise(jlm_vk *vk, int op, jlm_vk_view out, jlm_vk_view a, jlm_vk_view b,
@@ -494,7 +510,7 @@ int jlm_vk_eltwise(jlm_vk *vk, int op, jlm_vk_view out, jlm_vk_view a, jlm_vk_vi
         return jlm_errf(err, JLM_EINVAL, "vulkan: unknown element-wise op %d", op);
     uint32_t p[2] = {n, (uint32_t)op};
     jlm_vk_view v[3] = {a, b, out};
-    return dispatch(vk, K_ELTWISE, v, 3, p, sizeof p, groups(n, 256), err);
+    return dispatch(vk, vk->pipe[K_ELTWISE], v, 3, p, sizeof p, groups(n, 256), err);
 }
 
 int jlm_vk_rope(jlm_vk *vk, const jlm_k_rope *p, jlm_vk_view x, uint32_t n_head,
@@ -513,7 +529,7 @@ int jlm_vk_rope(jlm_vk *vk, const jlm_k_rope *p, jlm_vk_view x, uint32_t n_head,
         return rc;
     uint32_t push[4] = {p->n_rot, (uint32_t)(p->neox != 0), n_head, head_dim};
     jlm_vk_view v[2] = {x, {vk->tmp, 0, sizeof(float) * p->n_rot}};
-    return dispatch(vk, K_ROPE, v, 2, push, sizeof push, groups((uint64_t)p->n_rot / 2 * n_head, 64), err);
+    return dispatch(vk, vk->pipe[K_ROPE], v, 2, push, sizeof push, groups((uint64_t)p->n_rot / 2 * n_head, 64), err);
 }
 
 int jlm_vk_attention(jlm_vk *vk, const jlm_k_attn *p, uint32_t n_head, uint32_t n_kv_head,
@@ -538,7 +554,7 @@ int jlm_vk_attention(jlm_vk *vk, const jlm_k_attn *p, uint32_t n_head, uint32_t 
             n_head / n_kv_head, p->mask != NULL, sinks != NULL, p->scale, p->softcap};
     jlm_vk_view b[7] = {q, k, v, {p->mask ? vk->tmp : NULL, 0, mask_bytes},
                         {sinks ? vk->tmp : NULL, sink_off, (uint64_t)n_head * 4}, scratch, out};
-    return dispatch(vk, K_ATTENTION, b, 7, &pc, sizeof pc, n_head, err);
+    return dispatch(vk, vk->pipe[K_ATTENTION], b, 7, &pc, sizeof pc, n_head, err);
 }
 
 #else /* !JLM_HAVE_VULKAN */

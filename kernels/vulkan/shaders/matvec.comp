@@ -16,10 +16,16 @@ layout(std430, binding = 5) readonly buffer As { uint as16[]; };   // int16 sums
 layout(std430, binding = 6) readonly buffer X  { float xf[]; };
 layout(std430, binding = 7) writeonly buffer Y { float y[]; };
 
-layout(push_constant) uniform P {
-    uint type, k, rows, w;     // w: words per sub-block per row
-    uint sub, p1, dshare, pad;
-} pc;
+layout(push_constant) uniform P { uint k, rows; } pc;
+
+// The type and its traits are specialization constants: one pipeline per
+// stored type, so the driver compiles the type's branches and loop bounds
+// out (vk.c creates each on first use).
+layout(constant_id = 0) const uint TYPE = 1u;
+layout(constant_id = 1) const uint W = 1u;        // words per sub-block per row
+layout(constant_id = 2) const uint SUB = 32u;
+layout(constant_id = 3) const uint P1 = 0u;
+layout(constant_id = 4) const uint DSHARE = 1u;
 
 const uint T_F32 = 1u, T_F16 = 2u, T_Q4_0 = 3u, T_Q8_0 = 4u, T_Q3_K = 5u, T_Q4_K = 6u,
            T_Q5_K = 7u, T_Q6_K = 8u, T_BF16 = 9u, T_Q5_0 = 10u, T_MXFP4 = 11u, T_Q5_1 = 12u;
@@ -36,45 +42,48 @@ float fp16(uint h)   // exact, as jlm_k_fp16_to_f32
     return uintBitsToFloat(sign | ((e + 112u) << 23) | (man << 13));
 }
 
-uint qbyte(uint s, uint r, uint j)
-{
-    uint word = qs[(s * pc.w + j / 4u) * pc.rows + r];
-    return (word >> (8u * (j % 4u))) & 0xffu;
-}
-
-int code(uint s, uint r, uint e)
-{
-    if (pc.type == T_Q8_0)
-        return bitfieldExtract(int(qbyte(s, r, e)), 0, 8);
-    uint b = qbyte(s, r, e % (pc.sub / 2u));
-    int q = int(e < pc.sub / 2u ? (b & 15u) : (b >> 4));
-    uint hi = pc.p1;
-    if (hi != 0u) {
-        uint lanes = 8u / hi, prim = pc.sub / 2u;
-        uint hb = qbyte(s, r, prim + ((e / 4u) / lanes) * 4u + e % 4u);
-        q |= int((hb >> (hi * ((e / 4u) % lanes))) & ((1u << hi) - 1u)) << 4;
-    }
-    return q;
-}
-
-int act(uint i) { return bitfieldExtract(int(aq[i / 4u]), int(8u * (i % 4u)), 8); }
 int sum16(uint i) { return bitfieldExtract(int(as16[i / 2u]), int(16u * (i % 2u)), 16); }
 
 const int MXFP4_LUT[16] = int[16](12, 13, 14, 15, 16, 18, 20, 24, 12, 11, 10, 9, 8, 6, 4, 0);
 
+// sum_e code(e) * a[a0 + e] over sub-block s of row r: the sub-block's W
+// words are loaded once, codes taken from them four at a time (the byte
+// arithmetic of matvec_ref.c's ref_code; integers, so exact).
 int dot_sub(uint s, uint r, uint a0, bool lut)
 {
+    uint wd[W];
+    for (uint w = 0u; w < W; w++)
+        wd[w] = qs[(s * W + w) * pc.rows + r];
+    uint half_ = SUB / 2u, hi = P1, lanes = hi != 0u ? 8u / hi : 1u;
     int acc = 0;
-    for (uint e = 0u; e < pc.sub; e++) {
-        int q = code(s, r, e);
-        acc += (lut ? MXFP4_LUT[q] : q) * act(a0 + e);
+    for (uint e4 = 0u; e4 < SUB; e4 += 4u) {
+        uint aw = aq[(a0 + e4) / 4u];
+        for (uint i = 0u; i < 4u; i++) {
+            uint e = e4 + i;
+            int q;
+            if (TYPE == T_Q8_0) {
+                q = bitfieldExtract(int(wd[e / 4u]), int(8u * (e % 4u)), 8);
+            } else {
+                uint j = e % half_;
+                uint b = (wd[j / 4u] >> (8u * (j % 4u))) & 0xffu;
+                q = int(e < half_ ? (b & 15u) : (b >> 4));
+                if (hi != 0u) {
+                    uint hj = half_ + ((e / 4u) / lanes) * 4u + i;
+                    uint hb = (wd[hj / 4u] >> (8u * (hj % 4u))) & 0xffu;
+                    q |= int((hb >> (hi * ((e / 4u) % lanes))) & ((1u << hi) - 1u)) << 4;
+                }
+                if (lut)
+                    q = MXFP4_LUT[q];
+            }
+            acc += q * bitfieldExtract(int(aw), int(8u * i), 8);
+        }
     }
     return acc;
 }
 
 uint dword(uint sb, uint r)
 {
-    uint S = pc.dshare;
+    uint S = DSHARE;
     if (S == 1u)
         return dp[sb * pc.rows + r];
     uint wd = dp[sb * ((pc.rows + S - 1u) / S) + r / S];
@@ -100,7 +109,7 @@ float row_sub32(uint r)
         int suma = sum16(2u * s) + sum16(2u * s + 1u);
         float da = ad[s];
         uint dw = dword(s, r);
-        if (pc.type == T_Q5_1) {
+        if (TYPE == T_Q5_1) {
             int dt = dot_sub(s, r, 32u * s, false);
             float d = fp16(dw & 0xffffu), b = fp16(dw >> 16);
             precise float t1 = (d * da) * float(dt);
@@ -108,9 +117,9 @@ float row_sub32(uint r)
             acc = acc + (t1 - t2);
             continue;
         }
-        int bias = pc.type == T_Q4_0 ? 8 : pc.type == T_Q5_0 ? 16 : pc.type == T_MXFP4 ? 12 : 0;
-        int isum = dot_sub(s, r, 32u * s, pc.type == T_MXFP4) - bias * suma;
-        float d = pc.type == T_MXFP4 ? uintBitsToFloat(dw << 23) : fp16(dw & 0xffffu);
+        int bias = TYPE == T_Q4_0 ? 8 : TYPE == T_Q5_0 ? 16 : TYPE == T_MXFP4 ? 12 : 0;
+        int isum = dot_sub(s, r, 32u * s, TYPE == T_MXFP4) - bias * suma;
+        float d = TYPE == T_MXFP4 ? uintBitsToFloat(dw << 23) : fp16(dw & 0xffffu);
         precise float t = (d * da) * float(isum);
         acc = acc + t;
     }
@@ -138,7 +147,7 @@ float row_k32(uint r)
 
 float row_k16(uint r)
 {
-    bool q3 = pc.type == T_Q3_K;
+    bool q3 = TYPE == T_Q3_K;
     int off = q3 ? -32 : -128, bias = q3 ? 4 : 32;
     precise float acc = 0.0;
     for (uint b = 0u; b < pc.k / 32u; b++) {
@@ -158,7 +167,7 @@ float row_k16(uint r)
 float half_at(uint i)   // element i of a u16 row-major plane
 {
     uint h = (qs[i / 2u] >> (16u * (i % 2u))) & 0xffffu;
-    return pc.type == T_BF16 ? uintBitsToFloat(h << 16) : fp16(h);
+    return TYPE == T_BF16 ? uintBitsToFloat(h << 16) : fp16(h);
 }
 
 float row_float(uint r)
@@ -166,7 +175,7 @@ float row_float(uint r)
     precise float acc = 0.0;
     uint base = r * pc.k;
     for (uint i = 0u; i < pc.k; i++) {
-        float wv = pc.type == T_F32 ? uintBitsToFloat(qs[base + i]) : half_at(base + i);
+        float wv = TYPE == T_F32 ? uintBitsToFloat(qs[base + i]) : half_at(base + i);
         precise float t = wv * xf[i];
         acc = acc + t;
     }
@@ -179,11 +188,11 @@ void main()
     if (r >= pc.rows)
         return;
     float v;
-    if (pc.type == T_F32 || pc.type == T_F16 || pc.type == T_BF16)
+    if (TYPE == T_F32 || TYPE == T_F16 || TYPE == T_BF16)
         v = row_float(r);
-    else if (pc.type == T_Q4_K || pc.type == T_Q5_K)
+    else if (TYPE == T_Q4_K || TYPE == T_Q5_K)
         v = row_k32(r);
-    else if (pc.type == T_Q3_K || pc.type == T_Q6_K)
+    else if (TYPE == T_Q3_K || TYPE == T_Q6_K)
         v = row_k16(r);
     else
         v = row_sub32(r);
