@@ -19,7 +19,7 @@
 static const char USAGE[] =
     "usage: jlm run MODEL -p PROMPT [-n N] [-c CTX] [--temp T] [--top-k K] [--top-p P] [--min-p P]\n"
     "               [--repeat-penalty R] [--repeat-last-n N] [--seed S] [-t THREADS] [--budget SIZE]\n"
-    "               [--backend cpu|vulkan|auto] [--device N|NAME]\n"
+    "               [--backend cpu|vulkan|auto] [--device N|NAME] [--gpu-layers N|all]\n"
     "               [--stats] [--print-ids] [--logits FILE] [--ids 1,2,3] [--no-direct]\n";
 
 typedef struct run_opts {
@@ -51,6 +51,14 @@ static int parse(int argc, char **argv, run_opts *o)
         else if (ARG("--logits")) o->logits_file = v;
         else if (ARG("--backend")) o->eng.backend = v;
         else if (ARG("--device")) o->eng.device = v;
+        else if (ARG("--gpu-layers")) {
+            long n = strcmp(v, "all") ? strtol(v, NULL, 10) : 0;
+            if (strcmp(v, "all") && n < 1) {
+                fprintf(stderr, "jlm run: --gpu-layers '%s': expected a count >= 1 or 'all' (no layers: --backend cpu)\n", v);
+                return 2;
+            }
+            o->eng.gpu_layers = (uint32_t)n;
+        }
         else if (ARG("--ids")) o->ids = v;
         else if (ARG("--budget")) {
             long long b = jlm_cli_parse_size(v);

@@ -27,6 +27,8 @@ struct jlm_engine {
     jlm_pool        *pool;
     const jlm_k_cpu *k;
     jlm_evk         *vk;          /* --backend vulkan: matmuls offloaded, else NULL */
+    uint32_t         gpu_layers;  /* blocks 0..N-1 on vk; 0 = all */
+    int              vk_here;     /* the block being run is on vk */
     uint64_t         budget;
     uint8_t         *dense;       /* (DenseLen,) the dense region, resident */
     const jlm_tensor **roles;     /* ((n_layer+1) * ROLE_SLOTS,) slot (block+1)*64 + role */
@@ -117,7 +119,7 @@ static void matmul(jlm_engine *e, const jlm_k_mat *m, uint32_t n, const float *x
         }
         j.xq = e->xq;
     }
-    if (e->vk && jlm_evk_matmul(e->vk, m, n, x, j.xq, y, NULL) == 0)
+    if (e->vk_here && jlm_evk_matmul(e->vk, m, n, x, j.xq, y, NULL) == 0)
         return;                   /* else (a plane over one binding): the CPU */
     size_t grain = m->rows >= 256 ? 64 : m->rows;
     jlm_pool_for(e->pool, m->rows, grain, mm_slice, &j);
@@ -265,6 +267,7 @@ static int open_backend(jlm_engine *e, const jlm_engine_opts *o, jlm_err *err)
     }
     if (rc)
         return jlm_errf(err, rc, "--backend vulkan: %s", verr.msg);
+    e->gpu_layers = o->gpu_layers;
     if (!o->quiet)
         fprintf(stderr, "note: matmuls on Vulkan device %s\n", jlm_evk_device(e->vk));
     return JLM_OK;
@@ -631,6 +634,7 @@ static int forward(jlm_engine *e, const int32_t *tokens, uint32_t n, uint32_t po
                                &page, err);
         if (rc)
             return jlm_err_prefix(err, rc, "%s: block %u", e->m->path, l);
+        e->vk_here = e->vk && (!e->gpu_layers || l < e->gpu_layers);
         attention(e, l, page, page_off, pos0, n);
         if (W(e, l, JLM_R_EXP_GATE)) {
             for (uint32_t t = 0; t < n && !rc; t++)
@@ -642,6 +646,7 @@ static int forward(jlm_engine *e, const int32_t *tokens, uint32_t n, uint32_t po
         if (rc)
             return jlm_err_prefix(err, rc, "%s: block %u experts", e->m->path, l);
     }
+    e->vk_here = e->vk && !e->gpu_layers;
     if (logits)
         output(e, e->x + (uint64_t)(n - 1) * c->n_embd, logits);
     return JLM_OK;

@@ -48,6 +48,8 @@ typedef struct jlm_engine_opts {
                             * one is found, else the CPU with a note */
     const char *device;    /* Vulkan device index or name substring (naming a
                             * CPU device such as lavapipe allows it) */
+    uint32_t gpu_layers;   /* Vulkan: blocks 0..N-1 on the device, the rest and
+                            * the output on the CPU; 0 = all (output included) */
 } jlm_engine_opts;
 
 typedef struct jlm_engine jlm_engine;

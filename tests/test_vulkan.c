@@ -385,9 +385,10 @@ Test(vulkan, attention_with_gqa_matches_the_cpu_within_TOL_EXP)
 
 /* An engine on the named backend; NULL (test skipped by the caller) when
  * Vulkan has no device. Device "0": the first one, lavapipe included. */
-static jlm_engine *engine_on(const char *path, const char *backend)
+static jlm_engine *engine_on(const char *path, const char *backend, uint32_t gpu_layers)
 {
-    jlm_engine_opts o = {.n_threads = 2, .quiet = 1, .direct = 1, .backend = backend, .device = "0"};
+    jlm_engine_opts o = {.n_threads = 2, .quiet = 1, .direct = 1, .backend = backend, .device = "0",
+                         .gpu_layers = gpu_layers};
     jlm_engine *e = NULL;
     jlm_err err = {0};
     int rc = jlm_engine_open(path, &o, &e, &err);
@@ -423,7 +424,7 @@ Test(vulkan, backend_vulkan_gives_llama_cpp_ids_on_stories260K, .timeout = 60)
     jlm_err err = {0};
     char *path = tu_convert("stories260K.gguf", dir, "s.jlm", &err);
     cr_assert(path, "%s", err.msg);
-    jlm_engine *e = engine_on(path, "vulkan");
+    jlm_engine *e = engine_on(path, "vulkan", 0);
     if (!e) {
         tu_rmrf(dir);
         cr_skip_test("vulkan: no device");
@@ -472,8 +473,9 @@ Test(vulkan, backend_vulkan_equals_the_cpu_bit_for_bit_on_quantized_models, .tim
         snprintf(gguf, sizeof gguf, "%s.gguf", MODELS[m]);
         char *path = tu_convert(gguf, dir, "q.jlm", &err);
         cr_assert(path, "%s", err.msg);
-        jlm_engine *ec = engine_on(path, "cpu"), *ev = engine_on(path, "vulkan");
-        if (!ev) {
+        jlm_engine *ec = engine_on(path, "cpu", 0), *ev = engine_on(path, "vulkan", 0);
+        jlm_engine *es = engine_on(path, "vulkan", 1);   /* split: block 0 on Vulkan, the rest on the CPU */
+        if (!ev || !es) {
             tu_rmrf(dir);
             cr_skip_test("vulkan: no device");
         }
@@ -484,15 +486,22 @@ Test(vulkan, backend_vulkan_equals_the_cpu_bit_for_bit_on_quantized_models, .tim
         greedy_ids(ev, prompt, 5, 8, iv, lv);
         cr_assert(!memcmp(lc, lv, nv * 4), "%s: logits after the prompt differ", MODELS[m]);
         cr_assert(!memcmp(ic, iv, sizeof ic), "%s: greedy ids differ", MODELS[m]);
-        uint64_t mm, up;
+        greedy_ids(es, prompt, 5, 8, iv, lv);
+        cr_assert(!memcmp(lc, lv, nv * 4), "%s --gpu-layers 1: logits after the prompt differ", MODELS[m]);
+        cr_assert(!memcmp(ic, iv, sizeof ic), "%s --gpu-layers 1: greedy ids differ", MODELS[m]);
+        uint64_t mm, up, mm_split;
+        jlm_engine_vk_counters(es, &mm_split, &up);
         jlm_engine_vk_counters(ev, &mm, &up);
         cr_assert(mm > 0 && up > 0, "%s: the matmuls ran on Vulkan", MODELS[m]);
+        cr_assert(mm_split > 0 && mm_split < mm, "%s: the split ran part of the matmuls on Vulkan (%llu of %llu)",
+                  MODELS[m], (unsigned long long)mm_split, (unsigned long long)mm);
         jlm_engine_vk_counters(ec, &mm, &up);
         cr_assert(mm == 0, "%s: the CPU engine ran no Vulkan matmul", MODELS[m]);
         free(lc);
         free(lv);
         jlm_engine_close(ec);
         jlm_engine_close(ev);
+        jlm_engine_close(es);
         free(path);
     }
     tu_rmrf(dir);
