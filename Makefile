@@ -59,7 +59,7 @@ CUDA_ARCH := -gencode arch=compute_80,code=sm_80 -gencode arch=compute_90,code=s
 CUDA_LIBS := $(if $(filter 1,$(CUDA)),-L$(CUDA_HOME)/lib64 -lcudart_static -ldl -lrt -lstdc++)
 LDLIBS    += $(CUDA_LIBS)
 
-LIB_DIRS := base format converter kernels/cpu kernels/cuda engine text/tokenizer text/template prompt residency fs picture serve
+LIB_DIRS := base format converter kernels/cpu kernels/cuda kernels/vulkan engine text/tokenizer text/template prompt residency fs picture serve
 LIB_SRC  := $(foreach d,$(LIB_DIRS),$(wildcard $(d)/*.c))
 LIB_OBJ  := $(LIB_SRC:%.c=$(BUILD)/obj/%.o)
 LIB_OBJ  += $(if $(filter 1,$(CUDA)),$(BUILD)/obj/kernels/cuda/kernels.o)
@@ -115,6 +115,23 @@ $(PIC_ASSETS): picture/page.css picture/page.js
 	    echo '    ""'; done; } > $@.tmp && mv $@.tmp $@
 $(BUILD)/obj/picture/picture.o: $(PIC_ASSETS)
 $(BUILD)/obj/picture/picture.o: BASECFLAGS += -I$(BUILD)/gen
+
+# The Vulkan backend: kernels/vulkan/shaders/*.comp compiled by glslc into
+# $(BUILD)/gen/kernels/vulkan/*.spv.h (C initializers, embedded by vk.c). Without
+# the Vulkan headers or glslc the backend is left out (vk.c's stub says so at
+# run time) and make says so here.
+VK_OK := $(shell pkg-config --exists vulkan 2>/dev/null && command -v glslc >/dev/null 2>&1 && echo 1)
+VK_SPV := $(patsubst kernels/vulkan/shaders/%.comp,$(BUILD)/gen/kernels/vulkan/%.spv.h,$(wildcard kernels/vulkan/shaders/*.comp))
+ifeq ($(VK_OK),1)
+LDLIBS += $(shell pkg-config --libs vulkan)
+$(BUILD)/obj/kernels/vulkan/vk.o: $(VK_SPV)
+$(BUILD)/obj/kernels/vulkan/vk.o: BASECFLAGS += -DJLM_HAVE_VULKAN -I$(BUILD)/gen $(shell pkg-config --cflags vulkan)
+else
+$(info make: Vulkan backend left out (needs pkg-config vulkan and glslc: scripts/deps.sh installs them))
+endif
+$(BUILD)/gen/kernels/vulkan/%.spv.h: kernels/vulkan/shaders/%.comp
+	@mkdir -p $(dir $@)
+	glslc -fshader-stage=compute -O -mfmt=c $< -o $@.tmp && mv $@.tmp $@
 
 $(LIB): $(LIB_OBJ)
 	@mkdir -p $(dir $@)

@@ -9,10 +9,10 @@
 
 int jlm_cli_backend_check(const char *cmd, const char *name, int device)
 {
-    if (!name || !strcmp(name, "cpu"))
-        return 0;
+    if (!name || !strcmp(name, "cpu") || !strcmp(name, "vulkan") || !strcmp(name, "auto"))
+        return 0;   /* the engine opens Vulkan (engine/backend_vk.h) */
     if (strcmp(name, "cuda")) {
-        fprintf(stderr, "jlm %s: --backend '%s': unknown backend (cpu or cuda)\n", cmd, name);
+        fprintf(stderr, "jlm %s: --backend '%s': unknown backend: expected cpu, vulkan, cuda or auto\n", cmd, name);
         return 2;
     }
     jlm_cu_info in;

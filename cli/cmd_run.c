@@ -22,12 +22,11 @@ static const char USAGE[] =
     "               [--repeat-penalty R] [--repeat-last-n N] [--seed S] [-t THREADS] [--budget SIZE]\n"
     "               [--stats] [--print-ids] [--logits FILE] [--ids 1,2,3] [--no-direct]\n"
     "               [--image FILE]   (PNG/JPEG/PPM at the prompt's <image> marker, or first)\n"
-    "               [--backend cpu|cuda] [--device N]\n";
+    "               [--backend cpu|vulkan|cuda|auto] [--device N|NAME] [--gpu-layers N|all]\n";
 
 typedef struct run_opts {
     const char *model, *prompt, *logits_file, *ids, *image;
-    const char *backend;
-    int n_predict, stats, print_ids, device;
+    int n_predict, stats, print_ids;
     jlm_engine_opts eng;
     jlm_samp_params samp;
 } run_opts;
@@ -52,10 +51,18 @@ static int parse(int argc, char **argv, run_opts *o)
         else if (ARG("--seed") || ARG("-s")) o->samp.seed = strtoull(v, NULL, 10);
         else if (ARG("-t") || ARG("--threads")) o->eng.n_threads = atoi(v);
         else if (ARG("--logits")) o->logits_file = v;
+        else if (ARG("--backend")) o->eng.backend = v;
+        else if (ARG("--device")) o->eng.device = v;
+        else if (ARG("--gpu-layers")) {
+            long n = strcmp(v, "all") ? strtol(v, NULL, 10) : 0;
+            if (strcmp(v, "all") && n < 1) {
+                fprintf(stderr, "jlm run: --gpu-layers '%s': expected a count >= 1 or 'all' (no layers: --backend cpu)\n", v);
+                return 2;
+            }
+            o->eng.gpu_layers = (uint32_t)n;
+        }
         else if (ARG("--ids")) o->ids = v;
         else if (ARG("--image")) o->image = v;
-        else if (ARG("--backend")) o->backend = v;
-        else if (ARG("--device")) o->device = atoi(v);
         else if (ARG("--budget")) {
             long long b = jlm_cli_parse_size(v);
             if (b < 0) {
@@ -78,7 +85,7 @@ static int parse(int argc, char **argv, run_opts *o)
         fputs(USAGE, stderr);
         return 2;
     }
-    return jlm_cli_backend_check("run", o->backend, o->device);
+    return jlm_cli_backend_check("run", o->eng.backend, o->eng.device ? atoi(o->eng.device) : 0);
 }
 
 static int parse_ids(const char *s, int32_t **ids, size_t *n)
@@ -239,6 +246,11 @@ int jlm_cmd_run(int argc, char **argv)
             fprintf(stderr, "experts: hit rate %.3f, bytes read per token %.0f\n",
                     (double)x->hits / (double)(x->hits + x->page_ins + x->fills), (double)x->bytes_read / tokens);
         }
+        uint64_t vmm, vup;
+        jlm_engine_vk_counters(e, &vmm, &vup);
+        if (vmm)
+            fprintf(stderr, "vulkan: matmuls %llu, bytes uploaded %llu\n", (unsigned long long)vmm,
+                    (unsigned long long)vup);
         fprintf(stderr, "timing: prefill %zu tokens %.1f t/s, decode %zu tokens %.1f t/s, budget %llu\n", np,
                 np / (t1 - t0), ng, ng > 1 ? (ng - 1) / (t2 - t1) : 0.0, (unsigned long long)jlm_engine_budget(e));
     }

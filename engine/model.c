@@ -8,6 +8,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "engine/backend_vk.h"
 #include "engine/pool.h"
 #include "format/dequant.h"
 #include "kernels/cpu/kernels.h"
@@ -25,6 +26,9 @@ struct jlm_engine {
     jlm_pager       *pager;
     jlm_pool        *pool;
     const jlm_k_cpu *k;
+    jlm_evk         *vk;          /* --backend vulkan: matmuls offloaded, else NULL */
+    uint32_t         gpu_layers;  /* blocks 0..N-1 on vk; 0 = all */
+    int              vk_here;     /* the block being run is on vk */
     uint64_t         budget;
     uint8_t         *dense;       /* (DenseLen,) the dense region, resident */
     const jlm_tensor **roles;     /* ((n_layer+1) * ROLE_SLOTS,) slot (block+1)*64 + role */
@@ -126,6 +130,8 @@ static void matmul(jlm_engine *e, const jlm_k_mat *m, uint32_t n, const float *x
         }
         j.xq = e->xq;
     }
+    if (e->vk_here && jlm_evk_matmul(e->vk, m, n, x, j.xq, y, NULL) == 0)
+        return;                   /* else (a plane over one binding): the CPU */
     size_t grain = m->rows >= 256 ? 64 : m->rows;
     jlm_pool_for(e->pool, m->rows, grain, mm_slice, &j);
 }
@@ -256,6 +262,30 @@ static int open_pager(jlm_engine *e, const jlm_engine_opts *o, jlm_err *err)
     return jlm_pager_set_budget(e->pager, e->budget, err);
 }
 
+/* --backend: vulkan fails with one line without a device; auto falls back
+ * to the CPU with a note. */
+static int open_backend(jlm_engine *e, const jlm_engine_opts *o, jlm_err *err)
+{
+    if (!o->backend || !strcmp(o->backend, "cpu"))
+        return JLM_OK;
+    int is_auto = !strcmp(o->backend, "auto");
+    if (!is_auto && strcmp(o->backend, "vulkan"))
+        return jlm_errf(err, JLM_EINVAL, "--backend '%s': expected cpu, vulkan or auto", o->backend);
+    jlm_err verr = {0};
+    int rc = jlm_evk_open(o->device, 0, &e->vk, &verr);
+    if (rc && is_auto) {
+        if (!o->quiet)
+            fprintf(stderr, "note: --backend auto: %s; running on the CPU\n", verr.msg);
+        return JLM_OK;
+    }
+    if (rc)
+        return jlm_errf(err, rc, "--backend vulkan: %s", verr.msg);
+    e->gpu_layers = o->gpu_layers;
+    if (!o->quiet)
+        fprintf(stderr, "note: matmuls on Vulkan device %s\n", jlm_evk_device(e->vk));
+    return JLM_OK;
+}
+
 int jlm_engine_open(const char *path, const jlm_engine_opts *opts, jlm_engine **out, jlm_err *err)
 {
     jlm_engine_opts o = {0};
@@ -289,7 +319,8 @@ int jlm_engine_open(const char *path, const jlm_engine_opts *opts, jlm_engine **
     jlm_file_source_opts so = {.direct = o.direct, .n_threads = 0};
     if ((rc = jlm_source_open_file(path, &so, &e->src, err)) || (rc = index_tensors(e, err)) ||
         (rc = read_dense(e, err)) || (rc = open_pager(e, &o, err)) ||
-        (rc = jlm_pool_create(o.n_threads, 0, &e->pool, err)) || (rc = alloc_buffers(e, err)))
+        (rc = jlm_pool_create(o.n_threads, 0, &e->pool, err)) || (rc = alloc_buffers(e, err)) ||
+        (rc = open_backend(e, &o, err)))
         goto fail;
     *out = e;
     return JLM_OK;
@@ -302,6 +333,7 @@ void jlm_engine_close(jlm_engine *e)
 {
     if (!e)
         return;
+    jlm_evk_close(e->vk);
     jlm_pool_destroy(e->pool);
     jlm_pager_close(e->pager);
     jlm_source_close(e->src);
@@ -657,6 +689,7 @@ static int run_layers(jlm_engine *e, float *xs, uint32_t n, float *kc, float *vc
             rc = jlm_err_prefix(err, rc, "%s: block %u", e->m->path, l);
             break;
         }
+        e->vk_here = e->vk && (!e->gpu_layers || l < e->gpu_layers);
         for (uint32_t i = 0; i < n; i += BATCH) {   /* every key first: later rows may see them */
             uint32_t b = n - i < BATCH ? n - i : BATCH;
             if (kc)
@@ -683,6 +716,7 @@ static int run_layers(jlm_engine *e, float *xs, uint32_t n, float *kc, float *vc
     }
     e->x = x0;
     e->bidir_end = 0;
+    e->vk_here = e->vk && !e->gpu_layers;
     return rc;
 }
 
@@ -815,6 +849,12 @@ uint32_t jlm_engine_max_batch(void) { return BATCH; }
 /* ================================================================ queries */
 void jlm_engine_rewind(jlm_engine *e, uint32_t pos) { if (pos < e->n_past) e->n_past = pos; }
 const jlm_model *jlm_engine_model(const jlm_engine *e) { return e->m; }
+void jlm_engine_vk_counters(const jlm_engine *e, uint64_t *matmuls, uint64_t *bytes_up)
+{
+    *matmuls = *bytes_up = 0;
+    if (e->vk)
+        jlm_evk_counters(e->vk, matmuls, bytes_up);
+}
 uint32_t jlm_engine_n_past(const jlm_engine *e) { return e->n_past; }
 uint32_t jlm_engine_n_ctx(const jlm_engine *e) { return e->n_ctx; }
 uint32_t jlm_engine_n_vocab(const jlm_engine *e)

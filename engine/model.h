@@ -43,6 +43,13 @@ typedef struct jlm_engine_opts {
     uint32_t n_ctx;        /* 0: min(model context, 4096) */
     int      direct;       /* plain-file source: 1 try O_DIRECT, 0 buffered */
     int      quiet;        /* 1: no notes on stderr */
+    const char *backend;   /* NULL/"cpu"; "vulkan": matmuls on a Vulkan device
+                            * (engine/backend_vk.h); "auto": Vulkan on a GPU if
+                            * one is found, else the CPU with a note */
+    const char *device;    /* Vulkan device index or name substring (naming a
+                            * CPU device such as lavapipe allows it) */
+    uint32_t gpu_layers;   /* Vulkan: blocks 0..N-1 on the device, the rest and
+                            * the output on the CPU; 0 = all (output included) */
 } jlm_engine_opts;
 
 typedef struct jlm_engine jlm_engine;
@@ -67,6 +74,9 @@ int  jlm_engine_eval(jlm_engine *e, const int32_t *tokens, uint32_t n, float *lo
  * earlier keys). Logits after the last row as jlm_engine_eval. JLM_ERANGE
  * when the context is full; state unchanged on error. */
 int  jlm_engine_eval_embd(jlm_engine *e, const float *embd, uint32_t n, int bidir, float *logits, jlm_err *err);
+/* --backend vulkan: matmuls run on the device and bytes of planes uploaded
+ * (both 0 on the CPU backend). Cannot fail. */
+void jlm_engine_vk_counters(const jlm_engine *e, uint64_t *matmuls, uint64_t *bytes_up);
 
 /* Forgets the KV cache from position pos on (0: everything). Cannot fail. */
 void jlm_engine_rewind(jlm_engine *e, uint32_t pos);

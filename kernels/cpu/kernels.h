@@ -160,6 +160,10 @@ void jlm_k_rope_defaults(jlm_k_rope *p, uint32_t n_rot, float freq_base);
  * Precondition: n_rot even, n_rot <= head_dim. */
 void jlm_k_rope_apply(const jlm_k_rope *p, float *x, uint32_t n_head, uint32_t head_dim,
                       int64_t pos);
+/* The (cos, sin) jlm_k_rope_apply rotates pair i by at position pos, into
+ * cs[2i], cs[2i+1] for i < n_rot/2 (the same f32 theta and YaRN mix), so a
+ * device kernel given cs rotates bit-identically. */
+void jlm_k_rope_cos_sin(const jlm_k_rope *p, int64_t pos, float *cs);
 /* ggml_rope_yarn_corr_dims: dims[0] = start, dims[1] = end of the ramp. */
 void jlm_k_rope_yarn_corr_dims(uint32_t n_dims, uint32_t orig_ctx, float freq_base,
                                float beta_fast, float beta_slow, float dims[2]);

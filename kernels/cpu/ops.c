@@ -114,6 +114,20 @@ void jlm_k_rope_apply(const jlm_k_rope *p, float *x, uint32_t n_head, uint32_t h
     }
 }
 
+void jlm_k_rope_cos_sin(const jlm_k_rope *p, int64_t pos, float *cs)
+{
+    float corr[2] = {0.0f, 0.0f};
+    if (p->ext_factor != 0.0f)
+        jlm_k_rope_yarn_corr_dims(p->n_rot, p->orig_ctx, p->freq_base, p->beta_fast, p->beta_slow, corr);
+    const float theta_scale = powf(p->freq_base, -2.0f / (float)p->n_rot);
+    float theta = (float)pos;
+    for (uint32_t i0 = 0; i0 < p->n_rot; i0 += 2) {
+        float ff = p->freq_factors ? p->freq_factors[i0 / 2] : 1.0f;
+        rope_yarn(theta / ff, p, corr, i0, &cs[i0], &cs[i0 + 1]);
+        theta *= theta_scale;
+    }
+}
+
 /* ---------------------------------------------------------------- softmax, activations */
 
 void jlm_k_softmax(float *x, uint64_t n)

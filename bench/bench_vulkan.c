@@ -1,0 +1,145 @@
+/* bench_vulkan.c - Vulkan matvec throughput (GB/s of packed planes read) per
+ * stored type against the CPU kernel (the variant jlm_k_cpu_get() picks, one
+ * thread) on the same planes in the same run, printed as a ratio. On lavapipe
+ * the "device" is this CPU (llvmpipe threads), so the ratio says how far the
+ * shaders are from the hand-written kernels, not what a GPU would do. Warm
+ * (planes in cache where they fit); each Vulkan figure includes one submit and
+ * fence wait per matvec, as jlm_vk_matvec does. Skips (exit 0) with one line
+ * when there is no Vulkan device.
+ *
+ *   build/bench/bench_vulkan [-k K] [-n ROWS] [-r REPS] [TYPE ...]
+ *   JLM_VK_DEVICE=llvmpipe names the device (lavapipe is used here unasked)
+ */
+#include "kernels/cpu/kernels.h"
+#include "kernels/vulkan/vk.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+static double now(void)
+{
+    struct timespec t;
+    clock_gettime(CLOCK_MONOTONIC, &t);
+    return t.tv_sec + t.tv_nsec * 1e-9;
+}
+
+static uint64_t rng(uint64_t *s)
+{
+    *s ^= *s << 13;
+    *s ^= *s >> 7;
+    *s ^= *s << 17;
+    return *s;
+}
+
+/* Random planes with sane scales (fp16 0x1c00 = 2^-8 in every d slot). */
+static void fill(void *p, uint64_t n, int dplane, uint64_t *seed)
+{
+    uint32_t *w = p;
+    for (uint64_t i = 0; i < n / 4; i++)
+        w[i] = dplane ? 0x1c001c00u : (uint32_t)rng(seed) & 0x3f3f3f3fu;
+}
+
+typedef struct job {
+    uint8_t type;
+    uint64_t k, rows;
+    int reps;
+} job;
+
+/* Best of reps seconds for one matvec on the CPU and on Vulkan; bytes read. */
+static int run_type(jlm_vk *vk, const job *j, double *cpu_s, double *vk_s, uint64_t *bytes)
+{
+    uint64_t ql, dl, sl, seed = 0x1234 + j->type;
+    if (jlm_fmt_planes(j->type, j->k, j->rows, &ql, &dl, &sl, NULL))
+        return -1;
+    const jlm_type_traits *tr = jlm_fmt_type_traits(j->type);
+    uint8_t *qs = malloc(ql + 64), *d = malloc(dl + 64), *sc = malloc(sl + 64);
+    float *x = malloc(j->k * 4), *y = malloc(j->rows * 4);
+    void *abuf = malloc(jlm_k_act_q8_bytes(j->k));
+    fill(qs, ql, 0, &seed);
+    if (tr->is_float)
+        for (uint64_t i = 0; i < ql / 2; i++)
+            ((uint16_t *)qs)[i] = j->type == JLM_T_BF16 ? 0x3c00 : 0x2c00;
+    fill(d, dl, 1, &seed);
+    fill(sc, sl, 0, &seed);
+    for (uint64_t i = 0; i < j->k; i++)
+        x[i] = (float)(rng(&seed) % 2000) / 1000.0f - 1.0f;
+    jlm_act_q8 xq;
+    jlm_k_act_q8_init(&xq, abuf, j->k, NULL);
+    jlm_k_quantize_act(x, &xq);
+    jlm_k_mat m = {j->type, j->k, j->rows, qs, tr->is_float ? NULL : d, tr->sc_kind ? sc : NULL};
+    jlm_k_matvec_fn fn = jlm_k_cpu_get()->matvec[j->type];
+
+    jlm_err err = {0};
+    jlm_vk_buf *b[9] = {0};
+    int rc = jlm_vk_buf_upload(vk, qs, ql, &b[0], &err) || (dl && jlm_vk_buf_upload(vk, d, dl, &b[1], &err)) ||
+             (sl && jlm_vk_buf_upload(vk, sc, sl, &b[2], &err)) || jlm_vk_buf_upload(vk, x, j->k * 4, &b[3], &err) ||
+             jlm_vk_buf_new(vk, j->rows * 4, &b[4], &err) || jlm_vk_buf_upload(vk, xq.q, j->k, &b[5], &err) ||
+             jlm_vk_buf_upload(vk, xq.d, j->k / 8, &b[6], &err) || jlm_vk_buf_upload(vk, xq.sum16, j->k / 8, &b[7], &err);
+    jlm_vk_mat vm = {j->type, j->k, j->rows, {b[0], 0, 0}, {b[1], 0, 0}, {b[2], 0, 0}};
+    jlm_vk_act va = {j->k, {b[5], 0, 0}, {b[6], 0, 0}, {b[7], 0, 0}};
+    *cpu_s = *vk_s = 1e30;
+    for (int r = 0; !rc && r < j->reps; r++) {
+        double t0 = now();
+        fn(&m, x, &xq, y, 0, j->rows);
+        double t1 = now();
+        rc = jlm_vk_matvec(vk, &vm, (jlm_vk_view){b[3], 0, 0}, tr->is_float ? NULL : &va,
+                           (jlm_vk_view){b[4], 0, 0}, &err);
+        double t2 = now();
+        if (t1 - t0 < *cpu_s)
+            *cpu_s = t1 - t0;
+        if (t2 - t1 < *vk_s)
+            *vk_s = t2 - t1;
+    }
+    if (rc)
+        fprintf(stderr, "bench_vulkan: %s\n", err.msg);
+    for (int i = 0; i < 9; i++)
+        jlm_vk_buf_free(vk, b[i]);
+    *bytes = ql + dl + sl;
+    free(qs), free(d), free(sc), free(x), free(y), free(abuf);
+    return rc;
+}
+
+int main(int argc, char **argv)
+{
+    job j = {0, 4096, 4096, 5};
+    int first = 1;
+    for (; first < argc && argv[first][0] == '-' && first + 1 < argc; first += 2) {
+        if (!strcmp(argv[first], "-k"))
+            j.k = strtoull(argv[first + 1], NULL, 10);
+        else if (!strcmp(argv[first], "-n"))
+            j.rows = strtoull(argv[first + 1], NULL, 10);
+        else if (!strcmp(argv[first], "-r"))
+            j.reps = atoi(argv[first + 1]);
+    }
+    jlm_vk *vk;
+    jlm_err err = {0};
+    if (jlm_vk_open(NULL, 1, &vk, &err)) {
+        printf("bench_vulkan: skipped: %s\n", err.msg);
+        return 0;
+    }
+    printf("device %s%s; CPU kernel %s, 1 thread; k %llu rows %llu, best of %d\n", jlm_vk_device_name(vk),
+           jlm_vk_device_is_cpu(vk) ? " (a CPU device)" : "", jlm_k_cpu_variant_name(),
+           (unsigned long long)j.k, (unsigned long long)j.rows, j.reps);
+    static const char *DEF[] = {"F16", "Q8_0", "Q4_0", "Q4_K", "Q6_K", "MXFP4"};
+    int n = first < argc ? argc - first : 6;
+    for (int i = 0; i < n; i++) {
+        const char *name = first < argc ? argv[first + i] : DEF[i];
+        j.type = 0;
+        for (uint8_t t = 1; t < JLM_T_COUNT; t++)
+            if (!strcmp(jlm_fmt_type_traits(t)->name, name))
+                j.type = t;
+        double cs, vs;
+        uint64_t bytes;
+        if (!j.type || run_type(vk, &j, &cs, &vs, &bytes)) {
+            fprintf(stderr, "bench_vulkan: %s: failed\n", name);
+            jlm_vk_close(vk);
+            return 1;
+        }
+        printf("%-6s %8.1f MiB  cpu %6.2f GB/s  vulkan %6.2f GB/s  vulkan/cpu %.4f\n", name,
+               bytes / 1048576.0, bytes / cs / 1e9, bytes / vs / 1e9, cs / vs);
+    }
+    jlm_vk_close(vk);
+    return 0;
+}

@@ -1,0 +1,82 @@
+#version 450
+// attention.comp - single-token attention, one workgroup (256 lanes) per query
+// head; kv head = head / group (GQA). Scores as jlm_k_attn_head: dot, softcap,
+// scale, mask; sink joins max and denominator; all masked and no sink: 0.
+layout(local_size_x = 256) in;
+layout(std430, binding = 0) readonly buffer Q { float q[]; };
+layout(std430, binding = 1) readonly buffer K { float kc[]; };
+layout(std430, binding = 2) readonly buffer V { float vc[]; };
+layout(std430, binding = 3) readonly buffer M { float mask[]; };
+layout(std430, binding = 4) readonly buffer S { float sinks[]; };
+layout(std430, binding = 5) buffer Sc { float sc[]; };      // n_head * n_kv
+layout(std430, binding = 6) writeonly buffer O { float o[]; };
+layout(push_constant) uniform P {
+    uint head_dim, head_dim_v, k_stride, v_stride;
+    uint n_kv, group, has_mask, has_sink;
+    float scale, softcap;
+} pc;
+shared float part[256];
+
+float reduce(float v, bool is_max)
+{
+    uint t = gl_LocalInvocationID.x;
+    part[t] = v;
+    barrier();
+    for (uint h = 128u; h > 0u; h >>= 1) {
+        if (t < h)
+            part[t] = is_max ? max(part[t], part[t + h]) : part[t] + part[t + h];
+        barrier();
+    }
+    float r = part[0];
+    barrier();
+    return r;
+}
+
+void main()
+{
+    uint t = gl_LocalInvocationID.x, h = gl_WorkGroupID.x, g = h / pc.group;
+    uint qb = h * pc.head_dim, sb = h * pc.n_kv;
+    float sink = pc.has_sink != 0u ? sinks[h] : -1.0 / 0.0;
+    float m = sink;
+    for (uint j = t; j < pc.n_kv; j += 256u) {
+        uint kb = j * pc.k_stride + g * pc.head_dim;
+        precise float s = 0.0;
+        for (uint i = 0u; i < pc.head_dim; i++) {
+            precise float p = q[qb + i] * kc[kb + i];
+            s = s + p;
+        }
+        if (pc.softcap > 0.0)
+            s = pc.softcap * tanh(s / pc.softcap);
+        precise float ss = s * pc.scale + (pc.has_mask != 0u ? mask[j] : 0.0);
+        sc[sb + j] = ss;
+        m = max(m, ss);
+    }
+    float mx = reduce(m, true);
+    if (isinf(mx) && mx < 0.0) {                 // every key masked, no sink
+        for (uint j = t; j < pc.n_kv; j += 256u)
+            sc[sb + j] = 0.0;
+        for (uint i = t; i < pc.head_dim_v; i += 256u)
+            o[h * pc.head_dim_v + i] = 0.0;
+        return;
+    }
+    precise float s = 0.0;
+    for (uint j = t; j < pc.n_kv; j += 256u) {
+        float e = exp(sc[sb + j] - mx);
+        sc[sb + j] = e;
+        s = s + e;
+    }
+    precise float total = reduce(s, false) + (pc.has_sink != 0u ? exp(sink - mx) : 0.0);
+    precise float inv = 1.0 / total;
+    for (uint j = t; j < pc.n_kv; j += 256u)
+        sc[sb + j] = sc[sb + j] * inv;
+    memoryBarrierBuffer();
+    barrier();
+    for (uint i = t; i < pc.head_dim_v; i += 256u) {
+        precise float acc = 0.0;
+        for (uint j = 0u; j < pc.n_kv; j++) {
+            precise float p = sc[sb + j] * vc[j * pc.v_stride + g * pc.head_dim_v + i];
+            acc = acc + p;
+        }
+        o[h * pc.head_dim_v + i] = acc;
+    }
+}

@@ -1,0 +1,39 @@
+#version 450
+// eltwise.comp - the element-wise ops: silu, gelu (tanh form), swiglu, add, mul,
+// each the formula of kernels/cpu/ops.c.
+layout(local_size_x = 256) in;
+layout(std430, binding = 0) readonly buffer A { float a[]; };
+layout(std430, binding = 1) readonly buffer B { float b[]; };
+layout(std430, binding = 2) writeonly buffer O { float o[]; };
+layout(push_constant) uniform P { uint n, op; } pc;
+
+const float GELU_COEF_A = 0.044715, SQRT_2_OVER_PI = 0.79788456080286535587989211986876;
+
+float tanh_safe(float v)   // GLSL tanh may overflow to NaN for large |v|
+{
+    if (abs(v) > 15.0)
+        return sign(v);
+    return tanh(v);
+}
+
+void main()
+{
+    uint i = gl_GlobalInvocationID.x;
+    if (i >= pc.n)
+        return;
+    float x = a[i];
+    precise float r;
+    if (pc.op == 0u) {
+        r = x / (1.0 + exp(-x));
+    } else if (pc.op == 1u) {
+        precise float in_ = SQRT_2_OVER_PI * x * (1.0 + GELU_COEF_A * x * x);
+        r = 0.5 * x * (1.0 + tanh_safe(in_));
+    } else if (pc.op == 2u) {
+        r = x / (1.0 + exp(-x)) * b[i];
+    } else if (pc.op == 3u) {
+        r = x + b[i];
+    } else {
+        r = x * b[i];
+    }
+    o[i] = r;
+}

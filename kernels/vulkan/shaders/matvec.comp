@@ -1,0 +1,200 @@
+#version 450
+// matvec.comp - y = W x for every stored type, reading the packed planes of
+// the container untouched (jlm-format.md 7). One invocation per row: the
+// planes put word w of sub-block s of row r at (s*W + w)*rows + r, so
+// neighbouring invocations read neighbouring words. The arithmetic is
+// kernels/cpu/matvec_ref.c's, operation for operation, with every float
+// `precise` (no contraction into FMA): quantized rows are bit-identical.
+layout(local_size_x = 64) in;
+
+layout(std430, binding = 0) readonly buffer Qs { uint qs[]; };
+layout(std430, binding = 1) readonly buffer Dp { uint dp[]; };
+layout(std430, binding = 2) readonly buffer Sc { uint scp[]; };
+layout(std430, binding = 3) readonly buffer Aq { uint aq[]; };     // int8 codes, 4 per word
+layout(std430, binding = 4) readonly buffer Ad { float ad[]; };
+layout(std430, binding = 5) readonly buffer As { uint as16[]; };   // int16 sums, 2 per word
+layout(std430, binding = 6) readonly buffer X  { float xf[]; };
+layout(std430, binding = 7) writeonly buffer Y { float y[]; };
+
+layout(push_constant) uniform P { uint k, rows; } pc;
+
+// The type and its traits are specialization constants: one pipeline per
+// stored type, so the driver compiles the type's branches and loop bounds
+// out (vk.c creates each on first use).
+layout(constant_id = 0) const uint TYPE = 1u;
+layout(constant_id = 1) const uint W = 1u;        // words per sub-block per row
+layout(constant_id = 2) const uint SUB = 32u;
+layout(constant_id = 3) const uint P1 = 0u;
+layout(constant_id = 4) const uint DSHARE = 1u;
+
+const uint T_F32 = 1u, T_F16 = 2u, T_Q4_0 = 3u, T_Q8_0 = 4u, T_Q3_K = 5u, T_Q4_K = 6u,
+           T_Q5_K = 7u, T_Q6_K = 8u, T_BF16 = 9u, T_Q5_0 = 10u, T_MXFP4 = 11u, T_Q5_1 = 12u;
+
+float fp16(uint h)   // exact, as jlm_k_fp16_to_f32
+{
+    uint sign = (h & 0x8000u) << 16, e = (h >> 10) & 0x1fu, man = h & 0x3ffu;
+    if (e == 0x1fu)
+        return uintBitsToFloat(sign | 0x7f800000u | (man << 13));
+    if (e == 0u) {
+        precise float f = float(man) * 5.9604644775390625e-8;   // 2^-24, exact
+        return sign != 0u ? -f : f;
+    }
+    return uintBitsToFloat(sign | ((e + 112u) << 23) | (man << 13));
+}
+
+int sum16(uint i) { return bitfieldExtract(int(as16[i / 2u]), int(16u * (i % 2u)), 16); }
+
+const int MXFP4_LUT[16] = int[16](12, 13, 14, 15, 16, 18, 20, 24, 12, 11, 10, 9, 8, 6, 4, 0);
+
+// sum_e code(e) * a[a0 + e] over sub-block s of row r: the sub-block's W
+// words are loaded once, codes taken from them four at a time (the byte
+// arithmetic of matvec_ref.c's ref_code; integers, so exact).
+int dot_sub(uint s, uint r, uint a0, bool lut)
+{
+    uint wd[W];
+    for (uint w = 0u; w < W; w++)
+        wd[w] = qs[(s * W + w) * pc.rows + r];
+    uint half_ = SUB / 2u, hi = P1, lanes = hi != 0u ? 8u / hi : 1u;
+    int acc = 0;
+    for (uint e4 = 0u; e4 < SUB; e4 += 4u) {
+        uint aw = aq[(a0 + e4) / 4u];
+        for (uint i = 0u; i < 4u; i++) {
+            uint e = e4 + i;
+            int q;
+            if (TYPE == T_Q8_0) {
+                q = bitfieldExtract(int(wd[e / 4u]), int(8u * (e % 4u)), 8);
+            } else {
+                uint j = e % half_;
+                uint b = (wd[j / 4u] >> (8u * (j % 4u))) & 0xffu;
+                q = int(e < half_ ? (b & 15u) : (b >> 4));
+                if (hi != 0u) {
+                    uint hj = half_ + ((e / 4u) / lanes) * 4u + i;
+                    uint hb = (wd[hj / 4u] >> (8u * (hj % 4u))) & 0xffu;
+                    q |= int((hb >> (hi * ((e / 4u) % lanes))) & ((1u << hi) - 1u)) << 4;
+                }
+                if (lut)
+                    q = MXFP4_LUT[q];
+            }
+            acc += q * bitfieldExtract(int(aw), int(8u * i), 8);
+        }
+    }
+    return acc;
+}
+
+uint dword(uint sb, uint r)
+{
+    uint S = DSHARE;
+    if (S == 1u)
+        return dp[sb * pc.rows + r];
+    uint wd = dp[sb * ((pc.rows + S - 1u) / S) + r / S];
+    uint bits = 32u / S;
+    return (wd >> (bits * (r % S))) & (S == 2u ? 0xffffu : 0xffu);
+}
+
+uint field6(uint sb, uint r, uint f)
+{
+    uint v = 0u;
+    for (uint b = 0u; b < 6u; b++) {
+        uint bit = 6u * f + b;
+        uint wd = scp[(sb * 3u + bit / 32u) * pc.rows + r];
+        v |= ((wd >> (bit % 32u)) & 1u) << b;
+    }
+    return v;
+}
+
+float row_sub32(uint r)
+{
+    precise float acc = 0.0;
+    for (uint s = 0u; s < pc.k / 32u; s++) {
+        int suma = sum16(2u * s) + sum16(2u * s + 1u);
+        float da = ad[s];
+        uint dw = dword(s, r);
+        if (TYPE == T_Q5_1) {
+            int dt = dot_sub(s, r, 32u * s, false);
+            float d = fp16(dw & 0xffffu), b = fp16(dw >> 16);
+            precise float t1 = (d * da) * float(dt);
+            precise float t2 = (b * da) * float(suma);
+            acc = acc + (t1 - t2);
+            continue;
+        }
+        int bias = TYPE == T_Q4_0 ? 8 : TYPE == T_Q5_0 ? 16 : TYPE == T_MXFP4 ? 12 : 0;
+        int isum = dot_sub(s, r, 32u * s, TYPE == T_MXFP4) - bias * suma;
+        float d = TYPE == T_MXFP4 ? uintBitsToFloat(dw << 23) : fp16(dw & 0xffffu);
+        precise float t = (d * da) * float(isum);
+        acc = acc + t;
+    }
+    return acc;
+}
+
+float row_k32(uint r)
+{
+    precise float acc = 0.0;
+    for (uint s = 0u; s < pc.k / 32u; s++) {
+        uint sb = s / 8u, j = s % 8u;
+        uint dw = dword(sb, r);
+        float d = fp16(dw & 0xffffu), dmin = fp16(dw >> 16);
+        int sc = int(field6(sb, r, 2u * j)), mn = int(field6(sb, r, 2u * j + 1u));
+        int dt = dot_sub(s, r, 32u * s, false);
+        int suma = sum16(2u * s) + sum16(2u * s + 1u);
+        precise float t1 = d * float(sc * dt);
+        precise float t2 = dmin * float(mn * suma);
+        precise float t = t1 - t2;
+        precise float u = ad[s] * t;
+        acc = acc + u;
+    }
+    return acc;
+}
+
+float row_k16(uint r)
+{
+    bool q3 = TYPE == T_Q3_K;
+    int off = q3 ? -32 : -128, bias = q3 ? 4 : 32;
+    precise float acc = 0.0;
+    for (uint b = 0u; b < pc.k / 32u; b++) {
+        float d = fp16(dword(b / 8u, r) & 0xffffu);
+        int isum = 0;
+        for (uint s = 2u * b; s < 2u * b + 2u; s++) {
+            int dt = dot_sub(s, r, 16u * s, false) - bias * sum16(s);
+            int scb = int((scp[(s / 4u) * pc.rows + r] >> (8u * (s % 4u))) & 0xffu);
+            isum += (scb + off) * dt;
+        }
+        precise float t = (d * ad[b]) * float(isum);
+        acc = acc + t;
+    }
+    return acc;
+}
+
+float half_at(uint i)   // element i of a u16 row-major plane
+{
+    uint h = (qs[i / 2u] >> (16u * (i % 2u))) & 0xffffu;
+    return TYPE == T_BF16 ? uintBitsToFloat(h << 16) : fp16(h);
+}
+
+float row_float(uint r)
+{
+    precise float acc = 0.0;
+    uint base = r * pc.k;
+    for (uint i = 0u; i < pc.k; i++) {
+        float wv = TYPE == T_F32 ? uintBitsToFloat(qs[base + i]) : half_at(base + i);
+        precise float t = wv * xf[i];
+        acc = acc + t;
+    }
+    return acc;
+}
+
+void main()
+{
+    uint r = gl_GlobalInvocationID.x;
+    if (r >= pc.rows)
+        return;
+    float v;
+    if (TYPE == T_F32 || TYPE == T_F16 || TYPE == T_BF16)
+        v = row_float(r);
+    else if (TYPE == T_Q4_K || TYPE == T_Q5_K)
+        v = row_k32(r);
+    else if (TYPE == T_Q3_K || TYPE == T_Q6_K)
+        v = row_k16(r);
+    else
+        v = row_sub32(r);
+    y[r] = v;
+}

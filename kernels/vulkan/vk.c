@@ -1,0 +1,600 @@
+/* vk.c - the Vulkan compute layer (vk.h): device choice, buffers, pipelines
+ * and synchronous dispatch. Without JLM_HAVE_VULKAN (no headers or no glslc at
+ * build time) every entry point reports "built without Vulkan". */
+#include "kernels/vulkan/vk.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#ifdef JLM_HAVE_VULKAN
+
+#include <vulkan/vulkan.h>
+
+/* ---------------------------------------------------------------- embedded SPIR-V */
+
+static const uint32_t SPV_MATVEC[] =
+#include "kernels/vulkan/matvec.spv.h"
+;
+static const uint32_t SPV_RMSNORM[] =
+#include "kernels/vulkan/rmsnorm.spv.h"
+;
+static const uint32_t SPV_SOFTMAX[] =
+#include "kernels/vulkan/softmax.spv.h"
+;
+static const uint32_t SPV_ELTWISE[] =
+#include "kernels/vulkan/eltwise.spv.h"
+;
+static const uint32_t SPV_ROPE[] =
+#include "kernels/vulkan/rope.spv.h"
+;
+static const uint32_t SPV_ATTENTION[] =
+#include "kernels/vulkan/attention.spv.h"
+;
+
+enum { K_MATVEC, K_RMSNORM, K_SOFTMAX, K_ELTWISE, K_ROPE, K_ATTENTION, K_COUNT };
+#define NBIND    8     /* every pipeline: bindings 0..7 (unused ones get a dummy) */
+#define PUSH_MAX 64
+
+static const struct { const uint32_t *code; size_t size; } SPV[K_COUNT] = {
+    [K_MATVEC] = {SPV_MATVEC, sizeof SPV_MATVEC},
+    [K_RMSNORM] = {SPV_RMSNORM, sizeof SPV_RMSNORM},
+    [K_SOFTMAX] = {SPV_SOFTMAX, sizeof SPV_SOFTMAX},
+    [K_ELTWISE] = {SPV_ELTWISE, sizeof SPV_ELTWISE},
+    [K_ROPE] = {SPV_ROPE, sizeof SPV_ROPE},
+    [K_ATTENTION] = {SPV_ATTENTION, sizeof SPV_ATTENTION},
+};
+
+struct jlm_vk_buf {
+    VkBuffer       buf;
+    VkDeviceMemory mem;
+    uint64_t       size;
+    void          *map;
+};
+
+struct jlm_vk {
+    VkInstance            inst;
+    VkPhysicalDevice      phys;
+    VkDevice              dev;
+    VkQueue               queue;
+    uint32_t              qfam;
+    VkPhysicalDeviceProperties props;
+    VkPhysicalDeviceMemoryProperties memprops;
+    VkDescriptorSetLayout dsl;
+    VkPipelineLayout      layout;
+    VkPipeline            pipe[K_COUNT];   /* pipe[K_MATVEC] unused: see mv */
+    VkPipeline            mv[JLM_T_COUNT]; /* matvec per stored type, made on first use */
+    VkDescriptorPool      pool;
+    VkCommandPool         cmdpool;
+    VkCommandBuffer       cmd;
+    VkFence               fence;
+    jlm_vk_buf           *dummy, *tmp;   /* dummy: unused bindings; tmp: small uploads */
+};
+
+static int vkfail(jlm_err *err, const char *what, VkResult r)
+{
+    return jlm_errf(err, r == VK_ERROR_OUT_OF_HOST_MEMORY || r == VK_ERROR_OUT_OF_DEVICE_MEMORY
+                             ? JLM_ENOMEM : JLM_EUNSUPPORTED,
+                    "vulkan: %s failed (VkResult %d)", what, (int)r);
+}
+
+int jlm_vk_built(void) { return 1; }
+
+/* ---------------------------------------------------------------- device choice */
+
+static int has_compute_queue(VkPhysicalDevice p, uint32_t *fam)
+{
+    uint32_t n = 0;
+    vkGetPhysicalDeviceQueueFamilyProperties(p, &n, NULL);
+    VkQueueFamilyProperties q[16];
+    if (n > 16)
+        n = 16;
+    vkGetPhysicalDeviceQueueFamilyProperties(p, &n, q);
+    for (uint32_t i = 0; i < n; i++)
+        if (q[i].queueFlags & VK_QUEUE_COMPUTE_BIT) {
+            *fam = i;
+            return 1;
+        }
+    return 0;
+}
+
+/* Index of the device named by want (index or name substring), or the first
+ * acceptable GPU; -1 with err set if none. */
+static int pick_device(VkPhysicalDevice *devs, uint32_t n, const char *want, int allow_cpu,
+                       jlm_err *err)
+{
+    char seen[512] = "";
+    for (uint32_t i = 0; i < n; i++) {
+        VkPhysicalDeviceProperties p;
+        vkGetPhysicalDeviceProperties(devs[i], &p);
+        size_t l = strlen(seen);
+        snprintf(seen + l, sizeof seen - l, "%s%u: %s", i ? ", " : "", i, p.deviceName);
+        if (want && *want) {
+            char *end;
+            unsigned long idx = strtoul(want, &end, 10);
+            if ((*end == 0 && idx == i) || (*end != 0 && strstr(p.deviceName, want)))
+                return (int)i;
+            continue;
+        }
+        if (p.deviceType != VK_PHYSICAL_DEVICE_TYPE_CPU || allow_cpu)
+            return (int)i;
+    }
+    if (want && *want)
+        jlm_errf(err, JLM_EUNSUPPORTED, "vulkan: no device matches '%s' (found %s)", want,
+                 n ? seen : "none");
+    else
+        jlm_errf(err, JLM_EUNSUPPORTED, "vulkan: no GPU device (found %s; a CPU device such as "
+                 "lavapipe is used only when named, e.g. JLM_VK_DEVICE=llvmpipe)", n ? seen : "none");
+    return -1;
+}
+
+static int open_instance(jlm_vk *vk, jlm_err *err)
+{
+    VkApplicationInfo app = {.sType = VK_STRUCTURE_TYPE_APPLICATION_INFO, .pApplicationName = "jlm",
+                             .apiVersion = VK_API_VERSION_1_1};
+    VkInstanceCreateInfo ci = {.sType = VK_STRUCTURE_TYPE_INSTANCE_CREATE_INFO, .pApplicationInfo = &app};
+    VkResult r = vkCreateInstance(&ci, NULL, &vk->inst);
+    if (r != VK_SUCCESS) {
+        vk->inst = VK_NULL_HANDLE;
+        return jlm_errf(err, JLM_EUNSUPPORTED, "vulkan: no loader or driver (vkCreateInstance: %d)", (int)r);
+    }
+    return JLM_OK;
+}
+
+static int open_device(jlm_vk *vk, const char *want, int allow_cpu, jlm_err *err)
+{
+    VkPhysicalDevice devs[16];
+    uint32_t n = 16;
+    if (vkEnumeratePhysicalDevices(vk->inst, &n, devs) < 0)
+        n = 0;
+    const char *env = getenv("JLM_VK_DEVICE");
+    int i = pick_device(devs, n, env && *env ? env : want, allow_cpu, err);
+    if (i < 0)
+        return JLM_EUNSUPPORTED;
+    vk->phys = devs[i];
+    vkGetPhysicalDeviceProperties(vk->phys, &vk->props);
+    vkGetPhysicalDeviceMemoryProperties(vk->phys, &vk->memprops);
+    if (!has_compute_queue(vk->phys, &vk->qfam))
+        return jlm_errf(err, JLM_EUNSUPPORTED, "vulkan: %s has no compute queue", vk->props.deviceName);
+    float prio = 1.0f;
+    VkDeviceQueueCreateInfo qi = {.sType = VK_STRUCTURE_TYPE_DEVICE_QUEUE_CREATE_INFO,
+                                  .queueFamilyIndex = vk->qfam, .queueCount = 1, .pQueuePriorities = &prio};
+    VkDeviceCreateInfo di = {.sType = VK_STRUCTURE_TYPE_DEVICE_CREATE_INFO, .queueCreateInfoCount = 1,
+                             .pQueueCreateInfos = &qi};
+    VkResult r = vkCreateDevice(vk->phys, &di, NULL, &vk->dev);
+    if (r != VK_SUCCESS) {
+        vk->dev = VK_NULL_HANDLE;
+        return vkfail(err, "vkCreateDevice", r);
+    }
+    vkGetDeviceQueue(vk->dev, vk->qfam, 0, &vk->queue);
+    return JLM_OK;
+}
+
+/* ---------------------------------------------------------------- pipelines */
+
+static int make_layout(jlm_vk *vk, jlm_err *err)
+{
+    VkDescriptorSetLayoutBinding b[NBIND];
+    for (int i = 0; i < NBIND; i++)
+        b[i] = (VkDescriptorSetLayoutBinding){.binding = (uint32_t)i, .descriptorCount = 1,
+                                              .descriptorType = VK_DESCRIPTOR_TYPE_STORAGE_BUFFER,
+                                              .stageFlags = VK_SHADER_STAGE_COMPUTE_BIT};
+    VkDescriptorSetLayoutCreateInfo dl = {.sType = VK_STRUCTURE_TYPE_DESCRIPTOR_SET_LAYOUT_CREATE_INFO,
+                                          .bindingCount = NBIND, .pBindings = b};
+    VkResult r = vkCreateDescriptorSetLayout(vk->dev, &dl, NULL, &vk->dsl);
+    if (r != VK_SUCCESS)
+        return vkfail(err, "vkCreateDescriptorSetLayout", r);
+    VkPushConstantRange pr = {.stageFlags = VK_SHADER_STAGE_COMPUTE_BIT, .size = PUSH_MAX};
+    VkPipelineLayoutCreateInfo pl = {.sType = VK_STRUCTURE_TYPE_PIPELINE_LAYOUT_CREATE_INFO,
+                                     .setLayoutCount = 1, .pSetLayouts = &vk->dsl,
+                                     .pushConstantRangeCount = 1, .pPushConstantRanges = &pr};
+    r = vkCreatePipelineLayout(vk->dev, &pl, NULL, &vk->layout);
+    return r == VK_SUCCESS ? JLM_OK : vkfail(err, "vkCreatePipelineLayout", r);
+}
+
+/* Pipeline of shader k; spec (5 words) sets its specialization constants 0..4. */
+static int make_pipeline_spec(jlm_vk *vk, int k, const uint32_t *spec, VkPipeline *out, jlm_err *err)
+{
+    VkShaderModuleCreateInfo mi = {.sType = VK_STRUCTURE_TYPE_SHADER_MODULE_CREATE_INFO,
+                                   .codeSize = SPV[k].size, .pCode = SPV[k].code};
+    VkShaderModule mod;
+    VkResult r = vkCreateShaderModule(vk->dev, &mi, NULL, &mod);
+    if (r != VK_SUCCESS)
+        return vkfail(err, "vkCreateShaderModule", r);
+    VkSpecializationMapEntry map[5];
+    for (uint32_t i = 0; i < 5; i++)
+        map[i] = (VkSpecializationMapEntry){.constantID = i, .offset = 4 * i, .size = 4};
+    VkSpecializationInfo si = {.mapEntryCount = 5, .pMapEntries = map, .dataSize = 20, .pData = spec};
+    VkComputePipelineCreateInfo ci = {
+        .sType = VK_STRUCTURE_TYPE_COMPUTE_PIPELINE_CREATE_INFO,
+        .stage = {.sType = VK_STRUCTURE_TYPE_PIPELINE_SHADER_STAGE_CREATE_INFO,
+                  .stage = VK_SHADER_STAGE_COMPUTE_BIT, .module = mod, .pName = "main",
+                  .pSpecializationInfo = spec ? &si : NULL},
+        .layout = vk->layout};
+    r = vkCreateComputePipelines(vk->dev, VK_NULL_HANDLE, 1, &ci, NULL, out);
+    vkDestroyShaderModule(vk->dev, mod, NULL);
+    return r == VK_SUCCESS ? JLM_OK : vkfail(err, "vkCreateComputePipelines", r);
+}
+
+static int make_submit_objects(jlm_vk *vk, jlm_err *err)
+{
+    VkDescriptorPoolSize ps = {.type = VK_DESCRIPTOR_TYPE_STORAGE_BUFFER, .descriptorCount = NBIND};
+    VkDescriptorPoolCreateInfo dp = {.sType = VK_STRUCTURE_TYPE_DESCRIPTOR_POOL_CREATE_INFO,
+                                     .maxSets = 1, .poolSizeCount = 1, .pPoolSizes = &ps};
+    VkResult r = vkCreateDescriptorPool(vk->dev, &dp, NULL, &vk->pool);
+    if (r != VK_SUCCESS)
+        return vkfail(err, "vkCreateDescriptorPool", r);
+    VkCommandPoolCreateInfo cp = {.sType = VK_STRUCTURE_TYPE_COMMAND_POOL_CREATE_INFO,
+                                  .flags = VK_COMMAND_POOL_CREATE_RESET_COMMAND_BUFFER_BIT,
+                                  .queueFamilyIndex = vk->qfam};
+    if ((r = vkCreateCommandPool(vk->dev, &cp, NULL, &vk->cmdpool)) != VK_SUCCESS)
+        return vkfail(err, "vkCreateCommandPool", r);
+    VkCommandBufferAllocateInfo ca = {.sType = VK_STRUCTURE_TYPE_COMMAND_BUFFER_ALLOCATE_INFO,
+                                      .commandPool = vk->cmdpool, .level = VK_COMMAND_BUFFER_LEVEL_PRIMARY,
+                                      .commandBufferCount = 1};
+    if ((r = vkAllocateCommandBuffers(vk->dev, &ca, &vk->cmd)) != VK_SUCCESS)
+        return vkfail(err, "vkAllocateCommandBuffers", r);
+    VkFenceCreateInfo fi = {.sType = VK_STRUCTURE_TYPE_FENCE_CREATE_INFO};
+    if ((r = vkCreateFence(vk->dev, &fi, NULL, &vk->fence)) != VK_SUCCESS)
+        return vkfail(err, "vkCreateFence", r);
+    return jlm_vk_buf_new(vk, 256, &vk->dummy, err);
+}
+
+int jlm_vk_open(const char *want, int allow_cpu, jlm_vk **out, jlm_err *err)
+{
+    jlm_vk *vk = calloc(1, sizeof *vk);
+    if (!vk)
+        return jlm_errf(err, JLM_ENOMEM, "vulkan: out of memory");
+    int rc = open_instance(vk, err);
+    if (!rc)
+        rc = open_device(vk, want, allow_cpu, err);
+    if (!rc)
+        rc = make_layout(vk, err);
+    for (int k = 0; !rc && k < K_COUNT; k++)
+        if (k != K_MATVEC)
+            rc = make_pipeline_spec(vk, k, NULL, &vk->pipe[k], err);
+    if (!rc)
+        rc = make_submit_objects(vk, err);
+    if (rc) {
+        jlm_vk_close(vk);
+        return rc;
+    }
+    *out = vk;
+    return JLM_OK;
+}
+
+void jlm_vk_close(jlm_vk *vk)
+{
+    if (!vk)
+        return;
+    if (vk->dev) {
+        vkDeviceWaitIdle(vk->dev);
+        jlm_vk_buf_free(vk, vk->dummy);
+        jlm_vk_buf_free(vk, vk->tmp);
+        if (vk->fence)
+            vkDestroyFence(vk->dev, vk->fence, NULL);
+        if (vk->cmdpool)
+            vkDestroyCommandPool(vk->dev, vk->cmdpool, NULL);
+        if (vk->pool)
+            vkDestroyDescriptorPool(vk->dev, vk->pool, NULL);
+        for (int k = 0; k < K_COUNT; k++)
+            if (vk->pipe[k])
+                vkDestroyPipeline(vk->dev, vk->pipe[k], NULL);
+        for (int t = 0; t < JLM_T_COUNT; t++)
+            if (vk->mv[t])
+                vkDestroyPipeline(vk->dev, vk->mv[t], NULL);
+        if (vk->layout)
+            vkDestroyPipelineLayout(vk->dev, vk->layout, NULL);
+        if (vk->dsl)
+            vkDestroyDescriptorSetLayout(vk->dev, vk->dsl, NULL);
+        vkDestroyDevice(vk->dev, NULL);
+    }
+    if (vk->inst)
+        vkDestroyInstance(vk->inst, NULL);
+    free(vk);
+}
+
+const char *jlm_vk_device_name(const jlm_vk *vk) { return vk->props.deviceName; }
+int jlm_vk_device_is_cpu(const jlm_vk *vk) { return vk->props.deviceType == VK_PHYSICAL_DEVICE_TYPE_CPU; }
+uint64_t jlm_vk_max_binding(const jlm_vk *vk) { return vk->props.limits.maxStorageBufferRange; }
+
+/* ---------------------------------------------------------------- buffers */
+
+static int mem_type(const jlm_vk *vk, uint32_t bits, VkMemoryPropertyFlags want)
+{
+    for (uint32_t i = 0; i < vk->memprops.memoryTypeCount; i++)
+        if ((bits & (1u << i)) && (vk->memprops.memoryTypes[i].propertyFlags & want) == want)
+            return (int)i;
+    return -1;
+}
+
+int jlm_vk_buf_new(jlm_vk *vk, uint64_t bytes, jlm_vk_buf **out, jlm_err *err)
+{
+    jlm_vk_buf *b = calloc(1, sizeof *b);
+    if (!b)
+        return jlm_errf(err, JLM_ENOMEM, "vulkan: out of memory");
+    b->size = (bytes + 3) & ~(uint64_t)3;
+    if (!b->size)
+        b->size = 4;
+    VkBufferCreateInfo bi = {.sType = VK_STRUCTURE_TYPE_BUFFER_CREATE_INFO, .size = b->size,
+                             .usage = VK_BUFFER_USAGE_STORAGE_BUFFER_BIT,
+                             .sharingMode = VK_SHARING_MODE_EXCLUSIVE};
+    VkResult r = vkCreateBuffer(vk->dev, &bi, NULL, &b->buf);
+    if (r != VK_SUCCESS) {
+        free(b);
+        return vkfail(err, "vkCreateBuffer", r);
+    }
+    VkMemoryRequirements req;
+    vkGetBufferMemoryRequirements(vk->dev, b->buf, &req);
+    int mt = mem_type(vk, req.memoryTypeBits,
+                      VK_MEMORY_PROPERTY_HOST_VISIBLE_BIT | VK_MEMORY_PROPERTY_HOST_COHERENT_BIT);
+    VkMemoryAllocateInfo ai = {.sType = VK_STRUCTURE_TYPE_MEMORY_ALLOCATE_INFO,
+                               .allocationSize = req.size, .memoryTypeIndex = (uint32_t)mt};
+    if (mt < 0 || (r = vkAllocateMemory(vk->dev, &ai, NULL, &b->mem)) != VK_SUCCESS ||
+        (r = vkBindBufferMemory(vk->dev, b->buf, b->mem, 0)) != VK_SUCCESS ||
+        (r = vkMapMemory(vk->dev, b->mem, 0, VK_WHOLE_SIZE, 0, &b->map)) != VK_SUCCESS) {
+        jlm_vk_buf_free(vk, b);
+        return mt < 0 ? jlm_errf(err, JLM_EUNSUPPORTED, "vulkan: no host-visible memory type")
+                      : vkfail(err, "buffer memory", r);
+    }
+    memset(b->map, 0, b->size);
+    *out = b;
+    return JLM_OK;
+}
+
+void jlm_vk_buf_free(jlm_vk *vk, jlm_vk_buf *b)
+{
+    if (!b)
+        return;
+    if (b->map)
+        vkUnmapMemory(vk->dev, b->mem);
+    if (b->buf)
+        vkDestroyBuffer(vk->dev, b->buf, NULL);
+    if (b->mem)
+        vkFreeMemory(vk->dev, b->mem, NULL);
+    free(b);
+}
+
+void *jlm_vk_buf_map(jlm_vk_buf *b) { return b->map; }
+uint64_t jlm_vk_buf_size(const jlm_vk_buf *b) { return b->size; }
+
+int jlm_vk_buf_upload(jlm_vk *vk, const void *src, uint64_t n, jlm_vk_buf **out, jlm_err *err)
+{
+    int rc = jlm_vk_buf_new(vk, n, out, err);
+    if (!rc && n)
+        memcpy((*out)->map, src, n);
+    return rc;
+}
+
+/* ---------------------------------------------------------------- dispatch */
+
+static int view_check(const jlm_vk *vk, const jlm_vk_view *v, int i, jlm_err *err)
+{
+    uint64_t len = v->len ? v->len : v->buf->size - (v->off < v->buf->size ? v->off : v->buf->size);
+    if (v->off > v->buf->size || len > v->buf->size - v->off || len == 0)
+        return jlm_errf(err, JLM_EINVAL, "vulkan: binding %d: range %llu+%llu outside its buffer of %llu",
+                        i, (unsigned long long)v->off, (unsigned long long)len,
+                        (unsigned long long)v->buf->size);
+    if (len > vk->props.limits.maxStorageBufferRange)
+        return jlm_errf(err, JLM_EINVAL, "vulkan: binding %d: %llu bytes exceed maxStorageBufferRange %u",
+                        i, (unsigned long long)len, vk->props.limits.maxStorageBufferRange);
+    if (v->off % vk->props.limits.minStorageBufferOffsetAlignment)
+        return jlm_errf(err, JLM_EINVAL, "vulkan: binding %d: offset %llu not a multiple of %llu", i,
+                        (unsigned long long)v->off,
+                        (unsigned long long)vk->props.limits.minStorageBufferOffsetAlignment);
+    return JLM_OK;
+}
+
+/* Binds views (buf NULL: the dummy), pushes, dispatches gx x gy groups and
+ * waits. */
+static int dispatch(jlm_vk *vk, VkPipeline pipe, const jlm_vk_view *views, int nview, const void *push,
+                    uint32_t push_size, uint32_t gx, jlm_err *err)
+{
+    VkDescriptorBufferInfo bi[NBIND];
+    VkWriteDescriptorSet w[NBIND];
+    for (int i = 0; i < NBIND; i++) {
+        jlm_vk_view v = i < nview && views[i].buf ? views[i] : (jlm_vk_view){vk->dummy, 0, 0};
+        int rc = view_check(vk, &v, i, err);
+        if (rc)
+            return rc;
+        bi[i] = (VkDescriptorBufferInfo){v.buf->buf, v.off, v.len ? v.len : VK_WHOLE_SIZE};
+        w[i] = (VkWriteDescriptorSet){.sType = VK_STRUCTURE_TYPE_WRITE_DESCRIPTOR_SET, .dstBinding = (uint32_t)i,
+                                      .descriptorCount = 1, .descriptorType = VK_DESCRIPTOR_TYPE_STORAGE_BUFFER,
+                                      .pBufferInfo = &bi[i]};
+    }
+    vkResetDescriptorPool(vk->dev, vk->pool, 0);
+    VkDescriptorSet set;
+    VkDescriptorSetAllocateInfo ai = {.sType = VK_STRUCTURE_TYPE_DESCRIPTOR_SET_ALLOCATE_INFO,
+                                      .descriptorPool = vk->pool, .descriptorSetCount = 1, .pSetLayouts = &vk->dsl};
+    VkResult r = vkAllocateDescriptorSets(vk->dev, &ai, &set);
+    if (r != VK_SUCCESS)
+        return vkfail(err, "vkAllocateDescriptorSets", r);
+    for (int i = 0; i < NBIND; i++)
+        w[i].dstSet = set;
+    vkUpdateDescriptorSets(vk->dev, NBIND, w, 0, NULL);
+
+    VkCommandBufferBeginInfo cb = {.sType = VK_STRUCTURE_TYPE_COMMAND_BUFFER_BEGIN_INFO,
+                                   .flags = VK_COMMAND_BUFFER_USAGE_ONE_TIME_SUBMIT_BIT};
+    vkResetCommandBuffer(vk->cmd, 0);
+    vkBeginCommandBuffer(vk->cmd, &cb);
+    vkCmdBindPipeline(vk->cmd, VK_PIPELINE_BIND_POINT_COMPUTE, pipe);
+    vkCmdBindDescriptorSets(vk->cmd, VK_PIPELINE_BIND_POINT_COMPUTE, vk->layout, 0, 1, &set, 0, NULL);
+    uint8_t pbuf[PUSH_MAX] = {0};
+    memcpy(pbuf, push, push_size);
+    vkCmdPushConstants(vk->cmd, vk->layout, VK_SHADER_STAGE_COMPUTE_BIT, 0, PUSH_MAX, pbuf);
+    vkCmdDispatch(vk->cmd, gx, 1, 1);
+    VkMemoryBarrier mb = {.sType = VK_STRUCTURE_TYPE_MEMORY_BARRIER, .srcAccessMask = VK_ACCESS_SHADER_WRITE_BIT,
+                          .dstAccessMask = VK_ACCESS_HOST_READ_BIT};
+    vkCmdPipelineBarrier(vk->cmd, VK_PIPELINE_STAGE_COMPUTE_SHADER_BIT, VK_PIPELINE_STAGE_HOST_BIT, 0,
+                         1, &mb, 0, NULL, 0, NULL);
+    vkEndCommandBuffer(vk->cmd);
+    VkSubmitInfo si = {.sType = VK_STRUCTURE_TYPE_SUBMIT_INFO, .commandBufferCount = 1,
+                       .pCommandBuffers = &vk->cmd};
+    vkResetFences(vk->dev, 1, &vk->fence);
+    if ((r = vkQueueSubmit(vk->queue, 1, &si, vk->fence)) != VK_SUCCESS)
+        return vkfail(err, "vkQueueSubmit", r);
+    if ((r = vkWaitForFences(vk->dev, 1, &vk->fence, VK_TRUE, UINT64_MAX)) != VK_SUCCESS)
+        return vkfail(err, "vkWaitForFences", r);
+    return JLM_OK;
+}
+
+/* A scratch buffer of at least n bytes holding src (small per-call uploads:
+ * rope's cos/sin, attention's mask and sinks). */
+static int tmp_upload(jlm_vk *vk, const void *src, uint64_t n, uint64_t off, jlm_err *err)
+{
+    if (!vk->tmp || vk->tmp->size < off + n) {
+        jlm_vk_buf *nb;
+        int rc = jlm_vk_buf_new(vk, (off + n) * 2, &nb, err);
+        if (rc)
+            return rc;
+        if (vk->tmp)
+            memcpy(nb->map, vk->tmp->map, vk->tmp->size);
+        jlm_vk_buf_free(vk, vk->tmp);
+        vk->tmp = nb;
+    }
+    memcpy((uint8_t *)vk->tmp->map + off, src, n);
+    return JLM_OK;
+}
+
+static uint32_t groups(uint64_t n, uint32_t per) { return (uint32_t)((n + per - 1) / per); }
+
+/* ---------------------------------------------------------------- kernels */
+
+int jlm_vk_matvec(jlm_vk *vk, const jlm_vk_mat *m, jlm_vk_view x, const jlm_vk_act *xq,
+                  jlm_vk_view y, jlm_err *err)
+{
+    const jlm_type_traits *t = jlm_fmt_type_traits(m->type);
+    jlm_k_mat chk = {m->type, m->k, m->rows, m->qs.buf, m->d.buf, m->sc.buf};
+    int rc = jlm_k_mat_check(&chk, err);
+    if (rc)
+        return rc;
+    if (m->rows > UINT32_MAX || m->k > UINT32_MAX || (!t->is_float && (!xq || xq->k != m->k)) ||
+        (t->is_float && !x.buf) || !y.buf)
+        return jlm_errf(err, JLM_EINVAL, "vulkan matvec %s: bad operands (k %llu, rows %llu)", t->name,
+                        (unsigned long long)m->k, (unsigned long long)m->rows);
+    jlm_vk_view v[8] = {m->qs, m->d, m->sc};
+    if (xq) {
+        v[3] = xq->q;
+        v[4] = xq->d;
+        v[5] = xq->sum16;
+    }
+    v[6] = x;
+    v[7] = y;
+    if (!vk->mv[m->type]) {
+        uint32_t spec[5] = {m->type, t->w ? t->w : 1, t->sub, t->p1, t->d_share};
+        if ((rc = make_pipeline_spec(vk, K_MATVEC, spec, &vk->mv[m->type], err)))
+            return rc;
+    }
+    uint32_t push[2] = {(uint32_t)m->k, (uint32_t)m->rows};
+    return dispatch(vk, vk->mv[m->type], v, 8, push, sizeof push, groups(m->rows, 64), err);
+}
+
+int jlm_vk_rmsnorm(jlm_vk *vk, jlm_vk_view out, jlm_vk_view x, jlm_vk_view w, uint32_t n,
+                   float eps, jlm_err *err)
+{
+    struct { uint32_t n, has_w; float eps; } p = {n, w.buf != NULL, eps};
+    jlm_vk_view v[3] = {x, w, out};
+    return dispatch(vk, vk->pipe[K_RMSNORM], v, 3, &p, sizeof p, 1, err);
+}
+
+int jlm_vk_softmax(jlm_vk *vk, jlm_vk_view x, uint32_t n, uint32_t rows, jlm_err *err)
+{
+    uint32_t p = n;
+    return dispatch(vk, vk->pipe[K_SOFTMAX], &x, 1, &p, sizeof p, rows, err);
+}
+
+int jlm_vk_eltwise(jlm_vk *vk, int op, jlm_vk_view out, jlm_vk_view a, jlm_vk_view b,
+                   uint32_t n, jlm_err *err)
+{
+    if (op < JLM_VK_SILU || op > JLM_VK_MUL)
+        return jlm_errf(err, JLM_EINVAL, "vulkan: unknown element-wise op %d", op);
+    uint32_t p[2] = {n, (uint32_t)op};
+    jlm_vk_view v[3] = {a, b, out};
+    return dispatch(vk, vk->pipe[K_ELTWISE], v, 3, p, sizeof p, groups(n, 256), err);
+}
+
+int jlm_vk_rope(jlm_vk *vk, const jlm_k_rope *p, jlm_vk_view x, uint32_t n_head,
+                uint32_t head_dim, int64_t pos, jlm_err *err)
+{
+    if (p->n_rot == 0 || p->n_rot % 2 || p->n_rot > head_dim)
+        return jlm_errf(err, JLM_EINVAL, "vulkan rope: n_rot %u not even and <= head dim %u",
+                        p->n_rot, head_dim);
+    float *cs = malloc(sizeof(float) * p->n_rot);
+    if (!cs)
+        return jlm_errf(err, JLM_ENOMEM, "vulkan rope: out of memory");
+    jlm_k_rope_cos_sin(p, pos, cs);
+    int rc = tmp_upload(vk, cs, sizeof(float) * p->n_rot, 0, err);
+    free(cs);
+    if (rc)
+        return rc;
+    uint32_t push[4] = {p->n_rot, (uint32_t)(p->neox != 0), n_head, head_dim};
+    jlm_vk_view v[2] = {x, {vk->tmp, 0, sizeof(float) * p->n_rot}};
+    return dispatch(vk, vk->pipe[K_ROPE], v, 2, push, sizeof push, groups((uint64_t)p->n_rot / 2 * n_head, 64), err);
+}
+
+int jlm_vk_attention(jlm_vk *vk, const jlm_k_attn *p, uint32_t n_head, uint32_t n_kv_head,
+                     jlm_vk_view q, jlm_vk_view k, jlm_vk_view v, uint64_t n_kv,
+                     const float *sinks, jlm_vk_view scratch, jlm_vk_view out, jlm_err *err)
+{
+    if (!n_head || !n_kv_head || n_head % n_kv_head || !n_kv || n_kv > UINT32_MAX ||
+        p->k_stride > UINT32_MAX || p->v_stride > UINT32_MAX)
+        return jlm_errf(err, JLM_EINVAL, "vulkan attention: bad shape (heads %u/%u, n_kv %llu)",
+                        n_head, n_kv_head, (unsigned long long)n_kv);
+    uint64_t align = vk->props.limits.minStorageBufferOffsetAlignment;
+    uint64_t mask_bytes = p->mask ? n_kv * 4 : 0, sink_off = (mask_bytes + align - 1) / align * align;
+    int rc = p->mask ? tmp_upload(vk, p->mask, mask_bytes, 0, err) : 0;
+    if (!rc && sinks)
+        rc = tmp_upload(vk, sinks, (uint64_t)n_head * 4, sink_off, err);
+    if (rc)
+        return rc;
+    struct {
+        uint32_t head_dim, head_dim_v, k_stride, v_stride, n_kv, group, has_mask, has_sink;
+        float scale, softcap;
+    } pc = {p->head_dim, p->head_dim_v, (uint32_t)p->k_stride, (uint32_t)p->v_stride, (uint32_t)n_kv,
+            n_head / n_kv_head, p->mask != NULL, sinks != NULL, p->scale, p->softcap};
+    jlm_vk_view b[7] = {q, k, v, {p->mask ? vk->tmp : NULL, 0, mask_bytes},
+                        {sinks ? vk->tmp : NULL, sink_off, (uint64_t)n_head * 4}, scratch, out};
+    return dispatch(vk, vk->pipe[K_ATTENTION], b, 7, &pc, sizeof pc, n_head, err);
+}
+
+#else /* !JLM_HAVE_VULKAN */
+
+struct jlm_vk_buf { int unused; };
+struct jlm_vk { int unused; };
+
+static int none(jlm_err *err)
+{
+    return jlm_errf(err, JLM_EUNSUPPORTED, "vulkan: built without Vulkan (no headers or glslc at build time)");
+}
+
+int jlm_vk_built(void) { return 0; }
+int jlm_vk_open(const char *want, int allow_cpu, jlm_vk **out, jlm_err *err) { return none(err); }
+void jlm_vk_close(jlm_vk *vk) {}
+const char *jlm_vk_device_name(const jlm_vk *vk) { return "none"; }
+int jlm_vk_device_is_cpu(const jlm_vk *vk) { return 0; }
+uint64_t jlm_vk_max_binding(const jlm_vk *vk) { return 0; }
+int jlm_vk_buf_new(jlm_vk *vk, uint64_t bytes, jlm_vk_buf **out, jlm_err *err) { return none(err); }
+void jlm_vk_buf_free(jlm_vk *vk, jlm_vk_buf *b) {}
+void *jlm_vk_buf_map(jlm_vk_buf *b) { return NULL; }
+uint64_t jlm_vk_buf_size(const jlm_vk_buf *b) { return 0; }
+int jlm_vk_buf_upload(jlm_vk *vk, const void *src, uint64_t n, jlm_vk_buf **out, jlm_err *err)
+{
+    return none(err);
+}
+int jlm_vk_matvec(jlm_vk *vk, const jlm_vk_mat *m, jlm_vk_view x, const jlm_vk_act *xq,
+                  jlm_vk_view y, jlm_err *err) { return none(err); }
+int jlm_vk_rmsnorm(jlm_vk *vk, jlm_vk_view out, jlm_vk_view x, jlm_vk_view w, uint32_t n,
+                   float eps, jlm_err *err) { return none(err); }
+int jlm_vk_softmax(jlm_vk *vk, jlm_vk_view x, uint32_t n, uint32_t rows, jlm_err *err) { return none(err); }
+int jlm_vk_eltwise(jlm_vk *vk, int op, jlm_vk_view out, jlm_vk_view a, jlm_vk_view b,
+                   uint32_t n, jlm_err *err) { return none(err); }
+int jlm_vk_rope(jlm_vk *vk, const jlm_k_rope *p, jlm_vk_view x, uint32_t n_head,
+                uint32_t head_dim, int64_t pos, jlm_err *err) { return none(err); }
+int jlm_vk_attention(jlm_vk *vk, const jlm_k_attn *p, uint32_t n_head, uint32_t n_kv_head,
+                     jlm_vk_view q, jlm_vk_view k, jlm_vk_view v, uint64_t n_kv,
+                     const float *sinks, jlm_vk_view scratch, jlm_vk_view out, jlm_err *err)
+{
+    return none(err);
+}
+
+#endif

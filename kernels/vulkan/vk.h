@@ -1,0 +1,117 @@
+/* vk.h - the Vulkan compute layer: one device, storage buffers, and the
+ * shaders of kernels/vulkan/shaders/ (SPIR-V compiled by glslc at build time
+ * and embedded in the library).
+ *
+ * Owns: instance and device choice, buffer memory, one pipeline per shader,
+ * and a synchronous dispatch (record, submit, wait). Knows nothing of files,
+ * pages or models; uses only format/'s layout header and kernels/cpu's
+ * operand types, so every kernel here has its CPU twin in kernels/cpu/.
+ *
+ * Device choice (jlm_vk_open): the env var JLM_VK_DEVICE, or the `want`
+ * argument, names a device by index ("0") or by a substring of its name
+ * ("llvmpipe"). Without a name the first discrete, integrated or virtual GPU
+ * is taken; a device of type CPU (lavapipe/llvmpipe, a software rasterizer)
+ * is never picked silently: only when named, or when allow_cpu is set (the
+ * tests do, so CI exercises the shaders on lavapipe).
+ *
+ * Built without Vulkan (no headers, no glslc: `make` says so) every entry
+ * point fails with JLM_EUNSUPPORTED and the message "built without Vulkan".
+ *
+ * Matvec reads the container's packed planes untouched (jlm-format.md 7):
+ * the caller uploads the qs/d/sc bytes as they are on disk into buffers (or
+ * binds ranges of one buffer); no repacking, no dequantized copy. The math is
+ * jlm_k_matvec_ref's, in the same f32 operations and order, no fused
+ * multiply-add (SPIR-V NoContraction), so quantized results are bit-identical
+ * to the CPU reference (docs/vulkan.md).
+ *
+ * Thread safety: one jlm_vk per thread; calls on one jlm_vk are serialized by
+ * the caller. Memory: buffers belong to the caller until jlm_vk_buf_free.
+ */
+#ifndef JLM_VK_H
+#define JLM_VK_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "base/jlm_err.h"
+#include "kernels/cpu/kernels.h"
+
+typedef struct jlm_vk jlm_vk;
+typedef struct jlm_vk_buf jlm_vk_buf;
+
+/* 1 when the library was built with the Vulkan backend. */
+int jlm_vk_built(void);
+
+/* Opens a device (see the header comment). JLM_EUNSUPPORTED: no loader, no
+ * device, or no acceptable device (message names what was found). */
+int jlm_vk_open(const char *want, int allow_cpu, jlm_vk **out, jlm_err *err);
+void jlm_vk_close(jlm_vk *vk);
+const char *jlm_vk_device_name(const jlm_vk *vk);
+int jlm_vk_device_is_cpu(const jlm_vk *vk);
+/* maxStorageBufferRange: the most bytes one binding may cover (128 MiB on lavapipe). */
+uint64_t jlm_vk_max_binding(const jlm_vk *vk);
+
+/* A host-visible storage buffer of `bytes` (rounded up to 4). */
+int jlm_vk_buf_new(jlm_vk *vk, uint64_t bytes, jlm_vk_buf **out, jlm_err *err);
+void jlm_vk_buf_free(jlm_vk *vk, jlm_vk_buf *b);
+void *jlm_vk_buf_map(jlm_vk_buf *b);      /* persistent mapping, coherent */
+uint64_t jlm_vk_buf_size(const jlm_vk_buf *b);
+/* A buffer holding a copy of bytes [0, n) of src (the upload path). */
+int jlm_vk_buf_upload(jlm_vk *vk, const void *src, uint64_t n, jlm_vk_buf **out, jlm_err *err);
+
+/* A binding: a range of a buffer. len 0 = to the end of the buffer. */
+typedef struct jlm_vk_view {
+    jlm_vk_buf *buf;
+    uint64_t    off, len;
+} jlm_vk_view;
+
+/* ---------------------------------------------------------------- kernels */
+
+/* A packed sheet on the device: the planes of a jlm_k_mat, each a view. */
+typedef struct jlm_vk_mat {
+    uint8_t     type;
+    uint64_t    k, rows;
+    jlm_vk_view qs, d, sc;   /* d, sc: buf NULL where the type has none */
+} jlm_vk_mat;
+
+/* Quantized activations on the device, laid out as jlm_act_q8: q (k bytes),
+ * d (k/32 floats), sum16 (k/16 int16). */
+typedef struct jlm_vk_act {
+    uint64_t    k;
+    jlm_vk_view q, d, sum16;
+} jlm_vk_act;
+
+/* y[r] for r in [0, rows): float types read x (k floats), quantized types
+ * read xq. JLM_EINVAL for a bad shape or a view past its buffer or past
+ * maxStorageBufferRange. */
+int jlm_vk_matvec(jlm_vk *vk, const jlm_vk_mat *m, jlm_vk_view x, const jlm_vk_act *xq,
+                  jlm_vk_view y, jlm_err *err);
+
+/* out = x / sqrt(mean(x^2) + eps) * w; w.buf NULL: no weight. n floats. */
+int jlm_vk_rmsnorm(jlm_vk *vk, jlm_vk_view out, jlm_vk_view x, jlm_vk_view w, uint32_t n,
+                   float eps, jlm_err *err);
+/* In place, over `rows` rows of n floats each. */
+int jlm_vk_softmax(jlm_vk *vk, jlm_vk_view x, uint32_t n, uint32_t rows, jlm_err *err);
+
+enum jlm_vk_ew { JLM_VK_SILU = 0, JLM_VK_GELU = 1, JLM_VK_SWIGLU = 2, JLM_VK_ADD = 3,
+                 JLM_VK_MUL = 4 };
+/* out = op(a) or op(a, b) (SWIGLU: a gate, b up). b unused for one-input ops. */
+int jlm_vk_eltwise(jlm_vk *vk, int op, jlm_vk_view out, jlm_vk_view a, jlm_vk_view b,
+                   uint32_t n, jlm_err *err);
+
+/* RoPE at one position, in place on n_head heads of head_dim floats. The
+ * cos/sin of each pair come from jlm_k_rope_cos_sin (the CPU's own theta, YaRN
+ * included), so the rotation is bit-identical to jlm_k_rope_apply. */
+int jlm_vk_rope(jlm_vk *vk, const jlm_k_rope *p, jlm_vk_view x, uint32_t n_head,
+                uint32_t head_dim, int64_t pos, jlm_err *err);
+
+/* Single-token attention with GQA: n_head query heads (q: n_head*head_dim),
+ * kv head of query head h is h / (n_head / n_kv_head). k: n_kv positions of
+ * k_stride floats (kv head g at g*head_dim); v likewise. scratch: n_head*n_kv
+ * floats (probabilities on return). out: n_head*head_dim_v. p->mask, if set,
+ * is uploaded; sinks (n_head floats) or NULL. */
+int jlm_vk_attention(jlm_vk *vk, const jlm_k_attn *p, uint32_t n_head, uint32_t n_kv_head,
+                     jlm_vk_view q, jlm_vk_view k, jlm_vk_view v, uint64_t n_kv,
+                     const float *sinks, jlm_vk_view scratch, jlm_vk_view out, jlm_err *err);
+
+#endif

@@ -1,0 +1,538 @@
+/* test_vulkan.c - suite `vulkan`: every shader of kernels/vulkan/ against its
+ * CPU twin in kernels/cpu/ on random data and edge shapes (rows not a multiple
+ * of the d-word group, odd column counts, zeros, NaN/Inf, large values).
+ * Tolerances are stated where each check is made and justified in
+ * docs/vulkan.md. Without a Vulkan device (or built without Vulkan) each test
+ * skips with one line. Lavapipe counts: the tests name it (allow_cpu). */
+#include <criterion/criterion.h>
+
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <jansson.h>
+
+#include "engine/model.h"
+#include "kernels/cpu/kernels.h"
+#include "kernels/vulkan/vk.h"
+#include "tests/kernel_fixture.h"
+#include "tests/testutil.h"
+
+/* ---------------------------------------------------------------- helpers */
+
+static jlm_vk *open_or_skip(void)
+{
+    jlm_vk *vk = NULL;
+    jlm_err err = {0};
+    if (jlm_vk_open(NULL, 1, &vk, &err) != 0)
+        cr_skip_test("%s", err.msg);
+    return vk;
+}
+
+static jlm_vk_buf *up(jlm_vk *vk, const void *src, uint64_t n)
+{
+    jlm_vk_buf *b = NULL;
+    jlm_err err = {0};
+    cr_assert(jlm_vk_buf_upload(vk, src, n, &b, &err) == 0, "%s", err.msg);
+    return b;
+}
+
+static jlm_vk_view whole(jlm_vk_buf *b) { return (jlm_vk_view){b, 0, 0}; }
+static const float *fmap(jlm_vk_buf *b) { return jlm_vk_buf_map(b); }
+
+/* Same bits, or both NaN (payloads may differ). */
+static int same(float a, float b)
+{
+    return (isnan(a) && isnan(b)) || memcmp(&a, &b, 4) == 0;
+}
+
+/* ---------------------------------------------------------------- matvec */
+
+static const uint8_t TYPES[] = {JLM_T_F32, JLM_T_F16, JLM_T_BF16, JLM_T_Q4_0, JLM_T_Q8_0,
+                                JLM_T_Q5_0, JLM_T_Q5_1, JLM_T_MXFP4, JLM_T_Q3_K, JLM_T_Q4_K,
+                                JLM_T_Q5_K, JLM_T_Q6_K};
+
+/* Flavour 5: NaN and Inf among the activations; 6: an Inf scale (float
+ * types: an Inf weight) in row 0. */
+static void poison(tmat *t, float *x, uint64_t k, int flavour)
+{
+    const jlm_type_traits *tr = jlm_fmt_type_traits(t->m.type);
+    if (flavour == 5) {
+        x[k / 3] = NAN;
+        x[k - 1] = -INFINITY;
+    } else if (flavour == 6 && tr->is_float) {
+        if (t->m.type == JLM_T_F32)
+            ((float *)t->qs)[0] = INFINITY;
+        else
+            ((uint16_t *)t->qs)[0] = t->m.type == JLM_T_F16 ? 0x7c00 : 0x7f80;
+    } else if (flavour == 6) {
+        t->d[0] = tr->d_share == 4 ? (t->d[0] | 0xffu) : ((t->d[0] & 0xffff0000u) | 0x7c00u);
+    }
+}
+
+/* One (type, k, rows, flavour): the shader's y against jlm_k_matvec_ref's,
+ * bit for bit (NaN matches NaN). Returns the number of rows compared. */
+static uint64_t check_matvec(jlm_vk *vk, uint8_t type, uint64_t k, uint64_t rows, int flavour,
+                             uint64_t *seed)
+{
+    const jlm_type_traits *tr = jlm_fmt_type_traits(type);
+    tmat t;
+    tmat_make(&t, type, k, rows, seed);
+    uint64_t kx = (k + 31) / 32 * 32;
+    float *x = calloc(kx, sizeof *x), *yc = malloc(rows * sizeof *yc);
+    rand_act(x, k, seed, flavour < 5 ? flavour : 0);
+    poison(&t, x, k, flavour);
+    void *abuf = malloc(jlm_k_act_q8_bytes(kx));
+    jlm_act_q8 xq;
+    jlm_err err = {0};
+    cr_assert(jlm_k_act_q8_init(&xq, abuf, kx, &err) == 0);
+    jlm_k_quantize_act(x, &xq);
+    jlm_k_matvec_ref(&t.m, x, &xq, yc, 0, rows);
+
+    uint64_t ql, dl, sl;
+    cr_assert(jlm_fmt_planes(type, k, rows, &ql, &dl, &sl, NULL) == 0);
+    jlm_vk_buf *bq = up(vk, t.qs, ql), *bd = dl ? up(vk, t.d, dl) : NULL, *bs = sl ? up(vk, t.sc, sl) : NULL;
+    jlm_vk_buf *bx = up(vk, x, k * 4), *by = up(vk, yc, rows * 4);
+    memset(jlm_vk_buf_map(by), 0xff, rows * 4);
+    jlm_vk_buf *aq = up(vk, xq.q, kx), *ad = up(vk, xq.d, kx / 32 * 4), *as = up(vk, xq.sum16, kx / 16 * 2);
+    jlm_vk_mat m = {type, k, rows, whole(bq), {bd, 0, 0}, {bs, 0, 0}};
+    jlm_vk_act va = {kx, whole(aq), whole(ad), whole(as)};
+    cr_assert(jlm_vk_matvec(vk, &m, whole(bx), tr->is_float ? NULL : &va, whole(by), &err) == 0,
+              "%s", err.msg);
+    const float *yg = fmap(by);
+    for (uint64_t r = 0; r < rows; r++)
+        cr_assert(same(yg[r], yc[r]), "%s k %llu rows %llu flavour %d row %llu: vulkan %.9g cpu %.9g",
+                  tr->name, (unsigned long long)k, (unsigned long long)rows, flavour,
+                  (unsigned long long)r, yg[r], yc[r]);
+    jlm_vk_buf *all[] = {bq, bd, bs, bx, by, aq, ad, as};
+    for (size_t i = 0; i < sizeof all / sizeof all[0]; i++)
+        jlm_vk_buf_free(vk, all[i]);
+    free(abuf);
+    free(x);
+    free(yc);
+    tmat_free(&t);
+    return rows;
+}
+
+Test(vulkan, matvec_is_bit_identical_to_the_cpu_reference_for_every_type)
+{
+    jlm_vk *vk = open_or_skip();
+    uint64_t seed = 0x9e3779b97f4a7c15ull, n = 0;
+    static const uint64_t ROWS[] = {1, 3, 67, 130};
+    for (size_t i = 0; i < sizeof TYPES; i++) {
+        const jlm_type_traits *tr = jlm_fmt_type_traits(TYPES[i]);
+        uint64_t super = (uint64_t)tr->sub * tr->super_sub;
+        uint64_t ks[3] = {super, 3 * super, tr->is_float ? 37 : 2 * super};   /* 37: odd columns */
+        for (int f = 0; f <= 6; f++)
+            for (size_t r = 0; r < 4; r++)
+                n += check_matvec(vk, TYPES[i], ks[(f + r) % 3], ROWS[r], f, &seed);
+    }
+    cr_assert(n > 0);
+    jlm_vk_close(vk);
+}
+
+Test(vulkan, matvec_rejects_a_view_past_its_buffer)
+{
+    jlm_vk *vk = open_or_skip();
+    uint64_t seed = 7;
+    tmat t;
+    tmat_make(&t, JLM_T_F32, 32, 4, &seed);
+    jlm_vk_buf *bq = up(vk, t.qs, 32 * 4 * 4), *bx = up(vk, t.qs, 32 * 4), *by = up(vk, t.qs, 16);
+    jlm_vk_mat m = {.type = JLM_T_F32, .k = 32, .rows = 4, .qs = {bq, 0, 32 * 4 * 8}};
+    jlm_err err = {0};
+    cr_assert_eq(jlm_vk_matvec(vk, &m, whole(bx), NULL, whole(by), &err), JLM_EINVAL);
+    cr_assert(strstr(err.msg, "outside its buffer"), "%s", err.msg);
+    jlm_vk_buf_free(vk, bq);
+    jlm_vk_buf_free(vk, bx);
+    jlm_vk_buf_free(vk, by);
+    tmat_free(&t);
+    jlm_vk_close(vk);
+}
+
+/* ---------------------------------------------------------------- f32 ops */
+
+/* Random values of magnitude up to `mag`, with zeros, and NaN/Inf when edge. */
+static void rand_vec(float *x, uint64_t n, float mag, int edge, uint64_t *seed)
+{
+    for (uint64_t i = 0; i < n; i++)
+        x[i] = rng_unit(seed) * mag * (i % 11 == 0 ? 0.0f : 1.0f);
+    if (edge && n > 4) {
+        x[1] = NAN;
+        x[2] = INFINITY;
+        x[3] = -INFINITY;
+    }
+}
+
+/* Largest |gpu - cpu| / (|cpu| + floor) over finite pairs; non-finite pairs
+ * must match exactly (fails the test otherwise). */
+static double worst(const float *g, const float *c, uint64_t n, double floor_, const char *what)
+{
+    double w = 0.0;
+    for (uint64_t i = 0; i < n; i++) {
+        if (!isfinite(g[i]) || !isfinite(c[i])) {
+            cr_assert(same(g[i], c[i]), "%s [%llu]: vulkan %g cpu %g", what, (unsigned long long)i, g[i], c[i]);
+            continue;
+        }
+        double e = fabs((double)g[i] - (double)c[i]) / (fabs((double)c[i]) + floor_);
+        if (e > w)
+            w = e;
+    }
+    return w;
+}
+
+#define TOL_NORM 1e-5      /* f32 tree sum vs f64 sum, 1/sqrt: docs/vulkan.md */
+#define TOL_EXP  2e-5      /* exp/tanh within the Vulkan spec's ULP bounds: docs/vulkan.md */
+
+Test(vulkan, rmsnorm_matches_the_cpu_within_TOL_NORM)
+{
+    jlm_vk *vk = open_or_skip();
+    uint64_t seed = 11;
+    static const uint32_t NS[] = {1, 7, 256, 257, 1000, 4096};
+    for (size_t i = 0; i < sizeof NS / sizeof NS[0]; i++)
+        for (int edge = 0; edge < 3; edge++) {
+            uint32_t n = NS[i];
+            float *x = malloc(n * 4), *w = malloc(n * 4), *c = malloc(n * 4);
+            rand_vec(x, n, edge == 2 ? 1e18f : 3.0f, 0, &seed);   /* 1e18: x^2 overflows f32 */
+            rand_vec(w, n, 1.0f, 0, &seed);
+            if (edge == 1)
+                x[n / 2] = NAN;
+            jlm_k_rmsnorm(c, x, edge ? NULL : w, n, 1e-5f);
+            jlm_vk_buf *bx = up(vk, x, n * 4), *bw = up(vk, w, n * 4), *bo = up(vk, c, n * 4);
+            jlm_err err = {0};
+            cr_assert(jlm_vk_rmsnorm(vk, whole(bo), whole(bx), edge ? (jlm_vk_view){0} : whole(bw), n,
+                                     1e-5f, &err) == 0, "%s", err.msg);
+            double e = worst(fmap(bo), c, n, 1e-30, "rmsnorm");
+            cr_assert(e <= TOL_NORM, "rmsnorm n %u edge %d: relative error %g > %g", n, edge, e, TOL_NORM);
+            jlm_vk_buf_free(vk, bx);
+            jlm_vk_buf_free(vk, bw);
+            jlm_vk_buf_free(vk, bo);
+            free(x);
+            free(w);
+            free(c);
+        }
+    jlm_vk_close(vk);
+}
+
+Test(vulkan, softmax_matches_the_cpu_within_TOL_EXP)
+{
+    jlm_vk *vk = open_or_skip();
+    uint64_t seed = 12;
+    static const uint32_t NS[] = {1, 5, 256, 300, 32000};
+    for (size_t i = 0; i < sizeof NS / sizeof NS[0]; i++)
+        for (int edge = 0; edge < 3; edge++) {
+            uint32_t n = NS[i], rows = 3;
+            float *x = malloc((size_t)n * rows * 4), *c = malloc((size_t)n * rows * 4);
+            rand_vec(x, (uint64_t)n * rows, edge == 2 ? 80.0f : 8.0f, 0, &seed);
+            if (edge == 1 && n > 4)
+                x[2] = -INFINITY;                      /* a masked entry */
+            memcpy(c, x, (size_t)n * rows * 4);
+            for (uint32_t r = 0; r < rows; r++)
+                jlm_k_softmax(c + (size_t)r * n, n);
+            jlm_vk_buf *bx = up(vk, x, (uint64_t)n * rows * 4);
+            jlm_err err = {0};
+            cr_assert(jlm_vk_softmax(vk, whole(bx), n, rows, &err) == 0, "%s", err.msg);
+            /* relative to each probability, floor 1e-6/n: a probability far
+             * below 1/n may carry exp's absolute error only */
+            double e = worst(fmap(bx), c, (uint64_t)n * rows, 1e-6 / n, "softmax");
+            cr_assert(e <= TOL_EXP, "softmax n %u edge %d: relative error %g > %g", n, edge, e, TOL_EXP);
+            jlm_vk_buf_free(vk, bx);
+            free(x);
+            free(c);
+        }
+    jlm_vk_close(vk);
+}
+
+Test(vulkan, eltwise_ops_match_the_cpu_within_TOL_EXP)
+{
+    jlm_vk *vk = open_or_skip();
+    uint64_t seed = 13;
+    uint32_t n = 1031;                                 /* not a multiple of the group of 256 */
+    float *a = malloc(n * 4), *b = malloc(n * 4), *c = malloc(n * 4);
+    for (int op = JLM_VK_SILU; op <= JLM_VK_MUL; op++)
+        for (int edge = 0; edge < 2; edge++) {
+            rand_vec(a, n, edge ? 100.0f : 6.0f, edge, &seed);
+            rand_vec(b, n, 4.0f, 0, &seed);
+            switch (op) {
+            case JLM_VK_SILU: jlm_k_silu(c, a, n); break;
+            case JLM_VK_GELU: jlm_k_gelu(c, a, n); break;
+            case JLM_VK_SWIGLU: jlm_k_swiglu(c, a, b, n); break;
+            case JLM_VK_ADD: jlm_k_add(c, a, b, n); break;
+            default: jlm_k_mul(c, a, b, n); break;
+            }
+            jlm_vk_buf *ba = up(vk, a, n * 4), *bb = up(vk, b, n * 4), *bo = up(vk, c, n * 4);
+            memset(jlm_vk_buf_map(bo), 0, n * 4);
+            jlm_err err = {0};
+            cr_assert(jlm_vk_eltwise(vk, op, whole(bo), whole(ba), whole(bb), n, &err) == 0, "%s", err.msg);
+            /* error relative to |out| + |a|: exp/tanh carry an absolute error
+             * near ulp(1), which x (or gate) multiplies; 0.5x(1 + tanh) cancels */
+            double e = 0.0;
+            const float *g = fmap(bo);
+            for (uint32_t j = 0; j < n; j++) {
+                if (!isfinite(g[j]) || !isfinite(c[j])) {
+                    cr_assert(same(g[j], c[j]), "op %d [%u]: vulkan %g cpu %g", op, j, g[j], c[j]);
+                    continue;
+                }
+                double ej = fabs((double)g[j] - c[j]) / (fabs((double)c[j]) + fabs((double)a[j]) + 1e-30);
+                e = ej > e ? ej : e;
+            }
+            /* add and mul are one correctly rounded f32 operation: exact */
+            double tol = op >= JLM_VK_ADD ? 0.0 : TOL_EXP;
+            cr_assert(e <= tol, "op %d edge %d: relative error %g > %g", op, edge, e, tol);
+            jlm_vk_buf_free(vk, ba);
+            jlm_vk_buf_free(vk, bb);
+            jlm_vk_buf_free(vk, bo);
+        }
+    free(a);
+    free(b);
+    free(c);
+    jlm_vk_close(vk);
+}
+
+Test(vulkan, rope_is_bit_identical_to_the_cpu_normal_neox_and_yarn)
+{
+    jlm_vk *vk = open_or_skip();
+    uint64_t seed = 14;
+    static const int64_t POS[] = {0, 1, 17, 4095, 100000};
+    for (int mode = 0; mode < 3; mode++)
+        for (size_t i = 0; i < sizeof POS / sizeof POS[0]; i++) {
+            uint32_t n_head = 5, head_dim = 64, n_rot = mode == 2 ? 64 : 48;   /* partial rotation */
+            jlm_k_rope p;
+            jlm_k_rope_defaults(&p, n_rot, 10000.0f);
+            p.neox = mode >= 1;
+            if (mode == 2) {                           /* YaRN */
+                p.freq_scale = 0.25f;
+                p.ext_factor = 1.0f;
+                p.orig_ctx = 4096;
+            }
+            float *x = malloc(n_head * head_dim * 4), *c = malloc(n_head * head_dim * 4);
+            rand_vec(x, n_head * head_dim, 10.0f, 0, &seed);
+            memcpy(c, x, n_head * head_dim * 4);
+            jlm_k_rope_apply(&p, c, n_head, head_dim, POS[i]);
+            jlm_vk_buf *bx = up(vk, x, n_head * head_dim * 4);
+            jlm_err err = {0};
+            cr_assert(jlm_vk_rope(vk, &p, whole(bx), n_head, head_dim, POS[i], &err) == 0, "%s", err.msg);
+            const float *g = fmap(bx);
+            for (uint32_t j = 0; j < n_head * head_dim; j++)
+                cr_assert(same(g[j], c[j]), "mode %d pos %lld [%u]: vulkan %.9g cpu %.9g", mode,
+                          (long long)POS[i], j, g[j], c[j]);
+            jlm_vk_buf_free(vk, bx);
+            free(x);
+            free(c);
+        }
+    jlm_vk_close(vk);
+}
+
+/* One attention case: n_head query heads over n_kv_head kv heads. */
+static void check_attention(jlm_vk *vk, uint32_t n_head, uint32_t n_kv_head, uint32_t hd, uint64_t n_kv,
+                            int flavour, uint64_t *seed)
+{
+    uint64_t stride = (uint64_t)n_kv_head * hd;
+    float *q = malloc(n_head * hd * 4), *k = malloc(n_kv * stride * 4), *v = malloc(n_kv * stride * 4);
+    float *mask = malloc(n_kv * 4), *sinks = malloc(n_head * 4), *c = malloc(n_head * hd * 4);
+    float *pc = malloc(n_head * n_kv * 4);
+    rand_vec(q, n_head * hd, 2.0f, 0, seed);
+    rand_vec(k, n_kv * stride, 2.0f, 0, seed);
+    rand_vec(v, n_kv * stride, 3.0f, 0, seed);
+    for (uint64_t j = 0; j < n_kv; j++)                /* flavour 1: a sliding window; 3: all masked */
+        mask[j] = (flavour == 1 && j + 4 < n_kv) || flavour == 3 ? -INFINITY : 0.0f;
+    for (uint32_t h = 0; h < n_head; h++)
+        sinks[h] = rng_unit(seed) * 3.0f;
+    jlm_k_attn p = {.head_dim = hd, .head_dim_v = hd, .k_stride = stride, .v_stride = stride,
+                    .scale = 1.0f / sqrtf((float)hd), .softcap = flavour == 2 ? 30.0f : 0.0f,
+                    .has_sink = flavour == 2, .mask = flavour == 1 || flavour == 3 ? mask : NULL};
+    uint32_t group = n_head / n_kv_head;
+    for (uint32_t h = 0; h < n_head; h++) {
+        jlm_k_attn ph = p;
+        ph.sink = sinks[h];
+        jlm_k_attn_head(&ph, q + h * hd, k + (h / group) * hd, v + (h / group) * hd, n_kv,
+                        pc + h * n_kv, c + h * hd);
+    }
+    jlm_vk_buf *bq = up(vk, q, n_head * hd * 4), *bk = up(vk, k, n_kv * stride * 4);
+    jlm_vk_buf *bv = up(vk, v, n_kv * stride * 4), *bs = up(vk, pc, n_head * n_kv * 4);
+    jlm_vk_buf *bo = up(vk, c, n_head * hd * 4);
+    memset(jlm_vk_buf_map(bo), 0xff, n_head * hd * 4);
+    jlm_err err = {0};
+    cr_assert(jlm_vk_attention(vk, &p, n_head, n_kv_head, whole(bq), whole(bk), whole(bv), n_kv,
+                               flavour == 2 ? sinks : NULL, whole(bs), whole(bo), &err) == 0, "%s", err.msg);
+    /* output relative to the value scale (3): exp's error spread over a
+     * weighted mean of values */
+    double e = worst(fmap(bo), c, n_head * hd, 3.0, "attention");
+    cr_assert(e <= TOL_EXP, "attention heads %u/%u hd %u n_kv %llu flavour %d: error %g > %g", n_head,
+              n_kv_head, hd, (unsigned long long)n_kv, flavour, e, TOL_EXP);
+    double ep = worst(fmap(bs), pc, n_head * n_kv, 1e-6, "attention probabilities");
+    cr_assert(ep <= TOL_EXP, "attention probabilities: error %g > %g", ep, TOL_EXP);
+    jlm_vk_buf *all[] = {bq, bk, bv, bs, bo};
+    for (size_t i = 0; i < 5; i++)
+        jlm_vk_buf_free(vk, all[i]);
+    free(q), free(k), free(v), free(mask), free(sinks), free(c), free(pc);
+}
+
+Test(vulkan, attention_with_gqa_matches_the_cpu_within_TOL_EXP)
+{
+    jlm_vk *vk = open_or_skip();
+    uint64_t seed = 15;
+    for (int f = 0; f < 4; f++) {
+        check_attention(vk, 8, 2, 64, 1, f, &seed);        /* first token */
+        check_attention(vk, 8, 2, 64, 37, f, &seed);       /* GQA 4:1 */
+        check_attention(vk, 6, 6, 48, 300, f, &seed);      /* MHA, n_kv > 256 lanes */
+        check_attention(vk, 4, 1, 16, 5, f, &seed);        /* MQA */
+    }
+    jlm_vk_close(vk);
+}
+
+/* ---------------------------------------------------------------- engine: --backend vulkan */
+
+/* An engine on the named backend; NULL (test skipped by the caller) when
+ * Vulkan has no device. Device "0": the first one, lavapipe included. */
+static jlm_engine *engine_on(const char *path, const char *backend, uint32_t gpu_layers)
+{
+    jlm_engine_opts o = {.n_threads = 2, .quiet = 1, .direct = 1, .backend = backend, .device = "0",
+                         .gpu_layers = gpu_layers};
+    jlm_engine *e = NULL;
+    jlm_err err = {0};
+    int rc = jlm_engine_open(path, &o, &e, &err);
+    if (rc == JLM_EUNSUPPORTED && !strcmp(backend, "vulkan"))
+        return NULL;
+    cr_assert_eq(rc, 0, "%s", err.msg);
+    return e;
+}
+
+/* Greedy ids after prompt; the logits after the prompt into first. */
+static void greedy_ids(jlm_engine *e, const int32_t *prompt, size_t np, int n, int32_t *out, float *first)
+{
+    uint32_t nv = jlm_engine_n_vocab(e);
+    float *l = malloc(nv * sizeof *l);
+    jlm_err err = {0};
+    cr_assert_eq(jlm_engine_eval(e, prompt, (uint32_t)np, l, &err), 0, "%s", err.msg);
+    memcpy(first, l, nv * sizeof *l);
+    for (int i = 0; i < n; i++) {
+        int32_t best = 0;
+        for (uint32_t j = 1; j < nv; j++)
+            if (l[j] > l[best])
+                best = (int32_t)j;
+        out[i] = best;
+        if (i + 1 < n)
+            cr_assert_eq(jlm_engine_eval(e, &best, 1, l, &err), 0, "%s", err.msg);
+    }
+    free(l);
+}
+
+Test(vulkan, backend_vulkan_gives_llama_cpp_ids_on_stories260K, .timeout = 60)
+{
+    char *dir = tu_tmpdir();
+    jlm_err err = {0};
+    char *path = tu_convert("stories260K.gguf", dir, "s.jlm", &err);
+    cr_assert(path, "%s", err.msg);
+    jlm_engine *e = engine_on(path, "vulkan", 0);
+    if (!e) {
+        tu_rmrf(dir);
+        cr_skip_test("vulkan: no device");
+    }
+    char ref[1024];
+    snprintf(ref, sizeof ref, "%s/tests/reference/oracle-stories260K.exact.json", tu_root());
+    json_t *o = json_load_file(ref, 0, NULL), *runs = json_object_get(o, "runs");
+    cr_assert(o && json_array_size(runs) > 0, "%s", ref);
+    float *first = malloc(jlm_engine_n_vocab(e) * sizeof *first);
+    for (size_t r = 0; r < json_array_size(runs); r++) {
+        json_t *run = json_array_get(runs, r), *jp = json_object_get(run, "prompt_ids"),
+               *jg = json_object_get(run, "generated_ids");
+        int32_t p[64], got[64];
+        size_t np = json_array_size(jp), ng = json_array_size(jg);
+        cr_assert(np <= 64 && ng <= 64);
+        for (size_t i = 0; i < np; i++)
+            p[i] = (int32_t)json_integer_value(json_array_get(jp, i));
+        jlm_engine_rewind(e, 0);
+        greedy_ids(e, p, np, (int)ng, got, first);
+        for (size_t i = 0; i < ng; i++)
+            cr_assert_eq(got[i], json_integer_value(json_array_get(jg, i)), "run %zu: id %zu is %d, llama.cpp %lld",
+                         r, i, got[i], (long long)json_integer_value(json_array_get(jg, i)));
+    }
+    uint64_t mm, up;
+    jlm_engine_vk_counters(e, &mm, &up);
+    cr_assert(mm > 0 && up > 0, "the matmuls ran on Vulkan (%llu, %llu bytes)", (unsigned long long)mm,
+              (unsigned long long)up);
+    free(first);
+    json_decref(o);
+    jlm_engine_close(e);
+    free(path);
+    tu_rmrf(dir);
+    free(dir);
+}
+
+/* Quantized models: the Vulkan matvec is bit-identical to the CPU kernels
+ * (all variants equal the reference for quantized types), so the logits are
+ * bit-identical too, and so are the ids. */
+Test(vulkan, backend_vulkan_equals_the_cpu_bit_for_bit_on_quantized_models, .timeout = 60)
+{
+    static const char *MODELS[] = {"synth-llama-256.Q4_K_M", "synth-llama-256.MXFP4", "synth-llama-256.Q8_0"};
+    char *dir = tu_tmpdir();
+    for (size_t m = 0; m < 3; m++) {
+        char gguf[256];
+        jlm_err err = {0};
+        snprintf(gguf, sizeof gguf, "%s.gguf", MODELS[m]);
+        char *path = tu_convert(gguf, dir, "q.jlm", &err);
+        cr_assert(path, "%s", err.msg);
+        jlm_engine *ec = engine_on(path, "cpu", 0), *ev = engine_on(path, "vulkan", 0);
+        jlm_engine *es = engine_on(path, "vulkan", 1);   /* split: block 0 on Vulkan, the rest on the CPU */
+        if (!ev || !es) {
+            tu_rmrf(dir);
+            cr_skip_test("vulkan: no device");
+        }
+        uint32_t nv = jlm_engine_n_vocab(ec);
+        float *lc = malloc(nv * 4), *lv = malloc(nv * 4);
+        int32_t prompt[5] = {1, 10, 20, 30, 40}, ic[8], iv[8];
+        greedy_ids(ec, prompt, 5, 8, ic, lc);
+        greedy_ids(ev, prompt, 5, 8, iv, lv);
+        cr_assert(!memcmp(lc, lv, nv * 4), "%s: logits after the prompt differ", MODELS[m]);
+        cr_assert(!memcmp(ic, iv, sizeof ic), "%s: greedy ids differ", MODELS[m]);
+        greedy_ids(es, prompt, 5, 8, iv, lv);
+        cr_assert(!memcmp(lc, lv, nv * 4), "%s --gpu-layers 1: logits after the prompt differ", MODELS[m]);
+        cr_assert(!memcmp(ic, iv, sizeof ic), "%s --gpu-layers 1: greedy ids differ", MODELS[m]);
+        uint64_t mm, up, mm_split;
+        jlm_engine_vk_counters(es, &mm_split, &up);
+        jlm_engine_vk_counters(ev, &mm, &up);
+        cr_assert(mm > 0 && up > 0, "%s: the matmuls ran on Vulkan", MODELS[m]);
+        cr_assert(mm_split > 0 && mm_split < mm, "%s: the split ran part of the matmuls on Vulkan (%llu of %llu)",
+                  MODELS[m], (unsigned long long)mm_split, (unsigned long long)mm);
+        jlm_engine_vk_counters(ec, &mm, &up);
+        cr_assert(mm == 0, "%s: the CPU engine ran no Vulkan matmul", MODELS[m]);
+        free(lc);
+        free(lv);
+        jlm_engine_close(ec);
+        jlm_engine_close(ev);
+        jlm_engine_close(es);
+        free(path);
+    }
+    tu_rmrf(dir);
+    free(dir);
+}
+
+/* The CLI: a bad --backend is one line and a non-zero exit; --backend vulkan
+ * on a device named by JLM_VK_DEVICE reports its matmuls in --stats; auto
+ * always runs (on the CPU with a note when there is no GPU). */
+Test(vulkan, cli_backend_option, .timeout = 60)
+{
+    char *dir = tu_tmpdir(), *out = NULL, cmd[2048];
+    jlm_err err = {0};
+    char *path = tu_convert("stories260K.gguf", dir, "s.jlm", &err);
+    cr_assert(path, "%s", err.msg);
+    snprintf(cmd, sizeof cmd, "%s run %s -p Once -n 2 --backend bogus", tu_jlm(), path);
+    cr_assert_neq(tu_run(cmd, &out), 0);
+    cr_assert(strstr(out, "--backend 'bogus': unknown backend: expected cpu, vulkan, cuda or auto") && strchr(out, '\n') == strrchr(out, '\n'),
+              "%s", out);
+    free(out);
+    snprintf(cmd, sizeof cmd, "%s run %s -p Once -n 2 --backend auto --print-ids", tu_jlm(), path);
+    cr_assert_eq(tu_run(cmd, &out), 0, "%s", out);
+    free(out);
+    if (jlm_vk_built()) {
+        snprintf(cmd, sizeof cmd, "%s run %s -p Once -n 2 --backend vulkan --device 0 --stats", tu_jlm(), path);
+        int rc = tu_run(cmd, &out);
+        cr_assert(rc == 0 ? strstr(out, "vulkan: matmuls ") != NULL : strstr(out, "--backend vulkan: ") != NULL,
+                  "%s", out);
+        free(out);
+    }
+    free(path);
+    tu_rmrf(dir);
+    free(dir);
+}
