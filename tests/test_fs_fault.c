@@ -10,17 +10,32 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <time.h>
+#include <unistd.h>
 
 #include "fs/jlmfs.h"
 #include "tests/testutil.h"
 
-static int n_writes;     /* pwrite calls so far */
+static int n_writes;     /* pwrite calls to m's cache file so far */
 static int fail_at;      /* the pwrite call (1-based) that fails; 0: none */
 static int fail_errno;
 
+/* Is fd m.gguf's cache file (CACHE/m@<key>.jlm.part)? The fault is aimed at
+ * m's conversion only; other's, which a worker may run first, always pass. */
+static int is_m(int fd)
+{
+    char link[64], path[4096];
+    snprintf(link, sizeof link, "/proc/self/fd/%d", fd);
+    ssize_t l = readlink(link, path, sizeof path - 1);
+    if (l <= 0)
+        return 0;
+    path[l] = 0;
+    return strstr(path, "/cache/m@") != NULL;
+}
+
 static ssize_t faulty_pwrite(int fd, const void *b, size_t n, int64_t o)
 {
-    if (++n_writes == fail_at) {
+    if (is_m(fd) && ++n_writes == fail_at) {
         errno = fail_errno;
         return -1;
     }
@@ -125,8 +140,24 @@ static char *status_of(jlmfs *fs, const char *path)
     return s;
 }
 
-/* One run with the fault at write k: reads of m, its status, then other. */
-static void run_with_fault(int k, int e)
+/* Waits (<= 20 s) until m's status is no longer "converting". */
+static void wait_settled(jlmfs *fs)
+{
+    for (int i = 0; i < 2000; i++) {
+        char *st = status_of(fs, "/m.jlm/status");
+        int busy = !strncmp(st, "converting", 10);
+        free(st);
+        if (!busy)
+            return;
+        struct timespec ts = {0, 10 * 1000000L};
+        nanosleep(&ts, NULL);
+    }
+    cr_assert_fail("the conversion did not settle within 20 s");
+}
+
+/* One run with the fault at write k: reads of m, its status, then other.
+ * worker: the background conversion writes (and finishes) first. */
+static void run_with_fault(int k, int e, int worker)
 {
     jlm_io io = jlm_io_posix;
     io.pwrite = faulty_pwrite;
@@ -134,10 +165,15 @@ static void run_with_fault(int k, int e)
     fail_at = k;
     fail_errno = e;
     jlmfs *fs = open_fs(&io);
+    if (worker) {
+        jlm_err err = {0};
+        cr_assert_eq(jlmfs_start(fs, &err), 0, "%s", err.msg);
+        wait_settled(fs);
+    }
     int failed = read_view(fs, 0, k);
     failed += read_view(fs, 0, k);   /* again: a failed unit is never served as done */
     char *st = status_of(fs, "/m.jlm/status");
-    if (failed) {
+    if (failed || (worker && strncmp(st, "ready", 5))) {
         const char *why = e == ENOSPC ? "no space left in cache" : "Input/output error";
         cr_assert(!strncmp(st, "error: ", 7) && strstr(st, why),
                   "fault at write %d (%s): %d reads failed, the status does not say why: %s", k, strerror(e),
@@ -149,7 +185,7 @@ static void run_with_fault(int k, int e)
     jlmfs_close(fs);
 }
 
-static void every_write(int e)
+static void every_write(int e, int worker)
 {
     jlm_io io = jlm_io_posix;
     io.pwrite = faulty_pwrite;
@@ -160,16 +196,27 @@ static void every_write(int e)
     int total = n_writes;
     jlmfs_close(fs);
     cr_assert_gt(total, 1, "the conversion wrote through the seam %d times", total);
+    cr_log_info("%s: a fault at each of %d writes", strerror(e), total);
     for (int k = 1; k <= total; k++)
-        run_with_fault(k, e);
+        run_with_fault(k, e, worker);
 }
 
-Test(fs_fault, eio_at_every_write_of_a_conversion)
+Test(fs_fault, eio_at_every_write_of_an_on_demand_conversion)
 {
-    every_write(EIO);
+    every_write(EIO, 0);
 }
 
-Test(fs_fault, enospc_at_every_write_of_a_conversion)
+Test(fs_fault, enospc_at_every_write_of_an_on_demand_conversion)
 {
-    every_write(ENOSPC);
+    every_write(ENOSPC, 0);
+}
+
+Test(fs_fault, eio_at_every_write_of_the_background_conversion)
+{
+    every_write(EIO, 1);
+}
+
+Test(fs_fault, enospc_at_every_write_of_the_background_conversion)
+{
+    every_write(ENOSPC, 1);
 }
