@@ -47,7 +47,7 @@ enum {
 static const char *const STMT_SQL[ST_COUNT] = {
     [ST_MODEL_INS] = "INSERT OR IGNORE INTO models(key, created) VALUES (?1, ?2)",
     [ST_MODEL_ID] = "SELECT id FROM models WHERE key = ?1",
-    [ST_SESS_MODEL] = "SELECT model_id FROM sessions WHERE id = ?1",
+    [ST_SESS_MODEL] = "SELECT model_id FROM main.sessions WHERE id = ?1",   /* main.: see hide_dead_sessions */
     [ST_PAGE_GET] =
         "SELECT page_ins, fills, hits, evictions, bytes, t_frame, t_pagecache, t_disk, t_convert, t_other,"
         " d_disk, d_convert, d_bytes, last_access, eng_last, eng_claimed, d_pending"
@@ -62,8 +62,8 @@ static const char *const STMT_SQL[ST_COUNT] = {
         " t_other=excluded.t_other, d_disk=excluded.d_disk, d_convert=excluded.d_convert,"
         " d_bytes=excluded.d_bytes, last_access=excluded.last_access, eng_last=excluded.eng_last,"
         " eng_claimed=excluded.eng_claimed, d_pending=excluded.d_pending",
-    [ST_RES_INS] = "INSERT OR IGNORE INTO resident(session_id, model_id, array, a, b) VALUES (?1,?2,?3,?4,?5)",
-    [ST_RES_DEL] = "DELETE FROM resident WHERE session_id = ?1 AND array = ?2 AND a = ?3 AND b = ?4",
+    [ST_RES_INS] = "INSERT OR IGNORE INTO main.resident(session_id, model_id, array, a, b) VALUES (?1,?2,?3,?4,?5)",
+    [ST_RES_DEL] = "DELETE FROM main.resident WHERE session_id = ?1 AND array = ?2 AND a = ?3 AND b = ?4",
 };
 
 struct jlm_rdb {
@@ -167,6 +167,27 @@ static int check_schema(jlm_rdb *db, int create, jlm_err *err)
     return 0;
 }
 
+static int pid_alive(int64_t pid, int64_t start);
+
+/* SQL jlm_alive(pid, pid_start): 1 while that engine process lives. */
+static void sql_alive(sqlite3_context *c, int n, sqlite3_value **v)
+{
+    sqlite3_result_int(c, pid_alive(sqlite3_value_int64(v[0]), sqlite3_value_int64(v[1])));
+}
+
+/* Read-only: no pruning, so dead engines' sessions and residency are hidden
+ * instead, by TEMP views that shadow the tables for every unqualified query
+ * (TEMP lives in memory; the file is not touched). */
+static int hide_dead_sessions(jlm_rdb *db, jlm_err *err)
+{
+    int rc = sqlite3_create_function(db->db, "jlm_alive", 2, SQLITE_UTF8, NULL, sql_alive, NULL, NULL);
+    if (rc != SQLITE_OK)
+        return sqerr(db, err, rc, "jlm_alive");
+    return exec(db, "CREATE TEMP VIEW sessions AS SELECT * FROM main.sessions WHERE jlm_alive(pid, pid_start);"
+                "CREATE TEMP VIEW resident AS SELECT * FROM main.resident WHERE session_id IN"
+                " (SELECT id FROM temp.sessions)", "live sessions", err);
+}
+
 static int open_db(jlm_rdb *db, int mode, jlm_err *err)
 {
     int create = mode == JLM_RDB_CREATE;
@@ -195,6 +216,8 @@ static int open_db(jlm_rdb *db, int mode, jlm_err *err)
     }
     if (!e)
         e = check_schema(db, create, err);
+    if (!e && mode == JLM_RDB_READONLY)
+        e = hide_dead_sessions(db, err);
     for (int i = 0; !e && i < ST_COUNT; i++) {
         rc = sqlite3_prepare_v3(db->db, STMT_SQL[i], -1, SQLITE_PREPARE_PERSISTENT, &db->st[i], NULL);
         if (rc != SQLITE_OK)

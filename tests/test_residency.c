@@ -262,8 +262,16 @@ Test(residency, a_session_whose_process_died_is_pruned_with_its_residency)
              "'blocks', 5, -1 FROM models WHERE key = 'm.jlm'", (int)dead_pid());
     cr_assert_eq(sqlite3_exec(raw, sql, NULL, NULL, NULL), SQLITE_OK, "%s", sqlite3_errmsg(raw));
     sqlite3_close(raw);
+    jlm_rdb *ro = NULL;   /* read-only (jlm stats): the dead session is hidden, not deleted */
+    jlm_err err = {0};
+    cr_assert_eq(jlm_rdb_open(dbpath, JLM_RDB_READONLY, &ro, &err), 0, "%s", err.msg);
+    resident(ro, "m.jlm", "blocks.1");
+    json_t *j = stats(ro, "m.jlm");
+    EXPECT(model(j, "m.jlm"), "sessions", 1);
+    json_decref(j);
+    jlm_rdb_close(ro);
     resident(db, "m.jlm", "blocks.1");
-    json_t *j = stats(db, "m.jlm");
+    j = stats(db, "m.jlm");
     EXPECT(model(j, "m.jlm"), "sessions", 1);
     json_decref(j);
     jlm_rdb_close(db);
