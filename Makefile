@@ -170,7 +170,8 @@ bench: all $(BENCH_BIN)
 # Fuzz targets (clang + libFuzzer): the library is built once more with
 # clang, ASan and UBSan (build-fuzz/lib), each tests/fuzz/fuzz_*.c is linked
 # against it, and tests/fuzz/mkseeds.c writes the seed corpora into
-# build-fuzz/seeds/{convert,engine} (the crafted inputs of issue 10 included).
+# build-fuzz/seeds/{convert,engine,tokenizer,jinja} (the crafted inputs of
+# issue 10 included).
 # Run one with e.g.
 #   mkdir -p /tmp/corpus && build-fuzz/fuzz_convert -max_total_time=60 /tmp/corpus build-fuzz/seeds/convert
 # (the first directory receives new inputs: never point it into the tree).
@@ -189,7 +190,8 @@ fuzz:
 fuzz-smoke: fuzz
 	@for t in build-fuzz/fuzz_*; do \
 	    n=$$(basename $$t); seeds=""; \
-	    case $$n in fuzz_convert|fuzz_gguf) seeds=build-fuzz/seeds/convert;; fuzz_engine|fuzz_jlm) seeds=build-fuzz/seeds/engine;; esac; \
+	    case $$n in fuzz_convert|fuzz_gguf) seeds=build-fuzz/seeds/convert;; fuzz_engine|fuzz_jlm) seeds=build-fuzz/seeds/engine;; \
+	    fuzz_tokenizer) seeds=build-fuzz/seeds/tokenizer;; fuzz_jinja) seeds=build-fuzz/seeds/jinja;; esac; \
 	    rm -rf build-fuzz/corpus/$$n && mkdir -p build-fuzz/corpus/$$n; \
 	    echo "== $$n ($(FUZZ_SECONDS) s)"; \
 	    $$t -max_total_time=$(FUZZ_SECONDS) -rss_limit_mb=2048 -timeout=10 -print_final_stats=1 \

@@ -22,7 +22,7 @@ static int print_db(const char *db_path, const char *model_key, int json)
     jlm_err err = {0};
     jlm_rdb *db = NULL;
     char *out = NULL;
-    int e = jlm_rdb_open(db_path, 0, &db, &err);
+    int e = jlm_rdb_open(db_path, JLM_RDB_READONLY, &db, &err);
     if (!e)
         e = json ? jlm_rdb_stats_json(db, model_key, &out, &err) : jlm_rdb_stats_text(db, model_key, &out, &err);
     jlm_rdb_close(db);

@@ -231,12 +231,62 @@ void jlmfs_db_record(jlmfs *fs, const char *key, const jlmfs_unit *u, int tier, 
     pthread_mutex_unlock(&fs->db_lock);
 }
 
+static int db_recover_locked(jlmfs *fs, int rc);
+
 static void db_flush_locked(jlmfs *fs)
 {
     jlm_err e;
-    if (fs->db && fs->db_dirty && jlm_rdb_flush(fs->db, &e))
+    int rc = fs->db && fs->db_dirty ? jlm_rdb_flush(fs->db, &e) : 0;
+    if (rc)
         fprintf(stderr, "jlmfs: note: %s\n", e.msg);
     fs->db_dirty = 0;
+    db_recover_locked(fs, rc);
+}
+
+/* Opens (creating) the database; a corrupt one is moved aside and
+ * recreated by jlm_rdb_open, which the log says. */
+static void db_open_locked(jlmfs *fs)
+{
+    jlm_err e;
+    if (jlm_rdb_open(fs->db_path, JLM_RDB_CREATE, &fs->db, &e)) {
+        fs->db = NULL;
+        snprintf(fs->db_err, sizeof fs->db_err, "%s", e.msg);
+        fprintf(stderr, "jlmfs: note: no statistics: %s\n", e.msg);
+    } else if (jlm_rdb_moved_aside(fs->db)) {
+        fprintf(stderr, "jlmfs: note: %s was corrupt: moved aside to %s, statistics start afresh\n",
+                fs->db_path, jlm_rdb_moved_aside(fs->db));
+    }
+}
+
+/* A query found the database corrupt (damaged while mounted): reopen, which
+ * moves it aside, instead of failing until remount. 1 if the query should be
+ * run again on the new database. */
+static int db_recover_locked(jlmfs *fs, int rc)
+{
+    if (rc != JLM_EFORMAT)
+        return 0;
+    jlm_err e;
+    if (jlm_rdb_recreate(fs->db, &e)) {
+        jlm_rdb_close(fs->db);
+        fs->db = NULL;
+        snprintf(fs->db_err, sizeof fs->db_err, "%s", e.msg);
+        fprintf(stderr, "jlmfs: note: no statistics: %s\n", e.msg);
+        return 0;
+    }
+    fprintf(stderr, "jlmfs: note: %s was damaged while mounted: moved aside to %s, statistics start afresh\n",
+            fs->db_path, jlm_rdb_moved_aside(fs->db));
+    return 1;
+}
+
+/* The database checked (recreated if damaged) and flushed; 0 if none. */
+static int db_ready_locked(jlmfs *fs)
+{
+    jlm_err ce;
+    if (fs->db)
+        db_recover_locked(fs, jlm_rdb_check(fs->db, &ce));
+    if (fs->db)
+        db_flush_locked(fs);
+    return fs->db != NULL;
 }
 
 /* resident/ and stats read the tables after a flush, so they include the
@@ -245,9 +295,10 @@ int jlmfs_db_names(jlmfs *fs, const char *key, char ***names, size_t *n, jlm_err
 {
     pthread_mutex_lock(&fs->db_lock);
     int rc;
-    if (fs->db) {
-        db_flush_locked(fs);
+    if (db_ready_locked(fs)) {
         rc = jlm_rdb_resident(fs->db, key, names, n, err);
+        if (db_recover_locked(fs, rc))
+            rc = jlm_rdb_resident(fs->db, key, names, n, err);
     } else {
         rc = jlm_errf(err, JLM_EIO, "no residency database: %s", fs->db_err);
     }
@@ -259,9 +310,10 @@ int jlmfs_db_stats(jlmfs *fs, const char *key, char **out, jlm_err *err)
 {
     pthread_mutex_lock(&fs->db_lock);
     int rc;
-    if (fs->db) {
-        db_flush_locked(fs);
+    if (db_ready_locked(fs)) {
         rc = jlm_rdb_stats_text(fs->db, key, out, err);
+        if (db_recover_locked(fs, rc))
+            rc = jlm_rdb_stats_text(fs->db, key, out, err);
     } else {
         rc = jlm_errf(err, JLM_EIO, "no residency database: %s", fs->db_err[0] ? fs->db_err : "not open");
     }
@@ -325,12 +377,9 @@ static void *worker_main(void *arg)
 
 int jlmfs_start(jlmfs *fs, jlm_err *err)
 {
-    jlm_err e;
-    if (jlm_rdb_open(fs->db_path, 1, &fs->db, &e)) {
-        fs->db = NULL;
-        snprintf(fs->db_err, sizeof fs->db_err, "%s", e.msg);
-        fprintf(stderr, "jlmfs: note: no statistics: %s\n", e.msg);
-    }
+    pthread_mutex_lock(&fs->db_lock);
+    db_open_locked(fs);
+    pthread_mutex_unlock(&fs->db_lock);
     fs->threads = calloc(fs->n_workers, sizeof *fs->threads);
     if (!fs->threads)
         return jlm_errf(err, JLM_ENOMEM, "out of memory");

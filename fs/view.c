@@ -539,6 +539,8 @@ int jlmfs_view_read(jlmfs_view *v, uint64_t off, size_t len, uint8_t *out, jlm_e
         } else {      /* ahead of the worker: pack the whole unit now, keep it */
             uint8_t *b;
             int rc = fill_unit(v, u, &b, err);
+            if (rc && rc != JLM_ENOMEM)
+                fail_view(v, err->msg);   /* as the worker would: status says why, no later read mixes */
             if (rc)
                 return rc;
             memcpy(out, b + (off - un->off), n);

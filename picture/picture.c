@@ -183,7 +183,7 @@ static int residency_json(const jlm_pic_overlay *ov, json_t **out, jlm_err *err)
     jlm_rdb *db = ov->db;
     char **names = NULL, *stats = NULL;
     size_t n = 0;
-    int e = db ? 0 : jlm_rdb_open(ov->db_path, 0, &db, err);
+    int e = db ? 0 : jlm_rdb_open(ov->db_path, JLM_RDB_READONLY, &db, err);
     if (!e)
         e = jlm_rdb_resident(db, ov->model_key, &names, &n, err);
     if (!e)

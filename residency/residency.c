@@ -8,6 +8,7 @@
 #include "base/tier.h"
 
 #include <errno.h>
+#include <fcntl.h>
 #include <jansson.h>
 #include <libgen.h>
 #include <signal.h>
@@ -46,7 +47,7 @@ enum {
 static const char *const STMT_SQL[ST_COUNT] = {
     [ST_MODEL_INS] = "INSERT OR IGNORE INTO models(key, created) VALUES (?1, ?2)",
     [ST_MODEL_ID] = "SELECT id FROM models WHERE key = ?1",
-    [ST_SESS_MODEL] = "SELECT model_id FROM sessions WHERE id = ?1",
+    [ST_SESS_MODEL] = "SELECT model_id FROM main.sessions WHERE id = ?1",   /* main.: see hide_dead_sessions */
     [ST_PAGE_GET] =
         "SELECT page_ins, fills, hits, evictions, bytes, t_frame, t_pagecache, t_disk, t_convert, t_other,"
         " d_disk, d_convert, d_bytes, last_access, eng_last, eng_claimed, d_pending"
@@ -61,8 +62,8 @@ static const char *const STMT_SQL[ST_COUNT] = {
         " t_other=excluded.t_other, d_disk=excluded.d_disk, d_convert=excluded.d_convert,"
         " d_bytes=excluded.d_bytes, last_access=excluded.last_access, eng_last=excluded.eng_last,"
         " eng_claimed=excluded.eng_claimed, d_pending=excluded.d_pending",
-    [ST_RES_INS] = "INSERT OR IGNORE INTO resident(session_id, model_id, array, a, b) VALUES (?1,?2,?3,?4,?5)",
-    [ST_RES_DEL] = "DELETE FROM resident WHERE session_id = ?1 AND array = ?2 AND a = ?3 AND b = ?4",
+    [ST_RES_INS] = "INSERT OR IGNORE INTO main.resident(session_id, model_id, array, a, b) VALUES (?1,?2,?3,?4,?5)",
+    [ST_RES_DEL] = "DELETE FROM main.resident WHERE session_id = ?1 AND array = ?2 AND a = ?3 AND b = ?4",
 };
 
 struct jlm_rdb {
@@ -75,6 +76,8 @@ struct jlm_rdb {
     size_t        nkeys;
     jlm_rdb_clock_fn clock;         /* wall clock of every stamp; never NULL */
     void         *clock_ctx;
+    int           mode;             /* JLM_RDB_EXISTING, _CREATE or _READONLY */
+    char         *moved_to;         /* where a corrupt database went at open, or NULL */
 };
 
 /* Page order everywhere: blocks, vision, experts, then a, then b. */
@@ -164,16 +167,43 @@ static int check_schema(jlm_rdb *db, int create, jlm_err *err)
     return 0;
 }
 
-static int open_db(jlm_rdb *db, int create, jlm_err *err)
+static int pid_alive(int64_t pid, int64_t start);
+
+/* SQL jlm_alive(pid, pid_start): 1 while that engine process lives. */
+static void sql_alive(sqlite3_context *c, int n, sqlite3_value **v)
 {
-    int flags = SQLITE_OPEN_READWRITE | (create ? SQLITE_OPEN_CREATE : 0) | SQLITE_OPEN_NOMUTEX;
+    sqlite3_result_int(c, pid_alive(sqlite3_value_int64(v[0]), sqlite3_value_int64(v[1])));
+}
+
+/* Read-only: no pruning, so dead engines' sessions and residency are hidden
+ * instead, by TEMP views that shadow the tables for every unqualified query
+ * (TEMP lives in memory; the file is not touched). */
+static int hide_dead_sessions(jlm_rdb *db, jlm_err *err)
+{
+    int rc = sqlite3_create_function(db->db, "jlm_alive", 2, SQLITE_UTF8, NULL, sql_alive, NULL, NULL);
+    if (rc != SQLITE_OK)
+        return sqerr(db, err, rc, "jlm_alive");
+    return exec(db, "CREATE TEMP VIEW sessions AS SELECT * FROM main.sessions WHERE jlm_alive(pid, pid_start);"
+                "CREATE TEMP VIEW resident AS SELECT * FROM main.resident WHERE session_id IN"
+                " (SELECT id FROM temp.sessions)", "live sessions", err);
+}
+
+static int open_db(jlm_rdb *db, int mode, jlm_err *err)
+{
+    int create = mode == JLM_RDB_CREATE;
+    int flags = (mode == JLM_RDB_READONLY ? SQLITE_OPEN_READONLY : SQLITE_OPEN_READWRITE) |
+                (create ? SQLITE_OPEN_CREATE : 0) | SQLITE_OPEN_NOMUTEX;
     int rc = sqlite3_open_v2(db->path, &db->db, flags, NULL);
     if (rc != SQLITE_OK)
         return sqerr(db, err, rc, "open");
     sqlite3_busy_timeout(db->db, RDB_BUSY_MS);
-    /* journal_mode reads the file header: the first place a non-database fails. */
-    int e = exec(db, "PRAGMA journal_mode=WAL", "journal_mode=WAL", err);
-    if (!e)
+    /* journal_mode reads the file header: the first place a non-database
+     * fails. Read-only: not at all (it would rewrite the header, and turn an
+     * empty file into a database); check_schema's read fails instead. */
+    int e = 0;
+    if (mode != JLM_RDB_READONLY)
+        e = exec(db, "PRAGMA journal_mode=WAL", "journal_mode=WAL", err);
+    if (!e && mode != JLM_RDB_READONLY)
         e = exec(db, "PRAGMA synchronous=NORMAL", "synchronous=NORMAL", err);
     if (!e && create) {
         e = exec(db, "BEGIN IMMEDIATE", "create schema", err);
@@ -186,6 +216,8 @@ static int open_db(jlm_rdb *db, int create, jlm_err *err)
     }
     if (!e)
         e = check_schema(db, create, err);
+    if (!e && mode == JLM_RDB_READONLY)
+        e = hide_dead_sessions(db, err);
     for (int i = 0; !e && i < ST_COUNT; i++) {
         rc = sqlite3_prepare_v3(db->db, STMT_SQL[i], -1, SQLITE_PREPARE_PERSISTENT, &db->st[i], NULL);
         if (rc != SQLITE_OK)
@@ -194,9 +226,43 @@ static int open_db(jlm_rdb *db, int create, jlm_err *err)
     return e;
 }
 
-int jlm_rdb_open(const char *path, int create, jlm_rdb **out, jlm_err *err)
+/* Closes the SQLite handle and its statements, keeping db itself. */
+static void close_sqlite(jlm_rdb *db)
+{
+    for (int i = 0; i < ST_COUNT; i++) {
+        sqlite3_finalize(db->st[i]);
+        db->st[i] = NULL;
+    }
+    sqlite3_close(db->db);
+    db->db = NULL;
+}
+
+/* Renames the corrupt database to PATH.corrupt-STAMP and removes its WAL and
+ * shared-memory files (they belong to the damaged file). */
+static int move_aside(jlm_rdb *db, jlm_err *err)
+{
+    char *to = NULL, side[4200];
+    if (asprintf(&to, "%s.corrupt-%lld", db->path, (long long)time(NULL)) < 0)
+        return jlm_errf(err, JLM_ENOMEM, "%s: residency database: out of memory", db->path);
+    if (rename(db->path, to) != 0) {
+        int e = jlm_errf(err, JLM_EIO, "%s: residency database is corrupt and cannot be moved aside: %s",
+                         db->path, strerror(errno));
+        free(to);
+        return e;
+    }
+    for (int i = 0; i < 2; i++) {
+        snprintf(side, sizeof side, "%s%s", db->path, i ? "-shm" : "-wal");
+        unlink(side);
+    }
+    free(db->moved_to);
+    db->moved_to = to;
+    return 0;
+}
+
+int jlm_rdb_open(const char *path, int mode, jlm_rdb **out, jlm_err *err)
 {
     struct stat st;
+    int create = mode == JLM_RDB_CREATE;
     if (!create && stat(path, &st) != 0)
         return jlm_errf(err, errno == ENOENT ? JLM_ENOTFOUND : JLM_EIO, "%s: residency database: %s",
                         path, strerror(errno));
@@ -208,7 +274,14 @@ int jlm_rdb_open(const char *path, int create, jlm_rdb **out, jlm_err *err)
         return jlm_errf(err, JLM_ENOMEM, "%s: residency database: out of memory", path);
     }
     db->clock = now_real;
-    int e = open_db(db, create, err);
+    db->mode = mode;
+    int e = open_db(db, mode, err);
+    if (e == JLM_EFORMAT && create) {   /* corrupt: keep it for a post-mortem, start afresh */
+        close_sqlite(db);
+        e = move_aside(db, err);
+        if (!e)
+            e = open_db(db, mode, err);
+    }
     if (e) {
         jlm_rdb_close(db);
         return e;
@@ -217,13 +290,43 @@ int jlm_rdb_open(const char *path, int create, jlm_rdb **out, jlm_err *err)
     return 0;
 }
 
+int jlm_rdb_check(const jlm_rdb *db, jlm_err *err)
+{
+    static const char magic[16] = "SQLite format 3";
+    char head[16] = {0};
+    int fd = open(db->path, O_RDONLY | O_CLOEXEC | O_NOFOLLOW);
+    ssize_t n = fd >= 0 ? pread(fd, head, sizeof head, 0) : -1;
+    if (fd >= 0)
+        close(fd);
+    if (n != (ssize_t)sizeof head || memcmp(head, magic, sizeof magic))
+        return jlm_errf(err, JLM_EFORMAT, "%s: no longer a SQLite database (%s)", db->path,
+                        fd < 0 ? strerror(errno) : "header overwritten");
+    return 0;
+}
+
+int jlm_rdb_recreate(jlm_rdb *db, jlm_err *err)
+{
+    int e = move_aside(db, err);
+    close_sqlite(db);
+    size_t k = 0;   /* queued daemon reads are new and kept; engine events name old sessions */
+    for (size_t i = 0; i < db->nq; i++)
+        if (db->q[i].sid == 0)
+            db->q[k++] = db->q[i];
+    db->nq = k;
+    return e ? e : open_db(db, JLM_RDB_CREATE, err);
+}
+
+const char *jlm_rdb_moved_aside(const jlm_rdb *db)
+{
+    return db ? db->moved_to : NULL;
+}
+
 void jlm_rdb_close(jlm_rdb *db)
 {
     if (!db)
         return;
-    for (int i = 0; i < ST_COUNT; i++)
-        sqlite3_finalize(db->st[i]);
-    sqlite3_close(db->db);
+    close_sqlite(db);
+    free(db->moved_to);
     for (size_t i = 0; i < db->nkeys; i++)
         free(db->keys[i]);
     free(db->keys);
@@ -703,7 +806,8 @@ void jlm_rdb_free_names(char **names, size_t n)
 
 int jlm_rdb_resident(jlm_rdb *db, const char *model_key, char ***names, size_t *n, jlm_err *err)
 {
-    prune(db, NULL);   /* best effort: a read-only or busy database still lists */
+    if (db->mode != JLM_RDB_READONLY)
+        prune(db, NULL);   /* best effort: a busy database still lists */
     sqlite3_stmt *s = NULL;
     int rc = sqlite3_prepare_v2(db->db, "SELECT DISTINCT r.array, r.a, r.b FROM resident r JOIN models m ON"
                                 " m.id = r.model_id WHERE m.key = ?1 ORDER BY " ORDER_PAGES, -1, &s, NULL);
@@ -830,7 +934,8 @@ static int model_json(jlm_rdb *db, int64_t mid, json_t *m, jlm_err *err)
 static int stats_tree(jlm_rdb *db, const char *model_key, json_t **out, jlm_err *err)
 {
     int e = 0;
-    prune(db, NULL);   /* best effort, as in jlm_rdb_resident */
+    if (db->mode != JLM_RDB_READONLY)
+        prune(db, NULL);   /* best effort, as in jlm_rdb_resident */
     sqlite3_stmt *s = NULL;
     int rc = sqlite3_prepare_v2(db->db, "SELECT id, key FROM models WHERE ?1 IS NULL OR key = ?1 ORDER BY key",
                                 -1, &s, NULL);

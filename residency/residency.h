@@ -39,9 +39,30 @@
 
 typedef struct jlm_rdb jlm_rdb;
 
-/* Opens (creating if absent, when create) the database; WAL mode, busy
- * timeout, schema created or checked. *out untouched on error. */
-int  jlm_rdb_open(const char *path, int create, jlm_rdb **out, jlm_err *err);
+/* How to open: JLM_RDB_EXISTING (0) read-write, the file must be there;
+ * JLM_RDB_CREATE (1) creating it if absent, and a corrupt one (not a SQLite
+ * database, or SQLite finds it damaged) is renamed PATH.corrupt-STAMP and
+ * recreated (jlm_rdb_moved_aside says where it went; the caller logs it);
+ * JLM_RDB_READONLY (2) SQLITE_OPEN_READONLY: never writes to the file (no
+ * journal-mode change, no pruning), for `jlm stats FILE` on any file. */
+enum { JLM_RDB_EXISTING = 0, JLM_RDB_CREATE = 1, JLM_RDB_READONLY = 2 };
+
+/* Opens the database in mode (above); WAL mode, busy timeout, schema created
+ * or checked. *out untouched on error. */
+int  jlm_rdb_open(const char *path, int mode, jlm_rdb **out, jlm_err *err);
+/* Where a JLM_RDB_CREATE open moved a corrupt database, or NULL. */
+const char *jlm_rdb_moved_aside(const jlm_rdb *db);
+/* Cheap check that the file at the database's path still is a SQLite
+ * database (present, with the SQLite header): a file overwritten or removed
+ * under an open handle is otherwise served stale from SQLite's cache and WAL.
+ * JLM_EFORMAT naming the path if not. */
+int  jlm_rdb_check(const jlm_rdb *db, jlm_err *err);
+/* The owner's answer to a failed check or a JLM_EFORMAT from a query: moves
+ * the file aside as PATH.corrupt-STAMP before closing the connection (whose
+ * close would checkpoint stale pages into it), drops queued engine events
+ * (their sessions are gone; daemon reads stay queued) and opens a fresh database on the same handle. On error the handle can only be
+ * closed. */
+int  jlm_rdb_recreate(jlm_rdb *db, jlm_err *err);
 void jlm_rdb_close(jlm_rdb *db);   /* accepts NULL */
 
 /* The wall clock stamping sessions, models and reads (seconds since the

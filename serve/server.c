@@ -269,7 +269,7 @@ static enum MHD_Result send_residency(jlm_srv *s, struct MHD_Connection *c, srv_
     if (m->rdb_path) {
         jlm_rdb *db = NULL;
         char *out = NULL;
-        int rc = jlm_rdb_open(m->rdb_path, 0, &db, &err);
+        int rc = jlm_rdb_open(m->rdb_path, JLM_RDB_READONLY, &db, &err);
         if (!rc) rc = jlm_rdb_stats_json(db, m->rdb_key, &out, &err);
         jlm_rdb_close(db);
         return rc ? send_error(s, c, 500, err.msg) : send_text(c, 200, out, strlen(out), "application/json");

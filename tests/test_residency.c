@@ -10,6 +10,9 @@
 
 #include <jansson.h>
 #include <sqlite3.h>
+#include <dirent.h>
+#include <fcntl.h>
+#include <sys/stat.h>
 #include <sys/xattr.h>
 
 static char *tmp;
@@ -259,8 +262,16 @@ Test(residency, a_session_whose_process_died_is_pruned_with_its_residency)
              "'blocks', 5, -1 FROM models WHERE key = 'm.jlm'", (int)dead_pid());
     cr_assert_eq(sqlite3_exec(raw, sql, NULL, NULL, NULL), SQLITE_OK, "%s", sqlite3_errmsg(raw));
     sqlite3_close(raw);
+    jlm_rdb *ro = NULL;   /* read-only (jlm stats): the dead session is hidden, not deleted */
+    jlm_err err = {0};
+    cr_assert_eq(jlm_rdb_open(dbpath, JLM_RDB_READONLY, &ro, &err), 0, "%s", err.msg);
+    resident(ro, "m.jlm", "blocks.1");
+    json_t *j = stats(ro, "m.jlm");
+    EXPECT(model(j, "m.jlm"), "sessions", 1);
+    json_decref(j);
+    jlm_rdb_close(ro);
     resident(db, "m.jlm", "blocks.1");
-    json_t *j = stats(db, "m.jlm");
+    j = stats(db, "m.jlm");
     EXPECT(model(j, "m.jlm"), "sessions", 1);
     json_decref(j);
     jlm_rdb_close(db);
@@ -367,19 +378,125 @@ Test(residency, two_writer_processes_lose_no_counts)
 }
 
 /* ---------------------------------------------------------------- bad files */
-Test(residency, a_file_that_is_not_a_database_is_refused_naming_it)
+static void fill_two_models(void);
+
+static void write_junk(const char *path)
 {
     char junk[4096];
     for (size_t i = 0; i < sizeof junk; i++)
         junk[i] = (char)("not a database, just text\n"[i % 26]);
-    cr_assert_eq(tu_write_file(dbpath, junk, sizeof junk), 0);
-    for (int create = 0; create < 2; create++) {
+    cr_assert_eq(tu_write_file(path, junk, sizeof junk), 0);
+}
+
+Test(residency, a_file_that_is_not_a_database_is_refused_naming_it)
+{
+    write_junk(dbpath);
+    for (int mode = JLM_RDB_EXISTING; mode <= JLM_RDB_READONLY; mode += 2) {
         jlm_err err = {0};
         jlm_rdb *db = NULL;
-        int rc = jlm_rdb_open(dbpath, create, &db, &err);
-        cr_assert_eq(rc, JLM_EFORMAT, "create=%d: expected JLM_EFORMAT, got %d (%s)", create, rc, err.msg);
+        int rc = jlm_rdb_open(dbpath, mode, &db, &err);
+        cr_assert_eq(rc, JLM_EFORMAT, "mode=%d: expected JLM_EFORMAT, got %d (%s)", mode, rc, err.msg);
         cr_assert_null(db, "out-param written on error");
         cr_assert(strstr(err.msg, dbpath), "message should name %s: %s", dbpath, err.msg);
+    }
+}
+
+/* The path of the one PATH.corrupt-* next to dbpath, or NULL (malloc'd). */
+static char *corrupt_copy(void)
+{
+    char *found = NULL;
+    DIR *d = opendir(tmp);
+    struct dirent *de;
+    while (d && (de = readdir(d)))
+        if (!strncmp(de->d_name, "jlmfs.db.corrupt-", 17)) {
+            cr_assert_null(found, "two corrupt copies");
+            cr_assert(asprintf(&found, "%s/%s", tmp, de->d_name) > 0);
+        }
+    if (d)
+        closedir(d);
+    return found;
+}
+
+Test(residency, a_corrupt_database_is_moved_aside_and_recreated_by_its_owner)
+{
+    fill_two_models();
+    size_t n = 0;
+    unsigned char *good = tu_read_file(dbpath, &n);
+    cr_assert(good && n >= 4096, "database of %zu bytes", n);
+    memset(good + 100, 0xA5, n - 100);   /* the header survives, every page is garbage */
+    cr_assert_eq(tu_write_file(dbpath, good, n), 0);
+    free(good);
+    jlm_err err = {0};
+    jlm_rdb *db = NULL;
+    int rc = jlm_rdb_open(dbpath, JLM_RDB_CREATE, &db, &err);
+    cr_assert_eq(rc, 0, "the owner's open should recover: %d %s", rc, err.msg);
+    char *aside = corrupt_copy();
+    cr_assert(aside, "no jlmfs.db.corrupt-* next to the database");
+    cr_assert_str_eq(jlm_rdb_moved_aside(db), aside);
+    size_t m = 0;
+    free(tu_read_file(aside, &m));
+    cr_assert_eq(m, n, "the corrupt file was not kept as it was (%zu bytes, had %zu)", m, n);
+    char *out = NULL;
+    cr_assert_eq(jlm_rdb_stats_json(db, NULL, &out, &err), 0, "%s", err.msg);
+    cr_assert(!strstr(out, "a.jlm"), "stale statistics after recovery:\n%s", out);
+    free(out);
+    int64_t s = begin(db, "c.jlm");   /* the new database takes writes */
+    ev(db, s, "blocks", 0, -1, JLM_RDB_PAGE_IN, JLM_TIER_DISK, 4096);
+    flush(db);
+    jlm_rdb_close(db);
+    cr_assert_eq(jlm_rdb_open(dbpath, JLM_RDB_READONLY, &db, &err), 0, "%s", err.msg);
+    cr_assert_null(jlm_rdb_moved_aside(db));
+    jlm_rdb_close(db);
+    free(aside);
+}
+
+Test(residency, a_corrupt_database_is_left_alone_by_readers)
+{
+    write_junk(dbpath);
+    jlm_err err = {0};
+    jlm_rdb *db = NULL;
+    cr_assert_eq(jlm_rdb_open(dbpath, JLM_RDB_EXISTING, &db, &err), JLM_EFORMAT, "%s", err.msg);
+    cr_assert_null(corrupt_copy(), "a reader moved the database aside");
+    cr_assert(tu_exists(dbpath));
+}
+
+/* jlm stats FILE on a file that is not a database (text, empty) and on a
+ * database in rollback-journal mode: every byte and the mtime stay (before,
+ * the WAL pragma turned the empty file into a database and rewrote the
+ * other's header). */
+Test(residency, jlm_stats_never_writes_to_the_file_it_is_given, .timeout = 60)
+{
+    char text[1200], empty[1200];
+    snprintf(text, sizeof text, "%s/notes.txt", tmp);
+    snprintf(empty, sizeof empty, "%s/empty", tmp);
+    write_junk(text);
+    cr_assert_eq(tu_write_file(empty, "", 0), 0);
+    fill_two_models();
+    sqlite3 *raw = NULL;
+    cr_assert_eq(sqlite3_open(dbpath, &raw), SQLITE_OK);
+    cr_assert_eq(sqlite3_exec(raw, "PRAGMA journal_mode=DELETE", NULL, NULL, NULL), SQLITE_OK);
+    sqlite3_close(raw);
+    const char *files[] = { text, empty, dbpath };
+    for (int i = 0; i < 3; i++) {
+        struct timespec old = { 1000000000, 0 }, times[2] = { old, old };
+        cr_assert_eq(utimensat(AT_FDCWD, files[i], times, 0), 0);
+        size_t n0 = 0, n1 = 0;
+        unsigned char *before = tu_read_file(files[i], &n0);
+        char cmd[2600], *out = NULL;
+        snprintf(cmd, sizeof cmd, "'%s' stats '%s' --json", tu_jlm(), files[i]);
+        int rc = tu_run(cmd, &out);
+        cr_assert_eq(rc, i == 2 ? 0 : 1, "%s: exit %d\n%s", cmd, rc, out);
+        if (i < 2)
+            cr_assert(strstr(out, files[i]), "the error should name the file:\n%s", out);
+        free(out);
+        unsigned char *after = tu_read_file(files[i], &n1);
+        cr_assert(n0 == n1 && (n0 == 0 || !memcmp(before, after, n0)), "%s: bytes changed (%zu -> %zu)",
+                  files[i], n0, n1);
+        struct stat st;
+        cr_assert_eq(stat(files[i], &st), 0);
+        cr_assert_eq(st.st_mtime, old.tv_sec, "%s: mtime changed", files[i]);
+        free(before);
+        free(after);
     }
 }
 

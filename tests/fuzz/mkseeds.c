@@ -4,7 +4,11 @@
  * (block_count that wraps, allocates gigabytes or writes a huge sparse file,
  * too many experts, dimensions that disagree); OUT/engine holds the
  * containers `jlm convert` makes of the seeds, plus the same with an altered
- * config.
+ * config. OUT/tokenizer holds the vocab records of those containers and of
+ * tests/models/stories260K.gguf, each with a few texts (fuzz_tokenizer's
+ * input: u32 length, record, text); OUT/jinja every template of
+ * tests/reference/chat-templates with its first case's variables
+ * (fuzz_jinja's input: template, NUL, JSON).
  *   mkseeds OUT */
 #define MKGGUF_NO_MAIN
 #include "bench/mkgguf.c"
@@ -12,6 +16,8 @@
 #include "tests/craft.h"
 #include "tests/testutil.h"
 
+#include <dirent.h>
+#include <jansson.h>
 #include <sys/stat.h>
 
 static int convert(const char *gguf, const char *out)
@@ -42,6 +48,69 @@ static void alter(const char *path, const char *out, int field, uint32_t v)
         fclose(f);
     }
     free(b);
+}
+
+/* fuzz_tokenizer seeds: the vocab record of container jlm with texts. */
+static void tokenizer_seeds(const char *jlm, const char *dir, const char *as)
+{
+    static const char *const texts[] = {
+        "Once upon a time", " Hello  world\n\n<s></s><unk>", "caf\xc3\xa9 \xe2\x80\x94 \xf0\x9f\x98\x80 123 4567",
+        "\xff\xfe\xc3", "",
+    };
+    jlm_model *m = NULL;
+    jlm_err err;
+    if (jlm_fmt_open(jlm, &m, &err)) {
+        fprintf(stderr, "mkseeds: %s\n", err.msg);
+        return;
+    }
+    jlm_buf b = {0};
+    jlm_fmt_vocab_encode(&b, &m->vocab);
+    for (size_t i = 0; !b.oom && i < sizeof texts / sizeof texts[0]; i++) {
+        char p[1200];
+        snprintf(p, sizeof p, "%s/%s-%zu", dir, as, i);
+        FILE *f = fopen(p, "wb");
+        uint32_t n = (uint32_t)b.len;
+        if (f) {
+            fwrite(&n, 4, 1, f);
+            fwrite(b.p, 1, b.len, f);
+            fputs(texts[i], f);
+            fclose(f);
+        }
+    }
+    jlm_buf_free(&b);
+    jlm_fmt_close(m);
+}
+
+/* fuzz_jinja seeds: NAME.jinja, NUL, NAME.cases.json's first case. */
+static void jinja_seeds(const char *refdir, const char *dir)
+{
+    DIR *d = opendir(refdir);
+    struct dirent *de;
+    while (d && (de = readdir(d))) {
+        size_t l = strlen(de->d_name), n = 0;
+        if (l < 7 || strcmp(de->d_name + l - 6, ".jinja"))
+            continue;
+        char p[1200], q[1200];
+        snprintf(p, sizeof p, "%s/%s", refdir, de->d_name);
+        snprintf(q, sizeof q, "%s/%.*s.cases.json", refdir, (int)(l - 6), de->d_name);
+        unsigned char *tpl = tu_read_file(p, &n);
+        json_t *cases = json_load_file(q, 0, NULL);
+        char *vars = json_dumps(json_array_get(cases, 0), JSON_COMPACT);
+        snprintf(q, sizeof q, "%s/%.*s", dir, (int)(l - 6), de->d_name);
+        FILE *f = tpl ? fopen(q, "wb") : NULL;
+        if (f) {
+            fwrite(tpl, 1, n, f);
+            fputc(0, f);
+            if (vars)
+                fputs(vars, f);
+            fclose(f);
+        }
+        free(vars);
+        json_decref(cases);
+        free(tpl);
+    }
+    if (d)
+        closedir(d);
 }
 
 int main(int argc, char **argv)
@@ -97,5 +166,16 @@ int main(int argc, char **argv)
         snprintf(q, sizeof q, "%s/engine/altered-%s.jlm", argv[1], A[i].as);
         alter(p, q, A[i].field, A[i].v);
     }
+    snprintf(q, sizeof q, "%s/tokenizer", argv[1]);
+    mkdir(q, 0755);
+    snprintf(p, sizeof p, "%s/engine/fuzz-F32.jlm", argv[1]);
+    tokenizer_seeds(p, q, "fuzz");
+    snprintf(p, sizeof p, "%s/stories260K.jlm", argv[1]);
+    if (!convert("tests/models/stories260K.gguf", p))
+        tokenizer_seeds(p, q, "stories260K");
+    unlink(p);
+    snprintf(q, sizeof q, "%s/jinja", argv[1]);
+    mkdir(q, 0755);
+    jinja_seeds("tests/reference/chat-templates", q);
     return 0;
 }

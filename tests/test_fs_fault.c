@@ -1,0 +1,222 @@
+/* test_fs_fault.c - fault injection through the daemon's I/O seam
+ * (jlmfs_opts.io, base/io.h): EIO and ENOSPC at every write of a conversion
+ * in turn. Whatever write fails, the view's status says why, no read returns
+ * bytes other than `jlm convert`'s (a read either matches or fails), and the
+ * daemon keeps serving another view. In process, no mount, no workers
+ * (reads pack on demand), like test_fs_io.c. Issue 10; docs/security.md. */
+#include <criterion/criterion.h>
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "fs/jlmfs.h"
+#include "tests/testutil.h"
+
+static int n_writes;     /* pwrite calls to m's cache file so far */
+static int fail_at;      /* the pwrite call (1-based) that fails; 0: none */
+static int fail_errno;
+
+/* Is fd m.gguf's cache file (CACHE/m@<key>.jlm.part)? The fault is aimed at
+ * m's conversion only; other's, which a worker may run first, always pass. */
+static int is_m(int fd)
+{
+    char link[64], path[4096];
+    snprintf(link, sizeof link, "/proc/self/fd/%d", fd);
+    ssize_t l = readlink(link, path, sizeof path - 1);
+    if (l <= 0)
+        return 0;
+    path[l] = 0;
+    return strstr(path, "/cache/m@") != NULL;
+}
+
+static ssize_t faulty_pwrite(int fd, const void *b, size_t n, int64_t o)
+{
+    if (is_m(fd) && ++n_writes == fail_at) {
+        errno = fail_errno;
+        return -1;
+    }
+    return jlm_io_posix.pwrite(fd, b, n, o);
+}
+
+static char *tmp;
+static unsigned char *ref[2];
+static size_t ref_len[2];
+static const char *const MODEL[2] = { "stories260K.gguf", "synth-llama-256.Q4_0.gguf" };
+static const char *const VIEW[2] = { "/m.jlm/model.jlm", "/other.jlm/model.jlm" };
+
+static void setup(void)
+{
+    tmp = tu_tmpdir();
+    cr_assert(tmp);
+    for (int i = 0; i < 2; i++) {
+        char cmd[1400], path[1200];
+        snprintf(path, sizeof path, "%s/ref%d.jlm", tmp, i);
+        snprintf(cmd, sizeof cmd, "%s convert %s -o %s", tu_jlm(), tu_model(MODEL[i]), path);
+        cr_assert_eq(tu_run(cmd, NULL), 0, "%s", cmd);
+        ref[i] = tu_read_file(path, &ref_len[i]);
+        cr_assert(ref[i]);
+    }
+}
+
+static void fini(void)
+{
+    tu_rmrf(tmp);
+    free(tmp);
+    free(ref[0]);
+    free(ref[1]);
+}
+
+TestSuite(fs_fault, .init = setup, .fini = fini, .timeout = 120);
+
+/* A fresh SRC (m.gguf, other.gguf) and cache under tmp/run, opened through
+ * the faulty seam. */
+static jlmfs *open_fs(const jlm_io *io)
+{
+    char src[900], path[1300];
+    snprintf(src, sizeof src, "%s/run", tmp);
+    tu_rmrf(src);
+    cr_assert_eq(mkdir(src, 0755), 0);
+    snprintf(src, sizeof src, "%s/run/src", tmp);
+    cr_assert_eq(mkdir(src, 0755), 0);
+    for (int i = 0; i < 2; i++) {
+        size_t n;
+        unsigned char *g = tu_read_file(tu_model(MODEL[i]), &n);
+        cr_assert(g);
+        snprintf(path, sizeof path, "%s/%s", src, i ? "other.gguf" : "m.gguf");
+        cr_assert_eq(tu_write_file(path, g, n), 0);
+        free(g);
+    }
+    char cache[1000];
+    snprintf(cache, sizeof cache, "%s/run/cache", tmp);
+    jlmfs_opts o = {.src = src, .cache = cache, .n_workers = 1, .io = io};
+    jlmfs *fs = NULL;
+    jlm_err err = {0};
+    cr_assert_eq(jlmfs_open(&o, &fs, &err), 0, "%s", err.msg);
+    return fs;
+}
+
+/* Reads view v in 64 KiB pieces: each read matches `jlm convert` or fails
+ * (or the file is gone: the view failed). Returns how many failed. */
+static int read_view(jlmfs *fs, int v, int fault)
+{
+    jlmfs_node node = {0};
+    jlm_err err = {0};
+    int rc = jlmfs_resolve(fs, VIEW[v], &node, &err);
+    if (rc && fault)   /* a view in ERROR serves only its status (jlmfs.h invariant 4) */
+        return 1;
+    cr_assert_eq(rc, 0, "%s", err.msg);
+    unsigned char *got = malloc(65536);
+    int failed = 0;
+    for (size_t off = 0; off < ref_len[v]; off += 65536) {
+        size_t g = 0, want = ref_len[v] - off < 65536 ? ref_len[v] - off : 65536;
+        int rc = jlmfs_read(fs, &node, got, 65536, off, &g, &err);
+        if (rc) {
+            cr_assert(rc == JLM_EIO || rc == JLM_ENOSPC, "fault %d: read at %zu: rc %d (%s)", fault, off, rc, err.msg);
+            failed++;
+            continue;
+        }
+        cr_assert(g == want && !memcmp(got, ref[v] + off, g),
+                  "fault at write %d (%s): torn page: the read at %zu (%zu bytes) differs from jlm convert", fault,
+                  strerror(fail_errno), off, g);
+    }
+    free(got);
+    jlmfs_node_clear(&node);
+    return failed;
+}
+
+static char *status_of(jlmfs *fs, const char *path)
+{
+    jlmfs_node node = {0};
+    jlm_err err = {0};
+    char *s = NULL;
+    size_t n;
+    cr_assert_eq(jlmfs_resolve(fs, path, &node, &err), 0, "%s", err.msg);
+    cr_assert_eq(jlmfs_text(fs, &node, &s, &n, &err), 0, "%s", err.msg);
+    jlmfs_node_clear(&node);
+    return s;
+}
+
+/* Waits (<= 20 s) until m's status is no longer "converting". */
+static void wait_settled(jlmfs *fs)
+{
+    for (int i = 0; i < 2000; i++) {
+        char *st = status_of(fs, "/m.jlm/status");
+        int busy = !strncmp(st, "converting", 10);
+        free(st);
+        if (!busy)
+            return;
+        struct timespec ts = {0, 10 * 1000000L};
+        nanosleep(&ts, NULL);
+    }
+    cr_assert_fail("the conversion did not settle within 20 s");
+}
+
+/* One run with the fault at write k: reads of m, its status, then other.
+ * worker: the background conversion writes (and finishes) first. */
+static void run_with_fault(int k, int e, int worker)
+{
+    jlm_io io = jlm_io_posix;
+    io.pwrite = faulty_pwrite;
+    n_writes = 0;
+    fail_at = k;
+    fail_errno = e;
+    jlmfs *fs = open_fs(&io);
+    if (worker) {
+        jlm_err err = {0};
+        cr_assert_eq(jlmfs_start(fs, &err), 0, "%s", err.msg);
+        wait_settled(fs);
+    }
+    int failed = read_view(fs, 0, k);
+    failed += read_view(fs, 0, k);   /* again: a failed unit is never served as done */
+    char *st = status_of(fs, "/m.jlm/status");
+    if (failed || (worker && strncmp(st, "ready", 5))) {
+        const char *why = e == ENOSPC ? "no space left in cache" : "Input/output error";
+        cr_assert(!strncmp(st, "error: ", 7) && strstr(st, why),
+                  "fault at write %d (%s): %d reads failed, the status does not say why: %s", k, strerror(e),
+                  failed, st);
+    }
+    free(st);
+    fail_at = 0;
+    cr_assert_eq(read_view(fs, 1, k), 0, "fault at write %d: the other view stopped serving", k);
+    jlmfs_close(fs);
+}
+
+static void every_write(int e, int worker)
+{
+    jlm_io io = jlm_io_posix;
+    io.pwrite = faulty_pwrite;
+    n_writes = 0;
+    fail_at = 0;
+    jlmfs *fs = open_fs(&io);
+    cr_assert_eq(read_view(fs, 0, 0), 0);
+    int total = n_writes;
+    jlmfs_close(fs);
+    cr_assert_gt(total, 1, "the conversion wrote through the seam %d times", total);
+    cr_log_info("%s: a fault at each of %d writes", strerror(e), total);
+    for (int k = 1; k <= total; k++)
+        run_with_fault(k, e, worker);
+}
+
+Test(fs_fault, eio_at_every_write_of_an_on_demand_conversion)
+{
+    every_write(EIO, 0);
+}
+
+Test(fs_fault, enospc_at_every_write_of_an_on_demand_conversion)
+{
+    every_write(ENOSPC, 0);
+}
+
+Test(fs_fault, eio_at_every_write_of_the_background_conversion)
+{
+    every_write(EIO, 1);
+}
+
+Test(fs_fault, enospc_at_every_write_of_the_background_conversion)
+{
+    every_write(ENOSPC, 1);
+}
