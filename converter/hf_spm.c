@@ -101,8 +101,8 @@ int jlm_hf_spm_scores(hf *h, const char *path, json_t *tok, uint32_t n)
     for (uint32_t j = 0; j < n; j++)
         sc[j] = -1e9f;
     json_array_foreach(mg, i, v) {
-        const char *a = json_is_string(v) ? json_string_value(v) : str_at(NULL, ""), *b = NULL, *sp;
-        size_t la, lb;
+        const char *a = json_string_value(v), *b = NULL, *sp;
+        size_t la = 0, lb;
         if (json_is_string(v) && (sp = strchr(a + (*a != 0), ' '))) {
             la = (size_t)(sp - a);
             b = sp + 1;
@@ -114,8 +114,15 @@ int jlm_hf_spm_scores(hf *h, const char *path, json_t *tok, uint32_t n)
             return jlm_errf(h->err, JLM_EFORMAT, "%s: model.merges[%zu] is not \"a b\" or [a, b]", path, i);
         }
         lb = strlen(b);
-        if (la + lb + 1 > cap && !(buf = realloc(buf, cap = 2 * (la + lb + 1))))
-            return jlm_errf(h->err, JLM_ENOMEM, "%s: scores", path);
+        if (la + lb + 1 > cap) {
+            char *nb = realloc(buf, 2 * (la + lb + 1));
+            if (!nb) {
+                free(buf);
+                return jlm_errf(h->err, JLM_ENOMEM, "%s: scores", path);
+            }
+            buf = nb;
+            cap = 2 * (la + lb + 1);
+        }
         memcpy(buf, a, la);
         memcpy(buf + la, b, lb + 1);
         json_t *id = json_object_get(vocab, buf);
