@@ -55,6 +55,14 @@ void *jlm_hf_keep(hf *h, void *p);
 jlm_gguf_kv *jlm_hf_kv(hf *h, const char *key, int arch_key, uint32_t type);
 int jlm_hf_kv_str(hf *h, const char *key, const char *v);
 
+/* hf_spm.c: BPE with byte fallback and U+2581 (llama-2 / gemma3 style) as
+ * llama.cpp's "llama" model: the parts tokenizer.json must have, and scores. */
+int jlm_hf_spm_pre(hf *h, const char *path, json_t *pre);
+int jlm_hf_spm_norm_dec(hf *h, const char *path, json_t *norm, json_t *dec, int *prepend);
+int jlm_hf_spm_is_byte(const char *s);
+int jlm_hf_spm_plain(const char *s, json_t *vocab);
+int jlm_hf_spm_scores(hf *h, const char *path, json_t *tok, uint32_t n);
+
 /* tokenizer.json + tokenizer_config.json (+ generation_config.json) of h->dir
  * -> llama.cpp's tokenizer.ggml.* keys; n_vocab: config.json's vocab_size or 0.
  * Without tokenizer.json: tokenizer.ggml.model "none". Notes go to notes. */

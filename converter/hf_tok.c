@@ -21,7 +21,7 @@ static const struct { const char *re, *pre; } KNOWN_SPLITS[] = {
      "\\s*[\\r\\n]+|\\s+(?!\\S)|\\s+", "qwen2"},
 };
 
-enum { TT_NORMAL = 1, TT_CONTROL = 3, TT_USER = 4, TT_UNUSED = 5 };
+enum { TT_NORMAL = 1, TT_UNKNOWN = 2, TT_CONTROL = 3, TT_USER = 4, TT_UNUSED = 5, TT_BYTE = 6 };
 
 typedef struct tk {
     hf         *h;
@@ -34,6 +34,8 @@ typedef struct tk {
     int         add_bos, add_eos;
     int32_t     pp_bos, pp_eos;   /* what the post-processor adds */
     FILE       *notes;
+    int         spm;       /* BPE with byte fallback and '\xe2\x96\x81' (llama.cpp's "llama" model) */
+    int         prepend;   /* its normalizer prepends '\xe2\x96\x81' */
 } tk;
 
 static int refuse(tk *t, const char *field, const char *what)
@@ -50,8 +52,7 @@ static int check_model(tk *t)
     const char *ty = type_of(m);
     if (!ty || strcmp(ty, "BPE"))
         return refuse(t, "model.type", ty ? ty : "(missing)");
-    if (json_is_true(json_object_get(m, "byte_fallback")))
-        return refuse(t, "model.byte_fallback", "true (SentencePiece-style BPE with <0xNN> tokens)");
+    t->spm = json_is_true(json_object_get(m, "byte_fallback"));
     const char *csp = json_string_value(json_object_get(m, "continuing_subword_prefix"));
     const char *eow = json_string_value(json_object_get(m, "end_of_word_suffix"));
     if ((csp && *csp) || (eow && *eow))
@@ -66,6 +67,8 @@ static int check_pre(tk *t)
 {
     json_t *p = json_object_get(t->tok, "pre_tokenizer");
     const char *ty = type_of(p);
+    if (t->spm)
+        return jlm_hf_spm_pre(t->h, t->path, p);
     if (ty && !strcmp(ty, "ByteLevel") && !json_is_false(json_object_get(p, "use_regex"))) {
         t->pre = "gpt-2";
         return 0;
@@ -90,6 +93,8 @@ static int check_rest(tk *t)
 {
     json_t *n = json_object_get(t->tok, "normalizer"), *d = json_object_get(t->tok, "decoder");
     const char *nt = type_of(n), *dt = type_of(d);
+    if (t->spm)
+        return jlm_hf_spm_norm_dec(t->h, t->path, n, d, &t->prepend);
     if (nt && strcmp(nt, "NFC"))
         return refuse(t, "normalizer", nt);
     if (nt && t->notes)
@@ -105,7 +110,7 @@ static int set_token(tk *t, json_int_t id, const char *s, int32_t type)
     if (id < 0 || (uint64_t)id >= t->n)
         return jlm_errf(t->h->err, JLM_EFORMAT, "%s: token '%.80s' has id %lld outside 0..%u", t->path, s,
                         (long long)id, t->n - 1);
-    if (t->text[id].s && type == TT_NORMAL)
+    if (t->text[id].s && type == TT_NORMAL && strcmp(t->text[id].s, s))
         return jlm_errf(t->h->err, JLM_EFORMAT, "%s: id %lld is given to '%.80s' and '%.80s'", t->path, (long long)id,
                         t->text[id].s, s);
     t->text[id].s = s;                 /* owned by the json, which outlives the handle: copied below */
@@ -151,7 +156,7 @@ static int tokens(tk *t, uint32_t n_vocab)
         if (!rc && !json_is_integer(v))
             rc = jlm_errf(t->h->err, JLM_EFORMAT, "%s: model.vocab['%.80s'] is not an integer", t->path, k);
         else if (!rc)
-            rc = set_token(t, json_integer_value(v), k, TT_NORMAL);
+            rc = set_token(t, json_integer_value(v), k, t->spm && jlm_hf_spm_is_byte(k) ? TT_BYTE : TT_NORMAL);
     json_array_foreach(added, i, v) {
         const char *s = json_string_value(json_object_get(v, "content"));
         json_t *id = json_object_get(v, "id");
@@ -159,8 +164,14 @@ static int tokens(tk *t, uint32_t n_vocab)
             rc = jlm_errf(t->h->err, JLM_EFORMAT, "%s: added_tokens[%zu] needs id and content", t->path, i);
         else if (!rc)
             rc = set_token(t, json_integer_value(id), s,
-                           json_is_true(json_object_get(v, "special")) || looks_special(s) ? TT_CONTROL : TT_USER);
+                           json_is_true(json_object_get(v, "special")) || looks_special(s) ? TT_CONTROL
+                           : t->spm && jlm_hf_spm_plain(s, vocab)                        ? TT_NORMAL
+                                                                                         : TT_USER);
     }
+    const char *unk = json_string_value(json_object_get(json_object_get(t->tok, "model"), "unk_token"));
+    json_t *uid = unk ? json_object_get(vocab, unk) : NULL;
+    if (!rc && t->spm && json_is_integer(uid))
+        t->type[json_integer_value(uid)] = TT_UNKNOWN;
     for (uint32_t j = 0; !rc && j < t->n; j++) {
         const char *s = t->text[j].s ? jlm_hf_own(t->h, "%s", t->text[j].s) : jlm_hf_own(t->h, "[PAD%u]", j);
         if (!s)
@@ -343,9 +354,12 @@ int jlm_hf_tokenizer(hf *h, json_t *tok, json_t *tok_cfg, json_t *gen_cfg, uint3
     t.path = path;
     int rc;
     if ((rc = check_model(&t)) || (rc = check_pre(&t)) || (rc = check_rest(&t)) || (rc = tokens(&t, n_vocab)) ||
-        (rc = merges(&t)))
+        (rc = t.spm ? jlm_hf_spm_scores(h, t.path, t.tok, t.n) : merges(&t)))
         return rc;
-    if (jlm_hf_kv_str(h, "tokenizer.ggml.model", "gpt2") || jlm_hf_kv_str(h, "tokenizer.ggml.pre", t.pre) ||
+    if (t.spm && bool_key(&t, "tokenizer.ggml.add_space_prefix", t.prepend))
+        return jlm_errf(h->err, JLM_ENOMEM, "%s", t.path);
+    if (jlm_hf_kv_str(h, "tokenizer.ggml.model", t.spm ? "llama" : "gpt2") ||
+        (!t.spm && jlm_hf_kv_str(h, "tokenizer.ggml.pre", t.pre)) ||
         !arr(&t, "tokenizer.ggml.tokens", GGUF_T_STRING, t.n, t.text) ||
         !arr(&t, "tokenizer.ggml.token_type", GGUF_T_I32, t.n, t.type))
         return jlm_errf(h->err, JLM_ENOMEM, "%s", t.path);
