@@ -1,5 +1,6 @@
 /* jlm_main.c - the `jlm` command: a thin dispatcher over cli/cmd_*.c. */
 #include "cli/cli.h"
+#include "cli/opts.h"
 
 #include <stdio.h>
 #include <stdlib.h>
@@ -31,6 +32,10 @@ int main(int argc, char **argv)
     if (argc < 2 || !strcmp(argv[1], "-h") || !strcmp(argv[1], "--help")) {
         usage(argc < 2 ? stderr : stdout);
         return argc < 2 ? 2 : 0;
+    }
+    if (!strcmp(argv[1], "--version") || !strcmp(argv[1], "-V")) {
+        jlm_opts_version("jlm");
+        return 0;
     }
     for (size_t i = 0; i < sizeof CMDS / sizeof CMDS[0]; i++)
         if (!strcmp(argv[1], CMDS[i].name))
