@@ -12,6 +12,7 @@
 #include "engine/model.h"
 #include "engine/sampler.h"
 #include "text/tokenizer/tokenizer.h"
+#include "text/tokenizer/utf8_fix.h"
 
 #include <stdio.h>
 #include <stdlib.h>
@@ -56,7 +57,7 @@ static int reply(jlm_engine *e, jlm_tok *tok, jlm_sampler *s, float *logits, int
     jlm_tok_stream ts;
     jlm_tok_stream_init(&ts, tok, 0, 0);
     jlm_cli_gen g = {.e = e, .tok = tok, .s = s, .logits = logits, .rep = rep, .ts = &ts,
-                     .n_max = n_max, .print = 1, .eval_eog = 1, .eval_last = 1};
+                     .n_max = n_max, .print = 1, .eval_eog = 1, .eval_last = 1, .fix_utf8 = 1};
     int rc = jlm_cli_generate(&g, NULL, NULL, out, err);
     fputc('\n', stdout);
     fflush(stdout);
@@ -187,8 +188,16 @@ int jlm_cmd_chat(int argc, char **argv)
             free(text); free(full);
             goto out;
         }
-        conv_add(&cv, "assistant", text);
+        /* a reply may end inside a UTF-8 sequence or hold stray bytes: the
+         * conversation keeps valid text (U+FFFD), or the next render fails */
+        char *fixed = text ? jlm_utf8_fix(text, strlen(text)) : NULL;
         free(text);
+        if (!fixed || conv_add(&cv, "assistant", fixed)) {
+            free(fixed); free(full);
+            fprintf(stderr, "jlm chat: out of memory\n");
+            goto out;
+        }
+        free(fixed);
         /* the prompt now holds the conversation without a generation prompt */
         jlm_chat_opts c2 = co;
         c2.add_generation_prompt = 0;

@@ -127,3 +127,58 @@ Test(cli_opts, run_prompt_from_m_f_and_stdin_agree, .timeout = 60)
     tu_rmrf(dir);
     free(dir);
 }
+
+#include "text/tokenizer/utf8_fix.h"
+
+Test(cli_chat_utf8, invalid_utf8_from_the_model_becomes_u_fffd)
+{
+    static const struct { const char *in; size_t n; const char *out; } C[] = {
+        {"ok \xC3\xA9", 5, "ok \xC3\xA9"},                          /* valid stays */
+        {"a\xE2\x82", 3, "a\xEF\xBF\xBD\xEF\xBF\xBD"},              /* truncated at the end of a reply */
+        {"\x80x", 2, "\xEF\xBF\xBDx"},                              /* stray continuation */
+        {"\xC0\xAF", 2, "\xEF\xBF\xBD\xEF\xBF\xBD"},                /* overlong '/' */
+        {"\xED\xA0\x80", 3, "\xEF\xBF\xBD\xEF\xBF\xBD\xEF\xBF\xBD"}, /* surrogate */
+        {"a\0b", 3, "a\xEF\xBF\xBD" "b"},                           /* embedded NUL */
+    };
+    for (size_t i = 0; i < sizeof C / sizeof C[0]; i++) {
+        char *o = jlm_utf8_fix(C[i].in, C[i].n);
+        cr_assert_not_null(o);
+        cr_assert_str_eq(o, C[i].out, "case %zu", i);
+        free(o);
+    }
+}
+
+static int valid_utf8(const char *s)
+{
+    char *f = jlm_utf8_fix(s, strlen(s));
+    int ok = f && !strcmp(f, s);
+    free(f);
+    return ok;
+}
+
+/* stories260K sampled with every filter off at a high temperature emits byte
+ * tokens that are not UTF-8: every turn still answers, and stdout is valid. */
+Test(cli_chat_utf8, replies_with_invalid_bytes_keep_the_chat_going, .timeout = 60)
+{
+    char *dir = tu_tmpdir();
+    jlm_err err = {0};
+    char *m = tu_convert("stories260K.gguf", dir, "s.jlm", &err);
+    cr_assert_not_null(m, "%s", err.msg);
+    char cmd[4096], *o = NULL;
+    int saw_fffd = 0;
+    for (int seed = 1; seed <= 3; seed++) {
+        snprintf(cmd, sizeof cmd, "printf 'Hi\\nMore\\nAgain\\n' | %s chat %s -n 40 --temp 8 --top-k 0 --top-p 1 "
+                 "--min-p 0 --seed %d 2>/dev/null", tu_jlm(), m, seed);
+        cr_assert_eq(tu_run(cmd, &o), 0, "seed %d: %s", seed, o);
+        size_t lines = 0;
+        for (const char *p = o; *p; p++) lines += *p == '\n';
+        cr_assert_geq(lines, 3, "seed %d: a reply for every turn: %s", seed, o);
+        cr_assert(valid_utf8(o), "seed %d: stdout is valid UTF-8", seed);
+        saw_fffd |= strstr(o, "\xEF\xBF\xBD") != NULL;
+        free(o);
+    }
+    cr_assert(saw_fffd, "the sampled replies held invalid bytes (U+FFFD shown)");
+    free(m);
+    tu_rmrf(dir);
+    free(dir);
+}
