@@ -38,5 +38,5 @@ void jlm_cli_print_version(FILE *f)
 {
     char line[512];
     jlm_cu_describe(line, sizeof line);
-    fprintf(f, "jlm: container format v%u\ncpu kernels: %s\n%s\n", JLM_VERSION, jlm_k_cpu_variant_name(), line);
+    fprintf(f, "cpu kernels: %s\n%s\n", jlm_k_cpu_variant_name(), line);
 }

@@ -10,6 +10,7 @@
  * t/s is mean +- sample sd over r repetitions; page-ins, MiB read and read
  * wait are means per repetition. Nothing goes to stdout but the table. */
 #include "cli/cli.h"
+#include "cli/opts.h"
 #include "engine/model.h"
 
 #include <math.h>
@@ -36,29 +37,25 @@ static int bench_parse(int argc, char **argv, bench_opts *o)
     o->reps = 3;
     o->eng.direct = 1;
     o->eng.quiet = 1;
-    for (int i = 1; i < argc; i++) {
-        const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
-#define ARG(name) (!strcmp(a, name) && v && (i++, 1))
-        if (ARG("-p") || ARG("--n-prompt")) o->n_pp = atoi(v);
-        else if (ARG("-n") || ARG("--n-gen")) o->n_tg = atoi(v);
-        else if (ARG("-r") || ARG("--repetitions")) o->reps = atoi(v);
-        else if (ARG("-t") || ARG("--threads")) o->eng.n_threads = atoi(v);
-        else if (ARG("--budget")) {
-            long long b = jlm_cli_parse_size(v);
-            if (b < 0) {
-                fprintf(stderr, "jlm bench: --budget '%s': expected bytes with an optional K/M/G suffix\n", v);
-                return 2;
-            }
-            o->eng.budget = (uint64_t)b;
-        }
-        else if (!strcmp(a, "--no-direct")) o->eng.direct = 0;
-        else if (a[0] != '-' && !o->model) o->model = a;
-        else {
-            fprintf(stderr, "jlm bench: unknown or incomplete option '%s'\n%s", a, BENCH_USAGE);
-            return 2;
-        }
-#undef ARG
-    }
+    const jlm_opt t[] = {
+        {"-m", "--model", JLM_OPT_STR, &o->model, 0, 0, 0, "FILE", "the model (or give it first)"},
+        {"-p", "--n-prompt", JLM_OPT_INT, &o->n_pp, 0, 1 << 20, 0, "N", "prompt tokens per pp test, 0: skip"},
+        {"-n", "--n-gen", JLM_OPT_INT, &o->n_tg, 0, 1 << 20, 0, "N", "generated tokens per tg test, 0: skip"},
+        {"-r", "--repetitions", JLM_OPT_INT, &o->reps, 1, 1000, 0, "N", "repetitions per test"},
+        {"-t", "--threads", JLM_OPT_INT, &o->eng.n_threads, 1, 1024, 0, "N", "threads, unset: all cores"},
+        {NULL, "--budget", JLM_OPT_SIZE, &o->eng.budget, 0, 0, 0, "SIZE", "resident weight budget (K/M/G), 0: unlimited"},
+        {NULL, "--no-direct", JLM_OPT_FLAG, &o->eng.direct, 0, 0, JLM_OPT_CLEARS, NULL, "page weights through the page cache"},
+    };
+    const char *pos[1] = {0};
+    jlm_opts_spec os = {"jlm bench", "MODEL [options]   (-p 0 or -n 0 skips that test)", t,
+                        (int)(sizeof t / sizeof t[0]), pos, 1, 0};
+    int prc = jlm_opts_parse(&os, argc, argv);
+    if (prc)
+        return prc == 1 ? -1 : prc;
+    if (os.n_pos && o->model)
+        return jlm_cli_error("jlm bench", "give the model once: as MODEL or as -m"), 2;
+    if (os.n_pos)
+        o->model = pos[0];
     if (!o->model || o->n_pp < 0 || o->n_tg < 0 || o->n_pp + o->n_tg == 0 || o->reps < 1 || o->reps > 1000) {
         fputs(BENCH_USAGE, stderr);
         return 2;
@@ -179,7 +176,7 @@ int jlm_cmd_bench(int argc, char **argv)
     bench_opts o = {0};
     int rc = bench_parse(argc, argv, &o);
     if (rc)
-        return rc;
+        return rc < 0 ? 0 : rc;   /* -1: --help printed */
     if (jlm_cli_is_gguf(o.model)) {
         fprintf(stderr, "jlm bench: %s: a GGUF file; convert it first with `jlm convert %s`\n", o.model, o.model);
         return 1;

@@ -5,12 +5,14 @@
  * one user message per line from stdin; the reply goes to stdout. */
 #include "cli/cli.h"
 #include "cli/generate.h"
+#include "cli/opts.h"
 #include "cli/report.h"
 #include "text/template/chat.h"
 #include "prompt/chat_prompt.h"
 #include "engine/model.h"
 #include "engine/sampler.h"
 #include "text/tokenizer/tokenizer.h"
+#include "text/tokenizer/utf8_fix.h"
 
 #include <stdio.h>
 #include <stdlib.h>
@@ -55,7 +57,7 @@ static int reply(jlm_engine *e, jlm_tok *tok, jlm_sampler *s, float *logits, int
     jlm_tok_stream ts;
     jlm_tok_stream_init(&ts, tok, 0, 0);
     jlm_cli_gen g = {.e = e, .tok = tok, .s = s, .logits = logits, .rep = rep, .ts = &ts,
-                     .n_max = n_max, .print = 1, .eval_eog = 1, .eval_last = 1};
+                     .n_max = n_max, .print = 1, .eval_eog = 1, .eval_last = 1, .fix_utf8 = 1};
     int rc = jlm_cli_generate(&g, NULL, NULL, out, err);
     fputc('\n', stdout);
     fflush(stdout);
@@ -69,24 +71,32 @@ int jlm_cmd_chat(int argc, char **argv)
     jlm_samp_params sp;
     jlm_samp_params_default(&sp);
     int n_max = 256;
-    for (int i = 1; i < argc; i++) {
-        const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
-        if (!strcmp(a, "-n") && v) n_max = atoi(argv[++i]);
-        else if (!strcmp(a, "-c") && v) eo.n_ctx = (uint32_t)atoi(argv[++i]);
-        else if (!strcmp(a, "-t") && v) eo.n_threads = atoi(argv[++i]);
-        else if (!strcmp(a, "--temp") && v) sp.temp = strtof(argv[++i], NULL);
-        else if (!strcmp(a, "--seed") && v) sp.seed = strtoull(argv[++i], NULL, 10);
-        else if (!strcmp(a, "--image") && v) image = argv[++i];
-        else if (!strcmp(a, "--budget") && v) {
-            long long b = jlm_cli_parse_size(argv[++i]);
-            if (b < 0) { fprintf(stderr, "jlm chat: bad --budget '%s'\n", v); return 2; }
-            eo.budget = (uint64_t)b;
-        }
-        else if (a[0] != '-' && !model) model = a;
-        else { fprintf(stderr, "usage: jlm chat MODEL [-n N] [-c CTX] [-t T] [--temp T] [--seed S] [--budget SIZE] [--image FILE]\n"); return 2; }
-    }
+    const jlm_opt t[] = {
+        {"-m", "--model", JLM_OPT_STR, &model, 0, 0, 0, "FILE", "the model (or give it first)"},
+        {"-n", "--n-predict", JLM_OPT_INT, &n_max, -1, 1 << 30, 0, "N", "reply tokens at most, -1: until the context is full"},
+        {"-c", "--ctx-size", JLM_OPT_U32, &eo.n_ctx, 0, 1 << 24, 0, "N", "context size, 0: the model's"},
+        {"-t", "--threads", JLM_OPT_INT, &eo.n_threads, 1, 1024, 0, "N", "threads, unset: all cores"},
+        {NULL, "--temp", JLM_OPT_F32, &sp.temp, 0, 1e6, 0, "T", "temperature, 0: greedy"},
+        {NULL, "--top-k", JLM_OPT_INT, &sp.top_k, 0, 1 << 30, 0, "K", "top-k, 0: off"},
+        {NULL, "--top-p", JLM_OPT_F32, &sp.top_p, 0, 1, 0, "P", "top-p, 1: off"},
+        {NULL, "--min-p", JLM_OPT_F32, &sp.min_p, 0, 1, 0, "P", "min-p, 0: off"},
+        {NULL, "--repeat-penalty", JLM_OPT_F32, &sp.repeat_penalty, 0, 1e6, JLM_OPT_LO_OPEN, "R", "repeat penalty, 1: off"},
+        {"-s", "--seed", JLM_OPT_SEED, &sp.seed, 0, 0, 0, "S", "sampler seed (u32, -1: random)"},
+        {NULL, "--budget", JLM_OPT_SIZE, &eo.budget, 0, 0, 0, "SIZE", "resident weight budget (K/M/G), 0: unlimited"},
+        {NULL, "--image", JLM_OPT_STR, &image, 0, 0, 0, "FILE", "an image for the first message"},
+    };
+    const char *pos[1] = {0};
+    jlm_opts_spec os = {"jlm chat", "MODEL [options]   (one user message per line on stdin)", t,
+                        (int)(sizeof t / sizeof t[0]), pos, 1, 0};
+    int prc = jlm_opts_parse(&os, argc, argv);
+    if (prc)
+        return prc == 1 ? 0 : prc;
+    if (os.n_pos && model)
+        return jlm_cli_error("jlm chat", "give the model once: as MODEL or as -m"), 2;
+    if (os.n_pos)
+        model = pos[0];
     if (!model) {
-        fprintf(stderr, "usage: jlm chat MODEL [-n N] [-c CTX] [-t T] [--temp T] [--seed S] [--budget SIZE] [--image FILE]\n");
+        jlm_opts_help(stderr, &os);
         return 2;
     }
     if (jlm_cli_source_kind(model)) {
@@ -172,14 +182,22 @@ int jlm_cmd_chat(int argc, char **argv)
         free(ids);
         jlm_cli_report_flush(&rep);
         char *text = NULL;
-        int rc = reply(e, tok, s, logits, n_max, &rep, &text, &err);
+        int rc = reply(e, tok, s, logits, n_max < 0 ? (int)jlm_engine_n_ctx(e) : n_max, &rep, &text, &err);
         if (rc) {
             fprintf(stderr, "jlm chat: %s\n", err.msg);
             free(text); free(full);
             goto out;
         }
-        conv_add(&cv, "assistant", text);
+        /* a reply may end inside a UTF-8 sequence or hold stray bytes: the
+         * conversation keeps valid text (U+FFFD), or the next render fails */
+        char *fixed = text ? jlm_utf8_fix(text, strlen(text)) : NULL;
         free(text);
+        if (!fixed || conv_add(&cv, "assistant", fixed)) {
+            free(fixed); free(full);
+            fprintf(stderr, "jlm chat: out of memory\n");
+            goto out;
+        }
+        free(fixed);
         /* the prompt now holds the conversation without a generation prompt */
         jlm_chat_opts c2 = co;
         c2.add_generation_prompt = 0;

@@ -1,5 +1,6 @@
 /* cmd_convert.c - `jlm convert SRC [-o OUT] [--plan]`. */
 #include "cli/cli.h"
+#include "cli/opts.h"
 #include "converter/convert.h"
 
 #include <signal.h>
@@ -70,10 +71,6 @@ static void print_plan(const jlm_conv *c, const char *out)
            (unsigned long long)c->g->total_bytes);
 }
 
-static const char USAGE[] =
-    "usage: jlm convert SRC.gguf|HF_FOLDER [--mmproj MMPROJ.gguf] [-o OUT.jlm]\n"
-    "                   [--type keep|Q8_0|Q6_K|Q5_K_M|Q4_K_M|Q5_1|Q5_0|Q4_1|Q4_0] [--plan]\n";
-
 /* Why -o OUT may not be written (NULL: it may): the converter writes OUT.part
  * and renames it over OUT, which would replace a device node, a FIFO or the
  * source itself. Checked before any work. */
@@ -93,18 +90,20 @@ int jlm_cmd_convert(int argc, char **argv)
 {
     const char *src = NULL, *out = NULL, *mmproj = NULL, *type = NULL;
     int plan_only = 0;
-    for (int i = 1; i < argc; i++) {
-        if (!strcmp(argv[i], "-o") && i + 1 < argc) out = argv[++i];
-        else if (!strcmp(argv[i], "--mmproj") && i + 1 < argc) mmproj = argv[++i];
-        else if (!strcmp(argv[i], "--type") && i + 1 < argc) type = argv[++i];
-        else if (!strcmp(argv[i], "--plan")) plan_only = 1;
-        else if (argv[i][0] == '-' || src) {
-            fputs(USAGE, stderr);
-            return 2;
-        } else src = argv[i];
-    }
+    const jlm_opt t[] = {
+        {"-o", "--output", JLM_OPT_STR, &out, 0, 0, 0, "OUT.jlm", "the container to write (default: SRC with .jlm)"},
+        {NULL, "--mmproj", JLM_OPT_STR, &mmproj, 0, 0, 0, "FILE", "a vision projector GGUF to pack in"},
+        {NULL, "--type", JLM_OPT_STR, &type, 0, 0, 0, "TYPE", "keep|Q8_0|Q6_K|Q5_K_M|Q4_K_M|Q5_1|Q5_0|Q4_1|Q4_0 (default: keep)"},
+        {NULL, "--plan", JLM_OPT_FLAG, &plan_only, 0, 0, 0, NULL, "print the plan, write nothing"},
+    };
+    const char *pos[1] = {0};
+    jlm_opts_spec os = {"jlm convert", "SRC.gguf|HF_FOLDER [options]", t, (int)(sizeof t / sizeof t[0]), pos, 1, 0};
+    int prc = jlm_opts_parse(&os, argc, argv);
+    if (prc)
+        return prc == 1 ? 0 : prc;
+    src = os.n_pos ? pos[0] : NULL;
     if (!src) {
-        fputs(USAGE, stderr);
+        jlm_opts_help(stderr, &os);
         return 2;
     }
     const char *why = out && !plan_only ? bad_out(src, out) : NULL;

@@ -1,6 +1,7 @@
 /* cmd_info.c - `jlm info MODEL [--tensors] [--json]`: header, config, page
  * arrays, vocab summary, fingerprint and (optionally) the tensor table. */
 #include "cli/cli.h"
+#include "cli/opts.h"
 #include "format/jlm_format.h"
 
 #include <jansson.h>
@@ -130,16 +131,20 @@ int jlm_cmd_info(int argc, char **argv)
 {
     const char *path = NULL, *out = NULL, *db = NULL, *key = NULL;
     int tensors = 0, js = 0, html = 0;
-    for (int i = 1; i < argc; i++) {
-        if (!strcmp(argv[i], "--tensors")) tensors = 1;
-        else if (!strcmp(argv[i], "--json")) js = 1;
-        else if (!strcmp(argv[i], "--html")) html = 1;
-        else if (!strcmp(argv[i], "-o") && i + 1 < argc) out = argv[++i];
-        else if (!strcmp(argv[i], "--db") && i + 1 < argc) db = argv[++i];
-        else if (!strcmp(argv[i], "--key") && i + 1 < argc) key = argv[++i];
-        else if (argv[i][0] == '-' || path) { fputs(INFO_USAGE, stderr); return 2; }
-        else path = argv[i];
-    }
+    const jlm_opt t[] = {
+        {NULL, "--tensors", JLM_OPT_FLAG, &tensors, 0, 0, 0, NULL, "list every tensor"},
+        {NULL, "--json", JLM_OPT_FLAG, &js, 0, 0, 0, NULL, "JSON on stdout"},
+        {NULL, "--html", JLM_OPT_FLAG, &html, 0, 0, 0, NULL, "the container picture as HTML"},
+        {"-o", "--output", JLM_OPT_STR, &out, 0, 0, 0, "FILE", "--html: write to FILE (default: stdout)"},
+        {NULL, "--db", JLM_OPT_STR, &db, 0, 0, 0, "DB", "--html: residency database to overlay"},
+        {NULL, "--key", JLM_OPT_STR, &key, 0, 0, 0, "KEY", "--html: the model's key in DB"},
+    };
+    const char *pos[1] = {0};
+    jlm_opts_spec os = {"jlm info", "MODEL [options]", t, (int)(sizeof t / sizeof t[0]), pos, 1, 0};
+    int prc = jlm_opts_parse(&os, argc, argv);
+    if (prc)
+        return prc == 1 ? 0 : prc;
+    path = os.n_pos ? pos[0] : NULL;
     if (!path || ((out || db || key) && !html) || !db != !key || (html && js)) {
         fputs(INFO_USAGE, stderr);
         return 2;

@@ -3,6 +3,7 @@
 #include "cli/backend.h"
 #include "cli/cli.h"
 #include "cli/generate.h"
+#include "cli/opts.h"
 #include "cli/report.h"
 #include "engine/model.h"
 #include "residency/residency.h"
@@ -17,15 +18,8 @@
 #include <time.h>
 #include <unistd.h>
 
-static const char USAGE[] =
-    "usage: jlm run MODEL -p PROMPT [-n N] [-c CTX] [--temp T] [--top-k K] [--top-p P] [--min-p P]\n"
-    "               [--repeat-penalty R] [--repeat-last-n N] [--seed S] [-t THREADS] [--budget SIZE]\n"
-    "               [--stats] [--print-ids] [--logits FILE] [--ids 1,2,3] [--no-direct]\n"
-    "               [--image FILE]   (PNG/JPEG/PPM at the prompt's <image> marker, or first)\n"
-    "               [--backend cpu|vulkan|cuda|auto] [--device N|NAME] [--gpu-layers N|all]\n";
-
 typedef struct run_opts {
-    const char *model, *prompt, *logits_file, *ids, *image;
+    const char *model, *prompt, *prompt_file, *logits_file, *ids, *image;
     int n_predict, stats, print_ids;
     jlm_engine_opts eng;
     jlm_samp_params samp;
@@ -36,53 +30,54 @@ static int parse(int argc, char **argv, run_opts *o)
     jlm_samp_params_default(&o->samp);
     o->n_predict = 64;
     o->eng.direct = 1;
-    for (int i = 1; i < argc; i++) {
-        const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
-#define ARG(name) (!strcmp(a, name) && v && (i++, 1))
-        if (ARG("-p") || ARG("--prompt")) o->prompt = v;
-        else if (ARG("-n") || ARG("--n-predict")) o->n_predict = atoi(v);
-        else if (ARG("-c") || ARG("--ctx-size")) o->eng.n_ctx = (uint32_t)atoi(v);
-        else if (ARG("--temp")) o->samp.temp = strtof(v, NULL);
-        else if (ARG("--top-k")) o->samp.top_k = atoi(v);
-        else if (ARG("--top-p")) o->samp.top_p = strtof(v, NULL);
-        else if (ARG("--min-p")) o->samp.min_p = strtof(v, NULL);
-        else if (ARG("--repeat-penalty")) o->samp.repeat_penalty = strtof(v, NULL);
-        else if (ARG("--repeat-last-n")) o->samp.repeat_last_n = atoi(v);
-        else if (ARG("--seed") || ARG("-s")) o->samp.seed = strtoull(v, NULL, 10);
-        else if (ARG("-t") || ARG("--threads")) o->eng.n_threads = atoi(v);
-        else if (ARG("--logits")) o->logits_file = v;
-        else if (ARG("--backend")) o->eng.backend = v;
-        else if (ARG("--device")) o->eng.device = v;
-        else if (ARG("--gpu-layers")) {
-            long n = strcmp(v, "all") ? strtol(v, NULL, 10) : 0;
-            if (strcmp(v, "all") && n < 1) {
-                fprintf(stderr, "jlm run: --gpu-layers '%s': expected a count >= 1 or 'all' (no layers: --backend cpu)\n", v);
-                return 2;
-            }
-            o->eng.gpu_layers = (uint32_t)n;
-        }
-        else if (ARG("--ids")) o->ids = v;
-        else if (ARG("--image")) o->image = v;
-        else if (ARG("--budget")) {
-            long long b = jlm_cli_parse_size(v);
-            if (b < 0) {
-                fprintf(stderr, "jlm run: --budget '%s': expected bytes with an optional K/M/G suffix\n", v);
-                return 2;
-            }
-            o->eng.budget = (uint64_t)b;
-        }
-        else if (!strcmp(a, "--stats")) o->stats = 1;
-        else if (!strcmp(a, "--print-ids")) o->print_ids = 1;
-        else if (!strcmp(a, "--no-direct")) o->eng.direct = 0;
-        else if (a[0] != '-' && !o->model) o->model = a;
-        else {
-            fprintf(stderr, "jlm run: unknown or incomplete option '%s'\n%s", a, USAGE);
-            return 2;
-        }
-#undef ARG
+    o->eng.n_threads = 0;
+    const char *gpu_layers = NULL;
+    const jlm_opt t[] = {
+        {"-m", "--model", JLM_OPT_STR, &o->model, 0, 0, 0, "FILE", "the model (.jlm, jlmfs view; or give it first)"},
+        {"-p", "--prompt", JLM_OPT_STR, &o->prompt, 0, 0, 0, "TEXT", "the prompt ('-' reads stdin)"},
+        {"-f", "--file", JLM_OPT_STR, &o->prompt_file, 0, 0, 0, "FILE", "read the prompt from FILE"},
+        {"-n", "--n-predict", JLM_OPT_INT, &o->n_predict, -1, 1 << 30, 0, "N", "tokens to generate, -1: until the context is full"},
+        {"-c", "--ctx-size", JLM_OPT_U32, &o->eng.n_ctx, 0, 1 << 24, 0, "N", "context size, 0: the model's"},
+        {"-t", "--threads", JLM_OPT_INT, &o->eng.n_threads, 1, 1024, 0, "N", "threads, unset: all cores"},
+        {NULL, "--temp", JLM_OPT_F32, &o->samp.temp, 0, 1e6, 0, "T", "temperature, 0: greedy"},
+        {NULL, "--top-k", JLM_OPT_INT, &o->samp.top_k, 0, 1 << 30, 0, "K", "top-k, 0: off"},
+        {NULL, "--top-p", JLM_OPT_F32, &o->samp.top_p, 0, 1, 0, "P", "top-p, 1: off"},
+        {NULL, "--min-p", JLM_OPT_F32, &o->samp.min_p, 0, 1, 0, "P", "min-p, 0: off"},
+        {NULL, "--repeat-penalty", JLM_OPT_F32, &o->samp.repeat_penalty, 0, 1e6, JLM_OPT_LO_OPEN, "R", "repeat penalty, 1: off"},
+        {NULL, "--repeat-last-n", JLM_OPT_INT, &o->samp.repeat_last_n, -1, 1 << 30, 0, "N", "tokens the penalty looks back, -1: context"},
+        {"-s", "--seed", JLM_OPT_SEED, &o->samp.seed, 0, 0, 0, "S", "sampler seed (u32, -1: random)"},
+        {NULL, "--budget", JLM_OPT_SIZE, &o->eng.budget, 0, 0, 0, "SIZE", "resident weight budget (K/M/G), 0: unlimited"},
+        {NULL, "--stats", JLM_OPT_FLAG, &o->stats, 0, 0, 0, NULL, "timings and paging figures on stderr"},
+        {NULL, "--print-ids", JLM_OPT_FLAG, &o->print_ids, 0, 0, 0, NULL, "print the prompt and generated ids as JSON"},
+        {NULL, "--logits", JLM_OPT_STR, &o->logits_file, 0, 0, 0, "FILE", "write the first step's logits as JSON"},
+        {NULL, "--ids", JLM_OPT_STR, &o->ids, 0, 0, 0, "1,2,3", "prompt token ids instead of text"},
+        {NULL, "--no-direct", JLM_OPT_FLAG, &o->eng.direct, 0, 0, JLM_OPT_CLEARS, NULL, "page weights through the page cache"},
+        {NULL, "--image", JLM_OPT_STR, &o->image, 0, 0, 0, "FILE", "PNG/JPEG/PPM at the prompt's <image> marker, or first"},
+        {NULL, "--backend", JLM_OPT_STR, &o->eng.backend, 0, 0, 0, "NAME", "cpu (default), vulkan, cuda or auto"},
+        {NULL, "--device", JLM_OPT_STR, &o->eng.device, 0, 0, 0, "N|NAME", "the backend's device: index or name"},
+        {NULL, "--gpu-layers", JLM_OPT_STR, &gpu_layers, 0, 0, 0, "N|all", "blocks 0..N-1 on the device, the rest on the CPU"},
+    };
+    const char *pos[1] = {0};
+    jlm_opts_spec sp = {"jlm run", "MODEL -p PROMPT [options]", t, (int)(sizeof t / sizeof t[0]), pos, 1, 0};
+    int rc = jlm_opts_parse(&sp, argc, argv);
+    if (rc)
+        return rc == 1 ? -1 : rc;
+    if (sp.n_pos && !o->model)
+        o->model = pos[0];
+    else if (sp.n_pos)
+        return jlm_cli_error("jlm run", "give the model once: as MODEL or as -m"), 2;
+    if (gpu_layers && strcmp(gpu_layers, "all")) {
+        char *end;
+        errno = 0;
+        long n = strtol(gpu_layers, &end, 10);
+        if (end == gpu_layers || *end || errno || n < 1 || n > 1 << 20)
+            return jlm_cli_error("jlm run", "--gpu-layers: expected a count >= 1 or 'all' (no layers: --backend cpu)"), 2;
+        o->eng.gpu_layers = (uint32_t)n;
     }
-    if (!o->model || (!o->prompt && !o->ids && !o->image) || (o->image && o->ids)) {
-        fputs(USAGE, stderr);
+    if (o->prompt_file && o->prompt)
+        return jlm_cli_error("jlm run", "-p and -f both give the prompt; use one"), 2;
+    if (!o->model || (!o->prompt && !o->prompt_file && !o->ids && !o->image) || (o->image && o->ids)) {
+        jlm_opts_help(stderr, &sp);
         return 2;
     }
     return jlm_cli_backend_check("run", o->eng.backend, o->eng.device ? atoi(o->eng.device) : 0);
@@ -139,12 +134,18 @@ int jlm_cmd_run(int argc, char **argv)
     run_opts o = {0};
     int rc = parse(argc, argv, &o);
     if (rc)
-        return rc;
+        return rc < 0 ? 0 : rc;   /* -1: --help printed */
     if (jlm_cli_source_kind(o.model)) {
         fprintf(stderr, "jlm run: %s: %s; the engine reads .jlm containers: convert it with `jlm convert %s`\n",
                 o.model, jlm_cli_source_kind(o.model), o.model);
         return 1;
     }
+    char *text = NULL;
+    if ((o.prompt_file || (o.prompt && !strcmp(o.prompt, "-")))
+        && !(text = jlm_opts_read_text("jlm run", o.prompt_file ? o.prompt_file : "-")))
+        return 1;
+    if (text)
+        o.prompt = text;
     char *path = jlm_cli_container_path(o.model);
     jlm_err err = {0};
     jlm_cli_report rep = {0};
@@ -184,6 +185,8 @@ int jlm_cmd_run(int argc, char **argv)
         fprintf(stderr, "jlm run: the prompt is empty after tokenization\n");
         goto out;
     }
+    if (o.n_predict < 0)   /* -n -1: until the context is full */
+        o.n_predict = np < jlm_engine_n_ctx(e) ? (int)(jlm_engine_n_ctx(e) - np) : 0;
     uint32_t nv = jlm_engine_n_vocab(e);
     logits = malloc(nv * sizeof *logits);
     gen = malloc(((size_t)(o.n_predict > 0 ? o.n_predict : 0) + 1) * sizeof *gen);
@@ -261,6 +264,6 @@ out:
     jlm_samp_destroy(s);
     jlm_tok_destroy(tok);
     jlm_engine_close(e);
-    free(prompt); free(gen); free(logits); free(path);
+    free(prompt); free(gen); free(logits); free(path); free(text);
     return status;
 }

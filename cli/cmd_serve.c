@@ -3,6 +3,7 @@
  * waits for SIGTERM/SIGINT, then drains (in-flight requests finish, new ones
  * get 503) and exits 0. */
 #include "cli/cli.h"
+#include "cli/opts.h"
 #include "serve/server.h"
 
 #include <dirent.h>
@@ -38,44 +39,32 @@ static int add_model(serve_opts *o, const char *path)
     return 0;
 }
 
-static int size_arg(const char *opt, const char *v, uint64_t *out)
-{
-    long long b = jlm_cli_parse_size(v);
-    if (b < 0) {
-        fprintf(stderr, "jlm serve: %s '%s': expected bytes with an optional K/M/G suffix\n", opt, v);
-        return 2;
-    }
-    *out = (uint64_t)b;
-    return 0;
-}
-
 static int parse(int argc, char **argv, serve_opts *o)
 {
     o->srv.port = 8080;
     o->srv.eng.direct = 1;
     o->srv.api_key = getenv("JLM_API_KEY");
     uint64_t body = 0;
-    int rc = 0;
-    for (int i = 1; i < argc && !rc; i++) {
-        const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
-#define ARG(name) (!strcmp(a, name) && v && (i++, 1))
-        if (ARG("--models")) o->models_dir = v;
-        else if (ARG("--host")) o->srv.host = v;
-        else if (ARG("--port")) o->srv.port = atoi(v);
-        else if (ARG("--queue")) o->srv.queue = atoi(v);
-        else if (ARG("--parallel") || ARG("-np")) o->srv.parallel = atoi(v);
-        else if (ARG("--api-key")) o->srv.api_key = v;
-        else if (ARG("-c") || ARG("--ctx-size")) o->srv.eng.n_ctx = (uint32_t)atoi(v);
-        else if (ARG("-t") || ARG("--threads")) o->srv.eng.n_threads = atoi(v);
-        else if (ARG("--budget")) rc = size_arg("--budget", v, &o->srv.eng.budget);
-        else if (ARG("--body-max")) rc = size_arg("--body-max", v, &body);
-        else if (a[0] != '-') rc = add_model(o, a);
-        else {
-            fprintf(stderr, "jlm serve: unknown or incomplete option '%s'\n%s", a, USAGE);
-            return 2;
-        }
-#undef ARG
-    }
+    const jlm_opt t[] = {
+        {NULL, "--models", JLM_OPT_STR, &o->models_dir, 0, 0, 0, "DIR", "serve every container in DIR"},
+        {NULL, "--host", JLM_OPT_STR, &o->srv.host, 0, 0, 0, "HOST", "address to listen on (default: 127.0.0.1)"},
+        {NULL, "--port", JLM_OPT_INT, &o->srv.port, 0, 65535, 0, "PORT", "port, 0: any free one"},
+        {NULL, "--queue", JLM_OPT_INT, &o->srv.queue, 0, 1 << 20, 0, "N", "requests waiting at most, 0: the default"},
+        {"-np", "--parallel", JLM_OPT_INT, &o->srv.parallel, 0, 16, 0, "N", "requests generating at once, 0: the default"},
+        {NULL, "--api-key", JLM_OPT_STR, &o->srv.api_key, 0, 0, 0, "KEY", "bearer key required (or $JLM_API_KEY)"},
+        {NULL, "--body-max", JLM_OPT_SIZE, &body, 0, 0, 0, "SIZE", "largest request body, 0: the default"},
+        {"-c", "--ctx-size", JLM_OPT_U32, &o->srv.eng.n_ctx, 0, 1 << 24, 0, "N", "context size, 0: the model's"},
+        {"-t", "--threads", JLM_OPT_INT, &o->srv.eng.n_threads, 1, 1024, 0, "N", "threads, unset: all cores"},
+        {NULL, "--budget", JLM_OPT_SIZE, &o->srv.eng.budget, 0, 0, 0, "SIZE", "resident weight budget (K/M/G), 0: unlimited"},
+    };
+    const char *pos[MAX_MODELS + 1] = {0};
+    jlm_opts_spec os = {"jlm serve", "(MODEL... | --models DIR) [options]", t, (int)(sizeof t / sizeof t[0]), pos,
+                        MAX_MODELS, 0};
+    int rc = jlm_opts_parse(&os, argc, argv);
+    if (rc)
+        return rc == 1 ? -1 : rc;
+    for (int k = 0; k < os.n_pos && !rc; k++)
+        rc = add_model(o, pos[k]);
     o->srv.body_max = (size_t)body;
     if (!rc && (o->srv.port < 0 || o->srv.port > 65535 || o->srv.queue < 0 || o->srv.parallel < 0 || o->srv.parallel > 16)) {
         fprintf(stderr, "jlm serve: --port must be in [0, 65535], --queue >= 0, --parallel in [1, 16]\n");
@@ -126,6 +115,8 @@ int jlm_cmd_serve(int argc, char **argv)
 {
     serve_opts o = {0};
     int rc = parse(argc, argv, &o);
+    if (rc < 0)
+        return 0;   /* --help printed, nothing allocated */
     if (!rc && o.models_dir)
         rc = scan_models(&o);
     for (size_t i = 0; !rc && i < o.n_models; i++)

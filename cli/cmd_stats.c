@@ -7,6 +7,7 @@
  * point (every view directly inside it is found by its xattrs; each distinct
  * database is printed once, with every model it holds). */
 #include "cli/cli.h"
+#include "cli/opts.h"
 #include "residency/residency.h"
 
 #include <dirent.h>
@@ -129,23 +130,17 @@ int jlm_cmd_stats(int argc, char **argv)
 {
     const char *path = NULL, *out = NULL;
     int json = 0, html = 0;
-    for (int i = 1; i < argc; i++) {
-        if (!strcmp(argv[i], "--json"))
-            json = 1;
-        else if (!strcmp(argv[i], "--html"))
-            html = 1;
-        else if (!strcmp(argv[i], "-o") && i + 1 < argc)
-            out = argv[++i];
-        else if (!strcmp(argv[i], "-h") || !strcmp(argv[i], "--help")) {
-            fputs(USAGE, stdout);
-            return 0;
-        } else if (argv[i][0] != '-' && !path)
-            path = argv[i];
-        else {
-            fprintf(stderr, "jlm stats: unknown option '%s'\n%s", argv[i], USAGE);
-            return 2;
-        }
-    }
+    const jlm_opt t[] = {
+        {NULL, "--json", JLM_OPT_FLAG, &json, 0, 0, 0, NULL, "JSON on stdout"},
+        {NULL, "--html", JLM_OPT_FLAG, &html, 0, 0, 0, NULL, "the residency picture as HTML"},
+        {"-o", "--output", JLM_OPT_STR, &out, 0, 0, 0, "FILE", "--html: write to FILE (default: stdout)"},
+    };
+    const char *pos[1] = {0};
+    jlm_opts_spec os = {"jlm stats", "MOUNT_OR_DB [options]", t, (int)(sizeof t / sizeof t[0]), pos, 1, 0};
+    int prc = jlm_opts_parse(&os, argc, argv);
+    if (prc)
+        return prc == 1 ? 0 : prc;
+    path = os.n_pos ? pos[0] : NULL;
     if (!path || (json && html) || (out && !html)) {
         fputs(USAGE, stderr);
         return 2;

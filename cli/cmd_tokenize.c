@@ -2,6 +2,7 @@
  * with llama-tokenize's habits: one "id -> 'piece'" line per token, or with
  * --ids one bracketed list. MODEL may be a vocab-only container. */
 #include "cli/cli.h"
+#include "cli/opts.h"
 #include "text/tokenizer/tokenizer.h"
 #include "format/jlm_format.h"
 
@@ -13,20 +14,25 @@ int jlm_cmd_tokenize(int argc, char **argv)
 {
     const char *model = NULL, *text = NULL;
     int ids_only = 0, no_bos = 0, parse_special = 0;
-    for (int i = 1; i < argc; i++) {
-        if (!strcmp(argv[i], "--ids")) ids_only = 1;
-        else if (!strcmp(argv[i], "--no-bos")) no_bos = 1;
-        else if (!strcmp(argv[i], "--parse-special")) parse_special = 1;
-        else if (!strcmp(argv[i], "-p") && i + 1 < argc) text = argv[++i];
-        else if (argv[i][0] == '-' && argv[i][1]) {
-            fprintf(stderr, "jlm tokenize: unknown option '%s'\n", argv[i]);
-            return 2;
-        } else if (!model) model = argv[i];
-        else if (!text) text = argv[i];
-        else { fprintf(stderr, "usage: jlm tokenize MODEL TEXT [--ids] [--no-bos] [--parse-special]\n"); return 2; }
+    const jlm_opt t[] = {
+        {"-m", "--model", JLM_OPT_STR, &model, 0, 0, 0, "FILE", "the model (or give it first)"},
+        {"-p", "--prompt", JLM_OPT_STR, &text, 0, 0, 0, "TEXT", "the text (or give it after MODEL)"},
+        {NULL, "--ids", JLM_OPT_FLAG, &ids_only, 0, 0, 0, NULL, "print only the ids, as a JSON list"},
+        {NULL, "--no-bos", JLM_OPT_FLAG, &no_bos, 0, 0, 0, NULL, "do not add the BOS token"},
+        {NULL, "--parse-special", JLM_OPT_FLAG, &parse_special, 0, 0, 0, NULL, "special-token text becomes its id"},
+    };
+    const char *pos[2] = {0};
+    jlm_opts_spec os = {"jlm tokenize", "MODEL TEXT [options]", t, (int)(sizeof t / sizeof t[0]), pos, 2, 0};
+    int prc = jlm_opts_parse(&os, argc, argv);
+    if (prc)
+        return prc == 1 ? 0 : prc;
+    for (int k = 0; k < os.n_pos; k++) {
+        if (!model) model = pos[k];
+        else if (!text) text = pos[k];
+        else return jlm_cli_error("jlm tokenize", "too many arguments (see --help)"), 2;
     }
     if (!model || !text) {
-        fprintf(stderr, "usage: jlm tokenize MODEL TEXT [--ids] [--no-bos] [--parse-special]\n");
+        jlm_opts_help(stderr, &os);
         return 2;
     }
     if (jlm_cli_is_gguf(model)) {

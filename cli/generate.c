@@ -1,5 +1,6 @@
 /* generate.c - the decode loop shared by jlm run and jlm chat (generate.h). */
 #include "cli/generate.h"
+#include "text/tokenizer/utf8_fix.h"
 
 #include <stdio.h>
 #include <stdlib.h>
@@ -26,11 +27,18 @@ static int emit(const jlm_cli_gen *g, int32_t id, char *piece, size_t cap, textb
     size_t n = 0;
     if (jlm_tok_stream_feed(g->ts, id, piece, cap, &n, err) != 0 || !n)
         return 0;   /* an id without a piece prints nothing (as before) */
+    char *fixed = g->fix_utf8 ? jlm_utf8_fix(piece, n) : NULL;
+    if (g->fix_utf8 && !fixed)
+        return JLM_ENOMEM;
+    const char *out = fixed ? fixed : piece;
+    n = fixed ? strlen(fixed) : n;
     if (g->print) {
-        fwrite(piece, 1, n, stdout);
+        fwrite(out, 1, n, stdout);
         fflush(stdout);
     }
-    return t ? text_put(t, piece, n) : 0;
+    int rc = t ? text_put(t, out, n) : 0;
+    free(fixed);
+    return rc;
 }
 
 static int eval_one(const jlm_cli_gen *g, int32_t id, float *logits, jlm_err *err)

@@ -21,6 +21,7 @@ typedef struct jlm_cli_gen {
     int             n_max;      /* tokens to sample at most */
     int             print;      /* 1: write each completed piece to stdout, flushed */
     int             eval_eog;   /* 1: evaluate an end-of-generation token too (chat keeps the turn's end in the cache) */
+    int             fix_utf8;   /* 1: invalid UTF-8 in a piece becomes U+FFFD, printed and kept (chat) */
     int             eval_last;  /* 1: evaluate the n_max-th token too (chat); 0: stop before (run) */
 } jlm_cli_gen;
 

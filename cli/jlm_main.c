@@ -1,6 +1,7 @@
 /* jlm_main.c - the `jlm` command: a thin dispatcher over cli/cmd_*.c. */
 #include "cli/backend.h"
 #include "cli/cli.h"
+#include "cli/opts.h"
 
 #include <stdio.h>
 #include <stdlib.h>
@@ -33,7 +34,8 @@ int main(int argc, char **argv)
         usage(argc < 2 ? stderr : stdout);
         return argc < 2 ? 2 : 0;
     }
-    if (!strcmp(argv[1], "--version")) {
+    if (!strcmp(argv[1], "--version") || !strcmp(argv[1], "-V")) {
+        jlm_opts_version("jlm");
         jlm_cli_print_version(stdout);
         return 0;
     }

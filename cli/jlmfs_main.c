@@ -8,6 +8,8 @@
 #include <fuse.h>
 
 #include "fs/jlmfs.h"
+#include "cli/opts.h"
+#include "format/jlm_format.h"
 
 #include <errno.h>
 #include <fcntl.h>
@@ -471,6 +473,10 @@ static int opt_proc(void *data, const char *arg, int key, struct fuse_args *out)
 
 int main(int argc, char **argv)
 {
+    if (argc == 2 && (!strcmp(argv[1], "--version") || !strcmp(argv[1], "-V"))) {
+        printf("jlmfs version %s (.jlm format %u)\n", JLM_CLI_VERSION, (unsigned)JLM_VERSION);
+        return 0;
+    }
     struct fuse_args args = FUSE_ARGS_INIT(argc, argv);
     opts o = {0};
     if (fuse_opt_parse(&args, &o, opt_spec, opt_proc))

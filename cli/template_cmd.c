@@ -14,6 +14,7 @@
 #include <jansson.h>
 
 #include "cli/cli.h"
+#include "cli/opts.h"
 #include "text/template/chat.h"
 
 static int usage(void)
@@ -84,21 +85,24 @@ typedef struct targs {
     int add_gen;
 } targs;
 
+/* 0, 2 (usage; printed), or -1 after --help. */
 static int parse_args(int argc, char **argv, targs *a)
 {
-    for (int i = 1; i < argc; i++) {
-        const char *o = argv[i];
-        const char **dst = !strcmp(o, "--template") ? &a->tmpl_path : !strcmp(o, "--messages") ? &a->msgs_path
-                         : !strcmp(o, "--bos") ? &a->bos : !strcmp(o, "--eos") ? &a->eos
-                         : !strcmp(o, "--now") ? &a->now : NULL;
-        if (dst) {
-            if (i + 1 >= argc) { fprintf(stderr, "jlm template: %s needs a value\n", o); return 2; }
-            *dst = argv[++i];
-        } else if (!strcmp(o, "--add-generation-prompt")) a->add_gen = 1;
-        else if (o[0] == '-' && o[1]) { fprintf(stderr, "jlm template: unknown option %s\n", o); return 2; }
-        else if (a->model) { fprintf(stderr, "jlm template: more than one MODEL given\n"); return 2; }
-        else a->model = o;
-    }
+    const jlm_opt t[] = {
+        {NULL, "--template", JLM_OPT_STR, &a->tmpl_path, 0, 0, 0, "FILE", "a Jinja chat template instead of MODEL's"},
+        {NULL, "--messages", JLM_OPT_STR, &a->msgs_path, 0, 0, 0, "FILE.json", "the messages (an array, or {messages: [...]})"},
+        {NULL, "--add-generation-prompt", JLM_OPT_FLAG, &a->add_gen, 0, 0, 0, NULL, "end with the assistant's turn opening"},
+        {NULL, "--bos", JLM_OPT_STR, &a->bos, 0, 0, 0, "S", "bos_token text"},
+        {NULL, "--eos", JLM_OPT_STR, &a->eos, 0, 0, 0, "S", "eos_token text"},
+        {NULL, "--now", JLM_OPT_STR, &a->now, 0, 0, 0, "ISO", "the template's clock (YYYY-MM-DD[THH:MM:SS])"},
+    };
+    const char *pos[1] = {0};
+    jlm_opts_spec os = {"jlm template", "(MODEL | --template FILE) --messages FILE.json [options]", t,
+                        (int)(sizeof t / sizeof t[0]), pos, 1, 0};
+    int rc = jlm_opts_parse(&os, argc, argv);
+    if (rc)
+        return rc == 1 ? -1 : rc;
+    a->model = os.n_pos ? pos[0] : NULL;
     if (!a->msgs_path || (!a->model) == (!a->tmpl_path)) return usage();
     return 0;
 }
@@ -128,7 +132,7 @@ int jlm_cmd_template(int argc, char **argv)
 {
     targs a = {0};
     int rc = parse_args(argc, argv, &a);
-    if (rc) return rc;
+    if (rc) return rc < 0 ? 0 : rc;   /* -1: --help printed */
     jlm_chat_opts o = {.add_generation_prompt = a.add_gen, .local_time = 1};
     if (a.now) {
         o.now = parse_iso(a.now);

@@ -1,0 +1,220 @@
+/* opts.c - the table-driven option parser of opts.h. */
+#include "cli/opts.h"
+#include "cli/cli.h"
+#include "format/jlm_format.h"
+
+#include <errno.h>
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+int jlm_opts_strict_ll(const char *v, long long *out)
+{
+    char *end;
+    if (!v || !*v || strchr(" \t\n", *v))
+        return -1;
+    errno = 0;
+    long long x = strtoll(v, &end, 10);
+    if (errno || *end)
+        return -1;
+    *out = x;
+    return 0;
+}
+
+int jlm_opts_strict_double(const char *v, double *out)
+{
+    char *end;
+    if (!v || !*v || strchr(" \t\n", *v))
+        return -1;
+    errno = 0;
+    double x = strtod(v, &end);
+    if (errno || *end || !isfinite(x))
+        return -1;
+    *out = x;
+    return 0;
+}
+
+static int bad(const jlm_opts_spec *s, const char *name, const char *v, const char *want)
+{
+    char msg[512];
+    snprintf(msg, sizeof msg, "%s '%s': expected %s (see --help)", name, v, want);
+    jlm_cli_error(s->who, msg);
+    return 2;
+}
+
+static void range_text(const jlm_opt *o, char *buf, size_t n, const char *what)
+{
+    const char *lo_op = o->flags & JLM_OPT_LO_OPEN ? ">" : ">=";
+    if (o->hi >= 1e6)
+        snprintf(buf, n, "%s %s %g", what, lo_op, o->lo);
+    else
+        snprintf(buf, n, "%s in %s%g, %g]", what, o->flags & JLM_OPT_LO_OPEN ? "(" : "[", o->lo, o->hi);
+}
+
+static int in_range(const jlm_opt *o, double x)
+{
+    int lo_ok = o->flags & JLM_OPT_LO_OPEN ? x > o->lo : x >= o->lo;
+    return lo_ok && x <= o->hi;
+}
+
+static int set_value(const jlm_opts_spec *s, const jlm_opt *o, const char *name, const char *v)
+{
+    char want[96];
+    long long i;
+    double d;
+    switch (o->kind) {
+    case JLM_OPT_STR: *(const char **)o->dst = v; return 0;
+    case JLM_OPT_FLAG: return 0;
+    case JLM_OPT_INT:
+    case JLM_OPT_U32:
+        range_text(o, want, sizeof want, "an integer");
+        if (jlm_opts_strict_ll(v, &i) || !in_range(o, (double)i))
+            return bad(s, name, v, want);
+        if (o->kind == JLM_OPT_INT) *(int *)o->dst = (int)i;
+        else *(uint32_t *)o->dst = (uint32_t)i;
+        return 0;
+    case JLM_OPT_F32:
+        range_text(o, want, sizeof want, "a number");
+        if (jlm_opts_strict_double(v, &d) || !in_range(o, d))
+            return bad(s, name, v, want);
+        *(float *)o->dst = (float)d;
+        return 0;
+    case JLM_OPT_SIZE: {
+        long long b = jlm_cli_parse_size(v);
+        if (b < 0)
+            return bad(s, name, v, "bytes with an optional K/M/G suffix");
+        *(uint64_t *)o->dst = (uint64_t)b;
+        return 0;
+    }
+    case JLM_OPT_SEED:
+        if (jlm_opts_strict_ll(v, &i) || i < -1 || i > 0xffffffffLL)
+            return bad(s, name, v, "an unsigned 32-bit seed, or -1 for a random one");
+        *(uint64_t *)o->dst = i == -1 ? (uint64_t)time(NULL) ^ ((uint64_t)clock() << 20) : (uint64_t)i;
+        return 0;
+    }
+    return 2;
+}
+
+static const jlm_opt *find(const jlm_opts_spec *s, const char *a)
+{
+    for (int k = 0; k < s->n_opts; k++) {
+        const jlm_opt *o = &s->opts[k];
+        if ((o->shrt && !strcmp(a, o->shrt)) || (o->lng && !strcmp(a, o->lng)))
+            return o;
+    }
+    return NULL;
+}
+
+static int wants_help(int argc, char **argv)
+{
+    for (int i = 1; i < argc; i++)
+        if (!strcmp(argv[i], "--help") || !strcmp(argv[i], "-h"))
+            return 1;
+    return 0;
+}
+
+static int one_arg(jlm_opts_spec *s, int argc, char **argv, int *i)
+{
+    const char *a = argv[*i];
+    const jlm_opt *o = a[0] == '-' && a[1] ? find(s, a) : NULL;
+    if (!o && a[0] == '-' && a[1]) {
+        char msg[300];
+        snprintf(msg, sizeof msg, "unknown option '%s' (see --help)", a);
+        jlm_cli_error(s->who, msg);
+        return 2;
+    }
+    if (!o) {
+        if (s->n_pos >= s->max_pos)
+            return bad(s, "argument", a, "no more arguments");
+        s->pos[s->n_pos++] = a;
+        return 0;
+    }
+    if (o->kind == JLM_OPT_FLAG) {
+        *(int *)o->dst = o->flags & JLM_OPT_CLEARS ? 0 : 1;
+        return 0;
+    }
+    if (*i + 1 >= argc) {
+        char msg[300];
+        snprintf(msg, sizeof msg, "%s: missing value (see --help)", a);
+        jlm_cli_error(s->who, msg);
+        return 2;
+    }
+    return set_value(s, o, a, argv[++*i]);
+}
+
+int jlm_opts_parse(jlm_opts_spec *s, int argc, char **argv)
+{
+    if (wants_help(argc, argv)) {
+        jlm_opts_help(stdout, s);
+        return 1;
+    }
+    s->n_pos = 0;
+    for (int i = 1; i < argc; i++) {
+        int rc = one_arg(s, argc, argv, &i);
+        if (rc)
+            return rc;
+    }
+    return 0;
+}
+
+static void print_default(FILE *f, const jlm_opt *o)
+{
+    switch (o->kind) {
+    case JLM_OPT_STR:
+        if (*(const char **)o->dst) fprintf(f, " (default: %s)", *(const char **)o->dst);
+        break;
+    case JLM_OPT_INT: fprintf(f, " (default: %d)", *(int *)o->dst); break;
+    case JLM_OPT_U32: fprintf(f, " (default: %u)", *(uint32_t *)o->dst); break;
+    case JLM_OPT_F32: fprintf(f, " (default: %g)", (double)*(float *)o->dst); break;
+    case JLM_OPT_SIZE: fprintf(f, " (default: %llu)", (unsigned long long)*(uint64_t *)o->dst); break;
+    case JLM_OPT_SEED: fprintf(f, " (default: %llu)", (unsigned long long)*(uint64_t *)o->dst); break;
+    case JLM_OPT_FLAG: break;
+    }
+}
+
+void jlm_opts_help(FILE *f, const jlm_opts_spec *s)
+{
+    fprintf(f, "usage: %s %s\n\noptions:\n", s->who, s->usage);
+    for (int k = 0; k < s->n_opts; k++) {
+        const jlm_opt *o = &s->opts[k];
+        char names[64];
+        snprintf(names, sizeof names, "%s%s%s %s", o->shrt ? o->shrt : "", o->shrt && o->lng ? ", " : "",
+                 o->lng ? o->lng : "", o->meta ? o->meta : "");
+        fprintf(f, "  %-28s %s", names, o->help);
+        print_default(f, o);
+        fputc('\n', f);
+    }
+    fprintf(f, "  %-28s %s\n", "-h, --help", "this help");
+}
+
+char *jlm_opts_read_text(const char *who, const char *path)
+{
+    FILE *f = strcmp(path, "-") ? fopen(path, "rb") : stdin;
+    size_t cap = 4096, n = 0;
+    char *buf = f ? malloc(cap) : NULL, *nb;
+    while (buf) {
+        n += fread(buf + n, 1, cap - 1 - n, f);
+        if (n < cap - 1)
+            break;
+        if (cap > (1u << 30) || !(nb = realloc(buf, cap *= 2))) { free(buf); buf = NULL; break; }
+        buf = nb;
+    }
+    int bad_read = f && ferror(f);
+    if (f && f != stdin)
+        fclose(f);
+    if (!buf || bad_read) {
+        char msg[512];
+        snprintf(msg, sizeof msg, "%s: %s", strcmp(path, "-") ? path : "stdin", f ? "read failed or too large" : strerror(errno));
+        jlm_cli_error(who, msg);
+        free(buf);
+        return NULL;
+    }
+    buf[n] = 0;
+    return buf;
+}
+
+void jlm_opts_version(const char *prog)
+{
+    printf("%s version %s (.jlm format %u)\n", prog, JLM_CLI_VERSION, (unsigned)JLM_VERSION);
+}

@@ -1,0 +1,57 @@
+/* opts.h - one table-driven option parser behind every `jlm` subcommand.
+ * Numbers are strict (the whole string, no overflow, NaN/Inf refused, a
+ * range per option); a bad value is one line naming the option and exit 2.
+ * `--help` / `-h` is generated from the same table, with defaults. */
+#ifndef JLM_CLI_OPTS_H
+#define JLM_CLI_OPTS_H
+
+#include <stdint.h>
+#include <stdio.h>
+
+typedef enum jlm_opt_kind {
+    JLM_OPT_FLAG, /* int = 1 (0 with JLM_OPT_CLEARS: a "--no-x" flag) */
+    JLM_OPT_STR,  /* const char * */
+    JLM_OPT_INT,  /* int in [lo, hi] */
+    JLM_OPT_U32,  /* uint32_t in [lo, hi] */
+    JLM_OPT_F32,  /* float in [lo, hi], finite; JLM_OPT_LO_OPEN makes lo exclusive */
+    JLM_OPT_SIZE, /* uint64_t bytes, "512M" */
+    JLM_OPT_SEED, /* uint64_t: a u32, or -1 for a seed from the clock */
+} jlm_opt_kind;
+
+enum { JLM_OPT_LO_OPEN = 1, JLM_OPT_CLEARS = 2 /* a FLAG that sets 0 */ };
+
+typedef struct jlm_opt {
+    const char *shrt, *lng; /* either may be NULL */
+    jlm_opt_kind kind;
+    void *dst;
+    double lo, hi;
+    unsigned flags;
+    const char *meta, *help;
+} jlm_opt;
+
+typedef struct jlm_opts_spec {
+    const char *who;   /* "jlm run" */
+    const char *usage; /* "MODEL -p PROMPT [options]" */
+    const jlm_opt *opts;
+    int n_opts;
+    const char **pos;  /* positional arguments go here */
+    int max_pos, n_pos;
+} jlm_opts_spec;
+
+/* Parses argv[1..argc). Returns 0, 2 after printing one line (bad value,
+ * unknown option, too many positionals), or 1 after printing --help to
+ * stdout (the caller then exits 0). */
+int jlm_opts_parse(jlm_opts_spec *s, int argc, char **argv);
+/* The generated help, defaults from the current destinations. */
+void jlm_opts_help(FILE *f, const jlm_opts_spec *s);
+/* Strict numbers; 0 ok, -1 bad. */
+int jlm_opts_strict_ll(const char *v, long long *out);
+int jlm_opts_strict_double(const char *v, double *out);
+/* The whole of path ("-": stdin), NUL-terminated, malloc'd; NULL after
+ * printing "who: path: reason". */
+char *jlm_opts_read_text(const char *who, const char *path);
+/* `jlm --version` / `jlmfs --version`: the program and the .jlm format it writes. */
+#define JLM_CLI_VERSION "0.15"
+void jlm_opts_version(const char *prog);
+
+#endif

@@ -1,0 +1,184 @@
+/* test_cli_opts.c - the one option parser behind every `jlm` subcommand
+ * (cli/opts.c): strict numbers, one line naming the option and exit 2 on a
+ * bad value, --help from the table on every subcommand, --version, and
+ * `jlm run`'s -m / -f / -p - / -n -1. */
+#include <criterion/criterion.h>
+
+#include "tests/testutil.h"
+
+/* subcommand, option, value: each must be refused with exit 2 and one line
+ * naming the option (llama.cpp's ranges). */
+static const char *const BAD[][3] = {
+    {"run", "-n", "abc"},             {"run", "-n", "-2"},
+    {"run", "-n", "12x"},             {"run", "-n", "99999999999999999999"},
+    {"run", "-n", ""},                {"run", "-c", "-1"},
+    {"run", "-t", "0"},               {"run", "-t", "1.5"},
+    {"run", "--top-p", "1.5"},        {"run", "--top-p", "nan"},
+    {"run", "--min-p", "-0.1"},       {"run", "--min-p", "inf"},
+    {"run", "--repeat-penalty", "0"}, {"run", "--repeat-penalty", "-1"},
+    {"run", "--temp", "-1"},          {"run", "--temp", "1e999"},
+    {"run", "--seed", "4294967296"},  {"run", "--seed", "-2"},
+    {"run", "--top-k", "-1"},         {"run", "--budget", "12Q"},
+    {"chat", "-n", "x"},              {"chat", "--seed", "0x10"},
+    {"chat", "-c", "1e3"},            {"chat", "--top-p", "2"},
+    {"bench", "-r", "0"},             {"bench", "-p", "-5"},
+    {"bench", "-t", " 4"},            {"serve", "--port", "70000"},
+    {"serve", "-np", "17"},           {"serve", "--queue", "-1"},
+    {"serve", "--body-max", "x"},
+};
+
+Test(cli_opts, every_bad_value_exits_2_with_one_line_naming_the_option)
+{
+    char cmd[1024];
+    for (size_t i = 0; i < sizeof BAD / sizeof BAD[0]; i++) {
+        char *o = NULL;
+        snprintf(cmd, sizeof cmd, "%s %s model.jlm -p hi %s '%s'", tu_jlm(), BAD[i][0], BAD[i][1],
+                 BAD[i][2]);
+        if (strcmp(BAD[i][0], "run"))   /* only run takes -p PROMPT; bench's -p is a number */
+            snprintf(cmd, sizeof cmd, "%s %s model.jlm %s '%s'", tu_jlm(), BAD[i][0], BAD[i][1],
+                     BAD[i][2]);
+        int rc = tu_run(cmd, &o);
+        cr_assert_eq(rc, 2, "%s %s '%s': exit %d: %s", BAD[i][0], BAD[i][1], BAD[i][2], rc, o);
+        char want[64];
+        snprintf(want, sizeof want, "jlm %s: %s '", BAD[i][0], BAD[i][1]);
+        cr_assert(!strncmp(o, want, strlen(want)), "names the option: %s", o);
+        char *nl = strchr(o, '\n');
+        cr_assert(nl && nl[1] == 0, "one line: %s", o);
+        free(o);
+    }
+}
+
+Test(cli_opts, unknown_option_and_missing_value_exit_2)
+{
+    char cmd[512], *o = NULL;
+    snprintf(cmd, sizeof cmd, "%s run m.jlm -p hi --nope", tu_jlm());
+    cr_assert_eq(tu_run(cmd, &o), 2, "%s", o);
+    cr_assert(strstr(o, "unknown option '--nope'"), "%s", o);
+    free(o);
+    snprintf(cmd, sizeof cmd, "%s run m.jlm -p hi -n", tu_jlm());
+    cr_assert_eq(tu_run(cmd, &o), 2, "%s", o);
+    cr_assert(strstr(o, "-n: missing value"), "%s", o);
+    free(o);
+    /* a control byte in the value is shown as '?' (jlm_cli_error) */
+    snprintf(cmd, sizeof cmd, "%s run m.jlm -n \"$(printf '1\\033[2J')\"", tu_jlm());
+    cr_assert_eq(tu_run(cmd, &o), 2, "%s", o);
+    cr_assert(!strchr(o, 033) && strstr(o, "1?[2J"), "%s", o);
+    free(o);
+}
+
+Test(cli_opts, help_on_every_subcommand_lists_options_and_defaults)
+{
+    static const char *const CMDS[] = {"run", "chat", "convert", "info", "tokenize", "template", "bench", "stats",
+                                       "serve"};
+    char cmd[512];
+    for (size_t i = 0; i < sizeof CMDS / sizeof CMDS[0]; i++) {
+        char *o = NULL;
+        snprintf(cmd, sizeof cmd, "%s %s --help 2>/dev/null", tu_jlm(), CMDS[i]);
+        cr_assert_eq(tu_run(cmd, &o), 0, "%s --help: %s", CMDS[i], o);
+        char want[64];
+        snprintf(want, sizeof want, "usage: jlm %s ", CMDS[i]);
+        cr_assert(!strncmp(o, want, strlen(want)), "%s", o);
+        cr_assert(strstr(o, "-h, --help"), "%s", o);
+        free(o);
+    }
+    char *o = NULL;
+    snprintf(cmd, sizeof cmd, "%s run -h", tu_jlm());
+    cr_assert_eq(tu_run(cmd, &o), 0);
+    cr_assert(strstr(o, "(default: 64)") && strstr(o, "(default: 0.95)"), "run lists -n and --top-p defaults: %s", o);
+    free(o);
+}
+
+Test(cli_opts, version_of_jlm_and_jlmfs)
+{
+    char cmd[512], *o = NULL;
+    snprintf(cmd, sizeof cmd, "%s --version", tu_jlm());
+    cr_assert_eq(tu_run(cmd, &o), 0, "%s", o);
+    cr_assert(!strncmp(o, "jlm version ", 12) && strstr(o, ".jlm format"), "%s", o);
+    free(o);
+    snprintf(cmd, sizeof cmd, "%.*sjlmfs --version", (int)(strlen(tu_jlm()) - 3), tu_jlm());
+    cr_assert_eq(tu_run(cmd, &o), 0, "%s", o);
+    cr_assert(!strncmp(o, "jlmfs version ", 14), "%s", o);
+    free(o);
+}
+
+Test(cli_opts, run_prompt_from_m_f_and_stdin_agree, .timeout = 60)
+{
+    char *dir = tu_tmpdir();
+    jlm_err err = {0};
+    char *m = tu_convert("stories260K.gguf", dir, "s.jlm", &err);
+    cr_assert_not_null(m, "%s", err.msg);
+    char cmd[4096], *a = NULL, *b = NULL, *c = NULL, *d = NULL;
+    snprintf(cmd, sizeof cmd, "%s run %s -p 'Once upon a time' -n 8 --temp 0 --print-ids 2>/dev/null", tu_jlm(), m);
+    cr_assert_eq(tu_run(cmd, &a), 0, "%s", a);
+    snprintf(cmd, sizeof cmd, "printf 'Once upon a time' > %s/p.txt && %s run -m %s -f %s/p.txt -n 8 --temp 0 "
+             "--print-ids 2>/dev/null", dir, tu_jlm(), m, dir);
+    cr_assert_eq(tu_run(cmd, &b), 0, "%s", b);
+    snprintf(cmd, sizeof cmd, "printf 'Once upon a time' | %s run %s -p - -n 8 --temp 0 --print-ids 2>/dev/null",
+             tu_jlm(), m);
+    cr_assert_eq(tu_run(cmd, &c), 0, "%s", c);
+    cr_assert_str_eq(a, b, "-f FILE");
+    cr_assert_str_eq(a, c, "-p -");
+    /* -n -1: until the context (-c 32) is full: more tokens than -n 8 */
+    snprintf(cmd, sizeof cmd, "%s run %s -p 'Once upon a time' -n -1 -c 32 --temp 0 --print-ids 2>/dev/null",
+             tu_jlm(), m);
+    cr_assert_eq(tu_run(cmd, &d), 0, "%s", d);
+    cr_assert(strlen(d) > strlen(a), "-n -1 generates past 8 tokens: %s vs %s", d, a);
+    free(a); free(b); free(c); free(d); free(m);
+    tu_rmrf(dir);
+    free(dir);
+}
+
+#include "text/tokenizer/utf8_fix.h"
+
+Test(cli_chat_utf8, invalid_utf8_from_the_model_becomes_u_fffd)
+{
+    static const struct { const char *in; size_t n; const char *out; } C[] = {
+        {"ok \xC3\xA9", 5, "ok \xC3\xA9"},                          /* valid stays */
+        {"a\xE2\x82", 3, "a\xEF\xBF\xBD\xEF\xBF\xBD"},              /* truncated at the end of a reply */
+        {"\x80x", 2, "\xEF\xBF\xBDx"},                              /* stray continuation */
+        {"\xC0\xAF", 2, "\xEF\xBF\xBD\xEF\xBF\xBD"},                /* overlong '/' */
+        {"\xED\xA0\x80", 3, "\xEF\xBF\xBD\xEF\xBF\xBD\xEF\xBF\xBD"}, /* surrogate */
+        {"a\0b", 3, "a\xEF\xBF\xBD" "b"},                           /* embedded NUL */
+    };
+    for (size_t i = 0; i < sizeof C / sizeof C[0]; i++) {
+        char *o = jlm_utf8_fix(C[i].in, C[i].n);
+        cr_assert_not_null(o);
+        cr_assert_str_eq(o, C[i].out, "case %zu", i);
+        free(o);
+    }
+}
+
+static int valid_utf8(const char *s)
+{
+    char *f = jlm_utf8_fix(s, strlen(s));
+    int ok = f && !strcmp(f, s);
+    free(f);
+    return ok;
+}
+
+/* stories260K sampled with every filter off at a high temperature emits byte
+ * tokens that are not UTF-8: every turn still answers, and stdout is valid. */
+Test(cli_chat_utf8, replies_with_invalid_bytes_keep_the_chat_going, .timeout = 60)
+{
+    char *dir = tu_tmpdir();
+    jlm_err err = {0};
+    char *m = tu_convert("stories260K.gguf", dir, "s.jlm", &err);
+    cr_assert_not_null(m, "%s", err.msg);
+    char cmd[4096], *o = NULL;
+    int saw_fffd = 0;
+    for (int seed = 1; seed <= 3; seed++) {
+        snprintf(cmd, sizeof cmd, "printf 'Hi\\nMore\\nAgain\\n' | %s chat %s -n 40 --temp 8 --top-k 0 --top-p 1 "
+                 "--min-p 0 --seed %d 2>/dev/null", tu_jlm(), m, seed);
+        cr_assert_eq(tu_run(cmd, &o), 0, "seed %d: %s", seed, o);
+        size_t lines = 0;
+        for (const char *p = o; *p; p++) lines += *p == '\n';
+        cr_assert_geq(lines, 3, "seed %d: a reply for every turn: %s", seed, o);
+        cr_assert(valid_utf8(o), "seed %d: stdout is valid UTF-8", seed);
+        saw_fffd |= strstr(o, "\xEF\xBF\xBD") != NULL;
+        free(o);
+    }
+    cr_assert(saw_fffd, "the sampled replies held invalid bytes (U+FFFD shown)");
+    free(m);
+    tu_rmrf(dir);
+    free(dir);
+}
