@@ -126,7 +126,9 @@ static int convert_locked(const char *who, const char *dir, const char *src, con
     jlm_conv *c = NULL;
     if (jlm_conv_open(src, NULL, &c, &err) == 0) {
         const char *b = strrchr(src, '/');
-        fprintf(stderr, "%s: converting %s into the cache (%s) ...\n", who, b ? b + 1 : src, out);
+        char line[8192];   /* through jlm_cli_error: a control byte in a name prints as '?' */
+        snprintf(line, sizeof line, "converting %s into the cache (%s) ...", b ? b + 1 : src, out);
+        jlm_cli_error(who, line);
         g_part = part;
         signal(SIGINT, on_signal);
         signal(SIGTERM, on_signal);
