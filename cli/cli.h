@@ -23,8 +23,12 @@ int jlm_cli_picture(const char *who, const char *model, const char *out_path, co
 long long jlm_cli_parse_size(const char *s);
 /* 1 if the file starts with the GGUF magic. */
 int jlm_cli_is_gguf(const char *path);
-/* "a GGUF file", "a Hugging Face folder" (converter sources the engine cannot read), or NULL. */
-const char *jlm_cli_source_kind(const char *path);
+/* The container a subcommand opens for MODEL (cli/resolve.c): a GGUF's
+ * cached .jlm, converted once into $XDG_CACHE_HOME/jlm (else ~/.cache/jlm)
+ * under a lock with a notice on stderr; anything else as given. NULL with
+ * one "who: ..." line printed (a Hugging Face folder: "convert it"). The
+ * string lives until exit. */
+const char *jlm_cli_resolve_model(const char *who, const char *model);
 
 #include <stddef.h>
 #include "engine/model.h"

@@ -177,10 +177,8 @@ int jlm_cmd_bench(int argc, char **argv)
     int rc = bench_parse(argc, argv, &o);
     if (rc)
         return rc < 0 ? 0 : rc;   /* -1: --help printed */
-    if (jlm_cli_is_gguf(o.model)) {
-        fprintf(stderr, "jlm bench: %s: a GGUF file; convert it first with `jlm convert %s`\n", o.model, o.model);
+    if (!(o.model = jlm_cli_resolve_model("jlm bench", o.model)))
         return 1;
-    }
     o.eng.n_ctx = (uint32_t)(o.n_pp > o.n_tg ? o.n_pp : o.n_tg) + 1;
     char *path = bench_container(o.model);
     jlm_err err = {0};

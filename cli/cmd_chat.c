@@ -99,11 +99,8 @@ int jlm_cmd_chat(int argc, char **argv)
         jlm_opts_help(stderr, &os);
         return 2;
     }
-    if (jlm_cli_source_kind(model)) {
-        fprintf(stderr, "jlm chat: %s: %s; convert it first with `jlm convert %s`\n", model, jlm_cli_source_kind(model),
-                model);
+    if (!(model = jlm_cli_resolve_model("jlm chat", model)))
         return 1;
-    }
     jlm_err err = {0};
     jlm_engine *e = NULL;
     jlm_tok *tok = NULL;

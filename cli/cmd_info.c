@@ -149,12 +149,10 @@ int jlm_cmd_info(int argc, char **argv)
         fputs(INFO_USAGE, stderr);
         return 2;
     }
+    if (!(path = jlm_cli_resolve_model("jlm info", path)))
+        return 1;
     if (html)
         return jlm_cli_picture("jlm info", path, out, db, key);
-    if (jlm_cli_is_gguf(path)) {
-        fprintf(stderr, "jlm info: %s: a GGUF file, not a .jlm container: convert it first with `jlm convert %s`\n", path, path);
-        return 1;
-    }
     jlm_err err = {0};
     jlm_model *m;
     if (jlm_fmt_open(path, &m, &err)) {

@@ -135,11 +135,8 @@ int jlm_cmd_run(int argc, char **argv)
     int rc = parse(argc, argv, &o);
     if (rc)
         return rc < 0 ? 0 : rc;   /* -1: --help printed */
-    if (jlm_cli_source_kind(o.model)) {
-        fprintf(stderr, "jlm run: %s: %s; the engine reads .jlm containers: convert it with `jlm convert %s`\n",
-                o.model, jlm_cli_source_kind(o.model), o.model);
+    if (!(o.model = jlm_cli_resolve_model("jlm run", o.model)))
         return 1;
-    }
     char *text = NULL;
     if ((o.prompt_file || (o.prompt && !strcmp(o.prompt, "-")))
         && !(text = jlm_opts_read_text("jlm run", o.prompt_file ? o.prompt_file : "-")))

@@ -35,10 +35,8 @@ int jlm_cmd_tokenize(int argc, char **argv)
         jlm_opts_help(stderr, &os);
         return 2;
     }
-    if (jlm_cli_is_gguf(model)) {
-        fprintf(stderr, "jlm tokenize: %s: a GGUF file; convert it first with `jlm convert %s`\n", model, model);
+    if (!(model = jlm_cli_resolve_model("jlm tokenize", model)))
         return 1;
-    }
     jlm_err err = {0};
     jlm_model *m = NULL;
     jlm_tok *tok = NULL;

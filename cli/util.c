@@ -1,6 +1,5 @@
 /* util.c - small helpers shared by the subcommands. */
 #include "cli/cli.h"
-#include "converter/hf.h"
 
 #include <ctype.h>
 #include <stdio.h>
@@ -42,11 +41,6 @@ int jlm_cli_is_gguf(const char *path)
     if (fd >= 0)
         close(fd);
     return n == 4 && !memcmp(m, "GGUF", 4);
-}
-
-const char *jlm_cli_source_kind(const char *path)
-{
-    return jlm_cli_is_gguf(path) ? "a GGUF file" : jlm_hf_is_folder(path) ? "a Hugging Face folder" : NULL;
 }
 
 void jlm_cli_error(const char *who, const char *msg)

@@ -1,0 +1,195 @@
+/* resolve.c - the MODEL argument of run, chat, info, tokenize and bench: a
+ * .jlm or a jlmfs view as given, a GGUF converted once into the per-user
+ * cache (docs/cli.md, "Running a GGUF"). The engine still reads only .jlm. */
+#include "cli/cli.h"
+#include "converter/convert.h"
+#include "converter/hf.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/file.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+static char *g_resolved;   /* what jlm_cli_resolve_model returned; freed at exit */
+static char *g_part;       /* the .part a signal must remove (as cmd_convert.c) */
+
+static void free_resolved(void)
+{
+    free(g_resolved);
+    g_resolved = NULL;
+}
+
+static void on_signal(int sig)
+{
+    if (g_part)
+        unlink(g_part);
+    signal(sig, SIG_DFL);
+    raise(sig);
+}
+
+/* mkdir -p of an absolute or relative path, each new level 0700. */
+static int mkdirs(char *p)
+{
+    for (char *s = p + 1; *s; s++) {
+        if (*s != '/')
+            continue;
+        *s = 0;
+        int rc = mkdir(p, 0700);
+        *s = '/';
+        if (rc && errno != EEXIST)
+            return -1;
+    }
+    return mkdir(p, 0700) && errno != EEXIST ? -1 : 0;
+}
+
+/* $XDG_CACHE_HOME/jlm (an absolute XDG_CACHE_HOME only, as the XDG spec
+ * says), else $HOME/.cache/jlm; created. NULL with *why set on failure. */
+static char *cache_dir(const char **why)
+{
+    const char *x = getenv("XDG_CACHE_HOME"), *h = getenv("HOME");
+    char *d = NULL;
+    if (x && x[0] == '/') {
+        if (asprintf(&d, "%s/jlm", x) < 0)
+            d = NULL;
+    } else if (h && *h) {
+        if (asprintf(&d, "%s/.cache/jlm", h) < 0)
+            d = NULL;
+    } else {
+        *why = "no cache directory: neither XDG_CACHE_HOME nor HOME is set";
+        return NULL;
+    }
+    if (!d)
+        *why = "out of memory";
+    else if (mkdirs(d)) {
+        *why = strerror(errno);
+        free(d);
+        d = NULL;
+    }
+    return d;
+}
+
+/* DIR/STEM@dev-ino-size-mtime.ns.vVERSION.jlm: a new source (replaced,
+ * rewritten, touched) or a new format version gets a new entry, as the jlmfs
+ * cache names its entries (fs/view.c cache_name). */
+static char *cache_name(const char *dir, const char *src, const struct stat *st)
+{
+    const char *b = strrchr(src, '/');
+    b = b ? b + 1 : src;
+    size_t n = strlen(b);
+    if (n > 5 && !strcmp(b + n - 5, ".gguf"))
+        n -= 5;
+    if (n > 120)
+        n = 120;   /* the name stays under NAME_MAX with its suffixes */
+    char *out = NULL;
+    if (asprintf(&out, "%s/%.*s@%llx-%llx-%llx-%lld.%09ld.v%u.jlm", dir, (int)n, b, (unsigned long long)st->st_dev,
+                 (unsigned long long)st->st_ino, (unsigned long long)st->st_size, (long long)st->st_mtim.tv_sec,
+                 st->st_mtim.tv_nsec, JLM_VERSION) < 0)
+        out = NULL;
+    for (char *p = out ? out + strlen(dir) + 1 : NULL; p && *p; p++)
+        if ((unsigned char)*p < 0x20 || *p == 0x7f)
+            *p = '_';
+    return out;
+}
+
+static int is_file(const char *p)
+{
+    struct stat st;
+    return stat(p, &st) == 0 && S_ISREG(st.st_mode);
+}
+
+/* Converts src to out under an exclusive flock on the cache directory dir
+ * (no lock file is left behind), unless a run that held the lock before us
+ * already did. The plan is made before the notice, so a malformed source is
+ * one error line. 0, or 1 with the error printed. */
+static int convert_locked(const char *who, const char *dir, const char *src, const char *out)
+{
+    char *part = NULL;
+    if (asprintf(&part, "%s.part", out) < 0) {
+        fprintf(stderr, "%s: out of memory\n", who);
+        return 1;
+    }
+    int fd = open(dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC), rc = 1;
+    if (fd < 0 || flock(fd, LOCK_EX)) {
+        fprintf(stderr, "%s: %s: %s\n", who, dir, strerror(errno));
+        goto out;
+    }
+    if (is_file(out)) {   /* a concurrent run converted it while we waited */
+        rc = 0;
+        goto out;
+    }
+    jlm_err err = {0};
+    jlm_conv *c = NULL;
+    if (jlm_conv_open(src, NULL, &c, &err) == 0) {
+        const char *b = strrchr(src, '/');
+        char line[8192];   /* through jlm_cli_error: a control byte in a name prints as '?' */
+        snprintf(line, sizeof line, "converting %s into the cache (%s) ...", b ? b + 1 : src, out);
+        jlm_cli_error(who, line);
+        g_part = part;
+        signal(SIGINT, on_signal);
+        signal(SIGTERM, on_signal);
+        signal(SIGHUP, on_signal);
+        rc = jlm_conv_write(c, out, NULL, NULL, NULL, &err) ? 1 : 0;
+        signal(SIGINT, SIG_DFL);
+        signal(SIGTERM, SIG_DFL);
+        signal(SIGHUP, SIG_DFL);
+        g_part = NULL;
+    }
+    jlm_conv_close(c);
+    if (rc)
+        jlm_cli_error(who, err.msg);
+out:
+    if (fd >= 0)
+        close(fd);   /* releases the lock */
+    free(part);
+    return rc;
+}
+
+/* The cached .jlm of the GGUF src, converted first if it is not there. */
+static char *resolve_gguf(const char *who, const char *src)
+{
+    struct stat st;
+    const char *why = NULL;
+    if (stat(src, &st)) {
+        fprintf(stderr, "%s: %s: %s\n", who, src, strerror(errno));
+        return NULL;
+    }
+    char *dir = cache_dir(&why);
+    if (!dir) {
+        fprintf(stderr, "%s: %s: cannot use the cache: %s\n", who, src, why);
+        return NULL;
+    }
+    char *out = cache_name(dir, src, &st);
+    if (!out)
+        fprintf(stderr, "%s: out of memory\n", who);
+    else if (!is_file(out) && convert_locked(who, dir, src, out)) {
+        free(out);
+        out = NULL;
+    }
+    free(dir);
+    return out;
+}
+
+const char *jlm_cli_resolve_model(const char *who, const char *model)
+{
+    char *r;
+    if (jlm_cli_is_gguf(model))
+        r = resolve_gguf(who, model);
+    else if (jlm_hf_is_folder(model)) {
+        fprintf(stderr, "%s: %s: a Hugging Face folder; the engine reads .jlm containers: convert it with "
+                "`jlm convert %s`\n", who, model, model);
+        return NULL;
+    } else if (!(r = strdup(model)))
+        fprintf(stderr, "%s: out of memory\n", who);
+    if (r) {
+        if (!g_resolved)
+            atexit(free_resolved);
+        free(g_resolved);
+        g_resolved = r;
+    }
+    return r;
+}
