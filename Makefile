@@ -28,7 +28,7 @@ BUILD   ?= build
 PREFIX  ?= /usr/local
 SBINDIR ?= /sbin
 CC      ?= cc
-PKGS    := fuse3 sqlite3 jansson libutf8proc stb zlib libmicrohttpd
+PKGS    := fuse3 sqlite3 jansson libutf8proc stb zlib libmicrohttpd libedit
 PKG_CFLAGS := $(shell pkg-config --cflags $(PKGS) 2>/dev/null)
 PKG_LIBS   := $(shell pkg-config --libs $(PKGS) 2>/dev/null)
 

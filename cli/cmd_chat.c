@@ -1,8 +1,25 @@
 /* cmd_chat.c - `jlm chat MODEL`: an interactive conversation that renders the
  * container's chat template and keeps the conversation in the KV cache: each
  * turn evaluates only the text the new messages add to the rendered prompt
- * (llama.cpp's common_chat_format_single), then generates the reply. Reads
- * one user message per line from stdin; the reply goes to stdout. */
+ * (llama.cpp's common_chat_format_single), then generates the reply.
+ *
+ * Messages come from cli/chat_input.c (libedit on a terminal, plain lines
+ * otherwise; \"\"\" blocks and \ continuations); a message starting with '/'
+ * is a command (/bye /clear /system /help). The reply goes to stdout, notes
+ * and errors to stderr.
+ *
+ * Invariants: `prev` is the rendered text whose tokens fill the KV cache from
+ * position 0 (llama.cpp's gap: the newline after an end-of-turn token is only
+ * in the text). A turn whose render does not extend prev (a new system
+ * prompt, dropped turns, a template that rewrites old turns) rewinds the
+ * cache to 0 and evaluates the whole render. A reply that did not end with an
+ * end-of-generation token (Ctrl-C, -n, the context) is kept in the
+ * conversation as text: the cache is rewound to the end of the prompt and
+ * the next turn evaluates the reply's text as the template renders it.
+ *
+ * SIGINT: a flag set by the handler and checked between tokens (generate.c)
+ * stops the reply; at an empty prompt it ends the chat (exit 130). */
+#include "cli/chat_input.h"
 #include "cli/cli.h"
 #include "cli/generate.h"
 #include "cli/opts.h"
@@ -14,10 +31,31 @@
 #include "text/tokenizer/tokenizer.h"
 #include "text/tokenizer/utf8_fix.h"
 
+#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
+
+static volatile sig_atomic_t g_intr;
+
+static void on_sigint(int sig)
+{
+    (void)sig;
+    g_intr = 1;
+}
+
+/* restart 0 while waiting for a line (a plain read must return on ^C),
+ * 1 while the engine works (its reads must not fail with EINTR). */
+static void sigint_mode(int restart)
+{
+    struct sigaction sa;
+    memset(&sa, 0, sizeof sa);
+    sa.sa_handler = on_sigint;
+    sigemptyset(&sa.sa_mask);
+    sa.sa_flags = restart ? SA_RESTART : 0;
+    sigaction(SIGINT, &sa, NULL);
+}
 
 typedef struct conv {
     jlm_chat_msg *msgs;
@@ -43,36 +81,350 @@ static int conv_add(conv *c, const char *role, const char *content)
     return 0;
 }
 
+/* Removes messages [from, from + k). */
+static void conv_remove(conv *c, size_t from, size_t k)
+{
+    for (size_t i = from; i < from + k; i++) free(c->owned[i]);
+    memmove(c->msgs + from, c->msgs + from + k, (c->n - from - k) * sizeof *c->msgs);
+    memmove(c->owned + from, c->owned + from + k, (c->n - from - k) * sizeof *c->owned);
+    c->n -= k;
+}
+
+static int conv_has_system(const conv *c)
+{
+    return c->n && !strcmp(c->msgs[0].role, "system");
+}
+
 static void conv_free(conv *c)
 {
     for (size_t i = 0; i < c->n; i++) free(c->owned[i]);
     free(c->owned); free(c->msgs);
 }
 
-/* Generates a reply after the evaluated prompt into *out (malloc'd); ends
- * the line and flushes stdout: a reader waiting on a pipe sees the turn now. */
-static int reply(jlm_engine *e, jlm_tok *tok, jlm_sampler *s, float *logits, int n_max, jlm_cli_report *rep,
-                 char **out, jlm_err *err)
+typedef struct chat {
+    jlm_engine     *e;
+    jlm_tok        *tok;
+    jlm_sampler    *s;
+    const jlm_vocab *voc;
+    jlm_cli_report *rep;
+    char           *tmpl, *bos, *eos;
+    float          *logits;
+    int32_t        *ids;        /* (n_ctx,) the reply's sampled ids */
+    conv            cv;
+    char           *prev;       /* see the invariants above */
+    const char     *image;      /* --image, for the first message */
+    long            img_idx;    /* the message holding it; -1: none (dropped, cleared); -2: not yet given */
+    int             n_max, ignore_eos;
+} chat;
+
+static int render(chat *ch, int gen, char **out, jlm_err *err)
 {
+    jlm_chat_opts co = {.add_generation_prompt = gen, .bos_token = ch->bos, .eos_token = ch->eos, .local_time = 1};
+    size_t len;
+    return jlm_chat_render(ch->tmpl, strlen(ch->tmpl), ch->cv.msgs, ch->cv.n, &co, out, &len, err);
+}
+
+/* The text to evaluate at the cache's end: a leading BOS text is dropped at
+ * position 0 when the vocab adds BOS itself (llama.cpp). */
+static const char *at_start(const chat *ch, const char *text)
+{
+    if (jlm_engine_n_past(ch->e) == 0 && ch->voc->add_bos && ch->bos && *ch->bos &&
+        !strncmp(text, ch->bos, strlen(ch->bos)))
+        return text + strlen(ch->bos);
+    return text;
+}
+
+static int encode(chat *ch, const char *text, int32_t **ids, size_t *n, jlm_err *err)
+{
+    return jlm_tok_encode(ch->tok, text, strlen(text), jlm_engine_n_past(ch->e) == 0, 1, ids, n, err);
+}
+
+/* Drops the oldest turn (a user message and the replies up to the next user
+ * message; the system prompt and the newest message stay). 0: none left. */
+static int drop_oldest_turn(chat *ch)
+{
+    conv *c = &ch->cv;
+    size_t f = conv_has_system(c) ? 1 : 0, end = f + 1;
+    while (end < c->n && strcmp(c->msgs[end].role, "user"))
+        end++;
+    if (end >= c->n)
+        return 0;
+    conv_remove(c, f, end - f);
+    if (ch->img_idx >= (long)f)
+        ch->img_idx = ch->img_idx < (long)end ? -1 : ch->img_idx - (long)(end - f);
+    return 1;
+}
+
+static void set_prev(chat *ch, char *text)
+{
+    free(ch->prev);
+    ch->prev = text;
+}
+
+/* Forgets the last (user) message after a turn that could not run. */
+static void undo_user(chat *ch)
+{
+    if (ch->img_idx == (long)ch->cv.n - 1)
+        ch->img_idx = -2;   /* the image waits for the next message */
+    conv_remove(&ch->cv, ch->cv.n - 1, 1);
+}
+
+/* One user turn. 0: go on (problems with this message were printed);
+ * 1: the engine failed (printed); -1: out of memory. */
+static int turn(chat *ch, const char *line)
+{
+    jlm_err err = {0};
+    char *msg = NULL;
+    int new_img = ch->image && ch->img_idx == -2;
+    /* --image: in the first message, at its <image> marker or first */
+    if (new_img && !strstr(line, "<image>") && !strstr(line, "<__media__>")) {
+        if (asprintf(&msg, "<image>%s", line) < 0)
+            return -1;
+    } else if (!(msg = strdup(line))) {
+        return -1;
+    }
+    int rc_add = conv_add(&ch->cv, "user", msg);
+    free(msg);
+    if (rc_add)
+        return -1;
+    if (new_img)
+        ch->img_idx = (long)ch->cv.n - 1;
+
+    char *full = NULL;
+    if (render(ch, 1, &full, &err)) {
+        jlm_cli_error("jlm chat", err.msg[0] ? err.msg : "template: render failed");
+        undo_user(ch);
+        return 0;
+    }
+    uint32_t n_ctx = jlm_engine_n_ctx(ch->e);
+    size_t plen = strlen(ch->prev);
+    if (!(jlm_engine_n_past(ch->e) > 0 && !strncmp(full, ch->prev, plen))) {
+        jlm_engine_rewind(ch->e, 0);   /* the cache no longer matches the conversation */
+        plen = 0;
+    }
+    int32_t *ids = NULL;
+    size_t n = 0;
+    if (encode(ch, at_start(ch, full + plen), &ids, &n, &err)) {
+        jlm_cli_error("jlm chat", err.msg);
+        free(full);
+        undo_user(ch);
+        return 0;
+    }
+    /* room for the reply: -n, at most half the context (a quarter for -n -1) */
+    uint32_t room = ch->n_max < 0 ? n_ctx / 4 : (uint32_t)ch->n_max < n_ctx / 2 ? (uint32_t)ch->n_max : n_ctx / 2;
+    if (jlm_engine_n_past(ch->e) + n + room > n_ctx) {
+        /* context full: keep the system prompt, drop the oldest turns, evaluate again from 0 */
+        int dropped = 0;
+        jlm_engine_rewind(ch->e, 0);
+        for (;;) {
+            free(ids);
+            ids = NULL;
+            if (encode(ch, at_start(ch, full), &ids, &n, &err)) {
+                jlm_cli_error("jlm chat", err.msg);
+                free(full);
+                undo_user(ch);
+                set_prev(ch, strdup(""));
+                return ch->prev ? 0 : -1;
+            }
+            if (n + room <= n_ctx || !drop_oldest_turn(ch))
+                break;
+            dropped++;
+            free(full);
+            full = NULL;
+            if (render(ch, 1, &full, &err)) {
+                jlm_cli_error("jlm chat", err.msg);
+                undo_user(ch);
+                set_prev(ch, strdup(""));
+                return ch->prev ? 0 : -1;
+            }
+        }
+        plen = 0;
+        set_prev(ch, strdup(""));
+        if (!ch->prev) { free(ids); free(full); return -1; }
+        if (dropped)
+            fprintf(stderr, "jlm chat: context full (%u positions): dropped the oldest %d turn%s\n", n_ctx, dropped,
+                    dropped == 1 ? "" : "s");
+        if (n >= n_ctx) {
+            fprintf(stderr, "jlm chat: message too long: %zu tokens with the system prompt, the context holds %u "
+                    "(-c); not sent\n", n, n_ctx);
+            free(ids); free(full);
+            undo_user(ch);
+            return 0;
+        }
+    }
+    int with_image = ch->img_idx >= 0 && jlm_engine_n_past(ch->e) == 0;
+    int rc;
+    if (with_image) {
+        free(ids);
+        ids = NULL;
+        rc = jlm_cli_prefill_image(ch->e, ch->tok, ch->image, at_start(ch, full), ch->logits, &ids, &n, &err);
+    } else {
+        rc = n ? jlm_engine_eval(ch->e, ids, (uint32_t)n, ch->logits, &err) : 0;
+    }
+    if (rc) {
+        free(ids); free(full);
+        jlm_cli_error("jlm chat", err.msg);
+        if (rc != JLM_ERANGE)
+            return 1;
+        undo_user(ch);   /* context full with an image's positions: this message is not sent */
+        jlm_engine_rewind(ch->e, 0);
+        set_prev(ch, strdup(""));
+        return ch->prev ? 0 : -1;
+    }
+    for (size_t i = 0; i < n; i++) jlm_samp_accept(ch->s, ids[i]);
+    free(ids);
+    jlm_cli_report_flush(ch->rep);
+
+    /* the reply */
+    uint32_t n_prompt = jlm_engine_n_past(ch->e), left = n_ctx - n_prompt;
+    int want = ch->n_max < 0 || (uint32_t)ch->n_max > left ? (int)left : ch->n_max;
     jlm_tok_stream ts;
-    jlm_tok_stream_init(&ts, tok, 0, 0);
-    jlm_cli_gen g = {.e = e, .tok = tok, .s = s, .logits = logits, .rep = rep, .ts = &ts,
-                     .n_max = n_max, .print = 1, .eval_eog = 1, .eval_last = 1, .fix_utf8 = 1};
-    int rc = jlm_cli_generate(&g, NULL, NULL, out, err);
-    fputc('\n', stdout);
+    jlm_tok_stream_init(&ts, ch->tok, 0, 0);
+    jlm_cli_gen g = {.e = ch->e, .tok = ch->tok, .s = ch->s, .logits = ch->logits, .rep = ch->rep, .ts = &ts,
+                     .n_max = want, .print = 1, .eval_eog = 1, .eval_last = 1, .fix_utf8 = 1,
+                     .ignore_eos = ch->ignore_eos, .stop = &g_intr};
+    char *text = NULL;
+    size_t n_ids = 0;
+    rc = jlm_cli_generate(&g, ch->ids, &n_ids, &text, &err);
+    fputc('\n', stdout);   /* the reply's line ends; a reader on a pipe sees the turn now */
     fflush(stdout);
-    return rc;
+    if (rc) {
+        jlm_cli_error("jlm chat", err.msg);
+        free(text); free(full);
+        return 1;
+    }
+    int stopped = g_intr;
+    g_intr = 0;
+    int ended = n_ids && jlm_tok_is_eog(ch->tok, ch->ids[n_ids - 1]);
+    if (!ended && !stopped && want < ch->n_max)
+        fprintf(stderr, "jlm chat: context full (%u positions): the reply stopped at %zu tokens\n", n_ctx, n_ids);
+    /* a reply may end inside a UTF-8 sequence or hold stray bytes: the
+     * conversation keeps valid text (U+FFFD), or the next render fails */
+    char *fixed = text ? jlm_utf8_fix(text, strlen(text)) : NULL;
+    free(text);
+    if (!fixed || conv_add(&ch->cv, "assistant", fixed)) {
+        free(fixed); free(full);
+        return -1;
+    }
+    free(fixed);
+    if (ended) {
+        /* the cache holds the conversation without a generation prompt */
+        free(full);
+        char *p = NULL;
+        if (render(ch, 0, &p, &err)) {
+            jlm_cli_error("jlm chat", err.msg);
+            jlm_engine_rewind(ch->e, 0);
+            p = strdup("");
+        }
+        set_prev(ch, p);
+    } else {
+        /* the reply stays as text: the next turn evaluates it as rendered */
+        jlm_engine_rewind(ch->e, n_prompt);
+        set_prev(ch, full);
+    }
+    return ch->prev ? 0 : -1;
+}
+
+static void print_help(void)
+{
+    printf("commands:\n"
+           "  /bye            leave (also Ctrl-D, or Ctrl-C at an empty prompt)\n"
+           "  /clear          forget the conversation (the system prompt stays)\n"
+           "  /system TEXT    set the system prompt (/system alone removes it)\n"
+           "  /help, /?       this help\n"
+           "input:\n"
+           "  \"\"\" on a line opens a message of several lines; a line ending with \"\"\" closes it\n"
+           "  a line ending with \\ goes on on the next line\n"
+           "  Ctrl-C stops a reply; the part already written stays in the conversation\n");
+    fflush(stdout);
+}
+
+/* 0 go on, 1 leave (/bye), -1 out of memory. */
+static int command(chat *ch, const char *line)
+{
+    size_t k = strcspn(line, " \t");
+    const char *arg = line + k + strspn(line + k, " \t");
+    if (k == 4 && !strncmp(line, "/bye", 4))
+        return 1;
+    if ((k == 5 && !strncmp(line, "/help", 5)) || (k == 2 && !strncmp(line, "/?", 2))) {
+        print_help();
+    } else if (k == 6 && !strncmp(line, "/clear", 6)) {
+        size_t f = conv_has_system(&ch->cv) ? 1 : 0;
+        conv_remove(&ch->cv, f, ch->cv.n - f);
+        if (ch->img_idx >= 0)
+            ch->img_idx = -1;
+        jlm_engine_rewind(ch->e, 0);
+        jlm_samp_reset(ch->s);
+        set_prev(ch, strdup(""));
+        if (!ch->prev)
+            return -1;
+        fprintf(stderr, "jlm chat: conversation cleared%s\n", f ? " (the system prompt stays)" : "");
+    } else if (k == 7 && !strncmp(line, "/system", 7)) {
+        int had = conv_has_system(&ch->cv);
+        if (!*arg) {
+            if (had) {
+                conv_remove(&ch->cv, 0, 1);
+                if (ch->img_idx >= 0)
+                    ch->img_idx--;
+            }
+            fprintf(stderr, "jlm chat: system prompt removed\n");
+            return 0;
+        }
+        char *t = strdup(arg);
+        if (!t)
+            return -1;
+        if (had) {
+            free(ch->cv.owned[0]);
+            ch->cv.owned[0] = t;
+            ch->cv.msgs[0].content = t;
+        } else {
+            int rc = conv_add(&ch->cv, "system", t);
+            free(t);
+            if (rc)
+                return -1;
+            jlm_chat_msg m = ch->cv.msgs[ch->cv.n - 1];
+            char *o = ch->cv.owned[ch->cv.n - 1];
+            memmove(ch->cv.msgs + 1, ch->cv.msgs, (ch->cv.n - 1) * sizeof m);
+            memmove(ch->cv.owned + 1, ch->cv.owned, (ch->cv.n - 1) * sizeof o);
+            ch->cv.msgs[0] = m;
+            ch->cv.owned[0] = o;
+            if (ch->img_idx >= 0)
+                ch->img_idx++;
+        }
+        /* the next turn renders differently from prev: it evaluates from 0 */
+        fprintf(stderr, "jlm chat: system prompt set\n");
+    } else {
+        char m[160];
+        snprintf(m, sizeof m, "unknown command '%.*s' (/help lists them)", (int)(k > 64 ? 64 : k), line);
+        jlm_cli_error("jlm chat", m);
+    }
+    return 0;
+}
+
+/* The family of a chat template, from the markers it writes (for the banner). */
+static const char *template_kind(const char *t)
+{
+    static const struct { const char *mark, *name; } K[] = {
+        {"<|channel|>", "harmony"},        {"<|im_start|>", "chatml"},    {"<start_of_turn>", "gemma"},
+        {"<|start_header_id|>", "llama3"}, {"<|User|>", "deepseek"},      {"<|user|>", "phi3"},
+        {"[INST]", "llama2/mistral"},      {"<|turn>", "gemma"},
+    };
+    for (size_t i = 0; i < sizeof K / sizeof K[0]; i++)
+        if (strstr(t, K[i].mark))
+            return K[i].name;
+    return "custom";
 }
 
 int jlm_cmd_chat(int argc, char **argv)
 {
-    const char *model = NULL, *image = NULL;
+    const char *model = NULL, *image = NULL, *system = NULL;
     jlm_engine_opts eo = {.direct = 1};
     jlm_samp_params sp;
     jlm_samp_params_default(&sp);
-    int n_max = 256;
+    int n_max = 256, ignore_eos = 0;
     const jlm_opt t[] = {
         {"-m", "--model", JLM_OPT_STR, &model, 0, 0, 0, "FILE", "the model (or give it first)"},
+        {"-sys", "--system", JLM_OPT_STR, &system, 0, 0, 0, "TEXT", "the system prompt (/system changes it)"},
         {"-n", "--n-predict", JLM_OPT_INT, &n_max, -1, 1 << 30, 0, "N", "reply tokens at most, -1: until the context is full"},
         {"-c", "--ctx-size", JLM_OPT_U32, &eo.n_ctx, 0, 1 << 24, 0, "N", "context size, 0: the model's"},
         {"-t", "--threads", JLM_OPT_INT, &eo.n_threads, 1, 1024, 0, "N", "threads, unset: all cores"},
@@ -81,13 +433,15 @@ int jlm_cmd_chat(int argc, char **argv)
         {NULL, "--top-p", JLM_OPT_F32, &sp.top_p, 0, 1, 0, "P", "top-p, 1: off"},
         {NULL, "--min-p", JLM_OPT_F32, &sp.min_p, 0, 1, 0, "P", "min-p, 0: off"},
         {NULL, "--repeat-penalty", JLM_OPT_F32, &sp.repeat_penalty, 0, 1e6, JLM_OPT_LO_OPEN, "R", "repeat penalty, 1: off"},
+        {NULL, "--repeat-last-n", JLM_OPT_INT, &sp.repeat_last_n, -1, 1 << 30, 0, "N", "tokens the penalty looks back, -1: context"},
         {"-s", "--seed", JLM_OPT_SEED, &sp.seed, 0, 0, 0, "S", "sampler seed (u32, -1: random)"},
+        {NULL, "--ignore-eos", JLM_OPT_FLAG, &ignore_eos, 0, 0, 0, NULL, "never end a reply with an end-of-turn token (-n ends it)"},
         {NULL, "--budget", JLM_OPT_SIZE, &eo.budget, 0, 0, 0, "SIZE", "resident weight budget (K/M/G), 0: unlimited"},
         {NULL, "--image", JLM_OPT_STR, &image, 0, 0, 0, "FILE", "an image for the first message"},
     };
     const char *pos[1] = {0};
-    jlm_opts_spec os = {"jlm chat", "MODEL [options]   (one user message per line on stdin)", t,
-                        (int)(sizeof t / sizeof t[0]), pos, 1, 0};
+    jlm_opts_spec os = {"jlm chat", "MODEL [options]   (messages from the terminal, or one per line on stdin; /help)",
+                        t, (int)(sizeof t / sizeof t[0]), pos, 1, 0};
     int prc = jlm_opts_parse(&os, argc, argv);
     if (prc)
         return prc == 1 ? 0 : prc;
@@ -102,14 +456,14 @@ int jlm_cmd_chat(int argc, char **argv)
     if (!(model = jlm_cli_resolve_model("jlm chat", model)))
         return 1;
     jlm_err err = {0};
-    jlm_engine *e = NULL;
-    jlm_tok *tok = NULL;
-    jlm_sampler *s = NULL;
-    char *tmpl = NULL, *bos = NULL, *eos = NULL, *prev = NULL, *db = NULL, *key = NULL;
-    float *logits = NULL;
-    conv cv = {0};
+    chat ch = {.image = image, .img_idx = image ? -2 : -1, .n_max = n_max, .ignore_eos = ignore_eos};
+    jlm_chat_in *in = NULL;
+    char *db = NULL, *key = NULL;
     jlm_cli_report rep = {0};
+    ch.rep = &rep;
     int status = 1;
+    struct sigaction old_int;
+    sigaction(SIGINT, NULL, &old_int);
     char *path = jlm_cli_container_path(model);
     int on_view = jlm_cli_view_discover(model, path, &db, &key);
     if (on_view)
@@ -118,101 +472,83 @@ int jlm_cmd_chat(int argc, char **argv)
         fprintf(stderr, "jlm chat: out of memory\n");
         goto out;
     }
-    if (jlm_engine_open(path, &eo, &e, &err) || jlm_tok_create(&jlm_engine_model(e)->vocab, &tok, &err) ||
-        jlm_samp_create(&sp, jlm_engine_n_vocab(e), &s, &err)) {
+    if (jlm_engine_open(path, &eo, &ch.e, &err)) {
+        fprintf(stderr, "jlm chat: %s\n", err.msg);
+        goto out;
+    }
+    if (sp.repeat_last_n < 0)
+        sp.repeat_last_n = (int32_t)jlm_engine_n_ctx(ch.e);   /* -1: the whole context */
+    if (jlm_tok_create(&jlm_engine_model(ch.e)->vocab, &ch.tok, &err) ||
+        jlm_samp_create(&sp, jlm_engine_n_vocab(ch.e), &ch.s, &err)) {
         fprintf(stderr, "jlm chat: %s\n", err.msg);
         goto out;
     }
     if (on_view)
-        jlm_cli_report_open(&rep, e, db, key, "jlm chat");
+        jlm_cli_report_open(&rep, ch.e, db, key, "jlm chat");
     int fallback = 0;
-    if (jlm_chat_template_or_chatml(path, &jlm_engine_model(e)->vocab, &tmpl, &bos, &eos, &fallback, &err)) {
+    ch.voc = &jlm_engine_model(ch.e)->vocab;
+    if (jlm_chat_template_or_chatml(path, ch.voc, &ch.tmpl, &ch.bos, &ch.eos, &fallback, &err)) {
         fprintf(stderr, "jlm chat: %s\n", err.msg);
         goto out;
     }
-    if (fallback)
-        fprintf(stderr, "note: %s has no chat template: using chatml\n", model);
-    logits = malloc(jlm_engine_n_vocab(e) * sizeof *logits);
-    prev = strdup("");
-    const jlm_vocab *voc = &jlm_engine_model(e)->vocab;
-    char line[8192];
-    int tty = isatty(0), rc_add;
-    while (logits && prev) {
-        if (tty) { fputs("> ", stderr); fflush(stderr); }
-        if (!fgets(line, sizeof line, stdin))
+    uint32_t n_ctx = jlm_engine_n_ctx(ch.e);
+    ch.logits = malloc(jlm_engine_n_vocab(ch.e) * sizeof *ch.logits);
+    ch.ids = malloc(((size_t)n_ctx + 1) * sizeof *ch.ids);
+    ch.prev = strdup("");
+    in = jlm_chat_in_open("jlm", &g_intr);
+    if (!ch.logits || !ch.ids || !ch.prev || !in || (system && *system && conv_add(&ch.cv, "system", system))) {
+        fprintf(stderr, "jlm chat: out of memory\n");
+        goto out;
+    }
+    {
+        char b[1200];
+        snprintf(b, sizeof b, "%s | template: %s | context: %u tokens | /help for commands, Ctrl-D to leave",
+                 model, fallback ? "chatml (the model has none)" : template_kind(ch.tmpl), n_ctx);
+        jlm_cli_error("jlm chat", b);
+    }
+    for (;;) {
+        g_intr = 0;
+        sigint_mode(0);
+        char *line = NULL;
+        int r = jlm_chat_in_read(in, &line);
+        sigint_mode(1);
+        if (r == JLM_CHAT_IN_EOF) {
+            status = 0;
             break;
-        line[strcspn(line, "\n")] = 0;
-        if (!*line)
-            continue;
-        /* --image: in the first message, at its <image> marker or first */
-        char *msg = image && !cv.n && !strstr(line, "<image>") && !strstr(line, "<__media__>") ? NULL : strdup(line);
-        if (!msg && asprintf(&msg, "<image>%s", line) < 0)
+        }
+        if (r == JLM_CHAT_IN_INTR) {
+            status = 130;   /* as llama.cpp: interrupted */
             break;
-        int with_image = image && !cv.n;
-        rc_add = conv_add(&cv, "user", msg);
-        free(msg);
-        if (rc_add) break;
-        jlm_chat_opts co = {.add_generation_prompt = 1, .bos_token = bos, .eos_token = eos, .local_time = 1};
-        char *full = NULL;
-        size_t flen;
-        if (jlm_chat_render(tmpl, strlen(tmpl), cv.msgs, cv.n, &co, &full, &flen, &err)) {
-            fprintf(stderr, "jlm chat: template: %s\n", err.msg);
-            goto out;
         }
-        /* only what this turn adds: the suffix after the previous render */
-        size_t plen = strlen(prev);
-        const char *delta = (flen >= plen && !strncmp(full, prev, plen)) ? full + plen : full;
-        int first = jlm_engine_n_past(e) == 0;
-        /* a leading BOS text is dropped when the vocab adds BOS itself (llama.cpp) */
-        if (first && voc->add_bos && bos && *bos && !strncmp(delta, bos, strlen(bos)))
-            delta += strlen(bos);
-        int32_t *ids = NULL;
-        size_t n = 0;
-        if (with_image ? jlm_cli_prefill_image(e, tok, image, delta, logits, &ids, &n, &err)
-                       : jlm_tok_encode(tok, delta, strlen(delta), first, 1, &ids, &n, &err) ||
-                             (n && jlm_engine_eval(e, ids, (uint32_t)n, logits, &err))) {
-            fprintf(stderr, "jlm chat: %s\n", err.msg);
-            free(ids); free(full);
-            goto out;
-        }
-        for (size_t i = 0; i < n; i++) jlm_samp_accept(s, ids[i]);
-        free(ids);
-        jlm_cli_report_flush(&rep);
-        char *text = NULL;
-        int rc = reply(e, tok, s, logits, n_max < 0 ? (int)jlm_engine_n_ctx(e) : n_max, &rep, &text, &err);
-        if (rc) {
-            fprintf(stderr, "jlm chat: %s\n", err.msg);
-            free(text); free(full);
-            goto out;
-        }
-        /* a reply may end inside a UTF-8 sequence or hold stray bytes: the
-         * conversation keeps valid text (U+FFFD), or the next render fails */
-        char *fixed = text ? jlm_utf8_fix(text, strlen(text)) : NULL;
-        free(text);
-        if (!fixed || conv_add(&cv, "assistant", fixed)) {
-            free(fixed); free(full);
+        if (r != JLM_CHAT_IN_MSG) {
             fprintf(stderr, "jlm chat: out of memory\n");
-            goto out;
+            break;
         }
-        free(fixed);
-        /* the prompt now holds the conversation without a generation prompt */
-        jlm_chat_opts c2 = co;
-        c2.add_generation_prompt = 0;
-        free(full);
-        free(prev);
-        prev = NULL;
-        if (jlm_chat_render(tmpl, strlen(tmpl), cv.msgs, cv.n, &c2, &prev, &flen, &err)) {
-            fprintf(stderr, "jlm chat: template: %s\n", err.msg);
-            goto out;
+        int rc = 0, is_cmd = line[0] == '/' && !strchr(line, '\n');
+        if (is_cmd)
+            rc = command(&ch, line);
+        else if (line[strspn(line, " \t\r\n")])
+            rc = turn(&ch, line);
+        free(line);
+        if (rc == 1 && is_cmd) {
+            status = 0;
+            break;
+        }
+        if (rc) {
+            if (rc < 0)
+                fprintf(stderr, "jlm chat: out of memory\n");
+            break;
         }
     }
-    status = 0;
 out:
-    jlm_cli_report_close(&rep, e);
-    conv_free(&cv);
-    free(tmpl); free(bos); free(eos); free(prev); free(logits); free(path); free(db); free(key);
-    jlm_samp_destroy(s);
-    jlm_tok_destroy(tok);
-    jlm_engine_close(e);
+    sigaction(SIGINT, &old_int, NULL);
+    jlm_chat_in_close(in);
+    jlm_cli_report_close(&rep, ch.e);
+    conv_free(&ch.cv);
+    free(ch.tmpl); free(ch.bos); free(ch.eos); free(ch.prev); free(ch.logits); free(ch.ids);
+    free(path); free(db); free(key);
+    jlm_samp_destroy(ch.s);
+    jlm_tok_destroy(ch.tok);
+    jlm_engine_close(ch.e);
     return status;
 }

@@ -2,6 +2,7 @@
 #include "cli/generate.h"
 #include "text/tokenizer/utf8_fix.h"
 
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -57,7 +58,14 @@ int jlm_cli_generate(const jlm_cli_gen *g, int32_t *ids, size_t *n_ids, char **t
     int streams = g->tok && (g->print || text);
     if (n_ids)
         *n_ids = 0;
+    uint32_t n_vocab = jlm_engine_n_vocab(g->e);
     for (int i = 0; i < g->n_max && !rc; i++) {
+        if (g->stop && *g->stop)
+            break;   /* Ctrl-C: every token so far is printed and evaluated */
+        if (g->ignore_eos && g->tok)
+            for (uint32_t v = 0; v < n_vocab; v++)
+                if (jlm_tok_is_eog(g->tok, (int32_t)v))
+                    g->logits[v] = -INFINITY;
         int32_t id = jlm_samp_next(g->s, g->logits);
         if (ids)
             ids[(*n_ids)++] = id;

@@ -3,6 +3,7 @@
 #ifndef JLM_CLI_GENERATE_H
 #define JLM_CLI_GENERATE_H
 
+#include <signal.h>
 #include <stddef.h>
 #include <stdint.h>
 
@@ -23,6 +24,8 @@ typedef struct jlm_cli_gen {
     int             eval_eog;   /* 1: evaluate an end-of-generation token too (chat keeps the turn's end in the cache) */
     int             fix_utf8;   /* 1: invalid UTF-8 in a piece becomes U+FFFD, printed and kept (chat) */
     int             eval_last;  /* 1: evaluate the n_max-th token too (chat); 0: stop before (run) */
+    int             ignore_eos; /* 1: end-of-generation tokens are never sampled (llama.cpp's --ignore-eos) */
+    volatile sig_atomic_t *stop; /* non-NULL: checked before each token; set (SIGINT) ends the loop, rc 0 */
 } jlm_cli_gen;
 
 /* Samples up to g->n_max tokens, stopping after an end-of-generation token.

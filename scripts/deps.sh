@@ -6,6 +6,7 @@
 set -euo pipefail
 PKGS=(build-essential pkg-config libcriterion-dev libfuse3-dev fuse3 libsqlite3-dev sqlite3
       libjansson-dev libutf8proc-dev libstb-dev zlib1g-dev libmicrohttpd-dev curl xz-utils
+      libedit-dev tmux   # jlm chat's line editing and history; tmux drives it in tests/test_cli_chat.c
       libvulkan-dev glslc mesa-vulkan-drivers   # Vulkan backend; lavapipe runs its tests on the CPU
       chromium)   # chromium: tests/test_picture.c renders `jlm info --html` headless
 missing=()
