@@ -12,7 +12,8 @@
 #include <unistd.h>
 
 struct jlm_chat_in {
-    EditLine *el;                  /* NULL: plain reads */
+    EditLine *el;                  /* NULL: plain reads from src */
+    FILE *src;                     /* stdin (a fuzz target reads a memory stream) */
     History *hist;
     FILE *draw;                    /* where the editor draws (a terminal) */
     char *hpath;                   /* history file, NULL: none */
@@ -117,6 +118,7 @@ jlm_chat_in *jlm_chat_in_open(const char *prog, volatile sig_atomic_t *intr)
     if (!in)
         return NULL;
     in->intr = intr;
+    in->src = stdin;
     if (isatty(0) && (isatty(2) || isatty(1))) {
         in->draw = isatty(2) ? stderr : stdout;
         if (open_editor(in, prog)) {
@@ -154,7 +156,7 @@ enum { L_LINE, L_EOF, L_INTR_EMPTY, L_INTR_TEXT, L_NOMEM = -1 };
 static int get_line(jlm_chat_in *in, int more)
 {
     if (!in->el) {
-        ssize_t r = getline(&in->line, &in->cap, stdin);
+        ssize_t r = getline(&in->line, &in->cap, in->src);
         if (r < 0)
             return *in->intr ? L_INTR_EMPTY : L_EOF;
         return keep_line(in, in->line, (size_t)r) ? L_NOMEM : L_LINE;
