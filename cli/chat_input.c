@@ -121,9 +121,15 @@ jlm_chat_in *jlm_chat_in_open(const char *prog, volatile sig_atomic_t *intr)
     in->src = stdin;
     if (isatty(0) && (isatty(2) || isatty(1))) {
         in->draw = isatty(2) ? stderr : stdout;
-        if (open_editor(in, prog)) {
-            jlm_chat_in_close(in);
-            return NULL;
+        if (open_editor(in, prog)) {   /* no editor here (a terminal libedit cannot drive): plain reads */
+            if (in->el)
+                el_end(in->el);
+            if (in->hist)
+                history_end(in->hist);
+            free(in->hpath);
+            in->el = NULL;
+            in->hist = NULL;
+            in->hpath = NULL;
         }
     }
     return in;

@@ -192,7 +192,9 @@ static int turn(chat *ch, const char *line)
 
     char *full = NULL;
     if (render(ch, 1, &full, &err)) {
-        jlm_cli_error("jlm chat", err.msg[0] ? err.msg : "template: render failed");
+        char m[sizeof err.msg + 32];
+        snprintf(m, sizeof m, "template: %s; message not sent", err.msg);
+        jlm_cli_error("jlm chat", m);
         undo_user(ch);
         return 0;
     }
