@@ -6,6 +6,7 @@
  * checked against `jlm run` on the rendered prompt (greedy). */
 #include <criterion/criterion.h>
 
+#include <signal.h>
 #include <stdarg.h>
 #include <time.h>
 
@@ -325,6 +326,76 @@ Test(cli_chat_tty, editing_history_ctrl_c_and_ctrl_d_on_a_terminal, .fini = tty_
     tmux(&t, "kill-server");
 
     free(want); free(one); free(r1); free(m);
+    tu_rmrf(dir);
+    free(dir);
+}
+
+/* ------------------------------------------------------ SIGINT, plain reads */
+
+static size_t file_size(const char *p)
+{
+    struct stat st;
+    return stat(p, &st) ? 0 : (size_t)st.st_size;
+}
+
+static void wait_size(const char *p, size_t more_than, const char *what)
+{
+    double t0 = now_s();
+    while (file_size(p) <= more_than) {
+        cr_assert(now_s() - t0 < 20, "timed out waiting for %s", what);
+        usleep(20000);
+    }
+}
+
+/* Through a pipe too (stdin a FIFO here): SIGINT stops the reply only, the
+ * next message is answered, the end of input exits 0. */
+Test(cli_chat_input, sigint_stops_only_the_reply_through_a_pipe, .timeout = 60)
+{
+    char *dir = tu_tmpdir(), *m = convert(dir);
+    char fifo[1200], out[1200], err[1200], cmd[4096];
+    snprintf(fifo, sizeof fifo, "%s/in", dir);
+    snprintf(out, sizeof out, "%s/out", dir);
+    snprintf(err, sizeof err, "%s/err", dir);
+    cr_assert_eq(mkfifo(fifo, 0600), 0);
+    snprintf(cmd, sizeof cmd, "exec %s chat %s --ignore-eos -n -1 -c 4096 --temp 0 -t 1 < %s > %s 2> %s", tu_jlm(), m,
+             fifo, out, err);
+    pid_t pid = fork();
+    if (pid == 0) {
+        execl("/bin/sh", "sh", "-c", cmd, (char *)NULL);
+        _exit(127);
+    }
+    cr_assert(pid > 0);
+    FILE *w = fopen(fifo, "w");
+    cr_assert_not_null(w);
+    fputs("Hello\n", w);
+    fflush(w);
+    wait_size(out, 40, "the first reply to start");
+    kill(pid, SIGINT);
+    /* stopped: the reply's line ends, and the output stops growing */
+    double t0 = now_s();
+    size_t a;
+    for (;;) {
+        a = file_size(out);
+        usleep(300000);
+        if (file_size(out) == a)
+            break;
+        cr_assert(now_s() - t0 < 20, "the reply went on after SIGINT");
+    }
+    fputs("Tell me more\n", w);
+    fflush(w);
+    wait_size(out, a + 40, "the next message to be answered");
+    kill(pid, SIGINT);
+    fclose(w);   /* the end of input: exit 0 */
+    int st = 0;
+    cr_assert_eq(waitpid(pid, &st, 0), pid);
+    size_t el = 0;
+    char *e = (char *)tu_read_file(err, &el);
+    cr_assert(WIFEXITED(st) && WEXITSTATUS(st) == 0, "exit 0: %s", e);
+    cr_assert(e && !strstr(e, "context full") && !strstr(e, "error"), "%s", e);
+    size_t ol = 0;
+    char *o = (char *)tu_read_file(out, &ol);
+    cr_assert(o && ol > a + 40 && o[ol - 1] == '\n', "two replies, each ending its line");
+    free(o); free(e); free(m);
     tu_rmrf(dir);
     free(dir);
 }
