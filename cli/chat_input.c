@@ -156,17 +156,48 @@ static int keep_line(jlm_chat_in *in, const char *l, size_t n)
     return 0;
 }
 
-enum { L_LINE, L_EOF, L_INTR_EMPTY, L_INTR_TEXT, L_NOMEM = -1 };
+enum { L_LINE, L_EOF, L_INTR_EMPTY, L_INTR_TEXT, L_TOOLONG, L_NOMEM = -1 };
+
+/* A plain line in bounded memory: a longer one is read to its end and
+ * reported (L_TOOLONG). The last line may lack its newline. */
+static int read_plain(jlm_chat_in *in)
+{
+    size_t n = 0;
+    int c, over = 0, any = 0;
+    while ((c = getc_unlocked(in->src)) != EOF) {
+        any = 1;
+        if (c == '\n')
+            break;
+        if (over)
+            continue;
+        if (n + 2 > in->cap) {
+            size_t cap = in->cap ? in->cap * 2 : 256;
+            char *b = realloc(in->line, cap);
+            if (!b)
+                return L_NOMEM;
+            in->line = b;
+            in->cap = cap;
+        }
+        in->line[n++] = (char)c;
+        over = n > JLM_CHAT_IN_MAX;
+    }
+    if (!any)
+        return *in->intr ? L_INTR_EMPTY : L_EOF;
+    if (over)
+        return L_TOOLONG;
+    if (!in->line && keep_line(in, "", 0))
+        return L_NOMEM;
+    in->line[n] = 0;
+    if (n && in->line[n - 1] == '\r')
+        in->line[n - 1] = 0;
+    return L_LINE;
+}
 
 /* One physical line into in->line. */
 static int get_line(jlm_chat_in *in, int more)
 {
-    if (!in->el) {
-        ssize_t r = getline(&in->line, &in->cap, in->src);
-        if (r < 0)
-            return *in->intr ? L_INTR_EMPTY : L_EOF;
-        return keep_line(in, in->line, (size_t)r) ? L_NOMEM : L_LINE;
-    }
+    if (!in->el)
+        return read_plain(in);
     for (;;) {
         g_prompt = more ? "... " : "> ";
         g_ctrl_c = -1;
@@ -197,10 +228,17 @@ static int get_line(jlm_chat_in *in, int more)
     }
 }
 
-typedef struct sbuf { char *p; size_t n, cap; } sbuf;
+typedef struct sbuf { char *p; size_t n, cap; int over; } sbuf;
 
+/* Appends; past JLM_CHAT_IN_MAX the message is dropped (over) and the rest
+ * of it only read. -1: out of memory. */
 static int put(sbuf *b, const char *s, size_t n)
 {
+    if (b->over || b->n + n > JLM_CHAT_IN_MAX) {
+        free(b->p);
+        *b = (sbuf){.over = 1};
+        return 0;
+    }
     if (b->n + n + 1 > b->cap) {
         size_t cap = (b->n + n + 1) * 2;
         char *p = realloc(b->p, cap);
@@ -223,6 +261,8 @@ static int ends_with_quotes(const char *s, size_t n)
 /* The finished message: a block's final newlines are dropped. */
 static int finish(sbuf *b, int block, char **msg)
 {
+    if (b->over)
+        return JLM_CHAT_IN_TOOLONG;
     if (!b->p && put(b, "", 0))
         return JLM_CHAT_IN_NOMEM;
     while (block && b->n && b->p[b->n - 1] == '\n')
@@ -250,7 +290,14 @@ int jlm_chat_in_read(jlm_chat_in *in, char **msg)
             block = cont = 0;
             continue;
         }
-        if (r == L_INTR_EMPTY) {
+        if (r == L_TOOLONG) {
+            b.over = 1;   /* the line still ends the message or goes on in it */
+            free(b.p);
+            b.p = NULL;
+            if (!in->line && keep_line(in, "", 0))
+                return JLM_CHAT_IN_NOMEM;
+            in->line[0] = 0;
+        } else if (r == L_INTR_EMPTY) {
             free(b.p);
             return JLM_CHAT_IN_INTR;
         }

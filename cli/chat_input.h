@@ -27,8 +27,11 @@ enum {
     JLM_CHAT_IN_MSG = 0,   /* *msg holds a message (malloc'd) */
     JLM_CHAT_IN_EOF = 1,   /* end of input or Ctrl-D at an empty prompt */
     JLM_CHAT_IN_INTR = 2,  /* Ctrl-C at an empty prompt, or SIGINT while waiting */
+    JLM_CHAT_IN_TOOLONG = 3, /* a message over JLM_CHAT_IN_MAX bytes: read to its end and dropped */
     JLM_CHAT_IN_NOMEM = -1,
 };
+
+#define JLM_CHAT_IN_MAX (4u << 20)   /* bytes in one message (a line of a pipe is read in bounded memory) */
 
 /* Opens the reader for stdin. intr: the flag the caller's SIGINT handler sets
  * (the handler must be installed without SA_RESTART while reading in plain

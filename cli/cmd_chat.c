@@ -522,6 +522,10 @@ int jlm_cmd_chat(int argc, char **argv)
             status = 130;   /* as llama.cpp: interrupted */
             break;
         }
+        if (r == JLM_CHAT_IN_TOOLONG) {
+            fprintf(stderr, "jlm chat: message longer than %u MiB; not sent\n", JLM_CHAT_IN_MAX >> 20);
+            continue;
+        }
         if (r != JLM_CHAT_IN_MSG) {
             fprintf(stderr, "jlm chat: out of memory\n");
             break;

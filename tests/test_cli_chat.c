@@ -124,6 +124,14 @@ Test(cli_chat_input, a_full_context_drops_the_oldest_turns_and_goes_on, .timeout
     cr_assert(strstr(b, "jlm chat: message too long: "), "%s", b);
     char *one = chat_out(m, "Hello there\\n", "-c 128", 0, 0);
     cr_assert(strstr(b, one), "the next message is answered as in a fresh chat: %s", b);
+    /* a line of 5 MB through a pipe: read in bounded memory, one line, the chat goes on */
+    char cmd[2048], *h = NULL;
+    snprintf(cmd, sizeof cmd, "( (head -c 5000000 /dev/zero | tr '\\0' a; printf '\\nHello there\\n') | "
+             "%s chat %s -n 12 --temp 0 -t 1 -c 128)", tu_jlm(), m);
+    cr_assert_eq(tu_run(cmd, &h), 0, "%.300s", h);
+    cr_assert(strstr(h, "jlm chat: message longer than 4 MiB; not sent\n"), "%.300s", h);
+    cr_assert(strstr(h, one), "answered after it: %.300s", h);
+    free(h);
     free(o); free(b); free(one); free(m);
     tu_rmrf(dir);
     free(dir);

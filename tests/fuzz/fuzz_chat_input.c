@@ -34,6 +34,9 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
             if (!msg || strlen(msg) > size)
                 abort();
             free(msg);
+        } else if (r == JLM_CHAT_IN_TOOLONG) {
+            if (msg || size <= JLM_CHAT_IN_MAX)
+                abort();
         } else if (r == JLM_CHAT_IN_EOF) {
             if (msg || jlm_chat_in_read(in, &msg) != JLM_CHAT_IN_EOF)
                 abort();
