@@ -407,3 +407,40 @@ Test(cli_chat_input, sigint_stops_only_the_reply_through_a_pipe, .timeout = 60)
     tu_rmrf(dir);
     free(dir);
 }
+
+/* A reply cut by -n (as one stopped by Ctrl-C) stays in the conversation as
+ * its text: each next reply is `jlm run`'s on the whole chatml render. */
+Test(cli_chat_input, a_cut_reply_stays_in_the_conversation_as_text, .timeout = 60)
+{
+    char *dir = tu_tmpdir(), *m = convert(dir);
+    static const char *const U[] = {"Hello there", "Tell me more", "And then"};
+    char *o = chat_out(m, "Hello there\\nTell me more\\nAnd then\\n", "-n 8", 0, 0);
+    char *r[3], *p = o;
+    for (int i = 0; i < 3; i++) {
+        char *nl = strchr(p, '\n');
+        cr_assert(nl, "three replies of one line: '%s'", o);
+        *nl = 0;
+        r[i] = p;
+        p = nl + 1;
+    }
+    char path[1200], cmd[4096];
+    snprintf(path, sizeof path, "%s/prompt", dir);
+    for (int t = 1; t < 3; t++) {
+        FILE *f = fopen(path, "w");
+        cr_assert_not_null(f);
+        for (int i = 0; i < t; i++)
+            fprintf(f, "<|im_start|>user\n%s<|im_end|>\n<|im_start|>assistant\n%s<|im_end|>\n", U[i], r[i]);
+        fprintf(f, "<|im_start|>user\n%s<|im_end|>\n<|im_start|>assistant\n", U[t]);
+        fclose(f);
+        char *run = NULL;
+        snprintf(cmd, sizeof cmd, "%s run %s -f %s -n 8 --temp 0 2>/dev/null", tu_jlm(), m, path);
+        cr_assert_eq(tu_run(cmd, &run), 0, "%s", run);
+        run[strcspn(run, "\n")] = 0;
+        cr_assert(strlen(run) > 0);
+        cr_assert_str_eq(r[t], run, "reply %d follows the earlier ones as text", t + 1);
+        free(run);
+    }
+    free(o); free(m);
+    tu_rmrf(dir);
+    free(dir);
+}
