@@ -139,24 +139,24 @@ Test(cli_chat_input, a_full_context_drops_the_oldest_turns_and_goes_on, .timeout
 
 /* ------------------------------------------------------------------ tmux */
 
-typedef struct tmx { char sock[64]; } tmx;
+typedef struct tmx { char sock[1200]; } tmx;   /* the server's socket, in the test's temp dir */
 static tmx T;   /* the test's tmux server, killed in cleanup even after a failed assert */
 
 static int tmux(const tmx *t, const char *fmt, ...)
 {
-    char args[3000], cmd[3200];
+    char args[3000], cmd[4400];
     va_list ap;
     va_start(ap, fmt);
     vsnprintf(args, sizeof args, fmt, ap);
     va_end(ap);
-    snprintf(cmd, sizeof cmd, "tmux -L %s -f /dev/null %s >/dev/null 2>&1", t->sock, args);
+    snprintf(cmd, sizeof cmd, "tmux -S %s -f /dev/null %s >/dev/null 2>&1", t->sock, args);
     return system(cmd);
 }
 
 static char *pane(const tmx *t)
 {
-    char cmd[256], *o = NULL;
-    snprintf(cmd, sizeof cmd, "tmux -L %s capture-pane -p -J -S -3000 -t jlm", t->sock);
+    char cmd[1400], *o = NULL;
+    snprintf(cmd, sizeof cmd, "tmux -S %s capture-pane -p -J -S -3000 -t jlm", t->sock);
     tu_run(cmd, &o);
     return o ? o : strdup("");
 }
@@ -220,18 +220,18 @@ static int reply_after(const char *p, const void *a)
 static void tty_fini(void)
 {
     if (T.sock[0]) {
-        char cmd[128];
-        snprintf(cmd, sizeof cmd, "tmux -L %s kill-server >/dev/null 2>&1", T.sock);
+        char cmd[1300];
+        snprintf(cmd, sizeof cmd, "tmux -S %s kill-server >/dev/null 2>&1", T.sock);
         if (system(cmd)) {}
     }
 }
 
 /* Each chat gets a server of its own (a new one on a killed server's socket
  * can race with its shutdown). */
-static void start(tmx *t, const char *env, const char *m, const char *opts)
+static void start(tmx *t, const char *dir, const char *env, const char *m, const char *opts)
 {
     static int k;
-    snprintf(t->sock, sizeof t->sock, "jlmtest%d_%d", (int)getpid(), k++);
+    snprintf(t->sock, sizeof t->sock, "%s/tmux%d", dir, k++);
     T = *t;
     tmux(t, "new-session -d -s jlm -x 200 -y 50 \"env %s %s chat %s %s; echo '[exit '\\$?']'; sleep 60\"", env, tu_jlm(),
          m, opts);
@@ -264,7 +264,7 @@ Test(cli_chat_tty, editing_history_ctrl_c_and_ctrl_d_on_a_terminal, .fini = tty_
     cr_assert(strlen(r1) >= 8, "a reply to check: '%s'", want);
 
     /* 1. "helo", Left, "l", Enter: the edited line "hello" is sent */
-    start(&t, env, m, "-n 12 --temp 0 -t 1");
+    start(&t, dir, env, m, "-n 12 --temp 0 -t 1");
     tmux(&t, "send-keys -t jlm -l helo");
     tmux(&t, "send-keys -t jlm Left");
     tmux(&t, "send-keys -t jlm -l l");
@@ -298,7 +298,7 @@ Test(cli_chat_tty, editing_history_ctrl_c_and_ctrl_d_on_a_terminal, .fini = tty_
     free(h);
     struct stat st;
     cr_assert(stat(hist, &st) == 0 && (st.st_mode & 0777) == 0600, "history is private");
-    start(&t, env, m, "-n 12 --temp 0 -t 1");
+    start(&t, dir, env, m, "-n 12 --temp 0 -t 1");
     tmux(&t, "send-keys -t jlm Up");
     free(wait_pane(&t, last_line_is, "> /bye", "Up recalling the last saved line"));
     tmux(&t, "send-keys -t jlm Up");
@@ -314,7 +314,7 @@ Test(cli_chat_tty, editing_history_ctrl_c_and_ctrl_d_on_a_terminal, .fini = tty_
     /* 5. Ctrl-C mid-reply returns to the prompt and the next message is
      * answered; Ctrl-C at the empty prompt leaves (130). --ignore-eos and a
      * 4096-position context make each reply long enough to interrupt. */
-    start(&t, env, m, "--ignore-eos -n -1 -c 4096 --temp 0 -t 1");
+    start(&t, dir, env, m, "--ignore-eos -n -1 -c 4096 --temp 0 -t 1");
     tmux(&t, "send-keys -t jlm -l Hello");
     tmux(&t, "send-keys -t jlm Enter");
     free(wait_pane(&t, reply_after, "> Hello", "the reply to start"));
