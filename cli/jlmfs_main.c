@@ -24,12 +24,14 @@
 
 static const char USAGE[] =
     "usage: jlmfs SRC MOUNTPOINT [-f] [-d] [-o OPTIONS]\n"
-    "Mounts the folder SRC at MOUNTPOINT; every complete x.gguf in it gets a\n"
-    "read-only model view x.jlm/ (model.jlm, status, config.json, tensors, dense,\n"
+    "Mounts the folder SRC at MOUNTPOINT; every complete x.gguf (or Hugging Face\n"
+    "folder x/) in it gets a read-only model view x.jlm/ (model.jlm, status, config.json, tensors, dense,\n"
     "blocks/N, vision/N, experts/B.E, resident/, stats). See docs/jlmfs.md.\n"
     "options:\n"
     "  -o cache=DIR     container cache (default SRC/.jlmfs-cache, hidden from the mount)\n"
     "  -o workers=N     background conversion threads (default 1)\n"
+    "  -o type=T        quantize at conversion: keep (default), Q8_0, Q6_K, Q5_K_M,\n"
+    "                   Q4_K_M, Q5_1, Q5_0, Q4_1, Q4_0 (as jlm convert --type)\n"
     "  -o allow_other   let other users use the mount (FUSE option; the kernel checks\n"
     "                   every access against SRC's owners and modes: default_permissions)\n"
     "  -f               stay in the foreground; -d: debug (implies -f)\n"
@@ -446,12 +448,13 @@ static const struct fuse_operations ops = {
 };
 
 /* ---------------------------------------------------------------- options */
-typedef struct opts { char *src, *cache; unsigned workers; int help, n_nonopt; } opts;
+typedef struct opts { char *src, *cache, *type; unsigned workers; int help, n_nonopt; } opts;
 
 enum { KEY_HELP = 1 };
 static const struct fuse_opt opt_spec[] = {
     {"cache=%s", offsetof(opts, cache), 0},
     {"workers=%u", offsetof(opts, workers), 0},
+    {"type=%s", offsetof(opts, type), 0},
     FUSE_OPT_KEY("-h", KEY_HELP),
     FUSE_OPT_KEY("--help", KEY_HELP),
     FUSE_OPT_END,
@@ -490,7 +493,7 @@ int main(int argc, char **argv)
         return 2;
     }
     const char *slow = getenv("JLMFS_TEST_SLOW_MS");
-    jlmfs_opts fo = {.src = o.src, .cache = o.cache, .n_workers = o.workers,
+    jlmfs_opts fo = {.src = o.src, .cache = o.cache, .n_workers = o.workers, .type = o.type,
                      .slow_ms = slow ? (unsigned)strtoul(slow, NULL, 10) : 0};
     jlmfs *fs;
     jlm_err e;
@@ -513,6 +516,6 @@ int main(int argc, char **argv)
     if (!g_started)
         jlmfs_close(fs);   /* fuse_main failed before init: destroy will not run */
     fuse_opt_free_args(&args);
-    free(name); free(o.src); free(o.cache);
+    free(name); free(o.src); free(o.cache); free(o.type);
     return rc;
 }

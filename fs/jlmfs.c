@@ -4,6 +4,7 @@
 #include "fs/jlmfs_int.h"
 #include "picture/picture.h"
 #include "converter/beneath.h"
+#include "converter/quantize.h"
 
 #include <dirent.h>
 #include <errno.h>
@@ -33,14 +34,15 @@ static char *join(const char *a, const char *b)
 
 static void ident_of(const struct stat *st, jlmfs_ident *id)
 {
-    *id = (jlmfs_ident){st->st_dev, st->st_ino, st->st_size, st->st_mtim.tv_sec, st->st_mtim.tv_nsec, 0, 0, 0, 0};
+    *id = (jlmfs_ident){.dev = st->st_dev, .ino = st->st_ino, .size = st->st_size, .mtime_s = st->st_mtim.tv_sec,
+                        .mtime_ns = st->st_mtim.tv_nsec};
 }
 
-static int ident_eq(const jlmfs_ident *a, const jlmfs_ident *b)
+int jlmfs_ident_eq(const jlmfs_ident *a, const jlmfs_ident *b)
 {
     return a->dev == b->dev && a->ino == b->ino && a->size == b->size && a->mtime_s == b->mtime_s &&
            a->mtime_ns == b->mtime_ns && a->mm_ino == b->mm_ino && a->mm_size == b->mm_size &&
-           a->mm_mtime_s == b->mm_mtime_s && a->mm_mtime_ns == b->mm_mtime_ns;
+           a->mm_mtime_s == b->mm_mtime_s && a->mm_mtime_ns == b->mm_mtime_ns && a->hf_hash == b->hf_hash;
 }
 
 const char *jlmfs_cache_dir(const jlmfs *fs) { return fs->cache; }
@@ -73,6 +75,26 @@ static int writers_of(jlmfs *fs, const char *rel)
         if (!strcmp(fs->writers[i].rel, rel))
             return fs->writers[i].n;
     return 0;
+}
+
+/* Handles writing a file directly inside the folder rel ("rel/x"). */
+static int writers_in(jlmfs *fs, const char *rel)
+{
+    size_t n = strlen(rel);
+    int k = 0;
+    for (size_t i = 0; i < fs->n_writers; i++) {
+        const char *w = fs->writers[i].rel;
+        if (!strncmp(w, rel, n) && w[n] == '/' && !strchr(w + n + 1, '/'))
+            k += fs->writers[i].n;
+    }
+    return k;
+}
+
+/* rel is the cache folder or inside it. */
+static int in_cache(const jlmfs *fs, const char *rel)
+{
+    size_t cl = fs->cache_rel ? strlen(fs->cache_rel) : 0;
+    return cl && !strncmp(rel, fs->cache_rel, cl) && (!rel[cl] || rel[cl] == '/');
 }
 
 static int grow(void **p, size_t *cap, size_t n, size_t el)
@@ -111,31 +133,37 @@ static int insert_view(jlmfs *fs, jlmfs_view *v)
  * same view at once. */
 jlmfs_view *jlmfs_sync_view(jlmfs *fs, const char *rel)
 {
-    if (!ends_with(rel, ".gguf") || jlmfs_is_mmproj(rel))
+    int gguf = ends_with(rel, ".gguf");
+    if (gguf ? jlmfs_is_mmproj(rel) : !*rel || in_cache(fs, rel))
         return NULL;
-    /* lstat through SRC's descriptor: a symlink (anywhere in rel) is no source */
     struct stat st, mst;
-    int fd = jlm_open_beneath(fs->src_fd, rel, O_PATH, 0);
-    int ok = fd >= 0 && fstat(fd, &st) == 0 && S_ISREG(st.st_mode);
-    if (fd >= 0)
-        close(fd);
     jlmfs_ident id;
-    if (ok) {
-        ident_of(&st, &id);
-        char *mm = jlmfs_mmproj_rel(fs->src_fd, rel, &mst);   /* adding or changing it replans the view */
-        if (mm)
-            id.mm_ino = mst.st_ino, id.mm_size = mst.st_size, id.mm_mtime_s = mst.st_mtim.tv_sec,
-            id.mm_mtime_ns = mst.st_mtim.tv_nsec;
-        free(mm);
+    int ok;
+    if (gguf) {
+        /* lstat through SRC's descriptor: a symlink (anywhere in rel) is no source */
+        int fd = jlm_open_beneath(fs->src_fd, rel, O_PATH, 0);
+        ok = fd >= 0 && fstat(fd, &st) == 0 && S_ISREG(st.st_mode);
+        if (fd >= 0)
+            close(fd);
+        if (ok) {
+            ident_of(&st, &id);
+            char *mm = jlmfs_mmproj_rel(fs->src_fd, rel, &mst);   /* adding or changing it replans the view */
+            if (mm)
+                id.mm_ino = mst.st_ino, id.mm_size = mst.st_size, id.mm_mtime_s = mst.st_mtim.tv_sec,
+                id.mm_mtime_ns = mst.st_mtim.tv_nsec;
+            free(mm);
+        }
+    } else {   /* a Hugging Face folder, once complete (hfdir.c) */
+        ok = jlmfs_hf_ident(fs->src_fd, rel, 1, &id, &st);
     }
     int locked_create = 0;
     jlmfs_view *res = NULL, *old = NULL;
     for (;;) {
         pthread_mutex_lock(&fs->lock);
         ssize_t i = find_view(fs, rel);
-        if (!ok || writers_of(fs, rel) > 0) {
+        if (!ok || (gguf ? writers_of(fs, rel) : writers_in(fs, rel)) > 0) {
             old = i >= 0 ? take_view(fs, (size_t)i) : NULL;
-        } else if (i >= 0 && ident_eq(&fs->views[i]->id, &id)) {
+        } else if (i >= 0 && jlmfs_ident_eq(&fs->views[i]->id, &id)) {
             res = fs->views[i];
             jlmfs_view_ref(res);
         } else if (!locked_create) {
@@ -183,6 +211,12 @@ jlmfs_view *jlmfs_sync_view(jlmfs *fs, const char *rel)
 void jlmfs_changed(jlmfs *fs, const char *rel)
 {
     jlmfs_view_unref(jlmfs_sync_view(fs, rel));
+    /* a file of a Hugging Face folder: the folder's view follows it */
+    const char *slash = strrchr(rel, '/');
+    char *dir = slash ? strndup(rel, (size_t)(slash - rel)) : NULL;
+    if (dir)
+        jlmfs_view_unref(jlmfs_sync_view(fs, dir));
+    free(dir);
 }
 
 void jlmfs_write_begin(jlmfs *fs, const char *rel)
@@ -428,10 +462,12 @@ static void scan(jlmfs *fs, const char *rel, int depth)
             free(sub);
             continue;
         }
-        if (de->d_type == DT_DIR && depth < 16)
+        if (de->d_type == DT_DIR && depth < 16) {
             scan(fs, sub, depth + 1);
-        else
-            jlmfs_changed(fs, sub);
+            jlmfs_view_unref(jlmfs_sync_view(fs, sub));   /* a Hugging Face folder */
+        } else {
+            jlmfs_view_unref(jlmfs_sync_view(fs, sub));
+        }
         free(sub);
     }
     closedir(d);
@@ -517,6 +553,13 @@ int jlmfs_open(const jlmfs_opts *o, jlmfs **out, jlm_err *err)
         (fs->src_fd = open(fs->src, O_PATH | O_DIRECTORY | O_CLOEXEC)) < 0)
         rc = jlm_errf(err, JLM_EINVAL, "source %s: %s", o->src ? o->src : "(none)",
                       fs->src && !S_ISDIR(st.st_mode) ? "not a directory" : strerror(errno));
+    if (!rc && o->type && strcmp(o->type, "keep")) {
+        uint32_t q;
+        if (jlm_quant_parse(o->type, &q, err))
+            rc = jlm_err_prefix(err, JLM_EINVAL, "option type=%s", o->type);
+        else if (!(fs->type = strdup(o->type)))
+            rc = jlm_errf(err, JLM_ENOMEM, "out of memory");
+    }
     if (!rc)
         rc = open_cache(fs, o->cache, err);
     if (rc) {
@@ -563,7 +606,7 @@ void jlmfs_close(jlmfs *fs)
     if (fs->src_fd >= 0)
         close(fs->src_fd);
     free(fs->views); free(fs->queue); free(fs->writers); free(fs->threads);
-    free(fs->src); free(fs->cache); free(fs->cache_rel); free(fs->db_path);
+    free(fs->src); free(fs->cache); free(fs->cache_rel); free(fs->db_path); free(fs->type);
     pthread_mutex_destroy(&fs->lock);
     pthread_mutex_destroy(&fs->create_lock);
     pthread_mutex_destroy(&fs->db_lock);

@@ -14,6 +14,9 @@
  *  (1) A view exists for SRC/x.gguf iff that is a regular file no handle of
  *      the mount has open for writing; its identity (dev, ino, size, mtime)
  *      is the one it was planned from; a change of identity replaces it.
+ *      The same for a Hugging Face folder SRC/x/ (view x.jlm/) once it is
+ *      complete and none of its files is open for writing (fs/hfdir.c); x.gguf
+ *      wins the name x.jlm when both exist.
  *  (2) The bytes a view serves for model.jlm at [o, o+n) are those
  *      jlm_conv_read_span gives for the same span: from the cache file where
  *      its unit is marked done, else packed on demand. A unit is marked done
@@ -49,6 +52,7 @@ typedef struct jlmfs_opts {
     unsigned    n_workers;  /* background conversion threads; 0: 1 */
     unsigned    slow_ms;    /* test hook (JLMFS_TEST_SLOW_MS): sleep before each unit */
     const jlm_io *io;       /* seam for the cache files' reads and writes; NULL: POSIX */
+    const char *type;       /* -o type=T: quantize at conversion (jlm_conv_open_full); NULL or "keep": as stored */
 } jlmfs_opts;
 
 /* Checks SRC, creates and locks the cache folder (one daemon per cache),

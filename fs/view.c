@@ -207,7 +207,7 @@ static char *tensors_text(const jlm_model *m)
 /* Plans the view; a source that cannot be planned leaves it in ERROR. */
 static int plan_view(jlmfs_view *v, const char *src_path, const char *mm_path, jlm_err *err)
 {
-    int rc = jlm_conv_open_full(v->fs->src_fd, src_path, mm_path, NULL, NULL, &v->conv, err);
+    int rc = jlm_conv_open_full(v->fs->src_fd, src_path, mm_path, v->fs->type, NULL, &v->conv, err);
     if (rc)
         return rc;
     v->file_size = v->conv->plan.file_size;
@@ -267,10 +267,6 @@ static int open_container(jlmfs_view *v, jlm_err *err)
 }
 
 /* Longest flattened path kept in a cache name: 255 - '@' - the identity
- * (4 hex fields and a time, at most ~90) - ".vNN.jlm.fail.tmp". */
-#define FLAT_MAX 128
-
-/* Longest flattened path kept in a cache name: 255 - '@' - the identity
  * (4 hex fields and a time, at most ~90) - ".vNN.jlm.fail.tmp"; a paired
  * projector's identity (at most 65 more) takes its share. */
 #define FLAT_MAX    128
@@ -279,7 +275,9 @@ static int open_container(jlmfs_view *v, jlm_err *err)
 static char *cache_name(const jlmfs *fs, const char *rel, const jlmfs_ident *id)
 {
     size_t n = strlen(rel);
-    char *flat = strndup(rel, n > 5 ? n - 5 : n), *out = NULL;
+    if (id->hf_hash == 0 && n > 5)
+        n -= 5;   /* ".gguf" */
+    char *flat = strndup(rel, n), *out = NULL;
     if (!flat)
         return NULL;
     for (char *p = flat; *p; p++)
@@ -288,7 +286,9 @@ static char *cache_name(const jlmfs *fs, const char *rel, const jlmfs_ident *id)
     /* A long stem or a deep path would make a name over NAME_MAX (with the
      * ".part" / ".fail.tmp" the entry also gets): keep its head, add a hash
      * of the whole path. */
-    size_t flat_max = id->mm_ino ? FLAT_MAX_MM : FLAT_MAX;
+    size_t flat_max = id->mm_ino || id->hf_hash || fs->type ? FLAT_MAX_MM : FLAT_MAX;
+    if (id->mm_ino && fs->type)
+        flat_max = FLAT_MAX_MM - 16;
     if (strlen(flat) > flat_max) {
         uint64_t h = 1469598103934665603ull;   /* FNV-1a 64 */
         for (const char *p = flat; *p; p++)
@@ -299,8 +299,13 @@ static char *cache_name(const jlmfs *fs, const char *rel, const jlmfs_ident *id)
     if (id->mm_ino)
         snprintf(mm, sizeof mm, "+%llx-%llx-%lld.%09ld", (unsigned long long)id->mm_ino,
                  (unsigned long long)id->mm_size, (long long)id->mm_mtime_s, id->mm_mtime_ns);
-    if (asprintf(&out, "%s/%s@%llx-%llx-%llx-%lld.%09ld%s.v%u.jlm", fs->cache, flat, (unsigned long long)id->dev,
-                 (unsigned long long)id->ino, (unsigned long long)id->size, (long long)id->mtime_s, id->mtime_ns, mm,
+    else if (id->hf_hash)   /* a folder: the hash of its files' identities */
+        snprintf(mm, sizeof mm, "+h%016llx", (unsigned long long)id->hf_hash);
+    char ty[24] = "";   /* -o type=: another container of the same source */
+    if (fs->type)
+        snprintf(ty, sizeof ty, "~%.16s", fs->type);
+    if (asprintf(&out, "%s/%s@%llx-%llx-%llx-%lld.%09ld%s%s.v%u.jlm", fs->cache, flat, (unsigned long long)id->dev,
+                 (unsigned long long)id->ino, (unsigned long long)id->size, (long long)id->mtime_s, id->mtime_ns, mm, ty,
                  JLM_VERSION) < 0)
         out = NULL;
     free(flat);
@@ -320,8 +325,10 @@ int jlmfs_view_create(jlmfs *fs, const char *rel, const jlmfs_ident *id, const s
     v->dir_st = *dir_st;
     pthread_mutex_init(&v->lock, NULL);
     size_t n = strlen(rel);
+    v->is_hf = id->hf_hash != 0;
+    size_t stem = v->is_hf ? n : n - 5;   /* "sub/foo" of "sub/foo.gguf" or of the folder "sub/foo" */
     v->rel = strdup(rel);
-    v->key = malloc(n + 1);
+    v->key = malloc(stem + 5);
     v->cache_path = cache_name(fs, rel, id);
     if (v->cache_path && asprintf(&v->part_path, "%s.part", v->cache_path) < 0)
         v->part_path = NULL;
@@ -329,9 +336,10 @@ int jlmfs_view_create(jlmfs *fs, const char *rel, const jlmfs_ident *id, const s
         jlmfs_view_unref(v);
         return jlm_errf(err, JLM_ENOMEM, "%s: out of memory", rel);
     }
-    memcpy(v->key, rel, n - 5);
-    strcpy(v->key + n - 5, ".jlm");
-    char *mm = jlmfs_mmproj_rel(fs->src_fd, rel, NULL);   /* a projector beside it, relative to SRC too */
+    memcpy(v->key, rel, stem);
+    strcpy(v->key + stem, ".jlm");
+    /* a projector beside a GGUF, relative to SRC too */
+    char *mm = v->is_hf ? NULL : jlmfs_mmproj_rel(fs->src_fd, rel, NULL);
     jlm_err e = {0};
     int refused = jlmfs_guard_enter(v, e.msg, sizeof e.msg);   /* a recorded failure is not retried */
     /* relative to SRC: below it, no symlink followed */
@@ -393,6 +401,10 @@ void jlmfs_view_kill(jlmfs_view *v)
  * open descriptors of the view keep being served the one version (POSIX). */
 static int source_changed(const jlmfs_view *v)
 {
+    if (v->is_hf) {   /* a folder: its files' identities, read again (hfdir.c) */
+        jlmfs_ident now;
+        return !jlmfs_hf_ident(v->fs->src_fd, v->rel, 0, &now, NULL) || !jlmfs_ident_eq(&now, &v->id);
+    }
     struct stat st;
     int same = !jlm_gguf_fstat(v->conv->g, 0, &st) && st.st_dev == v->id.dev && st.st_ino == v->id.ino &&
                st.st_size == v->id.size && st.st_mtim.tv_sec == v->id.mtime_s && st.st_mtim.tv_nsec == v->id.mtime_ns;
@@ -564,6 +576,14 @@ int jlmfs_view_state(jlmfs_view *v, int *pct, char *msg, size_t msg_len)
         snprintf(msg, msg_len, "%s", v->errmsg);
     pthread_mutex_unlock(&v->lock);
     return s;
+}
+
+void jlmfs_view_progress(jlmfs_view *v, uint64_t *done, uint64_t *total)
+{
+    pthread_mutex_lock(&v->lock);
+    *done = v->done_bytes;
+    *total = v->file_size;
+    pthread_mutex_unlock(&v->lock);
 }
 
 int jlmfs_view_expert_page(const jlmfs_view *v, int32_t b, int32_t e, uint64_t *off)
