@@ -293,6 +293,16 @@ static int op_flush(const char *path, struct fuse_file_info *fi)
     return 0;
 }
 
+/* A writer sizing its output (jlm convert -o MNT/x.jlm: ftruncate, then
+ * posix_fallocate, whose glibc fallback fails on a write-only descriptor with
+ * EBADF when the filesystem has no fallocate): on the passthrough descriptor. */
+static int op_fallocate(const char *path, int mode, off_t off, off_t len, struct fuse_file_info *fi)
+{
+    if (!fi || H(fi)->fd < 0)
+        return -EROFS;   /* a view file: read-only */
+    return fallocate(H(fi)->fd, mode, off, len) ? -errno : 0;
+}
+
 static int op_fsync(const char *path, int datasync, struct fuse_file_info *fi)
 {
     handle *h = H(fi);
@@ -441,14 +451,115 @@ static const struct fuse_operations ops = {
     .init = op_init, .destroy = op_destroy,
     .getattr = op_getattr, .readdir = op_readdir, .readlink = op_readlink, .statfs = op_statfs,
     .open = op_open, .create = op_create, .read = op_read, .write = op_write,
-    .flush = op_flush, .release = op_release, .fsync = op_fsync,
+    .flush = op_flush, .release = op_release, .fsync = op_fsync, .fallocate = op_fallocate,
     .mkdir = op_mkdir, .rmdir = op_rmdir, .unlink = op_unlink, .symlink = op_symlink,
     .rename = op_rename, .chmod = op_chmod, .chown = op_chown, .truncate = op_truncate,
     .utimens = op_utimens, .getxattr = op_getxattr, .listxattr = op_listxattr,
 };
 
+/* ---------------------------------------------------------------- one daemon per tree */
+/* Undoes mountinfo's octal escapes (\040 for a space) in place. */
+static void unescape(char *s)
+{
+    char *o = s;
+    for (; *s; s++) {
+        if (s[0] == '\\' && s[1] >= '0' && s[1] <= '3' && s[2] >= '0' && s[2] <= '7' && s[3] >= '0' && s[3] <= '7') {
+            *o++ = (char)((s[1] - '0') * 64 + (s[2] - '0') * 8 + (s[3] - '0'));
+            s += 3;
+        } else {
+            *o++ = *s;
+        }
+    }
+    *o = 0;
+}
+
+/* The mount holding path (the longest mount point that is path or above it;
+ * the last listed of equal ones, which covers the others): 1 with its mount
+ * point and source copied out if it is a jlmfs mount (fstype fuse.jlmfs), else 0. */
+static int jlmfs_mount_of(const char *path, char *mp_out, size_t mp_n, char *src_out, size_t src_n)
+{
+    char *real = realpath(path, NULL);
+    FILE *f = real ? fopen("/proc/self/mountinfo", "re") : NULL;
+    char line[8192], best_mp[4096] = "", best_src[4096] = "";
+    size_t best = 0;
+    int is_jlmfs = 0;
+    while (f && fgets(line, sizeof line, f)) {
+        char mp[4096], fstype[256], src[4096];
+        const char *dash = strstr(line, " - ");
+        if (!dash || sscanf(line, "%*s %*s %*s %*s %4095s", mp) != 1 || sscanf(dash + 3, "%255s %4095s", fstype, src) != 2)
+            continue;
+        unescape(mp);
+        unescape(src);
+        size_t n = strlen(mp);
+        int above = !strcmp(mp, "/") || (!strncmp(real, mp, n) && (real[n] == 0 || real[n] == '/'));
+        if (above && n >= best) {   /* later lines of the same point were mounted over earlier ones */
+            best = n;
+            is_jlmfs = !strcmp(fstype, "fuse.jlmfs");
+            snprintf(best_mp, sizeof best_mp, "%s", mp);
+            snprintf(best_src, sizeof best_src, "%s", src);
+        }
+    }
+    if (f)
+        fclose(f);
+    free(real);
+    if (is_jlmfs) {
+        snprintf(mp_out, mp_n, "%s", best_mp);
+        snprintf(src_out, src_n, "%s", best_src);
+    }
+    return is_jlmfs;
+}
+
+/* 1 (its mount point copied out) if a jlmfs mount has src as its source. */
+static int jlmfs_mounted_from(const char *src, char *mp_out, size_t mp_n)
+{
+    char *real = realpath(src, NULL);
+    FILE *f = real ? fopen("/proc/self/mountinfo", "re") : NULL;
+    char line[8192];
+    int found = 0;
+    while (f && !found && fgets(line, sizeof line, f)) {
+        char mp[4096], fstype[256], from[4096];
+        const char *dash = strstr(line, " - ");
+        if (!dash || sscanf(line, "%*s %*s %*s %*s %4095s", mp) != 1 ||
+            sscanf(dash + 3, "%255s %4095s", fstype, from) != 2 || strcmp(fstype, "fuse.jlmfs"))
+            continue;
+        unescape(mp);
+        unescape(from);
+        char *rf = realpath(from, NULL);
+        found = rf && !strcmp(rf, real);
+        if (found)
+            snprintf(mp_out, mp_n, "%s", mp);
+        free(rf);
+    }
+    if (f)
+        fclose(f);
+    free(real);
+    return found;
+}
+
+/* A jlmfs over a jlmfs would convert every model a second time into a
+ * second cache: SRC inside a jlmfs mount or already the source of one, or MNT
+ * on or inside one, is refused naming that mount. 0, or 1 with the line printed. */
+static int refuse_stacking(const char *src, const char *mnt)
+{
+    char mp[4096], from[4096];
+    if (jlmfs_mount_of(src, mp, sizeof mp, from, sizeof from)) {
+        fprintf(stderr, "jlmfs: source %s is inside the jlmfs mount %s (of %s): mount %s instead\n", src, mp, from, from);
+        return 1;
+    }
+    if (jlmfs_mounted_from(src, mp, sizeof mp)) {
+        fprintf(stderr, "jlmfs: source %s is already mounted by jlmfs at %s: use that mount\n", src, mp);
+        return 1;
+    }
+    if (mnt && jlmfs_mount_of(mnt, mp, sizeof mp, from, sizeof from)) {
+        fprintf(stderr, "jlmfs: mount point %s is %s the jlmfs mount %s (of %s): unmount it first (fusermount3 -u %s)\n",
+                mnt, strcmp(mp, mnt) ? "inside" : "already", mp, from, mp);
+        return 1;
+    }
+    return 0;
+}
+
 /* ---------------------------------------------------------------- options */
-typedef struct opts { char *src, *cache, *type; unsigned workers; int help, n_nonopt; } opts;
+typedef struct opts { char *src, *mnt, *cache, *type; unsigned workers; int help, n_nonopt; } opts;
 
 enum { KEY_HELP = 1 };
 static const struct fuse_opt opt_spec[] = {
@@ -471,6 +582,8 @@ static int opt_proc(void *data, const char *arg, int key, struct fuse_args *out)
         o->src = strdup(arg);   /* SRC; the mount point goes on to FUSE */
         return 0;
     }
+    if (key == FUSE_OPT_KEY_NONOPT && o->n_nonopt == 2 && !o->mnt)
+        o->mnt = strdup(arg);   /* kept to check it, and passed on */
     return 1;
 }
 
@@ -492,6 +605,8 @@ int main(int argc, char **argv)
         fputs(USAGE, stderr);
         return 2;
     }
+    if (refuse_stacking(o.src, o.mnt))
+        return 1;
     const char *slow = getenv("JLMFS_TEST_SLOW_MS");
     jlmfs_opts fo = {.src = o.src, .cache = o.cache, .n_workers = o.workers, .type = o.type,
                      .slow_ms = slow ? (unsigned)strtoul(slow, NULL, 10) : 0};
@@ -510,12 +625,15 @@ int main(int argc, char **argv)
      * mounted allow_other would read, write and chmod anything for anyone. */
     fuse_opt_add_arg(&args, "-odefault_permissions");
     char *name = NULL;   /* "SRC on MNT type fuse.jlmfs" in the mount table */
-    if (!strchr(o.src, ',') && asprintf(&name, "-ofsname=%s,subtype=jlmfs", o.src) >= 0)
+    char *abs_src = realpath(o.src, NULL);   /* absolute: refuse_stacking compares it */
+    const char *shown = abs_src ? abs_src : o.src;
+    if (!strchr(shown, ',') && asprintf(&name, "-ofsname=%s,subtype=jlmfs", shown) >= 0)
         fuse_opt_add_arg(&args, name);
+    free(abs_src);
     int rc = fuse_main(args.argc, args.argv, &ops, fs);
     if (!g_started)
         jlmfs_close(fs);   /* fuse_main failed before init: destroy will not run */
     fuse_opt_free_args(&args);
-    free(name); free(o.src); free(o.cache); free(o.type);
+    free(name); free(o.src); free(o.mnt); free(o.cache); free(o.type);
     return rc;
 }
