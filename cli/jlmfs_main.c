@@ -12,6 +12,7 @@
 #include "format/jlm_format.h"
 
 #include <errno.h>
+#include <pthread.h>
 #include <fcntl.h>
 #include <stddef.h>
 #include <stdio.h>
@@ -370,6 +371,7 @@ static int op_rename(const char *from, const char *to, unsigned int flags)
     if (!rc) {
         jlmfs_changed(FS(), a.rel);
         jlmfs_changed(FS(), b.rel);
+        jlmfs_changed_tree(FS(), a.rel);   /* a folder: the views of the GGUFs it held go now */
     }
     jlmfs_node_clear(&a);
     jlmfs_node_clear(&b);
@@ -420,6 +422,88 @@ static int op_listxattr(const char *path, char *list, size_t size)
     return rc;
 }
 
+/* ---------------------------------------------------------------- invalidation */
+/* fs/ tells which view paths went stale (jlmfs_opts.invalidate); the kernel
+ * is told here, from a thread of its own: fuse_invalidate_path must not run
+ * inside a request on the same inode (a read holds the page the kernel then
+ * waits for), and fs/ calls from inside reads. Paths the kernel never looked
+ * up are not in libfuse's table: -ENOENT, nothing to drop. */
+typedef struct inval_item { struct inval_item *next; char path[]; } inval_item;
+static struct {
+    pthread_mutex_t lock;
+    pthread_cond_t  cond;
+    inval_item     *head, *tail;
+    struct fuse    *fuse;
+    pthread_t       thread;
+    int             running, stop;
+} g_inval = {PTHREAD_MUTEX_INITIALIZER, PTHREAD_COND_INITIALIZER, NULL, NULL, NULL, 0, 0, 0};
+
+static void inval_queue(void *ctx, const char *path)
+{
+    size_t n = strlen(path) + 1;
+    inval_item *it = malloc(sizeof *it + n);
+    if (!it)
+        return;   /* then only auto_cache's check at the next open protects */
+    it->next = NULL;
+    memcpy(it->path, path, n);
+    pthread_mutex_lock(&g_inval.lock);
+    if (!g_inval.running || g_inval.stop) {
+        free(it);
+    } else {
+        if (g_inval.tail)
+            g_inval.tail->next = it;
+        else
+            g_inval.head = it;
+        g_inval.tail = it;
+        pthread_cond_signal(&g_inval.cond);
+    }
+    pthread_mutex_unlock(&g_inval.lock);
+}
+
+static void *inval_main(void *arg)
+{
+    pthread_mutex_lock(&g_inval.lock);
+    for (;;) {
+        while (!g_inval.head && !g_inval.stop)
+            pthread_cond_wait(&g_inval.cond, &g_inval.lock);
+        inval_item *it = g_inval.head;
+        if (!it)
+            break;   /* stopping, queue drained */
+        g_inval.head = it->next;
+        if (!g_inval.head)
+            g_inval.tail = NULL;
+        int stop = g_inval.stop;
+        pthread_mutex_unlock(&g_inval.lock);
+        if (!stop)
+            fuse_invalidate_path(g_inval.fuse, it->path);
+        free(it);
+        pthread_mutex_lock(&g_inval.lock);
+    }
+    pthread_mutex_unlock(&g_inval.lock);
+    return NULL;
+}
+
+static void inval_start(struct fuse *f)
+{
+    pthread_mutex_lock(&g_inval.lock);
+    g_inval.fuse = f;
+    g_inval.running = !pthread_create(&g_inval.thread, NULL, inval_main, NULL);
+    pthread_mutex_unlock(&g_inval.lock);
+    if (!g_inval.running)
+        fprintf(stderr, "jlmfs: note: no invalidation thread: stale pages wait for the next open\n");
+}
+
+static void inval_stop(void)
+{
+    pthread_mutex_lock(&g_inval.lock);
+    int running = g_inval.running;
+    g_inval.stop = 1;
+    pthread_cond_signal(&g_inval.cond);
+    pthread_mutex_unlock(&g_inval.lock);
+    if (running)
+        pthread_join(g_inval.thread, NULL);
+}
+
 /* ---------------------------------------------------------------- lifecycle */
 static int g_started;
 
@@ -438,6 +522,7 @@ static void *op_init(struct fuse_conn_info *conn, struct fuse_config *cfg)
     cfg->kernel_cache = 0;
     cfg->auto_cache = 1;
     jlmfs *fs = fuse_get_context()->private_data;
+    inval_start(fuse_get_context()->fuse);
     jlm_err e;
     if (jlmfs_start(fs, &e))
         fprintf(stderr, "jlmfs: %s\n", e.msg);
@@ -445,7 +530,11 @@ static void *op_init(struct fuse_conn_info *conn, struct fuse_config *cfg)
     return fs;
 }
 
-static void op_destroy(void *data) { jlmfs_close(data); }
+static void op_destroy(void *data)
+{
+    jlmfs_close(data);   /* workers joined: nothing queues any more */
+    inval_stop();
+}
 
 static const struct fuse_operations ops = {
     .init = op_init, .destroy = op_destroy,
@@ -609,6 +698,7 @@ int main(int argc, char **argv)
         return 1;
     const char *slow = getenv("JLMFS_TEST_SLOW_MS");
     jlmfs_opts fo = {.src = o.src, .cache = o.cache, .n_workers = o.workers, .type = o.type,
+                     .invalidate = inval_queue,
                      .slow_ms = slow ? (unsigned)strtoul(slow, NULL, 10) : 0};
     jlmfs *fs;
     jlm_err e;

@@ -177,8 +177,8 @@ jlmfs_view *jlmfs_sync_view(jlmfs *fs, const char *rel)
         pthread_mutex_unlock(&fs->lock);
         break;
     }
-    if (old) {   /* replaced or gone: its cache entry is stale */
-        jlmfs_view_kill(old);
+    if (old) {   /* replaced or gone: its cache entry is stale, and so is what the kernel cached of it */
+        jlmfs_view_retire(old);
         jlmfs_view_unref(old);
     }
     if (!res && ok && locked_create) {
@@ -217,6 +217,22 @@ void jlmfs_changed(jlmfs *fs, const char *rel)
     if (dir)
         jlmfs_view_unref(jlmfs_sync_view(fs, dir));
     free(dir);
+}
+
+void jlmfs_changed_tree(jlmfs *fs, const char *rel)
+{
+    size_t n = strlen(rel), k = 0;
+    pthread_mutex_lock(&fs->lock);
+    char **rels = calloc(fs->n_views ? fs->n_views : 1, sizeof *rels);
+    for (size_t i = 0; rels && i < fs->n_views; i++)
+        if (!strncmp(fs->views[i]->rel, rel, n) && fs->views[i]->rel[n] == '/' && (rels[k] = strdup(fs->views[i]->rel)))
+            k++;
+    pthread_mutex_unlock(&fs->lock);
+    for (size_t i = 0; i < k; i++) {   /* unlocked: a sync plans and kills */
+        jlmfs_changed(fs, rels[i]);
+        free(rels[i]);
+    }
+    free(rels);
 }
 
 void jlmfs_write_begin(jlmfs *fs, const char *rel)
@@ -545,6 +561,8 @@ int jlmfs_open(const jlmfs_opts *o, jlmfs **out, jlm_err *err)
     fs->n_workers = o->n_workers ? o->n_workers : 1;
     fs->slow_ms = o->slow_ms;
     fs->io = o->io ? o->io : &jlm_io_posix;
+    fs->invalidate = o->invalidate;
+    fs->invalidate_ctx = o->invalidate_ctx;
     const char *chk = getenv("JLMFS_CHECK");
     fs->check = chk && *chk == '1';
     struct stat st;

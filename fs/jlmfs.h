@@ -53,6 +53,13 @@ typedef struct jlmfs_opts {
     unsigned    slow_ms;    /* test hook (JLMFS_TEST_SLOW_MS): sleep before each unit */
     const jlm_io *io;       /* seam for the cache files' reads and writes; NULL: POSIX */
     const char *type;       /* -o type=T: quantize at conversion (jlm_conv_open_full); NULL or "keep": as stored */
+    /* Told every mount path ("/sub/foo.jlm/blocks/3") whose bytes or
+     * attributes the kernel may hold from a view that was just dropped,
+     * replaced or failed, so it forgets them (the FUSE layer queues them for
+     * fuse_invalidate_path). Called from any thread, with no lock of this
+     * module held; must not block on a FUSE request. NULL: nobody to tell. */
+    void (*invalidate)(void *ctx, const char *path);
+    void *invalidate_ctx;
 } jlmfs_opts;
 
 /* Checks SRC, creates and locks the cache folder (one daemon per cache),
@@ -138,6 +145,10 @@ void jlmfs_write_end(jlmfs *fs, const char *rel);
 /* SRC/rel changed through the mount (unlink, rename, truncate, utimens):
  * re-sync its view. Cannot fail (a planning failure is the view's status). */
 void jlmfs_changed(jlmfs *fs, const char *rel);
+/* The folder SRC/rel was renamed or removed through the mount: every view
+ * below it is re-synced (so dropped, its entry removed, the kernel told),
+ * not left until the old path is looked up again. Cannot fail. */
+void jlmfs_changed_tree(jlmfs *fs, const char *rel);
 
 /* ---------------------------------------------------------------- checks */
 /* Verifies the table's and every view's invariants (tests, debug builds).

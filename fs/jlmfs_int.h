@@ -69,6 +69,8 @@ struct jlmfs {
     char           *cache_rel;    /* cache path relative to SRC if inside it, else NULL */
     char           *db_path;
     char           *type;         /* -o type=: the conversion type (NULL: keep) */
+    void          (*invalidate)(void *ctx, const char *path);   /* opts.invalidate */
+    void           *invalidate_ctx;
     int             lock_fd;      /* flock on CACHE/jlmfs.lock */
     unsigned        n_workers, slow_ms;
     const jlm_io   *io;           /* never NULL: opts.io or jlm_io_posix */
@@ -96,6 +98,12 @@ int   jlmfs_view_create(jlmfs *fs, const char *rel, const jlmfs_ident *id, const
 void  jlmfs_view_ref(jlmfs_view *v);
 void  jlmfs_view_unref(jlmfs_view *v);
 void  jlmfs_view_kill(jlmfs_view *v);          /* mark dead, remove its cache files */
+/* Tells opts.invalidate every path of v's files (the kernel drops what it
+ * cached of them: the next read asks the daemon). No lock held. */
+void  jlmfs_view_invalidate(jlmfs_view *v);
+/* Dropped from the table: kill, fail it if its source was rewritten under a
+ * conversion still running, and invalidate. No lock held. */
+void  jlmfs_view_retire(jlmfs_view *v);
 void  jlmfs_view_convert(jlmfs_view *v);       /* the worker's job: runs to READY/ERROR/dead */
 int   jlmfs_view_state(jlmfs_view *v, int *pct, char *msg, size_t msg_len);
 void  jlmfs_view_progress(jlmfs_view *v, uint64_t *done, uint64_t *total);   /* bytes written, container size */

@@ -45,6 +45,34 @@ static void fail_view(jlmfs_view *v, const char *msg)
     if (null >= 0)
         close(null);
     pthread_mutex_unlock(&v->lock);
+    /* pages the kernel already holds would still be served to open
+     * descriptors without asking: dropped, so every later read gets EIO */
+    jlmfs_view_invalidate(v);
+}
+
+void jlmfs_view_invalidate(jlmfs_view *v)
+{
+    jlmfs *fs = v->fs;
+    if (!fs->invalidate)
+        return;
+    char p[4200];
+    static const char *files[] = {"model.jlm", "dense", "status", "config.json", "tensors", "stats", "layout.html"};
+    for (size_t i = 0; i < sizeof files / sizeof *files; i++) {
+        snprintf(p, sizeof p, "/%s/%s", v->key, files[i]);
+        fs->invalidate(fs->invalidate_ctx, p);
+    }
+    for (uint32_t u = 0; u < v->n_units && v->units; u++) {
+        const jlmfs_unit *un = &v->units[u];
+        if (un->arr == JLMFS_A_BLOCKS)
+            snprintf(p, sizeof p, "/%s/blocks/%d", v->key, un->a);
+        else if (un->arr == JLMFS_A_VISION)
+            snprintf(p, sizeof p, "/%s/vision/%d", v->key, un->a);
+        else if (un->arr == JLMFS_A_EXPERTS)
+            snprintf(p, sizeof p, "/%s/experts/%d.%d", v->key, un->a, un->b);
+        else
+            continue;
+        fs->invalidate(fs->invalidate_ctx, p);
+    }
 }
 
 /* The status line for a full cache: how much the rest of the conversion
@@ -421,6 +449,22 @@ static int source_changed_error(jlmfs_view *v, jlm_err *err)
     return rc;
 }
 
+/* Dropped from the table (jlmfs_sync_view): killed, and if the bytes its
+ * conversion reads were rewritten in place (not unlinked or renamed: the
+ * descriptor is checked) before it finished, failed as a whole, so its open
+ * descriptors get EIO for every page, not old pages for some and EIO for the
+ * rest; then the kernel is told to forget what it cached of it. */
+void jlmfs_view_retire(jlmfs_view *v)
+{
+    jlmfs_view_kill(v);
+    if (jlmfs_view_state(v, NULL, NULL, 0) == JLMFS_CONVERTING && v->conv && source_changed(v)) {
+        jlm_err e;
+        source_changed_error(v, &e);   /* fails (and invalidates) */
+        return;
+    }
+    jlmfs_view_invalidate(v);
+}
+
 /* ---------------------------------------------------------------- units */
 /* Packs unit u (jlm_conv_read_span), writes it into the cache file and marks
  * it done. The caller gets the bytes in *bytes if non-NULL (else freed). Two
@@ -464,8 +508,9 @@ static int finish(jlmfs_view *v, jlm_err *err)
 {
     if (source_changed(v))
         return source_changed_error(v, err);
-    if (fsync(v->fd))
-        return jlm_errf(err, JLM_EIO, "%s: fsync: %s", v->part_path, strerror(errno));
+    if (v->fs->io->fsync(v->fd))   /* through the seam: tests inject faults here too */
+        return jlm_errf(err, errno == ENOSPC || errno == EDQUOT ? JLM_ENOSPC : JLM_EIO, "%s: fsync: %s", v->part_path,
+                        strerror(errno));
     jlm_model *m;
     int rc = jlm_fmt_open(v->part_path, &m, err);
     if (rc)
@@ -476,7 +521,7 @@ static int finish(jlmfs_view *v, jlm_err *err)
     if (!same)
         return jlm_errf(err, JLM_EIO, "%s: read-back differs from the plan", v->part_path);
     pthread_mutex_lock(&v->lock);
-    if (!v->dead && rename(v->part_path, v->cache_path))
+    if (!v->dead && v->fs->io->rename(v->part_path, v->cache_path))
         rc = jlm_errf(err, JLM_EIO, "%s: rename: %s", v->part_path, strerror(errno));
     if (!rc && !v->dead)
         v->state = JLMFS_READY;
