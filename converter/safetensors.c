@@ -435,9 +435,37 @@ int jlm_st_open_dir(const char *dir, jlm_st_set **out, jlm_err *err)
 }
 
 /* ---------------------------------------------------------------- completeness */
-/* 1 if shard `name` holds 8 + its header + the end of its last tensor (or its
- * header, all there, does not parse: planning then says why); 0 (why filled)
- * while it is shorter, or absent. */
+int jlm_st_image_complete(const uint8_t *img, size_t have, uint64_t file_size)
+{
+    if (file_size < 8 || have < 8)
+        return 0;
+    uint64_t hl = 0;
+    for (int k = 0; k < 8; k++)
+        hl |= (uint64_t)img[k] << (8 * k);
+    if (hl > JLM_ST_HEADER_CAP)
+        return 1;   /* not a header being copied: a bad one, refused when planned */
+    if (hl > file_size - 8 || hl > have - 8)
+        return 0;   /* the header is not all there yet */
+    json_t *j = json_loadb((const char *)img + 8, (size_t)hl, 0, NULL);
+    if (!json_is_object(j)) {
+        json_decref(j);
+        return 1;   /* all there but not a header: complete, and refused when planned */
+    }
+    uint64_t end = 0;
+    const char *k;
+    json_t *v;
+    json_object_foreach(j, k, v) {
+        json_t *o = json_object_get(v, "data_offsets");
+        uint64_t e;
+        if (json_is_array(o) && u64_of(json_array_get(o, 1), &e) && e > end)
+            end = e;
+    }
+    json_decref(j);
+    return end <= file_size - 8 - hl;
+}
+
+/* 1 if shard `name` (below dir_fd, no symlink) is complete
+ * (jlm_st_image_complete); 0 (why filled) while it is shorter, or absent. */
 static int shard_complete(int dir_fd, const char *name, char *why, size_t n)
 {
     int fd = jlm_open_beneath(dir_fd, name, O_RDONLY | O_NONBLOCK, 0);
@@ -454,24 +482,10 @@ static int shard_complete(int dir_fd, const char *name, char *why, size_t n)
     if (size >= 8 && pread(fd, b8, 8, 0) == 8) {
         for (int k = 0; k < 8; k++)
             hl |= (uint64_t)b8[k] << (8 * k);
-        if (hl > JLM_ST_HEADER_CAP)
-            ok = 1;   /* not a header being copied: a bad one, refused when planned */
-        else if (hl <= size - 8) {
-            char *h = malloc(hl + 1);
-            json_t *j = h && pread(fd, h, hl, 8) == (ssize_t)hl ? json_loadb(h, hl, 0, NULL) : NULL;
-            uint64_t end = 0;
-            const char *k;
-            json_t *v;
-            json_object_foreach(j, k, v) {
-                json_t *o = json_object_get(v, "data_offsets");
-                uint64_t e;
-                if (json_is_array(o) && u64_of(json_array_get(o, 1), &e) && e > end)
-                    end = e;
-            }
-            ok = !j || end <= size - 8 - hl;   /* unparseable: complete, and refused when planned */
-            json_decref(j);
-            free(h);
-        }
+        size_t want = hl <= JLM_ST_HEADER_CAP && hl <= size - 8 ? 8 + (size_t)hl : 8;
+        uint8_t *img = malloc(want);
+        ok = img && pread(fd, img, want, 0) == (ssize_t)want && jlm_st_image_complete(img, want, size);
+        free(img);
     }
     close(fd);
     if (!ok)

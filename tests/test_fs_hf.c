@@ -9,6 +9,7 @@
 
 #include "tests/testutil.h"
 #include "tests/mntutil.h"
+#include "converter/safetensors.h"
 
 #include <errno.h>
 #include <regex.h>
@@ -178,4 +179,30 @@ Test(fs_hf, status_counts_the_bytes_while_converting)
     cr_assert(total == 352256 / 1024 && done <= total, "status '%s': the container is 344 KiB", s);
     free(s);
     wait_ready("tiny-llama.jlm", 30);
+}
+
+/* The per-shard rule on its own (converter/safetensors.h): complete exactly
+ * at the shard's full length; every shorter copy, inside the header or the
+ * data, is not; a header that is all there but bad counts as complete (the
+ * view then says why instead of waiting forever). */
+Test(fs_hf, the_completeness_rule_holds_at_every_cut_of_a_shard)
+{
+    size_t n;
+    unsigned char *b = tu_read_file(pathf("%s/model.safetensors", hf_dir("tiny-llama")), &n);
+    cr_assert(b && n > 64);
+    cr_assert(jlm_st_image_complete(b, n, n) == 1, "the whole shard is not complete");
+    uint64_t hl = 0;
+    for (int k = 0; k < 8; k++)
+        hl |= (uint64_t)b[k] << (8 * k);
+    size_t cuts[] = {0, 7, 8, 8 + (size_t)hl / 2, 8 + (size_t)hl - 1, 8 + (size_t)hl, 8 + (size_t)hl + 1, n / 2, n - 1};
+    for (size_t i = 0; i < sizeof cuts / sizeof *cuts; i++)
+        cr_assert(jlm_st_image_complete(b, cuts[i], cuts[i]) == 0, "a copy of %zu of %zu bytes counts as complete",
+                  cuts[i], n);
+    /* a longer file (bytes after the data): the planner refuses it, so complete */
+    cr_assert(jlm_st_image_complete(b, n, n + 10) == 1);
+    unsigned char bad[16 + 4] = {4, 0, 0, 0, 0, 0, 0, 0, 'n', 'o', 'p', 'e'};
+    cr_assert(jlm_st_image_complete(bad, 12, 12) == 1, "a bad header, all there, must not wait forever");
+    unsigned char huge[8] = {0, 0, 0, 0, 0, 1, 0, 0};   /* 2^40: over the cap */
+    cr_assert(jlm_st_image_complete(huge, 8, 8) == 1);
+    free(b);
 }
