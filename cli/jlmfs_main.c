@@ -12,6 +12,7 @@
 #include "format/jlm_format.h"
 
 #include <errno.h>
+#include <stdarg.h>
 #include <pthread.h>
 #include <fcntl.h>
 #include <stddef.h>
@@ -21,6 +22,7 @@
 #include <sys/stat.h>
 #include <sys/statvfs.h>
 #include <sys/xattr.h>
+#include <syslog.h>
 #include <unistd.h>
 
 static const char USAGE[] =
@@ -35,7 +37,9 @@ static const char USAGE[] =
     "                   Q4_K_M, Q5_1, Q5_0, Q4_1, Q4_0 (as jlm convert --type)\n"
     "  -o allow_other   let other users use the mount (FUSE option; the kernel checks\n"
     "                   every access against SRC's owners and modes: default_permissions)\n"
-    "  -f               stay in the foreground; -d: debug (implies -f)\n"
+    "  -f               stay in the foreground, the log on stderr (else syslog,\n"
+    "                   facility daemon: mounts, conversions, errors, drops);\n"
+    "                   -d: debug (implies -f)\n"
     "test hook: JLMFS_TEST_SLOW_MS=N sleeps N ms before each page the\n"
     "background conversion packs (so tests can read ahead of it).\n";
 
@@ -54,6 +58,36 @@ static int errno_of(int code)
 }
 
 static jlmfs *FS(void) { return fuse_get_context()->private_data; }
+
+/* ---------------------------------------------------------------- the log */
+/* Mounts, views planned, ready, failed and dropped, database notes
+ * (jlmfs_opts.log): on stderr in the foreground (-f, -d), else to syslog
+ * (the journal), facility daemon. Control bytes of names become '?'. */
+static int g_foreground;
+
+static void log_line(void *ctx, int prio, const char *line)
+{
+    char clean[2048];
+    size_t i = 0;
+    for (; line[i] && i < sizeof clean - 1; i++)
+        clean[i] = (unsigned char)line[i] < 0x20 || line[i] == 0x7f ? '?' : line[i];
+    clean[i] = 0;
+    if (g_foreground)
+        fprintf(stderr, "jlmfs: %s\n", clean);
+    else
+        syslog(prio, "%s", clean);
+}
+
+static void logf_(int prio, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+static void logf_(int prio, const char *fmt, ...)
+{
+    char line[2048];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(line, sizeof line, fmt, ap);
+    va_end(ap);
+    log_line(NULL, prio, line);
+}
 
 /* An open file: the node it resolved to, plus its fd (passthrough) or the
  * text snapshot taken at open (status, stats, ...). */
@@ -245,7 +279,7 @@ static int op_read(const char *path, char *buf, size_t size, off_t off, struct f
     case JLMFS_SPAN: {
         int rc = errno_of(jlmfs_read(FS(), &h->node, buf, size, (uint64_t)off, &got, &e));
         if (rc)
-            fprintf(stderr, "jlmfs: %s\n", e.msg);
+            logf_(LOG_ERR, "%s", e.msg);
         return rc ? rc : (int)got;
     }
     case JLMFS_TEXT:
@@ -490,7 +524,7 @@ static void inval_start(struct fuse *f)
     g_inval.running = !pthread_create(&g_inval.thread, NULL, inval_main, NULL);
     pthread_mutex_unlock(&g_inval.lock);
     if (!g_inval.running)
-        fprintf(stderr, "jlmfs: note: no invalidation thread: stale pages wait for the next open\n");
+        logf_(LOG_WARNING, "note: no invalidation thread: stale pages wait for the next open");
 }
 
 static void inval_stop(void)
@@ -525,7 +559,8 @@ static void *op_init(struct fuse_conn_info *conn, struct fuse_config *cfg)
     inval_start(fuse_get_context()->fuse);
     jlm_err e;
     if (jlmfs_start(fs, &e))
-        fprintf(stderr, "jlmfs: %s\n", e.msg);
+        logf_(LOG_ERR, "%s", e.msg);
+    logf_(LOG_NOTICE, "mounted (cache %s)", jlmfs_cache_dir(fs));
     g_started = 1;
     return fs;
 }
@@ -534,6 +569,7 @@ static void op_destroy(void *data)
 {
     jlmfs_close(data);   /* workers joined: nothing queues any more */
     inval_stop();
+    logf_(LOG_NOTICE, "unmounted");
 }
 
 static const struct fuse_operations ops = {
@@ -650,11 +686,14 @@ static int refuse_stacking(const char *src, const char *mnt)
 /* ---------------------------------------------------------------- options */
 typedef struct opts { char *src, *mnt, *cache, *type; unsigned workers; int help, n_nonopt; } opts;
 
-enum { KEY_HELP = 1 };
+enum { KEY_HELP = 1, KEY_FG };
 static const struct fuse_opt opt_spec[] = {
     {"cache=%s", offsetof(opts, cache), 0},
     {"workers=%u", offsetof(opts, workers), 0},
     {"type=%s", offsetof(opts, type), 0},
+    FUSE_OPT_KEY("-f", KEY_FG),
+    FUSE_OPT_KEY("-d", KEY_FG),
+    FUSE_OPT_KEY("debug", KEY_FG),
     FUSE_OPT_KEY("-h", KEY_HELP),
     FUSE_OPT_KEY("--help", KEY_HELP),
     FUSE_OPT_END,
@@ -666,6 +705,10 @@ static int opt_proc(void *data, const char *arg, int key, struct fuse_args *out)
     if (key == KEY_HELP) {
         o->help = 1;
         return 0;
+    }
+    if (key == KEY_FG) {
+        g_foreground = 1;   /* the log goes to stderr; FUSE sees the option too */
+        return 1;
     }
     if (key == FUSE_OPT_KEY_NONOPT && o->n_nonopt++ == 0) {
         o->src = strdup(arg);   /* SRC; the mount point goes on to FUSE */
@@ -696,9 +739,10 @@ int main(int argc, char **argv)
     }
     if (refuse_stacking(o.src, o.mnt))
         return 1;
+    openlog("jlmfs", LOG_PID, LOG_DAEMON);   /* connects at the first line: after FUSE daemonizes */
     const char *slow = getenv("JLMFS_TEST_SLOW_MS");
     jlmfs_opts fo = {.src = o.src, .cache = o.cache, .n_workers = o.workers, .type = o.type,
-                     .invalidate = inval_queue,
+                     .invalidate = inval_queue, .log = log_line,
                      .slow_ms = slow ? (unsigned)strtoul(slow, NULL, 10) : 0};
     jlmfs *fs;
     jlm_err e;

@@ -7,6 +7,7 @@
 #include "converter/quantize.h"
 
 #include <dirent.h>
+#include <stdarg.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <limits.h>
@@ -46,6 +47,19 @@ int jlmfs_ident_eq(const jlmfs_ident *a, const jlmfs_ident *b)
 }
 
 const char *jlmfs_cache_dir(const jlmfs *fs) { return fs->cache; }
+
+void jlmfs_log(const jlmfs *fs, int prio, const char *fmt, ...)
+{
+    char line[2048];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(line, sizeof line, fmt, ap);
+    va_end(ap);
+    if (fs->log)
+        fs->log(fs->log_ctx, prio, line);
+    else if (prio == JLMFS_LOG_WARNING || prio == JLMFS_LOG_NOTICE)   /* the database's notes, as before */
+        fprintf(stderr, "jlmfs: %s\n", line);
+}
 
 int jlmfs_pass_open(const jlmfs *fs, const char *rel, int flags, mode_t mode)
 {
@@ -194,6 +208,8 @@ jlmfs_view *jlmfs_sync_view(jlmfs *fs, const char *rel)
                 res = v;
             }
             pthread_mutex_unlock(&fs->lock);
+            if (res)
+                jlmfs_view_log_planned(res);
         }
     }
     if (locked_create)
@@ -275,7 +291,7 @@ void jlmfs_db_record(jlmfs *fs, const char *key, const jlmfs_unit *u, int tier, 
     if (fs->db) {
         jlm_err e;
         if (jlm_rdb_daemon_read(fs->db, key, jlmfs_arr_name(u->arr), u->a, u->b, tier, bytes, &e))
-            fprintf(stderr, "jlmfs: note: %s\n", e.msg);
+            jlmfs_log(fs, JLMFS_LOG_NOTICE, "note: %s", e.msg);
         fs->db_dirty = 1;
     }
     pthread_mutex_unlock(&fs->db_lock);
@@ -288,7 +304,7 @@ static void db_flush_locked(jlmfs *fs)
     jlm_err e;
     int rc = fs->db && fs->db_dirty ? jlm_rdb_flush(fs->db, &e) : 0;
     if (rc)
-        fprintf(stderr, "jlmfs: note: %s\n", e.msg);
+        jlmfs_log(fs, JLMFS_LOG_NOTICE, "note: %s", e.msg);
     fs->db_dirty = 0;
     db_recover_locked(fs, rc);
 }
@@ -301,10 +317,10 @@ static void db_open_locked(jlmfs *fs)
     if (jlm_rdb_open(fs->db_path, JLM_RDB_CREATE, &fs->db, &e)) {
         fs->db = NULL;
         snprintf(fs->db_err, sizeof fs->db_err, "%s", e.msg);
-        fprintf(stderr, "jlmfs: note: no statistics: %s\n", e.msg);
+        jlmfs_log(fs, JLMFS_LOG_WARNING, "note: no statistics: %s", e.msg);
     } else if (jlm_rdb_moved_aside(fs->db)) {
-        fprintf(stderr, "jlmfs: note: %s was corrupt: moved aside to %s, statistics start afresh\n",
-                fs->db_path, jlm_rdb_moved_aside(fs->db));
+        jlmfs_log(fs, JLMFS_LOG_WARNING, "note: %s was corrupt: moved aside to %s, statistics start afresh",
+                  fs->db_path, jlm_rdb_moved_aside(fs->db));
     }
 }
 
@@ -320,11 +336,11 @@ static int db_recover_locked(jlmfs *fs, int rc)
         jlm_rdb_close(fs->db);
         fs->db = NULL;
         snprintf(fs->db_err, sizeof fs->db_err, "%s", e.msg);
-        fprintf(stderr, "jlmfs: note: no statistics: %s\n", e.msg);
+        jlmfs_log(fs, JLMFS_LOG_WARNING, "note: no statistics: %s", e.msg);
         return 0;
     }
-    fprintf(stderr, "jlmfs: note: %s was damaged while mounted: moved aside to %s, statistics start afresh\n",
-            fs->db_path, jlm_rdb_moved_aside(fs->db));
+    jlmfs_log(fs, JLMFS_LOG_WARNING, "note: %s was damaged while mounted: moved aside to %s, statistics start afresh",
+              fs->db_path, jlm_rdb_moved_aside(fs->db));
     return 1;
 }
 
@@ -563,6 +579,8 @@ int jlmfs_open(const jlmfs_opts *o, jlmfs **out, jlm_err *err)
     fs->io = o->io ? o->io : &jlm_io_posix;
     fs->invalidate = o->invalidate;
     fs->invalidate_ctx = o->invalidate_ctx;
+    fs->log = o->log;
+    fs->log_ctx = o->log_ctx;
     const char *chk = getenv("JLMFS_CHECK");
     fs->check = chk && *chk == '1';
     struct stat st;

@@ -60,7 +60,19 @@ typedef struct jlmfs_opts {
      * module held; must not block on a FUSE request. NULL: nobody to tell. */
     void (*invalidate)(void *ctx, const char *path);
     void *invalidate_ctx;
+    /* The daemon's log (cli/jlmfs_main.c: stderr with -f, else syslog): one
+     * line per event, without prefix or newline; prio is syslog's
+     * (JLMFS_LOG_*). Events: a view planned (converting or ready from the
+     * cache), ready after converting, failed, dropped; database notes. Called
+     * from any thread with no lock of this module held. NULL: warnings and
+     * notices (the database's notes) to stderr, the rest dropped (tests that
+     * open the module in process; statuses carry the errors). */
+    void (*log)(void *ctx, int prio, const char *line);
+    void *log_ctx;
 } jlmfs_opts;
+
+/* syslog(3)'s priorities, for jlmfs_opts.log (values equal LOG_ERR ...). */
+enum { JLMFS_LOG_ERR = 3, JLMFS_LOG_WARNING = 4, JLMFS_LOG_NOTICE = 5, JLMFS_LOG_INFO = 6 };
 
 /* Checks SRC, creates and locks the cache folder (one daemon per cache),
  * removes leftover .part files and stale entries, and plans a view for every

@@ -60,6 +60,7 @@ struct jlmfs_view {
     uint8_t    *done;        /* (n_units,) 1 = written to fd */
     uint64_t    done_bytes;
     int         dead;        /* dropped from the table: stop converting */
+    double      t0;          /* when it was planned (CLOCK_MONOTONIC s): the log's "ready in" */
 };
 
 struct jlmfs {
@@ -71,6 +72,8 @@ struct jlmfs {
     char           *type;         /* -o type=: the conversion type (NULL: keep) */
     void          (*invalidate)(void *ctx, const char *path);   /* opts.invalidate */
     void           *invalidate_ctx;
+    void          (*log)(void *ctx, int prio, const char *line);   /* opts.log */
+    void           *log_ctx;
     int             lock_fd;      /* flock on CACHE/jlmfs.lock */
     unsigned        n_workers, slow_ms;
     const jlm_io   *io;           /* never NULL: opts.io or jlm_io_posix */
@@ -104,6 +107,8 @@ void  jlmfs_view_invalidate(jlmfs_view *v);
 /* Dropped from the table: kill, fail it if its source was rewritten under a
  * conversion still running, and invalidate. No lock held. */
 void  jlmfs_view_retire(jlmfs_view *v);
+/* Says in the log that v was planned: converting, ready from the cache, or its error. */
+void  jlmfs_view_log_planned(jlmfs_view *v);
 void  jlmfs_view_convert(jlmfs_view *v);       /* the worker's job: runs to READY/ERROR/dead */
 int   jlmfs_view_state(jlmfs_view *v, int *pct, char *msg, size_t msg_len);
 void  jlmfs_view_progress(jlmfs_view *v, uint64_t *done, uint64_t *total);   /* bytes written, container size */
@@ -133,6 +138,8 @@ void  jlmfs_guard_forget(jlmfs_view *v);
  * check_complete), *id its identity and *dir_st what its view shows. */
 int   jlmfs_hf_ident(int src_fd, const char *rel, int check_complete, jlmfs_ident *id, struct stat *dir_st);
 
+/* jlmfs.c: one line to opts.log (printf-style; no lock held). */
+void  jlmfs_log(const jlmfs *fs, int prio, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
 /* jlmfs.c */
 int   jlmfs_ident_eq(const jlmfs_ident *a, const jlmfs_ident *b);
 jlmfs_view *jlmfs_sync_view(jlmfs *fs, const char *rel);   /* reference or NULL */

@@ -21,14 +21,41 @@ const char *jlmfs_arr_name(int arr)
 }
 
 /* ---------------------------------------------------------------- small helpers */
+static double mono_s(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + ts.tv_nsec * 1e-9;
+}
+
+/* ERROR with msg; said in the log the first time. */
 static void set_error(jlmfs_view *v, const char *msg)
 {
+    char line[sizeof v->errmsg];
     pthread_mutex_lock(&v->lock);
-    if (v->state != JLMFS_ERROR) {
+    int now = v->state != JLMFS_ERROR;
+    if (now) {
         v->state = JLMFS_ERROR;
         jlmfs_status_clean(v->errmsg, sizeof v->errmsg, msg, v->fs);
+        memcpy(line, v->errmsg, sizeof line);
     }
     pthread_mutex_unlock(&v->lock);
+    if (now)
+        jlmfs_log(v->fs, JLMFS_LOG_ERR, "%s: error: %s", v->key, line);
+}
+
+void jlmfs_view_log_planned(jlmfs_view *v)
+{
+    char msg[sizeof v->errmsg];
+    int st = jlmfs_view_state(v, NULL, msg, sizeof msg);
+    double mib = (double)v->file_size / (1 << 20);
+    if (st == JLMFS_READY)
+        jlmfs_log(v->fs, JLMFS_LOG_INFO, "%s: ready (%.1f MiB, from the cache)", v->key, mib);
+    else if (st == JLMFS_CONVERTING)
+        jlmfs_log(v->fs, JLMFS_LOG_INFO, "%s: converting %s (%.1f MiB%s%s)", v->key, v->rel, mib,
+                  v->fs->type ? ", type " : "", v->fs->type ? v->fs->type : "");
+    else
+        jlmfs_log(v->fs, JLMFS_LOG_ERR, "%s: error: %s", v->key, msg);
 }
 
 /* ERROR, and the .part goes: unlinked, and its descriptor swapped for
@@ -349,6 +376,7 @@ int jlmfs_view_create(jlmfs *fs, const char *rel, const jlmfs_ident *id, const s
     v->fs = fs;
     v->refs = 1;
     v->fd = -1;
+    v->t0 = mono_s();
     v->id = *id;
     v->dir_st = *dir_st;
     pthread_mutex_init(&v->lock, NULL);
@@ -456,6 +484,8 @@ static int source_changed_error(jlmfs_view *v, jlm_err *err)
  * rest; then the kernel is told to forget what it cached of it. */
 void jlmfs_view_retire(jlmfs_view *v)
 {
+    jlmfs_log(v->fs, JLMFS_LOG_INFO, "%s: dropped (%s was removed, renamed, changed or opened for writing)", v->key,
+              v->rel);
     jlmfs_view_kill(v);
     if (jlmfs_view_state(v, NULL, NULL, 0) == JLMFS_CONVERTING && v->conv && source_changed(v)) {
         jlm_err e;
@@ -523,9 +553,13 @@ static int finish(jlmfs_view *v, jlm_err *err)
     pthread_mutex_lock(&v->lock);
     if (!v->dead && v->fs->io->rename(v->part_path, v->cache_path))
         rc = jlm_errf(err, JLM_EIO, "%s: rename: %s", v->part_path, strerror(errno));
-    if (!rc && !v->dead)
+    int ready = !rc && !v->dead;
+    if (ready)
         v->state = JLMFS_READY;
     pthread_mutex_unlock(&v->lock);
+    if (ready)
+        jlmfs_log(v->fs, JLMFS_LOG_INFO, "%s: ready (%.1f MiB converted in %.1f s)", v->key,
+                  (double)v->file_size / (1 << 20), mono_s() - v->t0);
     return rc;
 }
 

@@ -106,3 +106,36 @@ Test(fs_stack, fallocate_and_ftruncate_work_on_a_file_written_through_the_mount)
     free(b);
     cr_assert(open(pathf("%s/s.jlm/model.jlm", M.mnt), O_WRONLY) < 0 && errno == EROFS);
 }
+
+/* The daemon's log (-f: stderr, here M.log): the mount, a view converting and
+ * ready, a bad source's error, a removed source's drop, the unmount; names
+ * with control bytes escaped. */
+Test(fs_stack, the_log_says_mounts_conversions_errors_and_drops)
+{
+    mnt_start(0, 1);
+    size_t n;
+    unsigned char *b = tu_read_file(tu_model("stories260K.gguf"), &n);
+    cr_assert(b && tu_write_file(pathf("%s/s.gguf", M.mnt), b, n) == 0);
+    free(b);
+    cr_assert(tu_write_file(pathf("%s/bad\x01.gguf", M.mnt), "not a gguf at all", 17) == 0);
+    double t0 = now_s();
+    char *st = NULL;
+    while (!(st = read_text(pathf("%s/s.jlm/status", M.mnt))) || strncmp(st, "ready", 5)) {
+        free(st);
+        cr_assert(now_s() - t0 < 20, "s.jlm not ready");
+        sleep_ms(20);
+    }
+    free(st);
+    free(read_text(pathf("%s/bad\x01.jlm/status", M.mnt)));
+    cr_assert(unlink(pathf("%s/s.gguf", M.mnt)) == 0);
+    mnt_stop();
+    char *log = read_text(M.log);
+    cr_assert(log, "no log");
+    const char *want[] = {"jlmfs: mounted (cache ", "jlmfs: s.jlm: converting s.gguf (1.2 MiB)",
+                          "jlmfs: s.jlm: ready (1.2 MiB converted in ", "jlmfs: bad?.jlm: error: ",
+                          "jlmfs: s.jlm: dropped (s.gguf was removed", "jlmfs: unmounted"};
+    for (size_t i = 0; i < sizeof want / sizeof *want; i++)
+        cr_assert(strstr(log, want[i]), "the log lacks '%s':\n%s", want[i], log);
+    cr_assert(!strchr(log, '\x01'), "a control byte reached the log");
+    free(log);
+}
