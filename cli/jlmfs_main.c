@@ -413,11 +413,19 @@ static int op_rename(const char *from, const char *to, unsigned int flags)
 }
 
 /* ---------------------------------------------------------------- extended attributes */
+#define XA_VIEW "user.jlmfs.view"   /* on a source (x.gguf, a folder x/): its view, "sub/x.jlm" */
 static int op_getxattr(const char *path, const char *name, char *value, size_t size)
 {
     RESOLVE(path, n);
     int rc;
-    if (n.kind == JLMFS_PASS) {
+    if (n.kind == JLMFS_PASS && !strcmp(name, XA_VIEW)) {
+        /* a source's view, for tools run on it inside the mount (jlm convert
+         * MNT/x.gguf can point to MNT/x.jlm instead of converting again) */
+        char *key = jlmfs_view_of(FS(), n.rel);
+        size_t len = key ? strlen(key) : 0;
+        rc = !key ? -ENODATA : !size ? (int)len : size < len ? -ERANGE : (memcpy(value, key, len), (int)len);
+        free(key);
+    } else if (n.kind == JLMFS_PASS) {
         ssize_t r = lgetxattr(n.real, name, value, size);
         rc = r < 0 ? -errno : (int)r;
     } else {

@@ -167,8 +167,14 @@ jlmfs_view *jlmfs_sync_view(jlmfs *fs, const char *rel)
                 id.mm_mtime_ns = mst.st_mtim.tv_nsec;
             free(mm);
         }
-    } else {   /* a Hugging Face folder, once complete (hfdir.c) */
-        ok = jlmfs_hf_ident(fs->src_fd, rel, 1, &id, &st);
+    } else {   /* a Hugging Face folder, once complete (hfdir.c), unless x.gguf beside it has the name */
+        char *g = NULL;
+        int gfd = asprintf(&g, "%s.gguf", rel) < 0 ? -1 : jlm_open_beneath(fs->src_fd, g, O_PATH, 0);
+        free(g);
+        ok = gfd < 0 || fstat(gfd, &st) || !S_ISREG(st.st_mode);
+        if (gfd >= 0)
+            close(gfd);
+        ok = ok && jlmfs_hf_ident(fs->src_fd, rel, 1, &id, &st);
     }
     int locked_create = 0;
     jlmfs_view *res = NULL, *old = NULL;
@@ -233,6 +239,14 @@ void jlmfs_changed(jlmfs *fs, const char *rel)
     if (dir)
         jlmfs_view_unref(jlmfs_sync_view(fs, dir));
     free(dir);
+}
+
+char *jlmfs_view_of(jlmfs *fs, const char *rel)
+{
+    jlmfs_view *v = jlmfs_sync_view(fs, rel);
+    char *key = v ? strdup(v->key) : NULL;
+    jlmfs_view_unref(v);
+    return key;
 }
 
 void jlmfs_changed_tree(jlmfs *fs, const char *rel)

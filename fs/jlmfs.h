@@ -148,6 +148,9 @@ int  jlmfs_text(jlmfs *fs, const jlmfs_node *n, char **out, size_t *len, jlm_err
 int  jlmfs_getxattr(jlmfs *fs, const jlmfs_node *n, const char *name, char **val, size_t *len,
                     jlm_err *err);
 int  jlmfs_listxattr(jlmfs *fs, const jlmfs_node *n, char **names, size_t *len, jlm_err *err);
+/* The view path ("sub/x.jlm", malloc'd) of the source SRC/rel (a GGUF or a
+ * Hugging Face folder) if it has one now, else NULL. Syncs it first. */
+char *jlmfs_view_of(jlmfs *fs, const char *rel);
 
 /* ---------------------------------------------------------------- source events */
 /* A handle opening SRC/rel for writing began / ended (end re-syncs the view:

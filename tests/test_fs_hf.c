@@ -13,6 +13,7 @@
 
 #include <errno.h>
 #include <regex.h>
+#include <sys/xattr.h>
 
 static void init(void) { mnt_dirs(); }
 
@@ -205,4 +206,27 @@ Test(fs_hf, the_completeness_rule_holds_at_every_cut_of_a_shard)
     unsigned char huge[8] = {0, 0, 0, 0, 0, 1, 0, 0};   /* 2^40: over the cap */
     cr_assert(jlm_st_image_complete(huge, 8, 8) == 1);
     free(b);
+}
+
+/* user.jlmfs.view on a source names its view (for tools run inside the
+ * mount); a GGUF beside a folder of the same stem keeps the name. */
+Test(fs_hf, a_source_names_its_view_in_an_xattr_and_a_gguf_wins_the_name)
+{
+    mnt_start(0, 1);
+    sh(pathf("cp -r '%s' '%s/m'", hf_dir("tiny-llama"), M.mnt));
+    wait_ready("m.jlm", 20);
+    char v[256];
+    ssize_t n = getxattr(pathf("%s/m", M.mnt), "user.jlmfs.view", v, sizeof v);
+    cr_assert(n == 5 && !memcmp(v, "m.jlm", 5), "folder: %zd '%.*s'", n, (int)(n > 0 ? n : 0), v);
+    cr_assert(getxattr(pathf("%s/m/config.json", M.mnt), "user.jlmfs.view", v, sizeof v) < 0 && errno == ENODATA);
+    /* m.gguf beside m/: m.jlm is the GGUF's (stories260K: 5 layers) */
+    sh(pathf("cp '%s' '%s/m.gguf'", tu_model("stories260K.gguf"), M.mnt));
+    n = getxattr(pathf("%s/m.gguf", M.mnt), "user.jlmfs.view", v, sizeof v);
+    cr_assert(n == 5 && !memcmp(v, "m.jlm", 5));
+    cr_assert(getxattr(pathf("%s/m", M.mnt), "user.jlmfs.view", v, sizeof v) < 0 && errno == ENODATA,
+              "the folder kept a view the GGUF shadows");
+    wait_ready("m.jlm", 20);
+    char *cfg = read_text(pathf("%s/m.jlm/config.json", M.mnt));
+    cr_assert(cfg && strstr(cfg, "\"n_layer\": 5"), "m.jlm is not the GGUF's: %s", cfg ? cfg : "");
+    free(cfg);
 }
