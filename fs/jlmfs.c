@@ -414,7 +414,46 @@ int jlmfs_db_layout(jlmfs *fs, const jlmfs_view *v, char **out, size_t *len, jlm
     return rc;
 }
 
-/* Queued reads reach SQLite at most 500 ms late (one transaction each time). */
+/* Views that failed for a full cache are planned again once the cache's
+ * filesystem has room for their container (docs/security.md section 5); at
+ * most one try per view every RETRY_NOSPACE_S, so a cache that keeps failing
+ * does not churn. */
+#define RETRY_NOSPACE_S 2.0
+
+static void retry_full(jlmfs *fs)
+{
+    char **rels = NULL;
+    size_t k = 0;
+    pthread_mutex_lock(&fs->lock);
+    for (size_t i = 0; i < fs->n_views; i++)
+        if (jlmfs_view_space_back(fs->views[i], RETRY_NOSPACE_S)) {
+            char **nr = realloc(rels, (k + 1) * sizeof *rels);
+            if (!nr || !(nr[k] = strdup(fs->views[i]->rel))) {
+                rels = nr ? nr : rels;
+                break;
+            }
+            rels = nr;
+            k++;
+        }
+    pthread_mutex_unlock(&fs->lock);
+    for (size_t i = 0; i < k; i++) {
+        pthread_mutex_lock(&fs->lock);
+        ssize_t j = find_view(fs, rels[i]);
+        jlmfs_view *old = j >= 0 && jlmfs_view_space_back(fs->views[j], RETRY_NOSPACE_S) ? take_view(fs, (size_t)j) : NULL;
+        pthread_mutex_unlock(&fs->lock);
+        if (old) {
+            jlmfs_log(fs, JLMFS_LOG_INFO, "%s: the cache has room again: converting it again", old->key);
+            jlmfs_view_retire(old);
+            jlmfs_view_unref(old);
+            jlmfs_view_unref(jlmfs_sync_view(fs, rels[i]));
+        }
+        free(rels[i]);
+    }
+    free(rels);
+}
+
+/* Queued reads reach SQLite at most 500 ms late (one transaction each time);
+ * the same tick retries views a full cache stopped. */
 static void *flusher_main(void *arg)
 {
     jlmfs *fs = arg;
@@ -429,6 +468,8 @@ static void *flusher_main(void *arg)
         pthread_mutex_lock(&fs->db_lock);
         db_flush_locked(fs);
         pthread_mutex_unlock(&fs->db_lock);
+        if (!__atomic_load_n(&fs->stop, __ATOMIC_RELAXED))
+            retry_full(fs);
         pthread_mutex_lock(&fs->lock);
     }
     pthread_mutex_unlock(&fs->lock);

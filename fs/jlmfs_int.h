@@ -61,6 +61,7 @@ struct jlmfs_view {
     uint64_t    done_bytes;
     int         dead;        /* dropped from the table: stop converting */
     double      t0;          /* when it was planned (CLOCK_MONOTONIC s): the log's "ready in" */
+    double      t_nospace;   /* under lock: when it failed for a full cache (0: it did not) */
 };
 
 struct jlmfs {
@@ -107,6 +108,9 @@ void  jlmfs_view_invalidate(jlmfs_view *v);
 /* Dropped from the table: kill, fail it if its source was rewritten under a
  * conversion still running, and invalidate. No lock held. */
 void  jlmfs_view_retire(jlmfs_view *v);
+/* 1 if v failed for a full cache at least min_age s ago and the cache's
+ * filesystem now has room for its whole container: worth planning again. */
+int   jlmfs_view_space_back(jlmfs_view *v, double min_age);
 /* Says in the log that v was planned: converting, ready from the cache, or its error. */
 void  jlmfs_view_log_planned(jlmfs_view *v);
 void  jlmfs_view_convert(jlmfs_view *v);       /* the worker's job: runs to READY/ERROR/dead */

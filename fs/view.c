@@ -44,6 +44,15 @@ static void set_error(jlmfs_view *v, const char *msg)
         jlmfs_log(v->fs, JLMFS_LOG_ERR, "%s: error: %s", v->key, line);
 }
 
+int jlmfs_view_space_back(jlmfs_view *v, double min_age)
+{
+    pthread_mutex_lock(&v->lock);
+    int cand = v->state == JLMFS_ERROR && v->t_nospace > 0 && mono_s() - v->t_nospace >= min_age;
+    pthread_mutex_unlock(&v->lock);
+    struct statvfs sv;
+    return cand && !statvfs(v->fs->cache, &sv) && (unsigned long long)sv.f_bavail * sv.f_frsize >= v->file_size;
+}
+
 void jlmfs_view_log_planned(jlmfs_view *v)
 {
     char msg[sizeof v->errmsg];
@@ -110,6 +119,7 @@ static int no_space(jlmfs_view *v, jlm_err *err)
     unsigned long long have = statvfs(v->fs->cache, &sv) ? 0ull : (unsigned long long)sv.f_bavail * sv.f_frsize;
     pthread_mutex_lock(&v->lock);
     unsigned long long need = v->file_size - v->done_bytes;
+    v->t_nospace = mono_s();   /* the daemon retries when the space is back (jlmfs_view_space_back) */
     pthread_mutex_unlock(&v->lock);
     return jlm_errf(err, JLM_ENOSPC, "%s: no space left in cache (need %llu, have %llu)", v->part_path, need, have);
 }
