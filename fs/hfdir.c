@@ -36,8 +36,8 @@ static uint64_t fnv(uint64_t h, const void *p, size_t n)
 }
 
 /* Identity of the open folder d (dst: the folder's stat). 0, or -1 if it
- * cannot be listed. Names are hashed in listing order sorted out by XOR of
- * per-file hashes, so the order readdir gives does not matter. */
+ * cannot be listed. Each file's (name, ino, size, mtime) is hashed on its own
+ * and the hashes XORed, so the order readdir gives does not matter. */
 static int ident_of_dir(int d, const struct stat *dst, jlmfs_ident *id)
 {
     int dd = openat(d, ".", O_RDONLY | O_DIRECTORY | O_CLOEXEC);
@@ -49,9 +49,7 @@ static int ident_of_dir(int d, const struct stat *dst, jlmfs_ident *id)
     }
     *id = (jlmfs_ident){0};
     id->dev = dst->st_dev;
-    id->ino = dst->st_ino;
-    id->mtime_s = dst->st_mtim.tv_sec;
-    id->mtime_ns = dst->st_mtim.tv_nsec;
+    id->ino = dst->st_ino;   /* not the folder's mtime: a README or an editor's temp file added is no change */
     uint64_t acc = 0;
     struct dirent *de;
     while ((de = readdir(dir))) {

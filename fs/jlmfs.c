@@ -174,7 +174,15 @@ jlmfs_view *jlmfs_sync_view(jlmfs *fs, const char *rel)
         ok = gfd < 0 || fstat(gfd, &st) || !S_ISREG(st.st_mode);
         if (gfd >= 0)
             close(gfd);
-        ok = ok && jlmfs_hf_ident(fs->src_fd, rel, 1, &id, &st);
+        ok = ok && jlmfs_hf_ident(fs->src_fd, rel, 0, &id, &st);
+        if (ok) {   /* the shards' headers are read only when the identity is new: a listing stays cheap */
+            pthread_mutex_lock(&fs->lock);
+            ssize_t i = find_view(fs, rel);
+            int same = i >= 0 && jlmfs_ident_eq(&fs->views[i]->id, &id);
+            pthread_mutex_unlock(&fs->lock);
+            if (!same)
+                ok = jlmfs_hf_ident(fs->src_fd, rel, 1, &id, &st);
+        }
     }
     int locked_create = 0;
     jlmfs_view *res = NULL, *old = NULL;
