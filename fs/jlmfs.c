@@ -91,14 +91,16 @@ static int writers_of(jlmfs *fs, const char *rel)
     return 0;
 }
 
-/* Handles writing a file directly inside the folder rel ("rel/x"). */
+/* Handles writing a model file (*.json, *.safetensors: the files a folder's
+ * identity is made of, fs/hfdir.c) directly inside the folder rel. */
 static int writers_in(jlmfs *fs, const char *rel)
 {
     size_t n = strlen(rel);
     int k = 0;
     for (size_t i = 0; i < fs->n_writers; i++) {
         const char *w = fs->writers[i].rel;
-        if (!strncmp(w, rel, n) && w[n] == '/' && !strchr(w + n + 1, '/'))
+        if (!strncmp(w, rel, n) && w[n] == '/' && !strchr(w + n + 1, '/') &&
+            (ends_with(w + n + 1, ".json") || ends_with(w + n + 1, ".safetensors")))
             k += fs->writers[i].n;
     }
     return k;

@@ -230,3 +230,41 @@ Test(fs_hf, a_source_names_its_view_in_an_xattr_and_a_gguf_wins_the_name)
     cr_assert(cfg && strstr(cfg, "\"n_layer\": 5"), "m.jlm is not the GGUF's: %s", cfg ? cfg : "");
     free(cfg);
 }
+
+/* A folder renamed through the mount: the old view goes at once, the new name
+ * converts to the same bytes; a file of it rewritten replaces the view (its
+ * identity is its files'), and one added that is no model file does not. */
+Test(fs_hf, a_renamed_or_changed_folder_gets_a_fresh_view)
+{
+    mnt_start(0, 1);
+    sh(pathf("cp -r '%s' '%s/m'", hf_dir("tiny-llama-sharded"), M.mnt));
+    wait_ready("m.jlm", 20);
+    const char *ref = reference(hf_dir("tiny-llama-sharded"), NULL);
+    cr_assert(rename(pathf("%s/m", M.mnt), pathf("%s/n", M.mnt)) == 0, "%s", strerror(errno));
+    struct stat st;
+    cr_assert(stat(pathf("%s/m.jlm", M.mnt), &st) != 0 && errno == ENOENT, "m.jlm outlived the rename");
+    wait_ready("n.jlm", 20);
+    expect_same_file(pathf("%s/n.jlm/model.jlm", M.mnt), ref);
+    /* a README is no model file: the same view, still ready (its cache entry kept) */
+    cr_assert(tu_write_file(pathf("%s/n/README.md", M.mnt), "hi\n", 3) == 0);
+    char *s = status_of("n.jlm");
+    cr_assert(s && !strncmp(s, "ready", 5), "a README replanned the view: '%s'", s ? s : "");
+    free(s);
+    /* config.json rewritten with another context length: a new view, converted again */
+    char *cfg = read_text(pathf("%s/n/config.json", M.mnt));
+    cr_assert(cfg && strstr(cfg, "\"max_position_embeddings\""), "%s", cfg ? cfg : "");
+    char *p = strstr(cfg, "\"max_position_embeddings\"");
+    p = strchr(p, ':') + 1;
+    while (*p == ' ')
+        p++;
+    size_t digits = strspn(p, "0123456789");
+    char *cfg2 = NULL;
+    cr_assert(asprintf(&cfg2, "%.*s%s%s", (int)(p - cfg), cfg, "77", p + digits) > 0);
+    cr_assert(tu_write_file(pathf("%s/n/config.json", M.mnt), cfg2, strlen(cfg2)) == 0);
+    wait_ready("n.jlm", 20);
+    char *c = read_text(pathf("%s/n.jlm/config.json", M.mnt));
+    cr_assert(c && strstr(c, "\"n_ctx\": 77"), "the view did not follow config.json: %s", c ? c : "");
+    free(c);
+    free(cfg);
+    free(cfg2);
+}
