@@ -619,7 +619,8 @@ static int jlmfs_mount_of(const char *path, char *mp_out, size_t mp_n, char *src
     while (f && fgets(line, sizeof line, f)) {
         char mp[4096], fstype[256], src[4096];
         const char *dash = strstr(line, " - ");
-        if (!dash || sscanf(line, "%*s %*s %*s %*s %4095s", mp) != 1 || sscanf(dash + 3, "%255s %4095s", fstype, src) != 2)
+        if (!dash || sscanf(line, "%*s %*s %*s %*s %4095s", mp) != 1 ||
+            sscanf(dash + 3, "%255s %4095s", fstype, src) != 2)
             continue;
         unescape(mp);
         unescape(src);
@@ -676,7 +677,8 @@ static int refuse_stacking(const char *src, const char *mnt)
 {
     char mp[4096], from[4096];
     if (jlmfs_mount_of(src, mp, sizeof mp, from, sizeof from)) {
-        fprintf(stderr, "jlmfs: source %s is inside the jlmfs mount %s (of %s): mount %s instead\n", src, mp, from, from);
+        fprintf(stderr, "jlmfs: source %s is inside the jlmfs mount %s (of %s): mount %s instead\n", src, mp, from,
+                from);
         return 1;
     }
     if (jlmfs_mounted_from(src, mp, sizeof mp)) {

@@ -179,7 +179,8 @@ int jlm_conv_open_full(int root_fd, const char *src_path, const char *mm_path, c
     c->quant = quant;
     /* an HF folder: below root_fd (the daemon's SRC) when given, as a GGUF is */
     int hf = root_fd < 0 ? jlm_hf_is_folder(src_path) : jlm_hf_is_folder_at(root_fd, src_path);
-    int rc = hf ? jlm_hf_open_at(root_fd, src_path, notes, &c->g, err) : jlm_gguf_open_at(root_fd, src_path, &c->g, err);
+    int rc = hf ? jlm_hf_open_at(root_fd, src_path, notes, &c->g, err)
+                : jlm_gguf_open_at(root_fd, src_path, &c->g, err);
     if (rc)
         goto fail;
     c->src_path = c->g->path;

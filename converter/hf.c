@@ -854,7 +854,8 @@ int jlm_hf_open_at(int root_fd, const char *dir, FILE *notes, jlm_gguf **out, jl
     h->beneath = root_fd >= 0;
     h->dir_fd = h->beneath ? jlm_open_beneath(root_fd, dir, O_PATH | O_DIRECTORY, 0)
                            : open(dir, O_PATH | O_DIRECTORY | O_CLOEXEC);
-    int rc = h->dir_fd < 0 ? jlm_errf(err, errno == ENOENT ? JLM_ENOTFOUND : JLM_EIO, "%s: %s", dir, strerror(errno)) : 0;
+    int rc = h->dir_fd < 0
+                 ? jlm_errf(err, errno == ENOENT ? JLM_ENOTFOUND : JLM_EIO, "%s: %s", dir, strerror(errno)) : 0;
     if (!rc)
         rc = load(h, "config.json", 0, &j.cfg, &j.cfg_path, err);
     if (!rc)

@@ -5,8 +5,8 @@
  * holds a regular config.json and model.safetensors or every shard its
  * model.safetensors.index.json names, each shard at least as long as its own
  * header says (jlm_st_dir_complete), it holds no model.jlm (a converted
- * folder is no source), and no *.json or *.safetensors file in it is open for writing through the
- * mount (checked by the caller, jlmfs.c). Its identity is the folder's
+ * folder is no source), and no *.json or *.safetensors file in it is open
+ * for writing through the mount (checked by the caller, jlmfs.c). Its identity is the folder's
  * (dev, ino), the sum of its files' sizes, their latest mtime and a hash of
  * (name, ino, size, mtime) of every *.json and *.safetensors file directly in
  * it: a file added, replaced, rewritten or touched changes it, and a changed

@@ -449,7 +449,9 @@ static void retry_full(jlmfs *fs)
     for (size_t i = 0; i < k; i++) {
         pthread_mutex_lock(&fs->lock);
         ssize_t j = find_view(fs, rels[i]);
-        jlmfs_view *old = j >= 0 && jlmfs_view_space_back(fs->views[j], RETRY_NOSPACE_S) ? take_view(fs, (size_t)j) : NULL;
+        jlmfs_view *old = NULL;
+        if (j >= 0 && jlmfs_view_space_back(fs->views[j], RETRY_NOSPACE_S))
+            old = take_view(fs, (size_t)j);
         pthread_mutex_unlock(&fs->lock);
         if (old) {
             jlmfs_log(fs, JLMFS_LOG_INFO, "%s: the cache has room again: converting it again", old->key);
