@@ -6,6 +6,8 @@
  * view node is refused with EROFS. */
 #define FUSE_USE_VERSION 31
 #include <fuse.h>
+#include <jansson.h>
+#include <sqlite3.h>
 
 #include "fs/jlmfs.h"
 #include "cli/opts.h"
@@ -733,6 +735,15 @@ int main(int argc, char **argv)
 {
     if (argc == 2 && (!strcmp(argv[1], "--version") || !strcmp(argv[1], "-V"))) {
         printf("jlmfs version %s (.jlm format %u)\n", JLM_CLI_VERSION, (unsigned)JLM_VERSION);
+        /* the build: what the daemon is made of (it runs no kernels: no SIMD or device line) */
+        printf("build: %s %s, libfuse %d.%d (runtime %d), sqlite %s, jansson %s\n",
+#if defined(__clang__)
+               "clang",
+#else
+               "gcc",
+#endif
+               __VERSION__, FUSE_MAJOR_VERSION, FUSE_MINOR_VERSION, fuse_version(), sqlite3_libversion(),
+               jansson_version_str());
         return 0;
     }
     struct fuse_args args = FUSE_ARGS_INIT(argc, argv);

@@ -9,6 +9,7 @@
 
 #include "tests/testutil.h"
 #include "tests/mntutil.h"
+#include "format/jlm_format.h"
 
 #include <errno.h>
 #include <fcntl.h>
@@ -142,4 +143,16 @@ Test(fs_stack, the_log_says_mounts_conversions_errors_and_drops)
         cr_assert(strstr(log, want[i]), "the log lacks '%s':\n%s", want[i], log);
     cr_assert(!strchr(log, '\x01'), "a control byte reached the log");
     free(log);
+}
+
+Test(fs_stack, version_names_the_format_and_the_build)
+{
+    char *out = NULL;
+    int rc = tu_run(pathf("'%s' --version", jlmfs_bin()), &out);
+    cr_assert(rc == 0 && out, "exit %d", rc);
+    char want[64];
+    snprintf(want, sizeof want, "(.jlm format %u)\n", (unsigned)JLM_VERSION);
+    cr_assert(!strncmp(out, "jlmfs version ", 14) && strstr(out, want), "%s", out);
+    cr_assert(strstr(out, "\nbuild: ") && strstr(out, ", libfuse 3.") && strstr(out, ", sqlite "), "%s", out);
+    free(out);
 }
