@@ -208,7 +208,7 @@ jlmfs_view *jlmfs_sync_view(jlmfs *fs, const char *rel)
         break;
     }
     if (old) {   /* replaced or gone: its cache entry is stale, and so is what the kernel cached of it */
-        jlmfs_view_retire(old);
+        jlmfs_view_retire(old, NULL);
         jlmfs_view_unref(old);
     }
     if (!res && ok && locked_create) {
@@ -454,8 +454,7 @@ static void retry_full(jlmfs *fs)
             old = take_view(fs, (size_t)j);
         pthread_mutex_unlock(&fs->lock);
         if (old) {
-            jlmfs_log(fs, JLMFS_LOG_INFO, "%s: the cache has room again: converting it again", old->key);
-            jlmfs_view_retire(old);
+            jlmfs_view_retire(old, "the cache has room again: planned and converted again");
             jlmfs_view_unref(old);
             jlmfs_view_unref(jlmfs_sync_view(fs, rels[i]));
         }

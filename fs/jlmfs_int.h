@@ -106,8 +106,9 @@ void  jlmfs_view_kill(jlmfs_view *v);          /* mark dead, remove its cache fi
  * cached of them: the next read asks the daemon). No lock held. */
 void  jlmfs_view_invalidate(jlmfs_view *v);
 /* Dropped from the table: kill, fail it if its source was rewritten under a
- * conversion still running, and invalidate. No lock held. */
-void  jlmfs_view_retire(jlmfs_view *v);
+ * conversion still running, and invalidate; the log says why (NULL: its
+ * source went or changed). No lock held. */
+void  jlmfs_view_retire(jlmfs_view *v, const char *why);
 /* 1 if v failed for a full cache at least min_age s ago and the cache's
  * filesystem now has room for its whole container: worth planning again. */
 int   jlmfs_view_space_back(jlmfs_view *v, double min_age);

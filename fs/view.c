@@ -492,10 +492,13 @@ static int source_changed_error(jlmfs_view *v, jlm_err *err)
  * descriptor is checked) before it finished, failed as a whole, so its open
  * descriptors get EIO for every page, not old pages for some and EIO for the
  * rest; then the kernel is told to forget what it cached of it. */
-void jlmfs_view_retire(jlmfs_view *v)
+void jlmfs_view_retire(jlmfs_view *v, const char *why)
 {
-    jlmfs_log(v->fs, JLMFS_LOG_INFO, "%s: dropped (%s was removed, renamed, changed or opened for writing)", v->key,
-              v->rel);
+    if (why)
+        jlmfs_log(v->fs, JLMFS_LOG_INFO, "%s: dropped (%s)", v->key, why);
+    else
+        jlmfs_log(v->fs, JLMFS_LOG_INFO, "%s: dropped (%s was removed, renamed, changed or opened for writing)",
+                  v->key, v->rel);
     jlmfs_view_kill(v);
     if (jlmfs_view_state(v, NULL, NULL, 0) == JLMFS_CONVERTING && v->conv && source_changed(v)) {
         jlm_err e;
