@@ -6,12 +6,16 @@
  * view node is refused with EROFS. */
 #define FUSE_USE_VERSION 31
 #include <fuse.h>
+#include <jansson.h>
+#include <sqlite3.h>
 
 #include "fs/jlmfs.h"
 #include "cli/opts.h"
 #include "format/jlm_format.h"
 
 #include <errno.h>
+#include <stdarg.h>
+#include <pthread.h>
 #include <fcntl.h>
 #include <stddef.h>
 #include <stdio.h>
@@ -20,19 +24,24 @@
 #include <sys/stat.h>
 #include <sys/statvfs.h>
 #include <sys/xattr.h>
+#include <syslog.h>
 #include <unistd.h>
 
 static const char USAGE[] =
     "usage: jlmfs SRC MOUNTPOINT [-f] [-d] [-o OPTIONS]\n"
-    "Mounts the folder SRC at MOUNTPOINT; every complete x.gguf in it gets a\n"
-    "read-only model view x.jlm/ (model.jlm, status, config.json, tensors, dense,\n"
+    "Mounts the folder SRC at MOUNTPOINT; every complete x.gguf (or Hugging Face\n"
+    "folder x/) in it gets a read-only model view x.jlm/ (model.jlm, status, config.json, tensors, dense,\n"
     "blocks/N, vision/N, experts/B.E, resident/, stats). See docs/jlmfs.md.\n"
     "options:\n"
     "  -o cache=DIR     container cache (default SRC/.jlmfs-cache, hidden from the mount)\n"
     "  -o workers=N     background conversion threads (default 1)\n"
+    "  -o type=T        quantize at conversion: keep (default), Q8_0, Q6_K, Q5_K_M,\n"
+    "                   Q4_K_M, Q5_1, Q5_0, Q4_1, Q4_0 (as jlm convert --type)\n"
     "  -o allow_other   let other users use the mount (FUSE option; the kernel checks\n"
     "                   every access against SRC's owners and modes: default_permissions)\n"
-    "  -f               stay in the foreground; -d: debug (implies -f)\n"
+    "  -f               stay in the foreground, the log on stderr (else syslog,\n"
+    "                   facility daemon: mounts, conversions, errors, drops);\n"
+    "                   -d: debug (implies -f)\n"
     "test hook: JLMFS_TEST_SLOW_MS=N sleeps N ms before each page the\n"
     "background conversion packs (so tests can read ahead of it).\n";
 
@@ -51,6 +60,36 @@ static int errno_of(int code)
 }
 
 static jlmfs *FS(void) { return fuse_get_context()->private_data; }
+
+/* ---------------------------------------------------------------- the log */
+/* Mounts, views planned, ready, failed and dropped, database notes
+ * (jlmfs_opts.log): on stderr in the foreground (-f, -d), else to syslog
+ * (the journal), facility daemon. Control bytes of names become '?'. */
+static int g_foreground;
+
+static void log_line(void *ctx, int prio, const char *line)
+{
+    char clean[2048];
+    size_t i = 0;
+    for (; line[i] && i < sizeof clean - 1; i++)
+        clean[i] = (unsigned char)line[i] < 0x20 || line[i] == 0x7f ? '?' : line[i];
+    clean[i] = 0;
+    if (g_foreground)
+        fprintf(stderr, "jlmfs: %s\n", clean);
+    else
+        syslog(prio, "%s", clean);
+}
+
+static void logf_(int prio, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+static void logf_(int prio, const char *fmt, ...)
+{
+    char line[2048];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(line, sizeof line, fmt, ap);
+    va_end(ap);
+    log_line(NULL, prio, line);
+}
 
 /* An open file: the node it resolved to, plus its fd (passthrough) or the
  * text snapshot taken at open (status, stats, ...). */
@@ -242,7 +281,7 @@ static int op_read(const char *path, char *buf, size_t size, off_t off, struct f
     case JLMFS_SPAN: {
         int rc = errno_of(jlmfs_read(FS(), &h->node, buf, size, (uint64_t)off, &got, &e));
         if (rc)
-            fprintf(stderr, "jlmfs: %s\n", e.msg);
+            logf_(LOG_ERR, "%s", e.msg);
         return rc ? rc : (int)got;
     }
     case JLMFS_TEXT:
@@ -289,6 +328,16 @@ static int op_flush(const char *path, struct fuse_file_info *fi)
         jlmfs_write_end(FS(), h->node.rel);
     }
     return 0;
+}
+
+/* A writer sizing its output (jlm convert -o MNT/x.jlm: ftruncate, then
+ * posix_fallocate, whose glibc fallback fails on a write-only descriptor with
+ * EBADF when the filesystem has no fallocate): on the passthrough descriptor. */
+static int op_fallocate(const char *path, int mode, off_t off, off_t len, struct fuse_file_info *fi)
+{
+    if (!fi || H(fi)->fd < 0)
+        return -EROFS;   /* a view file: read-only */
+    return fallocate(H(fi)->fd, mode, off, len) ? -errno : 0;
 }
 
 static int op_fsync(const char *path, int datasync, struct fuse_file_info *fi)
@@ -358,6 +407,7 @@ static int op_rename(const char *from, const char *to, unsigned int flags)
     if (!rc) {
         jlmfs_changed(FS(), a.rel);
         jlmfs_changed(FS(), b.rel);
+        jlmfs_changed_tree(FS(), a.rel);   /* a folder: the views of the GGUFs it held go now */
     }
     jlmfs_node_clear(&a);
     jlmfs_node_clear(&b);
@@ -365,11 +415,19 @@ static int op_rename(const char *from, const char *to, unsigned int flags)
 }
 
 /* ---------------------------------------------------------------- extended attributes */
+#define XA_VIEW "user.jlmfs.view"   /* on a source (x.gguf, a folder x/): its view, "sub/x.jlm" */
 static int op_getxattr(const char *path, const char *name, char *value, size_t size)
 {
     RESOLVE(path, n);
     int rc;
-    if (n.kind == JLMFS_PASS) {
+    if (n.kind == JLMFS_PASS && !strcmp(name, XA_VIEW)) {
+        /* a source's view, for tools run on it inside the mount (jlm convert
+         * MNT/x.gguf can point to MNT/x.jlm instead of converting again) */
+        char *key = jlmfs_view_of(FS(), n.rel);
+        size_t len = key ? strlen(key) : 0;
+        rc = !key ? -ENODATA : !size ? (int)len : size < len ? -ERANGE : (memcpy(value, key, len), (int)len);
+        free(key);
+    } else if (n.kind == JLMFS_PASS) {
         ssize_t r = lgetxattr(n.real, name, value, size);
         rc = r < 0 ? -errno : (int)r;
     } else {
@@ -408,6 +466,88 @@ static int op_listxattr(const char *path, char *list, size_t size)
     return rc;
 }
 
+/* ---------------------------------------------------------------- invalidation */
+/* fs/ tells which view paths went stale (jlmfs_opts.invalidate); the kernel
+ * is told here, from a thread of its own: fuse_invalidate_path must not run
+ * inside a request on the same inode (a read holds the page the kernel then
+ * waits for), and fs/ calls from inside reads. Paths the kernel never looked
+ * up are not in libfuse's table: -ENOENT, nothing to drop. */
+typedef struct inval_item { struct inval_item *next; char path[]; } inval_item;
+static struct {
+    pthread_mutex_t lock;
+    pthread_cond_t  cond;
+    inval_item     *head, *tail;
+    struct fuse    *fuse;
+    pthread_t       thread;
+    int             running, stop;
+} g_inval = {PTHREAD_MUTEX_INITIALIZER, PTHREAD_COND_INITIALIZER, NULL, NULL, NULL, 0, 0, 0};
+
+static void inval_queue(void *ctx, const char *path)
+{
+    size_t n = strlen(path) + 1;
+    inval_item *it = malloc(sizeof *it + n);
+    if (!it)
+        return;   /* then only auto_cache's check at the next open protects */
+    it->next = NULL;
+    memcpy(it->path, path, n);
+    pthread_mutex_lock(&g_inval.lock);
+    if (!g_inval.running || g_inval.stop) {
+        free(it);
+    } else {
+        if (g_inval.tail)
+            g_inval.tail->next = it;
+        else
+            g_inval.head = it;
+        g_inval.tail = it;
+        pthread_cond_signal(&g_inval.cond);
+    }
+    pthread_mutex_unlock(&g_inval.lock);
+}
+
+static void *inval_main(void *arg)
+{
+    pthread_mutex_lock(&g_inval.lock);
+    for (;;) {
+        while (!g_inval.head && !g_inval.stop)
+            pthread_cond_wait(&g_inval.cond, &g_inval.lock);
+        inval_item *it = g_inval.head;
+        if (!it)
+            break;   /* stopping, queue drained */
+        g_inval.head = it->next;
+        if (!g_inval.head)
+            g_inval.tail = NULL;
+        int stop = g_inval.stop;
+        pthread_mutex_unlock(&g_inval.lock);
+        if (!stop)
+            fuse_invalidate_path(g_inval.fuse, it->path);
+        free(it);
+        pthread_mutex_lock(&g_inval.lock);
+    }
+    pthread_mutex_unlock(&g_inval.lock);
+    return NULL;
+}
+
+static void inval_start(struct fuse *f)
+{
+    pthread_mutex_lock(&g_inval.lock);
+    g_inval.fuse = f;
+    g_inval.running = !pthread_create(&g_inval.thread, NULL, inval_main, NULL);
+    pthread_mutex_unlock(&g_inval.lock);
+    if (!g_inval.running)
+        logf_(LOG_WARNING, "note: no invalidation thread: stale pages wait for the next open");
+}
+
+static void inval_stop(void)
+{
+    pthread_mutex_lock(&g_inval.lock);
+    int running = g_inval.running;
+    g_inval.stop = 1;
+    pthread_cond_signal(&g_inval.cond);
+    pthread_mutex_unlock(&g_inval.lock);
+    if (running)
+        pthread_join(g_inval.thread, NULL);
+}
+
 /* ---------------------------------------------------------------- lifecycle */
 static int g_started;
 
@@ -426,32 +566,146 @@ static void *op_init(struct fuse_conn_info *conn, struct fuse_config *cfg)
     cfg->kernel_cache = 0;
     cfg->auto_cache = 1;
     jlmfs *fs = fuse_get_context()->private_data;
+    inval_start(fuse_get_context()->fuse);
     jlm_err e;
     if (jlmfs_start(fs, &e))
-        fprintf(stderr, "jlmfs: %s\n", e.msg);
+        logf_(LOG_ERR, "%s", e.msg);
+    logf_(LOG_NOTICE, "mounted (cache %s)", jlmfs_cache_dir(fs));
     g_started = 1;
     return fs;
 }
 
-static void op_destroy(void *data) { jlmfs_close(data); }
+static void op_destroy(void *data)
+{
+    jlmfs_close(data);   /* workers joined: nothing queues any more */
+    inval_stop();
+    logf_(LOG_NOTICE, "unmounted");
+}
 
 static const struct fuse_operations ops = {
     .init = op_init, .destroy = op_destroy,
     .getattr = op_getattr, .readdir = op_readdir, .readlink = op_readlink, .statfs = op_statfs,
     .open = op_open, .create = op_create, .read = op_read, .write = op_write,
-    .flush = op_flush, .release = op_release, .fsync = op_fsync,
+    .flush = op_flush, .release = op_release, .fsync = op_fsync, .fallocate = op_fallocate,
     .mkdir = op_mkdir, .rmdir = op_rmdir, .unlink = op_unlink, .symlink = op_symlink,
     .rename = op_rename, .chmod = op_chmod, .chown = op_chown, .truncate = op_truncate,
     .utimens = op_utimens, .getxattr = op_getxattr, .listxattr = op_listxattr,
 };
 
-/* ---------------------------------------------------------------- options */
-typedef struct opts { char *src, *cache; unsigned workers; int help, n_nonopt; } opts;
+/* ---------------------------------------------------------------- one daemon per tree */
+/* Undoes mountinfo's octal escapes (\040 for a space) in place. */
+static void unescape(char *s)
+{
+    char *o = s;
+    for (; *s; s++) {
+        if (s[0] == '\\' && s[1] >= '0' && s[1] <= '3' && s[2] >= '0' && s[2] <= '7' && s[3] >= '0' && s[3] <= '7') {
+            *o++ = (char)((s[1] - '0') * 64 + (s[2] - '0') * 8 + (s[3] - '0'));
+            s += 3;
+        } else {
+            *o++ = *s;
+        }
+    }
+    *o = 0;
+}
 
-enum { KEY_HELP = 1 };
+/* The mount holding path (the longest mount point that is path or above it;
+ * the last listed of equal ones, which covers the others): 1 with its mount
+ * point and source copied out if it is a jlmfs mount (fstype fuse.jlmfs), else 0. */
+static int jlmfs_mount_of(const char *path, char *mp_out, size_t mp_n, char *src_out, size_t src_n)
+{
+    char *real = realpath(path, NULL);
+    FILE *f = real ? fopen("/proc/self/mountinfo", "re") : NULL;
+    char line[8192], best_mp[4096] = "", best_src[4096] = "";
+    size_t best = 0;
+    int is_jlmfs = 0;
+    while (f && fgets(line, sizeof line, f)) {
+        char mp[4096], fstype[256], src[4096];
+        const char *dash = strstr(line, " - ");
+        if (!dash || sscanf(line, "%*s %*s %*s %*s %4095s", mp) != 1 ||
+            sscanf(dash + 3, "%255s %4095s", fstype, src) != 2)
+            continue;
+        unescape(mp);
+        unescape(src);
+        size_t n = strlen(mp);
+        int above = !strcmp(mp, "/") || (!strncmp(real, mp, n) && (real[n] == 0 || real[n] == '/'));
+        if (above && n >= best) {   /* later lines of the same point were mounted over earlier ones */
+            best = n;
+            is_jlmfs = !strcmp(fstype, "fuse.jlmfs");
+            snprintf(best_mp, sizeof best_mp, "%s", mp);
+            snprintf(best_src, sizeof best_src, "%s", src);
+        }
+    }
+    if (f)
+        fclose(f);
+    free(real);
+    if (is_jlmfs) {
+        snprintf(mp_out, mp_n, "%s", best_mp);
+        snprintf(src_out, src_n, "%s", best_src);
+    }
+    return is_jlmfs;
+}
+
+/* 1 (its mount point copied out) if a jlmfs mount has src as its source. */
+static int jlmfs_mounted_from(const char *src, char *mp_out, size_t mp_n)
+{
+    char *real = realpath(src, NULL);
+    FILE *f = real ? fopen("/proc/self/mountinfo", "re") : NULL;
+    char line[8192];
+    int found = 0;
+    while (f && !found && fgets(line, sizeof line, f)) {
+        char mp[4096], fstype[256], from[4096];
+        const char *dash = strstr(line, " - ");
+        if (!dash || sscanf(line, "%*s %*s %*s %*s %4095s", mp) != 1 ||
+            sscanf(dash + 3, "%255s %4095s", fstype, from) != 2 || strcmp(fstype, "fuse.jlmfs"))
+            continue;
+        unescape(mp);
+        unescape(from);
+        char *rf = realpath(from, NULL);
+        found = rf && !strcmp(rf, real);
+        if (found)
+            snprintf(mp_out, mp_n, "%s", mp);
+        free(rf);
+    }
+    if (f)
+        fclose(f);
+    free(real);
+    return found;
+}
+
+/* A jlmfs over a jlmfs would convert every model a second time into a
+ * second cache: SRC inside a jlmfs mount or already the source of one, or MNT
+ * on or inside one, is refused naming that mount. 0, or 1 with the line printed. */
+static int refuse_stacking(const char *src, const char *mnt)
+{
+    char mp[4096], from[4096];
+    if (jlmfs_mount_of(src, mp, sizeof mp, from, sizeof from)) {
+        fprintf(stderr, "jlmfs: source %s is inside the jlmfs mount %s (of %s): mount %s instead\n", src, mp, from,
+                from);
+        return 1;
+    }
+    if (jlmfs_mounted_from(src, mp, sizeof mp)) {
+        fprintf(stderr, "jlmfs: source %s is already mounted by jlmfs at %s: use that mount\n", src, mp);
+        return 1;
+    }
+    if (mnt && jlmfs_mount_of(mnt, mp, sizeof mp, from, sizeof from)) {
+        fprintf(stderr, "jlmfs: mount point %s is %s the jlmfs mount %s (of %s): unmount it first (fusermount3 -u %s)\n",
+                mnt, strcmp(mp, mnt) ? "inside" : "already", mp, from, mp);
+        return 1;
+    }
+    return 0;
+}
+
+/* ---------------------------------------------------------------- options */
+typedef struct opts { char *src, *mnt, *cache, *type; unsigned workers; int help, n_nonopt; } opts;
+
+enum { KEY_HELP = 1, KEY_FG };
 static const struct fuse_opt opt_spec[] = {
     {"cache=%s", offsetof(opts, cache), 0},
     {"workers=%u", offsetof(opts, workers), 0},
+    {"type=%s", offsetof(opts, type), 0},
+    FUSE_OPT_KEY("-f", KEY_FG),
+    FUSE_OPT_KEY("-d", KEY_FG),
+    FUSE_OPT_KEY("debug", KEY_FG),
     FUSE_OPT_KEY("-h", KEY_HELP),
     FUSE_OPT_KEY("--help", KEY_HELP),
     FUSE_OPT_END,
@@ -464,10 +718,16 @@ static int opt_proc(void *data, const char *arg, int key, struct fuse_args *out)
         o->help = 1;
         return 0;
     }
+    if (key == KEY_FG) {
+        g_foreground = 1;   /* the log goes to stderr; FUSE sees the option too */
+        return 1;
+    }
     if (key == FUSE_OPT_KEY_NONOPT && o->n_nonopt++ == 0) {
         o->src = strdup(arg);   /* SRC; the mount point goes on to FUSE */
         return 0;
     }
+    if (key == FUSE_OPT_KEY_NONOPT && o->n_nonopt == 2 && !o->mnt)
+        o->mnt = strdup(arg);   /* kept to check it, and passed on */
     return 1;
 }
 
@@ -475,6 +735,15 @@ int main(int argc, char **argv)
 {
     if (argc == 2 && (!strcmp(argv[1], "--version") || !strcmp(argv[1], "-V"))) {
         printf("jlmfs version %s (.jlm format %u)\n", JLM_CLI_VERSION, (unsigned)JLM_VERSION);
+        /* the build: what the daemon is made of (it runs no kernels: no SIMD or device line) */
+        printf("build: %s %s, libfuse %d.%d (runtime %d), sqlite %s, jansson %s\n",
+#if defined(__clang__)
+               "clang",
+#else
+               "gcc",
+#endif
+               __VERSION__, FUSE_MAJOR_VERSION, FUSE_MINOR_VERSION, fuse_version(), sqlite3_libversion(),
+               jansson_version_str());
         return 0;
     }
     struct fuse_args args = FUSE_ARGS_INIT(argc, argv);
@@ -489,8 +758,12 @@ int main(int argc, char **argv)
         fputs(USAGE, stderr);
         return 2;
     }
+    if (refuse_stacking(o.src, o.mnt))
+        return 1;
+    openlog("jlmfs", LOG_PID, LOG_DAEMON);   /* connects at the first line: after FUSE daemonizes */
     const char *slow = getenv("JLMFS_TEST_SLOW_MS");
-    jlmfs_opts fo = {.src = o.src, .cache = o.cache, .n_workers = o.workers,
+    jlmfs_opts fo = {.src = o.src, .cache = o.cache, .n_workers = o.workers, .type = o.type,
+                     .invalidate = inval_queue, .log = log_line,
                      .slow_ms = slow ? (unsigned)strtoul(slow, NULL, 10) : 0};
     jlmfs *fs;
     jlm_err e;
@@ -507,12 +780,15 @@ int main(int argc, char **argv)
      * mounted allow_other would read, write and chmod anything for anyone. */
     fuse_opt_add_arg(&args, "-odefault_permissions");
     char *name = NULL;   /* "SRC on MNT type fuse.jlmfs" in the mount table */
-    if (!strchr(o.src, ',') && asprintf(&name, "-ofsname=%s,subtype=jlmfs", o.src) >= 0)
+    char *abs_src = realpath(o.src, NULL);   /* absolute: refuse_stacking compares it */
+    const char *shown = abs_src ? abs_src : o.src;
+    if (!strchr(shown, ',') && asprintf(&name, "-ofsname=%s,subtype=jlmfs", shown) >= 0)
         fuse_opt_add_arg(&args, name);
+    free(abs_src);
     int rc = fuse_main(args.argc, args.argv, &ops, fs);
     if (!g_started)
         jlmfs_close(fs);   /* fuse_main failed before init: destroy will not run */
     fuse_opt_free_args(&args);
-    free(name); free(o.src); free(o.cache);
+    free(name); free(o.src); free(o.mnt); free(o.cache); free(o.type);
     return rc;
 }

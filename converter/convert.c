@@ -177,9 +177,10 @@ int jlm_conv_open_full(int root_fd, const char *src_path, const char *mm_path, c
         return jlm_errf(err, JLM_ENOMEM, "%s: out of memory", src_path);
     }
     c->quant = quant;
-    /* an HF folder is a command-line source only; the daemon opens GGUFs below its root */
-    int rc = root_fd < 0 && jlm_hf_is_folder(src_path) ? jlm_hf_open(src_path, notes, &c->g, err)
-                                                       : jlm_gguf_open_at(root_fd, src_path, &c->g, err);
+    /* an HF folder: below root_fd (the daemon's SRC) when given, as a GGUF is */
+    int hf = root_fd < 0 ? jlm_hf_is_folder(src_path) : jlm_hf_is_folder_at(root_fd, src_path);
+    int rc = hf ? jlm_hf_open_at(root_fd, src_path, notes, &c->g, err)
+                : jlm_gguf_open_at(root_fd, src_path, &c->g, err);
     if (rc)
         goto fail;
     c->src_path = c->g->path;

@@ -7,6 +7,11 @@
  * go through vread (row permutation, dtype widening, norm + 1). */
 #include "converter/hf_int.h"
 #include "converter/safetensors.h"
+#include "converter/beneath.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <unistd.h>
 
 #include <inttypes.h>
 #include <math.h>
@@ -245,6 +250,8 @@ static void hf_free(void *p)
         free(h->src[i].seg);
     free(h->own); free(h->kv); free(h->t); free(h->src);
     jlm_st_close(h->st);
+    if (h->dir_fd >= 0)
+        close(h->dir_fd);
     free(h);
 }
 
@@ -764,6 +771,12 @@ static int build(hf *h, hf_json *j, FILE *notes, jlm_gguf **out, jlm_err *err)
                             hf_free, out, err);
 }
 
+static int exists_at(int dir_fd, int beneath, const char *name)
+{
+    struct stat st;
+    return fstatat(dir_fd, name, &st, beneath ? AT_SYMLINK_NOFOLLOW : 0) == 0;
+}
+
 static int exists(const char *dir, const char *name)
 {
     struct stat st;
@@ -783,38 +796,68 @@ int jlm_hf_is_folder(const char *path)
             (exists(path, "model.safetensors") || exists(path, "model.safetensors.index.json")));
 }
 
+int jlm_hf_is_folder_at(int root_fd, const char *rel)
+{
+    int d = jlm_open_beneath(root_fd, rel, O_PATH | O_DIRECTORY, 0);
+    if (d < 0)
+        return 0;
+    int r = !exists_at(d, 1, "model.jlm") &&
+            (exists_at(d, 1, "tokenizer.json") ||
+             (exists_at(d, 1, "config.json") &&
+              (exists_at(d, 1, "model.safetensors") || exists_at(d, 1, "model.safetensors.index.json"))));
+    close(d);
+    return r;
+}
+
 /* An optional JSON file of the folder (absent: *out NULL). tokenizer_config.json
  * is read with integers as reals: its model_max_length is often 1e30, and no
  * integer of it is used. */
 static int load(hf *h, const char *name, size_t flags, json_t **out, const char **path_out, jlm_err *err)
 {
     *out = NULL;
-    if (!exists(h->dir, name))
+    if (!exists_at(h->dir_fd, h->beneath, name))
         return 0;
     char *p = jlm_hf_own(h, "%s/%s", h->dir, name);
-    json_error_t je;
+    json_error_t je = {.text = ""};
     if (!p)
         return jlm_errf(err, JLM_ENOMEM, "%s", h->dir);
     if (path_out)
         *path_out = p;
-    *out = json_load_file(p, JSON_REJECT_DUPLICATES | flags, &je);
+    int fd = h->beneath ? jlm_open_beneath(h->dir_fd, name, O_RDONLY | O_NONBLOCK, 0)
+                        : openat(h->dir_fd, name, O_RDONLY | O_NONBLOCK | O_CLOEXEC);
+    if (fd < 0)
+        return jlm_errf(err, JLM_EIO, "%s: %s", p, strerror(errno));
     struct stat st;
-    if (*out && stat(p, &st) == 0)
-        h->json_bytes += (uint64_t)st.st_size;
+    FILE *f = fstat(fd, &st) == 0 && S_ISREG(st.st_mode) ? fdopen(fd, "r") : NULL;
+    if (!f) {
+        close(fd);
+        return jlm_errf(err, JLM_EIO, "%s: not a readable regular file", p);
+    }
+    *out = json_loadf(f, JSON_REJECT_DUPLICATES | flags, &je);
+    fclose(f);
+    h->json_bytes += (uint64_t)st.st_size;
     if (!*out || !json_is_object(*out))
         return jlm_errf(err, JLM_EFORMAT, "%s: line %d: %s", p, je.line, *out ? "not a JSON object" : je.text);
     return 0;
 }
 
-int jlm_hf_open(const char *dir, FILE *notes, jlm_gguf **out, jlm_err *err)
+int jlm_hf_open_at(int root_fd, const char *dir, FILE *notes, jlm_gguf **out, jlm_err *err)
 {
     hf *h = calloc(1, sizeof *h);
     hf_json j = {0};
+    if (h)
+        h->dir_fd = -1;
     if (!h || !(h->dir = jlm_hf_own(h, "%s", dir))) {
         hf_free(h);
         return jlm_errf(err, JLM_ENOMEM, "%s", dir);
     }
-    int rc = load(h, "config.json", 0, &j.cfg, &j.cfg_path, err);
+    h->beneath = root_fd >= 0;
+    h->dir_fd = h->beneath ? jlm_open_beneath(root_fd, dir, O_PATH | O_DIRECTORY, 0)
+                           : open(dir, O_PATH | O_DIRECTORY | O_CLOEXEC);
+    int rc = h->dir_fd < 0
+                 ? jlm_errf(err, errno == ENOENT ? JLM_ENOTFOUND : JLM_EIO, "%s: %s", dir, strerror(errno)) : 0;
+    if (!rc)
+        rc = load(h, "config.json", 0, &j.cfg, &j.cfg_path, err);
     if (!rc)
         rc = load(h, "tokenizer.json", 0, &j.tok, NULL, err);
     if (!rc)
@@ -824,7 +867,7 @@ int jlm_hf_open(const char *dir, FILE *notes, jlm_gguf **out, jlm_err *err)
     if (!rc && !j.cfg && !j.tok)
         rc = jlm_errf(err, JLM_ENOTFOUND, "%s: no config.json or tokenizer.json", dir);
     if (!rc && j.cfg)
-        rc = jlm_st_open_dir(dir, &h->st, err);
+        rc = jlm_st_open_dirfd(h->dir_fd, h->beneath, dir, &h->st, err);
     if (rc) {
         json_free(&j);
         hf_free(h);
@@ -833,10 +876,17 @@ int jlm_hf_open(const char *dir, FILE *notes, jlm_gguf **out, jlm_err *err)
     return build(h, &j, notes, out, err);
 }
 
+int jlm_hf_open(const char *dir, FILE *notes, jlm_gguf **out, jlm_err *err)
+{
+    return jlm_hf_open_at(-1, dir, notes, out, err);
+}
+
 int jlm_hf_open_mem(const char *config, size_t config_len, const void *st, size_t st_len, jlm_gguf **out, jlm_err *err)
 {
     hf *h = calloc(1, sizeof *h);
     hf_json j = {.cfg_path = "config.json"};
+    if (h)
+        h->dir_fd = -1;
     if (!h || !(h->dir = jlm_hf_own(h, "<memory>"))) {
         hf_free(h);
         return jlm_errf(err, JLM_ENOMEM, "hf");
@@ -857,6 +907,8 @@ int jlm_hf_open_tok_mem(const char *tok, size_t tok_len, jlm_gguf **out, jlm_err
 {
     hf *h = calloc(1, sizeof *h);
     hf_json j = {0};
+    if (h)
+        h->dir_fd = -1;
     if (!h || !(h->dir = jlm_hf_own(h, "<memory>"))) {
         hf_free(h);
         return jlm_errf(err, JLM_ENOMEM, "hf");

@@ -24,6 +24,12 @@ int jlm_hf_is_folder(const char *path);
  * folder with tokenizer files and no config.json gives a vocab-only handle.
  * Notes (what is accepted but not applied) go to notes if non-NULL. */
 int jlm_hf_open(const char *dir, FILE *notes, jlm_gguf **out, jlm_err *err);
+/* The same for the folder rel below the directory root_fd (root_fd < 0: rel
+ * is a plain path, as jlm_hf_open): every file of it opened below root_fd,
+ * following no symlink (converter/beneath.h), as the daemon opens sources. */
+int jlm_hf_open_at(int root_fd, const char *rel, FILE *notes, jlm_gguf **out, jlm_err *err);
+/* jlm_hf_is_folder for rel below root_fd, no symlink followed. */
+int jlm_hf_is_folder_at(int root_fd, const char *rel);
 
 /* The same from a config.json text and one in-memory safetensors image
  * (which outlives the handle). For fuzzing and crafted-input tests. */

@@ -37,6 +37,8 @@ typedef struct vsrc {
 typedef struct hf {
     jlm_st_set      *st;
     const char      *dir;
+    int              dir_fd;       /* the folder (O_PATH); -1 in memory */
+    int              beneath;      /* files opened below dir_fd, no symlink followed */
     hfc              c;
     jlm_gguf_kv     *kv;
     uint64_t         n_kv, cap_kv;

@@ -5,6 +5,7 @@
  * set by name once and refuse duplicates, so lookups are a binary search. */
 #include "converter/safetensors.h"
 #include "converter/gguf.h"
+#include "converter/beneath.h"
 
 #include <errno.h>
 #include <fcntl.h>
@@ -259,11 +260,25 @@ int jlm_st_open_mem(const void *buf, size_t len, const char *what, jlm_st_set **
     return 0;
 }
 
-/* Opens shard i (paths[i] set) and parses its header. */
-static int open_shard(jlm_st_set *s, uint32_t i, jlm_err *err)
+/* A file of the folder dir_fd: below it and following no symlink when
+ * beneath (the daemon's sources, docs/security.md), else as openat does. */
+static int open_in(int dir_fd, int beneath, const char *name, int flags)
+{
+    return beneath ? jlm_open_beneath(dir_fd, name, flags, 0) : openat(dir_fd, name, flags | O_CLOEXEC);
+}
+
+static int exists_in(int dir_fd, int beneath, const char *name)
+{
+    struct stat st;
+    return fstatat(dir_fd, name, &st, beneath ? AT_SYMLINK_NOFOLLOW : 0) == 0;
+}
+
+/* Opens shard i (paths[i] set, for messages; name inside dir_fd) and parses its header. */
+static int open_shard(jlm_st_set *s, uint32_t i, int dir_fd, int beneath, const char *name, jlm_err *err)
 {
     const char *p = s->paths[i];
-    int fd = open(p, O_RDONLY | O_CLOEXEC);
+    /* O_NONBLOCK: a FIFO named like a shard is refused below, never waited on */
+    int fd = open_in(dir_fd, beneath, name, O_RDONLY | O_NONBLOCK);
     if (fd < 0)
         return jlm_errf(err, errno == ENOENT ? JLM_ENOTFOUND : JLM_EIO, "%s: %s", p, strerror(errno));
     s->fds[i] = fd;
@@ -344,10 +359,18 @@ static int check_index(const jlm_st_set *s, const char *ipath, json_t *wm, const
     return 0;
 }
 
-static int open_index(const char *dir, const char *ipath, jlm_st_set **out, jlm_err *err)
+static int open_index(int dir_fd, int beneath, const char *dir, const char *ipath, jlm_st_set **out, jlm_err *err)
 {
-    json_error_t je;
-    json_t *j = json_load_file(ipath, JSON_REJECT_DUPLICATES, &je), *wm = json_object_get(j, "weight_map");
+    json_error_t je = {.text = ""};
+    int ifd = open_in(dir_fd, beneath, "model.safetensors.index.json", O_RDONLY | O_NONBLOCK);
+    if (ifd < 0)
+        return jlm_errf(err, JLM_EIO, "%s: %s", ipath, strerror(errno));
+    FILE *f = fdopen(ifd, "r");
+    json_t *j = f ? json_loadf(f, JSON_REJECT_DUPLICATES, &je) : NULL, *wm = json_object_get(j, "weight_map");
+    if (f)
+        fclose(f);
+    else
+        close(ifd);
     if (!json_is_object(wm)) {
         json_decref(j);
         return jlm_errf(err, JLM_EFORMAT, "%s: %s", ipath, j ? "no weight_map object" : je.text);
@@ -359,7 +382,8 @@ static int open_index(const char *dir, const char *ipath, jlm_st_set **out, jlm_
     if (!rc && !s)
         rc = jlm_errf(err, JLM_ENOMEM, "%s", ipath);
     for (uint32_t i = 0; !rc && i < n; i++)
-        rc = (s->paths[i] = join(dir, names[i])) ? open_shard(s, i, err) : jlm_errf(err, JLM_ENOMEM, "%s", ipath);
+        rc = (s->paths[i] = join(dir, names[i])) ? open_shard(s, i, dir_fd, beneath, names[i], err)
+                                                 : jlm_errf(err, JLM_ENOMEM, "%s", ipath);
     if (!rc)
         rc = finish(s, err);
     if (!rc)
@@ -374,19 +398,20 @@ static int open_index(const char *dir, const char *ipath, jlm_st_set **out, jlm_
     return 0;
 }
 
-int jlm_st_open_dir(const char *dir, jlm_st_set **out, jlm_err *err)
+int jlm_st_open_dirfd(int dir_fd, int beneath, const char *dir, jlm_st_set **out, jlm_err *err)
 {
     char *ipath = join(dir, "model.safetensors.index.json"), *one = join(dir, "model.safetensors");
     int rc;
     if (!ipath || !one) {
         rc = jlm_errf(err, JLM_ENOMEM, "%s", dir);
-    } else if (access(ipath, F_OK) == 0) {
-        rc = open_index(dir, ipath, out, err);
-    } else if (access(one, F_OK) != 0) {
+    } else if (exists_in(dir_fd, beneath, "model.safetensors.index.json")) {
+        rc = open_index(dir_fd, beneath, dir, ipath, out, err);
+    } else if (!exists_in(dir_fd, beneath, "model.safetensors")) {
         rc = jlm_errf(err, JLM_ENOTFOUND, "%s: no model.safetensors or model.safetensors.index.json", dir);
     } else {
         jlm_st_set *s = new_set(1);
-        rc = s && (s->paths[0] = strdup(one)) ? open_shard(s, 0, err) : jlm_errf(err, JLM_ENOMEM, "%s", one);
+        rc = s && (s->paths[0] = strdup(one)) ? open_shard(s, 0, dir_fd, beneath, "model.safetensors", err)
+                                              : jlm_errf(err, JLM_ENOMEM, "%s", one);
         if (!rc)
             rc = finish(s, err);
         if (rc)
@@ -397,6 +422,107 @@ int jlm_st_open_dir(const char *dir, jlm_st_set **out, jlm_err *err)
     free(ipath);
     free(one);
     return rc;
+}
+
+int jlm_st_open_dir(const char *dir, jlm_st_set **out, jlm_err *err)
+{
+    int dfd = open(dir, O_PATH | O_DIRECTORY | O_CLOEXEC);
+    if (dfd < 0)
+        return jlm_errf(err, errno == ENOENT ? JLM_ENOTFOUND : JLM_EIO, "%s: %s", dir, strerror(errno));
+    int rc = jlm_st_open_dirfd(dfd, 0, dir, out, err);
+    close(dfd);
+    return rc;
+}
+
+/* ---------------------------------------------------------------- completeness */
+int jlm_st_image_complete(const uint8_t *img, size_t have, uint64_t file_size)
+{
+    if (file_size < 8 || have < 8)
+        return 0;
+    uint64_t hl = 0;
+    for (int k = 0; k < 8; k++)
+        hl |= (uint64_t)img[k] << (8 * k);
+    if (hl > JLM_ST_HEADER_CAP)
+        return 1;   /* not a header being copied: a bad one, refused when planned */
+    if (hl > file_size - 8 || hl > have - 8)
+        return 0;   /* the header is not all there yet */
+    json_t *j = json_loadb((const char *)img + 8, (size_t)hl, 0, NULL);
+    if (!json_is_object(j)) {
+        json_decref(j);
+        return 1;   /* all there but not a header: complete, and refused when planned */
+    }
+    uint64_t end = 0;
+    const char *k;
+    json_t *v;
+    json_object_foreach(j, k, v) {
+        json_t *o = json_object_get(v, "data_offsets");
+        uint64_t e;
+        if (json_is_array(o) && u64_of(json_array_get(o, 1), &e) && e > end)
+            end = e;
+    }
+    json_decref(j);
+    return end <= file_size - 8 - hl;
+}
+
+/* 1 if shard `name` (below dir_fd, no symlink) is complete
+ * (jlm_st_image_complete); 0 (why filled) while it is shorter, or absent. */
+static int shard_complete(int dir_fd, const char *name, char *why, size_t n)
+{
+    int fd = jlm_open_beneath(dir_fd, name, O_RDONLY | O_NONBLOCK, 0);
+    struct stat st;
+    if (fd < 0 || fstat(fd, &st) || !S_ISREG(st.st_mode)) {
+        snprintf(why, n, "%s: %s", name, fd < 0 ? strerror(errno) : "not a regular file");
+        if (fd >= 0)
+            close(fd);
+        return 0;
+    }
+    uint64_t size = (uint64_t)st.st_size, hl = 0;
+    uint8_t b8[8];
+    int ok = 0;
+    if (size >= 8 && pread(fd, b8, 8, 0) == 8) {
+        for (int k = 0; k < 8; k++)
+            hl |= (uint64_t)b8[k] << (8 * k);
+        size_t want = hl <= JLM_ST_HEADER_CAP && hl <= size - 8 ? 8 + (size_t)hl : 8;
+        uint8_t *img = malloc(want);
+        ok = img && pread(fd, img, want, 0) == (ssize_t)want && jlm_st_image_complete(img, want, size);
+        free(img);
+    }
+    close(fd);
+    if (!ok)
+        snprintf(why, n, "%s: %llu bytes, shorter than its header says (still being copied?)", name,
+                 (unsigned long long)size);
+    return ok;
+}
+
+int jlm_st_dir_complete(int dir_fd, char *why, size_t n)
+{
+    struct stat st;
+    if (fstatat(dir_fd, "config.json", &st, AT_SYMLINK_NOFOLLOW) || !S_ISREG(st.st_mode))
+        return snprintf(why, n, "no config.json"), 0;
+    if (fstatat(dir_fd, "model.safetensors.index.json", &st, AT_SYMLINK_NOFOLLOW))
+        return shard_complete(dir_fd, "model.safetensors", why, n);
+    int ifd = jlm_open_beneath(dir_fd, "model.safetensors.index.json", O_RDONLY | O_NONBLOCK, 0);
+    FILE *f = ifd >= 0 ? fdopen(ifd, "r") : NULL;
+    json_t *j = f ? json_loadf(f, 0, NULL) : NULL, *wm = json_object_get(j, "weight_map");
+    if (f)
+        fclose(f);
+    else if (ifd >= 0)
+        close(ifd);
+    if (!json_is_object(wm)) {   /* half-written, or bad: a bad one stays without a view */
+        json_decref(j);
+        return snprintf(why, n, "model.safetensors.index.json has no weight_map (yet)"), 0;
+    }
+    const char **names = NULL;
+    uint32_t k = 0;
+    jlm_err e;
+    int ok = !index_files("model.safetensors.index.json", wm, &names, &k, &e);
+    if (!ok)
+        snprintf(why, n, "%s", e.msg);
+    for (uint32_t i = 0; ok && i < k; i++)
+        ok = shard_complete(dir_fd, names[i], why, n);
+    free(names);
+    json_decref(j);
+    return ok;
 }
 
 /* ---------------------------------------------------------------- lookups, reads */

@@ -48,6 +48,23 @@ int  jlm_st_parse(jlm_st_set *s, const uint8_t *buf, size_t len, uint64_t file_s
 /* Opens DIR/model.safetensors, or every shard DIR/model.safetensors.index.json
  * names. JLM_ENOTFOUND when the folder has neither. */
 int  jlm_st_open_dir(const char *dir, jlm_st_set **out, jlm_err *err);
+/* The same with the folder open as dir_fd (dir names it in messages); with
+ * beneath, every file is opened below dir_fd following no symlink
+ * (converter/beneath.h): the daemon's sources. */
+int  jlm_st_open_dirfd(int dir_fd, int beneath, const char *dir, jlm_st_set **out, jlm_err *err);
+/* 1 if the folder dir_fd looks completely copied (jlmfs, docs/jlmfs.md): a
+ * regular config.json, and model.safetensors or every shard its index names,
+ * each holding at least 8 + its header + the end its header gives its last
+ * tensor. 0 with why filled otherwise. Nothing followed through a symlink.
+ * A header that is there but does not parse counts as complete: planning
+ * refuses it with the reason. */
+int  jlm_st_dir_complete(int dir_fd, char *why, size_t n);
+/* The per-shard part of it: img holds the first `have` bytes of a shard of
+ * file_size bytes (8 + its header length when the file has them). 1 if the
+ * file holds 8 + header + the largest data end its header gives (or its
+ * header is all there but no JSON object, or its length is over the cap:
+ * refused later, when planned), 0 while it is shorter. */
+int  jlm_st_image_complete(const uint8_t *img, size_t have, uint64_t file_size);
 /* One in-memory shard (the buffer outlives the set). For fuzzing and tests. */
 int  jlm_st_open_mem(const void *buf, size_t len, const char *what, jlm_st_set **out, jlm_err *err);
 void jlm_st_close(jlm_st_set *s);   /* accepts NULL */

@@ -4,8 +4,10 @@
 #include "fs/jlmfs_int.h"
 #include "picture/picture.h"
 #include "converter/beneath.h"
+#include "converter/quantize.h"
 
 #include <dirent.h>
+#include <stdarg.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <limits.h>
@@ -33,17 +35,31 @@ static char *join(const char *a, const char *b)
 
 static void ident_of(const struct stat *st, jlmfs_ident *id)
 {
-    *id = (jlmfs_ident){st->st_dev, st->st_ino, st->st_size, st->st_mtim.tv_sec, st->st_mtim.tv_nsec, 0, 0, 0, 0};
+    *id = (jlmfs_ident){.dev = st->st_dev, .ino = st->st_ino, .size = st->st_size, .mtime_s = st->st_mtim.tv_sec,
+                        .mtime_ns = st->st_mtim.tv_nsec};
 }
 
-static int ident_eq(const jlmfs_ident *a, const jlmfs_ident *b)
+int jlmfs_ident_eq(const jlmfs_ident *a, const jlmfs_ident *b)
 {
     return a->dev == b->dev && a->ino == b->ino && a->size == b->size && a->mtime_s == b->mtime_s &&
            a->mtime_ns == b->mtime_ns && a->mm_ino == b->mm_ino && a->mm_size == b->mm_size &&
-           a->mm_mtime_s == b->mm_mtime_s && a->mm_mtime_ns == b->mm_mtime_ns;
+           a->mm_mtime_s == b->mm_mtime_s && a->mm_mtime_ns == b->mm_mtime_ns && a->hf_hash == b->hf_hash;
 }
 
 const char *jlmfs_cache_dir(const jlmfs *fs) { return fs->cache; }
+
+void jlmfs_log(const jlmfs *fs, int prio, const char *fmt, ...)
+{
+    char line[2048];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(line, sizeof line, fmt, ap);
+    va_end(ap);
+    if (fs->log)
+        fs->log(fs->log_ctx, prio, line);
+    else if (prio == JLMFS_LOG_WARNING || prio == JLMFS_LOG_NOTICE)   /* the database's notes, as before */
+        fprintf(stderr, "jlmfs: %s\n", line);
+}
 
 int jlmfs_pass_open(const jlmfs *fs, const char *rel, int flags, mode_t mode)
 {
@@ -73,6 +89,28 @@ static int writers_of(jlmfs *fs, const char *rel)
         if (!strcmp(fs->writers[i].rel, rel))
             return fs->writers[i].n;
     return 0;
+}
+
+/* Handles writing a model file (*.json, *.safetensors: the files a folder's
+ * identity is made of, fs/hfdir.c) directly inside the folder rel. */
+static int writers_in(jlmfs *fs, const char *rel)
+{
+    size_t n = strlen(rel);
+    int k = 0;
+    for (size_t i = 0; i < fs->n_writers; i++) {
+        const char *w = fs->writers[i].rel;
+        if (!strncmp(w, rel, n) && w[n] == '/' && !strchr(w + n + 1, '/') &&
+            (ends_with(w + n + 1, ".json") || ends_with(w + n + 1, ".safetensors")))
+            k += fs->writers[i].n;
+    }
+    return k;
+}
+
+/* rel is the cache folder or inside it. */
+static int in_cache(const jlmfs *fs, const char *rel)
+{
+    size_t cl = fs->cache_rel ? strlen(fs->cache_rel) : 0;
+    return cl && !strncmp(rel, fs->cache_rel, cl) && (!rel[cl] || rel[cl] == '/');
 }
 
 static int grow(void **p, size_t *cap, size_t n, size_t el)
@@ -111,31 +149,51 @@ static int insert_view(jlmfs *fs, jlmfs_view *v)
  * same view at once. */
 jlmfs_view *jlmfs_sync_view(jlmfs *fs, const char *rel)
 {
-    if (!ends_with(rel, ".gguf") || jlmfs_is_mmproj(rel))
+    int gguf = ends_with(rel, ".gguf");
+    if (gguf ? jlmfs_is_mmproj(rel) : !*rel || in_cache(fs, rel))
         return NULL;
-    /* lstat through SRC's descriptor: a symlink (anywhere in rel) is no source */
     struct stat st, mst;
-    int fd = jlm_open_beneath(fs->src_fd, rel, O_PATH, 0);
-    int ok = fd >= 0 && fstat(fd, &st) == 0 && S_ISREG(st.st_mode);
-    if (fd >= 0)
-        close(fd);
     jlmfs_ident id;
-    if (ok) {
-        ident_of(&st, &id);
-        char *mm = jlmfs_mmproj_rel(fs->src_fd, rel, &mst);   /* adding or changing it replans the view */
-        if (mm)
-            id.mm_ino = mst.st_ino, id.mm_size = mst.st_size, id.mm_mtime_s = mst.st_mtim.tv_sec,
-            id.mm_mtime_ns = mst.st_mtim.tv_nsec;
-        free(mm);
+    int ok;
+    if (gguf) {
+        /* lstat through SRC's descriptor: a symlink (anywhere in rel) is no source */
+        int fd = jlm_open_beneath(fs->src_fd, rel, O_PATH, 0);
+        ok = fd >= 0 && fstat(fd, &st) == 0 && S_ISREG(st.st_mode);
+        if (fd >= 0)
+            close(fd);
+        if (ok) {
+            ident_of(&st, &id);
+            char *mm = jlmfs_mmproj_rel(fs->src_fd, rel, &mst);   /* adding or changing it replans the view */
+            if (mm)
+                id.mm_ino = mst.st_ino, id.mm_size = mst.st_size, id.mm_mtime_s = mst.st_mtim.tv_sec,
+                id.mm_mtime_ns = mst.st_mtim.tv_nsec;
+            free(mm);
+        }
+    } else {   /* a Hugging Face folder, once complete (hfdir.c), unless x.gguf beside it has the name */
+        char *g = NULL;
+        int gfd = asprintf(&g, "%s.gguf", rel) < 0 ? -1 : jlm_open_beneath(fs->src_fd, g, O_PATH, 0);
+        free(g);
+        ok = gfd < 0 || fstat(gfd, &st) || !S_ISREG(st.st_mode);
+        if (gfd >= 0)
+            close(gfd);
+        ok = ok && jlmfs_hf_ident(fs->src_fd, rel, 0, &id, &st);
+        if (ok) {   /* the shards' headers are read only when the identity is new: a listing stays cheap */
+            pthread_mutex_lock(&fs->lock);
+            ssize_t i = find_view(fs, rel);
+            int same = i >= 0 && jlmfs_ident_eq(&fs->views[i]->id, &id);
+            pthread_mutex_unlock(&fs->lock);
+            if (!same)
+                ok = jlmfs_hf_ident(fs->src_fd, rel, 1, &id, &st);
+        }
     }
     int locked_create = 0;
     jlmfs_view *res = NULL, *old = NULL;
     for (;;) {
         pthread_mutex_lock(&fs->lock);
         ssize_t i = find_view(fs, rel);
-        if (!ok || writers_of(fs, rel) > 0) {
+        if (!ok || (gguf ? writers_of(fs, rel) : writers_in(fs, rel)) > 0) {
             old = i >= 0 ? take_view(fs, (size_t)i) : NULL;
-        } else if (i >= 0 && ident_eq(&fs->views[i]->id, &id)) {
+        } else if (i >= 0 && jlmfs_ident_eq(&fs->views[i]->id, &id)) {
             res = fs->views[i];
             jlmfs_view_ref(res);
         } else if (!locked_create) {
@@ -149,8 +207,8 @@ jlmfs_view *jlmfs_sync_view(jlmfs *fs, const char *rel)
         pthread_mutex_unlock(&fs->lock);
         break;
     }
-    if (old) {   /* replaced or gone: its cache entry is stale */
-        jlmfs_view_kill(old);
+    if (old) {   /* replaced or gone: its cache entry is stale, and so is what the kernel cached of it */
+        jlmfs_view_retire(old, NULL);
         jlmfs_view_unref(old);
     }
     if (!res && ok && locked_create) {
@@ -166,6 +224,8 @@ jlmfs_view *jlmfs_sync_view(jlmfs *fs, const char *rel)
                 res = v;
             }
             pthread_mutex_unlock(&fs->lock);
+            if (res)
+                jlmfs_view_log_planned(res);
         }
     }
     if (locked_create)
@@ -183,6 +243,36 @@ jlmfs_view *jlmfs_sync_view(jlmfs *fs, const char *rel)
 void jlmfs_changed(jlmfs *fs, const char *rel)
 {
     jlmfs_view_unref(jlmfs_sync_view(fs, rel));
+    /* a file of a Hugging Face folder: the folder's view follows it */
+    const char *slash = strrchr(rel, '/');
+    char *dir = slash ? strndup(rel, (size_t)(slash - rel)) : NULL;
+    if (dir)
+        jlmfs_view_unref(jlmfs_sync_view(fs, dir));
+    free(dir);
+}
+
+char *jlmfs_view_of(jlmfs *fs, const char *rel)
+{
+    jlmfs_view *v = jlmfs_sync_view(fs, rel);
+    char *key = v ? strdup(v->key) : NULL;
+    jlmfs_view_unref(v);
+    return key;
+}
+
+void jlmfs_changed_tree(jlmfs *fs, const char *rel)
+{
+    size_t n = strlen(rel), k = 0;
+    pthread_mutex_lock(&fs->lock);
+    char **rels = calloc(fs->n_views ? fs->n_views : 1, sizeof *rels);
+    for (size_t i = 0; rels && i < fs->n_views; i++)
+        if (!strncmp(fs->views[i]->rel, rel, n) && fs->views[i]->rel[n] == '/' && (rels[k] = strdup(fs->views[i]->rel)))
+            k++;
+    pthread_mutex_unlock(&fs->lock);
+    for (size_t i = 0; i < k; i++) {   /* unlocked: a sync plans and kills */
+        jlmfs_changed(fs, rels[i]);
+        free(rels[i]);
+    }
+    free(rels);
 }
 
 void jlmfs_write_begin(jlmfs *fs, const char *rel)
@@ -225,7 +315,7 @@ void jlmfs_db_record(jlmfs *fs, const char *key, const jlmfs_unit *u, int tier, 
     if (fs->db) {
         jlm_err e;
         if (jlm_rdb_daemon_read(fs->db, key, jlmfs_arr_name(u->arr), u->a, u->b, tier, bytes, &e))
-            fprintf(stderr, "jlmfs: note: %s\n", e.msg);
+            jlmfs_log(fs, JLMFS_LOG_NOTICE, "note: %s", e.msg);
         fs->db_dirty = 1;
     }
     pthread_mutex_unlock(&fs->db_lock);
@@ -238,7 +328,7 @@ static void db_flush_locked(jlmfs *fs)
     jlm_err e;
     int rc = fs->db && fs->db_dirty ? jlm_rdb_flush(fs->db, &e) : 0;
     if (rc)
-        fprintf(stderr, "jlmfs: note: %s\n", e.msg);
+        jlmfs_log(fs, JLMFS_LOG_NOTICE, "note: %s", e.msg);
     fs->db_dirty = 0;
     db_recover_locked(fs, rc);
 }
@@ -251,10 +341,10 @@ static void db_open_locked(jlmfs *fs)
     if (jlm_rdb_open(fs->db_path, JLM_RDB_CREATE, &fs->db, &e)) {
         fs->db = NULL;
         snprintf(fs->db_err, sizeof fs->db_err, "%s", e.msg);
-        fprintf(stderr, "jlmfs: note: no statistics: %s\n", e.msg);
+        jlmfs_log(fs, JLMFS_LOG_WARNING, "note: no statistics: %s", e.msg);
     } else if (jlm_rdb_moved_aside(fs->db)) {
-        fprintf(stderr, "jlmfs: note: %s was corrupt: moved aside to %s, statistics start afresh\n",
-                fs->db_path, jlm_rdb_moved_aside(fs->db));
+        jlmfs_log(fs, JLMFS_LOG_WARNING, "note: %s was corrupt: moved aside to %s, statistics start afresh",
+                  fs->db_path, jlm_rdb_moved_aside(fs->db));
     }
 }
 
@@ -270,11 +360,11 @@ static int db_recover_locked(jlmfs *fs, int rc)
         jlm_rdb_close(fs->db);
         fs->db = NULL;
         snprintf(fs->db_err, sizeof fs->db_err, "%s", e.msg);
-        fprintf(stderr, "jlmfs: note: no statistics: %s\n", e.msg);
+        jlmfs_log(fs, JLMFS_LOG_WARNING, "note: no statistics: %s", e.msg);
         return 0;
     }
-    fprintf(stderr, "jlmfs: note: %s was damaged while mounted: moved aside to %s, statistics start afresh\n",
-            fs->db_path, jlm_rdb_moved_aside(fs->db));
+    jlmfs_log(fs, JLMFS_LOG_WARNING, "note: %s was damaged while mounted: moved aside to %s, statistics start afresh",
+              fs->db_path, jlm_rdb_moved_aside(fs->db));
     return 1;
 }
 
@@ -334,7 +424,47 @@ int jlmfs_db_layout(jlmfs *fs, const jlmfs_view *v, char **out, size_t *len, jlm
     return rc;
 }
 
-/* Queued reads reach SQLite at most 500 ms late (one transaction each time). */
+/* Views that failed for a full cache are planned again once the cache's
+ * filesystem has room for their container (docs/security.md section 5); at
+ * most one try per view every RETRY_NOSPACE_S, so a cache that keeps failing
+ * does not churn. */
+#define RETRY_NOSPACE_S 2.0
+
+static void retry_full(jlmfs *fs)
+{
+    char **rels = NULL;
+    size_t k = 0;
+    pthread_mutex_lock(&fs->lock);
+    for (size_t i = 0; i < fs->n_views; i++)
+        if (jlmfs_view_space_back(fs->views[i], RETRY_NOSPACE_S)) {
+            char **nr = realloc(rels, (k + 1) * sizeof *rels);
+            if (!nr || !(nr[k] = strdup(fs->views[i]->rel))) {
+                rels = nr ? nr : rels;
+                break;
+            }
+            rels = nr;
+            k++;
+        }
+    pthread_mutex_unlock(&fs->lock);
+    for (size_t i = 0; i < k; i++) {
+        pthread_mutex_lock(&fs->lock);
+        ssize_t j = find_view(fs, rels[i]);
+        jlmfs_view *old = NULL;
+        if (j >= 0 && jlmfs_view_space_back(fs->views[j], RETRY_NOSPACE_S))
+            old = take_view(fs, (size_t)j);
+        pthread_mutex_unlock(&fs->lock);
+        if (old) {
+            jlmfs_view_retire(old, "the cache has room again: planned and converted again");
+            jlmfs_view_unref(old);
+            jlmfs_view_unref(jlmfs_sync_view(fs, rels[i]));
+        }
+        free(rels[i]);
+    }
+    free(rels);
+}
+
+/* Queued reads reach SQLite at most 500 ms late (one transaction each time);
+ * the same tick retries views a full cache stopped. */
 static void *flusher_main(void *arg)
 {
     jlmfs *fs = arg;
@@ -349,6 +479,8 @@ static void *flusher_main(void *arg)
         pthread_mutex_lock(&fs->db_lock);
         db_flush_locked(fs);
         pthread_mutex_unlock(&fs->db_lock);
+        if (!__atomic_load_n(&fs->stop, __ATOMIC_RELAXED))
+            retry_full(fs);
         pthread_mutex_lock(&fs->lock);
     }
     pthread_mutex_unlock(&fs->lock);
@@ -428,10 +560,12 @@ static void scan(jlmfs *fs, const char *rel, int depth)
             free(sub);
             continue;
         }
-        if (de->d_type == DT_DIR && depth < 16)
+        if (de->d_type == DT_DIR && depth < 16) {
             scan(fs, sub, depth + 1);
-        else
-            jlmfs_changed(fs, sub);
+            jlmfs_view_unref(jlmfs_sync_view(fs, sub));   /* a Hugging Face folder */
+        } else {
+            jlmfs_view_unref(jlmfs_sync_view(fs, sub));
+        }
         free(sub);
     }
     closedir(d);
@@ -509,6 +643,10 @@ int jlmfs_open(const jlmfs_opts *o, jlmfs **out, jlm_err *err)
     fs->n_workers = o->n_workers ? o->n_workers : 1;
     fs->slow_ms = o->slow_ms;
     fs->io = o->io ? o->io : &jlm_io_posix;
+    fs->invalidate = o->invalidate;
+    fs->invalidate_ctx = o->invalidate_ctx;
+    fs->log = o->log;
+    fs->log_ctx = o->log_ctx;
     const char *chk = getenv("JLMFS_CHECK");
     fs->check = chk && *chk == '1';
     struct stat st;
@@ -517,6 +655,13 @@ int jlmfs_open(const jlmfs_opts *o, jlmfs **out, jlm_err *err)
         (fs->src_fd = open(fs->src, O_PATH | O_DIRECTORY | O_CLOEXEC)) < 0)
         rc = jlm_errf(err, JLM_EINVAL, "source %s: %s", o->src ? o->src : "(none)",
                       fs->src && !S_ISDIR(st.st_mode) ? "not a directory" : strerror(errno));
+    if (!rc && o->type && strcmp(o->type, "keep")) {
+        uint32_t q;
+        if (jlm_quant_parse(o->type, &q, err))
+            rc = jlm_err_prefix(err, JLM_EINVAL, "option type=%s", o->type);
+        else if (!(fs->type = strdup(o->type)))
+            rc = jlm_errf(err, JLM_ENOMEM, "out of memory");
+    }
     if (!rc)
         rc = open_cache(fs, o->cache, err);
     if (rc) {
@@ -563,7 +708,7 @@ void jlmfs_close(jlmfs *fs)
     if (fs->src_fd >= 0)
         close(fs->src_fd);
     free(fs->views); free(fs->queue); free(fs->writers); free(fs->threads);
-    free(fs->src); free(fs->cache); free(fs->cache_rel); free(fs->db_path);
+    free(fs->src); free(fs->cache); free(fs->cache_rel); free(fs->db_path); free(fs->type);
     pthread_mutex_destroy(&fs->lock);
     pthread_mutex_destroy(&fs->create_lock);
     pthread_mutex_destroy(&fs->db_lock);

@@ -14,6 +14,9 @@
  *  (1) A view exists for SRC/x.gguf iff that is a regular file no handle of
  *      the mount has open for writing; its identity (dev, ino, size, mtime)
  *      is the one it was planned from; a change of identity replaces it.
+ *      The same for a Hugging Face folder SRC/x/ (view x.jlm/) once it is
+ *      complete and none of its files is open for writing (fs/hfdir.c); x.gguf
+ *      wins the name x.jlm when both exist.
  *  (2) The bytes a view serves for model.jlm at [o, o+n) are those
  *      jlm_conv_read_span gives for the same span: from the cache file where
  *      its unit is marked done, else packed on demand. A unit is marked done
@@ -49,7 +52,27 @@ typedef struct jlmfs_opts {
     unsigned    n_workers;  /* background conversion threads; 0: 1 */
     unsigned    slow_ms;    /* test hook (JLMFS_TEST_SLOW_MS): sleep before each unit */
     const jlm_io *io;       /* seam for the cache files' reads and writes; NULL: POSIX */
+    const char *type;       /* -o type=T: quantize at conversion (jlm_conv_open_full); NULL or "keep": as stored */
+    /* Told every mount path ("/sub/foo.jlm/blocks/3") whose bytes or
+     * attributes the kernel may hold from a view that was just dropped,
+     * replaced or failed, so it forgets them (the FUSE layer queues them for
+     * fuse_invalidate_path). Called from any thread, with no lock of this
+     * module held; must not block on a FUSE request. NULL: nobody to tell. */
+    void (*invalidate)(void *ctx, const char *path);
+    void *invalidate_ctx;
+    /* The daemon's log (cli/jlmfs_main.c: stderr with -f, else syslog): one
+     * line per event, without prefix or newline; prio is syslog's
+     * (JLMFS_LOG_*). Events: a view planned (converting or ready from the
+     * cache), ready after converting, failed, dropped; database notes. Called
+     * from any thread with no lock of this module held. NULL: warnings and
+     * notices (the database's notes) to stderr, the rest dropped (tests that
+     * open the module in process; statuses carry the errors). */
+    void (*log)(void *ctx, int prio, const char *line);
+    void *log_ctx;
 } jlmfs_opts;
+
+/* syslog(3)'s priorities, for jlmfs_opts.log (values equal LOG_ERR ...). */
+enum { JLMFS_LOG_ERR = 3, JLMFS_LOG_WARNING = 4, JLMFS_LOG_NOTICE = 5, JLMFS_LOG_INFO = 6 };
 
 /* Checks SRC, creates and locks the cache folder (one daemon per cache),
  * removes leftover .part files and stale entries, and plans a view for every
@@ -125,6 +148,9 @@ int  jlmfs_text(jlmfs *fs, const jlmfs_node *n, char **out, size_t *len, jlm_err
 int  jlmfs_getxattr(jlmfs *fs, const jlmfs_node *n, const char *name, char **val, size_t *len,
                     jlm_err *err);
 int  jlmfs_listxattr(jlmfs *fs, const jlmfs_node *n, char **names, size_t *len, jlm_err *err);
+/* The view path ("sub/x.jlm", malloc'd) of the source SRC/rel (a GGUF or a
+ * Hugging Face folder) if it has one now, else NULL. Syncs it first. */
+char *jlmfs_view_of(jlmfs *fs, const char *rel);
 
 /* ---------------------------------------------------------------- source events */
 /* A handle opening SRC/rel for writing began / ended (end re-syncs the view:
@@ -134,6 +160,10 @@ void jlmfs_write_end(jlmfs *fs, const char *rel);
 /* SRC/rel changed through the mount (unlink, rename, truncate, utimens):
  * re-sync its view. Cannot fail (a planning failure is the view's status). */
 void jlmfs_changed(jlmfs *fs, const char *rel);
+/* The folder SRC/rel was renamed or removed through the mount: every view
+ * below it is re-synced (so dropped, its entry removed, the kernel told),
+ * not left until the old path is looked up again. Cannot fail. */
+void jlmfs_changed_tree(jlmfs *fs, const char *rel);
 
 /* ---------------------------------------------------------------- checks */
 /* Verifies the table's and every view's invariants (tests, debug builds).

@@ -21,6 +21,9 @@ typedef struct jlmfs_ident {
     dev_t dev; ino_t ino; off_t size; int64_t mtime_s; long mtime_ns;
     /* the paired vision projector (mmproj.c), all 0 without one */
     ino_t mm_ino; off_t mm_size; int64_t mm_mtime_s; long mm_mtime_ns;
+    /* a Hugging Face folder (hfdir.c): nonzero hash of its files; dev, ino
+     * are the folder's, size the sum, mtime the latest. 0 for a GGUF. */
+    uint64_t hf_hash;
 } jlmfs_ident;
 
 typedef struct jlmfs_unit {
@@ -33,7 +36,8 @@ struct jlmfs_view {
     jlmfs      *fs;
     int         refs;        /* atomic (__atomic builtins) */
     /* immutable after view_create */
-    char       *rel;         /* "sub/foo.gguf" */
+    char       *rel;         /* "sub/foo.gguf", or "sub/foo" for a Hugging Face folder */
+    int         is_hf;       /* rel is a Hugging Face folder (hfdir.c) */
     char       *key;         /* model key = view path "sub/foo.jlm" */
     char       *cache_path;  /* CACHE/<flat>@<ident>.v27.jlm */
     char       *part_path;   /* cache_path + ".part" */
@@ -56,6 +60,8 @@ struct jlmfs_view {
     uint8_t    *done;        /* (n_units,) 1 = written to fd */
     uint64_t    done_bytes;
     int         dead;        /* dropped from the table: stop converting */
+    double      t0;          /* when it was planned (CLOCK_MONOTONIC s): the log's "ready in" */
+    double      t_nospace;   /* under lock: when it failed for a full cache (0: it did not) */
 };
 
 struct jlmfs {
@@ -64,6 +70,11 @@ struct jlmfs {
     char           *cache;        /* realpath of the cache folder */
     char           *cache_rel;    /* cache path relative to SRC if inside it, else NULL */
     char           *db_path;
+    char           *type;         /* -o type=: the conversion type (NULL: keep) */
+    void          (*invalidate)(void *ctx, const char *path);   /* opts.invalidate */
+    void           *invalidate_ctx;
+    void          (*log)(void *ctx, int prio, const char *line);   /* opts.log */
+    void           *log_ctx;
     int             lock_fd;      /* flock on CACHE/jlmfs.lock */
     unsigned        n_workers, slow_ms;
     const jlm_io   *io;           /* never NULL: opts.io or jlm_io_posix */
@@ -91,8 +102,21 @@ int   jlmfs_view_create(jlmfs *fs, const char *rel, const jlmfs_ident *id, const
 void  jlmfs_view_ref(jlmfs_view *v);
 void  jlmfs_view_unref(jlmfs_view *v);
 void  jlmfs_view_kill(jlmfs_view *v);          /* mark dead, remove its cache files */
+/* Tells opts.invalidate every path of v's files (the kernel drops what it
+ * cached of them: the next read asks the daemon). No lock held. */
+void  jlmfs_view_invalidate(jlmfs_view *v);
+/* Dropped from the table: kill, fail it if its source was rewritten under a
+ * conversion still running, and invalidate; the log says why (NULL: its
+ * source went or changed). No lock held. */
+void  jlmfs_view_retire(jlmfs_view *v, const char *why);
+/* 1 if v failed for a full cache at least min_age s ago and the cache's
+ * filesystem now has room for its whole container: worth planning again. */
+int   jlmfs_view_space_back(jlmfs_view *v, double min_age);
+/* Says in the log that v was planned: converting, ready from the cache, or its error. */
+void  jlmfs_view_log_planned(jlmfs_view *v);
 void  jlmfs_view_convert(jlmfs_view *v);       /* the worker's job: runs to READY/ERROR/dead */
 int   jlmfs_view_state(jlmfs_view *v, int *pct, char *msg, size_t msg_len);
+void  jlmfs_view_progress(jlmfs_view *v, uint64_t *done, uint64_t *total);   /* bytes written, container size */
 int   jlmfs_view_read(jlmfs_view *v, uint64_t off, size_t len, uint8_t *out, jlm_err *err);
 int   jlmfs_view_check(jlmfs_view *v, jlm_err *err);
 int   jlmfs_view_expert_page(const jlmfs_view *v, int32_t b, int32_t e, uint64_t *off);
@@ -115,7 +139,14 @@ int   jlmfs_guard_enter(jlmfs_view *v, char *msg, size_t n);
 void  jlmfs_guard_leave(jlmfs_view *v, int code, const char *msg);
 void  jlmfs_guard_forget(jlmfs_view *v);
 
+/* hfdir.c: 1 if SRC/rel is a Hugging Face folder source (complete, when
+ * check_complete), *id its identity and *dir_st what its view shows. */
+int   jlmfs_hf_ident(int src_fd, const char *rel, int check_complete, jlmfs_ident *id, struct stat *dir_st);
+
+/* jlmfs.c: one line to opts.log (printf-style; no lock held). */
+void  jlmfs_log(const jlmfs *fs, int prio, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
 /* jlmfs.c */
+int   jlmfs_ident_eq(const jlmfs_ident *a, const jlmfs_ident *b);
 jlmfs_view *jlmfs_sync_view(jlmfs *fs, const char *rel);   /* reference or NULL */
 int   jlmfs_db_names(jlmfs *fs, const char *key, char ***names, size_t *n, jlm_err *err);
 int   jlmfs_db_stats(jlmfs *fs, const char *key, char **out, jlm_err *err);

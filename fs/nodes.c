@@ -99,7 +99,8 @@ int jlmfs_resolve(jlmfs *fs, const char *path, jlmfs_node *out, jlm_err *err)
     size_t cl = fs->cache_rel ? strlen(fs->cache_rel) : 0;
     if (cl && !strncmp(path, fs->cache_rel, cl) && (!path[cl] || path[cl] == '/'))
         return jlm_errf(err, JLM_ENOTFOUND, "%s: hidden (the cache folder)", path);
-    /* The first component x.jlm whose x.gguf has a view makes a view path. */
+    /* The first component x.jlm whose x.gguf (else whose Hugging Face
+     * folder x/) has a view makes a view path. */
     for (const char *c = path; *c;) {
         const char *end = strchr(c, '/');
         size_t n = end ? (size_t)(end - c) : strlen(c);
@@ -108,6 +109,10 @@ int jlmfs_resolve(jlmfs *fs, const char *path, jlmfs_node *out, jlm_err *err)
             if (asprintf(&rel, "%.*s.gguf", (int)(c - path + n - 4), path) < 0)
                 return jlm_errf(err, JLM_ENOMEM, "out of memory");
             jlmfs_view *v = jlmfs_sync_view(fs, rel);
+            if (!v) {
+                rel[c - path + n - 4] = 0;   /* the folder x */
+                v = jlmfs_sync_view(fs, rel);
+            }
             free(rel);
             if (v) {
                 jlmfs_node nd = {.view = v};
@@ -234,10 +239,15 @@ static int list_pass(jlmfs *fs, const jlmfs_node *n, jlmfs_fill_fn fill, void *c
     char **views = NULL;
     size_t nv = 0, cap = 0;
     struct dirent *de;
-    while ((de = readdir(d))) {   /* pass 1: which GGUFs have views */
+    while ((de = readdir(d))) {   /* pass 1: which GGUFs and Hugging Face folders have views */
         size_t l = strlen(de->d_name);
-        if (l <= 5 || strcmp(de->d_name + l - 5, ".gguf"))
+        int folder = de->d_type == DT_DIR || de->d_type == DT_UNKNOWN;
+        if (folder && de->d_name[0] == '.' && (l == 1 || (l == 2 && de->d_name[1] == '.')))
             continue;
+        if (!folder && (l <= 5 || strcmp(de->d_name + l - 5, ".gguf")))
+            continue;
+        if (folder && l > 5 && !strcmp(de->d_name + l - 5, ".gguf"))
+            folder = 0;
         char *rel = NULL;
         if (asprintf(&rel, "%s%s%s", n->rel, *n->rel ? "/" : "", de->d_name) < 0)
             break;
@@ -252,10 +262,18 @@ static int list_pass(jlmfs *fs, const jlmfs_node *n, jlmfs_fill_fn fill, void *c
                 break;
             views = nvw;
         }
-        if (asprintf(&views[nv], "%.*s.jlm", (int)(l - 5), de->d_name) >= 0)
+        if (asprintf(&views[nv], "%.*s.jlm", (int)(folder ? l : l - 5), de->d_name) >= 0)
             nv++;
     }
     qsort(views, nv, sizeof *views, cmp_str);
+    size_t u = 0;   /* x.gguf and the folder x both give x.jlm: listed once */
+    for (size_t i = 0; i < nv; i++) {
+        if (u && !strcmp(views[u - 1], views[i]))
+            free(views[i]);
+        else
+            views[u++] = views[i];
+    }
+    nv = u;
     rewinddir(d);
     const char *hide = NULL;   /* the cache's name if it sits in this folder */
     if (fs->cache_rel) {
@@ -327,7 +345,15 @@ int jlmfs_text(jlmfs *fs, const jlmfs_node *n, char **out, size_t *len, jlm_err 
     case JLMFS_W_STATUS:
         switch (jlmfs_view_state(v, &pct, msg, sizeof msg)) {
         case JLMFS_READY: snprintf(buf, sizeof buf, "ready\n"); break;
-        case JLMFS_CONVERTING: snprintf(buf, sizeof buf, "converting %d%%\n", pct); break;
+        case JLMFS_CONVERTING: {   /* "converting 37% (212 MiB of 573 MiB)" */
+            uint64_t done, total;
+            jlmfs_view_progress(v, &done, &total);
+            const char *unit = total >= (10ull << 30) ? "GiB" : total >= (10ull << 20) ? "MiB" : "KiB";
+            int shift = total >= (10ull << 30) ? 30 : total >= (10ull << 20) ? 20 : 10;
+            snprintf(buf, sizeof buf, "converting %d%% (%llu %s of %llu %s)\n", pct,
+                     (unsigned long long)(done >> shift), unit, (unsigned long long)(total >> shift), unit);
+            break;
+        }
         default: snprintf(buf, sizeof buf, "error: %s\n", msg); break;
         }
         return dup_text(buf, out, len, err);

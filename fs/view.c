@@ -21,14 +21,50 @@ const char *jlmfs_arr_name(int arr)
 }
 
 /* ---------------------------------------------------------------- small helpers */
+static double mono_s(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + ts.tv_nsec * 1e-9;
+}
+
+/* ERROR with msg; said in the log the first time. */
 static void set_error(jlmfs_view *v, const char *msg)
 {
+    char line[sizeof v->errmsg];
     pthread_mutex_lock(&v->lock);
-    if (v->state != JLMFS_ERROR) {
+    int now = v->state != JLMFS_ERROR;
+    if (now) {
         v->state = JLMFS_ERROR;
         jlmfs_status_clean(v->errmsg, sizeof v->errmsg, msg, v->fs);
+        memcpy(line, v->errmsg, sizeof line);
     }
     pthread_mutex_unlock(&v->lock);
+    if (now)
+        jlmfs_log(v->fs, JLMFS_LOG_ERR, "%s: error: %s", v->key, line);
+}
+
+int jlmfs_view_space_back(jlmfs_view *v, double min_age)
+{
+    pthread_mutex_lock(&v->lock);
+    int cand = v->state == JLMFS_ERROR && v->t_nospace > 0 && mono_s() - v->t_nospace >= min_age;
+    pthread_mutex_unlock(&v->lock);
+    struct statvfs sv;
+    return cand && !statvfs(v->fs->cache, &sv) && (unsigned long long)sv.f_bavail * sv.f_frsize >= v->file_size;
+}
+
+void jlmfs_view_log_planned(jlmfs_view *v)
+{
+    char msg[sizeof v->errmsg];
+    int st = jlmfs_view_state(v, NULL, msg, sizeof msg);
+    double mib = (double)v->file_size / (1 << 20);
+    if (st == JLMFS_READY)
+        jlmfs_log(v->fs, JLMFS_LOG_INFO, "%s: ready (%.1f MiB, from the cache)", v->key, mib);
+    else if (st == JLMFS_CONVERTING)
+        jlmfs_log(v->fs, JLMFS_LOG_INFO, "%s: converting %s (%.1f MiB%s%s)", v->key, v->rel, mib,
+                  v->fs->type ? ", type " : "", v->fs->type ? v->fs->type : "");
+    else
+        jlmfs_log(v->fs, JLMFS_LOG_ERR, "%s: error: %s", v->key, msg);
 }
 
 /* ERROR, and the .part goes: unlinked, and its descriptor swapped for
@@ -45,6 +81,34 @@ static void fail_view(jlmfs_view *v, const char *msg)
     if (null >= 0)
         close(null);
     pthread_mutex_unlock(&v->lock);
+    /* pages the kernel already holds would still be served to open
+     * descriptors without asking: dropped, so every later read gets EIO */
+    jlmfs_view_invalidate(v);
+}
+
+void jlmfs_view_invalidate(jlmfs_view *v)
+{
+    jlmfs *fs = v->fs;
+    if (!fs->invalidate)
+        return;
+    char p[4200];
+    static const char *files[] = {"model.jlm", "dense", "status", "config.json", "tensors", "stats", "layout.html"};
+    for (size_t i = 0; i < sizeof files / sizeof *files; i++) {
+        snprintf(p, sizeof p, "/%s/%s", v->key, files[i]);
+        fs->invalidate(fs->invalidate_ctx, p);
+    }
+    for (uint32_t u = 0; u < v->n_units && v->units; u++) {
+        const jlmfs_unit *un = &v->units[u];
+        if (un->arr == JLMFS_A_BLOCKS)
+            snprintf(p, sizeof p, "/%s/blocks/%d", v->key, un->a);
+        else if (un->arr == JLMFS_A_VISION)
+            snprintf(p, sizeof p, "/%s/vision/%d", v->key, un->a);
+        else if (un->arr == JLMFS_A_EXPERTS)
+            snprintf(p, sizeof p, "/%s/experts/%d.%d", v->key, un->a, un->b);
+        else
+            continue;
+        fs->invalidate(fs->invalidate_ctx, p);
+    }
 }
 
 /* The status line for a full cache: how much the rest of the conversion
@@ -55,6 +119,7 @@ static int no_space(jlmfs_view *v, jlm_err *err)
     unsigned long long have = statvfs(v->fs->cache, &sv) ? 0ull : (unsigned long long)sv.f_bavail * sv.f_frsize;
     pthread_mutex_lock(&v->lock);
     unsigned long long need = v->file_size - v->done_bytes;
+    v->t_nospace = mono_s();   /* the daemon retries when the space is back (jlmfs_view_space_back) */
     pthread_mutex_unlock(&v->lock);
     return jlm_errf(err, JLM_ENOSPC, "%s: no space left in cache (need %llu, have %llu)", v->part_path, need, have);
 }
@@ -207,7 +272,7 @@ static char *tensors_text(const jlm_model *m)
 /* Plans the view; a source that cannot be planned leaves it in ERROR. */
 static int plan_view(jlmfs_view *v, const char *src_path, const char *mm_path, jlm_err *err)
 {
-    int rc = jlm_conv_open_full(v->fs->src_fd, src_path, mm_path, NULL, NULL, &v->conv, err);
+    int rc = jlm_conv_open_full(v->fs->src_fd, src_path, mm_path, v->fs->type, NULL, &v->conv, err);
     if (rc)
         return rc;
     v->file_size = v->conv->plan.file_size;
@@ -267,10 +332,6 @@ static int open_container(jlmfs_view *v, jlm_err *err)
 }
 
 /* Longest flattened path kept in a cache name: 255 - '@' - the identity
- * (4 hex fields and a time, at most ~90) - ".vNN.jlm.fail.tmp". */
-#define FLAT_MAX 128
-
-/* Longest flattened path kept in a cache name: 255 - '@' - the identity
  * (4 hex fields and a time, at most ~90) - ".vNN.jlm.fail.tmp"; a paired
  * projector's identity (at most 65 more) takes its share. */
 #define FLAT_MAX    128
@@ -279,7 +340,9 @@ static int open_container(jlmfs_view *v, jlm_err *err)
 static char *cache_name(const jlmfs *fs, const char *rel, const jlmfs_ident *id)
 {
     size_t n = strlen(rel);
-    char *flat = strndup(rel, n > 5 ? n - 5 : n), *out = NULL;
+    if (id->hf_hash == 0 && n > 5)
+        n -= 5;   /* ".gguf" */
+    char *flat = strndup(rel, n), *out = NULL;
     if (!flat)
         return NULL;
     for (char *p = flat; *p; p++)
@@ -288,7 +351,9 @@ static char *cache_name(const jlmfs *fs, const char *rel, const jlmfs_ident *id)
     /* A long stem or a deep path would make a name over NAME_MAX (with the
      * ".part" / ".fail.tmp" the entry also gets): keep its head, add a hash
      * of the whole path. */
-    size_t flat_max = id->mm_ino ? FLAT_MAX_MM : FLAT_MAX;
+    size_t flat_max = id->mm_ino || id->hf_hash || fs->type ? FLAT_MAX_MM : FLAT_MAX;
+    if (id->mm_ino && fs->type)
+        flat_max = FLAT_MAX_MM - 16;
     if (strlen(flat) > flat_max) {
         uint64_t h = 1469598103934665603ull;   /* FNV-1a 64 */
         for (const char *p = flat; *p; p++)
@@ -299,8 +364,13 @@ static char *cache_name(const jlmfs *fs, const char *rel, const jlmfs_ident *id)
     if (id->mm_ino)
         snprintf(mm, sizeof mm, "+%llx-%llx-%lld.%09ld", (unsigned long long)id->mm_ino,
                  (unsigned long long)id->mm_size, (long long)id->mm_mtime_s, id->mm_mtime_ns);
-    if (asprintf(&out, "%s/%s@%llx-%llx-%llx-%lld.%09ld%s.v%u.jlm", fs->cache, flat, (unsigned long long)id->dev,
-                 (unsigned long long)id->ino, (unsigned long long)id->size, (long long)id->mtime_s, id->mtime_ns, mm,
+    else if (id->hf_hash)   /* a folder: the hash of its files' identities */
+        snprintf(mm, sizeof mm, "+h%016llx", (unsigned long long)id->hf_hash);
+    char ty[24] = "";   /* -o type=: another container of the same source */
+    if (fs->type)
+        snprintf(ty, sizeof ty, "~%.16s", fs->type);
+    if (asprintf(&out, "%s/%s@%llx-%llx-%llx-%lld.%09ld%s%s.v%u.jlm", fs->cache, flat, (unsigned long long)id->dev,
+                 (unsigned long long)id->ino, (unsigned long long)id->size, (long long)id->mtime_s, id->mtime_ns, mm, ty,
                  JLM_VERSION) < 0)
         out = NULL;
     free(flat);
@@ -316,12 +386,15 @@ int jlmfs_view_create(jlmfs *fs, const char *rel, const jlmfs_ident *id, const s
     v->fs = fs;
     v->refs = 1;
     v->fd = -1;
+    v->t0 = mono_s();
     v->id = *id;
     v->dir_st = *dir_st;
     pthread_mutex_init(&v->lock, NULL);
     size_t n = strlen(rel);
+    v->is_hf = id->hf_hash != 0;
+    size_t stem = v->is_hf ? n : n - 5;   /* "sub/foo" of "sub/foo.gguf" or of the folder "sub/foo" */
     v->rel = strdup(rel);
-    v->key = malloc(n + 1);
+    v->key = malloc(stem + 5);
     v->cache_path = cache_name(fs, rel, id);
     if (v->cache_path && asprintf(&v->part_path, "%s.part", v->cache_path) < 0)
         v->part_path = NULL;
@@ -329,9 +402,10 @@ int jlmfs_view_create(jlmfs *fs, const char *rel, const jlmfs_ident *id, const s
         jlmfs_view_unref(v);
         return jlm_errf(err, JLM_ENOMEM, "%s: out of memory", rel);
     }
-    memcpy(v->key, rel, n - 5);
-    strcpy(v->key + n - 5, ".jlm");
-    char *mm = jlmfs_mmproj_rel(fs->src_fd, rel, NULL);   /* a projector beside it, relative to SRC too */
+    memcpy(v->key, rel, stem);
+    strcpy(v->key + stem, ".jlm");
+    /* a projector beside a GGUF, relative to SRC too */
+    char *mm = v->is_hf ? NULL : jlmfs_mmproj_rel(fs->src_fd, rel, NULL);
     jlm_err e = {0};
     int refused = jlmfs_guard_enter(v, e.msg, sizeof e.msg);   /* a recorded failure is not retried */
     /* relative to SRC: below it, no symlink followed */
@@ -393,6 +467,10 @@ void jlmfs_view_kill(jlmfs_view *v)
  * open descriptors of the view keep being served the one version (POSIX). */
 static int source_changed(const jlmfs_view *v)
 {
+    if (v->is_hf) {   /* a folder: its files' identities, read again (hfdir.c) */
+        jlmfs_ident now;
+        return !jlmfs_hf_ident(v->fs->src_fd, v->rel, 0, &now, NULL) || !jlmfs_ident_eq(&now, &v->id);
+    }
     struct stat st;
     int same = !jlm_gguf_fstat(v->conv->g, 0, &st) && st.st_dev == v->id.dev && st.st_ino == v->id.ino &&
                st.st_size == v->id.size && st.st_mtim.tv_sec == v->id.mtime_s && st.st_mtim.tv_nsec == v->id.mtime_ns;
@@ -407,6 +485,27 @@ static int source_changed_error(jlmfs_view *v, jlm_err *err)
     int rc = jlm_errf(err, JLM_EIO, "%s: the source changed while it was converted", v->rel);
     fail_view(v, err->msg);
     return rc;
+}
+
+/* Dropped from the table (jlmfs_sync_view): killed, and if the bytes its
+ * conversion reads were rewritten in place (not unlinked or renamed: the
+ * descriptor is checked) before it finished, failed as a whole, so its open
+ * descriptors get EIO for every page, not old pages for some and EIO for the
+ * rest; then the kernel is told to forget what it cached of it. */
+void jlmfs_view_retire(jlmfs_view *v, const char *why)
+{
+    if (why)
+        jlmfs_log(v->fs, JLMFS_LOG_INFO, "%s: dropped (%s)", v->key, why);
+    else
+        jlmfs_log(v->fs, JLMFS_LOG_INFO, "%s: dropped (%s was removed, renamed, changed or opened for writing)",
+                  v->key, v->rel);
+    jlmfs_view_kill(v);
+    if (jlmfs_view_state(v, NULL, NULL, 0) == JLMFS_CONVERTING && v->conv && source_changed(v)) {
+        jlm_err e;
+        source_changed_error(v, &e);   /* fails (and invalidates) */
+        return;
+    }
+    jlmfs_view_invalidate(v);
 }
 
 /* ---------------------------------------------------------------- units */
@@ -452,8 +551,9 @@ static int finish(jlmfs_view *v, jlm_err *err)
 {
     if (source_changed(v))
         return source_changed_error(v, err);
-    if (fsync(v->fd))
-        return jlm_errf(err, JLM_EIO, "%s: fsync: %s", v->part_path, strerror(errno));
+    if (v->fs->io->fsync(v->fd))   /* through the seam: tests inject faults here too */
+        return jlm_errf(err, errno == ENOSPC || errno == EDQUOT ? JLM_ENOSPC : JLM_EIO, "%s: fsync: %s", v->part_path,
+                        strerror(errno));
     jlm_model *m;
     int rc = jlm_fmt_open(v->part_path, &m, err);
     if (rc)
@@ -464,11 +564,15 @@ static int finish(jlmfs_view *v, jlm_err *err)
     if (!same)
         return jlm_errf(err, JLM_EIO, "%s: read-back differs from the plan", v->part_path);
     pthread_mutex_lock(&v->lock);
-    if (!v->dead && rename(v->part_path, v->cache_path))
+    if (!v->dead && v->fs->io->rename(v->part_path, v->cache_path))
         rc = jlm_errf(err, JLM_EIO, "%s: rename: %s", v->part_path, strerror(errno));
-    if (!rc && !v->dead)
+    int ready = !rc && !v->dead;
+    if (ready)
         v->state = JLMFS_READY;
     pthread_mutex_unlock(&v->lock);
+    if (ready)
+        jlmfs_log(v->fs, JLMFS_LOG_INFO, "%s: ready (%.1f MiB converted in %.1f s)", v->key,
+                  (double)v->file_size / (1 << 20), mono_s() - v->t0);
     return rc;
 }
 
@@ -564,6 +668,14 @@ int jlmfs_view_state(jlmfs_view *v, int *pct, char *msg, size_t msg_len)
         snprintf(msg, msg_len, "%s", v->errmsg);
     pthread_mutex_unlock(&v->lock);
     return s;
+}
+
+void jlmfs_view_progress(jlmfs_view *v, uint64_t *done, uint64_t *total)
+{
+    pthread_mutex_lock(&v->lock);
+    *done = v->done_bytes;
+    *total = v->file_size;
+    pthread_mutex_unlock(&v->lock);
 }
 
 int jlmfs_view_expert_page(const jlmfs_view *v, int32_t b, int32_t e, uint64_t *off)

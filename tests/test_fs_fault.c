@@ -220,3 +220,84 @@ Test(fs_fault, enospc_at_every_write_of_the_background_conversion)
 {
     every_write(ENOSPC, 1);
 }
+
+/* ---------------------------------------------------------------- fsync and rename of the finished entry */
+static int fail_sync_errno, fail_rename_errno;
+
+static int faulty_fsync(int fd)
+{
+    if (fail_sync_errno && is_m(fd)) {
+        errno = fail_sync_errno;
+        return -1;
+    }
+    return jlm_io_posix.fsync(fd);
+}
+
+static int faulty_rename(const char *a, const char *b)
+{
+    if (fail_rename_errno && strstr(a, "/cache/m@")) {
+        errno = fail_rename_errno;
+        return -1;
+    }
+    return jlm_io_posix.rename(a, b);
+}
+
+/* m's entries in the cache: finished (*.jlm) and unfinished (*.jlm.part). */
+static void m_entries(int *done, int *part)
+{
+    char cmd[1200], *out = NULL;
+    snprintf(cmd, sizeof cmd, "ls '%s/run/cache'", tmp);
+    cr_assert_eq(tu_run(cmd, &out), 0);
+    *done = *part = 0;
+    for (char *l = strtok(out, "\n"); l; l = strtok(NULL, "\n")) {
+        size_t n = strlen(l);
+        if (strncmp(l, "m@", 2))
+            continue;
+        *done += n > 4 && !strcmp(l + n - 4, ".jlm");
+        *part += n > 9 && !strcmp(l + n - 9, ".jlm.part");
+    }
+    free(out);
+}
+
+/* The background conversion of m fails at the fsync or the rename that
+ * finish its entry: the status says which and why, nothing of m is left in
+ * the cache, every read of m matches jlm convert or fails, and the other
+ * view serves on. */
+static void finish_fault(int sync_e, int rename_e, const char *says)
+{
+    jlm_io io = jlm_io_posix;
+    io.fsync = faulty_fsync;
+    io.rename = faulty_rename;
+    fail_sync_errno = sync_e;
+    fail_rename_errno = rename_e;
+    fail_at = 0;
+    jlmfs *fs = open_fs(&io);
+    jlm_err err = {0};
+    cr_assert_eq(jlmfs_start(fs, &err), 0, "%s", err.msg);
+    wait_settled(fs);
+    char *st = status_of(fs, "/m.jlm/status");
+    cr_assert(!strncmp(st, "error: ", 7) && strstr(st, says), "status '%s', expected an error naming '%s'", st, says);
+    free(st);
+    int done, part;
+    m_entries(&done, &part);
+    cr_assert(done == 0 && part == 0, "after a failed %s: %d finished and %d .part entries of m left", says, done, part);
+    cr_assert(read_view(fs, 0, 1) >= 0);
+    cr_assert_eq(read_view(fs, 1, 0), 0, "the other view stopped serving");
+    jlmfs_close(fs);
+    fail_sync_errno = fail_rename_errno = 0;
+}
+
+Test(fs_fault, eio_at_the_fsync_of_a_finished_conversion)
+{
+    finish_fault(EIO, 0, "fsync: Input/output error");
+}
+
+Test(fs_fault, enospc_at_the_fsync_of_a_finished_conversion)
+{
+    finish_fault(ENOSPC, 0, "fsync: No space left on device");
+}
+
+Test(fs_fault, eio_at_the_rename_of_a_finished_conversion)
+{
+    finish_fault(0, EIO, "rename: Input/output error");
+}

@@ -234,6 +234,24 @@ Test(fs_isolation, a_full_cache_says_why_keeps_no_part_and_gives_the_space_back,
     expect_same_as_convert("stories260K.gguf", "small.jlm");
 }
 
+Test(fs_isolation, a_view_stopped_by_a_full_cache_converts_by_itself_once_space_is_back, .init = init_small_cache,
+     .fini = fini_small_cache, .timeout = 90)
+{
+    if (!g_tmpfs)
+        cr_skip_test("needs root to mount a small tmpfs");
+    /* a filler leaves ~800 KB: stories260K's 1.2 MB container does not fit */
+    static unsigned char filler[1000 * 1024];
+    cr_assert_eq(tu_write_file(pathf("%s/filler", M.cache), filler, sizeof filler), 0);
+    mnt_start(0, 1);
+    copy_src("stories260K.gguf", "small.gguf");
+    char *s = wait_status("small.jlm", "error: ", 20);
+    cr_expect(strstr(s, "no space left in cache (need "), "%s", s);
+    free(s);
+    cr_assert_eq(unlink(pathf("%s/filler", M.cache)), 0);   /* the space comes back; nobody touches the source */
+    free(wait_status("small.jlm", "ready", 20));
+    expect_same_as_convert("stories260K.gguf", "small.jlm");
+}
+
 /* ---------------------------------------------------------------- names */
 Test(fs_isolation, long_names_and_deep_paths_get_a_cache_entry, .init = init, .fini = mnt_fini, .timeout = 90)
 {

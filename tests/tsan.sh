@@ -74,11 +74,19 @@ done
 for _ in $(seq 600); do [ "$(cat "$work/mnt/b.jlm/status" 2>/dev/null)" = ready ] && break; sleep 0.1; done
 $JLM run "$work/mnt/b.jlm" -p "Once upon a time" -n 8 --temp 0 -t 2 >/dev/null 2>"$work/run2.err" ||
     { cat "$work/run2.err" >&2; fail "jlm run through the mount"; }
+# a Hugging Face folder dropped in, and a GGUF renamed under its readers (the
+# invalidation thread, the folder's identity checks, the log from workers)
+cp -r tests/models/hf/tiny-llama-sharded "$work/mnt/h" &
+cpid=$!
+mv "$work/mnt/a.gguf" "$work/mnt/d.gguf"
 for p in "${readers[@]}"; do wait "$p" || true; done
+wait "$cpid" || fail "cp -r of a Hugging Face folder into the mount"
+for _ in $(seq 600); do [ "$(cat "$work/mnt/h.jlm/status" 2>/dev/null)" = ready ] && break; sleep 0.1; done
+[ "$(cat "$work/mnt/h.jlm/status" 2>/dev/null)" = ready ] || fail "h.jlm not ready"
 cp tests/models/synth-qwen3-256.Q8_0.gguf "$work/mnt/c.gguf"   # converting while we unmount
 fusermount3 -u "$work/mnt"
 rc=0; wait "$fs" || rc=$?
 [ "$rc" -eq 0 ] || { cat "$work/fs.err" >&2; fail "jlmfs exited $rc"; }
-ok "jlmfs: concurrent readers, an engine through a view, unmount mid-conversion"
+ok "jlmfs: concurrent readers, an engine through a view, a folder dropped in, a rename, unmount mid-conversion"
 
 echo "tsan: all $pass checks clean"

@@ -8,6 +8,9 @@
  * tests/fuzz/seeds-safetensors/. Every input is refused with a message or
  * becomes a handle whose every tensor we read back through the virtual reader
  * (permutation, widening, stacking), so ASan sees any read outside the image.
+ * The image also goes through jlmfs's completeness check
+ * (jlm_st_image_complete), whole and cut short: an image the parser accepts
+ * must count as complete, and no cut of it shorter than its data may.
  */
 #include <stddef.h>
 #include <stdint.h>
@@ -15,6 +18,7 @@
 #include <string.h>
 
 #include "converter/hf.h"
+#include "converter/safetensors.h"
 
 static const char DEFAULT_CFG[] =
     "{\"architectures\":[\"LlamaForCausalLM\"],\"hidden_size\":8,\"intermediate_size\":16,"
@@ -33,8 +37,20 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
         img = nul + 1;
         il = size - cl - 1;
     }
+    int complete = jlm_st_image_complete(img, il, il);
+    /* a shard cut at half its length (the copy so far) */
+    (void)jlm_st_image_complete(img, il / 2, il / 2);
     jlm_gguf *g = NULL;
     jlm_err err;
+    err.msg[0] = '\0';
+    jlm_st_set *st = NULL;
+    if (jlm_st_open_mem(img, il, "fuzz", &st, &err) == 0) {
+        if (!complete)
+            abort();   /* a shard the parser accepts is complete */
+        if (jlm_st_image_complete(img, il - 1, il - 1))
+            abort();   /* its data tiles the file to the end: one byte less is a copy not finished */
+        jlm_st_close(st);
+    }
     err.msg[0] = '\0';
     if (jlm_hf_open_mem(cfg, cl, img, il, &g, &err) != 0) {
         if (!err.msg[0])
