@@ -166,11 +166,24 @@ static char *read_status(const char *view)
     return strdup(f ? line : "no status file");
 }
 
+static int describe_at(const char *path, entry *e);
+static int same(const srv_model *m, const entry *e);
+
 /* Fills e for DIR/NAME; 0, or -1 to skip the entry (vanished meanwhile). */
 static int describe(const char *dir, const char *name, entry *e)
 {
+    char *p = NULL;
+    if (asprintf(&p, "%s/%s", dir, name) < 0)
+        return -1;
+    int rc = describe_at(p, e);
+    free(p);
+    return rc;
+}
+
+static int describe_at(const char *path, entry *e)
+{
     memset(e, 0, sizeof *e);
-    if (asprintf(&e->path, "%s/%s", dir, name) < 0) { e->path = NULL; return -1; }
+    if (!(e->path = strdup(path))) return -1;
     struct stat st;
     if (stat(e->path, &st)) { free(e->path); return -1; }
     e->id = srv_model_stem(e->path);
@@ -191,6 +204,19 @@ static int describe(const char *dir, const char *name, entry *e)
         return -1;
     }
     return e->id ? 0 : -1;
+}
+
+int srv_model_stale(const srv_model *m)
+{
+    if (!m->from_dir || m->status)
+        return 0;
+    const char *slash = strrchr(m->given, '/');
+    entry e;
+    if (!slash || describe_at(m->given, &e))
+        return 1;
+    int st = !same(m, &e);
+    free(e.path); free(e.id); free(e.status);
+    return st;
 }
 
 static int by_name(const void *a, const void *b)

@@ -67,12 +67,14 @@ static enum MHD_Result send_error(jlm_srv *s, struct MHD_Connection *c, unsigned
 
 /* ---------------------------------------------------------------- models and auth */
 
-/* The model a request names, referenced: an id not in the table asks the
- * --models scanner to look once more (a view dropped in just now). */
+/* The model a request names, referenced: an id not in the table, or one not
+ * ready, or one whose file changed, asks the --models scanner to look once
+ * more (a view dropped in, finished or replaced just now). */
 static srv_model *find_model(jlm_srv *s, const char *id)
 {
     srv_model *m = srv_model_find(s, id);
-    if (!m && s->models_dir) {
+    if ((!m || m->status || srv_model_stale(m)) && s->models_dir) {
+        srv_model_unref(m);
         srv_scan_now(s, SCAN_WAIT_MS);
         m = srv_model_find(s, id);
     }

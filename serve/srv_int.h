@@ -171,6 +171,10 @@ int  srv_models_add(struct jlm_srv *s, srv_model *m, jlm_err *err);
  * changed ones reopened, vanished ones retired, retired ones with no worker
  * and no user closed. first: errors end the open instead of being listed. */
 int  srv_scan(struct jlm_srv *s, int first, jlm_err *err);
+/* 1 when a model of the folder no longer is what was opened (its file gone
+ * or changed, its view's status no longer `ready`): one stat, and a read of
+ * a view's status. */
+int  srv_model_stale(const srv_model *m);
 /* Starts the scanner thread (every rescan_s seconds, and when asked). */
 int  srv_scanner_start(struct jlm_srv *s, jlm_err *err);
 /* Asks for a scan and waits for one that started after the call (at most
