@@ -19,6 +19,7 @@
 #include "engine/sampler.h"
 #include "serve/api.h"
 #include "tests/testutil.h"
+#include "tests/mntutil.h"
 
 /* ---------------------------------------------------------------- a server per test */
 
@@ -1293,5 +1294,52 @@ Test(serve, the_openai_npm_client_gets_what_jlm_run_gives, .timeout = 120)
     cr_assert_str_eq(want, cref, "streamed chat equals jlm chat's first reply");
     json_decref(j);
     free(out); free(ref); free(cref);
+    srv_free(&s);
+}
+
+/* ---------------------------------------------------------------- a jlmfs mount */
+
+/* `--models MNT` on a real jlmfs mount: a GGUF copied in after the start
+ * gets a view that answers 503 (Retry-After) while it converts (the mount's
+ * test hook slows each unit), then exactly what jlm run gives; removing the
+ * GGUF removes the view and the model (404). */
+Test(serve, a_jlmfs_mount_serves_a_gguf_dropped_in_once_its_view_is_ready, .init = mnt_dirs, .fini = mnt_fini,
+     .timeout = 120)
+{
+    mnt_start(200, 1);
+    srv s = {0};
+    s.dir = tu_tmpdir();
+    char cache[1100];
+    snprintf(cache, sizeof cache, "%s/xdg", s.dir);
+    setenv("XDG_CACHE_HOME", cache, 1);
+    const char *args[] = {"--models", M.mnt, "--rescan", "0", NULL};
+    srv_start(&s, args);
+    char cmd[4096], *r = NULL, *h = NULL;
+    snprintf(cmd, sizeof cmd, "cp %s %s/tiny.gguf", tu_model("stories260K.gguf"), M.mnt);
+    cr_assert_eq(tu_run(cmd, NULL), 0);
+    const char *b = "{\"model\": \"tiny\", \"prompt\": \"Once upon a time\", \"max_tokens\": 16, \"temperature\": 0}";
+    int st = http_hdr(&s, "POST", "/v1/completions", b, &r, &h);
+    cr_assert_eq(st, 503, "the view is still converting: %s", r);
+    cr_assert(strstr(r, "converting"), "%s", r);
+    cr_assert(strcasestr(h, "\r\nRetry-After: "), "%s", h);
+    free(r); free(h);
+    cr_assert_eq(http(&s, "GET", "/v1/models", NULL, NULL, &r), 200, "%s", r);
+    cr_assert(strstr(r, "\"id\":\"tiny\""), "the view is listed while converting: %s", r);
+    free(r);
+    for (int i = 0; i < 300 && (st = http(&s, "POST", "/v1/completions", b, NULL, &r)) == 503; i++) {
+        free(r);
+        usleep(200000);
+    }
+    cr_assert_eq(st, 200, "the view answers once ready: %s", r);
+    char *t = completion_text(r, NULL), *ref = NULL;
+    free(r);
+    snprintf(cmd, sizeof cmd, "(%s run %s -p 'Once upon a time' -n 16 --temp 0 -t 1 2>/dev/null)", tu_jlm(),
+             tu_model("stories260K.gguf"));
+    cr_assert_eq(tu_run(cmd, &ref), 0, "%s", ref);
+    cr_assert_str_eq(t, ref, "the mounted view answers as jlm run on the GGUF: [%s] [%s]", t, ref);
+    free(t); free(ref);
+    snprintf(cmd, sizeof cmd, "%s/tiny.gguf", M.mnt);
+    cr_assert_eq(unlink(cmd), 0);
+    expect_error(&s, "POST", "/v1/completions", b, NULL, 404, "not_found_error");
     srv_free(&s);
 }
