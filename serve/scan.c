@@ -210,10 +210,9 @@ int srv_model_stale(const srv_model *m)
 {
     if (!m->from_dir || m->status)
         return 0;
-    const char *slash = strrchr(m->given, '/');
     entry e;
-    if (!slash || describe_at(m->given, &e))
-        return 1;
+    if (describe_at(m->given, &e))
+        return 1;   /* gone */
     int st = !same(m, &e);
     free(e.path); free(e.id); free(e.status);
     return st;
