@@ -18,12 +18,19 @@
  * back for S seconds; prints requests done, failed requests (must be 0) and
  * the server's RSS after the warm-up and at the end (steady = no leak).
  *
+ * Last, two models (two copies of the container in a --models folder) under
+ * ONE --budget of one container, against the same two unlimited: requests
+ * alternating between them (each switch takes the other model's frames) and
+ * 4 + 4 at once (the busy models settle at half the budget each); t/s as
+ * ratios to the unlimited server, and the frames taken (jlm_budget_reclaims).
+ *
  *   build/bench/bench_serve [-n N] [-t T] [--soak S]   defaults: N 16, T 2, S 15
  */
 #include "bench/bench_common.h"
 
 #include <poll.h>
 #include <signal.h>
+#include <sys/stat.h>
 #include <sys/wait.h>
 
 /* Starts `jlm serve model --port 0`; the port, or -1. */
@@ -38,7 +45,12 @@ static int start_server(const char *model, int n_threads, const char *budget, pi
     if ((*pid = fork()) == 0) {
         dup2(fd[1], 1);
         close(fd[0]);
-        execl(jb, jb, "serve", model, "--port", "0", "--parallel", "8", "-t", t, "--budget", budget, (char *)NULL);
+        struct stat st;
+        if (!stat(model, &st) && S_ISDIR(st.st_mode))   /* a folder of models */
+            execl(jb, jb, "serve", "--models", model, "--port", "0", "--parallel", "8", "-t", t, "--budget", budget,
+                  (char *)NULL);
+        else
+            execl(jb, jb, "serve", model, "--port", "0", "--parallel", "8", "-t", t, "--budget", budget, (char *)NULL);
         _exit(127);
     }
     close(fd[1]);
@@ -150,6 +162,48 @@ static int table(int port, pid_t pid, int n)
     return 0;
 }
 
+/* Two models a, b under one budget: alternating requests, then 4 + 4 at once. */
+static int two_models(int port, int n, double *alt, double *both)
+{
+    char cmd[8192];
+    run_concurrent(port, 1, 4);
+    double t0 = bench_now();
+    for (int i = 0; i < 6; i++) {
+        snprintf(cmd, sizeof cmd,
+                 "curl -sf --max-time 300 -o /dev/null http://127.0.0.1:%d/v1/completions -d '{\"model\": \"%s\", "
+                 "\"prompt\": \"request %d\", \"max_tokens\": %d, \"temperature\": 0, \"ignore_eos\": true}'",
+                 port, i % 2 ? "b" : "a", i, n);
+        if (system(cmd) != 0)
+            return -1;
+    }
+    *alt = 6.0 * n / (bench_now() - t0);
+    int k = snprintf(cmd, sizeof cmd, "(");
+    for (int i = 0; i < 8; i++)
+        k += snprintf(cmd + k, sizeof cmd - (size_t)k,
+                      "curl -sf --max-time 300 -o /dev/null http://127.0.0.1:%d/v1/completions -d '{\"model\": \"%s\", "
+                      "\"prompt\": \"request %d\", \"max_tokens\": %d, \"temperature\": 0, \"ignore_eos\": true}' & ",
+                      port, i % 2 ? "b" : "a", i, n);
+    snprintf(cmd + k, sizeof cmd - (size_t)k, "wait) >/dev/null 2>&1");
+    t0 = bench_now();
+    if (system(cmd) != 0)
+        return -1;
+    *both = 8.0 * n / (bench_now() - t0);
+    return 0;
+}
+
+/* The sum of a counter over both models in /metrics. */
+static double metric_sum(int port, const char *name)
+{
+    char cmd[512];
+    snprintf(cmd, sizeof cmd, "curl -s http://127.0.0.1:%d/metrics | awk '/^%s\\{/ {s += $2} END {print s + 0}'", port,
+             name);
+    FILE *p = popen(cmd, "r");
+    double v = 0;
+    if (!p || fscanf(p, "%lf", &v) != 1) v = 0;
+    if (p) pclose(p);
+    return v;
+}
+
 static void stop_server(pid_t pid)
 {
     kill(pid, SIGTERM);
@@ -188,6 +242,36 @@ int main(int argc, char **argv)
             rc = 1;
         }
         stop_server(pid);
+    }
+    /* two models, one budget of one container */
+    char mdir[1100], cmd[8192];
+    snprintf(mdir, sizeof mdir, "%s/models", dir);
+    snprintf(cmd, sizeof cmd, "mkdir -p %s && cp %s %s/a.jlm && cp %s %s/b.jlm", mdir, model, mdir, model, mdir);
+    if (!rc && system(cmd) != 0)
+        rc = 1;
+    char one[32];
+    snprintf(one, sizeof one, "%llu", (unsigned long long)bench_file_size(model));
+    const char *two_budgets[] = {"0", one};
+    double alt[2] = {0}, both[2] = {0}, taken = 0, ins = 0;
+    for (int b = 0; b < 2 && !rc; b++) {
+        pid_t pid;
+        int port = start_server(mdir, n_threads, two_budgets[b], &pid);
+        if (port <= 0 || two_models(port, n, &alt[b], &both[b])) {
+            fprintf(stderr, "bench_serve: two models: the server did not start or a request failed\n");
+            rc = 1;
+        }
+        if (!rc && b == 1) {
+            taken = metric_sum(port, "jlm_budget_reclaims_total");
+            ins = metric_sum(port, "jlm_page_ins_total");
+        }
+        if (port > 0) stop_server(pid);
+    }
+    if (!rc) {
+        printf("-- two models, one --budget of one container (half their sum) vs both unlimited\n");
+        printf("%-24s %10s %10s %10s\n", "", "unlimited", "budget", "ratio");
+        printf("%-24s %10.1f %10.1f %10.2f\n", "alternating a,b (t/s)", alt[0], alt[1], alt[0] > 0 ? alt[1] / alt[0] : 0);
+        printf("%-24s %10.1f %10.1f %10.2f\n", "4 + 4 at once (t/s)", both[0], both[1], both[0] > 0 ? both[1] / both[0] : 0);
+        printf("frames taken from the other model: %.0f times; page-ins (both models) %.0f\n", taken, ins);
     }
     bench_rmrf(dir);
     free(dir);

@@ -6,7 +6,6 @@
 #include "cli/opts.h"
 #include "serve/server.h"
 
-#include <dirent.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -14,39 +13,60 @@
 
 static const char USAGE[] =
     "usage: jlm serve (MODEL... | --models DIR) [--host 127.0.0.1] [--port 8080] [--parallel N] [--queue N]\n"
-    "                 [--api-key KEY] [--body-max SIZE] [-c CTX] [-t THREADS] [--budget SIZE]\n"
-    "       (the key may also come from the environment: JLM_API_KEY)\n";
+    "                 [--api-key KEY] [--body-max SIZE] [-c CTX] [-t THREADS] [--budget SIZE] [--rescan S]\n"
+    "       (MODEL: a .jlm, a jlmfs view, or a .gguf converted once into the cache as `jlm run` does;\n"
+    "        the key may also come from the environment: JLM_API_KEY)\n";
 
 #define MAX_MODELS 64
 #define DRAIN_S    120   /* the longest a shutdown waits for requests in flight */
 
 typedef struct serve_opts {
-    const char  *models_dir;
-    char        *models[MAX_MODELS];   /* malloc'd paths */
-    size_t       n_models;
-    jlm_srv_opts srv;
+    char         *models[MAX_MODELS];   /* malloc'd container paths */
+    char         *ids[MAX_MODELS];      /* malloc'd ids (the stem of the path as given) */
+    size_t        n_models;
+    jlm_srv_opts  srv;
 } serve_opts;
 
-static int add_model(serve_opts *o, const char *path)
+/* The stem of a path as given: "a/foo.gguf" and "a/foo.jlm" are "foo". */
+static char *stem(const char *path)
+{
+    size_t n = strlen(path);
+    while (n > 1 && path[n - 1] == '/') n--;
+    const char *b = path + n;
+    while (b > path && b[-1] != '/') b--;
+    size_t bl = (size_t)(path + n - b);
+    if (bl > 5 && !strncmp(b + bl - 5, ".gguf", 5)) bl -= 5;
+    else if (bl > 4 && !strncmp(b + bl - 4, ".jlm", 4)) bl -= 4;
+    return strndup(b, bl);
+}
+
+/* A model argument: a GGUF resolves to its cached container (converted
+ * once, cli/resolve.c), served under the GGUF's stem. */
+static int add_model(serve_opts *o, const char *arg)
 {
     if (o->n_models == MAX_MODELS) {
         fprintf(stderr, "jlm serve: at most %d models\n", MAX_MODELS);
         return 2;
     }
-    if (!(o->models[o->n_models] = strdup(path)))
+    const char *path = jlm_cli_resolve_model("jlm serve", arg);
+    if (!path)
         return 1;
+    o->models[o->n_models] = strdup(path);
+    o->ids[o->n_models] = stem(arg);
     o->n_models++;
-    return 0;
+    return o->models[o->n_models - 1] && o->ids[o->n_models - 1] ? 0 : 1;
 }
 
 static int parse(int argc, char **argv, serve_opts *o)
 {
     o->srv.port = 8080;
+    o->srv.rescan_s = 5;
     o->srv.eng.direct = 1;
     o->srv.api_key = getenv("JLM_API_KEY");
     uint64_t body = 0;
     const jlm_opt t[] = {
-        {NULL, "--models", JLM_OPT_STR, &o->models_dir, 0, 0, 0, "DIR", "serve every container in DIR"},
+        {NULL, "--models", JLM_OPT_STR, &o->srv.models_dir, 0, 0, 0, "DIR", "serve every container and view in DIR, rescanned"},
+        {NULL, "--rescan", JLM_OPT_INT, &o->srv.rescan_s, 0, 86400, 0, "S", "seconds between rescans of --models, 0: on request only"},
         {NULL, "--host", JLM_OPT_STR, &o->srv.host, 0, 0, 0, "HOST", "address to listen on (default: 127.0.0.1)"},
         {NULL, "--port", JLM_OPT_INT, &o->srv.port, 0, 65535, 0, "PORT", "port, 0: any free one"},
         {NULL, "--queue", JLM_OPT_INT, &o->srv.queue, 0, 1 << 20, 0, "N", "requests waiting at most, 0: the default"},
@@ -55,7 +75,8 @@ static int parse(int argc, char **argv, serve_opts *o)
         {NULL, "--body-max", JLM_OPT_SIZE, &body, 0, 0, 0, "SIZE", "largest request body, 0: the default"},
         {"-c", "--ctx-size", JLM_OPT_U32, &o->srv.eng.n_ctx, 0, 1 << 24, 0, "N", "context size, 0: the model's"},
         {"-t", "--threads", JLM_OPT_INT, &o->srv.eng.n_threads, 1, 1024, 0, "N", "threads, unset: all cores"},
-        {NULL, "--budget", JLM_OPT_SIZE, &o->srv.eng.budget, 0, 0, 0, "SIZE", "resident weight budget (K/M/G), 0: unlimited"},
+        {NULL, "--budget", JLM_OPT_SIZE, &o->srv.budget, 0, 0, 0, "SIZE",
+         "page frames of all models together (K/M/G), 0: unlimited"},
     };
     const char *pos[MAX_MODELS + 1] = {0};
     jlm_opts_spec os = {"jlm serve", "(MODEL... | --models DIR) [options]", t, (int)(sizeof t / sizeof t[0]), pos,
@@ -63,51 +84,17 @@ static int parse(int argc, char **argv, serve_opts *o)
     int rc = jlm_opts_parse(&os, argc, argv);
     if (rc)
         return rc == 1 ? -1 : rc;
+    o->srv.body_max = (size_t)body;
+    if (o->srv.port < 0 || o->srv.port > 65535 || o->srv.queue < 0 || o->srv.parallel < 0 || o->srv.parallel > 16) {
+        fprintf(stderr, "jlm serve: --port must be in [0, 65535], --queue >= 0, --parallel in [1, 16]\n");
+        return 2;
+    }
+    if (!o->srv.models_dir && !os.n_pos) {
+        fputs(USAGE, stderr);
+        return 2;
+    }
     for (int k = 0; k < os.n_pos && !rc; k++)
         rc = add_model(o, pos[k]);
-    o->srv.body_max = (size_t)body;
-    if (!rc && (o->srv.port < 0 || o->srv.port > 65535 || o->srv.queue < 0 || o->srv.parallel < 0 || o->srv.parallel > 16)) {
-        fprintf(stderr, "jlm serve: --port must be in [0, 65535], --queue >= 0, --parallel in [1, 16]\n");
-        rc = 2;
-    }
-    if (!rc && !o->models_dir && !o->n_models) {
-        fputs(USAGE, stderr);
-        rc = 2;
-    }
-    return rc;
-}
-
-static int by_name(const void *a, const void *b)
-{
-    return strcmp(*(char *const *)a, *(char *const *)b);
-}
-
-/* Every NAME.jlm in dir (containers and jlmfs views), in name order. */
-static int scan_models(serve_opts *o)
-{
-    DIR *d = opendir(o->models_dir);
-    if (!d) {
-        fprintf(stderr, "jlm serve: %s: cannot open the models folder\n", o->models_dir);
-        return 1;
-    }
-    size_t first = o->n_models;
-    int rc = 0;
-    for (struct dirent *e; !rc && (e = readdir(d));) {
-        size_t n = strlen(e->d_name);
-        if (n <= 4 || strcmp(e->d_name + n - 4, ".jlm") || e->d_name[0] == '.')
-            continue;
-        char *p;
-        if (asprintf(&p, "%s/%s", o->models_dir, e->d_name) < 0)
-            rc = 1;
-        else
-            rc = add_model(o, p), free(p);
-    }
-    closedir(d);
-    qsort(o->models + first, o->n_models - first, sizeof *o->models, by_name);
-    if (!rc && o->n_models == 0) {
-        fprintf(stderr, "jlm serve: %s: no .jlm models in the folder\n", o->models_dir);
-        rc = 1;
-    }
     return rc;
 }
 
@@ -117,14 +104,6 @@ int jlm_cmd_serve(int argc, char **argv)
     int rc = parse(argc, argv, &o);
     if (rc < 0)
         return 0;   /* --help printed, nothing allocated */
-    if (!rc && o.models_dir)
-        rc = scan_models(&o);
-    for (size_t i = 0; !rc && i < o.n_models; i++)
-        if (jlm_cli_is_gguf(o.models[i])) {
-            fprintf(stderr, "jlm serve: %s: a GGUF file; convert it first with `jlm convert %s`\n", o.models[i],
-                    o.models[i]);
-            rc = 1;
-        }
     /* every thread the server starts inherits this mask: only sigwait sees them */
     sigset_t set;
     sigemptyset(&set);
@@ -133,15 +112,19 @@ int jlm_cmd_serve(int argc, char **argv)
     sigaddset(&set, SIGHUP);
     pthread_sigmask(SIG_BLOCK, &set, NULL);
     signal(SIGPIPE, SIG_IGN);
+    jlm_srv_model ms[MAX_MODELS];
+    for (size_t i = 0; i < o.n_models; i++)
+        ms[i] = (jlm_srv_model){o.models[i], o.ids[i]};
     jlm_srv *s = NULL;
     jlm_err err = {0};
-    if (!rc && jlm_srv_open((const char *const *)o.models, o.n_models, &o.srv, &s, &err)) {
+    if (!rc && jlm_srv_open(ms, o.n_models, &o.srv, &s, &err)) {
         fprintf(stderr, "jlm serve: %s\n", err.msg);
         rc = 1;
     }
     if (!rc) {
+        size_t n = jlm_srv_n_models(s);
         printf("jlm serve: listening on http://%s:%d (%zu model%s)\n", o.srv.host ? o.srv.host : "127.0.0.1",
-               jlm_srv_port(s), o.n_models, o.n_models == 1 ? "" : "s");
+               jlm_srv_port(s), n, n == 1 ? "" : "s");
         fflush(stdout);
         int sig = 0;
         sigwait(&set, &sig);
@@ -150,7 +133,9 @@ int jlm_cmd_serve(int argc, char **argv)
             fprintf(stderr, "jlm serve: requests still in flight after %d s: stopping anyway\n", DRAIN_S);
     }
     jlm_srv_close(s);
-    for (size_t i = 0; i < o.n_models; i++)
+    for (size_t i = 0; i < o.n_models; i++) {
         free(o.models[i]);
+        free(o.ids[i]);
+    }
     return rc;
 }

@@ -8,15 +8,32 @@ PKGS=(build-essential pkg-config libcriterion-dev libfuse3-dev fuse3 libsqlite3-
       libjansson-dev libutf8proc-dev libstb-dev zlib1g-dev libmicrohttpd-dev curl xz-utils
       libedit-dev tmux   # jlm chat's line editing and history; tmux drives it in tests/test_cli_chat.c
       libvulkan-dev glslc mesa-vulkan-drivers   # Vulkan backend; lavapipe runs its tests on the CPU
-      chromium)   # chromium: tests/test_picture.c renders `jlm info --html` headless
+      chromium    # chromium: tests/test_picture.c renders `jlm info --html` headless
+      nodejs)     # node (+ npm below): tests/test_serve.c drives `jlm serve` with the official openai client
 missing=()
+# Debian's nodejs needs its npm package; NodeSource's nodejs bundles npm and conflicts with it
+command -v npm >/dev/null || PKGS+=(npm)
 for p in "${PKGS[@]}"; do
     dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
 done
+SUDO=""
+[ "$(id -u)" -eq 0 ] || SUDO="sudo"
 if [ ${#missing[@]} -gt 0 ]; then
-    SUDO=""
-    [ "$(id -u)" -eq 0 ] || SUDO="sudo"
     echo "deps: installing ${missing[*]}" >&2
     $SUDO apt-get update -qq
     DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq --no-install-recommends "${missing[@]}"
+fi
+
+# The `openai` npm package for serve/the_openai_npm_client_gets_what_jlm_run_gives,
+# installed outside the repository (nothing fetched is committed). Pinned: the
+# 7.x line needs node >= 22, Debian bookworm/trixie ship node 18/20. Without
+# it (no network) that test skips with one line.
+NODE_DIR=/opt/jlm-test-node
+OPENAI_VERSION=6.30.1
+if command -v npm >/dev/null &&
+   ! grep -qs "\"version\": \"$OPENAI_VERSION\"" "$NODE_DIR/node_modules/openai/package.json"; then
+    echo "deps: installing the openai npm package $OPENAI_VERSION into $NODE_DIR" >&2
+    { $SUDO mkdir -p "$NODE_DIR" &&
+      $SUDO npm install --silent --no-audit --no-fund --prefix "$NODE_DIR" "openai@$OPENAI_VERSION" >&2; } ||
+        echo "deps: npm install openai failed: the OpenAI client test will skip" >&2
 fi

@@ -123,8 +123,9 @@ void srv_job_unref(srv_job *j)
     int last = --j->refs == 0;
     pthread_mutex_unlock(&j->mu);
     if (!last) return;
-    struct jlm_srv *s = j->m->srv;
+    struct jlm_srv *s = j->srv;
     jlm_srv_req_free(&j->req);
+    free(j->model_id);
     json_decref(j->lp_pending);
     json_decref(j->lp_final);
     free(j->prompt);
@@ -196,7 +197,7 @@ static void make_ident(srv_job *j)
     snprintf(j->ident.id, sizeof j->ident.id, "%s-%llx%06llx", j->req.kind == JLM_SRV_CHAT ? "chatcmpl" : "cmpl",
              (unsigned long long)time(NULL), k);
     j->ident.created = (int64_t)time(NULL);
-    j->ident.model = j->m->id;
+    j->ident.model = j->model_id;
     j->ident.kind = j->req.kind;
 }
 
@@ -220,6 +221,12 @@ int srv_job_create(srv_model *m, jlm_srv_req *req, srv_job **out, jlm_err *err)
         return jlm_errf(err, JLM_ENOMEM, "out of memory");
     }
     j->m = m;
+    j->srv = m->srv;
+    if (!(j->model_id = strdup(m->id))) {
+        free(ids);
+        free(j);
+        return jlm_errf(err, JLM_ENOMEM, "out of memory");
+    }
     j->req = *req;
     memset(req, 0, sizeof *req);
     j->prompt = ids;
@@ -456,6 +463,8 @@ static void *worker_main(void *arg)
         pthread_mutex_unlock(&m->mu);
         if (quit)
             break;
+        srv_budget_acquire(&m->srv->budget, m);
+        pthread_mutex_lock(&m->pager_mu);
         uint64_t t0 = now_us();
         admit(m, slots, taken);
         for (int i = 0; i < m->parallel; i++)
@@ -469,13 +478,17 @@ static void *worker_main(void *arg)
         atomic_fetch_add(&m->busy_us, now_us() - t0);
         pthread_mutex_lock(&m->mu);
         m->running = active;
-        jlm_pager_stats(jlm_engine_pager(m->e), &m->pc);   /* the pager is this thread's alone */
+        jlm_pager_stats(jlm_engine_pager(m->e), &m->pc);   /* the pager is used under pager_mu only */
         pthread_mutex_unlock(&m->mu);
+        pthread_mutex_unlock(&m->pager_mu);
     }
     for (int i = 0; i < m->parallel; i++)
         jlm_engine_seq_destroy(slots[i].seq);
     free(logits);
     free(piece);
+    pthread_mutex_lock(&m->mu);
+    m->exited = 1;
+    pthread_mutex_unlock(&m->mu);
     return NULL;
 }
 
@@ -495,32 +508,38 @@ int srv_job_submit(srv_job *j)
 
 /* ---------------------------------------------------------------- models */
 
-/* A jlmfs view is a directory holding model.jlm; its id is the directory's
- * stem. A file's id is its name without ".jlm". */
-static int model_paths(const char *path, char **container, char **id)
+char *srv_model_stem(const char *path)
 {
-    struct stat st;
-    int dir = stat(path, &st) == 0 && S_ISDIR(st.st_mode);
     size_t n = strlen(path);
     while (n > 1 && path[n - 1] == '/') n--;
     const char *b = path + n;
     while (b > path && b[-1] != '/') b--;
     size_t bl = (size_t)(path + n - b);
     if (bl > 4 && !strncmp(b + bl - 4, ".jlm", 4)) bl -= 4;
-    *id = strndup(b, bl);
-    if (dir) {
-        if (asprintf(container, "%.*s/model.jlm", (int)n, path) < 0) *container = NULL;
-    } else {
-        *container = strdup(path);
-    }
-    return *id && *container ? 0 : -1;
+    return strndup(b, bl);
 }
 
-static int model_load(srv_model *m, const char *given, const jlm_engine_opts *opts, jlm_err *err)
+/* A jlmfs view is a directory holding model.jlm; a file is the container. */
+static char *container_of(const char *path)
+{
+    struct stat st;
+    char *c = NULL;
+    if (stat(path, &st) == 0 && S_ISDIR(st.st_mode)) {
+        size_t n = strlen(path);
+        while (n > 1 && path[n - 1] == '/') n--;
+        if (asprintf(&c, "%.*s/model.jlm", (int)n, path) < 0) c = NULL;
+    } else {
+        c = strdup(path);
+    }
+    return c;
+}
+
+static int model_load(srv_model *m, const jlm_engine_opts *opts, uint64_t budget, jlm_err *err)
 {
     int fallback;
     jlm_engine_opts eo = *opts;
-    if (jlm_rdb_discover(given, &m->rdb_path, &m->rdb_key, NULL) == 0 ||
+    eo.budget = budget;   /* the served models' total: the budget (budget.c) sets each one's share */
+    if (jlm_rdb_discover(m->given, &m->rdb_path, &m->rdb_key, NULL) == 0 ||
         jlm_rdb_discover(m->path, &m->rdb_path, &m->rdb_key, NULL) == 0)
         eo.direct = 0;   /* a view is read through the page cache the mount fills */
     int rc = jlm_engine_open(m->path, &eo, &m->e, err);
@@ -530,21 +549,49 @@ static int model_load(srv_model *m, const char *given, const jlm_engine_opts *op
     return rc ? jlm_err_prefix(err, rc, "model '%s'", m->id) : 0;
 }
 
-int srv_model_open(struct jlm_srv *s, const char *path, srv_model **out, jlm_err *err)
+static srv_model *model_new(struct jlm_srv *s, const char *path, const char *id)
 {
     srv_model *m = calloc(1, sizeof *m);
     if (!m)
-        return jlm_errf(err, JLM_ENOMEM, "out of memory");
+        return NULL;
     m->srv = s;
+    atomic_init(&m->refs, 1);
     pthread_mutex_init(&m->mu, NULL);
     pthread_cond_init(&m->cv, NULL);
+    pthread_mutex_init(&m->pager_mu, NULL);
     m->q_cap = (size_t)(s->o.queue > 0 ? s->o.queue : 8);
     m->parallel = s->o.parallel > 0 ? s->o.parallel : 4;
     if (m->parallel > JLM_SRV_MAX_PARALLEL) m->parallel = JLM_SRV_MAX_PARALLEL;
     if ((uint32_t)m->parallel > jlm_engine_max_batch()) m->parallel = (int)jlm_engine_max_batch();
     m->q = calloc(m->q_cap, sizeof *m->q);
-    int rc = !m->q || model_paths(path, &m->path, &m->id) ? jlm_errf(err, JLM_ENOMEM, "out of memory")
-                                                          : model_load(m, path, &s->o.eng, err);
+    m->given = strdup(path);
+    m->path = container_of(path);
+    m->id = id ? strdup(id) : srv_model_stem(path);
+    if (!m->q || !m->given || !m->path || !m->id) {
+        srv_model_close(m);
+        return NULL;
+    }
+    return m;
+}
+
+int srv_model_pending(struct jlm_srv *s, const char *path, const char *id, const char *status, srv_model **out)
+{
+    srv_model *m = model_new(s, path, id);
+    if (!m || !(m->status = strdup(status))) {
+        srv_model_close(m);
+        return JLM_ENOMEM;
+    }
+    *out = m;
+    return 0;
+}
+
+int srv_model_open(struct jlm_srv *s, const char *path, const char *id, srv_model **out, jlm_err *err)
+{
+    srv_model *m = model_new(s, path, id);
+    if (!m)
+        return jlm_errf(err, JLM_ENOMEM, "out of memory");
+    int rc = model_load(m, &s->o.eng, s->budget.total, err);
+    if (!rc) rc = srv_budget_join(&s->budget, m, err);
     if (!rc && pthread_create(&m->worker, NULL, worker_main, m))
         rc = jlm_errf(err, JLM_ENOMEM, "model '%s': cannot start its worker thread", m->id);
     m->started = !rc;
@@ -566,11 +613,14 @@ void srv_model_close(srv_model *m)
         pthread_mutex_unlock(&m->mu);
         pthread_join(m->worker, NULL);
     }
+    if (m->in_budget)
+        srv_budget_leave(&m->srv->budget, m);
     jlm_tok_destroy(m->tok);
     jlm_engine_close(m->e);
-    free(m->tmpl); free(m->bos); free(m->eos);
+    free(m->tmpl); free(m->bos); free(m->eos); free(m->status); free(m->given);
     free(m->q); free(m->id); free(m->path); free(m->rdb_path); free(m->rdb_key);
     pthread_mutex_destroy(&m->mu);
     pthread_cond_destroy(&m->cv);
+    pthread_mutex_destroy(&m->pager_mu);
     free(m);
 }

@@ -18,6 +18,7 @@
 #define CONN_LIMIT     64   /* simultaneous connections; more are refused by the daemon */
 #define CONN_TIMEOUT_S 60   /* an idle connection is closed after this */
 #define PING_S          2   /* a stream waiting for its first token sends an SSE comment this often */
+#define SCAN_WAIT_MS 5000   /* the longest a request for an unknown id waits for a rescan of --models */
 
 typedef struct conn_ctx {
     char  *body;            /* (cap,) the request body so far */
@@ -66,26 +67,64 @@ static enum MHD_Result send_error(jlm_srv *s, struct MHD_Connection *c, unsigned
 
 /* ---------------------------------------------------------------- models and auth */
 
+/* The model a request names, referenced: an id not in the table, or one not
+ * ready, or one whose file changed, asks the --models scanner to look once
+ * more (a view dropped in, finished or replaced just now). */
 static srv_model *find_model(jlm_srv *s, const char *id)
 {
-    for (size_t i = 0; i < s->n_models; i++)
-        if (!strcmp(s->models[i]->id, id))
-            return s->models[i];
-    return NULL;
+    srv_model *m = srv_model_find(s, id);
+    if ((!m || m->status || srv_model_stale(m)) && s->models_dir) {
+        srv_model_unref(m);
+        srv_scan_now(s, SCAN_WAIT_MS);
+        m = srv_model_find(s, id);
+    }
+    return m;
 }
 
 static json_t *model_json(const srv_model *m)
 {
-    return json_pack("{s:s, s:s, s:I, s:s, s:I}", "id", m->id, "object", "model", "created", (json_int_t)0,
-                     "owned_by", "jlmfs", "context_length", (json_int_t)jlm_engine_n_ctx(m->e));
+    json_t *j = json_pack("{s:s, s:s, s:I, s:s}", "id", m->id, "object", "model", "created", (json_int_t)0,
+                          "owned_by", "jlmfs");
+    if (j && m->e)
+        json_object_set_new(j, "context_length", json_integer((json_int_t)jlm_engine_n_ctx(m->e)));
+    if (j)
+        json_object_set_new(j, "status", json_string(m->status ? m->status : "ready"));
+    return j;
 }
 
-static json_t *models_json(const jlm_srv *s)
+static json_t *models_json(jlm_srv *s)
 {
     json_t *data = json_array();
+    pthread_mutex_lock(&s->models_mu);
     for (size_t i = 0; data && i < s->n_models; i++)
         json_array_append_new(data, model_json(s->models[i]));
+    pthread_mutex_unlock(&s->models_mu);
     return json_pack("{s:s, s:o}", "object", "list", "data", data);
+}
+
+/* 503 with Retry-After for a model that is not ready (a converting view). */
+static enum MHD_Result send_not_ready(jlm_srv *s, struct MHD_Connection *c, const srv_model *m)
+{
+    char msg[512];
+    snprintf(msg, sizeof msg, "model '%s' is not ready: %s", m->id, m->status);
+    atomic_fetch_add(&s->n_errors, 1);
+    json_t *j = jlm_srv_json_error(503, msg);
+    char *b = j ? json_dumps(j, JSON_COMPACT) : NULL;
+    json_decref(j);
+    if (!b)
+        return MHD_NO;
+    struct MHD_Response *r = MHD_create_response_from_buffer(strlen(b), b, MHD_RESPMEM_MUST_FREE);
+    if (!r) {
+        free(b);
+        return MHD_NO;
+    }
+    char ra[16];
+    snprintf(ra, sizeof ra, "%d", s->o.rescan_s > 0 ? s->o.rescan_s : 1);
+    MHD_add_response_header(r, MHD_HTTP_HEADER_CONTENT_TYPE, "application/json");
+    MHD_add_response_header(r, MHD_HTTP_HEADER_RETRY_AFTER, ra);
+    enum MHD_Result ok = MHD_queue_response(c, 503, r);
+    MHD_destroy_response(r);
+    return ok;
 }
 
 /* "Authorization: Bearer KEY", compared in constant time. */
@@ -184,7 +223,7 @@ static enum MHD_Result generate(jlm_srv *s, struct MHD_Connection *c, jlm_srv_ki
     int rc = jlm_srv_req_parse(cx->body ? cx->body : "", cx->len, kind, &req, &err);
     if (rc)
         return send_error(s, c, status_of(rc), err.msg);
-    srv_model *m = req.model ? find_model(s, req.model) : s->n_models == 1 ? s->models[0] : NULL;
+    srv_model *m = req.model ? find_model(s, req.model) : srv_model_only(s);
     if (!m) {
         char msg[600];
         snprintf(msg, sizeof msg, req.model ? "model '%.500s' does not exist (GET /v1/models lists the ids)"
@@ -193,10 +232,17 @@ static enum MHD_Result generate(jlm_srv *s, struct MHD_Connection *c, jlm_srv_ki
         jlm_srv_req_free(&req);
         return send_error(s, c, status, msg);
     }
+    if (m->status) {
+        jlm_srv_req_free(&req);
+        enum MHD_Result ok = send_not_ready(s, c, m);
+        srv_model_unref(m);
+        return ok;
+    }
     srv_job *j;
     rc = srv_job_create(m, &req, &j, &err);
     if (rc) {
         jlm_srv_req_free(&req);
+        srv_model_unref(m);
         return send_error(s, c, status_of(rc), err.msg);
     }
     if (srv_job_submit(j)) {
@@ -204,8 +250,10 @@ static enum MHD_Result generate(jlm_srv *s, struct MHD_Connection *c, jlm_srv_ki
         srv_job_unref(j);
         char msg[256];
         snprintf(msg, sizeof msg, "model '%s' is busy: its queue of %zu requests is full", m->id, m->q_cap);
+        srv_model_unref(m);
         return send_error(s, c, 503, msg);
     }
+    srv_model_unref(m);   /* the job's worker side keeps m until it answers (srv_int.h) */
     return j->req.stream ? send_stream(c, j) : send_whole(s, c, j);
 }
 
@@ -213,6 +261,9 @@ static enum MHD_Result generate(jlm_srv *s, struct MHD_Connection *c, jlm_srv_ki
 
 static void metrics_model(FILE *f, srv_model *m)
 {
+    fprintf(f, "jlm_model_ready{model=\"%s\"} %d\n", m->id, !m->status);
+    if (m->status)
+        return;
     pthread_mutex_lock(&m->mu);
     size_t queued = m->q_len;
     int running = m->running;
@@ -240,6 +291,8 @@ static void metrics_model(FILE *f, srv_model *m)
     fprintf(f, "jlm_bytes_read_total{model=\"%s\"} %llu\n", m->id, (unsigned long long)br);
     fprintf(f, "jlm_resident_bytes{model=\"%s\"} %llu\n", m->id, (unsigned long long)pc.resident_bytes);
     fprintf(f, "jlm_budget_bytes{model=\"%s\"} %llu\n", m->id, (unsigned long long)pc.budget);
+    fprintf(f, "jlm_budget_reclaims_total{model=\"%s\"} %llu\n", m->id, atomic_load(&m->n_reclaims));
+    fprintf(f, "jlm_budget_reclaimed_bytes_total{model=\"%s\"} %llu\n", m->id, atomic_load(&m->reclaimed_bytes));
 }
 
 static enum MHD_Result send_metrics(jlm_srv *s, struct MHD_Connection *c)
@@ -252,8 +305,28 @@ static enum MHD_Result send_metrics(jlm_srv *s, struct MHD_Connection *c)
     fprintf(f, "# jlm serve metrics (docs/serve.md)\n");
     fprintf(f, "jlm_http_requests_total %llu\n", atomic_load(&s->n_requests));
     fprintf(f, "jlm_http_errors_total %llu\n", atomic_load(&s->n_errors));
-    for (size_t i = 0; i < s->n_models; i++)
+    pthread_mutex_lock(&s->budget.mu);
+    uint64_t total = s->budget.total, granted = 0;
+    for (size_t i = 0; i < s->budget.n; i++) granted += s->budget.m[i]->grant;
+    pthread_mutex_unlock(&s->budget.mu);
+    fprintf(f, "jlm_budget_total_bytes %llu\n", (unsigned long long)total);
+    fprintf(f, "jlm_budget_granted_bytes %llu\n", (unsigned long long)granted);
+    uint64_t resident = 0;
+    pthread_mutex_lock(&s->models_mu);
+    for (size_t i = 0; i < s->n_models; i++) {
         metrics_model(f, s->models[i]);
+        pthread_mutex_lock(&s->models[i]->mu);
+        resident += s->models[i]->pc.resident_bytes;
+        pthread_mutex_unlock(&s->models[i]->mu);
+    }
+    for (size_t i = 0; i < s->n_retired; i++) {
+        pthread_mutex_lock(&s->retired[i]->mu);
+        resident += s->retired[i]->pc.resident_bytes;
+        pthread_mutex_unlock(&s->retired[i]->mu);
+    }
+    fprintf(f, "jlm_models %zu\n", s->n_models);
+    pthread_mutex_unlock(&s->models_mu);
+    fprintf(f, "jlm_resident_total_bytes %llu\n", (unsigned long long)resident);
     if (fclose(f))
         return MHD_NO;
     return send_text(c, MHD_HTTP_OK, buf, len, "text/plain; version=0.0.4");
@@ -302,22 +375,33 @@ static enum MHD_Result route(jlm_srv *s, struct MHD_Connection *c, const char *u
                    : send_error(s, c, 405, "GET only");
     if (!authorized(s, c))
         return send_error(s, c, 401, "missing or wrong API key (Authorization: Bearer KEY)");
-    if (!strcmp(url, "/v1/models"))
-        return get ? send_json(c, 200, models_json(s)) : send_error(s, c, 405, "GET only");
+    if (!strcmp(url, "/v1/models")) {
+        if (!get)
+            return send_error(s, c, 405, "GET only");
+        srv_scan_now(s, SCAN_WAIT_MS);   /* --models: list what the folder holds now */
+        return send_json(c, 200, models_json(s));
+    }
     size_t ul = strlen(url);
     if (!strncmp(url, "/v1/models/", 11) && ul > 21 && !strcmp(url + ul - 10, "/residency")) {
         char id[256];
         snprintf(id, sizeof id, "%.*s", (int)(ul - 21 < 255 ? ul - 21 : 255), url + 11);
+        if (!get)
+            return send_error(s, c, 405, "GET only");
         srv_model *m = find_model(s, id);
-        return !get ? send_error(s, c, 405, "GET only")
-             : m    ? send_residency(s, c, m)
-                    : send_error(s, c, 404, "no such model (GET /v1/models lists the ids)");
+        enum MHD_Result ok = !m        ? send_error(s, c, 404, "no such model (GET /v1/models lists the ids)")
+                           : m->status ? send_not_ready(s, c, m)
+                                       : send_residency(s, c, m);
+        srv_model_unref(m);
+        return ok;
     }
     if (!strncmp(url, "/v1/models/", 11)) {
+        if (!get)
+            return send_error(s, c, 405, "GET only");
         srv_model *m = find_model(s, url + 11);
-        return !get ? send_error(s, c, 405, "GET only")
-             : m    ? send_json(c, 200, model_json(m))
-                    : send_error(s, c, 404, "no such model (GET /v1/models lists the ids)");
+        enum MHD_Result ok = m ? send_json(c, 200, model_json(m))
+                               : send_error(s, c, 404, "no such model (GET /v1/models lists the ids)");
+        srv_model_unref(m);
+        return ok;
     }
     if (!strcmp(url, "/metrics"))
         return get ? send_metrics(s, c) : send_error(s, c, 405, "GET only");
@@ -403,7 +487,7 @@ static int start_daemon(jlm_srv *s, jlm_err *err)
     return 0;
 }
 
-int jlm_srv_open(const char *const *models, size_t n_models, const jlm_srv_opts *o, jlm_srv **out, jlm_err *err)
+int jlm_srv_open(const jlm_srv_model *models, size_t n_models, const jlm_srv_opts *o, jlm_srv **out, jlm_err *err)
 {
     jlm_srv *s = calloc(1, sizeof *s);
     if (!s)
@@ -414,15 +498,28 @@ int jlm_srv_open(const char *const *models, size_t n_models, const jlm_srv_opts 
     s->api_key = o->api_key ? strdup(o->api_key) : NULL;
     pthread_mutex_init(&s->mu, NULL);
     pthread_cond_init(&s->cv, NULL);
-    s->models = calloc(n_models ? n_models : 1, sizeof *s->models);
-    int rc = !s->host || !s->models || (o->api_key && !s->api_key) ? jlm_errf(err, JLM_ENOMEM, "out of memory") : 0;
-    for (size_t i = 0; !rc && i < n_models; i++) {
-        rc = srv_model_open(s, models[i], &s->models[i], err);
-        if (!rc && find_model(s, s->models[i]->id))
-            rc = jlm_errf(err, JLM_EINVAL, "%s: model id '%s' is served twice (ids are file stems)", models[i],
-                          s->models[i]->id);
-        s->n_models += s->models[i] != NULL;
+    pthread_mutex_init(&s->models_mu, NULL);
+    pthread_mutex_init(&s->scan_mu, NULL);
+    pthread_cond_init(&s->scan_cv, NULL);
+    srv_budget_init(&s->budget, o->budget);
+    int rc = !s->host || (o->api_key && !s->api_key) ? jlm_errf(err, JLM_ENOMEM, "out of memory") : 0;
+    if (!rc && o->models_dir) {
+        size_t n = strlen(o->models_dir);
+        while (n > 1 && o->models_dir[n - 1] == '/') n--;
+        if (!(s->models_dir = strndup(o->models_dir, n)))
+            rc = jlm_errf(err, JLM_ENOMEM, "out of memory");
+        s->o.models_dir = s->models_dir;
     }
+    for (size_t i = 0; !rc && i < n_models; i++) {
+        srv_model *m = NULL;
+        rc = srv_model_open(s, models[i].path, models[i].id, &m, err);
+        if (!rc && (rc = srv_models_add(s, m, err)))
+            srv_model_close(m);
+    }
+    if (!rc && s->models_dir)
+        rc = srv_scan(s, 1, err);
+    if (!rc && s->models_dir)
+        rc = srv_scanner_start(s, err);
     if (!rc)
         rc = start_daemon(s, err);
     if (rc) {
@@ -434,6 +531,14 @@ int jlm_srv_open(const char *const *models, size_t n_models, const jlm_srv_opts 
 }
 
 int jlm_srv_port(const jlm_srv *s) { return s->port; }
+
+size_t jlm_srv_n_models(jlm_srv *s)
+{
+    pthread_mutex_lock(&s->models_mu);
+    size_t n = s->n_models;
+    pthread_mutex_unlock(&s->models_mu);
+    return n;
+}
 
 int jlm_srv_drain(jlm_srv *s, int timeout_s)
 {
@@ -455,11 +560,14 @@ void jlm_srv_close(jlm_srv *s)
     if (!s) return;
     if (s->d)
         MHD_stop_daemon(s->d);
-    for (size_t i = 0; i < s->n_models; i++)
-        srv_model_close(s->models[i]);
-    free(s->models);
+    srv_models_close_all(s);
+    srv_budget_fini(&s->budget);
     free(s->host);
     free(s->api_key);
+    free(s->models_dir);
+    pthread_mutex_destroy(&s->models_mu);
+    pthread_mutex_destroy(&s->scan_mu);
+    pthread_cond_destroy(&s->scan_cv);
     pthread_mutex_destroy(&s->mu);
     pthread_cond_destroy(&s->cv);
     free(s);

@@ -33,16 +33,28 @@ typedef struct jlm_srv_opts {
     int         queue;       /* requests waiting per model beyond those running; <= 0: 8 */
     size_t      body_max;    /* request body limit in bytes; 0: 1 MiB */
     const char *api_key;     /* NULL: no key required */
-    jlm_engine_opts eng;     /* per model */
+    const char *models_dir;  /* NULL: none; else every NAME.jlm in it, rescanned (docs/serve.md) */
+    int         rescan_s;    /* seconds between rescans of models_dir; 0: only when a request asks */
+    uint64_t    budget;      /* bytes of page frames for ALL models together; 0: unlimited */
+    jlm_engine_opts eng;     /* per model (its budget field is ignored: see budget) */
 } jlm_srv_opts;
+
+typedef struct jlm_srv_model {
+    const char *path;        /* a .jlm file or a jlmfs view directory */
+    const char *id;          /* NULL: the file stem */
+} jlm_srv_model;
 
 typedef struct jlm_srv jlm_srv;
 
-/* Opens every model (paths to .jlm files or jlmfs views; ids are the file
- * stems, which must be unique), starts one worker per model and the HTTP
- * daemon. JLM_EINVAL (bad host, duplicate id), JLM_EIO (bind failed), the
- * engine's errors naming the model; *out untouched on error. */
-int  jlm_srv_open(const char *const *models, size_t n_models, const jlm_srv_opts *o, jlm_srv **out, jlm_err *err);
+/* Opens every model (ids must be unique) and every NAME.jlm of
+ * o->models_dir, starts one worker per model, the folder's scanner and the
+ * HTTP daemon. JLM_EINVAL (bad host, duplicate id), JLM_EIO (bind failed,
+ * models_dir unreadable), the engine's errors naming the model; *out
+ * untouched on error. A view of models_dir that is not ready yet is no
+ * error: it is served once ready. */
+int  jlm_srv_open(const jlm_srv_model *models, size_t n_models, const jlm_srv_opts *o, jlm_srv **out, jlm_err *err);
+/* The models listed now (ready or not). Cannot fail. */
+size_t jlm_srv_n_models(jlm_srv *s);
 /* The port the daemon listens on. Cannot fail. */
 int  jlm_srv_port(const jlm_srv *s);
 /* From now on every generation request gets 503; waits until the requests in

@@ -22,8 +22,21 @@ typedef struct srv_job srv_job;
 
 #define JLM_SRV_MAX_PARALLEL 16   /* slots per model (the engine's batch is 16 too) */
 
+/* Model lifetime: the server's table holds one reference, and every lookup
+ * by a connection thread takes one for as long as it uses the model (jobs
+ * hold none: a job's worker side ends before the worker does, its
+ * connection side uses only the job). A model leaves the table when its file
+ * or view goes away (--models DIR rescan): it is retired (stop set, no new
+ * job accepted), its worker finishes what it has, and the scanner closes it
+ * once the worker has exited and no lookup holds it. A PENDING entry (a view
+ * whose status is not `ready`, or a file that failed to open) has no engine
+ * and no worker: it is listed with its status and answers 503. */
 typedef struct srv_model {
-    char        *id, *path;          /* id: the file stem */
+    char        *id, *path, *given;  /* id: the file stem; path: the container; given: as named (a view: its folder) */
+    char        *status;             /* NULL: ready (engine open); else why not ("converting 40%", "error: ...") */
+    uint64_t     ident[4];           /* dev, ino, size, mtime ns of what was opened (rescan notices a change) */
+    int          from_dir;           /* found by the --models scan (only those are rescanned) */
+    atomic_int   refs;
     char        *rdb_path, *rdb_key;  /* on a jlmfs view: its residency database; else NULL */
     jlm_engine  *e;
     jlm_tok     *tok;
@@ -31,6 +44,13 @@ typedef struct srv_model {
     struct jlm_srv *srv;
     pthread_t    worker;
     int          started;
+    /* held by the worker for a whole step (the pager is used only under it),
+     * and by the budget when it takes this model's frames for another */
+    pthread_mutex_t pager_mu;
+    /* guarded by the budget's mu (budget.c) */
+    uint64_t     grant, floor, want, last_use;  /* pager budget; minimum working set; all pages; LRU clock */
+    int          in_budget;
+    atomic_ullong n_reclaims, reclaimed_bytes;  /* times (and bytes) frames were taken for another model */
     /* guarded by mu */
     pthread_mutex_t mu;
     pthread_cond_t  cv;
@@ -38,6 +58,7 @@ typedef struct srv_model {
     size_t       q_head, q_len, q_cap;
     int          parallel;           /* slots: requests decoded together */
     int          running, stop;      /* running: active slots */
+    int          exited;             /* the worker has returned */
     jlm_pager_counters pc;           /* the pager's counters after the last request */
     /* counters (atomic: read by /metrics) */
     atomic_ullong n_done, n_cancelled, n_prompt_tok, n_gen_tok;
@@ -47,8 +68,10 @@ typedef struct srv_model {
 
 struct srv_job {
     jlm_srv_req   req;
-    jlm_srv_ident ident;
-    srv_model    *m;
+    jlm_srv_ident ident;             /* ident.model points to model_id */
+    char         *model_id;
+    struct jlm_srv *srv;
+    srv_model    *m;                 /* the worker side's only */
     int32_t      *prompt;            /* (n_prompt,) token ids */
     size_t        n_prompt;
     uint32_t      max_tokens;
@@ -68,11 +91,39 @@ struct srv_job {
     jlm_srv_result res;
 };
 
+/* One frame budget over every served model (budget.c): each model's pager
+ * budget is its grant; the grants add up to at most total. Before each step
+ * a worker asks for all its pages (srv_budget_acquire); what is not free is
+ * taken from the other models, least recently used first: an idle model
+ * down to its minimum working set, a busy one down to an even share of the
+ * total among the busy models (so two busy models do not take turns evicting
+ * each other's every page). Taking lowers the victim's pager budget under
+ * its pager_mu, which evicts its frames (pager.h invariant 7 order).
+ * Lock order: budget mu -> a model's pager_mu -> that model's mu. */
+typedef struct srv_budget {
+    pthread_mutex_t mu;
+    uint64_t     total;              /* 0: off, every engine unlimited */
+    uint64_t     clock;
+    srv_model  **m;                  /* (n, cap) the models in the budget */
+    size_t       n, cap;
+} srv_budget;
+
 struct jlm_srv {
     jlm_srv_opts  o;
-    char         *host, *api_key;
-    srv_model   **models;            /* (n_models,) */
-    size_t        n_models;
+    char         *host, *api_key, *models_dir;
+    /* guarded by models_mu: the table, in id order, and the retired models */
+    pthread_mutex_t models_mu;
+    srv_model   **models;            /* (n_models, models_cap) */
+    size_t        n_models, models_cap;
+    srv_model   **retired;           /* (n_retired, retired_cap) */
+    size_t        n_retired, retired_cap;
+    /* the --models DIR scanner (scan.c); guarded by scan_mu */
+    pthread_mutex_t scan_mu;
+    pthread_cond_t  scan_cv;
+    pthread_t     scanner;
+    int           scanning, scan_stop, scan_asked;
+    uint64_t      scans_done;
+    srv_budget    budget;
     struct MHD_Daemon *d;
     int           port;
     atomic_int    draining;
@@ -84,8 +135,53 @@ struct jlm_srv {
 };
 
 /* gen.c */
-int  srv_model_open(struct jlm_srv *s, const char *path, srv_model **out, jlm_err *err);
-void srv_model_close(srv_model *m);          /* stops its worker first; accepts NULL */
+/* Opens the container at path (a .jlm or a view directory) as id (NULL: the
+ * file stem), joins the budget and starts its worker. */
+int  srv_model_open(struct jlm_srv *s, const char *path, const char *id, srv_model **out, jlm_err *err);
+/* A PENDING entry: listed with status, answers 503; no engine. */
+int  srv_model_pending(struct jlm_srv *s, const char *path, const char *id, const char *status, srv_model **out);
+/* Stops its worker (after what it has queued), leaves the budget, frees;
+ * accepts NULL. */
+void srv_model_close(srv_model *m);
+/* The stem id of a path: "a/foo.jlm" and "a/foo.jlm/" are "foo". malloc'd. */
+char *srv_model_stem(const char *path);
+
+/* budget.c (see srv_budget above) */
+void srv_budget_init(srv_budget *b, uint64_t total);
+void srv_budget_fini(srv_budget *b);
+/* Adds m (engine open) with its minimum working set as grant, taking frames
+ * from others when needed; a total below the sum of the minimums is raised
+ * to it with a note on stderr. JLM_ENOMEM. */
+int  srv_budget_join(srv_budget *b, srv_model *m, jlm_err *err);
+void srv_budget_leave(srv_budget *b, srv_model *m);
+/* Called by m's worker before a step, holding no lock. Cannot fail: with
+ * nothing to take m keeps its grant. */
+void srv_budget_acquire(srv_budget *b, srv_model *m);
+
+/* scan.c: the models table */
+/* A referenced model by id (NULL: none); release with srv_model_unref. */
+srv_model *srv_model_find(struct jlm_srv *s, const char *id);
+/* The only model when exactly one is served, referenced; else NULL. */
+srv_model *srv_model_only(struct jlm_srv *s);
+void srv_model_unref(srv_model *m);
+/* Adds m to the table (taking the caller's reference); JLM_EINVAL when its
+ * id is served already. */
+int  srv_models_add(struct jlm_srv *s, srv_model *m, jlm_err *err);
+/* Scans --models DIR once (blocking): new files and views are opened,
+ * changed ones reopened, vanished ones retired, retired ones with no worker
+ * and no user closed. first: errors end the open instead of being listed. */
+int  srv_scan(struct jlm_srv *s, int first, jlm_err *err);
+/* 1 when a model of the folder no longer is what was opened (its file gone
+ * or changed, its view's status no longer `ready`): one stat, and a read of
+ * a view's status. */
+int  srv_model_stale(const srv_model *m);
+/* Starts the scanner thread (every rescan_s seconds, and when asked). */
+int  srv_scanner_start(struct jlm_srv *s, jlm_err *err);
+/* Asks for a scan and waits for one that started after the call (at most
+ * timeout_ms); a no-op without --models. */
+void srv_scan_now(struct jlm_srv *s, int timeout_ms);
+/* Stops the scanner; closes every model, retired or not. */
+void srv_models_close_all(struct jlm_srv *s);
 /* Tokenizes the request's prompt (completions: as `jlm run -p`; chat: the
  * rendered template, as `jlm chat`) into a new job with two references.
  * JLM_EINVAL (empty prompt, context exceeded, template error) with the

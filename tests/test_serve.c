@@ -19,6 +19,7 @@
 #include "engine/sampler.h"
 #include "serve/api.h"
 #include "tests/testutil.h"
+#include "tests/mntutil.h"
 
 /* ---------------------------------------------------------------- a server per test */
 
@@ -904,5 +905,441 @@ Test(serve, logprobs_match_the_log_softmax_of_jlm_run_logits, .timeout = 60)
     expect_error(&s, "POST", "/v1/chat/completions",
                  "{\"messages\": [{\"role\": \"user\", \"content\": \"hi\"}], \"top_logprobs\": 2}", NULL, 400,
                  "invalid_request_error");
+    srv_free(&s);
+}
+
+/* ---------------------------------------------------------------- one budget across models */
+
+/* The value of a metric line "NAME VALUE" (name with its labels); -1 when absent. */
+static double metric(const char *text, const char *name)
+{
+    size_t n = strlen(name);
+    for (const char *p = text; (p = strstr(p, name)); p += n)
+        if ((p == text || p[-1] == '\n') && p[n] == ' ')
+            return strtod(p + n + 1, NULL);
+    return -1;
+}
+
+static char *get_metrics(const srv *s)
+{
+    char *r = NULL;
+    cr_assert_eq(http(s, "GET", "/metrics", NULL, NULL, &r), 200, "%s", r);
+    return r;
+}
+
+/* Bytes of every page of a container (what holding it all takes). */
+static uint64_t all_page_bytes(const char *path)
+{
+    jlm_engine *e;
+    jlm_err err = {0};
+    jlm_engine_opts o = {.quiet = 1};
+    cr_assert_eq(jlm_engine_open(path, &o, &e, &err), 0, "%s", err.msg);
+    const jlm_header *h = &jlm_engine_model(e)->hdr;
+    uint64_t b = h->page_size * h->n_blocks + h->vis_page_size * h->n_vis_blocks + h->exp_page_size * h->n_exp_pages;
+    jlm_engine_close(e);
+    return b;
+}
+
+static char *ascii_only(char *t)
+{
+    char *a = t;
+    for (char *p = t; *p; p++) if (!((unsigned char)*p & 0x80)) *a++ = *p;
+    *a = 0;
+    return t;
+}
+
+/* Two models under one --budget of 3/4 of their pages together: the model a
+ * request needs takes the frames of the least recently used one (its budget
+ * is lowered, its pages evicted), never more than the budget is resident,
+ * and both keep answering exactly as jlm run. */
+Test(serve, one_budget_across_models_takes_frames_from_the_least_recently_used, .timeout = 120)
+{
+    srv s = {0};
+    s.dir = tu_tmpdir();
+    s.model = convert_to("stories260K.gguf", s.dir, "stories.jlm");
+    char *m2 = convert_to("synth-llama-256.Q4_K_M.gguf", s.dir, "synth.jlm");
+    uint64_t a = all_page_bytes(s.model), b = all_page_bytes(m2), total = (a + b) / 4 * 3;
+    char bud[32];
+    snprintf(bud, sizeof bud, "%llu", (unsigned long long)total);
+    char *keep = s.model;
+    s.model = NULL;
+    const char *args[] = {"--models", s.dir, "--budget", bud, "--rescan", "0", NULL};
+    srv_start(&s, args);
+    s.model = keep;
+    char *r = NULL, *ref = jlm_run(&s, "Once upon a time", 24), cmd[2048], *ref2 = NULL;
+    snprintf(cmd, sizeof cmd, "%s run %s -p 't1 t2' -n 8 --temp 0 -t 1 2>/dev/null", tu_jlm(), m2);
+    cr_assert_eq(tu_run(cmd, &ref2), 0, "%s", ref2);
+    ascii_only(ref2);
+    const char *b1 = "{\"model\": \"stories\", \"prompt\": \"Once upon a time\", \"max_tokens\": 24, \"temperature\": 0}";
+    const char *b2 = "{\"model\": \"synth\", \"prompt\": \"t1 t2\", \"max_tokens\": 8, \"temperature\": 0}";
+
+    cr_assert_eq(http(&s, "POST", "/v1/completions", b1, NULL, &r), 200, "%s", r);
+    char *t = completion_text(r, NULL);
+    cr_assert_str_eq(t, ref, "stories answers as jlm run");
+    free(t); free(r);
+    char *m = get_metrics(&s);
+    cr_assert_eq(metric(m, "jlm_budget_total_bytes"), (double)total, "%s", m);
+    cr_assert(metric(m, "jlm_resident_total_bytes") <= (double)total, "%s", m);
+    double st_in = metric(m, "jlm_page_ins_total{model=\"stories\"}");
+    cr_assert(metric(m, "jlm_resident_bytes{model=\"stories\"}") > 0, "%s", m);
+    free(m);
+
+    /* synth needs frames: stories (idle, least recently used) gives them */
+    cr_assert_eq(http(&s, "POST", "/v1/completions", b2, NULL, &r), 200, "%s", r);
+    t = ascii_only(completion_text(r, NULL));
+    cr_assert_str_eq(t, ref2, "synth answers as jlm run");
+    free(t); free(r);
+    m = get_metrics(&s);
+    cr_assert(metric(m, "jlm_budget_reclaims_total{model=\"stories\"}") >= 1, "stories' frames were taken: %s", m);
+    cr_assert(metric(m, "jlm_budget_reclaimed_bytes_total{model=\"stories\"}") > 0, "%s", m);
+    cr_assert(metric(m, "jlm_page_evictions_total{model=\"stories\"}") > 0, "%s", m);
+    cr_assert(metric(m, "jlm_resident_total_bytes") <= (double)total, "never more than the budget: %s", m);
+    cr_assert(metric(m, "jlm_budget_granted_bytes") <= (double)total, "%s", m);
+    free(m);
+
+    /* stories again: it takes synth's frames and pages its own in again */
+    cr_assert_eq(http(&s, "POST", "/v1/completions", b1, NULL, &r), 200, "%s", r);
+    t = completion_text(r, NULL);
+    cr_assert_str_eq(t, ref, "stories still answers as jlm run");
+    free(t); free(r);
+    m = get_metrics(&s);
+    cr_assert(metric(m, "jlm_budget_reclaims_total{model=\"synth\"}") >= 1, "synth's frames were taken: %s", m);
+    cr_assert(metric(m, "jlm_page_ins_total{model=\"stories\"}") > st_in, "stories paged in again: %s", m);
+    cr_assert(metric(m, "jlm_resident_total_bytes") <= (double)total, "%s", m);
+    free(m);
+    free(ref); free(ref2); free(m2);
+    srv_free(&s);
+}
+
+/* ---------------------------------------------------------------- a models folder that changes */
+
+/* curl with the response headers in DIR/hdr; the status. */
+static int http_hdr(const srv *s, const char *method, const char *path, const char *body, char **out, char **hdr)
+{
+    char extra[1200];
+    snprintf(extra, sizeof extra, "-D %s/hdr", s->dir);
+    int st = http(s, method, path, body, extra, out);
+    snprintf(extra, sizeof extra, "%s/hdr", s->dir);
+    size_t n = 0;
+    unsigned char *h = tu_read_file(extra, &n);
+    *hdr = strndup(h ? (const char *)h : "", n);
+    free(h);
+    return st;
+}
+
+static void put_text(const char *dir, const char *name, const char *text)
+{
+    char p[1200];
+    snprintf(p, sizeof p, "%s/%s", dir, name);
+    cr_assert_eq(tu_write_file(p, text, strlen(text)), 0, "%s", p);
+}
+
+/* A view (a folder NAME.jlm with `status` and model.jlm, as a jlmfs mount
+ * shows it) that appears after the start is listed with its status and
+ * answers 503 with Retry-After until `ready`, then generates; a container
+ * copied in later is served; one that vanishes is dropped (404), and a
+ * stream in flight on it still ends whole. */
+Test(serve, a_models_folder_picks_up_late_views_and_drops_vanished_models, .timeout = 120)
+{
+    srv s = {0};
+    s.dir = tu_tmpdir();
+    char *md = NULL, cmd[4096];
+    if (asprintf(&md, "%s/models", s.dir) < 0) cr_assert_fail();
+    cr_assert_eq(mkdir(md, 0755), 0);
+    s.model = convert_to("stories260K.gguf", md, "stories.jlm");
+    char *keep = s.model;
+    s.model = NULL;
+    const char *args[] = {"--models", md, "--rescan", "0", "-c", "4096", NULL};
+    srv_start(&s, args);
+    s.model = keep;
+    char *r = NULL, *h = NULL;
+
+    /* a view still converting */
+    char view[1200];
+    snprintf(view, sizeof view, "%s/late.jlm", md);
+    cr_assert_eq(mkdir(view, 0755), 0);
+    put_text(view, "status", "converting 40%\n");
+    cr_assert_eq(http(&s, "GET", "/v1/models", NULL, NULL, &r), 200, "%s", r);
+    cr_assert(strstr(r, "{\"id\":\"late\"") && strstr(r, "\"status\":\"converting 40%\""), "%s", r);
+    cr_assert(strstr(r, "\"id\":\"stories\"") && strstr(r, "\"status\":\"ready\""), "%s", r);
+    free(r);
+    const char *bl = "{\"model\": \"late\", \"prompt\": \"t1 t2\", \"max_tokens\": 8, \"temperature\": 0}";
+    cr_assert_eq(http_hdr(&s, "POST", "/v1/completions", bl, &r, &h), 503, "%s", r);
+    cr_assert(strcasestr(h, "\r\nRetry-After: "), "a 503 for a converting view says when to retry: %s", h);
+    cr_assert(strstr(r, "\"type\":\"server_busy\"") && strstr(r, "converting 40%"), "%s", r);
+    free(r); free(h);
+
+    /* ready: its container is there and its status says so */
+    char *late = convert_to("synth-llama-256.Q4_K_M.gguf", view, "model.jlm");
+    put_text(view, "status", "ready\n");
+    cr_assert_eq(http(&s, "POST", "/v1/completions", bl, NULL, &r), 200, "the view answers once ready: %s", r);
+    char *t = ascii_only(completion_text(r, NULL)), *ref = NULL;
+    snprintf(cmd, sizeof cmd, "%s run %s -p 't1 t2' -n 8 --temp 0 -t 1 2>/dev/null", tu_jlm(), late);
+    cr_assert_eq(tu_run(cmd, &ref), 0, "%s", ref);
+    cr_assert_str_eq(t, ascii_only(ref), "the late view answers as jlm run on its container");
+    free(t); free(r); free(ref); free(late);
+
+    /* a container copied in later, then removed while a stream runs on it */
+    snprintf(cmd, sizeof cmd, "cp %s %s/copy.jlm", keep, md);
+    cr_assert_eq(tu_run(cmd, NULL), 0);
+    const char *bc = "{\"model\": \"copy\", \"prompt\": \"Once upon a time\", \"max_tokens\": 16, \"temperature\": 0}";
+    cr_assert_eq(http(&s, "POST", "/v1/completions", bc, NULL, &r), 200, "%s", r);
+    t = completion_text(r, NULL);
+    ref = jlm_run(&s, "Once upon a time", 16);
+    cr_assert_str_eq(t, ref, "a container dropped in later answers as jlm run");
+    free(t); free(r); free(ref);
+    int fd = tcp_connect(s.port);
+    const char *body = "{\"model\": \"copy\", \"prompt\": \"Once\", \"max_tokens\": 600, \"ignore_eos\": true, \"stream\": true}";
+    char req[512];
+    int nr = snprintf(req, sizeof req, "POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Length: %zu\r\n\r\n%s",
+                      strlen(body), body);
+    cr_assert_eq(write(fd, req, (size_t)nr), nr);
+    cr_assert(metrics_reach(&s, "jlm_requests_running{model=\"copy\"} 1"), "the stream runs");
+    snprintf(cmd, sizeof cmd, "%s/copy.jlm", md);
+    cr_assert_eq(unlink(cmd), 0);
+    cr_assert_eq(http(&s, "GET", "/v1/models", NULL, NULL, &r), 200, "%s", r);
+    cr_assert(!strstr(r, "\"id\":\"copy\""), "a vanished model is no longer listed: %s", r);
+    free(r);
+    expect_error(&s, "POST", "/v1/completions", bc, NULL, 404, "not_found_error");
+    size_t cap = 1 << 20, got = 0;
+    char *buf = malloc(cap);
+    time_t t0 = time(NULL);
+    while (got < cap - 1 && time(NULL) - t0 < 60) {
+        struct pollfd p = {.fd = fd, .events = POLLIN};
+        if (poll(&p, 1, 100) <= 0) continue;
+        ssize_t n = read(fd, buf + got, cap - 1 - got);
+        if (n <= 0) break;
+        got += (size_t)n;
+        buf[got] = 0;
+        if (strstr(buf + (got > 64 ? got - 64 : 0), "data: [DONE]")) break;
+    }
+    buf[got] = 0;
+    cr_assert(strstr(buf, "\"finish_reason\":\"length\"") && strstr(buf, "data: [DONE]"),
+              "the stream in flight on the vanished model ends whole");
+    free(buf);
+    close(fd);
+
+    /* the view goes back to converting (its GGUF replaced): 503 again */
+    put_text(view, "status", "converting 5%\n");
+    cr_assert_eq(http_hdr(&s, "POST", "/v1/completions", bl, &r, &h), 503, "%s", r);
+    free(r); free(h);
+    r = get_metrics(&s);
+    cr_assert(strstr(r, "jlm_model_ready{model=\"late\"} 0"), "%s", r);
+    cr_assert(!strstr(r, "{model=\"copy\"}"), "%s", r);
+    free(r);
+    cr_assert_eq(http(&s, "POST", "/v1/completions", "{\"model\": \"stories\", \"prompt\": \"Once\", \"max_tokens\": 4}",
+                      NULL, &r), 200, "the first model answers throughout: %s", r);
+    free(r);
+    free(md);
+    srv_free(&s);
+}
+
+/* ---------------------------------------------------------------- a GGUF */
+
+/* `jlm serve foo.gguf` converts once into the per-user cache (as jlm run)
+ * and serves it as "foo". */
+Test(serve, serves_a_gguf_through_the_per_user_cache, .timeout = 120)
+{
+    srv s = {0};
+    s.dir = tu_tmpdir();
+    char cache[1100];
+    snprintf(cache, sizeof cache, "%s/cache", s.dir);
+    setenv("XDG_CACHE_HOME", cache, 1);
+    s.model = strdup(tu_model("stories260K.gguf"));
+    srv_start(&s, NULL);
+    char *r = NULL;
+    cr_assert_eq(http(&s, "GET", "/v1/models", NULL, NULL, &r), 200, "%s", r);
+    cr_assert(strstr(r, "\"id\":\"stories260K\""), "served under the GGUF's stem: %s", r);
+    free(r);
+    const char *b = "{\"prompt\": \"Once upon a time\", \"max_tokens\": 16, \"temperature\": 0}";
+    cr_assert_eq(http(&s, "POST", "/v1/completions", b, NULL, &r), 200, "%s", r);
+    char *t = completion_text(r, NULL), *ref = jlm_run(&s, "Once upon a time", 16);
+    cr_assert_str_eq(t, ref, "the cached conversion answers as jlm run on the GGUF");
+    free(t); free(r); free(ref);
+    char cmd[1300], *o = NULL;
+    snprintf(cmd, sizeof cmd, "ls %s/jlm | grep -c '^stories260K@.*\\.jlm$'", cache);
+    tu_run(cmd, &o);
+    cr_assert_eq(atoi(o), 1, "one cached container: %s", o);
+    free(o);
+    srv_free(&s);
+}
+
+/* ---------------------------------------------------------------- soak */
+
+static long rss_kib(pid_t pid)
+{
+    char p[64], line[256];
+    snprintf(p, sizeof p, "/proc/%d/status", (int)pid);
+    FILE *f = fopen(p, "r");
+    long k = -1;
+    while (f && fgets(line, sizeof line, f))
+        if (!strncmp(line, "VmRSS:", 6)) k = atol(line + 6);
+    if (f) fclose(f);
+    return k;
+}
+
+/* 8 clients for 8 s, each sending bounded greedy requests back to back
+ * (half streamed, chat and completions): every response is well-formed and
+ * is exactly the text that request gets alone, the server stays up and its
+ * RSS does not grow without bound. */
+Test(serve, soak_eight_clients_well_formed_and_bounded, .timeout = 180)
+{
+    enum { N = 8, SECONDS = 8 };
+    srv s = {0};
+    const char *args[] = {"--parallel", "4", "--queue", "16", NULL};
+    srv_start(&s, args);
+    const char *prompts[4] = {"Once upon a time", "The dog", "Lily saw a bird", "The sun"};
+    char *want[4];
+    for (int i = 0; i < 4; i++) want[i] = jlm_run(&s, prompts[i], 12);
+    /* warm up: one of each, so the first RSS sample holds the caches */
+    char *r = NULL;
+    cr_assert_eq(http(&s, "POST", "/v1/completions", "{\"prompt\": \"Once\", \"max_tokens\": 12, \"temperature\": 0}",
+                      NULL, &r), 200, "%s", r);
+    free(r);
+    long rss0 = rss_kib(s.pid);
+    char cmd[16384];
+    int k = snprintf(cmd, sizeof cmd, "(");
+    for (int c = 0; c < N; c++)
+        k += snprintf(cmd + k, sizeof cmd - (size_t)k,
+                      "(end=$(( $(date +%%s) + %d )); i=0; while [ $(date +%%s) -lt $end ]; do "
+                      "curl -s --max-time 60 -o %s/soak-%d-$i -w '%%{http_code}\\n' http://127.0.0.1:%d/v1/completions "
+                      "-d '{\"prompt\": \"%s\", \"max_tokens\": 12, \"temperature\": 0%s}' >> %s/codes; i=$((i+1)); done) & ",
+                      SECONDS, s.dir, c, s.port, prompts[c % 4], c % 2 ? ", \"stream\": true" : "", s.dir);
+    snprintf(cmd + k, sizeof cmd - (size_t)k, "wait)");
+    cr_assert_eq(tu_run(cmd, NULL), 0);
+    long rss1 = rss_kib(s.pid);
+    /* every status 200, every body whole and right */
+    char p[1200];
+    snprintf(p, sizeof p, "%s/codes", s.dir);
+    size_t n = 0;
+    unsigned char *codes = tu_read_file(p, &n);
+    cr_assert(codes && n > 0, "the clients ran");
+    int total = 0;
+    for (size_t i = 0; i + 3 < n + 1; i += 4, total++)
+        cr_assert(!memcmp(codes + i, "200\n", 4), "response %d: status %.3s", total, codes + i);
+    free(codes);
+    int checked = 0;
+    for (int c = 0; c < N; c++)
+        for (int i = 0;; i++) {
+            snprintf(p, sizeof p, "%s/soak-%d-%d", s.dir, c, i);
+            size_t rl = 0;
+            unsigned char *raw = tu_read_file(p, &rl);
+            if (!raw) break;
+            char *body = strndup((const char *)raw, rl);
+            free(raw);
+            char *t = c % 2 ? stream_text(body, NULL) : completion_text(body, NULL);
+            cr_assert_str_eq(t, want[c % 4], "client %d request %d equals jlm run alone", c, i);
+            free(t); free(body);
+            checked++;
+        }
+    cr_assert_eq(checked, total, "one body per status");
+    cr_assert(total >= N, "every client got at least one answer (%d)", total);
+#ifdef __SANITIZE_ADDRESS__
+    const long slack = 320 * 1024;   /* ASan keeps up to 256 MiB of freed memory in quarantine */
+#else
+    const long slack = 64 * 1024;
+#endif
+    cr_assert(rss0 > 0 && rss1 > 0 && rss1 - rss0 < slack, "RSS %ld -> %ld KiB over %d requests", rss0, rss1, total);
+    cr_log_info("soak: %d requests, RSS %ld -> %ld KiB", total, rss0, rss1);
+    r = get_metrics(&s);
+    cr_assert_eq(metric(r, "jlm_requests_done_total{model=\"stories\"}"), (double)(total + 1), "%s", r);
+    cr_assert_eq(metric(r, "jlm_requests_running{model=\"stories\"}"), 0, "%s", r);
+    cr_assert_eq(metric(r, "jlm_http_errors_total"), 0, "%s", r);
+    free(r);
+    for (int i = 0; i < 4; i++) free(want[i]);
+    srv_free(&s);
+}
+
+/* ---------------------------------------------------------------- the openai npm client */
+
+/* Where scripts/deps.sh installs the `openai` package (JLM_NODE_MODULES overrides). */
+static const char *node_modules(void)
+{
+    const char *e = getenv("JLM_NODE_MODULES");
+    return e && *e ? e : "/opt/jlm-test-node/node_modules";
+}
+
+/* The official client: models.list, a completion and a chat completion,
+ * whole and streamed; the texts equal jlm run's and jlm chat's. */
+Test(serve, the_openai_npm_client_gets_what_jlm_run_gives, .timeout = 120)
+{
+    char probe[1200], *o = NULL;
+    snprintf(probe, sizeof probe, "command -v node >/dev/null && test -f %s/openai/package.json", node_modules());
+    if (tu_run(probe, &o) != 0) {
+        free(o);
+        cr_skip_test("node or the openai npm package (%s) is absent: scripts/deps.sh installs them", node_modules());
+    }
+    free(o);
+    srv s = {0};
+    srv_start(&s, NULL);
+    char cmd[4096], *out = NULL, *ref = jlm_run(&s, "Once upon a time", 16), *cref = NULL;
+    snprintf(cmd, sizeof cmd, "(printf 'Hello there\\n' | %s chat %s -n 16 --temp 0 -t 1 2>/dev/null)", tu_jlm(), s.model);
+    cr_assert_eq(tu_run(cmd, &cref), 0, "%s", cref);
+    snprintf(cmd, sizeof cmd, "node %s/tests/serve_openai.mjs %s http://127.0.0.1:%d/v1 stories 'Once upon a time' 16 2>&1",
+             tu_root(), node_modules(), s.port);
+    int rc = tu_run(cmd, &out);
+    cr_assert_eq(rc, 0, "the client ran: %s", out);
+    json_t *j = parse(out);
+    json_t *models = json_object_get(j, "models");
+    cr_assert_eq(json_array_size(models), 1, "%s", out);
+    cr_assert_str_eq(json_string_value(json_array_get(models, 0)), "stories");
+    cr_assert_str_eq(json_string_value(json_object_get(j, "completion")), ref, "completion equals jlm run");
+    cr_assert_str_eq(json_string_value(json_object_get(j, "stream")), ref, "streamed completion equals jlm run");
+    cr_assert_str_eq(json_string_value(json_object_get(j, "finish")), "length");
+    cr_assert_eq(json_integer_value(json_object_get(json_object_get(j, "usage"), "completion_tokens")), 16, "%s", out);
+    char want[4096];
+    snprintf(want, sizeof want, "%s\n", json_string_value(json_object_get(j, "chat")));
+    cr_assert_str_eq(want, cref, "chat equals jlm chat's first reply");
+    snprintf(want, sizeof want, "%s\n", json_string_value(json_object_get(j, "chat_stream")));
+    cr_assert_str_eq(want, cref, "streamed chat equals jlm chat's first reply");
+    json_decref(j);
+    free(out); free(ref); free(cref);
+    srv_free(&s);
+}
+
+/* ---------------------------------------------------------------- a jlmfs mount */
+
+/* `--models MNT` on a real jlmfs mount: a GGUF copied in after the start
+ * gets a view that answers 503 (Retry-After) while it converts (the mount's
+ * test hook slows each unit), then exactly what jlm run gives; removing the
+ * GGUF removes the view and the model (404). */
+Test(serve, a_jlmfs_mount_serves_a_gguf_dropped_in_once_its_view_is_ready, .init = mnt_dirs, .fini = mnt_fini,
+     .timeout = 120)
+{
+    mnt_start(200, 1);
+    srv s = {0};
+    s.dir = tu_tmpdir();
+    char cache[1100];
+    snprintf(cache, sizeof cache, "%s/xdg", s.dir);
+    setenv("XDG_CACHE_HOME", cache, 1);
+    const char *args[] = {"--models", M.mnt, "--rescan", "0", NULL};
+    srv_start(&s, args);
+    char cmd[4096], *r = NULL, *h = NULL;
+    snprintf(cmd, sizeof cmd, "cp %s %s/tiny.gguf", tu_model("stories260K.gguf"), M.mnt);
+    cr_assert_eq(tu_run(cmd, NULL), 0);
+    const char *b = "{\"model\": \"tiny\", \"prompt\": \"Once upon a time\", \"max_tokens\": 16, \"temperature\": 0}";
+    int st = http_hdr(&s, "POST", "/v1/completions", b, &r, &h);
+    cr_assert_eq(st, 503, "the view is still converting: %s", r);
+    cr_assert(strstr(r, "converting"), "%s", r);
+    cr_assert(strcasestr(h, "\r\nRetry-After: "), "%s", h);
+    free(r); free(h);
+    cr_assert_eq(http(&s, "GET", "/v1/models", NULL, NULL, &r), 200, "%s", r);
+    cr_assert(strstr(r, "\"id\":\"tiny\""), "the view is listed while converting: %s", r);
+    free(r);
+    for (int i = 0; i < 300 && (st = http(&s, "POST", "/v1/completions", b, NULL, &r)) == 503; i++) {
+        free(r);
+        usleep(200000);
+    }
+    cr_assert_eq(st, 200, "the view answers once ready: %s", r);
+    char *t = completion_text(r, NULL), *ref = NULL;
+    free(r);
+    snprintf(cmd, sizeof cmd, "(%s run %s -p 'Once upon a time' -n 16 --temp 0 -t 1 2>/dev/null)", tu_jlm(),
+             tu_model("stories260K.gguf"));
+    cr_assert_eq(tu_run(cmd, &ref), 0, "%s", ref);
+    cr_assert_str_eq(t, ref, "the mounted view answers as jlm run on the GGUF: [%s] [%s]", t, ref);
+    free(t); free(ref);
+    snprintf(cmd, sizeof cmd, "%s/tiny.gguf", M.mnt);
+    cr_assert_eq(unlink(cmd), 0);
+    expect_error(&s, "POST", "/v1/completions", b, NULL, 404, "not_found_error");
     srv_free(&s);
 }

@@ -29,9 +29,14 @@ $JLM run "$work/moe.jlm" -p "Once upon a time" -n 8 --temp 0 -t 2 --budget 1 >/d
     { cat "$work/run.err" >&2; fail "jlm run -t 2 at the minimum budget"; }
 ok "jlm run -t 2, minimum budget"
 
-# 2. jlm serve: four concurrent requests batched in one pass, then a drain.
-$JLM convert tests/models/stories260K.gguf -o "$work/stories.jlm" 2>/dev/null || fail "convert"
-$JLM serve "$work/stories.jlm" --port 0 --parallel 4 -t 2 > "$work/serve.out" 2>"$work/serve.err" &
+# 2. jlm serve: concurrent requests batched in one pass on each of three models
+#    that share one --budget (each takes the others' frames), one of them
+#    dropped into the --models folder after the start, then a drain.
+mkdir -p "$work/models"
+$JLM convert tests/models/stories260K.gguf -o "$work/models/stories.jlm" 2>/dev/null || fail "convert"
+cp "$work/models/stories.jlm" "$work/models/other.jlm"
+$JLM serve --models "$work/models" --budget 600K --rescan 1 --port 0 --parallel 4 -t 2 \
+    > "$work/serve.out" 2>"$work/serve.err" &
 srv=$!
 port=""
 for _ in $(seq 300); do
@@ -40,10 +45,12 @@ for _ in $(seq 300); do
     sleep 0.1
 done
 [ -n "$port" ] || { cat "$work/serve.err" >&2; fail "jlm serve did not start"; }
+cp "$work/models/stories.jlm" "$work/models/third.jlm"   # picked up by the request naming it
+models=(stories other third)
 pids=()
-for i in 1 2 3 4; do
+for i in 1 2 3 4 5 6; do
     curl -sf -m 120 "http://127.0.0.1:$port/v1/completions" -H 'Content-Type: application/json' \
-        -d "{\"model\":\"stories\",\"prompt\":\"Tim had a dog $i\",\"max_tokens\":12,\"temperature\":0,\"stream\":$([ $i -gt 2 ] && echo true || echo false)}" \
+        -d "{\"model\":\"${models[$((i % 3))]}\",\"prompt\":\"Tim had a dog $i\",\"max_tokens\":12,\"temperature\":0,\"stream\":$([ $i -gt 2 ] && echo true || echo false)}" \
         -o "$work/r$i.json" &
     pids+=($!)
 done
@@ -52,7 +59,7 @@ kill -TERM "$srv"
 rc=0; wait "$srv" || rc=$?
 srv=""
 [ "$rc" -eq 0 ] || { cat "$work/serve.err" >&2; fail "jlm serve exited $rc"; }
-ok "jlm serve: 4 concurrent requests, drain"
+ok "jlm serve: 6 concurrent requests on three models under one budget (one added late), drain"
 
 # 3. jlmfs: background conversion of two models while readers read pages and an
 #    engine runs through a view; unmounted with conversions possibly in flight.

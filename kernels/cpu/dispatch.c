@@ -99,8 +99,12 @@ int jlm_k_cpu_init(jlm_err *err)
             v = want;
         }
     }
-    jlm_k_cpu_table(v, &g_table, NULL);   /* cannot fail: v is supported */
-    g_ready = 1;
+    /* written only when the choice changes: an engine opened while another
+     * one computes (jlm serve adding a model) only reads the table */
+    if (!g_ready || g_table.variant != v) {
+        jlm_k_cpu_table(v, &g_table, NULL);   /* cannot fail: v is supported */
+        g_ready = 1;
+    }
     return rc;
 }
 
