@@ -67,7 +67,7 @@ static int reply(jlm_engine *e, jlm_tok *tok, jlm_sampler *s, float *logits, int
 int jlm_cmd_chat(int argc, char **argv)
 {
     const char *model = NULL, *image = NULL;
-    jlm_engine_opts eo = {.direct = 1};
+    jlm_engine_opts eo = {.direct = 1, .budget = JLM_BUDGET_AUTO};
     jlm_samp_params sp;
     jlm_samp_params_default(&sp);
     int n_max = 256;
@@ -82,7 +82,8 @@ int jlm_cmd_chat(int argc, char **argv)
         {NULL, "--min-p", JLM_OPT_F32, &sp.min_p, 0, 1, 0, "P", "min-p, 0: off"},
         {NULL, "--repeat-penalty", JLM_OPT_F32, &sp.repeat_penalty, 0, 1e6, JLM_OPT_LO_OPEN, "R", "repeat penalty, 1: off"},
         {"-s", "--seed", JLM_OPT_SEED, &sp.seed, 0, 0, 0, "S", "sampler seed (u32, -1: random)"},
-        {NULL, "--budget", JLM_OPT_SIZE, &eo.budget, 0, 0, 0, "SIZE", "resident weight budget (K/M/G), 0: unlimited"},
+        {NULL, "--budget", JLM_OPT_SIZE, &eo.budget, 0, 0, 0, "SIZE", "memory budget: frames + KV + scratch (K/M/G), 0: unlimited; default: the cgroup limit or MemAvailable less a headroom"},
+        {NULL, "--kv", JLM_OPT_STR, &eo.kv, 0, 0, 0, "f32|f16", "KV cache type (f16: half the memory)"},
         {NULL, "--image", JLM_OPT_STR, &image, 0, 0, 0, "FILE", "an image for the first message"},
     };
     const char *pos[1] = {0};
