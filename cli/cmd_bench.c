@@ -22,7 +22,7 @@
 #include <unistd.h>
 
 static const char BENCH_USAGE[] =
-    "usage: jlm bench MODEL [-p 512] [-n 128] [-r 3] [-t THREADS] [--budget SIZE] [--no-direct]\n"
+    "usage: jlm bench MODEL [-p 512] [-n 128] [-r 3] [-t THREADS] [--budget SIZE] [--kv f32|f16] [--no-direct]\n"
     "  -p 0 or -n 0 skips that test\n";
 
 typedef struct bench_opts { const char *model; int n_pp, n_tg, reps; jlm_engine_opts eng; } bench_opts;
