@@ -55,7 +55,7 @@ static int parse(int argc, char **argv, serve_opts *o)
         {NULL, "--body-max", JLM_OPT_SIZE, &body, 0, 0, 0, "SIZE", "largest request body, 0: the default"},
         {"-c", "--ctx-size", JLM_OPT_U32, &o->srv.eng.n_ctx, 0, 1 << 24, 0, "N", "context size, 0: the model's"},
         {"-t", "--threads", JLM_OPT_INT, &o->srv.eng.n_threads, 1, 1024, 0, "N", "threads, unset: all cores"},
-        {NULL, "--budget", JLM_OPT_SIZE, &o->srv.eng.budget, 0, 0, 0, "SIZE", "resident weight budget (K/M/G), 0: unlimited"},
+        {NULL, "--budget", JLM_OPT_SIZE, &o->srv.eng.budget, 0, 0, 0, "SIZE", "memory budget per model: frames + KV + scratch (K/M/G), 0: unlimited"},
     };
     const char *pos[MAX_MODELS + 1] = {0};
     jlm_opts_spec os = {"jlm serve", "(MODEL... | --models DIR) [options]", t, (int)(sizeof t / sizeof t[0]), pos,
