@@ -55,9 +55,18 @@ static int32_t next_id(uint64_t *s, uint32_t n_vocab)
 /* Decodes W + N tokens at `budget`; the last N are measured. 0 or -1. */
 static int run_budget(const char *path, const moe_opts *o, uint64_t budget, moe_row *row)
 {
-    jlm_engine_opts eo = {.n_threads = o->n_threads, .budget = budget, .n_ctx = 512, .direct = 1, .quiet = 1};
+    jlm_engine_opts eo = {.n_threads = o->n_threads, .budget = 0, .n_ctx = 512, .direct = 1, .quiet = 1};
     jlm_engine *e;
     jlm_err err = {0};
+    if (budget && jlm_engine_open(path, &eo, &e, &err) == 0) {
+        /* budget is of page frames: the engine's budget also bounds its KV
+         * cache, scratch and dense region, so add what they take */
+        jlm_engine_mem mi;
+        jlm_engine_mem_info(e, &mi);
+        budget += mi.kv + mi.scratch + mi.dense;
+        jlm_engine_close(e);
+    }
+    eo.budget = budget;
     if (jlm_engine_open(path, &eo, &e, &err)) {
         fprintf(stderr, "bench_moe: %s\n", err.msg);
         return -1;

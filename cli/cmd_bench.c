@@ -22,7 +22,7 @@
 #include <unistd.h>
 
 static const char BENCH_USAGE[] =
-    "usage: jlm bench MODEL [-p 512] [-n 128] [-r 3] [-t THREADS] [--budget SIZE] [--no-direct]\n"
+    "usage: jlm bench MODEL [-p 512] [-n 128] [-r 3] [-t THREADS] [--budget SIZE] [--kv f32|f16] [--no-direct]\n"
     "  -p 0 or -n 0 skips that test\n";
 
 typedef struct bench_opts { const char *model; int n_pp, n_tg, reps; jlm_engine_opts eng; } bench_opts;
@@ -37,13 +37,15 @@ static int bench_parse(int argc, char **argv, bench_opts *o)
     o->reps = 3;
     o->eng.direct = 1;
     o->eng.quiet = 1;
+    o->eng.budget = JLM_BUDGET_AUTO;
     const jlm_opt t[] = {
         {"-m", "--model", JLM_OPT_STR, &o->model, 0, 0, 0, "FILE", "the model (or give it first)"},
         {"-p", "--n-prompt", JLM_OPT_INT, &o->n_pp, 0, 1 << 20, 0, "N", "prompt tokens per pp test, 0: skip"},
         {"-n", "--n-gen", JLM_OPT_INT, &o->n_tg, 0, 1 << 20, 0, "N", "generated tokens per tg test, 0: skip"},
         {"-r", "--repetitions", JLM_OPT_INT, &o->reps, 1, 1000, 0, "N", "repetitions per test"},
         {"-t", "--threads", JLM_OPT_INT, &o->eng.n_threads, 1, 1024, 0, "N", "threads, unset: all cores"},
-        {NULL, "--budget", JLM_OPT_SIZE, &o->eng.budget, 0, 0, 0, "SIZE", "resident weight budget (K/M/G), 0: unlimited"},
+        {NULL, "--budget", JLM_OPT_SIZE, &o->eng.budget, 0, 0, 0, "SIZE", "memory budget: frames + KV + scratch (K/M/G), 0: unlimited; default: the cgroup limit or MemAvailable less a headroom"},
+        {NULL, "--kv", JLM_OPT_STR, &o->eng.kv, 0, 0, 0, "f32|f16", "KV cache type (f16: half the memory)"},
         {NULL, "--no-direct", JLM_OPT_FLAG, &o->eng.direct, 0, 0, JLM_OPT_CLEARS, NULL, "page weights through the page cache"},
     };
     const char *pos[1] = {0};
@@ -156,7 +158,7 @@ static void bench_describe(jlm_engine *e, const bench_opts *o, char *size, char 
     }
     bench_size(size, 16, (double)m->file_size);
     snprintf(params, 16, n >= 1e9 ? "%.2f B" : "%.2f M", n >= 1e9 ? n / 1e9 : n / 1e6);
-    if (o->eng.budget == 0)
+    if (jlm_engine_budget(e) == 0)   /* --budget 0, or nothing found by the automatic one */
         snprintf(budget, 16, "unlimited");
     else
         bench_size(budget, 16, (double)jlm_engine_budget(e));

@@ -420,7 +420,7 @@ static const char *template_kind(const char *t)
 int jlm_cmd_chat(int argc, char **argv)
 {
     const char *model = NULL, *image = NULL, *system = NULL;
-    jlm_engine_opts eo = {.direct = 1};
+    jlm_engine_opts eo = {.direct = 1, .budget = JLM_BUDGET_AUTO};
     jlm_samp_params sp;
     jlm_samp_params_default(&sp);
     int n_max = 256, ignore_eos = 0;
@@ -438,7 +438,8 @@ int jlm_cmd_chat(int argc, char **argv)
         {NULL, "--repeat-last-n", JLM_OPT_INT, &sp.repeat_last_n, -1, 1 << 30, 0, "N", "tokens the penalty looks back, -1: context"},
         {"-s", "--seed", JLM_OPT_SEED, &sp.seed, 0, 0, 0, "S", "sampler seed (u32, -1: random)"},
         {NULL, "--ignore-eos", JLM_OPT_FLAG, &ignore_eos, 0, 0, 0, NULL, "never end a reply with an end-of-turn token (-n ends it)"},
-        {NULL, "--budget", JLM_OPT_SIZE, &eo.budget, 0, 0, 0, "SIZE", "resident weight budget (K/M/G), 0: unlimited"},
+        {NULL, "--budget", JLM_OPT_SIZE, &eo.budget, 0, 0, 0, "SIZE", "memory budget: frames + KV + scratch (K/M/G), 0: unlimited; default: the cgroup limit or MemAvailable less a headroom"},
+        {NULL, "--kv", JLM_OPT_STR, &eo.kv, 0, 0, 0, "f32|f16", "KV cache type (f16: half the memory)"},
         {NULL, "--image", JLM_OPT_STR, &image, 0, 0, 0, "FILE", "an image for the first message"},
     };
     const char *pos[1] = {0};

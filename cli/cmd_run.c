@@ -31,6 +31,7 @@ static int parse(int argc, char **argv, run_opts *o)
     o->n_predict = 64;
     o->eng.direct = 1;
     o->eng.n_threads = 0;
+    o->eng.budget = JLM_BUDGET_AUTO;
     const char *gpu_layers = NULL;
     const jlm_opt t[] = {
         {"-m", "--model", JLM_OPT_STR, &o->model, 0, 0, 0, "FILE", "the model (.jlm, jlmfs view; or give it first)"},
@@ -46,7 +47,8 @@ static int parse(int argc, char **argv, run_opts *o)
         {NULL, "--repeat-penalty", JLM_OPT_F32, &o->samp.repeat_penalty, 0, 1e6, JLM_OPT_LO_OPEN, "R", "repeat penalty, 1: off"},
         {NULL, "--repeat-last-n", JLM_OPT_INT, &o->samp.repeat_last_n, -1, 1 << 30, 0, "N", "tokens the penalty looks back, -1: context"},
         {"-s", "--seed", JLM_OPT_SEED, &o->samp.seed, 0, 0, 0, "S", "sampler seed (u32, -1: random)"},
-        {NULL, "--budget", JLM_OPT_SIZE, &o->eng.budget, 0, 0, 0, "SIZE", "resident weight budget (K/M/G), 0: unlimited"},
+        {NULL, "--budget", JLM_OPT_SIZE, &o->eng.budget, 0, 0, 0, "SIZE", "memory budget: frames + KV + scratch (K/M/G), 0: unlimited; default: the cgroup limit or MemAvailable less a headroom"},
+        {NULL, "--kv", JLM_OPT_STR, &o->eng.kv, 0, 0, 0, "f32|f16", "KV cache type (f16: half the memory)"},
         {NULL, "--stats", JLM_OPT_FLAG, &o->stats, 0, 0, 0, NULL, "timings and paging figures on stderr"},
         {NULL, "--print-ids", JLM_OPT_FLAG, &o->print_ids, 0, 0, 0, NULL, "print the prompt and generated ids as JSON"},
         {NULL, "--logits", JLM_OPT_STR, &o->logits_file, 0, 0, 0, "FILE", "write the first step's logits as JSON"},
@@ -251,6 +253,11 @@ int jlm_cmd_run(int argc, char **argv)
         if (vmm)
             fprintf(stderr, "vulkan: matmuls %llu, bytes uploaded %llu\n", (unsigned long long)vmm,
                     (unsigned long long)vup);
+        jlm_engine_mem mi;
+        jlm_engine_mem_info(e, &mi);
+        fprintf(stderr, "memory: budget %llu (%s): frames %llu, KV %llu (%s), scratch %llu, dense %llu\n",
+                (unsigned long long)mi.budget, mi.source, (unsigned long long)mi.frames, (unsigned long long)mi.kv,
+                mi.kv_f16 ? "f16" : "f32", (unsigned long long)mi.scratch, (unsigned long long)mi.dense);
         fprintf(stderr, "timing: prefill %zu tokens %.1f t/s, decode %zu tokens %.1f t/s, budget %llu\n", np,
                 np / (t1 - t0), ng, ng > 1 ? (ng - 1) / (t2 - t1) : 0.0, (unsigned long long)jlm_engine_budget(e));
     }

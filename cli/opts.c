@@ -167,7 +167,10 @@ static void print_default(FILE *f, const jlm_opt *o)
     case JLM_OPT_INT: fprintf(f, " (default: %d)", *(int *)o->dst); break;
     case JLM_OPT_U32: fprintf(f, " (default: %u)", *(uint32_t *)o->dst); break;
     case JLM_OPT_F32: fprintf(f, " (default: %g)", (double)*(float *)o->dst); break;
-    case JLM_OPT_SIZE: fprintf(f, " (default: %llu)", (unsigned long long)*(uint64_t *)o->dst); break;
+    case JLM_OPT_SIZE:   /* UINT64_MAX: the engine's JLM_BUDGET_AUTO (no typed size reaches it) */
+        if (*(uint64_t *)o->dst == UINT64_MAX) fprintf(f, " (default: auto)");
+        else fprintf(f, " (default: %llu)", (unsigned long long)*(uint64_t *)o->dst);
+        break;
     case JLM_OPT_SEED: fprintf(f, " (default: %llu)", (unsigned long long)*(uint64_t *)o->dst); break;
     case JLM_OPT_FLAG: break;
     }

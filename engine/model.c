@@ -3,12 +3,14 @@
  * src/models/) apply them. See model.h for the contract. */
 #include "engine/model.h"
 
+#include <malloc.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "engine/backend_vk.h"
+#include "engine/memlimit.h"
 #include "engine/pool.h"
 #include "format/dequant.h"
 #include "kernels/cpu/kernels.h"
@@ -29,15 +31,21 @@ struct jlm_engine {
     jlm_evk         *vk;          /* --backend vulkan: matmuls offloaded, else NULL */
     uint32_t         gpu_layers;  /* blocks 0..N-1 on vk; 0 = all */
     int              vk_here;     /* the block being run is on vk */
-    uint64_t         budget;
+    uint64_t         budget;      /* page frames' budget in force; 0: unlimited */
+    uint64_t         budget_all;  /* frames + KV + scratch + dense asked for; 0: unlimited */
+    uint64_t         mem_kv, mem_scratch;
+    char             budget_src[320];   /* how budget_all was chosen, for --stats */
     uint8_t         *dense;       /* (DenseLen,) the dense region, resident */
     const jlm_tensor **roles;     /* ((n_layer+1) * ROLE_SLOTS,) slot (block+1)*64 + role */
     uint32_t         n_ctx, n_past;
     uint32_t         bidir_end;   /* > 0: queries below it also see keys up to it (an image, eval_embd) */
     uint32_t         hd, hd_v, kv_dim, kv_dim_v, q_dim;
-    /* KV cache, F32 */
-    float *kc;        /* (n_layer, n_ctx, kv_dim) */
-    float *vc;        /* (n_layer, n_ctx, kv_dim_v) */
+    /* KV cache: F32, or F16 (kv_f16; kv_es bytes an element) */
+    int    kv_f16;
+    size_t kv_es;
+    void  *kc;        /* (n_layer, n_ctx, kv_dim) */
+    void  *vc;        /* (n_layer, n_ctx, kv_dim_v) */
+    float *kv32;      /* kv_f16: (n_threads, n_ctx, hd + hd_v) one KV head widened to F32, a slab per thread */
     /* scratch for a batch of up to BATCH tokens, row t of each at t * width */
     float *x;         /* (BATCH, n_embd) residual stream */
     float *h;         /* (BATCH, n_embd) normed input */
@@ -56,13 +64,13 @@ struct jlm_engine {
     jlm_act_q8 xq[BATCH];
     /* the batch being run: token t writes and reads the cache at bkc[t]/bvc[t]
      * (the engine's own, or a jlm_engine_seq's) at position bpos[t] */
-    float   *bkc[BATCH], *bvc[BATCH];
+    void    *bkc[BATCH], *bvc[BATCH];
     uint32_t bpos[BATCH];
 };
 
 /* A KV cache of its own, for serving several sequences on one engine. */
 struct jlm_engine_seq {
-    float   *kc, *vc;   /* (n_layer, n_ctx, kv_dim), (n_layer, n_ctx, kv_dim_v) */
+    void    *kc, *vc;   /* (n_layer, n_ctx, kv_dim), (n_layer, n_ctx, kv_dim_v), kv_es bytes an element */
     uint32_t n_past;
 };
 
@@ -156,8 +164,10 @@ static int alloc_buffers(jlm_engine *e, jlm_err *err)
     if (kmax < e->q_dim) kmax = e->q_dim;
     kmax = (kmax + 255) / 256 * 256;
     uint64_t kv = (uint64_t)c->n_layer * e->n_ctx;
-    e->kc = zalloc(kv * e->kv_dim * sizeof(float));
-    e->vc = zalloc(kv * e->kv_dim_v * sizeof(float));
+    e->kc = zalloc(kv * e->kv_dim * e->kv_es);
+    e->vc = zalloc(kv * e->kv_dim_v * e->kv_es);
+    if (e->kv_f16)
+        e->kv32 = zalloc((size_t)jlm_pool_n_threads(e->pool) * e->n_ctx * (e->hd + e->hd_v) * sizeof(float));
     e->x = zalloc(BATCH * c->n_embd * sizeof(float));
     e->h = zalloc(BATCH * c->n_embd * sizeof(float));
     e->q = zalloc(BATCH * e->q_dim * sizeof(float));
@@ -176,7 +186,8 @@ static int alloc_buffers(jlm_engine *e, jlm_err *err)
     size_t qb = jlm_k_act_q8_bytes(kmax);
     e->xq_buf = zalloc(BATCH * qb);
     if (!e->kc || !e->vc || !e->x || !e->h || !e->q || !e->kk || !e->vv || !e->att || !e->o || !e->g ||
-        !e->u || !e->moe || !e->scores || !e->mask || !e->router || !e->route || !e->route_w || !e->xq_buf)
+        !e->u || !e->moe || !e->scores || !e->mask || !e->router || !e->route || !e->route_w || !e->xq_buf ||
+        (e->kv_f16 && !e->kv32))
         return jlm_errf(err, JLM_ENOMEM, "%s: out of memory for the KV cache (%u positions) and buffers",
                         e->m->path, e->n_ctx);
     for (int t = 0; t < BATCH; t++) {
@@ -185,6 +196,30 @@ static int alloc_buffers(jlm_engine *e, jlm_err *err)
             return rc;
     }
     return JLM_OK;
+}
+
+/* Every buffer the engine owns, into bufs (ENGINE_BUFS slots): the dense
+ * region first, then the KV cache (2), then scratch; the one list both
+ * jlm_engine_close and the budget's tally read. */
+#define ENGINE_BUFS 21
+static void engine_bufs(const jlm_engine *e, void **bufs)
+{
+    void *b[ENGINE_BUFS] = {e->dense, e->kc, e->vc, e->roles, e->x, e->h, e->q, e->kk, e->vv, e->att, e->o,
+                            e->g, e->u, e->moe, e->scores, e->mask, e->router, e->route, e->route_w, e->xq_buf,
+                            e->kv32};
+    memcpy(bufs, b, sizeof b);
+}
+
+/* Bytes of the KV cache and of scratch, as allocated (malloc_usable_size:
+ * the allocator's rounding counts, as it does in the process's RSS). */
+static void tally_buffers(jlm_engine *e)
+{
+    void *b[ENGINE_BUFS];
+    engine_bufs(e, b);
+    e->mem_kv = malloc_usable_size(b[1]) + malloc_usable_size(b[2]);
+    e->mem_scratch = 0;
+    for (int i = 3; i < ENGINE_BUFS; i++)
+        e->mem_scratch += malloc_usable_size(b[i]);
 }
 
 static int supported(uint16_t arch)
@@ -242,24 +277,78 @@ static int read_dense(jlm_engine *e, jlm_err *err)
     return rc ? jlm_err_prefix(err, rc, "dense region") : JLM_OK;
 }
 
+/* The whole budget the options ask for (budget_all): --budget as given, or
+ * for JLM_BUDGET_AUTO the cgroup limit / MemAvailable less the headroom
+ * (engine/memlimit.h); unreadable limits: a note and no budget. */
+static void choose_budget(jlm_engine *e, const jlm_engine_opts *o)
+{
+    e->budget_all = o->budget;
+    if (o->budget != JLM_BUDGET_AUTO) {
+        snprintf(e->budget_src, sizeof e->budget_src, "%s", o->budget ? "--budget" : "none (unlimited)");
+        return;
+    }
+    e->budget_all = 0;
+    jlm_memlimit ml;
+    jlm_err merr = {0};
+    if (jlm_memlimit_read(getenv("JLM_MEM_ROOT"), &ml, &merr)) {
+        if (!o->quiet)
+            fprintf(stderr, "note: automatic budget: %s; running without a budget\n", merr.msg);
+        snprintf(e->budget_src, sizeof e->budget_src, "none (automatic: %.250s)", merr.msg);
+        return;
+    }
+    uint64_t head = 0;
+    e->budget_all = jlm_memlimit_budget(&ml, &head);
+    if (!e->budget_all)
+        snprintf(e->budget_src, sizeof e->budget_src, "none (automatic: no cgroup limit, no MemAvailable)");
+    else if (ml.cg_limit && (!ml.mem_available || ml.cg_limit <= ml.mem_available))
+        snprintf(e->budget_src, sizeof e->budget_src, "automatic: cgroup v%d limit %llu (%.200s) - headroom %llu",
+                 ml.cg_version, (unsigned long long)ml.cg_limit, ml.cg_file, (unsigned long long)head);
+    else
+        snprintf(e->budget_src, sizeof e->budget_src, "automatic: MemAvailable %llu - headroom %llu",
+                 (unsigned long long)ml.mem_available, (unsigned long long)head);
+}
+
 static int open_pager(jlm_engine *e, const jlm_engine_opts *o, jlm_err *err)
 {
-    int rc = jlm_pager_open_model(e->m, e->src, 0, &e->pager, err);
-    if (rc)
-        return rc;
+    choose_budget(e, o);
+    return jlm_pager_open_model(e->m, e->src, 0, &e->pager, err);
+}
+
+/* Once the buffers exist: the frames get what the KV cache, scratch and the
+ * dense region leave of budget_all, at least the minimum working set (one
+ * block frame, plus the routed experts' frames; a note when raised). */
+static int apply_budget(jlm_engine *e, const jlm_engine_opts *o, jlm_err *err)
+{
+    tally_buffers(e);
     uint32_t pins[3] = {1, 0, e->c->n_expert ? e->c->n_expert_used : 0}, vis_pins[3] = {0, 1, 0};
     uint64_t min = jlm_pager_min_budget(e->pager, pins), vmin = jlm_pager_min_budget(e->pager, vis_pins);
     if (vmin > min)   /* the tower pins one vision block at a time, no text block */
         min = vmin;
-    e->budget = o->budget;
-    if (o->budget && o->budget < min) {
-        if (!o->quiet)
-            fprintf(stderr, "note: budget %llu bytes is below the minimum working set (one block frame%s): raised to %llu\n",
-                    (unsigned long long)o->budget, e->c->n_expert ? " plus the routed experts' frames" : "",
-                    (unsigned long long)min);
-        e->budget = min;
+    uint64_t fixed = e->m->hdr.dense_len + e->mem_kv + e->mem_scratch;
+    e->budget = 0;
+    if (e->budget_all) {
+        e->budget = e->budget_all > fixed ? e->budget_all - fixed : 0;
+        if (e->budget < min) {
+            if (!o->quiet)
+                fprintf(stderr,
+                        "note: budget %llu bytes leaves %llu for page frames after the KV cache, scratch and dense "
+                        "region (%llu): below the minimum working set (one block frame%s), raised to %llu\n",
+                        (unsigned long long)e->budget_all, (unsigned long long)e->budget, (unsigned long long)fixed,
+                        e->c->n_expert ? " plus the routed experts' frames" : "", (unsigned long long)min);
+            e->budget = min;
+        }
     }
     return jlm_pager_set_budget(e->pager, e->budget, err);
+}
+
+/* opts.kv: NULL/"f32" or "f16". */
+static int choose_kv(jlm_engine *e, const jlm_engine_opts *o, jlm_err *err)
+{
+    if (o->kv && strcmp(o->kv, "f32") && strcmp(o->kv, "f16"))
+        return jlm_errf(err, JLM_EINVAL, "--kv '%.40s': expected f32 or f16", o->kv);
+    e->kv_f16 = o->kv && !strcmp(o->kv, "f16");
+    e->kv_es = e->kv_f16 ? sizeof(uint16_t) : sizeof(float);
+    return JLM_OK;
 }
 
 /* --backend: vulkan fails with one line without a device; auto falls back
@@ -317,10 +406,10 @@ int jlm_engine_open(const char *path, const jlm_engine_opts *opts, jlm_engine **
         fprintf(stderr, "note: %s\n", kerr.msg);
     e->k = jlm_k_cpu_get();
     jlm_file_source_opts so = {.direct = o.direct, .n_threads = 0};
-    if ((rc = jlm_source_open_file(path, &so, &e->src, err)) || (rc = index_tensors(e, err)) ||
-        (rc = read_dense(e, err)) || (rc = open_pager(e, &o, err)) ||
+    if ((rc = choose_kv(e, &o, err)) || (rc = jlm_source_open_file(path, &so, &e->src, err)) ||
+        (rc = index_tensors(e, err)) || (rc = read_dense(e, err)) || (rc = open_pager(e, &o, err)) ||
         (rc = jlm_pool_create(o.n_threads, 0, &e->pool, err)) || (rc = alloc_buffers(e, err)) ||
-        (rc = open_backend(e, &o, err)))
+        (rc = apply_budget(e, &o, err)) || (rc = open_backend(e, &o, err)))
         goto fail;
     *out = e;
     return JLM_OK;
@@ -338,9 +427,9 @@ void jlm_engine_close(jlm_engine *e)
     jlm_pager_close(e->pager);
     jlm_source_close(e->src);
     jlm_fmt_close(e->m);
-    void *bufs[] = {e->dense, e->roles, e->kc, e->vc, e->x, e->h, e->q, e->kk, e->vv, e->att, e->o, e->g,
-                    e->u, e->moe, e->scores, e->mask, e->router, e->route, e->route_w, e->xq_buf};
-    for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++)
+    void *bufs[ENGINE_BUFS];
+    engine_bufs(e, bufs);
+    for (size_t i = 0; i < ENGINE_BUFS; i++)
         free(bufs[i]);
     free(e);
 }
@@ -394,10 +483,42 @@ static void qk_norm(jlm_engine *e, uint32_t l, float *q, float *k)
 typedef struct attn_job {
     jlm_engine *e;
     jlm_k_attn  ap;
-    const float *q, *kl, *vl, *sinks;
+    const float *q, *kl, *vl, *sinks;   /* kl, vl: the layer's F32 cache (kv_f16: NULL) */
+    const uint16_t *kl16, *vl16;        /* kv_f16: the layer's F16 cache */
     float      *out;
     uint32_t    n_kv, group;
 } attn_job;
+
+/* kv_f16: KV heads [g0, g1), each widened once to F32 into this thread's
+ * slab (keys then values, packed: stride hd / hd_v) and attended by its
+ * group of query heads, so GQA reads each F16 head once. The kernel then
+ * sees exactly the values the F16 cache holds. Cost: one conversion per
+ * cached element per layer and token, shared by the group. */
+static void attn_heads_f16(void *ctx, size_t g0, size_t g1, int tid)
+{
+    attn_job *j = ctx;
+    jlm_engine *e = j->e;
+    jlm_k_attn ap = j->ap;
+    float *scores = e->scores + (size_t)tid * e->n_ctx;
+    float *k32 = e->kv32 + (size_t)tid * e->n_ctx * (e->hd + e->hd_v), *v32 = k32 + (size_t)e->n_ctx * e->hd;
+    ap.k_stride = e->hd;
+    ap.v_stride = e->hd_v;
+    for (size_t g = g0; g < g1; g++) {
+        for (uint32_t p = 0; p < j->n_kv; p++) {
+            const uint16_t *ks = j->kl16 + (uint64_t)p * e->kv_dim + g * e->hd;
+            const uint16_t *vs = j->vl16 + (uint64_t)p * e->kv_dim_v + g * e->hd_v;
+            for (uint32_t i = 0; i < e->hd; i++)
+                k32[(uint64_t)p * e->hd + i] = jlm_k_fp16_to_f32(ks[i]);
+            for (uint32_t i = 0; i < e->hd_v; i++)
+                v32[(uint64_t)p * e->hd_v + i] = jlm_k_fp16_to_f32(vs[i]);
+        }
+        for (size_t h = g * j->group; h < (g + 1) * j->group; h++) {
+            ap.has_sink = j->sinks != NULL;
+            ap.sink = j->sinks ? j->sinks[h] : 0.0f;
+            jlm_k_attn_head(&ap, j->q + h * e->hd, k32, v32, j->n_kv, scores, j->out + h * e->hd_v);
+        }
+    }
+}
 
 static void attn_heads(void *ctx, size_t h0, size_t h1, int tid)
 {
@@ -424,16 +545,35 @@ static void attend(jlm_engine *e, uint32_t l, uint32_t t, const float *q, float 
     int swa = is_swa_layer(c, l);
     for (uint32_t j = 0; swa && j < n_kv; j++)
         e->mask[j] = j <= pos && pos - j >= c->swa_window ? -INFINITY : 0.0f;
+    const uint8_t *kl = (const uint8_t *)e->bkc[t] + (uint64_t)l * e->n_ctx * e->kv_dim * e->kv_es;
+    const uint8_t *vl = (const uint8_t *)e->bvc[t] + (uint64_t)l * e->n_ctx * e->kv_dim_v * e->kv_es;
     attn_job j = {
         .e = e, .q = q, .out = out, .n_kv = n_kv, .group = c->n_head / c->n_kv_head,
-        .kl = e->bkc[t] + (uint64_t)l * e->n_ctx * e->kv_dim, .vl = e->bvc[t] + (uint64_t)l * e->n_ctx * e->kv_dim_v,
+        .kl = e->kv_f16 ? NULL : (const float *)kl, .vl = e->kv_f16 ? NULL : (const float *)vl,
+        .kl16 = e->kv_f16 ? (const uint16_t *)kl : NULL, .vl16 = e->kv_f16 ? (const uint16_t *)vl : NULL,
         .sinks = vec_dense(e, W(e, l, JLM_R_ATTN_SINKS)),
         .ap = {.head_dim = e->hd, .head_dim_v = e->hd_v, .k_stride = e->kv_dim, .v_stride = e->kv_dim_v,
                .scale = c->attn_scale > 0 ? c->attn_scale : 1.0f / sqrtf((float)e->hd),
                .softcap = c->attn_softcap, .mask = swa ? e->mask : NULL},
     };
     /* short contexts are not worth a dispatch */
-    jlm_pool_for(n_kv >= 64 ? e->pool : NULL, c->n_head, 1, attn_heads, &j);
+    if (e->kv_f16)
+        jlm_pool_for(n_kv >= 64 ? e->pool : NULL, c->n_kv_head, 1, attn_heads_f16, &j);
+    else
+        jlm_pool_for(n_kv >= 64 ? e->pool : NULL, c->n_head, 1, attn_heads, &j);
+}
+
+/* n floats into a cache row: copied, or kv_f16 rounded to F16 (nearest
+ * even, as F16C and ggml's F16 cache do). */
+static void store_kv(const jlm_engine *e, uint8_t *dst, const float *x, uint32_t n)
+{
+    if (!e->kv_f16) {
+        memcpy(dst, x, n * sizeof(float));
+        return;
+    }
+    uint16_t *d = (uint16_t *)dst;
+    for (uint32_t i = 0; i < n; i++)
+        d[i] = jlm_k_f32_to_fp16(x[i]);
 }
 
 /* Keys and values of tokens t < n (rows of x) of layer l into their caches
@@ -458,8 +598,8 @@ static void attn_kv(jlm_engine *e, uint32_t l, const uint8_t *page, uint64_t pag
         if (!(c->flags & JLM_F_NO_POS_ENC))
             jlm_k_rope_apply(&rp, k, c->n_kv_head, e->hd, e->bpos[t]);
         uint64_t at = (uint64_t)l * e->n_ctx + e->bpos[t];
-        memcpy(e->bkc[t] + at * e->kv_dim, k, e->kv_dim * sizeof(float));
-        memcpy(e->bvc[t] + at * e->kv_dim_v, v, e->kv_dim_v * sizeof(float));
+        store_kv(e, (uint8_t *)e->bkc[t] + at * e->kv_dim * e->kv_es, k, e->kv_dim);
+        store_kv(e, (uint8_t *)e->bvc[t] + at * e->kv_dim_v * e->kv_es, v, e->kv_dim_v);
     }
 }
 
@@ -658,7 +798,7 @@ static void output(jlm_engine *e, const float *x, uint32_t n, float *logits)
 
 /* Token rows [i, i+b) of one sequence (cache kc/vc) at positions pos0 + i..
  * become the batch's rows [0, b). */
-static void bind_rows(jlm_engine *e, float *kc, float *vc, uint32_t pos0, uint32_t b)
+static void bind_rows(jlm_engine *e, void *kc, void *vc, uint32_t pos0, uint32_t b)
 {
     for (uint32_t t = 0; t < b; t++) {
         e->bkc[t] = kc;
@@ -673,7 +813,7 @@ static void bind_rows(jlm_engine *e, float *kc, float *vc, uint32_t pos0, uint32
  * positions pos0.. of that cache (any n); NULL: the batch already bound in
  * bkc/bvc/bpos (n <= BATCH). bidir: the rows attend to each other both ways
  * (an image, one sequence); otherwise causally. */
-static int run_layers(jlm_engine *e, float *xs, uint32_t n, float *kc, float *vc, uint32_t pos0, int bidir,
+static int run_layers(jlm_engine *e, float *xs, uint32_t n, void *kc, void *vc, uint32_t pos0, int bidir,
                       jlm_err *err)
 {
     const jlm_config *c = e->c;
@@ -763,7 +903,7 @@ static int check_ids(const jlm_engine *e, const int32_t *tokens, uint32_t n, jlm
 }
 
 /* tokens[0, n) of one sequence (cache kc/vc, *n_past), BATCH at a time. */
-static int eval_one(jlm_engine *e, float *kc, float *vc, uint32_t *n_past, const int32_t *tokens, uint32_t n,
+static int eval_one(jlm_engine *e, void *kc, void *vc, uint32_t *n_past, const int32_t *tokens, uint32_t n,
                     float *logits, jlm_err *err)
 {
     int rc = check_ids(e, tokens, n, err);
@@ -793,8 +933,8 @@ int jlm_engine_seq_create(jlm_engine *e, jlm_engine_seq **out, jlm_err *err)
     uint64_t kv = (uint64_t)e->c->n_layer * e->n_ctx;
     jlm_engine_seq *s = calloc(1, sizeof *s);
     if (s) {
-        s->kc = zalloc(kv * e->kv_dim * sizeof(float));
-        s->vc = zalloc(kv * e->kv_dim_v * sizeof(float));
+        s->kc = zalloc(kv * e->kv_dim * e->kv_es);
+        s->vc = zalloc(kv * e->kv_dim_v * e->kv_es);
     }
     if (!s || !s->kc || !s->vc) {
         jlm_engine_seq_destroy(s);
@@ -866,6 +1006,13 @@ jlm_pager *jlm_engine_pager(jlm_engine *e) { return e->pager; }
 const uint8_t *jlm_engine_dense(const jlm_engine *e) { return e->dense; }
 struct jlm_pool *jlm_engine_pool(jlm_engine *e) { return e->pool; }
 uint64_t jlm_engine_budget(const jlm_engine *e) { return e->budget; }
+
+void jlm_engine_mem_info(const jlm_engine *e, jlm_engine_mem *out)
+{
+    *out = (jlm_engine_mem){.budget = e->budget_all, .frames = e->budget, .kv = e->mem_kv,
+                            .scratch = e->mem_scratch, .dense = e->m->hdr.dense_len, .kv_f16 = e->kv_f16};
+    snprintf(out->source, sizeof out->source, "%s", e->budget_src);
+}
 
 const int32_t *jlm_engine_last_route(const jlm_engine *e, uint32_t block)
 {

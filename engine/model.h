@@ -3,7 +3,8 @@
  *
  * Owns: the model graphs (llama incl. Mixtral-style MoE, qwen2, qwen3,
  * qwen3moe, olmoe, gemma3, phi3, gpt-oss), read in the paper's order in
- * model.c; the F32 KV cache; scratch buffers. Reads only the .jlm container
+ * model.c; the KV cache (F32, or F16 with opts.kv "f16"); scratch buffers; the
+ * budget's split between them and the page frames. Reads only the .jlm container
  * (format/), through a page source and the pager (engine/pager.h); computes
  * with kernels/cpu. Knows nothing of GGUF.
  *
@@ -37,9 +38,16 @@ enum { JLM_PAGER_TEXT = 0, JLM_PAGER_VISION = 1, JLM_PAGER_EXPERTS = 2 };
 int  jlm_pager_open_model(const jlm_model *m, jlm_source *src, uint64_t budget,
                           jlm_pager **out, jlm_err *err);
 
+/* jlm_engine_opts.budget: take it from the memory cgroup's limit or
+ * MemAvailable (engine/memlimit.h), less a headroom; the files are read
+ * under $JLM_MEM_ROOT when set (a test seam), else under /. */
+#define JLM_BUDGET_AUTO UINT64_MAX
+
 typedef struct jlm_engine_opts {
     int      n_threads;    /* <= 0: online CPUs */
-    uint64_t budget;       /* bytes of page frames; 0 = unlimited */
+    uint64_t budget;       /* bytes of the engine's memory: page frames + KV cache
+                            * + scratch + the dense region (frames get what the
+                            * rest leaves); 0 = unlimited; JLM_BUDGET_AUTO */
     uint32_t n_ctx;        /* 0: min(model context, 4096) */
     int      direct;       /* plain-file source: 1 try O_DIRECT, 0 buffered */
     int      quiet;        /* 1: no notes on stderr */
@@ -50,6 +58,9 @@ typedef struct jlm_engine_opts {
                             * CPU device such as lavapipe allows it) */
     uint32_t gpu_layers;   /* Vulkan: blocks 0..N-1 on the device, the rest and
                             * the output on the CPU; 0 = all (output included) */
+    const char *kv;        /* NULL/"f32"; "f16": keys and values stored as F16
+                            * (half the memory; logits within docs/engine.md's
+                            * tolerance of the F32 cache's) */
 } jlm_engine_opts;
 
 typedef struct jlm_engine jlm_engine;
@@ -117,8 +128,22 @@ const uint8_t *jlm_engine_dense(const jlm_engine *e);
 /* The engine's worker pool, for engine/vision.c between evaluations (never
  * while one runs: the pool is not reentrant). */
 struct jlm_pool *jlm_engine_pool(jlm_engine *e);
-/* The budget actually in force (after raising to the minimum working set). */
+/* The page frames' budget actually in force (after subtracting the KV cache,
+ * scratch and dense region, and raising to the minimum working set); 0:
+ * unlimited. */
 uint64_t jlm_engine_budget(const jlm_engine *e);
+/* Where the engine's memory goes, for --stats. */
+typedef struct jlm_engine_mem {
+    uint64_t budget;       /* the whole budget asked for (or found); 0: unlimited */
+    uint64_t frames;       /* = jlm_engine_budget */
+    uint64_t kv;           /* the engine's own KV cache (sequences add theirs) */
+    uint64_t scratch;      /* activation buffers */
+    uint64_t dense;        /* the resident dense region */
+    int      kv_f16;
+    char     source[320];  /* how budget was chosen: "--budget", "cgroup v1
+                            * FILE ...", "MemAvailable ...", "none" */
+} jlm_engine_mem;
+void jlm_engine_mem_info(const jlm_engine *e, jlm_engine_mem *out);   /* cannot fail */
 /* Bytes of weights one token reads: the dense tensors a token uses plus
  * every block page (and the routed experts' pages, counted as n_expert_used
  * pages per MoE block). For the roofline bench. */

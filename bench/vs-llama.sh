@@ -1,0 +1,108 @@
+#!/bin/sh
+# vs-llama.sh - `jlm bench` against llama.cpp's `llama-bench` on the same GGUFs.
+#
+#   LLAMA_BIN=/path/to/llama.cpp/build/bin bench/vs-llama.sh
+#
+# Model: mkgguf's synth-1b (Llama-3.2-1B blocks, vocab 512, 975 M parameters)
+# written once in F16, then quantized by llama.cpp's own llama-quantize into
+# Q4_0, Q4_K_M, Q8_0 and MXFP4 (--pure MXFP4_MOE: every 2-D weight MXFP4), so
+# both engines read the very same GGUF; jlm reads it converted by `jlm convert`.
+# Per round, per type, per thread count: one `jlm bench -r 1` and one
+# `llama-bench -r 1` (each with its own warm-up), alternating, so load from
+# other tenants hits both alike. The table gives the median over the rounds of
+# each cell, llama.cpp first, and jlm / llama.cpp.
+#
+# Files (~8 GiB in all: the F16 source, four GGUFs, four containers) go to
+# $VS_DIR (default /tmp/jlm-vs-llama), never into the repository, and are
+# reused by later runs. Knobs (environment): ROUNDS (3), PP (128), TG (64),
+# THREADS ("1 2"), TYPES ("Q4_0 Q4_K_M Q8_0 MXFP4"), JLM (build/jlm),
+# MKGGUF (build/bench/mkgguf). LLAMA_BIN unset: one line, exit 0.
+set -eu
+
+if [ -z "${LLAMA_BIN:-}" ]; then
+    echo "vs-llama: LLAMA_BIN is unset (llama.cpp's build/bin with llama-bench and llama-quantize): skipped"
+    exit 0
+fi
+ROUNDS=${ROUNDS:-3}
+PP=${PP:-128}
+TG=${TG:-64}
+THREADS=${THREADS:-"1 2"}
+TYPES=${TYPES:-"Q4_0 Q4_K_M Q8_0 MXFP4"}
+JLM=${JLM:-build/jlm}
+MKGGUF=${MKGGUF:-build/bench/mkgguf}
+DIR=${VS_DIR:-/tmp/jlm-vs-llama}
+LB="$LLAMA_BIN/llama-bench"
+LQ="$LLAMA_BIN/llama-quantize"
+for x in "$JLM" "$MKGGUF" "$LB" "$LQ"; do
+    [ -x "$x" ] || { echo "vs-llama: $x: not an executable (make all build/bench/mkgguf; LLAMA_BIN)" >&2; exit 1; }
+done
+mkdir -p "$DIR"
+export XDG_CACHE_HOME="$DIR/cache"   # jlm never converts into ~/.cache here
+
+# ---------------------------------------------------------------- models
+src="$DIR/synth-1b.F16.gguf"
+if [ ! -s "$src" ]; then
+    echo "vs-llama: writing $src" >&2
+    "$MKGGUF" synth-1b F16 "$src.tmp" && mv "$src.tmp" "$src"
+fi
+for t in $TYPES; do
+    g="$DIR/synth-1b.$t.gguf"
+    if [ ! -s "$g" ]; then
+        echo "vs-llama: llama-quantize $t" >&2
+        case $t in
+        MXFP4) "$LQ" --pure "$src" "$g.tmp" MXFP4_MOE 2 >"$DIR/quantize-$t.log" 2>&1 ;;
+        *)     "$LQ" "$src" "$g.tmp" "$t" 2 >"$DIR/quantize-$t.log" 2>&1 ;;
+        esac || { echo "vs-llama: llama-quantize $t failed: $DIR/quantize-$t.log" >&2; exit 1; }
+        mv "$g.tmp" "$g"
+    fi
+    j="$DIR/synth-1b.$t.jlm"
+    if [ ! -s "$j" ] || [ "$g" -nt "$j" ]; then
+        echo "vs-llama: jlm convert $t" >&2
+        "$JLM" convert "$g" -o "$j" >/dev/null
+    fi
+done
+
+# ---------------------------------------------------------------- rounds
+# results: one line per measurement: tool type threads test t/s
+res="$DIR/results.txt"
+: >"$res"
+r=1
+while [ "$r" -le "$ROUNDS" ]; do
+    for t in $TYPES; do
+        for th in $THREADS; do
+            echo "vs-llama: round $r/$ROUNDS $t -t $th" >&2
+            # jlm bench's markdown table: | model | size | params | threads | budget | test | t/s | ...
+            "$JLM" bench "$DIR/synth-1b.$t.jlm" -p "$PP" -n "$TG" -r 1 -t "$th" |
+                awk -F'|' -v t="$t" -v th="$th" '$7 ~ /^ *(pp|tg)[0-9]+ *$/ {
+                    test = $7; gsub(/ /, "", test); split($8, v, "±"); gsub(/ /, "", v[1]);
+                    print "jlm", t, th, test, v[1] }' >>"$res"
+            # llama-bench -o jsonl: one object per test with n_prompt, n_gen, avg_ts
+            "$LB" -m "$DIR/synth-1b.$t.gguf" -p "$PP" -n "$TG" -r 1 -t "$th" -o jsonl 2>/dev/null |
+                sed -n 's/.*"n_prompt": *\([0-9]*\).*"n_gen": *\([0-9]*\).*"avg_ts": *\([0-9.e+-]*\).*/\1 \2 \3/p' |
+                awk -v t="$t" -v th="$th" '{ test = $1 > 0 ? "pp" $1 : "tg" $2; print "llama", t, th, test, $3 }' >>"$res"
+        done
+    done
+    r=$((r + 1))
+done
+
+# ---------------------------------------------------------------- table
+median() {   # tool type threads test -> the median t/s, or "-" when none
+    awk -v a="$1" -v b="$2" -v c="$3" -v d="$4" '$1 == a && $2 == b && $3 == c && $4 == d { print $5 }' "$res" |
+        sort -g | awk '{ v[NR] = $1 } END { if (!NR) print "-"; else if (NR % 2) print v[(NR + 1) / 2];
+                                           else printf "%.2f\n", (v[NR / 2] + v[NR / 2 + 1]) / 2 }'
+}
+cell() {   # type threads test -> "llama vs jlm (ratio x)"
+    l=$(median llama "$1" "$2" "$3")
+    j=$(median jlm "$1" "$2" "$3")
+    awk -v l="$l" -v j="$j" 'BEGIN { if (l == "-" || j == "-" || l + 0 == 0) printf "%s vs %s", l, j;
+                                     else printf "%.1f vs %.1f (%.2fx)", l, j, j / l }'
+}
+echo "synth-1b (975 M parameters, vocab 512), tok/s, llama.cpp vs jlm (jlm / llama.cpp), median of $ROUNDS interleaved rounds"
+echo
+echo "| type | threads | prefill pp$PP | decode tg$TG |"
+echo "|---|---|---|---|"
+for t in $TYPES; do
+    for th in $THREADS; do
+        echo "| $t | $th | $(cell "$t" "$th" "pp$PP") | $(cell "$t" "$th" "tg$TG") |"
+    done
+done
