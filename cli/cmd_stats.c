@@ -5,10 +5,17 @@
  * The argument is the SQLite database itself, a jlmfs model view (directory
  * or a file in it: its xattrs name the database and the model), or a mount
  * point (every view directly inside it is found by its xattrs; each distinct
- * database is printed once, with every model it holds). */
+ * database is printed once, with every model it holds).
+ *
+ * Text: one summary line per model first (sessions, resident pages and bytes
+ * of the container's total when its view is at hand, hit rate, bytes read),
+ * then a legend of the columns, then residency's per-page table. */
 #include "cli/cli.h"
 #include "cli/opts.h"
+#include "format/jlm_format.h"
 #include "residency/residency.h"
+
+#include <jansson.h>
 
 #include <dirent.h>
 #include <stdio.h>
@@ -18,20 +25,124 @@
 
 static const char USAGE[] = "usage: jlm stats MOUNT_OR_DB [--json | --html [-o FILE_OR_DIR]]\n";
 
-static int print_db(const char *db_path, const char *model_key, int json)
+static const char LEGEND[] =
+    "columns: page-ins: pages read into an engine frame; fills: later reads into a resident page;\n"
+    "  hits: gets served from a frame; evictions: frames dropped; bytes: bytes the engines read;\n"
+    "  t-frame t-pcache t-disk t-conv t-oth: page-ins by where the bytes came from (a frame, the\n"
+    "  kernel page cache, the disk, packed on demand by the view, other); d-disk d-conv: the\n"
+    "  daemon's reads from its cache file and its on-demand packings; last-access in UTC\n";
+
+static void human(char *b, size_t n, double bytes)
+{
+    if (bytes >= 1024.0 * 1048576.0)
+        snprintf(b, n, "%.2f GiB", bytes / (1024.0 * 1048576.0));
+    else if (bytes >= 1048576.0)
+        snprintf(b, n, "%.1f MiB", bytes / 1048576.0);
+    else
+        snprintf(b, n, "%.1f KiB", bytes / 1024.0);
+}
+
+#define JI(o, k) ((long long)json_integer_value(json_object_get((o), (k))))
+
+/* The view directory of key: the view given, or MOUNT/KEY; NULL if none. */
+static char *view_of(const char *view, const char *mount, const char *key)
+{
+    char *p = NULL;
+    if (view)
+        return strdup(view);
+    if (!mount || asprintf(&p, "%s/%s/model.jlm", mount, key) < 0)
+        return NULL;
+    p[strlen(p) - strlen("/model.jlm")] = 0;
+    return p;
+}
+
+/* "KEY: 1 session, 12 of 40 pages resident (3.2 MiB of 10.1 MiB), hit rate
+ * 87.5%, 15.0 MiB read"; the totals only when the container can be read. */
+static void summary_line(const char *key, json_t *m, const char *view_dir)
+{
+    json_t *tot = json_object_get(m, "totals");
+    long long sess = JI(m, "sessions"), res = JI(m, "resident"), hits = JI(tot, "hits");
+    long long looked = hits + JI(tot, "page_ins") + JI(tot, "fills");
+    char rate[32] = "-", rd[32], rb[32], tb[32];
+    if (looked)
+        snprintf(rate, sizeof rate, "%.1f%%", 100.0 * (double)hits / (double)looked);
+    human(rd, sizeof rd, (double)JI(tot, "bytes"));
+    jlm_model *c = NULL;
+    jlm_err err = {0};
+    char *file = NULL;
+    if (view_dir && asprintf(&file, "%s/model.jlm", view_dir) >= 0 && jlm_fmt_open(file, &c, &err) != 0)
+        c = NULL;
+    free(file);
+    printf("%s: %lld session%s, %lld", key, sess, sess == 1 ? "" : "s", res);
+    if (c) {
+        const jlm_header *h = &c->hdr;
+        double resident = 0, total = (double)h->n_blocks * (double)h->page_size +
+                                     (double)h->n_vis_blocks * (double)h->vis_page_size +
+                                     (double)h->n_exp_pages * (double)h->exp_page_size;
+        size_t i;
+        json_t *p;
+        json_array_foreach(json_object_get(m, "pages"), i, p) {
+            const char *a = json_string_value(json_object_get(p, "array"));
+            if (!json_is_true(json_object_get(p, "resident")) || !a)
+                continue;
+            resident += !strcmp(a, "blocks") ? (double)h->page_size : !strcmp(a, "vision") ? (double)h->vis_page_size
+                      : !strcmp(a, "experts") ? (double)h->exp_page_size : 0;
+        }
+        human(rb, sizeof rb, resident);
+        human(tb, sizeof tb, total);
+        printf(" of %u pages resident (%s of %s)", h->n_blocks + h->n_vis_blocks + h->n_exp_pages, rb, tb);
+        jlm_fmt_close(c);
+    } else {
+        printf(" pages resident");
+    }
+    printf(", hit rate %s, %s read\n", rate, rd);
+}
+
+/* Text: the summary of every model, the legend, the table. view: the view
+ * given (its model only), mount: the mount scanned (MOUNT/KEY is KEY's view). */
+static int print_text(jlm_rdb *db, const char *model_key, const char *view, const char *mount, jlm_err *err)
+{
+    char *js = NULL, *table = NULL;
+    int e = jlm_rdb_stats_json(db, model_key, &js, err);
+    if (!e)
+        e = jlm_rdb_stats_text(db, model_key, &table, err);
+    json_t *root = e ? NULL : json_loads(js, 0, NULL);
+    if (!e && !root)
+        e = jlm_errf(err, JLM_ENOMEM, "stats: out of memory");
+    if (!e) {
+        const char *key;
+        json_t *m;
+        json_object_foreach(json_object_get(root, "models"), key, m) {
+            char *v = view_of(view, mount, key);
+            summary_line(key, m, v);
+            free(v);
+        }
+        fputs(LEGEND, stdout);
+        fputs(table, stdout);
+    }
+    json_decref(root);
+    free(js);
+    free(table);
+    return e;
+}
+
+static int print_db(const char *db_path, const char *model_key, int json, const char *view, const char *mount)
 {
     jlm_err err = {0};
     jlm_rdb *db = NULL;
     char *out = NULL;
     int e = jlm_rdb_open(db_path, JLM_RDB_READONLY, &db, &err);
-    if (!e)
-        e = json ? jlm_rdb_stats_json(db, model_key, &out, &err) : jlm_rdb_stats_text(db, model_key, &out, &err);
+    if (!e && json)
+        e = jlm_rdb_stats_json(db, model_key, &out, &err);
+    else if (!e)
+        e = print_text(db, model_key, view, mount, &err);
     jlm_rdb_close(db);
     if (e) {
         fprintf(stderr, "jlm stats: %s\n", err.msg);
         return 1;
     }
-    fputs(out, stdout);
+    if (out)
+        fputs(out, stdout);
     free(out);
     return 0;
 }
@@ -150,7 +261,7 @@ int jlm_cmd_stats(int argc, char **argv)
     jlm_err err = {0};
     char *dbp = NULL, *key = NULL;
     if (jlm_rdb_discover(path, &dbp, &key, &err) == 0) {   /* a view */
-        int rc = print_db(dbp, key, json);
+        int rc = print_db(dbp, key, json, path, NULL);
         free(dbp);
         free(key);
         return rc;
@@ -161,7 +272,7 @@ int jlm_cmd_stats(int argc, char **argv)
         return 1;
     }
     if (!S_ISDIR(st.st_mode))
-        return print_db(path, NULL, json);
+        return print_db(path, NULL, json, NULL, NULL);
     char **dbs = NULL;
     size_t n = 0;
     if (scan_mount(path, &dbs, &n) != 0 || n == 0) {
@@ -172,7 +283,7 @@ int jlm_cmd_stats(int argc, char **argv)
     }
     int rc = 0;
     for (size_t i = 0; i < n; i++) {
-        rc |= print_db(dbs[i], NULL, json);
+        rc |= print_db(dbs[i], NULL, json, NULL, path);
         free(dbs[i]);
     }
     free(dbs);
