@@ -182,20 +182,12 @@ static char *resolve_gguf(const char *who, const char *src)
  * a view whose conversion failed has only `status` ("error: <reason>"), and
  * that line is the answer, not "model.jlm: No such file or directory". A
  * view being converted has its model.jlm at once (on-demand packing,
- * docs/jlmfs.md), so it runs. 0 when dir/model.jlm is there; 1 with one line
- * printed. */
+ * docs/jlmfs.md), so it runs, after a one-line note (its first pages may be
+ * slow: they are packed as they are read). 0 when dir/model.jlm is there; 1
+ * with one line printed. */
 static int check_view(const char *who, const char *dir)
 {
     char *p = NULL, line[512] = "";
-    if (asprintf(&p, "%s/model.jlm", dir) < 0) {
-        fprintf(stderr, "%s: out of memory\n", who);
-        return 1;
-    }
-    struct stat st;
-    int ok = stat(p, &st) == 0, e = errno;
-    free(p);
-    if (ok)
-        return 0;
     if (asprintf(&p, "%s/status", dir) < 0) {
         fprintf(stderr, "%s: out of memory\n", who);
         return 1;
@@ -208,7 +200,21 @@ static int check_view(const char *who, const char *dir)
         fclose(f);
         line[strcspn(line, "\n")] = 0;
     }
+    if (asprintf(&p, "%s/model.jlm", dir) < 0) {
+        fprintf(stderr, "%s: out of memory\n", who);
+        return 1;
+    }
+    struct stat st;
+    int ok = stat(p, &st) == 0, e = errno;
+    free(p);
     char msg[1200];
+    if (ok && !strncmp(line, "converting", 10)) {
+        snprintf(msg, sizeof msg, "note: %s is still converting (%s); pages not converted yet are packed as they are "
+                 "read", dir, line);
+        jlm_cli_error(who, msg);
+    }
+    if (ok)
+        return 0;
     if (!strncmp(line, "error", 5))
         snprintf(msg, sizeof msg, "%s: status: %s", dir, line);
     else if (line[0])

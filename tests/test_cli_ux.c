@@ -124,6 +124,18 @@ Test(cli_ux, a_view_in_error_answers_with_its_status_in_every_command)
         free(out);
         free(err);
     }
+    /* a view still converting runs (its pages are packed as they are read), after a note */
+    char *cv = fake_view("stories260K.gguf", "conv.jlm");
+    const char *conv = "converting 37% (212 MiB of 573 MiB)\n";
+    cr_assert(tu_write_file(pathf("%s/status", cv), conv, strlen(conv)) == 0);
+    snprintf(args, sizeof args, "tokenize '%s' hello --ids", cv);
+    int crc = jlm2(args, &out, &err);
+    cr_expect(crc == 0 && *out == '[' && count_lines(err) == 1 &&
+                  strstr(err, "conv.jlm is still converting (converting 37% (212 MiB of 573 MiB))"),
+              "exit %d, stdout %s, stderr %s", crc, out, err);
+    free(out);
+    free(err);
+    free(cv);
     /* a folder that is no view at all: one line saying so */
     snprintf(v, sizeof v, "%s/plain", T);
     cr_assert(mkdir(v, 0755) == 0);
