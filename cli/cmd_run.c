@@ -10,6 +10,8 @@
 #include "engine/model.h"
 #include "residency/residency.h"
 #include "engine/sampler.h"
+#include "prompt/chat_prompt.h"
+#include "text/template/chat.h"
 #include "text/tokenizer/tokenizer.h"
 #include "text/tokenizer/utf8_fix.h"
 
@@ -24,8 +26,8 @@
 #include <unistd.h>
 
 typedef struct run_opts {
-    const char *model, *prompt, *prompt_file, *logits_file, *ids, *image;
-    int n_predict, stats, print_ids, json;
+    const char *model, *prompt, *prompt_file, *logits_file, *ids, *image, *system;
+    int n_predict, stats, print_ids, json, chat;
     jlm_engine_opts eng;
     jlm_samp_params samp;
 } run_opts;
@@ -52,6 +54,8 @@ static int parse(int argc, char **argv, run_opts *o)
         {NULL, "--repeat-last-n", JLM_OPT_INT, &o->samp.repeat_last_n, -1, 1 << 30, 0, "N", "tokens the penalty looks back, -1: context"},
         {"-s", "--seed", JLM_OPT_SEED, &o->samp.seed, 0, 0, 0, "S", "sampler seed (u32, -1: random)"},
         {NULL, "--budget", JLM_OPT_SIZE, &o->eng.budget, 0, 0, 0, "SIZE", "resident weight budget (K/M/G), 0: unlimited"},
+        {"-cnv", "--chat", JLM_OPT_FLAG, &o->chat, 0, 0, 0, NULL, "apply the model's chat template to the prompt (as llama-cli -cnv)"},
+        {"-sys", "--system", JLM_OPT_STR, &o->system, 0, 0, 0, "TEXT", "a system message (implies --chat)"},
         {NULL, "--stats", JLM_OPT_FLAG, &o->stats, 0, 0, 0, NULL, "timings and paging figures on stderr"},
         {NULL, "--print-ids", JLM_OPT_FLAG, &o->print_ids, 0, 0, 0, NULL, "print the prompt and generated ids as JSON"},
         {NULL, "--json", JLM_OPT_FLAG, &o->json, 0, 0, 0, NULL, "one JSON object: text, ids, timings, pager counters"},
@@ -80,6 +84,10 @@ static int parse(int argc, char **argv, run_opts *o)
             return jlm_cli_error("jlm run", "--gpu-layers: expected a count >= 1 or 'all' (no layers: --backend cpu)"), 2;
         o->eng.gpu_layers = (uint32_t)n;
     }
+    if (o->system)
+        o->chat = 1;
+    if (o->chat && o->ids)
+        return jlm_cli_error("jlm run", "--chat renders a text prompt; --ids gives tokens: use one"), 2;
     if (o->json && o->print_ids)
         return jlm_cli_error("jlm run", "--json already holds the ids; give --json or --print-ids"), 2;
     if (o->prompt_file && o->prompt)
@@ -195,6 +203,39 @@ static int print_run_json(const char *model, const run_opts *o, const char *text
     return 0;
 }
 
+/* --chat: the prompt as one user turn (after the system message, if any)
+ * through the container's template (chatml if it has none, as llama.cpp),
+ * with the assistant's turn opened. A leading BOS text is dropped when the
+ * vocab adds BOS itself (as llama.cpp and jlm chat). malloc'd; NULL with the
+ * error printed. */
+static char *chat_prompt(const char *path, const char *given, const jlm_vocab *voc, const char *system,
+                         const char *user)
+{
+    char *tmpl = NULL, *bos = NULL, *eos = NULL, *out = NULL;
+    size_t n = 0;
+    int fallback = 0;
+    jlm_err err = {0};
+    jlm_chat_msg m[2] = {{"system", system}, {"user", user}};
+    jlm_chat_opts co = {.add_generation_prompt = 1, .local_time = 1};
+    if (jlm_chat_template_or_chatml(path, voc, &tmpl, &bos, &eos, &fallback, &err) == 0) {
+        if (fallback)
+            fprintf(stderr, "jlm run: note: %s has no chat template: using chatml\n", given);
+        co.bos_token = bos;
+        co.eos_token = eos;
+        if (jlm_chat_render(tmpl, strlen(tmpl), system ? m : m + 1, system ? 2 : 1, &co, &out, &n, &err))
+            out = NULL;
+    }
+    if (!out) {
+        char line[sizeof err.msg + 32];
+        snprintf(line, sizeof line, "template: %s", err.msg);
+        jlm_cli_error("jlm run", line);
+    } else if (voc->add_bos && bos && *bos && !strncmp(out, bos, strlen(bos))) {
+        memmove(out, out + strlen(bos), strlen(out + strlen(bos)) + 1);
+    }
+    free(tmpl); free(bos); free(eos);
+    return out;
+}
+
 static double now(void)
 {
     struct timespec t;
@@ -211,7 +252,7 @@ int jlm_cmd_run(int argc, char **argv)
     const char *given = o.model;   /* --json names the model as given, not its cache entry */
     if (!(o.model = jlm_cli_resolve_model("jlm run", o.model)))
         return 1;
-    char *text = NULL, *out_text = NULL;
+    char *text = NULL, *out_text = NULL, *rendered = NULL;
     if ((o.prompt_file || (o.prompt && !strcmp(o.prompt, "-")))
         && !(text = jlm_opts_read_text("jlm run", o.prompt_file ? o.prompt_file : "-")))
         return 1;
@@ -245,10 +286,15 @@ int jlm_cmd_run(int argc, char **argv)
         fprintf(stderr, "jlm run: %s: tokenizer: %s\n", path, err.msg);
         goto out;
     }
+    if (o.chat && tok) {
+        if (!(rendered = chat_prompt(path, given, voc, o.system, o.prompt ? o.prompt : "")))
+            goto out;
+        o.prompt = rendered;   /* its special-token texts (<|im_start|>) become their ids */
+    }
     if (o.image) {
         /* tokenized around the image below */
     } else if (o.ids ? parse_ids(o.ids, &prompt, &np) != 0
-                     : jlm_tok_encode(tok, o.prompt, strlen(o.prompt), 1, 0, &prompt, &np, &err) != 0) {
+                     : jlm_tok_encode(tok, o.prompt, strlen(o.prompt), 1, o.chat, &prompt, &np, &err) != 0) {
         fprintf(stderr, "jlm run: %s\n", o.ids ? "--ids: expected comma-separated token ids" : err.msg);
         goto out;
     }
@@ -353,6 +399,6 @@ out:
     jlm_samp_destroy(s);
     jlm_tok_destroy(tok);
     jlm_engine_close(e);
-    free(prompt); free(gen); free(logits); free(path); free(text); free(out_text);
+    free(prompt); free(gen); free(logits); free(path); free(text); free(out_text); free(rendered);
     return status;
 }

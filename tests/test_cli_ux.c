@@ -409,3 +409,42 @@ Test(cli_ux, make_install_and_uninstall_into_a_staging_root, .timeout = 120)
     free(o);
     cr_expect(!tu_exists(pathf("%s/root", T)), "make uninstall left files or folders under DESTDIR");
 }
+
+/* Token ids of text (printf escapes; its final newline kept) with special
+ * tokens parsed, from `jlm tokenize`: the first line of its output. */
+static char *tokenize_special(const char *model, const char *printf_text)
+{
+    char cmd[8192], *o = NULL;
+    snprintf(cmd, sizeof cmd, "t=$(printf '%sx'); t=${t%%x}; XDG_CACHE_HOME='%s/cache' '%s' tokenize '%s' \"$t\" --ids "
+             "--parse-special 2>/dev/null", printf_text, T, tu_jlm(), model);
+    cr_assert(tu_run(cmd, &o) == 0, "%s: %s", cmd, o);
+    o[strcspn(o, "\n")] = 0;
+    return o;
+}
+
+/* `jlm run --chat` (-cnv) renders the prompt as one user turn, after -sys's
+ * system message, through the model's template; this model has none, so
+ * chatml (llama.cpp's fallback), whose text is fixed by its definition. */
+Test(cli_ux, run_chat_renders_the_prompt_through_the_template, .timeout = 120)
+{
+    const char *g = tu_model("synth-qwen3-256.Q8_0.gguf");
+    char args[4096], want[8192], *o1, *e1, *o2;
+    snprintf(args, sizeof args, "run '%s' -sys 'Be brief.' -p 'hi there' -n 2 --temp 0 --print-ids", g);
+    cr_assert(jlm2(args, &o1, &e1) == 0, "%s", e1);
+    cr_expect(strstr(e1, "has no chat template: using chatml") && strstr(e1, "synth-qwen3-256.Q8_0.gguf"), "%s", e1);
+    o2 = tokenize_special(g, "<|im_start|>system\\nBe brief.<|im_end|>\\n<|im_start|>user\\nhi there<|im_end|>\\n"
+                             "<|im_start|>assistant\\n");
+    snprintf(want, sizeof want, "{\"prompt\": %s, ", o2);
+    cr_expect(!strncmp(o1, want, strlen(want)), "run --chat prompt ids:\n%s\nchatml tokenized:\n%s", o1, o2);
+    free(o1); free(e1); free(o2);
+    /* -cnv alone: no system turn; --chat with --ids is refused */
+    snprintf(args, sizeof args, "run '%s' -cnv -p 'hi there' -n 2 --temp 0 --print-ids", g);
+    cr_assert(jlm2(args, &o1, &e1) == 0, "%s", e1);
+    o2 = tokenize_special(g, "<|im_start|>user\\nhi there<|im_end|>\\n<|im_start|>assistant\\n");
+    snprintf(want, sizeof want, "{\"prompt\": %s, ", o2);
+    cr_expect(!strncmp(o1, want, strlen(want)), "run -cnv prompt ids:\n%s\nchatml tokenized:\n%s", o1, o2);
+    free(o1); free(e1); free(o2);
+    snprintf(args, sizeof args, "run '%s' --chat --ids 1,2", g);
+    cr_expect(jlm2(args, &o1, &e1) == 2 && count_lines(e1) == 1 && strstr(e1, "--chat"), "%s", e1);
+    free(o1); free(e1);
+}
