@@ -26,6 +26,7 @@
 static const char USAGE[] = "usage: jlm stats MOUNT_OR_DB [--json | --html [-o FILE_OR_DIR]]\n";
 
 static const char LEGEND[] =
+    "strips: # resident, + read but not resident, . never read (a cell per page, or per run past 64)\n"
     "columns: page-ins: pages read into an engine frame; fills: later reads into a resident page;\n"
     "  hits: gets served from a frame; evictions: frames dropped; bytes: bytes the engines read;\n"
     "  t-frame t-pcache t-disk t-conv t-oth: page-ins by where the bytes came from (a frame, the\n"
@@ -54,6 +55,66 @@ static char *view_of(const char *view, const char *mount, const char *key)
         return NULL;
     p[strlen(p) - strlen("/model.jlm")] = 0;
     return p;
+}
+
+/* Heat strips under a summary line: per page array one cell per page (or
+ * per run of pages past 64), '#' resident, '+' read but not resident, '.'
+ * never read; for experts one row per MoE block, one cell per expert. */
+static void strip(const char *label, const unsigned char *st, uint32_t n)
+{
+    uint32_t w = n < 64 ? n : 64;
+    printf("  %-10s [", label);
+    for (uint32_t i = 0; i < w; i++) {
+        unsigned char m = 0;
+        for (uint64_t p = (uint64_t)i * n / w; p < (uint64_t)(i + 1) * n / w; p++)
+            m = st[p] > m ? st[p] : m;
+        putchar(".+#"[m]);
+    }
+    puts("]");
+}
+
+static void heat(json_t *m, const jlm_model *c)
+{
+    const jlm_header *h = &c->hdr;
+    uint32_t ne = c->config.n_expert, nb = c->config.n_layer;
+    unsigned char *blk = calloc(h->n_blocks + 1, 1), *vis = calloc(h->n_vis_blocks + 1, 1);
+    unsigned char *exp = calloc((size_t)nb * (ne ? ne : 1) + 1, 1), *has = calloc(nb + 1, 1);
+    if (!blk || !vis || !exp || !has)
+        goto out;
+    for (uint32_t i = 0; i < h->n_tensors; i++) {   /* the blocks that hold experts */
+        jlm_tensor_loc l;
+        jlm_fmt_tensor_loc(c, &c->tensors[i], &l);
+        if (l.region == JLM_REG_EXPERT && c->tensors[i].block >= 0 && (uint32_t)c->tensors[i].block < nb)
+            has[c->tensors[i].block] = 1;
+    }
+    size_t i;
+    json_t *p;
+    json_array_foreach(json_object_get(m, "pages"), i, p) {
+        const char *a = json_string_value(json_object_get(p, "array"));
+        long long x = JI(p, "a"), y = JI(p, "b");
+        unsigned char v = json_is_true(json_object_get(p, "resident")) ? 2 : 1;
+        unsigned char *cell = NULL;
+        if (a && !strcmp(a, "blocks") && x >= 0 && x < h->n_blocks)
+            cell = &blk[x];
+        else if (a && !strcmp(a, "vision") && x >= 0 && x < h->n_vis_blocks)
+            cell = &vis[x];
+        else if (a && !strcmp(a, "experts") && x >= 0 && x < nb && y >= 0 && y < ne)
+            cell = &exp[(size_t)x * ne + (size_t)y];
+        if (cell && v > *cell)
+            *cell = v;
+    }
+    if (h->n_blocks)
+        strip("blocks", blk, h->n_blocks);
+    if (h->n_vis_blocks)
+        strip("vision", vis, h->n_vis_blocks);
+    for (uint32_t b = 0; ne && b < nb; b++) {
+        char label[32];
+        snprintf(label, sizeof label, "experts.%u", b);
+        if (has[b])
+            strip(label, &exp[(size_t)b * ne], ne);
+    }
+out:
+    free(blk); free(vis); free(exp); free(has);
 }
 
 /* "KEY: 1 session, 12 of 40 pages resident (3.2 MiB of 10.1 MiB), hit rate
@@ -90,12 +151,13 @@ static void summary_line(const char *key, json_t *m, const char *view_dir)
         }
         human(rb, sizeof rb, resident);
         human(tb, sizeof tb, total);
-        printf(" of %u pages resident (%s of %s)", h->n_blocks + h->n_vis_blocks + h->n_exp_pages, rb, tb);
+        printf(" of %u pages resident (%s of %s), hit rate %s, %s read\n",
+               h->n_blocks + h->n_vis_blocks + h->n_exp_pages, rb, tb, rate, rd);
+        heat(m, c);
         jlm_fmt_close(c);
     } else {
-        printf(" pages resident");
+        printf(" pages resident, hit rate %s, %s read\n", rate, rd);
     }
-    printf(", hit rate %s, %s read\n", rate, rd);
 }
 
 /* Text: the summary of every model, the legend, the table. view: the view

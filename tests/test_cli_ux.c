@@ -359,6 +359,21 @@ Test(cli_ux, through_a_mount_errors_ggufs_and_stats, .init = ux_init, .fini = ux
     char *legend = strstr(o, "\ncolumns: page-ins"), *table = strstr(o, "\nmodel s.jlm:");
     cr_expect(rc == 0 && strstr(o, want) == o && strstr(o, "hit rate ") && legend && table && legend < table,
               "exit %d, want '%s...':\n%s%s", rc, want, o, e);
+    /* the heat strip: every block was read by the run, none stays resident after it */
+    cr_expect(strstr(o, "\n  blocks     [+++++]\n"), "blocks strip:\n%s", o);
+    free(o); free(e);
+    /* a MoE view: one strip row per expert block, some experts read, not all */
+    b = tu_read_file(tu_model("synth-qwen3moe-256.Q4_K_M.gguf"), &n);
+    cr_assert(b && tu_write_file(pathf("%s/q.gguf", M.mnt), b, n) == 0);
+    free(b);
+    snprintf(args, sizeof args, "run '%s/q.jlm' -p 'hello' -n 2", M.mnt);
+    rc = jlm2(args, &o, &e);
+    cr_assert(rc == 0, "%s", e);
+    free(o); free(e);
+    snprintf(args, sizeof args, "stats '%s/q.jlm'", M.mnt);
+    rc = jlm2(args, &o, &e);
+    char *row = strstr(o, "\n  experts.0  [");
+    cr_expect(rc == 0 && row && strchr(row + 1, '+') < strchr(row + 1, ']') && strstr(row, "."), "experts grid:\n%s", o);
     free(o); free(e);
 }
 
