@@ -22,8 +22,10 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <time.h>
+#include <unistd.h>
 
-static const char USAGE[] = "usage: jlm stats MOUNT_OR_DB [--json | --html [-o FILE_OR_DIR]]\n";
+static const char USAGE[] = "usage: jlm stats MOUNT_OR_DB [--json | --watch S | --html [-o FILE_OR_DIR]]\n";
 
 static const char LEGEND[] =
     "strips: # resident, + read but not resident, . never read (a cell per page, or per run past 64)\n"
@@ -299,14 +301,18 @@ static int stats_html(const char *path, const char *out)
     return html_mount(path, out);
 }
 
+static int stats_once(const char *path, int json);
+
 int jlm_cmd_stats(int argc, char **argv)
 {
     const char *path = NULL, *out = NULL;
     int json = 0, html = 0;
+    float watch = 0;
     const jlm_opt t[] = {
         {NULL, "--json", JLM_OPT_FLAG, &json, 0, 0, 0, NULL, "JSON on stdout"},
         {NULL, "--html", JLM_OPT_FLAG, &html, 0, 0, 0, NULL, "the residency picture as HTML"},
         {"-o", "--output", JLM_OPT_STR, &out, 0, 0, 0, "FILE", "--html: write to FILE (default: stdout)"},
+        {"-w", "--watch", JLM_OPT_F32, &watch, 0.05, 86400, 0, "S", "print again every S seconds, like top (Ctrl-C ends)"},
     };
     const char *pos[1] = {0};
     jlm_opts_spec os = {"jlm stats", "MOUNT_OR_DB [options]", t, (int)(sizeof t / sizeof t[0]), pos, 1, 0};
@@ -320,6 +326,27 @@ int jlm_cmd_stats(int argc, char **argv)
     }
     if (html)
         return stats_html(path, out);
+    if (watch > 0 && json)
+        return jlm_cli_error("jlm stats", "--watch redraws the text: not with --json"), 2;
+    if (watch <= 0)
+        return stats_once(path, json);
+    int tty = isatty(1), rc;
+    for (;;) {   /* until Ctrl-C, or an error */
+        if (tty)
+            fputs("\033[H\033[2J", stdout);   /* home, clear: one screen redrawn */
+        rc = stats_once(path, 0);
+        if (!tty)
+            putchar('\n');   /* a log: frames separated by a blank line */
+        fflush(stdout);
+        if (rc)
+            return rc;
+        struct timespec ts = {(time_t)watch, (long)((watch - (float)(time_t)watch) * 1e9f)};
+        nanosleep(&ts, NULL);
+    }
+}
+
+static int stats_once(const char *path, int json)
+{
     jlm_err err = {0};
     char *dbp = NULL, *key = NULL;
     if (jlm_rdb_discover(path, &dbp, &key, &err) == 0) {   /* a view */

@@ -18,7 +18,7 @@ static const cmd CMDS[] = {
     {"serve",    jlm_cmd_serve,    "serve (MODEL... | --models DIR) [--host H] [--port P] [--parallel N] [--queue N] [--api-key K] [-c CTX] [-t N] [--budget SIZE]   OpenAI-compatible HTTP server"},
     {"bench",    jlm_cmd_bench,    "bench MODEL [-p 512] [-n 128] [-r 3] [-t N] [--budget SIZE] [-o md|csv|json]   llama-bench-like speed table"},
     {"template", jlm_cmd_template, "template (MODEL | --template F) --messages F.json [--add-generation-prompt] [--bos S] [--eos S] [--now ISO]"},
-    {"stats",    jlm_cmd_stats,    "stats MOUNT_OR_DB [--json | --html [-o F]]   residency counters of a jlmfs mount, view or database"},
+    {"stats",    jlm_cmd_stats,    "stats MOUNT_OR_DB [--json | --watch S | --html [-o F]]   residency counters of a jlmfs mount, view or database"},
 };
 
 static void usage(FILE *f)

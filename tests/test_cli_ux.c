@@ -375,6 +375,18 @@ Test(cli_ux, through_a_mount_errors_ggufs_and_stats, .init = ux_init, .fini = ux
     char *row = strstr(o, "\n  experts.0  [");
     cr_expect(rc == 0 && row && strchr(row + 1, '+') < strchr(row + 1, ']') && strstr(row, "."), "experts grid:\n%s", o);
     free(o); free(e);
+    /* --watch prints again and again until interrupted */
+    char cmd[4096];
+    snprintf(cmd, sizeof cmd, "timeout -s INT 1.2 '%s' stats '%s/s.jlm' --watch 0.2 2>&1", tu_jlm(), M.mnt);
+    tu_run(cmd, &o);
+    int frames = 0;
+    for (char *p = o; (p = strstr(p, "s.jlm: 0 sessions")); p++)
+        frames++;
+    cr_expect(frames >= 2, "%d frames in 1.2 s at 0.2 s:\n%s", frames, o);
+    free(o);
+    snprintf(args, sizeof args, "stats '%s' --watch 1 --json", M.mnt);
+    cr_expect(jlm2(args, &o, &e) == 2 && count_lines(e) == 1 && strstr(e, "--watch"), "%s", e);
+    free(o); free(e);
 }
 
 /* ---------------------------------------------------------------- install */
