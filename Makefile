@@ -21,12 +21,20 @@
 #   cuda-check  build/jlm-cuda-check, the CUDA kernels on a device (skips in one line
 #           without one); CUDA=0 leaves every .cu out (docs/cuda.md).
 #   install PREFIX=/usr/local; mount.jlmfs goes to SBINDIR (default /sbin: mount(8) looks
-#           only there for helpers).
+#           only there for helpers), with the path of the jlmfs installed beside it; man
+#           pages into $(PREFIX)/share/man, bash completion into
+#           $(PREFIX)/share/bash-completion/completions, the systemd examples (with the
+#           installed paths) into $(PREFIX)/share/doc/jlmfs/examples.
+#   uninstall  removes exactly what install put (same PREFIX, SBINDIR, DESTDIR).
 # Honours CC, CPPFLAGS, CFLAGS, LDFLAGS and DESTDIR as packagers expect.
 
 BUILD   ?= build
 PREFIX  ?= /usr/local
 SBINDIR ?= /sbin
+BINDIR  ?= $(PREFIX)/bin
+MANDIR  ?= $(PREFIX)/share/man
+COMPDIR ?= $(PREFIX)/share/bash-completion/completions
+EXDIR   ?= $(PREFIX)/share/doc/jlmfs/examples
 CC      ?= cc
 PKGS    := fuse3 sqlite3 jansson libutf8proc stb zlib libmicrohttpd libedit
 PKG_CFLAGS := $(shell pkg-config --cflags $(PKGS) 2>/dev/null)
@@ -75,7 +83,7 @@ TEST_BIN := $(BUILD)/jlm-tests
 BENCH_SRC := $(wildcard bench/*.c)
 BENCH_BIN := $(BENCH_SRC:bench/%.c=$(BUILD)/bench/%)
 
-.PHONY: all debug tsan test bench fuzz fuzz-smoke install clean cuda-check
+.PHONY: all debug tsan test bench fuzz fuzz-smoke install uninstall clean cuda-check
 all: $(LIB) $(BINS)
 
 debug:
@@ -199,11 +207,29 @@ fuzz-smoke: fuzz
 	    grep -E "stat::number_of_executed_units|Done" build-fuzz/$$n.log; \
 	    [ $$rc -eq 0 ] || { tail -40 build-fuzz/$$n.log; exit 1; }; done
 
+MANPAGES := docs/man/jlm.1 docs/man/jlmfs.1 docs/man/mount.jlmfs.8
+EXAMPLES := mount-helpers/jlmfs@.service mount-helpers/srv-models.mount
 install: all
-	install -d $(DESTDIR)$(PREFIX)/bin
-	install -m 755 $(BINS) $(DESTDIR)$(PREFIX)/bin/
-	install -d $(DESTDIR)$(SBINDIR)
-	install -m 755 mount-helpers/mount.jlmfs $(DESTDIR)$(SBINDIR)/mount.jlmfs
+	install -d $(DESTDIR)$(BINDIR) $(DESTDIR)$(SBINDIR) $(DESTDIR)$(MANDIR)/man1 $(DESTDIR)$(MANDIR)/man8 \
+	    $(DESTDIR)$(COMPDIR) $(DESTDIR)$(EXDIR)
+	install -m 755 $(BINS) $(DESTDIR)$(BINDIR)/
+	sed 's|@JLMFS_INSTALLED@|$(BINDIR)/jlmfs|' mount-helpers/mount.jlmfs > $(DESTDIR)$(SBINDIR)/mount.jlmfs.tmp
+	chmod 755 $(DESTDIR)$(SBINDIR)/mount.jlmfs.tmp && mv $(DESTDIR)$(SBINDIR)/mount.jlmfs.tmp $(DESTDIR)$(SBINDIR)/mount.jlmfs
+	install -m 644 $(filter %.1,$(MANPAGES)) $(DESTDIR)$(MANDIR)/man1/
+	install -m 644 $(filter %.8,$(MANPAGES)) $(DESTDIR)$(MANDIR)/man8/
+	install -m 644 scripts/completion/jlm $(DESTDIR)$(COMPDIR)/jlm
+	ln -sf jlm $(DESTDIR)$(COMPDIR)/jlmfs
+	for f in $(EXAMPLES); do sed 's|/usr/local/bin/jlmfs|$(BINDIR)/jlmfs|g' $$f > $(DESTDIR)$(EXDIR)/$$(basename $$f); done
+
+# Removes what install wrote and its own doc folder. System folders (bin, man1,
+# completions) stay even if empty; under a DESTDIR staging root, every folder
+# left empty is removed too, so install + uninstall there leaves nothing.
+uninstall:
+	rm -f $(addprefix $(DESTDIR)$(BINDIR)/,jlm jlmfs) $(DESTDIR)$(SBINDIR)/mount.jlmfs \
+	    $(addprefix $(DESTDIR)$(MANDIR)/man1/,jlm.1 jlmfs.1) $(DESTDIR)$(MANDIR)/man8/mount.jlmfs.8 \
+	    $(DESTDIR)$(COMPDIR)/jlm $(DESTDIR)$(COMPDIR)/jlmfs $(addprefix $(DESTDIR)$(EXDIR)/,$(notdir $(EXAMPLES)))
+	-rmdir $(DESTDIR)$(EXDIR) $(DESTDIR)$(dir $(EXDIR)) 2>/dev/null
+	$(if $(DESTDIR),-find $(DESTDIR) -depth -type d -empty -delete)
 
 clean:
 	rm -rf build build-*

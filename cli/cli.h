@@ -30,6 +30,23 @@ int jlm_cli_is_gguf(const char *path);
  * string lives until exit. */
 const char *jlm_cli_resolve_model(const char *who, const char *model);
 
+#include <stdint.h>
+
+/* `jlm convert`'s progress (and the cache's, resolve.c), a jlm_conv_progress
+ * callback. On a terminal (tty) one line redrawn with '\r': a bar, percent,
+ * MiB done of total, rate, ETA. Otherwise plain lines for a log: one as each
+ * quarter (25, 50, 75%) is passed, and one every 30 s between; so a few,
+ * never one per unit. Single-threaded (the converter's writer calls it). */
+typedef struct jlm_cli_bar {
+    const char *who;   /* "jlm convert": prefix of the plain lines */
+    int tty, shown, last_pct;
+    double t0, t_line;
+} jlm_cli_bar;
+void jlm_cli_bar_init(jlm_cli_bar *b, const char *who, int tty);
+void jlm_cli_progress(void *ctx, uint64_t done, uint64_t total);
+/* Ends the terminal line (a newline if a bar was drawn). */
+void jlm_cli_bar_end(jlm_cli_bar *b);
+
 #include <stddef.h>
 #include "engine/model.h"
 #include "text/tokenizer/tokenizer.h"

@@ -8,11 +8,15 @@
  * counters. ppP evaluates P random token ids in one jlm_engine_eval call (the
  * engine batches them as it does for a prompt); tgN evaluates N random ids one call each.
  * t/s is mean +- sample sd over r repetitions; page-ins, MiB read and read
- * wait are means per repetition. Nothing goes to stdout but the table. */
+ * wait are means per repetition. Nothing goes to stdout but the table:
+ * -o md (a Markdown table, the default, llama-bench's), csv (a header row and
+ * one row per test) or json (one array of objects, printed at the end); the
+ * numeric columns of csv and json are plain numbers (bytes, not "1.2 MiB"). */
 #include "cli/cli.h"
 #include "cli/opts.h"
 #include "engine/model.h"
 
+#include <jansson.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -25,7 +29,8 @@ static const char BENCH_USAGE[] =
     "usage: jlm bench MODEL [-p 512] [-n 128] [-r 3] [-t THREADS] [--budget SIZE] [--kv f32|f16] [--no-direct]\n"
     "  -p 0 or -n 0 skips that test\n";
 
-typedef struct bench_opts { const char *model; int n_pp, n_tg, reps; jlm_engine_opts eng; } bench_opts;
+typedef enum { OUT_MD, OUT_CSV, OUT_JSON } bench_out;
+typedef struct bench_opts { const char *model, *out; int n_pp, n_tg, reps; bench_out fmt; jlm_engine_opts eng; } bench_opts;
 
 /* One test's figures: per repetition, then summarized. */
 typedef struct bench_res { double tps_mean, tps_sd, pageins, mib, wait_ms; } bench_res;
@@ -47,6 +52,7 @@ static int bench_parse(int argc, char **argv, bench_opts *o)
         {NULL, "--budget", JLM_OPT_SIZE, &o->eng.budget, 0, 0, 0, "SIZE", "memory budget: frames + KV + scratch (K/M/G), 0: unlimited; default: the cgroup limit or MemAvailable less a headroom"},
         {NULL, "--kv", JLM_OPT_STR, &o->eng.kv, 0, 0, 0, "f32|f16", "KV cache type (f16: half the memory)"},
         {NULL, "--no-direct", JLM_OPT_FLAG, &o->eng.direct, 0, 0, JLM_OPT_CLEARS, NULL, "page weights through the page cache"},
+        {"-o", "--output", JLM_OPT_STR, &o->out, 0, 0, 0, "md|csv|json", "output format (default: md)"},
     };
     const char *pos[1] = {0};
     jlm_opts_spec os = {"jlm bench", "MODEL [options]   (-p 0 or -n 0 skips that test)", t,
@@ -58,6 +64,19 @@ static int bench_parse(int argc, char **argv, bench_opts *o)
         return jlm_cli_error("jlm bench", "give the model once: as MODEL or as -m"), 2;
     if (os.n_pos)
         o->model = pos[0];
+    if (o->out) {
+        if (!strcmp(o->out, "md"))
+            o->fmt = OUT_MD;
+        else if (!strcmp(o->out, "csv"))
+            o->fmt = OUT_CSV;
+        else if (!strcmp(o->out, "json"))
+            o->fmt = OUT_JSON;
+        else {
+            char line[300];
+            snprintf(line, sizeof line, "-o '%.200s': expected md, csv or json (see --help)", o->out);
+            return jlm_cli_error("jlm bench", line), 2;
+        }
+    }
     if (!o->model || o->n_pp < 0 || o->n_tg < 0 || o->n_pp + o->n_tg == 0 || o->reps < 1 || o->reps > 1000) {
         fputs(BENCH_USAGE, stderr);
         return 2;
@@ -135,6 +154,50 @@ static void bench_size(char *buf, size_t n, double bytes)
         snprintf(buf, n, "%.2f MiB", bytes / 1048576.0);
 }
 
+/* One test's row, in every format. */
+typedef struct bench_row {
+    const char *name, *size, *params, *budget;
+    double size_bytes, n_params;
+    uint64_t budget_bytes;
+    int threads, pp, n;
+    bench_res r;
+} bench_row;
+
+static void csv_field(const char *s)
+{
+    putchar('"');
+    for (; *s; s++) {
+        if (*s == '"')
+            putchar('"');
+        putchar(*s);
+    }
+    putchar('"');
+}
+
+static void bench_header_csv(void)
+{
+    puts("model,size_bytes,params,threads,budget_bytes,test,n_tokens,tps_mean,tps_sd,page_ins,read_mib,wait_ms");
+}
+
+static void bench_row_csv(const bench_row *w)
+{
+    csv_field(w->name);
+    printf(",%.0f,%.0f,%d,%llu,%s%d,%d,%.4f,%.4f,%.1f,%.4f,%.4f\n", w->size_bytes, w->n_params, w->threads,
+           (unsigned long long)w->budget_bytes, w->pp ? "pp" : "tg", w->n, w->n, w->r.tps_mean, w->r.tps_sd,
+           w->r.pageins, w->r.mib, w->r.wait_ms);
+}
+
+static json_t *bench_row_json(const bench_row *w)
+{
+    char test[16];
+    snprintf(test, sizeof test, "%s%d", w->pp ? "pp" : "tg", w->n);
+    return json_pack("{s:s, s:I, s:I, s:i, s:I, s:s, s:i, s:f, s:f, s:f, s:f, s:f}", "model", w->name,
+                     "size_bytes", (json_int_t)w->size_bytes, "params", (json_int_t)w->n_params, "threads", w->threads,
+                     "budget_bytes", (json_int_t)w->budget_bytes, "test", test, "n_tokens", w->n, "tps_mean",
+                     w->r.tps_mean, "tps_sd", w->r.tps_sd, "page_ins", w->r.pageins, "read_mib", w->r.mib,
+                     "wait_ms", w->r.wait_ms);
+}
+
 static void bench_header(void)
 {
     printf("| %-24s | %10s | %8s | %7s | %10s | %7s | %16s | %9s | %9s | %9s |\n", "model", "size", "params",
@@ -145,7 +208,7 @@ static void bench_header(void)
 }
 
 /* The model's size, parameter count and the budget cells. */
-static void bench_describe(jlm_engine *e, const bench_opts *o, char *size, char *params, char *budget)
+static double bench_describe(jlm_engine *e, const bench_opts *o, char *size, char *params, char *budget)
 {
     const jlm_model *m = jlm_engine_model(e);
     double n = 0;
@@ -162,6 +225,7 @@ static void bench_describe(jlm_engine *e, const bench_opts *o, char *size, char 
         snprintf(budget, 16, "unlimited");
     else
         bench_size(budget, 16, (double)jlm_engine_budget(e));
+    return n;
 }
 
 static char *bench_container(const char *model)
@@ -179,6 +243,7 @@ int jlm_cmd_bench(int argc, char **argv)
     int rc = bench_parse(argc, argv, &o);
     if (rc)
         return rc < 0 ? 0 : rc;   /* -1: --help printed */
+    const char *given = o.model;   /* the model column names it as given, not its cache entry */
     if (!(o.model = jlm_cli_resolve_model("jlm bench", o.model)))
         return 1;
     o.eng.n_ctx = (uint32_t)(o.n_pp > o.n_tg ? o.n_pp : o.n_tg) + 1;
@@ -193,11 +258,20 @@ int jlm_cmd_bench(int argc, char **argv)
         return 1;
     }
     char size[16], params[16], budget[16], name[25];
-    bench_describe(e, &o, size, params, budget);
-    const char *base = strrchr(path, '/');
-    snprintf(name, sizeof name, "%s", base ? base + 1 : path);
+    double n_params = bench_describe(e, &o, size, params, budget);
+    size_t gl = strlen(given);
+    while (gl > 1 && given[gl - 1] == '/')
+        gl--;   /* a view folder given as "x.jlm/" */
+    const char *base = given + gl;
+    while (base > given && base[-1] != '/')
+        base--;
+    snprintf(name, sizeof name, "%.*s", (int)(given + gl - base), base);
     int threads = o.eng.n_threads > 0 ? o.eng.n_threads : (int)sysconf(_SC_NPROCESSORS_ONLN);
-    bench_header();
+    if (o.fmt == OUT_MD)
+        bench_header();
+    else if (o.fmt == OUT_CSV)
+        bench_header_csv();
+    json_t *rows = o.fmt == OUT_JSON ? json_array() : NULL;
     int status = 0;
     for (int pp = 1; pp >= 0 && !status; pp--) {
         int n = pp ? o.n_pp : o.n_tg;
@@ -209,13 +283,30 @@ int jlm_cmd_bench(int argc, char **argv)
             status = 1;
             break;
         }
-        char test[16], tps[24];
-        snprintf(test, sizeof test, "%s%d", pp ? "pp" : "tg", n);
-        snprintf(tps, sizeof tps, "%.2f ± %.2f", r.tps_mean, r.tps_sd);
-        printf("| %-24s | %10s | %8s | %7d | %10s | %7s | %17s | %9.1f | %9.2f | %9.2f |\n", name, size, params,
-               threads, budget, test, tps, r.pageins, r.mib, r.wait_ms);
+        bench_row w = {name, size, params, budget, (double)jlm_engine_model(e)->file_size, n_params,
+                       o.eng.budget ? jlm_engine_budget(e) : 0, threads, pp, n, r};
+        if (o.fmt == OUT_CSV)
+            bench_row_csv(&w);
+        else if (o.fmt == OUT_JSON)
+            json_array_append_new(rows, bench_row_json(&w));
+        else {
+            char test[16], tps[24];
+            snprintf(test, sizeof test, "%s%d", pp ? "pp" : "tg", n);
+            snprintf(tps, sizeof tps, "%.2f ± %.2f", r.tps_mean, r.tps_sd);
+            printf("| %-24s | %10s | %8s | %7d | %10s | %7s | %17s | %9.1f | %9.2f | %9.2f |\n", name, size, params,
+                   threads, budget, test, tps, r.pageins, r.mib, r.wait_ms);
+        }
         fflush(stdout);
     }
+    if (rows && !status) {
+        char *js = json_dumps(rows, JSON_INDENT(2) | JSON_PRESERVE_ORDER);
+        if (js)
+            puts(js);
+        else
+            jlm_cli_error("jlm bench", "-o json: out of memory"), status = 1;
+        free(js);
+    }
+    json_decref(rows);
     jlm_engine_close(e);
     free(path);
     return status;

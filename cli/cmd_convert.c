@@ -3,6 +3,7 @@
 #include "cli/opts.h"
 #include "converter/convert.h"
 
+#include <errno.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -23,32 +24,20 @@ static void on_signal(int sig)
     raise(sig);
 }
 
-typedef struct bar { int tty; double t0; int last; } bar;
+static void progress(void *ctx, uint64_t done, uint64_t total)
+{
+    /* Test hook: terminate ourselves at N% to check that nothing is left. */
+    const char *at = getenv("JLM_TEST_SIGNAL_AT");
+    if (at && total && done * 100 >= (uint64_t)atoi(at) * total)
+        raise(SIGTERM);
+    jlm_cli_progress(ctx, done, total);
+}
 
 static double now_s(void)
 {
     struct timespec ts;
     clock_gettime(CLOCK_MONOTONIC, &ts);
     return ts.tv_sec + ts.tv_nsec * 1e-9;
-}
-
-static void progress(void *ctx, uint64_t done, uint64_t total)
-{
-    bar *b = ctx;
-    /* Test hook: terminate ourselves at N% to check that nothing is left. */
-    const char *at = getenv("JLM_TEST_SIGNAL_AT");
-    if (at && total && done * 100 >= (uint64_t)atoi(at) * total)
-        raise(SIGTERM);
-    if (!b->tty || !total)
-        return;
-    int pct = (int)(done * 100 / total);
-    if (pct == b->last)
-        return;
-    b->last = pct;
-    int w = pct / 4;
-    fprintf(stderr, "\r[%.*s%*s] %3d%%  %.1f MiB", w, "#########################", 25 - w, "", pct,
-            done / 1048576.0);
-    fflush(stderr);
 }
 
 static void print_plan(const jlm_conv *c, const char *out)
@@ -86,6 +75,27 @@ static const char *bad_out(const char *src, const char *out)
     return NULL;
 }
 
+/* The folder OUT.part is created in must exist and be writable: found out
+ * before a conversion of many GB, not at its end. errno's text or NULL. */
+static const char *bad_out_dir(const char *out)
+{
+    char *d = strdup(out);
+    if (!d)
+        return "out of memory";
+    char *sl = strrchr(d, '/');
+    const char *dir = sl ? (sl == d ? "/" : (*sl = 0, d)) : ".";
+    struct stat st;
+    const char *why = NULL;
+    if (stat(dir, &st) != 0)
+        why = strerror(errno);
+    else if (!S_ISDIR(st.st_mode))
+        why = strerror(ENOTDIR);
+    else if (access(dir, W_OK | X_OK) != 0)
+        why = strerror(errno);
+    free(d);
+    return why;
+}
+
 int jlm_cmd_convert(int argc, char **argv)
 {
     const char *src = NULL, *out = NULL, *mmproj = NULL, *type = NULL;
@@ -112,8 +122,20 @@ int jlm_cmd_convert(int argc, char **argv)
         return 2;
     }
     char *def = out ? NULL : jlm_conv_default_out(src);
+    int given = out != NULL;
     if (!out)
         out = def;
+    if (!out) {
+        jlm_cli_error("jlm convert", "out of memory");
+        return 1;
+    }
+    if (!plan_only && (why = given ? bad_out_dir(out) : (bad_out(src, out) ? bad_out(src, out) : bad_out_dir(out)))) {
+        char line[4200];   /* before any work: the output is checked, then the source is converted */
+        snprintf(line, sizeof line, "%s%s: cannot write there: %s", given ? "-o " : "", out, why);
+        jlm_cli_error("jlm convert", line);
+        free(def);
+        return given ? 2 : 1;
+    }
     jlm_err err = {0};
     jlm_conv *c;
     double t0 = now_s();
@@ -133,10 +155,10 @@ int jlm_cmd_convert(int argc, char **argv)
     signal(SIGINT, on_signal);
     signal(SIGTERM, on_signal);
     signal(SIGHUP, on_signal);
-    bar b = {isatty(2), t0, -1};
+    jlm_cli_bar b;
+    jlm_cli_bar_init(&b, "jlm convert", isatty(2));
     int rc = jlm_conv_write(c, out, NULL, progress, &b, &err);
-    if (b.tty)
-        fprintf(stderr, "\n");
+    jlm_cli_bar_end(&b);
     if (rc) {
         jlm_cli_error("jlm convert", err.msg);
     } else {

@@ -2,6 +2,7 @@
  * arrays, vocab summary, fingerprint and (optionally) the tensor table. */
 #include "cli/cli.h"
 #include "cli/opts.h"
+#include "cli/report.h"
 #include "format/jlm_format.h"
 
 #include <jansson.h>
@@ -154,9 +155,12 @@ int jlm_cmd_info(int argc, char **argv)
     if (html)
         return jlm_cli_picture("jlm info", path, out, db, key);
     jlm_err err = {0};
-    jlm_model *m;
-    if (jlm_fmt_open(path, &m, &err)) {
-        fprintf(stderr, "jlm info: %s\n", err.msg);
+    jlm_model *m = NULL;
+    char *file = jlm_cli_container_path(path);   /* a view directory: its model.jlm */
+    int orc = file ? jlm_fmt_open(file, &m, &err) : jlm_errf(&err, JLM_ENOMEM, "out of memory");
+    free(file);
+    if (orc) {
+        jlm_cli_error("jlm info", err.msg);
         return 1;
     }
     if (js) {

@@ -3,6 +3,7 @@
  * --ids one bracketed list. MODEL may be a vocab-only container. */
 #include "cli/cli.h"
 #include "cli/opts.h"
+#include "cli/report.h"
 #include "text/tokenizer/tokenizer.h"
 #include "format/jlm_format.h"
 
@@ -43,7 +44,14 @@ int jlm_cmd_tokenize(int argc, char **argv)
     int32_t *ids = NULL;
     size_t n = 0;
     int rc = 1;
-    if (jlm_fmt_open(model, &m, &err) || jlm_tok_create(&m->vocab, &tok, &err) ||
+    char *file = jlm_cli_container_path(model);   /* a view directory: its model.jlm */
+    if (!file) {
+        jlm_cli_error("jlm tokenize", "out of memory");
+        return 1;
+    }
+    int orc = jlm_fmt_open(file, &m, &err);
+    free(file);
+    if (orc || jlm_tok_create(&m->vocab, &tok, &err) ||
         jlm_tok_encode(tok, text, strlen(text), !no_bos, parse_special, &ids, &n, &err)) {
         fprintf(stderr, "jlm tokenize: %s\n", err.msg);
         goto out;

@@ -12,13 +12,13 @@ typedef struct cmd { const char *name; int (*fn)(int, char **); const char *help
 static const cmd CMDS[] = {
     {"convert",  jlm_cmd_convert,  "convert SRC.gguf|DIR [-o OUT.jlm] [--plan]   GGUF or HF folder -> .jlm"},
     {"info",     jlm_cmd_info,     "info MODEL [--tensors] [--json]          what a container holds"},
-    {"run",      jlm_cmd_run,      "run MODEL -p PROMPT [-n N] [-c CTX] [--temp T] [--top-k K] [--top-p P] [--min-p P] [--repeat-penalty R] [--seed S] [-t N] [--budget SIZE] [--kv f16] [--stats] [--print-ids] [--logits FILE]"},
+    {"run",      jlm_cmd_run,      "run MODEL -p PROMPT [-n N] [-c CTX] [--temp T] [--top-k K] [--top-p P] [--min-p P] [--repeat-penalty R] [--seed S] [-t N] [--budget SIZE] [--kv f16] [--chat] [-sys TEXT] [--stats] [--json] [--print-ids] [--logits FILE]"},
     {"tokenize", jlm_cmd_tokenize, "tokenize MODEL TEXT [--ids] [--no-bos] [--parse-special]"},
     {"chat",     jlm_cmd_chat,     "chat MODEL [-n N] [-c CTX] [-t T] [--temp T] [--seed S] [--budget SIZE] [--kv f16]   one user message per line"},
     {"serve",    jlm_cmd_serve,    "serve (MODEL... | --models DIR) [--host H] [--port P] [--parallel N] [--queue N] [--api-key K] [-c CTX] [-t N] [--budget SIZE]   OpenAI-compatible HTTP server"},
-    {"bench",    jlm_cmd_bench,    "bench MODEL [-p 512] [-n 128] [-r 3] [-t N] [--budget SIZE] [--kv f16]   llama-bench-like speed table"},
+    {"bench",    jlm_cmd_bench,    "bench MODEL [-p 512] [-n 128] [-r 3] [-t N] [--budget SIZE] [--kv f16] [-o md|csv|json]   llama-bench-like speed table"},
     {"template", jlm_cmd_template, "template (MODEL | --template F) --messages F.json [--add-generation-prompt] [--bos S] [--eos S] [--now ISO]"},
-    {"stats",    jlm_cmd_stats,    "stats MOUNT_OR_DB [--json]               residency counters of a jlmfs mount, view or database"},
+    {"stats",    jlm_cmd_stats,    "stats MOUNT_OR_DB [--json | --watch S | --html [-o F]]   residency counters of a jlmfs mount, view or database"},
 };
 
 static void usage(FILE *f)

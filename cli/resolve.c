@@ -4,6 +4,7 @@
 #include "cli/cli.h"
 #include "converter/convert.h"
 #include "converter/hf.h"
+#include "residency/residency.h"
 
 #include <errno.h>
 #include <fcntl.h>
@@ -133,7 +134,10 @@ static int convert_locked(const char *who, const char *dir, const char *src, con
         signal(SIGINT, on_signal);
         signal(SIGTERM, on_signal);
         signal(SIGHUP, on_signal);
-        rc = jlm_conv_write(c, out, NULL, NULL, NULL, &err) ? 1 : 0;
+        jlm_cli_bar bar;
+        jlm_cli_bar_init(&bar, who, isatty(2));
+        rc = jlm_conv_write(c, out, NULL, jlm_cli_progress, &bar, &err) ? 1 : 0;
+        jlm_cli_bar_end(&bar);
         signal(SIGINT, SIG_DFL);
         signal(SIGTERM, SIG_DFL);
         signal(SIGHUP, SIG_DFL);
@@ -174,14 +178,92 @@ static char *resolve_gguf(const char *who, const char *src)
     return out;
 }
 
+/* A directory given as MODEL must be a jlmfs model view with a container:
+ * a view whose conversion failed has only `status` ("error: <reason>"), and
+ * that line is the answer, not "model.jlm: No such file or directory". A
+ * view being converted has its model.jlm at once (on-demand packing,
+ * docs/jlmfs.md), so it runs, after a one-line note (its first pages may be
+ * slow: they are packed as they are read). 0 when dir/model.jlm is there; 1
+ * with one line printed. */
+static int check_view(const char *who, const char *dir)
+{
+    char *p = NULL, line[512] = "";
+    if (asprintf(&p, "%s/status", dir) < 0) {
+        fprintf(stderr, "%s: out of memory\n", who);
+        return 1;
+    }
+    FILE *f = fopen(p, "r");
+    free(p);
+    if (f) {
+        if (!fgets(line, sizeof line, f))
+            line[0] = 0;
+        fclose(f);
+        line[strcspn(line, "\n")] = 0;
+    }
+    if (asprintf(&p, "%s/model.jlm", dir) < 0) {
+        fprintf(stderr, "%s: out of memory\n", who);
+        return 1;
+    }
+    struct stat st;
+    int ok = stat(p, &st) == 0, e = errno;
+    free(p);
+    char msg[1200];
+    if (ok && !strncmp(line, "converting", 10)) {
+        snprintf(msg, sizeof msg, "note: %s is still converting (%s); pages not converted yet are packed as they are "
+                 "read", dir, line);
+        jlm_cli_error(who, msg);
+    }
+    if (ok)
+        return 0;
+    if (!strncmp(line, "error", 5))
+        snprintf(msg, sizeof msg, "%s: status: %s", dir, line);
+    else if (line[0])
+        snprintf(msg, sizeof msg, "%s: the view has no model.jlm yet (status: %s)", dir, line);
+    else
+        snprintf(msg, sizeof msg, "%s: a directory without model.jlm (%s): not a jlmfs model view or a Hugging Face "
+                 "folder", dir, strerror(e));
+    jlm_cli_error(who, msg);   /* a control byte in a name or reason prints as '?' */
+    return 1;
+}
+
+/* The jlmfs view beside a GGUF read through a mount (MNT/x.gguf -> MNT/x.jlm,
+ * a directory carrying the view's attributes), else NULL: inside a mount the
+ * daemon has converted it already, the per-user cache would copy it. */
+static char *sibling_view(const char *src)
+{
+    size_t n = strlen(src);
+    if (n <= 5 || strcmp(src + n - 5, ".gguf"))
+        return NULL;
+    char *v = NULL, *db = NULL, *key = NULL;
+    struct stat st;
+    jlm_err err = {0};
+    if (asprintf(&v, "%.*s.jlm", (int)(n - 5), src) < 0)
+        return NULL;
+    if (stat(v, &st) == 0 && S_ISDIR(st.st_mode) && jlm_rdb_discover(v, &db, &key, &err) == 0) {
+        free(db);
+        free(key);
+        return v;
+    }
+    free(v);
+    return NULL;
+}
+
 const char *jlm_cli_resolve_model(const char *who, const char *model)
 {
     char *r;
-    if (jlm_cli_is_gguf(model))
+    struct stat st;
+    if (jlm_cli_is_gguf(model) && (r = sibling_view(model))) {
+        if (check_view(who, r)) {
+            free(r);
+            return NULL;
+        }
+    } else if (jlm_cli_is_gguf(model))
         r = resolve_gguf(who, model);
     else if (jlm_hf_is_folder(model)) {
         fprintf(stderr, "%s: %s: a Hugging Face folder; the engine reads .jlm containers: convert it with "
                 "`jlm convert %s`\n", who, model, model);
+        return NULL;
+    } else if (stat(model, &st) == 0 && S_ISDIR(st.st_mode) && check_view(who, model)) {
         return NULL;
     } else if (!(r = strdup(model)))
         fprintf(stderr, "%s: out of memory\n", who);

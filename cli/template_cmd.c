@@ -15,6 +15,7 @@
 
 #include "cli/cli.h"
 #include "cli/opts.h"
+#include "cli/report.h"
 #include "text/template/chat.h"
 
 static int usage(void)
@@ -152,10 +153,16 @@ int jlm_cmd_template(int argc, char **argv)
             return 1;
         }
     } else {
-        if (jlm_chat_template_from_model(a.model, &tmpl, &bos, &eos, &err)) {
-            fprintf(stderr, "jlm template: %s\n", err.msg);
+        const char *model = jlm_cli_resolve_model("jlm template", a.model);   /* a GGUF, a view, a .jlm */
+        char *file = model ? jlm_cli_container_path(model) : NULL;
+        int trc = file ? jlm_chat_template_from_model(file, &tmpl, &bos, &eos, &err) : 1;
+        if (trc && file)
+            jlm_cli_error("jlm template", err.msg);
+        else if (!file && model)
+            jlm_cli_error("jlm template", "out of memory");
+        free(file);
+        if (trc)
             return 1;
-        }
         tlen = strlen(tmpl);
     }
     o.bos_token = a.bos ? a.bos : bos;

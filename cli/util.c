@@ -8,6 +8,7 @@
 #include <unistd.h>
 #include <sys/stat.h>
 #include <fcntl.h>
+#include <time.h>
 
 long long jlm_cli_parse_size(const char *s)
 {
@@ -49,4 +50,69 @@ void jlm_cli_error(const char *who, const char *msg)
     for (const unsigned char *p = (const unsigned char *)msg; *p; p++)
         fputc(*p < 0x20 || *p == 0x7f ? '?' : *p, stderr);
     fputc('\n', stderr);
+}
+
+static double mono_s(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
+}
+
+void jlm_cli_bar_init(jlm_cli_bar *b, const char *who, int tty)
+{
+    *b = (jlm_cli_bar){.who = who, .tty = tty, .t0 = mono_s(), .t_line = mono_s(), .last_pct = -1};
+}
+
+/* "212.0 MiB of 573.0 MiB, 45.3 MiB/s, ETA 0:08" */
+static void bar_figures(char *buf, size_t n, uint64_t done, uint64_t total, double dt)
+{
+    double rate = dt > 0 ? (double)done / dt : 0;
+    char eta[32] = "--:--";
+    if (rate > 0 && done > 0 && dt >= 0.2) {
+        long long s = (long long)((double)(total - done) / rate + 0.5);
+        if (s >= 3600)
+            snprintf(eta, sizeof eta, "%lld:%02lld:%02lld", s / 3600, s / 60 % 60, s % 60);
+        else
+            snprintf(eta, sizeof eta, "%lld:%02lld", s / 60, s % 60);
+    }
+    snprintf(buf, n, "%.1f MiB of %.1f MiB, %.1f MiB/s, ETA %s", done / 1048576.0, total / 1048576.0,
+             rate / 1048576.0, eta);
+}
+
+void jlm_cli_progress(void *ctx, uint64_t done, uint64_t total)
+{
+    jlm_cli_bar *b = ctx;
+    if (!total || done > total)
+        return;
+    double t = mono_s();
+    int pct = (int)(done * 100 / total);
+    char fig[160];
+    if (b->tty) {   /* one line redrawn in place: on each new percent, or 4 times a second */
+        if (pct == b->last_pct && t - b->t_line < 0.25)
+            return;
+        bar_figures(fig, sizeof fig, done, total, t - b->t0);
+        int w = pct / 4;
+        fprintf(stderr, "\r[%.*s%*s] %3d%%  %-60s", w, "#########################", 25 - w, "", pct, fig);
+        fflush(stderr);
+        b->shown = 1;
+    } else {   /* a log: a line at 25, 50 and 75%, and every 30 s between */
+        int quarter = pct / 25, last_quarter = b->last_pct < 0 ? 0 : b->last_pct / 25;
+        if (done == total || (quarter == last_quarter && t - b->t_line < 30)) {
+            if (b->last_pct < 0)
+                b->last_pct = pct;   /* the start counts as quarter 0 */
+            return;
+        }
+        bar_figures(fig, sizeof fig, done, total, t - b->t0);
+        fprintf(stderr, "%s: %d%% (%s)\n", b->who, pct, fig);
+    }
+    b->last_pct = pct;
+    b->t_line = t;
+}
+
+void jlm_cli_bar_end(jlm_cli_bar *b)
+{
+    if (b->tty && b->shown)
+        fputc('\n', stderr);
+    b->shown = 0;
 }
