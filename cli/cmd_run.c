@@ -309,6 +309,8 @@ int jlm_cmd_run(int argc, char **argv)
     uint32_t nv = jlm_engine_n_vocab(e);
     logits = malloc(nv * sizeof *logits);
     gen = malloc(((size_t)(o.n_predict > 0 ? o.n_predict : 0) + 1) * sizeof *gen);
+    if (o.samp.repeat_last_n < 0)
+        o.samp.repeat_last_n = (int32_t)jlm_engine_n_ctx(e);   /* -1: the whole context */
     if (!logits || !gen || jlm_samp_create(&o.samp, nv, &s, &err)) {
         jlm_cli_error("jlm run", err.msg[0] ? err.msg : "out of memory");
         goto out;

@@ -128,6 +128,27 @@ Test(cli_opts, run_prompt_from_m_f_and_stdin_agree, .timeout = 60)
     free(dir);
 }
 
+/* --repeat-last-n -1 means the whole context (llama.cpp): same ids as giving
+ * the context size itself, and not refused by the sampler. */
+Test(cli_opts, run_repeat_last_n_minus_one_is_the_context, .timeout = 60)
+{
+    char *dir = tu_tmpdir();
+    jlm_err err = {0};
+    char *m = tu_convert("stories260K.gguf", dir, "s.jlm", &err);
+    cr_assert_not_null(m, "%s", err.msg);
+    char cmd[4096], *a = NULL, *b = NULL;
+    snprintf(cmd, sizeof cmd, "%s run %s -p 'Once upon a time' -n 24 -c 64 --temp 0 --repeat-penalty 1.5 "
+             "--repeat-last-n -1 --print-ids 2>&1", tu_jlm(), m);
+    cr_assert_eq(tu_run(cmd, &a), 0, "%s", a);
+    snprintf(cmd, sizeof cmd, "%s run %s -p 'Once upon a time' -n 24 -c 64 --temp 0 --repeat-penalty 1.5 "
+             "--repeat-last-n 64 --print-ids 2>&1", tu_jlm(), m);
+    cr_assert_eq(tu_run(cmd, &b), 0, "%s", b);
+    cr_assert_str_eq(a, b);
+    free(a); free(b); free(m);
+    tu_rmrf(dir);
+    free(dir);
+}
+
 #include "text/tokenizer/utf8_fix.h"
 
 Test(cli_chat_utf8, invalid_utf8_from_the_model_becomes_u_fffd)
