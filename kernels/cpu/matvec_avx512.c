@@ -595,103 +595,123 @@ ALWAYS_INLINE void g_step(const jlm_k_mat *m, uint64_t s, uint64_t r, int u, int
     }
 }
 
-/* Rows [r, r+16) x tokens xq[0, nt): y (nt, rows). */
-ALWAYS_INLINE void g_tile(const jlm_k_mat *m, const jlm_act_q8 *xq, float *y, uint64_t r, int nt, int type)
+/* 32-block s (chunk index j of z) of rows [r, r+16) for tokens [0, nt):
+ * A[t] (16 floats each) += its contribution, the reference's f32 operations. */
+ALWAYS_INLINE void g_sub(const jlm_k_mat *m, const gseed *z, uint64_t j, uint64_t s, uint64_t r, int nt, int type,
+                         float (*A)[16])
 {
     const int k16 = type == JLM_T_Q3_K || type == JLM_T_Q6_K;
-    uint64_t rows = m->rows, nsub = m->k / 32;
+    uint64_t rows = m->rows;
     const uint32_t *qs = m->qs, *dp = m->d, *scp = m->sc;
     const uint16_t *d16 = m->d;
     const uint8_t *d8 = m->d;
     __m512 acc[NTMAX];
     UNROLL for (int t = 0; t < nt; t++)
-        acc[t] = _mm512_setzero_ps();
+        acc[t] = _mm512_load_ps(A[t]);
+    __m512i dot[NTMAX], dot1[NTMAX];
+    UNROLL for (int t = 0; t < nt; t++) {
+        dot[t] = bcast32(&z->b0[j][t]);
+        if (k16)
+            dot1[t] = bcast32(&z->b1[j][t]);
+    }
+    __m512i hb = _mm512_setzero_si512();
+    if (type == JLM_T_Q5_0 || type == JLM_T_Q5_1 || type == JLM_T_Q5_K)
+        hb = ld(qs + (s * 5 + 4) * rows + r);
+    UNROLL for (int u = 0; u < 4; u++) {
+        if (type == JLM_T_Q6_K && u % 2 == 0)
+            hb = ld(qs + ((2 * s + u / 2) * 3 + 2) * rows + r);
+        __m512i x0, x1;
+        int i0, i1;
+        g_step(m, s, r, u, type, hb, &x0, &x1, &i0, &i1);
+        UNROLL for (int t = 0; t < nt; t++) {
+            const int8_t *q = z->q[j][t];
+            if (k16 && u >= 2) {
+                dot1[t] = _mm512_dpbusd_epi32(dot1[t], x0, bcast4(q + 4 * i0));
+                dot1[t] = _mm512_dpbusd_epi32(dot1[t], x1, bcast4(q + 4 * i1));
+            } else {
+                dot[t] = _mm512_dpbusd_epi32(dot[t], x0, bcast4(q + 4 * i0));
+                dot[t] = _mm512_dpbusd_epi32(dot[t], x1, bcast4(q + 4 * i1));
+            }
+        }
+    }
+    /* the f32 epilogue: the reference's operations, in its order */
+    switch (type) {
+    case JLM_T_Q4_0: case JLM_T_Q8_0: case JLM_T_Q5_0: case JLM_T_MXFP4: {
+        __m512 d = type == JLM_T_MXFP4
+            ? _mm512_castsi512_ps(_mm512_slli_epi32(
+                  _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)(d8 + s * ((rows + 3) / 4 * 4) + r))), 23))
+            : cvt16h(d16 + s * ((rows + 1) / 2 * 2) + r);
+        UNROLL for (int t = 0; t < nt; t++)
+            acc[t] = MULADD(_mm512_mul_ps(d, _mm512_set1_ps(z->da[j][t])), _mm512_cvtepi32_ps(dot[t]), acc[t]);
+        break;
+    }
+    case JLM_T_Q5_1: {
+        __m512 d, b;
+        half_pair(ld(dp + s * rows + r), &d, &b);
+        UNROLL for (int t = 0; t < nt; t++) {
+            __m512 da = _mm512_set1_ps(z->da[j][t]);
+            __m512 pd = _mm512_mul_ps(_mm512_mul_ps(d, da), _mm512_cvtepi32_ps(dot[t]));
+            __m512 pb = _mm512_mul_ps(_mm512_mul_ps(b, da), _mm512_set1_ps(z->fs[j][t]));
+            acc[t] = _mm512_add_ps(acc[t], _mm512_sub_ps(pd, pb));
+        }
+        break;
+    }
+    case JLM_T_Q4_K: case JLM_T_Q5_K: {
+        const __m512i m63 = _mm512_set1_epi32(63);
+        __m512 d, dmin;
+        half_pair(ld(dp + (s / 8) * rows + r), &d, &dmin);
+        __m512i f = field12(scp + (s / 8) * 3 * rows, rows, r, (unsigned)(s % 8));
+        __m512 sc = _mm512_cvtepi32_ps(_mm512_and_si512(f, m63));
+        __m512 mn = _mm512_cvtepi32_ps(_mm512_and_si512(_mm512_srli_epi32(f, 6), m63));
+        UNROLL for (int t = 0; t < nt; t++) {
+            __m512 x = _mm512_mul_ps(sc, _mm512_cvtepi32_ps(dot[t]));
+            __m512 b = _mm512_mul_ps(mn, _mm512_set1_ps(z->fs[j][t]));
+            __m512 v = NMULADD(dmin, b, _mm512_mul_ps(d, x));
+            acc[t] = MULADD(_mm512_set1_ps(z->da[j][t]), v, acc[t]);
+        }
+        break;
+    }
+    case JLM_T_Q3_K: case JLM_T_Q6_K: {
+        const __m512i ff = _mm512_set1_epi32(0xff), off = _mm512_set1_epi32(type == JLM_T_Q3_K ? 32 : 128);
+        __m512i scv = ld(scp + (2 * s / 4) * rows + r);
+        __m512i sc0 = _mm512_sub_epi32(_mm512_and_si512(_mm512_srli_epi32(scv, (unsigned)(8 * ((2 * s) % 4))), ff), off);
+        __m512i sc1 = _mm512_sub_epi32(_mm512_and_si512(_mm512_srli_epi32(scv, (unsigned)(8 * ((2 * s + 1) % 4))), ff), off);
+        __m512 d = _mm512_cvtph_ps(_mm512_cvtepi32_epi16(ld(dp + (s / 8) * rows + r)));
+        UNROLL for (int t = 0; t < nt; t++) {
+            __m512i is = _mm512_add_epi32(_mm512_mullo_epi32(sc0, dot[t]), _mm512_mullo_epi32(sc1, dot1[t]));
+            acc[t] = MULADD(_mm512_mul_ps(d, _mm512_set1_ps(z->da[j][t])), _mm512_cvtepi32_ps(is), acc[t]);
+        }
+        break;
+    }
+    }
+    UNROLL for (int t = 0; t < nt; t++)
+        _mm512_store_ps(A[t], acc[t]);
+}
+
+/* Rows [r0, r1) (r1 - r0 a multiple of 16, at most RB) x tokens xq[0, nt):
+ * y (nt, rows). Sub-blocks outer, the block's 16-row tiles inner: each
+ * (sub-block, word) of the block is one contiguous run of (r1 - r0) * 4
+ * bytes, and the block's accumulators A stay in L1. Reading a 16-row tile
+ * down the whole of k instead (k/32 * W lines, each in its own 4 KiB page)
+ * was ~2x slower inside the engine (TLB misses on 4 KiB frames). */
+enum { RB = 128 };
+ALWAYS_INLINE void g_block(const jlm_k_mat *m, const jlm_act_q8 *xq, float *y, uint64_t r0, uint64_t r1, int nt,
+                           int type)
+{
+    uint64_t nsub = m->k / 32, nrt = (r1 - r0) / 16;
+    float A[RB / 16][NTMAX][16] __attribute__((aligned(64)));
+    memset(A, 0, sizeof A);
     for (uint64_t s0 = 0; s0 < nsub; s0 += SC) {
         uint64_t ns = nsub - s0 < SC ? nsub - s0 : SC;
         gseed z;
         g_seed(&z, xq, nt, s0, ns, type);
-        for (uint64_t j = 0; j < ns; j++) {
-            uint64_t s = s0 + j;
-            __m512i dot[NTMAX], dot1[NTMAX];
-            UNROLL for (int t = 0; t < nt; t++) {
-                dot[t] = bcast32(&z.b0[j][t]);
-                if (k16)
-                    dot1[t] = bcast32(&z.b1[j][t]);
-            }
-            __m512i hb = _mm512_setzero_si512();
-            if (type == JLM_T_Q5_0 || type == JLM_T_Q5_1 || type == JLM_T_Q5_K)
-                hb = ld(qs + (s * 5 + 4) * rows + r);
-            UNROLL for (int u = 0; u < 4; u++) {
-                if (type == JLM_T_Q6_K && u % 2 == 0)
-                    hb = ld(qs + ((2 * s + u / 2) * 3 + 2) * rows + r);
-                __m512i x0, x1;
-                int i0, i1;
-                g_step(m, s, r, u, type, hb, &x0, &x1, &i0, &i1);
-                UNROLL for (int t = 0; t < nt; t++) {
-                    const int8_t *q = z.q[j][t];
-                    if (k16 && u >= 2) {
-                        dot1[t] = _mm512_dpbusd_epi32(dot1[t], x0, bcast4(q + 4 * i0));
-                        dot1[t] = _mm512_dpbusd_epi32(dot1[t], x1, bcast4(q + 4 * i1));
-                    } else {
-                        dot[t] = _mm512_dpbusd_epi32(dot[t], x0, bcast4(q + 4 * i0));
-                        dot[t] = _mm512_dpbusd_epi32(dot[t], x1, bcast4(q + 4 * i1));
-                    }
-                }
-            }
-            /* the f32 epilogue: the reference's operations, in its order */
-            switch (type) {
-            case JLM_T_Q4_0: case JLM_T_Q8_0: case JLM_T_Q5_0: case JLM_T_MXFP4: {
-                __m512 d = type == JLM_T_MXFP4
-                    ? _mm512_castsi512_ps(_mm512_slli_epi32(
-                          _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)(d8 + s * ((rows + 3) / 4 * 4) + r))), 23))
-                    : cvt16h(d16 + s * ((rows + 1) / 2 * 2) + r);
-                UNROLL for (int t = 0; t < nt; t++)
-                    acc[t] = MULADD(_mm512_mul_ps(d, _mm512_set1_ps(z.da[j][t])), _mm512_cvtepi32_ps(dot[t]), acc[t]);
-                break;
-            }
-            case JLM_T_Q5_1: {
-                __m512 d, b;
-                half_pair(ld(dp + s * rows + r), &d, &b);
-                UNROLL for (int t = 0; t < nt; t++) {
-                    __m512 da = _mm512_set1_ps(z.da[j][t]);
-                    __m512 pd = _mm512_mul_ps(_mm512_mul_ps(d, da), _mm512_cvtepi32_ps(dot[t]));
-                    __m512 pb = _mm512_mul_ps(_mm512_mul_ps(b, da), _mm512_set1_ps(z.fs[j][t]));
-                    acc[t] = _mm512_add_ps(acc[t], _mm512_sub_ps(pd, pb));
-                }
-                break;
-            }
-            case JLM_T_Q4_K: case JLM_T_Q5_K: {
-                const __m512i m63 = _mm512_set1_epi32(63);
-                __m512 d, dmin;
-                half_pair(ld(dp + (s / 8) * rows + r), &d, &dmin);
-                __m512i f = field12(scp + (s / 8) * 3 * rows, rows, r, (unsigned)(s % 8));
-                __m512 sc = _mm512_cvtepi32_ps(_mm512_and_si512(f, m63));
-                __m512 mn = _mm512_cvtepi32_ps(_mm512_and_si512(_mm512_srli_epi32(f, 6), m63));
-                UNROLL for (int t = 0; t < nt; t++) {
-                    __m512 x = _mm512_mul_ps(sc, _mm512_cvtepi32_ps(dot[t]));
-                    __m512 b = _mm512_mul_ps(mn, _mm512_set1_ps(z.fs[j][t]));
-                    __m512 v = NMULADD(dmin, b, _mm512_mul_ps(d, x));
-                    acc[t] = MULADD(_mm512_set1_ps(z.da[j][t]), v, acc[t]);
-                }
-                break;
-            }
-            case JLM_T_Q3_K: case JLM_T_Q6_K: {
-                const __m512i ff = _mm512_set1_epi32(0xff), off = _mm512_set1_epi32(type == JLM_T_Q3_K ? 32 : 128);
-                __m512i scv = ld(scp + (2 * s / 4) * rows + r);
-                __m512i sc0 = _mm512_sub_epi32(_mm512_and_si512(_mm512_srli_epi32(scv, (unsigned)(8 * ((2 * s) % 4))), ff), off);
-                __m512i sc1 = _mm512_sub_epi32(_mm512_and_si512(_mm512_srli_epi32(scv, (unsigned)(8 * ((2 * s + 1) % 4))), ff), off);
-                __m512 d = _mm512_cvtph_ps(_mm512_cvtepi32_epi16(ld(dp + (s / 8) * rows + r)));
-                UNROLL for (int t = 0; t < nt; t++) {
-                    __m512i is = _mm512_add_epi32(_mm512_mullo_epi32(sc0, dot[t]), _mm512_mullo_epi32(sc1, dot1[t]));
-                    acc[t] = MULADD(_mm512_mul_ps(d, _mm512_set1_ps(z.da[j][t])), _mm512_cvtepi32_ps(is), acc[t]);
-                }
-                break;
-            }
-            }
-        }
+        for (uint64_t j = 0; j < ns; j++)
+            for (uint64_t rt = 0; rt < nrt; rt++)
+                g_sub(m, &z, j, s0 + j, r0 + 16 * rt, nt, type, A[rt]);
     }
-    UNROLL for (int t = 0; t < nt; t++)
-        _mm512_storeu_ps(y + t * rows + r, acc[t]);
+    for (uint64_t rt = 0; rt < nrt; rt++)
+        for (int t = 0; t < nt; t++)
+            memcpy(y + t * m->rows + r0 + 16 * rt, A[rt][t], sizeof A[rt][t]);
 }
 
 /* GEMM over full tiles of g_nt(type) tokens, then the 4-token matmul (mm4)
@@ -702,9 +722,9 @@ ALWAYS_INLINE void g_tile(const jlm_k_mat *m, const jlm_act_q8 *xq, float *y, ui
     {                                                                                         \
         const int nt = g_nt(type);                                                            \
         uint64_t nv = r0 + (r1 - r0) / 16 * 16, nf = n / nt * nt;                             \
-        for (uint64_t r = r0; r < nv; r += 16)                                                \
+        for (uint64_t r = r0; r < nv; r += RB)                                                \
             for (uint64_t t = 0; t < nf; t += nt)                                             \
-                g_tile(m, xq + t, y + t * m->rows, r, nt, type);                              \
+                g_block(m, xq + t, y + t * m->rows, r, nv - r < RB ? nv : r + RB, nt, type);  \
         if (nf && nv < r1)                                                                    \
             jlm_k_matmul_ref(m, nf, x, xq, y, nv, r1);                                        \
         if (nf < n)                                                                           \
