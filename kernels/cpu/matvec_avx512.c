@@ -696,7 +696,7 @@ ALWAYS_INLINE void g_sub(const jlm_k_mat *m, const gseed *z, uint64_t j, uint64_
  * was ~2x slower inside the engine (TLB misses on 4 KiB frames). */
 enum { RB = 128 };
 ALWAYS_INLINE void g_block(const jlm_k_mat *m, const jlm_act_q8 *xq, float *y, uint64_t r0, uint64_t r1, int nt,
-                           int type)
+                           int nstore, int type)
 {
     uint64_t nsub = m->k / 32, nrt = (r1 - r0) / 16;
     float A[RB / 16][NTMAX][16] __attribute__((aligned(64)));
@@ -710,25 +710,45 @@ ALWAYS_INLINE void g_block(const jlm_k_mat *m, const jlm_act_q8 *xq, float *y, u
                 g_sub(m, &z, j, s0 + j, r0 + 16 * rt, nt, type, A[rt]);
     }
     for (uint64_t rt = 0; rt < nrt; rt++)
-        for (int t = 0; t < nt; t++)
+        for (int t = 0; t < nstore; t++)
             memcpy(y + t * m->rows + r0 + 16 * rt, A[rt][t], sizeof A[rt][t]);
 }
 
-/* GEMM over full tiles of g_nt(type) tokens, then the 4-token matmul (mm4)
- * for the tokens left, and the reference for rows after the last 16. */
+/* Tokens [0, n) x rows [r0, nv) in tiles of nt tokens, then of 4 (the last
+ * one padded with copies of the last token, whose outputs are not stored). */
+ALWAYS_INLINE void g_run(const jlm_k_mat *m, uint64_t n, const jlm_act_q8 *xq, float *y, uint64_t r0, uint64_t nv,
+                         int type)
+{
+    const int nt = g_nt(type);
+    for (uint64_t r = r0; r < nv; r += RB) {
+        uint64_t re = nv - r < RB ? nv : r + RB, t = 0;
+        for (; t + nt <= n; t += nt)
+            g_block(m, xq + t, y + t * m->rows, r, re, nt, nt, type);
+        for (; t < n; t += 4) {
+            jlm_act_q8 pad[4];
+            int left = n - t < 4 ? (int)(n - t) : 4;
+            for (int i = 0; i < 4; i++)
+                pad[i] = xq[t + (i < left ? i : left - 1)];
+            g_block(m, pad, y + t * m->rows, r, re, 4, left, type);
+        }
+    }
+}
+
+/* The GEMM (g_run), the reference for rows after the last 16; fewer than 4
+ * tokens go to the 4-token matmul (streaming the planes once is what bounds
+ * them). */
 #define DEFINE_GEMM(name, type)                                                               \
     static void gm_##name(const jlm_k_mat *m, uint64_t n, const float *x, const jlm_act_q8 *xq, \
                           float *y, uint64_t r0, uint64_t r1)                                 \
     {                                                                                         \
-        const int nt = g_nt(type);                                                            \
-        uint64_t nv = r0 + (r1 - r0) / 16 * 16, nf = n / nt * nt;                             \
-        for (uint64_t r = r0; r < nv; r += RB)                                                \
-            for (uint64_t t = 0; t < nf; t += nt)                                             \
-                g_block(m, xq + t, y + t * m->rows, r, nv - r < RB ? nv : r + RB, nt, type);  \
-        if (nf && nv < r1)                                                                    \
-            jlm_k_matmul_ref(m, nf, x, xq, y, nv, r1);                                        \
-        if (nf < n)                                                                           \
-            mm_##name(m, n - nf, x ? x + nf * m->k : NULL, xq + nf, y + nf * m->rows, r0, r1); \
+        if (n < 4) {                                                                          \
+            mm_##name(m, n, x, xq, y, r0, r1);                                                \
+            return;                                                                           \
+        }                                                                                     \
+        uint64_t nv = r0 + (r1 - r0) / 16 * 16;                                               \
+        g_run(m, n, xq, y, r0, nv, type);                                                     \
+        if (nv < r1)                                                                          \
+            jlm_k_matmul_ref(m, n, x, xq, y, nv, r1);                                         \
     }
 DEFINE_GEMM(q4_0, JLM_T_Q4_0)
 DEFINE_GEMM(q4_k, JLM_T_Q4_K)
