@@ -7,7 +7,8 @@
  * Q8_0 bytes are flipped to w + 128 and 128*sum(a) is taken off the int32,
  * exact because the activations' 32-block sums are known.
  *
- * matmul reuses each weight load for up to 4 tokens. Rows after the last full
+ * matmul is a register-tiled GEMM (section GEMM below); matmul4 reuses each
+ * weight load for up to 4 tokens. Rows after the last full
  * group of 16 go through the reference (the shared scalar tail). Quantized
  * types are bit-identical to the reference (its f32 operations in its order,
  * no FMA; docs/kernels.md). */
@@ -486,8 +487,8 @@ DEFINE_Q(q3_k, q3_k_core)
 
 /* ---------------------------------------------------------------- GEMM (prefill) */
 
-/* A register tile of 16 rows x nt tokens: the tile's f32 accumulators stay in
- * registers for the whole of k; each weight word is loaded and decoded
+/* A register tile of 16 rows x nt tokens: the tile's int32 dots stay in
+ * registers for a 32-block (f32 accumulators in L1 between 32-blocks); each weight word is loaded and decoded
  * (nibble split, high bits, table) once per tile and feeds the vpdpbusd of
  * every token of the tile. Loops go word by word across the tile's tokens, so
  * nt (or 2*nt) independent int32 chains are in flight: vpdpbusd has a latency
@@ -495,9 +496,9 @@ DEFINE_Q(q3_k, q3_k_core)
  * latency-bound (slower than the 4-token matmul). Per (row, token) the int32
  * dots and the f32 operations, sub-blocks in order, are the reference's
  * (bit-identical); the bias*sum(a) term seeds the int32 dot instead of being
- * subtracted after (integer addition: the same int32). Tiles run rows outer,
- * tokens inner: a 16-row slice of the matrix (k/32 * (W+2) cache lines) comes
- * from DRAM once, then from L1/L2 for every token tile. */
+ * subtracted after (integer addition: the same int32). Rows go in blocks of
+ * RB (g_block: the block's accumulators in L1, contiguous plane runs), and
+ * every token tile of the batch reuses a block's planes from L2. */
 #define UNROLL _Pragma("GCC unroll 16")   /* the tile lives in registers only if unrolled */
 enum { NTMAX = 12, SC = 8 };
 
