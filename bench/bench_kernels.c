@@ -11,7 +11,12 @@
  * One thread is timed by its own CPU clock, so other load on a shared machine
  * (time descheduled) does not count; two threads by the wall clock.
  *
- *   build/bench/bench_kernels [-k K] [-n ROWS] [-m MiB] [-t SECONDS] [TYPE ...]
+ *   build/bench/bench_kernels [-k K] [-n ROWS] [-m MiB] [-t SECONDS] [-g TOKENS] [TYPE ...]
+ *
+ * -g TOKENS: prefill instead: the matmul of TOKENS tokens (the GEMM of the
+ * table, `matmul`) against the 4-token matmul (`matmul4`) in the same run,
+ * per type and variant, 1 and 2 threads, GMAC/s and the ratio. One copy of
+ * the matrix (it is reused TOKENS times per call: compute, not DRAM, bounds it).
  */
 #include "kernels/cpu/kernels.h"
 
@@ -101,6 +106,8 @@ typedef struct job {
     const uint8_t    *probe;      /* probe buffer */
     uint64_t          probe_len;
     jlm_k_matvec_fn   fn;
+    jlm_k_matmul_fn   mm;         /* non-NULL: matmul of n tokens instead of fn */
+    uint64_t          n;
     const float      *x;
     const jlm_act_q8 *xq;
     float            *y;
@@ -157,7 +164,10 @@ static void *work(void *arg)
     r0 = r0 / 16 * 16;
     r1 = w->id == j->nth - 1 ? rows : r1 / 16 * 16;
     for (int it = 0; it < j->iters; it++) {
-        j->fn(&j->c->m[it % j->c->n], j->x, j->xq, j->y, r0, r1);
+        if (j->mm)
+            j->mm(&j->c->m[it % j->c->n], j->n, NULL, j->xq, j->y, r0, r1);
+        else
+            j->fn(&j->c->m[it % j->c->n], j->x, j->xq, j->y, r0, r1);
         if (j->nth > 1)
             barrier(j);
     }
@@ -206,6 +216,76 @@ static double gbps(job *j, int nth, uint64_t bytes_per_iter, int min_iters, doub
     return best;
 }
 
+/* ---------------------------------------------------------------- GEMM */
+
+/* matmul (GEMM) vs matmul4 on ntok tokens, per type and vector variant. */
+static int bench_gemm(const uint8_t *want, int nwant, uint64_t k, uint64_t rows, uint64_t ntok, double secs)
+{
+    size_t qb = jlm_k_act_q8_bytes(k);
+    uint8_t *buf = malloc(qb * ntok);
+    jlm_act_q8 *xq = calloc(ntok, sizeof *xq);
+    float *x = malloc(k * sizeof *x), *y = aligned_alloc(64, up64(ntok * rows * sizeof *y));
+    if (!buf || !xq || !x || !y) {
+        fprintf(stderr, "bench_kernels: out of memory for %llu tokens\n", (unsigned long long)ntok);
+        return 1;
+    }
+    uint64_t seed = 7;
+    for (uint64_t t = 0; t < ntok; t++) {
+        for (uint64_t i = 0; i < k; i++)
+            x[i] = (float)((int64_t)(rng(&seed) % 2001) - 1000) / 1000.0f;
+        if (jlm_k_act_q8_init(&xq[t], buf + t * qb, k, NULL))
+            return 1;
+        jlm_k_quantize_act(x, &xq[t]);
+    }
+    double macs = (double)k * rows * ntok;
+    printf("prefill matmul %llu x %llu, %llu tokens: GMAC/s (1 thread CPU time, 2 threads wall), "
+           "GEMM (matmul) vs 4-token matmul (matmul4)\n",
+           (unsigned long long)rows, (unsigned long long)k, (unsigned long long)ntok);
+    printf("%-6s %-7s %9s %9s %6s %9s %9s %6s\n", "type", "variant", "mm4 1t", "gemm 1t", "ratio", "mm4 2t",
+           "gemm 2t", "ratio");
+    for (int ti = 0; ti < nwant; ti++) {
+        uint8_t type = want[ti];
+        if (jlm_fmt_type_traits(type)->is_float)
+            continue;
+        copyset c;
+        if (copyset_make(&c, type, k, rows, 0)) {
+            fprintf(stderr, "bench_kernels: cannot build %s\n", jlm_fmt_type_traits(type)->name);
+            return 1;
+        }
+        for (int v = JLM_K_AVX2; v < JLM_K_NVARIANT; v++) {
+            jlm_k_cpu tab;
+            if (jlm_k_cpu_table(v, &tab, NULL))
+                continue;
+            /* interleaved A/B rounds of ~secs/20 each, best round of each: on a
+             * shared machine the best round is the least disturbed one */
+            double g[4] = {0, 0, 0, 0};
+            job j[4];
+            for (int i = 0; i < 4; i++) {
+                j[i] = (job){.c = &c, .mm = i % 2 ? tab.matmul[type] : tab.matmul4[type], .n = ntok, .xq = xq, .y = y};
+                j[i].iters = 1;
+                double t = run(&j[i], i < 2 ? 1 : 2);
+                int it = (int)(secs / 20 / (t + 1e-9));
+                j[i].iters = it < 1 ? 1 : it;
+            }
+            for (int round = 0; round < 10; round++)
+                for (int i = 0; i < 4; i++) {
+                    double v = macs * j[i].iters / run(&j[i], i < 2 ? 1 : 2) / 1e9;
+                    g[i] = v > g[i] ? v : g[i];
+                }
+            printf("%-6s %-7s %9.1f %9.1f %6.2f %9.1f %9.1f %6.2f%s\n", jlm_fmt_type_traits(type)->name, tab.name,
+                   g[0], g[1], g[1] / g[0], g[2], g[3], g[3] / g[2],
+                   (tab.native_gemm >> type) & 1 ? "" : "  (no GEMM: matmul = matmul4)");
+            fflush(stdout);
+        }
+        copyset_free(&c);
+    }
+    free(buf);
+    free(xq);
+    free(x);
+    free(y);
+    return 0;
+}
+
 /* ---------------------------------------------------------------- main */
 
 static const uint8_t TYPES[] = {JLM_T_Q4_0, JLM_T_Q8_0, JLM_T_Q5_0, JLM_T_Q5_1, JLM_T_MXFP4, JLM_T_Q3_K,
@@ -213,7 +293,7 @@ static const uint8_t TYPES[] = {JLM_T_Q4_0, JLM_T_Q8_0, JLM_T_Q5_0, JLM_T_Q5_1, 
 
 int main(int argc, char **argv)
 {
-    uint64_t k = 4096, rows = 4096, cold = 768;
+    uint64_t k = 4096, rows = 4096, cold = 768, gemm = 0;
     double secs = 1.0;
     uint8_t want[32];
     int nwant = 0;
@@ -222,6 +302,7 @@ int main(int argc, char **argv)
         else if (!strcmp(argv[i], "-n") && i + 1 < argc) rows = strtoull(argv[++i], NULL, 10);
         else if (!strcmp(argv[i], "-m") && i + 1 < argc) cold = strtoull(argv[++i], NULL, 10);
         else if (!strcmp(argv[i], "-t") && i + 1 < argc) secs = atof(argv[++i]);
+        else if (!strcmp(argv[i], "-g") && i + 1 < argc) gemm = strtoull(argv[++i], NULL, 10);
         else {
             for (size_t t = 0; t < sizeof TYPES; t++)
                 if (!strcmp(argv[i], jlm_fmt_type_traits(TYPES[t])->name) && nwant < 32)
@@ -232,6 +313,8 @@ int main(int argc, char **argv)
         memcpy(want, TYPES, sizeof TYPES);
         nwant = (int)sizeof TYPES;
     }
+    if (gemm)
+        return bench_gemm(want, nwant, k, rows, gemm, secs);
     cold <<= 20;
     float *x = malloc(k * sizeof *x), *y = aligned_alloc(64, up64(rows * sizeof *y));
     void *qb = malloc(jlm_k_act_q8_bytes(k));

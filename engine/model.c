@@ -16,9 +16,16 @@
 #include "kernels/cpu/kernels.h"
 
 #define ROLE_SLOTS 64   /* text roles are < 64 */
-/* Tokens evaluated together: each block page is paged in once per batch and
- * each weight row is read once for up to BATCH tokens (prefill). */
+/* Sequences evaluated together by jlm_engine_eval_batch (one token each). */
 #define BATCH 16
+/* Prefill: tokens of one sequence evaluated together (e->nb of them; env
+ * JLM_BATCH sets it, in [BATCH, PREFILL_MAX]): each block page is pinned once
+ * per batch and each weight matrix goes through the GEMM (kernels.h) once for
+ * the whole batch, so its bytes come from DRAM once per nb tokens. The scratch
+ * grows with nb (about nb * (4 n_embd + q_dim + 2 kv_dim + n_head*hd_v + 2 ffn)
+ * floats: 12 MiB at 128 for Llama-3.2-1B shapes). */
+#define PREFILL_DEFAULT 128
+#define PREFILL_MAX 512
 
 /* ================================================================ engine state */
 struct jlm_engine {
@@ -40,32 +47,34 @@ struct jlm_engine {
     uint32_t         n_ctx, n_past;
     uint32_t         bidir_end;   /* > 0: queries below it also see keys up to it (an image, eval_embd) */
     uint32_t         hd, hd_v, kv_dim, kv_dim_v, q_dim;
+    uint32_t         nb;          /* rows of the batch scratch: prefill batch size (>= BATCH) */
     /* KV cache: F32, or F16 (kv_f16; kv_es bytes an element) */
     int    kv_f16;
     size_t kv_es;
     void  *kc;        /* (n_layer, n_ctx, kv_dim) */
     void  *vc;        /* (n_layer, n_ctx, kv_dim_v) */
     float *kv32;      /* kv_f16: (n_threads, n_ctx, hd + hd_v) one KV head widened to F32, a slab per thread */
-    /* scratch for a batch of up to BATCH tokens, row t of each at t * width */
-    float *x;         /* (BATCH, n_embd) residual stream */
-    float *h;         /* (BATCH, n_embd) normed input */
-    float *q;         /* (BATCH, q_dim) */
-    float *kk, *vv;   /* (BATCH, kv_dim), (BATCH, kv_dim_v) */
-    float *att;       /* (BATCH, n_head * hd_v) */
-    float *o;         /* (BATCH, n_embd) */
-    float *g, *u;     /* (BATCH, max ffn) */
+    /* scratch for a batch of up to nb tokens, row t of each at t * width */
+    float *x;         /* (nb, n_embd) residual stream */
+    float *h;         /* (nb, n_embd) normed input */
+    float *q;         /* (nb, q_dim) */
+    float *kk, *vv;   /* (nb, kv_dim), (nb, kv_dim_v) */
+    float *att;       /* (nb, n_head * hd_v) */
+    float *o;         /* (nb, n_embd) */
+    float *g, *u;     /* (nb, max ffn) */
     float *moe;       /* (n_embd,) expert mixture of one token */
     float *scores;    /* (n_threads, n_ctx) attention scores, a row per pool thread */
     float *mask;      /* (n_ctx,) */
     float *router;    /* (n_expert,) */
     int32_t *route;   /* (n_layer, n_expert_used) routing of the last token */
     float   *route_w; /* (n_expert_used,) */
-    void    *xq_buf;  /* BATCH quantized activation rows */
-    jlm_act_q8 xq[BATCH];
+    void    *xq_buf;  /* nb quantized activation rows */
+    jlm_act_q8 *xq;   /* (nb,) */
+    const float *xq_of;   /* the rows xq holds (matmul_shared), NULL: none */
     /* the batch being run: token t writes and reads the cache at bkc[t]/bvc[t]
      * (the engine's own, or a jlm_engine_seq's) at position bpos[t] */
-    void    *bkc[BATCH], *bvc[BATCH];
-    uint32_t bpos[BATCH];
+    void    **bkc, **bvc; /* (nb,) */
+    uint32_t *bpos;       /* (nb,) */
 };
 
 /* A KV cache of its own, for serving several sequences on one engine. */
@@ -127,15 +136,21 @@ static void mm_slice(void *ctx, size_t b, size_t en, int tid)
 
 /* Y (n, rows) = X (n, k) W^T, rows split across the pool. Quantized weights
  * use int8 activations (7.7), one quantized row per token. Hot path: every
- * weight of every token goes through here. */
-static void matmul(jlm_engine *e, const jlm_k_mat *m, uint32_t n, const float *x, float *y)
+ * weight of every token goes through here. shared: x was quantized by the
+ * previous matmul of this same x (wk/wv, gate/up) and has not changed since,
+ * so its int8 rows are reused (bit-identical: quantization is a pure function
+ * of x and k). */
+static void matmul_x(jlm_engine *e, const jlm_k_mat *m, uint32_t n, const float *x, float *y, int shared)
 {
     mm_job j = {e->k->matvec[m->type], e->k->matmul[m->type], m, n, x, NULL, y};
     if (!jlm_fmt_type_traits(m->type)->is_float) {
-        for (uint32_t t = 0; t < n; t++) {
-            e->xq[t].k = m->k;
-            e->k->quantize_act(x + (uint64_t)t * m->k, &e->xq[t]);
+        if (!(shared && e->xq_of == x && e->xq[0].k == m->k)) {
+            for (uint32_t t = 0; t < n; t++) {
+                e->xq[t].k = m->k;
+                e->k->quantize_act(x + (uint64_t)t * m->k, &e->xq[t]);
+            }
         }
+        e->xq_of = x;
         j.xq = e->xq;
     }
     if (e->vk_here && jlm_evk_matmul(e->vk, m, n, x, j.xq, y, NULL) == 0)
@@ -144,6 +159,10 @@ static void matmul(jlm_engine *e, const jlm_k_mat *m, uint32_t n, const float *x
     jlm_pool_for(e->pool, m->rows, grain, mm_slice, &j);
 }
 
+static void matmul(jlm_engine *e, const jlm_k_mat *m, uint32_t n, const float *x, float *y)
+{
+    matmul_x(e, m, n, x, y, 0);
+}
 static void matvec(jlm_engine *e, const jlm_k_mat *m, const float *x, float *y) { matmul(e, m, 1, x, y); }
 
 static void add_bias(float *y, const float *b, uint64_t n)
@@ -164,19 +183,30 @@ static int alloc_buffers(jlm_engine *e, jlm_err *err)
     if (kmax < e->q_dim) kmax = e->q_dim;
     kmax = (kmax + 255) / 256 * 256;
     uint64_t kv = (uint64_t)c->n_layer * e->n_ctx;
+    uint32_t nb = PREFILL_DEFAULT;
+    const char *env = getenv("JLM_BATCH");
+    if (env && *env) {
+        char *end;
+        unsigned long v = strtoul(env, &end, 10);
+        if (*end || v < BATCH || v > PREFILL_MAX)
+            return jlm_errf(err, JLM_EINVAL, "JLM_BATCH=%s: not a prefill batch size in [%d, %d]", env, BATCH,
+                            PREFILL_MAX);
+        nb = (uint32_t)v;
+    }
+    e->nb = nb;
     e->kc = zalloc(kv * e->kv_dim * e->kv_es);
     e->vc = zalloc(kv * e->kv_dim_v * e->kv_es);
     if (e->kv_f16)
         e->kv32 = zalloc((size_t)jlm_pool_n_threads(e->pool) * e->n_ctx * (e->hd + e->hd_v) * sizeof(float));
-    e->x = zalloc(BATCH * c->n_embd * sizeof(float));
-    e->h = zalloc(BATCH * c->n_embd * sizeof(float));
-    e->q = zalloc(BATCH * e->q_dim * sizeof(float));
-    e->kk = zalloc(BATCH * e->kv_dim * sizeof(float));
-    e->vv = zalloc(BATCH * e->kv_dim_v * sizeof(float));
-    e->att = zalloc(BATCH * att * sizeof(float));
-    e->o = zalloc(BATCH * c->n_embd * sizeof(float));
-    e->g = zalloc(BATCH * ffn * sizeof(float));
-    e->u = zalloc(BATCH * ffn * sizeof(float));
+    e->x = zalloc((size_t)nb * c->n_embd * sizeof(float));
+    e->h = zalloc((size_t)nb * c->n_embd * sizeof(float));
+    e->q = zalloc((size_t)nb * e->q_dim * sizeof(float));
+    e->kk = zalloc((size_t)nb * e->kv_dim * sizeof(float));
+    e->vv = zalloc((size_t)nb * e->kv_dim_v * sizeof(float));
+    e->att = zalloc((size_t)nb * att * sizeof(float));
+    e->o = zalloc((size_t)nb * c->n_embd * sizeof(float));
+    e->g = zalloc((size_t)nb * ffn * sizeof(float));
+    e->u = zalloc((size_t)nb * ffn * sizeof(float));
     e->moe = zalloc(c->n_embd * sizeof(float));
     e->scores = zalloc((size_t)jlm_pool_n_threads(e->pool) * e->n_ctx * sizeof(float));   /* a row per thread */
     e->mask = zalloc(e->n_ctx * sizeof(float));
@@ -184,13 +214,17 @@ static int alloc_buffers(jlm_engine *e, jlm_err *err)
     e->route = zalloc(((size_t)c->n_layer * c->n_expert_used + 1) * sizeof(int32_t));
     e->route_w = zalloc((c->n_expert_used + 1) * sizeof(float));
     size_t qb = jlm_k_act_q8_bytes(kmax);
-    e->xq_buf = zalloc(BATCH * qb);
-    if (!e->kc || !e->vc || !e->x || !e->h || !e->q || !e->kk || !e->vv || !e->att || !e->o || !e->g ||
-        !e->u || !e->moe || !e->scores || !e->mask || !e->router || !e->route || !e->route_w || !e->xq_buf ||
-        (e->kv_f16 && !e->kv32))
+    e->xq_buf = zalloc(nb * qb);
+    e->xq = zalloc(nb * sizeof *e->xq);
+    e->bkc = zalloc(nb * sizeof *e->bkc);
+    e->bvc = zalloc(nb * sizeof *e->bvc);
+    e->bpos = zalloc(nb * sizeof *e->bpos);
+    if (!e->xq || !e->bkc || !e->bvc || !e->bpos || !e->kc || !e->vc || !e->x || !e->h || !e->q || !e->kk ||
+        !e->vv || !e->att || !e->o || !e->g || !e->u || !e->moe || !e->scores || !e->mask || !e->router ||
+        !e->route || !e->route_w || !e->xq_buf || (e->kv_f16 && !e->kv32))
         return jlm_errf(err, JLM_ENOMEM, "%s: out of memory for the KV cache (%u positions) and buffers",
                         e->m->path, e->n_ctx);
-    for (int t = 0; t < BATCH; t++) {
+    for (uint32_t t = 0; t < nb; t++) {
         int rc = jlm_k_act_q8_init(&e->xq[t], (uint8_t *)e->xq_buf + t * qb, kmax, err);
         if (rc)
             return rc;
@@ -201,12 +235,12 @@ static int alloc_buffers(jlm_engine *e, jlm_err *err)
 /* Every buffer the engine owns, into bufs (ENGINE_BUFS slots): the dense
  * region first, then the KV cache (2), then scratch; the one list both
  * jlm_engine_close and the budget's tally read. */
-#define ENGINE_BUFS 21
+#define ENGINE_BUFS 25
 static void engine_bufs(const jlm_engine *e, void **bufs)
 {
     void *b[ENGINE_BUFS] = {e->dense, e->kc, e->vc, e->roles, e->x, e->h, e->q, e->kk, e->vv, e->att, e->o,
                             e->g, e->u, e->moe, e->scores, e->mask, e->router, e->route, e->route_w, e->xq_buf,
-                            e->kv32};
+                            e->kv32, e->xq, e->bkc, e->bvc, e->bpos};
     memcpy(bufs, b, sizeof b);
 }
 
@@ -587,7 +621,7 @@ static void attn_kv(jlm_engine *e, uint32_t l, const uint8_t *page, uint64_t pag
     jlm_k_mat wk = mat_at(W(e, l, JLM_R_ATTN_K), page, page_off, 0);
     jlm_k_mat wv = mat_at(W(e, l, JLM_R_ATTN_V), page, page_off, 0);
     matmul(e, &wk, n, e->h, e->kk);
-    matmul(e, &wv, n, e->h, e->vv);
+    matmul_x(e, &wv, n, e->h, e->vv, 1);   /* the same quantized rows */
     jlm_k_rope rp;
     rope_params(e, l, &rp);
     for (uint32_t t = 0; t < n; t++) {
@@ -669,7 +703,7 @@ static void ffn_dense(jlm_engine *e, uint32_t l, const uint8_t *page, uint64_t p
     jlm_k_mat wd = mat_at(W(e, l, JLM_R_FFN_DOWN), page, page_off, 0);
     uint64_t F = wg.rows;
     matmul(e, &wg, n, e->h, e->g);
-    matmul(e, &wu, n, e->h, e->u);
+    matmul_x(e, &wu, n, e->h, e->u, 1);    /* the same quantized rows */
     for (uint32_t t = 0; t < n; t++)
         activate(c, e->g + t * F, e->u + t * F, F);
     matmul(e, &wd, n, e->g, e->o);
@@ -808,10 +842,10 @@ static void bind_rows(jlm_engine *e, void *kc, void *vc, uint32_t pos0, uint32_t
 }
 
 /* Every layer over rows [0, n) of xs (n_embd floats each, the residual
- * stream); each block page is pinned once for all rows, which run BATCH at a
+ * stream); each block page is pinned once for all rows, which run nb at a
  * time through e->x. kc/vc non-NULL: the rows are one sequence's, at
  * positions pos0.. of that cache (any n); NULL: the batch already bound in
- * bkc/bvc/bpos (n <= BATCH). bidir: the rows attend to each other both ways
+ * bkc/bvc/bpos (n <= nb). bidir: the rows attend to each other both ways
  * (an image, one sequence); otherwise causally. */
 static int run_layers(jlm_engine *e, float *xs, uint32_t n, void *kc, void *vc, uint32_t pos0, int bidir,
                       jlm_err *err)
@@ -830,15 +864,15 @@ static int run_layers(jlm_engine *e, float *xs, uint32_t n, void *kc, void *vc, 
             break;
         }
         e->vk_here = e->vk && (!e->gpu_layers || l < e->gpu_layers);
-        for (uint32_t i = 0; i < n; i += BATCH) {   /* every key first: later rows may see them */
-            uint32_t b = n - i < BATCH ? n - i : BATCH;
+        for (uint32_t i = 0; i < n; i += e->nb) {   /* every key first: later rows may see them */
+            uint32_t b = n - i < e->nb ? n - i : e->nb;
             if (kc)
                 bind_rows(e, kc, vc, pos0 + i, b);
             e->x = xs + (uint64_t)i * c->n_embd;
             attn_kv(e, l, page, page_off, b);
         }
-        for (uint32_t i = 0; i < n && !rc; i += BATCH) {
-            uint32_t b = n - i < BATCH ? n - i : BATCH;
+        for (uint32_t i = 0; i < n && !rc; i += e->nb) {
+            uint32_t b = n - i < e->nb ? n - i : e->nb;
             if (kc)
                 bind_rows(e, kc, vc, pos0 + i, b);
             e->x = xs + (uint64_t)i * c->n_embd;
@@ -860,7 +894,7 @@ static int run_layers(jlm_engine *e, float *xs, uint32_t n, void *kc, void *vc, 
     return rc;
 }
 
-/* tokens[0, n) at the caches and positions bkc/bvc/bpos[0, n), n <= BATCH:
+/* tokens[0, n) at the caches and positions bkc/bvc/bpos[0, n), n <= nb:
  * each block page is pinned once for the whole batch. logits: after the last
  * token (n_vocab), or with all_logits after every token (n, n_vocab). */
 static int forward(jlm_engine *e, const int32_t *tokens, uint32_t n, float *logits, int all_logits, jlm_err *err)
@@ -902,7 +936,7 @@ static int check_ids(const jlm_engine *e, const int32_t *tokens, uint32_t n, jlm
     return JLM_OK;
 }
 
-/* tokens[0, n) of one sequence (cache kc/vc, *n_past), BATCH at a time. */
+/* tokens[0, n) of one sequence (cache kc/vc, *n_past), nb at a time. */
 static int eval_one(jlm_engine *e, void *kc, void *vc, uint32_t *n_past, const int32_t *tokens, uint32_t n,
                     float *logits, jlm_err *err)
 {
@@ -911,8 +945,8 @@ static int eval_one(jlm_engine *e, void *kc, void *vc, uint32_t *n_past, const i
         return rc;
     if ((uint64_t)*n_past + n > e->n_ctx)
         return jlm_errf(err, JLM_ERANGE, "context full: %u + %u tokens exceed %u positions (-c)", *n_past, n, e->n_ctx);
-    for (uint32_t i = 0; i < n; i += BATCH) {
-        uint32_t b = n - i < BATCH ? n - i : BATCH;
+    for (uint32_t i = 0; i < n; i += e->nb) {
+        uint32_t b = n - i < e->nb ? n - i : e->nb;
         bind_rows(e, kc, vc, *n_past, b);
         rc = forward(e, tokens + i, b, i + b == n ? logits : NULL, 0, err);
         if (rc)

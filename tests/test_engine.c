@@ -136,6 +136,52 @@ Test(engine, generates_the_reference_ids_of_stories260K_exactly, .timeout = 60)
     free(dir);
 }
 
+/* ---------------------------------------------------------------- prefill batch size */
+/* A 150-token prompt in prefill batches of 16 (the old size: GEMM tiles of
+ * 11-12 and 4, one padded) and of 128 and 512 (the whole prompt, a 22-token
+ * second batch): the last token's logits are bit-identical, since the GEMM
+ * equals the reference per (row, token). Q4_K_M covers Q4_K and Q6_K. An
+ * out-of-range JLM_BATCH is refused. */
+Test(engine, prefill_batch_size_does_not_change_the_logits, .timeout = 60)
+{
+    char *dir = tu_tmpdir();
+    char *path = convert_model("synth-llama-256.Q4_K_M", dir);
+    enum { N = 150 };
+    int32_t ids[N];
+    for (int i = 0; i < N; i++)
+        ids[i] = (int32_t)((i * 37 + 11) % 200) + 3;
+    static const char *SIZES[] = {"16", "128", "512"};
+    float *first = NULL;
+    uint32_t nv = 0;
+    for (int si = 0; si < 3; si++) {
+        setenv("JLM_BATCH", SIZES[si], 1);
+        jlm_engine *e = open_engine(path, 0);
+        nv = jlm_engine_n_vocab(e);
+        float *lg = malloc(nv * sizeof *lg);
+        jlm_err err = {0};
+        cr_assert_eq(jlm_engine_eval(e, ids, N, lg, &err), 0, "%s", err.msg);
+        if (!first)
+            first = lg;
+        else {
+            cr_assert(!memcmp(first, lg, nv * sizeof *lg), "JLM_BATCH=%s: logits differ from JLM_BATCH=16",
+                      SIZES[si]);
+            free(lg);
+        }
+        jlm_engine_close(e);
+    }
+    setenv("JLM_BATCH", "5", 1);
+    jlm_engine_opts o = {.n_threads = 1, .quiet = 1};
+    jlm_engine *e = NULL;
+    jlm_err err = {0};
+    cr_assert_neq(jlm_engine_open(path, &o, &e, &err), 0);
+    cr_assert(strstr(err.msg, "JLM_BATCH=5"), "%s", err.msg);
+    unsetenv("JLM_BATCH");
+    free(first);
+    free(path);
+    tu_rmrf(dir);
+    free(dir);
+}
+
 /* ---------------------------------------------------------------- every model vs llama.cpp */
 static mp MODELS[] = {
     {"stories260K"}, {"llama-2-tiny-random"}, {"synth-llama-256.f32"}, {"synth-llama-256.Q4_0"},

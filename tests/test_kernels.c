@@ -273,6 +273,100 @@ ParameterizedTest(mv_param *p, kernels, variant_equals_the_reference_bit_for_bit
     free(yr);
 }
 
+/* ---------------------------------------------------------------- GEMM (prefill) */
+
+ParameterizedTestParameters(kernels, gemm_equals_the_reference_bit_for_bit_for_every_token_count)
+{
+    static uint8_t p[N_TYPES];
+    size_t n = 0;
+    for (size_t i = 0; i < N_TYPES; i++)
+        if (!jlm_fmt_type_traits(ALL_TYPES[i])->is_float)
+            p[n++] = ALL_TYPES[i];
+    return cr_make_param_array(uint8_t, p, n);
+}
+
+/* The matmul of every vector variant (the register-tiled GEMM where the
+ * table has one: full tiles of 8-12 tokens, 4-token tiles, a padded last
+ * tile; 128-row blocks) and its matmul4, against the reference by memcmp:
+ * token counts around every tile width, 149 rows (two row blocks, a scalar
+ * tail) and an unaligned row range whose outside must stay untouched, k of 3
+ * super-blocks (SC chunks of the activations, a partial last one); random
+ * planes with a NaN token and zero / denormal / huge activation blocks, then
+ * saturating planes (every byte 0xff) with activations at +-127. */
+ParameterizedTest(uint8_t *type, kernels, gemm_equals_the_reference_bit_for_bit_for_every_token_count,
+                  .timeout = 120)
+{
+    static const uint64_t NS[] = {1, 2, 3, 4, 5, 7, 8, 11, 12, 13, 16, 17, 24, 25, 64};
+    enum { NMAX = 64 };
+    const char *tn = jlm_fmt_type_traits(*type)->name;
+    uint64_t k = 768, rows = 149, seed = 1234 + *type;
+    float *x = malloc(NMAX * k * sizeof *x), *y = malloc(NMAX * rows * sizeof *y);
+    float *yr = malloc(NMAX * rows * sizeof *yr);
+    uint8_t *buf = malloc(NMAX * jlm_k_act_q8_bytes(k));
+    jlm_act_q8 xq[NMAX];
+    cr_assert(x && y && yr && buf);
+    for (int i = 0; i < NMAX; i++)
+        cr_assert(jlm_k_act_q8_init(&xq[i], buf + i * jlm_k_act_q8_bytes(k), k, NULL) == 0);
+    for (int round = 0; round < 2; round++) {
+        tmat t;
+        tmat_make(&t, *type, k, rows, &seed);
+        if (round) {
+            uint64_t ql, dl, sl;
+            cr_assert(jlm_fmt_planes(*type, k, rows, &ql, &dl, &sl, NULL) == 0);
+            memset(t.qs, 0xff, ql);
+        }
+        for (int i = 0; i < NMAX; i++) {
+            if (round)
+                for (uint64_t e = 0; e < k; e++)
+                    x[i * k + e] = i % 2 ? 1.0f : -1.0f;
+            else
+                rand_act(x + i * k, k, &seed, i % 5);
+            if (!round && i == 9)
+                x[i * k + 100] = NAN;
+            jlm_k_quantize_act(x + i * k, &xq[i]);
+        }
+        jlm_k_matmul_ref(&t.m, NMAX, x, xq, yr, 0, rows);
+        for (int v = JLM_K_AVX2; v < JLM_K_NVARIANT; v++) {
+            jlm_k_cpu tab;
+            if (!jlm_k_cpu_has(v) || jlm_k_cpu_table(v, &tab, NULL))
+                continue;
+            for (int f = 0; f < 2; f++) {
+                jlm_k_matmul_fn mm = f ? tab.matmul4[*type] : tab.matmul[*type];
+                const char *fn = f ? "matmul4" : "matmul";
+                for (size_t ni = 0; ni < sizeof NS / sizeof NS[0]; ni++) {
+                    uint64_t n = NS[ni];
+                    /* whole range, then rows [3, 140) with sentinels around */
+                    for (int part = 0; part < 2; part++) {
+                        uint64_t r0 = part ? 3 : 0, r1 = part ? 140 : rows;
+                        for (uint64_t i = 0; i < n * rows; i++)
+                            y[i] = -7.0f;
+                        mm(&t.m, n, x, xq, y, r0, r1);
+                        for (uint64_t i = 0; i < n * rows; i++) {
+                            uint64_t tk = i / rows, r = i % rows;
+                            if (r < r0 || r >= r1) {
+                                cr_assert(y[i] == -7.0f, "%s %s %s n %llu: row %llu outside [%llu, %llu) written",
+                                          tab.name, tn, fn, (unsigned long long)n, (unsigned long long)r,
+                                          (unsigned long long)r0, (unsigned long long)r1);
+                                continue;
+                            }
+                            cr_assert(!memcmp(&y[i], &yr[tk * rows + r], sizeof *y),
+                                      "%s %s %s n %llu rows [%llu, %llu) token %llu row %llu round %d: "
+                                      "reference %a, got %a", tab.name, tn, fn, (unsigned long long)n,
+                                      (unsigned long long)r0, (unsigned long long)r1, (unsigned long long)tk,
+                                      (unsigned long long)r, round, (double)yr[tk * rows + r], (double)y[i]);
+                        }
+                    }
+                }
+            }
+        }
+        tmat_free(&t);
+    }
+    free(x);
+    free(y);
+    free(yr);
+    free(buf);
+}
+
 /* ---------------------------------------------------------------- activations, fp16 */
 
 Test(kernels, quantize_act_rounds_each_block_to_amax_over_127)

@@ -70,6 +70,7 @@ int jlm_k_cpu_table(int v, jlm_k_cpu *t, jlm_err *err)
     for (int i = 0; i < JLM_T_COUNT; i++) {
         tab.matvec[i] = jlm_k_matvec_ref;
         tab.matmul[i] = jlm_k_matmul_ref;
+        tab.matmul4[i] = jlm_k_matmul_ref;
     }
     tab.quantize_act = jlm_k_quantize_act;
     if (v == JLM_K_AVX2)

@@ -97,7 +97,12 @@ typedef struct jlm_k_cpu {
     uint32_t        native;                /* bit t: matvec[t] is this variant's own code */
     uint32_t        native_mm;             /* bit t: matmul[t] is this variant's own code */
     jlm_k_matvec_fn matvec[JLM_T_COUNT];   /* every stored type; never NULL */
-    jlm_k_matmul_fn matmul[JLM_T_COUNT];   /* every stored type; never NULL */
+    jlm_k_matmul_fn matmul[JLM_T_COUNT];   /* every stored type; never NULL (the GEMM where
+                                            * native_gemm has the type's bit) */
+    uint32_t        native_gemm;           /* bit t: matmul[t] is a register-tiled GEMM */
+    jlm_k_matmul_fn matmul4[JLM_T_COUNT];  /* the up-to-4-tokens-per-weight-load matmul: what
+                                            * a GEMM runs for tokens after its last full tile;
+                                            * kept for benchmarks and tests; never NULL */
     /* jlm_k_quantize_act or a variant of it with bit-identical output */
     void          (*quantize_act)(const float *x, jlm_act_q8 *a);
 } jlm_k_cpu;

@@ -638,4 +638,5 @@ void jlm_k_fill_avx2(jlm_k_cpu *t)
                 1u << JLM_T_Q5_0 | 1u << JLM_T_Q5_1 | 1u << JLM_T_MXFP4 | 1u << JLM_T_Q5_K |
                 1u << JLM_T_Q3_K | 1u << JLM_T_F32 | 1u << JLM_T_F16 | 1u << JLM_T_BF16;
     t->native_mm = t->native;
+    memcpy(t->matmul4, t->matmul, sizeof t->matmul);
 }

@@ -7,7 +7,8 @@
  * Q8_0 bytes are flipped to w + 128 and 128*sum(a) is taken off the int32,
  * exact because the activations' 32-block sums are known.
  *
- * matmul reuses each weight load for up to 4 tokens. Rows after the last full
+ * matmul is a register-tiled GEMM (section GEMM below); matmul4 reuses each
+ * weight load for up to 4 tokens. Rows after the last full
  * group of 16 go through the reference (the shared scalar tail). Quantized
  * types are bit-identical to the reference (its f32 operations in its order,
  * no FMA; docs/kernels.md). */
@@ -484,6 +485,282 @@ DEFINE_Q(mxfp4, mxfp4_core)
 DEFINE_Q(q5_k, q5_k_core)
 DEFINE_Q(q3_k, q3_k_core)
 
+/* ---------------------------------------------------------------- GEMM (prefill) */
+
+/* A register tile of 16 rows x nt tokens: the tile's int32 dots stay in
+ * registers for a 32-block (f32 accumulators in L1 between 32-blocks); each weight word is loaded and decoded
+ * (nibble split, high bits, table) once per tile and feeds the vpdpbusd of
+ * every token of the tile. Loops go word by word across the tile's tokens, so
+ * nt (or 2*nt) independent int32 chains are in flight: vpdpbusd has a latency
+ * of ~5 cycles and two issue ports, and one chain per token of 8 tokens was
+ * latency-bound (slower than the 4-token matmul). Per (row, token) the int32
+ * dots and the f32 operations, sub-blocks in order, are the reference's
+ * (bit-identical); the bias*sum(a) term seeds the int32 dot instead of being
+ * subtracted after (integer addition: the same int32). Rows go in blocks of
+ * RB (g_block: the block's accumulators in L1, contiguous plane runs), and
+ * every token tile of the batch reuses a block's planes from L2. */
+#define UNROLL _Pragma("GCC unroll 16")   /* the tile lives in registers only if unrolled */
+enum { NTMAX = 12, SC = 8 };
+
+/* Tokens per tile: as many as the 32 zmm registers hold (2 per token: dot and
+ * accumulator; Q3_K/Q6_K keep two dots, one per 16-wide half). */
+ALWAYS_INLINE int g_nt(int type)
+{
+    return type == JLM_T_Q3_K || type == JLM_T_Q6_K ? 8 : type == JLM_T_Q5_0 || type == JLM_T_Q5_1 ||
+           type == JLM_T_Q5_K || type == JLM_T_Q4_K ? 11 : 12;
+}
+
+/* The tile's activations for a chunk of SC 32-blocks, copied together (one
+ * base address for the vector loop instead of nt pointers, which ran the
+ * general registers out), with per token and 32-block the int32 seeds of the
+ * dots (-bias*sum(a) of the 32-block, or of each 16-half for Q3_K/Q6_K) and
+ * sum(a) as f32, so the vector loop takes them as broadcast loads. */
+typedef struct gseed {
+    int8_t  q[SC][NTMAX][32] __attribute__((aligned(64)));
+    float   da[SC][NTMAX];
+    int32_t b0[SC][NTMAX], b1[SC][NTMAX];
+    float   fs[SC][NTMAX];
+} gseed;
+
+ALWAYS_INLINE void g_seed(gseed *z, const jlm_act_q8 *xq, int nt, uint64_t s0, uint64_t ns, int type)
+{
+    int k16 = type == JLM_T_Q3_K || type == JLM_T_Q6_K;
+    int32_t bias = type == JLM_T_Q4_0 ? 8 : type == JLM_T_Q8_0 ? 128 : type == JLM_T_Q5_0 ? 16
+                 : type == JLM_T_MXFP4 ? 12 : type == JLM_T_Q3_K ? 4 : type == JLM_T_Q6_K ? 32 : 0;
+    for (int t = 0; t < nt; t++)
+        for (uint64_t s = 0; s < ns; s++) {
+            uint64_t b = s0 + s;
+            int32_t a0 = xq[t].sum16[2 * b], a1 = xq[t].sum16[2 * b + 1];
+            _mm256_store_si256((__m256i *)z->q[s][t], _mm256_loadu_si256((const __m256i *)(xq[t].q + 32 * b)));
+            z->da[s][t] = xq[t].d[b];
+            z->b0[s][t] = -bias * (k16 ? a0 : a0 + a1);
+            z->b1[s][t] = -bias * a1;
+            z->fs[s][t] = (float)(a0 + a1);
+        }
+}
+
+ALWAYS_INLINE __m512i bcast32(const int32_t *p) { return _mm512_set1_epi32(*p); }
+
+/* Step u (0..3) of 32-block s of rows [r, r+16): two decoded weight vectors
+ * x0, x1 that pair with activation words i0, i1 (of 4 bytes); Q3_K/Q6_K:
+ * both in 16-wide half u/2. */
+ALWAYS_INLINE void g_step(const jlm_k_mat *m, uint64_t s, uint64_t r, int u, int type, __m512i hb,
+                          __m512i *x0, __m512i *x1, int *i0, int *i1)
+{
+    const __m512i m4 = _mm512_set1_epi8(15);
+    uint64_t rows = m->rows;
+    const uint32_t *qs = m->qs;
+    *i0 = u;
+    *i1 = u + 4;
+    switch (type) {
+    case JLM_T_Q4_0: case JLM_T_Q4_K: case JLM_T_MXFP4: {
+        __m512i v = ld(qs + (s * 4 + u) * rows + r);
+        *x0 = _mm512_and_si512(v, m4);
+        *x1 = _mm512_and_si512(_mm512_srli_epi16(v, 4), m4);
+        if (type == JLM_T_MXFP4) {
+            const __m512i lut = _mm512_broadcast_i32x4(_mm_setr_epi8(12, 13, 14, 15, 16, 18, 20, 24,
+                                                                     12, 11, 10, 9, 8, 6, 4, 0));
+            *x0 = _mm512_shuffle_epi8(lut, *x0);
+            *x1 = _mm512_shuffle_epi8(lut, *x1);
+        }
+        break;
+    }
+    case JLM_T_Q8_0: {
+        const __m512i flip = _mm512_set1_epi8((char)0x80);
+        *x0 = _mm512_xor_si512(ld(qs + (s * 8 + u) * rows + r), flip);   /* w + 128 */
+        *x1 = _mm512_xor_si512(ld(qs + (s * 8 + u + 4) * rows + r), flip);
+        break;
+    }
+    case JLM_T_Q5_0: case JLM_T_Q5_1: case JLM_T_Q5_K: {
+        /* hb: the word of high bits (7.5: element 4w+b at bit w of byte b, 16+4w+b at bit 4+w) */
+        const __m512i m10 = _mm512_set1_epi8(0x10);
+        __m512i v = ld(qs + (s * 5 + u) * rows + r);
+        *x0 = _mm512_ternarylogic_epi32(v, m4, _mm512_and_si512(_mm512_srli_epi32(_mm512_slli_epi32(hb, 4), u), m10), 0xea);
+        *x1 = _mm512_ternarylogic_epi32(_mm512_srli_epi16(v, 4), m4, _mm512_and_si512(_mm512_srli_epi32(hb, u), m10), 0xea);
+        break;
+    }
+    case JLM_T_Q3_K: case JLM_T_Q6_K: {
+        int h = u / 2, p = u % 2, q3 = type == JLM_T_Q3_K;
+        __m512i v = ld(qs + ((2 * s + h) * (q3 ? 2 : 3) + p) * rows + r);
+        *x0 = _mm512_and_si512(v, m4);
+        *x1 = _mm512_and_si512(_mm512_srli_epi16(v, 4), m4);
+        if (!q3) {
+            const __m512i m30 = _mm512_set1_epi8(0x30);
+            *x0 = _mm512_or_si512(*x0, _mm512_and_si512(p ? _mm512_slli_epi32(hb, 2) : _mm512_slli_epi32(hb, 4), m30));
+            *x1 = _mm512_or_si512(*x1, _mm512_and_si512(p ? _mm512_srli_epi32(hb, 2) : hb, m30));
+        }
+        *i0 = 4 * h + p;
+        *i1 = 4 * h + 2 + p;
+        break;
+    }
+    }
+}
+
+/* 32-block s (chunk index j of z) of rows [r, r+16) for tokens [0, nt):
+ * A[t] (16 floats each) += its contribution, the reference's f32 operations. */
+ALWAYS_INLINE void g_sub(const jlm_k_mat *m, const gseed *z, uint64_t j, uint64_t s, uint64_t r, int nt, int type,
+                         float (*A)[16])
+{
+    const int k16 = type == JLM_T_Q3_K || type == JLM_T_Q6_K;
+    uint64_t rows = m->rows;
+    const uint32_t *qs = m->qs, *dp = m->d, *scp = m->sc;
+    const uint16_t *d16 = m->d;
+    const uint8_t *d8 = m->d;
+    __m512 acc[NTMAX];
+    UNROLL for (int t = 0; t < nt; t++)
+        acc[t] = _mm512_load_ps(A[t]);
+    __m512i dot[NTMAX], dot1[NTMAX];
+    UNROLL for (int t = 0; t < nt; t++) {
+        dot[t] = bcast32(&z->b0[j][t]);
+        if (k16)
+            dot1[t] = bcast32(&z->b1[j][t]);
+    }
+    __m512i hb = _mm512_setzero_si512();
+    if (type == JLM_T_Q5_0 || type == JLM_T_Q5_1 || type == JLM_T_Q5_K)
+        hb = ld(qs + (s * 5 + 4) * rows + r);
+    UNROLL for (int u = 0; u < 4; u++) {
+        if (type == JLM_T_Q6_K && u % 2 == 0)
+            hb = ld(qs + ((2 * s + u / 2) * 3 + 2) * rows + r);
+        __m512i x0, x1;
+        int i0, i1;
+        g_step(m, s, r, u, type, hb, &x0, &x1, &i0, &i1);
+        UNROLL for (int t = 0; t < nt; t++) {
+            const int8_t *q = z->q[j][t];
+            if (k16 && u >= 2) {
+                dot1[t] = _mm512_dpbusd_epi32(dot1[t], x0, bcast4(q + 4 * i0));
+                dot1[t] = _mm512_dpbusd_epi32(dot1[t], x1, bcast4(q + 4 * i1));
+            } else {
+                dot[t] = _mm512_dpbusd_epi32(dot[t], x0, bcast4(q + 4 * i0));
+                dot[t] = _mm512_dpbusd_epi32(dot[t], x1, bcast4(q + 4 * i1));
+            }
+        }
+    }
+    /* the f32 epilogue: the reference's operations, in its order */
+    switch (type) {
+    case JLM_T_Q4_0: case JLM_T_Q8_0: case JLM_T_Q5_0: case JLM_T_MXFP4: {
+        __m512 d = type == JLM_T_MXFP4
+            ? _mm512_castsi512_ps(_mm512_slli_epi32(
+                  _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)(d8 + s * ((rows + 3) / 4 * 4) + r))), 23))
+            : cvt16h(d16 + s * ((rows + 1) / 2 * 2) + r);
+        UNROLL for (int t = 0; t < nt; t++)
+            acc[t] = MULADD(_mm512_mul_ps(d, _mm512_set1_ps(z->da[j][t])), _mm512_cvtepi32_ps(dot[t]), acc[t]);
+        break;
+    }
+    case JLM_T_Q5_1: {
+        __m512 d, b;
+        half_pair(ld(dp + s * rows + r), &d, &b);
+        UNROLL for (int t = 0; t < nt; t++) {
+            __m512 da = _mm512_set1_ps(z->da[j][t]);
+            __m512 pd = _mm512_mul_ps(_mm512_mul_ps(d, da), _mm512_cvtepi32_ps(dot[t]));
+            __m512 pb = _mm512_mul_ps(_mm512_mul_ps(b, da), _mm512_set1_ps(z->fs[j][t]));
+            acc[t] = _mm512_add_ps(acc[t], _mm512_sub_ps(pd, pb));
+        }
+        break;
+    }
+    case JLM_T_Q4_K: case JLM_T_Q5_K: {
+        const __m512i m63 = _mm512_set1_epi32(63);
+        __m512 d, dmin;
+        half_pair(ld(dp + (s / 8) * rows + r), &d, &dmin);
+        __m512i f = field12(scp + (s / 8) * 3 * rows, rows, r, (unsigned)(s % 8));
+        __m512 sc = _mm512_cvtepi32_ps(_mm512_and_si512(f, m63));
+        __m512 mn = _mm512_cvtepi32_ps(_mm512_and_si512(_mm512_srli_epi32(f, 6), m63));
+        UNROLL for (int t = 0; t < nt; t++) {
+            __m512 x = _mm512_mul_ps(sc, _mm512_cvtepi32_ps(dot[t]));
+            __m512 b = _mm512_mul_ps(mn, _mm512_set1_ps(z->fs[j][t]));
+            __m512 v = NMULADD(dmin, b, _mm512_mul_ps(d, x));
+            acc[t] = MULADD(_mm512_set1_ps(z->da[j][t]), v, acc[t]);
+        }
+        break;
+    }
+    case JLM_T_Q3_K: case JLM_T_Q6_K: {
+        const __m512i ff = _mm512_set1_epi32(0xff), off = _mm512_set1_epi32(type == JLM_T_Q3_K ? 32 : 128);
+        __m512i scv = ld(scp + (2 * s / 4) * rows + r);
+        __m512i sc0 = _mm512_sub_epi32(_mm512_and_si512(_mm512_srli_epi32(scv, (unsigned)(8 * ((2 * s) % 4))), ff), off);
+        __m512i sc1 = _mm512_sub_epi32(_mm512_and_si512(_mm512_srli_epi32(scv, (unsigned)(8 * ((2 * s + 1) % 4))), ff), off);
+        __m512 d = _mm512_cvtph_ps(_mm512_cvtepi32_epi16(ld(dp + (s / 8) * rows + r)));
+        UNROLL for (int t = 0; t < nt; t++) {
+            __m512i is = _mm512_add_epi32(_mm512_mullo_epi32(sc0, dot[t]), _mm512_mullo_epi32(sc1, dot1[t]));
+            acc[t] = MULADD(_mm512_mul_ps(d, _mm512_set1_ps(z->da[j][t])), _mm512_cvtepi32_ps(is), acc[t]);
+        }
+        break;
+    }
+    }
+    UNROLL for (int t = 0; t < nt; t++)
+        _mm512_store_ps(A[t], acc[t]);
+}
+
+/* Rows [r0, r1) (r1 - r0 a multiple of 16, at most RB) x tokens xq[0, nt):
+ * y (nt, rows). Sub-blocks outer, the block's 16-row tiles inner: each
+ * (sub-block, word) of the block is one contiguous run of (r1 - r0) * 4
+ * bytes, and the block's accumulators A stay in L1. Reading a 16-row tile
+ * down the whole of k instead (k/32 * W lines, each in its own 4 KiB page)
+ * was ~2x slower inside the engine (TLB misses on 4 KiB frames). */
+enum { RB = 128 };
+ALWAYS_INLINE void g_block(const jlm_k_mat *m, const jlm_act_q8 *xq, float *y, uint64_t r0, uint64_t r1, int nt,
+                           int nstore, int type)
+{
+    uint64_t nsub = m->k / 32, nrt = (r1 - r0) / 16;
+    float A[RB / 16][NTMAX][16] __attribute__((aligned(64)));
+    memset(A, 0, sizeof A);
+    for (uint64_t s0 = 0; s0 < nsub; s0 += SC) {
+        uint64_t ns = nsub - s0 < SC ? nsub - s0 : SC;
+        gseed z;
+        g_seed(&z, xq, nt, s0, ns, type);
+        for (uint64_t j = 0; j < ns; j++)
+            for (uint64_t rt = 0; rt < nrt; rt++)
+                g_sub(m, &z, j, s0 + j, r0 + 16 * rt, nt, type, A[rt]);
+    }
+    for (uint64_t rt = 0; rt < nrt; rt++)
+        for (int t = 0; t < nstore; t++)
+            memcpy(y + t * m->rows + r0 + 16 * rt, A[rt][t], sizeof A[rt][t]);
+}
+
+/* Tokens [0, n) x rows [r0, nv) in tiles of nt tokens, then of 4 (the last
+ * one padded with copies of the last token, whose outputs are not stored). */
+ALWAYS_INLINE void g_run(const jlm_k_mat *m, uint64_t n, const jlm_act_q8 *xq, float *y, uint64_t r0, uint64_t nv,
+                         int type)
+{
+    const int nt = g_nt(type);
+    for (uint64_t r = r0; r < nv; r += RB) {
+        uint64_t re = nv - r < RB ? nv : r + RB, t = 0;
+        for (; t + nt <= n; t += nt)
+            g_block(m, xq + t, y + t * m->rows, r, re, nt, nt, type);
+        for (; t < n; t += 4) {
+            jlm_act_q8 pad[4];
+            int left = n - t < 4 ? (int)(n - t) : 4;
+            for (int i = 0; i < 4; i++)
+                pad[i] = xq[t + (i < left ? i : left - 1)];
+            g_block(m, pad, y + t * m->rows, r, re, 4, left, type);
+        }
+    }
+}
+
+/* The GEMM (g_run), the reference for rows after the last 16; fewer than 4
+ * tokens go to the 4-token matmul (streaming the planes once is what bounds
+ * them). */
+#define DEFINE_GEMM(name, type)                                                               \
+    static void gm_##name(const jlm_k_mat *m, uint64_t n, const float *x, const jlm_act_q8 *xq, \
+                          float *y, uint64_t r0, uint64_t r1)                                 \
+    {                                                                                         \
+        if (n < 4) {                                                                          \
+            mm_##name(m, n, x, xq, y, r0, r1);                                                \
+            return;                                                                           \
+        }                                                                                     \
+        uint64_t nv = r0 + (r1 - r0) / 16 * 16;                                               \
+        g_run(m, n, xq, y, r0, nv, type);                                                     \
+        if (nv < r1)                                                                          \
+            jlm_k_matmul_ref(m, n, x, xq, y, nv, r1);                                         \
+    }
+DEFINE_GEMM(q4_0, JLM_T_Q4_0)
+DEFINE_GEMM(q4_k, JLM_T_Q4_K)
+DEFINE_GEMM(q8_0, JLM_T_Q8_0)
+DEFINE_GEMM(q6_k, JLM_T_Q6_K)
+DEFINE_GEMM(q5_0, JLM_T_Q5_0)
+DEFINE_GEMM(q5_1, JLM_T_Q5_1)
+DEFINE_GEMM(mxfp4, JLM_T_MXFP4)
+DEFINE_GEMM(q5_k, JLM_T_Q5_K)
+DEFINE_GEMM(q3_k, JLM_T_Q3_K)
+
 #define DEFINE_F(name, type)                                                                  \
     static void mv_##name(const jlm_k_mat *m, const float *x, const jlm_act_q8 *xq, float *y, \
                           uint64_t r0, uint64_t r1)                                           \
@@ -531,4 +808,18 @@ void jlm_k_fill_avx512(jlm_k_cpu *t)
                 1u << JLM_T_Q5_0 | 1u << JLM_T_Q5_1 | 1u << JLM_T_MXFP4 | 1u << JLM_T_Q5_K |
                 1u << JLM_T_Q3_K | 1u << JLM_T_F32 | 1u << JLM_T_F16 | 1u << JLM_T_BF16;
     t->native_mm = t->native;
+    /* the 4-token matmuls stay as matmul4; matmul becomes the tiled GEMM */
+    memcpy(t->matmul4, t->matmul, sizeof t->matmul);
+    t->matmul[JLM_T_Q4_0] = gm_q4_0;
+    t->matmul[JLM_T_Q4_K] = gm_q4_k;
+    t->matmul[JLM_T_Q8_0] = gm_q8_0;
+    t->matmul[JLM_T_Q6_K] = gm_q6_k;
+    t->matmul[JLM_T_Q5_0] = gm_q5_0;
+    t->matmul[JLM_T_Q5_1] = gm_q5_1;
+    t->matmul[JLM_T_MXFP4] = gm_mxfp4;
+    t->matmul[JLM_T_Q5_K] = gm_q5_k;
+    t->matmul[JLM_T_Q3_K] = gm_q3_k;
+    t->native_gemm = 1u << JLM_T_Q4_0 | 1u << JLM_T_Q4_K | 1u << JLM_T_Q8_0 | 1u << JLM_T_Q6_K |
+                     1u << JLM_T_Q5_0 | 1u << JLM_T_Q5_1 | 1u << JLM_T_MXFP4 | 1u << JLM_T_Q5_K |
+                     1u << JLM_T_Q3_K;
 }
