@@ -757,15 +757,6 @@ Test(hf, qwen3moe_experts_stack_in_order_and_a_missing_one_is_refused)
     free(img);
 }
 
-Test(hf_cli, run_and_chat_on_a_folder_say_to_convert_it)
-{
-    char cmd[2400], *out = NULL;
-    snprintf(cmd, sizeof cmd, "'%s' run '%s/tests/models/hf/tiny-llama' --ids 1 2>&1", tu_jlm(), tu_root());
-    cr_assert_neq(tu_run(cmd, &out), 0);
-    cr_assert(out && strstr(out, "a Hugging Face folder") && strstr(out, "jlm convert"), "%s", out ? out : "");
-    free(out);
-}
-
 /* generation_config.json's eos_token_id list joins the end-of-generation set
  * (the first id is EOS when tokenizer_config.json names none). */
 Test(hf_tok, generation_config_eos_list_ends_generation)
