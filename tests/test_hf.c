@@ -476,6 +476,7 @@ Test(hf_tok, llama3_tokenizer_json_matches_hf_tokenizers, .timeout = 180) { agai
 Test(hf_tok, qwen3_tokenizer_json_matches_hf_tokenizers, .timeout = 180) { against_hf_tokenizers("qwen3"); }
 Test(hf_tok, llama2_tokenizer_json_matches_hf_tokenizers, .timeout = 180) { against_hf_tokenizers("llama2"); }
 Test(hf_tok, gemma3_tokenizer_json_matches_hf_tokenizers, .timeout = 180) { against_hf_tokenizers("gemma3"); }
+Test(hf_tok, gpt_oss_tokenizer_json_matches_hf_tokenizers, .timeout = 180) { against_hf_tokenizers("gpt-oss"); }
 
 /* The tokenizer fuzz seeds (tiny byte-level BPEs shaped like qwen3's and
  * llama-3's files) build a vocab record: the fuzzer starts from valid inputs. */
