@@ -500,7 +500,7 @@ static float *read_logits(const char *p, size_t *n)
     return v;
 }
 
-Test(engine_cli, quantized_logits_agree_across_kernel_variants, .timeout = 60)
+Test(engine_cli, quantized_logits_agree_across_kernel_variants, .timeout = 240)
 {
     const char *models[] = {"synth-llama-256.Q4_0", "synth-llama-256.Q4_K_M", "synth-llama-256.Q8_0",
                             "synth-llama-256.Q6_K", "synth-llama-256.Q3_K_M", "synth-llama-256.MXFP4"};
