@@ -127,7 +127,7 @@ static int bench_test(jlm_engine *e, int pp, uint32_t n, int reps, bench_res *re
         for (uint32_t a = 0; a < c.n_arrays; a++) {
             pageins += (double)c.a[a].page_ins;
             bytes += (double)c.a[a].bytes_read;
-            wait_ns += (double)c.a[a].read_ns;
+            wait_ns += (double)(c.a[a].read_ns + c.a[a].pf_wait_ns);   /* reads + waits for prefetches */
         }
     }
     if (!rc) {

@@ -22,9 +22,10 @@
  *                                 ^--------------------------+
  *
  *   ABSENT     frame == NULL, no chunk filled, pins == 0, on no list.
- *   FILLING    transient, inside jlm_pager_get only (the pager is single-
- *              threaded); a read error returns the page to RESIDENT with the
- *              chunks read before, or to ABSENT if none were.
+ *   FILLING    inside jlm_pager_get, or while a prefetch's read is in
+ *              flight (the page then holds one pin, the read's, until the
+ *              engine thread collects it); a read error returns the page to
+ *              RESIDENT with the chunks read before, or to ABSENT if none were.
  *   RESIDENT   frame != NULL; bitmap says which chunks hold the source's
  *              bytes; a pinned page is on no list and is never a victim.
  *
