@@ -292,7 +292,9 @@ ParameterizedTestParameters(kernels, gemm_equals_the_reference_bit_for_bit_for_e
  * tail) and an unaligned row range whose outside must stay untouched, k of 3
  * super-blocks (SC chunks of the activations, a partial last one); random
  * planes with a NaN token and zero / denormal / huge activation blocks, then
- * saturating planes (every byte 0xff) with activations at +-127. */
+ * saturating planes (every byte 0xff) with activations at +-127, then
+ * every byte 0x80 (Q8_0 weights of -128: |w| = 128 in AVX2's sign trick).
+ * The vector variants must have the GEMM for every quantized type. */
 ParameterizedTest(uint8_t *type, kernels, gemm_equals_the_reference_bit_for_bit_for_every_token_count,
                   .timeout = 120)
 {
@@ -307,13 +309,13 @@ ParameterizedTest(uint8_t *type, kernels, gemm_equals_the_reference_bit_for_bit_
     cr_assert(x && y && yr && buf);
     for (int i = 0; i < NMAX; i++)
         cr_assert(jlm_k_act_q8_init(&xq[i], buf + i * jlm_k_act_q8_bytes(k), k, NULL) == 0);
-    for (int round = 0; round < 2; round++) {
+    for (int round = 0; round < 3; round++) {
         tmat t;
         tmat_make(&t, *type, k, rows, &seed);
         if (round) {
             uint64_t ql, dl, sl;
             cr_assert(jlm_fmt_planes(*type, k, rows, &ql, &dl, &sl, NULL) == 0);
-            memset(t.qs, 0xff, ql);
+            memset(t.qs, round == 1 ? 0xff : 0x80, ql);
         }
         for (int i = 0; i < NMAX; i++) {
             if (round)
@@ -330,6 +332,7 @@ ParameterizedTest(uint8_t *type, kernels, gemm_equals_the_reference_bit_for_bit_
             jlm_k_cpu tab;
             if (!jlm_k_cpu_has(v) || jlm_k_cpu_table(v, &tab, NULL))
                 continue;
+            cr_assert((tab.native_gemm >> *type) & 1, "%s %s: no GEMM", tab.name, tn);
             for (int f = 0; f < 2; f++) {
                 jlm_k_matmul_fn mm = f ? tab.matmul4[*type] : tab.matmul[*type];
                 const char *fn = f ? "matmul4" : "matmul";

@@ -532,6 +532,296 @@ DEFINE_Q(mxfp4, mxfp4_core)
 DEFINE_Q(q5_k, q5_k_core)
 DEFINE_Q(q3_k, q3_k_core)
 
+/* ---------------------------------------------------------------- GEMM (prefill) */
+
+/* The AVX-512 file's GEMM (register tile of rows x tokens, each weight word
+ * loaded and decoded once per tile and fed to every token of the tile; rows
+ * in blocks of RB, sub-blocks outer, the block's accumulators in L1) on 8-row
+ * ymm tiles and without VNNI. Each step takes two decoded weight vectors x0,
+ * x1 (u8 codes) and their activation words; per token vpmaddubsw of both are
+ * added in s16 and, every G steps, widened by vpmaddwd into the int32 dot,
+ * which is seeded with -bias*sum(a). Exact (no s16 saturation) because
+ * |a| <= 127 and the codes are bounded: a vpmaddubsw pair is at most
+ * 2*15*127 = 3810 (Q4_0, Q4_K, Q3_K: G = 4 steps = 8 pairs, 30480; Q3_K's
+ * halves are 2 steps), 2*31*127 = 7874 (Q5_*: G = 2, 4 pairs, 31496),
+ * 2*24*127 = 6096 (MXFP4: G = 2, 24384), 2*63*127 = 16002 (Q6_K: G = 1, 2
+ * pairs, 32004). Q8_0 is signed: |w| x sign(a, w), a pair <= 2*128*127 =
+ * 32512, widened per vpmaddubsw. So the int32 dots are the reference's and
+ * the f32 epilogue is its operations in its order: bit-identical. */
+#define UNROLL _Pragma("GCC unroll 16")   /* the tile lives in registers only if unrolled */
+enum { NTMAX = 8, SC = 8 };
+
+/* Tokens per tile: what the 16 ymm registers hold next to the decoded
+ * weights (Q4 types: one s16 sum per token; 5-bit/MXFP4: s16 sum and int32
+ * dot; Q3_K/Q6_K: two int32 dots and the s16 sum). */
+ALWAYS_INLINE int g_nt(int type)
+{
+    return type == JLM_T_Q3_K || type == JLM_T_Q6_K ? 4
+         : type == JLM_T_Q5_0 || type == JLM_T_Q5_1 || type == JLM_T_Q5_K || type == JLM_T_MXFP4 ? 6 : 8;
+}
+
+/* Steps (of 4 per 32-block) summed in s16 before widening (see above). */
+ALWAYS_INLINE int g_group(int type)
+{
+    return type == JLM_T_Q4_0 || type == JLM_T_Q4_K ? 4 : type == JLM_T_Q6_K ? 1 : 2;
+}
+
+/* The tile's activations for a chunk of SC 32-blocks (see matvec_avx512.c):
+ * int8 values, scales, the int32 seeds -bias*sum(a) (per 16-half for
+ * Q3_K/Q6_K) and sum(a) as f32. */
+typedef struct gseed {
+    int8_t  q[SC][NTMAX][32] __attribute__((aligned(32)));
+    float   da[SC][NTMAX];
+    int32_t b0[SC][NTMAX], b1[SC][NTMAX];
+    float   fs[SC][NTMAX];
+} gseed;
+
+ALWAYS_INLINE void g_seed(gseed *z, const jlm_act_q8 *xq, int nt, uint64_t s0, uint64_t ns, int type)
+{
+    int k16 = type == JLM_T_Q3_K || type == JLM_T_Q6_K;
+    int32_t bias = type == JLM_T_Q4_0 ? 8 : type == JLM_T_Q5_0 ? 16 : type == JLM_T_MXFP4 ? 12
+                 : type == JLM_T_Q3_K ? 4 : type == JLM_T_Q6_K ? 32 : 0;
+    for (int t = 0; t < nt; t++)
+        for (uint64_t s = 0; s < ns; s++) {
+            uint64_t b = s0 + s;
+            int32_t a0 = xq[t].sum16[2 * b], a1 = xq[t].sum16[2 * b + 1];
+            _mm256_store_si256((__m256i *)z->q[s][t], _mm256_loadu_si256((const __m256i *)(xq[t].q + 32 * b)));
+            z->da[s][t] = xq[t].d[b];
+            z->b0[s][t] = -bias * (k16 ? a0 : a0 + a1);
+            z->b1[s][t] = -bias * a1;
+            z->fs[s][t] = (float)(a0 + a1);
+        }
+}
+
+/* Step u (0..3) of 32-block s of rows [r, r+8): two decoded weight vectors
+ * x0, x1 that pair with activation words i0, i1 (of 4 bytes); Q3_K/Q6_K:
+ * both in 16-wide half u/2. Q8_0: the signed bytes as stored. */
+ALWAYS_INLINE void g_step(const jlm_k_mat *m, uint64_t s, uint64_t r, int u, int type, __m256i hb,
+                          __m256i *x0, __m256i *x1, int *i0, int *i1)
+{
+    const __m256i m4 = _mm256_set1_epi8(15);
+    uint64_t rows = m->rows;
+    const uint32_t *qs = m->qs;
+    *i0 = u;
+    *i1 = u + 4;
+    switch (type) {
+    case JLM_T_Q4_0: case JLM_T_Q4_K: case JLM_T_MXFP4: {
+        __m256i v = ld(qs + (s * 4 + u) * rows + r);
+        *x0 = _mm256_and_si256(v, m4);
+        *x1 = _mm256_and_si256(_mm256_srli_epi16(v, 4), m4);
+        if (type == JLM_T_MXFP4) {
+            const __m256i lut = _mm256_setr_epi8(12, 13, 14, 15, 16, 18, 20, 24, 12, 11, 10, 9, 8, 6, 4, 0,
+                                                 12, 13, 14, 15, 16, 18, 20, 24, 12, 11, 10, 9, 8, 6, 4, 0);
+            *x0 = _mm256_shuffle_epi8(lut, *x0);
+            *x1 = _mm256_shuffle_epi8(lut, *x1);
+        }
+        break;
+    }
+    case JLM_T_Q8_0:
+        *x0 = ld(qs + (s * 8 + u) * rows + r);
+        *x1 = ld(qs + (s * 8 + u + 4) * rows + r);
+        break;
+    case JLM_T_Q5_0: case JLM_T_Q5_1: case JLM_T_Q5_K: {
+        const __m256i m10 = _mm256_set1_epi8(0x10);
+        __m256i v = ld(qs + (s * 5 + u) * rows + r);
+        *x0 = _mm256_or_si256(_mm256_and_si256(v, m4),
+                              _mm256_and_si256(_mm256_srli_epi32(_mm256_slli_epi32(hb, 4), u), m10));
+        *x1 = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(v, 4), m4),
+                              _mm256_and_si256(_mm256_srli_epi32(hb, u), m10));
+        break;
+    }
+    case JLM_T_Q3_K: case JLM_T_Q6_K: {
+        int h = u / 2, p = u % 2, q3 = type == JLM_T_Q3_K;
+        __m256i v = ld(qs + ((2 * s + h) * (q3 ? 2 : 3) + p) * rows + r);
+        *x0 = _mm256_and_si256(v, m4);
+        *x1 = _mm256_and_si256(_mm256_srli_epi16(v, 4), m4);
+        if (!q3) {
+            const __m256i m30 = _mm256_set1_epi8(0x30);
+            *x0 = _mm256_or_si256(*x0, _mm256_and_si256(p ? _mm256_slli_epi32(hb, 2) : _mm256_slli_epi32(hb, 4), m30));
+            *x1 = _mm256_or_si256(*x1, _mm256_and_si256(p ? _mm256_srli_epi32(hb, 2) : hb, m30));
+        }
+        *i0 = 4 * h + p;
+        *i1 = 4 * h + 2 + p;
+        break;
+    }
+    }
+}
+
+/* 32-block s (chunk index j of z) of rows [r, r+8) for tokens [0, nt):
+ * A[t] (8 floats each) += its contribution, the reference's f32 operations. */
+ALWAYS_INLINE void g_sub(const jlm_k_mat *m, const gseed *z, uint64_t j, uint64_t s, uint64_t r, int nt, int type,
+                         float (*A)[8])
+{
+    const int k16 = type == JLM_T_Q3_K || type == JLM_T_Q6_K, G = g_group(type);
+    const __m256i one = _mm256_set1_epi16(1);
+    uint64_t rows = m->rows;
+    const uint32_t *qs = m->qs, *dp = m->d, *scp = m->sc;
+    const uint16_t *d16 = m->d;
+    const uint8_t *d8 = m->d;
+    __m256i dot[NTMAX], dot1[NTMAX], h16[NTMAX];
+    UNROLL for (int t = 0; t < nt; t++) {
+        dot[t] = _mm256_set1_epi32(z->b0[j][t]);
+        if (k16)
+            dot1[t] = _mm256_set1_epi32(z->b1[j][t]);
+    }
+    __m256i hb = _mm256_setzero_si256();
+    if (type == JLM_T_Q5_0 || type == JLM_T_Q5_1 || type == JLM_T_Q5_K)
+        hb = ld(qs + (s * 5 + 4) * rows + r);
+    UNROLL for (int u = 0; u < 4; u++) {
+        if (type == JLM_T_Q6_K && u % 2 == 0)
+            hb = ld(qs + ((2 * s + u / 2) * 3 + 2) * rows + r);
+        __m256i x0, x1;
+        int i0, i1;
+        g_step(m, s, r, u, type, hb, &x0, &x1, &i0, &i1);
+        if (type == JLM_T_Q8_0) {
+            __m256i a0 = _mm256_abs_epi8(x0), a1 = _mm256_abs_epi8(x1);
+            UNROLL for (int t = 0; t < nt; t++) {
+                const int8_t *q = z->q[j][t];
+                __m256i p0 = _mm256_maddubs_epi16(a0, _mm256_sign_epi8(bcast4(q + 4 * i0), x0));
+                __m256i p1 = _mm256_maddubs_epi16(a1, _mm256_sign_epi8(bcast4(q + 4 * i1), x1));
+                dot[t] = _mm256_add_epi32(dot[t], _mm256_madd_epi16(p0, one));
+                dot[t] = _mm256_add_epi32(dot[t], _mm256_madd_epi16(p1, one));
+            }
+            continue;
+        }
+        UNROLL for (int t = 0; t < nt; t++) {
+            const int8_t *q = z->q[j][t];
+            __m256i p = _mm256_add_epi16(_mm256_maddubs_epi16(x0, bcast4(q + 4 * i0)),
+                                         _mm256_maddubs_epi16(x1, bcast4(q + 4 * i1)));
+            h16[t] = u % G ? _mm256_add_epi16(h16[t], p) : p;
+            if (u % G == G - 1) {
+                __m256i w = _mm256_madd_epi16(h16[t], one);
+                if (k16 && u >= 2)
+                    dot1[t] = _mm256_add_epi32(dot1[t], w);
+                else
+                    dot[t] = _mm256_add_epi32(dot[t], w);
+            }
+        }
+    }
+    /* the f32 epilogue: the reference's operations, in its order */
+    switch (type) {
+    case JLM_T_Q4_0: case JLM_T_Q8_0: case JLM_T_Q5_0: case JLM_T_MXFP4: {
+        __m256 d = type == JLM_T_MXFP4
+            ? _mm256_castsi256_ps(_mm256_slli_epi32(
+                  _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)(d8 + s * ((rows + 3) / 4 * 4) + r))), 23))
+            : _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(d16 + s * ((rows + 1) / 2 * 2) + r)));
+        UNROLL for (int t = 0; t < nt; t++)
+            _mm256_store_ps(A[t], MULADD(_mm256_mul_ps(d, _mm256_set1_ps(z->da[j][t])), _mm256_cvtepi32_ps(dot[t]),
+                                         _mm256_load_ps(A[t])));
+        break;
+    }
+    case JLM_T_Q5_1: {
+        __m256 d, b;
+        half_pair(ld(dp + s * rows + r), &d, &b);
+        UNROLL for (int t = 0; t < nt; t++) {
+            __m256 da = _mm256_set1_ps(z->da[j][t]);
+            __m256 pd = _mm256_mul_ps(_mm256_mul_ps(d, da), _mm256_cvtepi32_ps(dot[t]));
+            __m256 pb = _mm256_mul_ps(_mm256_mul_ps(b, da), _mm256_set1_ps(z->fs[j][t]));
+            _mm256_store_ps(A[t], _mm256_add_ps(_mm256_load_ps(A[t]), _mm256_sub_ps(pd, pb)));
+        }
+        break;
+    }
+    case JLM_T_Q4_K: case JLM_T_Q5_K: {
+        const __m256i m63 = _mm256_set1_epi32(63);
+        __m256 d, dmin;
+        half_pair(ld(dp + (s / 8) * rows + r), &d, &dmin);
+        __m256i f = field12(scp + (s / 8) * 3 * rows, rows, r, (unsigned)(s % 8));
+        __m256 sc = _mm256_cvtepi32_ps(_mm256_and_si256(f, m63));
+        __m256 mn = _mm256_cvtepi32_ps(_mm256_and_si256(_mm256_srli_epi32(f, 6), m63));
+        UNROLL for (int t = 0; t < nt; t++) {
+            __m256 x = _mm256_mul_ps(sc, _mm256_cvtepi32_ps(dot[t]));
+            __m256 b = _mm256_mul_ps(mn, _mm256_set1_ps(z->fs[j][t]));
+            __m256 v = NMULADD(dmin, b, _mm256_mul_ps(d, x));
+            _mm256_store_ps(A[t], MULADD(_mm256_set1_ps(z->da[j][t]), v, _mm256_load_ps(A[t])));
+        }
+        break;
+    }
+    case JLM_T_Q3_K: case JLM_T_Q6_K: {
+        const __m256i ff = _mm256_set1_epi32(0xff), off = _mm256_set1_epi32(type == JLM_T_Q3_K ? 32 : 128);
+        __m256i scv = ld(scp + (2 * s / 4) * rows + r);
+        __m256i sc0 = _mm256_sub_epi32(_mm256_and_si256(_mm256_srli_epi32(scv, (int)(8 * ((2 * s) % 4))), ff), off);
+        __m256i sc1 = _mm256_sub_epi32(_mm256_and_si256(_mm256_srli_epi32(scv, (int)(8 * ((2 * s + 1) % 4))), ff), off);
+        __m256 d, unused;
+        half_pair(ld(dp + (s / 8) * rows + r), &d, &unused);
+        UNROLL for (int t = 0; t < nt; t++) {
+            __m256i is = _mm256_add_epi32(_mm256_mullo_epi32(sc0, dot[t]), _mm256_mullo_epi32(sc1, dot1[t]));
+            _mm256_store_ps(A[t], MULADD(_mm256_mul_ps(d, _mm256_set1_ps(z->da[j][t])), _mm256_cvtepi32_ps(is),
+                                         _mm256_load_ps(A[t])));
+        }
+        break;
+    }
+    }
+}
+
+/* Rows [r0, r1) (r1 - r0 a multiple of 8, at most RB) x tokens xq[0, nt):
+ * y (nt, rows). Sub-blocks outer, the block's 8-row tiles inner: each
+ * (sub-block, word) of the block is one contiguous run of (r1 - r0) * 4
+ * bytes, and the block's accumulators A stay in L1 (see matvec_avx512.c). */
+enum { RB = 128 };
+ALWAYS_INLINE void g_block(const jlm_k_mat *m, const jlm_act_q8 *xq, float *y, uint64_t r0, uint64_t r1, int nt,
+                           int nstore, int type)
+{
+    uint64_t nsub = m->k / 32, nrt = (r1 - r0) / 8;
+    float A[RB / 8][NTMAX][8] __attribute__((aligned(32)));
+    memset(A, 0, sizeof A);
+    for (uint64_t s0 = 0; s0 < nsub; s0 += SC) {
+        uint64_t ns = nsub - s0 < SC ? nsub - s0 : SC;
+        gseed z;
+        g_seed(&z, xq, nt, s0, ns, type);
+        for (uint64_t j = 0; j < ns; j++)
+            for (uint64_t rt = 0; rt < nrt; rt++)
+                g_sub(m, &z, j, s0 + j, r0 + 8 * rt, nt, type, A[rt]);
+    }
+    for (uint64_t rt = 0; rt < nrt; rt++)
+        for (int t = 0; t < nstore; t++)
+            memcpy(y + t * m->rows + r0 + 8 * rt, A[rt][t], sizeof A[rt][t]);
+}
+
+/* Tokens [0, n) x rows [r0, nv) in tiles of nt tokens, then of 4 (the last
+ * one padded with copies of the last token, whose outputs are not stored). */
+ALWAYS_INLINE void g_run(const jlm_k_mat *m, uint64_t n, const jlm_act_q8 *xq, float *y, uint64_t r0, uint64_t nv,
+                         int type)
+{
+    const int nt = g_nt(type);
+    for (uint64_t r = r0; r < nv; r += RB) {
+        uint64_t re = nv - r < RB ? nv : r + RB, t = 0;
+        for (; t + nt <= n; t += nt)
+            g_block(m, xq + t, y + t * m->rows, r, re, nt, nt, type);
+        for (; t < n; t += 4) {
+            jlm_act_q8 pad[4];
+            int left = n - t < 4 ? (int)(n - t) : 4;
+            for (int i = 0; i < 4; i++)
+                pad[i] = xq[t + (i < left ? i : left - 1)];
+            g_block(m, pad, y + t * m->rows, r, re, 4, left, type);
+        }
+    }
+}
+
+/* The GEMM (g_run), the reference for rows after the last 8; fewer than 4
+ * tokens go to the 4-token matmul (streaming the planes once bounds them). */
+#define DEFINE_GEMM(name, type)                                                               \
+    static void gm_##name(const jlm_k_mat *m, uint64_t n, const float *x, const jlm_act_q8 *xq, \
+                          float *y, uint64_t r0, uint64_t r1)                                 \
+    {                                                                                         \
+        if (n < 4) {                                                                          \
+            mm_##name(m, n, x, xq, y, r0, r1);                                                \
+            return;                                                                           \
+        }                                                                                     \
+        uint64_t nv = r0 + (r1 - r0) / 8 * 8;                                                 \
+        g_run(m, n, xq, y, r0, nv, type);                                                     \
+        if (nv < r1)                                                                          \
+            jlm_k_matmul_ref(m, n, x, xq, y, nv, r1);                                         \
+    }
+DEFINE_GEMM(q4_0, JLM_T_Q4_0)
+DEFINE_GEMM(q4_k, JLM_T_Q4_K)
+DEFINE_GEMM(q8_0, JLM_T_Q8_0)
+DEFINE_GEMM(q6_k, JLM_T_Q6_K)
+DEFINE_GEMM(q5_0, JLM_T_Q5_0)
+DEFINE_GEMM(q5_1, JLM_T_Q5_1)
+DEFINE_GEMM(mxfp4, JLM_T_MXFP4)
+DEFINE_GEMM(q5_k, JLM_T_Q5_K)
+DEFINE_GEMM(q3_k, JLM_T_Q3_K)
+
 #define DEFINE_F(name, type)                                                                  \
     static void mv_##name(const jlm_k_mat *m, const float *x, const jlm_act_q8 *xq, float *y, \
                           uint64_t r0, uint64_t r1)                                           \
@@ -638,5 +928,18 @@ void jlm_k_fill_avx2(jlm_k_cpu *t)
                 1u << JLM_T_Q5_0 | 1u << JLM_T_Q5_1 | 1u << JLM_T_MXFP4 | 1u << JLM_T_Q5_K |
                 1u << JLM_T_Q3_K | 1u << JLM_T_F32 | 1u << JLM_T_F16 | 1u << JLM_T_BF16;
     t->native_mm = t->native;
+    /* the 4-token matmuls stay as matmul4; matmul becomes the tiled GEMM */
     memcpy(t->matmul4, t->matmul, sizeof t->matmul);
+    t->matmul[JLM_T_Q4_0] = gm_q4_0;
+    t->matmul[JLM_T_Q4_K] = gm_q4_k;
+    t->matmul[JLM_T_Q8_0] = gm_q8_0;
+    t->matmul[JLM_T_Q6_K] = gm_q6_k;
+    t->matmul[JLM_T_Q5_0] = gm_q5_0;
+    t->matmul[JLM_T_Q5_1] = gm_q5_1;
+    t->matmul[JLM_T_MXFP4] = gm_mxfp4;
+    t->matmul[JLM_T_Q5_K] = gm_q5_k;
+    t->matmul[JLM_T_Q3_K] = gm_q3_k;
+    t->native_gemm = 1u << JLM_T_Q4_0 | 1u << JLM_T_Q4_K | 1u << JLM_T_Q8_0 | 1u << JLM_T_Q6_K |
+                     1u << JLM_T_Q5_0 | 1u << JLM_T_Q5_1 | 1u << JLM_T_MXFP4 | 1u << JLM_T_Q5_K |
+                     1u << JLM_T_Q3_K;
 }
