@@ -160,18 +160,6 @@ typedef struct mm_job {
     float *y;
 } mm_job;
 
-/* Decode (one token) splits a matmul's rows into about DYN_CHUNKS chunks a
- * thread, multiples of 64 rows, taken in turn (jlm_pool_for_dyn): a thread
- * woken late or slowed (another process on its core) leaves its share to the
- * others instead of holding the barrier. A row's result does not depend on
- * the cut, so the output is the same bit for bit. */
-#define DYN_CHUNKS 8
-static size_t dyn_grain(const jlm_engine *e, uint64_t rows)
-{
-    uint64_t g = rows / ((uint64_t)jlm_pool_n_threads(e->pool) * DYN_CHUNKS) / 64 * 64;
-    return g < 64 ? 64 : (size_t)g;
-}
-
 static void mm_slice(void *ctx, size_t b, size_t en, int tid)
 {
     (void)tid;
@@ -203,10 +191,6 @@ static void matmul_x_run(jlm_engine *e, const jlm_k_mat *m, uint32_t n, const fl
     }
     if (e->vk_here && jlm_evk_matmul(e->vk, m, n, x, j.xq, y, NULL) == 0)
         return;                   /* else (a plane over one binding): the CPU */
-    if (n == 1 && m->rows >= 256) {   /* decode: chunks taken in turn (dyn_grain) */
-        jlm_pool_for_dyn(e->pool, m->rows, dyn_grain(e, m->rows), mm_slice, &j);
-        return;
-    }
     size_t grain = m->rows >= 256 ? 64 : m->rows;
     jlm_pool_for(e->pool, m->rows, grain, mm_slice, &j);
 }
@@ -292,7 +276,7 @@ static void matmul_multi(jlm_engine *e, const jlm_k_mat *const *ms, float *const
                          const float *x)
 {
     unsigned long long t0 = prof_begin(e);
-    mm_multi mj = {.nm = nm, .nparts = jlm_pool_n_threads(e->pool) * (n == 1 ? DYN_CHUNKS : 1)};
+    mm_multi mj = {.nm = nm, .nparts = jlm_pool_n_threads(e->pool)};
     int quant = 0;
     for (int i = 0; i < nm; i++) {
         mj.j[i] = (mm_job){e->k->matvec[ms[i]->type], e->k->matmul[ms[i]->type], ms[i], n, x, NULL, ys[i]};
@@ -310,10 +294,7 @@ static void matmul_multi(jlm_engine *e, const jlm_k_mat *const *ms, float *const
             if (!jlm_fmt_type_traits(ms[i]->type)->is_float)
                 mj.j[i].xq = e->xq;
     }
-    if (n == 1)
-        jlm_pool_for_dyn(e->pool, (size_t)mj.nparts, 1, mm_multi_slice, &mj);
-    else
-        jlm_pool_for(e->pool, (size_t)mj.nparts, 1, mm_multi_slice, &mj);
+    jlm_pool_for(e->pool, (size_t)mj.nparts, 1, mm_multi_slice, &mj);
     prof_end(e, JLM_PROF_MATMUL, t0);
 }
 
@@ -345,12 +326,8 @@ static void gate_up_act(jlm_engine *e, const jlm_k_mat *wg, const jlm_k_mat *wu,
         j.g.xq = jlm_fmt_type_traits(wg->type)->is_float ? NULL : e->xq;
         j.u.xq = jlm_fmt_type_traits(wu->type)->is_float ? NULL : e->xq;
     }
-    if (n == 1 && wg->rows >= 256) {
-        jlm_pool_for_dyn(e->pool, wg->rows, dyn_grain(e, wg->rows), gate_up_slice, &j);
-    } else {
-        size_t grain = wg->rows >= 256 ? 64 : wg->rows;
-        jlm_pool_for(e->pool, wg->rows, grain, gate_up_slice, &j);
-    }
+    size_t grain = wg->rows >= 256 ? 64 : wg->rows;
+    jlm_pool_for(e->pool, wg->rows, grain, gate_up_slice, &j);
     prof_end(e, JLM_PROF_MATMUL, t0);
 }
 

@@ -33,9 +33,7 @@ struct jlm_pool {
     jlm_pool_fn fn;
     void       *ctx;
     size_t      n, grain;
-    int         dyn;                  /* chunks taken from `next` (jlm_pool_for_dyn) */
-    int         stop;
-    _Atomic size_t next;              /* dyn: the next chunk to take */                 /* set (then gen bumped) by destroy */
+    int         stop;                 /* set (then gen bumped) by destroy */
 
     /* changes during routine operation */
     _Atomic unsigned long gen;        /* job generation */
@@ -87,30 +85,9 @@ static unsigned long long now_ns(void)
     return (unsigned long long)ts.tv_sec * 1000000000ull + (unsigned long long)ts.tv_nsec;
 }
 
-/* dyn: chunks of grain until none is left. */
-static void run_chunks(jlm_pool *p, int t)
-{
-    size_t units = (p->n + p->grain - 1) / p->grain, c;
-    while ((c = atomic_fetch_add_explicit(&p->next, 1, memory_order_relaxed)) < units) {
-        size_t b = c * p->grain, e = b + p->grain < p->n ? b + p->grain : p->n;
-        p->fn(p->ctx, b, e, t);
-    }
-}
-
 static void run_slice(jlm_pool *p, int t)
 {
     size_t b, e;
-    if (p->dyn) {
-        if (p->prof) {
-            unsigned long long *ts = p->t_slice + 2 * t;
-            ts[0] = now_ns();
-            run_chunks(p, t);
-            ts[1] = now_ns();
-        } else {
-            run_chunks(p, t);
-        }
-        return;
-    }
     slice_of(p, t, &b, &e);
     if (p->prof) {
         unsigned long long *ts = p->t_slice + 2 * t;
@@ -208,7 +185,7 @@ static void publish(jlm_pool *p)
     }
 }
 
-static void pool_run(jlm_pool *p, size_t n, size_t grain, jlm_pool_fn fn, void *ctx, int dyn)
+void jlm_pool_for(jlm_pool *p, size_t n, size_t grain, jlm_pool_fn fn, void *ctx)
 {
     if (n == 0)
         return;
@@ -216,8 +193,6 @@ static void pool_run(jlm_pool *p, size_t n, size_t grain, jlm_pool_fn fn, void *
         fn(ctx, 0, n, 0);
         return;
     }
-    p->dyn = dyn;
-    atomic_store_explicit(&p->next, 0, memory_order_relaxed);
     p->fn = fn;
     p->ctx = ctx;
     p->n = n;
@@ -242,16 +217,6 @@ static void pool_run(jlm_pool *p, size_t n, size_t grain, jlm_pool_fn fn, void *
     }
     if (p->prof)
         prof_fold(p);
-}
-
-void jlm_pool_for(jlm_pool *p, size_t n, size_t grain, jlm_pool_fn fn, void *ctx)
-{
-    pool_run(p, n, grain, fn, ctx, 0);
-}
-
-void jlm_pool_for_dyn(jlm_pool *p, size_t n, size_t grain, jlm_pool_fn fn, void *ctx)
-{
-    pool_run(p, n, grain, fn, ctx, 1);
 }
 
 static void pool_stop(jlm_pool *p, int n_started)

@@ -43,14 +43,6 @@ int  jlm_pool_n_threads(const jlm_pool *p);
  * NULL: then fn(ctx, 0, n, 0) runs on the caller. Cannot fail. */
 void jlm_pool_for(jlm_pool *p, size_t n, size_t grain, jlm_pool_fn fn, void *ctx);
 
-/* As jlm_pool_for, but [0, n) is cut into grain-sized chunks that the
- * threads take in turn (an atomic counter) until none is left: fn may run
- * several times on one thread, on chunks in any order. A thread that starts
- * late (woken late, preempted: a loaded machine) or runs slower leaves its
- * chunks to the others instead of holding everyone at the barrier. For fn
- * whose result per index does not depend on how [0, n) is cut. */
-void jlm_pool_for_dyn(jlm_pool *p, size_t n, size_t grain, jlm_pool_fn fn, void *ctx);
-
 /* Profiling (jlm bench --profile). While on, every dispatch that reaches the
  * workers is timed: its wall time, and per thread the time it did not run
  * its slice (a worker: from the dispatch to its slice's start, then from its

@@ -744,15 +744,12 @@ static void cover_fn(void *ctx, size_t b, size_t e, int t)
         atomic_fetch_add(&c->hits[i], 1);
 }
 
-static void run_cover_as(jlm_pool *pool, cover *c, size_t n, size_t grain, int dyn)
+static void run_cover(jlm_pool *pool, cover *c, size_t n, size_t grain)
 {
     for (size_t i = 0; i < POOL_N; i++)
         atomic_store(&c->hits[i], 0);
     c->grain = grain ? grain : 1;
-    if (dyn)
-        jlm_pool_for_dyn(pool, n, grain, cover_fn, c);
-    else
-        jlm_pool_for(pool, n, grain, cover_fn, c);
+    jlm_pool_for(pool, n, grain, cover_fn, c);
     for (size_t i = 0; i < POOL_N; i++) {
         int want = i < n ? 1 : 0, got = atomic_load(&c->hits[i]);
         if (got != want)
@@ -760,8 +757,6 @@ static void run_cover_as(jlm_pool *pool, cover *c, size_t n, size_t grain, int d
     }
     cr_assert(!atomic_load(&c->bad_slice), "a slice began off a grain boundary (n %zu grain %zu)", n, grain);
 }
-
-static void run_cover(jlm_pool *pool, cover *c, size_t n, size_t grain) { run_cover_as(pool, c, n, grain, 0); }
 
 Test(pool, parallel_for_covers_every_index_exactly_once_under_repeated_dispatch, .timeout = 30)
 {
@@ -776,37 +771,6 @@ Test(pool, parallel_for_covers_every_index_exactly_once_under_repeated_dispatch,
         run_cover(pool, &c, n, grain);
     }
     jlm_pool_destroy(pool);
-}
-
-/* Chunks taken in turn: still every index once, chunks on grain boundaries,
- * mixed with static dispatches on the same pool; profiling on, the barrier
- * and slice times fit in the dispatches' wall time. */
-Test(pool, dynamic_chunks_cover_every_index_exactly_once_and_profile_sanely, .timeout = 30)
-{
-    jlm_pool *pool = NULL;
-    jlm_err err = { 0 };
-    cr_assert_eq(jlm_pool_create(3, 0, &pool, &err), 0, "%s", err.msg);
-    jlm_pool_profile(pool, 1);
-    static cover c;
-    for (int rep = 0; rep < 3000; rep++) {
-        size_t n = (size_t)(rep * 7919) % (POOL_N + 1);
-        size_t grain = (size_t)(rep % 5) * 3;
-        run_cover_as(pool, &c, n, grain, rep % 3 != 0);
-    }
-    jlm_pool_stats st;
-    jlm_pool_stats_get(pool, &st);
-    cr_assert(st.dispatches > 1000, "%llu dispatches counted", st.dispatches);
-    cr_assert(st.wait_ns + st.busy_ns <= 3 * st.wall_ns + 3 * st.dispatches,
-              "thread time %llu + %llu exceeds 3 threads x wall %llu", st.wait_ns, st.busy_ns, st.wall_ns);
-    jlm_pool_stats_reset(pool);
-    jlm_pool_stats_get(pool, &st);
-    cr_assert_eq(st.dispatches, 0);
-    jlm_pool_profile(pool, 0);
-    run_cover_as(pool, &c, POOL_N, 4, 1);
-    jlm_pool_stats_get(pool, &st);
-    cr_assert_eq(st.dispatches, 0, "profiling off: nothing counted");
-    jlm_pool_destroy(pool);
-    run_cover_as(NULL, &c, 77, 1, 1);
 }
 
 Test(pool, workers_asleep_after_idling_still_take_the_next_job, .timeout = 30)
