@@ -10,6 +10,7 @@
 #include <string.h>
 #include <sys/stat.h>
 #include <unistd.h>
+#include <wchar.h>
 
 struct jlm_chat_in {
     EditLine *el;                  /* NULL: plain reads from src */
@@ -107,7 +108,9 @@ static int open_editor(jlm_chat_in *in, const char *prog)
     el_set(in->el, EL_SIGNAL, 1);
     el_source(in->el, NULL);   /* the user's ~/.editrc, as every libedit program */
     el_set(in->el, EL_SETTY, "-d", "-isig", NULL);
-    el_set(in->el, EL_ADDFN, "jlm-interrupt", "stop the line or leave", ctrl_c_fn);
+    /* the wide call: libedit keeps these pointers as given, where the narrow
+     * el_set(EL_ADDFN) stores wcsdup'd copies that el_end never frees */
+    el_wset(in->el, EL_ADDFN, L"jlm-interrupt", L"stop the line or leave", ctrl_c_fn);
     el_set(in->el, EL_BIND, "^C", "jlm-interrupt", NULL);
     return 0;
 }

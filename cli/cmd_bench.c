@@ -26,7 +26,8 @@
 #include <unistd.h>
 
 static const char BENCH_USAGE[] =
-    "usage: jlm bench MODEL [-p 512] [-n 128] [-r 3] [-t THREADS] [--budget SIZE] [--kv f32|f16] [--no-direct] [--profile]\n"
+    "usage: jlm bench MODEL [-p 512] [-n 128] [-r 3] [-t THREADS] [--budget SIZE] [--kv f32|f16] [--no-direct]\n"
+    "                 [--no-prefetch] [--profile]\n"
     "  -p 0 or -n 0 skips that test\n";
 
 typedef enum { OUT_MD, OUT_CSV, OUT_JSON } bench_out;
@@ -52,6 +53,7 @@ static int bench_parse(int argc, char **argv, bench_opts *o)
         {NULL, "--budget", JLM_OPT_SIZE, &o->eng.budget, 0, 0, 0, "SIZE", "memory budget: frames + KV + scratch (K/M/G), 0: unlimited; default: the cgroup limit or MemAvailable less a headroom"},
         {NULL, "--kv", JLM_OPT_STR, &o->eng.kv, 0, 0, 0, "f32|f16", "KV cache type (f16: half the memory)"},
         {NULL, "--no-direct", JLM_OPT_FLAG, &o->eng.direct, 0, 0, JLM_OPT_CLEARS, NULL, "page weights through the page cache"},
+        {NULL, "--no-prefetch", JLM_OPT_FLAG, &o->eng.no_prefetch, 0, 0, 0, NULL, "no read of the next block while one computes"},
         {NULL, "--profile", JLM_OPT_FLAG, &o->profile, 0, 0, 0, NULL, "after each test, where a token's time went (per operation class, barrier waits, serial share)"},
         {"-o", "--output", JLM_OPT_STR, &o->out, 0, 0, 0, "md|csv|json", "output format (default: md)"},
     };
@@ -192,7 +194,7 @@ static int bench_test(jlm_engine *e, int pp, uint32_t n, int reps, int profile, 
         for (uint32_t a = 0; a < c.n_arrays; a++) {
             pageins += (double)c.a[a].page_ins;
             bytes += (double)c.a[a].bytes_read;
-            wait_ns += (double)c.a[a].read_ns;
+            wait_ns += (double)(c.a[a].read_ns + c.a[a].pf_wait_ns);   /* reads + waits for prefetches */
         }
     }
     if (!rc) {

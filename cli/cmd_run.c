@@ -64,6 +64,7 @@ static int parse(int argc, char **argv, run_opts *o)
         {NULL, "--logits", JLM_OPT_STR, &o->logits_file, 0, 0, 0, "FILE", "write the first step's logits as JSON"},
         {NULL, "--ids", JLM_OPT_STR, &o->ids, 0, 0, 0, "1,2,3", "prompt token ids instead of text"},
         {NULL, "--no-direct", JLM_OPT_FLAG, &o->eng.direct, 0, 0, JLM_OPT_CLEARS, NULL, "page weights through the page cache"},
+        {NULL, "--no-prefetch", JLM_OPT_FLAG, &o->eng.no_prefetch, 0, 0, 0, NULL, "no read of the next block while one computes"},
         {NULL, "--image", JLM_OPT_STR, &o->image, 0, 0, 0, "FILE", "PNG/JPEG/PPM at the prompt's <image> marker, or first"},
         {NULL, "--backend", JLM_OPT_STR, &o->eng.backend, 0, 0, 0, "NAME", "cpu (default), vulkan, cuda or auto"},
         {NULL, "--device", JLM_OPT_STR, &o->eng.device, 0, 0, 0, "N|NAME", "the backend's device: index or name"},
@@ -378,6 +379,13 @@ int jlm_cmd_run(int argc, char **argv)
         }
         fprintf(stderr, "pager: page-ins %llu, evictions %llu, bytes-read %llu, hits %llu\n",
                 (unsigned long long)pi, (unsigned long long)ev, (unsigned long long)br, (unsigned long long)hi);
+        const jlm_pager_array_counters *tx = &pc.a[JLM_PAGER_TEXT];
+        if (!o.eng.no_prefetch)
+            fprintf(stderr, "prefetch: issued %llu, hits %llu, waits %llu (%.1f ms), misses %llu, unused %llu, "
+                    "skipped %llu, failed %llu\n", (unsigned long long)tx->pf_issued, (unsigned long long)tx->pf_hits,
+                    (unsigned long long)tx->pf_waits, tx->pf_wait_ns / 1e6, (unsigned long long)tx->pf_misses,
+                    (unsigned long long)tx->pf_unused, (unsigned long long)tx->pf_skipped,
+                    (unsigned long long)tx->pf_failed);
         if (pc.n_arrays > JLM_PAGER_VISION && pc.a[JLM_PAGER_VISION].page_ins + pc.a[JLM_PAGER_VISION].hits)
             fprintf(stderr, "vision: page-ins %llu, evictions %llu, hits %llu\n",
                     (unsigned long long)pc.a[JLM_PAGER_VISION].page_ins,

@@ -7,6 +7,7 @@
 #include "residency/residency.h"
 
 #include <errno.h>
+#include <dirent.h>
 #include <fcntl.h>
 #include <signal.h>
 #include <stdio.h>
@@ -128,7 +129,7 @@ static int convert_locked(const char *who, const char *dir, const char *src, con
     if (jlm_conv_open(src, NULL, &c, &err) == 0) {
         const char *b = strrchr(src, '/');
         char line[8192];   /* through jlm_cli_error: a control byte in a name prints as '?' */
-        snprintf(line, sizeof line, "converting %s into the cache (%s) ...", b ? b + 1 : src, out);
+        snprintf(line, sizeof line, "converting %s into the cache (%s) ...", b && b[1] ? b + 1 : src, out);
         jlm_cli_error(who, line);
         g_part = part;
         signal(SIGINT, on_signal);
@@ -168,6 +169,84 @@ static char *resolve_gguf(const char *who, const char *src)
         return NULL;
     }
     char *out = cache_name(dir, src, &st);
+    if (!out)
+        fprintf(stderr, "%s: out of memory\n", who);
+    else if (!is_file(out) && convert_locked(who, dir, src, out)) {
+        free(out);
+        out = NULL;
+    }
+    free(dir);
+    return out;
+}
+
+/* FNV-1a 64 over n bytes, continuing from h. */
+static uint64_t fnv(uint64_t h, const void *p, size_t n)
+{
+    const unsigned char *b = p;
+    for (size_t i = 0; i < n; i++)
+        h = (h ^ b[i]) * 1099511628211ull;
+    return h;
+}
+
+/* The identity of a Hugging Face folder, as jlmfs takes it (fs/hfdir.c): a
+ * hash of (name, ino, size, mtime) of every regular *.json and *.safetensors
+ * file directly in it, each hashed on its own and XORed (readdir's order does
+ * not matter). A shard or config.json added, replaced, rewritten or touched
+ * changes it; a README or an editor's temp file does not. 0 if the folder
+ * cannot be listed (errno set). */
+static uint64_t hf_ident(const char *src)
+{
+    DIR *d = opendir(src);
+    if (!d)
+        return 0;
+    uint64_t acc = 0;
+    struct dirent *de;
+    while ((de = readdir(d))) {
+        size_t n = strlen(de->d_name);
+        struct stat st;
+        if (!((n > 5 && !strcmp(de->d_name + n - 5, ".json")) ||
+              (n > 12 && !strcmp(de->d_name + n - 12, ".safetensors"))) ||
+            fstatat(dirfd(d), de->d_name, &st, AT_SYMLINK_NOFOLLOW) || !S_ISREG(st.st_mode))
+            continue;
+        uint64_t h = fnv(1469598103934665603ull, de->d_name, n + 1);
+        int64_t f[4] = {(int64_t)st.st_ino, (int64_t)st.st_size, (int64_t)st.st_mtim.tv_sec, st.st_mtim.tv_nsec};
+        acc ^= fnv(h, f, sizeof f);
+    }
+    closedir(d);
+    return acc ? acc : 1;
+}
+
+/* The cached .jlm of the Hugging Face folder src, converted first if it is not
+ * there: DIR/NAME@dev-ino-hHASH.vVERSION.jlm, NAME the folder's last path
+ * component, (dev, ino) the folder's, HASH its files' identity (hf_ident). */
+static char *resolve_hf(const char *who, const char *src)
+{
+    struct stat st;
+    const char *why = NULL;
+    uint64_t id;
+    if (stat(src, &st) || !(id = hf_ident(src))) {
+        fprintf(stderr, "%s: %s: %s\n", who, src, strerror(errno));
+        return NULL;
+    }
+    char *dir = cache_dir(&why);
+    if (!dir) {
+        fprintf(stderr, "%s: %s: cannot use the cache: %s\n", who, src, why);
+        return NULL;
+    }
+    size_t n = strlen(src);
+    while (n > 1 && src[n - 1] == '/')
+        n--;
+    size_t b = n;
+    while (b > 0 && src[b - 1] != '/')
+        b--;
+    size_t len = n - b > 120 ? 120 : n - b;   /* the name stays under NAME_MAX with its suffixes */
+    char *out = NULL;
+    if (asprintf(&out, "%s/%.*s@%llx-%llx-h%016llx.v%u.jlm", dir, (int)len, src + b, (unsigned long long)st.st_dev,
+                 (unsigned long long)st.st_ino, (unsigned long long)id, JLM_VERSION) < 0)
+        out = NULL;
+    for (char *p = out ? out + strlen(dir) + 1 : NULL; p && *p; p++)
+        if ((unsigned char)*p < 0x20 || *p == 0x7f || (*p == '.' && p == out + strlen(dir) + 1))
+            *p = '_';   /* a control byte, or a leading dot ("." as the folder) */
     if (!out)
         fprintf(stderr, "%s: out of memory\n", who);
     else if (!is_file(out) && convert_locked(who, dir, src, out)) {
@@ -259,11 +338,9 @@ const char *jlm_cli_resolve_model(const char *who, const char *model)
         }
     } else if (jlm_cli_is_gguf(model))
         r = resolve_gguf(who, model);
-    else if (jlm_hf_is_folder(model)) {
-        fprintf(stderr, "%s: %s: a Hugging Face folder; the engine reads .jlm containers: convert it with "
-                "`jlm convert %s`\n", who, model, model);
-        return NULL;
-    } else if (stat(model, &st) == 0 && S_ISDIR(st.st_mode) && check_view(who, model)) {
+    else if (jlm_hf_is_folder(model))
+        r = resolve_hf(who, model);
+    else if (stat(model, &st) == 0 && S_ISDIR(st.st_mode) && check_view(who, model)) {
         return NULL;
     } else if (!(r = strdup(model)))
         fprintf(stderr, "%s: out of memory\n", who);

@@ -19,6 +19,9 @@ static const struct { const char *re, *pre; } KNOWN_SPLITS[] = {
      "\\s*[\\r\\n]+|\\s+(?!\\S)|\\s+", "llama-bpe"},
     {"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\\r\\n\\p{L}\\p{N}]?\\p{L}+|\\p{N}| ?[^\\s\\p{L}\\p{N}]+[\\r\\n]*|"
      "\\s*[\\r\\n]+|\\s+(?!\\S)|\\s+", "qwen2"},
+    {"[^\\r\\n\\p{L}\\p{N}]?[\\p{Lu}\\p{Lt}\\p{Lm}\\p{Lo}\\p{M}]*[\\p{Ll}\\p{Lm}\\p{Lo}\\p{M}]+(?i:'s|'t|'re|'ve|'m|'ll|'d)?|"
+     "[^\\r\\n\\p{L}\\p{N}]?[\\p{Lu}\\p{Lt}\\p{Lm}\\p{Lo}\\p{M}]+[\\p{Ll}\\p{Lm}\\p{Lo}\\p{M}]*(?i:'s|'t|'re|'ve|'m|'ll|'d)?|"
+     "\\p{N}{1,3}| ?[^\\s\\p{L}\\p{N}]+[\\r\\n/]*|\\s*[\\r\\n]+|\\s+(?!\\S)|\\s+", "gpt-4o"},
 };
 
 enum { TT_NORMAL = 1, TT_UNKNOWN = 2, TT_CONTROL = 3, TT_USER = 4, TT_UNUSED = 5, TT_BYTE = 6 };
@@ -86,7 +89,7 @@ static int check_pre(tk *t)
             t->pre = KNOWN_SPLITS[i].pre;
             return 0;
         }
-    return refuse(t, "pre_tokenizer Split regex", "other than llama-3's or qwen2's");
+    return refuse(t, "pre_tokenizer Split regex", "other than llama-3's, qwen2's or o200k's (gpt-oss)");
 }
 
 static int check_rest(tk *t)

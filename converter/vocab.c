@@ -44,6 +44,12 @@
 #define RX_DSV3 "[!\"#$%&'()*+,\\-./:;<=>?@\\[\\\\\\]^_`{|}~][A-Za-z]+|[^\\r\\n\\p{L}\\p{P}\\p{S}]?[\\p{L}\\p{M}]+" \
     "| ?[\\p{P}\\p{S}]+[\\r\\n]*|\\s*[\\r\\n]+|\\s+(?!\\S)|\\s+"
 
+/* o200k (gpt-4o, gpt-oss): letter runs split at case changes (\p{Lu}...) and (?i:) contractions. */
+#define RX_O200K "[^\\r\\n\\p{L}\\p{N}]?[\\p{Lu}\\p{Lt}\\p{Lm}\\p{Lo}\\p{M}]*[\\p{Ll}\\p{Lm}\\p{Lo}\\p{M}]+" \
+    "(?i:'s|'t|'re|'ve|'m|'ll|'d)?|[^\\r\\n\\p{L}\\p{N}]?[\\p{Lu}\\p{Lt}\\p{Lm}\\p{Lo}\\p{M}]+" \
+    "[\\p{Ll}\\p{Lm}\\p{Lo}\\p{M}]*(?i:'s|'t|'re|'ve|'m|'ll|'d)?|\\p{N}{1,3}| ?[^\\s\\p{L}\\p{N}]+[\\r\\n/]*|" \
+    "\\s*[\\r\\n]+|\\s+(?!\\S)|\\s+"
+
 static const jlm_preop L_DEFAULT[]   = {{.kind = 7}, OP_GPT2, OP_DIGITS(0), {.kind = 6}, OP_BYTE};
 static const jlm_preop L_GPT2[]      = {OP_GPT2, OP_BYTE};
 static const jlm_preop L_LLAMA3[]    = {OP_LLAMA3(3), OP_BYTE};
@@ -56,6 +62,7 @@ static const jlm_preop L_DS_CODER[]  = {OP_RX("[\\r\\n]"), OP_RX("\\s?\\p{L}+"),
                                         OP_RX(RX_CJK), OP_DIGITS(1), OP_BYTE};
 static const jlm_preop L_DS_V3[]     = {{.kind = 8, .digit_group = 3}, {.kind = 9}, OP_RX(RX_DSV3), OP_BYTE};
 static const jlm_preop L_PORO[]      = {OP_RX(RX_PORO), OP_BYTE};
+static const jlm_preop L_GPT4O[]     = {OP_RX(RX_O200K), OP_BYTE};
 static const jlm_preop L_VIKING[]    = {OP_RX(RX_PORO), OP_DIGITS(1), OP_BYTE};
 
 enum { PF_IGNORE_MERGES = 1, PF_ADD_BOS = 2, PF_NO_BOS = 4 };
@@ -82,6 +89,7 @@ static const struct pre_entry {
     {"deepseek-v3|hunyuan-dense|joyai-llm|hy_v4", LIST(L_DS_V3), 0},
     {"poro-chat|bloom|gpt3-finnish", LIST(L_PORO), 0},
     {"viking", LIST(L_VIKING), 0},
+    {"gpt-4o|llama4", LIST(L_GPT4O), 0},
 };
 
 /* 1 if name is one of the '|'-separated entries of list. */

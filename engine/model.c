@@ -611,6 +611,7 @@ int jlm_engine_open(const char *path, const jlm_engine_opts *opts, jlm_engine **
         (rc = jlm_pool_create(o.n_threads, 0, &e->pool, err)) || (rc = alloc_buffers(e, err)) ||
         (rc = apply_budget(e, &o, err)) || (rc = open_backend(e, &o, err)))
         goto fail;
+    jlm_pager_set_prefetch(e->pager, !o.no_prefetch);
     *out = e;
     return JLM_OK;
 fail:
@@ -1056,6 +1057,9 @@ static int run_layers(jlm_engine *e, float *xs, uint32_t n, void *kc, void *vc, 
             rc = jlm_err_prefix(err, rc, "%s: block %u", e->m->path, l);
             break;
         }
+        /* the block after this one (block 0 of the next pass after the last)
+         * is read while this one computes (docs/pager.md, Prefetch) */
+        jlm_pager_prefetch(e->pager, JLM_PAGER_TEXT, l + 1 < c->n_layer ? l + 1 : 0);
         e->vk_here = e->vk && (!e->gpu_layers || l < e->gpu_layers);
         for (uint32_t i = 0; i < n; i += e->nb) {   /* every key first: later rows may see them */
             uint32_t b = n - i < e->nb ? n - i : e->nb;
@@ -1244,7 +1248,7 @@ static unsigned long long pager_read_ns(jlm_pager *pg)
     jlm_pager_stats(pg, &c);
     unsigned long long s = 0;
     for (uint32_t a = 0; a < c.n_arrays; a++)
-        s += c.a[a].read_ns;
+        s += c.a[a].read_ns + c.a[a].pf_wait_ns;   /* own reads + waits for a prefetch */
     return s;
 }
 

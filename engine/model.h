@@ -50,6 +50,7 @@ typedef struct jlm_engine_opts {
                             * rest leaves); 0 = unlimited; JLM_BUDGET_AUTO */
     uint32_t n_ctx;        /* 0: min(model context, 4096) */
     int      direct;       /* plain-file source: 1 try O_DIRECT, 0 buffered */
+    int      no_prefetch;  /* 1: no block read ahead on the pager's reader thread */
     int      quiet;        /* 1: no notes on stderr */
     const char *backend;   /* NULL/"cpu"; "vulkan": matmuls on a Vulkan device
                             * (engine/backend_vk.h); "auto": Vulkan on a GPU if

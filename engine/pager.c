@@ -10,6 +10,7 @@
 #include "engine/pager.h"
 
 #include <assert.h>
+#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -25,6 +26,7 @@ typedef struct ppage {
     uint32_t      n_filled;   /* popcount(bits) */
     struct ppage *prev, *next;/* class list links (unpinned resident only) */
     uint32_t      array, idx;
+    int           pf_fresh;   /* read by a prefetch, no get since */
 } ppage;
 
 typedef struct parray {
@@ -42,6 +44,20 @@ typedef struct parray {
 
 typedef struct plist { ppage *head, *tail; uint32_t n; } plist;
 
+/* The reader thread and its one request. Fields under mu; the engine thread
+ * sets a request (state QUEUED) only while state is IDLE or DONE. */
+enum { PF_IDLE = 0, PF_QUEUED, PF_DONE };
+typedef struct pfetch {
+    pthread_mutex_t mu;
+    pthread_cond_t  cv;       /* state or stop changed */
+    pthread_t       th;
+    int             started, stop, state;
+    uint64_t        off, len; /* source span */
+    uint8_t        *dst;      /* the frame the engine thread gave */
+    int             rc;
+    jlm_err         err;
+} pfetch;
+
 struct jlm_pager {
     /* configuration */
     jlm_source *src;          /* borrowed */
@@ -56,6 +72,12 @@ struct jlm_pager {
     uint64_t    budget;       /* 0 = unlimited */
     uint64_t    resident_bytes, peak_bytes;
     plist       lru[2];       /* per class; head = most recently used */
+
+    /* prefetch: on, and the page whose read is in flight or uncollected
+     * (engine thread only; the reader thread sees only pf) */
+    int         pf_on;
+    ppage      *pf_pg;
+    pfetch      pf;
 };
 
 /* ---------------------------------------------------------------- lists */
@@ -179,6 +201,8 @@ int jlm_pager_open(const jlm_pager_config *cfg, jlm_pager **out, jlm_err *err)
         p->chunk_shift++;
     p->budget = cfg->budget;
     p->n_arrays = cfg->n_arrays;
+    pthread_mutex_init(&p->pf.mu, NULL);
+    pthread_cond_init(&p->pf.cv, NULL);
     for (uint32_t a = 0; a < cfg->n_arrays; a++) {
         int rc = init_array(p, &cfg->arrays[a], a, flen[a], err);
         if (rc) {
@@ -190,10 +214,22 @@ int jlm_pager_open(const jlm_pager_config *cfg, jlm_pager **out, jlm_err *err)
     return 0;
 }
 
+static int pf_collect(jlm_pager *p, int wait, uint64_t *waited_ns);
+
 void jlm_pager_close(jlm_pager *p)
 {
     if (!p)
         return;
+    pf_collect(p, 1, NULL);
+    if (p->pf.started) {
+        pthread_mutex_lock(&p->pf.mu);
+        p->pf.stop = 1;
+        pthread_cond_broadcast(&p->pf.cv);
+        pthread_mutex_unlock(&p->pf.mu);
+        pthread_join(p->pf.th, NULL);
+    }
+    pthread_mutex_destroy(&p->pf.mu);
+    pthread_cond_destroy(&p->pf.cv);
     for (uint32_t a = 0; a < p->n_arrays; a++) {
         parray *r = &p->arr[a];
         for (uint32_t i = 0; r->pages && i < r->n_pages; i++)
@@ -226,6 +262,10 @@ static uint8_t *evict(jlm_pager *p, ppage *pg)
     pg->n_filled = 0;
     p->resident_bytes -= r->frame_len;
     r->st.evictions++;
+    if (pg->pf_fresh) {
+        r->st.pf_unused++;
+        pg->pf_fresh = 0;
+    }
     r->st.resident_pages--;
     r->st.resident_bytes -= r->frame_len;
     emit(p, JLM_PAGER_EV_EVICT, pg, r->frame_len, JLM_TIER_FRAME);
@@ -298,6 +338,15 @@ static void drop_frame(jlm_pager *p, ppage *pg)
 static int bit_get(const ppage *pg, uint64_t c) { return (int)((pg->bits[c >> 6] >> (c & 63)) & 1u); }
 static void bit_set(ppage *pg, uint64_t c) { pg->bits[c >> 6] |= 1ull << (c & 63); }
 
+/* 1 if a chunk of [c0, c1) is not filled. */
+static int missing(const ppage *pg, uint64_t c0, uint64_t c1)
+{
+    for (uint64_t c = c0; c < c1; c++)
+        if (!bit_get(pg, c))
+            return 1;
+    return 0;
+}
+
 /* Reads the missing chunks of [c0, c1) in coalesced runs. *read_bytes = bytes
  * read (also on failure: the runs before it stay filled). */
 static int fill_chunks(jlm_pager *p, ppage *pg, uint64_t c0, uint64_t c1, uint64_t *read_bytes, jlm_err *err)
@@ -333,6 +382,142 @@ static int fill_chunks(jlm_pager *p, ppage *pg, uint64_t c0, uint64_t c1, uint64
     return 0;
 }
 
+/* ---------------------------------------------------------------- prefetch */
+/* The reader thread: one request at a time, read into the frame it was given. */
+static void *pf_main(void *arg)
+{
+    jlm_pager *p = arg;
+    pfetch *f = &p->pf;
+    pthread_mutex_lock(&f->mu);
+    for (;;) {
+        while (!f->stop && f->state != PF_QUEUED)
+            pthread_cond_wait(&f->cv, &f->mu);
+        if (f->stop)
+            break;
+        uint64_t off = f->off, len = f->len;
+        uint8_t *dst = f->dst;
+        pthread_mutex_unlock(&f->mu);
+        jlm_err err = {0};
+        int rc = p->src->read(p->src, off, (size_t)len, dst, &err);
+        pthread_mutex_lock(&f->mu);
+        f->rc = rc;
+        f->err = err;
+        f->state = PF_DONE;
+        pthread_cond_broadcast(&f->cv);
+    }
+    pthread_mutex_unlock(&f->mu);
+    return NULL;
+}
+
+/* Takes the finished prefetch into the pager (engine thread): the page's
+ * chunks filled, its pin dropped, PAGE_IN emitted; on a read error the page
+ * returns to ABSENT. wait 0: returns 0 at once if the read is unfinished.
+ * Returns 1 if a prefetch was collected, -1 if it was and its read had
+ * failed, 0 if none was; *waited_ns = time waited for it. */
+static int pf_collect(jlm_pager *p, int wait, uint64_t *waited_ns)
+{
+    if (waited_ns)
+        *waited_ns = 0;
+    ppage *pg = p->pf_pg;
+    if (!pg)
+        return 0;
+    pfetch *f = &p->pf;
+    pthread_mutex_lock(&f->mu);
+    if (f->state != PF_DONE) {
+        if (!wait) {
+            pthread_mutex_unlock(&f->mu);
+            return 0;
+        }
+        uint64_t t0 = now_ns();
+        while (f->state != PF_DONE)
+            pthread_cond_wait(&f->cv, &f->mu);
+        if (waited_ns)
+            *waited_ns = now_ns() - t0 + 1;   /* nonzero: it waited */
+    }
+    int rc = f->rc;
+    uint64_t len = f->len;
+    f->state = PF_IDLE;
+    pthread_mutex_unlock(&f->mu);
+    p->pf_pg = NULL;
+    parray *r = &p->arr[pg->array];
+    assert(pg->frame && pg->pins > 0 && pg->n_filled == 0);
+    pg->pins--;
+    if (rc) {
+        r->st.pf_failed++;
+        if (pg->pins == 0)
+            drop_frame(p, pg);
+        return -1;
+    }
+    uint64_t n_chunks = (len + p->chunk - 1) >> p->chunk_shift;
+    for (uint64_t c = 0; c < n_chunks; c++)
+        bit_set(pg, c);
+    pg->n_filled = (uint32_t)n_chunks;
+    pg->pf_fresh = 1;
+    r->st.reads++;
+    r->st.bytes_read += len;
+    r->st.page_ins++;
+    if (pg->pins == 0)
+        list_push_head(class_list(p, pg), pg);
+    emit(p, JLM_PAGER_EV_PAGE_IN, pg, len, p->src->tier);
+    return 1;
+}
+
+void jlm_pager_set_prefetch(jlm_pager *p, int on)
+{
+    if (!on)
+        pf_collect(p, 1, NULL);
+    p->pf_on = on != 0;
+}
+
+/* Bytes the budget can give a new frame: free bytes plus every unpinned frame. */
+static uint64_t room_for_frames(jlm_pager *p)
+{
+    uint64_t unpinned = 0;
+    for (int c = 0; c < 2; c++)
+        for (const ppage *q = p->lru[c].head; q; q = q->next)
+            unpinned += p->arr[q->array].frame_len;
+    return p->budget - p->resident_bytes + unpinned;
+}
+
+void jlm_pager_prefetch(jlm_pager *p, uint32_t array, uint32_t page)
+{
+    if (!p->pf_on || array >= p->n_arrays || page >= p->arr[array].n_pages)
+        return;
+    parray *r = &p->arr[array];
+    ppage *pg = &r->pages[page];
+    pf_collect(p, 0, NULL);
+    if (pg->frame || pg == p->pf_pg)
+        return;   /* resident (or on its way): nothing to read */
+    if (p->pf_pg || (p->budget && room_for_frames(p) < r->frame_len)) {
+        r->st.pf_skipped++;
+        return;
+    }
+    if (!p->pf.started) {
+        if (pthread_create(&p->pf.th, NULL, pf_main, p) != 0) {
+            r->st.pf_skipped++;
+            p->pf_on = 0;   /* no thread: reads stay on the engine thread */
+            return;
+        }
+        p->pf.started = 1;
+    }
+    jlm_err err = {0};
+    if (take_frame(p, pg, &err)) {   /* ENOMEM (room was checked) */
+        r->st.pf_skipped++;
+        return;
+    }
+    pg->pins = 1;                     /* held by the read: FILLING, never a victim */
+    p->pf_pg = pg;
+    r->st.pf_issued++;
+    pthread_mutex_lock(&p->pf.mu);
+    p->pf.off = r->base_off + (uint64_t)page * r->page_size;
+    p->pf.len = r->extent[page];
+    p->pf.dst = pg->frame;
+    p->pf.rc = 0;
+    p->pf.state = PF_QUEUED;
+    pthread_cond_broadcast(&p->pf.cv);
+    pthread_mutex_unlock(&p->pf.mu);
+}
+
 /* ---------------------------------------------------------------- get / unpin */
 int jlm_pager_get(jlm_pager *p, uint32_t array, uint32_t page, uint64_t off, uint64_t len,
                   const void **ptr, jlm_err *err)
@@ -346,6 +531,25 @@ int jlm_pager_get(jlm_pager *p, uint32_t array, uint32_t page, uint64_t off, uin
         return jlm_errf(err, JLM_EINVAL, "pager: %s page %u: bytes [%llu, %llu) past the page's extent %llu",
                         r->name, page, (unsigned long long)off, (unsigned long long)(off + len),
                         (unsigned long long)ext);
+    uint64_t c0 = off >> p->chunk_shift;
+    uint64_t c1 = len ? (off + len + p->chunk - 1) >> p->chunk_shift : c0;
+    int pf_waited = 0, mine = p->pf_pg == pg;
+    /* the read in flight: this page's, or the source is needed here (it serves
+     * one thread at a time); a hit on another page does not wait (experts
+     * gotten while a block computes) */
+    if (p->pf_pg && (mine || !pg->frame || missing(pg, c0, c1))) {
+        uint64_t w;
+        if (pf_collect(p, 1, &w) > 0 && mine && w) {
+            pf_waited = 1;
+            r->st.pf_waits++;
+            r->st.pf_wait_ns += w;
+        }
+    }
+    if (pg->pf_fresh) {
+        pg->pf_fresh = 0;
+        if (!pf_waited)
+            r->st.pf_hits++;
+    }
     int was_absent = pg->frame == NULL;
     if (was_absent) {
         int rc = take_frame(p, pg, err);
@@ -354,8 +558,6 @@ int jlm_pager_get(jlm_pager *p, uint32_t array, uint32_t page, uint64_t off, uin
     } else if (pg->pins == 0) {
         list_unlink(class_list(p, pg), pg);
     }
-    uint64_t c0 = off >> p->chunk_shift;
-    uint64_t c1 = len ? (off + len + p->chunk - 1) >> p->chunk_shift : c0;
     uint64_t got = 0;
     int rc = fill_chunks(p, pg, c0, c1, &got, err);
     if (rc) {
@@ -370,6 +572,8 @@ int jlm_pager_get(jlm_pager *p, uint32_t array, uint32_t page, uint64_t off, uin
         return rc;
     }
     pg->pins++;
+    if (got && p->pf_on)
+        r->st.pf_misses++;
     if (was_absent) {
         r->st.page_ins++;
         emit(p, JLM_PAGER_EV_PAGE_IN, pg, got, p->src->tier);
@@ -406,6 +610,7 @@ uint64_t jlm_pager_min_budget(const jlm_pager *p, const uint32_t *n_pinned)
 
 int jlm_pager_set_budget(jlm_pager *p, uint64_t budget, jlm_err *err)
 {
+    pf_collect(p, 1, NULL);
     if (budget) {
         uint64_t pinned = 0;
         for (uint32_t a = 0; a < p->n_arrays; a++)

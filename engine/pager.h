@@ -22,9 +22,10 @@
  *                                 ^--------------------------+
  *
  *   ABSENT     frame == NULL, no chunk filled, pins == 0, on no list.
- *   FILLING    transient, inside jlm_pager_get only (the pager is single-
- *              threaded); a read error returns the page to RESIDENT with the
- *              chunks read before, or to ABSENT if none were.
+ *   FILLING    inside jlm_pager_get, or while a prefetch's read is in
+ *              flight (the page then holds one pin, the read's, until the
+ *              engine thread collects it); a read error returns the page to
+ *              RESIDENT with the chunks read before, or to ABSENT if none were.
  *   RESIDENT   frame != NULL; bitmap says which chunks hold the source's
  *              bytes; a pinned page is on no list and is never a victim.
  *
@@ -47,9 +48,22 @@
  * caller bug and fails with JLM_ERANGE (the pager is left unchanged).
  *
  * Thread safety: one pager per engine; every jlm_pager_* call comes from one
- * thread (the engine thread). Only the source may use other threads (a file
- * source splits large reads across its I/O threads, inside one call). The
- * event callback runs synchronously on the calling thread.
+ * thread (the engine thread) or is serialized by the caller. The source may
+ * use other threads (a file source splits large reads across its I/O
+ * threads, inside one call). With prefetch on, one reader thread of the
+ * pager's own reads one page at a time into a frame the engine thread gave
+ * it; the source is never called by two threads at once (a get waits for
+ * the read in flight before reading). The event callback runs synchronously
+ * on the calling thread (a prefetched page's PAGE_IN when the engine thread
+ * collects it).
+ *
+ * Prefetch (jlm_pager_prefetch): the page is taken a frame on the engine
+ * thread (eviction per invariant 7, so never the page in use) and held with
+ * one pin by the read in flight (it is FILLING: on no list, never a victim)
+ * until the engine thread collects it: at the next get, prefetch,
+ * set_budget or close. A prefetch that would need to evict a pinned page,
+ * or that finds another read in flight, is skipped (counted); a failed one
+ * leaves the page ABSENT and the get that follows reads it and reports.
  * Memory: the pager owns frames and bitmaps; pointers returned by get stay
  * valid until the matching unpin. The source is borrowed (must outlive it).
  */
@@ -112,6 +126,15 @@ typedef struct jlm_pager_array_counters {
     uint64_t reads;             /* source reads (one per coalesced run of chunks) */
     uint64_t bytes_read;
     uint64_t read_ns;           /* wall time spent waiting in source reads */
+    /* prefetch (reads and bytes of prefetches are in reads/bytes_read/page_ins) */
+    uint64_t pf_issued;         /* page reads started on the reader thread */
+    uint64_t pf_hits;           /* gets whose page a finished prefetch had read */
+    uint64_t pf_waits;          /* gets that waited for their page's prefetch */
+    uint64_t pf_wait_ns;        /* time those gets waited */
+    uint64_t pf_misses;         /* gets that read themselves while prefetch is on */
+    uint64_t pf_unused;         /* prefetched pages evicted before any get */
+    uint64_t pf_skipped;        /* prefetch calls not issued: no room, read in flight */
+    uint64_t pf_failed;         /* prefetch reads that failed (the get reads again) */
     uint32_t resident_pages;
     uint64_t resident_bytes;
 } jlm_pager_array_counters;
@@ -161,6 +184,17 @@ int  jlm_pager_get(jlm_pager *p, uint32_t array, uint32_t page, uint64_t off, ui
 /* Releases one pin; at zero the page becomes the most recently used of its
  * class. Unpinning a page that is not pinned is a caller bug (assert). */
 void jlm_pager_unpin(jlm_pager *p, uint32_t array, uint32_t page);
+
+/* ---------------------------------------------------------------- prefetch */
+/* Turns prefetch on (1) or off (0; the default). Off waits for a read in
+ * flight and collects it. Cannot fail. */
+void jlm_pager_set_prefetch(jlm_pager *p, int on);
+/* Starts reading all of page `page` of `array` on the reader thread, if
+ * prefetch is on, the page is ABSENT, no other prefetch is in flight, and the
+ * budget has room once unpinned pages are evicted (invariant 7 order). Never
+ * fails: a prefetch not issued is counted in pf_skipped; out of range is
+ * ignored. The next get of that page waits for it if unfinished. */
+void jlm_pager_prefetch(jlm_pager *p, uint32_t array, uint32_t page);
 
 /* ---------------------------------------------------------------- query */
 /* Bytes of the page currently filled (0 when absent). Cannot fail. */

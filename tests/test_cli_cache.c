@@ -169,3 +169,88 @@ Test(cli_cache, two_concurrent_runs_convert_once, .timeout = 60)
     tu_rmrf(dir);
     free(dir); free(g);
 }
+
+/* A private copy of tests/models/hf/tiny-llama (config.json + one
+ * model.safetensors, no tokenizer: runs feed ids) as DIR/tl. */
+static char *setup_hf(char **folder)
+{
+    char *dir = tu_tmpdir(), cmd[3000], *o = NULL;
+    cr_assert_not_null(dir);
+    cr_assert_eq(asprintf(folder, "%s/tl", dir) > 0, 1);
+    snprintf(cmd, sizeof cmd, "cp -r '%s/tests/models/hf/tiny-llama' '%s'", tu_root(), *folder);
+    cr_assert_eq(tu_run(cmd, &o), 0);
+    free(o);
+    return dir;
+}
+
+Test(cli_cache, a_hugging_face_folder_converts_once_with_the_ids_of_convert_and_run, .timeout = 120)
+{
+    char *f, *dir = setup_hf(&f), args[2048], *o1, *e1, *o2, *e2, *o3, *e3;
+    snprintf(args, sizeof args, "run '%s/' --ids 1,2,3 -n 12 --temp 0 --print-ids", f);
+    cr_assert_eq(jlm_cached(dir, args, &o1, &e1), 0, "%s", e1);
+    cr_assert(strstr(e1, "jlm run: converting ") && strstr(e1, "/tl/ into the cache"), "notice: %s", e1);
+    cr_assert(strstr(o1, "\"generated\": [") && strlen(o1) > 40, "%s", o1);
+    char f1[1400] = "", f2[1400] = "";
+    struct timespec m1 = {0}, m2 = {0};
+    cr_assert_eq(cache_files(dir, f1, &m1), 1, "one cache entry");
+    cr_assert(strstr(f1, "/cache/jlm/tl@") && strstr(f1, ".jlm"), "%s", f1);
+
+    /* the second run (without the trailing slash) and `jlm info` use that entry */
+    snprintf(args, sizeof args, "run '%s' --ids 1,2,3 -n 12 --temp 0 --print-ids", f);
+    cr_assert_eq(jlm_cached(dir, args, &o2, &e2), 0, "%s", e2);
+    cr_assert(!strstr(e2, "converting"), "second run converts nothing: %s", e2);
+    cr_assert_str_eq(o1, o2);
+    free(o2); free(e2);
+    snprintf(args, sizeof args, "info '%s'", f);
+    cr_assert_eq(jlm_cached(dir, args, &o2, &e2), 0, "%s", e2);
+    cr_assert(strstr(o2, "n_layer") && !strstr(e2, "converting"), "%s / %s", o2, e2);
+    cr_assert_eq(cache_files(dir, f2, &m2), 1);
+    cr_assert_str_eq(f1, f2);
+    cr_assert(m1.tv_sec == m2.tv_sec && m1.tv_nsec == m2.tv_nsec, "the cache file is not rewritten");
+    free(o2); free(e2);
+
+    /* the same ids as `jlm convert DIR` then `jlm run` on the .jlm */
+    snprintf(args, sizeof args, "convert '%s' -o '%s/c.jlm'", f, dir);
+    cr_assert_eq(jlm_cached(dir, args, &o3, &e3), 0, "%s", e3);
+    free(o3); free(e3);
+    snprintf(args, sizeof args, "run '%s/c.jlm' --ids 1,2,3 -n 12 --temp 0 --print-ids", dir);
+    cr_assert_eq(jlm_cached(dir, args, &o3, &e3), 0, "%s", e3);
+    cr_assert_str_eq(o1, o3, "cached run %s vs convert+run %s", o1, o3);
+    free(o3); free(e3);
+
+    /* a changed file (config.json rewritten with a new mtime) is a new source */
+    char p[1200];
+    snprintf(p, sizeof p, "%s/config.json", f);
+    struct timespec ts[2] = {{0, UTIME_OMIT}, {1234567890, 123456789}};
+    cr_assert_eq(utimensat(AT_FDCWD, p, ts, 0), 0);
+    snprintf(args, sizeof args, "run '%s' --ids 1,2,3 -n 12 --temp 0 --print-ids", f);
+    cr_assert_eq(jlm_cached(dir, args, &o2, &e2), 0, "%s", e2);
+    cr_assert(strstr(e2, "converting tl into the cache"), "a touched config.json converts again: %s", e2);
+    cr_assert_eq(cache_files(dir, NULL, NULL), 2, "a second entry");
+    cr_assert_str_eq(o1, o2);
+    free(o2); free(e2);
+    /* a README added is no change */
+    snprintf(p, sizeof p, "%s/README.md", f);
+    cr_assert_eq(tu_write_file(p, "hi\n", 3), 0);
+    cr_assert_eq(jlm_cached(dir, args, &o2, &e2), 0, "%s", e2);
+    cr_assert(!strstr(e2, "converting"), "%s", e2);
+    cr_assert_eq(cache_files(dir, NULL, NULL), 2);
+    free(o1); free(e1); free(o2); free(e2);
+    tu_rmrf(dir);
+    free(dir); free(f);
+}
+
+Test(cli_cache, a_truncated_shard_in_a_folder_is_one_error_line_and_no_cache_file, .timeout = 60)
+{
+    char *f, *dir = setup_hf(&f), args[2048], p[1200], *o, *e;
+    snprintf(p, sizeof p, "%s/model.safetensors", f);
+    cr_assert_eq(truncate(p, 100000), 0);
+    snprintf(args, sizeof args, "run '%s' --ids 1 -n 2", f);
+    cr_assert_neq(jlm_cached(dir, args, &o, &e), 0);
+    cr_assert(strstr(e, "model.safetensors") && !strstr(e, "converting"), "%s", e);
+    cr_assert_eq(strchr(e, '\n') - e + 1, (long)strlen(e), "one line: %s", e);
+    cr_assert_eq(cache_files(dir, NULL, NULL), 0, "no cache file");
+    free(o); free(e);
+    tu_rmrf(dir);
+    free(dir); free(f);
+}

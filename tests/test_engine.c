@@ -460,6 +460,75 @@ static void same_ids_at_every_budget(const char *name, int n_gen)
     free(dir);
 }
 
+/* Prefetch on (the default) and off give the same ids at budgets of the
+ * whole file, one block frame short of it, half of it and the minimum; the
+ * counters add up, the off run counts nothing, and prefetch reads at most
+ * one block more per pass than MRU alone (a pass = one eval: the page being
+ * computed and the one being read take two frames). */
+static jlm_engine *open_engine_pf(const char *path, uint64_t budget, int no_prefetch)
+{
+    jlm_engine_opts o = {.n_threads = 2, .budget = budget, .quiet = 1, .direct = 1, .no_prefetch = no_prefetch};
+    jlm_engine *e;
+    jlm_err err = {0};
+    cr_assert_eq(jlm_engine_open(path, &o, &e, &err), 0, "%s", err.msg);
+    return e;
+}
+
+Test(engine, gives_the_same_ids_with_and_without_prefetch_at_every_budget, .timeout = 60)
+{
+    char *dir = tu_tmpdir();
+    char *path = convert_model("stories260K", dir);
+    int32_t prompt[] = {1, 403, 407, 261, 378};
+    enum { NG = 16 };
+    int32_t ref[NG], got[NG];
+    jlm_engine *e = open_engine_pf(path, 0, 1);
+    greedy(e, prompt, 5, NG, ref, NULL);
+    jlm_engine_mem mi;
+    jlm_engine_mem_info(e, &mi);
+    uint64_t fixed = mi.kv + mi.scratch + mi.dense;
+    uint32_t nb = jlm_engine_model(e)->config.n_layer;
+    uint64_t frame = jlm_pager_frame_len(jlm_engine_pager(e), JLM_PAGER_TEXT);
+    jlm_engine_close(e);
+    cr_assert(nb >= 4, "stories260K has %u blocks", nb);
+    uint64_t budgets[] = {fixed + nb * frame, fixed + (nb - 1) * frame, fixed + ((nb + 1) / 2) * frame, 1};
+    for (size_t b = 0; b < sizeof budgets / sizeof *budgets; b++) {
+        uint64_t page_ins[2];
+        for (int off = 0; off < 2; off++) {
+            e = open_engine_pf(path, budgets[b], off);
+            greedy(e, prompt, 5, NG, got, NULL);
+            for (int i = 0; i < NG; i++)
+                cr_assert_eq(got[i], ref[i], "budget %llu, prefetch %s: id %d is %d, expected %d",
+                             (unsigned long long)budgets[b], off ? "off" : "on", i, got[i], ref[i]);
+            jlm_pager_counters pc;
+            jlm_pager_stats(jlm_engine_pager(e), &pc);
+            const jlm_pager_array_counters *t = &pc.a[JLM_PAGER_TEXT];
+            page_ins[off] = t->page_ins;
+            uint64_t used = t->pf_hits + t->pf_waits + t->pf_unused + t->pf_failed;
+            if (off)
+                cr_assert_eq(t->pf_issued + t->pf_skipped + t->pf_misses, 0, "prefetch off counted");
+            else
+                cr_assert(used <= t->pf_issued && t->pf_issued - used <= 1 && t->pf_failed == 0,
+                          "budget %llu: issued %llu, hits %llu, waits %llu, unused %llu", (unsigned long long)budgets[b],
+                          (unsigned long long)t->pf_issued, (unsigned long long)t->pf_hits,
+                          (unsigned long long)t->pf_waits, (unsigned long long)t->pf_unused);
+            if (!off && b == 3)
+                cr_assert(t->pf_issued == 0 && t->pf_skipped > 0, "one frame: nothing to read ahead into");
+            if (!off && b == 1)
+                cr_assert(t->pf_issued > 0 && t->pf_hits + t->pf_waits > 0, "one frame short: prefetch used");
+            cr_assert(pc.peak_bytes <= jlm_engine_budget(e) || !budgets[b]);
+            cr_assert_eq(jlm_pager_check(jlm_engine_pager(e), NULL), 0);
+            jlm_engine_close(e);
+        }
+        uint64_t passes = 1 + (NG - 1);   /* the prompt's pass, then one per generated token but the last */
+        cr_assert(page_ins[0] <= page_ins[1] + passes + 1 || b == 3 || (nb + 1) / 2 <= 2,
+                  "budget %llu: %llu page-ins with prefetch, %llu without", (unsigned long long)budgets[b],
+                  (unsigned long long)page_ins[0], (unsigned long long)page_ins[1]);
+    }
+    free(path);
+    tu_rmrf(dir);
+    free(dir);
+}
+
 Test(engine, gives_the_same_ids_at_every_budget_down_to_one_block_frame, .timeout = 60)
 {
     same_ids_at_every_budget("stories260K", 32);
@@ -561,7 +630,7 @@ static float *read_logits(const char *p, size_t *n)
     return v;
 }
 
-Test(engine_cli, quantized_logits_agree_across_kernel_variants, .timeout = 60)
+Test(engine_cli, quantized_logits_agree_across_kernel_variants, .timeout = 240)
 {
     const char *models[] = {"synth-llama-256.Q4_0", "synth-llama-256.Q4_K_M", "synth-llama-256.Q8_0",
                             "synth-llama-256.Q6_K", "synth-llama-256.Q3_K_M", "synth-llama-256.MXFP4"};

@@ -476,6 +476,7 @@ Test(hf_tok, llama3_tokenizer_json_matches_hf_tokenizers, .timeout = 180) { agai
 Test(hf_tok, qwen3_tokenizer_json_matches_hf_tokenizers, .timeout = 180) { against_hf_tokenizers("qwen3"); }
 Test(hf_tok, llama2_tokenizer_json_matches_hf_tokenizers, .timeout = 180) { against_hf_tokenizers("llama2"); }
 Test(hf_tok, gemma3_tokenizer_json_matches_hf_tokenizers, .timeout = 180) { against_hf_tokenizers("gemma3"); }
+Test(hf_tok, gpt_oss_tokenizer_json_matches_hf_tokenizers, .timeout = 180) { against_hf_tokenizers("gpt-oss"); }
 
 /* The tokenizer fuzz seeds (tiny byte-level BPEs shaped like qwen3's and
  * llama-3's files) build a vocab record: the fuzzer starts from valid inputs. */
@@ -755,15 +756,6 @@ Test(hf, qwen3moe_experts_stack_in_order_and_a_missing_one_is_refused)
     cr_assert_neq(jlm_hf_open_mem(cfg, strlen(cfg), img, len, &g, &err), 0);
     cr_assert(strstr(err.msg, "blk.0.ffn_up_exps.weight: expert 1 has no tensor"), "%s", err.msg);
     free(img);
-}
-
-Test(hf_cli, run_and_chat_on_a_folder_say_to_convert_it)
-{
-    char cmd[2400], *out = NULL;
-    snprintf(cmd, sizeof cmd, "'%s' run '%s/tests/models/hf/tiny-llama' --ids 1 2>&1", tu_jlm(), tu_root());
-    cr_assert_neq(tu_run(cmd, &out), 0);
-    cr_assert(out && strstr(out, "a Hugging Face folder") && strstr(out, "jlm convert"), "%s", out ? out : "");
-    free(out);
 }
 
 /* generation_config.json's eos_token_id list joins the end-of-generation set

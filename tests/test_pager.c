@@ -452,6 +452,147 @@ Test(pager, random_gets_and_unpins_keep_every_invariant_and_every_byte, .timeout
     rig_close(&r);
 }
 
+/* ---------------------------------------------------------------- prefetch */
+/* Prefetch counters add up: every prefetch issued was used by a get (hit or
+ * wait), evicted unused, failed, or is still resident unused (at most one:
+ * the scans below prefetch one page ahead). */
+static void check_pf_sums(rig *r, uint64_t fresh_max)
+{
+    jlm_pager_counters c;
+    jlm_pager_stats(r->p, &c);
+    const jlm_pager_array_counters *b = &c.a[0];
+    uint64_t used = b->pf_hits + b->pf_waits + b->pf_unused + b->pf_failed;
+    cr_assert(used <= b->pf_issued && b->pf_issued - used <= fresh_max,
+              "prefetch: issued %llu, hits %llu, waits %llu, unused %llu, failed %llu",
+              (unsigned long long)b->pf_issued, (unsigned long long)b->pf_hits, (unsigned long long)b->pf_waits,
+              (unsigned long long)b->pf_unused, (unsigned long long)b->pf_failed);
+}
+
+/* passes cyclic scans of the blocks as the engine runs them: get l, prefetch
+ * l+1 (0 after the last), use l, unpin. Returns page-ins of the last pass. */
+static uint64_t scan_with_prefetch(rig *r, int passes)
+{
+    jlm_pager_counters c;
+    uint64_t before = 0;
+    for (int k = 0; k < passes; k++) {
+        jlm_pager_stats(r->p, &c);
+        before = c.a[0].page_ins;
+        for (uint32_t l = 0; l < NB; l++) {
+            const uint8_t *pg = get_ok(r, 0, l, 0, PG);
+            jlm_pager_prefetch(r->p, 0, (l + 1) % NB);
+            check(r);
+            check_bytes(pg, page_off(0, l), PG, "block pinned while the next one is read");
+            jlm_pager_unpin(r->p, 0, l);
+            check(r);
+        }
+    }
+    jlm_pager_stats(r->p, &c);
+    return c.a[0].page_ins - before;
+}
+
+Test(pager, prefetch_reads_the_next_block_without_evicting_the_one_in_use, .timeout = 10)
+{
+    for (uint32_t f = 2; f <= NB; f++) {   /* frames: the smallest that prefetches .. all */
+        rig r;
+        rig_open(&r, f, 0, NULL);
+        jlm_pager_set_prefetch(r.p, 1);
+        scan_with_prefetch(&r, 4);
+        uint64_t two = 0;
+        for (int k = 0; k < 2; k++)
+            two += scan_with_prefetch(&r, 1);
+        /* the page being computed and the page being read take two frames:
+         * the steady state alternates between passes and reads at most one
+         * page more per two passes than MRU alone (NB - f + 1 a pass); with
+         * two frames no page stays (every page read every pass) */
+        uint64_t most = f == NB ? 0 : f == 2 ? 2 * NB /* no page stays */ : 2 * (NB - f + 1) + 1;
+        cr_assert(two <= most, "%u frames: %llu page-ins in two passes, MRU alone reads %u", f,
+                  (unsigned long long)two, 2 * (NB - f + 1));
+        for (int i = 0; i < r.n_ev; i++)   /* eviction events name a page absent from then on */
+            cr_assert(r.ev[i].kind != JLM_PAGER_EV_EVICT || r.ev[i].bytes == PG);
+        jlm_pager_counters c;
+        jlm_pager_stats(r.p, &c);
+        cr_assert(c.a[0].pf_issued > 0, "%u frames: no prefetch issued", f);
+        cr_assert_eq(c.a[0].pf_misses, 1, "%u frames: only the first get reads itself (%llu did)", f,
+                     (unsigned long long)c.a[0].pf_misses);
+        cr_assert_eq(c.a[0].pf_skipped, 0);
+        cr_assert(c.peak_bytes <= (uint64_t)f * PG);
+        check_pf_sums(&r, 1);
+        jlm_pager_set_prefetch(r.p, 0);   /* collects the read in flight */
+        jlm_pager_stats(r.p, &c);
+        cr_assert_eq(r.fs->bytes_read, c.a[0].bytes_read, "source bytes %llu, pager counted %llu",
+                     (unsigned long long)r.fs->bytes_read, (unsigned long long)c.a[0].bytes_read);
+        rig_close(&r);   /* with a prefetch of block 0 possibly in flight */
+    }
+}
+
+Test(pager, prefetch_is_skipped_when_only_the_page_in_use_fits, .timeout = 10)
+{
+    rig r;
+    rig_open(&r, 1, 0, NULL);
+    jlm_pager_set_prefetch(r.p, 1);
+    scan_with_prefetch(&r, 2);
+    jlm_pager_counters c;
+    jlm_pager_stats(r.p, &c);
+    cr_assert_eq(c.a[0].pf_issued, 0);
+    cr_assert_eq(c.a[0].pf_skipped, 2 * NB, "skipped %llu", (unsigned long long)c.a[0].pf_skipped);
+    cr_assert_eq(c.a[0].page_ins, 2 * NB);
+    /* off: nothing is read ahead and nothing counted */
+    jlm_pager_set_prefetch(r.p, 0);
+    jlm_pager_stats_reset(r.p);
+    scan_with_prefetch(&r, 1);
+    jlm_pager_stats(r.p, &c);
+    cr_assert_eq(c.a[0].pf_skipped + c.a[0].pf_issued + c.a[0].pf_misses, 0);
+    rig_close(&r);
+}
+
+Test(pager, a_failed_prefetch_leaves_the_page_absent_and_the_get_reads_it, .timeout = 10)
+{
+    rig r;
+    rig_open(&r, 3, 0, NULL);
+    jlm_pager_set_prefetch(r.p, 1);
+    get_ok(&r, 0, 0, 0, PG);
+    r.fs->fail_nth = r.fs->n_reads + 1;                       /* the prefetch's read */
+    jlm_pager_prefetch(r.p, 0, 1);
+    jlm_pager_unpin(r.p, 0, 0);
+    get_ok(&r, 0, 1, 0, PG);                                  /* waits, finds it failed, reads */
+    jlm_pager_unpin(r.p, 0, 1);
+    check(&r);
+    jlm_pager_counters c;
+    jlm_pager_stats(r.p, &c);
+    cr_assert_eq(c.a[0].pf_failed, 1);
+    cr_assert_eq(c.a[0].pf_issued, 1);
+    cr_assert_eq(c.a[0].page_ins, 2, "page-ins %llu: the failed prefetch is no page-in",
+                 (unsigned long long)c.a[0].page_ins);
+    cr_assert_eq(r.fs->n_failed, 1);
+    /* an unused prefetch evicted by lowering the budget is counted unused */
+    jlm_pager_prefetch(r.p, 0, 2);
+    cr_assert_eq(jlm_pager_set_budget(r.p, PG, NULL), 0);
+    check(&r);
+    jlm_pager_stats(r.p, &c);
+    cr_assert_eq(c.a[0].pf_unused, 1, "unused %llu", (unsigned long long)c.a[0].pf_unused);
+    check_pf_sums(&r, 0);
+    rig_close(&r);
+}
+
+Test(pager, random_gets_with_prefetch_keep_every_invariant_and_every_byte, .timeout = 20)
+{
+    rig r;
+    rig_open(&r, 3, 3, NULL);
+    jlm_pager_set_prefetch(r.p, 1);
+    uint64_t z = 12345;
+    for (int i = 0; i < 3000; i++) {
+        z = z * 6364136223846793005ull + 1442695040888963407ull;
+        uint32_t a = (uint32_t)(z >> 60) & 1, n = a ? NX : NB, pg = (uint32_t)(z >> 33) % n;
+        uint64_t len = a ? XPG : PG;
+        get_ok(&r, a, pg, 0, len);
+        jlm_pager_prefetch(r.p, (uint32_t)(z >> 20) & 1, (uint32_t)(z >> 40) % (a ? NX : NB));
+        check(&r);
+        jlm_pager_unpin(r.p, a, pg);
+        check(&r);
+    }
+    rig_close(&r);
+}
+
 Test(pager, opens_a_container_s_page_arrays_with_the_extent_of_each_page, .timeout = 10)
 {
     /* two text blocks of 16 KiB; block 0 holds an F32 (1024 x 2) tensor

@@ -12,6 +12,7 @@
 #include "converter/gguf.h"
 #include "converter/vocab.h"
 #include "text/tokenizer/tokenizer.h"
+#include "text/tokenizer/tokenizer_int.h"
 #include "format/jlm_format.h"
 
 /* ================================================================ fixtures */
@@ -549,4 +550,75 @@ Test(tokenizer, regex_stages_refuse_malformed_patterns, .timeout = 10)
     cr_assert_eq(create_with_pattern("[z-a]", &err), JLM_EFORMAT, "%s", err.msg);
     cr_assert_eq(create_with_pattern("a{3,1}", &err), JLM_EFORMAT, "%s", err.msg);
     cr_assert_eq(create_with_pattern("(?<=a)b", &err), JLM_EUNSUPPORTED, "%s", err.msg);
+}
+
+/* The o200k Split regex (gpt-oss's tokenizer.json, converter/vocab.c RX_O200K)
+ * splits at case changes with Unicode's letter subcategories (Lu, Ll, Lt, Lm,
+ * Lo) and marks, and its (?i:'s|'t|...) contractions match any case and
+ * U+017F (whose case fold is 's'). The expected pieces were made with Python's
+ * `regex` module 2026.5.9 (Unicode categories and simple case folding, as
+ * Oniguruma in Hugging Face tokenizers), matches and the gaps between them. */
+#define O200K "[^\\r\\n\\p{L}\\p{N}]?[\\p{Lu}\\p{Lt}\\p{Lm}\\p{Lo}\\p{M}]*[\\p{Ll}\\p{Lm}\\p{Lo}\\p{M}]+" \
+    "(?i:'s|'t|'re|'ve|'m|'ll|'d)?|[^\\r\\n\\p{L}\\p{N}]?[\\p{Lu}\\p{Lt}\\p{Lm}\\p{Lo}\\p{M}]+" \
+    "[\\p{Ll}\\p{Lm}\\p{Lo}\\p{M}]*(?i:'s|'t|'re|'ve|'m|'ll|'d)?|\\p{N}{1,3}| ?[^\\s\\p{L}\\p{N}]+[\\r\\n/]*|" \
+    "\\s*[\\r\\n]+|\\s+(?!\\S)|\\s+"
+static const struct { const char *text; const char *pieces; } k_o200k[] = {
+    {"HelloWorld camelCaseString XMLHttpRequest",
+     "Hello\001World\001 camel\001Case\001String\001 XMLHttp\001Request"},
+    {"I'M HERE, DON'T you'RE We'Ve it'S they'LL I'D",
+     "I'M\001 HERE\001,\001 DON'T\001 you'RE\001 We'Ve\001 it'S\001 they'LL\001 I'D"},
+    {"it\305\277 ok, it'\305\277",
+     "it\305\277\001 ok\001,\001 it'\305\277"},
+    {"\307\205emal \307\204EMAL \312\260ello",
+     "\307\205emal\001 \307\204EMAL\001 \312\260ello"},
+    {"e\314\201t\303\251 NA\314\210IVE na\314\210ive",
+     "e\314\201t\303\251\001 NA\314\210\001IVE\001 na\314\210ive"},
+    {"ABC's abc'S Abc'Ll",
+     "ABC's\001 abc'S\001 Abc'Ll"},
+    {"\342\205\242\342\205\243 12345 \331\241\331\242\331\243\331\244",
+     "\342\205\242\342\205\243\001 \001123\00145\001 \001\331\241\331\242\331\243\001\331\244"},
+    {"Stra\303\237e STRASSE \304\260stanbul \304\261",
+     "Stra\303\237e\001 STRASSE\001 \304\260stanbul\001 \304\261"},
+    {"\302\277Qu\303\251\077 \302\241S\303\255! path/to/file\012\012x",
+     "\302\277Qu\303\251\001\077\001 \302\241\001S\303\255\001!\001 path\001/to\001/file\001\012\012\001x"},
+    {"\316\243\316\277\317\206\316\257\316\261 \316\221\316\230\316\227\316\235\316\221 \341\274\210\316\270\316\256\316\275\316\261\316\271",
+     "\316\243\316\277\317\206\316\257\316\261\001 \316\221\316\230\316\227\316\235\316\221\001 \341\274\210\316\270\316\256\316\275\316\261\316\271"},
+};
+
+Test(tokenizer, o200k_regex_splits_at_case_changes_and_folds_contractions, .timeout = 10)
+{
+    jlm_err err = {0};
+    tok_rx *rx = NULL;
+    cr_assert_eq(jlm_tok_rx_compile(O200K, strlen(O200K), "o200k", &rx, &err), 0, "%s", err.msg);
+    for (size_t k = 0; k < sizeof k_o200k / sizeof k_o200k[0]; k++) {
+        const char *t = k_o200k[k].text;
+        tok_cpts cp = {0};
+        jlm_tok_cpts_from_utf8(t, strlen(t), &cp);
+        size_t whole = cp.n;
+        tok_lens in = {&whole, 1, 1, 0}, out = {0};
+        cr_assert_eq(jlm_tok_rx_split(rx, cp.p, &in, &out), 0);
+        char got[1024] = "";   /* the pieces as UTF-8, joined by \001 */
+        size_t at = 0, gl = 0;
+        for (size_t i = 0; i < out.n; i++) {
+            tok_sbuf sb = {0};
+            for (size_t j = 0; j < out.p[i]; j++)
+                jlm_tok_sbuf_cpt(&sb, cp.p[at + j]);
+            at += out.p[i];
+            gl += (size_t)snprintf(got + gl, sizeof got - gl, "%s%.*s", i ? "\001" : "", (int)sb.n, sb.p);
+            free(sb.p);
+        }
+        cr_assert_str_eq(got, k_o200k[k].pieces, "case %zu: '%s'", k, t);
+        free(cp.p);
+        free(out.p);
+    }
+    jlm_tok_rx_free(rx);
+}
+
+Test(tokenizer, regex_stages_refuse_non_ascii_inside_a_case_insensitive_group, .timeout = 10)
+{
+    jlm_err err = {0};
+    cr_assert_eq(create_with_pattern("(?i:\\x{C9}t\\x{E9})", &err), JLM_EUNSUPPORTED, "%s", err.msg);
+    cr_assert(strstr(err.msg, "(?i:"), "%s", err.msg);
+    cr_assert_eq(create_with_pattern("(?i:'s|'t)|\\p{Lu}+", &err), 0, "%s", err.msg);
+    cr_assert_eq(create_with_pattern("\\p{Lx}", &err), JLM_EUNSUPPORTED, "%s", err.msg);
 }

@@ -57,7 +57,8 @@ static inline int tu_exists(const char *p)
     return stat(p, &st) == 0;
 }
 
-/* Reads a whole file; NULL on error. */
+/* Reads a whole file; NULL on error. A NUL follows the *len bytes, so a text
+ * file can be searched as a string. */
 static inline unsigned char *tu_read_file(const char *path, size_t *len)
 {
     FILE *f = fopen(path, "rb");
@@ -66,7 +67,11 @@ static inline unsigned char *tu_read_file(const char *path, size_t *len)
     fseek(f, 0, SEEK_END);
     long n = ftell(f);
     fseek(f, 0, SEEK_SET);
-    unsigned char *b = malloc(n > 0 ? (size_t)n : 1);
+    if (n < 0)
+        n = 0;
+    unsigned char *b = malloc((size_t)n + 1);
+    if (b)
+        b[n] = 0;
     if (b && fread(b, 1, (size_t)n, f) != (size_t)n) {
         free(b);
         b = NULL;

@@ -13,22 +13,29 @@
  * llama.cpp refuses it.
  *
  * Supported: literals, escapes (\s \S \d \D \w \W \p{L,N,P,M,S} \r \n \t \f
- * \v \xHH \x{H..} \uHHHH \<punct>), classes with ranges and negation, '.', groups
- * (...) and (?:...) with quantifier 1 or ?, negative lookahead (?!...), '$',
+ * \v \xHH \x{H..} \uHHHH \<punct>), the letter subcategories \p{Lu,Ll,Lt,Lm,Lo}
+ * (Unicode's general category of the code point, ASCII included: A-Z is Lu,
+ * a-z Ll), classes with ranges and negation, '.', groups (...) and (?:...)
+ * with quantifier 1 or ?, case-insensitive groups (?i:...) whose literals are
+ * ASCII (a letter also matches its other case, and 's'/'k' their Unicode
+ * simple case folds U+017F and U+212A, as Oniguruma folds them; a non-ASCII
+ * literal inside is refused), negative lookahead (?!...), '$',
  * alternation, quantifiers ? * + {m} {m,} {m,n} on single-character atoms.
  * Matching is leftmost, alternatives in order, quantifiers greedy with
  * backtracking: ECMAScript semantics for this subset.
  */
 #include <stdlib.h>
 #include <string.h>
+#include <utf8proc.h>
 
 #include "text/tokenizer/tokenizer_int.h"
 
 /* ================================================================ AST */
 enum { RX_ATOM = 1, RX_GROUP = 2, RX_END = 3, RX_NLA = 4 };
-enum { IT_RANGE = 1, IT_WS, IT_NWS, IT_CAT };
+enum { IT_RANGE = 1, IT_WS, IT_NWS, IT_CAT, IT_GC };
 
-typedef struct rx_item { uint8_t type; uint32_t lo, hi; } rx_item;   /* IT_CAT: lo = TF_* bit */
+/* IT_CAT: lo = TF_* bit; IT_GC: lo = a mask of (1 << utf8proc category). */
+typedef struct rx_item { uint8_t type; uint32_t lo, hi; } rx_item;
 typedef struct rx_class { uint8_t neg; uint32_t n; rx_item *it; } rx_class;
 
 typedef struct rx_seq rx_seq;
@@ -77,6 +84,7 @@ typedef struct rx_parse {
     int rc;
     int has_cat, has_nonascii;
     unsigned depth;
+    unsigned icase;          /* inside (?i:...) */
 } rx_parse;
 
 static int perr(rx_parse *ps, int code, const char *msg)
@@ -85,6 +93,35 @@ static int perr(rx_parse *ps, int code, const char *msg)
         ps->rc = jlm_errf(ps->err, code, "%s: pattern offset %zu: %s", ps->what,
                           (size_t)(ps->p - ps->beg), msg);
     return ps->rc;
+}
+
+static int cls_add(rx_parse *ps, rx_class *c, uint8_t type, uint32_t lo, uint32_t hi);
+
+/* Inside (?i:...): the other case of the ASCII letters in [lo, hi], and the
+ * Unicode code points whose simple case fold is 's' or 'k' (Oniguruma's
+ * ignore-case compares case folds). A non-ASCII range is refused: its folding
+ * is not implemented. */
+static int cls_add_fold(rx_parse *ps, rx_class *c, uint32_t lo, uint32_t hi)
+{
+    if (hi >= 128)
+        return perr(ps, JLM_EUNSUPPORTED, "a non-ASCII literal inside (?i:...) is not supported");
+    static const uint32_t AZ[2][2] = {{'A', 'Z'}, {'a', 'z'}};
+    for (int k = 0; k < 2; k++) {
+        uint32_t a = lo > AZ[k][0] ? lo : AZ[k][0], b = hi < AZ[k][1] ? hi : AZ[k][1];
+        if (a > b)
+            continue;
+        uint32_t d = 'a' - 'A';
+        if (k == 0 ? cls_add(ps, c, IT_RANGE, a + d, b + d) : cls_add(ps, c, IT_RANGE, a - d, b - d))
+            return -1;
+        for (uint32_t x = a; x <= b; x++) {
+            uint32_t l = k == 0 ? x + d : x;
+            int had = ps->has_nonascii;   /* these two are no literal of the pattern's */
+            if ((l == 's' && cls_add(ps, c, IT_RANGE, 0x17F, 0x17F)) || (l == 'k' && cls_add(ps, c, IT_RANGE, 0x212A, 0x212A)))
+                return -1;
+            ps->has_nonascii = had;
+        }
+    }
+    return 0;
 }
 
 static int cls_add(rx_parse *ps, rx_class *c, uint8_t type, uint32_t lo, uint32_t hi)
@@ -97,10 +134,19 @@ static int cls_add(rx_parse *ps, rx_class *c, uint8_t type, uint32_t lo, uint32_
     it[c->n] = (rx_item){type, lo, hi};
     c->it = it;
     c->n++;
-    if (type == IT_CAT)
+    if (type == IT_CAT || type == IT_GC)
         ps->has_cat = 1;
     if (type == IT_RANGE && hi >= 128)
         ps->has_nonascii = 1;
+    if (type == IT_RANGE && ps->icase && hi < 128) {
+        unsigned ic = ps->icase;
+        ps->icase = 0;   /* the folds themselves are not folded again */
+        int rc = cls_add_fold(ps, c, lo, hi);
+        ps->icase = ic;
+        return rc;
+    }
+    if (type == IT_RANGE && ps->icase)
+        return cls_add_fold(ps, c, lo, hi);
     return 0;
 }
 
@@ -133,8 +179,17 @@ static int parse_escape(rx_parse *ps, rx_class *c, uint32_t *lit)
     case 'p': {
         static const struct { char name; uint32_t flag; } cats[] = {
             {'L', TF_LETTER}, {'N', TF_NUMBER}, {'P', TF_PUNCT}, {'M', TF_MARK}, {'S', TF_SYMBOL}};
+        static const struct { char sub; int gc; } lcats[] = {
+            {'u', UTF8PROC_CATEGORY_LU}, {'l', UTF8PROC_CATEGORY_LL}, {'t', UTF8PROC_CATEGORY_LT},
+            {'m', UTF8PROC_CATEGORY_LM}, {'o', UTF8PROC_CATEGORY_LO}};
+        if (ps->end - ps->p >= 4 && ps->p[0] == '{' && ps->p[1] == 'L' && ps->p[3] == '}')
+            for (size_t i = 0; i < sizeof lcats / sizeof lcats[0]; i++)
+                if (ps->p[2] == (uint32_t)lcats[i].sub) {
+                    ps->p += 4;
+                    return cls_add(ps, c, IT_GC, 1u << lcats[i].gc, 0) ? -1 : 2;
+                }
         if (ps->end - ps->p < 3 || ps->p[0] != '{' || ps->p[2] != '}')
-            return perr(ps, JLM_EUNSUPPORTED, "only \\p{L}, \\p{N}, \\p{P}, \\p{M}, \\p{S} are supported"), -1;
+            return perr(ps, JLM_EUNSUPPORTED, "only \\p{L}, \\p{Lu}, \\p{Ll}, \\p{Lt}, \\p{Lm}, \\p{Lo}, \\p{N}, \\p{P}, \\p{M}, \\p{S} are supported"), -1;
         for (size_t i = 0; i < sizeof cats / sizeof cats[0]; i++)
             if (ps->p[1] == (uint32_t)cats[i].name) {
                 ps->p += 3;
@@ -299,16 +354,20 @@ static int parse_atom(rx_parse *ps, rx_seq *s)
     uint32_t c = *ps->p++, lit = 0;
     if (c == '(') {
         n->type = RX_GROUP;
+        int icase = 0;
         if (ps->end - ps->p >= 2 && ps->p[0] == '?') {
             if (ps->p[1] == ':') n->type = RX_GROUP;
             else if (ps->p[1] == '!') n->type = RX_NLA;
-            else return perr(ps, JLM_EUNSUPPORTED, "only (?: and (?! groups are supported");
+            else if (ps->p[1] == 'i' && ps->end - ps->p >= 3 && ps->p[2] == ':') icase = 1, ps->p++;
+            else return perr(ps, JLM_EUNSUPPORTED, "only (?:, (?i: and (?! groups are supported");
             ps->p += 2;
         }
         if (++ps->depth > 32)
             return perr(ps, JLM_EUNSUPPORTED, "groups nested deeper than 32");
+        ps->icase += icase;
         if (parse_alt(ps, &n->alt))
             return -1;
+        ps->icase -= icase;
         ps->depth--;
         if (ps->p >= ps->end || *ps->p != ')')
             return perr(ps, JLM_EFORMAT, "unbalanced (");
@@ -376,7 +435,7 @@ int jlm_tok_rx_compile(const char *src, size_t len, const char *what, tok_rx **o
         free(cp.p);
         return jlm_errf(err, JLM_ENOMEM, "%s: out of memory", what);
     }
-    rx_parse ps = {rx, cp.p, cp.p, cp.p + cp.n, what, err, 0, 0, 0, 0};
+    rx_parse ps = {rx, cp.p, cp.p, cp.p + cp.n, what, err, 0, 0, 0, 0, 0};
     if (!parse_alt(&ps, &rx->top) && ps.p < ps.end)
         perr(&ps, JLM_EFORMAT, "unbalanced )");
     if (!ps.rc && ps.has_cat && ps.has_nonascii)
@@ -426,6 +485,9 @@ static int class_match(const rx_class *c, uint32_t cp)
         case IT_NWS:   hit = !is_rx_space(w); break;
         case IT_CAT:
             hit = cp < 128 ? ascii_in_cat(cp, it->lo) : (!(fl & TF_WS) && (fl & it->lo) != 0);
+            break;
+        case IT_GC:
+            hit = cp <= 0x10FFFF && ((1u << utf8proc_category((utf8proc_int32_t)cp)) & it->lo) != 0;
             break;
         }
     }
