@@ -26,14 +26,15 @@
 #include <unistd.h>
 
 static const char BENCH_USAGE[] =
-    "usage: jlm bench MODEL [-p 512] [-n 128] [-r 3] [-t THREADS] [--budget SIZE] [--kv f32|f16] [--no-direct] [--no-prefetch]\n"
+    "usage: jlm bench MODEL [-p 512] [-n 128] [-r 3] [-t THREADS] [--budget SIZE] [--kv f32|f16] [--no-direct]\n"
+    "                 [--no-prefetch] [--profile]\n"
     "  -p 0 or -n 0 skips that test\n";
 
 typedef enum { OUT_MD, OUT_CSV, OUT_JSON } bench_out;
-typedef struct bench_opts { const char *model, *out; int n_pp, n_tg, reps; bench_out fmt; jlm_engine_opts eng; } bench_opts;
+typedef struct bench_opts { const char *model, *out; int n_pp, n_tg, reps, profile; bench_out fmt; jlm_engine_opts eng; } bench_opts;
 
 /* One test's figures: per repetition, then summarized. */
-typedef struct bench_res { double tps_mean, tps_sd, pageins, mib, wait_ms; } bench_res;
+typedef struct bench_res { double tps_mean, tps_sd, pageins, mib, wait_ms; jlm_engine_prof prof; } bench_res;
 
 static int bench_parse(int argc, char **argv, bench_opts *o)
 {
@@ -53,6 +54,7 @@ static int bench_parse(int argc, char **argv, bench_opts *o)
         {NULL, "--kv", JLM_OPT_STR, &o->eng.kv, 0, 0, 0, "f32|f16", "KV cache type (f16: half the memory)"},
         {NULL, "--no-direct", JLM_OPT_FLAG, &o->eng.direct, 0, 0, JLM_OPT_CLEARS, NULL, "page weights through the page cache"},
         {NULL, "--no-prefetch", JLM_OPT_FLAG, &o->eng.no_prefetch, 0, 0, 0, NULL, "no read of the next block while one computes"},
+        {NULL, "--profile", JLM_OPT_FLAG, &o->profile, 0, 0, 0, NULL, "after each test, where a token's time went (per operation class, barrier waits, serial share)"},
         {"-o", "--output", JLM_OPT_STR, &o->out, 0, 0, 0, "md|csv|json", "output format (default: md)"},
     };
     const char *pos[1] = {0};
@@ -103,25 +105,90 @@ static void bench_ids(int32_t *ids, uint32_t n, uint32_t n_vocab, uint64_t *stat
 }
 
 /* Runs one test r times: pp (one eval of n ids) or tg (n evals of one id). */
-static int bench_test(jlm_engine *e, int pp, uint32_t n, int reps, bench_res *res, jlm_err *err)
+/* Sums one repetition's profile into the test's. */
+static void bench_prof_add(jlm_engine_prof *a, const jlm_engine_prof *b)
+{
+    for (int i = 0; i < JLM_PROF_N; i++)
+        a->ns[i] += b->ns[i];
+    a->total_ns += b->total_ns;
+    a->evals += b->evals;
+    a->tokens += b->tokens;
+    a->dispatches += b->dispatches;
+    a->par_wall_ns += b->par_wall_ns;
+    a->wait_ns += b->wait_ns;
+    a->busy_ns += b->busy_ns;
+    a->n_threads = b->n_threads;
+}
+
+/* Greedy sampling of one row of logits, as jlm run at temperature 0. */
+static int32_t bench_argmax(const float *lg, uint32_t n)
+{
+    int32_t best = 0;
+    for (uint32_t i = 1; i < n; i++)
+        if (lg[i] > lg[best])
+            best = (int32_t)i;
+    return best;
+}
+
+/* --profile: after the test's row, where its time went, as comment lines
+ * (md: "> ", csv/json: on stderr so the table stays parseable). */
+static void bench_prof_print(const char *test, const jlm_engine_prof *p, int md)
+{
+    FILE *f = md ? stdout : stderr;
+    const char *lead = md ? "> " : "# ";
+    double tot = (double)p->total_ns, tok = p->tokens ? (double)p->tokens : 1.0;
+    if (tot <= 0)
+        return;
+    fprintf(f, "%sprofile %s: %.3f ms/token over %llu tokens, %d threads\n", lead, test, tot / tok / 1e6,
+            (unsigned long long)p->tokens, p->n_threads);
+    for (int i = 0; i < JLM_PROF_N; i++)
+        fprintf(f, "%s  %-15s %9.3f ms/token %6.1f%%\n", lead, jlm_engine_prof_name(i), (double)p->ns[i] / tok / 1e6,
+                100.0 * (double)p->ns[i] / tot);
+    double par = (double)p->par_wall_ns, thr = par * p->n_threads;
+    fprintf(f, "%s  parallel parts  %9.3f ms/token %6.1f%% (%.1f dispatches/token)\n", lead, par / tok / 1e6,
+            100.0 * par / tot, (double)p->dispatches / tok);
+    fprintf(f, "%s  serial          %9.3f ms/token %6.1f%% (one thread works, the others idle)\n", lead,
+            (tot > par ? tot - par : 0) / tok / 1e6, 100.0 * (tot > par ? tot - par : 0) / tot);
+    fprintf(f, "%s  barrier wait    %9.3f thread-ms/token %6.1f%% of the parallel parts' thread time\n", lead,
+            (double)p->wait_ns / tok / 1e6, thr > 0 ? 100.0 * (double)p->wait_ns / thr : 0.0);
+}
+
+static int bench_test(jlm_engine *e, int pp, uint32_t n, int reps, int profile, bench_res *res, jlm_err *err)
 {
     uint32_t nv = jlm_engine_n_vocab(e);
     int32_t *ids = malloc(n * sizeof *ids);
     double *tps = malloc((size_t)reps * sizeof *tps);
     uint64_t seed = 1234;
-    int rc = ids && tps ? 0 : jlm_errf(err, JLM_ENOMEM, "out of memory");
+    float *lg = profile && !pp ? malloc(nv * sizeof *lg) : NULL;
+    int rc = ids && tps && (lg || !profile || pp) ? 0 : jlm_errf(err, JLM_ENOMEM, "out of memory");
+    memset(&res->prof, 0, sizeof res->prof);
     double pageins = 0, bytes = 0, wait_ns = 0;
     for (int r = 0; r < reps && !rc; r++) {
         bench_ids(ids, n, nv, &seed);
         jlm_engine_rewind(e, 0);
         jlm_pager_stats_reset(jlm_engine_pager(e));
+        if (profile)
+            jlm_engine_prof_reset(e);
         double t0 = bench_clock();
         if (pp)
             rc = jlm_engine_eval(e, ids, n, NULL, err);
         else
-            for (uint32_t i = 0; i < n && !rc; i++)
-                rc = jlm_engine_eval(e, &ids[i], 1, NULL, err);
+            for (uint32_t i = 0; i < n && !rc; i++) {
+                /* --profile: logits and a greedy pick per token, as jlm run */
+                rc = jlm_engine_eval(e, &ids[i], 1, lg, err);
+                if (lg && !rc) {
+                    double s0 = bench_clock();
+                    volatile int32_t pick = bench_argmax(lg, nv);
+                    (void)pick;
+                    jlm_engine_prof_add(e, JLM_PROF_SAMPLE, (unsigned long long)((bench_clock() - s0) * 1e9));
+                }
+            }
         tps[r] = n / (bench_clock() - t0);
+        if (profile) {
+            jlm_engine_prof pr;
+            jlm_engine_prof_get(e, &pr);
+            bench_prof_add(&res->prof, &pr);
+        }
         jlm_pager_counters c;
         jlm_pager_stats(jlm_engine_pager(e), &c);
         for (uint32_t a = 0; a < c.n_arrays; a++) {
@@ -144,6 +211,7 @@ static int bench_test(jlm_engine *e, int pp, uint32_t n, int reps, bench_res *re
     }
     free(ids);
     free(tps);
+    free(lg);
     return rc;
 }
 
@@ -258,6 +326,8 @@ int jlm_cmd_bench(int argc, char **argv)
         free(path);
         return 1;
     }
+    if (o.profile)
+        jlm_engine_profile(e, 1);
     char size[16], params[16], budget[16], name[25];
     double n_params = bench_describe(e, &o, size, params, budget);
     size_t gl = strlen(given);
@@ -279,7 +349,7 @@ int jlm_cmd_bench(int argc, char **argv)
         if (n == 0)
             continue;
         bench_res r;
-        if (bench_test(e, pp, (uint32_t)n, o.reps, &r, &err)) {
+        if (bench_test(e, pp, (uint32_t)n, o.reps, o.profile, &r, &err)) {
             fprintf(stderr, "jlm bench: %s: %s\n", path, err.msg);
             status = 1;
             break;
@@ -296,6 +366,11 @@ int jlm_cmd_bench(int argc, char **argv)
             snprintf(tps, sizeof tps, "%.2f ± %.2f", r.tps_mean, r.tps_sd);
             printf("| %-24s | %10s | %8s | %7d | %10s | %7s | %17s | %9.1f | %9.2f | %9.2f |\n", name, size, params,
                    threads, budget, test, tps, r.pageins, r.mib, r.wait_ms);
+        }
+        if (o.profile) {
+            char test[16];
+            snprintf(test, sizeof test, "%s%d", pp ? "pp" : "tg", n);
+            bench_prof_print(test, &r.prof, o.fmt == OUT_MD);
         }
         fflush(stdout);
     }

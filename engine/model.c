@@ -8,6 +8,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include "engine/backend_vk.h"
 #include "engine/memlimit.h"
@@ -75,6 +76,16 @@ struct jlm_engine {
      * (the engine's own, or a jlm_engine_seq's) at position bpos[t] */
     void    **bkc, **bvc; /* (nb,) */
     uint32_t *bpos;       /* (nb,) */
+    /* attn_kv computed the queries too (fused with K and V): attn_out of the
+     * same rows (x) of layer q_layer skips its norm and Q matmul; cleared by
+     * every attn_out */
+    const float *q_ready_x;
+    uint32_t     q_ready_l;
+    /* profiling (model.h): prof on; prof_in: a class is being timed (nested
+     * ones are not); pr the sums; pr_page0 the pager's read time at reset */
+    int              prof, prof_in;
+    jlm_engine_prof  pr;
+    unsigned long long pr_page0;
 };
 
 /* A KV cache of its own, for serving several sequences on one engine. */
@@ -113,6 +124,31 @@ static const float *vec_dense(const jlm_engine *e, const jlm_tensor *t)
 
 static void *zalloc(size_t n) { return calloc(1, n ? n : 1); }
 
+/* ================================================================ profiling */
+static unsigned long long prof_now(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (unsigned long long)ts.tv_sec * 1000000000ull + (unsigned long long)ts.tv_nsec;
+}
+
+/* A class's start: 0 when off or inside another timed class (counted there). */
+static unsigned long long prof_begin(jlm_engine *e)
+{
+    if (!e->prof || e->prof_in)
+        return 0;
+    e->prof_in = 1;
+    return prof_now();
+}
+
+static void prof_end(jlm_engine *e, int cls, unsigned long long t0)
+{
+    if (!t0)
+        return;
+    e->pr.ns[cls] += prof_now() - t0;
+    e->prof_in = 0;
+}
+
 /* ================================================================ threaded matvec / matmul */
 typedef struct mm_job {
     jlm_k_matvec_fn mv;
@@ -140,7 +176,7 @@ static void mm_slice(void *ctx, size_t b, size_t en, int tid)
  * previous matmul of this same x (wk/wv, gate/up) and has not changed since,
  * so its int8 rows are reused (bit-identical: quantization is a pure function
  * of x and k). */
-static void matmul_x(jlm_engine *e, const jlm_k_mat *m, uint32_t n, const float *x, float *y, int shared)
+static void matmul_x_run(jlm_engine *e, const jlm_k_mat *m, uint32_t n, const float *x, float *y, int shared)
 {
     mm_job j = {e->k->matvec[m->type], e->k->matmul[m->type], m, n, x, NULL, y};
     if (!jlm_fmt_type_traits(m->type)->is_float) {
@@ -159,11 +195,141 @@ static void matmul_x(jlm_engine *e, const jlm_k_mat *m, uint32_t n, const float 
     jlm_pool_for(e->pool, m->rows, grain, mm_slice, &j);
 }
 
+static void matmul_x(jlm_engine *e, const jlm_k_mat *m, uint32_t n, const float *x, float *y, int shared)
+{
+    unsigned long long t0 = prof_begin(e);
+    matmul_x_run(e, m, n, x, y, shared);
+    prof_end(e, JLM_PROF_MATMUL, t0);
+}
+
 static void matmul(jlm_engine *e, const jlm_k_mat *m, uint32_t n, const float *x, float *y)
 {
     matmul_x(e, m, n, x, y, 0);
 }
 static void matvec(jlm_engine *e, const jlm_k_mat *m, const float *x, float *y) { matmul(e, m, 1, x, y); }
+
+/* ---------------------------------------------------------------- fused dispatches
+ * Decode on several threads pays a barrier per dispatch (the caller waits for
+ * the slowest slice) and runs the glue between dispatches on one thread. Two
+ * fusions cut a layer's matmul dispatches from 7 to 4, results unchanged:
+ * every row of every matmul is still one kernel call's row over the same
+ * int8 input rows, and the activation is elementwise.
+ *  - Q, K, V in one dispatch over their rows, split by weight bytes (Q4_K_M
+ *    stores V as Q6_K: equal row counts would give one thread more bytes);
+ *  - gate, up and the activation in one dispatch: each slice runs both
+ *    matrices' rows [b, e) and activates them. */
+#define MULTI_MAX 3
+typedef struct mm_multi {
+    int      nm, nparts;
+    mm_job   j[MULTI_MAX];
+    uint64_t rb[MULTI_MAX];        /* weight bytes per row */
+    uint64_t total;                /* weight bytes of all rows */
+} mm_multi;
+
+/* Bytes a row of m occupies in its planes (for splitting work by bytes). */
+static uint64_t row_bytes(const jlm_k_mat *m)
+{
+    const jlm_type_traits *tt = jlm_fmt_type_traits(m->type);
+    if (tt->is_float)
+        return m->k * tt->elem_bytes;
+    uint64_t qs = 0, d = 0, sc = 0;
+    if (jlm_fmt_planes(m->type, m->k, 64, &qs, &d, &sc, NULL))
+        return m->k;
+    return (qs + d + sc + 63) / 64;
+}
+
+/* Rows of matrix i whose first byte falls in part p's byte range, cut at
+ * multiples of 64 rows (as the single-matrix split) when the matrix has
+ * >= 256 rows: [*rb, *re). */
+static void multi_rows(const mm_multi *mj, int i, size_t p, uint64_t *r0, uint64_t *r1)
+{
+    uint64_t start = 0;
+    for (int a = 0; a < i; a++)
+        start += mj->rb[a] * mj->j[a].m->rows;
+    uint64_t rows = mj->j[i].m->rows, g = rows >= 256 ? 64 : rows;
+    uint64_t cut[2];
+    for (int s = 0; s < 2; s++) {
+        uint64_t lo = (uint64_t)((long double)mj->total * (p + (size_t)s) / mj->nparts);
+        uint64_t r = lo <= start ? 0 : (lo - start + mj->rb[i] - 1) / mj->rb[i];
+        r = (r + g - 1) / g * g;
+        cut[s] = r < rows ? r : rows;
+    }
+    *r0 = cut[0];
+    *r1 = cut[1];
+}
+
+static void mm_multi_slice(void *ctx, size_t b, size_t en, int tid)
+{
+    mm_multi *mj = ctx;
+    for (size_t p = b; p < en; p++)
+        for (int i = 0; i < mj->nm; i++) {
+            uint64_t r0, r1;
+            multi_rows(mj, i, p, &r0, &r1);
+            if (r0 < r1)
+                mm_slice(&mj->j[i], r0, r1, tid);
+        }
+}
+
+/* Y_i = X W_i^T for matrices sharing X (n rows of k = ms[0]->k), one
+ * dispatch. The CPU only: the caller checks !e->vk_here. */
+static void matmul_multi(jlm_engine *e, const jlm_k_mat *const *ms, float *const *ys, int nm, uint32_t n,
+                         const float *x)
+{
+    unsigned long long t0 = prof_begin(e);
+    mm_multi mj = {.nm = nm, .nparts = jlm_pool_n_threads(e->pool)};
+    int quant = 0;
+    for (int i = 0; i < nm; i++) {
+        mj.j[i] = (mm_job){e->k->matvec[ms[i]->type], e->k->matmul[ms[i]->type], ms[i], n, x, NULL, ys[i]};
+        mj.rb[i] = row_bytes(ms[i]);
+        mj.total += mj.rb[i] * ms[i]->rows;
+        quant |= !jlm_fmt_type_traits(ms[i]->type)->is_float;
+    }
+    if (quant) {
+        for (uint32_t t = 0; t < n; t++) {
+            e->xq[t].k = ms[0]->k;
+            e->k->quantize_act(x + (uint64_t)t * ms[0]->k, &e->xq[t]);
+        }
+        e->xq_of = x;
+        for (int i = 0; i < nm; i++)
+            if (!jlm_fmt_type_traits(ms[i]->type)->is_float)
+                mj.j[i].xq = e->xq;
+    }
+    jlm_pool_for(e->pool, (size_t)mj.nparts, 1, mm_multi_slice, &mj);
+    prof_end(e, JLM_PROF_MATMUL, t0);
+}
+
+static void activate(const jlm_config *c, float *g, const float *u, uint64_t n);
+
+typedef struct gu_job { mm_job g, u; const jlm_config *c; } gu_job;
+
+static void gate_up_slice(void *ctx, size_t b, size_t en, int tid)
+{
+    gu_job *j = ctx;
+    mm_slice(&j->g, b, en, tid);
+    mm_slice(&j->u, b, en, tid);
+    for (uint64_t t = 0; t < j->g.n; t++)
+        activate(j->c, j->g.y + t * j->g.m->rows + b, j->u.y + t * j->u.m->rows + b, en - b);
+}
+
+/* g = act(X Wg^T) * (X Wu^T) in one dispatch (CPU only, as matmul_multi). */
+static void gate_up_act(jlm_engine *e, const jlm_k_mat *wg, const jlm_k_mat *wu, uint32_t n, const float *x)
+{
+    unsigned long long t0 = prof_begin(e);
+    gu_job j = {{e->k->matvec[wg->type], e->k->matmul[wg->type], wg, n, x, NULL, e->g},
+                {e->k->matvec[wu->type], e->k->matmul[wu->type], wu, n, x, NULL, e->u}, e->c};
+    if (!jlm_fmt_type_traits(wg->type)->is_float || !jlm_fmt_type_traits(wu->type)->is_float) {
+        for (uint32_t t = 0; t < n; t++) {
+            e->xq[t].k = wg->k;
+            e->k->quantize_act(x + (uint64_t)t * wg->k, &e->xq[t]);
+        }
+        e->xq_of = x;
+        j.g.xq = jlm_fmt_type_traits(wg->type)->is_float ? NULL : e->xq;
+        j.u.xq = jlm_fmt_type_traits(wu->type)->is_float ? NULL : e->xq;
+    }
+    size_t grain = wg->rows >= 256 ? 64 : wg->rows;
+    jlm_pool_for(e->pool, wg->rows, grain, gate_up_slice, &j);
+    prof_end(e, JLM_PROF_MATMUL, t0);
+}
 
 static void add_bias(float *y, const float *b, uint64_t n)
 {
@@ -592,10 +758,12 @@ static void attend(jlm_engine *e, uint32_t l, uint32_t t, const float *q, float 
                .softcap = c->attn_softcap, .mask = swa ? e->mask : NULL},
     };
     /* short contexts are not worth a dispatch */
+    unsigned long long t0 = prof_begin(e);
     if (e->kv_f16)
         jlm_pool_for(n_kv >= 64 ? e->pool : NULL, c->n_kv_head, 1, attn_heads_f16, &j);
     else
         jlm_pool_for(n_kv >= 64 ? e->pool : NULL, c->n_head, 1, attn_heads, &j);
+    prof_end(e, JLM_PROF_ATTN, t0);
 }
 
 /* n floats into a cache row: copied, or kv_f16 rounded to F16 (nearest
@@ -621,8 +789,19 @@ static void attn_kv(jlm_engine *e, uint32_t l, const uint8_t *page, uint64_t pag
         jlm_k_rmsnorm(e->h + t * E, e->x + t * E, vec_dense(e, W(e, l, JLM_R_ATTN_NORM)), E, c->rms_eps);
     jlm_k_mat wk = mat_at(W(e, l, JLM_R_ATTN_K), page, page_off, 0);
     jlm_k_mat wv = mat_at(W(e, l, JLM_R_ATTN_V), page, page_off, 0);
-    matmul(e, &wk, n, e->h, e->kk);
-    matmul_x(e, &wv, n, e->h, e->vv, 1);   /* the same quantized rows */
+    const jlm_tensor *tq = W(e, l, JLM_R_ATTN_Q);
+    if (!e->vk_here && tq) {
+        /* Q too, for attn_out of these rows (fused dispatches above) */
+        jlm_k_mat wq = mat_at(tq, page, page_off, 0);
+        const jlm_k_mat *ms[3] = {&wq, &wk, &wv};
+        float *ys[3] = {e->q, e->kk, e->vv};
+        matmul_multi(e, ms, ys, 3, n, e->h);
+        e->q_ready_x = e->x;
+        e->q_ready_l = l;
+    } else {
+        matmul(e, &wk, n, e->h, e->kk);
+        matmul_x(e, &wv, n, e->h, e->vv, 1);   /* the same quantized rows */
+    }
     jlm_k_rope rp;
     rope_params(e, l, &rp);
     for (uint32_t t = 0; t < n; t++) {
@@ -645,10 +824,14 @@ static void attn_out(jlm_engine *e, uint32_t l, const uint8_t *page, uint64_t pa
 {
     const jlm_config *c = e->c;
     uint32_t E = c->n_embd, A = c->n_head * e->hd_v;
-    for (uint32_t t = 0; t < n; t++)
-        jlm_k_rmsnorm(e->h + t * E, e->x + t * E, vec_dense(e, W(e, l, JLM_R_ATTN_NORM)), E, c->rms_eps);
-    jlm_k_mat wq = mat_at(W(e, l, JLM_R_ATTN_Q), page, page_off, 0);
-    matmul(e, &wq, n, e->h, e->q);
+    int ready = e->q_ready_x == e->x && e->q_ready_l == l;
+    e->q_ready_x = NULL;
+    if (!ready) {
+        for (uint32_t t = 0; t < n; t++)
+            jlm_k_rmsnorm(e->h + t * E, e->x + t * E, vec_dense(e, W(e, l, JLM_R_ATTN_NORM)), E, c->rms_eps);
+        jlm_k_mat wq = mat_at(W(e, l, JLM_R_ATTN_Q), page, page_off, 0);
+        matmul(e, &wq, n, e->h, e->q);
+    }
     jlm_k_rope rp;
     rope_params(e, l, &rp);
     for (uint32_t t = 0; t < n; t++) {
@@ -703,10 +886,14 @@ static void ffn_dense(jlm_engine *e, uint32_t l, const uint8_t *page, uint64_t p
     jlm_k_mat wu = mat_at(W(e, l, JLM_R_FFN_UP), page, page_off, 0);
     jlm_k_mat wd = mat_at(W(e, l, JLM_R_FFN_DOWN), page, page_off, 0);
     uint64_t F = wg.rows;
-    matmul(e, &wg, n, e->h, e->g);
-    matmul_x(e, &wu, n, e->h, e->u, 1);    /* the same quantized rows */
-    for (uint32_t t = 0; t < n; t++)
-        activate(c, e->g + t * F, e->u + t * F, F);
+    if (!e->vk_here) {
+        gate_up_act(e, &wg, &wu, n, e->h);
+    } else {
+        matmul(e, &wg, n, e->h, e->g);
+        matmul_x(e, &wu, n, e->h, e->u, 1);    /* the same quantized rows */
+        for (uint32_t t = 0; t < n; t++)
+            activate(c, e->g + t * F, e->u + t * F, F);
+    }
     matmul(e, &wd, n, e->g, e->o);
     const float *pn = c->arch == JLM_ARCH_GEMMA3 ? vec_dense(e, W(e, l, JLM_R_POST_FFW_NORM)) : NULL;
     for (uint32_t t = 0; t < n; t++) {
@@ -721,6 +908,7 @@ static void route(jlm_engine *e, uint32_t l, const uint8_t *page, uint64_t page_
 {
     const jlm_config *c = e->c;
     uint32_t ne = c->n_expert, nu = c->n_expert_used;
+    unsigned long long t0 = prof_begin(e);
     jlm_k_mat wr = mat_at(W(e, l, JLM_R_ROUTER), page, page_off, 0);
     matvec(e, &wr, h, e->router);
     add_bias(e->router, vec_dense(e, W(e, l, JLM_R_ROUTER_B)), ne);
@@ -750,6 +938,7 @@ static void route(jlm_engine *e, uint32_t l, const uint8_t *page, uint64_t page_
     }
     if (c->expert_scale > 0)
         for (uint32_t s = 0; s < nu; s++) e->route_w[s] *= c->expert_scale;
+    prof_end(e, JLM_PROF_ROUTE, t0);
 }
 
 /* x += the routed experts' mixture for one token (row t). Pages in every
@@ -786,11 +975,15 @@ static int moe_token(jlm_engine *e, uint32_t l, const uint8_t *page, uint64_t pa
             /* bank offsets address expert 0's page: shift them to expert xe's page */
             jlm_k_mat wg = mat_at(tg, frames[s], pg_off, shift), wu = mat_at(tu, frames[s], pg_off, shift);
             jlm_k_mat wd = mat_at(td, frames[s], pg_off, shift);
-            matvec(e, &wg, h, e->g);
-            matvec(e, &wu, h, e->u);
-            if (bg) add_bias(e->g, bg + (uint64_t)xe * nff, nff);
-            if (bu) add_bias(e->u, bu + (uint64_t)xe * nff, nff);
-            activate(c, e->g, e->u, nff);
+            if (!bg && !bu && !e->vk_here) {
+                gate_up_act(e, &wg, &wu, 1, h);   /* one dispatch (see matmul_multi) */
+            } else {
+                matvec(e, &wg, h, e->g);
+                matvec(e, &wu, h, e->u);
+                if (bg) add_bias(e->g, bg + (uint64_t)xe * nff, nff);
+                if (bu) add_bias(e->u, bu + (uint64_t)xe * nff, nff);
+                activate(c, e->g, e->u, nff);
+            }
             matvec(e, &wd, e->g, e->o);
             if (bd) add_bias(e->o, bd + (uint64_t)xe * E, E);
             for (uint32_t i = 0; i < E; i++)
@@ -904,11 +1097,17 @@ static int run_layers(jlm_engine *e, float *xs, uint32_t n, void *kc, void *vc, 
 static int forward(jlm_engine *e, const int32_t *tokens, uint32_t n, float *logits, int all_logits, jlm_err *err)
 {
     const jlm_config *c = e->c;
+    unsigned long long t0 = e->prof ? prof_now() : 0;
     for (uint32_t t = 0; t < n; t++)
         embed(e, tokens[t], e->x + t * c->n_embd);
     int rc = run_layers(e, e->x, n, NULL, NULL, 0, 0, err);
     if (!rc && logits)
         output(e, e->x + (uint64_t)(all_logits ? 0 : n - 1) * c->n_embd, all_logits ? n : 1, logits);
+    if (t0) {
+        e->pr.total_ns += prof_now() - t0;
+        e->pr.evals++;
+        e->pr.tokens += n;
+    }
     return rc;
 }
 
@@ -1041,6 +1240,69 @@ uint32_t jlm_engine_n_vocab(const jlm_engine *e)
     return (uint32_t)jlm_tensor_rows(t ? t : W(e, -1, JLM_R_TOKEN_EMBD));
 }
 jlm_pager *jlm_engine_pager(jlm_engine *e) { return e->pager; }
+
+/* ================================================================ profiling */
+static unsigned long long pager_read_ns(jlm_pager *pg)
+{
+    jlm_pager_counters c;
+    jlm_pager_stats(pg, &c);
+    unsigned long long s = 0;
+    for (uint32_t a = 0; a < c.n_arrays; a++)
+        s += c.a[a].read_ns + c.a[a].pf_wait_ns;   /* own reads + waits for a prefetch */
+    return s;
+}
+
+void jlm_engine_prof_reset(jlm_engine *e)
+{
+    memset(&e->pr, 0, sizeof e->pr);
+    jlm_pool_stats_reset(e->pool);
+    e->pr_page0 = pager_read_ns(e->pager);
+}
+
+void jlm_engine_profile(jlm_engine *e, int on)
+{
+    e->prof = on;
+    e->prof_in = 0;
+    jlm_pool_profile(e->pool, on);
+    jlm_engine_prof_reset(e);
+}
+
+void jlm_engine_prof_add(jlm_engine *e, int cls, unsigned long long ns)
+{
+    if (e->prof && cls >= 0 && cls < JLM_PROF_N) {
+        e->pr.ns[cls] += ns;
+        e->pr.total_ns += ns;
+    }
+}
+
+void jlm_engine_prof_get(const jlm_engine *e, jlm_engine_prof *out)
+{
+    *out = e->pr;
+    unsigned long long page = pager_read_ns(e->pager);
+    out->ns[JLM_PROF_PAGEIN] = page > e->pr_page0 ? page - e->pr_page0 : 0;
+    /* a counter reset by someone else (jlm bench between repetitions) */
+    if (page < e->pr_page0)
+        out->ns[JLM_PROF_PAGEIN] = page;
+    unsigned long long known = 0;
+    for (int i = 0; i < JLM_PROF_N; i++)
+        if (i != JLM_PROF_OTHER)
+            known += out->ns[i];
+    out->ns[JLM_PROF_OTHER] = out->total_ns > known ? out->total_ns - known : 0;
+    jlm_pool_stats ps;
+    jlm_pool_stats_get(e->pool, &ps);
+    out->dispatches = ps.dispatches;
+    out->par_wall_ns = ps.wall_ns;
+    out->wait_ns = ps.wait_ns;
+    out->busy_ns = ps.busy_ns;
+    out->n_threads = jlm_pool_n_threads(e->pool);
+}
+
+const char *jlm_engine_prof_name(int cls)
+{
+    static const char *const names[JLM_PROF_N] = {"matmul", "attention", "moe-routing", "page-in", "sampling",
+                                                  "norms/rope/act"};
+    return cls >= 0 && cls < JLM_PROF_N ? names[cls] : "?";
+}
 const uint8_t *jlm_engine_dense(const jlm_engine *e) { return e->dense; }
 struct jlm_pool *jlm_engine_pool(jlm_engine *e) { return e->pool; }
 uint64_t jlm_engine_budget(const jlm_engine *e) { return e->budget; }

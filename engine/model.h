@@ -129,6 +129,40 @@ const uint8_t *jlm_engine_dense(const jlm_engine *e);
 /* The engine's worker pool, for engine/vision.c between evaluations (never
  * while one runs: the pool is not reentrant). */
 struct jlm_pool *jlm_engine_pool(jlm_engine *e);
+/* Profiling (jlm bench --profile): where evaluation time goes. While on,
+ * each evaluation adds its wall time to total_ns and the time of each class
+ * of operation (measured on the calling thread, which also runs a slice of
+ * every parallel part) to ns[class]; JLM_PROF_OTHER is the remainder
+ * (norms, RoPE, activations, residual adds, embedding: the serial glue).
+ * The pool's figures say how long threads waited at dispatch barriers and
+ * how much of the time ran in parallel: serial = total - pool wall time.
+ * JLM_PROF_SAMPLE is added by the caller (jlm_engine_prof_add): sampling is
+ * outside the engine. Off (the default): no clock is read. */
+enum {
+    JLM_PROF_MATMUL,    /* weight matmuls, activation quantization included */
+    JLM_PROF_ATTN,      /* attention over the cache (scores, softmax, values) */
+    JLM_PROF_ROUTE,     /* MoE routing: router matvec and top-k */
+    JLM_PROF_PAGEIN,    /* waiting for block and expert pages (jlm_pager_get) */
+    JLM_PROF_SAMPLE,    /* sampling, added by the caller */
+    JLM_PROF_OTHER,     /* the rest: total - the above */
+    JLM_PROF_N
+};
+typedef struct jlm_engine_prof {
+    unsigned long long ns[JLM_PROF_N];
+    unsigned long long total_ns;       /* evaluations' wall time (+ JLM_PROF_SAMPLE) */
+    unsigned long long evals, tokens;
+    unsigned long long dispatches;     /* parallel parts that reached the workers */
+    unsigned long long par_wall_ns;    /* their wall time */
+    unsigned long long wait_ns;        /* thread time waiting at their barriers, summed over threads */
+    unsigned long long busy_ns;        /* thread time working in them, summed over threads */
+    int n_threads;
+} jlm_engine_prof;
+void jlm_engine_profile(jlm_engine *e, int on);
+void jlm_engine_prof_get(const jlm_engine *e, jlm_engine_prof *out);   /* OTHER computed here */
+void jlm_engine_prof_reset(jlm_engine *e);
+void jlm_engine_prof_add(jlm_engine *e, int cls, unsigned long long ns);
+const char *jlm_engine_prof_name(int cls);
+
 /* The page frames' budget actually in force (after subtracting the KV cache,
  * scratch and dense region, and raising to the minimum working set); 0:
  * unlimited. */

@@ -17,6 +17,7 @@
 #include <stdatomic.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 #include <unistd.h>
 
 #define POOL_MAX_THREADS 256
@@ -42,6 +43,12 @@ struct jlm_pool {
     pthread_mutex_t       mu;
     pthread_cond_t        wake;       /* workers wait here for a new gen */
     pthread_cond_t        done;       /* the caller waits here for pending == 0 */
+
+    /* profiling (pool.h): prof is read by workers at each job */
+    int             prof;
+    unsigned long long t_begin;       /* this dispatch's start, ns */
+    unsigned long long *t_slice;      /* (n_threads, 2) each thread's slice start, end */
+    jlm_pool_stats  st;
 };
 
 typedef struct pool_arg { jlm_pool *p; int idx; } pool_arg;
@@ -71,12 +78,61 @@ static void slice_of(const jlm_pool *p, int t, size_t *b, size_t *e)
     *e = ue * grain < p->n ? ue * grain : p->n;
 }
 
+static unsigned long long now_ns(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (unsigned long long)ts.tv_sec * 1000000000ull + (unsigned long long)ts.tv_nsec;
+}
+
 static void run_slice(jlm_pool *p, int t)
 {
     size_t b, e;
     slice_of(p, t, &b, &e);
+    if (p->prof) {
+        unsigned long long *ts = p->t_slice + 2 * t;
+        ts[0] = now_ns();
+        if (b < e)
+            p->fn(p->ctx, b, e, t);
+        ts[1] = now_ns();
+        return;
+    }
     if (b < e)
         p->fn(p->ctx, b, e, t);
+}
+
+/* After a profiled dispatch (every slice done): fold its times in. */
+static void prof_fold(jlm_pool *p)
+{
+    unsigned long long end = now_ns();
+    p->st.dispatches++;
+    p->st.wall_ns += end - p->t_begin;
+    for (int t = 0; t < p->n_threads; t++) {
+        const unsigned long long *ts = p->t_slice + 2 * t;
+        unsigned long long s0 = ts[0] > p->t_begin ? ts[0] : p->t_begin, s1 = ts[1] > s0 ? ts[1] : s0;
+        p->st.busy_ns += s1 - s0;
+        p->st.wait_ns += (s0 - p->t_begin) + (end > s1 ? end - s1 : 0);
+    }
+}
+
+void jlm_pool_profile(jlm_pool *p, int on)
+{
+    if (p)
+        p->prof = on && p->t_slice;
+}
+
+void jlm_pool_stats_get(const jlm_pool *p, jlm_pool_stats *out)
+{
+    if (p)
+        *out = p->st;
+    else
+        memset(out, 0, sizeof *out);
+}
+
+void jlm_pool_stats_reset(jlm_pool *p)
+{
+    if (p)
+        memset(&p->st, 0, sizeof p->st);
 }
 
 static void worker_finish(jlm_pool *p)
@@ -141,6 +197,8 @@ void jlm_pool_for(jlm_pool *p, size_t n, size_t grain, jlm_pool_fn fn, void *ctx
     p->ctx = ctx;
     p->n = n;
     p->grain = grain ? grain : 1;
+    if (p->prof)
+        p->t_begin = now_ns();
     atomic_store(&p->pending, p->n_threads - 1);
     publish(p);
     run_slice(p, 0);
@@ -157,6 +215,8 @@ void jlm_pool_for(jlm_pool *p, size_t n, size_t grain, jlm_pool_fn fn, void *ctx
         atomic_store(&p->caller_sleeps, 0);
         pthread_mutex_unlock(&p->mu);
     }
+    if (p->prof)
+        prof_fold(p);
 }
 
 static void pool_stop(jlm_pool *p, int n_started)
@@ -189,7 +249,8 @@ int jlm_pool_create(int n_threads, unsigned spin, jlm_pool **out, jlm_err *err)
     pthread_cond_init(&p->wake, NULL);
     pthread_cond_init(&p->done, NULL);
     p->threads = calloc((size_t)n_threads, sizeof *p->threads);
-    if (!p->threads) {
+    p->t_slice = calloc((size_t)n_threads * 2, sizeof *p->t_slice);
+    if (!p->threads || !p->t_slice) {
         jlm_pool_destroy(p);
         return jlm_errf(err, JLM_ENOMEM, "thread pool: out of memory");
     }
@@ -224,6 +285,7 @@ void jlm_pool_destroy(jlm_pool *p)
     pthread_cond_destroy(&p->wake);
     pthread_cond_destroy(&p->done);
     free(p->threads);
+    free(p->t_slice);
     free(p);
 }
 

@@ -43,4 +43,21 @@ int  jlm_pool_n_threads(const jlm_pool *p);
  * NULL: then fn(ctx, 0, n, 0) runs on the caller. Cannot fail. */
 void jlm_pool_for(jlm_pool *p, size_t n, size_t grain, jlm_pool_fn fn, void *ctx);
 
+/* Profiling (jlm bench --profile). While on, every dispatch that reaches the
+ * workers is timed: its wall time, and per thread the time it did not run
+ * its slice (a worker: from the dispatch to its slice's start, then from its
+ * slice's end to the dispatch's end; the caller: from its slice's end to the
+ * last worker's). wait_ns sums that over the threads: the cost of the
+ * dispatch's barrier. Off (the default): no clock is read. Counters are
+ * read and reset by the dispatching thread between dispatches. */
+typedef struct jlm_pool_stats {
+    unsigned long long dispatches;   /* dispatches that reached the workers */
+    unsigned long long wall_ns;      /* their wall time, summed */
+    unsigned long long wait_ns;      /* thread time spent waiting in them, summed over threads */
+    unsigned long long busy_ns;      /* thread time spent in slices, summed over threads */
+} jlm_pool_stats;
+void jlm_pool_profile(jlm_pool *p, int on);
+void jlm_pool_stats_get(const jlm_pool *p, jlm_pool_stats *out);
+void jlm_pool_stats_reset(jlm_pool *p);
+
 #endif

@@ -182,6 +182,67 @@ Test(engine, prefill_batch_size_does_not_change_the_logits, .timeout = 60)
     free(dir);
 }
 
+/* ---------------------------------------------------------------- thread count */
+/* Logits of a 70-token prompt (the attention dispatch starts at 64 keys) and
+ * of 4 greedy steps after it, at one thread: every thread count must give
+ * them bit for bit (each matmul row is one kernel call's whatever the split,
+ * and the fused Q/K/V and gate/up/activation dispatches split by bytes). */
+static float *logits_at_threads(const char *path, int threads, uint32_t nv)
+{
+    jlm_engine_opts o = {.n_threads = threads, .quiet = 1, .direct = 1, .n_ctx = 128};
+    jlm_engine *e;
+    jlm_err err = {0};
+    cr_assert_eq(jlm_engine_open(path, &o, &e, &err), 0, "%s", err.msg);
+    float *all = malloc(5 * (size_t)nv * sizeof *all);
+    int32_t ids[70];
+    for (int i = 0; i < 70; i++)
+        ids[i] = 1 + (i * 37) % (int32_t)(nv - 1);
+    cr_assert_eq(jlm_engine_eval(e, ids, 70, all, &err), 0, "%s", err.msg);
+    for (int s = 1; s < 5; s++) {
+        const float *l = all + (size_t)(s - 1) * nv;
+        int32_t best = 0;
+        for (uint32_t j = 1; j < nv; j++)
+            if (l[j] > l[best]) best = (int32_t)j;
+        cr_assert_eq(jlm_engine_eval(e, &best, 1, all + (size_t)s * nv, &err), 0, "%s", err.msg);
+    }
+    jlm_engine_close(e);
+    return all;
+}
+
+static mp THREAD_MODELS[] = {
+    {"synth-llama-256.Q4_0"}, {"synth-llama-256.Q4_K_M"}, {"synth-llama-256.f32"},
+    {"synth-qwen3-256.Q4_K_M"}, {"synth-gemma3-256.Q8_0"}, {"synth-llama-moe-256.Q4_K_M"},
+};
+
+ParameterizedTestParameters(engine, gives_bit_identical_logits_at_1_2_and_3_threads)
+{
+    return cr_make_param_array(mp, THREAD_MODELS, sizeof THREAD_MODELS / sizeof THREAD_MODELS[0]);
+}
+
+ParameterizedTest(mp *m, engine, gives_bit_identical_logits_at_1_2_and_3_threads, .timeout = 60)
+{
+    char *dir = tu_tmpdir();
+    char *path = convert_model(m->name, dir);
+    jlm_engine_opts o = {.n_threads = 1, .quiet = 1};
+    jlm_engine *e;
+    jlm_err err = {0};
+    cr_assert_eq(jlm_engine_open(path, &o, &e, &err), 0, "%s", err.msg);
+    uint32_t nv = jlm_engine_n_vocab(e);
+    jlm_engine_close(e);
+    float *one = logits_at_threads(path, 1, nv);
+    for (int t = 2; t <= 3; t++) {
+        float *l = logits_at_threads(path, t, nv);
+        for (int s = 0; s < 5; s++)
+            cr_assert(!memcmp(one + (size_t)s * nv, l + (size_t)s * nv, nv * sizeof *l),
+                      "%s: logits of step %d at %d threads differ from 1 thread", m->name, s, t);
+        free(l);
+    }
+    free(one);
+    free(path);
+    tu_rmrf(dir);
+    free(dir);
+}
+
 /* ---------------------------------------------------------------- every model vs llama.cpp */
 static mp MODELS[] = {
     {"stories260K"}, {"llama-2-tiny-random"}, {"synth-llama-256.f32"}, {"synth-llama-256.Q4_0"},
@@ -633,6 +694,80 @@ Test(engine_cli, prints_the_generated_text_and_stats)
     cr_assert(strstr(o, "pager: page-ins ") && strstr(o, "evictions "), "%s", o);
     free(o);
     free(path);
+    tu_rmrf(dir);
+    free(dir);
+}
+
+/* jlm bench --profile: after each test's row, the per-class times, which add
+ * up to the token's time, and the parallel/serial split, which does too. */
+static void profile_block(const char *out, const char *test, int threads, int tokens)
+{
+    char head[64];
+    snprintf(head, sizeof head, "> profile %s: ", test);
+    const char *p = strstr(out, head);
+    cr_assert(p, "no '%s' block in:\n%s", head, out);
+    double ms_tok = 0;
+    int n_tok = 0, n_thr = 0;
+    cr_assert_eq(sscanf(p + strlen(head), "%lf ms/token over %d tokens, %d threads", &ms_tok, &n_tok, &n_thr), 3,
+                 "%s", p);
+    cr_assert(ms_tok > 0, "%s", p);
+    cr_assert_eq(n_tok, tokens, "%s", p);
+    cr_assert_eq(n_thr, threads, "%s", p);
+    static const char *const CLASSES[] = {"matmul", "attention", "moe-routing", "page-in", "sampling",
+                                          "norms/rope/act"};
+    double sum_ms = 0, sum_pct = 0;
+    for (int i = 0; i < 6; i++) {
+        char key[64];
+        snprintf(key, sizeof key, ">   %s ", CLASSES[i]);
+        const char *l = strstr(p, key);
+        cr_assert(l, "no %s line in:\n%s", CLASSES[i], p);
+        double ms, pct;
+        cr_assert_eq(sscanf(l + strlen(key), " %lf ms/token %lf%%", &ms, &pct), 2, "%s", l);
+        cr_assert(ms >= 0 && pct >= 0 && pct <= 100.05, "%s", l);
+        sum_ms += ms;
+        sum_pct += pct;
+    }
+    cr_assert(fabs(sum_ms - ms_tok) <= 0.01 * ms_tok + 0.005, "classes add up to %.3f of %.3f ms/token", sum_ms,
+              ms_tok);
+    cr_assert(fabs(sum_pct - 100) <= 0.5, "classes add up to %.1f%%", sum_pct);
+    const char *mm = strstr(p, ">   matmul ");
+    double mm_ms;
+    cr_assert_eq(sscanf(mm + 11, " %lf", &mm_ms), 1);
+    cr_assert(mm_ms > 0, "a decode without matmul time: %s", p);
+    double par_pct, ser_pct, disp, wait_pct;
+    const char *l = strstr(p, ">   parallel parts ");
+    cr_assert(l && sscanf(l + 19, " %*f ms/token %lf%% (%lf dispatches/token)", &par_pct, &disp) == 2, "%s", p);
+    l = strstr(p, ">   serial ");
+    cr_assert(l && sscanf(l + 11, " %*f ms/token %lf%%", &ser_pct) == 1, "%s", p);
+    cr_assert(fabs(par_pct + ser_pct - 100) <= 0.5, "parallel %.1f%% + serial %.1f%%", par_pct, ser_pct);
+    l = strstr(p, ">   barrier wait ");
+    cr_assert(l && sscanf(l + 17, " %*f thread-ms/token %lf%%", &wait_pct) == 1, "%s", p);
+    cr_assert(wait_pct >= 0 && wait_pct <= 100, "%s", l);
+    if (threads == 1)
+        cr_assert(disp == 0 && par_pct == 0, "one thread: nothing parallel: %s", p);
+    else
+        cr_assert(disp > 0 && par_pct > 0, "%d threads: no parallel part: %s", threads, p);
+}
+
+Test(engine_cli, bench_profile_says_where_the_time_went, .timeout = 60)
+{
+    char *dir = tu_tmpdir();
+    for (int t = 1; t <= 2; t++) {
+        char cmd[2048], *o = NULL;
+        snprintf(cmd, sizeof cmd, "XDG_CACHE_HOME=%s %s bench %s -p 16 -n 8 -r 2 -t %d --profile 2>/dev/null", dir,
+                 tu_jlm(), tu_model("synth-llama-256.Q4_0.gguf"), t);
+        cr_assert_eq(tu_run(cmd, &o), 0, "%s", o);
+        cr_assert(strstr(o, "| model "), "the table is still printed: %s", o);
+        profile_block(o, "pp16", t, 32);
+        profile_block(o, "tg8", t, 16);
+        free(o);
+    }
+    char cmd[2048], *o = NULL;
+    snprintf(cmd, sizeof cmd, "XDG_CACHE_HOME=%s %s bench %s -p 0 -n 4 -r 1 -t 2 2>/dev/null", dir, tu_jlm(),
+             tu_model("synth-llama-256.Q4_0.gguf"));
+    cr_assert_eq(tu_run(cmd, &o), 0, "%s", o);
+    cr_assert(!strstr(o, "profile"), "no profile unless asked: %s", o);
+    free(o);
     tu_rmrf(dir);
     free(dir);
 }

@@ -914,6 +914,34 @@ Test(pool, parallel_for_covers_every_index_exactly_once_under_repeated_dispatch,
     jlm_pool_destroy(pool);
 }
 
+/* Profiling: counted only while on; per dispatch each thread's slice and
+ * wait times add up to the dispatch's wall time, so the sums are n_threads x
+ * the wall; reset zeroes them. */
+Test(pool, profiling_counts_dispatches_only_while_on, .timeout = 30)
+{
+    jlm_pool *pool = NULL;
+    jlm_err err = { 0 };
+    cr_assert_eq(jlm_pool_create(3, 0, &pool, &err), 0, "%s", err.msg);
+    static cover c;
+    jlm_pool_stats st;
+    run_cover(pool, &c, POOL_N, 4);
+    jlm_pool_stats_get(pool, &st);
+    cr_assert_eq(st.dispatches, 0, "profiling off: nothing counted");
+    jlm_pool_profile(pool, 1);
+    for (int rep = 0; rep < 100; rep++)
+        run_cover(pool, &c, POOL_N, 4);
+    run_cover(pool, &c, 2, 4);   /* one grain: runs on the caller, no dispatch */
+    jlm_pool_stats_get(pool, &st);
+    cr_assert_eq(st.dispatches, 100);
+    cr_assert(st.wall_ns > 0 && st.busy_ns > 0, "wall %llu busy %llu", st.wall_ns, st.busy_ns);
+    cr_assert(st.wait_ns + st.busy_ns <= 3 * st.wall_ns, "thread time %llu + %llu exceeds 3 threads x wall %llu",
+              st.wait_ns, st.busy_ns, st.wall_ns);
+    jlm_pool_stats_reset(pool);
+    jlm_pool_stats_get(pool, &st);
+    cr_assert(st.dispatches == 0 && st.wall_ns == 0 && st.wait_ns == 0 && st.busy_ns == 0);
+    jlm_pool_destroy(pool);
+}
+
 Test(pool, workers_asleep_after_idling_still_take_the_next_job, .timeout = 30)
 {
     jlm_pool *pool = NULL;
