@@ -748,18 +748,26 @@ int main(int argc, char **argv)
     }
     struct fuse_args args = FUSE_ARGS_INIT(argc, argv);
     opts o = {0};
-    if (fuse_opt_parse(&args, &o, opt_spec, opt_proc))
-        return 2;
+    char *name = NULL;   /* "SRC on MNT type fuse.jlmfs" in the mount table */
+    int rc;
+    if (fuse_opt_parse(&args, &o, opt_spec, opt_proc)) {
+        rc = 2;
+        goto out;
+    }
     if (o.help) {
         fputs(USAGE, stdout);
-        return 0;
+        rc = 0;
+        goto out;
     }
     if (!o.src || o.n_nonopt != 2) {
         fputs(USAGE, stderr);
-        return 2;
+        rc = 2;
+        goto out;
     }
-    if (refuse_stacking(o.src, o.mnt))
-        return 1;
+    if (refuse_stacking(o.src, o.mnt)) {
+        rc = 1;
+        goto out;
+    }
     openlog("jlmfs", LOG_PID, LOG_DAEMON);   /* connects at the first line: after FUSE daemonizes */
     const char *slow = getenv("JLMFS_TEST_SLOW_MS");
     jlmfs_opts fo = {.src = o.src, .cache = o.cache, .n_workers = o.workers, .type = o.type,
@@ -769,7 +777,8 @@ int main(int argc, char **argv)
     jlm_err e;
     if (jlmfs_open(&fo, &fs, &e)) {
         fprintf(stderr, "jlmfs: %s\n", e.msg);
-        return 1;
+        rc = 1;
+        goto out;
     }
     /* libfuse 3.14's fuse_main passes max_idle_threads = -1 ("unlimited")
      * and warns about it; 10 is the documented default. Inserted first so a
@@ -779,15 +788,15 @@ int main(int argc, char **argv)
      * shows (SRC's own for passthrough files): without it a root daemon
      * mounted allow_other would read, write and chmod anything for anyone. */
     fuse_opt_add_arg(&args, "-odefault_permissions");
-    char *name = NULL;   /* "SRC on MNT type fuse.jlmfs" in the mount table */
     char *abs_src = realpath(o.src, NULL);   /* absolute: refuse_stacking compares it */
     const char *shown = abs_src ? abs_src : o.src;
     if (!strchr(shown, ',') && asprintf(&name, "-ofsname=%s,subtype=jlmfs", shown) >= 0)
         fuse_opt_add_arg(&args, name);
     free(abs_src);
-    int rc = fuse_main(args.argc, args.argv, &ops, fs);
+    rc = fuse_main(args.argc, args.argv, &ops, fs);
     if (!g_started)
         jlmfs_close(fs);   /* fuse_main failed before init: destroy will not run */
+out:   /* every exit frees what the options and args hold (LSan in make debug) */
     fuse_opt_free_args(&args);
     free(name); free(o.src); free(o.mnt); free(o.cache); free(o.type);
     return rc;

@@ -529,7 +529,7 @@ static FILE *start_reader(const char *out_path)
     copy_in("stories260K.gguf", "s.gguf");
     wait_ready("s.jlm", 20);
     char cmd[3000];
-    snprintf(cmd, sizeof cmd, "timeout 30 '%s' run '%s/s.jlm' -p 'Once upon a time' -n 1900 --temp 0 --budget 1 "
+    snprintf(cmd, sizeof cmd, "timeout 45 '%s' run '%s/s.jlm' -p 'Once upon a time' -n 600 --temp 0 --budget 1 "
              "> '%s' 2>&1", tu_jlm(), M.mnt, out_path);
     FILE *p = popen(cmd, "r");
     cr_assert(p, "popen");
