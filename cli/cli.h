@@ -59,5 +59,9 @@ int jlm_cli_prefill_image(jlm_engine *e, const jlm_tok *tok, const char *image, 
  * crafted tensor or key name) as '?' so a message can never drive the
  * terminal. */
 void jlm_cli_error(const char *who, const char *msg);
+/* A sampler seed when none is given (as llama.cpp's default -1): a u32 from
+ * getrandom, or the clock if that fails. */
+#define JLM_CLI_SEED_UNSET UINT64_MAX
+uint64_t jlm_cli_random_seed(void);
 
 #endif

@@ -423,6 +423,7 @@ int jlm_cmd_chat(int argc, char **argv)
     jlm_engine_opts eo = {.direct = 1, .budget = JLM_BUDGET_AUTO};
     jlm_samp_params sp;
     jlm_samp_params_default(&sp);
+    sp.seed = JLM_CLI_SEED_UNSET;
     int n_max = 256, ignore_eos = 0;
     const jlm_opt t[] = {
         {"-m", "--model", JLM_OPT_STR, &model, 0, 0, 0, "FILE", "the model (or give it first)"},
@@ -436,7 +437,7 @@ int jlm_cmd_chat(int argc, char **argv)
         {NULL, "--min-p", JLM_OPT_F32, &sp.min_p, 0, 1, 0, "P", "min-p, 0: off"},
         {NULL, "--repeat-penalty", JLM_OPT_F32, &sp.repeat_penalty, 0, 1e6, JLM_OPT_LO_OPEN, "R", "repeat penalty, 1: off"},
         {NULL, "--repeat-last-n", JLM_OPT_INT, &sp.repeat_last_n, -1, 1 << 30, 0, "N", "tokens the penalty looks back, -1: context"},
-        {"-s", "--seed", JLM_OPT_SEED, &sp.seed, 0, 0, 0, "S", "sampler seed (u32, -1: random)"},
+        {"-s", "--seed", JLM_OPT_SEED, &sp.seed, 0, 0, 0, "S", "sampler seed (u32, -1: random); default: random"},
         {NULL, "--ignore-eos", JLM_OPT_FLAG, &ignore_eos, 0, 0, 0, NULL, "never end a reply with an end-of-turn token (-n ends it)"},
         {NULL, "--budget", JLM_OPT_SIZE, &eo.budget, 0, 0, 0, "SIZE", "memory budget: frames + KV + scratch (K/M/G), 0: unlimited; default: the cgroup limit or MemAvailable less a headroom"},
         {NULL, "--kv", JLM_OPT_STR, &eo.kv, 0, 0, 0, "f32|f16", "KV cache type (f16: half the memory)"},
@@ -448,6 +449,8 @@ int jlm_cmd_chat(int argc, char **argv)
     int prc = jlm_opts_parse(&os, argc, argv);
     if (prc)
         return prc == 1 ? 0 : prc;
+    if (sp.seed == JLM_CLI_SEED_UNSET)
+        sp.seed = jlm_cli_random_seed();   /* llama.cpp's default */
     if (os.n_pos && model)
         return jlm_cli_error("jlm chat", "give the model once: as MODEL or as -m"), 2;
     if (os.n_pos)

@@ -35,6 +35,7 @@ typedef struct run_opts {
 static int parse(int argc, char **argv, run_opts *o)
 {
     jlm_samp_params_default(&o->samp);
+    o->samp.seed = JLM_CLI_SEED_UNSET;
     o->n_predict = 64;
     o->eng.direct = 1;
     o->eng.n_threads = 0;
@@ -53,7 +54,7 @@ static int parse(int argc, char **argv, run_opts *o)
         {NULL, "--min-p", JLM_OPT_F32, &o->samp.min_p, 0, 1, 0, "P", "min-p, 0: off"},
         {NULL, "--repeat-penalty", JLM_OPT_F32, &o->samp.repeat_penalty, 0, 1e6, JLM_OPT_LO_OPEN, "R", "repeat penalty, 1: off"},
         {NULL, "--repeat-last-n", JLM_OPT_INT, &o->samp.repeat_last_n, -1, 1 << 30, 0, "N", "tokens the penalty looks back, -1: context"},
-        {"-s", "--seed", JLM_OPT_SEED, &o->samp.seed, 0, 0, 0, "S", "sampler seed (u32, -1: random)"},
+        {"-s", "--seed", JLM_OPT_SEED, &o->samp.seed, 0, 0, 0, "S", "sampler seed (u32, -1: random); default: random, printed by --stats"},
         {NULL, "--budget", JLM_OPT_SIZE, &o->eng.budget, 0, 0, 0, "SIZE", "memory budget: frames + KV + scratch (K/M/G), 0: unlimited; default: the cgroup limit or MemAvailable less a headroom"},
         {NULL, "--kv", JLM_OPT_STR, &o->eng.kv, 0, 0, 0, "f32|f16", "KV cache type (f16: half the memory)"},
         {"-cnv", "--chat", JLM_OPT_FLAG, &o->chat, 0, 0, 0, NULL, "apply the model's chat template to the prompt (as llama-cli -cnv)"},
@@ -75,6 +76,8 @@ static int parse(int argc, char **argv, run_opts *o)
     int rc = jlm_opts_parse(&sp, argc, argv);
     if (rc)
         return rc == 1 ? -1 : rc;
+    if (o->samp.seed == JLM_CLI_SEED_UNSET)
+        o->samp.seed = jlm_cli_random_seed();   /* llama.cpp's default; --stats and --json print it */
     if (sp.n_pos && !o->model)
         o->model = pos[0];
     else if (sp.n_pos)
@@ -377,6 +380,7 @@ int jlm_cmd_run(int argc, char **argv)
         for (uint32_t a = 0; a < pc.n_arrays; a++) {
             pi += pc.a[a].page_ins; ev += pc.a[a].evictions; br += pc.a[a].bytes_read; hi += pc.a[a].hits;
         }
+        fprintf(stderr, "seed: %llu\n", (unsigned long long)o.samp.seed);
         fprintf(stderr, "pager: page-ins %llu, evictions %llu, bytes-read %llu, hits %llu\n",
                 (unsigned long long)pi, (unsigned long long)ev, (unsigned long long)br, (unsigned long long)hi);
         const jlm_pager_array_counters *tx = &pc.a[JLM_PAGER_TEXT];

@@ -90,7 +90,7 @@ static int set_value(const jlm_opts_spec *s, const jlm_opt *o, const char *name,
     case JLM_OPT_SEED:
         if (jlm_opts_strict_ll(v, &i) || i < -1 || i > 0xffffffffLL)
             return bad(s, name, v, "an unsigned 32-bit seed, or -1 for a random one");
-        *(uint64_t *)o->dst = i == -1 ? (uint64_t)time(NULL) ^ ((uint64_t)clock() << 20) : (uint64_t)i;
+        *(uint64_t *)o->dst = i == -1 ? jlm_cli_random_seed() : (uint64_t)i;
         return 0;
     }
     return 2;

@@ -15,7 +15,7 @@ typedef enum jlm_opt_kind {
     JLM_OPT_U32,  /* uint32_t in [lo, hi] */
     JLM_OPT_F32,  /* float in [lo, hi], finite; JLM_OPT_LO_OPEN makes lo exclusive */
     JLM_OPT_SIZE, /* uint64_t bytes, "512M" */
-    JLM_OPT_SEED, /* uint64_t: a u32, or -1 for a seed from the clock */
+    JLM_OPT_SEED, /* uint64_t: a u32, or -1 for a random one (jlm_cli_random_seed) */
 } jlm_opt_kind;
 
 enum { JLM_OPT_LO_OPEN = 1, JLM_OPT_CLEARS = 2 /* a FLAG that sets 0 */ };

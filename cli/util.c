@@ -9,6 +9,15 @@
 #include <sys/stat.h>
 #include <fcntl.h>
 #include <time.h>
+#include <sys/random.h>
+
+uint64_t jlm_cli_random_seed(void)
+{
+    uint32_t s;
+    if (getrandom(&s, sizeof s, GRND_NONBLOCK) != (ssize_t)sizeof s)
+        s = (uint32_t)((uint64_t)time(NULL) ^ ((uint64_t)clock() << 12) ^ (uint64_t)getpid() << 20);
+    return s;
+}
 
 long long jlm_cli_parse_size(const char *s)
 {

@@ -149,6 +149,41 @@ Test(cli_opts, run_repeat_last_n_minus_one_is_the_context, .timeout = 60)
     free(dir);
 }
 
+/* No --seed: a random one each run (llama.cpp's default), printed by --stats;
+ * a given seed is printed as given and reproduces the text. */
+static unsigned long long stats_seed(const char *m, const char *extra, char **text)
+{
+    char cmd[4096], *o = NULL;
+    snprintf(cmd, sizeof cmd, "%s run %s -p 'Once upon a time' -n 16 --temp 1.5 --top-k 0 --top-p 1 --min-p 0 "
+             "--stats %s 2>&1", tu_jlm(), m, extra);
+    cr_assert_eq(tu_run(cmd, &o), 0, "%s", o);
+    const char *p = strstr(o, "seed: ");
+    cr_assert(p, "--stats names the seed: %s", o);
+    unsigned long long v = strtoull(p + 6, NULL, 10);
+    if (text)
+        *text = strndup(o, (size_t)(strstr(o, "seed: ") - o));
+    free(o);
+    return v;
+}
+
+Test(cli_opts, run_seed_is_random_by_default_and_printed, .timeout = 60)
+{
+    char *dir = tu_tmpdir();
+    jlm_err err = {0};
+    char *m = tu_convert("stories260K.gguf", dir, "s.jlm", &err);
+    cr_assert_not_null(m, "%s", err.msg);
+    unsigned long long a = stats_seed(m, "", NULL), b = stats_seed(m, "", NULL);
+    cr_assert(a != b, "two runs without --seed drew the same seed %llu", a);
+    cr_assert(a <= 0xffffffffULL && b <= 0xffffffffULL);
+    char *t1 = NULL, *t2 = NULL;
+    cr_assert_eq(stats_seed(m, "--seed 1234", &t1), 1234);
+    cr_assert_eq(stats_seed(m, "-s 1234", &t2), 1234);
+    cr_assert_str_eq(t1, t2, "a given seed reproduces the text");
+    free(t1); free(t2); free(m);
+    tu_rmrf(dir);
+    free(dir);
+}
+
 #include "text/tokenizer/utf8_fix.h"
 
 Test(cli_chat_utf8, invalid_utf8_from_the_model_becomes_u_fffd)

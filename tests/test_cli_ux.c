@@ -176,11 +176,11 @@ Test(cli_ux, run_json_is_one_object_with_the_text_and_ids_of_a_plain_run, .timeo
 {
     const char *g = tu_model("stories260K.gguf");
     char args[4096], *o1, *e1, *o2, *e2, *o3, *e3;
-    snprintf(args, sizeof args, "run '%s' -p 'Once upon a time' -n 16 --json", g);
+    snprintf(args, sizeof args, "run '%s' -p 'Once upon a time' -n 16 --seed 7 --json", g);
     cr_assert(jlm2(args, &o1, &e1) == 0, "%s", e1);
-    snprintf(args, sizeof args, "run '%s' -p 'Once upon a time' -n 16 --print-ids", g);
+    snprintf(args, sizeof args, "run '%s' -p 'Once upon a time' -n 16 --seed 7 --print-ids", g);
     cr_assert(jlm2(args, &o2, &e2) == 0, "%s", e2);
-    snprintf(args, sizeof args, "run '%s' -p 'Once upon a time' -n 16", g);
+    snprintf(args, sizeof args, "run '%s' -p 'Once upon a time' -n 16 --seed 7", g);
     cr_assert(jlm2(args, &o3, &e3) == 0, "%s", e3);
     cr_assert(count_lines(o1) == 1, "--json: expected one line, got:\n%s", o1);
     json_error_t je;
@@ -216,7 +216,7 @@ Test(cli_ux, run_ends_its_text_with_a_newline_on_a_terminal_only, .timeout = 120
     const char *g = tu_model("stories260K.gguf");
     char args[4096], cmd[6000], *o, *e;
     /* a pipe: the bytes as generated (this prompt's 8 tokens end mid-line) */
-    snprintf(args, sizeof args, "run '%s' -p 'Once upon a time' -n 8", g);
+    snprintf(args, sizeof args, "run '%s' -p 'Once upon a time' -n 8 --seed 7", g);
     cr_assert(jlm2(args, &o, &e) == 0, "%s", e);
     size_t n = strlen(o);
     cr_assert(n > 0 && o[n - 1] != '\n', "piped output should end as generated: '%s'", o);
@@ -337,12 +337,12 @@ Test(cli_ux, through_a_mount_errors_ggufs_and_stats, .init = ux_init, .fini = ux
               "exit %d: %s (status '%s')", rc, e, st);
     free(o); free(e); free(st);
     /* MNT/s.gguf runs its view s.jlm: no copy in the per-user cache, same ids */
-    snprintf(args, sizeof args, "run '%s/s.gguf' -p 'Once upon a time' -n 8 --print-ids", M.mnt);
+    snprintf(args, sizeof args, "run '%s/s.gguf' -p 'Once upon a time' -n 8 --seed 7 --print-ids", M.mnt);
     rc = jlm2(args, &o, &e);
     cr_assert(rc == 0, "exit %d: %s", rc, e);
     cr_expect(!strstr(e, "into the cache") && !tu_exists(pathf("%s/cache/jlm", T)), "converted again: %s", e);
     char *o2, *e2;
-    snprintf(args, sizeof args, "run '%s' -p 'Once upon a time' -n 8 --print-ids", tu_model("stories260K.gguf"));
+    snprintf(args, sizeof args, "run '%s' -p 'Once upon a time' -n 8 --seed 7 --print-ids", tu_model("stories260K.gguf"));
     cr_assert(jlm2(args, &o2, &e2) == 0, "%s", e2);
     cr_expect_str_eq(o, o2, "ids through the view differ from the GGUF's");
     free(o); free(e); free(o2); free(e2);

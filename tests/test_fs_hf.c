@@ -75,7 +75,7 @@ static void expect_same_file(const char *a, const char *b)
 static char *run_ids(const char *model)
 {
     char *out = NULL;
-    int rc = tu_run(pathf("XDG_CACHE_HOME='%s/xdg' '%s' run '%s' --ids 1,2,3 -n 8", M.tmp, tu_jlm(), model), &out);
+    int rc = tu_run(pathf("XDG_CACHE_HOME='%s/xdg' '%s' run '%s' --ids 1,2,3 -n 8 --seed 7", M.tmp, tu_jlm(), model), &out);
     cr_assert(rc == 0, "jlm run %s: exit %d: %s", model, rc, out ? out : "");
     char *ids = strstr(out, "{\"prompt\"");
     cr_assert(ids, "jlm run %s printed no ids: %s", model, out);
