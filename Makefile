@@ -205,7 +205,8 @@ fuzz-smoke: fuzz
 	@for t in build-fuzz/fuzz_*; do \
 	    n=$$(basename $$t); seeds=""; \
 	    case $$n in fuzz_convert|fuzz_gguf) seeds=build-fuzz/seeds/convert;; fuzz_engine|fuzz_jlm) seeds=build-fuzz/seeds/engine;; \
-	    fuzz_tokenizer) seeds=build-fuzz/seeds/tokenizer;; fuzz_jinja) seeds=build-fuzz/seeds/jinja;; esac; \
+	    fuzz_tokenizer) seeds=build-fuzz/seeds/tokenizer;; fuzz_jinja) seeds=build-fuzz/seeds/jinja;; \
+	    fuzz_serve_req) seeds=tests/fuzz/seeds-serve-req;; esac; \
 	    rm -rf build-fuzz/corpus/$$n && mkdir -p build-fuzz/corpus/$$n; \
 	    echo "== $$n ($(FUZZ_SECONDS) s)"; \
 	    $$t -max_total_time=$(FUZZ_SECONDS) -rss_limit_mb=2048 -timeout=10 -print_final_stats=1 \
