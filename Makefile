@@ -16,6 +16,7 @@
 #           the suite itself does not run under it; see docs/architecture.md.)
 #   test    builds the suite and runs it (Criterion's closing line is what CI reads).
 #   bench   benchmarks in bench/, printing ratios against an in-run baseline.
+#   soak    tests/soak.sh: the full-size soak of issue 10 (about 75 s; not in test).
 #   fuzz    libFuzzer targets and seed corpora (clang); needs libclang-rt-14-dev.
 #   fuzz-smoke  every fuzz target for FUZZ_SECONDS (60) each.
 #   cuda-check  build/jlm-cuda-check, the CUDA kernels on a device (skips in one line
@@ -83,7 +84,7 @@ TEST_BIN := $(BUILD)/jlm-tests
 BENCH_SRC := $(wildcard bench/*.c)
 BENCH_BIN := $(BENCH_SRC:bench/%.c=$(BUILD)/bench/%)
 
-.PHONY: all debug tsan test bench fuzz fuzz-smoke install uninstall clean cuda-check
+.PHONY: all debug tsan test bench soak fuzz fuzz-smoke install uninstall clean cuda-check
 all: $(LIB) $(BINS)
 
 debug:
@@ -172,6 +173,11 @@ $(CUDA_CHECK): tests/cuda/device_check.c $(LIB)
 	$(CC) $(BASECFLAGS) $(if $(filter 1,$(CUDA)),-DJLM_CUDA=1 -I$(CUDA_HOME)/include) $(LDFLAGS) \
 	    -o $@ $< $(LIB) $(CUDA_LIBS) -lm -pthread
 
+# The full-size soak of issue 10 (8 readers, 60 s, the engine through the
+# mount, the source replaced, rewritten and renamed): opt-in, not in `test`.
+soak: all
+	JLM_BIN_DIR=$(abspath $(BUILD)) tests/soak.sh
+
 bench: all $(BENCH_BIN)
 	@for b in $(BENCH_BIN); do echo "== $$b"; JLM_BIN=$(abspath $(BUILD)/jlm) $$b || exit 1; done
 
@@ -199,7 +205,8 @@ fuzz-smoke: fuzz
 	@for t in build-fuzz/fuzz_*; do \
 	    n=$$(basename $$t); seeds=""; \
 	    case $$n in fuzz_convert|fuzz_gguf) seeds=build-fuzz/seeds/convert;; fuzz_engine|fuzz_jlm) seeds=build-fuzz/seeds/engine;; \
-	    fuzz_tokenizer) seeds=build-fuzz/seeds/tokenizer;; fuzz_jinja) seeds=build-fuzz/seeds/jinja;; esac; \
+	    fuzz_tokenizer) seeds=build-fuzz/seeds/tokenizer;; fuzz_jinja) seeds=build-fuzz/seeds/jinja;; \
+	    fuzz_serve_req) seeds=tests/fuzz/seeds-serve-req;; esac; \
 	    rm -rf build-fuzz/corpus/$$n && mkdir -p build-fuzz/corpus/$$n; \
 	    echo "== $$n ($(FUZZ_SECONDS) s)"; \
 	    $$t -max_total_time=$(FUZZ_SECONDS) -rss_limit_mb=2048 -timeout=10 -print_final_stats=1 \

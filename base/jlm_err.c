@@ -4,6 +4,16 @@
 #include <stdio.h>
 #include <string.h>
 
+/* A message is one line: control bytes that came in through %s (a key or
+ * tensor name from a file, say) become '?', so no input can add a line to a
+ * log or the terminal. */
+static void one_line(char *s)
+{
+    for (; *s; s++)
+        if ((unsigned char)*s < 0x20 || *s == 0x7f)
+            *s = '?';
+}
+
 int jlm_errf(jlm_err *err, int code, const char *fmt, ...)
 {
     if (err) {
@@ -11,6 +21,7 @@ int jlm_errf(jlm_err *err, int code, const char *fmt, ...)
         va_start(ap, fmt);
         vsnprintf(err->msg, sizeof err->msg, fmt, ap);
         va_end(ap);
+        one_line(err->msg);
         err->code = code;
     }
     return code;
@@ -39,6 +50,7 @@ int jlm_err_prefix(jlm_err *err, int code, const char *fmt, ...)
     } else {
         err->msg[hl] = 0;
     }
+    one_line(err->msg);
     err->code = code;
     return code;
 }

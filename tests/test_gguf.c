@@ -430,6 +430,27 @@ static void w_tinfo(wbuf *w, const char *name, uint32_t n_dims, const uint64_t *
     w_le(w, off, 8);
 }
 
+/* A key name with control bytes (as fuzz_mmproj found: '\n' and 0x1f in a
+ * key before an unknown value type) must not split the message. */
+Test(gguf, a_key_name_with_control_bytes_gives_a_one_line_message)
+{
+    wbuf w = {0};
+    w_bytes(&w, "GGUF", 4);
+    w_le(&w, 3, 4);                 /* version */
+    w_le(&w, 0, 8);                 /* tensors */
+    w_le(&w, 1, 8);                 /* kvs */
+    w_str(&w, "clip.vis\n\x1fx\ty");
+    w_le(&w, 0x9e3b8a0fu, 4);       /* no such value type */
+    jlm_gguf *g = NULL;
+    jlm_err err = {0};
+    cr_assert_lt(jlm_gguf_open_mem(w.p, w.n, "ctl.gguf", &g, &err), 0);
+    cr_assert(strstr(err.msg, "unknown value type"), "%s", err.msg);
+    cr_assert(strstr(err.msg, "'clip.vis??x?y'"), "%s", err.msg);
+    for (const char *c = err.msg; *c; c++)
+        cr_assert((unsigned char)*c >= 0x20 && *c != 0x7f, "control byte 0x%02x in: %s", (unsigned char)*c, err.msg);
+    free(w.p);
+}
+
 /* What the hand-written file varies; zero fields keep the valid default. */
 typedef struct spec {
     const char *magic;

@@ -9,7 +9,9 @@
  * Every input must be refused with a one-line message naming the file, or
  * planned into a container whose vision record matches the tower tensors it
  * holds (every vision tensor inside its block's page or the dense region). */
+#ifndef _GNU_SOURCE   /* the Makefile passes -D_GNU_SOURCE */
 #define _GNU_SOURCE
+#endif
 #include <stddef.h>
 #include <stdint.h>
 #include <stdio.h>
