@@ -8,6 +8,7 @@ PKGS=(build-essential pkg-config libcriterion-dev libfuse3-dev fuse3 libsqlite3-
       libjansson-dev libutf8proc-dev libstb-dev zlib1g-dev libmicrohttpd-dev curl xz-utils
       libedit-dev tmux   # jlm chat's line editing and history; tmux drives it in tests/test_cli_chat.c
       libvulkan-dev glslc mesa-vulkan-drivers   # Vulkan backend; lavapipe runs its tests on the CPU
+      clang libclang-rt-14-dev   # make fuzz: the libFuzzer targets (ASan + UBSan), run by .ci/run
       chromium    # chromium: tests/test_picture.c renders `jlm info --html` headless
       nodejs)     # node (+ npm below): tests/test_serve.c drives `jlm serve` with the official openai client
 missing=()
