@@ -28,10 +28,11 @@ $JLM convert tests/models/synth-qwen3moe-256.Q4_K_M.gguf -o "$work/moe.jlm" 2>/d
 $JLM run "$work/moe.jlm" -p "Once upon a time" -n 8 --temp 0 -t 2 --budget 1 >/dev/null 2>"$work/run.err" ||
     { cat "$work/run.err" >&2; fail "jlm run -t 2 at the minimum budget"; }
 ok "jlm run -t 2, minimum budget"
-# 1b. The pager's prefetch reader thread: a budget of a few block frames (4 blocks),
-#     so the next block is read while one computes, with evictions every token.
+# 1b. The pager's prefetch reader thread: a budget of 3 block frames of the model's 4
+#     (--budget covers KV + scratch + dense too: 4.0 MiB of the 6.7 MiB here), so the
+#     next block is read while one computes, with evictions every token.
 $JLM convert tests/models/synth-llama-256.Q8_0.gguf -o "$work/q8.jlm" 2>/dev/null || fail "convert"
-$JLM run "$work/q8.jlm" -p "Once upon a time" -n 12 --temp 0 -t 2 --budget 5M --stats >/dev/null 2>"$work/run.err" ||
+$JLM run "$work/q8.jlm" -p "Once upon a time" -n 12 --temp 0 -t 2 --budget 6700K --stats >/dev/null 2>"$work/run.err" ||
     { cat "$work/run.err" >&2; fail "jlm run -t 2 with prefetch under a budget"; }
 grep -q "prefetch: issued [1-9]" "$work/run.err" || { cat "$work/run.err" >&2; fail "no block was prefetched"; }
 ok "jlm run -t 2, prefetch under a budget"
