@@ -426,6 +426,43 @@ static void template_kept(const char *d, const jlm_model *m, const char *name)
     json_decref(tc);
 }
 
+/* qwen3's tokenizer.json has normalizer NFC: carried as a first PreOp of
+ * Kind 5 with Behavior "nfc" (docs/tokenizer.md), so decomposed text
+ * tokenizes as its NFC form, as HF tokenizers does. Another Behavior on that
+ * kind is refused by name. */
+static void nfc_applied(const jlm_model *m, jlm_tok *tok)
+{
+    const jlm_vocab *v = &m->vocab;
+    cr_assert(v->n_preops >= 2 && v->preops[0].kind == 5 && v->preops[0].behavior.len == 3 &&
+              !memcmp(v->preops[0].behavior.s, "nfc", 3), "no NFC stage first");
+    static const char *const P[][2] = {
+        {"caf\xc3\xa9 cr\xc3\xa8me", "cafe\xcc\x81 cre\xcc\x80me"},               /* e + U+0301 / U+0300 */
+        {"\xc3\x85ngstr\xc3\xb6m", "A\xcc\x8angstro\xcc\x88m"},                   /* A + ring, o + diaeresis */
+        {"Vi\xe1\xbb\x87t", "Vie\xcc\x82\xcc\xa3t"},                             /* e + U+0302 + U+0323: reordered */
+        {"\xea\xb0\x80\xeb\x82\x98", "\xe1\x84\x80\xe1\x85\xa1\xe1\x84\x82\xe1\x85\xa1"}, /* Hangul jamo */
+    };
+    jlm_err err = {0};
+    for (size_t i = 0; i < sizeof P / sizeof P[0]; i++) {
+        int32_t *a = NULL, *b = NULL;
+        size_t na, nb;
+        cr_assert_eq(jlm_tok_encode(tok, P[i][0], strlen(P[i][0]), 0, 1, &a, &na, &err), 0, "%s", err.msg);
+        cr_assert_eq(jlm_tok_encode(tok, P[i][1], strlen(P[i][1]), 0, 1, &b, &nb, &err), 0, "%s", err.msg);
+        cr_assert(na == nb && !memcmp(a, b, na * 4), "'%s' does not tokenize as its NFC form '%s' (%zu ids, %zu)",
+                  P[i][1], P[i][0], nb, na);
+        free(a);
+        free(b);
+    }
+    jlm_vocab w = *v;
+    jlm_preop ops[16];
+    cr_assert(v->n_preops <= 16);
+    memcpy(ops, v->preops, v->n_preops * sizeof *ops);
+    ops[0].behavior = (jlm_str){"nfkc", 4};
+    w.preops = ops;
+    jlm_tok *t2 = NULL;
+    cr_assert_neq(jlm_tok_create(&w, &t2, &err), 0, "a Kind 5 stage 'nfkc' was accepted");
+    cr_assert(strstr(err.msg, "nfkc") && strstr(err.msg, "not supported"), "%s", err.msg);
+}
+
 static void against_hf_tokenizers(const char *name)
 {
     char *d = tu_tmpdir(), cmd[3000], src[1100], out[1100], ref[1100];
@@ -471,6 +508,8 @@ static void against_hf_tokenizers(const char *name)
         }
     }
     json_decref(o);
+    if (!strcmp(name, "qwen3"))
+        nfc_applied(m, tok);
     jlm_tok_destroy(tok);
     jlm_fmt_close(m);
     tu_rmrf(d);
@@ -515,6 +554,8 @@ Test(hf_tok, refuses_what_the_record_cannot_carry_by_field)
     json_t *base = json_load_file(p, 0, NULL);
     struct { const char *path, *value, *want; } cases[] = {
         {"normalizer", "{\"type\":\"NFKC\"}", "normalizer NFKC"},
+        {"normalizer", "{\"type\":\"NFD\"}", "normalizer NFD"},
+        {"normalizer", "{\"type\":\"Precompiled\",\"precompiled_charsmap\":\"AAAA\"}", "normalizer Precompiled"},
         {"model.byte_fallback", "true", "pre_tokenizer (with byte_fallback"},
         {"model.type", "\"Unigram\"", "model.type Unigram"},
         {"decoder", "{\"type\":\"Metaspace\"}", "decoder Metaspace"},
