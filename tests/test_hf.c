@@ -244,13 +244,16 @@ Test(hf, refuses_a_bad_header_length_and_json)
     cr_assert(strstr(err.msg, "not a JSON object"), "%s", err.msg);
 }
 
-/* The fuzz seeds are small valid models of three classes: they open and every
- * tensor reads back (llama q/k permuted, mixtral experts stacked, gemma norms + 1). */
+/* The fuzz seeds are small valid models of five classes: they open and a
+ * tensor of each reads back (llama q/k permuted, mixtral experts stacked,
+ * gemma norms + 1, olmoe's wide q norm, gpt-oss's MXFP4 up rows of a shared
+ * gate_up tensor). */
 Test(hf, fuzz_seeds_open_as_models)
 {
-    const char *seeds[] = {"llama.bin", "mixtral.bin", "gemma3.bin"};
-    const char *probe[] = {"blk.0.attn_q.weight", "blk.0.ffn_up_exps.weight", "blk.0.post_ffw_norm.weight"};
-    for (int i = 0; i < 3; i++) {
+    const char *seeds[] = {"llama.bin", "mixtral.bin", "gemma3.bin", "olmoe.bin", "gpt-oss.bin"};
+    const char *probe[] = {"blk.0.attn_q.weight", "blk.0.ffn_up_exps.weight", "blk.0.post_ffw_norm.weight",
+                           "blk.0.attn_q_norm.weight", "blk.1.ffn_up_exps.weight"};
+    for (int i = 0; i < 5; i++) {
         char p[1024];
         snprintf(p, sizeof p, "%s/tests/fuzz/seeds-safetensors/%s", tu_root(), seeds[i]);
         size_t len = 0;
