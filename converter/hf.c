@@ -4,7 +4,8 @@
  * (2) hfc -> llama.cpp metadata keys; (3) every safetensors tensor -> a
  * llama.cpp tensor name, a shape check against hfc and a row source (expert
  * tensors are gathered into one stacked tensor); (4) the handle, whose reads
- * go through vread (row permutation, dtype widening, norm + 1). */
+ * go through vread (row permutation, dtype widening, norm + 1, gpt-oss's
+ * interleaved gate/up rows and MXFP4 re-layout). */
 #include "converter/hf_int.h"
 #include "converter/safetensors.h"
 #include "converter/beneath.h"
