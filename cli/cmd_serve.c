@@ -4,6 +4,7 @@
  * get 503) and exits 0. */
 #include "cli/cli.h"
 #include "cli/opts.h"
+#include "cli/report.h"
 #include "serve/server.h"
 
 #include <signal.h>
@@ -57,12 +58,34 @@ static int add_model(serve_opts *o, const char *arg)
     return o->models[o->n_models - 1] && o->ids[o->n_models - 1] ? 0 : 1;
 }
 
+/* A model on a jlmfs view reports the server's page-ins to the view's
+ * residency database through the code `jlm run` uses (cli/report.c): one
+ * session per served model, from its opening to its closing. */
+static void *report_open(jlm_engine *e, const char *db_path, const char *key)
+{
+    jlm_cli_report *r = calloc(1, sizeof *r);
+    if (r)
+        jlm_cli_report_open(r, e, db_path, key, "jlm serve");
+    return r;
+}
+
+static void report_flush(void *r) { jlm_cli_report_flush(r); }
+
+static void report_close(void *r, jlm_engine *e)
+{
+    jlm_cli_report_close(r, e);
+    free(r);
+}
+
+static const jlm_srv_reporter REPORTER = {report_open, report_flush, report_close};
+
 static int parse(int argc, char **argv, serve_opts *o)
 {
     o->srv.port = 8080;
     o->srv.rescan_s = 5;
     o->srv.eng.direct = 1;
     o->srv.api_key = getenv("JLM_API_KEY");
+    o->srv.report = &REPORTER;
     uint64_t body = 0;
     const jlm_opt t[] = {
         {NULL, "--models", JLM_OPT_STR, &o->srv.models_dir, 0, 0, 0, "DIR", "serve every container and view in DIR, rescanned"},

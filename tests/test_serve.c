@@ -1343,3 +1343,67 @@ Test(serve, a_jlmfs_mount_serves_a_gguf_dropped_in_once_its_view_is_ready, .init
     expect_error(&s, "POST", "/v1/completions", b, NULL, 404, "not_found_error");
     srv_free(&s);
 }
+
+/* The server reports its own page-ins to a view's residency database, as
+ * `jlm run` does (cli/report.c): while it serves the view, /residency (what
+ * `jlm stats --json` gives) counts its session and the pages it holds; after
+ * SIGTERM the session is gone. Before, the database saw only the daemon's
+ * reads: sessions 0, nothing resident. */
+static json_t *view_stats(json_t *root)
+{
+    json_t *models = json_object_get(root, "models");
+    cr_assert_eq(json_object_size(models), 1, "one model on the mount");
+    const char *k;
+    json_t *v;
+    json_object_foreach(models, k, v) return v;
+    return NULL;
+}
+
+Test(serve, reports_its_page_ins_to_a_views_residency_database, .init = mnt_dirs, .fini = mnt_fini, .timeout = 120)
+{
+    char cmd[4096], *r = NULL, *ref = NULL;
+    snprintf(cmd, sizeof cmd, "cp %s %s/tiny.gguf", tu_model("stories260K.gguf"), M.src);
+    cr_assert_eq(tu_run(cmd, NULL), 0);
+    mnt_start(0, 1);
+    char status[1200], view[1100];
+    snprintf(view, sizeof view, "%s/tiny.jlm", M.mnt);
+    snprintf(status, sizeof status, "%s/status", view);
+    for (int i = 0; i < 300; i++) {
+        char *st = (char *)tu_read_file(status, NULL);
+        int ready = st && !strncmp(st, "ready", 5);
+        free(st);
+        if (ready) break;
+        cr_assert(i < 299, "the view became ready");
+        usleep(100000);
+    }
+    srv s = {0};
+    s.dir = tu_tmpdir();
+    s.model = strdup(view);
+    srv_start(&s, NULL);
+    const char *b = "{\"prompt\": \"Once upon a time\", \"max_tokens\": 8, \"temperature\": 0}";
+    cr_assert_eq(http(&s, "POST", "/v1/completions", b, NULL, &r), 200, "%s", r);
+    char *t = completion_text(r, NULL);
+    free(r);
+    snprintf(cmd, sizeof cmd, "(%s run %s -p 'Once upon a time' -n 8 --temp 0 -t 1 2>/dev/null)", tu_jlm(), view);
+    cr_assert_eq(tu_run(cmd, &ref), 0, "%s", ref);
+    cr_assert_str_eq(t, ref, "[%s] [%s]", t, ref);
+    free(t); free(ref);
+    cr_assert_eq(http(&s, "GET", "/v1/models/tiny/residency", NULL, NULL, &r), 200, "%s", r);
+    json_t *j = parse(r), *m = view_stats(j);
+    cr_assert_eq(json_integer_value(json_object_get(m, "sessions")), 1, "the server's session is live: %s", r);
+    cr_assert(json_integer_value(json_object_get(m, "resident")) >= 1, "the server's frames are resident: %s", r);
+    json_t *tot = json_object_get(m, "totals");
+    cr_assert(json_integer_value(json_object_get(tot, "page_ins")) >= 1, "its page-ins are counted: %s", r);
+    json_decref(j);
+    free(r);
+    cr_assert_eq(srv_stop(&s), 0);
+    snprintf(cmd, sizeof cmd, "%s stats --json %s", tu_jlm(), view);
+    cr_assert_eq(tu_run(cmd, &r), 0, "%s", r);
+    j = parse(r);
+    m = view_stats(j);
+    cr_assert_eq(json_integer_value(json_object_get(m, "sessions")), 0, "SIGTERM ended the session: %s", r);
+    cr_assert(json_integer_value(json_object_get(json_object_get(m, "totals"), "page_ins")) >= 1, "%s", r);
+    json_decref(j);
+    free(r);
+    srv_free(&s);
+}
