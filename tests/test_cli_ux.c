@@ -361,6 +361,26 @@ Test(cli_ux, through_a_mount_errors_ggufs_and_stats, .init = ux_init, .fini = ux
               "exit %d, want '%s...':\n%s%s", rc, want, o, e);
     /* the heat strip: every block was read by the run, none stays resident after it */
     cr_expect(strstr(o, "\n  blocks     [+++++]\n"), "blocks strip:\n%s", o);
+    /* the default table fits 80 columns; --wide is residency's whole table, as the view's stats file */
+    cr_expect(strstr(o, "\npage           res page-ins      hits    evict       read  last-access\n"), "%s", o);
+    cr_expect(!strstr(o, "t-pcache"), "the narrow table has no tier columns:\n%s", o);
+    char *rows = strstr(o, "\npage           res");
+    for (char *l = rows ? rows + 1 : o, *nl; *l; l = nl + 1) {
+        nl = strchr(l, '\n');
+        if (!nl) break;
+        cr_expect(nl - l <= 80, "a line over 80 columns: %.*s", (int)(nl - l), l);
+    }
+    free(o); free(e);
+    snprintf(args, sizeof args, "stats '%s/s.jlm' --wide", M.mnt);
+    rc = jlm2(args, &o, &e);
+    unsigned char *sf = tu_read_file(pathf("%s/s.jlm/stats", M.mnt), NULL);
+    char *hdr = sf ? strstr((char *)sf, "\npage ") : NULL, *hend = hdr ? strchr(hdr + 1, '\n') : NULL;
+    if (hend) hend[1] = 0;   /* the stats file's column header line */
+    cr_expect(rc == 0 && hdr && strstr(o, "t-pcache") && strstr(o, hdr), "--wide has the stats file's columns:\n%s\n--\n%s",
+              o, sf ? (char *)sf : "(no stats file)");
+    free(sf); free(o); free(e);
+    snprintf(args, sizeof args, "stats '%s' --wide --json", M.mnt);
+    cr_expect(jlm2(args, &o, &e) == 2, "--wide is text only");
     free(o); free(e);
     /* a MoE view: one strip row per expert block, some experts read, not all */
     b = tu_read_file(tu_model("synth-qwen3moe-256.Q4_K_M.gguf"), &n);
