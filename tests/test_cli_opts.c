@@ -24,7 +24,10 @@ static const char *const BAD[][3] = {
     {"bench", "-r", "0"},             {"bench", "-p", "-5"},
     {"bench", "-t", " 4"},            {"serve", "--port", "70000"},
     {"serve", "-np", "17"},           {"serve", "--queue", "-1"},
-    {"serve", "--body-max", "x"},
+    {"serve", "--body-max", "x"},     {"serve", "--gpu-layers", "x"},
+    {"serve", "--backend", "bogus"},  {"serve", "-c", "-1"},
+    {"chat", "--gpu-layers", "0"},    {"chat", "--backend", "bogus"},
+    {"run", "--gpu-layers", " 2"},
 };
 
 Test(cli_opts, every_bad_value_exits_2_with_one_line_naming_the_option)
@@ -86,6 +89,53 @@ Test(cli_opts, help_on_every_subcommand_lists_options_and_defaults)
     cr_assert_eq(tu_run(cmd, &o), 0);
     cr_assert(strstr(o, "(default: 64)") && strstr(o, "(default: 0.95)"), "run lists -n and --top-p defaults: %s", o);
     free(o);
+}
+
+/* The rows run, chat, bench and serve share come from one place (cli/opts.c):
+ * each shared option's help line is the same in every subcommand that has
+ * it, and serve takes the engine's options as run does (issue 16). */
+static char *help_line(const char *help, const char *opt)
+{
+    char want[64];
+    snprintf(want, sizeof want, "\n  %s ", opt);
+    const char *p = strstr(help, want);
+    return p ? strndup(p + 1, strcspn(p + 1, "\n")) : NULL;
+}
+
+Test(cli_opts, shared_rows_are_the_same_in_every_subcommand)
+{
+    static const char *const CMDS[] = {"run", "chat", "serve", "bench"};
+    /* the option, and whether chat, serve and bench have it (run has all) */
+    static const struct { const char *opt; int in[3]; } ROWS[] = {
+        {"-c, --ctx-size", {1, 1, 0}}, {"-t, --threads", {1, 1, 1}}, {"--kv", {1, 1, 1}},
+        {"--no-direct", {1, 1, 1}},    {"--no-prefetch", {1, 1, 1}}, {"--backend", {1, 1, 0}},
+        {"--device", {1, 1, 0}},       {"--gpu-layers", {1, 1, 0}},  {"--temp", {1, 0, 0}},
+        {"--top-k", {1, 0, 0}},        {"--top-p", {1, 0, 0}},       {"--min-p", {1, 0, 0}},
+        {"--repeat-penalty", {1, 0, 0}}, {"--repeat-last-n", {1, 0, 0}}, {"-s, --seed", {1, 0, 0}},
+        {"--budget", {1, 0, 1}},   /* serve's --budget is the server's own: all models together */
+    };
+    char *help[4], cmd[512];
+    for (int c = 0; c < 4; c++) {
+        snprintf(cmd, sizeof cmd, "%s %s --help 2>/dev/null", tu_jlm(), CMDS[c]);
+        cr_assert_eq(tu_run(cmd, &help[c]), 0);
+    }
+    for (size_t r = 0; r < sizeof ROWS / sizeof ROWS[0]; r++) {
+        char *ref = help_line(help[0], ROWS[r].opt);
+        cr_assert(ref, "run lists %s", ROWS[r].opt);
+        for (int c = 1; c < 4; c++) {
+            char *l = help_line(help[c], ROWS[r].opt);
+            if (ROWS[r].in[c - 1])
+                cr_expect(l && !strcmp(l, ref), "jlm %s %s: '%s', run: '%s'", CMDS[c], ROWS[r].opt, l, ref);
+            else if (strcmp(ROWS[r].opt, "--budget"))
+                cr_expect(!l, "jlm %s has no %s: '%s'", CMDS[c], ROWS[r].opt, l);
+            free(l);
+        }
+        free(ref);
+    }
+    char *seed = help_line(help[1], "-s, --seed");
+    cr_expect(seed && strstr(seed, "(default: random)"), "the seed's default reads 'random': %s", seed);
+    free(seed);
+    for (int c = 0; c < 4; c++) free(help[c]);
 }
 
 Test(cli_opts, version_of_jlm_and_jlmfs)

@@ -1407,3 +1407,24 @@ Test(serve, reports_its_page_ins_to_a_views_residency_database, .init = mnt_dirs
     free(r);
     srv_free(&s);
 }
+
+/* The engine's options reach the server as they reach `jlm run` (the rows
+ * are shared, cli/opts.c): with --kv f16 --no-prefetch --backend cpu the
+ * greedy completion equals jlm run's with the same options. */
+Test(serve, takes_the_engine_options_as_jlm_run_does, .timeout = 60)
+{
+    srv s = {0};
+    const char *args[] = {"--kv", "f16", "--no-prefetch", "--backend", "cpu", "-c", "128", NULL};
+    srv_start(&s, args);
+    char *r = NULL, *ref = NULL, cmd[4096];
+    const char *b = "{\"prompt\": \"Once upon a time\", \"max_tokens\": 24, \"temperature\": 0}";
+    cr_assert_eq(http(&s, "POST", "/v1/completions", b, NULL, &r), 200, "%s", r);
+    char *t = completion_text(r, NULL);
+    free(r);
+    snprintf(cmd, sizeof cmd, "(%s run %s -p 'Once upon a time' -n 24 --temp 0 -t 1 --kv f16 --no-prefetch -c 128 "
+             "2>/dev/null)", tu_jlm(), s.model);
+    cr_assert_eq(tu_run(cmd, &ref), 0, "%s", ref);
+    cr_assert_str_eq(t, ref, "[%s] [%s]", t, ref);
+    free(t); free(ref);
+    srv_free(&s);
+}
