@@ -72,7 +72,10 @@ static int conv_add(conv *c, const char *role, const char *content)
         if (!m || !o) { if (m) c->msgs = m; return -1; }
         c->msgs = m; c->owned = o; c->cap = cap;
     }
-    c->owned[c->n] = strdup(content);
+    /* any bytes (the user's, the model's): what is not UTF-8 becomes U+FFFD,
+     * since the template and the tokenizer need valid text (llama.cpp's
+     * server does the same); so a message is sent, never refused for it */
+    c->owned[c->n] = jlm_utf8_fix(content, strlen(content));
     if (!c->owned[c->n])
         return -1;
     c->msgs[c->n].role = role;
@@ -372,7 +375,7 @@ static int command(chat *ch, const char *line)
             fprintf(stderr, "jlm chat: system prompt removed\n");
             return 0;
         }
-        char *t = strdup(arg);
+        char *t = jlm_utf8_fix(arg, strlen(arg));   /* as a message's text: U+FFFD for what is not UTF-8 */
         if (!t)
             return -1;
         if (had) {

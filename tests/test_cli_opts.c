@@ -288,3 +288,30 @@ Test(cli_chat_utf8, replies_with_invalid_bytes_keep_the_chat_going, .timeout = 6
     tu_rmrf(dir);
     free(dir);
 }
+
+/* Invalid bytes from the user (issue 15: `printf 'caf\xe9\nhello\n' | jlm
+ * chat M`) are sent as U+FFFD, not refused: the first reply is the reply to
+ * "caf\uFFFD", the second message is answered, no "not sent" line. The same
+ * for -sys and /system. */
+Test(cli_chat_utf8, invalid_bytes_from_the_user_are_sent_as_u_fffd, .timeout = 60)
+{
+    char *dir = tu_tmpdir();
+    jlm_err err = {0};
+    char *m = tu_convert("stories260K.gguf", dir, "s.jlm", &err);
+    cr_assert_not_null(m, "%s", err.msg);
+    char cmd[4096], *bad = NULL, *good = NULL;
+    snprintf(cmd, sizeof cmd, "printf 'caf\\351\\nhello\\n/system be \\377 kind\\nagain\\n' | %s chat %s -n 8 --temp 0 "
+             "-t 1 -sys \"$(printf 'sys\\200')\" 2>&1", tu_jlm(), m);
+    cr_assert_eq(tu_run(cmd, &bad), 0, "%s", bad);
+    snprintf(cmd, sizeof cmd, "printf 'caf\\357\\277\\275\\nhello\\n/system be \\357\\277\\275 kind\\nagain\\n' | "
+             "%s chat %s -n 8 --temp 0 -t 1 -sys \"$(printf 'sys\\357\\277\\275')\" 2>&1", tu_jlm(), m);
+    cr_assert_eq(tu_run(cmd, &good), 0, "%s", good);
+    cr_assert(!strstr(bad, "not sent") && !strstr(bad, "not valid UTF-8"), "every message was sent: %s", bad);
+    cr_assert_str_eq(bad, good, "the replies to the invalid bytes are those to U+FFFD");
+    size_t lines = 0;
+    for (const char *p = good; *p; p++) lines += *p == '\n';
+    cr_assert_geq(lines, 4, "the banner, three replies and the notice: %s", good);
+    free(bad); free(good); free(m);
+    tu_rmrf(dir);
+    free(dir);
+}
