@@ -88,7 +88,9 @@ static int parse(int argc, char **argv, serve_opts *o)
     o->srv.api_key = getenv("JLM_API_KEY");
     o->srv.report = &REPORTER;
     uint64_t body = 0;
+    const char *m_opt = NULL;
     const jlm_opt own[] = {
+        {"-m", "--model", JLM_OPT_STR, &m_opt, 0, 0, 0, "FILE", "a model to serve (as llama-server -m; or give them as MODEL...)"},
         {NULL, "--models", JLM_OPT_STR, &o->srv.models_dir, 0, 0, 0, "DIR", "serve every container and view in DIR, rescanned"},
         {NULL, "--rescan", JLM_OPT_INT, &o->srv.rescan_s, 0, 86400, 0, "S", "seconds between rescans of --models, 0: on request only"},
         {NULL, "--host", JLM_OPT_STR, &o->srv.host, 0, 0, 0, "HOST", "address to listen on (default: 127.0.0.1)"},
@@ -118,6 +120,8 @@ static int parse(int argc, char **argv, serve_opts *o)
         fprintf(stderr, "jlm serve: --port must be in [0, 65535], --queue >= 0, --parallel in [1, 16]\n");
         return 2;
     }
+    if (m_opt && os.n_pos < MAX_MODELS)
+        pos[os.n_pos++] = m_opt;   /* -m FILE: served as the first positional would be */
     if (!o->srv.models_dir && !os.n_pos) {
         fputs(USAGE, stderr);
         return 2;

@@ -315,3 +315,44 @@ Test(cli_chat_utf8, invalid_bytes_from_the_user_are_sent_as_u_fffd, .timeout = 6
     tu_rmrf(dir);
     free(dir);
 }
+
+/* `-m MODEL` wherever MODEL is positional (issue 15): every such subcommand
+ * lists it, and info and template answer with -m as with the positional
+ * (template's answer for stories260K is its "no default chat template"). */
+Test(cli_opts, m_model_is_accepted_wherever_model_is_positional, .timeout = 60)
+{
+    static const char *const CMDS[] = {"run", "chat", "bench", "info", "tokenize", "template", "serve"};
+    char cmd[4096], *a = NULL, *b = NULL;
+    for (size_t i = 0; i < sizeof CMDS / sizeof CMDS[0]; i++) {
+        snprintf(cmd, sizeof cmd, "%s %s --help", tu_jlm(), CMDS[i]);
+        cr_assert_eq(tu_run(cmd, &a), 0);
+        cr_expect(strstr(a, "\n  -m, --model FILE "), "jlm %s lists -m: %s", CMDS[i], a);
+        free(a);
+    }
+    char *dir = tu_tmpdir();
+    jlm_err err = {0};
+    char *m = tu_convert("stories260K.gguf", dir, "s.jlm", &err);
+    cr_assert_not_null(m, "%s", err.msg);
+    char msgs[1100];
+    snprintf(msgs, sizeof msgs, "%s/m.json", dir);
+    cr_assert_eq(tu_write_file(msgs, "[{\"role\": \"user\", \"content\": \"hi\"}]", 35), 0);
+    static const char *const FORMS[][2] = {{"info %s", "info -m %s"}, {"template %s --messages %s", "template -m %s --messages %s"}};
+    for (int f = 0; f < 2; f++) {
+        char x[1200];
+        snprintf(x, sizeof x, FORMS[f][0], m, msgs);
+        snprintf(cmd, sizeof cmd, "%s %s 2>&1", tu_jlm(), x);
+        int ra = tu_run(cmd, &a);   /* template: stories260K has none, the same error either way */
+        cr_assert(f == 1 || ra == 0, "%s: %s", cmd, a);
+        snprintf(x, sizeof x, FORMS[f][1], m, msgs);
+        snprintf(cmd, sizeof cmd, "%s %s 2>&1", tu_jlm(), x);
+        cr_expect_eq(tu_run(cmd, &b), ra, "%s: %s", cmd, b);
+        cr_expect_str_eq(a, b, "%s", cmd);
+        free(a); free(b);
+    }
+    snprintf(cmd, sizeof cmd, "%s info %s -m %s 2>&1", tu_jlm(), m, m);
+    cr_expect_eq(tu_run(cmd, &a), 2, "the model given twice: %s", a);
+    free(a);
+    free(m);
+    tu_rmrf(dir);
+    free(dir);
+}
