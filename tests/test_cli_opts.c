@@ -144,6 +144,10 @@ Test(cli_opts, version_of_jlm_and_jlmfs)
     snprintf(cmd, sizeof cmd, "%s --version", tu_jlm());
     cr_assert_eq(tu_run(cmd, &o), 0, "%s", o);
     cr_assert(!strncmp(o, "jlm version ", 12) && strstr(o, ".jlm format"), "%s", o);
+    /* the build: compiler, SIMD tiers, backends (issue 15) */
+    cr_assert(strstr(o, "\nbuild: ") && (strstr(o, "build: gcc ") || strstr(o, "build: clang ")) &&
+              strstr(o, "SIMD tiers built: ref avx2 avx512") && strstr(o, "backends built: cpu") &&
+              strstr(o, "this CPU runs: ref") && strstr(o, "\ncuda: "), "%s", o);
     free(o);
     snprintf(cmd, sizeof cmd, "%.*sjlmfs --version", (int)(strlen(tu_jlm()) - 3), tu_jlm());
     cr_assert_eq(tu_run(cmd, &o), 0, "%s", o);
