@@ -320,6 +320,8 @@ Test(serve, lists_models_and_answers_health, .timeout = 60)
     cr_assert_eq(http(&s, "GET", "/metrics", NULL, NULL, &r), 200, "%s", r);
     cr_assert(strstr(r, "jlm_generated_tokens_total{model=\"stories\"} 3"), "%s", r);
     cr_assert(!strstr(r, "jlm_page_ins_total{model=\"stories\"} 0"), "%s", r);
+    const char *fr = strstr(r, "\njlm_frames_resident{model=\"stories\"} ");
+    cr_assert(fr && atoi(fr + strlen("\njlm_frames_resident{model=\"stories\"} ")) >= 1, "frames per model: %s", r);
     free(r);
     expect_error(&s, "GET", "/v1/models/nope/residency", NULL, NULL, 404, "not_found_error");
     srv_free(&s);
