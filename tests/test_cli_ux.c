@@ -336,6 +336,13 @@ Test(cli_ux, through_a_mount_errors_ggufs_and_stats, .init = ux_init, .fini = ux
                   !strstr(e, "No such file"),
               "exit %d: %s (status '%s')", rc, e, st);
     free(o); free(e); free(st);
+    /* jlm convert MNT/s.gguf (no -o) points to the view, one line, exit 1, nothing written */
+    snprintf(args, sizeof args, "convert '%s/s.gguf'", M.mnt);
+    rc = jlm2(args, &o, &e);
+    cr_expect(rc == 1 && count_lines(e) == 1 && strstr(e, "is in a jlmfs mount: its view ") && strstr(e, "/s.jlm is the "),
+              "exit %d: %s", rc, e);
+    cr_expect(!tu_exists(pathf("%s/s.jlm.part", M.src)) && !tu_exists(pathf("%s/s.jlm", M.src)), "nothing written");
+    free(o); free(e);
     /* MNT/s.gguf runs its view s.jlm: no copy in the per-user cache, same ids */
     snprintf(args, sizeof args, "run '%s/s.gguf' -p 'Once upon a time' -n 8 --seed 7 --print-ids", M.mnt);
     rc = jlm2(args, &o, &e);
