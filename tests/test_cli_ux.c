@@ -442,6 +442,10 @@ Test(cli_ux, make_install_and_uninstall_into_a_staging_root, .timeout = 120)
     cr_expect(helper && strstr(helper, "installed=\"/usr/bin/jlmfs\"") && !strstr(helper, "@JLMFS_INSTALLED@"),
               "the helper does not name the installed jlmfs");
     free(helper);
+    char *unit = read_text(pathf("%s/root/usr/share/doc/jlmfs/examples/jlmfs@.service", T));
+    cr_expect(unit && strstr(unit, "\nExecStart=/usr/bin/jlmfs ") && !strstr(unit, "/usr/local/bin"),
+              "the systemd example runs the installed jlmfs: %s", unit ? unit : "(missing)");
+    free(unit);
     snprintf(cmd, sizeof cmd, "'%s/root/usr/bin/jlm' --version", T);
     cr_expect(tu_run(cmd, &o) == 0 && strstr(o, "jlm "), "installed jlm: %s", o);
     free(o);
