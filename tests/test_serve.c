@@ -1430,3 +1430,37 @@ Test(serve, takes_the_engine_options_as_jlm_run_does, .timeout = 60)
     free(t); free(ref);
     srv_free(&s);
 }
+
+/* Each block page is read once per decode step for the whole batch (issue
+ * 16): with one block frame (--budget 1, raised to the minimum) every step
+ * pages every block in, so the page-ins are n_blocks per step plus n_blocks
+ * per prompt (each evaluated alone), not per sequence: 4 concurrent requests
+ * of 32 tokens read about a quarter of what 4 sequences alone would. */
+Test(serve, a_batch_reads_each_block_page_once_per_step, .timeout = 60)
+{
+    srv s = {0};
+    const char *args[] = {"--budget", "1", "-np", "4", NULL};
+    srv_start(&s, args);
+    jlm_model *c = NULL;
+    jlm_err err = {0};
+    cr_assert_eq(jlm_fmt_open(s.model, &c, &err), 0, "%s", err.msg);
+    double nb = c->hdr.n_blocks;
+    jlm_fmt_close(c);
+    char cmd[4096], *o = NULL;
+    snprintf(cmd, sizeof cmd, "for i in 1 2 3 4; do curl -sf -o /dev/null http://127.0.0.1:%d/v1/completions -d "
+             "\"{\\\"prompt\\\": \\\"Once upon a time $i\\\", \\\"max_tokens\\\": 32, \\\"temperature\\\": 0, "
+             "\\\"ignore_eos\\\": true}\" & done; f=0; for j in $(jobs -p); do wait $j || f=1; done; exit $f", s.port);
+    cr_assert_eq(tu_run(cmd, &o), 0, "%s", o);
+    free(o);
+    char *m = get_metrics(&s);
+    double steps = metric(m, "jlm_decode_steps_total{model=\"stories\"}");
+    double seqs = metric(m, "jlm_decode_step_sequences_total{model=\"stories\"}");
+    double ins = metric(m, "jlm_page_ins_total{model=\"stories\"}");
+    cr_assert(steps > 0 && seqs > steps, "the requests were batched: %g sequences in %g steps\n%s", seqs, steps, m);
+    cr_assert(ins >= nb * steps, "one frame: every step pages every block in: %g page-ins, %g steps\n%s", ins, steps, m);
+    cr_assert(ins <= nb * (steps + 4), "a block page read once per step for the batch (and once per prompt): %g "
+              "page-ins, %g steps, %g blocks\n%s", ins, steps, nb, m);
+    cr_assert(ins < nb * seqs, "fewer reads than one per sequence-step: %g vs %g\n%s", ins, nb * seqs, m);
+    free(m);
+    srv_free(&s);
+}
