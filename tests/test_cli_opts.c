@@ -360,3 +360,30 @@ Test(cli_opts, m_model_is_accepted_wherever_model_is_positional, .timeout = 60)
     tu_rmrf(dir);
     free(dir);
 }
+
+/* Issue 15's reproduction on every model it names: `printf 'hello\nhow are
+ * you\n' | jlm chat MODEL -n 8` ended with "role/content not valid UTF-8" on
+ * these; now both messages are answered and stdout is valid UTF-8. */
+Test(cli_chat_utf8, the_issues_models_answer_every_message, .timeout = 180)
+{
+    static const char *const MODELS[] = {"synth-qwen3-256.Q8_0.gguf", "synth-gemma3-256.Q8_0.gguf",
+                                         "synth-llama-moe-256.Q4_K_M.gguf", "synth-qwen3moe-256.Q8_0.gguf",
+                                         "synth-gpt-oss-256.MXFP4_MOE.gguf"};
+    char *dir = tu_tmpdir();
+    for (size_t i = 0; i < sizeof MODELS / sizeof MODELS[0]; i++) {
+        char cmd[4096], *o = NULL, *e = NULL, errf[1100];
+        snprintf(errf, sizeof errf, "%s/err", dir);
+        snprintf(cmd, sizeof cmd, "(printf 'hello\\nhow are you\\n' | XDG_CACHE_HOME=%s %s chat %s -n 8 -t 1 --seed 1 2>%s)",
+                 dir, tu_jlm(), tu_model(MODELS[i]), errf);
+        cr_assert_eq(tu_run(cmd, &o), 0, "%s: %s", MODELS[i], o);
+        e = (char *)tu_read_file(errf, NULL);
+        cr_expect(e && !strstr(e, "not valid UTF-8") && !strstr(e, "not sent"), "%s: %s", MODELS[i], e);
+        size_t lines = 0;
+        for (const char *p = o; *p; p++) lines += *p == '\n';
+        cr_expect_eq(lines, 2, "%s: a reply line per message: [%s]", MODELS[i], o);
+        cr_expect(valid_utf8(o), "%s: stdout is valid UTF-8", MODELS[i]);
+        free(o); free(e);
+    }
+    tu_rmrf(dir);
+    free(dir);
+}
