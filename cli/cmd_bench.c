@@ -44,22 +44,22 @@ static int bench_parse(int argc, char **argv, bench_opts *o)
     o->eng.direct = 1;
     o->eng.quiet = 1;
     o->eng.budget = JLM_BUDGET_AUTO;
-    const jlm_opt t[] = {
+    const jlm_opt head[] = {
         {"-m", "--model", JLM_OPT_STR, &o->model, 0, 0, 0, "FILE", "the model (or give it first)"},
         {"-p", "--n-prompt", JLM_OPT_INT, &o->n_pp, 0, 1 << 20, 0, "N", "prompt tokens per pp test, 0: skip"},
         {"-n", "--n-gen", JLM_OPT_INT, &o->n_tg, 0, 1 << 20, 0, "N", "generated tokens per tg test, 0: skip"},
         {"-r", "--repetitions", JLM_OPT_INT, &o->reps, 1, 1000, 0, "N", "repetitions per test"},
-        {"-t", "--threads", JLM_OPT_INT, &o->eng.n_threads, 1, 1024, 0, "N", "threads, unset: all cores"},
-        {NULL, "--budget", JLM_OPT_SIZE, &o->eng.budget, 0, 0, 0, "SIZE", "memory budget: frames + KV + scratch (K/M/G), 0: unlimited; default: the cgroup limit or MemAvailable less a headroom"},
-        {NULL, "--kv", JLM_OPT_STR, &o->eng.kv, 0, 0, 0, "f32|f16", "KV cache type (f16: half the memory)"},
-        {NULL, "--no-direct", JLM_OPT_FLAG, &o->eng.direct, 0, 0, JLM_OPT_CLEARS, NULL, "page weights through the page cache"},
-        {NULL, "--no-prefetch", JLM_OPT_FLAG, &o->eng.no_prefetch, 0, 0, 0, NULL, "no read of the next block while one computes"},
+    };
+    const jlm_opt tail[] = {
         {NULL, "--profile", JLM_OPT_FLAG, &o->profile, 0, 0, 0, NULL, "after each test, where a token's time went (per operation class, barrier waits, serial share)"},
         {"-o", "--output", JLM_OPT_STR, &o->out, 0, 0, 0, "md|csv|json", "output format (default: md)"},
     };
+    jlm_opt t[sizeof head / sizeof head[0] + sizeof tail / sizeof tail[0] + JLM_OPTS_ENGINE_MAX];
+    int nt = jlm_opts_cat(t, 0, head, (int)(sizeof head / sizeof head[0]));
+    nt += jlm_opts_engine_rows(t + nt, JLM_ROWS_THREADS | JLM_ROWS_BUDGET | JLM_ROWS_KV | JLM_ROWS_PAGING, &o->eng, NULL);
+    nt = jlm_opts_cat(t, nt, tail, (int)(sizeof tail / sizeof tail[0]));
     const char *pos[1] = {0};
-    jlm_opts_spec os = {"jlm bench", "MODEL [options]   (-p 0 or -n 0 skips that test)", t,
-                        (int)(sizeof t / sizeof t[0]), pos, 1, 0};
+    jlm_opts_spec os = {"jlm bench", "MODEL [options]   (-p 0 or -n 0 skips that test)", t, nt, pos, 1, 0};
     int prc = jlm_opts_parse(&os, argc, argv);
     if (prc)
         return prc == 1 ? -1 : prc;
