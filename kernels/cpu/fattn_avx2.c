@@ -52,6 +52,26 @@ static void widen(float *dst, const void *src, int f16, uint32_t n)
     }
 }
 
+/* r[t] = row t (8 floats) -> dst + e*stride = element e of the 8 rows */
+static void transpose8(__m256 r[8], float *dst, size_t stride)
+{
+    __m256 t[8], u[8];
+    for (int i = 0; i < 4; i++) {
+        t[2 * i] = _mm256_unpacklo_ps(r[2 * i], r[2 * i + 1]);
+        t[2 * i + 1] = _mm256_unpackhi_ps(r[2 * i], r[2 * i + 1]);
+    }
+    for (int b = 0; b < 2; b++) {   /* u[4b + c]: element 4L + c of rows 4b..4b+3 in lane L */
+        u[4 * b + 0] = _mm256_shuffle_ps(t[4 * b], t[4 * b + 2], 0x44);
+        u[4 * b + 1] = _mm256_shuffle_ps(t[4 * b], t[4 * b + 2], 0xEE);
+        u[4 * b + 2] = _mm256_shuffle_ps(t[4 * b + 1], t[4 * b + 3], 0x44);
+        u[4 * b + 3] = _mm256_shuffle_ps(t[4 * b + 1], t[4 * b + 3], 0xEE);
+    }
+    for (int c = 0; c < 4; c++) {
+        _mm256_storeu_ps(dst + (size_t)c * stride, _mm256_permute2f128_ps(u[c], u[4 + c], 0x20));
+        _mm256_storeu_ps(dst + (size_t)(4 + c) * stride, _mm256_permute2f128_ps(u[c], u[4 + c], 0x31));
+    }
+}
+
 static void scale_row(float *o, float a, uint32_t n)
 {
     __m256 va = _mm256_set1_ps(a);
@@ -98,18 +118,35 @@ void jlm_k_fattn_avx2(const jlm_k_fattn *p, const float *q, const void *k, const
             any = p->lo[r] < p->hi[r] && p->lo[r] < j0 + nk && p->hi[r] > j0;
         if (!any)
             continue;
-        for (uint32_t jj = 0; jj < BK; jj++) {
-            if (jj >= nk) {
-                for (uint32_t i = 0; i < hd; i++)
-                    Kt[(size_t)i * BK + jj] = 0.0f;
+        /* Kt[i][jj] = key j0+jj, dim i (zero past nk): 8x8 blocks in registers
+         * where whole, else element by element */
+        for (uint32_t jb = 0; jb < BK; jb += 8) {
+            if (hd % 8 == 0 && jb + 8 <= nk) {
+                for (uint32_t i0 = 0; i0 < hd; i0 += 8) {
+                    __m256 rw[8];
+                    for (uint32_t t = 0; t < 8; t++) {
+                        const uint8_t *kj =
+                            (const uint8_t *)k + ((uint64_t)(j0 + jb + t) * p->k_stride + (uint64_t)g * hd + i0) * es;
+                        rw[t] = p->kv_f16 ? _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)kj))
+                                          : _mm256_loadu_ps((const float *)kj);
+                    }
+                    transpose8(rw, Kt + (size_t)i0 * BK + jb, BK);
+                }
                 continue;
             }
-            const uint8_t *kj = (const uint8_t *)k + ((uint64_t)(j0 + jj) * p->k_stride + (uint64_t)g * hd) * es;
-            for (uint32_t i0 = 0; i0 < hd; i0 += 8) {
-                uint32_t c = hd - i0 < 8 ? hd - i0 : 8;
-                widen(kw, kj + (size_t)i0 * es, p->kv_f16, c);
-                for (uint32_t i = 0; i < c; i++)
-                    Kt[(size_t)(i0 + i) * BK + jj] = kw[i];
+            for (uint32_t jj = jb; jj < jb + 8; jj++) {
+                if (jj >= nk) {
+                    for (uint32_t i = 0; i < hd; i++)
+                        Kt[(size_t)i * BK + jj] = 0.0f;
+                    continue;
+                }
+                const uint8_t *kj = (const uint8_t *)k + ((uint64_t)(j0 + jj) * p->k_stride + (uint64_t)g * hd) * es;
+                for (uint32_t i0 = 0; i0 < hd; i0 += 8) {
+                    uint32_t c = hd - i0 < 8 ? hd - i0 : 8;
+                    widen(kw, kj + (size_t)i0 * es, p->kv_f16, c);
+                    for (uint32_t i = 0; i < c; i++)
+                        Kt[(size_t)(i0 + i) * BK + jj] = kw[i];
+                }
             }
         }
         const float *vbase;

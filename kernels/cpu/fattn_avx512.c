@@ -55,6 +55,31 @@ static void widen(float *dst, const void *src, int f16, uint32_t n)
     }
 }
 
+/* r[t] = row t (16 floats) -> dst + e*stride = element e of the 16 rows:
+ * unpack pairs, shuffle quads, then transpose the 128-bit lanes (4 x 4) */
+static void transpose16(__m512 r[16], float *dst, size_t stride)
+{
+    __m512 t[16], u[16];
+    for (int i = 0; i < 8; i++) {
+        t[2 * i] = _mm512_unpacklo_ps(r[2 * i], r[2 * i + 1]);
+        t[2 * i + 1] = _mm512_unpackhi_ps(r[2 * i], r[2 * i + 1]);
+    }
+    for (int b = 0; b < 4; b++) {   /* rows 4b..4b+3: u[4b + c] holds element 4L + c of them in lane L */
+        u[4 * b + 0] = _mm512_shuffle_ps(t[4 * b], t[4 * b + 2], 0x44);
+        u[4 * b + 1] = _mm512_shuffle_ps(t[4 * b], t[4 * b + 2], 0xEE);
+        u[4 * b + 2] = _mm512_shuffle_ps(t[4 * b + 1], t[4 * b + 3], 0x44);
+        u[4 * b + 3] = _mm512_shuffle_ps(t[4 * b + 1], t[4 * b + 3], 0xEE);
+    }
+    for (int c = 0; c < 4; c++) {
+        __m512 v0 = _mm512_shuffle_f32x4(u[c], u[4 + c], 0x44), v1 = _mm512_shuffle_f32x4(u[c], u[4 + c], 0xEE);
+        __m512 v2 = _mm512_shuffle_f32x4(u[8 + c], u[12 + c], 0x44), v3 = _mm512_shuffle_f32x4(u[8 + c], u[12 + c], 0xEE);
+        _mm512_storeu_ps(dst + (size_t)(0 + c) * stride, _mm512_shuffle_f32x4(v0, v2, 0x88));
+        _mm512_storeu_ps(dst + (size_t)(4 + c) * stride, _mm512_shuffle_f32x4(v0, v2, 0xDD));
+        _mm512_storeu_ps(dst + (size_t)(8 + c) * stride, _mm512_shuffle_f32x4(v1, v3, 0x88));
+        _mm512_storeu_ps(dst + (size_t)(12 + c) * stride, _mm512_shuffle_f32x4(v1, v3, 0xDD));
+    }
+}
+
 /* o (n floats) *= a */
 static void scale_row(float *o, float a, uint32_t n)
 {
@@ -96,19 +121,35 @@ void jlm_k_fattn_avx512(const jlm_k_fattn *p, const float *q, const void *k, con
             any = p->lo[r] < p->hi[r] && p->lo[r] < j0 + nk && p->hi[r] > j0;
         if (!any)
             continue;
-        /* Kt[i][jj] = key j0+jj, dim i (zero past nk) */
-        for (uint32_t jj = 0; jj < BK; jj++) {
-            if (jj >= nk) {
-                for (uint32_t i = 0; i < hd; i++)
-                    Kt[(size_t)i * BK + jj] = 0.0f;
+        /* Kt[i][jj] = key j0+jj, dim i (zero past nk): 16x16 blocks in registers
+         * where whole, else element by element */
+        for (uint32_t jb = 0; jb < BK; jb += 16) {
+            if (hd % 16 == 0 && jb + 16 <= nk) {
+                for (uint32_t i0 = 0; i0 < hd; i0 += 16) {
+                    __m512 rw[16];
+                    for (uint32_t t = 0; t < 16; t++) {
+                        const uint8_t *kj =
+                            (const uint8_t *)k + ((uint64_t)(j0 + jb + t) * p->k_stride + (uint64_t)g * hd + i0) * es;
+                        rw[t] = p->kv_f16 ? _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)kj))
+                                          : _mm512_loadu_ps((const float *)kj);
+                    }
+                    transpose16(rw, Kt + (size_t)i0 * BK + jb, BK);
+                }
                 continue;
             }
-            const uint8_t *kj = (const uint8_t *)k + ((uint64_t)(j0 + jj) * p->k_stride + (uint64_t)g * hd) * es;
-            for (uint32_t i0 = 0; i0 < hd; i0 += 16) {
-                uint32_t c = hd - i0 < 16 ? hd - i0 : 16;
-                widen(kw, kj + (size_t)i0 * es, p->kv_f16, c);
-                for (uint32_t i = 0; i < c; i++)
-                    Kt[(size_t)(i0 + i) * BK + jj] = kw[i];
+            for (uint32_t jj = jb; jj < jb + 16; jj++) {
+                if (jj >= nk) {
+                    for (uint32_t i = 0; i < hd; i++)
+                        Kt[(size_t)i * BK + jj] = 0.0f;
+                    continue;
+                }
+                const uint8_t *kj = (const uint8_t *)k + ((uint64_t)(j0 + jj) * p->k_stride + (uint64_t)g * hd) * es;
+                for (uint32_t i0 = 0; i0 < hd; i0 += 16) {
+                    uint32_t c = hd - i0 < 16 ? hd - i0 : 16;
+                    widen(kw, kj + (size_t)i0 * es, p->kv_f16, c);
+                    for (uint32_t i = 0; i < c; i++)
+                        Kt[(size_t)(i0 + i) * BK + jj] = kw[i];
+                }
             }
         }
         const float *vbase;
