@@ -382,6 +382,8 @@ static int alloc_buffers(jlm_engine *e, jlm_err *err)
     e->fa_floats = jlm_k_fattn_scratch_floats(e->hd, e->hd_v, c->n_head / c->n_kv_head);
     e->fa = zalloc((size_t)jlm_pool_n_threads(e->pool) * e->fa_floats * sizeof(float));
     const char *an = getenv("JLM_ATTN");
+    if (an && *an && strcmp(an, "token") && strcmp(an, "batched"))
+        return jlm_errf(err, JLM_EINVAL, "JLM_ATTN=%s: not an attention path (batched, token)", an);
     e->attn_token = an && !strcmp(an, "token");
     e->router = zalloc((c->n_expert + 1) * sizeof(float));
     e->route = zalloc(((size_t)c->n_layer * c->n_expert_used + 1) * sizeof(int32_t));

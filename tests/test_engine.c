@@ -232,6 +232,16 @@ Test(engine, prefill_in_any_batch_and_one_token_at_a_time_give_the_same_logits, 
         free(c);
         free(path);
     }
+    /* JLM_ATTN names the path; anything else is refused, naming the value */
+    char *path = convert_model("synth-llama-256.Q4_K_M", dir);
+    setenv("JLM_ATTN", "flash2", 1);
+    jlm_engine_opts o = {.n_threads = 1, .quiet = 1};
+    jlm_engine *e = NULL;
+    jlm_err err = {0};
+    cr_assert_neq(jlm_engine_open(path, &o, &e, &err), 0);
+    cr_assert(strstr(err.msg, "JLM_ATTN=flash2"), "%s", err.msg);
+    unsetenv("JLM_ATTN");
+    free(path);
     tu_rmrf(dir);
     free(dir);
 }
