@@ -54,7 +54,7 @@ struct jlm_engine {
     size_t kv_es;
     void  *kc;        /* (n_layer, n_ctx, kv_dim) */
     void  *vc;        /* (n_layer, n_ctx, kv_dim_v) */
-    float *kv32;      /* kv_f16: (n_threads, n_ctx, hd + hd_v) one KV head widened to F32, a slab per thread */
+    float *kv32;      /* kv_f16 and attn_token: (n_threads, n_ctx, hd + hd_v) one KV head widened to F32, a slab per thread */
     /* scratch for a batch of up to nb tokens, row t of each at t * width */
     float *x;         /* (nb, n_embd) residual stream */
     float *h;         /* (nb, n_embd) normed input */
@@ -365,8 +365,6 @@ static int alloc_buffers(jlm_engine *e, jlm_err *err)
     e->nb = nb;
     e->kc = zalloc(kv * e->kv_dim * e->kv_es);
     e->vc = zalloc(kv * e->kv_dim_v * e->kv_es);
-    if (e->kv_f16)
-        e->kv32 = zalloc((size_t)jlm_pool_n_threads(e->pool) * e->n_ctx * (e->hd + e->hd_v) * sizeof(float));
     e->x = zalloc((size_t)nb * c->n_embd * sizeof(float));
     e->h = zalloc((size_t)nb * c->n_embd * sizeof(float));
     e->q = zalloc((size_t)nb * e->q_dim * sizeof(float));
@@ -385,6 +383,8 @@ static int alloc_buffers(jlm_engine *e, jlm_err *err)
     if (an && *an && strcmp(an, "token") && strcmp(an, "batched"))
         return jlm_errf(err, JLM_EINVAL, "JLM_ATTN=%s: not an attention path (batched, token)", an);
     e->attn_token = an && !strcmp(an, "token");
+    if (e->kv_f16 && e->attn_token)   /* the per-token path's widened KV head; jlm_k_fattn reads F16 itself */
+        e->kv32 = zalloc((size_t)jlm_pool_n_threads(e->pool) * e->n_ctx * (e->hd + e->hd_v) * sizeof(float));
     e->router = zalloc((c->n_expert + 1) * sizeof(float));
     e->route = zalloc(((size_t)c->n_layer * c->n_expert_used + 1) * sizeof(int32_t));
     e->route_w = zalloc((c->n_expert_used + 1) * sizeof(float));
@@ -396,7 +396,7 @@ static int alloc_buffers(jlm_engine *e, jlm_err *err)
     e->bpos = zalloc(nb * sizeof *e->bpos);
     if (!e->xq || !e->bkc || !e->bvc || !e->bpos || !e->kc || !e->vc || !e->x || !e->h || !e->q || !e->kk ||
         !e->vv || !e->att || !e->o || !e->g || !e->u || !e->moe || !e->scores || !e->mask || !e->fa || !e->router ||
-        !e->route || !e->route_w || !e->xq_buf || (e->kv_f16 && !e->kv32))
+        !e->route || !e->route_w || !e->xq_buf || (e->kv_f16 && e->attn_token && !e->kv32))
         return jlm_errf(err, JLM_ENOMEM, "%s: out of memory for the KV cache (%u positions) and buffers",
                         e->m->path, e->n_ctx);
     for (uint32_t t = 0; t < nb; t++) {
