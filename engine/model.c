@@ -54,7 +54,7 @@ struct jlm_engine {
     size_t kv_es;
     void  *kc;        /* (n_layer, n_ctx, kv_dim) */
     void  *vc;        /* (n_layer, n_ctx, kv_dim_v) */
-    float *kv32;      /* kv_f16: (n_threads, n_ctx, hd + hd_v) one KV head widened to F32, a slab per thread */
+    float *kv32;      /* kv_f16 and attn_token: (n_threads, n_ctx, hd + hd_v) one KV head widened to F32, a slab per thread */
     /* scratch for a batch of up to nb tokens, row t of each at t * width */
     float *x;         /* (nb, n_embd) residual stream */
     float *h;         /* (nb, n_embd) normed input */
@@ -66,6 +66,9 @@ struct jlm_engine {
     float *moe;       /* (n_embd,) expert mixture of one token */
     float *scores;    /* (n_threads, n_ctx) attention scores, a row per pool thread */
     float *mask;      /* (n_ctx,) */
+    float *fa;        /* (n_threads, fa_floats) jlm_k_fattn scratch, a slab per pool thread */
+    size_t fa_floats;
+    int    attn_token;   /* JLM_ATTN=token: the per-token attention (attend) instead of jlm_k_fattn */
     float *router;    /* (n_expert,) */
     int32_t *route;   /* (n_layer, n_expert_used) routing of the last token */
     float   *route_w; /* (n_expert_used,) */
@@ -362,8 +365,6 @@ static int alloc_buffers(jlm_engine *e, jlm_err *err)
     e->nb = nb;
     e->kc = zalloc(kv * e->kv_dim * e->kv_es);
     e->vc = zalloc(kv * e->kv_dim_v * e->kv_es);
-    if (e->kv_f16)
-        e->kv32 = zalloc((size_t)jlm_pool_n_threads(e->pool) * e->n_ctx * (e->hd + e->hd_v) * sizeof(float));
     e->x = zalloc((size_t)nb * c->n_embd * sizeof(float));
     e->h = zalloc((size_t)nb * c->n_embd * sizeof(float));
     e->q = zalloc((size_t)nb * e->q_dim * sizeof(float));
@@ -376,6 +377,14 @@ static int alloc_buffers(jlm_engine *e, jlm_err *err)
     e->moe = zalloc(c->n_embd * sizeof(float));
     e->scores = zalloc((size_t)jlm_pool_n_threads(e->pool) * e->n_ctx * sizeof(float));   /* a row per thread */
     e->mask = zalloc(e->n_ctx * sizeof(float));
+    e->fa_floats = jlm_k_fattn_scratch_floats(e->hd, e->hd_v, c->n_head / c->n_kv_head);
+    e->fa = zalloc((size_t)jlm_pool_n_threads(e->pool) * e->fa_floats * sizeof(float));
+    const char *an = getenv("JLM_ATTN");
+    if (an && *an && strcmp(an, "token") && strcmp(an, "batched"))
+        return jlm_errf(err, JLM_EINVAL, "JLM_ATTN=%s: not an attention path (batched, token)", an);
+    e->attn_token = an && !strcmp(an, "token");
+    if (e->kv_f16 && e->attn_token)   /* the per-token path's widened KV head; jlm_k_fattn reads F16 itself */
+        e->kv32 = zalloc((size_t)jlm_pool_n_threads(e->pool) * e->n_ctx * (e->hd + e->hd_v) * sizeof(float));
     e->router = zalloc((c->n_expert + 1) * sizeof(float));
     e->route = zalloc(((size_t)c->n_layer * c->n_expert_used + 1) * sizeof(int32_t));
     e->route_w = zalloc((c->n_expert_used + 1) * sizeof(float));
@@ -386,8 +395,8 @@ static int alloc_buffers(jlm_engine *e, jlm_err *err)
     e->bvc = zalloc(nb * sizeof *e->bvc);
     e->bpos = zalloc(nb * sizeof *e->bpos);
     if (!e->xq || !e->bkc || !e->bvc || !e->bpos || !e->kc || !e->vc || !e->x || !e->h || !e->q || !e->kk ||
-        !e->vv || !e->att || !e->o || !e->g || !e->u || !e->moe || !e->scores || !e->mask || !e->router ||
-        !e->route || !e->route_w || !e->xq_buf || (e->kv_f16 && !e->kv32))
+        !e->vv || !e->att || !e->o || !e->g || !e->u || !e->moe || !e->scores || !e->mask || !e->fa || !e->router ||
+        !e->route || !e->route_w || !e->xq_buf || (e->kv_f16 && e->attn_token && !e->kv32))
         return jlm_errf(err, JLM_ENOMEM, "%s: out of memory for the KV cache (%u positions) and buffers",
                         e->m->path, e->n_ctx);
     for (uint32_t t = 0; t < nb; t++) {
@@ -401,12 +410,12 @@ static int alloc_buffers(jlm_engine *e, jlm_err *err)
 /* Every buffer the engine owns, into bufs (ENGINE_BUFS slots): the dense
  * region first, then the KV cache (2), then scratch; the one list both
  * jlm_engine_close and the budget's tally read. */
-#define ENGINE_BUFS 25
+#define ENGINE_BUFS 26
 static void engine_bufs(const jlm_engine *e, void **bufs)
 {
     void *b[ENGINE_BUFS] = {e->dense, e->kc, e->vc, e->roles, e->x, e->h, e->q, e->kk, e->vv, e->att, e->o,
                             e->g, e->u, e->moe, e->scores, e->mask, e->router, e->route, e->route_w, e->xq_buf,
-                            e->kv32, e->xq, e->bkc, e->bvc, e->bpos};
+                            e->kv32, e->xq, e->bkc, e->bvc, e->bpos, e->fa};
     memcpy(bufs, b, sizeof b);
 }
 
@@ -766,6 +775,64 @@ static void attend(jlm_engine *e, uint32_t l, uint32_t t, const float *q, float 
     prof_end(e, JLM_PROF_ATTN, t0);
 }
 
+/* Rows [t0, t0+n) of the batch, one sequence at consecutive positions:
+ * jlm_k_fattn over (KV head, tile of JLM_K_FATTN_BQ rows) units, dealt
+ * round-robin to the pool's threads (causal rows cost more the later they
+ * are). Row t sees keys [lo, hi): up to its position (up to bidir_end in an
+ * image), from pos - window + 1 on a sliding-window layer (attend's mask). */
+typedef struct fattn_job {
+    jlm_engine        *e;
+    jlm_k_fattn        p;
+    const float       *q;
+    const void        *k, *v;
+    float             *out;
+    uint32_t           n, n_kv_head, nt;   /* rows; KV heads; slices (threads) */
+} fattn_job;
+
+static void fattn_slice(void *ctx, size_t s0, size_t s1, int tid)
+{
+    fattn_job *j = ctx;
+    float *scratch = j->e->fa + (size_t)tid * j->e->fa_floats;
+    uint32_t nq = (j->n + JLM_K_FATTN_BQ - 1) / JLM_K_FATTN_BQ, nu = nq * j->n_kv_head;
+    for (size_t s = s0; s < s1; s++)
+        for (uint32_t u = (uint32_t)s; u < nu; u += j->nt) {
+            uint32_t qt = nq - 1 - u / j->n_kv_head, g = u % j->n_kv_head;   /* costly tiles first */
+            uint32_t r0 = qt * JLM_K_FATTN_BQ, r1 = r0 + JLM_K_FATTN_BQ < j->n ? r0 + JLM_K_FATTN_BQ : j->n;
+            j->e->k->fattn(&j->p, j->q, j->k, j->v, j->out, g, r0, r1, scratch);
+        }
+}
+
+static void attend_rows(jlm_engine *e, uint32_t l, uint32_t t0, uint32_t n)
+{
+    const jlm_config *c = e->c;
+    uint32_t lo[PREFILL_MAX], hi[PREFILL_MAX];
+    uint32_t win = is_swa_layer(c, l) ? c->swa_window : 0;
+    uint64_t work = 0;
+    for (uint32_t r = 0; r < n; r++) {
+        uint32_t pos = e->bpos[t0 + r];
+        hi[r] = pos < e->bidir_end ? e->bidir_end : pos + 1;
+        lo[r] = win && pos >= win ? pos - win + 1 : 0;
+        work += hi[r] - lo[r];
+    }
+    fattn_job j = {
+        .e = e, .q = e->q + (uint64_t)t0 * e->q_dim, .out = e->att + (uint64_t)t0 * c->n_head * e->hd_v,
+        .k = (const uint8_t *)e->bkc[t0] + (uint64_t)l * e->n_ctx * e->kv_dim * e->kv_es,
+        .v = (const uint8_t *)e->bvc[t0] + (uint64_t)l * e->n_ctx * e->kv_dim_v * e->kv_es,
+        .n = n, .n_kv_head = c->n_kv_head,
+        .p = {.head_dim = e->hd, .head_dim_v = e->hd_v, .group = c->n_head / c->n_kv_head,
+              .q_stride = e->q_dim, .o_stride = (uint64_t)c->n_head * e->hd_v,
+              .k_stride = e->kv_dim, .v_stride = e->kv_dim_v, .kv_f16 = e->kv_f16,
+              .scale = c->attn_scale > 0 ? c->attn_scale : 1.0f / sqrtf((float)e->hd),
+              .softcap = c->attn_softcap, .sinks = vec_dense(e, W(e, l, JLM_R_ATTN_SINKS)), .lo = lo, .hi = hi},
+    };
+    /* short contexts are not worth a dispatch (attend's 64 keys) */
+    jlm_pool *pool = work >= 64 ? e->pool : NULL;
+    j.nt = pool ? (uint32_t)jlm_pool_n_threads(pool) : 1;
+    unsigned long long pt = prof_begin(e);
+    jlm_pool_for(pool, j.nt, 1, fattn_slice, &j);
+    prof_end(e, JLM_PROF_ATTN, pt);
+}
+
 /* n floats into a cache row: copied, or kv_f16 rounded to F16 (nearest
  * even, as F16C and ggml's F16 cache do). */
 static void store_kv(const jlm_engine *e, uint8_t *dst, const float *x, uint32_t n)
@@ -840,7 +907,16 @@ static void attn_out(jlm_engine *e, uint32_t l, const uint8_t *page, uint64_t pa
         qk_norm(e, l, q, NULL);
         if (!(c->flags & JLM_F_NO_POS_ENC))
             jlm_k_rope_apply(&rp, q, c->n_head, e->hd, e->bpos[t]);
-        attend(e, l, t, q, e->att + t * A);
+        if (e->attn_token)
+            attend(e, l, t, q, e->att + t * A);
+    }
+    /* runs of rows of one sequence at consecutive positions: one batched
+     * attention each (a prefill batch is one run, a serve batch n runs of 1) */
+    for (uint32_t t = 0, t1; !e->attn_token && t < n; t = t1) {
+        for (t1 = t + 1; t1 < n && e->bkc[t1] == e->bkc[t] && e->bvc[t1] == e->bvc[t] &&
+                         e->bpos[t1] == e->bpos[t1 - 1] + 1; t1++)
+            ;
+        attend_rows(e, l, t, t1 - t);
     }
     jlm_k_mat wo = mat_at(W(e, l, JLM_R_ATTN_OUT), page, page_off, 0);
     matmul(e, &wo, n, e->att, e->o);

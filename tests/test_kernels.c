@@ -718,3 +718,202 @@ Test(kernels, every_variants_activation_quantizer_equals_the_reference)
                       tab.name, b, a.d[b], r.d[b]);
     }
 }
+
+/* ---------------------------------------------------------------- batched attention (jlm_k_fattn) */
+
+/* One case: n rows at positions pos0.., KV cache of npos positions and NKVH
+ * KV heads, group query heads each, keys [lo, hi) per row as the engine
+ * builds them (causal, window, bidir_end), or lo = hi (all masked) where
+ * empty_every divides the row. */
+typedef struct fa_case {
+    uint32_t hd, hdv, group, n, pos0, window, bidir_end;
+    int sinks, kv_f16, empty_every;
+    float softcap, qscale;   /* qscale: query magnitude (large logits) */
+} fa_case;
+
+enum { FA_NKVH = 2 };
+
+typedef struct fa_data {
+    fa_case c;
+    uint32_t npos, nh;
+    float *q, *k32, *v32, *sink, *out_tok;
+    uint16_t *k16, *v16;
+    uint32_t *lo, *hi;
+} fa_data;
+
+static void fa_make(fa_data *d, const fa_case *c, uint64_t seed)
+{
+    memset(d, 0, sizeof *d);
+    d->c = *c;
+    d->nh = FA_NKVH * c->group;
+    d->npos = c->pos0 + c->n;
+    if (c->bidir_end > d->npos) d->npos = c->bidir_end;
+    uint64_t nk = (uint64_t)d->npos * FA_NKVH;
+    d->q = malloc((size_t)c->n * d->nh * c->hd * sizeof(float));
+    d->k32 = malloc(nk * c->hd * sizeof(float));
+    d->v32 = malloc(nk * c->hdv * sizeof(float));
+    d->k16 = malloc(nk * c->hd * sizeof(uint16_t));
+    d->v16 = malloc(nk * c->hdv * sizeof(uint16_t));
+    d->sink = malloc(d->nh * sizeof(float));
+    d->lo = malloc(c->n * sizeof(uint32_t));
+    d->hi = malloc(c->n * sizeof(uint32_t));
+    d->out_tok = malloc((size_t)c->n * d->nh * c->hdv * sizeof(float));
+    cr_assert(d->q && d->k32 && d->v32 && d->k16 && d->v16 && d->sink && d->lo && d->hi && d->out_tok);
+    for (uint64_t i = 0; i < (uint64_t)c->n * d->nh * c->hd; i++)
+        d->q[i] = c->qscale * rng_unit(&seed);
+    for (uint64_t i = 0; i < nk * c->hd; i++) {
+        /* keys grow along the positions: the running max keeps moving */
+        float x = rng_unit(&seed) * (1.0f + (float)(i / (FA_NKVH * c->hd)) / 64.0f);
+        d->k16[i] = jlm_k_f32_to_fp16(x);
+        d->k32[i] = c->kv_f16 ? jlm_k_fp16_to_f32(d->k16[i]) : x;
+    }
+    for (uint64_t i = 0; i < nk * c->hdv; i++) {
+        float x = 3.0f * rng_unit(&seed);
+        d->v16[i] = jlm_k_f32_to_fp16(x);
+        d->v32[i] = c->kv_f16 ? jlm_k_fp16_to_f32(d->v16[i]) : x;
+    }
+    for (uint32_t h = 0; h < d->nh; h++)
+        d->sink[h] = 2.0f * rng_unit(&seed);
+    for (uint32_t r = 0; r < c->n; r++) {
+        uint32_t pos = c->pos0 + r;
+        d->hi[r] = pos < c->bidir_end ? c->bidir_end : pos + 1;
+        d->lo[r] = c->window && pos >= c->window ? pos - c->window + 1 : 0;
+        if (c->empty_every && r % c->empty_every == 0)
+            d->lo[r] = d->hi[r];
+    }
+    /* the per-token path: jlm_k_attn_head over keys [0, hi) with a -inf mask
+     * outside [lo, hi), on the values the cache holds (F16 widened) */
+    float *mask = malloc(d->npos * sizeof(float)), *sc = malloc(d->npos * sizeof(float));
+    cr_assert(mask && sc);
+    for (uint32_t r = 0; r < c->n; r++) {
+        for (uint32_t j = 0; j < d->hi[r]; j++)
+            mask[j] = j < d->lo[r] ? -INFINITY : 0.0f;
+        for (uint32_t h = 0; h < d->nh; h++) {
+            uint32_t g = h / c->group;
+            jlm_k_attn a = {.head_dim = c->hd, .head_dim_v = c->hdv, .k_stride = FA_NKVH * c->hd,
+                            .v_stride = FA_NKVH * c->hdv, .scale = 1.0f / sqrtf((float)c->hd), .softcap = c->softcap,
+                            .has_sink = c->sinks, .sink = d->sink[h], .mask = mask};
+            jlm_k_attn_head(&a, d->q + ((size_t)r * d->nh + h) * c->hd, d->k32 + (size_t)g * c->hd,
+                            d->v32 + (size_t)g * c->hdv, d->hi[r], sc, d->out_tok + ((size_t)r * d->nh + h) * c->hdv);
+        }
+    }
+    free(mask);
+    free(sc);
+}
+
+static void fa_free(fa_data *d)
+{
+    free(d->q); free(d->k32); free(d->v32); free(d->k16); free(d->v16);
+    free(d->sink); free(d->lo); free(d->hi); free(d->out_tok);
+}
+
+/* fn over every KV head and the rows in tiles of `tile` (<= BQ) rows */
+static void fa_run(const fa_data *d, jlm_k_fattn_fn fn, uint32_t tile, float *out)
+{
+    const fa_case *c = &d->c;
+    jlm_k_fattn p = {.head_dim = c->hd, .head_dim_v = c->hdv, .group = c->group, .q_stride = (uint64_t)d->nh * c->hd,
+                     .o_stride = (uint64_t)d->nh * c->hdv, .k_stride = FA_NKVH * c->hd, .v_stride = FA_NKVH * c->hdv,
+                     .kv_f16 = c->kv_f16, .scale = 1.0f / sqrtf((float)c->hd), .softcap = c->softcap,
+                     .sinks = c->sinks ? d->sink : NULL, .lo = d->lo, .hi = d->hi};
+    size_t nf = jlm_k_fattn_scratch_floats(c->hd, c->hdv, c->group);
+    float *scratch = malloc(nf * sizeof(float));
+    cr_assert(scratch);
+    for (size_t i = 0; i < (size_t)c->n * d->nh * c->hdv; i++)
+        out[i] = NAN;   /* every element must be written */
+    const void *k = c->kv_f16 ? (const void *)d->k16 : (const void *)d->k32;
+    const void *v = c->kv_f16 ? (const void *)d->v16 : (const void *)d->v32;
+    for (uint32_t g = 0; g < FA_NKVH; g++)
+        for (uint32_t r0 = 0; r0 < c->n; r0 += tile)
+            fn(&p, d->q, k, v, out, g, r0, r0 + tile < c->n ? r0 + tile : c->n, scratch);
+    free(scratch);
+}
+
+static const fa_case FA_CASES[] = {
+    /* hd hdv grp  n pos0 win bidir sinks f16 empty cap  qscale */
+    {64, 64, 4, 1, 0, 0, 0, 0, 0, 0, 0, 1},          /* one query, one key */
+    {64, 64, 4, 1, 200, 0, 0, 0, 0, 0, 0, 1},        /* decode: one query, 201 keys */
+    {64, 64, 4, 128, 0, 0, 0, 0, 0, 0, 0, 1},        /* a prefill batch from 0 */
+    {64, 64, 4, 33, 70, 0, 0, 1, 0, 0, 0, 1},        /* tile remainder (32 + 1), sinks */
+    {64, 64, 4, 45, 10, 0, 0, 0, 1, 0, 0, 1},        /* F16 cache */
+    {128, 128, 2, 40, 0, 32, 0, 0, 0, 0, 0, 1},      /* window = the key tile */
+    {64, 64, 8, 50, 20, 1, 0, 1, 1, 0, 0, 1},        /* window 1: only itself, sinks, f16 */
+    {64, 64, 4, 37, 90, 33, 0, 0, 0, 0, 0, 1},       /* window edge across tiles */
+    {256, 256, 1, 20, 5, 0, 0, 0, 0, 0, 0, 1},       /* gemma3-wide heads (128-dim value chunks) */
+    {24, 40, 3, 19, 3, 0, 0, 1, 1, 0, 0, 1},         /* dims off the vector width */
+    {8, 8, 1, 30, 0, 0, 0, 0, 0, 0, 0, 1},           /* stories260K heads */
+    {64, 64, 4, 40, 0, 0, 24, 0, 0, 0, 0, 1},        /* image rows 0..23 bidirectional */
+    {64, 64, 4, 40, 8, 6, 30, 1, 0, 0, 0, 1},        /* image + window + sinks */
+    {64, 64, 4, 35, 0, 0, 0, 0, 0, 3, 0, 1},         /* every third row all masked */
+    {64, 64, 4, 35, 4, 0, 0, 1, 1, 2, 0, 1},         /* all masked with sinks: 0 too */
+    {64, 64, 4, 30, 60, 0, 0, 0, 0, 0, 5.0f, 4},     /* softcap */
+    {64, 64, 4, 64, 40, 0, 0, 1, 0, 0, 0, 40},       /* large logits (|s| ~ 10^3) */
+};
+
+Test(kernels, fattn_stays_within_its_bound_of_the_per_token_attention_and_variants_equal_ref, .timeout = 60)
+{
+    double worst = 0;   /* largest error seen, in units of its bound */
+    for (size_t ci = 0; ci < sizeof FA_CASES / sizeof FA_CASES[0]; ci++) {
+        const fa_case *c = &FA_CASES[ci];
+        fa_data d;
+        fa_make(&d, c, 1000 + ci);
+        size_t no = (size_t)c->n * d.nh * c->hdv;
+        float *ref = malloc(no * sizeof(float)), *got = malloc(no * sizeof(float));
+        cr_assert(ref && got);
+        fa_run(&d, jlm_k_fattn_ref, JLM_K_FATTN_BQ, ref);
+        for (uint32_t r = 0; r < c->n; r++) {
+            uint32_t nvis = d.hi[r] - d.lo[r];
+            for (uint32_t h = 0; h < d.nh; h++) {
+                const float *a = ref + ((size_t)r * d.nh + h) * c->hdv, *b = d.out_tok + ((size_t)r * d.nh + h) * c->hdv;
+                if (!nvis) {
+                    for (uint32_t i = 0; i < c->hdv; i++)
+                        cr_assert(a[i] == 0.0f, "case %zu row %u: all keys masked: expected 0 got %g", ci, r, (double)a[i]);
+                    continue;
+                }
+                double vmax = 0;
+                for (uint32_t j = d.lo[r]; j < d.hi[r]; j++)
+                    for (uint32_t i = 0; i < c->hdv; i++)
+                        vmax = fmax(vmax, fabs(d.v32[((size_t)j * FA_NKVH + h / c->group) * c->hdv + i]));
+                double bound = JLM_K_TOL_FATTN(nvis) * vmax;
+                for (uint32_t i = 0; i < c->hdv; i++) {
+                    double e = fabs((double)a[i] - b[i]);
+                    cr_assert(e <= bound, "case %zu row %u head %u dim %u: fattn %.9g per-token %.9g (err %g > %g)", ci,
+                              r, h, i, (double)a[i], (double)b[i], e, bound);
+                    if (e / bound > worst) worst = e / bound;
+                }
+            }
+        }
+        /* a row's result does not depend on the rows it is tiled with */
+        for (uint32_t tile = 1; tile <= 7; tile += 6) {
+            fa_run(&d, jlm_k_fattn_ref, tile, got);
+            cr_assert(!memcmp(ref, got, no * sizeof(float)), "case %zu: ref in tiles of %u rows differs", ci, tile);
+        }
+        jlm_k_fattn_fn vfn[JLM_K_NVARIANT] = {jlm_k_fattn_ref, jlm_k_fattn_avx2, jlm_k_fattn_avx512};
+        for (int v = 1; v < JLM_K_NVARIANT; v++) {
+            if (!jlm_k_cpu_has(v))
+                continue;
+            for (uint32_t tile = 5; tile <= JLM_K_FATTN_BQ; tile += JLM_K_FATTN_BQ - 5) {
+                fa_run(&d, vfn[v], tile, got);
+                for (size_t i = 0; i < no; i++)
+                    cr_assert(!memcmp(&ref[i], &got[i], sizeof(float)), "case %zu %s (tiles of %u): [%zu] %.9g, ref %.9g",
+                              ci, VNAME[v], tile, i, (double)got[i], (double)ref[i]);
+            }
+        }
+        free(ref);
+        free(got);
+        fa_free(&d);
+    }
+    cr_log_info("fattn vs per-token: worst error %.3f of the bound", worst);
+}
+
+Test(kernels, fattn_exp_is_within_2_ulp_of_expf)
+{
+    uint64_t seed = 5;
+    for (int i = 0; i < 200000; i++) {
+        float x = i < 4 ? (float[]){0.0f, -0.0f, -87.0f, -1e-30f}[i] : -87.0f * (rng_unit(&seed) + 1.0f) / 2.0f;
+        float a = jlm_k_fattn_exp(x), b = expf(x);
+        double ulp = ldexp(1.0, ilogb(b) - 23);
+        cr_assert(fabs((double)a - b) <= 2 * ulp, "exp(%.9g): %.9g, expf %.9g", (double)x, (double)a, (double)b);
+    }
+    cr_assert(jlm_k_fattn_exp(-INFINITY) == 0.0f && jlm_k_fattn_exp(-88.0f) == 0.0f);
+    cr_assert(isnan(jlm_k_fattn_exp(NAN)));
+}

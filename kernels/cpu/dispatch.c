@@ -73,10 +73,15 @@ int jlm_k_cpu_table(int v, jlm_k_cpu *t, jlm_err *err)
         tab.matmul4[i] = jlm_k_matmul_ref;
     }
     tab.quantize_act = jlm_k_quantize_act;
-    if (v == JLM_K_AVX2)
+    tab.fattn = jlm_k_fattn_ref;
+    if (v == JLM_K_AVX2) {
         jlm_k_fill_avx2(&tab);
-    if (v == JLM_K_AVX512)
+        tab.fattn = jlm_k_fattn_avx2;
+    }
+    if (v == JLM_K_AVX512) {
         jlm_k_fill_avx512(&tab);
+        tab.fattn = jlm_k_fattn_avx512;
+    }
     *t = tab;
     return JLM_OK;
 }

@@ -89,6 +89,8 @@ void jlm_k_matmul_ref(const jlm_k_mat *m, uint64_t n, const float *x, const jlm_
 
 /* ---------------------------------------------------------------- kernel table */
 
+struct jlm_k_fattn;   /* below, with the ops */
+
 enum jlm_k_variant { JLM_K_REF = 0, JLM_K_AVX2 = 1, JLM_K_AVX512 = 2, JLM_K_NVARIANT = 3 };
 
 typedef struct jlm_k_cpu {
@@ -105,6 +107,9 @@ typedef struct jlm_k_cpu {
                                             * kept for benchmarks and tests; never NULL */
     /* jlm_k_quantize_act or a variant of it with bit-identical output */
     void          (*quantize_act)(const float *x, jlm_act_q8 *a);
+    /* jlm_k_fattn_ref or a variant of it with bit-identical output (never NULL) */
+    void          (*fattn)(const struct jlm_k_fattn *p, const float *q, const void *k, const void *v,
+                           float *out, uint32_t g, uint32_t r0, uint32_t r1, float *scratch);
 } jlm_k_cpu;
 
 /* 1 if this CPU (cpuid + OS xsave state) runs variant v. Cannot fail. */
@@ -206,5 +211,60 @@ typedef struct jlm_k_attn {
 } jlm_k_attn;
 void jlm_k_attn_head(const jlm_k_attn *p, const float *q, const float *k, const float *v,
                      uint64_t n_kv, float *scratch, float *out);
+
+
+/* Batched attention of a run of query rows of one sequence (prefill, and
+ * decode as a run of one), flash-attention style: the keys in tiles of
+ * JLM_K_FATTN_BK positions aligned on multiples of JLM_K_FATTN_BK, each tile
+ * read (and an F16 cache widened) once for every query head of KV head g and
+ * every row of [r0, r1), an online softmax (running max m and sum l) per
+ * (row, head).
+ *
+ * Query row r, head h = g*group + hh: q + r*q_stride + h*head_dim; it sees
+ * keys [lo[r], hi[r]) (causal mask, sliding window, an image's bidirectional
+ * rows: all contiguous ranges); an empty range and no sink gives out = 0.
+ * Key j of KV head g: k + (j*k_stride + g*head_dim) elements (f32, or F16
+ * bits when kv_f16), value j: v + (j*v_stride + g*head_dim_v). Output row r,
+ * head h: out + r*o_stride + h*head_dim_v (overwritten).
+ *
+ * Per (row, head) and key tile, in this order (f32, no FMA):
+ *   s_j = sum_i q[i]*k_j[i] (i ascending, from 0); softcap > 0:
+ *   s_j = softcap*tanhf(s_j/softcap); s_j *= scale;
+ *   m' = max(m, max_j s_j); a = exp(m - m'); l *= a, o *= a (skipped when a = 1);
+ *   for j ascending: p = exp(s_j - m'), l += p, o += p*v_j;  m = m'.
+ * start: m = sink (sinks[h]), l = 1, or m = -inf, l = 0 without sinks;
+ * end: o *= 1/l (l > 0). exp is jlm_k_fattn_exp. The result of a row depends
+ * only on its q, its range and the cache: not on r0, r1, the other rows, the
+ * thread or the variant (every variant is bit-identical to jlm_k_fattn_ref).
+ * It differs from jlm_k_attn_head (one pass, libm expf, sum in double) by
+ * rounding: tests/test_kernels.c bounds it (JLM_K_TOL_FATTN).
+ * Preconditions: r1 - r0 <= JLM_K_FATTN_BQ, scratch holds
+ * jlm_k_fattn_scratch_floats(head_dim, head_dim_v, group) floats (no
+ * alignment needed), every hi[r] <= the cached positions. Cannot fail. */
+#define JLM_K_FATTN_BK 32
+#define JLM_K_FATTN_BQ 32
+typedef struct jlm_k_fattn jlm_k_fattn;
+struct jlm_k_fattn {
+    uint32_t        head_dim, head_dim_v, group;  /* group: query heads per KV head */
+    uint64_t        q_stride, o_stride;           /* floats between query / output rows */
+    uint64_t        k_stride, v_stride;           /* elements between cached positions */
+    int             kv_f16;
+    float           scale, softcap;
+    const float    *sinks;                        /* (n_head,) or NULL */
+    const uint32_t *lo, *hi;                      /* per query row */
+};
+typedef void (*jlm_k_fattn_fn)(const jlm_k_fattn *p, const float *q, const void *k, const void *v,
+                               float *out, uint32_t g, uint32_t r0, uint32_t r1, float *scratch);
+size_t jlm_k_fattn_scratch_floats(uint32_t head_dim, uint32_t head_dim_v, uint32_t group);
+void   jlm_k_fattn_ref(const jlm_k_fattn *p, const float *q, const void *k, const void *v, float *out,
+                       uint32_t g, uint32_t r0, uint32_t r1, float *scratch);
+void   jlm_k_fattn_avx2(const jlm_k_fattn *p, const float *q, const void *k, const void *v, float *out,
+                        uint32_t g, uint32_t r0, uint32_t r1, float *scratch);
+void   jlm_k_fattn_avx512(const jlm_k_fattn *p, const float *q, const void *k, const void *v, float *out,
+                          uint32_t g, uint32_t r0, uint32_t r1, float *scratch);
+/* exp(x) for x <= 0 as the attention kernels compute it (Cody-Waite reduction,
+ * Cephes' degree-5 polynomial, f32 mul/add only, so a vector lane gives the
+ * same bits); x < -87: 0; NaN stays NaN. Within 2 ulp of expf on [-87, 0]. */
+float  jlm_k_fattn_exp(float x);
 
 #endif

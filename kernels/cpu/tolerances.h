@@ -31,4 +31,17 @@
 #define JLM_K_TOL_ROPE    2e-5   /* theta accumulated in f32 as ggml does: grows with pos */
 #define JLM_K_TOL_ACT     2e-6   /* silu, gelu, swiglu */
 
+/* Batched attention (jlm_k_fattn) against the per-token jlm_k_attn_head, per
+ * output element, relative to max |v| over the row's visible keys, for a row
+ * that sees n keys. Both compute the same f32 scores (same dot order, same
+ * softcap and scale), so only the softmax differs: the kernel's exp is within
+ * 2 ulp of expf, each of its at most n/32 + 1 rescales of the running sum and
+ * output adds about 3 ulp, its sum is f32 (n - 1 roundings of positive terms,
+ * relative) where the per-token one sums in double, and both accumulate the
+ * output in f32 over the n keys (n roundings each, of terms bounded by
+ * p_j max|v|). Worst case: (2n + 3(n/32 + 1) + 8) ulp of max |v|; 4n + 32
+ * ulp leaves room for the 1/l and p_j roundings. Random data lands far
+ * below (the errors do not all line up). */
+#define JLM_K_TOL_FATTN(n) ((4.0 * (double)(n) + 32.0) * 0x1p-24)
+
 #endif
