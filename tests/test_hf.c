@@ -582,6 +582,44 @@ Test(hf_tok, refuses_what_the_record_cannot_carry_by_field)
     json_decref(base);
 }
 
+/* A far token id would fill the table with "[PADi]" holes: fuzz_hf_tokenizer's
+ * id 1131801 among ~260 tokens took seconds and 700 MB. Past twice the tokens
+ * (+1024) without a vocab_size to cover it, or past the container's vocab limit,
+ * it is refused naming the id; a few holes are kept as before. */
+Test(hf_tok, a_far_token_id_is_refused_not_padded)
+{
+    char p[1024];
+    snprintf(p, sizeof p, "%s/tests/fuzz/seeds-hf-tokenizer/qwen-like.json", tu_root());
+    json_t *base = json_load_file(p, 0, NULL);
+    cr_assert(base);
+    size_t n = json_object_size(json_object_get(base, "model") ? json_object_get(json_object_get(base, "model"), "vocab") : NULL);
+    cr_assert(n > 0);
+    struct { long long id; int ok; const char *want; } cases[] = {
+        {(long long)n + 40, 1, NULL},
+        {1131801, 0, "leaves more holes"},
+        {(1ll << 24) + 5, 0, "over the limit"},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        json_t *t = json_deep_copy(base);
+        json_object_set_new(json_object_get(json_object_get(t, "model"), "vocab"), "far", json_integer(cases[i].id));
+        char *s = json_dumps(t, 0);
+        jlm_gguf *g = NULL;
+        jlm_err err = {0};
+        int rc = jlm_hf_open_tok_mem(s, strlen(s), &g, &err);
+        if (cases[i].ok) {
+            cr_assert_eq(rc, 0, "id %lld: %s", cases[i].id, err.msg);
+            jlm_gguf_close(g);
+        } else {
+            cr_assert_neq(rc, 0, "id %lld accepted", cases[i].id);
+            cr_assert(strstr(err.msg, cases[i].want) && strstr(err.msg, "token id"), "%s", err.msg);
+            cr_assert(!strchr(err.msg, '\n'));
+        }
+        free(s);
+        json_decref(t);
+    }
+    json_decref(base);
+}
+
 /* The byte-fallback U+2581 shape (llama-2 style) is accepted as a whole;
  * each part changed to what the SPM record cannot do is refused by field. */
 #define SPM_NORM "{\"type\":\"Sequence\",\"normalizers\":[{\"type\":\"Prepend\",\"prepend\":\"\u2581\"}," \
