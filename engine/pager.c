@@ -356,27 +356,89 @@ static void unmap_frame(jlm_pager *p, ppage *pg)
 }
 
 /* ---------------------------------------------------------------- eviction */
+/* The chunks [c0, c1) of pg the caller is about to read: evicted chunks at the
+ * same offsets are moved there (mremap: the memory changes frames without a
+ * page fault or a zeroed page) instead of given back to the kernel. */
+typedef struct dest { ppage *pg; uint64_t c0, c1; } dest;
+
+/* Maps fresh (unpopulated) memory over frame bytes [lo, hi) of a frame that
+ * stays, after its pages there moved away. 0, or -1 if the kernel refused. */
+static int remap_hole(uint8_t *f, uint64_t lo, uint64_t hi)
+{
+    void *m = mmap(f + lo, (size_t)(hi - lo), PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_FIXED, -1, 0);
+    if (m == MAP_FAILED)
+        return -1;
+#ifdef MADV_NOHUGEPAGE
+    madvise(m, (size_t)(hi - lo), MADV_NOHUGEPAGE);
+#endif
+    return 0;
+}
+
+/* Moves the pages of bytes [lo, hi) of frame `from` to the same offsets of
+ * frame `to` (whatever `to` mapped there is unmapped). 1 if moved. */
+static int move_mem(uint8_t *from, uint8_t *to, uint64_t lo, uint64_t hi)
+{
+    return mremap(from + lo, (size_t)(hi - lo), (size_t)(hi - lo), MREMAP_MAYMOVE | MREMAP_FIXED, to + lo) != MAP_FAILED;
+}
+
+/* Drops the memory of v's chunks [ca, cb), just cleared: the part that d
+ * wants at the same offsets moves into d's frame, the rest is given back.
+ * whole: v is about to be unmapped (no hole to map again). Returns -1 if a
+ * hole in v's frame could not be mapped again (the caller evicts v whole). */
+static int drop_run(jlm_pager *p, ppage *v, uint64_t ca, uint64_t cb, const dest *d, int whole)
+{
+    parray *r = &p->arr[v->array];
+    uint64_t lo = chunk_lo(p, ca), hi = chunk_hi(p, r, v, cb);
+    if (d && d->pg && d->pg->frame) {
+        const parray *dr = &p->arr[d->pg->array];
+        uint64_t x0 = ca > d->c0 ? ca : d->c0, x1 = cb < d->c1 ? cb : d->c1, dc = page_chunks(p, dr, d->pg);
+        if (x1 > dc)
+            x1 = dc;
+        int ok = x0 < x1;
+        for (uint64_t c = x0; ok && c < x1; c++)
+            ok = !bit_get(d->pg, c);
+        uint64_t mlo = chunk_lo(p, x0), mhi = ok ? chunk_hi(p, r, v, x1) : 0, dhi = ok ? chunk_hi(p, dr, d->pg, x1) : 0;
+        if (dhi < mhi)
+            mhi = dhi;
+        if (ok && mhi > mlo) {
+            /* one call, or chunk by chunk where the range spans mappings
+             * (mremap moves within one: earlier moves split frames at chunks) */
+            if (!move_mem(v->frame, d->pg->frame, mlo, mhi))
+                for (uint64_t q = mlo; q < mhi; q += p->chunk) {
+                    uint64_t e = q + p->chunk < mhi ? q + p->chunk : mhi;
+                    if (!move_mem(v->frame, d->pg->frame, q, e))
+                        frame_release(v->frame, q, e);
+                }
+            frame_release(v->frame, lo, mlo);
+            frame_release(v->frame, mhi, hi);
+            return whole ? 0 : remap_hole(v->frame, mlo, mhi);
+        }
+    }
+    frame_release(v->frame, lo, hi);
+    return 0;
+}
+
 /* Takes up to k of the highest filled chunks of an unpinned resident page
  * (its tail: the engine fills pages from the front, so a block keeps a
  * prefix). A page left with nothing is evicted (RESIDENT -> ABSENT: EVICT
  * event with the bytes it held); otherwise it stays where it is on its
- * list, a trim. */
-static void trim(jlm_pager *p, ppage *pg, uint64_t k)
+ * list, a trim. The chunks' memory goes to d where it wants them. */
+static void trim(jlm_pager *p, ppage *pg, uint64_t k, const dest *d)
 {
     parray *r = &p->arr[pg->array];
     assert(pg->frame && pg->pins == 0 && pg->n_filled > 0);
     uint64_t held0 = pg->held, c = page_chunks(p, r, pg), run_hi = 0, freed = 0;
-    int in_run = 0;
+    int whole = k >= pg->n_filled, in_run = 0, hole = 0;
     while (k && c > 0) {
         c--;
         if (!bit_get(pg, c)) {
             if (in_run)
-                frame_release(pg->frame, chunk_lo(p, c + 1), run_hi);
+                hole |= drop_run(p, pg, c + 1, run_hi, d, whole);
             in_run = 0;
             continue;
         }
         if (!in_run)
-            run_hi = chunk_hi(p, r, pg, c + 1);
+            run_hi = c + 1;
         in_run = 1;
         bit_clear(pg, c);
         pg->n_filled--;
@@ -384,11 +446,18 @@ static void trim(jlm_pager *p, ppage *pg, uint64_t k)
         k--;
     }
     if (in_run)
-        frame_release(pg->frame, chunk_lo(p, c), run_hi);
+        hole |= drop_run(p, pg, c, run_hi, d, whole);
     uncharge(p, pg, freed);
     if (pg->pf_fresh) {           /* read ahead, and (part of it) gone before any get */
         r->st.pf_unused++;
         pg->pf_fresh = 0;
+    }
+    if (hole) {                   /* a hole the kernel would not map again: let the rest go too */
+        uint64_t nc = page_chunks(p, r, pg);
+        for (uint64_t q = 0; q < nc; q++)
+            bit_clear(pg, q);
+        pg->n_filled = 0;
+        uncharge(p, pg, pg->held);
     }
     if (pg->n_filled) {
         r->st.trims++;
@@ -432,12 +501,15 @@ static ppage *pick_victim(jlm_pager *p, const ppage *skip, uint64_t *k)
     return best;
 }
 
-/* Evicts (invariant 7 order) until need more bytes fit the budget. `for_pg`
- * is never a victim (NULL: any). JLM_ERANGE when only pinned pages remain. */
-static int make_room(jlm_pager *p, uint64_t need, const ppage *for_pg, jlm_err *err)
+/* Evicts (invariant 7 order) until need more bytes fit the budget. d (may be
+ * NULL) names the page being filled: never a victim, and the evicted chunks'
+ * memory moves into it where it wants them. JLM_ERANGE when only pinned
+ * pages remain. */
+static int make_room(jlm_pager *p, uint64_t need, const dest *d, jlm_err *err)
 {
     if (p->budget == 0)
         return 0;
+    const ppage *for_pg = d ? d->pg : NULL;
     while (p->resident_bytes + need > p->budget) {
         uint64_t k = 0, over = p->resident_bytes + need - p->budget;
         ppage *v = pick_victim(p, for_pg, &k);
@@ -456,7 +528,7 @@ static int make_room(jlm_pager *p, uint64_t need, const ppage *for_pg, jlm_err *
             if (k > kn)
                 k = kn;
         }
-        trim(p, v, k);
+        trim(p, v, k, d);
     }
     return 0;
 }
@@ -492,8 +564,10 @@ static int fill_chunks(jlm_pager *p, ppage *pg, uint64_t c0, uint64_t c1, uint64
         int rc = p->src->read(p->src, r->base_off + (uint64_t)pg->idx * r->page_size + lo,
                               (size_t)(hi - lo), pg->frame + lo, err);
         r->st.read_ns += now_ns() - t0;
-        if (rc) {
-            frame_release(pg->frame, lo, hi);
+        if (rc) {   /* the failed run and the runs not reached may hold moved-in memory */
+            for (uint64_t q = c; q < c1; q++)
+                if (!bit_get(pg, q))
+                    frame_release(pg->frame, chunk_lo(p, q), chunk_hi(p, r, pg, q + 1));
             return jlm_err_prefix(err, rc, "%s page %u", r->name, pg->idx);
         }
         r->st.reads++;
@@ -649,7 +723,17 @@ void jlm_pager_prefetch(jlm_pager *p, uint32_t array, uint32_t page)
     }
     jlm_err err = {0};
     int was_absent = pg->frame == NULL;
-    if (make_room(p, need, pg, &err) || (was_absent && map_frame(p, pg, &err))) {   /* ENOMEM (room was checked) */
+    dest d = { .pg = pg, .c0 = 0, .c1 = nc };
+    if (was_absent && map_frame(p, pg, &err)) {
+        r->st.pf_skipped++;
+        return;
+    }
+    if (make_room(p, need, &d, &err)) {   /* cannot happen: room was checked */
+        for (uint64_t c = 0; c < nc; c++)
+            if (!bit_get(pg, c))
+                frame_release(pg->frame, chunk_lo(p, c), chunk_hi(p, r, pg, c + 1));
+        if (was_absent)
+            unmap_frame(p, pg);
         r->st.pf_skipped++;
         return;
     }
@@ -718,11 +802,18 @@ int jlm_pager_get(jlm_pager *p, uint32_t array, uint32_t page, uint64_t off, uin
     }
     int was_absent = pg->frame == NULL, listed = !was_absent && pg->pins == 0;
     uint64_t need = missing_bytes(p, r, pg, c0, c1);
-    int rc = make_room(p, need, pg, err);
-    if (rc)
-        return rc;
+    int rc;
     if (was_absent && (rc = map_frame(p, pg, err)))
         return rc;
+    dest d = { .pg = pg, .c0 = c0, .c1 = c1 };
+    if ((rc = make_room(p, need, &d, err))) {
+        for (uint64_t c = c0; c < c1; c++)   /* memory moved in for the chunks not read */
+            if (!bit_get(pg, c))
+                frame_release(pg->frame, chunk_lo(p, c), chunk_hi(p, r, pg, c + 1));
+        if (was_absent)
+            unmap_frame(p, pg);
+        return rc;
+    }
     if (listed)
         list_unlink(class_list(p, pg), pg);
     charge(p, pg, need);

@@ -13,6 +13,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/resource.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -334,6 +335,28 @@ Test(pager, a_cyclic_scan_reads_the_optimum_at_budgets_between_whole_frames, .ti
 Test(pager, a_cyclic_scan_with_prefetch_reads_the_optimum_for_two_whole_pages, .timeout = 30)
 {
     cyclic_optimum(1);
+}
+
+/* The chunks a scan evicts move (mremap) into the page that reads next at the
+ * same offsets: a steady cycle maps no fresh memory, so it takes no page
+ * fault per page read (with MADV_DONTNEED and fresh pages it took one per
+ * 4096 bytes read). */
+Test(pager, evicted_chunks_move_to_the_page_read_next_without_page_faults, .timeout = 20)
+{
+    cyc c;
+    cyc_open(&c, (4 * CYC_SC + 9) * 4096, 0);
+    for (int w = 0; w < 3 * (int)CYC_N; w++)
+        cyc_pass(&c, 0, 0);
+    struct rusage r0, r1;
+    getrusage(RUSAGE_THREAD, &r0);
+    uint64_t bytes = 0;
+    for (uint32_t i = 0; i < CYC_N - 1; i++)
+        bytes += cyc_pass(&c, 0, 0);
+    getrusage(RUSAGE_THREAD, &r1);
+    uint64_t faults = (uint64_t)(r1.ru_minflt - r0.ru_minflt), pages = bytes / 4096;
+    cr_assert(faults * 4 < pages, "%llu page faults reading %llu pages", (unsigned long long)faults,
+              (unsigned long long)pages);
+    cyc_close(&c);
 }
 
 Test(pager, a_pinned_block_keeps_every_chunk_while_a_scan_trims_the_others, .timeout = 20)
