@@ -13,7 +13,10 @@
  * evicted from a page that stays resident are given back to the kernel with
  * MADV_DONTNEED, so the memory a frame really uses is its held bytes
  * (invariant 8). A scan of blocks keeps every block partly resident at about
- * the same level instead of a whole-frame number of them.
+ * the same level instead of a whole-frame number of them. Chunks evicted to
+ * make room for a read move (mremap) into the reader's frame at the same
+ * offsets when it reads those chunks, so memory changes frames without page
+ * faults (drop_run).
  */
 #include "engine/pager.h"
 
