@@ -5,7 +5,18 @@
  * open, so pointers to them are stable) and one bitmap block holding `words`
  * u64 per page. Each eviction class has one doubly linked list of the
  * resident unpinned pages, most recently used at the head: the expert victim
- * is the tail (LRU), the block victim the head (MRU), both O(1).
+ * is the tail (LRU, O(1)); the block victim is the fullest page, ties to the
+ * most recent (a scan of the block list: a model has tens of blocks).
+ *
+ * Partial frames. A frame is an anonymous mapping of frame_len bytes, but only
+ * its filled chunks are charged to the budget (a page's `held`): the chunks
+ * evicted from a page that stays resident are given back to the kernel with
+ * MADV_DONTNEED, so the memory a frame really uses is its held bytes
+ * (invariant 8). A scan of blocks keeps every block partly resident at about
+ * the same level instead of a whole-frame number of them. Chunks evicted to
+ * make room for a read move (mremap) into the reader's frame at the same
+ * offsets when it reads those chunks, so memory changes frames without page
+ * faults (drop_run).
  */
 #include "engine/pager.h"
 
@@ -14,6 +25,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 #include <time.h>
 
 #define PAGER_ALIGN 4096u
@@ -24,6 +36,7 @@ typedef struct ppage {
     uint64_t     *bits;       /* (words,) filled chunks, into parray.bitmap */
     uint32_t      pins;       /* gets not yet unpinned */
     uint32_t      n_filled;   /* popcount(bits) */
+    uint64_t      held;       /* bytes charged: filled chunks (+ a prefetch's in flight) */
     struct ppage *prev, *next;/* class list links (unpinned resident only) */
     uint32_t      array, idx;
     int           pf_fresh;   /* read by a prefetch, no get since */
@@ -44,15 +57,21 @@ typedef struct parray {
 
 typedef struct plist { ppage *head, *tail; uint32_t n; } plist;
 
-/* The reader thread and its one request. Fields under mu; the engine thread
- * sets a request (state QUEUED) only while state is IDLE or DONE. */
+/* The reader thread and its one request: the runs of missing chunks of one
+ * page. Fields under mu; the engine thread sets a request (state QUEUED)
+ * only while state is IDLE or DONE. */
 enum { PF_IDLE = 0, PF_QUEUED, PF_DONE };
+typedef struct pfrun { uint64_t c0, c1, lo, hi; } pfrun;   /* chunks [c0,c1), frame bytes [lo,hi) */
 typedef struct pfetch {
     pthread_mutex_t mu;
     pthread_cond_t  cv;       /* state or stop changed */
     pthread_t       th;
     int             started, stop, state;
-    uint64_t        off, len; /* source span */
+    uint64_t        base;     /* source offset of the page */
+    pfrun          *runs;     /* (cap,) */
+    uint32_t        n_runs, cap;
+    uint64_t        len;      /* bytes of all runs */
+    int             was_absent;
     uint8_t        *dst;      /* the frame the engine thread gave */
     int             rc;
     jlm_err         err;
@@ -203,12 +222,23 @@ int jlm_pager_open(const jlm_pager_config *cfg, jlm_pager **out, jlm_err *err)
     p->n_arrays = cfg->n_arrays;
     pthread_mutex_init(&p->pf.mu, NULL);
     pthread_cond_init(&p->pf.cv, NULL);
+    uint64_t max_chunks = 1;
     for (uint32_t a = 0; a < cfg->n_arrays; a++) {
         int rc = init_array(p, &cfg->arrays[a], a, flen[a], err);
         if (rc) {
             jlm_pager_close(p);
             return rc;
         }
+        uint64_t nc = (flen[a] + p->chunk - 1) >> p->chunk_shift;
+        if (nc > max_chunks)
+            max_chunks = nc;
+    }
+    /* a page's missing chunks form at most ceil(n/2) runs */
+    p->pf.cap = (uint32_t)((max_chunks + 1) / 2);
+    p->pf.runs = calloc(p->pf.cap, sizeof *p->pf.runs);
+    if (!p->pf.runs) {
+        jlm_pager_close(p);
+        return jlm_errf(err, JLM_ENOMEM, "pager: out of memory");
     }
     *out = p;
     return 0;
@@ -233,111 +263,280 @@ void jlm_pager_close(jlm_pager *p)
     for (uint32_t a = 0; a < p->n_arrays; a++) {
         parray *r = &p->arr[a];
         for (uint32_t i = 0; r->pages && i < r->n_pages; i++)
-            free(r->pages[i].frame);
+            if (r->pages[i].frame)
+                munmap(r->pages[i].frame, r->frame_len);
         free(r->pages);
         free(r->bitmap);
         free(r->extent);
     }
+    free(p->pf.runs);
     free(p);
 }
 
-/* ---------------------------------------------------------------- eviction */
-/* Invariant (7): LRU expert first, else MRU block; NULL if all are pinned. */
-static ppage *pick_victim(jlm_pager *p)
+/* ---------------------------------------------------------------- chunks */
+static int bit_get(const ppage *pg, uint64_t c) { return (int)((pg->bits[c >> 6] >> (c & 63)) & 1u); }
+static void bit_set(ppage *pg, uint64_t c) { pg->bits[c >> 6] |= 1ull << (c & 63); }
+static void bit_clear(ppage *pg, uint64_t c) { pg->bits[c >> 6] &= ~(1ull << (c & 63)); }
+
+/* Chunks of the page (the last one cut at its extent). */
+static uint64_t page_chunks(const jlm_pager *p, const parray *r, const ppage *pg)
 {
-    if (p->lru[JLM_PAGER_EXPERT].tail)
-        return p->lru[JLM_PAGER_EXPERT].tail;
-    return p->lru[JLM_PAGER_BLOCK].head;
+    return (r->extent[pg->idx] + p->chunk - 1) >> p->chunk_shift;
 }
 
-/* RESIDENT, UNPINNED -> ABSENT. Returns the frame (the caller frees or reuses it). */
-static uint8_t *evict(jlm_pager *p, ppage *pg)
+/* Frame bytes [lo, hi) of chunks [c0, c1) (cut at the extent). */
+static uint64_t chunk_lo(const jlm_pager *p, uint64_t c) { return c << p->chunk_shift; }
+static uint64_t chunk_hi(const jlm_pager *p, const parray *r, const ppage *pg, uint64_t c1)
+{
+    uint64_t hi = c1 << p->chunk_shift, ext = r->extent[pg->idx];
+    return hi > ext ? ext : hi;
+}
+
+/* Bytes of the chunks of [c0, c1) not filled. */
+static uint64_t missing_bytes(const jlm_pager *p, const parray *r, const ppage *pg, uint64_t c0, uint64_t c1)
+{
+    uint64_t n = 0;
+    for (uint64_t c = c0; c < c1; c++)
+        if (!bit_get(pg, c))
+            n += chunk_hi(p, r, pg, c + 1) - chunk_lo(p, c);
+    return n;
+}
+
+/* Gives the memory of frame bytes [lo, hi) back to the kernel (4096-aligned:
+ * chunks are, and extents are multiples of 4096). The next touch maps zeroes. */
+static void frame_release(uint8_t *f, uint64_t lo, uint64_t hi)
+{
+    if (hi > lo)
+        madvise(f + lo, (size_t)(hi - lo), MADV_DONTNEED);
+}
+
+static void charge(jlm_pager *p, ppage *pg, uint64_t bytes)
 {
     parray *r = &p->arr[pg->array];
-    assert(pg->frame && pg->pins == 0);
-    list_unlink(class_list(p, pg), pg);
-    uint8_t *f = pg->frame;
+    pg->held += bytes;
+    p->resident_bytes += bytes;
+    r->st.resident_bytes += bytes;
+    if (p->resident_bytes > p->peak_bytes)
+        p->peak_bytes = p->resident_bytes;
+}
+
+static void uncharge(jlm_pager *p, ppage *pg, uint64_t bytes)
+{
+    parray *r = &p->arr[pg->array];
+    assert(pg->held >= bytes);
+    pg->held -= bytes;
+    p->resident_bytes -= bytes;
+    r->st.resident_bytes -= bytes;
+}
+
+/* ---------------------------------------------------------------- frames */
+/* ABSENT -> FILLING: maps pg a frame (nothing charged: the caller charges the
+ * chunks it reads). */
+static int map_frame(jlm_pager *p, ppage *pg, jlm_err *err)
+{
+    parray *r = &p->arr[pg->array];
+    void *m = mmap(NULL, (size_t)r->frame_len, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    if (m == MAP_FAILED)
+        return jlm_errf(err, JLM_ENOMEM, "pager: %s page %u: out of memory for a %llu-byte frame",
+                        r->name, pg->idx, (unsigned long long)r->frame_len);
+#ifdef MADV_NOHUGEPAGE
+    /* a huge page would map (and charge the cgroup) 2 MiB around one chunk */
+    madvise(m, (size_t)r->frame_len, MADV_NOHUGEPAGE);
+#endif
+    pg->frame = m;
+    r->st.resident_pages++;
+    return 0;
+}
+
+/* -> ABSENT: unmaps the frame of a page holding nothing, pinned by no one. */
+static void unmap_frame(jlm_pager *p, ppage *pg)
+{
+    parray *r = &p->arr[pg->array];
+    assert(pg->frame && pg->pins == 0 && pg->n_filled == 0 && pg->held == 0);
+    munmap(pg->frame, (size_t)r->frame_len);
     pg->frame = NULL;
-    memset(pg->bits, 0, (size_t)r->words * sizeof *pg->bits);
-    pg->n_filled = 0;
-    p->resident_bytes -= r->frame_len;
-    r->st.evictions++;
-    if (pg->pf_fresh) {
+    r->st.resident_pages--;
+}
+
+/* ---------------------------------------------------------------- eviction */
+/* The chunks [c0, c1) of pg the caller is about to read: evicted chunks at the
+ * same offsets are moved there (mremap: the memory changes frames without a
+ * page fault or a zeroed page) instead of given back to the kernel. */
+typedef struct dest { ppage *pg; uint64_t c0, c1; } dest;
+
+/* Maps fresh (unpopulated) memory over frame bytes [lo, hi) of a frame that
+ * stays, after its pages there moved away. 0, or -1 if the kernel refused. */
+static int remap_hole(uint8_t *f, uint64_t lo, uint64_t hi)
+{
+    void *m = mmap(f + lo, (size_t)(hi - lo), PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_FIXED, -1, 0);
+    if (m == MAP_FAILED)
+        return -1;
+#ifdef MADV_NOHUGEPAGE
+    madvise(m, (size_t)(hi - lo), MADV_NOHUGEPAGE);
+#endif
+    return 0;
+}
+
+/* Moves the pages of bytes [lo, hi) of frame `from` to the same offsets of
+ * frame `to` (whatever `to` mapped there is unmapped). 1 if moved. */
+static int move_mem(uint8_t *from, uint8_t *to, uint64_t lo, uint64_t hi)
+{
+    return mremap(from + lo, (size_t)(hi - lo), (size_t)(hi - lo), MREMAP_MAYMOVE | MREMAP_FIXED, to + lo) != MAP_FAILED;
+}
+
+/* Drops the memory of v's chunks [ca, cb), just cleared: the part that d
+ * wants at the same offsets moves into d's frame, the rest is given back.
+ * whole: v is about to be unmapped (no hole to map again). Returns -1 if a
+ * hole in v's frame could not be mapped again (the caller evicts v whole). */
+static int drop_run(jlm_pager *p, ppage *v, uint64_t ca, uint64_t cb, const dest *d, int whole)
+{
+    parray *r = &p->arr[v->array];
+    uint64_t lo = chunk_lo(p, ca), hi = chunk_hi(p, r, v, cb);
+    if (d && d->pg && d->pg->frame) {
+        const parray *dr = &p->arr[d->pg->array];
+        uint64_t x0 = ca > d->c0 ? ca : d->c0, x1 = cb < d->c1 ? cb : d->c1, dc = page_chunks(p, dr, d->pg);
+        if (x1 > dc)
+            x1 = dc;
+        int ok = x0 < x1;
+        for (uint64_t c = x0; ok && c < x1; c++)
+            ok = !bit_get(d->pg, c);
+        uint64_t mlo = chunk_lo(p, x0), mhi = ok ? chunk_hi(p, r, v, x1) : 0, dhi = ok ? chunk_hi(p, dr, d->pg, x1) : 0;
+        if (dhi < mhi)
+            mhi = dhi;
+        if (ok && mhi > mlo) {
+            /* one call, or chunk by chunk where the range spans mappings
+             * (mremap moves within one: earlier moves split frames at chunks) */
+            if (!move_mem(v->frame, d->pg->frame, mlo, mhi))
+                for (uint64_t q = mlo; q < mhi; q += p->chunk) {
+                    uint64_t e = q + p->chunk < mhi ? q + p->chunk : mhi;
+                    if (!move_mem(v->frame, d->pg->frame, q, e))
+                        frame_release(v->frame, q, e);
+                }
+            frame_release(v->frame, lo, mlo);
+            frame_release(v->frame, mhi, hi);
+            return whole ? 0 : remap_hole(v->frame, mlo, mhi);
+        }
+    }
+    frame_release(v->frame, lo, hi);
+    return 0;
+}
+
+/* Takes up to k of the highest filled chunks of an unpinned resident page
+ * (its tail: the engine fills pages from the front, so a block keeps a
+ * prefix). A page left with nothing is evicted (RESIDENT -> ABSENT: EVICT
+ * event with the bytes it held); otherwise it stays where it is on its
+ * list, a trim. The chunks' memory goes to d where it wants them. */
+static void trim(jlm_pager *p, ppage *pg, uint64_t k, const dest *d)
+{
+    parray *r = &p->arr[pg->array];
+    assert(pg->frame && pg->pins == 0 && pg->n_filled > 0);
+    uint64_t held0 = pg->held, c = page_chunks(p, r, pg), run_hi = 0, freed = 0;
+    int whole = k >= pg->n_filled, in_run = 0, hole = 0;
+    while (k && c > 0) {
+        c--;
+        if (!bit_get(pg, c)) {
+            if (in_run)
+                hole |= drop_run(p, pg, c + 1, run_hi, d, whole);
+            in_run = 0;
+            continue;
+        }
+        if (!in_run)
+            run_hi = c + 1;
+        in_run = 1;
+        bit_clear(pg, c);
+        pg->n_filled--;
+        freed += chunk_hi(p, r, pg, c + 1) - chunk_lo(p, c);
+        k--;
+    }
+    if (in_run)
+        hole |= drop_run(p, pg, c, run_hi, d, whole);
+    uncharge(p, pg, freed);
+    if (pg->pf_fresh) {           /* read ahead, and (part of it) gone before any get */
         r->st.pf_unused++;
         pg->pf_fresh = 0;
     }
-    r->st.resident_pages--;
-    r->st.resident_bytes -= r->frame_len;
-    emit(p, JLM_PAGER_EV_EVICT, pg, r->frame_len, JLM_TIER_FRAME);
-    return f;
+    if (hole) {                   /* a hole the kernel would not map again: let the rest go too */
+        uint64_t nc = page_chunks(p, r, pg);
+        for (uint64_t q = 0; q < nc; q++)
+            bit_clear(pg, q);
+        pg->n_filled = 0;
+        uncharge(p, pg, pg->held);
+    }
+    if (pg->n_filled) {
+        r->st.trims++;
+        return;
+    }
+    list_unlink(class_list(p, pg), pg);
+    unmap_frame(p, pg);
+    r->st.evictions++;
+    emit(p, JLM_PAGER_EV_EVICT, pg, held0, JLM_TIER_FRAME);
 }
 
-/* Evicts until need more bytes fit the budget; *reuse = a victim's frame of
- * exactly need bytes when one was freed last (saves a free/alloc pair in the
- * common cyclic case), else NULL. JLM_ERANGE when only pinned pages remain. */
-static int make_room(jlm_pager *p, uint64_t need, const ppage *for_pg, uint8_t **reuse, jlm_err *err)
+/* Invariant (7): the victim and how many chunks to take from it. The least
+ * recently used unpinned expert, whole; else the unpinned block holding the
+ * most chunks (ties: the most recently used), down to one chunk below the
+ * next fullest (so the blocks level off). `skip` (the page being filled) is
+ * never chosen. NULL if every page is pinned. */
+static ppage *pick_victim(jlm_pager *p, const ppage *skip, uint64_t *k)
 {
-    *reuse = NULL;
+    ppage *x = p->lru[JLM_PAGER_EXPERT].tail;
+    if (x && x == skip)
+        x = x->prev;
+    if (x) {
+        *k = x->n_filled;
+        return x;
+    }
+    ppage *best = NULL;
+    uint32_t second = 0;
+    for (ppage *q = p->lru[JLM_PAGER_BLOCK].head; q; q = q->next) {
+        if (q == skip)
+            continue;
+        if (!best || q->n_filled > best->n_filled) {
+            if (best && best->n_filled > second)
+                second = best->n_filled;
+            best = q;
+        } else if (q->n_filled > second) {
+            second = q->n_filled;
+        }
+    }
+    if (best)
+        *k = best->n_filled > second ? best->n_filled - second : 1;
+    return best;
+}
+
+/* Evicts (invariant 7 order) until need more bytes fit the budget. d (may be
+ * NULL) names the page being filled: never a victim, and the evicted chunks'
+ * memory moves into it where it wants them. JLM_ERANGE when only pinned
+ * pages remain. */
+static int make_room(jlm_pager *p, uint64_t need, const dest *d, jlm_err *err)
+{
     if (p->budget == 0)
         return 0;
+    const ppage *for_pg = d ? d->pg : NULL;
     while (p->resident_bytes + need > p->budget) {
-        ppage *v = pick_victim(p);
-        if (!v)
+        uint64_t k = 0, over = p->resident_bytes + need - p->budget;
+        ppage *v = pick_victim(p, for_pg, &k);
+        if (!v) {
+            if (!for_pg)
+                return jlm_errf(err, JLM_ERANGE, "pager: budget %llu bytes below the %llu bytes of pinned pages",
+                                (unsigned long long)p->budget, (unsigned long long)p->resident_bytes);
             return jlm_errf(err, JLM_ERANGE,
                             "pager: budget %llu bytes exhausted by pinned pages (%llu resident), %s page %u needs %llu more;"
                             " raise the budget to jlm_pager_min_budget()",
                             (unsigned long long)p->budget, (unsigned long long)p->resident_bytes,
                             p->arr[for_pg->array].name, for_pg->idx, (unsigned long long)need);
-        uint64_t vlen = p->arr[v->array].frame_len;
-        uint8_t *f = evict(p, v);
-        if (vlen == need && p->resident_bytes + need <= p->budget) {
-            *reuse = f;
-            return 0;
         }
-        free(f);
+        if (p->arr[v->array].cls == JLM_PAGER_BLOCK) {
+            uint64_t kn = (over + p->chunk - 1) >> p->chunk_shift;   /* >= 1; a short last chunk loops again */
+            if (k > kn)
+                k = kn;
+        }
+        trim(p, v, k, d);
     }
     return 0;
-}
-
-/* ABSENT -> FILLING: gives pg a frame. */
-static int take_frame(jlm_pager *p, ppage *pg, jlm_err *err)
-{
-    parray *r = &p->arr[pg->array];
-    uint8_t *f;
-    int rc = make_room(p, r->frame_len, pg, &f, err);
-    if (rc)
-        return rc;
-    if (!f) {
-        void *m = NULL;
-        if (posix_memalign(&m, PAGER_ALIGN, r->frame_len) != 0)
-            return jlm_errf(err, JLM_ENOMEM, "pager: %s page %u: out of memory for a %llu-byte frame",
-                            r->name, pg->idx, (unsigned long long)r->frame_len);
-        f = m;
-    }
-    pg->frame = f;
-    p->resident_bytes += r->frame_len;
-    if (p->resident_bytes > p->peak_bytes)
-        p->peak_bytes = p->resident_bytes;
-    r->st.resident_pages++;
-    r->st.resident_bytes += r->frame_len;
-    return 0;
-}
-
-/* Frees the frame of a page left with nothing filled (FILLING -> ABSENT). */
-static void drop_frame(jlm_pager *p, ppage *pg)
-{
-    parray *r = &p->arr[pg->array];
-    free(pg->frame);
-    pg->frame = NULL;
-    p->resident_bytes -= r->frame_len;
-    r->st.resident_pages--;
-    r->st.resident_bytes -= r->frame_len;
 }
 
 /* ---------------------------------------------------------------- fill */
-static int bit_get(const ppage *pg, uint64_t c) { return (int)((pg->bits[c >> 6] >> (c & 63)) & 1u); }
-static void bit_set(ppage *pg, uint64_t c) { pg->bits[c >> 6] |= 1ull << (c & 63); }
-
 /* 1 if a chunk of [c0, c1) is not filled. */
 static int missing(const ppage *pg, uint64_t c0, uint64_t c1)
 {
@@ -347,12 +546,13 @@ static int missing(const ppage *pg, uint64_t c0, uint64_t c1)
     return 0;
 }
 
-/* Reads the missing chunks of [c0, c1) in coalesced runs. *read_bytes = bytes
- * read (also on failure: the runs before it stay filled). */
+/* Reads the missing chunks of [c0, c1) in coalesced runs (charged by the
+ * caller). *read_bytes = bytes read (also on failure: the runs before it stay
+ * filled; the failed run's memory is given back). */
 static int fill_chunks(jlm_pager *p, ppage *pg, uint64_t c0, uint64_t c1, uint64_t *read_bytes, jlm_err *err)
 {
     parray *r = &p->arr[pg->array];
-    uint64_t ext = r->extent[pg->idx], c = c0;
+    uint64_t c = c0;
     *read_bytes = 0;
     while (c < c1) {
         if (bit_get(pg, c)) {
@@ -362,20 +562,22 @@ static int fill_chunks(jlm_pager *p, ppage *pg, uint64_t c0, uint64_t c1, uint64
         uint64_t e = c + 1;
         while (e < c1 && !bit_get(pg, e))
             e++;
-        uint64_t lo = c << p->chunk_shift, hi = e << p->chunk_shift;
-        if (hi > ext)
-            hi = ext;
+        uint64_t lo = chunk_lo(p, c), hi = chunk_hi(p, r, pg, e);
         uint64_t t0 = now_ns();
         int rc = p->src->read(p->src, r->base_off + (uint64_t)pg->idx * r->page_size + lo,
                               (size_t)(hi - lo), pg->frame + lo, err);
         r->st.read_ns += now_ns() - t0;
-        if (rc)
+        if (rc) {   /* the failed run and the runs not reached may hold moved-in memory */
+            for (uint64_t q = c; q < c1; q++)
+                if (!bit_get(pg, q))
+                    frame_release(pg->frame, chunk_lo(p, q), chunk_hi(p, r, pg, q + 1));
             return jlm_err_prefix(err, rc, "%s page %u", r->name, pg->idx);
+        }
         r->st.reads++;
         r->st.bytes_read += hi - lo;
         *read_bytes += hi - lo;
-        for (uint64_t k = c; k < e; k++)
-            bit_set(pg, k);
+        for (uint64_t q = c; q < e; q++)
+            bit_set(pg, q);
         pg->n_filled += (uint32_t)(e - c);
         c = e;
     }
@@ -383,7 +585,8 @@ static int fill_chunks(jlm_pager *p, ppage *pg, uint64_t c0, uint64_t c1, uint64
 }
 
 /* ---------------------------------------------------------------- prefetch */
-/* The reader thread: one request at a time, read into the frame it was given. */
+/* The reader thread: one request at a time, its runs read in order into the
+ * frame it was given. */
 static void *pf_main(void *arg)
 {
     jlm_pager *p = arg;
@@ -394,11 +597,16 @@ static void *pf_main(void *arg)
             pthread_cond_wait(&f->cv, &f->mu);
         if (f->stop)
             break;
-        uint64_t off = f->off, len = f->len;
+        uint64_t base = f->base;
+        uint32_t n = f->n_runs;
         uint8_t *dst = f->dst;
         pthread_mutex_unlock(&f->mu);
         jlm_err err = {0};
-        int rc = p->src->read(p->src, off, (size_t)len, dst, &err);
+        int rc = 0;
+        for (uint32_t i = 0; i < n && !rc; i++) {
+            const pfrun *u = &f->runs[i];   /* not changed while QUEUED */
+            rc = p->src->read(p->src, base + u->lo, (size_t)(u->hi - u->lo), dst + u->lo, &err);
+        }
         pthread_mutex_lock(&f->mu);
         f->rc = rc;
         f->err = err;
@@ -410,10 +618,12 @@ static void *pf_main(void *arg)
 }
 
 /* Takes the finished prefetch into the pager (engine thread): the page's
- * chunks filled, its pin dropped, PAGE_IN emitted; on a read error the page
- * returns to ABSENT. wait 0: returns 0 at once if the read is unfinished.
- * Returns 1 if a prefetch was collected, -1 if it was and its read had
- * failed, 0 if none was; *waited_ns = time waited for it. */
+ * chunks filled, its pin dropped, PAGE_IN (or FILL, for a page that held a
+ * part) emitted; on a read error nothing of the read counts as filled and the
+ * page returns to what it held before (ABSENT if nothing). wait 0: returns 0
+ * at once if the read is unfinished. Returns 1 if a prefetch was collected,
+ * -1 if it was and its read had failed, 0 if none was; *waited_ns = time
+ * waited for it. */
 static int pf_collect(jlm_pager *p, int wait, uint64_t *waited_ns)
 {
     if (waited_ns)
@@ -435,30 +645,40 @@ static int pf_collect(jlm_pager *p, int wait, uint64_t *waited_ns)
             *waited_ns = now_ns() - t0 + 1;   /* nonzero: it waited */
     }
     int rc = f->rc;
-    uint64_t len = f->len;
     f->state = PF_IDLE;
     pthread_mutex_unlock(&f->mu);
     p->pf_pg = NULL;
     parray *r = &p->arr[pg->array];
-    assert(pg->frame && pg->pins > 0 && pg->n_filled == 0);
+    assert(pg->frame && pg->pins > 0);
     pg->pins--;
     if (rc) {
         r->st.pf_failed++;
-        if (pg->pins == 0)
-            drop_frame(p, pg);
+        for (uint32_t i = 0; i < f->n_runs; i++)
+            frame_release(pg->frame, f->runs[i].lo, f->runs[i].hi);
+        uncharge(p, pg, f->len);
+        if (pg->pins == 0) {
+            if (pg->n_filled == 0)
+                unmap_frame(p, pg);
+            else
+                list_push_head(class_list(p, pg), pg);
+        }
         return -1;
     }
-    uint64_t n_chunks = (len + p->chunk - 1) >> p->chunk_shift;
-    for (uint64_t c = 0; c < n_chunks; c++)
-        bit_set(pg, c);
-    pg->n_filled = (uint32_t)n_chunks;
+    for (uint32_t i = 0; i < f->n_runs; i++) {
+        for (uint64_t c = f->runs[i].c0; c < f->runs[i].c1; c++)
+            bit_set(pg, c);
+        pg->n_filled += (uint32_t)(f->runs[i].c1 - f->runs[i].c0);
+    }
     pg->pf_fresh = 1;
-    r->st.reads++;
-    r->st.bytes_read += len;
-    r->st.page_ins++;
+    r->st.reads += f->n_runs;
+    r->st.bytes_read += f->len;
+    if (f->was_absent)
+        r->st.page_ins++;
+    else
+        r->st.fills++;
     if (pg->pins == 0)
         list_push_head(class_list(p, pg), pg);
-    emit(p, JLM_PAGER_EV_PAGE_IN, pg, len, p->src->tier);
+    emit(p, f->was_absent ? JLM_PAGER_EV_PAGE_IN : JLM_PAGER_EV_FILL, pg, f->len, p->src->tier);
     return 1;
 }
 
@@ -469,13 +689,14 @@ void jlm_pager_set_prefetch(jlm_pager *p, int on)
     p->pf_on = on != 0;
 }
 
-/* Bytes the budget can give a new frame: free bytes plus every unpinned frame. */
-static uint64_t room_for_frames(jlm_pager *p)
+/* Bytes the budget can give pg: free bytes plus every other unpinned page's. */
+static uint64_t room_for(jlm_pager *p, const ppage *pg)
 {
     uint64_t unpinned = 0;
     for (int c = 0; c < 2; c++)
         for (const ppage *q = p->lru[c].head; q; q = q->next)
-            unpinned += p->arr[q->array].frame_len;
+            if (q != pg)
+                unpinned += q->held;
     return p->budget - p->resident_bytes + unpinned;
 }
 
@@ -486,9 +707,12 @@ void jlm_pager_prefetch(jlm_pager *p, uint32_t array, uint32_t page)
     parray *r = &p->arr[array];
     ppage *pg = &r->pages[page];
     pf_collect(p, 0, NULL);
-    if (pg->frame || pg == p->pf_pg)
-        return;   /* resident (or on its way): nothing to read */
-    if (p->pf_pg || (p->budget && room_for_frames(p) < r->frame_len)) {
+    if (pg == p->pf_pg || pg->pins)
+        return;   /* on its way, or in use (then the get has read what it needs) */
+    uint64_t nc = page_chunks(p, r, pg), need = missing_bytes(p, r, pg, 0, nc);
+    if (!need)
+        return;   /* resident in full: nothing to read */
+    if (p->pf_pg || (p->budget && room_for(p, pg) < need)) {
         r->st.pf_skipped++;
         return;
     }
@@ -501,16 +725,45 @@ void jlm_pager_prefetch(jlm_pager *p, uint32_t array, uint32_t page)
         p->pf.started = 1;
     }
     jlm_err err = {0};
-    if (take_frame(p, pg, &err)) {   /* ENOMEM (room was checked) */
+    int was_absent = pg->frame == NULL;
+    dest d = { .pg = pg, .c0 = 0, .c1 = nc };
+    if (was_absent && map_frame(p, pg, &err)) {
         r->st.pf_skipped++;
         return;
     }
+    if (make_room(p, need, &d, &err)) {   /* cannot happen: room was checked */
+        for (uint64_t c = 0; c < nc; c++)
+            if (!bit_get(pg, c))
+                frame_release(pg->frame, chunk_lo(p, c), chunk_hi(p, r, pg, c + 1));
+        if (was_absent)
+            unmap_frame(p, pg);
+        r->st.pf_skipped++;
+        return;
+    }
+    if (!was_absent)
+        list_unlink(class_list(p, pg), pg);
     pg->pins = 1;                     /* held by the read: FILLING, never a victim */
+    charge(p, pg, need);
     p->pf_pg = pg;
     r->st.pf_issued++;
     pthread_mutex_lock(&p->pf.mu);
-    p->pf.off = r->base_off + (uint64_t)page * r->page_size;
-    p->pf.len = r->extent[page];
+    uint32_t n = 0;
+    for (uint64_t c = 0; c < nc;) {
+        if (bit_get(pg, c)) {
+            c++;
+            continue;
+        }
+        uint64_t e = c + 1;
+        while (e < nc && !bit_get(pg, e))
+            e++;
+        assert(n < p->pf.cap);
+        p->pf.runs[n++] = (pfrun){ .c0 = c, .c1 = e, .lo = chunk_lo(p, c), .hi = chunk_hi(p, r, pg, e) };
+        c = e;
+    }
+    p->pf.n_runs = n;
+    p->pf.len = need;
+    p->pf.was_absent = was_absent;
+    p->pf.base = r->base_off + (uint64_t)page * r->page_size;
     p->pf.dst = pg->frame;
     p->pf.rc = 0;
     p->pf.state = PF_QUEUED;
@@ -550,19 +803,29 @@ int jlm_pager_get(jlm_pager *p, uint32_t array, uint32_t page, uint64_t off, uin
         if (!pf_waited)
             r->st.pf_hits++;
     }
-    int was_absent = pg->frame == NULL;
-    if (was_absent) {
-        int rc = take_frame(p, pg, err);
-        if (rc)
-            return rc;
-    } else if (pg->pins == 0) {
-        list_unlink(class_list(p, pg), pg);
+    int was_absent = pg->frame == NULL, listed = !was_absent && pg->pins == 0;
+    uint64_t need = missing_bytes(p, r, pg, c0, c1);
+    int rc;
+    if (was_absent && (rc = map_frame(p, pg, err)))
+        return rc;
+    dest d = { .pg = pg, .c0 = c0, .c1 = c1 };
+    if ((rc = make_room(p, need, &d, err))) {
+        for (uint64_t c = c0; c < c1; c++)   /* memory moved in for the chunks not read */
+            if (!bit_get(pg, c))
+                frame_release(pg->frame, chunk_lo(p, c), chunk_hi(p, r, pg, c + 1));
+        if (was_absent)
+            unmap_frame(p, pg);
+        return rc;
     }
+    if (listed)
+        list_unlink(class_list(p, pg), pg);
+    charge(p, pg, need);
     uint64_t got = 0;
-    int rc = fill_chunks(p, pg, c0, c1, &got, err);
+    rc = fill_chunks(p, pg, c0, c1, &got, err);
     if (rc) {
+        uncharge(p, pg, need - got);
         if (pg->n_filled == 0 && pg->pins == 0)
-            drop_frame(p, pg);
+            unmap_frame(p, pg);
         else if (pg->pins == 0)
             list_push_head(class_list(p, pg), pg);
         if (was_absent && pg->frame) {
@@ -595,8 +858,12 @@ void jlm_pager_unpin(jlm_pager *p, uint32_t array, uint32_t page)
     assert(pg->frame && pg->pins > 0);
     if (!pg->frame || pg->pins == 0)
         return;
-    if (--pg->pins == 0)
-        list_push_head(class_list(p, pg), pg);
+    if (--pg->pins == 0) {
+        if (pg->n_filled == 0)
+            unmap_frame(p, pg);   /* a get of no bytes: nothing to keep */
+        else
+            list_push_head(class_list(p, pg), pg);
+    }
 }
 
 /* ---------------------------------------------------------------- configure, query */
@@ -616,18 +883,15 @@ int jlm_pager_set_budget(jlm_pager *p, uint64_t budget, jlm_err *err)
         for (uint32_t a = 0; a < p->n_arrays; a++)
             for (uint32_t i = 0; i < p->arr[a].n_pages; i++)
                 if (p->arr[a].pages[i].pins)
-                    pinned += p->arr[a].frame_len;
+                    pinned += p->arr[a].pages[i].held;
         if (pinned > budget)
             return jlm_errf(err, JLM_ERANGE, "pager: budget %llu bytes is below the %llu bytes of pinned pages",
                             (unsigned long long)budget, (unsigned long long)pinned);
     }
     p->budget = budget;
-    while (budget && p->resident_bytes > budget) {
-        ppage *v = pick_victim(p);
-        assert(v);
-        free(evict(p, v));
-    }
-    return 0;
+    int rc = make_room(p, 0, NULL, err);   /* cannot fail: the pinned pages fit */
+    assert(rc == 0);
+    return rc;
 }
 
 void jlm_pager_set_events(jlm_pager *p, jlm_pager_event_fn fn, void *ctx)
@@ -691,9 +955,45 @@ void jlm_pager_stats_reset(jlm_pager *p)
 }
 
 /* ---------------------------------------------------------------- check */
+/* Bytes of the page's filled chunks. */
+static uint64_t filled_bytes(const jlm_pager *p, const parray *r, const ppage *pg)
+{
+    uint64_t n = 0, nc = page_chunks(p, r, pg);
+    for (uint64_t c = 0; c < nc; c++)
+        if (bit_get(pg, c))
+            n += chunk_hi(p, r, pg, c + 1) - chunk_lo(p, c);
+    return n;
+}
+
+/* Invariant (8): no memory of the frame outside its filled chunks is mapped
+ * (mincore: 1 per resident 4096-byte page). Not checked for the page whose
+ * prefetch is in flight (the reader is writing it). */
+static int check_frame_memory(const jlm_pager *p, const parray *r, const ppage *pg, jlm_err *err)
+{
+    size_t n = (size_t)(r->frame_len / PAGER_ALIGN);
+    unsigned char *vec = malloc(n);
+    if (!vec)
+        return 0;   /* cannot tell: not a broken invariant */
+    if (mincore(pg->frame, (size_t)r->frame_len, vec) != 0) {
+        free(vec);
+        return 0;
+    }
+    for (size_t i = 0; i < n; i++) {
+        uint64_t c = ((uint64_t)i * PAGER_ALIGN) >> p->chunk_shift;
+        int filled = (uint64_t)i * PAGER_ALIGN < r->extent[pg->idx] && bit_get(pg, c);
+        if ((vec[i] & 1) && !filled) {
+            free(vec);
+            return jlm_errf(err, JLM_EINVAL, "pager check (8): %s page %u: frame byte %llu is mapped, chunk %llu not filled",
+                            r->name, pg->idx, (unsigned long long)i * PAGER_ALIGN, (unsigned long long)c);
+        }
+    }
+    free(vec);
+    return 0;
+}
+
 static int check_page(const jlm_pager *p, const parray *r, const ppage *pg, jlm_err *err)
 {
-    uint64_t n_chunks = (r->extent[pg->idx] + p->chunk - 1) >> p->chunk_shift, pop = 0;
+    uint64_t n_chunks = page_chunks(p, r, pg), pop = 0;
     for (uint32_t w = 0; w < r->words; w++) {
         uint64_t first = (uint64_t)w * 64;
         uint64_t valid = n_chunks > first ? n_chunks - first : 0;
@@ -706,9 +1006,19 @@ static int check_page(const jlm_pager *p, const parray *r, const ppage *pg, jlm_
     if (pop != pg->n_filled)
         return jlm_errf(err, JLM_EINVAL, "pager check (5): %s page %u: %u chunks counted, bitmap holds %llu",
                         r->name, pg->idx, pg->n_filled, (unsigned long long)pop);
-    if (!pg->frame && (pg->n_filled || pg->pins))
-        return jlm_errf(err, JLM_EINVAL, "pager check (3): %s page %u absent with %u chunks, %u pins",
-                        r->name, pg->idx, pg->n_filled, pg->pins);
+    if (!pg->frame && (pg->n_filled || pg->pins || pg->held))
+        return jlm_errf(err, JLM_EINVAL, "pager check (3): %s page %u absent with %u chunks, %u pins, %llu bytes held",
+                        r->name, pg->idx, pg->n_filled, pg->pins, (unsigned long long)pg->held);
+    uint64_t want = filled_bytes(p, r, pg) + (pg == p->pf_pg ? p->pf.len : 0);
+    if (pg->held != want)
+        return jlm_errf(err, JLM_EINVAL, "pager check (1): %s page %u holds %llu bytes, its filled chunks%s are %llu",
+                        r->name, pg->idx, (unsigned long long)pg->held, pg == p->pf_pg ? " and the read in flight" : "",
+                        (unsigned long long)want);
+    if (pg->frame && !pg->pins && !pg->n_filled)
+        return jlm_errf(err, JLM_EINVAL, "pager check (4): %s page %u unpinned with a frame and nothing filled",
+                        r->name, pg->idx);
+    if (pg->frame && pg != p->pf_pg)
+        return check_frame_memory(p, r, pg, err);
     return 0;
 }
 
@@ -740,24 +1050,27 @@ int jlm_pager_check(const jlm_pager *p, jlm_err *err)
     for (uint32_t a = 0; a < p->n_arrays; a++) {
         const parray *r = &p->arr[a];
         uint64_t abytes = 0;
+        uint32_t apages = 0;
         for (uint32_t i = 0; i < r->n_pages; i++) {
             const ppage *pg = &r->pages[i];
             int rc = check_page(p, r, pg, err);
             if (rc)
                 return rc;
+            abytes += pg->held;
             if (pg->frame) {
-                abytes += r->frame_len;
+                apages++;
                 if (!pg->pins)
                     unpinned[r->cls]++;
             }
         }
-        if (abytes != r->st.resident_bytes)
-            return jlm_errf(err, JLM_EINVAL, "pager check (1): %s: %llu bytes of frames, counters say %llu",
-                            r->name, (unsigned long long)abytes, (unsigned long long)r->st.resident_bytes);
+        if (abytes != r->st.resident_bytes || apages != r->st.resident_pages)
+            return jlm_errf(err, JLM_EINVAL, "pager check (1): %s: %llu bytes held in %u frames, counters say %llu in %u",
+                            r->name, (unsigned long long)abytes, apages, (unsigned long long)r->st.resident_bytes,
+                            r->st.resident_pages);
         bytes += abytes;
     }
     if (bytes != p->resident_bytes)
-        return jlm_errf(err, JLM_EINVAL, "pager check (1): %llu bytes of frames, resident_bytes %llu",
+        return jlm_errf(err, JLM_EINVAL, "pager check (1): %llu bytes held, resident_bytes %llu",
                         (unsigned long long)bytes, (unsigned long long)p->resident_bytes);
     if (p->budget && bytes > p->budget)
         return jlm_errf(err, JLM_EINVAL, "pager check (2): %llu bytes resident, budget %llu",

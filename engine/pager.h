@@ -27,20 +27,40 @@
  *              engine thread collects it); a read error returns the page to
  *              RESIDENT with the chunks read before, or to ABSENT if none were.
  *   RESIDENT   frame != NULL; bitmap says which chunks hold the source's
- *              bytes; a pinned page is on no list and is never a victim.
+ *              bytes (all of the page, or a part: a partial frame); a pinned
+ *              page is on no list and is never a victim, not even in part.
  *
- * Invariants (jlm_pager_check verifies all of them):
- *  (1) resident_bytes == sum of frame_len over pages with a frame.
+ * Partial frames: a frame is frame_len bytes of address space, but only the
+ * page's filled chunks are charged to the budget (its held bytes) and only
+ * they have memory behind them: chunks evicted from a page that stays
+ * resident (a trim) are given back to the kernel (MADV_DONTNEED). Eviction
+ * takes a block page's chunks from its end, so a block scanned whole keeps a
+ * prefix; other subsets (gets of a part) are kept as the bitmap says.
+ *
+ * Invariants (jlm_pager_check verifies (1)-(5) and (8)):
+ *  (1) resident_bytes == sum of held over pages; a page's held == the bytes
+ *      of its filled chunks (the last cut at its extent), plus the bytes of
+ *      the chunks a prefetch in flight is reading into it.
  *  (2) budget == 0 or resident_bytes <= budget.
- *  (3) frame == NULL implies no chunk filled and pins == 0.
- *  (4) A page is on its class's LRU list iff it has a frame and pins == 0.
+ *  (3) frame == NULL implies no chunk filled, pins == 0 and held == 0.
+ *  (4) A page is on its class's LRU list iff it has a frame and pins == 0;
+ *      such a page has at least one chunk filled.
  *  (5) n_filled == popcount(bitmap); no bit at or past the page's chunk count.
  *  (6) A filled chunk holds exactly the source's bytes for that span (tests
  *      check this against the source content).
- *  (7) Eviction picks the least recently used unpinned EXPERT-class page; if
- *      there is none, the MOST recently used unpinned BLOCK-class page (blocks
- *      are scanned cyclically every token: MRU faults about N-F pages a token
- *      where LRU faults all N). "Used" = the last get or unpin.
+ *  (7) Eviction takes the least recently used unpinned EXPERT-class page,
+ *      whole; if there is none, chunks from the end of the unpinned BLOCK-
+ *      class page holding the most chunks (ties: the most recently used),
+ *      down to one below the next fullest. Blocks are scanned cyclically
+ *      every token: the pages level off at about (budget - the pages that
+ *      must be whole) / (N - 1) each, and a cycle reads the least a cyclic
+ *      scan can when the page computed must be whole: (file - budget) *
+ *      N / (N - 1), N / (N - 2) with prefetch (docs/pager.md). With whole
+ *      frames this is MRU; LRU would fault all N. "Used" = the last get or
+ *      unpin.
+ *  (8) No memory of a frame outside its filled chunks is mapped (mincore),
+ *      so the process uses what the budget counts; not checked for the page
+ *      a prefetch is reading into.
  *
  * Budget: 0 = unlimited. The caller sizes the minimum working set (the most
  * pages it pins at once) with jlm_pager_min_budget() and raises the budget to
@@ -57,8 +77,9 @@
  * on the calling thread (a prefetched page's PAGE_IN when the engine thread
  * collects it).
  *
- * Prefetch (jlm_pager_prefetch): the page is taken a frame on the engine
- * thread (eviction per invariant 7, so never the page in use) and held with
+ * Prefetch (jlm_pager_prefetch): the page's missing chunks (all of an ABSENT
+ * page, the rest of a partial one) are given room on the engine thread
+ * (eviction per invariant 7, so never the page in use) and the page held with
  * one pin by the read in flight (it is FILLING: on no list, never a victim)
  * until the engine thread collects it: at the next get, prefetch,
  * set_budget or close. A prefetch that would need to evict a pinned page,
@@ -106,7 +127,9 @@ enum jlm_pager_ev_kind {
     JLM_PAGER_EV_PAGE_IN = 1,   /* ABSENT -> RESIDENT: bytes = bytes read */
     JLM_PAGER_EV_FILL = 2,      /* more chunks read into a resident page */
     JLM_PAGER_EV_HIT = 3,       /* served from the frame, nothing read */
-    JLM_PAGER_EV_EVICT = 4,     /* RESIDENT -> ABSENT: bytes = frame_len */
+    JLM_PAGER_EV_EVICT = 4,     /* RESIDENT -> ABSENT: bytes = the bytes it held last
+                                   (a trim, chunks off a page that stays, has no event:
+                                   the FILL that reads them again says so) */
 };
 typedef struct jlm_pager_event {
     int      kind;              /* enum jlm_pager_ev_kind */
@@ -121,7 +144,7 @@ typedef void (*jlm_pager_event_fn)(void *ctx, const jlm_pager_event *ev);
 typedef struct jlm_pager_array_counters {
     uint64_t page_ins;          /* ABSENT -> RESIDENT transitions */
     uint64_t fills;             /* partial fills of a resident page */
-    uint64_t evictions;
+    uint64_t evictions;         /* RESIDENT -> ABSENT */
     uint64_t hits;              /* gets that read nothing */
     uint64_t reads;             /* source reads (one per coalesced run of chunks) */
     uint64_t bytes_read;
@@ -135,8 +158,9 @@ typedef struct jlm_pager_array_counters {
     uint64_t pf_unused;         /* prefetched pages evicted before any get */
     uint64_t pf_skipped;        /* prefetch calls not issued: no room, read in flight */
     uint64_t pf_failed;         /* prefetch reads that failed (the get reads again) */
-    uint32_t resident_pages;
-    uint64_t resident_bytes;
+    uint32_t resident_pages;    /* pages holding a frame (all or part of the page) */
+    uint64_t resident_bytes;    /* bytes held: filled chunks (+ a prefetch in flight) */
+    uint64_t trims;             /* chunks evicted from a page that stayed resident */
 } jlm_pager_array_counters;
 
 typedef struct jlm_pager_counters {
@@ -157,12 +181,12 @@ int  jlm_pager_open(const jlm_pager_config *cfg, jlm_pager **out, jlm_err *err);
 void jlm_pager_close(jlm_pager *p);
 
 /* ---------------------------------------------------------------- configure */
-/* Bytes of the smallest budget that lets n_pinned[a] pages of each array be
- * pinned at once (sum of n_pinned[a] * frame_len(a)). Cannot fail. */
+/* Bytes of the smallest budget that lets n_pinned[a] whole pages of each
+ * array be pinned at once (sum of n_pinned[a] * frame_len(a)). Cannot fail. */
 uint64_t jlm_pager_min_budget(const jlm_pager *p, const uint32_t *n_pinned);
-/* Sets the budget (0 = unlimited), evicting unpinned pages (invariant 7
- * order) until resident bytes fit. JLM_ERANGE if the pinned pages alone
- * exceed it (budget unchanged then). */
+/* Sets the budget (0 = unlimited), evicting unpinned pages and chunks
+ * (invariant 7 order) until resident bytes fit. JLM_ERANGE if the bytes the
+ * pinned pages hold exceed it (budget unchanged then). */
 int  jlm_pager_set_budget(jlm_pager *p, uint64_t budget, jlm_err *err);
 /* Subscribes fn to events (NULL unsubscribes). Cannot fail. */
 void jlm_pager_set_events(jlm_pager *p, jlm_pager_event_fn fn, void *ctx);
@@ -189,9 +213,10 @@ void jlm_pager_unpin(jlm_pager *p, uint32_t array, uint32_t page);
 /* Turns prefetch on (1) or off (0; the default). Off waits for a read in
  * flight and collects it. Cannot fail. */
 void jlm_pager_set_prefetch(jlm_pager *p, int on);
-/* Starts reading all of page `page` of `array` on the reader thread, if
- * prefetch is on, the page is ABSENT, no other prefetch is in flight, and the
- * budget has room once unpinned pages are evicted (invariant 7 order). Never
+/* Starts reading the missing chunks of page `page` of `array` on the reader
+ * thread, if prefetch is on, the page is not pinned and misses chunks, no
+ * other prefetch is in flight, and the budget has room for them once the
+ * other unpinned pages are evicted (invariant 7 order). Never
  * fails: a prefetch not issued is counted in pf_skipped; out of range is
  * ignored. The next get of that page waits for it if unfinished. */
 void jlm_pager_prefetch(jlm_pager *p, uint32_t array, uint32_t page);
@@ -199,7 +224,7 @@ void jlm_pager_prefetch(jlm_pager *p, uint32_t array, uint32_t page);
 /* ---------------------------------------------------------------- query */
 /* Bytes of the page currently filled (0 when absent). Cannot fail. */
 uint64_t jlm_pager_filled(const jlm_pager *p, uint32_t array, uint32_t page);
-/* 1 if the page holds a frame. Cannot fail. */
+/* 1 if the page holds a frame (all of it or a part). Cannot fail. */
 int  jlm_pager_resident(const jlm_pager *p, uint32_t array, uint32_t page);
 /* Bytes of page `page` a reader uses (its extent); 0 out of range. Cannot fail. */
 uint64_t jlm_pager_extent(const jlm_pager *p, uint32_t array, uint32_t page);
@@ -211,8 +236,8 @@ void jlm_pager_stats(const jlm_pager *p, jlm_pager_counters *out);
 void jlm_pager_stats_reset(jlm_pager *p);
 
 /* ---------------------------------------------------------------- testing */
-/* Verifies invariants (1)-(5). 0, or JLM_EINVAL with the first broken
- * invariant in err. */
+/* Verifies invariants (1)-(5) and (8). 0, or JLM_EINVAL with the first
+ * broken invariant in err. */
 int  jlm_pager_check(const jlm_pager *p, jlm_err *err);
 
 #endif

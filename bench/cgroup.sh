@@ -1,0 +1,147 @@
+#!/usr/bin/env bash
+# cgroup.sh - jlm run under a memory cgroup limit of 90%, 50% and 25% of the
+# container (issue 14: I/O under a budget): with --budget just under the limit
+# and with no --budget (the automatic budget from the cgroup: must not be
+# OOM-killed). Prints bytes read per token against file - budget and against
+# the pager's optimum, and decode tok/s as a ratio of an unlimited run made in
+# the same invocation.
+#
+# Usage: bench/cgroup.sh [MODEL.jlm] [TOKENS=6] [THREADS=2]
+#   no MODEL: writes build/bench/mkgguf llama-1b Q4_0 and converts it (temp dir).
+#   JLM_BIN: folder holding jlm (default build/). MARGIN_MIB: limit - --budget (40).
+#   JLM_BUFFERED=1: run with --no-direct (then the page cache is dropped before
+#   every run; O_DIRECT reads, the default, need no drop).
+# Needs root and a memory cgroup: v1 (mkdir under /sys/fs/cgroup/memory,
+# memory.limit_in_bytes) or v2 (a child of this shell's cgroup or of the root
+# with memory.max); otherwise prints one line and exits 0.
+#
+# Bytes per token: the run's source bytes less the first pass (which reads every
+# block once: the unlimited run's bytes), over the passes after it (prefill is
+# one pass, each decoded token but the last one more). Frames = the budget the
+# pager got (--budget less KV, scratch and dense). Optimum: a cyclic scan in
+# which the block computed and the block read ahead must be whole reads at least
+# (blocks - frames) * N / (N - 2) a pass, N / (N - 1) with --no-prefetch
+# (docs/pager.md, Partial frames). Each limit runs --budget, --budget with
+# --no-prefetch, and no --budget.
+set -euo pipefail
+here=$(cd "$(dirname "$0")" && pwd)
+jlm=${JLM_BIN:-$here/../build}/jlm
+tokens=${2:-6} threads=${3:-2} margin=$((${MARGIN_MIB:-40} * 1048576))
+skip() { echo "cgroup.sh: skipped: $*"; exit 0; }
+
+[ "$(id -u)" = 0 ] || skip "not root (a memory cgroup needs root)"
+[ -x "$jlm" ] || { echo "cgroup.sh: $jlm: not built (make all)" >&2; exit 1; }
+command -v jq > /dev/null || skip "jq not installed"
+
+# ---------------------------------------------------------------- the cgroup
+cg= cgv= lim_file= peak_file=
+if [ -d /sys/fs/cgroup/memory ] && [ -w /sys/fs/cgroup/memory ]; then
+    cg=/sys/fs/cgroup/memory/jlm-bench.$$ cgv=1 lim_file=memory.limit_in_bytes peak_file=memory.max_usage_in_bytes
+elif [ -f /sys/fs/cgroup/cgroup.controllers ] && grep -qw memory /sys/fs/cgroup/cgroup.controllers; then
+    cg=/sys/fs/cgroup/jlm-bench.$$ cgv=2 lim_file=memory.max peak_file=memory.peak
+    grep -qw memory /sys/fs/cgroup/cgroup.subtree_control 2> /dev/null ||
+        echo +memory > /sys/fs/cgroup/cgroup.subtree_control 2> /dev/null || skip "cannot enable the v2 memory controller"
+else
+    skip "no memory cgroup (v1 /sys/fs/cgroup/memory or v2 with the memory controller)"
+fi
+mkdir "$cg" 2> /dev/null || skip "cannot make $cg"
+dir=$(mktemp -d /tmp/jlm-cgroup.XXXXXX)
+cleanup() { rmdir "$cg" 2> /dev/null || true; rm -rf "$dir"; }
+trap cleanup EXIT
+[ -w "$cg/$lim_file" ] || skip "$cg/$lim_file not writable"
+
+# ---------------------------------------------------------------- the model
+model=${1:-}
+if [ -z "$model" ]; then
+    mk=$here/../build/bench/mkgguf
+    [ -x "$mk" ] || { echo "cgroup.sh: $mk: not built (make build/bench/mkgguf)" >&2; exit 1; }
+    "$mk" llama-1b Q4_0 "$dir/m.gguf" > /dev/null
+    "$jlm" convert "$dir/m.gguf" -o "$dir/m.jlm" > /dev/null 2>&1
+    rm -f "$dir/m.gguf"
+    model=$dir/m.jlm
+fi
+[ -r "$model" ] || { echo "cgroup.sh: $model: cannot read" >&2; exit 1; }
+file=$(stat -c %s "$model")
+flags=(--ids 1,2,3 -n "$tokens" -c 256 -t "$threads" --temp 0 --json --stats)
+[ "${JLM_BUFFERED:-0}" = 1 ] && flags+=(--no-direct)
+passes=$tokens   # prefill + (tokens - 1) decode steps
+
+drop() { [ "${JLM_BUFFERED:-0}" = 1 ] && { sync; echo 3 > /proc/sys/vm/drop_caches; } || true; }
+
+# run LIMIT|- BUDGET|- -> dir/out.json, dir/rc, dir/peak, dir/oom
+run() {
+    local limit=$1 budget=$2 extra=()
+    [ "$budget" != - ] && extra=(--budget "$budget")
+    drop
+    if [ "$limit" = - ]; then
+        set +e; "$jlm" run "$model" "${flags[@]}" "${extra[@]}" > "$dir/out.json" 2> "$dir/err"; echo $? > "$dir/rc"; set -e
+        echo 0 > "$dir/peak"; echo 0 > "$dir/oom"; return
+    fi
+    if [ $cgv = 1 ]; then
+        echo 0 > "$cg/memory.max_usage_in_bytes" 2> /dev/null || true
+        echo "$limit" > "$cg/$lim_file"
+    else
+        echo "$limit" > "$cg/$lim_file"
+        echo max > "$cg/memory.swap.max" 2> /dev/null || true
+    fi
+    local oom0; oom0=$(oomkills)
+    set +e
+    sh -c 'echo $$ > "$1/cgroup.procs" && shift && exec "$@"' sh "$cg" "$jlm" run "$model" "${flags[@]}" "${extra[@]}" \
+        > "$dir/out.json" 2> "$dir/err"
+    echo $? > "$dir/rc"
+    set -e
+    cat "$cg/$peak_file" 2> /dev/null > "$dir/peak" || echo 0 > "$dir/peak"
+    echo $(($(oomkills) - oom0)) > "$dir/oom"
+}
+oomkills() {
+    if [ $cgv = 1 ]; then awk '$1 == "oom_kill" { print $2; f = 1 } END { if (!f) print 0 }' "$cg/memory.oom_control" 2> /dev/null || echo 0
+    else awk '$1 == "oom_kill" { print $2; f = 1 } END { if (!f) print 0 }' "$cg/memory.events" 2> /dev/null || echo 0; fi
+}
+j() { jq -r "$1" "$dir/out.json"; }
+
+run - 0
+[ "$(cat "$dir/rc")" = 0 ] || { echo "cgroup.sh: unlimited run failed: $(cat "$dir/err")" >&2; exit 1; }
+blocks=$(j .pager.arrays[0].bytes_read) nb=$(j .pager.arrays[0].resident_pages) tps0=$(j .timings.decode_tps)
+echo "model $model: $file bytes, $nb blocks of $((blocks / nb)) bytes; cgroup v$cgv; $tokens tokens (1 prefill pass +" \
+    "$((tokens - 1)) decode passes), -t $threads, -c 256; reads $([ "${JLM_BUFFERED:-0}" = 1 ] && echo "buffered, page cache dropped before each run" || echo "O_DIRECT (no page cache to drop)")"
+printf 'unlimited: decode %.3f tok/s (the baseline)\n\n' "$tps0"
+printf '| limit | --budget | frames | read/token | file - budget | ratio | blocks - frames | optimum | ratio | tok/s | vs unlimited | peak | oom |\n'
+printf '|---|---|---|---|---|---|---|---|---|---|---|---|---|\n'
+mb() { awk -v b="$1" 'BEGIN { printf "%.1f MB", b / 1e6 }'; }
+for pct in 90 50 25; do
+    limit=$((file * pct / 100))
+    for mode in budget nopf auto; do
+        saved=("${flags[@]}")
+        case $mode in
+        budget) b=$((limit - margin)); run "$limit" "$b"; blabel=$(mb "$b") ;;
+        nopf) b=$((limit - margin)); flags+=(--no-prefetch); run "$limit" "$b"; blabel="$(mb "$b") --no-prefetch" ;;
+        auto) b=; run "$limit" -; blabel=auto ;;
+        esac
+        flags=("${saved[@]}")
+        k=2; [ $mode = nopf ] && k=1
+        rc=$(cat "$dir/rc") peak=$(cat "$dir/peak") oom=$(cat "$dir/oom")
+        if [ "$rc" != 0 ]; then
+            printf '| %d%% (%s) | %s | - | - | - | - | - | - | - | - | exit %s | %s | %s |\n' $pct "$(mb $limit)" "$blabel" "$rc" \
+                "$(mb "$peak")" "$oom"
+            continue
+        fi
+        read_b=$(j .pager.arrays[0].bytes_read) frames=$(j .pager.budget) tps=$(j .timings.decode_tps)
+        [ -z "$b" ] && b=$(sed -n 's/^memory: budget \([0-9]*\) .*/\1/p' "$dir/err")   # auto: the budget it took
+        [ -n "$b" ] || b=$frames
+        awk -v r="$read_b" -v bl="$blocks" -v p=$passes -v file="$file" -v b="$b" -v fr="$frames" -v n="$nb" \
+            -v tps="$tps" -v tps0="$tps0" -v k=$k -v S=$((blocks / nb)) -v pct=$pct -v lim=$limit -v bl_="$blabel" -v peak="$peak" -v oom="$oom" '
+            function mb(x) { return sprintf("%.1f MB", x / 1e6) }
+            BEGIN {
+                per = (r - bl) / (p - 1); fb = file - b; bf = bl - fr; if (bf < 0) bf = 0
+                if (fr < 2 * S) k = 1   # no room to read ahead: prefetch skipped
+                opt = bf * n / (n - k)
+                printf "| %d%% (%s) | %s | %s | %s | %s | %.3f | %s | %s | %.3f | %.3f | %.3f | %s | %s |\n",
+                    pct, mb(lim), bl_, mb(fr), mb(per), mb(fb), (fb > 0 ? per / fb : 0), mb(bf), mb(opt),
+                    (opt > 0 ? per / opt : 0), tps, tps / tps0, mb(peak), oom
+            }'
+    done
+done
+echo
+echo "read/token: (bytes read - the first pass) / $((passes - 1)); file - budget: the --budget given, or the automatic" \
+     "one (--stats); frames: what the pager got of it; optimum: (blocks - frames) * N / (N - k), the least a cyclic scan can read when k blocks must be whole (k = 2 with prefetch: the one computed and the one read ahead; 1 without, or with frames below two blocks)"
+echo "load average: $(cut -d' ' -f1-3 /proc/loadavg)"
