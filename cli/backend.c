@@ -3,6 +3,8 @@
 
 #include <string.h>
 
+#include "engine/backend_vk.h"
+#include "engine/model.h"
 #include "format/jlm_format.h"
 #include "kernels/cpu/kernels.h"
 #include "kernels/cuda/cuda.h"
@@ -39,4 +41,26 @@ void jlm_cli_print_version(FILE *f)
     char line[512];
     jlm_cu_describe(line, sizeof line);
     fprintf(f, "cpu kernels: %s\n%s\n", jlm_k_cpu_variant_name(), line);
+}
+
+void jlm_cli_print_backend_stats(FILE *f, struct jlm_engine *e, unsigned long long pi, unsigned long long ev,
+                                 unsigned long long br, unsigned long long hi)
+{
+    jlm_evk_stats v;
+    int on = jlm_engine_vk_stats(e, &v);
+    fprintf(f, "pager: page-ins %llu, evictions %llu, bytes-read %llu, hits %llu\n", pi + v.page_ins,
+            ev + v.evictions, br + v.bytes_up, hi + v.hits);
+    jlm_engine_mem mi;
+    jlm_engine_mem_info(e, &mi);
+    fprintf(f, "cpu: page-ins %llu, evictions %llu, bytes read %llu, hits %llu, frames budget %llu\n", pi, ev, br, hi,
+            (unsigned long long)mi.frames);
+    if (on)
+        fprintf(f, "vulkan: matmuls %llu, page-ins %llu, evictions %llu, hits %llu, bytes uploaded %llu, "
+                   "bytes imported %llu, frames %llu (%llu bytes, peak %llu, budget %llu), path %s, "
+                   "kernels %.1f ms, transfers %.1f ms, reuploads %llu, device %s\n",
+                (unsigned long long)v.matmuls, (unsigned long long)v.page_ins, (unsigned long long)v.evictions,
+                (unsigned long long)v.hits, (unsigned long long)v.bytes_up, (unsigned long long)v.bytes_imported,
+                (unsigned long long)v.frames, (unsigned long long)v.resident_bytes,
+                (unsigned long long)v.peak_bytes, (unsigned long long)v.budget, v.path, v.kernel_ns / 1e6,
+                v.xfer_ns / 1e6, (unsigned long long)v.reuploads, v.device);
 }

@@ -18,4 +18,14 @@ int jlm_cli_backend_check(const char *cmd, const char *name, int device);
 /* Prints the lines of `jlm --version` (format, CPU kernel variant, CUDA). */
 void jlm_cli_print_version(FILE *f);
 
+/* --stats' paging lines: first `pager: page-ins N, evictions N, bytes-read N,
+ * hits N` (totals over the backends: the host pager's figures given, plus
+ * the device frames'), then one line per backend: `cpu: ...` (the host
+ * pager) and, with --backend vulkan, `vulkan: ...` (device page-ins, bytes
+ * uploaded / imported, frames, path, kernel vs transfer time). */
+struct jlm_engine;
+void jlm_cli_print_backend_stats(FILE *f, struct jlm_engine *e, unsigned long long page_ins,
+                                 unsigned long long evictions, unsigned long long bytes_read,
+                                 unsigned long long hits);
+
 #endif

@@ -70,6 +70,7 @@ static int parse(int argc, char **argv, run_opts *o)
         {NULL, "--backend", JLM_OPT_STR, &o->eng.backend, 0, 0, 0, "NAME", "cpu (default), vulkan, cuda or auto"},
         {NULL, "--device", JLM_OPT_STR, &o->eng.device, 0, 0, 0, "N|NAME", "the backend's device: index or name"},
         {NULL, "--gpu-layers", JLM_OPT_STR, &gpu_layers, 0, 0, 0, "N|all", "blocks 0..N-1 on the device, the rest on the CPU"},
+        {NULL, "--gpu-budget", JLM_OPT_SIZE, &o->eng.gpu_budget, 0, 0, 0, "SIZE", "bytes of device page frames (K/M/G); default: 3/4 of device memory (upload path) or the host's frames (import path)"},
     };
     const char *pos[1] = {0};
     jlm_opts_spec sp = {"jlm run", "MODEL -p PROMPT [options]", t, (int)(sizeof t / sizeof t[0]), pos, 1, 0};
@@ -381,8 +382,7 @@ int jlm_cmd_run(int argc, char **argv)
             pi += pc.a[a].page_ins; ev += pc.a[a].evictions; br += pc.a[a].bytes_read; hi += pc.a[a].hits;
         }
         fprintf(stderr, "seed: %llu\n", (unsigned long long)o.samp.seed);
-        fprintf(stderr, "pager: page-ins %llu, evictions %llu, bytes-read %llu, hits %llu\n",
-                (unsigned long long)pi, (unsigned long long)ev, (unsigned long long)br, (unsigned long long)hi);
+        jlm_cli_print_backend_stats(stderr, e, pi, ev, br, hi);
         const jlm_pager_array_counters *tx = &pc.a[JLM_PAGER_TEXT];
         if (!o.eng.no_prefetch)
             fprintf(stderr, "prefetch: issued %llu, hits %llu, waits %llu (%.1f ms), misses %llu, unused %llu, "
@@ -400,11 +400,6 @@ int jlm_cmd_run(int argc, char **argv)
             fprintf(stderr, "experts: hit rate %.3f, bytes read per token %.0f\n",
                     (double)x->hits / (double)(x->hits + x->page_ins + x->fills), (double)x->bytes_read / tokens);
         }
-        uint64_t vmm, vup;
-        jlm_engine_vk_counters(e, &vmm, &vup);
-        if (vmm)
-            fprintf(stderr, "vulkan: matmuls %llu, bytes uploaded %llu\n", (unsigned long long)vmm,
-                    (unsigned long long)vup);
         jlm_engine_mem mi;
         jlm_engine_mem_info(e, &mi);
         fprintf(stderr, "memory: budget %llu (%s): frames %llu, KV %llu (%s), scratch %llu, dense %llu\n",

@@ -8,6 +8,7 @@
  * is the tail (LRU), the block victim the head (MRU), both O(1).
  */
 #include "engine/pager.h"
+#include "engine/lru.h"
 
 #include <assert.h>
 #include <pthread.h>
@@ -20,11 +21,11 @@
 
 /* ---------------------------------------------------------------- types */
 typedef struct ppage {
+    jlm_lru_node  ln;         /* first: class list links (unpinned resident only) */
     uint8_t      *frame;      /* NULL when ABSENT */
     uint64_t     *bits;       /* (words,) filled chunks, into parray.bitmap */
     uint32_t      pins;       /* gets not yet unpinned */
     uint32_t      n_filled;   /* popcount(bits) */
-    struct ppage *prev, *next;/* class list links (unpinned resident only) */
     uint32_t      array, idx;
     int           pf_fresh;   /* read by a prefetch, no get since */
 } ppage;
@@ -42,7 +43,8 @@ typedef struct parray {
     jlm_pager_array_counters st;
 } parray;
 
-typedef struct plist { ppage *head, *tail; uint32_t n; } plist;
+typedef jlm_lru plist;   /* the policy's lists (engine/lru.h) */
+#define PG(node) ((ppage *)(void *)(node))   /* ln is ppage's first member */
 
 /* The reader thread and its one request. Fields under mu; the engine thread
  * sets a request (state QUEUED) only while state is IDLE or DONE. */
@@ -67,6 +69,8 @@ struct jlm_pager {
     parray      arr[JLM_PAGER_MAX_ARRAYS];
     jlm_pager_event_fn ev_fn;
     void       *ev_ctx;
+    jlm_pager_evict_fn evict_fn;   /* frame about to be freed or reused */
+    void       *evict_ctx;
 
     /* changes during routine operation */
     uint64_t    budget;       /* 0 = unlimited */
@@ -81,22 +85,8 @@ struct jlm_pager {
 };
 
 /* ---------------------------------------------------------------- lists */
-static void list_unlink(plist *l, ppage *pg)
-{
-    if (pg->prev) pg->prev->next = pg->next; else l->head = pg->next;
-    if (pg->next) pg->next->prev = pg->prev; else l->tail = pg->prev;
-    pg->prev = pg->next = NULL;
-    l->n--;
-}
-
-static void list_push_head(plist *l, ppage *pg)
-{
-    pg->prev = NULL;
-    pg->next = l->head;
-    if (l->head) l->head->prev = pg; else l->tail = pg;
-    l->head = pg;
-    l->n++;
-}
+static void list_unlink(plist *l, ppage *pg) { jlm_lru_unlink(l, &pg->ln); }
+static void list_push_head(plist *l, ppage *pg) { jlm_lru_push_head(l, &pg->ln); }
 
 static plist *class_list(jlm_pager *p, const ppage *pg)
 {
@@ -245,9 +235,7 @@ void jlm_pager_close(jlm_pager *p)
 /* Invariant (7): LRU expert first, else MRU block; NULL if all are pinned. */
 static ppage *pick_victim(jlm_pager *p)
 {
-    if (p->lru[JLM_PAGER_EXPERT].tail)
-        return p->lru[JLM_PAGER_EXPERT].tail;
-    return p->lru[JLM_PAGER_BLOCK].head;
+    return PG(jlm_lru_victim(p->lru));
 }
 
 /* RESIDENT, UNPINNED -> ABSENT. Returns the frame (the caller frees or reuses it). */
@@ -268,6 +256,8 @@ static uint8_t *evict(jlm_pager *p, ppage *pg)
     }
     r->st.resident_pages--;
     r->st.resident_bytes -= r->frame_len;
+    if (p->evict_fn)
+        p->evict_fn(p->evict_ctx, pg->array, pg->idx, f);
     emit(p, JLM_PAGER_EV_EVICT, pg, r->frame_len, JLM_TIER_FRAME);
     return f;
 }
@@ -327,6 +317,8 @@ static int take_frame(jlm_pager *p, ppage *pg, jlm_err *err)
 static void drop_frame(jlm_pager *p, ppage *pg)
 {
     parray *r = &p->arr[pg->array];
+    if (p->evict_fn)
+        p->evict_fn(p->evict_ctx, pg->array, pg->idx, pg->frame);
     free(pg->frame);
     pg->frame = NULL;
     p->resident_bytes -= r->frame_len;
@@ -474,7 +466,7 @@ static uint64_t room_for_frames(jlm_pager *p)
 {
     uint64_t unpinned = 0;
     for (int c = 0; c < 2; c++)
-        for (const ppage *q = p->lru[c].head; q; q = q->next)
+        for (const ppage *q = PG(p->lru[c].head); q; q = PG(q->ln.next))
             unpinned += p->arr[q->array].frame_len;
     return p->budget - p->resident_bytes + unpinned;
 }
@@ -630,6 +622,12 @@ int jlm_pager_set_budget(jlm_pager *p, uint64_t budget, jlm_err *err)
     return 0;
 }
 
+void jlm_pager_set_evict_hook(jlm_pager *p, jlm_pager_evict_fn fn, void *ctx)
+{
+    p->evict_fn = fn;
+    p->evict_ctx = ctx;
+}
+
 void jlm_pager_set_events(jlm_pager *p, jlm_pager_event_fn fn, void *ctx)
 {
     p->ev_fn = fn;
@@ -718,15 +716,15 @@ static int check_lists(const jlm_pager *p, const uint32_t expect[2], jlm_err *er
         const plist *l = &p->lru[c];
         uint32_t n = 0;
         const ppage *prev = NULL;
-        for (const ppage *pg = l->head; pg; prev = pg, pg = pg->next) {
-            if (++n > expect[c] || pg->prev != prev)
+        for (const ppage *pg = PG(l->head); pg; prev = pg, pg = PG(pg->ln.next)) {
+            if (++n > expect[c] || PG(pg->ln.prev) != prev)
                 return jlm_errf(err, JLM_EINVAL, "pager check (4): class %d list broken or longer than the %u unpinned pages",
                                 c, expect[c]);
             if (!pg->frame || pg->pins || p->arr[pg->array].cls != c)
                 return jlm_errf(err, JLM_EINVAL, "pager check (4): %s page %u listed with frame %p, %u pins",
                                 p->arr[pg->array].name, pg->idx, (void *)pg->frame, pg->pins);
         }
-        if (n != expect[c] || n != l->n || l->tail != prev)
+        if (n != expect[c] || n != l->n || PG(l->tail) != prev)
             return jlm_errf(err, JLM_EINVAL, "pager check (4): class %d list holds %u pages (n %u), expected %u",
                             c, n, l->n, expect[c]);
     }

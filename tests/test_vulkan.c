@@ -13,7 +13,9 @@
 
 #include <jansson.h>
 
+#include "engine/backend_vk.h"
 #include "engine/model.h"
+#include "engine/pager.h"
 #include "kernels/cpu/kernels.h"
 #include "kernels/vulkan/vk.h"
 #include "tests/kernel_fixture.h"
@@ -450,8 +452,10 @@ Test(vulkan, backend_vulkan_gives_llama_cpp_ids_on_stories260K, .timeout = 60)
     }
     uint64_t mm, up;
     jlm_engine_vk_counters(e, &mm, &up);
-    cr_assert(mm > 0 && up > 0, "the matmuls ran on Vulkan (%llu, %llu bytes)", (unsigned long long)mm,
-              (unsigned long long)up);
+    jlm_evk_stats vs;
+    jlm_engine_vk_stats(e, &vs);
+    cr_assert(mm > 0 && vs.page_ins > 0, "the matmuls ran on Vulkan (%llu, %llu page-ins)", (unsigned long long)mm,
+              (unsigned long long)vs.page_ins);
     free(first);
     json_decref(o);
     jlm_engine_close(e);
@@ -492,7 +496,7 @@ Test(vulkan, backend_vulkan_equals_the_cpu_bit_for_bit_on_quantized_models, .tim
         uint64_t mm, up, mm_split;
         jlm_engine_vk_counters(es, &mm_split, &up);
         jlm_engine_vk_counters(ev, &mm, &up);
-        cr_assert(mm > 0 && up > 0, "%s: the matmuls ran on Vulkan", MODELS[m]);
+        cr_assert(mm > 0, "%s: the matmuls ran on Vulkan", MODELS[m]);
         cr_assert(mm_split > 0 && mm_split < mm, "%s: the split ran part of the matmuls on Vulkan (%llu of %llu)",
                   MODELS[m], (unsigned long long)mm_split, (unsigned long long)mm);
         jlm_engine_vk_counters(ec, &mm, &up);
@@ -502,6 +506,121 @@ Test(vulkan, backend_vulkan_equals_the_cpu_bit_for_bit_on_quantized_models, .tim
         jlm_engine_close(ec);
         jlm_engine_close(ev);
         jlm_engine_close(es);
+        free(path);
+    }
+    tu_rmrf(dir);
+    free(dir);
+}
+
+/* Device page frames (backend_vk.h): on both paths (the zero-copy import of
+ * the pager's frames, and JLM_VK_UPLOAD=1's staging upload) the logits are
+ * bit-identical to the CPU backend's; unlimited, a page is paged in to the
+ * device once and hit after; at --budget 1 --gpu-budget 1 (one frame each
+ * side, raised to the minimum) the ids are the same with evictions counted on
+ * both. A dense model and an MoE model (expert pages follow their block). */
+static jlm_engine *engine_opts(const char *path, const char *backend, uint64_t budget, uint64_t gpu_budget)
+{
+    jlm_engine_opts o = {.n_threads = 2, .quiet = 1, .direct = 1, .backend = backend, .device = "0",
+                         .budget = budget, .gpu_budget = gpu_budget};
+    jlm_engine *e = NULL;
+    jlm_err err = {0};
+    int rc = jlm_engine_open(path, &o, &e, &err);
+    if (rc == JLM_EUNSUPPORTED && !strcmp(backend, "vulkan"))
+        return NULL;
+    cr_assert_eq(rc, 0, "%s", err.msg);
+    return e;
+}
+
+/* exact: bit-identical; else within 1e-4 of the largest |logit| (F32
+ * weights: the CPU's FMA variants vs the reference order on the device). */
+static void same_logits(const float *a, const float *b, uint32_t n, int exact, const char *model, const char *what)
+{
+    if (exact) {
+        cr_assert(!memcmp(a, b, n * 4), "%s (%s): logits differ", model, what);
+        return;
+    }
+    float mx = 0, d = 0;
+    for (uint32_t i = 0; i < n; i++) {
+        mx = fmaxf(mx, fabsf(a[i]));
+        d = fmaxf(d, fabsf(a[i] - b[i]));
+    }
+    cr_assert(d <= 1e-4f * mx, "%s (%s): logits differ by %g (largest %g)", model, what, d, mx);
+}
+
+Test(vulkan, device_frames_import_and_upload_paths_equal_the_cpu_and_page_in_once, .timeout = 120)
+{
+    static const char *MODELS[] = {"synth-llama-256.Q4_K_M", "synth-qwen3moe-256.Q8_0"};
+    static const int exact[] = {1, 0};   /* qwen3moe's router is F32: the CPU's F32 kernel uses FMA */
+    char *dir = tu_tmpdir();
+    for (size_t m = 0; m < 2; m++) {
+        char gguf[256];
+        jlm_err err = {0};
+        snprintf(gguf, sizeof gguf, "%s.gguf", MODELS[m]);
+        char *path = tu_convert(gguf, dir, "q.jlm", &err);
+        cr_assert(path, "%s", err.msg);
+        jlm_engine *ec = engine_opts(path, "cpu", 0, 0);
+        uint32_t nv = jlm_engine_n_vocab(ec), nl = jlm_engine_model(ec)->config.n_layer;
+        float *lc = malloc(nv * 4), *lv = malloc(nv * 4);
+        int32_t prompt[4] = {1, 10, 20, 30}, ic[6], iv[6];
+        greedy_ids(ec, prompt, 4, 6, ic, lc);
+        for (int path_i = 0; path_i < 2; path_i++) {
+            if (path_i)
+                setenv("JLM_VK_UPLOAD", "1", 1);
+            else
+                unsetenv("JLM_VK_UPLOAD");
+            const char *want = path_i ? "upload" : "import";
+            jlm_engine *ev = engine_opts(path, "vulkan", 0, 0);
+            if (!ev) {
+                tu_rmrf(dir);
+                cr_skip_test("vulkan: no device");
+            }
+            jlm_evk_stats vs;
+            jlm_engine_vk_stats(ev, &vs);
+            if (!path_i && strcmp(vs.path, "import")) {   /* a device without the extension */
+                jlm_engine_close(ev);
+                continue;
+            }
+            cr_assert_str_eq(vs.path, want, "%s: path", MODELS[m]);
+            greedy_ids(ev, prompt, 4, 6, iv, lv);
+            same_logits(lc, lv, nv, exact[m], MODELS[m], want);
+            cr_assert(!memcmp(ic, iv, sizeof ic), "%s (%s): greedy ids differ", MODELS[m], want);
+            jlm_engine_vk_stats(ev, &vs);
+            uint64_t pi = vs.page_ins;
+            cr_assert(vs.evictions == 0 && pi >= nl, "%s (%s): unlimited: %llu page-ins (>= %u blocks), %llu evictions",
+                      MODELS[m], want, (unsigned long long)pi, nl, (unsigned long long)vs.evictions);
+            cr_assert(path_i ? vs.bytes_up > 0 && vs.bytes_imported == 0 : vs.bytes_imported > 0 && vs.bytes_up == 0,
+                      "%s (%s): %llu bytes uploaded, %llu imported", MODELS[m], want,
+                      (unsigned long long)vs.bytes_up, (unsigned long long)vs.bytes_imported);
+            /* resident pages are not paged in again */
+            jlm_err e2 = {0};
+            int32_t t = 5;
+            uint64_t hits = vs.hits;
+            cr_assert_eq(jlm_engine_eval(ev, &t, 1, lv, &e2), 0, "%s", e2.msg);
+            jlm_engine_vk_stats(ev, &vs);
+            cr_assert(vs.page_ins == pi && vs.hits >= hits + nl, "%s (%s): a token after: page-ins %llu -> %llu, hits +%llu",
+                      MODELS[m], want, (unsigned long long)pi, (unsigned long long)vs.page_ins,
+                      (unsigned long long)(vs.hits - hits));
+            jlm_engine_close(ev);
+            /* one frame on each side */
+            ev = engine_opts(path, "vulkan", 1, 1);
+            greedy_ids(ev, prompt, 4, 6, iv, lv);
+            same_logits(lc, lv, nv, exact[m], MODELS[m], "one frame");
+            cr_assert(!memcmp(ic, iv, sizeof ic), "%s (%s, one frame): greedy ids differ", MODELS[m], want);
+            jlm_engine_vk_stats(ev, &vs);
+            jlm_pager_counters pc;
+            jlm_pager_stats(jlm_engine_pager(ev), &pc);
+            cr_assert(vs.evictions > 0 && vs.page_ins > 6 * nl && pc.a[JLM_PAGER_TEXT].evictions > 0,
+                      "%s (%s, one frame): device page-ins %llu, evictions %llu; host evictions %llu", MODELS[m], want,
+                      (unsigned long long)vs.page_ins, (unsigned long long)vs.evictions,
+                      (unsigned long long)pc.a[JLM_PAGER_TEXT].evictions);
+            cr_assert(vs.peak_bytes <= vs.budget, "%s (%s): device peak %llu over its budget %llu", MODELS[m], want,
+                      (unsigned long long)vs.peak_bytes, (unsigned long long)vs.budget);
+            jlm_engine_close(ev);
+        }
+        unsetenv("JLM_VK_UPLOAD");
+        free(lc);
+        free(lv);
+        jlm_engine_close(ec);
         free(path);
     }
     tu_rmrf(dir);

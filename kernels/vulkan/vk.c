@@ -49,7 +49,8 @@ struct jlm_vk_buf {
     VkBuffer       buf;
     VkDeviceMemory mem;
     uint64_t       size;
-    void          *map;
+    void          *map;        /* NULL: device-local, written by jlm_vk_buf_write */
+    int            imported;   /* memory is the caller's host pages (VK_EXT_external_memory_host) */
 };
 
 struct jlm_vk {
@@ -69,6 +70,10 @@ struct jlm_vk {
     VkCommandBuffer       cmd;
     VkFence               fence;
     jlm_vk_buf           *dummy, *tmp;   /* dummy: unused bindings; tmp: small uploads */
+    jlm_vk_buf           *staging;       /* jlm_vk_buf_write's host-visible bounce buffer */
+    int                   has_import;    /* VK_EXT_external_memory_host enabled */
+    uint64_t              import_align;  /* minImportedHostPointerAlignment */
+    PFN_vkGetMemoryHostPointerPropertiesEXT host_ptr_props;
 };
 
 static int vkfail(jlm_err *err, const char *what, VkResult r)
@@ -141,6 +146,20 @@ static int open_instance(jlm_vk *vk, jlm_err *err)
     return JLM_OK;
 }
 
+static int has_extension(VkPhysicalDevice p, const char *name)
+{
+    uint32_t n = 0;
+    if (vkEnumerateDeviceExtensionProperties(p, NULL, &n, NULL) != VK_SUCCESS || !n)
+        return 0;
+    VkExtensionProperties *e = calloc(n, sizeof *e);
+    int found = 0;
+    if (e && vkEnumerateDeviceExtensionProperties(p, NULL, &n, e) >= 0)
+        for (uint32_t i = 0; i < n && !found; i++)
+            found = !strcmp(e[i].extensionName, name);
+    free(e);
+    return found;
+}
+
 static int open_device(jlm_vk *vk, const char *want, int allow_cpu, jlm_err *err)
 {
     VkPhysicalDevice devs[16];
@@ -159,14 +178,27 @@ static int open_device(jlm_vk *vk, const char *want, int allow_cpu, jlm_err *err
     float prio = 1.0f;
     VkDeviceQueueCreateInfo qi = {.sType = VK_STRUCTURE_TYPE_DEVICE_QUEUE_CREATE_INFO,
                                   .queueFamilyIndex = vk->qfam, .queueCount = 1, .pQueuePriorities = &prio};
+    const char *ext[1] = {VK_EXT_EXTERNAL_MEMORY_HOST_EXTENSION_NAME};
+    int imp = has_extension(vk->phys, ext[0]);
     VkDeviceCreateInfo di = {.sType = VK_STRUCTURE_TYPE_DEVICE_CREATE_INFO, .queueCreateInfoCount = 1,
-                             .pQueueCreateInfos = &qi};
+                             .pQueueCreateInfos = &qi, .enabledExtensionCount = imp ? 1u : 0u,
+                             .ppEnabledExtensionNames = ext};
     VkResult r = vkCreateDevice(vk->phys, &di, NULL, &vk->dev);
     if (r != VK_SUCCESS) {
         vk->dev = VK_NULL_HANDLE;
         return vkfail(err, "vkCreateDevice", r);
     }
     vkGetDeviceQueue(vk->dev, vk->qfam, 0, &vk->queue);
+    if (imp) {
+        VkPhysicalDeviceExternalMemoryHostPropertiesEXT hp = {
+            .sType = VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_EXTERNAL_MEMORY_HOST_PROPERTIES_EXT};
+        VkPhysicalDeviceProperties2 p2 = {.sType = VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_PROPERTIES_2, .pNext = &hp};
+        vkGetPhysicalDeviceProperties2(vk->phys, &p2);
+        vk->host_ptr_props = (PFN_vkGetMemoryHostPointerPropertiesEXT)vkGetDeviceProcAddr(
+            vk->dev, "vkGetMemoryHostPointerPropertiesEXT");
+        vk->import_align = hp.minImportedHostPointerAlignment ? hp.minImportedHostPointerAlignment : 4096;
+        vk->has_import = vk->host_ptr_props != NULL;
+    }
     return JLM_OK;
 }
 
@@ -271,6 +303,7 @@ void jlm_vk_close(jlm_vk *vk)
         vkDeviceWaitIdle(vk->dev);
         jlm_vk_buf_free(vk, vk->dummy);
         jlm_vk_buf_free(vk, vk->tmp);
+        jlm_vk_buf_free(vk, vk->staging);
         if (vk->fence)
             vkDestroyFence(vk->dev, vk->fence, NULL);
         if (vk->cmdpool)
@@ -297,6 +330,17 @@ void jlm_vk_close(jlm_vk *vk)
 const char *jlm_vk_device_name(const jlm_vk *vk) { return vk->props.deviceName; }
 int jlm_vk_device_is_cpu(const jlm_vk *vk) { return vk->props.deviceType == VK_PHYSICAL_DEVICE_TYPE_CPU; }
 uint64_t jlm_vk_max_binding(const jlm_vk *vk) { return vk->props.limits.maxStorageBufferRange; }
+uint64_t jlm_vk_import_align(const jlm_vk *vk) { return vk->has_import ? vk->import_align : 0; }
+
+uint64_t jlm_vk_device_local_bytes(const jlm_vk *vk)
+{
+    uint64_t best = 0;
+    for (uint32_t i = 0; i < vk->memprops.memoryHeapCount; i++)
+        if ((vk->memprops.memoryHeaps[i].flags & VK_MEMORY_HEAP_DEVICE_LOCAL_BIT) &&
+            vk->memprops.memoryHeaps[i].size > best)
+            best = vk->memprops.memoryHeaps[i].size;
+    return best;
+}
 
 /* ---------------------------------------------------------------- buffers */
 
@@ -317,7 +361,8 @@ int jlm_vk_buf_new(jlm_vk *vk, uint64_t bytes, jlm_vk_buf **out, jlm_err *err)
     if (!b->size)
         b->size = 4;
     VkBufferCreateInfo bi = {.sType = VK_STRUCTURE_TYPE_BUFFER_CREATE_INFO, .size = b->size,
-                             .usage = VK_BUFFER_USAGE_STORAGE_BUFFER_BIT,
+                             .usage = VK_BUFFER_USAGE_STORAGE_BUFFER_BIT | VK_BUFFER_USAGE_TRANSFER_SRC_BIT |
+                                      VK_BUFFER_USAGE_TRANSFER_DST_BIT,
                              .sharingMode = VK_SHARING_MODE_EXCLUSIVE};
     VkResult r = vkCreateBuffer(vk->dev, &bi, NULL, &b->buf);
     if (r != VK_SUCCESS) {
@@ -339,6 +384,121 @@ int jlm_vk_buf_new(jlm_vk *vk, uint64_t bytes, jlm_vk_buf **out, jlm_err *err)
     }
     memset(b->map, 0, b->size);
     *out = b;
+    return JLM_OK;
+}
+
+/* A storage buffer over memory of type mt (imp: the host pages at host). */
+static int buf_make(jlm_vk *vk, uint64_t bytes, VkMemoryPropertyFlags want, void *host, jlm_vk_buf **out,
+                    jlm_err *err)
+{
+    jlm_vk_buf *b = calloc(1, sizeof *b);
+    if (!b)
+        return jlm_errf(err, JLM_ENOMEM, "vulkan: out of memory");
+    b->size = (bytes + 3) & ~(uint64_t)3;
+    b->imported = host != NULL;
+    VkExternalMemoryBufferCreateInfo eb = {.sType = VK_STRUCTURE_TYPE_EXTERNAL_MEMORY_BUFFER_CREATE_INFO,
+                                           .handleTypes = VK_EXTERNAL_MEMORY_HANDLE_TYPE_HOST_ALLOCATION_BIT_EXT};
+    VkBufferCreateInfo bi = {.sType = VK_STRUCTURE_TYPE_BUFFER_CREATE_INFO, .pNext = host ? &eb : NULL,
+                             .size = b->size,
+                             .usage = VK_BUFFER_USAGE_STORAGE_BUFFER_BIT | VK_BUFFER_USAGE_TRANSFER_DST_BIT |
+                                      VK_BUFFER_USAGE_TRANSFER_SRC_BIT,
+                             .sharingMode = VK_SHARING_MODE_EXCLUSIVE};
+    VkResult r = vkCreateBuffer(vk->dev, &bi, NULL, &b->buf);
+    if (r != VK_SUCCESS) {
+        free(b);
+        return vkfail(err, "vkCreateBuffer", r);
+    }
+    VkMemoryRequirements req;
+    vkGetBufferMemoryRequirements(vk->dev, b->buf, &req);
+    uint32_t bits = req.memoryTypeBits;
+    VkImportMemoryHostPointerInfoEXT imp = {.sType = VK_STRUCTURE_TYPE_IMPORT_MEMORY_HOST_POINTER_INFO_EXT,
+                                            .handleType = VK_EXTERNAL_MEMORY_HANDLE_TYPE_HOST_ALLOCATION_BIT_EXT,
+                                            .pHostPointer = host};
+    if (host) {
+        VkMemoryHostPointerPropertiesEXT hp = {.sType = VK_STRUCTURE_TYPE_MEMORY_HOST_POINTER_PROPERTIES_EXT};
+        r = vk->host_ptr_props(vk->dev, VK_EXTERNAL_MEMORY_HANDLE_TYPE_HOST_ALLOCATION_BIT_EXT, host, &hp);
+        bits = r == VK_SUCCESS ? bits & hp.memoryTypeBits : 0;
+    }
+    int mt = mem_type(vk, bits, want);
+    if (mt < 0 && !host)
+        mt = mem_type(vk, bits, 0);
+    VkMemoryAllocateInfo ai = {.sType = VK_STRUCTURE_TYPE_MEMORY_ALLOCATE_INFO, .pNext = host ? &imp : NULL,
+                               .allocationSize = host ? b->size : req.size, .memoryTypeIndex = (uint32_t)mt};
+    if (mt < 0 || (r = vkAllocateMemory(vk->dev, &ai, NULL, &b->mem)) != VK_SUCCESS ||
+        (r = vkBindBufferMemory(vk->dev, b->buf, b->mem, 0)) != VK_SUCCESS) {
+        jlm_vk_buf_free(vk, b);
+        return mt < 0 ? jlm_errf(err, JLM_EUNSUPPORTED, "vulkan: no memory type for %s",
+                                 host ? "an imported host pointer" : "a device buffer")
+                      : vkfail(err, host ? "importing host memory" : "device buffer memory", r);
+    }
+    *out = b;
+    return JLM_OK;
+}
+
+int jlm_vk_buf_new_device(jlm_vk *vk, uint64_t bytes, jlm_vk_buf **out, jlm_err *err)
+{
+    return buf_make(vk, bytes ? bytes : 4, VK_MEMORY_PROPERTY_DEVICE_LOCAL_BIT, NULL, out, err);
+}
+
+int jlm_vk_buf_import(jlm_vk *vk, void *host, uint64_t bytes, jlm_vk_buf **out, jlm_err *err)
+{
+    if (!vk->has_import)
+        return jlm_errf(err, JLM_EUNSUPPORTED, "vulkan: %s has no VK_EXT_external_memory_host",
+                        vk->props.deviceName);
+    if (!bytes || (uintptr_t)host % vk->import_align || bytes % vk->import_align)
+        return jlm_errf(err, JLM_EINVAL, "vulkan: import of %llu bytes at %p: not a multiple of the %llu-byte "
+                        "alignment", (unsigned long long)bytes, host, (unsigned long long)vk->import_align);
+    return buf_make(vk, bytes, 0, host, out, err);
+}
+
+int jlm_vk_is_imported(const jlm_vk_buf *b) { return b->imported; }
+
+/* One copy command from the staging buffer into dst, submitted and waited. */
+static int copy_submit(jlm_vk *vk, jlm_vk_buf *dst, uint64_t dst_off, uint64_t n, jlm_err *err)
+{
+    VkCommandBufferBeginInfo cb = {.sType = VK_STRUCTURE_TYPE_COMMAND_BUFFER_BEGIN_INFO,
+                                   .flags = VK_COMMAND_BUFFER_USAGE_ONE_TIME_SUBMIT_BIT};
+    vkResetCommandBuffer(vk->cmd, 0);
+    vkBeginCommandBuffer(vk->cmd, &cb);
+    VkBufferCopy c = {.srcOffset = 0, .dstOffset = dst_off, .size = n};
+    vkCmdCopyBuffer(vk->cmd, vk->staging->buf, dst->buf, 1, &c);
+    VkMemoryBarrier mb = {.sType = VK_STRUCTURE_TYPE_MEMORY_BARRIER, .srcAccessMask = VK_ACCESS_TRANSFER_WRITE_BIT,
+                          .dstAccessMask = VK_ACCESS_SHADER_READ_BIT};
+    vkCmdPipelineBarrier(vk->cmd, VK_PIPELINE_STAGE_TRANSFER_BIT, VK_PIPELINE_STAGE_COMPUTE_SHADER_BIT, 0, 1, &mb,
+                         0, NULL, 0, NULL);
+    vkEndCommandBuffer(vk->cmd);
+    VkSubmitInfo si = {.sType = VK_STRUCTURE_TYPE_SUBMIT_INFO, .commandBufferCount = 1, .pCommandBuffers = &vk->cmd};
+    vkResetFences(vk->dev, 1, &vk->fence);
+    VkResult r = vkQueueSubmit(vk->queue, 1, &si, vk->fence);
+    if (r != VK_SUCCESS)
+        return vkfail(err, "vkQueueSubmit (copy)", r);
+    r = vkWaitForFences(vk->dev, 1, &vk->fence, VK_TRUE, UINT64_MAX);
+    return r == VK_SUCCESS ? JLM_OK : vkfail(err, "vkWaitForFences (copy)", r);
+}
+
+#define STAGING_BYTES (16u << 20)
+
+int jlm_vk_buf_write(jlm_vk *vk, jlm_vk_buf *dst, uint64_t off, const void *src, uint64_t n, jlm_err *err)
+{
+    if (off > dst->size || n > dst->size - off)
+        return jlm_errf(err, JLM_EINVAL, "vulkan: write of %llu bytes at %llu past a buffer of %llu",
+                        (unsigned long long)n, (unsigned long long)off, (unsigned long long)dst->size);
+    if (!vk->staging) {
+        int rc = jlm_vk_buf_new(vk, STAGING_BYTES, &vk->staging, err);
+        if (rc)
+            return rc;
+    }
+    const uint8_t *s = src;
+    while (n) {
+        uint64_t c = n < STAGING_BYTES ? n : STAGING_BYTES;
+        memcpy(vk->staging->map, s, c);
+        int rc = copy_submit(vk, dst, off, c, err);
+        if (rc)
+            return rc;
+        s += c;
+        off += c;
+        n -= c;
+    }
     return JLM_OK;
 }
 
@@ -573,6 +733,15 @@ void jlm_vk_close(jlm_vk *vk) {}
 const char *jlm_vk_device_name(const jlm_vk *vk) { return "none"; }
 int jlm_vk_device_is_cpu(const jlm_vk *vk) { return 0; }
 uint64_t jlm_vk_max_binding(const jlm_vk *vk) { return 0; }
+uint64_t jlm_vk_import_align(const jlm_vk *vk) { return 0; }
+uint64_t jlm_vk_device_local_bytes(const jlm_vk *vk) { return 0; }
+int jlm_vk_buf_new_device(jlm_vk *vk, uint64_t bytes, jlm_vk_buf **out, jlm_err *err) { return none(err); }
+int jlm_vk_buf_import(jlm_vk *vk, void *host, uint64_t bytes, jlm_vk_buf **out, jlm_err *err) { return none(err); }
+int jlm_vk_is_imported(const jlm_vk_buf *b) { return 0; }
+int jlm_vk_buf_write(jlm_vk *vk, jlm_vk_buf *dst, uint64_t off, const void *src, uint64_t n, jlm_err *err)
+{
+    return none(err);
+}
 int jlm_vk_buf_new(jlm_vk *vk, uint64_t bytes, jlm_vk_buf **out, jlm_err *err) { return none(err); }
 void jlm_vk_buf_free(jlm_vk *vk, jlm_vk_buf *b) {}
 void *jlm_vk_buf_map(jlm_vk_buf *b) { return NULL; }

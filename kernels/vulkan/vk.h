@@ -51,6 +51,12 @@ int jlm_vk_device_is_cpu(const jlm_vk *vk);
 /* maxStorageBufferRange: the most bytes one binding may cover (128 MiB on lavapipe). */
 uint64_t jlm_vk_max_binding(const jlm_vk *vk);
 
+/* minImportedHostPointerAlignment when VK_EXT_external_memory_host is
+ * enabled on the device (host pages can be imported without a copy), else 0. */
+uint64_t jlm_vk_import_align(const jlm_vk *vk);
+/* Bytes of the largest device-local heap (0 when none is reported). */
+uint64_t jlm_vk_device_local_bytes(const jlm_vk *vk);
+
 /* A host-visible storage buffer of `bytes` (rounded up to 4). */
 int jlm_vk_buf_new(jlm_vk *vk, uint64_t bytes, jlm_vk_buf **out, jlm_err *err);
 void jlm_vk_buf_free(jlm_vk *vk, jlm_vk_buf *b);
@@ -58,6 +64,19 @@ void *jlm_vk_buf_map(jlm_vk_buf *b);      /* persistent mapping, coherent */
 uint64_t jlm_vk_buf_size(const jlm_vk_buf *b);
 /* A buffer holding a copy of bytes [0, n) of src (the upload path). */
 int jlm_vk_buf_upload(jlm_vk *vk, const void *src, uint64_t n, jlm_vk_buf **out, jlm_err *err);
+
+/* A storage buffer in device-local memory (host-visible too where that is the
+ * only kind, as on lavapipe); written with jlm_vk_buf_write, not mapped. */
+int jlm_vk_buf_new_device(jlm_vk *vk, uint64_t bytes, jlm_vk_buf **out, jlm_err *err);
+/* A storage buffer over the caller's host memory [host, host+bytes), no copy
+ * (VK_EXT_external_memory_host): host and bytes multiples of
+ * jlm_vk_import_align. The memory must stay allocated until jlm_vk_buf_free.
+ * JLM_EUNSUPPORTED without the extension, JLM_EINVAL misaligned. */
+int jlm_vk_buf_import(jlm_vk *vk, void *host, uint64_t bytes, jlm_vk_buf **out, jlm_err *err);
+int jlm_vk_is_imported(const jlm_vk_buf *b);
+/* Copies n bytes of src to dst at off through a host-visible staging buffer
+ * (16 MiB at a time: memcpy, then vkCmdCopyBuffer, submitted and waited). */
+int jlm_vk_buf_write(jlm_vk *vk, jlm_vk_buf *dst, uint64_t off, const void *src, uint64_t n, jlm_err *err);
 
 /* A binding: a range of a buffer. len 0 = to the end of the buffer. */
 typedef struct jlm_vk_view {
