@@ -655,3 +655,57 @@ Test(vulkan, cli_backend_option, .timeout = 60)
     tu_rmrf(dir);
     free(dir);
 }
+
+/* --stats per backend: the first paging line keeps its format and holds the
+ * totals (host pager + device frames), then a cpu: and a vulkan: line; the
+ * path is import by default and upload with JLM_VK_UPLOAD=1; --gpu-budget 1
+ * is raised with a note and evicts. jlm bench -o json carries the same
+ * device figures. */
+static unsigned long long field(const char *line, const char *name)
+{
+    const char *p = strstr(line, name);
+    cr_assert(p, "no '%s' in %s", name, line);
+    return strtoull(p + strlen(name), NULL, 10);
+}
+
+Test(vulkan, stats_report_each_backend_and_the_totals, .timeout = 120)
+{
+    if (!jlm_vk_built())
+        cr_skip_test("built without Vulkan");
+    char *dir = tu_tmpdir(), *out = NULL, cmd[2048];
+    jlm_err err = {0};
+    char *path = tu_convert("synth-llama-256.Q4_K_M.gguf", dir, "q.jlm", &err);
+    cr_assert(path, "%s", err.msg);
+    for (int up = 0; up < 2; up++) {
+        snprintf(cmd, sizeof cmd, "%s%s run %s --ids 1,2,3 -n 3 --backend vulkan --device 0 --stats --budget 1 "
+                 "--gpu-budget 1 --seed 1", up ? "JLM_VK_UPLOAD=1 " : "", tu_jlm(), path);
+        int rc = tu_run(cmd, &out);
+        if (rc && strstr(out, "no device")) {
+            free(out);
+            break;
+        }
+        cr_assert_eq(rc, 0, "%s", out);
+        const char *pl = strstr(out, "\npager: page-ins "), *cl = strstr(out, "\ncpu: page-ins "),
+                   *vl = strstr(out, "\nvulkan: matmuls ");
+        cr_assert(pl && cl && vl && pl < cl && cl < vl, "%s", out);
+        cr_assert(strstr(out, "--gpu-budget 1 bytes is below the device's minimum working set"), "%s", out);
+        cr_assert(strstr(vl, up ? "path upload" : "path import") || (!up && strstr(vl, "path upload")), "%s", vl);
+        cr_assert_eq(field(pl, "page-ins "), field(cl, "page-ins ") + field(vl, "page-ins "), "%s", out);
+        cr_assert_eq(field(pl, "evictions "), field(cl, "evictions ") + field(vl, "evictions "), "%s", out);
+        cr_assert(field(vl, "evictions ") > 0 && field(vl, "frames ") == 1, "%s", vl);
+        cr_assert(up ? field(vl, "bytes uploaded ") > 0 : field(vl, "bytes uploaded ") + field(vl, "bytes imported ") > 0,
+                  "%s", vl);
+        free(out);
+    }
+    snprintf(cmd, sizeof cmd, "%s bench %s -p 4 -n 2 -r 1 --backend vulkan --device 0 -o json", tu_jlm(), path);
+    int rc = tu_run(cmd, &out);
+    if (rc == 0) {
+        cr_assert(strstr(out, "\"vulkan\"") && strstr(out, "\"kernel_ms\"") && strstr(out, "\"matmuls\""), "%s", out);
+    } else {
+        cr_assert(strstr(out, "no device"), "%s", out);
+    }
+    free(out);
+    free(path);
+    tu_rmrf(dir);
+    free(dir);
+}
