@@ -3,11 +3,14 @@
 
 #include <string.h>
 
+#include <jansson.h>
+
 #include "engine/backend_vk.h"
 #include "engine/model.h"
 #include "format/jlm_format.h"
 #include "kernels/cpu/kernels.h"
 #include "kernels/cuda/cuda.h"
+#include "kernels/vulkan/vk.h"
 
 int jlm_cli_backend_check(const char *cmd, const char *name, int device)
 {
@@ -41,6 +44,33 @@ void jlm_cli_print_version(FILE *f)
     char line[512];
     jlm_cu_describe(line, sizeof line);
     fprintf(f, "cpu kernels: %s\n%s\n", jlm_k_cpu_variant_name(), line);
+    char names[8][128];
+    int n = jlm_vk_built() ? jlm_vk_list_devices(names, 8) : -1;
+    fprintf(f, "vulkan: %s", !jlm_vk_built() ? "not built (no headers or glslc at build time)"
+                             : n < 0 ? "built; no loader or driver" : n == 0 ? "built; no device" : "built; devices ");
+    for (int i = 0; i < n; i++)
+        fprintf(f, "%s%s", i ? ", " : "", names[i]);
+    fputc('\n', f);
+}
+
+json_t *jlm_cli_backends_json(void)
+{
+    json_t *a = json_array();
+    json_array_append_new(a, json_pack("{s:s, s:b, s:[s]}", "name", "cpu", "built", 1, "devices",
+                                       jlm_k_cpu_variant_name()));
+    char names[8][128];
+    int n = jlm_vk_built() ? jlm_vk_list_devices(names, 8) : -1;
+    json_t *d = json_array();
+    for (int i = 0; i < n; i++)
+        json_array_append_new(d, json_string(names[i]));
+    json_array_append_new(a, json_pack("{s:s, s:b, s:o}", "name", "vulkan", "built", jlm_vk_built(), "devices", d));
+    jlm_cu_info in;
+    jlm_cu_probe(&in);
+    json_t *cd = json_array();
+    if (in.built && in.count > 0)
+        json_array_append_new(cd, json_string(in.name));
+    json_array_append_new(a, json_pack("{s:s, s:b, s:o}", "name", "cuda", "built", in.built, "devices", cd));
+    return a;
 }
 
 void jlm_cli_print_backend_stats(FILE *f, struct jlm_engine *e, unsigned long long pi, unsigned long long ev,

@@ -15,8 +15,13 @@
  * (2 for a usage error, 1 for a backend that cannot run here). */
 int jlm_cli_backend_check(const char *cmd, const char *name, int device);
 
-/* Prints the lines of `jlm --version` (format, CPU kernel variant, CUDA). */
+/* Prints the lines of `jlm --version` (format, CPU kernel variant, CUDA,
+ * Vulkan: built or not and the devices found). */
 void jlm_cli_print_version(FILE *f);
+/* [{"name": "cpu"|"vulkan"|"cuda", "built": bool, "devices": [names]}] for
+ * `jlm info --json` (a new reference). */
+struct json_t;
+struct json_t *jlm_cli_backends_json(void);
 
 /* --stats' paging lines: first `pager: page-ins N, evictions N, bytes-read N,
  * hits N` (totals over the backends: the host pager's figures given, plus

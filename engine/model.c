@@ -4,6 +4,7 @@
 #include "engine/model.h"
 
 #include <malloc.h>
+#include <sys/utsname.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -592,6 +593,33 @@ static int open_backend(jlm_engine *e, const jlm_engine_opts *o, jlm_err *err)
     return JLM_OK;
 }
 
+/* The fingerprint (jlm-format.md 4.7) against this run: one note naming
+ * both sides where host, device or writer differ; never refused. */
+static void fp_clean(char *dst, size_t n, const jlm_str *s)   /* untrusted bytes: one printable line */
+{
+    size_t i = 0;
+    for (; s->s && i + 1 < n && i < s->len && s->s[i]; i++)
+        dst[i] = (unsigned char)s->s[i] < 0x20 || s->s[i] == 0x7f ? '?' : s->s[i];
+    dst[i] = 0;
+}
+
+static void fingerprint_note(const jlm_engine *e)
+{
+    char fh[41], fd[41], fw[61];
+    fp_clean(fh, sizeof fh, &e->m->fp.host);
+    fp_clean(fd, sizeof fd, &e->m->fp.device);
+    fp_clean(fw, sizeof fw, &e->m->fp.writer);
+    struct utsname u;
+    const char *host = uname(&u) == 0 ? u.machine : "?", *dev = e->vk ? "vulkan" : "cpu";
+    int dh = strcmp(fh, host) != 0, dd = strcmp(fd, dev) != 0, dw = strcmp(fw, JLM_WRITER_NAME) != 0;
+    if (dh || dd || dw)
+        fprintf(stderr, "note: %s was written for host %s, device %s, writer '%s'; running on host %s, "
+                        "device %s%s%s%s, writer '%s' (%s%s%s; compared, never enforced)\n",
+                e->m->path, fh, fd, fw, host, dev, e->vk ? " (" : "",
+                e->vk ? jlm_evk_device(e->vk) : "", e->vk ? ")" : "", JLM_WRITER_NAME, dh ? "host differs" : "",
+                dd ? (dh ? ", device differs" : "device differs") : "", dw ? (dh || dd ? ", writer differs" : "writer differs") : "");
+}
+
 int jlm_engine_open(const char *path, const jlm_engine_opts *opts, jlm_engine **out, jlm_err *err)
 {
     jlm_engine_opts o = {0};
@@ -629,6 +657,8 @@ int jlm_engine_open(const char *path, const jlm_engine_opts *opts, jlm_engine **
         (rc = apply_budget(e, &o, err)) || (rc = open_backend(e, &o, err)))
         goto fail;
     jlm_pager_set_prefetch(e->pager, !o.no_prefetch);
+    if (!o.quiet)
+        fingerprint_note(e);
     *out = e;
     return JLM_OK;
 fail:

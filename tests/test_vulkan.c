@@ -709,3 +709,44 @@ Test(vulkan, stats_report_each_backend_and_the_totals, .timeout = 120)
     tu_rmrf(dir);
     free(dir);
 }
+
+/* The fingerprint (jlm-format.md 4.7): jlm convert --device records the
+ * intended device; a run on another backend prints one note naming both and
+ * runs anyway; on the recorded backend there is no note. --device tpu is one
+ * line and exit 2. jlm --version and jlm info --json list the backends. */
+Test(vulkan, fingerprint_device_is_recorded_compared_and_never_enforced, .timeout = 120)
+{
+    char *dir = tu_tmpdir(), *out = NULL, cmd[4096], src[1024];
+    snprintf(src, sizeof src, "%s/tests/models/synth-llama-256.Q4_K_M.gguf", tu_root());
+    snprintf(cmd, sizeof cmd, "%s convert %s -o %s/v.jlm --device vulkan", tu_jlm(), src, dir);
+    cr_assert_eq(tu_run(cmd, &out), 0, "%s", out);
+    free(out);
+    snprintf(cmd, sizeof cmd, "%s run %s/v.jlm --ids 1,2 -n 1", tu_jlm(), dir);
+    cr_assert_eq(tu_run(cmd, &out), 0, "%s", out);
+    const char *n = strstr(out, "was written for host ");
+    cr_assert(n && strstr(n, "device vulkan") && strstr(n, "running on host ") && strstr(n, "device cpu") &&
+              strstr(n, "device differs") && !strstr(n + 1, "was written for"), "%s", out);
+    free(out);
+    snprintf(cmd, sizeof cmd, "%s info %s/v.jlm --json", tu_jlm(), dir);
+    cr_assert_eq(tu_run(cmd, &out), 0, "%s", out);
+    cr_assert(strstr(out, "\"device\": \"vulkan\"") && strstr(out, "\"backends\"") && strstr(out, "\"name\": \"vulkan\""),
+              "%s", out);
+    free(out);
+    snprintf(cmd, sizeof cmd, "%s --version", tu_jlm());
+    cr_assert_eq(tu_run(cmd, &out), 0, "%s", out);
+    cr_assert(strstr(out, "\nvulkan: "), "%s", out);
+    free(out);
+    if (jlm_vk_built()) {
+        snprintf(cmd, sizeof cmd, "%s run %s/v.jlm --ids 1,2 -n 1 --backend vulkan --device 0", tu_jlm(), dir);
+        int rc = tu_run(cmd, &out);
+        cr_assert(rc == 0 ? !strstr(out, "was written for") : strstr(out, "--backend vulkan: ") != NULL, "%s", out);
+        free(out);
+    }
+    snprintf(cmd, sizeof cmd, "%s convert %s -o %s/t.jlm --device tpu", tu_jlm(), src, dir);
+    cr_assert_eq(tu_run(cmd, &out), 2, "%s", out);
+    cr_assert(strstr(out, "--device 'tpu': expected cpu, vulkan or cuda") && strchr(out, '\n') == strrchr(out, '\n'),
+              "%s", out);
+    free(out);
+    tu_rmrf(dir);
+    free(dir);
+}

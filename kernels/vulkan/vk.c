@@ -85,6 +85,34 @@ static int vkfail(jlm_err *err, const char *what, VkResult r)
 
 int jlm_vk_built(void) { return 1; }
 
+static const char *dev_type(VkPhysicalDeviceType t)
+{
+    return t == VK_PHYSICAL_DEVICE_TYPE_DISCRETE_GPU ? "discrete" : t == VK_PHYSICAL_DEVICE_TYPE_INTEGRATED_GPU ? "integrated"
+         : t == VK_PHYSICAL_DEVICE_TYPE_VIRTUAL_GPU ? "virtual" : t == VK_PHYSICAL_DEVICE_TYPE_CPU ? "cpu" : "other";
+}
+
+int jlm_vk_list_devices(char names[][128], int max)
+{
+    VkApplicationInfo app = {.sType = VK_STRUCTURE_TYPE_APPLICATION_INFO, .pApplicationName = "jlm",
+                             .apiVersion = VK_API_VERSION_1_1};
+    VkInstanceCreateInfo ci = {.sType = VK_STRUCTURE_TYPE_INSTANCE_CREATE_INFO, .pApplicationInfo = &app};
+    VkInstance inst;
+    if (vkCreateInstance(&ci, NULL, &inst) != VK_SUCCESS)
+        return -1;
+    VkPhysicalDevice devs[16];
+    uint32_t n = 16;
+    if (vkEnumeratePhysicalDevices(inst, &n, devs) < 0)
+        n = 0;
+    int k = 0;
+    for (uint32_t i = 0; i < n && k < max; i++, k++) {
+        VkPhysicalDeviceProperties p;
+        vkGetPhysicalDeviceProperties(devs[i], &p);
+        snprintf(names[k], 128, "%u: %.96s (%s)", i, p.deviceName, dev_type(p.deviceType));
+    }
+    vkDestroyInstance(inst, NULL);
+    return k;
+}
+
 /* ---------------------------------------------------------------- device choice */
 
 static int has_compute_queue(VkPhysicalDevice p, uint32_t *fam)
@@ -728,6 +756,7 @@ static int none(jlm_err *err)
 }
 
 int jlm_vk_built(void) { return 0; }
+int jlm_vk_list_devices(char names[][128], int max) { return -1; }
 int jlm_vk_open(const char *want, int allow_cpu, jlm_vk **out, jlm_err *err) { return none(err); }
 void jlm_vk_close(jlm_vk *vk) {}
 const char *jlm_vk_device_name(const jlm_vk *vk) { return "none"; }

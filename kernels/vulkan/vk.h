@@ -42,6 +42,10 @@ typedef struct jlm_vk_buf jlm_vk_buf;
 /* 1 when the library was built with the Vulkan backend. */
 int jlm_vk_built(void);
 
+/* Lists the Vulkan devices found ("0: llvmpipe (...) (cpu)"), at most max;
+ * returns the count, -1 when there is no loader/driver or no Vulkan build. */
+int jlm_vk_list_devices(char names[][128], int max);
+
 /* Opens a device (see the header comment). JLM_EUNSUPPORTED: no loader, no
  * device, or no acceptable device (message names what was found). */
 int jlm_vk_open(const char *want, int allow_cpu, jlm_vk **out, jlm_err *err);
