@@ -750,3 +750,92 @@ Test(vulkan, fingerprint_device_is_recorded_compared_and_never_enforced, .timeou
     tu_rmrf(dir);
     free(dir);
 }
+
+/* The matrix: every text model of tests/models (every stored type, every
+ * architecture, the four MoE families whose expert pages follow their
+ * block's backend), on Vulkan whole and at --gpu-layers 2, against the CPU
+ * backend: the same ids fed to both (so one divergence does not cascade),
+ * logits within 1e-4 of the largest |logit| after each (quantized matvecs are
+ * bit-identical; F32/F16 weights differ in the last bits: the CPU's FMA
+ * variants), and the same greedy pick wherever the CPU's top-2 margin is
+ * over twice the difference seen. */
+static const char *MATRIX[] = {
+    "stories260K", "llama-2-tiny-random", "synth-gemma3-256.Q4_K_M", "synth-gemma3-256.Q8_0",
+    "synth-gemma3v-128.F32", "synth-gemma3v-128.Q8_0", "synth-gpt-oss-256.MXFP4_MOE", "synth-llama-256.MXFP4",
+    "synth-llama-256.Q2_K", "synth-llama-256.Q3_K_M", "synth-llama-256.Q4_0", "synth-llama-256.Q4_1",
+    "synth-llama-256.Q4_K_M", "synth-llama-256.Q5_0", "synth-llama-256.Q5_1", "synth-llama-256.Q5_K_M",
+    "synth-llama-256.Q6_K", "synth-llama-256.Q8_0", "synth-llama-256.f32", "synth-llama-moe-256.F16",
+    "synth-llama-moe-256.MXFP4_MOE", "synth-llama-moe-256.Q4_K_M", "synth-olmoe-256.Q4_K_M", "synth-phi3-256.Q4_K_M",
+    "synth-qwen2-256.Q4_K_M", "synth-qwen2-256.Q8_0", "synth-qwen3-256.Q4_K_M", "synth-qwen3-256.Q8_0",
+    "synth-qwen3moe-256.Q4_K_M", "synth-qwen3moe-256.Q8_0",
+};
+
+static int argmax2(const float *l, uint32_t n, float *margin)
+{
+    uint32_t b = 0, s = n > 1 ? 1 : 0;
+    if (n > 1 && l[1] > l[0])
+        b = 1, s = 0;
+    for (uint32_t i = 2; i < n; i++)
+        if (l[i] > l[b])
+            s = b, b = i;
+        else if (l[i] > l[s])
+            s = i;
+    *margin = l[b] - l[s];
+    return (int)b;
+}
+
+Test(vulkan, every_test_model_on_vulkan_whole_and_at_gpu_layers_2_matches_the_cpu, .timeout = 240)
+{
+    char *dir = tu_tmpdir();
+    size_t nm = sizeof MATRIX / sizeof MATRIX[0];
+    for (size_t m = 0; m < nm; m++) {
+        char gguf[256];
+        jlm_err err = {0};
+        snprintf(gguf, sizeof gguf, "%s.gguf", MATRIX[m]);
+        char *path = tu_convert(gguf, dir, "m.jlm", &err);
+        cr_assert(path, "%s: %s", MATRIX[m], err.msg);
+        jlm_engine *ec = engine_on(path, "cpu", 0);
+        uint32_t nv = jlm_engine_n_vocab(ec);
+        float *lc = malloc(nv * 4), *lv = malloc(nv * 4);
+        for (uint32_t gl = 0; gl <= 2; gl += 2) {
+            jlm_engine *ev = engine_on(path, "vulkan", gl);
+            if (!ev) {
+                tu_rmrf(dir);
+                cr_skip_test("vulkan: no device");
+            }
+            jlm_engine_rewind(ec, 0);
+            int32_t tok[3] = {1, 10, 20};
+            uint32_t n = 3;
+            for (int step = 0; step < 3; step++) {
+                jlm_err e1 = {0}, e2 = {0};
+                cr_assert_eq(jlm_engine_eval(ec, tok, n, lc, &e1), 0, "%s", e1.msg);
+                cr_assert_eq(jlm_engine_eval(ev, tok, n, lv, &e2), 0, "%s", e2.msg);
+                float mx = 0, d = 0, margin;
+                for (uint32_t i = 0; i < nv; i++) {
+                    mx = fmaxf(mx, fabsf(lc[i]));
+                    d = fmaxf(d, fabsf(lc[i] - lv[i]));
+                }
+                cr_assert(d <= 1e-4f * mx, "%s --gpu-layers %s, step %d: logits differ by %g (largest %g)", MATRIX[m],
+                          gl ? "2" : "all", step, d, mx);
+                int ic = argmax2(lc, nv, &margin), iv;
+                float mv;
+                iv = argmax2(lv, nv, &mv);
+                if (margin > 2 * d)
+                    cr_assert_eq(ic, iv, "%s --gpu-layers %s, step %d: id %d vs the CPU's %d (margin %g)", MATRIX[m],
+                                 gl ? "2" : "all", step, iv, ic, margin);
+                tok[0] = ic;   /* the CPU's pick, fed to both */
+                n = 1;
+            }
+            uint64_t mm, up;
+            jlm_engine_vk_counters(ev, &mm, &up);
+            cr_assert(mm > 0, "%s: no matmul ran on Vulkan", MATRIX[m]);
+            jlm_engine_close(ev);
+        }
+        free(lc);
+        free(lv);
+        jlm_engine_close(ec);
+        free(path);
+    }
+    tu_rmrf(dir);
+    free(dir);
+}
