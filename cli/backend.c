@@ -87,10 +87,10 @@ void jlm_cli_print_backend_stats(FILE *f, struct jlm_engine *e, unsigned long lo
     if (on)
         fprintf(f, "vulkan: matmuls %llu, page-ins %llu, evictions %llu, hits %llu, bytes uploaded %llu, "
                    "bytes imported %llu, frames %llu (%llu bytes, peak %llu, budget %llu), path %s, "
-                   "kernels %.1f ms, transfers %.1f ms, reuploads %llu, device %s\n",
+                   "kernels %.1f ms, transfers %.1f ms, reuploads %llu, cpu fallbacks %llu, device %s\n",
                 (unsigned long long)v.matmuls, (unsigned long long)v.page_ins, (unsigned long long)v.evictions,
                 (unsigned long long)v.hits, (unsigned long long)v.bytes_up, (unsigned long long)v.bytes_imported,
                 (unsigned long long)v.frames, (unsigned long long)v.resident_bytes,
                 (unsigned long long)v.peak_bytes, (unsigned long long)v.budget, v.path, v.kernel_ns / 1e6,
-                v.xfer_ns / 1e6, (unsigned long long)v.reuploads, v.device);
+                v.xfer_ns / 1e6, (unsigned long long)v.reuploads, (unsigned long long)v.fallbacks, v.device);
 }

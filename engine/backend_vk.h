@@ -26,8 +26,10 @@
  * Failure: jlm_evk_open fails with one line (no Vulkan, no device);
  * jlm_evk_page_get fails with JLM_ERANGE when pinned frames fill the budget
  * (a caller bug: the budget is raised to one block plus the routed experts)
- * or the device's error; jlm_evk_matmul returns non-zero when a plane exceeds
- * one binding (the caller then runs the CPU kernel). Not thread-safe: the
+ * or the device's error; jlm_evk_matmul returns non-zero when the device
+ * cannot run it (one super-block of a plane over a binding; the caller then
+ * runs the CPU kernel, counted in fallbacks). A plane over one binding is run
+ * in k-chunks by jlm_vk_matvec, bit-identical. Not thread-safe: the
  * graph calls it from its one thread. */
 #ifndef JLM_ENGINE_BACKEND_VK_H
 #define JLM_ENGINE_BACKEND_VK_H
@@ -80,6 +82,8 @@ typedef struct jlm_evk_stats {
     uint64_t bytes_imported;     /* bytes of host frames imported without a copy */
     uint64_t frames, resident_bytes, peak_bytes, budget;
     uint64_t reuploads;          /* matmuls whose planes were in no pinned frame */
+    uint64_t fallbacks;          /* matmuls the device refused (run on the CPU): e.g. one
+                                  * super-block of a plane over maxStorageBufferRange */
     uint64_t kernel_ns, xfer_ns; /* dispatch+wait; page-ins and activation/result copies */
 } jlm_evk_stats;
 void jlm_evk_stats_get(const jlm_evk *v, jlm_evk_stats *out);

@@ -71,6 +71,7 @@ struct jlm_vk {
     VkFence               fence;
     jlm_vk_buf           *dummy, *tmp;   /* dummy: unused bindings; tmp: small uploads */
     jlm_vk_buf           *staging;       /* jlm_vk_buf_write's host-visible bounce buffer */
+    uint64_t              max_binding;   /* maxStorageBufferRange, or JLM_VK_MAX_BINDING's lower value */
     int                   has_import;    /* VK_EXT_external_memory_host enabled */
     uint64_t              import_align;  /* minImportedHostPointerAlignment */
     PFN_vkGetMemoryHostPointerPropertiesEXT host_ptr_props;
@@ -217,6 +218,13 @@ static int open_device(jlm_vk *vk, const char *want, int allow_cpu, jlm_err *err
         return vkfail(err, "vkCreateDevice", r);
     }
     vkGetDeviceQueue(vk->dev, vk->qfam, 0, &vk->queue);
+    vk->max_binding = vk->props.limits.maxStorageBufferRange;
+    const char *mb = getenv("JLM_VK_MAX_BINDING");   /* tests: force the k-chunked matvec on small planes */
+    if (mb && *mb) {
+        unsigned long long v = strtoull(mb, NULL, 10);
+        if (v >= 4096 && v < vk->max_binding)
+            vk->max_binding = v & ~3ull;
+    }
     if (imp) {
         VkPhysicalDeviceExternalMemoryHostPropertiesEXT hp = {
             .sType = VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_EXTERNAL_MEMORY_HOST_PROPERTIES_EXT};
@@ -357,7 +365,7 @@ void jlm_vk_close(jlm_vk *vk)
 
 const char *jlm_vk_device_name(const jlm_vk *vk) { return vk->props.deviceName; }
 int jlm_vk_device_is_cpu(const jlm_vk *vk) { return vk->props.deviceType == VK_PHYSICAL_DEVICE_TYPE_CPU; }
-uint64_t jlm_vk_max_binding(const jlm_vk *vk) { return vk->props.limits.maxStorageBufferRange; }
+uint64_t jlm_vk_max_binding(const jlm_vk *vk) { return vk->max_binding; }
 uint64_t jlm_vk_import_align(const jlm_vk *vk) { return vk->has_import ? vk->import_align : 0; }
 
 uint64_t jlm_vk_device_local_bytes(const jlm_vk *vk)
@@ -563,9 +571,9 @@ static int view_check(const jlm_vk *vk, const jlm_vk_view *v, int i, jlm_err *er
         return jlm_errf(err, JLM_EINVAL, "vulkan: binding %d: range %llu+%llu outside its buffer of %llu",
                         i, (unsigned long long)v->off, (unsigned long long)len,
                         (unsigned long long)v->buf->size);
-    if (len > vk->props.limits.maxStorageBufferRange)
-        return jlm_errf(err, JLM_EINVAL, "vulkan: binding %d: %llu bytes exceed maxStorageBufferRange %u",
-                        i, (unsigned long long)len, vk->props.limits.maxStorageBufferRange);
+    if (len > vk->max_binding)
+        return jlm_errf(err, JLM_EINVAL, "vulkan: binding %d: %llu bytes exceed maxStorageBufferRange %llu",
+                        i, (unsigned long long)len, (unsigned long long)vk->max_binding);
     if (v->off % vk->props.limits.minStorageBufferOffsetAlignment)
         return jlm_errf(err, JLM_EINVAL, "vulkan: binding %d: offset %llu not a multiple of %llu", i,
                         (unsigned long long)v->off,
@@ -612,9 +620,9 @@ static int dispatch(jlm_vk *vk, VkPipeline pipe, const jlm_vk_view *views, int n
     vkCmdPushConstants(vk->cmd, vk->layout, VK_SHADER_STAGE_COMPUTE_BIT, 0, PUSH_MAX, pbuf);
     vkCmdDispatch(vk->cmd, gx, 1, 1);
     VkMemoryBarrier mb = {.sType = VK_STRUCTURE_TYPE_MEMORY_BARRIER, .srcAccessMask = VK_ACCESS_SHADER_WRITE_BIT,
-                          .dstAccessMask = VK_ACCESS_HOST_READ_BIT};
-    vkCmdPipelineBarrier(vk->cmd, VK_PIPELINE_STAGE_COMPUTE_SHADER_BIT, VK_PIPELINE_STAGE_HOST_BIT, 0,
-                         1, &mb, 0, NULL, 0, NULL);
+                          .dstAccessMask = VK_ACCESS_HOST_READ_BIT | VK_ACCESS_SHADER_READ_BIT};
+    vkCmdPipelineBarrier(vk->cmd, VK_PIPELINE_STAGE_COMPUTE_SHADER_BIT,
+                         VK_PIPELINE_STAGE_HOST_BIT | VK_PIPELINE_STAGE_COMPUTE_SHADER_BIT, 0, 1, &mb, 0, NULL, 0, NULL);
     vkEndCommandBuffer(vk->cmd);
     VkSubmitInfo si = {.sType = VK_STRUCTURE_TYPE_SUBMIT_INFO, .commandBufferCount = 1,
                        .pCommandBuffers = &vk->cmd};
@@ -648,6 +656,93 @@ static uint32_t groups(uint64_t n, uint32_t per) { return (uint32_t)((n + per - 
 
 /* ---------------------------------------------------------------- kernels */
 
+static uint64_t view_len(const jlm_vk_view *v)
+{
+    return v->len ? v->len : v->buf->size - (v->off < v->buf->size ? v->off : v->buf->size);
+}
+
+/* The window of plane view pv holding its words [a, b): an aligned binding
+ * within maxStorageBufferRange; *delta = what the shader adds to a plane word
+ * index to address the window (mod 2^32). 0, or -1 if it does not fit. */
+static int plane_window(const jlm_vk *vk, const jlm_vk_view *pv, uint64_t a, uint64_t b, jlm_vk_view *out,
+                        uint32_t *delta)
+{
+    uint64_t al = vk->props.limits.minStorageBufferOffsetAlignment, lo = pv->off + 4 * a, hi = pv->off + 4 * b;
+    uint64_t w0 = al ? lo / al * al : lo;
+    if (hi - w0 > vk->max_binding || (lo - w0) % 4)
+        return -1;
+    *out = (jlm_vk_view){pv->buf, w0, hi - w0};
+    *delta = (uint32_t)((lo - w0) / 4 - a);
+    return 0;
+}
+
+/* A matvec whose planes exceed one binding: quantized types run in chunks of
+ * whole super-blocks along k (each plane's words of a super-block range are
+ * contiguous: word w of sub-block s of row r at (s*W + w)*rows + r), the
+ * running sum carried in y; float types (row-major) in chunks of rows. The
+ * file layout is untouched: only the bindings change. */
+static int matvec_chunked(jlm_vk *vk, const jlm_vk_mat *m, const jlm_type_traits *t, jlm_vk_view *v,
+                          uint32_t *push, jlm_err *err)
+{
+    uint64_t lim = vk->max_binding, al = vk->props.limits.minStorageBufferOffsetAlignment;
+    uint64_t slack = al > 4 ? al : 4;
+    if (t->is_float) {
+        uint64_t row_words = m->k * t->elem_bytes / 4;   /* F16/BF16 rows: k even keeps rows word-aligned */
+        if ((m->k * t->elem_bytes) % 4 || row_words * 4 + slack > lim)
+            return jlm_errf(err, JLM_EUNSUPPORTED, "vulkan matvec %s: one row (%llu bytes) exceeds a binding",
+                            t->name, (unsigned long long)(m->k * t->elem_bytes));
+        uint64_t step = (lim - slack) / (row_words * 4);
+        for (uint64_t r0 = 0; r0 < m->rows; r0 += step) {
+            uint64_t r1 = r0 + step < m->rows ? r0 + step : m->rows;
+            jlm_vk_view pv = m->qs;
+            if (plane_window(vk, &pv, r0 * row_words, r1 * row_words, &v[0], &push[4]))
+                return jlm_errf(err, JLM_EUNSUPPORTED, "vulkan matvec %s: no window for rows %llu..%llu", t->name,
+                                (unsigned long long)r0, (unsigned long long)r1);
+            push[8] = (uint32_t)r0;
+            push[9] = (uint32_t)r1;
+            int rc = dispatch(vk, vk->mv[m->type], v, 8, push, 40, groups(r1 - r0, 64), err);
+            if (rc)
+                return rc;
+        }
+        return JLM_OK;
+    }
+    uint64_t super = (uint64_t)t->sub * t->super_sub, nsb = m->k / super, per[3] = {0, 0, 0};
+    const jlm_vk_view *pl[3] = {&m->qs, &m->d, &m->sc};
+    uint64_t ql, dl, sl;
+    int rc = jlm_fmt_planes(m->type, m->k, m->rows, &ql, &dl, &sl, err);
+    if (rc)
+        return rc;
+    uint64_t len[3] = {ql, dl, sl}, worst = 0;
+    for (int i = 0; i < 3; i++) {
+        if (!pl[i]->buf || !len[i])
+            continue;
+        if (len[i] % (4 * nsb))
+            return jlm_errf(err, JLM_EUNSUPPORTED, "vulkan matvec %s: plane %d not split by super-block", t->name, i);
+        per[i] = len[i] / 4 / nsb;   /* words per super-block */
+        if (per[i] * 4 > worst)
+            worst = per[i] * 4;
+    }
+    if (worst + slack > lim)
+        return jlm_errf(err, JLM_EUNSUPPORTED, "vulkan matvec %s: one super-block of %llu rows (%llu bytes) exceeds a binding",
+                        t->name, (unsigned long long)m->rows, (unsigned long long)worst);
+    uint64_t step = (lim - slack) / worst;
+    for (uint64_t b0 = 0; b0 < nsb; b0 += step) {
+        uint64_t b1 = b0 + step < nsb ? b0 + step : nsb;
+        for (int i = 0; i < 3; i++) {
+            if (!per[i])
+                continue;
+            if (plane_window(vk, pl[i], b0 * per[i], b1 * per[i], &v[i], &push[4 + i]))
+                return jlm_errf(err, JLM_EUNSUPPORTED, "vulkan matvec %s: no window for plane %d", t->name, i);
+        }
+        push[2] = (uint32_t)(b0 * super / 32);
+        push[3] = (uint32_t)(b1 * super / 32);
+        push[7] = b0 > 0;
+        if ((rc = dispatch(vk, vk->mv[m->type], v, 8, push, 40, groups(m->rows, 64), err)))
+            return rc;
+    }
+    return JLM_OK;
+}
+
 int jlm_vk_matvec(jlm_vk *vk, const jlm_vk_mat *m, jlm_vk_view x, const jlm_vk_act *xq,
                   jlm_vk_view y, jlm_err *err)
 {
@@ -673,8 +768,12 @@ int jlm_vk_matvec(jlm_vk *vk, const jlm_vk_mat *m, jlm_vk_view x, const jlm_vk_a
         if ((rc = make_pipeline_spec(vk, K_MATVEC, spec, &vk->mv[m->type], err)))
             return rc;
     }
-    uint32_t push[2] = {(uint32_t)m->k, (uint32_t)m->rows};
-    return dispatch(vk, vk->mv[m->type], v, 8, push, sizeof push, groups(m->rows, 64), err);
+    uint32_t push[10] = {(uint32_t)m->k, (uint32_t)m->rows, 0, (uint32_t)(m->k / 32), 0, 0, 0, 0, 0,
+                         (uint32_t)m->rows};
+    uint64_t lim = vk->max_binding;
+    if (view_len(&m->qs) <= lim && (!m->d.buf || view_len(&m->d) <= lim) && (!m->sc.buf || view_len(&m->sc) <= lim))
+        return dispatch(vk, vk->mv[m->type], v, 8, push, sizeof push, groups(m->rows, 64), err);
+    return matvec_chunked(vk, m, t, v, push, err);
 }
 
 int jlm_vk_rmsnorm(jlm_vk *vk, jlm_vk_view out, jlm_vk_view x, jlm_vk_view w, uint32_t n,
