@@ -3,6 +3,7 @@
  * build time) every entry point reports "built without Vulkan". */
 #include "kernels/vulkan/vk.h"
 
+#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -92,13 +93,34 @@ static const char *dev_type(VkPhysicalDeviceType t)
          : t == VK_PHYSICAL_DEVICE_TYPE_VIRTUAL_GPU ? "virtual" : t == VK_PHYSICAL_DEVICE_TYPE_CPU ? "cpu" : "other";
 }
 
-int jlm_vk_list_devices(char names[][128], int max)
+/* One VkInstance per process, made on first use and never destroyed: the
+ * instance is cheap to keep, and destroying it unloads the driver, whose
+ * allocations (lavapipe's: 128 bytes per instance) then read as leaks under
+ * LeakSanitizer (make debug). Devices are still opened and closed per jlm_vk. */
+static pthread_once_t g_once = PTHREAD_ONCE_INIT;
+static VkInstance g_inst = VK_NULL_HANDLE;
+static VkResult g_inst_rc = VK_ERROR_INITIALIZATION_FAILED;
+
+static void make_instance(void)
 {
     VkApplicationInfo app = {.sType = VK_STRUCTURE_TYPE_APPLICATION_INFO, .pApplicationName = "jlm",
                              .apiVersion = VK_API_VERSION_1_1};
     VkInstanceCreateInfo ci = {.sType = VK_STRUCTURE_TYPE_INSTANCE_CREATE_INFO, .pApplicationInfo = &app};
-    VkInstance inst;
-    if (vkCreateInstance(&ci, NULL, &inst) != VK_SUCCESS)
+    g_inst_rc = vkCreateInstance(&ci, NULL, &g_inst);
+    if (g_inst_rc != VK_SUCCESS)
+        g_inst = VK_NULL_HANDLE;
+}
+
+static VkInstance instance(void)
+{
+    pthread_once(&g_once, make_instance);
+    return g_inst;
+}
+
+int jlm_vk_list_devices(char names[][128], int max)
+{
+    VkInstance inst = instance();
+    if (!inst)
         return -1;
     VkPhysicalDevice devs[16];
     uint32_t n = 16;
@@ -110,7 +132,6 @@ int jlm_vk_list_devices(char names[][128], int max)
         vkGetPhysicalDeviceProperties(devs[i], &p);
         snprintf(names[k], 128, "%u: %.96s (%s)", i, p.deviceName, dev_type(p.deviceType));
     }
-    vkDestroyInstance(inst, NULL);
     return k;
 }
 
@@ -164,14 +185,9 @@ static int pick_device(VkPhysicalDevice *devs, uint32_t n, const char *want, int
 
 static int open_instance(jlm_vk *vk, jlm_err *err)
 {
-    VkApplicationInfo app = {.sType = VK_STRUCTURE_TYPE_APPLICATION_INFO, .pApplicationName = "jlm",
-                             .apiVersion = VK_API_VERSION_1_1};
-    VkInstanceCreateInfo ci = {.sType = VK_STRUCTURE_TYPE_INSTANCE_CREATE_INFO, .pApplicationInfo = &app};
-    VkResult r = vkCreateInstance(&ci, NULL, &vk->inst);
-    if (r != VK_SUCCESS) {
-        vk->inst = VK_NULL_HANDLE;
-        return jlm_errf(err, JLM_EUNSUPPORTED, "vulkan: no loader or driver (vkCreateInstance: %d)", (int)r);
-    }
+    vk->inst = instance();
+    if (!vk->inst)
+        return jlm_errf(err, JLM_EUNSUPPORTED, "vulkan: no loader or driver (vkCreateInstance: %d)", (int)g_inst_rc);
     return JLM_OK;
 }
 
@@ -358,8 +374,7 @@ void jlm_vk_close(jlm_vk *vk)
             vkDestroyDescriptorSetLayout(vk->dev, vk->dsl, NULL);
         vkDestroyDevice(vk->dev, NULL);
     }
-    if (vk->inst)
-        vkDestroyInstance(vk->inst, NULL);
+    /* vk->inst is the process's (instance()): kept */
     free(vk);
 }
 
