@@ -343,28 +343,37 @@ static int bind_planes(jlm_evk *v, const jlm_k_mat *m, jlm_vk_mat *vm, jlm_err *
     return JLM_OK;
 }
 
-static int one_token(jlm_evk *v, const jlm_vk_mat *vm, const float *x, const jlm_act_q8 *xq, float *y,
-                     jlm_err *err)
+/* Tokens [0, n) of x / xq in one dispatch: their activations copied one
+ * after another into the staging buffers, n * rows results back. */
+static int tokens(jlm_evk *v, const jlm_vk_mat *vm, uint32_t n, const float *x, const jlm_act_q8 *xq, float *y,
+                  jlm_err *err)
 {
     uint64_t k = vm->k, rows = vm->rows, t0 = now_ns();
-    int rc = stage(v, B_Y, NULL, rows * 4, err);
+    int rc = stage(v, B_Y, NULL, n * rows * 4, err);
     jlm_vk_act va = {0};
-    if (!rc && xq && !(rc = stage(v, B_AQ, xq->q, k, err)) && !(rc = stage(v, B_AD, xq->d, k / 8, err)))
-        rc = stage(v, B_AS, xq->sum16, k / 8, err);
-    if (!rc && xq)
-        va = (jlm_vk_act){k, span(v->b[B_AQ], 0, k), span(v->b[B_AD], 0, k / 8), span(v->b[B_AS], 0, k / 8)};
+    if (!rc && xq && !(rc = stage(v, B_AQ, NULL, n * k, err)) && !(rc = stage(v, B_AD, NULL, n * k / 8, err)) &&
+        !(rc = stage(v, B_AS, NULL, n * k / 8, err))) {
+        uint8_t *q = jlm_vk_buf_map(v->b[B_AQ]), *d = jlm_vk_buf_map(v->b[B_AD]), *sm = jlm_vk_buf_map(v->b[B_AS]);
+        for (uint32_t t = 0; t < n; t++) {
+            memcpy(q + t * k, xq[t].q, k);
+            memcpy(d + t * (k / 8), xq[t].d, k / 8);    /* k/32 floats */
+            memcpy(sm + t * (k / 8), xq[t].sum16, k / 8);   /* k/16 int16 */
+        }
+        va = (jlm_vk_act){k, span(v->b[B_AQ], 0, n * k), span(v->b[B_AD], 0, n * k / 8),
+                          span(v->b[B_AS], 0, n * k / 8), n};
+    }
     if (!rc && !xq)
-        rc = stage(v, B_X, x, k * 4, err);
+        rc = stage(v, B_X, x, n * k * 4, err);
     uint64_t t1 = now_ns();
     v->st.xfer_ns += t1 - t0;
     if (rc)
         return rc;
-    rc = jlm_vk_matvec(v->vk, vm, xq ? (jlm_vk_view){0} : span(v->b[B_X], 0, k * 4), xq ? &va : NULL,
-                       span(v->b[B_Y], 0, rows * 4), err);
+    rc = jlm_vk_matmul(v->vk, vm, n, xq ? (jlm_vk_view){0} : span(v->b[B_X], 0, n * k * 4), xq ? &va : NULL,
+                       span(v->b[B_Y], 0, n * rows * 4), err);
     uint64_t t2 = now_ns();
     v->st.kernel_ns += t2 - t1;
     if (!rc)
-        memcpy(y, jlm_vk_buf_map(v->b[B_Y]), rows * 4);
+        memcpy(y, jlm_vk_buf_map(v->b[B_Y]), n * rows * 4);
     v->st.xfer_ns += now_ns() - t2;
     return rc;
 }
@@ -374,8 +383,18 @@ int jlm_evk_matmul(jlm_evk *v, const jlm_k_mat *m, uint32_t n, const float *x, c
 {
     jlm_vk_mat vm;
     int rc = bind_planes(v, m, &vm, err);
-    for (uint32_t t = 0; !rc && t < n; t++)
-        rc = one_token(v, &vm, x ? x + (uint64_t)t * m->k : NULL, xq ? xq + t : NULL, y + (uint64_t)t * m->rows, err);
+    /* tokens per dispatch: every staging binding (n*rows results, n*k floats
+     * or codes) within one binding */
+    uint64_t lim = jlm_vk_max_binding(v->vk), per = m->rows * 4 > m->k * 4 ? m->rows * 4 : m->k * 4;
+    uint64_t g = per ? lim / per : 1;
+    if (g < 1)
+        g = 1;
+    if (g > 65535)
+        g = 65535;
+    for (uint32_t t = 0; !rc && t < n; t += (uint32_t)g) {
+        uint32_t c = n - t < g ? n - t : (uint32_t)g;
+        rc = tokens(v, &vm, c, x ? x + (uint64_t)t * m->k : NULL, xq ? xq + t : NULL, y + (uint64_t)t * m->rows, err);
+    }
     if (!rc)
         v->st.matmuls++;
     else

@@ -99,7 +99,7 @@ static uint64_t check_matvec(jlm_vk *vk, uint8_t type, uint64_t k, uint64_t rows
     memset(jlm_vk_buf_map(by), 0xff, rows * 4);
     jlm_vk_buf *aq = up(vk, xq.q, kx), *ad = up(vk, xq.d, kx / 32 * 4), *as = up(vk, xq.sum16, kx / 16 * 2);
     jlm_vk_mat m = {type, k, rows, whole(bq), {bd, 0, 0}, {bs, 0, 0}};
-    jlm_vk_act va = {kx, whole(aq), whole(ad), whole(as)};
+    jlm_vk_act va = {kx, whole(aq), whole(ad), whole(as), 1};
     cr_assert(jlm_vk_matvec(vk, &m, whole(bx), tr->is_float ? NULL : &va, whole(by), &err) == 0,
               "%s", err.msg);
     const float *yg = fmap(by);
@@ -156,6 +156,73 @@ Test(vulkan, matvec_over_one_binding_runs_in_chunks_bit_identical)
     }
     cr_assert(n > 0);
     jlm_vk_close(vk);
+}
+
+/* jlm_vk_matmul: n tokens in one dispatch, each token's rows bit-identical
+ * to jlm_k_matvec_ref on that token alone; also with the planes over one
+ * binding (16 KiB: k-chunks carrying y for every token). */
+static void check_matmul(jlm_vk *vk, uint8_t type, uint64_t k, uint64_t rows, uint32_t n, uint64_t *seed)
+{
+    const jlm_type_traits *tr = jlm_fmt_type_traits(type);
+    tmat t;
+    tmat_make(&t, type, k, rows, seed);
+    float *x = calloc(n * k, sizeof *x), *yc = malloc(n * rows * sizeof *yc);
+    uint8_t *aqb = malloc(n * k), *adb = malloc(n * k / 8), *asb = malloc(n * k / 8);
+    jlm_err err = {0};
+    for (uint32_t i = 0; i < n; i++) {
+        rand_act(x + i * k, k, seed, (int)(i % 5));
+        void *abuf = malloc(jlm_k_act_q8_bytes(k));
+        jlm_act_q8 xq;
+        cr_assert(jlm_k_act_q8_init(&xq, abuf, k, &err) == 0);
+        jlm_k_quantize_act(x + i * k, &xq);
+        jlm_k_matvec_ref(&t.m, x + i * k, &xq, yc + i * rows, 0, rows);
+        memcpy(aqb + i * k, xq.q, k);
+        memcpy(adb + i * (k / 8), xq.d, k / 8);
+        memcpy(asb + i * (k / 8), xq.sum16, k / 8);
+        free(abuf);
+    }
+    uint64_t ql, dl, sl;
+    cr_assert(jlm_fmt_planes(type, k, rows, &ql, &dl, &sl, NULL) == 0);
+    jlm_vk_buf *bq = up(vk, t.qs, ql), *bd = dl ? up(vk, t.d, dl) : NULL, *bs = sl ? up(vk, t.sc, sl) : NULL;
+    jlm_vk_buf *bx = up(vk, x, n * k * 4), *by = up(vk, yc, n * rows * 4);
+    memset(jlm_vk_buf_map(by), 0xff, n * rows * 4);
+    jlm_vk_buf *aq = up(vk, aqb, n * k), *ad = up(vk, adb, n * k / 8), *as = up(vk, asb, n * k / 8);
+    jlm_vk_mat m = {type, k, rows, whole(bq), {bd, 0, 0}, {bs, 0, 0}};
+    jlm_vk_act va = {k, whole(aq), whole(ad), whole(as), n};
+    cr_assert(jlm_vk_matmul(vk, &m, n, tr->is_float ? whole(bx) : (jlm_vk_view){0}, tr->is_float ? NULL : &va, whole(by),
+                            &err) == 0, "%s", err.msg);
+    const float *yg = fmap(by);
+    for (uint64_t i = 0; i < n * rows; i++)
+        cr_assert(same(yg[i], yc[i]), "%s k %llu rows %llu: token %llu row %llu: vulkan %.9g cpu %.9g", tr->name,
+                  (unsigned long long)k, (unsigned long long)rows, (unsigned long long)(i / rows),
+                  (unsigned long long)(i % rows), yg[i], yc[i]);
+    jlm_vk_buf *all[] = {bq, bd, bs, bx, by, aq, ad, as};
+    for (size_t i = 0; i < sizeof all / sizeof all[0]; i++)
+        jlm_vk_buf_free(vk, all[i]);
+    free(x);
+    free(yc);
+    free(aqb);
+    free(adb);
+    free(asb);
+    tmat_free(&t);
+}
+
+Test(vulkan, matmul_of_several_tokens_is_each_tokens_matvec_bit_for_bit)
+{
+    for (int lowered = 0; lowered < 2; lowered++) {
+        if (lowered)
+            setenv("JLM_VK_MAX_BINDING", "16384", 1);
+        jlm_vk *vk = open_or_skip();
+        unsetenv("JLM_VK_MAX_BINDING");
+        uint64_t seed = 0x2545f4914f6cdd1dull;
+        for (size_t i = 0; i < sizeof TYPES; i++) {
+            const jlm_type_traits *tr = jlm_fmt_type_traits(TYPES[i]);
+            uint64_t super = (uint64_t)tr->sub * tr->super_sub;
+            uint64_t k = tr->is_float ? 256 : lowered ? (super == 256 ? 16 * 256 : 64 * super) : 2 * super;
+            check_matmul(vk, TYPES[i], k, lowered ? 67 : 130, lowered ? 3 : 5, &seed);
+        }
+        jlm_vk_close(vk);
+    }
 }
 
 Test(vulkan, matvec_rejects_a_view_past_its_buffer)

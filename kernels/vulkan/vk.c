@@ -598,8 +598,18 @@ static int view_check(const jlm_vk *vk, const jlm_vk_view *v, int i, jlm_err *er
 
 /* Binds views (buf NULL: the dummy), pushes, dispatches gx x gy groups and
  * waits. */
+static int dispatch2(jlm_vk *vk, VkPipeline pipe, const jlm_vk_view *views, int nview, const void *push,
+                     uint32_t push_size, uint32_t gx, uint32_t gy, jlm_err *err);
+
 static int dispatch(jlm_vk *vk, VkPipeline pipe, const jlm_vk_view *views, int nview, const void *push,
                     uint32_t push_size, uint32_t gx, jlm_err *err)
+{
+    return dispatch2(vk, pipe, views, nview, push, push_size, gx, 1, err);
+}
+
+/* dispatch with gx x gy groups (the matvec's y: tokens). */
+static int dispatch2(jlm_vk *vk, VkPipeline pipe, const jlm_vk_view *views, int nview, const void *push,
+                     uint32_t push_size, uint32_t gx, uint32_t gy, jlm_err *err)
 {
     VkDescriptorBufferInfo bi[NBIND];
     VkWriteDescriptorSet w[NBIND];
@@ -633,7 +643,7 @@ static int dispatch(jlm_vk *vk, VkPipeline pipe, const jlm_vk_view *views, int n
     uint8_t pbuf[PUSH_MAX] = {0};
     memcpy(pbuf, push, push_size);
     vkCmdPushConstants(vk->cmd, vk->layout, VK_SHADER_STAGE_COMPUTE_BIT, 0, PUSH_MAX, pbuf);
-    vkCmdDispatch(vk->cmd, gx, 1, 1);
+    vkCmdDispatch(vk->cmd, gx, gy, 1);
     VkMemoryBarrier mb = {.sType = VK_STRUCTURE_TYPE_MEMORY_BARRIER, .srcAccessMask = VK_ACCESS_SHADER_WRITE_BIT,
                           .dstAccessMask = VK_ACCESS_HOST_READ_BIT | VK_ACCESS_SHADER_READ_BIT};
     vkCmdPipelineBarrier(vk->cmd, VK_PIPELINE_STAGE_COMPUTE_SHADER_BIT,
@@ -697,7 +707,7 @@ static int plane_window(const jlm_vk *vk, const jlm_vk_view *pv, uint64_t a, uin
  * running sum carried in y; float types (row-major) in chunks of rows. The
  * file layout is untouched: only the bindings change. */
 static int matvec_chunked(jlm_vk *vk, const jlm_vk_mat *m, const jlm_type_traits *t, jlm_vk_view *v,
-                          uint32_t *push, jlm_err *err)
+                          uint32_t *push, uint32_t ntok, jlm_err *err)
 {
     uint64_t lim = vk->max_binding, al = vk->props.limits.minStorageBufferOffsetAlignment;
     uint64_t slack = al > 4 ? al : 4;
@@ -715,7 +725,7 @@ static int matvec_chunked(jlm_vk *vk, const jlm_vk_mat *m, const jlm_type_traits
                                 (unsigned long long)r0, (unsigned long long)r1);
             push[8] = (uint32_t)r0;
             push[9] = (uint32_t)r1;
-            int rc = dispatch(vk, vk->mv[m->type], v, 8, push, 40, groups(r1 - r0, 64), err);
+            int rc = dispatch2(vk, vk->mv[m->type], v, 8, push, 40, groups(r1 - r0, 64), ntok, err);
             if (rc)
                 return rc;
         }
@@ -752,7 +762,7 @@ static int matvec_chunked(jlm_vk *vk, const jlm_vk_mat *m, const jlm_type_traits
         push[2] = (uint32_t)(b0 * super / 32);
         push[3] = (uint32_t)(b1 * super / 32);
         push[7] = b0 > 0;
-        if ((rc = dispatch(vk, vk->mv[m->type], v, 8, push, 40, groups(m->rows, 64), err)))
+        if ((rc = dispatch2(vk, vk->mv[m->type], v, 8, push, 40, groups(m->rows, 64), ntok, err)))
             return rc;
     }
     return JLM_OK;
@@ -761,13 +771,20 @@ static int matvec_chunked(jlm_vk *vk, const jlm_vk_mat *m, const jlm_type_traits
 int jlm_vk_matvec(jlm_vk *vk, const jlm_vk_mat *m, jlm_vk_view x, const jlm_vk_act *xq,
                   jlm_vk_view y, jlm_err *err)
 {
+    return jlm_vk_matmul(vk, m, 1, x, xq, y, err);
+}
+
+int jlm_vk_matmul(jlm_vk *vk, const jlm_vk_mat *m, uint32_t ntok, jlm_vk_view x, const jlm_vk_act *xq,
+                  jlm_vk_view y, jlm_err *err)
+{
     const jlm_type_traits *t = jlm_fmt_type_traits(m->type);
     jlm_k_mat chk = {m->type, m->k, m->rows, m->qs.buf, m->d.buf, m->sc.buf};
     int rc = jlm_k_mat_check(&chk, err);
     if (rc)
         return rc;
     if (m->rows > UINT32_MAX || m->k > UINT32_MAX || (!t->is_float && (!xq || xq->k != m->k)) ||
-        (t->is_float && !x.buf) || !y.buf)
+        (t->is_float && !x.buf) || !y.buf || ntok == 0 || ntok > 65535 ||
+        (xq && xq->n && xq->n != ntok) || (!xq && ntok != 1 && !t->is_float))
         return jlm_errf(err, JLM_EINVAL, "vulkan matvec %s: bad operands (k %llu, rows %llu)", t->name,
                         (unsigned long long)m->k, (unsigned long long)m->rows);
     jlm_vk_view v[8] = {m->qs, m->d, m->sc};
@@ -787,8 +804,8 @@ int jlm_vk_matvec(jlm_vk *vk, const jlm_vk_mat *m, jlm_vk_view x, const jlm_vk_a
                          (uint32_t)m->rows};
     uint64_t lim = vk->max_binding;
     if (view_len(&m->qs) <= lim && (!m->d.buf || view_len(&m->d) <= lim) && (!m->sc.buf || view_len(&m->sc) <= lim))
-        return dispatch(vk, vk->mv[m->type], v, 8, push, sizeof push, groups(m->rows, 64), err);
-    return matvec_chunked(vk, m, t, v, push, err);
+        return dispatch2(vk, vk->mv[m->type], v, 8, push, sizeof push, groups(m->rows, 64), ntok, err);
+    return matvec_chunked(vk, m, t, v, push, ntok, err);
 }
 
 int jlm_vk_rmsnorm(jlm_vk *vk, jlm_vk_view out, jlm_vk_view x, jlm_vk_view w, uint32_t n,
@@ -894,6 +911,8 @@ int jlm_vk_buf_upload(jlm_vk *vk, const void *src, uint64_t n, jlm_vk_buf **out,
     return none(err);
 }
 int jlm_vk_matvec(jlm_vk *vk, const jlm_vk_mat *m, jlm_vk_view x, const jlm_vk_act *xq,
+                  jlm_vk_view y, jlm_err *err) { return none(err); }
+int jlm_vk_matmul(jlm_vk *vk, const jlm_vk_mat *m, uint32_t ntok, jlm_vk_view x, const jlm_vk_act *xq,
                   jlm_vk_view y, jlm_err *err) { return none(err); }
 int jlm_vk_rmsnorm(jlm_vk *vk, jlm_vk_view out, jlm_vk_view x, jlm_vk_view w, uint32_t n,
                    float eps, jlm_err *err) { return none(err); }

@@ -102,12 +102,19 @@ typedef struct jlm_vk_mat {
 typedef struct jlm_vk_act {
     uint64_t    k;
     jlm_vk_view q, d, sum16;
+    uint32_t    n;   /* tokens laid out one after another (jlm_vk_matmul); 0 = 1 */
 } jlm_vk_act;
 
 /* y[r] for r in [0, rows): float types read x (k floats), quantized types
  * read xq. JLM_EINVAL for a bad shape or a view past its buffer or past
  * maxStorageBufferRange. */
 int jlm_vk_matvec(jlm_vk *vk, const jlm_vk_mat *m, jlm_vk_view x, const jlm_vk_act *xq,
+                  jlm_vk_view y, jlm_err *err);
+/* The same for ntok tokens in one dispatch (<= 65535): token t's operands at
+ * t*k in x (floats) or xq (q: t*k bytes, d: t*k/32 floats, sum16: t*k/16
+ * int16), its outputs at t*rows in y. Each token's rows are computed exactly
+ * as by jlm_vk_matvec (bit-identical). */
+int jlm_vk_matmul(jlm_vk *vk, const jlm_vk_mat *m, uint32_t ntok, jlm_vk_view x, const jlm_vk_act *xq,
                   jlm_vk_view y, jlm_err *err);
 
 /* out = x / sqrt(mean(x^2) + eps) * w; w.buf NULL: no weight. n floats. */
