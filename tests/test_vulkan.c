@@ -679,6 +679,9 @@ Test(vulkan, device_frames_import_and_upload_paths_equal_the_cpu_and_page_in_onc
             uint64_t pi = vs.page_ins;
             cr_assert(vs.evictions == 0 && pi >= nl, "%s (%s): unlimited: %llu page-ins (>= %u blocks), %llu evictions",
                       MODELS[m], want, (unsigned long long)pi, nl, (unsigned long long)vs.evictions);
+            /* MoE: the routed expert pages are device frames too (blocks + dense + at least one expert each) */
+            cr_assert(m == 0 || pi >= 2 * nl + 1, "%s (%s): %llu device page-ins for %u blocks: experts not paged in",
+                      MODELS[m], want, (unsigned long long)pi, nl);
             cr_assert(path_i ? vs.bytes_up > 0 && vs.bytes_imported == 0 : vs.bytes_imported > 0 && vs.bytes_up == 0,
                       "%s (%s): %llu bytes uploaded, %llu imported", MODELS[m], want,
                       (unsigned long long)vs.bytes_up, (unsigned long long)vs.bytes_imported);
