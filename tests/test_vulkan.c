@@ -1030,3 +1030,33 @@ Test(vulkan, engine_with_planes_over_one_binding_equals_the_cpu, .timeout = 120)
     tu_rmrf(dir);
     free(dir);
 }
+
+/* The fingerprint is untrusted bytes: a host string with a newline and an
+ * escape byte still gives one note line (control bytes shown as '?'), and
+ * the run goes on. */
+Test(vulkan, a_fingerprint_with_control_bytes_is_one_note_line, .timeout = 60)
+{
+    char *dir = tu_tmpdir(), *out = NULL, cmd[4096], src[1024], path[1100];
+    snprintf(src, sizeof src, "%s/tests/models/stories260K.gguf", tu_root());
+    snprintf(path, sizeof path, "%s/s.jlm", dir);
+    snprintf(cmd, sizeof cmd, "%s convert %s -o %s", tu_jlm(), src, path);
+    cr_assert_eq(tu_run(cmd, &out), 0, "%s", out);
+    free(out);
+    FILE *f = fopen(path, "r+b");
+    cr_assert(f);
+    uint64_t fp_off = 0;
+    cr_assert(fseek(f, 88, SEEK_SET) == 0 && fread(&fp_off, 8, 1, f) == 1);
+    uint16_t len = 0;
+    cr_assert(fseek(f, (long)fp_off, SEEK_SET) == 0 && fread(&len, 2, 1, f) == 1 && len == 6, "host length %u", len);
+    cr_assert(fseek(f, (long)fp_off + 2, SEEK_SET) == 0 && fwrite("x8\n_\0334", 1, 6, f) == 6);
+    fclose(f);
+    snprintf(cmd, sizeof cmd, "%s run %s --ids 1,2 -n 1", tu_jlm(), path);
+    cr_assert_eq(tu_run(cmd, &out), 0, "%s", out);
+    const char *n = strstr(out, "note: ");
+    cr_assert(n && strstr(n, "written for host x8?_?4,") && strstr(n, "host differs"), "%s", out);
+    const char *nl = strchr(n, '\n');
+    cr_assert(nl && strstr(nl, "was written for") == NULL && strstr(n, "running on host") < nl, "%s", out);
+    free(out);
+    tu_rmrf(dir);
+    free(dir);
+}
