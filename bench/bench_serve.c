@@ -17,6 +17,8 @@
  * Then a bounded soak: 8 clients each stream requests (16 tokens) back to
  * back for S seconds; prints requests done, failed requests (must be 0) and
  * the server's RSS after the warm-up and at the end (steady = no leak).
+ * Then the drain: 8 streams in flight, SIGTERM; each must end with
+ * `data: [DONE]`, a request sent meanwhile gets 503, the server exits 0.
  *
  * Last, two models (two copies of the container in a --models folder) under
  * ONE --budget of one container, against the same two unlimited: requests
@@ -204,10 +206,53 @@ static double metric_sum(int port, const char *name)
     return v;
 }
 
-static void stop_server(pid_t pid)
+/* SIGTERM; the exit status (128 + signal when killed by one). */
+static int stop_server(pid_t pid)
 {
+    int st = 0;
     kill(pid, SIGTERM);
-    waitpid(pid, NULL, 0);
+    waitpid(pid, &st, 0);
+    return WIFEXITED(st) ? WEXITSTATUS(st) : 128 + (WIFSIGNALED(st) ? WTERMSIG(st) : 0);
+}
+
+/* The drain after the soak: 8 streams in flight, then SIGTERM. Each stream
+ * must end whole (curl succeeds, `data: [DONE]` received) and the server
+ * exit 0; a request sent during the drain must get 503. 0 when all held. */
+static int drain(int port, pid_t pid, const char *dir)
+{
+    char cmd[4096];
+    snprintf(cmd, sizeof cmd,
+             "for c in 1 2 3 4 5 6 7 8; do curl -sfN --max-time 120 -o %s/drain$c http://127.0.0.1:%d/v1/completions -d "
+             "'{\"prompt\": \"drain\", \"max_tokens\": 48, \"stream\": true, \"ignore_eos\": true}' & done; "
+             "sleep 0.5; kill -TERM %d; sleep 0.2; "
+             "st=$(curl -s -o /dev/null -w '%%{http_code}' http://127.0.0.1:%d/v1/completions -d '{\"prompt\": \"late\"}'); "
+             "f=0; for j in $(jobs -p); do wait $j || f=$((f+1)); done; echo $f $st > %s/drain",
+             dir, port, (int)pid, port, dir);
+    if (system(cmd) != 0)
+        return -1;
+    double t0 = bench_now();
+    int st = 0;
+    waitpid(pid, &st, 0);
+    int rc = WIFEXITED(st) ? WEXITSTATUS(st) : 128 + (WIFSIGNALED(st) ? WTERMSIG(st) : 0);
+    char p[1100];
+    snprintf(p, sizeof p, "%s/drain", dir);
+    FILE *f = fopen(p, "r");
+    int failed = 8, late = 0, whole = 0;
+    if (!f || fscanf(f, "%d %d", &failed, &late) != 2) failed = 8;
+    if (f) fclose(f);
+    for (int c = 1; c <= 8; c++) {
+        snprintf(p, sizeof p, "%s/drain%d", dir, c);
+        FILE *d = fopen(p, "r");
+        char line[4096];
+        int done = 0;
+        while (d && fgets(line, sizeof line, d))
+            done |= !strncmp(line, "data: [DONE]", 12);
+        if (d) fclose(d);
+        whole += done;
+    }
+    printf("drain on SIGTERM with 8 streams in flight: %d of 8 ended with [DONE], %d curl failures, a new request got %d, "
+           "server exit %d (%.1f s after the streams)\n", whole, failed, late, rc, bench_now() - t0);
+    return whole == 8 && failed == 0 && late == 503 && rc == 0 ? 0 : -1;
 }
 
 int main(int argc, char **argv)
@@ -241,7 +286,15 @@ int main(int argc, char **argv)
             fprintf(stderr, "bench_serve: the soak had failed requests\n");
             rc = 1;
         }
-        stop_server(pid);
+        if (!rc && b == 0 && soak_s > 0) {
+            if (drain(port, pid, dir)) {
+                fprintf(stderr, "bench_serve: the drain on SIGTERM was not clean\n");
+                rc = 1;
+            }
+        } else if (stop_server(pid) != 0 && !rc) {
+            fprintf(stderr, "bench_serve: the server did not exit 0 on SIGTERM\n");
+            rc = 1;
+        }
     }
     /* two models, one budget of one container */
     char mdir[1100], cmd[8192];
@@ -264,7 +317,10 @@ int main(int argc, char **argv)
             taken = metric_sum(port, "jlm_budget_reclaims_total");
             ins = metric_sum(port, "jlm_page_ins_total");
         }
-        if (port > 0) stop_server(pid);
+        if (port > 0 && stop_server(pid) != 0 && !rc) {
+            fprintf(stderr, "bench_serve: the server did not exit 0 on SIGTERM\n");
+            rc = 1;
+        }
     }
     if (!rc) {
         printf("-- two models, one --budget of one container (half their sum) vs both unlimited\n");

@@ -43,7 +43,21 @@ void jlm_cli_print_version(FILE *f)
 {
     char line[512];
     jlm_cu_describe(line, sizeof line);
-    fprintf(f, "cpu kernels: %s\n%s\n", jlm_k_cpu_variant_name(), line);
+#if defined(__clang__)
+    const char *cc = "clang " __clang_version__;
+#elif defined(__GNUC__)
+    const char *cc = "gcc " __VERSION__;
+#else
+    const char *cc = "an unknown C compiler";
+#endif
+    static const char *const TIER[JLM_K_NVARIANT] = {"ref", "avx2", "avx512"};
+    char runs[64] = "";
+    for (int v = 0; v < JLM_K_NVARIANT; v++)
+        if (jlm_k_cpu_has(v))
+            snprintf(runs + strlen(runs), sizeof runs - strlen(runs), "%s%s", *runs ? " " : "", TIER[v]);
+    fprintf(f, "build: %s; SIMD tiers built: ref avx2 avx512; backends built: cpu%s (cuda: next line)\n", cc,
+            jlm_vk_built() ? ", vulkan" : " (vulkan left out: no headers or glslc at build time)");
+    fprintf(f, "cpu kernels: %s (this CPU runs: %s)\n%s\n", jlm_k_cpu_variant_name(), runs, line);
     char names[8][128];
     int n = jlm_vk_built() ? jlm_vk_list_devices(names, 8) : -1;
     fprintf(f, "vulkan: %s", !jlm_vk_built() ? "not built (no headers or glslc at build time)"

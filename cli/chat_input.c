@@ -22,6 +22,7 @@ struct jlm_chat_in {
     int eof;                       /* input ended: the next read returns EOF */
     char *line;                    /* the last physical line (no newline) */
     size_t cap;
+    int n_lines;                   /* physical lines of the message being read */
 };
 
 /* libedit calls the prompt and key functions without a context of ours;
@@ -213,10 +214,7 @@ static int get_line(jlm_chat_in *in, int more)
         if (l && n > 0) {
             if (keep_line(in, l, (size_t)n))
                 return L_NOMEM;
-            if (*in->line) {
-                HistEvent ev;
-                history(in->hist, &ev, H_ENTER, in->line);
-            }
+            in->n_lines++;
             return L_LINE;
         }
         fputc('\n', in->draw);   /* ^C / ^D leave the cursor on the prompt's line */
@@ -274,7 +272,36 @@ static int finish(sbuf *b, int block, char **msg)
     return JLM_CHAT_IN_MSG;
 }
 
+static int read_msg(jlm_chat_in *in, char **msg);
+
+/* One history entry per message, not per physical line: a one-line message
+ * as typed; a block or continued lines as one """...""" block holding
+ * the message (its newlines inside; libedit's history file encodes them),
+ * which gives the same message when recalled and sent. Dropped text (^C, a
+ * message too long) is not kept. */
+static void remember(jlm_chat_in *in, const char *msg)
+{
+    HistEvent ev;
+    if (in->n_lines == 1 && *in->line) {
+        history(in->hist, &ev, H_ENTER, in->line);
+        return;
+    }
+    char *e = NULL;
+    if (*msg && asprintf(&e, "\"\"\"%s\"\"\"", msg) >= 0)
+        history(in->hist, &ev, H_ENTER, e);
+    free(e);
+}
+
 int jlm_chat_in_read(jlm_chat_in *in, char **msg)
+{
+    in->n_lines = 0;
+    int rc = read_msg(in, msg);
+    if (rc == JLM_CHAT_IN_MSG && in->el && in->n_lines)
+        remember(in, *msg);
+    return rc;
+}
+
+static int read_msg(jlm_chat_in *in, char **msg)
 {
     *msg = NULL;
     if (in->eof)
@@ -291,6 +318,7 @@ int jlm_chat_in_read(jlm_chat_in *in, char **msg)
             free(b.p);   /* ^C drops what was typed */
             b = (sbuf){0};
             block = cont = 0;
+            in->n_lines = 0;
             continue;
         }
         if (r == L_TOOLONG) {

@@ -51,26 +51,23 @@ static int bench_parse(int argc, char **argv, bench_opts *o)
     o->eng.direct = 1;
     o->eng.quiet = 1;
     o->eng.budget = JLM_BUDGET_AUTO;
-    const jlm_opt t[] = {
+    const jlm_opt head[] = {
         {"-m", "--model", JLM_OPT_STR, &o->model, 0, 0, 0, "FILE", "the model (or give it first)"},
         {"-p", "--n-prompt", JLM_OPT_INT, &o->n_pp, 0, 1 << 20, 0, "N", "prompt tokens per pp test, 0: skip"},
         {"-n", "--n-gen", JLM_OPT_INT, &o->n_tg, 0, 1 << 20, 0, "N", "generated tokens per tg test, 0: skip"},
         {"-r", "--repetitions", JLM_OPT_INT, &o->reps, 1, 1000, 0, "N", "repetitions per test"},
-        {"-t", "--threads", JLM_OPT_INT, &o->eng.n_threads, 1, 1024, 0, "N", "threads, unset: all cores"},
-        {NULL, "--budget", JLM_OPT_SIZE, &o->eng.budget, 0, 0, 0, "SIZE", "memory budget: frames + KV + scratch (K/M/G), 0: unlimited; default: the cgroup limit or MemAvailable less a headroom"},
-        {NULL, "--kv", JLM_OPT_STR, &o->eng.kv, 0, 0, 0, "f32|f16", "KV cache type (f16: half the memory)"},
-        {NULL, "--no-direct", JLM_OPT_FLAG, &o->eng.direct, 0, 0, JLM_OPT_CLEARS, NULL, "page weights through the page cache"},
-        {NULL, "--no-prefetch", JLM_OPT_FLAG, &o->eng.no_prefetch, 0, 0, 0, NULL, "no read of the next block while one computes"},
+    };
+    const jlm_opt tail[] = {
         {NULL, "--profile", JLM_OPT_FLAG, &o->profile, 0, 0, 0, NULL, "after each test, where a token's time went (per operation class, barrier waits, serial share)"},
         {"-o", "--output", JLM_OPT_STR, &o->out, 0, 0, 0, "md|csv|json", "output format (default: md)"},
-        {NULL, "--backend", JLM_OPT_STR, &o->eng.backend, 0, 0, 0, "NAME", "cpu (default), vulkan or auto"},
-        {NULL, "--device", JLM_OPT_STR, &o->eng.device, 0, 0, 0, "N|NAME", "the backend's device: index or name"},
-        {NULL, "--gpu-layers", JLM_OPT_STR, &o->gpu_layers, 0, 0, 0, "N|all", "blocks 0..N-1 on the device"},
-        {NULL, "--gpu-budget", JLM_OPT_SIZE, &o->eng.gpu_budget, 0, 0, 0, "SIZE", "bytes of device page frames"},
     };
+    jlm_opt t[sizeof head / sizeof head[0] + sizeof tail / sizeof tail[0] + 2 * JLM_OPTS_ENGINE_MAX];
+    int nt = jlm_opts_cat(t, 0, head, (int)(sizeof head / sizeof head[0]));
+    nt += jlm_opts_engine_rows(t + nt, JLM_ROWS_THREADS | JLM_ROWS_BUDGET | JLM_ROWS_KV | JLM_ROWS_PAGING, &o->eng, NULL);
+    nt = jlm_opts_cat(t, nt, tail, (int)(sizeof tail / sizeof tail[0]));
+    nt += jlm_opts_engine_rows(t + nt, JLM_ROWS_BACKEND, &o->eng, &o->gpu_layers);
     const char *pos[1] = {0};
-    jlm_opts_spec os = {"jlm bench", "MODEL [options]   (-p 0 or -n 0 skips that test)", t,
-                        (int)(sizeof t / sizeof t[0]), pos, 1, 0};
+    jlm_opts_spec os = {"jlm bench", "MODEL [options]   (-p 0 or -n 0 skips that test)", t, nt, pos, 1, 0};
     int prc = jlm_opts_parse(&os, argc, argv);
     if (prc)
         return prc == 1 ? -1 : prc;
@@ -78,13 +75,9 @@ static int bench_parse(int argc, char **argv, bench_opts *o)
         return jlm_cli_error("jlm bench", "give the model once: as MODEL or as -m"), 2;
     if (os.n_pos)
         o->model = pos[0];
-    if (o->gpu_layers && strcmp(o->gpu_layers, "all")) {
-        char *end;
-        long n = strtol(o->gpu_layers, &end, 10);
-        if (end == o->gpu_layers || *end || n < 1 || n > 1 << 20)
-            return jlm_cli_error("jlm bench", "--gpu-layers: expected a count >= 1 or 'all'"), 2;
-        o->eng.gpu_layers = (uint32_t)n;
-    }
+    int frc = jlm_opts_engine_finish("jlm bench", &o->eng, o->gpu_layers);   /* --gpu-layers, the backend check */
+    if (frc)
+        return frc;
     if (o->out) {
         if (!strcmp(o->out, "md"))
             o->fmt = OUT_MD;

@@ -72,7 +72,10 @@ static int conv_add(conv *c, const char *role, const char *content)
         if (!m || !o) { if (m) c->msgs = m; return -1; }
         c->msgs = m; c->owned = o; c->cap = cap;
     }
-    c->owned[c->n] = strdup(content);
+    /* any bytes (the user's, the model's): what is not UTF-8 becomes U+FFFD,
+     * since the template and the tokenizer need valid text (llama.cpp's
+     * server does the same); so a message is sent, never refused for it */
+    c->owned[c->n] = jlm_utf8_fix(content, strlen(content));
     if (!c->owned[c->n])
         return -1;
     c->msgs[c->n].role = role;
@@ -372,7 +375,7 @@ static int command(chat *ch, const char *line)
             fprintf(stderr, "jlm chat: system prompt removed\n");
             return 0;
         }
-        char *t = strdup(arg);
+        char *t = jlm_utf8_fix(arg, strlen(arg));   /* as a message's text: U+FFFD for what is not UTF-8 */
         if (!t)
             return -1;
         if (had) {
@@ -425,30 +428,32 @@ int jlm_cmd_chat(int argc, char **argv)
     jlm_samp_params_default(&sp);
     sp.seed = JLM_CLI_SEED_UNSET;
     int n_max = 256, ignore_eos = 0;
-    const jlm_opt t[] = {
+    const char *gpu_layers = NULL;
+    const jlm_opt head[] = {
         {"-m", "--model", JLM_OPT_STR, &model, 0, 0, 0, "FILE", "the model (or give it first)"},
         {"-sys", "--system", JLM_OPT_STR, &system, 0, 0, 0, "TEXT", "the system prompt (/system changes it)"},
         {"-n", "--n-predict", JLM_OPT_INT, &n_max, -1, 1 << 30, 0, "N", "reply tokens at most, -1: until the context is full"},
-        {"-c", "--ctx-size", JLM_OPT_U32, &eo.n_ctx, 0, 1 << 24, 0, "N", "context size, 0: the model's"},
-        {"-t", "--threads", JLM_OPT_INT, &eo.n_threads, 1, 1024, 0, "N", "threads, unset: all cores"},
-        {NULL, "--temp", JLM_OPT_F32, &sp.temp, 0, 1e6, 0, "T", "temperature, 0: greedy"},
-        {NULL, "--top-k", JLM_OPT_INT, &sp.top_k, 0, 1 << 30, 0, "K", "top-k, 0: off"},
-        {NULL, "--top-p", JLM_OPT_F32, &sp.top_p, 0, 1, 0, "P", "top-p, 1: off"},
-        {NULL, "--min-p", JLM_OPT_F32, &sp.min_p, 0, 1, 0, "P", "min-p, 0: off"},
-        {NULL, "--repeat-penalty", JLM_OPT_F32, &sp.repeat_penalty, 0, 1e6, JLM_OPT_LO_OPEN, "R", "repeat penalty, 1: off"},
-        {NULL, "--repeat-last-n", JLM_OPT_INT, &sp.repeat_last_n, -1, 1 << 30, 0, "N", "tokens the penalty looks back, -1: context"},
-        {"-s", "--seed", JLM_OPT_SEED, &sp.seed, 0, 0, 0, "S", "sampler seed (u32, -1: random); default: random"},
+    };
+    const jlm_opt tail[] = {
         {NULL, "--ignore-eos", JLM_OPT_FLAG, &ignore_eos, 0, 0, 0, NULL, "never end a reply with an end-of-turn token (-n ends it)"},
-        {NULL, "--budget", JLM_OPT_SIZE, &eo.budget, 0, 0, 0, "SIZE", "memory budget: frames + KV + scratch (K/M/G), 0: unlimited; default: the cgroup limit or MemAvailable less a headroom"},
-        {NULL, "--kv", JLM_OPT_STR, &eo.kv, 0, 0, 0, "f32|f16", "KV cache type (f16: half the memory)"},
         {NULL, "--image", JLM_OPT_STR, &image, 0, 0, 0, "FILE", "an image for the first message"},
     };
+    jlm_opt t[sizeof head / sizeof head[0] + sizeof tail / sizeof tail[0] + JLM_OPTS_ENGINE_MAX + JLM_OPTS_SAMPLER_MAX];
+    int nt = jlm_opts_cat(t, 0, head, (int)(sizeof head / sizeof head[0]));
+    nt += jlm_opts_engine_rows(t + nt, JLM_ROWS_CTX | JLM_ROWS_THREADS, &eo, NULL);
+    nt += jlm_opts_sampler_rows(t + nt, &sp);
+    nt = jlm_opts_cat(t, nt, tail, 1);
+    nt += jlm_opts_engine_rows(t + nt, JLM_ROWS_BUDGET | JLM_ROWS_KV, &eo, NULL);
+    nt = jlm_opts_cat(t, nt, tail + 1, 1);
+    nt += jlm_opts_engine_rows(t + nt, JLM_ROWS_PAGING | JLM_ROWS_BACKEND, &eo, &gpu_layers);
     const char *pos[1] = {0};
     jlm_opts_spec os = {"jlm chat", "MODEL [options]   (messages from the terminal, or one per line on stdin; /help)",
-                        t, (int)(sizeof t / sizeof t[0]), pos, 1, 0};
+                        t, nt, pos, 1, 0};
     int prc = jlm_opts_parse(&os, argc, argv);
     if (prc)
         return prc == 1 ? 0 : prc;
+    if ((prc = jlm_opts_engine_finish("jlm chat", &eo, gpu_layers)))
+        return prc;
     if (sp.seed == JLM_CLI_SEED_UNSET)
         sp.seed = jlm_cli_random_seed();   /* llama.cpp's default */
     if (os.n_pos && model)

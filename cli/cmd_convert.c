@@ -2,6 +2,7 @@
 #include "cli/cli.h"
 #include "cli/opts.h"
 #include "converter/convert.h"
+#include "residency/residency.h"
 
 #include <errno.h>
 #include <signal.h>
@@ -128,6 +129,17 @@ int jlm_cmd_convert(int argc, char **argv)
         out = def;
     if (!out) {
         jlm_cli_error("jlm convert", "out of memory");
+        return 1;
+    }
+    char *vdb = NULL, *vkey = NULL;
+    if (!plan_only && !given && jlm_rdb_discover(out, &vdb, &vkey, NULL) == 0) {
+        /* SRC lies in a jlmfs mount: the daemon has made its view, which is
+         * the container already (docs/cli.md); nothing to write */
+        char line[4400];
+        snprintf(line, sizeof line, "%s is in a jlmfs mount: its view %s is the converted container (jlm run %s); "
+                 "-o PATH writes a copy elsewhere", src, out, out);
+        jlm_cli_error("jlm convert", line);
+        free(vdb); free(vkey); free(def);
         return 1;
     }
     if (!plan_only && (why = given ? bad_out_dir(out) : (bad_out(src, out) ? bad_out(src, out) : bad_out_dir(out)))) {

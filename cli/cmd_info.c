@@ -133,8 +133,10 @@ static const char INFO_USAGE[] = "usage: jlm info MODEL [--tensors] [--json] [--
 int jlm_cmd_info(int argc, char **argv)
 {
     const char *path = NULL, *out = NULL, *db = NULL, *key = NULL;
+    const char *m_opt = NULL;
     int tensors = 0, js = 0, html = 0;
     const jlm_opt t[] = {
+        {"-m", "--model", JLM_OPT_STR, &m_opt, 0, 0, 0, "FILE", "the model (or give it first)"},
         {NULL, "--tensors", JLM_OPT_FLAG, &tensors, 0, 0, 0, NULL, "list every tensor"},
         {NULL, "--json", JLM_OPT_FLAG, &js, 0, 0, 0, NULL, "JSON on stdout"},
         {NULL, "--html", JLM_OPT_FLAG, &html, 0, 0, 0, NULL, "the container picture as HTML"},
@@ -147,7 +149,9 @@ int jlm_cmd_info(int argc, char **argv)
     int prc = jlm_opts_parse(&os, argc, argv);
     if (prc)
         return prc == 1 ? 0 : prc;
-    path = os.n_pos ? pos[0] : NULL;
+    if (os.n_pos && m_opt)
+        return jlm_cli_error("jlm info", "give the model once: as MODEL or as -m"), 2;
+    path = os.n_pos ? pos[0] : m_opt;
     if (!path || ((out || db || key) && !html) || !db != !key || (html && js)) {
         fputs(INFO_USAGE, stderr);
         return 2;

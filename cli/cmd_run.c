@@ -41,22 +41,13 @@ static int parse(int argc, char **argv, run_opts *o)
     o->eng.n_threads = 0;
     o->eng.budget = JLM_BUDGET_AUTO;
     const char *gpu_layers = NULL;
-    const jlm_opt t[] = {
+    const jlm_opt head[] = {
         {"-m", "--model", JLM_OPT_STR, &o->model, 0, 0, 0, "FILE", "the model (.jlm, jlmfs view; or give it first)"},
         {"-p", "--prompt", JLM_OPT_STR, &o->prompt, 0, 0, 0, "TEXT", "the prompt ('-' reads stdin)"},
         {"-f", "--file", JLM_OPT_STR, &o->prompt_file, 0, 0, 0, "FILE", "read the prompt from FILE"},
         {"-n", "--n-predict", JLM_OPT_INT, &o->n_predict, -1, 1 << 30, 0, "N", "tokens to generate, -1: until the context is full"},
-        {"-c", "--ctx-size", JLM_OPT_U32, &o->eng.n_ctx, 0, 1 << 24, 0, "N", "context size, 0: the model's"},
-        {"-t", "--threads", JLM_OPT_INT, &o->eng.n_threads, 1, 1024, 0, "N", "threads, unset: all cores"},
-        {NULL, "--temp", JLM_OPT_F32, &o->samp.temp, 0, 1e6, 0, "T", "temperature, 0: greedy"},
-        {NULL, "--top-k", JLM_OPT_INT, &o->samp.top_k, 0, 1 << 30, 0, "K", "top-k, 0: off"},
-        {NULL, "--top-p", JLM_OPT_F32, &o->samp.top_p, 0, 1, 0, "P", "top-p, 1: off"},
-        {NULL, "--min-p", JLM_OPT_F32, &o->samp.min_p, 0, 1, 0, "P", "min-p, 0: off"},
-        {NULL, "--repeat-penalty", JLM_OPT_F32, &o->samp.repeat_penalty, 0, 1e6, JLM_OPT_LO_OPEN, "R", "repeat penalty, 1: off"},
-        {NULL, "--repeat-last-n", JLM_OPT_INT, &o->samp.repeat_last_n, -1, 1 << 30, 0, "N", "tokens the penalty looks back, -1: context"},
-        {"-s", "--seed", JLM_OPT_SEED, &o->samp.seed, 0, 0, 0, "S", "sampler seed (u32, -1: random); default: random, printed by --stats"},
-        {NULL, "--budget", JLM_OPT_SIZE, &o->eng.budget, 0, 0, 0, "SIZE", "memory budget: frames + KV + scratch (K/M/G), 0: unlimited; default: the cgroup limit or MemAvailable less a headroom"},
-        {NULL, "--kv", JLM_OPT_STR, &o->eng.kv, 0, 0, 0, "f32|f16", "KV cache type (f16: half the memory)"},
+    };
+    const jlm_opt tail[] = {
         {"-cnv", "--chat", JLM_OPT_FLAG, &o->chat, 0, 0, 0, NULL, "apply the model's chat template to the prompt (as llama-cli -cnv)"},
         {"-sys", "--system", JLM_OPT_STR, &o->system, 0, 0, 0, "TEXT", "a system message (implies --chat)"},
         {NULL, "--stats", JLM_OPT_FLAG, &o->stats, 0, 0, 0, NULL, "timings and paging figures on stderr"},
@@ -64,16 +55,17 @@ static int parse(int argc, char **argv, run_opts *o)
         {NULL, "--json", JLM_OPT_FLAG, &o->json, 0, 0, 0, NULL, "one JSON object: text, ids, timings, pager counters"},
         {NULL, "--logits", JLM_OPT_STR, &o->logits_file, 0, 0, 0, "FILE", "write the first step's logits as JSON"},
         {NULL, "--ids", JLM_OPT_STR, &o->ids, 0, 0, 0, "1,2,3", "prompt token ids instead of text"},
-        {NULL, "--no-direct", JLM_OPT_FLAG, &o->eng.direct, 0, 0, JLM_OPT_CLEARS, NULL, "page weights through the page cache"},
-        {NULL, "--no-prefetch", JLM_OPT_FLAG, &o->eng.no_prefetch, 0, 0, 0, NULL, "no read of the next block while one computes"},
         {NULL, "--image", JLM_OPT_STR, &o->image, 0, 0, 0, "FILE", "PNG/JPEG/PPM at the prompt's <image> marker, or first"},
-        {NULL, "--backend", JLM_OPT_STR, &o->eng.backend, 0, 0, 0, "NAME", "cpu (default), vulkan, cuda or auto"},
-        {NULL, "--device", JLM_OPT_STR, &o->eng.device, 0, 0, 0, "N|NAME", "the backend's device: index or name"},
-        {NULL, "--gpu-layers", JLM_OPT_STR, &gpu_layers, 0, 0, 0, "N|all", "blocks 0..N-1 on the device, the rest on the CPU"},
-        {NULL, "--gpu-budget", JLM_OPT_SIZE, &o->eng.gpu_budget, 0, 0, 0, "SIZE", "bytes of device page frames (K/M/G); default: 3/4 of device memory (upload path) or the host's frames (import path)"},
     };
+    jlm_opt t[sizeof head / sizeof head[0] + sizeof tail / sizeof tail[0] + JLM_OPTS_ENGINE_MAX + JLM_OPTS_SAMPLER_MAX];
+    int nt = jlm_opts_cat(t, 0, head, (int)(sizeof head / sizeof head[0]));
+    nt += jlm_opts_engine_rows(t + nt, JLM_ROWS_CTX | JLM_ROWS_THREADS, &o->eng, NULL);
+    nt += jlm_opts_sampler_rows(t + nt, &o->samp);
+    nt += jlm_opts_engine_rows(t + nt, JLM_ROWS_BUDGET | JLM_ROWS_KV, &o->eng, NULL);
+    nt = jlm_opts_cat(t, nt, tail, (int)(sizeof tail / sizeof tail[0]));
+    nt += jlm_opts_engine_rows(t + nt, JLM_ROWS_PAGING | JLM_ROWS_BACKEND, &o->eng, &gpu_layers);
     const char *pos[1] = {0};
-    jlm_opts_spec sp = {"jlm run", "MODEL -p PROMPT [options]", t, (int)(sizeof t / sizeof t[0]), pos, 1, 0};
+    jlm_opts_spec sp = {"jlm run", "MODEL -p PROMPT [options]", t, nt, pos, 1, 0};
     int rc = jlm_opts_parse(&sp, argc, argv);
     if (rc)
         return rc == 1 ? -1 : rc;
@@ -83,14 +75,6 @@ static int parse(int argc, char **argv, run_opts *o)
         o->model = pos[0];
     else if (sp.n_pos)
         return jlm_cli_error("jlm run", "give the model once: as MODEL or as -m"), 2;
-    if (gpu_layers && strcmp(gpu_layers, "all")) {
-        char *end;
-        errno = 0;
-        long n = strtol(gpu_layers, &end, 10);
-        if (end == gpu_layers || *end || errno || n < 1 || n > 1 << 20)
-            return jlm_cli_error("jlm run", "--gpu-layers: expected a count >= 1 or 'all' (no layers: --backend cpu)"), 2;
-        o->eng.gpu_layers = (uint32_t)n;
-    }
     if (o->system)
         o->chat = 1;
     if (o->chat && o->ids)
@@ -103,7 +87,7 @@ static int parse(int argc, char **argv, run_opts *o)
         jlm_opts_help(stderr, &sp);
         return 2;
     }
-    return jlm_cli_backend_check("run", o->eng.backend, o->eng.device ? atoi(o->eng.device) : 0);
+    return jlm_opts_engine_finish("jlm run", &o->eng, gpu_layers);
 }
 
 static int parse_ids(const char *s, int32_t **ids, size_t *n)

@@ -4,6 +4,7 @@
  * get 503) and exits 0. */
 #include "cli/cli.h"
 #include "cli/opts.h"
+#include "cli/report.h"
 #include "serve/server.h"
 
 #include <signal.h>
@@ -14,6 +15,7 @@
 static const char USAGE[] =
     "usage: jlm serve (MODEL... | --models DIR) [--host 127.0.0.1] [--port 8080] [--parallel N] [--queue N]\n"
     "                 [--api-key KEY] [--body-max SIZE] [-c CTX] [-t THREADS] [--budget SIZE] [--rescan S]\n"
+    "                 [--kv f32|f16] [--backend NAME] [--device N|NAME] [--gpu-layers N|all] [--no-direct]\n"
     "       (MODEL: a .jlm, a jlmfs view, or a .gguf converted once into the cache as `jlm run` does;\n"
     "        the key may also come from the environment: JLM_API_KEY)\n";
 
@@ -57,14 +59,38 @@ static int add_model(serve_opts *o, const char *arg)
     return o->models[o->n_models - 1] && o->ids[o->n_models - 1] ? 0 : 1;
 }
 
+/* A model on a jlmfs view reports the server's page-ins to the view's
+ * residency database through the code `jlm run` uses (cli/report.c): one
+ * session per served model, from its opening to its closing. */
+static void *report_open(jlm_engine *e, const char *db_path, const char *key)
+{
+    jlm_cli_report *r = calloc(1, sizeof *r);
+    if (r)
+        jlm_cli_report_open(r, e, db_path, key, "jlm serve");
+    return r;
+}
+
+static void report_flush(void *r) { jlm_cli_report_flush(r); }
+
+static void report_close(void *r, jlm_engine *e)
+{
+    jlm_cli_report_close(r, e);
+    free(r);
+}
+
+static const jlm_srv_reporter REPORTER = {report_open, report_flush, report_close};
+
 static int parse(int argc, char **argv, serve_opts *o)
 {
     o->srv.port = 8080;
     o->srv.rescan_s = 5;
     o->srv.eng.direct = 1;
     o->srv.api_key = getenv("JLM_API_KEY");
+    o->srv.report = &REPORTER;
     uint64_t body = 0;
-    const jlm_opt t[] = {
+    const char *m_opt = NULL;
+    const jlm_opt own[] = {
+        {"-m", "--model", JLM_OPT_STR, &m_opt, 0, 0, 0, "FILE", "a model to serve (as llama-server -m; or give them as MODEL...)"},
         {NULL, "--models", JLM_OPT_STR, &o->srv.models_dir, 0, 0, 0, "DIR", "serve every container and view in DIR, rescanned"},
         {NULL, "--rescan", JLM_OPT_INT, &o->srv.rescan_s, 0, 86400, 0, "S", "seconds between rescans of --models, 0: on request only"},
         {NULL, "--host", JLM_OPT_STR, &o->srv.host, 0, 0, 0, "HOST", "address to listen on (default: 127.0.0.1)"},
@@ -73,22 +99,29 @@ static int parse(int argc, char **argv, serve_opts *o)
         {"-np", "--parallel", JLM_OPT_INT, &o->srv.parallel, 0, 16, 0, "N", "requests generating at once, 0: the default"},
         {NULL, "--api-key", JLM_OPT_STR, &o->srv.api_key, 0, 0, 0, "KEY", "bearer key required (or $JLM_API_KEY)"},
         {NULL, "--body-max", JLM_OPT_SIZE, &body, 0, 0, 0, "SIZE", "largest request body, 0: the default"},
-        {"-c", "--ctx-size", JLM_OPT_U32, &o->srv.eng.n_ctx, 0, 1 << 24, 0, "N", "context size, 0: the model's"},
-        {"-t", "--threads", JLM_OPT_INT, &o->srv.eng.n_threads, 1, 1024, 0, "N", "threads, unset: all cores"},
         {NULL, "--budget", JLM_OPT_SIZE, &o->srv.budget, 0, 0, 0, "SIZE",
          "page frames of all models together (K/M/G), 0: unlimited"},
     };
+    /* the engine's rows as run and chat have them (the budget is the server's own, above) */
+    const char *gpu_layers = NULL;
+    jlm_opt t[sizeof own / sizeof own[0] + JLM_OPTS_ENGINE_MAX];
+    int nt = jlm_opts_cat(t, 0, own, (int)(sizeof own / sizeof own[0]));
+    nt += jlm_opts_engine_rows(t + nt, JLM_ROWS_CTX | JLM_ROWS_THREADS | JLM_ROWS_KV | JLM_ROWS_PAGING | JLM_ROWS_BACKEND,
+                               &o->srv.eng, &gpu_layers);
     const char *pos[MAX_MODELS + 1] = {0};
-    jlm_opts_spec os = {"jlm serve", "(MODEL... | --models DIR) [options]", t, (int)(sizeof t / sizeof t[0]), pos,
-                        MAX_MODELS, 0};
+    jlm_opts_spec os = {"jlm serve", "(MODEL... | --models DIR) [options]", t, nt, pos, MAX_MODELS, 0};
     int rc = jlm_opts_parse(&os, argc, argv);
     if (rc)
         return rc == 1 ? -1 : rc;
+    if ((rc = jlm_opts_engine_finish("jlm serve", &o->srv.eng, gpu_layers)))
+        return rc;
     o->srv.body_max = (size_t)body;
     if (o->srv.port < 0 || o->srv.port > 65535 || o->srv.queue < 0 || o->srv.parallel < 0 || o->srv.parallel > 16) {
         fprintf(stderr, "jlm serve: --port must be in [0, 65535], --queue >= 0, --parallel in [1, 16]\n");
         return 2;
     }
+    if (m_opt && os.n_pos < MAX_MODELS)
+        pos[os.n_pos++] = m_opt;   /* -m FILE: served as the first positional would be */
     if (!o->srv.models_dir && !os.n_pos) {
         fputs(USAGE, stderr);
         return 2;

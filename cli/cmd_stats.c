@@ -25,10 +25,18 @@
 #include <time.h>
 #include <unistd.h>
 
-static const char USAGE[] = "usage: jlm stats MOUNT_OR_DB [--json | --watch S | --html [-o FILE_OR_DIR]]\n";
+static const char USAGE[] = "usage: jlm stats MOUNT_OR_DB [--json | --wide | --watch S | --html [-o FILE_OR_DIR]]\n";
 
+static const char STRIPS[] =
+    "strips: # resident, + read but not resident, . never read (a cell per page, or per run past 64)\n";
+
+/* The default table's columns (80 wide); --wide prints residency's own. */
 static const char LEGEND[] =
-    "strips: # resident, + read but not resident, . never read (a cell per page, or per run past 64)\n"
+    "columns: page-ins: pages read into an engine frame; hits: gets served from a\n"
+    "  frame; evict: frames dropped; read: bytes the engines read; res: resident in a\n"
+    "  live session; last-access in UTC (--wide: fills, where the bytes came from)\n";
+
+static const char LEGEND_WIDE[] =
     "columns: page-ins: pages read into an engine frame; fills: later reads into a resident page;\n"
     "  hits: gets served from a frame; evictions: frames dropped; bytes: bytes the engines read;\n"
     "  t-frame t-pcache t-disk t-conv t-oth: page-ins by where the bytes came from (a frame, the\n"
@@ -162,13 +170,40 @@ static void summary_line(const char *key, json_t *m, const char *view_dir)
     }
 }
 
-/* Text: the summary of every model, the legend, the table. view: the view
- * given (its model only), mount: the mount scanned (MOUNT/KEY is KEY's view). */
-static int print_text(jlm_rdb *db, const char *model_key, const char *view, const char *mount, jlm_err *err)
+/* The default table: per model its header line, then one 80-column row
+ * per page (and the total) with the counters a reader looks at first. */
+static void narrow_row(const char *name, json_t *p, int res)
+{
+    char rd[32];
+    human(rd, sizeof rd, (double)JI(p, "bytes"));
+    const char *last = json_string_value(json_object_get(p, "last_access"));
+    printf("%-14s %3s %8lld %9lld %8lld %10s  %s\n", name, res < 0 ? "" : res ? "yes" : "-", JI(p, "page_ins"),
+           JI(p, "hits"), JI(p, "evictions"), rd, last ? last : "-");
+}
+
+static void narrow_table(json_t *root)
+{
+    const char *key;
+    json_t *m;
+    json_object_foreach(json_object_get(root, "models"), key, m) {
+        printf("model %s: %lld live sessions, %lld pages resident\n", key, JI(m, "sessions"), JI(m, "resident"));
+        printf("%-14s %3s %8s %9s %8s %10s  %s\n", "page", "res", "page-ins", "hits", "evict", "read", "last-access");
+        size_t i;
+        json_t *p;
+        json_array_foreach(json_object_get(m, "pages"), i, p)
+            narrow_row(json_string_value(json_object_get(p, "name")), p, json_is_true(json_object_get(p, "resident")));
+        narrow_row("total", json_object_get(m, "totals"), -1);
+    }
+}
+
+/* Text: the summary of every model, the legend, the table (wide: residency's
+ * own, as the view's `stats` file). view: the view given (its model only),
+ * mount: the mount scanned (MOUNT/KEY is KEY's view). */
+static int print_text(jlm_rdb *db, const char *model_key, const char *view, const char *mount, int wide, jlm_err *err)
 {
     char *js = NULL, *table = NULL;
     int e = jlm_rdb_stats_json(db, model_key, &js, err);
-    if (!e)
+    if (!e && wide)
         e = jlm_rdb_stats_text(db, model_key, &table, err);
     json_t *root = e ? NULL : json_loads(js, 0, NULL);
     if (!e && !root)
@@ -181,8 +216,12 @@ static int print_text(jlm_rdb *db, const char *model_key, const char *view, cons
             summary_line(key, m, v);
             free(v);
         }
-        fputs(LEGEND, stdout);
-        fputs(table, stdout);
+        fputs(STRIPS, stdout);
+        fputs(wide ? LEGEND_WIDE : LEGEND, stdout);
+        if (wide)
+            fputs(table, stdout);
+        else
+            narrow_table(root);
     }
     json_decref(root);
     free(js);
@@ -190,7 +229,7 @@ static int print_text(jlm_rdb *db, const char *model_key, const char *view, cons
     return e;
 }
 
-static int print_db(const char *db_path, const char *model_key, int json, const char *view, const char *mount)
+static int print_db(const char *db_path, const char *model_key, int json, int wide, const char *view, const char *mount)
 {
     jlm_err err = {0};
     jlm_rdb *db = NULL;
@@ -199,7 +238,7 @@ static int print_db(const char *db_path, const char *model_key, int json, const 
     if (!e && json)
         e = jlm_rdb_stats_json(db, model_key, &out, &err);
     else if (!e)
-        e = print_text(db, model_key, view, mount, &err);
+        e = print_text(db, model_key, view, mount, wide, &err);
     jlm_rdb_close(db);
     if (e) {
         fprintf(stderr, "jlm stats: %s\n", err.msg);
@@ -301,15 +340,16 @@ static int stats_html(const char *path, const char *out)
     return html_mount(path, out);
 }
 
-static int stats_once(const char *path, int json);
+static int stats_once(const char *path, int json, int wide);
 
 int jlm_cmd_stats(int argc, char **argv)
 {
     const char *path = NULL, *out = NULL;
-    int json = 0, html = 0;
+    int json = 0, html = 0, wide = 0;
     float watch = 0;
     const jlm_opt t[] = {
         {NULL, "--json", JLM_OPT_FLAG, &json, 0, 0, 0, NULL, "JSON on stdout"},
+        {NULL, "--wide", JLM_OPT_FLAG, &wide, 0, 0, 0, NULL, "every counter column (the view's stats file's table)"},
         {NULL, "--html", JLM_OPT_FLAG, &html, 0, 0, 0, NULL, "the residency picture as HTML"},
         {"-o", "--output", JLM_OPT_STR, &out, 0, 0, 0, "FILE", "--html: write to FILE (default: stdout)"},
         {"-w", "--watch", JLM_OPT_F32, &watch, 0.05, 86400, 0, "S", "print again every S seconds, like top (Ctrl-C ends)"},
@@ -320,7 +360,7 @@ int jlm_cmd_stats(int argc, char **argv)
     if (prc)
         return prc == 1 ? 0 : prc;
     path = os.n_pos ? pos[0] : NULL;
-    if (!path || (json && html) || (out && !html)) {
+    if (!path || (json && html) || (out && !html) || (wide && (json || html))) {
         fputs(USAGE, stderr);
         return 2;
     }
@@ -329,12 +369,12 @@ int jlm_cmd_stats(int argc, char **argv)
     if (watch > 0 && json)
         return jlm_cli_error("jlm stats", "--watch redraws the text: not with --json"), 2;
     if (watch <= 0)
-        return stats_once(path, json);
+        return stats_once(path, json, wide);
     int tty = isatty(1), rc;
     for (;;) {   /* until Ctrl-C, or an error */
         if (tty)
             fputs("\033[H\033[2J", stdout);   /* home, clear: one screen redrawn */
-        rc = stats_once(path, 0);
+        rc = stats_once(path, 0, wide);
         if (!tty)
             putchar('\n');   /* a log: frames separated by a blank line */
         fflush(stdout);
@@ -345,12 +385,12 @@ int jlm_cmd_stats(int argc, char **argv)
     }
 }
 
-static int stats_once(const char *path, int json)
+static int stats_once(const char *path, int json, int wide)
 {
     jlm_err err = {0};
     char *dbp = NULL, *key = NULL;
     if (jlm_rdb_discover(path, &dbp, &key, &err) == 0) {   /* a view */
-        int rc = print_db(dbp, key, json, path, NULL);
+        int rc = print_db(dbp, key, json, wide, path, NULL);
         free(dbp);
         free(key);
         return rc;
@@ -361,7 +401,7 @@ static int stats_once(const char *path, int json)
         return 1;
     }
     if (!S_ISDIR(st.st_mode))
-        return print_db(path, NULL, json, NULL, NULL);
+        return print_db(path, NULL, json, wide, NULL, NULL);
     char **dbs = NULL;
     size_t n = 0;
     if (scan_mount(path, &dbs, &n) != 0 || n == 0) {
@@ -372,7 +412,7 @@ static int stats_once(const char *path, int json)
     }
     int rc = 0;
     for (size_t i = 0; i < n; i++) {
-        rc |= print_db(dbs[i], NULL, json, NULL, path);
+        rc |= print_db(dbs[i], NULL, json, wide, NULL, path);
         free(dbs[i]);
     }
     free(dbs);

@@ -1,5 +1,6 @@
 /* opts.c - the table-driven option parser of opts.h. */
 #include "cli/opts.h"
+#include "cli/backend.h"
 #include "cli/cli.h"
 #include "format/jlm_format.h"
 
@@ -171,7 +172,10 @@ static void print_default(FILE *f, const jlm_opt *o)
         if (*(uint64_t *)o->dst == UINT64_MAX) fprintf(f, " (default: auto)");
         else fprintf(f, " (default: %llu)", (unsigned long long)*(uint64_t *)o->dst);
         break;
-    case JLM_OPT_SEED: fprintf(f, " (default: %llu)", (unsigned long long)*(uint64_t *)o->dst); break;
+    case JLM_OPT_SEED:   /* JLM_CLI_SEED_UNSET: drawn at random after parsing */
+        if (*(uint64_t *)o->dst == JLM_CLI_SEED_UNSET) fprintf(f, " (default: random)");
+        else fprintf(f, " (default: %llu)", (unsigned long long)*(uint64_t *)o->dst);
+        break;
     case JLM_OPT_FLAG: break;
     }
 }
@@ -215,6 +219,75 @@ char *jlm_opts_read_text(const char *who, const char *path)
     }
     buf[n] = 0;
     return buf;
+}
+
+int jlm_opts_engine_rows(jlm_opt *t, unsigned which, jlm_engine_opts *eo, const char **gpu_layers)
+{
+    int n = 0;
+    if (which & JLM_ROWS_CTX)
+        t[n++] = (jlm_opt){"-c", "--ctx-size", JLM_OPT_U32, &eo->n_ctx, 0, 1 << 24, 0, "N", "context size, 0: the model's"};
+    if (which & JLM_ROWS_THREADS)
+        t[n++] = (jlm_opt){"-t", "--threads", JLM_OPT_INT, &eo->n_threads, 1, 1024, 0, "N", "threads, unset: all cores"};
+    if (which & JLM_ROWS_BUDGET)
+        t[n++] = (jlm_opt){NULL, "--budget", JLM_OPT_SIZE, &eo->budget, 0, 0, 0, "SIZE",
+                           "memory budget: frames + KV + scratch (K/M/G), 0: unlimited; default: the cgroup limit or "
+                           "MemAvailable less a headroom"};
+    if (which & JLM_ROWS_KV)
+        t[n++] = (jlm_opt){NULL, "--kv", JLM_OPT_STR, &eo->kv, 0, 0, 0, "f32|f16", "KV cache type (f16: half the memory)"};
+    if (which & JLM_ROWS_PAGING) {
+        t[n++] = (jlm_opt){NULL, "--no-direct", JLM_OPT_FLAG, &eo->direct, 0, 0, JLM_OPT_CLEARS, NULL,
+                           "page weights through the page cache"};
+        t[n++] = (jlm_opt){NULL, "--no-prefetch", JLM_OPT_FLAG, &eo->no_prefetch, 0, 0, 0, NULL,
+                           "no read of the next block while one computes"};
+    }
+    if (which & JLM_ROWS_BACKEND) {
+        t[n++] = (jlm_opt){NULL, "--backend", JLM_OPT_STR, &eo->backend, 0, 0, 0, "NAME", "cpu (default), vulkan, cuda or auto"};
+        t[n++] = (jlm_opt){NULL, "--device", JLM_OPT_STR, &eo->device, 0, 0, 0, "N|NAME", "the backend's device: index or name"};
+        t[n++] = (jlm_opt){NULL, "--gpu-layers", JLM_OPT_STR, gpu_layers, 0, 0, 0, "N|all",
+                           "blocks 0..N-1 on the device, the rest on the CPU"};
+        t[n++] = (jlm_opt){NULL, "--gpu-budget", JLM_OPT_SIZE, &eo->gpu_budget, 0, 0, 0, "SIZE",
+                           "bytes of device page frames (K/M/G); default: 3/4 of device memory (upload path) or "
+                           "the host's frames (import path)"};
+    }
+    return n;
+}
+
+int jlm_opts_sampler_rows(jlm_opt *t, jlm_samp_params *sp)
+{
+    int n = 0;
+    t[n++] = (jlm_opt){NULL, "--temp", JLM_OPT_F32, &sp->temp, 0, 1e6, 0, "T", "temperature, 0: greedy"};
+    t[n++] = (jlm_opt){NULL, "--top-k", JLM_OPT_INT, &sp->top_k, 0, 1 << 30, 0, "K", "top-k, 0: off"};
+    t[n++] = (jlm_opt){NULL, "--top-p", JLM_OPT_F32, &sp->top_p, 0, 1, 0, "P", "top-p, 1: off"};
+    t[n++] = (jlm_opt){NULL, "--min-p", JLM_OPT_F32, &sp->min_p, 0, 1, 0, "P", "min-p, 0: off"};
+    t[n++] = (jlm_opt){NULL, "--repeat-penalty", JLM_OPT_F32, &sp->repeat_penalty, 0, 1e6, JLM_OPT_LO_OPEN, "R",
+                       "repeat penalty, 1: off"};
+    t[n++] = (jlm_opt){NULL, "--repeat-last-n", JLM_OPT_INT, &sp->repeat_last_n, -1, 1 << 30, 0, "N",
+                       "tokens the penalty looks back, -1: context"};
+    t[n++] = (jlm_opt){"-s", "--seed", JLM_OPT_SEED, &sp->seed, 0, 0, 0, "S",
+                       "sampler seed (u32, -1: random; run prints the one drawn with its stats and JSON)"};
+    return n;
+}
+
+int jlm_opts_cat(jlm_opt *t, int k, const jlm_opt *rows, int n)
+{
+    memcpy(t + k, rows, (size_t)n * sizeof *rows);
+    return k + n;
+}
+
+int jlm_opts_engine_finish(const char *who, jlm_engine_opts *eo, const char *gpu_layers)
+{
+    if (gpu_layers && strcmp(gpu_layers, "all")) {
+        long long n;
+        if (jlm_opts_strict_ll(gpu_layers, &n) || n < 1 || n > 1 << 20) {
+            char msg[300];
+            snprintf(msg, sizeof msg, "--gpu-layers '%s': expected a count >= 1 or 'all' (no layers: --backend cpu)",
+                     gpu_layers);
+            return jlm_cli_error(who, msg), 2;
+        }
+        eo->gpu_layers = (uint32_t)n;
+    }
+    const char *cmd = !strncmp(who, "jlm ", 4) ? who + 4 : who;
+    return jlm_cli_backend_check(cmd, eo->backend, eo->device ? atoi(eo->device) : 0);
 }
 
 void jlm_opts_version(const char *prog)

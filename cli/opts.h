@@ -8,6 +8,9 @@
 #include <stdint.h>
 #include <stdio.h>
 
+#include "engine/model.h"
+#include "engine/sampler.h"
+
 typedef enum jlm_opt_kind {
     JLM_OPT_FLAG, /* int = 1 (0 with JLM_OPT_CLEARS: a "--no-x" flag) */
     JLM_OPT_STR,  /* const char * */
@@ -37,6 +40,31 @@ typedef struct jlm_opts_spec {
     const char **pos;  /* positional arguments go here */
     int max_pos, n_pos;
 } jlm_opts_spec;
+
+/* Rows several subcommands share, defined once here (the same names, ranges
+ * and help everywhere). jlm_opts_engine_rows writes the rows named by which
+ * (JLM_ROWS_*) for eo at t and returns how many (at most JLM_OPTS_ENGINE_MAX);
+ * gpu_layers receives --gpu-layers' text (JLM_ROWS_BACKEND), turned into
+ * eo->gpu_layers by jlm_opts_engine_finish. jlm_opts_sampler_rows writes the
+ * sampler's rows for sp (JLM_OPTS_SAMPLER_MAX). jlm_opts_cat copies n rows to
+ * t + k and returns k + n. */
+enum {
+    JLM_ROWS_CTX = 1,      /* -c, --ctx-size */
+    JLM_ROWS_THREADS = 2,  /* -t, --threads */
+    JLM_ROWS_BUDGET = 4,   /* --budget: the engine's memory budget */
+    JLM_ROWS_KV = 8,       /* --kv f32|f16 */
+    JLM_ROWS_PAGING = 16,  /* --no-direct, --no-prefetch */
+    JLM_ROWS_BACKEND = 32, /* --backend, --device, --gpu-layers, --gpu-budget */
+};
+#define JLM_OPTS_ENGINE_MAX 10
+#define JLM_OPTS_SAMPLER_MAX 7
+int jlm_opts_engine_rows(jlm_opt *t, unsigned which, jlm_engine_opts *eo, const char **gpu_layers);
+int jlm_opts_sampler_rows(jlm_opt *t, jlm_samp_params *sp);
+int jlm_opts_cat(jlm_opt *t, int k, const jlm_opt *rows, int n);
+/* After parsing: --gpu-layers (NULL, "all" or a count >= 1) into
+ * eo->gpu_layers, then the backend check (cli/backend.h). 0, or the exit
+ * status after one line on stderr. */
+int jlm_opts_engine_finish(const char *who, jlm_engine_opts *eo, const char *gpu_layers);
 
 /* Parses argv[1..argc). Returns 0, 2 after printing one line (bad value,
  * unknown option, too many positionals), or 1 after printing --help to

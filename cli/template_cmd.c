@@ -89,7 +89,9 @@ typedef struct targs {
 /* 0, 2 (usage; printed), or -1 after --help. */
 static int parse_args(int argc, char **argv, targs *a)
 {
+    const char *m_opt = NULL;
     const jlm_opt t[] = {
+        {"-m", "--model", JLM_OPT_STR, &m_opt, 0, 0, 0, "FILE", "the model (or give it first)"},
         {NULL, "--template", JLM_OPT_STR, &a->tmpl_path, 0, 0, 0, "FILE", "a Jinja chat template instead of MODEL's"},
         {NULL, "--messages", JLM_OPT_STR, &a->msgs_path, 0, 0, 0, "FILE.json", "the messages (an array, or {messages: [...]})"},
         {NULL, "--add-generation-prompt", JLM_OPT_FLAG, &a->add_gen, 0, 0, 0, NULL, "end with the assistant's turn opening"},
@@ -103,7 +105,9 @@ static int parse_args(int argc, char **argv, targs *a)
     int rc = jlm_opts_parse(&os, argc, argv);
     if (rc)
         return rc == 1 ? -1 : rc;
-    a->model = os.n_pos ? pos[0] : NULL;
+    if (os.n_pos && m_opt)
+        return jlm_cli_error("jlm template", "give the model once: as MODEL or as -m"), 2;
+    a->model = os.n_pos ? pos[0] : m_opt;
     if (!a->msgs_path || (!a->model) == (!a->tmpl_path)) return usage();
     return 0;
 }

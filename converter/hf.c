@@ -4,7 +4,8 @@
  * (2) hfc -> llama.cpp metadata keys; (3) every safetensors tensor -> a
  * llama.cpp tensor name, a shape check against hfc and a row source (expert
  * tensors are gathered into one stacked tensor); (4) the handle, whose reads
- * go through vread (row permutation, dtype widening, norm + 1). */
+ * go through vread (row permutation, dtype widening, norm + 1, gpt-oss's
+ * interleaved gate/up rows and MXFP4 re-layout). */
 #include "converter/hf_int.h"
 #include "converter/safetensors.h"
 #include "converter/beneath.h"
@@ -27,6 +28,7 @@ static const cls_def CLASSES[] = {
     {"MixtralForCausalLM", "llama", FAM_LLAMA},   {"Qwen2ForCausalLM", "qwen2", FAM_QWEN2},
     {"Qwen3ForCausalLM", "qwen3", FAM_QWEN3},     {"Qwen3MoeForCausalLM", "qwen3moe", FAM_QWEN3MOE},
     {"Gemma3ForCausalLM", "gemma3", FAM_GEMMA3},  {"Phi3ForCausalLM", "phi3", FAM_PHI3},
+    {"OlmoeForCausalLM", "olmoe", FAM_OLMOE},     {"GptOssForCausalLM", "gpt-oss", FAM_GPTOSS},
 };
 
 /* ---------------------------------------------------------------- phase 1: config.json */
@@ -107,7 +109,7 @@ static int cfg_class(cfgp *p, hfc *c)
     return jlm_errf(p->err, JLM_EUNSUPPORTED,
                     "%s: architecture class '%.100s' is not supported (supported: LlamaForCausalLM, MistralForCausalLM, "
                     "MixtralForCausalLM, Qwen2ForCausalLM, Qwen3ForCausalLM, Qwen3MoeForCausalLM, Gemma3ForCausalLM, "
-                    "Phi3ForCausalLM)", p->path, name);
+                    "Phi3ForCausalLM, OlmoeForCausalLM, GptOssForCausalLM)", p->path, name);
 }
 
 static int cfg_sizes(cfgp *p, hfc *c)
@@ -148,9 +150,56 @@ static int cfg_moe(cfgp *p, hfc *c)
         if (step != 1 || !norm || json_array_size(mlp_only))
             return jlm_errf(p->err, JLM_EUNSUPPORTED, "%s: decoder_sparse_step %u / norm_topk_prob false / mlp_only_layers "
                             "are not supported", p->path, step);
+    } else if (fam == FAM_OLMOE) {
+        /* OLMoE: intermediate_size is the experts' size; top-k weights are not
+         * renormalised (the engine's olmoe graph, llama.cpp's). */
+        if ((rc = c_req(p, "num_experts", &c->n_expert)) || (rc = c_req(p, "num_experts_per_tok", &c->n_expert_used)) ||
+            (rc = c_bool(p, "norm_topk_prob", 0, &norm)))
+            return rc;
+        if (norm)
+            return jlm_errf(p->err, JLM_EUNSUPPORTED, "%s: 'norm_topk_prob' true is not supported for OlmoeForCausalLM",
+                            p->path);
+        c->n_ffn_exp = c->n_ffn;
+    } else if (fam == FAM_GPTOSS) {
+        if ((rc = c_req(p, "num_local_experts", &c->n_expert)) || (rc = c_req(p, "num_experts_per_tok", &c->n_expert_used)))
+            return rc;
+        c->n_ffn_exp = c->n_ffn;
     }
     if (c->n_expert && (c->n_expert > 4096 || c->n_expert_used > c->n_expert))
         return jlm_errf(p->err, JLM_EFORMAT, "%s: %u experts, %u used: out of range", p->path, c->n_expert, c->n_expert_used);
+    return 0;
+}
+
+/* gpt-oss: q/k/v/o biases, attention sinks and a router bias are tensors; the
+ * engine's gpt-oss graph has llama.cpp's fixed SwiGLU limit 7 and its sliding
+ * window on even layers (pattern 2), so other values are refused. */
+static int cfg_gptoss(cfgp *p, hfc *c)
+{
+    int rc;
+    double limit;
+    if ((rc = c_refuse_unless(p, "hidden_act", "silu", NULL)) || (rc = c_refuse_unless(p, "mlp_bias", NULL, NULL)) ||
+        (rc = c_num(p, "swiglu_limit", 7.0, &limit)) || (rc = c_req(p, "sliding_window", &c->swa)))
+        return rc;
+    if (limit != 7.0)
+        return jlm_errf(p->err, JLM_EUNSUPPORTED, "%s: 'swiglu_limit' %g is not supported (7 only)", p->path, limit);
+    json_t *lt = json_object_get(p->j, "layer_types");
+    if (lt && !json_is_null(lt)) {
+        if (json_array_size(lt) != c->n_layer)
+            return jlm_errf(p->err, JLM_EFORMAT, "%s: 'layer_types' does not list num_hidden_layers %u entries", p->path,
+                            c->n_layer);
+        for (uint32_t i = 0; i < c->n_layer; i++) {
+            const char *ty = json_string_value(json_array_get(lt, i));
+            const char *want = i % 2 ? "full_attention" : "sliding_attention";
+            if (!ty || strcmp(ty, want))
+                return jlm_errf(p->err, JLM_EUNSUPPORTED, "%s: 'layer_types'[%u] is not %s: only sliding attention on "
+                                "even layers (llama.cpp's gpt-oss pattern) is supported", p->path, i, want);
+        }
+    }
+    json_t *q = json_object_get(p->j, "quantization_config");
+    const char *qm = json_string_value(json_object_get(q, "quant_method"));
+    if (q && !json_is_null(q) && (!qm || strcmp(qm, "mxfp4")))
+        return jlm_errf(p->err, JLM_EUNSUPPORTED, "%s: quantization_config.quant_method '%.40s' is not supported (mxfp4 only)",
+                        p->path, qm ? qm : "?");
     return 0;
 }
 
@@ -171,8 +220,12 @@ static int cfg_family(cfgp *p, hfc *c)
                             p->path, pre, c->head_dim);
         return 0;
     }
+    if (fam == FAM_GPTOSS)
+        return cfg_gptoss(p, c);
     if ((rc = c_refuse_unless(p, "hidden_act", "silu", NULL)) || (rc = c_refuse_unless(p, "attention_bias", NULL, NULL)) ||
         (rc = c_refuse_unless(p, "mlp_bias", NULL, NULL)))
+        return rc;
+    if (fam == FAM_OLMOE && (rc = c_refuse_unless(p, "clip_qkv", NULL, NULL)))
         return rc;
     if (fam == FAM_PHI3) {
         if ((rc = c_num(p, "partial_rotary_factor", 1.0, &partial)))
@@ -182,6 +235,21 @@ static int cfg_family(cfgp *p, hfc *c)
             return jlm_errf(p->err, JLM_EFORMAT, "%s: partial_rotary_factor %g out of range", p->path, partial);
     }
     return 0;
+}
+
+/* A yarn entry llama.cpp b10359's converter carries whole: factor and
+ * original_max_position_embeddings only. gpt-oss's beta_fast 32 / beta_slow 1
+ * are llama.cpp's fixed defaults (accepted at exactly those values); its
+ * truncate false is ignored, as llama.cpp does (docs/safetensors.md). */
+static int yarn_plain(json_t *r, int gptoss)
+{
+    json_t *bf = json_object_get(r, "beta_fast"), *bs = json_object_get(r, "beta_slow"), *tr = json_object_get(r, "truncate");
+    if (json_object_get(r, "attention_factor") || json_object_get(r, "mscale") || json_object_get(r, "mscale_all_dim"))
+        return 0;
+    if (!gptoss)
+        return !bf && !bs && !tr;
+    return (!bf || (json_is_number(bf) && json_number_value(bf) == 32.0)) &&
+           (!bs || (json_is_number(bs) && json_number_value(bs) == 1.0)) && (!tr || json_is_boolean(tr));
 }
 
 /* rope_scaling: null, linear, yarn (factor, original_max_position_embeddings) or
@@ -200,8 +268,7 @@ static int cfg_rope(cfgp *p, hfc *c)
         return 0;
     if (!rc && !strcmp(ty, "linear"))
         c->rope_kind = 1;
-    else if (!rc && !strcmp(ty, "yarn") && !json_object_get(r, "beta_fast") && !json_object_get(r, "beta_slow") &&
-             !json_object_get(r, "attention_factor") && !json_object_get(r, "mscale"))
+    else if (!rc && !strcmp(ty, "yarn") && yarn_plain(r, c->cls->fam == FAM_GPTOSS))
         c->rope_kind = 2;
     else if (!rc && !strcmp(ty, "llama3") && c->cls->fam == FAM_LLAMA)
         c->rope_kind = 3;
@@ -353,9 +420,11 @@ static int metadata(hf *h)
         rc = !ty || kv_f32(h, "rope.scaling.factor", c->rope_factor) ||
              (c->rope_kind == 2 && kv_u32(h, "rope.scaling.original_context_length", c->rope_orig_ctx));
     }
-    if (!rc && c->n_expert)
+    if (!rc && c->n_expert)   /* llama.cpp's OLMoE converter writes no expert_feed_forward_length */
         rc = kv_u32(h, "expert_count", c->n_expert) || kv_u32(h, "expert_used_count", c->n_expert_used) ||
-             kv_u32(h, "expert_feed_forward_length", c->n_ffn_exp);
+             (c->cls->fam != FAM_OLMOE && kv_u32(h, "expert_feed_forward_length", c->n_ffn_exp));
+    if (!rc && c->cls->fam == FAM_GPTOSS)
+        rc = kv_u32(h, "attention.sliding_window", c->swa);
     if (!rc && c->cls->fam == FAM_GEMMA3) {
         rc = kv_f32(h, "rope.freq_base_swa", c->theta_swa);
         if (!rc && c->swa)
@@ -370,7 +439,7 @@ static int metadata(hf *h)
 
 /* ---------------------------------------------------------------- phase 3: tensors */
 enum { SH_EMBD, SH_VEC, SH_Q, SH_KV, SH_O, SH_QB, SH_KVB, SH_HEAD, SH_UP, SH_DOWN, SH_QKV, SH_UP2,
-       SH_ROUTER, SH_XUP, SH_XDOWN, SH_SKIP };
+       SH_ROUTER, SH_XUP, SH_XDOWN, SH_SINKS, SH_RB, SH_SKIP };
 enum { P_Q = 1, P_K = 2, EXPERT = 4, LLAMA_ONLY_PERM = 8 };
 
 typedef struct name_map { const char *hf, *gguf; int shape, flags; } name_map;
@@ -380,6 +449,21 @@ static const name_map GEMMA_BLOCK[] = {
     {"post_attention_layernorm.weight", "post_attention_norm.weight", SH_VEC, 0},
     {"pre_feedforward_layernorm.weight", "ffn_norm.weight", SH_VEC, 0},
     {"post_feedforward_layernorm.weight", "post_ffw_norm.weight", SH_VEC, 0},
+};
+/* OLMoE's q_norm / k_norm span the whole q / k projection (the engine's
+ * QK_NORM_WIDE, llama.cpp's olmoe graph), not one head. */
+static const name_map OLMOE_BLOCK[] = {
+    {"self_attn.q_norm.weight", "attn_q_norm.weight", SH_QB, 0},
+    {"self_attn.k_norm.weight", "attn_k_norm.weight", SH_KVB, 0},
+};
+/* gpt-oss: post_attention_layernorm is llama.cpp's post_attention_norm (the
+ * pre-FFN norm), the output bias, the sinks and the router. */
+static const name_map GPTOSS_BLOCK[] = {
+    {"post_attention_layernorm.weight", "post_attention_norm.weight", SH_VEC, 0},
+    {"self_attn.o_proj.bias", "attn_output.bias", SH_VEC, 0},
+    {"self_attn.sinks", "attn_sinks.weight", SH_SINKS, 0},
+    {"mlp.router.weight", "ffn_gate_inp.weight", SH_ROUTER, 0},
+    {"mlp.router.bias", "ffn_gate_inp.bias", SH_RB, 0},
 };
 static const name_map BLOCK[] = {
     {"input_layernorm.weight", "attn_norm.weight", SH_VEC, 0},
@@ -438,6 +522,8 @@ static void expect(const hfc *c, int shape, uint64_t *rows, uint64_t *cols)
     case SH_ROUTER: r = c->n_expert; break;
     case SH_XUP:    r = c->n_ffn_exp; break;
     case SH_XDOWN:  r = E; k = c->n_ffn_exp; break;
+    case SH_SINKS:  r = c->n_head; k = 0; break;
+    case SH_RB:     r = c->n_expert; k = 0; break;
     }
     *rows = r;
     *cols = k;
@@ -473,8 +559,11 @@ static jlm_gguf_tensor *find_made(hf *h, const char *name, uint64_t *i)
     return NULL;
 }
 
-/* A new virtual tensor over n_seg sources of rows x cols (cols 0: a vector). */
-static int make(hf *h, const char *name, const jlm_st_tensor *t, uint32_t n_seg, int flags)
+/* A new virtual tensor of n_seg segments of seg_rows rows of row_len elements
+ * of ggml type `type`, n_dims 1 (a vector), 2 (rows of all segments) or 3
+ * (ne [row_len, seg_rows, n_seg]). The last h->src entry describes its source. */
+static int make_raw(hf *h, const char *name, uint32_t type, uint32_t n_dims, uint64_t row_len, uint64_t seg_rows,
+                    uint32_t n_seg)
 {
     if (!more((void **)&h->t, &h->cap_t, h->n_t, sizeof *h->t) ||
         !more((void **)&h->src, &h->cap_src, h->n_t, sizeof *h->src) ||
@@ -484,29 +573,40 @@ static int make(hf *h, const char *name, const jlm_st_tensor *t, uint32_t n_seg,
     vsrc *s = &h->src[h->n_t];
     memset(g, 0, sizeof *g);
     memset(s, 0, sizeof *s);
-    if (!(s->seg = calloc(n_seg, sizeof *s->seg)))
+    if (!(s->seg = calloc(n_seg ? n_seg : 1, sizeof *s->seg)))
         return jlm_errf(h->err, JLM_ENOMEM, "%s: tensor table", h->dir);
     h->n_t++;
+    s->n_seg = n_seg;
+    s->row_len = row_len;
+    s->seg_rows = seg_rows;
+    g->name.s = name;
+    g->name.len = strlen(name);
+    g->type = type;
+    g->n_dims = n_dims;
+    g->ne[0] = row_len;
+    g->ne[1] = n_dims == 1 ? 1 : n_dims == 2 ? seg_rows * n_seg : seg_rows;
+    g->ne[2] = n_dims == 3 ? n_seg : 1;
+    g->ne[3] = 1;
+    g->n_bytes = row_len / jlm_ggml_block_elems(type) * seg_rows * n_seg * jlm_ggml_block_bytes(type);
+    return 0;
+}
+
+/* A new virtual tensor over n_seg sources of rows x cols (cols 0: a vector). */
+static int make(hf *h, const char *name, const jlm_st_tensor *t, uint32_t n_seg, int flags)
+{
     int vec = t->n_dims == 1;
     uint32_t type = vec ? GGML_F32 : t->dtype;   /* 1-D: F32, as llama.cpp writes them */
-    s->n_seg = n_seg;
-    s->row_len = t->shape[vec ? 0 : 1];
-    s->seg_rows = vec ? 1 : t->shape[0];
+    int rc = make_raw(h, name, type, vec ? 1 : n_seg > 1 || (flags & EXPERT) ? 3 : 2, t->shape[vec ? 0 : 1],
+                      vec ? 1 : t->shape[0], n_seg);
+    if (rc)
+        return rc;
+    vsrc *s = &h->src[h->n_t - 1];
     s->add_one = h->c.cls->fam == FAM_GEMMA3 && vec && strstr(name, "norm.weight");
     if (h->c.cls->fam == FAM_LLAMA && (flags & (P_Q | P_K)))
         s->perm_heads = flags & P_Q ? h->c.n_head : h->c.n_kv;
     if (s->perm_heads && (s->seg_rows % s->perm_heads || (s->seg_rows / s->perm_heads) % 2))
         return jlm_errf(h->err, JLM_EFORMAT, "%s: tensor '%s': %" PRIu64 " rows do not split into %u heads of even size",
                         jlm_st_file(h->st, t->file), t->name, s->seg_rows, s->perm_heads);
-    g->name.s = name;
-    g->name.len = strlen(name);
-    g->type = type;
-    g->n_dims = vec ? 1 : n_seg > 1 || (flags & EXPERT) ? 3 : 2;
-    g->ne[0] = s->row_len;
-    g->ne[1] = vec ? 1 : s->seg_rows;
-    g->ne[2] = n_seg;
-    g->ne[3] = 1;
-    g->n_bytes = s->row_len * s->seg_rows * n_seg * jlm_ggml_block_bytes(type);
     return 0;
 }
 
@@ -565,6 +665,96 @@ static int map_expert(hf *h, const jlm_st_tensor *t, uint32_t blk, const char *r
     return 0;
 }
 
+static int shape_is(const jlm_st_tensor *t, const uint64_t *want, uint32_t nd)
+{
+    if (t->n_dims != nd)
+        return 0;
+    for (uint32_t d = 0; d < nd; d++)
+        if (t->shape[d] != want[d])
+            return 0;
+    return 1;
+}
+
+static int shape_refused(hf *h, const jlm_st_tensor *t, const uint64_t *want, uint32_t nd)
+{
+    char got[96], exp[96];
+    int n = snprintf(got, sizeof got, "["), m = snprintf(exp, sizeof exp, "[");
+    for (uint32_t d = 0; d < t->n_dims && n < 80; d++)
+        n += snprintf(got + n, sizeof got - n, "%s%" PRIu64, d ? ", " : "", t->shape[d]);
+    for (uint32_t d = 0; d < nd && m < 80; d++)
+        m += snprintf(exp + m, sizeof exp - m, "%s%" PRIu64, d ? ", " : "", want[d]);
+    snprintf(got + n, sizeof got - n, "]");
+    snprintf(exp + m, sizeof exp - m, "]");
+    return jlm_errf(h->err, JLM_EFORMAT, "%s: tensor '%s' has shape %s, config.json gives %s", jlm_st_file(h->st, t->file),
+                    t->name, got, exp);
+}
+
+/* gpt-oss's experts: one HF tensor per kind holds every expert. MXFP4
+ * _blocks [E, rows, k/32, 16] and _scales [E, rows, k/32] (U8), and _bias
+ * [E, rows]. gate_up_proj interleaves gate (even rows) and up (odd rows):
+ * convert_hf_to_gguf's [::2] / [1::2] split, here at read time. The MXFP4
+ * bytes are carried as they are, re-laid into ggml's block (section 4 of
+ * docs/safetensors.md). 1 if handled, <0 on error, 0 if not one of them. */
+static int map_gptoss_expert(hf *h, const jlm_st_tensor *t, uint32_t blk, const char *rest)
+{
+    static const char P[] = "mlp.experts.";
+    if (h->c.cls->fam != FAM_GPTOSS || strncmp(rest, P, sizeof P - 1))
+        return 0;
+    const char *w = rest + sizeof P - 1;
+    int gu = !strncmp(w, "gate_up_proj", 12), dn = !strncmp(w, "down_proj", 9);
+    const char *kind = gu ? w + 12 : dn ? w + 9 : NULL;
+    int part = !kind ? -1 : !strcmp(kind, "_blocks") ? 0 : !strcmp(kind, "_scales") ? 1 : !strcmp(kind, "_bias") ? 2 : -1;
+    if (part < 0)
+        return jlm_errf(h->err, JLM_EUNSUPPORTED, "%s: tensor '%s': gpt-oss experts are read as MXFP4 "
+                        "gate_up_proj/down_proj _blocks, _scales and _bias only", jlm_st_file(h->st, t->file), t->name);
+    const hfc *c = &h->c;
+    uint64_t E = c->n_expert, rows = gu ? 2 * (uint64_t)c->n_ffn : c->n_embd, k = gu ? c->n_embd : c->n_ffn;
+    uint64_t want[4] = {E, rows, k / 32, 16};
+    uint32_t nd = part == 0 ? 4 : part == 1 ? 3 : 2;
+    if (k % 32)
+        return jlm_errf(h->err, JLM_EFORMAT, "%s: tensor '%s': row length %" PRIu64 " is not a multiple of MXFP4's 32",
+                        jlm_st_file(h->st, t->file), t->name, k);
+    if (!shape_is(t, want, nd))
+        return shape_refused(h, t, want, nd);
+    if ((part < 2) != (t->dtype == JLM_ST_U8))
+        return jlm_errf(h->err, JLM_EFORMAT, "%s: tensor '%s': dtype must be %s", jlm_st_file(h->st, t->file), t->name,
+                        part < 2 ? "U8 (MXFP4)" : "F32, F16 or BF16");
+    for (uint32_t o = 0; o < (gu ? 2u : 1u); o++) {
+        char name[96];
+        snprintf(name, sizeof name, "blk.%u.ffn_%s_exps.%s", blk, gu ? (o ? "up" : "gate") : "down",
+                 part == 2 ? "bias" : "weight");
+        uint64_t i;
+        int rc;
+        if (!find_made(h, name, &i)) {
+            if (part == 2)
+                rc = make_raw(h, name, GGML_F32, 2, rows / (gu ? 2 : 1), 1, (uint32_t)E);
+            else
+                rc = make_raw(h, name, GGML_MXFP4, 3, k, rows / (gu ? 2 : 1), (uint32_t)E);
+            if (rc)
+                return rc;
+            i = h->n_t - 1;
+            vsrc *s = &h->src[i];
+            s->shared = 1;
+            s->src_seg_rows = part == 2 ? 1 : rows;
+            s->rstride = s->cstride = 1;
+            if (part == 2)
+                s->cstride = gu ? 2 : 1, s->cphase = o;
+            else
+                s->rstride = gu ? 2 : 1, s->rphase = o;
+            if (part < 2 && !(s->scales = jlm_hf_keep(h, calloc(E, sizeof *s->scales))))
+                return jlm_errf(h->err, JLM_ENOMEM, "%s: tensor table", h->dir);
+        }
+        vsrc *s = &h->src[i];
+        for (uint64_t e = 0; e < E; e++) {
+            if (part == 1)
+                s->scales[e] = t;
+            else
+                s->seg[e] = t;
+        }
+    }
+    return 1;
+}
+
 static const name_map *lookup(const name_map *m, size_t n, const char *name)
 {
     for (size_t i = 0; i < n; i++)
@@ -583,16 +773,28 @@ static int map_one(hf *h, const jlm_st_tensor *t)
         if (blk >= h->c.n_layer)
             return jlm_errf(h->err, JLM_EFORMAT, "%s: tensor '%s' is in layer %u, config.json has num_hidden_layers %u",
                             jlm_st_file(h->st, t->file), t->name, blk, h->c.n_layer);
-        int rc = map_expert(h, t, blk, rest);
+        int rc = map_gptoss_expert(h, t, blk, rest);
+        if (!rc && t->dtype == JLM_ST_U8)
+            return jlm_errf(h->err, JLM_EUNSUPPORTED, "%s: tensor '%s': dtype U8 is read only as gpt-oss's MXFP4 "
+                            "_blocks / _scales", jlm_st_file(h->st, t->file), t->name);
+        if (!rc)
+            rc = map_expert(h, t, blk, rest);
         if (rc)
             return rc < 0 ? rc : 0;
         if (h->c.cls->fam == FAM_GEMMA3)
             m = lookup(GEMMA_BLOCK, sizeof GEMMA_BLOCK / sizeof GEMMA_BLOCK[0], rest);
+        if (h->c.cls->fam == FAM_OLMOE)
+            m = lookup(OLMOE_BLOCK, sizeof OLMOE_BLOCK / sizeof OLMOE_BLOCK[0], rest);
+        if (h->c.cls->fam == FAM_GPTOSS)
+            m = lookup(GPTOSS_BLOCK, sizeof GPTOSS_BLOCK / sizeof GPTOSS_BLOCK[0], rest);
         if (!m)
             m = lookup(BLOCK, sizeof BLOCK / sizeof BLOCK[0], rest);
         if (m && m->gguf)
             snprintf(name, sizeof name, "blk.%u.%s", blk, m->gguf);
     } else {
+        if (t->dtype == JLM_ST_U8)
+            return jlm_errf(h->err, JLM_EUNSUPPORTED, "%s: tensor '%s': dtype U8 is read only as gpt-oss's MXFP4 "
+                            "_blocks / _scales", jlm_st_file(h->st, t->file), t->name);
         m = lookup(GLOBAL, sizeof GLOBAL / sizeof GLOBAL[0], t->name);
         if (m)
             snprintf(name, sizeof name, "%s", m->gguf);
@@ -616,9 +818,13 @@ static int map_one(hf *h, const jlm_st_tensor *t)
 static int check_complete(hf *h)
 {
     for (uint64_t i = 0; i < h->n_t; i++)
-        for (uint32_t s = 0; s < h->src[i].n_seg; s++)
+        for (uint32_t s = 0; s < h->src[i].n_seg; s++) {
+            if (h->src[i].scales && (!h->src[i].seg[s] || !h->src[i].scales[s]))
+                return jlm_errf(h->err, JLM_EFORMAT, "%s: %s: the MXFP4 %s tensor is missing", h->dir, h->t[i].name.s,
+                                h->src[i].seg[s] ? "_scales" : "_blocks");
             if (!h->src[i].seg[s])
                 return jlm_errf(h->err, JLM_EFORMAT, "%s: %s: expert %u has no tensor", h->dir, h->t[i].name.s, s);
+        }
     uint64_t k;
     if (!h->c.tied && !find_made(h, "output.weight", &k))
         return jlm_errf(h->err, JLM_EFORMAT, "%s: config.json: tie_word_embeddings is false but there is no lm_head.weight",
@@ -682,36 +888,69 @@ static uint64_t src_row(const vsrc *s, uint64_t r)
     return h * hd + (j % 2) * half + j / 2;
 }
 
-static void widen(uint32_t type, const uint8_t *in, float *out, uint64_t n, int add_one)
+/* Element j * stride + phase of the source row, widened to F32. */
+static void widen(uint32_t type, const uint8_t *in, float *out, uint64_t n, int add_one, uint32_t stride, uint32_t phase)
 {
     for (uint64_t i = 0; i < n; i++) {
-        uint16_t v = (uint16_t)(in[2 * i] | in[2 * i + 1] << 8);
+        uint64_t j = i * stride + phase;
+        uint16_t v = (uint16_t)(in[2 * j] | in[2 * j + 1] << 8);
         float f;
         if (type == GGML_F32)
-            memcpy(&f, in + 4 * i, 4);
+            memcpy(&f, in + 4 * j, 4);
         else
             f = type == GGML_BF16 ? jlm_bf16_to_f32(v) : jlm_f16_to_f32(v);
         out[i] = add_one ? f + 1.0f : f;
     }
 }
 
-/* Row by row: through a bounce buffer when rows are permuted or converted. */
+/* nb MXFP4 blocks in HF's layout (16 bytes of 32 nibbles, element 2i in the low
+ * nibble of byte i, element 2i + 1 in its high one; one E8M0 scale byte each)
+ * -> ggml's block_mxfp4 (the scale byte, then byte i holds elements i (low)
+ * and i + 16 (high)): convert_hf_to_gguf's transform_nibble_layout. The
+ * 4-bit codes and scale bytes are not changed. */
+static void mxfp4_join(const uint8_t *blocks, const uint8_t *scales, uint8_t *out, uint64_t nb)
+{
+    for (uint64_t b = 0; b < nb; b++) {
+        const uint8_t *q = blocks + 16 * b;
+        uint8_t *o = out + 17 * b;
+        o[0] = scales[b];
+        for (int i = 0; i < 16; i++) {
+            uint8_t lo = (uint8_t)((q[i / 2] >> (4 * (i & 1))) & 0xF);
+            uint8_t hi = (uint8_t)((q[(i + 16) / 2] >> (4 * (i & 1))) & 0xF);
+            o[1 + i] = (uint8_t)(lo | hi << 4);
+        }
+    }
+}
+
+/* Row by row, through a bounce buffer: permuted, interleaved, shared,
+ * widened or MXFP4 rows. */
 static int read_rows(hf *h, const jlm_gguf_tensor *g, const vsrc *s, uint64_t off, uint8_t *buf, size_t n)
 {
-    uint64_t srb = s->row_len * esize(s->seg[0]->dtype), orb = s->row_len * esize(g->type);
-    uint8_t *row = malloc(srb + orb);
+    int mx = s->scales != NULL;
+    uint32_t rs = s->rstride ? s->rstride : 1, cs = s->cstride ? s->cstride : 1;
+    uint64_t nb = s->row_len / 32;
+    uint64_t srb = mx ? nb * 16 : s->row_len * cs * esize(s->seg[0]->dtype);
+    uint64_t orb = mx ? nb * 17 : s->row_len * esize(g->type);
+    uint8_t *row = malloc(srb + orb + (mx ? nb : 0));
     if (!row)
         return jlm_errf(h->err, JLM_ENOMEM, "%s: row buffer", h->dir);
     int rc = 0;
     for (uint64_t r = off / orb; r * orb < off + n && !rc; r++) {
-        const jlm_st_tensor *t = s->seg[r / s->seg_rows];
+        uint64_t k = r / s->seg_rows;
+        const jlm_st_tensor *t = s->seg[k];
+        uint64_t sr = (s->shared ? k * s->src_seg_rows : 0) + src_row(s, r % s->seg_rows) * rs + s->rphase;
         uint8_t *o = row + srb;
-        if ((rc = jlm_st_read(h->st, t, src_row(s, r % s->seg_rows) * srb, row, srb, h->err)))
+        if ((rc = jlm_st_read(h->st, t, sr * srb, row, srb, h->err)))
             break;
-        if (g->type == t->dtype && !s->add_one)
+        if (mx) {
+            if ((rc = jlm_st_read(h->st, s->scales[k], sr * nb, o + orb, nb, h->err)))
+                break;
+            mxfp4_join(row, o + orb, o, nb);
+        } else if (g->type == t->dtype && !s->add_one && cs == 1) {
             memcpy(o, row, srb);
-        else
-            widen(t->dtype, row, (float *)(void *)o, s->row_len, s->add_one);
+        } else {
+            widen(t->dtype, row, (float *)(void *)o, s->row_len, s->add_one, cs, s->cphase);
+        }
         uint64_t lo = r * orb > off ? r * orb : off, hi = (r + 1) * orb < off + n ? (r + 1) * orb : off + n;
         memcpy(buf + (lo - off), o + (lo - r * orb), hi - lo);
     }
@@ -731,7 +970,7 @@ static int vread(void *ctx, uint64_t i, uint64_t off, void *buf, size_t n, jlm_e
         memcpy(buf, (const uint8_t *)s->data + off, n);
         return 0;
     }
-    if (s->perm_heads || s->add_one || g->type != s->seg[0]->dtype)
+    if (s->perm_heads || s->add_one || s->shared || g->type != s->seg[0]->dtype)
         return read_rows(h, g, s, off, buf, n);
     uint64_t sb = s->seg[0]->n_bytes;   /* direct: segment by segment */
     for (uint32_t k = (uint32_t)(off / sb); k < s->n_seg && (uint64_t)k * sb < off + n; k++) {

@@ -5,7 +5,9 @@
  * Owns: config.json per architecture class, HF tensor names -> llama.cpp's,
  * the llama-family q/k row permutation, per-expert tensors stacked, Gemma's
  * norm + 1, 1-D tensors as F32 (as llama.cpp's convert_hf_to_gguf.py writes them),
- * and the shape checks of every tensor against config.json.
+ * gpt-oss's shared expert tensors (gate/up rows de-interleaved, MXFP4 blocks
+ * re-laid into ggml's block_mxfp4, bytes unchanged), and the shape checks of
+ * every tensor against config.json.
  * Must not know: the .jlm format (converter/convert.c plans from the handle).
  * Refusals name the file and the class, key, tensor or dtype.
  */

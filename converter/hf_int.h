@@ -9,7 +9,7 @@
 #include <jansson.h>
 #include <stdio.h>
 
-enum { FAM_LLAMA, FAM_QWEN2, FAM_QWEN3, FAM_QWEN3MOE, FAM_GEMMA3, FAM_PHI3 };
+enum { FAM_LLAMA, FAM_QWEN2, FAM_QWEN3, FAM_QWEN3MOE, FAM_GEMMA3, FAM_PHI3, FAM_OLMOE, FAM_GPTOSS };
 
 typedef struct cls_def { const char *hf, *gguf; int fam; } cls_def;
 
@@ -32,6 +32,12 @@ typedef struct vsrc {
     uint32_t perm_heads;         /* llama q/k: rows permuted per head (0: none) */
     int      add_one;            /* gemma norms: w + 1 */
     const float *data;           /* a generated F32 tensor (llama3 rope_freqs): no segments */
+    /* gpt-oss experts: every segment (expert) is a slice of one HF tensor */
+    int      shared;             /* segment k starts at source row k * src_seg_rows of seg[k] */
+    uint64_t src_seg_rows;
+    uint32_t rstride, rphase;    /* source row of row i: i * rstride + rphase (gate/up rows interleaved) */
+    uint32_t cstride, cphase;    /* source element of element j: j * cstride + cphase (gate/up biases) */
+    const jlm_st_tensor **scales;/* MXFP4: the _scales tensor of each segment (seg[] are the _blocks) */
 } vsrc;
 
 typedef struct hf {

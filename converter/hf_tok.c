@@ -100,8 +100,8 @@ static int check_rest(tk *t)
         return jlm_hf_spm_norm_dec(t->h, t->path, n, d, &t->prepend);
     if (nt && strcmp(nt, "NFC"))
         return refuse(t, "normalizer", nt);
-    if (nt && t->notes)
-        fprintf(t->notes, "note: %s: normalizer NFC is not applied (as llama.cpp): input is taken as it comes\n", t->path);
+    if (nt && jlm_hf_kv_str(t->h, "tokenizer.ggml.normalizer", "nfc"))   /* a first PreOp stage (docs/tokenizer.md) */
+        return jlm_errf(t->h->err, JLM_ENOMEM, "%s: normalizer", t->path);
     if (!dt || strcmp(dt, "ByteLevel"))
         return refuse(t, "decoder", dt ? dt : "(missing)");
     return 0;

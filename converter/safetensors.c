@@ -32,7 +32,7 @@ struct jlm_st_set {
 static int dtype_of(const char *s, uint32_t *type, uint32_t *size)
 {
     static const struct { const char *n; uint32_t t, sz; } D[] = {
-        {"F32", GGML_F32, 4}, {"F16", GGML_F16, 2}, {"BF16", GGML_BF16, 2},
+        {"F32", GGML_F32, 4}, {"F16", GGML_F16, 2}, {"BF16", GGML_BF16, 2}, {"U8", JLM_ST_U8, 1},
     };
     for (size_t i = 0; i < sizeof D / sizeof D[0]; i++)
         if (!strcmp(s, D[i].n)) {
@@ -76,7 +76,7 @@ static int parse_entry(jlm_st_set *s, const char *what, const char *name, json_t
                         what, name);
     uint32_t type, esz;
     if (!dtype_of(json_string_value(dt), &type, &esz))
-        return jlm_errf(err, JLM_EUNSUPPORTED, "%s: tensor '%.200s': dtype %.40s is not supported (F32, F16, BF16)",
+        return jlm_errf(err, JLM_EUNSUPPORTED, "%s: tensor '%.200s': dtype %.40s is not supported (F32, F16, BF16, U8)",
                         what, name, json_string_value(dt));
     size_t nd = json_array_size(sh);
     if (nd > JLM_ST_MAX_DIMS)

@@ -26,10 +26,13 @@
 
 #define JLM_ST_HEADER_CAP ((uint64_t)100 << 20)   /* as the reference implementation */
 #define JLM_ST_MAX_DIMS   4
+/* dtype U8: not a ggml type. Read only as gpt-oss's MXFP4 _blocks / _scales
+ * (converter/hf.c refuses it anywhere else, by tensor name). */
+#define JLM_ST_U8         0x10000u
 
 typedef struct jlm_st_tensor {
     const char *name;
-    uint32_t    dtype;                 /* ggml type id: GGML_F32, GGML_F16 or GGML_BF16 */
+    uint32_t    dtype;                 /* GGML_F32, GGML_F16, GGML_BF16 or JLM_ST_U8 */
     uint32_t    n_dims;                /* 0 (scalar) .. JLM_ST_MAX_DIMS */
     uint64_t    shape[JLM_ST_MAX_DIMS];/* HF order: outermost first */
     uint32_t    file;                  /* shard index */

@@ -588,12 +588,24 @@ static int type_defaults(cv *c, jlm_vocab *v, const char *model, const jlm_gguf_
     } else {
         return jlm_errf(c->err, JLM_EUNSUPPORTED, "%s: tokenizer model '%s' is not supported (llama, gpt2, bert)", c->path, model);
     }
-    if (n_ops) {
-        v->preops = jlm_arena_alloc(c->a, n_ops * sizeof(jlm_preop));
+    /* tokenizer.ggml.normalizer (ours, from an HF tokenizer.json's NFC
+     * normalizer): a first stage of Kind 5 with Behavior "nfc" (docs/tokenizer.md). */
+    jlm_gguf_str nm;
+    int nfc = jlm_gguf_get_str(c->g, "tokenizer.ggml.normalizer", &nm, NULL) == 0;
+    if (nfc && (strcmp(nm.s, "nfc") || v->kind != JLM_VOCAB_BPE))
+        return jlm_errf(c->err, JLM_EUNSUPPORTED, "%s: tokenizer.ggml.normalizer '%.40s' is not supported (nfc, on a gpt2 vocab, only)",
+                        c->path, nm.s);
+    if (n_ops || nfc) {
+        v->preops = jlm_arena_alloc(c->a, (n_ops + (uint32_t)nfc) * sizeof(jlm_preop));
         if (!v->preops)
             return oom(c);
-        memcpy(v->preops, ops, n_ops * sizeof(jlm_preop));
-        v->n_preops = n_ops;
+        if (nfc) {
+            static const jlm_preop NFC = {.kind = 5, .letter_marks = 1, .behavior = {"nfc", 3}};
+            v->preops[0] = NFC;
+        }
+        if (n_ops)
+            memcpy(v->preops + nfc, ops, n_ops * sizeof(jlm_preop));
+        v->n_preops = n_ops + (uint32_t)nfc;
     }
     return 0;
 }

@@ -31,6 +31,8 @@ echo "== jlm run through the mount"
 echo
 
 echo "== an engine holding the model open (jlm chat), and what resident/ shows meanwhile"
+echo "   (stories260K is a story model, not a chat model: its reply continues the text in a chatml frame;"
+echo "    the chat is here to keep an engine on the view while resident/ is listed)"
 mkfifo "$work/in"
 ./build/jlm chat "$view" -n 16 --temp 0 < "$work/in" > "$work/chat.out" 2>/dev/null &
 chat=$!

@@ -480,6 +480,8 @@ static void *worker_main(void *arg)
         m->running = active;
         jlm_pager_stats(jlm_engine_pager(m->e), &m->pc);   /* the pager is used under pager_mu only */
         pthread_mutex_unlock(&m->mu);
+        if (m->rep)
+            m->srv->o.report->flush(m->rep);
         pthread_mutex_unlock(&m->pager_mu);
     }
     for (int i = 0; i < m->parallel; i++)
@@ -543,6 +545,8 @@ static int model_load(srv_model *m, const jlm_engine_opts *opts, uint64_t budget
         jlm_rdb_discover(m->path, &m->rdb_path, &m->rdb_key, NULL) == 0)
         eo.direct = 0;   /* a view is read through the page cache the mount fills */
     int rc = jlm_engine_open(m->path, &eo, &m->e, err);
+    if (!rc && m->rdb_path && m->srv->o.report)
+        m->rep = m->srv->o.report->open(m->e, m->rdb_path, m->rdb_key);   /* the server's page-ins, as jlm run's */
     if (!rc) rc = jlm_tok_create(&jlm_engine_model(m->e)->vocab, &m->tok, err);
     if (!rc) rc = jlm_chat_template_or_chatml(m->path, &jlm_engine_model(m->e)->vocab, &m->tmpl, &m->bos, &m->eos,
                                               &fallback, err);
@@ -615,6 +619,8 @@ void srv_model_close(srv_model *m)
     }
     if (m->in_budget)
         srv_budget_leave(&m->srv->budget, m);
+    if (m->rep)
+        m->srv->o.report->close(m->rep, m->e);   /* the worker has stopped and the budget let go */
     jlm_tok_destroy(m->tok);
     jlm_engine_close(m->e);
     free(m->tmpl); free(m->bos); free(m->eos); free(m->status); free(m->given);

@@ -269,9 +269,10 @@ static void metrics_model(FILE *f, srv_model *m)
     int running = m->running;
     jlm_pager_counters pc = m->pc;
     pthread_mutex_unlock(&m->mu);
-    uint64_t pi = 0, ev = 0, br = 0, hi = 0;
+    uint64_t pi = 0, ev = 0, br = 0, hi = 0, fr = 0;
     for (uint32_t a = 0; a < pc.n_arrays; a++) {
         pi += pc.a[a].page_ins; ev += pc.a[a].evictions; br += pc.a[a].bytes_read; hi += pc.a[a].hits;
+        fr += pc.a[a].resident_pages;
     }
     double busy = (double)atomic_load(&m->busy_us) * 1e-6;
     unsigned long long gen = atomic_load(&m->n_gen_tok);
@@ -290,6 +291,7 @@ static void metrics_model(FILE *f, srv_model *m)
     fprintf(f, "jlm_page_hits_total{model=\"%s\"} %llu\n", m->id, (unsigned long long)hi);
     fprintf(f, "jlm_bytes_read_total{model=\"%s\"} %llu\n", m->id, (unsigned long long)br);
     fprintf(f, "jlm_resident_bytes{model=\"%s\"} %llu\n", m->id, (unsigned long long)pc.resident_bytes);
+    fprintf(f, "jlm_frames_resident{model=\"%s\"} %llu\n", m->id, (unsigned long long)fr);   /* pages in frames */
     fprintf(f, "jlm_budget_bytes{model=\"%s\"} %llu\n", m->id, (unsigned long long)pc.budget);
     fprintf(f, "jlm_budget_reclaims_total{model=\"%s\"} %llu\n", m->id, atomic_load(&m->n_reclaims));
     fprintf(f, "jlm_budget_reclaimed_bytes_total{model=\"%s\"} %llu\n", m->id, atomic_load(&m->reclaimed_bytes));

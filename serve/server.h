@@ -26,6 +26,18 @@
 #include "engine/model.h"
 #include "base/jlm_err.h"
 
+/* Residency reporting of a model on a jlmfs view (docs/residency.md): the
+ * server's own page-ins, as `jlm run` reports them. The command line gives
+ * it (cli/report.c); serve/ only calls it. open returns the reporter (NULL:
+ * none) after subscribing to e's pager; flush runs after each decode step;
+ * close flushes, ends the session and unsubscribes. All three run under the
+ * model's pager lock (or after its worker stopped), never two at once. */
+typedef struct jlm_srv_reporter {
+    void *(*open)(jlm_engine *e, const char *db_path, const char *model_key);
+    void  (*flush)(void *r);
+    void  (*close)(void *r, jlm_engine *e);
+} jlm_srv_reporter;
+
 typedef struct jlm_srv_opts {
     const char *host;        /* NULL: 127.0.0.1 */
     int         port;        /* 0: any free port (see jlm_srv_port) */
@@ -37,6 +49,7 @@ typedef struct jlm_srv_opts {
     int         rescan_s;    /* seconds between rescans of models_dir; 0: only when a request asks */
     uint64_t    budget;      /* bytes of page frames for ALL models together; 0: unlimited */
     jlm_engine_opts eng;     /* per model (its budget field is ignored: see budget) */
+    const jlm_srv_reporter *report;  /* NULL: views' residency databases get no sessions from the server */
 } jlm_srv_opts;
 
 typedef struct jlm_srv_model {

@@ -38,6 +38,7 @@ typedef struct srv_model {
     int          from_dir;           /* found by the --models scan (only those are rescanned) */
     atomic_int   refs;
     char        *rdb_path, *rdb_key;  /* on a jlmfs view: its residency database; else NULL */
+    void        *rep;                /* the view's reporter (jlm_srv_opts.report), under pager_mu; NULL: none */
     jlm_engine  *e;
     jlm_tok     *tok;
     char        *tmpl, *bos, *eos;   /* chat template (chatml when the container has none) */

@@ -279,6 +279,13 @@ Test(cli_chat_tty, editing_history_ctrl_c_and_ctrl_d_on_a_terminal, .fini = tty_
     count_arg two = {"> hello\n", 2};
     free(wait_pane(&t, occurs, &two, "the recalled line sent"));
     free(wait_pane(&t, last_line_is, ">", "the prompt after the second reply"));
+    /* a block of three physical lines is one history entry (below) */
+    tmux(&t, "send-keys -t jlm -l '\"\"\"first'");
+    tmux(&t, "send-keys -t jlm Enter");
+    free(wait_pane(&t, last_line_is, "...", "the block's prompt"));
+    tmux(&t, "send-keys -t jlm -l 'second\"\"\"'");
+    tmux(&t, "send-keys -t jlm Enter");
+    free(wait_pane(&t, last_line_is, ">", "the prompt after the block's reply"));
     /* 3. /bye exits 0 */
     tmux(&t, "send-keys -t jlm -l /bye");
     tmux(&t, "send-keys -t jlm Enter");
@@ -301,6 +308,10 @@ Test(cli_chat_tty, editing_history_ctrl_c_and_ctrl_d_on_a_terminal, .fini = tty_
     start(&t, dir, env, m, "-n 12 --temp 0 -t 1");
     tmux(&t, "send-keys -t jlm Up");
     free(wait_pane(&t, last_line_is, "> /bye", "Up recalling the last saved line"));
+    tmux(&t, "send-keys -t jlm Up");
+    p = wait_pane(&t, last_line_is, "second\"\"\"", "Up recalling the block as one entry");
+    cr_assert(strstr(p, "> \"\"\"first\nsecond\"\"\""), "the block's two lines, recalled at once: %s", p);
+    free(p);
     tmux(&t, "send-keys -t jlm Up");
     free(wait_pane(&t, last_line_is, "> hello", "Up recalling the one before"));
     tmux(&t, "send-keys -t jlm C-u");   /* emacs: the line is cut */

@@ -24,7 +24,10 @@ static const char *const BAD[][3] = {
     {"bench", "-r", "0"},             {"bench", "-p", "-5"},
     {"bench", "-t", " 4"},            {"serve", "--port", "70000"},
     {"serve", "-np", "17"},           {"serve", "--queue", "-1"},
-    {"serve", "--body-max", "x"},
+    {"serve", "--body-max", "x"},     {"serve", "--gpu-layers", "x"},
+    {"serve", "--backend", "bogus"},  {"serve", "-c", "-1"},
+    {"chat", "--gpu-layers", "0"},    {"chat", "--backend", "bogus"},
+    {"run", "--gpu-layers", " 2"},
 };
 
 Test(cli_opts, every_bad_value_exits_2_with_one_line_naming_the_option)
@@ -88,12 +91,63 @@ Test(cli_opts, help_on_every_subcommand_lists_options_and_defaults)
     free(o);
 }
 
+/* The rows run, chat, bench and serve share come from one place (cli/opts.c):
+ * each shared option's help line is the same in every subcommand that has
+ * it, and serve takes the engine's options as run does (issue 16). */
+static char *help_line(const char *help, const char *opt)
+{
+    char want[64];
+    snprintf(want, sizeof want, "\n  %s ", opt);
+    const char *p = strstr(help, want);
+    return p ? strndup(p + 1, strcspn(p + 1, "\n")) : NULL;
+}
+
+Test(cli_opts, shared_rows_are_the_same_in_every_subcommand)
+{
+    static const char *const CMDS[] = {"run", "chat", "serve", "bench"};
+    /* the option, and whether chat, serve and bench have it (run has all) */
+    static const struct { const char *opt; int in[3]; } ROWS[] = {
+        {"-c, --ctx-size", {1, 1, 0}}, {"-t, --threads", {1, 1, 1}}, {"--kv", {1, 1, 1}},
+        {"--no-direct", {1, 1, 1}},    {"--no-prefetch", {1, 1, 1}}, {"--backend", {1, 1, 0}},
+        {"--device", {1, 1, 0}},       {"--gpu-layers", {1, 1, 0}},  {"--temp", {1, 0, 0}},
+        {"--top-k", {1, 0, 0}},        {"--top-p", {1, 0, 0}},       {"--min-p", {1, 0, 0}},
+        {"--repeat-penalty", {1, 0, 0}}, {"--repeat-last-n", {1, 0, 0}}, {"-s, --seed", {1, 0, 0}},
+        {"--budget", {1, 0, 1}},   /* serve's --budget is the server's own: all models together */
+    };
+    char *help[4], cmd[512];
+    for (int c = 0; c < 4; c++) {
+        snprintf(cmd, sizeof cmd, "%s %s --help 2>/dev/null", tu_jlm(), CMDS[c]);
+        cr_assert_eq(tu_run(cmd, &help[c]), 0);
+    }
+    for (size_t r = 0; r < sizeof ROWS / sizeof ROWS[0]; r++) {
+        char *ref = help_line(help[0], ROWS[r].opt);
+        cr_assert(ref, "run lists %s", ROWS[r].opt);
+        for (int c = 1; c < 4; c++) {
+            char *l = help_line(help[c], ROWS[r].opt);
+            if (ROWS[r].in[c - 1])
+                cr_expect(l && !strcmp(l, ref), "jlm %s %s: '%s', run: '%s'", CMDS[c], ROWS[r].opt, l, ref);
+            else if (strcmp(ROWS[r].opt, "--budget"))
+                cr_expect(!l, "jlm %s has no %s: '%s'", CMDS[c], ROWS[r].opt, l);
+            free(l);
+        }
+        free(ref);
+    }
+    char *seed = help_line(help[1], "-s, --seed");
+    cr_expect(seed && strstr(seed, "(default: random)"), "the seed's default reads 'random': %s", seed);
+    free(seed);
+    for (int c = 0; c < 4; c++) free(help[c]);
+}
+
 Test(cli_opts, version_of_jlm_and_jlmfs)
 {
     char cmd[512], *o = NULL;
     snprintf(cmd, sizeof cmd, "%s --version", tu_jlm());
     cr_assert_eq(tu_run(cmd, &o), 0, "%s", o);
     cr_assert(!strncmp(o, "jlm version ", 12) && strstr(o, ".jlm format"), "%s", o);
+    /* the build: compiler, SIMD tiers, backends (issue 15) */
+    cr_assert(strstr(o, "\nbuild: ") && (strstr(o, "build: gcc ") || strstr(o, "build: clang ")) &&
+              strstr(o, "SIMD tiers built: ref avx2 avx512") && strstr(o, "backends built: cpu") &&
+              strstr(o, "this CPU runs: ref") && strstr(o, "\ncuda: "), "%s", o);
     free(o);
     snprintf(cmd, sizeof cmd, "%.*sjlmfs --version", (int)(strlen(tu_jlm()) - 3), tu_jlm());
     cr_assert_eq(tu_run(cmd, &o), 0, "%s", o);
@@ -235,6 +289,101 @@ Test(cli_chat_utf8, replies_with_invalid_bytes_keep_the_chat_going, .timeout = 6
     }
     cr_assert(saw_fffd, "the sampled replies held invalid bytes (U+FFFD shown)");
     free(m);
+    tu_rmrf(dir);
+    free(dir);
+}
+
+/* Invalid bytes from the user (issue 15: `printf 'caf\xe9\nhello\n' | jlm
+ * chat M`) are sent as U+FFFD, not refused: the first reply is the reply to
+ * "caf\uFFFD", the second message is answered, no "not sent" line. The same
+ * for -sys and /system. */
+Test(cli_chat_utf8, invalid_bytes_from_the_user_are_sent_as_u_fffd, .timeout = 60)
+{
+    char *dir = tu_tmpdir();
+    jlm_err err = {0};
+    char *m = tu_convert("stories260K.gguf", dir, "s.jlm", &err);
+    cr_assert_not_null(m, "%s", err.msg);
+    char cmd[4096], *bad = NULL, *good = NULL;
+    snprintf(cmd, sizeof cmd, "printf 'caf\\351\\nhello\\n/system be \\377 kind\\nagain\\n' | %s chat %s -n 8 --temp 0 "
+             "-t 1 -sys \"$(printf 'sys\\200')\" 2>&1", tu_jlm(), m);
+    cr_assert_eq(tu_run(cmd, &bad), 0, "%s", bad);
+    snprintf(cmd, sizeof cmd, "printf 'caf\\357\\277\\275\\nhello\\n/system be \\357\\277\\275 kind\\nagain\\n' | "
+             "%s chat %s -n 8 --temp 0 -t 1 -sys \"$(printf 'sys\\357\\277\\275')\" 2>&1", tu_jlm(), m);
+    cr_assert_eq(tu_run(cmd, &good), 0, "%s", good);
+    cr_assert(!strstr(bad, "not sent") && !strstr(bad, "not valid UTF-8"), "every message was sent: %s", bad);
+    cr_assert_str_eq(bad, good, "the replies to the invalid bytes are those to U+FFFD");
+    size_t lines = 0;
+    for (const char *p = good; *p; p++) lines += *p == '\n';
+    cr_assert_geq(lines, 4, "the banner, three replies and the notice: %s", good);
+    free(bad); free(good); free(m);
+    tu_rmrf(dir);
+    free(dir);
+}
+
+/* `-m MODEL` wherever MODEL is positional (issue 15): every such subcommand
+ * lists it, and info and template answer with -m as with the positional
+ * (template's answer for stories260K is its "no default chat template"). */
+Test(cli_opts, m_model_is_accepted_wherever_model_is_positional, .timeout = 60)
+{
+    static const char *const CMDS[] = {"run", "chat", "bench", "info", "tokenize", "template", "serve"};
+    char cmd[4096], *a = NULL, *b = NULL;
+    for (size_t i = 0; i < sizeof CMDS / sizeof CMDS[0]; i++) {
+        snprintf(cmd, sizeof cmd, "%s %s --help", tu_jlm(), CMDS[i]);
+        cr_assert_eq(tu_run(cmd, &a), 0);
+        cr_expect(strstr(a, "\n  -m, --model FILE "), "jlm %s lists -m: %s", CMDS[i], a);
+        free(a);
+    }
+    char *dir = tu_tmpdir();
+    jlm_err err = {0};
+    char *m = tu_convert("stories260K.gguf", dir, "s.jlm", &err);
+    cr_assert_not_null(m, "%s", err.msg);
+    char msgs[1100];
+    snprintf(msgs, sizeof msgs, "%s/m.json", dir);
+    cr_assert_eq(tu_write_file(msgs, "[{\"role\": \"user\", \"content\": \"hi\"}]", 35), 0);
+    static const char *const FORMS[][2] = {{"info %s", "info -m %s"}, {"template %s --messages %s", "template -m %s --messages %s"}};
+    for (int f = 0; f < 2; f++) {
+        char x[1200];
+        snprintf(x, sizeof x, FORMS[f][0], m, msgs);
+        snprintf(cmd, sizeof cmd, "%s %s 2>&1", tu_jlm(), x);
+        int ra = tu_run(cmd, &a);   /* template: stories260K has none, the same error either way */
+        cr_assert(f == 1 || ra == 0, "%s: %s", cmd, a);
+        snprintf(x, sizeof x, FORMS[f][1], m, msgs);
+        snprintf(cmd, sizeof cmd, "%s %s 2>&1", tu_jlm(), x);
+        cr_expect_eq(tu_run(cmd, &b), ra, "%s: %s", cmd, b);
+        cr_expect_str_eq(a, b, "%s", cmd);
+        free(a); free(b);
+    }
+    snprintf(cmd, sizeof cmd, "%s info %s -m %s 2>&1", tu_jlm(), m, m);
+    cr_expect_eq(tu_run(cmd, &a), 2, "the model given twice: %s", a);
+    free(a);
+    free(m);
+    tu_rmrf(dir);
+    free(dir);
+}
+
+/* Issue 15's reproduction on every model it names: `printf 'hello\nhow are
+ * you\n' | jlm chat MODEL -n 8` ended with "role/content not valid UTF-8" on
+ * these; now both messages are answered and stdout is valid UTF-8. */
+Test(cli_chat_utf8, the_issues_models_answer_every_message, .timeout = 180)
+{
+    static const char *const MODELS[] = {"synth-qwen3-256.Q8_0.gguf", "synth-gemma3-256.Q8_0.gguf",
+                                         "synth-llama-moe-256.Q4_K_M.gguf", "synth-qwen3moe-256.Q8_0.gguf",
+                                         "synth-gpt-oss-256.MXFP4_MOE.gguf"};
+    char *dir = tu_tmpdir();
+    for (size_t i = 0; i < sizeof MODELS / sizeof MODELS[0]; i++) {
+        char cmd[4096], *o = NULL, *e = NULL, errf[1100];
+        snprintf(errf, sizeof errf, "%s/err", dir);
+        snprintf(cmd, sizeof cmd, "(printf 'hello\\nhow are you\\n' | XDG_CACHE_HOME=%s %s chat %s -n 8 -t 1 --seed 1 2>%s)",
+                 dir, tu_jlm(), tu_model(MODELS[i]), errf);
+        cr_assert_eq(tu_run(cmd, &o), 0, "%s: %s", MODELS[i], o);
+        e = (char *)tu_read_file(errf, NULL);
+        cr_expect(e && !strstr(e, "not valid UTF-8") && !strstr(e, "not sent"), "%s: %s", MODELS[i], e);
+        size_t lines = 0;
+        for (const char *p = o; *p; p++) lines += *p == '\n';
+        cr_expect_eq(lines, 2, "%s: a reply line per message: [%s]", MODELS[i], o);
+        cr_expect(valid_utf8(o), "%s: stdout is valid UTF-8", MODELS[i]);
+        free(o); free(e);
+    }
     tu_rmrf(dir);
     free(dir);
 }

@@ -16,6 +16,8 @@ static char *T;   /* the test's temp dir (not the mount fixture's) */
 
 static void ux_init(void)
 {
+    if (T)
+        return;   /* the suite's .init and a test's own both name it: one temp dir */
     T = tu_tmpdir();
     cr_assert(T, "cannot create a temp dir");
 }
@@ -336,6 +338,13 @@ Test(cli_ux, through_a_mount_errors_ggufs_and_stats, .init = ux_init, .fini = ux
                   !strstr(e, "No such file"),
               "exit %d: %s (status '%s')", rc, e, st);
     free(o); free(e); free(st);
+    /* jlm convert MNT/s.gguf (no -o) points to the view, one line, exit 1, nothing written */
+    snprintf(args, sizeof args, "convert '%s/s.gguf'", M.mnt);
+    rc = jlm2(args, &o, &e);
+    cr_expect(rc == 1 && count_lines(e) == 1 && strstr(e, "is in a jlmfs mount: its view ") && strstr(e, "/s.jlm is the "),
+              "exit %d: %s", rc, e);
+    cr_expect(!tu_exists(pathf("%s/s.jlm.part", M.src)) && !tu_exists(pathf("%s/s.jlm", M.src)), "nothing written");
+    free(o); free(e);
     /* MNT/s.gguf runs its view s.jlm: no copy in the per-user cache, same ids */
     snprintf(args, sizeof args, "run '%s/s.gguf' -p 'Once upon a time' -n 8 --seed 7 --print-ids", M.mnt);
     rc = jlm2(args, &o, &e);
@@ -361,6 +370,26 @@ Test(cli_ux, through_a_mount_errors_ggufs_and_stats, .init = ux_init, .fini = ux
               "exit %d, want '%s...':\n%s%s", rc, want, o, e);
     /* the heat strip: every block was read by the run, none stays resident after it */
     cr_expect(strstr(o, "\n  blocks     [+++++]\n"), "blocks strip:\n%s", o);
+    /* the default table fits 80 columns; --wide is residency's whole table, as the view's stats file */
+    cr_expect(strstr(o, "\npage           res page-ins      hits    evict       read  last-access\n"), "%s", o);
+    cr_expect(!strstr(o, "t-pcache"), "the narrow table has no tier columns:\n%s", o);
+    char *rows = strstr(o, "\npage           res");
+    for (char *l = rows ? rows + 1 : o, *nl; *l; l = nl + 1) {
+        nl = strchr(l, '\n');
+        if (!nl) break;
+        cr_expect(nl - l <= 80, "a line over 80 columns: %.*s", (int)(nl - l), l);
+    }
+    free(o); free(e);
+    snprintf(args, sizeof args, "stats '%s/s.jlm' --wide", M.mnt);
+    rc = jlm2(args, &o, &e);
+    unsigned char *sf = tu_read_file(pathf("%s/s.jlm/stats", M.mnt), NULL);
+    char *hdr = sf ? strstr((char *)sf, "\npage ") : NULL, *hend = hdr ? strchr(hdr + 1, '\n') : NULL;
+    if (hend) hend[1] = 0;   /* the stats file's column header line */
+    cr_expect(rc == 0 && hdr && strstr(o, "t-pcache") && strstr(o, hdr), "--wide has the stats file's columns:\n%s\n--\n%s",
+              o, sf ? (char *)sf : "(no stats file)");
+    free(sf); free(o); free(e);
+    snprintf(args, sizeof args, "stats '%s' --wide --json", M.mnt);
+    cr_expect(jlm2(args, &o, &e) == 2, "--wide is text only");
     free(o); free(e);
     /* a MoE view: one strip row per expert block, some experts read, not all */
     b = tu_read_file(tu_model("synth-qwen3moe-256.Q4_K_M.gguf"), &n);
@@ -415,6 +444,10 @@ Test(cli_ux, make_install_and_uninstall_into_a_staging_root, .timeout = 120)
     cr_expect(helper && strstr(helper, "installed=\"/usr/bin/jlmfs\"") && !strstr(helper, "@JLMFS_INSTALLED@"),
               "the helper does not name the installed jlmfs");
     free(helper);
+    char *unit = read_text(pathf("%s/root/usr/share/doc/jlmfs/examples/jlmfs@.service", T));
+    cr_expect(unit && strstr(unit, "\nExecStart=/usr/bin/jlmfs ") && !strstr(unit, "/usr/local/bin"),
+              "the systemd example runs the installed jlmfs: %s", unit ? unit : "(missing)");
+    free(unit);
     snprintf(cmd, sizeof cmd, "'%s/root/usr/bin/jlm' --version", T);
     cr_expect(tu_run(cmd, &o) == 0 && strstr(o, "jlm "), "installed jlm: %s", o);
     free(o);

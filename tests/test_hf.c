@@ -14,8 +14,13 @@
 #include "converter/safetensors.h"
 #include "converter/vocab.h"
 #include "engine/model.h"
+#include "format/dequant.h"
 #include "text/tokenizer/tokenizer.h"
+#include "tests/hf_synth.h"
 #include "tests/testutil.h"
+
+#include <sys/stat.h>
+#include <unistd.h>
 
 #define TOL_HF 1e-4   /* transformers' fp32 forward of the same bf16 weights: only summation order differs */
 
@@ -239,13 +244,16 @@ Test(hf, refuses_a_bad_header_length_and_json)
     cr_assert(strstr(err.msg, "not a JSON object"), "%s", err.msg);
 }
 
-/* The fuzz seeds are small valid models of three classes: they open and every
- * tensor reads back (llama q/k permuted, mixtral experts stacked, gemma norms + 1). */
+/* The fuzz seeds are small valid models of five classes: they open and a
+ * tensor of each reads back (llama q/k permuted, mixtral experts stacked,
+ * gemma norms + 1, olmoe's wide q norm, gpt-oss's MXFP4 up rows of a shared
+ * gate_up tensor). */
 Test(hf, fuzz_seeds_open_as_models)
 {
-    const char *seeds[] = {"llama.bin", "mixtral.bin", "gemma3.bin"};
-    const char *probe[] = {"blk.0.attn_q.weight", "blk.0.ffn_up_exps.weight", "blk.0.post_ffw_norm.weight"};
-    for (int i = 0; i < 3; i++) {
+    const char *seeds[] = {"llama.bin", "mixtral.bin", "gemma3.bin", "olmoe.bin", "gpt-oss.bin"};
+    const char *probe[] = {"blk.0.attn_q.weight", "blk.0.ffn_up_exps.weight", "blk.0.post_ffw_norm.weight",
+                           "blk.0.attn_q_norm.weight", "blk.1.ffn_up_exps.weight"};
+    for (int i = 0; i < 5; i++) {
         char p[1024];
         snprintf(p, sizeof p, "%s/tests/fuzz/seeds-safetensors/%s", tu_root(), seeds[i]);
         size_t len = 0;
@@ -421,6 +429,43 @@ static void template_kept(const char *d, const jlm_model *m, const char *name)
     json_decref(tc);
 }
 
+/* qwen3's tokenizer.json has normalizer NFC: carried as a first PreOp of
+ * Kind 5 with Behavior "nfc" (docs/tokenizer.md), so decomposed text
+ * tokenizes as its NFC form, as HF tokenizers does. Another Behavior on that
+ * kind is refused by name. */
+static void nfc_applied(const jlm_model *m, jlm_tok *tok)
+{
+    const jlm_vocab *v = &m->vocab;
+    cr_assert(v->n_preops >= 2 && v->preops[0].kind == 5 && v->preops[0].behavior.len == 3 &&
+              !memcmp(v->preops[0].behavior.s, "nfc", 3), "no NFC stage first");
+    static const char *const P[][2] = {
+        {"caf\xc3\xa9 cr\xc3\xa8me", "cafe\xcc\x81 cre\xcc\x80me"},               /* e + U+0301 / U+0300 */
+        {"\xc3\x85ngstr\xc3\xb6m", "A\xcc\x8angstro\xcc\x88m"},                   /* A + ring, o + diaeresis */
+        {"Vi\xe1\xbb\x87t", "Vie\xcc\x82\xcc\xa3t"},                             /* e + U+0302 + U+0323: reordered */
+        {"\xea\xb0\x80\xeb\x82\x98", "\xe1\x84\x80\xe1\x85\xa1\xe1\x84\x82\xe1\x85\xa1"}, /* Hangul jamo */
+    };
+    jlm_err err = {0};
+    for (size_t i = 0; i < sizeof P / sizeof P[0]; i++) {
+        int32_t *a = NULL, *b = NULL;
+        size_t na, nb;
+        cr_assert_eq(jlm_tok_encode(tok, P[i][0], strlen(P[i][0]), 0, 1, &a, &na, &err), 0, "%s", err.msg);
+        cr_assert_eq(jlm_tok_encode(tok, P[i][1], strlen(P[i][1]), 0, 1, &b, &nb, &err), 0, "%s", err.msg);
+        cr_assert(na == nb && !memcmp(a, b, na * 4), "'%s' does not tokenize as its NFC form '%s' (%zu ids, %zu)",
+                  P[i][1], P[i][0], nb, na);
+        free(a);
+        free(b);
+    }
+    jlm_vocab w = *v;
+    jlm_preop ops[16];
+    cr_assert(v->n_preops <= 16);
+    memcpy(ops, v->preops, v->n_preops * sizeof *ops);
+    ops[0].behavior = (jlm_str){"nfkc", 4};
+    w.preops = ops;
+    jlm_tok *t2 = NULL;
+    cr_assert_neq(jlm_tok_create(&w, &t2, &err), 0, "a Kind 5 stage 'nfkc' was accepted");
+    cr_assert(strstr(err.msg, "nfkc") && strstr(err.msg, "not supported"), "%s", err.msg);
+}
+
 static void against_hf_tokenizers(const char *name)
 {
     char *d = tu_tmpdir(), cmd[3000], src[1100], out[1100], ref[1100];
@@ -466,6 +511,8 @@ static void against_hf_tokenizers(const char *name)
         }
     }
     json_decref(o);
+    if (!strcmp(name, "qwen3"))
+        nfc_applied(m, tok);
     jlm_tok_destroy(tok);
     jlm_fmt_close(m);
     tu_rmrf(d);
@@ -510,6 +557,8 @@ Test(hf_tok, refuses_what_the_record_cannot_carry_by_field)
     json_t *base = json_load_file(p, 0, NULL);
     struct { const char *path, *value, *want; } cases[] = {
         {"normalizer", "{\"type\":\"NFKC\"}", "normalizer NFKC"},
+        {"normalizer", "{\"type\":\"NFD\"}", "normalizer NFD"},
+        {"normalizer", "{\"type\":\"Precompiled\",\"precompiled_charsmap\":\"AAAA\"}", "normalizer Precompiled"},
         {"model.byte_fallback", "true", "pre_tokenizer (with byte_fallback"},
         {"model.type", "\"Unigram\"", "model.type Unigram"},
         {"decoder", "{\"type\":\"Metaspace\"}", "decoder Metaspace"},
@@ -787,4 +836,291 @@ Test(hf_tok, generation_config_eos_list_ends_generation)
     cr_assert(strstr(err.msg, "generation_config.json: eos_token_id 1 is not a token id"), "%s", err.msg);
     tu_rmrf(d);
     free(d);
+}
+
+/* ---------------------------------------------------------------- olmoe / gpt-oss round trip */
+/* No HF folder of these classes (and no transformers golden) exists here:
+ * tests/hf_synth.h writes one from the synthetic GGUF by inverting llama.cpp's
+ * mapping, and the HF path must give the GGUF path's model back. */
+
+/* Logits of the F32 round-trip container against llama.cpp's on the quantized
+ * GGUF, as a fraction of max |logit|: F32 weights equal to the dequantized
+ * GGUF weights, so only llama.cpp's 8-bit activation quantization (Q8_0 /
+ * Q8_K) differs; test_engine.c's TOL_QUANT. */
+#define TOL_RT 0.05
+
+static const char *rt_gguf(const char *name)
+{
+    static char b[1100];
+    snprintf(b, sizeof b, "%s.gguf", tu_model(name));
+    return b;
+}
+
+static char *rt_folder(const char *gguf_name, const char *dir)
+{
+    char *d = malloc(1200);
+    snprintf(d, 1200, "%s/%s-hf", dir, gguf_name);
+    cr_assert_eq(mkdir(d, 0755), 0);
+    cr_assert_eq(hs_from_gguf(rt_gguf(gguf_name), d), 0, "writing the HF folder of %s", gguf_name);
+    return d;
+}
+
+/* The two containers' configs agree on every field the engine reads. */
+static void rt_config_equal(const jlm_config *a, const jlm_config *b)
+{
+#define SAME(f) cr_assert(a->f == b->f, "config." #f ": HF %g, GGUF %g", (double)a->f, (double)b->f)
+    SAME(arch); SAME(n_layer); SAME(n_embd); SAME(n_head); SAME(n_kv_head); SAME(head_dim); SAME(n_rot); SAME(n_ffn);
+    SAME(n_vocab); SAME(n_ctx); SAME(n_expert); SAME(n_expert_used); SAME(n_ffn_exp); SAME(swa_window);
+    SAME(swa_period); SAME(rms_eps); SAME(rope_base); SAME(attn_factor); SAME(embd_scale); SAME(rope_base_swa);
+    SAME(flags); SAME(yarn_factor); SAME(yarn_orig_ctx); SAME(yarn_beta_fast); SAME(yarn_beta_slow);
+    SAME(yarn_log_mul); SAME(rope_linear); SAME(head_dim_v); SAME(expert_scale); SAME(clamp_kqv);
+#undef SAME
+}
+
+static uint8_t *rt_span(const jlm_model *m, const jlm_tensor *t, const jlm_tensor_planes *pl, uint64_t sheet,
+                        uint64_t *span)
+{
+    uint64_t end = t->qs_off + pl->qs_len;
+    if (t->d_off + pl->d_len > end) end = t->d_off + pl->d_len;
+    if (t->sc_off + pl->sc_len > end) end = t->sc_off + pl->sc_len;
+    *span = end - t->qs_off;
+    uint8_t *buf = malloc(*span);
+    uint64_t shift = jlm_fmt_role_is_bank(t->role) ? sheet * m->hdr.exp_page_size : 0;
+    cr_assert_eq(pread(m->fd, buf, *span, (off_t)(t->qs_off + shift)), (ssize_t)*span);
+    return buf;
+}
+
+/* Every tensor of the HF container against the GGUF: the same set of
+ * (role, block, index) as the GGUF's own container, every row dequantized
+ * equal bit for bit, and MXFP4 planes byte-identical to the GGUF container's.
+ * Returns the number of MXFP4 tensors compared byte for byte. */
+static int rt_tensors_equal(const char *gguf_name, const char *hf_jlm, const char *gg_jlm)
+{
+    jlm_model *m, *m2;
+    jlm_gguf *g;
+    jlm_err err = {0};
+    cr_assert_eq(jlm_fmt_open(hf_jlm, &m, &err), 0, "%s", err.msg);
+    cr_assert_eq(jlm_fmt_open(gg_jlm, &m2, &err), 0, "%s", err.msg);
+    cr_assert_eq(jlm_gguf_open(rt_gguf(gguf_name), &g, &err), 0, "%s", err.msg);
+    rt_config_equal(&m->config, &m2->config);
+    cr_assert_eq(m->hdr.n_tensors, m2->hdr.n_tensors, "HF container %u tensors, GGUF container %u", m->hdr.n_tensors,
+                 m2->hdr.n_tensors);
+    int n_mx = 0;
+    for (uint32_t i = 0; i < m->hdr.n_tensors; i++) {
+        const jlm_tensor *t = &m->tensors[i];
+        const jlm_tensor *t2 = jlm_fmt_find(m2, t->role, t->block, t->index);
+        const jlm_gguf_tensor *gt = jlm_gguf_find_tensor(g, t->name.s);
+        cr_assert(t2 && gt, "'%s' is not in the GGUF's container", t->name.s);
+        for (int d = 0; d < 4; d++)
+            cr_assert_eq(t->dims[d], t2->dims[d], "'%s' dims[%d]", t->name.s, d);
+        jlm_tensor_planes pl, pl2;
+        cr_assert_eq(jlm_fmt_tensor_planes(t, &pl, NULL), 0);
+        cr_assert_eq(jlm_fmt_tensor_planes(t2, &pl2, NULL), 0);
+        int bank = jlm_fmt_role_is_bank(t->role), mx = gt->type == GGML_MXFP4;
+        if (mx)
+            cr_assert_eq(t->type, t2->type, "'%s': MXFP4 is not kept as MXFP4", t->name.s);
+        uint64_t k = jlm_tensor_k(t), rows = jlm_tensor_rows(t), nsheet = bank ? t->dims[2] : jlm_tensor_sheets(t);
+        uint64_t rb = k / jlm_ggml_block_elems(gt->type) * jlm_ggml_block_bytes(gt->type);
+        float *a = malloc(k * 4), *b = malloc(k * 4);
+        uint8_t *srow = malloc(rb);
+        for (uint64_t sh = 0; sh < nsheet; sh++) {
+            uint64_t span, span2, in = bank ? 0 : sh;
+            uint8_t *buf = rt_span(m, t, &pl, sh, &span);
+            if (mx) {   /* the same planes, byte for byte */
+                uint8_t *buf2 = rt_span(m2, t2, &pl2, sh, &span2);
+                uint64_t o1[3] = {0, t->d_off - t->qs_off, t->sc_off - t->qs_off};
+                uint64_t o2[3] = {0, t2->d_off - t2->qs_off, t2->sc_off - t2->qs_off};
+                uint64_t len[3] = {pl.sheet_qs, pl.sheet_d, pl.sheet_sc};
+                for (int q = 0; q < 3; q++)
+                    cr_assert(!memcmp(buf + o1[q] + in * len[q], buf2 + o2[q] + in * len[q], len[q]),
+                              "'%s' sheet %llu: MXFP4 plane %d differs from the GGUF conversion's", t->name.s,
+                              (unsigned long long)sh, q);
+                free(buf2);
+            }
+            for (uint64_t r = 0; r < rows; r++) {
+                jlm_k_dequant_row_ref(t->type, buf + in * pl.sheet_qs, buf + (t->d_off - t->qs_off) + in * pl.sheet_d,
+                                      buf + (t->sc_off - t->qs_off) + in * pl.sheet_sc, k, rows, r, a);
+                cr_assert_eq(jlm_gguf_read(g, gt, (sh * rows + r) * rb, srow, rb, NULL), 0);
+                cr_assert_eq(jlm_ggml_dequant_row(gt->type, srow, b, k, NULL), 0);
+                if (memcmp(a, b, k * 4)) {
+                    uint64_t j = 0;
+                    while (!memcmp(&a[j], &b[j], 4)) j++;
+                    cr_assert_fail("'%s' sheet %llu row %llu element %llu: HF container %.9g, GGUF %.9g", t->name.s,
+                                   (unsigned long long)sh, (unsigned long long)r, (unsigned long long)j, a[j], b[j]);
+                }
+            }
+            free(buf);
+        }
+        n_mx += mx;
+        free(a); free(b); free(srow);
+    }
+    jlm_gguf_close(g);
+    jlm_fmt_close(m);
+    jlm_fmt_close(m2);
+    return n_mx;
+}
+
+/* Logits after each oracle prompt within TOL_RT of llama.cpp's and of the
+ * GGUF container's; greedy ids equal to llama.cpp's while its margin exceeds
+ * twice the measured error (test_engine.c's rule). */
+static void rt_logits(const char *gguf_name, const char *hf_jlm, const char *gg_jlm)
+{
+    jlm_engine_opts o = {.n_threads = 2, .quiet = 1, .direct = 1};
+    jlm_engine *a, *b;
+    jlm_err err = {0};
+    cr_assert_eq(jlm_engine_open(hf_jlm, &o, &a, &err), 0, "%s", err.msg);
+    cr_assert_eq(jlm_engine_open(gg_jlm, &o, &b, &err), 0, "%s", err.msg);
+    char p[1024];
+    snprintf(p, sizeof p, "%s/tests/reference/oracle-%s.exact.json", tu_root(), gguf_name);
+    json_t *orc = json_load_file(p, JSON_ALLOW_NUL, NULL), *runs = json_object_get(orc, "runs");
+    cr_assert(json_array_size(runs) >= 2, "%s", p);
+    uint32_t nv = jlm_engine_n_vocab(a);
+    float *la = malloc(nv * 4), *lb = malloc(nv * 4);
+    for (size_t r = 0; r < json_array_size(runs); r++) {
+        json_t *run = json_array_get(runs, r), *ref = json_object_get(run, "logits_after_prompt");
+        size_t np, ng;
+        int32_t *pr = ids(json_object_get(run, "prompt_ids"), &np), *want = ids(json_object_get(run, "generated_ids"), &ng);
+        cr_assert_eq(json_array_size(ref), nv);
+        jlm_engine_rewind(a, 0);
+        jlm_engine_rewind(b, 0);
+        cr_assert_eq(jlm_engine_eval(a, pr, (uint32_t)np, la, &err), 0, "%s", err.msg);
+        cr_assert_eq(jlm_engine_eval(b, pr, (uint32_t)np, lb, &err), 0, "%s", err.msg);
+        double mx = 0, e_ref = 0, e_gg = 0;
+        for (uint32_t i = 0; i < nv; i++) {
+            double v = json_number_value(json_array_get(ref, i));
+            mx = fmax(mx, fabs(v));
+            if (!(fabs(v - la[i]) <= e_ref)) e_ref = fabs(v - la[i]);
+            if (!(fabs((double)lb[i] - la[i]) <= e_gg)) e_gg = fabs((double)lb[i] - la[i]);
+        }
+        cr_assert(!(e_ref > TOL_RT * mx), "%s run %zu: logit error against llama.cpp %g > %g x %g", gguf_name, r, e_ref,
+                  TOL_RT, mx);
+        cr_assert(!(e_gg > TOL_RT * mx), "%s run %zu: logit error against the GGUF container %g > %g x %g", gguf_name, r,
+                  e_gg, TOL_RT, mx);
+        json_t *steps = json_object_get(run, "step_top3");
+        double thr = 2 * e_ref + 1e-4;
+        size_t checked = 0;
+        for (size_t i = 0; i < ng && i < json_array_size(steps); i++) {
+            json_t *st = json_array_get(steps, i);
+            double l1 = json_number_value(json_array_get(json_array_get(st, 0), 1));
+            double l2 = json_number_value(json_array_get(json_array_get(st, 1), 1));
+            if (l1 - l2 <= thr)
+                break;
+            int32_t id = argmax(la, nv);
+            cr_assert_eq(id, want[i], "%s run %zu step %zu: id %d, llama.cpp %d", gguf_name, r, i, id, want[i]);
+            cr_assert_eq(jlm_engine_eval(a, &id, 1, la, &err), 0, "%s", err.msg);
+            checked++;
+        }
+        cr_log_info("%s run %zu: logit error %.3g (llama.cpp), %.3g (GGUF container) of max %.3g; %zu confident ids equal",
+                    gguf_name, r, e_ref / mx, e_gg / mx, mx, checked);
+        free(pr); free(want);
+    }
+    free(la); free(lb);
+    json_decref(orc);
+    jlm_engine_close(a);
+    jlm_engine_close(b);
+}
+
+/* The folder's gate_up_proj / down_proj MXFP4 read with transformers' rule
+ * (convert_moe_packed_tensors: byte j of a 16-byte block holds element 2j in
+ * its low nibble and 2j + 1 in its high one, FP4 e2m1 values scaled by
+ * 2^(scale - 127); gate = rows [::2], up = rows [1::2]) equal the GGUF's
+ * experts: the generator's HF layout, checked apart from the converter. */
+static void rt_hf_mxfp4_semantics(const char *folder, const char *gguf_name)
+{
+    static const float FP4[16] = {0, 0.5f, 1, 1.5f, 2, 3, 4, 6, -0.0f, -0.5f, -1, -1.5f, -2, -3, -4, -6};
+    jlm_st_set *st;
+    jlm_gguf *g;
+    jlm_err err = {0};
+    cr_assert_eq(jlm_st_open_dir(folder, &st, &err), 0, "%s", err.msg);
+    cr_assert_eq(jlm_gguf_open(rt_gguf(gguf_name), &g, &err), 0, "%s", err.msg);
+    const char *kinds[3][3] = {{"gate_up_proj", "ffn_gate_exps", "ffn_up_exps"}, {"down_proj", "ffn_down_exps", NULL}};
+    for (int kd = 0; kd < 2; kd++) {
+        char bn[128], sn[128], gn[2][64];
+        snprintf(bn, sizeof bn, "model.layers.1.mlp.experts.%s_blocks", kinds[kd][0]);
+        snprintf(sn, sizeof sn, "model.layers.1.mlp.experts.%s_scales", kinds[kd][0]);
+        const jlm_st_tensor *B = jlm_st_find(st, bn), *S = jlm_st_find(st, sn);
+        cr_assert(B && S && B->dtype == JLM_ST_U8 && S->dtype == JLM_ST_U8 && B->n_dims == 4, "%s", bn);
+        int n_out = kinds[kd][2] ? 2 : 1;
+        const jlm_gguf_tensor *gt[2] = {0};
+        for (int o = 0; o < n_out; o++) {
+            snprintf(gn[o], sizeof gn[o], "blk.1.%s.weight", kinds[kd][1 + o]);
+            cr_assert((gt[o] = jlm_gguf_find_tensor(g, gn[o])), "%s", gn[o]);
+        }
+        uint64_t E = B->shape[0], rows = B->shape[1], nb = B->shape[2], k = nb * 32;
+        uint8_t *blk = malloc(B->n_bytes), *sc = malloc(S->n_bytes), *raw = malloc(nb * 17);
+        float *want = malloc(k * 4);
+        cr_assert_eq(jlm_st_read(st, B, 0, blk, B->n_bytes, &err), 0, "%s", err.msg);
+        cr_assert_eq(jlm_st_read(st, S, 0, sc, S->n_bytes, &err), 0, "%s", err.msg);
+        for (uint64_t e = 0; e < E; e++)
+            for (uint64_t r = 0; r < rows; r++) {
+                int o = (int)(r % n_out);
+                uint64_t gr = e * (rows / n_out) + r / n_out;
+                cr_assert_eq(jlm_gguf_read(g, gt[o], gr * nb * 17, raw, nb * 17, NULL), 0);
+                cr_assert_eq(jlm_ggml_dequant_row(GGML_MXFP4, raw, want, k, NULL), 0);
+                for (uint64_t j = 0; j < k; j++) {
+                    uint64_t b = (e * rows + r) * nb + j / 32;
+                    uint8_t byte = blk[b * 16 + (j % 32) / 2];
+                    float v = ldexpf(FP4[j % 2 ? byte >> 4 : byte & 0xF], (int)sc[b] - 127);
+                    cr_assert(v == want[j], "%s expert %llu row %llu element %llu: HF rule %g, GGUF %g", bn,
+                              (unsigned long long)e, (unsigned long long)r, (unsigned long long)j, v, want[j]);
+                }
+            }
+        free(blk); free(sc); free(raw); free(want);
+    }
+    jlm_gguf_close(g);
+    jlm_st_close(st);
+}
+
+static void round_trip(const char *gguf_name, int want_mxfp4)
+{
+    char *dir = tu_tmpdir(), *folder = rt_folder(gguf_name, dir);
+    if (want_mxfp4)
+        rt_hf_mxfp4_semantics(folder, gguf_name);
+    char *hf_jlm = convert_dir(folder, dir, "hf"), *gg_jlm = malloc(1200);
+    snprintf(gg_jlm, 1200, "%s/gguf.jlm", dir);
+    jlm_conv *c;
+    jlm_err err = {0};
+    cr_assert_eq(jlm_conv_open(rt_gguf(gguf_name), NULL, &c, &err), 0, "%s", err.msg);
+    cr_assert_eq(jlm_conv_write(c, gg_jlm, NULL, NULL, NULL, &err), 0, "%s", err.msg);
+    jlm_conv_close(c);
+    cr_assert_eq(rt_tensors_equal(gguf_name, hf_jlm, gg_jlm), want_mxfp4);
+    rt_logits(gguf_name, hf_jlm, gg_jlm);
+    free(hf_jlm); free(gg_jlm); free(folder);
+    tu_rmrf(dir);
+    free(dir);
+}
+
+Test(hf, olmoe_folder_made_from_the_gguf_converts_back_to_it, .timeout = 120)
+{
+    round_trip("synth-olmoe-256.Q4_K_M", 0);
+}
+
+Test(hf, gpt_oss_folder_keeps_mxfp4_and_converts_back_to_the_gguf, .timeout = 120)
+{
+    round_trip("synth-gpt-oss-256.MXFP4_MOE", 6);   /* 2 layers x gate, up, down */
+}
+
+/* What the engine's olmoe / gpt-oss graphs cannot honour is refused by key. */
+Test(hf_cli, olmoe_and_gpt_oss_configs_it_cannot_run_are_refused_by_key, .timeout = 60)
+{
+    static const char *const E[][3] = {
+        {"synth-gpt-oss-256.MXFP4_MOE", "\"swiglu_limit\": 7.0", "\"swiglu_limit\": 8.0"},
+        {"synth-gpt-oss-256.MXFP4_MOE", "\"sliding_attention\"", "\"full_attention\""},
+        {"synth-gpt-oss-256.MXFP4_MOE", "\"mxfp4\"", "\"bitsandbytes\""},
+        {"synth-gpt-oss-256.MXFP4_MOE", "\"beta_fast\": 32.0", "\"beta_fast\": 16.0"},
+        {"synth-olmoe-256.Q4_K_M", "\"norm_topk_prob\": false", "\"norm_topk_prob\": true"},
+        {"synth-olmoe-256.Q4_K_M", "\"clip_qkv\": null", "\"clip_qkv\": 8.0"},
+    };
+    static const char *const WANT[] = {"swiglu_limit", "layer_types", "quant_method", "rope_scaling", "norm_topk_prob",
+                                       "clip_qkv"};
+    for (size_t i = 0; i < sizeof E / sizeof E[0]; i++) {
+        char *d = tu_tmpdir(), m[1100];
+        snprintf(m, sizeof m, "%s/m", d);
+        cr_assert_eq(mkdir(m, 0755), 0);
+        cr_assert_eq(hs_from_gguf(rt_gguf(E[i][0]), m), 0);
+        edit_config(d, E[i][1], E[i][2]);
+        cli_refuses(d, WANT[i]);
+        tu_rmrf(d);
+        free(d);
+    }
 }

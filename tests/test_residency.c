@@ -597,10 +597,19 @@ Test(residency, jlm_stats_prints_a_database_as_text_and_json, .timeout = 60)
 {
     fill_two_models();
     char cmd[2400], *out = NULL;
-    snprintf(cmd, sizeof cmd, "'%s' stats '%s'", tu_jlm(), dbpath);
+    snprintf(cmd, sizeof cmd, "'%s' stats '%s' --wide", tu_jlm(), dbpath);   /* residency's whole table */
     int rc = tu_run(cmd, &out);
     cr_assert_eq(rc, 0, "%s: exit %d\n%s", cmd, rc, out);
     check_text(out);
+    free(out);
+    /* the default: page, res, page-ins, hits, evict, read, last access */
+    snprintf(cmd, sizeof cmd, "'%s' stats '%s'", tu_jlm(), dbpath);
+    rc = tu_run(cmd, &out);
+    cr_assert_eq(rc, 0, "%s: exit %d\n%s", cmd, rc, out);
+    cr_assert(strstr(out, "model a.jlm: 1 live sessions, 1 pages resident"), "%s", out);
+    cr_assert(strstr(out, "\nblocks.12        -        1         7        1   64.0 KiB  "), "%s", out);
+    cr_assert(strstr(out, "\nexperts.3.5    yes        1         0        0   12.0 KiB  "), "%s", out);
+    cr_assert(strstr(out, "\ntotal                     2         7        1   76.0 KiB  "), "%s", out);
     free(out);
     snprintf(cmd, sizeof cmd, "'%s' stats '%s' --json 2>/dev/null", tu_jlm(), dbpath);
     rc = tu_run(cmd, &out);

@@ -320,6 +320,8 @@ Test(serve, lists_models_and_answers_health, .timeout = 60)
     cr_assert_eq(http(&s, "GET", "/metrics", NULL, NULL, &r), 200, "%s", r);
     cr_assert(strstr(r, "jlm_generated_tokens_total{model=\"stories\"} 3"), "%s", r);
     cr_assert(!strstr(r, "jlm_page_ins_total{model=\"stories\"} 0"), "%s", r);
+    const char *fr = strstr(r, "\njlm_frames_resident{model=\"stories\"} ");
+    cr_assert(fr && atoi(fr + strlen("\njlm_frames_resident{model=\"stories\"} ")) >= 1, "frames per model: %s", r);
     free(r);
     expect_error(&s, "GET", "/v1/models/nope/residency", NULL, NULL, 404, "not_found_error");
     srv_free(&s);
@@ -1341,5 +1343,124 @@ Test(serve, a_jlmfs_mount_serves_a_gguf_dropped_in_once_its_view_is_ready, .init
     snprintf(cmd, sizeof cmd, "%s/tiny.gguf", M.mnt);
     cr_assert_eq(unlink(cmd), 0);
     expect_error(&s, "POST", "/v1/completions", b, NULL, 404, "not_found_error");
+    srv_free(&s);
+}
+
+/* The server reports its own page-ins to a view's residency database, as
+ * `jlm run` does (cli/report.c): while it serves the view, /residency (what
+ * `jlm stats --json` gives) counts its session and the pages it holds; after
+ * SIGTERM the session is gone. Before, the database saw only the daemon's
+ * reads: sessions 0, nothing resident. */
+static json_t *view_stats(json_t *root)
+{
+    json_t *models = json_object_get(root, "models");
+    cr_assert_eq(json_object_size(models), 1, "one model on the mount");
+    const char *k;
+    json_t *v;
+    json_object_foreach(models, k, v) return v;
+    return NULL;
+}
+
+Test(serve, reports_its_page_ins_to_a_views_residency_database, .init = mnt_dirs, .fini = mnt_fini, .timeout = 120)
+{
+    char cmd[4096], *r = NULL, *ref = NULL;
+    snprintf(cmd, sizeof cmd, "cp %s %s/tiny.gguf", tu_model("stories260K.gguf"), M.src);
+    cr_assert_eq(tu_run(cmd, NULL), 0);
+    mnt_start(0, 1);
+    char status[1200], view[1100];
+    snprintf(view, sizeof view, "%s/tiny.jlm", M.mnt);
+    snprintf(status, sizeof status, "%s/status", view);
+    for (int i = 0; i < 300; i++) {
+        char *st = (char *)tu_read_file(status, NULL);
+        int ready = st && !strncmp(st, "ready", 5);
+        free(st);
+        if (ready) break;
+        cr_assert(i < 299, "the view became ready");
+        usleep(100000);
+    }
+    srv s = {0};
+    s.dir = tu_tmpdir();
+    s.model = strdup(view);
+    srv_start(&s, NULL);
+    const char *b = "{\"prompt\": \"Once upon a time\", \"max_tokens\": 8, \"temperature\": 0}";
+    cr_assert_eq(http(&s, "POST", "/v1/completions", b, NULL, &r), 200, "%s", r);
+    char *t = completion_text(r, NULL);
+    free(r);
+    snprintf(cmd, sizeof cmd, "(%s run %s -p 'Once upon a time' -n 8 --temp 0 -t 1 2>/dev/null)", tu_jlm(), view);
+    cr_assert_eq(tu_run(cmd, &ref), 0, "%s", ref);
+    cr_assert_str_eq(t, ref, "[%s] [%s]", t, ref);
+    free(t); free(ref);
+    cr_assert_eq(http(&s, "GET", "/v1/models/tiny/residency", NULL, NULL, &r), 200, "%s", r);
+    json_t *j = parse(r), *m = view_stats(j);
+    cr_assert_eq(json_integer_value(json_object_get(m, "sessions")), 1, "the server's session is live: %s", r);
+    cr_assert(json_integer_value(json_object_get(m, "resident")) >= 1, "the server's frames are resident: %s", r);
+    json_t *tot = json_object_get(m, "totals");
+    cr_assert(json_integer_value(json_object_get(tot, "page_ins")) >= 1, "its page-ins are counted: %s", r);
+    json_decref(j);
+    free(r);
+    cr_assert_eq(srv_stop(&s), 0);
+    snprintf(cmd, sizeof cmd, "%s stats --json %s", tu_jlm(), view);
+    cr_assert_eq(tu_run(cmd, &r), 0, "%s", r);
+    j = parse(r);
+    m = view_stats(j);
+    cr_assert_eq(json_integer_value(json_object_get(m, "sessions")), 0, "SIGTERM ended the session: %s", r);
+    cr_assert(json_integer_value(json_object_get(json_object_get(m, "totals"), "page_ins")) >= 1, "%s", r);
+    json_decref(j);
+    free(r);
+    srv_free(&s);
+}
+
+/* The engine's options reach the server as they reach `jlm run` (the rows
+ * are shared, cli/opts.c): with --kv f16 --no-prefetch --backend cpu the
+ * greedy completion equals jlm run's with the same options. */
+Test(serve, takes_the_engine_options_as_jlm_run_does, .timeout = 60)
+{
+    srv s = {0};
+    const char *args[] = {"--kv", "f16", "--no-prefetch", "--backend", "cpu", "-c", "128", NULL};
+    srv_start(&s, args);
+    char *r = NULL, *ref = NULL, cmd[4096];
+    const char *b = "{\"prompt\": \"Once upon a time\", \"max_tokens\": 24, \"temperature\": 0}";
+    cr_assert_eq(http(&s, "POST", "/v1/completions", b, NULL, &r), 200, "%s", r);
+    char *t = completion_text(r, NULL);
+    free(r);
+    snprintf(cmd, sizeof cmd, "(%s run %s -p 'Once upon a time' -n 24 --temp 0 -t 1 --kv f16 --no-prefetch -c 128 "
+             "2>/dev/null)", tu_jlm(), s.model);
+    cr_assert_eq(tu_run(cmd, &ref), 0, "%s", ref);
+    cr_assert_str_eq(t, ref, "[%s] [%s]", t, ref);
+    free(t); free(ref);
+    srv_free(&s);
+}
+
+/* Each block page is read once per decode step for the whole batch (issue
+ * 16): with one block frame (--budget 1, raised to the minimum) every step
+ * pages every block in, so the page-ins are n_blocks per step plus n_blocks
+ * per prompt (each evaluated alone), not per sequence: 4 concurrent requests
+ * of 32 tokens read about a quarter of what 4 sequences alone would. */
+Test(serve, a_batch_reads_each_block_page_once_per_step, .timeout = 60)
+{
+    srv s = {0};
+    const char *args[] = {"--budget", "1", "-np", "4", NULL};
+    srv_start(&s, args);
+    jlm_model *c = NULL;
+    jlm_err err = {0};
+    cr_assert_eq(jlm_fmt_open(s.model, &c, &err), 0, "%s", err.msg);
+    double nb = c->hdr.n_blocks;
+    jlm_fmt_close(c);
+    char cmd[4096], *o = NULL;
+    snprintf(cmd, sizeof cmd, "for i in 1 2 3 4; do curl -sf -o /dev/null http://127.0.0.1:%d/v1/completions -d "
+             "\"{\\\"prompt\\\": \\\"Once upon a time $i\\\", \\\"max_tokens\\\": 32, \\\"temperature\\\": 0, "
+             "\\\"ignore_eos\\\": true}\" & done; f=0; for j in $(jobs -p); do wait $j || f=1; done; exit $f", s.port);
+    cr_assert_eq(tu_run(cmd, &o), 0, "%s", o);
+    free(o);
+    char *m = get_metrics(&s);
+    double steps = metric(m, "jlm_decode_steps_total{model=\"stories\"}");
+    double seqs = metric(m, "jlm_decode_step_sequences_total{model=\"stories\"}");
+    double ins = metric(m, "jlm_page_ins_total{model=\"stories\"}");
+    cr_assert(steps > 0 && seqs > steps, "the requests were batched: %g sequences in %g steps\n%s", seqs, steps, m);
+    cr_assert(ins >= nb * steps, "one frame: every step pages every block in: %g page-ins, %g steps\n%s", ins, steps, m);
+    cr_assert(ins <= nb * (steps + 4), "a block page read once per step for the batch (and once per prompt): %g "
+              "page-ins, %g steps, %g blocks\n%s", ins, steps, nb, m);
+    cr_assert(ins < nb * seqs, "fewer reads than one per sequence-step: %g vs %g\n%s", ins, nb * seqs, m);
+    free(m);
     srv_free(&s);
 }

@@ -7,6 +7,8 @@
  * Input: a tokenizer.json text. Every input is refused with a message, or
  * becomes a vocab-only handle whose record is built (tokens, merges, specials,
  * end-of-generation set), so ASan sees any id or string used out of bounds.
+ * A record the tokenizer accepts then encodes decomposed text and the input's
+ * own first bytes (the NFC stage of a normalizer NFC file included).
  */
 #include <stddef.h>
 #include <stdint.h>
@@ -14,6 +16,7 @@
 
 #include "converter/hf.h"
 #include "converter/vocab.h"
+#include "text/tokenizer/tokenizer.h"
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 {
@@ -28,8 +31,21 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     jlm_arena *a = jlm_arena_new();
     jlm_vocab v;
     err.msg[0] = '\0';
-    if (a && jlm_conv_vocab(g, a, &v, &err) != 0 && !err.msg[0])
+    int rc = a ? jlm_conv_vocab(g, a, &v, &err) : JLM_ENOMEM;
+    if (a && rc != 0 && !err.msg[0])
         abort();
+    jlm_tok *tok = NULL;
+    if (!rc && jlm_tok_create(&v, &tok, &err) == 0) {
+        static const char D[] = "cafe\xcc\x81 A\xcc\x8a e\xcc\x82\xcc\xa3 \xe1\x84\x80\xe1\x85\xa1 \xed\xa0\x80\xf7\xbf\xbf\xbf";
+        int32_t *ids = NULL;
+        size_t n = 0;
+        if (jlm_tok_encode(tok, D, sizeof D - 1, 1, 1, &ids, &n, &err) == 0)
+            free(ids);
+        ids = NULL;
+        if (jlm_tok_encode(tok, (const char *)data, size < 256 ? size : 256, 0, 1, &ids, &n, &err) == 0)
+            free(ids);
+        jlm_tok_destroy(tok);
+    }
     jlm_arena_free(a);
     jlm_gguf_close(g);
     return 0;

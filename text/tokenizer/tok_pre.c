@@ -367,7 +367,7 @@ static const char *kind_pattern(const jlm_preop *op, char *buf, size_t cap)
 int jlm_tok_pre_build(jlm_tok *t, jlm_err *err)
 {
     const jlm_vocab *v = t->v;
-    t->wpm_lower = t->wpm_strip = 0;
+    t->wpm_lower = t->wpm_strip = t->nfc = 0;
     if (!v->n_preops)
         return JLM_OK;
     t->stages = calloc(v->n_preops, sizeof(tok_stage));
@@ -388,6 +388,14 @@ int jlm_tok_pre_build(jlm_tok *t, jlm_err *err)
             t->byte_level = 1;
             if (op->use_regex)
                 return jlm_errf(err, JLM_EUNSUPPORTED, "%s: ByteLevel with UseRegex; put a Split stage before it", what);
+            continue;
+        }
+        if (op->kind == 5 && op->behavior.len) {
+            /* the normaliser convention (docs/tokenizer.md section 1): only "nfc" */
+            if (op->behavior.len != 3 || memcmp(op->behavior.s, "nfc", 3))
+                return jlm_errf(err, JLM_EUNSUPPORTED, "%s: normaliser '%.*s' is not supported (nfc only)", what,
+                                (int)(op->behavior.len > 40 ? 40 : op->behavior.len), op->behavior.s);
+            t->nfc = 1;
             continue;
         }
         if (op->kind == 5) {
@@ -428,6 +436,64 @@ void jlm_tok_pre_free(jlm_tok *t)
     t->n_stages = 0;
 }
 
+/* Unicode NFC of a code point sequence, in place: canonical decomposition of
+ * each code point, canonical ordering of combining marks, then utf8proc's
+ * canonical composition (what utf8proc_map with UTF8PROC_COMPOSE does, on
+ * code points: the decoder's U+FFFD and out-of-range values pass through). */
+static int nfc_cpts(tok_cpts *cp)
+{
+    size_t cap = cp->n * 4 + 16, n = 0;
+    utf8proc_int32_t *d = malloc(cap * sizeof *d);
+    if (!d)
+        return JLM_ENOMEM;
+    for (size_t i = 0; i < cp->n; i++) {
+        int bc = 0;
+        utf8proc_ssize_t k = -1;
+        if (cp->p[i] <= 0x10FFFF && !(cp->p[i] >= 0xD800 && cp->p[i] <= 0xDFFF)) {
+            if (cap - n < 32) {
+                utf8proc_int32_t *nd = realloc(d, (cap *= 2) * sizeof *d);
+                if (!nd) {
+                    free(d);
+                    return JLM_ENOMEM;
+                }
+                d = nd;
+            }
+            k = utf8proc_decompose_char((utf8proc_int32_t)cp->p[i], d + n, 32, UTF8PROC_DECOMPOSE, &bc);
+        }
+        if (k < 1 || k > 32) {   /* not a scalar value: kept, and it blocks composition */
+            if (cap == n) {
+                free(d);
+                return JLM_ENOMEM;
+            }
+            d[n] = (utf8proc_int32_t)cp->p[i];
+            k = 1;
+        }
+        n += (size_t)k;
+    }
+    /* canonical ordering: a stable sort of each run of non-starters by class */
+    for (size_t i = 1; i < n; i++) {
+        for (size_t j = i; j > 0; j--) {
+            int a = d[j - 1] <= 0x10FFFF ? utf8proc_get_property(d[j - 1])->combining_class : 0;
+            int b = d[j] <= 0x10FFFF ? utf8proc_get_property(d[j])->combining_class : 0;
+            if (!a || !b || a <= b)
+                break;
+            utf8proc_int32_t x = d[j - 1];
+            d[j - 1] = d[j];
+            d[j] = x;
+        }
+    }
+    utf8proc_ssize_t m = utf8proc_normalize_utf32(d, (utf8proc_ssize_t)n, UTF8PROC_STABLE | UTF8PROC_COMPOSE);
+    if (m < 0 || (size_t)m > n) {
+        free(d);
+        return JLM_EINVAL;
+    }
+    cp->n = 0;
+    for (utf8proc_ssize_t i = 0; i < m; i++)
+        jlm_tok_cpts_push(cp, (uint32_t)d[i]);
+    free(d);
+    return cp->oom ? JLM_ENOMEM : JLM_OK;
+}
+
 /* Runs every splitting stage, then writes each piece as UTF-8 (byte-encoded
  * when a ByteLevel stage is present), as unicode_regex_split does. */
 int jlm_tok_pre_split(const jlm_tok *t, const char *text, size_t len, tok_sbuf *words, tok_lens *lens)
@@ -436,6 +502,8 @@ int jlm_tok_pre_split(const jlm_tok *t, const char *text, size_t len, tok_sbuf *
     tok_lens a = {0}, b = {0};
     int rc = JLM_OK;
     jlm_tok_cpts_from_utf8(text, len, &cp);
+    if (t->nfc && !cp.oom)
+        rc = nfc_cpts(&cp);
     jlm_tok_lens_push(&a, cp.n);
     if (cp.oom || a.oom)
         rc = JLM_ENOMEM;

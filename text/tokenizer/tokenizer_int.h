@@ -76,6 +76,7 @@ struct jlm_tok {
     tok_stage *stages;
     int       byte_level;    /* a ByteLevel stage is present */
     int       wpm_lower, wpm_strip;
+    int       nfc;          /* a Kind 5 stage with Behavior "nfc": text NFC-normalised first */
     int32_t   byte_tok[256]; /* SPM byte fallback: <0xNN>, else the 1-byte token, else -1 */
 };
 
