@@ -7,7 +7,13 @@
  * fence wait per matvec, as jlm_vk_matvec does. Skips (exit 0) with one line
  * when there is no Vulkan device.
  *
- *   build/bench/bench_vulkan [-k K] [-n ROWS] [-r REPS] [TYPE ...]
+ * Then the page-in paths (engine/backend_vk.c) against an in-run memcpy of
+ * the same bytes (a 4096-aligned "frame" of -m MiB, 32 by default): the
+ * staging upload (jlm_vk_buf_write into a device buffer) and the zero-copy
+ * import of the frame (VK_EXT_external_memory_host: the import's own cost),
+ * each as GB/s and as a ratio of memcpy's.
+ *
+ *   build/bench/bench_vulkan [-k K] [-n ROWS] [-r REPS] [-m MIB] [TYPE ...]
  *   JLM_VK_DEVICE=llvmpipe names the device (lavapipe is used here unasked)
  */
 #include "kernels/cpu/kernels.h"
@@ -101,9 +107,63 @@ static int run_type(jlm_vk *vk, const job *j, double *cpu_s, double *vk_s, uint6
     return rc;
 }
 
+/* The page-in paths against memcpy of the same n bytes, best of reps. */
+static int page_in_paths(jlm_vk *vk, uint64_t n, int reps)
+{
+    void *src = NULL, *dst = NULL;
+    jlm_vk_buf *dev = NULL;
+    jlm_err err = {0};
+    if (posix_memalign(&src, 4096, n) || posix_memalign(&dst, 4096, n) ||
+        jlm_vk_buf_new_device(vk, n, &dev, &err)) {
+        fprintf(stderr, "bench_vulkan: page-in buffers of %llu bytes: %s\n", (unsigned long long)n,
+                err.msg[0] ? err.msg : "out of memory");
+        free(src);
+        free(dst);
+        return 1;
+    }
+    uint64_t seed = 7;
+    fill(src, n, 0, &seed);
+    memset(dst, 1, n);
+    double mc = 1e30, up = 1e30, im = 1e30;
+    for (int r = 0; r < reps; r++) {
+        double t0 = now();
+        memcpy(dst, src, n);
+        double t1 = now();
+        if (jlm_vk_buf_write(vk, dev, 0, src, n, &err)) {
+            fprintf(stderr, "bench_vulkan: upload: %s\n", err.msg);
+            break;
+        }
+        double t2 = now();
+        if (t1 - t0 < mc) mc = t1 - t0;
+        if (t2 - t1 < up) up = t2 - t1;
+        if (jlm_vk_import_align(vk)) {
+            jlm_vk_buf *b = NULL;
+            double t3 = now();
+            int irc = jlm_vk_buf_import(vk, src, n, &b, &err);
+            double t4 = now();
+            jlm_vk_buf_free(vk, b);
+            if (!irc && t4 - t3 < im)
+                im = t4 - t3;
+        }
+    }
+    volatile uint8_t sink = ((uint8_t *)dst)[n / 2];
+    (void)sink;
+    printf("page-in of %.0f MiB, best of %d: memcpy %.2f GB/s; upload (staging) %.2f GB/s = %.3f x memcpy",
+           n / 1048576.0, reps, n / mc / 1e9, n / up / 1e9, mc / up);
+    if (im < 1e29)
+        printf("; import (no copy) %.3f ms = %.1f x memcpy's speed\n", im * 1e3, mc / im);
+    else
+        printf("; import: not available on this device\n");
+    jlm_vk_buf_free(vk, dev);
+    free(src);
+    free(dst);
+    return 0;
+}
+
 int main(int argc, char **argv)
 {
     job j = {0, 4096, 4096, 5};
+    uint64_t mib = 32;
     int first = 1;
     for (; first < argc && argv[first][0] == '-' && first + 1 < argc; first += 2) {
         if (!strcmp(argv[first], "-k"))
@@ -112,6 +172,8 @@ int main(int argc, char **argv)
             j.rows = strtoull(argv[first + 1], NULL, 10);
         else if (!strcmp(argv[first], "-r"))
             j.reps = atoi(argv[first + 1]);
+        else if (!strcmp(argv[first], "-m"))
+            mib = strtoull(argv[first + 1], NULL, 10);
     }
     jlm_vk *vk;
     jlm_err err = {0};
@@ -140,6 +202,7 @@ int main(int argc, char **argv)
         printf("%-6s %8.1f MiB  cpu %6.2f GB/s  vulkan %6.2f GB/s  vulkan/cpu %.4f\n", name,
                bytes / 1048576.0, bytes / cs / 1e9, bytes / vs / 1e9, cs / vs);
     }
+    int rc = page_in_paths(vk, (mib ? mib : 1) << 20, j.reps);
     jlm_vk_close(vk);
-    return 0;
+    return rc;
 }

@@ -3,6 +3,10 @@
 
 #include <string.h>
 
+#include <jansson.h>
+
+#include "engine/backend_vk.h"
+#include "engine/model.h"
 #include "format/jlm_format.h"
 #include "kernels/cpu/kernels.h"
 #include "kernels/cuda/cuda.h"
@@ -54,4 +58,53 @@ void jlm_cli_print_version(FILE *f)
     fprintf(f, "build: %s; SIMD tiers built: ref avx2 avx512; backends built: cpu%s (cuda: next line)\n", cc,
             jlm_vk_built() ? ", vulkan" : " (vulkan left out: no headers or glslc at build time)");
     fprintf(f, "cpu kernels: %s (this CPU runs: %s)\n%s\n", jlm_k_cpu_variant_name(), runs, line);
+    char names[8][128];
+    int n = jlm_vk_built() ? jlm_vk_list_devices(names, 8) : -1;
+    fprintf(f, "vulkan: %s", !jlm_vk_built() ? "not built (no headers or glslc at build time)"
+                             : n < 0 ? "built; no loader or driver" : n == 0 ? "built; no device" : "built; devices ");
+    for (int i = 0; i < n; i++)
+        fprintf(f, "%s%s", i ? ", " : "", names[i]);
+    fputc('\n', f);
+}
+
+json_t *jlm_cli_backends_json(void)
+{
+    json_t *a = json_array();
+    json_array_append_new(a, json_pack("{s:s, s:b, s:[s]}", "name", "cpu", "built", 1, "devices",
+                                       jlm_k_cpu_variant_name()));
+    char names[8][128];
+    int n = jlm_vk_built() ? jlm_vk_list_devices(names, 8) : -1;
+    json_t *d = json_array();
+    for (int i = 0; i < n; i++)
+        json_array_append_new(d, json_string(names[i]));
+    json_array_append_new(a, json_pack("{s:s, s:b, s:o}", "name", "vulkan", "built", jlm_vk_built(), "devices", d));
+    jlm_cu_info in;
+    jlm_cu_probe(&in);
+    json_t *cd = json_array();
+    if (in.built && in.count > 0)
+        json_array_append_new(cd, json_string(in.name));
+    json_array_append_new(a, json_pack("{s:s, s:b, s:o}", "name", "cuda", "built", in.built, "devices", cd));
+    return a;
+}
+
+void jlm_cli_print_backend_stats(FILE *f, struct jlm_engine *e, unsigned long long pi, unsigned long long ev,
+                                 unsigned long long br, unsigned long long hi)
+{
+    jlm_evk_stats v;
+    int on = jlm_engine_vk_stats(e, &v);
+    fprintf(f, "pager: page-ins %llu, evictions %llu, bytes-read %llu, hits %llu\n", pi + v.page_ins,
+            ev + v.evictions, br + v.bytes_up, hi + v.hits);
+    jlm_engine_mem mi;
+    jlm_engine_mem_info(e, &mi);
+    fprintf(f, "cpu: page-ins %llu, evictions %llu, bytes read %llu, hits %llu, frames budget %llu\n", pi, ev, br, hi,
+            (unsigned long long)mi.frames);
+    if (on)
+        fprintf(f, "vulkan: matmuls %llu, page-ins %llu, evictions %llu, hits %llu, bytes uploaded %llu, "
+                   "bytes imported %llu, frames %llu (%llu bytes, peak %llu, budget %llu), path %s, "
+                   "kernels %.1f ms, transfers %.1f ms, reuploads %llu, cpu fallbacks %llu, device %s\n",
+                (unsigned long long)v.matmuls, (unsigned long long)v.page_ins, (unsigned long long)v.evictions,
+                (unsigned long long)v.hits, (unsigned long long)v.bytes_up, (unsigned long long)v.bytes_imported,
+                (unsigned long long)v.frames, (unsigned long long)v.resident_bytes,
+                (unsigned long long)v.peak_bytes, (unsigned long long)v.budget, v.path, v.kernel_ns / 1e6,
+                v.xfer_ns / 1e6, (unsigned long long)v.reuploads, (unsigned long long)v.fallbacks, v.device);
 }

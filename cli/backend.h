@@ -15,7 +15,22 @@
  * (2 for a usage error, 1 for a backend that cannot run here). */
 int jlm_cli_backend_check(const char *cmd, const char *name, int device);
 
-/* Prints the lines of `jlm --version` (format, CPU kernel variant, CUDA). */
+/* Prints the lines of `jlm --version` (format, CPU kernel variant, CUDA,
+ * Vulkan: built or not and the devices found). */
 void jlm_cli_print_version(FILE *f);
+/* [{"name": "cpu"|"vulkan"|"cuda", "built": bool, "devices": [names]}] for
+ * `jlm info --json` (a new reference). */
+struct json_t;
+struct json_t *jlm_cli_backends_json(void);
+
+/* --stats' paging lines: first `pager: page-ins N, evictions N, bytes-read N,
+ * hits N` (totals over the backends: the host pager's figures given, plus
+ * the device frames'), then one line per backend: `cpu: ...` (the host
+ * pager) and, with --backend vulkan, `vulkan: ...` (device page-ins, bytes
+ * uploaded / imported, frames, path, kernel vs transfer time). */
+struct jlm_engine;
+void jlm_cli_print_backend_stats(FILE *f, struct jlm_engine *e, unsigned long long page_ins,
+                                 unsigned long long evictions, unsigned long long bytes_read,
+                                 unsigned long long hits);
 
 #endif

@@ -99,13 +99,14 @@ static const char *bad_out_dir(const char *out)
 
 int jlm_cmd_convert(int argc, char **argv)
 {
-    const char *src = NULL, *out = NULL, *mmproj = NULL, *type = NULL;
+    const char *src = NULL, *out = NULL, *mmproj = NULL, *type = NULL, *device = NULL;
     int plan_only = 0;
     const jlm_opt t[] = {
         {"-o", "--output", JLM_OPT_STR, &out, 0, 0, 0, "OUT.jlm", "the container to write (default: SRC with .jlm)"},
         {NULL, "--mmproj", JLM_OPT_STR, &mmproj, 0, 0, 0, "FILE", "a vision projector GGUF to pack in"},
         {NULL, "--type", JLM_OPT_STR, &type, 0, 0, 0, "TYPE", "keep|Q8_0|Q6_K|Q5_K_M|Q4_K_M|Q5_1|Q5_0|Q4_1|Q4_0 (default: keep)"},
         {NULL, "--plan", JLM_OPT_FLAG, &plan_only, 0, 0, 0, NULL, "print the plan, write nothing"},
+        {NULL, "--device", JLM_OPT_STR, &device, 0, 0, 0, "cpu|vulkan|cuda", "the device recorded in the fingerprint (compared on load, never enforced; default: cpu)"},
     };
     const char *pos[1] = {0};
     jlm_opts_spec os = {"jlm convert", "SRC.gguf|HF_FOLDER [options]", t, (int)(sizeof t / sizeof t[0]), pos, 1, 0};
@@ -151,8 +152,19 @@ int jlm_cmd_convert(int argc, char **argv)
     jlm_err err = {0};
     jlm_conv *c;
     double t0 = now_s();
+    if (device && strcmp(device, "cpu") && strcmp(device, "vulkan") && strcmp(device, "cuda")) {
+        fprintf(stderr, "jlm convert: --device '%.40s': expected cpu, vulkan or cuda\n", device);
+        free(def);
+        return 2;
+    }
     if (jlm_conv_open_full(-1, src, mmproj, type, stderr, &c, &err)) {
         jlm_cli_error("jlm convert", err.msg);
+        free(def);
+        return 1;
+    }
+    if (device && jlm_conv_set_device(c, device, &err)) {
+        jlm_cli_error("jlm convert", err.msg);
+        jlm_conv_close(c);
         free(def);
         return 1;
     }

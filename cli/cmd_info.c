@@ -1,5 +1,6 @@
 /* cmd_info.c - `jlm info MODEL [--tensors] [--json]`: header, config, page
  * arrays, vocab summary, fingerprint and (optionally) the tensor table. */
+#include "cli/backend.h"
 #include "cli/cli.h"
 #include "cli/opts.h"
 #include "cli/report.h"
@@ -59,6 +60,7 @@ static json_t *info_json(const jlm_model *m, int with_tensors)
         "kind", vocab_kind(m->vocab.kind), "n_tokens", m->vocab.n_tokens, "n_merges", m->vocab.n_merges,
         "bos", m->vocab.bos, "eos", m->vocab.eos, "n_added", m->vocab.n_added, "pre", m->vocab.pre_name.s,
         "n_templates", m->vocab.n_templates));
+    json_object_set_new(o, "backends", jlm_cli_backends_json());
     json_object_set_new(o, "fingerprint", json_pack("{s:s, s:s, s:s, s:I}", "host", m->fp.host.s,
         "device", m->fp.device.s, "writer", m->fp.writer.s, "vram", (json_int_t)m->fp.vram));
     if (m->has_vision) {

@@ -366,8 +366,7 @@ int jlm_cmd_run(int argc, char **argv)
             pi += pc.a[a].page_ins; ev += pc.a[a].evictions; br += pc.a[a].bytes_read; hi += pc.a[a].hits;
         }
         fprintf(stderr, "seed: %llu\n", (unsigned long long)o.samp.seed);
-        fprintf(stderr, "pager: page-ins %llu, evictions %llu, bytes-read %llu, hits %llu\n",
-                (unsigned long long)pi, (unsigned long long)ev, (unsigned long long)br, (unsigned long long)hi);
+        jlm_cli_print_backend_stats(stderr, e, pi, ev, br, hi);
         const jlm_pager_array_counters *tx = &pc.a[JLM_PAGER_TEXT];
         if (!o.eng.no_prefetch)
             fprintf(stderr, "prefetch: issued %llu, hits %llu, waits %llu (%.1f ms), misses %llu, unused %llu, "
@@ -385,11 +384,6 @@ int jlm_cmd_run(int argc, char **argv)
             fprintf(stderr, "experts: hit rate %.3f, bytes read per token %.0f\n",
                     (double)x->hits / (double)(x->hits + x->page_ins + x->fills), (double)x->bytes_read / tokens);
         }
-        uint64_t vmm, vup;
-        jlm_engine_vk_counters(e, &vmm, &vup);
-        if (vmm)
-            fprintf(stderr, "vulkan: matmuls %llu, bytes uploaded %llu\n", (unsigned long long)vmm,
-                    (unsigned long long)vup);
         jlm_engine_mem mi;
         jlm_engine_mem_info(e, &mi);
         fprintf(stderr, "memory: budget %llu (%s): frames %llu, KV %llu (%s), scratch %llu, dense %llu\n",

@@ -15,7 +15,7 @@
 static const char USAGE[] =
     "usage: jlm serve (MODEL... | --models DIR) [--host 127.0.0.1] [--port 8080] [--parallel N] [--queue N]\n"
     "                 [--api-key KEY] [--body-max SIZE] [-c CTX] [-t THREADS] [--budget SIZE] [--rescan S]\n"
-    "                 [--kv f32|f16] [--backend NAME] [--device N|NAME] [--gpu-layers N|all] [--no-direct]\n"
+    "                 [--kv f32|f16] [--backend NAME] [--device N|NAME] [--gpu-layers N|all] [--gpu-budget SIZE] [--no-direct]\n"
     "       (MODEL: a .jlm, a jlmfs view, or a .gguf converted once into the cache as `jlm run` does;\n"
     "        the key may also come from the environment: JLM_API_KEY)\n";
 

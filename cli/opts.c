@@ -245,6 +245,9 @@ int jlm_opts_engine_rows(jlm_opt *t, unsigned which, jlm_engine_opts *eo, const 
         t[n++] = (jlm_opt){NULL, "--device", JLM_OPT_STR, &eo->device, 0, 0, 0, "N|NAME", "the backend's device: index or name"};
         t[n++] = (jlm_opt){NULL, "--gpu-layers", JLM_OPT_STR, gpu_layers, 0, 0, 0, "N|all",
                            "blocks 0..N-1 on the device, the rest on the CPU"};
+        t[n++] = (jlm_opt){NULL, "--gpu-budget", JLM_OPT_SIZE, &eo->gpu_budget, 0, 0, 0, "SIZE",
+                           "bytes of device page frames (K/M/G); default: 3/4 of device memory (upload path) or "
+                           "the host's frames (import path)"};
     }
     return n;
 }

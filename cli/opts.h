@@ -54,9 +54,9 @@ enum {
     JLM_ROWS_BUDGET = 4,   /* --budget: the engine's memory budget */
     JLM_ROWS_KV = 8,       /* --kv f32|f16 */
     JLM_ROWS_PAGING = 16,  /* --no-direct, --no-prefetch */
-    JLM_ROWS_BACKEND = 32, /* --backend, --device, --gpu-layers */
+    JLM_ROWS_BACKEND = 32, /* --backend, --device, --gpu-layers, --gpu-budget */
 };
-#define JLM_OPTS_ENGINE_MAX 9
+#define JLM_OPTS_ENGINE_MAX 10
 #define JLM_OPTS_SAMPLER_MAX 7
 int jlm_opts_engine_rows(jlm_opt *t, unsigned which, jlm_engine_opts *eo, const char **gpu_layers);
 int jlm_opts_sampler_rows(jlm_opt *t, jlm_samp_params *sp);

@@ -222,6 +222,27 @@ fail:
     return rc;
 }
 
+int jlm_conv_set_device(jlm_conv *c, const char *device, jlm_err *err)
+{
+    if (!device || (strcmp(device, "cpu") && strcmp(device, "vulkan") && strcmp(device, "cuda")))
+        return jlm_errf(err, JLM_EINVAL, "--device '%.40s': expected cpu, vulkan or cuda", device ? device : "");
+    c->fp.device.s = device;   /* a literal or the caller's argv: outlives c */
+    c->fp.device.len = (uint32_t)strlen(device);
+    /* the fingerprint's length moves the dense region: plan again */
+    jlm_fmt_plan_free(&c->plan);
+    memset(&c->plan, 0, sizeof c->plan);
+    jlm_plan_input in = {.config = &c->config, .vocab = &c->vocab, .fp = &c->fp,
+                         .vision = c->mm ? &c->vision : NULL, .n_tensors = c->n_tensors, .tensors = c->tensors};
+    int rc = jlm_fmt_plan(&in, &c->plan, err);
+    if (rc)
+        return jlm_err_prefix(err, rc, "%s", c->src_path);
+    if ((rc = jlm_conv_check_proportion(c, err)))
+        return rc;
+    if (c->n_tensors)
+        memcpy(c->tensors, c->plan.tensors, c->n_tensors * sizeof *c->tensors);
+    return JLM_OK;
+}
+
 void jlm_conv_close(jlm_conv *c)
 {
     if (!c)

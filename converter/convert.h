@@ -82,6 +82,11 @@ int  jlm_conv_open_as(const char *src_path, const char *type, FILE *notes, jlm_c
 int  jlm_conv_open_full(int root_fd, const char *src_path, const char *mmproj_path, const char *type, FILE *notes,
                         jlm_conv **out, jlm_err *err);
 
+/* Records the device the container is meant for in its fingerprint (4.7:
+ * "cpu" by default; "vulkan" or "cuda"), planning again. Compared on load,
+ * never enforced. JLM_EINVAL for another name. */
+int  jlm_conv_set_device(jlm_conv *c, const char *device, jlm_err *err);
+
 /* Pass 2: packs every tensor into OUT.part, verifies, renames to OUT. */
 int  jlm_conv_write(jlm_conv *c, const char *out_path, const jlm_io *io,
                     jlm_conv_progress cb, void *cb_ctx, jlm_err *err);

@@ -19,6 +19,6 @@ static inline const jlm_gguf *jlm_conv_src_gguf(const jlm_conv *c, const jlm_con
     return s->from_mm ? c->mm : c->g;
 }
 
-#define JLM_WRITER_NAME "jlm convert 0.1 (format 27)"
+/* JLM_WRITER_NAME: format/jlm_format.h (the engine compares it on load) */
 
 #endif

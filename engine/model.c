@@ -4,6 +4,7 @@
 #include "engine/model.h"
 
 #include <malloc.h>
+#include <sys/utsname.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -477,7 +478,7 @@ static int index_tensors(jlm_engine *e, jlm_err *err)
 static int read_dense(jlm_engine *e, jlm_err *err)
 {
     const jlm_header *h = &e->m->hdr;
-    if (posix_memalign((void **)&e->dense, 4096, h->dense_len ? h->dense_len : 4096))
+    if (posix_memalign((void **)&e->dense, 4096, h->dense_len ? (h->dense_len + 4095) & ~4095ull : 4096))
         return jlm_errf(err, JLM_ENOMEM, "%s: out of memory for the dense region (%llu bytes)", e->m->path,
                         (unsigned long long)h->dense_len);
     if (!h->dense_len)
@@ -579,9 +580,53 @@ static int open_backend(jlm_engine *e, const jlm_engine_opts *o, jlm_err *err)
     if (rc)
         return jlm_errf(err, rc, "--backend vulkan: %s", verr.msg);
     e->gpu_layers = o->gpu_layers;
+    /* device frames: their own budget, at least one block frame plus the
+     * routed experts' frames (as the host's); the import path's frames are
+     * the host's, so the pager's evict hook releases them first */
+    uint32_t pins[3] = {1, 0, e->c->n_expert ? e->c->n_expert_used : 0};
+    uint64_t min = jlm_pager_min_budget(e->pager, pins), gb = o->gpu_budget;
+    if (!gb)
+        gb = jlm_evk_default_budget(e->vk);
+    if (gb && gb < min) {
+        if (!o->quiet && o->gpu_budget)
+            fprintf(stderr, "note: --gpu-budget %llu bytes is below the device's minimum working set (one block "
+                            "frame%s), raised to %llu\n", (unsigned long long)gb,
+                    e->c->n_expert ? " plus the routed experts' frames" : "", (unsigned long long)min);
+        gb = min;
+    }
+    jlm_evk_set_budget(e->vk, gb);
+    jlm_evk_set_dense(e->vk, e->dense, (e->m->hdr.dense_len + 4095) & ~4095ull);
+    jlm_pager_set_evict_hook(e->pager, jlm_evk_host_evicted, e->vk);
     if (!o->quiet)
         fprintf(stderr, "note: matmuls on Vulkan device %s\n", jlm_evk_device(e->vk));
     return JLM_OK;
+}
+
+/* The fingerprint (jlm-format.md 4.7) against this run: one note naming
+ * both sides where host, device or writer differ; never refused. */
+static void fp_clean(char *dst, size_t n, const jlm_str *s)   /* untrusted bytes: one printable line */
+{
+    size_t i = 0;
+    for (; s->s && i + 1 < n && i < s->len && s->s[i]; i++)
+        dst[i] = (unsigned char)s->s[i] < 0x20 || s->s[i] == 0x7f ? '?' : s->s[i];
+    dst[i] = 0;
+}
+
+static void fingerprint_note(const jlm_engine *e)
+{
+    char fh[41], fd[41], fw[61];
+    fp_clean(fh, sizeof fh, &e->m->fp.host);
+    fp_clean(fd, sizeof fd, &e->m->fp.device);
+    fp_clean(fw, sizeof fw, &e->m->fp.writer);
+    struct utsname u;
+    const char *host = uname(&u) == 0 ? u.machine : "?", *dev = e->vk ? "vulkan" : "cpu";
+    int dh = strcmp(fh, host) != 0, dd = strcmp(fd, dev) != 0, dw = strcmp(fw, JLM_WRITER_NAME) != 0;
+    if (dh || dd || dw)
+        fprintf(stderr, "note: %s was written for host %s, device %s, writer '%s'; running on host %s, "
+                        "device %s%s%s%s, writer '%s' (%s%s%s; compared, never enforced)\n",
+                e->m->path, fh, fd, fw, host, dev, e->vk ? " (" : "",
+                e->vk ? jlm_evk_device(e->vk) : "", e->vk ? ")" : "", JLM_WRITER_NAME, dh ? "host differs" : "",
+                dd ? (dh ? ", device differs" : "device differs") : "", dw ? (dh || dd ? ", writer differs" : "writer differs") : "");
 }
 
 int jlm_engine_open(const char *path, const jlm_engine_opts *opts, jlm_engine **out, jlm_err *err)
@@ -621,6 +666,8 @@ int jlm_engine_open(const char *path, const jlm_engine_opts *opts, jlm_engine **
         (rc = apply_budget(e, &o, err)) || (rc = open_backend(e, &o, err)))
         goto fail;
     jlm_pager_set_prefetch(e->pager, !o.no_prefetch);
+    if (!o.quiet)
+        fingerprint_note(e);
     *out = e;
     return JLM_OK;
 fail:
@@ -632,6 +679,8 @@ void jlm_engine_close(jlm_engine *e)
 {
     if (!e)
         return;
+    if (e->vk && e->pager)
+        jlm_pager_set_evict_hook(e->pager, NULL, NULL);
     jlm_evk_close(e->vk);
     jlm_pool_destroy(e->pool);
     jlm_pager_close(e->pager);
@@ -1041,6 +1090,14 @@ static int moe_token(jlm_engine *e, uint32_t l, const uint8_t *page, uint64_t pa
                                  &frames[pinned], err)))
             break;
     }
+    uint32_t dpinned = 0;   /* expert pages follow their block's backend */
+    for (; !rc && e->vk_here && dpinned < pinned; dpinned++) {
+        uint32_t pg = first + (uint32_t)sel[dpinned];
+        rc = jlm_evk_page_get(e->vk, JLM_PAGER_EXPERTS, pg, JLM_PAGER_EXPERT, frames[dpinned],
+                              jlm_pager_extent(e->pager, JLM_PAGER_EXPERTS, pg), err);
+        if (rc)
+            break;
+    }
     if (!rc) {
         memset(e->moe, 0, E * sizeof(float));
         uint64_t nff = jlm_tensor_rows(tg);
@@ -1067,6 +1124,8 @@ static int moe_token(jlm_engine *e, uint32_t l, const uint8_t *page, uint64_t pa
         }
         jlm_k_add(x, x, e->moe, E);
     }
+    for (uint32_t s = 0; s < dpinned; s++)
+        jlm_evk_page_put(e->vk, JLM_PAGER_EXPERTS, first + (uint32_t)sel[s]);
     for (uint32_t s = 0; s < pinned; s++)
         jlm_pager_unpin(e->pager, JLM_PAGER_EXPERTS, first + (uint32_t)sel[s]);
     return rc;
@@ -1137,6 +1196,12 @@ static int run_layers(jlm_engine *e, float *xs, uint32_t n, void *kc, void *vc, 
          * is read while this one computes (docs/pager.md, Prefetch) */
         jlm_pager_prefetch(e->pager, JLM_PAGER_TEXT, l + 1 < c->n_layer ? l + 1 : 0);
         e->vk_here = e->vk && (!e->gpu_layers || l < e->gpu_layers);
+        if (e->vk_here && (rc = jlm_evk_page_get(e->vk, JLM_PAGER_TEXT, l, JLM_PAGER_BLOCK, page,
+                                                 jlm_pager_extent(e->pager, JLM_PAGER_TEXT, l), err))) {
+            jlm_pager_unpin(e->pager, JLM_PAGER_TEXT, l);
+            rc = jlm_err_prefix(err, rc, "%s: block %u on the device", e->m->path, l);
+            break;
+        }
         for (uint32_t i = 0; i < n; i += e->nb) {   /* every key first: later rows may see them */
             uint32_t b = n - i < e->nb ? n - i : e->nb;
             if (kc)
@@ -1157,6 +1222,8 @@ static int run_layers(jlm_engine *e, float *xs, uint32_t n, void *kc, void *vc, 
                 ffn_dense(e, l, page, page_off, b);
             }
         }
+        if (e->vk_here)
+            jlm_evk_page_put(e->vk, JLM_PAGER_TEXT, l);
         jlm_pager_unpin(e->pager, JLM_PAGER_TEXT, l);
         if (rc)
             rc = jlm_err_prefix(err, rc, "%s: block %u experts", e->m->path, l);
@@ -1307,6 +1374,14 @@ void jlm_engine_vk_counters(const jlm_engine *e, uint64_t *matmuls, uint64_t *by
     *matmuls = *bytes_up = 0;
     if (e->vk)
         jlm_evk_counters(e->vk, matmuls, bytes_up);
+}
+int jlm_engine_vk_stats(const jlm_engine *e, struct jlm_evk_stats *out)
+{
+    memset(out, 0, sizeof *out);
+    if (!e->vk)
+        return 0;
+    jlm_evk_stats_get(e->vk, out);
+    return 1;
 }
 uint32_t jlm_engine_n_past(const jlm_engine *e) { return e->n_past; }
 uint32_t jlm_engine_n_ctx(const jlm_engine *e) { return e->n_ctx; }

@@ -59,6 +59,9 @@ typedef struct jlm_engine_opts {
                             * CPU device such as lavapipe allows it) */
     uint32_t gpu_layers;   /* Vulkan: blocks 0..N-1 on the device, the rest and
                             * the output on the CPU; 0 = all (output included) */
+    uint64_t gpu_budget;   /* Vulkan: bytes of device page frames (pager policy);
+                            * 0: jlm_evk_default_budget; below one block frame
+                            * plus the routed experts: raised, with a note */
     const char *kv;        /* NULL/"f32"; "f16": keys and values stored as F16
                             * (half the memory; logits within docs/engine.md's
                             * tolerance of the F32 cache's) */
@@ -89,6 +92,10 @@ int  jlm_engine_eval_embd(jlm_engine *e, const float *embd, uint32_t n, int bidi
 /* --backend vulkan: matmuls run on the device and bytes of planes uploaded
  * (both 0 on the CPU backend). Cannot fail. */
 void jlm_engine_vk_counters(const jlm_engine *e, uint64_t *matmuls, uint64_t *bytes_up);
+/* The Vulkan backend's counters (engine/backend_vk.h); 0 and *out zeroed
+ * when the engine runs on the CPU only, else 1. */
+struct jlm_evk_stats;
+int  jlm_engine_vk_stats(const jlm_engine *e, struct jlm_evk_stats *out);
 
 /* Forgets the KV cache from position pos on (0: everything). Cannot fail. */
 void jlm_engine_rewind(jlm_engine *e, uint32_t pos);

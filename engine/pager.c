@@ -86,6 +86,8 @@ struct jlm_pager {
     parray      arr[JLM_PAGER_MAX_ARRAYS];
     jlm_pager_event_fn ev_fn;
     void       *ev_ctx;
+    jlm_pager_evict_fn evict_fn;   /* a frame's memory is about to change */
+    void       *evict_ctx;
 
     /* changes during routine operation */
     uint64_t    budget;       /* 0 = unlimited */
@@ -130,6 +132,15 @@ static void emit(jlm_pager *p, int kind, const ppage *pg, uint64_t bytes, int ti
     jlm_pager_event ev = { .kind = kind, .array = pg->array, .page = pg->idx,
                            .array_name = p->arr[pg->array].name, .bytes = bytes, .tier = tier };
     p->ev_fn(p->ev_ctx, &ev);
+}
+
+/* A frame's memory is about to be released, trimmed, moved or unmapped: the
+ * evict hook's user (the Vulkan backend's zero-copy import of the frame) lets
+ * go of it first, and imports the page again at its next use. */
+static void host_changing(jlm_pager *p, const ppage *pg)
+{
+    if (p->evict_fn && pg->frame)
+        p->evict_fn(p->evict_ctx, pg->array, pg->idx, pg->frame);
 }
 
 static uint64_t now_ns(void)
@@ -353,6 +364,7 @@ static void unmap_frame(jlm_pager *p, ppage *pg)
 {
     parray *r = &p->arr[pg->array];
     assert(pg->frame && pg->pins == 0 && pg->n_filled == 0 && pg->held == 0);
+    host_changing(p, pg);
     munmap(pg->frame, (size_t)r->frame_len);
     pg->frame = NULL;
     r->st.resident_pages--;
@@ -430,6 +442,7 @@ static void trim(jlm_pager *p, ppage *pg, uint64_t k, const dest *d)
 {
     parray *r = &p->arr[pg->array];
     assert(pg->frame && pg->pins == 0 && pg->n_filled > 0);
+    host_changing(p, pg);
     uint64_t held0 = pg->held, c = page_chunks(p, r, pg), run_hi = 0, freed = 0;
     int whole = k >= pg->n_filled, in_run = 0, hole = 0;
     while (k && c > 0) {
@@ -570,7 +583,7 @@ static int fill_chunks(jlm_pager *p, ppage *pg, uint64_t c0, uint64_t c1, uint64
         if (rc) {   /* the failed run and the runs not reached may hold moved-in memory */
             for (uint64_t q = c; q < c1; q++)
                 if (!bit_get(pg, q))
-                    frame_release(pg->frame, chunk_lo(p, q), chunk_hi(p, r, pg, q + 1));
+                    host_changing(p, pg), frame_release(pg->frame, chunk_lo(p, q), chunk_hi(p, r, pg, q + 1));
             return jlm_err_prefix(err, rc, "%s page %u", r->name, pg->idx);
         }
         r->st.reads++;
@@ -654,7 +667,7 @@ static int pf_collect(jlm_pager *p, int wait, uint64_t *waited_ns)
     if (rc) {
         r->st.pf_failed++;
         for (uint32_t i = 0; i < f->n_runs; i++)
-            frame_release(pg->frame, f->runs[i].lo, f->runs[i].hi);
+            host_changing(p, pg), frame_release(pg->frame, f->runs[i].lo, f->runs[i].hi);
         uncharge(p, pg, f->len);
         if (pg->pins == 0) {
             if (pg->n_filled == 0)
@@ -734,7 +747,7 @@ void jlm_pager_prefetch(jlm_pager *p, uint32_t array, uint32_t page)
     if (make_room(p, need, &d, &err)) {   /* cannot happen: room was checked */
         for (uint64_t c = 0; c < nc; c++)
             if (!bit_get(pg, c))
-                frame_release(pg->frame, chunk_lo(p, c), chunk_hi(p, r, pg, c + 1));
+                host_changing(p, pg), frame_release(pg->frame, chunk_lo(p, c), chunk_hi(p, r, pg, c + 1));
         if (was_absent)
             unmap_frame(p, pg);
         r->st.pf_skipped++;
@@ -812,7 +825,7 @@ int jlm_pager_get(jlm_pager *p, uint32_t array, uint32_t page, uint64_t off, uin
     if ((rc = make_room(p, need, &d, err))) {
         for (uint64_t c = c0; c < c1; c++)   /* memory moved in for the chunks not read */
             if (!bit_get(pg, c))
-                frame_release(pg->frame, chunk_lo(p, c), chunk_hi(p, r, pg, c + 1));
+                host_changing(p, pg), frame_release(pg->frame, chunk_lo(p, c), chunk_hi(p, r, pg, c + 1));
         if (was_absent)
             unmap_frame(p, pg);
         return rc;
@@ -892,6 +905,12 @@ int jlm_pager_set_budget(jlm_pager *p, uint64_t budget, jlm_err *err)
     int rc = make_room(p, 0, NULL, err);   /* cannot fail: the pinned pages fit */
     assert(rc == 0);
     return rc;
+}
+
+void jlm_pager_set_evict_hook(jlm_pager *p, jlm_pager_evict_fn fn, void *ctx)
+{
+    p->evict_fn = fn;
+    p->evict_ctx = ctx;
 }
 
 void jlm_pager_set_events(jlm_pager *p, jlm_pager_event_fn fn, void *ctx)

@@ -191,6 +191,16 @@ int  jlm_pager_set_budget(jlm_pager *p, uint64_t budget, jlm_err *err);
 /* Subscribes fn to events (NULL unsubscribes). Cannot fail. */
 void jlm_pager_set_events(jlm_pager *p, jlm_pager_event_fn fn, void *ctx);
 
+/* Called with a page's frame just before any of the frame's memory changes:
+ * a trim (chunks given back to the kernel, or moved into the frame being
+ * filled), an eviction (the frame unmapped), a failed fill's chunks released.
+ * A user of the frame's memory (the Vulkan backend's zero-copy import) lets
+ * go of it first and imports the page again when it next needs it.
+ * One subscriber (NULL unsubscribes); separate from the events so
+ * jlm_pager_set_events' user is not displaced. Cannot fail. */
+typedef void (*jlm_pager_evict_fn)(void *ctx, uint32_t array, uint32_t page, void *frame);
+void jlm_pager_set_evict_hook(jlm_pager *p, jlm_pager_evict_fn fn, void *ctx);
+
 /* ---------------------------------------------------------------- get / unpin */
 /* Pins page `page` of array `array` and guarantees [off, off+len) of it holds
  * the source's bytes: only missing chunks are read, adjacent missing chunks

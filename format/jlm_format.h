@@ -31,6 +31,8 @@
 #include "base/jlm_err.h"
 
 #define JLM_VERSION      27u
+/* The writer string of this build's fingerprint (4.7); compared on load. */
+#define JLM_WRITER_NAME  "jlm convert 0.1 (format 27)"
 #define JLM_ALIGN        4096u
 #define JLM_HEADER_LEN   192u
 #define JLM_MAGIC        "JITLLM\0\0"

@@ -108,8 +108,9 @@ Test(cli_opts, shared_rows_are_the_same_in_every_subcommand)
     /* the option, and whether chat, serve and bench have it (run has all) */
     static const struct { const char *opt; int in[3]; } ROWS[] = {
         {"-c, --ctx-size", {1, 1, 0}}, {"-t, --threads", {1, 1, 1}}, {"--kv", {1, 1, 1}},
-        {"--no-direct", {1, 1, 1}},    {"--no-prefetch", {1, 1, 1}}, {"--backend", {1, 1, 0}},
-        {"--device", {1, 1, 0}},       {"--gpu-layers", {1, 1, 0}},  {"--temp", {1, 0, 0}},
+        {"--no-direct", {1, 1, 1}},    {"--no-prefetch", {1, 1, 1}}, {"--backend", {1, 1, 1}},
+        {"--device", {1, 1, 1}},       {"--gpu-layers", {1, 1, 1}},  {"--gpu-budget", {1, 1, 1}},
+        {"--temp", {1, 0, 0}},
         {"--top-k", {1, 0, 0}},        {"--top-p", {1, 0, 0}},       {"--min-p", {1, 0, 0}},
         {"--repeat-penalty", {1, 0, 0}}, {"--repeat-last-n", {1, 0, 0}}, {"-s, --seed", {1, 0, 0}},
         {"--budget", {1, 0, 1}},   /* serve's --budget is the server's own: all models together */

@@ -13,7 +13,9 @@
 
 #include <jansson.h>
 
+#include "engine/backend_vk.h"
 #include "engine/model.h"
+#include "engine/pager.h"
 #include "kernels/cpu/kernels.h"
 #include "kernels/vulkan/vk.h"
 #include "tests/kernel_fixture.h"
@@ -97,7 +99,7 @@ static uint64_t check_matvec(jlm_vk *vk, uint8_t type, uint64_t k, uint64_t rows
     memset(jlm_vk_buf_map(by), 0xff, rows * 4);
     jlm_vk_buf *aq = up(vk, xq.q, kx), *ad = up(vk, xq.d, kx / 32 * 4), *as = up(vk, xq.sum16, kx / 16 * 2);
     jlm_vk_mat m = {type, k, rows, whole(bq), {bd, 0, 0}, {bs, 0, 0}};
-    jlm_vk_act va = {kx, whole(aq), whole(ad), whole(as)};
+    jlm_vk_act va = {kx, whole(aq), whole(ad), whole(as), 1};
     cr_assert(jlm_vk_matvec(vk, &m, whole(bx), tr->is_float ? NULL : &va, whole(by), &err) == 0,
               "%s", err.msg);
     const float *yg = fmap(by);
@@ -130,6 +132,97 @@ Test(vulkan, matvec_is_bit_identical_to_the_cpu_reference_for_every_type)
     }
     cr_assert(n > 0);
     jlm_vk_close(vk);
+}
+
+/* A plane over one binding (maxStorageBufferRange, lowered to 16 KiB here by
+ * JLM_VK_MAX_BINDING) is bound as windows of the same buffer: quantized types
+ * in k-chunks of whole super-blocks with the sum carried in y, float types
+ * in row chunks. Still bit-identical to the CPU reference, every type. */
+Test(vulkan, matvec_over_one_binding_runs_in_chunks_bit_identical)
+{
+    setenv("JLM_VK_MAX_BINDING", "16384", 1);
+    jlm_vk *vk = open_or_skip();
+    unsetenv("JLM_VK_MAX_BINDING");
+    cr_assert_eq(jlm_vk_max_binding(vk), 16384);
+    uint64_t seed = 0x51ed270b27c8f3a1ull, n = 0;
+    for (size_t i = 0; i < sizeof TYPES; i++) {
+        const jlm_type_traits *tr = jlm_fmt_type_traits(TYPES[i]);
+        uint64_t super = (uint64_t)tr->sub * tr->super_sub;
+        uint64_t k = tr->is_float ? 600 : super == 256 ? 16 * 256 : 64 * super, rows = 67, ql, dl, sl;
+        cr_assert_eq(jlm_fmt_planes(TYPES[i], k, rows, &ql, &dl, &sl, NULL), 0);
+        cr_assert(ql > 16384, "%s: the qs plane (%llu bytes) must exceed the binding", tr->name, (unsigned long long)ql);
+        for (int f = 0; f <= 6; f += 3)
+            n += check_matvec(vk, TYPES[i], k, rows, f, &seed);
+    }
+    cr_assert(n > 0);
+    jlm_vk_close(vk);
+}
+
+/* jlm_vk_matmul: n tokens in one dispatch, each token's rows bit-identical
+ * to jlm_k_matvec_ref on that token alone; also with the planes over one
+ * binding (16 KiB: k-chunks carrying y for every token). */
+static void check_matmul(jlm_vk *vk, uint8_t type, uint64_t k, uint64_t rows, uint32_t n, uint64_t *seed)
+{
+    const jlm_type_traits *tr = jlm_fmt_type_traits(type);
+    tmat t;
+    tmat_make(&t, type, k, rows, seed);
+    float *x = calloc(n * k, sizeof *x), *yc = malloc(n * rows * sizeof *yc);
+    uint8_t *aqb = malloc(n * k), *adb = malloc(n * k / 8), *asb = malloc(n * k / 8);
+    jlm_err err = {0};
+    for (uint32_t i = 0; i < n; i++) {
+        rand_act(x + i * k, k, seed, (int)(i % 5));
+        void *abuf = malloc(jlm_k_act_q8_bytes(k));
+        jlm_act_q8 xq;
+        cr_assert(jlm_k_act_q8_init(&xq, abuf, k, &err) == 0);
+        jlm_k_quantize_act(x + i * k, &xq);
+        jlm_k_matvec_ref(&t.m, x + i * k, &xq, yc + i * rows, 0, rows);
+        memcpy(aqb + i * k, xq.q, k);
+        memcpy(adb + i * (k / 8), xq.d, k / 8);
+        memcpy(asb + i * (k / 8), xq.sum16, k / 8);
+        free(abuf);
+    }
+    uint64_t ql, dl, sl;
+    cr_assert(jlm_fmt_planes(type, k, rows, &ql, &dl, &sl, NULL) == 0);
+    jlm_vk_buf *bq = up(vk, t.qs, ql), *bd = dl ? up(vk, t.d, dl) : NULL, *bs = sl ? up(vk, t.sc, sl) : NULL;
+    jlm_vk_buf *bx = up(vk, x, n * k * 4), *by = up(vk, yc, n * rows * 4);
+    memset(jlm_vk_buf_map(by), 0xff, n * rows * 4);
+    jlm_vk_buf *aq = up(vk, aqb, n * k), *ad = up(vk, adb, n * k / 8), *as = up(vk, asb, n * k / 8);
+    jlm_vk_mat m = {type, k, rows, whole(bq), {bd, 0, 0}, {bs, 0, 0}};
+    jlm_vk_act va = {k, whole(aq), whole(ad), whole(as), n};
+    cr_assert(jlm_vk_matmul(vk, &m, n, tr->is_float ? whole(bx) : (jlm_vk_view){0}, tr->is_float ? NULL : &va, whole(by),
+                            &err) == 0, "%s", err.msg);
+    const float *yg = fmap(by);
+    for (uint64_t i = 0; i < n * rows; i++)
+        cr_assert(same(yg[i], yc[i]), "%s k %llu rows %llu: token %llu row %llu: vulkan %.9g cpu %.9g", tr->name,
+                  (unsigned long long)k, (unsigned long long)rows, (unsigned long long)(i / rows),
+                  (unsigned long long)(i % rows), yg[i], yc[i]);
+    jlm_vk_buf *all[] = {bq, bd, bs, bx, by, aq, ad, as};
+    for (size_t i = 0; i < sizeof all / sizeof all[0]; i++)
+        jlm_vk_buf_free(vk, all[i]);
+    free(x);
+    free(yc);
+    free(aqb);
+    free(adb);
+    free(asb);
+    tmat_free(&t);
+}
+
+Test(vulkan, matmul_of_several_tokens_is_each_tokens_matvec_bit_for_bit)
+{
+    for (int lowered = 0; lowered < 2; lowered++) {
+        if (lowered)
+            setenv("JLM_VK_MAX_BINDING", "16384", 1);
+        jlm_vk *vk = open_or_skip();
+        unsetenv("JLM_VK_MAX_BINDING");
+        uint64_t seed = 0x2545f4914f6cdd1dull;
+        for (size_t i = 0; i < sizeof TYPES; i++) {
+            const jlm_type_traits *tr = jlm_fmt_type_traits(TYPES[i]);
+            uint64_t super = (uint64_t)tr->sub * tr->super_sub;
+            uint64_t k = tr->is_float ? 256 : lowered ? (super == 256 ? 16 * 256 : 64 * super) : 2 * super;
+            check_matmul(vk, TYPES[i], k, lowered ? 67 : 130, lowered ? 3 : 5, &seed);
+        }
+        jlm_vk_close(vk);
+    }
 }
 
 Test(vulkan, matvec_rejects_a_view_past_its_buffer)
@@ -450,8 +543,10 @@ Test(vulkan, backend_vulkan_gives_llama_cpp_ids_on_stories260K, .timeout = 60)
     }
     uint64_t mm, up;
     jlm_engine_vk_counters(e, &mm, &up);
-    cr_assert(mm > 0 && up > 0, "the matmuls ran on Vulkan (%llu, %llu bytes)", (unsigned long long)mm,
-              (unsigned long long)up);
+    jlm_evk_stats vs;
+    jlm_engine_vk_stats(e, &vs);
+    cr_assert(mm > 0 && vs.page_ins > 0, "the matmuls ran on Vulkan (%llu, %llu page-ins)", (unsigned long long)mm,
+              (unsigned long long)vs.page_ins);
     free(first);
     json_decref(o);
     jlm_engine_close(e);
@@ -492,7 +587,7 @@ Test(vulkan, backend_vulkan_equals_the_cpu_bit_for_bit_on_quantized_models, .tim
         uint64_t mm, up, mm_split;
         jlm_engine_vk_counters(es, &mm_split, &up);
         jlm_engine_vk_counters(ev, &mm, &up);
-        cr_assert(mm > 0 && up > 0, "%s: the matmuls ran on Vulkan", MODELS[m]);
+        cr_assert(mm > 0, "%s: the matmuls ran on Vulkan", MODELS[m]);
         cr_assert(mm_split > 0 && mm_split < mm, "%s: the split ran part of the matmuls on Vulkan (%llu of %llu)",
                   MODELS[m], (unsigned long long)mm_split, (unsigned long long)mm);
         jlm_engine_vk_counters(ec, &mm, &up);
@@ -502,6 +597,124 @@ Test(vulkan, backend_vulkan_equals_the_cpu_bit_for_bit_on_quantized_models, .tim
         jlm_engine_close(ec);
         jlm_engine_close(ev);
         jlm_engine_close(es);
+        free(path);
+    }
+    tu_rmrf(dir);
+    free(dir);
+}
+
+/* Device page frames (backend_vk.h): on both paths (the zero-copy import of
+ * the pager's frames, and JLM_VK_UPLOAD=1's staging upload) the logits are
+ * bit-identical to the CPU backend's; unlimited, a page is paged in to the
+ * device once and hit after; at --budget 1 --gpu-budget 1 (one frame each
+ * side, raised to the minimum) the ids are the same with evictions counted on
+ * both. A dense model and an MoE model (expert pages follow their block). */
+static jlm_engine *engine_opts(const char *path, const char *backend, uint64_t budget, uint64_t gpu_budget)
+{
+    jlm_engine_opts o = {.n_threads = 2, .quiet = 1, .direct = 1, .backend = backend, .device = "0",
+                         .budget = budget, .gpu_budget = gpu_budget};
+    jlm_engine *e = NULL;
+    jlm_err err = {0};
+    int rc = jlm_engine_open(path, &o, &e, &err);
+    if (rc == JLM_EUNSUPPORTED && !strcmp(backend, "vulkan"))
+        return NULL;
+    cr_assert_eq(rc, 0, "%s", err.msg);
+    return e;
+}
+
+/* exact: bit-identical; else within 1e-4 of the largest |logit| (F32
+ * weights: the CPU's FMA variants vs the reference order on the device). */
+static void same_logits(const float *a, const float *b, uint32_t n, int exact, const char *model, const char *what)
+{
+    if (exact) {
+        cr_assert(!memcmp(a, b, n * 4), "%s (%s): logits differ", model, what);
+        return;
+    }
+    float mx = 0, d = 0;
+    for (uint32_t i = 0; i < n; i++) {
+        mx = fmaxf(mx, fabsf(a[i]));
+        d = fmaxf(d, fabsf(a[i] - b[i]));
+    }
+    cr_assert(d <= 1e-4f * mx, "%s (%s): logits differ by %g (largest %g)", model, what, d, mx);
+}
+
+Test(vulkan, device_frames_import_and_upload_paths_equal_the_cpu_and_page_in_once, .timeout = 120)
+{
+    static const char *MODELS[] = {"synth-llama-256.Q4_K_M", "synth-qwen3moe-256.Q8_0"};
+    static const int exact[] = {1, 0};   /* qwen3moe's router is F32: the CPU's F32 kernel uses FMA */
+    char *dir = tu_tmpdir();
+    for (size_t m = 0; m < 2; m++) {
+        char gguf[256];
+        jlm_err err = {0};
+        snprintf(gguf, sizeof gguf, "%s.gguf", MODELS[m]);
+        char *path = tu_convert(gguf, dir, "q.jlm", &err);
+        cr_assert(path, "%s", err.msg);
+        jlm_engine *ec = engine_opts(path, "cpu", 0, 0);
+        uint32_t nv = jlm_engine_n_vocab(ec), nl = jlm_engine_model(ec)->config.n_layer;
+        float *lc = malloc(nv * 4), *lv = malloc(nv * 4);
+        int32_t prompt[4] = {1, 10, 20, 30}, ic[6], iv[6];
+        greedy_ids(ec, prompt, 4, 6, ic, lc);
+        for (int path_i = 0; path_i < 2; path_i++) {
+            if (path_i)
+                setenv("JLM_VK_UPLOAD", "1", 1);
+            else
+                unsetenv("JLM_VK_UPLOAD");
+            const char *want = path_i ? "upload" : "import";
+            jlm_engine *ev = engine_opts(path, "vulkan", 0, 0);
+            if (!ev) {
+                tu_rmrf(dir);
+                cr_skip_test("vulkan: no device");
+            }
+            jlm_evk_stats vs;
+            jlm_engine_vk_stats(ev, &vs);
+            if (!path_i && strcmp(vs.path, "import")) {   /* a device without the extension */
+                jlm_engine_close(ev);
+                continue;
+            }
+            cr_assert_str_eq(vs.path, want, "%s: path", MODELS[m]);
+            greedy_ids(ev, prompt, 4, 6, iv, lv);
+            same_logits(lc, lv, nv, exact[m], MODELS[m], want);
+            cr_assert(!memcmp(ic, iv, sizeof ic), "%s (%s): greedy ids differ", MODELS[m], want);
+            jlm_engine_vk_stats(ev, &vs);
+            uint64_t pi = vs.page_ins;
+            cr_assert(vs.evictions == 0 && pi >= nl, "%s (%s): unlimited: %llu page-ins (>= %u blocks), %llu evictions",
+                      MODELS[m], want, (unsigned long long)pi, nl, (unsigned long long)vs.evictions);
+            /* MoE: the routed expert pages are device frames too (blocks + dense + at least one expert each) */
+            cr_assert(m == 0 || pi >= 2 * nl + 1, "%s (%s): %llu device page-ins for %u blocks: experts not paged in",
+                      MODELS[m], want, (unsigned long long)pi, nl);
+            cr_assert(path_i ? vs.bytes_up > 0 && vs.bytes_imported == 0 : vs.bytes_imported > 0 && vs.bytes_up == 0,
+                      "%s (%s): %llu bytes uploaded, %llu imported", MODELS[m], want,
+                      (unsigned long long)vs.bytes_up, (unsigned long long)vs.bytes_imported);
+            /* resident pages are not paged in again */
+            jlm_err e2 = {0};
+            int32_t t = 5;
+            uint64_t hits = vs.hits;
+            cr_assert_eq(jlm_engine_eval(ev, &t, 1, lv, &e2), 0, "%s", e2.msg);
+            jlm_engine_vk_stats(ev, &vs);
+            cr_assert(vs.page_ins == pi && vs.hits >= hits + nl, "%s (%s): a token after: page-ins %llu -> %llu, hits +%llu",
+                      MODELS[m], want, (unsigned long long)pi, (unsigned long long)vs.page_ins,
+                      (unsigned long long)(vs.hits - hits));
+            jlm_engine_close(ev);
+            /* one frame on each side */
+            ev = engine_opts(path, "vulkan", 1, 1);
+            greedy_ids(ev, prompt, 4, 6, iv, lv);
+            same_logits(lc, lv, nv, exact[m], MODELS[m], "one frame");
+            cr_assert(!memcmp(ic, iv, sizeof ic), "%s (%s, one frame): greedy ids differ", MODELS[m], want);
+            jlm_engine_vk_stats(ev, &vs);
+            jlm_pager_counters pc;
+            jlm_pager_stats(jlm_engine_pager(ev), &pc);
+            cr_assert(vs.evictions > 0 && vs.page_ins > 6 * nl && pc.a[JLM_PAGER_TEXT].evictions > 0,
+                      "%s (%s, one frame): device page-ins %llu, evictions %llu; host evictions %llu", MODELS[m], want,
+                      (unsigned long long)vs.page_ins, (unsigned long long)vs.evictions,
+                      (unsigned long long)pc.a[JLM_PAGER_TEXT].evictions);
+            cr_assert(vs.peak_bytes <= vs.budget, "%s (%s): device peak %llu over its budget %llu", MODELS[m], want,
+                      (unsigned long long)vs.peak_bytes, (unsigned long long)vs.budget);
+            jlm_engine_close(ev);
+        }
+        unsetenv("JLM_VK_UPLOAD");
+        free(lc);
+        free(lv);
+        jlm_engine_close(ec);
         free(path);
     }
     tu_rmrf(dir);
@@ -533,6 +746,330 @@ Test(vulkan, cli_backend_option, .timeout = 60)
         free(out);
     }
     free(path);
+    tu_rmrf(dir);
+    free(dir);
+}
+
+/* --stats per backend: the first paging line keeps its format and holds the
+ * totals (host pager + device frames), then a cpu: and a vulkan: line; the
+ * path is import by default and upload with JLM_VK_UPLOAD=1; --gpu-budget 1
+ * is raised with a note and evicts. jlm bench -o json carries the same
+ * device figures. */
+static unsigned long long field(const char *line, const char *name)
+{
+    const char *p = strstr(line, name);
+    cr_assert(p, "no '%s' in %s", name, line);
+    return strtoull(p + strlen(name), NULL, 10);
+}
+
+Test(vulkan, stats_report_each_backend_and_the_totals, .timeout = 120)
+{
+    if (!jlm_vk_built())
+        cr_skip_test("built without Vulkan");
+    char *dir = tu_tmpdir(), *out = NULL, cmd[2048];
+    jlm_err err = {0};
+    char *path = tu_convert("synth-llama-256.Q4_K_M.gguf", dir, "q.jlm", &err);
+    cr_assert(path, "%s", err.msg);
+    for (int up = 0; up < 2; up++) {
+        snprintf(cmd, sizeof cmd, "%s%s run %s --ids 1,2,3 -n 3 --backend vulkan --device 0 --stats --budget 1 "
+                 "--gpu-budget 1 --seed 1", up ? "JLM_VK_UPLOAD=1 " : "", tu_jlm(), path);
+        int rc = tu_run(cmd, &out);
+        if (rc && strstr(out, "no device")) {
+            free(out);
+            break;
+        }
+        cr_assert_eq(rc, 0, "%s", out);
+        const char *pl = strstr(out, "\npager: page-ins "), *cl = strstr(out, "\ncpu: page-ins "),
+                   *vl = strstr(out, "\nvulkan: matmuls ");
+        cr_assert(pl && cl && vl && pl < cl && cl < vl, "%s", out);
+        cr_assert(strstr(out, "--gpu-budget 1 bytes is below the device's minimum working set"), "%s", out);
+        cr_assert(strstr(vl, up ? "path upload" : "path import") || (!up && strstr(vl, "path upload")), "%s", vl);
+        cr_assert_eq(field(pl, "page-ins "), field(cl, "page-ins ") + field(vl, "page-ins "), "%s", out);
+        cr_assert_eq(field(pl, "evictions "), field(cl, "evictions ") + field(vl, "evictions "), "%s", out);
+        cr_assert(field(vl, "evictions ") > 0 && field(vl, "frames ") == 1, "%s", vl);
+        cr_assert(up ? field(vl, "bytes uploaded ") > 0 : field(vl, "bytes uploaded ") + field(vl, "bytes imported ") > 0,
+                  "%s", vl);
+        free(out);
+    }
+    snprintf(cmd, sizeof cmd, "%s bench %s -p 4 -n 2 -r 1 --backend vulkan --device 0 -o json", tu_jlm(), path);
+    int rc = tu_run(cmd, &out);
+    if (rc == 0) {
+        cr_assert(strstr(out, "\"vulkan\"") && strstr(out, "\"kernel_ms\"") && strstr(out, "\"matmuls\""), "%s", out);
+    } else {
+        cr_assert(strstr(out, "no device"), "%s", out);
+    }
+    free(out);
+    free(path);
+    tu_rmrf(dir);
+    free(dir);
+}
+
+/* The fingerprint (jlm-format.md 4.7): jlm convert --device records the
+ * intended device; a run on another backend prints one note naming both and
+ * runs anyway; on the recorded backend there is no note. --device tpu is one
+ * line and exit 2. jlm --version and jlm info --json list the backends. */
+Test(vulkan, fingerprint_device_is_recorded_compared_and_never_enforced, .timeout = 120)
+{
+    char *dir = tu_tmpdir(), *out = NULL, cmd[4096], src[1024];
+    snprintf(src, sizeof src, "%s/tests/models/synth-llama-256.Q4_K_M.gguf", tu_root());
+    snprintf(cmd, sizeof cmd, "%s convert %s -o %s/v.jlm --device vulkan", tu_jlm(), src, dir);
+    cr_assert_eq(tu_run(cmd, &out), 0, "%s", out);
+    free(out);
+    snprintf(cmd, sizeof cmd, "%s run %s/v.jlm --ids 1,2 -n 1", tu_jlm(), dir);
+    cr_assert_eq(tu_run(cmd, &out), 0, "%s", out);
+    const char *n = strstr(out, "was written for host ");
+    cr_assert(n && strstr(n, "device vulkan") && strstr(n, "running on host ") && strstr(n, "device cpu") &&
+              strstr(n, "device differs") && !strstr(n + 1, "was written for"), "%s", out);
+    free(out);
+    snprintf(cmd, sizeof cmd, "%s info %s/v.jlm --json", tu_jlm(), dir);
+    cr_assert_eq(tu_run(cmd, &out), 0, "%s", out);
+    cr_assert(strstr(out, "\"device\": \"vulkan\"") && strstr(out, "\"backends\"") && strstr(out, "\"name\": \"vulkan\""),
+              "%s", out);
+    free(out);
+    snprintf(cmd, sizeof cmd, "%s --version", tu_jlm());
+    cr_assert_eq(tu_run(cmd, &out), 0, "%s", out);
+    cr_assert(strstr(out, "\nvulkan: "), "%s", out);
+    free(out);
+    if (jlm_vk_built()) {
+        snprintf(cmd, sizeof cmd, "%s run %s/v.jlm --ids 1,2 -n 1 --backend vulkan --device 0", tu_jlm(), dir);
+        int rc = tu_run(cmd, &out);
+        cr_assert(rc == 0 ? !strstr(out, "was written for") : strstr(out, "--backend vulkan: ") != NULL, "%s", out);
+        free(out);
+    }
+    snprintf(cmd, sizeof cmd, "%s convert %s -o %s/t.jlm --device tpu", tu_jlm(), src, dir);
+    cr_assert_eq(tu_run(cmd, &out), 2, "%s", out);
+    cr_assert(strstr(out, "--device 'tpu': expected cpu, vulkan or cuda") && strchr(out, '\n') == strrchr(out, '\n'),
+              "%s", out);
+    free(out);
+    tu_rmrf(dir);
+    free(dir);
+}
+
+/* The matrix: every text model of tests/models (every stored type, every
+ * architecture, the four MoE families whose expert pages follow their
+ * block's backend), on Vulkan whole and at --gpu-layers 2: against
+ * llama.cpp's logits after the oracle's first prompt within the CPU
+ * backend's own tolerance (test_engine.c), then against the CPU backend: the same ids fed to both (so one divergence does not cascade),
+ * logits within 1e-4 of the largest |logit| after each (quantized matvecs are
+ * bit-identical; F32/F16 weights differ in the last bits: the CPU's FMA
+ * variants), and the same greedy pick wherever the CPU's top-2 margin is
+ * over twice the difference seen. */
+static const char *MATRIX[] = {
+    "stories260K", "llama-2-tiny-random", "synth-gemma3-256.Q4_K_M", "synth-gemma3-256.Q8_0",
+    "synth-gemma3v-128.F32", "synth-gemma3v-128.Q8_0", "synth-gpt-oss-256.MXFP4_MOE", "synth-llama-256.MXFP4",
+    "synth-llama-256.Q2_K", "synth-llama-256.Q3_K_M", "synth-llama-256.Q4_0", "synth-llama-256.Q4_1",
+    "synth-llama-256.Q4_K_M", "synth-llama-256.Q5_0", "synth-llama-256.Q5_1", "synth-llama-256.Q5_K_M",
+    "synth-llama-256.Q6_K", "synth-llama-256.Q8_0", "synth-llama-256.f32", "synth-llama-moe-256.F16",
+    "synth-llama-moe-256.MXFP4_MOE", "synth-llama-moe-256.Q4_K_M", "synth-olmoe-256.Q4_K_M", "synth-phi3-256.Q4_K_M",
+    "synth-qwen2-256.Q4_K_M", "synth-qwen2-256.Q8_0", "synth-qwen3-256.Q4_K_M", "synth-qwen3-256.Q8_0",
+    "synth-qwen3moe-256.Q4_K_M", "synth-qwen3moe-256.Q8_0",
+};
+
+/* tests/test_engine.c's per-type tolerance of the CPU backend against
+ * llama.cpp's logits (docs/engine.md says why), relative to max |logit|. */
+static double cpu_tol(const char *m)
+{
+    if (strstr(m, "f32") || !strcmp(m, "stories260K")) return 1e-4;
+    if (strstr(m, "F16") || strstr(m, "tiny-random")) return 2e-3;
+    if (strstr(m, "Q2_K")) return 0.12;
+    return 0.05;
+}
+
+/* The oracle's first run (tests/reference/oracle-NAME.exact.json): e's logits
+ * after its prompt within cpu_tol of llama.cpp's. 0 when there is no oracle
+ * or it holds no full logit vector. e is rewound after. */
+static int vs_oracle(jlm_engine *e, const char *name, const char *what)
+{
+    char p[1024];
+    snprintf(p, sizeof p, "%s/tests/reference/oracle-%s.exact.json", tu_root(), name);
+    json_t *o = json_load_file(p, 0, NULL);
+    if (!o)
+        return 0;
+    json_t *run = json_array_get(json_object_get(o, "runs"), 0), *ref = json_object_get(run, "logits_after_prompt");
+    json_t *jp = json_object_get(run, "prompt_ids");
+    uint32_t nv = jlm_engine_n_vocab(e);
+    int done = 0;
+    if (json_array_size(ref) == nv && json_array_size(jp) <= 64) {
+        int32_t ids[64];
+        for (size_t i = 0; i < json_array_size(jp); i++)
+            ids[i] = (int32_t)json_integer_value(json_array_get(jp, i));
+        float *l = malloc(nv * 4);
+        jlm_err err = {0};
+        jlm_engine_rewind(e, 0);
+        cr_assert_eq(jlm_engine_eval(e, ids, (uint32_t)json_array_size(jp), l, &err), 0, "%s", err.msg);
+        double mx = 0, d = 0;
+        for (uint32_t i = 0; i < nv; i++) {
+            double v = json_number_value(json_array_get(ref, i));
+            mx = fmax(mx, fabs(v));
+            double di = fabs(v - l[i]);
+            if (!(di <= d)) d = di;   /* NaN propagates */
+        }
+        cr_assert(!(d > cpu_tol(name) * mx), "%s (%s): max logit error %g against llama.cpp > %g x max |logit| %g",
+                  name, what, d, cpu_tol(name), mx);
+        free(l);
+        jlm_engine_rewind(e, 0);
+        done = 1;
+    }
+    json_decref(o);
+    return done;
+}
+
+/* Vulkan against the CPU backend on the same ids. Quantized matvec is
+ * bit-identical to the CPU's, so what differs there is rounding elsewhere:
+ * 1e-4 of the largest logit. Float weights (F32, F16) are summed in another
+ * order by the shader (docs/vulkan.md), and synth-gemma3v-128.F32 amplifies
+ * such rounding: the CPU's own two attention paths (JLM_ATTN=token and the
+ * batched kernel, both within tolerance of llama.cpp) differ there by 1.6e-4
+ * of the largest logit, and Vulkan against the CPU by 1.2e-4 to 2.0e-4, so
+ * float models get 5e-4. */
+static double vk_cpu_tol(const char *m)
+{
+    return strstr(m, "F32") || strstr(m, "f32") || strstr(m, "F16") ? 5e-4 : 1e-4;
+}
+
+static int argmax2(const float *l, uint32_t n, float *margin)
+{
+    uint32_t b = 0, s = n > 1 ? 1 : 0;
+    if (n > 1 && l[1] > l[0])
+        b = 1, s = 0;
+    for (uint32_t i = 2; i < n; i++)
+        if (l[i] > l[b])
+            s = b, b = i;
+        else if (l[i] > l[s])
+            s = i;
+    *margin = l[b] - l[s];
+    return (int)b;
+}
+
+Test(vulkan, every_test_model_on_vulkan_whole_and_at_gpu_layers_2_matches_the_cpu, .timeout = 240)
+{
+    char *dir = tu_tmpdir();
+    int n_oracle = 0;
+    size_t nm = sizeof MATRIX / sizeof MATRIX[0];
+    for (size_t m = 0; m < nm; m++) {
+        char gguf[256];
+        jlm_err err = {0};
+        snprintf(gguf, sizeof gguf, "%s.gguf", MATRIX[m]);
+        char *path = tu_convert(gguf, dir, "m.jlm", &err);
+        cr_assert(path, "%s: %s", MATRIX[m], err.msg);
+        jlm_engine *ec = engine_on(path, "cpu", 0);
+        uint32_t nv = jlm_engine_n_vocab(ec);
+        float *lc = malloc(nv * 4), *lv = malloc(nv * 4);
+        for (uint32_t gl = 0; gl <= 2; gl += 2) {
+            jlm_engine *ev = engine_on(path, "vulkan", gl);
+            if (!ev) {
+                tu_rmrf(dir);
+                cr_skip_test("vulkan: no device");
+            }
+            n_oracle += vs_oracle(ev, MATRIX[m], gl ? "vulkan, --gpu-layers 2" : "vulkan");
+            jlm_engine_rewind(ec, 0);
+            int32_t tok[3] = {1, 10, 20};
+            uint32_t n = 3;
+            for (int step = 0; step < 3; step++) {
+                jlm_err e1 = {0}, e2 = {0};
+                cr_assert_eq(jlm_engine_eval(ec, tok, n, lc, &e1), 0, "%s", e1.msg);
+                cr_assert_eq(jlm_engine_eval(ev, tok, n, lv, &e2), 0, "%s", e2.msg);
+                float mx = 0, d = 0, margin;
+                for (uint32_t i = 0; i < nv; i++) {
+                    mx = fmaxf(mx, fabsf(lc[i]));
+                    d = fmaxf(d, fabsf(lc[i] - lv[i]));
+                }
+                cr_assert(d <= vk_cpu_tol(MATRIX[m]) * mx, "%s --gpu-layers %s, step %d: logits differ by %g (largest %g)",
+                          MATRIX[m], gl ? "2" : "all", step, d, mx);
+                int ic = argmax2(lc, nv, &margin), iv;
+                float mv;
+                iv = argmax2(lv, nv, &mv);
+                if (margin > 2 * d)
+                    cr_assert_eq(ic, iv, "%s --gpu-layers %s, step %d: id %d vs the CPU's %d (margin %g)", MATRIX[m],
+                                 gl ? "2" : "all", step, iv, ic, margin);
+                tok[0] = ic;   /* the CPU's pick, fed to both */
+                n = 1;
+            }
+            uint64_t mm, up;
+            jlm_engine_vk_counters(ev, &mm, &up);
+            cr_assert(mm > 0, "%s: no matmul ran on Vulkan", MATRIX[m]);
+            jlm_engine_close(ev);
+        }
+        free(lc);
+        free(lv);
+        jlm_engine_close(ec);
+        free(path);
+    }
+    cr_assert(n_oracle >= 2 * 20, "only %d oracle comparisons", n_oracle);
+    tu_rmrf(dir);
+    free(dir);
+}
+
+/* The engine with bindings lowered to 64 KiB (JLM_VK_MAX_BINDING): the
+ * output matrix (512 rows x 256) and larger planes run in k-chunks; the
+ * logits stay those of the CPU backend (bit-identical on the Q4_K_M llama,
+ * where matmuls whose one super-block exceeds the window fall back to the CPU
+ * and are counted; within 1e-4 on qwen3moe Q8_0, every matmul on the device). */
+Test(vulkan, engine_with_planes_over_one_binding_equals_the_cpu, .timeout = 120)
+{
+    static const char *MODELS[] = {"synth-llama-256.Q4_K_M", "synth-qwen3moe-256.Q8_0"};
+    char *dir = tu_tmpdir();
+    for (size_t m = 0; m < 2; m++) {
+        char gguf[256];
+        jlm_err err = {0};
+        snprintf(gguf, sizeof gguf, "%s.gguf", MODELS[m]);
+        char *path = tu_convert(gguf, dir, "q.jlm", &err);
+        cr_assert(path, "%s", err.msg);
+        jlm_engine *ec = engine_opts(path, "cpu", 0, 0);
+        setenv("JLM_VK_MAX_BINDING", "65536", 1);
+        jlm_engine *ev = engine_opts(path, "vulkan", 0, 0);
+        unsetenv("JLM_VK_MAX_BINDING");
+        if (!ev) {
+            tu_rmrf(dir);
+            cr_skip_test("vulkan: no device");
+        }
+        uint32_t nv = jlm_engine_n_vocab(ec);
+        float *lc = malloc(nv * 4), *lv = malloc(nv * 4);
+        int32_t prompt[4] = {1, 10, 20, 30}, ic[5], iv[5];
+        greedy_ids(ec, prompt, 4, 5, ic, lc);
+        greedy_ids(ev, prompt, 4, 5, iv, lv);
+        same_logits(lc, lv, nv, m == 0, MODELS[m], "64 KiB bindings");
+        cr_assert(!memcmp(ic, iv, sizeof ic), "%s (64 KiB bindings): greedy ids differ", MODELS[m]);
+        jlm_evk_stats vs;
+        jlm_engine_vk_stats(ev, &vs);
+        cr_assert(vs.matmuls > 0 && (m == 0 || vs.fallbacks == 0), "%s: %llu matmuls on the device, %llu fell back",
+                  MODELS[m], (unsigned long long)vs.matmuls, (unsigned long long)vs.fallbacks);
+        free(lc);
+        free(lv);
+        jlm_engine_close(ec);
+        jlm_engine_close(ev);
+        free(path);
+    }
+    tu_rmrf(dir);
+    free(dir);
+}
+
+/* The fingerprint is untrusted bytes: a host string with a newline and an
+ * escape byte still gives one note line (control bytes shown as '?'), and
+ * the run goes on. */
+Test(vulkan, a_fingerprint_with_control_bytes_is_one_note_line, .timeout = 60)
+{
+    char *dir = tu_tmpdir(), *out = NULL, cmd[4096], src[1024], path[1100];
+    snprintf(src, sizeof src, "%s/tests/models/stories260K.gguf", tu_root());
+    snprintf(path, sizeof path, "%s/s.jlm", dir);
+    snprintf(cmd, sizeof cmd, "%s convert %s -o %s", tu_jlm(), src, path);
+    cr_assert_eq(tu_run(cmd, &out), 0, "%s", out);
+    free(out);
+    FILE *f = fopen(path, "r+b");
+    cr_assert(f);
+    uint64_t fp_off = 0;
+    cr_assert(fseek(f, 88, SEEK_SET) == 0 && fread(&fp_off, 8, 1, f) == 1);
+    uint16_t len = 0;
+    cr_assert(fseek(f, (long)fp_off, SEEK_SET) == 0 && fread(&len, 2, 1, f) == 1 && len == 6, "host length %u", len);
+    cr_assert(fseek(f, (long)fp_off + 2, SEEK_SET) == 0 && fwrite("x8\n_\0334", 1, 6, f) == 6);
+    fclose(f);
+    snprintf(cmd, sizeof cmd, "%s run %s --ids 1,2 -n 1", tu_jlm(), path);
+    cr_assert_eq(tu_run(cmd, &out), 0, "%s", out);
+    const char *n = strstr(out, "note: ");
+    cr_assert(n && strstr(n, "written for host x8?_?4,") && strstr(n, "host differs"), "%s", out);
+    const char *nl = strchr(n, '\n');
+    cr_assert(nl && strstr(nl, "was written for") == NULL && strstr(n, "running on host") < nl, "%s", out);
+    free(out);
     tu_rmrf(dir);
     free(dir);
 }

@@ -3,6 +3,7 @@
  * build time) every entry point reports "built without Vulkan". */
 #include "kernels/vulkan/vk.h"
 
+#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -49,7 +50,8 @@ struct jlm_vk_buf {
     VkBuffer       buf;
     VkDeviceMemory mem;
     uint64_t       size;
-    void          *map;
+    void          *map;        /* NULL: device-local, written by jlm_vk_buf_write */
+    int            imported;   /* memory is the caller's host pages (VK_EXT_external_memory_host) */
 };
 
 struct jlm_vk {
@@ -69,6 +71,11 @@ struct jlm_vk {
     VkCommandBuffer       cmd;
     VkFence               fence;
     jlm_vk_buf           *dummy, *tmp;   /* dummy: unused bindings; tmp: small uploads */
+    jlm_vk_buf           *staging;       /* jlm_vk_buf_write's host-visible bounce buffer */
+    uint64_t              max_binding;   /* maxStorageBufferRange, or JLM_VK_MAX_BINDING's lower value */
+    int                   has_import;    /* VK_EXT_external_memory_host enabled */
+    uint64_t              import_align;  /* minImportedHostPointerAlignment */
+    PFN_vkGetMemoryHostPointerPropertiesEXT host_ptr_props;
 };
 
 static int vkfail(jlm_err *err, const char *what, VkResult r)
@@ -79,6 +86,54 @@ static int vkfail(jlm_err *err, const char *what, VkResult r)
 }
 
 int jlm_vk_built(void) { return 1; }
+
+static const char *dev_type(VkPhysicalDeviceType t)
+{
+    return t == VK_PHYSICAL_DEVICE_TYPE_DISCRETE_GPU ? "discrete" : t == VK_PHYSICAL_DEVICE_TYPE_INTEGRATED_GPU ? "integrated"
+         : t == VK_PHYSICAL_DEVICE_TYPE_VIRTUAL_GPU ? "virtual" : t == VK_PHYSICAL_DEVICE_TYPE_CPU ? "cpu" : "other";
+}
+
+/* One VkInstance per process, made on first use and never destroyed: the
+ * instance is cheap to keep, and destroying it unloads the driver, whose
+ * allocations (lavapipe's: 128 bytes per instance) then read as leaks under
+ * LeakSanitizer (make debug). Devices are still opened and closed per jlm_vk. */
+static pthread_once_t g_once = PTHREAD_ONCE_INIT;
+static VkInstance g_inst = VK_NULL_HANDLE;
+static VkResult g_inst_rc = VK_ERROR_INITIALIZATION_FAILED;
+
+static void make_instance(void)
+{
+    VkApplicationInfo app = {.sType = VK_STRUCTURE_TYPE_APPLICATION_INFO, .pApplicationName = "jlm",
+                             .apiVersion = VK_API_VERSION_1_1};
+    VkInstanceCreateInfo ci = {.sType = VK_STRUCTURE_TYPE_INSTANCE_CREATE_INFO, .pApplicationInfo = &app};
+    g_inst_rc = vkCreateInstance(&ci, NULL, &g_inst);
+    if (g_inst_rc != VK_SUCCESS)
+        g_inst = VK_NULL_HANDLE;
+}
+
+static VkInstance instance(void)
+{
+    pthread_once(&g_once, make_instance);
+    return g_inst;
+}
+
+int jlm_vk_list_devices(char names[][128], int max)
+{
+    VkInstance inst = instance();
+    if (!inst)
+        return -1;
+    VkPhysicalDevice devs[16];
+    uint32_t n = 16;
+    if (vkEnumeratePhysicalDevices(inst, &n, devs) < 0)
+        n = 0;
+    int k = 0;
+    for (uint32_t i = 0; i < n && k < max; i++, k++) {
+        VkPhysicalDeviceProperties p;
+        vkGetPhysicalDeviceProperties(devs[i], &p);
+        snprintf(names[k], 128, "%u: %.96s (%s)", i, p.deviceName, dev_type(p.deviceType));
+    }
+    return k;
+}
 
 /* ---------------------------------------------------------------- device choice */
 
@@ -130,15 +185,24 @@ static int pick_device(VkPhysicalDevice *devs, uint32_t n, const char *want, int
 
 static int open_instance(jlm_vk *vk, jlm_err *err)
 {
-    VkApplicationInfo app = {.sType = VK_STRUCTURE_TYPE_APPLICATION_INFO, .pApplicationName = "jlm",
-                             .apiVersion = VK_API_VERSION_1_1};
-    VkInstanceCreateInfo ci = {.sType = VK_STRUCTURE_TYPE_INSTANCE_CREATE_INFO, .pApplicationInfo = &app};
-    VkResult r = vkCreateInstance(&ci, NULL, &vk->inst);
-    if (r != VK_SUCCESS) {
-        vk->inst = VK_NULL_HANDLE;
-        return jlm_errf(err, JLM_EUNSUPPORTED, "vulkan: no loader or driver (vkCreateInstance: %d)", (int)r);
-    }
+    vk->inst = instance();
+    if (!vk->inst)
+        return jlm_errf(err, JLM_EUNSUPPORTED, "vulkan: no loader or driver (vkCreateInstance: %d)", (int)g_inst_rc);
     return JLM_OK;
+}
+
+static int has_extension(VkPhysicalDevice p, const char *name)
+{
+    uint32_t n = 0;
+    if (vkEnumerateDeviceExtensionProperties(p, NULL, &n, NULL) != VK_SUCCESS || !n)
+        return 0;
+    VkExtensionProperties *e = calloc(n, sizeof *e);
+    int found = 0;
+    if (e && vkEnumerateDeviceExtensionProperties(p, NULL, &n, e) >= 0)
+        for (uint32_t i = 0; i < n && !found; i++)
+            found = !strcmp(e[i].extensionName, name);
+    free(e);
+    return found;
 }
 
 static int open_device(jlm_vk *vk, const char *want, int allow_cpu, jlm_err *err)
@@ -159,14 +223,34 @@ static int open_device(jlm_vk *vk, const char *want, int allow_cpu, jlm_err *err
     float prio = 1.0f;
     VkDeviceQueueCreateInfo qi = {.sType = VK_STRUCTURE_TYPE_DEVICE_QUEUE_CREATE_INFO,
                                   .queueFamilyIndex = vk->qfam, .queueCount = 1, .pQueuePriorities = &prio};
+    const char *ext[1] = {VK_EXT_EXTERNAL_MEMORY_HOST_EXTENSION_NAME};
+    int imp = has_extension(vk->phys, ext[0]);
     VkDeviceCreateInfo di = {.sType = VK_STRUCTURE_TYPE_DEVICE_CREATE_INFO, .queueCreateInfoCount = 1,
-                             .pQueueCreateInfos = &qi};
+                             .pQueueCreateInfos = &qi, .enabledExtensionCount = imp ? 1u : 0u,
+                             .ppEnabledExtensionNames = ext};
     VkResult r = vkCreateDevice(vk->phys, &di, NULL, &vk->dev);
     if (r != VK_SUCCESS) {
         vk->dev = VK_NULL_HANDLE;
         return vkfail(err, "vkCreateDevice", r);
     }
     vkGetDeviceQueue(vk->dev, vk->qfam, 0, &vk->queue);
+    vk->max_binding = vk->props.limits.maxStorageBufferRange;
+    const char *mb = getenv("JLM_VK_MAX_BINDING");   /* tests: force the k-chunked matvec on small planes */
+    if (mb && *mb) {
+        unsigned long long v = strtoull(mb, NULL, 10);
+        if (v >= 4096 && v < vk->max_binding)
+            vk->max_binding = v & ~3ull;
+    }
+    if (imp) {
+        VkPhysicalDeviceExternalMemoryHostPropertiesEXT hp = {
+            .sType = VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_EXTERNAL_MEMORY_HOST_PROPERTIES_EXT};
+        VkPhysicalDeviceProperties2 p2 = {.sType = VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_PROPERTIES_2, .pNext = &hp};
+        vkGetPhysicalDeviceProperties2(vk->phys, &p2);
+        vk->host_ptr_props = (PFN_vkGetMemoryHostPointerPropertiesEXT)vkGetDeviceProcAddr(
+            vk->dev, "vkGetMemoryHostPointerPropertiesEXT");
+        vk->import_align = hp.minImportedHostPointerAlignment ? hp.minImportedHostPointerAlignment : 4096;
+        vk->has_import = vk->host_ptr_props != NULL;
+    }
     return JLM_OK;
 }
 
@@ -271,6 +355,7 @@ void jlm_vk_close(jlm_vk *vk)
         vkDeviceWaitIdle(vk->dev);
         jlm_vk_buf_free(vk, vk->dummy);
         jlm_vk_buf_free(vk, vk->tmp);
+        jlm_vk_buf_free(vk, vk->staging);
         if (vk->fence)
             vkDestroyFence(vk->dev, vk->fence, NULL);
         if (vk->cmdpool)
@@ -289,14 +374,24 @@ void jlm_vk_close(jlm_vk *vk)
             vkDestroyDescriptorSetLayout(vk->dev, vk->dsl, NULL);
         vkDestroyDevice(vk->dev, NULL);
     }
-    if (vk->inst)
-        vkDestroyInstance(vk->inst, NULL);
+    /* vk->inst is the process's (instance()): kept */
     free(vk);
 }
 
 const char *jlm_vk_device_name(const jlm_vk *vk) { return vk->props.deviceName; }
 int jlm_vk_device_is_cpu(const jlm_vk *vk) { return vk->props.deviceType == VK_PHYSICAL_DEVICE_TYPE_CPU; }
-uint64_t jlm_vk_max_binding(const jlm_vk *vk) { return vk->props.limits.maxStorageBufferRange; }
+uint64_t jlm_vk_max_binding(const jlm_vk *vk) { return vk->max_binding; }
+uint64_t jlm_vk_import_align(const jlm_vk *vk) { return vk->has_import ? vk->import_align : 0; }
+
+uint64_t jlm_vk_device_local_bytes(const jlm_vk *vk)
+{
+    uint64_t best = 0;
+    for (uint32_t i = 0; i < vk->memprops.memoryHeapCount; i++)
+        if ((vk->memprops.memoryHeaps[i].flags & VK_MEMORY_HEAP_DEVICE_LOCAL_BIT) &&
+            vk->memprops.memoryHeaps[i].size > best)
+            best = vk->memprops.memoryHeaps[i].size;
+    return best;
+}
 
 /* ---------------------------------------------------------------- buffers */
 
@@ -317,7 +412,8 @@ int jlm_vk_buf_new(jlm_vk *vk, uint64_t bytes, jlm_vk_buf **out, jlm_err *err)
     if (!b->size)
         b->size = 4;
     VkBufferCreateInfo bi = {.sType = VK_STRUCTURE_TYPE_BUFFER_CREATE_INFO, .size = b->size,
-                             .usage = VK_BUFFER_USAGE_STORAGE_BUFFER_BIT,
+                             .usage = VK_BUFFER_USAGE_STORAGE_BUFFER_BIT | VK_BUFFER_USAGE_TRANSFER_SRC_BIT |
+                                      VK_BUFFER_USAGE_TRANSFER_DST_BIT,
                              .sharingMode = VK_SHARING_MODE_EXCLUSIVE};
     VkResult r = vkCreateBuffer(vk->dev, &bi, NULL, &b->buf);
     if (r != VK_SUCCESS) {
@@ -339,6 +435,121 @@ int jlm_vk_buf_new(jlm_vk *vk, uint64_t bytes, jlm_vk_buf **out, jlm_err *err)
     }
     memset(b->map, 0, b->size);
     *out = b;
+    return JLM_OK;
+}
+
+/* A storage buffer over memory of type mt (imp: the host pages at host). */
+static int buf_make(jlm_vk *vk, uint64_t bytes, VkMemoryPropertyFlags want, void *host, jlm_vk_buf **out,
+                    jlm_err *err)
+{
+    jlm_vk_buf *b = calloc(1, sizeof *b);
+    if (!b)
+        return jlm_errf(err, JLM_ENOMEM, "vulkan: out of memory");
+    b->size = (bytes + 3) & ~(uint64_t)3;
+    b->imported = host != NULL;
+    VkExternalMemoryBufferCreateInfo eb = {.sType = VK_STRUCTURE_TYPE_EXTERNAL_MEMORY_BUFFER_CREATE_INFO,
+                                           .handleTypes = VK_EXTERNAL_MEMORY_HANDLE_TYPE_HOST_ALLOCATION_BIT_EXT};
+    VkBufferCreateInfo bi = {.sType = VK_STRUCTURE_TYPE_BUFFER_CREATE_INFO, .pNext = host ? &eb : NULL,
+                             .size = b->size,
+                             .usage = VK_BUFFER_USAGE_STORAGE_BUFFER_BIT | VK_BUFFER_USAGE_TRANSFER_DST_BIT |
+                                      VK_BUFFER_USAGE_TRANSFER_SRC_BIT,
+                             .sharingMode = VK_SHARING_MODE_EXCLUSIVE};
+    VkResult r = vkCreateBuffer(vk->dev, &bi, NULL, &b->buf);
+    if (r != VK_SUCCESS) {
+        free(b);
+        return vkfail(err, "vkCreateBuffer", r);
+    }
+    VkMemoryRequirements req;
+    vkGetBufferMemoryRequirements(vk->dev, b->buf, &req);
+    uint32_t bits = req.memoryTypeBits;
+    VkImportMemoryHostPointerInfoEXT imp = {.sType = VK_STRUCTURE_TYPE_IMPORT_MEMORY_HOST_POINTER_INFO_EXT,
+                                            .handleType = VK_EXTERNAL_MEMORY_HANDLE_TYPE_HOST_ALLOCATION_BIT_EXT,
+                                            .pHostPointer = host};
+    if (host) {
+        VkMemoryHostPointerPropertiesEXT hp = {.sType = VK_STRUCTURE_TYPE_MEMORY_HOST_POINTER_PROPERTIES_EXT};
+        r = vk->host_ptr_props(vk->dev, VK_EXTERNAL_MEMORY_HANDLE_TYPE_HOST_ALLOCATION_BIT_EXT, host, &hp);
+        bits = r == VK_SUCCESS ? bits & hp.memoryTypeBits : 0;
+    }
+    int mt = mem_type(vk, bits, want);
+    if (mt < 0 && !host)
+        mt = mem_type(vk, bits, 0);
+    VkMemoryAllocateInfo ai = {.sType = VK_STRUCTURE_TYPE_MEMORY_ALLOCATE_INFO, .pNext = host ? &imp : NULL,
+                               .allocationSize = host ? b->size : req.size, .memoryTypeIndex = (uint32_t)mt};
+    if (mt < 0 || (r = vkAllocateMemory(vk->dev, &ai, NULL, &b->mem)) != VK_SUCCESS ||
+        (r = vkBindBufferMemory(vk->dev, b->buf, b->mem, 0)) != VK_SUCCESS) {
+        jlm_vk_buf_free(vk, b);
+        return mt < 0 ? jlm_errf(err, JLM_EUNSUPPORTED, "vulkan: no memory type for %s",
+                                 host ? "an imported host pointer" : "a device buffer")
+                      : vkfail(err, host ? "importing host memory" : "device buffer memory", r);
+    }
+    *out = b;
+    return JLM_OK;
+}
+
+int jlm_vk_buf_new_device(jlm_vk *vk, uint64_t bytes, jlm_vk_buf **out, jlm_err *err)
+{
+    return buf_make(vk, bytes ? bytes : 4, VK_MEMORY_PROPERTY_DEVICE_LOCAL_BIT, NULL, out, err);
+}
+
+int jlm_vk_buf_import(jlm_vk *vk, void *host, uint64_t bytes, jlm_vk_buf **out, jlm_err *err)
+{
+    if (!vk->has_import)
+        return jlm_errf(err, JLM_EUNSUPPORTED, "vulkan: %s has no VK_EXT_external_memory_host",
+                        vk->props.deviceName);
+    if (!bytes || (uintptr_t)host % vk->import_align || bytes % vk->import_align)
+        return jlm_errf(err, JLM_EINVAL, "vulkan: import of %llu bytes at %p: not a multiple of the %llu-byte "
+                        "alignment", (unsigned long long)bytes, host, (unsigned long long)vk->import_align);
+    return buf_make(vk, bytes, 0, host, out, err);
+}
+
+int jlm_vk_is_imported(const jlm_vk_buf *b) { return b->imported; }
+
+/* One copy command from the staging buffer into dst, submitted and waited. */
+static int copy_submit(jlm_vk *vk, jlm_vk_buf *dst, uint64_t dst_off, uint64_t n, jlm_err *err)
+{
+    VkCommandBufferBeginInfo cb = {.sType = VK_STRUCTURE_TYPE_COMMAND_BUFFER_BEGIN_INFO,
+                                   .flags = VK_COMMAND_BUFFER_USAGE_ONE_TIME_SUBMIT_BIT};
+    vkResetCommandBuffer(vk->cmd, 0);
+    vkBeginCommandBuffer(vk->cmd, &cb);
+    VkBufferCopy c = {.srcOffset = 0, .dstOffset = dst_off, .size = n};
+    vkCmdCopyBuffer(vk->cmd, vk->staging->buf, dst->buf, 1, &c);
+    VkMemoryBarrier mb = {.sType = VK_STRUCTURE_TYPE_MEMORY_BARRIER, .srcAccessMask = VK_ACCESS_TRANSFER_WRITE_BIT,
+                          .dstAccessMask = VK_ACCESS_SHADER_READ_BIT};
+    vkCmdPipelineBarrier(vk->cmd, VK_PIPELINE_STAGE_TRANSFER_BIT, VK_PIPELINE_STAGE_COMPUTE_SHADER_BIT, 0, 1, &mb,
+                         0, NULL, 0, NULL);
+    vkEndCommandBuffer(vk->cmd);
+    VkSubmitInfo si = {.sType = VK_STRUCTURE_TYPE_SUBMIT_INFO, .commandBufferCount = 1, .pCommandBuffers = &vk->cmd};
+    vkResetFences(vk->dev, 1, &vk->fence);
+    VkResult r = vkQueueSubmit(vk->queue, 1, &si, vk->fence);
+    if (r != VK_SUCCESS)
+        return vkfail(err, "vkQueueSubmit (copy)", r);
+    r = vkWaitForFences(vk->dev, 1, &vk->fence, VK_TRUE, UINT64_MAX);
+    return r == VK_SUCCESS ? JLM_OK : vkfail(err, "vkWaitForFences (copy)", r);
+}
+
+#define STAGING_BYTES (16u << 20)
+
+int jlm_vk_buf_write(jlm_vk *vk, jlm_vk_buf *dst, uint64_t off, const void *src, uint64_t n, jlm_err *err)
+{
+    if (off > dst->size || n > dst->size - off)
+        return jlm_errf(err, JLM_EINVAL, "vulkan: write of %llu bytes at %llu past a buffer of %llu",
+                        (unsigned long long)n, (unsigned long long)off, (unsigned long long)dst->size);
+    if (!vk->staging) {
+        int rc = jlm_vk_buf_new(vk, STAGING_BYTES, &vk->staging, err);
+        if (rc)
+            return rc;
+    }
+    const uint8_t *s = src;
+    while (n) {
+        uint64_t c = n < STAGING_BYTES ? n : STAGING_BYTES;
+        memcpy(vk->staging->map, s, c);
+        int rc = copy_submit(vk, dst, off, c, err);
+        if (rc)
+            return rc;
+        s += c;
+        off += c;
+        n -= c;
+    }
     return JLM_OK;
 }
 
@@ -375,9 +586,9 @@ static int view_check(const jlm_vk *vk, const jlm_vk_view *v, int i, jlm_err *er
         return jlm_errf(err, JLM_EINVAL, "vulkan: binding %d: range %llu+%llu outside its buffer of %llu",
                         i, (unsigned long long)v->off, (unsigned long long)len,
                         (unsigned long long)v->buf->size);
-    if (len > vk->props.limits.maxStorageBufferRange)
-        return jlm_errf(err, JLM_EINVAL, "vulkan: binding %d: %llu bytes exceed maxStorageBufferRange %u",
-                        i, (unsigned long long)len, vk->props.limits.maxStorageBufferRange);
+    if (len > vk->max_binding)
+        return jlm_errf(err, JLM_EINVAL, "vulkan: binding %d: %llu bytes exceed maxStorageBufferRange %llu",
+                        i, (unsigned long long)len, (unsigned long long)vk->max_binding);
     if (v->off % vk->props.limits.minStorageBufferOffsetAlignment)
         return jlm_errf(err, JLM_EINVAL, "vulkan: binding %d: offset %llu not a multiple of %llu", i,
                         (unsigned long long)v->off,
@@ -387,8 +598,18 @@ static int view_check(const jlm_vk *vk, const jlm_vk_view *v, int i, jlm_err *er
 
 /* Binds views (buf NULL: the dummy), pushes, dispatches gx x gy groups and
  * waits. */
+static int dispatch2(jlm_vk *vk, VkPipeline pipe, const jlm_vk_view *views, int nview, const void *push,
+                     uint32_t push_size, uint32_t gx, uint32_t gy, jlm_err *err);
+
 static int dispatch(jlm_vk *vk, VkPipeline pipe, const jlm_vk_view *views, int nview, const void *push,
                     uint32_t push_size, uint32_t gx, jlm_err *err)
+{
+    return dispatch2(vk, pipe, views, nview, push, push_size, gx, 1, err);
+}
+
+/* dispatch with gx x gy groups (the matvec's y: tokens). */
+static int dispatch2(jlm_vk *vk, VkPipeline pipe, const jlm_vk_view *views, int nview, const void *push,
+                     uint32_t push_size, uint32_t gx, uint32_t gy, jlm_err *err)
 {
     VkDescriptorBufferInfo bi[NBIND];
     VkWriteDescriptorSet w[NBIND];
@@ -422,11 +643,11 @@ static int dispatch(jlm_vk *vk, VkPipeline pipe, const jlm_vk_view *views, int n
     uint8_t pbuf[PUSH_MAX] = {0};
     memcpy(pbuf, push, push_size);
     vkCmdPushConstants(vk->cmd, vk->layout, VK_SHADER_STAGE_COMPUTE_BIT, 0, PUSH_MAX, pbuf);
-    vkCmdDispatch(vk->cmd, gx, 1, 1);
+    vkCmdDispatch(vk->cmd, gx, gy, 1);
     VkMemoryBarrier mb = {.sType = VK_STRUCTURE_TYPE_MEMORY_BARRIER, .srcAccessMask = VK_ACCESS_SHADER_WRITE_BIT,
-                          .dstAccessMask = VK_ACCESS_HOST_READ_BIT};
-    vkCmdPipelineBarrier(vk->cmd, VK_PIPELINE_STAGE_COMPUTE_SHADER_BIT, VK_PIPELINE_STAGE_HOST_BIT, 0,
-                         1, &mb, 0, NULL, 0, NULL);
+                          .dstAccessMask = VK_ACCESS_HOST_READ_BIT | VK_ACCESS_SHADER_READ_BIT};
+    vkCmdPipelineBarrier(vk->cmd, VK_PIPELINE_STAGE_COMPUTE_SHADER_BIT,
+                         VK_PIPELINE_STAGE_HOST_BIT | VK_PIPELINE_STAGE_COMPUTE_SHADER_BIT, 0, 1, &mb, 0, NULL, 0, NULL);
     vkEndCommandBuffer(vk->cmd);
     VkSubmitInfo si = {.sType = VK_STRUCTURE_TYPE_SUBMIT_INFO, .commandBufferCount = 1,
                        .pCommandBuffers = &vk->cmd};
@@ -460,7 +681,100 @@ static uint32_t groups(uint64_t n, uint32_t per) { return (uint32_t)((n + per - 
 
 /* ---------------------------------------------------------------- kernels */
 
+static uint64_t view_len(const jlm_vk_view *v)
+{
+    return v->len ? v->len : v->buf->size - (v->off < v->buf->size ? v->off : v->buf->size);
+}
+
+/* The window of plane view pv holding its words [a, b): an aligned binding
+ * within maxStorageBufferRange; *delta = what the shader adds to a plane word
+ * index to address the window (mod 2^32). 0, or -1 if it does not fit. */
+static int plane_window(const jlm_vk *vk, const jlm_vk_view *pv, uint64_t a, uint64_t b, jlm_vk_view *out,
+                        uint32_t *delta)
+{
+    uint64_t al = vk->props.limits.minStorageBufferOffsetAlignment, lo = pv->off + 4 * a, hi = pv->off + 4 * b;
+    uint64_t w0 = al ? lo / al * al : lo;
+    if (hi - w0 > vk->max_binding || (lo - w0) % 4)
+        return -1;
+    *out = (jlm_vk_view){pv->buf, w0, hi - w0};
+    *delta = (uint32_t)((lo - w0) / 4 - a);
+    return 0;
+}
+
+/* A matvec whose planes exceed one binding: quantized types run in chunks of
+ * whole super-blocks along k (each plane's words of a super-block range are
+ * contiguous: word w of sub-block s of row r at (s*W + w)*rows + r), the
+ * running sum carried in y; float types (row-major) in chunks of rows. The
+ * file layout is untouched: only the bindings change. */
+static int matvec_chunked(jlm_vk *vk, const jlm_vk_mat *m, const jlm_type_traits *t, jlm_vk_view *v,
+                          uint32_t *push, uint32_t ntok, jlm_err *err)
+{
+    uint64_t lim = vk->max_binding, al = vk->props.limits.minStorageBufferOffsetAlignment;
+    uint64_t slack = al > 4 ? al : 4;
+    if (t->is_float) {
+        uint64_t row_words = m->k * t->elem_bytes / 4;   /* F16/BF16 rows: k even keeps rows word-aligned */
+        if ((m->k * t->elem_bytes) % 4 || row_words * 4 + slack > lim)
+            return jlm_errf(err, JLM_EUNSUPPORTED, "vulkan matvec %s: one row (%llu bytes) exceeds a binding",
+                            t->name, (unsigned long long)(m->k * t->elem_bytes));
+        uint64_t step = (lim - slack) / (row_words * 4);
+        for (uint64_t r0 = 0; r0 < m->rows; r0 += step) {
+            uint64_t r1 = r0 + step < m->rows ? r0 + step : m->rows;
+            jlm_vk_view pv = m->qs;
+            if (plane_window(vk, &pv, r0 * row_words, r1 * row_words, &v[0], &push[4]))
+                return jlm_errf(err, JLM_EUNSUPPORTED, "vulkan matvec %s: no window for rows %llu..%llu", t->name,
+                                (unsigned long long)r0, (unsigned long long)r1);
+            push[8] = (uint32_t)r0;
+            push[9] = (uint32_t)r1;
+            int rc = dispatch2(vk, vk->mv[m->type], v, 8, push, 40, groups(r1 - r0, 64), ntok, err);
+            if (rc)
+                return rc;
+        }
+        return JLM_OK;
+    }
+    uint64_t super = (uint64_t)t->sub * t->super_sub, nsb = m->k / super, per[3] = {0, 0, 0};
+    const jlm_vk_view *pl[3] = {&m->qs, &m->d, &m->sc};
+    uint64_t ql, dl, sl;
+    int rc = jlm_fmt_planes(m->type, m->k, m->rows, &ql, &dl, &sl, err);
+    if (rc)
+        return rc;
+    uint64_t len[3] = {ql, dl, sl}, worst = 0;
+    for (int i = 0; i < 3; i++) {
+        if (!pl[i]->buf || !len[i])
+            continue;
+        if (len[i] % (4 * nsb))
+            return jlm_errf(err, JLM_EUNSUPPORTED, "vulkan matvec %s: plane %d not split by super-block", t->name, i);
+        per[i] = len[i] / 4 / nsb;   /* words per super-block */
+        if (per[i] * 4 > worst)
+            worst = per[i] * 4;
+    }
+    if (worst + slack > lim)
+        return jlm_errf(err, JLM_EUNSUPPORTED, "vulkan matvec %s: one super-block of %llu rows (%llu bytes) exceeds a binding",
+                        t->name, (unsigned long long)m->rows, (unsigned long long)worst);
+    uint64_t step = (lim - slack) / worst;
+    for (uint64_t b0 = 0; b0 < nsb; b0 += step) {
+        uint64_t b1 = b0 + step < nsb ? b0 + step : nsb;
+        for (int i = 0; i < 3; i++) {
+            if (!per[i])
+                continue;
+            if (plane_window(vk, pl[i], b0 * per[i], b1 * per[i], &v[i], &push[4 + i]))
+                return jlm_errf(err, JLM_EUNSUPPORTED, "vulkan matvec %s: no window for plane %d", t->name, i);
+        }
+        push[2] = (uint32_t)(b0 * super / 32);
+        push[3] = (uint32_t)(b1 * super / 32);
+        push[7] = b0 > 0;
+        if ((rc = dispatch2(vk, vk->mv[m->type], v, 8, push, 40, groups(m->rows, 64), ntok, err)))
+            return rc;
+    }
+    return JLM_OK;
+}
+
 int jlm_vk_matvec(jlm_vk *vk, const jlm_vk_mat *m, jlm_vk_view x, const jlm_vk_act *xq,
+                  jlm_vk_view y, jlm_err *err)
+{
+    return jlm_vk_matmul(vk, m, 1, x, xq, y, err);
+}
+
+int jlm_vk_matmul(jlm_vk *vk, const jlm_vk_mat *m, uint32_t ntok, jlm_vk_view x, const jlm_vk_act *xq,
                   jlm_vk_view y, jlm_err *err)
 {
     const jlm_type_traits *t = jlm_fmt_type_traits(m->type);
@@ -469,7 +783,8 @@ int jlm_vk_matvec(jlm_vk *vk, const jlm_vk_mat *m, jlm_vk_view x, const jlm_vk_a
     if (rc)
         return rc;
     if (m->rows > UINT32_MAX || m->k > UINT32_MAX || (!t->is_float && (!xq || xq->k != m->k)) ||
-        (t->is_float && !x.buf) || !y.buf)
+        (t->is_float && !x.buf) || !y.buf || ntok == 0 || ntok > 65535 ||
+        (xq && xq->n && xq->n != ntok) || (!xq && ntok != 1 && !t->is_float))
         return jlm_errf(err, JLM_EINVAL, "vulkan matvec %s: bad operands (k %llu, rows %llu)", t->name,
                         (unsigned long long)m->k, (unsigned long long)m->rows);
     jlm_vk_view v[8] = {m->qs, m->d, m->sc};
@@ -485,8 +800,12 @@ int jlm_vk_matvec(jlm_vk *vk, const jlm_vk_mat *m, jlm_vk_view x, const jlm_vk_a
         if ((rc = make_pipeline_spec(vk, K_MATVEC, spec, &vk->mv[m->type], err)))
             return rc;
     }
-    uint32_t push[2] = {(uint32_t)m->k, (uint32_t)m->rows};
-    return dispatch(vk, vk->mv[m->type], v, 8, push, sizeof push, groups(m->rows, 64), err);
+    uint32_t push[10] = {(uint32_t)m->k, (uint32_t)m->rows, 0, (uint32_t)(m->k / 32), 0, 0, 0, 0, 0,
+                         (uint32_t)m->rows};
+    uint64_t lim = vk->max_binding;
+    if (view_len(&m->qs) <= lim && (!m->d.buf || view_len(&m->d) <= lim) && (!m->sc.buf || view_len(&m->sc) <= lim))
+        return dispatch2(vk, vk->mv[m->type], v, 8, push, sizeof push, groups(m->rows, 64), ntok, err);
+    return matvec_chunked(vk, m, t, v, push, ntok, err);
 }
 
 int jlm_vk_rmsnorm(jlm_vk *vk, jlm_vk_view out, jlm_vk_view x, jlm_vk_view w, uint32_t n,
@@ -568,11 +887,21 @@ static int none(jlm_err *err)
 }
 
 int jlm_vk_built(void) { return 0; }
+int jlm_vk_list_devices(char names[][128], int max) { return -1; }
 int jlm_vk_open(const char *want, int allow_cpu, jlm_vk **out, jlm_err *err) { return none(err); }
 void jlm_vk_close(jlm_vk *vk) {}
 const char *jlm_vk_device_name(const jlm_vk *vk) { return "none"; }
 int jlm_vk_device_is_cpu(const jlm_vk *vk) { return 0; }
 uint64_t jlm_vk_max_binding(const jlm_vk *vk) { return 0; }
+uint64_t jlm_vk_import_align(const jlm_vk *vk) { return 0; }
+uint64_t jlm_vk_device_local_bytes(const jlm_vk *vk) { return 0; }
+int jlm_vk_buf_new_device(jlm_vk *vk, uint64_t bytes, jlm_vk_buf **out, jlm_err *err) { return none(err); }
+int jlm_vk_buf_import(jlm_vk *vk, void *host, uint64_t bytes, jlm_vk_buf **out, jlm_err *err) { return none(err); }
+int jlm_vk_is_imported(const jlm_vk_buf *b) { return 0; }
+int jlm_vk_buf_write(jlm_vk *vk, jlm_vk_buf *dst, uint64_t off, const void *src, uint64_t n, jlm_err *err)
+{
+    return none(err);
+}
 int jlm_vk_buf_new(jlm_vk *vk, uint64_t bytes, jlm_vk_buf **out, jlm_err *err) { return none(err); }
 void jlm_vk_buf_free(jlm_vk *vk, jlm_vk_buf *b) {}
 void *jlm_vk_buf_map(jlm_vk_buf *b) { return NULL; }
@@ -582,6 +911,8 @@ int jlm_vk_buf_upload(jlm_vk *vk, const void *src, uint64_t n, jlm_vk_buf **out,
     return none(err);
 }
 int jlm_vk_matvec(jlm_vk *vk, const jlm_vk_mat *m, jlm_vk_view x, const jlm_vk_act *xq,
+                  jlm_vk_view y, jlm_err *err) { return none(err); }
+int jlm_vk_matmul(jlm_vk *vk, const jlm_vk_mat *m, uint32_t ntok, jlm_vk_view x, const jlm_vk_act *xq,
                   jlm_vk_view y, jlm_err *err) { return none(err); }
 int jlm_vk_rmsnorm(jlm_vk *vk, jlm_vk_view out, jlm_vk_view x, jlm_vk_view w, uint32_t n,
                    float eps, jlm_err *err) { return none(err); }

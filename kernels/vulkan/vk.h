@@ -42,6 +42,10 @@ typedef struct jlm_vk_buf jlm_vk_buf;
 /* 1 when the library was built with the Vulkan backend. */
 int jlm_vk_built(void);
 
+/* Lists the Vulkan devices found ("0: llvmpipe (...) (cpu)"), at most max;
+ * returns the count, -1 when there is no loader/driver or no Vulkan build. */
+int jlm_vk_list_devices(char names[][128], int max);
+
 /* Opens a device (see the header comment). JLM_EUNSUPPORTED: no loader, no
  * device, or no acceptable device (message names what was found). */
 int jlm_vk_open(const char *want, int allow_cpu, jlm_vk **out, jlm_err *err);
@@ -51,6 +55,12 @@ int jlm_vk_device_is_cpu(const jlm_vk *vk);
 /* maxStorageBufferRange: the most bytes one binding may cover (128 MiB on lavapipe). */
 uint64_t jlm_vk_max_binding(const jlm_vk *vk);
 
+/* minImportedHostPointerAlignment when VK_EXT_external_memory_host is
+ * enabled on the device (host pages can be imported without a copy), else 0. */
+uint64_t jlm_vk_import_align(const jlm_vk *vk);
+/* Bytes of the largest device-local heap (0 when none is reported). */
+uint64_t jlm_vk_device_local_bytes(const jlm_vk *vk);
+
 /* A host-visible storage buffer of `bytes` (rounded up to 4). */
 int jlm_vk_buf_new(jlm_vk *vk, uint64_t bytes, jlm_vk_buf **out, jlm_err *err);
 void jlm_vk_buf_free(jlm_vk *vk, jlm_vk_buf *b);
@@ -58,6 +68,19 @@ void *jlm_vk_buf_map(jlm_vk_buf *b);      /* persistent mapping, coherent */
 uint64_t jlm_vk_buf_size(const jlm_vk_buf *b);
 /* A buffer holding a copy of bytes [0, n) of src (the upload path). */
 int jlm_vk_buf_upload(jlm_vk *vk, const void *src, uint64_t n, jlm_vk_buf **out, jlm_err *err);
+
+/* A storage buffer in device-local memory (host-visible too where that is the
+ * only kind, as on lavapipe); written with jlm_vk_buf_write, not mapped. */
+int jlm_vk_buf_new_device(jlm_vk *vk, uint64_t bytes, jlm_vk_buf **out, jlm_err *err);
+/* A storage buffer over the caller's host memory [host, host+bytes), no copy
+ * (VK_EXT_external_memory_host): host and bytes multiples of
+ * jlm_vk_import_align. The memory must stay allocated until jlm_vk_buf_free.
+ * JLM_EUNSUPPORTED without the extension, JLM_EINVAL misaligned. */
+int jlm_vk_buf_import(jlm_vk *vk, void *host, uint64_t bytes, jlm_vk_buf **out, jlm_err *err);
+int jlm_vk_is_imported(const jlm_vk_buf *b);
+/* Copies n bytes of src to dst at off through a host-visible staging buffer
+ * (16 MiB at a time: memcpy, then vkCmdCopyBuffer, submitted and waited). */
+int jlm_vk_buf_write(jlm_vk *vk, jlm_vk_buf *dst, uint64_t off, const void *src, uint64_t n, jlm_err *err);
 
 /* A binding: a range of a buffer. len 0 = to the end of the buffer. */
 typedef struct jlm_vk_view {
@@ -79,12 +102,19 @@ typedef struct jlm_vk_mat {
 typedef struct jlm_vk_act {
     uint64_t    k;
     jlm_vk_view q, d, sum16;
+    uint32_t    n;   /* tokens laid out one after another (jlm_vk_matmul); 0 = 1 */
 } jlm_vk_act;
 
 /* y[r] for r in [0, rows): float types read x (k floats), quantized types
  * read xq. JLM_EINVAL for a bad shape or a view past its buffer or past
  * maxStorageBufferRange. */
 int jlm_vk_matvec(jlm_vk *vk, const jlm_vk_mat *m, jlm_vk_view x, const jlm_vk_act *xq,
+                  jlm_vk_view y, jlm_err *err);
+/* The same for ntok tokens in one dispatch (<= 65535): token t's operands at
+ * t*k in x (floats) or xq (q: t*k bytes, d: t*k/32 floats, sum16: t*k/16
+ * int16), its outputs at t*rows in y. Each token's rows are computed exactly
+ * as by jlm_vk_matvec (bit-identical). */
+int jlm_vk_matmul(jlm_vk *vk, const jlm_vk_mat *m, uint32_t ntok, jlm_vk_view x, const jlm_vk_act *xq,
                   jlm_vk_view y, jlm_err *err);
 
 /* out = x / sqrt(mean(x^2) + eps) * w; w.buf NULL: no weight. n floats. */

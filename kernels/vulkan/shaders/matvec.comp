@@ -14,9 +14,19 @@ layout(std430, binding = 3) readonly buffer Aq { uint aq[]; };     // int8 codes
 layout(std430, binding = 4) readonly buffer Ad { float ad[]; };
 layout(std430, binding = 5) readonly buffer As { uint as16[]; };   // int16 sums, 2 per word
 layout(std430, binding = 6) readonly buffer X  { float xf[]; };
-layout(std430, binding = 7) writeonly buffer Y { float y[]; };
+layout(std430, binding = 7) buffer Y { float y[]; };   // read too: a later k-chunk continues y[r]
 
-layout(push_constant) uniform P { uint k, rows; } pc;
+// A plane larger than one binding is run in k-chunks (whole super-blocks,
+// vk.c): the chunk's units [u_lo, u_hi) of 32 elements, each plane bound as a
+// window whose word i is the plane's word i - qd/dd/sd (mod 2^32), and
+// `accum` continues the sum from y[r], so the additions stay in the CPU's
+// order and the result is bit-identical to one dispatch. Float types split
+// by rows: [r0, r1).
+// Several tokens in one dispatch (gl_GlobalInvocationID.y = token t): token
+// t's activations at t*k (codes), t*k/32 (scales), t*k/16 (sums), t*k (floats)
+// and its outputs at t*rows; each token's row is computed exactly as alone.
+layout(push_constant) uniform P { uint k, rows, u_lo, u_hi, qd, dd, sd, accum, r0, r1; } pc;
+uint T_ = 0u;   // the token of this invocation (set first thing in main)
 
 // The type and its traits are specialization constants: one pipeline per
 // stored type, so the driver compiles the type's branches and loop bounds
@@ -42,7 +52,7 @@ float fp16(uint h)   // exact, as jlm_k_fp16_to_f32
     return uintBitsToFloat(sign | ((e + 112u) << 23) | (man << 13));
 }
 
-int sum16(uint i) { return bitfieldExtract(int(as16[i / 2u]), int(16u * (i % 2u)), 16); }
+int sum16(uint i) { i += T_ * (pc.k / 16u); return bitfieldExtract(int(as16[i / 2u]), int(16u * (i % 2u)), 16); }
 
 const int MXFP4_LUT[16] = int[16](12, 13, 14, 15, 16, 18, 20, 24, 12, 11, 10, 9, 8, 6, 4, 0);
 
@@ -53,11 +63,11 @@ int dot_sub(uint s, uint r, uint a0, bool lut)
 {
     uint wd[W];
     for (uint w = 0u; w < W; w++)
-        wd[w] = qs[(s * W + w) * pc.rows + r];
+        wd[w] = qs[(s * W + w) * pc.rows + r + pc.qd];
     uint half_ = SUB / 2u, hi = P1, lanes = hi != 0u ? 8u / hi : 1u;
     int acc = 0;
     for (uint e4 = 0u; e4 < SUB; e4 += 4u) {
-        uint aw = aq[(a0 + e4) / 4u];
+        uint aw = aq[(T_ * pc.k + a0 + e4) / 4u];
         for (uint i = 0u; i < 4u; i++) {
             uint e = e4 + i;
             int q;
@@ -85,8 +95,8 @@ uint dword(uint sb, uint r)
 {
     uint S = DSHARE;
     if (S == 1u)
-        return dp[sb * pc.rows + r];
-    uint wd = dp[sb * ((pc.rows + S - 1u) / S) + r / S];
+        return dp[sb * pc.rows + r + pc.dd];
+    uint wd = dp[sb * ((pc.rows + S - 1u) / S) + r / S + pc.dd];
     uint bits = 32u / S;
     return (wd >> (bits * (r % S))) & (S == 2u ? 0xffffu : 0xffu);
 }
@@ -96,7 +106,7 @@ uint field6(uint sb, uint r, uint f)
     uint v = 0u;
     for (uint b = 0u; b < 6u; b++) {
         uint bit = 6u * f + b;
-        uint wd = scp[(sb * 3u + bit / 32u) * pc.rows + r];
+        uint wd = scp[(sb * 3u + bit / 32u) * pc.rows + r + pc.sd];
         v |= ((wd >> (bit % 32u)) & 1u) << b;
     }
     return v;
@@ -104,10 +114,10 @@ uint field6(uint sb, uint r, uint f)
 
 float row_sub32(uint r)
 {
-    precise float acc = 0.0;
-    for (uint s = 0u; s < pc.k / 32u; s++) {
+    precise float acc = pc.accum != 0u ? y[T_ * pc.rows + r] : 0.0;
+    for (uint s = pc.u_lo; s < pc.u_hi; s++) {
         int suma = sum16(2u * s) + sum16(2u * s + 1u);
-        float da = ad[s];
+        float da = ad[T_ * (pc.k / 32u) + s];
         uint dw = dword(s, r);
         if (TYPE == T_Q5_1) {
             int dt = dot_sub(s, r, 32u * s, false);
@@ -128,8 +138,8 @@ float row_sub32(uint r)
 
 float row_k32(uint r)
 {
-    precise float acc = 0.0;
-    for (uint s = 0u; s < pc.k / 32u; s++) {
+    precise float acc = pc.accum != 0u ? y[T_ * pc.rows + r] : 0.0;
+    for (uint s = pc.u_lo; s < pc.u_hi; s++) {
         uint sb = s / 8u, j = s % 8u;
         uint dw = dword(sb, r);
         float d = fp16(dw & 0xffffu), dmin = fp16(dw >> 16);
@@ -139,7 +149,7 @@ float row_k32(uint r)
         precise float t1 = d * float(sc * dt);
         precise float t2 = dmin * float(mn * suma);
         precise float t = t1 - t2;
-        precise float u = ad[s] * t;
+        precise float u = ad[T_ * (pc.k / 32u) + s] * t;
         acc = acc + u;
     }
     return acc;
@@ -149,16 +159,16 @@ float row_k16(uint r)
 {
     bool q3 = TYPE == T_Q3_K;
     int off = q3 ? -32 : -128, bias = q3 ? 4 : 32;
-    precise float acc = 0.0;
-    for (uint b = 0u; b < pc.k / 32u; b++) {
+    precise float acc = pc.accum != 0u ? y[T_ * pc.rows + r] : 0.0;
+    for (uint b = pc.u_lo; b < pc.u_hi; b++) {
         float d = fp16(dword(b / 8u, r) & 0xffffu);
         int isum = 0;
         for (uint s = 2u * b; s < 2u * b + 2u; s++) {
             int dt = dot_sub(s, r, 16u * s, false) - bias * sum16(s);
-            int scb = int((scp[(s / 4u) * pc.rows + r] >> (8u * (s % 4u))) & 0xffu);
+            int scb = int((scp[(s / 4u) * pc.rows + r + pc.sd] >> (8u * (s % 4u))) & 0xffu);
             isum += (scb + off) * dt;
         }
-        precise float t = (d * ad[b]) * float(isum);
+        precise float t = (d * ad[T_ * (pc.k / 32u) + b]) * float(isum);
         acc = acc + t;
     }
     return acc;
@@ -166,17 +176,17 @@ float row_k16(uint r)
 
 float half_at(uint i)   // element i of a u16 row-major plane
 {
-    uint h = (qs[i / 2u] >> (16u * (i % 2u))) & 0xffffu;
+    uint h = (qs[i / 2u + pc.qd] >> (16u * (i % 2u))) & 0xffffu;
     return TYPE == T_BF16 ? uintBitsToFloat(h << 16) : fp16(h);
 }
 
 float row_float(uint r)
 {
-    precise float acc = 0.0;
+    precise float acc = pc.accum != 0u ? y[T_ * pc.rows + r] : 0.0;
     uint base = r * pc.k;
     for (uint i = 0u; i < pc.k; i++) {
-        float wv = TYPE == T_F32 ? uintBitsToFloat(qs[base + i]) : half_at(base + i);
-        precise float t = wv * xf[i];
+        float wv = TYPE == T_F32 ? uintBitsToFloat(qs[base + i + pc.qd]) : half_at(base + i);
+        precise float t = wv * xf[T_ * pc.k + i];
         acc = acc + t;
     }
     return acc;
@@ -184,8 +194,9 @@ float row_float(uint r)
 
 void main()
 {
-    uint r = gl_GlobalInvocationID.x;
-    if (r >= pc.rows)
+    uint r = gl_GlobalInvocationID.x + pc.r0;
+    T_ = gl_GlobalInvocationID.y;
+    if (r >= pc.r1)
         return;
     float v;
     if (TYPE == T_F32 || TYPE == T_F16 || TYPE == T_BF16)
@@ -196,5 +207,5 @@ void main()
         v = row_k16(r);
     else
         v = row_sub32(r);
-    y[r] = v;
+    y[T_ * pc.rows + r] = v;
 }
