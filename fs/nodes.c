@@ -149,6 +149,11 @@ void jlmfs_node_clear(jlmfs_node *n)
     *n = (jlmfs_node){0};
 }
 
+uint64_t jlmfs_node_version(const jlmfs_node *n)
+{
+    return n->view ? n->view->serial : 0;
+}
+
 /* ---------------------------------------------------------------- attributes */
 int jlmfs_node_stat(jlmfs *fs, const jlmfs_node *n, struct stat *st, jlm_err *err)
 {

@@ -383,8 +383,10 @@ int jlmfs_view_create(jlmfs *fs, const char *rel, const jlmfs_ident *id, const s
     jlmfs_view *v = calloc(1, sizeof *v);
     if (!v)
         return jlm_errf(err, JLM_ENOMEM, "%s: out of memory", rel);
+    static uint64_t serials;   /* never reused: a replaced view's nodes are new inodes in the mount */
     v->fs = fs;
     v->refs = 1;
+    v->serial = __atomic_add_fetch(&serials, 1, __ATOMIC_RELAXED);
     v->fd = -1;
     v->t0 = mono_s();
     v->id = *id;
@@ -556,8 +558,17 @@ static int finish(jlmfs_view *v, jlm_err *err)
                         strerror(errno));
     jlm_model *m;
     int rc = jlm_fmt_open(v->part_path, &m, err);
-    if (rc)
+    if (rc) {
+        pthread_mutex_lock(&v->lock);
+        int dead = v->dead;
+        pthread_mutex_unlock(&v->lock);
+        /* dropped meanwhile (its source replaced: kill unlinked the .part):
+         * no entry to finish, and not a failure: every unit is in the
+         * descriptor, which open descriptors of the view keep reading */
+        if (dead)
+            return JLM_OK;
         return jlm_err_prefix(err, rc, "read-back");
+    }
     int same = m->file_size == v->file_size && m->hdr.dense_off == v->plan->hdr.dense_off &&
                !memcmp(m->meta, v->meta, v->plan->hdr.dense_off);
     jlm_fmt_close(m);
