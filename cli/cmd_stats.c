@@ -136,7 +136,7 @@ static void summary_line(const char *key, json_t *m, const char *view_dir)
     if (view_dir && asprintf(&file, "%s/model.jlm", view_dir) >= 0 && jlm_fmt_open(file, &c, &err) != 0)
         c = NULL;
     free(file);
-    printf("%s: %lld session%s, %lld", key, sess, sess == 1 ? "" : "s", res);
+    printf("%s: %lld session%s, %lld", jlm_cli_clean(key), sess, sess == 1 ? "" : "s", res);
     if (c) {
         const jlm_header *h = &c->hdr;
         double resident = 0, total = (double)h->n_blocks * (double)h->page_size +
@@ -182,7 +182,7 @@ static int print_text(jlm_rdb *db, const char *model_key, const char *view, cons
             free(v);
         }
         fputs(LEGEND, stdout);
-        fputs(table, stdout);
+        jlm_cli_puts_lines(table, stdout);   /* model keys are file names */
     }
     json_decref(root);
     free(js);
@@ -202,11 +202,11 @@ static int print_db(const char *db_path, const char *model_key, int json, const 
         e = print_text(db, model_key, view, mount, &err);
     jlm_rdb_close(db);
     if (e) {
-        fprintf(stderr, "jlm stats: %s\n", err.msg);
+        jlm_cli_error("jlm stats", err.msg);
         return 1;
     }
     if (out)
-        fputs(out, stdout);
+        fputs(out, stdout);   /* JSON: jansson escaped every control byte */
     free(out);
     return 0;
 }
@@ -253,7 +253,7 @@ static int html_mount(const char *dir, const char *out_dir)
 {
     DIR *d = opendir(dir);
     if (!d) {
-        fprintf(stderr, "jlm stats: %s: cannot list it\n", dir);
+        jlm_cli_errorf("jlm stats", "%s: cannot list it", dir);
         return 1;
     }
     struct dirent *de;
@@ -267,7 +267,7 @@ static int html_mount(const char *dir, const char *out_dir)
             asprintf(&out, "%s/%s.html", out_dir, de->d_name) >= 0) {
             int r = jlm_cli_picture("jlm stats", p, out, dbp, key);
             if (!r)
-                fprintf(stderr, "jlm stats: wrote %s\n", out);
+                jlm_cli_errorf("jlm stats", "wrote %s", out);
             rc |= r;
             n++;
         }
@@ -275,7 +275,7 @@ static int html_mount(const char *dir, const char *out_dir)
     }
     closedir(d);
     if (!n)
-        fprintf(stderr, "jlm stats: %s: a directory without jlmfs model views\n", dir);
+        jlm_cli_errorf("jlm stats", "%s: a directory without jlmfs model views", dir);
     return n ? rc : 1;
 }
 
@@ -291,11 +291,11 @@ static int stats_html(const char *path, const char *out)
     }
     struct stat st;
     if (stat(path, &st) != 0 || !S_ISDIR(st.st_mode)) {
-        fprintf(stderr, "jlm stats: %s: --html draws containers: give a jlmfs view or mount, not a database\n", path);
+        jlm_cli_errorf("jlm stats", "%s: --html draws containers: give a jlmfs view or mount, not a database", path);
         return 1;
     }
     if (!out) {
-        fprintf(stderr, "jlm stats: %s: --html on a mount writes one page per view: give -o DIR\n", path);
+        jlm_cli_errorf("jlm stats", "%s: --html on a mount writes one page per view: give -o DIR", path);
         return 2;
     }
     return html_mount(path, out);
@@ -357,7 +357,7 @@ static int stats_once(const char *path, int json)
     }
     struct stat st;
     if (stat(path, &st) != 0) {
-        fprintf(stderr, "jlm stats: %s: no such file or directory\n", path);
+        jlm_cli_errorf("jlm stats", "%s: no such file or directory", path);
         return 1;
     }
     if (!S_ISDIR(st.st_mode))
@@ -365,8 +365,8 @@ static int stats_once(const char *path, int json)
     char **dbs = NULL;
     size_t n = 0;
     if (scan_mount(path, &dbs, &n) != 0 || n == 0) {
-        fprintf(stderr, "jlm stats: %s: a directory without jlmfs model views (no user.jlmfs.db attribute on it "
-                "or its entries)\n", path);
+        jlm_cli_errorf("jlm stats", "%s: a directory without jlmfs model views (no user.jlmfs.db attribute on it "
+                       "or its entries)", path);
         free(dbs);
         return 1;
     }
