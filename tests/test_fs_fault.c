@@ -259,10 +259,51 @@ static void m_entries(int *done, int *part)
     free(out);
 }
 
+/* Every 64 KiB read of model.jlm through a node resolved before the fault:
+ * how many matched jlm convert (a torn page fails the test) and how many
+ * failed (EIO). */
+static void read_held(jlmfs *fs, const jlmfs_node *node, int *ok, int *failed)
+{
+    unsigned char *got = malloc(65536);
+    jlm_err err = {0};
+    *ok = *failed = 0;
+    for (size_t off = 0; off < ref_len[0]; off += 65536) {
+        size_t g = 0, want = ref_len[0] - off < 65536 ? ref_len[0] - off : 65536;
+        int rc = jlmfs_read(fs, node, got, 65536, off, &g, &err);
+        if (rc) {
+            cr_assert_eq(rc, JLM_EIO, "read at %zu: rc %d (%s)", off, rc, err.msg);
+            (*failed)++;
+            continue;
+        }
+        cr_assert(g == want && !memcmp(got, ref[0] + off, g), "torn page: the read at %zu differs from jlm convert",
+                  off);
+        (*ok)++;
+    }
+    free(got);
+}
+
+/* Waits (<= 20 s) until m's status starts with what. */
+static int wait_status(jlmfs *fs, const char *what)
+{
+    for (int i = 0; i < 2000; i++) {
+        char *st = status_of(fs, "/m.jlm/status");
+        int got = !strncmp(st, what, strlen(what));
+        free(st);
+        if (got)
+            return 1;
+        struct timespec ts = {0, 10 * 1000000L};
+        nanosleep(&ts, NULL);
+    }
+    return 0;
+}
+
 /* The background conversion of m fails at the fsync or the rename that
  * finish its entry: the status says which and why, nothing of m is left in
- * the cache, every read of m matches jlm convert or fails, and the other
- * view serves on. */
+ * the cache, a descriptor (node) held from before reads jlm convert's bytes
+ * or EIO, and EIO for every page once the view failed (never a page of a
+ * failed conversion next to an error), and the other view serves on. A full
+ * cache (ENOSPC) is retried once it has room: with the fault gone, m becomes
+ * ready and serves its bytes. */
 static void finish_fault(int sync_e, int rename_e, const char *says)
 {
     jlm_io io = jlm_io_posix;
@@ -273,6 +314,11 @@ static void finish_fault(int sync_e, int rename_e, const char *says)
     fail_at = 0;
     jlmfs *fs = open_fs(&io);
     jlm_err err = {0};
+    jlmfs_node held = {0};
+    cr_assert_eq(jlmfs_resolve(fs, VIEW[0], &held, &err), 0, "%s", err.msg);
+    int ok, failed;
+    read_held(fs, &held, &ok, &failed);   /* on demand, before the worker: all of it matches */
+    cr_assert(ok > 0 && failed == 0, "before the fault: %d reads matched, %d failed", ok, failed);
     cr_assert_eq(jlmfs_start(fs, &err), 0, "%s", err.msg);
     wait_settled(fs);
     char *st = status_of(fs, "/m.jlm/status");
@@ -281,10 +327,20 @@ static void finish_fault(int sync_e, int rename_e, const char *says)
     int done, part;
     m_entries(&done, &part);
     cr_assert(done == 0 && part == 0, "after a failed %s: %d finished and %d .part entries of m left", says, done, part);
+    read_held(fs, &held, &ok, &failed);
+    cr_assert(ok == 0 && failed > 0, "after the failed %s the held descriptor read %d pages, %d failed", says, ok,
+              failed);
+    jlmfs_node_clear(&held);
     cr_assert(read_view(fs, 0, 1) >= 0);
     cr_assert_eq(read_view(fs, 1, 0), 0, "the other view stopped serving");
-    jlmfs_close(fs);
     fail_sync_errno = fail_rename_errno = 0;
+    if (sync_e == ENOSPC || rename_e == ENOSPC) {   /* the fault gone = space back: retried (every 2 s) */
+        cr_assert(wait_status(fs, "ready"), "a full cache at the %s was not retried once it had room", says);
+        cr_assert_eq(read_view(fs, 0, 0), 0, "after the retry m does not serve jlm convert's bytes");
+        m_entries(&done, &part);
+        cr_assert(done == 1 && part == 0, "after the retry: %d finished and %d .part entries of m", done, part);
+    }
+    jlmfs_close(fs);
 }
 
 Test(fs_fault, eio_at_the_fsync_of_a_finished_conversion)
@@ -300,4 +356,9 @@ Test(fs_fault, enospc_at_the_fsync_of_a_finished_conversion)
 Test(fs_fault, eio_at_the_rename_of_a_finished_conversion)
 {
     finish_fault(0, EIO, "rename: Input/output error");
+}
+
+Test(fs_fault, enospc_at_the_rename_of_a_finished_conversion)
+{
+    finish_fault(0, ENOSPC, "rename: No space left on device");
 }
