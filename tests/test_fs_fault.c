@@ -19,6 +19,11 @@
 static int n_writes;     /* pwrite calls to m's cache file so far */
 static int fail_at;      /* the pwrite call (1-based) that fails; 0: none */
 static int fail_errno;
+/* What the fail_at-th write does: fails with fail_errno; writes half its
+ * bytes (a short write); writes nothing (returns 0); or is interrupted
+ * (EINTR) before writing. */
+enum { F_ERRNO, F_SHORT, F_ZERO, F_EINTR };
+static int fault_kind;
 
 /* Is fd m.gguf's cache file (CACHE/m@<key>.jlm.part)? The fault is aimed at
  * m's conversion only; other's, which a worker may run first, always pass. */
@@ -36,8 +41,18 @@ static int is_m(int fd)
 static ssize_t faulty_pwrite(int fd, const void *b, size_t n, int64_t o)
 {
     if (is_m(fd) && ++n_writes == fail_at) {
-        errno = fail_errno;
-        return -1;
+        switch (fault_kind) {
+        case F_SHORT:
+            return jlm_io_posix.pwrite(fd, b, n > 1 ? n / 2 : n, o);
+        case F_ZERO:
+            return 0;
+        case F_EINTR:
+            errno = EINTR;
+            return -1;
+        default:
+            errno = fail_errno;
+            return -1;
+        }
     }
     return jlm_io_posix.pwrite(fd, b, n, o);
 }
@@ -173,7 +188,11 @@ static void run_with_fault(int k, int e, int worker)
     int failed = read_view(fs, 0, k);
     failed += read_view(fs, 0, k);   /* again: a failed unit is never served as done */
     char *st = status_of(fs, "/m.jlm/status");
-    if (failed || (worker && strncmp(st, "ready", 5))) {
+    if (fault_kind == F_SHORT || fault_kind == F_EINTR) {   /* the write loop carries on: nothing fails */
+        cr_assert(failed == 0 && strncmp(st, "error", 5) && (!worker || !strncmp(st, "ready", 5)),
+                  "%s at write %d: %d reads failed, status %s", fault_kind == F_SHORT ? "a short write" : "EINTR", k,
+                  failed, st);
+    } else if (failed || (worker && strncmp(st, "ready", 5))) {
         const char *why = e == ENOSPC ? "no space left in cache" : "Input/output error";
         cr_assert(!strncmp(st, "error: ", 7) && strstr(st, why),
                   "fault at write %d (%s): %d reads failed, the status does not say why: %s", k, strerror(e),
@@ -185,8 +204,9 @@ static void run_with_fault(int k, int e, int worker)
     jlmfs_close(fs);
 }
 
-static void every_write(int e, int worker)
+static void every_write_kind(int kind, int e, int worker)
 {
+    fault_kind = kind;
     jlm_io io = jlm_io_posix;
     io.pwrite = faulty_pwrite;
     n_writes = 0;
@@ -196,10 +216,14 @@ static void every_write(int e, int worker)
     int total = n_writes;
     jlmfs_close(fs);
     cr_assert_gt(total, 1, "the conversion wrote through the seam %d times", total);
-    cr_log_info("%s: a fault at each of %d writes", strerror(e), total);
+    static const char *const kinds[] = {NULL, "a short write", "a write of nothing", "EINTR"};
+    cr_log_info("%s: a fault at each of %d writes", kind ? kinds[kind] : strerror(e), total);
     for (int k = 1; k <= total; k++)
         run_with_fault(k, e, worker);
+    fault_kind = F_ERRNO;
 }
+
+static void every_write(int e, int worker) { every_write_kind(F_ERRNO, e, worker); }
 
 Test(fs_fault, eio_at_every_write_of_an_on_demand_conversion)
 {
@@ -219,6 +243,34 @@ Test(fs_fault, eio_at_every_write_of_the_background_conversion)
 Test(fs_fault, enospc_at_every_write_of_the_background_conversion)
 {
     every_write(ENOSPC, 1);
+}
+
+/* A short write or EINTR at any write: jlm_io_pwrite_full carries on, the
+ * conversion completes with jlm convert's bytes. A write of nothing (0 bytes
+ * returned) fails the view as EIO does. */
+Test(fs_fault, a_short_write_at_every_write_of_an_on_demand_conversion)
+{
+    every_write_kind(F_SHORT, 0, 0);
+}
+
+Test(fs_fault, a_short_write_at_every_write_of_the_background_conversion)
+{
+    every_write_kind(F_SHORT, 0, 1);
+}
+
+Test(fs_fault, eintr_at_every_write_of_the_background_conversion)
+{
+    every_write_kind(F_EINTR, 0, 1);
+}
+
+Test(fs_fault, a_write_of_nothing_at_every_write_of_an_on_demand_conversion)
+{
+    every_write_kind(F_ZERO, EIO, 0);
+}
+
+Test(fs_fault, a_write_of_nothing_at_every_write_of_the_background_conversion)
+{
+    every_write_kind(F_ZERO, EIO, 1);
 }
 
 /* ---------------------------------------------------------------- fsync and rename of the finished entry */
