@@ -303,6 +303,21 @@ static void ino_rename(const char *from, const char *to)
     pthread_mutex_unlock(&T.lock);
 }
 
+/* At exit: the kernel sends no forget for what it held at unmount. */
+static void ino_free_all(void)
+{
+    pthread_mutex_lock(&T.lock);
+    for (size_t b = 0; b < INO_BUCKETS; b++) {
+        for (inode *i = T.by_ino[b], *next; i; i = next) {
+            next = i->next_ino;
+            free(i->path);
+            free(i);
+        }
+        T.by_ino[b] = T.by_path[b] = NULL;
+    }
+    pthread_mutex_unlock(&T.lock);
+}
+
 /* Every inode (current or stale) with this path: up to max numbers. */
 static size_t ino_all_of(const char *path, fuse_ino_t *out, size_t max)
 {
@@ -1425,6 +1440,7 @@ out:   /* every exit frees what the options and args hold (LSan in make debug) *
         fuse_session_destroy(se);   /* runs op_destroy if init ran */
     if (fs && !g_started)
         jlmfs_close(fs);   /* never initialised: destroy did not close it */
+    ino_free_all();
     if (cfg)
         fuse_loop_cfg_destroy(cfg);
     free(co.mountpoint);
