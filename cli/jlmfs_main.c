@@ -731,9 +731,9 @@ static void op_create(fuse_req_t req, fuse_ino_t parent, const char *name, mode_
         return;
     }
     rc = open_node(req, path, 0, fi, 1, mode);
-    if (!rc && (rc = make_entry(path, &e))) {
+    if (!rc && (rc = make_entry(path, &e))) {   /* out of memory, or the new file went at once */
+        unlink(H(fi)->node.real);
         release_handle(H(fi));
-        unlink(path);   /* not reached in practice: the file was just made */
     }
     free(path);
     if (rc) {
