@@ -339,9 +339,92 @@ typedef struct handle {
     int        writing;   /* PASS opened for writing: release re-syncs the view */
     char      *text;      /* TEXT: snapshot */
     size_t     text_len;
+    /* the handle table (under g_h.lock) */
+    uint64_t   id;        /* fi->fh */
+    int        busy;      /* requests using it now */
+    int        released;
+    struct handle *next;
 } handle;
 
-static handle *H(struct fuse_file_info *fi) { return fi ? (handle *)(uintptr_t)fi->fh : NULL; }
+/* Open files by number (fi->fh). The kernel can send a file's RELEASE while
+ * a READ of it is still being answered (seen on Linux 6.18 with a status
+ * file read as its view converts): a request holds the handle (busy) and the
+ * last of release and the requests frees it; a request on a released number
+ * gets EBADF. */
+#define H_BUCKETS 1024
+static struct {
+    pthread_mutex_t lock;
+    handle         *b[H_BUCKETS];
+    uint64_t        next;
+} g_h = {.lock = PTHREAD_MUTEX_INITIALIZER, .next = 1};
+
+static void handle_free(handle *h);
+
+static void handle_add(handle *h, struct fuse_file_info *fi)
+{
+    pthread_mutex_lock(&g_h.lock);
+    h->id = g_h.next++;
+    h->next = g_h.b[h->id % H_BUCKETS];
+    g_h.b[h->id % H_BUCKETS] = h;
+    pthread_mutex_unlock(&g_h.lock);
+    fi->fh = h->id;
+}
+
+/* The handle of fi, held (hput), or NULL (no fi, or released). */
+static handle *hget(struct fuse_file_info *fi)
+{
+    if (!fi)
+        return NULL;
+    pthread_mutex_lock(&g_h.lock);
+    handle *h = g_h.b[fi->fh % H_BUCKETS];
+    while (h && h->id != fi->fh)
+        h = h->next;
+    if (h && h->released)
+        h = NULL;
+    if (h)
+        h->busy++;
+    pthread_mutex_unlock(&g_h.lock);
+    return h;
+}
+
+static void unlink_locked(handle *h)
+{
+    handle **pp = &g_h.b[h->id % H_BUCKETS];
+    while (*pp != h)
+        pp = &(*pp)->next;
+    *pp = h->next;
+}
+
+static void hput(handle *h)
+{
+    if (!h)
+        return;
+    pthread_mutex_lock(&g_h.lock);
+    int last = --h->busy == 0 && h->released;
+    if (last)
+        unlink_locked(h);
+    pthread_mutex_unlock(&g_h.lock);
+    if (last)
+        handle_free(h);
+}
+
+/* RELEASE (or an open the kernel never got): freed now, or by the last
+ * request still using it. */
+static void handle_release(struct fuse_file_info *fi)
+{
+    pthread_mutex_lock(&g_h.lock);
+    handle *h = g_h.b[fi->fh % H_BUCKETS];
+    while (h && h->id != fi->fh)
+        h = h->next;
+    int now = h && !h->released && !h->busy;
+    if (h)
+        h->released = 1;
+    if (now)
+        unlink_locked(h);
+    pthread_mutex_unlock(&g_h.lock);
+    if (now)
+        handle_free(h);
+}
 
 static int resolve(const char *path, jlmfs_node *n)
 {
@@ -465,7 +548,7 @@ static void op_forget_multi(fuse_req_t req, size_t count, struct fuse_forget_dat
  * replaced); else the inode's path, if it is still that version. */
 static int getattr_of(fuse_ino_t ino, struct fuse_file_info *fi, struct stat *st)
 {
-    handle *h = H(fi);
+    handle *h = hget(fi);
     int rc;
     if (h && h->fd >= 0) {
         rc = fstat(h->fd, st) ? -errno : 0;
@@ -477,6 +560,7 @@ static int getattr_of(fuse_ino_t ino, struct fuse_file_info *fi, struct stat *st
         rc = ino_node(ino, &n, st);
         jlmfs_node_clear(&n);
     }
+    hput(h);
     if (!rc)
         st->st_ino = ino;
     return rc;
@@ -691,11 +775,11 @@ static int open_node(fuse_req_t req, const char *path, uint64_t ver, struct fuse
         free(h);
         return rc;
     }
-    fi->fh = (uint64_t)(uintptr_t)h;
+    handle_add(h, fi);
     return 0;
 }
 
-static void release_handle(handle *h)
+static void handle_free(handle *h)
 {
     if (h->fd >= 0)
         close(h->fd);
@@ -718,7 +802,7 @@ static void op_open(fuse_req_t req, fuse_ino_t ino, struct fuse_file_info *fi)
     if (rc)
         fuse_reply_err(req, -rc);
     else if (fuse_reply_open(req, fi) == -ENOENT)
-        release_handle(H(fi));
+        handle_release(fi);
 }
 
 static void op_create(fuse_req_t req, fuse_ino_t parent, const char *name, mode_t mode, struct fuse_file_info *fi)
@@ -732,21 +816,23 @@ static void op_create(fuse_req_t req, fuse_ino_t parent, const char *name, mode_
     }
     rc = open_node(req, path, 0, fi, 1, mode);
     if (!rc && (rc = make_entry(path, &e))) {   /* out of memory, or the new file went at once */
-        unlink(H(fi)->node.real);
-        release_handle(H(fi));
+        handle *h = hget(fi);
+        if (h)
+            unlink(h->node.real);
+        hput(h);
+        handle_release(fi);
     }
     free(path);
     if (rc) {
         fuse_reply_err(req, -rc);
     } else if (fuse_reply_create(req, &e, fi) == -ENOENT) {
         ino_forget(e.ino, 1);
-        release_handle(H(fi));
+        handle_release(fi);
     }
 }
 
-static void op_read(fuse_req_t req, fuse_ino_t ino, size_t size, off_t off, struct fuse_file_info *fi)
+static void read_h(fuse_req_t req, handle *h, size_t size, off_t off)
 {
-    handle *h = H(fi);
     jlm_err e;
     size_t got = 0;
     switch (h->node.kind) {
@@ -784,15 +870,22 @@ static void op_read(fuse_req_t req, fuse_ino_t ino, size_t size, off_t off, stru
     }
 }
 
+static void op_read(fuse_req_t req, fuse_ino_t ino, size_t size, off_t off, struct fuse_file_info *fi)
+{
+    handle *h = hget(fi);
+    if (h)
+        read_h(req, h, size, off);
+    else
+        fuse_reply_err(req, EBADF);
+    hput(h);
+}
+
 static void op_write(fuse_req_t req, fuse_ino_t ino, const char *buf, size_t size, off_t off,
                      struct fuse_file_info *fi)
 {
-    handle *h = H(fi);
-    if (h->fd < 0) {
-        fuse_reply_err(req, EROFS);
-        return;
-    }
-    ssize_t r = pwrite(h->fd, buf, size, off);
+    handle *h = hget(fi);
+    ssize_t r = !h ? (errno = EBADF, -1) : h->fd < 0 ? (errno = EROFS, -1) : pwrite(h->fd, buf, size, off);
+    hput(h);
     if (r < 0)
         fuse_reply_err(req, errno);
     else
@@ -801,7 +894,7 @@ static void op_write(fuse_req_t req, fuse_ino_t ino, const char *buf, size_t siz
 
 static void op_release(fuse_req_t req, fuse_ino_t ino, struct fuse_file_info *fi)
 {
-    release_handle(H(fi));
+    handle_release(fi);
     fuse_reply_err(req, 0);
 }
 
@@ -810,11 +903,15 @@ static void op_release(fuse_req_t req, fuse_ino_t ino, struct fuse_file_info *fi
  * dup'd descriptor changes the file's identity, which replaces the view. */
 static void op_flush(fuse_req_t req, fuse_ino_t ino, struct fuse_file_info *fi)
 {
-    handle *h = H(fi);
-    if (h->writing) {
+    handle *h = hget(fi);
+    pthread_mutex_lock(&g_h.lock);   /* two flushes (dup'd descriptors) end the write once */
+    int end = h && h->writing;
+    if (end)
         h->writing = 0;
+    pthread_mutex_unlock(&g_h.lock);
+    if (end)
         jlmfs_write_end(FS(), h->node.rel);
-    }
+    hput(h);
     fuse_reply_err(req, 0);
 }
 
@@ -823,20 +920,18 @@ static void op_flush(fuse_req_t req, fuse_ino_t ino, struct fuse_file_info *fi)
  * EBADF when the filesystem has no fallocate): on the passthrough descriptor. */
 static void op_fallocate(fuse_req_t req, fuse_ino_t ino, int mode, off_t off, off_t len, struct fuse_file_info *fi)
 {
-    handle *h = H(fi);
-    if (!h || h->fd < 0)
-        fuse_reply_err(req, EROFS);   /* a view file: read-only */
-    else
-        fuse_reply_err(req, fallocate(h->fd, mode, off, len) ? errno : 0);
+    handle *h = hget(fi);
+    int rc = !h || h->fd < 0 ? EROFS : fallocate(h->fd, mode, off, len) ? errno : 0;   /* a view file: read-only */
+    hput(h);
+    fuse_reply_err(req, rc);
 }
 
 static void op_fsync(fuse_req_t req, fuse_ino_t ino, int datasync, struct fuse_file_info *fi)
 {
-    handle *h = H(fi);
-    if (h->fd < 0)
-        fuse_reply_err(req, 0);
-    else
-        fuse_reply_err(req, (datasync ? fdatasync(h->fd) : fsync(h->fd)) ? errno : 0);
+    handle *h = hget(fi);
+    int rc = !h || h->fd < 0 ? 0 : (datasync ? fdatasync(h->fd) : fsync(h->fd)) ? errno : 0;
+    hput(h);
+    fuse_reply_err(req, rc);
 }
 
 /* ---------------------------------------------------------------- mutations (passthrough only) */
@@ -922,7 +1017,6 @@ static void op_rmdir(fuse_req_t req, fuse_ino_t parent, const char *name) { remo
  * path (a truncate with an open descriptor on it), then the attributes. */
 static void op_setattr(fuse_req_t req, fuse_ino_t ino, struct stat *attr, int to_set, struct fuse_file_info *fi)
 {
-    handle *h = H(fi);
     char *path;
     jlmfs_node n = {0};
     int rc = ino_path(ino, &path, NULL, NULL);
@@ -932,9 +1026,13 @@ static void op_setattr(fuse_req_t req, fuse_ino_t ino, struct stat *attr, int to
     }
     if ((to_set & FUSE_SET_ATTR_MODE) && (attr->st_mode & PRIV_BITS))
         rc = -EPERM;
-    if (!rc && (to_set & FUSE_SET_ATTR_SIZE) && h && h->fd >= 0) {
-        rc = ftruncate(h->fd, attr->st_size) ? -errno : 0;
-        to_set &= ~FUSE_SET_ATTR_SIZE;
+    if (!rc && (to_set & FUSE_SET_ATTR_SIZE)) {   /* through an open descriptor: on it */
+        handle *h = hget(fi);
+        if (h && h->fd >= 0) {
+            rc = ftruncate(h->fd, attr->st_size) ? -errno : 0;
+            to_set &= ~FUSE_SET_ATTR_SIZE;
+        }
+        hput(h);
     }
     int more = to_set & (FUSE_SET_ATTR_MODE | FUSE_SET_ATTR_UID | FUSE_SET_ATTR_GID | FUSE_SET_ATTR_SIZE |
                          FUSE_SET_ATTR_ATIME | FUSE_SET_ATTR_MTIME | FUSE_SET_ATTR_ATIME_NOW | FUSE_SET_ATTR_MTIME_NOW);
