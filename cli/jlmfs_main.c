@@ -331,14 +331,21 @@ static size_t ino_all_of(const char *path, fuse_ino_t *out, size_t max)
 }
 
 /* ---------------------------------------------------------------- nodes */
+/* A listing, taken whole at offset 0 (opendir, rewinddir) and handed out
+ * in pieces. */
+typedef struct dirent_ { char *name; mode_t type; } dirent_;
+typedef struct dirh { dirent_ *e; size_t n, cap; } dirh;
+
 /* An open file: the node it resolved to, plus its fd (passthrough) or the
- * text snapshot taken at open (status, stats, ...). */
+ * text snapshot taken at open (status, stats, ...); an open directory: its
+ * listing. */
 typedef struct handle {
     jlmfs_node node;
     int        fd;        /* PASS: open descriptor; else -1 */
     int        writing;   /* PASS opened for writing: release re-syncs the view */
     char      *text;      /* TEXT: snapshot */
     size_t     text_len;
+    dirh       dir;       /* an open directory's listing */
     /* the handle table (under g_h.lock) */
     uint64_t   id;        /* fi->fh */
     int        busy;      /* requests using it now */
@@ -576,10 +583,6 @@ static void op_getattr(fuse_req_t req, fuse_ino_t ino, struct fuse_file_info *fi
         fuse_reply_attr(req, &st, 0.0);
 }
 
-/* A listing, taken whole at offset 0 (opendir, rewinddir) and handed out
- * in pieces. */
-typedef struct dirent_ { char *name; mode_t type; } dirent_;
-typedef struct dirh { dirent_ *e; size_t n, cap; } dirh;
 
 static void dirh_clear(dirh *d)
 {
@@ -609,14 +612,15 @@ static int dirh_add(void *ctx, const char *name, const struct stat *st)
 
 static void op_opendir(fuse_req_t req, fuse_ino_t ino, struct fuse_file_info *fi)
 {
-    dirh *d = calloc(1, sizeof *d);
-    if (!d) {
+    handle *h = calloc(1, sizeof *h);
+    if (!h) {
         fuse_reply_err(req, ENOMEM);
         return;
     }
-    fi->fh = (uint64_t)(uintptr_t)d;
+    h->fd = -1;
+    handle_add(h, fi);
     if (fuse_reply_open(req, fi) == -ENOENT)
-        free(d);
+        handle_release(fi);
 }
 
 static int dir_load(fuse_ino_t ino, dirh *d)
@@ -637,9 +641,8 @@ static int dir_load(fuse_ino_t ino, dirh *d)
     return rc;
 }
 
-static void op_readdir(fuse_req_t req, fuse_ino_t ino, size_t size, off_t off, struct fuse_file_info *fi)
+static void readdir_h(fuse_req_t req, fuse_ino_t ino, size_t size, off_t off, dirh *d)
 {
-    dirh *d = (dirh *)(uintptr_t)fi->fh;
     int rc = off == 0 ? dir_load(ino, d) : 0;
     if (rc) {
         fuse_reply_err(req, -rc);
@@ -662,11 +665,20 @@ static void op_readdir(fuse_req_t req, fuse_ino_t ino, size_t size, off_t off, s
     free(buf);
 }
 
+/* The kernel serialises a directory's readdirs (its position lock). */
+static void op_readdir(fuse_req_t req, fuse_ino_t ino, size_t size, off_t off, struct fuse_file_info *fi)
+{
+    handle *h = hget(fi);
+    if (h)
+        readdir_h(req, ino, size, off, &h->dir);
+    else
+        fuse_reply_err(req, EBADF);
+    hput(h);
+}
+
 static void op_releasedir(fuse_req_t req, fuse_ino_t ino, struct fuse_file_info *fi)
 {
-    dirh *d = (dirh *)(uintptr_t)fi->fh;
-    dirh_clear(d);
-    free(d);
+    handle_release(fi);
     fuse_reply_err(req, 0);
 }
 
@@ -787,6 +799,7 @@ static void handle_free(handle *h)
         jlmfs_write_end(FS(), h->node.rel);   /* a GGUF closed after writing gets its view */
     jlmfs_node_clear(&h->node);
     free(h->text);
+    dirh_clear(&h->dir);
     free(h);
 }
 
