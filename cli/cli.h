@@ -59,6 +59,15 @@ int jlm_cli_prefill_image(jlm_engine *e, const jlm_tok *tok, const char *image, 
  * crafted tensor or key name) as '?' so a message can never drive the
  * terminal. */
 void jlm_cli_error(const char *who, const char *msg);
+/* jlm_cli_error with a printf format: the whole line (names from files or
+ * the command line included) on one line, each control byte as '?'. */
+void jlm_cli_errorf(const char *who, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+/* s to print on stdout (a file, tensor or model name read from a file or
+ * given by the user): each control byte as '?', in one of 8 rotating static
+ * buffers (cut at 4 KiB). For the single-threaded printing of the CLI. */
+const char *jlm_cli_clean(const char *s);
+/* fputs of a text of several lines: each control byte but '\n' as '?'. */
+void jlm_cli_puts_lines(const char *text, void *file);
 /* A sampler seed when none is given (as llama.cpp's default -1): a u32 from
  * getrandom, or the clock if that fails. */
 #define JLM_CLI_SEED_UNSET UINT64_MAX

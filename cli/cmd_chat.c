@@ -484,14 +484,14 @@ int jlm_cmd_chat(int argc, char **argv)
         goto out;
     }
     if (jlm_engine_open(path, &eo, &ch.e, &err)) {
-        fprintf(stderr, "jlm chat: %s\n", err.msg);
+        jlm_cli_error("jlm chat", err.msg);
         goto out;
     }
     if (sp.repeat_last_n < 0)
         sp.repeat_last_n = (int32_t)jlm_engine_n_ctx(ch.e);   /* -1: the whole context */
     if (jlm_tok_create(&jlm_engine_model(ch.e)->vocab, &ch.tok, &err) ||
         jlm_samp_create(&sp, jlm_engine_n_vocab(ch.e), &ch.s, &err)) {
-        fprintf(stderr, "jlm chat: %s\n", err.msg);
+        jlm_cli_error("jlm chat", err.msg);
         goto out;
     }
     if (on_view)
@@ -499,7 +499,7 @@ int jlm_cmd_chat(int argc, char **argv)
     int fallback = 0;
     ch.voc = &jlm_engine_model(ch.e)->vocab;
     if (jlm_chat_template_or_chatml(path, ch.voc, &ch.tmpl, &ch.bos, &ch.eos, &fallback, &err)) {
-        fprintf(stderr, "jlm chat: %s\n", err.msg);
+        jlm_cli_error("jlm chat", err.msg);
         goto out;
     }
     uint32_t n_ctx = jlm_engine_n_ctx(ch.e);

@@ -80,7 +80,7 @@ static void info_text(const jlm_model *m, int with_tensors)
 {
     const jlm_header *h = &m->hdr;
     const jlm_config *c = &m->config;
-    printf("%s: jlm container version %u, %llu bytes\n", m->path, h->version, (unsigned long long)m->file_size);
+    printf("%s: jlm container version %u, %llu bytes\n", jlm_cli_clean(m->path), h->version, (unsigned long long)m->file_size);
     printf("  arch          %s\n", jlm_fmt_arch_name(c->arch));
     printf("  dims          n_layer %u, n_embd %u, n_head %u, n_kv_head %u, head_dim %u, n_rot %u, n_ffn %u\n",
            c->n_layer, c->n_embd, c->n_head, c->n_kv_head, c->head_dim, c->n_rot, c->n_ffn);
@@ -110,8 +110,9 @@ static void info_text(const jlm_model *m, int with_tensors)
     printf("  chunk         %llu, stream groups %u\n", (unsigned long long)h->chunk, h->stream_groups);
     printf("  tokenizer     %s, %u tokens, %u merges, bos %d, eos %d, pre '%s', %u chat template(s)\n",
            vocab_kind(m->vocab.kind), m->vocab.n_tokens, m->vocab.n_merges, m->vocab.bos, m->vocab.eos,
-           m->vocab.pre_name.s, m->vocab.n_templates);
-    printf("  fingerprint   host %s, device %s, writer %s\n", m->fp.host.s, m->fp.device.s, m->fp.writer.s);
+           jlm_cli_clean(m->vocab.pre_name.s), m->vocab.n_templates);
+    printf("  fingerprint   host %s, device %s, writer %s\n", jlm_cli_clean(m->fp.host.s),
+           jlm_cli_clean(m->fp.device.s), jlm_cli_clean(m->fp.writer.s));
     if (!with_tensors)
         return;
     printf("  %-32s %5s %5s %-6s %-22s %-7s %5s %12s\n", "tensor", "role", "block", "type", "dims", "region", "page", "qs_off");
@@ -123,7 +124,7 @@ static void info_text(const jlm_model *m, int with_tensors)
         jlm_tensor_loc l;
         jlm_fmt_tensor_loc(m, t, &l);
         static const char *rn[] = {"dense", "text", "vision", "expert"};
-        printf("  %-32s %5u %5d %-6s %-22s %-7s %5lld %12llu\n", t->name.s, t->role, t->block,
+        printf("  %-32s %5u %5d %-6s %-22s %-7s %5lld %12llu\n", jlm_cli_clean(t->name.s), t->role, t->block,
                jlm_fmt_type_traits(t->type)->name, dims, rn[l.region], (long long)l.page, (unsigned long long)t->qs_off);
     }
 }

@@ -144,7 +144,7 @@ static void summary_line(const char *key, json_t *m, const char *view_dir)
     if (view_dir && asprintf(&file, "%s/model.jlm", view_dir) >= 0 && jlm_fmt_open(file, &c, &err) != 0)
         c = NULL;
     free(file);
-    printf("%s: %lld session%s, %lld", key, sess, sess == 1 ? "" : "s", res);
+    printf("%s: %lld session%s, %lld", jlm_cli_clean(key), sess, sess == 1 ? "" : "s", res);
     if (c) {
         const jlm_header *h = &c->hdr;
         double resident = 0, total = (double)h->n_blocks * (double)h->page_size +
@@ -177,7 +177,7 @@ static void narrow_row(const char *name, json_t *p, int res)
     char rd[32];
     human(rd, sizeof rd, (double)JI(p, "bytes"));
     const char *last = json_string_value(json_object_get(p, "last_access"));
-    printf("%-14s %3s %8lld %9lld %8lld %10s  %s\n", name, res < 0 ? "" : res ? "yes" : "-", JI(p, "page_ins"),
+    printf("%-14s %3s %8lld %9lld %8lld %10s  %s\n", jlm_cli_clean(name ? name : "?"), res < 0 ? "" : res ? "yes" : "-", JI(p, "page_ins"),
            JI(p, "hits"), JI(p, "evictions"), rd, last ? last : "-");
 }
 
@@ -186,7 +186,7 @@ static void narrow_table(json_t *root)
     const char *key;
     json_t *m;
     json_object_foreach(json_object_get(root, "models"), key, m) {
-        printf("model %s: %lld live sessions, %lld pages resident\n", key, JI(m, "sessions"), JI(m, "resident"));
+        printf("model %s: %lld live sessions, %lld pages resident\n", jlm_cli_clean(key), JI(m, "sessions"), JI(m, "resident"));
         printf("%-14s %3s %8s %9s %8s %10s  %s\n", "page", "res", "page-ins", "hits", "evict", "read", "last-access");
         size_t i;
         json_t *p;
@@ -219,7 +219,7 @@ static int print_text(jlm_rdb *db, const char *model_key, const char *view, cons
         fputs(STRIPS, stdout);
         fputs(wide ? LEGEND_WIDE : LEGEND, stdout);
         if (wide)
-            fputs(table, stdout);
+            jlm_cli_puts_lines(table, stdout);   /* model keys are file names */
         else
             narrow_table(root);
     }
@@ -241,11 +241,11 @@ static int print_db(const char *db_path, const char *model_key, int json, int wi
         e = print_text(db, model_key, view, mount, wide, &err);
     jlm_rdb_close(db);
     if (e) {
-        fprintf(stderr, "jlm stats: %s\n", err.msg);
+        jlm_cli_error("jlm stats", err.msg);
         return 1;
     }
     if (out)
-        fputs(out, stdout);
+        fputs(out, stdout);   /* JSON: jansson escaped every control byte */
     free(out);
     return 0;
 }
@@ -292,7 +292,7 @@ static int html_mount(const char *dir, const char *out_dir)
 {
     DIR *d = opendir(dir);
     if (!d) {
-        fprintf(stderr, "jlm stats: %s: cannot list it\n", dir);
+        jlm_cli_errorf("jlm stats", "%s: cannot list it", dir);
         return 1;
     }
     struct dirent *de;
@@ -306,7 +306,7 @@ static int html_mount(const char *dir, const char *out_dir)
             asprintf(&out, "%s/%s.html", out_dir, de->d_name) >= 0) {
             int r = jlm_cli_picture("jlm stats", p, out, dbp, key);
             if (!r)
-                fprintf(stderr, "jlm stats: wrote %s\n", out);
+                jlm_cli_errorf("jlm stats", "wrote %s", out);
             rc |= r;
             n++;
         }
@@ -314,7 +314,7 @@ static int html_mount(const char *dir, const char *out_dir)
     }
     closedir(d);
     if (!n)
-        fprintf(stderr, "jlm stats: %s: a directory without jlmfs model views\n", dir);
+        jlm_cli_errorf("jlm stats", "%s: a directory without jlmfs model views", dir);
     return n ? rc : 1;
 }
 
@@ -330,11 +330,11 @@ static int stats_html(const char *path, const char *out)
     }
     struct stat st;
     if (stat(path, &st) != 0 || !S_ISDIR(st.st_mode)) {
-        fprintf(stderr, "jlm stats: %s: --html draws containers: give a jlmfs view or mount, not a database\n", path);
+        jlm_cli_errorf("jlm stats", "%s: --html draws containers: give a jlmfs view or mount, not a database", path);
         return 1;
     }
     if (!out) {
-        fprintf(stderr, "jlm stats: %s: --html on a mount writes one page per view: give -o DIR\n", path);
+        jlm_cli_errorf("jlm stats", "%s: --html on a mount writes one page per view: give -o DIR", path);
         return 2;
     }
     return html_mount(path, out);
@@ -397,7 +397,7 @@ static int stats_once(const char *path, int json, int wide)
     }
     struct stat st;
     if (stat(path, &st) != 0) {
-        fprintf(stderr, "jlm stats: %s: no such file or directory\n", path);
+        jlm_cli_errorf("jlm stats", "%s: no such file or directory", path);
         return 1;
     }
     if (!S_ISDIR(st.st_mode))
@@ -405,8 +405,8 @@ static int stats_once(const char *path, int json, int wide)
     char **dbs = NULL;
     size_t n = 0;
     if (scan_mount(path, &dbs, &n) != 0 || n == 0) {
-        fprintf(stderr, "jlm stats: %s: a directory without jlmfs model views (no user.jlmfs.db attribute on it "
-                "or its entries)\n", path);
+        jlm_cli_errorf("jlm stats", "%s: a directory without jlmfs model views (no user.jlmfs.db attribute on it "
+                       "or its entries)", path);
         free(dbs);
         return 1;
     }

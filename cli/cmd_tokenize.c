@@ -53,7 +53,7 @@ int jlm_cmd_tokenize(int argc, char **argv)
     free(file);
     if (orc || jlm_tok_create(&m->vocab, &tok, &err) ||
         jlm_tok_encode(tok, text, strlen(text), !no_bos, parse_special, &ids, &n, &err)) {
-        fprintf(stderr, "jlm tokenize: %s\n", err.msg);
+        jlm_cli_error("jlm tokenize", err.msg);
         goto out;
     }
     if (ids_only) {
@@ -66,10 +66,27 @@ int jlm_cmd_tokenize(int argc, char **argv)
             const char *p;
             size_t len;
             if (jlm_tok_piece(tok, ids[i], 1, &p, &len, &err)) {
-                fprintf(stderr, "jlm tokenize: %s\n", err.msg);
+                jlm_cli_error("jlm tokenize", err.msg);
                 goto out;
             }
-            printf("%6d -> '%.*s'\n", ids[i], (int)len, p);
+            /* a piece's control bytes (a newline token, or ESC from a
+             * crafted vocabulary) as C escapes: one line per token, nothing
+             * that drives the terminal */
+            printf("%6d -> '", ids[i]);
+            for (size_t k = 0; k < len; k++) {
+                unsigned char ch = (unsigned char)p[k];
+                if (ch == '\n')
+                    fputs("\\n", stdout);
+                else if (ch == '\t')
+                    fputs("\\t", stdout);
+                else if (ch == '\r')
+                    fputs("\\r", stdout);
+                else if (ch < 0x20 || ch == 0x7f)
+                    printf("\\x%02x", ch);
+                else
+                    putchar(ch);
+            }
+            puts("'");
         }
     }
     rc = 0;

@@ -2,6 +2,7 @@
 #include "cli/cli.h"
 
 #include <ctype.h>
+#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -59,6 +60,35 @@ void jlm_cli_error(const char *who, const char *msg)
     for (const unsigned char *p = (const unsigned char *)msg; *p; p++)
         fputc(*p < 0x20 || *p == 0x7f ? '?' : *p, stderr);
     fputc('\n', stderr);
+}
+
+void jlm_cli_errorf(const char *who, const char *fmt, ...)
+{
+    char line[4400];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(line, sizeof line, fmt, ap);
+    va_end(ap);
+    jlm_cli_error(who, line);
+}
+
+const char *jlm_cli_clean(const char *s)
+{
+    static char buf[8][4096];
+    static unsigned k;
+    char *b = buf[k++ % 8];
+    size_t i = 0;
+    for (; s && s[i] && i < sizeof buf[0] - 1; i++)
+        b[i] = (unsigned char)s[i] < 0x20 || s[i] == 0x7f ? '?' : s[i];
+    b[i] = 0;
+    return b;
+}
+
+void jlm_cli_puts_lines(const char *text, void *file)
+{
+    FILE *f = file;
+    for (const unsigned char *p = (const unsigned char *)text; p && *p; p++)
+        fputc((*p < 0x20 && *p != '\n') || *p == 0x7f ? '?' : *p, f);
 }
 
 static double mono_s(void)

@@ -659,7 +659,9 @@ int jlm_engine_open(const char *path, const jlm_engine_opts *opts, jlm_engine **
     if (jlm_k_cpu_init(&kerr) && !o.quiet)
         fprintf(stderr, "note: %s\n", kerr.msg);
     e->k = jlm_k_cpu_get();
-    jlm_file_source_opts so = {.direct = o.direct, .n_threads = 0};
+    struct stat mst;   /* the pages must come from the file the metadata came from */
+    jlm_file_source_opts so = {.direct = o.direct, .n_threads = 0,
+                               .same_as = e->m->fd >= 0 && !fstat(e->m->fd, &mst) ? &mst : NULL};
     if ((rc = choose_kv(e, &o, err)) || (rc = jlm_source_open_file(path, &so, &e->src, err)) ||
         (rc = index_tensors(e, err)) || (rc = read_dense(e, err)) || (rc = open_pager(e, &o, err)) ||
         (rc = jlm_pool_create(o.n_threads, 0, &e->pool, err)) || (rc = alloc_buffers(e, err)) ||

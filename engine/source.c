@@ -155,6 +155,12 @@ static int open_direct(const char *path, int want)
     return -1;
 }
 
+static int same_file(const struct stat *a, const struct stat *b)
+{
+    return a->st_dev == b->st_dev && a->st_ino == b->st_ino && a->st_size == b->st_size &&
+           a->st_mtim.tv_sec == b->st_mtim.tv_sec && a->st_mtim.tv_nsec == b->st_mtim.tv_nsec;
+}
+
 int jlm_source_open_file(const char *path, const jlm_file_source_opts *opts,
                          jlm_source **out, jlm_err *err)
 {
@@ -178,6 +184,12 @@ int jlm_source_open_file(const char *path, const jlm_file_source_opts *opts,
         return jlm_errf(err, JLM_EIO, "%s: cannot open: %s", path, strerror(e));
     }
     f->dfd = open_direct(path, o.direct);
+    struct stat dst;
+    if (o.same_as && (!same_file(&st, o.same_as) ||
+                      (f->dfd >= 0 && (fstat(f->dfd, &dst) != 0 || !same_file(&dst, o.same_as))))) {
+        file_close(&f->base);
+        return jlm_errf(err, JLM_EIO, "%s: the file changed while it was opened (replaced by another version)", path);
+    }
     f->pread = o.pread ? o.pread : plain_pread;
     f->split_min = o.split_min ? o.split_min : SRC_SPLIT_MIN;
     int nt = o.n_threads;

@@ -40,6 +40,7 @@
 #include <stddef.h>
 #include <stdint.h>
 #include <sys/types.h>
+#include <sys/stat.h>
 
 #include "base/jlm_err.h"
 #include "base/tier.h"
@@ -65,6 +66,11 @@ typedef struct jlm_file_source_opts {
     int          n_threads;   /* I/O threads for large reads; 0: min(4, cores); 1: none */
     size_t       split_min;   /* reads of at least this many bytes are split; 0: 4 MiB */
     jlm_pread_fn pread;       /* syscall seam for tests; NULL: pread(2) */
+    /* non-NULL: the file opened must be this one (device, inode, size,
+     * mtime; the engine passes its container descriptor's), else JLM_EIO:
+     * the path was replaced between the opens (a jlmfs view whose source
+     * changed), and pages of another version would meet this metadata */
+    const struct stat *same_as;
 } jlm_file_source_opts;
 
 /* Opens path read-only. opts may be NULL (defaults). JLM_EIO naming the path

@@ -120,7 +120,12 @@ typedef struct jlmfs_node {
  * path (the cache folder) or an absent view file; a PASS node is returned
  * for any other path, existing or not. *out untouched on error. */
 int  jlmfs_resolve(jlmfs *fs, const char *path, jlmfs_node *out, jlm_err *err);
-void jlmfs_node_clear(jlmfs_node *n);   /* accepts a zeroed node */
+void jlmfs_node_clear(jlmfs_node *n);
+/* Which version of its path a view node is: the serial of its view, never
+ * the same for two views in one daemon (a source replaced under the same
+ * name gives a new one); 0 for PASS. The FUSE layer gives each version its
+ * own inode, so the kernel never shares one page cache between two versions. */
+uint64_t jlmfs_node_version(const jlmfs_node *n);   /* accepts a zeroed node */
 
 /* Attributes of a view node (read-only, the view dir's owner and times).
  * JLM_ENOTFOUND if the view went away. Cannot be called on PASS. */

@@ -35,6 +35,7 @@ typedef struct jlmfs_unit {
 struct jlmfs_view {
     jlmfs      *fs;
     int         refs;        /* atomic (__atomic builtins) */
+    uint64_t    serial;      /* unique per view of this process: jlmfs_node_version */
     /* immutable after view_create */
     char       *rel;         /* "sub/foo.gguf", or "sub/foo" for a Hugging Face folder */
     int         is_hf;       /* rel is a Hugging Face folder (hfdir.c) */

@@ -149,6 +149,11 @@ void jlmfs_node_clear(jlmfs_node *n)
     *n = (jlmfs_node){0};
 }
 
+uint64_t jlmfs_node_version(const jlmfs_node *n)
+{
+    return n->view ? n->view->serial : 0;
+}
+
 /* ---------------------------------------------------------------- attributes */
 int jlmfs_node_stat(jlmfs *fs, const jlmfs_node *n, struct stat *st, jlm_err *err)
 {
@@ -265,7 +270,8 @@ static int list_pass(jlmfs *fs, const jlmfs_node *n, jlmfs_fill_fn fill, void *c
         if (asprintf(&views[nv], "%.*s.jlm", (int)(folder ? l : l - 5), de->d_name) >= 0)
             nv++;
     }
-    qsort(views, nv, sizeof *views, cmp_str);
+    if (nv)   /* views is NULL when none: qsort and bsearch want an array */
+        qsort(views, nv, sizeof *views, cmp_str);
     size_t u = 0;   /* x.gguf and the folder x both give x.jlm: listed once */
     for (size_t i = 0; i < nv; i++) {
         if (u && !strcmp(views[u - 1], views[i]))
@@ -285,7 +291,7 @@ static int list_pass(jlmfs *fs, const jlmfs_node *n, jlmfs_fill_fn fill, void *c
     int stop = 0;
     while (!stop && (de = readdir(d))) {   /* pass 2: fill */
         const char *nm = de->d_name;
-        if ((hide && !strcmp(nm, hide)) || bsearch(&nm, views, nv, sizeof *views, cmp_str))
+        if ((hide && !strcmp(nm, hide)) || (nv && bsearch(&nm, views, nv, sizeof *views, cmp_str)))
             continue;
         struct stat st = {.st_ino = de->d_ino, .st_mode = (mode_t)(DTTOIF(de->d_type))};
         stop = fill(ctx, nm, &st);

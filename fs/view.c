@@ -111,6 +111,15 @@ void jlmfs_view_invalidate(jlmfs_view *v)
     }
 }
 
+/* A full cache stopped v: the daemon plans it again once the cache's
+ * filesystem has room for it (jlmfs_view_space_back). */
+static void mark_no_space(jlmfs_view *v)
+{
+    pthread_mutex_lock(&v->lock);
+    v->t_nospace = mono_s();
+    pthread_mutex_unlock(&v->lock);
+}
+
 /* The status line for a full cache: how much the rest of the conversion
  * needs and how much the cache's filesystem has. */
 static int no_space(jlmfs_view *v, jlm_err *err)
@@ -383,8 +392,10 @@ int jlmfs_view_create(jlmfs *fs, const char *rel, const jlmfs_ident *id, const s
     jlmfs_view *v = calloc(1, sizeof *v);
     if (!v)
         return jlm_errf(err, JLM_ENOMEM, "%s: out of memory", rel);
+    static uint64_t serials;   /* never reused: a replaced view's nodes are new inodes in the mount */
     v->fs = fs;
     v->refs = 1;
+    v->serial = __atomic_add_fetch(&serials, 1, __ATOMIC_RELAXED);
     v->fd = -1;
     v->t0 = mono_s();
     v->id = *id;
@@ -551,21 +562,38 @@ static int finish(jlmfs_view *v, jlm_err *err)
 {
     if (source_changed(v))
         return source_changed_error(v, err);
-    if (v->fs->io->fsync(v->fd))   /* through the seam: tests inject faults here too */
-        return jlm_errf(err, errno == ENOSPC || errno == EDQUOT ? JLM_ENOSPC : JLM_EIO, "%s: fsync: %s", v->part_path,
-                        strerror(errno));
+    if (v->fs->io->fsync(v->fd)) {   /* through the seam: tests inject faults here too */
+        int e = errno;
+        if (e == ENOSPC || e == EDQUOT)
+            mark_no_space(v);
+        return jlm_errf(err, e == ENOSPC || e == EDQUOT ? JLM_ENOSPC : JLM_EIO, "%s: fsync: %s", v->part_path,
+                        strerror(e));
+    }
     jlm_model *m;
     int rc = jlm_fmt_open(v->part_path, &m, err);
-    if (rc)
+    if (rc) {
+        pthread_mutex_lock(&v->lock);
+        int dead = v->dead;
+        pthread_mutex_unlock(&v->lock);
+        /* dropped meanwhile (its source replaced: kill unlinked the .part):
+         * no entry to finish, and not a failure: every unit is in the
+         * descriptor, which open descriptors of the view keep reading */
+        if (dead)
+            return JLM_OK;
         return jlm_err_prefix(err, rc, "read-back");
+    }
     int same = m->file_size == v->file_size && m->hdr.dense_off == v->plan->hdr.dense_off &&
                !memcmp(m->meta, v->meta, v->plan->hdr.dense_off);
     jlm_fmt_close(m);
     if (!same)
         return jlm_errf(err, JLM_EIO, "%s: read-back differs from the plan", v->part_path);
     pthread_mutex_lock(&v->lock);
-    if (!v->dead && v->fs->io->rename(v->part_path, v->cache_path))
-        rc = jlm_errf(err, JLM_EIO, "%s: rename: %s", v->part_path, strerror(errno));
+    int rename_e = !v->dead && v->fs->io->rename(v->part_path, v->cache_path) ? errno : 0;
+    if (rename_e)
+        rc = jlm_errf(err, rename_e == ENOSPC || rename_e == EDQUOT ? JLM_ENOSPC : JLM_EIO, "%s: rename: %s",
+                      v->part_path, strerror(rename_e));
+    if (rename_e == ENOSPC || rename_e == EDQUOT)
+        v->t_nospace = mono_s();
     int ready = !rc && !v->dead;
     if (ready)
         v->state = JLMFS_READY;

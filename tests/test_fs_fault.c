@@ -19,6 +19,11 @@
 static int n_writes;     /* pwrite calls to m's cache file so far */
 static int fail_at;      /* the pwrite call (1-based) that fails; 0: none */
 static int fail_errno;
+/* What the fail_at-th write does: fails with fail_errno; writes half its
+ * bytes (a short write); writes nothing (returns 0); or is interrupted
+ * (EINTR) before writing. */
+enum { F_ERRNO, F_SHORT, F_ZERO, F_EINTR };
+static int fault_kind;
 
 /* Is fd m.gguf's cache file (CACHE/m@<key>.jlm.part)? The fault is aimed at
  * m's conversion only; other's, which a worker may run first, always pass. */
@@ -36,8 +41,18 @@ static int is_m(int fd)
 static ssize_t faulty_pwrite(int fd, const void *b, size_t n, int64_t o)
 {
     if (is_m(fd) && ++n_writes == fail_at) {
-        errno = fail_errno;
-        return -1;
+        switch (fault_kind) {
+        case F_SHORT:
+            return jlm_io_posix.pwrite(fd, b, n > 1 ? n / 2 : n, o);
+        case F_ZERO:
+            return 0;
+        case F_EINTR:
+            errno = EINTR;
+            return -1;
+        default:
+            errno = fail_errno;
+            return -1;
+        }
     }
     return jlm_io_posix.pwrite(fd, b, n, o);
 }
@@ -173,7 +188,11 @@ static void run_with_fault(int k, int e, int worker)
     int failed = read_view(fs, 0, k);
     failed += read_view(fs, 0, k);   /* again: a failed unit is never served as done */
     char *st = status_of(fs, "/m.jlm/status");
-    if (failed || (worker && strncmp(st, "ready", 5))) {
+    if (fault_kind == F_SHORT || fault_kind == F_EINTR) {   /* the write loop carries on: nothing fails */
+        cr_assert(failed == 0 && strncmp(st, "error", 5) && (!worker || !strncmp(st, "ready", 5)),
+                  "%s at write %d: %d reads failed, status %s", fault_kind == F_SHORT ? "a short write" : "EINTR", k,
+                  failed, st);
+    } else if (failed || (worker && strncmp(st, "ready", 5))) {
         const char *why = e == ENOSPC ? "no space left in cache" : "Input/output error";
         cr_assert(!strncmp(st, "error: ", 7) && strstr(st, why),
                   "fault at write %d (%s): %d reads failed, the status does not say why: %s", k, strerror(e),
@@ -185,8 +204,9 @@ static void run_with_fault(int k, int e, int worker)
     jlmfs_close(fs);
 }
 
-static void every_write(int e, int worker)
+static void every_write_kind(int kind, int e, int worker)
 {
+    fault_kind = kind;
     jlm_io io = jlm_io_posix;
     io.pwrite = faulty_pwrite;
     n_writes = 0;
@@ -196,10 +216,14 @@ static void every_write(int e, int worker)
     int total = n_writes;
     jlmfs_close(fs);
     cr_assert_gt(total, 1, "the conversion wrote through the seam %d times", total);
-    cr_log_info("%s: a fault at each of %d writes", strerror(e), total);
+    static const char *const kinds[] = {NULL, "a short write", "a write of nothing", "EINTR"};
+    cr_log_info("%s: a fault at each of %d writes", kind ? kinds[kind] : strerror(e), total);
     for (int k = 1; k <= total; k++)
         run_with_fault(k, e, worker);
+    fault_kind = F_ERRNO;
 }
+
+static void every_write(int e, int worker) { every_write_kind(F_ERRNO, e, worker); }
 
 Test(fs_fault, eio_at_every_write_of_an_on_demand_conversion)
 {
@@ -219,6 +243,34 @@ Test(fs_fault, eio_at_every_write_of_the_background_conversion)
 Test(fs_fault, enospc_at_every_write_of_the_background_conversion)
 {
     every_write(ENOSPC, 1);
+}
+
+/* A short write or EINTR at any write: jlm_io_pwrite_full carries on, the
+ * conversion completes with jlm convert's bytes. A write of nothing (0 bytes
+ * returned) fails the view as EIO does. */
+Test(fs_fault, a_short_write_at_every_write_of_an_on_demand_conversion)
+{
+    every_write_kind(F_SHORT, 0, 0);
+}
+
+Test(fs_fault, a_short_write_at_every_write_of_the_background_conversion)
+{
+    every_write_kind(F_SHORT, 0, 1);
+}
+
+Test(fs_fault, eintr_at_every_write_of_the_background_conversion)
+{
+    every_write_kind(F_EINTR, 0, 1);
+}
+
+Test(fs_fault, a_write_of_nothing_at_every_write_of_an_on_demand_conversion)
+{
+    every_write_kind(F_ZERO, EIO, 0);
+}
+
+Test(fs_fault, a_write_of_nothing_at_every_write_of_the_background_conversion)
+{
+    every_write_kind(F_ZERO, EIO, 1);
 }
 
 /* ---------------------------------------------------------------- fsync and rename of the finished entry */
@@ -259,10 +311,51 @@ static void m_entries(int *done, int *part)
     free(out);
 }
 
+/* Every 64 KiB read of model.jlm through a node resolved before the fault:
+ * how many matched jlm convert (a torn page fails the test) and how many
+ * failed (EIO). */
+static void read_held(jlmfs *fs, const jlmfs_node *node, int *ok, int *failed)
+{
+    unsigned char *got = malloc(65536);
+    jlm_err err = {0};
+    *ok = *failed = 0;
+    for (size_t off = 0; off < ref_len[0]; off += 65536) {
+        size_t g = 0, want = ref_len[0] - off < 65536 ? ref_len[0] - off : 65536;
+        int rc = jlmfs_read(fs, node, got, 65536, off, &g, &err);
+        if (rc) {
+            cr_assert_eq(rc, JLM_EIO, "read at %zu: rc %d (%s)", off, rc, err.msg);
+            (*failed)++;
+            continue;
+        }
+        cr_assert(g == want && !memcmp(got, ref[0] + off, g), "torn page: the read at %zu differs from jlm convert",
+                  off);
+        (*ok)++;
+    }
+    free(got);
+}
+
+/* Waits (<= 20 s) until m's status starts with what. */
+static int wait_status(jlmfs *fs, const char *what)
+{
+    for (int i = 0; i < 2000; i++) {
+        char *st = status_of(fs, "/m.jlm/status");
+        int got = !strncmp(st, what, strlen(what));
+        free(st);
+        if (got)
+            return 1;
+        struct timespec ts = {0, 10 * 1000000L};
+        nanosleep(&ts, NULL);
+    }
+    return 0;
+}
+
 /* The background conversion of m fails at the fsync or the rename that
  * finish its entry: the status says which and why, nothing of m is left in
- * the cache, every read of m matches jlm convert or fails, and the other
- * view serves on. */
+ * the cache, a descriptor (node) held from before reads jlm convert's bytes
+ * or EIO, and EIO for every page once the view failed (never a page of a
+ * failed conversion next to an error), and the other view serves on. A full
+ * cache (ENOSPC) is retried once it has room: with the fault gone, m becomes
+ * ready and serves its bytes. */
 static void finish_fault(int sync_e, int rename_e, const char *says)
 {
     jlm_io io = jlm_io_posix;
@@ -273,6 +366,11 @@ static void finish_fault(int sync_e, int rename_e, const char *says)
     fail_at = 0;
     jlmfs *fs = open_fs(&io);
     jlm_err err = {0};
+    jlmfs_node held = {0};
+    cr_assert_eq(jlmfs_resolve(fs, VIEW[0], &held, &err), 0, "%s", err.msg);
+    int ok, failed;
+    read_held(fs, &held, &ok, &failed);   /* on demand, before the worker: all of it matches */
+    cr_assert(ok > 0 && failed == 0, "before the fault: %d reads matched, %d failed", ok, failed);
     cr_assert_eq(jlmfs_start(fs, &err), 0, "%s", err.msg);
     wait_settled(fs);
     char *st = status_of(fs, "/m.jlm/status");
@@ -281,10 +379,20 @@ static void finish_fault(int sync_e, int rename_e, const char *says)
     int done, part;
     m_entries(&done, &part);
     cr_assert(done == 0 && part == 0, "after a failed %s: %d finished and %d .part entries of m left", says, done, part);
+    read_held(fs, &held, &ok, &failed);
+    cr_assert(ok == 0 && failed > 0, "after the failed %s the held descriptor read %d pages, %d failed", says, ok,
+              failed);
+    jlmfs_node_clear(&held);
     cr_assert(read_view(fs, 0, 1) >= 0);
     cr_assert_eq(read_view(fs, 1, 0), 0, "the other view stopped serving");
-    jlmfs_close(fs);
     fail_sync_errno = fail_rename_errno = 0;
+    if (sync_e == ENOSPC || rename_e == ENOSPC) {   /* the fault gone = space back: retried (every 2 s) */
+        cr_assert(wait_status(fs, "ready"), "a full cache at the %s was not retried once it had room", says);
+        cr_assert_eq(read_view(fs, 0, 0), 0, "after the retry m does not serve jlm convert's bytes");
+        m_entries(&done, &part);
+        cr_assert(done == 1 && part == 0, "after the retry: %d finished and %d .part entries of m", done, part);
+    }
+    jlmfs_close(fs);
 }
 
 Test(fs_fault, eio_at_the_fsync_of_a_finished_conversion)
@@ -300,4 +408,9 @@ Test(fs_fault, enospc_at_the_fsync_of_a_finished_conversion)
 Test(fs_fault, eio_at_the_rename_of_a_finished_conversion)
 {
     finish_fault(0, EIO, "rename: Input/output error");
+}
+
+Test(fs_fault, enospc_at_the_rename_of_a_finished_conversion)
+{
+    finish_fault(0, ENOSPC, "rename: No space left on device");
 }

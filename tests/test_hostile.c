@@ -278,3 +278,102 @@ Test(hostile_cli, control_bytes_in_a_crafted_name_never_reach_the_terminal)
     tu_rmrf(dir);
     free(dir);
 }
+
+/* One line ending in '\n' and no other control byte (the one-line rule of
+ * jlm_err and jlm_cli_error). */
+static void expect_one_line(const char *what, const char *o)
+{
+    size_t n = strlen(o);
+    cr_expect(n > 0 && o[n - 1] == '\n' && !memchr(o, '\n', n - 1), "%s: not one line: %s", what, o);
+    for (const char *p = o; *p; p++)
+        cr_expect((unsigned char)*p >= 0x20 || *p == '\n', "%s: control byte 0x%02x in the output", what,
+                  (unsigned char)*p);
+}
+
+/* jlm info, tokenize, chat and stats (besides convert and run, above): a
+ * file name, a tensor name and a GGUF key name holding '\n' and ESC reach
+ * the terminal as one line with '?' for each control byte; a listing of a
+ * container with such a name has no control byte; token pieces show theirs
+ * as C escapes. The names go through the environment: sh has no $'..'. */
+Test(hostile_cli, info_chat_tokenize_and_stats_print_crafted_names_as_one_line)
+{
+    char *dir = tu_tmpdir();
+    char xdg[1100], bad[1100], key[1100], cont[1100], cmd[1400], *o = NULL;
+    snprintf(xdg, sizeof xdg, "%s/xdg", dir);
+    setenv("XDG_CACHE_HOME", xdg, 1);   /* jlm info x.gguf converts into the cache */
+    size_t n;
+    unsigned char *b = tu_read_file(tu_model("stories260K.gguf"), &n);
+    cr_assert(b);
+    /* 1. a tensor name with ESC, in a file whose name has '\n' and ESC */
+    unsigned char *at = memmem(b, n, "output_norm.weight", 18);
+    cr_assert(at);
+    at[11] = 0x1b;
+    snprintf(bad, sizeof bad, "%s/bad\nname\x1b[2J.gguf", dir);
+    cr_assert_eq(tu_write_file(bad, b, n), 0);
+    at[11] = '.';
+    setenv("F", bad, 1);
+    static const char *const with_tensor[] = {"info \"$F\"", "info \"$F\" --tensors", "tokenize \"$F\" hello",
+                                              "chat \"$F\" -n 1 </dev/null"};
+    for (size_t i = 0; i < sizeof with_tensor / sizeof *with_tensor; i++) {
+        snprintf(cmd, sizeof cmd, "%s %s", tu_jlm(), with_tensor[i]);
+        int rc = tu_run(cmd, &o);
+        cr_expect_eq(rc, 1, "%s: exit %d: %s", with_tensor[i], rc, o);
+        expect_one_line(with_tensor[i], o);
+        cr_expect(strstr(o, "bad?name?[2J.gguf") && strstr(o, "output_norm?weight"), "%s: names with '?': %s",
+                  with_tensor[i], o);
+        free(o);
+    }
+    static const char *const names_only[] = {"stats \"$F\"", "stats \"$F\".missing", "stats --html \"$F\"",
+                                             "info \"$F\".missing"};
+    for (size_t i = 0; i < sizeof names_only / sizeof *names_only; i++) {
+        snprintf(cmd, sizeof cmd, "%s %s", tu_jlm(), names_only[i]);
+        int rc = tu_run(cmd, &o);
+        cr_expect_eq(rc, 1, "%s: exit %d: %s", names_only[i], rc, o);
+        expect_one_line(names_only[i], o);
+        cr_expect(strstr(o, "bad?name?[2J.gguf"), "%s: the name with '?': %s", names_only[i], o);
+        free(o);
+    }
+    /* 2. a key name with '\n' and ESC whose value type is unknown: named in the error */
+    unsigned char *k = memmem(b, n, "llama.context_length", 20);
+    cr_assert(k);
+    unsigned char *c = malloc(n);
+    memcpy(c, b, n);
+    c[k - b + 9] = '\n';
+    c[k - b + 14] = 0x1b;
+    uint32_t t99 = 99;
+    memcpy(c + (k - b) + 20, &t99, 4);
+    snprintf(key, sizeof key, "%s/key.gguf", dir);
+    cr_assert_eq(tu_write_file(key, c, n), 0);
+    free(c);
+    setenv("K", key, 1);
+    static const char *const with_key[] = {"info \"$K\"", "tokenize \"$K\" hello", "chat \"$K\" </dev/null"};
+    for (size_t i = 0; i < sizeof with_key / sizeof *with_key; i++) {
+        snprintf(cmd, sizeof cmd, "%s %s", tu_jlm(), with_key[i]);
+        int rc = tu_run(cmd, &o);
+        cr_expect_eq(rc, 1, "%s: exit %d: %s", with_key[i], rc, o);
+        expect_one_line(with_key[i], o);
+        cr_expect(strstr(o, "llama.con?ext_?ength"), "%s: the key with '?': %s", with_key[i], o);
+        free(o);
+    }
+    /* 3. a good container under such a name: its listing and its pieces */
+    snprintf(cont, sizeof cont, "%s/c\nx\x1b[2J.jlm", dir);
+    setenv("C", cont, 1);
+    snprintf(cmd, sizeof cmd, "%s convert %s -o \"$C\"", tu_jlm(), tu_model("stories260K.gguf"));
+    cr_assert_eq(tu_run(cmd, NULL), 0, "%s", cmd);
+    snprintf(cmd, sizeof cmd, "%s info \"$C\" --tensors", tu_jlm());
+    cr_expect_eq(tu_run(cmd, &o), 0, "%s", o);
+    cr_expect(!strncmp(o, dir, strlen(dir)) && strstr(o, "/c?x?[2J.jlm: jlm container"), "first line: %s", o);
+    for (const char *p = o; *p; p++)
+        cr_expect((unsigned char)*p >= 0x20 || *p == '\n', "info: control byte 0x%02x", (unsigned char)*p);
+    free(o);
+    setenv("T", "a\nb\x1b", 1);
+    snprintf(cmd, sizeof cmd, "%s tokenize \"$C\" \"$T\"", tu_jlm());
+    cr_expect_eq(tu_run(cmd, &o), 0, "%s", o);
+    cr_expect(strstr(o, "'\\n'\n") && strstr(o, "'\\x1b'\n"), "pieces as C escapes: %s", o);
+    for (const char *p = o; *p; p++)
+        cr_expect((unsigned char)*p >= 0x20 || *p == '\n', "tokenize: control byte 0x%02x", (unsigned char)*p);
+    free(o);
+    free(b);
+    tu_rmrf(dir);
+    free(dir);
+}

@@ -17,6 +17,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include "tests/testutil.h"
 #include "engine/model.h"
 #include "engine/pager.h"
 #include "engine/pool.h"
@@ -973,6 +974,38 @@ Test(source, a_missing_file_is_refused_naming_it, .timeout = 10)
     cr_assert_eq(rc, JLM_EIO);
     cr_assert_null(s);
     cr_assert(strstr(err.msg, "/nonexistent/dir/x.jlm") && strstr(err.msg, "No such file"), "%s", err.msg);
+}
+
+/* The engine opens its container twice (metadata, then pages): a path
+ * replaced in between (a jlmfs view whose source changed: another inode) is
+ * refused, not read as pages of another version under this metadata. */
+Test(source, a_file_replaced_between_the_opens_is_refused, .timeout = 10)
+{
+    char *dir = tu_tmpdir();
+    char a[1100], b[1100];
+    snprintf(a, sizeof a, "%s/m.jlm", dir);
+    snprintf(b, sizeof b, "%s/m.new", dir);
+    cr_assert_eq(tu_write_file(a, "version A", 9), 0);
+    int fd = open(a, O_RDONLY);
+    struct stat st;
+    cr_assert(fd >= 0 && fstat(fd, &st) == 0);
+    jlm_file_source_opts o = {.direct = 0, .n_threads = 1, .same_as = &st};
+    jlm_source *s = NULL;
+    jlm_err err = {0};
+    cr_assert_eq(jlm_source_open_file(a, &o, &s, &err), 0, "the same file: %s", err.msg);
+    jlm_source_close(s);
+    s = NULL;
+    cr_assert_eq(tu_write_file(b, "version B", 9), 0);
+    cr_assert_eq(rename(b, a), 0);
+    int rc = jlm_source_open_file(a, &o, &s, &err);
+    cr_assert_eq(rc, JLM_EIO, "a replaced file was opened");
+    cr_assert_null(s);
+    cr_assert(strstr(err.msg, a) && strstr(err.msg, "changed while it was opened"), "%s", err.msg);
+    o.direct = 1;   /* the O_DIRECT descriptor is checked too (where the filesystem has it) */
+    cr_assert_eq(jlm_source_open_file(a, &o, &s, &err), JLM_EIO);
+    close(fd);
+    tu_rmrf(dir);
+    free(dir);
 }
 
 Test(source, a_pager_over_a_file_source_returns_the_file_bytes_at_a_one_frame_budget, .timeout = 20)
