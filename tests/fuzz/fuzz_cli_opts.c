@@ -13,6 +13,7 @@
 
 #include "cli/opts.c"
 #include "cli/util.c"
+#include "cli/backend.c"   /* jlm_opts_engine_finish checks --backend */
 #include "text/tokenizer/utf8_fix.h"
 
 static void check_utf8(const uint8_t *data, size_t size)
