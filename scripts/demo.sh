@@ -27,7 +27,8 @@ echo "== $view: $(cat "$view/status")"
 ls "$view"
 
 echo "== jlm run through the mount"
-./build/jlm run "$view" -p "Once upon a time" -n 48 --temp 0 --stats
+./build/jlm run "$view" -p "Once upon a time" -n 48 --temp 0 --stats 2>"$work/run.err"   # stdout: exactly the text
+echo; cat "$work/run.err"
 echo
 
 echo "== an engine holding the model open (jlm chat), and what resident/ shows meanwhile"
