@@ -403,43 +403,10 @@ static int mem_type(const jlm_vk *vk, uint32_t bits, VkMemoryPropertyFlags want)
     return -1;
 }
 
-int jlm_vk_buf_new(jlm_vk *vk, uint64_t bytes, jlm_vk_buf **out, jlm_err *err)
-{
-    jlm_vk_buf *b = calloc(1, sizeof *b);
-    if (!b)
-        return jlm_errf(err, JLM_ENOMEM, "vulkan: out of memory");
-    b->size = (bytes + 3) & ~(uint64_t)3;
-    if (!b->size)
-        b->size = 4;
-    VkBufferCreateInfo bi = {.sType = VK_STRUCTURE_TYPE_BUFFER_CREATE_INFO, .size = b->size,
-                             .usage = VK_BUFFER_USAGE_STORAGE_BUFFER_BIT | VK_BUFFER_USAGE_TRANSFER_SRC_BIT |
-                                      VK_BUFFER_USAGE_TRANSFER_DST_BIT,
-                             .sharingMode = VK_SHARING_MODE_EXCLUSIVE};
-    VkResult r = vkCreateBuffer(vk->dev, &bi, NULL, &b->buf);
-    if (r != VK_SUCCESS) {
-        free(b);
-        return vkfail(err, "vkCreateBuffer", r);
-    }
-    VkMemoryRequirements req;
-    vkGetBufferMemoryRequirements(vk->dev, b->buf, &req);
-    int mt = mem_type(vk, req.memoryTypeBits,
-                      VK_MEMORY_PROPERTY_HOST_VISIBLE_BIT | VK_MEMORY_PROPERTY_HOST_COHERENT_BIT);
-    VkMemoryAllocateInfo ai = {.sType = VK_STRUCTURE_TYPE_MEMORY_ALLOCATE_INFO,
-                               .allocationSize = req.size, .memoryTypeIndex = (uint32_t)mt};
-    if (mt < 0 || (r = vkAllocateMemory(vk->dev, &ai, NULL, &b->mem)) != VK_SUCCESS ||
-        (r = vkBindBufferMemory(vk->dev, b->buf, b->mem, 0)) != VK_SUCCESS ||
-        (r = vkMapMemory(vk->dev, b->mem, 0, VK_WHOLE_SIZE, 0, &b->map)) != VK_SUCCESS) {
-        jlm_vk_buf_free(vk, b);
-        return mt < 0 ? jlm_errf(err, JLM_EUNSUPPORTED, "vulkan: no host-visible memory type")
-                      : vkfail(err, "buffer memory", r);
-    }
-    memset(b->map, 0, b->size);
-    *out = b;
-    return JLM_OK;
-}
-
-/* A storage buffer over memory of type mt (imp: the host pages at host). */
-static int buf_make(jlm_vk *vk, uint64_t bytes, VkMemoryPropertyFlags want, void *host, jlm_vk_buf **out,
+/* A storage buffer over memory with the properties want (host: an import of
+ * the host pages there). any: without such a type take any type (a device
+ * buffer on a device with no device-local heap); otherwise that is an error. */
+static int buf_make(jlm_vk *vk, uint64_t bytes, VkMemoryPropertyFlags want, int any, void *host, jlm_vk_buf **out,
                     jlm_err *err)
 {
     jlm_vk_buf *b = calloc(1, sizeof *b);
@@ -471,13 +438,15 @@ static int buf_make(jlm_vk *vk, uint64_t bytes, VkMemoryPropertyFlags want, void
         bits = r == VK_SUCCESS ? bits & hp.memoryTypeBits : 0;
     }
     int mt = mem_type(vk, bits, want);
-    if (mt < 0 && !host)
+    if (mt < 0 && any)
         mt = mem_type(vk, bits, 0);
     VkMemoryAllocateInfo ai = {.sType = VK_STRUCTURE_TYPE_MEMORY_ALLOCATE_INFO, .pNext = host ? &imp : NULL,
                                .allocationSize = host ? b->size : req.size, .memoryTypeIndex = (uint32_t)mt};
     if (mt < 0 || (r = vkAllocateMemory(vk->dev, &ai, NULL, &b->mem)) != VK_SUCCESS ||
         (r = vkBindBufferMemory(vk->dev, b->buf, b->mem, 0)) != VK_SUCCESS) {
         jlm_vk_buf_free(vk, b);
+        if (mt < 0 && (want & VK_MEMORY_PROPERTY_HOST_VISIBLE_BIT))
+            return jlm_errf(err, JLM_EUNSUPPORTED, "vulkan: no host-visible memory type");
         return mt < 0 ? jlm_errf(err, JLM_EUNSUPPORTED, "vulkan: no memory type for %s",
                                  host ? "an imported host pointer" : "a device buffer")
                       : vkfail(err, host ? "importing host memory" : "device buffer memory", r);
@@ -486,9 +455,26 @@ static int buf_make(jlm_vk *vk, uint64_t bytes, VkMemoryPropertyFlags want, void
     return JLM_OK;
 }
 
+int jlm_vk_buf_new(jlm_vk *vk, uint64_t bytes, jlm_vk_buf **out, jlm_err *err)
+{
+    jlm_vk_buf *b;
+    int rc = buf_make(vk, bytes ? bytes : 4, VK_MEMORY_PROPERTY_HOST_VISIBLE_BIT | VK_MEMORY_PROPERTY_HOST_COHERENT_BIT,
+                      0, NULL, &b, err);
+    if (rc)
+        return rc;
+    VkResult r = vkMapMemory(vk->dev, b->mem, 0, VK_WHOLE_SIZE, 0, &b->map);
+    if (r != VK_SUCCESS) {
+        jlm_vk_buf_free(vk, b);
+        return vkfail(err, "buffer memory", r);
+    }
+    memset(b->map, 0, b->size);
+    *out = b;
+    return JLM_OK;
+}
+
 int jlm_vk_buf_new_device(jlm_vk *vk, uint64_t bytes, jlm_vk_buf **out, jlm_err *err)
 {
-    return buf_make(vk, bytes ? bytes : 4, VK_MEMORY_PROPERTY_DEVICE_LOCAL_BIT, NULL, out, err);
+    return buf_make(vk, bytes ? bytes : 4, VK_MEMORY_PROPERTY_DEVICE_LOCAL_BIT, 1, NULL, out, err);
 }
 
 int jlm_vk_buf_import(jlm_vk *vk, void *host, uint64_t bytes, jlm_vk_buf **out, jlm_err *err)
@@ -499,7 +485,7 @@ int jlm_vk_buf_import(jlm_vk *vk, void *host, uint64_t bytes, jlm_vk_buf **out, 
     if (!bytes || (uintptr_t)host % vk->import_align || bytes % vk->import_align)
         return jlm_errf(err, JLM_EINVAL, "vulkan: import of %llu bytes at %p: not a multiple of the %llu-byte "
                         "alignment", (unsigned long long)bytes, host, (unsigned long long)vk->import_align);
-    return buf_make(vk, bytes, 0, host, out, err);
+    return buf_make(vk, bytes, 0, 0, host, out, err);
 }
 
 int jlm_vk_is_imported(const jlm_vk_buf *b) { return b->imported; }
