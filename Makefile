@@ -37,8 +37,10 @@ MANDIR  ?= $(PREFIX)/share/man
 COMPDIR ?= $(PREFIX)/share/bash-completion/completions
 EXDIR   ?= $(PREFIX)/share/doc/jlmfs/examples
 CC      ?= cc
-PKGS    := fuse3 sqlite3 jansson libutf8proc stb zlib libmicrohttpd libedit
-PKG_CFLAGS := $(shell pkg-config --cflags $(PKGS) 2>/dev/null)
+PKGS    := fuse3 sqlite3 jansson libutf8proc libmicrohttpd libedit libpng libjpeg
+# stb: only the tests' image writer (stb_image_write); the engine decodes with
+# libpng and libjpeg-turbo (docs/vision.md says why not stb).
+PKG_CFLAGS := $(shell pkg-config --cflags $(PKGS) stb 2>/dev/null)
 PKG_LIBS   := $(shell pkg-config --libs $(PKGS) 2>/dev/null)
 
 OPT     ?= -O2 -g
@@ -153,7 +155,7 @@ $(BUILD)/jlmfs: $(BUILD)/obj/cli/jlmfs_main.o $(LIB)
 	$(CC) $(LDFLAGS) -o $@ $< $(LIB) $(LDLIBS)
 
 $(TEST_BIN): $(TEST_OBJ) $(LIB)
-	$(CC) $(LDFLAGS) -o $@ $(TEST_OBJ) $(LIB) $(LDLIBS) -lcriterion
+	$(CC) $(LDFLAGS) -o $@ $(TEST_OBJ) $(LIB) $(LDLIBS) $(shell pkg-config --libs stb) -lcriterion
 
 # The suite finds the tools and fixtures through these variables.
 test: all $(TEST_BIN)
@@ -207,7 +209,7 @@ fuzz-smoke: fuzz
 	    case $$n in fuzz_convert|fuzz_gguf) seeds=build-fuzz/seeds/convert;; fuzz_engine|fuzz_jlm) seeds=build-fuzz/seeds/engine;; \
 	    fuzz_tokenizer) seeds=build-fuzz/seeds/tokenizer;; fuzz_jinja) seeds=build-fuzz/seeds/jinja;; \
 	    fuzz_serve_req) seeds=tests/fuzz/seeds-serve-req;; fuzz_mmproj) seeds=tests/fuzz/seeds-mmproj;; \
-	    fuzz_safetensors) seeds=tests/fuzz/seeds-safetensors;; fuzz_hf_tokenizer) seeds=tests/fuzz/seeds-hf-tokenizer;; esac; \
+	    fuzz_safetensors) seeds=tests/fuzz/seeds-safetensors;; fuzz_image) seeds=tests/fuzz/seeds-image;; fuzz_hf_tokenizer) seeds=tests/fuzz/seeds-hf-tokenizer;; esac; \
 	    rm -rf build-fuzz/corpus/$$n && mkdir -p build-fuzz/corpus/$$n; \
 	    echo "== $$n ($(FUZZ_SECONDS) s)"; \
 	    $$t -max_total_time=$(FUZZ_SECONDS) -rss_limit_mb=2048 -timeout=10 -print_final_stats=1 \

@@ -526,9 +526,115 @@ Test(vision, cli_chat_image_answers_and_counts_vision_pages)
     free(p);
 }
 
+/* ================================================================ image kinds */
+/* What llama.cpp's stb decode gives, from libpng and libjpeg-turbo: grey
+ * expanded to RGB, alpha dropped (not composited), PGM and 16-bit PPM
+ * scaled to 8 bits. Each file is written by stb_image_write (a different
+ * encoder from the decoder under test) or by hand. */
+static void decode_file(const char *path, jlm_image *img)
+{
+    size_t n = 0;
+    uint8_t *b = tu_read_file(path, &n);
+    cr_assert(b, "%s", path);
+    jlm_err err = {0};
+    cr_assert_eq(jlm_image_load_mem(b, n, path, img, &err), 0, "%s", err.msg);
+    free(b);
+}
+
+Test(vision, png_jpeg_pnm_kinds_decode_to_rgb)
+{
+    enum { W = 13, H = 7 };
+    uint8_t px[W * H * 4];
+    for (int i = 0; i < W * H * 4; i++)
+        px[i] = (uint8_t)(i * 37 + 11);
+    char path[1200];
+    for (int comp = 1; comp <= 4; comp++) {
+        snprintf(path, sizeof path, "%s/k%d.png", tmp, comp);
+        cr_assert(stbi_write_png(path, W, H, comp, px, W * comp));
+        jlm_image img;
+        decode_file(path, &img);
+        cr_assert(img.w == W && img.h == H);
+        for (int p = 0; p < W * H; p++)
+            for (int c = 0; c < 3; c++) {
+                uint8_t want = comp >= 3 ? px[p * comp + c] : px[p * comp];   /* grey (+alpha): the grey value */
+                cr_assert_eq(img.rgb[p * 3 + c], want, "comp %d pixel %d channel %d", comp, p, c);
+            }
+        jlm_image_free(&img);
+    }
+    /* grey JPEG: three equal channels close to the source */
+    snprintf(path, sizeof path, "%s/g.jpg", tmp);
+    uint8_t grey[32 * 32];
+    for (int i = 0; i < 32 * 32; i++)
+        grey[i] = (uint8_t)(4 * (i % 32) + 2 * (i / 32));
+    cr_assert(stbi_write_jpg(path, 32, 32, 1, grey, 95));
+    jlm_image img;
+    decode_file(path, &img);
+    for (int i = 0; i < 32 * 32; i++) {
+        cr_assert(img.rgb[i * 3] == img.rgb[i * 3 + 1] && img.rgb[i * 3] == img.rgb[i * 3 + 2], "pixel %d", i);
+        cr_assert(abs(img.rgb[i * 3] - grey[i]) < 24, "pixel %d: %d vs %d", i, img.rgb[i * 3], grey[i]);
+    }
+    jlm_image_free(&img);
+    /* PGM (P5) and a 16-bit PPM (maxval 65535, big-endian samples) */
+    snprintf(path, sizeof path, "%s/k.pgm", tmp);
+    uint8_t pgm[64] = "P5\n# a comment\n3 2\n255\n";
+    size_t hl = strlen((char *)pgm);
+    for (int i = 0; i < 6; i++)
+        pgm[hl + i] = (uint8_t)(40 * i);
+    cr_assert_eq(tu_write_file(path, pgm, hl + 6), 0);
+    decode_file(path, &img);
+    cr_assert(img.w == 3 && img.h == 2);
+    for (int i = 0; i < 6; i++)
+        cr_assert(img.rgb[i * 3] == 40 * i && img.rgb[i * 3 + 2] == 40 * i, "PGM pixel %d", i);
+    jlm_image_free(&img);
+    snprintf(path, sizeof path, "%s/k16.ppm", tmp);
+    uint8_t p16[64] = "P6 2 1 65535\n";
+    hl = strlen((char *)p16);
+    static const uint16_t v16[6] = {0, 65535, 32768, 257, 1000, 65000};
+    for (int i = 0; i < 6; i++) {
+        p16[hl + 2 * i] = (uint8_t)(v16[i] >> 8);
+        p16[hl + 2 * i + 1] = (uint8_t)v16[i];
+    }
+    cr_assert_eq(tu_write_file(path, p16, hl + 12), 0);
+    decode_file(path, &img);
+    for (int i = 0; i < 6; i++)
+        cr_assert_eq(img.rgb[i], (uint8_t)((v16[i] * 255u + 32767) / 65535), "16-bit sample %d", i);
+    jlm_image_free(&img);
+    /* maxval 0 and a sample past a small maxval's header are refused / clamped */
+    jlm_err err = {0};
+    static const char mx0[] = "P5 1 1 0\n\x01";
+    cr_assert_neq(jlm_image_load_mem((const uint8_t *)mx0, sizeof mx0 - 1, "mx0.pgm", &img, &err), 0);
+    cr_assert(strstr(err.msg, "mx0.pgm: PPM/PGM maxval 0"), "%s", err.msg);
+}
+
+/* Every file of tests/fuzz/seeds-image (PNG: 1-bit grey, grey+alpha,
+ * 16-bit grey, palette with tRNS, RGB, RGBA; JPEG: baseline, 4:4:4,
+ * progressive, grey, arithmetic-coded with restart markers; PPM, PGM),
+ * decoded byte for byte as Pillow 9.4 decodes it to RGB
+ * (tests/reference/image-decode/README.md). */
+Test(vision, seed_images_match_pillow)
+{
+    static const char *names[] = {"arith-restart.jpg", "baseline.jpg", "grey.jpg", "grey.pgm", "grey1.png",
+                                  "grey16.png", "greyalpha.png", "palette-trns.png", "progressive.jpg", "rgb.ppm",
+                                  "rgb8-interlaced.png", "rgb8.png", "rgba8.png", "sub444.jpg"};
+    for (size_t i = 0; i < sizeof names / sizeof names[0]; i++) {
+        char path[1024], ref[1024];
+        snprintf(path, sizeof path, "%s/tests/fuzz/seeds-image/%s", tu_root(), names[i]);
+        snprintf(ref, sizeof ref, "%s/tests/reference/image-decode/%s.rgb", tu_root(), names[i]);
+        jlm_image img;
+        decode_file(path, &img);
+        size_t n = 0;
+        uint8_t *want = tu_read_file(ref, &n);
+        cr_assert(want && img.w == 16 && img.h == 12 && n == 16 * 12 * 3, "%s", names[i]);
+        cr_assert_eq(memcmp(img.rgb, want, n), 0, "%s differs from Pillow's decode", names[i]);
+        free(want);
+        jlm_image_free(&img);
+    }
+}
+
 /* ================================================================ bad images */
-/* Found by fuzz_image: a truncated zlib stream stb follows into gigabytes of
- * zeros (the PNG bomb), and a chunk name with raw bytes in stb's message. */
+/* Found by fuzz_image when the decoder was stb: a truncated zlib stream stb
+ * followed into gigabytes of zeros (the PNG bomb), and a chunk name with raw
+ * bytes in stb's message. Kept: any decoder must refuse them. */
 static const uint8_t png_bomb[] = {0x89, 0x50, 0x4e, 0x47, 0x0d, 0x0a, 0x1a, 0x0a, 0x00, 0x00, 0x00, 0x0d, 0x49, 0x48, 0x44, 0x52, 0x00, 0x00, 0x00, 0x08, 0x00, 0x00, 0x00, 0x06, 0x08, 0x00, 0x00, 0x00, 0x00, 0xdb, 0x6e, 0x80, 0x27, 0x00, 0x00, 0x00, 0x1f, 0x49, 0x44, 0x41, 0x54, 0x78, 0x5e, 0x89, 0x50, 0x4e, 0x30, 0x03, 0x24, 0x0a, 0x62, 0x80, 0x65, 0x01, 0xb7, 0xfa, 0x06, 0xf9, 0x93, 0x26, 0x42, 0x95, 0x00, 0x00, 0x00, 0x00, 0x49, 0x45, 0x4e, 0x44, 0xae, 0x42, 0x60, 0x82, 0x24, 0x0a, 0x62, 0x00, 0x00, 0x1f, 0x49, 0x44, 0x41, 0x54, 0x78, 0x5e, 0x63, 0x64, 0x50, 0x85, 0x00, 0x46, 0x0d, 0x28, 0x83, 0x05, 0xc2, 0xd0, 0x50, 0x85, 0x30, 0x80, 0x3c, 0x30, 0x03, 0x24, 0x0a, 0x62, 0x80, 0x65, 0x01, 0xb7, 0xfa, 0x06, 0xf9, 0x93, 0x26, 0x42, 0x95, 0x00, 0x00, 0x00, 0x00, 0x49, 0x45, 0x4e, 0x44, 0xae, 0x42, 0x60, 0x82, 0x24, 0x0a, 0x62, 0x80, 0x65, 0x01, 0xb7, 0xfa, 0x06, 0xf9, 0x93, 0x26, 0x42, 0x95, 0x00, 0x00, 0x00, 0x00, 0x49, 0x45, 0x4e, 0x44, 0xae, 0x42, 0x60, 0x82};
 static const uint8_t png_odd_chunk[] = {0x89, 0x50, 0x4e, 0x47, 0x0d, 0x0a, 0x1a, 0x0a, 0x00, 0x00, 0x00, 0x0d, 0x49, 0x48, 0x44, 0x52, 0x00, 0x00, 0x00, 0x08, 0x00, 0x00, 0x00, 0x06, 0x08, 0x00, 0x00, 0x00, 0x00, 0xdb, 0x6e, 0x80, 0x27, 0x00, 0x00, 0x00, 0x1f, 0x03, 0x24, 0x0a, 0x62, 0x80, 0x65, 0x01, 0xb7, 0xfa, 0x06, 0xf9, 0x93, 0x26, 0x42, 0x95, 0x00, 0x00, 0x00, 0x00, 0x49, 0x45, 0x4e, 0x44, 0xae, 0x42, 0x60, 0x82};
 

@@ -1,9 +1,9 @@
 /* fuzz_image.c - libFuzzer target for the image loader (engine/image.c:
- * libstb behind our header, size and truncation checks) and the gemma3
+ * libpng, libjpeg-turbo and our PPM reader behind the size checks) and the gemma3
  * preprocessing that follows it.
  *
  *   make fuzz && mkdir -p /tmp/corpus-img && \
- *   build-fuzz/fuzz_image -max_total_time=60 /tmp/corpus-img tests/models/images
+ *   build-fuzz/fuzz_image -max_total_time=60 /tmp/corpus-img tests/fuzz/seeds-image
  *
  * Every input must be either refused with a one-line message (and *out
  * untouched) or decoded to w*h RGB pixels within the pixel cap, which the
