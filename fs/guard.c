@@ -26,9 +26,11 @@ static char *marker(const jlmfs_view *v, const char *ext)
     return asprintf(&p, "%s.%s", v->cache_path, ext) < 0 ? NULL : p;
 }
 
-/* Whole small file as text (NUL-terminated, at most n-1 bytes); 0 if absent. */
+/* Whole small file as text (NUL-terminated, at most n-1 bytes); 0 and ""
+ * if absent. */
 static int read_small(const char *path, char *buf, size_t n)
 {
+    buf[0] = 0;   /* an absent record reads as "": the caller's atoi gives 0 */
     int fd = path ? open(path, O_RDONLY | O_CLOEXEC | O_NOFOLLOW) : -1;
     if (fd < 0)
         return 0;

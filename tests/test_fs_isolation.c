@@ -8,6 +8,7 @@
 #include "tests/testutil.h"
 #include "tests/craft.h"
 #include "tests/mntutil.h"
+#include "fs/jlmfs_int.h"
 
 #include <dirent.h>
 #include <sys/mount.h>
@@ -168,7 +169,12 @@ static void kill_mid_conversion(void)
     mnt_start(400, 1);
     double t0 = now_s();
     while (count_suffix(M.cache, ".part") == 0) {
-        cr_assert(now_s() - t0 < 30, "no conversion started in 30 s");
+        if (now_s() - t0 >= 30) {
+            char cmd[3 * 1100], *o = NULL;
+            snprintf(cmd, sizeof cmd, "ls -la %s; cat %s/m.jlm/status; tail -20 %s", M.cache, M.mnt, M.log);
+            tu_run(cmd, &o);
+            cr_assert_fail("no conversion started in 30 s:\n%s", o ? o : "");
+        }
         sleep_ms(10);
     }
     kill(M.pid, SIGKILL);
@@ -331,4 +337,42 @@ Test(fs_isolation, an_open_view_outlives_the_unlink_of_its_gguf, .init = init, .
     close(fd);
     free(want);
     free(got);
+}
+
+/* ---------------------------------------------------------------- the guard's counter */
+/* Fills the stack below the caller with '9' (what the next call's locals
+ * will find if it reads one uninitialised). */
+static __attribute__((noinline)) void dirty_stack(void)
+{
+    volatile char junk[8192];
+    for (size_t i = 0; i < sizeof junk; i++)
+        junk[i] = '9';
+}
+
+/* A first attempt on a source with no record writes "1". The counter once
+ * started from an uninitialised buffer when the .busy file was absent: a
+ * loaded run of a_source_two_daemons_died_on_... read "stopped 10 times"
+ * (atoi of stack bytes) and refused a source no daemon had died on (1 run in
+ * ~25 under load). The dirtied stack here is a best effort: at this build's
+ * frame layout it did not land on the buffer, so this checks the count, and
+ * the loaded loop (3 busy loops beside the test, 100 rounds) checks the fix. */
+Test(fs_isolation, a_first_attempt_counts_one_whatever_the_stack_held, .init = init, .fini = mnt_fini)
+{
+    jlmfs_view v;
+    memset(&v, 0, sizeof v);
+    v.rel = "m.gguf";
+    v.cache_path = strdup(pathf("%s/m.v27.jlm", M.cache));   /* pathf's buffers rotate */
+    mkdir(M.cache, 0755);
+    char msg[512];
+    for (int round = 0; round < 3; round++) {
+        dirty_stack();
+        cr_assert_eq(jlmfs_guard_enter(&v, msg, sizeof msg), 0, "round %d: refused: %s", round, msg);
+        size_t n = 0;
+        char *b = (char *)tu_read_file(pathf("%s/m.v27.jlm.busy", M.cache), &n);
+        cr_assert(b && n == 2 && !memcmp(b, "1\n", 2), "round %d: the first attempt wrote '%.*s'", round, (int)n,
+                  b ? b : "");
+        free(b);
+        jlmfs_guard_leave(&v, 0, "");   /* a clean end: the record goes */
+    }
+    free(v.cache_path);
 }
