@@ -49,7 +49,7 @@ static int size_ok(const char *what, uint64_t w, uint64_t h, jlm_err *err)
     if (w == 0 || h == 0)
         return jlm_errf(err, JLM_EFORMAT, "%s: image of size %llux%llu", what, (unsigned long long)w,
                         (unsigned long long)h);
-    if (w > JLM_IMAGE_MAX_PIXELS || h > JLM_IMAGE_MAX_PIXELS || w * h > JLM_IMAGE_MAX_PIXELS)
+    if (w * h > JLM_IMAGE_MAX_PIXELS)   /* w, h < 2^32 (every header's field): no overflow */
         return jlm_errf(err, JLM_EFORMAT, "%s: image of %llux%llu pixels, the limit is %u pixels", what,
                         (unsigned long long)w, (unsigned long long)h, JLM_IMAGE_MAX_PIXELS);
     return JLM_OK;
