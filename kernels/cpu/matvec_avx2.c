@@ -19,6 +19,7 @@
  * its f32 operations in its order, without FMA (MULADD), so the results are
  * bit-identical to it (docs/kernels.md); float types sum in another order. */
 #include "kernels/cpu/kernels.h"
+#include "kernels/cpu/prefetch.h"
 
 #include <immintrin.h>
 #define MULADD(a, b, c) _mm256_add_ps(_mm256_mul_ps((a), (b)), (c))   /* no FMA: the same roundings as the reference */
@@ -109,6 +110,8 @@ ALWAYS_INLINE void q4_0_core(const jlm_k_mat *m, const jlm_act_q8 *xq, int nt, f
         const uint32_t *col = qs + s * 4 * rows;
         for (uint64_t r = r0; r < nv; r += 8) {
             __m256i dot[MAXT];
+            if ((r & 8) == 0)
+                pf_flat(col, 4, rows, d16, dcol, 2, s, r, r0, nv);
             dot_nib(col, rows, r, nt, tk, dot);
             __m256 d = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(d16 + s * dcol + r)));
             for (int t = 0; t < nt; t++) {
@@ -201,6 +204,12 @@ ALWAYS_INLINE void sub32_core(const jlm_k_mat *m, const jlm_act_q8 *xq, int nt, 
         const uint32_t *col = qs + s * W * rows;
         for (uint64_t r = r0; r < nv; r += 8) {
             __m256i dot[MAXT];
+            if ((r & 8) == 0) {
+                if (type == JLM_T_Q5_1)
+                    pf_flat(col, (unsigned)W, rows, dp, rows, 4, s, r, r0, nv);
+                else
+                    pf_flat(col, (unsigned)W, rows, d8, dcol, type == JLM_T_Q5_0 ? 2 : 1, s, r, r0, nv);
+            }
             if (type == JLM_T_MXFP4)
                 dot_mx(col, rows, r, nt, tk, dot);
             else
@@ -265,6 +274,8 @@ ALWAYS_INLINE void k32_core(const jlm_k_mat *m, const jlm_act_q8 *xq, int nt, fl
         const uint32_t *scb = scp + sb * 3 * rows;
         for (uint64_t r = r0; r < nv; r += 8) {
             __m256 d, dmin, sc[KP], mn[KP];
+            if ((r & 8) == 0)
+                pf_k32(qs, dp, scp, rows, W, KP, s0, r, r0, nv);
             half_pair(ld(dp + sb * rows + r), &d, &dmin);
             /* sc*dot < 2^24 and m*suma < 2^24: the f32 products are exact, so
              * they equal the reference's (float)(sc*dot) and (float)(m*suma) */
@@ -327,6 +338,8 @@ ALWAYS_INLINE void q3_k_core(const jlm_k_mat *m, const jlm_act_q8 *xq, int nt, f
             __m256i is[MAXT];
             for (int t = 0; t < nt; t++)
                 is[t] = _mm256_setzero_si256();
+            if ((r & 8) == 0)
+                pf_k16(qs, dp, scp, rows, 2, b, r, r0, nv);
             __m256i scv = ld(scw + r);
             for (int h = 0; h < 2; h++) {
                 const uint32_t *col = qs + (2 * b + h) * 2 * rows + r;
@@ -376,6 +389,8 @@ ALWAYS_INLINE void q8_0_core(const jlm_k_mat *m, const jlm_act_q8 *xq, int nt, f
         const uint32_t *col = qs + s * 8 * rows;
         for (uint64_t r = r0; r < nv; r += 8) {
             __m256i acc[MAXT];
+            if ((r & 8) == 0)
+                pf_flat(col, 8, rows, d16, dcol, 2, s, r, r0, nv);
             for (int t = 0; t < nt; t++)
                 acc[t] = _mm256_setzero_si256();
             for (int w = 0; w < 8; w++) {
@@ -417,6 +432,8 @@ ALWAYS_INLINE void q6_k_core(const jlm_k_mat *m, const jlm_act_q8 *xq, int nt, f
             __m256i is[MAXT];
             for (int t = 0; t < nt; t++)
                 is[t] = _mm256_setzero_si256();
+            if ((r & 8) == 0)
+                pf_k16(qs, dp, scp, rows, 3, b, r, r0, nv);
             __m256i scv = ld(scw + r);
             for (int h = 0; h < 2; h++) {
                 const uint32_t *col = qs + (2 * b + h) * 3 * rows + r;
