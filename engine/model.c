@@ -174,6 +174,58 @@ static void mm_slice(void *ctx, size_t b, size_t en, int tid)
         j->mm(j->m, j->n, j->x, j->xq, j->y, b, en);
 }
 
+/* Work of a batch that is per token and independent across tokens (the
+ * activations' int8 rows, norms, bias + RoPE + the cache row, residual adds):
+ * split over the pool's threads for ROWS_PAR tokens or more, on the calling
+ * thread below that (a prefill batch; decode and small batches stay serial).
+ * Each row is computed exactly as alone, so no result depends on the split.
+ * Serial, these were ~12% of a 2-thread pp128 token (jlm bench --profile). */
+enum { ROWS_PAR = 8 };
+typedef void (*row_fn)(jlm_engine *e, void *ctx, uint32_t t);
+typedef struct rows_job { jlm_engine *e; row_fn fn; void *ctx; } rows_job;
+
+static void rows_slice(void *ctx, size_t t0, size_t t1, int tid)
+{
+    rows_job *j = ctx;
+    for (size_t t = t0; t < t1; t++)
+        j->fn(j->e, j->ctx, (uint32_t)t);
+}
+
+static void for_rows(jlm_engine *e, uint32_t n, row_fn fn, void *ctx)
+{
+    rows_job j = {e, fn, ctx};
+    jlm_pool_for(n >= ROWS_PAR ? e->pool : NULL, n, 1, rows_slice, &j);
+}
+
+typedef struct quant_job { const float *x; uint64_t k; } quant_job;
+static void quant_row(jlm_engine *e, void *ctx, uint32_t t)
+{
+    quant_job *q = ctx;
+    e->xq[t].k = q->k;
+    e->k->quantize_act(q->x + t * q->k, &e->xq[t]);
+}
+
+/* e->xq[t] = the int8 rows of x (n, k) */
+static void quant_rows(jlm_engine *e, const float *x, uint64_t k, uint32_t n)
+{
+    quant_job q = {x, k};
+    for_rows(e, n, quant_row, &q);
+}
+
+/* h[t] = rmsnorm(x[t]) * w, rows of E floats */
+typedef struct norm_job { float *h; const float *x, *w; uint32_t E; float eps; } norm_job;
+static void norm_row(jlm_engine *e, void *ctx, uint32_t t)
+{
+    norm_job *j = ctx;
+    jlm_k_rmsnorm(j->h + (uint64_t)t * j->E, j->x + (uint64_t)t * j->E, j->w, j->E, j->eps);
+}
+
+static void norm_rows(jlm_engine *e, float *h, const float *x, const float *w, uint32_t E, uint32_t n)
+{
+    norm_job j = {h, x, w, E, e->c->rms_eps};
+    for_rows(e, n, norm_row, &j);
+}
+
 /* Y (n, rows) = X (n, k) W^T, rows split across the pool. Quantized weights
  * use int8 activations (7.7), one quantized row per token. Hot path: every
  * weight of every token goes through here. shared: x was quantized by the
@@ -184,12 +236,8 @@ static void matmul_x_run(jlm_engine *e, const jlm_k_mat *m, uint32_t n, const fl
 {
     mm_job j = {e->k->matvec[m->type], e->k->matmul[m->type], m, n, x, NULL, y};
     if (!jlm_fmt_type_traits(m->type)->is_float) {
-        if (!(shared && e->xq_of == x && e->xq[0].k == m->k)) {
-            for (uint32_t t = 0; t < n; t++) {
-                e->xq[t].k = m->k;
-                e->k->quantize_act(x + (uint64_t)t * m->k, &e->xq[t]);
-            }
-        }
+        if (!(shared && e->xq_of == x && e->xq[0].k == m->k))
+            quant_rows(e, x, m->k, n);
         e->xq_of = x;
         j.xq = e->xq;
     }
@@ -289,10 +337,7 @@ static void matmul_multi(jlm_engine *e, const jlm_k_mat *const *ms, float *const
         quant |= !jlm_fmt_type_traits(ms[i]->type)->is_float;
     }
     if (quant) {
-        for (uint32_t t = 0; t < n; t++) {
-            e->xq[t].k = ms[0]->k;
-            e->k->quantize_act(x + (uint64_t)t * ms[0]->k, &e->xq[t]);
-        }
+        quant_rows(e, x, ms[0]->k, n);
         e->xq_of = x;
         for (int i = 0; i < nm; i++)
             if (!jlm_fmt_type_traits(ms[i]->type)->is_float)
@@ -322,10 +367,7 @@ static void gate_up_act(jlm_engine *e, const jlm_k_mat *wg, const jlm_k_mat *wu,
     gu_job j = {{e->k->matvec[wg->type], e->k->matmul[wg->type], wg, n, x, NULL, e->g},
                 {e->k->matvec[wu->type], e->k->matmul[wu->type], wu, n, x, NULL, e->u}, e->c};
     if (!jlm_fmt_type_traits(wg->type)->is_float || !jlm_fmt_type_traits(wu->type)->is_float) {
-        for (uint32_t t = 0; t < n; t++) {
-            e->xq[t].k = wg->k;
-            e->k->quantize_act(x + (uint64_t)t * wg->k, &e->xq[t]);
-        }
+        quant_rows(e, x, wg->k, n);
         e->xq_of = x;
         j.g.xq = jlm_fmt_type_traits(wg->type)->is_float ? NULL : e->xq;
         j.u.xq = jlm_fmt_type_traits(wu->type)->is_float ? NULL : e->xq;
@@ -897,14 +939,53 @@ static void store_kv(const jlm_engine *e, uint8_t *dst, const float *x, uint32_t
         d[i] = jlm_k_f32_to_fp16(x[i]);
 }
 
+/* One token's k and v (bias, norm, RoPE) into the cache; its q (bias, norm,
+ * RoPE); its attention output or FFN output into the residual (optional
+ * bias and post-norm). Rows of for_rows. */
+typedef struct rope_job { uint32_t l; jlm_k_rope rp; const float *b, *pn; } rope_job;
+
+static void kv_row(jlm_engine *e, void *ctx, uint32_t t)
+{
+    const rope_job *j = ctx;
+    const jlm_config *c = e->c;
+    float *k = e->kk + t * e->kv_dim, *v = e->vv + t * e->kv_dim_v;
+    add_bias(k, vec_dense(e, W(e, j->l, JLM_R_ATTN_K_B)), e->kv_dim);
+    add_bias(v, vec_dense(e, W(e, j->l, JLM_R_ATTN_V_B)), e->kv_dim_v);
+    qk_norm(e, j->l, NULL, k);
+    if (!(c->flags & JLM_F_NO_POS_ENC))
+        jlm_k_rope_apply(&j->rp, k, c->n_kv_head, e->hd, e->bpos[t]);
+    uint64_t at = (uint64_t)j->l * e->n_ctx + e->bpos[t];
+    store_kv(e, (uint8_t *)e->bkc[t] + at * e->kv_dim * e->kv_es, k, e->kv_dim);
+    store_kv(e, (uint8_t *)e->bvc[t] + at * e->kv_dim_v * e->kv_es, v, e->kv_dim_v);
+}
+
+static void q_row(jlm_engine *e, void *ctx, uint32_t t)
+{
+    const rope_job *j = ctx;
+    float *q = e->q + t * e->q_dim;
+    add_bias(q, vec_dense(e, W(e, j->l, JLM_R_ATTN_Q_B)), e->q_dim);
+    qk_norm(e, j->l, q, NULL);
+    if (!(e->c->flags & JLM_F_NO_POS_ENC))
+        jlm_k_rope_apply(&j->rp, q, e->c->n_head, e->hd, e->bpos[t]);
+}
+
+static void residual_row(jlm_engine *e, void *ctx, uint32_t t)
+{
+    const rope_job *j = ctx;
+    uint32_t E = e->c->n_embd;
+    float *o = e->o + t * E;
+    add_bias(o, j->b, E);
+    if (j->pn) jlm_k_rmsnorm(o, o, j->pn, E, e->c->rms_eps);
+    jlm_k_add(e->x + t * E, e->x + t * E, o, E);
+}
+
 /* Keys and values of tokens t < n (rows of x) of layer l into their caches
  * bkc/bvc[t] at positions bpos[t]; page = block l's frame. */
 static void attn_kv(jlm_engine *e, uint32_t l, const uint8_t *page, uint64_t page_off, uint32_t n)
 {
     const jlm_config *c = e->c;
     uint32_t E = c->n_embd;
-    for (uint32_t t = 0; t < n; t++)
-        jlm_k_rmsnorm(e->h + t * E, e->x + t * E, vec_dense(e, W(e, l, JLM_R_ATTN_NORM)), E, c->rms_eps);
+    norm_rows(e, e->h, e->x, vec_dense(e, W(e, l, JLM_R_ATTN_NORM)), E, n);
     jlm_k_mat wk = mat_at(W(e, l, JLM_R_ATTN_K), page, page_off, 0);
     jlm_k_mat wv = mat_at(W(e, l, JLM_R_ATTN_V), page, page_off, 0);
     const jlm_tensor *tq = W(e, l, JLM_R_ATTN_Q);
@@ -920,19 +1001,9 @@ static void attn_kv(jlm_engine *e, uint32_t l, const uint8_t *page, uint64_t pag
         matmul(e, &wk, n, e->h, e->kk);
         matmul_x(e, &wv, n, e->h, e->vv, 1);   /* the same quantized rows */
     }
-    jlm_k_rope rp;
-    rope_params(e, l, &rp);
-    for (uint32_t t = 0; t < n; t++) {
-        float *k = e->kk + t * e->kv_dim, *v = e->vv + t * e->kv_dim_v;
-        add_bias(k, vec_dense(e, W(e, l, JLM_R_ATTN_K_B)), e->kv_dim);
-        add_bias(v, vec_dense(e, W(e, l, JLM_R_ATTN_V_B)), e->kv_dim_v);
-        qk_norm(e, l, NULL, k);
-        if (!(c->flags & JLM_F_NO_POS_ENC))
-            jlm_k_rope_apply(&rp, k, c->n_kv_head, e->hd, e->bpos[t]);
-        uint64_t at = (uint64_t)l * e->n_ctx + e->bpos[t];
-        store_kv(e, (uint8_t *)e->bkc[t] + at * e->kv_dim * e->kv_es, k, e->kv_dim);
-        store_kv(e, (uint8_t *)e->bvc[t] + at * e->kv_dim_v * e->kv_es, v, e->kv_dim_v);
-    }
+    rope_job rj = {.l = l};
+    rope_params(e, l, &rj.rp);
+    for_rows(e, n, kv_row, &rj);
 }
 
 /* x[t] += attention(norm(x[t])) for tokens t < n at positions bpos[t] of
@@ -945,22 +1016,15 @@ static void attn_out(jlm_engine *e, uint32_t l, const uint8_t *page, uint64_t pa
     int ready = e->q_ready_x == e->x && e->q_ready_l == l;
     e->q_ready_x = NULL;
     if (!ready) {
-        for (uint32_t t = 0; t < n; t++)
-            jlm_k_rmsnorm(e->h + t * E, e->x + t * E, vec_dense(e, W(e, l, JLM_R_ATTN_NORM)), E, c->rms_eps);
+        norm_rows(e, e->h, e->x, vec_dense(e, W(e, l, JLM_R_ATTN_NORM)), E, n);
         jlm_k_mat wq = mat_at(W(e, l, JLM_R_ATTN_Q), page, page_off, 0);
         matmul(e, &wq, n, e->h, e->q);
     }
-    jlm_k_rope rp;
-    rope_params(e, l, &rp);
-    for (uint32_t t = 0; t < n; t++) {
-        float *q = e->q + t * e->q_dim;
-        add_bias(q, vec_dense(e, W(e, l, JLM_R_ATTN_Q_B)), e->q_dim);
-        qk_norm(e, l, q, NULL);
-        if (!(c->flags & JLM_F_NO_POS_ENC))
-            jlm_k_rope_apply(&rp, q, c->n_head, e->hd, e->bpos[t]);
-        if (e->attn_token)
-            attend(e, l, t, q, e->att + t * A);
-    }
+    rope_job rj = {.l = l};
+    rope_params(e, l, &rj.rp);
+    for_rows(e, n, q_row, &rj);
+    for (uint32_t t = 0; e->attn_token && t < n; t++)
+        attend(e, l, t, e->q + t * e->q_dim, e->att + t * A);
     /* runs of rows of one sequence at consecutive positions: one batched
      * attention each (a prefill batch is one run, a serve batch n runs of 1) */
     for (uint32_t t = 0, t1; !e->attn_token && t < n; t = t1) {
@@ -971,14 +1035,9 @@ static void attn_out(jlm_engine *e, uint32_t l, const uint8_t *page, uint64_t pa
     }
     jlm_k_mat wo = mat_at(W(e, l, JLM_R_ATTN_OUT), page, page_off, 0);
     matmul(e, &wo, n, e->att, e->o);
-    const float *bo = vec_dense(e, W(e, l, JLM_R_ATTN_OUT_B));
-    const float *pn = c->arch == JLM_ARCH_GEMMA3 ? vec_dense(e, W(e, l, JLM_R_POST_ATTN_NORM)) : NULL;
-    for (uint32_t t = 0; t < n; t++) {
-        float *o = e->o + t * E;
-        add_bias(o, bo, E);
-        if (pn) jlm_k_rmsnorm(o, o, pn, E, c->rms_eps);
-        jlm_k_add(e->x + t * E, e->x + t * E, o, E);
-    }
+    rope_job res = {.l = l, .b = vec_dense(e, W(e, l, JLM_R_ATTN_OUT_B)),
+                    .pn = c->arch == JLM_ARCH_GEMMA3 ? vec_dense(e, W(e, l, JLM_R_POST_ATTN_NORM)) : NULL};
+    for_rows(e, n, residual_row, &res);
 }
 
 /* ================================================================ feed-forward */
@@ -1007,8 +1066,7 @@ static void ffn_dense(jlm_engine *e, uint32_t l, const uint8_t *page, uint64_t p
 {
     const jlm_config *c = e->c;
     uint32_t E = c->n_embd;
-    for (uint32_t t = 0; t < n; t++)
-        jlm_k_rmsnorm(e->h + t * E, e->x + t * E, ffn_norm_w(e, l), E, c->rms_eps);
+    norm_rows(e, e->h, e->x, ffn_norm_w(e, l), E, n);
     jlm_k_mat wg = mat_at(W(e, l, JLM_R_FFN_GATE), page, page_off, 0);
     jlm_k_mat wu = mat_at(W(e, l, JLM_R_FFN_UP), page, page_off, 0);
     jlm_k_mat wd = mat_at(W(e, l, JLM_R_FFN_DOWN), page, page_off, 0);
@@ -1022,11 +1080,8 @@ static void ffn_dense(jlm_engine *e, uint32_t l, const uint8_t *page, uint64_t p
             activate(c, e->g + t * F, e->u + t * F, F);
     }
     matmul(e, &wd, n, e->g, e->o);
-    const float *pn = c->arch == JLM_ARCH_GEMMA3 ? vec_dense(e, W(e, l, JLM_R_POST_FFW_NORM)) : NULL;
-    for (uint32_t t = 0; t < n; t++) {
-        if (pn) jlm_k_rmsnorm(e->o + t * E, e->o + t * E, pn, E, c->rms_eps);
-        jlm_k_add(e->x + t * E, e->x + t * E, e->o + t * E, E);
-    }
+    rope_job res = {.l = l, .pn = c->arch == JLM_ARCH_GEMMA3 ? vec_dense(e, W(e, l, JLM_R_POST_FFW_NORM)) : NULL};
+    for_rows(e, n, residual_row, &res);
 }
 
 /* Top-k routing of one token (normed input h) as llama.cpp does it per
