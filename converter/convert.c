@@ -291,8 +291,35 @@ static int quantize_rows(const jlm_conv_src *s, const uint8_t *src, uint64_t k, 
     return rc;
 }
 
+/* A buffer kept across calls (grown, never shrunk): a fresh malloc of tens
+ * of MB per tensor is an mmap whose every page faults on first touch (15-20%
+ * of a conversion's CPU time in a VM, perf). */
+typedef struct scratch { uint8_t *p; uint64_t cap; } scratch;
+
+static uint8_t *scratch_get(scratch *b, uint64_t n)
+{
+    if (n > b->cap) {
+        free(b->p);
+        b->p = malloc(n);
+        b->cap = b->p ? n : 0;
+    }
+    return b->p;
+}
+
+static int pack_tensor(jlm_conv *c, uint32_t i, int64_t expert, uint8_t *buf, uint64_t base, uint64_t len,
+                       scratch *sb, jlm_err *err);
+
 int jlm_conv_pack_tensor(jlm_conv *c, uint32_t i, int64_t expert, uint8_t *buf,
                          uint64_t base, uint64_t len, jlm_err *err)
+{
+    scratch sb = {0};
+    int rc = pack_tensor(c, i, expert, buf, base, len, &sb, err);
+    free(sb.p);
+    return rc;
+}
+
+static int pack_tensor(jlm_conv *c, uint32_t i, int64_t expert, uint8_t *buf, uint64_t base, uint64_t len,
+                       scratch *sb, jlm_err *err)
 {
     const jlm_tensor *t = &c->tensors[i];
     const jlm_conv_src *s = &c->src[i];
@@ -312,7 +339,7 @@ int jlm_conv_pack_tensor(jlm_conv *c, uint32_t i, int64_t expert, uint8_t *buf,
     uint64_t qo = t->qs_off + shift, dof = t->d_off + shift, so = t->sc_off + shift;
     if (qo < base || qo + pl.qs_len > base + len || dof + pl.d_len > base + len || so + pl.sc_len > base + len)
         return jlm_errf(err, JLM_EINVAL, "tensor '%s': planes outside the buffer", t->name.s);
-    uint8_t *src = malloc(rb * rows + 1), *q = NULL;
+    uint8_t *src = scratch_get(sb, rb * rows + 1), *q = NULL;
     if (!src)
         return jlm_errf(err, JLM_ENOMEM, "%s: out of memory packing '%s'", c->src_path, t->name.s);
     for (uint64_t sh = 0; sh < sheets && !rc; sh++) {
@@ -326,7 +353,6 @@ int jlm_conv_pack_tensor(jlm_conv *c, uint32_t i, int64_t expert, uint8_t *buf,
                                  buf + (dof - base) + sh * pl.sheet_d, buf + (so - base) + sh * pl.sheet_sc,
                                  t->name.s, err);
     }
-    free(src);
     free(q);
     if (rc)
         return jlm_err_prefix(err, rc, "%s", c->src_path);
@@ -351,6 +377,7 @@ static void tensor_span(const jlm_conv *c, uint32_t i, uint64_t *off, uint64_t *
 static int verify(jlm_conv *c, const char *part, jlm_err *err)
 {
     jlm_model *m;
+    scratch vb = {0};
     int rc = jlm_fmt_open(part, &m, err);
     if (rc)
         return jlm_err_prefix(err, rc, "read-back");
@@ -367,7 +394,7 @@ static int verify(jlm_conv *c, const char *part, jlm_err *err)
         tensor_span(c, i, &off, &len);
         int bank = jlm_fmt_role_is_bank(t->role);
         uint64_t nsheet = bank ? t->dims[2] : jlm_tensor_sheets(t);
-        uint8_t *buf = malloc(len);
+        uint8_t *buf = scratch_get(&vb, len);
         float *a = malloc(k * sizeof *a), *b = malloc(k * sizeof *b);
         uint8_t *srow = malloc(src_row_bytes(s->src_type, k)), *qrow = NULL;
         if (!buf || !a || !b || !srow)
@@ -401,8 +428,9 @@ static int verify(jlm_conv *c, const char *part, jlm_err *err)
                                   part, t->name.s, (unsigned long long)rr[ri]);
             }
         }
-        free(buf); free(a); free(b); free(srow); free(qrow);
+        free(a); free(b); free(srow); free(qrow);
     }
+    free(vb.p);
     jlm_fmt_close(m);
     return rc;
 }
@@ -470,12 +498,18 @@ int jlm_conv_read_span(jlm_conv *c, uint64_t off, size_t len, uint8_t *out, jlm_
  * columns); jlm_conv_pack_tensor holds a source copy of the same size. */
 #define PACK_BUDGET (512ull << 20)
 #define PACK_MAX_WORKERS 64
+/* Written buffers are recycled (the smallest one that fits), up to SPARES of
+ * them and SPARE_BUDGET bytes; memory in use stays under PACK_BUDGET +
+ * SPARE_BUDGET, and a large file's jobs fault their pages in only once. */
+#define SPARES 16
+#define SPARE_BUDGET (256ull << 20)
 
 typedef struct pack_job {
     uint32_t i;          /* tensor */
     int64_t  x;          /* expert sheet of a bank, else 0 */
     uint64_t off, len;   /* the span written */
     uint8_t *buf;        /* packed, waiting for the writer; NULL otherwise */
+    uint64_t cap;        /* buf's size (>= len: a recycled buffer) */
 } pack_job;
 
 typedef struct pack_run {
@@ -488,14 +522,48 @@ typedef struct pack_run {
     uint32_t       *ready;     /* (n_jobs,) FIFO of packed jobs: [head, tail) */
     uint32_t        head, tail;
     uint64_t        in_flight; /* bytes claimed and not yet written */
+    uint8_t        *spare[SPARES];   /* written buffers kept for reuse (zeroed again before it) */
+    uint64_t        spare_cap[SPARES], spare_bytes;
+    uint32_t        n_spare;
     int             stop;      /* set on the first error: claim nothing more */
     int             rc;        /* the first worker error, with its message */
     jlm_err         err;
 } pack_run;
 
+/* Under mu: the smallest spare of at least n bytes, taken off the list. */
+static uint8_t *take_spare(pack_run *p, uint64_t n, uint64_t *cap)
+{
+    uint32_t best = p->n_spare;
+    for (uint32_t i = 0; i < p->n_spare; i++)
+        if (p->spare_cap[i] >= n && (best == p->n_spare || p->spare_cap[i] < p->spare_cap[best]))
+            best = i;
+    if (best == p->n_spare)
+        return NULL;
+    uint8_t *b = p->spare[best];
+    *cap = p->spare_cap[best];
+    p->spare_bytes -= p->spare_cap[best];
+    p->n_spare--;
+    p->spare[best] = p->spare[p->n_spare];
+    p->spare_cap[best] = p->spare_cap[p->n_spare];
+    return b;
+}
+
+/* Under mu: a written buffer of cap bytes back to the list, or freed. */
+static void give_spare(pack_run *p, uint8_t *b, uint64_t cap)
+{
+    if (p->n_spare < SPARES && p->spare_bytes + cap <= SPARE_BUDGET) {
+        p->spare[p->n_spare] = b;
+        p->spare_cap[p->n_spare++] = cap;
+        p->spare_bytes += cap;
+    } else {
+        free(b);
+    }
+}
+
 static void *pack_worker(void *arg)
 {
     pack_run *p = arg;
+    scratch sb = {0};   /* this worker's source rows, kept across its jobs */
     pthread_mutex_lock(&p->mu);
     while (!p->stop && p->next < p->n_jobs) {
         pack_job *j = &p->jobs[p->next];
@@ -505,15 +573,21 @@ static void *pack_worker(void *arg)
         }
         p->next++;
         p->in_flight += j->len;
+        uint64_t buf_cap = j->len ? j->len : 1;
+        uint8_t *buf = take_spare(p, j->len, &buf_cap);
         pthread_mutex_unlock(&p->mu);
         jlm_err err = {0};
-        uint8_t *buf = calloc(1, j->len ? j->len : 1);
-        int rc = buf ? jlm_conv_pack_tensor(p->c, j->i, j->x, buf, j->off, j->len, &err)
+        if (buf)
+            memset(buf, 0, j->len);
+        else
+            buf = calloc(1, buf_cap);
+        int rc = buf ? pack_tensor(p->c, j->i, j->x, buf, j->off, j->len, &sb, &err)
                      : jlm_errf(&err, JLM_ENOMEM, "%s: out of memory (%llu bytes for '%s')", p->c->src_path,
                                 (unsigned long long)j->len, p->c->tensors[j->i].name.s);
         pthread_mutex_lock(&p->mu);
         if (rc) {
             free(buf);
+            buf = NULL;
             p->in_flight -= j->len;
             if (!p->rc) {
                 p->rc = rc;
@@ -522,11 +596,13 @@ static void *pack_worker(void *arg)
             p->stop = 1;
         } else {
             j->buf = buf;
+            j->cap = buf_cap;
             p->ready[p->tail++] = (uint32_t)(j - p->jobs);
         }
         pthread_cond_broadcast(&p->cv);
     }
     pthread_mutex_unlock(&p->mu);
+    free(sb.p);
     return NULL;
 }
 
@@ -577,13 +653,13 @@ static int write_ready(pack_run *p, jlm_writer *w, uint64_t total, jlm_conv_prog
         pack_job *j = &p->jobs[p->ready[p->head++]];
         pthread_mutex_unlock(&p->mu);
         rc = jlm_fmt_writer_pwrite(w, j->buf, j->len, j->off, err);
-        free(j->buf);
-        j->buf = NULL;
         done += j->len;
         written++;
         if (!rc && cb)
             cb(cb_ctx, done, total);
         pthread_mutex_lock(&p->mu);
+        give_spare(p, j->buf, j->cap);
+        j->buf = NULL;
         p->in_flight -= j->len;
         if (rc)
             p->stop = 1;
@@ -623,6 +699,8 @@ static int pack_and_write(jlm_conv *c, jlm_writer *w, jlm_conv_progress cb, void
         pthread_join(th[t], NULL);
     for (uint32_t q = p.head; q < p.tail; q++)   /* packed, never written (after an error) */
         free(p.jobs[p.ready[q]].buf);
+    for (uint32_t q = 0; q < p.n_spare; q++)
+        free(p.spare[q]);
     if (!rc && p.rc) {
         rc = p.rc;
         if (err)
