@@ -587,7 +587,6 @@ static void *pack_worker(void *arg)
         pthread_mutex_lock(&p->mu);
         if (rc) {
             free(buf);
-            buf = NULL;
             p->in_flight -= j->len;
             if (!p->rc) {
                 p->rc = rc;

@@ -941,12 +941,13 @@ static void store_kv(const jlm_engine *e, uint8_t *dst, const float *x, uint32_t
 
 /* One token's k and v (bias, norm, RoPE) into the cache; its q (bias, norm,
  * RoPE); its attention output or FFN output into the residual (optional
- * bias and post-norm). Rows of for_rows. */
-typedef struct rope_job { uint32_t l; jlm_k_rope rp; const float *b, *pn; } rope_job;
+ * bias and post-norm). Rows of for_rows; layer_rows holds what they share
+ * (the layer, its RoPE parameters, the residual's bias and post-norm). */
+typedef struct layer_rows { uint32_t l; jlm_k_rope rp; const float *b, *pn; } layer_rows;
 
 static void kv_row(jlm_engine *e, void *ctx, uint32_t t)
 {
-    const rope_job *j = ctx;
+    const layer_rows *j = ctx;
     const jlm_config *c = e->c;
     float *k = e->kk + t * e->kv_dim, *v = e->vv + t * e->kv_dim_v;
     add_bias(k, vec_dense(e, W(e, j->l, JLM_R_ATTN_K_B)), e->kv_dim);
@@ -961,7 +962,7 @@ static void kv_row(jlm_engine *e, void *ctx, uint32_t t)
 
 static void q_row(jlm_engine *e, void *ctx, uint32_t t)
 {
-    const rope_job *j = ctx;
+    const layer_rows *j = ctx;
     float *q = e->q + t * e->q_dim;
     add_bias(q, vec_dense(e, W(e, j->l, JLM_R_ATTN_Q_B)), e->q_dim);
     qk_norm(e, j->l, q, NULL);
@@ -971,7 +972,7 @@ static void q_row(jlm_engine *e, void *ctx, uint32_t t)
 
 static void residual_row(jlm_engine *e, void *ctx, uint32_t t)
 {
-    const rope_job *j = ctx;
+    const layer_rows *j = ctx;
     uint32_t E = e->c->n_embd;
     float *o = e->o + t * E;
     add_bias(o, j->b, E);
@@ -1001,7 +1002,7 @@ static void attn_kv(jlm_engine *e, uint32_t l, const uint8_t *page, uint64_t pag
         matmul(e, &wk, n, e->h, e->kk);
         matmul_x(e, &wv, n, e->h, e->vv, 1);   /* the same quantized rows */
     }
-    rope_job rj = {.l = l};
+    layer_rows rj = {.l = l};
     rope_params(e, l, &rj.rp);
     for_rows(e, n, kv_row, &rj);
 }
@@ -1020,7 +1021,7 @@ static void attn_out(jlm_engine *e, uint32_t l, const uint8_t *page, uint64_t pa
         jlm_k_mat wq = mat_at(W(e, l, JLM_R_ATTN_Q), page, page_off, 0);
         matmul(e, &wq, n, e->h, e->q);
     }
-    rope_job rj = {.l = l};
+    layer_rows rj = {.l = l};
     rope_params(e, l, &rj.rp);
     for_rows(e, n, q_row, &rj);
     for (uint32_t t = 0; e->attn_token && t < n; t++)
@@ -1035,7 +1036,7 @@ static void attn_out(jlm_engine *e, uint32_t l, const uint8_t *page, uint64_t pa
     }
     jlm_k_mat wo = mat_at(W(e, l, JLM_R_ATTN_OUT), page, page_off, 0);
     matmul(e, &wo, n, e->att, e->o);
-    rope_job res = {.l = l, .b = vec_dense(e, W(e, l, JLM_R_ATTN_OUT_B)),
+    layer_rows res = {.l = l, .b = vec_dense(e, W(e, l, JLM_R_ATTN_OUT_B)),
                     .pn = c->arch == JLM_ARCH_GEMMA3 ? vec_dense(e, W(e, l, JLM_R_POST_ATTN_NORM)) : NULL};
     for_rows(e, n, residual_row, &res);
 }
@@ -1080,7 +1081,7 @@ static void ffn_dense(jlm_engine *e, uint32_t l, const uint8_t *page, uint64_t p
             activate(c, e->g + t * F, e->u + t * F, F);
     }
     matmul(e, &wd, n, e->g, e->o);
-    rope_job res = {.l = l, .pn = c->arch == JLM_ARCH_GEMMA3 ? vec_dense(e, W(e, l, JLM_R_POST_FFW_NORM)) : NULL};
+    layer_rows res = {.l = l, .pn = c->arch == JLM_ARCH_GEMMA3 ? vec_dense(e, W(e, l, JLM_R_POST_FFW_NORM)) : NULL};
     for_rows(e, n, residual_row, &res);
 }
 

@@ -210,10 +210,7 @@ ALWAYS_INLINE void sub32_core(const jlm_k_mat *m, const jlm_act_q8 *xq, int nt, 
         const uint32_t *col = qs + s * W * rows;
         for (uint64_t r = r0; r < nv; r += 16) {
             __m512i dot[MAXT];
-            if (type == JLM_T_Q5_1)
-                pf_flat(col, (unsigned)W, rows, dp, rows, 4, s, r, r0, nv);
-            else
-                pf_flat(col, (unsigned)W, rows, d8, dcol, type == JLM_T_Q5_0 ? 2 : 1, s, r, r0, nv);
+            pf_sub32(col, (unsigned)W, rows, m->d, dcol, type, s, r, r0, nv);
             if (type == JLM_T_MXFP4)
                 dot_mx(col, rows, r, nt, tk, dot);
             else

@@ -15,6 +15,8 @@
 #ifndef JLM_KERNELS_CPU_PREFETCH_H
 #define JLM_KERNELS_CPU_PREFETCH_H
 
+#include "kernels/cpu/kernels.h"
+
 #include <immintrin.h>
 #include <stdint.h>
 
@@ -53,6 +55,17 @@ PF_INLINE void pf_flat(const uint32_t *col, unsigned W, uint64_t rows, const voi
     pfat a = pf_at(r, r0, nv);
     pf_words(col + a.nx * W * rows, rows, W, a.r);
     _mm_prefetch((const char *)d + ((s + a.nx) * dcol + a.r) * es, _MM_HINT_T0);
+}
+
+/* Q5_0, Q5_1, MXFP4 (sub32_core): Q5_1's d plane is a word (d, b) a row,
+ * Q5_0's an f16 and MXFP4's a byte, dcol entries a sub-block. */
+PF_INLINE void pf_sub32(const uint32_t *col, unsigned W, uint64_t rows, const void *d, uint64_t dcol, int type,
+                        uint64_t s, uint64_t r, uint64_t r0, uint64_t nv)
+{
+    if (type == JLM_T_Q5_1)
+        pf_flat(col, W, rows, d, rows, 4, s, r, r0, nv);
+    else
+        pf_flat(col, W, rows, d, dcol, type == JLM_T_Q5_0 ? 2 : 1, s, r, r0, nv);
 }
 
 /* Q4_K, Q5_K: the pass of KP sub-blocks from s0 (W words each); a
