@@ -16,7 +16,7 @@
  * the same level instead of a whole-frame number of them. Chunks evicted to
  * make room for a read move (mremap) into the reader's frame at the same
  * offsets when it reads those chunks, so memory changes frames without page
- * faults (drop_run).
+ * faults (drop_run; MREMAP_DONTUNMAP, so the frame it leaves keeps no hole).
  */
 #include "engine/pager.h"
 
@@ -376,31 +376,28 @@ static void unmap_frame(jlm_pager *p, ppage *pg)
  * page fault or a zeroed page) instead of given back to the kernel. */
 typedef struct dest { ppage *pg; uint64_t c0, c1; } dest;
 
-/* Maps fresh (unpopulated) memory over frame bytes [lo, hi) of a frame that
- * stays, after its pages there moved away. 0, or -1 if the kernel refused. */
-static int remap_hole(uint8_t *f, uint64_t lo, uint64_t hi)
-{
-    void *m = mmap(f + lo, (size_t)(hi - lo), PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_FIXED, -1, 0);
-    if (m == MAP_FAILED)
-        return -1;
-#ifdef MADV_NOHUGEPAGE
-    madvise(m, (size_t)(hi - lo), MADV_NOHUGEPAGE);
+#ifndef MREMAP_DONTUNMAP
+#define MREMAP_DONTUNMAP 4   /* Linux 5.7; glibc's <sys/mman.h> may predate it */
 #endif
-    return 0;
-}
 
 /* Moves the pages of bytes [lo, hi) of frame `from` to the same offsets of
- * frame `to` (whatever `to` mapped there is unmapped). 1 if moved. */
+ * frame `to` (whatever `to` mapped there is replaced). 1 if moved.
+ * MREMAP_DONTUNMAP leaves `from`'s range mapped (fresh, unpopulated memory),
+ * so its frame never has a hole: a plain move unmapped it, and until the
+ * hole was mapped again (MAP_FIXED) another thread's mmap (another engine's
+ * frame under jlm serve, malloc, a sanitizer's allocator) could land there
+ * and then be overwritten. tests/tsan.sh's serve check crashed that way in
+ * ThreadSanitizer's allocator. A kernel without DONTUNMAP refuses (EINVAL):
+ * the caller then releases the memory instead, and the reader faults it in. */
 static int move_mem(uint8_t *from, uint8_t *to, uint64_t lo, uint64_t hi)
 {
-    return mremap(from + lo, (size_t)(hi - lo), (size_t)(hi - lo), MREMAP_MAYMOVE | MREMAP_FIXED, to + lo) != MAP_FAILED;
+    return mremap(from + lo, (size_t)(hi - lo), (size_t)(hi - lo), MREMAP_MAYMOVE | MREMAP_FIXED | MREMAP_DONTUNMAP,
+                  to + lo) != MAP_FAILED;
 }
 
 /* Drops the memory of v's chunks [ca, cb), just cleared: the part that d
- * wants at the same offsets moves into d's frame, the rest is given back.
- * whole: v is about to be unmapped (no hole to map again). Returns -1 if a
- * hole in v's frame could not be mapped again (the caller evicts v whole). */
-static int drop_run(jlm_pager *p, ppage *v, uint64_t ca, uint64_t cb, const dest *d, int whole)
+ * wants at the same offsets moves into d's frame, the rest is given back. */
+static void drop_run(jlm_pager *p, ppage *v, uint64_t ca, uint64_t cb, const dest *d)
 {
     parray *r = &p->arr[v->array];
     uint64_t lo = chunk_lo(p, ca), hi = chunk_hi(p, r, v, cb);
@@ -426,11 +423,10 @@ static int drop_run(jlm_pager *p, ppage *v, uint64_t ca, uint64_t cb, const dest
                 }
             frame_release(v->frame, lo, mlo);
             frame_release(v->frame, mhi, hi);
-            return whole ? 0 : remap_hole(v->frame, mlo, mhi);
+            return;
         }
     }
     frame_release(v->frame, lo, hi);
-    return 0;
 }
 
 /* Takes up to k of the highest filled chunks of an unpinned resident page
@@ -444,12 +440,12 @@ static void trim(jlm_pager *p, ppage *pg, uint64_t k, const dest *d)
     assert(pg->frame && pg->pins == 0 && pg->n_filled > 0);
     host_changing(p, pg);
     uint64_t held0 = pg->held, c = page_chunks(p, r, pg), run_hi = 0, freed = 0;
-    int whole = k >= pg->n_filled, in_run = 0, hole = 0;
+    int in_run = 0;
     while (k && c > 0) {
         c--;
         if (!bit_get(pg, c)) {
             if (in_run)
-                hole |= drop_run(p, pg, c + 1, run_hi, d, whole);
+                drop_run(p, pg, c + 1, run_hi, d);
             in_run = 0;
             continue;
         }
@@ -462,18 +458,11 @@ static void trim(jlm_pager *p, ppage *pg, uint64_t k, const dest *d)
         k--;
     }
     if (in_run)
-        hole |= drop_run(p, pg, c, run_hi, d, whole);
+        drop_run(p, pg, c, run_hi, d);
     uncharge(p, pg, freed);
     if (pg->pf_fresh) {           /* read ahead, and (part of it) gone before any get */
         r->st.pf_unused++;
         pg->pf_fresh = 0;
-    }
-    if (hole) {                   /* a hole the kernel would not map again: let the rest go too */
-        uint64_t nc = page_chunks(p, r, pg);
-        for (uint64_t q = 0; q < nc; q++)
-            bit_clear(pg, q);
-        pg->n_filled = 0;
-        uncharge(p, pg, pg->held);
     }
     if (pg->n_filled) {
         r->st.trims++;
