@@ -7,13 +7,19 @@
  * fence wait per matvec, as jlm_vk_matvec does. Skips (exit 0) with one line
  * when there is no Vulkan device.
  *
+ * Then a prefill matmul (-p P tokens, 32 by default, in one jlm_vk_matmul)
+ * with the shader's token tile (each row's weights read and decoded once per
+ * 8 tokens) against the same shader at one token per invocation (the
+ * baseline: JLM_VK_MATMUL_TILE=1, a second device handle in the same run),
+ * the two results compared bit for bit, printed as a speed ratio.
+ *
  * Then the page-in paths (engine/backend_vk.c) against an in-run memcpy of
  * the same bytes (a 4096-aligned "frame" of -m MiB, 32 by default): the
  * staging upload (jlm_vk_buf_write into a device buffer) and the zero-copy
  * import of the frame (VK_EXT_external_memory_host: the import's own cost),
  * each as GB/s and as a ratio of memcpy's.
  *
- *   build/bench/bench_vulkan [-k K] [-n ROWS] [-r REPS] [-m MIB] [TYPE ...]
+ *   build/bench/bench_vulkan [-k K] [-n ROWS] [-r REPS] [-m MIB] [-p P] [TYPE ...]
  *   JLM_VK_DEVICE=llvmpipe names the device (lavapipe is used here unasked)
  */
 #include "kernels/cpu/kernels.h"
@@ -84,7 +90,7 @@ static int run_type(jlm_vk *vk, const job *j, double *cpu_s, double *vk_s, uint6
              jlm_vk_buf_new(vk, j->rows * 4, &b[4], &err) || jlm_vk_buf_upload(vk, xq.q, j->k, &b[5], &err) ||
              jlm_vk_buf_upload(vk, xq.d, j->k / 8, &b[6], &err) || jlm_vk_buf_upload(vk, xq.sum16, j->k / 8, &b[7], &err);
     jlm_vk_mat vm = {j->type, j->k, j->rows, {b[0], 0, 0}, {b[1], 0, 0}, {b[2], 0, 0}};
-    jlm_vk_act va = {j->k, {b[5], 0, 0}, {b[6], 0, 0}, {b[7], 0, 0}};
+    jlm_vk_act va = {j->k, {b[5], 0, 0}, {b[6], 0, 0}, {b[7], 0, 0}, 1};
     *cpu_s = *vk_s = 1e30;
     for (int r = 0; !rc && r < j->reps; r++) {
         double t0 = now();
@@ -104,6 +110,84 @@ static int run_type(jlm_vk *vk, const job *j, double *cpu_s, double *vk_s, uint6
         jlm_vk_buf_free(vk, b[i]);
     *bytes = ql + dl + sl;
     free(qs), free(d), free(sc), free(x), free(y), free(abuf);
+    return rc;
+}
+
+/* One jlm_vk_matmul of ntok tokens on device handle vk: best of reps seconds;
+ * y (ntok * rows floats) the result. */
+static int time_matmul(jlm_vk *vk, const job *j, uint32_t ntok, const uint8_t *qs, const uint8_t *d,
+                       const uint8_t *sc, const float *x, const jlm_act_q8 *xq, float *y, double *best)
+{
+    uint64_t ql, dl, sl;
+    jlm_fmt_planes(j->type, j->k, j->rows, &ql, &dl, &sl, NULL);
+    const jlm_type_traits *tr = jlm_fmt_type_traits(j->type);
+    jlm_err err = {0};
+    jlm_vk_buf *b[8] = {0};
+    int rc = jlm_vk_buf_upload(vk, qs, ql, &b[0], &err) || (dl && jlm_vk_buf_upload(vk, d, dl, &b[1], &err)) ||
+             (sl && jlm_vk_buf_upload(vk, sc, sl, &b[2], &err)) ||
+             jlm_vk_buf_upload(vk, x, ntok * j->k * 4, &b[3], &err) ||
+             jlm_vk_buf_new(vk, ntok * j->rows * 4, &b[4], &err) ||
+             jlm_vk_buf_upload(vk, xq->q, ntok * j->k, &b[5], &err) ||
+             jlm_vk_buf_upload(vk, xq->d, ntok * j->k / 8, &b[6], &err) ||
+             jlm_vk_buf_upload(vk, xq->sum16, ntok * j->k / 8, &b[7], &err);
+    jlm_vk_mat vm = {j->type, j->k, j->rows, {b[0], 0, 0}, {b[1], 0, 0}, {b[2], 0, 0}};
+    jlm_vk_act va = {j->k, {b[5], 0, 0}, {b[6], 0, 0}, {b[7], 0, 0}, ntok};
+    *best = 1e30;
+    for (int r = 0; !rc && r < j->reps; r++) {
+        double t0 = now();
+        rc = jlm_vk_matmul(vk, &vm, ntok, (jlm_vk_view){b[3], 0, 0}, tr->is_float ? NULL : &va,
+                           (jlm_vk_view){b[4], 0, 0}, &err);
+        double t1 = now();
+        if (t1 - t0 < *best)
+            *best = t1 - t0;
+    }
+    if (rc)
+        fprintf(stderr, "bench_vulkan: matmul: %s\n", err.msg);
+    else
+        memcpy(y, jlm_vk_buf_map(b[4]), ntok * j->rows * 4);
+    for (int i = 0; i < 8; i++)
+        jlm_vk_buf_free(vk, b[i]);
+    return rc;
+}
+
+/* The prefill matmul, tiled (vk) against one token per invocation (vk1). */
+static int run_prefill(jlm_vk *vk, jlm_vk *vk1, const job *j, uint32_t ntok)
+{
+    uint64_t ql, dl, sl, seed = 0x9876 + j->type;
+    if (jlm_fmt_planes(j->type, j->k, j->rows, &ql, &dl, &sl, NULL))
+        return -1;
+    const jlm_type_traits *tr = jlm_fmt_type_traits(j->type);
+    uint8_t *qs = malloc(ql + 64), *d = malloc(dl + 64), *sc = malloc(sl + 64);
+    float *x = malloc(ntok * j->k * 4), *y1 = malloc(ntok * j->rows * 4), *y8 = malloc(ntok * j->rows * 4);
+    uint8_t *aq = malloc(ntok * j->k), *ad = malloc(ntok * j->k / 8), *as = malloc(ntok * j->k / 8);
+    void *abuf = malloc(jlm_k_act_q8_bytes(j->k));
+    fill(qs, ql, 0, &seed);
+    if (tr->is_float)
+        for (uint64_t i = 0; i < ql / 2; i++)
+            ((uint16_t *)qs)[i] = j->type == JLM_T_BF16 ? 0x3c00 : 0x2c00;
+    fill(d, dl, 1, &seed);
+    fill(sc, sl, 0, &seed);
+    for (uint64_t i = 0; i < ntok * j->k; i++)
+        x[i] = (float)(rng(&seed) % 2000) / 1000.0f - 1.0f;
+    jlm_act_q8 xq;
+    jlm_k_act_q8_init(&xq, abuf, j->k, NULL);
+    for (uint32_t t = 0; t < ntok; t++) {   /* tokens one after another, as jlm_vk_act wants */
+        jlm_k_quantize_act(x + t * j->k, &xq);
+        memcpy(aq + t * j->k, xq.q, j->k);
+        memcpy(ad + t * (j->k / 8), xq.d, j->k / 8);
+        memcpy(as + t * (j->k / 8), xq.sum16, j->k / 8);
+    }
+    jlm_act_q8 all = {.q = (int8_t *)aq, .d = (float *)ad, .sum16 = (int16_t *)as};
+    double s1 = 0, s8 = 0;
+    int rc = time_matmul(vk1, j, ntok, qs, d, sc, x, &all, y1, &s1) ||
+             time_matmul(vk, j, ntok, qs, d, sc, x, &all, y8, &s8);
+    if (!rc) {
+        int same = !memcmp(y1, y8, ntok * j->rows * 4);
+        printf("%-6s pp%u matmul: one token/invocation %8.2f ms, tile of 8 %8.2f ms, speed-up %.2fx, %s\n",
+               tr->name, ntok, s1 * 1e3, s8 * 1e3, s1 / s8, same ? "results bit-identical" : "RESULTS DIFFER");
+        rc = !same;
+    }
+    free(qs), free(d), free(sc), free(x), free(y1), free(y8), free(aq), free(ad), free(as), free(abuf);
     return rc;
 }
 
@@ -164,6 +248,7 @@ int main(int argc, char **argv)
 {
     job j = {0, 4096, 4096, 5};
     uint64_t mib = 32;
+    uint32_t pp = 32;
     int first = 1;
     for (; first < argc && argv[first][0] == '-' && first + 1 < argc; first += 2) {
         if (!strcmp(argv[first], "-k"))
@@ -174,7 +259,11 @@ int main(int argc, char **argv)
             j.reps = atoi(argv[first + 1]);
         else if (!strcmp(argv[first], "-m"))
             mib = strtoull(argv[first + 1], NULL, 10);
+        else if (!strcmp(argv[first], "-p"))
+            pp = (uint32_t)strtoul(argv[first + 1], NULL, 10);
     }
+    if (pp < 1 || pp > 4096)
+        pp = 32;
     jlm_vk *vk;
     jlm_err err = {0};
     if (jlm_vk_open(NULL, 1, &vk, &err)) {
@@ -202,7 +291,24 @@ int main(int argc, char **argv)
         printf("%-6s %8.1f MiB  cpu %6.2f GB/s  vulkan %6.2f GB/s  vulkan/cpu %.4f\n", name,
                bytes / 1048576.0, bytes / cs / 1e9, bytes / vs / 1e9, cs / vs);
     }
-    int rc = page_in_paths(vk, (mib ? mib : 1) << 20, j.reps);
+    setenv("JLM_VK_MATMUL_TILE", "1", 1);
+    jlm_vk *vk1;
+    int rc = jlm_vk_open(NULL, 1, &vk1, &err);
+    unsetenv("JLM_VK_MATMUL_TILE");
+    if (rc) {
+        fprintf(stderr, "bench_vulkan: second device handle: %s\n", err.msg);
+        jlm_vk_close(vk);
+        return 1;
+    }
+    for (int i = 0; !rc && i < n; i++) {
+        const char *name = first < argc ? argv[first + i] : DEF[i];
+        for (uint8_t t = 1; t < JLM_T_COUNT; t++)
+            if (!strcmp(jlm_fmt_type_traits(t)->name, name))
+                j.type = t;
+        rc = run_prefill(vk, vk1, &j, pp);
+    }
+    jlm_vk_close(vk1);
+    rc = rc || page_in_paths(vk, (mib ? mib : 1) << 20, j.reps);
     jlm_vk_close(vk);
     return rc;
 }

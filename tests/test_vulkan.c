@@ -209,9 +209,18 @@ static void check_matmul(jlm_vk *vk, uint8_t type, uint64_t k, uint64_t rows, ui
 
 Test(vulkan, matmul_of_several_tokens_is_each_tokens_matvec_bit_for_bit)
 {
-    for (int lowered = 0; lowered < 2; lowered++) {
+    /* Token counts either side of the shader's tile of 8 (a partial tile,
+     * whole tiles, whole tiles and one more), with every plane in one
+     * binding, then over a lowered binding (k-chunks carrying y for every
+     * token of a tile): 16 KiB with 3 tokens, 64 KiB (the activations of 9
+     * and 11 tokens of k = 4096 still fit one binding; the planes do not). */
+    static const uint32_t NTOK[] = {2, 5, 8, 9, 19}, NTOK16[] = {3}, NTOK64[] = {9, 11};
+    static const struct { const char *lim; const uint32_t *n; size_t nn; } RUN[] = {
+        {NULL, NTOK, 5}, {"16384", NTOK16, 1}, {"65536", NTOK64, 2}};
+    for (size_t r = 0; r < sizeof RUN / sizeof RUN[0]; r++) {
+        int lowered = RUN[r].lim != NULL;
         if (lowered)
-            setenv("JLM_VK_MAX_BINDING", "16384", 1);
+            setenv("JLM_VK_MAX_BINDING", RUN[r].lim, 1);
         jlm_vk *vk = open_or_skip();
         unsetenv("JLM_VK_MAX_BINDING");
         uint64_t seed = 0x2545f4914f6cdd1dull;
@@ -219,7 +228,8 @@ Test(vulkan, matmul_of_several_tokens_is_each_tokens_matvec_bit_for_bit)
             const jlm_type_traits *tr = jlm_fmt_type_traits(TYPES[i]);
             uint64_t super = (uint64_t)tr->sub * tr->super_sub;
             uint64_t k = tr->is_float ? 256 : lowered ? (super == 256 ? 16 * 256 : 64 * super) : 2 * super;
-            check_matmul(vk, TYPES[i], k, lowered ? 67 : 130, lowered ? 3 : 5, &seed);
+            for (size_t j = 0; j < RUN[r].nn; j++)
+                check_matmul(vk, TYPES[i], k, lowered ? 67 : 130, RUN[r].n[j], &seed);
         }
         jlm_vk_close(vk);
     }

@@ -36,6 +36,12 @@ static const uint32_t SPV_ATTENTION[] =
 enum { K_MATVEC, K_RMSNORM, K_SOFTMAX, K_ELTWISE, K_ROPE, K_ATTENTION, K_COUNT };
 #define NBIND    8     /* every pipeline: bindings 0..7 (unused ones get a dummy) */
 #define PUSH_MAX 64
+#define NSPEC    6     /* matvec.comp's specialization constants: type, W, SUB, P1, DSHARE, NT */
+/* Tokens per invocation of a matmul of several tokens (matvec.comp's NT): the
+ * row's weights are read and decoded once per tile. 8 keeps a tile's sums and
+ * one sub-block's codes (40 words) in registers on a GPU. */
+#define MV_TILE  8
+#define MV_PUSH  44    /* matvec.comp's push constants: k, rows, u_lo, u_hi, qd, dd, sd, accum, r0, r1, ntok */
 
 static const struct { const uint32_t *code; size_t size; } SPV[K_COUNT] = {
     [K_MATVEC] = {SPV_MATVEC, sizeof SPV_MATVEC},
@@ -65,7 +71,7 @@ struct jlm_vk {
     VkDescriptorSetLayout dsl;
     VkPipelineLayout      layout;
     VkPipeline            pipe[K_COUNT];   /* pipe[K_MATVEC] unused: see mv */
-    VkPipeline            mv[JLM_T_COUNT]; /* matvec per stored type, made on first use */
+    VkPipeline            mv[JLM_T_COUNT][2]; /* matvec per stored type: one token, a tile of MV_TILE; made on first use */
     VkDescriptorPool      pool;
     VkCommandPool         cmdpool;
     VkCommandBuffer       cmd;
@@ -73,6 +79,7 @@ struct jlm_vk {
     jlm_vk_buf           *dummy, *tmp;   /* dummy: unused bindings; tmp: small uploads */
     jlm_vk_buf           *staging;       /* jlm_vk_buf_write's host-visible bounce buffer */
     uint64_t              max_binding;   /* maxStorageBufferRange, or JLM_VK_MAX_BINDING's lower value */
+    int                   untiled;       /* JLM_VK_MATMUL_TILE=1: a matmul reads its weights once per token */
     int                   has_import;    /* VK_EXT_external_memory_host enabled */
     uint64_t              import_align;  /* minImportedHostPointerAlignment */
     PFN_vkGetMemoryHostPointerPropertiesEXT host_ptr_props;
@@ -241,6 +248,8 @@ static int open_device(jlm_vk *vk, const char *want, int allow_cpu, jlm_err *err
         if (v >= 4096 && v < vk->max_binding)
             vk->max_binding = v & ~3ull;
     }
+    const char *tl = getenv("JLM_VK_MATMUL_TILE");   /* bench: the one-token-per-invocation baseline */
+    vk->untiled = tl && !strcmp(tl, "1");
     if (imp) {
         VkPhysicalDeviceExternalMemoryHostPropertiesEXT hp = {
             .sType = VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_EXTERNAL_MEMORY_HOST_PROPERTIES_EXT};
@@ -276,7 +285,7 @@ static int make_layout(jlm_vk *vk, jlm_err *err)
     return r == VK_SUCCESS ? JLM_OK : vkfail(err, "vkCreatePipelineLayout", r);
 }
 
-/* Pipeline of shader k; spec (5 words) sets its specialization constants 0..4. */
+/* Pipeline of shader k; spec (NSPEC words) sets its specialization constants 0..NSPEC-1. */
 static int make_pipeline_spec(jlm_vk *vk, int k, const uint32_t *spec, VkPipeline *out, jlm_err *err)
 {
     VkShaderModuleCreateInfo mi = {.sType = VK_STRUCTURE_TYPE_SHADER_MODULE_CREATE_INFO,
@@ -285,10 +294,10 @@ static int make_pipeline_spec(jlm_vk *vk, int k, const uint32_t *spec, VkPipelin
     VkResult r = vkCreateShaderModule(vk->dev, &mi, NULL, &mod);
     if (r != VK_SUCCESS)
         return vkfail(err, "vkCreateShaderModule", r);
-    VkSpecializationMapEntry map[5];
-    for (uint32_t i = 0; i < 5; i++)
+    VkSpecializationMapEntry map[NSPEC];
+    for (uint32_t i = 0; i < NSPEC; i++)
         map[i] = (VkSpecializationMapEntry){.constantID = i, .offset = 4 * i, .size = 4};
-    VkSpecializationInfo si = {.mapEntryCount = 5, .pMapEntries = map, .dataSize = 20, .pData = spec};
+    VkSpecializationInfo si = {.mapEntryCount = NSPEC, .pMapEntries = map, .dataSize = 4 * NSPEC, .pData = spec};
     VkComputePipelineCreateInfo ci = {
         .sType = VK_STRUCTURE_TYPE_COMPUTE_PIPELINE_CREATE_INFO,
         .stage = {.sType = VK_STRUCTURE_TYPE_PIPELINE_SHADER_STAGE_CREATE_INFO,
@@ -366,8 +375,9 @@ void jlm_vk_close(jlm_vk *vk)
             if (vk->pipe[k])
                 vkDestroyPipeline(vk->dev, vk->pipe[k], NULL);
         for (int t = 0; t < JLM_T_COUNT; t++)
-            if (vk->mv[t])
-                vkDestroyPipeline(vk->dev, vk->mv[t], NULL);
+            for (int j = 0; j < 2; j++)
+                if (vk->mv[t][j])
+                    vkDestroyPipeline(vk->dev, vk->mv[t][j], NULL);
         if (vk->layout)
             vkDestroyPipelineLayout(vk->dev, vk->layout, NULL);
         if (vk->dsl)
@@ -693,7 +703,7 @@ static int plane_window(const jlm_vk *vk, const jlm_vk_view *pv, uint64_t a, uin
  * running sum carried in y; float types (row-major) in chunks of rows. The
  * file layout is untouched: only the bindings change. */
 static int matvec_chunked(jlm_vk *vk, const jlm_vk_mat *m, const jlm_type_traits *t, jlm_vk_view *v,
-                          uint32_t *push, uint32_t ntok, jlm_err *err)
+                          uint32_t *push, VkPipeline pipe, uint32_t gy, jlm_err *err)
 {
     uint64_t lim = vk->max_binding, al = vk->props.limits.minStorageBufferOffsetAlignment;
     uint64_t slack = al > 4 ? al : 4;
@@ -711,7 +721,7 @@ static int matvec_chunked(jlm_vk *vk, const jlm_vk_mat *m, const jlm_type_traits
                                 (unsigned long long)r0, (unsigned long long)r1);
             push[8] = (uint32_t)r0;
             push[9] = (uint32_t)r1;
-            int rc = dispatch2(vk, vk->mv[m->type], v, 8, push, 40, groups(r1 - r0, 64), ntok, err);
+            int rc = dispatch2(vk, pipe, v, 8, push, MV_PUSH, groups(r1 - r0, 64), gy, err);
             if (rc)
                 return rc;
         }
@@ -748,7 +758,7 @@ static int matvec_chunked(jlm_vk *vk, const jlm_vk_mat *m, const jlm_type_traits
         push[2] = (uint32_t)(b0 * super / 32);
         push[3] = (uint32_t)(b1 * super / 32);
         push[7] = b0 > 0;
-        if ((rc = dispatch2(vk, vk->mv[m->type], v, 8, push, 40, groups(m->rows, 64), ntok, err)))
+        if ((rc = dispatch2(vk, pipe, v, 8, push, MV_PUSH, groups(m->rows, 64), gy, err)))
             return rc;
     }
     return JLM_OK;
@@ -781,17 +791,20 @@ int jlm_vk_matmul(jlm_vk *vk, const jlm_vk_mat *m, uint32_t ntok, jlm_vk_view x,
     }
     v[6] = x;
     v[7] = y;
-    if (!vk->mv[m->type]) {
-        uint32_t spec[5] = {m->type, t->w ? t->w : 1, t->sub, t->p1, t->d_share};
-        if ((rc = make_pipeline_spec(vk, K_MATVEC, spec, &vk->mv[m->type], err)))
+    int tiled = ntok > 1 && !vk->untiled;
+    uint32_t nt = tiled ? MV_TILE : 1, gy = (ntok + nt - 1) / nt;
+    VkPipeline *pipe = &vk->mv[m->type][tiled];
+    if (!*pipe) {
+        uint32_t spec[NSPEC] = {m->type, t->w ? t->w : 1, t->sub, t->p1, t->d_share, nt};
+        if ((rc = make_pipeline_spec(vk, K_MATVEC, spec, pipe, err)))
             return rc;
     }
-    uint32_t push[10] = {(uint32_t)m->k, (uint32_t)m->rows, 0, (uint32_t)(m->k / 32), 0, 0, 0, 0, 0,
-                         (uint32_t)m->rows};
+    uint32_t push[MV_PUSH / 4] = {(uint32_t)m->k, (uint32_t)m->rows, 0, (uint32_t)(m->k / 32), 0, 0, 0, 0, 0,
+                                  (uint32_t)m->rows, ntok};
     uint64_t lim = vk->max_binding;
     if (view_len(&m->qs) <= lim && (!m->d.buf || view_len(&m->d) <= lim) && (!m->sc.buf || view_len(&m->sc) <= lim))
-        return dispatch2(vk, vk->mv[m->type], v, 8, push, sizeof push, groups(m->rows, 64), ntok, err);
-    return matvec_chunked(vk, m, t, v, push, ntok, err);
+        return dispatch2(vk, *pipe, v, 8, push, sizeof push, groups(m->rows, 64), gy, err);
+    return matvec_chunked(vk, m, t, v, push, *pipe, gy, err);
 }
 
 int jlm_vk_rmsnorm(jlm_vk *vk, jlm_vk_view out, jlm_vk_view x, jlm_vk_view w, uint32_t n,

@@ -2,7 +2,9 @@
 # tests/fuzz/long.sh - longer libFuzzer runs than `make fuzz-smoke`, each
 # target with its seed corpus for the seconds given, one at a time (one core),
 # under nice. Run after `make fuzz`, from the repository root:
-#   tests/fuzz/long.sh fuzz_convert:240 fuzz_jinja:180 ...
+#   tests/fuzz/long.sh fuzz_convert:240 fuzz_jinja:180 fuzz_image:1800:10000000 ...
+# (target:seconds[:runs]: with runs, the target stops at that many executions
+# or at the seconds, whichever comes first)
 # (no arguments: every target for FUZZ_SECONDS, default 60). New inputs go to
 # build-fuzz/corpus-long/<target> (kept between runs, so runs resume), logs
 # to build-fuzz/<target>.long.log, crashes to build-fuzz/crash-*. Prints one
@@ -16,7 +18,8 @@ rc_all=0
 echo "| target | executions | seconds | exec/s | corpus | cov | result |"
 echo "|---|---|---|---|---|---|---|"
 for arg in "$@"; do
-    n=${arg%%:*} s=${arg#*:}
+    n=${arg%%:*} s=${arg#*:} runs=()
+    case $s in *:*) runs=(-runs="${s#*:}"); s=${s%%:*} ;; esac
     [ -x "build-fuzz/$n" ] || { echo "| $n | | | | | | missing (make fuzz) |"; rc_all=1; continue; }
     seeds=() extra=()
     case $n in
@@ -35,7 +38,7 @@ for arg in "$@"; do
     log=build-fuzz/$n.long.log
     t0=$(date +%s.%N)
     nice -n 19 "build-fuzz/$n" -max_total_time="$s" -rss_limit_mb=2048 -timeout=10 -print_final_stats=1 \
-        -artifact_prefix=build-fuzz/ "${extra[@]}" "$c" "${seeds[@]}" >"$log" 2>&1
+        -artifact_prefix=build-fuzz/ "${runs[@]}" "${extra[@]}" "$c" "${seeds[@]}" >"$log" 2>&1
     rc=$?
     t1=$(date +%s.%N)
     ex=$(grep -oE 'stat::number_of_executed_units: *[0-9]+' "$log" | grep -oE '[0-9]+$')

@@ -22,23 +22,31 @@ layout(std430, binding = 7) buffer Y { float y[]; };   // read too: a later k-ch
 // `accum` continues the sum from y[r], so the additions stay in the CPU's
 // order and the result is bit-identical to one dispatch. Float types split
 // by rows: [r0, r1).
-// Several tokens in one dispatch (gl_GlobalInvocationID.y = token t): token
-// t's activations at t*k (codes), t*k/32 (scales), t*k/16 (sums), t*k (floats)
-// and its outputs at t*rows; each token's row is computed exactly as alone.
-layout(push_constant) uniform P { uint k, rows, u_lo, u_hi, qd, dd, sd, accum, r0, r1; } pc;
-uint T_ = 0u;   // the token of this invocation (set first thing in main)
+// Several tokens in one dispatch: token t's activations at t*k (codes),
+// t*k/32 (scales), t*k/16 (sums), t*k (floats) and its outputs at t*rows.
+// An invocation computes its row for a tile of NT tokens (gl_GlobalInvocationID.y
+// = tile, tokens [tile*NT, min(tile*NT + NT, ntok))): the row's weight words,
+// codes and scales are loaded and decoded once per tile, not once per token,
+// which is what makes a prefill matmul read its weights ntok/NT times instead
+// of ntok times. Each token's sum is still the CPU's, term for term and in
+// order, so every token's row is bit-identical to its matvec alone.
+layout(push_constant) uniform P { uint k, rows, u_lo, u_hi, qd, dd, sd, accum, r0, r1, ntok; } pc;
 
 // The type and its traits are specialization constants: one pipeline per
-// stored type, so the driver compiles the type's branches and loop bounds
-// out (vk.c creates each on first use).
+// stored type (and tile), so the driver compiles the type's branches and loop
+// bounds out (vk.c creates each on first use).
 layout(constant_id = 0) const uint TYPE = 1u;
 layout(constant_id = 1) const uint W = 1u;        // words per sub-block per row
 layout(constant_id = 2) const uint SUB = 32u;
 layout(constant_id = 3) const uint P1 = 0u;
 layout(constant_id = 4) const uint DSHARE = 1u;
+layout(constant_id = 5) const uint NT = 1u;       // tokens per invocation
 
 const uint T_F32 = 1u, T_F16 = 2u, T_Q4_0 = 3u, T_Q8_0 = 4u, T_Q3_K = 5u, T_Q4_K = 6u,
            T_Q5_K = 7u, T_Q6_K = 8u, T_BF16 = 9u, T_Q5_0 = 10u, T_MXFP4 = 11u, T_Q5_1 = 12u;
+
+uint T0 = 0u, NTV = 1u;   // this invocation's first token and its token count (<= NT)
+float acc_[NT];           // the running sum of each token of the tile
 
 float fp16(uint h)   // exact, as jlm_k_fp16_to_f32
 {
@@ -52,41 +60,47 @@ float fp16(uint h)   // exact, as jlm_k_fp16_to_f32
     return uintBitsToFloat(sign | ((e + 112u) << 23) | (man << 13));
 }
 
-int sum16(uint i) { i += T_ * (pc.k / 16u); return bitfieldExtract(int(as16[i / 2u]), int(16u * (i % 2u)), 16); }
+int sum16(uint t, uint i) { i += t * (pc.k / 16u); return bitfieldExtract(int(as16[i / 2u]), int(16u * (i % 2u)), 16); }
 
 const int MXFP4_LUT[16] = int[16](12, 13, 14, 15, 16, 18, 20, 24, 12, 11, 10, 9, 8, 6, 4, 0);
 
-// sum_e code(e) * a[a0 + e] over sub-block s of row r: the sub-block's W
-// words are loaded once, codes taken from them four at a time (the byte
-// arithmetic of matvec_ref.c's ref_code; integers, so exact).
-int dot_sub(uint s, uint r, uint a0, bool lut)
+// The codes of sub-block s of row r: its W words loaded once, each code taken
+// with the byte arithmetic of matvec_ref.c's ref_code (integers, so exact).
+void codes(uint s, uint r, bool lut, out int cq[SUB])
 {
     uint wd[W];
     for (uint w = 0u; w < W; w++)
         wd[w] = qs[(s * W + w) * pc.rows + r + pc.qd];
     uint half_ = SUB / 2u, hi = P1, lanes = hi != 0u ? 8u / hi : 1u;
+    for (uint e = 0u; e < SUB; e++) {
+        uint i = e % 4u;
+        int q;
+        if (TYPE == T_Q8_0) {
+            q = bitfieldExtract(int(wd[e / 4u]), int(8u * i), 8);
+        } else {
+            uint j = e % half_;
+            uint b = (wd[j / 4u] >> (8u * (j % 4u))) & 0xffu;
+            q = int(e < half_ ? (b & 15u) : (b >> 4));
+            if (hi != 0u) {
+                uint hj = half_ + ((e / 4u) / lanes) * 4u + i;
+                uint hb = (wd[hj / 4u] >> (8u * (hj % 4u))) & 0xffu;
+                q |= int((hb >> (hi * ((e / 4u) % lanes))) & ((1u << hi) - 1u)) << 4;
+            }
+            if (lut)
+                q = MXFP4_LUT[q];
+        }
+        cq[e] = q;
+    }
+}
+
+// sum_e cq[e] * a_t[a0 + e]: token t's int8 codes, four per word.
+int dot_codes(int cq[SUB], uint t, uint a0)
+{
     int acc = 0;
     for (uint e4 = 0u; e4 < SUB; e4 += 4u) {
-        uint aw = aq[(T_ * pc.k + a0 + e4) / 4u];
-        for (uint i = 0u; i < 4u; i++) {
-            uint e = e4 + i;
-            int q;
-            if (TYPE == T_Q8_0) {
-                q = bitfieldExtract(int(wd[e / 4u]), int(8u * (e % 4u)), 8);
-            } else {
-                uint j = e % half_;
-                uint b = (wd[j / 4u] >> (8u * (j % 4u))) & 0xffu;
-                q = int(e < half_ ? (b & 15u) : (b >> 4));
-                if (hi != 0u) {
-                    uint hj = half_ + ((e / 4u) / lanes) * 4u + i;
-                    uint hb = (wd[hj / 4u] >> (8u * (hj % 4u))) & 0xffu;
-                    q |= int((hb >> (hi * ((e / 4u) % lanes))) & ((1u << hi) - 1u)) << 4;
-                }
-                if (lut)
-                    q = MXFP4_LUT[q];
-            }
-            acc += q * bitfieldExtract(int(aw), int(8u * i), 8);
-        }
+        uint aw = aq[(t * pc.k + a0 + e4) / 4u];
+        for (uint i = 0u; i < 4u; i++)
+            acc += cq[e4 + i] * bitfieldExtract(int(aw), int(8u * i), 8);
     }
     return acc;
 }
@@ -112,66 +126,96 @@ uint field6(uint sb, uint r, uint f)
     return v;
 }
 
-float row_sub32(uint r)
+void acc_init(uint r)
 {
-    precise float acc = pc.accum != 0u ? y[T_ * pc.rows + r] : 0.0;
-    for (uint s = pc.u_lo; s < pc.u_hi; s++) {
-        int suma = sum16(2u * s) + sum16(2u * s + 1u);
-        float da = ad[T_ * (pc.k / 32u) + s];
-        uint dw = dword(s, r);
-        if (TYPE == T_Q5_1) {
-            int dt = dot_sub(s, r, 32u * s, false);
-            float d = fp16(dw & 0xffffu), b = fp16(dw >> 16);
-            precise float t1 = (d * da) * float(dt);
-            precise float t2 = (b * da) * float(suma);
-            acc = acc + (t1 - t2);
-            continue;
-        }
-        int bias = TYPE == T_Q4_0 ? 8 : TYPE == T_Q5_0 ? 16 : TYPE == T_MXFP4 ? 12 : 0;
-        int isum = dot_sub(s, r, 32u * s, TYPE == T_MXFP4) - bias * suma;
-        float d = TYPE == T_MXFP4 ? uintBitsToFloat(dw << 23) : fp16(dw & 0xffffu);
-        precise float t = (d * da) * float(isum);
-        acc = acc + t;
-    }
-    return acc;
+    for (uint j = 0u; j < NT; j++)
+        acc_[j] = pc.accum != 0u && j < NTV ? y[(T0 + j) * pc.rows + r] : 0.0;
 }
 
-float row_k32(uint r)
+void acc_add(uint j, float t)
 {
-    precise float acc = pc.accum != 0u ? y[T_ * pc.rows + r] : 0.0;
+    precise float a = acc_[j] + t;
+    acc_[j] = a;
+}
+
+void row_sub32(uint r)
+{
+    acc_init(r);
+    int cq[SUB];
+    int bias = TYPE == T_Q4_0 ? 8 : TYPE == T_Q5_0 ? 16 : TYPE == T_MXFP4 ? 12 : 0;
     for (uint s = pc.u_lo; s < pc.u_hi; s++) {
-        uint sb = s / 8u, j = s % 8u;
+        uint dw = dword(s, r);
+        codes(s, r, TYPE == T_MXFP4, cq);
+        float d = TYPE == T_MXFP4 ? uintBitsToFloat(dw << 23) : fp16(dw & 0xffffu);
+        float b = fp16(dw >> 16);
+        for (uint j = 0u; j < NT; j++) {
+            if (j >= NTV)
+                break;
+            uint t = T0 + j;
+            int suma = sum16(t, 2u * s) + sum16(t, 2u * s + 1u);
+            float da = ad[t * (pc.k / 32u) + s];
+            int dt = dot_codes(cq, t, 32u * s);
+            if (TYPE == T_Q5_1) {
+                precise float t1 = (d * da) * float(dt);
+                precise float t2 = (b * da) * float(suma);
+                precise float u = t1 - t2;
+                acc_add(j, u);
+            } else {
+                precise float u = (d * da) * float(dt - bias * suma);
+                acc_add(j, u);
+            }
+        }
+    }
+}
+
+void row_k32(uint r)
+{
+    acc_init(r);
+    int cq[SUB];
+    for (uint s = pc.u_lo; s < pc.u_hi; s++) {
+        uint sb = s / 8u, j8 = s % 8u;
         uint dw = dword(sb, r);
         float d = fp16(dw & 0xffffu), dmin = fp16(dw >> 16);
-        int sc = int(field6(sb, r, 2u * j)), mn = int(field6(sb, r, 2u * j + 1u));
-        int dt = dot_sub(s, r, 32u * s, false);
-        int suma = sum16(2u * s) + sum16(2u * s + 1u);
-        precise float t1 = d * float(sc * dt);
-        precise float t2 = dmin * float(mn * suma);
-        precise float t = t1 - t2;
-        precise float u = ad[T_ * (pc.k / 32u) + s] * t;
-        acc = acc + u;
+        int sc = int(field6(sb, r, 2u * j8)), mn = int(field6(sb, r, 2u * j8 + 1u));
+        codes(s, r, false, cq);
+        for (uint j = 0u; j < NT; j++) {
+            if (j >= NTV)
+                break;
+            uint t = T0 + j;
+            int dt = dot_codes(cq, t, 32u * s);
+            int suma = sum16(t, 2u * s) + sum16(t, 2u * s + 1u);
+            precise float t1 = d * float(sc * dt);
+            precise float t2 = dmin * float(mn * suma);
+            precise float tt = t1 - t2;
+            precise float u = ad[t * (pc.k / 32u) + s] * tt;
+            acc_add(j, u);
+        }
     }
-    return acc;
 }
 
-float row_k16(uint r)
+void row_k16(uint r)
 {
     bool q3 = TYPE == T_Q3_K;
     int off = q3 ? -32 : -128, bias = q3 ? 4 : 32;
-    precise float acc = pc.accum != 0u ? y[T_ * pc.rows + r] : 0.0;
+    acc_init(r);
+    int c0[SUB], c1[SUB];
     for (uint b = pc.u_lo; b < pc.u_hi; b++) {
         float d = fp16(dword(b / 8u, r) & 0xffffu);
-        int isum = 0;
-        for (uint s = 2u * b; s < 2u * b + 2u; s++) {
-            int dt = dot_sub(s, r, 16u * s, false) - bias * sum16(s);
-            int scb = int((scp[(s / 4u) * pc.rows + r + pc.sd] >> (8u * (s % 4u))) & 0xffu);
-            isum += (scb + off) * dt;
+        uint s0 = 2u * b, s1 = s0 + 1u;
+        codes(s0, r, false, c0);
+        codes(s1, r, false, c1);
+        int sc0 = int((scp[(s0 / 4u) * pc.rows + r + pc.sd] >> (8u * (s0 % 4u))) & 0xffu) + off;
+        int sc1 = int((scp[(s1 / 4u) * pc.rows + r + pc.sd] >> (8u * (s1 % 4u))) & 0xffu) + off;
+        for (uint j = 0u; j < NT; j++) {
+            if (j >= NTV)
+                break;
+            uint t = T0 + j;
+            int isum = sc0 * (dot_codes(c0, t, 16u * s0) - bias * sum16(t, s0));
+            isum += sc1 * (dot_codes(c1, t, 16u * s1) - bias * sum16(t, s1));
+            precise float u = (d * ad[t * (pc.k / 32u) + b]) * float(isum);
+            acc_add(j, u);
         }
-        precise float t = (d * ad[T_ * (pc.k / 32u) + b]) * float(isum);
-        acc = acc + t;
     }
-    return acc;
 }
 
 float half_at(uint i)   // element i of a u16 row-major plane
@@ -180,32 +224,37 @@ float half_at(uint i)   // element i of a u16 row-major plane
     return TYPE == T_BF16 ? uintBitsToFloat(h << 16) : fp16(h);
 }
 
-float row_float(uint r)
+void row_float(uint r)
 {
-    precise float acc = pc.accum != 0u ? y[T_ * pc.rows + r] : 0.0;
+    acc_init(r);
     uint base = r * pc.k;
     for (uint i = 0u; i < pc.k; i++) {
         float wv = TYPE == T_F32 ? uintBitsToFloat(qs[base + i + pc.qd]) : half_at(base + i);
-        precise float t = wv * xf[T_ * pc.k + i];
-        acc = acc + t;
+        for (uint j = 0u; j < NT; j++) {
+            if (j >= NTV)
+                break;
+            precise float t = wv * xf[(T0 + j) * pc.k + i];
+            acc_add(j, t);
+        }
     }
-    return acc;
 }
 
 void main()
 {
     uint r = gl_GlobalInvocationID.x + pc.r0;
-    T_ = gl_GlobalInvocationID.y;
-    if (r >= pc.r1)
+    T0 = gl_GlobalInvocationID.y * NT;
+    if (r >= pc.r1 || T0 >= pc.ntok)
         return;
-    float v;
+    NTV = min(NT, pc.ntok - T0);
     if (TYPE == T_F32 || TYPE == T_F16 || TYPE == T_BF16)
-        v = row_float(r);
+        row_float(r);
     else if (TYPE == T_Q4_K || TYPE == T_Q5_K)
-        v = row_k32(r);
+        row_k32(r);
     else if (TYPE == T_Q3_K || TYPE == T_Q6_K)
-        v = row_k16(r);
+        row_k16(r);
     else
-        v = row_sub32(r);
-    y[T_ * pc.rows + r] = v;
+        row_sub32(r);
+    for (uint j = 0u; j < NT; j++)
+        if (j < NTV)
+            y[(T0 + j) * pc.rows + r] = acc_[j];
 }
