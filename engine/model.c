@@ -1095,32 +1095,9 @@ static void route(jlm_engine *e, uint32_t l, const uint8_t *page, uint64_t page_
     jlm_k_mat wr = mat_at(W(e, l, JLM_R_ROUTER), page, page_off, 0);
     matvec(e, &wr, h, e->router);
     add_bias(e->router, vec_dense(e, W(e, l, JLM_R_ROUTER_B)), ne);
-    float probs[1024];
-    int oai = (c->flags & JLM_F_SWIGLU_OAI) != 0;   /* gpt-oss: top-k of logits, softmax of those */
-    for (uint32_t i = 0; i < ne; i++)
-        probs[i] = e->router[i];
-    if (!oai)
-        jlm_k_softmax(probs, ne);
-    int32_t *sel = e->route + (size_t)l * nu;
-    uint8_t taken[1024] = {0};
-    for (uint32_t s = 0; s < nu; s++) {
-        int32_t best = -1;
-        for (uint32_t i = 0; i < ne; i++)
-            if (!taken[i] && (best < 0 || probs[i] > probs[best]))
-                best = (int32_t)i;
-        taken[best] = 1;
-        sel[s] = best;
-        e->route_w[s] = probs[best];
-    }
-    if (oai) {
-        jlm_k_softmax(e->route_w, nu);
-    } else if (!(c->flags & JLM_F_NO_EXPERT_NORM)) {
-        float sum = 0;
-        for (uint32_t s = 0; s < nu; s++) sum += e->route_w[s];
-        for (uint32_t s = 0; s < nu; s++) e->route_w[s] /= sum;
-    }
-    if (c->expert_scale > 0)
-        for (uint32_t s = 0; s < nu; s++) e->route_w[s] *= c->expert_scale;
+    int mode = (c->flags & JLM_F_SWIGLU_OAI) ? JLM_K_ROUTE_OAI   /* gpt-oss: top-k of logits, softmax of those */
+               : (c->flags & JLM_F_NO_EXPERT_NORM) ? JLM_K_ROUTE_RAW : JLM_K_ROUTE_NORM;
+    jlm_k_moe_route(e->router, ne, nu, mode, c->expert_scale, e->route + (size_t)l * nu, e->route_w);
     prof_end(e, JLM_PROF_ROUTE, t0);
 }
 
@@ -1177,8 +1154,7 @@ static int moe_token(jlm_engine *e, uint32_t l, const uint8_t *page, uint64_t pa
             }
             matvec(e, &wd, e->g, e->o);
             if (bd) add_bias(e->o, bd + (uint64_t)xe * E, E);
-            for (uint32_t i = 0; i < E; i++)
-                e->moe[i] += e->route_w[s] * e->o[i];
+            jlm_k_axpy(e->moe, e->route_w[s], e->o, E);   /* jlm_k_moe_combine's sum, one expert at a time */
         }
         jlm_k_add(x, x, e->moe, E);
     }

@@ -352,7 +352,7 @@ Test(vulkan, eltwise_ops_match_the_cpu_within_TOL_EXP)
     uint64_t seed = 13;
     uint32_t n = 1031;                                 /* not a multiple of the group of 256 */
     float *a = malloc(n * 4), *b = malloc(n * 4), *c = malloc(n * 4);
-    for (int op = JLM_VK_SILU; op <= JLM_VK_MUL; op++)
+    for (int op = JLM_VK_SILU; op <= JLM_VK_GELU_QUICK; op++)
         for (int edge = 0; edge < 2; edge++) {
             rand_vec(a, n, edge ? 100.0f : 6.0f, edge, &seed);
             rand_vec(b, n, 4.0f, 0, &seed);
@@ -361,6 +361,7 @@ Test(vulkan, eltwise_ops_match_the_cpu_within_TOL_EXP)
             case JLM_VK_GELU: jlm_k_gelu(c, a, n); break;
             case JLM_VK_SWIGLU: jlm_k_swiglu(c, a, b, n); break;
             case JLM_VK_ADD: jlm_k_add(c, a, b, n); break;
+            case JLM_VK_GELU_QUICK: jlm_k_gelu_quick(c, a, n); break;
             default: jlm_k_mul(c, a, b, n); break;
             }
             jlm_vk_buf *ba = up(vk, a, n * 4), *bb = up(vk, b, n * 4), *bo = up(vk, c, n * 4);
@@ -380,7 +381,7 @@ Test(vulkan, eltwise_ops_match_the_cpu_within_TOL_EXP)
                 e = ej > e ? ej : e;
             }
             /* add and mul are one correctly rounded f32 operation: exact */
-            double tol = op >= JLM_VK_ADD ? 0.0 : TOL_EXP;
+            double tol = op == JLM_VK_ADD || op == JLM_VK_MUL ? 0.0 : TOL_EXP;
             cr_assert(e <= tol, "op %d edge %d: relative error %g > %g", op, edge, e, tol);
             jlm_vk_buf_free(vk, ba);
             jlm_vk_buf_free(vk, bb);
@@ -389,6 +390,173 @@ Test(vulkan, eltwise_ops_match_the_cpu_within_TOL_EXP)
     free(a);
     free(b);
     free(c);
+    jlm_vk_close(vk);
+}
+
+/* Largest |g - c| / (|c| + |a| + |b|): exp's absolute error near ulp(1)
+ * times the gate, and (u + 1) times it again; non-finite pairs must match. */
+static double worst_eltwise2(const float *g, const float *c, const float *a, const float *b, uint32_t n,
+                             const char *what)
+{
+    double e = 0.0;
+    for (uint32_t j = 0; j < n; j++) {
+        if (!isfinite(g[j]) || !isfinite(c[j])) {
+            cr_assert(same(g[j], c[j]), "%s [%u]: vulkan %g cpu %g (gate %g up %g)", what, j, g[j], c[j], a[j], b[j]);
+            continue;
+        }
+        double ej = fabs((double)g[j] - c[j]) / (fabs((double)c[j]) + fabs((double)a[j]) * (fabs((double)b[j]) + 1) + 1e-30);
+        e = ej > e ? ej : e;
+    }
+    return e;
+}
+
+Test(vulkan, swiglu_oai_matches_the_cpu_within_TOL_EXP_and_clamps_nan_as_fminf)
+{
+    jlm_vk *vk = open_or_skip();
+    uint64_t seed = 17;
+    uint32_t n = 1031;
+    float *a = malloc(n * 4), *b = malloc(n * 4), *c = malloc(n * 4);
+    for (int edge = 0; edge < 2; edge++) {
+        rand_vec(a, n, edge ? 40.0f : 9.0f, edge, &seed);   /* past the limit of 7 both ways */
+        rand_vec(b, n, edge ? 40.0f : 9.0f, edge, &seed);
+        if (edge) {   /* NaN gate / up: fminf gives the limit */
+            b[5] = NAN, a[6] = NAN, b[7] = INFINITY, b[8] = -INFINITY, a[9] = -INFINITY;
+        }
+        jlm_k_swiglu_oai(c, a, b, n, 1.702f, 7.0f);
+        jlm_vk_buf *ba = up(vk, a, n * 4), *bb = up(vk, b, n * 4), *bo = up(vk, c, n * 4);
+        memset(jlm_vk_buf_map(bo), 0, n * 4);
+        jlm_err err = {0};
+        cr_assert(jlm_vk_swiglu_oai(vk, whole(bo), whole(ba), whole(bb), n, 1.702f, 7.0f, &err) == 0, "%s", err.msg);
+        double e = worst_eltwise2(fmap(bo), c, a, b, n, "swiglu_oai");
+        cr_assert(e <= TOL_EXP, "swiglu_oai edge %d: relative error %g > %g", edge, e, TOL_EXP);
+        jlm_vk_buf_free(vk, ba);
+        jlm_vk_buf_free(vk, bb);
+        jlm_vk_buf_free(vk, bo);
+    }
+    free(a), free(b), free(c);
+    jlm_vk_close(vk);
+}
+
+/* Layer norm: the error of the f32 mean reaches every element alike, so it
+ * is measured against the row's largest |out| (normwise), TOL_NORM. Inputs
+ * sit on an offset of 2 (a mean to subtract) with spread 1. */
+Test(vulkan, layernorm_matches_the_cpu_within_TOL_NORM)
+{
+    jlm_vk *vk = open_or_skip();
+    uint64_t seed = 19;
+    static const uint32_t NS[] = {1, 37, 256, 1031, 4096};
+    for (size_t ni = 0; ni < sizeof NS / sizeof NS[0]; ni++)
+        for (int wb = 0; wb < 4; wb++) {
+            uint32_t n = NS[ni];
+            float *x = malloc(n * 4), *w = malloc(n * 4), *b = malloc(n * 4), *c = malloc(n * 4);
+            for (uint32_t i = 0; i < n; i++) {
+                x[i] = 2.0f + rng_unit(&seed);
+                w[i] = 1.0f + 0.5f * rng_unit(&seed);
+                b[i] = 0.25f * rng_unit(&seed);
+            }
+            int hw = wb & 1, hb = (wb >> 1) & 1;
+            jlm_k_layernorm(c, x, hw ? w : NULL, hb ? b : NULL, n, 1e-5f);
+            jlm_vk_buf *bx = up(vk, x, n * 4), *bw = up(vk, w, n * 4), *bbb = up(vk, b, n * 4), *bo = up(vk, c, n * 4);
+            memset(jlm_vk_buf_map(bo), 0xff, n * 4);
+            jlm_err err = {0};
+            cr_assert(jlm_vk_layernorm(vk, whole(bo), whole(bx), hw ? whole(bw) : (jlm_vk_view){0},
+                                       hb ? whole(bbb) : (jlm_vk_view){0}, n, 1e-5f, &err) == 0, "%s", err.msg);
+            const float *g = fmap(bo);
+            double mx = 1e-30, e = 0.0;
+            for (uint32_t i = 0; i < n; i++)
+                mx = fabs(c[i]) > mx ? fabs(c[i]) : mx;
+            for (uint32_t i = 0; i < n; i++) {
+                cr_assert(isfinite(g[i]), "layernorm n %u [%u]: %g", n, i, g[i]);
+                double ei = fabs((double)g[i] - c[i]) / mx;
+                e = ei > e ? ei : e;
+            }
+            cr_assert(e <= TOL_NORM, "layernorm n %u w %d b %d: error %g of max |out| > %g", n, hw, hb, e, TOL_NORM);
+            jlm_vk_buf_free(vk, bx), jlm_vk_buf_free(vk, bw), jlm_vk_buf_free(vk, bbb), jlm_vk_buf_free(vk, bo);
+            free(x), free(w), free(b), free(c);
+        }
+    jlm_vk_close(vk);
+}
+
+/* The router: logits a shuffled ladder (steps of 0.05, so no two experts are
+ * within exp's error of each other) plus noise under a quarter step: the
+ * picks must equal the CPU's exactly, in order; the weights within TOL_EXP
+ * (exp, the f32 tree sum, the division). Every mode, with and without a
+ * scale, from 8 to 1024 experts. */
+Test(vulkan, moe_route_picks_the_cpus_experts_with_weights_within_TOL_EXP)
+{
+    jlm_vk *vk = open_or_skip();
+    uint64_t seed = 23;
+    static const uint32_t NE[] = {8, 32, 60, 128, 1024}, NU[] = {1, 2, 4, 8};
+    float *lg = malloc(1024 * 4);
+    for (size_t a = 0; a < sizeof NE / sizeof NE[0]; a++)
+        for (size_t u = 0; u < sizeof NU / sizeof NU[0]; u++)
+            for (int mode = JLM_K_ROUTE_NORM; mode <= JLM_K_ROUTE_OAI; mode++)
+                for (int sc = 0; sc < 2; sc++) {
+                    uint32_t ne = NE[a], nu = NU[u];
+                    for (uint32_t i = 0; i < ne; i++)
+                        lg[i] = 0.05f * (float)i - 0.025f * ne;
+                    for (uint32_t i = ne - 1; i > 0; i--) {   /* Fisher-Yates */
+                        uint32_t j = (uint32_t)(rng_next(&seed) % (i + 1));
+                        float t = lg[i];
+                        lg[i] = lg[j], lg[j] = t;
+                    }
+                    for (uint32_t i = 0; i < ne; i++)
+                        lg[i] += 0.01f * rng_unit(&seed);
+                    float scale = sc ? 2.5f : 0.0f, wc[8], *wg;
+                    int32_t selc[8];
+                    jlm_k_moe_route(lg, ne, nu, mode, scale, selc, wc);
+                    jlm_vk_buf *bl = up(vk, lg, ne * 4), *bs = up(vk, selc, 8 * 4), *bw = up(vk, wc, 8 * 4);
+                    memset(jlm_vk_buf_map(bs), 0xff, 32);
+                    memset(jlm_vk_buf_map(bw), 0xff, 32);
+                    jlm_err err = {0};
+                    cr_assert(jlm_vk_moe_route(vk, whole(bl), ne, nu, mode, scale, whole(bs), whole(bw), &err) == 0, "%s",
+                              err.msg);
+                    const int32_t *sg = jlm_vk_buf_map(bs);
+                    wg = jlm_vk_buf_map(bw);
+                    for (uint32_t s = 0; s < nu; s++) {
+                        cr_assert_eq(sg[s], selc[s], "route %u of %u mode %d: pick %u: vulkan %d cpu %d", nu, ne, mode, s,
+                                     sg[s], selc[s]);
+                        double e = fabs((double)wg[s] - wc[s]) / (fabs((double)wc[s]) + 1e-6);
+                        cr_assert(e <= TOL_EXP, "route %u of %u mode %d scale %g: weight %u: vulkan %.9g cpu %.9g", nu,
+                                  ne, mode, scale, s, wg[s], wc[s]);
+                    }
+                    jlm_vk_buf_free(vk, bl), jlm_vk_buf_free(vk, bs), jlm_vk_buf_free(vk, bw);
+                }
+    cr_assert(jlm_vk_moe_route(vk, (jlm_vk_view){0}, 1025, 2, 0, 0, (jlm_vk_view){0}, (jlm_vk_view){0}, NULL) ==
+              JLM_EINVAL, "1025 experts must be refused");
+    free(lg);
+    jlm_vk_close(vk);
+}
+
+/* The experts' mixture: the same products and sums in the same order as
+ * jlm_k_moe_combine (and moe_token), so bit for bit, NaN and Inf included. */
+Test(vulkan, moe_combine_is_bit_identical_to_the_cpu)
+{
+    jlm_vk *vk = open_or_skip();
+    uint64_t seed = 29;
+    uint32_t n = 1031;
+    for (uint32_t nu = 1; nu <= 8; nu++) {
+        float *x = malloc(n * 4), *ys = malloc((size_t)nu * n * 4), *c = malloc(n * 4), w[8];
+        const float *yp[8];
+        rand_vec(x, n, 3.0f, nu == 3, &seed);
+        rand_vec(ys, (uint64_t)nu * n, 1e4f, nu == 5, &seed);
+        for (uint32_t s = 0; s < nu; s++) {
+            w[s] = (rng_unit(&seed) + 1.0f) / (float)nu;
+            yp[s] = ys + (size_t)s * n;
+        }
+        memcpy(c, x, n * 4);
+        jlm_k_moe_combine(c, yp, w, nu, n);
+        jlm_vk_buf *bx = up(vk, x, n * 4), *by = up(vk, ys, (uint64_t)nu * n * 4), *bw = up(vk, w, nu * 4);
+        jlm_vk_buf *bo = up(vk, x, n * 4);
+        memset(jlm_vk_buf_map(bo), 0xff, n * 4);
+        jlm_err err = {0};
+        cr_assert(jlm_vk_moe_combine(vk, whole(bo), whole(bx), whole(by), whole(bw), nu, n, &err) == 0, "%s", err.msg);
+        const float *g = fmap(bo);
+        for (uint32_t i = 0; i < n; i++)
+            cr_assert(same(g[i], c[i]), "combine of %u [%u]: vulkan %.9g cpu %.9g", nu, i, g[i], c[i]);
+        jlm_vk_buf_free(vk, bx), jlm_vk_buf_free(vk, by), jlm_vk_buf_free(vk, bw), jlm_vk_buf_free(vk, bo);
+        free(x), free(ys), free(c);
+    }
     jlm_vk_close(vk);
 }
 

@@ -191,6 +191,21 @@ void jlm_k_swiglu(float *out, const float *gate, const float *up, uint64_t n);
 void jlm_k_swiglu_oai(float *out, const float *gate, const float *up, uint64_t n,
                       float alpha, float limit);
 void jlm_k_add(float *out, const float *a, const float *b, uint64_t n);
+/* y[i] += a * x[i], one rounded product and one rounded sum (no FMA). */
+void jlm_k_axpy(float *y, float a, const float *x, uint64_t n);
+
+/* The MoE router of one token, after the router matvec and its bias:
+ * logits (n <= 1024) -> sel[0..n_used) and their weights w[0..n_used).
+ * mode JLM_K_ROUTE_NORM: softmax, the n_used largest probabilities in order
+ * (ties: the lower index), weights renormalised to sum 1; JLM_K_ROUTE_RAW:
+ * the same without renormalising (OLMoE); JLM_K_ROUTE_OAI (gpt-oss): the
+ * n_used largest logits, softmax among them. scale > 0 multiplies the weights. */
+enum { JLM_K_ROUTE_NORM = 0, JLM_K_ROUTE_RAW = 1, JLM_K_ROUTE_OAI = 2 };
+void jlm_k_moe_route(const float *logits, uint32_t n, uint32_t n_used, int mode, float scale,
+                     int32_t *sel, float *w);
+/* x += sum_s w[s] * ys[s] (n floats each), each element's mixture summed from
+ * 0 in expert order, then added to x once (what moe_token does). */
+void jlm_k_moe_combine(float *x, const float *const *ys, const float *w, uint32_t n_used, uint64_t n);
 void jlm_k_mul(float *out, const float *a, const float *b, uint64_t n);
 void jlm_k_scale(float *out, const float *a, float s, uint64_t n);
 

@@ -210,6 +210,51 @@ void jlm_k_add(float *out, const float *a, const float *b, uint64_t n)
         out[i] = a[i] + b[i];
 }
 
+void jlm_k_axpy(float *y, float a, const float *x, uint64_t n)
+{
+    for (uint64_t i = 0; i < n; i++)
+        y[i] += a * x[i];
+}
+
+void jlm_k_moe_route(const float *logits, uint32_t n, uint32_t n_used, int mode, float scale,
+                     int32_t *sel, float *w)
+{
+    float probs[1024];
+    uint8_t taken[1024] = {0};
+    for (uint32_t i = 0; i < n; i++)
+        probs[i] = logits[i];
+    if (mode != JLM_K_ROUTE_OAI)
+        jlm_k_softmax(probs, n);
+    for (uint32_t s = 0; s < n_used; s++) {
+        int32_t best = -1;
+        for (uint32_t i = 0; i < n; i++)
+            if (!taken[i] && (best < 0 || probs[i] > probs[best]))
+                best = (int32_t)i;
+        taken[best] = 1;
+        sel[s] = best;
+        w[s] = probs[best];
+    }
+    if (mode == JLM_K_ROUTE_OAI) {
+        jlm_k_softmax(w, n_used);
+    } else if (mode == JLM_K_ROUTE_NORM) {
+        float sum = 0;
+        for (uint32_t s = 0; s < n_used; s++) sum += w[s];
+        for (uint32_t s = 0; s < n_used; s++) w[s] /= sum;
+    }
+    if (scale > 0)
+        for (uint32_t s = 0; s < n_used; s++) w[s] *= scale;
+}
+
+void jlm_k_moe_combine(float *x, const float *const *ys, const float *w, uint32_t n_used, uint64_t n)
+{
+    for (uint64_t i = 0; i < n; i++) {
+        float acc = 0.0f;
+        for (uint32_t s = 0; s < n_used; s++)
+            acc += w[s] * ys[s][i];
+        x[i] = x[i] + acc;
+    }
+}
+
 void jlm_k_mul(float *out, const float *a, const float *b, uint64_t n)
 {
     for (uint64_t i = 0; i < n; i++)

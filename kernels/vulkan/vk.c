@@ -32,8 +32,17 @@ static const uint32_t SPV_ROPE[] =
 static const uint32_t SPV_ATTENTION[] =
 #include "kernels/vulkan/attention.spv.h"
 ;
+static const uint32_t SPV_LAYERNORM[] =
+#include "kernels/vulkan/layernorm.spv.h"
+;
+static const uint32_t SPV_MOE_ROUTE[] =
+#include "kernels/vulkan/moe_route.spv.h"
+;
+static const uint32_t SPV_MOE_COMBINE[] =
+#include "kernels/vulkan/moe_combine.spv.h"
+;
 
-enum { K_MATVEC, K_RMSNORM, K_SOFTMAX, K_ELTWISE, K_ROPE, K_ATTENTION, K_COUNT };
+enum { K_MATVEC, K_RMSNORM, K_SOFTMAX, K_ELTWISE, K_ROPE, K_ATTENTION, K_LAYERNORM, K_MOE_ROUTE, K_MOE_COMBINE, K_COUNT };
 #define NBIND    8     /* every pipeline: bindings 0..7 (unused ones get a dummy) */
 #define PUSH_MAX 64
 #define NSPEC    6     /* matvec.comp's specialization constants: type, W, SUB, P1, DSHARE, NT */
@@ -50,6 +59,9 @@ static const struct { const uint32_t *code; size_t size; } SPV[K_COUNT] = {
     [K_ELTWISE] = {SPV_ELTWISE, sizeof SPV_ELTWISE},
     [K_ROPE] = {SPV_ROPE, sizeof SPV_ROPE},
     [K_ATTENTION] = {SPV_ATTENTION, sizeof SPV_ATTENTION},
+    [K_LAYERNORM] = {SPV_LAYERNORM, sizeof SPV_LAYERNORM},
+    [K_MOE_ROUTE] = {SPV_MOE_ROUTE, sizeof SPV_MOE_ROUTE},
+    [K_MOE_COMBINE] = {SPV_MOE_COMBINE, sizeof SPV_MOE_COMBINE},
 };
 
 struct jlm_vk_buf {
@@ -824,11 +836,45 @@ int jlm_vk_softmax(jlm_vk *vk, jlm_vk_view x, uint32_t n, uint32_t rows, jlm_err
 int jlm_vk_eltwise(jlm_vk *vk, int op, jlm_vk_view out, jlm_vk_view a, jlm_vk_view b,
                    uint32_t n, jlm_err *err)
 {
-    if (op < JLM_VK_SILU || op > JLM_VK_MUL)
+    if (op < JLM_VK_SILU || op > JLM_VK_GELU_QUICK)
         return jlm_errf(err, JLM_EINVAL, "vulkan: unknown element-wise op %d", op);
-    uint32_t p[2] = {n, (uint32_t)op};
+    struct { uint32_t n, op; float alpha, limit; } p = {n, (uint32_t)op, 0, 0};
     jlm_vk_view v[3] = {a, b, out};
-    return dispatch(vk, vk->pipe[K_ELTWISE], v, 3, p, sizeof p, groups(n, 256), err);
+    return dispatch(vk, vk->pipe[K_ELTWISE], v, 3, &p, sizeof p, groups(n, 256), err);
+}
+
+int jlm_vk_swiglu_oai(jlm_vk *vk, jlm_vk_view out, jlm_vk_view gate, jlm_vk_view up, uint32_t n,
+                      float alpha, float limit, jlm_err *err)
+{
+    struct { uint32_t n, op; float alpha, limit; } p = {n, 6, alpha, limit};
+    jlm_vk_view v[3] = {gate, up, out};
+    return dispatch(vk, vk->pipe[K_ELTWISE], v, 3, &p, sizeof p, groups(n, 256), err);
+}
+
+int jlm_vk_layernorm(jlm_vk *vk, jlm_vk_view out, jlm_vk_view x, jlm_vk_view w, jlm_vk_view b,
+                     uint32_t n, float eps, jlm_err *err)
+{
+    struct { uint32_t n, has_w, has_b; float eps; } p = {n, w.buf != NULL, b.buf != NULL, eps};
+    jlm_vk_view v[4] = {x, w, b, out};
+    return dispatch(vk, vk->pipe[K_LAYERNORM], v, 4, &p, sizeof p, 1, err);
+}
+
+int jlm_vk_moe_route(jlm_vk *vk, jlm_vk_view logits, uint32_t n, uint32_t n_used, int mode, float scale,
+                     jlm_vk_view sel, jlm_vk_view w, jlm_err *err)
+{
+    if (n == 0 || n > 1024 || n_used == 0 || n_used > n || mode < JLM_K_ROUTE_NORM || mode > JLM_K_ROUTE_OAI)
+        return jlm_errf(err, JLM_EINVAL, "vulkan moe route: %u of %u experts, mode %d", n_used, n, mode);
+    struct { uint32_t n, n_used, mode; float scale; } p = {n, n_used, (uint32_t)mode, scale};
+    jlm_vk_view v[3] = {logits, sel, w};
+    return dispatch(vk, vk->pipe[K_MOE_ROUTE], v, 3, &p, sizeof p, 1, err);
+}
+
+int jlm_vk_moe_combine(jlm_vk *vk, jlm_vk_view out, jlm_vk_view x, jlm_vk_view ys, jlm_vk_view w,
+                       uint32_t n_used, uint32_t n, jlm_err *err)
+{
+    uint32_t p[2] = {n, n_used};
+    jlm_vk_view v[4] = {x, ys, w, out};
+    return dispatch(vk, vk->pipe[K_MOE_COMBINE], v, 4, p, sizeof p, groups(n, 256), err);
 }
 
 int jlm_vk_rope(jlm_vk *vk, const jlm_k_rope *p, jlm_vk_view x, uint32_t n_head,
@@ -920,6 +966,14 @@ int jlm_vk_eltwise(jlm_vk *vk, int op, jlm_vk_view out, jlm_vk_view a, jlm_vk_vi
                    uint32_t n, jlm_err *err) { return none(err); }
 int jlm_vk_rope(jlm_vk *vk, const jlm_k_rope *p, jlm_vk_view x, uint32_t n_head,
                 uint32_t head_dim, int64_t pos, jlm_err *err) { return none(err); }
+int jlm_vk_swiglu_oai(jlm_vk *vk, jlm_vk_view out, jlm_vk_view gate, jlm_vk_view up, uint32_t n,
+                      float alpha, float limit, jlm_err *err) { return none(err); }
+int jlm_vk_layernorm(jlm_vk *vk, jlm_vk_view out, jlm_vk_view x, jlm_vk_view w, jlm_vk_view b,
+                     uint32_t n, float eps, jlm_err *err) { return none(err); }
+int jlm_vk_moe_route(jlm_vk *vk, jlm_vk_view logits, uint32_t n, uint32_t n_used, int mode, float scale,
+                     jlm_vk_view sel, jlm_vk_view w, jlm_err *err) { return none(err); }
+int jlm_vk_moe_combine(jlm_vk *vk, jlm_vk_view out, jlm_vk_view x, jlm_vk_view ys, jlm_vk_view w,
+                       uint32_t n_used, uint32_t n, jlm_err *err) { return none(err); }
 int jlm_vk_attention(jlm_vk *vk, const jlm_k_attn *p, uint32_t n_head, uint32_t n_kv_head,
                      jlm_vk_view q, jlm_vk_view k, jlm_vk_view v, uint64_t n_kv,
                      const float *sinks, jlm_vk_view scratch, jlm_vk_view out, jlm_err *err)

@@ -124,10 +124,23 @@ int jlm_vk_rmsnorm(jlm_vk *vk, jlm_vk_view out, jlm_vk_view x, jlm_vk_view w, ui
 int jlm_vk_softmax(jlm_vk *vk, jlm_vk_view x, uint32_t n, uint32_t rows, jlm_err *err);
 
 enum jlm_vk_ew { JLM_VK_SILU = 0, JLM_VK_GELU = 1, JLM_VK_SWIGLU = 2, JLM_VK_ADD = 3,
-                 JLM_VK_MUL = 4 };
+                 JLM_VK_MUL = 4, JLM_VK_GELU_QUICK = 5 };
 /* out = op(a) or op(a, b) (SWIGLU: a gate, b up). b unused for one-input ops. */
 int jlm_vk_eltwise(jlm_vk *vk, int op, jlm_vk_view out, jlm_vk_view a, jlm_vk_view b,
                    uint32_t n, jlm_err *err);
+/* gpt-oss's SwiGLU (jlm_k_swiglu_oai): clamps, then g * sigmoid(alpha g) * (u + 1). */
+int jlm_vk_swiglu_oai(jlm_vk *vk, jlm_vk_view out, jlm_vk_view gate, jlm_vk_view up, uint32_t n,
+                      float alpha, float limit, jlm_err *err);
+/* out = (x - mean) / sqrt(var + eps) * w + b (jlm_k_layernorm); w, b: buf NULL for none. */
+int jlm_vk_layernorm(jlm_vk *vk, jlm_vk_view out, jlm_vk_view x, jlm_vk_view w, jlm_vk_view b,
+                     uint32_t n, float eps, jlm_err *err);
+/* The MoE router of one token (jlm_k_moe_route, same modes): logits (n <=
+ * 1024 floats) -> sel (n_used int32) and w (n_used floats). */
+int jlm_vk_moe_route(jlm_vk *vk, jlm_vk_view logits, uint32_t n, uint32_t n_used, int mode, float scale,
+                     jlm_vk_view sel, jlm_vk_view w, jlm_err *err);
+/* out = x + sum_s w[s] * ys[s*n ..] (jlm_k_moe_combine, bit-identical); out may be x. */
+int jlm_vk_moe_combine(jlm_vk *vk, jlm_vk_view out, jlm_vk_view x, jlm_vk_view ys, jlm_vk_view w,
+                       uint32_t n_used, uint32_t n, jlm_err *err);
 
 /* RoPE at one position, in place on n_head heads of head_dim floats. The
  * cos/sin of each pair come from jlm_k_rope_cos_sin (the CPU's own theta, YaRN

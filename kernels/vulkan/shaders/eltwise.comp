@@ -1,11 +1,11 @@
 #version 450
 // eltwise.comp - the element-wise ops: silu, gelu (tanh form), swiglu, add, mul,
-// each the formula of kernels/cpu/ops.c.
+// gelu_quick, swiglu_oai (gpt-oss), each the formula of kernels/cpu/ops.c.
 layout(local_size_x = 256) in;
 layout(std430, binding = 0) readonly buffer A { float a[]; };
 layout(std430, binding = 1) readonly buffer B { float b[]; };
 layout(std430, binding = 2) writeonly buffer O { float o[]; };
-layout(push_constant) uniform P { uint n, op; } pc;
+layout(push_constant) uniform P { uint n, op; float alpha, limit; } pc;
 
 const float GELU_COEF_A = 0.044715, SQRT_2_OVER_PI = 0.79788456080286535587989211986876;
 
@@ -32,8 +32,18 @@ void main()
         r = x / (1.0 + exp(-x)) * b[i];
     } else if (pc.op == 3u) {
         r = x + b[i];
-    } else {
+    } else if (pc.op == 4u) {
         r = x * b[i];
+    } else if (pc.op == 5u) {
+        r = x * (1.0 / (1.0 + exp(-1.702 * x)));
+    } else {
+        // jlm_k_swiglu_oai: fminf/fmaxf return the other operand for a NaN
+        // (GLSL's min/max leave it undefined), so say it explicitly
+        float lim = pc.limit, u = b[i];
+        float g = isnan(x) ? lim : min(x, lim);
+        u = isnan(u) ? lim : min(u, lim);
+        u = max(u, -lim);
+        r = g / (1.0 + exp(pc.alpha * -g)) * (u + 1.0);
     }
     o[i] = r;
 }
