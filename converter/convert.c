@@ -460,27 +460,40 @@ int jlm_conv_read_span(jlm_conv *c, uint64_t off, size_t len, uint8_t *out, jlm_
         copy_overlap(out, off, len, p->tab.p, h->tab_off, p->tab.len);
         copy_overlap(out, off, len, p->fp.p, h->fp_off, p->fp.len);
     }
-    for (uint32_t i = 0; i < c->n_tensors; i++) {
+    /* A tensor wholly inside the span (every tensor of a page the daemon
+     * packs) is packed in place: out is zeroed, as the pipeline's buffers are,
+     * and spans are disjoint. One that straddles an edge goes through a zeroed
+     * buffer of its own. One source scratch serves them all, so a page costs
+     * its reads and its packing, not an allocation and a copy per tensor. */
+    scratch sb = {0}, tb = {0};
+    int rc = JLM_OK;
+    for (uint32_t i = 0; i < c->n_tensors && !rc; i++) {
         const jlm_tensor *t = &c->tensors[i];
         uint64_t toff, tlen;
         tensor_span(c, i, &toff, &tlen);
         int64_t nexp = jlm_fmt_role_is_bank(t->role) ? (int64_t)t->dims[2] : 1;
-        for (int64_t x = 0; x < nexp; x++) {
+        for (int64_t x = 0; x < nexp && !rc; x++) {
             uint64_t s = toff + (jlm_fmt_role_is_bank(t->role) ? (uint64_t)x * h->exp_page_size : 0);
             if (s >= off + len || s + tlen <= off)
                 continue;
-            uint8_t *buf = calloc(1, tlen ? tlen : 1);
-            if (!buf)
-                return jlm_errf(err, JLM_ENOMEM, "%s: out of memory", c->src_path);
-            int rc = jlm_conv_pack_tensor(c, i, x, buf, s, tlen, err);
+            if (s >= off && s + tlen <= off + len) {
+                rc = pack_tensor(c, i, x, out + (s - off), s, tlen, &sb, err);
+                continue;
+            }
+            uint8_t *buf = scratch_get(&tb, tlen ? tlen : 1);
+            if (!buf) {
+                rc = jlm_errf(err, JLM_ENOMEM, "%s: out of memory", c->src_path);
+                break;
+            }
+            memset(buf, 0, tlen);
+            rc = pack_tensor(c, i, x, buf, s, tlen, &sb, err);
             if (!rc)
                 copy_overlap(out, off, len, buf, s, tlen);
-            free(buf);
-            if (rc)
-                return rc;
         }
     }
-    return JLM_OK;
+    free(sb.p);
+    free(tb.p);
+    return rc;
 }
 
 /* ---------------------------------------------------------------- pass 2: parallel writer */

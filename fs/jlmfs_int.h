@@ -59,6 +59,11 @@ struct jlmfs_view {
     int         state;       /* enum jlmfs_state */
     char        errmsg[1024];
     uint8_t    *done;        /* (n_units,) 1 = written to fd */
+    uint8_t    *busy;        /* (n_units,) 1 = one thread is packing it; the others wait on packed */
+    pthread_cond_t packed;   /* broadcast when a unit's packing ends (done or not) */
+    uint32_t    packs;       /* under lock: units packed and written (== n_units when none is packed twice) */
+    uint8_t    *spare[4];    /* packing buffers kept for the next unit (no fresh pages to fault in) */
+    size_t      spare_cap[4];
     uint64_t    done_bytes;
     int         dead;        /* dropped from the table: stop converting */
     double      t0;          /* when it was planned (CLOCK_MONOTONIC s): the log's "ready in" */

@@ -10,6 +10,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <pthread.h>
 #include <time.h>
 #include <sys/statvfs.h>
 #include <unistd.h>
@@ -208,7 +209,8 @@ static int plan_units(jlmfs_view *v, jlm_err *err)
         v->units[u].len = next - v->units[u].off;
     }
     v->done = calloc(v->n_units ? v->n_units : 1, 1);
-    return v->done ? 0 : jlm_errf(err, JLM_ENOMEM, "%s: out of memory", v->rel);
+    v->busy = calloc(v->n_units ? v->n_units : 1, 1);
+    return v->done && v->busy ? 0 : jlm_errf(err, JLM_ENOMEM, "%s: out of memory", v->rel);
 }
 
 /* ---------------------------------------------------------------- texts */
@@ -401,6 +403,7 @@ int jlmfs_view_create(jlmfs *fs, const char *rel, const jlmfs_ident *id, const s
     v->id = *id;
     v->dir_st = *dir_st;
     pthread_mutex_init(&v->lock, NULL);
+    pthread_cond_init(&v->packed, NULL);
     size_t n = strlen(rel);
     v->is_hf = id->hf_hash != 0;
     size_t stem = v->is_hf ? n : n - 5;   /* "sub/foo" of "sub/foo.gguf" or of the folder "sub/foo" */
@@ -452,8 +455,12 @@ void jlmfs_view_unref(jlmfs_view *v)
     jlm_conv_close(v->conv);
     jlm_fmt_close(v->plan);
     pthread_mutex_destroy(&v->lock);
+    pthread_cond_destroy(&v->packed);
     free(v->rel); free(v->key); free(v->cache_path); free(v->part_path);
-    free(v->meta); free(v->units); free(v->done); free(v->moe_rank); free(v->config_json); free(v->tensors_txt);
+    free(v->meta); free(v->units); free(v->done); free(v->busy);
+    free(v->moe_rank); free(v->config_json); free(v->tensors_txt);
+    for (int i = 0; i < 4; i++)
+        free(v->spare[i]);
     free(v);
 }
 
@@ -520,14 +527,87 @@ void jlmfs_view_retire(jlmfs_view *v, const char *why)
 }
 
 /* ---------------------------------------------------------------- units */
+/* One packer per unit. A page-in through the kernel arrives as many FUSE
+ * reads in flight at once (an O_DIRECT read of a 34 MB page is split into
+ * max_read pieces and sent together), and each piece used to pack the whole
+ * unit itself: up to a dozen threads packing the same 34 MB on two cores,
+ * which made drop-to-first-token 2.4x convert + run. Now the first thread to
+ * want a unit claims it and packs it; the others (readers, or the worker)
+ * wait for it on v->packed and then read the cache file. */
+enum { CLAIM_DONE = 0, CLAIM_MINE = 1, CLAIM_BUSY = 2, CLAIM_FAILED = 3 };
+
+/* wait: block while another thread packs u; else CLAIM_BUSY at once. */
+static int claim_unit(jlmfs_view *v, uint32_t u, int wait)
+{
+    pthread_mutex_lock(&v->lock);
+    while (!v->done[u] && v->busy[u] && wait && v->state != JLMFS_ERROR)
+        pthread_cond_wait(&v->packed, &v->lock);
+    int r = v->done[u] ? CLAIM_DONE : v->state == JLMFS_ERROR ? CLAIM_FAILED : v->busy[u] ? CLAIM_BUSY : CLAIM_MINE;
+    if (r == CLAIM_MINE)
+        v->busy[u] = 1;
+    pthread_mutex_unlock(&v->lock);
+    return r;
+}
+
+static void release_unit(jlmfs_view *v, uint32_t u)
+{
+    pthread_mutex_lock(&v->lock);
+    v->busy[u] = 0;
+    pthread_cond_broadcast(&v->packed);
+    pthread_mutex_unlock(&v->lock);
+}
+
+/* A buffer of at least len bytes for packing a unit: a kept one when one is
+ * big enough (its pages are already mapped: a fresh 34 MB malloc is an mmap
+ * whose every page faults on first touch), else a new one. */
+static uint8_t *buf_get(jlmfs_view *v, size_t len, size_t *cap)
+{
+    uint8_t *b = NULL;
+    pthread_mutex_lock(&v->lock);
+    for (int i = 0; i < 4 && !b; i++)
+        if (v->spare[i] && v->spare_cap[i] >= len) {
+            b = v->spare[i], *cap = v->spare_cap[i];
+            v->spare[i] = NULL;
+        }
+    pthread_mutex_unlock(&v->lock);
+    if (!b && (b = malloc(len ? len : 1)))
+        *cap = len ? len : 1;
+    return b;
+}
+
+/* Keeps b for the next unit while the view converts (else frees it). */
+static void buf_put(jlmfs_view *v, uint8_t *b, size_t cap)
+{
+    pthread_mutex_lock(&v->lock);
+    for (int i = 0; b && i < 4 && v->state == JLMFS_CONVERTING; i++)
+        if (!v->spare[i]) {
+            v->spare[i] = b, v->spare_cap[i] = cap;
+            b = NULL;
+        }
+    pthread_mutex_unlock(&v->lock);
+    free(b);
+}
+
+/* The kept buffers, once no more units will be packed. */
+static void buf_drop_all(jlmfs_view *v)
+{
+    pthread_mutex_lock(&v->lock);
+    for (int i = 0; i < 4; i++) {
+        free(v->spare[i]);
+        v->spare[i] = NULL;
+    }
+    pthread_mutex_unlock(&v->lock);
+}
+
 /* Packs unit u (jlm_conv_read_span), writes it into the cache file and marks
- * it done. The caller gets the bytes in *bytes if non-NULL (else freed). Two
- * threads packing the same unit write the same bytes: harmless. Slow: no
- * lock held while packing or writing. */
-static int fill_unit(jlmfs_view *v, uint32_t u, uint8_t **bytes, jlm_err *err)
+ * it done. The caller has claimed u (claim_unit) and releases it after. The
+ * caller gets the bytes in *bytes if non-NULL (else freed). Slow: no lock
+ * held while packing or writing. */
+static int fill_unit(jlmfs_view *v, uint32_t u, uint8_t **bytes, size_t *cap, jlm_err *err)
 {
     const jlmfs_unit *un = &v->units[u];
-    uint8_t *buf = malloc(un->len ? un->len : 1);
+    size_t bcap = 0;
+    uint8_t *buf = buf_get(v, un->len, &bcap);
     if (!buf)
         return jlm_errf(err, JLM_ENOMEM, "%s: out of memory (%llu bytes for a page)", v->key,
                         (unsigned long long)un->len);
@@ -536,6 +616,8 @@ static int fill_unit(jlmfs_view *v, uint32_t u, uint8_t **bytes, jlm_err *err)
         rc = source_changed_error(v, err);
     if (!rc) {
         int e = jlm_io_pwrite_full(v->fs->io, v->fd, buf, un->len, un->off, NULL);
+        if (!e)   /* start the write-back now, so finish's fsync has little left (as format/writer.c) */
+            (void)sync_file_range(v->fd, (off_t)un->off, (off_t)un->len, SYNC_FILE_RANGE_WRITE);
         if (e == ENOSPC || e == EDQUOT)
             rc = no_space(v, err);
         else if (e)
@@ -548,12 +630,13 @@ static int fill_unit(jlmfs_view *v, uint32_t u, uint8_t **bytes, jlm_err *err)
             v->done[u] = 1;
             v->done_bytes += un->len;
         }
+        v->packs++;
         pthread_mutex_unlock(&v->lock);
     }
     if (!rc && bytes)
-        *bytes = buf;
+        *bytes = buf, *cap = bcap;
     else
-        free(buf);
+        buf_put(v, buf, bcap);
     return rc;
 }
 
@@ -599,35 +682,85 @@ static int finish(jlmfs_view *v, jlm_err *err)
         v->state = JLMFS_READY;
     pthread_mutex_unlock(&v->lock);
     if (ready)
-        jlmfs_log(v->fs, JLMFS_LOG_INFO, "%s: ready (%.1f MiB converted in %.1f s)", v->key,
-                  (double)v->file_size / (1 << 20), mono_s() - v->t0);
+        jlmfs_log(v->fs, JLMFS_LOG_INFO, "%s: ready (%.1f MiB converted in %.1f s; units %u, packed %u)", v->key,
+                  (double)v->file_size / (1 << 20), mono_s() - v->t0, v->n_units, v->packs);
     return rc;
 }
 
-void jlmfs_view_convert(jlmfs_view *v)
+/* Every unit in order, skipping those another thread is packing; then a
+ * second pass waits for those (and packs any a reader gave back undone,
+ * after ENOMEM). 0, or the first failure (already in the view's state). */
+static int convert_units(jlmfs_view *v)
 {
     jlm_err err = {0};
-    int rc = 0;
-    for (uint32_t u = 0; u < v->n_units && !rc; u++) {
-        pthread_mutex_lock(&v->lock);
-        int skip = v->done[u], stop = v->dead || v->state != JLMFS_CONVERTING ||
-                                      __atomic_load_n(&v->fs->stop, __ATOMIC_RELAXED);
-        pthread_mutex_unlock(&v->lock);
-        if (stop)
-            return;   /* dropped (kill removed the files) or shutting down (close removes the .part) */
-        if (skip)
-            continue;
-        if (v->fs->slow_ms) {   /* test hook: lets tests read ahead of the worker */
-            struct timespec ts = {v->fs->slow_ms / 1000, (long)(v->fs->slow_ms % 1000) * 1000000L};
-            nanosleep(&ts, NULL);
+    for (int pass = 0; pass < 2; pass++)
+        for (uint32_t u = 0; u < v->n_units; u++) {
+            pthread_mutex_lock(&v->lock);
+            int stop = v->dead || v->state != JLMFS_CONVERTING || __atomic_load_n(&v->fs->stop, __ATOMIC_RELAXED);
+            pthread_mutex_unlock(&v->lock);
+            if (stop)
+                return -1;   /* dropped (kill removed the files), failed, or shutting down (close removes the .part) */
+            pthread_mutex_lock(&v->lock);
+            int done = v->done[u];
+            pthread_mutex_unlock(&v->lock);
+            if (v->fs->slow_ms && !done) {   /* test hook: lets tests read ahead of the worker (not claimed yet) */
+                struct timespec ts = {v->fs->slow_ms / 1000, (long)(v->fs->slow_ms % 1000) * 1000000L};
+                nanosleep(&ts, NULL);
+            }
+            if (claim_unit(v, u, pass == 1) != CLAIM_MINE)
+                continue;    /* done, being packed (pass 0), or failed (the stop check says so next) */
+            int rc = fill_unit(v, u, NULL, NULL, &err);
+            if (rc)
+                fail_view(v, err.msg);   /* before the release: a waiting reader sees the failure */
+            release_unit(v, u);
+            if (rc)
+                return rc;
         }
-        rc = fill_unit(v, u, NULL, &err);
+    return 0;
+}
+
+typedef struct helper { jlmfs_view *v; int rc; } helper;
+
+static void *convert_helper(void *arg)
+{
+    helper *h = arg;
+    h->rc = convert_units(h->v);
+    return NULL;
+}
+
+/* The worker. A view converts on every CPU (up to PACKERS): helpers claim
+ * units beside the worker, as readers do, so one view's conversion is not
+ * one thread's (the jlm convert pipeline packs on all CPUs too). The worker
+ * finishes once the helpers are joined; the guard hears the first packer's
+ * failure code (a reader's failure: no code, it only clears the busy mark). */
+#define PACKERS 8
+void jlmfs_view_convert(jlmfs_view *v)
+{
+    long ncpu = sysconf(_SC_NPROCESSORS_ONLN);
+    int nh = ncpu > 1 ? (int)(ncpu < PACKERS ? ncpu : PACKERS) - 1 : 0, started = 0;
+    pthread_t th[PACKERS];
+    helper hs[PACKERS];
+    for (; started < nh && v->fs->slow_ms == 0; started++) {   /* the slow test hook wants one packer */
+        hs[started] = (helper){v, 0};
+        if (pthread_create(&th[started], NULL, convert_helper, &hs[started]))
+            break;
     }
-    if (!rc)
-        rc = finish(v, &err);
-    if (rc)
+    int rc = convert_units(v);
+    for (int i = 0; i < started; i++) {
+        pthread_join(th[i], NULL);
+        if (rc <= 0 && hs[i].rc > 0)
+            rc = hs[i].rc;
+    }
+    buf_drop_all(v);
+    pthread_mutex_lock(&v->lock);
+    int failed = v->state != JLMFS_CONVERTING, dead = v->dead;
+    pthread_mutex_unlock(&v->lock);
+    if (dead || __atomic_load_n(&v->fs->stop, __ATOMIC_RELAXED))
+        return;   /* dropped (kill removed the files) or shutting down (close removes the .part) */
+    jlm_err err = {0};
+    if (!failed && rc == 0 && (rc = finish(v, &err)))
         fail_view(v, err.msg);
-    jlmfs_guard_leave(v, rc, v->errmsg);
+    jlmfs_guard_leave(v, rc > 0 ? rc : failed ? JLM_EIO : 0, v->errmsg);
 }
 
 /* ---------------------------------------------------------------- reads */
@@ -658,9 +791,14 @@ int jlmfs_view_read(jlmfs_view *v, uint64_t off, size_t len, uint8_t *out, jlm_e
     for (uint32_t u = unit_at(v, off); u < v->n_units && off < end; u++) {
         const jlmfs_unit *un = &v->units[u];
         uint64_t hi = un->off + un->len < end ? un->off + un->len : end, n = hi - off;
-        pthread_mutex_lock(&v->lock);
-        int done = v->done[u];
-        pthread_mutex_unlock(&v->lock);
+        int c = claim_unit(v, u, 1);   /* another thread packing u: wait for it, then read the file */
+        if (c == CLAIM_FAILED) {
+            pthread_mutex_lock(&v->lock);
+            jlm_errf(err, JLM_EIO, "%s: conversion failed: %s", v->key, v->errmsg);
+            pthread_mutex_unlock(&v->lock);
+            return JLM_EIO;
+        }
+        int done = c == CLAIM_DONE;
         int tier = done ? JLM_TIER_DISK : JLM_TIER_CONVERT;
         if (done) {   /* hot path: the cache file (its own page cache sits below) */
             int e = jlm_io_pread_full(v->fs->io, v->fd, out, n, off, NULL);
@@ -670,13 +808,15 @@ int jlmfs_view_read(jlmfs_view *v, uint64_t off, size_t len, uint8_t *out, jlm_e
                                 strerror(e == JLM_IO_EOF ? EIO : e));
         } else {      /* ahead of the worker: pack the whole unit now, keep it */
             uint8_t *b;
-            int rc = fill_unit(v, u, &b, err);
+            size_t bcap = 0;
+            int rc = fill_unit(v, u, &b, &bcap, err);
             if (rc && rc != JLM_ENOMEM)
                 fail_view(v, err->msg);   /* as the worker would: status says why, no later read mixes */
+            release_unit(v, u);           /* after the state says so: waiters see the failure, not a retry */
             if (rc)
                 return rc;
             memcpy(out, b + (off - un->off), n);
-            free(b);
+            buf_put(v, b, bcap);
         }
         if (un->arr != JLMFS_A_META)
             jlmfs_db_record(v->fs, v->key, un, tier, n);

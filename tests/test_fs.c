@@ -198,6 +198,50 @@ Test(fs, a_page_read_ahead_of_background_conversion_has_the_converted_bytes)
     free(ref);
 }
 
+/* A page-in arrives as many FUSE reads at once (an O_DIRECT read is split
+ * into max_read pieces sent together). Each piece used to pack its whole
+ * unit: a dozen threads packing the same page, which made drop-to-first-
+ * token 2.4x convert + run (docs/jlmfs.md). Now one thread packs a unit and
+ * the others wait for it: the daemon's "ready" line counts the packings,
+ * which must equal the units. The worker sleeps 2 s before each unit, so the
+ * one large read (the whole 13 MB container: 4 pages of 3 MiB) is ahead of it. */
+Test(fs, a_page_read_in_many_pieces_at_once_is_packed_once)
+{
+    mnt_start(2000, 1);
+    copy_in("synth-llama-256.f32.gguf", "m.gguf");
+    size_t n;
+    char *rp;
+    unsigned char *ref = reference("synth-llama-256.f32.gguf", &n, &rp);
+    int fd = open(pathf("%s/m.jlm/model.jlm", M.mnt), O_RDONLY | O_DIRECT);
+    cr_assert(fd >= 0, "open O_DIRECT: %s", strerror(errno));
+    size_t al = (n + 4095) & ~(size_t)4095;
+    void *buf = NULL;
+    cr_assert(posix_memalign(&buf, 4096, al) == 0);
+    ssize_t got = pread(fd, buf, al, 0);
+    close(fd);
+    cr_assert(got == (ssize_t)n, "read %zd of %zu bytes: %s", got, n, strerror(errno));
+    cr_assert(!memcmp(buf, ref, n), "the container read through the view differs from jlm convert's");
+    free(buf);
+    wait_ready("m.jlm", 30);
+    char *log = NULL;
+    const char *line = NULL;
+    for (int i = 0; i < 100 && !line; i++) {   /* the log line follows the state by a moment */
+        free(log);
+        log = read_text(M.log);
+        line = log ? strstr(log, "m.jlm: ready (") : NULL;
+        if (!line)
+            sleep_ms(20);
+    }
+    cr_assert(line, "no ready line in the log:\n%s", log ? log : "");
+    unsigned units = 0, packed = 0;
+    const char *u = strstr(line, "units ");
+    cr_assert(u && sscanf(u, "units %u, packed %u", &units, &packed) == 2, "ready line: %.120s", line);
+    cr_assert(units > 1 && packed == units, "%u units packed %u times: a unit was packed more than once", units,
+              packed);
+    free(log);
+    free(ref);
+}
+
 Test(fs, two_processes_reading_one_view_during_conversion_both_see_the_right_bytes)
 {
     mnt_start(50, 1);
