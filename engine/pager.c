@@ -548,6 +548,22 @@ static int missing(const ppage *pg, uint64_t c0, uint64_t c1)
     return 0;
 }
 
+/* Maps in the frame's pages of [q, q+n) before a read lands there, in one
+ * call (MADV_POPULATE_WRITE, Linux 5.14). Without it a buffered read (a view
+ * through jlmfs, --no-direct) faults each 4 KiB page of a fresh frame inside
+ * copy_to_iter, one exception each: in a VM that was 24% of a run through
+ * the mount. The read overwrites the pages, so nothing else changes; an older
+ * kernel (EINVAL) just faults them as before. */
+#ifndef MADV_POPULATE_WRITE
+#define MADV_POPULATE_WRITE 23
+#endif
+static void prefault(uint8_t *q, uint64_t n)
+{
+    uintptr_t a = (uintptr_t)q & ~(uintptr_t)4095, b = ((uintptr_t)q + n + 4095) & ~(uintptr_t)4095;
+    if (b > a)
+        (void)madvise((void *)a, b - a, MADV_POPULATE_WRITE);
+}
+
 /* Reads the missing chunks of [c0, c1) in coalesced runs (charged by the
  * caller). *read_bytes = bytes read (also on failure: the runs before it stay
  * filled; the failed run's memory is given back). */
@@ -566,6 +582,7 @@ static int fill_chunks(jlm_pager *p, ppage *pg, uint64_t c0, uint64_t c1, uint64
             e++;
         uint64_t lo = chunk_lo(p, c), hi = chunk_hi(p, r, pg, e);
         uint64_t t0 = now_ns();
+        prefault(pg->frame + lo, hi - lo);
         int rc = p->src->read(p->src, r->base_off + (uint64_t)pg->idx * r->page_size + lo,
                               (size_t)(hi - lo), pg->frame + lo, err);
         r->st.read_ns += now_ns() - t0;
@@ -607,6 +624,7 @@ static void *pf_main(void *arg)
         int rc = 0;
         for (uint32_t i = 0; i < n && !rc; i++) {
             const pfrun *u = &f->runs[i];   /* not changed while QUEUED */
+            prefault(dst + u->lo, u->hi - u->lo);
             rc = p->src->read(p->src, base + u->lo, (size_t)(u->hi - u->lo), dst + u->lo, &err);
         }
         pthread_mutex_lock(&f->mu);
