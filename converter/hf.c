@@ -924,7 +924,8 @@ static void mxfp4_join(const uint8_t *blocks, const uint8_t *scales, uint8_t *ou
 
 /* Row by row, through a bounce buffer: permuted, interleaved, shared,
  * widened or MXFP4 rows. */
-static int read_rows(hf *h, const jlm_gguf_tensor *g, const vsrc *s, uint64_t off, uint8_t *buf, size_t n)
+static int read_rows(hf *h, const jlm_gguf_tensor *g, const vsrc *s, uint64_t off, uint8_t *buf, size_t n,
+                     jlm_err *err)
 {
     int mx = s->scales != NULL;
     uint32_t rs = s->rstride ? s->rstride : 1, cs = s->cstride ? s->cstride : 1;
@@ -933,17 +934,17 @@ static int read_rows(hf *h, const jlm_gguf_tensor *g, const vsrc *s, uint64_t of
     uint64_t orb = mx ? nb * 17 : s->row_len * esize(g->type);
     uint8_t *row = malloc(srb + orb + (mx ? nb : 0));
     if (!row)
-        return jlm_errf(h->err, JLM_ENOMEM, "%s: row buffer", h->dir);
+        return jlm_errf(err, JLM_ENOMEM, "%s: row buffer", h->dir);
     int rc = 0;
     for (uint64_t r = off / orb; r * orb < off + n && !rc; r++) {
         uint64_t k = r / s->seg_rows;
         const jlm_st_tensor *t = s->seg[k];
         uint64_t sr = (s->shared ? k * s->src_seg_rows : 0) + src_row(s, r % s->seg_rows) * rs + s->rphase;
         uint8_t *o = row + srb;
-        if ((rc = jlm_st_read(h->st, t, sr * srb, row, srb, h->err)))
+        if ((rc = jlm_st_read(h->st, t, sr * srb, row, srb, err)))
             break;
         if (mx) {
-            if ((rc = jlm_st_read(h->st, s->scales[k], sr * nb, o + orb, nb, h->err)))
+            if ((rc = jlm_st_read(h->st, s->scales[k], sr * nb, o + orb, nb, err)))
                 break;
             mxfp4_join(row, o + orb, o, nb);
         } else if (g->type == t->dtype && !s->add_one && cs == 1) {
@@ -960,10 +961,9 @@ static int read_rows(hf *h, const jlm_gguf_tensor *g, const vsrc *s, uint64_t of
 
 static int vread(void *ctx, uint64_t i, uint64_t off, void *buf, size_t n, jlm_err *err)
 {
-    hf *h = ctx;
+    hf *h = ctx;   /* read-only here: the daemon's packers read one conversion from several threads */
     const jlm_gguf_tensor *g = &h->t[i];
     const vsrc *s = &h->src[i];
-    h->err = err;
     if (off > g->n_bytes || n > g->n_bytes - off)
         return jlm_errf(err, JLM_EINVAL, "%s: tensor '%s': read past its %" PRIu64 " bytes", h->dir, g->name.s, g->n_bytes);
     if (s->data) {
@@ -971,7 +971,7 @@ static int vread(void *ctx, uint64_t i, uint64_t off, void *buf, size_t n, jlm_e
         return 0;
     }
     if (s->perm_heads || s->add_one || s->shared || g->type != s->seg[0]->dtype)
-        return read_rows(h, g, s, off, buf, n);
+        return read_rows(h, g, s, off, buf, n, err);
     uint64_t sb = s->seg[0]->n_bytes;   /* direct: segment by segment */
     for (uint32_t k = (uint32_t)(off / sb); k < s->n_seg && (uint64_t)k * sb < off + n; k++) {
         uint64_t lo = k * sb > off ? k * sb : off, hi = (k + 1) * sb < off + n ? (k + 1) * sb : off + n;
