@@ -16,6 +16,7 @@
 #           the suite itself does not run under it; see docs/architecture.md.)
 #   test    builds the suite and runs it (Criterion's closing line is what CI reads).
 #   bench   benchmarks in bench/, printing ratios against an in-run baseline.
+#   bench-build  builds every bench without running one (CI: they must compile).
 #   soak    tests/soak.sh: the full-size soak of issue 10 (about 75 s; not in test).
 #   fuzz    libFuzzer targets and seed corpora (clang); needs libclang-rt-14-dev.
 #   fuzz-smoke  every fuzz target for FUZZ_SECONDS (60) each.
@@ -86,7 +87,7 @@ TEST_BIN := $(BUILD)/jlm-tests
 BENCH_SRC := $(wildcard bench/*.c)
 BENCH_BIN := $(BENCH_SRC:bench/%.c=$(BUILD)/bench/%)
 
-.PHONY: all debug tsan test bench soak fuzz fuzz-smoke install uninstall clean cuda-check
+.PHONY: all debug tsan test bench bench-build soak fuzz fuzz-smoke install uninstall clean cuda-check
 all: $(LIB) $(BINS)
 
 debug:
@@ -179,6 +180,9 @@ $(CUDA_CHECK): tests/cuda/device_check.c $(LIB)
 # mount, the source replaced, rewritten and renamed): opt-in, not in `test`.
 soak: all
 	JLM_BIN_DIR=$(abspath $(BUILD)) tests/soak.sh
+
+# bench-build: every bench compiles (CI), without running them
+bench-build: all $(BENCH_BIN)
 
 bench: all $(BENCH_BIN)
 	@for b in $(BENCH_BIN); do echo "== $$b"; JLM_BIN=$(abspath $(BUILD)/jlm) $$b || exit 1; done
