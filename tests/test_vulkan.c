@@ -1119,7 +1119,7 @@ static int argmax2(const float *l, uint32_t n, float *margin)
     return (int)b;
 }
 
-Test(vulkan, every_test_model_on_vulkan_whole_and_at_gpu_layers_2_matches_the_cpu, .timeout = 240)
+Test(vulkan, every_test_model_on_vulkan_whole_split_and_at_one_frame_each_side_matches_the_cpu, .timeout = 300)
 {
     char *dir = tu_tmpdir();
     int n_oracle = 0;
@@ -1133,13 +1133,18 @@ Test(vulkan, every_test_model_on_vulkan_whole_and_at_gpu_layers_2_matches_the_cp
         jlm_engine *ec = engine_on(path, "cpu", 0);
         uint32_t nv = jlm_engine_n_vocab(ec);
         float *lc = malloc(nv * 4), *lv = malloc(nv * 4);
-        for (uint32_t gl = 0; gl <= 2; gl += 2) {
-            jlm_engine *ev = engine_on(path, "vulkan", gl);
+        /* cfg 0: whole; 1: --gpu-layers 2 (split); 2: --budget 1 --gpu-budget 1
+         * (both raised to one frame plus the routed experts: every token pages
+         * every block in again on both sides) */
+        for (int cfg = 0; cfg < 3; cfg++) {
+            uint32_t gl = cfg == 1 ? 2 : 0;
+            const char *what = cfg == 0 ? "vulkan" : cfg == 1 ? "vulkan, --gpu-layers 2" : "vulkan, one frame each side";
+            jlm_engine *ev = cfg == 2 ? engine_opts(path, "vulkan", 1, 1) : engine_on(path, "vulkan", gl);
             if (!ev) {
                 tu_rmrf(dir);
                 cr_skip_test("vulkan: no device");
             }
-            n_oracle += vs_oracle(ev, MATRIX[m], gl ? "vulkan, --gpu-layers 2" : "vulkan");
+            n_oracle += vs_oracle(ev, MATRIX[m], what);
             jlm_engine_rewind(ec, 0);
             int32_t tok[3] = {1, 10, 20};
             uint32_t n = 3;
@@ -1152,20 +1157,32 @@ Test(vulkan, every_test_model_on_vulkan_whole_and_at_gpu_layers_2_matches_the_cp
                     mx = fmaxf(mx, fabsf(lc[i]));
                     d = fmaxf(d, fabsf(lc[i] - lv[i]));
                 }
-                cr_assert(d <= vk_cpu_tol(MATRIX[m]) * mx, "%s --gpu-layers %s, step %d: logits differ by %g (largest %g)",
-                          MATRIX[m], gl ? "2" : "all", step, d, mx);
+                cr_assert(d <= vk_cpu_tol(MATRIX[m]) * mx, "%s (%s), step %d: logits differ by %g (largest %g)",
+                          MATRIX[m], what, step, d, mx);
                 int ic = argmax2(lc, nv, &margin), iv;
                 float mv;
                 iv = argmax2(lv, nv, &mv);
                 if (margin > 2 * d)
-                    cr_assert_eq(ic, iv, "%s --gpu-layers %s, step %d: id %d vs the CPU's %d (margin %g)", MATRIX[m],
-                                 gl ? "2" : "all", step, iv, ic, margin);
+                    cr_assert_eq(ic, iv, "%s (%s), step %d: id %d vs the CPU's %d (margin %g)", MATRIX[m], what,
+                                 step, iv, ic, margin);
                 tok[0] = ic;   /* the CPU's pick, fed to both */
                 n = 1;
             }
             uint64_t mm, up;
             jlm_engine_vk_counters(ev, &mm, &up);
             cr_assert(mm > 0, "%s: no matmul ran on Vulkan", MATRIX[m]);
+            uint32_t nb = jlm_engine_model(ev)->hdr.n_blocks;
+            if (cfg == 2 && nb > 1) {   /* evictions counted on both sides: pages read again */
+                jlm_evk_stats vs;
+                jlm_engine_vk_stats(ev, &vs);
+                jlm_pager_counters pc;
+                jlm_pager_stats(jlm_engine_pager(ev), &pc);
+                uint64_t host_in = pc.a[0].page_ins + pc.a[0].fills;
+                cr_assert(vs.evictions > 0 && vs.page_ins > nb, "%s (%s): device %llu page-ins, %llu evictions for %u blocks",
+                          MATRIX[m], what, (unsigned long long)vs.page_ins, (unsigned long long)vs.evictions, nb);
+                cr_assert(host_in > nb, "%s (%s): host %llu page-ins + fills for %u blocks over 4 evaluations", MATRIX[m],
+                          what, (unsigned long long)host_in, nb);
+            }
             jlm_engine_close(ev);
         }
         free(lc);
@@ -1173,7 +1190,7 @@ Test(vulkan, every_test_model_on_vulkan_whole_and_at_gpu_layers_2_matches_the_cp
         jlm_engine_close(ec);
         free(path);
     }
-    cr_assert(n_oracle >= 2 * 20, "only %d oracle comparisons", n_oracle);
+    cr_assert(n_oracle >= 3 * 20, "only %d oracle comparisons", n_oracle);
     tu_rmrf(dir);
     free(dir);
 }
