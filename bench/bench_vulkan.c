@@ -53,6 +53,21 @@ static void fill(void *p, uint64_t n, int dplane, uint64_t *seed)
         w[i] = dplane ? 0x1c001c00u : (uint32_t)rng(seed) & 0x3f3f3f3fu;
 }
 
+/* The planes of one matrix (float types: 1.0 / 2^-4 in every element) and
+ * nx activations in [-1, 1). */
+static void fill_operands(uint8_t type, uint8_t *qs, uint64_t ql, uint8_t *d, uint64_t dl, uint8_t *sc, uint64_t sl,
+                          float *x, uint64_t nx, uint64_t *seed)
+{
+    fill(qs, ql, 0, seed);
+    if (jlm_fmt_type_traits(type)->is_float)
+        for (uint64_t i = 0; i < ql / 2; i++)
+            ((uint16_t *)qs)[i] = type == JLM_T_BF16 ? 0x3c00 : 0x2c00;
+    fill(d, dl, 1, seed);
+    fill(sc, sl, 0, seed);
+    for (uint64_t i = 0; i < nx; i++)
+        x[i] = (float)(rng(seed) % 2000) / 1000.0f - 1.0f;
+}
+
 typedef struct job {
     uint8_t type;
     uint64_t k, rows;
@@ -69,14 +84,7 @@ static int run_type(jlm_vk *vk, const job *j, double *cpu_s, double *vk_s, uint6
     uint8_t *qs = malloc(ql + 64), *d = malloc(dl + 64), *sc = malloc(sl + 64);
     float *x = malloc(j->k * 4), *y = malloc(j->rows * 4);
     void *abuf = malloc(jlm_k_act_q8_bytes(j->k));
-    fill(qs, ql, 0, &seed);
-    if (tr->is_float)
-        for (uint64_t i = 0; i < ql / 2; i++)
-            ((uint16_t *)qs)[i] = j->type == JLM_T_BF16 ? 0x3c00 : 0x2c00;
-    fill(d, dl, 1, &seed);
-    fill(sc, sl, 0, &seed);
-    for (uint64_t i = 0; i < j->k; i++)
-        x[i] = (float)(rng(&seed) % 2000) / 1000.0f - 1.0f;
+    fill_operands(j->type, qs, ql, d, dl, sc, sl, x, j->k, &seed);
     jlm_act_q8 xq;
     jlm_k_act_q8_init(&xq, abuf, j->k, NULL);
     jlm_k_quantize_act(x, &xq);
@@ -161,14 +169,7 @@ static int run_prefill(jlm_vk *vk, jlm_vk *vk1, const job *j, uint32_t ntok)
     float *x = malloc(ntok * j->k * 4), *y1 = malloc(ntok * j->rows * 4), *y8 = malloc(ntok * j->rows * 4);
     uint8_t *aq = malloc(ntok * j->k), *ad = malloc(ntok * j->k / 8), *as = malloc(ntok * j->k / 8);
     void *abuf = malloc(jlm_k_act_q8_bytes(j->k));
-    fill(qs, ql, 0, &seed);
-    if (tr->is_float)
-        for (uint64_t i = 0; i < ql / 2; i++)
-            ((uint16_t *)qs)[i] = j->type == JLM_T_BF16 ? 0x3c00 : 0x2c00;
-    fill(d, dl, 1, &seed);
-    fill(sc, sl, 0, &seed);
-    for (uint64_t i = 0; i < ntok * j->k; i++)
-        x[i] = (float)(rng(&seed) % 2000) / 1000.0f - 1.0f;
+    fill_operands(j->type, qs, ql, d, dl, sc, sl, x, ntok * j->k, &seed);
     jlm_act_q8 xq;
     jlm_k_act_q8_init(&xq, abuf, j->k, NULL);
     for (uint32_t t = 0; t < ntok; t++) {   /* tokens one after another, as jlm_vk_act wants */
