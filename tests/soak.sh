@@ -1,7 +1,7 @@
 #!/bin/bash
-# tests/soak.sh - the full-size soak of issue 10 (opt-in: `make soak`; about
-# SOAK_SECONDS + 15 s, so it is not part of `make test`; the suite's fs_soak
-# is the bounded 6 s version).
+# tests/soak.sh - the full-size soak of issue 10 (`make soak`; about
+# SOAK_SECONDS + 15 s, so it is not part of `make test`, but .ci/run runs it
+# after the suite; the suite's fs_soak is the bounded 6 s version).
 #
 # Mounts build/jlmfs over a fresh SRC, drops one model (A = stories260K) and
 # runs READERS concurrent readers for SOAK_SECONDS against its view m.jlm:
