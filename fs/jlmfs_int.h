@@ -32,6 +32,10 @@ typedef struct jlmfs_unit {
     int32_t  a, b;          /* page name: blocks.a, vision.a, experts.a.b */
 } jlmfs_unit;
 
+/* Packing buffers a converting view keeps for reuse (fs/view.c buf_get/buf_put):
+ * up to 4; packers beyond that (a view packs on up to 8 CPUs) allocate theirs. */
+#define JLMFS_SPARES 4
+
 struct jlmfs_view {
     jlmfs      *fs;
     int         refs;        /* atomic (__atomic builtins) */
@@ -62,8 +66,8 @@ struct jlmfs_view {
     uint8_t    *busy;        /* (n_units,) 1 = one thread is packing it; the others wait on packed */
     pthread_cond_t packed;   /* broadcast when a unit's packing ends (done or not) */
     uint32_t    packs;       /* under lock: units packed and written (== n_units when none is packed twice) */
-    uint8_t    *spare[4];    /* packing buffers kept for the next unit (no fresh pages to fault in) */
-    size_t      spare_cap[4];
+    uint8_t    *spare[JLMFS_SPARES];   /* packing buffers kept for the next unit (no fresh pages to fault in) */
+    size_t      spare_cap[JLMFS_SPARES];
     uint64_t    done_bytes;
     int         dead;        /* dropped from the table: stop converting */
     double      t0;          /* when it was planned (CLOCK_MONOTONIC s): the log's "ready in" */

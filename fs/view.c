@@ -459,7 +459,7 @@ void jlmfs_view_unref(jlmfs_view *v)
     free(v->rel); free(v->key); free(v->cache_path); free(v->part_path);
     free(v->meta); free(v->units); free(v->done); free(v->busy);
     free(v->moe_rank); free(v->config_json); free(v->tensors_txt);
-    for (int i = 0; i < 4; i++)
+    for (int i = 0; i < JLMFS_SPARES; i++)
         free(v->spare[i]);
     free(v);
 }
@@ -564,7 +564,7 @@ static uint8_t *buf_get(jlmfs_view *v, size_t len, size_t *cap)
 {
     uint8_t *b = NULL;
     pthread_mutex_lock(&v->lock);
-    for (int i = 0; i < 4 && !b; i++)
+    for (int i = 0; i < JLMFS_SPARES && !b; i++)
         if (v->spare[i] && v->spare_cap[i] >= len) {
             b = v->spare[i], *cap = v->spare_cap[i];
             v->spare[i] = NULL;
@@ -579,7 +579,7 @@ static uint8_t *buf_get(jlmfs_view *v, size_t len, size_t *cap)
 static void buf_put(jlmfs_view *v, uint8_t *b, size_t cap)
 {
     pthread_mutex_lock(&v->lock);
-    for (int i = 0; b && i < 4 && v->state == JLMFS_CONVERTING; i++)
+    for (int i = 0; b && i < JLMFS_SPARES && v->state == JLMFS_CONVERTING; i++)
         if (!v->spare[i]) {
             v->spare[i] = b, v->spare_cap[i] = cap;
             b = NULL;
@@ -592,7 +592,7 @@ static void buf_put(jlmfs_view *v, uint8_t *b, size_t cap)
 static void buf_drop_all(jlmfs_view *v)
 {
     pthread_mutex_lock(&v->lock);
-    for (int i = 0; i < 4; i++) {
+    for (int i = 0; i < JLMFS_SPARES; i++) {
         free(v->spare[i]);
         v->spare[i] = NULL;
     }
@@ -697,12 +697,10 @@ static int convert_units(jlmfs_view *v)
         for (uint32_t u = 0; u < v->n_units; u++) {
             pthread_mutex_lock(&v->lock);
             int stop = v->dead || v->state != JLMFS_CONVERTING || __atomic_load_n(&v->fs->stop, __ATOMIC_RELAXED);
+            int done = v->done[u];
             pthread_mutex_unlock(&v->lock);
             if (stop)
                 return -1;   /* dropped (kill removed the files), failed, or shutting down (close removes the .part) */
-            pthread_mutex_lock(&v->lock);
-            int done = v->done[u];
-            pthread_mutex_unlock(&v->lock);
             if (v->fs->slow_ms && !done) {   /* test hook: lets tests read ahead of the worker (not claimed yet) */
                 struct timespec ts = {v->fs->slow_ms / 1000, (long)(v->fs->slow_ms % 1000) * 1000000L};
                 nanosleep(&ts, NULL);
@@ -777,13 +775,20 @@ static uint32_t unit_at(const jlmfs_view *v, uint64_t off)
     return lo;
 }
 
+/* A read of a view in ERROR: EIO naming the reason (errmsg is set once,
+ * before the state changes, and never again). */
+static int failed_read(const jlmfs_view *v, jlm_err *err)
+{
+    return jlm_errf(err, JLM_EIO, "%s: conversion failed: %s", v->key, v->errmsg);
+}
+
 int jlmfs_view_read(jlmfs_view *v, uint64_t off, size_t len, uint8_t *out, jlm_err *err)
 {
     pthread_mutex_lock(&v->lock);
     int state = v->state;
     pthread_mutex_unlock(&v->lock);
     if (state == JLMFS_ERROR)
-        return jlm_errf(err, JLM_EIO, "%s: conversion failed: %s", v->key, v->errmsg);
+        return failed_read(v, err);
     if (off > v->file_size || len > v->file_size - off)
         return jlm_errf(err, JLM_EINVAL, "%s: read [%llu, +%zu) past %llu bytes", v->key,
                         (unsigned long long)off, len, (unsigned long long)v->file_size);
@@ -792,12 +797,8 @@ int jlmfs_view_read(jlmfs_view *v, uint64_t off, size_t len, uint8_t *out, jlm_e
         const jlmfs_unit *un = &v->units[u];
         uint64_t hi = un->off + un->len < end ? un->off + un->len : end, n = hi - off;
         int c = claim_unit(v, u, 1);   /* another thread packing u: wait for it, then read the file */
-        if (c == CLAIM_FAILED) {
-            pthread_mutex_lock(&v->lock);
-            jlm_errf(err, JLM_EIO, "%s: conversion failed: %s", v->key, v->errmsg);
-            pthread_mutex_unlock(&v->lock);
-            return JLM_EIO;
-        }
+        if (c == CLAIM_FAILED)
+            return failed_read(v, err);
         int done = c == CLAIM_DONE;
         int tier = done ? JLM_TIER_DISK : JLM_TIER_CONVERT;
         if (done) {   /* hot path: the cache file (its own page cache sits below) */
