@@ -9,12 +9,9 @@
  *   build/bench/bench_qd FILE [ROUNDS]     (a file of at least 64 MiB, on the
  *                                            disk the models live on)
  */
+#include "bench/bench_common.h"
+
 #include <fcntl.h>
-#include <pthread.h>
-#include <stdio.h>
-#include <stdlib.h>
-#include <time.h>
-#include <unistd.h>
 
 typedef struct job { int fd, nt, t; size_t piece, size; int failed; } job;
 
@@ -33,13 +30,6 @@ static void *reader(void *arg)
         }
     free(b);
     return NULL;
-}
-
-static double now(void)
-{
-    struct timespec t;
-    clock_gettime(CLOCK_MONOTONIC, &t);
-    return t.tv_sec + t.tv_nsec * 1e-9;
 }
 
 int main(int argc, char **argv)
@@ -68,7 +58,7 @@ int main(int argc, char **argv)
             for (int i = 0; i < 4; i++) {
                 pthread_t th[8];
                 job js[8];
-                double t0 = now();
+                double t0 = bench_now();
                 for (int t = 0; t < NT[i]; t++) {
                     js[t] = (job){fd, NT[i], t, PIECE[p], size, 0};
                     pthread_create(&th[t], NULL, reader, &js[t]);
@@ -82,7 +72,7 @@ int main(int argc, char **argv)
                     fprintf(stderr, "bench_qd: %s: a read failed\n", argv[1]);
                     return 1;
                 }
-                double gbs = (double)size / (now() - t0) / 1e9;
+                double gbs = (double)size / (bench_now() - t0) / 1e9;
                 if (gbs > best[p][i])
                     best[p][i] = gbs;
             }
