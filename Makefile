@@ -106,7 +106,7 @@ $(BUILD)/obj/%_avx512.o: %_avx512.c
 	@mkdir -p $(dir $@)
 	$(CC) $(BASECFLAGS) $(AVX512_FLAGS) -MMD -MP -c $< -o $@
 
-$(BUILD)/obj/kernels/cuda/device.o: BASECFLAGS += $(if $(filter 1,$(CUDA)),-DJLM_CUDA=1 -I$(CUDA_HOME)/include)
+$(BUILD)/obj/kernels/cuda/device.o $(BUILD)/obj/kernels/cuda/rt.o: BASECFLAGS += $(if $(filter 1,$(CUDA)),-DJLM_CUDA=1 -I$(CUDA_HOME)/include)
 
 # -fmad=false: no FMA contraction, as -ffp-contract=off on the host (body.h invariant 1)
 $(BUILD)/obj/%.o: %.cu kernels/cuda/body.h
@@ -175,6 +175,19 @@ cuda-check: $(CUDA_CHECK)
 $(CUDA_CHECK): tests/cuda/device_check.c $(LIB)
 	$(CC) $(BASECFLAGS) $(if $(filter 1,$(CUDA)),-DJLM_CUDA=1 -I$(CUDA_HOME)/include) $(LDFLAGS) \
 	    -o $@ $< $(LIB) $(CUDA_LIBS) -lm -pthread
+
+# The engine on CUDA against the CPU, and its speed (tests/cuda/engine_check.c;
+# bench/gpu-check.sh runs it on a GPU machine). Self-contained as jlm-cuda-check:
+# jansson linked statically, Vulkan left out (vk.c's stub, built again without
+# JLM_HAVE_VULKAN), so it needs no library the GPU machine may lack.
+CUDA_ENGINE := $(BUILD)/jlm-cuda-engine
+cuda-check: $(CUDA_ENGINE)
+$(BUILD)/obj/cuda-engine/vk_stub.o: kernels/vulkan/vk.c
+	@mkdir -p $(dir $@)
+	$(CC) $(BASECFLAGS) -c $< -o $@
+$(CUDA_ENGINE): tests/cuda/engine_check.c $(BUILD)/obj/cuda-engine/vk_stub.o $(LIB)
+	$(CC) $(BASECFLAGS) $(LDFLAGS) -o $@ $< $(BUILD)/obj/cuda-engine/vk_stub.o $(LIB) \
+	    -Wl,-Bstatic -ljansson -Wl,-Bdynamic $(CUDA_LIBS) -lm -pthread
 
 # The full-size soak of issue 10 (8 readers, 60 s, the engine through the
 # mount, the source replaced, rewritten and renamed): not in `test`; .ci/run runs it.

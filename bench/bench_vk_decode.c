@@ -50,8 +50,8 @@ static int measure(const char *path, const char *backend, const vk_opts *o, vk_f
         toks[i] = (int32_t)(1 + (i * 7919) % (nv - 1));
     rc = logits ? jlm_engine_eval(e, toks, 2, logits, &err) : -1;   /* warm-up: pages every block in */
     f->pp = f->tg = 0;
-    jlm_evk_stats s0, s1;
-    jlm_engine_vk_stats(e, &s0);
+    jlm_dev_stats s0, s1;
+    jlm_engine_dev_stats(e, &s0);
     for (int r = 0; r < o->reps && !rc; r++) {
         jlm_engine_rewind(e, 0);
         double t0 = bench_now();
@@ -68,7 +68,7 @@ static int measure(const char *path, const char *backend, const vk_opts *o, vk_f
         if (pp > f->pp) f->pp = pp;
         if (tg > f->tg) f->tg = tg;
     }
-    jlm_engine_vk_stats(e, &s1);
+    jlm_engine_dev_stats(e, &s1);
     double tokens = (double)o->reps * (o->n_pp + o->n_tg);
     f->kernel_ms = (double)(s1.kernel_ns - s0.kernel_ns) / 1e6 / tokens;
     f->xfer_ms = (double)(s1.xfer_ns - s0.xfer_ns) / 1e6 / tokens;

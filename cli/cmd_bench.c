@@ -14,7 +14,7 @@
  * numeric columns of csv and json are plain numbers (bytes, not "1.2 MiB"). */
 #include "cli/cli.h"
 #include "cli/opts.h"
-#include "engine/backend_vk.h"
+#include "engine/backend.h"
 #include "engine/model.h"
 
 #include <jansson.h>
@@ -28,7 +28,7 @@
 
 static const char BENCH_USAGE[] =
     "usage: jlm bench MODEL [-p 512] [-n 128] [-r 3] [-t THREADS] [--budget SIZE] [--kv f32|f16] [--no-direct]\n"
-    "                 [--no-prefetch] [--profile] [--backend cpu|vulkan|auto] [--device N|NAME] [--gpu-layers N|all]\n"
+    "                 [--no-prefetch] [--profile] [--backend cpu|vulkan|cuda|auto] [--device N|NAME] [--gpu-layers N|all]\n"
     "                 [--gpu-budget SIZE]\n"
     "  -p 0 or -n 0 skips that test\n";
 
@@ -174,11 +174,11 @@ static int bench_test(jlm_engine *e, int pp, uint32_t n, int reps, int profile, 
     int rc = ids && tps && (lg || !profile || pp) ? 0 : jlm_errf(err, JLM_ENOMEM, "out of memory");
     memset(&res->prof, 0, sizeof res->prof);
     double pageins = 0, bytes = 0, wait_ns = 0;
-    jlm_evk_stats v0, v1;
+    jlm_dev_stats v0, v1;
     res->vk = 0;
     res->vk_pageins = res->vk_up_mib = res->vk_imp_mib = res->vk_kernel_ms = res->vk_xfer_ms = res->vk_matmuls = 0;
     for (int r = 0; r < reps && !rc; r++) {
-        jlm_engine_vk_stats(e, &v0);
+        jlm_engine_dev_stats(e, &v0);
         bench_ids(ids, n, nv, &seed);
         jlm_engine_rewind(e, 0);
         jlm_pager_stats_reset(jlm_engine_pager(e));
@@ -204,7 +204,7 @@ static int bench_test(jlm_engine *e, int pp, uint32_t n, int reps, int profile, 
             jlm_engine_prof_get(e, &pr);
             bench_prof_add(&res->prof, &pr);
         }
-        if ((res->vk = jlm_engine_vk_stats(e, &v1))) {
+        if ((res->vk = jlm_engine_dev_stats(e, &v1))) {
             res->vk_pageins += (double)(v1.page_ins - v0.page_ins) / reps;
             res->vk_up_mib += (double)(v1.bytes_up - v0.bytes_up) / 1048576.0 / reps;
             res->vk_imp_mib += (double)(v1.bytes_imported - v0.bytes_imported) / 1048576.0 / reps;
@@ -398,8 +398,8 @@ int jlm_cmd_bench(int argc, char **argv)
         }
         if (r.vk && o.fmt != OUT_JSON) {   /* per backend, on stderr: the table's columns stay llama-bench's */
             fflush(stdout);
-            jlm_evk_stats vs;
-            jlm_engine_vk_stats(e, &vs);
+            jlm_dev_stats vs;
+            jlm_engine_dev_stats(e, &vs);
             fprintf(stderr, "%s%s%d per backend: cpu: page-ins %.1f, read %.2f MiB; vulkan (%s, %s): page-ins %.1f, "
                     "uploaded %.2f MiB, imported %.2f MiB, matmuls %.0f, kernels %.2f ms, transfers %.2f ms\n",
                     o.fmt == OUT_MD ? "  " : "", pp ? "pp" : "tg", n, r.pageins, r.mib, vs.device, vs.path,

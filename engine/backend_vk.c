@@ -1,5 +1,5 @@
-/* backend_vk.c - the engine's Vulkan backend: device page frames under the
- * pager's policy, and the matvec offload (backend_vk.h). */
+/* backend_vk.c - the engine's Vulkan backend: device memory for the frames
+ * of engine/devframes.h, and the matvec offload (backend_vk.h). */
 #include "engine/backend_vk.h"
 
 #include <stddef.h>
@@ -7,36 +7,17 @@
 #include <string.h>
 #include <time.h>
 
-#include "engine/lru.h"
 #include "kernels/vulkan/vk.h"
 
 enum { B_QS, B_D, B_SC, B_X, B_Y, B_AQ, B_AD, B_AS, B_N };
-#define PIN_MAX 300   /* one block + the routed experts (<= 256) + dense */
 
-/* A device frame: a page of a pager array, or the dense region. */
-typedef struct dpage {
-    jlm_lru_node   ln;        /* first: class list links (unpinned resident only) */
-    jlm_vk_buf    *buf;       /* NULL: not resident on the device */
-    const uint8_t *host;      /* the host frame it mirrors (import: aliases it) */
-    uint64_t       len;
-    uint32_t       pins;
-    int            cls;
-} dpage;
-#define DP(node) ((dpage *)(void *)(node))
-
-struct jlm_evk {
-    jlm_vk     *vk;
-    jlm_vk_buf *b[B_N];
-    int         import;          /* the import path */
-    uint64_t    budget, resident;
-    jlm_lru     lru[2];
-    dpage     **tab[JLM_EVK_ARRAYS];   /* records allocated one by one: list links stay valid */
-    uint32_t    ntab[JLM_EVK_ARRAYS];
-    dpage      *pinned[PIN_MAX];
-    uint32_t    npinned;
-    dpage       dense;
-    jlm_evk_stats st;
-};
+typedef struct jlm_evk {
+    jlm_dev        dev;   /* first: a jlm_dev * is a jlm_evk * */
+    jlm_vk        *vk;
+    jlm_vk_buf    *b[B_N];
+    int            import;   /* the import path */
+    jlm_dev_stats  st;       /* the backend's counters (frames': dev.frames) */
+} jlm_evk;
 
 static uint64_t now_ns(void)
 {
@@ -45,7 +26,82 @@ static uint64_t now_ns(void)
     return (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
 }
 
-int jlm_evk_open(const char *want, int allow_cpu, jlm_evk **out, jlm_err *err)
+/* ---------------------------------------------------------------- device frames */
+
+/* Makes d resident: an import of the host frame, or a device buffer written
+ * through the staging buffer. */
+static int page_in(void *ctx, jlm_dframe *d, const void *host, uint64_t len, jlm_err *err)
+{
+    jlm_evk *v = ctx;
+    jlm_vk_buf *b = NULL;
+    uint64_t t0 = now_ns();
+    int rc = JLM_EUNSUPPORTED;
+    if (v->import && !((uintptr_t)host % 4096) && !(len % 4096)) {
+        rc = jlm_vk_buf_import(v->vk, (void *)host, len, &b, err);
+        if (!rc) {
+            v->st.bytes_imported += len;
+            d->aliased = 1;
+        }
+    }
+    if (rc) {
+        rc = jlm_vk_buf_new_device(v->vk, len, &b, err);
+        if (!rc && (rc = jlm_vk_buf_write(v->vk, b, 0, host, len, err))) {
+            jlm_vk_buf_free(v->vk, b);
+            b = NULL;
+        }
+        if (!rc)
+            v->st.bytes_up += len;
+    }
+    v->st.xfer_ns += now_ns() - t0;
+    d->buf = b;
+    return rc;
+}
+
+static void drop(void *ctx, jlm_dframe *d)
+{
+    jlm_evk *v = ctx;
+    jlm_vk_buf_free(v->vk, d->buf);
+}
+
+static const jlm_dframes_ops FRAME_OPS = {page_in, drop};
+
+/* ---------------------------------------------------------------- the jlm_dev */
+
+static void evk_close(jlm_dev *dev)
+{
+    jlm_evk *v = (jlm_evk *)dev;
+    for (int i = 0; i < B_N; i++)
+        jlm_vk_buf_free(v->vk, v->b[i]);
+    jlm_vk_close(v->vk);
+    free(v);
+}
+
+static const char *evk_device(const jlm_dev *dev) { return jlm_vk_device_name(((const jlm_evk *)dev)->vk); }
+
+static uint64_t evk_default_budget(const jlm_dev *dev)
+{
+    const jlm_evk *v = (const jlm_evk *)dev;
+    return v->import ? 0 : jlm_vk_device_local_bytes(v->vk) / 4 * 3;
+}
+
+static void evk_stats(const jlm_dev *dev, jlm_dev_stats *out) { *out = ((const jlm_evk *)dev)->st; }
+
+static void evk_stats_reset(jlm_dev *dev)
+{
+    jlm_evk *v = (jlm_evk *)dev;
+    jlm_dev_stats keep = v->st;
+    memset(&v->st, 0, sizeof v->st);
+    v->st.device = keep.device;
+    v->st.path = keep.path;
+}
+
+static int evk_matmul(jlm_dev *dev, const jlm_k_mat *m, uint32_t n, const float *x, const jlm_act_q8 *xq,
+                      float *y, jlm_err *err);
+
+static const jlm_dev_ops EVK_OPS = {"vulkan", evk_close, evk_device, evk_default_budget, evk_matmul,
+                                    evk_stats, evk_stats_reset};
+
+int jlm_evk_open(const char *want, int allow_cpu, jlm_dev **out, jlm_err *err)
 {
     jlm_evk *v = calloc(1, sizeof *v);
     if (!v)
@@ -60,217 +116,10 @@ int jlm_evk_open(const char *want, int allow_cpu, jlm_evk **out, jlm_err *err)
     v->import = al && al <= 4096 && !(up && *up && strcmp(up, "0"));
     v->st.device = jlm_vk_device_name(v->vk);
     v->st.path = v->import ? "import" : "upload";
-    *out = v;
+    v->dev.ops = &EVK_OPS;
+    jlm_dframes_init(&v->dev.frames, &FRAME_OPS, v, "vulkan backend");
+    *out = &v->dev;
     return JLM_OK;
-}
-
-static void drop(jlm_evk *v, dpage *d)
-{
-    jlm_vk_buf_free(v->vk, d->buf);
-    d->buf = NULL;
-    d->host = NULL;
-}
-
-void jlm_evk_close(jlm_evk *v)
-{
-    if (!v)
-        return;
-    for (int i = 0; i < B_N; i++)
-        jlm_vk_buf_free(v->vk, v->b[i]);
-    for (int a = 0; a < JLM_EVK_ARRAYS; a++) {
-        for (uint32_t i = 0; i < v->ntab[a]; i++) {
-            if (v->tab[a][i])
-                drop(v, v->tab[a][i]);
-            free(v->tab[a][i]);
-        }
-        free(v->tab[a]);
-    }
-    drop(v, &v->dense);
-    jlm_vk_close(v->vk);
-    free(v);
-}
-
-const char *jlm_evk_device(const jlm_evk *v) { return jlm_vk_device_name(v->vk); }
-
-void jlm_evk_counters(const jlm_evk *v, uint64_t *matmuls, uint64_t *bytes_up)
-{
-    *matmuls = v->st.matmuls;
-    *bytes_up = v->st.bytes_up;
-}
-
-void jlm_evk_stats_get(const jlm_evk *v, jlm_evk_stats *out)
-{
-    *out = v->st;
-    out->resident_bytes = v->resident;
-    out->budget = v->budget;
-}
-
-void jlm_evk_stats_reset(jlm_evk *v)
-{
-    jlm_evk_stats keep = v->st;
-    memset(&v->st, 0, sizeof v->st);
-    v->st.device = keep.device;
-    v->st.path = keep.path;
-    v->st.frames = keep.frames;
-    v->st.peak_bytes = v->resident;
-}
-
-uint64_t jlm_evk_default_budget(const jlm_evk *v)
-{
-    return v->import ? 0 : jlm_vk_device_local_bytes(v->vk) / 4 * 3;
-}
-
-/* ---------------------------------------------------------------- device frames */
-
-/* RESIDENT, UNPINNED -> ABSENT on the device. */
-static void evict(jlm_evk *v, dpage *d)
-{
-    jlm_lru_unlink(&v->lru[d->cls], &d->ln);
-    v->resident -= d->len;
-    v->st.frames--;
-    v->st.evictions++;
-    drop(v, d);
-}
-
-void jlm_evk_set_budget(jlm_evk *v, uint64_t budget)
-{
-    v->budget = budget;
-    jlm_lru_node *n;
-    while (budget && v->resident > budget && (n = jlm_lru_victim(v->lru)))
-        evict(v, DP(n));
-}
-
-void jlm_evk_set_dense(jlm_evk *v, const void *host, uint64_t len)
-{
-    drop(v, &v->dense);
-    v->dense.host = host;
-    v->dense.len = len;
-}
-
-void jlm_evk_host_evicted(void *ctx, uint32_t array, uint32_t page, void *frame)
-{
-    jlm_evk *v = ctx;
-    if (!v->import || array >= JLM_EVK_ARRAYS || page >= v->ntab[array])
-        return;
-    dpage *d = v->tab[array][page];
-    if (d && d->buf && d->host == frame && jlm_vk_is_imported(d->buf)) {
-        if (d->pins)   /* cannot happen: the device pin nests inside the host pin */
-            abort();
-        evict(v, d);   /* counted: the device frame is gone as well */
-    }
-}
-
-/* Makes d resident: an import of the host frame, or a device buffer written
- * through the staging buffer. */
-static int page_in(jlm_evk *v, dpage *d, const void *host, uint64_t len, jlm_err *err)
-{
-    uint64_t t0 = now_ns();
-    int rc = JLM_EUNSUPPORTED;
-    if (v->import && !((uintptr_t)host % 4096) && !(len % 4096)) {
-        rc = jlm_vk_buf_import(v->vk, (void *)host, len, &d->buf, err);
-        if (!rc)
-            v->st.bytes_imported += len;
-    }
-    if (rc) {
-        rc = jlm_vk_buf_new_device(v->vk, len, &d->buf, err);
-        if (!rc && (rc = jlm_vk_buf_write(v->vk, d->buf, 0, host, len, err)))
-            drop(v, d);
-        if (!rc)
-            v->st.bytes_up += len;
-    }
-    v->st.xfer_ns += now_ns() - t0;
-    if (rc)
-        return rc;
-    d->host = host;
-    d->len = len;
-    v->st.page_ins++;
-    return JLM_OK;
-}
-
-static int pin_add(jlm_evk *v, dpage *d, jlm_err *err)
-{
-    if (v->npinned >= PIN_MAX)
-        return jlm_errf(err, JLM_ERANGE, "vulkan backend: more than %d frames pinned at once", PIN_MAX);
-    v->pinned[v->npinned++] = d;
-    return JLM_OK;
-}
-
-/* Evicts unpinned frames (the pager's victim order) until need more bytes
- * fit; JLM_ERANGE when only pinned frames remain. */
-static int make_room(jlm_evk *v, uint64_t need, uint32_t array, uint32_t page, jlm_err *err)
-{
-    while (v->budget && v->resident + need > v->budget) {
-        jlm_lru_node *n = jlm_lru_victim(v->lru);
-        if (!n)
-            return jlm_errf(err, JLM_ERANGE,
-                            "vulkan backend: --gpu-budget %llu bytes exhausted by pinned frames (%llu resident), "
-                            "array %u page %u needs %llu more", (unsigned long long)v->budget,
-                            (unsigned long long)v->resident, array, page, (unsigned long long)need);
-        evict(v, DP(n));
-    }
-    return JLM_OK;
-}
-
-int jlm_evk_page_get(jlm_evk *v, uint32_t array, uint32_t page, int cls, const void *host, uint64_t len,
-                     jlm_err *err)
-{
-    if (array >= JLM_EVK_ARRAYS || cls < 0 || cls > 1 || !host || !len)
-        return jlm_errf(err, JLM_EINVAL, "vulkan backend: array %u page %u class %d: bad request", array, page, cls);
-    if (page >= v->ntab[array]) {
-        uint32_t n = page + 1 > v->ntab[array] * 2 ? page + 1 : v->ntab[array] * 2;
-        dpage **t = realloc(v->tab[array], (size_t)n * sizeof *t);
-        if (!t)
-            return jlm_errf(err, JLM_ENOMEM, "vulkan backend: out of memory for %u page records", n);
-        memset(t + v->ntab[array], 0, (size_t)(n - v->ntab[array]) * sizeof *t);
-        v->tab[array] = t;
-        v->ntab[array] = n;
-    }
-    dpage *d = v->tab[array][page];
-    if (!d && !(d = v->tab[array][page] = calloc(1, sizeof *d)))
-        return jlm_errf(err, JLM_ENOMEM, "vulkan backend: out of memory");
-    int rc = JLM_OK;
-    if (d->buf && (d->len != len || (jlm_vk_is_imported(d->buf) && d->host != host))) {
-        if (d->pins)
-            return jlm_errf(err, JLM_EINVAL, "vulkan backend: array %u page %u pinned at another frame", array, page);
-        evict(v, d);   /* a different frame or extent: not the same page-in */
-    }
-    if (d->buf) {
-        if (!d->pins)
-            jlm_lru_unlink(&v->lru[d->cls], &d->ln);
-        v->st.hits++;
-    } else {
-        d->cls = cls;
-        if ((rc = make_room(v, len, array, page, err)) || (rc = page_in(v, d, host, len, err)))
-            return rc;
-        v->resident += len;
-        if (v->resident > v->st.peak_bytes)
-            v->st.peak_bytes = v->resident;
-        v->st.frames++;
-    }
-    d->host = host;   /* the upload path's copy stays valid at any host frame */
-    if ((rc = pin_add(v, d, err))) {
-        if (!d->pins)
-            jlm_lru_push_head(&v->lru[d->cls], &d->ln);
-        return rc;
-    }
-    d->pins++;
-    return JLM_OK;
-}
-
-void jlm_evk_page_put(jlm_evk *v, uint32_t array, uint32_t page)
-{
-    if (array >= JLM_EVK_ARRAYS || page >= v->ntab[array] || !v->tab[array][page])
-        return;
-    dpage *d = v->tab[array][page];
-    if (!d->pins)
-        return;
-    for (uint32_t i = v->npinned; i-- > 0;)
-        if (v->pinned[i] == d) {
-            v->pinned[i] = v->pinned[--v->npinned];
-            break;
-        }
-    if (--d->pins == 0)
-        jlm_lru_push_head(&v->lru[d->cls], &d->ln);
 }
 
 /* ---------------------------------------------------------------- matmul */
@@ -292,24 +141,6 @@ static int stage(jlm_evk *v, int i, const void *src, uint64_t n, jlm_err *err)
 
 static jlm_vk_view span(jlm_vk_buf *b, uint64_t off, uint64_t len) { return (jlm_vk_view){b, off, len}; }
 
-/* The pinned frame (or the dense region) holding [p, p+n), made resident if
- * it is the dense region; NULL if none. */
-static dpage *frame_of(jlm_evk *v, const void *p, uint64_t n, jlm_err *err)
-{
-    const uint8_t *q = p;
-    for (uint32_t i = 0; i < v->npinned; i++) {
-        dpage *d = v->pinned[i];
-        if (q >= d->host && q - d->host <= (ptrdiff_t)d->len && n <= d->len - (uint64_t)(q - d->host))
-            return d;
-    }
-    dpage *d = &v->dense;
-    if (!d->host || q < d->host || q - d->host > (ptrdiff_t)d->len || n > d->len - (uint64_t)(q - d->host))
-        return NULL;
-    if (!d->buf && page_in(v, d, d->host, d->len, err))
-        return NULL;
-    return d;
-}
-
 /* The planes of m as views of their device frame; or, when they are in no
  * frame, uploaded for this call. */
 static int bind_planes(jlm_evk *v, const jlm_k_mat *m, jlm_vk_mat *vm, jlm_err *err)
@@ -319,8 +150,10 @@ static int bind_planes(jlm_evk *v, const jlm_k_mat *m, jlm_vk_mat *vm, jlm_err *
     if (rc)
         return rc;
     uint64_t q4 = (ql + 3) & ~3ull, d4 = (dl + 3) & ~3ull, s4 = (sl + 3) & ~3ull;
-    dpage *f = frame_of(v, m->qs, q4, err);
-    if (f && (!dl || frame_of(v, m->d, d4, err) == f) && (!sl || frame_of(v, m->sc, s4, err) == f)) {
+    jlm_dframes *fr = &v->dev.frames;
+    jlm_dframe *f = jlm_dframes_frame_of(fr, m->qs, q4, err);
+    if (f && (!dl || jlm_dframes_frame_of(fr, m->d, d4, err) == f) &&
+        (!sl || jlm_dframes_frame_of(fr, m->sc, s4, err) == f)) {
         const uint8_t *h = f->host;
         *vm = (jlm_vk_mat){m->type, m->k, m->rows, span(f->buf, (uint64_t)((const uint8_t *)m->qs - h), q4),
                            {dl ? f->buf : NULL, dl ? (uint64_t)((const uint8_t *)m->d - h) : 0, d4},
@@ -378,9 +211,10 @@ static int tokens(jlm_evk *v, const jlm_vk_mat *vm, uint32_t n, const float *x, 
     return rc;
 }
 
-int jlm_evk_matmul(jlm_evk *v, const jlm_k_mat *m, uint32_t n, const float *x, const jlm_act_q8 *xq,
-                   float *y, jlm_err *err)
+static int evk_matmul(jlm_dev *dev, const jlm_k_mat *m, uint32_t n, const float *x, const jlm_act_q8 *xq,
+                      float *y, jlm_err *err)
 {
+    jlm_evk *v = (jlm_evk *)dev;
     jlm_vk_mat vm;
     int rc = bind_planes(v, m, &vm, err);
     /* tokens per dispatch: every staging binding (n*rows results, n*k floats

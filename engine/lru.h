@@ -1,5 +1,5 @@
-/* lru.h - the page-replacement policy of the Vulkan backend's device frames
- * (backend_vk.c; the host pager's whole-frame policy before partial frames,
+/* lru.h - the page-replacement policy of the device backends' frames
+ * (backend_vk.c, backend_cu.c through devframes.c; the host pager's whole-frame policy before partial frames,
  * docs/pager.md): one recency list per
  * eviction class, most recently used at the head, and the victim rule of
  * pager.h's invariant (7): the least recently used unpinned EXPERT-class
@@ -11,6 +11,7 @@
 #ifndef JLM_ENGINE_LRU_H
 #define JLM_ENGINE_LRU_H
 
+#include <stddef.h>
 #include <stdint.h>
 
 typedef struct jlm_lru_node {

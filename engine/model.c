@@ -11,6 +11,7 @@
 #include <string.h>
 #include <time.h>
 
+#include "engine/backend_cu.h"
 #include "engine/backend_vk.h"
 #include "engine/memlimit.h"
 #include "engine/pool.h"
@@ -37,9 +38,9 @@ struct jlm_engine {
     jlm_pager       *pager;
     jlm_pool        *pool;
     const jlm_k_cpu *k;
-    jlm_evk         *vk;          /* --backend vulkan: matmuls offloaded, else NULL */
-    uint32_t         gpu_layers;  /* blocks 0..N-1 on vk; 0 = all */
-    int              vk_here;     /* the block being run is on vk */
+    jlm_dev         *dev;         /* --backend vulkan|cuda: matmuls offloaded, else NULL */
+    uint32_t         gpu_layers;  /* blocks 0..N-1 on dev; 0 = all */
+    int              dev_here;    /* the block being run is on dev */
     uint64_t         budget;      /* page frames' budget in force; 0: unlimited */
     uint64_t         budget_all;  /* frames + KV + scratch + dense asked for; 0: unlimited */
     uint64_t         mem_kv, mem_scratch;
@@ -241,7 +242,7 @@ static void matmul_x_run(jlm_engine *e, const jlm_k_mat *m, uint32_t n, const fl
         e->xq_of = x;
         j.xq = e->xq;
     }
-    if (e->vk_here && jlm_evk_matmul(e->vk, m, n, x, j.xq, y, NULL) == 0)
+    if (e->dev_here && jlm_dev_matmul(e->dev, m, n, x, j.xq, y, NULL) == 0)
         return;                   /* else (a plane over one binding): the CPU */
     size_t grain = m->rows >= 256 ? 64 : m->rows;
     jlm_pool_for(e->pool, m->rows, grain, mm_slice, &j);
@@ -323,7 +324,7 @@ static void mm_multi_slice(void *ctx, size_t b, size_t en, int tid)
 }
 
 /* Y_i = X W_i^T for matrices sharing X (n rows of k = ms[0]->k), one
- * dispatch. The CPU only: the caller checks !e->vk_here. */
+ * dispatch. The CPU only: the caller checks !e->dev_here. */
 static void matmul_multi(jlm_engine *e, const jlm_k_mat *const *ms, float *const *ys, int nm, uint32_t n,
                          const float *x)
 {
@@ -603,32 +604,32 @@ static int choose_kv(jlm_engine *e, const jlm_engine_opts *o, jlm_err *err)
     return JLM_OK;
 }
 
-/* --backend: vulkan fails with one line without a device; auto falls back
- * to the CPU with a note. */
+/* --backend: vulkan and cuda fail with one line without a device; auto
+ * tries Vulkan and falls back to the CPU with a note. */
 static int open_backend(jlm_engine *e, const jlm_engine_opts *o, jlm_err *err)
 {
     if (!o->backend || !strcmp(o->backend, "cpu"))
         return JLM_OK;
-    int is_auto = !strcmp(o->backend, "auto");
-    if (!is_auto && strcmp(o->backend, "vulkan"))
-        return jlm_errf(err, JLM_EINVAL, "--backend '%s': expected cpu, vulkan or auto", o->backend);
+    int is_auto = !strcmp(o->backend, "auto"), is_cuda = !strcmp(o->backend, "cuda");
+    if (!is_auto && !is_cuda && strcmp(o->backend, "vulkan"))
+        return jlm_errf(err, JLM_EINVAL, "--backend '%s': expected cpu, vulkan, cuda or auto", o->backend);
     jlm_err verr = {0};
-    int rc = jlm_evk_open(o->device, 0, &e->vk, &verr);
+    int rc = is_cuda ? jlm_ecu_open(o->device, &e->dev, &verr) : jlm_evk_open(o->device, 0, &e->dev, &verr);
     if (rc && is_auto) {
         if (!o->quiet)
             fprintf(stderr, "note: --backend auto: %s; running on the CPU\n", verr.msg);
         return JLM_OK;
     }
     if (rc)
-        return jlm_errf(err, rc, "--backend vulkan: %s", verr.msg);
+        return jlm_errf(err, rc, "--backend %s: %s", is_cuda ? "cuda" : "vulkan", verr.msg);
     e->gpu_layers = o->gpu_layers;
     /* device frames: their own budget, at least one block frame plus the
-     * routed experts' frames (as the host's); the import path's frames are
-     * the host's, so the pager's evict hook releases them first */
+     * routed experts' frames (as the host's); frames that alias the host's
+     * (Vulkan's import path) are released first by the pager's evict hook */
     uint32_t pins[3] = {1, 0, e->c->n_expert ? e->c->n_expert_used : 0};
     uint64_t min = jlm_pager_min_budget(e->pager, pins), gb = o->gpu_budget;
     if (!gb)
-        gb = jlm_evk_default_budget(e->vk);
+        gb = jlm_dev_default_budget(e->dev);
     if (gb && gb < min) {
         if (!o->quiet && o->gpu_budget)
             fprintf(stderr, "note: --gpu-budget %llu bytes is below the device's minimum working set (one block "
@@ -636,11 +637,11 @@ static int open_backend(jlm_engine *e, const jlm_engine_opts *o, jlm_err *err)
                     e->c->n_expert ? " plus the routed experts' frames" : "", (unsigned long long)min);
         gb = min;
     }
-    jlm_evk_set_budget(e->vk, gb);
-    jlm_evk_set_dense(e->vk, e->dense, (e->m->hdr.dense_len + 4095) & ~4095ull);
-    jlm_pager_set_evict_hook(e->pager, jlm_evk_host_evicted, e->vk);
+    jlm_dev_set_budget(e->dev, gb);
+    jlm_dev_set_dense(e->dev, e->dense, (e->m->hdr.dense_len + 4095) & ~4095ull);
+    jlm_pager_set_evict_hook(e->pager, jlm_dev_host_evicted, e->dev);
     if (!o->quiet)
-        fprintf(stderr, "note: matmuls on Vulkan device %s\n", jlm_evk_device(e->vk));
+        fprintf(stderr, "note: matmuls on %s device %s\n", is_cuda ? "CUDA" : "Vulkan", jlm_dev_name(e->dev));
     return JLM_OK;
 }
 
@@ -661,13 +662,13 @@ static void fingerprint_note(const jlm_engine *e)
     fp_clean(fd, sizeof fd, &e->m->fp.device);
     fp_clean(fw, sizeof fw, &e->m->fp.writer);
     struct utsname u;
-    const char *host = uname(&u) == 0 ? u.machine : "?", *dev = e->vk ? "vulkan" : "cpu";
+    const char *host = uname(&u) == 0 ? u.machine : "?", *dev = e->dev ? jlm_dev_kind(e->dev) : "cpu";
     int dh = strcmp(fh, host) != 0, dd = strcmp(fd, dev) != 0, dw = strcmp(fw, JLM_WRITER_NAME) != 0;
     if (dh || dd || dw)
         fprintf(stderr, "note: %s was written for host %s, device %s, writer '%s'; running on host %s, "
                         "device %s%s%s%s, writer '%s' (%s%s%s; compared, never enforced)\n",
-                e->m->path, fh, fd, fw, host, dev, e->vk ? " (" : "",
-                e->vk ? jlm_evk_device(e->vk) : "", e->vk ? ")" : "", JLM_WRITER_NAME, dh ? "host differs" : "",
+                e->m->path, fh, fd, fw, host, dev, e->dev ? " (" : "",
+                e->dev ? jlm_dev_name(e->dev) : "", e->dev ? ")" : "", JLM_WRITER_NAME, dh ? "host differs" : "",
                 dd ? (dh ? ", device differs" : "device differs") : "", dw ? (dh || dd ? ", writer differs" : "writer differs") : "");
 }
 
@@ -723,9 +724,9 @@ void jlm_engine_close(jlm_engine *e)
 {
     if (!e)
         return;
-    if (e->vk && e->pager)
+    if (e->dev && e->pager)
         jlm_pager_set_evict_hook(e->pager, NULL, NULL);
-    jlm_evk_close(e->vk);
+    jlm_dev_close(e->dev);
     jlm_pool_destroy(e->pool);
     jlm_pager_close(e->pager);
     jlm_source_close(e->src);
@@ -990,7 +991,7 @@ static void attn_kv(jlm_engine *e, uint32_t l, const uint8_t *page, uint64_t pag
     jlm_k_mat wk = mat_at(W(e, l, JLM_R_ATTN_K), page, page_off, 0);
     jlm_k_mat wv = mat_at(W(e, l, JLM_R_ATTN_V), page, page_off, 0);
     const jlm_tensor *tq = W(e, l, JLM_R_ATTN_Q);
-    if (!e->vk_here && tq) {
+    if (!e->dev_here && tq) {
         /* Q too, for attn_out of these rows (fused dispatches above) */
         jlm_k_mat wq = mat_at(tq, page, page_off, 0);
         const jlm_k_mat *ms[3] = {&wq, &wk, &wv};
@@ -1072,7 +1073,7 @@ static void ffn_dense(jlm_engine *e, uint32_t l, const uint8_t *page, uint64_t p
     jlm_k_mat wu = mat_at(W(e, l, JLM_R_FFN_UP), page, page_off, 0);
     jlm_k_mat wd = mat_at(W(e, l, JLM_R_FFN_DOWN), page, page_off, 0);
     uint64_t F = wg.rows;
-    if (!e->vk_here) {
+    if (!e->dev_here) {
         gate_up_act(e, &wg, &wu, n, e->h);
     } else {
         matmul(e, &wg, n, e->h, e->g);
@@ -1126,9 +1127,9 @@ static int moe_token(jlm_engine *e, uint32_t l, const uint8_t *page, uint64_t pa
             break;
     }
     uint32_t dpinned = 0;   /* expert pages follow their block's backend */
-    for (; !rc && e->vk_here && dpinned < pinned; dpinned++) {
+    for (; !rc && e->dev_here && dpinned < pinned; dpinned++) {
         uint32_t pg = first + (uint32_t)sel[dpinned];
-        rc = jlm_evk_page_get(e->vk, JLM_PAGER_EXPERTS, pg, JLM_PAGER_EXPERT, frames[dpinned],
+        rc = jlm_dev_page_get(e->dev, JLM_PAGER_EXPERTS, pg, JLM_PAGER_EXPERT, frames[dpinned],
                               jlm_pager_extent(e->pager, JLM_PAGER_EXPERTS, pg), err);
         if (rc)
             break;
@@ -1143,7 +1144,7 @@ static int moe_token(jlm_engine *e, uint32_t l, const uint8_t *page, uint64_t pa
             /* bank offsets address expert 0's page: shift them to expert xe's page */
             jlm_k_mat wg = mat_at(tg, frames[s], pg_off, shift), wu = mat_at(tu, frames[s], pg_off, shift);
             jlm_k_mat wd = mat_at(td, frames[s], pg_off, shift);
-            if (!bg && !bu && !e->vk_here) {
+            if (!bg && !bu && !e->dev_here) {
                 gate_up_act(e, &wg, &wu, 1, h);   /* one dispatch (see matmul_multi) */
             } else {
                 matvec(e, &wg, h, e->g);
@@ -1159,7 +1160,7 @@ static int moe_token(jlm_engine *e, uint32_t l, const uint8_t *page, uint64_t pa
         jlm_k_add(x, x, e->moe, E);
     }
     for (uint32_t s = 0; s < dpinned; s++)
-        jlm_evk_page_put(e->vk, JLM_PAGER_EXPERTS, first + (uint32_t)sel[s]);
+        jlm_dev_page_put(e->dev, JLM_PAGER_EXPERTS, first + (uint32_t)sel[s]);
     for (uint32_t s = 0; s < pinned; s++)
         jlm_pager_unpin(e->pager, JLM_PAGER_EXPERTS, first + (uint32_t)sel[s]);
     return rc;
@@ -1229,8 +1230,8 @@ static int run_layers(jlm_engine *e, float *xs, uint32_t n, void *kc, void *vc, 
         /* the block after this one (block 0 of the next pass after the last)
          * is read while this one computes (docs/pager.md, Prefetch) */
         jlm_pager_prefetch(e->pager, JLM_PAGER_TEXT, l + 1 < c->n_layer ? l + 1 : 0);
-        e->vk_here = e->vk && (!e->gpu_layers || l < e->gpu_layers);
-        if (e->vk_here && (rc = jlm_evk_page_get(e->vk, JLM_PAGER_TEXT, l, JLM_PAGER_BLOCK, page,
+        e->dev_here = e->dev && (!e->gpu_layers || l < e->gpu_layers);
+        if (e->dev_here && (rc = jlm_dev_page_get(e->dev, JLM_PAGER_TEXT, l, JLM_PAGER_BLOCK, page,
                                                  jlm_pager_extent(e->pager, JLM_PAGER_TEXT, l), err))) {
             jlm_pager_unpin(e->pager, JLM_PAGER_TEXT, l);
             rc = jlm_err_prefix(err, rc, "%s: block %u on the device", e->m->path, l);
@@ -1256,15 +1257,15 @@ static int run_layers(jlm_engine *e, float *xs, uint32_t n, void *kc, void *vc, 
                 ffn_dense(e, l, page, page_off, b);
             }
         }
-        if (e->vk_here)
-            jlm_evk_page_put(e->vk, JLM_PAGER_TEXT, l);
+        if (e->dev_here)
+            jlm_dev_page_put(e->dev, JLM_PAGER_TEXT, l);
         jlm_pager_unpin(e->pager, JLM_PAGER_TEXT, l);
         if (rc)
             rc = jlm_err_prefix(err, rc, "%s: block %u experts", e->m->path, l);
     }
     e->x = x0;
     e->bidir_end = 0;
-    e->vk_here = e->vk && !e->gpu_layers;
+    e->dev_here = e->dev && !e->gpu_layers;
     return rc;
 }
 
@@ -1403,18 +1404,22 @@ uint32_t jlm_engine_max_batch(void) { return BATCH; }
 /* ================================================================ queries */
 void jlm_engine_rewind(jlm_engine *e, uint32_t pos) { if (pos < e->n_past) e->n_past = pos; }
 const jlm_model *jlm_engine_model(const jlm_engine *e) { return e->m; }
-void jlm_engine_vk_counters(const jlm_engine *e, uint64_t *matmuls, uint64_t *bytes_up)
+void jlm_engine_dev_counters(const jlm_engine *e, uint64_t *matmuls, uint64_t *bytes_up)
 {
     *matmuls = *bytes_up = 0;
-    if (e->vk)
-        jlm_evk_counters(e->vk, matmuls, bytes_up);
+    if (e->dev) {
+        jlm_dev_stats s;
+        jlm_dev_stats_get(e->dev, &s);
+        *matmuls = s.matmuls;
+        *bytes_up = s.bytes_up;
+    }
 }
-int jlm_engine_vk_stats(const jlm_engine *e, struct jlm_evk_stats *out)
+int jlm_engine_dev_stats(const jlm_engine *e, struct jlm_dev_stats *out)
 {
     memset(out, 0, sizeof *out);
-    if (!e->vk)
+    if (!e->dev)
         return 0;
-    jlm_evk_stats_get(e->vk, out);
+    jlm_dev_stats_get(e->dev, out);
     return 1;
 }
 uint32_t jlm_engine_n_past(const jlm_engine *e) { return e->n_past; }

@@ -52,15 +52,17 @@ typedef struct jlm_engine_opts {
     int      direct;       /* plain-file source: 1 try O_DIRECT, 0 buffered */
     int      no_prefetch;  /* 1: no block read ahead on the pager's reader thread */
     int      quiet;        /* 1: no notes on stderr */
-    const char *backend;   /* NULL/"cpu"; "vulkan": matmuls on a Vulkan device
-                            * (engine/backend_vk.h); "auto": Vulkan on a GPU if
+    const char *backend;   /* NULL/"cpu"; "vulkan" / "cuda": matmuls on a Vulkan /
+                            * CUDA device (engine/backend_vk.h, backend_cu.h;
+                            * JLM_CUDA_EMULATE=1: the host emulation of a CUDA
+                            * device); "auto": Vulkan on a GPU if
                             * one is found, else the CPU with a note */
-    const char *device;    /* Vulkan device index or name substring (naming a
+    const char *device;    /* CUDA: device index; Vulkan: index or name substring (naming a
                             * CPU device such as lavapipe allows it) */
-    uint32_t gpu_layers;   /* Vulkan: blocks 0..N-1 on the device, the rest and
+    uint32_t gpu_layers;   /* Vulkan/CUDA: blocks 0..N-1 on the device, the rest and
                             * the output on the CPU; 0 = all (output included) */
-    uint64_t gpu_budget;   /* Vulkan: bytes of device page frames (pager policy);
-                            * 0: jlm_evk_default_budget; below one block frame
+    uint64_t gpu_budget;   /* Vulkan/CUDA: bytes of device page frames (pager policy);
+                            * 0: jlm_dev_default_budget; below one block frame
                             * plus the routed experts: raised, with a note */
     const char *kv;        /* NULL/"f32"; "f16": keys and values stored as F16
                             * (half the memory; logits within docs/engine.md's
@@ -89,13 +91,13 @@ int  jlm_engine_eval(jlm_engine *e, const int32_t *tokens, uint32_t n, float *lo
  * earlier keys). Logits after the last row as jlm_engine_eval. JLM_ERANGE
  * when the context is full; state unchanged on error. */
 int  jlm_engine_eval_embd(jlm_engine *e, const float *embd, uint32_t n, int bidir, float *logits, jlm_err *err);
-/* --backend vulkan: matmuls run on the device and bytes of planes uploaded
+/* --backend vulkan|cuda: matmuls run on the device and bytes of planes uploaded
  * (both 0 on the CPU backend). Cannot fail. */
-void jlm_engine_vk_counters(const jlm_engine *e, uint64_t *matmuls, uint64_t *bytes_up);
-/* The Vulkan backend's counters (engine/backend_vk.h); 0 and *out zeroed
+void jlm_engine_dev_counters(const jlm_engine *e, uint64_t *matmuls, uint64_t *bytes_up);
+/* The device backend's counters (engine/backend.h); 0 and *out zeroed
  * when the engine runs on the CPU only, else 1. */
-struct jlm_evk_stats;
-int  jlm_engine_vk_stats(const jlm_engine *e, struct jlm_evk_stats *out);
+struct jlm_dev_stats;
+int  jlm_engine_dev_stats(const jlm_engine *e, struct jlm_dev_stats *out);
 
 /* Forgets the KV cache from position pos on (0: everything). Cannot fail. */
 void jlm_engine_rewind(jlm_engine *e, uint32_t pos);

@@ -4,7 +4,10 @@
  * what CI checks of the CUDA backend without a GPU: indexing into the packed
  * planes, the grid split, the reduction phases and the arithmetic. Launches
  * and device memory are checked by build/jlm-cuda-check on a GPU machine
- * (bench/gpu-check.sh); the probe test here skips with one line without one. */
+ * (bench/gpu-check.sh); the probe test here skips with one line without one.
+ * The engine's CUDA backend (engine/backend_cu.c: frames, staging, streams,
+ * splits) runs here on the strict host emulation of kernels/cuda/rt.h, whose
+ * own strictness is tested first. */
 #include <criterion/criterion.h>
 
 #include <math.h>
@@ -14,6 +17,8 @@
 
 #include "kernels/cpu/tolerances.h"
 #include "kernels/cuda/cuda.h"
+#include "kernels/cuda/rt.h"
+#include "tests/backend_matrix.h"
 #include "tests/cuda/gen.h"
 #include "tests/testutil.h"
 
@@ -285,6 +290,54 @@ Test(cuda, attention_gqa_matches_cpu)
         check_attn(C[i], 100 + i);
 }
 
+/* ---------------------------------------------------------------- MoE router and combine */
+
+/* The router against jlm_k_moe_route: the same experts in the same order;
+ * weights bit-identical where no softmax over all experts runs (gpt-oss) and
+ * within the softmax tolerance otherwise (the tree's sum). Ties go to the
+ * lower index on both. */
+Test(cuda, moe_router_picks_the_cpus_experts)
+{
+    static const uint32_t NE[] = {8, 32, 60, 128, 256, 1000};
+    uint64_t seed = 5;
+    for (size_t c = 0; c < sizeof NE / sizeof NE[0]; c++) {
+        uint32_t n = NE[c], nu = n >= 8 ? 8 : 2;
+        float *lg = malloc(n * 4), *pr = malloc(n * 4), w0[8], w1[8];
+        int32_t s0[8], s1[8];
+        gen_floats(lg, n, 6.0f, &seed);
+        if (n >= 32)
+            lg[17] = lg[5];   /* a tie */
+        for (int mode = 0; mode < 3; mode++) {
+            float scale = mode == 1 ? 2.5f : 0.0f;
+            jlm_k_moe_route(lg, n, nu, mode, scale, s0, w0);
+            jlm_cu_host_moe_route(lg, n, nu, mode, scale, pr, s1, w1);
+            cr_assert(!memcmp(s0, s1, nu * 4), "n %u mode %d: experts differ (first %d vs %d)", n, mode, s1[0], s0[0]);
+            for (uint32_t s = 0; s < nu; s++)
+                cr_assert(mode == 2 ? !memcmp(&w0[s], &w1[s], 4) : fabsf(w0[s] - w1[s]) <= JLM_K_TOL_SOFTMAX,
+                          "n %u mode %d: weight %u %.9g vs %.9g", n, mode, s, w1[s], w0[s]);
+        }
+        free(lg);
+        free(pr);
+    }
+}
+
+Test(cuda, moe_combine_bit_identical_to_cpu)
+{
+    enum { NU = 6, N = 777 };
+    static float ys[NU * N], x0[N], x1[N], w[NU];
+    uint64_t seed = 9;
+    gen_floats(ys, NU * N, 3.0f, &seed);
+    gen_floats(x0, N, 3.0f, &seed);
+    gen_floats(w, NU, 1.0f, &seed);
+    memcpy(x1, x0, sizeof x0);
+    const float *yp[NU];
+    for (int s = 0; s < NU; s++)
+        yp[s] = ys + s * N;
+    jlm_k_moe_combine(x0, yp, w, NU, N);
+    jlm_cu_host_moe_combine(x1, ys, w, NU, N);
+    cr_assert(!memcmp(x0, x1, sizeof x0), "combine differs from jlm_k_moe_combine");
+}
+
 /* ---------------------------------------------------------------- the device probe */
 
 Test(cuda, device_probe_reports_count_or_reason)
@@ -336,4 +389,167 @@ Test(cuda, backend_cuda_fails_with_one_line_without_a_device)
     cr_assert_eq(tu_run(cmd, &out), 2, "%s", out);
     cr_assert(strstr(out, "unknown backend") != NULL, "%s", out);
     free(out);
+}
+
+/* ---------------------------------------------------------------- the emulated device (rt.h) */
+
+static jlm_cu_rt *emu_open(void)
+{
+    jlm_cu_rt *r = NULL;
+    char why[320];
+    cr_assert_eq(jlm_cu_rt_open(0, 1, &r, why, sizeof why), 0, "%s", why);
+    cr_assert(jlm_cu_rt_emulated(r));
+    return r;
+}
+
+/* The emulation is only a test of the plumbing if it fails plumbing bugs that
+ * a fast device would forgive: each case is a bug the backend could have. */
+Test(cuda, the_emulated_device_runs_copies_when_waited_for_not_when_queued)
+{
+    jlm_cu_rt *r = emu_open();
+    void *d = NULL, *h = NULL;
+    char out[8] = "-------";
+    cr_assert_eq(jlm_cu_rt_alloc(r, 8, &d), 0);
+    cr_assert_eq(jlm_cu_rt_host_alloc(r, 8, &h), 0);
+    /* a pinned staging buffer refilled before its copy ran: the copy carries the new bytes */
+    memcpy(h, "first..", 8);
+    cr_assert_eq(jlm_cu_rt_h2d(r, d, h, 8, JLM_CU_S_COPY), 0);
+    memcpy(h, "second.", 8);
+    cr_assert_eq(jlm_cu_rt_d2h(r, out, d, 8, JLM_CU_S_COPY), 0);
+    cr_assert_str_eq(out, "-------", "a result is read before the stream ran");
+    cr_assert_eq(jlm_cu_rt_sync(r, JLM_CU_S_COPY), 0);
+    cr_assert_str_eq(out, "second.");
+    /* a pageable source is consumed at the call */
+    char pg[8] = "pagea..";
+    cr_assert_eq(jlm_cu_rt_h2d(r, d, pg, 8, JLM_CU_S_COPY), 0);
+    memcpy(pg, "changed", 8);
+    cr_assert_eq(jlm_cu_rt_d2h(r, out, d, 8, JLM_CU_S_COPY), 0);
+    cr_assert_eq(jlm_cu_rt_sync(r, JLM_CU_S_COPY), 0);
+    cr_assert_str_eq(out, "pagea..");
+    /* another stream sees a copy only through an event */
+    memcpy(h, "evented", 8);
+    cr_assert_eq(jlm_cu_rt_h2d(r, d, h, 8, JLM_CU_S_COPY), 0);
+    cr_assert_eq(jlm_cu_rt_d2h(r, out, d, 8, JLM_CU_S_COMPUTE), 0);
+    cr_assert_eq(jlm_cu_rt_sync(r, JLM_CU_S_COMPUTE), 0);
+    cr_assert_str_eq(out, "pagea..", "the compute stream saw an unsynchronized copy");
+    cr_assert_eq(jlm_cu_rt_record(r, 3, JLM_CU_S_COPY), 0);
+    cr_assert_eq(jlm_cu_rt_wait(r, JLM_CU_S_COMPUTE, 3), 0);
+    cr_assert_eq(jlm_cu_rt_d2h(r, out, d, 8, JLM_CU_S_COMPUTE), 0);
+    cr_assert_eq(jlm_cu_rt_sync(r, JLM_CU_S_COMPUTE), 0);
+    cr_assert_str_eq(out, "evented");
+    jlm_cu_rt_close(r);
+}
+
+Test(cuda, the_emulated_device_refuses_pointers_outside_device_memory)
+{
+    jlm_cu_rt *r = emu_open();
+    void *d = NULL;
+    char host[64] = {0};
+    cr_assert_eq(jlm_cu_rt_alloc(r, 32, &d), 0);
+    cr_assert_neq(jlm_cu_rt_h2d(r, host, host, 8, JLM_CU_S_COPY), 0, "a host pointer taken as device memory");
+    cr_assert(strstr(jlm_cu_rt_error(r), "not inside one device allocation"), "%s", jlm_cu_rt_error(r));
+    cr_assert_neq(jlm_cu_rt_h2d(r, (char *)d + 16, host, 17, JLM_CU_S_COPY), 0, "a span past the allocation's end");
+    cr_assert_neq(jlm_cu_rt_d2h(r, d, d, 8, JLM_CU_S_COPY), 0, "device memory as the host destination");
+    uint64_t seed = 7;
+    gen_mat g;
+    cr_assert_eq(gen_mat_make(&g, JLM_T_Q4_K, 256, 8, &seed), 0);
+    jlm_cu_mat cm;
+    jlm_cu_mat_from(&g.m, &cm);   /* host planes: refused */
+    cr_assert_neq(jlm_cu_rt_matvec(r, &cm, 1, NULL, d, d, JLM_CU_S_COMPUTE), 0);
+    cr_assert(strstr(jlm_cu_rt_error(r), "qs plane"), "%s", jlm_cu_rt_error(r));
+    gen_mat_free(&g);
+    jlm_cu_rt_close(r);
+}
+
+/* A matvec through the seam: planes and activations copied on the copy
+ * stream, the launch on the compute stream. With the event it equals the CPU
+ * reference bit for bit; without it the kernel reads poisoned memory. */
+Test(cuda, the_emulated_matvec_equals_ref_only_after_waiting_for_its_copies)
+{
+    const uint64_t k = 512, rows = 40;
+    uint64_t seed = 11;
+    gen_mat g;
+    cr_assert_eq(gen_mat_make(&g, JLM_T_Q4_K, k, rows, &seed), 0);
+    float *x = malloc(k * 4), *y0 = malloc(rows * 4), *y1 = malloc(rows * 4);
+    void *abuf = malloc(jlm_k_act_q8_bytes(k));
+    gen_floats(x, k, 2.0f, &seed);
+    jlm_act_q8 a;
+    cr_assert_eq(jlm_k_act_q8_init(&a, abuf, k, NULL), 0);
+    jlm_k_quantize_act(x, &a);
+    jlm_k_matvec_ref(&g.m, x, &a, y0, 0, rows);
+    for (int wait = 0; wait < 2; wait++) {
+        jlm_cu_rt *r = emu_open();
+        void *qs, *d, *sc, *aq, *ad, *as, *rec, *y;
+        cr_assert_eq(jlm_cu_rt_alloc(r, g.qs_bytes, &qs) | jlm_cu_rt_alloc(r, g.d_bytes, &d) |
+                     jlm_cu_rt_alloc(r, g.sc_bytes, &sc) | jlm_cu_rt_alloc(r, k, &aq) |
+                     jlm_cu_rt_alloc(r, k / 8, &ad) | jlm_cu_rt_alloc(r, k / 8, &as) |
+                     jlm_cu_rt_alloc(r, sizeof(jlm_cu_act), &rec) | jlm_cu_rt_alloc(r, rows * 4, &y), 0);
+        jlm_cu_act hr = {k, aq, ad, as};
+        cr_assert_eq(jlm_cu_rt_h2d(r, qs, g.qs, g.qs_bytes, JLM_CU_S_COPY) |
+                     jlm_cu_rt_h2d(r, d, g.d, g.d_bytes, JLM_CU_S_COPY) |
+                     jlm_cu_rt_h2d(r, sc, g.sc, g.sc_bytes, JLM_CU_S_COPY) |
+                     jlm_cu_rt_h2d(r, aq, a.q, k, JLM_CU_S_COMPUTE) | jlm_cu_rt_h2d(r, ad, a.d, k / 8, JLM_CU_S_COMPUTE) |
+                     jlm_cu_rt_h2d(r, as, a.sum16, k / 8, JLM_CU_S_COMPUTE) |
+                     jlm_cu_rt_h2d(r, rec, &hr, sizeof hr, JLM_CU_S_COMPUTE), 0);
+        if (wait)
+            cr_assert_eq(jlm_cu_rt_record(r, 0, JLM_CU_S_COPY) | jlm_cu_rt_wait(r, JLM_CU_S_COMPUTE, 0), 0);
+        jlm_cu_mat cm;
+        jlm_cu_mat_from(&g.m, &cm);
+        cm.qs = qs;
+        cm.d = d;
+        cm.sc = sc;
+        cr_assert_eq(jlm_cu_rt_matvec(r, &cm, 1, NULL, rec, y, JLM_CU_S_COMPUTE), 0, "%s", jlm_cu_rt_error(r));
+        cr_assert_eq(jlm_cu_rt_d2h(r, y1, y, rows * 4, JLM_CU_S_COMPUTE) | jlm_cu_rt_sync(r, JLM_CU_S_COMPUTE), 0);
+        int same = !memcmp(y0, y1, rows * 4);
+        cr_assert(wait ? same : !same, "%s", wait ? "with the event: differs from ref" : "without the event: equal to ref");
+        jlm_cu_rt_close(r);   /* frees what is still allocated */
+    }
+    free(x);
+    free(y0);
+    free(y1);
+    free(abuf);
+    gen_mat_free(&g);
+}
+
+/* ---------------------------------------------------------------- the engine on CUDA (emulated) */
+
+/* The engine's CUDA backend on the emulated device, with 64 KiB staging
+ * buffers so every page-in goes through both of them many times. */
+Test(cuda, every_test_model_on_emulated_cuda_whole_split_and_at_one_frame_each_side_matches_the_cpu,
+     .timeout = 300)
+{
+    setenv("JLM_CUDA_EMULATE", "1", 1);
+    setenv("JLM_CUDA_STAGE_KIB", "64", 1);
+    bm_every_model_matches_the_cpu("cuda");
+}
+
+/* The CLI: `jlm run --backend cuda` on the emulated device gives the CPU's
+ * ids, whole and split, and --stats names the backend and its counters. */
+Test(cuda, jlm_run_backend_cuda_emulated_gives_the_cpus_ids, .timeout = 120)
+{
+    char *dir = tu_tmpdir(), cmd[4096], *ref = NULL, *out = NULL;
+    jlm_err err = {0};
+    char *path = tu_convert("synth-qwen3moe-256.Q4_K_M.gguf", dir, "m.jlm", &err);
+    cr_assert(path, "%s", err.msg);
+    /* { ... 2>/dev/null; }: stdout only (tu_run adds 2>&1 after) */
+    snprintf(cmd, sizeof cmd, "{ %s run %s -p 'a b c' -n 12 --temp 0 2>/dev/null; }", tu_jlm(), path);
+    cr_assert_eq(tu_run(cmd, &ref), 0, "%s", ref);
+    static const char *ARGS[] = {"", "--gpu-layers 1", "--budget 1 --gpu-budget 1"};
+    for (int i = 0; i < 3; i++) {
+        snprintf(cmd, sizeof cmd, "{ JLM_CUDA_EMULATE=1 %s run %s -p 'a b c' -n 12 --temp 0 --backend cuda %s "
+                 "2>/dev/null; }", tu_jlm(), path, ARGS[i]);
+        cr_assert_eq(tu_run(cmd, &out), 0, "%s", out);
+        cr_assert_str_eq(out, ref, "--backend cuda %s: differs from the CPU", ARGS[i]);
+        free(out);
+    }
+    snprintf(cmd, sizeof cmd, "{ JLM_CUDA_EMULATE=1 %s run %s -p 'a b c' -n 4 --temp 0 --backend cuda --stats >/dev/null; }",
+             tu_jlm(), path);
+    cr_assert_eq(tu_run(cmd, &out), 0, "%s", out);
+    cr_assert(strstr(out, "note: matmuls on CUDA device host emulation"), "%s", out);
+    cr_assert(strstr(out, "cuda: matmuls ") && strstr(out, "cpu fallbacks 0, device host emulation"), "%s", out);
+    free(out);
+    free(ref);
+    free(path);
+    tu_rmrf(dir);
+    free(dir);
 }

@@ -18,6 +18,7 @@
 #include "engine/pager.h"
 #include "kernels/cpu/kernels.h"
 #include "kernels/vulkan/vk.h"
+#include "tests/backend_matrix.h"
 #include "tests/kernel_fixture.h"
 #include "tests/testutil.h"
 
@@ -720,9 +721,9 @@ Test(vulkan, backend_vulkan_gives_llama_cpp_ids_on_stories260K, .timeout = 60)
                          r, i, got[i], (long long)json_integer_value(json_array_get(jg, i)));
     }
     uint64_t mm, up;
-    jlm_engine_vk_counters(e, &mm, &up);
-    jlm_evk_stats vs;
-    jlm_engine_vk_stats(e, &vs);
+    jlm_engine_dev_counters(e, &mm, &up);
+    jlm_dev_stats vs;
+    jlm_engine_dev_stats(e, &vs);
     cr_assert(mm > 0 && vs.page_ins > 0, "the matmuls ran on Vulkan (%llu, %llu page-ins)", (unsigned long long)mm,
               (unsigned long long)vs.page_ins);
     free(first);
@@ -763,12 +764,12 @@ Test(vulkan, backend_vulkan_equals_the_cpu_bit_for_bit_on_quantized_models, .tim
         cr_assert(!memcmp(lc, lv, nv * 4), "%s --gpu-layers 1: logits after the prompt differ", MODELS[m]);
         cr_assert(!memcmp(ic, iv, sizeof ic), "%s --gpu-layers 1: greedy ids differ", MODELS[m]);
         uint64_t mm, up, mm_split;
-        jlm_engine_vk_counters(es, &mm_split, &up);
-        jlm_engine_vk_counters(ev, &mm, &up);
+        jlm_engine_dev_counters(es, &mm_split, &up);
+        jlm_engine_dev_counters(ev, &mm, &up);
         cr_assert(mm > 0, "%s: the matmuls ran on Vulkan", MODELS[m]);
         cr_assert(mm_split > 0 && mm_split < mm, "%s: the split ran part of the matmuls on Vulkan (%llu of %llu)",
                   MODELS[m], (unsigned long long)mm_split, (unsigned long long)mm);
-        jlm_engine_vk_counters(ec, &mm, &up);
+        jlm_engine_dev_counters(ec, &mm, &up);
         cr_assert(mm == 0, "%s: the CPU engine ran no Vulkan matmul", MODELS[m]);
         free(lc);
         free(lv);
@@ -843,8 +844,8 @@ Test(vulkan, device_frames_import_and_upload_paths_equal_the_cpu_and_page_in_onc
                 tu_rmrf(dir);
                 cr_skip_test("vulkan: no device");
             }
-            jlm_evk_stats vs;
-            jlm_engine_vk_stats(ev, &vs);
+            jlm_dev_stats vs;
+            jlm_engine_dev_stats(ev, &vs);
             if (!path_i && strcmp(vs.path, "import")) {   /* a device without the extension */
                 jlm_engine_close(ev);
                 continue;
@@ -853,7 +854,7 @@ Test(vulkan, device_frames_import_and_upload_paths_equal_the_cpu_and_page_in_onc
             greedy_ids(ev, prompt, 4, 6, iv, lv);
             same_logits(lc, lv, nv, exact[m], MODELS[m], want);
             cr_assert(!memcmp(ic, iv, sizeof ic), "%s (%s): greedy ids differ", MODELS[m], want);
-            jlm_engine_vk_stats(ev, &vs);
+            jlm_engine_dev_stats(ev, &vs);
             uint64_t pi = vs.page_ins;
             cr_assert(vs.evictions == 0 && pi >= nl, "%s (%s): unlimited: %llu page-ins (>= %u blocks), %llu evictions",
                       MODELS[m], want, (unsigned long long)pi, nl, (unsigned long long)vs.evictions);
@@ -868,7 +869,7 @@ Test(vulkan, device_frames_import_and_upload_paths_equal_the_cpu_and_page_in_onc
             int32_t t = 5;
             uint64_t hits = vs.hits;
             cr_assert_eq(jlm_engine_eval(ev, &t, 1, lv, &e2), 0, "%s", e2.msg);
-            jlm_engine_vk_stats(ev, &vs);
+            jlm_engine_dev_stats(ev, &vs);
             cr_assert(vs.page_ins == pi && vs.hits >= hits + nl, "%s (%s): a token after: page-ins %llu -> %llu, hits +%llu",
                       MODELS[m], want, (unsigned long long)pi, (unsigned long long)vs.page_ins,
                       (unsigned long long)(vs.hits - hits));
@@ -878,7 +879,7 @@ Test(vulkan, device_frames_import_and_upload_paths_equal_the_cpu_and_page_in_onc
             greedy_ids(ev, prompt, 4, 6, iv, lv);
             same_logits(lc, lv, nv, exact[m], MODELS[m], "one frame");
             cr_assert(!memcmp(ic, iv, sizeof ic), "%s (%s, one frame): greedy ids differ", MODELS[m], want);
-            jlm_engine_vk_stats(ev, &vs);
+            jlm_engine_dev_stats(ev, &vs);
             jlm_pager_counters pc;
             jlm_pager_stats(jlm_engine_pager(ev), &pc);
             cr_assert(vs.evictions > 0 && vs.page_ins > 6 * nl && pc.a[JLM_PAGER_TEXT].evictions > 0,
@@ -1032,167 +1033,9 @@ Test(vulkan, fingerprint_device_is_recorded_compared_and_never_enforced, .timeou
  * bit-identical; F32/F16 weights differ in the last bits: the CPU's FMA
  * variants), and the same greedy pick wherever the CPU's top-2 margin is
  * over twice the difference seen. */
-static const char *MATRIX[] = {
-    "stories260K", "llama-2-tiny-random", "synth-gemma3-256.Q4_K_M", "synth-gemma3-256.Q8_0",
-    "synth-gemma3v-128.F32", "synth-gemma3v-128.Q8_0", "synth-gpt-oss-256.MXFP4_MOE", "synth-llama-256.MXFP4",
-    "synth-llama-256.Q2_K", "synth-llama-256.Q3_K_M", "synth-llama-256.Q4_0", "synth-llama-256.Q4_1",
-    "synth-llama-256.Q4_K_M", "synth-llama-256.Q5_0", "synth-llama-256.Q5_1", "synth-llama-256.Q5_K_M",
-    "synth-llama-256.Q6_K", "synth-llama-256.Q8_0", "synth-llama-256.f32", "synth-llama-moe-256.F16",
-    "synth-llama-moe-256.MXFP4_MOE", "synth-llama-moe-256.Q4_K_M", "synth-olmoe-256.Q4_K_M", "synth-phi3-256.Q4_K_M",
-    "synth-qwen2-256.Q4_K_M", "synth-qwen2-256.Q8_0", "synth-qwen3-256.Q4_K_M", "synth-qwen3-256.Q8_0",
-    "synth-qwen3moe-256.Q4_K_M", "synth-qwen3moe-256.Q8_0",
-};
-
-/* tests/test_engine.c's per-type tolerance of the CPU backend against
- * llama.cpp's logits (docs/engine.md says why), relative to max |logit|. */
-static double cpu_tol(const char *m)
-{
-    if (strstr(m, "f32") || !strcmp(m, "stories260K")) return 1e-4;
-    if (strstr(m, "F16") || strstr(m, "tiny-random")) return 2e-3;
-    if (strstr(m, "Q2_K")) return 0.12;
-    return 0.05;
-}
-
-/* The oracle's first run (tests/reference/oracle-NAME.exact.json): e's logits
- * after its prompt within cpu_tol of llama.cpp's. 0 when there is no oracle
- * or it holds no full logit vector. e is rewound after. */
-static int vs_oracle(jlm_engine *e, const char *name, const char *what)
-{
-    char p[1024];
-    snprintf(p, sizeof p, "%s/tests/reference/oracle-%s.exact.json", tu_root(), name);
-    json_t *o = json_load_file(p, 0, NULL);
-    if (!o)
-        return 0;
-    json_t *run = json_array_get(json_object_get(o, "runs"), 0), *ref = json_object_get(run, "logits_after_prompt");
-    json_t *jp = json_object_get(run, "prompt_ids");
-    uint32_t nv = jlm_engine_n_vocab(e);
-    int done = 0;
-    if (json_array_size(ref) == nv && json_array_size(jp) <= 64) {
-        int32_t ids[64];
-        for (size_t i = 0; i < json_array_size(jp); i++)
-            ids[i] = (int32_t)json_integer_value(json_array_get(jp, i));
-        float *l = malloc(nv * 4);
-        jlm_err err = {0};
-        jlm_engine_rewind(e, 0);
-        cr_assert_eq(jlm_engine_eval(e, ids, (uint32_t)json_array_size(jp), l, &err), 0, "%s", err.msg);
-        double mx = 0, d = 0;
-        for (uint32_t i = 0; i < nv; i++) {
-            double v = json_number_value(json_array_get(ref, i));
-            mx = fmax(mx, fabs(v));
-            double di = fabs(v - l[i]);
-            if (!(di <= d)) d = di;   /* NaN propagates */
-        }
-        cr_assert(!(d > cpu_tol(name) * mx), "%s (%s): max logit error %g against llama.cpp > %g x max |logit| %g",
-                  name, what, d, cpu_tol(name), mx);
-        free(l);
-        jlm_engine_rewind(e, 0);
-        done = 1;
-    }
-    json_decref(o);
-    return done;
-}
-
-/* Vulkan against the CPU backend on the same ids. Quantized matvec is
- * bit-identical to the CPU's, so what differs there is rounding elsewhere:
- * 1e-4 of the largest logit. Float weights (F32, F16) are summed in another
- * order by the shader (docs/vulkan.md), and synth-gemma3v-128.F32 amplifies
- * such rounding: the CPU's own two attention paths (JLM_ATTN=token and the
- * batched kernel, both within tolerance of llama.cpp) differ there by 1.6e-4
- * of the largest logit, and Vulkan against the CPU by 1.2e-4 to 2.0e-4, so
- * float models get 5e-4. */
-static double vk_cpu_tol(const char *m)
-{
-    return strstr(m, "F32") || strstr(m, "f32") || strstr(m, "F16") ? 5e-4 : 1e-4;
-}
-
-static int argmax2(const float *l, uint32_t n, float *margin)
-{
-    uint32_t b = 0, s = n > 1 ? 1 : 0;
-    if (n > 1 && l[1] > l[0])
-        b = 1, s = 0;
-    for (uint32_t i = 2; i < n; i++)
-        if (l[i] > l[b])
-            s = b, b = i;
-        else if (l[i] > l[s])
-            s = i;
-    *margin = l[b] - l[s];
-    return (int)b;
-}
-
 Test(vulkan, every_test_model_on_vulkan_whole_split_and_at_one_frame_each_side_matches_the_cpu, .timeout = 300)
 {
-    char *dir = tu_tmpdir();
-    int n_oracle = 0;
-    size_t nm = sizeof MATRIX / sizeof MATRIX[0];
-    for (size_t m = 0; m < nm; m++) {
-        char gguf[256];
-        jlm_err err = {0};
-        snprintf(gguf, sizeof gguf, "%s.gguf", MATRIX[m]);
-        char *path = tu_convert(gguf, dir, "m.jlm", &err);
-        cr_assert(path, "%s: %s", MATRIX[m], err.msg);
-        jlm_engine *ec = engine_on(path, "cpu", 0);
-        uint32_t nv = jlm_engine_n_vocab(ec);
-        float *lc = malloc(nv * 4), *lv = malloc(nv * 4);
-        /* cfg 0: whole; 1: --gpu-layers 2 (split); 2: --budget 1 --gpu-budget 1
-         * (both raised to one frame plus the routed experts: every token pages
-         * every block in again on both sides) */
-        for (int cfg = 0; cfg < 3; cfg++) {
-            uint32_t gl = cfg == 1 ? 2 : 0;
-            const char *what = cfg == 0 ? "vulkan" : cfg == 1 ? "vulkan, --gpu-layers 2" : "vulkan, one frame each side";
-            jlm_engine *ev = cfg == 2 ? engine_opts(path, "vulkan", 1, 1) : engine_on(path, "vulkan", gl);
-            if (!ev) {
-                tu_rmrf(dir);
-                cr_skip_test("vulkan: no device");
-            }
-            n_oracle += vs_oracle(ev, MATRIX[m], what);
-            jlm_engine_rewind(ec, 0);
-            int32_t tok[3] = {1, 10, 20};
-            uint32_t n = 3;
-            for (int step = 0; step < 3; step++) {
-                jlm_err e1 = {0}, e2 = {0};
-                cr_assert_eq(jlm_engine_eval(ec, tok, n, lc, &e1), 0, "%s", e1.msg);
-                cr_assert_eq(jlm_engine_eval(ev, tok, n, lv, &e2), 0, "%s", e2.msg);
-                float mx = 0, d = 0, margin;
-                for (uint32_t i = 0; i < nv; i++) {
-                    mx = fmaxf(mx, fabsf(lc[i]));
-                    d = fmaxf(d, fabsf(lc[i] - lv[i]));
-                }
-                cr_assert(d <= vk_cpu_tol(MATRIX[m]) * mx, "%s (%s), step %d: logits differ by %g (largest %g)",
-                          MATRIX[m], what, step, d, mx);
-                int ic = argmax2(lc, nv, &margin), iv;
-                float mv;
-                iv = argmax2(lv, nv, &mv);
-                if (margin > 2 * d)
-                    cr_assert_eq(ic, iv, "%s (%s), step %d: id %d vs the CPU's %d (margin %g)", MATRIX[m], what,
-                                 step, iv, ic, margin);
-                tok[0] = ic;   /* the CPU's pick, fed to both */
-                n = 1;
-            }
-            uint64_t mm, up;
-            jlm_engine_vk_counters(ev, &mm, &up);
-            cr_assert(mm > 0, "%s: no matmul ran on Vulkan", MATRIX[m]);
-            uint32_t nb = jlm_engine_model(ev)->hdr.n_blocks;
-            if (cfg == 2 && nb > 1) {   /* evictions counted on both sides: pages read again */
-                jlm_evk_stats vs;
-                jlm_engine_vk_stats(ev, &vs);
-                jlm_pager_counters pc;
-                jlm_pager_stats(jlm_engine_pager(ev), &pc);
-                uint64_t host_in = pc.a[0].page_ins + pc.a[0].fills;
-                cr_assert(vs.evictions > 0 && vs.page_ins > nb, "%s (%s): device %llu page-ins, %llu evictions for %u blocks",
-                          MATRIX[m], what, (unsigned long long)vs.page_ins, (unsigned long long)vs.evictions, nb);
-                cr_assert(host_in > nb, "%s (%s): host %llu page-ins + fills for %u blocks over 4 evaluations", MATRIX[m],
-                          what, (unsigned long long)host_in, nb);
-            }
-            jlm_engine_close(ev);
-        }
-        free(lc);
-        free(lv);
-        jlm_engine_close(ec);
-        free(path);
-    }
-    cr_assert(n_oracle >= 3 * 20, "only %d oracle comparisons", n_oracle);
-    tu_rmrf(dir);
-    free(dir);
+    bm_every_model_matches_the_cpu("vulkan");
 }
 
 /* The engine with bindings lowered to 64 KiB (JLM_VK_MAX_BINDING): the
@@ -1225,8 +1068,8 @@ Test(vulkan, engine_with_planes_over_one_binding_equals_the_cpu, .timeout = 120)
         greedy_ids(ev, prompt, 4, 5, iv, lv);
         same_logits(lc, lv, nv, m == 0, MODELS[m], "64 KiB bindings");
         cr_assert(!memcmp(ic, iv, sizeof ic), "%s (64 KiB bindings): greedy ids differ", MODELS[m]);
-        jlm_evk_stats vs;
-        jlm_engine_vk_stats(ev, &vs);
+        jlm_dev_stats vs;
+        jlm_engine_dev_stats(ev, &vs);
         cr_assert(vs.matmuls > 0 && (m == 0 || vs.fallbacks == 0), "%s: %llu matmuls on the device, %llu fell back",
                   MODELS[m], (unsigned long long)vs.matmuls, (unsigned long long)vs.fallbacks);
         free(lc);

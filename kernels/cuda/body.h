@@ -577,4 +577,73 @@ JLM_CU_HD void jlm_cu_attn_out(const jlm_cu_attn *p, const float *v, const float
     }
 }
 
+/* ---------------------------------------------------------------- MoE router and combine */
+
+/* Routing modes (kernels/cpu/kernels.h JLM_K_ROUTE_*, repeated: harness.c
+ * checks they agree). */
+enum { JLM_CU_ROUTE_NORM = 0, JLM_CU_ROUTE_RAW = 1, JLM_CU_ROUTE_OAI = 2 };
+
+/* Router phase 0: probs = logits (strided copy; the softmax phases of
+ * k_softmax then run on probs unless mode is OAI). */
+JLM_CU_HD void jlm_cu_copy_strided(float *dst, const float *src, uint64_t n, unsigned t, unsigned T)
+{
+    for (uint64_t i = t; i < n; i += T)
+        dst[i] = src[i];
+}
+
+/* Router last phase, thread 0 alone: the n_used largest of probs in order
+ * (ties: the lower index, a strict >, as jlm_k_moe_route), their weights
+ * renormalised (NORM), left (RAW) or softmaxed among themselves (OAI, the
+ * sequential softmax of ops.c), then scaled (scale > 0). */
+JLM_CU_HD void jlm_cu_route_pick(const float *probs, uint32_t n, uint32_t n_used, int mode, float scale,
+                                 int32_t *sel, float *w)
+{
+    for (uint32_t s = 0; s < n_used; s++) {
+        int32_t best = -1;
+        for (uint32_t i = 0; i < n; i++) {
+            int taken = 0;
+            for (uint32_t q = 0; q < s && !taken; q++)
+                taken = sel[q] == (int32_t)i;
+            if (!taken && (best < 0 || probs[i] > probs[best]))
+                best = (int32_t)i;
+        }
+        sel[s] = best;
+        w[s] = probs[best];
+    }
+    if (mode == JLM_CU_ROUTE_OAI) {
+        float max = -INFINITY;
+        for (uint32_t s = 0; s < n_used; s++)
+            max = fmaxf(max, w[s]);
+        double sum = 0.0;
+        for (uint32_t s = 0; s < n_used; s++) {
+            w[s] = expf(w[s] - max);
+            sum += (double)w[s];
+        }
+        const float inv = (float)(1.0 / sum);
+        for (uint32_t s = 0; s < n_used; s++)
+            w[s] *= inv;
+    } else if (mode == JLM_CU_ROUTE_NORM) {
+        float sum = 0;
+        for (uint32_t s = 0; s < n_used; s++)
+            sum += w[s];
+        for (uint32_t s = 0; s < n_used; s++)
+            w[s] /= sum;
+    }
+    if (scale > 0)
+        for (uint32_t s = 0; s < n_used; s++)
+            w[s] *= scale;
+}
+
+/* Expert combine, thread = element i: x[i] += sum_s w[s] * ys[s][i], the
+ * mixture summed from 0 in expert order (bit-identical to jlm_k_moe_combine);
+ * ys is (n_used, n) contiguous. */
+JLM_CU_HD void jlm_cu_moe_combine_elem(float *x, const float *ys, const float *w, uint32_t n_used, uint64_t n,
+                                       uint64_t i)
+{
+    float acc = 0.0f;
+    for (uint32_t s = 0; s < n_used; s++)
+        acc += w[s] * ys[(uint64_t)s * n + i];
+    x[i] = x[i] + acc;
+}
+
 #endif

@@ -57,6 +57,12 @@ void jlm_cu_host_elem(int op, float *out, const float *a, const float *b, uint64
 void jlm_cu_host_attn(const jlm_cu_attn *p, const float *q, const float *k, const float *v,
                       float *scores, float *out);
 
+/* The router of one token (probs: n floats of scratch) and the expert
+ * combine (ys: (n_used, n) contiguous), as k_moe_route / k_moe_combine. */
+void jlm_cu_host_moe_route(const float *logits, uint32_t n, uint32_t n_used, int mode, float scale, float *probs,
+                           int32_t *sel, float *w);
+void jlm_cu_host_moe_combine(float *x, const float *ys, const float *w, uint32_t n_used, uint64_t n);
+
 /* The rope parameters as the bodies take them. */
 void jlm_cu_rope_from(const jlm_k_rope *p, jlm_cu_rope *out);
 
@@ -78,6 +84,9 @@ int jlm_cu_launch_elem(int op, float *out, const float *a, const float *b, uint6
                        void *stream);
 int jlm_cu_launch_attn(const jlm_cu_attn *p, const float *q, const float *k, const float *v, float *scores,
                        float *out, void *stream);
+int jlm_cu_launch_moe_route(const float *logits, uint32_t n, uint32_t n_used, int mode, float scale, float *probs,
+                            int32_t *sel, float *w, void *stream);
+int jlm_cu_launch_moe_combine(float *x, const float *ys, const float *w, uint32_t n_used, uint64_t n, void *stream);
 const char *jlm_cu_launch_error(int rc);
 
 #endif

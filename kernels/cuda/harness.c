@@ -101,6 +101,28 @@ void jlm_cu_host_softmax(float *x, uint64_t n)
         jlm_cu_scale_strided(x, n, inv, t, JLM_CU_THREADS);
 }
 
+_Static_assert((int)JLM_CU_ROUTE_NORM == (int)JLM_K_ROUTE_NORM && (int)JLM_CU_ROUTE_RAW == (int)JLM_K_ROUTE_RAW &&
+               (int)JLM_CU_ROUTE_OAI == (int)JLM_K_ROUTE_OAI, "routing modes of body.h and kernels.h");
+
+/* kernel moe_route: one block; the copy, then k_softmax's phases on probs
+ * (unless OAI), then thread 0's pick. */
+void jlm_cu_host_moe_route(const float *logits, uint32_t n, uint32_t n_used, int mode, float scale, float *probs,
+                           int32_t *sel, float *w)
+{
+    for (unsigned t = 0; t < JLM_CU_THREADS; t++)
+        jlm_cu_copy_strided(probs, logits, n, t, JLM_CU_THREADS);
+    if (mode != JLM_CU_ROUTE_OAI)
+        jlm_cu_host_softmax(probs, n);   /* the same phases over the same block */
+    jlm_cu_route_pick(probs, n, n_used, mode, scale, sel, w);
+}
+
+/* kernel moe_combine: thread = element. */
+void jlm_cu_host_moe_combine(float *x, const float *ys, const float *w, uint32_t n_used, uint64_t n)
+{
+    for (uint64_t i = 0; i < n; i++)
+        jlm_cu_moe_combine_elem(x, ys, w, n_used, n, i);
+}
+
 void jlm_cu_rope_from(const jlm_k_rope *p, jlm_cu_rope *out)
 {
     *out = (jlm_cu_rope){.n_rot = p->n_rot, .neox = (uint32_t)(p->neox != 0), .orig_ctx = p->orig_ctx,

@@ -103,6 +103,32 @@ __global__ void k_attn(jlm_cu_attn p, const float *q, const float *k, const floa
     jlm_cu_attn_out(&p, v, scores, out, h, t, T);
 }
 
+// The router of one token: probs (global scratch, n) = logits, their softmax
+// (the k_softmax phases) unless gpt-oss's mode, then the pick by thread 0.
+__global__ void k_moe_route(const float *logits, uint32_t n, uint32_t n_used, int mode, float scale, float *probs,
+                            int32_t *sel, float *w)
+{
+    __shared__ double shs[T];
+    __shared__ float shm[T];
+    jlm_cu_copy_strided(probs, logits, n, threadIdx.x, T);
+    __syncthreads();
+    if (mode != JLM_CU_ROUTE_OAI) {
+        float max = block_max(shm, jlm_cu_max_partial(probs, n, threadIdx.x, T));
+        float inv = (float)(1.0 / block_sum(shs, jlm_cu_exp_partial(probs, n, max, threadIdx.x, T)));
+        jlm_cu_scale_strided(probs, n, inv, threadIdx.x, T);
+        __syncthreads();
+    }
+    if (threadIdx.x == 0)
+        jlm_cu_route_pick(probs, n, n_used, mode, scale, sel, w);
+}
+
+__global__ void k_moe_combine(float *x, const float *ys, const float *w, uint32_t n_used, uint64_t n)
+{
+    uint64_t i = (uint64_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < n)
+        jlm_cu_moe_combine_elem(x, ys, w, n_used, n, i);
+}
+
 static unsigned blocks_for(uint64_t n, unsigned per)
 {
     return (unsigned)((n + per - 1) / per);
@@ -171,6 +197,21 @@ int jlm_cu_launch_attn(const jlm_cu_attn *p, const float *q, const float *k, con
                        float *out, void *stream)
 {
     k_attn<<<p->n_head, T, 0, (cudaStream_t)stream>>>(*p, q, k, v, scores, out);
+    return launched();
+}
+
+int jlm_cu_launch_moe_route(const float *logits, uint32_t n, uint32_t n_used, int mode, float scale, float *probs,
+                            int32_t *sel, float *w, void *stream)
+{
+    k_moe_route<<<1, T, 0, (cudaStream_t)stream>>>(logits, n, n_used, mode, scale, probs, sel, w);
+    return launched();
+}
+
+int jlm_cu_launch_moe_combine(float *x, const float *ys, const float *w, uint32_t n_used, uint64_t n, void *stream)
+{
+    if (n == 0)
+        return 0;
+    k_moe_combine<<<blocks_for(n, 256), 256, 0, (cudaStream_t)stream>>>(x, ys, w, n_used, n);
     return launched();
 }
 

@@ -244,6 +244,38 @@ static void check_attn(void)
     cudaFree((void *)dp.sinks), cudaFree(dq), cudaFree(dk), cudaFree(dv), cudaFree(dsc), cudaFree(dout);
 }
 
+/* The router (128 experts, top 8, each mode) and the combine against the host
+ * harness: the same picks, weights within the softmax tolerance; the combine
+ * bit for bit. */
+static void check_moe(void)
+{
+    enum { NE = 128, NU = 8, N = 3000 };
+    static float lg[NE], pr[NE], w0[NU], w1[NU], ys[NU * N], x0[N], x1[N];
+    int32_t s0[NU], s1[NU];
+    uint64_t seed = 33;
+    gen_floats(lg, NE, 6.0f, &seed);
+    gen_floats(ys, NU * N, 2.0f, &seed);
+    gen_floats(x0, N, 2.0f, &seed);
+    float *dl = dev_copy(lg, sizeof lg), *dp = dev_zero(sizeof pr), *dw = dev_zero(sizeof w1);
+    int32_t *ds = (int32_t *)dev_zero(sizeof s1);
+    int ok = 1;
+    for (int mode = 0; mode < 3; mode++) {
+        jlm_cu_host_moe_route(lg, NE, NU, mode, mode == 1 ? 2.5f : 0.0f, pr, s0, w0);
+        launch_ok(jlm_cu_launch_moe_route(dl, NE, NU, mode, mode == 1 ? 2.5f : 0.0f, dp, ds, dw, NULL), "moe_route");
+        back(s1, ds, sizeof s1);
+        back(w1, dw, sizeof w1);
+        ok &= !memcmp(s0, s1, sizeof s0) && close_all(w0, w1, NU, JLM_K_TOL_SOFTMAX);
+    }
+    report(ok, "moe router 128 experts top 8, 3 modes");
+    memcpy(x1, x0, sizeof x0);
+    jlm_cu_host_moe_combine(x0, ys, w0, NU, N);
+    float *dx = dev_copy(x1, sizeof x1), *dy = dev_copy(ys, sizeof ys), *dw0 = dev_copy(w0, sizeof w0);
+    launch_ok(jlm_cu_launch_moe_combine(dx, dy, dw0, NU, N, NULL), "moe_combine");
+    back(x1, dx, sizeof x1);
+    report(!memcmp(x0, x1, sizeof x0), "moe combine 8 x 3000 bit for bit");
+    cudaFree(dl), cudaFree(dp), cudaFree(dw), cudaFree(ds), cudaFree(dx), cudaFree(dy), cudaFree(dw0);
+}
+
 /* ---------------------------------------------------------------- bandwidth */
 
 static double copy_gbs(size_t bytes, enum cudaMemcpyKind kind, void *dst, const void *src)
@@ -336,6 +368,7 @@ int main(int argc, char **argv)
     check_all_matvec();
     check_ops();
     check_attn();
+    check_moe();
     if (do_bench && n)
         bench(n);
     printf("jlm-cuda-check: %s (%d failure%s)\n", fails ? "FAIL" : "PASS", fails, fails == 1 ? "" : "s");

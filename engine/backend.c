@@ -1,0 +1,62 @@
+/* backend.c - the device backend interface's common half (backend.h). */
+#include "engine/backend.h"
+
+#include <string.h>
+
+void jlm_dev_close(jlm_dev *d)
+{
+    if (!d)
+        return;
+    jlm_dframes_free(&d->frames);
+    d->ops->close(d);
+}
+
+const char *jlm_dev_kind(const jlm_dev *d) { return d->ops->kind; }
+const char *jlm_dev_name(const jlm_dev *d) { return d->ops->device(d); }
+
+void jlm_dev_set_budget(jlm_dev *d, uint64_t budget) { jlm_dframes_set_budget(&d->frames, budget); }
+uint64_t jlm_dev_default_budget(const jlm_dev *d) { return d->ops->default_budget(d); }
+void jlm_dev_set_dense(jlm_dev *d, const void *host, uint64_t len) { jlm_dframes_set_dense(&d->frames, host, len); }
+
+int jlm_dev_page_get(jlm_dev *d, uint32_t array, uint32_t page, int cls, const void *host, uint64_t len,
+                     jlm_err *err)
+{
+    return jlm_dframes_get(&d->frames, array, page, cls, host, len, err);
+}
+
+void jlm_dev_page_put(jlm_dev *d, uint32_t array, uint32_t page) { jlm_dframes_put(&d->frames, array, page); }
+
+void jlm_dev_host_evicted(void *ctx, uint32_t array, uint32_t page, void *frame)
+{
+    jlm_dev *d = ctx;
+    jlm_dframes_host_evicted(&d->frames, array, page, frame);
+}
+
+int jlm_dev_matmul(jlm_dev *d, const jlm_k_mat *m, uint32_t n, const float *x, const jlm_act_q8 *xq, float *y,
+                   jlm_err *err)
+{
+    return d->ops->matmul(d, m, n, x, xq, y, err);
+}
+
+void jlm_dev_stats_get(const jlm_dev *d, jlm_dev_stats *out)
+{
+    memset(out, 0, sizeof *out);
+    d->ops->stats(d, out);
+    const jlm_dframes *f = &d->frames;
+    out->kind = d->ops->kind;
+    out->page_ins = f->page_ins;
+    out->hits = f->hits;
+    out->evictions = f->evictions;
+    out->frames = f->frames;
+    out->resident_bytes = f->resident;
+    out->peak_bytes = f->peak;
+    out->budget = f->budget;
+}
+
+void jlm_dev_stats_reset(jlm_dev *d)
+{
+    jlm_dframes *f = &d->frames;
+    f->page_ins = f->hits = f->evictions = 0;
+    f->peak = f->resident;
+    d->ops->stats_reset(d);
+}

@@ -1,0 +1,82 @@
+/* backend.h - the engine's device backend interface: the graph's matmuls on
+ * a device (Vulkan: backend_vk.c; CUDA: backend_cu.c), reading the weights
+ * from device page frames that follow the host pager's pages.
+ *
+ * A backend is a jlm_dev: its device frames (engine/devframes.h: the pager's
+ * policy, the budget, the dense region) are common; what differs is behind
+ * jlm_dev_ops: how a frame is made resident (devframes ops) and how a matmul
+ * runs. The graph pins a page on the host (jlm_pager_get), then on the device
+ * (jlm_dev_page_get), and unpins in the reverse order.
+ *
+ * Failure: the backends' open functions fail with one line (no driver, no
+ * device); jlm_dev_page_get as jlm_dframes_get; jlm_dev_matmul returns
+ * non-zero when the device cannot run it (the caller then runs the CPU
+ * kernel, counted in fallbacks). Not thread-safe: the graph's one thread. */
+#ifndef JLM_ENGINE_BACKEND_H
+#define JLM_ENGINE_BACKEND_H
+
+#include <stdint.h>
+
+#include "base/jlm_err.h"
+#include "engine/devframes.h"
+#include "kernels/cpu/kernels.h"
+
+#define JLM_DEV_ARRAYS JLM_DF_ARRAYS
+
+typedef struct jlm_dev_stats {
+    const char *kind;            /* "vulkan" or "cuda" */
+    const char *device, *path;   /* path: vulkan "import"/"upload"; cuda "staged" (or "emulated") */
+    uint64_t matmuls;            /* matmuls run on the device */
+    uint64_t page_ins, hits, evictions;
+    uint64_t bytes_up;           /* bytes copied into device frames and per-call reuploads */
+    uint64_t bytes_imported;     /* bytes of host frames imported without a copy */
+    uint64_t frames, resident_bytes, peak_bytes, budget;
+    uint64_t reuploads;          /* matmuls whose planes were in no pinned frame */
+    uint64_t fallbacks;          /* matmuls the device refused (run on the CPU) */
+    uint64_t kernel_ns, xfer_ns; /* kernels (dispatch + wait); page-ins and activation/result copies */
+} jlm_dev_stats;
+
+typedef struct jlm_dev jlm_dev;
+
+typedef struct jlm_dev_ops {
+    const char *kind;
+    void        (*close)(jlm_dev *d);   /* after the frames are dropped */
+    const char *(*device)(const jlm_dev *d);
+    uint64_t    (*default_budget)(const jlm_dev *d);
+    int         (*matmul)(jlm_dev *d, const jlm_k_mat *m, uint32_t n, const float *x, const jlm_act_q8 *xq,
+                          float *y, jlm_err *err);
+    /* the backend's counters into out (kind, frame counters: filled by the caller) */
+    void        (*stats)(const jlm_dev *d, jlm_dev_stats *out);
+    void        (*stats_reset)(jlm_dev *d);
+} jlm_dev_ops;
+
+struct jlm_dev {
+    const jlm_dev_ops *ops;
+    jlm_dframes        frames;
+};
+
+void        jlm_dev_close(jlm_dev *d);   /* accepts NULL */
+const char *jlm_dev_kind(const jlm_dev *d);
+const char *jlm_dev_name(const jlm_dev *d);
+
+/* Device frames' budget in bytes (0: unlimited); the budget 0 --gpu-budget means. */
+void     jlm_dev_set_budget(jlm_dev *d, uint64_t budget);
+uint64_t jlm_dev_default_budget(const jlm_dev *d);
+/* The dense region (host memory, 4096-aligned, len a multiple of 4096, borrowed). */
+void jlm_dev_set_dense(jlm_dev *d, const void *host, uint64_t len);
+
+int  jlm_dev_page_get(jlm_dev *d, uint32_t array, uint32_t page, int cls, const void *host, uint64_t len,
+                      jlm_err *err);
+void jlm_dev_page_put(jlm_dev *d, uint32_t array, uint32_t page);
+/* The host pager's evict hook (jlm_pager_evict_fn; ctx = the jlm_dev). */
+void jlm_dev_host_evicted(void *ctx, uint32_t array, uint32_t page, void *frame);
+
+/* y (n, rows) for n tokens; xq: n quantized tokens (quantized types), x:
+ * (n, k) floats (float types). 0 on success; counts matmuls or fallbacks. */
+int jlm_dev_matmul(jlm_dev *d, const jlm_k_mat *m, uint32_t n, const float *x, const jlm_act_q8 *xq, float *y,
+                   jlm_err *err);
+
+void jlm_dev_stats_get(const jlm_dev *d, jlm_dev_stats *out);
+void jlm_dev_stats_reset(jlm_dev *d);
+
+#endif

@@ -1,0 +1,287 @@
+/* backend_cu.c - the engine's CUDA backend: device frames copied through
+ * pinned staging on a copy stream, matvec on a compute stream
+ * (backend_cu.h). */
+#include "engine/backend_cu.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "format/jlm_format.h"
+#include "kernels/cuda/cuda.h"
+#include "kernels/cuda/rt.h"
+
+#define STAGE_BYTES (8ull << 20)   /* per staging buffer; two alternate (JLM_CUDA_STAGE_KIB: tests) */
+enum { EV_STAGE = 0, EV_FRAMES = 2 };   /* events: staging buffer i free (EV_STAGE + i); page-ins done */
+enum { D_ACT, D_Y, D_QS, D_D, D_SC, D_N };   /* device scratch */
+
+typedef struct scratch {
+    void    *p;
+    uint64_t cap;
+} scratch;
+
+typedef struct jlm_ecu {
+    jlm_dev        dev;   /* first: a jlm_dev * is a jlm_ecu * */
+    jlm_cu_rt     *rt;
+    void          *stage[2];
+    int            stage_busy[2];
+    int            next;
+    uint64_t       stage_bytes;
+    int            frames_pending;   /* a page-in was queued since the compute stream last waited */
+    scratch        d[D_N];
+    scratch        h_act, h_y;        /* pinned host scratch */
+    uint64_t       default_budget;
+    jlm_dev_stats  st;
+    char           name[300];
+} jlm_ecu;
+
+static uint64_t now_ns(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
+}
+
+static int rt_fail(jlm_ecu *v, jlm_err *err, const char *what)
+{
+    return jlm_errf(err, JLM_EIO, "cuda backend: %s: %s", what, jlm_cu_rt_error(v->rt));
+}
+
+/* len bytes of host into device memory dev on the copy stream, through the
+ * staging buffers: a buffer is refilled only after its previous copy ran. */
+static int copy_in(jlm_ecu *v, void *dev, const void *host, uint64_t len, jlm_err *err)
+{
+    uint64_t t0 = now_ns();
+    for (uint64_t off = 0; off < len;) {
+        uint64_t c = len - off < v->stage_bytes ? len - off : v->stage_bytes;
+        int i = v->next;
+        if (v->stage_busy[i] && jlm_cu_rt_event_sync(v->rt, EV_STAGE + i))
+            return rt_fail(v, err, "staging");
+        memcpy(v->stage[i], (const uint8_t *)host + off, c);
+        if (jlm_cu_rt_h2d(v->rt, (uint8_t *)dev + off, v->stage[i], c, JLM_CU_S_COPY) ||
+            jlm_cu_rt_record(v->rt, EV_STAGE + i, JLM_CU_S_COPY))
+            return rt_fail(v, err, "page-in copy");
+        v->stage_busy[i] = 1;
+        v->next = i ^ 1;
+        off += c;
+    }
+    if (jlm_cu_rt_record(v->rt, EV_FRAMES, JLM_CU_S_COPY))
+        return rt_fail(v, err, "page-in event");
+    v->frames_pending = 1;
+    v->st.bytes_up += len;
+    v->st.xfer_ns += now_ns() - t0;
+    return JLM_OK;
+}
+
+/* ---------------------------------------------------------------- device frames */
+
+static int page_in(void *ctx, jlm_dframe *d, const void *host, uint64_t len, jlm_err *err)
+{
+    jlm_ecu *v = ctx;
+    void *p = NULL;
+    if (jlm_cu_rt_alloc(v->rt, len, &p))
+        return jlm_errf(err, JLM_ENOMEM, "cuda backend: a %llu-byte device frame: %s", (unsigned long long)len,
+                        jlm_cu_rt_error(v->rt));
+    int rc = copy_in(v, p, host, len, err);
+    if (rc) {
+        jlm_cu_rt_free(v->rt, p);
+        return rc;
+    }
+    d->buf = p;
+    return JLM_OK;
+}
+
+static void drop(void *ctx, jlm_dframe *d)
+{
+    jlm_ecu *v = ctx;
+    jlm_cu_rt_free(v->rt, d->buf);
+}
+
+static const jlm_dframes_ops FRAME_OPS = {page_in, drop};
+
+/* ---------------------------------------------------------------- scratch */
+
+static int grow(jlm_ecu *v, scratch *s, uint64_t n, int pinned, jlm_err *err)
+{
+    if (s->cap >= n)
+        return JLM_OK;
+    if (pinned)
+        jlm_cu_rt_host_free(v->rt, s->p);
+    else
+        jlm_cu_rt_free(v->rt, s->p);
+    s->p = NULL;
+    s->cap = 0;
+    uint64_t c = n + n / 4;
+    if (pinned ? jlm_cu_rt_host_alloc(v->rt, c, &s->p) : jlm_cu_rt_alloc(v->rt, c, &s->p))
+        return jlm_errf(err, JLM_ENOMEM, "cuda backend: %llu bytes of %s scratch: %s", (unsigned long long)c,
+                        pinned ? "pinned host" : "device", jlm_cu_rt_error(v->rt));
+    s->cap = c;
+    return JLM_OK;
+}
+
+/* The device address of plane bytes [p, p+n): in a pinned frame (or the
+ * dense region), else copied into scratch s for this call (*re = 1). */
+static int plane(jlm_ecu *v, const void *p, uint64_t n, int s, const void **out, int *re, jlm_err *err)
+{
+    if (!n) {
+        *out = NULL;
+        return JLM_OK;
+    }
+    jlm_dframe *f = jlm_dframes_frame_of(&v->dev.frames, p, n, err);
+    if (f) {
+        *out = (const uint8_t *)f->buf + ((const uint8_t *)p - f->host);
+        return JLM_OK;
+    }
+    int rc = grow(v, &v->d[s], n, 0, err);
+    if (!rc)
+        rc = copy_in(v, v->d[s].p, p, n, err);
+    *out = v->d[s].p;
+    *re = 1;
+    return rc;
+}
+
+/* ---------------------------------------------------------------- matmul */
+
+/* Tokens [0, n): activations in one copy (act records, codes, scales, sums;
+ * or floats), one launch, the results back, then the host waits. */
+static int tokens(jlm_ecu *v, const jlm_cu_mat *cm, uint32_t n, const float *x, const jlm_act_q8 *xq, float *y,
+                  jlm_err *err)
+{
+    uint64_t k = cm->k, rows = cm->rows, rec = (uint64_t)n * sizeof(jlm_cu_act);
+    uint64_t act = xq ? rec + (uint64_t)n * (k + k / 8 + k / 8) : (uint64_t)n * k * 4, ylen = (uint64_t)n * rows * 4;
+    int rc;
+    if ((rc = grow(v, &v->d[D_ACT], act, 0, err)) || (rc = grow(v, &v->h_act, act, 1, err)) ||
+        (rc = grow(v, &v->d[D_Y], ylen, 0, err)) || (rc = grow(v, &v->h_y, ylen, 1, err)))
+        return rc;
+    uint64_t t0 = now_ns();
+    uint8_t *h = v->h_act.p, *dv = v->d[D_ACT].p;
+    if (xq) {
+        jlm_cu_act *r = (jlm_cu_act *)(void *)h;
+        uint64_t q = rec, dd = q + (uint64_t)n * k, ss = dd + (uint64_t)n * (k / 8);
+        for (uint32_t t = 0; t < n; t++) {
+            memcpy(h + q + t * k, xq[t].q, k);
+            memcpy(h + dd + t * (k / 8), xq[t].d, k / 8);     /* k/32 floats */
+            memcpy(h + ss + t * (k / 8), xq[t].sum16, k / 8); /* k/16 int16 */
+            r[t] = (jlm_cu_act){k, (int8_t *)(dv + q + t * k), (float *)(void *)(dv + dd + t * (k / 8)),
+                                (int16_t *)(void *)(dv + ss + t * (k / 8))};
+        }
+    } else {
+        memcpy(h, x, act);
+    }
+    if (jlm_cu_rt_h2d(v->rt, dv, h, act, JLM_CU_S_COMPUTE))
+        return rt_fail(v, err, "activations");
+    if (v->frames_pending) {
+        if (jlm_cu_rt_wait(v->rt, JLM_CU_S_COMPUTE, EV_FRAMES))
+            return rt_fail(v, err, "waiting for the page-ins");
+        v->frames_pending = 0;
+    }
+    uint64_t t1 = now_ns();
+    v->st.xfer_ns += t1 - t0;
+    if (jlm_cu_rt_matvec(v->rt, cm, n, xq ? NULL : (const float *)(void *)dv, xq ? (const jlm_cu_act *)(void *)dv : NULL,
+                         v->d[D_Y].p, JLM_CU_S_COMPUTE) ||
+        jlm_cu_rt_d2h(v->rt, v->h_y.p, v->d[D_Y].p, ylen, JLM_CU_S_COMPUTE) || jlm_cu_rt_sync(v->rt, JLM_CU_S_COMPUTE))
+        return rt_fail(v, err, "matvec");
+    uint64_t t2 = now_ns();
+    v->st.kernel_ns += t2 - t1;
+    memcpy(y, v->h_y.p, ylen);
+    v->st.xfer_ns += now_ns() - t2;
+    return JLM_OK;
+}
+
+static int ecu_matmul(jlm_dev *dev, const jlm_k_mat *m, uint32_t n, const float *x, const jlm_act_q8 *xq,
+                      float *y, jlm_err *err)
+{
+    jlm_ecu *v = (jlm_ecu *)dev;
+    uint64_t ql, dl, sl;
+    int rc = jlm_fmt_planes(m->type, m->k, m->rows, &ql, &dl, &sl, err), re = 0;
+    jlm_cu_mat cm;
+    jlm_cu_mat_from(m, &cm);
+    const void *qs = NULL, *d = NULL, *sc = NULL;
+    if (!rc && !(rc = plane(v, m->qs, ql, D_QS, &qs, &re, err)) && !(rc = plane(v, m->d, dl, D_D, &d, &re, err)))
+        rc = plane(v, m->sc, sl, D_SC, &sc, &re, err);
+    cm.qs = qs;
+    cm.d = d;
+    cm.sc = sc;
+    if (!rc && re)
+        v->st.reuploads++;
+    for (uint32_t t = 0; !rc && t < n; t += 65535) {   /* gridDim.y */
+        uint32_t c = n - t < 65535 ? n - t : 65535;
+        rc = tokens(v, &cm, c, x ? x + (uint64_t)t * m->k : NULL, xq ? xq + t : NULL, y + (uint64_t)t * m->rows, err);
+    }
+    if (!rc)
+        v->st.matmuls++;
+    else
+        v->st.fallbacks++;
+    return rc;
+}
+
+/* ---------------------------------------------------------------- the jlm_dev */
+
+static void ecu_close(jlm_dev *dev)
+{
+    jlm_ecu *v = (jlm_ecu *)dev;
+    for (int i = 0; i < D_N; i++)
+        jlm_cu_rt_free(v->rt, v->d[i].p);
+    jlm_cu_rt_host_free(v->rt, v->h_act.p);
+    jlm_cu_rt_host_free(v->rt, v->h_y.p);
+    for (int i = 0; i < 2; i++)
+        jlm_cu_rt_host_free(v->rt, v->stage[i]);
+    jlm_cu_rt_close(v->rt);
+    free(v);
+}
+
+static const char *ecu_device(const jlm_dev *dev) { return ((const jlm_ecu *)dev)->name; }
+static uint64_t ecu_default_budget(const jlm_dev *dev) { return ((const jlm_ecu *)dev)->default_budget; }
+static void ecu_stats(const jlm_dev *dev, jlm_dev_stats *out) { *out = ((const jlm_ecu *)dev)->st; }
+
+static void ecu_stats_reset(jlm_dev *dev)
+{
+    jlm_ecu *v = (jlm_ecu *)dev;
+    jlm_dev_stats keep = v->st;
+    memset(&v->st, 0, sizeof v->st);
+    v->st.device = keep.device;
+    v->st.path = keep.path;
+}
+
+static const jlm_dev_ops ECU_OPS = {"cuda", ecu_close, ecu_device, ecu_default_budget, ecu_matmul,
+                                    ecu_stats, ecu_stats_reset};
+
+int jlm_ecu_open(const char *device, jlm_dev **out, jlm_err *err)
+{
+    long idx = 0;
+    if (device && *device) {
+        char *end;
+        idx = strtol(device, &end, 10);
+        if (*end || idx < 0 || idx > 1024)
+            return jlm_errf(err, JLM_EINVAL, "--device '%.40s': a CUDA device is named by its index (0, 1, ...)",
+                            device);
+    }
+    const char *em = getenv("JLM_CUDA_EMULATE");
+    int emulate = em && *em && strcmp(em, "0");
+    jlm_ecu *v = calloc(1, sizeof *v);
+    if (!v)
+        return jlm_errf(err, JLM_ENOMEM, "cuda backend: out of memory");
+    char why[320] = "";
+    int rc = jlm_cu_rt_open((int)idx, emulate, &v->rt, why, sizeof why);
+    if (rc) {
+        free(v);
+        return jlm_errf(err, rc == JLM_EINVAL ? JLM_EINVAL : JLM_EUNSUPPORTED, "%s", why);
+    }
+    v->dev.ops = &ECU_OPS;
+    jlm_dframes_init(&v->dev.frames, &FRAME_OPS, v, "cuda backend");
+    const char *sk = getenv("JLM_CUDA_STAGE_KIB");
+    v->stage_bytes = sk && atol(sk) >= 4 && atol(sk) <= (1l << 20) ? (uint64_t)atol(sk) << 10 : STAGE_BYTES;
+    for (int i = 0; i < 2; i++)
+        if (jlm_cu_rt_host_alloc(v->rt, v->stage_bytes, &v->stage[i])) {
+            rc = jlm_errf(err, JLM_ENOMEM, "cuda backend: pinned staging: %s", jlm_cu_rt_error(v->rt));
+            ecu_close(&v->dev);
+            return rc;
+        }
+    snprintf(v->name, sizeof v->name, "%s", jlm_cu_rt_name(v->rt));
+    v->default_budget = jlm_cu_rt_free_bytes(v->rt) / 4 * 3;
+    v->st.device = v->name;
+    v->st.path = jlm_cu_rt_emulated(v->rt) ? "emulated" : "staged";
+    *out = &v->dev;
+    return JLM_OK;
+}

@@ -1,0 +1,517 @@
+/* rt.c - the CUDA backend's device seam (rt.h): the CUDA runtime when built
+ * with it (-DJLM_CUDA), and the strict host emulation, always. */
+#include "kernels/cuda/rt.h"
+
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "base/jlm_err.h"
+#include "format/jlm_format.h"
+#include "kernels/cuda/cuda.h"
+
+#ifdef JLM_CUDA
+#include <cuda_runtime_api.h>
+#endif
+
+/* ---------------------------------------------------------------- the emulation's state */
+
+typedef struct emu_alloc {
+    uint8_t *p;
+    uint64_t n;
+    int      pinned;   /* 0: device memory; 1: pinned host memory */
+} emu_alloc;
+
+enum { OP_COPY, OP_RECORD, OP_WAIT, OP_MATVEC };
+
+typedef struct emu_op {
+    int            kind, ev;
+    uint64_t       seq;          /* RECORD: this record's number; WAIT: the record waited for */
+    uint8_t       *dst;
+    const uint8_t *src;          /* COPY: read when the op runs (pinned or device source) */
+    uint8_t       *snap;         /* COPY: the pageable source, taken at the call */
+    uint64_t       n;
+    jlm_cu_mat     m;            /* MATVEC */
+    const float   *x;
+    const jlm_cu_act *xq;
+    float         *y;
+} emu_op;
+
+typedef struct emu_queue {
+    emu_op *v;
+    size_t  head, n, cap;
+} emu_queue;
+
+typedef struct emu_event {
+    int      stream;             /* of the latest record */
+    uint64_t rec_seq, done_seq;  /* latest record queued; latest record run */
+} emu_event;
+
+struct jlm_cu_rt {
+    int        emulated;
+    char       name[256];
+    char       msg[320];         /* the last error */
+    /* emulation */
+    emu_alloc *al;
+    size_t     nal, capal;
+    emu_queue  q[JLM_CU_NSTREAM];
+    emu_event  ev[JLM_CU_NEV];
+    uint64_t   seq;
+    int        depth;            /* nested event waits: a cycle would recurse without end */
+    int        fault;            /* a queued op found bad pointers: reported at the next sync */
+#ifdef JLM_CUDA
+    int          dev;
+    cudaStream_t s[JLM_CU_NSTREAM];
+    cudaEvent_t  e[JLM_CU_NEV];
+#endif
+};
+
+#define EMU_FAULT 1000   /* the emulation's error code */
+
+static int failf(jlm_cu_rt *r, int rc, const char *fmt, ...)
+{
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(r->msg, sizeof r->msg, fmt, ap);
+    va_end(ap);
+    return rc;
+}
+
+/* The allocation holding [p, p+n) of the kind asked (pinned 0/1), or NULL. */
+static const emu_alloc *emu_find(const jlm_cu_rt *r, const void *p, uint64_t n, int pinned)
+{
+    const uint8_t *q = p;
+    for (size_t i = 0; i < r->nal; i++) {
+        const emu_alloc *a = &r->al[i];
+        if (a->pinned == pinned && q >= a->p && q <= a->p + a->n && n <= (uint64_t)(a->p + a->n - q))
+            return a;
+    }
+    return NULL;
+}
+
+static int emu_dev(jlm_cu_rt *r, const void *p, uint64_t n, const char *what)
+{
+    if (n && !emu_find(r, p, n, 0))
+        return failf(r, EMU_FAULT, "cuda emulation: %s: %llu bytes at %p are not inside one device allocation",
+                     what, (unsigned long long)n, p);
+    return 0;
+}
+
+static int emu_push(jlm_cu_rt *r, int s, const emu_op *op)
+{
+    emu_queue *q = &r->q[s];
+    if (q->head == q->n)
+        q->head = q->n = 0;
+    if (q->n == q->cap) {
+        size_t c = q->cap ? q->cap * 2 : 64;
+        emu_op *v = realloc(q->v, c * sizeof *v);
+        if (!v)
+            return failf(r, EMU_FAULT, "cuda emulation: out of memory for the stream queue");
+        q->v = v;
+        q->cap = c;
+    }
+    q->v[q->n++] = *op;
+    return 0;
+}
+
+static int emu_run_one(jlm_cu_rt *r, int s);
+
+/* Runs stream s's ops until event ev's record `seq` has run. */
+static int emu_until(jlm_cu_rt *r, int ev, uint64_t seq)
+{
+    if (++r->depth > 4) {
+        r->depth--;
+        return failf(r, EMU_FAULT, "cuda emulation: streams wait for each other in a cycle");
+    }
+    int rc = 0;
+    while (!rc && r->ev[ev].done_seq < seq) {
+        int s = r->ev[ev].stream;
+        if (r->q[s].head == r->q[s].n) {
+            rc = failf(r, EMU_FAULT, "cuda emulation: event %d record %llu never runs", ev, (unsigned long long)seq);
+            break;
+        }
+        rc = emu_run_one(r, s);
+    }
+    r->depth--;
+    return rc;
+}
+
+/* The k_matvec grid on the host: thread = row, blockIdx.y = token. The act
+ * records are read here, when the launch runs: they are device memory that a
+ * queued copy may have filled. */
+static int emu_matvec(jlm_cu_rt *r, const emu_op *op)
+{
+    const jlm_cu_mat *m = &op->m;
+    for (uint64_t t = 0; t < op->n; t++) {
+        const jlm_cu_act *a = op->xq ? &op->xq[t] : NULL;
+        if (a && (a->k != m->k || emu_dev(r, a->q, m->k, "act codes") || emu_dev(r, a->d, m->k / 32 * 4, "act scales") ||
+                  emu_dev(r, a->sum16, m->k / 16 * 2, "act sums"))) {
+            if (a->k != m->k)
+                failf(r, EMU_FAULT, "cuda emulation: token %llu's act record has k %llu, the matrix %llu",
+                      (unsigned long long)t, (unsigned long long)a->k, (unsigned long long)m->k);
+            r->fault = 1;
+            return EMU_FAULT;
+        }
+        uint64_t blocks = (m->rows + JLM_CU_ROWS_PER_BLOCK - 1) / JLM_CU_ROWS_PER_BLOCK;
+        for (uint64_t b = 0; b < blocks; b++)
+            for (unsigned th = 0; th < JLM_CU_ROWS_PER_BLOCK; th++) {
+                uint64_t row = b * JLM_CU_ROWS_PER_BLOCK + th;
+                if (row < m->rows)
+                    op->y[t * m->rows + row] = jlm_cu_matvec_row(m, op->x ? op->x + t * m->k : NULL, a, row);
+            }
+    }
+    return 0;
+}
+
+static int emu_run_one(jlm_cu_rt *r, int s)
+{
+    emu_queue *q = &r->q[s];
+    emu_op op = q->v[q->head++];
+    int rc = 0;
+    switch (op.kind) {
+    case OP_COPY:
+        memcpy(op.dst, op.snap ? op.snap : op.src, op.n);
+        free(op.snap);
+        break;
+    case OP_RECORD:
+        if (r->ev[op.ev].done_seq < op.seq)
+            r->ev[op.ev].done_seq = op.seq;
+        break;
+    case OP_WAIT:
+        rc = emu_until(r, op.ev, op.seq);
+        break;
+    case OP_MATVEC:
+        rc = emu_matvec(r, &op);
+        break;
+    }
+    return rc;
+}
+
+static int emu_flush(jlm_cu_rt *r, int s)
+{
+    int rc = 0;
+    while (!rc && r->q[s].head < r->q[s].n)
+        rc = emu_run_one(r, s);
+    if (!rc && r->fault)
+        rc = EMU_FAULT;
+    r->fault = 0;
+    return rc;
+}
+
+static int emu_flush_all(jlm_cu_rt *r)
+{
+    int rc = 0;
+    for (int s = 0; s < JLM_CU_NSTREAM; s++) {
+        int x = emu_flush(r, s);
+        if (!rc)
+            rc = x;
+    }
+    return rc;
+}
+
+static int emu_alloc_new(jlm_cu_rt *r, uint64_t n, int pinned, void **out)
+{
+    *out = NULL;
+    if (r->nal == r->capal) {
+        size_t c = r->capal ? r->capal * 2 : 32;
+        emu_alloc *a = realloc(r->al, c * sizeof *a);
+        if (!a)
+            return failf(r, EMU_FAULT, "cuda emulation: out of memory");
+        r->al = a;
+        r->capal = c;
+    }
+    uint8_t *p = malloc(n ? n : 1);
+    if (!p)
+        return failf(r, EMU_FAULT, "cuda emulation: out of memory for %llu bytes", (unsigned long long)n);
+    memset(p, pinned ? 0 : 0xA5, n);
+    r->al[r->nal++] = (emu_alloc){p, n, pinned};
+    *out = p;
+    return 0;
+}
+
+static void emu_alloc_free(jlm_cu_rt *r, void *p, int pinned)
+{
+    if (!p)
+        return;
+    emu_flush_all(r);
+    for (size_t i = 0; i < r->nal; i++)
+        if (r->al[i].p == p && r->al[i].pinned == pinned) {
+            free(p);
+            r->al[i] = r->al[--r->nal];
+            return;
+        }
+    abort();   /* freeing what was never allocated: a backend bug */
+}
+
+/* ---------------------------------------------------------------- open / close */
+
+int jlm_cu_rt_open(int device, int emulate, jlm_cu_rt **out, char *why, size_t why_len)
+{
+    *out = NULL;
+    jlm_cu_rt *r = calloc(1, sizeof *r);
+    if (!r) {
+        snprintf(why, why_len, "out of memory");
+        return JLM_ENOMEM;
+    }
+    if (emulate) {
+        r->emulated = 1;
+        snprintf(r->name, sizeof r->name, "host emulation (JLM_CUDA_EMULATE)");
+        *out = r;
+        return 0;
+    }
+#ifdef JLM_CUDA
+    int n = 0;
+    cudaError_t e = cudaGetDeviceCount(&n);
+    if (e != cudaSuccess || n <= 0) {
+        snprintf(why, why_len, "no CUDA device: cudaGetDeviceCount: %s (error %d)",
+                 e != cudaSuccess ? cudaGetErrorString(e) : "no device", (int)e);
+        cudaGetLastError();
+        free(r);
+        return JLM_EUNSUPPORTED;
+    }
+    if (device < 0 || device >= n) {
+        snprintf(why, why_len, "--device %d: this machine has %d CUDA device(s)", device, n);
+        free(r);
+        return JLM_EINVAL;
+    }
+    struct cudaDeviceProp prop;
+    if ((e = cudaSetDevice(device)) != cudaSuccess || (e = cudaGetDeviceProperties(&prop, device)) != cudaSuccess) {
+        snprintf(why, why_len, "device %d: %s (error %d)", device, cudaGetErrorString(e), (int)e);
+        free(r);
+        return JLM_EIO;
+    }
+    r->dev = device;
+    snprintf(r->name, sizeof r->name, "%s", prop.name);
+    for (int s = 0; s < JLM_CU_NSTREAM && e == cudaSuccess; s++)
+        e = cudaStreamCreateWithFlags(&r->s[s], cudaStreamNonBlocking);
+    for (int i = 0; i < JLM_CU_NEV && e == cudaSuccess; i++)
+        e = cudaEventCreateWithFlags(&r->e[i], cudaEventDisableTiming);
+    if (e != cudaSuccess) {
+        snprintf(why, why_len, "device %d: streams and events: %s (error %d)", device, cudaGetErrorString(e), (int)e);
+        jlm_cu_rt_close(r);
+        return JLM_EIO;
+    }
+    *out = r;
+    return 0;
+#else
+    (void)device;
+    snprintf(why, why_len, "CUDA backend not built (no nvcc at build time, or make CUDA=0)");
+    free(r);
+    return JLM_EUNSUPPORTED;
+#endif
+}
+
+void jlm_cu_rt_close(jlm_cu_rt *r)
+{
+    if (!r)
+        return;
+    if (r->emulated) {
+        emu_flush_all(r);
+        for (size_t i = 0; i < r->nal; i++)
+            free(r->al[i].p);
+        free(r->al);
+        for (int s = 0; s < JLM_CU_NSTREAM; s++)
+            free(r->q[s].v);
+    }
+#ifdef JLM_CUDA
+    else {
+        for (int s = 0; s < JLM_CU_NSTREAM; s++)
+            if (r->s[s]) {
+                cudaStreamSynchronize(r->s[s]);
+                cudaStreamDestroy(r->s[s]);
+            }
+        for (int i = 0; i < JLM_CU_NEV; i++)
+            if (r->e[i])
+                cudaEventDestroy(r->e[i]);
+    }
+#endif
+    free(r);
+}
+
+int jlm_cu_rt_emulated(const jlm_cu_rt *r) { return r->emulated; }
+const char *jlm_cu_rt_name(const jlm_cu_rt *r) { return r->name; }
+const char *jlm_cu_rt_error(const jlm_cu_rt *r) { return r->msg; }
+
+#ifdef JLM_CUDA
+static int cu(jlm_cu_rt *r, cudaError_t e, const char *what)
+{
+    if (e == cudaSuccess)
+        return 0;
+    cudaGetLastError();
+    return failf(r, (int)e, "%s: %s (error %d)", what, cudaGetErrorString(e), (int)e);
+}
+#define DEVICE_CALL(call, what) \
+    do { if (!r->emulated) return cu(r, (call), (what)); } while (0)
+#else
+#define DEVICE_CALL(call, what) \
+    do { if (!r->emulated) return failf(r, EMU_FAULT, "%s: CUDA not built", (what)); } while (0)
+#endif
+
+uint64_t jlm_cu_rt_free_bytes(const jlm_cu_rt *r)
+{
+#ifdef JLM_CUDA
+    size_t fr = 0, tot = 0;
+    if (!r->emulated && cudaMemGetInfo(&fr, &tot) == cudaSuccess)
+        return fr;
+#endif
+    (void)r;
+    return 0;
+}
+
+/* ---------------------------------------------------------------- memory */
+
+int jlm_cu_rt_alloc(jlm_cu_rt *r, uint64_t n, void **dev)
+{
+    DEVICE_CALL(cudaMalloc(dev, (size_t)n), "cudaMalloc");
+    return emu_alloc_new(r, n, 0, dev);
+}
+
+void jlm_cu_rt_free(jlm_cu_rt *r, void *dev)
+{
+#ifdef JLM_CUDA
+    if (!r->emulated) {
+        if (dev)
+            cudaFree(dev);
+        return;
+    }
+#endif
+    emu_alloc_free(r, dev, 0);
+}
+
+int jlm_cu_rt_host_alloc(jlm_cu_rt *r, uint64_t n, void **host)
+{
+    DEVICE_CALL(cudaHostAlloc(host, (size_t)n, cudaHostAllocDefault), "cudaHostAlloc");
+    return emu_alloc_new(r, n, 1, host);
+}
+
+void jlm_cu_rt_host_free(jlm_cu_rt *r, void *host)
+{
+#ifdef JLM_CUDA
+    if (!r->emulated) {
+        if (host) {
+            cudaDeviceSynchronize();
+            cudaFreeHost(host);
+        }
+        return;
+    }
+#endif
+    emu_alloc_free(r, host, 1);
+}
+
+/* ---------------------------------------------------------------- copies, events */
+
+static int bad_stream(jlm_cu_rt *r, int s) { return s < 0 || s >= JLM_CU_NSTREAM ? failf(r, EMU_FAULT, "stream %d", s) : 0; }
+static int bad_event(jlm_cu_rt *r, int e) { return e < 0 || e >= JLM_CU_NEV ? failf(r, EMU_FAULT, "event %d", e) : 0; }
+
+int jlm_cu_rt_h2d(jlm_cu_rt *r, void *dev, const void *host, uint64_t n, int stream)
+{
+    if (bad_stream(r, stream))
+        return EMU_FAULT;
+    DEVICE_CALL(cudaMemcpyAsync(dev, host, (size_t)n, cudaMemcpyHostToDevice, r->s[stream]), "cudaMemcpyAsync (to the device)");
+    if (!n)
+        return 0;
+    if (emu_dev(r, dev, n, "copy to the device: destination"))
+        return EMU_FAULT;
+    if (emu_find(r, host, 1, 0))
+        return failf(r, EMU_FAULT, "cuda emulation: copy to the device: the source %p is device memory", host);
+    emu_op op = {.kind = OP_COPY, .dst = dev, .n = n};
+    if (emu_find(r, host, n, 1))
+        op.src = host;   /* pinned: read when the copy runs */
+    else if (!(op.snap = malloc(n)))
+        return failf(r, EMU_FAULT, "cuda emulation: out of memory");
+    else
+        memcpy(op.snap, host, n);   /* pageable: consumed now */
+    int rc = emu_push(r, stream, &op);
+    if (rc)
+        free(op.snap);
+    return rc;
+}
+
+int jlm_cu_rt_d2h(jlm_cu_rt *r, void *host, const void *dev, uint64_t n, int stream)
+{
+    if (bad_stream(r, stream))
+        return EMU_FAULT;
+    DEVICE_CALL(cudaMemcpyAsync(host, dev, (size_t)n, cudaMemcpyDeviceToHost, r->s[stream]), "cudaMemcpyAsync (to the host)");
+    if (!n)
+        return 0;
+    if (emu_dev(r, dev, n, "copy to the host: source"))
+        return EMU_FAULT;
+    if (emu_find(r, host, 1, 0))
+        return failf(r, EMU_FAULT, "cuda emulation: copy to the host: the destination %p is device memory", host);
+    emu_op op = {.kind = OP_COPY, .dst = host, .src = dev, .n = n};
+    return emu_push(r, stream, &op);
+}
+
+int jlm_cu_rt_record(jlm_cu_rt *r, int ev, int stream)
+{
+    if (bad_stream(r, stream) || bad_event(r, ev))
+        return EMU_FAULT;
+    DEVICE_CALL(cudaEventRecord(r->e[ev], r->s[stream]), "cudaEventRecord");
+    emu_op op = {.kind = OP_RECORD, .ev = ev, .seq = ++r->seq};
+    r->ev[ev].stream = stream;
+    r->ev[ev].rec_seq = op.seq;
+    return emu_push(r, stream, &op);
+}
+
+int jlm_cu_rt_wait(jlm_cu_rt *r, int stream, int ev)
+{
+    if (bad_stream(r, stream) || bad_event(r, ev))
+        return EMU_FAULT;
+    DEVICE_CALL(cudaStreamWaitEvent(r->s[stream], r->e[ev], 0), "cudaStreamWaitEvent");
+    if (!r->ev[ev].rec_seq)
+        return 0;   /* never recorded: nothing to wait for (as CUDA) */
+    emu_op op = {.kind = OP_WAIT, .ev = ev, .seq = r->ev[ev].rec_seq};
+    return emu_push(r, stream, &op);
+}
+
+int jlm_cu_rt_event_sync(jlm_cu_rt *r, int ev)
+{
+    if (bad_event(r, ev))
+        return EMU_FAULT;
+    DEVICE_CALL(cudaEventSynchronize(r->e[ev]), "cudaEventSynchronize");
+    int rc = emu_until(r, ev, r->ev[ev].rec_seq);
+    if (!rc && r->fault)
+        rc = EMU_FAULT;
+    r->fault = 0;
+    return rc;
+}
+
+int jlm_cu_rt_sync(jlm_cu_rt *r, int stream)
+{
+    if (bad_stream(r, stream))
+        return EMU_FAULT;
+    DEVICE_CALL(cudaStreamSynchronize(r->s[stream]), "cudaStreamSynchronize");
+    return emu_flush(r, stream);
+}
+
+/* ---------------------------------------------------------------- matvec */
+
+int jlm_cu_rt_matvec(jlm_cu_rt *r, const jlm_cu_mat *m, uint64_t n, const float *x, const jlm_cu_act *xq, float *y,
+                     int stream)
+{
+    if (bad_stream(r, stream))
+        return EMU_FAULT;
+#ifdef JLM_CUDA
+    if (!r->emulated) {
+        int rc = jlm_cu_launch_matvec(m, n, x, xq, y, r->s[stream]);
+        return rc ? failf(r, rc, "matvec launch: %s (error %d)", jlm_cu_launch_error(rc), rc) : 0;
+    }
+#else
+    DEVICE_CALL(0, "matvec launch");
+#endif
+    uint64_t ql, dl, sl;
+    jlm_err err = {0};
+    if (jlm_fmt_planes(m->type, m->k, m->rows, &ql, &dl, &sl, &err))
+        return failf(r, EMU_FAULT, "cuda emulation: matvec: %s", err.msg);
+    int fl = jlm_fmt_type_traits(m->type)->is_float;
+    if (emu_dev(r, m->qs, ql, "matvec: qs plane") || emu_dev(r, m->d, dl, "matvec: d plane") ||
+        emu_dev(r, m->sc, sl, "matvec: sc plane") || emu_dev(r, y, n * m->rows * 4, "matvec: result"))
+        return EMU_FAULT;
+    if (fl ? !x : !xq)
+        return failf(r, EMU_FAULT, "cuda emulation: matvec: no activations");
+    if (fl ? emu_dev(r, x, n * m->k * 4, "matvec: activations") : emu_dev(r, xq, n * sizeof *xq, "matvec: act records"))
+        return EMU_FAULT;
+    emu_op op = {.kind = OP_MATVEC, .m = *m, .n = n, .x = fl ? x : NULL, .xq = fl ? NULL : xq, .y = y};
+    return emu_push(r, stream, &op);
+}

@@ -1,0 +1,72 @@
+/* rt.h - the CUDA backend's device seam: device memory, pinned host memory,
+ * two streams, events and the matvec launch, either on a CUDA device (the
+ * CUDA runtime, when built with it) or emulated on the host.
+ *
+ * Why an emulation: the machines this is built and tested on have no GPU, and
+ * the engine's CUDA backend (engine/backend_cu.c) is mostly plumbing: which
+ * frame holds which plane, what is copied when, which stream waits for which.
+ * The emulated device runs the same per-thread kernel bodies as the device
+ * (kernels/cuda/body.h over the k_matvec grid) and is strict where a device
+ * would be forgiving or racy, so plumbing bugs fail the suite:
+ *  - every device pointer handed to a copy or a launch must lie inside a live
+ *    device allocation with room for the whole span (the matrix planes, the
+ *    activations, the act records and what they point to, the result), and a
+ *    host pointer must not be device memory;
+ *  - operations are queued per stream and run only when something waits for
+ *    them (a stream or event synchronize, a stream waiting on an event, a
+ *    free): a copy from pinned memory reads the source when it runs, a copy
+ *    to the host lands when it runs, and a kernel on one stream sees another
+ *    stream's copy only through an event. Reusing a pinned staging buffer
+ *    before its copy ran, reading a result before synchronizing, or
+ *    launching before waiting for a page-in gives wrong bytes;
+ *  - device memory starts as a poison pattern (0xA5), not zeros.
+ * A copy from pageable host memory consumes its source at the call (as the
+ * CUDA runtime stages it); its landing is still queued.
+ *
+ * Streams: JLM_CU_S_COMPUTE (0) and JLM_CU_S_COPY (1). Events: JLM_CU_NEV
+ * small integers; a wait captures the event's latest record at call time.
+ *
+ * Failure: every call returns 0 or an error code; jlm_cu_rt_error names the
+ * last one (device: the cudaError_t's string; emulated: what was wrong).
+ * Not thread-safe: one engine thread. */
+#ifndef JLM_CU_RT_H
+#define JLM_CU_RT_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "kernels/cuda/body.h"
+
+typedef struct jlm_cu_rt jlm_cu_rt;
+
+enum { JLM_CU_S_COMPUTE = 0, JLM_CU_S_COPY = 1, JLM_CU_NSTREAM = 2 };
+#define JLM_CU_NEV 8
+
+/* emulate: 1 runs on the host emulation (always available), 0 opens CUDA
+ * device `device` (fails with the probe's reason without one). */
+int  jlm_cu_rt_open(int device, int emulate, jlm_cu_rt **out, char *why, size_t why_len);
+void jlm_cu_rt_close(jlm_cu_rt *r);   /* frees whatever is still allocated; accepts NULL */
+int  jlm_cu_rt_emulated(const jlm_cu_rt *r);
+const char *jlm_cu_rt_name(const jlm_cu_rt *r);
+uint64_t jlm_cu_rt_free_bytes(const jlm_cu_rt *r);   /* device memory free now; emulated: 0 (unknown) */
+
+int  jlm_cu_rt_alloc(jlm_cu_rt *r, uint64_t n, void **dev);
+void jlm_cu_rt_free(jlm_cu_rt *r, void *dev);        /* waits for both streams first; NULL ok */
+int  jlm_cu_rt_host_alloc(jlm_cu_rt *r, uint64_t n, void **host);   /* pinned */
+void jlm_cu_rt_host_free(jlm_cu_rt *r, void *host);  /* waits for both streams first; NULL ok */
+
+int jlm_cu_rt_h2d(jlm_cu_rt *r, void *dev, const void *host, uint64_t n, int stream);
+int jlm_cu_rt_d2h(jlm_cu_rt *r, void *host, const void *dev, uint64_t n, int stream);
+int jlm_cu_rt_record(jlm_cu_rt *r, int ev, int stream);
+int jlm_cu_rt_wait(jlm_cu_rt *r, int stream, int ev);   /* stream waits for ev's latest record */
+int jlm_cu_rt_event_sync(jlm_cu_rt *r, int ev);         /* the host waits for ev's latest record */
+int jlm_cu_rt_sync(jlm_cu_rt *r, int stream);
+
+/* The k_matvec grid: m's planes, x (n, k) floats or xq (n act records, each
+ * pointing at device memory), y (n, rows): all device pointers. */
+int jlm_cu_rt_matvec(jlm_cu_rt *r, const jlm_cu_mat *m, uint64_t n, const float *x, const jlm_cu_act *xq, float *y,
+                     int stream);
+
+const char *jlm_cu_rt_error(const jlm_cu_rt *r);
+
+#endif
