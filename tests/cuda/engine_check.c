@@ -1,0 +1,283 @@
+/* engine_check.c - build/jlm-cuda-engine: the engine on the CUDA backend
+ * against the CPU backend, and its decode/prefill speed, on a GPU machine
+ * (bench/gpu-check.sh runs it). Self-contained like jlm-cuda-check: libjlm's
+ * converter and engine, libc, libm, the static CUDA runtime; no SQLite,
+ * jansson, FUSE or Criterion, so it can be carried to a machine without them.
+ *
+ *   jlm-cuda-engine check GGUF...        convert each, then per model: CPU vs
+ *       CUDA whole, --gpu-layers 1 and --budget 1 --gpu-budget 1: greedy ids
+ *       over 8 steps equal, logits within 1e-4 (5e-4 float weights) of the
+ *       largest; one PASS/FAIL line each
+ *   jlm-cuda-engine bench GGUF|--synth PRESET TYPE [--pp N] [--tg N] [--gpu-budget BYTES]
+ *       prefill and decode tok/s on CUDA (and the CPU's, same run), device
+ *       page-ins, bytes copied, kernel and transfer time; --synth writes
+ *       bench/mkgguf's PRESET (e.g. synth-1b) in TYPE (Q4_0, Q8_0, Q4_K, F16)
+ *       first, in the temp dir
+ *
+ * Without a device (or built without CUDA) it prints one "skip:" line and
+ * exits 0; JLM_CUDA_EMULATE=1 runs it on the host emulation (how CI checks
+ * that this program works). */
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "converter/convert.h"
+#include "format/jlm_format.h"
+#include "engine/backend.h"
+#include "engine/model.h"
+#include "kernels/cuda/cuda.h"
+
+#define MKGGUF_NO_MAIN
+#include "bench/mkgguf.c"
+
+static double now_s(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + ts.tv_nsec * 1e-9;
+}
+
+static int convert(const char *gguf, const char *out)
+{
+    jlm_conv *c = NULL;
+    jlm_err err = {0};
+    int rc = jlm_conv_open(gguf, NULL, &c, &err);
+    if (!rc)
+        rc = jlm_conv_write(c, out, NULL, NULL, NULL, &err);
+    jlm_conv_close(c);
+    if (rc)
+        fprintf(stderr, "FAIL convert %s: %s\n", gguf, err.msg);
+    return rc;
+}
+
+static jlm_engine *open_on(const char *path, const char *backend, uint32_t gl, uint64_t budget, uint64_t gb)
+{
+    jlm_engine_opts o = {.n_threads = 0, .quiet = 1, .direct = 1, .backend = backend, .device = "0",
+                         .gpu_layers = gl, .budget = budget, .gpu_budget = gb};
+    jlm_engine *e = NULL;
+    jlm_err err = {0};
+    if (jlm_engine_open(path, &o, &e, &err)) {
+        fprintf(stderr, "FAIL open %s on %s: %s\n", path, backend, err.msg);
+        return NULL;
+    }
+    return e;
+}
+
+static int argmax(const float *l, uint32_t n)
+{
+    uint32_t b = 0;
+    for (uint32_t i = 1; i < n; i++)
+        if (l[i] > l[b])
+            b = i;
+    return (int)b;
+}
+
+/* 0 when the CUDA run (cfg 0 whole, 1 split, 2 one frame each side) matches the CPU's. */
+static int check_one(const char *name, const char *path, int cfg)
+{
+    static const char *WHAT[] = {"whole", "--gpu-layers 1", "--budget 1 --gpu-budget 1"};
+    jlm_engine *ec = open_on(path, "cpu", 0, 0, 0);
+    jlm_engine *ev = open_on(path, "cuda", cfg == 1 ? 1 : 0, cfg == 2 ? 1 : 0, cfg == 2 ? 1 : 0);
+    if (!ec || !ev) {
+        jlm_engine_close(ec);
+        jlm_engine_close(ev);
+        return 1;
+    }
+    uint32_t nv = jlm_engine_n_vocab(ec);
+    float *lc = malloc(nv * 4), *lv = malloc(nv * 4);
+    double tol = strstr(name, "F32") || strstr(name, "f32") || strstr(name, "F16") ? 5e-4 : 1e-4, worst = 0;
+    int32_t tok[3] = {1, 10, 20};
+    uint32_t n = 3;
+    int bad = 0;
+    for (int step = 0; step < 8 && !bad; step++) {
+        jlm_err e1 = {0}, e2 = {0};
+        if (jlm_engine_eval(ec, tok, n, lc, &e1) || jlm_engine_eval(ev, tok, n, lv, &e2)) {
+            printf("FAIL %s (%s): eval: %s%s\n", name, WHAT[cfg], e1.msg, e2.msg);
+            bad = 1;
+            break;
+        }
+        double mx = 0, d = 0;
+        for (uint32_t i = 0; i < nv; i++) {
+            mx = fmax(mx, fabs(lc[i]));
+            double di = fabs(lc[i] - lv[i]);
+            if (!(di <= d))
+                d = di;
+        }
+        if (!(d <= tol * mx) || argmax(lc, nv) != argmax(lv, nv)) {
+            printf("FAIL %s (%s): step %d: logits differ by %g of %g, ids %d vs %d\n", name, WHAT[cfg], step, d, mx,
+                   argmax(lv, nv), argmax(lc, nv));
+            bad = 1;
+        }
+        worst = fmax(worst, mx > 0 ? d / mx : d);
+        tok[0] = argmax(lc, nv);
+        n = 1;
+    }
+    jlm_dev_stats s;
+    jlm_engine_dev_stats(ev, &s);
+    if (!bad && (s.matmuls == 0 || s.fallbacks)) {
+        printf("FAIL %s (%s): %llu matmuls on the device, %llu fell back\n", name, WHAT[cfg],
+               (unsigned long long)s.matmuls, (unsigned long long)s.fallbacks);
+        bad = 1;
+    }
+    if (!bad)
+        printf("PASS %s (%s): 8 steps, ids equal, logits within %.2g of the largest; %llu matmuls, %llu page-ins, "
+               "%llu evictions\n", name, WHAT[cfg], worst, (unsigned long long)s.matmuls,
+               (unsigned long long)s.page_ins, (unsigned long long)s.evictions);
+    free(lc);
+    free(lv);
+    jlm_engine_close(ec);
+    jlm_engine_close(ev);
+    return bad;
+}
+
+static const char *base(const char *p)
+{
+    const char *s = strrchr(p, '/');
+    return s ? s + 1 : p;
+}
+
+static int cmd_check(int argc, char **argv, const char *tmp)
+{
+    int fails = 0;
+    for (int i = 0; i < argc; i++) {
+        char out[4096];
+        snprintf(out, sizeof out, "%s/m%d.jlm", tmp, i);
+        if (convert(argv[i], out)) {
+            fails++;
+            continue;
+        }
+        for (int cfg = 0; cfg < 3; cfg++)
+            fails += check_one(base(argv[i]), out, cfg);
+        unlink(out);
+    }
+    printf("engine check: %d failing\n", fails);
+    return fails ? 1 : 0;
+}
+
+/* tok/s of n_pp prompt tokens then n_tg decode steps on backend. */
+static int bench_on(const char *path, const char *backend, uint32_t pp, uint32_t tg, uint64_t gb, double *pps,
+                    double *tgs, jlm_dev_stats *st)
+{
+    jlm_engine *e = open_on(path, backend, 0, 0, gb);
+    if (!e)
+        return 1;
+    uint32_t nv = jlm_engine_n_vocab(e);
+    float *l = malloc(nv * 4);
+    int32_t *ids = malloc(pp * sizeof *ids);
+    for (uint32_t i = 0; i < pp; i++)
+        ids[i] = (int32_t)(1 + i * 7 % (nv - 1));
+    jlm_err err = {0};
+    int rc = jlm_engine_eval(e, ids, 8, l, &err);   /* warm: pages in */
+    jlm_engine_rewind(e, 0);
+    double t0 = now_s();
+    if (!rc)
+        rc = jlm_engine_eval(e, ids, pp, l, &err);
+    double t1 = now_s();
+    for (uint32_t i = 0; !rc && i < tg; i++) {
+        int32_t t = argmax(l, nv);
+        rc = jlm_engine_eval(e, &t, 1, l, &err);
+    }
+    double t2 = now_s();
+    if (rc)
+        printf("FAIL bench on %s: %s\n", backend, err.msg);
+    *pps = pp / (t1 - t0);
+    *tgs = tg / (t2 - t1);
+    memset(st, 0, sizeof *st);
+    jlm_engine_dev_stats(e, st);
+    free(l);
+    free(ids);
+    jlm_engine_close(e);
+    return rc;
+}
+
+static int cmd_bench(int argc, char **argv, const char *tmp)
+{
+    uint32_t pp = 128, tg = 32;
+    uint64_t gb = 0;
+    const char *gguf = NULL;
+    char synth[4096] = "";
+    for (int i = 0; i < argc; i++) {
+        if (!strcmp(argv[i], "--synth") && i + 2 < argc) {
+            mkg_shape sh;
+            uint32_t ty;
+            char msg[600] = "";
+            snprintf(synth, sizeof synth, "%s/%s-%s.gguf", tmp, argv[i + 1], argv[i + 2]);
+            if (mkg_preset(argv[i + 1], &sh) || mkg_parse_type(argv[i + 2], &ty) ||
+                mkg_write(synth, &sh, ty, 0, 1, msg, sizeof msg)) {
+                fprintf(stderr, "FAIL --synth %s %s: %s\n", argv[i + 1], argv[i + 2], *msg ? msg : "unknown preset or type");
+                return 1;
+            }
+            gguf = synth;
+            i += 2;
+        } else if (!strcmp(argv[i], "--pp") && i + 1 < argc)
+            pp = (uint32_t)atoi(argv[++i]);
+        else if (!strcmp(argv[i], "--tg") && i + 1 < argc)
+            tg = (uint32_t)atoi(argv[++i]);
+        else if (!strcmp(argv[i], "--gpu-budget") && i + 1 < argc)
+            gb = strtoull(argv[++i], NULL, 10);
+        else
+            gguf = argv[i];
+    }
+    if (!gguf || pp < 8 || !tg) {
+        fprintf(stderr, "usage: jlm-cuda-engine bench GGUF|--synth PRESET TYPE [--pp N>=8] [--tg N>=1] [--gpu-budget BYTES]\n");
+        return 2;
+    }
+    char out[4096];
+    snprintf(out, sizeof out, "%s/bench.jlm", tmp);
+    if (convert(gguf, out))
+        return 1;
+    jlm_model *m = NULL;
+    jlm_err merr = {0};
+    uint64_t fsize = 0;
+    if (!jlm_fmt_open(out, &m, &merr)) {
+        fsize = m->hdr.page_size * m->hdr.n_blocks;
+        jlm_fmt_close(m);
+    }
+    double cpp, ctg, gpp, gtg;
+    jlm_dev_stats cs, gs;
+    int rc = bench_on(out, "cpu", pp, tg, 0, &cpp, &ctg, &cs) | bench_on(out, "cuda", pp, tg, gb, &gpp, &gtg, &gs);
+    if (!rc) {
+        printf("bench %s: pp%u cuda %.1f t/s (cpu %.1f, %.2fx), tg%u cuda %.1f t/s (cpu %.1f, %.2fx)\n", base(gguf), pp,
+               gpp, cpp, gpp / cpp, tg, gtg, ctg, gtg / ctg);
+        printf("bench %s: block pages %.1f MiB: decode reads them at %.1f GB/s from device frames\n", base(gguf),
+               fsize / 1048576.0, fsize * gtg / 1e9);
+        printf("bench %s: gpu-budget %llu: device page-ins %llu, evictions %llu, bytes copied %llu, kernels %.1f ms, "
+               "transfers %.1f ms, device %s\n", base(gguf), (unsigned long long)gs.budget,
+               (unsigned long long)gs.page_ins, (unsigned long long)gs.evictions, (unsigned long long)gs.bytes_up,
+               gs.kernel_ns / 1e6, gs.xfer_ns / 1e6, gs.device ? gs.device : "?");
+    }
+    unlink(out);
+    if (*synth)
+        unlink(synth);
+    return rc;
+}
+
+int main(int argc, char **argv)
+{
+    if (argc < 3 || (strcmp(argv[1], "check") && strcmp(argv[1], "bench"))) {
+        fprintf(stderr, "usage: jlm-cuda-engine check GGUF... | bench GGUF [--pp N] [--tg N] [--gpu-budget BYTES]\n");
+        return 2;
+    }
+    const char *em = getenv("JLM_CUDA_EMULATE");
+    if (!(em && *em && strcmp(em, "0"))) {
+        jlm_cu_info in;
+        jlm_cu_probe(&in);
+        if (in.count == 0) {
+            printf("skip: no CUDA device (%s)\n", in.reason);
+            return 0;
+        }
+    }
+    const char *t = getenv("TMPDIR");
+    char tmp[1024];
+    snprintf(tmp, sizeof tmp, "%s/jlm-cuda-engine.XXXXXX", t && *t ? t : "/tmp");
+    if (!mkdtemp(tmp)) {
+        perror("mkdtemp");
+        return 1;
+    }
+    int rc = !strcmp(argv[1], "check") ? cmd_check(argc - 2, argv + 2, tmp) : cmd_bench(argc - 2, argv + 2, tmp);
+    rmdir(tmp);
+    return rc;
+}
