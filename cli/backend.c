@@ -101,10 +101,11 @@ void jlm_cli_print_backend_stats(FILE *f, struct jlm_engine *e, unsigned long lo
     fprintf(f, "cpu: page-ins %llu, evictions %llu, bytes read %llu, hits %llu, frames budget %llu\n", pi, ev, br, hi,
             (unsigned long long)mi.frames);
     if (on)
-        fprintf(f, "%s: matmuls %llu, page-ins %llu, evictions %llu, hits %llu, bytes uploaded %llu, "
+        fprintf(f, "%s: matmuls %llu, page-ins %llu (%llu ahead), evictions %llu, hits %llu, bytes uploaded %llu, "
                    "bytes imported %llu, frames %llu (%llu bytes, peak %llu, budget %llu), path %s, "
                    "kernels %.1f ms, transfers %.1f ms, reuploads %llu, cpu fallbacks %llu, device %s\n",
-                v.kind, (unsigned long long)v.matmuls, (unsigned long long)v.page_ins, (unsigned long long)v.evictions,
+                v.kind, (unsigned long long)v.matmuls, (unsigned long long)v.page_ins,
+                (unsigned long long)v.prefetches, (unsigned long long)v.evictions,
                 (unsigned long long)v.hits, (unsigned long long)v.bytes_up, (unsigned long long)v.bytes_imported,
                 (unsigned long long)v.frames, (unsigned long long)v.resident_bytes,
                 (unsigned long long)v.peak_bytes, (unsigned long long)v.budget, v.path, v.kernel_ns / 1e6,

@@ -7,6 +7,7 @@ void jlm_dev_close(jlm_dev *d)
 {
     if (!d)
         return;
+    jlm_dev_prefetch_end(d);
     jlm_dframes_free(&d->frames);
     d->ops->close(d);
 }
@@ -18,10 +19,47 @@ void jlm_dev_set_budget(jlm_dev *d, uint64_t budget) { jlm_dframes_set_budget(&d
 uint64_t jlm_dev_default_budget(const jlm_dev *d) { return d->ops->default_budget(d); }
 void jlm_dev_set_dense(jlm_dev *d, const void *host, uint64_t len) { jlm_dframes_set_dense(&d->frames, host, len); }
 
+/* The started prefetch's copy has read its host frame and the device waits
+ * for it: the prefetch's own pin goes; a failed copy's frame is dropped once
+ * no pin holds it (the get that found it resident lets go first). */
+static int prefetch_done(jlm_dev *d, jlm_err *err)
+{
+    int rc = d->ops->prefetch_wait(d, err);
+    jlm_dframes_put(&d->frames, d->pf_array, d->pf_page);
+    d->pf_on = 0;
+    return rc;
+}
+
 int jlm_dev_page_get(jlm_dev *d, uint32_t array, uint32_t page, int cls, const void *host, uint64_t len,
                      jlm_err *err)
 {
-    return jlm_dframes_get(&d->frames, array, page, cls, host, len, err);
+    int rc = jlm_dframes_get(&d->frames, array, page, cls, host, len, err);
+    if (rc || !d->pf_on || array != d->pf_array || page != d->pf_page)
+        return rc;
+    if ((rc = prefetch_done(d, err))) {
+        jlm_dframes_put(&d->frames, array, page);
+        jlm_dframes_discard(&d->frames, array, page);
+    }
+    return rc;
+}
+
+int jlm_dev_prefetch(jlm_dev *d, uint32_t array, uint32_t page, int cls, const void *host, uint64_t len)
+{
+    if (!d->ops->prefetch_wait || d->pf_on || !jlm_dframes_prefetch(&d->frames, array, page, cls, host, len))
+        return 0;
+    d->pf_on = 1;
+    d->pf_array = array;
+    d->pf_page = page;
+    return 1;
+}
+
+void jlm_dev_prefetch_end(jlm_dev *d)
+{
+    if (!d || !d->pf_on)
+        return;
+    uint32_t a = d->pf_array, p = d->pf_page;
+    if (prefetch_done(d, NULL))
+        jlm_dframes_discard(&d->frames, a, p);
 }
 
 void jlm_dev_page_put(jlm_dev *d, uint32_t array, uint32_t page) { jlm_dframes_put(&d->frames, array, page); }
@@ -47,6 +85,7 @@ void jlm_dev_stats_get(const jlm_dev *d, jlm_dev_stats *out)
     out->page_ins = f->page_ins;
     out->hits = f->hits;
     out->evictions = f->evictions;
+    out->prefetches = f->prefetches;
     out->frames = f->frames;
     out->resident_bytes = f->resident;
     out->peak_bytes = f->peak;
@@ -56,7 +95,7 @@ void jlm_dev_stats_get(const jlm_dev *d, jlm_dev_stats *out)
 void jlm_dev_stats_reset(jlm_dev *d)
 {
     jlm_dframes *f = &d->frames;
-    f->page_ins = f->hits = f->evictions = 0;
+    f->page_ins = f->hits = f->evictions = f->prefetches = 0;
     f->peak = f->resident;
     d->ops->stats_reset(d);
 }

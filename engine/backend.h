@@ -28,6 +28,7 @@ typedef struct jlm_dev_stats {
     const char *device, *path;   /* path: vulkan "import"/"upload"; cuda "staged" (or "emulated") */
     uint64_t matmuls;            /* matmuls run on the device */
     uint64_t page_ins, hits, evictions;
+    uint64_t prefetches;         /* page-ins started ahead, on the copy thread (CUDA) */
     uint64_t bytes_up;           /* bytes copied into device frames and per-call reuploads */
     uint64_t bytes_imported;     /* bytes of host frames imported without a copy */
     uint64_t frames, resident_bytes, peak_bytes, budget;
@@ -48,11 +49,18 @@ typedef struct jlm_dev_ops {
     /* the backend's counters into out (kind, frame counters: filled by the caller) */
     void        (*stats)(const jlm_dev *d, jlm_dev_stats *out);
     void        (*stats_reset)(jlm_dev *d);
+    /* A prefetch's page-in (jlm_dframes_prefetch's page_in callback) was
+     * only queued: waits until its copy has read the host frame and orders
+     * the device's next kernels after it; 0 or the copy's error. NULL: the
+     * backend pages in synchronously and starts no prefetch (Vulkan). */
+    int         (*prefetch_wait)(jlm_dev *d, jlm_err *err);
 } jlm_dev_ops;
 
 struct jlm_dev {
     const jlm_dev_ops *ops;
     jlm_dframes        frames;
+    int                pf_on;              /* a prefetch started and not yet got or ended */
+    uint32_t           pf_array, pf_page;
 };
 
 void        jlm_dev_close(jlm_dev *d);   /* accepts NULL */
@@ -68,6 +76,17 @@ void jlm_dev_set_dense(jlm_dev *d, const void *host, uint64_t len);
 int  jlm_dev_page_get(jlm_dev *d, uint32_t array, uint32_t page, int cls, const void *host, uint64_t len,
                       jlm_err *err);
 void jlm_dev_page_put(jlm_dev *d, uint32_t array, uint32_t page);
+/* Starts the page-in of the page a later jlm_dev_page_get will ask for (the
+ * next block), so its copy overlaps the kernels before it: 1 if started,
+ * then the caller keeps the host frame pinned until that get, or
+ * jlm_dev_prefetch_end, returns. 0 if not started (the backend has no copy
+ * thread, a prefetch is under way, the page is resident, or the budget has
+ * no room without evicting a pinned frame). Never fails. */
+int  jlm_dev_prefetch(jlm_dev *d, uint32_t array, uint32_t page, int cls, const void *host, uint64_t len);
+/* Ends a started prefetch that will not be got (waits for its copy to have
+ * read the host frame; the frame stays resident if the copy succeeded).
+ * Accepts NULL and no prefetch. */
+void jlm_dev_prefetch_end(jlm_dev *d);
 /* The host pager's evict hook (jlm_pager_evict_fn; ctx = the jlm_dev). */
 void jlm_dev_host_evicted(void *ctx, uint32_t array, uint32_t page, void *frame);
 

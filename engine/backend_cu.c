@@ -3,6 +3,7 @@
  * (backend_cu.h). */
 #include "engine/backend_cu.h"
 
+#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -13,7 +14,10 @@
 #include "kernels/cuda/rt.h"
 
 #define STAGE_BYTES (8ull << 20)   /* per staging buffer; two alternate (JLM_CUDA_STAGE_KIB: tests) */
-enum { EV_STAGE = 0, EV_FRAMES = 2 };   /* events: staging buffer i free (EV_STAGE + i); page-ins done */
+/* events: staging buffer i free (EV_STAGE + i); the graph's own page-ins
+ * done; the copy thread's prefetch done */
+enum { EV_STAGE = 0, EV_FRAMES = 2, EV_PF = 3 };
+enum { JOB_NONE, JOB_QUEUED, JOB_DONE };
 enum { D_ACT, D_Y, D_QS, D_D, D_SC, D_N };   /* device scratch */
 
 typedef struct scratch {
@@ -21,16 +25,38 @@ typedef struct scratch {
     uint64_t cap;
 } scratch;
 
+/* The copy thread's one job: a prefetch's page-in (jlm_dev_prefetch). */
+typedef struct cu_job {
+    void          *dev;
+    const void    *host;
+    uint64_t       len;
+    int            state, rc;
+    jlm_err        err;
+} cu_job;
+
 typedef struct jlm_ecu {
     jlm_dev        dev;   /* first: a jlm_dev * is a jlm_ecu * */
     jlm_cu_rt     *rt;
+    /* staging, shared by the graph's page-ins and the copy thread's: mu */
+    pthread_mutex_t mu;
     void          *stage[2];
     int            stage_busy[2];
     int            next;
     uint64_t       stage_bytes;
+    uint64_t       bytes_up;         /* under mu */
     int            frames_pending;   /* a page-in was queued since the compute stream last waited */
+    /* the copy thread: a prefetch's copy overlaps the kernels before it */
+    pthread_mutex_t jmu;
+    pthread_cond_t  jcv;
+    pthread_t       thr;
+    int             thr_on, stop;
+    cu_job          job;
     scratch        d[D_N];
     scratch        h_act, h_y;        /* pinned host scratch */
+    /* freed frames kept for the next page-in (cudaFree waits for the whole
+     * device, cudaMalloc is slow): at most SPARES, outside the budget */
+    struct { void *p; uint64_t cap; } spare[2];
+    int            nspare;
     uint64_t       default_budget;
     jlm_dev_stats  st;
     char           name[300];
@@ -49,43 +75,170 @@ static int rt_fail(jlm_ecu *v, jlm_err *err, const char *what)
 }
 
 /* len bytes of host into device memory dev on the copy stream, through the
- * staging buffers: a buffer is refilled only after its previous copy ran. */
-static int copy_in(jlm_ecu *v, void *dev, const void *host, uint64_t len, jlm_err *err)
+ * staging buffers, then event ev recorded behind the last chunk: a buffer is
+ * refilled only after its previous copy ran. Called by the graph's thread
+ * and the copy thread: each chunk takes the staging lock, so the two
+ * interleave chunk by chunk on the one copy stream. */
+static int copy_in(jlm_ecu *v, void *dev, const void *host, uint64_t len, int ev, jlm_err *err)
 {
-    uint64_t t0 = now_ns();
-    for (uint64_t off = 0; off < len;) {
+    int rc = JLM_OK;
+    for (uint64_t off = 0; off < len && !rc;) {
         uint64_t c = len - off < v->stage_bytes ? len - off : v->stage_bytes;
+        pthread_mutex_lock(&v->mu);
         int i = v->next;
-        if (v->stage_busy[i] && jlm_cu_rt_event_sync(v->rt, EV_STAGE + i))
-            return rt_fail(v, err, "staging");
-        memcpy(v->stage[i], (const uint8_t *)host + off, c);
-        if (jlm_cu_rt_h2d(v->rt, (uint8_t *)dev + off, v->stage[i], c, JLM_CU_S_COPY) ||
-            jlm_cu_rt_record(v->rt, EV_STAGE + i, JLM_CU_S_COPY))
-            return rt_fail(v, err, "page-in copy");
-        v->stage_busy[i] = 1;
-        v->next = i ^ 1;
+        if (v->stage_busy[i] && jlm_cu_rt_event_sync(v->rt, EV_STAGE + i)) {
+            rc = rt_fail(v, err, "staging");
+        } else {
+            memcpy(v->stage[i], (const uint8_t *)host + off, c);
+            if (jlm_cu_rt_h2d(v->rt, (uint8_t *)dev + off, v->stage[i], c, JLM_CU_S_COPY) ||
+                jlm_cu_rt_record(v->rt, EV_STAGE + i, JLM_CU_S_COPY)) {
+                rc = rt_fail(v, err, "page-in copy");
+            } else {
+                v->stage_busy[i] = 1;
+                v->next = i ^ 1;
+                v->bytes_up += c;
+            }
+        }
+        pthread_mutex_unlock(&v->mu);
         off += c;
     }
-    if (jlm_cu_rt_record(v->rt, EV_FRAMES, JLM_CU_S_COPY))
-        return rt_fail(v, err, "page-in event");
-    v->frames_pending = 1;
-    v->st.bytes_up += len;
+    if (!rc) {
+        pthread_mutex_lock(&v->mu);
+        if (jlm_cu_rt_record(v->rt, ev, JLM_CU_S_COPY))
+            rc = rt_fail(v, err, "page-in event");
+        pthread_mutex_unlock(&v->mu);
+    }
+    return rc;
+}
+
+/* The graph's own page-in: the compute stream waits for it before the next
+ * launch. */
+static int copy_now(jlm_ecu *v, void *dev, const void *host, uint64_t len, jlm_err *err)
+{
+    uint64_t t0 = now_ns();
+    int rc = copy_in(v, dev, host, len, EV_FRAMES, err);
+    if (!rc)
+        v->frames_pending = 1;
     v->st.xfer_ns += now_ns() - t0;
-    return JLM_OK;
+    return rc;
+}
+
+/* ---------------------------------------------------------------- the copy thread */
+
+static void *copier(void *arg)
+{
+    jlm_ecu *v = arg;
+    pthread_mutex_lock(&v->jmu);
+    for (;;) {
+        while (!v->stop && v->job.state != JOB_QUEUED)
+            pthread_cond_wait(&v->jcv, &v->jmu);
+        if (v->stop)
+            break;
+        cu_job j = v->job;
+        pthread_mutex_unlock(&v->jmu);
+        jlm_err e = {0};
+        int rc = copy_in(v, j.dev, j.host, j.len, EV_PF, &e);
+        pthread_mutex_lock(&v->jmu);
+        v->job.rc = rc;
+        v->job.err = e;
+        v->job.state = JOB_DONE;
+        pthread_cond_broadcast(&v->jcv);
+    }
+    pthread_mutex_unlock(&v->jmu);
+    return NULL;
+}
+
+/* Queues the prefetch's copy for the copy thread (started on first use);
+ * without a thread, copies here (the prefetch then overlaps nothing). */
+static void queue_job(jlm_ecu *v, void *dev, const void *host, uint64_t len)
+{
+    pthread_mutex_lock(&v->jmu);
+    if (!v->thr_on && pthread_create(&v->thr, NULL, copier, v) == 0)
+        v->thr_on = 1;
+    v->job = (cu_job){dev, host, len, JOB_QUEUED, 0, {0}};
+    if (v->thr_on) {
+        pthread_cond_broadcast(&v->jcv);
+        pthread_mutex_unlock(&v->jmu);
+        return;
+    }
+    pthread_mutex_unlock(&v->jmu);
+    jlm_err e = {0};
+    int rc = copy_in(v, dev, host, len, EV_PF, &e);
+    pthread_mutex_lock(&v->jmu);
+    v->job.rc = rc;
+    v->job.err = e;
+    v->job.state = JOB_DONE;
+    pthread_mutex_unlock(&v->jmu);
+}
+
+static int ecu_prefetch_wait(jlm_dev *dev, jlm_err *err)
+{
+    jlm_ecu *v = (jlm_ecu *)dev;
+    uint64_t t0 = now_ns();
+    pthread_mutex_lock(&v->jmu);
+    while (v->job.state == JOB_QUEUED)
+        pthread_cond_wait(&v->jcv, &v->jmu);
+    int rc = v->job.state == JOB_DONE ? v->job.rc : JLM_OK;
+    if (rc && err)
+        *err = v->job.err;
+    v->job.state = JOB_NONE;
+    pthread_mutex_unlock(&v->jmu);
+    v->st.xfer_ns += now_ns() - t0;   /* the graph's wait only: the copy itself overlapped */
+    if (!rc && jlm_cu_rt_wait(v->rt, JLM_CU_S_COMPUTE, EV_PF))
+        rc = rt_fail(v, err, "waiting for the prefetched page");
+    return rc;
 }
 
 /* ---------------------------------------------------------------- device frames */
+
+#define SPARES ((int)(sizeof ((jlm_ecu *)0)->spare / sizeof ((jlm_ecu *)0)->spare[0]))
+
+/* Device memory for a frame of len bytes: a kept one of about that size
+ * (block frames differ by their extents only), else a new one; its size in
+ * *cap. Every kernel that read a kept frame has finished: each matmul waits
+ * for its result before the graph goes on. */
+static int frame_alloc(jlm_ecu *v, uint64_t len, void **p, uint64_t *cap, jlm_err *err)
+{
+    for (int i = 0; i < v->nspare; i++)
+        if (v->spare[i].cap >= len && v->spare[i].cap - len <= v->spare[i].cap / 8) {
+            *p = v->spare[i].p;
+            *cap = v->spare[i].cap;
+            v->spare[i] = v->spare[--v->nspare];
+            return JLM_OK;
+        }
+    if (jlm_cu_rt_alloc(v->rt, len, p))
+        return jlm_errf(err, JLM_ENOMEM, "cuda backend: a %llu-byte device frame: %s", (unsigned long long)len,
+                        jlm_cu_rt_error(v->rt));
+    *cap = len;
+    return JLM_OK;
+}
+
+static void frame_free(jlm_ecu *v, void *p, uint64_t cap)
+{
+    if (v->nspare < SPARES) {
+        v->spare[v->nspare].p = p;
+        v->spare[v->nspare++].cap = cap;
+    } else {
+        jlm_cu_rt_free(v->rt, p);
+    }
+}
 
 static int page_in(void *ctx, jlm_dframe *d, const void *host, uint64_t len, jlm_err *err)
 {
     jlm_ecu *v = ctx;
     void *p = NULL;
-    if (jlm_cu_rt_alloc(v->rt, len, &p))
-        return jlm_errf(err, JLM_ENOMEM, "cuda backend: a %llu-byte device frame: %s", (unsigned long long)len,
-                        jlm_cu_rt_error(v->rt));
-    int rc = copy_in(v, p, host, len, err);
-    if (rc) {
-        jlm_cu_rt_free(v->rt, p);
+    uint64_t cap = 0;
+    int rc = frame_alloc(v, len, &p, &cap, err);
+    if (rc)
+        return rc;
+    d->tag = cap;
+    if (v->dev.frames.async) {   /* a prefetch: the copy thread copies, ecu_prefetch_wait orders */
+        queue_job(v, p, host, len);
+        d->buf = p;
+        return JLM_OK;
+    }
+    if ((rc = copy_now(v, p, host, len, err))) {
+        frame_free(v, p, cap);
         return rc;
     }
     d->buf = p;
@@ -95,7 +248,7 @@ static int page_in(void *ctx, jlm_dframe *d, const void *host, uint64_t len, jlm
 static void drop(void *ctx, jlm_dframe *d)
 {
     jlm_ecu *v = ctx;
-    jlm_cu_rt_free(v->rt, d->buf);
+    frame_free(v, d->buf, d->tag);
 }
 
 static const jlm_dframes_ops FRAME_OPS = {page_in, drop};
@@ -135,7 +288,7 @@ static int plane(jlm_ecu *v, const void *p, uint64_t n, int s, const void **out,
     }
     int rc = grow(v, &v->d[s], n, 0, err);
     if (!rc)
-        rc = copy_in(v, v->d[s].p, p, n, err);
+        rc = copy_now(v, v->d[s].p, p, n, err);
     *out = v->d[s].p;
     *re = 1;
     return rc;
@@ -221,31 +374,53 @@ static int ecu_matmul(jlm_dev *dev, const jlm_k_mat *m, uint32_t n, const float 
 static void ecu_close(jlm_dev *dev)
 {
     jlm_ecu *v = (jlm_ecu *)dev;
+    if (v->thr_on) {
+        pthread_mutex_lock(&v->jmu);
+        v->stop = 1;
+        pthread_cond_broadcast(&v->jcv);
+        pthread_mutex_unlock(&v->jmu);
+        pthread_join(v->thr, NULL);
+    }
     for (int i = 0; i < D_N; i++)
         jlm_cu_rt_free(v->rt, v->d[i].p);
+    for (int i = 0; i < v->nspare; i++)
+        jlm_cu_rt_free(v->rt, v->spare[i].p);
     jlm_cu_rt_host_free(v->rt, v->h_act.p);
     jlm_cu_rt_host_free(v->rt, v->h_y.p);
     for (int i = 0; i < 2; i++)
         jlm_cu_rt_host_free(v->rt, v->stage[i]);
     jlm_cu_rt_close(v->rt);
+    pthread_mutex_destroy(&v->mu);
+    pthread_mutex_destroy(&v->jmu);
+    pthread_cond_destroy(&v->jcv);
     free(v);
 }
 
 static const char *ecu_device(const jlm_dev *dev) { return ((const jlm_ecu *)dev)->name; }
 static uint64_t ecu_default_budget(const jlm_dev *dev) { return ((const jlm_ecu *)dev)->default_budget; }
-static void ecu_stats(const jlm_dev *dev, jlm_dev_stats *out) { *out = ((const jlm_ecu *)dev)->st; }
+static void ecu_stats(const jlm_dev *dev, jlm_dev_stats *out)
+{
+    jlm_ecu *v = (jlm_ecu *)dev;
+    *out = v->st;
+    pthread_mutex_lock(&v->mu);
+    out->bytes_up = v->bytes_up;
+    pthread_mutex_unlock(&v->mu);
+}
 
 static void ecu_stats_reset(jlm_dev *dev)
 {
     jlm_ecu *v = (jlm_ecu *)dev;
     jlm_dev_stats keep = v->st;
     memset(&v->st, 0, sizeof v->st);
+    pthread_mutex_lock(&v->mu);
+    v->bytes_up = 0;
+    pthread_mutex_unlock(&v->mu);
     v->st.device = keep.device;
     v->st.path = keep.path;
 }
 
 static const jlm_dev_ops ECU_OPS = {"cuda", ecu_close, ecu_device, ecu_default_budget, ecu_matmul,
-                                    ecu_stats, ecu_stats_reset};
+                                    ecu_stats, ecu_stats_reset, ecu_prefetch_wait};
 
 int jlm_ecu_open(const char *device, jlm_dev **out, jlm_err *err)
 {
@@ -269,6 +444,9 @@ int jlm_ecu_open(const char *device, jlm_dev **out, jlm_err *err)
         return jlm_errf(err, rc == JLM_EINVAL ? JLM_EINVAL : JLM_EUNSUPPORTED, "%s", why);
     }
     v->dev.ops = &ECU_OPS;
+    pthread_mutex_init(&v->mu, NULL);
+    pthread_mutex_init(&v->jmu, NULL);
+    pthread_cond_init(&v->jcv, NULL);
     jlm_dframes_init(&v->dev.frames, &FRAME_OPS, v, "cuda backend");
     const char *sk = getenv("JLM_CUDA_STAGE_KIB");
     v->stage_bytes = sk && atol(sk) >= 4 && atol(sk) <= (1l << 20) ? (uint64_t)atol(sk) << 10 : STAGE_BYTES;

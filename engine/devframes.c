@@ -106,6 +106,48 @@ static int make_room(jlm_dframes *f, uint64_t need, uint32_t array, uint32_t pag
     return JLM_OK;
 }
 
+/* The record of (array, page), made on first use; NULL: err set. */
+static jlm_dframe *record(jlm_dframes *f, uint32_t array, uint32_t page, jlm_err *err)
+{
+    if (page >= f->ntab[array]) {
+        uint32_t n = page + 1 > f->ntab[array] * 2 ? page + 1 : f->ntab[array] * 2;
+        jlm_dframe **t = realloc(f->tab[array], (size_t)n * sizeof *t);
+        if (!t) {
+            jlm_errf(err, JLM_ENOMEM, "%s: out of memory for %u page records", f->who, n);
+            return NULL;
+        }
+        memset(t + f->ntab[array], 0, (size_t)(n - f->ntab[array]) * sizeof *t);
+        f->tab[array] = t;
+        f->ntab[array] = n;
+    }
+    jlm_dframe *d = f->tab[array][page];
+    if (!d && !(d = f->tab[array][page] = calloc(1, sizeof *d)))
+        jlm_errf(err, JLM_ENOMEM, "%s: out of memory", f->who);
+    return d;
+}
+
+/* ABSENT -> RESIDENT (room made, paged in, counted); not pinned yet. */
+static int bring_in(jlm_dframes *f, jlm_dframe *d, uint32_t array, uint32_t page, int cls, const void *host,
+                    uint64_t len, jlm_err *err)
+{
+    d->cls = cls;
+    int rc;
+    if ((rc = make_room(f, len, array, page, err)) || (rc = page_in(f, d, host, len, err)))
+        return rc;
+    f->resident += len;
+    if (f->resident > f->peak)
+        f->peak = f->resident;
+    f->frames++;
+    return JLM_OK;
+}
+
+static void pin(jlm_dframes *f, jlm_dframe *d, const void *host)
+{
+    d->host = host;   /* a copied frame stays valid at any host frame */
+    f->pinned[f->npinned++] = d;
+    d->pins++;
+}
+
 int jlm_dframes_get(jlm_dframes *f, uint32_t array, uint32_t page, int cls, const void *host, uint64_t len,
                     jlm_err *err)
 {
@@ -113,18 +155,9 @@ int jlm_dframes_get(jlm_dframes *f, uint32_t array, uint32_t page, int cls, cons
         return jlm_errf(err, JLM_EINVAL, "%s: array %u page %u class %d: bad request", f->who, array, page, cls);
     if (f->npinned >= JLM_DF_PIN_MAX)
         return jlm_errf(err, JLM_ERANGE, "%s: more than %d frames pinned at once", f->who, JLM_DF_PIN_MAX);
-    if (page >= f->ntab[array]) {
-        uint32_t n = page + 1 > f->ntab[array] * 2 ? page + 1 : f->ntab[array] * 2;
-        jlm_dframe **t = realloc(f->tab[array], (size_t)n * sizeof *t);
-        if (!t)
-            return jlm_errf(err, JLM_ENOMEM, "%s: out of memory for %u page records", f->who, n);
-        memset(t + f->ntab[array], 0, (size_t)(n - f->ntab[array]) * sizeof *t);
-        f->tab[array] = t;
-        f->ntab[array] = n;
-    }
-    jlm_dframe *d = f->tab[array][page];
-    if (!d && !(d = f->tab[array][page] = calloc(1, sizeof *d)))
-        return jlm_errf(err, JLM_ENOMEM, "%s: out of memory", f->who);
+    jlm_dframe *d = record(f, array, page, err);
+    if (!d)
+        return JLM_ENOMEM;
     if (d->buf && (d->len != len || (d->aliased && d->host != host))) {
         if (d->pins)
             return jlm_errf(err, JLM_EINVAL, "%s: array %u page %u pinned at another frame", f->who, array, page);
@@ -135,19 +168,47 @@ int jlm_dframes_get(jlm_dframes *f, uint32_t array, uint32_t page, int cls, cons
             jlm_lru_unlink(&f->lru[d->cls], &d->ln);
         f->hits++;
     } else {
-        d->cls = cls;
-        int rc;
-        if ((rc = make_room(f, len, array, page, err)) || (rc = page_in(f, d, host, len, err)))
+        int rc = bring_in(f, d, array, page, cls, host, len, err);
+        if (rc)
             return rc;
-        f->resident += len;
-        if (f->resident > f->peak)
-            f->peak = f->resident;
-        f->frames++;
     }
-    d->host = host;   /* a copied frame stays valid at any host frame */
-    f->pinned[f->npinned++] = d;
-    d->pins++;
+    pin(f, d, host);
     return JLM_OK;
+}
+
+int jlm_dframes_prefetch(jlm_dframes *f, uint32_t array, uint32_t page, int cls, const void *host, uint64_t len)
+{
+    if (array >= JLM_DF_ARRAYS || cls < 0 || cls > 1 || !host || !len || f->npinned >= JLM_DF_PIN_MAX)
+        return 0;
+    jlm_err err = {0};
+    jlm_dframe *d = record(f, array, page, &err);
+    if (!d || d->buf)
+        return 0;   /* resident already (or no memory for the record): nothing to start */
+    /* room only from unpinned frames, as a get; a prefetch that would not
+     * fit is not started (the get will page it in when its turn comes) */
+    uint64_t unpinned = 0;
+    for (int c = 0; c < 2; c++)
+        for (jlm_lru_node *n = f->lru[c].head; n; n = n->next)
+            unpinned += DF(n)->len;
+    if (f->budget && f->resident - unpinned + len > f->budget)
+        return 0;
+    f->async = 1;
+    int rc = bring_in(f, d, array, page, cls, host, len, &err);
+    f->async = 0;
+    if (rc)
+        return 0;
+    f->prefetches++;
+    pin(f, d, host);
+    return 1;
+}
+
+void jlm_dframes_discard(jlm_dframes *f, uint32_t array, uint32_t page)
+{
+    if (array >= JLM_DF_ARRAYS || page >= f->ntab[array] || !f->tab[array][page])
+        return;
+    jlm_dframe *d = f->tab[array][page];
+    if (d->buf && !d->pins)
+        evict(f, d);
 }
 
 void jlm_dframes_put(jlm_dframes *f, uint32_t array, uint32_t page)

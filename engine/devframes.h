@@ -56,6 +56,8 @@ typedef struct jlm_dframes {
     const char  *who;            /* "vulkan backend": messages */
     uint64_t     budget, resident, peak;
     uint64_t     page_ins, hits, evictions, frames;
+    uint64_t     prefetches;     /* page-ins started ahead of their get */
+    int          async;          /* set around a prefetch's page_in: the copy may finish later */
     jlm_lru      lru[2];
     jlm_dframe **tab[JLM_DF_ARRAYS];   /* records allocated one by one: list links stay valid */
     uint32_t     ntab[JLM_DF_ARRAYS];
@@ -77,6 +79,15 @@ void jlm_dframes_set_dense(jlm_dframes *f, const void *host, uint64_t len);
 int  jlm_dframes_get(jlm_dframes *f, uint32_t array, uint32_t page, int cls, const void *host, uint64_t len,
                      jlm_err *err);
 void jlm_dframes_put(jlm_dframes *f, uint32_t array, uint32_t page);
+/* Starts the page-in of a page ahead of its get: made resident (with
+ * f->async set during the page_in callback, so a backend may only queue the
+ * copy) and pinned once, for the caller to put when the copy is known to be
+ * done. Room comes from unpinned frames only, in the pager's victim order.
+ * 1 if started; 0 if not (resident already, no room, or the page-in failed:
+ * never an error, the get will page it in). */
+int  jlm_dframes_prefetch(jlm_dframes *f, uint32_t array, uint32_t page, int cls, const void *host, uint64_t len);
+/* Evicts the page if it is resident and unpinned (a page-in found bad). */
+void jlm_dframes_discard(jlm_dframes *f, uint32_t array, uint32_t page);
 /* The host pager's evict hook body: drops the aliased frame of that host frame. */
 void jlm_dframes_host_evicted(jlm_dframes *f, uint32_t array, uint32_t page, const void *frame);
 

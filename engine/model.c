@@ -29,6 +29,7 @@
  * floats: 12 MiB at 128 for Llama-3.2-1B shapes). */
 #define PREFILL_DEFAULT 128
 #define PREFILL_MAX 512
+#define NO_PF UINT32_MAX
 
 /* ================================================================ engine state */
 struct jlm_engine {
@@ -41,6 +42,8 @@ struct jlm_engine {
     jlm_dev         *dev;         /* --backend vulkan|cuda: matmuls offloaded, else NULL */
     uint32_t         gpu_layers;  /* blocks 0..N-1 on dev; 0 = all */
     int              dev_here;    /* the block being run is on dev */
+    int              dev_pf;      /* the host budget lets a prefetch hold the next block pinned */
+    uint32_t         pf_block;    /* the block whose device prefetch holds an extra host pin; NO_PF: none */
     uint64_t         budget;      /* page frames' budget in force; 0: unlimited */
     uint64_t         budget_all;  /* frames + KV + scratch + dense asked for; 0: unlimited */
     uint64_t         mem_kv, mem_scratch;
@@ -640,6 +643,10 @@ static int open_backend(jlm_engine *e, const jlm_engine_opts *o, jlm_err *err)
     jlm_dev_set_budget(e->dev, gb);
     jlm_dev_set_dense(e->dev, e->dense, (e->m->hdr.dense_len + 4095) & ~4095ull);
     jlm_pager_set_evict_hook(e->pager, jlm_dev_host_evicted, e->dev);
+    /* a device prefetch keeps the next block pinned on the host beside the
+     * current one: only where the host budget holds both with room to spare */
+    uint32_t pf_pins[3] = {3, 0, e->c->n_expert ? e->c->n_expert_used : 0};
+    e->dev_pf = !e->budget || e->budget >= jlm_pager_min_budget(e->pager, pf_pins);
     if (!o->quiet)
         fprintf(stderr, "note: matmuls on %s device %s\n", is_cuda ? "CUDA" : "Vulkan", jlm_dev_name(e->dev));
     return JLM_OK;
@@ -680,6 +687,7 @@ int jlm_engine_open(const char *path, const jlm_engine_opts *opts, jlm_engine **
     jlm_engine *e = calloc(1, sizeof *e);
     if (!e)
         return jlm_errf(err, JLM_ENOMEM, "%s: out of memory", path);
+    e->pf_block = NO_PF;
     int rc = jlm_fmt_open(path, &e->m, err);
     if (rc)
         goto fail;
@@ -720,10 +728,13 @@ fail:
     return rc;
 }
 
+static void dev_prefetch_end(jlm_engine *e);
+
 void jlm_engine_close(jlm_engine *e)
 {
     if (!e)
         return;
+    dev_prefetch_end(e);
     if (e->dev && e->pager)
         jlm_pager_set_evict_hook(e->pager, NULL, NULL);
     jlm_dev_close(e->dev);
@@ -1205,6 +1216,39 @@ static void bind_rows(jlm_engine *e, void *kc, void *vc, uint32_t pos0, uint32_t
     }
 }
 
+/* ---------------------------------------------------------------- device prefetch */
+/* While block l's kernels run, the next block's page goes to the device on
+ * the backend's copy thread (CUDA; docs/cuda.md, "Overlap"): started here
+ * when that block runs on the device, is whole in host memory already (a
+ * get that would read the disk is left to its turn) and the host budget
+ * can hold it pinned; the device then waits for it only before its own
+ * kernels. The extra host pin is let go once block l+1's device get (or the
+ * prefetch's end) has the copy done. */
+static void dev_prefetch_end(jlm_engine *e)
+{
+    if (!e || e->pf_block == NO_PF)
+        return;
+    jlm_dev_prefetch_end(e->dev);
+    jlm_pager_unpin(e->pager, JLM_PAGER_TEXT, e->pf_block);
+    e->pf_block = NO_PF;
+}
+
+static void dev_prefetch_next(jlm_engine *e, uint32_t l)
+{
+    uint32_t nx = l + 1 < e->c->n_layer ? l + 1 : 0;
+    if (!e->dev || !e->dev_pf || e->pf_block != NO_PF || nx == l || (e->gpu_layers && nx >= e->gpu_layers))
+        return;
+    uint64_t ext = jlm_pager_extent(e->pager, JLM_PAGER_TEXT, nx);
+    const void *host;
+    if (jlm_pager_filled(e->pager, JLM_PAGER_TEXT, nx) < ext ||
+        jlm_pager_get(e->pager, JLM_PAGER_TEXT, nx, 0, ext, &host, NULL))
+        return;
+    if (jlm_dev_prefetch(e->dev, JLM_PAGER_TEXT, nx, JLM_PAGER_BLOCK, host, ext))
+        e->pf_block = nx;
+    else
+        jlm_pager_unpin(e->pager, JLM_PAGER_TEXT, nx);
+}
+
 /* Every layer over rows [0, n) of xs (n_embd floats each, the residual
  * stream); each block page is pinned once for all rows, which run nb at a
  * time through e->x. kc/vc non-NULL: the rows are one sequence's, at
@@ -1231,12 +1275,22 @@ static int run_layers(jlm_engine *e, float *xs, uint32_t n, void *kc, void *vc, 
          * is read while this one computes (docs/pager.md, Prefetch) */
         jlm_pager_prefetch(e->pager, JLM_PAGER_TEXT, l + 1 < c->n_layer ? l + 1 : 0);
         e->dev_here = e->dev && (!e->gpu_layers || l < e->gpu_layers);
-        if (e->dev_here && (rc = jlm_dev_page_get(e->dev, JLM_PAGER_TEXT, l, JLM_PAGER_BLOCK, page,
-                                                 jlm_pager_extent(e->pager, JLM_PAGER_TEXT, l), err))) {
+        if (e->pf_block != NO_PF && (e->pf_block != l || !e->dev_here))
+            dev_prefetch_end(e);   /* not the block it was started for */
+        if (e->dev_here)
+            rc = jlm_dev_page_get(e->dev, JLM_PAGER_TEXT, l, JLM_PAGER_BLOCK, page,
+                                  jlm_pager_extent(e->pager, JLM_PAGER_TEXT, l), err);
+        if (e->pf_block == l) {   /* the device get consumed the prefetch: its host pin goes */
+            jlm_pager_unpin(e->pager, JLM_PAGER_TEXT, l);
+            e->pf_block = NO_PF;
+        }
+        if (rc) {
             jlm_pager_unpin(e->pager, JLM_PAGER_TEXT, l);
             rc = jlm_err_prefix(err, rc, "%s: block %u on the device", e->m->path, l);
             break;
         }
+        if (e->dev_here)
+            dev_prefetch_next(e, l);
         for (uint32_t i = 0; i < n; i += e->nb) {   /* every key first: later rows may see them */
             uint32_t b = n - i < e->nb ? n - i : e->nb;
             if (kc)
@@ -1263,6 +1317,8 @@ static int run_layers(jlm_engine *e, float *xs, uint32_t n, void *kc, void *vc, 
         if (rc)
             rc = jlm_err_prefix(err, rc, "%s: block %u experts", e->m->path, l);
     }
+    if (rc)
+        dev_prefetch_end(e);
     e->x = x0;
     e->bidir_end = 0;
     e->dev_here = e->dev && !e->gpu_layers;

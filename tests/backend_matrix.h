@@ -124,6 +124,9 @@ static int argmax2(const float *l, uint32_t n, float *margin)
     return (int)b;
 }
 
+/* Backends whose page-ins can run ahead on a copy thread (jlm_dev_prefetch). */
+static int bm_prefetches(const char *backend) { return !strcmp(backend, "cuda"); }
+
 /* Skips (one line) when backend has no device. */
 static void bm_every_model_matches_the_cpu(const char *backend)
 {
@@ -141,13 +144,23 @@ static void bm_every_model_matches_the_cpu(const char *backend)
         float *lc = malloc(nv * 4), *lv = malloc(nv * 4);
         /* cfg 0: whole; 1: --gpu-layers 2 (split); 2: --budget 1 --gpu-budget 1
          * (both raised to one frame plus the routed experts: every token pages
-         * every block in again on both sides) */
-        for (int cfg = 0; cfg < 3; cfg++) {
+         * every block in again on both sides); 3, backends with a copy thread
+         * (prefetch): --gpu-budget of two block frames plus the routed experts,
+         * so every token pages the blocks in again on the device, each while
+         * the block before it computes */
+        const jlm_config *mc = &jlm_engine_model(ec)->config;
+        uint32_t pins2[3] = {2, 0, mc->n_expert ? mc->n_expert_used : 0};
+        uint64_t two_frames = jlm_pager_min_budget(jlm_engine_pager(ec), pins2);
+        int ncfg = bm_prefetches(backend) ? 4 : 3;
+        for (int cfg = 0; cfg < ncfg; cfg++) {
             uint32_t gl = cfg == 1 ? 2 : 0;
             char what[96];
             snprintf(what, sizeof what, "%s%s", backend,
-                     cfg == 0 ? "" : cfg == 1 ? ", --gpu-layers 2" : ", one frame each side");
-            jlm_engine *ev = cfg == 2 ? bm_open(path, backend, 0, 1, 1) : bm_open(path, backend, gl, 0, 0);
+                     cfg == 0 ? "" : cfg == 1 ? ", --gpu-layers 2" : cfg == 2 ? ", one frame each side"
+                                                                              : ", two device frames (prefetch)");
+            jlm_engine *ev = cfg == 2 ? bm_open(path, backend, 0, 1, 1)
+                             : cfg == 3 ? bm_open(path, backend, 0, 0, two_frames)
+                                        : bm_open(path, backend, gl, 0, 0);
             if (!ev) {
                 tu_rmrf(dir);
                 cr_skip_test("%s: no device", backend);
@@ -191,6 +204,13 @@ static void bm_every_model_matches_the_cpu(const char *backend)
                           MATRIX[m], what, (unsigned long long)vs.page_ins, (unsigned long long)vs.evictions, nb);
                 cr_assert(host_in > nb, "%s (%s): host %llu page-ins + fills for %u blocks over 4 evaluations", MATRIX[m],
                           what, (unsigned long long)host_in, nb);
+            }
+            if (cfg == 3 && nb > 2) {   /* the next block went up while this one computed */
+                jlm_dev_stats vs;
+                jlm_engine_dev_stats(ev, &vs);
+                cr_assert(vs.prefetches >= nb && vs.evictions > 0,
+                          "%s (%s): %llu prefetches, %llu evictions for %u blocks over 4 evaluations", MATRIX[m],
+                          what, (unsigned long long)vs.prefetches, (unsigned long long)vs.evictions, nb);
             }
             jlm_engine_close(ev);
         }

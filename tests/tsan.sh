@@ -36,6 +36,16 @@ $JLM run "$work/q8.jlm" -p "Once upon a time" -n 12 --temp 0 -t 2 --budget 6700K
     { cat "$work/run.err" >&2; fail "jlm run -t 2 with prefetch under a budget"; }
 grep -q "prefetch: issued [1-9]" "$work/run.err" || { cat "$work/run.err" >&2; fail "no block was prefetched"; }
 ok "jlm run -t 2, prefetch under a budget"
+# 1c. The CUDA backend's copy thread on the emulated device: two device frames
+#     of the 4 blocks (2 x 532480 bytes), so each block's page goes to the
+#     device on the copy thread while the block before it computes, and the
+#     graph's own page-ins share the staging buffers with it.
+$JLM convert tests/models/synth-llama-256.Q4_K_M.gguf -o "$work/q4k.jlm" 2>/dev/null || fail "convert"
+JLM_CUDA_EMULATE=1 JLM_CUDA_STAGE_KIB=64 $JLM run "$work/q4k.jlm" -p "Once upon a time" -n 12 --temp 0 -t 2 \
+    --backend cuda --gpu-budget 1064960 --stats >/dev/null 2>"$work/run.err" ||
+    { cat "$work/run.err" >&2; fail "jlm run --backend cuda (emulated) with device prefetch"; }
+grep -qE "^cuda: .*page-ins [0-9]+ \([1-9][0-9]* ahead\)" "$work/run.err" || { cat "$work/run.err" >&2; fail "no device prefetch"; }
+ok "jlm run --backend cuda (emulated), the copy thread"
 
 # 2. jlm serve: concurrent requests batched in one pass on each of three models
 #    that share one --budget (each takes the others' frames), one of them

@@ -2,6 +2,7 @@
  * with it (-DJLM_CUDA), and the strict host emulation, always. */
 #include "kernels/cuda/rt.h"
 
+#include <pthread.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -21,13 +22,18 @@ typedef struct emu_alloc {
     uint8_t *p;
     uint64_t n;
     int      pinned;   /* 0: device memory; 1: pinned host memory */
+    int      wr_stream;   /* device memory: the stream of the last copy into it */
+    uint64_t wr_id;       /* ... and that copy's op number (0: never written by a copy) */
 } emu_alloc;
 
 enum { OP_COPY, OP_RECORD, OP_WAIT, OP_MATVEC };
 
 typedef struct emu_op {
     int            kind, ev;
-    uint64_t       seq;          /* RECORD: this record's number; WAIT: the record waited for */
+    uint64_t       id;           /* every op's number, in issue order across streams */
+    uint64_t       seq;          /* RECORD: this record's number (its id); WAIT: the record waited for */
+    int            ev_stream;    /* WAIT: the stream that record is on */
+    uint64_t       host_seen[JLM_CU_NSTREAM];   /* what the host had waited for when it issued the op */
     uint8_t       *dst;
     const uint8_t *src;          /* COPY: read when the op runs (pinned or device source) */
     uint8_t       *snap;         /* COPY: the pageable source, taken at the call */
@@ -51,13 +57,19 @@ typedef struct emu_event {
 struct jlm_cu_rt {
     int        emulated;
     char       name[256];
-    char       msg[320];         /* the last error */
+    pthread_mutex_t mu;          /* emulation: the backend's copy thread and the graph's */
     /* emulation */
     emu_alloc *al;
     size_t     nal, capal;
     emu_queue  q[JLM_CU_NSTREAM];
     emu_event  ev[JLM_CU_NEV];
     uint64_t   seq;
+    /* happens-before: seen[s][t] is the last op of stream t known complete
+     * before stream s's current op (through events it waited for, or host
+     * waits before the op was issued); host_seen[t], what the host has
+     * waited for; last_id[t], stream t's last op issued */
+    uint64_t   seen[JLM_CU_NSTREAM][JLM_CU_NSTREAM];
+    uint64_t   host_seen[JLM_CU_NSTREAM], last_id[JLM_CU_NSTREAM];
     int        depth;            /* nested event waits: a cycle would recurse without end */
     int        fault;            /* a queued op found bad pointers: reported at the next sync */
 #ifdef JLM_CUDA
@@ -69,11 +81,17 @@ struct jlm_cu_rt {
 
 #define EMU_FAULT 1000   /* the emulation's error code */
 
+/* The last error of the calling thread (as the CUDA runtime's own last
+ * error is per thread): the backend's copy thread and the graph's thread
+ * each read their own. */
+static __thread char last_msg[320];
+
 static int failf(jlm_cu_rt *r, int rc, const char *fmt, ...)
 {
+    (void)r;
     va_list ap;
     va_start(ap, fmt);
-    vsnprintf(r->msg, sizeof r->msg, fmt, ap);
+    vsnprintf(last_msg, sizeof last_msg, fmt, ap);
     va_end(ap);
     return rc;
 }
@@ -111,7 +129,35 @@ static int emu_push(jlm_cu_rt *r, int s, const emu_op *op)
         q->v = v;
         q->cap = c;
     }
-    q->v[q->n++] = *op;
+    emu_op o = *op;
+    o.id = ++r->seq;
+    memcpy(o.host_seen, r->host_seen, sizeof o.host_seen);
+    if (o.kind == OP_RECORD) {
+        o.seq = o.id;
+        r->ev[o.ev].stream = s;
+        r->ev[o.ev].rec_seq = o.id;
+    }
+    r->last_id[s] = o.id;
+    q->v[q->n++] = o;
+    return 0;
+}
+
+static void see(uint64_t *a, uint64_t v)
+{
+    if (*a < v)
+        *a = v;
+}
+
+/* A kernel on stream s reads [p, p+n) of device memory: the last copy into
+ * that allocation from another stream must be ordered before it (an event
+ * the stream waited for, or a host wait before the launch was issued), or
+ * the device could run the kernel before the copy lands. */
+static int emu_ordered(jlm_cu_rt *r, int s, const void *p, uint64_t n, const char *what)
+{
+    const emu_alloc *a = n ? emu_find(r, p, n, 0) : NULL;
+    if (a && a->wr_id && a->wr_stream != s && r->seen[s][a->wr_stream] < a->wr_id)
+        return failf(r, EMU_FAULT, "cuda emulation: a kernel on stream %d reads %s that a copy on stream %d wrote "
+                     "with no event between them", s, what, a->wr_stream);
     return 0;
 }
 
@@ -140,9 +186,17 @@ static int emu_until(jlm_cu_rt *r, int ev, uint64_t seq)
 /* The k_matvec grid on the host: thread = row, blockIdx.y = token. The act
  * records are read here, when the launch runs: they are device memory that a
  * queued copy may have filled. */
-static int emu_matvec(jlm_cu_rt *r, const emu_op *op)
+static int emu_matvec(jlm_cu_rt *r, int s, const emu_op *op)
 {
     const jlm_cu_mat *m = &op->m;
+    uint64_t ql = 0, dl = 0, sl = 0;
+    jlm_err err = {0};
+    jlm_fmt_planes(m->type, m->k, m->rows, &ql, &dl, &sl, &err);   /* checked at the launch */
+    if (emu_ordered(r, s, m->qs, ql, "the qs plane") || emu_ordered(r, s, m->d, dl, "the d plane") ||
+        emu_ordered(r, s, m->sc, sl, "the sc plane")) {
+        r->fault = 1;
+        return EMU_FAULT;
+    }
     for (uint64_t t = 0; t < op->n; t++) {
         const jlm_cu_act *a = op->xq ? &op->xq[t] : NULL;
         if (a && (a->k != m->k || emu_dev(r, a->q, m->k, "act codes") || emu_dev(r, a->d, m->k / 32 * 4, "act scales") ||
@@ -169,20 +223,31 @@ static int emu_run_one(jlm_cu_rt *r, int s)
     emu_queue *q = &r->q[s];
     emu_op op = q->v[q->head++];
     int rc = 0;
+    for (int t = 0; t < JLM_CU_NSTREAM; t++)
+        see(&r->seen[s][t], op.host_seen[t]);
     switch (op.kind) {
-    case OP_COPY:
+    case OP_COPY: {
         memcpy(op.dst, op.snap ? op.snap : op.src, op.n);
         free(op.snap);
+        emu_alloc *a = (emu_alloc *)emu_find(r, op.dst, op.n, 0);
+        if (a) {
+            a->wr_stream = s;
+            a->wr_id = op.id;
+        }
         break;
+    }
     case OP_RECORD:
         if (r->ev[op.ev].done_seq < op.seq)
             r->ev[op.ev].done_seq = op.seq;
         break;
     case OP_WAIT:
         rc = emu_until(r, op.ev, op.seq);
+        see(&r->seen[s][op.ev_stream], op.seq);
+        for (int t = 0; t < JLM_CU_NSTREAM; t++)
+            see(&r->seen[s][t], r->seen[op.ev_stream][t]);
         break;
     case OP_MATVEC:
-        rc = emu_matvec(r, &op);
+        rc = emu_matvec(r, s, &op);
         break;
     }
     return rc;
@@ -193,6 +258,8 @@ static int emu_flush(jlm_cu_rt *r, int s)
     int rc = 0;
     while (!rc && r->q[s].head < r->q[s].n)
         rc = emu_run_one(r, s);
+    if (!rc)
+        see(&r->host_seen[s], r->last_id[s]);
     if (!rc && r->fault)
         rc = EMU_FAULT;
     r->fault = 0;
@@ -225,7 +292,7 @@ static int emu_alloc_new(jlm_cu_rt *r, uint64_t n, int pinned, void **out)
     if (!p)
         return failf(r, EMU_FAULT, "cuda emulation: out of memory for %llu bytes", (unsigned long long)n);
     memset(p, pinned ? 0 : 0xA5, n);
-    r->al[r->nal++] = (emu_alloc){p, n, pinned};
+    r->al[r->nal++] = (emu_alloc){.p = p, .n = n, .pinned = pinned};
     *out = p;
     return 0;
 }
@@ -254,6 +321,7 @@ int jlm_cu_rt_open(int device, int emulate, jlm_cu_rt **out, char *why, size_t w
         snprintf(why, why_len, "out of memory");
         return JLM_ENOMEM;
     }
+    pthread_mutex_init(&r->mu, NULL);
     if (emulate) {
         r->emulated = 1;
         snprintf(r->name, sizeof r->name, "host emulation (JLM_CUDA_EMULATE)");
@@ -326,12 +394,13 @@ void jlm_cu_rt_close(jlm_cu_rt *r)
                 cudaEventDestroy(r->e[i]);
     }
 #endif
+    pthread_mutex_destroy(&r->mu);
     free(r);
 }
 
 int jlm_cu_rt_emulated(const jlm_cu_rt *r) { return r->emulated; }
 const char *jlm_cu_rt_name(const jlm_cu_rt *r) { return r->name; }
-const char *jlm_cu_rt_error(const jlm_cu_rt *r) { return r->msg; }
+const char *jlm_cu_rt_error(const jlm_cu_rt *r) { (void)r; return last_msg; }
 
 #ifdef JLM_CUDA
 static int cu(jlm_cu_rt *r, cudaError_t e, const char *what)
@@ -361,10 +430,22 @@ uint64_t jlm_cu_rt_free_bytes(const jlm_cu_rt *r)
 
 /* ---------------------------------------------------------------- memory */
 
+/* The emulation's state is shared by the backend's two threads (the graph's
+ * and its copy thread): every emulated call runs under r->mu. The CUDA
+ * runtime is thread-safe itself; its calls take no lock here (a host wait on
+ * one stream must not hold up the other thread's calls). */
+#define EMU_LOCKED(call)                  \
+    do {                                  \
+        pthread_mutex_lock(&r->mu);       \
+        int rc_ = (call);                 \
+        pthread_mutex_unlock(&r->mu);     \
+        return rc_;                       \
+    } while (0)
+
 int jlm_cu_rt_alloc(jlm_cu_rt *r, uint64_t n, void **dev)
 {
     DEVICE_CALL(cudaMalloc(dev, (size_t)n), "cudaMalloc");
-    return emu_alloc_new(r, n, 0, dev);
+    EMU_LOCKED(emu_alloc_new(r, n, 0, dev));
 }
 
 void jlm_cu_rt_free(jlm_cu_rt *r, void *dev)
@@ -376,13 +457,15 @@ void jlm_cu_rt_free(jlm_cu_rt *r, void *dev)
         return;
     }
 #endif
+    pthread_mutex_lock(&r->mu);
     emu_alloc_free(r, dev, 0);
+    pthread_mutex_unlock(&r->mu);
 }
 
 int jlm_cu_rt_host_alloc(jlm_cu_rt *r, uint64_t n, void **host)
 {
     DEVICE_CALL(cudaHostAlloc(host, (size_t)n, cudaHostAllocDefault), "cudaHostAlloc");
-    return emu_alloc_new(r, n, 1, host);
+    EMU_LOCKED(emu_alloc_new(r, n, 1, host));
 }
 
 void jlm_cu_rt_host_free(jlm_cu_rt *r, void *host)
@@ -396,7 +479,9 @@ void jlm_cu_rt_host_free(jlm_cu_rt *r, void *host)
         return;
     }
 #endif
+    pthread_mutex_lock(&r->mu);
     emu_alloc_free(r, host, 1);
+    pthread_mutex_unlock(&r->mu);
 }
 
 /* ---------------------------------------------------------------- copies, events */
@@ -404,11 +489,8 @@ void jlm_cu_rt_host_free(jlm_cu_rt *r, void *host)
 static int bad_stream(jlm_cu_rt *r, int s) { return s < 0 || s >= JLM_CU_NSTREAM ? failf(r, EMU_FAULT, "stream %d", s) : 0; }
 static int bad_event(jlm_cu_rt *r, int e) { return e < 0 || e >= JLM_CU_NEV ? failf(r, EMU_FAULT, "event %d", e) : 0; }
 
-int jlm_cu_rt_h2d(jlm_cu_rt *r, void *dev, const void *host, uint64_t n, int stream)
+static int emu_h2d(jlm_cu_rt *r, void *dev, const void *host, uint64_t n, int stream)
 {
-    if (bad_stream(r, stream))
-        return EMU_FAULT;
-    DEVICE_CALL(cudaMemcpyAsync(dev, host, (size_t)n, cudaMemcpyHostToDevice, r->s[stream]), "cudaMemcpyAsync (to the device)");
     if (!n)
         return 0;
     if (emu_dev(r, dev, n, "copy to the device: destination"))
@@ -428,11 +510,16 @@ int jlm_cu_rt_h2d(jlm_cu_rt *r, void *dev, const void *host, uint64_t n, int str
     return rc;
 }
 
-int jlm_cu_rt_d2h(jlm_cu_rt *r, void *host, const void *dev, uint64_t n, int stream)
+int jlm_cu_rt_h2d(jlm_cu_rt *r, void *dev, const void *host, uint64_t n, int stream)
 {
     if (bad_stream(r, stream))
         return EMU_FAULT;
-    DEVICE_CALL(cudaMemcpyAsync(host, dev, (size_t)n, cudaMemcpyDeviceToHost, r->s[stream]), "cudaMemcpyAsync (to the host)");
+    DEVICE_CALL(cudaMemcpyAsync(dev, host, (size_t)n, cudaMemcpyHostToDevice, r->s[stream]), "cudaMemcpyAsync (to the device)");
+    EMU_LOCKED(emu_h2d(r, dev, host, n, stream));
+}
+
+static int emu_d2h(jlm_cu_rt *r, void *host, const void *dev, uint64_t n, int stream)
+{
     if (!n)
         return 0;
     if (emu_dev(r, dev, n, "copy to the host: source"))
@@ -443,14 +530,33 @@ int jlm_cu_rt_d2h(jlm_cu_rt *r, void *host, const void *dev, uint64_t n, int str
     return emu_push(r, stream, &op);
 }
 
+int jlm_cu_rt_d2h(jlm_cu_rt *r, void *host, const void *dev, uint64_t n, int stream)
+{
+    if (bad_stream(r, stream))
+        return EMU_FAULT;
+    DEVICE_CALL(cudaMemcpyAsync(host, dev, (size_t)n, cudaMemcpyDeviceToHost, r->s[stream]), "cudaMemcpyAsync (to the host)");
+    EMU_LOCKED(emu_d2h(r, host, dev, n, stream));
+}
+
+static int emu_record(jlm_cu_rt *r, int ev, int stream)
+{
+    emu_op op = {.kind = OP_RECORD, .ev = ev};   /* numbered by emu_push */
+    return emu_push(r, stream, &op);
+}
+
 int jlm_cu_rt_record(jlm_cu_rt *r, int ev, int stream)
 {
     if (bad_stream(r, stream) || bad_event(r, ev))
         return EMU_FAULT;
     DEVICE_CALL(cudaEventRecord(r->e[ev], r->s[stream]), "cudaEventRecord");
-    emu_op op = {.kind = OP_RECORD, .ev = ev, .seq = ++r->seq};
-    r->ev[ev].stream = stream;
-    r->ev[ev].rec_seq = op.seq;
+    EMU_LOCKED(emu_record(r, ev, stream));
+}
+
+static int emu_wait(jlm_cu_rt *r, int stream, int ev)
+{
+    if (!r->ev[ev].rec_seq)
+        return 0;   /* never recorded: nothing to wait for (as CUDA) */
+    emu_op op = {.kind = OP_WAIT, .ev = ev, .seq = r->ev[ev].rec_seq, .ev_stream = r->ev[ev].stream};
     return emu_push(r, stream, &op);
 }
 
@@ -459,10 +565,18 @@ int jlm_cu_rt_wait(jlm_cu_rt *r, int stream, int ev)
     if (bad_stream(r, stream) || bad_event(r, ev))
         return EMU_FAULT;
     DEVICE_CALL(cudaStreamWaitEvent(r->s[stream], r->e[ev], 0), "cudaStreamWaitEvent");
-    if (!r->ev[ev].rec_seq)
-        return 0;   /* never recorded: nothing to wait for (as CUDA) */
-    emu_op op = {.kind = OP_WAIT, .ev = ev, .seq = r->ev[ev].rec_seq};
-    return emu_push(r, stream, &op);
+    EMU_LOCKED(emu_wait(r, stream, ev));
+}
+
+static int emu_event_sync(jlm_cu_rt *r, int ev)
+{
+    int rc = emu_until(r, ev, r->ev[ev].rec_seq);
+    if (!rc)
+        see(&r->host_seen[r->ev[ev].stream], r->ev[ev].rec_seq);
+    if (!rc && r->fault)
+        rc = EMU_FAULT;
+    r->fault = 0;
+    return rc;
 }
 
 int jlm_cu_rt_event_sync(jlm_cu_rt *r, int ev)
@@ -470,11 +584,7 @@ int jlm_cu_rt_event_sync(jlm_cu_rt *r, int ev)
     if (bad_event(r, ev))
         return EMU_FAULT;
     DEVICE_CALL(cudaEventSynchronize(r->e[ev]), "cudaEventSynchronize");
-    int rc = emu_until(r, ev, r->ev[ev].rec_seq);
-    if (!rc && r->fault)
-        rc = EMU_FAULT;
-    r->fault = 0;
-    return rc;
+    EMU_LOCKED(emu_event_sync(r, ev));
 }
 
 int jlm_cu_rt_sync(jlm_cu_rt *r, int stream)
@@ -482,24 +592,14 @@ int jlm_cu_rt_sync(jlm_cu_rt *r, int stream)
     if (bad_stream(r, stream))
         return EMU_FAULT;
     DEVICE_CALL(cudaStreamSynchronize(r->s[stream]), "cudaStreamSynchronize");
-    return emu_flush(r, stream);
+    EMU_LOCKED(emu_flush(r, stream));
 }
 
 /* ---------------------------------------------------------------- matvec */
 
-int jlm_cu_rt_matvec(jlm_cu_rt *r, const jlm_cu_mat *m, uint64_t n, const float *x, const jlm_cu_act *xq, float *y,
-                     int stream)
+static int emu_launch(jlm_cu_rt *r, const jlm_cu_mat *m, uint64_t n, const float *x, const jlm_cu_act *xq, float *y,
+                      int stream)
 {
-    if (bad_stream(r, stream))
-        return EMU_FAULT;
-#ifdef JLM_CUDA
-    if (!r->emulated) {
-        int rc = jlm_cu_launch_matvec(m, n, x, xq, y, r->s[stream]);
-        return rc ? failf(r, rc, "matvec launch: %s (error %d)", jlm_cu_launch_error(rc), rc) : 0;
-    }
-#else
-    DEVICE_CALL(0, "matvec launch");
-#endif
     uint64_t ql, dl, sl;
     jlm_err err = {0};
     if (jlm_fmt_planes(m->type, m->k, m->rows, &ql, &dl, &sl, &err))
@@ -514,4 +614,20 @@ int jlm_cu_rt_matvec(jlm_cu_rt *r, const jlm_cu_mat *m, uint64_t n, const float 
         return EMU_FAULT;
     emu_op op = {.kind = OP_MATVEC, .m = *m, .n = n, .x = fl ? x : NULL, .xq = fl ? NULL : xq, .y = y};
     return emu_push(r, stream, &op);
+}
+
+int jlm_cu_rt_matvec(jlm_cu_rt *r, const jlm_cu_mat *m, uint64_t n, const float *x, const jlm_cu_act *xq, float *y,
+                     int stream)
+{
+    if (bad_stream(r, stream))
+        return EMU_FAULT;
+#ifdef JLM_CUDA
+    if (!r->emulated) {
+        int rc = jlm_cu_launch_matvec(m, n, x, xq, y, r->s[stream]);
+        return rc ? failf(r, rc, "matvec launch: %s (error %d)", jlm_cu_launch_error(rc), rc) : 0;
+    }
+#else
+    DEVICE_CALL(0, "matvec launch");
+#endif
+    EMU_LOCKED(emu_launch(r, m, n, x, xq, y, stream));
 }

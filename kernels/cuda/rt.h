@@ -28,7 +28,10 @@
  *
  * Failure: every call returns 0 or an error code; jlm_cu_rt_error names the
  * last one (device: the cudaError_t's string; emulated: what was wrong).
- * Not thread-safe: one engine thread. */
+ * Thread safety: the emulated device locks its state in every call (the
+ * backend's copy thread and the graph's thread share it); the device calls
+ * are the CUDA runtime's, which is thread-safe. jlm_cu_rt_error is the
+ * calling thread's last error. */
 #ifndef JLM_CU_RT_H
 #define JLM_CU_RT_H
 
