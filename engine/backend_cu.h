@@ -4,7 +4,9 @@
  * planes are already in the device layout: a frame is the page's bytes).
  *
  * Owns: the device seam (kernels/cuda/rt.h), two pinned staging buffers, the
- * device scratch for activations and results. A page-in is the page's span
+ * device scratch for activations and results, the copy thread that pages the
+ * next block in while the current one computes (jlm_dev_prefetch), up to two
+ * freed frames kept for reuse. A page-in is the page's span
  * copied through the staging buffers on the copy stream: the CPU fills one
  * buffer while the other's DMA runs, and the compute stream waits for the
  * copy stream's last page-in (an event) only before the next kernel.
@@ -18,7 +20,9 @@
  *
  * Failure: jlm_ecu_open fails with one line (not built, no device, a bad
  * --device); matmuls fail as jlm_dev_matmul (the caller runs the CPU kernel).
- * Not thread-safe: the graph's one thread. */
+ * Threads: the graph calls it from its one thread; the backend's own copy
+ * thread (started at the first prefetch) copies a prefetched page through
+ * the same staging buffers, which one lock shares chunk by chunk. */
 #ifndef JLM_ENGINE_BACKEND_CU_H
 #define JLM_ENGINE_BACKEND_CU_H
 

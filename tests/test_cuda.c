@@ -462,8 +462,12 @@ Test(cuda, the_emulated_device_refuses_pointers_outside_device_memory)
 }
 
 /* A matvec through the seam: planes and activations copied on the copy
- * stream, the launch on the compute stream. With the event it equals the CPU
- * reference bit for bit; without it the kernel reads poisoned memory. */
+ * stream, the launch on the compute stream. Ordered by an event, or by a
+ * host wait for the copies before the launch is issued, it equals the CPU
+ * reference bit for bit; with nothing between them the kernel reads
+ * poisoned memory, and where the copies happen to run first (another host
+ * wait after the launch was issued drove them) the emulation still faults:
+ * a device could have run the kernel first. */
 Test(cuda, the_emulated_matvec_equals_ref_only_after_waiting_for_its_copies)
 {
     const uint64_t k = 512, rows = 40;
@@ -477,7 +481,8 @@ Test(cuda, the_emulated_matvec_equals_ref_only_after_waiting_for_its_copies)
     cr_assert_eq(jlm_k_act_q8_init(&a, abuf, k, NULL), 0);
     jlm_k_quantize_act(x, &a);
     jlm_k_matvec_ref(&g.m, x, &a, y0, 0, rows);
-    for (int wait = 0; wait < 2; wait++) {
+    enum { NO_WAIT, EVENT, HOST_BEFORE, HOST_AFTER };
+    for (int mode = NO_WAIT; mode <= HOST_AFTER; mode++) {
         jlm_cu_rt *r = emu_open();
         void *qs, *d, *sc, *aq, *ad, *as, *rec, *y;
         cr_assert_eq(jlm_cu_rt_alloc(r, g.qs_bytes, &qs) | jlm_cu_rt_alloc(r, g.d_bytes, &d) |
@@ -491,17 +496,29 @@ Test(cuda, the_emulated_matvec_equals_ref_only_after_waiting_for_its_copies)
                      jlm_cu_rt_h2d(r, aq, a.q, k, JLM_CU_S_COMPUTE) | jlm_cu_rt_h2d(r, ad, a.d, k / 8, JLM_CU_S_COMPUTE) |
                      jlm_cu_rt_h2d(r, as, a.sum16, k / 8, JLM_CU_S_COMPUTE) |
                      jlm_cu_rt_h2d(r, rec, &hr, sizeof hr, JLM_CU_S_COMPUTE), 0);
-        if (wait)
-            cr_assert_eq(jlm_cu_rt_record(r, 0, JLM_CU_S_COPY) | jlm_cu_rt_wait(r, JLM_CU_S_COMPUTE, 0), 0);
+        cr_assert_eq(jlm_cu_rt_record(r, 0, JLM_CU_S_COPY), 0);
+        if (mode == EVENT)
+            cr_assert_eq(jlm_cu_rt_wait(r, JLM_CU_S_COMPUTE, 0), 0);
+        if (mode == HOST_BEFORE)
+            cr_assert_eq(jlm_cu_rt_event_sync(r, 0), 0);
         jlm_cu_mat cm;
         jlm_cu_mat_from(&g.m, &cm);
         cm.qs = qs;
         cm.d = d;
         cm.sc = sc;
         cr_assert_eq(jlm_cu_rt_matvec(r, &cm, 1, NULL, rec, y, JLM_CU_S_COMPUTE), 0, "%s", jlm_cu_rt_error(r));
-        cr_assert_eq(jlm_cu_rt_d2h(r, y1, y, rows * 4, JLM_CU_S_COMPUTE) | jlm_cu_rt_sync(r, JLM_CU_S_COMPUTE), 0);
-        int same = !memcmp(y0, y1, rows * 4);
-        cr_assert(wait ? same : !same, "%s", wait ? "with the event: differs from ref" : "without the event: equal to ref");
+        if (mode == HOST_AFTER)
+            cr_assert_eq(jlm_cu_rt_event_sync(r, 0), 0);   /* the copies run now, the kernel later */
+        int src = jlm_cu_rt_d2h(r, y1, y, rows * 4, JLM_CU_S_COMPUTE) | jlm_cu_rt_sync(r, JLM_CU_S_COMPUTE);
+        if (mode == HOST_AFTER) {
+            cr_assert_neq(src, 0, "a kernel issued before the host waited for its copies ran without a fault");
+            cr_assert(strstr(jlm_cu_rt_error(r), "no event between them"), "%s", jlm_cu_rt_error(r));
+        } else {
+            cr_assert_eq(src, 0, "%s", jlm_cu_rt_error(r));
+            int same = !memcmp(y0, y1, rows * 4);
+            cr_assert(mode == NO_WAIT ? !same : same, "mode %d: %s", mode,
+                      mode == NO_WAIT ? "without the event: equal to ref" : "ordered: differs from ref");
+        }
         jlm_cu_rt_close(r);   /* frees what is still allocated */
     }
     free(x);
