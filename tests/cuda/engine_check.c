@@ -75,12 +75,20 @@ static int argmax(const float *l, uint32_t n)
     return (int)b;
 }
 
-/* 0 when the CUDA run (cfg 0 whole, 1 split, 2 one frame each side) matches the CPU's. */
+/* 0 when the CUDA run (cfg 0 whole, 1 split, 2 one frame each side, 3 two
+ * device frames: every block paged in ahead on the copy thread) matches the
+ * CPU's. */
 static int check_one(const char *name, const char *path, int cfg)
 {
-    static const char *WHAT[] = {"whole", "--gpu-layers 1", "--budget 1 --gpu-budget 1"};
+    static const char *WHAT[] = {"whole", "--gpu-layers 1", "--budget 1 --gpu-budget 1", "two device frames"};
     jlm_engine *ec = open_on(path, "cpu", 0, 0, 0);
-    jlm_engine *ev = open_on(path, "cuda", cfg == 1 ? 1 : 0, cfg == 2 ? 1 : 0, cfg == 2 ? 1 : 0);
+    uint64_t two = 0;
+    if (ec) {
+        const jlm_config *mc = &jlm_engine_model(ec)->config;
+        uint32_t pins[3] = {2, 0, mc->n_expert ? mc->n_expert_used : 0};
+        two = jlm_pager_min_budget(jlm_engine_pager(ec), pins);
+    }
+    jlm_engine *ev = open_on(path, "cuda", cfg == 1 ? 1 : 0, cfg == 2 ? 1 : 0, cfg == 2 ? 1 : cfg == 3 ? two : 0);
     if (!ec || !ev) {
         jlm_engine_close(ec);
         jlm_engine_close(ev);
@@ -122,10 +130,14 @@ static int check_one(const char *name, const char *path, int cfg)
                (unsigned long long)s.matmuls, (unsigned long long)s.fallbacks);
         bad = 1;
     }
+    if (!bad && cfg == 3 && jlm_engine_model(ev)->hdr.n_blocks > 2 && !s.prefetches) {
+        printf("FAIL %s (%s): no page-in was made ahead\n", name, WHAT[cfg]);
+        bad = 1;
+    }
     if (!bad)
-        printf("PASS %s (%s): 8 steps, ids equal, logits within %.2g of the largest; %llu matmuls, %llu page-ins, "
-               "%llu evictions\n", name, WHAT[cfg], worst, (unsigned long long)s.matmuls,
-               (unsigned long long)s.page_ins, (unsigned long long)s.evictions);
+        printf("PASS %s (%s): 8 steps, ids equal, logits within %.2g of the largest; %llu matmuls, %llu page-ins "
+               "(%llu ahead), %llu evictions\n", name, WHAT[cfg], worst, (unsigned long long)s.matmuls,
+               (unsigned long long)s.page_ins, (unsigned long long)s.prefetches, (unsigned long long)s.evictions);
     free(lc);
     free(lv);
     jlm_engine_close(ec);
@@ -149,7 +161,7 @@ static int cmd_check(int argc, char **argv, const char *tmp)
             fails++;
             continue;
         }
-        for (int cfg = 0; cfg < 3; cfg++)
+        for (int cfg = 0; cfg < 4; cfg++)
             fails += check_one(base(argv[i]), out, cfg);
         unlink(out);
     }
@@ -244,9 +256,9 @@ static int cmd_bench(int argc, char **argv, const char *tmp)
                gpp, cpp, gpp / cpp, tg, gtg, ctg, gtg / ctg);
         printf("bench %s: block pages %.1f MiB: decode reads them at %.1f GB/s from device frames\n", base(gguf),
                fsize / 1048576.0, fsize * gtg / 1e9);
-        printf("bench %s: gpu-budget %llu: device page-ins %llu, evictions %llu, bytes copied %llu, kernels %.1f ms, "
-               "transfers %.1f ms, device %s\n", base(gguf), (unsigned long long)gs.budget,
-               (unsigned long long)gs.page_ins, (unsigned long long)gs.evictions, (unsigned long long)gs.bytes_up,
+        printf("bench %s: gpu-budget %llu: device page-ins %llu (%llu ahead), evictions %llu, bytes copied %llu, "
+               "kernels %.1f ms, transfers %.1f ms, device %s\n", base(gguf), (unsigned long long)gs.budget,
+               (unsigned long long)gs.page_ins, (unsigned long long)gs.prefetches, (unsigned long long)gs.evictions, (unsigned long long)gs.bytes_up,
                gs.kernel_ns / 1e6, gs.xfer_ns / 1e6, gs.device ? gs.device : "?");
     }
     unlink(out);
