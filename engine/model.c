@@ -6,6 +6,7 @@
 #include <malloc.h>
 #include <sys/utsname.h>
 #include <math.h>
+#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -39,11 +40,17 @@ struct jlm_engine {
     jlm_pager       *pager;
     jlm_pool        *pool;
     const jlm_k_cpu *k;
-    jlm_dev         *dev;         /* --backend vulkan|cuda: matmuls offloaded, else NULL */
-    uint32_t         gpu_layers;  /* blocks 0..N-1 on dev; 0 = all */
-    int              dev_here;    /* the block being run is on dev */
+    /* --backend vulkan|cuda, or two in block order (cuda,vulkan): matmuls
+     * offloaded; device i runs blocks [dev_end[i-1], dev_end[i]) (from 0),
+     * the CPU the blocks after the last device's */
+    jlm_dev         *devs[JLM_ENGINE_DEVS];
+    uint32_t         dev_end[JLM_ENGINE_DEVS];
+    int              n_dev;
+    jlm_dev         *out_dev;     /* the output matrix's: the last device when its count is 'all', else NULL */
+    jlm_dev         *dev_here;    /* the device of the block being run (block_dev), NULL: the CPU */
     int              dev_pf;      /* the host budget lets a prefetch hold the next block pinned */
     uint32_t         pf_block;    /* the block whose device prefetch holds an extra host pin; NO_PF: none */
+    jlm_dev         *pf_dev;      /* the device that prefetch runs on */
     uint64_t         budget;      /* page frames' budget in force; 0: unlimited */
     uint64_t         budget_all;  /* frames + KV + scratch + dense asked for; 0: unlimited */
     uint64_t         mem_kv, mem_scratch;
@@ -101,6 +108,17 @@ struct jlm_engine_seq {
     void    *kc, *vc;   /* (n_layer, n_ctx, kv_dim), (n_layer, n_ctx, kv_dim_v), kv_es bytes an element */
     uint32_t n_past;
 };
+
+/* ================================================================ the device split */
+/* The device that runs block l's matmuls, pages and experts; NULL: the CPU.
+ * The output matrix's is out_dev (after the blocks, as run_layers leaves it). */
+static jlm_dev *block_dev(const jlm_engine *e, uint32_t l)
+{
+    for (int i = 0; i < e->n_dev; i++)
+        if (l < e->dev_end[i])
+            return e->devs[i];
+    return NULL;
+}
 
 /* ================================================================ tensors -> kernel operands */
 static const jlm_tensor *W(const jlm_engine *e, int32_t block, uint16_t role)
@@ -245,7 +263,7 @@ static void matmul_x_run(jlm_engine *e, const jlm_k_mat *m, uint32_t n, const fl
         e->xq_of = x;
         j.xq = e->xq;
     }
-    if (e->dev_here && jlm_dev_matmul(e->dev, m, n, x, j.xq, y, NULL) == 0)
+    if (e->dev_here && jlm_dev_matmul(e->dev_here, m, n, x, j.xq, y, NULL) == 0)
         return;                   /* else (a plane over one binding): the CPU */
     size_t grain = m->rows >= 256 ? 64 : m->rows;
     jlm_pool_for(e->pool, m->rows, grain, mm_slice, &j);
@@ -607,48 +625,120 @@ static int choose_kv(jlm_engine *e, const jlm_engine_opts *o, jlm_err *err)
     return JLM_OK;
 }
 
-/* --backend: vulkan and cuda fail with one line without a device; auto
- * tries Vulkan and falls back to the CPU with a note. */
-static int open_backend(jlm_engine *e, const jlm_engine_opts *o, jlm_err *err)
+/* The host pager has one evict hook: every device whose frames may alias
+ * the host's (Vulkan's import path) hears of each eviction. */
+static void host_evicted(void *ctx, uint32_t array, uint32_t page, void *frame)
 {
-    if (!o->backend || !strcmp(o->backend, "cpu"))
-        return JLM_OK;
-    int is_auto = !strcmp(o->backend, "auto"), is_cuda = !strcmp(o->backend, "cuda");
-    if (!is_auto && !is_cuda && strcmp(o->backend, "vulkan"))
-        return jlm_errf(err, JLM_EINVAL, "--backend '%s': expected cpu, vulkan, cuda or auto", o->backend);
-    jlm_err verr = {0};
-    int rc = is_cuda ? jlm_ecu_open(o->device, &e->dev, &verr) : jlm_evk_open(o->device, 0, &e->dev, &verr);
-    if (rc && is_auto) {
-        if (!o->quiet)
-            fprintf(stderr, "note: --backend auto: %s; running on the CPU\n", verr.msg);
-        return JLM_OK;
-    }
-    if (rc)
-        return jlm_errf(err, rc, "--backend %s: %s", is_cuda ? "cuda" : "vulkan", verr.msg);
-    e->gpu_layers = o->gpu_layers;
-    /* device frames: their own budget, at least one block frame plus the
-     * routed experts' frames (as the host's); frames that alias the host's
-     * (Vulkan's import path) are released first by the pager's evict hook */
+    jlm_engine *e = ctx;
+    for (int i = 0; i < e->n_dev; i++)
+        jlm_dev_host_evicted(e->devs[i], array, page, frame);
+}
+
+/* Device frames: their own budget, at least one block frame plus the routed
+ * experts' frames (as the host's); the dense region for the output. */
+static void dev_frames(jlm_engine *e, jlm_dev *d, uint64_t asked, int quiet)
+{
     uint32_t pins[3] = {1, 0, e->c->n_expert ? e->c->n_expert_used : 0};
-    uint64_t min = jlm_pager_min_budget(e->pager, pins), gb = o->gpu_budget;
+    uint64_t min = jlm_pager_min_budget(e->pager, pins), gb = asked;
     if (!gb)
-        gb = jlm_dev_default_budget(e->dev);
+        gb = jlm_dev_default_budget(d);
     if (gb && gb < min) {
-        if (!o->quiet && o->gpu_budget)
+        if (!quiet && asked)
             fprintf(stderr, "note: --gpu-budget %llu bytes is below the device's minimum working set (one block "
                             "frame%s), raised to %llu\n", (unsigned long long)gb,
                     e->c->n_expert ? " plus the routed experts' frames" : "", (unsigned long long)min);
         gb = min;
     }
-    jlm_dev_set_budget(e->dev, gb);
-    jlm_dev_set_dense(e->dev, e->dense, (e->m->hdr.dense_len + 4095) & ~4095ull);
-    jlm_pager_set_evict_hook(e->pager, jlm_dev_host_evicted, e->dev);
+    jlm_dev_set_budget(d, gb);
+    jlm_dev_set_dense(d, e->dense, (e->m->hdr.dense_len + 4095) & ~4095ull);
+}
+
+/* Appends to the line (truncated at its end). */
+static void __attribute__((format(printf, 3, 4))) addf(char *line, size_t cap, const char *fmt, ...)
+{
+    size_t n = strlen(line);
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(line + n, cap - n, fmt, ap);
+    va_end(ap);
+}
+
+static void add_blocks(char *line, size_t cap, uint32_t b, uint32_t end)
+{
+    if (end == b) addf(line, cap, "no block");
+    else if (end == b + 1) addf(line, cap, "block %u", b);
+    else addf(line, cap, "blocks %u-%u", b, end - 1);
+}
+
+/* Two devices: "note: matmuls on CUDA device X for block 0, on Vulkan
+ * device Y for blocks 1-2; blocks 3-4 and the output on the CPU". */
+static void split_note(const jlm_engine *e)
+{
+    char line[1024] = "note: matmuls";
+    uint32_t at = 0;
+    for (int i = 0; i < e->n_dev; i++) {
+        addf(line, sizeof line, "%s on %s device %s for ", i ? "," : "",
+             !strcmp(jlm_dev_kind(e->devs[i]), "cuda") ? "CUDA" : "Vulkan", jlm_dev_name(e->devs[i]));
+        add_blocks(line, sizeof line, at, e->dev_end[i]);
+        at = e->dev_end[i];
+    }
+    if (e->out_dev) {
+        addf(line, sizeof line, " and the output");
+    } else if (at < e->c->n_layer) {
+        addf(line, sizeof line, "; ");
+        add_blocks(line, sizeof line, at, e->c->n_layer);
+        addf(line, sizeof line, " and the output on the CPU");
+    } else {
+        addf(line, sizeof line, "; the output on the CPU");
+    }
+    fprintf(stderr, "%s\n", line);
+}
+
+/* --backend: one device backend, or two in block order (jlm_engine_split):
+ * device 0 runs blocks 0..gpu_layers-1, device 1 the next gpu_layers2 (0:
+ * all remaining), the CPU the rest; the output matrix runs on the last
+ * device when its count is 'all' (0). vulkan and cuda fail with one line
+ * without a device; auto tries Vulkan and falls back to the CPU with a
+ * note. */
+static int open_backend(jlm_engine *e, const jlm_engine_opts *o, jlm_err *err)
+{
+    jlm_engine_split sp;
+    int rc = jlm_engine_split_parse(o->backend, o->device, &sp, err);
+    if (rc || !sp.n)
+        return rc;
+    if (sp.n > 1 && !o->gpu_layers)
+        return jlm_errf(err, JLM_EINVAL, "--backend %s,%s: the first device's block count is needed (--gpu-layers "
+                                         "N or N,M)", sp.kind[0], sp.kind[1]);
+    uint32_t count[JLM_ENGINE_DEVS] = {o->gpu_layers, o->gpu_layers2}, at = 0;
+    uint64_t budget[JLM_ENGINE_DEVS] = {o->gpu_budget, o->gpu_budget2};
+    for (int i = 0; i < sp.n; i++) {
+        jlm_err verr = {0};
+        int is_cuda = !strcmp(sp.kind[i], "cuda");
+        rc = is_cuda ? jlm_ecu_open(sp.device[i], &e->devs[i], &verr)
+                     : jlm_evk_open(sp.device[i], 0, &e->devs[i], &verr);
+        if (rc && sp.is_auto) {
+            if (!o->quiet)
+                fprintf(stderr, "note: --backend auto: %s; running on the CPU\n", verr.msg);
+            return JLM_OK;
+        }
+        if (rc)
+            return jlm_errf(err, rc, "--backend %s: %s", sp.kind[i], verr.msg);
+        e->n_dev = i + 1;
+        uint64_t end = count[i] ? at + (uint64_t)count[i] : e->c->n_layer;   /* 0: all remaining */
+        e->dev_end[i] = at = end < e->c->n_layer ? (uint32_t)end : e->c->n_layer;
+        dev_frames(e, e->devs[i], budget[i], o->quiet);
+    }
+    e->out_dev = count[sp.n - 1] ? NULL : e->devs[sp.n - 1];
+    jlm_pager_set_evict_hook(e->pager, host_evicted, e);
     /* a device prefetch keeps the next block pinned on the host beside the
      * current one: only where the host budget holds both with room to spare */
     uint32_t pf_pins[3] = {3, 0, e->c->n_expert ? e->c->n_expert_used : 0};
     e->dev_pf = !e->budget || e->budget >= jlm_pager_min_budget(e->pager, pf_pins);
-    if (!o->quiet)
-        fprintf(stderr, "note: matmuls on %s device %s\n", is_cuda ? "CUDA" : "Vulkan", jlm_dev_name(e->dev));
+    if (!o->quiet && sp.n == 1)
+        fprintf(stderr, "note: matmuls on %s device %s\n", !strcmp(sp.kind[0], "cuda") ? "CUDA" : "Vulkan",
+                jlm_dev_name(e->devs[0]));
+    else if (!o->quiet)
+        split_note(e);
     return JLM_OK;
 }
 
@@ -669,13 +759,15 @@ static void fingerprint_note(const jlm_engine *e)
     fp_clean(fd, sizeof fd, &e->m->fp.device);
     fp_clean(fw, sizeof fw, &e->m->fp.writer);
     struct utsname u;
-    const char *host = uname(&u) == 0 ? u.machine : "?", *dev = e->dev ? jlm_dev_kind(e->dev) : "cpu";
+    const jlm_dev *d0 = e->devs[0], *d1 = e->devs[1];   /* compared: the first device */
+    const char *host = uname(&u) == 0 ? u.machine : "?", *dev = d0 ? jlm_dev_kind(d0) : "cpu";
     int dh = strcmp(fh, host) != 0, dd = strcmp(fd, dev) != 0, dw = strcmp(fw, JLM_WRITER_NAME) != 0;
     if (dh || dd || dw)
         fprintf(stderr, "note: %s was written for host %s, device %s, writer '%s'; running on host %s, "
-                        "device %s%s%s%s, writer '%s' (%s%s%s; compared, never enforced)\n",
-                e->m->path, fh, fd, fw, host, dev, e->dev ? " (" : "",
-                e->dev ? jlm_dev_name(e->dev) : "", e->dev ? ")" : "", JLM_WRITER_NAME, dh ? "host differs" : "",
+                        "device %s%s%s%s%s%s%s%s%s, writer '%s' (%s%s%s; compared, never enforced)\n",
+                e->m->path, fh, fd, fw, host, dev, d0 ? " (" : "", d0 ? jlm_dev_name(d0) : "", d0 ? ")" : "",
+                d1 ? " then " : "", d1 ? jlm_dev_kind(d1) : "", d1 ? " (" : "", d1 ? jlm_dev_name(d1) : "",
+                d1 ? ")" : "", JLM_WRITER_NAME, dh ? "host differs" : "",
                 dd ? (dh ? ", device differs" : "device differs") : "", dw ? (dh || dd ? ", writer differs" : "writer differs") : "");
 }
 
@@ -735,9 +827,10 @@ void jlm_engine_close(jlm_engine *e)
     if (!e)
         return;
     dev_prefetch_end(e);
-    if (e->dev && e->pager)
+    if (e->n_dev && e->pager)
         jlm_pager_set_evict_hook(e->pager, NULL, NULL);
-    jlm_dev_close(e->dev);
+    for (int i = 0; i < JLM_ENGINE_DEVS; i++)
+        jlm_dev_close(e->devs[i]);
     jlm_pool_destroy(e->pool);
     jlm_pager_close(e->pager);
     jlm_source_close(e->src);
@@ -1140,7 +1233,7 @@ static int moe_token(jlm_engine *e, uint32_t l, const uint8_t *page, uint64_t pa
     uint32_t dpinned = 0;   /* expert pages follow their block's backend */
     for (; !rc && e->dev_here && dpinned < pinned; dpinned++) {
         uint32_t pg = first + (uint32_t)sel[dpinned];
-        rc = jlm_dev_page_get(e->dev, JLM_PAGER_EXPERTS, pg, JLM_PAGER_EXPERT, frames[dpinned],
+        rc = jlm_dev_page_get(e->dev_here, JLM_PAGER_EXPERTS, pg, JLM_PAGER_EXPERT, frames[dpinned],
                               jlm_pager_extent(e->pager, JLM_PAGER_EXPERTS, pg), err);
         if (rc)
             break;
@@ -1171,7 +1264,7 @@ static int moe_token(jlm_engine *e, uint32_t l, const uint8_t *page, uint64_t pa
         jlm_k_add(x, x, e->moe, E);
     }
     for (uint32_t s = 0; s < dpinned; s++)
-        jlm_dev_page_put(e->dev, JLM_PAGER_EXPERTS, first + (uint32_t)sel[s]);
+        jlm_dev_page_put(e->dev_here, JLM_PAGER_EXPERTS, first + (uint32_t)sel[s]);
     for (uint32_t s = 0; s < pinned; s++)
         jlm_pager_unpin(e->pager, JLM_PAGER_EXPERTS, first + (uint32_t)sel[s]);
     return rc;
@@ -1219,7 +1312,8 @@ static void bind_rows(jlm_engine *e, void *kc, void *vc, uint32_t pos0, uint32_t
 /* ---------------------------------------------------------------- device prefetch */
 /* While block l's kernels run, the next block's page goes to the device on
  * the backend's copy thread (CUDA; docs/cuda.md, "Overlap"): started here
- * when that block runs on the device, is whole in host memory already (a
+ * when that block runs on a device (its own: with two, the next block's may
+ * be the other one's), is whole in host memory already (a
  * get that would read the disk is left to its turn) and the host budget
  * can hold it pinned; the device then waits for it only before its own
  * kernels. The extra host pin is let go once block l+1's device get (or the
@@ -1228,7 +1322,7 @@ static void dev_prefetch_end(jlm_engine *e)
 {
     if (!e || e->pf_block == NO_PF)
         return;
-    jlm_dev_prefetch_end(e->dev);
+    jlm_dev_prefetch_end(e->pf_dev);
     jlm_pager_unpin(e->pager, JLM_PAGER_TEXT, e->pf_block);
     e->pf_block = NO_PF;
 }
@@ -1236,16 +1330,18 @@ static void dev_prefetch_end(jlm_engine *e)
 static void dev_prefetch_next(jlm_engine *e, uint32_t l)
 {
     uint32_t nx = l + 1 < e->c->n_layer ? l + 1 : 0;
-    if (!e->dev || !e->dev_pf || e->pf_block != NO_PF || nx == l || (e->gpu_layers && nx >= e->gpu_layers))
+    jlm_dev *d = block_dev(e, nx);
+    if (!d || !e->dev_pf || e->pf_block != NO_PF || nx == l)
         return;
     uint64_t ext = jlm_pager_extent(e->pager, JLM_PAGER_TEXT, nx);
     const void *host;
     if (jlm_pager_filled(e->pager, JLM_PAGER_TEXT, nx) < ext ||
         jlm_pager_get(e->pager, JLM_PAGER_TEXT, nx, 0, ext, &host, NULL))
         return;
-    if (jlm_dev_prefetch(e->dev, JLM_PAGER_TEXT, nx, JLM_PAGER_BLOCK, host, ext))
+    if (jlm_dev_prefetch(d, JLM_PAGER_TEXT, nx, JLM_PAGER_BLOCK, host, ext)) {
         e->pf_block = nx;
-    else
+        e->pf_dev = d;
+    } else
         jlm_pager_unpin(e->pager, JLM_PAGER_TEXT, nx);
 }
 
@@ -1274,11 +1370,11 @@ static int run_layers(jlm_engine *e, float *xs, uint32_t n, void *kc, void *vc, 
         /* the block after this one (block 0 of the next pass after the last)
          * is read while this one computes (docs/pager.md, Prefetch) */
         jlm_pager_prefetch(e->pager, JLM_PAGER_TEXT, l + 1 < c->n_layer ? l + 1 : 0);
-        e->dev_here = e->dev && (!e->gpu_layers || l < e->gpu_layers);
+        e->dev_here = block_dev(e, l);
         if (e->pf_block != NO_PF && (e->pf_block != l || !e->dev_here))
             dev_prefetch_end(e);   /* not the block it was started for */
         if (e->dev_here)
-            rc = jlm_dev_page_get(e->dev, JLM_PAGER_TEXT, l, JLM_PAGER_BLOCK, page,
+            rc = jlm_dev_page_get(e->dev_here, JLM_PAGER_TEXT, l, JLM_PAGER_BLOCK, page,
                                   jlm_pager_extent(e->pager, JLM_PAGER_TEXT, l), err);
         if (e->pf_block == l) {   /* the device get consumed the prefetch: its host pin goes */
             jlm_pager_unpin(e->pager, JLM_PAGER_TEXT, l);
@@ -1312,7 +1408,7 @@ static int run_layers(jlm_engine *e, float *xs, uint32_t n, void *kc, void *vc, 
             }
         }
         if (e->dev_here)
-            jlm_dev_page_put(e->dev, JLM_PAGER_TEXT, l);
+            jlm_dev_page_put(e->dev_here, JLM_PAGER_TEXT, l);
         jlm_pager_unpin(e->pager, JLM_PAGER_TEXT, l);
         if (rc)
             rc = jlm_err_prefix(err, rc, "%s: block %u experts", e->m->path, l);
@@ -1321,7 +1417,7 @@ static int run_layers(jlm_engine *e, float *xs, uint32_t n, void *kc, void *vc, 
         dev_prefetch_end(e);
     e->x = x0;
     e->bidir_end = 0;
-    e->dev_here = e->dev && !e->gpu_layers;
+    e->dev_here = e->out_dev;
     return rc;
 }
 
@@ -1463,19 +1559,20 @@ const jlm_model *jlm_engine_model(const jlm_engine *e) { return e->m; }
 void jlm_engine_dev_counters(const jlm_engine *e, uint64_t *matmuls, uint64_t *bytes_up)
 {
     *matmuls = *bytes_up = 0;
-    if (e->dev) {
+    for (int i = 0; i < e->n_dev; i++) {
         jlm_dev_stats s;
-        jlm_dev_stats_get(e->dev, &s);
-        *matmuls = s.matmuls;
-        *bytes_up = s.bytes_up;
+        jlm_dev_stats_get(e->devs[i], &s);
+        *matmuls += s.matmuls;
+        *bytes_up += s.bytes_up;
     }
 }
-int jlm_engine_dev_stats(const jlm_engine *e, struct jlm_dev_stats *out)
+int jlm_engine_dev_stats(const jlm_engine *e, struct jlm_dev_stats *out) { return jlm_engine_dev_stats_at(e, 0, out); }
+int jlm_engine_dev_stats_at(const jlm_engine *e, int i, struct jlm_dev_stats *out)
 {
     memset(out, 0, sizeof *out);
-    if (!e->dev)
+    if (i < 0 || i >= e->n_dev)
         return 0;
-    jlm_dev_stats_get(e->dev, out);
+    jlm_dev_stats_get(e->devs[i], out);
     return 1;
 }
 uint32_t jlm_engine_n_past(const jlm_engine *e) { return e->n_past; }

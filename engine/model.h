@@ -56,20 +56,48 @@ typedef struct jlm_engine_opts {
                             * CUDA device (engine/backend_vk.h, backend_cu.h;
                             * JLM_CUDA_EMULATE=1: the host emulation of a CUDA
                             * device); "auto": Vulkan on a GPU if
-                            * one is found, else the CPU with a note */
+                            * one is found, else the CPU with a note;
+                            * "cuda,vulkan" / "vulkan,cuda": two devices in
+                            * block order (jlm_engine_split_parse) */
     const char *device;    /* CUDA: device index; Vulkan: index or name substring (naming a
-                            * CPU device such as lavapipe allows it) */
+                            * CPU device such as lavapipe allows it); two
+                            * devices: "A,B", either may be empty (the default) */
     uint32_t gpu_layers;   /* Vulkan/CUDA: blocks 0..N-1 on the device, the rest and
-                            * the output on the CPU; 0 = all (output included) */
+                            * the output on the CPU; 0 = all (output included).
+                            * Two devices: the first device's count, >= 1 */
     uint64_t gpu_budget;   /* Vulkan/CUDA: bytes of device page frames (pager policy);
                             * 0: jlm_dev_default_budget; below one block frame
-                            * plus the routed experts: raised, with a note */
+                            * plus the routed experts: raised, with a note.
+                            * Two devices: the first device's */
+    uint32_t gpu_layers2;  /* two devices: the second device's blocks, the next
+                            * ones after the first's; 0 = all remaining (the
+                            * output included); the rest on the CPU */
+    uint64_t gpu_budget2;  /* two devices: the second device's frames, as gpu_budget */
     const char *kv;        /* NULL/"f32"; "f16": keys and values stored as F16
                             * (half the memory; logits within docs/engine.md's
                             * tolerance of the F32 cache's) */
 } jlm_engine_opts;
 
 typedef struct jlm_engine jlm_engine;
+
+/* Device backends one engine splits its blocks over (`--backend cuda,vulkan`). */
+#define JLM_ENGINE_DEVS 2
+/* jlm_engine_opts.backend and .device as lists (engine/model_split.c):
+ * backend NULL or "cpu" (n 0), "auto" (n 1, is_auto), one device backend,
+ * or two different ones joined by a comma; device: with one backend the
+ * whole string (commas included, as before the lists), with two the entries
+ * split at the commas (fewer than two: the rest default, ""). */
+typedef struct jlm_engine_split {
+    int         n;                          /* device backends, 0..JLM_ENGINE_DEVS */
+    int         is_auto;
+    const char *kind[JLM_ENGINE_DEVS];      /* "vulkan" or "cuda" */
+    char        device[JLM_ENGINE_DEVS][256];   /* "": the backend's default */
+} jlm_engine_split;
+/* JLM_EINVAL with one line naming the option ("--backend 'cuda,cuda': the
+ * same backend twice ...": an unknown name, the same kind twice, more than
+ * two, an empty entry, auto or cpu in a list; "--device '0,0,0': ..."); *out
+ * untouched then. Shared by the engine and the CLI's check before any work. */
+int  jlm_engine_split_parse(const char *backend, const char *device, jlm_engine_split *out, jlm_err *err);
 
 /* Opens a container (a .jlm file, or a jlmfs view directory's model.jlm),
  * reads its dense region, sizes the pager (a budget below the minimum working
@@ -92,12 +120,16 @@ int  jlm_engine_eval(jlm_engine *e, const int32_t *tokens, uint32_t n, float *lo
  * when the context is full; state unchanged on error. */
 int  jlm_engine_eval_embd(jlm_engine *e, const float *embd, uint32_t n, int bidir, float *logits, jlm_err *err);
 /* --backend vulkan|cuda: matmuls run on the device and bytes of planes uploaded
- * (both 0 on the CPU backend). Cannot fail. */
+ * (both 0 on the CPU backend; summed over two devices). Cannot fail. */
 void jlm_engine_dev_counters(const jlm_engine *e, uint64_t *matmuls, uint64_t *bytes_up);
 /* The device backend's counters (engine/backend.h); 0 and *out zeroed
- * when the engine runs on the CPU only, else 1. */
+ * when the engine runs on the CPU only, else 1. With two devices: the
+ * first's (jlm_engine_dev_counters sums both). */
 struct jlm_dev_stats;
 int  jlm_engine_dev_stats(const jlm_engine *e, struct jlm_dev_stats *out);
+/* Device i's counters (0: the first, in block order); 0 and *out zeroed
+ * when there is no device i, else 1. Cannot fail. */
+int  jlm_engine_dev_stats_at(const jlm_engine *e, int i, struct jlm_dev_stats *out);
 
 /* Forgets the KV cache from position pos on (0: everything). Cannot fail. */
 void jlm_engine_rewind(jlm_engine *e, uint32_t pos);
