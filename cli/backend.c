@@ -92,22 +92,30 @@ json_t *jlm_cli_backends_json(void)
 void jlm_cli_print_backend_stats(FILE *f, struct jlm_engine *e, unsigned long long pi, unsigned long long ev,
                                  unsigned long long br, unsigned long long hi)
 {
-    jlm_dev_stats v;
-    int on = jlm_engine_dev_stats(e, &v);
-    fprintf(f, "pager: page-ins %llu, evictions %llu, bytes-read %llu, hits %llu\n", pi + v.page_ins,
-            ev + v.evictions, br + v.bytes_up, hi + v.hits);
+    jlm_dev_stats v[JLM_ENGINE_DEVS];
+    unsigned long long dpi = 0, dev = 0, dbr = 0, dhi = 0;
+    int n = 0;
+    for (; n < JLM_ENGINE_DEVS && jlm_engine_dev_stats_at(e, n, &v[n]); n++) {
+        dpi += v[n].page_ins;
+        dev += v[n].evictions;
+        dbr += v[n].bytes_up;
+        dhi += v[n].hits;
+    }
+    fprintf(f, "pager: page-ins %llu, evictions %llu, bytes-read %llu, hits %llu\n", pi + dpi, ev + dev, br + dbr,
+            hi + dhi);
     jlm_engine_mem mi;
     jlm_engine_mem_info(e, &mi);
     fprintf(f, "cpu: page-ins %llu, evictions %llu, bytes read %llu, hits %llu, frames budget %llu\n", pi, ev, br, hi,
             (unsigned long long)mi.frames);
-    if (on)
+    for (int i = 0; i < n; i++)   /* one line per device, in block order */
         fprintf(f, "%s: matmuls %llu, page-ins %llu (%llu ahead), evictions %llu, hits %llu, bytes uploaded %llu, "
                    "bytes imported %llu, frames %llu (%llu bytes, peak %llu, budget %llu), path %s, "
                    "kernels %.1f ms, transfers %.1f ms, reuploads %llu, cpu fallbacks %llu, device %s\n",
-                v.kind, (unsigned long long)v.matmuls, (unsigned long long)v.page_ins,
-                (unsigned long long)v.prefetches, (unsigned long long)v.evictions,
-                (unsigned long long)v.hits, (unsigned long long)v.bytes_up, (unsigned long long)v.bytes_imported,
-                (unsigned long long)v.frames, (unsigned long long)v.resident_bytes,
-                (unsigned long long)v.peak_bytes, (unsigned long long)v.budget, v.path, v.kernel_ns / 1e6,
-                v.xfer_ns / 1e6, (unsigned long long)v.reuploads, (unsigned long long)v.fallbacks, v.device);
+                v[i].kind, (unsigned long long)v[i].matmuls, (unsigned long long)v[i].page_ins,
+                (unsigned long long)v[i].prefetches, (unsigned long long)v[i].evictions,
+                (unsigned long long)v[i].hits, (unsigned long long)v[i].bytes_up,
+                (unsigned long long)v[i].bytes_imported, (unsigned long long)v[i].frames,
+                (unsigned long long)v[i].resident_bytes, (unsigned long long)v[i].peak_bytes,
+                (unsigned long long)v[i].budget, v[i].path, v[i].kernel_ns / 1e6, v[i].xfer_ns / 1e6,
+                (unsigned long long)v[i].reuploads, (unsigned long long)v[i].fallbacks, v[i].device);
 }

@@ -26,8 +26,9 @@ struct json_t *jlm_cli_backends_json(void);
 /* --stats' paging lines: first `pager: page-ins N, evictions N, bytes-read N,
  * hits N` (totals over the backends: the host pager's figures given, plus
  * the device frames'), then one line per backend: `cpu: ...` (the host
- * pager) and, with --backend vulkan, `vulkan: ...` (device page-ins, bytes
- * uploaded / imported, frames, path, kernel vs transfer time). */
+ * pager) and, with --backend vulkan or cuda, `vulkan: ...` / `cuda: ...`
+ * (device page-ins, bytes uploaded / imported, frames, path, kernel vs
+ * transfer time): one line per device, in block order, with two. */
 struct jlm_engine;
 void jlm_cli_print_backend_stats(FILE *f, struct jlm_engine *e, unsigned long long page_ins,
                                  unsigned long long evictions, unsigned long long bytes_read,

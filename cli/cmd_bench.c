@@ -28,18 +28,24 @@
 
 static const char BENCH_USAGE[] =
     "usage: jlm bench MODEL [-p 512] [-n 128] [-r 3] [-t THREADS] [--budget SIZE] [--kv f32|f16] [--no-direct]\n"
-    "                 [--no-prefetch] [--profile] [--backend cpu|vulkan|cuda|auto] [--device N|NAME] [--gpu-layers N|all]\n"
-    "                 [--gpu-budget SIZE]\n"
+    "                 [--no-prefetch] [--profile] [--backend cpu|vulkan|cuda|auto|cuda,vulkan|vulkan,cuda]\n"
+    "                 [--device N|NAME[,..]] [--gpu-layers N|all[,M|all]] [--gpu-budget SIZE[,SIZE]]\n"
     "  -p 0 or -n 0 skips that test\n";
 
 typedef enum { OUT_MD, OUT_CSV, OUT_JSON } bench_out;
-typedef struct bench_opts { const char *model, *out, *gpu_layers; int n_pp, n_tg, reps, profile; bench_out fmt; jlm_engine_opts eng; } bench_opts;
+typedef struct bench_opts { const char *model, *out; jlm_opts_gpu gpu; int n_pp, n_tg, reps, profile; bench_out fmt; jlm_engine_opts eng; } bench_opts;
+
+/* A device backend's figures, means per repetition. */
+typedef struct bench_dev {
+    const char *kind, *device, *path;
+    double pageins, up_mib, imp_mib, kernel_ms, xfer_ms, matmuls;
+} bench_dev;
 
 /* One test's figures: per repetition, then summarized. */
 typedef struct bench_res {
     double tps_mean, tps_sd, pageins, mib, wait_ms;
-    int    vk;                                   /* the Vulkan backend ran: its figures per repetition */
-    double vk_pageins, vk_up_mib, vk_imp_mib, vk_kernel_ms, vk_xfer_ms, vk_matmuls;
+    int    n_dev;                                /* device backends that ran (in block order) */
+    bench_dev dev[JLM_ENGINE_DEVS];
     jlm_engine_prof prof;
 } bench_res;
 
@@ -65,7 +71,7 @@ static int bench_parse(int argc, char **argv, bench_opts *o)
     int nt = jlm_opts_cat(t, 0, head, (int)(sizeof head / sizeof head[0]));
     nt += jlm_opts_engine_rows(t + nt, JLM_ROWS_THREADS | JLM_ROWS_BUDGET | JLM_ROWS_KV | JLM_ROWS_PAGING, &o->eng, NULL);
     nt = jlm_opts_cat(t, nt, tail, (int)(sizeof tail / sizeof tail[0]));
-    nt += jlm_opts_engine_rows(t + nt, JLM_ROWS_BACKEND, &o->eng, &o->gpu_layers);
+    nt += jlm_opts_engine_rows(t + nt, JLM_ROWS_BACKEND, &o->eng, &o->gpu);
     const char *pos[1] = {0};
     jlm_opts_spec os = {"jlm bench", "MODEL [options]   (-p 0 or -n 0 skips that test)", t, nt, pos, 1, 0};
     int prc = jlm_opts_parse(&os, argc, argv);
@@ -75,7 +81,7 @@ static int bench_parse(int argc, char **argv, bench_opts *o)
         return jlm_cli_error("jlm bench", "give the model once: as MODEL or as -m"), 2;
     if (os.n_pos)
         o->model = pos[0];
-    int frc = jlm_opts_engine_finish("jlm bench", &o->eng, o->gpu_layers);   /* --gpu-layers, the backend check */
+    int frc = jlm_opts_engine_finish("jlm bench", &o->eng, &o->gpu);   /* --gpu-layers, the backend check */
     if (frc)
         return frc;
     if (o->out) {
@@ -174,11 +180,12 @@ static int bench_test(jlm_engine *e, int pp, uint32_t n, int reps, int profile, 
     int rc = ids && tps && (lg || !profile || pp) ? 0 : jlm_errf(err, JLM_ENOMEM, "out of memory");
     memset(&res->prof, 0, sizeof res->prof);
     double pageins = 0, bytes = 0, wait_ns = 0;
-    jlm_dev_stats v0, v1;
-    res->vk = 0;
-    res->vk_pageins = res->vk_up_mib = res->vk_imp_mib = res->vk_kernel_ms = res->vk_xfer_ms = res->vk_matmuls = 0;
+    jlm_dev_stats v0[JLM_ENGINE_DEVS], v1;
+    res->n_dev = 0;
+    memset(res->dev, 0, sizeof res->dev);
     for (int r = 0; r < reps && !rc; r++) {
-        jlm_engine_dev_stats(e, &v0);
+        for (int i = 0; i < JLM_ENGINE_DEVS; i++)
+            jlm_engine_dev_stats_at(e, i, &v0[i]);
         bench_ids(ids, n, nv, &seed);
         jlm_engine_rewind(e, 0);
         jlm_pager_stats_reset(jlm_engine_pager(e));
@@ -204,13 +211,16 @@ static int bench_test(jlm_engine *e, int pp, uint32_t n, int reps, int profile, 
             jlm_engine_prof_get(e, &pr);
             bench_prof_add(&res->prof, &pr);
         }
-        if ((res->vk = jlm_engine_dev_stats(e, &v1))) {
-            res->vk_pageins += (double)(v1.page_ins - v0.page_ins) / reps;
-            res->vk_up_mib += (double)(v1.bytes_up - v0.bytes_up) / 1048576.0 / reps;
-            res->vk_imp_mib += (double)(v1.bytes_imported - v0.bytes_imported) / 1048576.0 / reps;
-            res->vk_kernel_ms += (double)(v1.kernel_ns - v0.kernel_ns) / 1e6 / reps;
-            res->vk_xfer_ms += (double)(v1.xfer_ns - v0.xfer_ns) / 1e6 / reps;
-            res->vk_matmuls += (double)(v1.matmuls - v0.matmuls) / reps;
+        for (int i = 0; i < JLM_ENGINE_DEVS && jlm_engine_dev_stats_at(e, i, &v1); i++) {
+            bench_dev *d = &res->dev[i];
+            res->n_dev = i + 1;
+            d->kind = v1.kind, d->device = v1.device, d->path = v1.path;
+            d->pageins += (double)(v1.page_ins - v0[i].page_ins) / reps;
+            d->up_mib += (double)(v1.bytes_up - v0[i].bytes_up) / 1048576.0 / reps;
+            d->imp_mib += (double)(v1.bytes_imported - v0[i].bytes_imported) / 1048576.0 / reps;
+            d->kernel_ms += (double)(v1.kernel_ns - v0[i].kernel_ns) / 1e6 / reps;
+            d->xfer_ms += (double)(v1.xfer_ns - v0[i].xfer_ns) / 1e6 / reps;
+            d->matmuls += (double)(v1.matmuls - v0[i].matmuls) / reps;
         }
         jlm_pager_counters c;
         jlm_pager_stats(jlm_engine_pager(e), &c);
@@ -288,11 +298,12 @@ static json_t *bench_row_json(const bench_row *w)
                      "budget_bytes", (json_int_t)w->budget_bytes, "test", test, "n_tokens", w->n, "tps_mean",
                      w->r.tps_mean, "tps_sd", w->r.tps_sd, "page_ins", w->r.pageins, "read_mib", w->r.mib,
                      "wait_ms", w->r.wait_ms);
-    if (o && w->r.vk)   /* per backend: the fields above are the CPU pager's */
-        json_object_set_new(o, "vulkan", json_pack("{s:f, s:f, s:f, s:f, s:f, s:f}", "page_ins", w->r.vk_pageins,
-                                                   "uploaded_mib", w->r.vk_up_mib, "imported_mib", w->r.vk_imp_mib,
-                                                   "matmuls", w->r.vk_matmuls, "kernel_ms", w->r.vk_kernel_ms,
-                                                   "transfer_ms", w->r.vk_xfer_ms));
+    for (int i = 0; o && i < w->r.n_dev; i++) {   /* per backend, by kind: the fields above are the CPU pager's */
+        const bench_dev *d = &w->r.dev[i];
+        json_object_set_new(o, d->kind, json_pack("{s:f, s:f, s:f, s:f, s:f, s:f}", "page_ins", d->pageins,
+                                                  "uploaded_mib", d->up_mib, "imported_mib", d->imp_mib, "matmuls",
+                                                  d->matmuls, "kernel_ms", d->kernel_ms, "transfer_ms", d->xfer_ms));
+    }
     return o;
 }
 
@@ -396,14 +407,17 @@ int jlm_cmd_bench(int argc, char **argv)
             printf("| %-24s | %10s | %8s | %7d | %10s | %7s | %17s | %9.1f | %9.2f | %9.2f |\n", name, size, params,
                    threads, budget, test, tps, r.pageins, r.mib, r.wait_ms);
         }
-        if (r.vk && o.fmt != OUT_JSON) {   /* per backend, on stderr: the table's columns stay llama-bench's */
+        if (r.n_dev && o.fmt != OUT_JSON) {   /* per backend, on stderr: the table's columns stay llama-bench's */
             fflush(stdout);
-            jlm_dev_stats vs;
-            jlm_engine_dev_stats(e, &vs);
-            fprintf(stderr, "%s%s%d per backend: cpu: page-ins %.1f, read %.2f MiB; vulkan (%s, %s): page-ins %.1f, "
-                    "uploaded %.2f MiB, imported %.2f MiB, matmuls %.0f, kernels %.2f ms, transfers %.2f ms\n",
-                    o.fmt == OUT_MD ? "  " : "", pp ? "pp" : "tg", n, r.pageins, r.mib, vs.device, vs.path,
-                    r.vk_pageins, r.vk_up_mib, r.vk_imp_mib, r.vk_matmuls, r.vk_kernel_ms, r.vk_xfer_ms);
+            fprintf(stderr, "%s%s%d per backend: cpu: page-ins %.1f, read %.2f MiB\n", o.fmt == OUT_MD ? "  " : "",
+                    pp ? "pp" : "tg", n, r.pageins, r.mib);
+            for (int i = 0; i < r.n_dev; i++) {   /* one line per device, in block order */
+                const bench_dev *d = &r.dev[i];
+                fprintf(stderr, "%s%s%d per backend: %s (%s, %s): page-ins %.1f, uploaded %.2f MiB, imported %.2f "
+                        "MiB, matmuls %.0f, kernels %.2f ms, transfers %.2f ms\n", o.fmt == OUT_MD ? "  " : "",
+                        pp ? "pp" : "tg", n, d->kind, d->device, d->path, d->pageins, d->up_mib, d->imp_mib,
+                        d->matmuls, d->kernel_ms, d->xfer_ms);
+            }
         }
         if (o.profile) {
             char test[16];

@@ -428,7 +428,7 @@ int jlm_cmd_chat(int argc, char **argv)
     jlm_samp_params_default(&sp);
     sp.seed = JLM_CLI_SEED_UNSET;
     int n_max = 256, ignore_eos = 0;
-    const char *gpu_layers = NULL;
+    jlm_opts_gpu gpu = {0};
     const jlm_opt head[] = {
         {"-m", "--model", JLM_OPT_STR, &model, 0, 0, 0, "FILE", "the model (or give it first)"},
         {"-sys", "--system", JLM_OPT_STR, &system, 0, 0, 0, "TEXT", "the system prompt (/system changes it)"},
@@ -445,14 +445,14 @@ int jlm_cmd_chat(int argc, char **argv)
     nt = jlm_opts_cat(t, nt, tail, 1);
     nt += jlm_opts_engine_rows(t + nt, JLM_ROWS_BUDGET | JLM_ROWS_KV, &eo, NULL);
     nt = jlm_opts_cat(t, nt, tail + 1, 1);
-    nt += jlm_opts_engine_rows(t + nt, JLM_ROWS_PAGING | JLM_ROWS_BACKEND, &eo, &gpu_layers);
+    nt += jlm_opts_engine_rows(t + nt, JLM_ROWS_PAGING | JLM_ROWS_BACKEND, &eo, &gpu);
     const char *pos[1] = {0};
     jlm_opts_spec os = {"jlm chat", "MODEL [options]   (messages from the terminal, or one per line on stdin; /help)",
                         t, nt, pos, 1, 0};
     int prc = jlm_opts_parse(&os, argc, argv);
     if (prc)
         return prc == 1 ? 0 : prc;
-    if ((prc = jlm_opts_engine_finish("jlm chat", &eo, gpu_layers)))
+    if ((prc = jlm_opts_engine_finish("jlm chat", &eo, &gpu)))
         return prc;
     if (sp.seed == JLM_CLI_SEED_UNSET)
         sp.seed = jlm_cli_random_seed();   /* llama.cpp's default */

@@ -40,7 +40,7 @@ static int parse(int argc, char **argv, run_opts *o)
     o->eng.direct = 1;
     o->eng.n_threads = 0;
     o->eng.budget = JLM_BUDGET_AUTO;
-    const char *gpu_layers = NULL;
+    jlm_opts_gpu gpu = {0};
     const jlm_opt head[] = {
         {"-m", "--model", JLM_OPT_STR, &o->model, 0, 0, 0, "FILE", "the model (.jlm, jlmfs view; or give it first)"},
         {"-p", "--prompt", JLM_OPT_STR, &o->prompt, 0, 0, 0, "TEXT", "the prompt ('-' reads stdin)"},
@@ -63,7 +63,7 @@ static int parse(int argc, char **argv, run_opts *o)
     nt += jlm_opts_sampler_rows(t + nt, &o->samp);
     nt += jlm_opts_engine_rows(t + nt, JLM_ROWS_BUDGET | JLM_ROWS_KV, &o->eng, NULL);
     nt = jlm_opts_cat(t, nt, tail, (int)(sizeof tail / sizeof tail[0]));
-    nt += jlm_opts_engine_rows(t + nt, JLM_ROWS_PAGING | JLM_ROWS_BACKEND, &o->eng, &gpu_layers);
+    nt += jlm_opts_engine_rows(t + nt, JLM_ROWS_PAGING | JLM_ROWS_BACKEND, &o->eng, &gpu);
     const char *pos[1] = {0};
     jlm_opts_spec sp = {"jlm run", "MODEL -p PROMPT [options]", t, nt, pos, 1, 0};
     int rc = jlm_opts_parse(&sp, argc, argv);
@@ -87,7 +87,7 @@ static int parse(int argc, char **argv, run_opts *o)
         jlm_opts_help(stderr, &sp);
         return 2;
     }
-    return jlm_opts_engine_finish("jlm run", &o->eng, gpu_layers);
+    return jlm_opts_engine_finish("jlm run", &o->eng, &gpu);
 }
 
 static int parse_ids(const char *s, int32_t **ids, size_t *n)

@@ -15,7 +15,8 @@
 static const char USAGE[] =
     "usage: jlm serve (MODEL... | --models DIR) [--host 127.0.0.1] [--port 8080] [--parallel N] [--queue N]\n"
     "                 [--api-key KEY] [--body-max SIZE] [-c CTX] [-t THREADS] [--budget SIZE] [--rescan S]\n"
-    "                 [--kv f32|f16] [--backend NAME] [--device N|NAME] [--gpu-layers N|all] [--gpu-budget SIZE] [--no-direct]\n"
+    "                 [--kv f32|f16] [--backend NAME[,NAME]] [--device N|NAME[,..]] [--gpu-layers N|all[,M|all]]\n"
+    "                 [--gpu-budget SIZE[,SIZE]] [--no-direct]\n"
     "       (MODEL: a .jlm, a jlmfs view, or a .gguf converted once into the cache as `jlm run` does;\n"
     "        the key may also come from the environment: JLM_API_KEY)\n";
 
@@ -103,17 +104,17 @@ static int parse(int argc, char **argv, serve_opts *o)
          "page frames of all models together (K/M/G), 0: unlimited"},
     };
     /* the engine's rows as run and chat have them (the budget is the server's own, above) */
-    const char *gpu_layers = NULL;
+    jlm_opts_gpu gpu = {0};
     jlm_opt t[sizeof own / sizeof own[0] + JLM_OPTS_ENGINE_MAX];
     int nt = jlm_opts_cat(t, 0, own, (int)(sizeof own / sizeof own[0]));
     nt += jlm_opts_engine_rows(t + nt, JLM_ROWS_CTX | JLM_ROWS_THREADS | JLM_ROWS_KV | JLM_ROWS_PAGING | JLM_ROWS_BACKEND,
-                               &o->srv.eng, &gpu_layers);
+                               &o->srv.eng, &gpu);
     const char *pos[MAX_MODELS + 1] = {0};
     jlm_opts_spec os = {"jlm serve", "(MODEL... | --models DIR) [options]", t, nt, pos, MAX_MODELS, 0};
     int rc = jlm_opts_parse(&os, argc, argv);
     if (rc)
         return rc == 1 ? -1 : rc;
-    if ((rc = jlm_opts_engine_finish("jlm serve", &o->srv.eng, gpu_layers)))
+    if ((rc = jlm_opts_engine_finish("jlm serve", &o->srv.eng, &gpu)))
         return rc;
     o->srv.body_max = (size_t)body;
     if (o->srv.port < 0 || o->srv.port > 65535 || o->srv.queue < 0 || o->srv.parallel < 0 || o->srv.parallel > 16) {

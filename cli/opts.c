@@ -221,7 +221,7 @@ char *jlm_opts_read_text(const char *who, const char *path)
     return buf;
 }
 
-int jlm_opts_engine_rows(jlm_opt *t, unsigned which, jlm_engine_opts *eo, const char **gpu_layers)
+int jlm_opts_engine_rows(jlm_opt *t, unsigned which, jlm_engine_opts *eo, jlm_opts_gpu *gpu)
 {
     int n = 0;
     if (which & JLM_ROWS_CTX)
@@ -241,13 +241,17 @@ int jlm_opts_engine_rows(jlm_opt *t, unsigned which, jlm_engine_opts *eo, const 
                            "no read of the next block while one computes"};
     }
     if (which & JLM_ROWS_BACKEND) {
-        t[n++] = (jlm_opt){NULL, "--backend", JLM_OPT_STR, &eo->backend, 0, 0, 0, "NAME", "cpu (default), vulkan, cuda or auto"};
-        t[n++] = (jlm_opt){NULL, "--device", JLM_OPT_STR, &eo->device, 0, 0, 0, "N|NAME", "the backend's device: index or name"};
-        t[n++] = (jlm_opt){NULL, "--gpu-layers", JLM_OPT_STR, gpu_layers, 0, 0, 0, "N|all",
-                           "blocks 0..N-1 on the device, the rest on the CPU"};
-        t[n++] = (jlm_opt){NULL, "--gpu-budget", JLM_OPT_SIZE, &eo->gpu_budget, 0, 0, 0, "SIZE",
-                           "bytes of device page frames (K/M/G); default: 3/4 of device memory (upload path) or "
-                           "the host's frames (import path)"};
+        t[n++] = (jlm_opt){NULL, "--backend", JLM_OPT_STR, &eo->backend, 0, 0, 0, "NAME[,NAME]",
+                           "cpu (default), vulkan, cuda or auto; two devices in block order: cuda,vulkan or "
+                           "vulkan,cuda (the rest of the blocks on the CPU)"};
+        t[n++] = (jlm_opt){NULL, "--device", JLM_OPT_STR, &eo->device, 0, 0, 0, "N|NAME[,..]",
+                           "the backend's device: index or name; one per backend, in its order"};
+        t[n++] = (jlm_opt){NULL, "--gpu-layers", JLM_OPT_STR, &gpu->layers, 0, 0, 0, "N|all[,M|all]",
+                           "blocks 0..N-1 on the device, the rest on the CPU; two devices: N on the first, the "
+                           "next M on the second (all: every remaining block and the output)"};
+        t[n++] = (jlm_opt){NULL, "--gpu-budget", JLM_OPT_STR, &gpu->budget, 0, 0, 0, "SIZE[,SIZE]",
+                           "bytes of device page frames (K/M/G), one per device; default: 3/4 of device memory "
+                           "(upload path) or the host's frames (import path)"};
     }
     return n;
 }
@@ -274,20 +278,94 @@ int jlm_opts_cat(jlm_opt *t, int k, const jlm_opt *rows, int n)
     return k + n;
 }
 
-int jlm_opts_engine_finish(const char *who, jlm_engine_opts *eo, const char *gpu_layers)
+/* Entry i of a comma list into buf (NUL-terminated); 0, or -1 when it does
+ * not fit. *next: the rest after its comma, NULL after the last entry. */
+static int list_entry(const char *v, char *buf, size_t cap, const char **next)
 {
-    if (gpu_layers && strcmp(gpu_layers, "all")) {
-        long long n;
-        if (jlm_opts_strict_ll(gpu_layers, &n) || n < 1 || n > 1 << 20) {
-            char msg[300];
-            snprintf(msg, sizeof msg, "--gpu-layers '%s': expected a count >= 1 or 'all' (no layers: --backend cpu)",
-                     gpu_layers);
-            return jlm_cli_error(who, msg), 2;
-        }
-        eo->gpu_layers = (uint32_t)n;
+    size_t n = strcspn(v, ",");
+    *next = v[n] ? v + n + 1 : NULL;
+    if (n >= cap)
+        return -1;
+    memcpy(buf, v, n);
+    buf[n] = 0;
+    return 0;
+}
+
+static int list_error(const char *who, const char *opt, const char *v, const char *why)
+{
+    jlm_cli_errorf(who, "%s '%.80s': %s", opt, v, why);
+    return 2;
+}
+
+/* --gpu-layers for n_dev devices into eo: one value as before (a count >= 1
+ * or 'all'); two devices: N (the second takes all the rest), N,M or N,all,
+ * the first a count. 0, or 2 after one line. */
+static int gpu_layers_list(const char *who, const char *v, int n_dev, jlm_engine_opts *eo)
+{
+    uint32_t *dst[JLM_ENGINE_DEVS] = {&eo->gpu_layers, &eo->gpu_layers2};
+    const char *all = v;
+    int max = n_dev > 1 ? n_dev : 1;
+    if (!v && n_dev > 1)
+        return jlm_cli_errorf(who, "--gpu-layers: two device backends need the first one's block count "
+                                   "(--gpu-layers N, N,M or N,all)"), 2;
+    for (int i = 0; v; i++) {
+        char e[32];
+        long long c;
+        if (i == max)
+            return list_error(who, "--gpu-layers", all, max == 1 ? "one value for one device (a list needs two "
+                              "device backends: --backend cuda,vulkan)" : "more values than the two devices");
+        int bad = list_entry(v, e, sizeof e, &v);
+        if (!bad && !strcmp(e, "all") && i + 1 < n_dev)
+            return list_error(who, "--gpu-layers", all, "'all' on the first device leaves none to the second: "
+                              "give it a count (N,M or N,all)");
+        if (!bad && !strcmp(e, "all"))
+            *dst[i] = 0;
+        else if (bad || jlm_opts_strict_ll(e, &c) || c < 1 || c > 1 << 20)
+            return list_error(who, "--gpu-layers", all, "expected a count >= 1 or 'all' (no layers: --backend cpu)");
+        else
+            *dst[i] = (uint32_t)c;
     }
+    return 0;
+}
+
+/* --gpu-budget for n_dev devices into eo: one size per device (fewer: the
+ * rest take their default). 0, or 2 after one line. */
+static int gpu_budget_list(const char *who, const char *v, int n_dev, jlm_engine_opts *eo)
+{
+    uint64_t *dst[JLM_ENGINE_DEVS] = {&eo->gpu_budget, &eo->gpu_budget2};
+    const char *all = v;
+    int max = n_dev > 1 ? n_dev : 1;
+    for (int i = 0; v; i++) {
+        char e[64];
+        if (i == max)
+            return list_error(who, "--gpu-budget", all, max == 1 ? "one value for one device (a list needs two "
+                              "device backends: --backend cuda,vulkan)" : "more values than the two devices");
+        long long b = list_entry(v, e, sizeof e, &v) ? -1 : jlm_cli_parse_size(e);
+        if (b < 0)
+            return list_error(who, "--gpu-budget", all, "expected bytes with an optional K/M/G suffix (see --help)");
+        *dst[i] = (uint64_t)b;
+    }
+    return 0;
+}
+
+int jlm_opts_engine_finish(const char *who, jlm_engine_opts *eo, const jlm_opts_gpu *gpu)
+{
+    static const jlm_opts_gpu none = {0};
+    jlm_engine_split sp;
+    jlm_err err = {0};
+    if (!gpu)
+        gpu = &none;
+    if (jlm_engine_split_parse(eo->backend, eo->device, &sp, &err))
+        return jlm_cli_error(who, err.msg), 2;
+    if (gpu_layers_list(who, gpu->layers, sp.n, eo) || gpu_budget_list(who, gpu->budget, sp.n, eo))
+        return 2;
     const char *cmd = !strncmp(who, "jlm ", 4) ? who + 4 : who;
-    return jlm_cli_backend_check(cmd, eo->backend, eo->device ? atoi(eo->device) : 0);
+    for (int i = 0; i < sp.n; i++) {   /* one line and 1 for a device backend that cannot run here */
+        int rc = jlm_cli_backend_check(cmd, sp.is_auto ? "auto" : sp.kind[i], atoi(sp.device[i]));
+        if (rc)
+            return rc;
+    }
+    return 0;
 }
 
 void jlm_opts_version(const char *prog)

@@ -44,8 +44,9 @@ typedef struct jlm_opts_spec {
 /* Rows several subcommands share, defined once here (the same names, ranges
  * and help everywhere). jlm_opts_engine_rows writes the rows named by which
  * (JLM_ROWS_*) for eo at t and returns how many (at most JLM_OPTS_ENGINE_MAX);
- * gpu_layers receives --gpu-layers' text (JLM_ROWS_BACKEND), turned into
- * eo->gpu_layers by jlm_opts_engine_finish. jlm_opts_sampler_rows writes the
+ * gpu receives --gpu-layers' and --gpu-budget's text (JLM_ROWS_BACKEND:
+ * comma lists, one entry per device of --backend), turned into eo's
+ * gpu_layers, gpu_budget (and the second device's) by jlm_opts_engine_finish. jlm_opts_sampler_rows writes the
  * sampler's rows for sp (JLM_OPTS_SAMPLER_MAX). jlm_opts_cat copies n rows to
  * t + k and returns k + n. */
 enum {
@@ -58,13 +59,16 @@ enum {
 };
 #define JLM_OPTS_ENGINE_MAX 10
 #define JLM_OPTS_SAMPLER_MAX 7
-int jlm_opts_engine_rows(jlm_opt *t, unsigned which, jlm_engine_opts *eo, const char **gpu_layers);
+typedef struct jlm_opts_gpu { const char *layers, *budget; } jlm_opts_gpu;   /* as typed; NULL: not given */
+int jlm_opts_engine_rows(jlm_opt *t, unsigned which, jlm_engine_opts *eo, jlm_opts_gpu *gpu);
 int jlm_opts_sampler_rows(jlm_opt *t, jlm_samp_params *sp);
 int jlm_opts_cat(jlm_opt *t, int k, const jlm_opt *rows, int n);
-/* After parsing: --gpu-layers (NULL, "all" or a count >= 1) into
- * eo->gpu_layers, then the backend check (cli/backend.h). 0, or the exit
- * status after one line on stderr. */
-int jlm_opts_engine_finish(const char *who, jlm_engine_opts *eo, const char *gpu_layers);
+/* After parsing: --backend and --device as lists (jlm_engine_split_parse),
+ * --gpu-layers (NULL, "all" or a count >= 1; two devices: N, N,M or N,all)
+ * and --gpu-budget (a size per device) into eo, then the backend check of
+ * each device (cli/backend.h). gpu may be NULL (no such rows). 0, or the
+ * exit status after one line on stderr (2: a malformed value or list). */
+int jlm_opts_engine_finish(const char *who, jlm_engine_opts *eo, const jlm_opts_gpu *gpu);
 
 /* Parses argv[1..argc). Returns 0, 2 after printing one line (bad value,
  * unknown option, too many positionals), or 1 after printing --help to
