@@ -1385,8 +1385,7 @@ static int run_layers(jlm_engine *e, float *xs, uint32_t n, void *kc, void *vc, 
             rc = jlm_err_prefix(err, rc, "%s: block %u on the device", e->m->path, l);
             break;
         }
-        if (e->dev_here)
-            dev_prefetch_next(e, l);
+        dev_prefetch_next(e, l);   /* also from a CPU block: the device after the wrap */
         for (uint32_t i = 0; i < n; i += e->nb) {   /* every key first: later rows may see them */
             uint32_t b = n - i < e->nb ? n - i : e->nb;
             if (kc)
