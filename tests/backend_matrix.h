@@ -216,6 +216,14 @@ static void bm_matrix(const bm_cfg *cfgs, int n_cfg, bm_check_fn check)
     free(dir);
 }
 
+/* The number after name in line (a --stats line); fails the test without it. */
+static inline unsigned long long bm_field(const char *line, const char *name)
+{
+    const char *p = strstr(line, name);
+    cr_assert(p, "no '%s' in %s", name, line);
+    return strtoull(p + strlen(name), NULL, 10);
+}
+
 /* Backends whose page-ins can run ahead on a copy thread (jlm_dev_prefetch). */
 static int bm_prefetches(const char *backend) { return !strcmp(backend, "cuda"); }
 

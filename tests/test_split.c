@@ -179,13 +179,6 @@ Test(split, the_engine_refuses_malformed_lists_and_a_missing_first_count, .timeo
 
 /* ---------------------------------------------------------------- the CLI */
 
-static unsigned long long field(const char *line, const char *name)
-{
-    const char *p = strstr(line, name);
-    cr_assert(p, "no '%s' in %s", name, line);
-    return strtoull(p + strlen(name), NULL, 10);
-}
-
 /* `jlm run` on cuda,vulkan with the CPU's share prints the CPU's text, as
  * does vulkan,cuda with 1,all and both at one frame each side; --stats has
  * a line per device with matmuls and no fallback, and the totals line adds
@@ -222,9 +215,9 @@ Test(split, jlm_run_on_cuda_vulkan_and_the_cpu_prints_the_cpus_text, .timeout = 
     const char *pl = strstr(out, "\npager: page-ins "), *cl = strstr(out, "\ncpu: page-ins "),
                *c0 = strstr(out, "\ncuda: matmuls "), *v1 = strstr(out, "\nvulkan: matmuls ");
     cr_assert(pl && cl && c0 && v1 && pl < cl && cl < c0 && c0 < v1, "a line per device in block order: %s", out);
-    cr_assert(field(c0, "matmuls ") > 0 && field(c0, "matmuls ") == field(v1, "matmuls "), "%s", out);
-    cr_assert(field(c0, "cpu fallbacks ") == 0 && field(v1, "cpu fallbacks ") == 0, "%s", out);
-    cr_assert_eq(field(pl, "page-ins "), field(cl, "page-ins ") + field(c0, "page-ins ") + field(v1, "page-ins "),
+    cr_assert(bm_field(c0, "matmuls ") > 0 && bm_field(c0, "matmuls ") == bm_field(v1, "matmuls "), "%s", out);
+    cr_assert(bm_field(c0, "cpu fallbacks ") == 0 && bm_field(v1, "cpu fallbacks ") == 0, "%s", out);
+    cr_assert_eq(bm_field(pl, "page-ins "), bm_field(cl, "page-ins ") + bm_field(c0, "page-ins ") + bm_field(v1, "page-ins "),
                  "%s", out);
     free(out);
     snprintf(cmd, sizeof cmd, "JLM_CUDA_EMULATE=1 %s bench %s -p 4 -n 2 -r 1 %s", tu_jlm(), path, ARGS[1]);

@@ -934,13 +934,6 @@ Test(vulkan, cli_backend_option, .timeout = 60)
  * path is import by default and upload with JLM_VK_UPLOAD=1; --gpu-budget 1
  * is raised with a note and evicts. jlm bench -o json carries the same
  * device figures. */
-static unsigned long long field(const char *line, const char *name)
-{
-    const char *p = strstr(line, name);
-    cr_assert(p, "no '%s' in %s", name, line);
-    return strtoull(p + strlen(name), NULL, 10);
-}
-
 Test(vulkan, stats_report_each_backend_and_the_totals, .timeout = 120)
 {
     if (!jlm_vk_built())
@@ -963,10 +956,10 @@ Test(vulkan, stats_report_each_backend_and_the_totals, .timeout = 120)
         cr_assert(pl && cl && vl && pl < cl && cl < vl, "%s", out);
         cr_assert(strstr(out, "--gpu-budget 1 bytes is below the device's minimum working set"), "%s", out);
         cr_assert(strstr(vl, up ? "path upload" : "path import") || (!up && strstr(vl, "path upload")), "%s", vl);
-        cr_assert_eq(field(pl, "page-ins "), field(cl, "page-ins ") + field(vl, "page-ins "), "%s", out);
-        cr_assert_eq(field(pl, "evictions "), field(cl, "evictions ") + field(vl, "evictions "), "%s", out);
-        cr_assert(field(vl, "evictions ") > 0 && field(vl, "frames ") == 1, "%s", vl);
-        cr_assert(up ? field(vl, "bytes uploaded ") > 0 : field(vl, "bytes uploaded ") + field(vl, "bytes imported ") > 0,
+        cr_assert_eq(bm_field(pl, "page-ins "), bm_field(cl, "page-ins ") + bm_field(vl, "page-ins "), "%s", out);
+        cr_assert_eq(bm_field(pl, "evictions "), bm_field(cl, "evictions ") + bm_field(vl, "evictions "), "%s", out);
+        cr_assert(bm_field(vl, "evictions ") > 0 && bm_field(vl, "frames ") == 1, "%s", vl);
+        cr_assert(up ? bm_field(vl, "bytes uploaded ") > 0 : bm_field(vl, "bytes uploaded ") + bm_field(vl, "bytes imported ") > 0,
                   "%s", vl);
         free(out);
     }
