@@ -145,13 +145,19 @@ static void pin(jlm_dframes *f, jlm_dframe *d, const void *host)
 {
     d->host = host;   /* a copied frame stays valid at any host frame */
     f->pinned[f->npinned++] = d;
-    d->pins++;
+    if (d->pins++ == 0)
+        f->pinned_bytes += d->len;
+}
+
+static int bad_request(uint32_t array, int cls, const void *host, uint64_t len)
+{
+    return array >= JLM_DF_ARRAYS || cls < 0 || cls > 1 || !host || !len;
 }
 
 int jlm_dframes_get(jlm_dframes *f, uint32_t array, uint32_t page, int cls, const void *host, uint64_t len,
                     jlm_err *err)
 {
-    if (array >= JLM_DF_ARRAYS || cls < 0 || cls > 1 || !host || !len)
+    if (bad_request(array, cls, host, len))
         return jlm_errf(err, JLM_EINVAL, "%s: array %u page %u class %d: bad request", f->who, array, page, cls);
     if (f->npinned >= JLM_DF_PIN_MAX)
         return jlm_errf(err, JLM_ERANGE, "%s: more than %d frames pinned at once", f->who, JLM_DF_PIN_MAX);
@@ -178,7 +184,7 @@ int jlm_dframes_get(jlm_dframes *f, uint32_t array, uint32_t page, int cls, cons
 
 int jlm_dframes_prefetch(jlm_dframes *f, uint32_t array, uint32_t page, int cls, const void *host, uint64_t len)
 {
-    if (array >= JLM_DF_ARRAYS || cls < 0 || cls > 1 || !host || !len || f->npinned >= JLM_DF_PIN_MAX)
+    if (bad_request(array, cls, host, len) || f->npinned >= JLM_DF_PIN_MAX)
         return 0;
     jlm_err err = {0};
     jlm_dframe *d = record(f, array, page, &err);
@@ -186,11 +192,7 @@ int jlm_dframes_prefetch(jlm_dframes *f, uint32_t array, uint32_t page, int cls,
         return 0;   /* resident already (or no memory for the record): nothing to start */
     /* room only from unpinned frames, as a get; a prefetch that would not
      * fit is not started (the get will page it in when its turn comes) */
-    uint64_t unpinned = 0;
-    for (int c = 0; c < 2; c++)
-        for (jlm_lru_node *n = f->lru[c].head; n; n = n->next)
-            unpinned += DF(n)->len;
-    if (f->budget && f->resident - unpinned + len > f->budget)
+    if (f->budget && f->pinned_bytes + len > f->budget)
         return 0;
     f->async = 1;
     int rc = bring_in(f, d, array, page, cls, host, len, &err);
@@ -223,8 +225,10 @@ void jlm_dframes_put(jlm_dframes *f, uint32_t array, uint32_t page)
             f->pinned[i] = f->pinned[--f->npinned];
             break;
         }
-    if (--d->pins == 0)
+    if (--d->pins == 0) {
+        f->pinned_bytes -= d->len;
         jlm_lru_push_head(&f->lru[d->cls], &d->ln);
+    }
 }
 
 static int holds(const jlm_dframe *d, const uint8_t *q, uint64_t n)

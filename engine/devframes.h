@@ -63,6 +63,7 @@ typedef struct jlm_dframes {
     uint32_t     ntab[JLM_DF_ARRAYS];
     jlm_dframe  *pinned[JLM_DF_PIN_MAX];
     uint32_t     npinned;
+    uint64_t     pinned_bytes;   /* resident bytes of frames with a pin (the rest are in lru) */
     jlm_dframe   dense;
 } jlm_dframes;
 
