@@ -125,6 +125,19 @@ static int copy_now(jlm_ecu *v, void *dev, const void *host, uint64_t len, jlm_e
 
 /* ---------------------------------------------------------------- the copy thread */
 
+/* The job's copy, then its outcome for ecu_prefetch_wait (jmu not held). */
+static void run_job(jlm_ecu *v, const cu_job *j)
+{
+    jlm_err e = {0};
+    int rc = copy_in(v, j->dev, j->host, j->len, EV_PF, &e);
+    pthread_mutex_lock(&v->jmu);
+    v->job.rc = rc;
+    v->job.err = e;
+    v->job.state = JOB_DONE;
+    pthread_cond_broadcast(&v->jcv);
+    pthread_mutex_unlock(&v->jmu);
+}
+
 static void *copier(void *arg)
 {
     jlm_ecu *v = arg;
@@ -136,13 +149,8 @@ static void *copier(void *arg)
             break;
         cu_job j = v->job;
         pthread_mutex_unlock(&v->jmu);
-        jlm_err e = {0};
-        int rc = copy_in(v, j.dev, j.host, j.len, EV_PF, &e);
+        run_job(v, &j);
         pthread_mutex_lock(&v->jmu);
-        v->job.rc = rc;
-        v->job.err = e;
-        v->job.state = JOB_DONE;
-        pthread_cond_broadcast(&v->jcv);
     }
     pthread_mutex_unlock(&v->jmu);
     return NULL;
@@ -156,19 +164,12 @@ static void queue_job(jlm_ecu *v, void *dev, const void *host, uint64_t len)
     if (!v->thr_on && pthread_create(&v->thr, NULL, copier, v) == 0)
         v->thr_on = 1;
     v->job = (cu_job){dev, host, len, JOB_QUEUED, 0, {0}};
-    if (v->thr_on) {
+    cu_job j = v->job;
+    if (v->thr_on)
         pthread_cond_broadcast(&v->jcv);
-        pthread_mutex_unlock(&v->jmu);
-        return;
-    }
     pthread_mutex_unlock(&v->jmu);
-    jlm_err e = {0};
-    int rc = copy_in(v, dev, host, len, EV_PF, &e);
-    pthread_mutex_lock(&v->jmu);
-    v->job.rc = rc;
-    v->job.err = e;
-    v->job.state = JOB_DONE;
-    pthread_mutex_unlock(&v->jmu);
+    if (!v->thr_on)
+        run_job(v, &j);
 }
 
 static int ecu_prefetch_wait(jlm_dev *dev, jlm_err *err)
