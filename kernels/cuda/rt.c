@@ -39,6 +39,7 @@ typedef struct emu_op {
     uint8_t       *snap;         /* COPY: the pageable source, taken at the call */
     uint64_t       n;
     jlm_cu_mat     m;            /* MATVEC */
+    uint64_t       plane[3];     /* MATVEC: the qs, d and sc planes' bytes (checked at the launch) */
     const float   *x;
     const jlm_cu_act *xq;
     float         *y;
@@ -189,11 +190,8 @@ static int emu_until(jlm_cu_rt *r, int ev, uint64_t seq)
 static int emu_matvec(jlm_cu_rt *r, int s, const emu_op *op)
 {
     const jlm_cu_mat *m = &op->m;
-    uint64_t ql = 0, dl = 0, sl = 0;
-    jlm_err err = {0};
-    jlm_fmt_planes(m->type, m->k, m->rows, &ql, &dl, &sl, &err);   /* checked at the launch */
-    if (emu_ordered(r, s, m->qs, ql, "the qs plane") || emu_ordered(r, s, m->d, dl, "the d plane") ||
-        emu_ordered(r, s, m->sc, sl, "the sc plane")) {
+    if (emu_ordered(r, s, m->qs, op->plane[0], "the qs plane") || emu_ordered(r, s, m->d, op->plane[1], "the d plane") ||
+        emu_ordered(r, s, m->sc, op->plane[2], "the sc plane")) {
         r->fault = 1;
         return EMU_FAULT;
     }
@@ -612,7 +610,8 @@ static int emu_launch(jlm_cu_rt *r, const jlm_cu_mat *m, uint64_t n, const float
         return failf(r, EMU_FAULT, "cuda emulation: matvec: no activations");
     if (fl ? emu_dev(r, x, n * m->k * 4, "matvec: activations") : emu_dev(r, xq, n * sizeof *xq, "matvec: act records"))
         return EMU_FAULT;
-    emu_op op = {.kind = OP_MATVEC, .m = *m, .n = n, .x = fl ? x : NULL, .xq = fl ? NULL : xq, .y = y};
+    emu_op op = {.kind = OP_MATVEC, .m = *m, .plane = {ql, dl, sl}, .n = n, .x = fl ? x : NULL, .xq = fl ? NULL : xq,
+                 .y = y};
     return emu_push(r, stream, &op);
 }
 
