@@ -4,6 +4,10 @@
  * kind; the parser must accept or refuse with exit 2, never crash, and every
  * accepted number must be in its range. The input as text must come out of
  * jlm_utf8_fix as valid UTF-8 (utf8proc agrees) of at most 3 bytes a byte.
+ * The first four entries are also --backend, --device, --gpu-layers and
+ * --gpu-budget lists (the device split): accepted or refused with 2, and an
+ * accepted split names at most two different device kinds with counts in
+ * range.
  *   make fuzz && build-fuzz/fuzz_cli_opts -max_total_time=60 CORPUS/ */
 #include <stdint.h>
 #include <stdio.h>
@@ -32,6 +36,25 @@ static void check_utf8(const uint8_t *data, size_t size)
         i += (size_t)k;
     }
     free(f);
+}
+
+/* The device split's lists, as jlm_opts_engine_finish parses them (without
+ * its device probe). */
+static void check_split(const char *backend, const char *device, const char *layers, const char *budget)
+{
+    jlm_engine_split sp;
+    jlm_err err = {0};
+    if (jlm_engine_split_parse(backend, device, &sp, &err)) {
+        if (!err.msg[0] || strchr(err.msg, '\n'))
+            abort();   /* a refusal is one line */
+        return;
+    }
+    if (sp.n < 0 || sp.n > JLM_ENGINE_DEVS || (sp.n == 2 && sp.kind[0] == sp.kind[1]))
+        abort();
+    jlm_engine_opts eo = {0};
+    int a = gpu_layers_list("fuzz", layers, sp.n, &eo), b = a ? 0 : gpu_budget_list("fuzz", budget, sp.n, &eo);
+    if ((a != 0 && a != 2) || (b != 0 && b != 2) || eo.gpu_layers > 1u << 20 || eo.gpu_layers2 > 1u << 20)
+        abort();
 }
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
@@ -71,6 +94,8 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
         abort();
     if (rc != 0 && rc != 1 && rc != 2)
         abort();
+    check_split(argc > 1 ? argv[1] : NULL, argc > 2 ? argv[2] : NULL, argc > 3 ? argv[3] : NULL,
+                argc > 4 ? argv[4] : NULL);
     free(buf);
     return 0;
 }
