@@ -30,19 +30,16 @@ static double mono_s(void)
 }
 
 /* ERROR with msg; said in the log the first time. */
-static void set_error(jlmfs_view *v, const char *msg)
+/* ERROR with msg, the first time; v->lock held. 1 if it was set now (line: the
+ * cleaned message, to log once the lock is let go). */
+static int set_error_locked(jlmfs_view *v, const char *msg, char *line, size_t n)
 {
-    char line[sizeof v->errmsg];
-    pthread_mutex_lock(&v->lock);
-    int now = v->state != JLMFS_ERROR;
-    if (now) {
-        v->state = JLMFS_ERROR;
-        jlmfs_status_clean(v->errmsg, sizeof v->errmsg, msg, v->fs);
-        memcpy(line, v->errmsg, sizeof line);
-    }
-    pthread_mutex_unlock(&v->lock);
-    if (now)
-        jlmfs_log(v->fs, JLMFS_LOG_ERR, "%s: error: %s", v->key, line);
+    if (v->state == JLMFS_ERROR)
+        return 0;
+    v->state = JLMFS_ERROR;
+    jlmfs_status_clean(v->errmsg, sizeof v->errmsg, msg, v->fs);
+    snprintf(line, n, "%s", v->errmsg);
+    return 1;
 }
 
 int jlmfs_view_space_back(jlmfs_view *v, double min_age)
@@ -73,8 +70,13 @@ void jlmfs_view_log_planned(jlmfs_view *v)
  * another file) so the space comes back now, not when the view is dropped. */
 static void fail_view(jlmfs_view *v, const char *msg)
 {
-    set_error(v, msg);
+    /* the error, the .part's removal and the release of its space in one
+     * lock section: whoever reads the status `error: ...` finds nothing
+     * half-written left and the space back (reads fail on the state, so they
+     * never see the /dev/null put in place of the file) */
+    char line[sizeof v->errmsg];
     pthread_mutex_lock(&v->lock);
+    int now = set_error_locked(v, msg, line, sizeof line);
     unlink(v->part_path);
     int null = open("/dev/null", O_RDONLY | O_CLOEXEC);
     if (null >= 0 && v->fd >= 0)
@@ -82,6 +84,8 @@ static void fail_view(jlmfs_view *v, const char *msg)
     if (null >= 0)
         close(null);
     pthread_mutex_unlock(&v->lock);
+    if (now)
+        jlmfs_log(v->fs, JLMFS_LOG_ERR, "%s: error: %s", v->key, line);
     /* pages the kernel already holds would still be served to open
      * descriptors without asking: dropped, so every later read gets EIO */
     jlmfs_view_invalidate(v);
