@@ -1,0 +1,116 @@
+/* model_int.h - the engine's state, shared by model.c (the forward pass)
+ * and model_open.c (open, budget, backend, close, queries). Internal to
+ * engine/: nothing outside includes it. */
+#ifndef JLM_ENGINE_MODEL_INT_H
+#define JLM_ENGINE_MODEL_INT_H
+
+#include "engine/model.h"
+
+#include <stdlib.h>
+
+#include "engine/backend.h"
+#include "engine/pool.h"
+#include "kernels/cpu/kernels.h"
+
+#define ROLE_SLOTS 64   /* text roles are < 64 */
+/* Sequences evaluated together by jlm_engine_eval_batch (one token each). */
+#define BATCH 16
+/* Prefill: tokens of one sequence evaluated together (e->nb of them; env
+ * JLM_BATCH sets it, in [BATCH, PREFILL_MAX]): each block page is pinned once
+ * per batch and each weight matrix goes through the GEMM (kernels.h) once for
+ * the whole batch, so its bytes come from DRAM once per nb tokens. The scratch
+ * grows with nb (about nb * (4 n_embd + q_dim + 2 kv_dim + n_head*hd_v + 2 ffn)
+ * floats: 12 MiB at 128 for Llama-3.2-1B shapes). */
+#define PREFILL_DEFAULT 128
+#define PREFILL_MAX 512
+#define NO_PF UINT32_MAX
+
+/* ================================================================ engine state */
+struct jlm_engine {
+    jlm_model       *m;
+    const jlm_config *c;
+    jlm_source      *src;
+    jlm_pager       *pager;
+    jlm_pool        *pool;
+    const jlm_k_cpu *k;
+    /* --backend vulkan|cuda, or two in block order (cuda,vulkan): matmuls
+     * offloaded; device i runs blocks [dev_end[i-1], dev_end[i]) (from 0),
+     * the CPU the blocks after the last device's */
+    jlm_dev         *devs[JLM_ENGINE_DEVS];
+    uint32_t         dev_end[JLM_ENGINE_DEVS];
+    int              n_dev;
+    jlm_dev         *out_dev;     /* the output matrix's: the last device when its count is 'all', else NULL */
+    jlm_dev         *dev_here;    /* the device of the block being run (block_dev), NULL: the CPU */
+    int              dev_pf;      /* the host budget lets a prefetch hold the next block pinned */
+    uint32_t         pf_block;    /* the block whose device prefetch holds an extra host pin; NO_PF: none */
+    jlm_dev         *pf_dev;      /* the device that prefetch runs on */
+    uint64_t         budget;      /* page frames' budget in force; 0: unlimited */
+    uint64_t         budget_all;  /* frames + KV + scratch + dense asked for; 0: unlimited */
+    uint64_t         mem_kv, mem_scratch;
+    char             budget_src[320];   /* how budget_all was chosen, for --stats */
+    uint8_t         *dense;       /* (DenseLen,) the dense region, resident */
+    const jlm_tensor **roles;     /* ((n_layer+1) * ROLE_SLOTS,) slot (block+1)*64 + role */
+    uint32_t         n_ctx, n_past;
+    uint32_t         bidir_end;   /* > 0: queries below it also see keys up to it (an image, eval_embd) */
+    uint32_t         hd, hd_v, kv_dim, kv_dim_v, q_dim;
+    uint32_t         nb;          /* rows of the batch scratch: prefill batch size (>= BATCH) */
+    /* KV cache: F32, or F16 (kv_f16; kv_es bytes an element) */
+    int    kv_f16;
+    size_t kv_es;
+    void  *kc;        /* (n_layer, n_ctx, kv_dim) */
+    void  *vc;        /* (n_layer, n_ctx, kv_dim_v) */
+    float *kv32;      /* kv_f16 and attn_token: (n_threads, n_ctx, hd + hd_v) one KV head widened to F32, a slab per thread */
+    /* scratch for a batch of up to nb tokens, row t of each at t * width */
+    float *x;         /* (nb, n_embd) residual stream */
+    float *h;         /* (nb, n_embd) normed input */
+    float *q;         /* (nb, q_dim) */
+    float *kk, *vv;   /* (nb, kv_dim), (nb, kv_dim_v) */
+    float *att;       /* (nb, n_head * hd_v) */
+    float *o;         /* (nb, n_embd) */
+    float *g, *u;     /* (nb, max ffn) */
+    float *moe;       /* (n_embd,) expert mixture of one token */
+    float *scores;    /* (n_threads, n_ctx) attention scores, a row per pool thread */
+    float *mask;      /* (n_ctx,) */
+    float *fa;        /* (n_threads, fa_floats) jlm_k_fattn scratch, a slab per pool thread */
+    size_t fa_floats;
+    int    attn_token;   /* JLM_ATTN=token: the per-token attention (attend) instead of jlm_k_fattn */
+    float *router;    /* (n_expert,) */
+    int32_t *route;   /* (n_layer, n_expert_used) routing of the last token */
+    float   *route_w; /* (n_expert_used,) */
+    void    *xq_buf;  /* nb quantized activation rows */
+    jlm_act_q8 *xq;   /* (nb,) */
+    const float *xq_of;   /* the rows xq holds (matmul_shared), NULL: none */
+    /* the batch being run: token t writes and reads the cache at bkc[t]/bvc[t]
+     * (the engine's own, or a jlm_engine_seq's) at position bpos[t] */
+    void    **bkc, **bvc; /* (nb,) */
+    uint32_t *bpos;       /* (nb,) */
+    /* attn_kv computed the queries too (fused with K and V): attn_out of the
+     * same rows (x) of layer q_layer skips its norm and Q matmul; cleared by
+     * every attn_out */
+    const float *q_ready_x;
+    uint32_t     q_ready_l;
+    /* profiling (model.h): prof on; prof_in: a class is being timed (nested
+     * ones are not); pr the sums; pr_page0 the pager's read time at reset */
+    int              prof, prof_in;
+    jlm_engine_prof  pr;
+    unsigned long long pr_page0;
+};
+
+/* A KV cache of its own, for serving several sequences on one engine. */
+struct jlm_engine_seq {
+    void    *kc, *vc;   /* (n_layer, n_ctx, kv_dim), (n_layer, n_ctx, kv_dim_v), kv_es bytes an element */
+    uint32_t n_past;
+};
+
+/* The tensor of (block, role); block -1: the dense ones. NULL: none. */
+static inline const jlm_tensor *W(const jlm_engine *e, int32_t block, uint16_t role)
+{
+    return role < ROLE_SLOTS ? e->roles[(size_t)(block + 1) * ROLE_SLOTS + role] : NULL;
+}
+
+static inline void *zalloc(size_t n) { return calloc(1, n ? n : 1); }
+
+/* Lets go of a device prefetch in flight (model.c, "device prefetch"). */
+void jlm_eng_prefetch_end(jlm_engine *e);
+
+#endif

@@ -1,0 +1,581 @@
+/* model_open.c - opening an engine: the container's checks, the tensor index,
+ * the dense region, the budget (frames, KV, scratch), the backend split,
+ * the buffers; closing it; and the queries on an open engine. The forward
+ * pass is model.c. See model.h for the contract. */
+#include "engine/model_int.h"
+
+#include <malloc.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <sys/utsname.h>
+
+#include "engine/backend_cu.h"
+#include "engine/backend_vk.h"
+#include "engine/memlimit.h"
+
+/* ================================================================ open / close */
+static int alloc_buffers(jlm_engine *e, jlm_err *err)
+{
+    const jlm_config *c = e->c;
+    uint64_t ffn = c->n_ffn > c->n_ffn_exp ? c->n_ffn : c->n_ffn_exp;
+    if (ffn < c->n_embd) ffn = c->n_embd;
+    uint64_t att = (uint64_t)c->n_head * e->hd_v;
+    uint64_t kmax = ffn > att ? ffn : att;
+    if (kmax < e->q_dim) kmax = e->q_dim;
+    kmax = (kmax + 255) / 256 * 256;
+    uint64_t kv = (uint64_t)c->n_layer * e->n_ctx;
+    uint32_t nb = PREFILL_DEFAULT;
+    const char *env = getenv("JLM_BATCH");
+    if (env && *env) {
+        char *end;
+        unsigned long v = strtoul(env, &end, 10);
+        if (*end || v < BATCH || v > PREFILL_MAX)
+            return jlm_errf(err, JLM_EINVAL, "JLM_BATCH=%s: not a prefill batch size in [%d, %d]", env, BATCH,
+                            PREFILL_MAX);
+        nb = (uint32_t)v;
+    }
+    e->nb = nb;
+    e->kc = zalloc(kv * e->kv_dim * e->kv_es);
+    e->vc = zalloc(kv * e->kv_dim_v * e->kv_es);
+    e->x = zalloc((size_t)nb * c->n_embd * sizeof(float));
+    e->h = zalloc((size_t)nb * c->n_embd * sizeof(float));
+    e->q = zalloc((size_t)nb * e->q_dim * sizeof(float));
+    e->kk = zalloc((size_t)nb * e->kv_dim * sizeof(float));
+    e->vv = zalloc((size_t)nb * e->kv_dim_v * sizeof(float));
+    e->att = zalloc((size_t)nb * att * sizeof(float));
+    e->o = zalloc((size_t)nb * c->n_embd * sizeof(float));
+    e->g = zalloc((size_t)nb * ffn * sizeof(float));
+    e->u = zalloc((size_t)nb * ffn * sizeof(float));
+    e->moe = zalloc(c->n_embd * sizeof(float));
+    e->scores = zalloc((size_t)jlm_pool_n_threads(e->pool) * e->n_ctx * sizeof(float));   /* a row per thread */
+    e->mask = zalloc(e->n_ctx * sizeof(float));
+    e->fa_floats = jlm_k_fattn_scratch_floats(e->hd, e->hd_v, c->n_head / c->n_kv_head);
+    e->fa = zalloc((size_t)jlm_pool_n_threads(e->pool) * e->fa_floats * sizeof(float));
+    const char *an = getenv("JLM_ATTN");
+    if (an && *an && strcmp(an, "token") && strcmp(an, "batched"))
+        return jlm_errf(err, JLM_EINVAL, "JLM_ATTN=%s: not an attention path (batched, token)", an);
+    e->attn_token = an && !strcmp(an, "token");
+    if (e->kv_f16 && e->attn_token)   /* the per-token path's widened KV head; jlm_k_fattn reads F16 itself */
+        e->kv32 = zalloc((size_t)jlm_pool_n_threads(e->pool) * e->n_ctx * (e->hd + e->hd_v) * sizeof(float));
+    e->router = zalloc((c->n_expert + 1) * sizeof(float));
+    e->route = zalloc(((size_t)c->n_layer * c->n_expert_used + 1) * sizeof(int32_t));
+    e->route_w = zalloc((c->n_expert_used + 1) * sizeof(float));
+    size_t qb = jlm_k_act_q8_bytes(kmax);
+    e->xq_buf = zalloc(nb * qb);
+    e->xq = zalloc(nb * sizeof *e->xq);
+    e->bkc = zalloc(nb * sizeof *e->bkc);
+    e->bvc = zalloc(nb * sizeof *e->bvc);
+    e->bpos = zalloc(nb * sizeof *e->bpos);
+    if (!e->xq || !e->bkc || !e->bvc || !e->bpos || !e->kc || !e->vc || !e->x || !e->h || !e->q || !e->kk ||
+        !e->vv || !e->att || !e->o || !e->g || !e->u || !e->moe || !e->scores || !e->mask || !e->fa || !e->router ||
+        !e->route || !e->route_w || !e->xq_buf || (e->kv_f16 && e->attn_token && !e->kv32))
+        return jlm_errf(err, JLM_ENOMEM, "%s: out of memory for the KV cache (%u positions) and buffers",
+                        e->m->path, e->n_ctx);
+    for (uint32_t t = 0; t < nb; t++) {
+        int rc = jlm_k_act_q8_init(&e->xq[t], (uint8_t *)e->xq_buf + t * qb, kmax, err);
+        if (rc)
+            return rc;
+    }
+    return JLM_OK;
+}
+
+/* Every buffer the engine owns, into bufs (ENGINE_BUFS slots): the dense
+ * region first, then the KV cache (2), then scratch; the one list both
+ * jlm_engine_close and the budget's tally read. */
+#define ENGINE_BUFS 26
+static void engine_bufs(const jlm_engine *e, void **bufs)
+{
+    void *b[ENGINE_BUFS] = {e->dense, e->kc, e->vc, e->roles, e->x, e->h, e->q, e->kk, e->vv, e->att, e->o,
+                            e->g, e->u, e->moe, e->scores, e->mask, e->router, e->route, e->route_w, e->xq_buf,
+                            e->kv32, e->xq, e->bkc, e->bvc, e->bpos, e->fa};
+    memcpy(bufs, b, sizeof b);
+}
+
+/* Bytes of the KV cache and of scratch, as allocated (malloc_usable_size:
+ * the allocator's rounding counts, as it does in the process's RSS). */
+static void tally_buffers(jlm_engine *e)
+{
+    void *b[ENGINE_BUFS];
+    engine_bufs(e, b);
+    e->mem_kv = malloc_usable_size(b[1]) + malloc_usable_size(b[2]);
+    e->mem_scratch = 0;
+    for (int i = 3; i < ENGINE_BUFS; i++)
+        e->mem_scratch += malloc_usable_size(b[i]);
+}
+
+static int supported(uint16_t arch)
+{
+    switch (arch) {
+    case JLM_ARCH_LLAMA: case JLM_ARCH_QWEN2: case JLM_ARCH_QWEN3: case JLM_ARCH_QWEN3MOE:
+    case JLM_ARCH_OLMOE: case JLM_ARCH_GEMMA3: case JLM_ARCH_PHI3: case JLM_ARCH_GPTOSS:
+        return 1;
+    default:
+        return 0;
+    }
+}
+
+/* Index tensors by (block, role) and check the graph has what it needs. */
+static int index_tensors(jlm_engine *e, jlm_err *err)
+{
+    const jlm_model *m = e->m;
+    e->roles = calloc((size_t)(e->c->n_layer + 1) * ROLE_SLOTS, sizeof *e->roles);
+    if (!e->roles)
+        return jlm_errf(err, JLM_ENOMEM, "%s: out of memory", m->path);
+    for (uint32_t i = 0; i < m->hdr.n_tensors; i++) {
+        const jlm_tensor *t = &m->tensors[i];
+        if (t->role < ROLE_SLOTS && t->block < (int32_t)e->c->n_layer)
+            e->roles[(size_t)(t->block + 1) * ROLE_SLOTS + t->role] = t;
+    }
+    if (!W(e, -1, JLM_R_TOKEN_EMBD) || !W(e, -1, JLM_R_OUTPUT_NORM))
+        return jlm_errf(err, JLM_EFORMAT, "%s: no token_embd or output_norm tensor", m->path);
+    for (uint32_t l = 0; l < e->c->n_layer; l++) {
+        int moe = W(e, l, JLM_R_EXP_GATE) != NULL;
+        uint16_t need[] = {JLM_R_ATTN_NORM, JLM_R_ATTN_Q, JLM_R_ATTN_K, JLM_R_ATTN_V, JLM_R_ATTN_OUT,
+                           moe ? JLM_R_ROUTER : JLM_R_FFN_GATE, moe ? JLM_R_EXP_UP : JLM_R_FFN_UP,
+                           moe ? JLM_R_EXP_DOWN : JLM_R_FFN_DOWN};
+        for (size_t i = 0; i < sizeof need / sizeof need[0]; i++)
+            if (!W(e, l, need[i]))
+                return jlm_errf(err, JLM_EFORMAT, "%s: block %u has no %s tensor", m->path, l, jlm_fmt_role_name(need[i]));
+        /* every tensor the graph reads through a page must be in that page */
+        const jlm_tensor *t = W(e, l, JLM_R_ATTN_Q);
+        jlm_tensor_loc loc;
+        jlm_fmt_tensor_loc(m, t, &loc);
+        if (loc.region != JLM_REG_TEXT)
+            return jlm_errf(err, JLM_EFORMAT, "%s: block %u's attn_q is not in its text page", m->path, l);
+    }
+    return JLM_OK;
+}
+
+static int read_dense(jlm_engine *e, jlm_err *err)
+{
+    const jlm_header *h = &e->m->hdr;
+    if (posix_memalign((void **)&e->dense, 4096, h->dense_len ? (h->dense_len + 4095) & ~4095ull : 4096))
+        return jlm_errf(err, JLM_ENOMEM, "%s: out of memory for the dense region (%llu bytes)", e->m->path,
+                        (unsigned long long)h->dense_len);
+    if (!h->dense_len)
+        return JLM_OK;
+    int rc = e->src->read(e->src, h->dense_off, h->dense_len, e->dense, err);
+    return rc ? jlm_err_prefix(err, rc, "dense region") : JLM_OK;
+}
+
+/* The whole budget the options ask for (budget_all): --budget as given, or
+ * for JLM_BUDGET_AUTO the cgroup limit / MemAvailable less the headroom
+ * (engine/memlimit.h); unreadable limits: a note and no budget. */
+static void choose_budget(jlm_engine *e, const jlm_engine_opts *o)
+{
+    e->budget_all = o->budget;
+    if (o->budget != JLM_BUDGET_AUTO) {
+        snprintf(e->budget_src, sizeof e->budget_src, "%s", o->budget ? "--budget" : "none (unlimited)");
+        return;
+    }
+    e->budget_all = 0;
+    jlm_memlimit ml;
+    jlm_err merr = {0};
+    if (jlm_memlimit_read(getenv("JLM_MEM_ROOT"), &ml, &merr)) {
+        if (!o->quiet)
+            fprintf(stderr, "note: automatic budget: %s; running without a budget\n", merr.msg);
+        snprintf(e->budget_src, sizeof e->budget_src, "none (automatic: %.250s)", merr.msg);
+        return;
+    }
+    uint64_t head = 0;
+    e->budget_all = jlm_memlimit_budget(&ml, &head);
+    if (!e->budget_all)
+        snprintf(e->budget_src, sizeof e->budget_src, "none (automatic: no cgroup limit, no MemAvailable)");
+    else if (ml.cg_limit && (!ml.mem_available || ml.cg_limit <= ml.mem_available))
+        snprintf(e->budget_src, sizeof e->budget_src, "automatic: cgroup v%d limit %llu (%.200s) - headroom %llu",
+                 ml.cg_version, (unsigned long long)ml.cg_limit, ml.cg_file, (unsigned long long)head);
+    else
+        snprintf(e->budget_src, sizeof e->budget_src, "automatic: MemAvailable %llu - headroom %llu",
+                 (unsigned long long)ml.mem_available, (unsigned long long)head);
+}
+
+static int open_pager(jlm_engine *e, const jlm_engine_opts *o, jlm_err *err)
+{
+    choose_budget(e, o);
+    return jlm_pager_open_model(e->m, e->src, 0, &e->pager, err);
+}
+
+/* Once the buffers exist: the frames get what the KV cache, scratch and the
+ * dense region leave of budget_all, at least the minimum working set (one
+ * block frame, plus the routed experts' frames; a note when raised). */
+static int apply_budget(jlm_engine *e, const jlm_engine_opts *o, jlm_err *err)
+{
+    tally_buffers(e);
+    uint32_t pins[3] = {1, 0, e->c->n_expert ? e->c->n_expert_used : 0}, vis_pins[3] = {0, 1, 0};
+    uint64_t min = jlm_pager_min_budget(e->pager, pins), vmin = jlm_pager_min_budget(e->pager, vis_pins);
+    if (vmin > min)   /* the tower pins one vision block at a time, no text block */
+        min = vmin;
+    uint64_t fixed = e->m->hdr.dense_len + e->mem_kv + e->mem_scratch;
+    e->budget = 0;
+    if (e->budget_all) {
+        e->budget = e->budget_all > fixed ? e->budget_all - fixed : 0;
+        if (e->budget < min) {
+            if (!o->quiet)
+                fprintf(stderr,
+                        "note: budget %llu bytes leaves %llu for page frames after the KV cache, scratch and dense "
+                        "region (%llu): below the minimum working set (one block frame%s), raised to %llu\n",
+                        (unsigned long long)e->budget_all, (unsigned long long)e->budget, (unsigned long long)fixed,
+                        e->c->n_expert ? " plus the routed experts' frames" : "", (unsigned long long)min);
+            e->budget = min;
+        }
+    }
+    return jlm_pager_set_budget(e->pager, e->budget, err);
+}
+
+/* opts.kv: NULL/"f32" or "f16". */
+static int choose_kv(jlm_engine *e, const jlm_engine_opts *o, jlm_err *err)
+{
+    if (o->kv && strcmp(o->kv, "f32") && strcmp(o->kv, "f16"))
+        return jlm_errf(err, JLM_EINVAL, "--kv '%.40s': expected f32 or f16", o->kv);
+    e->kv_f16 = o->kv && !strcmp(o->kv, "f16");
+    e->kv_es = e->kv_f16 ? sizeof(uint16_t) : sizeof(float);
+    return JLM_OK;
+}
+
+/* The host pager has one evict hook: every device whose frames may alias
+ * the host's (Vulkan's import path) hears of each eviction. */
+static void host_evicted(void *ctx, uint32_t array, uint32_t page, void *frame)
+{
+    jlm_engine *e = ctx;
+    for (int i = 0; i < e->n_dev; i++)
+        jlm_dev_host_evicted(e->devs[i], array, page, frame);
+}
+
+/* Device frames: their own budget, at least one block frame plus the routed
+ * experts' frames (as the host's); the dense region for the output. */
+static void dev_frames(jlm_engine *e, jlm_dev *d, uint64_t asked, int quiet)
+{
+    uint32_t pins[3] = {1, 0, e->c->n_expert ? e->c->n_expert_used : 0};
+    uint64_t min = jlm_pager_min_budget(e->pager, pins), gb = asked;
+    if (!gb)
+        gb = jlm_dev_default_budget(d);
+    if (gb && gb < min) {
+        if (!quiet && asked)
+            fprintf(stderr, "note: --gpu-budget %llu bytes is below the device's minimum working set (one block "
+                            "frame%s), raised to %llu\n", (unsigned long long)gb,
+                    e->c->n_expert ? " plus the routed experts' frames" : "", (unsigned long long)min);
+        gb = min;
+    }
+    jlm_dev_set_budget(d, gb);
+    jlm_dev_set_dense(d, e->dense, (e->m->hdr.dense_len + 4095) & ~4095ull);
+}
+
+/* Appends to the line (truncated at its end). */
+static void __attribute__((format(printf, 3, 4))) addf(char *line, size_t cap, const char *fmt, ...)
+{
+    size_t n = strlen(line);
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(line + n, cap - n, fmt, ap);
+    va_end(ap);
+}
+
+static void add_blocks(char *line, size_t cap, uint32_t b, uint32_t end)
+{
+    if (end == b) addf(line, cap, "no block");
+    else if (end == b + 1) addf(line, cap, "block %u", b);
+    else addf(line, cap, "blocks %u-%u", b, end - 1);
+}
+
+/* Two devices: "note: matmuls on CUDA device X for block 0, on Vulkan
+ * device Y for blocks 1-2; blocks 3-4 and the output on the CPU". */
+static void split_note(const jlm_engine *e)
+{
+    char line[1024] = "note: matmuls";
+    uint32_t at = 0;
+    for (int i = 0; i < e->n_dev; i++) {
+        addf(line, sizeof line, "%s on %s device %s for ", i ? "," : "",
+             !strcmp(jlm_dev_kind(e->devs[i]), "cuda") ? "CUDA" : "Vulkan", jlm_dev_name(e->devs[i]));
+        add_blocks(line, sizeof line, at, e->dev_end[i]);
+        at = e->dev_end[i];
+    }
+    if (e->out_dev) {
+        addf(line, sizeof line, " and the output");
+    } else if (at < e->c->n_layer) {
+        addf(line, sizeof line, "; ");
+        add_blocks(line, sizeof line, at, e->c->n_layer);
+        addf(line, sizeof line, " and the output on the CPU");
+    } else {
+        addf(line, sizeof line, "; the output on the CPU");
+    }
+    fprintf(stderr, "%s\n", line);
+}
+
+/* --backend: one device backend, or two in block order (jlm_engine_split):
+ * device 0 runs blocks 0..gpu_layers-1, device 1 the next gpu_layers2 (0:
+ * all remaining), the CPU the rest; the output matrix runs on the last
+ * device when its count is 'all' (0). vulkan and cuda fail with one line
+ * without a device; auto tries Vulkan and falls back to the CPU with a
+ * note. */
+static int open_backend(jlm_engine *e, const jlm_engine_opts *o, jlm_err *err)
+{
+    jlm_engine_split sp;
+    int rc = jlm_engine_split_parse(o->backend, o->device, &sp, err);
+    if (rc || !sp.n)
+        return rc;
+    if (sp.n > 1 && !o->gpu_layers)
+        return jlm_errf(err, JLM_EINVAL, "--backend %s,%s: the first device's block count is needed (--gpu-layers "
+                                         "N or N,M)", sp.kind[0], sp.kind[1]);
+    uint32_t count[JLM_ENGINE_DEVS] = {o->gpu_layers, o->gpu_layers2}, at = 0;
+    uint64_t budget[JLM_ENGINE_DEVS] = {o->gpu_budget, o->gpu_budget2};
+    for (int i = 0; i < sp.n; i++) {
+        jlm_err verr = {0};
+        int is_cuda = !strcmp(sp.kind[i], "cuda");
+        rc = is_cuda ? jlm_ecu_open(sp.device[i], &e->devs[i], &verr)
+                     : jlm_evk_open(sp.device[i], 0, &e->devs[i], &verr);
+        if (rc && sp.is_auto) {
+            if (!o->quiet)
+                fprintf(stderr, "note: --backend auto: %s; running on the CPU\n", verr.msg);
+            return JLM_OK;
+        }
+        if (rc)
+            return jlm_errf(err, rc, "--backend %s: %s", sp.kind[i], verr.msg);
+        e->n_dev = i + 1;
+        uint64_t end = count[i] ? at + (uint64_t)count[i] : e->c->n_layer;   /* 0: all remaining */
+        e->dev_end[i] = at = end < e->c->n_layer ? (uint32_t)end : e->c->n_layer;
+        dev_frames(e, e->devs[i], budget[i], o->quiet);
+    }
+    e->out_dev = count[sp.n - 1] ? NULL : e->devs[sp.n - 1];
+    jlm_pager_set_evict_hook(e->pager, host_evicted, e);
+    /* a device prefetch keeps the next block pinned on the host beside the
+     * current one: only where the host budget holds both with room to spare */
+    uint32_t pf_pins[3] = {3, 0, e->c->n_expert ? e->c->n_expert_used : 0};
+    e->dev_pf = !e->budget || e->budget >= jlm_pager_min_budget(e->pager, pf_pins);
+    if (!o->quiet && sp.n == 1)
+        fprintf(stderr, "note: matmuls on %s device %s\n", !strcmp(sp.kind[0], "cuda") ? "CUDA" : "Vulkan",
+                jlm_dev_name(e->devs[0]));
+    else if (!o->quiet)
+        split_note(e);
+    return JLM_OK;
+}
+
+/* The fingerprint (jlm-format.md 4.7) against this run: one note naming
+ * both sides where host, device or writer differ; never refused. */
+static void fp_clean(char *dst, size_t n, const jlm_str *s)   /* untrusted bytes: one printable line */
+{
+    size_t i = 0;
+    for (; s->s && i + 1 < n && i < s->len && s->s[i]; i++)
+        dst[i] = (unsigned char)s->s[i] < 0x20 || s->s[i] == 0x7f ? '?' : s->s[i];
+    dst[i] = 0;
+}
+
+static void fingerprint_note(const jlm_engine *e)
+{
+    char fh[41], fd[41], fw[61];
+    fp_clean(fh, sizeof fh, &e->m->fp.host);
+    fp_clean(fd, sizeof fd, &e->m->fp.device);
+    fp_clean(fw, sizeof fw, &e->m->fp.writer);
+    struct utsname u;
+    const jlm_dev *d0 = e->devs[0], *d1 = e->devs[1];   /* compared: the first device */
+    const char *host = uname(&u) == 0 ? u.machine : "?", *dev = d0 ? jlm_dev_kind(d0) : "cpu";
+    int dh = strcmp(fh, host) != 0, dd = strcmp(fd, dev) != 0, dw = strcmp(fw, JLM_WRITER_NAME) != 0;
+    if (dh || dd || dw)
+        fprintf(stderr, "note: %s was written for host %s, device %s, writer '%s'; running on host %s, "
+                        "device %s%s%s%s%s%s%s%s%s, writer '%s' (%s%s%s; compared, never enforced)\n",
+                e->m->path, fh, fd, fw, host, dev, d0 ? " (" : "", d0 ? jlm_dev_name(d0) : "", d0 ? ")" : "",
+                d1 ? " then " : "", d1 ? jlm_dev_kind(d1) : "", d1 ? " (" : "", d1 ? jlm_dev_name(d1) : "",
+                d1 ? ")" : "", JLM_WRITER_NAME, dh ? "host differs" : "",
+                dd ? (dh ? ", device differs" : "device differs") : "", dw ? (dh || dd ? ", writer differs" : "writer differs") : "");
+}
+
+int jlm_engine_open(const char *path, const jlm_engine_opts *opts, jlm_engine **out, jlm_err *err)
+{
+    jlm_engine_opts o = {0};
+    if (opts)
+        o = *opts;
+    jlm_engine *e = calloc(1, sizeof *e);
+    if (!e)
+        return jlm_errf(err, JLM_ENOMEM, "%s: out of memory", path);
+    e->pf_block = NO_PF;
+    int rc = jlm_fmt_open(path, &e->m, err);
+    if (rc)
+        goto fail;
+    e->c = &e->m->config;
+    const jlm_config *c = e->c;
+    if (!supported(c->arch)) {
+        rc = jlm_errf(err, JLM_EUNSUPPORTED, "%s: architecture '%s' has no graph in this engine%s", path,
+                      jlm_fmt_arch_name(c->arch), c->arch == JLM_ARCH_NONE ? " (a vocab-only container)" : "");
+        goto fail;
+    }
+    if ((rc = jlm_fmt_shapes_check(c, e->m->tensors, e->m->hdr.n_tensors, path, err)))
+        goto fail;
+    e->hd = c->head_dim;
+    e->hd_v = c->head_dim_v ? c->head_dim_v : c->head_dim;
+    e->q_dim = c->n_head * e->hd;
+    e->kv_dim = c->n_kv_head * e->hd;
+    e->kv_dim_v = c->n_kv_head * e->hd_v;
+    e->n_ctx = o.n_ctx ? o.n_ctx : (c->n_ctx && c->n_ctx < 4096 ? c->n_ctx : 4096);
+    jlm_err kerr = {0};
+    if (jlm_k_cpu_init(&kerr) && !o.quiet)
+        fprintf(stderr, "note: %s\n", kerr.msg);
+    e->k = jlm_k_cpu_get();
+    struct stat mst;   /* the pages must come from the file the metadata came from */
+    jlm_file_source_opts so = {.direct = o.direct, .n_threads = 0,
+                               .same_as = e->m->fd >= 0 && !fstat(e->m->fd, &mst) ? &mst : NULL};
+    if ((rc = choose_kv(e, &o, err)) || (rc = jlm_source_open_file(path, &so, &e->src, err)) ||
+        (rc = index_tensors(e, err)) || (rc = read_dense(e, err)) || (rc = open_pager(e, &o, err)) ||
+        (rc = jlm_pool_create(o.n_threads, 0, &e->pool, err)) || (rc = alloc_buffers(e, err)) ||
+        (rc = apply_budget(e, &o, err)) || (rc = open_backend(e, &o, err)))
+        goto fail;
+    jlm_pager_set_prefetch(e->pager, !o.no_prefetch);
+    if (!o.quiet)
+        fingerprint_note(e);
+    *out = e;
+    return JLM_OK;
+fail:
+    jlm_engine_close(e);
+    return rc;
+}
+
+
+void jlm_engine_close(jlm_engine *e)
+{
+    if (!e)
+        return;
+    jlm_eng_prefetch_end(e);
+    if (e->n_dev && e->pager)
+        jlm_pager_set_evict_hook(e->pager, NULL, NULL);
+    for (int i = 0; i < JLM_ENGINE_DEVS; i++)
+        jlm_dev_close(e->devs[i]);
+    jlm_pool_destroy(e->pool);
+    jlm_pager_close(e->pager);
+    jlm_source_close(e->src);
+    jlm_fmt_close(e->m);
+    void *bufs[ENGINE_BUFS];
+    engine_bufs(e, bufs);
+    for (size_t i = 0; i < ENGINE_BUFS; i++)
+        free(bufs[i]);
+    free(e);
+}
+
+uint32_t jlm_engine_max_batch(void) { return BATCH; }
+
+/* ================================================================ queries */
+void jlm_engine_rewind(jlm_engine *e, uint32_t pos) { if (pos < e->n_past) e->n_past = pos; }
+const jlm_model *jlm_engine_model(const jlm_engine *e) { return e->m; }
+void jlm_engine_dev_counters(const jlm_engine *e, uint64_t *matmuls, uint64_t *bytes_up)
+{
+    *matmuls = *bytes_up = 0;
+    for (int i = 0; i < e->n_dev; i++) {
+        jlm_dev_stats s;
+        jlm_dev_stats_get(e->devs[i], &s);
+        *matmuls += s.matmuls;
+        *bytes_up += s.bytes_up;
+    }
+}
+int jlm_engine_dev_stats(const jlm_engine *e, struct jlm_dev_stats *out) { return jlm_engine_dev_stats_at(e, 0, out); }
+int jlm_engine_dev_stats_at(const jlm_engine *e, int i, struct jlm_dev_stats *out)
+{
+    memset(out, 0, sizeof *out);
+    if (i < 0 || i >= e->n_dev)
+        return 0;
+    jlm_dev_stats_get(e->devs[i], out);
+    return 1;
+}
+uint32_t jlm_engine_n_past(const jlm_engine *e) { return e->n_past; }
+uint32_t jlm_engine_n_ctx(const jlm_engine *e) { return e->n_ctx; }
+uint32_t jlm_engine_n_vocab(const jlm_engine *e)
+{
+    const jlm_tensor *t = W(e, -1, JLM_R_OUTPUT);
+    return (uint32_t)jlm_tensor_rows(t ? t : W(e, -1, JLM_R_TOKEN_EMBD));
+}
+jlm_pager *jlm_engine_pager(jlm_engine *e) { return e->pager; }
+
+/* ================================================================ profiling */
+static unsigned long long pager_read_ns(jlm_pager *pg)
+{
+    jlm_pager_counters c;
+    jlm_pager_stats(pg, &c);
+    unsigned long long s = 0;
+    for (uint32_t a = 0; a < c.n_arrays; a++)
+        s += c.a[a].read_ns + c.a[a].pf_wait_ns;   /* own reads + waits for a prefetch */
+    return s;
+}
+
+void jlm_engine_prof_reset(jlm_engine *e)
+{
+    memset(&e->pr, 0, sizeof e->pr);
+    jlm_pool_stats_reset(e->pool);
+    e->pr_page0 = pager_read_ns(e->pager);
+}
+
+void jlm_engine_profile(jlm_engine *e, int on)
+{
+    e->prof = on;
+    e->prof_in = 0;
+    jlm_pool_profile(e->pool, on);
+    jlm_engine_prof_reset(e);
+}
+
+void jlm_engine_prof_add(jlm_engine *e, int cls, unsigned long long ns)
+{
+    if (e->prof && cls >= 0 && cls < JLM_PROF_N) {
+        e->pr.ns[cls] += ns;
+        e->pr.total_ns += ns;
+    }
+}
+
+void jlm_engine_prof_get(const jlm_engine *e, jlm_engine_prof *out)
+{
+    *out = e->pr;
+    unsigned long long page = pager_read_ns(e->pager);
+    out->ns[JLM_PROF_PAGEIN] = page > e->pr_page0 ? page - e->pr_page0 : 0;
+    /* a counter reset by someone else (jlm bench between repetitions) */
+    if (page < e->pr_page0)
+        out->ns[JLM_PROF_PAGEIN] = page;
+    unsigned long long known = 0;
+    for (int i = 0; i < JLM_PROF_N; i++)
+        if (i != JLM_PROF_OTHER)
+            known += out->ns[i];
+    out->ns[JLM_PROF_OTHER] = out->total_ns > known ? out->total_ns - known : 0;
+    jlm_pool_stats ps;
+    jlm_pool_stats_get(e->pool, &ps);
+    out->dispatches = ps.dispatches;
+    out->par_wall_ns = ps.wall_ns;
+    out->wait_ns = ps.wait_ns;
+    out->busy_ns = ps.busy_ns;
+    out->n_threads = jlm_pool_n_threads(e->pool);
+}
+
+const char *jlm_engine_prof_name(int cls)
+{
+    static const char *const names[JLM_PROF_N] = {"matmul", "attention", "moe-routing", "page-in", "sampling",
+                                                  "norms/rope/act"};
+    return cls >= 0 && cls < JLM_PROF_N ? names[cls] : "?";
+}
+const uint8_t *jlm_engine_dense(const jlm_engine *e) { return e->dense; }
+struct jlm_pool *jlm_engine_pool(jlm_engine *e) { return e->pool; }
+uint64_t jlm_engine_budget(const jlm_engine *e) { return e->budget; }
+
+void jlm_engine_mem_info(const jlm_engine *e, jlm_engine_mem *out)
+{
+    *out = (jlm_engine_mem){.budget = e->budget_all, .frames = e->budget, .kv = e->mem_kv,
+                            .scratch = e->mem_scratch, .dense = e->m->hdr.dense_len, .kv_f16 = e->kv_f16};
+    snprintf(out->source, sizeof out->source, "%s", e->budget_src);
+}
+
+const int32_t *jlm_engine_last_route(const jlm_engine *e, uint32_t block)
+{
+    if (block >= e->c->n_layer || !W(e, block, JLM_R_EXP_GATE))
+        return NULL;
+    return e->route + (size_t)block * e->c->n_expert_used;
+}
+
+uint64_t jlm_engine_bytes_per_token(const jlm_engine *e)
+{
+    const jlm_header *h = &e->m->hdr;
+    uint64_t b = 0;
+    for (uint32_t l = 0; l < e->c->n_layer; l++)
+        b += jlm_pager_extent(e->pager, JLM_PAGER_TEXT, l);
+    if (h->n_exp_pages)
+        b += (uint64_t)(h->n_exp_pages / e->c->n_expert) * e->c->n_expert_used * h->exp_page_size;
+    const jlm_tensor *t = W(e, -1, JLM_R_OUTPUT);
+    if (!t)
+        t = W(e, -1, JLM_R_TOKEN_EMBD);
+    jlm_tensor_planes pl;
+    if (!jlm_fmt_tensor_planes(t, &pl, NULL))
+        b += pl.qs_len + pl.d_len + pl.sc_len;
+    return b;
+}
