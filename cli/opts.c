@@ -297,6 +297,19 @@ static int list_error(const char *who, const char *opt, const char *v, const cha
     return 2;
 }
 
+/* Entry i of opt's list (all; *v the rest, advanced) into buf, for at most
+ * max devices: 0 (*bad: it does not fit buf), or 2 after one line when the
+ * list has more entries than devices. */
+static int list_next(const char *who, const char *opt, const char *all, int i, int max, const char **v, char *buf,
+                     size_t cap, int *bad)
+{
+    if (i == max)
+        return list_error(who, opt, all, max == 1 ? "one value for one device (a list needs two device backends: "
+                          "--backend cuda,vulkan)" : "more values than the two devices");
+    *bad = list_entry(*v, buf, cap, v);
+    return 0;
+}
+
 /* --gpu-layers for n_dev devices into eo: one value as before (a count >= 1
  * or 'all'); two devices: N (the second takes all the rest), N,M or N,all,
  * the first a count. 0, or 2 after one line. */
@@ -311,10 +324,9 @@ static int gpu_layers_list(const char *who, const char *v, int n_dev, jlm_engine
     for (int i = 0; v; i++) {
         char e[32];
         long long c;
-        if (i == max)
-            return list_error(who, "--gpu-layers", all, max == 1 ? "one value for one device (a list needs two "
-                              "device backends: --backend cuda,vulkan)" : "more values than the two devices");
-        int bad = list_entry(v, e, sizeof e, &v);
+        int bad;
+        if (list_next(who, "--gpu-layers", all, i, max, &v, e, sizeof e, &bad))
+            return 2;
         if (!bad && !strcmp(e, "all") && i + 1 < n_dev)
             return list_error(who, "--gpu-layers", all, "'all' on the first device leaves none to the second: "
                               "give it a count (N,M or N,all)");
@@ -337,10 +349,10 @@ static int gpu_budget_list(const char *who, const char *v, int n_dev, jlm_engine
     int max = n_dev > 1 ? n_dev : 1;
     for (int i = 0; v; i++) {
         char e[64];
-        if (i == max)
-            return list_error(who, "--gpu-budget", all, max == 1 ? "one value for one device (a list needs two "
-                              "device backends: --backend cuda,vulkan)" : "more values than the two devices");
-        long long b = list_entry(v, e, sizeof e, &v) ? -1 : jlm_cli_parse_size(e);
+        int bad;
+        if (list_next(who, "--gpu-budget", all, i, max, &v, e, sizeof e, &bad))
+            return 2;
+        long long b = bad ? -1 : jlm_cli_parse_size(e);
         if (b < 0)
             return list_error(who, "--gpu-budget", all, "expected bytes with an optional K/M/G suffix (see --help)");
         *dst[i] = (uint64_t)b;
