@@ -6,8 +6,17 @@
 # the pager's optimum, and decode tok/s as a ratio of an unlimited run made in
 # the same invocation.
 #
+# With LLAMA_BIN (llama.cpp's build/bin holding llama-completion) a second
+# table runs jlm (--budget = limit - margin) and llama.cpp (`llama-completion
+# -nr`, mmap, its default) on the same model in the same limits, interleaved:
+# bytes each read from the disk per token (the same counter for both: the
+# child's rusage ru_inblock, which counts O_DIRECT reads and page-fault
+# readahead alike) and decode tok/s.
+#
 # Usage: bench/cgroup.sh [MODEL.jlm] [TOKENS=6] [THREADS=2]
 #   no MODEL: writes build/bench/mkgguf llama-1b Q4_0 and converts it (temp dir).
+#   GGUF: the GGUF MODEL was converted from (for llama.cpp; without MODEL, the
+#   generated one).
 #   JLM_BIN: folder holding jlm (default build/). MARGIN_MIB: limit - --budget (40).
 #   JLM_BUFFERED=1: run with --no-direct (then the page cache is dropped before
 #   every run; O_DIRECT reads, the default, need no drop).
@@ -32,6 +41,7 @@ skip() { echo "cgroup.sh: skipped: $*"; exit 0; }
 [ "$(id -u)" = 0 ] || skip "not root (a memory cgroup needs root)"
 [ -x "$jlm" ] || { echo "cgroup.sh: $jlm: not built (make all)" >&2; exit 1; }
 command -v jq > /dev/null || skip "jq not installed"
+command -v python3 > /dev/null || skip "python3 not installed (it reads the runs' rusage)"
 
 # ---------------------------------------------------------------- the cgroup
 cg= cgv= lim_file= peak_file=
@@ -57,8 +67,7 @@ if [ -z "$model" ]; then
     [ -x "$mk" ] || { echo "cgroup.sh: $mk: not built (make build/bench/mkgguf)" >&2; exit 1; }
     "$mk" llama-1b Q4_0 "$dir/m.gguf" > /dev/null
     "$jlm" convert "$dir/m.gguf" -o "$dir/m.jlm" > /dev/null 2>&1
-    rm -f "$dir/m.gguf"
-    model=$dir/m.jlm
+    model=$dir/m.jlm GGUF=$dir/m.gguf
 fi
 [ -r "$model" ] || { echo "cgroup.sh: $model: cannot read" >&2; exit 1; }
 file=$(stat -c %s "$model")
@@ -68,34 +77,67 @@ passes=$tokens   # prefill + (tokens - 1) decode steps
 
 drop() { [ "${JLM_BUFFERED:-0}" = 1 ] && { sync; echo 3 > /proc/sys/vm/drop_caches; } || true; }
 
-# run LIMIT|- BUDGET|- -> dir/out.json, dir/rc, dir/peak, dir/oom
-run() {
-    local limit=$1 budget=$2 extra=()
-    [ "$budget" != - ] && extra=(--budget "$budget")
-    drop
-    if [ "$limit" = - ]; then
-        set +e; "$jlm" run "$model" "${flags[@]}" "${extra[@]}" > "$dir/out.json" 2> "$dir/err"; echo $? > "$dir/rc"; set -e
-        echo 0 > "$dir/peak"; echo 0 > "$dir/oom"; return
-    fi
-    if [ $cgv = 1 ]; then
-        echo 0 > "$cg/memory.max_usage_in_bytes" 2> /dev/null || true
-        echo "$limit" > "$cg/$lim_file"
-    else
-        echo "$limit" > "$cg/$lim_file"
-        echo max > "$cg/memory.swap.max" 2> /dev/null || true
-    fi
-    local oom0; oom0=$(oomkills)
-    set +e
-    sh -c 'echo $$ > "$1/cgroup.procs" && shift && exec "$@"' sh "$cg" "$jlm" run "$model" "${flags[@]}" "${extra[@]}" \
-        > "$dir/out.json" 2> "$dir/err"
-    echo $? > "$dir/rc"
-    set -e
-    cat "$cg/$peak_file" 2> /dev/null > "$dir/peak" || echo 0 > "$dir/peak"
-    echo $(($(oomkills) - oom0)) > "$dir/oom"
+# incg CGROUP|- CMD...: runs CMD (in CGROUP), returns its exit status, and
+# writes the bytes it read from block devices (rusage ru_inblock * 512, all its
+# threads: O_DIRECT reads and page-fault readahead alike) to dir/inblock
+incg() {
+    python3 -c '
+import os, sys
+cg, out = sys.argv[1], sys.argv[2]
+pid = os.fork()
+if pid == 0:
+    try:
+        if cg != "-":
+            with open(cg + "/cgroup.procs", "w") as f:
+                f.write(str(os.getpid()))
+        os.execvp(sys.argv[3], sys.argv[3:])
+    except OSError as e:
+        print("cgroup.sh: %s: %s" % (sys.argv[3], e), file=sys.stderr)
+    os._exit(127)
+_, st, ru = os.wait4(pid, 0)
+with open(out, "w") as f:
+    f.write("%d\n" % (ru.ru_inblock * 512))
+sys.exit(os.waitstatus_to_exitcode(st) & 255)
+' "$1" "$dir/inblock" "${@:2}"
 }
 oomkills() {
     if [ $cgv = 1 ]; then awk '$1 == "oom_kill" { print $2; f = 1 } END { if (!f) print 0 }' "$cg/memory.oom_control" 2> /dev/null || echo 0
     else awk '$1 == "oom_kill" { print $2; f = 1 } END { if (!f) print 0 }' "$cg/memory.events" 2> /dev/null || echo 0; fi
+}
+
+# within LIMIT|- OUT CMD...: CMD (in the cgroup at LIMIT bytes, or outside
+# it) with stdout to OUT, stderr to dir/err -> dir/rc, dir/peak, dir/oom, dir/inblock
+within() {
+    local limit=$1 out=$2 oom0=0
+    shift 2
+    if [ "$limit" != - ]; then
+        if [ $cgv = 1 ]; then
+            echo 0 > "$cg/memory.max_usage_in_bytes" 2> /dev/null || true
+            echo "$limit" > "$cg/$lim_file"
+        else
+            echo "$limit" > "$cg/$lim_file"
+            echo max > "$cg/memory.swap.max" 2> /dev/null || true
+        fi
+        oom0=$(oomkills)
+    fi
+    set +e
+    incg "$([ "$limit" = - ] && echo - || echo "$cg")" "$@" > "$out" 2> "$dir/err"
+    echo $? > "$dir/rc"
+    set -e
+    if [ "$limit" = - ]; then
+        echo 0 > "$dir/peak"; echo 0 > "$dir/oom"
+    else
+        cat "$cg/$peak_file" 2> /dev/null > "$dir/peak" || echo 0 > "$dir/peak"
+        echo $(($(oomkills) - oom0)) > "$dir/oom"
+    fi
+}
+
+# run LIMIT|- BUDGET|- -> dir/out.json and within's files
+run() {
+    local limit=$1 budget=$2 extra=()
+    [ "$budget" != - ] && extra=(--budget "$budget")
+    drop
+    within "$limit" "$dir/out.json" "$jlm" run "$model" "${flags[@]}" "${extra[@]}"
 }
 j() { jq -r "$1" "$dir/out.json"; }
 
@@ -144,4 +186,69 @@ done
 echo
 echo "read/token: (bytes read - the first pass) / $((passes - 1)); file - budget: the --budget given, or the automatic" \
      "one (--stats); frames: what the pager got of it; optimum: (blocks - frames) * N / (N - k), the least a cyclic scan can read when k blocks must be whole (k = 2 with prefetch: the one computed and the one read ahead; 1 without, or with frames below two blocks)"
+
+# ---------------------------------------------------------------- side by side with llama.cpp
+lc=${LLAMA_BIN:-}/llama-completion
+if [ -z "${LLAMA_BIN:-}" ]; then
+    echo "llama.cpp: LLAMA_BIN is unset (llama.cpp's build/bin with llama-completion): side by side skipped"
+elif [ ! -x "$lc" ]; then
+    echo "llama.cpp: $lc: not found: side by side skipped"
+elif [ -z "${GGUF:-}" ] || [ ! -r "$GGUF" ]; then
+    echo "llama.cpp: no GGUF (GGUF=the file MODEL was converted from): side by side skipped"
+else
+    rounds=${ROUNDS:-3}
+    # llama.cpp's defaults otherwise (mmap); -nr: no repacking into anonymous
+    # memory (which would copy the weights out of the page cache); no warm-up
+    # pass (jlm run makes none)
+    lflags=(-m "$GGUF" -p "hello world" -n "$tokens" -c 256 -t "$threads" --temp 0 -no-cnv --ignore-eos --no-warmup -nr)
+    dropall() { sync; echo 3 > /proc/sys/vm/drop_caches; }
+    # the decode line of llama.cpp's timings: runs and tokens per second
+    lc_eval() { grep -E ' eval time = .* runs ' "$dir/err" | grep -v prompt | tail -1 |
+                sed -E 's/.*\/ *([0-9]+) runs .*, *([0-9.]+) tokens per second.*/\1 \2/'; }
+    runlc() { dropall; within "$1" "$dir/lc.out" "$lc" "${lflags[@]}"; }
+    runj() { dropall; within "$1" "$dir/out.json" "$jlm" run "$model" "${flags[@]}" ${2:+--budget "$2"}; }
+    med() { tr ' ' '\n' | grep -v '^$' | sort -g | awk '{ v[NR] = $1 } END { if (NR) print (NR % 2 ? v[(NR + 1) / 2] : (v[NR / 2] + v[NR / 2 + 1]) / 2); else print 0 }'; }
+    # first passes (every weight read once: subtracted from the limited runs) and the unlimited tok/s
+    runj -; [ "$(cat "$dir/rc")" = 0 ] || { echo "cgroup.sh: jlm unlimited run failed: $(cat "$dir/err")" >&2; exit 1; }
+    j_first=$(cat "$dir/inblock") j_tps0=$(j '.timings.decode_tps * 1000 | round / 1000')
+    runlc -; [ "$(cat "$dir/rc")" = 0 ] || { echo "cgroup.sh: llama.cpp unlimited run failed: $(tail -3 "$dir/err")" >&2; exit 1; }
+    l_first=$(cat "$dir/inblock"); read -r l_runs l_tps0 <<< "$(lc_eval)"
+    echo
+    echo "side by side: jlm run (--budget = limit - $((margin / 1048576)) MiB) and llama.cpp ($lc ${lflags[*]:2}) on" \
+         "$(basename "$GGUF"), page cache dropped before every run; unlimited: jlm $j_tps0 tok/s (first pass $(mb "$j_first")), llama.cpp" \
+         "$l_tps0 tok/s ($l_runs decode runs; first pass $(mb "$l_first")); median of $rounds interleaved rounds"
+    echo
+    printf '| limit | jlm read/token | llama.cpp read/token | llama.cpp / jlm | jlm tok/s | llama.cpp tok/s | jlm / llama.cpp | peak jlm / llama.cpp | oom jlm / llama.cpp | exits |\n'
+    printf '|---|---|---|---|---|---|---|---|---|---|\n'
+    for pct in 90 50 25; do
+        limit=$((file * pct / 100))
+        jr= jt= lr= lt= jp=0 lp=0 jo=0 lo=0 ex=
+        for ((r = 0; r < rounds; r++)); do
+            runj "$limit" $((limit - margin))
+            [ "$(cat "$dir/rc")" = 0 ] && { jr+=" $(cat "$dir/inblock")"; jt+=" $(j .timings.decode_tps)"; } || ex+=" jlm:$(cat "$dir/rc")"
+            jp=$(( $(cat "$dir/peak") > jp ? $(cat "$dir/peak") : jp )); jo=$((jo + $(cat "$dir/oom")))
+            runlc "$limit"
+            if [ "$(cat "$dir/rc")" = 0 ]; then
+                read -r runs tps <<< "$(lc_eval)"
+                lr+=" $(( ($(cat "$dir/inblock") - l_first) / (runs > 0 ? runs : 1) ))"; lt+=" $tps"
+            else
+                ex+=" llama.cpp:$(cat "$dir/rc")"
+            fi
+            lp=$(( $(cat "$dir/peak") > lp ? $(cat "$dir/peak") : lp )); lo=$((lo + $(cat "$dir/oom")))
+        done
+        jrm=$(echo "$jr" | med) jtm=$(echo "$jt" | med) lrm=$(echo "$lr" | med) ltm=$(echo "$lt" | med)
+        awk -v pct=$pct -v lim=$limit -v jr="$jrm" -v jf="$j_first" -v p=$passes -v lr="$lrm" -v jt="$jtm" -v lt="$ltm" \
+            -v jp=$jp -v lp=$lp -v jo=$jo -v lo=$lo -v ex="${ex:- all 0}" '
+            function mb(x) { return sprintf("%.1f MB", x / 1e6) }
+            BEGIN {
+                jpt = jr > 0 ? (jr - jf) / (p - 1) : 0
+                printf "| %d%% (%s) | %s | %s | %s | %.3f | %.3f | %s | %s / %s | %d / %d |%s |\n", pct, mb(lim), mb(jpt), mb(lr),
+                    (jpt > 0 ? sprintf("%.2fx", lr / jpt) : "-"), jt, lt, (lt > 0 ? sprintf("%.2fx", jt / lt) : "-"),
+                    mb(jp), mb(lp), jo, lo, ex
+            }'
+    done
+    echo
+    echo "read/token: bytes the process read from the disk (rusage, both tools the same counter) less its unlimited" \
+         "run's (the first pass), over the passes after the first (jlm: $((passes - 1)); llama.cpp: its decode runs)"
+fi
 echo "load average: $(cut -d' ' -f1-3 /proc/loadavg)"
