@@ -249,9 +249,12 @@ ALWAYS_INLINE void mxfp4_core(const jlm_k_mat *m, const jlm_act_q8 *xq, int nt, 
 /* Q4_K (W 4), Q5_K (W 5): y += da * (d*(sc*dot) - dmin*(m*suma)). KP
  * consecutive sub-blocks of one super-block per pass over the rows: d/dmin
  * decoded once per KP, y kept in a register across them (the reference's f32
- * operations in its order). KP = 2 measured best (docs/kernels.md). */
+ * operations in its order). KP = 1 here: 2 was chosen on AVX-512 machines
+ * running this variant, but the CPUs that run it (no AVX-512) lose by it: on
+ * a Zen 3 EPYC, KP = 2 ran Q4_K at 0.65-0.7x of KP = 1 from cache and from DRAM
+ * (docs/kernels.md). */
 #ifndef JLM_K32_KP
-#define JLM_K32_KP 2
+#define JLM_K32_KP 1
 #endif
 ALWAYS_INLINE void k32_core(const jlm_k_mat *m, const jlm_act_q8 *xq, int nt, float *y,
                             uint64_t r0, uint64_t nv, unsigned W)
