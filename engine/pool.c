@@ -12,6 +12,7 @@
 #include "engine/pool.h"
 
 #include <errno.h>
+#include <limits.h>
 #include <pthread.h>
 #include <sched.h>
 #include <stdatomic.h>
@@ -22,11 +23,12 @@
 
 #define POOL_MAX_THREADS 256
 #define POOL_DEFAULT_SPIN 4000u   /* wait steps before sleeping */
-#define POOL_PAUSE_SPINS  256u    /* of which pause-only */
+#define POOL_PAUSE_SPINS  256u    /* of which pause-only when oversubscribed */
 
 struct jlm_pool {
     int        n_threads;             /* including the caller */
     unsigned   spin;                  /* busy-wait iterations before sleeping */
+    unsigned   yield_after;           /* wait steps that pause before the rest yield */
     pthread_t *threads;               /* (n_threads - 1,) */
 
     /* the current job: written by the dispatcher before gen is bumped */
@@ -53,12 +55,18 @@ struct jlm_pool {
 
 typedef struct pool_arg { jlm_pool *p; int idx; } pool_arg;
 
-/* One wait step of iteration i: a pause at first, then sched_yield so an
- * oversubscribed machine (more threads than free cores) runs the thread we
- * wait for instead of burning our time slice. */
-static inline void cpu_relax(unsigned i)
+/* One wait step of iteration i: a pause, or past yield_after a sched_yield.
+ * The pool yields only when it has more threads than the CPUs it may run on
+ * (pool_yield_after): then the thread waited for may be queued behind the
+ * waiter, and yielding lets it run (3 threads on 2 cores: pure spinning cost
+ * ~1.4 ms a dispatch). Otherwise every thread has a CPU of its own and a
+ * yield only hands the core to whatever else is runnable, at any nice level,
+ * for its time slice, while the other threads wait at the next barrier
+ * (docs/pager.md, Thread pool: 2-thread decode ran 3x slower beside two
+ * nice-19 processes). */
+static inline void cpu_relax(const jlm_pool *p, unsigned i)
 {
-    if (i >= POOL_PAUSE_SPINS) {
+    if (i >= p->yield_after) {
         sched_yield();
         return;
     }
@@ -155,7 +163,7 @@ static void *worker_main(void *v)
         unsigned long g;
         unsigned i = 0;
         while ((g = atomic_load_explicit(&p->gen, memory_order_acquire)) == seen && i < p->spin) {
-            cpu_relax(i);
+            cpu_relax(p, i);
             i++;
         }
         if (g == seen) {
@@ -204,7 +212,7 @@ void jlm_pool_for(jlm_pool *p, size_t n, size_t grain, jlm_pool_fn fn, void *ctx
     run_slice(p, 0);
     unsigned i = 0;
     while (atomic_load_explicit(&p->pending, memory_order_acquire) > 0 && i < p->spin) {
-        cpu_relax(i);
+        cpu_relax(p, i);
         i++;
     }
     if (atomic_load(&p->pending) > 0) {
@@ -232,6 +240,15 @@ static void pool_stop(jlm_pool *p, int n_started)
         pthread_join(p->threads[i], NULL);
 }
 
+/* POOL_PAUSE_SPINS when n_threads exceed the CPUs this process may run on
+ * (its affinity mask; the online count if unreadable), else never. */
+static unsigned pool_yield_after(int n_threads)
+{
+    cpu_set_t set;
+    long cpus = sched_getaffinity(0, sizeof set, &set) == 0 ? CPU_COUNT(&set) : sysconf(_SC_NPROCESSORS_ONLN);
+    return cpus > 0 && n_threads > cpus ? POOL_PAUSE_SPINS : UINT_MAX;
+}
+
 int jlm_pool_create(int n_threads, unsigned spin, jlm_pool **out, jlm_err *err)
 {
     if (n_threads <= 0) {
@@ -245,6 +262,7 @@ int jlm_pool_create(int n_threads, unsigned spin, jlm_pool **out, jlm_err *err)
         return jlm_errf(err, JLM_ENOMEM, "thread pool: out of memory");
     p->n_threads = n_threads;
     p->spin = spin ? spin : POOL_DEFAULT_SPIN;
+    p->yield_after = pool_yield_after(n_threads);
     pthread_mutex_init(&p->mu, NULL);
     pthread_cond_init(&p->wake, NULL);
     pthread_cond_init(&p->done, NULL);
