@@ -29,19 +29,6 @@ static double mono_s(void)
     return (double)ts.tv_sec + ts.tv_nsec * 1e-9;
 }
 
-/* ERROR with msg; said in the log the first time. */
-/* ERROR with msg, the first time; v->lock held. 1 if it was set now (line: the
- * cleaned message, to log once the lock is let go). */
-static int set_error_locked(jlmfs_view *v, const char *msg, char *line, size_t n)
-{
-    if (v->state == JLMFS_ERROR)
-        return 0;
-    v->state = JLMFS_ERROR;
-    jlmfs_status_clean(v->errmsg, sizeof v->errmsg, msg, v->fs);
-    snprintf(line, n, "%s", v->errmsg);
-    return 1;
-}
-
 int jlmfs_view_space_back(jlmfs_view *v, double min_age)
 {
     pthread_mutex_lock(&v->lock);
@@ -76,7 +63,12 @@ static void fail_view(jlmfs_view *v, const char *msg)
      * never see the /dev/null put in place of the file) */
     char line[sizeof v->errmsg];
     pthread_mutex_lock(&v->lock);
-    int now = set_error_locked(v, msg, line, sizeof line);
+    int now = v->state != JLMFS_ERROR;   /* the first error is the one kept and logged */
+    if (now) {
+        v->state = JLMFS_ERROR;
+        jlmfs_status_clean(v->errmsg, sizeof v->errmsg, msg, v->fs);
+        memcpy(line, v->errmsg, sizeof line);
+    }
     unlink(v->part_path);
     int null = open("/dev/null", O_RDONLY | O_CLOEXEC);
     if (null >= 0 && v->fd >= 0)
