@@ -75,7 +75,8 @@ flags=(--ids 1,2,3 -n "$tokens" -c 256 -t "$threads" --temp 0 --json --stats)
 [ "${JLM_BUFFERED:-0}" = 1 ] && flags+=(--no-direct)
 passes=$tokens   # prefill + (tokens - 1) decode steps
 
-drop() { [ "${JLM_BUFFERED:-0}" = 1 ] && { sync; echo 3 > /proc/sys/vm/drop_caches; } || true; }
+dropall() { sync; echo 3 > /proc/sys/vm/drop_caches; }
+drop() { [ "${JLM_BUFFERED:-0}" = 1 ] && dropall || true; }
 
 # incg CGROUP|- CMD...: runs CMD (in CGROUP), returns its exit status, and
 # writes the bytes it read from block devices (rusage ru_inblock * 512, all its
@@ -201,12 +202,11 @@ else
     # memory (which would copy the weights out of the page cache); no warm-up
     # pass (jlm run makes none)
     lflags=(-m "$GGUF" -p "hello world" -n "$tokens" -c 256 -t "$threads" --temp 0 -no-cnv --ignore-eos --no-warmup -nr)
-    dropall() { sync; echo 3 > /proc/sys/vm/drop_caches; }
     # the decode line of llama.cpp's timings: runs and tokens per second
     lc_eval() { grep -E ' eval time = .* runs ' "$dir/err" | grep -v prompt | tail -1 |
                 sed -E 's/.*\/ *([0-9]+) runs .*, *([0-9.]+) tokens per second.*/\1 \2/'; }
     runlc() { dropall; within "$1" "$dir/lc.out" "$lc" "${lflags[@]}"; }
-    runj() { dropall; within "$1" "$dir/out.json" "$jlm" run "$model" "${flags[@]}" ${2:+--budget "$2"}; }
+    runj() { dropall; within "$1" "$dir/out.json" "$jlm" run "$model" "${flags[@]}" ${2:+--budget "$2"}; }   # run's, always dropping
     med() { tr ' ' '\n' | grep -v '^$' | sort -g | awk '{ v[NR] = $1 } END { if (NR) print (NR % 2 ? v[(NR + 1) / 2] : (v[NR / 2] + v[NR / 2 + 1]) / 2); else print 0 }'; }
     # first passes (every weight read once: subtracted from the limited runs) and the unlimited tok/s
     runj -; [ "$(cat "$dir/rc")" = 0 ] || { echo "cgroup.sh: jlm unlimited run failed: $(cat "$dir/err")" >&2; exit 1; }
