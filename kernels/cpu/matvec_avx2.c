@@ -565,16 +565,11 @@ DEFINE_Q(q3_k, q3_k_core)
  * 32512, widened per vpmaddubsw. So the int32 dots are the reference's and
  * the f32 epilogue is its operations in its order: bit-identical. */
 #define UNROLL _Pragma("GCC unroll 16")   /* the tile lives in registers only if unrolled */
-enum { NTMAX = 8, SC = 8 };
-
-/* Tokens per tile: what the 16 ymm registers hold next to the decoded
- * weights (Q4 types: one s16 sum per token; 5-bit/MXFP4: s16 sum and int32
- * dot; Q3_K/Q6_K: two int32 dots and the s16 sum). */
-ALWAYS_INLINE int g_nt(int type)
-{
-    return type == JLM_T_Q3_K || type == JLM_T_Q6_K ? 4
-         : type == JLM_T_Q5_0 || type == JLM_T_Q5_1 || type == JLM_T_Q5_K || type == JLM_T_MXFP4 ? 6 : 8;
-}
+/* Tokens per tile: the block's weights are decoded once per tile into 8
+ * registers and each token in turn takes its dot and epilogue over them
+ * (g_sub), so the tile's width is not bounded by registers; 16 measured
+ * best on Zen 3 (8: 0.78-0.96x of it by type, 24 and 32: 0.9-0.97x). */
+enum { NT = 16, SC = 8 };
 
 /* Steps (of 4 per 32-block) summed in s16 before widening (see above). */
 ALWAYS_INLINE int g_group(int type)
@@ -586,10 +581,10 @@ ALWAYS_INLINE int g_group(int type)
  * int8 values, scales, the int32 seeds -bias*sum(a) (per 16-half for
  * Q3_K/Q6_K) and sum(a) as f32. */
 typedef struct gseed {
-    int8_t  q[SC][NTMAX][32] __attribute__((aligned(32)));
-    float   da[SC][NTMAX];
-    int32_t b0[SC][NTMAX], b1[SC][NTMAX];
-    float   fs[SC][NTMAX];
+    int8_t  q[SC][NT][32] __attribute__((aligned(32)));
+    float   da[SC][NT];
+    int32_t b0[SC][NT], b1[SC][NT];
+    float   fs[SC][NT];
 } gseed;
 
 ALWAYS_INLINE void g_seed(gseed *z, const jlm_act_q8 *xq, int nt, uint64_t s0, uint64_t ns, int type)
@@ -663,109 +658,136 @@ ALWAYS_INLINE void g_step(const jlm_k_mat *m, uint64_t s, uint64_t r, int u, int
     }
 }
 
-/* 32-block s (chunk index j of z) of rows [r, r+8) for tokens [0, nt):
- * A[t] (8 floats each) += its contribution, the reference's f32 operations. */
-ALWAYS_INLINE void g_sub(const jlm_k_mat *m, const gseed *z, uint64_t j, uint64_t s, uint64_t r, int nt, int type,
-                         float (*A)[8])
+/* The f32 epilogue's per-row factors of 32-block s, rows [r, r+8). */
+typedef struct gfac {
+    __m256 d, e, sc, mn;   /* scale; Q5_1 bias / K-quant dmin; Q4_K/Q5_K sub-block scale, min */
+    __m256i sc0, sc1;      /* Q3_K/Q6_K: the two 16-halves' signed scales */
+} gfac;
+
+ALWAYS_INLINE gfac g_factors(const jlm_k_mat *m, uint64_t s, uint64_t r, int type)
 {
-    const int k16 = type == JLM_T_Q3_K || type == JLM_T_Q6_K, G = g_group(type);
-    const __m256i one = _mm256_set1_epi16(1);
     uint64_t rows = m->rows;
-    const uint32_t *qs = m->qs, *dp = m->d, *scp = m->sc;
+    const uint32_t *dp = m->d, *scp = m->sc;
     const uint16_t *d16 = m->d;
     const uint8_t *d8 = m->d;
-    __m256i dot[NTMAX], dot1[NTMAX], h16[NTMAX];
-    UNROLL for (int t = 0; t < nt; t++) {
-        dot[t] = _mm256_set1_epi32(z->b0[j][t]);
-        if (k16)
-            dot1[t] = _mm256_set1_epi32(z->b1[j][t]);
-    }
-    __m256i hb = _mm256_setzero_si256();
-    if (type == JLM_T_Q5_0 || type == JLM_T_Q5_1 || type == JLM_T_Q5_K)
-        hb = ld(qs + (s * 5 + 4) * rows + r);
-    UNROLL for (int u = 0; u < 4; u++) {
-        if (type == JLM_T_Q6_K && u % 2 == 0)
-            hb = ld(qs + ((2 * s + u / 2) * 3 + 2) * rows + r);
-        __m256i x0, x1;
-        int i0, i1;
-        g_step(m, s, r, u, type, hb, &x0, &x1, &i0, &i1);
-        if (type == JLM_T_Q8_0) {
-            __m256i a0 = _mm256_abs_epi8(x0), a1 = _mm256_abs_epi8(x1);
-            UNROLL for (int t = 0; t < nt; t++) {
-                const int8_t *q = z->q[j][t];
-                __m256i p0 = _mm256_maddubs_epi16(a0, _mm256_sign_epi8(bcast4(q + 4 * i0), x0));
-                __m256i p1 = _mm256_maddubs_epi16(a1, _mm256_sign_epi8(bcast4(q + 4 * i1), x1));
-                dot[t] = _mm256_add_epi32(dot[t], _mm256_madd_epi16(p0, one));
-                dot[t] = _mm256_add_epi32(dot[t], _mm256_madd_epi16(p1, one));
-            }
-            continue;
-        }
-        UNROLL for (int t = 0; t < nt; t++) {
-            const int8_t *q = z->q[j][t];
-            __m256i p = _mm256_add_epi16(_mm256_maddubs_epi16(x0, bcast4(q + 4 * i0)),
-                                         _mm256_maddubs_epi16(x1, bcast4(q + 4 * i1)));
-            h16[t] = u % G ? _mm256_add_epi16(h16[t], p) : p;
-            if (u % G == G - 1) {
-                __m256i w = _mm256_madd_epi16(h16[t], one);
-                if (k16 && u >= 2)
-                    dot1[t] = _mm256_add_epi32(dot1[t], w);
-                else
-                    dot[t] = _mm256_add_epi32(dot[t], w);
-            }
-        }
-    }
-    /* the f32 epilogue: the reference's operations, in its order */
+    gfac f = { _mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps(),
+               _mm256_setzero_si256(), _mm256_setzero_si256() };
     switch (type) {
-    case JLM_T_Q4_0: case JLM_T_Q8_0: case JLM_T_Q5_0: case JLM_T_MXFP4: {
-        __m256 d = type == JLM_T_MXFP4
-            ? _mm256_castsi256_ps(_mm256_slli_epi32(
-                  _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)(d8 + s * ((rows + 3) / 4 * 4) + r))), 23))
-            : _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(d16 + s * ((rows + 1) / 2 * 2) + r)));
-        UNROLL for (int t = 0; t < nt; t++)
-            _mm256_store_ps(A[t], MULADD(_mm256_mul_ps(d, _mm256_set1_ps(z->da[j][t])), _mm256_cvtepi32_ps(dot[t]),
-                                         _mm256_load_ps(A[t])));
+    case JLM_T_Q4_0: case JLM_T_Q8_0: case JLM_T_Q5_0:
+        f.d = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(d16 + s * ((rows + 1) / 2 * 2) + r)));
         break;
-    }
-    case JLM_T_Q5_1: {
-        __m256 d, b;
-        half_pair(ld(dp + s * rows + r), &d, &b);
-        UNROLL for (int t = 0; t < nt; t++) {
-            __m256 da = _mm256_set1_ps(z->da[j][t]);
-            __m256 pd = _mm256_mul_ps(_mm256_mul_ps(d, da), _mm256_cvtepi32_ps(dot[t]));
-            __m256 pb = _mm256_mul_ps(_mm256_mul_ps(b, da), _mm256_set1_ps(z->fs[j][t]));
-            _mm256_store_ps(A[t], _mm256_add_ps(_mm256_load_ps(A[t]), _mm256_sub_ps(pd, pb)));
-        }
+    case JLM_T_MXFP4:
+        f.d = _mm256_castsi256_ps(_mm256_slli_epi32(
+            _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)(d8 + s * ((rows + 3) / 4 * 4) + r))), 23));
         break;
-    }
+    case JLM_T_Q5_1:
+        half_pair(ld(dp + s * rows + r), &f.d, &f.e);
+        break;
     case JLM_T_Q4_K: case JLM_T_Q5_K: {
         const __m256i m63 = _mm256_set1_epi32(63);
-        __m256 d, dmin;
-        half_pair(ld(dp + (s / 8) * rows + r), &d, &dmin);
-        __m256i f = field12(scp + (s / 8) * 3 * rows, rows, r, (unsigned)(s % 8));
-        __m256 sc = _mm256_cvtepi32_ps(_mm256_and_si256(f, m63));
-        __m256 mn = _mm256_cvtepi32_ps(_mm256_and_si256(_mm256_srli_epi32(f, 6), m63));
-        UNROLL for (int t = 0; t < nt; t++) {
-            __m256 x = _mm256_mul_ps(sc, _mm256_cvtepi32_ps(dot[t]));
-            __m256 b = _mm256_mul_ps(mn, _mm256_set1_ps(z->fs[j][t]));
-            __m256 v = NMULADD(dmin, b, _mm256_mul_ps(d, x));
-            _mm256_store_ps(A[t], MULADD(_mm256_set1_ps(z->da[j][t]), v, _mm256_load_ps(A[t])));
-        }
+        half_pair(ld(dp + (s / 8) * rows + r), &f.d, &f.e);
+        __m256i w = field12(scp + (s / 8) * 3 * rows, rows, r, (unsigned)(s % 8));
+        f.sc = _mm256_cvtepi32_ps(_mm256_and_si256(w, m63));
+        f.mn = _mm256_cvtepi32_ps(_mm256_and_si256(_mm256_srli_epi32(w, 6), m63));
         break;
     }
     case JLM_T_Q3_K: case JLM_T_Q6_K: {
         const __m256i ff = _mm256_set1_epi32(0xff), off = _mm256_set1_epi32(type == JLM_T_Q3_K ? 32 : 128);
         __m256i scv = ld(scp + (2 * s / 4) * rows + r);
-        __m256i sc0 = _mm256_sub_epi32(_mm256_and_si256(_mm256_srli_epi32(scv, (int)(8 * ((2 * s) % 4))), ff), off);
-        __m256i sc1 = _mm256_sub_epi32(_mm256_and_si256(_mm256_srli_epi32(scv, (int)(8 * ((2 * s + 1) % 4))), ff), off);
-        __m256 d, unused;
-        half_pair(ld(dp + (s / 8) * rows + r), &d, &unused);
-        UNROLL for (int t = 0; t < nt; t++) {
-            __m256i is = _mm256_add_epi32(_mm256_mullo_epi32(sc0, dot[t]), _mm256_mullo_epi32(sc1, dot1[t]));
-            _mm256_store_ps(A[t], MULADD(_mm256_mul_ps(d, _mm256_set1_ps(z->da[j][t])), _mm256_cvtepi32_ps(is),
-                                         _mm256_load_ps(A[t])));
-        }
+        f.sc0 = _mm256_sub_epi32(_mm256_and_si256(_mm256_srli_epi32(scv, (int)(8 * ((2 * s) % 4))), ff), off);
+        f.sc1 = _mm256_sub_epi32(_mm256_and_si256(_mm256_srli_epi32(scv, (int)(8 * ((2 * s + 1) % 4))), ff), off);
+        half_pair(ld(dp + (s / 8) * rows + r), &f.d, &f.e);
         break;
     }
+    }
+    return f;
+}
+
+/* Token t's epilogue: *A += its contribution from the int32 dots, the
+ * reference's f32 operations in its order. */
+ALWAYS_INLINE void g_epi(const gfac *f, const gseed *z, uint64_t j, int t, __m256i dot, __m256i dot1, int type,
+                         float *A)
+{
+    __m256 da = _mm256_set1_ps(z->da[j][t]);
+    switch (type) {
+    case JLM_T_Q4_0: case JLM_T_Q8_0: case JLM_T_Q5_0: case JLM_T_MXFP4:
+        _mm256_store_ps(A, MULADD(_mm256_mul_ps(f->d, da), _mm256_cvtepi32_ps(dot), _mm256_load_ps(A)));
+        break;
+    case JLM_T_Q5_1: {
+        __m256 pd = _mm256_mul_ps(_mm256_mul_ps(f->d, da), _mm256_cvtepi32_ps(dot));
+        __m256 pb = _mm256_mul_ps(_mm256_mul_ps(f->e, da), _mm256_set1_ps(z->fs[j][t]));
+        _mm256_store_ps(A, _mm256_add_ps(_mm256_load_ps(A), _mm256_sub_ps(pd, pb)));
+        break;
+    }
+    case JLM_T_Q4_K: case JLM_T_Q5_K: {
+        __m256 x = _mm256_mul_ps(f->sc, _mm256_cvtepi32_ps(dot));
+        __m256 b = _mm256_mul_ps(f->mn, _mm256_set1_ps(z->fs[j][t]));
+        __m256 v = NMULADD(f->e, b, _mm256_mul_ps(f->d, x));
+        _mm256_store_ps(A, MULADD(da, v, _mm256_load_ps(A)));
+        break;
+    }
+    case JLM_T_Q3_K: case JLM_T_Q6_K: {
+        __m256i is = _mm256_add_epi32(_mm256_mullo_epi32(f->sc0, dot), _mm256_mullo_epi32(f->sc1, dot1));
+        _mm256_store_ps(A, MULADD(_mm256_mul_ps(f->d, da), _mm256_cvtepi32_ps(is), _mm256_load_ps(A)));
+        break;
+    }
+    }
+}
+
+/* Step u's products for one token (activations q): added in s16 into *h16,
+ * widened every G steps into *dot (the second 16-half of Q3_K/Q6_K: *dot1);
+ * Q8_0 widens each product: |w| x sign(a, w). */
+ALWAYS_INLINE void g_acc(__m256i x0, __m256i x1, const int8_t *q, int i0, int i1, int u, int type, __m256i *h16,
+                         __m256i *dot, __m256i *dot1)
+{
+    const int k16 = type == JLM_T_Q3_K || type == JLM_T_Q6_K, G = g_group(type);
+    const __m256i one = _mm256_set1_epi16(1);
+    if (type == JLM_T_Q8_0) {
+        __m256i p0 = _mm256_maddubs_epi16(_mm256_abs_epi8(x0), _mm256_sign_epi8(bcast4(q + 4 * i0), x0));
+        __m256i p1 = _mm256_maddubs_epi16(_mm256_abs_epi8(x1), _mm256_sign_epi8(bcast4(q + 4 * i1), x1));
+        *dot = _mm256_add_epi32(*dot, _mm256_madd_epi16(p0, one));
+        *dot = _mm256_add_epi32(*dot, _mm256_madd_epi16(p1, one));
+        return;
+    }
+    __m256i p = _mm256_add_epi16(_mm256_maddubs_epi16(x0, bcast4(q + 4 * i0)),
+                                 _mm256_maddubs_epi16(x1, bcast4(q + 4 * i1)));
+    *h16 = u % G ? _mm256_add_epi16(*h16, p) : p;
+    if (u % G == G - 1) {
+        __m256i w = _mm256_madd_epi16(*h16, one);
+        if (k16 && u >= 2)
+            *dot1 = _mm256_add_epi32(*dot1, w);
+        else
+            *dot = _mm256_add_epi32(*dot, w);
+    }
+}
+
+/* 32-block s (chunk index j of z) of rows [r, r+8) for tokens [0, nt):
+ * A[t] (8 floats each) += its contribution. The block's weights are decoded
+ * once into 8 registers (4 steps x 2 vectors); then each token in turn takes
+ * its int32 dot and its epilogue, so nothing but the weights lives across
+ * tokens. (Steps outer with every token's accumulators live, the first
+ * version, held 2-3 vectors per token: 8, 6 or 4 tokens a tile, spilled,
+ * and ran 0.7-0.85x of this.) */
+ALWAYS_INLINE void g_sub(const jlm_k_mat *m, const gseed *z, uint64_t j, uint64_t s, uint64_t r, int nt, int type,
+                         float (*A)[8])
+{
+    uint64_t rows = m->rows;
+    const uint32_t *qs = m->qs;
+    __m256i hb = _mm256_setzero_si256(), x0[4], x1[4];
+    int i0[4], i1[4];
+    if (type == JLM_T_Q5_0 || type == JLM_T_Q5_1 || type == JLM_T_Q5_K)
+        hb = ld(qs + (s * 5 + 4) * rows + r);
+    UNROLL for (int u = 0; u < 4; u++) {
+        if (type == JLM_T_Q6_K && u % 2 == 0)
+            hb = ld(qs + ((2 * s + u / 2) * 3 + 2) * rows + r);
+        g_step(m, s, r, u, type, hb, &x0[u], &x1[u], &i0[u], &i1[u]);
+    }
+    gfac f = g_factors(m, s, r, type);
+    UNROLL for (int t = 0; t < nt; t++) {
+        __m256i dot = _mm256_set1_epi32(z->b0[j][t]), dot1 = _mm256_set1_epi32(z->b1[j][t]), h16 = dot;
+        UNROLL for (int u = 0; u < 4; u++)
+            g_acc(x0[u], x1[u], z->q[j][t], i0[u], i1[u], u, type, &h16, &dot, &dot1);
+        g_epi(&f, z, j, t, dot, dot1, type, A[t]);
     }
 }
 
@@ -778,7 +800,7 @@ ALWAYS_INLINE void g_block(const jlm_k_mat *m, const jlm_act_q8 *xq, float *y, u
                            int nstore, int type)
 {
     uint64_t nsub = m->k / 32, nrt = (r1 - r0) / 8;
-    float A[RB / 8][NTMAX][8] __attribute__((aligned(32)));
+    float A[RB / 8][NT][8] __attribute__((aligned(32)));
     memset(A, 0, sizeof A);
     for (uint64_t s0 = 0; s0 < nsub; s0 += SC) {
         uint64_t ns = nsub - s0 < SC ? nsub - s0 : SC;
@@ -798,7 +820,7 @@ ALWAYS_INLINE void g_block(const jlm_k_mat *m, const jlm_act_q8 *xq, float *y, u
 ALWAYS_INLINE void g_run(const jlm_k_mat *m, uint64_t n, const jlm_act_q8 *xq, float *y, uint64_t r0, uint64_t nv,
                          int type)
 {
-    const int nt = g_nt(type);
+    const int nt = NT;
     for (uint64_t r = r0; r < nv; r += RB) {
         uint64_t re = nv - r < RB ? nv : r + RB, t = 0;
         for (; t + nt <= n; t += nt)
