@@ -160,7 +160,7 @@ static void matmul_x_run(jlm_engine *e, const jlm_k_mat *m, uint32_t n, const fl
     if (e->dev_here && jlm_dev_matmul(e->dev_here, m, n, x, j.xq, y, NULL) == 0)
         return;                   /* else (a plane over one binding): the CPU */
     size_t grain = m->rows >= 256 ? 64 : m->rows;
-    jlm_pool_for(e->pool, m->rows, grain, mm_slice, &j);
+    (n > 1 ? jlm_pool_for_claim : jlm_pool_for)(e->pool, m->rows, grain, mm_slice, &j);
 }
 
 static void matmul_x(jlm_engine *e, const jlm_k_mat *m, uint32_t n, const float *x, float *y, int shared)
@@ -244,7 +244,10 @@ static void matmul_multi(jlm_engine *e, const jlm_k_mat *const *ms, float *const
                          const float *x)
 {
     unsigned long long t0 = prof_begin(e);
-    mm_multi mj = {.nm = nm, .nparts = jlm_pool_n_threads(e->pool)};
+    /* decode: one part per thread (a matvec streams best in one piece);
+     * prefill: 4 per thread, claimed (jlm_pool_for_claim) */
+    int nt = jlm_pool_n_threads(e->pool);
+    mm_multi mj = {.nm = nm, .nparts = n > 1 && nt > 1 ? 4 * nt : nt};
     int quant = 0;
     for (int i = 0; i < nm; i++) {
         mj.j[i] = (mm_job){e->k->matvec[ms[i]->type], e->k->matmul[ms[i]->type], ms[i], n, x, NULL, ys[i]};
@@ -259,7 +262,7 @@ static void matmul_multi(jlm_engine *e, const jlm_k_mat *const *ms, float *const
             if (!jlm_fmt_type_traits(ms[i]->type)->is_float)
                 mj.j[i].xq = e->xq;
     }
-    jlm_pool_for(e->pool, (size_t)mj.nparts, 1, mm_multi_slice, &mj);
+    (n > 1 ? jlm_pool_for_claim : jlm_pool_for)(e->pool, (size_t)mj.nparts, 1, mm_multi_slice, &mj);
     prof_end(e, JLM_PROF_MATMUL, t0);
 }
 
@@ -289,7 +292,7 @@ static void gate_up_act(jlm_engine *e, const jlm_k_mat *wg, const jlm_k_mat *wu,
         j.u.xq = jlm_fmt_type_traits(wu->type)->is_float ? NULL : e->xq;
     }
     size_t grain = wg->rows >= 256 ? 64 : wg->rows;
-    jlm_pool_for(e->pool, wg->rows, grain, gate_up_slice, &j);
+    (n > 1 ? jlm_pool_for_claim : jlm_pool_for)(e->pool, wg->rows, grain, gate_up_slice, &j);
     prof_end(e, JLM_PROF_MATMUL, t0);
 }
 

@@ -35,10 +35,12 @@ struct jlm_pool {
     jlm_pool_fn fn;
     void       *ctx;
     size_t      n, grain;
+    size_t      units, chunk;         /* grains in [0, n); grains a claim takes */
     int         stop;                 /* set (then gen bumped) by destroy */
 
     /* changes during routine operation */
     _Atomic unsigned long gen;        /* job generation */
+    _Atomic size_t        next;       /* the next unclaimed grain of the job */
     _Atomic int           pending;    /* workers still running the current job */
     _Atomic int           n_sleep;    /* workers asleep on `wake` */
     _Atomic int           caller_sleeps;
@@ -75,10 +77,13 @@ static inline void cpu_relax(const jlm_pool *p, unsigned i)
 #endif
 }
 
+/* Pieces per thread of a claimed dispatch (jlm_pool_for_claim). */
+#define POOL_CLAIMS 4
+
 /* Slice [*b, *e) of thread t: contiguous, grain-aligned boundaries. */
 static void slice_of(const jlm_pool *p, int t, size_t *b, size_t *e)
 {
-    size_t grain = p->grain, units = (p->n + grain - 1) / grain;
+    size_t grain = p->grain, units = p->units;
     size_t per = units / (size_t)p->n_threads, rem = units % (size_t)p->n_threads;
     size_t ub = (size_t)t * per + ((size_t)t < rem ? (size_t)t : rem);
     size_t ue = ub + per + ((size_t)t < rem ? 1 : 0);
@@ -95,18 +100,23 @@ static unsigned long long now_ns(void)
 
 static void run_slice(jlm_pool *p, int t)
 {
-    size_t b, e;
-    slice_of(p, t, &b, &e);
-    if (p->prof) {
-        unsigned long long *ts = p->t_slice + 2 * t;
+    unsigned long long *ts = p->prof ? p->t_slice + 2 * t : NULL;
+    if (ts)
         ts[0] = now_ns();
+    if (p->chunk == 0) {                     /* one slice per thread */
+        size_t b, e;
+        slice_of(p, t, &b, &e);
         if (b < e)
             p->fn(p->ctx, b, e, t);
-        ts[1] = now_ns();
-        return;
+    } else {
+        size_t u;
+        while ((u = atomic_fetch_add_explicit(&p->next, p->chunk, memory_order_relaxed)) < p->units) {
+            size_t b = u * p->grain, e = (u + p->chunk) * p->grain;
+            p->fn(p->ctx, b, e < p->n ? e : p->n, t);
+        }
     }
-    if (b < e)
-        p->fn(p->ctx, b, e, t);
+    if (ts)
+        ts[1] = now_ns();
 }
 
 /* After a profiled dispatch (every slice done): fold its times in. */
@@ -193,7 +203,7 @@ static void publish(jlm_pool *p)
     }
 }
 
-void jlm_pool_for(jlm_pool *p, size_t n, size_t grain, jlm_pool_fn fn, void *ctx)
+static void pool_run(jlm_pool *p, size_t n, size_t grain, int claim, jlm_pool_fn fn, void *ctx)
 {
     if (n == 0)
         return;
@@ -205,6 +215,14 @@ void jlm_pool_for(jlm_pool *p, size_t n, size_t grain, jlm_pool_fn fn, void *ctx
     p->ctx = ctx;
     p->n = n;
     p->grain = grain ? grain : 1;
+    p->units = (n + p->grain - 1) / p->grain;
+    p->chunk = 0;
+    if (claim) {
+        p->chunk = p->units / ((size_t)p->n_threads * POOL_CLAIMS);
+        if (p->chunk == 0)
+            p->chunk = 1;
+    }
+    atomic_store_explicit(&p->next, 0, memory_order_relaxed);   /* published by the gen bump */
     if (p->prof)
         p->t_begin = now_ns();
     atomic_store(&p->pending, p->n_threads - 1);
@@ -225,6 +243,16 @@ void jlm_pool_for(jlm_pool *p, size_t n, size_t grain, jlm_pool_fn fn, void *ctx
     }
     if (p->prof)
         prof_fold(p);
+}
+
+void jlm_pool_for(jlm_pool *p, size_t n, size_t grain, jlm_pool_fn fn, void *ctx)
+{
+    pool_run(p, n, grain, 0, fn, ctx);
+}
+
+void jlm_pool_for_claim(jlm_pool *p, size_t n, size_t grain, jlm_pool_fn fn, void *ctx)
+{
+    pool_run(p, n, grain, 1, fn, ctx);
 }
 
 static void pool_stop(jlm_pool *p, int n_started)

@@ -42,6 +42,15 @@ int  jlm_pool_n_threads(const jlm_pool *p);
 /* Runs fn over [0, n) as described above. grain 0 is taken as 1. p may be
  * NULL: then fn(ctx, 0, n, 0) runs on the caller. Cannot fail. */
 void jlm_pool_for(jlm_pool *p, size_t n, size_t grain, jlm_pool_fn fn, void *ctx);
+/* The same over pieces of whole grains (about 4 per thread) that the threads
+ * claim from a shared counter: a thread may run several pieces or none, so a
+ * thread that starts late or loses its core for a while (a VM's other
+ * tenants, a neighbour process) leaves its share to the others instead of
+ * holding all at the barrier. For compute-bound work (the prefill GEMM):
+ * a memory-bound matvec streams its rows best as one slice per thread
+ * (decode ran 0.7-0.9x with pieces; docs/pager.md, Thread pool). fn must not
+ * depend on which thread runs a piece (thread_idx is for scratch). */
+void jlm_pool_for_claim(jlm_pool *p, size_t n, size_t grain, jlm_pool_fn fn, void *ctx);
 
 /* Profiling (jlm bench --profile). While on, every dispatch that reaches the
  * workers is timed: its wall time, and per thread the time it did not run

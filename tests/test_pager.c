@@ -1115,29 +1115,47 @@ Test(pager, pages_every_page_of_a_converted_moe_model_at_the_minimum_budget, .ti
 
 /* ---------------------------------------------------------------- pool */
 #define POOL_N 1000
-typedef struct cover { _Atomic int hits[POOL_N]; size_t grain; _Atomic int bad_slice; } cover;
+typedef struct cover {
+    _Atomic int hits[POOL_N];
+    size_t grain, n;
+    _Atomic int bad_slice;
+    int stall_thread;             /* this thread sleeps in its first piece (-1: none) */
+    _Atomic size_t by_thread[8];  /* indices each thread ran */
+} cover;
 
 static void cover_fn(void *ctx, size_t b, size_t e, int t)
 {
     cover *c = ctx;
-    if (b % c->grain)
+    if (b % c->grain || (e % c->grain && e != c->n) || t < 0 || t >= 8)
         atomic_store(&c->bad_slice, 1);
+    if (t == c->stall_thread && atomic_load(&c->by_thread[t]) == 0)
+        usleep(200000);
+    atomic_fetch_add(&c->by_thread[t >= 0 && t < 8 ? t : 0], e - b);
     for (size_t i = b; i < e; i++)
         atomic_fetch_add(&c->hits[i], 1);
 }
 
-static void run_cover(jlm_pool *pool, cover *c, size_t n, size_t grain)
+static void run_cover_as(jlm_pool *pool, cover *c, size_t n, size_t grain, int claim)
 {
     for (size_t i = 0; i < POOL_N; i++)
         atomic_store(&c->hits[i], 0);
+    for (int t = 0; t < 8; t++)
+        atomic_store(&c->by_thread[t], 0);
     c->grain = grain ? grain : 1;
-    jlm_pool_for(pool, n, grain, cover_fn, c);
+    c->n = n;
+    (claim ? jlm_pool_for_claim : jlm_pool_for)(pool, n, grain, cover_fn, c);
     for (size_t i = 0; i < POOL_N; i++) {
         int want = i < n ? 1 : 0, got = atomic_load(&c->hits[i]);
         if (got != want)
             cr_assert_fail("n %zu grain %zu: index %zu ran %d times, expected %d", n, grain, i, got, want);
     }
-    cr_assert(!atomic_load(&c->bad_slice), "a slice began off a grain boundary (n %zu grain %zu)", n, grain);
+    cr_assert(!atomic_load(&c->bad_slice), "a slice off a grain boundary or a bad thread (n %zu grain %zu)", n, grain);
+}
+
+static void run_cover(jlm_pool *pool, cover *c, size_t n, size_t grain)
+{
+    c->stall_thread = -1;
+    run_cover_as(pool, c, n, grain, 0);
 }
 
 Test(pool, parallel_for_covers_every_index_exactly_once_under_repeated_dispatch, .timeout = 30)
@@ -1151,6 +1169,30 @@ Test(pool, parallel_for_covers_every_index_exactly_once_under_repeated_dispatch,
         size_t n = (size_t)(rep * 7919) % (POOL_N + 1);
         size_t grain = (size_t)(rep % 5) * 3;
         run_cover(pool, &c, n, grain);
+    }
+    jlm_pool_destroy(pool);
+}
+
+/* Claimed pieces: every index once, pieces on grain boundaries, and a
+ * thread that stalls in its first piece (200 ms) leaves the rest to the
+ * others: it runs that one piece (80 of 1000 indices), where one slice per
+ * thread would have held it to a third. */
+Test(pool, claimed_pieces_cover_every_index_once_and_a_stalled_thread_leaves_its_share, .timeout = 30)
+{
+    jlm_pool *pool = NULL;
+    jlm_err err = { 0 };
+    cr_assert_eq(jlm_pool_create(3, 0, &pool, &err), 0, "%s", err.msg);
+    static cover c;
+    c.stall_thread = -1;
+    for (int rep = 0; rep < 3000; rep++) {
+        size_t n = (size_t)(rep * 7919) % (POOL_N + 1);
+        run_cover_as(pool, &c, n, (size_t)(rep % 5) * 3, 1);
+    }
+    for (int t = 1; t < 3; t++) {
+        c.stall_thread = t;
+        run_cover_as(pool, &c, POOL_N, 4, 1);
+        size_t mine = atomic_load(&c.by_thread[t]);
+        cr_assert(mine <= 80, "thread %d stalled in its first piece yet ran %zu of %d indices", t, mine, POOL_N);
     }
     jlm_pool_destroy(pool);
 }
