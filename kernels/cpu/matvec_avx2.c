@@ -577,6 +577,14 @@ ALWAYS_INLINE int g_group(int type)
     return type == JLM_T_Q4_0 || type == JLM_T_Q4_K ? 4 : type == JLM_T_Q6_K ? 1 : 2;
 }
 
+/* What the codes of a type are offset by (the seed -bias*sum(a) undoes it);
+ * 0: no seed (the dot starts at the first product). */
+ALWAYS_INLINE int32_t g_bias(int type)
+{
+    return type == JLM_T_Q4_0 ? 8 : type == JLM_T_Q5_0 ? 16 : type == JLM_T_MXFP4 ? 12
+         : type == JLM_T_Q3_K ? 4 : type == JLM_T_Q6_K ? 32 : 0;
+}
+
 /* The tile's activations for a chunk of SC 32-blocks (see matvec_avx512.c):
  * int8 values, scales, the int32 seeds -bias*sum(a) (per 16-half for
  * Q3_K/Q6_K) and sum(a) as f32. */
@@ -590,8 +598,7 @@ typedef struct gseed {
 ALWAYS_INLINE void g_seed(gseed *z, const jlm_act_q8 *xq, int nt, uint64_t s0, uint64_t ns, int type)
 {
     int k16 = type == JLM_T_Q3_K || type == JLM_T_Q6_K;
-    int32_t bias = type == JLM_T_Q4_0 ? 8 : type == JLM_T_Q5_0 ? 16 : type == JLM_T_MXFP4 ? 12
-                 : type == JLM_T_Q3_K ? 4 : type == JLM_T_Q6_K ? 32 : 0;
+    int32_t bias = g_bias(type);
     for (int t = 0; t < nt; t++)
         for (uint64_t s = 0; s < ns; s++) {
             uint64_t b = s0 + s;
@@ -784,7 +791,9 @@ ALWAYS_INLINE void g_sub(const jlm_k_mat *m, const gseed *z, uint64_t j, uint64_
     }
     gfac f = g_factors(m, s, r, type);
     UNROLL for (int t = 0; t < nt; t++) {
-        __m256i dot = _mm256_set1_epi32(z->b0[j][t]), dot1 = _mm256_set1_epi32(z->b1[j][t]), h16 = dot;
+        __m256i zero = _mm256_setzero_si256(), h16 = zero;
+        __m256i dot = g_bias(type) ? _mm256_set1_epi32(z->b0[j][t]) : zero;
+        __m256i dot1 = g_bias(type) ? _mm256_set1_epi32(z->b1[j][t]) : zero;
         UNROLL for (int u = 0; u < 4; u++)
             g_acc(x0[u], x1[u], z->q[j][t], i0[u], i1[u], u, type, &h16, &dot, &dot1);
         g_epi(&f, z, j, t, dot, dot1, type, A[t]);
