@@ -11,7 +11,8 @@
  * One thread is timed by its own CPU clock, so other load on a shared machine
  * (time descheduled) does not count; two threads by the wall clock.
  *
- *   build/bench/bench_kernels [-k K] [-n ROWS] [-m MiB] [-t SECONDS] [-g TOKENS] [TYPE ...]
+ *   build/bench/bench_kernels [-k K] [-n ROWS] [-m MiB] [-t SECONDS] [-g TOKENS] [-P] [TYPE ...]
+ * -P: the probe line only (bench/vs-llama.sh's decode roofline).
  *
  * -g TOKENS: prefill instead: the matmul of TOKENS tokens (the GEMM of the
  * table, `matmul`) against the 4-token matmul (`matmul4`) in the same run,
@@ -296,13 +297,14 @@ int main(int argc, char **argv)
     uint64_t k = 4096, rows = 4096, cold = 768, gemm = 0;
     double secs = 1.0;
     uint8_t want[32];
-    int nwant = 0;
+    int nwant = 0, probe_only = 0;
     for (int i = 1; i < argc; i++) {
         if (!strcmp(argv[i], "-k") && i + 1 < argc) k = strtoull(argv[++i], NULL, 10);
         else if (!strcmp(argv[i], "-n") && i + 1 < argc) rows = strtoull(argv[++i], NULL, 10);
         else if (!strcmp(argv[i], "-m") && i + 1 < argc) cold = strtoull(argv[++i], NULL, 10);
         else if (!strcmp(argv[i], "-t") && i + 1 < argc) secs = atof(argv[++i]);
         else if (!strcmp(argv[i], "-g") && i + 1 < argc) gemm = strtoull(argv[++i], NULL, 10);
+        else if (!strcmp(argv[i], "-P")) probe_only = 1;
         else {
             for (size_t t = 0; t < sizeof TYPES; t++)
                 if (!strcmp(argv[i], jlm_fmt_type_traits(TYPES[t])->name) && nwant < 32)
@@ -334,6 +336,8 @@ int main(int argc, char **argv)
     double p1 = gbps(&pj, 1, cold, 1, secs), p2 = gbps(&pj, 2, cold, 1, secs);
     printf("matvec %llu x %llu, cold set %llu MiB; probe (AVX2 read) 1 thread %.1f GB/s, 2 threads %.1f GB/s\n",
            (unsigned long long)rows, (unsigned long long)k, (unsigned long long)(cold >> 20), p1, p2);
+    if (probe_only)
+        return 0;
     printf("%-6s %-7s %8s %6s %8s %6s\n", "type", "variant", "1t GB/s", "/probe", "2t GB/s", "/probe");
     for (int ti = 0; ti < nwant; ti++) {
         uint8_t type = want[ti];

@@ -10,13 +10,17 @@
 # Per round, per type, per thread count: one `jlm bench -r 1` and one
 # `llama-bench -r 1` (each with its own warm-up), alternating, so load from
 # other tenants hits both alike. The table gives the median over the rounds of
-# each cell, llama.cpp first, and jlm / llama.cpp.
+# each cell, llama.cpp first, and jlm / llama.cpp. The last column is jlm's
+# decode against the bandwidth roofline of the same round: the container's
+# bytes read once per token at the memory probe's GB/s for that thread count
+# (`bench_kernels -P`, once per round; the median of the rounds' ratios).
 #
 # Files (~8 GiB in all: the F16 source, four GGUFs, four containers) go to
 # $VS_DIR (default /tmp/jlm-vs-llama), never into the repository, and are
 # reused by later runs. Knobs (environment): ROUNDS (3), PP (128), TG (64),
 # THREADS ("1 2"), TYPES ("Q4_0 Q4_K_M Q8_0 MXFP4"), JLM (build/jlm),
-# MKGGUF (build/bench/mkgguf). LLAMA_BIN unset: one line, exit 0.
+# MKGGUF (build/bench/mkgguf), BK (build/bench/bench_kernels; missing: no
+# roofline column). LLAMA_BIN unset: one line, exit 0.
 set -eu
 
 if [ -z "${LLAMA_BIN:-}" ]; then
@@ -30,6 +34,7 @@ THREADS=${THREADS:-"1 2"}
 TYPES=${TYPES:-"Q4_0 Q4_K_M Q8_0 MXFP4"}
 JLM=${JLM:-build/jlm}
 MKGGUF=${MKGGUF:-build/bench/mkgguf}
+BK=${BK:-build/bench/bench_kernels}
 DIR=${VS_DIR:-/tmp/jlm-vs-llama}
 LB="$LLAMA_BIN/llama-bench"
 LQ="$LLAMA_BIN/llama-quantize"
@@ -68,14 +73,18 @@ res="$DIR/results.txt"
 : >"$res"
 r=1
 while [ "$r" -le "$ROUNDS" ]; do
+    if [ -x "$BK" ]; then   # "probe (AVX2 read) 1 thread X GB/s, 2 threads Y GB/s"
+        "$BK" -P -t 1 | sed -n 's/.* 1 thread \([0-9.]*\) GB\/s, 2 threads \([0-9.]*\) GB\/s.*/\1 \2/p' |
+            awk -v r="$r" '{ print "probe", r, 1, "bw", $1; print "probe", r, 2, "bw", $2 }' >>"$res"
+    fi
     for t in $TYPES; do
         for th in $THREADS; do
             echo "vs-llama: round $r/$ROUNDS $t -t $th" >&2
             # jlm bench's markdown table: | model | size | params | threads | budget | test | t/s | ...
             "$JLM" bench "$DIR/synth-1b.$t.jlm" -p "$PP" -n "$TG" -r 1 -t "$th" |
-                awk -F'|' -v t="$t" -v th="$th" '$7 ~ /^ *(pp|tg)[0-9]+ *$/ {
+                awk -F'|' -v t="$t" -v th="$th" -v r="$r" '$7 ~ /^ *(pp|tg)[0-9]+ *$/ {
                     test = $7; gsub(/ /, "", test); split($8, v, "±"); gsub(/ /, "", v[1]);
-                    print "jlm", t, th, test, v[1] }' >>"$res"
+                    print "jlm", t, th, test, v[1], r }' >>"$res"
             # llama-bench -o jsonl: one object per test with n_prompt, n_gen, avg_ts
             "$LB" -m "$DIR/synth-1b.$t.gguf" -p "$PP" -n "$TG" -r 1 -t "$th" -o jsonl 2>/dev/null |
                 sed -n 's/.*"n_prompt": *\([0-9]*\).*"n_gen": *\([0-9]*\).*"avg_ts": *\([0-9.e+-]*\).*/\1 \2 \3/p' |
@@ -99,10 +108,20 @@ cell() {   # type threads test -> "llama vs jlm (ratio x)"
 }
 echo "synth-1b (975 M parameters, vocab 512), tok/s, llama.cpp vs jlm (jlm / llama.cpp), median of $ROUNDS interleaved rounds"
 echo
-echo "| type | threads | prefill pp$PP | decode tg$TG |"
-echo "|---|---|---|---|"
+roof() {   # type threads -> jlm decode / (probe GB/s / container bytes), median over rounds
+    bytes=$(stat -c %s "$DIR/synth-1b.$1.jlm")
+    awk -v t="$1" -v th="$2" -v tg="tg$TG" -v B="$bytes" '
+        $1 == "probe" && $3 == th { bw[$2] = $5 }
+        $1 == "jlm" && $2 == t && $3 == th && $4 == tg { ts[$6] = $5 }
+        END { n = 0; for (r in ts) if (bw[r] > 0) v[++n] = ts[r] / (bw[r] * 1e9 / B);
+              if (!n) { print "-"; exit }
+              for (i = 1; i <= n; i++) for (j = i + 1; j <= n; j++) if (v[j] < v[i]) { x = v[i]; v[i] = v[j]; v[j] = x }
+              printf "%.2f\n", n % 2 ? v[(n + 1) / 2] : (v[n / 2] + v[n / 2 + 1]) / 2 }' "$res"
+}
+echo "| type | threads | prefill pp$PP | decode tg$TG | jlm decode / roofline |"
+echo "|---|---|---|---|---|"
 for t in $TYPES; do
     for th in $THREADS; do
-        echo "| $t | $th | $(cell "$t" "$th" "pp$PP") | $(cell "$t" "$th" "tg$TG") |"
+        echo "| $t | $th | $(cell "$t" "$th" "pp$PP") | $(cell "$t" "$th" "tg$TG") | $(roof "$t" "$th") |"
     done
 done
