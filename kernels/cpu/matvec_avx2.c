@@ -553,7 +553,8 @@ DEFINE_Q(q3_k, q3_k_core)
 /* The AVX-512 file's GEMM (register tile of rows x tokens, each weight word
  * loaded and decoded once per tile and fed to every token of the tile; rows
  * in blocks of RB, sub-blocks outer, the block's accumulators in L1) on 8-row
- * ymm tiles and without VNNI. Each step takes two decoded weight vectors x0,
+ * ymm tiles and without VNNI; inside a 32-block the tokens go one at a time
+ * over its decoded weights (g_sub). Each step takes two decoded weight vectors x0,
  * x1 (u8 codes) and their activation words; per token vpmaddubsw of both are
  * added in s16 and, every G steps, widened by vpmaddwd into the int32 dot,
  * which is seeded with -bias*sum(a). Exact (no s16 saturation) because
