@@ -95,10 +95,12 @@ while [ "$r" -le "$ROUNDS" ]; do
 done
 
 # ---------------------------------------------------------------- table
+mid() {   # numbers on stdin, one a line -> their median, or "-" when none
+    sort -g | awk '{ v[NR] = $1 } END { if (!NR) print "-"; else if (NR % 2) print v[(NR + 1) / 2];
+                                       else printf "%.2f\n", (v[NR / 2] + v[NR / 2 + 1]) / 2 }'
+}
 median() {   # tool type threads test -> the median t/s, or "-" when none
-    awk -v a="$1" -v b="$2" -v c="$3" -v d="$4" '$1 == a && $2 == b && $3 == c && $4 == d { print $5 }' "$res" |
-        sort -g | awk '{ v[NR] = $1 } END { if (!NR) print "-"; else if (NR % 2) print v[(NR + 1) / 2];
-                                           else printf "%.2f\n", (v[NR / 2] + v[NR / 2 + 1]) / 2 }'
+    awk -v a="$1" -v b="$2" -v c="$3" -v d="$4" '$1 == a && $2 == b && $3 == c && $4 == d { print $5 }' "$res" | mid
 }
 cell() {   # type threads test -> "llama vs jlm (ratio x)"
     l=$(median llama "$1" "$2" "$3")
@@ -113,10 +115,8 @@ roof() {   # type threads -> jlm decode / (probe GB/s / container bytes), median
     awk -v t="$1" -v th="$2" -v tg="tg$TG" -v B="$bytes" '
         $1 == "probe" && $3 == th { bw[$2] = $5 }
         $1 == "jlm" && $2 == t && $3 == th && $4 == tg { ts[$6] = $5 }
-        END { n = 0; for (r in ts) if (bw[r] > 0) v[++n] = ts[r] / (bw[r] * 1e9 / B);
-              if (!n) { print "-"; exit }
-              for (i = 1; i <= n; i++) for (j = i + 1; j <= n; j++) if (v[j] < v[i]) { x = v[i]; v[i] = v[j]; v[j] = x }
-              printf "%.2f\n", n % 2 ? v[(n + 1) / 2] : (v[n / 2] + v[n / 2 + 1]) / 2 }' "$res"
+        END { for (r in ts) if (bw[r] > 0) print ts[r] / (bw[r] * 1e9 / B) }' "$res" |
+        mid | awk '{ if ($1 == "-") print; else printf "%.2f\n", $1 }'
 }
 echo "| type | threads | prefill pp$PP | decode tg$TG | jlm decode / roofline |"
 echo "|---|---|---|---|---|"
