@@ -142,6 +142,15 @@ static void norm_rows(jlm_engine *e, float *h, const float *x, const float *w, u
     for_rows(e, n, norm_row, &j);
 }
 
+/* The pool dispatch of a matmul of n tokens: decode (n == 1) one contiguous
+ * slice per thread, as a memory-bound matvec streams best; prefill pieces
+ * claimed by the threads (jlm_pool_for_claim: compute-bound, so a late or
+ * preempted thread leaves its share to the others). */
+static void mm_dispatch(jlm_engine *e, uint32_t n, size_t count, size_t grain, jlm_pool_fn fn, void *ctx)
+{
+    (n > 1 ? jlm_pool_for_claim : jlm_pool_for)(e->pool, count, grain, fn, ctx);
+}
+
 /* Y (n, rows) = X (n, k) W^T, rows split across the pool. Quantized weights
  * use int8 activations (7.7), one quantized row per token. Hot path: every
  * weight of every token goes through here. shared: x was quantized by the
@@ -160,7 +169,7 @@ static void matmul_x_run(jlm_engine *e, const jlm_k_mat *m, uint32_t n, const fl
     if (e->dev_here && jlm_dev_matmul(e->dev_here, m, n, x, j.xq, y, NULL) == 0)
         return;                   /* else (a plane over one binding): the CPU */
     size_t grain = m->rows >= 256 ? 64 : m->rows;
-    (n > 1 ? jlm_pool_for_claim : jlm_pool_for)(e->pool, m->rows, grain, mm_slice, &j);
+    mm_dispatch(e, n, m->rows, grain, mm_slice, &j);
 }
 
 static void matmul_x(jlm_engine *e, const jlm_k_mat *m, uint32_t n, const float *x, float *y, int shared)
@@ -244,8 +253,7 @@ static void matmul_multi(jlm_engine *e, const jlm_k_mat *const *ms, float *const
                          const float *x)
 {
     unsigned long long t0 = prof_begin(e);
-    /* decode: one part per thread (a matvec streams best in one piece);
-     * prefill: 4 per thread, claimed (jlm_pool_for_claim) */
+    /* decode: one part per thread; prefill: 4 per thread to claim (mm_dispatch) */
     int nt = jlm_pool_n_threads(e->pool);
     mm_multi mj = {.nm = nm, .nparts = n > 1 && nt > 1 ? 4 * nt : nt};
     int quant = 0;
@@ -262,7 +270,7 @@ static void matmul_multi(jlm_engine *e, const jlm_k_mat *const *ms, float *const
             if (!jlm_fmt_type_traits(ms[i]->type)->is_float)
                 mj.j[i].xq = e->xq;
     }
-    (n > 1 ? jlm_pool_for_claim : jlm_pool_for)(e->pool, (size_t)mj.nparts, 1, mm_multi_slice, &mj);
+    mm_dispatch(e, n, (size_t)mj.nparts, 1, mm_multi_slice, &mj);
     prof_end(e, JLM_PROF_MATMUL, t0);
 }
 
@@ -292,7 +300,7 @@ static void gate_up_act(jlm_engine *e, const jlm_k_mat *wg, const jlm_k_mat *wu,
         j.u.xq = jlm_fmt_type_traits(wu->type)->is_float ? NULL : e->xq;
     }
     size_t grain = wg->rows >= 256 ? 64 : wg->rows;
-    (n > 1 ? jlm_pool_for_claim : jlm_pool_for)(e->pool, wg->rows, grain, gate_up_slice, &j);
+    mm_dispatch(e, n, wg->rows, grain, gate_up_slice, &j);
     prof_end(e, JLM_PROF_MATMUL, t0);
 }
 
