@@ -29,6 +29,11 @@
 
 #define ALWAYS_INLINE static inline __attribute__((always_inline))
 #define MAXT 4
+/* Loops over words, tokens and halves are unrolled: GCC at -O2 leaves them
+ * as loops (2 vpmaddubsw in the whole Q6_K matvec), with the tile's vectors
+ * copied between iterations; in the GEMM the tile lives in registers only
+ * if unrolled. */
+#define UNROLL _Pragma("GCC unroll 16")
 
 ALWAYS_INLINE __m256i bcast4(const int8_t *p)
 {
@@ -68,7 +73,7 @@ typedef struct tok32 {
 
 ALWAYS_INLINE void tok_load(tok32 *t, const jlm_act_q8 *a, uint64_t s)
 {
-    for (int w = 0; w < 8; w++)
+    UNROLL for (int w = 0; w < 8; w++)
         t->a[w] = bcast4(a->q + 32 * s + 4 * w);
     t->suma = a->sum16[2 * s] + a->sum16[2 * s + 1];
     t->da = a->d[s];
@@ -82,17 +87,17 @@ ALWAYS_INLINE void dot_nib(const uint32_t *col, uint64_t rows, uint64_t r, int n
 {
     const __m256i m4 = _mm256_set1_epi8(15), one = _mm256_set1_epi16(1);
     __m256i acc[MAXT];
-    for (int t = 0; t < nt; t++)
+    UNROLL for (int t = 0; t < nt; t++)
         acc[t] = _mm256_setzero_si256();
-    for (int w = 0; w < 4; w++) {
+    UNROLL for (int w = 0; w < 4; w++) {
         __m256i v = ld(col + w * rows + r);
         __m256i lo = _mm256_and_si256(v, m4), hi = _mm256_and_si256(_mm256_srli_epi16(v, 4), m4);
-        for (int t = 0; t < nt; t++) {
+        UNROLL for (int t = 0; t < nt; t++) {
             acc[t] = _mm256_add_epi16(acc[t], _mm256_maddubs_epi16(lo, tk[t].a[w]));
             acc[t] = _mm256_add_epi16(acc[t], _mm256_maddubs_epi16(hi, tk[t].a[w + 4]));
         }
     }
-    for (int t = 0; t < nt; t++)
+    UNROLL for (int t = 0; t < nt; t++)
         out[t] = _mm256_madd_epi16(acc[t], one);
 }
 
@@ -105,7 +110,7 @@ ALWAYS_INLINE void q4_0_core(const jlm_k_mat *m, const jlm_act_q8 *xq, int nt, f
     const uint16_t *d16 = m->d;
     for (uint64_t s = 0; s < m->k / 32; s++) {
         tok32 tk[MAXT];
-        for (int t = 0; t < nt; t++)
+        UNROLL for (int t = 0; t < nt; t++)
             tok_load(&tk[t], &xq[t], s);
         const uint32_t *col = qs + s * 4 * rows;
         for (uint64_t r = r0; r < nv; r += 8) {
@@ -114,7 +119,7 @@ ALWAYS_INLINE void q4_0_core(const jlm_k_mat *m, const jlm_act_q8 *xq, int nt, f
                 pf_flat(col, 4, rows, d16, dcol, 2, s, r, r0, nv);
             dot_nib(col, rows, r, nt, tk, dot);
             __m256 d = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(d16 + s * dcol + r)));
-            for (int t = 0; t < nt; t++) {
+            UNROLL for (int t = 0; t < nt; t++) {
                 __m256i is = _mm256_sub_epi32(dot[t], _mm256_set1_epi32(8 * tk[t].suma));
                 float *yt = y + t * rows + r;
                 __m256 acc = s ? _mm256_loadu_ps(yt) : _mm256_setzero_ps();
@@ -136,23 +141,23 @@ ALWAYS_INLINE void dot_nib5(const uint32_t *col, uint64_t rows, uint64_t r, int 
 {
     const __m256i m4 = _mm256_set1_epi8(15), m10 = _mm256_set1_epi8(0x10), one = _mm256_set1_epi16(1);
     __m256i hb = ld(col + 4 * rows + r), hl = _mm256_slli_epi32(hb, 4);
-    for (int t = 0; t < nt; t++)
+    UNROLL for (int t = 0; t < nt; t++)
         out[t] = _mm256_setzero_si256();
-    for (int w2 = 0; w2 < 4; w2 += 2) {
+    UNROLL for (int w2 = 0; w2 < 4; w2 += 2) {
         __m256i acc[MAXT];
-        for (int t = 0; t < nt; t++)
+        UNROLL for (int t = 0; t < nt; t++)
             acc[t] = _mm256_setzero_si256();
-        for (int w = w2; w < w2 + 2; w++) {
+        UNROLL for (int w = w2; w < w2 + 2; w++) {
             __m256i v = ld(col + w * rows + r);
             __m256i lo = _mm256_or_si256(_mm256_and_si256(v, m4), _mm256_and_si256(_mm256_srli_epi32(hl, w), m10));
             __m256i hi = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(v, 4), m4),
                                          _mm256_and_si256(_mm256_srli_epi32(hb, w), m10));
-            for (int t = 0; t < nt; t++) {
+            UNROLL for (int t = 0; t < nt; t++) {
                 acc[t] = _mm256_add_epi16(acc[t], _mm256_maddubs_epi16(lo, tk[t].a[w]));
                 acc[t] = _mm256_add_epi16(acc[t], _mm256_maddubs_epi16(hi, tk[t].a[w + 4]));
             }
         }
-        for (int t = 0; t < nt; t++)
+        UNROLL for (int t = 0; t < nt; t++)
             out[t] = _mm256_add_epi32(out[t], _mm256_madd_epi16(acc[t], one));
     }
 }
@@ -165,22 +170,22 @@ ALWAYS_INLINE void dot_mx(const uint32_t *col, uint64_t rows, uint64_t r, int nt
     const __m256i m4 = _mm256_set1_epi8(15), one = _mm256_set1_epi16(1);
     const __m256i lut = _mm256_setr_epi8(12, 13, 14, 15, 16, 18, 20, 24, 12, 11, 10, 9, 8, 6, 4, 0,
                                          12, 13, 14, 15, 16, 18, 20, 24, 12, 11, 10, 9, 8, 6, 4, 0);
-    for (int t = 0; t < nt; t++)
+    UNROLL for (int t = 0; t < nt; t++)
         out[t] = _mm256_setzero_si256();
-    for (int w2 = 0; w2 < 4; w2 += 2) {
+    UNROLL for (int w2 = 0; w2 < 4; w2 += 2) {
         __m256i acc[MAXT];
-        for (int t = 0; t < nt; t++)
+        UNROLL for (int t = 0; t < nt; t++)
             acc[t] = _mm256_setzero_si256();
-        for (int w = w2; w < w2 + 2; w++) {
+        UNROLL for (int w = w2; w < w2 + 2; w++) {
             __m256i v = ld(col + w * rows + r);
             __m256i lo = _mm256_shuffle_epi8(lut, _mm256_and_si256(v, m4));
             __m256i hi = _mm256_shuffle_epi8(lut, _mm256_and_si256(_mm256_srli_epi16(v, 4), m4));
-            for (int t = 0; t < nt; t++) {
+            UNROLL for (int t = 0; t < nt; t++) {
                 acc[t] = _mm256_add_epi16(acc[t], _mm256_maddubs_epi16(lo, tk[t].a[w]));
                 acc[t] = _mm256_add_epi16(acc[t], _mm256_maddubs_epi16(hi, tk[t].a[w + 4]));
             }
         }
-        for (int t = 0; t < nt; t++)
+        UNROLL for (int t = 0; t < nt; t++)
             out[t] = _mm256_add_epi32(out[t], _mm256_madd_epi16(acc[t], one));
     }
 }
@@ -199,7 +204,7 @@ ALWAYS_INLINE void sub32_core(const jlm_k_mat *m, const jlm_act_q8 *xq, int nt, 
     int32_t bias = type == JLM_T_Q5_0 ? 16 : 12;
     for (uint64_t s = 0; s < m->k / 32; s++) {
         tok32 tk[MAXT];
-        for (int t = 0; t < nt; t++)
+        UNROLL for (int t = 0; t < nt; t++)
             tok_load(&tk[t], &xq[t], s);
         const uint32_t *col = qs + s * W * rows;
         for (uint64_t r = r0; r < nv; r += 8) {
@@ -210,7 +215,7 @@ ALWAYS_INLINE void sub32_core(const jlm_k_mat *m, const jlm_act_q8 *xq, int nt, 
                 dot_mx(col, rows, r, nt, tk, dot);
             else
                 dot_nib5(col, rows, r, nt, tk, dot);
-            for (int t = 0; t < nt; t++) {
+            UNROLL for (int t = 0; t < nt; t++) {
                 float *yt = y + t * rows + r;
                 __m256 acc = s ? _mm256_loadu_ps(yt) : _mm256_setzero_ps(), da = _mm256_set1_ps(tk[t].da);
                 if (type == JLM_T_Q5_1) {
@@ -267,8 +272,8 @@ ALWAYS_INLINE void k32_core(const jlm_k_mat *m, const jlm_act_q8 *xq, int nt, fl
         uint64_t sb = s0 / 8;
         unsigned j0 = (unsigned)(s0 % 8);
         tok32 tk[KP][MAXT];
-        for (int p = 0; p < KP; p++)
-            for (int t = 0; t < nt; t++)
+        UNROLL for (int p = 0; p < KP; p++)
+            UNROLL for (int t = 0; t < nt; t++)
                 tok_load(&tk[p][t], &xq[t], s0 + p);
         const uint32_t *scb = scp + sb * 3 * rows;
         for (uint64_t r = r0; r < nv; r += 8) {
@@ -278,29 +283,29 @@ ALWAYS_INLINE void k32_core(const jlm_k_mat *m, const jlm_act_q8 *xq, int nt, fl
             half_pair(ld(dp + sb * rows + r), &d, &dmin);
             /* sc*dot < 2^24 and m*suma < 2^24: the f32 products are exact, so
              * they equal the reference's (float)(sc*dot) and (float)(m*suma) */
-            for (int p = 0; p < KP; p++) {
+            UNROLL for (int p = 0; p < KP; p++) {
                 __m256i f = field12(scb, rows, r, j0 + p);
                 sc[p] = _mm256_cvtepi32_ps(_mm256_and_si256(f, m63));
                 mn[p] = _mm256_cvtepi32_ps(_mm256_and_si256(_mm256_srli_epi32(f, 6), m63));
             }
             __m256 acc[MAXT];
-            for (int t = 0; t < nt; t++)
+            UNROLL for (int t = 0; t < nt; t++)
                 acc[t] = s0 ? _mm256_loadu_ps(y + t * rows + r) : _mm256_setzero_ps();
-            for (int p = 0; p < KP; p++) {
+            UNROLL for (int p = 0; p < KP; p++) {
                 const uint32_t *col = qs + (s0 + p) * W * rows;
                 __m256i dot[MAXT];
                 if (W == 5)
                     dot_nib5(col, rows, r, nt, tk[p], dot);
                 else
                     dot_nib(col, rows, r, nt, tk[p], dot);
-                for (int t = 0; t < nt; t++) {
+                UNROLL for (int t = 0; t < nt; t++) {
                     __m256 a = _mm256_mul_ps(sc[p], _mm256_cvtepi32_ps(dot[t]));
                     __m256 b = _mm256_mul_ps(mn[p], _mm256_set1_ps((float)tk[p][t].suma));
                     __m256 v = NMULADD(dmin, b, _mm256_mul_ps(d, a));
                     acc[t] = MULADD(_mm256_set1_ps(tk[p][t].da), v, acc[t]);
                 }
             }
-            for (int t = 0; t < nt; t++)
+            UNROLL for (int t = 0; t < nt; t++)
                 _mm256_storeu_ps(y + t * rows + r, acc[t]);
         }
     }
@@ -328,33 +333,33 @@ ALWAYS_INLINE void q3_k_core(const jlm_k_mat *m, const jlm_act_q8 *xq, int nt, f
     const uint32_t *qs = m->qs, *dp = m->d, *scp = m->sc;
     for (uint64_t b = 0; b < m->k / 32; b++) {
         tok32 tk[MAXT];
-        for (int t = 0; t < nt; t++)
+        UNROLL for (int t = 0; t < nt; t++)
             tok_load(&tk[t], &xq[t], b);
         const __m128i c8a = _mm_cvtsi32_si128((int)(8 * ((2 * b) % 4)));
         const __m128i c8b = _mm_cvtsi32_si128((int)(8 * ((2 * b + 1) % 4)));
         const uint32_t *scw = scp + (2 * b / 4) * rows, *dw = dp + (b / 8) * rows;
         for (uint64_t r = r0; r < nv; r += 8) {
             __m256i is[MAXT];
-            for (int t = 0; t < nt; t++)
+            UNROLL for (int t = 0; t < nt; t++)
                 is[t] = _mm256_setzero_si256();
             if ((r & 8) == 0)
                 pf_k16(qs, dp, scp, rows, 2, b, r, r0, nv);
             __m256i scv = ld(scw + r);
-            for (int h = 0; h < 2; h++) {
+            UNROLL for (int h = 0; h < 2; h++) {
                 const uint32_t *col = qs + (2 * b + h) * 2 * rows + r;
                 __m256i acc[MAXT];
-                for (int t = 0; t < nt; t++)
+                UNROLL for (int t = 0; t < nt; t++)
                     acc[t] = _mm256_setzero_si256();
-                for (int p = 0; p < 2; p++) {
+                UNROLL for (int p = 0; p < 2; p++) {
                     __m256i v = ld(col + p * rows);
                     __m256i lo = _mm256_and_si256(v, m4), hi = _mm256_and_si256(_mm256_srli_epi16(v, 4), m4);
-                    for (int t = 0; t < nt; t++)
+                    UNROLL for (int t = 0; t < nt; t++)
                         acc[t] = _mm256_add_epi16(acc[t], _mm256_add_epi16(_mm256_maddubs_epi16(lo, tk[t].a[4 * h + p]),
                                                                            _mm256_maddubs_epi16(hi, tk[t].a[4 * h + 2 + p])));
                 }
                 __m256i sc = _mm256_sub_epi32(_mm256_and_si256(_mm256_srl_epi32(scv, h ? c8b : c8a),
                                                                _mm256_set1_epi32(0xff)), _mm256_set1_epi32(32));
-                for (int t = 0; t < nt; t++) {
+                UNROLL for (int t = 0; t < nt; t++) {
                     __m256i dot = _mm256_sub_epi32(_mm256_madd_epi16(acc[t], one),
                                                    _mm256_set1_epi32(4 * xq[t].sum16[2 * b + h]));
                     is[t] = _mm256_add_epi32(is[t], _mm256_mullo_epi32(sc, dot));
@@ -362,7 +367,7 @@ ALWAYS_INLINE void q3_k_core(const jlm_k_mat *m, const jlm_act_q8 *xq, int nt, f
             }
             __m256 d, unused;
             half_pair(ld(dw + r), &d, &unused);
-            for (int t = 0; t < nt; t++) {
+            UNROLL for (int t = 0; t < nt; t++) {
                 float *yt = y + t * rows + r;
                 __m256 a = b ? _mm256_loadu_ps(yt) : _mm256_setzero_ps();
                 a = MULADD(_mm256_mul_ps(d, _mm256_set1_ps(tk[t].da)), _mm256_cvtepi32_ps(is[t]), a);
@@ -383,24 +388,24 @@ ALWAYS_INLINE void q8_0_core(const jlm_k_mat *m, const jlm_act_q8 *xq, int nt, f
     const uint16_t *d16 = m->d;
     for (uint64_t s = 0; s < m->k / 32; s++) {
         tok32 tk[MAXT];
-        for (int t = 0; t < nt; t++)
+        UNROLL for (int t = 0; t < nt; t++)
             tok_load(&tk[t], &xq[t], s);
         const uint32_t *col = qs + s * 8 * rows;
         for (uint64_t r = r0; r < nv; r += 8) {
             __m256i acc[MAXT];
             if ((r & 8) == 0)
                 pf_flat(col, 8, rows, d16, dcol, 2, s, r, r0, nv);
-            for (int t = 0; t < nt; t++)
+            UNROLL for (int t = 0; t < nt; t++)
                 acc[t] = _mm256_setzero_si256();
-            for (int w = 0; w < 8; w++) {
+            UNROLL for (int w = 0; w < 8; w++) {
                 __m256i v = ld(col + w * rows + r), av = _mm256_abs_epi8(v);
-                for (int t = 0; t < nt; t++) {
+                UNROLL for (int t = 0; t < nt; t++) {
                     __m256i p = _mm256_maddubs_epi16(av, _mm256_sign_epi8(tk[t].a[w], v));
                     acc[t] = _mm256_add_epi32(acc[t], _mm256_madd_epi16(p, one));
                 }
             }
             __m256 d = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(d16 + s * dcol + r)));
-            for (int t = 0; t < nt; t++) {
+            UNROLL for (int t = 0; t < nt; t++) {
                 float *yt = y + t * rows + r;
                 __m256 a = s ? _mm256_loadu_ps(yt) : _mm256_setzero_ps();
                 a = MULADD(_mm256_mul_ps(d, _mm256_set1_ps(tk[t].da)), _mm256_cvtepi32_ps(acc[t]), a);
@@ -422,30 +427,30 @@ ALWAYS_INLINE void q6_k_core(const jlm_k_mat *m, const jlm_act_q8 *xq, int nt, f
     const uint32_t *qs = m->qs, *dp = m->d, *scp = m->sc;
     for (uint64_t b = 0; b < m->k / 32; b++) {
         tok32 tk[MAXT];
-        for (int t = 0; t < nt; t++)
+        UNROLL for (int t = 0; t < nt; t++)
             tok_load(&tk[t], &xq[t], b);
         const __m128i c8a = _mm_cvtsi32_si128((int)(8 * ((2 * b) % 4)));
         const __m128i c8b = _mm_cvtsi32_si128((int)(8 * ((2 * b + 1) % 4)));
         const uint32_t *scw = scp + (2 * b / 4) * rows, *dw = dp + (b / 8) * rows;
         for (uint64_t r = r0; r < nv; r += 8) {
             __m256i is[MAXT];
-            for (int t = 0; t < nt; t++)
+            UNROLL for (int t = 0; t < nt; t++)
                 is[t] = _mm256_setzero_si256();
             if ((r & 8) == 0)
                 pf_k16(qs, dp, scp, rows, 3, b, r, r0, nv);
             __m256i scv = ld(scw + r);
-            for (int h = 0; h < 2; h++) {
+            UNROLL for (int h = 0; h < 2; h++) {
                 const uint32_t *col = qs + (2 * b + h) * 3 * rows + r;
                 __m256i hb = ld(col + 2 * rows), acc[MAXT];
-                for (int t = 0; t < nt; t++)
+                UNROLL for (int t = 0; t < nt; t++)
                     acc[t] = _mm256_setzero_si256();
-                for (int p = 0; p < 2; p++) {
+                UNROLL for (int p = 0; p < 2; p++) {
                     __m256i v = ld(col + p * rows);
                     __m256i lo = _mm256_or_si256(_mm256_and_si256(v, m4),
                                                  _mm256_and_si256(p ? _mm256_slli_epi32(hb, 2) : _mm256_slli_epi32(hb, 4), m30));
                     __m256i hi = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(v, 4), m4),
                                                  _mm256_and_si256(p ? _mm256_srli_epi32(hb, 2) : hb, m30));
-                    for (int t = 0; t < nt; t++) {
+                    UNROLL for (int t = 0; t < nt; t++) {
                         __m256i s16 = _mm256_add_epi16(_mm256_maddubs_epi16(lo, tk[t].a[4 * h + p]),
                                                        _mm256_maddubs_epi16(hi, tk[t].a[4 * h + 2 + p]));
                         acc[t] = _mm256_add_epi32(acc[t], _mm256_madd_epi16(s16, one));
@@ -453,14 +458,14 @@ ALWAYS_INLINE void q6_k_core(const jlm_k_mat *m, const jlm_act_q8 *xq, int nt, f
                 }
                 __m256i sc = _mm256_sub_epi32(_mm256_and_si256(_mm256_srl_epi32(scv, h ? c8b : c8a),
                                                                _mm256_set1_epi32(0xff)), _mm256_set1_epi32(128));
-                for (int t = 0; t < nt; t++) {
+                UNROLL for (int t = 0; t < nt; t++) {
                     __m256i dot = _mm256_sub_epi32(acc[t], _mm256_set1_epi32(32 * xq[t].sum16[2 * b + h]));
                     is[t] = _mm256_add_epi32(is[t], _mm256_mullo_epi32(sc, dot));
                 }
             }
             __m256 d, unused;
             half_pair(ld(dw + r), &d, &unused);
-            for (int t = 0; t < nt; t++) {
+            UNROLL for (int t = 0; t < nt; t++) {
                 float *yt = y + t * rows + r;
                 __m256 a = b ? _mm256_loadu_ps(yt) : _mm256_setzero_ps();
                 a = MULADD(_mm256_mul_ps(d, _mm256_set1_ps(tk[t].da)), _mm256_cvtepi32_ps(is[t]), a);
@@ -565,7 +570,6 @@ DEFINE_Q(q3_k, q3_k_core)
  * pairs, 32004). Q8_0 is signed: |w| x sign(a, w), a pair <= 2*128*127 =
  * 32512, widened per vpmaddubsw. So the int32 dots are the reference's and
  * the f32 epilogue is its operations in its order: bit-identical. */
-#define UNROLL _Pragma("GCC unroll 16")   /* the tile lives in registers only if unrolled */
 /* Tokens per tile: the block's weights are decoded once per tile into 8
  * registers and each token in turn takes its dot and epilogue over them
  * (g_sub), so the tile's width is not bounded by registers; 16 measured
