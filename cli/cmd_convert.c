@@ -1,4 +1,5 @@
-/* cmd_convert.c - `jlm convert SRC [-o OUT] [--plan]`. */
+/* cmd_convert.c - `jlm convert SRC [OUT [TYPE]] [-o OUT] [--type TYPE] [--plan]`.
+ * OUT and TYPE may follow SRC as llama-quantize takes them (IN OUT TYPE). */
 #include "cli/cli.h"
 #include "cli/opts.h"
 #include "converter/convert.h"
@@ -9,6 +10,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <strings.h>
 #include <sys/stat.h>
 #include <time.h>
 #include <unistd.h>
@@ -108,8 +110,9 @@ int jlm_cmd_convert(int argc, char **argv)
         {NULL, "--plan", JLM_OPT_FLAG, &plan_only, 0, 0, 0, NULL, "print the plan, write nothing"},
         {NULL, "--device", JLM_OPT_STR, &device, 0, 0, 0, "cpu|vulkan|cuda", "the device recorded in the fingerprint (compared on load, never enforced; default: cpu)"},
     };
-    const char *pos[1] = {0};
-    jlm_opts_spec os = {"jlm convert", "SRC.gguf|HF_FOLDER [options]", t, (int)(sizeof t / sizeof t[0]), pos, 1, 0};
+    const char *pos[3] = {0};
+    jlm_opts_spec os = {"jlm convert", "SRC.gguf|HF_FOLDER [OUT.jlm [TYPE]] [options]", t, (int)(sizeof t / sizeof t[0]),
+                        pos, 3, 0};
     int prc = jlm_opts_parse(&os, argc, argv);
     if (prc)
         return prc == 1 ? 0 : prc;
@@ -118,9 +121,23 @@ int jlm_cmd_convert(int argc, char **argv)
         jlm_opts_help(stderr, &os);
         return 2;
     }
+    /* OUT and TYPE after SRC, as llama-quantize IN OUT TYPE; each once */
+    if (os.n_pos > 1 && out && strcmp(out, pos[1])) {
+        fprintf(stderr, "jlm convert: the output is given twice: '%s' and -o '%s'\n", pos[1], out);
+        return 2;
+    }
+    if (os.n_pos > 2 && type && strcasecmp(type, pos[2])) {
+        fprintf(stderr, "jlm convert: the type is given twice: '%s' and --type '%s'\n", pos[2], type);
+        return 2;
+    }
+    const char *oflag = out ? "-o " : "";   /* how the output was named, for messages */
+    if (os.n_pos > 1)
+        out = pos[1];
+    if (os.n_pos > 2)
+        type = pos[2];
     const char *why = out && !plan_only ? bad_out(src, out) : NULL;
     if (why) {
-        fprintf(stderr, "jlm convert: -o %s %s\n", out, why);
+        fprintf(stderr, "jlm convert: %s%s %s\n", oflag, out, why);
         return 2;
     }
     char *def = out ? NULL : jlm_conv_default_out(src);
@@ -144,7 +161,7 @@ int jlm_cmd_convert(int argc, char **argv)
     }
     if (!plan_only && (why = given ? bad_out_dir(out) : (bad_out(src, out) ? bad_out(src, out) : bad_out_dir(out)))) {
         char line[4200];   /* before any work: the output is checked, then the source is converted */
-        snprintf(line, sizeof line, "%s%s: cannot write there: %s", given ? "-o " : "", out, why);
+        snprintf(line, sizeof line, "%s%s: cannot write there: %s", oflag, out, why);
         jlm_cli_error("jlm convert", line);
         free(def);
         return given ? 2 : 1;

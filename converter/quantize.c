@@ -8,6 +8,7 @@
 #include <stdlib.h>
 #include <math.h>
 #include <string.h>
+#include <strings.h>
 
 static const struct { const char *name; uint32_t type; } TYPES[] = {
     {"keep", 0}, {"Q8_0", GGML_Q8_0}, {"Q4_0", GGML_Q4_0}, {"Q4_1", GGML_Q4_1}, {"Q5_0", GGML_Q5_0},
@@ -15,10 +16,11 @@ static const struct { const char *name; uint32_t type; } TYPES[] = {
     {"Q4_K_M", GGML_Q4_K | JLM_QUANT_MIX_M}, {"Q5_K_M", GGML_Q5_K | JLM_QUANT_MIX_M},
 };
 
+/* Any case (q4_k_m, as ollama's tags write it). */
 int jlm_quant_parse(const char *name, uint32_t *ggml_type, jlm_err *err)
 {
     for (size_t i = 0; i < sizeof TYPES / sizeof TYPES[0]; i++)
-        if (!strcmp(name, TYPES[i].name)) {
+        if (!strcasecmp(name, TYPES[i].name)) {
             *ggml_type = TYPES[i].type;
             return 0;
         }

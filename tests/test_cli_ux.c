@@ -308,6 +308,42 @@ Test(cli_ux, convert_checks_the_output_folder_before_converting)
     free(o); free(e);
 }
 
+Test(cli_ux, convert_takes_out_and_type_after_the_source_as_llama_quantize, .timeout = 120)
+{
+    const char *g = tu_model("stories260K.gguf");
+    char args[4096], *o, *e;
+    /* jlm convert IN OUT type, the type in any case: the bytes of -o OUT --type TYPE */
+    snprintf(args, sizeof args, "convert '%s' '%s/p.jlm' q8_0", g, T);
+    cr_assert(jlm2(args, &o, &e) == 0, "%s", e);
+    free(o); free(e);
+    snprintf(args, sizeof args, "convert '%s' -o '%s/f.jlm' --type Q8_0", g, T);
+    cr_assert(jlm2(args, &o, &e) == 0, "%s", e);
+    free(o); free(e);
+    size_t np = 0, nf = 0;
+    unsigned char *bp = tu_read_file(pathf("%s/p.jlm", T), &np), *bf = tu_read_file(pathf("%s/f.jlm", T), &nf);
+    cr_assert(bp && bf);
+    cr_expect(np == nf && !memcmp(bp, bf, np), "positional OUT TYPE wrote other bytes than -o / --type");
+    free(bp); free(bf);
+    /* the keep default: OUT alone is the default conversion */
+    snprintf(args, sizeof args, "convert '%s' '%s/k.jlm'", g, T);
+    cr_assert(jlm2(args, &o, &e) == 0 && tu_exists(pathf("%s/k.jlm", T)), "%s", e);
+    free(o); free(e);
+    /* named twice, differently: one line naming both, exit 2, nothing written */
+    snprintf(args, sizeof args, "convert '%s' '%s/x.jlm' -o '%s/y.jlm'", g, T, T);
+    cr_expect(jlm2(args, &o, &e) == 2 && count_lines(e) == 1 && strstr(e, "output is given twice") &&
+                  strstr(e, "/x.jlm") && strstr(e, "/y.jlm"), "%s", e);
+    cr_expect(!tu_exists(pathf("%s/x.jlm", T)) && !tu_exists(pathf("%s/y.jlm", T)), "written anyway");
+    free(o); free(e);
+    snprintf(args, sizeof args, "convert '%s' '%s/x.jlm' Q4_0 --type Q8_0", g, T);
+    cr_expect(jlm2(args, &o, &e) == 2 && count_lines(e) == 1 && strstr(e, "type is given twice"), "%s", e);
+    cr_expect(!tu_exists(pathf("%s/x.jlm", T)), "written anyway");
+    free(o); free(e);
+    /* a fourth positional is refused, naming it */
+    snprintf(args, sizeof args, "convert '%s' '%s/x.jlm' Q8_0 extra", g, T);
+    cr_expect(jlm2(args, &o, &e) == 2 && count_lines(e) == 1 && strstr(e, "'extra'"), "%s", e);
+    free(o); free(e);
+}
+
 /* ---------------------------------------------------------------- through a mount */
 
 static void ux_mnt_fini(void)
