@@ -97,8 +97,16 @@ static int set_value(const jlm_opts_spec *s, const jlm_opt *o, const char *name,
     return 2;
 }
 
+/* Other names users type for an option, from llama.cpp's tools. */
+static const struct { const char *alias, *name; } ALIASES[] = {
+    {"--n-gpu-layers", "--gpu-layers"},
+};
+
 static const jlm_opt *find(const jlm_opts_spec *s, const char *a)
 {
+    for (size_t k = 0; k < sizeof ALIASES / sizeof ALIASES[0]; k++)
+        if (!strcmp(a, ALIASES[k].alias))
+            a = ALIASES[k].name;
     for (int k = 0; k < s->n_opts; k++) {
         const jlm_opt *o = &s->opts[k];
         if ((o->shrt && !strcmp(a, o->shrt)) || (o->lng && !strcmp(a, o->lng)))
@@ -246,9 +254,10 @@ int jlm_opts_engine_rows(jlm_opt *t, unsigned which, jlm_engine_opts *eo, jlm_op
                            "vulkan,cuda (the rest of the blocks on the CPU)"};
         t[n++] = (jlm_opt){NULL, "--device", JLM_OPT_STR, &eo->device, 0, 0, 0, "N|NAME[,..]",
                            "the backend's device: index or name; one per backend, in its order"};
-        t[n++] = (jlm_opt){NULL, "--gpu-layers", JLM_OPT_STR, &gpu->layers, 0, 0, 0, "N|all[,M|all]",
+        t[n++] = (jlm_opt){"-ngl", "--gpu-layers", JLM_OPT_STR, &gpu->layers, 0, 0, 0, "N|all[,M|all]",
                            "blocks 0..N-1 on the device, the rest on the CPU; two devices: N on the first, the "
-                           "next M on the second (all: every remaining block and the output)"};
+                           "next M on the second (all: every remaining block and the output); without --backend: "
+                           "auto (llama.cpp's -ngl, --n-gpu-layers)"};
         t[n++] = (jlm_opt){NULL, "--gpu-budget", JLM_OPT_STR, &gpu->budget, 0, 0, 0, "SIZE[,SIZE]",
                            "bytes of device page frames (K/M/G), one per device; default: 3/4 of device memory "
                            "(upload path) or the host's frames (import path)"};
@@ -367,6 +376,8 @@ int jlm_opts_engine_finish(const char *who, jlm_engine_opts *eo, const jlm_opts_
     jlm_err err = {0};
     if (!gpu)
         gpu = &none;
+    if (gpu->layers && !eo->backend)   /* -ngl N as in llama.cpp: on a GPU when there is one */
+        eo->backend = "auto";
     if (jlm_engine_split_parse(eo->backend, eo->device, &sp, &err))
         return jlm_cli_error(who, err.msg), 2;
     if (gpu_layers_list(who, gpu->layers, sp.n, eo) || gpu_budget_list(who, gpu->budget, sp.n, eo))

@@ -109,7 +109,7 @@ Test(cli_opts, shared_rows_are_the_same_in_every_subcommand)
     static const struct { const char *opt; int in[3]; } ROWS[] = {
         {"-c, --ctx-size", {1, 1, 0}}, {"-t, --threads", {1, 1, 1}}, {"--kv", {1, 1, 1}},
         {"--no-direct", {1, 1, 1}},    {"--no-prefetch", {1, 1, 1}}, {"--backend", {1, 1, 1}},
-        {"--device", {1, 1, 1}},       {"--gpu-layers", {1, 1, 1}},  {"--gpu-budget", {1, 1, 1}},
+        {"--device", {1, 1, 1}},       {"-ngl, --gpu-layers", {1, 1, 1}},  {"--gpu-budget", {1, 1, 1}},
         {"--temp", {1, 0, 0}},
         {"--top-k", {1, 0, 0}},        {"--top-p", {1, 0, 0}},       {"--min-p", {1, 0, 0}},
         {"--repeat-penalty", {1, 0, 0}}, {"--repeat-last-n", {1, 0, 0}}, {"-s, --seed", {1, 0, 0}},
@@ -179,6 +179,42 @@ Test(cli_opts, run_prompt_from_m_f_and_stdin_agree, .timeout = 60)
     cr_assert_eq(tu_run(cmd, &d), 0, "%s", d);
     cr_assert(strlen(d) > strlen(a), "-n -1 generates past 8 tokens: %s vs %s", d, a);
     free(a); free(b); free(c); free(d); free(m);
+    tu_rmrf(dir);
+    free(dir);
+}
+
+/* llama.cpp's -ngl N / --n-gpu-layers N are --gpu-layers N, and without
+ * --backend they mean auto: on a GPU when there is one, else the CPU with its
+ * note; the ids are the plain run's either way (the backends are
+ * bit-identical). A bad count names the option as typed. */
+Test(cli_opts, ngl_is_gpu_layers_and_implies_the_auto_backend, .timeout = 60)
+{
+    char *dir = tu_tmpdir();
+    jlm_err err = {0};
+    char *m = tu_convert("stories260K.gguf", dir, "s.jlm", &err);
+    cr_assert_not_null(m, "%s", err.msg);
+    char cmd[4096], *a = NULL, *b = NULL, *c = NULL, *e = NULL;
+    snprintf(cmd, sizeof cmd, "%s run %s -p 'Once upon a time' -n 8 --temp 0 --print-ids 2>/dev/null", tu_jlm(), m);
+    cr_assert_eq(tu_run(cmd, &a), 0, "%s", a);
+    /* { ... 2>/dev/null; }: stdout only (tu_run adds 2>&1 after), the note goes */
+    snprintf(cmd, sizeof cmd, "{ %s run %s -p 'Once upon a time' -n 8 --temp 0 --print-ids -ngl 99 2>/dev/null; }",
+             tu_jlm(), m);
+    cr_assert_eq(tu_run(cmd, &b), 0, "%s", b);
+    snprintf(cmd, sizeof cmd, "{ %s run %s -p 'Once upon a time' -n 8 --temp 0 --print-ids --n-gpu-layers 99 "
+             "2>/dev/null; }", tu_jlm(), m);
+    cr_assert_eq(tu_run(cmd, &c), 0, "%s", c);
+    cr_assert_str_eq(a, b, "-ngl 99: %s vs %s", a, b);
+    cr_assert_str_eq(a, c, "--n-gpu-layers 99");
+    /* the backend it chose is said on stderr: auto's note (no GPU here) or the device's */
+    snprintf(cmd, sizeof cmd, "{ %s run %s -p 'Once' -n 2 --temp 0 -ngl 99 --stats 2>&1 >/dev/null; }", tu_jlm(), m);
+    cr_assert_eq(tu_run(cmd, &e), 0, "%s", e);
+    cr_assert(strstr(e, "--backend auto") || strstr(e, "vulkan") || strstr(e, "cuda"), "%s", e);
+    free(e);
+    snprintf(cmd, sizeof cmd, "%s run %s -p hi --n-gpu-layers x", tu_jlm(), m);
+    cr_assert_eq(tu_run(cmd, &e), 2, "%s", e);
+    cr_assert(strstr(e, "--n-gpu-layers") || strstr(e, "--gpu-layers"), "%s", e);
+    free(e);
+    free(a); free(b); free(c); free(m);
     tu_rmrf(dir);
     free(dir);
 }
