@@ -583,20 +583,21 @@ ALWAYS_INLINE int g_group(int type)
 }
 
 /* What the codes of a type are offset by (the seed -bias*sum(a) undoes it);
- * 0: no seed (the dot starts at the first product). */
+ * 0: no seed (the dot starts at the first product). Q3_K and Q6_K (offset 4
+ * and 32) have none here: their dot is scaled per half, and g_epi takes the
+ * offset off once, scaled. */
 ALWAYS_INLINE int32_t g_bias(int type)
 {
-    return type == JLM_T_Q4_0 ? 8 : type == JLM_T_Q5_0 ? 16 : type == JLM_T_MXFP4 ? 12
-         : type == JLM_T_Q3_K ? 4 : type == JLM_T_Q6_K ? 32 : 0;
+    return type == JLM_T_Q4_0 ? 8 : type == JLM_T_Q5_0 ? 16 : type == JLM_T_MXFP4 ? 12 : 0;
 }
 
 /* The tile's activations for a chunk of SC 32-blocks (see matvec_avx512.c):
- * int8 values, scales, the int32 seeds -bias*sum(a) (per 16-half for
- * Q3_K/Q6_K) and sum(a) as f32. */
+ * int8 values, scales, the int32 seeds -bias*sum(a) (Q3_K/Q6_K: the two
+ * 16-halves' sums) and sum(a) as f32. */
 typedef struct gseed {
     int8_t  q[SC][NT][32] __attribute__((aligned(32)));
     float   da[SC][NT];
-    int32_t b0[SC][NT], b1[SC][NT];
+    int32_t b0[SC][NT];   /* the seed; Q3_K/Q6_K: the halves' sums as an s16 pair */
     float   fs[SC][NT];
 } gseed;
 
@@ -610,8 +611,9 @@ ALWAYS_INLINE void g_seed(gseed *z, const jlm_act_q8 *xq, int nt, uint64_t s0, u
             int32_t a0 = xq[t].sum16[2 * b], a1 = xq[t].sum16[2 * b + 1];
             _mm256_store_si256((__m256i *)z->q[s][t], _mm256_loadu_si256((const __m256i *)(xq[t].q + 32 * b)));
             z->da[s][t] = xq[t].d[b];
-            z->b0[s][t] = -bias * (k16 ? a0 : a0 + a1);
-            z->b1[s][t] = -bias * a1;
+            /* k16: the halves' sums as an s16 pair (|sum16| <= 16 * 127) for
+             * the seed's vpmaddwd with the scale pair (g_epi) */
+            z->b0[s][t] = k16 ? (int32_t)(((uint32_t)a0 & 0xffffu) | ((uint32_t)a1 << 16)) : -bias * (a0 + a1);
             z->fs[s][t] = (float)(a0 + a1);
         }
 }
@@ -672,8 +674,9 @@ ALWAYS_INLINE void g_step(const jlm_k_mat *m, uint64_t s, uint64_t r, int u, int
 
 /* The f32 epilogue's per-row factors of 32-block s, rows [r, r+8). */
 typedef struct gfac {
-    __m256 d, e, sc, mn;   /* scale; Q5_1 bias / K-quant dmin; Q4_K/Q5_K sub-block scale, min */
-    __m256i sc0, sc1;      /* Q3_K/Q6_K: the two 16-halves' signed scales */
+    __m256 d, e, sc, mn;   /* scale; Q5_1 bias / K-quant dmin; Q4_K/Q5_K d*sc, dmin*m */
+    __m256i sc0, sc1, scp; /* Q3_K/Q6_K: the two 16-halves' signed scales, each in both
+                              s16 of a dword; scp: (sc0, sc1) in one dword */
 } gfac;
 
 ALWAYS_INLINE gfac g_factors(const jlm_k_mat *m, uint64_t s, uint64_t r, int type)
@@ -683,7 +686,7 @@ ALWAYS_INLINE gfac g_factors(const jlm_k_mat *m, uint64_t s, uint64_t r, int typ
     const uint16_t *d16 = m->d;
     const uint8_t *d8 = m->d;
     gfac f = { _mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps(),
-               _mm256_setzero_si256(), _mm256_setzero_si256() };
+               _mm256_setzero_si256(), _mm256_setzero_si256(), _mm256_setzero_si256() };
     switch (type) {
     case JLM_T_Q4_0: case JLM_T_Q8_0: case JLM_T_Q5_0:
         f.d = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(d16 + s * ((rows + 1) / 2 * 2) + r)));
@@ -696,18 +699,31 @@ ALWAYS_INLINE gfac g_factors(const jlm_k_mat *m, uint64_t s, uint64_t r, int typ
         half_pair(ld(dp + s * rows + r), &f.d, &f.e);
         break;
     case JLM_T_Q4_K: case JLM_T_Q5_K: {
+        /* d*sc and dmin*m once per tile, not per token: an f16 (11
+         * significant bits) times a 6-bit integer is exact in f32, and so
+         * are (float)dot and (float)sum(a) (< 2^24), so (d*sc)*dot rounds
+         * the same exact product as the reference's d*(float)(sc*dot), and
+         * (dmin*m)*sum(a) as its dmin*(float)(m*suma): bit-identical. */
         const __m256i m63 = _mm256_set1_epi32(63);
-        half_pair(ld(dp + (s / 8) * rows + r), &f.d, &f.e);
+        __m256 d, dmin;
+        half_pair(ld(dp + (s / 8) * rows + r), &d, &dmin);
         __m256i w = field12(scp + (s / 8) * 3 * rows, rows, r, (unsigned)(s % 8));
-        f.sc = _mm256_cvtepi32_ps(_mm256_and_si256(w, m63));
-        f.mn = _mm256_cvtepi32_ps(_mm256_and_si256(_mm256_srli_epi32(w, 6), m63));
+        f.sc = _mm256_mul_ps(d, _mm256_cvtepi32_ps(_mm256_and_si256(w, m63)));
+        f.mn = _mm256_mul_ps(dmin, _mm256_cvtepi32_ps(_mm256_and_si256(_mm256_srli_epi32(w, 6), m63)));
         break;
     }
     case JLM_T_Q3_K: case JLM_T_Q6_K: {
+        /* The two 16-halves' signed scales as the vpmaddwd multipliers of
+         * their dots (sc, sc per dword: g_acc) and as one (sc0, sc1) pair
+         * for the seed (g_epi). */
         const __m256i ff = _mm256_set1_epi32(0xff), off = _mm256_set1_epi32(type == JLM_T_Q3_K ? 32 : 128);
+        const __m256i lo16 = _mm256_set1_epi32(0xffff);
         __m256i scv = ld(scp + (2 * s / 4) * rows + r);
-        f.sc0 = _mm256_sub_epi32(_mm256_and_si256(_mm256_srli_epi32(scv, (int)(8 * ((2 * s) % 4))), ff), off);
-        f.sc1 = _mm256_sub_epi32(_mm256_and_si256(_mm256_srli_epi32(scv, (int)(8 * ((2 * s + 1) % 4))), ff), off);
+        __m256i s0 = _mm256_sub_epi32(_mm256_and_si256(_mm256_srli_epi32(scv, (int)(8 * ((2 * s) % 4))), ff), off);
+        __m256i s1 = _mm256_sub_epi32(_mm256_and_si256(_mm256_srli_epi32(scv, (int)(8 * ((2 * s + 1) % 4))), ff), off);
+        f.sc0 = _mm256_or_si256(_mm256_and_si256(s0, lo16), _mm256_slli_epi32(s0, 16));
+        f.sc1 = _mm256_or_si256(_mm256_and_si256(s1, lo16), _mm256_slli_epi32(s1, 16));
+        f.scp = _mm256_or_si256(_mm256_and_si256(s0, lo16), _mm256_slli_epi32(s1, 16));
         half_pair(ld(dp + (s / 8) * rows + r), &f.d, &f.e);
         break;
     }
@@ -717,8 +733,7 @@ ALWAYS_INLINE gfac g_factors(const jlm_k_mat *m, uint64_t s, uint64_t r, int typ
 
 /* Token t's epilogue: *A += its contribution from the int32 dots, the
  * reference's f32 operations in its order. */
-ALWAYS_INLINE void g_epi(const gfac *f, const gseed *z, uint64_t j, int t, __m256i dot, __m256i dot1, int type,
-                         float *A)
+ALWAYS_INLINE void g_epi(const gfac *f, const gseed *z, uint64_t j, int t, __m256i dot, int type, float *A)
 {
     __m256 da = _mm256_set1_ps(z->da[j][t]);
     switch (type) {
@@ -732,14 +747,16 @@ ALWAYS_INLINE void g_epi(const gfac *f, const gseed *z, uint64_t j, int t, __m25
         break;
     }
     case JLM_T_Q4_K: case JLM_T_Q5_K: {
-        __m256 x = _mm256_mul_ps(f->sc, _mm256_cvtepi32_ps(dot));
-        __m256 b = _mm256_mul_ps(f->mn, _mm256_set1_ps(z->fs[j][t]));
-        __m256 v = NMULADD(f->e, b, _mm256_mul_ps(f->d, x));
+        __m256 v = NMULADD(f->mn, _mm256_set1_ps(z->fs[j][t]), _mm256_mul_ps(f->sc, _mm256_cvtepi32_ps(dot)));
         _mm256_store_ps(A, MULADD(da, v, _mm256_load_ps(A)));
         break;
     }
     case JLM_T_Q3_K: case JLM_T_Q6_K: {
-        __m256i is = _mm256_add_epi32(_mm256_mullo_epi32(f->sc0, dot), _mm256_mullo_epi32(f->sc1, dot1));
+        /* dot = sum_h sc_h * codes.a over the halves (g_acc); the seed
+         * bias * sum_h sc_h * sum16_h in one vpmaddwd of the scale pair and
+         * the token's sum pair: the reference's isum, exactly */
+        __m256i seed = _mm256_madd_epi16(f->scp, _mm256_set1_epi32(z->b0[j][t]));
+        __m256i is = _mm256_sub_epi32(dot, _mm256_slli_epi32(seed, type == JLM_T_Q3_K ? 2 : 5));
         _mm256_store_ps(A, MULADD(_mm256_mul_ps(f->d, da), _mm256_cvtepi32_ps(is), _mm256_load_ps(A)));
         break;
     }
@@ -749,8 +766,8 @@ ALWAYS_INLINE void g_epi(const gfac *f, const gseed *z, uint64_t j, int t, __m25
 /* Step u's products for one token (activations q): added in s16 into *h16,
  * widened every G steps into *dot (the second 16-half of Q3_K/Q6_K: *dot1);
  * Q8_0 widens each product: |w| x sign(a, w). */
-ALWAYS_INLINE void g_acc(__m256i x0, __m256i x1, const int8_t *q, int i0, int i1, int u, int type, __m256i *h16,
-                         __m256i *dot, __m256i *dot1)
+ALWAYS_INLINE void g_acc(__m256i x0, __m256i x1, const int8_t *q, int i0, int i1, int u, int type, const gfac *f,
+                         __m256i *h16, __m256i *dot)
 {
     const int k16 = type == JLM_T_Q3_K || type == JLM_T_Q6_K, G = g_group(type);
     const __m256i one = _mm256_set1_epi16(1);
@@ -764,12 +781,9 @@ ALWAYS_INLINE void g_acc(__m256i x0, __m256i x1, const int8_t *q, int i0, int i1
     __m256i p = _mm256_add_epi16(_mm256_maddubs_epi16(x0, bcast4(q + 4 * i0)),
                                  _mm256_maddubs_epi16(x1, bcast4(q + 4 * i1)));
     *h16 = u % G ? _mm256_add_epi16(*h16, p) : p;
-    if (u % G == G - 1) {
-        __m256i w = _mm256_madd_epi16(*h16, one);
-        if (k16 && u >= 2)
-            *dot1 = _mm256_add_epi32(*dot1, w);
-        else
-            *dot = _mm256_add_epi32(*dot, w);
+    if (u % G == G - 1) {   /* k16: widened by the half's scale (|h16 * sc| < 2^22) */
+        __m256i w = _mm256_madd_epi16(*h16, k16 ? (u >= 2 ? f->sc1 : f->sc0) : one);
+        *dot = u == G - 1 && !g_bias(type) ? w : _mm256_add_epi32(*dot, w);
     }
 }
 
@@ -798,10 +812,9 @@ ALWAYS_INLINE void g_sub(const jlm_k_mat *m, const gseed *z, uint64_t j, uint64_
     UNROLL for (int t = 0; t < nt; t++) {
         __m256i zero = _mm256_setzero_si256(), h16 = zero;
         __m256i dot = g_bias(type) ? _mm256_set1_epi32(z->b0[j][t]) : zero;
-        __m256i dot1 = g_bias(type) ? _mm256_set1_epi32(z->b1[j][t]) : zero;
         UNROLL for (int u = 0; u < 4; u++)
-            g_acc(x0[u], x1[u], z->q[j][t], i0[u], i1[u], u, type, &h16, &dot, &dot1);
-        g_epi(&f, z, j, t, dot, dot1, type, A[t]);
+            g_acc(x0[u], x1[u], z->q[j][t], i0[u], i1[u], u, type, &f, &h16, &dot);
+        g_epi(&f, z, j, t, dot, type, A[t]);
     }
 }
 
