@@ -35,7 +35,7 @@ int jlm_pager_open_model(const jlm_model *m, jlm_source *src, uint64_t budget,
         d[a].extent = ext[a];
     }
     if (!rc) {
-        jlm_pager_config cfg = { .src = src, .chunk = h->chunk, .budget = budget, .n_arrays = 3, .arrays = d };
+        jlm_pager_config cfg = { .src = src, .chunk = jlm_pager_chunk_for(h->chunk), .budget = budget, .n_arrays = 3, .arrays = d };
         rc = jlm_pager_open(&cfg, out, err);
         if (rc)
             jlm_err_prefix(err, rc, "%s", m->path);

@@ -18,15 +18,21 @@
  * offsets when it reads those chunks, so memory changes frames without page
  * faults (drop_run; MREMAP_DONTUNMAP, so the frame it leaves keeps no hole).
  *
- * Huge pages. When the budget holds every page of every array (unlimited,
- * or at least their extents plus 2 MiB a page: a transparent huge page
- * straddling an extent's end maps up to 2 MiB past it), nothing is ever
- * evicted, so frames are mapped MADV_HUGEPAGE: fewer TLB misses over
- * weights read once per token (pp128 and tg64 1.05x, docs/pager.md).
- * Otherwise MADV_NOHUGEPAGE: a huge page would map, and charge to the
- * cgroup, 2 MiB around one chunk of a partial frame. A budget lowered below
- * that later marks every mapped frame NOHUGEPAGE; huge pages already there
- * are split by the kernel when their chunks are dropped.
+ * Huge pages. When the chunk is a multiple of the transparent huge page
+ * size (the engine asks for that where THP is on: jlm_pager_chunk_for),
+ * frames are mapped on a huge page boundary and MADV_HUGEPAGE up to the
+ * page's extent rounded down (the tail stays in small pages), at any budget:
+ * every chunk is whole huge pages, so a trim, a move (mremap of whole PMDs)
+ * or an eviction takes whole ones, and a read pins and fills 2 MiB folios
+ * instead of 512 small pages. Under a budget that was decode 1.5-2.1x
+ * (docs/pager.md). With smaller chunks (a pager opened directly, THP off):
+ * when the budget holds every page of every array (unlimited, or at least
+ * their extents plus 2 MiB a page: a huge page straddling an extent's end
+ * maps up to 2 MiB past it) frames are MADV_HUGEPAGE (pp128 and tg64 1.05x),
+ * otherwise MADV_NOHUGEPAGE: a huge page would map, and charge to the cgroup,
+ * 2 MiB around one chunk of a partial frame. A budget lowered below that
+ * later marks every mapped frame NOHUGEPAGE; huge pages already there are
+ * split by the kernel when their chunks are dropped.
  */
 #include "engine/pager.h"
 
@@ -104,6 +110,8 @@ struct jlm_pager {
     uint64_t    budget;       /* 0 = unlimited */
     uint64_t    resident_bytes, peak_bytes;
     uint64_t    huge_need;    /* the budget from which frames use huge pages */
+    uint64_t    thp;          /* chunks are whole transparent huge pages of this
+                                 size (0: no, chunks are smaller or THP is off) */
     plist       lru[2];       /* per class; head = most recently used */
 
     /* prefetch: on, and the page whose read is in flight or uncollected
@@ -243,6 +251,8 @@ int jlm_pager_open(const jlm_pager_config *cfg, jlm_pager **out, jlm_err *err)
         p->chunk_shift++;
     p->budget = cfg->budget;
     p->n_arrays = cfg->n_arrays;
+    uint64_t thp = jlm_pager_thp_size();
+    p->thp = thp && p->chunk % thp == 0 ? thp : 0;
     pthread_mutex_init(&p->pf.mu, NULL);
     pthread_cond_init(&p->pf.cv, NULL);
     uint64_t max_chunks = 1;
@@ -355,19 +365,80 @@ static void uncharge(jlm_pager *p, ppage *pg, uint64_t bytes)
 }
 
 /* ---------------------------------------------------------------- frames */
-/* Whether frames use transparent huge pages (see the top of the file). */
-static int huge_ok(const jlm_pager *p) { return p->budget == 0 || p->budget >= p->huge_need; }
+/* Whether frames use transparent huge pages (see the top of the file):
+ * always when every chunk is whole huge pages, else only while nothing is
+ * ever evicted. */
+static int huge_ok(const jlm_pager *p) { return p->thp || p->budget == 0 || p->budget >= p->huge_need; }
+
+static uint64_t thp_cached;
+static pthread_once_t thp_once = PTHREAD_ONCE_INIT;
+
+static void thp_probe(void)
+{
+    uint64_t sz = 0;
+    char mode[128] = "";
+    FILE *f = fopen("/sys/kernel/mm/transparent_hugepage/enabled", "r");
+    if (f) {
+        if (!fgets(mode, sizeof mode, f))
+            mode[0] = 0;
+        fclose(f);
+    }
+    f = fopen("/sys/kernel/mm/transparent_hugepage/hpage_pmd_size", "r");
+    unsigned long long v = 0;
+    if (f) {
+        if (fscanf(f, "%llu", &v) != 1)
+            v = 0;
+        fclose(f);
+    }
+    /* "always [madvise] never": usable unless never is the one chosen; sizes
+     * past 32 MiB (a 64 KiB-page arm64 kernel's 512 MiB) would make chunks
+     * too coarse for partial frames */
+    if ((strstr(mode, "[always]") || strstr(mode, "[madvise]")) && v >= PAGER_ALIGN && v <= (32ull << 20) &&
+        (v & (v - 1)) == 0)
+        sz = v;
+    thp_cached = sz;
+}
+
+uint64_t jlm_pager_thp_size(void)
+{
+    pthread_once(&thp_once, thp_probe);
+    return thp_cached;
+}
+
+uint64_t jlm_pager_chunk_for(uint64_t chunk)
+{
+    uint64_t thp = jlm_pager_thp_size();
+    return thp > chunk && (chunk == 0 || thp % chunk == 0) ? thp : chunk;
+}
 
 /* ABSENT -> FILLING: maps pg a frame (nothing charged: the caller charges the
- * chunks it reads). */
+ * chunks it reads). With whole-huge-page chunks the frame starts on a huge
+ * page boundary, so every full chunk is huge pages and a trim or a move
+ * (drop_run) takes whole ones; the part past the page's own extent rounded
+ * down to a huge page stays in small pages, so no huge page maps memory past
+ * what the page holds (invariant 8). */
 static int map_frame(jlm_pager *p, ppage *pg, jlm_err *err)
 {
     parray *r = &p->arr[pg->array];
-    void *m = mmap(NULL, (size_t)r->frame_len, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    size_t len = (size_t)r->frame_len, al = (size_t)p->thp;
+    uint8_t *m = mmap(NULL, len + al, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
     if (m == MAP_FAILED)
         return jlm_errf(err, JLM_ENOMEM, "pager: %s page %u: out of memory for a %llu-byte frame",
                         r->name, pg->idx, (unsigned long long)r->frame_len);
-    madvise(m, (size_t)r->frame_len, huge_ok(p) ? MADV_HUGEPAGE : MADV_NOHUGEPAGE);
+    if (al) {   /* keep the aligned len bytes of the reservation */
+        uint8_t *a = (uint8_t *)(((uintptr_t)m + al - 1) & ~(uintptr_t)(al - 1));
+        if (a > m)
+            munmap(m, (size_t)(a - m));
+        munmap(a + len, (size_t)(m + al - a));
+        m = a;
+        size_t hx = (size_t)(r->extent[pg->idx] & ~(uint64_t)(al - 1));
+        if (hx)
+            madvise(m, hx, MADV_HUGEPAGE);
+        if (hx < len)
+            madvise(m + hx, len - hx, MADV_NOHUGEPAGE);
+    } else {
+        madvise(m, len, huge_ok(p) ? MADV_HUGEPAGE : MADV_NOHUGEPAGE);
+    }
     pg->frame = m;
     r->st.resident_pages++;
     return 0;
@@ -924,7 +995,7 @@ int jlm_pager_set_budget(jlm_pager *p, uint64_t budget, jlm_err *err)
     }
     int was_huge = huge_ok(p);
     p->budget = budget;
-    if (was_huge && !huge_ok(p))
+    if (was_huge && !huge_ok(p))   /* (never with whole-huge-page chunks) */
         for (uint32_t a = 0; a < p->n_arrays; a++)
             for (uint32_t i = 0; i < p->arr[a].n_pages; i++)
                 if (p->arr[a].pages[i].frame)

@@ -180,6 +180,18 @@ int  jlm_pager_open(const jlm_pager_config *cfg, jlm_pager **out, jlm_err *err);
 /* Frees every frame (pinned or not) and the pager; accepts NULL. */
 void jlm_pager_close(jlm_pager *p);
 
+/* The transparent huge page size when THP may be used (enabled is "always"
+ * or "madvise", a power of two from 4 KiB to 32 MiB), else 0. Read once from
+ * /sys/kernel/mm/transparent_hugepage. When a pager's chunk is a multiple of
+ * it, frames start on huge page boundaries and are huge pages up to the
+ * page's extent at any budget (a trim, a move or an eviction takes whole huge
+ * pages); otherwise only while the budget can hold every page. */
+uint64_t jlm_pager_thp_size(void);
+/* The chunk the engine gives its pager for a container whose chunk is
+ * `chunk`: jlm_pager_thp_size() when that is larger, else chunk. Cannot
+ * fail. */
+uint64_t jlm_pager_chunk_for(uint64_t chunk);
+
 /* ---------------------------------------------------------------- configure */
 /* Bytes of the smallest budget that lets n_pinned[a] whole pages of each
  * array be pinned at once (sum of n_pinned[a] * frame_len(a)). Cannot fail. */

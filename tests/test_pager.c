@@ -661,6 +661,87 @@ Test(pager, random_gets_and_unpins_keep_every_invariant_and_every_byte, .timeout
     rig_close(&r);
 }
 
+/* ---------------------------------------------------------------- huge pages */
+/* The THPeligible line of /proc/self/smaps for the mapping holding addr:
+ * 1 or 0, -1 if not found. It follows the mapping's flags (MADV_HUGEPAGE,
+ * alignment), not whether the kernel found a free huge page, so it is a
+ * deterministic check. */
+static int thp_eligible(const void *addr)
+{
+    FILE *f = fopen("/proc/self/smaps", "r");
+    if (!f)
+        return -1;
+    char line[512];
+    int in = 0, v = -1;
+    uintptr_t a = (uintptr_t)addr;
+    while (fgets(line, sizeof line, f)) {
+        unsigned long lo, hi;
+        if (sscanf(line, "%lx-%lx ", &lo, &hi) == 2 && strchr(line, '-') < strchr(line, ' ')) {
+            in = a >= lo && a < hi;
+            continue;
+        }
+        if (in && sscanf(line, "THPeligible: %d", &v) == 1)
+            break;
+    }
+    fclose(f);
+    return in ? v : -1;
+}
+
+/* With chunks of the transparent huge page size (what the engine gives its
+ * pager where THP is on: jlm_pager_chunk_for), frames start on a huge page
+ * boundary and are huge-page eligible up to the page's extent at a budget that
+ * trims and moves chunks; the tail past the extent rounded down is not (no
+ * huge page may map memory past what the page holds); every byte is right
+ * and every invariant (mincore included) holds after every step of cyclic
+ * scans with and without prefetch. */
+Test(pager, huge_page_chunks_keep_frames_aligned_and_every_invariant_under_a_budget, .timeout = 60)
+{
+    uint64_t H = jlm_pager_thp_size();
+    if (!H)
+        cr_skip_test("transparent huge pages are off here");
+    cr_assert_eq(jlm_pager_chunk_for(65536), H > 65536 ? H : 65536);
+    cr_assert_eq(jlm_pager_chunk_for(2 * H), 2 * H);
+    enum { N = 4 };
+    uint64_t psz = 3 * H + 8192, base = 4096, len = base + N * psz;
+    uint64_t ext[N] = { psz, psz, psz, 2 * H };   /* page 3 ends on a huge page */
+    uint8_t *data = make_content((size_t)len);
+    jlm_source *mem;
+    jlm_pager *p;
+    jlm_err err = { 0 };
+    cr_assert_eq(jlm_source_open_mem(data, (size_t)len, "huge.jlm", &mem, &err), 0, "%s", err.msg);
+    jlm_pager_array_desc d = { .name = "blocks", .cls = JLM_PAGER_BLOCK, .base_off = base, .page_size = psz,
+                               .n_pages = N, .extent = ext };
+    jlm_pager_config cfg = { .src = mem, .chunk = H, .budget = 2 * psz + H, .n_arrays = 1, .arrays = &d };
+    cr_assert_eq(jlm_pager_open(&cfg, &p, &err), 0, "%s", err.msg);
+    for (int pf = 0; pf < 2; pf++) {
+        jlm_pager_set_prefetch(p, pf);
+        for (int pass = 0; pass < 4; pass++)
+            for (uint32_t l = 0; l < N; l++) {
+                const void *ptr = NULL;
+                cr_assert_eq(jlm_pager_get(p, 0, l, 0, ext[l], &ptr, &err), 0, "%s", err.msg);
+                cr_assert_eq((uintptr_t)ptr % H, 0, "page %u's frame at %p, not on a %llu-byte boundary", l, ptr,
+                             (unsigned long long)H);
+                cr_assert_eq(thp_eligible(ptr), 1, "page %u: its frame is not huge-page eligible", l);
+                if (ext[l] % H)   /* the 8 KiB past the last huge page */
+                    cr_assert_eq(thp_eligible((const uint8_t *)ptr + ext[l] / H * H), 0,
+                                 "page %u: the tail past its extent is huge-page eligible", l);
+                check_bytes(ptr, base + l * psz, (size_t)ext[l], "huge-page frame");
+                if (pf)
+                    jlm_pager_prefetch(p, 0, (l + 1) % N);
+                cr_assert_eq(jlm_pager_check(p, &err), 0, "invariant broken: %s", err.msg);
+                jlm_pager_unpin(p, 0, l);
+                cr_assert_eq(jlm_pager_check(p, &err), 0, "invariant broken: %s", err.msg);
+            }
+    }
+    jlm_pager_counters c;
+    jlm_pager_stats(p, &c);
+    cr_assert_gt(c.a[0].trims, 0, "the budget never trimmed a page in part");
+    cr_assert_gt(c.a[0].pf_issued, 0, "no prefetch was issued");
+    jlm_pager_close(p);
+    jlm_source_close(mem);
+    free(data);
+}
+
 /* ---------------------------------------------------------------- prefetch */
 /* Prefetch counters add up: every prefetch issued was used by a get (hit or
  * wait), evicted unused, failed, or is still resident unused (at most one:
