@@ -764,8 +764,9 @@ ALWAYS_INLINE void g_epi(const gfac *f, const gseed *z, uint64_t j, int t, __m25
 }
 
 /* Step u's products for one token (activations q): added in s16 into *h16,
- * widened every G steps into *dot (the second 16-half of Q3_K/Q6_K: *dot1);
- * Q8_0 widens each product: |w| x sign(a, w). */
+ * widened every G steps into *dot (Q3_K/Q6_K: by the 16-half's scale, so
+ * *dot sums sc_h * dot_h over both halves); Q8_0 widens each product:
+ * |w| x sign(a, w). */
 ALWAYS_INLINE void g_acc(__m256i x0, __m256i x1, const int8_t *q, int i0, int i1, int u, int type, const gfac *f,
                          __m256i *h16, __m256i *dot)
 {
