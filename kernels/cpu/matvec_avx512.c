@@ -613,6 +613,12 @@ ALWAYS_INLINE void g_sub(const jlm_k_mat *m, const gseed *z, uint64_t j, uint64_
     const uint32_t *qs = m->qs, *dp = m->d, *scp = m->sc;
     const uint16_t *d16 = m->d;
     const uint8_t *d8 = m->d;
+    /* z opaque here: otherwise GCC hoists the activation broadcasts of the
+     * block's every token out of the row tiles' loop into a stack table of
+     * whole zmm (~100 stores per block and a 64-byte load per vpdpbusd);
+     * kept in the loop they are vpbroadcastd from the tile's 4 bytes.
+     * Zen 4: 1.15-1.23x GEMM by type (docs/kernels.md). */
+    __asm__("" : "+r"(z));
     __m512 acc[NTMAX];
     UNROLL for (int t = 0; t < nt; t++)
         acc[t] = _mm512_load_ps(A[t]);
