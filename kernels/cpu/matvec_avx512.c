@@ -675,12 +675,15 @@ ALWAYS_INLINE void g_sub(const jlm_k_mat *m, const gseed *z, uint64_t j, uint64_
         __m512 d, dmin;
         half_pair(ld(dp + (s / 8) * rows + r), &d, &dmin);
         __m512i f = field12(scp + (s / 8) * 3 * rows, rows, r, (unsigned)(s % 8));
-        __m512 sc = _mm512_cvtepi32_ps(_mm512_and_si512(f, m63));
-        __m512 mn = _mm512_cvtepi32_ps(_mm512_and_si512(_mm512_srli_epi32(f, 6), m63));
+        /* d*sc and dmin*m once per tile, not per token: an f16 (11
+         * significant bits) times a 6-bit integer is exact in f32, and so
+         * are (float)dot and (float)sum(a) (< 2^24), so (d*sc)*dot rounds
+         * the same exact product as the reference's d*(float)(sc*dot), and
+         * (dmin*m)*sum(a) as its dmin*(float)(m*suma): bit-identical. */
+        __m512 dsc = _mm512_mul_ps(d, _mm512_cvtepi32_ps(_mm512_and_si512(f, m63)));
+        __m512 dmn = _mm512_mul_ps(dmin, _mm512_cvtepi32_ps(_mm512_and_si512(_mm512_srli_epi32(f, 6), m63)));
         UNROLL for (int t = 0; t < nt; t++) {
-            __m512 x = _mm512_mul_ps(sc, _mm512_cvtepi32_ps(dot[t]));
-            __m512 b = _mm512_mul_ps(mn, _mm512_set1_ps(z->fs[j][t]));
-            __m512 v = NMULADD(dmin, b, _mm512_mul_ps(d, x));
+            __m512 v = NMULADD(dmn, _mm512_set1_ps(z->fs[j][t]), _mm512_mul_ps(dsc, _mm512_cvtepi32_ps(dot[t])));
             acc[t] = MULADD(_mm512_set1_ps(z->da[j][t]), v, acc[t]);
         }
         break;
