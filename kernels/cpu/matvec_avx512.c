@@ -13,6 +13,7 @@
  * types are bit-identical to the reference (its f32 operations in its order,
  * no FMA; docs/kernels.md). */
 #include "kernels/cpu/kernels.h"
+#define JLM_PF_HINT _MM_HINT_T2   /* the matvec's prefetch into L2 (prefetch.h) */
 #include "kernels/cpu/prefetch.h"
 
 #include <immintrin.h>

@@ -26,6 +26,14 @@
 #define JLM_PF 32   /* lines ahead; 24-48 measured alike, 12 worse */
 #endif
 
+/* Where the lines go. The AVX-512 file asks for L2 (_MM_HINT_T2, defined
+ * before this include): on Zen 4 prefetcht0 into L1 left one thread at 0.5-0.65
+ * of the memory probe, and T1/T2 took decode 1.2-1.4x further (docs/kernels.md).
+ * The AVX2 file keeps T0, measured on Zen 3 and Zen 5, its own machines. */
+#ifndef JLM_PF_HINT
+#define JLM_PF_HINT _MM_HINT_T0
+#endif
+
 typedef struct pfat { uint64_t r; int nx; } pfat;   /* row r of this pass (nx 0) or the next (nx 1) */
 
 PF_INLINE pfat pf_at(uint64_t r, uint64_t r0, uint64_t nv)
@@ -43,7 +51,7 @@ PF_INLINE pfat pf_at(uint64_t r, uint64_t r0, uint64_t nv)
 PF_INLINE void pf_words(const uint32_t *plane0, uint64_t rows, unsigned n, uint64_t r)
 {
     for (unsigned w = 0; w < n; w++)
-        _mm_prefetch((const char *)(plane0 + w * rows + r), _MM_HINT_T0);
+        _mm_prefetch((const char *)(plane0 + w * rows + r), JLM_PF_HINT);
 }
 
 /* Q4_0, Q8_0, Q5_0, Q5_1, MXFP4: sub-block s's W word planes from col (the
@@ -54,7 +62,7 @@ PF_INLINE void pf_flat(const uint32_t *col, unsigned W, uint64_t rows, const voi
 {
     pfat a = pf_at(r, r0, nv);
     pf_words(col + a.nx * W * rows, rows, W, a.r);
-    _mm_prefetch((const char *)d + ((s + a.nx) * dcol + a.r) * es, _MM_HINT_T0);
+    _mm_prefetch((const char *)d + ((s + a.nx) * dcol + a.r) * es, JLM_PF_HINT);
 }
 
 /* Q5_0, Q5_1, MXFP4 (sub32_core): Q5_1's d plane is a word (d, b) a row,
