@@ -28,8 +28,10 @@
 
 /* Where the lines go. The AVX-512 file asks for L2 (_MM_HINT_T2, defined
  * before this include): on Zen 4 prefetcht0 into L1 left one thread at 0.5-0.65
- * of the memory probe, and T1/T2 took decode 1.2-1.4x further (docs/kernels.md).
- * The AVX2 file keeps T0, measured on Zen 3 and Zen 5, its own machines. */
+ * of the memory probe, and T1/T2 took decode 1.2-1.4x further (docs/kernels.md;
+ * measured there only, not on Zen 5 or Xeon). The AVX2 file keeps T0, as first
+ * measured (Zen 5): no machine that runs it by default (without AVX-512, Zen 3)
+ * was here to compare the hints on. */
 #ifndef JLM_PF_HINT
 #define JLM_PF_HINT _MM_HINT_T0
 #endif
