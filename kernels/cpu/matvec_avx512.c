@@ -616,8 +616,9 @@ ALWAYS_INLINE void g_sub(const jlm_k_mat *m, const gseed *z, uint64_t j, uint64_
     const uint8_t *d8 = m->d;
     /* z opaque here: otherwise GCC hoists the activation broadcasts of the
      * block's every token out of the row tiles' loop into a stack table of
-     * whole zmm (~100 stores per block and a 64-byte load per vpdpbusd);
-     * kept in the loop they are vpbroadcastd from the tile's 4 bytes.
+     * whole zmm (most of the block's 96 stored as 64-byte vectors, and most
+     * vpdpbusd then read one from the stack); kept in the loop they are
+     * vpbroadcastd from the tile's 4 bytes.
      * Zen 4: 1.15-1.23x GEMM by type (docs/kernels.md). */
     __asm__("" : "+r"(z));
     __m512 acc[NTMAX];
