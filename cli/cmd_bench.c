@@ -4,8 +4,10 @@
  *
  * Method (llama-bench's, adapted): one engine per invocation; one 1-token
  * warm-up eval pages the weights in (within the budget) before any timing;
- * each repetition starts from an empty context (rewind to 0) and zeroed pager
- * counters. ppP evaluates P random token ids in one jlm_engine_eval call (the
+ * each repetition starts from an empty context (rewind to 0), or with -d N
+ * from N cached positions (N random ids evaluated as a prompt, untimed: the
+ * test then runs at depth N, "tg128 @ d4096" as llama-bench's -d), and
+ * zeroed pager counters. ppP evaluates P random token ids in one jlm_engine_eval call (the
  * engine batches them as it does for a prompt); tgN evaluates N random ids one call each.
  * t/s is mean +- sample sd over r repetitions; page-ins, MiB read and read
  * wait are means per repetition. Nothing goes to stdout but the table:
@@ -27,13 +29,13 @@
 #include <unistd.h>
 
 static const char BENCH_USAGE[] =
-    "usage: jlm bench MODEL [-p 512] [-n 128] [-r 3] [-t THREADS] [--budget SIZE] [--kv f32|f16] [--no-direct]\n"
+    "usage: jlm bench MODEL [-p 512] [-n 128] [-d 0] [-r 3] [-t THREADS] [--budget SIZE] [--kv f32|f16] [--no-direct]\n"
     "                 [--no-prefetch] [--profile] [--backend cpu|vulkan|cuda|auto|cuda,vulkan|vulkan,cuda]\n"
     "                 [--device N|NAME[,..]] [--gpu-layers N|all[,M|all]] [--gpu-budget SIZE[,SIZE]]\n"
     "  -p 0 or -n 0 skips that test\n";
 
 typedef enum { OUT_MD, OUT_CSV, OUT_JSON } bench_out;
-typedef struct bench_opts { const char *model, *out; jlm_opts_gpu gpu; int n_pp, n_tg, reps, profile; bench_out fmt; jlm_engine_opts eng; } bench_opts;
+typedef struct bench_opts { const char *model, *out; jlm_opts_gpu gpu; int n_pp, n_tg, depth, reps, profile; bench_out fmt; jlm_engine_opts eng; } bench_opts;
 
 /* A device backend's figures, means per repetition. */
 typedef struct bench_dev {
@@ -61,6 +63,7 @@ static int bench_parse(int argc, char **argv, bench_opts *o)
         {"-m", "--model", JLM_OPT_STR, &o->model, 0, 0, 0, "FILE", "the model (or give it first)"},
         {"-p", "--n-prompt", JLM_OPT_INT, &o->n_pp, 0, 1 << 20, 0, "N", "prompt tokens per pp test, 0: skip"},
         {"-n", "--n-gen", JLM_OPT_INT, &o->n_tg, 0, 1 << 20, 0, "N", "generated tokens per tg test, 0: skip"},
+        {"-d", "--depth", JLM_OPT_INT, &o->depth, 0, 1 << 20, 0, "N", "positions already cached when each test starts (default: 0)"},
         {"-r", "--repetitions", JLM_OPT_INT, &o->reps, 1, 1000, 0, "N", "repetitions per test"},
     };
     const jlm_opt tail[] = {
@@ -170,10 +173,11 @@ static void bench_prof_print(const char *test, const jlm_engine_prof *p, int md)
             (double)p->wait_ns / tok / 1e6, thr > 0 ? 100.0 * (double)p->wait_ns / thr : 0.0);
 }
 
-static int bench_test(jlm_engine *e, int pp, uint32_t n, int reps, int profile, bench_res *res, jlm_err *err)
+static int bench_test(jlm_engine *e, int pp, uint32_t n, uint32_t depth, int reps, int profile, bench_res *res,
+                      jlm_err *err)
 {
     uint32_t nv = jlm_engine_n_vocab(e);
-    int32_t *ids = malloc(n * sizeof *ids);
+    int32_t *ids = malloc((n > depth ? n : depth) * sizeof *ids);
     double *tps = malloc((size_t)reps * sizeof *tps);
     uint64_t seed = 1234;
     float *lg = profile && !pp ? malloc(nv * sizeof *lg) : NULL;
@@ -184,10 +188,15 @@ static int bench_test(jlm_engine *e, int pp, uint32_t n, int reps, int profile, 
     res->n_dev = 0;
     memset(res->dev, 0, sizeof res->dev);
     for (int r = 0; r < reps && !rc; r++) {
+        jlm_engine_rewind(e, 0);
+        if (depth) {
+            bench_ids(ids, depth, nv, &seed);
+            if ((rc = jlm_engine_eval(e, ids, depth, NULL, err)))
+                break;
+        }
         for (int i = 0; i < JLM_ENGINE_DEVS; i++)
             jlm_engine_dev_stats_at(e, i, &v0[i]);
         bench_ids(ids, n, nv, &seed);
-        jlm_engine_rewind(e, 0);
         jlm_pager_stats_reset(jlm_engine_pager(e));
         if (profile)
             jlm_engine_prof_reset(e);
@@ -261,9 +270,18 @@ typedef struct bench_row {
     const char *name, *size, *params, *budget;
     double size_bytes, n_params;
     uint64_t budget_bytes;
-    int threads, pp, n;
+    int threads, pp, n, depth;
     bench_res r;
 } bench_row;
+
+/* A test's name as llama-bench prints it: "pp512", "tg128 @ d4096". */
+static void bench_test_name(char *buf, size_t len, int pp, int n, int depth)
+{
+    if (depth)
+        snprintf(buf, len, "%s%d @ d%d", pp ? "pp" : "tg", n, depth);
+    else
+        snprintf(buf, len, "%s%d", pp ? "pp" : "tg", n);
+}
 
 static void csv_field(const char *s)
 {
@@ -278,24 +296,26 @@ static void csv_field(const char *s)
 
 static void bench_header_csv(void)
 {
-    puts("model,size_bytes,params,threads,budget_bytes,test,n_tokens,tps_mean,tps_sd,page_ins,read_mib,wait_ms");
+    puts("model,size_bytes,params,threads,budget_bytes,test,n_tokens,tps_mean,tps_sd,page_ins,read_mib,wait_ms,n_depth");
 }
 
 static void bench_row_csv(const bench_row *w)
 {
+    char test[40];
+    bench_test_name(test, sizeof test, w->pp, w->n, w->depth);
     csv_field(w->name);
-    printf(",%.0f,%.0f,%d,%llu,%s%d,%d,%.4f,%.4f,%.1f,%.4f,%.4f\n", w->size_bytes, w->n_params, w->threads,
-           (unsigned long long)w->budget_bytes, w->pp ? "pp" : "tg", w->n, w->n, w->r.tps_mean, w->r.tps_sd,
-           w->r.pageins, w->r.mib, w->r.wait_ms);
+    printf(",%.0f,%.0f,%d,%llu,%s,%d,%.4f,%.4f,%.1f,%.4f,%.4f,%d\n", w->size_bytes, w->n_params, w->threads,
+           (unsigned long long)w->budget_bytes, test, w->n, w->r.tps_mean, w->r.tps_sd, w->r.pageins, w->r.mib,
+           w->r.wait_ms, w->depth);
 }
 
 static json_t *bench_row_json(const bench_row *w)
 {
-    char test[16];
-    snprintf(test, sizeof test, "%s%d", w->pp ? "pp" : "tg", w->n);
-    json_t *o = json_pack("{s:s, s:I, s:I, s:i, s:I, s:s, s:i, s:f, s:f, s:f, s:f, s:f}", "model", w->name,
+    char test[40];
+    bench_test_name(test, sizeof test, w->pp, w->n, w->depth);
+    json_t *o = json_pack("{s:s, s:I, s:I, s:i, s:I, s:s, s:i, s:i, s:f, s:f, s:f, s:f, s:f}", "model", w->name,
                      "size_bytes", (json_int_t)w->size_bytes, "params", (json_int_t)w->n_params, "threads", w->threads,
-                     "budget_bytes", (json_int_t)w->budget_bytes, "test", test, "n_tokens", w->n, "tps_mean",
+                     "budget_bytes", (json_int_t)w->budget_bytes, "test", test, "n_tokens", w->n, "n_depth", w->depth, "tps_mean",
                      w->r.tps_mean, "tps_sd", w->r.tps_sd, "page_ins", w->r.pageins, "read_mib", w->r.mib,
                      "wait_ms", w->r.wait_ms);
     for (int i = 0; o && i < w->r.n_dev; i++) {   /* per backend, by kind: the fields above are the CPU pager's */
@@ -355,7 +375,7 @@ int jlm_cmd_bench(int argc, char **argv)
     const char *given = o.model;   /* the model column names it as given, not its cache entry */
     if (!(o.model = jlm_cli_resolve_model("jlm bench", o.model)))
         return 1;
-    o.eng.n_ctx = (uint32_t)(o.n_pp > o.n_tg ? o.n_pp : o.n_tg) + 1;
+    o.eng.n_ctx = (uint32_t)(o.n_pp > o.n_tg ? o.n_pp : o.n_tg) + (uint32_t)o.depth + 1;
     char *path = bench_container(o.model);
     jlm_err err = {0};
     jlm_engine *e = NULL;
@@ -389,20 +409,20 @@ int jlm_cmd_bench(int argc, char **argv)
         if (n == 0)
             continue;
         bench_res r;
-        if (bench_test(e, pp, (uint32_t)n, o.reps, o.profile, &r, &err)) {
+        if (bench_test(e, pp, (uint32_t)n, (uint32_t)o.depth, o.reps, o.profile, &r, &err)) {
             fprintf(stderr, "jlm bench: %s: %s\n", path, err.msg);
             status = 1;
             break;
         }
         bench_row w = {name, size, params, budget, (double)jlm_engine_model(e)->file_size, n_params,
-                       o.eng.budget ? jlm_engine_budget(e) : 0, threads, pp, n, r};
+                       o.eng.budget ? jlm_engine_budget(e) : 0, threads, pp, n, o.depth, r};
         if (o.fmt == OUT_CSV)
             bench_row_csv(&w);
         else if (o.fmt == OUT_JSON)
             json_array_append_new(rows, bench_row_json(&w));
         else {
-            char test[16], tps[24];
-            snprintf(test, sizeof test, "%s%d", pp ? "pp" : "tg", n);
+            char test[40], tps[24];
+            bench_test_name(test, sizeof test, pp, n, o.depth);
             snprintf(tps, sizeof tps, "%.2f ± %.2f", r.tps_mean, r.tps_sd);
             printf("| %-24s | %10s | %8s | %7d | %10s | %7s | %17s | %9.1f | %9.2f | %9.2f |\n", name, size, params,
                    threads, budget, test, tps, r.pageins, r.mib, r.wait_ms);
@@ -420,8 +440,8 @@ int jlm_cmd_bench(int argc, char **argv)
             }
         }
         if (o.profile) {
-            char test[16];
-            snprintf(test, sizeof test, "%s%d", pp ? "pp" : "tg", n);
+            char test[40];
+            bench_test_name(test, sizeof test, pp, n, o.depth);
             bench_prof_print(test, &r.prof, o.fmt == OUT_MD);
         }
         fflush(stdout);

@@ -251,7 +251,7 @@ Test(cli_ux, bench_prints_md_csv_or_json, .timeout = 120)
         int commas = 0;
         for (char *c = l + 1; *c && *c != '\n'; c++)
             commas += *c == ',';
-        cr_expect(commas == 11, "csv row with %d commas: %.80s", commas, l + 1);
+        cr_expect(commas == 12, "csv row with %d commas: %.80s", commas, l + 1);
     }
     free(o); free(e);
     snprintf(args, sizeof args, "bench '%s' -p 4 -n 2 -r 1 -o json", g);
@@ -265,6 +265,19 @@ Test(cli_ux, bench_prints_md_csv_or_json, .timeout = 120)
                   json_real_value(json_object_get(r, "tps_mean")) > 0,
               "json row: %s", o);
     json_decref(j);
+    free(o); free(e);
+    /* -d: the tests start from cached positions, named as llama-bench's */
+    snprintf(args, sizeof args, "bench '%s' -p 4 -n 2 -d 3 -r 1", g);
+    cr_assert(jlm2(args, &o, &e) == 0, "%s", e);
+    cr_expect(count_lines(o) == 4 && strstr(o, " pp4 @ d3 |") && strstr(o, " tg2 @ d3 |"), "md -d 3:\n%s", o);
+    free(o); free(e);
+    snprintf(args, sizeof args, "bench '%s' -p 0 -n 2 -d 3 -r 1 -o csv", g);
+    cr_assert(jlm2(args, &o, &e) == 0, "%s", e);
+    cr_expect(count_lines(o) == 2 && strstr(o, ",n_depth\n") && strstr(o, ",tg2 @ d3,2,") && strstr(o, ",3\n"),
+              "csv -d 3:\n%s", o);
+    free(o); free(e);
+    snprintf(args, sizeof args, "bench '%s' -d -1", g);
+    cr_expect(jlm2(args, &o, &e) == 2 && count_lines(e) == 1 && strstr(e, "-d") && !*o, "-d -1: %s", e);
     free(o); free(e);
     snprintf(args, sizeof args, "bench '%s' -o xml", g);
     cr_expect(jlm2(args, &o, &e) == 2 && count_lines(e) == 1 && strstr(e, "-o 'xml'") && !*o, "%s", e);
