@@ -72,7 +72,8 @@ static void per_token(ctx *c)
 static void batched(ctx *c, jlm_k_fattn_fn fn)
 {
     jlm_k_fattn p = {.head_dim = HD, .head_dim_v = HD, .group = GRP, .q_stride = NH * HD, .o_stride = NH * HD,
-                     .k_stride = KVD, .v_stride = KVD, .kv_f16 = c->f16, .scale = 1.0f / sqrtf((float)HD),
+                     .k_stride = KVD, .v_stride = KVD, .kh_stride = HD, .vh_stride = HD, .kv_f16 = c->f16,
+                     .scale = 1.0f / sqrtf((float)HD),
                      .lo = c->lo, .hi = c->hi};
     const void *k = c->f16 ? (const void *)c->k16 : (const void *)c->k;
     const void *v = c->f16 ? (const void *)c->v16 : (const void *)c->v;

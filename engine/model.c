@@ -312,6 +312,14 @@ static void add_bias(float *y, const float *b, uint64_t n)
 }
 
 /* ================================================================ attention */
+/* Where position pos of KV head g of layer l starts in cache c (dim: hd or
+ * hd_v): layer by layer, head by head, positions in order (model_int.h). */
+static uint8_t *kv_at(const jlm_engine *e, void *c, uint32_t l, uint32_t g, uint32_t pos, uint32_t dim)
+{
+    uint64_t head = (uint64_t)l * e->c->n_kv_head + g;
+    return (uint8_t *)c + (head * e->n_ctx + pos) * dim * e->kv_es;
+}
+
 static int is_swa_layer(const jlm_config *c, uint32_t l)
 {
     return c->swa_window && c->swa_period && (l % c->swa_period) < c->swa_period - 1;
@@ -382,8 +390,8 @@ static void attn_heads_f16(void *ctx, size_t g0, size_t g1, int tid)
     ap.v_stride = e->hd_v;
     for (size_t g = g0; g < g1; g++) {
         for (uint32_t p = 0; p < j->n_kv; p++) {
-            const uint16_t *ks = j->kl16 + (uint64_t)p * e->kv_dim + g * e->hd;
-            const uint16_t *vs = j->vl16 + (uint64_t)p * e->kv_dim_v + g * e->hd_v;
+            const uint16_t *ks = j->kl16 + ((uint64_t)g * e->n_ctx + p) * e->hd;
+            const uint16_t *vs = j->vl16 + ((uint64_t)g * e->n_ctx + p) * e->hd_v;
             for (uint32_t i = 0; i < e->hd; i++)
                 k32[(uint64_t)p * e->hd + i] = jlm_k_fp16_to_f32(ks[i]);
             for (uint32_t i = 0; i < e->hd_v; i++)
@@ -407,8 +415,8 @@ static void attn_heads(void *ctx, size_t h0, size_t h1, int tid)
         uint32_t kvh = (uint32_t)h / j->group;
         ap.has_sink = j->sinks != NULL;
         ap.sink = j->sinks ? j->sinks[h] : 0.0f;
-        jlm_k_attn_head(&ap, j->q + h * e->hd, j->kl + kvh * e->hd, j->vl + kvh * e->hd_v, j->n_kv, scores,
-                        j->out + h * e->hd_v);
+        jlm_k_attn_head(&ap, j->q + h * e->hd, j->kl + (uint64_t)kvh * e->n_ctx * e->hd,
+                        j->vl + (uint64_t)kvh * e->n_ctx * e->hd_v, j->n_kv, scores, j->out + h * e->hd_v);
     }
 }
 
@@ -422,14 +430,13 @@ static void attend(jlm_engine *e, uint32_t l, uint32_t t, const float *q, float 
     int swa = is_swa_layer(c, l);
     for (uint32_t j = 0; swa && j < n_kv; j++)
         e->mask[j] = j <= pos && pos - j >= c->swa_window ? -INFINITY : 0.0f;
-    const uint8_t *kl = (const uint8_t *)e->bkc[t] + (uint64_t)l * e->n_ctx * e->kv_dim * e->kv_es;
-    const uint8_t *vl = (const uint8_t *)e->bvc[t] + (uint64_t)l * e->n_ctx * e->kv_dim_v * e->kv_es;
+    const uint8_t *kl = kv_at(e, e->bkc[t], l, 0, 0, e->hd), *vl = kv_at(e, e->bvc[t], l, 0, 0, e->hd_v);
     attn_job j = {
         .e = e, .q = q, .out = out, .n_kv = n_kv, .group = c->n_head / c->n_kv_head,
         .kl = e->kv_f16 ? NULL : (const float *)kl, .vl = e->kv_f16 ? NULL : (const float *)vl,
         .kl16 = e->kv_f16 ? (const uint16_t *)kl : NULL, .vl16 = e->kv_f16 ? (const uint16_t *)vl : NULL,
         .sinks = vec_dense(e, W(e, l, JLM_R_ATTN_SINKS)),
-        .ap = {.head_dim = e->hd, .head_dim_v = e->hd_v, .k_stride = e->kv_dim, .v_stride = e->kv_dim_v,
+        .ap = {.head_dim = e->hd, .head_dim_v = e->hd_v, .k_stride = e->hd, .v_stride = e->hd_v,
                .scale = c->attn_scale > 0 ? c->attn_scale : 1.0f / sqrtf((float)e->hd),
                .softcap = c->attn_softcap, .mask = swa ? e->mask : NULL},
     };
@@ -483,12 +490,12 @@ static void attend_rows(jlm_engine *e, uint32_t l, uint32_t t0, uint32_t n)
     }
     fattn_job j = {
         .e = e, .q = e->q + (uint64_t)t0 * e->q_dim, .out = e->att + (uint64_t)t0 * c->n_head * e->hd_v,
-        .k = (const uint8_t *)e->bkc[t0] + (uint64_t)l * e->n_ctx * e->kv_dim * e->kv_es,
-        .v = (const uint8_t *)e->bvc[t0] + (uint64_t)l * e->n_ctx * e->kv_dim_v * e->kv_es,
+        .k = kv_at(e, e->bkc[t0], l, 0, 0, e->hd), .v = kv_at(e, e->bvc[t0], l, 0, 0, e->hd_v),
         .n = n, .n_kv_head = c->n_kv_head,
         .p = {.head_dim = e->hd, .head_dim_v = e->hd_v, .group = c->n_head / c->n_kv_head,
               .q_stride = e->q_dim, .o_stride = (uint64_t)c->n_head * e->hd_v,
-              .k_stride = e->kv_dim, .v_stride = e->kv_dim_v, .kv_f16 = e->kv_f16,
+              .k_stride = e->hd, .v_stride = e->hd_v, .kh_stride = (uint64_t)e->n_ctx * e->hd,
+              .vh_stride = (uint64_t)e->n_ctx * e->hd_v, .kv_f16 = e->kv_f16,
               .scale = c->attn_scale > 0 ? c->attn_scale : 1.0f / sqrtf((float)e->hd),
               .softcap = c->attn_softcap, .sinks = vec_dense(e, W(e, l, JLM_R_ATTN_SINKS)), .lo = lo, .hi = hi},
     };
@@ -529,9 +536,10 @@ static void kv_row(jlm_engine *e, void *ctx, uint32_t t)
     qk_norm(e, j->l, NULL, k);
     if (!(c->flags & JLM_F_NO_POS_ENC))
         jlm_k_rope_apply(&j->rp, k, c->n_kv_head, e->hd, e->bpos[t]);
-    uint64_t at = (uint64_t)j->l * e->n_ctx + e->bpos[t];
-    store_kv(e, (uint8_t *)e->bkc[t] + at * e->kv_dim * e->kv_es, k, e->kv_dim);
-    store_kv(e, (uint8_t *)e->bvc[t] + at * e->kv_dim_v * e->kv_es, v, e->kv_dim_v);
+    for (uint32_t g = 0; g < c->n_kv_head; g++) {   /* head-major (model_int.h) */
+        store_kv(e, kv_at(e, e->bkc[t], j->l, g, e->bpos[t], e->hd), k + g * e->hd, e->hd);
+        store_kv(e, kv_at(e, e->bvc[t], j->l, g, e->bpos[t], e->hd_v), v + g * e->hd_v, e->hd_v);
+    }
 }
 
 static void q_row(jlm_engine *e, void *ctx, uint32_t t)

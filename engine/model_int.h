@@ -54,11 +54,15 @@ struct jlm_engine {
     uint32_t         bidir_end;   /* > 0: queries below it also see keys up to it (an image, eval_embd) */
     uint32_t         hd, hd_v, kv_dim, kv_dim_v, q_dim;
     uint32_t         nb;          /* rows of the batch scratch: prefill batch size (>= BATCH) */
-    /* KV cache: F32, or F16 (kv_f16; kv_es bytes an element) */
+    /* KV cache: F32, or F16 (kv_f16; kv_es bytes an element), head-major:
+     * (n_layer, n_kv_head, n_ctx, hd), so one head's keys are one run that
+     * attention streams (as rows of kv_dim, a head's keys sat kv_dim apart:
+     * at a power-of-two row, 2 KiB for Llama-3.2-1B, they fell in a few L1
+     * sets and missed each other out; docs/kernels.md, Decode attention) */
     int    kv_f16;
     size_t kv_es;
-    void  *kc;        /* (n_layer, n_ctx, kv_dim) */
-    void  *vc;        /* (n_layer, n_ctx, kv_dim_v) */
+    void  *kc;        /* (n_layer, n_kv_head, n_ctx, hd) */
+    void  *vc;        /* (n_layer, n_kv_head, n_ctx, hd_v) */
     float *kv32;      /* kv_f16 and attn_token: (n_threads, n_ctx, hd + hd_v) one KV head widened to F32, a slab per thread */
     /* scratch for a batch of up to nb tokens, row t of each at t * width */
     float *x;         /* (nb, n_embd) residual stream */
@@ -98,7 +102,7 @@ struct jlm_engine {
 
 /* A KV cache of its own, for serving several sequences on one engine. */
 struct jlm_engine_seq {
-    void    *kc, *vc;   /* (n_layer, n_ctx, kv_dim), (n_layer, n_ctx, kv_dim_v), kv_es bytes an element */
+    void    *kc, *vc;   /* head-major as jlm_engine's: (n_layer, n_kv_head, n_ctx, hd or hd_v), kv_es bytes an element */
     uint32_t n_past;
 };
 

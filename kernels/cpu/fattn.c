@@ -74,7 +74,7 @@ void jlm_k_fattn_ref(const jlm_k_fattn *p, const float *q, const void *k, const 
                 uint32_t a = lo > j0 ? lo : j0, b = hi < j0 + BK ? hi : j0 + BK;
                 float s[BK], mt = -INFINITY;
                 for (uint32_t j = a; j < b; j++) {
-                    uint64_t kb = (uint64_t)j * p->k_stride + (uint64_t)g * hd;
+                    uint64_t kb = (uint64_t)j * p->k_stride + (uint64_t)g * p->kh_stride;
                     float x = 0.0f;
                     for (uint32_t i = 0; i < hd; i++)
                         x = x + qr[i] * kv_at(k, p->kv_f16, kb + i);
@@ -96,7 +96,7 @@ void jlm_k_fattn_ref(const jlm_k_fattn *p, const float *q, const void *k, const 
                 for (uint32_t j = a; j < b; j++) {
                     float pj = jlm_k_fattn_exp(s[j - j0] - mn);
                     l = l + pj;
-                    uint64_t vb = (uint64_t)j * p->v_stride + (uint64_t)g * hdv;
+                    uint64_t vb = (uint64_t)j * p->v_stride + (uint64_t)g * p->vh_stride;
                     for (uint32_t d = 0; d < hdv; d++)
                         o[d] = o[d] + pj * kv_at(v, p->kv_f16, vb + d);
                 }

@@ -90,6 +90,26 @@ static float hmax8(__m256 x)
     return _mm_cvtss_f32(m);
 }
 
+/* o[0, 8*nc) += s[jj] * v_jj[0, 8*nc) for keys jj in [a, b), ascending
+ * (nc 4 or 1, a literal): the accumulators stay in registers (a runtime
+ * count of them in an array had GCC keep them on the stack, a store-to-load
+ * round trip per key and chunk). */
+static inline __attribute__((always_inline)) void pv32(float *o, const float *vr, uint64_t vstr, const float *s,
+                                                       uint32_t a, uint32_t b, int nc)
+{
+    __m256 acc[4];
+    for (int c = 0; c < nc; c++)
+        acc[c] = _mm256_loadu_ps(o + 8 * c);
+    for (uint32_t jj = a; jj < b; jj++) {
+        __m256 pj = _mm256_broadcast_ss(s + jj);
+        const float *v = vr + jj * vstr;
+        for (int c = 0; c < nc; c++)
+            acc[c] = _mm256_add_ps(acc[c], _mm256_mul_ps(pj, _mm256_loadu_ps(v + 8 * c)));
+    }
+    for (int c = 0; c < nc; c++)
+        _mm256_storeu_ps(o + 8 * c, acc[c]);
+}
+
 void jlm_k_fattn_avx2(const jlm_k_fattn *p, const float *q, const void *k, const void *v, float *out,
                       uint32_t g, uint32_t r0, uint32_t r1, float *scratch)
 {
@@ -126,7 +146,7 @@ void jlm_k_fattn_avx2(const jlm_k_fattn *p, const float *q, const void *k, const
                     __m256 rw[8];
                     for (uint32_t t = 0; t < 8; t++) {
                         const uint8_t *kj =
-                            (const uint8_t *)k + ((uint64_t)(j0 + jb + t) * p->k_stride + (uint64_t)g * hd + i0) * es;
+                            (const uint8_t *)k + ((uint64_t)(j0 + jb + t) * p->k_stride + (uint64_t)g * p->kh_stride + i0) * es;
                         rw[t] = p->kv_f16 ? _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)kj))
                                           : _mm256_loadu_ps((const float *)kj);
                     }
@@ -140,7 +160,7 @@ void jlm_k_fattn_avx2(const jlm_k_fattn *p, const float *q, const void *k, const
                         Kt[(size_t)i * BK + jj] = 0.0f;
                     continue;
                 }
-                const uint8_t *kj = (const uint8_t *)k + ((uint64_t)(j0 + jj) * p->k_stride + (uint64_t)g * hd) * es;
+                const uint8_t *kj = (const uint8_t *)k + ((uint64_t)(j0 + jj) * p->k_stride + (uint64_t)g * p->kh_stride) * es;
                 for (uint32_t i0 = 0; i0 < hd; i0 += 8) {
                     uint32_t c = hd - i0 < 8 ? hd - i0 : 8;
                     widen(kw, kj + (size_t)i0 * es, p->kv_f16, c);
@@ -154,11 +174,11 @@ void jlm_k_fattn_avx2(const jlm_k_fattn *p, const float *q, const void *k, const
         if (p->kv_f16) {
             for (uint32_t jj = 0; jj < nk; jj++)
                 widen(Vt + (size_t)jj * hdv,
-                      (const uint16_t *)v + (uint64_t)(j0 + jj) * p->v_stride + (uint64_t)g * hdv, 1, hdv);
+                      (const uint16_t *)v + (uint64_t)(j0 + jj) * p->v_stride + (uint64_t)g * p->vh_stride, 1, hdv);
             vbase = Vt;
             vstr = hdv;
         } else {
-            vbase = (const float *)v + (uint64_t)j0 * p->v_stride + (uint64_t)g * hdv;
+            vbase = (const float *)v + (uint64_t)j0 * p->v_stride + (uint64_t)g * p->vh_stride;
             vstr = p->v_stride;
         }
         for (uint32_t i0 = 0; i0 < ni; i0 += 4) {
@@ -228,21 +248,11 @@ void jlm_k_fattn_avx2(const jlm_k_fattn *p, const float *q, const void *k, const
                 _mm256_storeu_ps(s + 8 * c, exp8(_mm256_sub_ps(sv[c], vm)));
             for (uint32_t jj = a; jj < b; jj++)
                 l = l + s[jj];
-            uint32_t nv8 = hdv / 8 * 8;
-            for (uint32_t d0 = 0; d0 < nv8; d0 += 64) {
-                uint32_t nf = (nv8 - d0 < 64 ? nv8 - d0 : 64) / 8;
-                __m256 acc[8];
-                for (uint32_t c = 0; c < nf; c++)
-                    acc[c] = _mm256_loadu_ps(o + d0 + 8 * c);
-                for (uint32_t jj = a; jj < b; jj++) {
-                    __m256 pj = _mm256_broadcast_ss(s + jj);
-                    const float *vr = vbase + jj * vstr + d0;
-                    for (uint32_t c = 0; c < nf; c++)
-                        acc[c] = _mm256_add_ps(acc[c], _mm256_mul_ps(pj, _mm256_loadu_ps(vr + 8 * c)));
-                }
-                for (uint32_t c = 0; c < nf; c++)
-                    _mm256_storeu_ps(o + d0 + 8 * c, acc[c]);
-            }
+            uint32_t nv8 = hdv / 8 * 8, d0 = 0;
+            for (; d0 + 32 <= nv8; d0 += 32)
+                pv32(o + d0, vbase + d0, vstr, s, a, b, 4);
+            for (; d0 < nv8; d0 += 8)
+                pv32(o + d0, vbase + d0, vstr, s, a, b, 1);
             for (uint32_t d = nv8; d < hdv; d++)
                 for (uint32_t jj = a; jj < b; jj++)
                     o[d] = o[d] + s[jj] * vbase[jj * vstr + d];

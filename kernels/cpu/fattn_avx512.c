@@ -57,7 +57,7 @@ static void widen(float *dst, const void *src, int f16, uint32_t n)
 
 /* r[t] = row t (16 floats) -> dst + e*stride = element e of the 16 rows:
  * unpack pairs, shuffle quads, then transpose the 128-bit lanes (4 x 4) */
-static void transpose16(__m512 r[16], float *dst, size_t stride)
+static inline __attribute__((always_inline)) void transpose16(__m512 r[16], float *dst, size_t stride)
 {
     __m512 t[16], u[16];
     for (int i = 0; i < 8; i++) {
@@ -80,6 +80,20 @@ static void transpose16(__m512 r[16], float *dst, size_t stride)
     }
 }
 
+/* 16 dims of nrow keys (rows `stride` bytes apart from src, f32 or F16), zero
+ * rows after them */
+static inline __attribute__((always_inline)) void key_rows(__m512 rw[16], const uint8_t *src, uint64_t stride,
+                                                           uint32_t nrow, int f16)
+{
+#pragma GCC unroll 16
+    for (uint32_t t = 0; t < 16; t++) {
+        const uint8_t *kj = src + t * stride;
+        rw[t] = t >= nrow ? _mm512_setzero_ps()
+              : f16       ? _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)kj))
+                          : _mm512_loadu_ps((const float *)kj);
+    }
+}
+
 /* o (n floats) *= a */
 static void scale_row(float *o, float a, uint32_t n)
 {
@@ -91,6 +105,55 @@ static void scale_row(float *o, float a, uint32_t n)
         __mmask16 mk = (__mmask16)((1u << (n - d)) - 1);
         _mm512_mask_storeu_ps(o + d, mk, _mm512_mul_ps(_mm512_maskz_loadu_ps(mk, o + d), va));
     }
+}
+
+/* The next key tile's keys and values of KV head g, into L2 while this
+ * tile computes (prefetcht1; at 1024 cached positions, 16 layers, decode
+ * went 12.7-13.4 -> 9.3-10.4 ms a token, and prefetcht0 measured as none:
+ * docs/kernels.md, Decode attention). asm volatile: GCC found a function of
+ * nothing but _mm_prefetch free of side effects and deleted its call. */
+static inline void pf_line(const char *a) { __asm__ volatile("prefetcht1 %0" : : "m"(*a)); }
+
+static void pf_tile(const jlm_k_fattn *p, const void *k, const void *v, uint32_t g, uint32_t j0, uint32_t nk,
+                    size_t es)
+{
+    size_t kb = (size_t)p->head_dim * es, vb = (size_t)p->head_dim_v * es;
+    for (uint32_t jj = 0; jj < nk; jj++) {
+        const char *kr = (const char *)k + ((uint64_t)(j0 + jj) * p->k_stride + (uint64_t)g * p->kh_stride) * es;
+        const char *vr = (const char *)v + ((uint64_t)(j0 + jj) * p->v_stride + (uint64_t)g * p->vh_stride) * es;
+        for (size_t o = 0; o < kb; o += 64)
+            pf_line(kr + o);
+        for (size_t o = 0; o < vb; o += 64)
+            pf_line(vr + o);
+    }
+}
+
+/* o[0, nd) += s[jj] * v_jj[0, nd) for keys jj in [a, b), ascending, nd <= 64:
+ * four accumulators that stay in registers (a runtime count of them, indexed
+ * in an array, had GCC keep them on the stack: a store-to-load round trip per
+ * key and chunk, ~5x slower at decode). Called with nd = 64 literally where
+ * whole, so the masks fold away. */
+static inline __attribute__((always_inline)) void pv64(float *o, const float *vr, uint64_t vstr, const float *s,
+                                                       uint32_t a, uint32_t b, uint32_t nd)
+{
+    __mmask16 m0 = nd >= 16 ? 0xffff : (__mmask16)((1u << nd) - 1);
+    __mmask16 m1 = nd >= 32 ? 0xffff : nd > 16 ? (__mmask16)((1u << (nd - 16)) - 1) : 0;
+    __mmask16 m2 = nd >= 48 ? 0xffff : nd > 32 ? (__mmask16)((1u << (nd - 32)) - 1) : 0;
+    __mmask16 m3 = nd >= 64 ? 0xffff : nd > 48 ? (__mmask16)((1u << (nd - 48)) - 1) : 0;
+    __m512 a0 = _mm512_maskz_loadu_ps(m0, o), a1 = _mm512_maskz_loadu_ps(m1, o + 16);
+    __m512 a2 = _mm512_maskz_loadu_ps(m2, o + 32), a3 = _mm512_maskz_loadu_ps(m3, o + 48);
+    for (uint32_t jj = a; jj < b; jj++) {
+        __m512 pj = _mm512_set1_ps(s[jj]);
+        const float *v = vr + jj * vstr;
+        a0 = _mm512_add_ps(a0, _mm512_mul_ps(pj, _mm512_maskz_loadu_ps(m0, v)));
+        a1 = _mm512_add_ps(a1, _mm512_mul_ps(pj, _mm512_maskz_loadu_ps(m1, v + 16)));
+        a2 = _mm512_add_ps(a2, _mm512_mul_ps(pj, _mm512_maskz_loadu_ps(m2, v + 32)));
+        a3 = _mm512_add_ps(a3, _mm512_mul_ps(pj, _mm512_maskz_loadu_ps(m3, v + 48)));
+    }
+    _mm512_mask_storeu_ps(o, m0, a0);
+    _mm512_mask_storeu_ps(o + 16, m1, a1);
+    _mm512_mask_storeu_ps(o + 32, m2, a2);
+    _mm512_mask_storeu_ps(o + 48, m3, a3);
 }
 
 void jlm_k_fattn_avx512(const jlm_k_fattn *p, const float *q, const void *k, const void *v, float *out,
@@ -121,18 +184,21 @@ void jlm_k_fattn_avx512(const jlm_k_fattn *p, const float *q, const void *k, con
             any = p->lo[r] < p->hi[r] && p->lo[r] < j0 + nk && p->hi[r] > j0;
         if (!any)
             continue;
+        if (j0 + BK < jmax)
+            pf_tile(p, k, v, g, j0 + BK, jmax - (j0 + BK) < BK ? jmax - (j0 + BK) : BK, es);
         /* Kt[i][jj] = key j0+jj, dim i (zero past nk): 16x16 blocks in registers
-         * where whole, else element by element */
+         * (the keys past nk as zero rows) when hd is whole vectors, else
+         * element by element */
         for (uint32_t jb = 0; jb < BK; jb += 16) {
-            if (hd % 16 == 0 && jb + 16 <= nk) {
+            if (hd % 16 == 0) {
+                uint32_t nrow = nk <= jb ? 0 : nk - jb < 16 ? nk - jb : 16;
+                const uint8_t *k0 = (const uint8_t *)k + ((uint64_t)(j0 + jb) * p->k_stride + (uint64_t)g * p->kh_stride) * es;
                 for (uint32_t i0 = 0; i0 < hd; i0 += 16) {
                     __m512 rw[16];
-                    for (uint32_t t = 0; t < 16; t++) {
-                        const uint8_t *kj =
-                            (const uint8_t *)k + ((uint64_t)(j0 + jb + t) * p->k_stride + (uint64_t)g * hd + i0) * es;
-                        rw[t] = p->kv_f16 ? _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)kj))
-                                          : _mm512_loadu_ps((const float *)kj);
-                    }
+                    if (p->kv_f16)
+                        key_rows(rw, k0 + (size_t)i0 * 2, p->k_stride * 2, nrow, 1);
+                    else
+                        key_rows(rw, k0 + (size_t)i0 * 4, p->k_stride * 4, nrow, 0);
                     transpose16(rw, Kt + (size_t)i0 * BK + jb, BK);
                 }
                 continue;
@@ -143,7 +209,7 @@ void jlm_k_fattn_avx512(const jlm_k_fattn *p, const float *q, const void *k, con
                         Kt[(size_t)i * BK + jj] = 0.0f;
                     continue;
                 }
-                const uint8_t *kj = (const uint8_t *)k + ((uint64_t)(j0 + jj) * p->k_stride + (uint64_t)g * hd) * es;
+                const uint8_t *kj = (const uint8_t *)k + ((uint64_t)(j0 + jj) * p->k_stride + (uint64_t)g * p->kh_stride) * es;
                 for (uint32_t i0 = 0; i0 < hd; i0 += 16) {
                     uint32_t c = hd - i0 < 16 ? hd - i0 : 16;
                     widen(kw, kj + (size_t)i0 * es, p->kv_f16, c);
@@ -157,11 +223,11 @@ void jlm_k_fattn_avx512(const jlm_k_fattn *p, const float *q, const void *k, con
         if (p->kv_f16) {
             for (uint32_t jj = 0; jj < nk; jj++)
                 widen(Vt + (size_t)jj * hdv,
-                      (const uint16_t *)v + (uint64_t)(j0 + jj) * p->v_stride + (uint64_t)g * hdv, 1, hdv);
+                      (const uint16_t *)v + (uint64_t)(j0 + jj) * p->v_stride + (uint64_t)g * p->vh_stride, 1, hdv);
             vbase = Vt;
             vstr = hdv;
         } else {
-            vbase = (const float *)v + (uint64_t)j0 * p->v_stride + (uint64_t)g * hdv;
+            vbase = (const float *)v + (uint64_t)j0 * p->v_stride + (uint64_t)g * p->vh_stride;
             vstr = p->v_stride;
         }
         /* scores, 4 items at a time */
@@ -197,58 +263,68 @@ void jlm_k_fattn_avx512(const jlm_k_fattn *p, const float *q, const void *k, con
             if (nb > 2) { _mm512_storeu_ps(s + 2 * BK, a20); _mm512_storeu_ps(s + 2 * BK + 16, a21); }
             if (nb > 3) { _mm512_storeu_ps(s + 3 * BK, a30); _mm512_storeu_ps(s + 3 * BK + 16, a31); }
         }
-        /* online softmax and values, per item */
-        for (uint32_t it = 0; it < ni; it++) {
-            uint32_t r = r0 + it / G, h = g * G + it % G, lo = p->lo[r], hi = p->hi[r];
+        /* online softmax and values, per row in runs of up to 4 of its
+         * heads: their sums l go in one loop (four chains of adds instead of
+         * one chain after another), then their values */
+        static const float zeros[BK];
+        for (uint32_t r = r0; r < r1; r++) {
+            uint32_t lo = p->lo[r], hi = p->hi[r];
             if (!(lo < hi && lo < j0 + nk && hi > j0))
                 continue;
             uint32_t a = (lo > j0 ? lo : j0) - j0, b = (hi < j0 + nk ? hi : j0 + nk) - j0;
-            float *s = S + (size_t)it * BK;
-            if (p->softcap > 0.0f)
-                for (uint32_t jj = a; jj < b; jj++)
-                    s[jj] = p->softcap * tanhf(s[jj] / p->softcap);
-            __m512 sc = _mm512_set1_ps(p->scale);
-            __m512 s0 = _mm512_mul_ps(_mm512_loadu_ps(s), sc), s1 = _mm512_mul_ps(_mm512_loadu_ps(s + 16), sc);
             uint32_t valid = (uint32_t)(((uint64_t)1 << b) - 1) & ~(uint32_t)(((uint64_t)1 << a) - 1);
-            __m512 ninf = _mm512_set1_ps(-INFINITY);
-            __m512 mx = _mm512_max_ps(_mm512_mask_mov_ps(ninf, (__mmask16)valid, s0),
-                                      _mm512_mask_mov_ps(ninf, (__mmask16)(valid >> 16), s1));
-            float mt = _mm512_reduce_max_ps(mx), m = M[it], mn = fmaxf(m, mt);
-            if (mn == -INFINITY)
-                continue;
-            float *o = out + r * p->o_stride + (uint64_t)h * hdv;
-            float al = jlm_k_fattn_exp(m - mn), l = L[it];
-            if (al != 1.0f) {
-                l = l * al;
-                scale_row(o, al, hdv);
-            }
-            __m512 vm = _mm512_set1_ps(mn);
-            _mm512_storeu_ps(s, exp16(_mm512_sub_ps(s0, vm)));
-            _mm512_storeu_ps(s + 16, exp16(_mm512_sub_ps(s1, vm)));
-            for (uint32_t jj = a; jj < b; jj++)
-                l = l + s[jj];
-            for (uint32_t d0 = 0; d0 < hdv; d0 += 128) {
-                uint32_t nd = hdv - d0 < 128 ? hdv - d0 : 128, nf = nd / 16, rem = nd % 16;
-                __mmask16 mk = (__mmask16)((1u << rem) - 1);
-                __m512 acc[8];
-                for (uint32_t c = 0; c < nf; c++)
-                    acc[c] = _mm512_loadu_ps(o + d0 + 16 * c);
-                __m512 at = rem ? _mm512_maskz_loadu_ps(mk, o + d0 + 16 * nf) : _mm512_setzero_ps();
-                for (uint32_t jj = a; jj < b; jj++) {
-                    __m512 pj = _mm512_set1_ps(s[jj]);
-                    const float *vr = vbase + jj * vstr + d0;
-                    for (uint32_t c = 0; c < nf; c++)
-                        acc[c] = _mm512_add_ps(acc[c], _mm512_mul_ps(pj, _mm512_loadu_ps(vr + 16 * c)));
-                    if (rem)
-                        at = _mm512_add_ps(at, _mm512_mul_ps(pj, _mm512_maskz_loadu_ps(mk, vr + 16 * nf)));
+            for (uint32_t h0 = 0; h0 < G; h0 += 4) {
+                uint32_t nh = G - h0 < 4 ? G - h0 : 4;
+                float lq[4] = {0, 0, 0, 0};
+                const float *sq[4] = {zeros, zeros, zeros, zeros};
+                for (uint32_t u = 0; u < nh; u++) {
+                    uint32_t it = (r - r0) * G + h0 + u, h = g * G + h0 + u;
+                    float *s = S + (size_t)it * BK;
+                    if (p->softcap > 0.0f)
+                        for (uint32_t jj = a; jj < b; jj++)
+                            s[jj] = p->softcap * tanhf(s[jj] / p->softcap);
+                    __m512 sc = _mm512_set1_ps(p->scale);
+                    __m512 s0 = _mm512_mul_ps(_mm512_loadu_ps(s), sc), s1 = _mm512_mul_ps(_mm512_loadu_ps(s + 16), sc);
+                    __m512 ninf = _mm512_set1_ps(-INFINITY);
+                    __m512 mx = _mm512_max_ps(_mm512_mask_mov_ps(ninf, (__mmask16)valid, s0),
+                                              _mm512_mask_mov_ps(ninf, (__mmask16)(valid >> 16), s1));
+                    float mt = _mm512_reduce_max_ps(mx), m = M[it], mn = fmaxf(m, mt);
+                    if (mn == -INFINITY)
+                        continue;
+                    float al = jlm_k_fattn_exp(m - mn), l = L[it];
+                    if (al != 1.0f) {
+                        l = l * al;
+                        scale_row(out + r * p->o_stride + (uint64_t)h * hdv, al, hdv);
+                    }
+                    __m512 vm = _mm512_set1_ps(mn);
+                    _mm512_storeu_ps(s, exp16(_mm512_sub_ps(s0, vm)));
+                    _mm512_storeu_ps(s + 16, exp16(_mm512_sub_ps(s1, vm)));
+                    M[it] = mn;
+                    lq[u] = l;
+                    sq[u] = s;
                 }
-                for (uint32_t c = 0; c < nf; c++)
-                    _mm512_storeu_ps(o + d0 + 16 * c, acc[c]);
-                if (rem)
-                    _mm512_mask_storeu_ps(o + d0 + 16 * nf, mk, at);
+                float l0 = lq[0], l1 = lq[1], l2 = lq[2], l3 = lq[3];
+                for (uint32_t jj = a; jj < b; jj++) {
+                    l0 = l0 + sq[0][jj];
+                    l1 = l1 + sq[1][jj];
+                    l2 = l2 + sq[2][jj];
+                    l3 = l3 + sq[3][jj];
+                }
+                lq[0] = l0, lq[1] = l1, lq[2] = l2, lq[3] = l3;
+                for (uint32_t u = 0; u < nh; u++) {
+                    if (sq[u] == zeros)
+                        continue;   /* every score of the tile -inf */
+                    uint32_t it = (r - r0) * G + h0 + u, h = g * G + h0 + u;
+                    float *o = out + r * p->o_stride + (uint64_t)h * hdv;
+                    for (uint32_t d0 = 0; d0 < hdv; d0 += 64) {
+                        if (hdv - d0 >= 64)
+                            pv64(o + d0, vbase + d0, vstr, sq[u], a, b, 64);
+                        else
+                            pv64(o + d0, vbase + d0, vstr, sq[u], a, b, hdv - d0);
+                    }
+                    L[it] = lq[u];
+                }
             }
-            L[it] = l;
-            M[it] = mn;
         }
     }
     for (uint32_t it = 0; it < ni; it++) {

@@ -238,8 +238,11 @@ void jlm_k_attn_head(const jlm_k_attn *p, const float *q, const float *k, const 
  * Query row r, head h = g*group + hh: q + r*q_stride + h*head_dim; it sees
  * keys [lo[r], hi[r]) (causal mask, sliding window, an image's bidirectional
  * rows: all contiguous ranges); an empty range and no sink gives out = 0.
- * Key j of KV head g: k + (j*k_stride + g*head_dim) elements (f32, or F16
- * bits when kv_f16), value j: v + (j*v_stride + g*head_dim_v). Output row r,
+ * Key j of KV head g: k + (g*kh_stride + j*k_stride) elements (f32, or F16
+ * bits when kv_f16), value j: v + (g*vh_stride + j*v_stride): a cache of
+ * rows (position-major: kh_stride = head_dim, k_stride = the row) or, as the
+ * engine keeps it, of heads (head-major: k_stride = head_dim, kh_stride =
+ * the positions a head holds times head_dim). Output row r,
  * head h: out + r*o_stride + h*head_dim_v (overwritten).
  *
  * Per (row, head) and key tile, in this order (f32, no FMA):
@@ -263,6 +266,7 @@ struct jlm_k_fattn {
     uint32_t        head_dim, head_dim_v, group;  /* group: query heads per KV head */
     uint64_t        q_stride, o_stride;           /* floats between query / output rows */
     uint64_t        k_stride, v_stride;           /* elements between cached positions */
+    uint64_t        kh_stride, vh_stride;         /* elements between KV heads */
     int             kv_f16;
     float           scale, softcap;
     const float    *sinks;                        /* (n_head,) or NULL */
