@@ -312,12 +312,26 @@ static void add_bias(float *y, const float *b, uint64_t n)
 }
 
 /* ================================================================ attention */
-/* Where position pos of KV head g of layer l starts in cache c (dim: hd or
- * hd_v): layer by layer, head by head, positions in order (model_int.h). */
+/* KV head g of layer l in cache c (dim: hd or hd_v), layer by layer, head
+ * by head, kv_ctx positions each (model_int.h); pos: where that position's
+ * row starts (values; keys are tiles, key_elem). */
 static uint8_t *kv_at(const jlm_engine *e, void *c, uint32_t l, uint32_t g, uint32_t pos, uint32_t dim)
 {
     uint64_t head = (uint64_t)l * e->c->n_kv_head + g;
-    return (uint8_t *)c + (head * e->n_ctx + pos) * dim * e->kv_es;
+    return (uint8_t *)c + (head * e->kv_ctx + pos) * dim * e->kv_es;
+}
+
+/* Element i of key pos in its head's keys (kv_at(.., 0, hd)): tiles of
+ * JLM_K_FATTN_BK positions, dimension-major (jlm_k_fattn's k_tiled). */
+static uint64_t key_elem(const jlm_engine *e, uint32_t pos, uint32_t i)
+{
+    enum { BK = JLM_K_FATTN_BK };
+    return (uint64_t)(pos / BK) * BK * e->hd + (uint64_t)i * BK + pos % BK;
+}
+
+static float kv_get(const jlm_engine *e, const uint8_t *base, uint64_t i)
+{
+    return e->kv_f16 ? jlm_k_fp16_to_f32(((const uint16_t *)base)[i]) : ((const float *)base)[i];
 }
 
 static int is_swa_layer(const jlm_config *c, uint32_t l)
@@ -368,18 +382,18 @@ static void qk_norm(jlm_engine *e, uint32_t l, float *q, float *k)
 typedef struct attn_job {
     jlm_engine *e;
     jlm_k_attn  ap;
-    const float *q, *kl, *vl, *sinks;   /* kl, vl: the layer's F32 cache (kv_f16: NULL) */
-    const uint16_t *kl16, *vl16;        /* kv_f16: the layer's F16 cache */
+    const float *q, *sinks;
+    const uint8_t *kl, *vl;             /* the layer's cache: KV head 0's keys, values */
     float      *out;
     uint32_t    n_kv, group;
 } attn_job;
 
-/* kv_f16: KV heads [g0, g1), each widened once to F32 into this thread's
- * slab (keys then values, packed: stride hd / hd_v) and attended by its
- * group of query heads, so GQA reads each F16 head once. The kernel then
- * sees exactly the values the F16 cache holds. Cost: one conversion per
- * cached element per layer and token, shared by the group. */
-static void attn_heads_f16(void *ctx, size_t g0, size_t g1, int tid)
+/* KV heads [g0, g1), each copied once into this thread's slab as F32 rows
+ * (keys then values, packed: stride hd / hd_v; the cache keeps keys in
+ * tiles and may hold F16) and attended by its group of query heads, so GQA
+ * reads each head once. The kernel then sees exactly the values the cache
+ * holds. The per-token path (JLM_ATTN=token) only: a reference. */
+static void attn_heads(void *ctx, size_t g0, size_t g1, int tid)
 {
     attn_job *j = ctx;
     jlm_engine *e = j->e;
@@ -389,13 +403,13 @@ static void attn_heads_f16(void *ctx, size_t g0, size_t g1, int tid)
     ap.k_stride = e->hd;
     ap.v_stride = e->hd_v;
     for (size_t g = g0; g < g1; g++) {
+        const uint8_t *kh = j->kl + (uint64_t)g * e->kv_ctx * e->hd * e->kv_es;
+        const uint8_t *vh = j->vl + (uint64_t)g * e->kv_ctx * e->hd_v * e->kv_es;
         for (uint32_t p = 0; p < j->n_kv; p++) {
-            const uint16_t *ks = j->kl16 + ((uint64_t)g * e->n_ctx + p) * e->hd;
-            const uint16_t *vs = j->vl16 + ((uint64_t)g * e->n_ctx + p) * e->hd_v;
             for (uint32_t i = 0; i < e->hd; i++)
-                k32[(uint64_t)p * e->hd + i] = jlm_k_fp16_to_f32(ks[i]);
+                k32[(uint64_t)p * e->hd + i] = kv_get(e, kh, key_elem(e, p, i));
             for (uint32_t i = 0; i < e->hd_v; i++)
-                v32[(uint64_t)p * e->hd_v + i] = jlm_k_fp16_to_f32(vs[i]);
+                v32[(uint64_t)p * e->hd_v + i] = kv_get(e, vh, (uint64_t)p * e->hd_v + i);
         }
         for (size_t h = g * j->group; h < (g + 1) * j->group; h++) {
             ap.has_sink = j->sinks != NULL;
@@ -405,20 +419,6 @@ static void attn_heads_f16(void *ctx, size_t g0, size_t g1, int tid)
     }
 }
 
-static void attn_heads(void *ctx, size_t h0, size_t h1, int tid)
-{
-    attn_job *j = ctx;
-    jlm_engine *e = j->e;
-    jlm_k_attn ap = j->ap;
-    float *scores = e->scores + (size_t)tid * e->n_ctx;
-    for (size_t h = h0; h < h1; h++) {
-        uint32_t kvh = (uint32_t)h / j->group;
-        ap.has_sink = j->sinks != NULL;
-        ap.sink = j->sinks ? j->sinks[h] : 0.0f;
-        jlm_k_attn_head(&ap, j->q + h * e->hd, j->kl + (uint64_t)kvh * e->n_ctx * e->hd,
-                        j->vl + (uint64_t)kvh * e->n_ctx * e->hd_v, j->n_kv, scores, j->out + h * e->hd_v);
-    }
-}
 
 static void attend(jlm_engine *e, uint32_t l, uint32_t t, const float *q, float *out)
 {
@@ -430,11 +430,9 @@ static void attend(jlm_engine *e, uint32_t l, uint32_t t, const float *q, float 
     int swa = is_swa_layer(c, l);
     for (uint32_t j = 0; swa && j < n_kv; j++)
         e->mask[j] = j <= pos && pos - j >= c->swa_window ? -INFINITY : 0.0f;
-    const uint8_t *kl = kv_at(e, e->bkc[t], l, 0, 0, e->hd), *vl = kv_at(e, e->bvc[t], l, 0, 0, e->hd_v);
     attn_job j = {
         .e = e, .q = q, .out = out, .n_kv = n_kv, .group = c->n_head / c->n_kv_head,
-        .kl = e->kv_f16 ? NULL : (const float *)kl, .vl = e->kv_f16 ? NULL : (const float *)vl,
-        .kl16 = e->kv_f16 ? (const uint16_t *)kl : NULL, .vl16 = e->kv_f16 ? (const uint16_t *)vl : NULL,
+        .kl = kv_at(e, e->bkc[t], l, 0, 0, e->hd), .vl = kv_at(e, e->bvc[t], l, 0, 0, e->hd_v),
         .sinks = vec_dense(e, W(e, l, JLM_R_ATTN_SINKS)),
         .ap = {.head_dim = e->hd, .head_dim_v = e->hd_v, .k_stride = e->hd, .v_stride = e->hd_v,
                .scale = c->attn_scale > 0 ? c->attn_scale : 1.0f / sqrtf((float)e->hd),
@@ -442,10 +440,7 @@ static void attend(jlm_engine *e, uint32_t l, uint32_t t, const float *q, float 
     };
     /* short contexts are not worth a dispatch */
     unsigned long long t0 = prof_begin(e);
-    if (e->kv_f16)
-        jlm_pool_for(n_kv >= 64 ? e->pool : NULL, c->n_kv_head, 1, attn_heads_f16, &j);
-    else
-        jlm_pool_for(n_kv >= 64 ? e->pool : NULL, c->n_head, 1, attn_heads, &j);
+    jlm_pool_for(n_kv >= 64 ? e->pool : NULL, c->n_kv_head, 1, attn_heads, &j);
     prof_end(e, JLM_PROF_ATTN, t0);
 }
 
@@ -494,8 +489,8 @@ static void attend_rows(jlm_engine *e, uint32_t l, uint32_t t0, uint32_t n)
         .n = n, .n_kv_head = c->n_kv_head,
         .p = {.head_dim = e->hd, .head_dim_v = e->hd_v, .group = c->n_head / c->n_kv_head,
               .q_stride = e->q_dim, .o_stride = (uint64_t)c->n_head * e->hd_v,
-              .k_stride = e->hd, .v_stride = e->hd_v, .kh_stride = (uint64_t)e->n_ctx * e->hd,
-              .vh_stride = (uint64_t)e->n_ctx * e->hd_v, .kv_f16 = e->kv_f16,
+              .k_stride = e->hd, .v_stride = e->hd_v, .kh_stride = (uint64_t)e->kv_ctx * e->hd,
+              .vh_stride = (uint64_t)e->kv_ctx * e->hd_v, .k_tiled = 1, .kv_f16 = e->kv_f16,
               .scale = c->attn_scale > 0 ? c->attn_scale : 1.0f / sqrtf((float)e->hd),
               .softcap = c->attn_softcap, .sinks = vec_dense(e, W(e, l, JLM_R_ATTN_SINKS)), .lo = lo, .hi = hi},
     };
@@ -536,8 +531,10 @@ static void kv_row(jlm_engine *e, void *ctx, uint32_t t)
     qk_norm(e, j->l, NULL, k);
     if (!(c->flags & JLM_F_NO_POS_ENC))
         jlm_k_rope_apply(&j->rp, k, c->n_kv_head, e->hd, e->bpos[t]);
-    for (uint32_t g = 0; g < c->n_kv_head; g++) {   /* head-major (model_int.h) */
-        store_kv(e, kv_at(e, e->bkc[t], j->l, g, e->bpos[t], e->hd), k + g * e->hd, e->hd);
+    for (uint32_t g = 0; g < c->n_kv_head; g++) {   /* head-major, keys in tiles (model_int.h) */
+        uint8_t *kh = kv_at(e, e->bkc[t], j->l, g, 0, e->hd);
+        for (uint32_t i = 0; i < e->hd; i++)
+            store_kv(e, kh + key_elem(e, e->bpos[t], i) * e->kv_es, k + g * e->hd + i, 1);
         store_kv(e, kv_at(e, e->bvc[t], j->l, g, e->bpos[t], e->hd_v), v + g * e->hd_v, e->hd_v);
     }
 }
@@ -973,7 +970,7 @@ int jlm_engine_eval(jlm_engine *e, const int32_t *tokens, uint32_t n, float *log
 /* ================================================================ sequences */
 int jlm_engine_seq_create(jlm_engine *e, jlm_engine_seq **out, jlm_err *err)
 {
-    uint64_t kv = (uint64_t)e->c->n_layer * e->n_ctx;
+    uint64_t kv = (uint64_t)e->c->n_layer * e->kv_ctx;
     jlm_engine_seq *s = calloc(1, sizeof *s);
     if (s) {
         s->kc = zalloc(kv * e->kv_dim * e->kv_es);

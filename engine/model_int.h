@@ -54,16 +54,20 @@ struct jlm_engine {
     uint32_t         bidir_end;   /* > 0: queries below it also see keys up to it (an image, eval_embd) */
     uint32_t         hd, hd_v, kv_dim, kv_dim_v, q_dim;
     uint32_t         nb;          /* rows of the batch scratch: prefill batch size (>= BATCH) */
-    /* KV cache: F32, or F16 (kv_f16; kv_es bytes an element), head-major:
-     * (n_layer, n_kv_head, n_ctx, hd), so one head's keys are one run that
-     * attention streams (as rows of kv_dim, a head's keys sat kv_dim apart:
-     * at a power-of-two row, 2 KiB for Llama-3.2-1B, they fell in a few L1
-     * sets and missed each other out; docs/kernels.md, Decode attention) */
+    /* KV cache: F32, or F16 (kv_f16; kv_es bytes an element), head-major,
+     * kv_ctx (n_ctx in whole key tiles) positions a head, so one head's keys
+     * are one run that attention streams (as rows of kv_dim, a head's keys
+     * sat kv_dim apart: at a power-of-two row, 2 KiB for Llama-3.2-1B, they
+     * fell in a few L1 sets). Keys in tiles of JLM_K_FATTN_BK positions,
+     * dimension-major: the layout jlm_k_fattn computes scores in (k_tiled),
+     * so decode reads them as they are instead of transposing every tile
+     * every token (docs/kernels.md, Decode attention). */
     int    kv_f16;
     size_t kv_es;
-    void  *kc;        /* (n_layer, n_kv_head, n_ctx, hd) */
-    void  *vc;        /* (n_layer, n_kv_head, n_ctx, hd_v) */
-    float *kv32;      /* kv_f16 and attn_token: (n_threads, n_ctx, hd + hd_v) one KV head widened to F32, a slab per thread */
+    uint32_t kv_ctx;  /* n_ctx rounded up to whole key tiles */
+    void  *kc;        /* (n_layer, n_kv_head, kv_ctx / BK, hd, BK) */
+    void  *vc;        /* (n_layer, n_kv_head, kv_ctx, hd_v) */
+    float *kv32;      /* attn_token: (n_threads, n_ctx, hd + hd_v) one KV head as F32 rows, a slab per thread */
     /* scratch for a batch of up to nb tokens, row t of each at t * width */
     float *x;         /* (nb, n_embd) residual stream */
     float *h;         /* (nb, n_embd) normed input */
@@ -102,7 +106,7 @@ struct jlm_engine {
 
 /* A KV cache of its own, for serving several sequences on one engine. */
 struct jlm_engine_seq {
-    void    *kc, *vc;   /* head-major as jlm_engine's: (n_layer, n_kv_head, n_ctx, hd or hd_v), kv_es bytes an element */
+    void    *kc, *vc;   /* laid out as jlm_engine's kc, vc */
     uint32_t n_past;
 };
 

@@ -26,7 +26,7 @@ static int alloc_buffers(jlm_engine *e, jlm_err *err)
     uint64_t kmax = ffn > att ? ffn : att;
     if (kmax < e->q_dim) kmax = e->q_dim;
     kmax = (kmax + 255) / 256 * 256;
-    uint64_t kv = (uint64_t)c->n_layer * e->n_ctx;
+    uint64_t kv = (uint64_t)c->n_layer * e->kv_ctx;
     uint32_t nb = PREFILL_DEFAULT;
     const char *env = getenv("JLM_BATCH");
     if (env && *env) {
@@ -58,7 +58,7 @@ static int alloc_buffers(jlm_engine *e, jlm_err *err)
     if (an && *an && strcmp(an, "token") && strcmp(an, "batched"))
         return jlm_errf(err, JLM_EINVAL, "JLM_ATTN=%s: not an attention path (batched, token)", an);
     e->attn_token = an && !strcmp(an, "token");
-    if (e->kv_f16 && e->attn_token)   /* the per-token path's widened KV head; jlm_k_fattn reads F16 itself */
+    if (e->attn_token)   /* the per-token path's KV head in rows of F32; jlm_k_fattn reads the cache itself */
         e->kv32 = zalloc((size_t)jlm_pool_n_threads(e->pool) * e->n_ctx * (e->hd + e->hd_v) * sizeof(float));
     e->router = zalloc((c->n_expert + 1) * sizeof(float));
     e->route = zalloc(((size_t)c->n_layer * c->n_expert_used + 1) * sizeof(int32_t));
@@ -71,7 +71,7 @@ static int alloc_buffers(jlm_engine *e, jlm_err *err)
     e->bpos = zalloc(nb * sizeof *e->bpos);
     if (!e->xq || !e->bkc || !e->bvc || !e->bpos || !e->kc || !e->vc || !e->x || !e->h || !e->q || !e->kk ||
         !e->vv || !e->att || !e->o || !e->g || !e->u || !e->moe || !e->scores || !e->mask || !e->fa || !e->router ||
-        !e->route || !e->route_w || !e->xq_buf || (e->kv_f16 && e->attn_token && !e->kv32))
+        !e->route || !e->route_w || !e->xq_buf || (e->attn_token && !e->kv32))
         return jlm_errf(err, JLM_ENOMEM, "%s: out of memory for the KV cache (%u positions) and buffers",
                         e->m->path, e->n_ctx);
     for (uint32_t t = 0; t < nb; t++) {
@@ -411,6 +411,7 @@ int jlm_engine_open(const char *path, const jlm_engine_opts *opts, jlm_engine **
     e->kv_dim = c->n_kv_head * e->hd;
     e->kv_dim_v = c->n_kv_head * e->hd_v;
     e->n_ctx = o.n_ctx ? o.n_ctx : (c->n_ctx && c->n_ctx < 4096 ? c->n_ctx : 4096);
+    e->kv_ctx = (e->n_ctx + JLM_K_FATTN_BK - 1) / JLM_K_FATTN_BK * JLM_K_FATTN_BK;   /* whole key tiles */
     jlm_err kerr = {0};
     if (jlm_k_cpu_init(&kerr) && !o.quiet)
         fprintf(stderr, "note: %s\n", kerr.msg);

@@ -820,8 +820,29 @@ static void *fa_head_major(const fa_data *d, const void *src, uint32_t dim, size
     return dst;
 }
 
-/* fn over every KV head and the rows in tiles of `tile` (<= BQ) rows; hm:
- * on a head-major copy of the cache (kh_stride = the positions) */
+/* The keys of d as k_tiled tiles (kernels.h), head by head, each its
+ * positions rounded up to whole tiles (the padding NaN: read, never used). */
+static void *fa_key_tiles(const fa_data *d, const void *src, size_t es, uint32_t *npad)
+{
+    uint32_t hd = d->c.hd, bk = JLM_K_FATTN_BK;
+    *npad = (d->npos + bk - 1) / bk * bk;
+    uint8_t *dst = malloc((size_t)*npad * FA_NKVH * hd * es);
+    cr_assert(dst);
+    for (size_t i = 0; i < (size_t)*npad * FA_NKVH * hd; i++) {
+        if (es == 4) ((float *)dst)[i] = NAN;
+        else ((uint16_t *)dst)[i] = 0x7e00;   /* F16 NaN */
+    }
+    for (uint32_t g = 0; g < FA_NKVH; g++)
+        for (uint32_t j = 0; j < d->npos; j++)
+            for (uint32_t i = 0; i < hd; i++)
+                memcpy(dst + ((size_t)g * *npad * hd + (size_t)(j / bk) * bk * hd + (size_t)i * bk + j % bk) * es,
+                       (const uint8_t *)src + (((size_t)j * FA_NKVH + g) * hd + i) * es, es);
+    return dst;
+}
+
+/* fn over every KV head and the rows in tiles of `tile` (<= BQ) rows; hm 1:
+ * on a head-major copy of the cache (kh_stride = the positions); hm 2: the
+ * same with the keys in k_tiled tiles (the engine's cache) */
 static void fa_run_at(const fa_data *d, jlm_k_fattn_fn fn, uint32_t tile, float *out, int hm)
 {
     const fa_case *c = &d->c;
@@ -844,7 +865,13 @@ static void fa_run_at(const fa_data *d, jlm_k_fattn_fn fn, uint32_t tile, float 
     size_t es = c->kv_f16 ? 2 : 4;
     const void *k = c->kv_f16 ? (const void *)d->k16 : (const void *)d->k32;
     const void *v = c->kv_f16 ? (const void *)d->v16 : (const void *)d->v32;
-    void *kh = hm ? fa_head_major(d, k, c->hd, es) : NULL, *vh = hm ? fa_head_major(d, v, c->hdv, es) : NULL;
+    uint32_t npad = 0;
+    void *kh = hm == 2 ? fa_key_tiles(d, k, es, &npad) : hm ? fa_head_major(d, k, c->hd, es) : NULL;
+    void *vh = hm ? fa_head_major(d, v, c->hdv, es) : NULL;
+    if (hm == 2) {
+        p.k_tiled = 1;
+        p.kh_stride = (uint64_t)npad * c->hd;
+    }
     for (uint32_t g = 0; g < FA_NKVH; g++)
         for (uint32_t r0 = 0; r0 < c->n; r0 += tile)
             fn(&p, d->q, hm ? kh : k, hm ? vh : v, out, g, r0, r0 + tile < c->n ? r0 + tile : c->n, scratch);
@@ -917,13 +944,13 @@ Test(kernels, fattn_stays_within_its_bound_of_the_per_token_attention_and_varian
             fa_run(&d, jlm_k_fattn_ref, tile, got);
             cr_assert(!memcmp(ref, got, no * sizeof(float)), "case %zu: ref in tiles of %u rows differs", ci, tile);
         }
-        /* every variant, on the cache as rows and as heads (the engine's),
-         * gives the reference's bits */
+        /* every variant, on the cache as rows, as heads and as heads with the
+         * keys in tiles (the engine's), gives the reference's bits */
         jlm_k_fattn_fn vfn[JLM_K_NVARIANT] = {jlm_k_fattn_ref, jlm_k_fattn_avx2, jlm_k_fattn_avx512};
         for (int v = 0; v < JLM_K_NVARIANT; v++) {
             if (!jlm_k_cpu_has(v))
                 continue;
-            for (int hm = 0; hm < 2; hm++)
+            for (int hm = 0; hm < 3; hm++)
                 for (uint32_t tile = 5; tile <= JLM_K_FATTN_BQ; tile += JLM_K_FATTN_BQ - 5) {
                     if (v == 0 && !hm)
                         continue;   /* ref on rows: the tiling check above */
@@ -931,7 +958,7 @@ Test(kernels, fattn_stays_within_its_bound_of_the_per_token_attention_and_varian
                     for (size_t i = 0; i < no; i++)
                         cr_assert(!memcmp(&ref[i], &got[i], sizeof(float)),
                                   "case %zu %s (tiles of %u, cache by %s): [%zu] %.9g, ref %.9g", ci, VNAME[v], tile,
-                                  hm ? "heads" : "rows", i, (double)got[i], (double)ref[i]);
+                                  hm == 2 ? "heads, keys tiled" : hm ? "heads" : "rows", i, (double)got[i], (double)ref[i]);
                 }
         }
         free(ref);

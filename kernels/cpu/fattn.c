@@ -55,6 +55,14 @@ static float kv_at(const void *base, int f16, uint64_t i)
     return f16 ? jlm_k_fp16_to_f32(((const uint16_t *)base)[i]) : ((const float *)base)[i];
 }
 
+/* Element i of key j of KV head g (kernels.h: rows, or k_tiled tiles). */
+static uint64_t key_index(const jlm_k_fattn *p, uint32_t g, uint32_t j, uint32_t i)
+{
+    if (p->k_tiled)
+        return (uint64_t)g * p->kh_stride + (uint64_t)(j / BK) * BK * p->head_dim + (uint64_t)i * BK + j % BK;
+    return (uint64_t)j * p->k_stride + (uint64_t)g * p->kh_stride + i;
+}
+
 /* One (row, head) at a time, straight from the cache: the definition. */
 void jlm_k_fattn_ref(const jlm_k_fattn *p, const float *q, const void *k, const void *v, float *out,
                      uint32_t g, uint32_t r0, uint32_t r1, float *scratch)
@@ -74,10 +82,9 @@ void jlm_k_fattn_ref(const jlm_k_fattn *p, const float *q, const void *k, const 
                 uint32_t a = lo > j0 ? lo : j0, b = hi < j0 + BK ? hi : j0 + BK;
                 float s[BK], mt = -INFINITY;
                 for (uint32_t j = a; j < b; j++) {
-                    uint64_t kb = (uint64_t)j * p->k_stride + (uint64_t)g * p->kh_stride;
                     float x = 0.0f;
                     for (uint32_t i = 0; i < hd; i++)
-                        x = x + qr[i] * kv_at(k, p->kv_f16, kb + i);
+                        x = x + qr[i] * kv_at(k, p->kv_f16, key_index(p, g, j, i));
                     if (p->softcap > 0.0f)
                         x = p->softcap * tanhf(x / p->softcap);
                     x = x * p->scale;

@@ -138,9 +138,19 @@ void jlm_k_fattn_avx2(const jlm_k_fattn *p, const float *q, const void *k, const
             any = p->lo[r] < p->hi[r] && p->lo[r] < j0 + nk && p->hi[r] > j0;
         if (!any)
             continue;
-        /* Kt[i][jj] = key j0+jj, dim i (zero past nk): 8x8 blocks in registers
-         * where whole, else element by element */
-        for (uint32_t jb = 0; jb < BK; jb += 8) {
+        /* Kt[i][jj] = key j0+jj, dim i: the cache's own tile (k_tiled, F32),
+         * its tile widened (k_tiled, F16), or transposed from rows: 8x8 blocks
+         * in registers where whole, else element by element (zero past nk) */
+        const float *Kc = Kt;
+        if (p->k_tiled) {
+            const uint8_t *tile = (const uint8_t *)k + ((uint64_t)g * p->kh_stride + (uint64_t)j0 * hd) * es;
+            if (!p->kv_f16)
+                Kc = (const float *)tile;
+            else
+                for (uint32_t i = 0; i < hd * BK; i += 8)
+                    _mm256_storeu_ps(Kt + i, _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)((const uint16_t *)tile + i))));
+        }
+        for (uint32_t jb = 0; jb < BK && !p->k_tiled; jb += 8) {
             if (hd % 8 == 0 && jb + 8 <= nk) {
                 for (uint32_t i0 = 0; i0 < hd; i0 += 8) {
                     __m256 rw[8];
@@ -196,7 +206,7 @@ void jlm_k_fattn_avx2(const jlm_k_fattn *p, const float *q, const void *k, const
                 __m256 a00 = _mm256_setzero_ps(), a01 = a00, a10 = a00, a11 = a00, a20 = a00, a21 = a00,
                        a30 = a00, a31 = a00;
                 for (uint32_t i = 0; i < hd; i++) {
-                    const float *kt = Kt + (size_t)i * BK + half;
+                    const float *kt = Kc + (size_t)i * BK + half;
                     __m256 k0 = _mm256_loadu_ps(kt), k1 = _mm256_loadu_ps(kt + 8);
                     __m256 q0 = _mm256_broadcast_ss(qp[0] + i), q1 = _mm256_broadcast_ss(qp[1] + i);
                     a00 = _mm256_add_ps(a00, _mm256_mul_ps(q0, k0));

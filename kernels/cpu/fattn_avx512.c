@@ -118,6 +118,12 @@ static void pf_tile(const jlm_k_fattn *p, const void *k, const void *v, uint32_t
                     size_t es)
 {
     size_t kb = (size_t)p->head_dim * es, vb = (size_t)p->head_dim_v * es;
+    if (p->k_tiled) {   /* one run: the tile */
+        const char *t = (const char *)k + ((uint64_t)g * p->kh_stride + (uint64_t)j0 * p->head_dim) * es;
+        for (size_t o = 0; o < kb * BK; o += 64)
+            pf_line(t + o);
+        kb = 0;
+    }
     for (uint32_t jj = 0; jj < nk; jj++) {
         const char *kr = (const char *)k + ((uint64_t)(j0 + jj) * p->k_stride + (uint64_t)g * p->kh_stride) * es;
         const char *vr = (const char *)v + ((uint64_t)(j0 + jj) * p->v_stride + (uint64_t)g * p->vh_stride) * es;
@@ -186,10 +192,24 @@ void jlm_k_fattn_avx512(const jlm_k_fattn *p, const float *q, const void *k, con
             continue;
         if (j0 + BK < jmax)
             pf_tile(p, k, v, g, j0 + BK, jmax - (j0 + BK) < BK ? jmax - (j0 + BK) : BK, es);
-        /* Kt[i][jj] = key j0+jj, dim i (zero past nk): 16x16 blocks in registers
-         * (the keys past nk as zero rows) when hd is whole vectors, else
-         * element by element */
-        for (uint32_t jb = 0; jb < BK; jb += 16) {
+        /* Kt[i][jj] = key j0+jj, dim i: the cache's own tile (k_tiled, F32),
+         * its tile widened (k_tiled, F16), or transposed from rows: 16x16
+         * blocks in registers (the keys past nk as zero rows) when hd is
+         * whole vectors, else element by element (zero past nk) */
+        const float *Kc = Kt;
+        if (p->k_tiled) {
+            const uint8_t *tile = (const uint8_t *)k + ((uint64_t)g * p->kh_stride + (uint64_t)j0 * hd) * es;
+            if (!p->kv_f16)
+                Kc = (const float *)tile;
+            else
+                for (uint32_t i = 0; i < hd; i++) {
+                    const uint16_t *t16 = (const uint16_t *)tile + (size_t)i * BK;
+                    _mm512_storeu_ps(Kt + (size_t)i * BK, _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)t16)));
+                    _mm512_storeu_ps(Kt + (size_t)i * BK + 16,
+                                     _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(t16 + 16))));
+                }
+        }
+        for (uint32_t jb = 0; jb < BK && !p->k_tiled; jb += 16) {
             if (hd % 16 == 0) {
                 uint32_t nrow = nk <= jb ? 0 : nk - jb < 16 ? nk - jb : 16;
                 const uint8_t *k0 = (const uint8_t *)k + ((uint64_t)(j0 + jb) * p->k_stride + (uint64_t)g * p->kh_stride) * es;
@@ -244,7 +264,7 @@ void jlm_k_fattn_avx512(const jlm_k_fattn *p, const float *q, const void *k, con
             __m512 a00 = _mm512_setzero_ps(), a01 = a00, a10 = a00, a11 = a00, a20 = a00, a21 = a00, a30 = a00,
                    a31 = a00;
             for (uint32_t i = 0; i < hd; i++) {
-                __m512 k0 = _mm512_loadu_ps(Kt + (size_t)i * BK), k1 = _mm512_loadu_ps(Kt + (size_t)i * BK + 16);
+                __m512 k0 = _mm512_loadu_ps(Kc + (size_t)i * BK), k1 = _mm512_loadu_ps(Kc + (size_t)i * BK + 16);
                 __m512 q0 = _mm512_set1_ps(qp[0][i]), q1 = _mm512_set1_ps(qp[1][i]);
                 __m512 q2 = _mm512_set1_ps(qp[2][i]), q3 = _mm512_set1_ps(qp[3][i]);
                 a00 = _mm512_add_ps(a00, _mm512_mul_ps(q0, k0));

@@ -242,7 +242,12 @@ void jlm_k_attn_head(const jlm_k_attn *p, const float *q, const float *k, const 
  * bits when kv_f16), value j: v + (g*vh_stride + j*v_stride): a cache of
  * rows (position-major: kh_stride = head_dim, k_stride = the row) or, as the
  * engine keeps it, of heads (head-major: k_stride = head_dim, kh_stride =
- * the positions a head holds times head_dim). Output row r,
+ * the positions a head holds times head_dim). k_tiled: the keys instead in
+ * tiles of JLM_K_FATTN_BK positions, dimension-major, the layout the
+ * kernels compute scores in: key j, dimension i of head g at
+ * k + g*kh_stride + (j/BK)*BK*head_dim + i*BK + j%BK (k_stride unused;
+ * kh_stride a multiple of BK*head_dim). Positions of a tile past the cached
+ * ones are read but never used. Output row r,
  * head h: out + r*o_stride + h*head_dim_v (overwritten).
  *
  * Per (row, head) and key tile, in this order (f32, no FMA):
@@ -267,6 +272,7 @@ struct jlm_k_fattn {
     uint64_t        q_stride, o_stride;           /* floats between query / output rows */
     uint64_t        k_stride, v_stride;           /* elements between cached positions */
     uint64_t        kh_stride, vh_stride;         /* elements between KV heads */
+    int             k_tiled;                      /* keys in dimension-major tiles (above) */
     int             kv_f16;
     float           scale, softcap;
     const float    *sinks;                        /* (n_head,) or NULL */
