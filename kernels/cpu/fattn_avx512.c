@@ -107,33 +107,6 @@ static void scale_row(float *o, float a, uint32_t n)
     }
 }
 
-/* The next key tile's keys and values of KV head g, into L2 while this
- * tile computes (prefetcht1; at 1024 cached positions, 16 layers, decode
- * went 12.7-13.4 -> 9.3-10.4 ms a token, and prefetcht0 measured as none:
- * docs/kernels.md, Decode attention). asm volatile: GCC found a function of
- * nothing but _mm_prefetch free of side effects and deleted its call. */
-static inline void pf_line(const char *a) { __asm__ volatile("prefetcht1 %0" : : "m"(*a)); }
-
-static void pf_tile(const jlm_k_fattn *p, const void *k, const void *v, uint32_t g, uint32_t j0, uint32_t nk,
-                    size_t es)
-{
-    size_t kb = (size_t)p->head_dim * es, vb = (size_t)p->head_dim_v * es;
-    if (p->k_tiled) {   /* one run: the tile */
-        const char *t = (const char *)k + ((uint64_t)g * p->kh_stride + (uint64_t)j0 * p->head_dim) * es;
-        for (size_t o = 0; o < kb * BK; o += 64)
-            pf_line(t + o);
-        kb = 0;
-    }
-    for (uint32_t jj = 0; jj < nk; jj++) {
-        const char *kr = (const char *)k + ((uint64_t)(j0 + jj) * p->k_stride + (uint64_t)g * p->kh_stride) * es;
-        const char *vr = (const char *)v + ((uint64_t)(j0 + jj) * p->v_stride + (uint64_t)g * p->vh_stride) * es;
-        for (size_t o = 0; o < kb; o += 64)
-            pf_line(kr + o);
-        for (size_t o = 0; o < vb; o += 64)
-            pf_line(vr + o);
-    }
-}
-
 /* o[0, nd) += s[jj] * v_jj[0, nd) for keys jj in [a, b), ascending, nd <= 64:
  * four accumulators that stay in registers (a runtime count of them, indexed
  * in an array, had GCC keep them on the stack: a store-to-load round trip per
@@ -190,8 +163,6 @@ void jlm_k_fattn_avx512(const jlm_k_fattn *p, const float *q, const void *k, con
             any = p->lo[r] < p->hi[r] && p->lo[r] < j0 + nk && p->hi[r] > j0;
         if (!any)
             continue;
-        if (j0 + BK < jmax)
-            pf_tile(p, k, v, g, j0 + BK, jmax - (j0 + BK) < BK ? jmax - (j0 + BK) : BK, es);
         /* Kt[i][jj] = key j0+jj, dim i: the cache's own tile (k_tiled, F32),
          * its tile widened (k_tiled, F16), or transposed from rows: 16x16
          * blocks in registers (the keys past nk as zero rows) when hd is
