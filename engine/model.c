@@ -515,6 +515,19 @@ static void store_kv(const jlm_engine *e, uint8_t *dst, const float *x, uint32_t
         d[i] = jlm_k_f32_to_fp16(x[i]);
 }
 
+/* Key k (hd floats) at position pos of a head's keys kh (kv_at(.., 0, hd)):
+ * one element a dimension, into its tile (key_elem), as store_kv rounds. */
+static void store_key(const jlm_engine *e, uint8_t *kh, uint32_t pos, const float *k)
+{
+    for (uint32_t i = 0; i < e->hd; i++) {
+        uint64_t at = key_elem(e, pos, i);
+        if (e->kv_f16)
+            ((uint16_t *)kh)[at] = jlm_k_f32_to_fp16(k[i]);
+        else
+            ((float *)kh)[at] = k[i];
+    }
+}
+
 /* One token's k and v (bias, norm, RoPE) into the cache; its q (bias, norm,
  * RoPE); its attention output or FFN output into the residual (optional
  * bias and post-norm). Rows of for_rows; layer_rows holds what they share
@@ -532,9 +545,7 @@ static void kv_row(jlm_engine *e, void *ctx, uint32_t t)
     if (!(c->flags & JLM_F_NO_POS_ENC))
         jlm_k_rope_apply(&j->rp, k, c->n_kv_head, e->hd, e->bpos[t]);
     for (uint32_t g = 0; g < c->n_kv_head; g++) {   /* head-major, keys in tiles (model_int.h) */
-        uint8_t *kh = kv_at(e, e->bkc[t], j->l, g, 0, e->hd);
-        for (uint32_t i = 0; i < e->hd; i++)
-            store_kv(e, kh + key_elem(e, e->bpos[t], i) * e->kv_es, k + g * e->hd + i, 1);
+        store_key(e, kv_at(e, e->bkc[t], j->l, g, 0, e->hd), e->bpos[t], k + g * e->hd);
         store_kv(e, kv_at(e, e->bvc[t], j->l, g, e->bpos[t], e->hd_v), v + g * e->hd_v, e->hd_v);
     }
 }
@@ -559,6 +570,114 @@ static void residual_row(jlm_engine *e, void *ctx, uint32_t t)
     jlm_k_add(e->x + t * E, e->x + t * E, o, E);
 }
 
+/* ---------------------------------------------------------------- decode: Q, K, V and attention in one dispatch
+ * One token on several threads: thread p takes KV heads [g0, g1) (an equal
+ * share), computes their rows of K and V and their query heads' rows of Q,
+ * then, with no barrier between, their bias, norm and RoPE, the cache
+ * store and jlm_k_fattn. Serial, the attention and the per-row work
+ * between the dispatches were ~5% of a two-thread decode token (jlm bench
+ * --profile); results are unchanged: each matmul row is one kernel call's
+ * (the same int8 input rows), each head's bias/norm/RoPE are those of the
+ * whole vector (per head, elementwise), and jlm_k_fattn's output per KV
+ * head does not depend on the call. */
+typedef struct qkva_job {
+    jlm_engine *e;
+    uint32_t    l, nparts, lo, hi;
+    mm_job      j[3];                  /* Q, K, V */
+    jlm_k_rope  rp;
+    jlm_k_fattn p;
+    const void *k, *v;                 /* layer l's cache: KV head 0 */
+    unsigned long long att_ns;         /* thread 0's time in the per-head part (--profile) */
+} qkva_job;
+
+static void qkva_slice(void *ctx, size_t b, size_t en, int tid)
+{
+    qkva_job *j = ctx;
+    jlm_engine *e = j->e;
+    const jlm_config *c = e->c;
+    uint32_t G = c->n_head / c->n_kv_head, hd = e->hd, hv = e->hd_v;
+    const float *qb = vec_dense(e, W(e, j->l, JLM_R_ATTN_Q_B)), *kb = vec_dense(e, W(e, j->l, JLM_R_ATTN_K_B));
+    const float *vb = vec_dense(e, W(e, j->l, JLM_R_ATTN_V_B));
+    const float *qn = vec_dense(e, W(e, j->l, JLM_R_ATTN_Q_NORM)), *kn = vec_dense(e, W(e, j->l, JLM_R_ATTN_K_NORM));
+    int rope = !(c->flags & JLM_F_NO_POS_ENC);
+    uint32_t pos = e->bpos[0];
+    for (size_t part = b; part < en; part++) {
+        uint32_t g0 = (uint32_t)(part * c->n_kv_head / j->nparts), g1 = (uint32_t)((part + 1) * c->n_kv_head / j->nparts);
+        mm_slice(&j->j[0], (uint64_t)g0 * G * hd, (uint64_t)g1 * G * hd, tid);
+        mm_slice(&j->j[1], (uint64_t)g0 * hd, (uint64_t)g1 * hd, tid);
+        mm_slice(&j->j[2], (uint64_t)g0 * hv, (uint64_t)g1 * hv, tid);
+        unsigned long long t0 = e->prof && tid == 0 ? prof_now() : 0;
+        for (uint32_t g = g0; g < g1; g++) {
+            float *k = e->kk + (uint64_t)g * hd, *v = e->vv + (uint64_t)g * hv;
+            add_bias(k, kb ? kb + (uint64_t)g * hd : NULL, hd);
+            add_bias(v, vb ? vb + (uint64_t)g * hv : NULL, hv);
+            if (kn)
+                jlm_k_rmsnorm(k, k, kn, hd, c->rms_eps);
+            if (rope)
+                jlm_k_rope_apply(&j->rp, k, 1, hd, pos);
+            store_key(e, kv_at(e, e->bkc[0], j->l, g, 0, hd), pos, k);
+            store_kv(e, kv_at(e, e->bvc[0], j->l, g, pos, hv), v, hv);
+            for (uint32_t h = g * G; h < (g + 1) * G; h++) {
+                float *q = e->q + (uint64_t)h * hd;
+                add_bias(q, qb ? qb + (uint64_t)h * hd : NULL, hd);
+                if (qn)
+                    jlm_k_rmsnorm(q, q, qn, hd, c->rms_eps);
+                if (rope)
+                    jlm_k_rope_apply(&j->rp, q, 1, hd, pos);
+            }
+            e->k->fattn(&j->p, e->q, j->k, j->v, e->att, g, 0, 1, e->fa + (size_t)tid * e->fa_floats);
+        }
+        if (t0)
+            j->att_ns += prof_now() - t0;
+    }
+}
+
+/* attn_kv and attn_out's attention for one token (n == 1) in one dispatch,
+ * where it applies: the CPU, a pool whose threads divide the KV heads, the
+ * batched attention, per-head norms; 0: the caller takes the general path. */
+static int attn_qkv_heads(jlm_engine *e, uint32_t l, const jlm_k_mat *wq, const jlm_k_mat *wk, const jlm_k_mat *wv)
+{
+    const jlm_config *c = e->c;
+    int nt = jlm_pool_n_threads(e->pool);
+    if (nt < 2 || c->n_kv_head % (uint32_t)nt || e->attn_token || e->bidir_end || (c->flags & JLM_F_QK_NORM_WIDE))
+        return 0;
+    unsigned long long t0 = prof_begin(e);
+    uint32_t pos = e->bpos[0], win = is_swa_layer(c, l) ? c->swa_window : 0;
+    qkva_job j = {.e = e, .l = l, .nparts = (uint32_t)nt, .hi = pos + 1, .lo = win && pos >= win ? pos - win + 1 : 0,
+                  .k = kv_at(e, e->bkc[0], l, 0, 0, e->hd), .v = kv_at(e, e->bvc[0], l, 0, 0, e->hd_v)};
+    const jlm_k_mat *ms[3] = {wq, wk, wv};
+    float *ys[3] = {e->q, e->kk, e->vv};
+    int quant = 0;
+    for (int i = 0; i < 3; i++) {
+        j.j[i] = (mm_job){e->k->matvec[ms[i]->type], e->k->matmul[ms[i]->type], ms[i], 1, e->h, NULL, ys[i]};
+        quant |= !jlm_fmt_type_traits(ms[i]->type)->is_float;
+    }
+    if (quant) {
+        quant_rows(e, e->h, wq->k, 1);
+        e->xq_of = e->h;
+        for (int i = 0; i < 3; i++)
+            if (!jlm_fmt_type_traits(ms[i]->type)->is_float)
+                j.j[i].xq = e->xq;
+    }
+    rope_params(e, l, &j.rp);
+    j.p = (jlm_k_fattn){.head_dim = e->hd, .head_dim_v = e->hd_v, .group = c->n_head / c->n_kv_head,
+                        .q_stride = e->q_dim, .o_stride = (uint64_t)c->n_head * e->hd_v, .k_stride = e->hd,
+                        .v_stride = e->hd_v, .kh_stride = (uint64_t)e->kv_ctx * e->hd,
+                        .vh_stride = (uint64_t)e->kv_ctx * e->hd_v, .k_tiled = 1, .kv_f16 = e->kv_f16,
+                        .scale = c->attn_scale > 0 ? c->attn_scale : 1.0f / sqrtf((float)e->hd),
+                        .softcap = c->attn_softcap, .sinks = vec_dense(e, W(e, l, JLM_R_ATTN_SINKS)),
+                        .lo = &j.lo, .hi = &j.hi};
+    jlm_pool_for(e->pool, (size_t)nt, 1, qkva_slice, &j);
+    prof_end(e, JLM_PROF_MATMUL, t0);
+    if (t0) {   /* thread 0's per-head part to attention (the threads ran it side by side) */
+        e->pr.ns[JLM_PROF_MATMUL] -= j.att_ns;
+        e->pr.ns[JLM_PROF_ATTN] += j.att_ns;
+    }
+    e->att_ready_x = e->x;
+    e->att_ready_l = l;
+    return 1;
+}
+
 /* Keys and values of tokens t < n (rows of x) of layer l into their caches
  * bkc/bvc[t] at positions bpos[t]; page = block l's frame. */
 static void attn_kv(jlm_engine *e, uint32_t l, const uint8_t *page, uint64_t page_off, uint32_t n)
@@ -569,6 +688,11 @@ static void attn_kv(jlm_engine *e, uint32_t l, const uint8_t *page, uint64_t pag
     jlm_k_mat wk = mat_at(W(e, l, JLM_R_ATTN_K), page, page_off, 0);
     jlm_k_mat wv = mat_at(W(e, l, JLM_R_ATTN_V), page, page_off, 0);
     const jlm_tensor *tq = W(e, l, JLM_R_ATTN_Q);
+    if (n == 1 && !e->dev_here && tq) {
+        jlm_k_mat wq = mat_at(tq, page, page_off, 0);
+        if (attn_qkv_heads(e, l, &wq, &wk, &wv))
+            return;
+    }
     if (!e->dev_here && tq) {
         /* Q too, for attn_out of these rows (fused dispatches above) */
         jlm_k_mat wq = mat_at(tq, page, page_off, 0);
@@ -593,8 +717,11 @@ static void attn_out(jlm_engine *e, uint32_t l, const uint8_t *page, uint64_t pa
 {
     const jlm_config *c = e->c;
     uint32_t E = c->n_embd, A = c->n_head * e->hd_v;
-    int ready = e->q_ready_x == e->x && e->q_ready_l == l;
+    int ready = e->q_ready_x == e->x && e->q_ready_l == l, done = e->att_ready_x == e->x && e->att_ready_l == l;
     e->q_ready_x = NULL;
+    e->att_ready_x = NULL;
+    if (done)
+        goto out;   /* attn_qkv_heads */
     if (!ready) {
         norm_rows(e, e->h, e->x, vec_dense(e, W(e, l, JLM_R_ATTN_NORM)), E, n);
         jlm_k_mat wq = mat_at(W(e, l, JLM_R_ATTN_Q), page, page_off, 0);
@@ -613,6 +740,7 @@ static void attn_out(jlm_engine *e, uint32_t l, const uint8_t *page, uint64_t pa
             ;
         attend_rows(e, l, t, t1 - t);
     }
+out:;
     jlm_k_mat wo = mat_at(W(e, l, JLM_R_ATTN_OUT), page, page_off, 0);
     matmul(e, &wo, n, e->att, e->o);
     layer_rows res = {.l = l, .b = vec_dense(e, W(e, l, JLM_R_ATTN_OUT_B)),

@@ -97,6 +97,10 @@ struct jlm_engine {
      * every attn_out */
     const float *q_ready_x;
     uint32_t     q_ready_l;
+    /* ... or its queries, keys and attention (decode on several threads:
+     * attn_qkv_heads): attn_out goes straight to the output matrix */
+    const float *att_ready_x;
+    uint32_t     att_ready_l;
     /* profiling (model.h): prof on; prof_in: a class is being timed (nested
      * ones are not); pr the sums; pr_page0 the pager's read time at reset */
     int              prof, prof_in;
