@@ -18,7 +18,9 @@
 # Files (~8 GiB in all: the F16 source, four GGUFs, four containers) go to
 # $VS_DIR (default /tmp/jlm-vs-llama), never into the repository, and are
 # reused by later runs. Knobs (environment): ROUNDS (3), PP (128), TG (64),
-# THREADS ("1 2"), TYPES ("Q4_0 Q4_K_M Q8_0 MXFP4"), JLM (build/jlm),
+# DEPTH (0: the tests start from that many cached positions, -d of both
+# tools; the roofline column still counts the weights only, not the cache
+# each token also reads), THREADS ("1 2"), TYPES ("Q4_0 Q4_K_M Q8_0 MXFP4"), JLM (build/jlm),
 # MKGGUF (build/bench/mkgguf), BK (build/bench/bench_kernels; missing: no
 # roofline column). LLAMA_BIN unset: one line, exit 0.
 set -eu
@@ -30,6 +32,7 @@ fi
 ROUNDS=${ROUNDS:-3}
 PP=${PP:-128}
 TG=${TG:-64}
+DEPTH=${DEPTH:-0}
 THREADS=${THREADS:-"1 2"}
 TYPES=${TYPES:-"Q4_0 Q4_K_M Q8_0 MXFP4"}
 JLM=${JLM:-build/jlm}
@@ -81,12 +84,12 @@ while [ "$r" -le "$ROUNDS" ]; do
         for th in $THREADS; do
             echo "vs-llama: round $r/$ROUNDS $t -t $th" >&2
             # jlm bench's markdown table: | model | size | params | threads | budget | test | t/s | ...
-            "$JLM" bench "$DIR/synth-1b.$t.jlm" -p "$PP" -n "$TG" -r 1 -t "$th" |
-                awk -F'|' -v t="$t" -v th="$th" -v r="$r" '$7 ~ /^ *(pp|tg)[0-9]+ *$/ {
-                    test = $7; gsub(/ /, "", test); split($8, v, "±"); gsub(/ /, "", v[1]);
+            "$JLM" bench "$DIR/synth-1b.$t.jlm" -p "$PP" -n "$TG" -d "$DEPTH" -r 1 -t "$th" |
+                awk -F'|' -v t="$t" -v th="$th" -v r="$r" '$7 ~ /^ *(pp|tg)[0-9]+( @ d[0-9]+)? *$/ {
+                    split($7, w, " "); test = w[1]; split($8, v, "±"); gsub(/ /, "", v[1]);
                     print "jlm", t, th, test, v[1], r }' >>"$res"
             # llama-bench -o jsonl: one object per test with n_prompt, n_gen, avg_ts
-            "$LB" -m "$DIR/synth-1b.$t.gguf" -p "$PP" -n "$TG" -r 1 -t "$th" -o jsonl 2>/dev/null |
+            "$LB" -m "$DIR/synth-1b.$t.gguf" -p "$PP" -n "$TG" -d "$DEPTH" -r 1 -t "$th" -o jsonl 2>/dev/null |
                 sed -n 's/.*"n_prompt": *\([0-9]*\).*"n_gen": *\([0-9]*\).*"avg_ts": *\([0-9.e+-]*\).*/\1 \2 \3/p' |
                 awk -v t="$t" -v th="$th" '{ test = $1 > 0 ? "pp" $1 : "tg" $2; print "llama", t, th, test, $3 }' >>"$res"
         done
@@ -108,7 +111,9 @@ cell() {   # type threads test -> "llama vs jlm (ratio x)"
     awk -v l="$l" -v j="$j" 'BEGIN { if (l == "-" || j == "-" || l + 0 == 0) printf "%s vs %s", l, j;
                                      else printf "%.1f vs %.1f (%.2fx)", l, j, j / l }'
 }
-echo "synth-1b (975 M parameters, vocab 512), tok/s, llama.cpp vs jlm (jlm / llama.cpp), median of $ROUNDS interleaved rounds"
+at=""
+[ "$DEPTH" -gt 0 ] && at=" @ d$DEPTH"
+echo "synth-1b (975 M parameters, vocab 512), tok/s, llama.cpp vs jlm (jlm / llama.cpp), median of $ROUNDS interleaved rounds${at:+, tests from $DEPTH cached positions}"
 echo
 roof() {   # type threads -> jlm decode / (probe GB/s / container bytes), median over rounds
     bytes=$(stat -c %s "$DIR/synth-1b.$1.jlm")
@@ -118,7 +123,7 @@ roof() {   # type threads -> jlm decode / (probe GB/s / container bytes), median
         END { for (r in ts) if (bw[r] > 0) print ts[r] / (bw[r] * 1e9 / B) }' "$res" |
         mid | awk '{ if ($1 == "-") print; else printf "%.2f\n", $1 }'
 }
-echo "| type | threads | prefill pp$PP | decode tg$TG | jlm decode / roofline |"
+echo "| type | threads | prefill pp$PP$at | decode tg$TG$at | jlm decode / roofline |"
 echo "|---|---|---|---|---|"
 for t in $TYPES; do
     for th in $THREADS; do
