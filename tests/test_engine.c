@@ -273,6 +273,18 @@ static float *logits_at_threads(const char *path, int threads, uint32_t nv)
     return all;
 }
 
+/* The vocabulary size of the container at path. */
+static uint32_t model_n_vocab(const char *path)
+{
+    jlm_engine_opts o = {.n_threads = 1, .quiet = 1};
+    jlm_engine *e;
+    jlm_err err = {0};
+    cr_assert_eq(jlm_engine_open(path, &o, &e, &err), 0, "%s", err.msg);
+    uint32_t nv = jlm_engine_n_vocab(e);
+    jlm_engine_close(e);
+    return nv;
+}
+
 /* The per-token attention (JLM_ATTN=token: jlm_k_attn_head over F32 rows
  * it copies out of the cache) against the batched kernel reading the cache
  * in place (keys in tiles): both see the same cached values and differ only
@@ -314,12 +326,7 @@ Test(engine, per_token_and_batched_attention_agree_on_the_tiled_cache, .timeout 
     double worst = 0;
     for (size_t m = 0; m < sizeof M / sizeof M[0]; m++) {
         char *path = convert_model(M[m].name, dir);
-        jlm_engine_opts o = {.n_threads = 1, .quiet = 1};
-        jlm_engine *e;
-        jlm_err err = {0};
-        cr_assert_eq(jlm_engine_open(path, &o, &e, &err), 0, "%s", err.msg);
-        uint32_t nv = jlm_engine_n_vocab(e);
-        jlm_engine_close(e);
+        uint32_t nv = model_n_vocab(path);
         float *a = logits_attn(path, M[m].kv, 0, nv), *b = logits_attn(path, M[m].kv, 1, nv);
         for (int s = 0; s < 5; s++) {
             const float *x = a + (size_t)s * nv, *y = b + (size_t)s * nv;
@@ -355,12 +362,7 @@ ParameterizedTest(mp *m, engine, gives_bit_identical_logits_at_1_2_and_3_threads
 {
     char *dir = tu_tmpdir();
     char *path = convert_model(m->name, dir);
-    jlm_engine_opts o = {.n_threads = 1, .quiet = 1};
-    jlm_engine *e;
-    jlm_err err = {0};
-    cr_assert_eq(jlm_engine_open(path, &o, &e, &err), 0, "%s", err.msg);
-    uint32_t nv = jlm_engine_n_vocab(e);
-    jlm_engine_close(e);
+    uint32_t nv = model_n_vocab(path);
     float *one = logits_at_threads(path, 1, nv);
     for (int t = 2; t <= 3; t++) {
         float *l = logits_at_threads(path, t, nv);
