@@ -43,12 +43,14 @@ int  jlm_pager_open_model(const jlm_model *m, jlm_source *src, uint64_t budget,
  * under $JLM_MEM_ROOT when set (a test seam), else under /. */
 #define JLM_BUDGET_AUTO UINT64_MAX
 
+#define JLM_ENGINE_MAX_CTX (1u << 24)   /* positions: jlm_engine_open refuses more (JLM_EINVAL) */
+
 typedef struct jlm_engine_opts {
     int      n_threads;    /* <= 0: online CPUs */
     uint64_t budget;       /* bytes of the engine's memory: page frames + KV cache
                             * + scratch + the dense region (frames get what the
                             * rest leaves); 0 = unlimited; JLM_BUDGET_AUTO */
-    uint32_t n_ctx;        /* 0: min(model context, 4096) */
+    uint32_t n_ctx;        /* 0: min(model context, 4096); at most JLM_ENGINE_MAX_CTX */
     int      direct;       /* plain-file source: 1 try O_DIRECT, 0 buffered */
     int      no_prefetch;  /* 1: no block read ahead on the pager's reader thread */
     int      quiet;        /* 1: no notes on stderr */

@@ -411,6 +411,10 @@ int jlm_engine_open(const char *path, const jlm_engine_opts *opts, jlm_engine **
     e->kv_dim = c->n_kv_head * e->hd;
     e->kv_dim_v = c->n_kv_head * e->hd_v;
     e->n_ctx = o.n_ctx ? o.n_ctx : (c->n_ctx && c->n_ctx < 4096 ? c->n_ctx : 4096);
+    if (e->n_ctx > JLM_ENGINE_MAX_CTX) {   /* the CLI's -c stops at 2^24; the API must not wrap kv_ctx */
+        rc = jlm_errf(err, JLM_EINVAL, "%s: context of %u positions: at most %u", path, e->n_ctx, JLM_ENGINE_MAX_CTX);
+        goto fail;
+    }
     e->kv_ctx = (e->n_ctx + JLM_K_FATTN_BK - 1) / JLM_K_FATTN_BK * JLM_K_FATTN_BK;   /* whole key tiles */
     jlm_err kerr = {0};
     if (jlm_k_cpu_init(&kerr) && !o.quiet)

@@ -241,6 +241,10 @@ Test(engine, prefill_in_any_batch_and_one_token_at_a_time_give_the_same_logits, 
     cr_assert_neq(jlm_engine_open(path, &o, &e, &err), 0);
     cr_assert(strstr(err.msg, "JLM_ATTN=flash2"), "%s", err.msg);
     unsetenv("JLM_ATTN");
+    /* a context past JLM_ENGINE_MAX_CTX is refused, not wrapped into a small cache */
+    o.n_ctx = UINT32_MAX;
+    cr_assert_eq(jlm_engine_open(path, &o, &e, &err), JLM_EINVAL);
+    cr_assert(strstr(err.msg, "context of 4294967295 positions: at most 16777216"), "%s", err.msg);
     free(path);
     tu_rmrf(dir);
     free(dir);
