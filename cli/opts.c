@@ -44,10 +44,15 @@ static int bad(const jlm_opts_spec *s, const char *name, const char *v, const ch
     return 2;
 }
 
+/* "an integer in [0, 16777216]": integers name both ends (a value over a large
+ * maximum was told only ">= 0"); numbers with a maximum of 1e6 or more only
+ * their minimum. */
 static void range_text(const jlm_opt *o, char *buf, size_t n, const char *what)
 {
     const char *lo_op = o->flags & JLM_OPT_LO_OPEN ? ">" : ">=";
-    if (o->hi >= 1e6)
+    if (o->kind == JLM_OPT_INT || o->kind == JLM_OPT_U32)
+        snprintf(buf, n, "%s in %s%.0f, %.0f]", what, o->flags & JLM_OPT_LO_OPEN ? "(" : "[", o->lo, o->hi);
+    else if (o->hi >= 1e6)
         snprintf(buf, n, "%s %s %g", what, lo_op, o->lo);
     else
         snprintf(buf, n, "%s in %s%g, %g]", what, o->flags & JLM_OPT_LO_OPEN ? "(" : "[", o->lo, o->hi);
@@ -233,7 +238,7 @@ int jlm_opts_engine_rows(jlm_opt *t, unsigned which, jlm_engine_opts *eo, jlm_op
 {
     int n = 0;
     if (which & JLM_ROWS_CTX)
-        t[n++] = (jlm_opt){"-c", "--ctx-size", JLM_OPT_U32, &eo->n_ctx, 0, 1 << 24, 0, "N", "context size, 0: the model's"};
+        t[n++] = (jlm_opt){"-c", "--ctx-size", JLM_OPT_U32, &eo->n_ctx, 0, JLM_ENGINE_MAX_CTX, 0, "N", "context size, 0: the model's"};
     if (which & JLM_ROWS_THREADS)
         t[n++] = (jlm_opt){"-t", "--threads", JLM_OPT_INT, &eo->n_threads, 1, 1024, 0, "N", "threads, unset: all cores"};
     if (which & JLM_ROWS_BUDGET)

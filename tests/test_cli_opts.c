@@ -27,7 +27,8 @@ static const char *const BAD[][3] = {
     {"serve", "--body-max", "x"},     {"serve", "--gpu-layers", "x"},
     {"serve", "--backend", "bogus"},  {"serve", "-c", "-1"},
     {"chat", "--gpu-layers", "0"},    {"chat", "--backend", "bogus"},
-    {"run", "--gpu-layers", " 2"},
+    {"run", "--gpu-layers", " 2"},    {"run", "-c", "99999999"},
+    {"bench", "-d", "-1"},
 };
 
 Test(cli_opts, every_bad_value_exits_2_with_one_line_naming_the_option)
@@ -49,6 +50,16 @@ Test(cli_opts, every_bad_value_exits_2_with_one_line_naming_the_option)
         cr_assert(nl && nl[1] == 0, "one line: %s", o);
         free(o);
     }
+}
+
+/* an integer past its maximum is told the range, not only its minimum */
+Test(cli_opts, an_integer_out_of_range_is_told_both_ends)
+{
+    char cmd[512], *o = NULL;
+    snprintf(cmd, sizeof cmd, "%s run m.jlm -p hi -c 99999999", tu_jlm());
+    cr_assert_eq(tu_run(cmd, &o), 2, "%s", o);
+    cr_assert(strstr(o, "-c '99999999': expected an integer in [0, 16777216]"), "%s", o);
+    free(o);
 }
 
 Test(cli_opts, unknown_option_and_missing_value_exit_2)
