@@ -361,22 +361,6 @@ static void rope_params(const jlm_engine *e, uint32_t l, jlm_k_rope *p)
         p->freq_factors = vec_dense(e, ff);
 }
 
-/* Per-head (or, QKNormWide, whole-vector) RMS norm of one token's q and k. */
-static void qk_norm(jlm_engine *e, uint32_t l, float *q, float *k)
-{
-    const jlm_config *c = e->c;
-    const float *qn = vec_dense(e, W(e, l, JLM_R_ATTN_Q_NORM)), *kn = vec_dense(e, W(e, l, JLM_R_ATTN_K_NORM));
-    if (c->flags & JLM_F_QK_NORM_WIDE) {
-        if (q && qn) jlm_k_rmsnorm(q, q, qn, e->q_dim, c->rms_eps);
-        if (k && kn) jlm_k_rmsnorm(k, k, kn, e->kv_dim, c->rms_eps);
-        return;
-    }
-    for (uint32_t h = 0; q && qn && h < c->n_head; h++)
-        jlm_k_rmsnorm(q + h * e->hd, q + h * e->hd, qn, e->hd, c->rms_eps);
-    for (uint32_t h = 0; k && kn && h < c->n_kv_head; h++)
-        jlm_k_rmsnorm(k + h * e->hd, k + h * e->hd, kn, e->hd, c->rms_eps);
-}
-
 /* One token's attention over the cache at position pos: q -> out, heads
  * split across the pool (each thread has its own score row). */
 typedef struct attn_job {
@@ -534,17 +518,54 @@ static void store_key(const jlm_engine *e, uint8_t *kh, uint32_t pos, const floa
  * (the layer, its RoPE parameters, the residual's bias and post-norm). */
 typedef struct layer_rows { uint32_t l; jlm_k_rope rp; const float *b, *pn; } layer_rows;
 
+/* What every head of a token's q or k gets after its bias: its RMS norm (n:
+ * per head; NULL: none, or done on the whole vector, QKNormWide), RoPE by
+ * the position's cs (NULL: no position encoding). kv_row, q_row and the
+ * fused decode dispatch (attn_qkv_heads) all finish heads here. */
+static void head_norm_rope(const jlm_engine *e, float *x, const float *n, const jlm_k_rope *rp, const float *cs)
+{
+    if (n)
+        jlm_k_rmsnorm(x, x, n, e->hd, e->c->rms_eps);
+    if (cs)
+        jlm_k_rope_rotate(cs, rp, x, 1, e->hd);
+}
+
+/* The norm weight heads get one by one (NULL where there is none or it
+ * applies to the whole vector: qk_wide_norm did it). */
+static const float *qk_head_norm(const jlm_engine *e, uint32_t l, int role)
+{
+    return (e->c->flags & JLM_F_QK_NORM_WIDE) ? NULL : vec_dense(e, W(e, l, role));
+}
+
+/* QKNormWide: the RMS norm of a token's whole q (or k) of n floats. */
+static void qk_wide_norm(const jlm_engine *e, uint32_t l, int role, float *x, uint64_t n)
+{
+    const float *w = vec_dense(e, W(e, l, role));
+    if ((e->c->flags & JLM_F_QK_NORM_WIDE) && w)
+        jlm_k_rmsnorm(x, x, w, n, e->c->rms_eps);
+}
+
+/* The cos/sin of position pos for layer l's RoPE into cs; NULL if the
+ * model has no position encoding. */
+static const float *rope_cs(const jlm_engine *e, const jlm_k_rope *rp, uint32_t pos, float *cs)
+{
+    if (e->c->flags & JLM_F_NO_POS_ENC)
+        return NULL;
+    jlm_k_rope_cos_sin(rp, pos, cs);
+    return cs;
+}
+
 static void kv_row(jlm_engine *e, void *ctx, uint32_t t)
 {
     const layer_rows *j = ctx;
     const jlm_config *c = e->c;
-    float *k = e->kk + t * e->kv_dim, *v = e->vv + t * e->kv_dim_v;
+    float *k = e->kk + t * e->kv_dim, *v = e->vv + t * e->kv_dim_v, csb[JLM_MAX_HEAD_DIM];
     add_bias(k, vec_dense(e, W(e, j->l, JLM_R_ATTN_K_B)), e->kv_dim);
     add_bias(v, vec_dense(e, W(e, j->l, JLM_R_ATTN_V_B)), e->kv_dim_v);
-    qk_norm(e, j->l, NULL, k);
-    if (!(c->flags & JLM_F_NO_POS_ENC))
-        jlm_k_rope_apply(&j->rp, k, c->n_kv_head, e->hd, e->bpos[t]);
+    qk_wide_norm(e, j->l, JLM_R_ATTN_K_NORM, k, e->kv_dim);
+    const float *kn = qk_head_norm(e, j->l, JLM_R_ATTN_K_NORM), *cs = rope_cs(e, &j->rp, e->bpos[t], csb);
     for (uint32_t g = 0; g < c->n_kv_head; g++) {   /* head-major, keys in tiles (model_int.h) */
+        head_norm_rope(e, k + g * e->hd, kn, &j->rp, cs);
         store_key(e, kv_at(e, e->bkc[t], j->l, g, 0, e->hd), e->bpos[t], k + g * e->hd);
         store_kv(e, kv_at(e, e->bvc[t], j->l, g, e->bpos[t], e->hd_v), v + g * e->hd_v, e->hd_v);
     }
@@ -553,11 +574,12 @@ static void kv_row(jlm_engine *e, void *ctx, uint32_t t)
 static void q_row(jlm_engine *e, void *ctx, uint32_t t)
 {
     const layer_rows *j = ctx;
-    float *q = e->q + t * e->q_dim;
+    float *q = e->q + t * e->q_dim, csb[JLM_MAX_HEAD_DIM];
     add_bias(q, vec_dense(e, W(e, j->l, JLM_R_ATTN_Q_B)), e->q_dim);
-    qk_norm(e, j->l, q, NULL);
-    if (!(e->c->flags & JLM_F_NO_POS_ENC))
-        jlm_k_rope_apply(&j->rp, q, e->c->n_head, e->hd, e->bpos[t]);
+    qk_wide_norm(e, j->l, JLM_R_ATTN_Q_NORM, q, e->q_dim);
+    const float *qn = qk_head_norm(e, j->l, JLM_R_ATTN_Q_NORM), *cs = rope_cs(e, &j->rp, e->bpos[t], csb);
+    for (uint32_t h = 0; h < e->c->n_head; h++)
+        head_norm_rope(e, q + h * e->hd, qn, &j->rp, cs);
 }
 
 static void residual_row(jlm_engine *e, void *ctx, uint32_t t)
@@ -573,8 +595,8 @@ static void residual_row(jlm_engine *e, void *ctx, uint32_t t)
 /* ---------------------------------------------------------------- decode: Q, K, V and attention in one dispatch
  * One token on several threads: thread p takes KV heads [g0, g1) (an equal
  * share), computes their rows of K and V and their query heads' rows of Q,
- * then, with no barrier between, their bias, norm and RoPE, the cache
- * store and jlm_k_fattn. Serial, the attention and the per-row work
+ * then, with no barrier between, their bias, norm and RoPE (head_norm_rope,
+ * as kv_row and q_row), the cache store and jlm_k_fattn. Serial, the attention and the per-row work
  * between the dispatches were ~5% of a two-thread decode token (jlm bench
  * --profile); results are unchanged: each matmul row is one kernel call's
  * (the same int8 input rows), each head's bias/norm/RoPE are those of the
@@ -585,6 +607,7 @@ typedef struct qkva_job {
     uint32_t    l, nparts, lo, hi;
     mm_job      j[3];                  /* Q, K, V */
     jlm_k_rope  rp;
+    const float *cs;                   /* rp's cos/sin at the token's position (NULL: no RoPE) */
     jlm_k_fattn p;
     const void *k, *v;                 /* layer l's cache: KV head 0 */
     unsigned long long att_ns;         /* thread 0's time in the per-head part (--profile) */
@@ -598,8 +621,7 @@ static void qkva_slice(void *ctx, size_t b, size_t en, int tid)
     uint32_t G = c->n_head / c->n_kv_head, hd = e->hd, hv = e->hd_v;
     const float *qb = vec_dense(e, W(e, j->l, JLM_R_ATTN_Q_B)), *kb = vec_dense(e, W(e, j->l, JLM_R_ATTN_K_B));
     const float *vb = vec_dense(e, W(e, j->l, JLM_R_ATTN_V_B));
-    const float *qn = vec_dense(e, W(e, j->l, JLM_R_ATTN_Q_NORM)), *kn = vec_dense(e, W(e, j->l, JLM_R_ATTN_K_NORM));
-    int rope = !(c->flags & JLM_F_NO_POS_ENC);
+    const float *qn = qk_head_norm(e, j->l, JLM_R_ATTN_Q_NORM), *kn = qk_head_norm(e, j->l, JLM_R_ATTN_K_NORM);
     uint32_t pos = e->bpos[0];
     for (size_t part = b; part < en; part++) {
         uint32_t g0 = (uint32_t)(part * c->n_kv_head / j->nparts), g1 = (uint32_t)((part + 1) * c->n_kv_head / j->nparts);
@@ -611,19 +633,13 @@ static void qkva_slice(void *ctx, size_t b, size_t en, int tid)
             float *k = e->kk + (uint64_t)g * hd, *v = e->vv + (uint64_t)g * hv;
             add_bias(k, kb ? kb + (uint64_t)g * hd : NULL, hd);
             add_bias(v, vb ? vb + (uint64_t)g * hv : NULL, hv);
-            if (kn)
-                jlm_k_rmsnorm(k, k, kn, hd, c->rms_eps);
-            if (rope)
-                jlm_k_rope_apply(&j->rp, k, 1, hd, pos);
+            head_norm_rope(e, k, kn, &j->rp, j->cs);
             store_key(e, kv_at(e, e->bkc[0], j->l, g, 0, hd), pos, k);
             store_kv(e, kv_at(e, e->bvc[0], j->l, g, pos, hv), v, hv);
             for (uint32_t h = g * G; h < (g + 1) * G; h++) {
                 float *q = e->q + (uint64_t)h * hd;
                 add_bias(q, qb ? qb + (uint64_t)h * hd : NULL, hd);
-                if (qn)
-                    jlm_k_rmsnorm(q, q, qn, hd, c->rms_eps);
-                if (rope)
-                    jlm_k_rope_apply(&j->rp, q, 1, hd, pos);
+                head_norm_rope(e, q, qn, &j->rp, j->cs);
             }
             e->k->fattn(&j->p, e->q, j->k, j->v, e->att, g, 0, 1, e->fa + (size_t)tid * e->fa_floats);
         }
@@ -659,7 +675,9 @@ static int attn_qkv_heads(jlm_engine *e, uint32_t l, const jlm_k_mat *wq, const 
             if (!jlm_fmt_type_traits(ms[i]->type)->is_float)
                 j.j[i].xq = e->xq;
     }
+    float csb[JLM_MAX_HEAD_DIM];   /* once for the token, not once a head */
     rope_params(e, l, &j.rp);
+    j.cs = rope_cs(e, &j.rp, pos, csb);
     j.p = (jlm_k_fattn){.head_dim = e->hd, .head_dim_v = e->hd_v, .group = c->n_head / c->n_kv_head,
                         .q_stride = e->q_dim, .o_stride = (uint64_t)c->n_head * e->hd_v, .k_stride = e->hd,
                         .v_stride = e->hd_v, .kh_stride = (uint64_t)e->kv_ctx * e->hd,

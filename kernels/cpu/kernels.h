@@ -166,14 +166,18 @@ typedef struct jlm_k_rope {
 /* Fills p with defaults: neox 0, freq_scale 1, attn_factor 1, ext_factor 0,
  * beta_fast 32, beta_slow 1, orig_ctx 0, no freq factors. */
 void jlm_k_rope_defaults(jlm_k_rope *p, uint32_t n_rot, float freq_base);
-/* Rotates n_head heads of head_dim floats, in place, at position pos.
- * Precondition: n_rot even, n_rot <= head_dim. */
+/* Rotates n_head heads of head_dim floats, in place, at position pos:
+ * jlm_k_rope_cos_sin then jlm_k_rope_rotate.
+ * Precondition: n_rot even, n_rot <= head_dim <= JLM_MAX_HEAD_DIM. */
 void jlm_k_rope_apply(const jlm_k_rope *p, float *x, uint32_t n_head, uint32_t head_dim,
                       int64_t pos);
-/* The (cos, sin) jlm_k_rope_apply rotates pair i by at position pos, into
- * cs[2i], cs[2i+1] for i < n_rot/2 (the same f32 theta and YaRN mix), so a
- * device kernel given cs rotates bit-identically. */
+/* The (cos, sin) pair i is rotated by at position pos, into cs[2i], cs[2i+1]
+ * for i < n_rot/2 (f32 theta, YaRN mix), so a device kernel, or heads
+ * rotated one at a time, given cs rotate bit-identically. */
 void jlm_k_rope_cos_sin(const jlm_k_rope *p, int64_t pos, float *cs);
+/* Rotates n_head heads of head_dim floats in place by cs (jlm_k_rope_cos_sin;
+ * p gives n_rot and neox). */
+void jlm_k_rope_rotate(const float *cs, const jlm_k_rope *p, float *x, uint32_t n_head, uint32_t head_dim);
 /* ggml_rope_yarn_corr_dims: dims[0] = start, dims[1] = end of the ramp. */
 void jlm_k_rope_yarn_corr_dims(uint32_t n_dims, uint32_t orig_ctx, float freq_base,
                                float beta_fast, float beta_slow, float dims[2]);

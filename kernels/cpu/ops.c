@@ -94,20 +94,19 @@ static void rope_yarn(float theta_extrap, const jlm_k_rope *p, const float corr[
 void jlm_k_rope_apply(const jlm_k_rope *p, float *x, uint32_t n_head, uint32_t head_dim,
                       int64_t pos)
 {
-    float corr[2] = {0.0f, 0.0f};
-    if (p->ext_factor != 0.0f)
-        jlm_k_rope_yarn_corr_dims(p->n_rot, p->orig_ctx, p->freq_base, p->beta_fast, p->beta_slow, corr);
-    const float theta_scale = powf(p->freq_base, -2.0f / (float)p->n_rot);
-    float theta = (float)pos;                      /* ggml: theta *= theta_scale per pair */
+    float cs[JLM_MAX_HEAD_DIM];   /* n_rot <= head_dim <= JLM_MAX_HEAD_DIM (format/sanity.c) */
+    jlm_k_rope_cos_sin(p, pos, cs);
+    jlm_k_rope_rotate(cs, p, x, n_head, head_dim);
+}
+
+void jlm_k_rope_rotate(const float *cs, const jlm_k_rope *p, float *x, uint32_t n_head, uint32_t head_dim)
+{
     uint32_t half = p->n_rot / 2;
-    for (uint32_t i0 = 0; i0 < p->n_rot; i0 += 2) {
-        float ff = p->freq_factors ? p->freq_factors[i0 / 2] : 1.0f, c, s;
-        rope_yarn(theta / ff, p, corr, i0, &c, &s);
-        theta *= theta_scale;
-        for (uint32_t h = 0; h < n_head; h++) {
-            float *xh = x + (uint64_t)h * head_dim;
+    for (uint32_t h = 0; h < n_head; h++) {
+        float *xh = x + (uint64_t)h * head_dim;
+        for (uint32_t i0 = 0; i0 < p->n_rot; i0 += 2) {
             uint32_t a = p->neox ? i0 / 2 : i0, b = p->neox ? i0 / 2 + half : i0 + 1;
-            float x0 = xh[a], x1 = xh[b];
+            float c = cs[i0], s = cs[i0 + 1], x0 = xh[a], x1 = xh[b];
             xh[a] = x0 * c - x1 * s;
             xh[b] = x0 * s + x1 * c;
         }
@@ -120,7 +119,7 @@ void jlm_k_rope_cos_sin(const jlm_k_rope *p, int64_t pos, float *cs)
     if (p->ext_factor != 0.0f)
         jlm_k_rope_yarn_corr_dims(p->n_rot, p->orig_ctx, p->freq_base, p->beta_fast, p->beta_slow, corr);
     const float theta_scale = powf(p->freq_base, -2.0f / (float)p->n_rot);
-    float theta = (float)pos;
+    float theta = (float)pos;                      /* ggml: theta *= theta_scale per pair */
     for (uint32_t i0 = 0; i0 < p->n_rot; i0 += 2) {
         float ff = p->freq_factors ? p->freq_factors[i0 / 2] : 1.0f;
         rope_yarn(theta / ff, p, corr, i0, &cs[i0], &cs[i0 + 1]);
