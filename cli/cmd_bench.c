@@ -63,7 +63,7 @@ static int bench_parse(int argc, char **argv, bench_opts *o)
         {"-m", "--model", JLM_OPT_STR, &o->model, 0, 0, 0, "FILE", "the model (or give it first)"},
         {"-p", "--n-prompt", JLM_OPT_INT, &o->n_pp, 0, 1 << 20, 0, "N", "prompt tokens per pp test, 0: skip"},
         {"-n", "--n-gen", JLM_OPT_INT, &o->n_tg, 0, 1 << 20, 0, "N", "generated tokens per tg test, 0: skip"},
-        {"-d", "--depth", JLM_OPT_INT, &o->depth, 0, 1 << 20, 0, "N", "positions already cached when each test starts (default: 0)"},
+        {"-d", "--depth", JLM_OPT_INT, &o->depth, 0, 1 << 20, 0, "N", "positions already cached when each test starts"},
         {"-r", "--repetitions", JLM_OPT_INT, &o->reps, 1, 1000, 0, "N", "repetitions per test"},
     };
     const jlm_opt tail[] = {
@@ -416,34 +416,32 @@ int jlm_cmd_bench(int argc, char **argv)
         }
         bench_row w = {name, size, params, budget, (double)jlm_engine_model(e)->file_size, n_params,
                        o.eng.budget ? jlm_engine_budget(e) : 0, threads, pp, n, o.depth, r};
+        char test[40];   /* "tg32 @ d1024": the table's test, and its lines on stderr */
+        bench_test_name(test, sizeof test, pp, n, o.depth);
         if (o.fmt == OUT_CSV)
             bench_row_csv(&w);
         else if (o.fmt == OUT_JSON)
             json_array_append_new(rows, bench_row_json(&w));
         else {
-            char test[40], tps[24];
-            bench_test_name(test, sizeof test, pp, n, o.depth);
+            char tps[24];
             snprintf(tps, sizeof tps, "%.2f ± %.2f", r.tps_mean, r.tps_sd);
             printf("| %-24s | %10s | %8s | %7d | %10s | %7s | %17s | %9.1f | %9.2f | %9.2f |\n", name, size, params,
                    threads, budget, test, tps, r.pageins, r.mib, r.wait_ms);
         }
         if (r.n_dev && o.fmt != OUT_JSON) {   /* per backend, on stderr: the table's columns stay llama-bench's */
             fflush(stdout);
-            fprintf(stderr, "%s%s%d per backend: cpu: page-ins %.1f, read %.2f MiB\n", o.fmt == OUT_MD ? "  " : "",
-                    pp ? "pp" : "tg", n, r.pageins, r.mib);
+            fprintf(stderr, "%s%s per backend: cpu: page-ins %.1f, read %.2f MiB\n", o.fmt == OUT_MD ? "  " : "",
+                    test, r.pageins, r.mib);
             for (int i = 0; i < r.n_dev; i++) {   /* one line per device, in block order */
                 const bench_dev *d = &r.dev[i];
-                fprintf(stderr, "%s%s%d per backend: %s (%s, %s): page-ins %.1f, uploaded %.2f MiB, imported %.2f "
+                fprintf(stderr, "%s%s per backend: %s (%s, %s): page-ins %.1f, uploaded %.2f MiB, imported %.2f "
                         "MiB, matmuls %.0f, kernels %.2f ms, transfers %.2f ms\n", o.fmt == OUT_MD ? "  " : "",
-                        pp ? "pp" : "tg", n, d->kind, d->device, d->path, d->pageins, d->up_mib, d->imp_mib,
+                        test, d->kind, d->device, d->path, d->pageins, d->up_mib, d->imp_mib,
                         d->matmuls, d->kernel_ms, d->xfer_ms);
             }
         }
-        if (o.profile) {
-            char test[40];
-            bench_test_name(test, sizeof test, pp, n, o.depth);
+        if (o.profile)
             bench_prof_print(test, &r.prof, o.fmt == OUT_MD);
-        }
         fflush(stdout);
     }
     if (rows && !status) {

@@ -276,6 +276,11 @@ Test(cli_ux, bench_prints_md_csv_or_json, .timeout = 120)
     cr_expect(count_lines(o) == 2 && strstr(o, ",n_depth\n") && strstr(o, ",tg2 @ d3,2,") && strstr(o, ",3\n"),
               "csv -d 3:\n%s", o);
     free(o); free(e);
+    snprintf(args, sizeof args, "bench --help");
+    cr_assert(jlm2(args, &o, &e) == 0, "%s", e);
+    char *dl = strstr(o, "--depth N");
+    cr_expect(dl && strstr(dl, "(default: 0)\n") && !strstr(dl, "(default: 0) (default"), "--help:\n%s", o);
+    free(o); free(e);
     snprintf(args, sizeof args, "bench '%s' -d -1", g);
     cr_expect(jlm2(args, &o, &e) == 2 && count_lines(e) == 1 && strstr(e, "-d") && !*o, "-d -1: %s", e);
     free(o); free(e);
