@@ -367,9 +367,9 @@ typedef struct attn_job {
     jlm_engine *e;
     jlm_k_attn  ap;
     const float *q, *sinks;
-    const uint8_t *kl, *vl;             /* the layer's cache: KV head 0's keys, values */
+    void       *kc, *vc;                /* the token's caches (kv_at) */
     float      *out;
-    uint32_t    n_kv, group;
+    uint32_t    l, n_kv, group;
 } attn_job;
 
 /* KV heads [g0, g1), each copied once into this thread's slab as F32 rows
@@ -384,11 +384,8 @@ static void attn_heads(void *ctx, size_t g0, size_t g1, int tid)
     jlm_k_attn ap = j->ap;
     float *scores = e->scores + (size_t)tid * e->n_ctx;
     float *k32 = e->kv32 + (size_t)tid * e->n_ctx * (e->hd + e->hd_v), *v32 = k32 + (size_t)e->n_ctx * e->hd;
-    ap.k_stride = e->hd;
-    ap.v_stride = e->hd_v;
     for (size_t g = g0; g < g1; g++) {
-        const uint8_t *kh = j->kl + (uint64_t)g * e->kv_ctx * e->hd * e->kv_es;
-        const uint8_t *vh = j->vl + (uint64_t)g * e->kv_ctx * e->hd_v * e->kv_es;
+        const uint8_t *kh = kv_at(e, j->kc, j->l, (uint32_t)g, 0, e->hd), *vh = kv_at(e, j->vc, j->l, (uint32_t)g, 0, e->hd_v);
         for (uint32_t p = 0; p < j->n_kv; p++) {
             for (uint32_t i = 0; i < e->hd; i++)
                 k32[(uint64_t)p * e->hd + i] = kv_get(e, kh, key_elem(e, p, i));
@@ -403,7 +400,6 @@ static void attn_heads(void *ctx, size_t g0, size_t g1, int tid)
     }
 }
 
-
 static void attend(jlm_engine *e, uint32_t l, uint32_t t, const float *q, float *out)
 {
     uint32_t pos = e->bpos[t];
@@ -415,10 +411,10 @@ static void attend(jlm_engine *e, uint32_t l, uint32_t t, const float *q, float 
     for (uint32_t j = 0; swa && j < n_kv; j++)
         e->mask[j] = j <= pos && pos - j >= c->swa_window ? -INFINITY : 0.0f;
     attn_job j = {
-        .e = e, .q = q, .out = out, .n_kv = n_kv, .group = c->n_head / c->n_kv_head,
-        .kl = kv_at(e, e->bkc[t], l, 0, 0, e->hd), .vl = kv_at(e, e->bvc[t], l, 0, 0, e->hd_v),
+        .e = e, .q = q, .out = out, .l = l, .n_kv = n_kv, .group = c->n_head / c->n_kv_head,
+        .kc = e->bkc[t], .vc = e->bvc[t],
         .sinks = vec_dense(e, W(e, l, JLM_R_ATTN_SINKS)),
-        .ap = {.head_dim = e->hd, .head_dim_v = e->hd_v, .k_stride = e->hd, .v_stride = e->hd_v,
+        .ap = {.head_dim = e->hd, .head_dim_v = e->hd_v, .k_stride = e->hd, .v_stride = e->hd_v,   /* the slab's rows */
                .scale = c->attn_scale > 0 ? c->attn_scale : 1.0f / sqrtf((float)e->hd),
                .softcap = c->attn_softcap, .mask = swa ? e->mask : NULL},
     };
