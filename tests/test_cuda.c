@@ -52,8 +52,8 @@ static void check_matvec(uint8_t type, uint64_t k, uint64_t rows, uint64_t seed)
 Test(cuda, matvec_every_type_bit_identical_to_ref)
 {
     /* rows: one, odd (shared d words of Q4_0/Q8_0/Q5_0/MXFP4 half-filled),
-     * one past a block of 128 threads, several blocks */
-    static const uint64_t ROWS[] = {1, 3, 7, 129, 300};
+     * one past a block of 32 rows, several blocks */
+    static const uint64_t ROWS[] = {1, 3, 7, 33, 300};
     for (int i = 0; i < 12; i++) {
         uint8_t type = GEN_TYPES[i];
         const jlm_type_traits *t = jlm_fmt_type_traits(type);
@@ -61,6 +61,18 @@ Test(cuda, matvec_every_type_bit_identical_to_ref)
         for (unsigned ks = 1; ks <= 3; ks++)
             for (unsigned ri = 0; ri < sizeof ROWS / sizeof ROWS[0]; ri++)
                 check_matvec(type, super * ks * (super < 256 ? 2 : 1), ROWS[ri], 77 + i * 31 + ks * 7 + ri);
+    }
+}
+
+/* Rows of more than one chunk of JLM_CU_MV_CHUNK terms, the last one partial:
+ * the grid's two buffers and its in-order add across chunks. */
+Test(cuda, matvec_rows_of_several_chunks_bit_identical_to_ref)
+{
+    for (int i = 0; i < 12; i++) {
+        uint8_t type = GEN_TYPES[i];
+        const jlm_type_traits *t = jlm_fmt_type_traits(type);
+        uint64_t k = t->is_float ? 2 * JLM_CU_MV_CHUNK + 29 : 32 * (2 * JLM_CU_MV_CHUNK + 8);
+        check_matvec(type, k, 45, 900 + i);
     }
 }
 

@@ -11,11 +11,13 @@
  * activations, and decode attention with GQA, sinks, softcap and a mask.
  *
  * Invariants:
- *  (1) Matvec: one thread per output row, sub-blocks in order, the same f32
- *      operations as jlm_k_matvec_ref (kernels/cpu/matvec_ref.c), so the
- *      result is bit-identical to the CPU reference for every type. The
- *      transposed planes make this coalesced: word w of sub-block s is at
- *      (s*W + w)*rows + r, so neighbouring threads read neighbouring words.
+ *  (1) Matvec: a row is a sum of terms in order (jlm_cu_term), each term the
+ *      same f32 operations as jlm_k_matvec_ref (kernels/cpu/matvec_ref.c),
+ *      so the result is bit-identical to the CPU reference for every type.
+ *      The terms of 32 rows are computed by several warps and added in order
+ *      by one (the matvec grid below). The transposed planes make this
+ *      coalesced: word w of sub-block s is at (s*W + w)*rows + r, so
+ *      neighbouring threads read neighbouring words.
  *  (2) Reductions (norm, softmax, attention) are split into named phases:
  *      a strided per-thread partial, a fixed binary tree over JLM_CU_THREADS
  *      partials (jlm_cu_tree_*), and a strided apply. Device code puts
@@ -45,7 +47,7 @@
 #endif
 
 #define JLM_CU_THREADS   256u   /* threads per block of the reduction kernels (power of 2) */
-#define JLM_CU_ROWS_PER_BLOCK 128u /* threads per block of matvec (one row each) */
+#define JLM_CU_MV_WARPS  8u     /* warps per block of matvec: one adds, the rest compute terms */
 
 /* Stored type codes (format/jlm_format.h enum jlm_type; repeated here because
  * nvcc does not see format/'s C headers). */
@@ -148,28 +150,6 @@ JLM_CU_HD void jlm_cu_quantize_block(const float *x, const jlm_cu_act *a, uint64
 
 /* ---------------------------------------------------------------- plane readers (7.1-7.5) */
 
-JLM_CU_HD uint32_t jlm_cu_byte(const jlm_cu_mat *m, uint64_t s, uint64_t r, unsigned j)
-{
-    uint32_t word = ((const uint32_t *)m->qs)[(s * m->w + j / 4) * m->rows + r];
-    return (word >> (8 * (j % 4))) & 0xffu;
-}
-
-JLM_CU_HD int32_t jlm_cu_code(const jlm_cu_mat *m, uint64_t s, uint64_t r, unsigned e)
-{
-    unsigned sub = m->sub;
-    if (m->p0 == 8)
-        return (int8_t)jlm_cu_byte(m, s, r, e);
-    uint32_t b = jlm_cu_byte(m, s, r, e % (sub / 2));
-    int32_t q = (int32_t)(e < sub / 2 ? (b & 15u) : (b >> 4));
-    unsigned hi = m->p1;
-    if (hi) {
-        unsigned lanes = 8 / hi, prim = sub * 4 / 8;
-        uint32_t hb = jlm_cu_byte(m, s, r, prim + ((e / 4) / lanes) * 4 + e % 4);
-        q |= (int32_t)((hb >> (hi * ((e / 4) % lanes))) & ((1u << hi) - 1)) << 4;
-    }
-    return q;
-}
-
 JLM_CU_HD uint32_t jlm_cu_dword(const jlm_cu_mat *m, uint64_t sb, uint64_t r)
 {
     unsigned S = m->d_share;
@@ -179,15 +159,15 @@ JLM_CU_HD uint32_t jlm_cu_dword(const jlm_cu_mat *m, uint64_t sb, uint64_t r)
     return (w >> ((32 / S) * (r % S))) & (S == 2 ? 0xffffu : 0xffu);
 }
 
+/* 6-bit field f of super-block sb's 96-bit scale record (three words): bits
+ * 6f..6f+5, which span at most two words. */
 JLM_CU_HD uint32_t jlm_cu_field6(const jlm_cu_mat *m, uint64_t sb, uint64_t r, unsigned f)
 {
-    uint32_t v = 0;
-    for (unsigned b = 0; b < 6; b++) {
-        unsigned bit = 6 * f + b;
-        uint32_t w = m->sc[(sb * 3 + bit / 32) * m->rows + r];
-        v |= ((w >> (bit % 32)) & 1u) << b;
-    }
-    return v;
+    unsigned bit = 6 * f, i = bit / 32, o = bit % 32;
+    uint32_t v = m->sc[(sb * 3 + i) * m->rows + r] >> o;
+    if (o > 26)
+        v |= m->sc[(sb * 3 + i + 1) * m->rows + r] << (32 - o);
+    return v & 63u;
 }
 
 JLM_CU_HD int32_t jlm_cu_scbyte(const jlm_cu_mat *m, uint64_t s, uint64_t r)
@@ -207,104 +187,211 @@ JLM_CU_HD int32_t jlm_cu_mxfp4(int32_t q)
     }
 }
 
+/* Sum of the four int8 products of a and b, plus c: __dp4a on the device,
+ * the same integer sum on the host (exact, so the order does not matter). */
+JLM_CU_HD int32_t jlm_cu_dp4a(uint32_t a, uint32_t b, int32_t c)
+{
+#ifdef __CUDA_ARCH__
+    return __dp4a((int)a, (int)b, c);
+#else
+    for (unsigned i = 0; i < 4; i++)
+        c += (int32_t)(int8_t)(a >> (8 * i)) * (int32_t)(int8_t)(b >> (8 * i));
+    return c;
+#endif
+}
+
+/* Four int8 activations as one word (the act codes are 4-byte aligned:
+ * sub-blocks start at multiples of 16). */
+JLM_CU_HD uint32_t jlm_cu_load4(const int8_t *p)
+{
+#ifdef __CUDA_ARCH__
+    return *(const uint32_t *)p;
+#else
+    uint32_t v;
+    memcpy(&v, p, 4);
+    return v;
+#endif
+}
+
+/* Codes 4g..4g+3 of sub-block s of row r as four bytes, read a word at a
+ * time (jlm-format.md 7.5; dequant_ref.c's unpack byte by byte). Low nibbles of elements
+ * below sub/2 are the low halves of the first sub/8 words, the rest their high
+ * halves; the p1 high bits of group g sit in word sub/8 + g / (8 / p1) of the
+ * sub-block, shifted by p1 * (g % (8 / p1)) within each byte. MXFP4's codes
+ * go through its table byte by byte. */
+JLM_CU_HD uint32_t jlm_cu_codes4(const jlm_cu_mat *m, uint64_t s, uint64_t r, unsigned g, int lut)
+{
+    const uint32_t *qs = (const uint32_t *)m->qs;
+    const uint64_t base = s * m->w;
+    if (m->p0 == 8)
+        return qs[(base + g) * m->rows + r];
+    unsigned nw = m->sub / 8;
+    uint32_t w = qs[(base + g % nw) * m->rows + r];
+    uint32_t q = (g < nw ? w : w >> 4) & 0x0f0f0f0fu;
+    if (m->p1) {
+        unsigned hi = m->p1, lanes = 8 / hi;
+        uint32_t hw = qs[(base + nw + g / lanes) * m->rows + r];
+        q |= ((hw >> (hi * (g % lanes))) & (((1u << hi) - 1u) * 0x01010101u)) << 4;
+    }
+    if (lut) {
+#ifdef __CUDA_ARCH__
+        /* the table's 16 bytes in four words; __byte_perm picks among 8 by
+         * the low 3 bits of each code, bit 3 chooses the upper or lower 8 */
+        uint32_t sel = (q & 7u) | ((q >> 4) & 0x70u) | ((q >> 8) & 0x700u) | ((q >> 12) & 0x7000u);
+        uint32_t lo = __byte_perm(0x0f0e0d0cu, 0x18141210u, sel), hi = __byte_perm(0x090a0b0cu, 0x00040608u, sel);
+        uint32_t upper = ((q & 0x08080808u) >> 3) * 0xffu;
+        q = (hi & upper) | (lo & ~upper);
+#else
+        uint32_t v = 0;
+        for (unsigned b = 0; b < 4; b++)
+            v |= (uint32_t)jlm_cu_mxfp4((int32_t)((q >> (8 * b)) & 15u)) << (8 * b);
+        q = v;
+#endif
+    }
+    return q;
+}
+
 JLM_CU_HD int32_t jlm_cu_dot(const jlm_cu_mat *m, const int8_t *a, uint64_t s, uint64_t r, int lut)
 {
     int32_t acc = 0;
-    for (unsigned e = 0; e < m->sub; e++) {
-        int32_t q = jlm_cu_code(m, s, r, e);
-        acc += (lut ? jlm_cu_mxfp4(q) : q) * (int32_t)a[e];
-    }
+    for (unsigned g = 0; g < m->sub / 4; g++)
+        acc = jlm_cu_dp4a(jlm_cu_codes4(m, s, r, g, lut), jlm_cu_load4(a + 4 * g), acc);
     return acc;
 }
 
 /* ---------------------------------------------------------------- per-row math */
 
-JLM_CU_HD float jlm_cu_row_sub32(const jlm_cu_mat *m, const jlm_cu_act *a, uint64_t r)
+/* A row is a sum of terms taken in order: acc = 0, acc += term(0), term(1), ...
+ * For quantized types term i is 32-element block i's scaled dot (k / 32
+ * terms); for float types it is the product of element i (k terms). Each term
+ * is computed with the same f32 operations as jlm_k_matvec_ref, and the sum
+ * runs in the same order, so any grid that computes the terms in parallel and
+ * adds them in order is bit-identical to the reference. */
+JLM_CU_HD int jlm_cu_is_float(const jlm_cu_mat *m)
+{
+    return m->type == JLM_CU_F32 || m->type == JLM_CU_F16 || m->type == JLM_CU_BF16;
+}
+
+JLM_CU_HD uint64_t jlm_cu_n_terms(const jlm_cu_mat *m)
+{
+    return jlm_cu_is_float(m) ? m->k : m->k / 32;
+}
+
+JLM_CU_HD float jlm_cu_term_sub32(const jlm_cu_mat *m, const jlm_cu_act *a, uint64_t r, uint64_t s)
 {
     uint32_t type = m->type;
-    float acc = 0.0f;
-    for (uint64_t s = 0; s < m->k / 32; s++) {
-        const int8_t *aq = a->q + 32 * s;
-        int32_t suma = a->sum16[2 * s] + a->sum16[2 * s + 1];
-        float da = a->d[s];
-        uint32_t dw = jlm_cu_dword(m, s, r);
-        if (type == JLM_CU_Q5_1) {
-            int32_t dot = jlm_cu_dot(m, aq, s, r, 0);
-            float d = jlm_cu_fp16_to_f32(dw & 0xffffu), b = jlm_cu_fp16_to_f32(dw >> 16);
-            acc += (d * da) * (float)dot - (b * da) * (float)suma;
-            continue;
-        }
-        int32_t bias = type == JLM_CU_Q4_0 ? 8 : type == JLM_CU_Q5_0 ? 16 : type == JLM_CU_MXFP4 ? 12 : 0;
-        int32_t isum = jlm_cu_dot(m, aq, s, r, type == JLM_CU_MXFP4) - bias * suma;
-        float d = type == JLM_CU_MXFP4 ? jlm_cu_bits_f32(dw << 23) : jlm_cu_fp16_to_f32(dw & 0xffffu);
-        acc += (d * da) * (float)isum;
+    const int8_t *aq = a->q + 32 * s;
+    int32_t suma = a->sum16[2 * s] + a->sum16[2 * s + 1];
+    float da = a->d[s];
+    uint32_t dw = jlm_cu_dword(m, s, r);
+    if (type == JLM_CU_Q5_1) {
+        int32_t dot = jlm_cu_dot(m, aq, s, r, 0);
+        float d = jlm_cu_fp16_to_f32(dw & 0xffffu), b = jlm_cu_fp16_to_f32(dw >> 16);
+        return (d * da) * (float)dot - (b * da) * (float)suma;
     }
-    return acc;
+    int32_t bias = type == JLM_CU_Q4_0 ? 8 : type == JLM_CU_Q5_0 ? 16 : type == JLM_CU_MXFP4 ? 12 : 0;
+    int32_t isum = jlm_cu_dot(m, aq, s, r, type == JLM_CU_MXFP4) - bias * suma;
+    float d = type == JLM_CU_MXFP4 ? jlm_cu_bits_f32(dw << 23) : jlm_cu_fp16_to_f32(dw & 0xffffu);
+    return (d * da) * (float)isum;
 }
 
-JLM_CU_HD float jlm_cu_row_k32(const jlm_cu_mat *m, const jlm_cu_act *a, uint64_t r)
+JLM_CU_HD float jlm_cu_term_k32(const jlm_cu_mat *m, const jlm_cu_act *a, uint64_t r, uint64_t s)
 {
-    float acc = 0.0f;
-    for (uint64_t s = 0; s < m->k / 32; s++) {
-        uint64_t sb = s / 8;
-        unsigned j = (unsigned)(s % 8);
-        uint32_t dw = jlm_cu_dword(m, sb, r);
-        float d = jlm_cu_fp16_to_f32(dw & 0xffffu), dmin = jlm_cu_fp16_to_f32(dw >> 16);
-        int32_t sc = (int32_t)jlm_cu_field6(m, sb, r, 2 * j), mn = (int32_t)jlm_cu_field6(m, sb, r, 2 * j + 1);
-        int32_t dot = jlm_cu_dot(m, a->q + 32 * s, s, r, 0);
-        int32_t suma = a->sum16[2 * s] + a->sum16[2 * s + 1];
-        float t = d * (float)(sc * dot) - dmin * (float)(mn * suma);
-        acc += a->d[s] * t;
-    }
-    return acc;
+    uint64_t sb = s / 8;
+    unsigned j = (unsigned)(s % 8);
+    uint32_t dw = jlm_cu_dword(m, sb, r);
+    float d = jlm_cu_fp16_to_f32(dw & 0xffffu), dmin = jlm_cu_fp16_to_f32(dw >> 16);
+    int32_t sc = (int32_t)jlm_cu_field6(m, sb, r, 2 * j), mn = (int32_t)jlm_cu_field6(m, sb, r, 2 * j + 1);
+    int32_t dot = jlm_cu_dot(m, a->q + 32 * s, s, r, 0);
+    int32_t suma = a->sum16[2 * s] + a->sum16[2 * s + 1];
+    float t = d * (float)(sc * dot) - dmin * (float)(mn * suma);
+    return a->d[s] * t;
 }
 
-JLM_CU_HD float jlm_cu_row_k16(const jlm_cu_mat *m, const jlm_cu_act *a, uint64_t r)
+JLM_CU_HD float jlm_cu_term_k16(const jlm_cu_mat *m, const jlm_cu_act *a, uint64_t r, uint64_t b)
 {
     int q3 = m->type == JLM_CU_Q3_K;
     int32_t off = q3 ? -32 : -128, bias = q3 ? 4 : 32;
-    float acc = 0.0f;
-    for (uint64_t b = 0; b < m->k / 32; b++) {
-        float d = jlm_cu_fp16_to_f32(jlm_cu_dword(m, b / 8, r) & 0xffffu);
-        int32_t isum = 0;
-        for (uint64_t s = 2 * b; s < 2 * b + 2; s++) {
-            int32_t dot = jlm_cu_dot(m, a->q + 16 * s, s, r, 0) - bias * a->sum16[s];
-            isum += (jlm_cu_scbyte(m, s, r) + off) * dot;
-        }
-        acc += (d * a->d[b]) * (float)isum;
+    float d = jlm_cu_fp16_to_f32(jlm_cu_dword(m, b / 8, r) & 0xffffu);
+    int32_t isum = 0;
+    for (uint64_t s = 2 * b; s < 2 * b + 2; s++) {
+        int32_t dot = jlm_cu_dot(m, a->q + 16 * s, s, r, 0) - bias * a->sum16[s];
+        isum += (jlm_cu_scbyte(m, s, r) + off) * dot;
     }
-    return acc;
+    return (d * a->d[b]) * (float)isum;
 }
 
-JLM_CU_HD float jlm_cu_row_float(const jlm_cu_mat *m, const float *x, uint64_t r)
+JLM_CU_HD float jlm_cu_term_float(const jlm_cu_mat *m, const float *x, uint64_t r, uint64_t i)
 {
-    float acc = 0.0f;
-    if (m->type == JLM_CU_F32) {
-        const float *w = (const float *)m->qs + r * m->k;
-        for (uint64_t i = 0; i < m->k; i++)
-            acc += w[i] * x[i];
-    } else {
-        const uint16_t *w = (const uint16_t *)m->qs + r * m->k;
-        int bf = m->type == JLM_CU_BF16;
-        for (uint64_t i = 0; i < m->k; i++)
-            acc += (bf ? jlm_cu_bits_f32((uint32_t)w[i] << 16) : jlm_cu_fp16_to_f32(w[i])) * x[i];
-    }
-    return acc;
+    if (m->type == JLM_CU_F32)
+        return ((const float *)m->qs)[r * m->k + i] * x[i];
+    uint16_t w = ((const uint16_t *)m->qs)[r * m->k + i];
+    return (m->type == JLM_CU_BF16 ? jlm_cu_bits_f32((uint32_t)w << 16) : jlm_cu_fp16_to_f32(w)) * x[i];
 }
 
-/* y[r] of one token: the body of the matvec kernel (thread = row). */
-JLM_CU_HD float jlm_cu_matvec_row(const jlm_cu_mat *m, const float *x, const jlm_cu_act *a, uint64_t r)
+/* Term i of row r (x for float types, a for quantized ones). */
+JLM_CU_HD float jlm_cu_term(const jlm_cu_mat *m, const float *x, const jlm_cu_act *a, uint64_t r, uint64_t i)
 {
     switch (m->type) {
     case JLM_CU_F32: case JLM_CU_F16: case JLM_CU_BF16:
-        return jlm_cu_row_float(m, x, r);
+        return jlm_cu_term_float(m, x, r, i);
     case JLM_CU_Q4_K: case JLM_CU_Q5_K:
-        return jlm_cu_row_k32(m, a, r);
+        return jlm_cu_term_k32(m, a, r, i);
     case JLM_CU_Q3_K: case JLM_CU_Q6_K:
-        return jlm_cu_row_k16(m, a, r);
+        return jlm_cu_term_k16(m, a, r, i);
     default:
-        return jlm_cu_row_sub32(m, a, r);
+        return jlm_cu_term_sub32(m, a, r, i);
     }
+}
+
+/* y[r] of one token, every term by one thread (the host emulation's body). */
+JLM_CU_HD float jlm_cu_matvec_row(const jlm_cu_mat *m, const float *x, const jlm_cu_act *a, uint64_t r)
+{
+    float acc = 0.0f;
+    for (uint64_t i = 0, n = jlm_cu_n_terms(m); i < n; i++)
+        acc += jlm_cu_term(m, x, a, r, i);
+    return acc;
+}
+
+/* ---------------------------------------------------------------- matvec grid (k_matvec)
+ *
+ * A block owns 32 rows and one token: lane = row within the block. Its warp 0
+ * adds terms; warps 1.. (the workers) compute them, a chunk of
+ * JLM_CU_MV_CHUNK terms at a time, into one of two shared buffers
+ * (term j of row lane at j * JLM_CU_MV_PITCH + lane). Step c of the block:
+ * the workers fill chunk c into buffer c % 2 while warp 0 adds chunk c - 1
+ * from the other buffer in order; a barrier ends the step. So a row's terms
+ * are computed by many threads and summed in order by one: bit-identical to
+ * jlm_cu_matvec_row. Quantized workers take terms j = worker, worker + W, ...
+ * of their own row (the planes are transposed: a warp reads 32 neighbouring
+ * words); float workers take rows worker, worker + W, ... with lane = element
+ * (the float sheets are row-major: a warp reads 32 neighbouring elements). */
+#define JLM_CU_MV_CHUNK 64u
+#define JLM_CU_MV_PITCH 33u
+
+JLM_CU_HD void jlm_cu_mv_fill(const jlm_cu_mat *m, const float *x, const jlm_cu_act *a, uint64_t r0,
+                              unsigned lane, unsigned worker, unsigned workers, uint64_t c0, float *sh)
+{
+    uint64_t n = jlm_cu_n_terms(m), end = c0 + JLM_CU_MV_CHUNK < n ? c0 + JLM_CU_MV_CHUNK : n;
+    if (jlm_cu_is_float(m)) {
+        for (unsigned rr = worker; rr < 32 && r0 + rr < m->rows; rr += workers)
+            for (uint64_t i = c0 + lane; i < end; i += 32)
+                sh[(i - c0) * JLM_CU_MV_PITCH + rr] = jlm_cu_term_float(m, x, r0 + rr, i);
+        return;
+    }
+    if (r0 + lane >= m->rows)
+        return;
+    for (uint64_t i = c0 + worker; i < end; i += workers)
+        sh[(i - c0) * JLM_CU_MV_PITCH + lane] = jlm_cu_term(m, x, a, r0 + lane, i);
+}
+
+/* Warp 0's part of a step: chunk c0's terms of row lane added to acc in order. */
+JLM_CU_HD float jlm_cu_mv_add(const jlm_cu_mat *m, const float *sh, uint64_t c0, unsigned lane, float acc)
+{
+    uint64_t n = jlm_cu_n_terms(m), cnt = c0 + JLM_CU_MV_CHUNK < n ? JLM_CU_MV_CHUNK : n - c0;
+    for (uint64_t j = 0; j < cnt; j++)
+        acc += sh[j * JLM_CU_MV_PITCH + lane];
+    return acc;
 }
 
 /* ---------------------------------------------------------------- block reductions */

@@ -22,19 +22,35 @@ static jlm_cu_act act_of(const jlm_act_q8 *a)
     return c;
 }
 
-/* kernel matvec: grid ceil(rows / ROWS_PER_BLOCK), thread = row. */
+/* kernel matvec: grid (ceil(rows / 32), tokens), block 32 x JLM_CU_MV_WARPS.
+ * Each step runs the workers' fill of one buffer and warp 0's add of the
+ * other (they touch different buffers, so their order within a step is
+ * free), as the barrier between steps does on the device. */
+void jlm_cu_grid_matvec(const jlm_cu_mat *m, const float *x, const jlm_cu_act *a, float *y)
+{
+    float sh[2][JLM_CU_MV_CHUNK * JLM_CU_MV_PITCH];
+    const unsigned workers = JLM_CU_MV_WARPS - 1;
+    uint64_t nch = (jlm_cu_n_terms(m) + JLM_CU_MV_CHUNK - 1) / JLM_CU_MV_CHUNK;
+    for (uint64_t r0 = 0; r0 < m->rows; r0 += 32) {
+        float acc[32] = {0};
+        for (uint64_t c = 0; c <= nch; c++) {
+            for (unsigned w = 0; c < nch && w < workers; w++)
+                for (unsigned lane = 0; lane < 32; lane++)
+                    jlm_cu_mv_fill(m, x, a, r0, lane, w, workers, c * JLM_CU_MV_CHUNK, sh[c % 2]);
+            for (unsigned lane = 0; c > 0 && lane < 32; lane++)
+                acc[lane] = jlm_cu_mv_add(m, sh[(c - 1) % 2], (c - 1) * JLM_CU_MV_CHUNK, lane, acc[lane]);
+        }
+        for (unsigned lane = 0; lane < 32 && r0 + lane < m->rows; lane++)
+            y[r0 + lane] = acc[lane];
+    }
+}
+
 void jlm_cu_host_matvec(const jlm_k_mat *m, const float *x, const jlm_act_q8 *xq, float *y)
 {
     jlm_cu_mat cm;
     jlm_cu_mat_from(m, &cm);
     jlm_cu_act a = act_of(xq);
-    uint64_t blocks = (m->rows + JLM_CU_ROWS_PER_BLOCK - 1) / JLM_CU_ROWS_PER_BLOCK;
-    for (uint64_t b = 0; b < blocks; b++)
-        for (unsigned t = 0; t < JLM_CU_ROWS_PER_BLOCK; t++) {
-            uint64_t r = b * JLM_CU_ROWS_PER_BLOCK + t;
-            if (r < m->rows)
-                y[r] = jlm_cu_matvec_row(&cm, x, &a, r);
-        }
+    jlm_cu_grid_matvec(&cm, x, &a, y);
 }
 
 void jlm_cu_host_quantize(const float *x, jlm_act_q8 *a)

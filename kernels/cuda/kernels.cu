@@ -6,17 +6,33 @@
 // multiply-add, as the CPU build's -ffp-contract=off, so matvec stays
 // bit-identical to the CPU reference).
 #include <cuda_runtime.h>
+#include <stdlib.h>
 
 #include "kernels/cuda/body.h"
 
 #define T JLM_CU_THREADS
 
+// Block (32, warps): 32 rows of one token (blockIdx.y); warps 1.. compute
+// terms a chunk at a time into one shared buffer while warp 0 adds the
+// previous chunk from the other (body.h, "matvec grid").
 __global__ void k_matvec(jlm_cu_mat m, const float *x, const jlm_cu_act *xq, float *y)
 {
-    uint64_t r = (uint64_t)blockIdx.x * JLM_CU_ROWS_PER_BLOCK + threadIdx.x, tok = blockIdx.y;
-    if (r >= m.rows)
-        return;
-    y[tok * m.rows + r] = jlm_cu_matvec_row(&m, x ? x + tok * m.k : NULL, xq ? &xq[tok] : NULL, r);
+    __shared__ float sh[2][JLM_CU_MV_CHUNK * JLM_CU_MV_PITCH];
+    const unsigned lane = threadIdx.x, wy = threadIdx.y, workers = blockDim.y - 1;
+    const uint64_t r0 = (uint64_t)blockIdx.x * 32, tok = blockIdx.y;
+    const float *xt = x ? x + tok * m.k : NULL;
+    const jlm_cu_act *at = xq ? &xq[tok] : NULL;
+    const uint64_t nch = (jlm_cu_n_terms(&m) + JLM_CU_MV_CHUNK - 1) / JLM_CU_MV_CHUNK;
+    float acc = 0.0f;
+    for (uint64_t c = 0; c <= nch; c++) {
+        if (wy > 0 && c < nch)
+            jlm_cu_mv_fill(&m, xt, at, r0, lane, wy - 1, workers, c * JLM_CU_MV_CHUNK, sh[c % 2]);
+        else if (wy == 0 && c > 0)
+            acc = jlm_cu_mv_add(&m, sh[(c - 1) % 2], (c - 1) * JLM_CU_MV_CHUNK, lane, acc);
+        __syncthreads();
+    }
+    if (wy == 0 && r0 + lane < m.rows)
+        y[tok * m.rows + r0 + lane] = acc;
 }
 
 __global__ void k_quantize(const float *x, jlm_cu_act a)
@@ -134,6 +150,19 @@ static unsigned blocks_for(uint64_t n, unsigned per)
     return (unsigned)((n + per - 1) / per);
 }
 
+// Warps per matvec block: JLM_CU_MV_WARPS, or JLM_CUDA_MV_WARPS from the
+// environment (2..32) for tuning runs; the result does not depend on it.
+static unsigned mv_warps(void)
+{
+    static unsigned w;
+    if (!w) {
+        const char *e = getenv("JLM_CUDA_MV_WARPS");
+        long v = e ? strtol(e, NULL, 10) : 0;
+        w = v >= 2 && v <= 32 ? (unsigned)v : JLM_CU_MV_WARPS;
+    }
+    return w;
+}
+
 static int launched(void)
 {
     return (int)cudaGetLastError();
@@ -144,8 +173,8 @@ extern "C" {
 int jlm_cu_launch_matvec(const jlm_cu_mat *m, uint64_t n, const float *x, const jlm_cu_act *xq,
                          float *y, void *stream)
 {
-    dim3 grid(blocks_for(m->rows, JLM_CU_ROWS_PER_BLOCK), (unsigned)n);
-    k_matvec<<<grid, JLM_CU_ROWS_PER_BLOCK, 0, (cudaStream_t)stream>>>(*m, x, xq, y);
+    dim3 grid(blocks_for(m->rows, 32), (unsigned)n), block(32, mv_warps());
+    k_matvec<<<grid, block, 0, (cudaStream_t)stream>>>(*m, x, xq, y);
     return launched();
 }
 

@@ -184,7 +184,7 @@ static int emu_until(jlm_cu_rt *r, int ev, uint64_t seq)
     return rc;
 }
 
-/* The k_matvec grid on the host: thread = row, blockIdx.y = token. The act
+/* The k_matvec grid on the host (harness.c), token by token. The act
  * records are read here, when the launch runs: they are device memory that a
  * queued copy may have filled. */
 static int emu_matvec(jlm_cu_rt *r, int s, const emu_op *op)
@@ -205,13 +205,7 @@ static int emu_matvec(jlm_cu_rt *r, int s, const emu_op *op)
             r->fault = 1;
             return EMU_FAULT;
         }
-        uint64_t blocks = (m->rows + JLM_CU_ROWS_PER_BLOCK - 1) / JLM_CU_ROWS_PER_BLOCK;
-        for (uint64_t b = 0; b < blocks; b++)
-            for (unsigned th = 0; th < JLM_CU_ROWS_PER_BLOCK; th++) {
-                uint64_t row = b * JLM_CU_ROWS_PER_BLOCK + th;
-                if (row < m->rows)
-                    op->y[t * m->rows + row] = jlm_cu_matvec_row(m, op->x ? op->x + t * m->k : NULL, a, row);
-            }
+        jlm_cu_grid_matvec(m, op->x ? op->x + t * m->k : NULL, a, op->y + t * m->rows);
     }
     return 0;
 }

@@ -157,6 +157,7 @@ static void check_all_matvec(void)
         check_matvec(GEN_TYPES[i], super * 4, 1, 1, 1 + i);
         check_matvec(GEN_TYPES[i], super * 2, 301, 1, 100 + i);
         check_matvec(GEN_TYPES[i], 4096, 1000, 3, 200 + i);   /* prefill: 3 tokens */
+        check_matvec(GEN_TYPES[i], 2304, 77, 2, 300 + i);     /* 72 terms: a partial chunk; a partial block */
     }
     printf("%s matvec: 12 types x 3 shapes, device bit-identical to jlm_k_matvec_ref\n",
            fails == before ? "PASS" : "FAIL");
