@@ -76,6 +76,12 @@ int jlm_dev_matmul(jlm_dev *d, const jlm_k_mat *m, uint32_t n, const float *x, c
     return d->ops->matmul(d, m, n, x, xq, y, err);
 }
 
+int jlm_dev_matmul_multi(jlm_dev *d, const jlm_k_mat *const *ms, int nm, uint32_t n, const float *x,
+                         const jlm_act_q8 *xq, float *const *ys, jlm_err *err)
+{
+    return d->ops->matmul_multi ? d->ops->matmul_multi(d, ms, nm, n, x, xq, ys, err) : 1;
+}
+
 void jlm_dev_stats_get(const jlm_dev *d, jlm_dev_stats *out)
 {
     memset(out, 0, sizeof *out);

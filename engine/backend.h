@@ -35,6 +35,8 @@ typedef struct jlm_dev_stats {
     uint64_t reuploads;          /* matmuls whose planes were in no pinned frame */
     uint64_t fallbacks;          /* matmuls the device refused (run on the CPU) */
     uint64_t kernel_ns, xfer_ns; /* kernels (dispatch + wait); page-ins and activation/result copies */
+    uint64_t waits;              /* round trips: the host waited for results (one per matmul, or per
+                                    jlm_dev_matmul_multi) */
 } jlm_dev_stats;
 
 typedef struct jlm_dev jlm_dev;
@@ -54,7 +56,14 @@ typedef struct jlm_dev_ops {
      * the device's next kernels after it; 0 or the copy's error. NULL: the
      * backend pages in synchronously and starts no prefetch (Vulkan). */
     int         (*prefetch_wait)(jlm_dev *d, jlm_err *err);
+    /* ys[i] = the tokens times ms[i] for nm <= JLM_DEV_MULTI_MAX matrices of
+     * one input, in one round trip; 1 and nothing done when it cannot (the
+     * caller runs them one by one). NULL: never (Vulkan). */
+    int         (*matmul_multi)(jlm_dev *d, const jlm_k_mat *const *ms, int nm, uint32_t n, const float *x,
+                                const jlm_act_q8 *xq, float *const *ys, jlm_err *err);
 } jlm_dev_ops;
+
+#define JLM_DEV_MULTI_MAX 3
 
 struct jlm_dev {
     const jlm_dev_ops *ops;
@@ -94,6 +103,13 @@ void jlm_dev_host_evicted(void *ctx, uint32_t array, uint32_t page, void *frame)
  * (n, k) floats (float types). 0 on success; counts matmuls or fallbacks. */
 int jlm_dev_matmul(jlm_dev *d, const jlm_k_mat *m, uint32_t n, const float *x, const jlm_act_q8 *xq, float *y,
                    jlm_err *err);
+
+/* jlm_dev_matmul of nm matrices sharing x / xq (Q, K, V; gate, up) in one
+ * round trip to the device: 0 done; non-zero and nothing done when the
+ * backend cannot (no such op, a plane in no frame, mixed float and
+ * quantized): run them with jlm_dev_matmul. */
+int jlm_dev_matmul_multi(jlm_dev *d, const jlm_k_mat *const *ms, int nm, uint32_t n, const float *x,
+                         const jlm_act_q8 *xq, float *const *ys, jlm_err *err);
 
 void jlm_dev_stats_get(const jlm_dev *d, jlm_dev_stats *out);
 void jlm_dev_stats_reset(jlm_dev *d);

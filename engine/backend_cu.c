@@ -297,13 +297,16 @@ static int plane(jlm_ecu *v, const void *p, uint64_t n, int s, const void **out,
 
 /* ---------------------------------------------------------------- matmul */
 
-/* Tokens [0, n): activations in one copy (act records, codes, scales, sums;
- * or floats), one launch, the results back, then the host waits. */
-static int tokens(jlm_ecu *v, const jlm_cu_mat *cm, uint32_t n, const float *x, const jlm_act_q8 *xq, float *y,
-                  jlm_err *err)
+/* Tokens [0, n) of nm matrices sharing their input: the activations in one
+ * copy (act records, codes, scales, sums; or floats), one launch per matrix,
+ * the results back in one copy, then the host waits once. */
+static int tokens(jlm_ecu *v, const jlm_cu_mat *cms, int nm, uint32_t n, const float *x, const jlm_act_q8 *xq,
+                  float *const *ys, jlm_err *err)
 {
-    uint64_t k = cm->k, rows = cm->rows, rec = (uint64_t)n * sizeof(jlm_cu_act);
-    uint64_t act = xq ? rec + (uint64_t)n * (k + k / 8 + k / 8) : (uint64_t)n * k * 4, ylen = (uint64_t)n * rows * 4;
+    uint64_t k = cms[0].k, rec = (uint64_t)n * sizeof(jlm_cu_act), ylen = 0;
+    uint64_t act = xq ? rec + (uint64_t)n * (k + k / 8 + k / 8) : (uint64_t)n * k * 4;
+    for (int i = 0; i < nm; i++)
+        ylen += (uint64_t)n * cms[i].rows * 4;
     int rc;
     if ((rc = grow(v, &v->d[D_ACT], act, 0, err)) || (rc = grow(v, &v->h_act, act, 1, err)) ||
         (rc = grow(v, &v->d[D_Y], ylen, 0, err)) || (rc = grow(v, &v->h_y, ylen, 1, err)))
@@ -332,41 +335,88 @@ static int tokens(jlm_ecu *v, const jlm_cu_mat *cm, uint32_t n, const float *x, 
     }
     uint64_t t1 = now_ns();
     v->st.xfer_ns += t1 - t0;
-    if (jlm_cu_rt_matvec(v->rt, cm, n, xq ? NULL : (const float *)(void *)dv, xq ? (const jlm_cu_act *)(void *)dv : NULL,
-                         v->d[D_Y].p, JLM_CU_S_COMPUTE) ||
-        jlm_cu_rt_d2h(v->rt, v->h_y.p, v->d[D_Y].p, ylen, JLM_CU_S_COMPUTE) || jlm_cu_rt_sync(v->rt, JLM_CU_S_COMPUTE))
+    float *dy = v->d[D_Y].p;
+    for (int i = 0; i < nm; i++) {
+        if (jlm_cu_rt_matvec(v->rt, &cms[i], n, xq ? NULL : (const float *)(void *)dv,
+                             xq ? (const jlm_cu_act *)(void *)dv : NULL, dy, JLM_CU_S_COMPUTE))
+            return rt_fail(v, err, "matvec");
+        dy += (uint64_t)n * cms[i].rows;
+    }
+    if (jlm_cu_rt_d2h(v->rt, v->h_y.p, v->d[D_Y].p, ylen, JLM_CU_S_COMPUTE) || jlm_cu_rt_sync(v->rt, JLM_CU_S_COMPUTE))
         return rt_fail(v, err, "matvec");
     uint64_t t2 = now_ns();
     v->st.kernel_ns += t2 - t1;
-    memcpy(y, v->h_y.p, ylen);
+    v->st.waits++;
+    const float *hy = v->h_y.p;
+    for (int i = 0; i < nm; i++) {
+        memcpy(ys[i], hy, (uint64_t)n * cms[i].rows * 4);
+        hy += (uint64_t)n * cms[i].rows;
+    }
     v->st.xfer_ns += now_ns() - t2;
     return JLM_OK;
+}
+
+/* m's planes as device addresses: in pinned frames, or (!strict) copied into
+ * the scratch planes for this call (*re = 1). strict and a plane in no frame:
+ * 1, nothing copied. */
+static int mat_planes(jlm_ecu *v, const jlm_k_mat *m, jlm_cu_mat *cm, int strict, int *re, jlm_err *err)
+{
+    uint64_t ln[3];
+    int rc = jlm_fmt_planes(m->type, m->k, m->rows, &ln[0], &ln[1], &ln[2], err);
+    jlm_cu_mat_from(m, cm);
+    const void *host[3] = {m->qs, m->d, m->sc}, *dev[3] = {NULL, NULL, NULL};
+    for (int i = 0; !rc && i < 3; i++) {
+        if (strict && ln[i] && !jlm_dframes_frame_of(&v->dev.frames, host[i], ln[i], NULL))
+            return 1;
+        rc = plane(v, host[i], ln[i], D_QS + i, &dev[i], re, err);
+    }
+    cm->qs = dev[0];
+    cm->d = dev[1];
+    cm->sc = dev[2];
+    return rc;
 }
 
 static int ecu_matmul(jlm_dev *dev, const jlm_k_mat *m, uint32_t n, const float *x, const jlm_act_q8 *xq,
                       float *y, jlm_err *err)
 {
     jlm_ecu *v = (jlm_ecu *)dev;
-    uint64_t ql, dl, sl;
-    int rc = jlm_fmt_planes(m->type, m->k, m->rows, &ql, &dl, &sl, err), re = 0;
     jlm_cu_mat cm;
-    jlm_cu_mat_from(m, &cm);
-    const void *qs = NULL, *d = NULL, *sc = NULL;
-    if (!rc && !(rc = plane(v, m->qs, ql, D_QS, &qs, &re, err)) && !(rc = plane(v, m->d, dl, D_D, &d, &re, err)))
-        rc = plane(v, m->sc, sl, D_SC, &sc, &re, err);
-    cm.qs = qs;
-    cm.d = d;
-    cm.sc = sc;
+    int re = 0, rc = mat_planes(v, m, &cm, 0, &re, err);
     if (!rc && re)
         v->st.reuploads++;
     for (uint32_t t = 0; !rc && t < n; t += 65535) {   /* gridDim.y */
         uint32_t c = n - t < 65535 ? n - t : 65535;
-        rc = tokens(v, &cm, c, x ? x + (uint64_t)t * m->k : NULL, xq ? xq + t : NULL, y + (uint64_t)t * m->rows, err);
+        float *yt = y + (uint64_t)t * m->rows;
+        rc = tokens(v, &cm, 1, c, x ? x + (uint64_t)t * m->k : NULL, xq ? xq + t : NULL, &yt, err);
     }
     if (!rc)
         v->st.matmuls++;
     else
         v->st.fallbacks++;
+    return rc;
+}
+
+/* Several matrices of one input in one round trip, when every plane is in a
+ * pinned frame, the input is all quantized or all float, and one launch
+ * holds the tokens; else 1 and nothing done (the caller runs them one by
+ * one). */
+static int ecu_matmul_multi(jlm_dev *dev, const jlm_k_mat *const *ms, int nm, uint32_t n, const float *x,
+                            const jlm_act_q8 *xq, float *const *ys, jlm_err *err)
+{
+    jlm_ecu *v = (jlm_ecu *)dev;
+    jlm_cu_mat cms[JLM_DEV_MULTI_MAX];
+    if (nm < 1 || nm > JLM_DEV_MULTI_MAX || n > 65535)
+        return 1;
+    int flt = jlm_fmt_type_traits(ms[0]->type)->is_float, re = 0;
+    for (int i = 0; i < nm; i++)
+        if (jlm_fmt_type_traits(ms[i]->type)->is_float != flt || ms[i]->k != ms[0]->k ||
+            mat_planes(v, ms[i], &cms[i], 1, &re, NULL))
+            return 1;
+    int rc = tokens(v, cms, nm, n, flt ? x : NULL, flt ? NULL : xq, ys, err);
+    if (!rc)
+        v->st.matmuls += (uint64_t)nm;
+    else
+        v->st.fallbacks += (uint64_t)nm;
     return rc;
 }
 
@@ -421,7 +471,7 @@ static void ecu_stats_reset(jlm_dev *dev)
 }
 
 static const jlm_dev_ops ECU_OPS = {"cuda", ecu_close, ecu_device, ecu_default_budget, ecu_matmul,
-                                    ecu_stats, ecu_stats_reset, ecu_prefetch_wait};
+                                    ecu_stats, ecu_stats_reset, ecu_prefetch_wait, ecu_matmul_multi};
 
 int jlm_ecu_open(const char *device, jlm_dev **out, jlm_err *err)
 {

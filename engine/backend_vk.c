@@ -99,7 +99,7 @@ static int evk_matmul(jlm_dev *dev, const jlm_k_mat *m, uint32_t n, const float 
                       float *y, jlm_err *err);
 
 static const jlm_dev_ops EVK_OPS = {"vulkan", evk_close, evk_device, evk_default_budget, evk_matmul,
-                                    evk_stats, evk_stats_reset, NULL};
+                                    evk_stats, evk_stats_reset, NULL, NULL};
 
 int jlm_evk_open(const char *want, int allow_cpu, jlm_dev **out, jlm_err *err)
 {
@@ -230,7 +230,7 @@ static int evk_matmul(jlm_dev *dev, const jlm_k_mat *m, uint32_t n, const float 
         rc = tokens(v, &vm, c, x ? x + (uint64_t)t * m->k : NULL, xq ? xq + t : NULL, y + (uint64_t)t * m->rows, err);
     }
     if (!rc)
-        v->st.matmuls++;
+        v->st.matmuls++, v->st.waits++;
     else
         v->st.fallbacks++;
     return rc;

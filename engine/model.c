@@ -274,6 +274,23 @@ static void matmul_multi(jlm_engine *e, const jlm_k_mat *const *ms, float *const
     prof_end(e, JLM_PROF_MATMUL, t0);
 }
 
+/* Y_i = X W_i^T on the block's device in one round trip (the activations up
+ * once, one launch each, one wait): 0 done; else nothing done and the caller
+ * runs them one by one (a plane in no device frame, a backend without it). */
+static int dev_multi(jlm_engine *e, const jlm_k_mat *const *ms, float *const *ys, int nm, uint32_t n, const float *x)
+{
+    unsigned long long t0 = prof_begin(e);
+    const jlm_act_q8 *xq = NULL;
+    if (!jlm_fmt_type_traits(ms[0]->type)->is_float) {
+        quant_rows(e, x, ms[0]->k, n);
+        e->xq_of = x;
+        xq = e->xq;
+    }
+    int rc = jlm_dev_matmul_multi(e->dev_here, ms, nm, n, x, xq, ys, NULL);
+    prof_end(e, JLM_PROF_MATMUL, t0);
+    return rc;
+}
+
 static void activate(const jlm_config *c, float *g, const float *u, uint64_t n);
 
 typedef struct gu_job { mm_job g, u; const jlm_config *c; } gu_job;
@@ -707,12 +724,14 @@ static void attn_kv(jlm_engine *e, uint32_t l, const uint8_t *page, uint64_t pag
         if (attn_qkv_heads(e, l, &wq, &wk, &wv))
             return;
     }
-    if (!e->dev_here && tq) {
-        /* Q too, for attn_out of these rows (fused dispatches above) */
-        jlm_k_mat wq = mat_at(tq, page, page_off, 0);
-        const jlm_k_mat *ms[3] = {&wq, &wk, &wv};
-        float *ys[3] = {e->q, e->kk, e->vv};
-        matmul_multi(e, ms, ys, 3, n, e->h);
+    jlm_k_mat wq = tq ? mat_at(tq, page, page_off, 0) : wk;
+    const jlm_k_mat *ms[3] = {&wq, &wk, &wv};
+    float *ys[3] = {e->q, e->kk, e->vv};
+    if (tq && (!e->dev_here || !dev_multi(e, ms, ys, 3, n, e->h))) {
+        /* Q too, for attn_out of these rows (fused dispatches above; on a
+         * device, one round trip) */
+        if (!e->dev_here)
+            matmul_multi(e, ms, ys, 3, n, e->h);
         e->q_ready_x = e->x;
         e->q_ready_l = l;
     } else {
@@ -796,8 +815,12 @@ static void ffn_dense(jlm_engine *e, uint32_t l, const uint8_t *page, uint64_t p
     if (!e->dev_here) {
         gate_up_act(e, &wg, &wu, n, e->h);
     } else {
-        matmul(e, &wg, n, e->h, e->g);
-        matmul_x(e, &wu, n, e->h, e->u, 1);    /* the same quantized rows */
+        const jlm_k_mat *ms[2] = {&wg, &wu};
+        float *ys[2] = {e->g, e->u};
+        if (dev_multi(e, ms, ys, 2, n, e->h)) {
+            matmul(e, &wg, n, e->h, e->g);
+            matmul_x(e, &wu, n, e->h, e->u, 1);    /* the same quantized rows */
+        }
         for (uint32_t t = 0; t < n; t++)
             activate(c, e->g + t * F, e->u + t * F, F);
     }

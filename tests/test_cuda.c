@@ -552,6 +552,54 @@ Test(cuda, every_test_model_on_emulated_cuda_whole_split_and_at_one_frame_each_s
     bm_every_model_matches_the_cpu("cuda");
 }
 
+/* A decode step with every block on the device: Q, K and V go up in one
+ * round trip, gate and up in another, so a layer of 7 matmuls waits 4 times
+ * (o and down alone), and the output matrix once; the logits are the CPU's
+ * (the matrix test above holds them to it for every model). The same at one
+ * frame each side: the block's frame is paged in before its first matmul, so
+ * its planes are in a frame when asked for. */
+Test(cuda, qkv_and_gate_up_go_to_the_device_in_one_round_trip_each, .timeout = 120)
+{
+    setenv("JLM_CUDA_EMULATE", "1", 1);
+    char *dir = tu_tmpdir(), why[512];
+    jlm_err err = {0};
+    char *path = tu_convert("synth-llama-256.Q4_K_M.gguf", dir, "m.jlm", &err);
+    cr_assert(path, "%s", err.msg);
+    jlm_engine *ec = bm_open_opts(path, (jlm_engine_opts){.backend = "cpu"}, 0, why, sizeof why);
+    uint32_t nv = jlm_engine_n_vocab(ec), L = jlm_engine_model(ec)->config.n_layer;
+    float *l0 = malloc(nv * 4), *l1 = malloc(nv * 4);
+    int32_t tok[3] = {5, 17, 2};
+    cr_assert_eq(jlm_engine_eval(ec, tok, 3, l0, &err), 0, "%s", err.msg);
+    cr_assert_eq(jlm_engine_eval(ec, tok, 1, l0, &err), 0, "%s", err.msg);
+    for (int cfg = 0; cfg < 2; cfg++) {
+        jlm_engine_opts o = {.backend = "cuda", .device = "0", .budget = cfg ? 1 : 0, .gpu_budget = cfg ? 1 : 0};
+        jlm_engine *e = bm_open_opts(path, o, 0, why, sizeof why);
+        cr_assert_eq(jlm_engine_eval(e, tok, 3, l1, &err), 0, "%s", err.msg);
+        jlm_dev_stats s0, s1;
+        jlm_engine_dev_stats(e, &s0);
+        cr_assert_eq(jlm_engine_eval(e, tok, 1, l1, &err), 0, "%s", err.msg);
+        jlm_engine_dev_stats(e, &s1);
+        cr_assert_eq(s1.matmuls - s0.matmuls, 7ull * L + 1, "cfg %d: matmuls %llu", cfg,
+                     (unsigned long long)(s1.matmuls - s0.matmuls));
+        cr_assert_eq(s1.waits - s0.waits, 4ull * L + 1, "cfg %d: round trips %llu (L %u)", cfg,
+                     (unsigned long long)(s1.waits - s0.waits), L);
+        cr_assert_eq(s1.fallbacks, 0);
+        float big = 0, diff = 0;
+        for (uint32_t i = 0; i < nv; i++) {
+            big = fmaxf(big, fabsf(l0[i]));
+            diff = fmaxf(diff, fabsf(l0[i] - l1[i]));
+        }
+        cr_assert_leq(diff, 1e-4f * big, "cfg %d: logits differ from the CPU by %g of %g", cfg, diff, big);
+        jlm_engine_close(e);
+    }
+    jlm_engine_close(ec);
+    free(l0);
+    free(l1);
+    free(path);
+    tu_rmrf(dir);
+    free(dir);
+}
+
 /* The CLI: `jlm run --backend cuda` on the emulated device gives the CPU's
  * ids, whole and split, and --stats names the backend and its counters. */
 Test(cuda, jlm_run_backend_cuda_emulated_gives_the_cpus_ids, .timeout = 120)
