@@ -70,7 +70,7 @@ if [ -x "$engine" ] && ! grep -q "skip:" /tmp/gpu-check.out 2>/dev/null; then
         left=$(( 470 - ($(date +%s) - start) ))
         [ "$left" -gt 30 ] || { summary+=("engine bench $ty: not run (time)"); continue; }
         echo "== $engine bench --synth synth-1b $ty (resident, then --gpu-budget half the blocks)"
-        timeout "$left" "$engine" bench --synth synth-1b "$ty" --pp 128 --tg 32 | tee -a /tmp/gpu-engine.out
+        timeout "$left" "$engine" bench --synth synth-1b "$ty" --pp 128 --tg 32 --rounds 3 | tee -a /tmp/gpu-engine.out
         half=$(grep "bench synth-1b-$ty.gguf: block pages" /tmp/gpu-engine.out | tail -1 | awk '{print int($5 * 1048576 / 2)}')
         [ -n "$half" ] && [ "$half" -gt 0 ] && timeout "$left" "$engine" bench --synth synth-1b "$ty" --pp 32 --tg 16 --gpu-budget "$half" | tee -a /tmp/gpu-engine.out
     done

@@ -307,7 +307,7 @@ static void bench(uint64_t n)
     cudaFree(d0), cudaFree(d1), cudaFreeHost(h);
     printf("baseline: device copy %.0f GB/s (read+write), pinned host-to-device %.1f GB/s\n", d2d, h2d);
     static const uint8_t TYPES[] = {JLM_T_Q4_K, JLM_T_Q8_0, JLM_T_Q6_K, JLM_T_MXFP4, JLM_T_F16};
-    printf("%-6s %10s %10s %10s %12s\n", "type", "MB", "us/matvec", "GB/s", "of d2d copy");
+    printf("%-6s %10s %10s %10s %12s %12s\n", "type", "MB", "us/matvec", "GB/s", "of d2d copy", "pp64 us/tok");
     for (unsigned i = 0; i < sizeof TYPES / sizeof TYPES[0]; i++) {
         uint64_t seed = 5 + i;
         gen_mat g;
@@ -334,8 +334,26 @@ static void bench(uint64_t n)
         CK(cudaEventElapsedTime(&ms, a, b));
         double bytes = (double)(g.qs_bytes + g.d_bytes + g.sc_bytes), us = ms * 1000.0 / 20.0;
         double gbs = bytes / (us * 1e3);
-        printf("%-6s %10.1f %10.1f %10.0f %11.0f%%\n", jlm_fmt_type_traits(TYPES[i])->name, bytes / 1e6, us, gbs,
-               100.0 * gbs / d2d);
+        /* prefill: 64 tokens in one launch (gridDim.y), one act record each */
+        enum { PP = 64 };
+        jlm_cu_act views[PP];
+        for (int t = 0; t < PP; t++)
+            views[t] = da.host_view;
+        jlm_cu_act *dviews = dev_copy(views, sizeof views);
+        float *dyp = dev_zero((size_t)PP * n * 4), *dxp = dev_zero((size_t)PP * n * 4);
+        for (int t = 0; t < PP; t++)
+            CK(cudaMemcpy(dxp + (size_t)t * n, dx, n * 4, cudaMemcpyDeviceToDevice));
+        launch_ok(jlm_cu_launch_matvec(&cm, PP, dxp, dviews, dyp, NULL), "matvec, 64 tokens");
+        CK(cudaEventRecord(a, 0));
+        for (int r = 0; r < 3; r++)
+            jlm_cu_launch_matvec(&cm, PP, dxp, dviews, dyp, NULL);
+        CK(cudaEventRecord(b, 0));
+        CK(cudaEventSynchronize(b));
+        CK(cudaEventElapsedTime(&ms, a, b));
+        double pp_us = ms * 1000.0 / 3.0 / PP;
+        printf("%-6s %10.1f %10.1f %10.0f %11.0f%% %12.1f\n", jlm_fmt_type_traits(TYPES[i])->name, bytes / 1e6, us, gbs,
+               100.0 * gbs / d2d, pp_us);
+        cudaFree(dviews), cudaFree(dyp), cudaFree(dxp);
         dev_act_free(&da);
         dev_mat_free(&cm);
         cudaFree(dx), cudaFree(dy), free(x);

@@ -8,9 +8,12 @@
  *       CUDA whole, --gpu-layers 1 and --budget 1 --gpu-budget 1: greedy ids
  *       over 8 steps equal, logits within 1e-4 (5e-4 float weights) of the
  *       largest; one PASS/FAIL line each
- *   jlm-cuda-engine bench GGUF|--synth PRESET TYPE [--pp N] [--tg N] [--gpu-budget BYTES]
- *       prefill and decode tok/s on CUDA (and the CPU's, same run), device
- *       page-ins, bytes copied, kernel and transfer time; --synth writes
+ *   jlm-cuda-engine bench GGUF|--synth PRESET TYPE [--pp N] [--tg N] [--rounds R] [--threads N]
+ *                         [--gpu-budget BYTES]
+ *       prefill and decode tok/s on CUDA (and the CPU's, same run; R rounds
+ *       interleaved, medians), where a decode token's time goes on each
+ *       (the engine's profile), device page-ins, bytes copied, kernel and
+ *       transfer time; --synth writes
  *       bench/mkgguf's PRESET (e.g. synth-1b) in TYPE (Q4_0, Q8_0, Q4_K, F16)
  *       first, in the temp dir
  *
@@ -169,45 +172,104 @@ static int cmd_check(int argc, char **argv, const char *tmp)
     return fails ? 1 : 0;
 }
 
-/* tok/s of n_pp prompt tokens then n_tg decode steps on backend. */
-static int bench_on(const char *path, const char *backend, uint32_t pp, uint32_t tg, uint64_t gb, double *pps,
-                    double *tgs, jlm_dev_stats *st)
+/* One bench run on one backend: prefill and decode tok/s, and where a decode
+ * token's time went (the engine's profile; matmul includes the wait for the
+ * device's result), with the device's counters over the decode steps. */
+typedef struct bench_res {
+    double pp, tg;                 /* tok/s */
+    double ms_tok, ms_matmul, ms_attn, ms_other, ms_pagein; /* per decode token */
+    double ms_kernel, ms_xfer, matmuls;                      /* device, per decode token */
+    int threads;
+    jlm_dev_stats st;              /* the whole run's device counters */
+} bench_res;
+
+static uint32_t g_threads;         /* --threads: 0 = the engine's default */
+
+static int bench_on(const char *path, const char *backend, uint32_t pp, uint32_t tg, uint64_t gb, bench_res *res)
 {
-    jlm_engine *e = open_on(path, backend, 0, 0, gb);
-    if (!e)
+    jlm_engine_opts o = {.n_threads = g_threads, .quiet = 1, .direct = 1, .backend = backend, .device = "0",
+                         .gpu_budget = gb};
+    jlm_engine *e = NULL;
+    jlm_err err = {0};
+    if (jlm_engine_open(path, &o, &e, &err)) {
+        fprintf(stderr, "FAIL open %s on %s: %s\n", path, backend, err.msg);
         return 1;
+    }
     uint32_t nv = jlm_engine_n_vocab(e);
     float *l = malloc(nv * 4);
     int32_t *ids = malloc(pp * sizeof *ids);
     for (uint32_t i = 0; i < pp; i++)
         ids[i] = (int32_t)(1 + i * 7 % (nv - 1));
-    jlm_err err = {0};
     int rc = jlm_engine_eval(e, ids, 8, l, &err);   /* warm: pages in */
     jlm_engine_rewind(e, 0);
     double t0 = now_s();
     if (!rc)
         rc = jlm_engine_eval(e, ids, pp, l, &err);
     double t1 = now_s();
+    jlm_dev_stats s0 = {0}, s1 = {0};
+    jlm_engine_dev_stats(e, &s0);
+    jlm_engine_prof_reset(e);
+    jlm_engine_profile(e, 1);
     for (uint32_t i = 0; !rc && i < tg; i++) {
         int32_t t = argmax(l, nv);
         rc = jlm_engine_eval(e, &t, 1, l, &err);
     }
     double t2 = now_s();
+    jlm_engine_prof pr;
+    jlm_engine_prof_get(e, &pr);
+    jlm_engine_profile(e, 0);
+    jlm_engine_dev_stats(e, &s1);
     if (rc)
         printf("FAIL bench on %s: %s\n", backend, err.msg);
-    *pps = pp / (t1 - t0);
-    *tgs = tg / (t2 - t1);
-    memset(st, 0, sizeof *st);
-    jlm_engine_dev_stats(e, st);
+    memset(res, 0, sizeof *res);
+    res->pp = pp / (t1 - t0);
+    res->tg = tg / (t2 - t1);
+    res->ms_tok = (t2 - t1) * 1e3 / tg;
+    res->ms_matmul = pr.ns[JLM_PROF_MATMUL] / 1e6 / tg;
+    res->ms_attn = pr.ns[JLM_PROF_ATTN] / 1e6 / tg;
+    res->ms_pagein = pr.ns[JLM_PROF_PAGEIN] / 1e6 / tg;
+    res->ms_other = pr.ns[JLM_PROF_OTHER] / 1e6 / tg;
+    res->ms_kernel = (double)(s1.kernel_ns - s0.kernel_ns) / 1e6 / tg;
+    res->ms_xfer = (double)(s1.xfer_ns - s0.xfer_ns) / 1e6 / tg;
+    res->matmuls = (double)(s1.matmuls - s0.matmuls) / tg;
+    res->threads = pr.n_threads;
+    res->st = s1;
     free(l);
     free(ids);
     jlm_engine_close(e);
     return rc;
 }
 
+static int cmp_res_tg(const void *a, const void *b)
+{
+    double x = ((const bench_res *)a)->tg, y = ((const bench_res *)b)->tg;
+    return (x > y) - (x < y);
+}
+
+static int cmp_double(const void *a, const void *b)
+{
+    double x = *(const double *)a, y = *(const double *)b;
+    return (x > y) - (x < y);
+}
+
+/* The round with the median decode speed, its prefill replaced by the
+ * median prefill (the two are medians of their own). */
+static bench_res median_of(bench_res *r, int n)
+{
+    double pp[16];
+    for (int i = 0; i < n; i++)
+        pp[i] = r[i].pp;
+    qsort(pp, (size_t)n, sizeof pp[0], cmp_double);
+    qsort(r, (size_t)n, sizeof r[0], cmp_res_tg);
+    bench_res m = r[n / 2];
+    m.pp = pp[n / 2];
+    return m;
+}
+
 static int cmd_bench(int argc, char **argv, const char *tmp)
 {
     uint32_t pp = 128, tg = 32;
+    int rounds = 1;
     uint64_t gb = 0;
     const char *gguf = NULL;
     char synth[4096] = "";
@@ -228,13 +290,18 @@ static int cmd_bench(int argc, char **argv, const char *tmp)
             pp = (uint32_t)atoi(argv[++i]);
         else if (!strcmp(argv[i], "--tg") && i + 1 < argc)
             tg = (uint32_t)atoi(argv[++i]);
+        else if (!strcmp(argv[i], "--rounds") && i + 1 < argc)
+            rounds = atoi(argv[++i]);
+        else if (!strcmp(argv[i], "--threads") && i + 1 < argc)
+            g_threads = (uint32_t)atoi(argv[++i]);
         else if (!strcmp(argv[i], "--gpu-budget") && i + 1 < argc)
             gb = strtoull(argv[++i], NULL, 10);
         else
             gguf = argv[i];
     }
-    if (!gguf || pp < 8 || !tg) {
-        fprintf(stderr, "usage: jlm-cuda-engine bench GGUF|--synth PRESET TYPE [--pp N>=8] [--tg N>=1] [--gpu-budget BYTES]\n");
+    if (!gguf || pp < 8 || !tg || rounds < 1 || rounds > 16) {
+        fprintf(stderr, "usage: jlm-cuda-engine bench GGUF|--synth PRESET TYPE [--pp N>=8] [--tg N>=1] "
+                        "[--rounds 1..16] [--threads N] [--gpu-budget BYTES]\n");
         return 2;
     }
     char out[4096];
@@ -248,18 +315,26 @@ static int cmd_bench(int argc, char **argv, const char *tmp)
         fsize = m->hdr.page_size * m->hdr.n_blocks;
         jlm_fmt_close(m);
     }
-    double cpp, ctg, gpp, gtg;
-    jlm_dev_stats cs, gs;
-    int rc = bench_on(out, "cpu", pp, tg, 0, &cpp, &ctg, &cs) | bench_on(out, "cuda", pp, tg, gb, &gpp, &gtg, &gs);
+    bench_res rc_[16], rg_[16];
+    int rc = 0;
+    for (int r = 0; !rc && r < rounds; r++)   /* interleaved: the machine's noise hits both */
+        rc = bench_on(out, "cpu", pp, tg, 0, &rc_[r]) | bench_on(out, "cuda", pp, tg, gb, &rg_[r]);
     if (!rc) {
-        printf("bench %s: pp%u cuda %.1f t/s (cpu %.1f, %.2fx), tg%u cuda %.1f t/s (cpu %.1f, %.2fx)\n", base(gguf), pp,
-               gpp, cpp, gpp / cpp, tg, gtg, ctg, gtg / ctg);
+        bench_res c = median_of(rc_, rounds), g = median_of(rg_, rounds);
+        const jlm_dev_stats *gs = &g.st;
+        printf("bench %s: pp%u cuda %.1f t/s (cpu %.1f, %.2fx), tg%u cuda %.1f t/s (cpu %.1f, %.2fx); "
+               "medians of %d rounds, %d threads\n", base(gguf), pp, g.pp, c.pp, g.pp / c.pp, tg, g.tg, c.tg,
+               g.tg / c.tg, rounds, g.threads);
         printf("bench %s: block pages %.1f MiB: decode reads them at %.1f GB/s from device frames\n", base(gguf),
-               fsize / 1048576.0, fsize * gtg / 1e9);
+               fsize / 1048576.0, fsize * g.tg / 1e9);
+        printf("bench %s: a decode token on cuda: %.2f ms = matmul %.2f (device %.2f: %.0f launches, their wait "
+               "and result; staging %.2f), attention %.2f, page-in %.2f, other %.2f; on the cpu %.2f ms = matmul "
+               "%.2f, attention %.2f, other %.2f\n", base(gguf), g.ms_tok, g.ms_matmul, g.ms_kernel, g.matmuls,
+               g.ms_xfer, g.ms_attn, g.ms_pagein, g.ms_other, c.ms_tok, c.ms_matmul, c.ms_attn, c.ms_other);
         printf("bench %s: gpu-budget %llu: device page-ins %llu (%llu ahead), evictions %llu, bytes copied %llu, "
-               "kernels %.1f ms, transfers %.1f ms, device %s\n", base(gguf), (unsigned long long)gs.budget,
-               (unsigned long long)gs.page_ins, (unsigned long long)gs.prefetches, (unsigned long long)gs.evictions, (unsigned long long)gs.bytes_up,
-               gs.kernel_ns / 1e6, gs.xfer_ns / 1e6, gs.device ? gs.device : "?");
+               "kernels %.1f ms, transfers %.1f ms, device %s\n", base(gguf), (unsigned long long)gs->budget,
+               (unsigned long long)gs->page_ins, (unsigned long long)gs->prefetches, (unsigned long long)gs->evictions,
+               (unsigned long long)gs->bytes_up, gs->kernel_ns / 1e6, gs->xfer_ns / 1e6, gs->device ? gs->device : "?");
     }
     unlink(out);
     if (*synth)
