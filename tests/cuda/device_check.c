@@ -7,10 +7,13 @@
  * in the same run. Self-contained (no Criterion, SQLite, FUSE): it is what
  * bench/gpu-check.sh runs on a GPU machine. Without a device it prints one
  * "skip" line naming why and exits 0.
+ * The bench ends with the decode shapes of a 1B model: kernel time and an
+ * engine-style round trip per launch.
  * Usage: jlm-cuda-check [--no-bench] [--bench-n N]   (N: rows = k of the bench, default 16384) */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include "kernels/cpu/tolerances.h"
 #include "kernels/cuda/cuda.h"
@@ -361,6 +364,69 @@ static void bench(uint64_t n)
     }
 }
 
+/* The decode shapes of a 1B model (synth-1b: E 2048, KV 512, FFN 8192) per
+ * type: one launch's kernel time (events, 50 launches) and one engine-style
+ * round trip (the activations up from pinned memory, the launch, the result
+ * back, a stream synchronize; host clock, 50 trips). The gap is what a
+ * matmul costs the engine beyond its kernel. */
+static void bench_shapes(void)
+{
+    static const uint8_t TYPES[] = {JLM_T_Q4_0, JLM_T_Q4_K, JLM_T_Q8_0};
+    static const uint64_t SH[][2] = {{2048, 2048}, {512, 2048}, {8192, 2048}, {2048, 8192}};   /* rows, k */
+    cudaStream_t st;
+    CK(cudaStreamCreate(&st));
+    for (unsigned i = 0; i < sizeof TYPES / sizeof TYPES[0]; i++)
+        for (unsigned j = 0; j < sizeof SH / sizeof SH[0]; j++) {
+            uint64_t rows = SH[j][0], k = SH[j][1], seed = 900 + i * 7 + j;
+            gen_mat g;
+            if (gen_mat_make(&g, TYPES[i], k, rows, &seed))
+                continue;
+            jlm_cu_mat cm;
+            dev_mat(&g, &cm);
+            float *x = malloc(k * 4), *hx = NULL, *hy = NULL;
+            gen_floats(x, k, 1.0f, &seed);
+            float *dx = dev_copy(x, k * 4), *dy = dev_zero(rows * 4);
+            CK(cudaMallocHost((void **)&hx, k * 4));
+            CK(cudaMallocHost((void **)&hy, rows * 4));
+            memcpy(hx, x, k * 4);
+            dev_act da;
+            dev_act_make(&da, k);
+            launch_ok(jlm_cu_launch_quantize(dx, &da.host_view, NULL), "quantize");
+            launch_ok(jlm_cu_launch_matvec(&cm, 1, dx, da.dev, dy, st), "matvec");
+            CK(cudaStreamSynchronize(st));
+            cudaEvent_t a, b;
+            CK(cudaEventCreate(&a));
+            CK(cudaEventCreate(&b));
+            CK(cudaEventRecord(a, st));
+            for (int r = 0; r < 50; r++)
+                jlm_cu_launch_matvec(&cm, 1, dx, da.dev, dy, st);
+            CK(cudaEventRecord(b, st));
+            CK(cudaEventSynchronize(b));
+            float ms = 0;
+            CK(cudaEventElapsedTime(&ms, a, b));
+            struct timespec t0, t1;
+            clock_gettime(CLOCK_MONOTONIC, &t0);
+            for (int r = 0; r < 50; r++) {
+                CK(cudaMemcpyAsync(dx, hx, k * 4, cudaMemcpyHostToDevice, st));
+                jlm_cu_launch_matvec(&cm, 1, dx, da.dev, dy, st);
+                CK(cudaMemcpyAsync(hy, dy, rows * 4, cudaMemcpyDeviceToHost, st));
+                CK(cudaStreamSynchronize(st));
+            }
+            clock_gettime(CLOCK_MONOTONIC, &t1);
+            double us = ms * 1000.0 / 50, trip = ((t1.tv_sec - t0.tv_sec) * 1e9 + (t1.tv_nsec - t0.tv_nsec)) / 1e3 / 50;
+            double bytes = (double)(g.qs_bytes + g.d_bytes + g.sc_bytes);
+            printf("shape %-5s %5llu x %-5llu %7.2f MB: kernel %7.1f us (%5.0f GB/s), round trip %7.1f us\n",
+                   jlm_fmt_type_traits(TYPES[i])->name, (unsigned long long)rows, (unsigned long long)k, bytes / 1e6,
+                   us, bytes / (us * 1e3), trip);
+            cudaEventDestroy(a), cudaEventDestroy(b);
+            dev_act_free(&da);
+            dev_mat_free(&cm);
+            cudaFree(dx), cudaFree(dy), cudaFreeHost(hx), cudaFreeHost(hy), free(x);
+            gen_mat_free(&g);
+        }
+    cudaStreamDestroy(st);
+}
+
 int main(int argc, char **argv)
 {
     int do_bench = 1;
@@ -390,6 +456,8 @@ int main(int argc, char **argv)
     check_moe();
     if (do_bench && n)
         bench(n);
+    if (do_bench)
+        bench_shapes();
     printf("jlm-cuda-check: %s (%d failure%s)\n", fails ? "FAIL" : "PASS", fails, fails == 1 ? "" : "s");
     return fails ? 1 : 0;
 }
