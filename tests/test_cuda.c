@@ -39,12 +39,23 @@ static void check_matvec(uint8_t type, uint64_t k, uint64_t rows, uint64_t seed)
         ap = &a;
     }
     jlm_k_matvec_ref(&g.m, x, ap, y0, 0, rows);
-    memset(y1, 0xff, rows * 4);
-    jlm_cu_host_matvec(&g.m, x, ap, y1);
-    for (uint64_t r = 0; r < rows; r++)
-        cr_assert(memcmp(&y0[r], &y1[r], 4) == 0, "%s k %llu rows %llu: row %llu cuda %.9g ref %.9g",
-                  jlm_fmt_type_traits(type)->name, (unsigned long long)k, (unsigned long long)rows,
-                  (unsigned long long)r, y1[r], y0[r]);
+    /* the launcher's warp count, then others: the work split moves, the
+     * sum's order must not */
+    static const unsigned WARPS[] = {0, 2, 3, 8, 16};
+    jlm_cu_mat cm;
+    jlm_cu_mat_from(&g.m, &cm);
+    jlm_cu_act ca = ap ? (jlm_cu_act){a.k, a.q, a.d, a.sum16} : (jlm_cu_act){0, NULL, NULL, NULL};
+    for (unsigned w = 0; w < sizeof WARPS / sizeof WARPS[0]; w++) {
+        memset(y1, 0xff, rows * 4);
+        if (WARPS[w])
+            jlm_cu_grid_matvec(&cm, x, &ca, y1, WARPS[w]);
+        else
+            jlm_cu_host_matvec(&g.m, x, ap, y1);
+        for (uint64_t r = 0; r < rows; r++)
+            cr_assert(memcmp(&y0[r], &y1[r], 4) == 0, "%s k %llu rows %llu warps %u: row %llu cuda %.9g ref %.9g",
+                      jlm_fmt_type_traits(type)->name, (unsigned long long)k, (unsigned long long)rows, WARPS[w],
+                      (unsigned long long)r, y1[r], y0[r]);
+    }
     free(x), free(y0), free(y1), free(abuf);
     gen_mat_free(&g);
 }

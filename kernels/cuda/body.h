@@ -47,7 +47,7 @@
 #endif
 
 #define JLM_CU_THREADS   256u   /* threads per block of the reduction kernels (power of 2) */
-#define JLM_CU_MV_WARPS  8u     /* warps per block of matvec: one adds, the rest compute terms */
+#define JLM_CU_MV_WARPS  8u     /* warps per matvec block of a large grid (jlm_cu_mv_warps) */
 
 /* Stored type codes (format/jlm_format.h enum jlm_type; repeated here because
  * nvcc does not see format/'s C headers). */
@@ -368,6 +368,18 @@ JLM_CU_HD float jlm_cu_matvec_row(const jlm_cu_mat *m, const float *x, const jlm
  * (the float sheets are row-major: a warp reads 32 neighbouring elements). */
 #define JLM_CU_MV_CHUNK 64u
 #define JLM_CU_MV_PITCH 33u
+
+/* Warps per matvec block for a grid of `blocks` blocks. Measured on an H200
+ * (docs/cuda.md, "On an H200"): a grid of few blocks is latency-bound, and
+ * more warps per block give each worker fewer terms in a row; a grid of many
+ * blocks does best with 8. 2048 x 2048 Q4_K: 25.9 us at 8 warps, 16.2 at 16,
+ * 12.0 at 32; 8192 x 2048: 26.7, 18.1, 22.0; 16384 x 16384: 280, 309, 374.
+ * So 32 warps up to 64 blocks (2048 rows of one token), 16 up to 256, else 8.
+ * The result does not depend on it. */
+JLM_CU_HD unsigned jlm_cu_mv_warps(uint64_t blocks)
+{
+    return blocks <= 64 ? 32u : blocks <= 256 ? 16u : JLM_CU_MV_WARPS;
+}
 
 JLM_CU_HD void jlm_cu_mv_fill(const jlm_cu_mat *m, const float *x, const jlm_cu_act *a, uint64_t r0,
                               unsigned lane, unsigned worker, unsigned workers, uint64_t c0, float *sh)

@@ -47,9 +47,10 @@ void jlm_cu_mat_from(const jlm_k_mat *m, jlm_cu_mat *out);
  * every thread, phase by phase (body.h invariant 2). Arguments as the CPU ops
  * of kernels.h; xq may be NULL for float types. */
 void jlm_cu_host_matvec(const jlm_k_mat *m, const float *x, const jlm_act_q8 *xq, float *y);
-/* k_matvec's grid for one token, as above but on the bodies' view (the host
- * emulation of kernels/cuda/rt.c runs it too). */
-void jlm_cu_grid_matvec(const jlm_cu_mat *m, const float *x, const jlm_cu_act *a, float *y);
+/* k_matvec's grid for one token with `warps` warps per block (2..32), as
+ * above but on the bodies' view (the host emulation of kernels/cuda/rt.c
+ * runs it too). */
+void jlm_cu_grid_matvec(const jlm_cu_mat *m, const float *x, const jlm_cu_act *a, float *y, unsigned warps);
 void jlm_cu_host_quantize(const float *x, jlm_act_q8 *a);
 void jlm_cu_host_rmsnorm(float *out, const float *x, const float *w, uint64_t n, float eps);
 void jlm_cu_host_layernorm(float *out, const float *x, const float *w, const float *b, uint64_t n, float eps);

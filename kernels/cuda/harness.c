@@ -22,14 +22,14 @@ static jlm_cu_act act_of(const jlm_act_q8 *a)
     return c;
 }
 
-/* kernel matvec: grid (ceil(rows / 32), tokens), block 32 x JLM_CU_MV_WARPS.
+/* kernel matvec: grid (ceil(rows / 32), tokens), block 32 x warps.
  * Each step runs the workers' fill of one buffer and warp 0's add of the
  * other (they touch different buffers, so their order within a step is
  * free), as the barrier between steps does on the device. */
-void jlm_cu_grid_matvec(const jlm_cu_mat *m, const float *x, const jlm_cu_act *a, float *y)
+void jlm_cu_grid_matvec(const jlm_cu_mat *m, const float *x, const jlm_cu_act *a, float *y, unsigned warps)
 {
     float sh[2][JLM_CU_MV_CHUNK * JLM_CU_MV_PITCH];
-    const unsigned workers = JLM_CU_MV_WARPS - 1;
+    const unsigned workers = warps - 1;
     uint64_t nch = (jlm_cu_n_terms(m) + JLM_CU_MV_CHUNK - 1) / JLM_CU_MV_CHUNK;
     for (uint64_t r0 = 0; r0 < m->rows; r0 += 32) {
         float acc[32] = {0};
@@ -50,7 +50,7 @@ void jlm_cu_host_matvec(const jlm_k_mat *m, const float *x, const jlm_act_q8 *xq
     jlm_cu_mat cm;
     jlm_cu_mat_from(m, &cm);
     jlm_cu_act a = act_of(xq);
-    jlm_cu_grid_matvec(&cm, x, &a, y);
+    jlm_cu_grid_matvec(&cm, x, &a, y, jlm_cu_mv_warps((m->rows + 31) / 32));
 }
 
 void jlm_cu_host_quantize(const float *x, jlm_act_q8 *a)

@@ -150,17 +150,17 @@ static unsigned blocks_for(uint64_t n, unsigned per)
     return (unsigned)((n + per - 1) / per);
 }
 
-// Warps per matvec block: JLM_CU_MV_WARPS, or JLM_CUDA_MV_WARPS from the
-// environment (2..32) for tuning runs; the result does not depend on it.
-static unsigned mv_warps(void)
+// Warps per matvec block: jlm_cu_mv_warps, or JLM_CUDA_MV_WARPS (2..32) from
+// the environment for tuning runs.
+static unsigned mv_warps(uint64_t blocks)
 {
-    static unsigned w;
-    if (!w) {
+    static int env = -1;
+    if (env < 0) {
         const char *e = getenv("JLM_CUDA_MV_WARPS");
         long v = e ? strtol(e, NULL, 10) : 0;
-        w = v >= 2 && v <= 32 ? (unsigned)v : JLM_CU_MV_WARPS;
+        env = v >= 2 && v <= 32 ? (int)v : 0;
     }
-    return w;
+    return env ? (unsigned)env : jlm_cu_mv_warps(blocks);
 }
 
 static int launched(void)
@@ -173,7 +173,7 @@ extern "C" {
 int jlm_cu_launch_matvec(const jlm_cu_mat *m, uint64_t n, const float *x, const jlm_cu_act *xq,
                          float *y, void *stream)
 {
-    dim3 grid(blocks_for(m->rows, 32), (unsigned)n), block(32, mv_warps());
+    dim3 grid(blocks_for(m->rows, 32), (unsigned)n), block(32, mv_warps((uint64_t)blocks_for(m->rows, 32) * n));
     k_matvec<<<grid, block, 0, (cudaStream_t)stream>>>(*m, x, xq, y);
     return launched();
 }

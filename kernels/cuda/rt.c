@@ -205,7 +205,8 @@ static int emu_matvec(jlm_cu_rt *r, int s, const emu_op *op)
             r->fault = 1;
             return EMU_FAULT;
         }
-        jlm_cu_grid_matvec(m, op->x ? op->x + t * m->k : NULL, a, op->y + t * m->rows);
+        jlm_cu_grid_matvec(m, op->x ? op->x + t * m->k : NULL, a, op->y + t * m->rows,
+                           jlm_cu_mv_warps((m->rows + 31) / 32 * op->n));
     }
     return 0;
 }
