@@ -150,13 +150,17 @@ JLM_CU_HD void jlm_cu_quantize_block(const float *x, const jlm_cu_act *a, uint64
 
 /* ---------------------------------------------------------------- plane readers (7.1-7.5) */
 
+/* Row r's slot of super-block sb's d words: S = d_share rows (1, 2 or 4) per
+ * word, so shifts, not divisions (a 64-bit division is a long call on the
+ * device). */
 JLM_CU_HD uint32_t jlm_cu_dword(const jlm_cu_mat *m, uint64_t sb, uint64_t r)
 {
     unsigned S = m->d_share;
     if (S == 1)
         return m->d[sb * m->rows + r];
-    uint32_t w = m->d[sb * ((m->rows + S - 1) / S) + r / S];
-    return (w >> ((32 / S) * (r % S))) & (S == 2 ? 0xffffu : 0xffu);
+    unsigned lg = S == 2 ? 1 : 2;
+    uint32_t w = m->d[sb * ((m->rows + S - 1) >> lg) + (r >> lg)];
+    return (w >> ((32 >> lg) * (unsigned)(r & (S - 1)))) & (S == 2 ? 0xffffu : 0xffu);
 }
 
 /* 6-bit field f of super-block sb's 96-bit scale record (three words): bits
@@ -213,25 +217,25 @@ JLM_CU_HD uint32_t jlm_cu_load4(const int8_t *p)
 #endif
 }
 
-/* Codes 4g..4g+3 of sub-block s of row r as four bytes, read a word at a
- * time (jlm-format.md 7.5; dequant_ref.c's unpack byte by byte). Low nibbles of elements
- * below sub/2 are the low halves of the first sub/8 words, the rest their high
- * halves; the p1 high bits of group g sit in word sub/8 + g / (8 / p1) of the
- * sub-block, shifted by p1 * (g % (8 / p1)) within each byte. MXFP4's codes
- * go through its table byte by byte. */
-JLM_CU_HD uint32_t jlm_cu_codes4(const jlm_cu_mat *m, uint64_t s, uint64_t r, unsigned g, int lut)
+/* Codes 4g..4g+3 of one row's sub-block as four bytes, read a word at a time
+ * (jlm-format.md 7.5; dequant_ref.c's unpack byte by byte). col points at
+ * the sub-block's word 0 of the row; word w is col[w * rows]. Low nibbles of
+ * elements below sub/2 are the low halves of the first sub/8 words, the rest
+ * their high halves; the p1 high bits of group g sit in word sub/8 + g /
+ * (8 / p1), shifted by p1 * (g % (8 / p1)) within each byte. MXFP4's codes
+ * (lut) go through its table byte by byte. */
+JLM_CU_HD uint32_t jlm_cu_codes4(const uint32_t *col, uint64_t rows, unsigned g, unsigned sub, unsigned p0,
+                                 unsigned p1, int lut)
 {
-    const uint32_t *qs = (const uint32_t *)m->qs;
-    const uint64_t base = s * m->w;
-    if (m->p0 == 8)
-        return qs[(base + g) * m->rows + r];
-    unsigned nw = m->sub / 8;
-    uint32_t w = qs[(base + g % nw) * m->rows + r];
+    if (p0 == 8)
+        return col[g * rows];
+    unsigned nw = sub / 8;
+    uint32_t w = col[(g % nw) * rows];
     uint32_t q = (g < nw ? w : w >> 4) & 0x0f0f0f0fu;
-    if (m->p1) {
-        unsigned hi = m->p1, lanes = 8 / hi;
-        uint32_t hw = qs[(base + nw + g / lanes) * m->rows + r];
-        q |= ((hw >> (hi * (g % lanes))) & (((1u << hi) - 1u) * 0x01010101u)) << 4;
+    if (p1) {
+        unsigned lanes = 8 / p1;
+        uint32_t hw = col[(nw + g / lanes) * rows];
+        q |= ((hw >> (p1 * (g % lanes))) & (((1u << p1) - 1u) * 0x01010101u)) << 4;
     }
     if (lut) {
 #ifdef __CUDA_ARCH__
@@ -251,12 +255,43 @@ JLM_CU_HD uint32_t jlm_cu_codes4(const jlm_cu_mat *m, uint64_t s, uint64_t r, un
     return q;
 }
 
-JLM_CU_HD int32_t jlm_cu_dot(const jlm_cu_mat *m, const int8_t *a, uint64_t s, uint64_t r, int lut)
+/* nvcc unrolls a loop of constant trip count under this; gcc has no such
+ * pragma (and warns on unknown ones). */
+#ifdef __CUDACC__
+#define JLM_CU_UNROLL _Pragma("unroll")
+#else
+#define JLM_CU_UNROLL
+#endif
+
+/* The integer dot of one row's sub-block with its sub activations. Called
+ * with constant layout arguments, it compiles to straight-line code: every
+ * word's load issued up front, no division. */
+JLM_CU_HD int32_t jlm_cu_dot_c(const uint32_t *col, uint64_t rows, const int8_t *a, unsigned sub, unsigned p0,
+                               unsigned p1, int lut)
 {
     int32_t acc = 0;
-    for (unsigned g = 0; g < m->sub / 4; g++)
-        acc = jlm_cu_dp4a(jlm_cu_codes4(m, s, r, g, lut), jlm_cu_load4(a + 4 * g), acc);
+    JLM_CU_UNROLL
+    for (unsigned g = 0; g < sub / 4; g++)
+        acc = jlm_cu_dp4a(jlm_cu_codes4(col, rows, g, sub, p0, p1, lut), jlm_cu_load4(a + 4 * g), acc);
     return acc;
+}
+
+/* Sub-block s of row r against a: each stored type with its layout as
+ * constants (format/types.c: sub, p0, p1; MXFP4 through its table). */
+JLM_CU_HD int32_t jlm_cu_dot(const jlm_cu_mat *m, const int8_t *a, uint64_t s, uint64_t r)
+{
+    const uint64_t rows = m->rows;
+    const uint32_t *col = (const uint32_t *)m->qs + s * m->w * rows + r;
+    switch (m->type) {
+    case JLM_CU_Q4_0: case JLM_CU_Q4_K: return jlm_cu_dot_c(col, rows, a, 32, 4, 0, 0);
+    case JLM_CU_MXFP4:                  return jlm_cu_dot_c(col, rows, a, 32, 4, 0, 1);
+    case JLM_CU_Q8_0:                   return jlm_cu_dot_c(col, rows, a, 32, 8, 0, 0);
+    case JLM_CU_Q5_0: case JLM_CU_Q5_1:
+    case JLM_CU_Q5_K:                   return jlm_cu_dot_c(col, rows, a, 32, 4, 1, 0);
+    case JLM_CU_Q3_K:                   return jlm_cu_dot_c(col, rows, a, 16, 4, 0, 0);
+    case JLM_CU_Q6_K:                   return jlm_cu_dot_c(col, rows, a, 16, 4, 2, 0);
+    default:                            return jlm_cu_dot_c(col, rows, a, m->sub, m->p0, m->p1, 0);
+    }
 }
 
 /* ---------------------------------------------------------------- per-row math */
@@ -285,12 +320,12 @@ JLM_CU_HD float jlm_cu_term_sub32(const jlm_cu_mat *m, const jlm_cu_act *a, uint
     float da = a->d[s];
     uint32_t dw = jlm_cu_dword(m, s, r);
     if (type == JLM_CU_Q5_1) {
-        int32_t dot = jlm_cu_dot(m, aq, s, r, 0);
+        int32_t dot = jlm_cu_dot(m, aq, s, r);
         float d = jlm_cu_fp16_to_f32(dw & 0xffffu), b = jlm_cu_fp16_to_f32(dw >> 16);
         return (d * da) * (float)dot - (b * da) * (float)suma;
     }
     int32_t bias = type == JLM_CU_Q4_0 ? 8 : type == JLM_CU_Q5_0 ? 16 : type == JLM_CU_MXFP4 ? 12 : 0;
-    int32_t isum = jlm_cu_dot(m, aq, s, r, type == JLM_CU_MXFP4) - bias * suma;
+    int32_t isum = jlm_cu_dot(m, aq, s, r) - bias * suma;
     float d = type == JLM_CU_MXFP4 ? jlm_cu_bits_f32(dw << 23) : jlm_cu_fp16_to_f32(dw & 0xffffu);
     return (d * da) * (float)isum;
 }
@@ -302,7 +337,7 @@ JLM_CU_HD float jlm_cu_term_k32(const jlm_cu_mat *m, const jlm_cu_act *a, uint64
     uint32_t dw = jlm_cu_dword(m, sb, r);
     float d = jlm_cu_fp16_to_f32(dw & 0xffffu), dmin = jlm_cu_fp16_to_f32(dw >> 16);
     int32_t sc = (int32_t)jlm_cu_field6(m, sb, r, 2 * j), mn = (int32_t)jlm_cu_field6(m, sb, r, 2 * j + 1);
-    int32_t dot = jlm_cu_dot(m, a->q + 32 * s, s, r, 0);
+    int32_t dot = jlm_cu_dot(m, a->q + 32 * s, s, r);
     int32_t suma = a->sum16[2 * s] + a->sum16[2 * s + 1];
     float t = d * (float)(sc * dot) - dmin * (float)(mn * suma);
     return a->d[s] * t;
@@ -315,7 +350,7 @@ JLM_CU_HD float jlm_cu_term_k16(const jlm_cu_mat *m, const jlm_cu_act *a, uint64
     float d = jlm_cu_fp16_to_f32(jlm_cu_dword(m, b / 8, r) & 0xffffu);
     int32_t isum = 0;
     for (uint64_t s = 2 * b; s < 2 * b + 2; s++) {
-        int32_t dot = jlm_cu_dot(m, a->q + 16 * s, s, r, 0) - bias * a->sum16[s];
+        int32_t dot = jlm_cu_dot(m, a->q + 16 * s, s, r) - bias * a->sum16[s];
         isum += (jlm_cu_scbyte(m, s, r) + off) * dot;
     }
     return (d * a->d[b]) * (float)isum;

@@ -15,7 +15,9 @@
 // Block (32, warps): 32 rows of one token (blockIdx.y); warps 1.. compute
 // terms a chunk at a time into one shared buffer while warp 0 adds the
 // previous chunk from the other (body.h, "matvec grid").
-__global__ void k_matvec(jlm_cu_mat m, const float *x, const jlm_cu_act *xq, float *y)
+// __launch_bounds__: up to 32 warps a block (jlm_cu_mv_warps), so ptxas keeps
+// the registers within 64 a thread or a 1024-thread block could not launch.
+__global__ void __launch_bounds__(1024) k_matvec(jlm_cu_mat m, const float *x, const jlm_cu_act *xq, float *y)
 {
     __shared__ float sh[2][JLM_CU_MV_CHUNK * JLM_CU_MV_PITCH];
     const unsigned lane = threadIdx.x, wy = threadIdx.y, workers = blockDim.y - 1;
