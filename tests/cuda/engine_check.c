@@ -178,7 +178,7 @@ static int cmd_check(int argc, char **argv, const char *tmp)
 typedef struct bench_res {
     double pp, tg;                 /* tok/s */
     double ms_tok, ms_matmul, ms_attn, ms_other, ms_pagein; /* per decode token */
-    double ms_kernel, ms_xfer, matmuls;                      /* device, per decode token */
+    double ms_kernel, ms_xfer, matmuls, waits;               /* device, per decode token */
     int threads;
     jlm_dev_stats st;              /* the whole run's device counters */
 } bench_res;
@@ -232,6 +232,7 @@ static int bench_on(const char *path, const char *backend, uint32_t pp, uint32_t
     res->ms_kernel = (double)(s1.kernel_ns - s0.kernel_ns) / 1e6 / tg;
     res->ms_xfer = (double)(s1.xfer_ns - s0.xfer_ns) / 1e6 / tg;
     res->matmuls = (double)(s1.matmuls - s0.matmuls) / tg;
+    res->waits = (double)(s1.waits - s0.waits) / tg;
     res->threads = pr.n_threads;
     res->st = s1;
     free(l);
@@ -327,10 +328,10 @@ static int cmd_bench(int argc, char **argv, const char *tmp)
                g.tg / c.tg, rounds, g.threads);
         printf("bench %s: block pages %.1f MiB: decode reads them at %.1f GB/s from device frames\n", base(gguf),
                fsize / 1048576.0, fsize * g.tg / 1e9);
-        printf("bench %s: a decode token on cuda: %.2f ms = matmul %.2f (device %.2f: %.0f launches, their wait "
-               "and result; staging %.2f), attention %.2f, page-in %.2f, other %.2f; on the cpu %.2f ms = matmul "
-               "%.2f, attention %.2f, other %.2f\n", base(gguf), g.ms_tok, g.ms_matmul, g.ms_kernel, g.matmuls,
-               g.ms_xfer, g.ms_attn, g.ms_pagein, g.ms_other, c.ms_tok, c.ms_matmul, c.ms_attn, c.ms_other);
+        printf("bench %s: a decode token on cuda: %.2f ms = matmul %.2f (device %.2f: %.0f launches in %.0f round "
+               "trips, their wait and result; staging %.2f), attention %.2f, page-in %.2f, other %.2f; on the cpu "
+               "%.2f ms = matmul %.2f, attention %.2f, other %.2f\n", base(gguf), g.ms_tok, g.ms_matmul, g.ms_kernel,
+               g.matmuls, g.waits, g.ms_xfer, g.ms_attn, g.ms_pagein, g.ms_other, c.ms_tok, c.ms_matmul, c.ms_attn, c.ms_other);
         printf("bench %s: gpu-budget %llu: device page-ins %llu (%llu ahead), evictions %llu, bytes copied %llu, "
                "kernels %.1f ms, transfers %.1f ms, device %s\n", base(gguf), (unsigned long long)gs->budget,
                (unsigned long long)gs->page_ins, (unsigned long long)gs->prefetches, (unsigned long long)gs->evictions,
