@@ -80,12 +80,21 @@ static int set_value(const jlm_opts_spec *s, const jlm_opt *o, const char *name,
         if (o->kind == JLM_OPT_INT) *(int *)o->dst = (int)i;
         else *(uint32_t *)o->dst = (uint32_t)i;
         return 0;
-    case JLM_OPT_F32:
+    case JLM_OPT_F32: {
         range_text(o, want, sizeof want, "a number");
         if (jlm_opts_strict_double(v, &d) || !in_range(o, d))
             return bad(s, name, v, want);
-        *(float *)o->dst = (float)d;
+        /* the range holds for the value stored: 3e-83 is in (0, 1e6] but
+         * is 0 as a float, and a repeat penalty of 0 divides by zero */
+        float f = (float)d;
+        if (!in_range(o, (double)f)) {
+            char w2[160];
+            snprintf(w2, sizeof w2, "%s (it is %g as a 32-bit float)", want, (double)f);
+            return bad(s, name, v, w2);
+        }
+        *(float *)o->dst = f;
         return 0;
+    }
     case JLM_OPT_SIZE: {
         long long b = jlm_cli_parse_size(v);
         if (b < 0)

@@ -28,7 +28,8 @@ static const char *const BAD[][3] = {
     {"serve", "--backend", "bogus"},  {"serve", "-c", "-1"},
     {"chat", "--gpu-layers", "0"},    {"chat", "--backend", "bogus"},
     {"run", "--gpu-layers", " 2"},    {"run", "-c", "99999999"},
-    {"bench", "-d", "-1"},
+    {"bench", "-d", "-1"},            {"run", "--repeat-penalty", "3e-83"},
+    {"chat", "--repeat-penalty", "1e-46"},
 };
 
 Test(cli_opts, every_bad_value_exits_2_with_one_line_naming_the_option)
