@@ -15,18 +15,21 @@ static int bad(jlm_err *err, const char *field, const char *want)
 }
 
 /* A number in [lo, hi] (integers accepted); absent leaves *out. */
-static int get_num(const json_t *o, const char *k, double lo, double hi, float *out, jlm_err *err)
+/* A number in [lo, hi] ((lo, hi] when lo_open), as the float it is stored
+ * as: 1e-50 is above 0 as a double and 0 as a float. */
+static int get_num(const json_t *o, const char *k, double lo, double hi, int lo_open, float *out, jlm_err *err)
 {
     const json_t *v = json_object_get(o, k);
     if (!v || json_is_null(v))
         return 0;
     double x = json_number_value(v);
-    if (!json_is_number(v) || !isfinite(x) || x < lo || x > hi) {
+    float f = (float)x;
+    if (!json_is_number(v) || !isfinite(x) || !isfinite(f) || (lo_open ? f <= lo : f < lo) || f > hi) {
         char want[96];
-        snprintf(want, sizeof want, "a number in [%g, %g]", lo, hi);
+        snprintf(want, sizeof want, "a number in %c%g, %g]", lo_open ? '(' : '[', lo, hi);
         return bad(err, k, want);
     }
-    *out = (float)x;
+    *out = f;
     return 0;
 }
 
@@ -188,12 +191,13 @@ static int get_sampling(const json_t *o, jlm_srv_req *r, jlm_err *err)
 {
     jlm_samp_params *p = &r->samp;
     int64_t k = p->top_k, seed = 0;
-    int rc = get_num(o, "temperature", 0, 2, &p->temp, err);
-    if (!rc) rc = get_num(o, "top_p", 0, 1, &p->top_p, err);
-    if (!rc) rc = get_num(o, "min_p", 0, 1, &p->min_p, err);
-    if (!rc) rc = get_num(o, "presence_penalty", -2, 2, &p->presence_penalty, err);
-    if (!rc) rc = get_num(o, "frequency_penalty", -2, 2, &p->freq_penalty, err);
-    if (!rc) rc = get_num(o, "repeat_penalty", 0, 10, &p->repeat_penalty, err);
+    int rc = get_num(o, "temperature", 0, 2, 0, &p->temp, err);
+    if (!rc) rc = get_num(o, "top_p", 0, 1, 0, &p->top_p, err);
+    if (!rc) rc = get_num(o, "min_p", 0, 1, 0, &p->min_p, err);
+    if (!rc) rc = get_num(o, "presence_penalty", -2, 2, 0, &p->presence_penalty, err);
+    if (!rc) rc = get_num(o, "frequency_penalty", -2, 2, 0, &p->freq_penalty, err);
+    /* logits are divided by it: 0 is refused, as the CLI's --repeat-penalty */
+    if (!rc) rc = get_num(o, "repeat_penalty", 0, 10, 1, &p->repeat_penalty, err);
     if (!rc) rc = get_int(o, "top_k", 0, 1 << 30, &k, err);
     if (!rc) rc = get_int(o, "seed", INT64_MIN, INT64_MAX, &seed, err);
     if (rc)

@@ -623,6 +623,8 @@ Test(serve_api, refuses_wrong_types_and_ranges_naming_the_field)
     static const struct { const char *body, *field; } cases[] = {
         {"{\"prompt\": \"a\", \"temperature\": \"hot\"}", "temperature"},
         {"{\"prompt\": \"a\", \"top_p\": 1.5}", "top_p"},
+        {"{\"prompt\": \"a\", \"repeat_penalty\": 0}", "repeat_penalty"},
+        {"{\"prompt\": \"a\", \"repeat_penalty\": 1e-50}", "repeat_penalty"},
         {"{\"prompt\": \"a\", \"top_k\": 1.5}", "top_k"},
         {"{\"prompt\": \"a\", \"max_tokens\": 1e9}", "max_tokens"},
         {"{\"prompt\": \"a\", \"stop\": [\"\"]}", "stop"},
