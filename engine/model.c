@@ -248,7 +248,9 @@ static void mm_multi_slice(void *ctx, size_t b, size_t en, int tid)
 }
 
 /* Y_i = X W_i^T for matrices sharing X (n rows of k = ms[0]->k), one
- * dispatch. The CPU only: the caller checks !e->dev_here. */
+ * dispatch; on the block's device one round trip (the activations up once, a
+ * launch each, one wait), or, where the device cannot (a plane in no device
+ * frame, a backend without it), one by one over the same quantized rows. */
 static void matmul_multi(jlm_engine *e, const jlm_k_mat *const *ms, float *const *ys, int nm, uint32_t n,
                          const float *x)
 {
@@ -270,25 +272,12 @@ static void matmul_multi(jlm_engine *e, const jlm_k_mat *const *ms, float *const
             if (!jlm_fmt_type_traits(ms[i]->type)->is_float)
                 mj.j[i].xq = e->xq;
     }
-    mm_dispatch(e, n, (size_t)mj.nparts, 1, mm_multi_slice, &mj);
+    if (!e->dev_here)
+        mm_dispatch(e, n, (size_t)mj.nparts, 1, mm_multi_slice, &mj);
+    else if (jlm_dev_matmul_multi(e->dev_here, ms, nm, n, x, quant ? e->xq : NULL, ys, NULL))
+        for (int i = 0; i < nm; i++)
+            matmul_x_run(e, ms[i], n, x, ys[i], 1);
     prof_end(e, JLM_PROF_MATMUL, t0);
-}
-
-/* Y_i = X W_i^T on the block's device in one round trip (the activations up
- * once, one launch each, one wait): 0 done; else nothing done and the caller
- * runs them one by one (a plane in no device frame, a backend without it). */
-static int dev_multi(jlm_engine *e, const jlm_k_mat *const *ms, float *const *ys, int nm, uint32_t n, const float *x)
-{
-    unsigned long long t0 = prof_begin(e);
-    const jlm_act_q8 *xq = NULL;
-    if (!jlm_fmt_type_traits(ms[0]->type)->is_float) {
-        quant_rows(e, x, ms[0]->k, n);
-        e->xq_of = x;
-        xq = e->xq;
-    }
-    int rc = jlm_dev_matmul_multi(e->dev_here, ms, nm, n, x, xq, ys, NULL);
-    prof_end(e, JLM_PROF_MATMUL, t0);
-    return rc;
 }
 
 static void activate(const jlm_config *c, float *g, const float *u, uint64_t n);
@@ -304,7 +293,8 @@ static void gate_up_slice(void *ctx, size_t b, size_t en, int tid)
         activate(j->c, j->g.y + t * j->g.m->rows + b, j->u.y + t * j->u.m->rows + b, en - b);
 }
 
-/* g = act(X Wg^T) * (X Wu^T) in one dispatch (CPU only, as matmul_multi). */
+/* g = act(X Wg^T) * (X Wu^T) in one dispatch (CPU only: a device block runs
+ * matmul_multi and activates after). */
 static void gate_up_act(jlm_engine *e, const jlm_k_mat *wg, const jlm_k_mat *wu, uint32_t n, const float *x)
 {
     unsigned long long t0 = prof_begin(e);
@@ -724,14 +714,13 @@ static void attn_kv(jlm_engine *e, uint32_t l, const uint8_t *page, uint64_t pag
         if (attn_qkv_heads(e, l, &wq, &wk, &wv))
             return;
     }
-    jlm_k_mat wq = tq ? mat_at(tq, page, page_off, 0) : wk;
-    const jlm_k_mat *ms[3] = {&wq, &wk, &wv};
-    float *ys[3] = {e->q, e->kk, e->vv};
-    if (tq && (!e->dev_here || !dev_multi(e, ms, ys, 3, n, e->h))) {
+    if (tq) {
         /* Q too, for attn_out of these rows (fused dispatches above; on a
          * device, one round trip) */
-        if (!e->dev_here)
-            matmul_multi(e, ms, ys, 3, n, e->h);
+        jlm_k_mat wq = mat_at(tq, page, page_off, 0);
+        const jlm_k_mat *ms[3] = {&wq, &wk, &wv};
+        float *ys[3] = {e->q, e->kk, e->vv};
+        matmul_multi(e, ms, ys, 3, n, e->h);
         e->q_ready_x = e->x;
         e->q_ready_l = l;
     } else {
@@ -817,10 +806,7 @@ static void ffn_dense(jlm_engine *e, uint32_t l, const uint8_t *page, uint64_t p
     } else {
         const jlm_k_mat *ms[2] = {&wg, &wu};
         float *ys[2] = {e->g, e->u};
-        if (dev_multi(e, ms, ys, 2, n, e->h)) {
-            matmul(e, &wg, n, e->h, e->g);
-            matmul_x(e, &wu, n, e->h, e->u, 1);    /* the same quantized rows */
-        }
+        matmul_multi(e, ms, ys, 2, n, e->h);   /* one round trip */
         for (uint32_t t = 0; t < n; t++)
             activate(c, e->g + t * F, e->u + t * F, F);
     }
