@@ -364,12 +364,10 @@ JLM_CU_HD float jlm_cu_term_float(const jlm_cu_mat *m, const float *x, uint64_t 
     return (m->type == JLM_CU_BF16 ? jlm_cu_bits_f32((uint32_t)w << 16) : jlm_cu_fp16_to_f32(w)) * x[i];
 }
 
-/* Term i of row r (x for float types, a for quantized ones). */
-JLM_CU_HD float jlm_cu_term(const jlm_cu_mat *m, const float *x, const jlm_cu_act *a, uint64_t r, uint64_t i)
+/* Term i of row r of a quantized type (float types: jlm_cu_term_float). */
+JLM_CU_HD float jlm_cu_term(const jlm_cu_mat *m, const jlm_cu_act *a, uint64_t r, uint64_t i)
 {
     switch (m->type) {
-    case JLM_CU_F32: case JLM_CU_F16: case JLM_CU_BF16:
-        return jlm_cu_term_float(m, x, r, i);
     case JLM_CU_Q4_K: case JLM_CU_Q5_K:
         return jlm_cu_term_k32(m, a, r, i);
     case JLM_CU_Q3_K: case JLM_CU_Q6_K:
@@ -377,15 +375,6 @@ JLM_CU_HD float jlm_cu_term(const jlm_cu_mat *m, const float *x, const jlm_cu_ac
     default:
         return jlm_cu_term_sub32(m, a, r, i);
     }
-}
-
-/* y[r] of one token, every term by one thread (the host emulation's body). */
-JLM_CU_HD float jlm_cu_matvec_row(const jlm_cu_mat *m, const float *x, const jlm_cu_act *a, uint64_t r)
-{
-    float acc = 0.0f;
-    for (uint64_t i = 0, n = jlm_cu_n_terms(m); i < n; i++)
-        acc += jlm_cu_term(m, x, a, r, i);
-    return acc;
 }
 
 /* ---------------------------------------------------------------- matvec grid (k_matvec)
@@ -396,8 +385,8 @@ JLM_CU_HD float jlm_cu_matvec_row(const jlm_cu_mat *m, const float *x, const jlm
  * (term j of row lane at j * JLM_CU_MV_PITCH + lane). Step c of the block:
  * the workers fill chunk c into buffer c % 2 while warp 0 adds chunk c - 1
  * from the other buffer in order; a barrier ends the step. So a row's terms
- * are computed by many threads and summed in order by one: bit-identical to
- * jlm_cu_matvec_row. Quantized workers take terms j = worker, worker + W, ...
+ * are computed by many threads and summed in order by one: the reference's
+ * sum (above), bit for bit. Quantized workers take terms j = worker, worker + W, ...
  * of their own row (the planes are transposed: a warp reads 32 neighbouring
  * words); float workers take rows worker, worker + W, ... with lane = element
  * (the float sheets are row-major: a warp reads 32 neighbouring elements). */
@@ -429,7 +418,7 @@ JLM_CU_HD void jlm_cu_mv_fill(const jlm_cu_mat *m, const float *x, const jlm_cu_
     if (r0 + lane >= m->rows)
         return;
     for (uint64_t i = c0 + worker; i < end; i += workers)
-        sh[(i - c0) * JLM_CU_MV_PITCH + lane] = jlm_cu_term(m, x, a, r0 + lane, i);
+        sh[(i - c0) * JLM_CU_MV_PITCH + lane] = jlm_cu_term(m, a, r0 + lane, i);
 }
 
 /* Warp 0's part of a step: chunk c0's terms of row lane added to acc in order. */
