@@ -162,7 +162,7 @@ static void check_all_matvec(void)
         check_matvec(GEN_TYPES[i], 4096, 1000, 3, 200 + i);   /* prefill: 3 tokens */
         check_matvec(GEN_TYPES[i], 2304, 77, 2, 300 + i);     /* 72 terms: a partial chunk; a partial block */
     }
-    printf("%s matvec: 12 types x 3 shapes, device bit-identical to jlm_k_matvec_ref\n",
+    printf("%s matvec: 12 types x 4 shapes, device bit-identical to jlm_k_matvec_ref\n",
            fails == before ? "PASS" : "FAIL");
 }
 
@@ -299,6 +299,26 @@ static double copy_gbs(size_t bytes, enum cudaMemcpyKind kind, void *dst, const 
     return (kind == cudaMemcpyDeviceToDevice ? 2.0 : 1.0) * 10.0 * (double)bytes / (ms * 1e6);
 }
 
+/* Microseconds per launch of cm over n tokens, by events around reps
+ * launches on stream st after one untimed launch (checked). */
+static double launch_us(const jlm_cu_mat *cm, uint64_t n, const float *dx, const jlm_cu_act *acts, float *dy,
+                        int reps, cudaStream_t st)
+{
+    launch_ok(jlm_cu_launch_matvec(cm, n, dx, acts, dy, st), "matvec");
+    cudaEvent_t a, b;
+    CK(cudaEventCreate(&a));
+    CK(cudaEventCreate(&b));
+    CK(cudaEventRecord(a, st));
+    for (int r = 0; r < reps; r++)
+        jlm_cu_launch_matvec(cm, n, dx, acts, dy, st);
+    CK(cudaEventRecord(b, st));
+    CK(cudaEventSynchronize(b));
+    float ms = 0;
+    CK(cudaEventElapsedTime(&ms, a, b));
+    cudaEventDestroy(a), cudaEventDestroy(b);
+    return ms * 1000.0 / reps;
+}
+
 static void bench(uint64_t n)
 {
     size_t big = (size_t)1 << 30;
@@ -324,18 +344,7 @@ static void bench(uint64_t n)
         dev_act da;
         dev_act_make(&da, n);
         launch_ok(jlm_cu_launch_quantize(dx, &da.host_view, NULL), "quantize");
-        cudaEvent_t a, b;
-        CK(cudaEventCreate(&a));
-        CK(cudaEventCreate(&b));
-        launch_ok(jlm_cu_launch_matvec(&cm, 1, dx, da.dev, dy, NULL), "matvec");
-        CK(cudaEventRecord(a, 0));
-        for (int r = 0; r < 20; r++)
-            jlm_cu_launch_matvec(&cm, 1, dx, da.dev, dy, NULL);
-        CK(cudaEventRecord(b, 0));
-        CK(cudaEventSynchronize(b));
-        float ms = 0;
-        CK(cudaEventElapsedTime(&ms, a, b));
-        double bytes = (double)(g.qs_bytes + g.d_bytes + g.sc_bytes), us = ms * 1000.0 / 20.0;
+        double bytes = (double)(g.qs_bytes + g.d_bytes + g.sc_bytes), us = launch_us(&cm, 1, dx, da.dev, dy, 20, NULL);
         double gbs = bytes / (us * 1e3);
         /* prefill: 64 tokens in one launch (gridDim.y), one act record each */
         enum { PP = 64 };
@@ -346,14 +355,7 @@ static void bench(uint64_t n)
         float *dyp = dev_zero((size_t)PP * n * 4), *dxp = dev_zero((size_t)PP * n * 4);
         for (int t = 0; t < PP; t++)
             CK(cudaMemcpy(dxp + (size_t)t * n, dx, n * 4, cudaMemcpyDeviceToDevice));
-        launch_ok(jlm_cu_launch_matvec(&cm, PP, dxp, dviews, dyp, NULL), "matvec, 64 tokens");
-        CK(cudaEventRecord(a, 0));
-        for (int r = 0; r < 3; r++)
-            jlm_cu_launch_matvec(&cm, PP, dxp, dviews, dyp, NULL);
-        CK(cudaEventRecord(b, 0));
-        CK(cudaEventSynchronize(b));
-        CK(cudaEventElapsedTime(&ms, a, b));
-        double pp_us = ms * 1000.0 / 3.0 / PP;
+        double pp_us = launch_us(&cm, PP, dxp, dviews, dyp, 3, NULL) / PP;
         printf("%-6s %10.1f %10.1f %10.0f %11.0f%% %12.1f\n", jlm_fmt_type_traits(TYPES[i])->name, bytes / 1e6, us, gbs,
                100.0 * gbs / d2d, pp_us);
         cudaFree(dviews), cudaFree(dyp), cudaFree(dxp);
@@ -392,18 +394,7 @@ static void bench_shapes(void)
             dev_act da;
             dev_act_make(&da, k);
             launch_ok(jlm_cu_launch_quantize(dx, &da.host_view, NULL), "quantize");
-            launch_ok(jlm_cu_launch_matvec(&cm, 1, dx, da.dev, dy, st), "matvec");
-            CK(cudaStreamSynchronize(st));
-            cudaEvent_t a, b;
-            CK(cudaEventCreate(&a));
-            CK(cudaEventCreate(&b));
-            CK(cudaEventRecord(a, st));
-            for (int r = 0; r < 50; r++)
-                jlm_cu_launch_matvec(&cm, 1, dx, da.dev, dy, st);
-            CK(cudaEventRecord(b, st));
-            CK(cudaEventSynchronize(b));
-            float ms = 0;
-            CK(cudaEventElapsedTime(&ms, a, b));
+            double us = launch_us(&cm, 1, dx, da.dev, dy, 50, st);
             struct timespec t0, t1;
             clock_gettime(CLOCK_MONOTONIC, &t0);
             for (int r = 0; r < 50; r++) {
@@ -413,12 +404,11 @@ static void bench_shapes(void)
                 CK(cudaStreamSynchronize(st));
             }
             clock_gettime(CLOCK_MONOTONIC, &t1);
-            double us = ms * 1000.0 / 50, trip = ((t1.tv_sec - t0.tv_sec) * 1e9 + (t1.tv_nsec - t0.tv_nsec)) / 1e3 / 50;
+            double trip = ((t1.tv_sec - t0.tv_sec) * 1e9 + (t1.tv_nsec - t0.tv_nsec)) / 1e3 / 50;
             double bytes = (double)(g.qs_bytes + g.d_bytes + g.sc_bytes);
             printf("shape %-5s %5llu x %-5llu %7.2f MB: kernel %7.1f us (%5.0f GB/s), round trip %7.1f us\n",
                    jlm_fmt_type_traits(TYPES[i])->name, (unsigned long long)rows, (unsigned long long)k, bytes / 1e6,
                    us, bytes / (us * 1e3), trip);
-            cudaEventDestroy(a), cudaEventDestroy(b);
             dev_act_free(&da);
             dev_mat_free(&cm);
             cudaFree(dx), cudaFree(dy), cudaFreeHost(hx), cudaFreeHost(hy), free(x);
