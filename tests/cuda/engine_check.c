@@ -56,9 +56,11 @@ static int convert(const char *gguf, const char *out)
     return rc;
 }
 
+static uint32_t g_threads;         /* bench --threads: 0 = the engine's default */
+
 static jlm_engine *open_on(const char *path, const char *backend, uint32_t gl, uint64_t budget, uint64_t gb)
 {
-    jlm_engine_opts o = {.n_threads = 0, .quiet = 1, .direct = 1, .backend = backend, .device = "0",
+    jlm_engine_opts o = {.n_threads = g_threads, .quiet = 1, .direct = 1, .backend = backend, .device = "0",
                          .gpu_layers = gl, .budget = budget, .gpu_budget = gb};
     jlm_engine *e = NULL;
     jlm_err err = {0};
@@ -183,18 +185,12 @@ typedef struct bench_res {
     jlm_dev_stats st;              /* the whole run's device counters */
 } bench_res;
 
-static uint32_t g_threads;         /* --threads: 0 = the engine's default */
-
 static int bench_on(const char *path, const char *backend, uint32_t pp, uint32_t tg, uint64_t gb, bench_res *res)
 {
-    jlm_engine_opts o = {.n_threads = g_threads, .quiet = 1, .direct = 1, .backend = backend, .device = "0",
-                         .gpu_budget = gb};
-    jlm_engine *e = NULL;
-    jlm_err err = {0};
-    if (jlm_engine_open(path, &o, &e, &err)) {
-        fprintf(stderr, "FAIL open %s on %s: %s\n", path, backend, err.msg);
+    jlm_engine *e = open_on(path, backend, 0, 0, gb);
+    if (!e)
         return 1;
-    }
+    jlm_err err = {0};
     uint32_t nv = jlm_engine_n_vocab(e);
     float *l = malloc(nv * 4);
     int32_t *ids = malloc(pp * sizeof *ids);
