@@ -53,31 +53,30 @@ Test(cli_opts, every_bad_value_exits_2_with_one_line_naming_the_option)
     }
 }
 
+/* `jlm run ARGS` exits 2 and its output holds want; returns the output (the
+ * caller frees it). */
+static char *run_refused(const char *args, const char *want)
+{
+    char cmd[512], *o = NULL;
+    snprintf(cmd, sizeof cmd, "%s run %s", tu_jlm(), args);
+    cr_assert_eq(tu_run(cmd, &o), 2, "%s: %s", args, o);
+    cr_assert(strstr(o, want), "%s: %s", args, o);
+    return o;
+}
+
 /* an integer past its maximum is told the range, not only its minimum */
 Test(cli_opts, an_integer_out_of_range_is_told_both_ends)
 {
-    char cmd[512], *o = NULL;
-    snprintf(cmd, sizeof cmd, "%s run m.jlm -p hi -c 99999999", tu_jlm());
-    cr_assert_eq(tu_run(cmd, &o), 2, "%s", o);
-    cr_assert(strstr(o, "-c '99999999': expected an integer in [0, 16777216]"), "%s", o);
-    free(o);
+    free(run_refused("m.jlm -p hi -c 99999999", "-c '99999999': expected an integer in [0, 16777216]"));
 }
 
 Test(cli_opts, unknown_option_and_missing_value_exit_2)
 {
-    char cmd[512], *o = NULL;
-    snprintf(cmd, sizeof cmd, "%s run m.jlm -p hi --nope", tu_jlm());
-    cr_assert_eq(tu_run(cmd, &o), 2, "%s", o);
-    cr_assert(strstr(o, "unknown option '--nope'"), "%s", o);
-    free(o);
-    snprintf(cmd, sizeof cmd, "%s run m.jlm -p hi -n", tu_jlm());
-    cr_assert_eq(tu_run(cmd, &o), 2, "%s", o);
-    cr_assert(strstr(o, "-n: missing value"), "%s", o);
-    free(o);
+    free(run_refused("m.jlm -p hi --nope", "unknown option '--nope'"));
+    free(run_refused("m.jlm -p hi -n", "-n: missing value"));
     /* a control byte in the value is shown as '?' (jlm_cli_error) */
-    snprintf(cmd, sizeof cmd, "%s run m.jlm -n \"$(printf '1\\033[2J')\"", tu_jlm());
-    cr_assert_eq(tu_run(cmd, &o), 2, "%s", o);
-    cr_assert(!strchr(o, 033) && strstr(o, "1?[2J"), "%s", o);
+    char *o = run_refused("m.jlm -n \"$(printf '1\\033[2J')\"", "1?[2J");
+    cr_assert(!strchr(o, 033), "%s", o);
     free(o);
 }
 
