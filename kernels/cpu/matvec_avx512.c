@@ -23,6 +23,7 @@
 
 #define ALWAYS_INLINE static inline __attribute__((always_inline))
 #define MAXT 4
+#define UNROLL _Pragma("GCC unroll 16")   /* small loops (words, halves, sub-blocks of a pass, tokens) as straight code */
 
 ALWAYS_INLINE __m512i bcast4(const int8_t *p)
 {
@@ -52,30 +53,49 @@ ALWAYS_INLINE void half_pair(__m512i w, __m512 *lo, __m512 *hi)
 typedef struct tok32 {
     __m512i a[8];        /* bcast of a[4w..4w+3], w = 0..7 */
     int32_t suma;
+    float   sumaf;       /* (float)suma: exact, |suma| <= 32*127 */
     float   da;
 } tok32;
 
 ALWAYS_INLINE void tok_load(tok32 *t, const jlm_act_q8 *a, uint64_t s)
 {
-    for (int w = 0; w < 8; w++)
+    UNROLL for (int w = 0; w < 8; w++)
         t->a[w] = bcast4(a->q + 32 * s + 4 * w);
     t->suma = a->sum16[2 * s] + a->sum16[2 * s + 1];
+    t->sumaf = (float)t->suma;
     t->da = a->d[s];
 }
 
-ALWAYS_INLINE void dot_nib(const uint32_t *col, uint64_t rows, uint64_t r, int nt,
-                           const tok32 *tk, __m512i *acc)
+/* The word loops of a sub-block's dot: straight code (UNROLL) for the
+ * K-quants and Q8_0, a loop (ROLLED) for Q4_0, Q5_0, Q5_1 and MXFP4. Unrolled,
+ * every type ran faster from L3 (Q4_0 1.35x, MXFP4 1.14x), but end to end
+ * Q4_0 and MXFP4 decoded 10% slower from DRAM at one thread (docs/kernels.md);
+ * the same int32 dots either way. */
+#define ROLLED _Pragma("GCC unroll 1")
+
+ALWAYS_INLINE void nib_word(const uint32_t *col, uint64_t rows, uint64_t r, int w, int nt,
+                            const tok32 *tk, __m512i *acc)
 {
     const __m512i m4 = _mm512_set1_epi8(15);
-    for (int t = 0; t < nt; t++)
+    __m512i v = ld(col + w * rows + r);
+    __m512i lo = _mm512_and_si512(v, m4), hi = _mm512_and_si512(_mm512_srli_epi16(v, 4), m4);
+    UNROLL for (int t = 0; t < nt; t++) {
+        acc[t] = _mm512_dpbusd_epi32(acc[t], lo, tk[t].a[w]);
+        acc[t] = _mm512_dpbusd_epi32(acc[t], hi, tk[t].a[w + 4]);
+    }
+}
+
+ALWAYS_INLINE void dot_nib(const uint32_t *col, uint64_t rows, uint64_t r, int nt,
+                           const tok32 *tk, __m512i *acc, int unrolled)
+{
+    UNROLL for (int t = 0; t < nt; t++)
         acc[t] = _mm512_setzero_si512();
-    for (int w = 0; w < 4; w++) {
-        __m512i v = ld(col + w * rows + r);
-        __m512i lo = _mm512_and_si512(v, m4), hi = _mm512_and_si512(_mm512_srli_epi16(v, 4), m4);
-        for (int t = 0; t < nt; t++) {
-            acc[t] = _mm512_dpbusd_epi32(acc[t], lo, tk[t].a[w]);
-            acc[t] = _mm512_dpbusd_epi32(acc[t], hi, tk[t].a[w + 4]);
-        }
+    if (unrolled) {
+        UNROLL for (int w = 0; w < 4; w++)
+            nib_word(col, rows, r, w, nt, tk, acc);
+    } else {
+        ROLLED for (int w = 0; w < 4; w++)
+            nib_word(col, rows, r, w, nt, tk, acc);
     }
 }
 
@@ -95,15 +115,15 @@ ALWAYS_INLINE void q4_0_core(const jlm_k_mat *m, const jlm_act_q8 *xq, int nt, f
     const uint16_t *d16 = m->d;
     for (uint64_t s = 0; s < m->k / 32; s++) {
         tok32 tk[MAXT];
-        for (int t = 0; t < nt; t++)
+        UNROLL for (int t = 0; t < nt; t++)
             tok_load(&tk[t], &xq[t], s);
         const uint32_t *col = qs + s * 4 * rows;
         for (uint64_t r = r0; r < nv; r += 16) {
             __m512i dot[MAXT];
             pf_flat(col, 4, rows, d16, dcol, 2, s, r, r0, nv);
-            dot_nib(col, rows, r, nt, tk, dot);
+            dot_nib(col, rows, r, nt, tk, dot, 0);
             __m512 d = cvt16h(d16 + s * dcol + r);
-            for (int t = 0; t < nt; t++)
+            UNROLL for (int t = 0; t < nt; t++)
                 acc_y(y + t * rows + r, s, _mm512_mul_ps(d, _mm512_set1_ps(tk[t].da)),
                       _mm512_sub_epi32(dot[t], _mm512_set1_epi32(8 * tk[t].suma)));
         }
@@ -119,21 +139,21 @@ ALWAYS_INLINE void q8_0_core(const jlm_k_mat *m, const jlm_act_q8 *xq, int nt, f
     const uint16_t *d16 = m->d;
     for (uint64_t s = 0; s < m->k / 32; s++) {
         tok32 tk[MAXT];
-        for (int t = 0; t < nt; t++)
+        UNROLL for (int t = 0; t < nt; t++)
             tok_load(&tk[t], &xq[t], s);
         const uint32_t *col = qs + s * 8 * rows;
         for (uint64_t r = r0; r < nv; r += 16) {
             __m512i acc[MAXT];
             pf_flat(col, 8, rows, d16, dcol, 2, s, r, r0, nv);
-            for (int t = 0; t < nt; t++)
+            UNROLL for (int t = 0; t < nt; t++)
                 acc[t] = _mm512_setzero_si512();
-            for (int w = 0; w < 8; w++) {
+            UNROLL for (int w = 0; w < 8; w++) {
                 __m512i u = _mm512_xor_si512(ld(col + w * rows + r), flip);   /* w + 128 */
-                for (int t = 0; t < nt; t++)
+                UNROLL for (int t = 0; t < nt; t++)
                     acc[t] = _mm512_dpbusd_epi32(acc[t], u, tk[t].a[w]);
             }
             __m512 d = cvt16h(d16 + s * dcol + r);
-            for (int t = 0; t < nt; t++)
+            UNROLL for (int t = 0; t < nt; t++)
                 acc_y(y + t * rows + r, s, _mm512_mul_ps(d, _mm512_set1_ps(tk[t].da)),
                       _mm512_sub_epi32(acc[t], _mm512_set1_epi32(128 * tk[t].suma)));
         }
@@ -153,22 +173,32 @@ ALWAYS_INLINE __m512i field12(const uint32_t *scb, uint64_t rows, uint64_t r, un
 
 /* dot of a 5-word sub-block (4 nibble words + 1 word of high bits, 7.5: the
  * high bit of element 4w+b is bit w of byte b, of element 16+4w+b bit 4+w). */
-ALWAYS_INLINE void dot_nib5(const uint32_t *col, uint64_t rows, uint64_t r, int nt,
-                            const tok32 *tk, __m512i *acc)
+ALWAYS_INLINE void nib5_word(const uint32_t *col, uint64_t rows, uint64_t r, int w, int nt,
+                             const tok32 *tk, __m512i *acc, __m512i hb, __m512i hl)
 {
     const __m512i m4 = _mm512_set1_epi8(15), m10 = _mm512_set1_epi8(0x10);
+    __m512i v = ld(col + w * rows + r);
+    __m512i lo = _mm512_ternarylogic_epi32(v, m4, _mm512_and_si512(_mm512_srli_epi32(hl, w), m10), 0xea);   /* (a & b) | c */
+    __m512i hi = _mm512_ternarylogic_epi32(_mm512_srli_epi16(v, 4), m4,
+                                           _mm512_and_si512(_mm512_srli_epi32(hb, w), m10), 0xea);   /* (a & b) | c */
+    UNROLL for (int t = 0; t < nt; t++) {
+        acc[t] = _mm512_dpbusd_epi32(acc[t], lo, tk[t].a[w]);
+        acc[t] = _mm512_dpbusd_epi32(acc[t], hi, tk[t].a[w + 4]);
+    }
+}
+
+ALWAYS_INLINE void dot_nib5(const uint32_t *col, uint64_t rows, uint64_t r, int nt,
+                            const tok32 *tk, __m512i *acc, int unrolled)
+{
     __m512i hb = ld(col + 4 * rows + r), hl = _mm512_slli_epi32(hb, 4);
-    for (int t = 0; t < nt; t++)
+    UNROLL for (int t = 0; t < nt; t++)
         acc[t] = _mm512_setzero_si512();
-    for (int w = 0; w < 4; w++) {
-        __m512i v = ld(col + w * rows + r);
-        __m512i lo = _mm512_ternarylogic_epi32(v, m4, _mm512_and_si512(_mm512_srli_epi32(hl, w), m10), 0xea);   /* (a & b) | c */
-        __m512i hi = _mm512_ternarylogic_epi32(_mm512_srli_epi16(v, 4), m4,
-                                               _mm512_and_si512(_mm512_srli_epi32(hb, w), m10), 0xea);   /* (a & b) | c */
-        for (int t = 0; t < nt; t++) {
-            acc[t] = _mm512_dpbusd_epi32(acc[t], lo, tk[t].a[w]);
-            acc[t] = _mm512_dpbusd_epi32(acc[t], hi, tk[t].a[w + 4]);
-        }
+    if (unrolled) {
+        UNROLL for (int w = 0; w < 4; w++)
+            nib5_word(col, rows, r, w, nt, tk, acc, hb, hl);
+    } else {
+        ROLLED for (int w = 0; w < 4; w++)
+            nib5_word(col, rows, r, w, nt, tk, acc, hb, hl);
     }
 }
 
@@ -179,13 +209,13 @@ ALWAYS_INLINE void dot_mx(const uint32_t *col, uint64_t rows, uint64_t r, int nt
     const __m512i m4 = _mm512_set1_epi8(15);
     const __m512i lut = _mm512_broadcast_i32x4(_mm_setr_epi8(12, 13, 14, 15, 16, 18, 20, 24,
                                                              12, 11, 10, 9, 8, 6, 4, 0));
-    for (int t = 0; t < nt; t++)
+    UNROLL for (int t = 0; t < nt; t++)
         acc[t] = _mm512_setzero_si512();
-    for (int w = 0; w < 4; w++) {
+    ROLLED for (int w = 0; w < 4; w++) {
         __m512i v = ld(col + w * rows + r);
         __m512i lo = _mm512_shuffle_epi8(lut, _mm512_and_si512(v, m4));
         __m512i hi = _mm512_shuffle_epi8(lut, _mm512_and_si512(_mm512_srli_epi16(v, 4), m4));
-        for (int t = 0; t < nt; t++) {
+        UNROLL for (int t = 0; t < nt; t++) {
             acc[t] = _mm512_dpbusd_epi32(acc[t], lo, tk[t].a[w]);
             acc[t] = _mm512_dpbusd_epi32(acc[t], hi, tk[t].a[w + 4]);
         }
@@ -206,7 +236,7 @@ ALWAYS_INLINE void sub32_core(const jlm_k_mat *m, const jlm_act_q8 *xq, int nt, 
     int32_t bias = type == JLM_T_Q5_0 ? 16 : 12;
     for (uint64_t s = 0; s < m->k / 32; s++) {
         tok32 tk[MAXT];
-        for (int t = 0; t < nt; t++)
+        UNROLL for (int t = 0; t < nt; t++)
             tok_load(&tk[t], &xq[t], s);
         const uint32_t *col = qs + s * W * rows;
         for (uint64_t r = r0; r < nv; r += 16) {
@@ -215,15 +245,15 @@ ALWAYS_INLINE void sub32_core(const jlm_k_mat *m, const jlm_act_q8 *xq, int nt, 
             if (type == JLM_T_MXFP4)
                 dot_mx(col, rows, r, nt, tk, dot);
             else
-                dot_nib5(col, rows, r, nt, tk, dot);
+                dot_nib5(col, rows, r, nt, tk, dot, 0);
             if (type == JLM_T_Q5_1) {
                 __m512 d, b;
                 half_pair(ld(dp + s * rows + r), &d, &b);
-                for (int t = 0; t < nt; t++) {
+                UNROLL for (int t = 0; t < nt; t++) {
                     float *yt = y + t * rows + r;
                     __m512 acc = s ? _mm512_loadu_ps(yt) : _mm512_setzero_ps(), da = _mm512_set1_ps(tk[t].da);
                     __m512 pd = _mm512_mul_ps(_mm512_mul_ps(d, da), _mm512_cvtepi32_ps(dot[t]));
-                    __m512 pb = _mm512_mul_ps(_mm512_mul_ps(b, da), _mm512_set1_ps((float)tk[t].suma));
+                    __m512 pb = _mm512_mul_ps(_mm512_mul_ps(b, da), _mm512_set1_ps(tk[t].sumaf));
                     _mm512_storeu_ps(yt, _mm512_add_ps(acc, _mm512_sub_ps(pd, pb)));
                 }
                 continue;
@@ -232,7 +262,7 @@ ALWAYS_INLINE void sub32_core(const jlm_k_mat *m, const jlm_act_q8 *xq, int nt, 
                 ? cvt16h(d16 + s * dcol + r)
                 : _mm512_castsi512_ps(_mm512_slli_epi32(
                       _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)(d8 + s * dcol + r))), 23));
-            for (int t = 0; t < nt; t++)
+            UNROLL for (int t = 0; t < nt; t++)
                 acc_y(y + t * rows + r, s, _mm512_mul_ps(d, _mm512_set1_ps(tk[t].da)),
                       _mm512_sub_epi32(dot[t], _mm512_set1_epi32(bias * tk[t].suma)));
         }
@@ -260,51 +290,64 @@ ALWAYS_INLINE void mxfp4_core(const jlm_k_mat *m, const jlm_act_q8 *xq, int nt, 
 #ifndef JLM_K32_KP
 #define JLM_K32_KP 2
 #endif
+/* One pass of KP sub-blocks from s0 (j0 = s0 % 8) over the rows; j0 is a
+ * constant where k32_core calls it, so the scale fields' shifts are too. */
+ALWAYS_INLINE void k32_pass(const jlm_k_mat *m, tok32 (*tk)[MAXT], int nt, float *y,
+                            uint64_t r0, uint64_t nv, unsigned W, uint64_t s0, unsigned j0)
+{
+    enum { KP = JLM_K32_KP };
+    uint64_t rows = m->rows, sb = s0 / 8;
+    const uint32_t *qs = m->qs, *dp = m->d, *scp = m->sc;
+    const uint32_t *scb = scp + sb * 3 * rows;
+    const __m512i m63 = _mm512_set1_epi32(63);
+    for (uint64_t r = r0; r < nv; r += 16) {
+        __m512 d, dmin, sc[KP], mn[KP];
+        pf_k32(qs, dp, scp, rows, W, KP, s0, r, r0, nv);
+        half_pair(ld(dp + sb * rows + r), &d, &dmin);
+        /* sc*dot < 2^24 and m*suma < 2^24: the f32 products are exact, so
+         * they equal the reference's (float)(sc*dot) and (float)(m*suma) */
+        UNROLL for (int p = 0; p < KP; p++) {
+            __m512i f = field12(scb, rows, r, j0 + p);
+            sc[p] = _mm512_cvtepi32_ps(_mm512_and_si512(f, m63));
+            mn[p] = _mm512_cvtepi32_ps(_mm512_and_si512(_mm512_srli_epi32(f, 6), m63));
+        }
+        __m512 acc[MAXT];
+        UNROLL for (int t = 0; t < nt; t++)
+            acc[t] = s0 ? _mm512_loadu_ps(y + t * rows + r) : _mm512_setzero_ps();
+        UNROLL for (int p = 0; p < KP; p++) {
+            const uint32_t *col = qs + (s0 + p) * W * rows;
+            __m512i dot[MAXT];
+            if (W == 5)
+                dot_nib5(col, rows, r, nt, tk[p], dot, 1);
+            else
+                dot_nib(col, rows, r, nt, tk[p], dot, 1);
+            UNROLL for (int t = 0; t < nt; t++) {
+                __m512 a = _mm512_mul_ps(sc[p], _mm512_cvtepi32_ps(dot[t]));
+                __m512 b = _mm512_mul_ps(mn[p], _mm512_set1_ps(tk[p][t].sumaf));
+                __m512 v = NMULADD(dmin, b, _mm512_mul_ps(d, a));
+                acc[t] = MULADD(_mm512_set1_ps(tk[p][t].da), v, acc[t]);
+            }
+        }
+        UNROLL for (int t = 0; t < nt; t++)
+            _mm512_storeu_ps(y + t * rows + r, acc[t]);
+    }
+}
+
 ALWAYS_INLINE void k32_core(const jlm_k_mat *m, const jlm_act_q8 *xq, int nt, float *y,
                             uint64_t r0, uint64_t nv, unsigned W)
 {
     enum { KP = JLM_K32_KP };
-    uint64_t rows = m->rows;
-    const uint32_t *qs = m->qs, *dp = m->d, *scp = m->sc;
-    const __m512i m63 = _mm512_set1_epi32(63);
     for (uint64_t s0 = 0; s0 < m->k / 32; s0 += KP) {
-        uint64_t sb = s0 / 8;
-        unsigned j0 = (unsigned)(s0 % 8);
         tok32 tk[KP][MAXT];
-        for (int p = 0; p < KP; p++)
-            for (int t = 0; t < nt; t++)
+        UNROLL for (int p = 0; p < KP; p++)
+            UNROLL for (int t = 0; t < nt; t++)
                 tok_load(&tk[p][t], &xq[t], s0 + p);
-        const uint32_t *scb = scp + sb * 3 * rows;
-        for (uint64_t r = r0; r < nv; r += 16) {
-            __m512 d, dmin, sc[KP], mn[KP];
-            pf_k32(qs, dp, scp, rows, W, KP, s0, r, r0, nv);
-            half_pair(ld(dp + sb * rows + r), &d, &dmin);
-            /* sc*dot < 2^24 and m*suma < 2^24: the f32 products are exact, so
-             * they equal the reference's (float)(sc*dot) and (float)(m*suma) */
-            for (int p = 0; p < KP; p++) {
-                __m512i f = field12(scb, rows, r, j0 + p);
-                sc[p] = _mm512_cvtepi32_ps(_mm512_and_si512(f, m63));
-                mn[p] = _mm512_cvtepi32_ps(_mm512_and_si512(_mm512_srli_epi32(f, 6), m63));
-            }
-            __m512 acc[MAXT];
-            for (int t = 0; t < nt; t++)
-                acc[t] = s0 ? _mm512_loadu_ps(y + t * rows + r) : _mm512_setzero_ps();
-            for (int p = 0; p < KP; p++) {
-                const uint32_t *col = qs + (s0 + p) * W * rows;
-                __m512i dot[MAXT];
-                if (W == 5)
-                    dot_nib5(col, rows, r, nt, tk[p], dot);
-                else
-                    dot_nib(col, rows, r, nt, tk[p], dot);
-                for (int t = 0; t < nt; t++) {
-                    __m512 a = _mm512_mul_ps(sc[p], _mm512_cvtepi32_ps(dot[t]));
-                    __m512 b = _mm512_mul_ps(mn[p], _mm512_set1_ps((float)tk[p][t].suma));
-                    __m512 v = NMULADD(dmin, b, _mm512_mul_ps(d, a));
-                    acc[t] = MULADD(_mm512_set1_ps(tk[p][t].da), v, acc[t]);
-                }
-            }
-            for (int t = 0; t < nt; t++)
-                _mm512_storeu_ps(y + t * rows + r, acc[t]);
+        switch (s0 % 8) {   /* KP = 2: 0, 2, 4, 6 */
+        case 0: k32_pass(m, tk, nt, y, r0, nv, W, s0, 0); break;
+        case 2: k32_pass(m, tk, nt, y, r0, nv, W, s0, 2); break;
+        case 4: k32_pass(m, tk, nt, y, r0, nv, W, s0, 4); break;
+        case 6: k32_pass(m, tk, nt, y, r0, nv, W, s0, 6); break;
+        default: k32_pass(m, tk, nt, y, r0, nv, W, s0, (unsigned)(s0 % 8)); break;
         }
     }
 }
@@ -331,39 +374,39 @@ ALWAYS_INLINE void q3_k_core(const jlm_k_mat *m, const jlm_act_q8 *xq, int nt, f
     const uint32_t *qs = m->qs, *dp = m->d, *scp = m->sc;
     for (uint64_t b = 0; b < m->k / 32; b++) {
         tok32 tk[MAXT];
-        for (int t = 0; t < nt; t++)
+        UNROLL for (int t = 0; t < nt; t++)
             tok_load(&tk[t], &xq[t], b);
         const __m128i c8a = _mm_cvtsi32_si128((int)(8 * ((2 * b) % 4)));
         const __m128i c8b = _mm_cvtsi32_si128((int)(8 * ((2 * b + 1) % 4)));
         const uint32_t *scw = scp + (2 * b / 4) * rows, *dw = dp + (b / 8) * rows;
         for (uint64_t r = r0; r < nv; r += 16) {
             __m512i is[MAXT];
-            for (int t = 0; t < nt; t++)
+            UNROLL for (int t = 0; t < nt; t++)
                 is[t] = _mm512_setzero_si512();
             pf_k16(qs, dp, scp, rows, 2, b, r, r0, nv);
             __m512i scv = ld(scw + r);
-            for (int h = 0; h < 2; h++) {
+            UNROLL for (int h = 0; h < 2; h++) {
                 const uint32_t *col = qs + (2 * b + h) * 2 * rows + r;
                 __m512i acc[MAXT];
-                for (int t = 0; t < nt; t++)
+                UNROLL for (int t = 0; t < nt; t++)
                     acc[t] = _mm512_setzero_si512();
-                for (int p = 0; p < 2; p++) {
+                UNROLL for (int p = 0; p < 2; p++) {
                     __m512i v = ld(col + p * rows);
                     __m512i lo = _mm512_and_si512(v, m4), hi = _mm512_and_si512(_mm512_srli_epi16(v, 4), m4);
-                    for (int t = 0; t < nt; t++) {
+                    UNROLL for (int t = 0; t < nt; t++) {
                         acc[t] = _mm512_dpbusd_epi32(acc[t], lo, tk[t].a[4 * h + p]);
                         acc[t] = _mm512_dpbusd_epi32(acc[t], hi, tk[t].a[4 * h + 2 + p]);
                     }
                 }
                 __m512i sc = _mm512_sub_epi32(_mm512_and_si512(_mm512_srl_epi32(scv, h ? c8b : c8a),
                                                                _mm512_set1_epi32(0xff)), _mm512_set1_epi32(32));
-                for (int t = 0; t < nt; t++) {
+                UNROLL for (int t = 0; t < nt; t++) {
                     __m512i dot = _mm512_sub_epi32(acc[t], _mm512_set1_epi32(4 * xq[t].sum16[2 * b + h]));
                     is[t] = _mm512_add_epi32(is[t], _mm512_mullo_epi32(sc, dot));
                 }
             }
             __m512 d = _mm512_cvtph_ps(_mm512_cvtepi32_epi16(ld(dw + r)));
-            for (int t = 0; t < nt; t++)
+            UNROLL for (int t = 0; t < nt; t++)
                 acc_y(y + t * rows + r, b, _mm512_mul_ps(d, _mm512_set1_ps(tk[t].da)), is[t]);
         }
     }
@@ -383,42 +426,42 @@ ALWAYS_INLINE void q6_k_core(const jlm_k_mat *m, const jlm_act_q8 *xq, int nt, f
     const uint32_t *qs = m->qs, *dp = m->d, *scp = m->sc;
     for (uint64_t b = 0; b < m->k / 32; b++) {
         tok32 tk[MAXT];
-        for (int t = 0; t < nt; t++)
+        UNROLL for (int t = 0; t < nt; t++)
             tok_load(&tk[t], &xq[t], b);
         const __m128i c8a = _mm_cvtsi32_si128((int)(8 * ((2 * b) % 4)));
         const __m128i c8b = _mm_cvtsi32_si128((int)(8 * ((2 * b + 1) % 4)));
         const uint32_t *scw = scp + (2 * b / 4) * rows, *dw = dp + (b / 8) * rows;
         for (uint64_t r = r0; r < nv; r += 16) {
             __m512i is[MAXT];
-            for (int t = 0; t < nt; t++)
+            UNROLL for (int t = 0; t < nt; t++)
                 is[t] = _mm512_setzero_si512();
             pf_k16(qs, dp, scp, rows, 3, b, r, r0, nv);
             __m512i scv = ld(scw + r);
-            for (int h = 0; h < 2; h++) {
+            UNROLL for (int h = 0; h < 2; h++) {
                 const uint32_t *col = qs + (2 * b + h) * 3 * rows + r;
                 __m512i hb = ld(col + 2 * rows), acc[MAXT];
-                for (int t = 0; t < nt; t++)
+                UNROLL for (int t = 0; t < nt; t++)
                     acc[t] = _mm512_setzero_si512();
-                for (int p = 0; p < 2; p++) {
+                UNROLL for (int p = 0; p < 2; p++) {
                     __m512i v = ld(col + p * rows);
                     __m512i lo = _mm512_or_si512(_mm512_and_si512(v, m4),
                                                  _mm512_and_si512(p ? _mm512_slli_epi32(hb, 2) : _mm512_slli_epi32(hb, 4), m30));
                     __m512i hi = _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi16(v, 4), m4),
                                                  _mm512_and_si512(p ? _mm512_srli_epi32(hb, 2) : hb, m30));
-                    for (int t = 0; t < nt; t++) {
+                    UNROLL for (int t = 0; t < nt; t++) {
                         acc[t] = _mm512_dpbusd_epi32(acc[t], lo, tk[t].a[4 * h + p]);
                         acc[t] = _mm512_dpbusd_epi32(acc[t], hi, tk[t].a[4 * h + 2 + p]);
                     }
                 }
                 __m512i sc = _mm512_sub_epi32(_mm512_and_si512(_mm512_srl_epi32(scv, h ? c8b : c8a),
                                                                _mm512_set1_epi32(0xff)), _mm512_set1_epi32(128));
-                for (int t = 0; t < nt; t++) {
+                UNROLL for (int t = 0; t < nt; t++) {
                     __m512i dot = _mm512_sub_epi32(acc[t], _mm512_set1_epi32(32 * xq[t].sum16[2 * b + h]));
                     is[t] = _mm512_add_epi32(is[t], _mm512_mullo_epi32(sc, dot));
                 }
             }
             __m512 d = _mm512_cvtph_ps(_mm512_cvtepi32_epi16(ld(dw + r)));
-            for (int t = 0; t < nt; t++)
+            UNROLL for (int t = 0; t < nt; t++)
                 acc_y(y + t * rows + r, b, _mm512_mul_ps(d, _mm512_set1_ps(tk[t].da)), is[t]);
         }
     }
@@ -507,7 +550,6 @@ DEFINE_Q(q3_k, q3_k_core)
  * subtracted after (integer addition: the same int32). Rows go in blocks of
  * RB (g_block: the block's accumulators in L1, contiguous plane runs), and
  * every token tile of the batch reuses a block's planes from L2. */
-#define UNROLL _Pragma("GCC unroll 16")   /* the tile lives in registers only if unrolled */
 enum { NTMAX = 12, SC = 8 };
 
 /* Tokens per tile: as many as the 32 zmm registers hold (2 per token: dot and
