@@ -68,6 +68,7 @@ ALWAYS_INLINE __m256i field12(const uint32_t *scb, uint64_t rows, uint64_t r, un
 typedef struct tok32 {
     __m256i a[8];        /* bcast of a[4w..4w+3], w = 0..7 */
     int32_t suma;
+    float   sumaf;       /* (float)suma: exact, |suma| <= 32*127 */
     float   da;
 } tok32;
 
@@ -76,6 +77,7 @@ ALWAYS_INLINE void tok_load(tok32 *t, const jlm_act_q8 *a, uint64_t s)
     UNROLL for (int w = 0; w < 8; w++)
         t->a[w] = bcast4(a->q + 32 * s + 4 * w);
     t->suma = a->sum16[2 * s] + a->sum16[2 * s + 1];
+    t->sumaf = (float)t->suma;
     t->da = a->d[s];
 }
 
@@ -222,7 +224,7 @@ ALWAYS_INLINE void sub32_core(const jlm_k_mat *m, const jlm_act_q8 *xq, int nt, 
                     __m256 d, b;
                     half_pair(ld(dp + s * rows + r), &d, &b);
                     __m256 pd = _mm256_mul_ps(_mm256_mul_ps(d, da), _mm256_cvtepi32_ps(dot[t]));
-                    __m256 pb = _mm256_mul_ps(_mm256_mul_ps(b, da), _mm256_set1_ps((float)tk[t].suma));
+                    __m256 pb = _mm256_mul_ps(_mm256_mul_ps(b, da), _mm256_set1_ps(tk[t].sumaf));
                     acc = _mm256_add_ps(acc, _mm256_sub_ps(pd, pb));
                 } else {
                     __m256 d = type == JLM_T_Q5_0
@@ -261,52 +263,68 @@ ALWAYS_INLINE void mxfp4_core(const jlm_k_mat *m, const jlm_act_q8 *xq, int nt, 
 #ifndef JLM_K32_KP
 #define JLM_K32_KP 1
 #endif
+/* One pass of KP sub-blocks from s0 (j0 = s0 % 8) over the rows; j0 is a
+ * constant where k32_core calls it, so the scale fields' shifts are too. */
+ALWAYS_INLINE void k32_pass(const jlm_k_mat *m, tok32 (*tk)[MAXT], int nt, float *y,
+                            uint64_t r0, uint64_t nv, unsigned W, uint64_t s0, unsigned j0)
+{
+    enum { KP = JLM_K32_KP };
+    uint64_t rows = m->rows, sb = s0 / 8;
+    const uint32_t *qs = m->qs, *dp = m->d, *scp = m->sc;
+    const uint32_t *scb = scp + sb * 3 * rows;
+    const __m256i m63 = _mm256_set1_epi32(63);
+    for (uint64_t r = r0; r < nv; r += 8) {
+        __m256 d, dmin, sc[KP], mn[KP];
+        if ((r & 8) == 0)
+            pf_k32(qs, dp, scp, rows, W, KP, s0, r, r0, nv);
+        half_pair(ld(dp + sb * rows + r), &d, &dmin);
+        /* sc*dot < 2^24 and m*suma < 2^24: the f32 products are exact, so
+         * they equal the reference's (float)(sc*dot) and (float)(m*suma) */
+        UNROLL for (int p = 0; p < KP; p++) {
+            __m256i f = field12(scb, rows, r, j0 + p);
+            sc[p] = _mm256_cvtepi32_ps(_mm256_and_si256(f, m63));
+            mn[p] = _mm256_cvtepi32_ps(_mm256_and_si256(_mm256_srli_epi32(f, 6), m63));
+        }
+        __m256 acc[MAXT];
+        UNROLL for (int t = 0; t < nt; t++)
+            acc[t] = s0 ? _mm256_loadu_ps(y + t * rows + r) : _mm256_setzero_ps();
+        UNROLL for (int p = 0; p < KP; p++) {
+            const uint32_t *col = qs + (s0 + p) * W * rows;
+            __m256i dot[MAXT];
+            if (W == 5)
+                dot_nib5(col, rows, r, nt, tk[p], dot);
+            else
+                dot_nib(col, rows, r, nt, tk[p], dot);
+            UNROLL for (int t = 0; t < nt; t++) {
+                __m256 a = _mm256_mul_ps(sc[p], _mm256_cvtepi32_ps(dot[t]));
+                __m256 b = _mm256_mul_ps(mn[p], _mm256_set1_ps(tk[p][t].sumaf));
+                __m256 v = NMULADD(dmin, b, _mm256_mul_ps(d, a));
+                acc[t] = MULADD(_mm256_set1_ps(tk[p][t].da), v, acc[t]);
+            }
+        }
+        UNROLL for (int t = 0; t < nt; t++)
+            _mm256_storeu_ps(y + t * rows + r, acc[t]);
+    }
+}
+
 ALWAYS_INLINE void k32_core(const jlm_k_mat *m, const jlm_act_q8 *xq, int nt, float *y,
                             uint64_t r0, uint64_t nv, unsigned W)
 {
     enum { KP = JLM_K32_KP };
-    uint64_t rows = m->rows;
-    const uint32_t *qs = m->qs, *dp = m->d, *scp = m->sc;
-    const __m256i m63 = _mm256_set1_epi32(63);
     for (uint64_t s0 = 0; s0 < m->k / 32; s0 += KP) {
-        uint64_t sb = s0 / 8;
-        unsigned j0 = (unsigned)(s0 % 8);
         tok32 tk[KP][MAXT];
         UNROLL for (int p = 0; p < KP; p++)
             UNROLL for (int t = 0; t < nt; t++)
                 tok_load(&tk[p][t], &xq[t], s0 + p);
-        const uint32_t *scb = scp + sb * 3 * rows;
-        for (uint64_t r = r0; r < nv; r += 8) {
-            __m256 d, dmin, sc[KP], mn[KP];
-            if ((r & 8) == 0)
-                pf_k32(qs, dp, scp, rows, W, KP, s0, r, r0, nv);
-            half_pair(ld(dp + sb * rows + r), &d, &dmin);
-            /* sc*dot < 2^24 and m*suma < 2^24: the f32 products are exact, so
-             * they equal the reference's (float)(sc*dot) and (float)(m*suma) */
-            UNROLL for (int p = 0; p < KP; p++) {
-                __m256i f = field12(scb, rows, r, j0 + p);
-                sc[p] = _mm256_cvtepi32_ps(_mm256_and_si256(f, m63));
-                mn[p] = _mm256_cvtepi32_ps(_mm256_and_si256(_mm256_srli_epi32(f, 6), m63));
-            }
-            __m256 acc[MAXT];
-            UNROLL for (int t = 0; t < nt; t++)
-                acc[t] = s0 ? _mm256_loadu_ps(y + t * rows + r) : _mm256_setzero_ps();
-            UNROLL for (int p = 0; p < KP; p++) {
-                const uint32_t *col = qs + (s0 + p) * W * rows;
-                __m256i dot[MAXT];
-                if (W == 5)
-                    dot_nib5(col, rows, r, nt, tk[p], dot);
-                else
-                    dot_nib(col, rows, r, nt, tk[p], dot);
-                UNROLL for (int t = 0; t < nt; t++) {
-                    __m256 a = _mm256_mul_ps(sc[p], _mm256_cvtepi32_ps(dot[t]));
-                    __m256 b = _mm256_mul_ps(mn[p], _mm256_set1_ps((float)tk[p][t].suma));
-                    __m256 v = NMULADD(dmin, b, _mm256_mul_ps(d, a));
-                    acc[t] = MULADD(_mm256_set1_ps(tk[p][t].da), v, acc[t]);
-                }
-            }
-            UNROLL for (int t = 0; t < nt; t++)
-                _mm256_storeu_ps(y + t * rows + r, acc[t]);
+        switch (s0 % 8) {   /* KP = 1: every j0 */
+        case 0: k32_pass(m, tk, nt, y, r0, nv, W, s0, 0); break;
+        case 1: k32_pass(m, tk, nt, y, r0, nv, W, s0, 1); break;
+        case 2: k32_pass(m, tk, nt, y, r0, nv, W, s0, 2); break;
+        case 3: k32_pass(m, tk, nt, y, r0, nv, W, s0, 3); break;
+        case 4: k32_pass(m, tk, nt, y, r0, nv, W, s0, 4); break;
+        case 5: k32_pass(m, tk, nt, y, r0, nv, W, s0, 5); break;
+        case 6: k32_pass(m, tk, nt, y, r0, nv, W, s0, 6); break;
+        default: k32_pass(m, tk, nt, y, r0, nv, W, s0, 7); break;
         }
     }
 }
