@@ -6,7 +6,12 @@
  * machine does not count), best of interleaved rounds; prints ms per call and
  * the ratio per-token / batched (the in-run baseline).
  *
- *   build/bench/bench_attn [-r ROUNDS] [--f16]
+ *   build/bench/bench_attn [-r ROUNDS] [--f16] [--rows] [--decode]
+ *
+ * The batched kernel reads the cache as the engine keeps it (engine/model.c:
+ * head-major values, keys in dimension-major tiles of JLM_K_FATTN_BK,
+ * k_tiled); --rows gives it the per-token kernel's position-major rows
+ * instead (each key tile transposed per call). --decode: the decode cases only.
  *
  * Cases: a prefill batch of 128 rows at positions 0.. (pp128), the last
  * batch of pp512 (rows at 384..511), decode (1 row) at 128, 512 and 2048 keys. */
@@ -41,6 +46,9 @@ typedef struct ctx {
     int f16;
     float *q, *k, *v, *out, *scores, *k32, *v32, *scratch;
     uint16_t *k16, *v16;
+    void *kt, *vh;       /* the engine's layout (tiled keys, head-major values), F32 or F16 */
+    uint64_t kvctx;      /* positions a head holds there: npos rounded up to a tile */
+    int rows;            /* --rows: the batched kernel reads kt/vh's position-major rows */
     uint32_t *lo, *hi;
 } ctx;
 
@@ -77,6 +85,14 @@ static void batched(ctx *c, jlm_k_fattn_fn fn)
                      .lo = c->lo, .hi = c->hi};
     const void *k = c->f16 ? (const void *)c->k16 : (const void *)c->k;
     const void *v = c->f16 ? (const void *)c->v16 : (const void *)c->v;
+    if (!c->rows) {   /* as engine/model.c sets it up */
+        p.k_stride = HD;
+        p.v_stride = HD;
+        p.kh_stride = p.vh_stride = c->kvctx * HD;
+        p.k_tiled = 1;
+        k = c->kt;
+        v = c->vh;
+    }
     for (uint32_t g = 0; g < NKV; g++)
         for (uint32_t r0 = 0; r0 < c->n; r0 += JLM_K_FATTN_BQ)
             fn(&p, c->q, k, v, c->out, g, r0, r0 + JLM_K_FATTN_BQ < c->n ? r0 + JLM_K_FATTN_BQ : c->n, c->scratch);
@@ -84,14 +100,18 @@ static void batched(ctx *c, jlm_k_fattn_fn fn)
 
 int main(int argc, char **argv)
 {
-    int rounds = 5, f16 = 0;
+    int rounds = 5, f16 = 0, rows = 0, decode = 0;
     for (int i = 1; i < argc; i++) {
         if (!strcmp(argv[i], "-r") && i + 1 < argc) {
             rounds = atoi(argv[++i]);
         } else if (!strcmp(argv[i], "--f16")) {
             f16 = 1;
+        } else if (!strcmp(argv[i], "--rows")) {
+            rows = 1;
+        } else if (!strcmp(argv[i], "--decode")) {
+            decode = 1;
         } else {
-            fprintf(stderr, "usage: bench_attn [-r ROUNDS] [--f16]\n");
+            fprintf(stderr, "usage: bench_attn [-r ROUNDS] [--f16] [--rows] [--decode]\n");
             return 2;
         }
     }
@@ -102,12 +122,15 @@ int main(int argc, char **argv)
     };
     static const char *VN[JLM_K_NVARIANT] = {"ref", "avx2", "avx512"};
     jlm_k_fattn_fn VF[JLM_K_NVARIANT] = {jlm_k_fattn_ref, jlm_k_fattn_avx2, jlm_k_fattn_avx512};
-    printf("bench_attn: head_dim %d, %d heads, %d KV heads, %s cache, 1 thread CPU time, best of %d rounds\n", HD, NH,
-           NKV, f16 ? "F16" : "F32", rounds);
+    printf("bench_attn: head_dim %d, %d heads, %d KV heads, %s cache (batched: %s), 1 thread CPU time, best of %d "
+           "rounds\n", HD, NH, NKV, f16 ? "F16" : "F32", rows ? "position-major rows" : "the engine's layout", rounds);
     printf("| case | per-token ms | variant | batched ms | per-token / batched |\n|---|---|---|---|---|\n");
     for (size_t ci = 0; ci < sizeof CASES / sizeof CASES[0]; ci++) {
-        ctx c = {.n = CASES[ci].n, .pos0 = CASES[ci].pos0, .f16 = f16};
+        if (decode && CASES[ci].n != 1)
+            continue;
+        ctx c = {.n = CASES[ci].n, .pos0 = CASES[ci].pos0, .f16 = f16, .rows = rows};
         c.npos = c.pos0 + c.n;
+        c.kvctx = (c.npos + JLM_K_FATTN_BK - 1) / JLM_K_FATTN_BK * JLM_K_FATTN_BK;
         uint64_t seed = 7 + ci, nk = (uint64_t)c.npos * KVD;
         c.q = malloc((size_t)c.n * NH * HD * 4);
         c.out = malloc((size_t)c.n * NH * HD * 4);
@@ -119,10 +142,12 @@ int main(int argc, char **argv)
         c.v32 = malloc((size_t)c.npos * HD * 4);
         c.scores = malloc((size_t)c.npos * 4);
         c.scratch = malloc(jlm_k_fattn_scratch_floats(HD, HD, GRP) * 4);
+        c.kt = calloc(NKV * c.kvctx * HD, f16 ? 2 : 4);
+        c.vh = calloc(NKV * c.kvctx * HD, f16 ? 2 : 4);
         c.lo = calloc(c.n, 4);
         c.hi = malloc(c.n * 4);
         if (!c.q || !c.out || !c.k || !c.v || !c.k16 || !c.v16 || !c.k32 || !c.v32 || !c.scores || !c.scratch ||
-            !c.lo || !c.hi) {
+            !c.kt || !c.vh || !c.lo || !c.hi) {
             fprintf(stderr, "bench_attn: out of memory\n");
             return 1;
         }
@@ -134,6 +159,21 @@ int main(int argc, char **argv)
             c.k[i] = jlm_k_fp16_to_f32(c.k16[i]);
             c.v[i] = jlm_k_fp16_to_f32(c.v16[i]);
         }
+        for (uint64_t j = 0; j < c.npos; j++)   /* the engine's layout: key j, dim i of head g */
+            for (uint64_t g = 0; g < NKV; g++)
+                for (uint64_t i = 0; i < HD; i++) {
+                    uint64_t src = j * KVD + g * HD + i;
+                    uint64_t kd = g * c.kvctx * HD + j / JLM_K_FATTN_BK * JLM_K_FATTN_BK * HD + i * JLM_K_FATTN_BK +
+                                  j % JLM_K_FATTN_BK;
+                    uint64_t vd = g * c.kvctx * HD + j * HD + i;
+                    if (f16) {
+                        ((uint16_t *)c.kt)[kd] = c.k16[src];
+                        ((uint16_t *)c.vh)[vd] = c.v16[src];
+                    } else {
+                        ((float *)c.kt)[kd] = c.k[src];
+                        ((float *)c.vh)[vd] = c.v[src];
+                    }
+                }
         for (uint32_t r = 0; r < c.n; r++)
             c.hi[r] = c.pos0 + r + 1;
         double best_tok = 1e30, best[JLM_K_NVARIANT];
@@ -158,7 +198,7 @@ int main(int argc, char **argv)
                 printf("| %s | %.3f | %s | %.3f | %.2f |\n", CASES[ci].name, best_tok * 1e3, VN[v], best[v] * 1e3,
                        best_tok / best[v]);
         free(c.q); free(c.out); free(c.k); free(c.v); free(c.k16); free(c.v16);
-        free(c.k32); free(c.v32); free(c.scores); free(c.scratch); free(c.lo); free(c.hi);
+        free(c.k32); free(c.v32); free(c.scores); free(c.scratch); free(c.kt); free(c.vh); free(c.lo); free(c.hi);
     }
     return 0;
 }

@@ -248,7 +248,7 @@ void jlm_k_fattn_avx2(const jlm_k_fattn *p, const float *q, const void *k, const
             if (mn == -INFINITY)
                 continue;
             float *o = out + r * p->o_stride + (uint64_t)h * hdv;
-            float al = jlm_k_fattn_exp(m - mn), l = L[it];
+            float al = m == mn ? 1.0f : jlm_k_fattn_exp(m - mn), l = L[it];   /* exp(0) is 1 exactly */
             if (al != 1.0f) {
                 l = l * al;
                 scale_row(o, al, hdv);

@@ -135,6 +135,46 @@ static inline __attribute__((always_inline)) void pv64(float *o, const float *vr
     _mm512_mask_storeu_ps(o + 48, m3, a3);
 }
 
+/* pv64 for the four heads of a run at once: each value row is loaded once
+ * for the four (it was four times), and the 16 accumulators are independent
+ * chains (pv64's four are one add a key each, latency-bound). Per (head,
+ * dimension) the adds are pv64's, keys ascending: the same bits. */
+static inline __attribute__((always_inline)) void pv64x4(float *const o[4], const float *vr, uint64_t vstr,
+                                                         const float *const s[4], uint32_t a, uint32_t b,
+                                                         uint32_t nd)
+{
+    __mmask16 mk[4];
+#pragma GCC unroll 4
+    for (int c = 0; c < 4; c++)
+        mk[c] = nd >= 16 * (uint32_t)c + 16 ? 0xffff
+              : nd > 16 * (uint32_t)c  ? (__mmask16)((1u << (nd - 16 * c)) - 1) : 0;
+    __m512 acc[4][4];
+#pragma GCC unroll 4
+    for (int u = 0; u < 4; u++)
+#pragma GCC unroll 4
+        for (int c = 0; c < 4; c++)
+            acc[u][c] = _mm512_maskz_loadu_ps(mk[c], o[u] + 16 * c);
+    for (uint32_t jj = a; jj < b; jj++) {
+        const float *v = vr + jj * vstr;
+        __m512 vc[4];
+#pragma GCC unroll 4
+        for (int c = 0; c < 4; c++)
+            vc[c] = _mm512_maskz_loadu_ps(mk[c], v + 16 * c);
+#pragma GCC unroll 4
+        for (int u = 0; u < 4; u++) {
+            __m512 pj = _mm512_set1_ps(s[u][jj]);
+#pragma GCC unroll 4
+            for (int c = 0; c < 4; c++)
+                acc[u][c] = _mm512_add_ps(acc[u][c], _mm512_mul_ps(pj, vc[c]));
+        }
+    }
+#pragma GCC unroll 4
+    for (int u = 0; u < 4; u++)
+#pragma GCC unroll 4
+        for (int c = 0; c < 4; c++)
+            _mm512_mask_storeu_ps(o[u] + 16 * c, mk[c], acc[u][c]);
+}
+
 void jlm_k_fattn_avx512(const jlm_k_fattn *p, const float *q, const void *k, const void *v, float *out,
                         uint32_t g, uint32_t r0, uint32_t r1, float *scratch)
 {
@@ -282,7 +322,7 @@ void jlm_k_fattn_avx512(const jlm_k_fattn *p, const float *q, const void *k, con
                     float mt = _mm512_reduce_max_ps(mx), m = M[it], mn = fmaxf(m, mt);
                     if (mn == -INFINITY)
                         continue;
-                    float al = jlm_k_fattn_exp(m - mn), l = L[it];
+                    float al = m == mn ? 1.0f : jlm_k_fattn_exp(m - mn), l = L[it];   /* exp(0) is 1 exactly */
                     if (al != 1.0f) {
                         l = l * al;
                         scale_row(out + r * p->o_stride + (uint64_t)h * hdv, al, hdv);
@@ -302,6 +342,22 @@ void jlm_k_fattn_avx512(const jlm_k_fattn *p, const float *q, const void *k, con
                     l3 = l3 + sq[3][jj];
                 }
                 lq[0] = l0, lq[1] = l1, lq[2] = l2, lq[3] = l3;
+                if (nh == 4 && sq[0] != zeros && sq[1] != zeros && sq[2] != zeros && sq[3] != zeros) {
+                    float *o4[4];
+                    for (uint32_t u = 0; u < 4; u++) {
+                        uint32_t it = (r - r0) * G + h0 + u;
+                        o4[u] = out + r * p->o_stride + (uint64_t)(g * G + h0 + u) * hdv;
+                        L[it] = lq[u];
+                    }
+                    for (uint32_t d0 = 0; d0 < hdv; d0 += 64) {
+                        float *const od[4] = {o4[0] + d0, o4[1] + d0, o4[2] + d0, o4[3] + d0};
+                        if (hdv - d0 >= 64)
+                            pv64x4(od, vbase + d0, vstr, sq, a, b, 64);
+                        else
+                            pv64x4(od, vbase + d0, vstr, sq, a, b, hdv - d0);
+                    }
+                    continue;
+                }
                 for (uint32_t u = 0; u < nh; u++) {
                     if (sq[u] == zeros)
                         continue;   /* every score of the tile -inf */
