@@ -110,6 +110,58 @@ static inline __attribute__((always_inline)) void pv32(float *o, const float *vr
         _mm256_storeu_ps(o + 8 * c, acc[c]);
 }
 
+/* pv32 for two items with the same keys [a, b): each value row is loaded
+ * once for both, and the 8 accumulators are independent chains. Per (item,
+ * dimension) the adds are pv32's, keys ascending: the same bits. */
+static inline __attribute__((always_inline)) void pv32x2(float *o0, float *o1, const float *vr, uint64_t vstr,
+                                                         const float *s0, const float *s1, uint32_t a, uint32_t b,
+                                                         int nc)
+{
+    __m256 c0[4], c1[4];
+    for (int c = 0; c < nc; c++) {
+        c0[c] = _mm256_loadu_ps(o0 + 8 * c);
+        c1[c] = _mm256_loadu_ps(o1 + 8 * c);
+    }
+    for (uint32_t jj = a; jj < b; jj++) {
+        __m256 p0 = _mm256_broadcast_ss(s0 + jj), p1 = _mm256_broadcast_ss(s1 + jj);
+        const float *v = vr + jj * vstr;
+        for (int c = 0; c < nc; c++) {
+            __m256 vc = _mm256_loadu_ps(v + 8 * c);
+            c0[c] = _mm256_add_ps(c0[c], _mm256_mul_ps(p0, vc));
+            c1[c] = _mm256_add_ps(c1[c], _mm256_mul_ps(p1, vc));
+        }
+    }
+    for (int c = 0; c < nc; c++) {
+        _mm256_storeu_ps(o0 + 8 * c, c0[c]);
+        _mm256_storeu_ps(o1 + 8 * c, c1[c]);
+    }
+}
+
+/* o += the tile's values weighted by s over keys [a, b), for one item (o1 =
+ * NULL) or two with the same keys (pv32x2) */
+static void pv_items(float *o0, const float *s0, float *o1, const float *s1, const float *vbase, uint64_t vstr,
+                     uint32_t a, uint32_t b, uint32_t hdv)
+{
+    uint32_t nv8 = hdv / 8 * 8, d0 = 0;
+    if (o1) {
+        for (; d0 + 32 <= nv8; d0 += 32)
+            pv32x2(o0 + d0, o1 + d0, vbase + d0, vstr, s0, s1, a, b, 4);
+        for (; d0 < nv8; d0 += 8)
+            pv32x2(o0 + d0, o1 + d0, vbase + d0, vstr, s0, s1, a, b, 1);
+    } else {
+        for (; d0 + 32 <= nv8; d0 += 32)
+            pv32(o0 + d0, vbase + d0, vstr, s0, a, b, 4);
+        for (; d0 < nv8; d0 += 8)
+            pv32(o0 + d0, vbase + d0, vstr, s0, a, b, 1);
+    }
+    for (uint32_t d = nv8; d < hdv; d++) {
+        for (uint32_t jj = a; jj < b; jj++)
+            o0[d] = o0[d] + s0[jj] * vbase[jj * vstr + d];
+        for (uint32_t jj = a; o1 && jj < b; jj++)
+            o1[d] = o1[d] + s1[jj] * vbase[jj * vstr + d];
+    }
+}
+
 void jlm_k_fattn_avx2(const jlm_k_fattn *p, const float *q, const void *k, const void *v, float *out,
                       uint32_t g, uint32_t r0, uint32_t r1, float *scratch)
 {
@@ -226,6 +278,12 @@ void jlm_k_fattn_avx2(const jlm_k_fattn *p, const float *q, const void *k, const
                 if (nb > 3) { _mm256_storeu_ps(s + 3 * BK + half, a30); _mm256_storeu_ps(s + 3 * BK + half + 8, a31); }
             }
         }
+        /* an item's values wait for the next one's: two with the same keys
+         * go through pv32x2 together (each item's own operations, scale
+         * then values, keep their order) */
+        float *po = NULL;
+        const float *ps = NULL;
+        uint32_t pa = 0, pb = 0;
         for (uint32_t it = 0; it < ni; it++) {
             uint32_t r = r0 + it / G, h = g * G + it % G, lo = p->lo[r], hi = p->hi[r];
             if (!(lo < hi && lo < j0 + nk && hi > j0))
@@ -258,17 +316,19 @@ void jlm_k_fattn_avx2(const jlm_k_fattn *p, const float *q, const void *k, const
                 _mm256_storeu_ps(s + 8 * c, exp8(_mm256_sub_ps(sv[c], vm)));
             for (uint32_t jj = a; jj < b; jj++)
                 l = l + s[jj];
-            uint32_t nv8 = hdv / 8 * 8, d0 = 0;
-            for (; d0 + 32 <= nv8; d0 += 32)
-                pv32(o + d0, vbase + d0, vstr, s, a, b, 4);
-            for (; d0 < nv8; d0 += 8)
-                pv32(o + d0, vbase + d0, vstr, s, a, b, 1);
-            for (uint32_t d = nv8; d < hdv; d++)
-                for (uint32_t jj = a; jj < b; jj++)
-                    o[d] = o[d] + s[jj] * vbase[jj * vstr + d];
             L[it] = l;
             M[it] = mn;
+            if (po && pa == a && pb == b) {
+                pv_items(po, ps, o, s, vbase, vstr, a, b, hdv);
+                po = NULL;
+                continue;
+            }
+            if (po)
+                pv_items(po, ps, NULL, NULL, vbase, vstr, pa, pb, hdv);
+            po = o, ps = s, pa = a, pb = b;
         }
+        if (po)
+            pv_items(po, ps, NULL, NULL, vbase, vstr, pa, pb, hdv);
     }
     for (uint32_t it = 0; it < ni; it++) {
         uint32_t r = r0 + it / G, h = g * G + it % G;
