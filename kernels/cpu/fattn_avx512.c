@@ -107,27 +107,39 @@ static void scale_row(float *o, float a, uint32_t n)
     }
 }
 
-/* o[0, nd) += s[jj] * v_jj[0, nd) for keys jj in [a, b), ascending, nd <= 64:
- * four accumulators that stay in registers (a runtime count of them, indexed
- * in an array, had GCC keep them on the stack: a store-to-load round trip per
- * key and chunk, ~5x slower at decode). Called with nd = 64 literally where
- * whole, so the masks fold away. */
-static inline __attribute__((always_inline)) void pv64(float *o, const float *vr, uint64_t vstr, const float *s,
-                                                       uint32_t a, uint32_t b, uint32_t nd)
+/* 16 values (mask m) at element idx of a value row: f32, or F16 bits widened
+ * where they lie (F16C, exact) */
+static inline __attribute__((always_inline)) __m512 ldv(const void *base, int f16, uint64_t idx, __mmask16 m)
 {
-    __mmask16 m0 = nd >= 16 ? 0xffff : (__mmask16)((1u << nd) - 1);
-    __mmask16 m1 = nd >= 32 ? 0xffff : nd > 16 ? (__mmask16)((1u << (nd - 16)) - 1) : 0;
-    __mmask16 m2 = nd >= 48 ? 0xffff : nd > 32 ? (__mmask16)((1u << (nd - 32)) - 1) : 0;
-    __mmask16 m3 = nd >= 64 ? 0xffff : nd > 48 ? (__mmask16)((1u << (nd - 48)) - 1) : 0;
+    if (f16)
+        return _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(m, (const uint16_t *)base + idx));
+    return _mm512_maskz_loadu_ps(m, (const float *)base + idx);
+}
+
+static inline __attribute__((always_inline)) __mmask16 mask16(uint32_t nd, uint32_t c)
+{
+    return nd >= 16 * c + 16 ? 0xffff : nd > 16 * c ? (__mmask16)((1u << (nd - 16 * c)) - 1) : 0;
+}
+
+/* o[0, nd) += s[jj] * v_jj[d0, d0 + nd) for keys jj in [a, b), ascending, nd <= 64,
+ * value jj at element jj * vstr of vr (f32, or F16 where f16): four
+ * accumulators that stay in registers (a runtime count of them, indexed in an
+ * array, had GCC keep them on the stack: a store-to-load round trip per key
+ * and chunk, ~5x slower at decode). Called with nd = 64 and f16 literally
+ * where they are, so the masks and the loads fold. */
+static inline __attribute__((always_inline)) void pv64(float *o, const void *vr, int f16, uint64_t d0, uint64_t vstr,
+                                                       const float *s, uint32_t a, uint32_t b, uint32_t nd)
+{
+    __mmask16 m0 = mask16(nd, 0), m1 = mask16(nd, 1), m2 = mask16(nd, 2), m3 = mask16(nd, 3);
     __m512 a0 = _mm512_maskz_loadu_ps(m0, o), a1 = _mm512_maskz_loadu_ps(m1, o + 16);
     __m512 a2 = _mm512_maskz_loadu_ps(m2, o + 32), a3 = _mm512_maskz_loadu_ps(m3, o + 48);
     for (uint32_t jj = a; jj < b; jj++) {
         __m512 pj = _mm512_set1_ps(s[jj]);
-        const float *v = vr + jj * vstr;
-        a0 = _mm512_add_ps(a0, _mm512_mul_ps(pj, _mm512_maskz_loadu_ps(m0, v)));
-        a1 = _mm512_add_ps(a1, _mm512_mul_ps(pj, _mm512_maskz_loadu_ps(m1, v + 16)));
-        a2 = _mm512_add_ps(a2, _mm512_mul_ps(pj, _mm512_maskz_loadu_ps(m2, v + 32)));
-        a3 = _mm512_add_ps(a3, _mm512_mul_ps(pj, _mm512_maskz_loadu_ps(m3, v + 48)));
+        uint64_t v = jj * vstr + d0;
+        a0 = _mm512_add_ps(a0, _mm512_mul_ps(pj, ldv(vr, f16, v, m0)));
+        a1 = _mm512_add_ps(a1, _mm512_mul_ps(pj, ldv(vr, f16, v + 16, m1)));
+        a2 = _mm512_add_ps(a2, _mm512_mul_ps(pj, ldv(vr, f16, v + 32, m2)));
+        a3 = _mm512_add_ps(a3, _mm512_mul_ps(pj, ldv(vr, f16, v + 48, m3)));
     }
     _mm512_mask_storeu_ps(o, m0, a0);
     _mm512_mask_storeu_ps(o + 16, m1, a1);
@@ -139,15 +151,14 @@ static inline __attribute__((always_inline)) void pv64(float *o, const float *vr
  * for the four (it was four times), and the 16 accumulators are independent
  * chains (pv64's four are one add a key each, latency-bound). Per (head,
  * dimension) the adds are pv64's, keys ascending: the same bits. */
-static inline __attribute__((always_inline)) void pv64x4(float *const o[4], const float *vr, uint64_t vstr,
-                                                         const float *const s[4], uint32_t a, uint32_t b,
-                                                         uint32_t nd)
+static inline __attribute__((always_inline)) void pv64x4(float *const o[4], const void *vr, int f16, uint64_t d0,
+                                                         uint64_t vstr, const float *const s[4], uint32_t a,
+                                                         uint32_t b, uint32_t nd)
 {
     __mmask16 mk[4];
 #pragma GCC unroll 4
-    for (int c = 0; c < 4; c++)
-        mk[c] = nd >= 16 * (uint32_t)c + 16 ? 0xffff
-              : nd > 16 * (uint32_t)c  ? (__mmask16)((1u << (nd - 16 * c)) - 1) : 0;
+    for (uint32_t c = 0; c < 4; c++)
+        mk[c] = mask16(nd, c);
     __m512 acc[4][4];
 #pragma GCC unroll 4
     for (int u = 0; u < 4; u++)
@@ -155,11 +166,10 @@ static inline __attribute__((always_inline)) void pv64x4(float *const o[4], cons
         for (int c = 0; c < 4; c++)
             acc[u][c] = _mm512_maskz_loadu_ps(mk[c], o[u] + 16 * c);
     for (uint32_t jj = a; jj < b; jj++) {
-        const float *v = vr + jj * vstr;
         __m512 vc[4];
 #pragma GCC unroll 4
         for (int c = 0; c < 4; c++)
-            vc[c] = _mm512_maskz_loadu_ps(mk[c], v + 16 * c);
+            vc[c] = ldv(vr, f16, jj * vstr + d0 + 16 * c, mk[c]);
 #pragma GCC unroll 4
         for (int u = 0; u < 4; u++) {
             __m512 pj = _mm512_set1_ps(s[u][jj]);
@@ -173,6 +183,32 @@ static inline __attribute__((always_inline)) void pv64x4(float *const o[4], cons
 #pragma GCC unroll 4
         for (int c = 0; c < 4; c++)
             _mm512_mask_storeu_ps(o[u] + 16 * c, mk[c], acc[u][c]);
+}
+
+/* The scores of items qp[0..3] against the tile's 32 keys, dimension-major
+ * at kc (f32, or F16 where f16), into s (rows of BK; nb of them stored). */
+static inline __attribute__((always_inline)) void scores4(const void *kc, int f16, uint32_t hd,
+                                                          const float *const qp[4], float *s, uint32_t nb)
+{
+    __m512 a00 = _mm512_setzero_ps(), a01 = a00, a10 = a00, a11 = a00, a20 = a00, a21 = a00, a30 = a00, a31 = a00;
+    for (uint32_t i = 0; i < hd; i++) {
+        __m512 k0 = ldv(kc, f16, (size_t)i * BK, 0xffff), k1 = ldv(kc, f16, (size_t)i * BK + 16, 0xffff);
+        __m512 q0 = _mm512_set1_ps(qp[0][i]), q1 = _mm512_set1_ps(qp[1][i]);
+        __m512 q2 = _mm512_set1_ps(qp[2][i]), q3 = _mm512_set1_ps(qp[3][i]);
+        a00 = _mm512_add_ps(a00, _mm512_mul_ps(q0, k0));
+        a01 = _mm512_add_ps(a01, _mm512_mul_ps(q0, k1));
+        a10 = _mm512_add_ps(a10, _mm512_mul_ps(q1, k0));
+        a11 = _mm512_add_ps(a11, _mm512_mul_ps(q1, k1));
+        a20 = _mm512_add_ps(a20, _mm512_mul_ps(q2, k0));
+        a21 = _mm512_add_ps(a21, _mm512_mul_ps(q2, k1));
+        a30 = _mm512_add_ps(a30, _mm512_mul_ps(q3, k0));
+        a31 = _mm512_add_ps(a31, _mm512_mul_ps(q3, k1));
+    }
+    _mm512_storeu_ps(s, a00);
+    _mm512_storeu_ps(s + 16, a01);
+    if (nb > 1) { _mm512_storeu_ps(s + BK, a10); _mm512_storeu_ps(s + BK + 16, a11); }
+    if (nb > 2) { _mm512_storeu_ps(s + 2 * BK, a20); _mm512_storeu_ps(s + 2 * BK + 16, a21); }
+    if (nb > 3) { _mm512_storeu_ps(s + 3 * BK, a30); _mm512_storeu_ps(s + 3 * BK + 16, a31); }
 }
 
 void jlm_k_fattn_avx512(const jlm_k_fattn *p, const float *q, const void *k, const void *v, float *out,
@@ -207,11 +243,12 @@ void jlm_k_fattn_avx512(const jlm_k_fattn *p, const float *q, const void *k, con
          * its tile widened (k_tiled, F16), or transposed from rows: 16x16
          * blocks in registers (the keys past nk as zero rows) when hd is
          * whole vectors, else element by element (zero past nk) */
-        const float *Kc = Kt;
+        const void *Kc = Kt;
+        int kf16 = 0;   /* Kc holds F16 bits: one group of items (decode) reads the tile where it is */
         if (p->k_tiled) {
             const uint8_t *tile = (const uint8_t *)k + ((uint64_t)g * p->kh_stride + (uint64_t)j0 * hd) * es;
-            if (!p->kv_f16)
-                Kc = (const float *)tile;
+            if (!p->kv_f16 || ni <= 4)
+                Kc = tile, kf16 = p->kv_f16;
             else
                 for (uint32_t i = 0; i < hd; i++) {
                     const uint16_t *t16 = (const uint16_t *)tile + (size_t)i * BK;
@@ -249,17 +286,21 @@ void jlm_k_fattn_avx512(const jlm_k_fattn *p, const float *q, const void *k, con
                 }
             }
         }
-        const float *vbase;
+        /* the values: f32 in place; F16 widened once into Vt for the rows,
+         * or read where they are by a single row (decode: each is used once) */
+        const void *vbase;
         uint64_t vstr;
-        if (p->kv_f16) {
+        int vf16 = 0;
+        if (p->kv_f16 && nr > 1) {
             for (uint32_t jj = 0; jj < nk; jj++)
                 widen(Vt + (size_t)jj * hdv,
                       (const uint16_t *)v + (uint64_t)(j0 + jj) * p->v_stride + (uint64_t)g * p->vh_stride, 1, hdv);
             vbase = Vt;
             vstr = hdv;
         } else {
-            vbase = (const float *)v + (uint64_t)j0 * p->v_stride + (uint64_t)g * p->vh_stride;
+            vbase = (const uint8_t *)v + ((uint64_t)j0 * p->v_stride + (uint64_t)g * p->vh_stride) * es;
             vstr = p->v_stride;
+            vf16 = p->kv_f16;
         }
         /* scores, 4 items at a time */
         for (uint32_t i0 = 0; i0 < ni; i0 += 4) {
@@ -272,27 +313,10 @@ void jlm_k_fattn_avx512(const jlm_k_fattn *p, const float *q, const void *k, con
             }
             if (!act)
                 continue;
-            __m512 a00 = _mm512_setzero_ps(), a01 = a00, a10 = a00, a11 = a00, a20 = a00, a21 = a00, a30 = a00,
-                   a31 = a00;
-            for (uint32_t i = 0; i < hd; i++) {
-                __m512 k0 = _mm512_loadu_ps(Kc + (size_t)i * BK), k1 = _mm512_loadu_ps(Kc + (size_t)i * BK + 16);
-                __m512 q0 = _mm512_set1_ps(qp[0][i]), q1 = _mm512_set1_ps(qp[1][i]);
-                __m512 q2 = _mm512_set1_ps(qp[2][i]), q3 = _mm512_set1_ps(qp[3][i]);
-                a00 = _mm512_add_ps(a00, _mm512_mul_ps(q0, k0));
-                a01 = _mm512_add_ps(a01, _mm512_mul_ps(q0, k1));
-                a10 = _mm512_add_ps(a10, _mm512_mul_ps(q1, k0));
-                a11 = _mm512_add_ps(a11, _mm512_mul_ps(q1, k1));
-                a20 = _mm512_add_ps(a20, _mm512_mul_ps(q2, k0));
-                a21 = _mm512_add_ps(a21, _mm512_mul_ps(q2, k1));
-                a30 = _mm512_add_ps(a30, _mm512_mul_ps(q3, k0));
-                a31 = _mm512_add_ps(a31, _mm512_mul_ps(q3, k1));
-            }
-            float *s = S + (size_t)i0 * BK;
-            _mm512_storeu_ps(s, a00);
-            _mm512_storeu_ps(s + 16, a01);
-            if (nb > 1) { _mm512_storeu_ps(s + BK, a10); _mm512_storeu_ps(s + BK + 16, a11); }
-            if (nb > 2) { _mm512_storeu_ps(s + 2 * BK, a20); _mm512_storeu_ps(s + 2 * BK + 16, a21); }
-            if (nb > 3) { _mm512_storeu_ps(s + 3 * BK, a30); _mm512_storeu_ps(s + 3 * BK + 16, a31); }
+            if (kf16)
+                scores4(Kc, 1, hd, qp, S + (size_t)i0 * BK, nb);
+            else
+                scores4(Kc, 0, hd, qp, S + (size_t)i0 * BK, nb);
         }
         /* online softmax and values, per row in runs of up to 4 of its
          * heads: their sums l go in one loop (four chains of adds instead of
@@ -351,10 +375,12 @@ void jlm_k_fattn_avx512(const jlm_k_fattn *p, const float *q, const void *k, con
                     }
                     for (uint32_t d0 = 0; d0 < hdv; d0 += 64) {
                         float *const od[4] = {o4[0] + d0, o4[1] + d0, o4[2] + d0, o4[3] + d0};
-                        if (hdv - d0 >= 64)
-                            pv64x4(od, vbase + d0, vstr, sq, a, b, 64);
+                        if (vf16)
+                            pv64x4(od, vbase, 1, d0, vstr, sq, a, b, hdv - d0 >= 64 ? 64 : hdv - d0);
+                        else if (hdv - d0 >= 64)
+                            pv64x4(od, vbase, 0, d0, vstr, sq, a, b, 64);
                         else
-                            pv64x4(od, vbase + d0, vstr, sq, a, b, hdv - d0);
+                            pv64x4(od, vbase, 0, d0, vstr, sq, a, b, hdv - d0);
                     }
                     continue;
                 }
@@ -364,10 +390,12 @@ void jlm_k_fattn_avx512(const jlm_k_fattn *p, const float *q, const void *k, con
                     uint32_t it = (r - r0) * G + h0 + u, h = g * G + h0 + u;
                     float *o = out + r * p->o_stride + (uint64_t)h * hdv;
                     for (uint32_t d0 = 0; d0 < hdv; d0 += 64) {
-                        if (hdv - d0 >= 64)
-                            pv64(o + d0, vbase + d0, vstr, sq[u], a, b, 64);
+                        if (vf16)
+                            pv64(o + d0, vbase, 1, d0, vstr, sq[u], a, b, hdv - d0 >= 64 ? 64 : hdv - d0);
+                        else if (hdv - d0 >= 64)
+                            pv64(o + d0, vbase, 0, d0, vstr, sq[u], a, b, 64);
                         else
-                            pv64(o + d0, vbase + d0, vstr, sq[u], a, b, hdv - d0);
+                            pv64(o + d0, vbase, 0, d0, vstr, sq[u], a, b, hdv - d0);
                     }
                     L[it] = lq[u];
                 }
