@@ -903,6 +903,7 @@ static const fa_case FA_CASES[] = {
     {64, 64, 4, 1, 300, 0, 0, 0, 1, 0, 0, 1},        /* decode, F16: avx512 reads the F16 tile and values in place */
     {24, 40, 4, 1, 70, 0, 0, 1, 1, 0, 0, 1},         /* the same with masked chunks and sinks */
     {128, 96, 2, 1, 50, 0, 0, 0, 1, 0, 0, 1},        /* decode, F16, two heads: pv64 on F16, 64 + 32 dims */
+    {16, 20, 4, 1, 40, 0, 0, 0, 1, 0, 0, 1},         /* decode, F16, values off the 8-lane width (avx2's tail) */
     {8, 8, 1, 30, 0, 0, 0, 0, 0, 0, 0, 1},           /* stories260K heads */
     {64, 64, 4, 40, 0, 0, 24, 0, 0, 0, 0, 1},        /* image rows 0..23 bidirectional */
     {64, 64, 4, 40, 8, 6, 30, 1, 0, 0, 0, 1},        /* image + window + sinks */

@@ -90,21 +90,34 @@ static float hmax8(__m256 x)
     return _mm_cvtss_f32(m);
 }
 
-/* o[0, 8*nc) += s[jj] * v_jj[0, 8*nc) for keys jj in [a, b), ascending
- * (nc 4 or 1, a literal): the accumulators stay in registers (a runtime
- * count of them in an array had GCC keep them on the stack, a store-to-load
- * round trip per key and chunk). */
-static inline __attribute__((always_inline)) void pv32(float *o, const float *vr, uint64_t vstr, const float *s,
-                                                       uint32_t a, uint32_t b, int nc)
+/* 8 floats at element idx: f32, or F16 bits widened where they lie (F16C, exact) */
+static inline __attribute__((always_inline)) __m256 ld8(const void *base, int f16, uint64_t idx)
+{
+    if (f16)
+        return _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)((const uint16_t *)base + idx)));
+    return _mm256_loadu_ps((const float *)base + idx);
+}
+
+static inline __attribute__((always_inline)) float ld1(const void *base, int f16, uint64_t idx)
+{
+    return f16 ? jlm_k_fp16_to_f32(((const uint16_t *)base)[idx]) : ((const float *)base)[idx];
+}
+
+/* o[0, 8*nc) += s[jj] * v_jj[d0, d0 + 8*nc) for keys jj in [a, b), ascending
+ * (nc 4 or 1, a literal), value jj at element jj * vstr of vr (f32, or F16
+ * where f16): the accumulators stay in registers (a runtime count of them in
+ * an array had GCC keep them on the stack, a store-to-load round trip per key
+ * and chunk). */
+static inline __attribute__((always_inline)) void pv32(float *o, const void *vr, int f16, uint64_t d0, uint64_t vstr,
+                                                       const float *s, uint32_t a, uint32_t b, int nc)
 {
     __m256 acc[4];
     for (int c = 0; c < nc; c++)
         acc[c] = _mm256_loadu_ps(o + 8 * c);
     for (uint32_t jj = a; jj < b; jj++) {
         __m256 pj = _mm256_broadcast_ss(s + jj);
-        const float *v = vr + jj * vstr;
         for (int c = 0; c < nc; c++)
-            acc[c] = _mm256_add_ps(acc[c], _mm256_mul_ps(pj, _mm256_loadu_ps(v + 8 * c)));
+            acc[c] = _mm256_add_ps(acc[c], _mm256_mul_ps(pj, ld8(vr, f16, jj * vstr + d0 + 8 * c)));
     }
     for (int c = 0; c < nc; c++)
         _mm256_storeu_ps(o + 8 * c, acc[c]);
@@ -113,9 +126,9 @@ static inline __attribute__((always_inline)) void pv32(float *o, const float *vr
 /* pv32 for two items with the same keys [a, b): each value row is loaded
  * once for both, and the 8 accumulators are independent chains. Per (item,
  * dimension) the adds are pv32's, keys ascending: the same bits. */
-static inline __attribute__((always_inline)) void pv32x2(float *o0, float *o1, const float *vr, uint64_t vstr,
-                                                         const float *s0, const float *s1, uint32_t a, uint32_t b,
-                                                         int nc)
+static inline __attribute__((always_inline)) void pv32x2(float *o0, float *o1, const void *vr, int f16, uint64_t d0,
+                                                         uint64_t vstr, const float *s0, const float *s1, uint32_t a,
+                                                         uint32_t b, int nc)
 {
     __m256 c0[4], c1[4];
     for (int c = 0; c < nc; c++) {
@@ -124,9 +137,8 @@ static inline __attribute__((always_inline)) void pv32x2(float *o0, float *o1, c
     }
     for (uint32_t jj = a; jj < b; jj++) {
         __m256 p0 = _mm256_broadcast_ss(s0 + jj), p1 = _mm256_broadcast_ss(s1 + jj);
-        const float *v = vr + jj * vstr;
         for (int c = 0; c < nc; c++) {
-            __m256 vc = _mm256_loadu_ps(v + 8 * c);
+            __m256 vc = ld8(vr, f16, jj * vstr + d0 + 8 * c);
             c0[c] = _mm256_add_ps(c0[c], _mm256_mul_ps(p0, vc));
             c1[c] = _mm256_add_ps(c1[c], _mm256_mul_ps(p1, vc));
         }
@@ -138,27 +150,67 @@ static inline __attribute__((always_inline)) void pv32x2(float *o0, float *o1, c
 }
 
 /* o += the tile's values weighted by s over keys [a, b), for one item (o1 =
- * NULL) or two with the same keys (pv32x2) */
-static void pv_items(float *o0, const float *s0, float *o1, const float *s1, const float *vbase, uint64_t vstr,
-                     uint32_t a, uint32_t b, uint32_t hdv)
+ * NULL) or two with the same keys (pv32x2); values f32, or F16 where f16 */
+static inline __attribute__((always_inline)) void pv_items_t(float *o0, const float *s0, float *o1, const float *s1,
+                                                             const void *vbase, int f16, uint64_t vstr, uint32_t a,
+                                                             uint32_t b, uint32_t hdv)
 {
     uint32_t nv8 = hdv / 8 * 8, d0 = 0;
     if (o1) {
         for (; d0 + 32 <= nv8; d0 += 32)
-            pv32x2(o0 + d0, o1 + d0, vbase + d0, vstr, s0, s1, a, b, 4);
+            pv32x2(o0 + d0, o1 + d0, vbase, f16, d0, vstr, s0, s1, a, b, 4);
         for (; d0 < nv8; d0 += 8)
-            pv32x2(o0 + d0, o1 + d0, vbase + d0, vstr, s0, s1, a, b, 1);
+            pv32x2(o0 + d0, o1 + d0, vbase, f16, d0, vstr, s0, s1, a, b, 1);
     } else {
         for (; d0 + 32 <= nv8; d0 += 32)
-            pv32(o0 + d0, vbase + d0, vstr, s0, a, b, 4);
+            pv32(o0 + d0, vbase, f16, d0, vstr, s0, a, b, 4);
         for (; d0 < nv8; d0 += 8)
-            pv32(o0 + d0, vbase + d0, vstr, s0, a, b, 1);
+            pv32(o0 + d0, vbase, f16, d0, vstr, s0, a, b, 1);
     }
     for (uint32_t d = nv8; d < hdv; d++) {
         for (uint32_t jj = a; jj < b; jj++)
-            o0[d] = o0[d] + s0[jj] * vbase[jj * vstr + d];
+            o0[d] = o0[d] + s0[jj] * ld1(vbase, f16, jj * vstr + d);
         for (uint32_t jj = a; o1 && jj < b; jj++)
-            o1[d] = o1[d] + s1[jj] * vbase[jj * vstr + d];
+            o1[d] = o1[d] + s1[jj] * ld1(vbase, f16, jj * vstr + d);
+    }
+}
+
+static void pv_items(float *o0, const float *s0, float *o1, const float *s1, const void *vbase, int f16,
+                     uint64_t vstr, uint32_t a, uint32_t b, uint32_t hdv)
+{
+    if (f16)
+        pv_items_t(o0, s0, o1, s1, vbase, 1, vstr, a, b, hdv);
+    else
+        pv_items_t(o0, s0, o1, s1, vbase, 0, vstr, a, b, hdv);
+}
+
+/* The scores of items qp[0..3] against the tile's 32 keys, dimension-major
+ * at kc (f32, or F16 where f16), into s (rows of BK; nb of them stored), in
+ * halves of 16 keys. */
+static inline __attribute__((always_inline)) void scores4(const void *kc, int f16, uint32_t hd,
+                                                          const float *const qp[4], float *s, uint32_t nb)
+{
+    for (uint32_t half = 0; half < BK; half += 16) {
+        __m256 a00 = _mm256_setzero_ps(), a01 = a00, a10 = a00, a11 = a00, a20 = a00, a21 = a00, a30 = a00,
+               a31 = a00;
+        for (uint32_t i = 0; i < hd; i++) {
+            __m256 k0 = ld8(kc, f16, (size_t)i * BK + half), k1 = ld8(kc, f16, (size_t)i * BK + half + 8);
+            __m256 q0 = _mm256_broadcast_ss(qp[0] + i), q1 = _mm256_broadcast_ss(qp[1] + i);
+            a00 = _mm256_add_ps(a00, _mm256_mul_ps(q0, k0));
+            a01 = _mm256_add_ps(a01, _mm256_mul_ps(q0, k1));
+            a10 = _mm256_add_ps(a10, _mm256_mul_ps(q1, k0));
+            a11 = _mm256_add_ps(a11, _mm256_mul_ps(q1, k1));
+            __m256 q2 = _mm256_broadcast_ss(qp[2] + i), q3 = _mm256_broadcast_ss(qp[3] + i);
+            a20 = _mm256_add_ps(a20, _mm256_mul_ps(q2, k0));
+            a21 = _mm256_add_ps(a21, _mm256_mul_ps(q2, k1));
+            a30 = _mm256_add_ps(a30, _mm256_mul_ps(q3, k0));
+            a31 = _mm256_add_ps(a31, _mm256_mul_ps(q3, k1));
+        }
+        _mm256_storeu_ps(s + half, a00);
+        _mm256_storeu_ps(s + half + 8, a01);
+        if (nb > 1) { _mm256_storeu_ps(s + BK + half, a10); _mm256_storeu_ps(s + BK + half + 8, a11); }
+        if (nb > 2) { _mm256_storeu_ps(s + 2 * BK + half, a20); _mm256_storeu_ps(s + 2 * BK + half + 8, a21); }
+        if (nb > 3) { _mm256_storeu_ps(s + 3 * BK + half, a30); _mm256_storeu_ps(s + 3 * BK + half + 8, a31); }
     }
 }
 
@@ -193,11 +245,12 @@ void jlm_k_fattn_avx2(const jlm_k_fattn *p, const float *q, const void *k, const
         /* Kt[i][jj] = key j0+jj, dim i: the cache's own tile (k_tiled, F32),
          * its tile widened (k_tiled, F16), or transposed from rows: 8x8 blocks
          * in registers where whole, else element by element (zero past nk) */
-        const float *Kc = Kt;
+        const void *Kc = Kt;
+        int kf16 = 0;   /* Kc holds F16 bits: one group of items (decode) reads the tile where it is */
         if (p->k_tiled) {
             const uint8_t *tile = (const uint8_t *)k + ((uint64_t)g * p->kh_stride + (uint64_t)j0 * hd) * es;
-            if (!p->kv_f16)
-                Kc = (const float *)tile;
+            if (!p->kv_f16 || ni <= 4)
+                Kc = tile, kf16 = p->kv_f16;
             else
                 for (uint32_t i = 0; i < hd * BK; i += 8)
                     _mm256_storeu_ps(Kt + i, _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)((const uint16_t *)tile + i))));
@@ -231,17 +284,21 @@ void jlm_k_fattn_avx2(const jlm_k_fattn *p, const float *q, const void *k, const
                 }
             }
         }
-        const float *vbase;
+        /* the values: f32 in place; F16 widened once into Vt for the rows,
+         * or read where they are by a single row (decode: each is used once) */
+        const void *vbase;
         uint64_t vstr;
-        if (p->kv_f16) {
+        int vf16 = 0;
+        if (p->kv_f16 && nr > 1) {
             for (uint32_t jj = 0; jj < nk; jj++)
                 widen(Vt + (size_t)jj * hdv,
                       (const uint16_t *)v + (uint64_t)(j0 + jj) * p->v_stride + (uint64_t)g * p->vh_stride, 1, hdv);
             vbase = Vt;
             vstr = hdv;
         } else {
-            vbase = (const float *)v + (uint64_t)j0 * p->v_stride + (uint64_t)g * p->vh_stride;
+            vbase = (const uint8_t *)v + ((uint64_t)j0 * p->v_stride + (uint64_t)g * p->vh_stride) * es;
             vstr = p->v_stride;
+            vf16 = p->kv_f16;
         }
         for (uint32_t i0 = 0; i0 < ni; i0 += 4) {
             uint32_t nb = ni - i0 < 4 ? ni - i0 : 4, act = 0;
@@ -253,30 +310,10 @@ void jlm_k_fattn_avx2(const jlm_k_fattn *p, const float *q, const void *k, const
             }
             if (!act)
                 continue;
-            float *s = S + (size_t)i0 * BK;
-            for (uint32_t half = 0; half < BK; half += 16) {
-                __m256 a00 = _mm256_setzero_ps(), a01 = a00, a10 = a00, a11 = a00, a20 = a00, a21 = a00,
-                       a30 = a00, a31 = a00;
-                for (uint32_t i = 0; i < hd; i++) {
-                    const float *kt = Kc + (size_t)i * BK + half;
-                    __m256 k0 = _mm256_loadu_ps(kt), k1 = _mm256_loadu_ps(kt + 8);
-                    __m256 q0 = _mm256_broadcast_ss(qp[0] + i), q1 = _mm256_broadcast_ss(qp[1] + i);
-                    a00 = _mm256_add_ps(a00, _mm256_mul_ps(q0, k0));
-                    a01 = _mm256_add_ps(a01, _mm256_mul_ps(q0, k1));
-                    a10 = _mm256_add_ps(a10, _mm256_mul_ps(q1, k0));
-                    a11 = _mm256_add_ps(a11, _mm256_mul_ps(q1, k1));
-                    __m256 q2 = _mm256_broadcast_ss(qp[2] + i), q3 = _mm256_broadcast_ss(qp[3] + i);
-                    a20 = _mm256_add_ps(a20, _mm256_mul_ps(q2, k0));
-                    a21 = _mm256_add_ps(a21, _mm256_mul_ps(q2, k1));
-                    a30 = _mm256_add_ps(a30, _mm256_mul_ps(q3, k0));
-                    a31 = _mm256_add_ps(a31, _mm256_mul_ps(q3, k1));
-                }
-                _mm256_storeu_ps(s + half, a00);
-                _mm256_storeu_ps(s + half + 8, a01);
-                if (nb > 1) { _mm256_storeu_ps(s + BK + half, a10); _mm256_storeu_ps(s + BK + half + 8, a11); }
-                if (nb > 2) { _mm256_storeu_ps(s + 2 * BK + half, a20); _mm256_storeu_ps(s + 2 * BK + half + 8, a21); }
-                if (nb > 3) { _mm256_storeu_ps(s + 3 * BK + half, a30); _mm256_storeu_ps(s + 3 * BK + half + 8, a31); }
-            }
+            if (kf16)
+                scores4(Kc, 1, hd, qp, S + (size_t)i0 * BK, nb);
+            else
+                scores4(Kc, 0, hd, qp, S + (size_t)i0 * BK, nb);
         }
         /* an item's values wait for the next one's: two with the same keys
          * go through pv32x2 together (each item's own operations, scale
@@ -319,16 +356,16 @@ void jlm_k_fattn_avx2(const jlm_k_fattn *p, const float *q, const void *k, const
             L[it] = l;
             M[it] = mn;
             if (po && pa == a && pb == b) {
-                pv_items(po, ps, o, s, vbase, vstr, a, b, hdv);
+                pv_items(po, ps, o, s, vbase, vf16, vstr, a, b, hdv);
                 po = NULL;
                 continue;
             }
             if (po)
-                pv_items(po, ps, NULL, NULL, vbase, vstr, pa, pb, hdv);
+                pv_items(po, ps, NULL, NULL, vbase, vf16, vstr, pa, pb, hdv);
             po = o, ps = s, pa = a, pb = b;
         }
         if (po)
-            pv_items(po, ps, NULL, NULL, vbase, vstr, pa, pb, hdv);
+            pv_items(po, ps, NULL, NULL, vbase, vf16, vstr, pa, pb, hdv);
     }
     for (uint32_t it = 0; it < ni; it++) {
         uint32_t r = r0 + it / G, h = g * G + it % G;
