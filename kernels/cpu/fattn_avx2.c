@@ -1,8 +1,9 @@
 /* fattn_avx2.c - jlm_k_fattn with AVX2 (+F16C): bit-identical to
  * jlm_k_fattn_ref (kernels.h); the structure of fattn_avx512.c in 8 lanes:
- * Kt (head_dim, 32) per key tile, scores of 4 items x 16 keys in 8 ymm
- * accumulators (two halves per tile), exp in 8 lanes, values 8 dimensions a
- * lane. No FMA: mul then add, the reference's order. */
+ * Kt (head_dim, 32) per key tile (or the cache's own tile, F16 converted as
+ * loaded at decode), scores of 4 items x 16 keys in 8 ymm accumulators (two
+ * halves per tile), exp in 8 lanes, values 8 dimensions a lane, two items with
+ * the same keys at once. No FMA: mul then add, the reference's order. */
 #include "kernels/cpu/kernels.h"
 
 #include <immintrin.h>

@@ -1,10 +1,12 @@
 /* fattn_avx512.c - jlm_k_fattn with AVX-512: bit-identical to
- * jlm_k_fattn_ref (kernels.h). Per key tile the keys are widened and
- * transposed once into Kt (head_dim, 32) for every query head of the KV head
- * and every row; scores of 4 (row, head) items x 32 keys are 8 zmm
+ * jlm_k_fattn_ref (kernels.h). Per key tile the keys are read where the
+ * cache keeps them in tiles (F32, or F16 converted as loaded at decode), or
+ * widened / transposed once into Kt (head_dim, 32) for every query head of
+ * the KV head and every row; scores of 4 (row, head) items x 32 keys are 8 zmm
  * accumulators (i ascending, mul then add: the reference's per-key order);
  * exp in 16 lanes with jlm_k_fattn_exp's operations; the values are
- * accumulated 16 dimensions a lane, keys ascending. No FMA anywhere. */
+ * accumulated 16 dimensions a lane, keys ascending, four heads of a row at
+ * once. No FMA anywhere. */
 #include "kernels/cpu/kernels.h"
 
 #include <immintrin.h>
