@@ -48,7 +48,7 @@ typedef struct ctx {
     uint16_t *k16, *v16;
     void *kt, *vh;       /* the engine's layout (tiled keys, head-major values), F32 or F16 */
     uint64_t kvctx;      /* positions a head holds there: npos rounded up to a tile */
-    int rows;            /* --rows: the batched kernel reads kt/vh's position-major rows */
+    int rows;            /* --rows: the batched kernel reads k/v (position-major rows), not kt/vh */
     uint32_t *lo, *hi;
 } ctx;
 

@@ -14,9 +14,9 @@ static int bad(jlm_err *err, const char *field, const char *want)
     return jlm_errf(err, JLM_EINVAL, "'%s': expected %s", field, want);
 }
 
-/* A number in [lo, hi] (integers accepted); absent leaves *out. */
-/* A number in [lo, hi] ((lo, hi] when lo_open), as the float it is stored
- * as: 1e-50 is above 0 as a double and 0 as a float. */
+/* A number in [lo, hi] ((lo, hi] when lo_open; integers accepted), as the
+ * float it is stored as: 1e-50 is above 0 as a double and 0 as a float.
+ * Absent leaves *out. */
 static int get_num(const json_t *o, const char *k, double lo, double hi, int lo_open, float *out, jlm_err *err)
 {
     const json_t *v = json_object_get(o, k);
