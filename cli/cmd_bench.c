@@ -2,8 +2,9 @@
  * a llama-bench-like table of prompt processing (ppP) and generation (tgN)
  * speed, with the pager's page-in figures per test.
  *
- * Method (llama-bench's, adapted): one engine per invocation; one 1-token
- * warm-up eval pages the weights in (within the budget) before any timing;
+ * Method (llama-bench's, adapted): one engine per invocation; a warm-up
+ * eval of the prompt test's size (one token without -p) pages the weights in
+ * (within the budget) before any timing (bench_warm);
  * each repetition starts from an empty context (rewind to 0), or with -d N
  * from N cached positions (N random ids evaluated as a prompt, untimed: the
  * test then runs at depth N, "tg128 @ d4096" as llama-bench's -d), and
@@ -122,6 +123,39 @@ static void bench_ids(int32_t *ids, uint32_t n, uint32_t n_vocab, uint64_t *stat
         *state = *state * 6364136223846793005ull + 1442695040888963407ull;
         ids[i] = (int32_t)(n_vocab > 3 ? 3 + (*state >> 33) % (n_vocab - 3) : 0);
     }
+}
+
+/* The warm-up, untimed, as llama-bench's (its test run once): with -p P, one
+ * prompt of P random ids, else one token; then back to position 0. It pages
+ * the weights in: a dense model's every block either way. A MoE model's
+ * prompts route to some experts only (one token to n_expert_used of a
+ * block's), and the timed tests then read the others from the disk while
+ * llama.cpp's minor faults find them in the page cache: so when the budget
+ * holds every page, each expert page is got once too (docs/bench.md). */
+static int bench_warm(jlm_engine *e, const bench_opts *o, jlm_err *err)
+{
+    uint32_t n = o->n_pp > 0 ? (uint32_t)o->n_pp : 1;
+    int32_t *ids = malloc(n * sizeof *ids);
+    if (!ids)
+        return jlm_errf(err, JLM_ENOMEM, "out of memory");
+    uint64_t seed = 4321;
+    bench_ids(ids, n, jlm_engine_n_vocab(e), &seed);
+    int rc = jlm_engine_eval(e, ids, n, NULL, err);
+    free(ids);
+    jlm_engine_rewind(e, 0);
+    jlm_pager *pg = jlm_engine_pager(e);
+    jlm_pager_counters pc;
+    jlm_pager_stats(pg, &pc);
+    uint64_t all = 0;
+    for (uint32_t a = 0; a < pc.n_arrays; a++)
+        for (uint32_t i = 0; jlm_pager_extent(pg, a, i); i++)
+            all += jlm_pager_extent(pg, a, i);
+    for (uint32_t i = 0; !rc && (!pc.budget || all <= pc.budget) && jlm_pager_extent(pg, JLM_PAGER_EXPERTS, i); i++) {
+        const void *p;
+        if (!(rc = jlm_pager_get(pg, JLM_PAGER_EXPERTS, i, 0, jlm_pager_extent(pg, JLM_PAGER_EXPERTS, i), &p, err)))
+            jlm_pager_unpin(pg, JLM_PAGER_EXPERTS, i);
+    }
+    return rc;
 }
 
 /* Runs one test r times: pp (one eval of n ids) or tg (n evals of one id). */
@@ -379,8 +413,7 @@ int jlm_cmd_bench(int argc, char **argv)
     char *path = bench_container(o.model);
     jlm_err err = {0};
     jlm_engine *e = NULL;
-    int32_t warm = 3;
-    if (!path || jlm_engine_open(path, &o.eng, &e, &err) || jlm_engine_eval(e, &warm, 1, NULL, &err)) {
+    if (!path || jlm_engine_open(path, &o.eng, &e, &err) || bench_warm(e, &o, &err)) {
         fprintf(stderr, "jlm bench: %s\n", path ? err.msg : "out of memory");
         jlm_engine_close(e);
         free(path);

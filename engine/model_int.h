@@ -82,9 +82,19 @@ struct jlm_engine {
     float *fa;        /* (n_threads, fa_floats) jlm_k_fattn scratch, a slab per pool thread */
     size_t fa_floats;
     int    attn_token;   /* JLM_ATTN=token: the per-token attention (attend) instead of jlm_k_fattn */
+    int    moe_rows;     /* JLM_MOE=rows: a batch's experts row by row (moe_token), not grouped (moe_batch) */
     float *router;    /* (n_expert,) */
     int32_t *route;   /* (n_layer, n_expert_used) routing of the last token */
     float   *route_w; /* (n_expert_used,) */
+    /* moe_batch (a prefill batch grouped by expert; MoE models only, else
+     * one element each): each row's routing, the rows grouped by expert,
+     * the gathered inputs of one expert and every (row, slot)'s output */
+    int32_t  *msel;   /* (nb, n_expert_used) experts of each row */
+    float    *mw;     /* (nb, n_expert_used) their weights */
+    uint32_t *mord;   /* (nb * n_expert_used,) (row * n_expert_used + slot), grouped by expert */
+    uint32_t *mcnt;   /* (n_expert + 1,) group starts in mord */
+    float    *mh;     /* (nb, n_embd) one expert's input rows */
+    float    *mo;     /* (nb * n_expert_used, n_embd) output of each (row, slot) */
     void    *xq_buf;  /* nb quantized activation rows */
     jlm_act_q8 *xq;   /* (nb,) */
     const float *xq_of;   /* the rows xq holds (matmul_shared), NULL: none */

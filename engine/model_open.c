@@ -58,11 +58,22 @@ static int alloc_buffers(jlm_engine *e, jlm_err *err)
     if (an && *an && strcmp(an, "token") && strcmp(an, "batched"))
         return jlm_errf(err, JLM_EINVAL, "JLM_ATTN=%s: not an attention path (batched, token)", an);
     e->attn_token = an && !strcmp(an, "token");
+    const char *mn = getenv("JLM_MOE");
+    if (mn && *mn && strcmp(mn, "rows") && strcmp(mn, "grouped"))
+        return jlm_errf(err, JLM_EINVAL, "JLM_MOE=%s: not a MoE path (grouped, rows)", mn);
+    e->moe_rows = mn && !strcmp(mn, "rows");
     if (e->attn_token)   /* the per-token path's KV head in rows of F32; jlm_k_fattn reads the cache itself */
         e->kv32 = zalloc((size_t)jlm_pool_n_threads(e->pool) * e->n_ctx * (e->hd + e->hd_v) * sizeof(float));
     e->router = zalloc((c->n_expert + 1) * sizeof(float));
     e->route = zalloc(((size_t)c->n_layer * c->n_expert_used + 1) * sizeof(int32_t));
     e->route_w = zalloc((c->n_expert_used + 1) * sizeof(float));
+    size_t mrows = c->n_expert ? (size_t)nb * c->n_expert_used : 1, mE = c->n_expert ? c->n_embd : 1;
+    e->msel = zalloc(mrows * sizeof(int32_t));
+    e->mw = zalloc(mrows * sizeof(float));
+    e->mord = zalloc(mrows * sizeof(uint32_t));
+    e->mcnt = zalloc((c->n_expert + 1) * sizeof(uint32_t));
+    e->mh = zalloc((c->n_expert ? nb : 1) * mE * sizeof(float));
+    e->mo = zalloc(mrows * mE * sizeof(float));
     size_t qb = jlm_k_act_q8_bytes(kmax);
     e->xq_buf = zalloc(nb * qb);
     e->xq = zalloc(nb * sizeof *e->xq);
@@ -71,7 +82,8 @@ static int alloc_buffers(jlm_engine *e, jlm_err *err)
     e->bpos = zalloc(nb * sizeof *e->bpos);
     if (!e->xq || !e->bkc || !e->bvc || !e->bpos || !e->kc || !e->vc || !e->x || !e->h || !e->q || !e->kk ||
         !e->vv || !e->att || !e->o || !e->g || !e->u || !e->moe || !e->scores || !e->mask || !e->fa || !e->router ||
-        !e->route || !e->route_w || !e->xq_buf || (e->attn_token && !e->kv32))
+        !e->route || !e->route_w || !e->xq_buf || (e->attn_token && !e->kv32) || !e->msel || !e->mw ||
+        !e->mord || !e->mcnt || !e->mh || !e->mo)
         return jlm_errf(err, JLM_ENOMEM, "%s: out of memory for the KV cache (%u positions) and buffers",
                         e->m->path, e->n_ctx);
     for (uint32_t t = 0; t < nb; t++) {
@@ -85,12 +97,13 @@ static int alloc_buffers(jlm_engine *e, jlm_err *err)
 /* Every buffer the engine owns, into bufs (ENGINE_BUFS slots): the dense
  * region first, then the KV cache (2), then scratch; the one list both
  * jlm_engine_close and the budget's tally read. */
-#define ENGINE_BUFS 26
+#define ENGINE_BUFS 32
 static void engine_bufs(const jlm_engine *e, void **bufs)
 {
     void *b[ENGINE_BUFS] = {e->dense, e->kc, e->vc, e->roles, e->x, e->h, e->q, e->kk, e->vv, e->att, e->o,
                             e->g, e->u, e->moe, e->scores, e->mask, e->router, e->route, e->route_w, e->xq_buf,
-                            e->kv32, e->xq, e->bkc, e->bvc, e->bpos, e->fa};
+                            e->kv32, e->xq, e->bkc, e->bvc, e->bpos, e->fa, e->msel, e->mw, e->mord, e->mcnt,
+                            e->mh, e->mo};
     memcpy(bufs, b, sizeof b);
 }
 

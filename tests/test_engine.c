@@ -250,6 +250,77 @@ Test(engine, prefill_in_any_batch_and_one_token_at_a_time_give_the_same_logits, 
     free(dir);
 }
 
+/* A MoE prefill batch runs each routed expert once over all the rows routed
+ * to it (moe_batch), not once per row: the last logits of a 129-token prompt
+ * (batches of 128 + 1) equal those of one token at a time (moe_token) bit for
+ * bit, and so do JLM_MOE=rows' (the batch row by row); every MoE family and
+ * expert type here, gpt-oss's expert biases included. And a batch gets each
+ * (block, expert) page at most once: one prompt of 129 rows in one batch
+ * asks the pager for at most n_layer * n_expert expert pages (row by row it
+ * is 129 * n_expert_used a block). */
+static uint64_t expert_gets_of_one_batch(const char *path, uint32_t *bound)
+{
+    setenv("JLM_BATCH", "512", 1);
+    jlm_engine_opts o = {.n_threads = 2, .quiet = 1, .direct = 1};
+    jlm_engine *e;
+    jlm_err err = {0};
+    cr_assert_eq(jlm_engine_open(path, &o, &e, &err), 0, "%s", err.msg);
+    unsetenv("JLM_BATCH");
+    uint32_t nv = jlm_engine_n_vocab(e);
+    float *lg = malloc(nv * sizeof *lg);
+    int32_t ids[129];
+    for (int i = 0; i < 129; i++)
+        ids[i] = (int32_t)((i * 37 + 11) % 200) + 3;
+    jlm_pager_stats_reset(jlm_engine_pager(e));
+    cr_assert_eq(jlm_engine_eval(e, ids, 129, lg, &err), 0, "%s", err.msg);
+    jlm_pager_counters pc;
+    jlm_pager_stats(jlm_engine_pager(e), &pc);
+    const jlm_config *c = &jlm_engine_model(e)->config;
+    *bound = c->n_layer * c->n_expert;
+    free(lg);
+    jlm_engine_close(e);
+    const jlm_pager_array_counters *x = &pc.a[JLM_PAGER_EXPERTS];
+    return x->hits + x->page_ins + x->fills;
+}
+
+Test(engine, moe_prefill_reads_each_routed_expert_once_a_batch_with_the_rows_logits, .timeout = 120)
+{
+    static const char *M[] = {"synth-llama-moe-256.Q4_K_M", "synth-llama-moe-256.F16", "synth-qwen3moe-256.Q8_0",
+                              "synth-olmoe-256.Q4_K_M", "synth-gpt-oss-256.MXFP4_MOE"};
+    char *dir = tu_tmpdir();
+    for (size_t m = 0; m < sizeof M / sizeof M[0]; m++) {
+        char *path = convert_model(M[m], dir);
+        uint32_t nv;
+        float *a = last_logits(path, "128", NULL, 0, &nv);
+        float *c = last_logits(path, "128", NULL, 1, &nv);
+        setenv("JLM_MOE", "rows", 1);
+        float *r = last_logits(path, "128", NULL, 0, &nv);
+        unsetenv("JLM_MOE");
+        cr_assert(!memcmp(a, c, nv * sizeof *a), "%s: the grouped batch differs from one token at a time", M[m]);
+        cr_assert(!memcmp(a, r, nv * sizeof *a), "%s: the grouped batch differs from JLM_MOE=rows", M[m]);
+        uint32_t bound;
+        uint64_t gets = expert_gets_of_one_batch(path, &bound);
+        cr_assert(gets > 0 && gets <= bound, "%s: %llu expert gets for one batch of 129 rows (at most %u)", M[m],
+                  (unsigned long long)gets, bound);
+        free(a);
+        free(c);
+        free(r);
+        free(path);
+    }
+    /* JLM_MOE names the path; anything else is refused, naming the value */
+    char *path = convert_model("synth-qwen3moe-256.Q8_0", dir);
+    setenv("JLM_MOE", "experts", 1);
+    jlm_engine_opts o = {.n_threads = 1, .quiet = 1};
+    jlm_engine *e = NULL;
+    jlm_err err = {0};
+    cr_assert_neq(jlm_engine_open(path, &o, &e, &err), 0);
+    cr_assert(strstr(err.msg, "JLM_MOE=experts"), "%s", err.msg);
+    unsetenv("JLM_MOE");
+    free(path);
+    tu_rmrf(dir);
+    free(dir);
+}
+
 /* ---------------------------------------------------------------- thread count */
 /* Logits of a 70-token prompt (the attention dispatch starts at 64 keys) and
  * of 4 greedy steps after it, at one thread: every thread count must give
