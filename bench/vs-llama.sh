@@ -3,7 +3,8 @@
 #
 #   LLAMA_BIN=/path/to/llama.cpp/build/bin bench/vs-llama.sh
 #
-# Model: mkgguf's synth-1b (Llama-3.2-1B blocks, vocab 512, 975 M parameters)
+# Model: mkgguf's synth-1b (Llama-3.2-1B blocks, vocab 512, 975 M parameters;
+# PRESET=moe-32x4 for the MoE preset: 32 experts of 512 rows, 4 used, 8 layers)
 # written once in F16, then quantized by llama.cpp's own llama-quantize into
 # Q4_0, Q4_K_M, Q8_0 and MXFP4 (--pure MXFP4_MOE: every 2-D weight MXFP4), so
 # both engines read the very same GGUF; jlm reads it converted by `jlm convert`.
@@ -20,7 +21,8 @@
 # reused by later runs. Knobs (environment): ROUNDS (3), PP (128), TG (64),
 # DEPTH (0: the tests start from that many cached positions, -d of both
 # tools; the roofline column still counts the weights only, not the cache
-# each token also reads), THREADS ("1 2"), TYPES ("Q4_0 Q4_K_M Q8_0 MXFP4"), JLM (build/jlm),
+# each token also reads; on a MoE preset it counts every expert, so it is no
+# roofline there), PRESET (synth-1b), THREADS ("1 2"), TYPES ("Q4_0 Q4_K_M Q8_0 MXFP4"), JLM (build/jlm),
 # MKGGUF (build/bench/mkgguf), BK (build/bench/bench_kernels; missing: no
 # roofline column). LLAMA_BIN unset: one line, exit 0.
 set -eu
@@ -35,6 +37,7 @@ TG=${TG:-64}
 DEPTH=${DEPTH:-0}
 THREADS=${THREADS:-"1 2"}
 TYPES=${TYPES:-"Q4_0 Q4_K_M Q8_0 MXFP4"}
+PRESET=${PRESET:-synth-1b}
 JLM=${JLM:-build/jlm}
 MKGGUF=${MKGGUF:-build/bench/mkgguf}
 BK=${BK:-build/bench/bench_kernels}
@@ -48,13 +51,13 @@ mkdir -p "$DIR"
 export XDG_CACHE_HOME="$DIR/cache"   # jlm never converts into ~/.cache here
 
 # ---------------------------------------------------------------- models
-src="$DIR/synth-1b.F16.gguf"
+src="$DIR/$PRESET.F16.gguf"
 if [ ! -s "$src" ]; then
     echo "vs-llama: writing $src" >&2
-    "$MKGGUF" synth-1b F16 "$src.tmp" && mv "$src.tmp" "$src"
+    "$MKGGUF" "$PRESET" F16 "$src.tmp" && mv "$src.tmp" "$src"
 fi
 for t in $TYPES; do
-    g="$DIR/synth-1b.$t.gguf"
+    g="$DIR/$PRESET.$t.gguf"
     if [ ! -s "$g" ]; then
         echo "vs-llama: llama-quantize $t" >&2
         case $t in
@@ -63,7 +66,7 @@ for t in $TYPES; do
         esac || { echo "vs-llama: llama-quantize $t failed: $DIR/quantize-$t.log" >&2; exit 1; }
         mv "$g.tmp" "$g"
     fi
-    j="$DIR/synth-1b.$t.jlm"
+    j="$DIR/$PRESET.$t.jlm"
     if [ ! -s "$j" ] || [ "$g" -nt "$j" ]; then
         echo "vs-llama: jlm convert $t" >&2
         "$JLM" convert "$g" -o "$j" >/dev/null
@@ -84,12 +87,12 @@ while [ "$r" -le "$ROUNDS" ]; do
         for th in $THREADS; do
             echo "vs-llama: round $r/$ROUNDS $t -t $th" >&2
             # jlm bench's markdown table: | model | size | params | threads | budget | test | t/s | ...
-            "$JLM" bench "$DIR/synth-1b.$t.jlm" -p "$PP" -n "$TG" -d "$DEPTH" -r 1 -t "$th" |
+            "$JLM" bench "$DIR/$PRESET.$t.jlm" -p "$PP" -n "$TG" -d "$DEPTH" -r 1 -t "$th" |
                 awk -F'|' -v t="$t" -v th="$th" -v r="$r" '$7 ~ /^ *(pp|tg)[0-9]+( @ d[0-9]+)? *$/ {
                     split($7, w, " "); test = w[1]; split($8, v, "±"); gsub(/ /, "", v[1]);
                     print "jlm", t, th, test, v[1], r }' >>"$res"
             # llama-bench -o jsonl: one object per test with n_prompt, n_gen, avg_ts
-            "$LB" -m "$DIR/synth-1b.$t.gguf" -p "$PP" -n "$TG" -d "$DEPTH" -r 1 -t "$th" -o jsonl 2>/dev/null |
+            "$LB" -m "$DIR/$PRESET.$t.gguf" -p "$PP" -n "$TG" -d "$DEPTH" -r 1 -t "$th" -o jsonl 2>/dev/null |
                 sed -n 's/.*"n_prompt": *\([0-9]*\).*"n_gen": *\([0-9]*\).*"avg_ts": *\([0-9.e+-]*\).*/\1 \2 \3/p' |
                 awk -v t="$t" -v th="$th" '{ test = $1 > 0 ? "pp" $1 : "tg" $2; print "llama", t, th, test, $3 }' >>"$res"
         done
@@ -113,10 +116,10 @@ cell() {   # type threads test -> "llama vs jlm (ratio x)"
 }
 at=""
 [ "$DEPTH" -gt 0 ] && at=" @ d$DEPTH"
-echo "synth-1b (975 M parameters, vocab 512), tok/s, llama.cpp vs jlm (jlm / llama.cpp), median of $ROUNDS interleaved rounds${at:+, tests from $DEPTH cached positions}"
+echo "$PRESET (mkgguf), tok/s, llama.cpp vs jlm (jlm / llama.cpp), median of $ROUNDS interleaved rounds${at:+, tests from $DEPTH cached positions}"
 echo
 roof() {   # type threads -> jlm decode / (probe GB/s / container bytes), median over rounds
-    bytes=$(stat -c %s "$DIR/synth-1b.$1.jlm")
+    bytes=$(stat -c %s "$DIR/$PRESET.$1.jlm")
     awk -v t="$1" -v th="$2" -v tg="tg$TG" -v B="$bytes" '
         $1 == "probe" && $3 == th { bw[$2] = $5 }
         $1 == "jlm" && $2 == t && $3 == th && $4 == tg { ts[$6] = $5 }
