@@ -998,12 +998,51 @@ static int moe_token(jlm_engine *e, uint32_t l, const uint8_t *page, uint64_t pa
     return rc;
 }
 
+/* moe_batch's routing: the router's logits of every row in one matmul (its
+ * rows are each row's matvec, the kernels' invariant), then each row's bias
+ * and top-k as route() (per row, over the pool). The last row's selection
+ * stays in e->route, as moe_token leaves it. */
+static void route_row(jlm_engine *e, void *ctx, uint32_t t)
+{
+    const jlm_config *c = e->c;
+    const uint32_t *l = ctx;
+    uint32_t ne = c->n_expert, nu = c->n_expert_used;
+    float *lg = e->mrl + (uint64_t)t * ne;
+    add_bias(lg, vec_dense(e, W(e, *l, JLM_R_ROUTER_B)), ne);
+    int mode = (c->flags & JLM_F_SWIGLU_OAI) ? JLM_K_ROUTE_OAI
+               : (c->flags & JLM_F_NO_EXPERT_NORM) ? JLM_K_ROUTE_RAW : JLM_K_ROUTE_NORM;
+    jlm_k_moe_route(lg, ne, nu, mode, c->expert_scale, e->msel + (size_t)t * nu, e->mw + (size_t)t * nu);
+}
+
+static void route_rows(jlm_engine *e, uint32_t l, const uint8_t *page, uint64_t page_off, uint32_t n)
+{
+    uint32_t nu = e->c->n_expert_used;
+    unsigned long long t0 = prof_begin(e);
+    jlm_k_mat wr = mat_at(W(e, l, JLM_R_ROUTER), page, page_off, 0);
+    matmul(e, &wr, n, e->h, e->mrl);
+    for_rows(e, n, route_row, &l);
+    memcpy(e->route + (size_t)l * nu, e->msel + (size_t)(n - 1) * nu, nu * sizeof(int32_t));
+    prof_end(e, JLM_PROF_ROUTE, t0);
+}
+
+/* Row t's mixture from zero in slot order (jlm_k_moe_combine's sum, as
+ * moe_token), into its h row (read no more), then onto x. */
+static void mix_row(jlm_engine *e, void *ctx, uint32_t t)
+{
+    uint32_t nu = e->c->n_expert_used, E = e->c->n_embd;
+    float *mix = e->h + (uint64_t)t * E, *x = e->x + (uint64_t)t * E;
+    memset(mix, 0, E * sizeof(float));
+    for (uint32_t s = 0; s < nu; s++)
+        jlm_k_axpy(mix, e->mw[t * nu + s], e->mo + ((uint64_t)t * nu + s) * E, E);
+    jlm_k_add(x, x, mix, E);
+}
+
 /* Rows [0, n) of the batch (n >= 2, the CPU): x[t] += the routed experts'
  * mixture, as moe_token gives it row by row, with each routed expert's
  * weights read once for all the rows routed to it (one matmul of those rows)
  * instead of once per row: a prefill batch of 128 rows routed to 4 of 32
  * experts streams each expert once, not ~16 times. The same result bit for
- * bit: the routing is moe_token's per row; every (row, expert) output is the
+ * bit: the routing is moe_token's per row (route_rows); every (row, expert) output is the
  * matmul's row for that input row, which is the matvec's (the kernels'
  * invariant, docs/kernels.md), with the biases added and the activation
  * applied per row as moe_token does; and each row's mixture is summed from
@@ -1015,11 +1054,7 @@ static int moe_batch(jlm_engine *e, uint32_t l, const uint8_t *page, uint64_t pa
     const jlm_header *hd = &e->m->hdr;
     uint32_t nu = c->n_expert_used, ne = c->n_expert, E = c->n_embd;
     norm_rows(e, e->h, e->x, ffn_norm_w(e, l), E, n);
-    for (uint32_t t = 0; t < n; t++) {   /* moe_token's routing, row by row; the last row's stays in e->route */
-        route(e, l, page, page_off, e->h + (uint64_t)t * E);
-        memcpy(e->msel + (size_t)t * nu, e->route + (size_t)l * nu, nu * sizeof(int32_t));
-        memcpy(e->mw + (size_t)t * nu, e->route_w, nu * sizeof(float));
-    }
+    route_rows(e, l, page, page_off, n);
     /* (row, slot) pairs grouped by expert, rows ascending within a group */
     memset(e->mcnt, 0, (ne + 1) * sizeof *e->mcnt);
     for (uint32_t i = 0; i < n * nu; i++)
@@ -1071,15 +1106,7 @@ static int moe_batch(jlm_engine *e, uint32_t l, const uint8_t *page, uint64_t pa
         }
         jlm_pager_unpin(e->pager, JLM_PAGER_EXPERTS, pg);
     }
-    /* each row's mixture from zero in slot order (jlm_k_moe_combine's sum, as
-     * moe_token), into its h row (read no more), then onto x */
-    for (uint32_t t = 0; t < n; t++) {
-        float *mix = e->h + (uint64_t)t * E, *x = e->x + (uint64_t)t * E;
-        memset(mix, 0, E * sizeof(float));
-        for (uint32_t s = 0; s < nu; s++)
-            jlm_k_axpy(mix, e->mw[t * nu + s], e->mo + ((uint64_t)t * nu + s) * E, E);
-        jlm_k_add(x, x, mix, E);
-    }
+    for_rows(e, n, mix_row, NULL);
     e->xq_of = NULL;
     return JLM_OK;
 }

@@ -95,6 +95,7 @@ struct jlm_engine {
     uint32_t *mcnt;   /* (n_expert + 1,) group starts in mord */
     float    *mh;     /* (nb, n_embd) one expert's input rows */
     float    *mo;     /* (nb * n_expert_used, n_embd) output of each (row, slot) */
+    float    *mrl;    /* (nb, n_expert) router logits of each row */
     void    *xq_buf;  /* nb quantized activation rows */
     jlm_act_q8 *xq;   /* (nb,) */
     const float *xq_of;   /* the rows xq holds (matmul_shared), NULL: none */

@@ -74,6 +74,7 @@ static int alloc_buffers(jlm_engine *e, jlm_err *err)
     e->mcnt = zalloc((c->n_expert + 1) * sizeof(uint32_t));
     e->mh = zalloc((c->n_expert ? nb : 1) * mE * sizeof(float));
     e->mo = zalloc(mrows * mE * sizeof(float));
+    e->mrl = zalloc((c->n_expert ? nb : 1) * (c->n_expert + 1) * sizeof(float));
     size_t qb = jlm_k_act_q8_bytes(kmax);
     e->xq_buf = zalloc(nb * qb);
     e->xq = zalloc(nb * sizeof *e->xq);
@@ -83,7 +84,7 @@ static int alloc_buffers(jlm_engine *e, jlm_err *err)
     if (!e->xq || !e->bkc || !e->bvc || !e->bpos || !e->kc || !e->vc || !e->x || !e->h || !e->q || !e->kk ||
         !e->vv || !e->att || !e->o || !e->g || !e->u || !e->moe || !e->scores || !e->mask || !e->fa || !e->router ||
         !e->route || !e->route_w || !e->xq_buf || (e->attn_token && !e->kv32) || !e->msel || !e->mw ||
-        !e->mord || !e->mcnt || !e->mh || !e->mo)
+        !e->mord || !e->mcnt || !e->mh || !e->mo || !e->mrl)
         return jlm_errf(err, JLM_ENOMEM, "%s: out of memory for the KV cache (%u positions) and buffers",
                         e->m->path, e->n_ctx);
     for (uint32_t t = 0; t < nb; t++) {
@@ -97,13 +98,13 @@ static int alloc_buffers(jlm_engine *e, jlm_err *err)
 /* Every buffer the engine owns, into bufs (ENGINE_BUFS slots): the dense
  * region first, then the KV cache (2), then scratch; the one list both
  * jlm_engine_close and the budget's tally read. */
-#define ENGINE_BUFS 32
+#define ENGINE_BUFS 33
 static void engine_bufs(const jlm_engine *e, void **bufs)
 {
     void *b[ENGINE_BUFS] = {e->dense, e->kc, e->vc, e->roles, e->x, e->h, e->q, e->kk, e->vv, e->att, e->o,
                             e->g, e->u, e->moe, e->scores, e->mask, e->router, e->route, e->route_w, e->xq_buf,
                             e->kv32, e->xq, e->bkc, e->bvc, e->bpos, e->fa, e->msel, e->mw, e->mord, e->mcnt,
-                            e->mh, e->mo};
+                            e->mh, e->mo, e->mrl};
     memcpy(bufs, b, sizeof b);
 }
 
