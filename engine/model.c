@@ -1037,7 +1037,7 @@ static void mix_row(jlm_engine *e, void *ctx, uint32_t t)
     jlm_k_add(x, x, mix, E);
 }
 
-/* Rows [0, n) of the batch (n >= 2, the CPU): x[t] += the routed experts'
+/* Rows [0, n) of the batch (n >= 2; the CPU or the block's device): x[t] += the routed experts'
  * mixture, as moe_token gives it row by row, with each routed expert's
  * weights read once for all the rows routed to it (one matmul of those rows)
  * instead of once per row: a prefill batch of 128 rows routed to 4 of 32
@@ -1080,17 +1080,23 @@ static int moe_batch(jlm_engine *e, uint32_t l, const uint8_t *page, uint64_t pa
                                &frame, err);
         if (rc)
             return rc;
+        if (e->dev_here && (rc = jlm_dev_page_get(e->dev_here, JLM_PAGER_EXPERTS, pg, JLM_PAGER_EXPERT, frame,
+                                                  jlm_pager_extent(e->pager, JLM_PAGER_EXPERTS, pg), err))) {
+            jlm_pager_unpin(e->pager, JLM_PAGER_EXPERTS, pg);
+            return rc;
+        }
         for (uint32_t i = 0; i < m; i++)
             memcpy(e->mh + (uint64_t)i * E, e->h + (uint64_t)(e->mord[g0 + i] / nu) * E, E * sizeof(float));
         uint64_t pg_off = hd->exp_data_off + (uint64_t)pg * hd->exp_page_size;
         uint64_t shift = (uint64_t)x * hd->exp_page_size;   /* bank offsets address expert 0's page */
         jlm_k_mat wg = mat_at(tg, frame, pg_off, shift), wu = mat_at(tu, frame, pg_off, shift);
         jlm_k_mat wd = mat_at(td, frame, pg_off, shift);
-        if (!bg && !bu) {
+        if (!bg && !bu && !e->dev_here) {
             gate_up_act(e, &wg, &wu, m, e->mh);
         } else {
-            matmul(e, &wg, m, e->mh, e->g);
-            matmul(e, &wu, m, e->mh, e->u);
+            const jlm_k_mat *ms[2] = {&wg, &wu};
+            float *ys[2] = {e->g, e->u};
+            matmul_multi(e, ms, ys, 2, m, e->mh);   /* on a device: one round trip */
             for (uint32_t i = 0; i < m; i++) {
                 float *g = e->g + i * nff, *u = e->u + i * nff;
                 if (bg) add_bias(g, bg + (uint64_t)x * nff, nff);
@@ -1104,6 +1110,8 @@ static int moe_batch(jlm_engine *e, uint32_t l, const uint8_t *page, uint64_t pa
             if (bd) add_bias(o, bd + (uint64_t)x * E, E);
             memcpy(e->mo + (uint64_t)e->mord[g0 + i] * E, o, E * sizeof(float));
         }
+        if (e->dev_here)
+            jlm_dev_page_put(e->dev_here, JLM_PAGER_EXPERTS, pg);
         jlm_pager_unpin(e->pager, JLM_PAGER_EXPERTS, pg);
     }
     for_rows(e, n, mix_row, NULL);
@@ -1241,7 +1249,7 @@ static int run_layers(jlm_engine *e, float *xs, uint32_t n, void *kc, void *vc, 
             e->x = xs + (uint64_t)i * c->n_embd;
             attn_out(e, l, page, page_off, b);
             if (W(e, l, JLM_R_EXP_GATE)) {
-                if (b > 1 && !e->dev_here && !e->moe_rows)
+                if (b > 1 && !e->moe_rows)
                     rc = moe_batch(e, l, page, page_off, b, err);
                 else
                     for (uint32_t t = 0; t < b && !rc; t++)

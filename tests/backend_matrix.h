@@ -228,7 +228,8 @@ static inline unsigned long long bm_field(const char *line, const char *name)
 static int bm_prefetches(const char *backend) { return !strcmp(backend, "cuda"); }
 
 /* bm_every_model_matches_the_cpu's checks: matmuls on the device, none
- * fell back; at one frame each side (cfg 2) evictions counted on both
+ * fell back, none found its planes outside the pinned device frames (an
+ * expert used without its page on the device); at one frame each side (cfg 2) evictions counted on both
  * sides, i.e. pages read again; at two device frames (cfg 3) the next
  * block went up while this one computed. */
 static void bm_one_device_check(jlm_engine *ev, const char *model, const bm_cfg *cfg, int cfg_i,
@@ -238,6 +239,8 @@ static void bm_one_device_check(jlm_engine *ev, const char *model, const bm_cfg 
     jlm_engine_dev_stats(ev, &ds);
     cr_assert(ds.matmuls > 0 && ds.fallbacks == 0, "%s (%s): %llu matmuls on the device, %llu fell back to the CPU",
               model, cfg->what, (unsigned long long)ds.matmuls, (unsigned long long)ds.fallbacks);
+    cr_assert(ds.reuploads == 0, "%s (%s): %llu matmuls found their planes in no pinned device frame", model,
+              cfg->what, (unsigned long long)ds.reuploads);
     uint32_t nb = jlm_engine_model(ev)->hdr.n_blocks;
     if (cfg_i == 2 && nb > 1) {
         jlm_pager_counters pc;
