@@ -1037,6 +1037,28 @@ static void mix_row(jlm_engine *e, void *ctx, uint32_t t)
     jlm_k_add(x, x, mix, E);
 }
 
+/* moe_batch, while expert x computes: the next expert of the batch (the
+ * next group with rows) is read ahead on the pager's reader thread, so a
+ * batch whose experts are not resident (a first prompt, a budget) reads
+ * each while the one before it computes. Only when it fits the budget beside
+ * everything resident: a read ahead that evicted would take an expert this
+ * batch or the next block may still want. */
+static void expert_ahead(jlm_engine *e, uint32_t first, uint32_t x)
+{
+    uint32_t ne = e->c->n_expert, nx = x + 1;
+    while (nx < ne && e->mcnt[nx + 1] == e->mcnt[nx])
+        nx++;
+    if (nx >= ne)
+        return;
+    uint64_t ext = jlm_pager_extent(e->pager, JLM_PAGER_EXPERTS, first + nx);
+    if (jlm_pager_filled(e->pager, JLM_PAGER_EXPERTS, first + nx) >= ext)
+        return;
+    jlm_pager_counters pc;
+    jlm_pager_stats(e->pager, &pc);
+    if (!pc.budget || pc.resident_bytes + ext <= pc.budget)
+        jlm_pager_prefetch(e->pager, JLM_PAGER_EXPERTS, first + nx);
+}
+
 /* Rows [0, n) of the batch (n >= 2; the CPU or the block's device): x[t] += the routed experts'
  * mixture, as moe_token gives it row by row, with each routed expert's
  * weights read once for all the rows routed to it (one matmul of those rows)
@@ -1085,6 +1107,7 @@ static int moe_batch(jlm_engine *e, uint32_t l, const uint8_t *page, uint64_t pa
             jlm_pager_unpin(e->pager, JLM_PAGER_EXPERTS, pg);
             return rc;
         }
+        expert_ahead(e, first, x);
         for (uint32_t i = 0; i < m; i++)
             memcpy(e->mh + (uint64_t)i * E, e->h + (uint64_t)(e->mord[g0 + i] / nu) * E, E * sizeof(float));
         uint64_t pg_off = hd->exp_data_off + (uint64_t)pg * hd->exp_page_size;

@@ -257,11 +257,12 @@ Test(engine, prefill_in_any_batch_and_one_token_at_a_time_give_the_same_logits, 
  * expert type here, gpt-oss's expert biases included. And a batch gets each
  * (block, expert) page at most once: one prompt of 129 rows in one batch
  * asks the pager for at most n_layer * n_expert expert pages (row by row it
- * is 129 * n_expert_used a block). */
-static uint64_t expert_gets_of_one_batch(const char *path, uint32_t *bound)
+ * is 129 * n_expert_used a block); with the pager's read-ahead on, a cold
+ * engine reads each at most once, some of them ahead (expert_ahead). */
+static jlm_pager_array_counters experts_of_one_batch(const char *path, int no_prefetch, uint32_t *bound)
 {
     setenv("JLM_BATCH", "512", 1);
-    jlm_engine_opts o = {.n_threads = 2, .quiet = 1, .direct = 1};
+    jlm_engine_opts o = {.n_threads = 2, .quiet = 1, .direct = 1, .no_prefetch = no_prefetch};
     jlm_engine *e;
     jlm_err err = {0};
     cr_assert_eq(jlm_engine_open(path, &o, &e, &err), 0, "%s", err.msg);
@@ -279,8 +280,7 @@ static uint64_t expert_gets_of_one_batch(const char *path, uint32_t *bound)
     *bound = c->n_layer * c->n_expert;
     free(lg);
     jlm_engine_close(e);
-    const jlm_pager_array_counters *x = &pc.a[JLM_PAGER_EXPERTS];
-    return x->hits + x->page_ins + x->fills;
+    return pc.a[JLM_PAGER_EXPERTS];
 }
 
 Test(engine, moe_prefill_reads_each_routed_expert_once_a_batch_with_the_rows_logits, .timeout = 120)
@@ -299,9 +299,17 @@ Test(engine, moe_prefill_reads_each_routed_expert_once_a_batch_with_the_rows_log
         cr_assert(!memcmp(a, c, nv * sizeof *a), "%s: the grouped batch differs from one token at a time", M[m]);
         cr_assert(!memcmp(a, r, nv * sizeof *a), "%s: the grouped batch differs from JLM_MOE=rows", M[m]);
         uint32_t bound;
-        uint64_t gets = expert_gets_of_one_batch(path, &bound);
+        jlm_pager_array_counters x = experts_of_one_batch(path, 1, &bound);
+        uint64_t gets = x.hits + x.page_ins + x.fills;
         cr_assert(gets > 0 && gets <= bound, "%s: %llu expert gets for one batch of 129 rows (at most %u)", M[m],
                   (unsigned long long)gets, bound);
+        /* with read-ahead (expert_ahead): still each expert read once at most,
+         * and some read while the one before computed */
+        x = experts_of_one_batch(path, 0, &bound);
+        cr_assert(x.page_ins > 0 && x.page_ins <= bound && x.pf_issued > 0 && x.pf_unused == 0,
+                  "%s: %llu expert page-ins (at most %u), %llu read ahead, %llu of them unused", M[m],
+                  (unsigned long long)x.page_ins, bound, (unsigned long long)x.pf_issued,
+                  (unsigned long long)x.pf_unused);
         free(a);
         free(c);
         free(r);
