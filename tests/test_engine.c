@@ -210,6 +210,21 @@ static float *last_logits(const char *path, const char *batch, const char *kv, i
     return lg;
 }
 
+/* An engine switch read from the environment at open (JLM_ATTN, JLM_MOE):
+ * a value it does not know is refused, the message naming it. */
+static void env_value_is_refused(const char *path, const char *var, const char *val)
+{
+    char want[128];
+    snprintf(want, sizeof want, "%s=%s", var, val);
+    setenv(var, val, 1);
+    jlm_engine_opts o = {.n_threads = 1, .quiet = 1};
+    jlm_engine *e = NULL;
+    jlm_err err = {0};
+    cr_assert_neq(jlm_engine_open(path, &o, &e, &err), 0, "%s", want);
+    cr_assert(strstr(err.msg, want), "%s", err.msg);
+    unsetenv(var);
+}
+
 Test(engine, prefill_in_any_batch_and_one_token_at_a_time_give_the_same_logits, .timeout = 120)
 {
     static const struct { const char *name, *kv; } M[] = {
@@ -234,13 +249,10 @@ Test(engine, prefill_in_any_batch_and_one_token_at_a_time_give_the_same_logits, 
     }
     /* JLM_ATTN names the path; anything else is refused, naming the value */
     char *path = convert_model("synth-llama-256.Q4_K_M", dir);
-    setenv("JLM_ATTN", "flash2", 1);
+    env_value_is_refused(path, "JLM_ATTN", "flash2");
     jlm_engine_opts o = {.n_threads = 1, .quiet = 1};
     jlm_engine *e = NULL;
     jlm_err err = {0};
-    cr_assert_neq(jlm_engine_open(path, &o, &e, &err), 0);
-    cr_assert(strstr(err.msg, "JLM_ATTN=flash2"), "%s", err.msg);
-    unsetenv("JLM_ATTN");
     /* a context past JLM_ENGINE_MAX_CTX is refused, not wrapped into a small cache */
     o.n_ctx = UINT32_MAX;
     cr_assert_eq(jlm_engine_open(path, &o, &e, &err), JLM_EINVAL);
@@ -317,13 +329,7 @@ Test(engine, moe_prefill_reads_each_routed_expert_once_a_batch_with_the_rows_log
     }
     /* JLM_MOE names the path; anything else is refused, naming the value */
     char *path = convert_model("synth-qwen3moe-256.Q8_0", dir);
-    setenv("JLM_MOE", "experts", 1);
-    jlm_engine_opts o = {.n_threads = 1, .quiet = 1};
-    jlm_engine *e = NULL;
-    jlm_err err = {0};
-    cr_assert_neq(jlm_engine_open(path, &o, &e, &err), 0);
-    cr_assert(strstr(err.msg, "JLM_MOE=experts"), "%s", err.msg);
-    unsetenv("JLM_MOE");
+    env_value_is_refused(path, "JLM_MOE", "experts");
     free(path);
     tu_rmrf(dir);
     free(dir);
