@@ -39,6 +39,16 @@ static jlm_k_mat mat_dense(const jlm_engine *e, const jlm_tensor *t)
     return mat_at(t, e->dense, e->m->hdr.dense_off, 0);
 }
 
+/* Expert xe's matrix of bank t in block l, in that expert's page frame
+ * (first: the page of the block's expert 0). The bank's offsets address
+ * expert 0's page: shifted to expert xe's. */
+static jlm_k_mat mat_expert(const jlm_engine *e, const jlm_tensor *t, const void *frame, uint32_t first, uint32_t xe)
+{
+    const jlm_header *hd = &e->m->hdr;
+    uint64_t pg_off = hd->exp_data_off + (uint64_t)(first + xe) * hd->exp_page_size;
+    return mat_at(t, frame, pg_off, (uint64_t)xe * hd->exp_page_size);
+}
+
 static const float *vec_dense(const jlm_engine *e, const jlm_tensor *t)
 {
     return t ? (const float *)(e->dense + (t->qs_off - e->m->hdr.dense_off)) : NULL;
@@ -815,6 +825,15 @@ static void ffn_dense(jlm_engine *e, uint32_t l, const uint8_t *page, uint64_t p
     for_rows(e, n, residual_row, &res);
 }
 
+/* How an architecture turns router logits into expert weights, as llama.cpp
+ * does: gpt-oss takes the top-k of the logits and a softmax of those; the
+ * others a softmax first, normalized over the top-k or not. */
+static int route_mode(const jlm_config *c)
+{
+    return (c->flags & JLM_F_SWIGLU_OAI) ? JLM_K_ROUTE_OAI
+           : (c->flags & JLM_F_NO_EXPERT_NORM) ? JLM_K_ROUTE_RAW : JLM_K_ROUTE_NORM;
+}
+
 /* Top-k routing of one token (normed input h) as llama.cpp does it per
  * architecture; fills e->route for block l and e->route_w. */
 static void route(jlm_engine *e, uint32_t l, const uint8_t *page, uint64_t page_off, const float *h)
@@ -825,9 +844,7 @@ static void route(jlm_engine *e, uint32_t l, const uint8_t *page, uint64_t page_
     jlm_k_mat wr = mat_at(W(e, l, JLM_R_ROUTER), page, page_off, 0);
     matvec(e, &wr, h, e->router);
     add_bias(e->router, vec_dense(e, W(e, l, JLM_R_ROUTER_B)), ne);
-    int mode = (c->flags & JLM_F_SWIGLU_OAI) ? JLM_K_ROUTE_OAI   /* gpt-oss: top-k of logits, softmax of those */
-               : (c->flags & JLM_F_NO_EXPERT_NORM) ? JLM_K_ROUTE_RAW : JLM_K_ROUTE_NORM;
-    jlm_k_moe_route(e->router, ne, nu, mode, c->expert_scale, e->route + (size_t)l * nu, e->route_w);
+    jlm_k_moe_route(e->router, ne, nu, route_mode(c), c->expert_scale, e->route + (size_t)l * nu, e->route_w);
     prof_end(e, JLM_PROF_ROUTE, t0);
 }
 
@@ -856,9 +873,9 @@ static void moe_slice(void *ctx, size_t b, size_t en, int tid)
     moe_job *j = ctx;
     for (uint32_t s = 0; s < j->nu; s++) {
         uint64_t lo = (uint64_t)s * j->rows, hi = lo + j->rows;
-        uint64_t r0 = b > lo ? b - lo : 0, r1 = (en < hi ? en : hi) - lo;
         if (en <= lo || b >= hi)
             continue;
+        uint64_t r0 = b > lo ? b - lo : 0, r1 = (en < hi ? en : hi) - lo;
         mm_slice(&j->a[s], r0, r1, tid);
         if (!j->gate_up)
             continue;
@@ -884,7 +901,6 @@ static void moe_experts_fused(jlm_engine *e, uint32_t l, const void *const *fram
                               const int32_t *sel, const float *h)
 {
     const jlm_config *c = e->c;
-    const jlm_header *hd = &e->m->hdr;
     uint32_t nu = c->n_expert_used, E = c->n_embd;
     const jlm_tensor *tg = W(e, l, JLM_R_EXP_GATE), *tu = W(e, l, JLM_R_EXP_UP), *td = W(e, l, JLM_R_EXP_DOWN);
     const float *bg = vec_dense(e, W(e, l, JLM_R_EXP_GATE_B)), *bu = vec_dense(e, W(e, l, JLM_R_EXP_UP_B));
@@ -895,11 +911,9 @@ static void moe_experts_fused(jlm_engine *e, uint32_t l, const void *const *fram
     int qg = 0, qd = 0;
     for (uint32_t s = 0; s < nu; s++) {
         uint32_t xe = (uint32_t)sel[s];
-        uint64_t pg_off = hd->exp_data_off + (uint64_t)(first + xe) * hd->exp_page_size;
-        uint64_t shift = (uint64_t)xe * hd->exp_page_size;   /* bank offsets address expert 0's page */
-        wg[s] = mat_at(tg, frames[s], pg_off, shift);
-        wu[s] = mat_at(tu, frames[s], pg_off, shift);
-        wd[s] = mat_at(td, frames[s], pg_off, shift);
+        wg[s] = mat_expert(e, tg, frames[s], first, xe);
+        wu[s] = mat_expert(e, tu, frames[s], first, xe);
+        wd[s] = mat_expert(e, td, frames[s], first, xe);
         gu.a[s] = (mm_job){e->k->matvec[wg[s].type], e->k->matmul[wg[s].type], &wg[s], 1, h, NULL, e->g + s * nff};
         gu.b[s] = (mm_job){e->k->matvec[wu[s].type], e->k->matmul[wu[s].type], &wu[s], 1, h, NULL, e->u + s * nff};
         gu.ba[s] = bg ? bg + (uint64_t)xe * nff : NULL;
@@ -971,11 +985,8 @@ static int moe_token(jlm_engine *e, uint32_t l, const uint8_t *page, uint64_t pa
         uint64_t nff = jlm_tensor_rows(tg);
         for (uint32_t s = 0; s < nu; s++) {
             uint32_t xe = (uint32_t)sel[s];
-            uint64_t pg_off = hd->exp_data_off + (uint64_t)(first + xe) * hd->exp_page_size;
-            uint64_t shift = (uint64_t)xe * hd->exp_page_size;
-            /* bank offsets address expert 0's page: shift them to expert xe's page */
-            jlm_k_mat wg = mat_at(tg, frames[s], pg_off, shift), wu = mat_at(tu, frames[s], pg_off, shift);
-            jlm_k_mat wd = mat_at(td, frames[s], pg_off, shift);
+            jlm_k_mat wg = mat_expert(e, tg, frames[s], first, xe), wu = mat_expert(e, tu, frames[s], first, xe);
+            jlm_k_mat wd = mat_expert(e, td, frames[s], first, xe);
             if (!bg && !bu && !e->dev_here) {
                 gate_up_act(e, &wg, &wu, 1, h);   /* one dispatch (see matmul_multi) */
             } else {
@@ -1009,9 +1020,7 @@ static void route_row(jlm_engine *e, void *ctx, uint32_t t)
     uint32_t ne = c->n_expert, nu = c->n_expert_used;
     float *lg = e->mrl + (uint64_t)t * ne;
     add_bias(lg, vec_dense(e, W(e, *l, JLM_R_ROUTER_B)), ne);
-    int mode = (c->flags & JLM_F_SWIGLU_OAI) ? JLM_K_ROUTE_OAI
-               : (c->flags & JLM_F_NO_EXPERT_NORM) ? JLM_K_ROUTE_RAW : JLM_K_ROUTE_NORM;
-    jlm_k_moe_route(lg, ne, nu, mode, c->expert_scale, e->msel + (size_t)t * nu, e->mw + (size_t)t * nu);
+    jlm_k_moe_route(lg, ne, nu, route_mode(c), c->expert_scale, e->msel + (size_t)t * nu, e->mw + (size_t)t * nu);
 }
 
 static void route_rows(jlm_engine *e, uint32_t l, const uint8_t *page, uint64_t page_off, uint32_t n)
@@ -1098,22 +1107,20 @@ static int moe_batch(jlm_engine *e, uint32_t l, const uint8_t *page, uint64_t pa
         if (!m)
             continue;
         const void *frame;
-        int rc = jlm_pager_get(e->pager, JLM_PAGER_EXPERTS, pg, 0, jlm_pager_extent(e->pager, JLM_PAGER_EXPERTS, pg),
-                               &frame, err);
+        uint64_t ext = jlm_pager_extent(e->pager, JLM_PAGER_EXPERTS, pg);
+        int rc = jlm_pager_get(e->pager, JLM_PAGER_EXPERTS, pg, 0, ext, &frame, err);
         if (rc)
             return rc;
-        if (e->dev_here && (rc = jlm_dev_page_get(e->dev_here, JLM_PAGER_EXPERTS, pg, JLM_PAGER_EXPERT, frame,
-                                                  jlm_pager_extent(e->pager, JLM_PAGER_EXPERTS, pg), err))) {
+        if (e->dev_here && (rc = jlm_dev_page_get(e->dev_here, JLM_PAGER_EXPERTS, pg, JLM_PAGER_EXPERT, frame, ext,
+                                                  err))) {
             jlm_pager_unpin(e->pager, JLM_PAGER_EXPERTS, pg);
             return rc;
         }
         expert_ahead(e, first, x);
         for (uint32_t i = 0; i < m; i++)
             memcpy(e->mh + (uint64_t)i * E, e->h + (uint64_t)(e->mord[g0 + i] / nu) * E, E * sizeof(float));
-        uint64_t pg_off = hd->exp_data_off + (uint64_t)pg * hd->exp_page_size;
-        uint64_t shift = (uint64_t)x * hd->exp_page_size;   /* bank offsets address expert 0's page */
-        jlm_k_mat wg = mat_at(tg, frame, pg_off, shift), wu = mat_at(tu, frame, pg_off, shift);
-        jlm_k_mat wd = mat_at(td, frame, pg_off, shift);
+        jlm_k_mat wg = mat_expert(e, tg, frame, first, x), wu = mat_expert(e, tu, frame, first, x);
+        jlm_k_mat wd = mat_expert(e, td, frame, first, x);
         if (!bg && !bu && !e->dev_here) {
             gate_up_act(e, &wg, &wu, m, e->mh);
         } else {
