@@ -17,6 +17,17 @@
 #include "engine/memlimit.h"
 
 /* ================================================================ open / close */
+/* An engine path switch read at open: name unset, empty or dflt gives 0,
+ * alt gives 1; any other value is refused, naming it and both choices. */
+static int env_path(const char *name, const char *what, const char *dflt, const char *alt, int *on, jlm_err *err)
+{
+    const char *v = getenv(name);
+    if (v && *v && strcmp(v, dflt) && strcmp(v, alt))
+        return jlm_errf(err, JLM_EINVAL, "%s=%s: not %s (%s, %s)", name, v, what, dflt, alt);
+    *on = v && !strcmp(v, alt);
+    return JLM_OK;
+}
+
 static int alloc_buffers(jlm_engine *e, jlm_err *err)
 {
     const jlm_config *c = e->c;
@@ -54,14 +65,9 @@ static int alloc_buffers(jlm_engine *e, jlm_err *err)
     e->mask = zalloc(e->n_ctx * sizeof(float));
     e->fa_floats = jlm_k_fattn_scratch_floats(e->hd, e->hd_v, c->n_head / c->n_kv_head);
     e->fa = zalloc((size_t)jlm_pool_n_threads(e->pool) * e->fa_floats * sizeof(float));
-    const char *an = getenv("JLM_ATTN");
-    if (an && *an && strcmp(an, "token") && strcmp(an, "batched"))
-        return jlm_errf(err, JLM_EINVAL, "JLM_ATTN=%s: not an attention path (batched, token)", an);
-    e->attn_token = an && !strcmp(an, "token");
-    const char *mn = getenv("JLM_MOE");
-    if (mn && *mn && strcmp(mn, "rows") && strcmp(mn, "grouped"))
-        return jlm_errf(err, JLM_EINVAL, "JLM_MOE=%s: not a MoE path (grouped, rows)", mn);
-    e->moe_rows = mn && !strcmp(mn, "rows");
+    if (env_path("JLM_ATTN", "an attention path", "batched", "token", &e->attn_token, err) ||
+        env_path("JLM_MOE", "a MoE path", "grouped", "rows", &e->moe_rows, err))
+        return JLM_EINVAL;
     if (e->attn_token)   /* the per-token path's KV head in rows of F32; jlm_k_fattn reads the cache itself */
         e->kv32 = zalloc((size_t)jlm_pool_n_threads(e->pool) * e->n_ctx * (e->hd + e->hd_v) * sizeof(float));
     e->router = zalloc((c->n_expert + 1) * sizeof(float));
