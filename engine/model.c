@@ -848,6 +848,17 @@ static void route(jlm_engine *e, uint32_t l, const uint8_t *page, uint64_t page_
     prof_end(e, JLM_PROF_ROUTE, t0);
 }
 
+/* x += the mixture of nu expert outputs (outs: nu rows of E) weighted by w,
+ * summed from zero into mix in slot order (jlm_k_moe_combine's sum): the
+ * fused decode step and each row of a grouped batch. */
+static void mix_slots(float *x, float *mix, const float *w, const float *outs, uint32_t nu, uint32_t E)
+{
+    memset(mix, 0, E * sizeof(float));
+    for (uint32_t s = 0; s < nu; s++)
+        jlm_k_axpy(mix, w[s], outs + (uint64_t)s * E, E);
+    jlm_k_add(x, x, mix, E);
+}
+
 /* One token's routed experts in two pool dispatches instead of two (or
  * three, with biases) per expert: gate, up, their biases and the activation
  * of every expert in one, split over the experts' rows end to end; the downs
@@ -976,10 +987,7 @@ static int moe_token(jlm_engine *e, uint32_t l, const uint8_t *page, uint64_t pa
     }
     if (!rc && !e->dev_here && !e->moe_rows && nu <= MOE_FUSE_MAX && nu <= e->nb) {
         moe_experts_fused(e, l, frames, first, sel, h);
-        memset(e->moe, 0, E * sizeof(float));
-        for (uint32_t s = 0; s < nu; s++)
-            jlm_k_axpy(e->moe, e->route_w[s], e->o + (uint64_t)s * E, E);   /* jlm_k_moe_combine's sum, in slot order */
-        jlm_k_add(x, x, e->moe, E);
+        mix_slots(x, e->moe, e->route_w, e->o, nu, E);
     } else if (!rc) {
         memset(e->moe, 0, E * sizeof(float));
         uint64_t nff = jlm_tensor_rows(tg);
@@ -1034,16 +1042,12 @@ static void route_rows(jlm_engine *e, uint32_t l, const uint8_t *page, uint64_t 
     prof_end(e, JLM_PROF_ROUTE, t0);
 }
 
-/* Row t's mixture from zero in slot order (jlm_k_moe_combine's sum, as
- * moe_token), into its h row (read no more), then onto x. */
+/* Row t's mixture (mix_slots) into its h row (read no more), then onto x. */
 static void mix_row(jlm_engine *e, void *ctx, uint32_t t)
 {
     uint32_t nu = e->c->n_expert_used, E = e->c->n_embd;
-    float *mix = e->h + (uint64_t)t * E, *x = e->x + (uint64_t)t * E;
-    memset(mix, 0, E * sizeof(float));
-    for (uint32_t s = 0; s < nu; s++)
-        jlm_k_axpy(mix, e->mw[t * nu + s], e->mo + ((uint64_t)t * nu + s) * E, E);
-    jlm_k_add(x, x, mix, E);
+    mix_slots(e->x + (uint64_t)t * E, e->h + (uint64_t)t * E, e->mw + (uint64_t)t * nu,
+              e->mo + (uint64_t)t * nu * E, nu, E);
 }
 
 /* moe_batch, while expert x computes: the next expert of the batch (the
