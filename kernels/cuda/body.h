@@ -374,7 +374,7 @@ JLM_CU_HD float jlm_cu_term(const jlm_cu_mat *m, const jlm_cu_act *a, uint64_t r
     }
 }
 
-/* ---------------------------------------------------------------- matvec grid (k_matvec)
+/* ---------------------------------------------------------------- matvec grid (jlm_cu_k_matvec)
  *
  * A block owns 32 rows and one token: lane = row within the block. Its warp 0
  * adds terms; warps 1.. (the workers) compute them, a chunk of
@@ -704,7 +704,7 @@ JLM_CU_HD void jlm_cu_attn_out(const jlm_cu_attn *p, const float *v, const float
 enum { JLM_CU_ROUTE_NORM = 0, JLM_CU_ROUTE_RAW = 1, JLM_CU_ROUTE_OAI = 2 };
 
 /* Router phase 0: probs = logits (strided copy; the softmax phases of
- * k_softmax then run on probs unless mode is OAI). */
+ * jlm_cu_k_softmax then run on probs unless mode is OAI). */
 JLM_CU_HD void jlm_cu_copy_strided(float *dst, const float *src, uint64_t n, unsigned t, unsigned T)
 {
     for (uint64_t i = t; i < n; i += T)
