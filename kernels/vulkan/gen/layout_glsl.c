@@ -5,6 +5,7 @@
  * rewrites the file). A host tool, not part of libjlm. */
 #include <ctype.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "kernels/layout.h"
