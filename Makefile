@@ -20,6 +20,8 @@
 #   soak    tests/soak.sh: the full-size soak of issue 10 (about 75 s; not in test).
 #   fuzz    libFuzzer targets and seed corpora (clang); needs libclang-rt-14-dev.
 #   fuzz-smoke  every fuzz target for FUZZ_SECONDS (60) each.
+#   layout-glsl  rewrites kernels/vulkan/layout.glsl from kernels/layout.h (every
+#           build fails while the two differ).
 #   cuda-check  build/jlm-cuda-check, the CUDA kernels on a device (skips in one line
 #           without one); CUDA=0 leaves every .cu out (docs/cuda.md).
 #   install PREFIX=/usr/local; mount.jlmfs goes to SBINDIR (default /sbin: mount(8) looks
@@ -87,7 +89,7 @@ TEST_BIN := $(BUILD)/jlm-tests
 BENCH_SRC := $(wildcard bench/*.c)
 BENCH_BIN := $(BENCH_SRC:bench/%.c=$(BUILD)/bench/%)
 
-.PHONY: all debug tsan test bench bench-build soak fuzz fuzz-smoke install uninstall clean cuda-check
+.PHONY: all layout-glsl debug tsan test bench bench-build soak fuzz fuzz-smoke install uninstall clean cuda-check
 all: $(LIB) $(BINS)
 
 debug:
@@ -109,7 +111,7 @@ $(BUILD)/obj/%_avx512.o: %_avx512.c
 $(BUILD)/obj/kernels/cuda/device.o $(BUILD)/obj/kernels/cuda/rt.o: BASECFLAGS += $(if $(filter 1,$(CUDA)),-DJLM_CUDA=1 -I$(CUDA_HOME)/include)
 
 # -fmad=false: no FMA contraction, as -ffp-contract=off on the host (body.h invariant 1)
-$(BUILD)/obj/%.o: %.cu kernels/cuda/body.h
+$(BUILD)/obj/%.o: %.cu kernels/cuda/body.h kernels/layout.h
 	@mkdir -p $(dir $@)
 	$(NVCC) -std=c++17 -O3 -fmad=false -I. $(CUDA_ARCH) -c $< -o $@
 
@@ -128,6 +130,23 @@ $(PIC_ASSETS): picture/page.css picture/page.js
 $(BUILD)/obj/picture/picture.o: $(PIC_ASSETS)
 $(BUILD)/obj/picture/picture.o: BASECFLAGS += -I$(BUILD)/gen
 
+# kernels/layout.h declares the layouts C, CUDA and the shaders share; the
+# shaders read them from kernels/vulkan/layout.glsl, which every build compares
+# with what kernels/vulkan/gen/layout_glsl.c writes from layout.h: a difference
+# fails the build. `make layout-glsl` rewrites the file.
+LAYOUT_GEN := $(BUILD)/gen/layout_glsl
+LAYOUT_OK  := $(BUILD)/gen/kernels/vulkan/layout.ok
+$(LAYOUT_GEN): kernels/vulkan/gen/layout_glsl.c kernels/layout.h
+	@mkdir -p $(dir $@)
+	$(CC) $(BASECFLAGS) $(LDFLAGS) -o $@ $<
+$(LAYOUT_OK): $(LAYOUT_GEN) kernels/vulkan/layout.glsl
+	@mkdir -p $(dir $@)
+	@$(LAYOUT_GEN) > $@.tmp && diff -u kernels/vulkan/layout.glsl $@.tmp || \
+	    { echo "make: kernels/vulkan/layout.glsl differs from kernels/layout.h (above); make layout-glsl rewrites it"; exit 1; }
+	@mv $@.tmp $@
+layout-glsl: $(LAYOUT_GEN)
+	$(LAYOUT_GEN) > kernels/vulkan/layout.glsl.tmp && mv kernels/vulkan/layout.glsl.tmp kernels/vulkan/layout.glsl
+
 # The Vulkan backend: kernels/vulkan/shaders/*.comp compiled by glslc into
 # $(BUILD)/gen/kernels/vulkan/*.spv.h (C initializers, embedded by vk.c). Without
 # the Vulkan headers or glslc the backend is left out (vk.c's stub says so at
@@ -141,13 +160,13 @@ $(BUILD)/obj/kernels/vulkan/vk.o: BASECFLAGS += -DJLM_HAVE_VULKAN -I$(BUILD)/gen
 else
 $(info make: Vulkan backend left out (needs pkg-config vulkan and glslc: scripts/deps.sh installs them))
 endif
-$(BUILD)/gen/kernels/vulkan/%.spv.h: kernels/vulkan/shaders/%.comp
+$(BUILD)/gen/kernels/vulkan/%.spv.h: kernels/vulkan/shaders/%.comp kernels/vulkan/layout.glsl $(LAYOUT_OK)
 	@mkdir -p $(dir $@)
-	glslc -fshader-stage=compute -O -mfmt=c $< -o $@.tmp && mv $@.tmp $@
+	glslc -fshader-stage=compute -O -Ikernels/vulkan -mfmt=c $< -o $@.tmp && mv $@.tmp $@
 
-$(LIB): $(LIB_OBJ)
+$(LIB): $(LIB_OBJ) $(LAYOUT_OK)
 	@mkdir -p $(dir $@)
-	rm -f $@ && ar rcs $@ $^
+	rm -f $@ && ar rcs $@ $(LIB_OBJ)
 
 $(BUILD)/jlm: $(BUILD)/obj/cli/jlm_main.o $(filter-out $(BUILD)/obj/cli/jlmfs_main.o,$(CLI_SRC:%.c=$(BUILD)/obj/%.o)) $(LIB)
 	$(CC) $(LDFLAGS) -o $@ $(filter %.o,$^) $(LIB) $(LDLIBS)

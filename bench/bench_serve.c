@@ -24,7 +24,7 @@
  * ONE --budget of one container, against the same two unlimited: requests
  * alternating between them (each switch takes the other model's frames) and
  * 4 + 4 at once (the busy models settle at half the budget each); t/s as
- * ratios to the unlimited server, and the frames taken (jlm_budget_reclaims).
+ * ratios to the unlimited server, and the frames taken (jlm_budget_reclaims_total).
  *
  *   build/bench/bench_serve [-n N] [-t T] [--soak S]   defaults: N 16, T 2, S 15
  */

@@ -1,10 +1,12 @@
-/* backend.h - choosing the compute backend (`--backend cpu|cuda`, `--device N`)
- * and the build description of `jlm --version`.
+/* backend.h - choosing the compute backend (`--backend cpu|vulkan|cuda|auto`,
+ * `--device N`) and the build description of `jlm --version`.
  *
  * Owns: refusing a backend this binary or machine cannot run, with one line
- * naming why. Today the engine's graphs run on the CPU only; `cuda` is
- * accepted by the parser and refused here with the device probe's reason
- * (not built / no device / graphs not wired yet: docs/cuda.md). */
+ * naming why. cpu, vulkan and auto pass here (the engine opens the Vulkan
+ * device, engine/backend_vk.h); cuda passes when built and the device probe
+ * finds device N, or under JLM_CUDA_EMULATE (engine/backend_cu.h), and is
+ * refused otherwise with the probe's reason (not built / no device:
+ * docs/cuda.md). */
 #ifndef JLM_CLI_BACKEND_H
 #define JLM_CLI_BACKEND_H
 

@@ -12,6 +12,7 @@
  * a ns per element. The plane words of one row are `rows` words apart (the
  * layout's point), so blocks are encoded for a tile of 16 rows and stored a
  * 64-byte run per word (store_tile). Q2_K's re-quantization (ggml's
+ * quantize_row_q4_K_ref, quantize.c's port shared with `--type`: the
  * make_qkx2_quants search, ~20 passes per 32 elements) costs ~100x more.
  */
 #include "converter/pack.h"
@@ -21,6 +22,7 @@
 #include <string.h>
 
 #include "converter/gguf.h"
+#include "converter/quantize.h"
 #include "format/jlm_format.h"
 
 /* ---------------------------------------------------------------- type mapping */
@@ -320,133 +322,6 @@ static void enc_q3_k(const uint8_t *x, uint32_t *q, uint32_t *d, uint32_t *sc)
         put_pair(q, 2 * s, ca | cb << 4);
     }
 }
-/* ---------------------------------------------------------------- Q2_K -> Q4_K */
-/* A port of ggml's quantize_row_q4_K_ref (make_qkx2_quants, nearest_int),
- * except that nearest_int saturates at +-4194303 where ggml asserts. */
-static inline int nearest_int(float fval)
-{
-    if (fval > 4194303.f) fval = 4194303.f;
-    if (fval < -4194303.f) fval = -4194303.f;
-    float val = fval + 12582912.f;
-    int i;
-    memcpy(&i, &val, sizeof(int));
-    return (i & 0x007fffff) - 0x00400000;
-}
-
-#define MAXI(a, b) ((a) > (b) ? (a) : (b))
-#define MINI(a, b) ((a) < (b) ? (a) : (b))
-
-static float make_qkx2_quants(int n, int nmax, const float *x, const float *weights, uint8_t *L,
-                              float *the_min, uint8_t *Laux, float rmin, float rdelta, int nstep)
-{
-    float min = x[0], max = x[0], sum_w = weights[0], sum_x = sum_w * x[0];
-    for (int i = 1; i < n; ++i) {
-        if (x[i] < min) min = x[i];
-        if (x[i] > max) max = x[i];
-        float w = weights[i];
-        sum_w += w;
-        sum_x += w * x[i];
-    }
-    if (min > 0) min = 0;
-    if (max == min) {
-        for (int i = 0; i < n; ++i) L[i] = 0;
-        *the_min = -min;
-        return 0.f;
-    }
-    float iscale = nmax / (max - min), scale = 1 / iscale, best_error = 0;
-    for (int i = 0; i < n; ++i) {
-        int l = nearest_int(iscale * (x[i] - min));
-        L[i] = (uint8_t)MAXI(0, MINI(nmax, l));
-        float diff = scale * L[i] + min - x[i];
-        best_error += weights[i] * diff * diff;
-    }
-    for (int is = 0; is <= nstep; ++is) {
-        iscale = (rmin + rdelta * is + nmax) / (max - min);
-        float sum_l = 0, sum_l2 = 0, sum_xl = 0;
-        for (int i = 0; i < n; ++i) {
-            int l = nearest_int(iscale * (x[i] - min));
-            l = MAXI(0, MINI(nmax, l));
-            Laux[i] = (uint8_t)l;
-            float w = weights[i];
-            sum_l += w * l;
-            sum_l2 += w * l * l;
-            sum_xl += w * l * x[i];
-        }
-        float D = sum_w * sum_l2 - sum_l * sum_l;
-        if (D > 0) {
-            float this_scale = (sum_w * sum_xl - sum_x * sum_l) / D;
-            float this_min = (sum_l2 * sum_x - sum_l * sum_xl) / D;
-            if (this_min > 0) {
-                this_min = 0;
-                this_scale = sum_xl / sum_l2;
-            }
-            float cur_error = 0;
-            for (int i = 0; i < n; ++i) {
-                float diff = this_scale * Laux[i] + this_min - x[i];
-                cur_error += weights[i] * diff * diff;
-            }
-            if (cur_error < best_error) {
-                memcpy(L, Laux, (size_t)n);
-                best_error = cur_error;
-                scale = this_scale;
-                min = this_min;
-            }
-        }
-    }
-    *the_min = -min;
-    return scale;
-}
-
-/* quantize_row_q4_K_ref for one 256-element block: x -> y (144 bytes, GGUF layout) */
-static void quantize_q4_k_block(const float *x, uint8_t *y)
-{
-    uint8_t L[256], Laux[32], *scales = y + 4, *qs = y + 16;
-    float weights[32], mins[8], scl[8], max_scale = 0, max_min = 0;
-    for (int j = 0; j < 8; ++j) {
-        float sum_x2 = 0;
-        for (int l = 0; l < 32; ++l) sum_x2 += x[32 * j + l] * x[32 * j + l];
-        float av_x = sqrtf(sum_x2 / 32);
-        for (int l = 0; l < 32; ++l) weights[l] = av_x + fabsf(x[32 * j + l]);
-        scl[j] = make_qkx2_quants(32, 15, x + 32 * j, weights, L + 32 * j, &mins[j], Laux, -1.f, 0.1f, 20);
-        if (scl[j] > max_scale) max_scale = scl[j];
-        if (mins[j] > max_min) max_min = mins[j];
-    }
-    float inv_scale = max_scale > 0 ? 63.f / max_scale : 0.f;
-    float inv_min = max_min > 0 ? 63.f / max_min : 0.f;
-    memset(scales, 0, 12);
-    for (int j = 0; j < 8; ++j) {
-        uint8_t ls = (uint8_t)nearest_int(inv_scale * scl[j]), lm = (uint8_t)nearest_int(inv_min * mins[j]);
-        ls = MINI(63, ls);
-        lm = MINI(63, lm);
-        if (j < 4) {
-            scales[j] = ls;
-            scales[j + 4] = lm;
-        } else {
-            scales[j + 4] = (uint8_t)((ls & 0xF) | ((lm & 0xF) << 4));
-            scales[j - 4] |= (uint8_t)((ls >> 4) << 6);
-            scales[j - 0] |= (uint8_t)((lm >> 4) << 6);
-        }
-    }
-    uint16_t dh = jlm_f32_to_f16(max_scale / 63.f), mh = jlm_f32_to_f16(max_min / 63.f);
-    y[0] = (uint8_t)dh; y[1] = (uint8_t)(dh >> 8);
-    y[2] = (uint8_t)mh; y[3] = (uint8_t)(mh >> 8);
-    uint8_t f6[16];
-    k4_fields(scales, f6);
-    for (int j = 0; j < 8; ++j) {
-        const float d = jlm_f16_to_f32(dh) * f6[2 * j];
-        if (!d) continue;
-        const float dm = jlm_f16_to_f32(mh) * f6[2 * j + 1];
-        for (int ii = 0; ii < 32; ++ii) {
-            int l = nearest_int((x[32 * j + ii] + dm) / d);
-            L[32 * j + ii] = (uint8_t)MAXI(0, MINI(15, l));
-        }
-    }
-    for (int j = 0; j < 256; j += 64) {
-        for (int l = 0; l < 32; ++l) qs[l] = (uint8_t)(L[j + l] | (L[j + l + 32] << 4));
-        qs += 32;
-    }
-}
-
 /* ---------------------------------------------------------------- driver */
 static int pack_floats(uint32_t g, const void *src, uint64_t k, uint64_t rows, uint8_t *qs)
 {
@@ -515,9 +390,7 @@ static int requant_row_q2k(const uint8_t *row, uint64_t k, float *f, uint8_t *q4
         if (!isfinite(f[i]))
             return jlm_errf(err, JLM_EFORMAT, "%s: Q2_K row %llu element %llu is not finite",
                             what, (unsigned long long)r, (unsigned long long)i);
-    for (uint64_t sb = 0; sb < k / 256; sb++)
-        quantize_q4_k_block(f + 256 * sb, q4 + 144 * sb);
-    return JLM_OK;
+    return jlm_quant_row(GGML_Q4_K, f, q4, k, err);   /* ggml's quantize_row_q4_K_ref (quantize.c) */
 }
 
 int jlm_pack_matrix(uint32_t ggml_type, const void *src, uint64_t k, uint64_t rows,

@@ -176,6 +176,9 @@ static void q_affine(const float *x, uint8_t *y, uint64_t nb, int bits)
     }
 }
 
+/* ggml's nearest_int (round to nearest by the 1.5 * 2^23 trick). Its
+ * argument stays within +-4194303 (ggml's assertion) for finite input: every
+ * caller scales a value by the inverse of its block's own scale. */
 static inline int nearest_int(float fval)
 {
     float val = fval + 12582912.f;

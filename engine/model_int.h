@@ -98,7 +98,7 @@ struct jlm_engine {
     float    *mrl;    /* (nb, n_expert) router logits of each row */
     void    *xq_buf;  /* nb quantized activation rows */
     jlm_act_q8 *xq;   /* (nb,) */
-    const float *xq_of;   /* the rows xq holds (matmul_shared), NULL: none */
+    const float *xq_of;   /* the rows xq holds (matmul_x_run's shared), NULL: none */
     /* the batch being run: token t writes and reads the cache at bkc[t]/bvc[t]
      * (the engine's own, or a jlm_engine_seq's) at position bpos[t] */
     void    **bkc, **bvc; /* (nb,) */

@@ -250,7 +250,7 @@ typedef struct jlm_header {
 } jlm_header;
 
 /* Header codec. encode writes exactly JLM_HEADER_LEN bytes; decode checks magic
- * and version only (jlm_fmt_validate checks the rest against a file size). */
+ * and version only (jlm_fmt_header_validate checks the rest against a file size). */
 void jlm_fmt_header_encode(const jlm_header *h, uint8_t out[JLM_HEADER_LEN]);
 int  jlm_fmt_header_decode(const uint8_t *buf, size_t len, jlm_header *h, jlm_err *err);
 /* Every open-time check of section 3 against file_size. */

@@ -6,7 +6,7 @@
  * the conversion workers, the bytes and texts of every view file, and the
  * daemon's connection to the residency database. Knows nothing of FUSE: the
  * FUSE layer (cli/jlmfs_main.c) resolves a path to a jlmfs_node, calls these
- * functions and maps their JLM_E* codes to -errno in one place (jlmfs_errno).
+ * functions and maps their JLM_E* codes to -errno in one place (errno_of).
  * Passthrough files are plain syscalls in that layer; this module only tells
  * it where SRC is (jlmfs_node.real) and is told when a source changes.
  *

@@ -12,6 +12,7 @@ PKGS=(build-essential pkg-config libcriterion-dev libfuse3-dev fuse3 libsqlite3-
       libvulkan-dev glslc mesa-vulkan-drivers   # Vulkan backend; lavapipe runs its tests on the CPU
       clang libclang-rt-14-dev   # make fuzz: the libFuzzer targets (ASan + UBSan), run by .ci/run
       chromium    # chromium: tests/test_picture.c renders `jlm info --html` headless
+      graphviz    # dot: scripts/include-graph.sh draws docs/img/architecture.svg (checked by .ci/run)
       nodejs)     # node (+ npm below): tests/test_serve.c drives `jlm serve` with the official openai client
 missing=()
 # Debian's nodejs needs its npm package; NodeSource's nodejs bundles npm and conflicts with it

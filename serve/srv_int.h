@@ -1,5 +1,7 @@
-/* srv_int.h - what serve/server.c (HTTP) and serve/gen.c (models, workers,
- * generation) share. Not part of the server's contract (server.h).
+/* srv_int.h - what serve/server.c (HTTP), serve/gen.c (workers, generation),
+ * serve/scan.c (the table of served models, the --models DIR scanner) and
+ * serve/budget.c (one frame budget over every model) share. Not part of the
+ * server's contract (server.h).
  *
  * Job lifetime: a job is created by the connection thread with two
  * references (connection, worker); each side drops its own with

@@ -464,22 +464,36 @@ Test(serve, concurrent_requests_each_get_what_they_get_alone, .timeout = 120)
 
 /* ---------------------------------------------------------------- disconnects and drain */
 
-static int tcp_connect(int port)
+/* rcvbuf > 0: that receive buffer, set before connecting so the window
+ * offered to the server stays that small. */
+static int tcp_connect_buf(int port, int rcvbuf)
 {
     int fd = socket(AF_INET, SOCK_STREAM, 0);
+    if (fd >= 0 && rcvbuf > 0)
+        cr_assert_eq(setsockopt(fd, SOL_SOCKET, SO_RCVBUF, &rcvbuf, sizeof rcvbuf), 0);
     struct sockaddr_in a = {.sin_family = AF_INET, .sin_port = htons((uint16_t)port)};
     inet_pton(AF_INET, "127.0.0.1", &a.sin_addr);
     cr_assert(fd >= 0 && connect(fd, (struct sockaddr *)&a, sizeof a) == 0, "connect to the server");
     return fd;
 }
 
-/* Sends a long streamed generation (ignore_eos) and waits for its first event. */
-static int start_long_stream(const srv *s, int n_tokens)
+static int tcp_connect(int port)
 {
-    int fd = tcp_connect(s->port);
-    char body[256], req[512];
-    int nb = snprintf(body, sizeof body, "{\"prompt\": \"Once\", \"max_tokens\": %d, \"ignore_eos\": true, \"stream\": true}",
-                      n_tokens);
+    return tcp_connect_buf(port, 0);
+}
+
+/* Sends a streamed generation of n_tokens (ignore_eos) to model (NULL: the
+ * server's one) and waits for its first event. rcvbuf > 0: the client's
+ * receive buffer, so that a stream longer than the socket buffers can hold
+ * stays in flight, whatever the generation's speed, until the caller reads. */
+static int open_stream(const srv *s, const char *model, int n_tokens, int rcvbuf)
+{
+    int fd = tcp_connect_buf(s->port, rcvbuf);
+    char body[256], req[512], mf[96] = "";
+    if (model)
+        snprintf(mf, sizeof mf, "\"model\": \"%s\", ", model);
+    int nb = snprintf(body, sizeof body, "{%s\"prompt\": \"Once\", \"max_tokens\": %d, \"ignore_eos\": true, \"stream\": true}",
+                      mf, n_tokens);
     int nr = snprintf(req, sizeof req, "POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
                       "Content-Length: %d\r\n\r\n%s", nb, body);
     cr_assert_eq(write(fd, req, (size_t)nr), nr);
@@ -496,6 +510,12 @@ static int start_long_stream(const srv *s, int n_tokens)
     }
     cr_assert_fail("no first event within 20 s: %s", buf);
     return -1;
+}
+
+/* A long streamed generation on the server's model, its first event read. */
+static int start_long_stream(const srv *s, int n_tokens)
+{
+    return open_stream(s, NULL, n_tokens, 0);
 }
 
 /* Polls /metrics until it holds `line` (at most 20 s). */
@@ -1095,13 +1115,10 @@ Test(serve, a_models_folder_picks_up_late_views_and_drops_vanished_models, .time
     ref = jlm_run(&s, "Once upon a time", 16);
     cr_assert_str_eq(t, ref, "a container dropped in later answers as jlm run");
     free(t); free(r); free(ref);
-    int fd = tcp_connect(s.port);
-    const char *body = "{\"model\": \"copy\", \"prompt\": \"Once\", \"max_tokens\": 600, \"ignore_eos\": true, \"stream\": true}";
-    char req[512];
-    int nr = snprintf(req, sizeof req, "POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Length: %zu\r\n\r\n%s",
-                      strlen(body), body);
-    cr_assert_eq(write(fd, req, (size_t)nr), nr);
-    cr_assert(metrics_reach(&s, "jlm_requests_running{model=\"copy\"} 1"), "the stream runs");
+    /* the stream has started (its first event is here) and cannot end before
+     * this side reads it: 600 events are ~100 KB, and a 4 KiB receive buffer
+     * holds the server's sends back, however fast it generates */
+    int fd = open_stream(&s, "copy", 600, 4096);
     snprintf(cmd, sizeof cmd, "%s/copy.jlm", md);
     cr_assert_eq(unlink(cmd), 0);
     cr_assert_eq(http(&s, "GET", "/v1/models", NULL, NULL, &r), 200, "%s", r);

@@ -31,14 +31,26 @@ static inline const char *tu_model(const char *name)
     return b;
 }
 
-/* A fresh private temp dir (caller removes with tu_rmrf). */
+/* tests/test_tmpdirs.c: removes a tu_tmpdir folder when the test's process
+ * exits, however the test ended (passed, failed an assertion); the runner
+ * removes what a crashed or timed-out test left (its JLM_TEST_RUN folders). */
+void tu_tmpdir_track(const char *dir);
+
+/* A fresh private temp dir, /tmp/jlmtest.RUN.XXXXXX (RUN: the suite runner's
+ * pid, JLM_TEST_RUN; /tmp/jlmtest.XXXXXX outside the suite). The caller
+ * removes it with tu_rmrf when done; if the test fails first, the process's
+ * exit or the runner's end removes it (tests/test_tmpdirs.c). */
 static inline char *tu_tmpdir(void)
 {
-    char *t = strdup("/tmp/jlmtest.XXXXXX");
+    const char *run = getenv("JLM_TEST_RUN");
+    char *t = NULL;
+    if (asprintf(&t, "/tmp/jlmtest.%s%sXXXXXX", run && *run ? run : "", run && *run ? "." : "") < 0)
+        return NULL;
     if (!mkdtemp(t)) {
         free(t);
         return NULL;
     }
+    tu_tmpdir_track(t);
     return t;
 }
 

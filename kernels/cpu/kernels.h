@@ -19,7 +19,10 @@
  *  (2) A matvec writes y[r] for r in [r0, r1) only, reads nothing of y, and
  *      touches no other state: threads may split the rows of one matrix.
  *  (3) The kernel table chosen by jlm_k_cpu_init() is the module's only global
- *      mutable state. It is written once, before any thread starts.
+ *      mutable state. jlm_k_cpu_init writes it only when the choice changes
+ *      (the first call, or JLM_CPU naming another variant); a later call with
+ *      the same choice, as when jlm serve opens a model while another
+ *      computes, only reads it. Call it before starting threads that read it.
  *
  * Thread safety: every kernel is a pure function of its arguments (given (3)).
  * Memory: kernels allocate nothing; callers own every buffer.

@@ -40,6 +40,8 @@
 #include <stdint.h>
 #include <string.h>
 
+#include "kernels/layout.h"
+
 #ifdef __CUDACC__
 #define JLM_CU_HD static inline __host__ __device__
 #else
@@ -49,13 +51,8 @@
 #define JLM_CU_THREADS   256u   /* threads per block of the reduction kernels (power of 2) */
 #define JLM_CU_MV_WARPS  8u     /* warps per matvec block of a large grid (jlm_cu_mv_warps) */
 
-/* Stored type codes (format/jlm_format.h enum jlm_type; repeated here because
- * nvcc does not see format/'s C headers). */
-enum {
-    JLM_CU_F32 = 1, JLM_CU_F16 = 2, JLM_CU_Q4_0 = 3, JLM_CU_Q8_0 = 4, JLM_CU_Q3_K = 5,
-    JLM_CU_Q4_K = 6, JLM_CU_Q5_K = 7, JLM_CU_Q6_K = 8, JLM_CU_BF16 = 9, JLM_CU_Q5_0 = 10,
-    JLM_CU_MXFP4 = 11, JLM_CU_Q5_1 = 12
-};
+/* Stored type codes: JLM_KT_* of kernels/layout.h (C and C++, shared with the
+ * Vulkan shaders; vk.c asserts them equal to format/jlm_format.h's). */
 
 /* A packed sheet with its traits resolved on the host (jlm_cu_mat_from). */
 typedef struct jlm_cu_mat {
@@ -283,13 +280,13 @@ JLM_CU_HD int32_t jlm_cu_dot(const jlm_cu_mat *m, const int8_t *a, uint64_t s, u
     const uint64_t rows = m->rows;
     const uint32_t *col = (const uint32_t *)m->qs + s * m->w * rows + r;
     switch (m->type) {
-    case JLM_CU_Q4_0: case JLM_CU_Q4_K: return jlm_cu_dot_c(col, rows, a, 32, 4, 0, 0);
-    case JLM_CU_MXFP4:                  return jlm_cu_dot_c(col, rows, a, 32, 4, 0, 1);
-    case JLM_CU_Q8_0:                   return jlm_cu_dot_c(col, rows, a, 32, 8, 0, 0);
-    case JLM_CU_Q5_0: case JLM_CU_Q5_1:
-    case JLM_CU_Q5_K:                   return jlm_cu_dot_c(col, rows, a, 32, 4, 1, 0);
-    case JLM_CU_Q3_K:                   return jlm_cu_dot_c(col, rows, a, 16, 4, 0, 0);
-    case JLM_CU_Q6_K:                   return jlm_cu_dot_c(col, rows, a, 16, 4, 2, 0);
+    case JLM_KT_Q4_0: case JLM_KT_Q4_K: return jlm_cu_dot_c(col, rows, a, 32, 4, 0, 0);
+    case JLM_KT_MXFP4:                  return jlm_cu_dot_c(col, rows, a, 32, 4, 0, 1);
+    case JLM_KT_Q8_0:                   return jlm_cu_dot_c(col, rows, a, 32, 8, 0, 0);
+    case JLM_KT_Q5_0: case JLM_KT_Q5_1:
+    case JLM_KT_Q5_K:                   return jlm_cu_dot_c(col, rows, a, 32, 4, 1, 0);
+    case JLM_KT_Q3_K:                   return jlm_cu_dot_c(col, rows, a, 16, 4, 0, 0);
+    case JLM_KT_Q6_K:                   return jlm_cu_dot_c(col, rows, a, 16, 4, 2, 0);
     default:                            return jlm_cu_dot_c(col, rows, a, m->sub, m->p0, m->p1, 0);
     }
 }
@@ -304,7 +301,7 @@ JLM_CU_HD int32_t jlm_cu_dot(const jlm_cu_mat *m, const int8_t *a, uint64_t s, u
  * adds them in order is bit-identical to the reference. */
 JLM_CU_HD int jlm_cu_is_float(const jlm_cu_mat *m)
 {
-    return m->type == JLM_CU_F32 || m->type == JLM_CU_F16 || m->type == JLM_CU_BF16;
+    return m->type == JLM_KT_F32 || m->type == JLM_KT_F16 || m->type == JLM_KT_BF16;
 }
 
 JLM_CU_HD uint64_t jlm_cu_n_terms(const jlm_cu_mat *m)
@@ -319,14 +316,14 @@ JLM_CU_HD float jlm_cu_term_sub32(const jlm_cu_mat *m, const jlm_cu_act *a, uint
     int32_t suma = a->sum16[2 * s] + a->sum16[2 * s + 1];
     float da = a->d[s];
     uint32_t dw = jlm_cu_dword(m, s, r);
-    if (type == JLM_CU_Q5_1) {
+    if (type == JLM_KT_Q5_1) {
         int32_t dot = jlm_cu_dot(m, aq, s, r);
         float d = jlm_cu_fp16_to_f32(dw & 0xffffu), b = jlm_cu_fp16_to_f32(dw >> 16);
         return (d * da) * (float)dot - (b * da) * (float)suma;
     }
-    int32_t bias = type == JLM_CU_Q4_0 ? 8 : type == JLM_CU_Q5_0 ? 16 : type == JLM_CU_MXFP4 ? 12 : 0;
+    int32_t bias = type == JLM_KT_Q4_0 ? 8 : type == JLM_KT_Q5_0 ? 16 : type == JLM_KT_MXFP4 ? 12 : 0;
     int32_t isum = jlm_cu_dot(m, aq, s, r) - bias * suma;
-    float d = type == JLM_CU_MXFP4 ? jlm_cu_bits_f32(dw << 23) : jlm_cu_fp16_to_f32(dw & 0xffffu);
+    float d = type == JLM_KT_MXFP4 ? jlm_cu_bits_f32(dw << 23) : jlm_cu_fp16_to_f32(dw & 0xffffu);
     return (d * da) * (float)isum;
 }
 
@@ -345,7 +342,7 @@ JLM_CU_HD float jlm_cu_term_k32(const jlm_cu_mat *m, const jlm_cu_act *a, uint64
 
 JLM_CU_HD float jlm_cu_term_k16(const jlm_cu_mat *m, const jlm_cu_act *a, uint64_t r, uint64_t b)
 {
-    int q3 = m->type == JLM_CU_Q3_K;
+    int q3 = m->type == JLM_KT_Q3_K;
     int32_t off = q3 ? -32 : -128, bias = q3 ? 4 : 32;
     float d = jlm_cu_fp16_to_f32(jlm_cu_dword(m, b / 8, r) & 0xffffu);
     int32_t isum = 0;
@@ -358,26 +355,26 @@ JLM_CU_HD float jlm_cu_term_k16(const jlm_cu_mat *m, const jlm_cu_act *a, uint64
 
 JLM_CU_HD float jlm_cu_term_float(const jlm_cu_mat *m, const float *x, uint64_t r, uint64_t i)
 {
-    if (m->type == JLM_CU_F32)
+    if (m->type == JLM_KT_F32)
         return ((const float *)m->qs)[r * m->k + i] * x[i];
     uint16_t w = ((const uint16_t *)m->qs)[r * m->k + i];
-    return (m->type == JLM_CU_BF16 ? jlm_cu_bits_f32((uint32_t)w << 16) : jlm_cu_fp16_to_f32(w)) * x[i];
+    return (m->type == JLM_KT_BF16 ? jlm_cu_bits_f32((uint32_t)w << 16) : jlm_cu_fp16_to_f32(w)) * x[i];
 }
 
 /* Term i of row r of a quantized type (float types: jlm_cu_term_float). */
 JLM_CU_HD float jlm_cu_term(const jlm_cu_mat *m, const jlm_cu_act *a, uint64_t r, uint64_t i)
 {
     switch (m->type) {
-    case JLM_CU_Q4_K: case JLM_CU_Q5_K:
+    case JLM_KT_Q4_K: case JLM_KT_Q5_K:
         return jlm_cu_term_k32(m, a, r, i);
-    case JLM_CU_Q3_K: case JLM_CU_Q6_K:
+    case JLM_KT_Q3_K: case JLM_KT_Q6_K:
         return jlm_cu_term_k16(m, a, r, i);
     default:
         return jlm_cu_term_sub32(m, a, r, i);
     }
 }
 
-/* ---------------------------------------------------------------- matvec grid (k_matvec)
+/* ---------------------------------------------------------------- matvec grid (jlm_cu_k_matvec)
  *
  * A block owns 32 rows and one token: lane = row within the block. Its warp 0
  * adds terms; warps 1.. (the workers) compute them, a chunk of
@@ -707,7 +704,7 @@ JLM_CU_HD void jlm_cu_attn_out(const jlm_cu_attn *p, const float *v, const float
 enum { JLM_CU_ROUTE_NORM = 0, JLM_CU_ROUTE_RAW = 1, JLM_CU_ROUTE_OAI = 2 };
 
 /* Router phase 0: probs = logits (strided copy; the softmax phases of
- * k_softmax then run on probs unless mode is OAI). */
+ * jlm_cu_k_softmax then run on probs unless mode is OAI). */
 JLM_CU_HD void jlm_cu_copy_strided(float *dst, const float *src, uint64_t n, unsigned t, unsigned T)
 {
     for (uint64_t i = t; i < n; i += T)

@@ -47,7 +47,7 @@ void jlm_cu_mat_from(const jlm_k_mat *m, jlm_cu_mat *out);
  * every thread, phase by phase (body.h invariant 2). Arguments as the CPU ops
  * of kernels.h; xq may be NULL for float types. */
 void jlm_cu_host_matvec(const jlm_k_mat *m, const float *x, const jlm_act_q8 *xq, float *y);
-/* k_matvec's grid for one token with `warps` warps per block (2..32), as
+/* jlm_cu_k_matvec's grid for one token with `warps` warps per block (2..32), as
  * above but on the bodies' view (the host emulation of kernels/cuda/rt.c
  * runs it too). */
 void jlm_cu_grid_matvec(const jlm_cu_mat *m, const float *x, const jlm_cu_act *a, float *y, unsigned warps);
@@ -62,7 +62,7 @@ void jlm_cu_host_attn(const jlm_cu_attn *p, const float *q, const float *k, cons
                       float *scores, float *out);
 
 /* The router of one token (probs: n floats of scratch) and the expert
- * combine (ys: (n_used, n) contiguous), as k_moe_route / k_moe_combine. */
+ * combine (ys: (n_used, n) contiguous), as jlm_cu_k_moe_route / jlm_cu_k_moe_combine. */
 void jlm_cu_host_moe_route(const float *logits, uint32_t n, uint32_t n_used, int mode, float scale, float *probs,
                            int32_t *sel, float *w);
 void jlm_cu_host_moe_combine(float *x, const float *ys, const float *w, uint32_t n_used, uint64_t n);

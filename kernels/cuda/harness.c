@@ -120,7 +120,7 @@ void jlm_cu_host_softmax(float *x, uint64_t n)
 _Static_assert((int)JLM_CU_ROUTE_NORM == (int)JLM_K_ROUTE_NORM && (int)JLM_CU_ROUTE_RAW == (int)JLM_K_ROUTE_RAW &&
                (int)JLM_CU_ROUTE_OAI == (int)JLM_K_ROUTE_OAI, "routing modes of body.h and kernels.h");
 
-/* kernel moe_route: one block; the copy, then k_softmax's phases on probs
+/* kernel moe_route: one block; the copy, then jlm_cu_k_softmax's phases on probs
  * (unless OAI), then thread 0's pick. */
 void jlm_cu_host_moe_route(const float *logits, uint32_t n, uint32_t n_used, int mode, float scale, float *probs,
                            int32_t *sel, float *w)

@@ -17,7 +17,7 @@
 // previous chunk from the other (body.h, "matvec grid").
 // __launch_bounds__: up to 32 warps a block (jlm_cu_mv_warps), so ptxas keeps
 // the registers within 64 a thread or a 1024-thread block could not launch.
-__global__ void __launch_bounds__(1024) k_matvec(jlm_cu_mat m, const float *x, const jlm_cu_act *xq, float *y)
+__global__ void __launch_bounds__(1024) jlm_cu_k_matvec(jlm_cu_mat m, const float *x, const jlm_cu_act *xq, float *y)
 {
     __shared__ float sh[2][JLM_CU_MV_CHUNK * JLM_CU_MV_PITCH];
     const unsigned lane = threadIdx.x, wy = threadIdx.y, workers = blockDim.y - 1;
@@ -37,7 +37,7 @@ __global__ void __launch_bounds__(1024) k_matvec(jlm_cu_mat m, const float *x, c
         y[tok * m.rows + r0 + lane] = acc;
 }
 
-__global__ void k_quantize(const float *x, jlm_cu_act a)
+__global__ void jlm_cu_k_quantize(const float *x, jlm_cu_act a)
 {
     uint64_t b = (uint64_t)blockIdx.x * blockDim.x + threadIdx.x;
     if (b < a.k / 32)
@@ -69,14 +69,14 @@ __device__ static float block_max(float *sh, float v)
     return block_reduce<float, jlm_cu_tree_max>(sh, v);
 }
 
-__global__ void k_rmsnorm(float *out, const float *x, const float *w, uint64_t n, float eps)
+__global__ void jlm_cu_k_rmsnorm(float *out, const float *x, const float *w, uint64_t n, float eps)
 {
     __shared__ double sh[T];
     double sum = block_sum(sh, jlm_cu_rms_partial(x, n, threadIdx.x, T));
     jlm_cu_rms_apply(out, x, w, n, eps, sum, threadIdx.x, T);
 }
 
-__global__ void k_layernorm(float *out, const float *x, const float *w, const float *b, uint64_t n, float eps)
+__global__ void jlm_cu_k_layernorm(float *out, const float *x, const float *w, const float *b, uint64_t n, float eps)
 {
     __shared__ double sh[T];
     const float mean = (float)(block_sum(sh, jlm_cu_sum_partial(x, n, threadIdx.x, T)) / (double)n);
@@ -84,7 +84,7 @@ __global__ void k_layernorm(float *out, const float *x, const float *w, const fl
     jlm_cu_ln_apply(out, w, b, n, eps, sum2, threadIdx.x, T);
 }
 
-__global__ void k_softmax(float *x, uint64_t n)
+__global__ void jlm_cu_k_softmax(float *x, uint64_t n)
 {
     __shared__ double shs[T];
     __shared__ float shm[T];
@@ -93,21 +93,21 @@ __global__ void k_softmax(float *x, uint64_t n)
     jlm_cu_scale_strided(x, n, inv, threadIdx.x, T);
 }
 
-__global__ void k_rope(jlm_cu_rope p, float *x, uint32_t n_head, uint32_t head_dim, int64_t pos)
+__global__ void jlm_cu_k_rope(jlm_cu_rope p, float *x, uint32_t n_head, uint32_t head_dim, int64_t pos)
 {
     uint64_t i = (uint64_t)blockIdx.x * blockDim.x + threadIdx.x, half = p.n_rot / 2;
     if (i < (uint64_t)n_head * half)
         jlm_cu_rope_pair(&p, x, head_dim, pos, (uint32_t)(i / half), (uint32_t)(i % half));
 }
 
-__global__ void k_elem(int op, float *out, const float *a, const float *b, uint64_t n, float s, float lim)
+__global__ void jlm_cu_k_elem(int op, float *out, const float *a, const float *b, uint64_t n, float s, float lim)
 {
     uint64_t i = (uint64_t)blockIdx.x * blockDim.x + threadIdx.x;
     if (i < n)
         out[i] = jlm_cu_elem(op, a[i], b ? b[i] : 0.0f, s, lim);
 }
 
-__global__ void k_attn(jlm_cu_attn p, const float *q, const float *k, const float *v, float *scores,
+__global__ void jlm_cu_k_attn(jlm_cu_attn p, const float *q, const float *k, const float *v, float *scores,
                        float *out)
 {
     __shared__ double shs[T];
@@ -122,8 +122,8 @@ __global__ void k_attn(jlm_cu_attn p, const float *q, const float *k, const floa
 }
 
 // The router of one token: probs (global scratch, n) = logits, their softmax
-// (the k_softmax phases) unless gpt-oss's mode, then the pick by thread 0.
-__global__ void k_moe_route(const float *logits, uint32_t n, uint32_t n_used, int mode, float scale, float *probs,
+// (the jlm_cu_k_softmax phases) unless gpt-oss's mode, then the pick by thread 0.
+__global__ void jlm_cu_k_moe_route(const float *logits, uint32_t n, uint32_t n_used, int mode, float scale, float *probs,
                             int32_t *sel, float *w)
 {
     __shared__ double shs[T];
@@ -140,7 +140,7 @@ __global__ void k_moe_route(const float *logits, uint32_t n, uint32_t n_used, in
         jlm_cu_route_pick(probs, n, n_used, mode, scale, sel, w);
 }
 
-__global__ void k_moe_combine(float *x, const float *ys, const float *w, uint32_t n_used, uint64_t n)
+__global__ void jlm_cu_k_moe_combine(float *x, const float *ys, const float *w, uint32_t n_used, uint64_t n)
 {
     uint64_t i = (uint64_t)blockIdx.x * blockDim.x + threadIdx.x;
     if (i < n)
@@ -176,32 +176,32 @@ int jlm_cu_launch_matvec(const jlm_cu_mat *m, uint64_t n, const float *x, const 
                          float *y, void *stream)
 {
     dim3 grid(blocks_for(m->rows, 32), (unsigned)n), block(32, mv_warps((uint64_t)blocks_for(m->rows, 32) * n));
-    k_matvec<<<grid, block, 0, (cudaStream_t)stream>>>(*m, x, xq, y);
+    jlm_cu_k_matvec<<<grid, block, 0, (cudaStream_t)stream>>>(*m, x, xq, y);
     return launched();
 }
 
 int jlm_cu_launch_quantize(const float *x, const jlm_cu_act *a, void *stream)
 {
-    k_quantize<<<blocks_for(a->k / 32, 128), 128, 0, (cudaStream_t)stream>>>(x, *a);
+    jlm_cu_k_quantize<<<blocks_for(a->k / 32, 128), 128, 0, (cudaStream_t)stream>>>(x, *a);
     return launched();
 }
 
 int jlm_cu_launch_rmsnorm(float *out, const float *x, const float *w, uint64_t n, float eps, void *stream)
 {
-    k_rmsnorm<<<1, T, 0, (cudaStream_t)stream>>>(out, x, w, n, eps);
+    jlm_cu_k_rmsnorm<<<1, T, 0, (cudaStream_t)stream>>>(out, x, w, n, eps);
     return launched();
 }
 
 int jlm_cu_launch_layernorm(float *out, const float *x, const float *w, const float *b, uint64_t n, float eps,
                             void *stream)
 {
-    k_layernorm<<<1, T, 0, (cudaStream_t)stream>>>(out, x, w, b, n, eps);
+    jlm_cu_k_layernorm<<<1, T, 0, (cudaStream_t)stream>>>(out, x, w, b, n, eps);
     return launched();
 }
 
 int jlm_cu_launch_softmax(float *x, uint64_t n, void *stream)
 {
-    k_softmax<<<1, T, 0, (cudaStream_t)stream>>>(x, n);
+    jlm_cu_k_softmax<<<1, T, 0, (cudaStream_t)stream>>>(x, n);
     return launched();
 }
 
@@ -211,7 +211,7 @@ int jlm_cu_launch_rope(const jlm_cu_rope *p, float *x, uint32_t n_head, uint32_t
     uint64_t n = (uint64_t)n_head * (p->n_rot / 2);
     if (n == 0)
         return 0;
-    k_rope<<<blocks_for(n, 128), 128, 0, (cudaStream_t)stream>>>(*p, x, n_head, head_dim, pos);
+    jlm_cu_k_rope<<<blocks_for(n, 128), 128, 0, (cudaStream_t)stream>>>(*p, x, n_head, head_dim, pos);
     return launched();
 }
 
@@ -220,21 +220,21 @@ int jlm_cu_launch_elem(int op, float *out, const float *a, const float *b, uint6
 {
     if (n == 0)
         return 0;
-    k_elem<<<blocks_for(n, 256), 256, 0, (cudaStream_t)stream>>>(op, out, a, b, n, s, lim);
+    jlm_cu_k_elem<<<blocks_for(n, 256), 256, 0, (cudaStream_t)stream>>>(op, out, a, b, n, s, lim);
     return launched();
 }
 
 int jlm_cu_launch_attn(const jlm_cu_attn *p, const float *q, const float *k, const float *v, float *scores,
                        float *out, void *stream)
 {
-    k_attn<<<p->n_head, T, 0, (cudaStream_t)stream>>>(*p, q, k, v, scores, out);
+    jlm_cu_k_attn<<<p->n_head, T, 0, (cudaStream_t)stream>>>(*p, q, k, v, scores, out);
     return launched();
 }
 
 int jlm_cu_launch_moe_route(const float *logits, uint32_t n, uint32_t n_used, int mode, float scale, float *probs,
                             int32_t *sel, float *w, void *stream)
 {
-    k_moe_route<<<1, T, 0, (cudaStream_t)stream>>>(logits, n, n_used, mode, scale, probs, sel, w);
+    jlm_cu_k_moe_route<<<1, T, 0, (cudaStream_t)stream>>>(logits, n, n_used, mode, scale, probs, sel, w);
     return launched();
 }
 
@@ -242,7 +242,7 @@ int jlm_cu_launch_moe_combine(float *x, const float *ys, const float *w, uint32_
 {
     if (n == 0)
         return 0;
-    k_moe_combine<<<blocks_for(n, 256), 256, 0, (cudaStream_t)stream>>>(x, ys, w, n_used, n);
+    jlm_cu_k_moe_combine<<<blocks_for(n, 256), 256, 0, (cudaStream_t)stream>>>(x, ys, w, n_used, n);
     return launched();
 }
 

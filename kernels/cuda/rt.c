@@ -184,7 +184,7 @@ static int emu_until(jlm_cu_rt *r, int ev, uint64_t seq)
     return rc;
 }
 
-/* The k_matvec grid on the host (harness.c), token by token. The act
+/* The jlm_cu_k_matvec grid on the host (harness.c), token by token. The act
  * records are read here, when the launch runs: they are device memory that a
  * queued copy may have filled. */
 static int emu_matvec(jlm_cu_rt *r, int s, const emu_op *op)

@@ -6,7 +6,7 @@
  * the engine's CUDA backend (engine/backend_cu.c) is mostly plumbing: which
  * frame holds which plane, what is copied when, which stream waits for which.
  * The emulated device runs the same per-thread kernel bodies as the device
- * (kernels/cuda/body.h over the k_matvec grid) and is strict where a device
+ * (kernels/cuda/body.h over the jlm_cu_k_matvec grid) and is strict where a device
  * would be forgiving or racy, so plumbing bugs fail the suite:
  *  - every device pointer handed to a copy or a launch must lie inside a live
  *    device allocation with room for the whole span (the matrix planes, the
@@ -65,7 +65,7 @@ int jlm_cu_rt_wait(jlm_cu_rt *r, int stream, int ev);   /* stream waits for ev's
 int jlm_cu_rt_event_sync(jlm_cu_rt *r, int ev);         /* the host waits for ev's latest record */
 int jlm_cu_rt_sync(jlm_cu_rt *r, int stream);
 
-/* The k_matvec grid: m's planes, x (n, k) floats or xq (n act records, each
+/* The jlm_cu_k_matvec grid: m's planes, x (n, k) floats or xq (n act records, each
  * pointing at device memory), y (n, rows): all device pointers. */
 int jlm_cu_rt_matvec(jlm_cu_rt *r, const jlm_cu_mat *m, uint64_t n, const float *x, const jlm_cu_act *xq, float *y,
                      int stream);

@@ -3,10 +3,17 @@
  * build time) every entry point reports "built without Vulkan". */
 #include "kernels/vulkan/vk.h"
 
+#include "kernels/layout.h"
+
 #include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+
+/* The kernels' type codes are the container's (kernels/layout.h). */
+#define TYPE_CODE_(name, code) _Static_assert(JLM_T_##name == code, "kernels/layout.h: JLM_KT_" #name);
+JLM_KT_LIST(TYPE_CODE_)
+#undef TYPE_CODE_
 
 #ifdef JLM_HAVE_VULKAN
 
@@ -44,13 +51,11 @@ static const uint32_t SPV_MOE_COMBINE[] =
 
 enum { K_MATVEC, K_RMSNORM, K_SOFTMAX, K_ELTWISE, K_ROPE, K_ATTENTION, K_LAYERNORM, K_MOE_ROUTE, K_MOE_COMBINE, K_COUNT };
 #define NBIND    8     /* every pipeline: bindings 0..7 (unused ones get a dummy) */
-#define PUSH_MAX 64
-#define NSPEC    6     /* matvec.comp's specialization constants: type, W, SUB, P1, DSHARE, NT */
+#define NSPEC    (sizeof(jlm_spec_matvec) / 4)   /* matvec.comp's specialization constants (kernels/layout.h) */
 /* Tokens per invocation of a matmul of several tokens (matvec.comp's NT): the
  * row's weights are read and decoded once per tile. 8 keeps a tile's sums and
  * one sub-block's codes (40 words) in registers on a GPU. */
 #define MV_TILE  8
-#define MV_PUSH  44    /* matvec.comp's push constants: k, rows, u_lo, u_hi, qd, dd, sd, accum, r0, r1, ntok */
 
 static const struct { const uint32_t *code; size_t size; } SPV[K_COUNT] = {
     [K_MATVEC] = {SPV_MATVEC, sizeof SPV_MATVEC},
@@ -289,7 +294,7 @@ static int make_layout(jlm_vk *vk, jlm_err *err)
     VkResult r = vkCreateDescriptorSetLayout(vk->dev, &dl, NULL, &vk->dsl);
     if (r != VK_SUCCESS)
         return vkfail(err, "vkCreateDescriptorSetLayout", r);
-    VkPushConstantRange pr = {.stageFlags = VK_SHADER_STAGE_COMPUTE_BIT, .size = PUSH_MAX};
+    VkPushConstantRange pr = {.stageFlags = VK_SHADER_STAGE_COMPUTE_BIT, .size = JLM_PUSH_MAX};
     VkPipelineLayoutCreateInfo pl = {.sType = VK_STRUCTURE_TYPE_PIPELINE_LAYOUT_CREATE_INFO,
                                      .setLayoutCount = 1, .pSetLayouts = &vk->dsl,
                                      .pushConstantRangeCount = 1, .pPushConstantRanges = &pr};
@@ -297,8 +302,9 @@ static int make_layout(jlm_vk *vk, jlm_err *err)
     return r == VK_SUCCESS ? JLM_OK : vkfail(err, "vkCreatePipelineLayout", r);
 }
 
-/* Pipeline of shader k; spec (NSPEC words) sets its specialization constants 0..NSPEC-1. */
-static int make_pipeline_spec(jlm_vk *vk, int k, const uint32_t *spec, VkPipeline *out, jlm_err *err)
+/* Pipeline of shader k; spec (NULL: none) sets matvec.comp's specialization
+ * constants, constant i at offset 4*i (kernels/layout.h, invariant 1). */
+static int make_pipeline_spec(jlm_vk *vk, int k, const jlm_spec_matvec *spec, VkPipeline *out, jlm_err *err)
 {
     VkShaderModuleCreateInfo mi = {.sType = VK_STRUCTURE_TYPE_SHADER_MODULE_CREATE_INFO,
                                    .codeSize = SPV[k].size, .pCode = SPV[k].code};
@@ -309,7 +315,7 @@ static int make_pipeline_spec(jlm_vk *vk, int k, const uint32_t *spec, VkPipelin
     VkSpecializationMapEntry map[NSPEC];
     for (uint32_t i = 0; i < NSPEC; i++)
         map[i] = (VkSpecializationMapEntry){.constantID = i, .offset = 4 * i, .size = 4};
-    VkSpecializationInfo si = {.mapEntryCount = NSPEC, .pMapEntries = map, .dataSize = 4 * NSPEC, .pData = spec};
+    VkSpecializationInfo si = {.mapEntryCount = NSPEC, .pMapEntries = map, .dataSize = sizeof *spec, .pData = spec};
     VkComputePipelineCreateInfo ci = {
         .sType = VK_STRUCTURE_TYPE_COMPUTE_PIPELINE_CREATE_INFO,
         .stage = {.sType = VK_STRUCTURE_TYPE_PIPELINE_SHADER_STAGE_CREATE_INFO,
@@ -648,9 +654,9 @@ static int dispatch2(jlm_vk *vk, VkPipeline pipe, const jlm_vk_view *views, int 
     vkBeginCommandBuffer(vk->cmd, &cb);
     vkCmdBindPipeline(vk->cmd, VK_PIPELINE_BIND_POINT_COMPUTE, pipe);
     vkCmdBindDescriptorSets(vk->cmd, VK_PIPELINE_BIND_POINT_COMPUTE, vk->layout, 0, 1, &set, 0, NULL);
-    uint8_t pbuf[PUSH_MAX] = {0};
+    uint8_t pbuf[JLM_PUSH_MAX] = {0};
     memcpy(pbuf, push, push_size);
-    vkCmdPushConstants(vk->cmd, vk->layout, VK_SHADER_STAGE_COMPUTE_BIT, 0, PUSH_MAX, pbuf);
+    vkCmdPushConstants(vk->cmd, vk->layout, VK_SHADER_STAGE_COMPUTE_BIT, 0, JLM_PUSH_MAX, pbuf);
     vkCmdDispatch(vk->cmd, gx, gy, 1);
     VkMemoryBarrier mb = {.sType = VK_STRUCTURE_TYPE_MEMORY_BARRIER, .srcAccessMask = VK_ACCESS_SHADER_WRITE_BIT,
                           .dstAccessMask = VK_ACCESS_HOST_READ_BIT | VK_ACCESS_SHADER_READ_BIT};
@@ -715,7 +721,7 @@ static int plane_window(const jlm_vk *vk, const jlm_vk_view *pv, uint64_t a, uin
  * running sum carried in y; float types (row-major) in chunks of rows. The
  * file layout is untouched: only the bindings change. */
 static int matvec_chunked(jlm_vk *vk, const jlm_vk_mat *m, const jlm_type_traits *t, jlm_vk_view *v,
-                          uint32_t *push, VkPipeline pipe, uint32_t gy, jlm_err *err)
+                          jlm_push_matvec *push, VkPipeline pipe, uint32_t gy, jlm_err *err)
 {
     uint64_t lim = vk->max_binding, al = vk->props.limits.minStorageBufferOffsetAlignment;
     uint64_t slack = al > 4 ? al : 4;
@@ -728,12 +734,12 @@ static int matvec_chunked(jlm_vk *vk, const jlm_vk_mat *m, const jlm_type_traits
         for (uint64_t r0 = 0; r0 < m->rows; r0 += step) {
             uint64_t r1 = r0 + step < m->rows ? r0 + step : m->rows;
             jlm_vk_view pv = m->qs;
-            if (plane_window(vk, &pv, r0 * row_words, r1 * row_words, &v[0], &push[4]))
+            if (plane_window(vk, &pv, r0 * row_words, r1 * row_words, &v[0], &push->qd))
                 return jlm_errf(err, JLM_EUNSUPPORTED, "vulkan matvec %s: no window for rows %llu..%llu", t->name,
                                 (unsigned long long)r0, (unsigned long long)r1);
-            push[8] = (uint32_t)r0;
-            push[9] = (uint32_t)r1;
-            int rc = dispatch2(vk, pipe, v, 8, push, MV_PUSH, groups(r1 - r0, 64), gy, err);
+            push->r0 = (uint32_t)r0;
+            push->r1 = (uint32_t)r1;
+            int rc = dispatch2(vk, pipe, v, 8, push, sizeof *push, groups(r1 - r0, 64), gy, err);
             if (rc)
                 return rc;
         }
@@ -741,6 +747,7 @@ static int matvec_chunked(jlm_vk *vk, const jlm_vk_mat *m, const jlm_type_traits
     }
     uint64_t super = (uint64_t)t->sub * t->super_sub, nsb = m->k / super, per[3] = {0, 0, 0};
     const jlm_vk_view *pl[3] = {&m->qs, &m->d, &m->sc};
+    uint32_t *delta[3] = {&push->qd, &push->dd, &push->sd};
     uint64_t ql, dl, sl;
     int rc = jlm_fmt_planes(m->type, m->k, m->rows, &ql, &dl, &sl, err);
     if (rc)
@@ -764,13 +771,13 @@ static int matvec_chunked(jlm_vk *vk, const jlm_vk_mat *m, const jlm_type_traits
         for (int i = 0; i < 3; i++) {
             if (!per[i])
                 continue;
-            if (plane_window(vk, pl[i], b0 * per[i], b1 * per[i], &v[i], &push[4 + i]))
+            if (plane_window(vk, pl[i], b0 * per[i], b1 * per[i], &v[i], delta[i]))
                 return jlm_errf(err, JLM_EUNSUPPORTED, "vulkan matvec %s: no window for plane %d", t->name, i);
         }
-        push[2] = (uint32_t)(b0 * super / 32);
-        push[3] = (uint32_t)(b1 * super / 32);
-        push[7] = b0 > 0;
-        if ((rc = dispatch2(vk, pipe, v, 8, push, MV_PUSH, groups(m->rows, 64), gy, err)))
+        push->u_lo = (uint32_t)(b0 * super / 32);
+        push->u_hi = (uint32_t)(b1 * super / 32);
+        push->accum = b0 > 0;
+        if ((rc = dispatch2(vk, pipe, v, 8, push, sizeof *push, groups(m->rows, 64), gy, err)))
             return rc;
     }
     return JLM_OK;
@@ -807,29 +814,29 @@ int jlm_vk_matmul(jlm_vk *vk, const jlm_vk_mat *m, uint32_t ntok, jlm_vk_view x,
     uint32_t nt = tiled ? MV_TILE : 1, gy = (ntok + nt - 1) / nt;
     VkPipeline *pipe = &vk->mv[m->type][tiled];
     if (!*pipe) {
-        uint32_t spec[NSPEC] = {m->type, t->w ? t->w : 1, t->sub, t->p1, t->d_share, nt};
-        if ((rc = make_pipeline_spec(vk, K_MATVEC, spec, pipe, err)))
+        jlm_spec_matvec spec = {m->type, t->w ? t->w : 1, t->sub, t->p1, t->d_share, nt};
+        if ((rc = make_pipeline_spec(vk, K_MATVEC, &spec, pipe, err)))
             return rc;
     }
-    uint32_t push[MV_PUSH / 4] = {(uint32_t)m->k, (uint32_t)m->rows, 0, (uint32_t)(m->k / 32), 0, 0, 0, 0, 0,
-                                  (uint32_t)m->rows, ntok};
+    jlm_push_matvec push = {.k = (uint32_t)m->k, .rows = (uint32_t)m->rows, .u_hi = (uint32_t)(m->k / 32),
+                            .r1 = (uint32_t)m->rows, .ntok = ntok};
     uint64_t lim = vk->max_binding;
     if (view_len(&m->qs) <= lim && (!m->d.buf || view_len(&m->d) <= lim) && (!m->sc.buf || view_len(&m->sc) <= lim))
-        return dispatch2(vk, *pipe, v, 8, push, sizeof push, groups(m->rows, 64), gy, err);
-    return matvec_chunked(vk, m, t, v, push, *pipe, gy, err);
+        return dispatch2(vk, *pipe, v, 8, &push, sizeof push, groups(m->rows, 64), gy, err);
+    return matvec_chunked(vk, m, t, v, &push, *pipe, gy, err);
 }
 
 int jlm_vk_rmsnorm(jlm_vk *vk, jlm_vk_view out, jlm_vk_view x, jlm_vk_view w, uint32_t n,
                    float eps, jlm_err *err)
 {
-    struct { uint32_t n, has_w; float eps; } p = {n, w.buf != NULL, eps};
+    jlm_push_rmsnorm p = {n, w.buf != NULL, eps};
     jlm_vk_view v[3] = {x, w, out};
     return dispatch(vk, vk->pipe[K_RMSNORM], v, 3, &p, sizeof p, 1, err);
 }
 
 int jlm_vk_softmax(jlm_vk *vk, jlm_vk_view x, uint32_t n, uint32_t rows, jlm_err *err)
 {
-    uint32_t p = n;
+    jlm_push_softmax p = {n};
     return dispatch(vk, vk->pipe[K_SOFTMAX], &x, 1, &p, sizeof p, rows, err);
 }
 
@@ -838,7 +845,7 @@ int jlm_vk_eltwise(jlm_vk *vk, int op, jlm_vk_view out, jlm_vk_view a, jlm_vk_vi
 {
     if (op < JLM_VK_SILU || op > JLM_VK_GELU_QUICK)
         return jlm_errf(err, JLM_EINVAL, "vulkan: unknown element-wise op %d", op);
-    struct { uint32_t n, op; float alpha, limit; } p = {n, (uint32_t)op, 0, 0};
+    jlm_push_eltwise p = {n, (uint32_t)op, 0, 0};
     jlm_vk_view v[3] = {a, b, out};
     return dispatch(vk, vk->pipe[K_ELTWISE], v, 3, &p, sizeof p, groups(n, 256), err);
 }
@@ -846,7 +853,7 @@ int jlm_vk_eltwise(jlm_vk *vk, int op, jlm_vk_view out, jlm_vk_view a, jlm_vk_vi
 int jlm_vk_swiglu_oai(jlm_vk *vk, jlm_vk_view out, jlm_vk_view gate, jlm_vk_view up, uint32_t n,
                       float alpha, float limit, jlm_err *err)
 {
-    struct { uint32_t n, op; float alpha, limit; } p = {n, 6, alpha, limit};
+    jlm_push_eltwise p = {n, 6, alpha, limit};
     jlm_vk_view v[3] = {gate, up, out};
     return dispatch(vk, vk->pipe[K_ELTWISE], v, 3, &p, sizeof p, groups(n, 256), err);
 }
@@ -854,7 +861,7 @@ int jlm_vk_swiglu_oai(jlm_vk *vk, jlm_vk_view out, jlm_vk_view gate, jlm_vk_view
 int jlm_vk_layernorm(jlm_vk *vk, jlm_vk_view out, jlm_vk_view x, jlm_vk_view w, jlm_vk_view b,
                      uint32_t n, float eps, jlm_err *err)
 {
-    struct { uint32_t n, has_w, has_b; float eps; } p = {n, w.buf != NULL, b.buf != NULL, eps};
+    jlm_push_layernorm p = {n, w.buf != NULL, b.buf != NULL, eps};
     jlm_vk_view v[4] = {x, w, b, out};
     return dispatch(vk, vk->pipe[K_LAYERNORM], v, 4, &p, sizeof p, 1, err);
 }
@@ -864,7 +871,7 @@ int jlm_vk_moe_route(jlm_vk *vk, jlm_vk_view logits, uint32_t n, uint32_t n_used
 {
     if (n == 0 || n > 1024 || n_used == 0 || n_used > n || mode < JLM_K_ROUTE_NORM || mode > JLM_K_ROUTE_OAI)
         return jlm_errf(err, JLM_EINVAL, "vulkan moe route: %u of %u experts, mode %d", n_used, n, mode);
-    struct { uint32_t n, n_used, mode; float scale; } p = {n, n_used, (uint32_t)mode, scale};
+    jlm_push_moe_route p = {n, n_used, (uint32_t)mode, scale};
     jlm_vk_view v[3] = {logits, sel, w};
     return dispatch(vk, vk->pipe[K_MOE_ROUTE], v, 3, &p, sizeof p, 1, err);
 }
@@ -872,9 +879,9 @@ int jlm_vk_moe_route(jlm_vk *vk, jlm_vk_view logits, uint32_t n, uint32_t n_used
 int jlm_vk_moe_combine(jlm_vk *vk, jlm_vk_view out, jlm_vk_view x, jlm_vk_view ys, jlm_vk_view w,
                        uint32_t n_used, uint32_t n, jlm_err *err)
 {
-    uint32_t p[2] = {n, n_used};
+    jlm_push_moe_combine p = {n, n_used};
     jlm_vk_view v[4] = {x, ys, w, out};
-    return dispatch(vk, vk->pipe[K_MOE_COMBINE], v, 4, p, sizeof p, groups(n, 256), err);
+    return dispatch(vk, vk->pipe[K_MOE_COMBINE], v, 4, &p, sizeof p, groups(n, 256), err);
 }
 
 int jlm_vk_rope(jlm_vk *vk, const jlm_k_rope *p, jlm_vk_view x, uint32_t n_head,
@@ -891,9 +898,9 @@ int jlm_vk_rope(jlm_vk *vk, const jlm_k_rope *p, jlm_vk_view x, uint32_t n_head,
     free(cs);
     if (rc)
         return rc;
-    uint32_t push[4] = {p->n_rot, (uint32_t)(p->neox != 0), n_head, head_dim};
+    jlm_push_rope push = {p->n_rot, (uint32_t)(p->neox != 0), n_head, head_dim};
     jlm_vk_view v[2] = {x, {vk->tmp, 0, sizeof(float) * p->n_rot}};
-    return dispatch(vk, vk->pipe[K_ROPE], v, 2, push, sizeof push, groups((uint64_t)p->n_rot / 2 * n_head, 64), err);
+    return dispatch(vk, vk->pipe[K_ROPE], v, 2, &push, sizeof push, groups((uint64_t)p->n_rot / 2 * n_head, 64), err);
 }
 
 int jlm_vk_attention(jlm_vk *vk, const jlm_k_attn *p, uint32_t n_head, uint32_t n_kv_head,
@@ -911,10 +918,7 @@ int jlm_vk_attention(jlm_vk *vk, const jlm_k_attn *p, uint32_t n_head, uint32_t 
         rc = tmp_upload(vk, sinks, (uint64_t)n_head * 4, sink_off, err);
     if (rc)
         return rc;
-    struct {
-        uint32_t head_dim, head_dim_v, k_stride, v_stride, n_kv, group, has_mask, has_sink;
-        float scale, softcap;
-    } pc = {p->head_dim, p->head_dim_v, (uint32_t)p->k_stride, (uint32_t)p->v_stride, (uint32_t)n_kv,
+    jlm_push_attention pc = {p->head_dim, p->head_dim_v, (uint32_t)p->k_stride, (uint32_t)p->v_stride, (uint32_t)n_kv,
             n_head / n_kv_head, p->mask != NULL, sinks != NULL, p->scale, p->softcap};
     jlm_vk_view b[7] = {q, k, v, {p->mask ? vk->tmp : NULL, 0, mask_bytes},
                         {sinks ? vk->tmp : NULL, sink_off, (uint64_t)n_head * 4}, scratch, out};

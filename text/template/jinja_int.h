@@ -1,4 +1,4 @@
-/* jinja_int.h - internals shared by the engine/jinja_*.c files (not a public API).
+/* jinja_int.h - internals shared by the text/template/jinja_*.c files (not a public API).
  *
  * Memory: every value, AST node and scope of one template lives in an arena
  * (jj_ctx.arena) freed in one go, so values are plain structs that point into

@@ -1,4 +1,6 @@
 #version 450
+#extension GL_GOOGLE_include_directive : require
+#include "layout.glsl"
 // attention.comp - single-token attention, one workgroup (256 lanes) per query
 // head; kv head = head / group (GQA). Scores as jlm_k_attn_head: dot, softcap,
 // scale, mask; sink joins max and denominator; all masked and no sink: 0.
@@ -10,11 +12,7 @@ layout(std430, binding = 3) readonly buffer M { float mask[]; };
 layout(std430, binding = 4) readonly buffer S { float sinks[]; };
 layout(std430, binding = 5) buffer Sc { float sc[]; };      // n_head * n_kv
 layout(std430, binding = 6) writeonly buffer O { float o[]; };
-layout(push_constant) uniform P {
-    uint head_dim, head_dim_v, k_stride, v_stride;
-    uint n_kv, group, has_mask, has_sink;
-    float scale, softcap;
-} pc;
+layout(push_constant) uniform P { JLM_PUSH_ATTENTION } pc;   // kernels/layout.h
 shared float part[256];
 
 float reduce(float v, bool is_max)

@@ -1,11 +1,13 @@
 #version 450
+#extension GL_GOOGLE_include_directive : require
+#include "layout.glsl"
 // eltwise.comp - the element-wise ops: silu, gelu (tanh form), swiglu, add, mul,
 // gelu_quick, swiglu_oai (gpt-oss), each the formula of kernels/cpu/ops.c.
 layout(local_size_x = 256) in;
 layout(std430, binding = 0) readonly buffer A { float a[]; };
 layout(std430, binding = 1) readonly buffer B { float b[]; };
 layout(std430, binding = 2) writeonly buffer O { float o[]; };
-layout(push_constant) uniform P { uint n, op; float alpha, limit; } pc;
+layout(push_constant) uniform P { JLM_PUSH_ELTWISE } pc;   // kernels/layout.h
 
 const float GELU_COEF_A = 0.044715, SQRT_2_OVER_PI = 0.79788456080286535587989211986876;
 

@@ -1,4 +1,6 @@
 #version 450
+#extension GL_GOOGLE_include_directive : require
+#include "layout.glsl"
 // layernorm.comp - out = (x - mean) / sqrt(var + eps) * w + b (w, b optional),
 // one workgroup of 256, as jlm_k_layernorm: the mean, then the variance of
 // x - mean. The CPU sums in f64; here each term is divided by n first and the
@@ -8,7 +10,7 @@ layout(std430, binding = 0) readonly buffer X { float x[]; };
 layout(std430, binding = 1) readonly buffer W { float w[]; };
 layout(std430, binding = 2) readonly buffer B { float bb[]; };
 layout(std430, binding = 3) writeonly buffer O { float o[]; };
-layout(push_constant) uniform P { uint n, has_w, has_b; float eps; } pc;
+layout(push_constant) uniform P { JLM_PUSH_LAYERNORM } pc;   // kernels/layout.h
 shared float part[256];
 
 float tree(float s, uint t)

@@ -1,4 +1,6 @@
 #version 450
+#extension GL_GOOGLE_include_directive : require
+#include "layout.glsl"
 // matvec.comp - y = W x for every stored type, reading the packed planes of
 // the container untouched (jlm-format.md 7). One invocation per row: the
 // planes put word w of sub-block s of row r at (s*W + w)*rows + r, so
@@ -30,20 +32,17 @@ layout(std430, binding = 7) buffer Y { float y[]; };   // read too: a later k-ch
 // which is what makes a prefill matmul read its weights ntok/NT times instead
 // of ntok times. Each token's sum is still the CPU's, term for term and in
 // order, so every token's row is bit-identical to its matvec alone.
-layout(push_constant) uniform P { uint k, rows, u_lo, u_hi, qd, dd, sd, accum, r0, r1, ntok; } pc;
+layout(push_constant) uniform P { JLM_PUSH_MATVEC } pc;   // kernels/layout.h
 
 // The type and its traits are specialization constants: one pipeline per
 // stored type (and tile), so the driver compiles the type's branches and loop
 // bounds out (vk.c creates each on first use).
-layout(constant_id = 0) const uint TYPE = 1u;
-layout(constant_id = 1) const uint W = 1u;        // words per sub-block per row
-layout(constant_id = 2) const uint SUB = 32u;
-layout(constant_id = 3) const uint P1 = 0u;
-layout(constant_id = 4) const uint DSHARE = 1u;
-layout(constant_id = 5) const uint NT = 1u;       // tokens per invocation
-
-const uint T_F32 = 1u, T_F16 = 2u, T_Q4_0 = 3u, T_Q8_0 = 4u, T_Q3_K = 5u, T_Q4_K = 6u,
-           T_Q5_K = 7u, T_Q6_K = 8u, T_BF16 = 9u, T_Q5_0 = 10u, T_MXFP4 = 11u, T_Q5_1 = 12u;
+layout(constant_id = JLM_SPEC_MATVEC_TYPE) const uint TYPE = 1u;
+layout(constant_id = JLM_SPEC_MATVEC_W) const uint W = 1u;        // words per sub-block per row
+layout(constant_id = JLM_SPEC_MATVEC_SUB) const uint SUB = 32u;
+layout(constant_id = JLM_SPEC_MATVEC_P1) const uint P1 = 0u;
+layout(constant_id = JLM_SPEC_MATVEC_D_SHARE) const uint DSHARE = 1u;
+layout(constant_id = JLM_SPEC_MATVEC_NT) const uint NT = 1u;       // tokens per invocation
 
 uint T0 = 0u, NTV = 1u;   // this invocation's first token and its token count (<= NT)
 float acc_[NT];           // the running sum of each token of the tile

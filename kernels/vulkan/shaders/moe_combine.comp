@@ -1,4 +1,6 @@
 #version 450
+#extension GL_GOOGLE_include_directive : require
+#include "layout.glsl"
 // moe_combine.comp - out = x + sum_s w[s] * y_s, the routed experts' outputs
 // (n_used rows of n floats, one after another) mixed by their weights, as
 // jlm_k_moe_combine: each element's sum starts at 0 and adds the experts in
@@ -9,7 +11,7 @@ layout(std430, binding = 0) readonly buffer X { float x[]; };
 layout(std430, binding = 1) readonly buffer Y { float y[]; };
 layout(std430, binding = 2) readonly buffer Wt { float wt[]; };
 layout(std430, binding = 3) writeonly buffer O { float o[]; };
-layout(push_constant) uniform P { uint n, n_used; } pc;
+layout(push_constant) uniform P { JLM_PUSH_MOE_COMBINE } pc;   // kernels/layout.h
 
 void main()
 {

@@ -1,4 +1,6 @@
 #version 450
+#extension GL_GOOGLE_include_directive : require
+#include "layout.glsl"
 // moe_route.comp - the MoE router of one token, as jlm_k_moe_route: the
 // expert logits (n, after the router matvec and its bias) become probabilities
 // (softmax; mode 2, gpt-oss: not yet), the n_used largest are picked in order
@@ -10,7 +12,7 @@ layout(local_size_x = 256) in;
 layout(std430, binding = 0) readonly buffer L { float logit[]; };
 layout(std430, binding = 1) writeonly buffer S { int sel[]; };
 layout(std430, binding = 2) buffer Wt { float wt[]; };   // lane 0 works in it
-layout(push_constant) uniform P { uint n, n_used, mode; float scale; } pc;
+layout(push_constant) uniform P { JLM_PUSH_MOE_ROUTE } pc;   // kernels/layout.h
 shared float p[1024];
 shared float part[256];
 shared uint taken[32];   // 1024 bits

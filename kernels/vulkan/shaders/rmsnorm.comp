@@ -1,4 +1,6 @@
 #version 450
+#extension GL_GOOGLE_include_directive : require
+#include "layout.glsl"
 // rmsnorm.comp - out = x / sqrt(mean(x^2) + eps) * w, one workgroup of 256.
 // The mean of squares is a tree over 256 partial sums of x^2/n (the CPU sums
 // x^2 in f64, then divides): each term divided by n first, so the f32 sums
@@ -7,7 +9,7 @@ layout(local_size_x = 256) in;
 layout(std430, binding = 0) readonly buffer X { float x[]; };
 layout(std430, binding = 1) readonly buffer W { float w[]; };
 layout(std430, binding = 2) writeonly buffer O { float o[]; };
-layout(push_constant) uniform P { uint n, has_w; float eps; } pc;
+layout(push_constant) uniform P { JLM_PUSH_RMSNORM } pc;   // kernels/layout.h
 shared float part[256];
 
 void main()

@@ -1,11 +1,13 @@
 #version 450
+#extension GL_GOOGLE_include_directive : require
+#include "layout.glsl"
 // rope.comp - rotates pair i of every head by the (cos, sin) the host computed
 // with jlm_k_rope_cos_sin (the CPU's own theta): bit-identical to
 // jlm_k_rope_apply. One invocation per (pair, head).
 layout(local_size_x = 64) in;
 layout(std430, binding = 0) buffer X { float x[]; };
 layout(std430, binding = 1) readonly buffer CS { float cs[]; };   // (n_rot/2) x {cos, sin}
-layout(push_constant) uniform P { uint n_rot, neox, n_head, head_dim; } pc;
+layout(push_constant) uniform P { JLM_PUSH_ROPE } pc;   // kernels/layout.h
 
 void main()
 {

@@ -1,9 +1,11 @@
 #version 450
+#extension GL_GOOGLE_include_directive : require
+#include "layout.glsl"
 // softmax.comp - in place over one row of n floats per workgroup (256 lanes):
 // max, exp(x - max), sum, scale by 1/sum, as jlm_k_softmax.
 layout(local_size_x = 256) in;
 layout(std430, binding = 0) buffer X { float x[]; };
-layout(push_constant) uniform P { uint n; } pc;
+layout(push_constant) uniform P { JLM_PUSH_SOFTMAX } pc;   // kernels/layout.h
 shared float part[256];
 
 void main()
