@@ -3,7 +3,7 @@
  * extended attributes and the residency database connection. */
 #include "fs/jlmfs_int.h"
 #include "picture/picture.h"
-#include "converter/beneath.h"
+#include "base/beneath.h"
 #include "converter/quantize.h"
 
 #include <dirent.h>

@@ -4,7 +4,7 @@
  * reached below SRC without a symlink (docs/security.md).
  * A projector file itself gets no view of its own. */
 #include "fs/jlmfs_int.h"
-#include "converter/beneath.h"
+#include "base/beneath.h"
 
 #include <fcntl.h>
 #include <unistd.h>

@@ -2,7 +2,7 @@
  * units (the metadata+dense prefix, then every page), background conversion
  * into the cache's .part file, on-demand packing, and its texts. */
 #include "fs/jlmfs_int.h"
-#include "converter/beneath.h"
+#include "base/beneath.h"
 
 #include <errno.h>
 #include <fcntl.h>
