@@ -7,7 +7,7 @@
  *                        many daemons started on it ("1", "2"). Left behind
  *                        only by a daemon that died (crash, kill -9).
  *   CACHE/<entry>.fail   the status line the source is refused with. */
-#include "fs/jlmfs_int.h"
+#include "fs/view_int.h"
 
 #include <errno.h>
 #include <fcntl.h>

@@ -39,14 +39,17 @@ static void ident_of(const struct stat *st, jlmfs_ident *id)
                         .mtime_ns = st->st_mtim.tv_nsec};
 }
 
-int jlmfs_ident_eq(const jlmfs_ident *a, const jlmfs_ident *b)
-{
-    return a->dev == b->dev && a->ino == b->ino && a->size == b->size && a->mtime_s == b->mtime_s &&
-           a->mtime_ns == b->mtime_ns && a->mm_ino == b->mm_ino && a->mm_size == b->mm_size &&
-           a->mm_mtime_s == b->mm_mtime_s && a->mm_mtime_ns == b->mm_mtime_ns && a->hf_hash == b->hf_hash;
-}
-
 const char *jlmfs_cache_dir(const jlmfs *fs) { return fs->cache; }
+
+/* env.log: opts.log, or warnings and notices (the database's notes) to stderr. */
+static void log_line(void *ctx, int prio, const char *line)
+{
+    const jlmfs *fs = ctx;
+    if (fs->log)
+        fs->log(fs->log_ctx, prio, line);
+    else if (prio == JLMFS_LOG_WARNING || prio == JLMFS_LOG_NOTICE)   /* the database's notes, as before */
+        fprintf(stderr, "jlmfs: %s\n", line);
+}
 
 void jlmfs_log(const jlmfs *fs, int prio, const char *fmt, ...)
 {
@@ -55,10 +58,13 @@ void jlmfs_log(const jlmfs *fs, int prio, const char *fmt, ...)
     va_start(ap, fmt);
     vsnprintf(line, sizeof line, fmt, ap);
     va_end(ap);
-    if (fs->log)
-        fs->log(fs->log_ctx, prio, line);
-    else if (prio == JLMFS_LOG_WARNING || prio == JLMFS_LOG_NOTICE)   /* the database's notes, as before */
-        fprintf(stderr, "jlmfs: %s\n", line);
+    log_line((void *)fs, prio, line);
+}
+
+/* env.record: a view served a read. */
+static void record_read(void *ctx, const char *key, const jlmfs_unit *u, int tier, uint64_t bytes)
+{
+    jlmfs_db_record(ctx, key, u, tier, bytes);
 }
 
 int jlmfs_pass_open(const jlmfs *fs, const char *rel, int flags, mode_t mode)
@@ -214,7 +220,7 @@ jlmfs_view *jlmfs_sync_view(jlmfs *fs, const char *rel)
     if (!res && ok && locked_create) {
         jlmfs_view *v;
         jlm_err e;
-        if (!jlmfs_view_create(fs, rel, &id, &st, &v, &e)) {   /* slow: plans from the GGUF's metadata */
+        if (!jlmfs_view_create(&fs->env, rel, &id, &st, &v, &e)) {   /* slow: plans from the GGUF's metadata */
             pthread_mutex_lock(&fs->lock);
             if (insert_view(fs, v)) {
                 jlmfs_view_kill(v);
@@ -668,6 +674,10 @@ int jlmfs_open(const jlmfs_opts *o, jlmfs **out, jlm_err *err)
         jlmfs_close(fs);
         return rc;
     }
+    fs->env = (jlmfs_view_env){.src = fs->src, .src_fd = fs->src_fd, .cache = fs->cache,
+                               .type = fs->type, .io = fs->io, .slow_ms = fs->slow_ms, .stop = &fs->stop,
+                               .log = log_line, .record = record_read, .ctx = fs,
+                               .invalidate = fs->invalidate, .invalidate_ctx = fs->invalidate_ctx};
     clean_cache(fs, 1);
     scan(fs, "", 0);
     clean_cache(fs, 0);
