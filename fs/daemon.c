@@ -1,6 +1,6 @@
 /* daemon.c - `jlmfs SRC MOUNTPOINT [-f] [-o cache=DIR,workers=N,...]`
- * (fs/daemon.h): the options, the refusals at start (a jlmfs over a jlmfs),
- * the mount and the session loop. */
+ * (fs/daemon.h): the options, the refusals at start (a jlmfs over a jlmfs, a
+ * mount point inside its own source), the mount and the session loop. */
 #include "fs/daemon.h"
 #include "fs/fuse_int.h"
 
@@ -136,6 +136,37 @@ static int refuse_stacking(const char *src, const char *mnt)
     return 0;
 }
 
+/* 1 if path is below dir (both absolute, resolved). */
+static int is_below(const char *path, const char *dir)
+{
+    size_t n = strlen(dir);
+    return !strcmp(dir, "/") ? path[1] != 0 : !strncmp(path, dir, n) && path[n] == '/';
+}
+
+/* A mount point inside SRC (or SRC itself) puts the mount inside the tree
+ * the daemon serves it from: `ls MNT/inner` makes the daemon look up its own
+ * mount and wait on itself, and the caller can no longer be killed. SRC
+ * inside the mount point is hidden by the mount from the daemon's own paths.
+ * Both refused before mounting: 0, or 1 with the line printed. */
+static int refuse_nesting(const char *src, const char *mnt)
+{
+    char *rs = realpath(src, NULL), *rm = mnt ? realpath(mnt, NULL) : NULL;
+    int bad = 1;
+    if (rs && rm && !strcmp(rs, rm))
+        fprintf(stderr, "jlmfs: mount point %s is the source itself: choose a mount point outside %s\n", mnt, src);
+    else if (rs && rm && is_below(rm, rs))
+        fprintf(stderr, "jlmfs: mount point %s is inside the source %s (the daemon would wait on its own mount): "
+                "choose a mount point outside it\n", mnt, src);
+    else if (rs && rm && is_below(rs, rm))
+        fprintf(stderr, "jlmfs: source %s is inside the mount point %s (the mount would hide it): "
+                "choose a mount point outside it\n", src, mnt);
+    else
+        bad = 0;   /* unresolvable: jlmfs_open and the mount say why */
+    free(rs);
+    free(rm);
+    return bad;
+}
+
 /* ---------------------------------------------------------------- options */
 typedef struct opts { char *src, *mnt, *cache, *type; unsigned workers; int help, n_nonopt; } opts;
 
@@ -209,7 +240,7 @@ int jlmfs_daemon_main(int argc, char **argv)
         rc = 2;
         goto out;
     }
-    if (refuse_stacking(o.src, o.mnt)) {
+    if (refuse_stacking(o.src, o.mnt) || refuse_nesting(o.src, o.mnt)) {
         rc = 1;
         goto out;
     }
