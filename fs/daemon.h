@@ -6,8 +6,9 @@
  * libfuse), the refusals at start (each one line on stderr naming the path
  * and the reason: SRC inside or already the source of a jlmfs mount, the
  * mount point on or inside one, the mount point inside SRC or SRC inside the
- * mount point), the mount, the log (stderr with -f / -d, else syslog) and
- * the FUSE session loop (fs/fuse_int.h). One daemon per process; not reentrant. */
+ * mount point, a cache folder another user owns or may write), the mount,
+ * the log (stderr with -f / -d, else syslog) and the FUSE session loop
+ * (fs/fuse_int.h). One daemon per process; not reentrant. */
 #ifndef JLMFS_DAEMON_H
 #define JLMFS_DAEMON_H
 

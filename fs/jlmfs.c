@@ -531,6 +531,7 @@ int jlmfs_start(jlmfs *fs, jlm_err *err)
 }
 
 /* ---------------------------------------------------------------- open / close */
+/* Makes the parents of path (0755, as mkdir -p) and path itself (0700). */
 static int mkdirs(const char *path)
 {
     char *p = strdup(path);
@@ -542,7 +543,7 @@ static int mkdirs(const char *path)
             mkdir(p, 0755);
             *s = '/';
         }
-    int rc = mkdir(p, 0755) && errno != EEXIST ? -1 : 0;
+    int rc = mkdir(p, 0700) && errno != EEXIST ? -1 : 0;
     free(p);
     return rc;
 }
@@ -581,9 +582,13 @@ static void scan(jlmfs *fs, const char *rel, int depth)
  * killed daemon's). Second pass: removes finished entries no view owns. */
 static void clean_cache(jlmfs *fs, int parts_only)
 {
-    DIR *d = opendir(fs->cache);
-    if (!d)
+    int dfd = fs->cache_fd >= 0 ? openat(fs->cache_fd, ".", O_RDONLY | O_DIRECTORY | O_CLOEXEC) : -1;
+    DIR *d = dfd >= 0 ? fdopendir(dfd) : NULL;   /* the folder checked at open, whatever its name is now */
+    if (!d) {
+        if (dfd >= 0)
+            close(dfd);
         return;
+    }
     struct dirent *de;
     while ((de = readdir(d))) {
         int part = ends_with(de->d_name, ".jlm.part");
@@ -599,10 +604,33 @@ static void clean_cache(jlmfs *fs, int parts_only)
             owned |= strlen(fs->views[i]->cache_path) == plen && !strncmp(fs->views[i]->cache_path, p, plen);
         pthread_mutex_unlock(&fs->lock);
         if (p && !owned)
-            unlink(p);
+            unlinkat(fs->cache_fd, de->d_name, 0);
         free(p);
     }
     closedir(d);
+}
+
+/* The cache folder (docs/security.md section 12): opened without following
+ * a link, refused unless it belongs to the daemon's user and nobody else may
+ * write it (else whoever made it could plant links or swap containers), then
+ * narrowed to 0700. Every file of it is opened below fs->cache_fd. */
+static int check_cache_dir(jlmfs *fs, const char *shown, jlm_err *err)
+{
+    fs->cache_fd = open(fs->cache, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+    struct stat st, lst;
+    if (fs->cache_fd < 0 || fstat(fs->cache_fd, &st))
+        return jlm_errf(err, JLM_EIO, "cache %s: %s", shown, strerror(errno));
+    if (st.st_uid != geteuid())
+        return jlm_errf(err, JLM_EINVAL, "cache %s belongs to uid %u, not to the daemon's user (uid %u): refused "
+                        "(remove it, or give -o cache=DIR)", shown, (unsigned)st.st_uid, (unsigned)geteuid());
+    if (st.st_mode & (S_IWGRP | S_IWOTH))
+        return jlm_errf(err, JLM_EINVAL, "cache %s is writable by %s (mode %03o): refused (chmod 700 it, or remove it)",
+                        shown, st.st_mode & S_IWOTH ? "others" : "its group", (unsigned)(st.st_mode & 07777));
+    if (lstat(fs->cache, &lst) || lst.st_dev != st.st_dev || lst.st_ino != st.st_ino)
+        return jlm_errf(err, JLM_EINVAL, "cache %s was replaced while it was opened: refused", shown);
+    if ((st.st_mode & 07777) != 0700 && fchmod(fs->cache_fd, 0700))
+        return jlm_errf(err, JLM_EIO, "cache %s: chmod 700: %s", shown, strerror(errno));
+    return 0;
 }
 
 static int open_cache(jlmfs *fs, const char *cache, jlm_err *err)
@@ -614,6 +642,8 @@ static int open_cache(jlmfs *fs, const char *cache, jlm_err *err)
     int rc = mkdirs(c) ? jlm_errf(err, JLM_EIO, "cache %s: %s", c, strerror(errno)) : 0;
     if (!rc && !(fs->cache = realpath(c, NULL)))
         rc = jlm_errf(err, JLM_EIO, "cache %s: %s", c, strerror(errno));
+    if (!rc)
+        rc = check_cache_dir(fs, c, err);
     free(def);
     if (rc)
         return rc;
@@ -626,9 +656,9 @@ static int open_cache(jlmfs *fs, const char *cache, jlm_err *err)
         free(lock);
         return jlm_errf(err, JLM_ENOMEM, "out of memory");
     }
-    fs->lock_fd = open(lock, O_RDWR | O_CREAT | O_CLOEXEC, 0644);
+    fs->lock_fd = jlmfs_cache_open(fs->cache_fd, "jlmfs.lock", O_RDWR | O_CREAT, 0600);
     if (fs->lock_fd < 0)
-        rc = jlm_errf(err, JLM_EIO, "%s: %s", lock, strerror(errno));
+        rc = jlm_errf(err, JLM_EIO, "%s: %s", lock, errno == ELOOP ? "a symbolic link: refused" : strerror(errno));
     else if (flock(fs->lock_fd, LOCK_EX | LOCK_NB))
         rc = jlm_errf(err, JLM_EINVAL, "cache %s is in use by another jlmfs (one daemon per cache folder)", fs->cache);
     free(lock);
@@ -642,6 +672,7 @@ int jlmfs_open(const jlmfs_opts *o, jlmfs **out, jlm_err *err)
         return jlm_errf(err, JLM_ENOMEM, "out of memory");
     fs->lock_fd = -1;
     fs->src_fd = -1;
+    fs->cache_fd = -1;
     pthread_mutex_init(&fs->lock, NULL);
     pthread_mutex_init(&fs->create_lock, NULL);
     pthread_mutex_init(&fs->db_lock, NULL);
@@ -674,7 +705,7 @@ int jlmfs_open(const jlmfs_opts *o, jlmfs **out, jlm_err *err)
         jlmfs_close(fs);
         return rc;
     }
-    fs->env = (jlmfs_view_env){.src = fs->src, .src_fd = fs->src_fd, .cache = fs->cache,
+    fs->env = (jlmfs_view_env){.src = fs->src, .src_fd = fs->src_fd, .cache = fs->cache, .cache_fd = fs->cache_fd,
                                .type = fs->type, .io = fs->io, .slow_ms = fs->slow_ms, .stop = &fs->stop,
                                .log = log_line, .record = record_read, .ctx = fs,
                                .invalidate = fs->invalidate, .invalidate_ctx = fs->invalidate_ctx};
@@ -717,6 +748,8 @@ void jlmfs_close(jlmfs *fs)
         close(fs->lock_fd);
     if (fs->src_fd >= 0)
         close(fs->src_fd);
+    if (fs->cache_fd >= 0)
+        close(fs->cache_fd);
     free(fs->views); free(fs->queue); free(fs->writers); free(fs->threads);
     free(fs->src); free(fs->cache); free(fs->cache_rel); free(fs->db_path); free(fs->type);
     pthread_mutex_destroy(&fs->lock);

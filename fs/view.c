@@ -37,6 +37,16 @@ static void vlog(const jlmfs_view *v, int prio, const char *fmt, ...)
     v->env->log(v->env->ctx, prio, line);
 }
 
+/* Removes a file of the cache folder (below the folder the daemon holds). */
+static void cache_unlink(const jlmfs_view *v, const char *path)
+{
+    const char *name = strrchr(path, '/');
+    if (v->env->cache_fd >= 0 && name)
+        unlinkat(v->env->cache_fd, name + 1, 0);
+    else
+        unlink(path);
+}
+
 int jlmfs_ident_eq(const jlmfs_ident *a, const jlmfs_ident *b)
 {
     return a->dev == b->dev && a->ino == b->ino && a->size == b->size && a->mtime_s == b->mtime_s &&
@@ -91,7 +101,7 @@ static void fail_view(jlmfs_view *v, const char *msg)
         jlmfs_status_clean(v->errmsg, sizeof v->errmsg, msg, v->env);
         memcpy(line, v->errmsg, sizeof line);
     }
-    unlink(v->part_path);
+    cache_unlink(v, v->part_path);
     int null = open("/dev/null", O_RDONLY | O_CLOEXEC);
     if (null >= 0 && v->fd >= 0)
         dup3(null, v->fd, O_CLOEXEC);
@@ -324,13 +334,22 @@ static int plan_view(jlmfs_view *v, const char *src_path, const char *mm_path, j
     return rc;
 }
 
-/* A finished entry is used only if it opens cleanly and its [0, DenseOff)
- * equals the plan's (a foreign version or another source never matches). */
-static int cache_valid(jlmfs_view *v)
+/* The path that reopens what fd is (the file, not its name). */
+static void fd_path(char *buf, size_t n, int fd)
+{
+    snprintf(buf, n, "/proc/self/fd/%d", fd);
+}
+
+/* fd (a finished entry, opened below the cache folder) is a container
+ * whose [0, DenseOff) is the plan's (a foreign version or another source
+ * never matches). */
+static int cache_valid(jlmfs_view *v, int fd)
 {
     jlm_model *m;
     jlm_err e;
-    if (access(v->cache_path, F_OK) || jlm_fmt_open(v->cache_path, &m, &e))
+    char p[64];
+    fd_path(p, sizeof p, fd);
+    if (jlm_fmt_open(p, &m, &e))
         return 0;
     int ok = m->file_size == v->file_size && m->hdr.dense_off == v->plan->hdr.dense_off &&
              !memcmp(m->meta, v->meta, m->hdr.dense_off);
@@ -338,19 +357,37 @@ static int cache_valid(jlmfs_view *v)
     return ok;
 }
 
+/* A finished entry takes its source's owner (when the daemon may give it:
+ * root) and read bits, never wider (docs/security.md section 12): a 0600
+ * GGUF's container is 0400, as private as the GGUF. A daemon that is not root
+ * keeps the file its own and readable by itself. -1 with errno set. */
+static int entry_perms(const jlmfs_view *v, int fd)
+{
+    struct stat st;
+    int root = geteuid() == 0;
+    mode_t want = (v->dir_st.st_mode & 0444) | (root ? 0 : 0400);
+    if (fstat(fd, &st))
+        return -1;
+    if (root && (st.st_uid != v->dir_st.st_uid || st.st_gid != v->dir_st.st_gid) &&
+        fchown(fd, v->dir_st.st_uid, v->dir_st.st_gid))
+        return -1;
+    return (st.st_mode & 07777) == want ? 0 : fchmod(fd, want);
+}
+
 static int open_container(jlmfs_view *v, jlm_err *err)
 {
-    if (cache_valid(v)) {
-        v->fd = open(v->cache_path, O_RDONLY | O_CLOEXEC);
-        if (v->fd >= 0) {
-            memset(v->done, 1, v->n_units);
-            v->done_bytes = v->file_size;
-            v->state = JLMFS_READY;
-            return 0;
-        }
+    int fd = jlmfs_cache_open(v->env->cache_fd, v->cache_path, O_RDONLY, 0);
+    if (fd >= 0 && cache_valid(v, fd) && !entry_perms(v, fd)) {
+        v->fd = fd;
+        memset(v->done, 1, v->n_units);
+        v->done_bytes = v->file_size;
+        v->state = JLMFS_READY;
+        return 0;
     }
-    unlink(v->cache_path);   /* stale, foreign or unreadable: rebuilt, never misread */
-    v->fd = open(v->part_path, O_RDWR | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+    if (fd >= 0)
+        close(fd);
+    cache_unlink(v, v->cache_path);   /* stale, foreign, a link or unreadable: rebuilt, never misread */
+    v->fd = jlmfs_cache_open(v->env->cache_fd, v->part_path, O_RDWR | O_CREAT | O_TRUNC, 0600);
     if (v->fd < 0)
         return jlm_errf(err, JLM_EIO, "%s: %s", v->part_path, strerror(errno));
     if (ftruncate(v->fd, (off_t)v->file_size))
@@ -451,7 +488,7 @@ int jlmfs_view_create(const jlmfs_view_env *fs, const char *rel, const jlmfs_ide
         if (v->fd >= 0)
             close(v->fd);
         v->fd = -1;
-        unlink(v->part_path);
+        cache_unlink(v, v->part_path);
     }
     if (!refused && v->state != JLMFS_CONVERTING)
         jlmfs_guard_leave(v, rc, v->errmsg);
@@ -489,8 +526,8 @@ void jlmfs_view_kill(jlmfs_view *v)
 {
     pthread_mutex_lock(&v->lock);
     v->dead = 1;
-    unlink(v->cache_path);
-    unlink(v->part_path);
+    cache_unlink(v, v->cache_path);
+    cache_unlink(v, v->part_path);
     jlmfs_guard_forget(v);
     pthread_mutex_unlock(&v->lock);
 }
@@ -671,7 +708,9 @@ static int finish(jlmfs_view *v, jlm_err *err)
                         strerror(e));
     }
     jlm_model *m;
-    int rc = jlm_fmt_open(v->part_path, &m, err);
+    char fdp[64];
+    fd_path(fdp, sizeof fdp, v->fd);   /* the file written, not whatever the name is now */
+    int rc = jlm_fmt_open(fdp, &m, err);
     if (rc) {
         pthread_mutex_lock(&v->lock);
         int dead = v->dead;
@@ -681,13 +720,15 @@ static int finish(jlmfs_view *v, jlm_err *err)
          * descriptor, which open descriptors of the view keep reading */
         if (dead)
             return JLM_OK;
-        return jlm_err_prefix(err, rc, "read-back");
+        return jlm_err_prefix(err, rc, "%s: read-back", v->part_path);
     }
     int same = m->file_size == v->file_size && m->hdr.dense_off == v->plan->hdr.dense_off &&
                !memcmp(m->meta, v->meta, v->plan->hdr.dense_off);
     jlm_fmt_close(m);
     if (!same)
         return jlm_errf(err, JLM_EIO, "%s: read-back differs from the plan", v->part_path);
+    if (entry_perms(v, v->fd))
+        return jlm_errf(err, JLM_EIO, "%s: giving it its source's owner and mode: %s", v->part_path, strerror(errno));
     pthread_mutex_lock(&v->lock);
     int rename_e = !v->dead && v->env->io->rename(v->part_path, v->cache_path) ? errno : 0;
     if (rename_e)

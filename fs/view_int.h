@@ -45,6 +45,7 @@ typedef struct jlmfs_view_env {
     const char   *src;        /* realpath of SRC (status lines show it as "SRC") */
     int           src_fd;     /* SRC (O_PATH): sources open below it */
     const char   *cache;      /* realpath of the cache folder */
+    int           cache_fd;   /* the cache folder (O_PATH): its files open below it */
     const char   *type;       /* -o type=: the conversion type (NULL: keep) */
     const jlm_io *io;         /* never NULL */
     unsigned      slow_ms;    /* test hook: sleep before each unit */
@@ -149,6 +150,13 @@ void  jlmfs_guard_forget(jlmfs_view *v);
 /* hfdir.c: 1 if SRC/rel is a Hugging Face folder source (complete, when
  * check_complete), *id its identity and *dir_st what its view shows. */
 int   jlmfs_hf_ident(int src_fd, const char *rel, int check_complete, jlmfs_ident *id, struct stat *dir_st);
+
+/* cachefile.c: opens the file path of the cache folder: its last component
+ * below cache_fd (the folder as the daemon checked it; -1: path as it is),
+ * O_NOFOLLOW | O_CLOEXEC added (a symbolic link: ELOOP). With O_CREAT the
+ * file must be a regular one, and one of the daemon's user's wider than mode
+ * is narrowed to it. -1 with errno set. */
+int   jlmfs_cache_open(int cache_fd, const char *path, int flags, mode_t mode);
 
 /* view.c: 1 if a and b are the same identity. */
 int   jlmfs_ident_eq(const jlmfs_ident *a, const jlmfs_ident *b);

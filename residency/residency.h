@@ -40,9 +40,12 @@
 typedef struct jlm_rdb jlm_rdb;
 
 /* How to open: JLM_RDB_EXISTING (0) read-write, the file must be there;
- * JLM_RDB_CREATE (1) creating it if absent, and a corrupt one (not a SQLite
- * database, or SQLite finds it damaged) is renamed PATH.corrupt-STAMP and
- * recreated (jlm_rdb_moved_aside says where it went; the caller logs it);
+ * JLM_RDB_CREATE (1) creating it if absent (mode 0600, which SQLite gives
+ * its -wal and -shm too; an existing wider one of the caller's is narrowed;
+ * a symbolic link at PATH is refused, never followed: the jlmfs daemon's
+ * database), and a corrupt one (not a SQLite database, or SQLite finds it
+ * damaged) is renamed PATH.corrupt-STAMP and recreated (jlm_rdb_moved_aside
+ * says where it went; the caller logs it);
  * JLM_RDB_READONLY (2) SQLITE_OPEN_READONLY: never writes to the file (no
  * journal-mode change, no pruning), for `jlm stats FILE` on any file. */
 enum { JLM_RDB_EXISTING = 0, JLM_RDB_CREATE = 1, JLM_RDB_READONLY = 2 };
