@@ -354,9 +354,10 @@ static void db_open_locked(jlmfs *fs)
     }
 }
 
-/* A query found the database corrupt (damaged while mounted): reopen, which
- * moves it aside, instead of failing until remount. 1 if the query should be
- * run again on the new database. */
+/* A query or the check found the database corrupt or gone (damaged or
+ * removed while mounted): recreate it, moving a damaged one aside, instead of
+ * failing until remount. 1 if the query should be run again on the new
+ * database. */
 static int db_recover_locked(jlmfs *fs, int rc)
 {
     if (rc != JLM_EFORMAT)
@@ -369,8 +370,12 @@ static int db_recover_locked(jlmfs *fs, int rc)
         jlmfs_log(fs, JLMFS_LOG_WARNING, "note: no statistics: %s", e.msg);
         return 0;
     }
-    jlmfs_log(fs, JLMFS_LOG_WARNING, "note: %s was damaged while mounted: moved aside to %s, statistics start afresh",
-              fs->db_path, jlm_rdb_moved_aside(fs->db));
+    if (jlm_rdb_moved_aside(fs->db))
+        jlmfs_log(fs, JLMFS_LOG_WARNING, "note: %s was damaged while mounted: moved aside to %s, statistics start afresh",
+                  fs->db_path, jlm_rdb_moved_aside(fs->db));
+    else
+        jlmfs_log(fs, JLMFS_LOG_WARNING, "note: %s was removed while mounted: recreated, statistics start afresh",
+                  fs->db_path);
     return 1;
 }
 
@@ -469,8 +474,9 @@ static void retry_full(jlmfs *fs)
     free(rels);
 }
 
-/* Queued reads reach SQLite at most 500 ms late (one transaction each time);
- * the same tick retries views a full cache stopped. */
+/* Queued reads reach SQLite at most 500 ms late (one transaction each time),
+ * after a check that the file is still there and a database; the same tick
+ * retries views a full cache stopped. */
 static void *flusher_main(void *arg)
 {
     jlmfs *fs = arg;
@@ -483,7 +489,7 @@ static void *flusher_main(void *arg)
         pthread_cond_timedwait(&fs->queue_cond, &fs->lock, &ts);
         pthread_mutex_unlock(&fs->lock);
         pthread_mutex_lock(&fs->db_lock);
-        db_flush_locked(fs);
+        db_ready_locked(fs);   /* a database removed or damaged meanwhile is recreated now, not at the next stats */
         pthread_mutex_unlock(&fs->db_lock);
         if (!__atomic_load_n(&fs->stop, __ATOMIC_RELAXED))
             retry_full(fs);

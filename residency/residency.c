@@ -274,10 +274,14 @@ static int move_aside(jlm_rdb *db, jlm_err *err)
     if (asprintf(&to, "%s.corrupt-%lld", db->path, (long long)time(NULL)) < 0)
         return jlm_errf(err, JLM_ENOMEM, "%s: residency database: out of memory", db->path);
     if (rename(db->path, to) != 0) {
-        int e = jlm_errf(err, JLM_EIO, "%s: residency database is corrupt and cannot be moved aside: %s",
-                         db->path, strerror(errno));
-        free(to);
-        return e;
+        if (errno != ENOENT) {
+            int e = jlm_errf(err, JLM_EIO, "%s: residency database is corrupt and cannot be moved aside: %s",
+                             db->path, strerror(errno));
+            free(to);
+            return e;
+        }
+        free(to);   /* removed: nothing to keep; moved_aside says NULL */
+        to = NULL;
     }
     for (int i = 0; i < 2; i++) {
         snprintf(side, sizeof side, "%s%s", db->path, i ? "-shm" : "-wal");

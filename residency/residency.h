@@ -61,7 +61,8 @@ const char *jlm_rdb_moved_aside(const jlm_rdb *db);
  * JLM_EFORMAT naming the path if not. */
 int  jlm_rdb_check(const jlm_rdb *db, jlm_err *err);
 /* The owner's answer to a failed check or a JLM_EFORMAT from a query: moves
- * the file aside as PATH.corrupt-STAMP before closing the connection (whose
+ * the file aside as PATH.corrupt-STAMP (a file that was removed has nothing
+ * to move: jlm_rdb_moved_aside then says NULL) before closing the connection (whose
  * close would checkpoint stale pages into it), drops queued engine events
  * (their sessions are gone; daemon reads stay queued) and opens a fresh database on the same handle. On error the handle can only be
  * closed. */
