@@ -24,7 +24,7 @@ struct jlmfs {
     unsigned        n_workers, slow_ms;
     const jlm_io   *io;           /* never NULL: opts.io or jlm_io_posix */
     jlmfs_view_env  env;          /* what every view is handed (jlmfs_open) */
-    int             cache_fd;     /* the cache folder (O_PATH | O_DIRECTORY) */
+    int             cache_fd;     /* the cache folder as checked (O_RDONLY | O_DIRECTORY | O_NOFOLLOW) */
     int             check;        /* JLMFS_CHECK=1: jlmfs_check after every sync */
     pthread_mutex_t create_lock;  /* serialises view planning; taken before lock */
     pthread_mutex_t lock;

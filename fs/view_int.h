@@ -45,7 +45,7 @@ typedef struct jlmfs_view_env {
     const char   *src;        /* realpath of SRC (status lines show it as "SRC") */
     int           src_fd;     /* SRC (O_PATH): sources open below it */
     const char   *cache;      /* realpath of the cache folder */
-    int           cache_fd;   /* the cache folder (O_PATH): its files open below it */
+    int           cache_fd;   /* the cache folder as checked at start: its files open below it; -1: by path */
     const char   *type;       /* -o type=: the conversion type (NULL: keep) */
     const jlm_io *io;         /* never NULL */
     unsigned      slow_ms;    /* test hook: sleep before each unit */
