@@ -403,7 +403,7 @@ static int open_container(jlmfs_view *v, jlm_err *err)
 #define FLAT_MAX    128
 #define FLAT_MAX_MM 80
 
-static char *cache_name(const jlmfs_view_env *fs, const char *rel, const jlmfs_ident *id)
+static char *cache_name(const jlmfs_view_env *env, const char *rel, const jlmfs_ident *id)
 {
     size_t n = strlen(rel);
     if (id->hf_hash == 0 && n > 5)
@@ -417,8 +417,8 @@ static char *cache_name(const jlmfs_view_env *fs, const char *rel, const jlmfs_i
     /* A long stem or a deep path would make a name over NAME_MAX (with the
      * ".part" / ".fail.tmp" the entry also gets): keep its head, add a hash
      * of the whole path. */
-    size_t flat_max = id->mm_ino || id->hf_hash || fs->type ? FLAT_MAX_MM : FLAT_MAX;
-    if (id->mm_ino && fs->type)
+    size_t flat_max = id->mm_ino || id->hf_hash || env->type ? FLAT_MAX_MM : FLAT_MAX;
+    if (id->mm_ino && env->type)
         flat_max = FLAT_MAX_MM - 16;
     if (strlen(flat) > flat_max) {
         uint64_t h = 1469598103934665603ull;   /* FNV-1a 64 */
@@ -433,9 +433,9 @@ static char *cache_name(const jlmfs_view_env *fs, const char *rel, const jlmfs_i
     else if (id->hf_hash)   /* a folder: the hash of its files' identities */
         snprintf(mm, sizeof mm, "+h%016llx", (unsigned long long)id->hf_hash);
     char ty[24] = "";   /* -o type=: another container of the same source */
-    if (fs->type)
-        snprintf(ty, sizeof ty, "~%.16s", fs->type);
-    if (asprintf(&out, "%s/%s@%llx-%llx-%llx-%lld.%09ld%s%s.v%u.jlm", fs->cache, flat, (unsigned long long)id->dev,
+    if (env->type)
+        snprintf(ty, sizeof ty, "~%.16s", env->type);
+    if (asprintf(&out, "%s/%s@%llx-%llx-%llx-%lld.%09ld%s%s.v%u.jlm", env->cache, flat, (unsigned long long)id->dev,
                  (unsigned long long)id->ino, (unsigned long long)id->size, (long long)id->mtime_s, id->mtime_ns, mm, ty,
                  JLM_VERSION) < 0)
         out = NULL;
@@ -443,14 +443,14 @@ static char *cache_name(const jlmfs_view_env *fs, const char *rel, const jlmfs_i
     return out;
 }
 
-int jlmfs_view_create(const jlmfs_view_env *fs, const char *rel, const jlmfs_ident *id, const struct stat *dir_st,
+int jlmfs_view_create(const jlmfs_view_env *env, const char *rel, const jlmfs_ident *id, const struct stat *dir_st,
                       jlmfs_view **out, jlm_err *err)
 {
     jlmfs_view *v = calloc(1, sizeof *v);
     if (!v)
         return jlm_errf(err, JLM_ENOMEM, "%s: out of memory", rel);
     static uint64_t serials;   /* never reused: a replaced view's nodes are new inodes in the mount */
-    v->env = fs;
+    v->env = env;
     v->refs = 1;
     v->serial = __atomic_add_fetch(&serials, 1, __ATOMIC_RELAXED);
     v->fd = -1;
@@ -464,7 +464,7 @@ int jlmfs_view_create(const jlmfs_view_env *fs, const char *rel, const jlmfs_ide
     size_t stem = v->is_hf ? n : n - 5;   /* "sub/foo" of "sub/foo.gguf" or of the folder "sub/foo" */
     v->rel = strdup(rel);
     v->key = malloc(stem + 5);
-    v->cache_path = cache_name(fs, rel, id);
+    v->cache_path = cache_name(env, rel, id);
     if (v->cache_path && asprintf(&v->part_path, "%s.part", v->cache_path) < 0)
         v->part_path = NULL;
     if (!v->rel || !v->key || !v->cache_path || !v->part_path) {
@@ -474,7 +474,7 @@ int jlmfs_view_create(const jlmfs_view_env *fs, const char *rel, const jlmfs_ide
     memcpy(v->key, rel, stem);
     strcpy(v->key + stem, ".jlm");
     /* a projector beside a GGUF, relative to SRC too */
-    char *mm = v->is_hf ? NULL : jlmfs_mmproj_rel(fs->src_fd, rel, NULL);
+    char *mm = v->is_hf ? NULL : jlmfs_mmproj_rel(env->src_fd, rel, NULL);
     jlm_err e = {0};
     int refused = jlmfs_guard_enter(v, e.msg, sizeof e.msg);   /* a recorded failure is not retried */
     /* relative to SRC: below it, no symlink followed */
@@ -484,7 +484,7 @@ int jlmfs_view_create(const jlmfs_view_env *fs, const char *rel, const jlmfs_ide
         rc = open_container(v, &e);
     if (rc) {   /* the view exists, in ERROR: status names the reason */
         v->state = JLMFS_ERROR;
-        jlmfs_status_clean(v->errmsg, sizeof v->errmsg, e.msg, fs);
+        jlmfs_status_clean(v->errmsg, sizeof v->errmsg, e.msg, env);
         if (v->fd >= 0)
             close(v->fd);
         v->fd = -1;
