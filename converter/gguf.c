@@ -9,7 +9,7 @@
  */
 #include "converter/gguf.h"
 #include "base/io.h"
-#include "converter/beneath.h"
+#include "base/beneath.h"
 
 #include <errno.h>
 #include <fcntl.h>

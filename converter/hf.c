@@ -8,7 +8,7 @@
  * interleaved gate/up rows and MXFP4 re-layout). */
 #include "converter/hf_int.h"
 #include "converter/safetensors.h"
-#include "converter/beneath.h"
+#include "base/beneath.h"
 
 #include <errno.h>
 #include <fcntl.h>

@@ -28,7 +28,7 @@ int jlm_hf_is_folder(const char *path);
 int jlm_hf_open(const char *dir, FILE *notes, jlm_gguf **out, jlm_err *err);
 /* The same for the folder rel below the directory root_fd (root_fd < 0: rel
  * is a plain path, as jlm_hf_open): every file of it opened below root_fd,
- * following no symlink (converter/beneath.h), as the daemon opens sources. */
+ * following no symlink (base/beneath.h), as the daemon opens sources. */
 int jlm_hf_open_at(int root_fd, const char *rel, FILE *notes, jlm_gguf **out, jlm_err *err);
 /* jlm_hf_is_folder for rel below root_fd, no symlink followed. */
 int jlm_hf_is_folder_at(int root_fd, const char *rel);

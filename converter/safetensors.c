@@ -5,7 +5,7 @@
  * set by name once and refuse duplicates, so lookups are a binary search. */
 #include "converter/safetensors.h"
 #include "converter/gguf.h"
-#include "converter/beneath.h"
+#include "base/beneath.h"
 
 #include <errno.h>
 #include <fcntl.h>

@@ -53,7 +53,7 @@ int  jlm_st_parse(jlm_st_set *s, const uint8_t *buf, size_t len, uint64_t file_s
 int  jlm_st_open_dir(const char *dir, jlm_st_set **out, jlm_err *err);
 /* The same with the folder open as dir_fd (dir names it in messages); with
  * beneath, every file is opened below dir_fd following no symlink
- * (converter/beneath.h): the daemon's sources. */
+ * (base/beneath.h): the daemon's sources. */
 int  jlm_st_open_dirfd(int dir_fd, int beneath, const char *dir, jlm_st_set **out, jlm_err *err);
 /* 1 if the folder dir_fd looks completely copied (jlmfs, docs/jlmfs.md): a
  * regular config.json, and model.safetensors or every shard its index names,

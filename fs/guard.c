@@ -7,7 +7,7 @@
  *                        many daemons started on it ("1", "2"). Left behind
  *                        only by a daemon that died (crash, kill -9).
  *   CACHE/<entry>.fail   the status line the source is refused with. */
-#include "fs/jlmfs_int.h"
+#include "fs/view_int.h"
 
 #include <errno.h>
 #include <fcntl.h>
@@ -46,7 +46,7 @@ static void write_small(const char *path, const char *text)
     char *tmp = NULL;
     if (!path || asprintf(&tmp, "%s.tmp", path) < 0)
         return;
-    int fd = open(tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC | O_NOFOLLOW, 0644);
+    int fd = jlmfs_cache_open(-1, tmp, O_WRONLY | O_CREAT | O_TRUNC, 0600);   /* no link followed, 0600 */
     size_t n = strlen(text);
     int ok = fd >= 0 && write(fd, text, n) == (ssize_t)n;
     if (fd >= 0 && close(fd))

@@ -11,8 +11,8 @@
  * (name, ino, size, mtime) of every *.json and *.safetensors file directly in
  * it: a file added, replaced, rewritten or touched changes it, and a changed
  * identity replaces the view (invariant 1 of jlmfs.h). */
-#include "fs/jlmfs_int.h"
-#include "converter/beneath.h"
+#include "fs/view_int.h"
+#include "base/beneath.h"
 #include "converter/safetensors.h"
 
 #include <dirent.h>

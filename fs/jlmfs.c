@@ -3,7 +3,7 @@
  * extended attributes and the residency database connection. */
 #include "fs/jlmfs_int.h"
 #include "picture/picture.h"
-#include "converter/beneath.h"
+#include "base/beneath.h"
 #include "converter/quantize.h"
 
 #include <dirent.h>
@@ -39,14 +39,17 @@ static void ident_of(const struct stat *st, jlmfs_ident *id)
                         .mtime_ns = st->st_mtim.tv_nsec};
 }
 
-int jlmfs_ident_eq(const jlmfs_ident *a, const jlmfs_ident *b)
-{
-    return a->dev == b->dev && a->ino == b->ino && a->size == b->size && a->mtime_s == b->mtime_s &&
-           a->mtime_ns == b->mtime_ns && a->mm_ino == b->mm_ino && a->mm_size == b->mm_size &&
-           a->mm_mtime_s == b->mm_mtime_s && a->mm_mtime_ns == b->mm_mtime_ns && a->hf_hash == b->hf_hash;
-}
-
 const char *jlmfs_cache_dir(const jlmfs *fs) { return fs->cache; }
+
+/* env.log: opts.log, or warnings and notices (the database's notes) to stderr. */
+static void log_line(void *ctx, int prio, const char *line)
+{
+    const jlmfs *fs = ctx;
+    if (fs->log)
+        fs->log(fs->log_ctx, prio, line);
+    else if (prio == JLMFS_LOG_WARNING || prio == JLMFS_LOG_NOTICE)   /* the database's notes, as before */
+        fprintf(stderr, "jlmfs: %s\n", line);
+}
 
 void jlmfs_log(const jlmfs *fs, int prio, const char *fmt, ...)
 {
@@ -55,10 +58,13 @@ void jlmfs_log(const jlmfs *fs, int prio, const char *fmt, ...)
     va_start(ap, fmt);
     vsnprintf(line, sizeof line, fmt, ap);
     va_end(ap);
-    if (fs->log)
-        fs->log(fs->log_ctx, prio, line);
-    else if (prio == JLMFS_LOG_WARNING || prio == JLMFS_LOG_NOTICE)   /* the database's notes, as before */
-        fprintf(stderr, "jlmfs: %s\n", line);
+    log_line((void *)fs, prio, line);
+}
+
+/* env.record: a view served a read. */
+static void record_read(void *ctx, const char *key, const jlmfs_unit *u, int tier, uint64_t bytes)
+{
+    jlmfs_db_record(ctx, key, u, tier, bytes);
 }
 
 int jlmfs_pass_open(const jlmfs *fs, const char *rel, int flags, mode_t mode)
@@ -214,7 +220,7 @@ jlmfs_view *jlmfs_sync_view(jlmfs *fs, const char *rel)
     if (!res && ok && locked_create) {
         jlmfs_view *v;
         jlm_err e;
-        if (!jlmfs_view_create(fs, rel, &id, &st, &v, &e)) {   /* slow: plans from the GGUF's metadata */
+        if (!jlmfs_view_create(&fs->env, rel, &id, &st, &v, &e)) {   /* slow: plans from the GGUF's metadata */
             pthread_mutex_lock(&fs->lock);
             if (insert_view(fs, v)) {
                 jlmfs_view_kill(v);
@@ -348,9 +354,10 @@ static void db_open_locked(jlmfs *fs)
     }
 }
 
-/* A query found the database corrupt (damaged while mounted): reopen, which
- * moves it aside, instead of failing until remount. 1 if the query should be
- * run again on the new database. */
+/* A query or the check found the database corrupt or gone (damaged or
+ * removed while mounted): recreate it, moving a damaged one aside, instead of
+ * failing until remount. 1 if the query should be run again on the new
+ * database. */
 static int db_recover_locked(jlmfs *fs, int rc)
 {
     if (rc != JLM_EFORMAT)
@@ -363,8 +370,12 @@ static int db_recover_locked(jlmfs *fs, int rc)
         jlmfs_log(fs, JLMFS_LOG_WARNING, "note: no statistics: %s", e.msg);
         return 0;
     }
-    jlmfs_log(fs, JLMFS_LOG_WARNING, "note: %s was damaged while mounted: moved aside to %s, statistics start afresh",
-              fs->db_path, jlm_rdb_moved_aside(fs->db));
+    if (jlm_rdb_moved_aside(fs->db))
+        jlmfs_log(fs, JLMFS_LOG_WARNING, "note: %s was damaged while mounted: moved aside to %s, statistics start afresh",
+                  fs->db_path, jlm_rdb_moved_aside(fs->db));
+    else
+        jlmfs_log(fs, JLMFS_LOG_WARNING, "note: %s was removed while mounted: recreated, statistics start afresh",
+                  fs->db_path);
     return 1;
 }
 
@@ -463,8 +474,9 @@ static void retry_full(jlmfs *fs)
     free(rels);
 }
 
-/* Queued reads reach SQLite at most 500 ms late (one transaction each time);
- * the same tick retries views a full cache stopped. */
+/* Queued reads reach SQLite at most 500 ms late (one transaction each time),
+ * after a check that the file is still there and a database; the same tick
+ * retries views a full cache stopped. */
 static void *flusher_main(void *arg)
 {
     jlmfs *fs = arg;
@@ -477,7 +489,7 @@ static void *flusher_main(void *arg)
         pthread_cond_timedwait(&fs->queue_cond, &fs->lock, &ts);
         pthread_mutex_unlock(&fs->lock);
         pthread_mutex_lock(&fs->db_lock);
-        db_flush_locked(fs);
+        db_ready_locked(fs);   /* a database removed or damaged meanwhile is recreated now, not at the next stats */
         pthread_mutex_unlock(&fs->db_lock);
         if (!__atomic_load_n(&fs->stop, __ATOMIC_RELAXED))
             retry_full(fs);
@@ -525,6 +537,7 @@ int jlmfs_start(jlmfs *fs, jlm_err *err)
 }
 
 /* ---------------------------------------------------------------- open / close */
+/* Makes the parents of path (0755, as mkdir -p) and path itself (0700). */
 static int mkdirs(const char *path)
 {
     char *p = strdup(path);
@@ -536,7 +549,7 @@ static int mkdirs(const char *path)
             mkdir(p, 0755);
             *s = '/';
         }
-    int rc = mkdir(p, 0755) && errno != EEXIST ? -1 : 0;
+    int rc = mkdir(p, 0700) && errno != EEXIST ? -1 : 0;
     free(p);
     return rc;
 }
@@ -575,9 +588,13 @@ static void scan(jlmfs *fs, const char *rel, int depth)
  * killed daemon's). Second pass: removes finished entries no view owns. */
 static void clean_cache(jlmfs *fs, int parts_only)
 {
-    DIR *d = opendir(fs->cache);
-    if (!d)
+    int dfd = fs->cache_fd >= 0 ? openat(fs->cache_fd, ".", O_RDONLY | O_DIRECTORY | O_CLOEXEC) : -1;
+    DIR *d = dfd >= 0 ? fdopendir(dfd) : NULL;   /* the folder checked at open, whatever its name is now */
+    if (!d) {
+        if (dfd >= 0)
+            close(dfd);
         return;
+    }
     struct dirent *de;
     while ((de = readdir(d))) {
         int part = ends_with(de->d_name, ".jlm.part");
@@ -593,10 +610,33 @@ static void clean_cache(jlmfs *fs, int parts_only)
             owned |= strlen(fs->views[i]->cache_path) == plen && !strncmp(fs->views[i]->cache_path, p, plen);
         pthread_mutex_unlock(&fs->lock);
         if (p && !owned)
-            unlink(p);
+            unlinkat(fs->cache_fd, de->d_name, 0);
         free(p);
     }
     closedir(d);
+}
+
+/* The cache folder (docs/security.md section 12): opened without following
+ * a link, refused unless it belongs to the daemon's user and nobody else may
+ * write it (else whoever made it could plant links or swap containers), then
+ * narrowed to 0700. Every file of it is opened below fs->cache_fd. */
+static int check_cache_dir(jlmfs *fs, const char *shown, jlm_err *err)
+{
+    fs->cache_fd = open(fs->cache, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+    struct stat st, lst;
+    if (fs->cache_fd < 0 || fstat(fs->cache_fd, &st))
+        return jlm_errf(err, JLM_EIO, "cache %s: %s", shown, strerror(errno));
+    if (st.st_uid != geteuid())
+        return jlm_errf(err, JLM_EINVAL, "cache %s belongs to uid %u, not to the daemon's user (uid %u): refused "
+                        "(remove it, or give -o cache=DIR)", shown, (unsigned)st.st_uid, (unsigned)geteuid());
+    if (st.st_mode & (S_IWGRP | S_IWOTH))
+        return jlm_errf(err, JLM_EINVAL, "cache %s is writable by %s (mode %03o): refused (chmod 700 it, or remove it)",
+                        shown, st.st_mode & S_IWOTH ? "others" : "its group", (unsigned)(st.st_mode & 07777));
+    if (lstat(fs->cache, &lst) || lst.st_dev != st.st_dev || lst.st_ino != st.st_ino)
+        return jlm_errf(err, JLM_EINVAL, "cache %s was replaced while it was opened: refused", shown);
+    if ((st.st_mode & 07777) != 0700 && fchmod(fs->cache_fd, 0700))
+        return jlm_errf(err, JLM_EIO, "cache %s: chmod 700: %s", shown, strerror(errno));
+    return 0;
 }
 
 static int open_cache(jlmfs *fs, const char *cache, jlm_err *err)
@@ -608,6 +648,8 @@ static int open_cache(jlmfs *fs, const char *cache, jlm_err *err)
     int rc = mkdirs(c) ? jlm_errf(err, JLM_EIO, "cache %s: %s", c, strerror(errno)) : 0;
     if (!rc && !(fs->cache = realpath(c, NULL)))
         rc = jlm_errf(err, JLM_EIO, "cache %s: %s", c, strerror(errno));
+    if (!rc)
+        rc = check_cache_dir(fs, c, err);
     free(def);
     if (rc)
         return rc;
@@ -620,9 +662,9 @@ static int open_cache(jlmfs *fs, const char *cache, jlm_err *err)
         free(lock);
         return jlm_errf(err, JLM_ENOMEM, "out of memory");
     }
-    fs->lock_fd = open(lock, O_RDWR | O_CREAT | O_CLOEXEC, 0644);
+    fs->lock_fd = jlmfs_cache_open(fs->cache_fd, "jlmfs.lock", O_RDWR | O_CREAT, 0600);
     if (fs->lock_fd < 0)
-        rc = jlm_errf(err, JLM_EIO, "%s: %s", lock, strerror(errno));
+        rc = jlm_errf(err, JLM_EIO, "%s: %s", lock, errno == ELOOP ? "a symbolic link: refused" : strerror(errno));
     else if (flock(fs->lock_fd, LOCK_EX | LOCK_NB))
         rc = jlm_errf(err, JLM_EINVAL, "cache %s is in use by another jlmfs (one daemon per cache folder)", fs->cache);
     free(lock);
@@ -636,6 +678,7 @@ int jlmfs_open(const jlmfs_opts *o, jlmfs **out, jlm_err *err)
         return jlm_errf(err, JLM_ENOMEM, "out of memory");
     fs->lock_fd = -1;
     fs->src_fd = -1;
+    fs->cache_fd = -1;
     pthread_mutex_init(&fs->lock, NULL);
     pthread_mutex_init(&fs->create_lock, NULL);
     pthread_mutex_init(&fs->db_lock, NULL);
@@ -668,6 +711,10 @@ int jlmfs_open(const jlmfs_opts *o, jlmfs **out, jlm_err *err)
         jlmfs_close(fs);
         return rc;
     }
+    fs->env = (jlmfs_view_env){.src = fs->src, .src_fd = fs->src_fd, .cache = fs->cache, .cache_fd = fs->cache_fd,
+                               .type = fs->type, .io = fs->io, .slow_ms = fs->slow_ms, .stop = &fs->stop,
+                               .log = log_line, .record = record_read, .ctx = fs,
+                               .invalidate = fs->invalidate, .invalidate_ctx = fs->invalidate_ctx};
     clean_cache(fs, 1);
     scan(fs, "", 0);
     clean_cache(fs, 0);
@@ -707,6 +754,8 @@ void jlmfs_close(jlmfs *fs)
         close(fs->lock_fd);
     if (fs->src_fd >= 0)
         close(fs->src_fd);
+    if (fs->cache_fd >= 0)
+        close(fs->cache_fd);
     free(fs->views); free(fs->queue); free(fs->writers); free(fs->threads);
     free(fs->src); free(fs->cache); free(fs->cache_rel); free(fs->db_path); free(fs->type);
     pthread_mutex_destroy(&fs->lock);

@@ -5,7 +5,7 @@
  * Owns: the view table, the cache folder (keying, validation, .part files),
  * the conversion workers, the bytes and texts of every view file, and the
  * daemon's connection to the residency database. Knows nothing of FUSE: the
- * FUSE layer (cli/jlmfs_main.c) resolves a path to a jlmfs_node, calls these
+ * FUSE layer (fs/fuse_ops.c) resolves a path to a jlmfs_node, calls these
  * functions and maps their JLM_E* codes to -errno in one place (errno_of).
  * Passthrough files are plain syscalls in that layer; this module only tells
  * it where SRC is (jlmfs_node.real) and is told when a source changes.
@@ -55,12 +55,13 @@ typedef struct jlmfs_opts {
     const char *type;       /* -o type=T: quantize at conversion (jlm_conv_open_full); NULL or "keep": as stored */
     /* Told every mount path ("/sub/foo.jlm/blocks/3") whose bytes or
      * attributes the kernel may hold from a view that was just dropped,
-     * replaced or failed, so it forgets them (the FUSE layer queues them for
-     * fuse_invalidate_path). Called from any thread, with no lock of this
-     * module held; must not block on a FUSE request. NULL: nobody to tell. */
+     * replaced or failed, so it forgets them (the FUSE layer queues them and
+     * drops every inode of the path: fuse_lowlevel_notify_inval_inode).
+     * Called from any thread, with no lock of this module held; must not
+     * block on a FUSE request. NULL: nobody to tell. */
     void (*invalidate)(void *ctx, const char *path);
     void *invalidate_ctx;
-    /* The daemon's log (cli/jlmfs_main.c: stderr with -f, else syslog): one
+    /* The daemon's log (fs/log.c: stderr with -f, else syslog): one
      * line per event, without prefix or newline; prio is syslog's
      * (JLMFS_LOG_*). Events: a view planned (converting or ready from the
      * cache), ready after converting, failed, dropped; database notes. Called
@@ -74,8 +75,10 @@ typedef struct jlmfs_opts {
 /* syslog(3)'s priorities, for jlmfs_opts.log (values equal LOG_ERR ...). */
 enum { JLMFS_LOG_ERR = 3, JLMFS_LOG_WARNING = 4, JLMFS_LOG_NOTICE = 5, JLMFS_LOG_INFO = 6 };
 
-/* Checks SRC, creates and locks the cache folder (one daemon per cache),
- * removes leftover .part files and stale entries, and plans a view for every
+/* Checks SRC, creates (0700) and checks the cache folder (refused, JLM_EINVAL
+ * naming it, if another user owns it or its group or others may write it;
+ * docs/security.md section 12), locks it (one daemon per cache), removes
+ * leftover .part files and stale entries, and plans a view for every
  * GGUF under SRC. Starts no thread (call jlmfs_start after daemonizing).
  * JLM_EIO / JLM_EINVAL naming the folder; *out untouched on error. */
 int  jlmfs_open(const jlmfs_opts *o, jlmfs **out, jlm_err *err);

@@ -1,78 +1,13 @@
-/* jlmfs_int.h - shared between fs/jlmfs.c (table, cache, workers, paths) and
- * fs/view.c (one view: plan, units, conversion, reads, texts). Not a public
- * contract: see jlmfs.h. */
+/* jlmfs_int.h - shared between fs/jlmfs.c (table, cache, workers, database)
+ * and fs/nodes.c (paths, listings, texts). Not a public contract: see
+ * jlmfs.h. Views (fs/view_int.h) are below both and never call up. */
 #ifndef JLMFS_INT_H
 #define JLMFS_INT_H
 
-#include "fs/jlmfs.h"
-#include "converter/convert.h"
+#include "fs/view_int.h"
 #include "residency/residency.h"
-#include "base/tier.h"
 
 #include <pthread.h>
-#include <sys/types.h>
-
-enum jlmfs_state { JLMFS_CONVERTING = 1, JLMFS_READY = 2, JLMFS_ERROR = 3 };
-
-/* What a unit of the container is, for residency records. */
-enum jlmfs_arr { JLMFS_A_META = 0, JLMFS_A_BLOCKS, JLMFS_A_VISION, JLMFS_A_EXPERTS };
-
-typedef struct jlmfs_ident {
-    dev_t dev; ino_t ino; off_t size; int64_t mtime_s; long mtime_ns;
-    /* the paired vision projector (mmproj.c), all 0 without one */
-    ino_t mm_ino; off_t mm_size; int64_t mm_mtime_s; long mm_mtime_ns;
-    /* a Hugging Face folder (hfdir.c): nonzero hash of its files; dev, ino
-     * are the folder's, size the sum, mtime the latest. 0 for a GGUF. */
-    uint64_t hf_hash;
-} jlmfs_ident;
-
-typedef struct jlmfs_unit {
-    uint64_t off, len;      /* bytes of model.jlm */
-    uint8_t  arr;           /* enum jlmfs_arr */
-    int32_t  a, b;          /* page name: blocks.a, vision.a, experts.a.b */
-} jlmfs_unit;
-
-/* Packing buffers a converting view keeps for reuse (fs/view.c buf_get/buf_put):
- * up to 4; packers beyond that (a view packs on up to 8 CPUs) allocate theirs. */
-#define JLMFS_SPARES 4
-
-struct jlmfs_view {
-    jlmfs      *fs;
-    int         refs;        /* atomic (__atomic builtins) */
-    uint64_t    serial;      /* unique per view of this process: jlmfs_node_version */
-    /* immutable after view_create */
-    char       *rel;         /* "sub/foo.gguf", or "sub/foo" for a Hugging Face folder */
-    int         is_hf;       /* rel is a Hugging Face folder (hfdir.c) */
-    char       *key;         /* model key = view path "sub/foo.jlm" */
-    char       *cache_path;  /* CACHE/<flat>@<ident>.v27.jlm */
-    char       *part_path;   /* cache_path + ".part" */
-    jlmfs_ident id;
-    struct stat dir_st;      /* owner/times shown for view nodes */
-    jlm_conv   *conv;        /* NULL in ERROR-at-create */
-    jlm_model  *plan;        /* the planned [0, DenseOff) decoded (jlm_fmt_parse) */
-    uint8_t    *meta;        /* (plan->hdr.dense_off,) the planned bytes [0, DenseOff) */
-    uint64_t    file_size;
-    int         fd;          /* .part (O_RDWR) or finished file; -1 if none */
-    uint32_t    n_units;
-    jlmfs_unit *units;       /* (n_units,) ascending, covering [0, file_size) */
-    int32_t    *moe_rank;    /* (n_layer,) rank among MoE blocks or -1 */
-    uint32_t    n_moe, n_expert;
-    char       *config_json, *tensors_txt;
-    pthread_mutex_t lock;
-    /* under lock */
-    int         state;       /* enum jlmfs_state */
-    char        errmsg[1024];
-    uint8_t    *done;        /* (n_units,) 1 = written to fd */
-    uint8_t    *busy;        /* (n_units,) 1 = one thread is packing it; the others wait on packed */
-    pthread_cond_t packed;   /* broadcast when a unit's packing ends (done or not) */
-    uint32_t    packs;       /* under lock: units packed and written (== n_units when none is packed twice) */
-    uint8_t    *spare[JLMFS_SPARES];   /* packing buffers kept for the next unit (no fresh pages to fault in) */
-    size_t      spare_cap[JLMFS_SPARES];
-    uint64_t    done_bytes;
-    int         dead;        /* dropped from the table: stop converting */
-    double      t0;          /* when it was planned (CLOCK_MONOTONIC s): the log's "ready in" */
-    double      t_nospace;   /* under lock: when it failed for a full cache (0: it did not) */
-};
 
 struct jlmfs {
     char           *src;          /* realpath of SRC */
@@ -88,6 +23,8 @@ struct jlmfs {
     int             lock_fd;      /* flock on CACHE/jlmfs.lock */
     unsigned        n_workers, slow_ms;
     const jlm_io   *io;           /* never NULL: opts.io or jlm_io_posix */
+    jlmfs_view_env  env;          /* what every view is handed (jlmfs_open) */
+    int             cache_fd;     /* the cache folder as checked (O_RDONLY | O_DIRECTORY | O_NOFOLLOW) */
     int             check;        /* JLMFS_CHECK=1: jlmfs_check after every sync */
     pthread_mutex_t create_lock;  /* serialises view planning; taken before lock */
     pthread_mutex_t lock;
@@ -106,57 +43,9 @@ struct jlmfs {
     int             db_dirty;
 };
 
-/* view.c */
-int   jlmfs_view_create(jlmfs *fs, const char *rel, const jlmfs_ident *id, const struct stat *dir_st,
-                        jlmfs_view **out, jlm_err *err);
-void  jlmfs_view_ref(jlmfs_view *v);
-void  jlmfs_view_unref(jlmfs_view *v);
-void  jlmfs_view_kill(jlmfs_view *v);          /* mark dead, remove its cache files */
-/* Tells opts.invalidate every path of v's files (the kernel drops what it
- * cached of them: the next read asks the daemon). No lock held. */
-void  jlmfs_view_invalidate(jlmfs_view *v);
-/* Dropped from the table: kill, fail it if its source was rewritten under a
- * conversion still running, and invalidate; the log says why (NULL: its
- * source went or changed). No lock held. */
-void  jlmfs_view_retire(jlmfs_view *v, const char *why);
-/* 1 if v failed for a full cache at least min_age s ago and the cache's
- * filesystem now has room for its whole container: worth planning again. */
-int   jlmfs_view_space_back(jlmfs_view *v, double min_age);
-/* Says in the log that v was planned: converting, ready from the cache, or its error. */
-void  jlmfs_view_log_planned(jlmfs_view *v);
-void  jlmfs_view_convert(jlmfs_view *v);       /* the worker's job: runs to READY/ERROR/dead */
-int   jlmfs_view_state(jlmfs_view *v, int *pct, char *msg, size_t msg_len);
-void  jlmfs_view_progress(jlmfs_view *v, uint64_t *done, uint64_t *total);   /* bytes written, container size */
-int   jlmfs_view_read(jlmfs_view *v, uint64_t off, size_t len, uint8_t *out, jlm_err *err);
-int   jlmfs_view_check(jlmfs_view *v, jlm_err *err);
-int   jlmfs_view_expert_page(const jlmfs_view *v, int32_t b, int32_t e, uint64_t *off);
-const char *jlmfs_arr_name(int arr);
-
-/* mmproj.c: the projector paired with rel (malloc'd rel, *st filled) or
- * NULL; 1 if rel is itself a projector's name. */
-char *jlmfs_mmproj_rel(int src_fd, const char *rel, struct stat *st);
-int   jlmfs_is_mmproj(const char *rel);
-
-/* status.c: msg as a status line may show it (docs/security.md): SRC's and
- * the cache's absolute paths become "SRC" and "CACHE", control bytes "?". */
-void  jlmfs_status_clean(char *dst, size_t n, const char *msg, const jlmfs *fs);
-
-/* guard.c: crash isolation. enter: 1 (msg filled) if the source is refused
- * (recorded failure, or daemons died on it twice), else records the attempt.
- * leave: the attempt ended (code 0 or the JLM_E* it failed with; a failure in
- * the source's bytes is recorded). forget: the source is gone or replaced. */
-int   jlmfs_guard_enter(jlmfs_view *v, char *msg, size_t n);
-void  jlmfs_guard_leave(jlmfs_view *v, int code, const char *msg);
-void  jlmfs_guard_forget(jlmfs_view *v);
-
-/* hfdir.c: 1 if SRC/rel is a Hugging Face folder source (complete, when
- * check_complete), *id its identity and *dir_st what its view shows. */
-int   jlmfs_hf_ident(int src_fd, const char *rel, int check_complete, jlmfs_ident *id, struct stat *dir_st);
-
 /* jlmfs.c: one line to opts.log (printf-style; no lock held). */
 void  jlmfs_log(const jlmfs *fs, int prio, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
 /* jlmfs.c */
-int   jlmfs_ident_eq(const jlmfs_ident *a, const jlmfs_ident *b);
 jlmfs_view *jlmfs_sync_view(jlmfs *fs, const char *rel);   /* reference or NULL */
 int   jlmfs_db_names(jlmfs *fs, const char *key, char ***names, size_t *n, jlm_err *err);
 int   jlmfs_db_stats(jlmfs *fs, const char *key, char **out, jlm_err *err);

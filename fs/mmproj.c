@@ -3,8 +3,8 @@
  * "dir/mmproj-foo.gguf" and "dir/foo.mmproj.gguf" that is a regular file
  * reached below SRC without a symlink (docs/security.md).
  * A projector file itself gets no view of its own. */
-#include "fs/jlmfs_int.h"
-#include "converter/beneath.h"
+#include "fs/view_int.h"
+#include "base/beneath.h"
 
 #include <fcntl.h>
 #include <unistd.h>

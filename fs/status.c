@@ -1,15 +1,15 @@
 /* status.c - what a view's status may say about a failure (docs/security.md):
  * the reason, never the daemon's absolute paths (SRC and the cache are shown
  * as "SRC" and "CACHE") and never raw control bytes from a crafted name. */
-#include "fs/jlmfs_int.h"
+#include "fs/view_int.h"
 
 #include <string.h>
 
-void jlmfs_status_clean(char *dst, size_t n, const char *msg, const jlmfs *fs)
+void jlmfs_status_clean(char *dst, size_t n, const char *msg, const jlmfs_view_env *env)
 {
     if (!n)
         return;
-    const char *roots[2] = {fs ? fs->cache : NULL, fs ? fs->src : NULL};   /* cache first: it may be in SRC */
+    const char *roots[2] = {env ? env->cache : NULL, env ? env->src : NULL};   /* cache first: it may be in SRC */
     static const char *names[2] = {"CACHE", "SRC"};
     size_t o = 0;
     while (*msg && o + 1 < n) {

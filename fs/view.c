@@ -1,10 +1,11 @@
 /* view.c - one model view: its plan (from shapes alone), its container's
  * units (the metadata+dense prefix, then every page), background conversion
  * into the cache's .part file, on-demand packing, and its texts. */
-#include "fs/jlmfs_int.h"
-#include "converter/beneath.h"
+#include "fs/view_int.h"
+#include "base/beneath.h"
 
 #include <errno.h>
+#include <stdarg.h>
 #include <fcntl.h>
 #include <jansson.h>
 #include <stdio.h>
@@ -22,6 +23,37 @@ const char *jlmfs_arr_name(int arr)
 }
 
 /* ---------------------------------------------------------------- small helpers */
+/* One line to the daemon's log (env->log; none: dropped). */
+static void vlog(const jlmfs_view *v, int prio, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
+static void vlog(const jlmfs_view *v, int prio, const char *fmt, ...)
+{
+    if (!v->env->log)
+        return;
+    char line[2048];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(line, sizeof line, fmt, ap);
+    va_end(ap);
+    v->env->log(v->env->ctx, prio, line);
+}
+
+/* Removes a file of the cache folder (below the folder the daemon holds). */
+static void cache_unlink(const jlmfs_view *v, const char *path)
+{
+    const char *name = strrchr(path, '/');
+    if (v->env->cache_fd >= 0 && name)
+        unlinkat(v->env->cache_fd, name + 1, 0);
+    else
+        unlink(path);
+}
+
+int jlmfs_ident_eq(const jlmfs_ident *a, const jlmfs_ident *b)
+{
+    return a->dev == b->dev && a->ino == b->ino && a->size == b->size && a->mtime_s == b->mtime_s &&
+           a->mtime_ns == b->mtime_ns && a->mm_ino == b->mm_ino && a->mm_size == b->mm_size &&
+           a->mm_mtime_s == b->mm_mtime_s && a->mm_mtime_ns == b->mm_mtime_ns && a->hf_hash == b->hf_hash;
+}
+
 static double mono_s(void)
 {
     struct timespec ts;
@@ -35,7 +67,7 @@ int jlmfs_view_space_back(jlmfs_view *v, double min_age)
     int cand = v->state == JLMFS_ERROR && v->t_nospace > 0 && mono_s() - v->t_nospace >= min_age;
     pthread_mutex_unlock(&v->lock);
     struct statvfs sv;
-    return cand && !statvfs(v->fs->cache, &sv) && (unsigned long long)sv.f_bavail * sv.f_frsize >= v->file_size;
+    return cand && !statvfs(v->env->cache, &sv) && (unsigned long long)sv.f_bavail * sv.f_frsize >= v->file_size;
 }
 
 void jlmfs_view_log_planned(jlmfs_view *v)
@@ -44,12 +76,12 @@ void jlmfs_view_log_planned(jlmfs_view *v)
     int st = jlmfs_view_state(v, NULL, msg, sizeof msg);
     double mib = (double)v->file_size / (1 << 20);
     if (st == JLMFS_READY)
-        jlmfs_log(v->fs, JLMFS_LOG_INFO, "%s: ready (%.1f MiB, from the cache)", v->key, mib);
+        vlog(v, JLMFS_LOG_INFO, "%s: ready (%.1f MiB, from the cache)", v->key, mib);
     else if (st == JLMFS_CONVERTING)
-        jlmfs_log(v->fs, JLMFS_LOG_INFO, "%s: converting %s (%.1f MiB%s%s)", v->key, v->rel, mib,
-                  v->fs->type ? ", type " : "", v->fs->type ? v->fs->type : "");
+        vlog(v, JLMFS_LOG_INFO, "%s: converting %s (%.1f MiB%s%s)", v->key, v->rel, mib,
+                  v->env->type ? ", type " : "", v->env->type ? v->env->type : "");
     else
-        jlmfs_log(v->fs, JLMFS_LOG_ERR, "%s: error: %s", v->key, msg);
+        vlog(v, JLMFS_LOG_ERR, "%s: error: %s", v->key, msg);
 }
 
 /* ERROR, and the .part goes: unlinked, and its descriptor swapped for
@@ -66,10 +98,10 @@ static void fail_view(jlmfs_view *v, const char *msg)
     int now = v->state != JLMFS_ERROR;   /* the first error is the one kept and logged */
     if (now) {
         v->state = JLMFS_ERROR;
-        jlmfs_status_clean(v->errmsg, sizeof v->errmsg, msg, v->fs);
+        jlmfs_status_clean(v->errmsg, sizeof v->errmsg, msg, v->env);
         memcpy(line, v->errmsg, sizeof line);
     }
-    unlink(v->part_path);
+    cache_unlink(v, v->part_path);
     int null = open("/dev/null", O_RDONLY | O_CLOEXEC);
     if (null >= 0 && v->fd >= 0)
         dup3(null, v->fd, O_CLOEXEC);
@@ -77,7 +109,7 @@ static void fail_view(jlmfs_view *v, const char *msg)
         close(null);
     pthread_mutex_unlock(&v->lock);
     if (now)
-        jlmfs_log(v->fs, JLMFS_LOG_ERR, "%s: error: %s", v->key, line);
+        vlog(v, JLMFS_LOG_ERR, "%s: error: %s", v->key, line);
     /* pages the kernel already holds would still be served to open
      * descriptors without asking: dropped, so every later read gets EIO */
     jlmfs_view_invalidate(v);
@@ -85,14 +117,14 @@ static void fail_view(jlmfs_view *v, const char *msg)
 
 void jlmfs_view_invalidate(jlmfs_view *v)
 {
-    jlmfs *fs = v->fs;
-    if (!fs->invalidate)
+    const jlmfs_view_env *env = v->env;
+    if (!env->invalidate)
         return;
     char p[4200];
     static const char *files[] = {"model.jlm", "dense", "status", "config.json", "tensors", "stats", "layout.html"};
     for (size_t i = 0; i < sizeof files / sizeof *files; i++) {
         snprintf(p, sizeof p, "/%s/%s", v->key, files[i]);
-        fs->invalidate(fs->invalidate_ctx, p);
+        env->invalidate(env->invalidate_ctx, p);
     }
     for (uint32_t u = 0; u < v->n_units && v->units; u++) {
         const jlmfs_unit *un = &v->units[u];
@@ -104,7 +136,7 @@ void jlmfs_view_invalidate(jlmfs_view *v)
             snprintf(p, sizeof p, "/%s/experts/%d.%d", v->key, un->a, un->b);
         else
             continue;
-        fs->invalidate(fs->invalidate_ctx, p);
+        env->invalidate(env->invalidate_ctx, p);
     }
 }
 
@@ -122,7 +154,7 @@ static void mark_no_space(jlmfs_view *v)
 static int no_space(jlmfs_view *v, jlm_err *err)
 {
     struct statvfs sv;
-    unsigned long long have = statvfs(v->fs->cache, &sv) ? 0ull : (unsigned long long)sv.f_bavail * sv.f_frsize;
+    unsigned long long have = statvfs(v->env->cache, &sv) ? 0ull : (unsigned long long)sv.f_bavail * sv.f_frsize;
     pthread_mutex_lock(&v->lock);
     unsigned long long need = v->file_size - v->done_bytes;
     v->t_nospace = mono_s();   /* the daemon retries when the space is back (jlmfs_view_space_back) */
@@ -279,7 +311,7 @@ static char *tensors_text(const jlm_model *m)
 /* Plans the view; a source that cannot be planned leaves it in ERROR. */
 static int plan_view(jlmfs_view *v, const char *src_path, const char *mm_path, jlm_err *err)
 {
-    int rc = jlm_conv_open_full(v->fs->src_fd, src_path, mm_path, v->fs->type, NULL, &v->conv, err);
+    int rc = jlm_conv_open_full(v->env->src_fd, src_path, mm_path, v->env->type, NULL, &v->conv, err);
     if (rc)
         return rc;
     v->file_size = v->conv->plan.file_size;
@@ -302,13 +334,22 @@ static int plan_view(jlmfs_view *v, const char *src_path, const char *mm_path, j
     return rc;
 }
 
-/* A finished entry is used only if it opens cleanly and its [0, DenseOff)
- * equals the plan's (a foreign version or another source never matches). */
-static int cache_valid(jlmfs_view *v)
+/* The path that reopens what fd is (the file, not its name). */
+static void fd_path(char *buf, size_t n, int fd)
+{
+    snprintf(buf, n, "/proc/self/fd/%d", fd);
+}
+
+/* fd (a finished entry, opened below the cache folder) is a container
+ * whose [0, DenseOff) is the plan's (a foreign version or another source
+ * never matches). */
+static int cache_valid(jlmfs_view *v, int fd)
 {
     jlm_model *m;
     jlm_err e;
-    if (access(v->cache_path, F_OK) || jlm_fmt_open(v->cache_path, &m, &e))
+    char p[64];
+    fd_path(p, sizeof p, fd);
+    if (jlm_fmt_open(p, &m, &e))
         return 0;
     int ok = m->file_size == v->file_size && m->hdr.dense_off == v->plan->hdr.dense_off &&
              !memcmp(m->meta, v->meta, m->hdr.dense_off);
@@ -316,19 +357,37 @@ static int cache_valid(jlmfs_view *v)
     return ok;
 }
 
+/* A finished entry takes its source's owner (when the daemon may give it:
+ * root) and read bits, never wider (docs/security.md section 12): a 0600
+ * GGUF's container is 0400, as private as the GGUF. A daemon that is not root
+ * keeps the file its own and readable by itself. -1 with errno set. */
+static int entry_perms(const jlmfs_view *v, int fd)
+{
+    struct stat st;
+    int root = geteuid() == 0;
+    mode_t want = (v->dir_st.st_mode & 0444) | (root ? 0 : 0400);
+    if (fstat(fd, &st))
+        return -1;
+    if (root && (st.st_uid != v->dir_st.st_uid || st.st_gid != v->dir_st.st_gid) &&
+        fchown(fd, v->dir_st.st_uid, v->dir_st.st_gid))
+        return -1;
+    return (st.st_mode & 07777) == want ? 0 : fchmod(fd, want);
+}
+
 static int open_container(jlmfs_view *v, jlm_err *err)
 {
-    if (cache_valid(v)) {
-        v->fd = open(v->cache_path, O_RDONLY | O_CLOEXEC);
-        if (v->fd >= 0) {
-            memset(v->done, 1, v->n_units);
-            v->done_bytes = v->file_size;
-            v->state = JLMFS_READY;
-            return 0;
-        }
+    int fd = jlmfs_cache_open(v->env->cache_fd, v->cache_path, O_RDONLY, 0);
+    if (fd >= 0 && cache_valid(v, fd) && !entry_perms(v, fd)) {
+        v->fd = fd;
+        memset(v->done, 1, v->n_units);
+        v->done_bytes = v->file_size;
+        v->state = JLMFS_READY;
+        return 0;
     }
-    unlink(v->cache_path);   /* stale, foreign or unreadable: rebuilt, never misread */
-    v->fd = open(v->part_path, O_RDWR | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+    if (fd >= 0)
+        close(fd);
+    cache_unlink(v, v->cache_path);   /* stale, foreign, a link or unreadable: rebuilt, never misread */
+    v->fd = jlmfs_cache_open(v->env->cache_fd, v->part_path, O_RDWR | O_CREAT | O_TRUNC, 0600);
     if (v->fd < 0)
         return jlm_errf(err, JLM_EIO, "%s: %s", v->part_path, strerror(errno));
     if (ftruncate(v->fd, (off_t)v->file_size))
@@ -344,7 +403,7 @@ static int open_container(jlmfs_view *v, jlm_err *err)
 #define FLAT_MAX    128
 #define FLAT_MAX_MM 80
 
-static char *cache_name(const jlmfs *fs, const char *rel, const jlmfs_ident *id)
+static char *cache_name(const jlmfs_view_env *env, const char *rel, const jlmfs_ident *id)
 {
     size_t n = strlen(rel);
     if (id->hf_hash == 0 && n > 5)
@@ -358,8 +417,8 @@ static char *cache_name(const jlmfs *fs, const char *rel, const jlmfs_ident *id)
     /* A long stem or a deep path would make a name over NAME_MAX (with the
      * ".part" / ".fail.tmp" the entry also gets): keep its head, add a hash
      * of the whole path. */
-    size_t flat_max = id->mm_ino || id->hf_hash || fs->type ? FLAT_MAX_MM : FLAT_MAX;
-    if (id->mm_ino && fs->type)
+    size_t flat_max = id->mm_ino || id->hf_hash || env->type ? FLAT_MAX_MM : FLAT_MAX;
+    if (id->mm_ino && env->type)
         flat_max = FLAT_MAX_MM - 16;
     if (strlen(flat) > flat_max) {
         uint64_t h = 1469598103934665603ull;   /* FNV-1a 64 */
@@ -374,9 +433,9 @@ static char *cache_name(const jlmfs *fs, const char *rel, const jlmfs_ident *id)
     else if (id->hf_hash)   /* a folder: the hash of its files' identities */
         snprintf(mm, sizeof mm, "+h%016llx", (unsigned long long)id->hf_hash);
     char ty[24] = "";   /* -o type=: another container of the same source */
-    if (fs->type)
-        snprintf(ty, sizeof ty, "~%.16s", fs->type);
-    if (asprintf(&out, "%s/%s@%llx-%llx-%llx-%lld.%09ld%s%s.v%u.jlm", fs->cache, flat, (unsigned long long)id->dev,
+    if (env->type)
+        snprintf(ty, sizeof ty, "~%.16s", env->type);
+    if (asprintf(&out, "%s/%s@%llx-%llx-%llx-%lld.%09ld%s%s.v%u.jlm", env->cache, flat, (unsigned long long)id->dev,
                  (unsigned long long)id->ino, (unsigned long long)id->size, (long long)id->mtime_s, id->mtime_ns, mm, ty,
                  JLM_VERSION) < 0)
         out = NULL;
@@ -384,14 +443,14 @@ static char *cache_name(const jlmfs *fs, const char *rel, const jlmfs_ident *id)
     return out;
 }
 
-int jlmfs_view_create(jlmfs *fs, const char *rel, const jlmfs_ident *id, const struct stat *dir_st,
+int jlmfs_view_create(const jlmfs_view_env *env, const char *rel, const jlmfs_ident *id, const struct stat *dir_st,
                       jlmfs_view **out, jlm_err *err)
 {
     jlmfs_view *v = calloc(1, sizeof *v);
     if (!v)
         return jlm_errf(err, JLM_ENOMEM, "%s: out of memory", rel);
     static uint64_t serials;   /* never reused: a replaced view's nodes are new inodes in the mount */
-    v->fs = fs;
+    v->env = env;
     v->refs = 1;
     v->serial = __atomic_add_fetch(&serials, 1, __ATOMIC_RELAXED);
     v->fd = -1;
@@ -405,7 +464,7 @@ int jlmfs_view_create(jlmfs *fs, const char *rel, const jlmfs_ident *id, const s
     size_t stem = v->is_hf ? n : n - 5;   /* "sub/foo" of "sub/foo.gguf" or of the folder "sub/foo" */
     v->rel = strdup(rel);
     v->key = malloc(stem + 5);
-    v->cache_path = cache_name(fs, rel, id);
+    v->cache_path = cache_name(env, rel, id);
     if (v->cache_path && asprintf(&v->part_path, "%s.part", v->cache_path) < 0)
         v->part_path = NULL;
     if (!v->rel || !v->key || !v->cache_path || !v->part_path) {
@@ -415,7 +474,7 @@ int jlmfs_view_create(jlmfs *fs, const char *rel, const jlmfs_ident *id, const s
     memcpy(v->key, rel, stem);
     strcpy(v->key + stem, ".jlm");
     /* a projector beside a GGUF, relative to SRC too */
-    char *mm = v->is_hf ? NULL : jlmfs_mmproj_rel(fs->src_fd, rel, NULL);
+    char *mm = v->is_hf ? NULL : jlmfs_mmproj_rel(env->src_fd, rel, NULL);
     jlm_err e = {0};
     int refused = jlmfs_guard_enter(v, e.msg, sizeof e.msg);   /* a recorded failure is not retried */
     /* relative to SRC: below it, no symlink followed */
@@ -425,11 +484,11 @@ int jlmfs_view_create(jlmfs *fs, const char *rel, const jlmfs_ident *id, const s
         rc = open_container(v, &e);
     if (rc) {   /* the view exists, in ERROR: status names the reason */
         v->state = JLMFS_ERROR;
-        jlmfs_status_clean(v->errmsg, sizeof v->errmsg, e.msg, fs);
+        jlmfs_status_clean(v->errmsg, sizeof v->errmsg, e.msg, env);
         if (v->fd >= 0)
             close(v->fd);
         v->fd = -1;
-        unlink(v->part_path);
+        cache_unlink(v, v->part_path);
     }
     if (!refused && v->state != JLMFS_CONVERTING)
         jlmfs_guard_leave(v, rc, v->errmsg);
@@ -467,8 +526,8 @@ void jlmfs_view_kill(jlmfs_view *v)
 {
     pthread_mutex_lock(&v->lock);
     v->dead = 1;
-    unlink(v->cache_path);
-    unlink(v->part_path);
+    cache_unlink(v, v->cache_path);
+    cache_unlink(v, v->part_path);
     jlmfs_guard_forget(v);
     pthread_mutex_unlock(&v->lock);
 }
@@ -483,7 +542,7 @@ static int source_changed(const jlmfs_view *v)
 {
     if (v->is_hf) {   /* a folder: its files' identities, read again (hfdir.c) */
         jlmfs_ident now;
-        return !jlmfs_hf_ident(v->fs->src_fd, v->rel, 0, &now, NULL) || !jlmfs_ident_eq(&now, &v->id);
+        return !jlmfs_hf_ident(v->env->src_fd, v->rel, 0, &now, NULL) || !jlmfs_ident_eq(&now, &v->id);
     }
     struct stat st;
     int same = !jlm_gguf_fstat(v->conv->g, 0, &st) && st.st_dev == v->id.dev && st.st_ino == v->id.ino &&
@@ -509,9 +568,9 @@ static int source_changed_error(jlmfs_view *v, jlm_err *err)
 void jlmfs_view_retire(jlmfs_view *v, const char *why)
 {
     if (why)
-        jlmfs_log(v->fs, JLMFS_LOG_INFO, "%s: dropped (%s)", v->key, why);
+        vlog(v, JLMFS_LOG_INFO, "%s: dropped (%s)", v->key, why);
     else
-        jlmfs_log(v->fs, JLMFS_LOG_INFO, "%s: dropped (%s was removed, renamed, changed or opened for writing)",
+        vlog(v, JLMFS_LOG_INFO, "%s: dropped (%s was removed, renamed, changed or opened for writing)",
                   v->key, v->rel);
     jlmfs_view_kill(v);
     if (jlmfs_view_state(v, NULL, NULL, 0) == JLMFS_CONVERTING && v->conv && source_changed(v)) {
@@ -611,7 +670,7 @@ static int fill_unit(jlmfs_view *v, uint32_t u, uint8_t **bytes, size_t *cap, jl
     if (source_changed(v))   /* also when the read failed: a truncated rewrite is a change, not a bad file */
         rc = source_changed_error(v, err);
     if (!rc) {
-        int e = jlm_io_pwrite_full(v->fs->io, v->fd, buf, un->len, un->off, NULL);
+        int e = jlm_io_pwrite_full(v->env->io, v->fd, buf, un->len, un->off, NULL);
         if (!e)   /* start the write-back now, so finish's fsync has little left (as format/writer.c) */
             (void)sync_file_range(v->fd, (off_t)un->off, (off_t)un->len, SYNC_FILE_RANGE_WRITE);
         if (e == ENOSPC || e == EDQUOT)
@@ -641,7 +700,7 @@ static int finish(jlmfs_view *v, jlm_err *err)
 {
     if (source_changed(v))
         return source_changed_error(v, err);
-    if (v->fs->io->fsync(v->fd)) {   /* through the seam: tests inject faults here too */
+    if (v->env->io->fsync(v->fd)) {   /* through the seam: tests inject faults here too */
         int e = errno;
         if (e == ENOSPC || e == EDQUOT)
             mark_no_space(v);
@@ -649,7 +708,9 @@ static int finish(jlmfs_view *v, jlm_err *err)
                         strerror(e));
     }
     jlm_model *m;
-    int rc = jlm_fmt_open(v->part_path, &m, err);
+    char fdp[64];
+    fd_path(fdp, sizeof fdp, v->fd);   /* the file written, not whatever the name is now */
+    int rc = jlm_fmt_open(fdp, &m, err);
     if (rc) {
         pthread_mutex_lock(&v->lock);
         int dead = v->dead;
@@ -659,15 +720,17 @@ static int finish(jlmfs_view *v, jlm_err *err)
          * descriptor, which open descriptors of the view keep reading */
         if (dead)
             return JLM_OK;
-        return jlm_err_prefix(err, rc, "read-back");
+        return jlm_err_prefix(err, rc, "%s: read-back", v->part_path);
     }
     int same = m->file_size == v->file_size && m->hdr.dense_off == v->plan->hdr.dense_off &&
                !memcmp(m->meta, v->meta, v->plan->hdr.dense_off);
     jlm_fmt_close(m);
     if (!same)
         return jlm_errf(err, JLM_EIO, "%s: read-back differs from the plan", v->part_path);
+    if (entry_perms(v, v->fd))
+        return jlm_errf(err, JLM_EIO, "%s: giving it its source's owner and mode: %s", v->part_path, strerror(errno));
     pthread_mutex_lock(&v->lock);
-    int rename_e = !v->dead && v->fs->io->rename(v->part_path, v->cache_path) ? errno : 0;
+    int rename_e = !v->dead && v->env->io->rename(v->part_path, v->cache_path) ? errno : 0;
     if (rename_e)
         rc = jlm_errf(err, rename_e == ENOSPC || rename_e == EDQUOT ? JLM_ENOSPC : JLM_EIO, "%s: rename: %s",
                       v->part_path, strerror(rename_e));
@@ -678,7 +741,7 @@ static int finish(jlmfs_view *v, jlm_err *err)
         v->state = JLMFS_READY;
     pthread_mutex_unlock(&v->lock);
     if (ready)
-        jlmfs_log(v->fs, JLMFS_LOG_INFO, "%s: ready (%.1f MiB converted in %.1f s; units %u, packed %u)", v->key,
+        vlog(v, JLMFS_LOG_INFO, "%s: ready (%.1f MiB converted in %.1f s; units %u, packed %u)", v->key,
                   (double)v->file_size / (1 << 20), mono_s() - v->t0, v->n_units, v->packs);
     return rc;
 }
@@ -692,13 +755,13 @@ static int convert_units(jlmfs_view *v)
     for (int pass = 0; pass < 2; pass++)
         for (uint32_t u = 0; u < v->n_units; u++) {
             pthread_mutex_lock(&v->lock);
-            int stop = v->dead || v->state != JLMFS_CONVERTING || __atomic_load_n(&v->fs->stop, __ATOMIC_RELAXED);
+            int stop = v->dead || v->state != JLMFS_CONVERTING || __atomic_load_n(v->env->stop, __ATOMIC_RELAXED);
             int done = v->done[u];
             pthread_mutex_unlock(&v->lock);
             if (stop)
                 return -1;   /* dropped (kill removed the files), failed, or shutting down (close removes the .part) */
-            if (v->fs->slow_ms && !done) {   /* test hook: lets tests read ahead of the worker (not claimed yet) */
-                struct timespec ts = {v->fs->slow_ms / 1000, (long)(v->fs->slow_ms % 1000) * 1000000L};
+            if (v->env->slow_ms && !done) {   /* test hook: lets tests read ahead of the worker (not claimed yet) */
+                struct timespec ts = {v->env->slow_ms / 1000, (long)(v->env->slow_ms % 1000) * 1000000L};
                 nanosleep(&ts, NULL);
             }
             if (claim_unit(v, u, pass == 1) != CLAIM_MINE)
@@ -734,7 +797,7 @@ void jlmfs_view_convert(jlmfs_view *v)
     int nh = ncpu > 1 ? (int)(ncpu < PACKERS ? ncpu : PACKERS) - 1 : 0, started = 0;
     pthread_t th[PACKERS];
     helper hs[PACKERS];
-    for (; started < nh && v->fs->slow_ms == 0; started++) {   /* the slow test hook wants one packer */
+    for (; started < nh && v->env->slow_ms == 0; started++) {   /* the slow test hook wants one packer */
         hs[started] = (helper){v, 0};
         if (pthread_create(&th[started], NULL, convert_helper, &hs[started]))
             break;
@@ -749,7 +812,7 @@ void jlmfs_view_convert(jlmfs_view *v)
     pthread_mutex_lock(&v->lock);
     int failed = v->state != JLMFS_CONVERTING, dead = v->dead;
     pthread_mutex_unlock(&v->lock);
-    if (dead || __atomic_load_n(&v->fs->stop, __ATOMIC_RELAXED))
+    if (dead || __atomic_load_n(v->env->stop, __ATOMIC_RELAXED))
         return;   /* dropped (kill removed the files) or shutting down (close removes the .part) */
     jlm_err err = {0};
     if (!failed && rc == 0 && (rc = finish(v, &err)))
@@ -798,7 +861,7 @@ int jlmfs_view_read(jlmfs_view *v, uint64_t off, size_t len, uint8_t *out, jlm_e
         int done = c == CLAIM_DONE;
         int tier = done ? JLM_TIER_DISK : JLM_TIER_CONVERT;
         if (done) {   /* hot path: the cache file (its own page cache sits below) */
-            int e = jlm_io_pread_full(v->fs->io, v->fd, out, n, off, NULL);
+            int e = jlm_io_pread_full(v->env->io, v->fd, out, n, off, NULL);
             if (e)
                 return jlm_errf(err, JLM_EIO, "%s: reading [%llu, +%llu): %s", v->cache_path,
                                 (unsigned long long)off, (unsigned long long)n,
@@ -816,7 +879,8 @@ int jlmfs_view_read(jlmfs_view *v, uint64_t off, size_t len, uint8_t *out, jlm_e
             buf_put(v, b, bcap);
         }
         if (un->arr != JLMFS_A_META)
-            jlmfs_db_record(v->fs, v->key, un, tier, n);
+            if (v->env->record)
+                v->env->record(v->env->ctx, v->key, un, tier, n);
         out += n;
         off = hi;
     }

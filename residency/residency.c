@@ -188,11 +188,40 @@ static int hide_dead_sessions(jlm_rdb *db, jlm_err *err)
                 " (SELECT id FROM temp.sessions)", "live sessions", err);
 }
 
+/* JLM_RDB_CREATE (the daemon's database, in a folder it owns): the file is
+ * made 0600 before SQLite sees it (SQLite gives its -wal and -shm the
+ * database's mode), an older wider one is narrowed, and a symbolic link is
+ * refused, never followed. */
+static int create_private(jlm_rdb *db, jlm_err *err)
+{
+    int fd = open(db->path, O_RDWR | O_CREAT | O_NOFOLLOW | O_CLOEXEC | O_NONBLOCK, 0600);
+    struct stat st;
+    if (fd < 0 || fstat(fd, &st)) {
+        int e = errno;
+        if (fd >= 0)
+            close(fd);
+        return jlm_errf(err, JLM_EIO, "%s: residency database: %s", db->path,
+                        e == ELOOP ? "a symbolic link: refused" : strerror(e));
+    }
+    int rc = 0;
+    if (!S_ISREG(st.st_mode))
+        rc = jlm_errf(err, JLM_EINVAL, "%s: residency database: not a regular file", db->path);
+    else if (st.st_uid == geteuid() && (st.st_mode & 077) && fchmod(fd, st.st_mode & 0700))
+        rc = jlm_errf(err, JLM_EIO, "%s: residency database: chmod: %s", db->path, strerror(errno));
+    close(fd);
+    return rc;
+}
+
 static int open_db(jlm_rdb *db, int mode, jlm_err *err)
 {
     int create = mode == JLM_RDB_CREATE;
     int flags = (mode == JLM_RDB_READONLY ? SQLITE_OPEN_READONLY : SQLITE_OPEN_READWRITE) |
-                (create ? SQLITE_OPEN_CREATE : 0) | SQLITE_OPEN_NOMUTEX;
+                (create ? SQLITE_OPEN_CREATE | SQLITE_OPEN_NOFOLLOW : 0) | SQLITE_OPEN_NOMUTEX;
+    if (create) {
+        int e = create_private(db, err);
+        if (e)
+            return e;
+    }
     int rc = sqlite3_open_v2(db->path, &db->db, flags, NULL);
     if (rc != SQLITE_OK)
         return sqerr(db, err, rc, "open");
@@ -245,10 +274,14 @@ static int move_aside(jlm_rdb *db, jlm_err *err)
     if (asprintf(&to, "%s.corrupt-%lld", db->path, (long long)time(NULL)) < 0)
         return jlm_errf(err, JLM_ENOMEM, "%s: residency database: out of memory", db->path);
     if (rename(db->path, to) != 0) {
-        int e = jlm_errf(err, JLM_EIO, "%s: residency database is corrupt and cannot be moved aside: %s",
-                         db->path, strerror(errno));
-        free(to);
-        return e;
+        if (errno != ENOENT) {
+            int e = jlm_errf(err, JLM_EIO, "%s: residency database is corrupt and cannot be moved aside: %s",
+                             db->path, strerror(errno));
+            free(to);
+            return e;
+        }
+        free(to);   /* removed: nothing to keep; moved_aside says NULL */
+        to = NULL;
     }
     for (int i = 0; i < 2; i++) {
         snprintf(side, sizeof side, "%s%s", db->path, i ? "-shm" : "-wal");

@@ -40,9 +40,12 @@
 typedef struct jlm_rdb jlm_rdb;
 
 /* How to open: JLM_RDB_EXISTING (0) read-write, the file must be there;
- * JLM_RDB_CREATE (1) creating it if absent, and a corrupt one (not a SQLite
- * database, or SQLite finds it damaged) is renamed PATH.corrupt-STAMP and
- * recreated (jlm_rdb_moved_aside says where it went; the caller logs it);
+ * JLM_RDB_CREATE (1) creating it if absent (mode 0600, which SQLite gives
+ * its -wal and -shm too; an existing wider one of the caller's is narrowed;
+ * a symbolic link at PATH is refused, never followed: the jlmfs daemon's
+ * database), and a corrupt one (not a SQLite database, or SQLite finds it
+ * damaged) is renamed PATH.corrupt-STAMP and recreated (jlm_rdb_moved_aside
+ * says where it went; the caller logs it);
  * JLM_RDB_READONLY (2) SQLITE_OPEN_READONLY: never writes to the file (no
  * journal-mode change, no pruning), for `jlm stats FILE` on any file. */
 enum { JLM_RDB_EXISTING = 0, JLM_RDB_CREATE = 1, JLM_RDB_READONLY = 2 };
@@ -58,7 +61,8 @@ const char *jlm_rdb_moved_aside(const jlm_rdb *db);
  * JLM_EFORMAT naming the path if not. */
 int  jlm_rdb_check(const jlm_rdb *db, jlm_err *err);
 /* The owner's answer to a failed check or a JLM_EFORMAT from a query: moves
- * the file aside as PATH.corrupt-STAMP before closing the connection (whose
+ * the file aside as PATH.corrupt-STAMP (a file that was removed has nothing
+ * to move: jlm_rdb_moved_aside then says NULL) before closing the connection (whose
  * close would checkpoint stale pages into it), drops queued engine events
  * (their sessions are gone; daemon reads stay queued) and opens a fresh database on the same handle. On error the handle can only be
  * closed. */

@@ -164,4 +164,20 @@ static inline char *read_text(const char *path)
     return t;
 }
 
+/* Waits up to limit_s for MNT/view/status to say "ready" (an error fails). */
+static inline void mnt_wait_ready(const char *view, double limit_s)
+{
+    double t0 = now_s();
+    for (;;) {
+        char *s = read_text(pathf("%s/%s/status", M.mnt, view));
+        int ready = s && !strncmp(s, "ready", 5);
+        cr_assert(!s || strncmp(s, "error", 5), "%s: status '%s', expected ready", view, s);
+        free(s);
+        if (ready)
+            return;
+        cr_assert(now_s() - t0 < limit_s, "%s not ready within %.0f s", view, limit_s);
+        sleep_ms(20);
+    }
+}
+
 #endif

@@ -49,21 +49,6 @@ static unsigned char *reference(const char *model, size_t *len, char **path_out)
     return b;
 }
 
-static void wait_ready(const char *view, double limit_s)
-{
-    double t0 = now_s();
-    for (;;) {
-        char *s = read_text(pathf("%s/%s/status", M.mnt, view));
-        int ready = s && !strncmp(s, "ready", 5);
-        cr_assert(!s || strncmp(s, "error", 5), "%s: status '%s', expected ready", view, s);
-        free(s);
-        if (ready)
-            return;
-        cr_assert(now_s() - t0 < limit_s, "%s not ready within %.0f s", view, limit_s);
-        sleep_ms(20);
-    }
-}
-
 /* Compares a file of the mount with ref[off, off+len). */
 static void expect_span(const char *path, const unsigned char *ref, uint64_t off, uint64_t len)
 {
@@ -166,7 +151,7 @@ Test(fs, every_view_file_of_every_copied_test_model_matches_jlm_convert, .timeou
         char view[256];
         snprintf(view, sizeof view, "%.*s.jlm", (int)(strlen(models[i]) - 5), models[i]);
         expect_view(view, ref, n, rp);   /* possibly before conversion finished */
-        wait_ready(view, 20);
+        mnt_wait_ready(view, 20);
         expect_view(view, ref, n, rp);   /* and from the finished cache entry */
         free(ref);
     }
@@ -192,7 +177,7 @@ Test(fs, a_page_read_ahead_of_background_conversion_has_the_converted_bytes)
     cr_assert(st && !strncmp(st, "converting", 10), "status '%s' after the read, expected still converting", st);
     free(st);
     jlm_fmt_close(m);
-    wait_ready("m.jlm", 30);
+    mnt_wait_ready("m.jlm", 30);
     expect_span(pathf("%s/m.jlm/model.jlm", M.mnt), ref, 0, n);
     cr_assert(count_entries(M.cache, ".part") == 0, "a .part file is left in the cache after conversion");
     free(ref);
@@ -222,7 +207,7 @@ Test(fs, a_page_read_in_many_pieces_at_once_is_packed_once)
     cr_assert(got == (ssize_t)n, "read %zd of %zu bytes: %s", got, n, strerror(errno));
     cr_assert(!memcmp(buf, ref, n), "the container read through the view differs from jlm convert's");
     free(buf);
-    wait_ready("m.jlm", 30);
+    mnt_wait_ready("m.jlm", 30);
     char *log = NULL;
     const char *line = NULL;
     for (int i = 0; i < 100 && !line; i++) {   /* the log line follows the state by a moment */
@@ -287,7 +272,7 @@ Test(fs, a_truncated_gguf_and_a_text_file_get_an_error_status_and_no_model)
         cr_assert(k == 1, "%s lists %d entries, expected only status", views[i], k);
     }
     copy_in("stories260K.gguf", "ok.gguf");   /* the daemon keeps serving */
-    wait_ready("ok.jlm", 20);
+    mnt_wait_ready("ok.jlm", 20);
 }
 
 Test(fs, a_restart_after_kill_9_mid_conversion_leaves_no_half_written_container)
@@ -301,7 +286,7 @@ Test(fs, a_restart_after_kill_9_mid_conversion_leaves_no_half_written_container)
     mnt_stop();   /* unmounts the dead mount */
     cr_assert(count_entries(M.cache, ".v27.jlm") == 0, "a finished entry exists after a kill mid-conversion");
     mnt_start(0, 1);
-    wait_ready("m.jlm", 20);
+    mnt_wait_ready("m.jlm", 20);
     cr_assert(count_entries(M.cache, ".part") == 0, "a .part file is left after restart and conversion");
     size_t n;
     unsigned char *ref = reference("synth-llama-256.Q4_K_M.gguf", &n, NULL);
@@ -314,7 +299,7 @@ Test(fs, a_cache_entry_of_another_format_version_is_rebuilt_not_misread)
 {
     mnt_start(0, 1);
     copy_in("stories260K.gguf", "s.gguf");
-    wait_ready("s.jlm", 20);
+    mnt_wait_ready("s.jlm", 20);
     mnt_stop();
     DIR *d = opendir(M.cache);
     struct dirent *de;
@@ -330,7 +315,7 @@ Test(fs, a_cache_entry_of_another_format_version_is_rebuilt_not_misread)
     cr_assert(fd >= 0 && pwrite(fd, &v26, 4, 8) == 4, "cannot corrupt %s", entry);
     close(fd);
     mnt_start(0, 1);
-    wait_ready("s.jlm", 20);
+    mnt_wait_ready("s.jlm", 20);
     size_t n;
     unsigned char *ref = reference("stories260K.gguf", &n, NULL);
     expect_span(pathf("%s/s.jlm/model.jlm", M.mnt), ref, 0, n);
@@ -342,7 +327,7 @@ Test(fs, views_carry_the_database_attributes_and_refuse_writes)
 {
     mnt_start(0, 0);   /* default cache: SRC/.jlmfs-cache, hidden from the mount */
     copy_in("stories260K.gguf", "s.gguf");
-    wait_ready("s.jlm", 20);
+    mnt_wait_ready("s.jlm", 20);
     char val[1024];
     const char *files[] = {"s.jlm", "s.jlm/model.jlm"};
     for (int i = 0; i < 2; i++) {
@@ -367,7 +352,7 @@ Test(fs, a_gguf_removed_through_the_mount_loses_its_view_and_cache_entry)
 {
     mnt_start(0, 1);
     copy_in("stories260K.gguf", "s.gguf");
-    wait_ready("s.jlm", 20);
+    mnt_wait_ready("s.jlm", 20);
     cr_assert(count_entries(M.cache, ".v27.jlm") == 1);
     cr_assert(unlink(pathf("%s/s.gguf", M.mnt)) == 0);
     cr_assert(!tu_exists(pathf("%s/s.jlm", M.mnt)), "the view outlived its GGUF");
@@ -436,7 +421,7 @@ Test(fs, mount_t_jlmfs_mounts_through_the_installed_helper, .fini = remove_place
     free(out);
     cr_assert(is_mounted(M.mnt), "not mounted after mount -t jlmfs");
     copy_in("stories260K.gguf", "s.gguf");
-    wait_ready("s.jlm", 20);
+    mnt_wait_ready("s.jlm", 20);
     snprintf(cmd, sizeof cmd, "timeout 20 umount '%s'", M.mnt);
     rc = tu_run(cmd, &out);
     cr_assert(rc == 0, "umount failed (%d): %s", rc, out);
@@ -483,7 +468,7 @@ Test(fs, a_killed_daemon_gives_a_reader_an_error_not_a_hang)
 {
     mnt_start(0, 1);
     copy_in("stories260K.gguf", "s.gguf");
-    wait_ready("s.jlm", 20);
+    mnt_wait_ready("s.jlm", 20);
     int fd = open(pathf("%s/s.jlm/blocks/1", M.mnt), O_RDONLY);
     cr_assert(fd >= 0, "cannot open blocks/1");
     kill(M.pid, SIGKILL);
@@ -510,7 +495,7 @@ Test(fs, resident_lists_an_open_engines_pages_and_stats_count_them_by_tier)
 {
     mnt_start(0, 1);
     copy_in("stories260K.gguf", "s.gguf");
-    wait_ready("s.jlm", 20);
+    mnt_wait_ready("s.jlm", 20);
     char *out = pathf("%s/chat.out", M.tmp);
     char cmd[3000];
     /* stdout only: the reply's newline marks the end of the turn (notes go to stderr) */
@@ -571,7 +556,7 @@ static FILE *start_reader(const char *out_path)
 {
     mnt_start(0, 1);
     copy_in("stories260K.gguf", "s.gguf");
-    wait_ready("s.jlm", 20);
+    mnt_wait_ready("s.jlm", 20);
     char cmd[3000];
     snprintf(cmd, sizeof cmd, "timeout 45 '%s' run '%s/s.jlm' -p 'Once upon a time' -n 600 --temp 0 --budget 1 "
              "> '%s' 2>&1", tu_jlm(), M.mnt, out_path);

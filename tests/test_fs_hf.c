@@ -46,21 +46,6 @@ static char *status_of(const char *view)
     return read_text(pathf("%s/%s/status", M.mnt, view));
 }
 
-static void wait_ready(const char *view, double limit_s)
-{
-    double t0 = now_s();
-    for (;;) {
-        char *s = status_of(view);
-        int ready = s && !strncmp(s, "ready", 5);
-        cr_assert(!s || strncmp(s, "error", 5), "%s: status '%s', expected ready", view, s);
-        free(s);
-        if (ready)
-            return;
-        cr_assert(now_s() - t0 < limit_s, "%s not ready within %.0f s", view, limit_s);
-        sleep_ms(20);
-    }
-}
-
 static void expect_same_file(const char *a, const char *b)
 {
     size_t na = 0, nb = 0;
@@ -88,7 +73,7 @@ Test(fs_hf, a_sharded_folder_copied_in_gets_a_view_equal_to_jlm_convert_and_runs
 {
     mnt_start(0, 1);
     sh(pathf("cp -r '%s' '%s/'", hf_dir("tiny-llama-sharded"), M.mnt));
-    wait_ready("tiny-llama-sharded.jlm", 20);
+    mnt_wait_ready("tiny-llama-sharded.jlm", 20);
     const char *ref = reference(hf_dir("tiny-llama-sharded"), NULL);
     expect_same_file(pathf("%s/tiny-llama-sharded.jlm/model.jlm", M.mnt), ref);
     char *a = run_ids(pathf("%s/tiny-llama-sharded.jlm", M.mnt)), *b = run_ids(ref);
@@ -121,7 +106,7 @@ Test(fs_hf, a_folder_with_a_shard_missing_or_short_gets_no_view_until_complete)
     /* complete: the view appears and converts */
     cr_assert(tu_write_file(pathf("%s/m/model-00002-of-00002.safetensors", M.src), b, n) == 0);
     free(b);
-    wait_ready("m.jlm", 20);
+    mnt_wait_ready("m.jlm", 20);
     expect_same_file(pathf("%s/m.jlm/model.jlm", M.mnt), reference(hf_dir("tiny-llama-sharded"), NULL));
     /* a shard removed again: the view goes */
     cr_assert(unlink(pathf("%s/m/model-00001-of-00002.safetensors", M.mnt)) == 0);
@@ -140,7 +125,7 @@ Test(fs_hf, a_symlinked_shard_is_not_followed)
     /* the same folder with the real file gets one */
     cr_assert(unlink(pathf("%s/m/model.safetensors", M.mnt)) == 0);
     sh(pathf("cp '%s/model.safetensors' '%s/m/'", hf_dir("tiny-llama"), M.mnt));
-    wait_ready("m.jlm", 20);
+    mnt_wait_ready("m.jlm", 20);
 }
 
 Test(fs_hf, o_type_quantizes_the_view_as_jlm_convert_type_does)
@@ -148,7 +133,7 @@ Test(fs_hf, o_type_quantizes_the_view_as_jlm_convert_type_does)
     snprintf(M.extra, sizeof M.extra, "type=Q8_0");
     mnt_start(0, 1);
     sh(pathf("cp -r '%s' '%s/'", hf_dir("tiny-llama"), M.mnt));
-    wait_ready("tiny-llama.jlm", 20);
+    mnt_wait_ready("tiny-llama.jlm", 20);
     expect_same_file(pathf("%s/tiny-llama.jlm/model.jlm", M.mnt), reference(hf_dir("tiny-llama"), "Q8_0"));
     char *t = read_text(pathf("%s/tiny-llama.jlm/tensors", M.mnt));
     cr_assert(t && strstr(t, " Q8_0 ") != NULL, "no Q8_0 tensor in the view: %s", t ? t : "(none)");
@@ -179,7 +164,7 @@ Test(fs_hf, status_counts_the_bytes_while_converting)
     cr_assert(sscanf(s, "converting %u%% (%u KiB of %u KiB)", &pct, &done, &total) == 3);
     cr_assert(total == 352256 / 1024 && done <= total, "status '%s': the container is 344 KiB", s);
     free(s);
-    wait_ready("tiny-llama.jlm", 30);
+    mnt_wait_ready("tiny-llama.jlm", 30);
 }
 
 /* The per-shard rule on its own (converter/safetensors.h): complete exactly
@@ -214,7 +199,7 @@ Test(fs_hf, a_source_names_its_view_in_an_xattr_and_a_gguf_wins_the_name)
 {
     mnt_start(0, 1);
     sh(pathf("cp -r '%s' '%s/m'", hf_dir("tiny-llama"), M.mnt));
-    wait_ready("m.jlm", 20);
+    mnt_wait_ready("m.jlm", 20);
     char v[256];
     ssize_t n = getxattr(pathf("%s/m", M.mnt), "user.jlmfs.view", v, sizeof v);
     cr_assert(n == 5 && !memcmp(v, "m.jlm", 5), "folder: %zd '%.*s'", n, (int)(n > 0 ? n : 0), v);
@@ -225,7 +210,7 @@ Test(fs_hf, a_source_names_its_view_in_an_xattr_and_a_gguf_wins_the_name)
     cr_assert(n == 5 && !memcmp(v, "m.jlm", 5));
     cr_assert(getxattr(pathf("%s/m", M.mnt), "user.jlmfs.view", v, sizeof v) < 0 && errno == ENODATA,
               "the folder kept a view the GGUF shadows");
-    wait_ready("m.jlm", 20);
+    mnt_wait_ready("m.jlm", 20);
     char *cfg = read_text(pathf("%s/m.jlm/config.json", M.mnt));
     cr_assert(cfg && strstr(cfg, "\"n_layer\": 5"), "m.jlm is not the GGUF's: %s", cfg ? cfg : "");
     free(cfg);
@@ -238,12 +223,12 @@ Test(fs_hf, a_renamed_or_changed_folder_gets_a_fresh_view)
 {
     mnt_start(0, 1);
     sh(pathf("cp -r '%s' '%s/m'", hf_dir("tiny-llama-sharded"), M.mnt));
-    wait_ready("m.jlm", 20);
+    mnt_wait_ready("m.jlm", 20);
     const char *ref = reference(hf_dir("tiny-llama-sharded"), NULL);
     cr_assert(rename(pathf("%s/m", M.mnt), pathf("%s/n", M.mnt)) == 0, "%s", strerror(errno));
     struct stat st;
     cr_assert(stat(pathf("%s/m.jlm", M.mnt), &st) != 0 && errno == ENOENT, "m.jlm outlived the rename");
-    wait_ready("n.jlm", 20);
+    mnt_wait_ready("n.jlm", 20);
     expect_same_file(pathf("%s/n.jlm/model.jlm", M.mnt), ref);
     /* a README is no model file: the same view, still ready (its cache entry kept) */
     cr_assert(tu_write_file(pathf("%s/n/README.md", M.mnt), "hi\n", 3) == 0);
@@ -261,7 +246,7 @@ Test(fs_hf, a_renamed_or_changed_folder_gets_a_fresh_view)
     char *cfg2 = NULL;
     cr_assert(asprintf(&cfg2, "%.*s%s%s", (int)(p - cfg), cfg, "77", p + digits) > 0);
     cr_assert(tu_write_file(pathf("%s/n/config.json", M.mnt), cfg2, strlen(cfg2)) == 0);
-    wait_ready("n.jlm", 20);
+    mnt_wait_ready("n.jlm", 20);
     char *c = read_text(pathf("%s/n.jlm/config.json", M.mnt));
     cr_assert(c && strstr(c, "\"n_ctx\": 77"), "the view did not follow config.json: %s", c ? c : "");
     free(c);

@@ -205,7 +205,8 @@ static void init_small_cache(void)
 {
     mnt_dirs();
     mkdir(M.cache, 0755);
-    g_tmpfs = geteuid() == 0 && mount("jlmtest", M.cache, "tmpfs", 0, "size=1800k") == 0;
+    /* mode 700: a tmpfs root is 1777 by default, and a cache others may write is refused */
+    g_tmpfs = geteuid() == 0 && mount("jlmtest", M.cache, "tmpfs", 0, "size=1800k,mode=700") == 0;
 }
 
 static void fini_small_cache(void)

@@ -1,7 +1,8 @@
 /* test_fs_rdb.c - the daemon's residency database (CACHE/jlmfs.db) when it is
  * corrupt: found at mount or damaged while mounted, it is moved aside as
  * jlmfs.db.corrupt-STAMP, recreated and said in the log; stats keep being
- * served from the new one (issue 10; docs/security.md). */
+ * served from the new one (issue 10; docs/security.md). Removed while
+ * mounted, it is recreated within a flusher tick (issue 40 item 7). */
 #include "tests/mntutil.h"
 
 #include <dirent.h>
@@ -76,5 +77,34 @@ Test(fs_rdb, a_database_damaged_while_mounted_is_recreated_not_served_stale)
     cr_assert_eq(corrupt_copies(), 1, "the damaged database was not moved aside");
     char *log = read_text(M.log);
     cr_assert(log && strstr(log, "moved aside to"), "the log does not say it:\n%s", log ? log : "");
+    free(log);
+}
+
+static int count(const char *hay, const char *needle)
+{
+    int k = 0;
+    for (const char *p = hay; p && (p = strstr(p, needle)); p += strlen(needle))
+        k++;
+    return k;
+}
+
+Test(fs_rdb, a_database_removed_while_mounted_is_recreated_and_said_once)
+{
+    copy_model();
+    mnt_start(0, 1);
+    free(stats_count_a_read(0));
+    const char *db = pathf("%s/jlmfs.db", M.cache);
+    cr_assert_eq(unlink(db), 0);
+    double t0 = now_s();
+    while (access(db, F_OK) != 0) {   /* without any read: the flusher's tick finds it gone */
+        cr_assert(now_s() - t0 < 5, "jlmfs.db still absent 5 s after it was removed");
+        sleep_ms(50);
+    }
+    char *st = stats_count_a_read(1);   /* counted in the new database */
+    free(st);
+    sleep_ms(1200);   /* more ticks: none may say it again */
+    char *log = read_text(M.log);
+    cr_assert(log && count(log, "was removed while mounted") == 1, "the log should say it once:\n%s", log ? log : "");
+    cr_assert_eq(corrupt_copies(), 0, "a removed database has nothing to move aside");
     free(log);
 }

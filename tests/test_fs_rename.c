@@ -45,21 +45,6 @@ static char *status_of(const char *view)
     return read_text(pathf("%s/%s/status", M.mnt, view));
 }
 
-static void wait_ready(const char *view, double limit_s)
-{
-    double t0 = now_s();
-    for (;;) {
-        char *s = status_of(view);
-        int ready = s && !strncmp(s, "ready", 5);
-        cr_assert(!s || strncmp(s, "error", 5), "%s: status '%s'", view, s);
-        free(s);
-        if (ready)
-            return;
-        cr_assert(now_s() - t0 < limit_s, "%s not ready within %.0f s", view, limit_s);
-        sleep_ms(20);
-    }
-}
-
 static void expect_file(const char *path, const unsigned char *ref, size_t len)
 {
     size_t n = 0;
@@ -104,7 +89,7 @@ Test(fs_rename, a_renamed_gguf_moves_its_view_and_leaves_nothing_stale)
     unsigned char *ra = reference("stories260K.gguf", &na), *rb = reference("synth-llama-256.Q4_0.gguf", &nb);
     mnt_start(0, 1);
     copy_model("stories260K.gguf", pathf("%s/a.gguf", M.mnt));
-    wait_ready("a.jlm", 20);
+    mnt_wait_ready("a.jlm", 20);
     int fd = open(pathf("%s/a.jlm/model.jlm", M.mnt), O_RDONLY);
     cr_assert(fd >= 0);
     cr_assert(pread(fd, (char[4096]){0}, 4096, 0) == 4096);
@@ -113,7 +98,7 @@ Test(fs_rename, a_renamed_gguf_moves_its_view_and_leaves_nothing_stale)
     cr_assert(rename(pathf("%s/a.gguf", M.mnt), pathf("%s/b.gguf", M.mnt)) == 0, "%s", strerror(errno));
     cr_assert(gone(pathf("%s/a.jlm", M.mnt)), "a.jlm still there after the rename");
     cr_assert(entries("a@") == 0, "the old name's cache entry outlived the rename");
-    wait_ready("b.jlm", 20);
+    mnt_wait_ready("b.jlm", 20);
     expect_file(pathf("%s/b.jlm/model.jlm", M.mnt), ra, na);
     expect_fd(fd, ra, na, "the descriptor opened before the rename");   /* POSIX: it keeps its file */
     close(fd);
@@ -123,10 +108,10 @@ Test(fs_rename, a_renamed_gguf_moves_its_view_and_leaves_nothing_stale)
     cr_assert(fd >= 0);
     expect_fd(fd, ra, na, "b.jlm before the second rename");   /* its pages now in the kernel's cache */
     copy_model("synth-llama-256.Q4_0.gguf", pathf("%s/c.gguf", M.mnt));
-    wait_ready("c.jlm", 20);
+    mnt_wait_ready("c.jlm", 20);
     cr_assert(rename(pathf("%s/c.gguf", M.mnt), pathf("%s/b.gguf", M.mnt)) == 0);
     cr_assert(gone(pathf("%s/c.jlm", M.mnt)));
-    wait_ready("b.jlm", 20);
+    mnt_wait_ready("b.jlm", 20);
     expect_file(pathf("%s/b.jlm/model.jlm", M.mnt), rb, nb);
     expect_fd(fd, ra, na, "the descriptor opened before b.gguf was replaced");
     close(fd);
@@ -142,13 +127,13 @@ Test(fs_rename, a_renamed_folder_takes_its_views_with_it)
     mnt_start(0, 1);
     cr_assert(mkdir(pathf("%s/d", M.mnt), 0755) == 0);
     copy_model("stories260K.gguf", pathf("%s/d/x.gguf", M.mnt));
-    wait_ready("d/x.jlm", 20);
+    mnt_wait_ready("d/x.jlm", 20);
     cr_assert(entries("d%x@") == 1);
     cr_assert(rename(pathf("%s/d", M.mnt), pathf("%s/e", M.mnt)) == 0);
     /* dropped at the rename, not at the next lookup of the old path (which nobody may make) */
     cr_assert(entries("d%x@") == 0, "the entry of d/x.gguf outlived the folder's rename");
     cr_assert(gone(pathf("%s/d/x.jlm", M.mnt)));
-    wait_ready("e/x.jlm", 20);
+    mnt_wait_ready("e/x.jlm", 20);
     expect_file(pathf("%s/e/x.jlm/model.jlm", M.mnt), ra, na);
     free(ra);
 }

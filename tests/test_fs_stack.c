@@ -65,6 +65,33 @@ Test(fs_stack, a_second_jlmfs_on_or_over_a_jlmfs_mount_is_refused_naming_it)
     cr_assert(!tu_exists(pathf("%s/cache2", M.tmp)), "a refused daemon made a cache");
 }
 
+/* A mount inside its own source made `ls SRC/inner/inner` wait on the
+ * daemon forever (it looked its own mount up); the source inside the mount
+ * point is hidden from the daemon by the mount. Both refused at start, one
+ * line, nothing mounted (exit 124 here: it mounted and ran until timeout). */
+Test(fs_stack, a_mount_point_inside_its_source_or_around_it_is_refused)
+{
+    const char *inner = pathf("%s/inner", M.src);
+    cr_assert(mkdir(inner, 0755) == 0);
+    const char *outer = pathf("%s/outer", M.tmp), *osrc = pathf("%s/outer/src", M.tmp);
+    cr_assert(mkdir(outer, 0755) == 0 && mkdir(osrc, 0755) == 0);
+    struct { const char *src, *mnt, *says, *names; } cases[] = {
+        {M.src, inner, "is inside the source", inner},
+        {M.src, M.src, "is the source itself", M.src},
+        {osrc, outer, "is inside the mount point", osrc},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        char *out = NULL;
+        int rc = second_jlmfs(cases[i].src, cases[i].mnt, &out);
+        cr_assert(rc == 1, "case %zu: exit %d (expected 1): %s", i, rc, out ? out : "");
+        cr_assert(out && strstr(out, cases[i].says) && strstr(out, cases[i].names), "case %zu: '%s' naming %s "
+                  "expected: %s", i, cases[i].says, cases[i].names, out ? out : "");
+        cr_assert(strchr(out, '\n') == out + strlen(out) - 1, "case %zu: one line: %s", i, out);
+        cr_assert_eq(mounts_at(cases[i].mnt), 0, "case %zu: something was mounted", i);
+        free(out);
+    }
+}
+
 Test(fs_stack, jlm_convert_writes_its_output_through_the_mount)
 {
     mnt_start(0, 1);

@@ -159,7 +159,7 @@ Test(hostile_plan, layer_count_that_wraps_is_refused_before_any_allocation)
 }
 
 /* ---------------------------------------------------------------- opening below SRC */
-#include "converter/beneath.h"
+#include "base/beneath.h"
 
 #include <fcntl.h>
 

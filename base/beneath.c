@@ -4,7 +4,7 @@
  * SRC (or any file the link names). openat2(RESOLVE_BENEATH |
  * RESOLVE_NO_SYMLINKS) where the kernel has it; else one component at a time
  * with O_NOFOLLOW, refusing "..". */
-#include "converter/beneath.h"
+#include "base/beneath.h"
 
 #include <errno.h>
 #include <fcntl.h>
