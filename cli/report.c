@@ -6,19 +6,10 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/stat.h>
 
-/* A jlmfs model view is a directory: its container is DIR/model.jlm. */
 char *jlm_cli_container_path(const char *model)
 {
-    struct stat st;
-    char *p = NULL;
-    if (stat(model, &st) == 0 && S_ISDIR(st.st_mode)) {
-        if (asprintf(&p, "%s/model.jlm", model) < 0)
-            return NULL;
-        return p;
-    }
-    return strdup(model);
+    return jlm_session_container(model);
 }
 
 int jlm_cli_view_discover(const char *model, const char *path, char **db, char **key)
@@ -131,3 +122,31 @@ void jlm_cli_report_close(jlm_cli_report *r, jlm_engine *e)
     free(r->exp_index);
 }
 
+
+/* ---------------------------------------------------------------- a session's reporter */
+
+static const char *g_who = "jlm";
+
+static void *view_open(jlm_engine *e, const char *db_path, const char *key)
+{
+    jlm_cli_report *r = calloc(1, sizeof *r);
+    if (r)
+        jlm_cli_report_open(r, e, db_path, key, g_who);
+    return r;
+}
+
+static void view_flush(void *r) { jlm_cli_report_flush(r); }
+
+static void view_close(void *r, jlm_engine *e)
+{
+    jlm_cli_report_close(r, e);
+    free(r);
+}
+
+static const jlm_sess_view VIEW = {jlm_cli_view_discover, view_open, view_flush, view_close};
+
+const jlm_sess_view *jlm_cli_view(const char *who)
+{
+    g_who = who;
+    return &VIEW;
+}

@@ -8,6 +8,7 @@
 #include <stdint.h>
 
 #include "engine/model.h"
+#include "prompt/session.h"
 #include "residency/residency.h"
 
 typedef struct jlm_cli_report {
@@ -30,5 +31,8 @@ void jlm_cli_report_open(jlm_cli_report *r, jlm_engine *e, const char *db_path, 
 void jlm_cli_report_flush(jlm_cli_report *r);
 /* Flushes, ends the session, unsubscribes; accepts a report never opened. */
 void jlm_cli_report_close(jlm_cli_report *r, jlm_engine *e);
+/* The above as a session's view reporter (prompt/session.h), its notes
+ * prefixed with who ("jlm run"); one command per process. */
+const jlm_sess_view *jlm_cli_view(const char *who);
 
 #endif
