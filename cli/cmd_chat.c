@@ -239,12 +239,7 @@ static int turn_prompt(chat *ch, char **full, int32_t **ids, size_t *n)
         return T_SKIP;
     }
     uint32_t n_ctx = jlm_engine_n_ctx(ch->ss->e);
-    size_t plen = strlen(ch->prev);
-    if (!(jlm_engine_n_past(ch->ss->e) > 0 && !strncmp(*full, ch->prev, plen))) {
-        jlm_engine_rewind(ch->ss->e, 0);   /* the cache no longer matches the conversation */
-        plen = 0;
-    }
-    if (encode(ch, *full + plen, ids, n, &err)) {
+    if (jlm_session_extend(ch->ss, ch->prev, *full, ids, n, &err)) {
         jlm_cli_error("jlm chat", err.msg);
         undo_user(ch);
         return T_SKIP;

@@ -143,3 +143,13 @@ const char *jlm_session_at_start(const jlm_session *s, const char *text)
         return text + strlen(s->bos);
     return text;
 }
+
+int jlm_session_extend(jlm_session *s, const char *prev, const char *full, int32_t **ids, size_t *n, jlm_err *err)
+{
+    size_t plen = strlen(prev);
+    if (!(jlm_engine_n_past(s->e) > 0 && !strncmp(full, prev, plen))) {
+        jlm_engine_rewind(s->e, 0);   /* the cache no longer matches the conversation */
+        plen = 0;
+    }
+    return jlm_session_encode(s, jlm_session_at_start(s, full + plen), 1, ids, n, err);
+}

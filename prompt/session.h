@@ -93,6 +93,13 @@ int  jlm_session_render(jlm_session *s, const jlm_chat_msg *msgs, size_t n, int 
  * vocab adds BOS itself (llama.cpp); points into text. */
 const char *jlm_session_at_start(const jlm_session *s, const char *text);
 
+/* A chat turn at the cache's end: prev is the rendered text whose tokens
+ * fill the cache from 0, full the conversation rendered now. When full
+ * extends prev (and the cache holds it), *ids are the tokens of what it adds;
+ * otherwise the cache is rewound to 0 and *ids are all of full's (llama.cpp's
+ * common_chat_format_single). Special-token texts parsed. */
+int  jlm_session_extend(jlm_session *s, const char *prev, const char *full, int32_t **ids, size_t *n, jlm_err *err);
+
 /* Called with each completed piece of generated text; nonzero stops the
  * generation with that code (its err set by the callback). */
 typedef int (*jlm_sess_emit)(void *ctx, const char *piece, size_t n, jlm_err *err);
