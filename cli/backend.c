@@ -1,5 +1,6 @@
 /* backend.c - `--backend` refusal and `jlm --version` (see backend.h). */
 #include "cli/backend.h"
+#include "cli/cli.h"
 
 #include <stdlib.h>
 #include <string.h>
@@ -101,22 +102,25 @@ void jlm_cli_print_backend_stats(FILE *f, struct jlm_engine *e, unsigned long lo
         dbr += v[n].bytes_up;
         dhi += v[n].hits;
     }
-    fprintf(f, "pager: page-ins %llu, evictions %llu, bytes-read %llu, hits %llu\n", pi + dpi, ev + dev, br + dbr,
-            hi + dhi);
+    char b1[32], b2[32], b3[32], b4[32];
+    fprintf(f, "pager: page-ins %llu, evictions %llu, bytes-read %llu (%s), hits %llu\n", pi + dpi, ev + dev, br + dbr,
+            jlm_cli_iec(b1, br + dbr), hi + dhi);
     jlm_engine_mem mi;
     jlm_engine_mem_info(e, &mi);
-    fprintf(f, "cpu: page-ins %llu, evictions %llu, bytes read %llu, hits %llu, frames budget %llu\n", pi, ev, br, hi,
-            (unsigned long long)mi.frames);
+    fprintf(f, "cpu: page-ins %llu, evictions %llu, bytes read %llu (%s), hits %llu, frames budget %llu (%s)\n", pi, ev,
+            br, jlm_cli_iec(b1, br), hi, (unsigned long long)mi.frames, jlm_cli_iec(b2, mi.frames));
     for (int i = 0; i < n; i++)   /* one line per device, in block order */
-        fprintf(f, "%s: matmuls %llu (round trips %llu), page-ins %llu (%llu ahead), evictions %llu, hits %llu, bytes uploaded %llu, "
-                   "bytes imported %llu, frames %llu (%llu bytes, peak %llu, budget %llu), path %s, "
-                   "kernels %.1f ms, transfers %.1f ms, reuploads %llu, cpu fallbacks %llu, device %s\n",
+        fprintf(f, "%s: matmuls %llu (round trips %llu), page-ins %llu (%llu ahead), evictions %llu, hits %llu, "
+                   "bytes uploaded %llu (%s), bytes imported %llu (%s), frames %llu (%llu bytes, peak %llu, budget %llu), "
+                   "path %s, kernels %.1f ms, transfers %.1f ms, reuploads %llu, cpu fallbacks %llu, "
+                   "device %s\n",
                 v[i].kind, (unsigned long long)v[i].matmuls, (unsigned long long)v[i].waits,
                 (unsigned long long)v[i].page_ins,
                 (unsigned long long)v[i].prefetches, (unsigned long long)v[i].evictions,
-                (unsigned long long)v[i].hits, (unsigned long long)v[i].bytes_up,
-                (unsigned long long)v[i].bytes_imported, (unsigned long long)v[i].frames,
-                (unsigned long long)v[i].resident_bytes, (unsigned long long)v[i].peak_bytes,
-                (unsigned long long)v[i].budget, v[i].path, v[i].kernel_ns / 1e6, v[i].xfer_ns / 1e6,
+                (unsigned long long)v[i].hits, (unsigned long long)v[i].bytes_up, jlm_cli_iec(b3, v[i].bytes_up),
+                (unsigned long long)v[i].bytes_imported, jlm_cli_iec(b4, v[i].bytes_imported),
+                (unsigned long long)v[i].frames, (unsigned long long)v[i].resident_bytes,
+                (unsigned long long)v[i].peak_bytes, (unsigned long long)v[i].budget,
+                v[i].path, v[i].kernel_ns / 1e6, v[i].xfer_ns / 1e6,
                 (unsigned long long)v[i].reuploads, (unsigned long long)v[i].fallbacks, v[i].device);
 }

@@ -47,14 +47,6 @@ void jlm_cli_progress(void *ctx, uint64_t done, uint64_t total);
 /* Ends the terminal line (a newline if a bar was drawn). */
 void jlm_cli_bar_end(jlm_cli_bar *b);
 
-#include <stddef.h>
-#include "engine/model.h"
-#include "text/tokenizer/tokenizer.h"
-/* `--image FILE`: decodes it and evaluates prompt with the image at its
- * marker (engine/vision.h), logits after the last token; *ids gets the text
- * tokens (malloc'd). Errors name the image or the container. */
-int jlm_cli_prefill_image(jlm_engine *e, const jlm_tok *tok, const char *image, const char *prompt, float *logits,
-                          int32_t **ids, size_t *n_ids, jlm_err *err);
 /* Prints "who: msg" and a newline to stderr, each control byte of msg (a
  * crafted tensor or key name) as '?' so a message can never drive the
  * terminal. */
@@ -68,6 +60,13 @@ void jlm_cli_errorf(const char *who, const char *fmt, ...) __attribute__((format
 const char *jlm_cli_clean(const char *s);
 /* fputs of a text of several lines: each control byte but '\n' as '?'. */
 void jlm_cli_puts_lines(const char *text, void *file);
+/* "who: warning: -c N is above the model's trained context (M positions)"
+ * when n_ctx (as given, 0: the engine's choice) exceeds it. */
+struct jlm_engine;
+void jlm_cli_ctx_warn(const char *who, struct jlm_engine *e, uint32_t n_ctx);
+/* bytes in binary units after an integer printed beside it: "900 KiB",
+ * "1.5 MiB", "12 B" (one decimal unless whole). Returns buf (32 bytes). */
+const char *jlm_cli_iec(char buf[32], unsigned long long bytes);
 /* A sampler seed when none is given (as llama.cpp's default -1): a u32 from
  * getrandom, or the clock if that fails. */
 #define JLM_CLI_SEED_UNSET UINT64_MAX

@@ -400,6 +400,45 @@ static char *bench_container(const char *model)
     return strdup(model);
 }
 
+/* A row: md, csv or a JSON object kept in rows; the per-backend lines on stderr. */
+static void bench_print(const bench_opts *o, const bench_row *w, const char *test, json_t *rows)
+{
+    if (o->fmt == OUT_CSV)
+        bench_row_csv(w);
+    else if (o->fmt == OUT_JSON)
+        json_array_append_new(rows, bench_row_json(w));
+    else {
+        char tps[24];
+        snprintf(tps, sizeof tps, "%.2f ± %.2f", w->r.tps_mean, w->r.tps_sd);
+        printf("| %-24s | %10s | %8s | %7d | %10s | %7s | %17s | %9.1f | %9.2f | %9.2f |\n", w->name, w->size,
+               w->params, w->threads, w->budget, test, tps, w->r.pageins, w->r.mib, w->r.wait_ms);
+    }
+    if (w->r.n_dev && o->fmt != OUT_JSON) {   /* per backend, on stderr: the table's columns stay llama-bench's */
+        fflush(stdout);
+        fprintf(stderr, "%s%s per backend: cpu: page-ins %.1f, read %.2f MiB\n", o->fmt == OUT_MD ? "  " : "",
+                test, w->r.pageins, w->r.mib);
+        for (int i = 0; i < w->r.n_dev; i++) {   /* one line per device, in block order */
+            const bench_dev *d = &w->r.dev[i];
+            fprintf(stderr, "%s%s per backend: %s (%s, %s): page-ins %.1f, uploaded %.2f MiB, imported %.2f "
+                    "MiB, matmuls %.0f, kernels %.2f ms, transfers %.2f ms\n", o->fmt == OUT_MD ? "  " : "",
+                    test, d->kind, d->device, d->path, d->pageins, d->up_mib, d->imp_mib,
+                    d->matmuls, d->kernel_ms, d->xfer_ms);
+        }
+    }
+}
+
+/* The model column: the last component of the name given ("x.jlm/": x.jlm), cut to the column. */
+static void bench_name(const char *given, char *name, size_t cap)
+{
+    size_t gl = strlen(given);
+    while (gl > 1 && given[gl - 1] == '/')
+        gl--;   /* a view folder given as "x.jlm/" */
+    const char *base = given + gl;
+    while (base > given && base[-1] != '/')
+        base--;
+    snprintf(name, cap, "%.*s", (int)(given + gl - base), base);
+}
+
 int jlm_cmd_bench(int argc, char **argv)
 {
     bench_opts o = {0};
@@ -423,13 +462,7 @@ int jlm_cmd_bench(int argc, char **argv)
         jlm_engine_profile(e, 1);
     char size[16], params[16], budget[16], name[25];
     double n_params = bench_describe(e, &o, size, params, budget);
-    size_t gl = strlen(given);
-    while (gl > 1 && given[gl - 1] == '/')
-        gl--;   /* a view folder given as "x.jlm/" */
-    const char *base = given + gl;
-    while (base > given && base[-1] != '/')
-        base--;
-    snprintf(name, sizeof name, "%.*s", (int)(given + gl - base), base);
+    bench_name(given, name, sizeof name);
     int threads = o.eng.n_threads > 0 ? o.eng.n_threads : (int)sysconf(_SC_NPROCESSORS_ONLN);
     if (o.fmt == OUT_MD)
         bench_header();
@@ -451,28 +484,7 @@ int jlm_cmd_bench(int argc, char **argv)
                        o.eng.budget ? jlm_engine_budget(e) : 0, threads, pp, n, o.depth, r};
         char test[40];   /* "tg32 @ d1024": the table's test, and its lines on stderr */
         bench_test_name(test, sizeof test, pp, n, o.depth);
-        if (o.fmt == OUT_CSV)
-            bench_row_csv(&w);
-        else if (o.fmt == OUT_JSON)
-            json_array_append_new(rows, bench_row_json(&w));
-        else {
-            char tps[24];
-            snprintf(tps, sizeof tps, "%.2f ± %.2f", r.tps_mean, r.tps_sd);
-            printf("| %-24s | %10s | %8s | %7d | %10s | %7s | %17s | %9.1f | %9.2f | %9.2f |\n", name, size, params,
-                   threads, budget, test, tps, r.pageins, r.mib, r.wait_ms);
-        }
-        if (r.n_dev && o.fmt != OUT_JSON) {   /* per backend, on stderr: the table's columns stay llama-bench's */
-            fflush(stdout);
-            fprintf(stderr, "%s%s per backend: cpu: page-ins %.1f, read %.2f MiB\n", o.fmt == OUT_MD ? "  " : "",
-                    test, r.pageins, r.mib);
-            for (int i = 0; i < r.n_dev; i++) {   /* one line per device, in block order */
-                const bench_dev *d = &r.dev[i];
-                fprintf(stderr, "%s%s per backend: %s (%s, %s): page-ins %.1f, uploaded %.2f MiB, imported %.2f "
-                        "MiB, matmuls %.0f, kernels %.2f ms, transfers %.2f ms\n", o.fmt == OUT_MD ? "  " : "",
-                        test, d->kind, d->device, d->path, d->pageins, d->up_mib, d->imp_mib,
-                        d->matmuls, d->kernel_ms, d->xfer_ms);
-            }
-        }
+        bench_print(&o, &w, test, rows);
         if (o.profile)
             bench_prof_print(test, &r.prof, o.fmt == OUT_MD);
         fflush(stdout);

@@ -17,19 +17,20 @@
  * conversation as text: the cache is rewound to the end of the prompt and
  * the next turn evaluates the reply's text as the template renders it.
  *
- * SIGINT: a flag set by the handler and checked between tokens (generate.c)
+ * The model, tokenizer, template, sampler and residency reporting are a
+ * session (prompt/session.h); its decode loop streams the reply.
+ *
+ * SIGINT: a flag set by the handler and checked between tokens (session_gen.c)
  * stops the reply; at an empty prompt it ends the chat (exit 130). */
 #include "cli/chat_input.h"
 #include "cli/cli.h"
-#include "cli/generate.h"
 #include "cli/opts.h"
+#include "cli/outfile.h"
 #include "cli/report.h"
-#include "text/template/chat.h"
-#include "prompt/chat_prompt.h"
-#include "engine/model.h"
-#include "engine/sampler.h"
-#include "text/tokenizer/tokenizer.h"
+#include "prompt/session.h"
 #include "text/tokenizer/utf8_fix.h"
+
+#include <errno.h>
 
 #include <signal.h>
 #include <stdio.h>
@@ -105,13 +106,7 @@ static void conv_free(conv *c)
 }
 
 typedef struct chat {
-    jlm_engine     *e;
-    jlm_tok        *tok;
-    jlm_sampler    *s;
-    const jlm_vocab *voc;
-    jlm_cli_report *rep;
-    char           *tmpl, *bos, *eos;
-    float          *logits;
+    jlm_session    *ss;
     int32_t        *ids;        /* (n_ctx,) the reply's sampled ids */
     conv            cv;
     char           *prev;       /* see the invariants above */
@@ -122,24 +117,14 @@ typedef struct chat {
 
 static int render(chat *ch, int gen, char **out, jlm_err *err)
 {
-    jlm_chat_opts co = {.add_generation_prompt = gen, .bos_token = ch->bos, .eos_token = ch->eos, .local_time = 1};
-    size_t len;
-    return jlm_chat_render(ch->tmpl, strlen(ch->tmpl), ch->cv.msgs, ch->cv.n, &co, out, &len, err);
+    return jlm_session_render(ch->ss, ch->cv.msgs, ch->cv.n, gen, out, err);
 }
 
-/* The text to evaluate at the cache's end: a leading BOS text is dropped at
- * position 0 when the vocab adds BOS itself (llama.cpp). */
-static const char *at_start(const chat *ch, const char *text)
-{
-    if (jlm_engine_n_past(ch->e) == 0 && ch->voc->add_bos && ch->bos && *ch->bos &&
-        !strncmp(text, ch->bos, strlen(ch->bos)))
-        return text + strlen(ch->bos);
-    return text;
-}
-
+/* text at the cache's end: its ids (BOS at position 0, special tokens parsed),
+ * a leading BOS text dropped at 0 when the vocab adds BOS itself. */
 static int encode(chat *ch, const char *text, int32_t **ids, size_t *n, jlm_err *err)
 {
-    return jlm_tok_encode(ch->tok, text, strlen(text), jlm_engine_n_past(ch->e) == 0, 1, ids, n, err);
+    return jlm_session_encode(ch->ss, jlm_session_at_start(ch->ss, text), 1, ids, n, err);
 }
 
 /* Drops the oldest turn (a user message and the replies up to the next user
@@ -172,162 +157,201 @@ static void undo_user(chat *ch)
     conv_remove(&ch->cv, ch->cv.n - 1, 1);
 }
 
-/* One user turn. 0: go on (problems with this message were printed);
- * 1: the engine failed (printed); -1: out of memory. */
-static int turn(chat *ch, const char *line)
+/* The outcome of a step of a turn: go on, the message not sent (printed;
+ * the chat goes on), the engine failed (printed), out of memory. */
+enum { T_OK = 0, T_SKIP = 1, T_FAIL = 2, T_OOM = 3 };
+
+/* Not sent after a failure at position 0: the cache starts over. */
+static int skip_from_zero(chat *ch)
 {
-    jlm_err err = {0};
+    undo_user(ch);
+    set_prev(ch, strdup(""));
+    return ch->prev ? T_SKIP : T_OOM;
+}
+
+/* The user's message into the conversation (--image: in the first one, at
+ * its <image> marker or first). */
+static int add_user(chat *ch, const char *line)
+{
     char *msg = NULL;
     int new_img = ch->image && ch->img_idx == -2;
-    /* --image: in the first message, at its <image> marker or first */
     if (new_img && !strstr(line, "<image>") && !strstr(line, "<__media__>")) {
         if (asprintf(&msg, "<image>%s", line) < 0)
-            return -1;
+            return T_OOM;
     } else if (!(msg = strdup(line))) {
-        return -1;
+        return T_OOM;
     }
     int rc_add = conv_add(&ch->cv, "user", msg);
     free(msg);
     if (rc_add)
-        return -1;
+        return T_OOM;
     if (new_img)
         ch->img_idx = (long)ch->cv.n - 1;
+    return T_OK;
+}
 
-    char *full = NULL;
-    if (render(ch, 1, &full, &err)) {
-        char m[sizeof err.msg + 32];
-        snprintf(m, sizeof m, "template: %s; message not sent", err.msg);
-        jlm_cli_error("jlm chat", m);
+/* Context full: keep the system prompt, drop the oldest turns until the
+ * whole render and room for the reply fit, evaluate again from 0. *full and
+ * *ids are replaced. */
+static int fit_context(chat *ch, char **full, int32_t **ids, size_t *n, uint32_t room)
+{
+    jlm_err err = {0};
+    uint32_t n_ctx = jlm_engine_n_ctx(ch->ss->e);
+    int dropped = 0;
+    jlm_engine_rewind(ch->ss->e, 0);
+    for (;;) {
+        free(*ids);
+        *ids = NULL;
+        if (encode(ch, *full, ids, n, &err))
+            return jlm_cli_error("jlm chat", err.msg), skip_from_zero(ch);
+        if (*n + room <= n_ctx || !drop_oldest_turn(ch))
+            break;
+        dropped++;
+        free(*full);
+        *full = NULL;
+        if (render(ch, 1, full, &err))
+            return jlm_cli_error("jlm chat", err.msg), skip_from_zero(ch);
+    }
+    set_prev(ch, strdup(""));
+    if (!ch->prev)
+        return T_OOM;
+    if (dropped)
+        fprintf(stderr, "jlm chat: context full (%u positions): dropped the oldest %d turn%s\n", n_ctx, dropped,
+                dropped == 1 ? "" : "s");
+    if (*n >= n_ctx) {
+        fprintf(stderr, "jlm chat: message too long: %zu tokens with the system prompt, the context holds %u "
+                "(-c); not sent\n", *n, n_ctx);
         undo_user(ch);
-        return 0;
+        return T_SKIP;
     }
-    uint32_t n_ctx = jlm_engine_n_ctx(ch->e);
-    size_t plen = strlen(ch->prev);
-    if (!(jlm_engine_n_past(ch->e) > 0 && !strncmp(full, ch->prev, plen))) {
-        jlm_engine_rewind(ch->e, 0);   /* the cache no longer matches the conversation */
-        plen = 0;
+    return T_OK;
+}
+
+/* The turn's prompt: the render with a generation prompt (*full) and the
+ * ids of what it adds to the cache (all of it when it does not extend
+ * prev, or after fit_context). */
+static int turn_prompt(chat *ch, char **full, int32_t **ids, size_t *n)
+{
+    jlm_err err = {0};
+    if (render(ch, 1, full, &err)) {
+        jlm_cli_errorf("jlm chat", "template: %s; message not sent", err.msg);
+        undo_user(ch);
+        return T_SKIP;
     }
-    int32_t *ids = NULL;
-    size_t n = 0;
-    if (encode(ch, at_start(ch, full + plen), &ids, &n, &err)) {
+    uint32_t n_ctx = jlm_engine_n_ctx(ch->ss->e);
+    if (jlm_session_extend(ch->ss, ch->prev, *full, ids, n, &err)) {
         jlm_cli_error("jlm chat", err.msg);
-        free(full);
         undo_user(ch);
-        return 0;
+        return T_SKIP;
     }
     /* room for the reply: -n, at most half the context (a quarter for -n -1) */
     uint32_t room = ch->n_max < 0 ? n_ctx / 4 : (uint32_t)ch->n_max < n_ctx / 2 ? (uint32_t)ch->n_max : n_ctx / 2;
-    if (jlm_engine_n_past(ch->e) + n + room > n_ctx) {
-        /* context full: keep the system prompt, drop the oldest turns, evaluate again from 0 */
-        int dropped = 0;
-        jlm_engine_rewind(ch->e, 0);
-        for (;;) {
-            free(ids);
-            ids = NULL;
-            if (encode(ch, at_start(ch, full), &ids, &n, &err)) {
-                jlm_cli_error("jlm chat", err.msg);
-                free(full);
-                undo_user(ch);
-                set_prev(ch, strdup(""));
-                return ch->prev ? 0 : -1;
-            }
-            if (n + room <= n_ctx || !drop_oldest_turn(ch))
-                break;
-            dropped++;
-            free(full);
-            full = NULL;
-            if (render(ch, 1, &full, &err)) {
-                jlm_cli_error("jlm chat", err.msg);
-                undo_user(ch);
-                set_prev(ch, strdup(""));
-                return ch->prev ? 0 : -1;
-            }
-        }
-        plen = 0;
-        set_prev(ch, strdup(""));
-        if (!ch->prev) { free(ids); free(full); return -1; }
-        if (dropped)
-            fprintf(stderr, "jlm chat: context full (%u positions): dropped the oldest %d turn%s\n", n_ctx, dropped,
-                    dropped == 1 ? "" : "s");
-        if (n >= n_ctx) {
-            fprintf(stderr, "jlm chat: message too long: %zu tokens with the system prompt, the context holds %u "
-                    "(-c); not sent\n", n, n_ctx);
-            free(ids); free(full);
-            undo_user(ch);
-            return 0;
-        }
-    }
-    int with_image = ch->img_idx >= 0 && jlm_engine_n_past(ch->e) == 0;
-    int rc;
-    if (with_image) {
-        free(ids);
-        ids = NULL;
-        rc = jlm_cli_prefill_image(ch->e, ch->tok, ch->image, at_start(ch, full), ch->logits, &ids, &n, &err);
-    } else {
-        rc = n ? jlm_engine_eval(ch->e, ids, (uint32_t)n, ch->logits, &err) : 0;
-    }
-    if (rc) {
-        free(ids); free(full);
-        jlm_cli_error("jlm chat", err.msg);
-        if (rc != JLM_ERANGE)
-            return 1;
-        undo_user(ch);   /* context full with an image's positions: this message is not sent */
-        jlm_engine_rewind(ch->e, 0);
-        set_prev(ch, strdup(""));
-        return ch->prev ? 0 : -1;
-    }
-    for (size_t i = 0; i < n; i++) jlm_samp_accept(ch->s, ids[i]);
-    free(ids);
-    jlm_cli_report_flush(ch->rep);
+    if (jlm_engine_n_past(ch->ss->e) + *n + room > n_ctx)
+        return fit_context(ch, full, ids, n, room);
+    return T_OK;
+}
 
-    /* the reply */
-    uint32_t n_prompt = jlm_engine_n_past(ch->e), left = n_ctx - n_prompt;
-    int want = ch->n_max < 0 || (uint32_t)ch->n_max > left ? (int)left : ch->n_max;
-    jlm_tok_stream ts;
-    jlm_tok_stream_init(&ts, ch->tok, 0, 0);
-    jlm_cli_gen g = {.e = ch->e, .tok = ch->tok, .s = ch->s, .logits = ch->logits, .rep = ch->rep, .ts = &ts,
-                     .n_max = want, .print = 1, .eval_eog = 1, .eval_last = 1, .fix_utf8 = 1,
-                     .ignore_eos = ch->ignore_eos, .stop = &g_intr};
-    char *text = NULL;
-    size_t n_ids = 0;
-    rc = jlm_cli_generate(&g, ch->ids, &n_ids, &text, &err);
-    fputc('\n', stdout);   /* the reply's line ends; a reader on a pipe sees the turn now */
-    fflush(stdout);
-    if (rc) {
-        jlm_cli_error("jlm chat", err.msg);
-        free(text); free(full);
-        return 1;
+/* Evaluates the turn's ids (with the image at position 0). */
+static int turn_eval(chat *ch, const char *full, int32_t *ids, size_t n)
+{
+    jlm_err err = {0};
+    int rc;
+    if (ch->img_idx >= 0 && jlm_engine_n_past(ch->ss->e) == 0) {
+        int32_t *img_ids = NULL;
+        size_t n_img = 0;
+        rc = jlm_session_eval_image(ch->ss, ch->image, jlm_session_at_start(ch->ss, full), &img_ids, &n_img, &err);
+        free(img_ids);
+    } else {
+        rc = jlm_session_eval(ch->ss, ids, n, &err);
     }
-    int stopped = g_intr;
-    g_intr = 0;
-    int ended = n_ids && jlm_tok_is_eog(ch->tok, ch->ids[n_ids - 1]);
-    if (!ended && !stopped && want < ch->n_max)
-        fprintf(stderr, "jlm chat: context full (%u positions): the reply stopped at %zu tokens\n", n_ctx, n_ids);
+    if (!rc)
+        return T_OK;
+    jlm_cli_error("jlm chat", err.msg);
+    if (rc != JLM_ERANGE)
+        return T_FAIL;
+    jlm_engine_rewind(ch->ss->e, 0);   /* context full with an image's positions: this message is not sent */
+    return skip_from_zero(ch);
+}
+
+/* The reply kept in the conversation: with its end-of-turn token the cache
+ * holds the conversation without a generation prompt; without (Ctrl-C, -n,
+ * the context) the reply stays as text the next turn evaluates as rendered. */
+static int keep_reply(chat *ch, char *full, char *text, int ended, uint32_t n_prompt)
+{
+    jlm_err err = {0};
     /* a reply may end inside a UTF-8 sequence or hold stray bytes: the
      * conversation keeps valid text (U+FFFD), or the next render fails */
     char *fixed = text ? jlm_utf8_fix(text, strlen(text)) : NULL;
     free(text);
     if (!fixed || conv_add(&ch->cv, "assistant", fixed)) {
         free(fixed); free(full);
-        return -1;
+        return T_OOM;
     }
     free(fixed);
     if (ended) {
-        /* the cache holds the conversation without a generation prompt */
         free(full);
         char *p = NULL;
         if (render(ch, 0, &p, &err)) {
             jlm_cli_error("jlm chat", err.msg);
-            jlm_engine_rewind(ch->e, 0);
+            jlm_engine_rewind(ch->ss->e, 0);
             p = strdup("");
         }
         set_prev(ch, p);
     } else {
-        /* the reply stays as text: the next turn evaluates it as rendered */
-        jlm_engine_rewind(ch->e, n_prompt);
+        jlm_engine_rewind(ch->ss->e, n_prompt);
         set_prev(ch, full);
     }
-    return ch->prev ? 0 : -1;
+    return ch->prev ? T_OK : T_OOM;
+}
+
+/* The reply: generated, streamed, kept. Takes full. */
+static int turn_reply(chat *ch, char *full)
+{
+    jlm_err err = {0};
+    jlm_session *s = ch->ss;
+    uint32_t n_ctx = jlm_engine_n_ctx(s->e), n_prompt = jlm_engine_n_past(s->e), left = n_ctx - n_prompt;
+    int want = ch->n_max < 0 || (uint32_t)ch->n_max > left ? (int)left : ch->n_max;
+    jlm_tok_stream ts;
+    jlm_tok_stream_init(&ts, s->tok, 0, 0);
+    jlm_sess_gen g = {.n_max = want, .eval_eog = 1, .eval_last = 1, .fix_utf8 = 1, .ignore_eos = ch->ignore_eos,
+                      .stop = &g_intr, .ts = &ts, .emit = jlm_cli_put_stdout};
+    char *text = NULL;
+    size_t n_ids = 0;
+    int rc = jlm_session_generate(s, &g, ch->ids, &n_ids, &text, &err);
+    fputc('\n', stdout);   /* the reply's line ends; a reader on a pipe sees the turn now */
+    jlm_cli_stdout_flush();
+    if (rc) {
+        if (!(rc == JLM_EIO && jlm_cli_stdout_check("jlm chat")))
+            jlm_cli_error("jlm chat", err.msg);
+        free(text); free(full);
+        return T_FAIL;
+    }
+    int stopped = g_intr;
+    g_intr = 0;
+    int ended = n_ids && jlm_tok_is_eog(s->tok, ch->ids[n_ids - 1]);
+    if (!ended && !stopped && want < ch->n_max)
+        fprintf(stderr, "jlm chat: context full (%u positions): the reply stopped at %zu tokens\n", n_ctx, n_ids);
+    return keep_reply(ch, full, text, ended, n_prompt);
+}
+
+/* One user turn. 0: go on (problems with this message were printed);
+ * 1: the engine failed (printed); -1: out of memory. */
+static int turn(chat *ch, const char *line)
+{
+    char *full = NULL;
+    int32_t *ids = NULL;
+    size_t n = 0;
+    int rc = add_user(ch, line);
+    if (!rc)
+        rc = turn_prompt(ch, &full, &ids, &n);
+    if (!rc)
+        rc = turn_eval(ch, full, ids, n);
+    free(ids);
+    if (!rc)
+        rc = turn_reply(ch, full);   /* takes full */
+    else
+        free(full);
+    return rc == T_OK || rc == T_SKIP ? 0 : rc == T_FAIL ? 1 : -1;
 }
 
 static void print_help(void)
@@ -341,7 +365,7 @@ static void print_help(void)
            "  \"\"\" on a line opens a message of several lines; a line ending with \"\"\" closes it\n"
            "  a line ending with \\ goes on on the next line\n"
            "  Ctrl-C stops a reply; the part already written stays in the conversation\n");
-    fflush(stdout);
+    jlm_cli_stdout_flush();
 }
 
 /* 0 go on, 1 leave (/bye), -1 out of memory. */
@@ -358,8 +382,8 @@ static int command(chat *ch, const char *line)
         conv_remove(&ch->cv, f, ch->cv.n - f);
         if (ch->img_idx >= 0)
             ch->img_idx = -1;
-        jlm_engine_rewind(ch->e, 0);
-        jlm_samp_reset(ch->s);
+        jlm_engine_rewind(ch->ss->e, 0);
+        jlm_samp_reset(ch->ss->s);
         set_prev(ch, strdup(""));
         if (!ch->prev)
             return -1;
@@ -420,150 +444,134 @@ static const char *template_kind(const char *t)
     return "custom";
 }
 
-int jlm_cmd_chat(int argc, char **argv)
-{
-    const char *model = NULL, *image = NULL, *system = NULL;
-    jlm_engine_opts eo = {.direct = 1, .budget = JLM_BUDGET_AUTO};
+/* The parsed command line of `jlm chat`. */
+typedef struct chat_args {
+    const char *model, *image, *system;
+    jlm_engine_opts eo;
     jlm_samp_params sp;
-    jlm_samp_params_default(&sp);
-    sp.seed = JLM_CLI_SEED_UNSET;
-    int n_max = 256, ignore_eos = 0;
+    int n_max, ignore_eos;
+} chat_args;
+
+/* 0, the exit status after one line, or -1 after --help. */
+static int chat_parse(int argc, char **argv, chat_args *a)
+{
     jlm_opts_gpu gpu = {0};
     const jlm_opt head[] = {
-        {"-m", "--model", JLM_OPT_STR, &model, 0, 0, 0, "FILE", "the model (or give it first)"},
-        {"-sys", "--system", JLM_OPT_STR, &system, 0, 0, 0, "TEXT", "the system prompt (/system changes it)"},
-        {"-n", "--n-predict", JLM_OPT_INT, &n_max, -1, 1 << 30, 0, "N", "reply tokens at most, -1: until the context is full"},
+        {"-m", "--model", JLM_OPT_STR, &a->model, 0, 0, 0, "FILE", "the model (or give it first)"},
+        {"-sys", "--system", JLM_OPT_STR, &a->system, 0, 0, 0, "TEXT", "the system prompt (/system changes it)"},
+        {"-n", "--n-predict", JLM_OPT_INT, &a->n_max, -1, 1 << 30, 0, "N", "reply tokens at most, -1: until the context is full"},
     };
     const jlm_opt tail[] = {
-        {NULL, "--ignore-eos", JLM_OPT_FLAG, &ignore_eos, 0, 0, 0, NULL, "never end a reply with an end-of-turn token (-n ends it)"},
-        {NULL, "--image", JLM_OPT_STR, &image, 0, 0, 0, "FILE", "an image for the first message"},
+        {NULL, "--ignore-eos", JLM_OPT_FLAG, &a->ignore_eos, 0, 0, 0, NULL, "never end a reply with an end-of-turn token (-n ends it)"},
+        {NULL, "--image", JLM_OPT_STR, &a->image, 0, 0, 0, "FILE", "an image for the first message"},
     };
     jlm_opt t[sizeof head / sizeof head[0] + sizeof tail / sizeof tail[0] + JLM_OPTS_ENGINE_MAX + JLM_OPTS_SAMPLER_MAX];
     int nt = jlm_opts_cat(t, 0, head, (int)(sizeof head / sizeof head[0]));
-    nt += jlm_opts_engine_rows(t + nt, JLM_ROWS_CTX | JLM_ROWS_THREADS, &eo, NULL);
-    nt += jlm_opts_sampler_rows(t + nt, &sp);
+    nt += jlm_opts_engine_rows(t + nt, JLM_ROWS_CTX | JLM_ROWS_THREADS, &a->eo, NULL);
+    nt += jlm_opts_sampler_rows(t + nt, &a->sp);
     nt = jlm_opts_cat(t, nt, tail, 1);
-    nt += jlm_opts_engine_rows(t + nt, JLM_ROWS_BUDGET | JLM_ROWS_KV, &eo, NULL);
+    nt += jlm_opts_engine_rows(t + nt, JLM_ROWS_BUDGET | JLM_ROWS_KV, &a->eo, NULL);
     nt = jlm_opts_cat(t, nt, tail + 1, 1);
-    nt += jlm_opts_engine_rows(t + nt, JLM_ROWS_PAGING | JLM_ROWS_BACKEND, &eo, &gpu);
+    nt += jlm_opts_engine_rows(t + nt, JLM_ROWS_PAGING | JLM_ROWS_BACKEND, &a->eo, &gpu);
     const char *pos[1] = {0};
     jlm_opts_spec os = {"jlm chat", "MODEL [options]   (messages from the terminal, or one per line on stdin; /help)",
                         t, nt, pos, 1, 0};
     int prc = jlm_opts_parse(&os, argc, argv);
     if (prc)
-        return prc == 1 ? 0 : prc;
-    if ((prc = jlm_opts_engine_finish("jlm chat", &eo, &gpu)))
+        return prc == 1 ? -1 : prc;
+    if ((prc = jlm_opts_engine_finish("jlm chat", &a->eo, &gpu)))
         return prc;
-    if (sp.seed == JLM_CLI_SEED_UNSET)
-        sp.seed = jlm_cli_random_seed();   /* llama.cpp's default */
-    if (os.n_pos && model)
+    if (a->sp.seed == JLM_CLI_SEED_UNSET)
+        a->sp.seed = jlm_cli_random_seed();   /* llama.cpp's default */
+    if (os.n_pos && a->model)
         return jlm_cli_error("jlm chat", "give the model once: as MODEL or as -m"), 2;
     if (os.n_pos)
-        model = pos[0];
-    if (!model) {
-        jlm_opts_help(stderr, &os);
-        return 2;
-    }
-    if (!(model = jlm_cli_resolve_model("jlm chat", model)))
-        return 1;
+        a->model = pos[0];
+    if (!a->model)
+        return jlm_cli_error("jlm chat", "no model: give MODEL or -m FILE (see --help)"), 2;
+    return 0;
+}
+
+/* The session, the buffers and the banner. 0, or 1 after a line. */
+static int chat_open(chat *ch, const chat_args *a, const char *model)
+{
     jlm_err err = {0};
-    chat ch = {.image = image, .img_idx = image ? -2 : -1, .n_max = n_max, .ignore_eos = ignore_eos};
-    jlm_chat_in *in = NULL;
-    char *db = NULL, *key = NULL;
-    jlm_cli_report rep = {0};
-    ch.rep = &rep;
-    int status = 1;
-    struct sigaction old_int;
-    sigaction(SIGINT, NULL, &old_int);
-    char *path = jlm_cli_container_path(model);
-    int on_view = jlm_cli_view_discover(model, path, &db, &key);
-    if (on_view)
-        eo.direct = 0;   /* a view is read through the page cache the mount fills */
-    if (!path) {
-        fprintf(stderr, "jlm chat: out of memory\n");
-        goto out;
-    }
-    if (jlm_engine_open(path, &eo, &ch.e, &err)) {
-        jlm_cli_error("jlm chat", err.msg);
-        goto out;
-    }
-    if (sp.repeat_last_n < 0)
-        sp.repeat_last_n = (int32_t)jlm_engine_n_ctx(ch.e);   /* -1: the whole context */
-    if (jlm_tok_create(&jlm_engine_model(ch.e)->vocab, &ch.tok, &err) ||
-        jlm_samp_create(&sp, jlm_engine_n_vocab(ch.e), &ch.s, &err)) {
-        jlm_cli_error("jlm chat", err.msg);
-        goto out;
-    }
-    if (on_view)
-        jlm_cli_report_open(&rep, ch.e, db, key, "jlm chat");
-    int fallback = 0;
-    ch.voc = &jlm_engine_model(ch.e)->vocab;
-    if (jlm_chat_template_or_chatml(path, ch.voc, &ch.tmpl, &ch.bos, &ch.eos, &fallback, &err)) {
-        jlm_cli_error("jlm chat", err.msg);
-        goto out;
-    }
-    uint32_t n_ctx = jlm_engine_n_ctx(ch.e);
-    ch.logits = malloc(jlm_engine_n_vocab(ch.e) * sizeof *ch.logits);
-    ch.ids = malloc(((size_t)n_ctx + 1) * sizeof *ch.ids);
-    ch.prev = strdup("");
-    in = jlm_chat_in_open("jlm", &g_intr);
-    if (!ch.logits || !ch.ids || !ch.prev || !in || (system && *system && conv_add(&ch.cv, "system", system))) {
-        fprintf(stderr, "jlm chat: out of memory\n");
-        goto out;
-    }
-    {
-        char b[1200];
-        snprintf(b, sizeof b, "%s | template: %s | context: %u tokens | /help for commands, Ctrl-D to leave",
-                 model, fallback ? "chatml (the model has none)" : template_kind(ch.tmpl), n_ctx);
-        jlm_cli_error("jlm chat", b);
-    }
+    jlm_sess_opts so = {.eng = a->eo, .samp = &a->sp, .view = jlm_cli_view("jlm chat"), .flags = JLM_SESS_TEMPLATE};
+    if (jlm_session_open(model, &so, &ch->ss, &err))
+        return jlm_cli_error("jlm chat", err.msg), 1;
+    jlm_cli_ctx_warn("jlm chat", ch->ss->e, a->eo.n_ctx);
+    uint32_t n_ctx = jlm_engine_n_ctx(ch->ss->e);
+    ch->ids = malloc(((size_t)n_ctx + 1) * sizeof *ch->ids);
+    ch->prev = strdup("");
+    if (!ch->ids || !ch->prev || (a->system && *a->system && conv_add(&ch->cv, "system", a->system)))
+        return jlm_cli_error("jlm chat", "out of memory"), 1;
+    char b[1200];
+    snprintf(b, sizeof b, "%s | template: %s | context: %u tokens | /help for commands, Ctrl-D to leave", model,
+             ch->ss->tmpl_fallback ? "chatml (the model has none)" : template_kind(ch->ss->tmpl), n_ctx);
+    jlm_cli_error("jlm chat", b);
+    return 0;
+}
+
+/* Messages until the end of input, /bye, Ctrl-C at the prompt or an error:
+ * the exit status. */
+static int chat_loop(chat *ch, jlm_chat_in *in)
+{
     for (;;) {
         g_intr = 0;
         sigint_mode(0);
         char *line = NULL;
         int r = jlm_chat_in_read(in, &line);
         sigint_mode(1);
-        if (r == JLM_CHAT_IN_EOF) {
-            status = 0;
-            break;
-        }
-        if (r == JLM_CHAT_IN_INTR) {
-            status = 130;   /* as llama.cpp: interrupted */
-            break;
-        }
+        if (r == JLM_CHAT_IN_EOF)
+            return 0;
+        if (r == JLM_CHAT_IN_INTR)
+            return 130;   /* as llama.cpp: interrupted */
         if (r == JLM_CHAT_IN_TOOLONG) {
             fprintf(stderr, "jlm chat: message longer than %u MiB; not sent\n", JLM_CHAT_IN_MAX >> 20);
             continue;
         }
-        if (r != JLM_CHAT_IN_MSG) {
-            fprintf(stderr, "jlm chat: out of memory\n");
-            break;
-        }
+        if (r != JLM_CHAT_IN_MSG)
+            return fprintf(stderr, "jlm chat: out of memory\n"), 1;
         int rc = 0, is_cmd = line[0] == '/' && !strchr(line, '\n');
         if (is_cmd)
-            rc = command(&ch, line);
+            rc = command(ch, line);
         else if (line[strspn(line, " \t\r\n")])
-            rc = turn(&ch, line);
+            rc = turn(ch, line);
         free(line);
-        if (rc == 1 && is_cmd) {
-            status = 0;
-            break;
-        }
-        if (rc) {
-            if (rc < 0)
-                fprintf(stderr, "jlm chat: out of memory\n");
-            break;
-        }
+        if (rc == 1 && is_cmd)
+            return 0;
+        if (rc < 0)
+            fprintf(stderr, "jlm chat: out of memory\n");
+        if (rc)
+            return 1;
     }
-out:
+}
+
+int jlm_cmd_chat(int argc, char **argv)
+{
+    chat_args a = {.eo = {.direct = 1, .budget = JLM_BUDGET_AUTO}, .n_max = 256};
+    jlm_samp_params_default(&a.sp);
+    a.sp.seed = JLM_CLI_SEED_UNSET;
+    int status = chat_parse(argc, argv, &a);
+    if (status)
+        return status < 0 ? 0 : status;
+    const char *model = jlm_cli_resolve_model("jlm chat", a.model);
+    if (!model)
+        return 1;
+    chat ch = {.image = a.image, .img_idx = a.image ? -2 : -1, .n_max = a.n_max, .ignore_eos = a.ignore_eos};
+    jlm_chat_in *in = NULL;
+    struct sigaction old_int;
+    sigaction(SIGINT, NULL, &old_int);
+    status = chat_open(&ch, &a, model);
+    if (!status && !(in = jlm_chat_in_open("jlm", &g_intr)))
+        status = (jlm_cli_error("jlm chat", "out of memory"), 1);
+    if (!status)
+        status = chat_loop(&ch, in);
     sigaction(SIGINT, &old_int, NULL);
     jlm_chat_in_close(in);
-    jlm_cli_report_close(&rep, ch.e);
     conv_free(&ch.cv);
-    free(ch.tmpl); free(ch.bos); free(ch.eos); free(ch.prev); free(ch.logits); free(ch.ids);
-    free(path); free(db); free(key);
-    jlm_samp_destroy(ch.s);
-    jlm_tok_destroy(ch.tok);
-    jlm_engine_close(ch.e);
+    free(ch.prev);
+    free(ch.ids);
+    jlm_session_close(ch.ss);
     return status;
 }

@@ -2,6 +2,7 @@
  * OUT and TYPE may follow SRC as llama-quantize takes them (IN OUT TYPE). */
 #include "cli/cli.h"
 #include "cli/opts.h"
+#include "cli/outfile.h"
 #include "converter/convert.h"
 #include "residency/residency.h"
 
@@ -63,21 +64,6 @@ static void print_plan(const jlm_conv *c, const char *out)
            (unsigned long long)c->g->total_bytes);
 }
 
-/* Why -o OUT may not be written (NULL: it may): the converter writes OUT.part
- * and renames it over OUT, which would replace a device node, a FIFO or the
- * source itself. Checked before any work. */
-static const char *bad_out(const char *src, const char *out)
-{
-    struct stat o, s;
-    if (lstat(out, &o) != 0 || S_ISLNK(o.st_mode))
-        return NULL;   /* new, or a link (the rename replaces the link, not its target) */
-    if (!S_ISREG(o.st_mode))
-        return S_ISDIR(o.st_mode) ? "is a directory" : "is not a regular file (a device, FIFO or socket)";
-    if (stat(src, &s) == 0 && s.st_dev == o.st_dev && s.st_ino == o.st_ino)
-        return "is the source itself";
-    return NULL;
-}
-
 /* The folder OUT.part is created in must exist and be writable: found out
  * before a conversion of many GB, not at its end. errno's text or NULL. */
 static const char *bad_out_dir(const char *out)
@@ -99,115 +85,134 @@ static const char *bad_out_dir(const char *out)
     return why;
 }
 
-int jlm_cmd_convert(int argc, char **argv)
+/* The command line of `jlm convert`. */
+typedef struct conv_args {
+    const char *src, *out, *mmproj, *type, *device;
+    const char *oflag;   /* "-o " when the output was named with -o: for messages */
+    int plan_only;
+} conv_args;
+
+/* 0, the exit status after one line, or -1 after --help. */
+static int convert_parse(int argc, char **argv, conv_args *a)
 {
-    const char *src = NULL, *out = NULL, *mmproj = NULL, *type = NULL, *device = NULL;
-    int plan_only = 0;
     const jlm_opt t[] = {
-        {"-o", "--output", JLM_OPT_STR, &out, 0, 0, 0, "OUT.jlm", "the container to write (default: SRC with .jlm)"},
-        {NULL, "--mmproj", JLM_OPT_STR, &mmproj, 0, 0, 0, "FILE", "a vision projector GGUF to pack in"},
-        {NULL, "--type", JLM_OPT_STR, &type, 0, 0, 0, "TYPE", "keep|Q8_0|Q6_K|Q5_K_M|Q4_K_M|Q5_1|Q5_0|Q4_1|Q4_0 (default: keep)"},
-        {NULL, "--plan", JLM_OPT_FLAG, &plan_only, 0, 0, 0, NULL, "print the plan, write nothing"},
-        {NULL, "--device", JLM_OPT_STR, &device, 0, 0, 0, "cpu|vulkan|cuda", "the device recorded in the fingerprint (compared on load, never enforced; default: cpu)"},
+        {"-o", "--output", JLM_OPT_STR, &a->out, 0, 0, JLM_OPT_OUT, "OUT.jlm", "the container to write (default: SRC with .jlm)"},
+        {NULL, "--mmproj", JLM_OPT_STR, &a->mmproj, 0, 0, 0, "FILE", "a vision projector GGUF to pack in"},
+        {NULL, "--type", JLM_OPT_STR, &a->type, 0, 0, 0, "TYPE", "keep|Q8_0|Q6_K|Q5_K_M|Q4_K_M|Q5_1|Q5_0|Q4_1|Q4_0 (default: keep)"},
+        {NULL, "--plan", JLM_OPT_FLAG, &a->plan_only, 0, 0, 0, NULL, "print the plan, write nothing"},
+        {NULL, "--device", JLM_OPT_STR, &a->device, 0, 0, 0, "cpu|vulkan|cuda", "the device recorded in the fingerprint (compared on load, never enforced; default: cpu)"},
     };
     const char *pos[3] = {0};
     jlm_opts_spec os = {"jlm convert", "SRC.gguf|HF_FOLDER [OUT.jlm [TYPE]] [options]", t, (int)(sizeof t / sizeof t[0]),
                         pos, 3, 0};
     int prc = jlm_opts_parse(&os, argc, argv);
     if (prc)
-        return prc == 1 ? 0 : prc;
-    src = os.n_pos ? pos[0] : NULL;
-    if (!src) {
+        return prc == 1 ? -1 : prc;
+    a->src = os.n_pos ? pos[0] : NULL;
+    if (!a->src) {
         jlm_opts_help(stderr, &os);
         return 2;
     }
     /* OUT and TYPE after SRC, as llama-quantize IN OUT TYPE; each once */
-    if (os.n_pos > 1 && out && strcmp(out, pos[1])) {
-        fprintf(stderr, "jlm convert: the output is given twice: '%s' and -o '%s'\n", pos[1], out);
+    if (os.n_pos > 1 && a->out && strcmp(a->out, pos[1])) {
+        fprintf(stderr, "jlm convert: the output is given twice: '%s' and -o '%s'\n", pos[1], a->out);
         return 2;
     }
-    if (os.n_pos > 2 && type && strcasecmp(type, pos[2])) {
-        fprintf(stderr, "jlm convert: the type is given twice: '%s' and --type '%s'\n", pos[2], type);
+    if (os.n_pos > 2 && a->type && strcasecmp(a->type, pos[2])) {
+        fprintf(stderr, "jlm convert: the type is given twice: '%s' and --type '%s'\n", pos[2], a->type);
         return 2;
     }
-    const char *oflag = out ? "-o " : "";   /* how the output was named, for messages */
+    a->oflag = a->out ? "-o " : "";
     if (os.n_pos > 1)
-        out = pos[1];
+        a->out = pos[1];
     if (os.n_pos > 2)
-        type = pos[2];
-    const char *why = out && !plan_only ? bad_out(src, out) : NULL;
-    if (why) {
-        fprintf(stderr, "jlm convert: %s%s %s\n", oflag, out, why);
+        a->type = pos[2];
+    if (a->device && strcmp(a->device, "cpu") && strcmp(a->device, "vulkan") && strcmp(a->device, "cuda")) {
+        fprintf(stderr, "jlm convert: --device '%.40s': expected cpu, vulkan or cuda\n", a->device);
         return 2;
     }
-    char *def = out ? NULL : jlm_conv_default_out(src);
-    int given = out != NULL;
-    if (!out)
-        out = def;
-    if (!out) {
-        jlm_cli_error("jlm convert", "out of memory");
-        return 1;
-    }
+    return 0;
+}
+
+/* Where the container goes, checked before any work: a->out (the checked
+ * writer's refusals, cli/outfile.h: the converter renames OUT.part over
+ * OUT), or SRC with .jlm (*def, malloc'd). 0 or the exit status after a line. */
+static int convert_out(conv_args *a, char **def)
+{
+    int given = a->out != NULL, rc;
+    if (given && !a->plan_only && (rc = jlm_cli_out_check("jlm convert", *a->oflag ? "-o" : "", a->out, &a->src, 1,
+                                                          "source")))
+        return rc;
+    if (!given && !(a->out = *def = jlm_conv_default_out(a->src)))
+        return jlm_cli_error("jlm convert", "out of memory"), 1;
+    if (a->plan_only)
+        return 0;
     char *vdb = NULL, *vkey = NULL;
-    if (!plan_only && !given && jlm_rdb_discover(out, &vdb, &vkey, NULL) == 0) {
+    if (!given && jlm_rdb_discover(a->out, &vdb, &vkey, NULL) == 0) {
         /* SRC lies in a jlmfs mount: the daemon has made its view, which is
          * the container already (docs/cli.md); nothing to write */
-        char line[4400];
-        snprintf(line, sizeof line, "%s is in a jlmfs mount: its view %s is the converted container (jlm run %s); "
-                 "-o PATH writes a copy elsewhere", src, out, out);
-        jlm_cli_error("jlm convert", line);
-        free(vdb); free(vkey); free(def);
+        jlm_cli_errorf("jlm convert", "%s is in a jlmfs mount: its view %s is the converted container (jlm run %s); "
+                       "-o PATH writes a copy elsewhere", a->src, a->out, a->out);
+        free(vdb); free(vkey);
         return 1;
     }
-    if (!plan_only && (why = given ? bad_out_dir(out) : (bad_out(src, out) ? bad_out(src, out) : bad_out_dir(out)))) {
-        char line[4200];   /* before any work: the output is checked, then the source is converted */
-        snprintf(line, sizeof line, "%s%s: cannot write there: %s", oflag, out, why);
-        jlm_cli_error("jlm convert", line);
-        free(def);
+    const char *why = given ? NULL : jlm_cli_out_refusal(a->out, &a->src, 1, "source");
+    if (!why)
+        why = bad_out_dir(a->out);
+    if (why) {   /* before any work: the output is checked, then the source is converted */
+        jlm_cli_errorf("jlm convert", "%s%s: cannot write there: %s", a->oflag, a->out, why);
         return given ? 2 : 1;
     }
+    return 0;
+}
+
+/* The conversion itself, with its progress, and the .part removed on a
+ * signal. Exit status. */
+static int convert_write(const conv_args *a)
+{
     jlm_err err = {0};
     jlm_conv *c;
     double t0 = now_s();
-    if (device && strcmp(device, "cpu") && strcmp(device, "vulkan") && strcmp(device, "cuda")) {
-        fprintf(stderr, "jlm convert: --device '%.40s': expected cpu, vulkan or cuda\n", device);
-        free(def);
-        return 2;
-    }
-    if (jlm_conv_open_full(-1, src, mmproj, type, stderr, &c, &err)) {
-        jlm_cli_error("jlm convert", err.msg);
-        free(def);
-        return 1;
-    }
-    if (device && jlm_conv_set_device(c, device, &err)) {
+    if (jlm_conv_open_full(-1, a->src, a->mmproj, a->type, stderr, &c, &err))
+        return jlm_cli_error("jlm convert", err.msg), 1;
+    if (a->device && jlm_conv_set_device(c, a->device, &err)) {
         jlm_cli_error("jlm convert", err.msg);
         jlm_conv_close(c);
-        free(def);
         return 1;
     }
-    if (plan_only) {
-        print_plan(c, out);
+    if (a->plan_only) {
+        print_plan(c, a->out);
         jlm_conv_close(c);
-        free(def);
         return 0;
     }
-    if (asprintf(&g_part, "%s.part", out) < 0)
+    if (asprintf(&g_part, "%s.part", a->out) < 0)
         g_part = NULL;
     signal(SIGINT, on_signal);
     signal(SIGTERM, on_signal);
     signal(SIGHUP, on_signal);
     jlm_cli_bar b;
     jlm_cli_bar_init(&b, "jlm convert", isatty(2));
-    int rc = jlm_conv_write(c, out, NULL, progress, &b, &err);
+    int rc = jlm_conv_write(c, a->out, NULL, progress, &b, &err);
     jlm_cli_bar_end(&b);
-    if (rc) {
+    if (rc)
         jlm_cli_error("jlm convert", err.msg);
-    } else {
-        double dt = now_s() - t0;
-        fprintf(stderr, "jlm convert: wrote %s (%llu bytes, %u tensors) in %.2f s\n", out,
-                (unsigned long long)c->plan.file_size, c->n_tensors, dt);
-    }
+    else
+        fprintf(stderr, "jlm convert: wrote %s (%llu bytes, %u tensors) in %.2f s\n", a->out,
+                (unsigned long long)c->plan.file_size, c->n_tensors, now_s() - t0);
     jlm_conv_close(c);
-    free(def);
     return rc ? 1 : 0;
+}
+
+int jlm_cmd_convert(int argc, char **argv)
+{
+    conv_args a = {0};
+    char *def = NULL;
+    int rc = convert_parse(argc, argv, &a);
+    if (rc)
+        return rc < 0 ? 0 : rc;   /* -1: --help printed */
+    rc = convert_out(&a, &def);
+    if (!rc)
+        rc = convert_write(&a);
+    free(def);
+    return rc;
 }

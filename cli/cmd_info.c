@@ -141,7 +141,7 @@ int jlm_cmd_info(int argc, char **argv)
         {NULL, "--tensors", JLM_OPT_FLAG, &tensors, 0, 0, 0, NULL, "list every tensor"},
         {NULL, "--json", JLM_OPT_FLAG, &js, 0, 0, 0, NULL, "JSON on stdout"},
         {NULL, "--html", JLM_OPT_FLAG, &html, 0, 0, 0, NULL, "the container picture as HTML"},
-        {"-o", "--output", JLM_OPT_STR, &out, 0, 0, 0, "FILE", "--html: write to FILE (default: stdout)"},
+        {"-o", "--output", JLM_OPT_STR, &out, 0, 0, JLM_OPT_OUT, "FILE", "--html: write to FILE (default: stdout)"},
         {NULL, "--db", JLM_OPT_STR, &db, 0, 0, 0, "DB", "--html: residency database to overlay"},
         {NULL, "--key", JLM_OPT_STR, &key, 0, 0, 0, "KEY", "--html: the model's key in DB"},
     };

@@ -60,34 +60,13 @@ static int add_model(serve_opts *o, const char *arg)
     return o->models[o->n_models - 1] && o->ids[o->n_models - 1] ? 0 : 1;
 }
 
-/* A model on a jlmfs view reports the server's page-ins to the view's
- * residency database through the code `jlm run` uses (cli/report.c): one
- * session per served model, from its opening to its closing. */
-static void *report_open(jlm_engine *e, const char *db_path, const char *key)
-{
-    jlm_cli_report *r = calloc(1, sizeof *r);
-    if (r)
-        jlm_cli_report_open(r, e, db_path, key, "jlm serve");
-    return r;
-}
-
-static void report_flush(void *r) { jlm_cli_report_flush(r); }
-
-static void report_close(void *r, jlm_engine *e)
-{
-    jlm_cli_report_close(r, e);
-    free(r);
-}
-
-static const jlm_srv_reporter REPORTER = {report_open, report_flush, report_close};
-
 static int parse(int argc, char **argv, serve_opts *o)
 {
     o->srv.port = 8080;
     o->srv.rescan_s = 5;
     o->srv.eng.direct = 1;
     o->srv.api_key = getenv("JLM_API_KEY");
-    o->srv.report = &REPORTER;
+    o->srv.report = jlm_cli_view("jlm serve");   /* a view's page-ins reported as jlm run's (cli/report.c) */
     uint64_t body = 0;
     const char *m_opt = NULL;
     const jlm_opt own[] = {

@@ -286,36 +286,74 @@ static int scan_mount(const char *dir, char ***dbs, size_t *n)
     return 0;
 }
 
-/* --html on a mount: the picture of every view directly inside it, written
- * to out_dir/<view name>.html (each named on stderr). */
-static int html_mount(const char *dir, const char *out_dir)
+/* The views directly inside dir (each a folder with a residency database):
+ * their names, malloc'd; -1 if dir cannot be listed. */
+static int mount_views(const char *dir, char ***names, size_t *n)
 {
     DIR *d = opendir(dir);
-    if (!d) {
-        jlm_cli_errorf("jlm stats", "%s: cannot list it", dir);
-        return 1;
-    }
+    if (!d)
+        return -1;
     struct dirent *de;
-    int rc = 0, n = 0;
+    *names = NULL;
+    *n = 0;
     while ((de = readdir(d))) {
-        char *p = NULL, *dbp = NULL, *key = NULL, *out = NULL;
-        jlm_err err = {0};
+        char *p = NULL, *dbp = NULL, *key = NULL;
         struct stat st;
-        if (de->d_name[0] != '.' && asprintf(&p, "%s/%s", dir, de->d_name) >= 0 && stat(p, &st) == 0 &&
-            S_ISDIR(st.st_mode) && jlm_rdb_discover(p, &dbp, &key, &err) == 0 &&
-            asprintf(&out, "%s/%s.html", out_dir, de->d_name) >= 0) {
-            int r = jlm_cli_picture("jlm stats", p, out, dbp, key);
-            if (!r)
-                jlm_cli_errorf("jlm stats", "wrote %s", out);
-            rc |= r;
-            n++;
+        int view = de->d_name[0] != '.' && asprintf(&p, "%s/%s", dir, de->d_name) >= 0 && stat(p, &st) == 0 &&
+                   S_ISDIR(st.st_mode) && jlm_rdb_discover(p, &dbp, &key, NULL) == 0;
+        char **nv = view ? realloc(*names, (*n + 1) * sizeof *nv) : NULL;
+        if (nv) {
+            *names = nv;
+            if ((nv[*n] = strdup(de->d_name)))
+                ++*n;
         }
-        free(p); free(dbp); free(key); free(out);
+        free(p); free(dbp); free(key);
     }
     closedir(d);
+    return 0;
+}
+
+/* The picture of view dir/name to out (its residency from the view). */
+static int html_view(const char *dir, const char *name, const char *out)
+{
+    char *p = NULL, *dbp = NULL, *key = NULL;
+    int rc = 1;
+    if (asprintf(&p, "%s/%s", dir, name) >= 0 && jlm_rdb_discover(p, &dbp, &key, NULL) == 0)
+        rc = jlm_cli_picture("jlm stats", p, out, dbp, key);
+    if (!rc)
+        jlm_cli_errorf("jlm stats", "wrote %s", out);
+    free(p); free(dbp); free(key);
+    return rc;
+}
+
+/* --html on a mount: out an existing folder gets a page per view,
+ * out/<view name>.html (each named on stderr); out a file takes the one
+ * view of a mount that holds one, and is refused (2, nothing written) when
+ * the mount holds several. */
+static int html_mount(const char *dir, const char *out)
+{
+    char **names = NULL;
+    size_t n = 0;
+    struct stat st;
+    int rc = 0, to_dir = stat(out, &st) == 0 && S_ISDIR(st.st_mode);
+    if (mount_views(dir, &names, &n) != 0)
+        return jlm_cli_errorf("jlm stats", "%s: cannot list it", dir), 1;
     if (!n)
-        jlm_cli_errorf("jlm stats", "%s: a directory without jlmfs model views", dir);
-    return n ? rc : 1;
+        rc = (jlm_cli_errorf("jlm stats", "%s: a directory without jlmfs model views", dir), 1);
+    else if (!to_dir && n > 1)
+        rc = (jlm_cli_errorf("jlm stats", "-o %s: %s holds %zu models, a page each: give -o DIR, an existing folder",
+                             out, dir, n), 2);
+    else if (!to_dir)
+        rc = html_view(dir, names[0], out);
+    for (size_t i = 0; i < n; i++) {
+        char *o = NULL;
+        if (to_dir && asprintf(&o, "%s/%s.html", out, names[i]) >= 0)
+            rc |= html_view(dir, names[i], o);
+        free(o);
+        free(names[i]);
+    }
+    free(names);
+    return rc;
 }
 
 static int stats_html(const char *path, const char *out)
@@ -334,7 +372,8 @@ static int stats_html(const char *path, const char *out)
         return 1;
     }
     if (!out) {
-        jlm_cli_errorf("jlm stats", "%s: --html on a mount writes one page per view: give -o DIR", path);
+        jlm_cli_errorf("jlm stats", "%s: --html on a mount writes a page per view: give -o DIR (or -o FILE for a "
+                       "mount of one model)", path);
         return 2;
     }
     return html_mount(path, out);
@@ -351,7 +390,7 @@ int jlm_cmd_stats(int argc, char **argv)
         {NULL, "--json", JLM_OPT_FLAG, &json, 0, 0, 0, NULL, "JSON on stdout"},
         {NULL, "--wide", JLM_OPT_FLAG, &wide, 0, 0, 0, NULL, "every counter column (the view's stats file's table)"},
         {NULL, "--html", JLM_OPT_FLAG, &html, 0, 0, 0, NULL, "the residency picture as HTML"},
-        {"-o", "--output", JLM_OPT_STR, &out, 0, 0, 0, "FILE", "--html: write to FILE (default: stdout)"},
+        {"-o", "--output", JLM_OPT_STR, &out, 0, 0, JLM_OPT_OUT, "FILE|DIR", "--html: write to FILE (default: stdout); on a mount: an existing DIR, a page per model (one model: FILE too)"},
         {"-w", "--watch", JLM_OPT_F32, &watch, 0.05, 86400, 0, "S", "print again every S seconds, like top (Ctrl-C ends)"},
     };
     const char *pos[1] = {0};

@@ -11,6 +11,28 @@
 #include <stdlib.h>
 #include <string.h>
 
+/* "   id -> 'piece'": a piece's control bytes (a newline token, or ESC from
+ * a crafted vocabulary) as C escapes: one line per token, nothing that
+ * drives the terminal. */
+static void print_piece(int32_t id, const char *p, size_t len)
+{
+    printf("%6d -> '", id);
+    for (size_t k = 0; k < len; k++) {
+        unsigned char ch = (unsigned char)p[k];
+        if (ch == '\n')
+            fputs("\\n", stdout);
+        else if (ch == '\t')
+            fputs("\\t", stdout);
+        else if (ch == '\r')
+            fputs("\\r", stdout);
+        else if (ch < 0x20 || ch == 0x7f)
+            printf("\\x%02x", ch);
+        else
+            putchar(ch);
+    }
+    puts("'");
+}
+
 int jlm_cmd_tokenize(int argc, char **argv)
 {
     const char *model = NULL, *text = NULL;
@@ -69,24 +91,7 @@ int jlm_cmd_tokenize(int argc, char **argv)
                 jlm_cli_error("jlm tokenize", err.msg);
                 goto out;
             }
-            /* a piece's control bytes (a newline token, or ESC from a
-             * crafted vocabulary) as C escapes: one line per token, nothing
-             * that drives the terminal */
-            printf("%6d -> '", ids[i]);
-            for (size_t k = 0; k < len; k++) {
-                unsigned char ch = (unsigned char)p[k];
-                if (ch == '\n')
-                    fputs("\\n", stdout);
-                else if (ch == '\t')
-                    fputs("\\t", stdout);
-                else if (ch == '\r')
-                    fputs("\\r", stdout);
-                else if (ch < 0x20 || ch == 0x7f)
-                    printf("\\x%02x", ch);
-                else
-                    putchar(ch);
-            }
-            puts("'");
+            print_piece(ids[i], p, len);
         }
     }
     rc = 0;

@@ -2,6 +2,7 @@
 #include "cli/backend.h"
 #include "cli/cli.h"
 #include "cli/opts.h"
+#include "cli/outfile.h"
 
 #include <stdio.h>
 #include <stdlib.h>
@@ -32,16 +33,21 @@ int main(int argc, char **argv)
 {
     if (argc < 2 || !strcmp(argv[1], "-h") || !strcmp(argv[1], "--help")) {
         usage(argc < 2 ? stderr : stdout);
-        return argc < 2 ? 2 : 0;
+        return argc < 2 ? 2 : jlm_cli_stdout_close("jlm");
     }
     if (!strcmp(argv[1], "--version") || !strcmp(argv[1], "-V")) {
         jlm_opts_version("jlm");
         jlm_cli_print_version(stdout);
-        return 0;
+        return jlm_cli_stdout_close("jlm");
     }
     for (size_t i = 0; i < sizeof CMDS / sizeof CMDS[0]; i++)
-        if (!strcmp(argv[1], CMDS[i].name))
-            return CMDS[i].fn(argc - 1, argv + 1);
+        if (!strcmp(argv[1], CMDS[i].name)) {
+            char who[32];
+            snprintf(who, sizeof who, "jlm %s", CMDS[i].name);
+            int rc = CMDS[i].fn(argc - 1, argv + 1);
+            int orc = jlm_cli_stdout_close(who);   /* every write to stdout and its close checked: exit 1 */
+            return rc ? rc : orc;
+        }
     fprintf(stderr, "jlm: unknown command '%s'\n", argv[1]);
     usage(stderr);
     return 2;

@@ -8,6 +8,7 @@
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <time.h>
 
 int jlm_opts_strict_ll(const char *v, long long *out)
@@ -187,8 +188,13 @@ static void print_default(FILE *f, const jlm_opt *o)
     case JLM_OPT_STR:
         if (*(const char **)o->dst) fprintf(f, " (default: %s)", *(const char **)o->dst);
         break;
-    case JLM_OPT_INT: fprintf(f, " (default: %d)", *(int *)o->dst); break;
-    case JLM_OPT_U32: fprintf(f, " (default: %u)", *(uint32_t *)o->dst); break;
+    /* a default outside the range is an "unset" the help text itself explains (-t: all cores) */
+    case JLM_OPT_INT:
+        if (in_range(o, *(int *)o->dst)) fprintf(f, " (default: %d)", *(int *)o->dst);
+        break;
+    case JLM_OPT_U32:
+        if (in_range(o, *(uint32_t *)o->dst)) fprintf(f, " (default: %u)", *(uint32_t *)o->dst);
+        break;
     case JLM_OPT_F32: fprintf(f, " (default: %g)", (double)*(float *)o->dst); break;
     case JLM_OPT_SIZE:   /* UINT64_MAX: the engine's JLM_BUDGET_AUTO (no typed size reaches it) */
         if (*(uint64_t *)o->dst == UINT64_MAX) fprintf(f, " (default: auto)");
@@ -217,28 +223,42 @@ void jlm_opts_help(FILE *f, const jlm_opts_spec *s)
     fprintf(f, "  %-28s %s\n", "-h, --help", "this help");
 }
 
-char *jlm_opts_read_text(const char *who, const char *path)
+static char *read_fail(const char *who, const char *opt, const char *path, const char *why, FILE *f, char *buf)
 {
-    FILE *f = strcmp(path, "-") ? fopen(path, "rb") : stdin;
-    size_t cap = 4096, n = 0;
-    char *buf = f ? malloc(cap) : NULL, *nb;
-    while (buf) {
-        n += fread(buf + n, 1, cap - 1 - n, f);
-        if (n < cap - 1)
-            break;
-        if (cap > (1u << 30) || !(nb = realloc(buf, cap *= 2))) { free(buf); buf = NULL; break; }
-        buf = nb;
-    }
-    int bad_read = f && ferror(f);
+    jlm_cli_errorf(who, "%s %s: %s", opt, strcmp(path, "-") ? path : "stdin", why);
     if (f && f != stdin)
         fclose(f);
-    if (!buf || bad_read) {
-        char msg[512];
-        snprintf(msg, sizeof msg, "%s: %s", strcmp(path, "-") ? path : "stdin", f ? "read failed or too large" : strerror(errno));
-        jlm_cli_error(who, msg);
-        free(buf);
-        return NULL;
+    free(buf);
+    return NULL;
+}
+
+char *jlm_opts_read_text(const char *who, const char *opt, const char *path, size_t max)
+{
+    FILE *f = strcmp(path, "-") ? fopen(path, "rb") : stdin;
+    if (!f)
+        return read_fail(who, opt, path, strerror(errno), NULL, NULL);
+    char big[96];
+    snprintf(big, sizeof big, "larger than %zu MiB, the most it may hold", max >> 20);
+    struct stat st;
+    if (fstat(fileno(f), &st) == 0 && S_ISREG(st.st_mode) && (uint64_t)st.st_size > max)
+        return read_fail(who, opt, path, big, f, NULL);   /* refused unread */
+    size_t cap = 4096, n = 0;
+    char *buf = malloc(cap), *nb;
+    while (buf) {
+        n += fread(buf + n, 1, cap - 1 - n, f);
+        if (n > max)
+            return read_fail(who, opt, path, big, f, buf);
+        if (n < cap - 1)
+            break;
+        size_t ncap = cap * 2 > max + 2 ? max + 2 : cap * 2;   /* room for max + 1 bytes and the NUL */
+        if (!(nb = realloc(buf, cap = ncap)))
+            return read_fail(who, opt, path, "out of memory", f, buf);
+        buf = nb;
     }
+    if (!buf || ferror(f))
+        return read_fail(who, opt, path, buf ? "read failed" : "out of memory", f, buf);
+    if (f != stdin)
+        fclose(f);
     buf[n] = 0;
     return buf;
 }
@@ -249,7 +269,7 @@ int jlm_opts_engine_rows(jlm_opt *t, unsigned which, jlm_engine_opts *eo, jlm_op
     if (which & JLM_ROWS_CTX)
         t[n++] = (jlm_opt){"-c", "--ctx-size", JLM_OPT_U32, &eo->n_ctx, 0, JLM_ENGINE_MAX_CTX, 0, "N", "context size, 0: the model's"};
     if (which & JLM_ROWS_THREADS)
-        t[n++] = (jlm_opt){"-t", "--threads", JLM_OPT_INT, &eo->n_threads, 1, 1024, 0, "N", "threads, unset: all cores"};
+        t[n++] = (jlm_opt){"-t", "--threads", JLM_OPT_INT, &eo->n_threads, 1, 1024, 0, "N", "threads (default: all cores)"};
     if (which & JLM_ROWS_BUDGET)
         t[n++] = (jlm_opt){NULL, "--budget", JLM_OPT_SIZE, &eo->budget, 0, 0, 0, "SIZE",
                            "memory budget: frames + KV + scratch (K/M/G), 0: unlimited; default: the cgroup limit or "

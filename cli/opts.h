@@ -21,7 +21,11 @@ typedef enum jlm_opt_kind {
     JLM_OPT_SEED, /* uint64_t: a u32, or -1 for a random one (jlm_cli_random_seed) */
 } jlm_opt_kind;
 
-enum { JLM_OPT_LO_OPEN = 1, JLM_OPT_CLEARS = 2 /* a FLAG that sets 0 */ };
+enum {
+    JLM_OPT_LO_OPEN = 1,
+    JLM_OPT_CLEARS = 2,   /* a FLAG that sets 0 */
+    JLM_OPT_OUT = 4,      /* a STR naming a path the command writes: through cli/outfile.h (tests list them all) */
+};
 
 typedef struct jlm_opt {
     const char *shrt, *lng; /* either may be NULL */
@@ -79,9 +83,12 @@ void jlm_opts_help(FILE *f, const jlm_opts_spec *s);
 /* Strict numbers; 0 ok, -1 bad. */
 int jlm_opts_strict_ll(const char *v, long long *out);
 int jlm_opts_strict_double(const char *v, double *out);
-/* The whole of path ("-": stdin), NUL-terminated, malloc'd; NULL after
- * printing "who: path: reason". */
-char *jlm_opts_read_text(const char *who, const char *path);
+/* The whole of path ("-": stdin), NUL-terminated, malloc'd, at most max
+ * bytes: a longer input (/dev/zero) is refused once max + 1 bytes are read,
+ * so memory stays near max. NULL after one line "who: OPT PATH: reason". */
+#define JLM_CLI_PROMPT_MAX   (16u << 20)   /* -f, -p -, --messages: 16 MiB */
+#define JLM_CLI_TEMPLATE_MAX (1u << 20)    /* --template: 1 MiB (real chat templates are a few KiB) */
+char *jlm_opts_read_text(const char *who, const char *opt, const char *path, size_t max);
 /* `jlm --version` / `jlmfs --version`: the program and the .jlm format it writes. */
 #define JLM_CLI_VERSION "0.15"
 void jlm_opts_version(const char *prog);

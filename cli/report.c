@@ -2,23 +2,15 @@
  * model is a jlmfs view: finding the view's database, and reporting the
  * pager's events to it (residency/residency.h, docs/residency.md). */
 #include "cli/report.h"
+#include "residency/residency.h"
 
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/stat.h>
 
-/* A jlmfs model view is a directory: its container is DIR/model.jlm. */
 char *jlm_cli_container_path(const char *model)
 {
-    struct stat st;
-    char *p = NULL;
-    if (stat(model, &st) == 0 && S_ISDIR(st.st_mode)) {
-        if (asprintf(&p, "%s/model.jlm", model) < 0)
-            return NULL;
-        return p;
-    }
-    return strdup(model);
+    return jlm_session_container(model);
 }
 
 int jlm_cli_view_discover(const char *model, const char *path, char **db, char **key)
@@ -26,11 +18,20 @@ int jlm_cli_view_discover(const char *model, const char *path, char **db, char *
     return jlm_rdb_discover(model, db, key, NULL) == 0 || (path && jlm_rdb_discover(path, db, key, NULL) == 0);
 }
 
+typedef struct cli_report {
+    jlm_rdb    *db;          /* NULL: not reporting */
+    int64_t     session;
+    int         failed;      /* the note was printed; nothing more is reported */
+    const char *who;         /* "jlm run": prefix of the note */
+    uint32_t    n_exp_pages, n_expert;
+    int32_t    *exp_block, *exp_index;   /* (n_exp_pages,) expert page -> (B, E); -1 unmapped */
+} cli_report;
+
 /* On a jlmfs view (its xattrs name the mount's database) the run registers a
  * session and reports every pager event, flushed once per token and at exit
  * (docs/residency.md). Reporting never stops the run: the first failure
  * prints one note and turns it off. */
-static void report_fail(jlm_cli_report *r, const jlm_err *err)
+static void report_fail(cli_report *r, const jlm_err *err)
 {
     if (!r->failed)
         fprintf(stderr, "%s: note: residency reporting stopped: %s\n", r->who, err->msg);
@@ -39,7 +40,7 @@ static void report_fail(jlm_cli_report *r, const jlm_err *err)
 
 /* Expert page p -> (B, E) from the expert tensors' pages: a bank's page is
  * expert 0's, expert E's is that page + E; a single-expert tensor names E. */
-static int report_map_experts(jlm_cli_report *r, const jlm_model *m)
+static int report_map_experts(cli_report *r, const jlm_model *m)
 {
     r->n_exp_pages = m->hdr.n_exp_pages;
     r->n_expert = m->config.n_expert;
@@ -68,7 +69,7 @@ static int report_map_experts(jlm_cli_report *r, const jlm_model *m)
 
 static void report_event(void *ctx, const jlm_pager_event *ev)
 {
-    jlm_cli_report *r = ctx;
+    cli_report *r = ctx;
     if (r->failed)
         return;
     int32_t a = (int32_t)ev->page, b = -1;
@@ -91,7 +92,7 @@ static void report_event(void *ctx, const jlm_pager_event *ev)
         report_fail(r, &err);
 }
 
-void jlm_cli_report_open(jlm_cli_report *r, jlm_engine *e, const char *db_path, const char *key, const char *who)
+static void report_open(cli_report *r, jlm_engine *e, const char *db_path, const char *key, const char *who)
 {
     r->who = who;
     jlm_err err = {0};
@@ -109,20 +110,20 @@ void jlm_cli_report_open(jlm_cli_report *r, jlm_engine *e, const char *db_path, 
     jlm_pager_set_events(jlm_engine_pager(e), report_event, r);
 }
 
-void jlm_cli_report_flush(jlm_cli_report *r)
+static void report_flush(cli_report *r)
 {
     jlm_err err = {0};
     if (r->db && !r->failed && jlm_rdb_flush(r->db, &err))
         report_fail(r, &err);
 }
 
-void jlm_cli_report_close(jlm_cli_report *r, jlm_engine *e)
+static void report_close(cli_report *r, jlm_engine *e)
 {
     if (e)
         jlm_pager_set_events(jlm_engine_pager(e), NULL, NULL);
     if (r->db) {
         jlm_err err = {0};
-        jlm_cli_report_flush(r);
+        report_flush(r);
         if (jlm_rdb_session_end(r->db, r->session, &err))
             report_fail(r, &err);
         jlm_rdb_close(r->db);
@@ -131,3 +132,31 @@ void jlm_cli_report_close(jlm_cli_report *r, jlm_engine *e)
     free(r->exp_index);
 }
 
+
+/* ---------------------------------------------------------------- a session's reporter */
+
+static const char *g_who = "jlm";
+
+static void *view_open(jlm_engine *e, const char *db_path, const char *key)
+{
+    cli_report *r = calloc(1, sizeof *r);
+    if (r)
+        report_open(r, e, db_path, key, g_who);
+    return r;
+}
+
+static void view_flush(void *r) { report_flush(r); }
+
+static void view_close(void *r, jlm_engine *e)
+{
+    report_close(r, e);
+    free(r);
+}
+
+static const jlm_sess_view VIEW = {jlm_cli_view_discover, view_open, view_flush, view_close};
+
+const jlm_sess_view *jlm_cli_view(const char *who)
+{
+    g_who = who;
+    return &VIEW;
+}

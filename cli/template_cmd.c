@@ -15,6 +15,7 @@
 
 #include "cli/cli.h"
 #include "cli/opts.h"
+#include "cli/outfile.h"
 #include "cli/report.h"
 #include "text/template/chat.h"
 
@@ -23,34 +24,6 @@ static int usage(void)
     fprintf(stderr, "usage: jlm template (MODEL | --template FILE.jinja) --messages FILE.json "
                     "[--add-generation-prompt] [--bos S] [--eos S] [--now ISO-8601]\n");
     return 2;
-}
-
-static char *read_file(const char *path, size_t *len)
-{
-    FILE *f = fopen(path, "rb");
-    if (!f) return NULL;
-    size_t cap = 1 << 16, n = 0;
-    char *buf = malloc(cap);
-    for (;;) {
-        if (!buf) break;
-        if (n + 1 >= cap) {
-            char *nb = realloc(buf, cap *= 2);
-            if (!nb) { free(buf); buf = NULL; break; }
-            buf = nb;
-        }
-        size_t r = fread(buf + n, 1, cap - n - 1, f);
-        n += r;
-        if (r == 0) {
-            if (ferror(f)) { free(buf); buf = NULL; }
-            break;
-        }
-    }
-    int e = errno;
-    fclose(f);
-    if (!buf) { errno = e ? e : ENOMEM; return NULL; }
-    buf[n] = 0;
-    *len = n;
-    return buf;
 }
 
 /* "YYYY-MM-DD[THH:MM[:SS]][Z]" as UTC; -1 on a malformed string. */
@@ -115,7 +88,11 @@ static int parse_args(int argc, char **argv, targs *a)
 static json_t *load_messages(const char *path)
 {
     json_error_t je;
-    json_t *j = json_load_file(path, 0, &je);
+    char *text = jlm_opts_read_text("jlm template", "--messages", path, JLM_CLI_PROMPT_MAX);
+    if (!text)
+        return NULL;
+    json_t *j = json_loads(text, 0, &je);
+    free(text);
     if (!j) {
         fprintf(stderr, "jlm template: %s: line %d: %s\n", path, je.line, je.text);
         return NULL;
@@ -151,11 +128,9 @@ int jlm_cmd_template(int argc, char **argv)
     size_t tlen = 0;
     jlm_err err = {0};
     if (a.tmpl_path) {
-        tmpl = read_file(a.tmpl_path, &tlen);
-        if (!tmpl) {
-            fprintf(stderr, "jlm template: %s: %s\n", a.tmpl_path, strerror(errno));
+        if (!(tmpl = jlm_opts_read_text("jlm template", "--template", a.tmpl_path, JLM_CLI_TEMPLATE_MAX)))
             return 1;
-        }
+        tlen = strlen(tmpl);
     } else {
         const char *model = jlm_cli_resolve_model("jlm template", a.model);   /* a GGUF, a view, a .jlm */
         char *file = model ? jlm_cli_container_path(model) : NULL;
@@ -178,9 +153,11 @@ int jlm_cmd_template(int argc, char **argv)
     if (msgs) {
         if (jlm_chat_render_json(tmpl, tlen, msgs, &o, 1, &out, &n, &err))
             fprintf(stderr, "jlm template: %s: %s\n", a.tmpl_path ? a.tmpl_path : a.model, err.msg);
-        else if (fwrite(out, 1, n, stdout) != n || fflush(stdout))
-            fprintf(stderr, "jlm template: <stdout>: %s\n", strerror(errno));
-        else rc = 0;
+        else {
+            if (fwrite(out, 1, n, stdout) != n)
+                jlm_cli_stdout_failed(errno);
+            rc = jlm_cli_stdout_check("jlm template");
+        }
     }
     json_decref(msgs);
     free(out);

@@ -1,5 +1,6 @@
 /* util.c - small helpers shared by the subcommands. */
 #include "cli/cli.h"
+#include "engine/model.h"
 
 #include <ctype.h>
 #include <stdarg.h>
@@ -18,6 +19,27 @@ uint64_t jlm_cli_random_seed(void)
     if (getrandom(&s, sizeof s, GRND_NONBLOCK) != (ssize_t)sizeof s)
         s = (uint32_t)((uint64_t)time(NULL) ^ ((uint64_t)clock() << 12) ^ (uint64_t)getpid() << 20);
     return s;
+}
+
+const char *jlm_cli_iec(char buf[32], unsigned long long bytes)
+{
+    static const char *U[] = {"B", "KiB", "MiB", "GiB", "TiB", "PiB", "EiB"};
+    double v = (double)bytes;
+    int u = 0;
+    while (v >= 1024 && u < 6) {
+        v /= 1024;
+        u++;
+    }
+    snprintf(buf, 32, v == (double)(unsigned long long)v ? "%.0f %s" : "%.1f %s", v, U[u]);
+    return buf;
+}
+
+void jlm_cli_ctx_warn(const char *who, struct jlm_engine *e, uint32_t n_ctx)
+{
+    uint32_t trained = jlm_engine_model(e)->config.n_ctx;
+    if (n_ctx && trained && n_ctx > trained)
+        jlm_cli_errorf(who, "warning: -c %u is above the model's trained context (%u positions): what comes past it "
+                       "may be poor", n_ctx, trained);
 }
 
 long long jlm_cli_parse_size(const char *s)

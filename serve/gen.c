@@ -6,7 +6,7 @@
 #include "serve/srv_int.h"
 
 #include "text/template/chat.h"
-#include "prompt/chat_prompt.h"
+#include "prompt/session.h"
 #include "residency/residency.h"
 #include "engine/sampler.h"
 
@@ -14,7 +14,6 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/stat.h>
 #include <time.h>
 
 static uint64_t now_us(void)
@@ -521,36 +520,28 @@ char *srv_model_stem(const char *path)
     return strndup(b, bl);
 }
 
-/* A jlmfs view is a directory holding model.jlm; a file is the container. */
-static char *container_of(const char *path)
+/* The session's view finder when the command line gives no reporter: the
+ * view's database is still found (its stats are served), nothing reported. */
+static int find_view(const char *model, const char *container, char **db, char **key)
 {
-    struct stat st;
-    char *c = NULL;
-    if (stat(path, &st) == 0 && S_ISDIR(st.st_mode)) {
-        size_t n = strlen(path);
-        while (n > 1 && path[n - 1] == '/') n--;
-        if (asprintf(&c, "%.*s/model.jlm", (int)n, path) < 0) c = NULL;
-    } else {
-        c = strdup(path);
-    }
-    return c;
+    return jlm_rdb_discover(model, db, key, NULL) == 0 || jlm_rdb_discover(container, db, key, NULL) == 0;
 }
+
+static const jlm_sess_view FIND_ONLY = {find_view, NULL, NULL, NULL};
 
 static int model_load(srv_model *m, const jlm_engine_opts *opts, uint64_t budget, jlm_err *err)
 {
-    int fallback;
-    jlm_engine_opts eo = *opts;
-    eo.budget = budget;   /* the served models' total: the budget (budget.c) sets each one's share */
-    if (jlm_rdb_discover(m->given, &m->rdb_path, &m->rdb_key, NULL) == 0 ||
-        jlm_rdb_discover(m->path, &m->rdb_path, &m->rdb_key, NULL) == 0)
-        eo.direct = 0;   /* a view is read through the page cache the mount fills */
-    int rc = jlm_engine_open(m->path, &eo, &m->e, err);
-    if (!rc && m->rdb_path && m->srv->o.report)
-        m->rep = m->srv->o.report->open(m->e, m->rdb_path, m->rdb_key);   /* the server's page-ins, as jlm run's */
-    if (!rc) rc = jlm_tok_create(&jlm_engine_model(m->e)->vocab, &m->tok, err);
-    if (!rc) rc = jlm_chat_template_or_chatml(m->path, &jlm_engine_model(m->e)->vocab, &m->tmpl, &m->bos, &m->eos,
-                                              &fallback, err);
-    return rc ? jlm_err_prefix(err, rc, "model '%s'", m->id) : 0;
+    jlm_sess_opts so = {.eng = *opts, .view = m->srv->o.report ? m->srv->o.report : &FIND_ONLY,
+                        .flags = JLM_SESS_TEMPLATE};
+    so.eng.budget = budget;   /* the served models' total: the budget (budget.c) sets each one's share */
+    int rc = jlm_session_open(m->given, &so, &m->sess, err);   /* on a view: the server's page-ins, as jlm run's */
+    if (rc)
+        return jlm_err_prefix(err, rc, "model '%s'", m->id);
+    jlm_session *ss = m->sess;
+    m->e = ss->e; m->tok = ss->tok; m->rep = ss->rep;
+    m->tmpl = ss->tmpl; m->bos = ss->bos; m->eos = ss->eos;
+    m->rdb_path = ss->db_path; m->rdb_key = ss->key;
+    return 0;
 }
 
 static srv_model *model_new(struct jlm_srv *s, const char *path, const char *id)
@@ -569,7 +560,7 @@ static srv_model *model_new(struct jlm_srv *s, const char *path, const char *id)
     if ((uint32_t)m->parallel > jlm_engine_max_batch()) m->parallel = (int)jlm_engine_max_batch();
     m->q = calloc(m->q_cap, sizeof *m->q);
     m->given = strdup(path);
-    m->path = container_of(path);
+    m->path = jlm_session_container(path);
     m->id = id ? strdup(id) : srv_model_stem(path);
     if (!m->q || !m->given || !m->path || !m->id) {
         srv_model_close(m);
@@ -619,12 +610,9 @@ void srv_model_close(srv_model *m)
     }
     if (m->in_budget)
         srv_budget_leave(&m->srv->budget, m);
-    if (m->rep)
-        m->srv->o.report->close(m->rep, m->e);   /* the worker has stopped and the budget let go */
-    jlm_tok_destroy(m->tok);
-    jlm_engine_close(m->e);
-    free(m->tmpl); free(m->bos); free(m->eos); free(m->status); free(m->given);
-    free(m->q); free(m->id); free(m->path); free(m->rdb_path); free(m->rdb_key);
+    jlm_session_close(m->sess);   /* the worker has stopped and the budget let go */
+    free(m->status); free(m->given);
+    free(m->q); free(m->id); free(m->path);
     pthread_mutex_destroy(&m->mu);
     pthread_cond_destroy(&m->cv);
     pthread_mutex_destroy(&m->pager_mu);

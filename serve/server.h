@@ -24,19 +24,16 @@
 #include <stdint.h>
 
 #include "engine/model.h"
+#include "prompt/session.h"
 #include "base/jlm_err.h"
 
 /* Residency reporting of a model on a jlmfs view (docs/residency.md): the
- * server's own page-ins, as `jlm run` reports them. The command line gives
- * it (cli/report.c); serve/ only calls it. open returns the reporter (NULL:
- * none) after subscribing to e's pager; flush runs after each decode step;
- * close flushes, ends the session and unsubscribes. All three run under the
- * model's pager lock (or after its worker stopped), never two at once. */
-typedef struct jlm_srv_reporter {
-    void *(*open)(jlm_engine *e, const char *db_path, const char *model_key);
-    void  (*flush)(void *r);
-    void  (*close)(void *r, jlm_engine *e);
-} jlm_srv_reporter;
+ * server's own page-ins, as `jlm run` reports them, through the session
+ * layer's seam (prompt/session.h: find the view, open / flush / close a
+ * reporter). The command line gives it (cli/report.c); serve/ only calls
+ * it. open, flush (after each decode step) and close run under the model's
+ * pager lock (or after its worker stopped), never two at once. */
+typedef jlm_sess_view jlm_srv_reporter;
 
 typedef struct jlm_srv_opts {
     const char *host;        /* NULL: 127.0.0.1 */

@@ -39,6 +39,7 @@ typedef struct srv_model {
     uint64_t     ident[4];           /* dev, ino, size, mtime ns of what was opened (rescan notices a change) */
     int          from_dir;           /* found by the --models scan (only those are rescanned) */
     atomic_int   refs;
+    jlm_session *sess;               /* the model opened (prompt/session.h); NULL while PENDING; owns the five below */
     char        *rdb_path, *rdb_key;  /* on a jlmfs view: its residency database; else NULL */
     void        *rep;                /* the view's reporter (jlm_srv_opts.report), under pager_mu; NULL: none */
     jlm_engine  *e;

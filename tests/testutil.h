@@ -103,6 +103,15 @@ static inline int tu_write_file(const char *path, const void *p, size_t n)
     return fclose(f) == 0 && w == n ? 0 : -1;
 }
 
+/* Lines in s (its '\n's). */
+static inline int tu_count_lines(const char *s)
+{
+    int n = 0;
+    for (; s && *s; s++)
+        n += *s == '\n';
+    return n;
+}
+
 /* Path of the jlm binary (JLM_BIN, set by `make test`). */
 static inline const char *tu_jlm(void)
 {
