@@ -525,6 +525,102 @@ Test(hf_tok, llama2_tokenizer_json_matches_hf_tokenizers, .timeout = 180) { agai
 Test(hf_tok, gemma3_tokenizer_json_matches_hf_tokenizers, .timeout = 180) { against_hf_tokenizers("gemma3"); }
 Test(hf_tok, gpt_oss_tokenizer_json_matches_hf_tokenizers, .timeout = 180) { against_hf_tokenizers("gpt-oss"); }
 
+/* A model.vocab entry spelled like a special token but not in added_tokens
+ * is text (Hugging Face tokenizers matches only added_tokens as special): the
+ * reference string holding that spelling, with the entry added to model.vocab
+ * under a new id (no merge reaches it, so HF's split does not change), still
+ * tokenizes to the reference ids with parse_special on. Qwen3's own "</s>"
+ * and "<s>" are such entries: they stay NORMAL tokens, not added ones. */
+static void vocab_spelled_special(const char *name)
+{
+    char *d = tu_tmpdir(), cmd[3000], p[1100], out[1100];
+    snprintf(cmd, sizeof cmd, "mkdir '%s/t' && cp '%s/tests/models/hf-tok/%s/tokenizer_config.json' '%s/t/' && "
+             "xz -dc '%s/tests/models/hf-tok/%s/tokenizer.json.xz' > '%s/t/tokenizer.json'",
+             d, tu_root(), name, d, tu_root(), name, d);
+    cr_assert_eq(system(cmd), 0, "%s", cmd);
+    snprintf(p, sizeof p, "%s/t/tokenizer.json", d);
+    json_t *tj = json_load_file(p, 0, NULL), *vocab = json_object_get(json_object_get(tj, "model"), "vocab");
+    json_t *added = json_object_get(tj, "added_tokens"), *v;
+    cr_assert(json_is_object(vocab) && json_is_array(added), "%s", p);
+    static const char *const cand[] = {"<end_of_turn>", "<|im_end|>"};
+    const char *spell = NULL;
+    json_int_t mx = -1;
+    size_t i;
+    const char *k;
+    json_object_foreach(vocab, k, v)
+        if (json_integer_value(v) > mx) mx = json_integer_value(v);
+    json_array_foreach(added, i, v)
+        if (json_integer_value(json_object_get(v, "id")) > mx) mx = json_integer_value(json_object_get(v, "id"));
+    for (size_t c = 0; !spell && c < 2; c++) {
+        int taken = json_object_get(vocab, cand[c]) != NULL;
+        json_array_foreach(added, i, v)
+            taken |= !strcmp(json_string_value(json_object_get(v, "content")), cand[c]);
+        if (!taken)
+            spell = cand[c];
+    }
+    cr_assert(spell, "%s: every candidate spelling is a token already", name);
+    json_int_t new_id = mx + 1;
+    json_object_set_new(vocab, spell, json_integer(new_id));
+    cr_assert_eq(json_dump_file(tj, p, JSON_COMPACT), 0);
+    json_decref(tj);
+
+    snprintf(p, sizeof p, "%s/t", d);
+    snprintf(out, sizeof out, "%s/v.jlm", d);
+    jlm_conv *c;
+    jlm_err err = {0};
+    cr_assert_eq(jlm_conv_open(p, NULL, &c, &err), 0, "%s", err.msg);
+    cr_assert_eq(jlm_conv_write(c, out, NULL, NULL, NULL, &err), 0, "%s", err.msg);
+    jlm_conv_close(c);
+    jlm_model *m;
+    jlm_tok *tok;
+    cr_assert_eq(jlm_fmt_open(out, &m, &err), 0, "%s", err.msg);
+    cr_assert_eq(jlm_tok_create(&m->vocab, &tok, &err), 0, "%s", err.msg);
+    cr_assert_eq(m->vocab.token_kinds[new_id], JLM_TOK_NORMAL, "%s: '%s' (a model.vocab entry) became kind %u", name,
+                 spell, m->vocab.token_kinds[new_id]);
+    for (uint32_t a = 0; a < m->vocab.n_added; a++)
+        cr_assert_neq(m->vocab.added[a].id, new_id, "%s: '%s' is an added token", name, spell);
+    if (!strcmp(name, "qwen3"))
+        for (int s = 0; s < 2; s++) {
+            const char *sp = s ? "</s>" : "<s>";
+            int32_t id = -1;
+            for (uint32_t j = 0; j < m->vocab.n_tokens && id < 0; j++)
+                if (m->vocab.tokens[j].len == strlen(sp) && !memcmp(m->vocab.tokens[j].s, sp, strlen(sp)))
+                    id = (int32_t)j;
+            cr_assert(id >= 0 && m->vocab.token_kinds[id] == JLM_TOK_NORMAL, "qwen3: '%s' is not a NORMAL token", sp);
+        }
+    snprintf(p, sizeof p, "%s/tests/reference/hf-tokenizers/%s.json", tu_root(), name);
+    json_t *o = json_load_file(p, 0, NULL), *cs;
+    int seen = 0;
+    json_array_foreach(json_object_get(o, "cases"), i, cs) {
+        const char *text = json_string_value(json_object_get(cs, "text"));
+        if (!strstr(text, spell))
+            continue;
+        seen++;
+        for (int add = 0; add < 2; add++) {
+            size_t nw, n;
+            int32_t *want = ids(json_object_get(cs, add ? "ids_add_special" : "ids"), &nw), *got = NULL;
+            cr_assert_eq(jlm_tok_encode(tok, text, strlen(text), add, 1, &got, &n, &err), 0, "%s", err.msg);
+            cr_assert(n == nw && (!n || !memcmp(got, want, n * 4)),
+                      "%s: '%s' with '%s' in model.vocab (add_special %d): %zu ids, HF %zu", name, text, spell, add,
+                      n, nw);
+            free(got);
+            free(want);
+        }
+    }
+    cr_assert(seen, "%s: no reference string holds '%s'", name, spell);
+    json_decref(o);
+    jlm_tok_destroy(tok);
+    jlm_fmt_close(m);
+    tu_rmrf(d);
+    free(d);
+}
+
+Test(hf_tok, llama3_vocab_entry_spelled_special_is_text, .timeout = 180) { vocab_spelled_special("llama3"); }
+Test(hf_tok, qwen3_vocab_entry_spelled_special_is_text, .timeout = 180) { vocab_spelled_special("qwen3"); }
+Test(hf_tok, llama2_vocab_entry_spelled_special_is_text, .timeout = 180) { vocab_spelled_special("llama2"); }
+Test(hf_tok, gemma3_vocab_entry_spelled_special_is_text, .timeout = 180) { vocab_spelled_special("gemma3"); }
+Test(hf_tok, gpt_oss_vocab_entry_spelled_special_is_text, .timeout = 180) { vocab_spelled_special("gpt-oss"); }
+
 /* The tokenizer fuzz seeds (tiny byte-level BPEs shaped like qwen3's and
  * llama-3's files) build a vocab record: the fuzzer starts from valid inputs. */
 Test(hf_tok, fuzz_seeds_build_a_vocab)
