@@ -361,12 +361,16 @@ static json_t *bench_row_json(const bench_row *w)
     return o;
 }
 
-static void bench_header(void)
+/* The table's header; the model column is w wide (24, or the name's length). */
+static void bench_header(int w)
 {
-    printf("| %-24s | %10s | %8s | %7s | %10s | %7s | %16s | %9s | %9s | %9s |\n", "model", "size", "params",
+    char dash[300];
+    memset(dash, '-', sizeof dash - 1);
+    dash[w < (int)sizeof dash - 1 ? w : (int)sizeof dash - 1] = 0;
+    printf("| %-*s | %10s | %8s | %7s | %10s | %7s | %16s | %9s | %9s | %9s |\n", w, "model", "size", "params",
            "threads", "budget", "test", "t/s", "page-ins", "read MiB", "wait ms");
-    printf("| %.24s | %.10s | %.8s | %.7s | %.10s | %.7s | %.16s | %.9s | %.9s | %.9s |\n",
-           "------------------------", "----------", "--------", "-------", "----------", "-------",
+    printf("| %s | %.10s | %.8s | %.7s | %.10s | %.7s | %.16s | %.9s | %.9s | %.9s |\n",
+           dash, "----------", "--------", "-------", "----------", "-------",
            "----------------", "---------", "---------", "---------");
 }
 
@@ -421,7 +425,7 @@ int jlm_cmd_bench(int argc, char **argv)
     }
     if (o.profile)
         jlm_engine_profile(e, 1);
-    char size[16], params[16], budget[16], name[25];
+    char size[16], params[16], budget[16], name[256];
     double n_params = bench_describe(e, &o, size, params, budget);
     size_t gl = strlen(given);
     while (gl > 1 && given[gl - 1] == '/')
@@ -431,8 +435,9 @@ int jlm_cmd_bench(int argc, char **argv)
         base--;
     snprintf(name, sizeof name, "%.*s", (int)(given + gl - base), base);
     int threads = o.eng.n_threads > 0 ? o.eng.n_threads : (int)sysconf(_SC_NPROCESSORS_ONLN);
+    int name_w = strlen(name) > 24 ? (int)strlen(name) : 24;   /* the whole name, never cut */
     if (o.fmt == OUT_MD)
-        bench_header();
+        bench_header(name_w);
     else if (o.fmt == OUT_CSV)
         bench_header_csv();
     json_t *rows = o.fmt == OUT_JSON ? json_array() : NULL;
@@ -458,7 +463,7 @@ int jlm_cmd_bench(int argc, char **argv)
         else {
             char tps[24];
             snprintf(tps, sizeof tps, "%.2f ± %.2f", r.tps_mean, r.tps_sd);
-            printf("| %-24s | %10s | %8s | %7d | %10s | %7s | %17s | %9.1f | %9.2f | %9.2f |\n", name, size, params,
+            printf("| %-*s | %10s | %8s | %7d | %10s | %7s | %17s | %9.1f | %9.2f | %9.2f |\n", name_w, name, size, params,
                    threads, budget, test, tps, r.pageins, r.mib, r.wait_ms);
         }
         if (r.n_dev && o.fmt != OUT_JSON) {   /* per backend, on stderr: the table's columns stay llama-bench's */

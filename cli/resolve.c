@@ -189,8 +189,10 @@ static uint64_t fnv(uint64_t h, const void *p, size_t n)
 }
 
 /* The identity of a Hugging Face folder, as jlmfs takes it (fs/hfdir.c): a
- * hash of (name, ino, size, mtime) of every regular *.json and *.safetensors
- * file directly in it, each hashed on its own and XORed (readdir's order does
+ * hash of (name, ino, size, mtime) of every *.json and *.safetensors file
+ * directly in it (a symlink, as in a Hugging Face hub snapshot whose files
+ * link to its blobs, by the file it names: a retargeted link is a new
+ * source), each hashed on its own and XORed (readdir's order does
  * not matter). A shard or config.json added, replaced, rewritten or touched
  * changes it; a README or an editor's temp file does not. 0 if the folder
  * cannot be listed (errno set). */
@@ -206,7 +208,7 @@ static uint64_t hf_ident(const char *src)
         struct stat st;
         if (!((n > 5 && !strcmp(de->d_name + n - 5, ".json")) ||
               (n > 12 && !strcmp(de->d_name + n - 12, ".safetensors"))) ||
-            fstatat(dirfd(d), de->d_name, &st, AT_SYMLINK_NOFOLLOW) || !S_ISREG(st.st_mode))
+            fstatat(dirfd(d), de->d_name, &st, 0) || !S_ISREG(st.st_mode))
             continue;
         uint64_t h = fnv(1469598103934665603ull, de->d_name, n + 1);
         int64_t f[4] = {(int64_t)st.st_ino, (int64_t)st.st_size, (int64_t)st.st_mtim.tv_sec, st.st_mtim.tv_nsec};
