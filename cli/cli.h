@@ -29,6 +29,19 @@ int jlm_cli_is_gguf(const char *path);
  * one "who: ..." line printed (a Hugging Face folder: "convert it"). The
  * string lives until exit. */
 const char *jlm_cli_resolve_model(const char *who, const char *model);
+/* The per-user cache directory ($XDG_CACHE_HOME/jlm, else ~/.cache/jlm),
+ * created 0700; malloc'd, or NULL with *why set. */
+char *jlm_cli_cache_dir(const char **why);
+/* Removes the cache entry path unless a process holds it (every process
+ * running an entry holds a shared flock on it until it exits, resolve.c):
+ * 0 removed, 1 in use (nothing done), -1 with errno on another error. */
+int jlm_cli_entry_remove(const char *path);
+/* `jlm list`, `show`, `rm`, `ps`, `cache` (cli/cmd_models.c). */
+int jlm_cmd_list(int argc, char **argv);
+int jlm_cmd_show(int argc, char **argv);
+int jlm_cmd_rm(int argc, char **argv);
+int jlm_cmd_ps(int argc, char **argv);
+int jlm_cmd_cache(int argc, char **argv);
 
 #include <stdint.h>
 

@@ -6,8 +6,10 @@
 
 #include <dirent.h>
 #include <fcntl.h>
+#include <signal.h>
 #include <sys/file.h>
 #include <sys/stat.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "tests/testutil.h"
@@ -134,6 +136,219 @@ Test(cli_models, info_of_a_gguf_reads_its_header_without_a_cache_entry, .timeout
     cr_assert_eq(jlm_in(dir, args, &o), 0, "%s", o);
     cr_assert(strstr(o, "\"arch\": \"llama\"") && strstr(o, "\"kind\": \"gguf\""), "%s", o);
     cr_assert_eq(cache_count(dir), 0, "jlm info --json made a cache entry");
+    free(o);
+    tu_rmrf(dir);
+    free(dir);
+}
+
+/* ---------------------------------------------------------------- list, show, rm, ps, cache prune */
+/* A cache with two models (stories260K as story, synth-llama-256.Q4_K_M as
+ * synth), each converted by `jlm tokenize`. */
+static char *two_models(void)
+{
+    char *dir = tu_tmpdir(), cmd[3000], *o;
+    snprintf(cmd, sizeof cmd, "cp '%s' '%s/story.gguf' && cp '%s' '%s/synth.gguf'", tu_model("stories260K.gguf"), dir,
+             tu_model("synth-llama-256.Q4_K_M.gguf"), dir);
+    cr_assert_eq(tu_run(cmd, NULL), 0);
+    for (int i = 0; i < 2; i++) {
+        snprintf(cmd, sizeof cmd, "tokenize '%s/%s.gguf' a --ids", dir, i ? "synth" : "story");
+        cr_assert_eq(jlm_in(dir, cmd, &o), 0, "%s", o);
+        free(o);
+    }
+    cr_assert_eq(cache_count(dir), 2);
+    return dir;
+}
+
+/* The line of s starting with name (a static copy), or NULL. */
+static const char *row_of(const char *s, const char *name)
+{
+    static char line[1024];
+    size_t n = strlen(name);
+    for (const char *l = s; l && *l;) {
+        const char *e = strchr(l, '\n');
+        size_t len = e ? (size_t)(e - l) : strlen(l);
+        if (len > n && !strncmp(l, name, n) && l[n] == ' ') {
+            snprintf(line, sizeof line, "%.*s", (int)len, l);
+            return line;
+        }
+        l = e ? e + 1 : NULL;
+    }
+    return NULL;
+}
+
+/* Starts `jlm chat MODEL` in the background (its stdin a pipe open for
+ * `hold` seconds) and waits until `jlm ps` shows it; returns its pid. */
+static long running_engine(const char *dir, const char *model, const char *name, const char *ps_args, int hold)
+{
+    char cmd[4000], *o = NULL;
+    snprintf(cmd, sizeof cmd, "(sleep %d 2>/dev/null | XDG_CACHE_HOME='%s/cache' '%s' chat '%s' -n 1 >/dev/null 2>&1 &) "
+             ">/dev/null 2>&1", hold,
+             dir, tu_jlm(), model);
+    cr_assert_eq(tu_run(cmd, NULL), 0);
+    long pid = 0;
+    for (int i = 0; i < 200 && !pid; i++) {
+        snprintf(cmd, sizeof cmd, "ps %s", ps_args);
+        free(o);
+        cr_assert_eq(jlm_in(dir, cmd, &o), 0, "%s", o);
+        const char *r = row_of(o, name);
+        if (r)
+            pid = atol(r + strlen(name));
+        else
+            usleep(50000);
+    }
+    cr_assert(pid > 0, "jlm ps never showed the engine on %s:\n%s", model, o);
+    free(o);
+    return pid;
+}
+
+static void stop_engine(long pid)
+{
+    kill((pid_t)pid, SIGTERM);
+    for (int i = 0; i < 100 && kill((pid_t)pid, 0) == 0; i++)
+        usleep(20000);
+}
+
+Test(cli_models, list_shows_each_cached_model_with_its_arch_params_type_and_size, .timeout = 120)
+{
+    char *dir = two_models(), args[2048], *o;
+    snprintf(args, sizeof args, "list --models '%s/tests/models/hf'", tu_root());
+    cr_assert_eq(jlm_in(dir, args, &o), 0, "%s", o);
+    const char *r = row_of(o, "story");
+    cr_assert(r && strstr(r, "llama") && strstr(r, "F32") && strstr(r, "K ") && strstr(r, "MiB") &&
+              strstr(r, "ago") && strstr(r, "cache"), "%s", o);
+    r = row_of(o, "synth");
+    cr_assert(r && strstr(r, "llama") && strstr(r, "Q4_K") && strstr(r, "M "), "%s", o);
+    r = row_of(o, "tiny-qwen2");
+    cr_assert(r && strstr(r, "qwen2") && strstr(r, "BF16") && strstr(r, "/tests/models/hf"), "%s", o);
+    cr_assert_eq(cache_count(dir), 2, "jlm list --models converted something");
+    free(o);
+    tu_rmrf(dir);
+    free(dir);
+}
+
+Test(cli_models, show_prints_architecture_parameters_context_template_and_license, .timeout = 120)
+{
+    char *dir = two_models(), cmd[3000], *o, *i;
+    cr_assert_eq(jlm_in(dir, "show story", &o), 0, "%s", o);
+    snprintf(cmd, sizeof cmd, "info '%s/story.gguf' --json", dir);
+    cr_assert_eq(jlm_in(dir, cmd, &i), 0, "%s", i);
+    const char *c = strstr(i, "\"n_ctx\": ");
+    cr_assert(c, "%s", i);
+    char want[64];
+    snprintf(want, sizeof want, "context length  %ld", atol(c + 9));
+    cr_assert(strstr(o, "architecture    llama") && strstr(o, want) && strstr(o, "quantization    F32"), "%s", o);
+    free(o);
+    free(i);
+    /* a tokenizer-only folder carries a chat template, its model card a license */
+    snprintf(cmd, sizeof cmd, "mkdir '%s/q' && cp '%s/tests/models/hf-tok/qwen3/tokenizer_config.json' '%s/q/' && "
+             "xz -dc '%s/tests/models/hf-tok/qwen3/tokenizer.json.xz' > '%s/q/tokenizer.json' && "
+             "printf -- '---\\nlicense: apache-2.0\\n---\\n# Qwen3\\n' > '%s/q/README.md'",
+             dir, tu_root(), dir, tu_root(), dir, dir);
+    cr_assert_eq(tu_run(cmd, NULL), 0);
+    snprintf(cmd, sizeof cmd, "show '%s/q'", dir);
+    cr_assert_eq(jlm_in(dir, cmd, &o), 0, "%s", o);
+    cr_assert(strstr(o, "template\n") && strstr(o, "<|im_start|>"), "%s", o);
+    cr_assert(strstr(o, "License\n    apache-2.0"), "%s", o);
+    free(o);
+    cr_assert_eq(jlm_in(dir, "show nosuchmodel", &o), 1, "%s", o);
+    cr_assert(strstr(o, "nosuchmodel: no such file or cache entry"), "%s", o);
+    free(o);
+    tu_rmrf(dir);
+    free(dir);
+}
+
+Test(cli_models, rm_and_prune_never_remove_an_entry_a_running_engine_holds, .timeout = 120)
+{
+    char *dir = two_models(), model[1200], *o;
+    snprintf(model, sizeof model, "%s/synth.gguf", dir);
+    long pid = running_engine(dir, model, "synth", "", 20);
+    cr_assert_eq(jlm_in(dir, "ps", &o), 0, "%s", o);
+    const char *r = row_of(o, "synth");
+    cr_assert(r && strstr(r, "llama") && strstr(r, "cache"), "%s", o);
+    cr_assert(!row_of(o, "story"), "story is not running:\n%s", o);
+    free(o);
+    cr_assert_eq(jlm_in(dir, "rm synth", &o), 1, "%s", o);
+    cr_assert(strstr(o, "in use by a running process"), "%s", o);
+    free(o);
+    cr_assert_eq(cache_count(dir), 2);
+    cr_assert_eq(jlm_in(dir, "cache prune --max-size 0", &o), 0, "%s", o);
+    cr_assert(strstr(o, "deleted 'story@") && !strstr(o, "deleted 'synth@") && strstr(o, "1 in use kept"), "%s", o);
+    free(o);
+    cr_assert_eq(cache_count(dir), 1);
+    stop_engine(pid);
+    cr_assert_eq(jlm_in(dir, "rm synth", &o), 0, "%s", o);
+    cr_assert(strstr(o, "deleted 'synth@"), "%s", o);
+    free(o);
+    cr_assert_eq(cache_count(dir), 0);
+    cr_assert_eq(jlm_in(dir, "rm synth", &o), 1, "%s", o);
+    cr_assert(strstr(o, "no such cache entry"), "%s", o);
+    free(o);
+    tu_rmrf(dir);
+    free(dir);
+}
+
+Test(cli_models, prune_older_than_removes_only_entries_unused_that_long, .timeout = 120)
+{
+    char *dir = two_models(), p[1400], *o;
+    snprintf(p, sizeof p, "%s/cache/jlm", dir);
+    DIR *d = opendir(p);
+    struct dirent *de;
+    while ((de = readdir(d)))
+        if (!strncmp(de->d_name, "story@", 6)) {
+            struct timespec ts[2] = {{time(NULL) - 3 * 86400, 0}, {0, UTIME_OMIT}};   /* last used 3 days ago */
+            cr_assert_eq(utimensat(dirfd(d), de->d_name, ts, 0), 0);
+        }
+    closedir(d);
+    cr_assert_eq(jlm_in(dir, "cache prune --older-than 2d", &o), 0, "%s", o);
+    cr_assert(strstr(o, "deleted 'story@") && !strstr(o, "synth@"), "%s", o);
+    free(o);
+    cr_assert_eq(cache_count(dir), 1);
+    cr_assert_eq(jlm_in(dir, "cache prune --older-than soon", &o), 2, "%s", o);
+    cr_assert(strstr(o, "--older-than soon: not a duration"), "%s", o);
+    free(o);
+    snprintf(p, sizeof p, "cache prune '%s/cache/jlm' --max-size 0", dir);
+    cr_assert_eq(jlm_in(dir, p, &o), 0, "%s", o);
+    cr_assert(strstr(o, "deleted 'synth@"), "%s", o);
+    free(o);
+    cr_assert_eq(cache_count(dir), 0);
+    tu_rmrf(dir);
+    free(dir);
+}
+
+Test(cli_models, every_model_command_has_help, .timeout = 30)
+{
+    static const char *const cmds[] = {"list", "show", "rm", "ps", "cache prune", "cache"};
+    for (size_t i = 0; i < sizeof cmds / sizeof cmds[0]; i++) {
+        char *dir = tu_tmpdir(), args[256], *o;
+        snprintf(args, sizeof args, "%s --help", cmds[i]);
+        cr_assert_eq(jlm_in(dir, args, &o), 0, "%s: %s", cmds[i], o);
+        cr_assert(strstr(o, "usage") || strstr(o, "Usage"), "%s: %s", cmds[i], o);
+        free(o);
+        tu_rmrf(dir);
+        free(dir);
+    }
+}
+
+/* scripts/completion/jlm under bash-completion (which sets extglob, as
+ * scripts/deps.sh installs it): `jlmfs -o t<TAB>` offers type=, `jlm rm
+ * <TAB>` the cache's entry names, `jlm run <TAB>` the GGUF beside a text file. */
+Test(cli_models, completion_offers_type_cache_names_and_models, .timeout = 120)
+{
+    char *dir = two_models(), cmd[4000], *o;
+    snprintf(cmd, sizeof cmd, "touch '%s/notes.txt'; cd '%s' && XDG_CACHE_HOME='%s/cache' bash -c '"
+             ". /usr/share/bash-completion/bash_completion; . \"%s/scripts/completion/jlm\"; "
+             "COMP_WORDS=(jlmfs -o t); COMP_CWORD=2; _jlmfs; echo \"${COMPREPLY[*]}\"; "
+             "COMP_WORDS=(\"%s\" rm \"\"); COMP_CWORD=2; _jlm; echo \"${COMPREPLY[*]}\"; "
+             "COMP_WORDS=(\"%s\" run s); COMP_CWORD=2; _jlm; echo \"${COMPREPLY[*]}\"; "
+             "COMP_WORDS=(\"%s\" run n); COMP_CWORD=2; _jlm; echo \"[${COMPREPLY[*]}]\"'",
+             dir, dir, dir, tu_root(), tu_jlm(), tu_jlm(), tu_jlm());
+    cr_assert_eq(tu_run(cmd, &o), 0, "%s", o);
+    char l[4][256] = {"", "", "", ""};   /* readdir's order: each line's words in any order */
+    cr_assert_eq(sscanf(o, "%255[^\n]\n%255[^\n]\n%255[^\n]\n%255[^\n]", l[0], l[1], l[2], l[3]), 4, "'%s'", o);
+    cr_assert_str_eq(l[0], "type=", "jlmfs -o: '%s'", o);
+    cr_assert(!strcmp(l[1], "story synth") || !strcmp(l[1], "synth story"), "jlm rm: '%s'", o);
+    cr_assert(!strcmp(l[2], "story.gguf synth.gguf") || !strcmp(l[2], "synth.gguf story.gguf"), "jlm run: '%s'", o);
+    cr_assert_str_eq(l[3], "[]", "a text file is no model: '%s'", o);
     free(o);
     tu_rmrf(dir);
     free(dir);

@@ -1,0 +1,742 @@
+/* cmd_models.c - model management as ollama users expect it: `jlm list`,
+ * `jlm show`, `jlm rm`, `jlm ps` and `jlm cache prune` over the per-user
+ * cache (cli/resolve.c), jlmfs mounts and --models folders (docs/cli.md,
+ * "Managing models"). An entry is in use while a process holds its shared
+ * flock (resolve.c holds one for as long as it runs the entry); rm and prune
+ * remove only under a non-blocking exclusive flock. */
+#include "cli/cli.h"
+#include "cli/opts.h"
+#include "converter/convert.h"
+#include "converter/hf.h"
+#include "format/jlm_format.h"
+#include "residency/residency.h"
+
+#include <ctype.h>
+#include <dirent.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/file.h>
+#include <sys/stat.h>
+#include <sys/sysmacros.h>
+#include <time.h>
+#include <unistd.h>
+
+/* ---------------------------------------------------------------- describing a model */
+typedef struct desc {
+    char arch[32], type[16];
+    double params;
+    uint32_t n_ctx;
+} desc;
+
+static double tensor_elems(const jlm_tensor *t)
+{
+    double n = 1;
+    for (int d = 0; d < t->ndim && d < 4; d++)
+        n *= (double)t->dims[d];
+    return n;
+}
+
+/* Architecture, parameter count and the type holding most parameters. */
+static void describe(desc *d, const jlm_config *c, const jlm_tensor *ts, uint32_t n)
+{
+    double by_type[64] = {0};
+    snprintf(d->arch, sizeof d->arch, "%s", jlm_fmt_arch_name(c->arch));
+    d->params = 0;
+    d->n_ctx = c->n_ctx;
+    for (uint32_t i = 0; i < n; i++) {
+        double e = tensor_elems(&ts[i]);
+        d->params += e;
+        by_type[ts[i].type & 63] += e;
+    }
+    int best = -1;
+    for (int k = 0; k < 64; k++)
+        if (by_type[k] > 0 && (best < 0 || by_type[k] > by_type[best]))
+            best = k;
+    const jlm_type_traits *tr = best >= 0 ? jlm_fmt_type_traits((uint8_t)best) : NULL;
+    snprintf(d->type, sizeof d->type, "%s", tr ? tr->name : "-");
+}
+
+/* A .jlm (or a view's model.jlm), a GGUF or a Hugging Face folder: 0 with d
+ * filled, else 1 with err set. */
+static int describe_path(const char *path, desc *d, jlm_err *err)
+{
+    if (jlm_cli_is_gguf(path) || jlm_hf_is_folder(path)) {
+        jlm_conv *c = NULL;
+        if (jlm_conv_open(path, NULL, &c, err))
+            return 1;
+        describe(d, &c->config, c->plan.tensors, c->plan.n_tensors);
+        jlm_conv_close(c);
+        return 0;
+    }
+    jlm_model *m = NULL;
+    if (jlm_fmt_open(path, &m, err))
+        return 1;
+    describe(d, &m->config, m->tensors, m->hdr.n_tensors);
+    jlm_fmt_close(m);
+    return 0;
+}
+
+static void human_size(char *b, size_t n, double v)
+{
+    const char *u[] = {"B", "KiB", "MiB", "GiB", "TiB"};
+    int k = 0;
+    while (v >= 1024 && k < 4) {
+        v /= 1024;
+        k++;
+    }
+    snprintf(b, n, k ? "%.1f %s" : "%.0f %s", v, u[k]);
+}
+
+static void human_params(char *b, size_t n, double p)
+{
+    if (p >= 1e9)
+        snprintf(b, n, "%.1fB", p / 1e9);
+    else if (p >= 1e6)
+        snprintf(b, n, "%.1fM", p / 1e6);
+    else
+        snprintf(b, n, "%.1fK", p / 1e3);
+}
+
+static void human_ago(char *b, size_t n, time_t t)
+{
+    double s = difftime(time(NULL), t);
+    if (s < 0)
+        s = 0;
+    if (s < 120)
+        snprintf(b, n, "%.0f seconds ago", s);
+    else if (s < 7200)
+        snprintf(b, n, "%.0f minutes ago", s / 60);
+    else if (s < 172800)
+        snprintf(b, n, "%.0f hours ago", s / 3600);
+    else
+        snprintf(b, n, "%.0f days ago", s / 86400);
+}
+
+/* Is a cache entry held by a running process? (A shared flock test.) */
+static int entry_in_use(const char *path)
+{
+    int fd = open(path, O_RDONLY | O_CLOEXEC | O_NOFOLLOW);
+    if (fd < 0)
+        return 0;
+    int busy = flock(fd, LOCK_EX | LOCK_NB) != 0 && errno == EWOULDBLOCK;
+    close(fd);
+    return busy;
+}
+
+/* ---------------------------------------------------------------- cache entries */
+typedef struct entry {
+    char *path, *name;   /* name: the entry's stem (before '@') */
+    off_t disk;          /* bytes on disk */
+    time_t used;         /* atime: last run */
+} entry;
+
+static int cmp_used(const void *a, const void *b)
+{
+    const entry *x = a, *y = b;
+    return (x->used > y->used) - (x->used < y->used);
+}
+
+/* The *.jlm entries of dir (not .part); malloc'd array, *n set. */
+static entry *entries(const char *dir, size_t *n)
+{
+    DIR *d = opendir(dir);
+    entry *v = NULL;
+    size_t cap = 0;
+    *n = 0;
+    struct dirent *de;
+    while (d && (de = readdir(d))) {
+        size_t l = strlen(de->d_name);
+        struct stat st;
+        if (de->d_name[0] == '.' || l < 5 || strcmp(de->d_name + l - 4, ".jlm") ||
+            fstatat(dirfd(d), de->d_name, &st, AT_SYMLINK_NOFOLLOW) || !S_ISREG(st.st_mode))
+            continue;
+        if (*n == cap) {
+            entry *nv = realloc(v, (cap = cap ? 2 * cap : 16) * sizeof *v);
+            if (!nv)
+                break;
+            v = nv;
+        }
+        entry *e = &v[(*n)++];
+        const char *at = strrchr(de->d_name, '@');
+        e->name = strndup(de->d_name, at ? (size_t)(at - de->d_name) : l - 4);
+        if (asprintf(&e->path, "%s/%s", dir, de->d_name) < 0)
+            e->path = NULL;
+        e->disk = (off_t)st.st_blocks * 512;
+        e->used = st.st_atim.tv_sec;
+        if (!e->name || !e->path)
+            (*n)--;
+    }
+    if (d)
+        closedir(d);
+    return v;
+}
+
+static void entries_free(entry *v, size_t n)
+{
+    for (size_t i = 0; i < n; i++) {
+        free(v[i].path);
+        free(v[i].name);
+    }
+    free(v);
+}
+
+/* ---------------------------------------------------------------- jlm list */
+static void list_row(const char *name, const char *path, off_t disk, time_t used, const char *where)
+{
+    desc d;
+    jlm_err err = {0};
+    char ps[16] = "-", sz[24], ago[32] = "-";
+    if (describe_path(path, &d, &err)) {
+        snprintf(d.arch, sizeof d.arch, "?");
+        snprintf(d.type, sizeof d.type, "?");
+    } else {
+        human_params(ps, sizeof ps, d.params);
+    }
+    human_size(sz, sizeof sz, (double)disk);
+    if (used)
+        human_ago(ago, sizeof ago, used);
+    printf("%-32s %-10s %8s %-6s %10s  %-16s %s\n", jlm_cli_clean(name), d.arch, ps, d.type, sz, ago,
+           jlm_cli_clean(where));
+}
+
+/* The jlmfs mount points of /proc/mounts (fuse.jlmfs), malloc'd strings. */
+static size_t jlmfs_mounts(char **out, size_t max)
+{
+    FILE *f = fopen("/proc/mounts", "r");
+    size_t n = 0;
+    char line[4096];
+    while (f && n < max && fgets(line, sizeof line, f)) {
+        char dev[1024], mnt[2048], type[256];
+        if (sscanf(line, "%1023s %2047s %255s", dev, mnt, type) == 3 && strstr(type, "jlmfs"))
+            out[n++] = strdup(mnt);
+    }
+    if (f)
+        fclose(f);
+    return n;
+}
+
+/* The model views of a mount (directories with model.jlm) as rows. */
+static void list_mount(const char *mnt)
+{
+    DIR *d = opendir(mnt);
+    struct dirent *de;
+    while (d && (de = readdir(d))) {
+        char *p = NULL;
+        struct stat st;
+        if (de->d_name[0] == '.' || asprintf(&p, "%s/%s/model.jlm", mnt, de->d_name) < 0)
+            continue;
+        if (stat(p, &st) == 0 && S_ISREG(st.st_mode))
+            list_row(de->d_name, p, st.st_size, st.st_atim.tv_sec, mnt);
+        free(p);
+    }
+    if (d)
+        closedir(d);
+}
+
+/* The bytes on disk of the regular files directly in dir. */
+static off_t folder_disk(const char *dir)
+{
+    off_t sum = 0;
+    DIR *d = opendir(dir);
+    struct dirent *de;
+    struct stat st;
+    while (d && (de = readdir(d)))
+        if (de->d_name[0] != '.' && fstatat(dirfd(d), de->d_name, &st, 0) == 0 && S_ISREG(st.st_mode))
+            sum += (off_t)st.st_blocks * 512;
+    if (d)
+        closedir(d);
+    return sum;
+}
+
+/* The models of a --models folder: *.jlm, *.gguf and Hugging Face folders. */
+static void list_folder(const char *dir)
+{
+    DIR *d = opendir(dir);
+    struct dirent *de;
+    while (d && (de = readdir(d))) {
+        char *p = NULL;
+        struct stat st;
+        size_t l = strlen(de->d_name);
+        if (de->d_name[0] == '.' || asprintf(&p, "%s/%s", dir, de->d_name) < 0)
+            continue;
+        if (stat(p, &st) == 0 && ((S_ISREG(st.st_mode) && l > 4 && !strcmp(de->d_name + l - 4, ".jlm")) ||
+                                  (S_ISREG(st.st_mode) && jlm_cli_is_gguf(p)) ||
+                                  (S_ISDIR(st.st_mode) && jlm_hf_is_folder(p))))
+            list_row(de->d_name, p, S_ISDIR(st.st_mode) ? folder_disk(p) : (off_t)st.st_blocks * 512, st.st_atim.tv_sec, dir);
+        free(p);
+    }
+    if (d)
+        closedir(d);
+}
+
+int jlm_cmd_list(int argc, char **argv)
+{
+    const char *models = NULL;
+    const jlm_opt t[] = {
+        {NULL, "--models", JLM_OPT_STR, &models, 0, 0, 0, "DIR", "also list the models of DIR (.jlm, .gguf, HF folders)"},
+    };
+    const char *pos[32] = {0};
+    jlm_opts_spec os = {"jlm list", "[MOUNT...] [--models DIR]", t, 1, pos, 32, 0};
+    int prc = jlm_opts_parse(&os, argc, argv);
+    if (prc)
+        return prc == 1 ? 0 : prc;
+    const char *why = NULL;
+    char *dir = jlm_cli_cache_dir(&why);
+    if (!dir) {
+        jlm_cli_errorf("jlm list", "cannot use the cache: %s", why);
+        return 1;
+    }
+    printf("%-32s %-10s %8s %-6s %10s  %-16s %s\n", "NAME", "ARCH", "PARAMS", "TYPE", "SIZE", "LAST USED", "WHERE");
+    size_t n;
+    entry *v = entries(dir, &n);
+    for (size_t i = 0; i < n; i++)
+        list_row(v[i].name, v[i].path, v[i].disk, v[i].used, entry_in_use(v[i].path) ? "cache (in use)" : "cache");
+    entries_free(v, n);
+    free(dir);
+    char *mnts[64];
+    size_t nm = 0;
+    if (os.n_pos)
+        for (int i = 0; i < os.n_pos; i++)
+            mnts[nm++] = strdup(pos[i]);
+    else
+        nm = jlmfs_mounts(mnts, 64);
+    for (size_t i = 0; i < nm; i++) {
+        if (mnts[i])
+            list_mount(mnts[i]);
+        free(mnts[i]);
+    }
+    if (models)
+        list_folder(models);
+    return 0;
+}
+
+/* ---------------------------------------------------------------- jlm show */
+/* MODEL as a path, else the newest cache entry named MODEL; malloc'd. */
+static char *find_model(const char *model)
+{
+    struct stat st;
+    if (stat(model, &st) == 0)
+        return strdup(model);
+    const char *why = NULL;
+    char *dir = jlm_cli_cache_dir(&why), *best = NULL;
+    if (!dir)
+        return NULL;
+    size_t n;
+    entry *v = entries(dir, &n);
+    time_t bt = 0;
+    for (size_t i = 0; i < n; i++)
+        if (!strcmp(v[i].name, model) && (!best || v[i].used >= bt)) {
+            free(best);
+            best = strdup(v[i].path);
+            bt = v[i].used;
+        }
+    entries_free(v, n);
+    free(dir);
+    return best;
+}
+
+static void show_template(const jlm_vocab *v)
+{
+    for (uint32_t i = 0; i < v->n_templates; i++)
+        if (v->templates[2 * i].len == 0) {
+            char *s = strndup(v->templates[2 * i + 1].s, v->templates[2 * i + 1].len);
+            printf("\n  template\n");
+            jlm_cli_puts_lines(s ? s : "", stdout);
+            printf("\n");
+            free(s);
+            return;
+        }
+    printf("\n  template      none\n");
+}
+
+/* A Hugging Face folder's license: the `license:` field of its README.md's
+ * front matter (the model card's YAML between two "---" lines). */
+static void hf_license(const char *dir, char *out, size_t n)
+{
+    char *p = NULL, line[1024];
+    if (asprintf(&p, "%s/README.md", dir) < 0)
+        return;
+    FILE *f = fopen(p, "r");
+    free(p);
+    if (!f)
+        return;
+    if (fgets(line, sizeof line, f) && !strncmp(line, "---", 3))
+        while (fgets(line, sizeof line, f) && strncmp(line, "---", 3))
+            if (!strncmp(line, "license:", 8)) {
+                char *v = line + 8;
+                v += strspn(v, " \t\"'");
+                v[strcspn(v, "\"'\r\n")] = 0;
+                snprintf(out, n, "%s", v);
+                break;
+            }
+    fclose(f);
+}
+
+int jlm_cmd_show(int argc, char **argv)
+{
+    const jlm_opt t[] = {{NULL, NULL, JLM_OPT_FLAG, NULL, 0, 0, 0, NULL, NULL}};
+    const char *pos[1] = {0};
+    jlm_opts_spec os = {"jlm show", "MODEL (a path or a cache entry name)", t, 0, pos, 1, 0};
+    int prc = jlm_opts_parse(&os, argc, argv);
+    if (prc)
+        return prc == 1 ? 0 : prc;
+    if (!os.n_pos) {
+        jlm_cli_error("jlm show", "missing MODEL (a .jlm, GGUF, Hugging Face folder, view or cache entry name)");
+        return 2;
+    }
+    char *path = find_model(pos[0]);
+    if (!path) {
+        jlm_cli_errorf("jlm show", "%s: no such file or cache entry (jlm list shows them)", pos[0]);
+        return 1;
+    }
+    struct stat st;
+    char *file = NULL;
+    if (stat(path, &st) == 0 && S_ISDIR(st.st_mode) && !jlm_hf_is_folder(path) &&
+        asprintf(&file, "%s/model.jlm", path) >= 0) {
+        free(path);
+        path = file;
+    }
+    jlm_err err = {0};
+    desc d;
+    char ps[16];
+    if (describe_path(path, &d, &err)) {
+        jlm_cli_error("jlm show", err.msg);
+        free(path);
+        return 1;
+    }
+    human_params(ps, sizeof ps, d.params);
+    printf("  Model\n    architecture    %s\n    parameters      %s\n    context length  %u\n    quantization    %s\n",
+           d.arch, ps, d.n_ctx, d.type);
+    char license[512] = "";
+    if (jlm_cli_is_gguf(path) || jlm_hf_is_folder(path)) {
+        jlm_conv *c = NULL;
+        if (jlm_conv_open(path, NULL, &c, &err) == 0) {
+            jlm_gguf_str s;
+            if (jlm_gguf_get_str(c->g, "general.license", &s, NULL) == 0)
+                snprintf(license, sizeof license, "%.*s", (int)s.len, s.s);
+            else if (jlm_hf_is_folder(path))
+                hf_license(path, license, sizeof license);
+            show_template(&c->vocab);
+            jlm_conv_close(c);
+        }
+    } else {
+        jlm_model *m = NULL;
+        if (jlm_fmt_open(path, &m, &err) == 0) {
+            show_template(&m->vocab);
+            jlm_fmt_close(m);
+        }
+    }
+    if (license[0])
+        printf("  License\n    %s\n", jlm_cli_clean(license));
+    free(path);
+    return 0;
+}
+
+/* ---------------------------------------------------------------- jlm rm */
+int jlm_cmd_rm(int argc, char **argv)
+{
+    const jlm_opt t[] = {{NULL, NULL, JLM_OPT_FLAG, NULL, 0, 0, 0, NULL, NULL}};
+    const char *pos[16] = {0};
+    jlm_opts_spec os = {"jlm rm", "MODEL... (cache entry names, as jlm list shows them)", t, 0, pos, 16, 0};
+    int prc = jlm_opts_parse(&os, argc, argv);
+    if (prc)
+        return prc == 1 ? 0 : prc;
+    if (!os.n_pos) {
+        jlm_cli_error("jlm rm", "missing MODEL (a cache entry name, as jlm list shows it)");
+        return 2;
+    }
+    const char *why = NULL;
+    char *dir = jlm_cli_cache_dir(&why);
+    if (!dir) {
+        jlm_cli_errorf("jlm rm", "cannot use the cache: %s", why);
+        return 1;
+    }
+    size_t n;
+    entry *v = entries(dir, &n);
+    int status = 0;
+    for (int k = 0; k < os.n_pos; k++) {
+        int found = 0;
+        for (size_t i = 0; i < n; i++) {
+            const char *base = strrchr(v[i].path, '/') + 1;
+            if (strcmp(v[i].name, pos[k]) && strcmp(base, pos[k]))
+                continue;
+            found = 1;
+            int rc = jlm_cli_entry_remove(v[i].path);
+            if (rc == 1) {
+                jlm_cli_errorf("jlm rm", "%s: in use by a running process (%s): not removed", pos[k], base);
+                status = 1;
+            } else if (rc) {
+                jlm_cli_errorf("jlm rm", "%s: %s", v[i].path, strerror(errno));
+                status = 1;
+            } else {
+                printf("deleted '%s'\n", jlm_cli_clean(base));
+            }
+        }
+        if (!found) {
+            jlm_cli_errorf("jlm rm", "%s: no such cache entry (jlm list shows them)", pos[k]);
+            status = 1;
+        }
+    }
+    entries_free(v, n);
+    free(dir);
+    return status;
+}
+
+/* ---------------------------------------------------------------- jlm cache prune */
+/* "30d", "12h", "90m", "45s", a plain number = days; -1 on error. */
+static double parse_duration(const char *s)
+{
+    char *end;
+    errno = 0;
+    double v = strtod(s, &end);
+    if (errno || end == s || v < 0 || !isdigit((unsigned char)*s))
+        return -1;
+    double mul = !*end || !strcmp(end, "d") ? 86400 : !strcmp(end, "h") ? 3600 : !strcmp(end, "m") ? 60
+                 : !strcmp(end, "s")       ? 1
+                                           : -1;
+    return mul < 0 ? -1 : v * mul;
+}
+
+/* The .part files a killed conversion left, when no conversion runs (the
+ * converter holds the directory's flock while it writes one, resolve.c). */
+static void prune_parts(const char *dir)
+{
+    int dfd = open(dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+    if (dfd < 0 || flock(dfd, LOCK_EX | LOCK_NB)) {
+        if (dfd >= 0)
+            close(dfd);
+        return;
+    }
+    DIR *d = opendir(dir);
+    struct dirent *de;
+    while (d && (de = readdir(d))) {
+        size_t l = strlen(de->d_name);
+        if (l > 5 && !strcmp(de->d_name + l - 5, ".part") && unlinkat(dirfd(d), de->d_name, 0) == 0)
+            printf("deleted '%s' (a conversion that did not finish)\n", jlm_cli_clean(de->d_name));
+    }
+    if (d)
+        closedir(d);
+    close(dfd);
+}
+
+static int prune(const char *dir, double older, long long max_size)
+{
+    prune_parts(dir);
+    size_t n;
+    entry *v = entries(dir, &n);
+    qsort(v, n, sizeof *v, cmp_used);   /* least recently used first */
+    long long total = 0;
+    for (size_t i = 0; i < n; i++)
+        total += v[i].disk;
+    time_t now = time(NULL);
+    int removed = 0, busy = 0, status = 0;
+    long long freed = 0;
+    for (size_t i = 0; i < n; i++) {
+        const char *base = strrchr(v[i].path, '/') + 1;
+        char ver[32];
+        snprintf(ver, sizeof ver, ".v%u.jlm", JLM_VERSION);
+        int stale_version = strlen(base) < strlen(ver) || strcmp(base + strlen(base) - strlen(ver), ver);
+        int old = older >= 0 && difftime(now, v[i].used) >= older;
+        int over = max_size >= 0 && total > max_size;
+        if (!stale_version && !old && !over)
+            continue;
+        int rc = jlm_cli_entry_remove(v[i].path);
+        if (rc == 0) {
+            total -= v[i].disk;
+            freed += v[i].disk;
+            removed++;
+            printf("deleted '%s'\n", jlm_cli_clean(base));
+        } else if (rc == 1) {
+            busy++;
+        } else {
+            jlm_cli_errorf("jlm cache prune", "%s: %s", v[i].path, strerror(errno));
+            status = 1;
+        }
+    }
+    char fs[24];
+    human_size(fs, sizeof fs, (double)freed);
+    printf("%d entr%s removed (%s), %d in use kept\n", removed, removed == 1 ? "y" : "ies", fs, busy);
+    entries_free(v, n);
+    return status;
+}
+
+int jlm_cmd_cache(int argc, char **argv)
+{
+    if (argc < 2 || strcmp(argv[1], "prune")) {
+        if (argc >= 2 && (!strcmp(argv[1], "--help") || !strcmp(argv[1], "-h"))) {
+            printf("usage: jlm cache prune [DIR] [--older-than D] [--max-size S]\n");
+            return 0;
+        }
+        fputs("usage: jlm cache prune [DIR] [--older-than D] [--max-size S]\n", stderr);
+        return 2;
+    }
+    const char *older_s = NULL, *max_s = NULL;
+    const jlm_opt t[] = {
+        {NULL, "--older-than", JLM_OPT_STR, &older_s, 0, 0, 0, "D",
+         "remove entries not used for D (30d, 12h, 90m, 45s; a plain number is days)"},
+        {NULL, "--max-size", JLM_OPT_STR, &max_s, 0, 0, 0, "S",
+         "remove least recently used entries until the cache holds at most S (0: every entry not in use)"},
+    };
+    const char *pos[1] = {0};
+    jlm_opts_spec os = {"jlm cache prune", "[DIR] [--older-than D] [--max-size S] (DIR: the per-user cache; entries "
+                        "of another format version always go; an entry in use never)", t, 2, pos, 1, 0};
+    int prc = jlm_opts_parse(&os, argc - 1, argv + 1);
+    if (prc)
+        return prc == 1 ? 0 : prc;
+    double older = older_s ? parse_duration(older_s) : -1;
+    long long max_size = max_s ? jlm_cli_parse_size(max_s) : -1;
+    if (older_s && older < 0) {
+        jlm_cli_errorf("jlm cache prune", "--older-than %s: not a duration (30d, 12h, 90m, 45s)", older_s);
+        return 2;
+    }
+    if (max_s && max_size < 0) {
+        jlm_cli_errorf("jlm cache prune", "--max-size %s: not a size (0, 512M, 20G)", max_s);
+        return 2;
+    }
+    const char *why = NULL;
+    char *dir = os.n_pos ? strdup(pos[0]) : jlm_cli_cache_dir(&why);
+    struct stat st;
+    if (!dir || stat(dir, &st) || !S_ISDIR(st.st_mode)) {
+        jlm_cli_errorf("jlm cache prune", "%s: %s", dir ? dir : "cache", dir ? "not a directory" : why);
+        free(dir);
+        return 1;
+    }
+    int rc = prune(dir, older, max_size);
+    free(dir);
+    return rc;
+}
+
+/* ---------------------------------------------------------------- jlm ps */
+typedef struct lockrow { long pid; unsigned maj, min; unsigned long long ino; } lockrow;
+
+/* The shared flocks of /proc/locks (every `jlm run`, `chat`, `bench` and
+ * `serve` holds its model so: cli/resolve.c). malloc'd. */
+static lockrow *read_locks(size_t *n)
+{
+    FILE *f = fopen("/proc/locks", "r");
+    lockrow *v = NULL;
+    size_t cap = 0;
+    char line[512];
+    *n = 0;
+    while (f && fgets(line, sizeof line, f)) {
+        char kind[16], adv[16], mode[16];
+        lockrow r;
+        if (sscanf(line, "%*s %15s %15s %15s %ld %x:%x:%llu", kind, adv, mode, &r.pid, &r.maj, &r.min, &r.ino) != 7 ||
+            strcmp(kind, "FLOCK") || strcmp(mode, "READ"))
+            continue;
+        if (*n == cap) {
+            lockrow *nv = realloc(v, (cap = cap ? 2 * cap : 16) * sizeof *v);
+            if (!nv)
+                break;
+            v = nv;
+        }
+        v[(*n)++] = r;
+    }
+    if (f)
+        fclose(f);
+    return v;
+}
+
+/* Pages of the view's model resident in live engine sessions (its residency
+ * database, residency/residency.h) and their bytes; -1 without a database. */
+static long resident_pages(const char *view, const jlm_model *m, double *bytes)
+{
+    char *db = NULL, *key = NULL, **names = NULL;
+    size_t n = 0;
+    jlm_err err = {0};
+    jlm_rdb *r = NULL;
+    long rc = -1;
+    *bytes = 0;
+    if (jlm_rdb_discover(view, &db, &key, &err) == 0 && jlm_rdb_open(db, JLM_RDB_EXISTING, &r, &err) == 0 &&
+        jlm_rdb_resident(r, key, &names, &n, &err) == 0) {
+        rc = (long)n;
+        for (size_t i = 0; i < n; i++)
+            *bytes += (double)(!strncmp(names[i], "blocks.", 7)   ? m->hdr.page_size
+                               : !strncmp(names[i], "vision.", 7) ? m->hdr.vis_page_size
+                                                                  : m->hdr.exp_page_size);
+        jlm_rdb_free_names(names, n);
+    }
+    jlm_rdb_close(r);
+    free(db);
+    free(key);
+    return rc;
+}
+
+/* One row per (pid, model) whose model file (path) a process holds. */
+static void ps_rows(const lockrow *lk, size_t nl, const char *name, const char *path, const char *view, const char *where)
+{
+    struct stat st;
+    if (stat(path, &st))
+        return;
+    for (size_t i = 0; i < nl; i++) {
+        if (st.st_ino != lk[i].ino || major(st.st_dev) != lk[i].maj || minor(st.st_dev) != lk[i].min ||
+            lk[i].pid == (long)getpid())
+            continue;
+        jlm_model *m = NULL;
+        jlm_err err = {0};
+        char sz[24], rb[24] = "-", pages[32] = "-";
+        human_size(sz, sizeof sz, (double)st.st_size);
+        if (jlm_fmt_open(path, &m, &err) == 0 && view) {
+            double bytes;
+            long np = resident_pages(view, m, &bytes);
+            if (np >= 0) {
+                snprintf(pages, sizeof pages, "%ld", np);
+                human_size(rb, sizeof rb, bytes);
+            }
+        }
+        printf("%-32s %8ld %-10s %10s %12s %8s  %s\n", jlm_cli_clean(name), lk[i].pid,
+               m ? jlm_fmt_arch_name(m->config.arch) : "?", sz, rb, pages, jlm_cli_clean(where));
+        jlm_fmt_close(m);
+    }
+}
+
+int jlm_cmd_ps(int argc, char **argv)
+{
+    const jlm_opt t[] = {{NULL, NULL, JLM_OPT_FLAG, NULL, 0, 0, 0, NULL, NULL}};
+    const char *pos[32] = {0};
+    jlm_opts_spec os = {"jlm ps", "[MOUNT...] (default: the jlmfs mounts of /proc/mounts)", t, 0, pos, 32, 0};
+    int prc = jlm_opts_parse(&os, argc, argv);
+    if (prc)
+        return prc == 1 ? 0 : prc;
+    const char *why = NULL;
+    char *dir = jlm_cli_cache_dir(&why);
+    if (!dir) {
+        jlm_cli_errorf("jlm ps", "cannot use the cache: %s", why);
+        return 1;
+    }
+    size_t nl, n;
+    lockrow *lk = read_locks(&nl);
+    printf("%-32s %8s %-10s %10s %12s %8s  %s\n", "NAME", "PID", "ARCH", "SIZE", "RESIDENT", "PAGES", "WHERE");
+    entry *v = entries(dir, &n);
+    for (size_t i = 0; i < n; i++)
+        ps_rows(lk, nl, v[i].name, v[i].path, NULL, "cache");
+    entries_free(v, n);
+    free(dir);
+    char *mnts[64];
+    size_t nm = 0;
+    if (os.n_pos)
+        for (int i = 0; i < os.n_pos; i++)
+            mnts[nm++] = strdup(pos[i]);
+    else
+        nm = jlmfs_mounts(mnts, 64);
+    for (size_t k = 0; k < nm; k++) {
+        DIR *d = mnts[k] ? opendir(mnts[k]) : NULL;
+        struct dirent *de;
+        while (d && (de = readdir(d))) {
+            char *view = NULL, *p = NULL;
+            if (de->d_name[0] != '.' && asprintf(&view, "%s/%s", mnts[k], de->d_name) >= 0 &&
+                asprintf(&p, "%s/model.jlm", view) >= 0)
+                ps_rows(lk, nl, de->d_name, p, view, mnts[k]);
+            free(view);
+            free(p);
+        }
+        if (d)
+            closedir(d);
+        free(mnts[k]);
+    }
+    free(lk);
+    return 0;
+}
