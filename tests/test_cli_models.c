@@ -353,3 +353,22 @@ Test(cli_models, completion_offers_type_cache_names_and_models, .timeout = 120)
     tu_rmrf(dir);
     free(dir);
 }
+
+/* The README's main command says what it is doing: one line per stage, in
+ * order (deps, build, mount, convert, generate), before each stage runs. */
+Test(cli_models, demo_prints_one_line_per_stage, .timeout = 300)
+{
+    char cmd[2048], *o;
+    snprintf(cmd, sizeof cmd, "timeout 280 '%s/scripts/demo.sh'", tu_root());
+    cr_assert_eq(tu_run(cmd, &o), 0, "%s", o);
+    static const char *const st[] = {"== [1/5] deps: ", "== [2/5] build: ", "== [3/5] mount: ", "== [4/5] convert: ",
+                                     "== [5/5] generate: "};
+    const char *at = o;
+    for (int i = 0; i < 5; i++) {
+        const char *p = strstr(at, st[i]);
+        cr_assert(p, "no '%s' after the stages before it:\n%s", st[i], o);
+        at = p + 1;
+    }
+    cr_assert(strstr(at, "== stats"), "the demo did not finish:\n%s", o);
+    free(o);
+}
