@@ -46,13 +46,20 @@ int jlm_cmd_cache(int argc, char **argv);
 #include <stdint.h>
 
 /* `jlm convert`'s progress (and the cache's, resolve.c), a jlm_conv_progress
- * callback. On a terminal (tty) one line redrawn with '\r': a bar, percent,
- * MiB done of total, rate, ETA. Otherwise plain lines for a log: one as each
- * quarter (25, 50, 75%) is passed, and one every 30 s between; so a few,
- * never one per unit. Single-threaded (the converter's writer calls it). */
+ * callback. Mode JLM_CLI_BAR_TTY (stderr is a terminal): one line redrawn
+ * with '\r': a bar, percent, MiB done of total, rate, ETA. JLM_CLI_BAR_LOG
+ * (asked for: `jlm convert --progress`, or JLM_PROGRESS=1, when stderr is
+ * not a terminal): plain lines for a log, one as each quarter (25, 50, 75%)
+ * is passed and one every 30 s between; so a few, never one per unit.
+ * JLM_CLI_BAR_OFF (a pipe or a test, not asked): nothing. Single-threaded
+ * (the converter's writer calls it). */
+enum { JLM_CLI_BAR_OFF = 0, JLM_CLI_BAR_TTY = 1, JLM_CLI_BAR_LOG = 2 };
+/* The mode for stderr: TTY on a terminal, else LOG if asked (or
+ * JLM_PROGRESS=1 in the environment), else OFF. */
+int jlm_cli_bar_mode(int asked);
 typedef struct jlm_cli_bar {
     const char *who;   /* "jlm convert": prefix of the plain lines */
-    int tty, shown, last_pct;
+    int tty, shown, last_pct;   /* tty: the mode (JLM_CLI_BAR_*) */
     double t0, t_line;
 } jlm_cli_bar;
 void jlm_cli_bar_init(jlm_cli_bar *b, const char *who, int tty);

@@ -102,12 +102,14 @@ static const char *bad_out_dir(const char *out)
 int jlm_cmd_convert(int argc, char **argv)
 {
     const char *src = NULL, *out = NULL, *mmproj = NULL, *type = NULL, *device = NULL;
-    int plan_only = 0;
+    int plan_only = 0, show_progress = 0;
     const jlm_opt t[] = {
         {"-o", "--output", JLM_OPT_STR, &out, 0, 0, 0, "OUT.jlm", "the container to write (default: SRC with .jlm)"},
         {NULL, "--mmproj", JLM_OPT_STR, &mmproj, 0, 0, 0, "FILE", "a vision projector GGUF to pack in"},
         {NULL, "--type", JLM_OPT_STR, &type, 0, 0, 0, "TYPE", "keep|Q8_0|Q6_K|Q5_K_M|Q4_K_M|Q5_1|Q5_0|Q4_1|Q4_0 (default: keep)"},
         {NULL, "--plan", JLM_OPT_FLAG, &plan_only, 0, 0, 0, NULL, "print the plan, write nothing"},
+        {NULL, "--progress", JLM_OPT_FLAG, &show_progress, 0, 0, 0, NULL,
+         "progress lines on stderr when it is not a terminal (a log; on a terminal the bar is always drawn)"},
         {NULL, "--device", JLM_OPT_STR, &device, 0, 0, 0, "cpu|vulkan|cuda", "the device recorded in the fingerprint (compared on load, never enforced; default: cpu)"},
     };
     const char *pos[3] = {0};
@@ -197,7 +199,7 @@ int jlm_cmd_convert(int argc, char **argv)
     signal(SIGTERM, on_signal);
     signal(SIGHUP, on_signal);
     jlm_cli_bar b;
-    jlm_cli_bar_init(&b, "jlm convert", isatty(2));
+    jlm_cli_bar_init(&b, "jlm convert", jlm_cli_bar_mode(show_progress));
     int rc = jlm_conv_write(c, out, NULL, progress, &b, &err);
     jlm_cli_bar_end(&b);
     if (rc) {

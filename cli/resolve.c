@@ -137,7 +137,7 @@ static int convert_locked(const char *who, const char *dir, const char *src, con
         signal(SIGTERM, on_signal);
         signal(SIGHUP, on_signal);
         jlm_cli_bar bar;
-        jlm_cli_bar_init(&bar, who, isatty(2));
+        jlm_cli_bar_init(&bar, who, jlm_cli_bar_mode(0));
         rc = jlm_conv_write(c, out, NULL, jlm_cli_progress, &bar, &err) ? 1 : 0;
         jlm_cli_bar_end(&bar);
         signal(SIGINT, SIG_DFL);

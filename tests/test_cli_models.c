@@ -372,3 +372,35 @@ Test(cli_models, demo_prints_one_line_per_stage, .timeout = 300)
     cr_assert(strstr(at, "== stats"), "the demo did not finish:\n%s", o);
     free(o);
 }
+
+/* The conversion inside `jlm run x.gguf`: a bar on a terminal (a pty from
+ * script(1)); nothing in a pipe unless asked (JLM_PROGRESS=1: a few log lines);
+ * `jlm convert` in a pipe is quiet too, `--progress` asks. */
+Test(cli_models, conversion_progress_on_a_terminal_only_unless_asked, .timeout = 180)
+{
+    char *dir = tu_tmpdir(), cmd[4000], *o;
+    snprintf(cmd, sizeof cmd, "cp '%s' '%s/a.gguf' && cp '%s' '%s/b.gguf' && cp '%s' '%s/c.gguf'",
+             tu_model("synth-llama-256.f32.gguf"), dir, tu_model("synth-llama-256.f32.gguf"), dir,
+             tu_model("synth-llama-256.f32.gguf"), dir);
+    cr_assert_eq(tu_run(cmd, NULL), 0);
+    snprintf(cmd, sizeof cmd, "run '%s/a.gguf' -p hi -n 1", dir);
+    cr_assert_eq(jlm_in(dir, cmd, &o), 0, "%s", o);
+    cr_assert(strstr(o, "converting a.gguf") && !strstr(o, "% (") && !strchr(o, '\r'), "a pipe: %s", o);
+    free(o);
+    snprintf(cmd, sizeof cmd, "convert '%s/a.gguf' -o '%s/a.jlm'", dir, dir);
+    cr_assert_eq(jlm_in(dir, cmd, &o), 0, "%s", o);
+    cr_assert(!strstr(o, "% (") && strstr(o, "jlm convert: wrote "), "a pipe: %s", o);
+    free(o);
+    snprintf(cmd, sizeof cmd, "JLM_PROGRESS=1 XDG_CACHE_HOME='%s/cache' '%s' run '%s/b.gguf' -p hi -n 1", dir, tu_jlm(),
+             dir);
+    cr_assert_eq(tu_run(cmd, &o), 0, "%s", o);
+    cr_assert(strstr(o, "jlm run: 25% (") && strstr(o, " MiB of 13.0 MiB, "), "asked: %s", o);
+    free(o);
+    snprintf(cmd, sizeof cmd, "XDG_CACHE_HOME='%s/cache' script -qec \"'%s' run '%s/c.gguf' -p hi -n 1\" /dev/null",
+             dir, tu_jlm(), dir);
+    cr_assert_eq(tu_run(cmd, &o), 0, "%s", o);
+    cr_assert(strchr(o, '\r') && strstr(o, "] 100%") && strstr(o, "13.0 MiB of 13.0 MiB"), "a terminal: %s", o);
+    free(o);
+    tu_rmrf(dir);
+    free(dir);
+}
