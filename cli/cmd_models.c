@@ -640,25 +640,30 @@ static lockrow *read_locks(size_t *n)
     return v;
 }
 
-/* Pages of the view's model resident in live engine sessions (its residency
- * database, residency/residency.h) and their bytes; -1 without a database. */
-static long resident_pages(const char *view, const jlm_model *m, double *bytes)
+/* The residency session of pid on the view's model (its database,
+ * residency/residency.h): budget, pages resident and their bytes. 0 when
+ * found, -1 without a database or a session of that pid. */
+static int session_of(const char *view, const jlm_model *m, long pid, uint64_t *budget, uint64_t *pages,
+                      double *bytes)
 {
-    char *db = NULL, *key = NULL, **names = NULL;
+    char *db = NULL, *key = NULL;
+    jlm_rdb_session_info *v = NULL;
     size_t n = 0;
     jlm_err err = {0};
     jlm_rdb *r = NULL;
-    long rc = -1;
-    *bytes = 0;
-    if (jlm_rdb_discover(view, &db, &key, &err) == 0 && jlm_rdb_open(db, JLM_RDB_EXISTING, &r, &err) == 0 &&
-        jlm_rdb_resident(r, key, &names, &n, &err) == 0) {
-        rc = (long)n;
-        for (size_t i = 0; i < n; i++)
-            *bytes += (double)(!strncmp(names[i], "blocks.", 7)   ? m->hdr.page_size
-                               : !strncmp(names[i], "vision.", 7) ? m->hdr.vis_page_size
-                                                                  : m->hdr.exp_page_size);
-        jlm_rdb_free_names(names, n);
-    }
+    int rc = -1;
+    if (jlm_rdb_discover(view, &db, &key, &err) == 0 && jlm_rdb_open(db, JLM_RDB_READONLY, &r, &err) == 0 &&
+        jlm_rdb_sessions(r, key, &v, &n, &err) == 0)
+        for (size_t i = 0; i < n && rc; i++)
+            if (v[i].pid == pid) {
+                *budget = v[i].budget;
+                *pages = v[i].pages[0] + v[i].pages[1] + v[i].pages[2];
+                *bytes = (double)v[i].pages[0] * (double)m->hdr.page_size +
+                         (double)v[i].pages[1] * (double)m->hdr.vis_page_size +
+                         (double)v[i].pages[2] * (double)m->hdr.exp_page_size;
+                rc = 0;
+            }
+    free(v);
     jlm_rdb_close(r);
     free(db);
     free(key);
@@ -677,18 +682,18 @@ static void ps_rows(const lockrow *lk, size_t nl, const char *name, const char *
             continue;
         jlm_model *m = NULL;
         jlm_err err = {0};
-        char sz[24], rb[24] = "-", pages[32] = "-";
+        char sz[24], rb[24] = "-", pages[32] = "-", bud[24] = "-";
         human_size(sz, sizeof sz, (double)st.st_size);
-        if (jlm_fmt_open(path, &m, &err) == 0 && view) {
-            double bytes;
-            long np = resident_pages(view, m, &bytes);
-            if (np >= 0) {
-                snprintf(pages, sizeof pages, "%ld", np);
-                human_size(rb, sizeof rb, bytes);
-            }
+        uint64_t budget = 0, np = 0;
+        double bytes = 0;
+        if (jlm_fmt_open(path, &m, &err) == 0 && view && session_of(view, m, lk[i].pid, &budget, &np, &bytes) == 0) {
+            snprintf(pages, sizeof pages, "%llu", (unsigned long long)np);
+            human_size(rb, sizeof rb, bytes);
+            if (budget)
+                human_size(bud, sizeof bud, (double)budget);
         }
-        printf("%-32s %8ld %-10s %10s %12s %8s  %s\n", jlm_cli_clean(name), lk[i].pid,
-               m ? jlm_fmt_arch_name(m->config.arch) : "?", sz, rb, pages, jlm_cli_clean(where));
+        printf("%-32s %8ld %-10s %10s %10s %12s %8s  %s\n", jlm_cli_clean(name), lk[i].pid,
+               m ? jlm_fmt_arch_name(m->config.arch) : "?", sz, bud, rb, pages, jlm_cli_clean(where));
         jlm_fmt_close(m);
     }
 }
@@ -709,7 +714,8 @@ int jlm_cmd_ps(int argc, char **argv)
     }
     size_t nl, n;
     lockrow *lk = read_locks(&nl);
-    printf("%-32s %8s %-10s %10s %12s %8s  %s\n", "NAME", "PID", "ARCH", "SIZE", "RESIDENT", "PAGES", "WHERE");
+    printf("%-32s %8s %-10s %10s %10s %12s %8s  %s\n", "NAME", "PID", "ARCH", "SIZE", "BUDGET", "RESIDENT", "PAGES",
+           "WHERE");
     entry *v = entries(dir, &n);
     for (size_t i = 0; i < n; i++)
         ps_rows(lk, nl, v[i].name, v[i].path, NULL, "cache");

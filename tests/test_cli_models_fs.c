@@ -50,7 +50,7 @@ Test(cli_models_fs, list_and_ps_show_a_mounts_model_and_the_engine_running_it)
 
     /* an engine on the view: a chat whose input stays open */
     snprintf(cmd, sizeof cmd, "(sleep 30 2>/dev/null | XDG_CACHE_HOME='%s/xdg' '%s' chat '%s/m.jlm' -n 1 "
-             ">/dev/null 2>&1 &) >/dev/null 2>&1", M.tmp, tu_jlm(), M.mnt);
+             "--budget 8M >/dev/null 2>&1 &) >/dev/null 2>&1", M.tmp, tu_jlm(), M.mnt);
     cr_assert_eq(tu_run(cmd, NULL), 0);
     long pid = 0;
     o = NULL;
@@ -58,7 +58,7 @@ Test(cli_models_fs, list_and_ps_show_a_mounts_model_and_the_engine_running_it)
         free(o);
         snprintf(cmd, sizeof cmd, "XDG_CACHE_HOME='%s/xdg' '%s' ps '%s'", M.tmp, tu_jlm(), M.mnt);
         cr_assert_eq(tu_run(cmd, &o), 0, "%s", o);
-        if ((r = row(o, "m.jlm")))
+        if ((r = row(o, "m.jlm")) && !strstr(r, "       -  "))   /* its session registered: PAGES known */
             pid = atol(r + 5);
         else
             sleep_ms(50);
@@ -82,6 +82,10 @@ Test(cli_models_fs, list_and_ps_show_a_mounts_model_and_the_engine_running_it)
     const char *last = strrchr(head, ' ');
     long pages = last && last[1] >= '0' && last[1] <= '9' ? atol(last + 1) : -1;
     cr_assert(pages >= 0, "no resident page count from the residency database: %s", r);
+    double bv = 0;   /* BUDGET: the engine's page-frame budget, within its --budget 8M */
+    char bu[16] = "";
+    cr_assert(sscanf(r, "%*s %*d %*s %*s %*s %lf %15s", &bv, bu) == 2 && !strcmp(bu, "MiB") && bv > 0 && bv <= 8.0,
+              "the engine's budget (--budget 8M) is not in its row: %s", r);
     free(o);
     kill((pid_t)pid, SIGTERM);
     for (int i = 0; i < 100 && kill((pid_t)pid, 0) == 0; i++)
