@@ -183,6 +183,29 @@ static void entries_free(entry *v, size_t n)
     free(v);
 }
 
+/* Parses a command without options (--help only) into pos (at most max);
+ * 0, or the exit status to return (0 after --help). */
+static int parse_plain(const char *who, const char *usage, int argc, char **argv, const char **pos, int max,
+                       int *n_pos, int *done)
+{
+    const jlm_opt t[] = {{NULL, NULL, JLM_OPT_FLAG, NULL, 0, 0, 0, NULL, NULL}};
+    jlm_opts_spec os = {who, usage, t, 0, pos, max, 0};
+    int prc = jlm_opts_parse(&os, argc, argv);
+    *n_pos = os.n_pos;
+    *done = prc != 0;
+    return prc == 1 ? 0 : prc;
+}
+
+/* The per-user cache directory, or NULL with one line printed. */
+static char *cache_or_say(const char *who)
+{
+    const char *why = NULL;
+    char *dir = jlm_cli_cache_dir(&why);
+    if (!dir)
+        jlm_cli_errorf(who, "cannot use the cache: %s", why);
+    return dir;
+}
+
 /* ---------------------------------------------------------------- jlm list */
 static void list_row(const char *name, const char *path, off_t disk, time_t used, const char *where)
 {
@@ -202,6 +225,18 @@ static void list_row(const char *name, const char *path, off_t disk, time_t used
            jlm_cli_clean(where));
 }
 
+/* Calls fn(dir, name, ctx) for each entry of dir but dot files. */
+static void each_entry(const char *dir, void (*fn)(const char *dir, const char *name, void *ctx), void *ctx)
+{
+    DIR *d = opendir(dir);
+    struct dirent *de;
+    while (d && (de = readdir(d)))
+        if (de->d_name[0] != '.')
+            fn(dir, de->d_name, ctx);
+    if (d)
+        closedir(d);
+}
+
 /* The jlmfs mount points of /proc/mounts (fuse.jlmfs), malloc'd strings. */
 static size_t jlmfs_mounts(char **out, size_t max)
 {
@@ -218,58 +253,54 @@ static size_t jlmfs_mounts(char **out, size_t max)
     return n;
 }
 
-/* The model views of a mount (directories with model.jlm) as rows. */
-static void list_mount(const char *mnt)
+/* The mounts given, else every jlmfs mount; malloc'd strings in out. */
+static size_t mounts_of(const char **pos, int n_pos, char **out, size_t max)
 {
-    DIR *d = opendir(mnt);
-    struct dirent *de;
-    while (d && (de = readdir(d))) {
-        char *p = NULL;
-        struct stat st;
-        if (de->d_name[0] == '.' || asprintf(&p, "%s/%s/model.jlm", mnt, de->d_name) < 0)
-            continue;
-        if (stat(p, &st) == 0 && S_ISREG(st.st_mode))
-            list_row(de->d_name, p, st.st_size, st.st_atim.tv_sec, mnt);
-        free(p);
-    }
-    if (d)
-        closedir(d);
+    size_t n = 0;
+    for (int i = 0; i < n_pos && n < max; i++)
+        out[n++] = strdup(pos[i]);
+    return n_pos ? n : jlmfs_mounts(out, max);
 }
 
-/* The bytes on disk of the regular files directly in dir. */
-static off_t folder_disk(const char *dir)
+/* A mount's model view (a directory with model.jlm) as a row. */
+static void list_view(const char *mnt, const char *name, void *ctx)
 {
-    off_t sum = 0;
-    DIR *d = opendir(dir);
-    struct dirent *de;
+    char *p = NULL;
     struct stat st;
-    while (d && (de = readdir(d)))
-        if (de->d_name[0] != '.' && fstatat(dirfd(d), de->d_name, &st, 0) == 0 && S_ISREG(st.st_mode))
-            sum += (off_t)st.st_blocks * 512;
-    if (d)
-        closedir(d);
-    return sum;
+    if (asprintf(&p, "%s/%s/model.jlm", mnt, name) < 0)
+        return;
+    if (stat(p, &st) == 0 && S_ISREG(st.st_mode))
+        list_row(name, p, st.st_size, st.st_atim.tv_sec, mnt);
+    free(p);
 }
 
-/* The models of a --models folder: *.jlm, *.gguf and Hugging Face folders. */
-static void list_folder(const char *dir)
+/* Adds a regular file's bytes on disk to *(off_t *)ctx. */
+static void add_disk(const char *dir, const char *name, void *ctx)
 {
-    DIR *d = opendir(dir);
-    struct dirent *de;
-    while (d && (de = readdir(d))) {
-        char *p = NULL;
-        struct stat st;
-        size_t l = strlen(de->d_name);
-        if (de->d_name[0] == '.' || asprintf(&p, "%s/%s", dir, de->d_name) < 0)
-            continue;
-        if (stat(p, &st) == 0 && ((S_ISREG(st.st_mode) && l > 4 && !strcmp(de->d_name + l - 4, ".jlm")) ||
-                                  (S_ISREG(st.st_mode) && jlm_cli_is_gguf(p)) ||
-                                  (S_ISDIR(st.st_mode) && jlm_hf_is_folder(p))))
-            list_row(de->d_name, p, S_ISDIR(st.st_mode) ? folder_disk(p) : (off_t)st.st_blocks * 512, st.st_atim.tv_sec, dir);
-        free(p);
+    struct stat st;
+    char *p = NULL;
+    if (asprintf(&p, "%s/%s", dir, name) >= 0 && stat(p, &st) == 0 && S_ISREG(st.st_mode))
+        *(off_t *)ctx += (off_t)st.st_blocks * 512;
+    free(p);
+}
+
+/* A --models folder's model (*.jlm, *.gguf, a Hugging Face folder) as a row. */
+static void list_model(const char *dir, const char *name, void *ctx)
+{
+    char *p = NULL;
+    struct stat st;
+    size_t l = strlen(name);
+    if (asprintf(&p, "%s/%s", dir, name) < 0)
+        return;
+    off_t disk = 0;
+    if (stat(p, &st) == 0 && S_ISDIR(st.st_mode) && jlm_hf_is_folder(p)) {
+        each_entry(p, add_disk, &disk);
+        list_row(name, p, disk, st.st_atim.tv_sec, dir);
+    } else if (stat(p, &st) == 0 && S_ISREG(st.st_mode) &&
+               ((l > 4 && !strcmp(name + l - 4, ".jlm")) || jlm_cli_is_gguf(p))) {
+        list_row(name, p, (off_t)st.st_blocks * 512, st.st_atim.tv_sec, dir);
     }
-    if (d)
-        closedir(d);
+    free(p);
 }
 
 int jlm_cmd_list(int argc, char **argv)
@@ -283,12 +314,9 @@ int jlm_cmd_list(int argc, char **argv)
     int prc = jlm_opts_parse(&os, argc, argv);
     if (prc)
         return prc == 1 ? 0 : prc;
-    const char *why = NULL;
-    char *dir = jlm_cli_cache_dir(&why);
-    if (!dir) {
-        jlm_cli_errorf("jlm list", "cannot use the cache: %s", why);
+    char *dir = cache_or_say("jlm list");
+    if (!dir)
         return 1;
-    }
     printf("%-32s %-10s %8s %-6s %10s  %-16s %s\n", "NAME", "ARCH", "PARAMS", "TYPE", "SIZE", "LAST USED", "WHERE");
     size_t n;
     entry *v = entries(dir, &n);
@@ -297,19 +325,14 @@ int jlm_cmd_list(int argc, char **argv)
     entries_free(v, n);
     free(dir);
     char *mnts[64];
-    size_t nm = 0;
-    if (os.n_pos)
-        for (int i = 0; i < os.n_pos; i++)
-            mnts[nm++] = strdup(pos[i]);
-    else
-        nm = jlmfs_mounts(mnts, 64);
+    size_t nm = mounts_of(pos, os.n_pos, mnts, 64);
     for (size_t i = 0; i < nm; i++) {
         if (mnts[i])
-            list_mount(mnts[i]);
+            each_entry(mnts[i], list_view, NULL);
         free(mnts[i]);
     }
     if (models)
-        list_folder(models);
+        each_entry(models, list_model, NULL);
     return 0;
 }
 
@@ -377,13 +400,12 @@ static void hf_license(const char *dir, char *out, size_t n)
 
 int jlm_cmd_show(int argc, char **argv)
 {
-    const jlm_opt t[] = {{NULL, NULL, JLM_OPT_FLAG, NULL, 0, 0, 0, NULL, NULL}};
     const char *pos[1] = {0};
-    jlm_opts_spec os = {"jlm show", "MODEL (a path or a cache entry name)", t, 0, pos, 1, 0};
-    int prc = jlm_opts_parse(&os, argc, argv);
-    if (prc)
-        return prc == 1 ? 0 : prc;
-    if (!os.n_pos) {
+    int n_pos, done, prc = parse_plain("jlm show", "MODEL (a path or a cache entry name)", argc, argv, pos, 1, &n_pos,
+                                       &done);
+    if (done)
+        return prc;
+    if (!n_pos) {
         jlm_cli_error("jlm show", "missing MODEL (a .jlm, GGUF, Hugging Face folder, view or cache entry name)");
         return 2;
     }
@@ -438,26 +460,22 @@ int jlm_cmd_show(int argc, char **argv)
 /* ---------------------------------------------------------------- jlm rm */
 int jlm_cmd_rm(int argc, char **argv)
 {
-    const jlm_opt t[] = {{NULL, NULL, JLM_OPT_FLAG, NULL, 0, 0, 0, NULL, NULL}};
     const char *pos[16] = {0};
-    jlm_opts_spec os = {"jlm rm", "MODEL... (cache entry names, as jlm list shows them)", t, 0, pos, 16, 0};
-    int prc = jlm_opts_parse(&os, argc, argv);
-    if (prc)
-        return prc == 1 ? 0 : prc;
-    if (!os.n_pos) {
+    int n_pos, done, prc = parse_plain("jlm rm", "MODEL... (cache entry names, as jlm list shows them)", argc, argv,
+                                       pos, 16, &n_pos, &done);
+    if (done)
+        return prc;
+    if (!n_pos) {
         jlm_cli_error("jlm rm", "missing MODEL (a cache entry name, as jlm list shows it)");
         return 2;
     }
-    const char *why = NULL;
-    char *dir = jlm_cli_cache_dir(&why);
-    if (!dir) {
-        jlm_cli_errorf("jlm rm", "cannot use the cache: %s", why);
+    char *dir = cache_or_say("jlm rm");
+    if (!dir)
         return 1;
-    }
     size_t n;
     entry *v = entries(dir, &n);
     int status = 0;
-    for (int k = 0; k < os.n_pos; k++) {
+    for (int k = 0; k < n_pos; k++) {
         int found = 0;
         for (size_t i = 0; i < n; i++) {
             const char *base = strrchr(v[i].path, '/') + 1;
@@ -698,20 +716,29 @@ static void ps_rows(const lockrow *lk, size_t nl, const char *name, const char *
     }
 }
 
+typedef struct ps_ctx { const lockrow *lk; size_t nl; } ps_ctx;
+
+/* The rows of the processes holding a mount's view. */
+static void ps_view(const char *mnt, const char *name, void *ctx)
+{
+    const ps_ctx *pc = ctx;
+    char *view = NULL, *p = NULL;
+    if (asprintf(&view, "%s/%s", mnt, name) >= 0 && asprintf(&p, "%s/model.jlm", view) >= 0)
+        ps_rows(pc->lk, pc->nl, name, p, view, mnt);
+    free(view);
+    free(p);
+}
+
 int jlm_cmd_ps(int argc, char **argv)
 {
-    const jlm_opt t[] = {{NULL, NULL, JLM_OPT_FLAG, NULL, 0, 0, 0, NULL, NULL}};
     const char *pos[32] = {0};
-    jlm_opts_spec os = {"jlm ps", "[MOUNT...] (default: the jlmfs mounts of /proc/mounts)", t, 0, pos, 32, 0};
-    int prc = jlm_opts_parse(&os, argc, argv);
-    if (prc)
-        return prc == 1 ? 0 : prc;
-    const char *why = NULL;
-    char *dir = jlm_cli_cache_dir(&why);
-    if (!dir) {
-        jlm_cli_errorf("jlm ps", "cannot use the cache: %s", why);
+    int n_pos, done, prc = parse_plain("jlm ps", "[MOUNT...] (default: the jlmfs mounts of /proc/mounts)", argc, argv,
+                                       pos, 32, &n_pos, &done);
+    if (done)
+        return prc;
+    char *dir = cache_or_say("jlm ps");
+    if (!dir)
         return 1;
-    }
     size_t nl, n;
     lockrow *lk = read_locks(&nl);
     printf("%-32s %8s %-10s %10s %10s %12s %8s  %s\n", "NAME", "PID", "ARCH", "SIZE", "BUDGET", "RESIDENT", "PAGES",
@@ -722,25 +749,11 @@ int jlm_cmd_ps(int argc, char **argv)
     entries_free(v, n);
     free(dir);
     char *mnts[64];
-    size_t nm = 0;
-    if (os.n_pos)
-        for (int i = 0; i < os.n_pos; i++)
-            mnts[nm++] = strdup(pos[i]);
-    else
-        nm = jlmfs_mounts(mnts, 64);
+    size_t nm = mounts_of(pos, n_pos, mnts, 64);
+    ps_ctx pc = {lk, nl};
     for (size_t k = 0; k < nm; k++) {
-        DIR *d = mnts[k] ? opendir(mnts[k]) : NULL;
-        struct dirent *de;
-        while (d && (de = readdir(d))) {
-            char *view = NULL, *p = NULL;
-            if (de->d_name[0] != '.' && asprintf(&view, "%s/%s", mnts[k], de->d_name) >= 0 &&
-                asprintf(&p, "%s/model.jlm", view) >= 0)
-                ps_rows(lk, nl, de->d_name, p, view, mnts[k]);
-            free(view);
-            free(p);
-        }
-        if (d)
-            closedir(d);
+        if (mnts[k])
+            each_entry(mnts[k], ps_view, &pc);
         free(mnts[k]);
     }
     free(lk);

@@ -5,14 +5,18 @@
 #include <criterion/criterion.h>
 
 #include <dirent.h>
+#include <stdarg.h>
 #include <fcntl.h>
 #include <signal.h>
 #include <sys/file.h>
 #include <sys/stat.h>
 #include <time.h>
+#include <limits.h>
+#include <stdlib.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
-#include "tests/testutil.h"
+#include "tests/mntutil.h"
 
 /* Runs `jlm ARGS` with the cache in DIR/cache; stdout+stderr in *out. */
 static int jlm_in(const char *dir, const char *args, char **out)
@@ -20,6 +24,29 @@ static int jlm_in(const char *dir, const char *args, char **out)
     char cmd[4096];
     snprintf(cmd, sizeof cmd, "XDG_CACHE_HOME='%s/cache' '%s' %s", dir, tu_jlm(), args);
     return tu_run(cmd, out);
+}
+
+/* `jlm ARGS` (a printf format) with the cache in DIR/cache, asserting its
+ * exit status is rc; its stdout+stderr (malloc'd). */
+static char *jlm_rc(const char *dir, int rc, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
+static char *jlm_rc(const char *dir, int rc, const char *fmt, ...)
+{
+    char args[3000], *o = NULL;
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(args, sizeof args, fmt, ap);
+    va_end(ap);
+    int got = jlm_in(dir, args, &o);
+    cr_assert_eq(got, rc, "jlm %s: exit %d, expected %d:\n%s", args, got, rc, o);
+    return o;
+}
+
+/* `jlm ARGS` exits rc and says needle. */
+static void jlm_says(const char *dir, int rc, const char *args, const char *needle)
+{
+    char *o = jlm_rc(dir, rc, "%s", args);
+    cr_assert(strstr(o, needle), "jlm %s does not say '%s':\n%s", args, needle, o);
+    free(o);
 }
 
 /* How many files DIR/cache/jlm holds. */
@@ -55,9 +82,7 @@ static int count_lines(const char *s, const char *needle)
 /* ---------------------------------------------------------------- messages */
 Test(cli_models, requantization_notes_are_one_line_per_type_pair, .timeout = 60)
 {
-    char *dir = tu_tmpdir(), args[2048], *o;
-    snprintf(args, sizeof args, "convert '%s' -o '%s/a.jlm'", tu_model("synth-llama-256.Q2_K.gguf"), dir);
-    cr_assert_eq(jlm_in(dir, args, &o), 0, "%s", o);
+    char *dir = tu_tmpdir(), *o = jlm_rc(dir, 0, "convert '%s' -o '%s/a.jlm'", tu_model("synth-llama-256.Q2_K.gguf"), dir);
     cr_assert_eq(count_lines(o, "re-quantized"), 1, "one note for the (Q2_K, Q4_K) pair:\n%s", o);
     cr_assert(strstr(o, "Q2_K") && strstr(o, "stored as Q4_K") && strstr(o, "17 tensors"), "%s", o);
     free(o);
@@ -67,9 +92,8 @@ Test(cli_models, requantization_notes_are_one_line_per_type_pair, .timeout = 60)
 
 Test(cli_models, type_q4_1_says_it_is_stored_as_q5_1, .timeout = 60)
 {
-    char *dir = tu_tmpdir(), args[2048], *o;
-    snprintf(args, sizeof args, "convert '%s' --type Q4_1 -o '%s/a.jlm'", tu_model("synth-llama-256.f32.gguf"), dir);
-    cr_assert_eq(jlm_in(dir, args, &o), 0, "%s", o);
+    char *dir = tu_tmpdir(),
+         *o = jlm_rc(dir, 0, "convert '%s' --type Q4_1 -o '%s/a.jlm'", tu_model("synth-llama-256.f32.gguf"), dir);
     cr_assert_eq(count_lines(o, "stored as Q5_1"), 1, "one note for --type Q4_1:\n%s", o);
     cr_assert(strstr(o, "Q4_1"), "%s", o);
     free(o);
@@ -79,9 +103,7 @@ Test(cli_models, type_q4_1_says_it_is_stored_as_q5_1, .timeout = 60)
 
 Test(cli_models, an_mmproj_run_as_a_model_gets_the_mmproj_hint, .timeout = 60)
 {
-    char *dir = tu_tmpdir(), args[2048], *o;
-    snprintf(args, sizeof args, "run '%s' -p hi -n 1", tu_model("mmproj-tinygemma3.gguf"));
-    cr_assert_eq(jlm_in(dir, args, &o), 1, "%s", o);
+    char *dir = tu_tmpdir(), *o = jlm_rc(dir, 1, "run '%s' -p hi -n 1", tu_model("mmproj-tinygemma3.gguf"));
     cr_assert(strstr(o, "--mmproj") && strstr(o, "vision projector"), "%s", o);
     cr_assert_eq(cache_count(dir), 0, "a cache file from a refused source");
     free(o);
@@ -95,8 +117,7 @@ Test(cli_models, a_hugging_face_folder_without_a_tokenizer_says_the_files_are_mi
     snprintf(cmd, sizeof cmd, "mkdir '%s/m' && cp '%s/tests/models/hf/tiny-llama/config.json' "
              "'%s/tests/models/hf/tiny-llama/model.safetensors' '%s/m/'", dir, tu_root(), tu_root(), dir);
     cr_assert_eq(tu_run(cmd, NULL), 0);
-    snprintf(cmd, sizeof cmd, "run '%s/m' -p hi -n 1", dir);
-    cr_assert_eq(jlm_in(dir, cmd, &o), 1, "%s", o);
+    o = jlm_rc(dir, 1, "run '%s/m' -p hi -n 1", dir);
     cr_assert(strstr(o, "tokenizer files are missing") && strstr(o, "tokenizer.json"), "%s", o);
     cr_assert(!strstr(o, "kind 0"), "%s", o);
     free(o);
@@ -110,8 +131,7 @@ Test(cli_models, bench_prints_a_long_model_name_whole, .timeout = 120)
     const char *name = "a-model-name-longer-than-twenty-four-characters.gguf";
     snprintf(cmd, sizeof cmd, "cp '%s' '%s/%s'", tu_model("stories260K.gguf"), dir, name);
     cr_assert_eq(tu_run(cmd, NULL), 0);
-    snprintf(cmd, sizeof cmd, "bench '%s/%s' -p 8 -n 4 -r 1", dir, name);
-    cr_assert_eq(jlm_in(dir, cmd, &o), 0, "%s", o);
+    o = jlm_rc(dir, 0, "bench '%s/%s' -p 8 -n 4 -r 1", dir, name);
     char row[200];
     snprintf(row, sizeof row, "| %s |", name);
     cr_assert_eq(count_lines(o, row), 2, "the whole name in both rows:\n%s", o);
@@ -123,17 +143,14 @@ Test(cli_models, bench_prints_a_long_model_name_whole, .timeout = 120)
 /* ---------------------------------------------------------------- jlm info SOURCE */
 Test(cli_models, info_of_a_gguf_reads_its_header_without_a_cache_entry, .timeout = 60)
 {
-    char *dir = tu_tmpdir(), args[2048], *o;
-    snprintf(args, sizeof args, "info '%s' --tensors", tu_model("synth-llama-256.Q4_K_M.gguf"));
-    cr_assert_eq(jlm_in(dir, args, &o), 0, "%s", o);
+    char *dir = tu_tmpdir(), *o = jlm_rc(dir, 0, "info '%s' --tensors", tu_model("synth-llama-256.Q4_K_M.gguf"));
     cr_assert(strstr(o, "GGUF source") && strstr(o, "not converted"), "%s", o);
     cr_assert(strstr(o, "arch          llama"), "%s", o);
     cr_assert(strstr(o, "blk.0.attn_q.weight") && strstr(o, "token_embd.weight"), "%s", o);
     cr_assert(!strstr(o, "converting"), "%s", o);
     cr_assert_eq(cache_count(dir), 0, "jlm info made a cache entry");
     free(o);
-    snprintf(args, sizeof args, "info '%s' --json", tu_model("synth-llama-256.Q4_K_M.gguf"));
-    cr_assert_eq(jlm_in(dir, args, &o), 0, "%s", o);
+    o = jlm_rc(dir, 0, "info '%s' --json", tu_model("synth-llama-256.Q4_K_M.gguf"));
     cr_assert(strstr(o, "\"arch\": \"llama\"") && strstr(o, "\"kind\": \"gguf\""), "%s", o);
     cr_assert_eq(cache_count(dir), 0, "jlm info --json made a cache entry");
     free(o);
@@ -152,7 +169,7 @@ static char *two_models(void)
     cr_assert_eq(tu_run(cmd, NULL), 0);
     for (int i = 0; i < 2; i++) {
         snprintf(cmd, sizeof cmd, "tokenize '%s/%s.gguf' a --ids", dir, i ? "synth" : "story");
-        cr_assert_eq(jlm_in(dir, cmd, &o), 0, "%s", o);
+        o = jlm_rc(dir, 0, "%s", cmd);
         free(o);
     }
     cr_assert_eq(cache_count(dir), 2);
@@ -189,7 +206,7 @@ static long running_engine(const char *dir, const char *model, const char *name,
     for (int i = 0; i < 200 && !pid; i++) {
         snprintf(cmd, sizeof cmd, "ps %s", ps_args);
         free(o);
-        cr_assert_eq(jlm_in(dir, cmd, &o), 0, "%s", o);
+        o = jlm_rc(dir, 0, "%s", cmd);
         const char *r = row_of(o, name);
         if (r)
             pid = atol(r + strlen(name));
@@ -212,7 +229,7 @@ Test(cli_models, list_shows_each_cached_model_with_its_arch_params_type_and_size
 {
     char *dir = two_models(), args[2048], *o;
     snprintf(args, sizeof args, "list --models '%s/tests/models/hf'", tu_root());
-    cr_assert_eq(jlm_in(dir, args, &o), 0, "%s", o);
+    o = jlm_rc(dir, 0, "%s", args);
     const char *r = row_of(o, "story");
     cr_assert(r && strstr(r, "llama") && strstr(r, "F32") && strstr(r, "K ") && strstr(r, "MiB") &&
               strstr(r, "ago") && strstr(r, "cache"), "%s", o);
@@ -229,7 +246,7 @@ Test(cli_models, list_shows_each_cached_model_with_its_arch_params_type_and_size
 Test(cli_models, show_prints_architecture_parameters_context_template_and_license, .timeout = 120)
 {
     char *dir = two_models(), cmd[3000], *o, *i;
-    cr_assert_eq(jlm_in(dir, "show story", &o), 0, "%s", o);
+    o = jlm_rc(dir, 0, "%s", "show story");
     snprintf(cmd, sizeof cmd, "info '%s/story.gguf' --json", dir);
     cr_assert_eq(jlm_in(dir, cmd, &i), 0, "%s", i);
     const char *c = strstr(i, "\"n_ctx\": ");
@@ -246,13 +263,11 @@ Test(cli_models, show_prints_architecture_parameters_context_template_and_licens
              dir, tu_root(), dir, tu_root(), dir, dir);
     cr_assert_eq(tu_run(cmd, NULL), 0);
     snprintf(cmd, sizeof cmd, "show '%s/q'", dir);
-    cr_assert_eq(jlm_in(dir, cmd, &o), 0, "%s", o);
+    o = jlm_rc(dir, 0, "%s", cmd);
     cr_assert(strstr(o, "template\n") && strstr(o, "<|im_start|>"), "%s", o);
     cr_assert(strstr(o, "License\n    apache-2.0"), "%s", o);
     free(o);
-    cr_assert_eq(jlm_in(dir, "show nosuchmodel", &o), 1, "%s", o);
-    cr_assert(strstr(o, "nosuchmodel: no such file or cache entry"), "%s", o);
-    free(o);
+    jlm_says(dir, 1, "show nosuchmodel", "nosuchmodel: no such file or cache entry");
     tu_rmrf(dir);
     free(dir);
 }
@@ -262,27 +277,21 @@ Test(cli_models, rm_and_prune_never_remove_an_entry_a_running_engine_holds, .tim
     char *dir = two_models(), model[1200], *o;
     snprintf(model, sizeof model, "%s/synth.gguf", dir);
     long pid = running_engine(dir, model, "synth", "", 20);
-    cr_assert_eq(jlm_in(dir, "ps", &o), 0, "%s", o);
+    o = jlm_rc(dir, 0, "%s", "ps");
     const char *r = row_of(o, "synth");
     cr_assert(r && strstr(r, "llama") && strstr(r, "cache"), "%s", o);
     cr_assert(!row_of(o, "story"), "story is not running:\n%s", o);
     free(o);
-    cr_assert_eq(jlm_in(dir, "rm synth", &o), 1, "%s", o);
-    cr_assert(strstr(o, "in use by a running process"), "%s", o);
-    free(o);
+    jlm_says(dir, 1, "rm synth", "in use by a running process");
     cr_assert_eq(cache_count(dir), 2);
-    cr_assert_eq(jlm_in(dir, "cache prune --max-size 0", &o), 0, "%s", o);
+    o = jlm_rc(dir, 0, "%s", "cache prune --max-size 0");
     cr_assert(strstr(o, "deleted 'story@") && !strstr(o, "deleted 'synth@") && strstr(o, "1 in use kept"), "%s", o);
     free(o);
     cr_assert_eq(cache_count(dir), 1);
     stop_engine(pid);
-    cr_assert_eq(jlm_in(dir, "rm synth", &o), 0, "%s", o);
-    cr_assert(strstr(o, "deleted 'synth@"), "%s", o);
-    free(o);
+    jlm_says(dir, 0, "rm synth", "deleted 'synth@");
     cr_assert_eq(cache_count(dir), 0);
-    cr_assert_eq(jlm_in(dir, "rm synth", &o), 1, "%s", o);
-    cr_assert(strstr(o, "no such cache entry"), "%s", o);
-    free(o);
+    jlm_says(dir, 1, "rm synth", "no such cache entry");
     tu_rmrf(dir);
     free(dir);
 }
@@ -299,15 +308,13 @@ Test(cli_models, prune_older_than_removes_only_entries_unused_that_long, .timeou
             cr_assert_eq(utimensat(dirfd(d), de->d_name, ts, 0), 0);
         }
     closedir(d);
-    cr_assert_eq(jlm_in(dir, "cache prune --older-than 2d", &o), 0, "%s", o);
+    o = jlm_rc(dir, 0, "%s", "cache prune --older-than 2d");
     cr_assert(strstr(o, "deleted 'story@") && !strstr(o, "synth@"), "%s", o);
     free(o);
     cr_assert_eq(cache_count(dir), 1);
-    cr_assert_eq(jlm_in(dir, "cache prune --older-than soon", &o), 2, "%s", o);
-    cr_assert(strstr(o, "--older-than soon: not a duration"), "%s", o);
-    free(o);
+    jlm_says(dir, 2, "cache prune --older-than soon", "--older-than soon: not a duration");
     snprintf(p, sizeof p, "cache prune '%s/cache/jlm' --max-size 0", dir);
-    cr_assert_eq(jlm_in(dir, p, &o), 0, "%s", o);
+    o = jlm_rc(dir, 0, "%s", p);
     cr_assert(strstr(o, "deleted 'synth@"), "%s", o);
     free(o);
     cr_assert_eq(cache_count(dir), 0);
@@ -384,11 +391,11 @@ Test(cli_models, conversion_progress_on_a_terminal_only_unless_asked, .timeout =
              tu_model("synth-llama-256.f32.gguf"), dir);
     cr_assert_eq(tu_run(cmd, NULL), 0);
     snprintf(cmd, sizeof cmd, "run '%s/a.gguf' -p hi -n 1", dir);
-    cr_assert_eq(jlm_in(dir, cmd, &o), 0, "%s", o);
+    o = jlm_rc(dir, 0, "%s", cmd);
     cr_assert(strstr(o, "converting a.gguf") && !strstr(o, "% (") && !strchr(o, '\r'), "a pipe: %s", o);
     free(o);
     snprintf(cmd, sizeof cmd, "convert '%s/a.gguf' -o '%s/a.jlm'", dir, dir);
-    cr_assert_eq(jlm_in(dir, cmd, &o), 0, "%s", o);
+    o = jlm_rc(dir, 0, "%s", cmd);
     cr_assert(!strstr(o, "% (") && strstr(o, "jlm convert: wrote "), "a pipe: %s", o);
     free(o);
     snprintf(cmd, sizeof cmd, "JLM_PROGRESS=1 XDG_CACHE_HOME='%s/cache' '%s' run '%s/b.gguf' -p hi -n 1", dir, tu_jlm(),
@@ -403,4 +410,74 @@ Test(cli_models, conversion_progress_on_a_terminal_only_unless_asked, .timeout =
     free(o);
     tu_rmrf(dir);
     free(dir);
+}
+
+/* ---------------------------------------------------------------- on a jlmfs mount */
+/* `jlm list` and `jlm ps` on a mount with a running engine (tests/mntutil.h's
+ * fixture: a private SRC, mount point and cache per test). */
+static void fs_fini(void) { mnt_fini(); }
+
+TestSuite(cli_models_fs, .init = mnt_dirs, .fini = fs_fini, .timeout = 90);
+
+Test(cli_models_fs, list_and_ps_show_a_mounts_model_and_the_engine_running_it)
+{
+    size_t n;
+    unsigned char *g = tu_read_file(tu_model("stories260K.gguf"), &n);
+    cr_assert(g);
+    cr_assert_eq(tu_write_file(pathf("%s/m.gguf", M.src), g, n), 0);
+    free(g);
+    mnt_start(0, 1);
+    char cmd[4000], *o = NULL;
+    snprintf(cmd, sizeof cmd, "XDG_CACHE_HOME='%s/xdg' '%s' list '%s'", M.tmp, tu_jlm(), M.mnt);
+    cr_assert_eq(tu_run(cmd, &o), 0, "%s", o);
+    const char *r = row_of(o, "m.jlm");
+    cr_assert(r && strstr(r, "llama") && strstr(r, "F32") && strstr(r, M.mnt), "%s", o);
+    free(o);
+
+    /* an engine on the view: a chat whose input stays open */
+    snprintf(cmd, sizeof cmd, "(sleep 30 2>/dev/null | XDG_CACHE_HOME='%s/xdg' '%s' chat '%s/m.jlm' -n 1 "
+             "--budget 8M >/dev/null 2>&1 &) >/dev/null 2>&1", M.tmp, tu_jlm(), M.mnt);
+    cr_assert_eq(tu_run(cmd, NULL), 0);
+    long pid = 0;
+    o = NULL;
+    for (int i = 0; i < 200 && !pid; i++) {
+        free(o);
+        snprintf(cmd, sizeof cmd, "XDG_CACHE_HOME='%s/xdg' '%s' ps '%s'", M.tmp, tu_jlm(), M.mnt);
+        cr_assert_eq(tu_run(cmd, &o), 0, "%s", o);
+        if ((r = row_of(o, "m.jlm")) && !strstr(r, "       -  "))   /* its session registered: PAGES known */
+            pid = atol(r + 5);
+        else
+            sleep_ms(50);
+    }
+    cr_assert(pid > 0, "jlm ps never showed the engine:\n%s", o);
+    char exe[64], got[1024] = "", *want = realpath(tu_jlm(), NULL);
+    snprintf(exe, sizeof exe, "/proc/%ld/exe", pid);
+    ssize_t gl = readlink(exe, got, sizeof got - 1);
+    cr_assert(gl > 0 && want && !strcmp(got, want), "pid %ld is not the jlm chat: %s", pid, got);
+    free(want);
+    char arch[32] = "", sz[32] = "", unit[16] = "", head[1024];
+    long p2 = 0;
+    cr_assert(sscanf(r, "%*s %ld %31s %31s %15s", &p2, arch, sz, unit) == 4 && p2 == pid && !strcmp(arch, "llama"),
+              "%s", r);
+    const char *p = strstr(r, M.mnt);   /* PAGES: the last column before WHERE */
+    cr_assert(p, "%s", r);
+    snprintf(head, sizeof head, "%.*s", (int)(p - r), r);
+    size_t hl = strlen(head);
+    while (hl && head[hl - 1] == ' ')
+        head[--hl] = 0;
+    const char *last = strrchr(head, ' ');
+    long pages = last && last[1] >= '0' && last[1] <= '9' ? atol(last + 1) : -1;
+    cr_assert(pages >= 0, "no resident page count from the residency database: %s", r);
+    double bv = 0;   /* BUDGET: the engine's page-frame budget, within its --budget 8M */
+    char bu[16] = "";
+    cr_assert(sscanf(r, "%*s %*d %*s %*s %*s %lf %15s", &bv, bu) == 2 && !strcmp(bu, "MiB") && bv > 0 && bv <= 8.0,
+              "the engine's budget (--budget 8M) is not in its row: %s", r);
+    free(o);
+    kill((pid_t)pid, SIGTERM);
+    for (int i = 0; i < 100 && kill((pid_t)pid, 0) == 0; i++)
+        sleep_ms(20);
+    snprintf(cmd, sizeof cmd, "XDG_CACHE_HOME='%s/xdg' '%s' ps '%s'", M.tmp, tu_jlm(), M.mnt);
+    cr_assert_eq(tu_run(cmd, &o), 0, "%s", o);
+    cr_assert(!row_of(o, "m.jlm"), "a dead engine is still listed:\n%s", o);
+    free(o);
 }
