@@ -272,6 +272,40 @@ Test(cli_models, show_prints_architecture_parameters_context_template_and_licens
     free(dir);
 }
 
+/* A GGUF's general.license: stories260K.gguf with that key put first (a
+ * 64-byte key/value, so the data keeps its 32-byte alignment). */
+Test(cli_models, show_prints_a_gguf_license, .timeout = 60)
+{
+    char *dir = tu_tmpdir(), p[1200];
+    static const char key[] = "general.license", val[] = "CC-BY-4.0 and MIT, for a test";
+    size_t n = 0, kl = strlen(key), vl = strlen(val), kv = 8 + kl + 4 + 8 + vl;
+    cr_assert_eq(kv % 32, 0);
+    unsigned char *g = tu_read_file(tu_model("stories260K.gguf"), &n), *o = malloc(n + kv);
+    cr_assert(g && o && n > 24);
+    memcpy(o, g, 24);
+    uint64_t nkv, l;
+    uint32_t ty = 8;   /* GGUF string */
+    memcpy(&nkv, g + 16, 8);
+    nkv++;
+    memcpy(o + 16, &nkv, 8);
+    unsigned char *w = o + 24;
+    l = kl;
+    memcpy(w, &l, 8), w += 8, memcpy(w, key, kl), w += kl, memcpy(w, &ty, 4), w += 4;
+    l = vl;
+    memcpy(w, &l, 8), w += 8, memcpy(w, val, vl), w += vl;
+    memcpy(w, g + 24, n - 24);
+    snprintf(p, sizeof p, "%s/lic.gguf", dir);
+    cr_assert_eq(tu_write_file(p, o, n + kv), 0);
+    free(g);
+    free(o);
+    char *out = jlm_rc(dir, 0, "show '%s'", p);
+    cr_assert(strstr(out, "License\n    CC-BY-4.0 and MIT, for a test\n") && strstr(out, "architecture    llama"), "%s",
+              out);
+    free(out);
+    tu_rmrf(dir);
+    free(dir);
+}
+
 Test(cli_models, rm_and_prune_never_remove_an_entry_a_running_engine_holds, .timeout = 120)
 {
     char *dir = two_models(), model[1200], *o;
