@@ -306,6 +306,34 @@ Test(cli_models, show_prints_a_gguf_license, .timeout = 60)
     free(dir);
 }
 
+/* A Hugging Face hub snapshot links each file to its blob: the cache key
+ * follows the links, so a link retargeted to a new blob is a new source (a
+ * new entry), and the same links again are the same one. */
+Test(cli_models, a_snapshot_folder_of_symlinks_is_keyed_by_the_files_they_name, .timeout = 120)
+{
+    char *dir = tu_tmpdir(), cmd[4000], *o;
+    snprintf(cmd, sizeof cmd, "mkdir '%s/blobs' '%s/snap' && cp '%s/tests/models/hf/tiny-llama/config.json' "
+             "'%s/blobs/c1' && cp '%s/tests/models/hf/tiny-llama/model.safetensors' '%s/blobs/m1' && "
+             "ln -s ../blobs/c1 '%s/snap/config.json' && ln -s ../blobs/m1 '%s/snap/model.safetensors'",
+             dir, dir, tu_root(), dir, tu_root(), dir, dir, dir);
+    cr_assert_eq(tu_run(cmd, NULL), 0);
+    o = jlm_rc(dir, 0, "run '%s/snap' --ids 1,2,3 -n 2 --temp 0", dir);
+    cr_assert(strstr(o, "converting snap into the cache"), "%s", o);
+    free(o);
+    o = jlm_rc(dir, 0, "run '%s/snap' --ids 1,2,3 -n 2 --temp 0", dir);
+    cr_assert(!strstr(o, "converting"), "the same links: the same entry: %s", o);
+    free(o);
+    /* a new revision: config.json now links to another blob */
+    snprintf(cmd, sizeof cmd, "cp '%s/blobs/c1' '%s/blobs/c2' && ln -sfn ../blobs/c2 '%s/snap/config.json'", dir, dir,
+             dir);
+    cr_assert_eq(tu_run(cmd, NULL), 0);
+    o = jlm_rc(dir, 0, "run '%s/snap' --ids 1,2,3 -n 2 --temp 0", dir);
+    cr_assert(strstr(o, "converting snap into the cache"), "a retargeted link is a new source: %s", o);
+    free(o);
+    tu_rmrf(dir);
+    free(dir);
+}
+
 Test(cli_models, rm_and_prune_never_remove_an_entry_a_running_engine_holds, .timeout = 120)
 {
     char *dir = two_models(), model[1200], *o;
