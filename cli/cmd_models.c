@@ -628,7 +628,7 @@ int jlm_cmd_cache(int argc, char **argv)
 }
 
 /* ---------------------------------------------------------------- jlm ps */
-typedef struct lockrow { long pid; unsigned maj, min; unsigned long long ino; } lockrow;
+typedef struct lockrow { long pid; unsigned maj, min; unsigned long long ino; int shown; } lockrow;
 
 /* The shared flocks of /proc/locks (every `jlm run`, `chat`, `bench` and
  * `serve` holds its model so: cli/resolve.c). malloc'd. */
@@ -641,7 +641,7 @@ static lockrow *read_locks(size_t *n)
     *n = 0;
     while (f && fgets(line, sizeof line, f)) {
         char kind[16], adv[16], mode[16];
-        lockrow r;
+        lockrow r = {0};
         if (sscanf(line, "%*s %15s %15s %15s %ld %x:%x:%llu", kind, adv, mode, &r.pid, &r.maj, &r.min, &r.ino) != 7 ||
             strcmp(kind, "FLOCK") || strcmp(mode, "READ"))
             continue;
@@ -689,15 +689,16 @@ static int session_of(const char *view, const jlm_model *m, long pid, uint64_t *
 }
 
 /* One row per (pid, model) whose model file (path) a process holds. */
-static void ps_rows(const lockrow *lk, size_t nl, const char *name, const char *path, const char *view, const char *where)
+static void ps_rows(lockrow *lk, size_t nl, const char *name, const char *path, const char *view, const char *where)
 {
     struct stat st;
     if (stat(path, &st))
         return;
     for (size_t i = 0; i < nl; i++) {
         if (st.st_ino != lk[i].ino || major(st.st_dev) != lk[i].maj || minor(st.st_dev) != lk[i].min ||
-            lk[i].pid == (long)getpid())
+            lk[i].pid == (long)getpid() || lk[i].shown)
             continue;
+        lk[i].shown = 1;
         jlm_model *m = NULL;
         jlm_err err = {0};
         char sz[24], rb[24] = "-", pages[32] = "-", bud[24] = "-";
@@ -716,7 +717,52 @@ static void ps_rows(const lockrow *lk, size_t nl, const char *name, const char *
     }
 }
 
-typedef struct ps_ctx { const lockrow *lk; size_t nl; } ps_ctx;
+typedef struct ps_ctx { lockrow *lk; size_t nl; } ps_ctx;
+
+/* The other shared flocks a jlm process holds (a .jlm run where it lies):
+ * the file is found among the process's open files (/proc/PID/fd, readable
+ * for the user's own processes) by its device and inode. */
+static void ps_other(lockrow *lk, size_t nl)
+{
+    char self[4096] = "", exe[4096], fdp[64], link[4096];
+    ssize_t n = readlink("/proc/self/exe", self, sizeof self - 1);
+    if (n <= 0)
+        return;
+    self[n] = 0;
+    for (size_t i = 0; i < nl; i++) {
+        if (lk[i].shown || lk[i].pid == (long)getpid())
+            continue;
+        snprintf(fdp, sizeof fdp, "/proc/%ld/exe", lk[i].pid);
+        n = readlink(fdp, exe, sizeof exe - 1);
+        if (n <= 0)
+            continue;
+        exe[n] = 0;
+        if (strcmp(exe, self))
+            continue;   /* only jlm's own processes */
+        snprintf(fdp, sizeof fdp, "/proc/%ld/fd", lk[i].pid);
+        DIR *d = opendir(fdp);
+        struct dirent *de;
+        while (d && (de = readdir(d)) && !lk[i].shown) {
+            struct stat st;
+            snprintf(exe, sizeof exe, "%s/%s", fdp, de->d_name);
+            if (stat(exe, &st) || st.st_ino != lk[i].ino || major(st.st_dev) != lk[i].maj ||
+                minor(st.st_dev) != lk[i].min || (n = readlink(exe, link, sizeof link - 1)) <= 0)
+                continue;
+            link[n] = 0;
+            char *slash = strrchr(link, '/');
+            if (!slash)
+                continue;
+            *slash = 0;
+            char *name = strdup(slash + 1), *full = NULL;
+            if (name && asprintf(&full, "%s/%s", link, name) >= 0)
+                ps_rows(&lk[i], 1, name, full, NULL, link[0] ? link : "/");
+            free(name);
+            free(full);
+        }
+        if (d)
+            closedir(d);
+    }
+}
 
 /* The rows of the processes holding a mount's view. */
 static void ps_view(const char *mnt, const char *name, void *ctx)
@@ -756,6 +802,7 @@ int jlm_cmd_ps(int argc, char **argv)
             each_entry(mnts[k], ps_view, &pc);
         free(mnts[k]);
     }
+    ps_other(lk, nl);
     free(lk);
     return 0;
 }

@@ -437,26 +437,29 @@ const char *jlm_cli_resolve_model(const char *who, const char *model)
 {
     char *r;
     struct stat st;
+    int held = 0;   /* a cache entry: ensure_entry holds it already */
     if (jlm_cli_is_gguf(model) && (r = sibling_view(model))) {
         if (check_view(who, r)) {
             free(r);
             return NULL;
         }
     } else if (jlm_cli_is_gguf(model))
-        r = resolve_gguf(who, model);
+        r = resolve_gguf(who, model), held = 1;
     else if (jlm_hf_is_folder(model))
-        r = resolve_hf(who, model);
+        r = resolve_hf(who, model), held = 1;
     else if (stat(model, &st) == 0 && S_ISDIR(st.st_mode) && check_view(who, model)) {
         return NULL;
     } else if (!(r = strdup(model)))
         fprintf(stderr, "%s: out of memory\n", who);
-    if (r && stat(r, &st) == 0 && S_ISDIR(st.st_mode)) {
-        /* a jlmfs view: hold its model.jlm as a cache entry is held, so `jlm ps` finds the process */
+    if (r && !held && stat(r, &st) == 0) {
+        /* a jlmfs view's model.jlm, or a .jlm where it lies: held as a cache
+         * entry is held, so `jlm ps` finds the process (best effort: rm and
+         * prune remove only cache entries) */
         char *f = NULL;
-        if (asprintf(&f, "%s/model.jlm", r) >= 0) {
+        if (S_ISDIR(st.st_mode) ? asprintf(&f, "%s/model.jlm", r) >= 0 : (f = strdup(r)) != NULL) {
             int fd = open(f, O_RDONLY | O_CLOEXEC);
             if (fd >= 0 && flock(fd, LOCK_SH | LOCK_NB))
-                close(fd);   /* best effort: a view is never removed by rm or prune */
+                close(fd);
         }
         free(f);
     }

@@ -358,6 +358,25 @@ Test(cli_models, rm_and_prune_never_remove_an_entry_a_running_engine_holds, .tim
     free(dir);
 }
 
+/* A server or run on a .jlm outside the cache shows in jlm ps with its folder. */
+Test(cli_models, ps_shows_an_engine_on_a_jlm_where_it_lies, .timeout = 120)
+{
+    char *dir = tu_tmpdir(), model[1200];
+    free(jlm_rc(dir, 0, "convert '%s' -o '%s/x.jlm'", tu_model("stories260K.gguf"), dir));
+    snprintf(model, sizeof model, "%s/x.jlm", dir);
+    long pid = running_engine(dir, model, "x.jlm", "", 20);
+    char *o = jlm_rc(dir, 0, "%s", "ps");
+    const char *r = row_of(o, "x.jlm");
+    cr_assert(r && strstr(r, "llama") && strstr(r, dir), "%s", o);
+    free(o);
+    stop_engine(pid);
+    o = jlm_rc(dir, 0, "%s", "ps");
+    cr_assert(!row_of(o, "x.jlm"), "a dead engine is still listed:\n%s", o);
+    free(o);
+    tu_rmrf(dir);
+    free(dir);
+}
+
 Test(cli_models, prune_older_than_removes_only_entries_unused_that_long, .timeout = 120)
 {
     char *dir = two_models(), p[1400], *o;
