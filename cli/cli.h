@@ -29,17 +29,37 @@ int jlm_cli_is_gguf(const char *path);
  * one "who: ..." line printed (a Hugging Face folder: "convert it"). The
  * string lives until exit. */
 const char *jlm_cli_resolve_model(const char *who, const char *model);
+/* The per-user cache directory ($XDG_CACHE_HOME/jlm, else ~/.cache/jlm),
+ * created 0700; malloc'd, or NULL with *why set. */
+char *jlm_cli_cache_dir(const char **why);
+/* Removes the cache entry path unless a process holds it (every process
+ * running an entry holds a shared flock on it until it exits, resolve.c):
+ * 0 removed, 1 in use (nothing done), -1 with errno on another error. */
+int jlm_cli_entry_remove(const char *path);
+/* `jlm list`, `show`, `rm`, `ps`, `cache` (cli/cmd_models.c). */
+int jlm_cmd_list(int argc, char **argv);
+int jlm_cmd_show(int argc, char **argv);
+int jlm_cmd_rm(int argc, char **argv);
+int jlm_cmd_ps(int argc, char **argv);
+int jlm_cmd_cache(int argc, char **argv);
 
 #include <stdint.h>
 
 /* `jlm convert`'s progress (and the cache's, resolve.c), a jlm_conv_progress
- * callback. On a terminal (tty) one line redrawn with '\r': a bar, percent,
- * MiB done of total, rate, ETA. Otherwise plain lines for a log: one as each
- * quarter (25, 50, 75%) is passed, and one every 30 s between; so a few,
- * never one per unit. Single-threaded (the converter's writer calls it). */
+ * callback. Mode JLM_CLI_BAR_TTY (stderr is a terminal): one line redrawn
+ * with '\r': a bar, percent, MiB done of total, rate, ETA. JLM_CLI_BAR_LOG
+ * (asked for: `jlm convert --progress`, or JLM_PROGRESS=1, when stderr is
+ * not a terminal): plain lines for a log, one as each quarter (25, 50, 75%)
+ * is passed and one every 30 s between; so a few, never one per unit.
+ * JLM_CLI_BAR_OFF (a pipe or a test, not asked): nothing. Single-threaded
+ * (the converter's writer calls it). */
+enum { JLM_CLI_BAR_OFF = 0, JLM_CLI_BAR_TTY = 1, JLM_CLI_BAR_LOG = 2 };
+/* The mode for stderr: TTY on a terminal, else LOG if asked (or
+ * JLM_PROGRESS=1 in the environment), else OFF. */
+int jlm_cli_bar_mode(int asked);
 typedef struct jlm_cli_bar {
     const char *who;   /* "jlm convert": prefix of the plain lines */
-    int tty, shown, last_pct;
+    int tty, shown, last_pct;   /* tty: the mode (JLM_CLI_BAR_*) */
     double t0, t_line;
 } jlm_cli_bar;
 void jlm_cli_bar_init(jlm_cli_bar *b, const char *who, int tty);

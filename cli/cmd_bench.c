@@ -361,12 +361,16 @@ static json_t *bench_row_json(const bench_row *w)
     return o;
 }
 
-static void bench_header(void)
+/* The table's header; the model column is w wide (24, or the name's length). */
+static void bench_header(int w)
 {
-    printf("| %-24s | %10s | %8s | %7s | %10s | %7s | %16s | %9s | %9s | %9s |\n", "model", "size", "params",
+    char dash[300];
+    memset(dash, '-', sizeof dash - 1);
+    dash[w < (int)sizeof dash - 1 ? w : (int)sizeof dash - 1] = 0;
+    printf("| %-*s | %10s | %8s | %7s | %10s | %7s | %16s | %9s | %9s | %9s |\n", w, "model", "size", "params",
            "threads", "budget", "test", "t/s", "page-ins", "read MiB", "wait ms");
-    printf("| %.24s | %.10s | %.8s | %.7s | %.10s | %.7s | %.16s | %.9s | %.9s | %.9s |\n",
-           "------------------------", "----------", "--------", "-------", "----------", "-------",
+    printf("| %s | %.10s | %.8s | %.7s | %.10s | %.7s | %.16s | %.9s | %.9s | %.9s |\n",
+           dash, "----------", "--------", "-------", "----------", "-------",
            "----------------", "---------", "---------", "---------");
 }
 
@@ -409,8 +413,9 @@ static void bench_print(const bench_opts *o, const bench_row *w, const char *tes
         json_array_append_new(rows, bench_row_json(w));
     else {
         char tps[24];
+        int nw = strlen(w->name) > 24 ? (int)strlen(w->name) : 24;   /* the whole name, never cut */
         snprintf(tps, sizeof tps, "%.2f ± %.2f", w->r.tps_mean, w->r.tps_sd);
-        printf("| %-24s | %10s | %8s | %7d | %10s | %7s | %17s | %9.1f | %9.2f | %9.2f |\n", w->name, w->size,
+        printf("| %-*s | %10s | %8s | %7d | %10s | %7s | %17s | %9.1f | %9.2f | %9.2f |\n", nw, w->name, w->size,
                w->params, w->threads, w->budget, test, tps, w->r.pageins, w->r.mib, w->r.wait_ms);
     }
     if (w->r.n_dev && o->fmt != OUT_JSON) {   /* per backend, on stderr: the table's columns stay llama-bench's */
@@ -427,7 +432,7 @@ static void bench_print(const bench_opts *o, const bench_row *w, const char *tes
     }
 }
 
-/* The model column: the last component of the name given ("x.jlm/": x.jlm), cut to the column. */
+/* The model column: the last component of the name given ("x.jlm/": x.jlm), whole. */
 static void bench_name(const char *given, char *name, size_t cap)
 {
     size_t gl = strlen(given);
@@ -460,12 +465,13 @@ int jlm_cmd_bench(int argc, char **argv)
     }
     if (o.profile)
         jlm_engine_profile(e, 1);
-    char size[16], params[16], budget[16], name[25];
+    char size[16], params[16], budget[16], name[256];
     double n_params = bench_describe(e, &o, size, params, budget);
     bench_name(given, name, sizeof name);
     int threads = o.eng.n_threads > 0 ? o.eng.n_threads : (int)sysconf(_SC_NPROCESSORS_ONLN);
+    int name_w = strlen(name) > 24 ? (int)strlen(name) : 24;   /* the whole name, never cut */
     if (o.fmt == OUT_MD)
-        bench_header();
+        bench_header(name_w);
     else if (o.fmt == OUT_CSV)
         bench_header_csv();
     json_t *rows = o.fmt == OUT_JSON ? json_array() : NULL;

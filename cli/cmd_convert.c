@@ -89,7 +89,7 @@ static const char *bad_out_dir(const char *out)
 typedef struct conv_args {
     const char *src, *out, *mmproj, *type, *device;
     const char *oflag;   /* "-o " when the output was named with -o: for messages */
-    int plan_only;
+    int plan_only, show_progress;
 } conv_args;
 
 /* 0, the exit status after one line, or -1 after --help. */
@@ -100,6 +100,8 @@ static int convert_parse(int argc, char **argv, conv_args *a)
         {NULL, "--mmproj", JLM_OPT_STR, &a->mmproj, 0, 0, 0, "FILE", "a vision projector GGUF to pack in"},
         {NULL, "--type", JLM_OPT_STR, &a->type, 0, 0, 0, "TYPE", "keep|Q8_0|Q6_K|Q5_K_M|Q4_K_M|Q5_1|Q5_0|Q4_1|Q4_0 (default: keep)"},
         {NULL, "--plan", JLM_OPT_FLAG, &a->plan_only, 0, 0, 0, NULL, "print the plan, write nothing"},
+        {NULL, "--progress", JLM_OPT_FLAG, &a->show_progress, 0, 0, 0, NULL,
+         "progress lines on stderr when it is not a terminal (a log; on a terminal the bar is always drawn)"},
         {NULL, "--device", JLM_OPT_STR, &a->device, 0, 0, 0, "cpu|vulkan|cuda", "the device recorded in the fingerprint (compared on load, never enforced; default: cpu)"},
     };
     const char *pos[3] = {0};
@@ -191,7 +193,7 @@ static int convert_write(const conv_args *a)
     signal(SIGTERM, on_signal);
     signal(SIGHUP, on_signal);
     jlm_cli_bar b;
-    jlm_cli_bar_init(&b, "jlm convert", isatty(2));
+    jlm_cli_bar_init(&b, "jlm convert", jlm_cli_bar_mode(a->show_progress));
     int rc = jlm_conv_write(c, a->out, NULL, progress, &b, &err);
     jlm_cli_bar_end(&b);
     if (rc)

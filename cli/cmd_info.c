@@ -4,12 +4,17 @@
 #include "cli/cli.h"
 #include "cli/opts.h"
 #include "cli/report.h"
+#include "converter/convert.h"
+#include "converter/hf.h"
 #include "format/jlm_format.h"
 
+#include <dirent.h>
+#include <fcntl.h>
 #include <jansson.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 
 static const char *vocab_kind(uint8_t k)
 {
@@ -76,11 +81,19 @@ static json_t *info_json(const jlm_model *m, int with_tensors)
     return o;
 }
 
-static void info_text(const jlm_model *m, int with_tensors)
+/* src_size: 0 for a container; else m is the plan of a GGUF or Hugging
+ * Face source of that many bytes, read without converting it. */
+static void info_text(const jlm_model *m, int with_tensors, uint64_t src_size)
 {
     const jlm_header *h = &m->hdr;
     const jlm_config *c = &m->config;
-    printf("%s: jlm container version %u, %llu bytes\n", jlm_cli_clean(m->path), h->version, (unsigned long long)m->file_size);
+    if (src_size)
+        printf("%s: %s source, %llu bytes, not converted; as a jlm container (version %u): %llu bytes\n",
+               jlm_cli_clean(m->path), jlm_cli_is_gguf(m->path) ? "GGUF" : "Hugging Face", (unsigned long long)src_size,
+               h->version, (unsigned long long)m->file_size);
+    else
+        printf("%s: jlm container version %u, %llu bytes\n", jlm_cli_clean(m->path), h->version,
+               (unsigned long long)m->file_size);
     printf("  arch          %s\n", jlm_fmt_arch_name(c->arch));
     printf("  dims          n_layer %u, n_embd %u, n_head %u, n_kv_head %u, head_dim %u, n_rot %u, n_ffn %u\n",
            c->n_layer, c->n_embd, c->n_head, c->n_kv_head, c->head_dim, c->n_rot, c->n_ffn);
@@ -129,6 +142,56 @@ static void info_text(const jlm_model *m, int with_tensors)
     }
 }
 
+/* The size on disk of a GGUF (its first file) or a Hugging Face folder's
+ * *.safetensors and *.json files (du's apparent size). */
+static uint64_t source_size(const char *path)
+{
+    struct stat st;
+    if (stat(path, &st))
+        return 1;
+    if (!S_ISDIR(st.st_mode))
+        return (uint64_t)st.st_size;
+    uint64_t sum = 0;
+    DIR *d = opendir(path);
+    struct dirent *de;
+    while (d && (de = readdir(d)))
+        if (de->d_name[0] != '.' && fstatat(dirfd(d), de->d_name, &st, 0) == 0 && S_ISREG(st.st_mode))
+            sum += (uint64_t)st.st_size;
+    if (d)
+        closedir(d);
+    return sum ? sum : 1;
+}
+
+/* A GGUF or a Hugging Face folder: the container it would become, planned
+ * from its header and tensor table alone (convert.h invariant 1: no weight
+ * byte read, no cache entry made). */
+static int info_source(const char *path, int tensors, int js)
+{
+    jlm_err err = {0};
+    jlm_conv *c = NULL;
+    if (jlm_conv_open(path, NULL, &c, &err)) {
+        jlm_cli_error("jlm info", err.msg);
+        return 1;
+    }
+    jlm_model m = {.path = (char *)path, .fd = -1, .file_size = c->plan.file_size, .hdr = c->plan.hdr,
+                   .config = c->config, .vision = c->vision, .has_vision = c->mm != NULL, .vocab = c->vocab,
+                   .fp = c->fp, .tensors = c->plan.tensors};
+    uint64_t size = source_size(path);
+    if (js) {
+        json_t *o = info_json(&m, tensors);
+        json_object_set_new(o, "source", json_pack("{s:s, s:I, s:b}", "kind", jlm_cli_is_gguf(path) ? "gguf" : "hf",
+                                                    "size", (json_int_t)size, "converted", 0));
+        char *s = json_dumps(o, JSON_INDENT(2) | JSON_PRESERVE_ORDER);
+        puts(s);
+        free(s);
+        json_decref(o);
+    } else {
+        info_text(&m, tensors, size);
+    }
+    jlm_conv_close(c);
+    return 0;
+}
+
 static const char INFO_USAGE[] = "usage: jlm info MODEL [--tensors] [--json] [--html [-o FILE] [--db DB --key KEY]]\n";
 
 int jlm_cmd_info(int argc, char **argv)
@@ -157,6 +220,8 @@ int jlm_cmd_info(int argc, char **argv)
         fputs(INFO_USAGE, stderr);
         return 2;
     }
+    if (!html && (jlm_cli_is_gguf(path) || jlm_hf_is_folder(path)))
+        return info_source(path, tensors, js);
     if (!(path = jlm_cli_resolve_model("jlm info", path)))
         return 1;
     if (html)
@@ -177,7 +242,7 @@ int jlm_cmd_info(int argc, char **argv)
         free(s);
         json_decref(o);
     } else {
-        info_text(m, tensors);
+        info_text(m, tensors, 0);
     }
     jlm_fmt_close(m);
     return 0;

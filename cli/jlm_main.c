@@ -19,6 +19,11 @@ static const cmd CMDS[] = {
     {"serve",    jlm_cmd_serve,    "serve (MODEL... | --models DIR) [--host H] [--port P] [--parallel N] [--queue N] [--api-key K] [-c CTX] [-t N] [--budget SIZE]   OpenAI-compatible HTTP server"},
     {"bench",    jlm_cmd_bench,    "bench MODEL [-p 512] [-n 128] [-r 3] [-t N] [--budget SIZE] [--kv f16] [-o md|csv|json]   llama-bench-like speed table"},
     {"template", jlm_cmd_template, "template (MODEL | --template F) --messages F.json [--add-generation-prompt] [--bos S] [--eos S] [--now ISO]"},
+    {"list",     jlm_cmd_list,     "list [MOUNT...] [--models DIR]          models in the cache, jlmfs mounts and DIR"},
+    {"show",     jlm_cmd_show,     "show MODEL                              architecture, parameters, context, template, license"},
+    {"rm",       jlm_cmd_rm,       "rm MODEL...                             remove cache entries (never one in use)"},
+    {"ps",       jlm_cmd_ps,       "ps                                      processes running a cached model"},
+    {"cache",    jlm_cmd_cache,    "cache prune [DIR] [--older-than D] [--max-size S]   remove unused cache entries"},
     {"stats",    jlm_cmd_stats,    "stats MOUNT_OR_DB [--json | --watch S | --html [-o F]]   residency counters of a jlmfs mount, view or database"},
 };
 

@@ -96,7 +96,8 @@ static void report_open(cli_report *r, jlm_engine *e, const char *db_path, const
 {
     r->who = who;
     jlm_err err = {0};
-    if (jlm_rdb_open(db_path, 0, &r->db, &err) || jlm_rdb_session_begin(r->db, key, &r->session, &err)) {
+    if (jlm_rdb_open(db_path, 0, &r->db, &err) || jlm_rdb_session_begin(r->db, key, &r->session, &err) ||
+        jlm_rdb_session_budget(r->db, r->session, jlm_engine_budget(e), &err)) {
         report_fail(r, &err);
         jlm_rdb_close(r->db);
         r->db = NULL;

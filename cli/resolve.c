@@ -14,6 +14,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/file.h>
+#include <sys/time.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -51,7 +52,7 @@ static int mkdirs(char *p)
 
 /* $XDG_CACHE_HOME/jlm (an absolute XDG_CACHE_HOME only, as the XDG spec
  * says), else $HOME/.cache/jlm; created. NULL with *why set on failure. */
-static char *cache_dir(const char **why)
+char *jlm_cli_cache_dir(const char **why)
 {
     const char *x = getenv("XDG_CACHE_HOME"), *h = getenv("HOME");
     char *d = NULL;
@@ -136,7 +137,7 @@ static int convert_locked(const char *who, const char *dir, const char *src, con
         signal(SIGTERM, on_signal);
         signal(SIGHUP, on_signal);
         jlm_cli_bar bar;
-        jlm_cli_bar_init(&bar, who, isatty(2));
+        jlm_cli_bar_init(&bar, who, jlm_cli_bar_mode(0));
         rc = jlm_conv_write(c, out, NULL, jlm_cli_progress, &bar, &err) ? 1 : 0;
         jlm_cli_bar_end(&bar);
         signal(SIGINT, SIG_DFL);
@@ -154,6 +155,109 @@ out:
     return rc;
 }
 
+/* Holds a shared flock on the cache entry `out` until exit (the fd is never
+ * closed): what `jlm rm` and `jlm cache prune` test with a non-blocking
+ * exclusive flock before removing an entry, so an entry a live process runs
+ * is never removed, and a dead one's lock is gone with it. Also stamps the
+ * entry's atime ("last used" of jlm list; set explicitly, relatime or not).
+ * 0 when held; 1 when the entry was removed between the lookup and the lock
+ * (a prune won the race: convert again); -1 on another error. */
+static int hold_entry(const char *out)
+{
+    int fd = open(out, O_RDONLY | O_CLOEXEC);
+    struct stat st;
+    if (fd < 0)
+        return errno == ENOENT ? 1 : -1;
+    if (flock(fd, LOCK_SH) || fstat(fd, &st)) {
+        close(fd);
+        return -1;
+    }
+    if (st.st_nlink == 0) {
+        close(fd);
+        return 1;
+    }
+    struct timespec ts[2] = {{0, UTIME_NOW}, {0, UTIME_OMIT}};
+    (void)futimens(fd, ts);
+    return 0;   /* fd kept open: the lock lasts as long as the process */
+}
+
+/* After `out` was made: removes the older entries of the same source (the
+ * name up to and including its "@dev-ino-" part, for a touched or rewritten
+ * file) that no process holds, so a touched GGUF leaves no duplicate. */
+static void prune_siblings(const char *dir, const char *out, size_t prefix_len)
+{
+    const char *base = out + strlen(dir) + 1;
+    DIR *d = opendir(dir);
+    struct dirent *de;
+    while (d && (de = readdir(d))) {
+        size_t n = strlen(de->d_name);
+        if (strncmp(de->d_name, base, prefix_len) || !strcmp(de->d_name, base) || n < 4 ||
+            strcmp(de->d_name + n - 4, ".jlm"))
+            continue;
+        char *p = NULL;
+        if (asprintf(&p, "%s/%s", dir, de->d_name) < 0)
+            break;
+        jlm_cli_entry_remove(p);
+        free(p);
+    }
+    if (d)
+        closedir(d);
+}
+
+int jlm_cli_entry_remove(const char *path)
+{
+    int fd = open(path, O_RDONLY | O_CLOEXEC | O_NOFOLLOW);
+    if (fd < 0)
+        return -1;
+    int rc = -1;
+    if (flock(fd, LOCK_EX | LOCK_NB) == 0)
+        rc = unlink(path) ? -1 : 0;   /* under the lock: a run that opened it sees nlink 0 and converts again */
+    else if (errno == EWOULDBLOCK)
+        rc = 1;
+    close(fd);
+    return rc;
+}
+
+/* The length of "STEM@dev-ino-" (GGUF) or "NAME@dev-ino-h" (folder) in the
+ * entry file name base: the part naming the source, not its version. */
+static size_t source_prefix(const char *base)
+{
+    const char *at = strrchr(base, '@');
+    if (!at)
+        return 0;
+    const char *p = strchr(at, '-');
+    p = p ? strchr(p + 1, '-') : NULL;
+    return p ? (size_t)(p - base) + 1 : 0;
+}
+
+/* The entry out, held (hold_entry), converted first if it is not there (or
+ * was pruned meanwhile); older entries of the same source pruned after a
+ * conversion. 0, or 1 with the error printed. */
+static int ensure_entry(const char *who, const char *dir, const char *src, const char *out)
+{
+    for (int tries = 0; tries < 3; tries++) {
+        int made = 0;
+        if (!is_file(out)) {
+            if (convert_locked(who, dir, src, out))
+                return 1;
+            made = 1;
+        }
+        int h = hold_entry(out);
+        if (h < 0) {
+            fprintf(stderr, "%s: %s: %s\n", who, out, strerror(errno));
+            return 1;
+        }
+        if (h == 0) {
+            size_t pl = source_prefix(out + strlen(dir) + 1);
+            if (made && pl)
+                prune_siblings(dir, out, pl);
+            return 0;
+        }
+    }
+    fprintf(stderr, "%s: %s: removed while starting, three times\n", who, out);
+    return 1;
+}
+
 /* The cached .jlm of the GGUF src, converted first if it is not there. */
 static char *resolve_gguf(const char *who, const char *src)
 {
@@ -163,7 +267,7 @@ static char *resolve_gguf(const char *who, const char *src)
         fprintf(stderr, "%s: %s: %s\n", who, src, strerror(errno));
         return NULL;
     }
-    char *dir = cache_dir(&why);
+    char *dir = jlm_cli_cache_dir(&why);
     if (!dir) {
         fprintf(stderr, "%s: %s: cannot use the cache: %s\n", who, src, why);
         return NULL;
@@ -171,7 +275,7 @@ static char *resolve_gguf(const char *who, const char *src)
     char *out = cache_name(dir, src, &st);
     if (!out)
         fprintf(stderr, "%s: out of memory\n", who);
-    else if (!is_file(out) && convert_locked(who, dir, src, out)) {
+    else if (ensure_entry(who, dir, src, out)) {
         free(out);
         out = NULL;
     }
@@ -189,8 +293,10 @@ static uint64_t fnv(uint64_t h, const void *p, size_t n)
 }
 
 /* The identity of a Hugging Face folder, as jlmfs takes it (fs/hfdir.c): a
- * hash of (name, ino, size, mtime) of every regular *.json and *.safetensors
- * file directly in it, each hashed on its own and XORed (readdir's order does
+ * hash of (name, ino, size, mtime) of every *.json and *.safetensors file
+ * directly in it (a symlink, as in a Hugging Face hub snapshot whose files
+ * link to its blobs, by the file it names: a retargeted link is a new
+ * source), each hashed on its own and XORed (readdir's order does
  * not matter). A shard or config.json added, replaced, rewritten or touched
  * changes it; a README or an editor's temp file does not. 0 if the folder
  * cannot be listed (errno set). */
@@ -206,7 +312,7 @@ static uint64_t hf_ident(const char *src)
         struct stat st;
         if (!((n > 5 && !strcmp(de->d_name + n - 5, ".json")) ||
               (n > 12 && !strcmp(de->d_name + n - 12, ".safetensors"))) ||
-            fstatat(dirfd(d), de->d_name, &st, AT_SYMLINK_NOFOLLOW) || !S_ISREG(st.st_mode))
+            fstatat(dirfd(d), de->d_name, &st, 0) || !S_ISREG(st.st_mode))
             continue;
         uint64_t h = fnv(1469598103934665603ull, de->d_name, n + 1);
         int64_t f[4] = {(int64_t)st.st_ino, (int64_t)st.st_size, (int64_t)st.st_mtim.tv_sec, st.st_mtim.tv_nsec};
@@ -228,7 +334,7 @@ static char *resolve_hf(const char *who, const char *src)
         fprintf(stderr, "%s: %s: %s\n", who, src, strerror(errno));
         return NULL;
     }
-    char *dir = cache_dir(&why);
+    char *dir = jlm_cli_cache_dir(&why);
     if (!dir) {
         fprintf(stderr, "%s: %s: cannot use the cache: %s\n", who, src, why);
         return NULL;
@@ -249,7 +355,7 @@ static char *resolve_hf(const char *who, const char *src)
             *p = '_';   /* a control byte, or a leading dot ("." as the folder) */
     if (!out)
         fprintf(stderr, "%s: out of memory\n", who);
-    else if (!is_file(out) && convert_locked(who, dir, src, out)) {
+    else if (ensure_entry(who, dir, src, out)) {
         free(out);
         out = NULL;
     }
@@ -331,19 +437,32 @@ const char *jlm_cli_resolve_model(const char *who, const char *model)
 {
     char *r;
     struct stat st;
+    int held = 0;   /* a cache entry: ensure_entry holds it already */
     if (jlm_cli_is_gguf(model) && (r = sibling_view(model))) {
         if (check_view(who, r)) {
             free(r);
             return NULL;
         }
     } else if (jlm_cli_is_gguf(model))
-        r = resolve_gguf(who, model);
+        r = resolve_gguf(who, model), held = 1;
     else if (jlm_hf_is_folder(model))
-        r = resolve_hf(who, model);
+        r = resolve_hf(who, model), held = 1;
     else if (stat(model, &st) == 0 && S_ISDIR(st.st_mode) && check_view(who, model)) {
         return NULL;
     } else if (!(r = strdup(model)))
         fprintf(stderr, "%s: out of memory\n", who);
+    if (r && !held && stat(r, &st) == 0) {
+        /* a jlmfs view's model.jlm, or a .jlm where it lies: held as a cache
+         * entry is held, so `jlm ps` finds the process (best effort: rm and
+         * prune remove only cache entries) */
+        char *f = NULL;
+        if (S_ISDIR(st.st_mode) ? asprintf(&f, "%s/model.jlm", r) >= 0 : (f = strdup(r)) != NULL) {
+            int fd = open(f, O_RDONLY | O_CLOEXEC);
+            if (fd >= 0 && flock(fd, LOCK_SH | LOCK_NB))
+                close(fd);
+        }
+        free(f);
+    }
     if (r) {
         if (!g_resolved)
             atexit(free_resolved);

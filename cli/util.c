@@ -120,6 +120,12 @@ static double mono_s(void)
     return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
 }
 
+int jlm_cli_bar_mode(int asked)
+{
+    const char *e = getenv("JLM_PROGRESS");
+    return isatty(2) ? JLM_CLI_BAR_TTY : asked || (e && !strcmp(e, "1")) ? JLM_CLI_BAR_LOG : JLM_CLI_BAR_OFF;
+}
+
 void jlm_cli_bar_init(jlm_cli_bar *b, const char *who, int tty)
 {
     *b = (jlm_cli_bar){.who = who, .tty = tty, .t0 = mono_s(), .t_line = mono_s(), .last_pct = -1};
@@ -144,12 +150,12 @@ static void bar_figures(char *buf, size_t n, uint64_t done, uint64_t total, doub
 void jlm_cli_progress(void *ctx, uint64_t done, uint64_t total)
 {
     jlm_cli_bar *b = ctx;
-    if (!total || done > total)
+    if (!total || done > total || b->tty == JLM_CLI_BAR_OFF)
         return;
     double t = mono_s();
     int pct = (int)(done * 100 / total);
     char fig[160];
-    if (b->tty) {   /* one line redrawn in place: on each new percent, or 4 times a second */
+    if (b->tty == JLM_CLI_BAR_TTY) {   /* one line redrawn in place: on each new percent, or 4 times a second */
         if (pct == b->last_pct && t - b->t_line < 0.25)
             return;
         bar_figures(fig, sizeof fig, done, total, t - b->t0);
@@ -173,7 +179,7 @@ void jlm_cli_progress(void *ctx, uint64_t done, uint64_t total)
 
 void jlm_cli_bar_end(jlm_cli_bar *b)
 {
-    if (b->tty && b->shown)
+    if (b->tty == JLM_CLI_BAR_TTY && b->shown)
         fputc('\n', stderr);
     b->shown = 0;
 }

@@ -81,6 +81,9 @@ int jlm_conv_config(const jlm_gguf *g, jlm_config *c, jlm_err *err)
     if (!has_arch)
         return jlm_errf(err, JLM_EFORMAT, "%s: no general.architecture key", g->path);
     const arch_def *a = jlm_conv_arch_lookup(an.s);
+    if (!a && !strcmp(an.s, "clip"))   /* llama.cpp's mmproj files */
+        return jlm_errf(err, JLM_EUNSUPPORTED, "%s: a vision projector (mmproj, architecture 'clip'), not a model: pass "
+                        "it with --mmproj next to its text model (jlm convert TEXT.gguf --mmproj %s)", g->path, g->path);
     if (!a)
         return jlm_errf(err, JLM_EUNSUPPORTED, "%s: architecture '%s' is not supported (supported: llama, qwen2, qwen3, qwen3moe, olmoe, gemma3, phi3, gpt-oss)",
                         g->path, an.s);

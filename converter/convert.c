@@ -23,9 +23,36 @@ static int cmp_mapped(const void *a, const void *b)
     return 0;
 }
 
+/* The tensors whose stored type differs from their source (or --type)
+ * type, counted per (from, to) pair: one note line per pair, not one per
+ * tensor (a real model has hundreds). */
+#define CHANGES_MAX 32
+typedef struct change { uint32_t from; uint8_t to; int exact; uint32_t n; const char *first; } change;
+typedef struct changes { change p[CHANGES_MAX]; int n; } changes;
+
+static void change_count(changes *ch, uint32_t from, uint8_t to, int exact, const char *name)
+{
+    for (int i = 0; i < ch->n; i++)
+        if (ch->p[i].from == from && ch->p[i].to == to) {
+            ch->p[i].n++;
+            return;
+        }
+    if (ch->n < CHANGES_MAX)
+        ch->p[ch->n++] = (change){from, to, exact, 1, name};
+}
+
+static void change_notes(const jlm_conv *c, const changes *ch, FILE *notes)
+{
+    for (int i = 0; notes && i < ch->n; i++)
+        fprintf(notes, "note: %s: %u tensor%s %s (first '%s') stored as %s (%s)\n", c->src_path, ch->p[i].n,
+                ch->p[i].n == 1 ? "" : "s", jlm_ggml_type_name(ch->p[i].from) ? jlm_ggml_type_name(ch->p[i].from) : "?", ch->p[i].first,
+                jlm_fmt_type_traits(ch->p[i].to)->name,
+                ch->p[i].exact ? "the same values: the container's layout for it" : "re-quantized");
+}
+
 /* Adds one container tensor taking `rows` rows of source tensor gi from row0. */
 static int add(jlm_conv *c, mapped *v, uint32_t *n, uint32_t gi, uint16_t role, int32_t block,
-               uint64_t row0, uint64_t rows, FILE *notes, jlm_err *err)
+               uint64_t row0, uint64_t rows, changes *ch, jlm_err *err)
 {
     const jlm_gguf_tensor *gt = &c->g->tensors[gi];
     mapped *m = &v[(*n)++];
@@ -38,9 +65,9 @@ static int add(jlm_conv *c, mapped *v, uint32_t *n, uint32_t gi, uint16_t role, 
         return jlm_err_prefix(err, rc, "%s: tensor '%s'", c->src_path, gt->name.s);
     if (qt != gt->type)
         m->s.qtype = qt;    /* --type: the read-back compares with the quantized source row */
-    if (!exact && notes && row0 == 0)
-        fprintf(notes, "note: %s: tensor '%s' is %s, stored as %s (re-quantized)\n", c->src_path, gt->name.s,
-                jlm_ggml_type_name(gt->type), jlm_fmt_type_traits(m->t.type)->name);
+    const char *qn = jlm_ggml_type_name(qt);
+    if (row0 == 0 && (!exact || !qn || strcmp(qn, jlm_fmt_type_traits(m->t.type)->name)))
+        change_count(ch, qt, m->t.type, exact, gt->name.s);
     m->t.role = role;
     m->t.block = block;
     m->t.index = -1;
@@ -67,6 +94,7 @@ static int map_tensors(jlm_conv *c, FILE *notes, jlm_err *err)
         return jlm_errf(err, JLM_ENOMEM, "%s: out of memory", c->src_path);
     uint32_t n = 0;
     int rc = JLM_OK;
+    changes ch = {.n = 0};
     for (uint32_t i = 0; i < g->n_tensors && !rc; i++) {
         const jlm_gguf_tensor *gt = &g->tensors[i];
         int32_t blk;
@@ -96,9 +124,9 @@ static int map_tensors(jlm_conv *c, FILE *notes, jlm_err *err)
                 rc = jlm_errf(err, JLM_EUNSUPPORTED, "%s: fused bias '%s' is not supported yet", c->src_path, gt->name.s);
                 break;
             }
-            (void)((rc = add(c, v, &n, i, JLM_R_ATTN_Q, blk, 0, q, notes, err)) ||
-                   (rc = add(c, v, &n, i, JLM_R_ATTN_K, blk, q, kk, notes, err)) ||
-                   (rc = add(c, v, &n, i, JLM_R_ATTN_V, blk, q + kk, vv, notes, err)));
+            (void)((rc = add(c, v, &n, i, JLM_R_ATTN_Q, blk, 0, q, &ch, err)) ||
+                   (rc = add(c, v, &n, i, JLM_R_ATTN_K, blk, q, kk, &ch, err)) ||
+                   (rc = add(c, v, &n, i, JLM_R_ATTN_V, blk, q + kk, vv, &ch, err)));
             continue;
         }
         if (role == JLM_R_FFN_UP && k->arch == JLM_ARCH_PHI3) {   /* phi3: ffn_up = gate | up */
@@ -109,17 +137,18 @@ static int map_tensors(jlm_conv *c, FILE *notes, jlm_err *err)
                     rc = jlm_errf(err, JLM_EFORMAT, "%s: fused gate|up '%s' has an odd row count", c->src_path, gt->name.s);
                     break;
                 }
-                (void)((rc = add(c, v, &n, i, JLM_R_FFN_GATE, blk, 0, rows / 2, notes, err)) ||
-                       (rc = add(c, v, &n, i, JLM_R_FFN_UP, blk, rows / 2, rows / 2, notes, err)));
+                (void)((rc = add(c, v, &n, i, JLM_R_FFN_GATE, blk, 0, rows / 2, &ch, err)) ||
+                       (rc = add(c, v, &n, i, JLM_R_FFN_UP, blk, rows / 2, rows / 2, &ch, err)));
                 continue;
             }
         }
-        rc = add(c, v, &n, i, (uint16_t)role, blk, 0, rows, notes, err);
+        rc = add(c, v, &n, i, (uint16_t)role, blk, 0, rows, &ch, err);
     }
     if (rc) {
         free(v);
         return rc;
     }
+    change_notes(c, &ch, notes);
     qsort(v, n, sizeof *v, cmp_mapped);
     c->tensors = jlm_arena_alloc(c->arena, (n ? n : 1) * sizeof *c->tensors);
     c->src = jlm_arena_alloc(c->arena, (n ? n : 1) * sizeof *c->src);

@@ -375,6 +375,7 @@ int jlm_hf_tokenizer(hf *h, json_t *tok, json_t *tok_cfg, json_t *gen_cfg, uint3
     if (t.spm && bool_key(&t, "tokenizer.ggml.add_space_prefix", t.prepend))
         return jlm_errf(h->err, JLM_ENOMEM, "%s", t.path);
     if (jlm_hf_kv_str(h, "tokenizer.ggml.model", t.spm ? "llama" : "gpt2") ||
+        bool_key(&t, "tokenizer.hf.added_only", 1) ||
         (!t.spm && jlm_hf_kv_str(h, "tokenizer.ggml.pre", t.pre)) ||
         !arr(&t, "tokenizer.ggml.tokens", GGUF_T_STRING, t.n, t.text) ||
         !arr(&t, "tokenizer.ggml.token_type", GGUF_T_I32, t.n, t.type))

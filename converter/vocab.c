@@ -348,14 +348,27 @@ static void make_control(jlm_vocab *v, int32_t id)
         v->token_kinds[id] = JLM_TOK_CONTROL;
 }
 
+/* May token i be found by its spelling (an EOG/EOT/FIM name) and made a
+ * control token? Any token in a GGUF (llama.cpp's "control-looking token");
+ * from a Hugging Face tokenizer.json (the key tokenizer.hf.added_only,
+ * converter/hf_tok.c) only an added token: a model.vocab entry spelled like
+ * one (Qwen3's "</s>") is text there, as HF tokenizers splits it. */
+static int may_look_special(const jlm_vocab *v, int added_only, uint32_t i)
+{
+    if (!added_only || !v->n_token_kinds)
+        return 1;
+    uint8_t k = v->token_kinds[i];
+    return k == JLM_TOK_CONTROL || k == JLM_TOK_USER || k == JLM_TOK_UNKNOWN;
+}
+
 /* An unset slot takes the first token (lowest id) whose text is in names,
  * which becomes a control token (llama.cpp's "control-looking token"). */
-static void detect(jlm_vocab *v, int32_t *slot, const char *const *names)
+static void detect(jlm_vocab *v, int added_only, int32_t *slot, const char *const *names)
 {
     if (*slot >= 0)
         return;
     for (uint32_t i = 0; i < v->n_tokens; i++)
-        if (in_names(&v->tokens[i], names)) {
+        if (may_look_special(v, added_only, i) && in_names(&v->tokens[i], names)) {
             *slot = (int32_t)i;
             make_control(v, *slot);
             return;
@@ -417,10 +430,12 @@ static int build_eog(cv *c, jlm_vocab *v)
         for (int j = 0; j < 2; j++)
             if (fim_keys[i][j] && (rc = opt_id(c, fim_keys[i][j], v->n_tokens, &fim[i])))
                 return rc;
-    detect(v, &eot, k_eot);
-    detect(v, &eom, k_eom);
+    const jlm_gguf_kv *ao = jlm_gguf_find(c->g, "tokenizer.hf.added_only");
+    int added_only = ao && ao->type == GGUF_T_BOOL && ao->v.b;
+    detect(v, added_only, &eot, k_eot);
+    detect(v, added_only, &eom, k_eom);
     for (int i = 0; i < 6; i++)
-        detect(v, &fim[i], fim_names[i]);
+        detect(v, added_only, &fim[i], fim_names[i]);
 
     idset s = {jlm_arena_alloc(c->a, (v->n_tokens + 8) * sizeof(int32_t)), 0};
     if (!s.p)
@@ -429,7 +444,7 @@ static int build_eog(cv *c, jlm_vocab *v)
     set_add(&s, fim[4]);
     set_add(&s, fim[5]);
     for (uint32_t i = 0; i < v->n_tokens; i++)
-        if (in_names(&v->tokens[i], k_eog)) {
+        if (may_look_special(v, added_only, i) && in_names(&v->tokens[i], k_eog)) {
             set_add(&s, (int32_t)i);
             make_control(v, (int32_t)i);
         }

@@ -87,7 +87,7 @@ static const char SCHEMA[] =
     "CREATE TABLE IF NOT EXISTS meta(key TEXT PRIMARY KEY, value TEXT NOT NULL);"
     "CREATE TABLE IF NOT EXISTS models(id INTEGER PRIMARY KEY, key TEXT NOT NULL UNIQUE, created REAL NOT NULL);"
     "CREATE TABLE IF NOT EXISTS sessions(id INTEGER PRIMARY KEY, model_id INTEGER NOT NULL REFERENCES models(id),"
-    " pid INTEGER NOT NULL, pid_start INTEGER NOT NULL, started REAL NOT NULL);"
+    " pid INTEGER NOT NULL, pid_start INTEGER NOT NULL, started REAL NOT NULL, budget INTEGER NOT NULL DEFAULT 0);"
     "CREATE TABLE IF NOT EXISTS pages(model_id INTEGER NOT NULL REFERENCES models(id), array TEXT NOT NULL,"
     " a INTEGER NOT NULL, b INTEGER NOT NULL,"
     " page_ins INTEGER NOT NULL DEFAULT 0, fills INTEGER NOT NULL DEFAULT 0, hits INTEGER NOT NULL DEFAULT 0,"
@@ -169,6 +169,41 @@ static int check_schema(jlm_rdb *db, int create, jlm_err *err)
 
 static int pid_alive(int64_t pid, int64_t start);
 
+/* 1 if the sessions table has the budget column (added after schema 1's
+ * first release), 0 if not, -1 on error. */
+static int has_budget_column(jlm_rdb *db)
+{
+    sqlite3_stmt *s = NULL;
+    if (sqlite3_prepare_v2(db->db, "SELECT name FROM pragma_table_info('sessions') WHERE name = 'budget'", -1, &s,
+                           NULL) != SQLITE_OK)
+        return -1;
+    int rc = sqlite3_step(s);
+    sqlite3_finalize(s);
+    return rc == SQLITE_ROW ? 1 : rc == SQLITE_DONE ? 0 : -1;
+}
+
+/* The migration to sessions.budget: an added column with a default, so the
+ * schema version stays 1 both ways (an older build inserts sessions naming
+ * its columns and reads them by name; this one reads a database an older
+ * build made, read-only too, as budget 0). Under BEGIN IMMEDIATE, looking
+ * again inside, so two openers never both add it. */
+static int add_budget_column(jlm_rdb *db, jlm_err *err)
+{
+    int h = has_budget_column(db);
+    if (h == 1)
+        return 0;
+    int e = exec(db, "BEGIN IMMEDIATE", "add sessions.budget", err);
+    if (!e && (h = has_budget_column(db)) == 0)
+        e = exec(db, "ALTER TABLE sessions ADD COLUMN budget INTEGER NOT NULL DEFAULT 0", "add sessions.budget", err);
+    if (!e && h < 0)
+        e = jlm_errf(err, JLM_EIO, "%s: cannot read the sessions table's columns", db->path);
+    if (!e)
+        e = exec(db, "COMMIT", "add sessions.budget", err);
+    if (e)
+        rollback(db);
+    return e;
+}
+
 /* SQL jlm_alive(pid, pid_start): 1 while that engine process lives. */
 static void sql_alive(sqlite3_context *c, int n, sqlite3_value **v)
 {
@@ -245,6 +280,8 @@ static int open_db(jlm_rdb *db, int mode, jlm_err *err)
     }
     if (!e)
         e = check_schema(db, create, err);
+    if (!e && mode != JLM_RDB_READONLY)
+        e = add_budget_column(db, err);
     if (!e && mode == JLM_RDB_READONLY)
         e = hide_dead_sessions(db, err);
     for (int i = 0; !e && i < ST_COUNT; i++) {
@@ -871,6 +908,58 @@ int jlm_rdb_resident(jlm_rdb *db, const char *model_key, char ***names, size_t *
         return sqerr(db, err, rc, "list resident pages");
     }
     *names = v;
+    *n = k;
+    return 0;
+}
+
+int jlm_rdb_session_budget(jlm_rdb *db, int64_t session, uint64_t budget, jlm_err *err)
+{
+    char sql[160];
+    snprintf(sql, sizeof sql, "UPDATE sessions SET budget = %lld WHERE id = %lld", (long long)budget,
+             (long long)session);
+    return exec(db, sql, "session budget", err);
+}
+
+int jlm_rdb_sessions(jlm_rdb *db, const char *model_key, jlm_rdb_session_info **out, size_t *n, jlm_err *err)
+{
+    if (db->mode != JLM_RDB_READONLY)
+        prune(db, NULL);   /* best effort, as jlm_rdb_resident */
+    int hb = has_budget_column(db);   /* a read-only open of an older database: budget 0 */
+    char sql[700];
+    snprintf(sql, sizeof sql,
+             "SELECT s.id, s.pid, %s,"
+             " (SELECT COUNT(*) FROM resident r WHERE r.session_id = s.id AND r.array = 'blocks'),"
+             " (SELECT COUNT(*) FROM resident r WHERE r.session_id = s.id AND r.array = 'vision'),"
+             " (SELECT COUNT(*) FROM resident r WHERE r.session_id = s.id AND r.array = 'experts')"
+             " FROM sessions s JOIN models m ON m.id = s.model_id WHERE m.key = ?1 ORDER BY s.id",
+             hb == 1 ? "s.budget" : "0");
+    sqlite3_stmt *s = NULL;
+    int rc = sqlite3_prepare_v2(db->db, sql, -1, &s, NULL);
+    if (rc != SQLITE_OK)
+        return sqerr(db, err, rc, "list sessions");
+    sqlite3_bind_text(s, 1, model_key, -1, SQLITE_STATIC);
+    jlm_rdb_session_info *v = NULL;
+    size_t k = 0, cap = 0;
+    while ((rc = sqlite3_step(s)) == SQLITE_ROW) {
+        if (k == cap) {
+            jlm_rdb_session_info *nv = realloc(v, (cap = cap ? cap * 2 : 8) * sizeof *nv);
+            if (!nv)
+                break;
+            v = nv;
+        }
+        v[k++] = (jlm_rdb_session_info){sqlite3_column_int64(s, 0), sqlite3_column_int64(s, 1),
+                                         (uint64_t)sqlite3_column_int64(s, 2),
+                                         {(uint64_t)sqlite3_column_int64(s, 3), (uint64_t)sqlite3_column_int64(s, 4),
+                                          (uint64_t)sqlite3_column_int64(s, 5)}};
+    }
+    sqlite3_finalize(s);
+    if (rc != SQLITE_DONE) {
+        free(v);
+        if (rc == SQLITE_ROW)
+            return jlm_errf(err, JLM_ENOMEM, "%s: list sessions: out of memory", db->path);
+        return sqerr(db, err, rc, "list sessions");
+    }
+    *out = v;
     *n = k;
     return 0;
 }

@@ -83,6 +83,8 @@ int  jlm_rdb_discover(const char *path, char **db_path, char **model_key, jlm_er
 /* ---------------------------------------------------------------- engine side */
 /* Registers a running engine (its pid) on model_key; *session is its id. */
 int  jlm_rdb_session_begin(jlm_rdb *db, const char *model_key, int64_t *session, jlm_err *err);
+/* Records the engine's memory budget (bytes) on its session, for `jlm ps`. */
+int  jlm_rdb_session_budget(jlm_rdb *db, int64_t session, uint64_t budget, jlm_err *err);
 /* Removes the session and its residency rows. */
 int  jlm_rdb_session_end(jlm_rdb *db, int64_t session, jlm_err *err);
 
@@ -110,6 +112,16 @@ int  jlm_rdb_daemon_read(jlm_rdb *db, const char *model_key, const char *array, 
  * *names is malloc'd (array and strings); free with jlm_rdb_free_names. */
 int  jlm_rdb_resident(jlm_rdb *db, const char *model_key, char ***names, size_t *n, jlm_err *err);
 void jlm_rdb_free_names(char **names, size_t n);
+/* The live engine sessions on model_key (dead ones pruned first, or hidden
+ * read-only), oldest first: pid, budget (0: not recorded, e.g. a session an
+ * older build began) and the pages each holds per array (blocks, vision,
+ * experts). *out malloc'd (free). */
+typedef struct jlm_rdb_session_info {
+    int64_t  id, pid;
+    uint64_t budget;
+    uint64_t pages[3];
+} jlm_rdb_session_info;
+int  jlm_rdb_sessions(jlm_rdb *db, const char *model_key, jlm_rdb_session_info **out, size_t *n, jlm_err *err);
 
 /* The counters as text (one line per page: name, page-ins, bytes, hits,
  * evictions, per-tier counts, last access) or JSON; model_key NULL = every

@@ -3,9 +3,14 @@
 # missing, build, mount a temporary folder with jlmfs, drop the bundled GGUF in,
 # generate text through the mounted .jlm view, show the pages the engine holds
 # (resident/) and the statistics, unmount.
+# One line per stage on stdout ("== [N/5] stage: what"), so the minutes a
+# fresh machine spends in the first two are never silent.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+stage() { echo "== [$1/5] $2"; }
+stage 1 "deps: the Debian packages jlmfs needs (scripts/deps.sh; installs only what is missing)"
 ./scripts/deps.sh
+stage 2 "build: make -j2 all (a few minutes on a fresh machine; quiet unless it fails)"
 make -j2 all >/dev/null
 work=$(mktemp -d /tmp/jlmdemo.XXXXXX)
 mkdir -p "$work/src" "$work/mnt"
@@ -16,7 +21,9 @@ cleanup() {
 }
 trap cleanup EXIT
 
+stage 3 "mount: jlmfs $work/src on $work/mnt"
 ./build/jlmfs "$work/src" "$work/mnt"               # daemonizes; the cache lives in src/.jlmfs-cache
+stage 4 "convert: the bundled stories260K.gguf dropped into the mount becomes the view stories260K.jlm"
 cp models/stories260K.gguf "$work/mnt/"
 view="$work/mnt/stories260K.jlm"
 for _ in $(seq 100); do
@@ -26,7 +33,7 @@ done
 echo "== $view: $(cat "$view/status")"
 ls "$view"
 
-echo "== jlm run through the mount"
+stage 5 "generate: jlm run through the mount"
 ./build/jlm run "$view" -p "Once upon a time" -n 48 --temp 0 --stats 2>"$work/run.err"   # stdout: exactly the text
 echo; cat "$work/run.err"
 echo

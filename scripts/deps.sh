@@ -8,6 +8,7 @@ PKGS=(build-essential pkg-config libcriterion-dev libfuse3-dev fuse3 libsqlite3-
       libjansson-dev libutf8proc-dev libmicrohttpd-dev curl xz-utils
       libpng-dev libjpeg62-turbo-dev   # image decoding (engine/image.c)
       libstb-dev   # the tests write PNG and JPEG files with stb_image_write
+      bash-completion   # extglob and compopt for scripts/completion/jlm (its model patterns need extglob)
       libedit-dev tmux   # jlm chat's line editing and history; tmux drives it in tests/test_cli_chat.c
       libvulkan-dev glslc mesa-vulkan-drivers   # Vulkan backend; lavapipe runs its tests on the CPU
       clang libclang-rt-14-dev   # make fuzz: the libFuzzer targets (ASan + UBSan), run by .ci/run

@@ -114,7 +114,7 @@ Test(cli_cache, other_subcommands_use_the_same_entry, .timeout = 60)
     free(dir); free(g);
 }
 
-Test(cli_cache, a_touched_source_converts_again, .timeout = 60)
+Test(cli_cache, a_touched_source_converts_again_and_its_old_entry_is_pruned, .timeout = 60)
 {
     char *g, *dir = setup(&g), args[2048], *o, *e;
     snprintf(args, sizeof args, "tokenize '%s' 'a' --ids", g);
@@ -126,7 +126,7 @@ Test(cli_cache, a_touched_source_converts_again, .timeout = 60)
     cr_assert(strstr(e, "converting story.gguf"), "a new mtime is a new source: %s", e);
     char f[1400] = "";
     struct timespec m = {0};
-    cr_assert_eq(cache_files(dir, f, &m), 2, "a second entry");
+    cr_assert_eq(cache_files(dir, f, &m), 1, "the old entry is pruned once the new one is ready, no duplicate");
     cr_assert(strstr(f, "-1234567890.123456789.v"), "keyed by the new mtime: %s", f);
     free(o); free(e);
     tu_rmrf(dir);
@@ -226,7 +226,7 @@ Test(cli_cache, a_hugging_face_folder_converts_once_with_the_ids_of_convert_and_
     snprintf(args, sizeof args, "run '%s' --ids 1,2,3 -n 12 --temp 0 --print-ids", f);
     cr_assert_eq(jlm_cached(dir, args, &o2, &e2), 0, "%s", e2);
     cr_assert(strstr(e2, "converting tl into the cache"), "a touched config.json converts again: %s", e2);
-    cr_assert_eq(cache_files(dir, NULL, NULL), 2, "a second entry");
+    cr_assert_eq(cache_files(dir, NULL, NULL), 1, "a new entry, the old one pruned");
     cr_assert_str_eq(o1, o2);
     free(o2); free(e2);
     /* a README added is no change */
@@ -234,7 +234,7 @@ Test(cli_cache, a_hugging_face_folder_converts_once_with_the_ids_of_convert_and_
     cr_assert_eq(tu_write_file(p, "hi\n", 3), 0);
     cr_assert_eq(jlm_cached(dir, args, &o2, &e2), 0, "%s", e2);
     cr_assert(!strstr(e2, "converting"), "%s", e2);
-    cr_assert_eq(cache_files(dir, NULL, NULL), 2);
+    cr_assert_eq(cache_files(dir, NULL, NULL), 1);
     free(o1); free(e1); free(o2); free(e2);
     tu_rmrf(dir);
     free(dir); free(f);

@@ -293,7 +293,7 @@ Test(cli_ux, convert_shows_progress_as_a_few_lines_or_a_bar_on_a_terminal, .time
 {
     const char *g = tu_model("synth-llama-256.f32.gguf");   /* 13 MiB: enough units to report */
     char args[4096], cmd[6000], *o, *e;
-    snprintf(args, sizeof args, "convert '%s' -o '%s/a.jlm'", g, T);
+    snprintf(args, sizeof args, "convert '%s' -o '%s/a.jlm' --progress", g, T);   /* a log: asked for */
     cr_assert(jlm2(args, &o, &e) == 0, "%s", e);
     int lines = count_lines(e), pct = 0;
     for (char *p = e; (p = strstr(p, "% (")); p++)

@@ -466,13 +466,22 @@ static void nfc_applied(const jlm_model *m, jlm_tok *tok)
     cr_assert(strstr(err.msg, "nfkc") && strstr(err.msg, "not supported"), "%s", err.msg);
 }
 
-static void against_hf_tokenizers(const char *name)
+/* A temp dir d with d/t holding tests/models/hf-tok/NAME's tokenizer files
+ * (tokenizer.json unpacked from .xz). */
+static char *unpack_tokenizer(const char *name)
 {
-    char *d = tu_tmpdir(), cmd[3000], src[1100], out[1100], ref[1100];
+    char *d = tu_tmpdir(), cmd[3000];
     snprintf(cmd, sizeof cmd, "mkdir '%s/t' && cp '%s/tests/models/hf-tok/%s/tokenizer_config.json' '%s/t/' && "
              "xz -dc '%s/tests/models/hf-tok/%s/tokenizer.json.xz' > '%s/t/tokenizer.json'",
              d, tu_root(), name, d, tu_root(), name, d);
     cr_assert_eq(system(cmd), 0, "%s", cmd);
+    return d;
+}
+
+/* Converts the folder d/t to d/v.jlm and opens it with its tokenizer. */
+static void convert_tokenizer(const char *d, jlm_model **m, jlm_tok **tok)
+{
+    char src[1100], out[1100];
     snprintf(src, sizeof src, "%s/t", d);
     snprintf(out, sizeof out, "%s/v.jlm", d);
     jlm_conv *c;
@@ -481,34 +490,56 @@ static void against_hf_tokenizers(const char *name)
     cr_assert_eq(c->n_tensors, 0);
     cr_assert_eq(jlm_conv_write(c, out, NULL, NULL, NULL, &err), 0, "%s", err.msg);
     jlm_conv_close(c);
+    cr_assert_eq(jlm_fmt_open(out, m, &err), 0, "%s", err.msg);
+    cr_assert_eq(jlm_tok_create(&(*m)->vocab, tok, &err), 0, "%s", err.msg);
+}
+
+/* The reference case cs's text tokenizes (parse_special on) to its ids,
+ * with (add 1) and without the post-processor's additions; the ids without
+ * them, in *got (malloc'd) and *n when got is non-NULL. */
+static void case_matches(jlm_tok *tok, json_t *cs, const char *name, const char *what, int32_t **keep, size_t *kn)
+{
+    const char *text = json_string_value(json_object_get(cs, "text"));
+    jlm_err err = {0};
+    for (int add = 1; add >= 0; add--) {
+        size_t nw, n;
+        int32_t *want = ids(json_object_get(cs, add ? "ids_add_special" : "ids"), &nw), *got = NULL;
+        cr_assert_eq(jlm_tok_encode(tok, text, strlen(text), add, 1, &got, &n, &err), 0, "%s", err.msg);
+        cr_assert(n == nw && (!n || !memcmp(got, want, n * 4)), "%s: '%s'%s (add_special %d): %zu ids, HF %zu", name,
+                  text, what, add, n, nw);
+        free(want);
+        if (!add && keep) {
+            *keep = got;
+            *kn = n;
+        } else {
+            free(got);
+        }
+    }
+}
+
+static void against_hf_tokenizers(const char *name)
+{
+    char *d = unpack_tokenizer(name), ref[1100];
+    jlm_err err = {0};
     jlm_model *m;
     jlm_tok *tok;
-    cr_assert_eq(jlm_fmt_open(out, &m, &err), 0, "%s", err.msg);
-    cr_assert_eq(jlm_tok_create(&m->vocab, &tok, &err), 0, "%s", err.msg);
+    convert_tokenizer(d, &m, &tok);
     template_kept(d, m, name);
     snprintf(ref, sizeof ref, "%s/tests/reference/hf-tokenizers/%s.json", tu_root(), name);
     json_t *o = json_load_file(ref, 0, NULL), *cases = json_object_get(o, "cases"), *cs;
     size_t i;
     cr_assert(json_array_size(cases) > 50, "%s", ref);
     json_array_foreach(cases, i, cs) {
-        const char *text = json_string_value(json_object_get(cs, "text"));
-        for (int add = 0; add < 2; add++) {
-            size_t nw, n;
-            int32_t *want = ids(json_object_get(cs, add ? "ids_add_special" : "ids"), &nw), *got = NULL;
-            cr_assert_eq(jlm_tok_encode(tok, text, strlen(text), add, 1, &got, &n, &err), 0, "%s", err.msg);
-            cr_assert(n == nw && (!n || !memcmp(got, want, n * 4)), "%s: '%s' (add_special %d): %zu ids, HF %zu", name,
-                      text, add, n, nw);
-            if (!add) {
-                char *txt;
-                size_t tl;
-                const char *dec = json_string_value(json_object_get(cs, "decoded"));
-                cr_assert_eq(jlm_tok_decode(tok, got, n, 1, &txt, &tl, &err), 0, "%s", err.msg);
-                cr_assert(tl == strlen(dec) && !memcmp(txt, dec, tl), "%s: '%s' decodes to '%s'", name, dec, txt);
-                free(txt);
-            }
-            free(got);
-            free(want);
-        }
+        int32_t *got;
+        size_t n;
+        case_matches(tok, cs, name, "", &got, &n);
+        char *txt;
+        size_t tl;
+        const char *dec = json_string_value(json_object_get(cs, "decoded"));
+        cr_assert_eq(jlm_tok_decode(tok, got, n, 1, &txt, &tl, &err), 0, "%s", err.msg);
+        cr_assert(tl == strlen(dec) && !memcmp(txt, dec, tl), "%s: '%s' decodes to '%s'", name, dec, txt);
+        free(txt);
+        free(got);
     }
     json_decref(o);
     if (!strcmp(name, "qwen3"))
@@ -524,6 +555,83 @@ Test(hf_tok, qwen3_tokenizer_json_matches_hf_tokenizers, .timeout = 180) { again
 Test(hf_tok, llama2_tokenizer_json_matches_hf_tokenizers, .timeout = 180) { against_hf_tokenizers("llama2"); }
 Test(hf_tok, gemma3_tokenizer_json_matches_hf_tokenizers, .timeout = 180) { against_hf_tokenizers("gemma3"); }
 Test(hf_tok, gpt_oss_tokenizer_json_matches_hf_tokenizers, .timeout = 180) { against_hf_tokenizers("gpt-oss"); }
+
+/* A model.vocab entry spelled like a special token but not in added_tokens
+ * is text (Hugging Face tokenizers matches only added_tokens as special): the
+ * reference string holding that spelling, with the entry added to model.vocab
+ * under a new id (no merge reaches it, so HF's split does not change), still
+ * tokenizes to the reference ids with parse_special on. Qwen3's own "</s>"
+ * and "<s>" are such entries: they stay NORMAL tokens, not added ones. */
+static void vocab_spelled_special(const char *name)
+{
+    char *d = unpack_tokenizer(name), p[1100];
+    snprintf(p, sizeof p, "%s/t/tokenizer.json", d);
+    json_t *tj = json_load_file(p, 0, NULL), *vocab = json_object_get(json_object_get(tj, "model"), "vocab");
+    json_t *added = json_object_get(tj, "added_tokens"), *v;
+    cr_assert(json_is_object(vocab) && json_is_array(added), "%s", p);
+    static const char *const cand[] = {"<end_of_turn>", "<|im_end|>"};
+    const char *spell = NULL;
+    json_int_t mx = -1;
+    size_t i;
+    const char *k;
+    json_object_foreach(vocab, k, v)
+        if (json_integer_value(v) > mx) mx = json_integer_value(v);
+    json_array_foreach(added, i, v)
+        if (json_integer_value(json_object_get(v, "id")) > mx) mx = json_integer_value(json_object_get(v, "id"));
+    for (size_t c = 0; !spell && c < 2; c++) {
+        int taken = json_object_get(vocab, cand[c]) != NULL;
+        json_array_foreach(added, i, v)
+            taken |= !strcmp(json_string_value(json_object_get(v, "content")), cand[c]);
+        if (!taken)
+            spell = cand[c];
+    }
+    cr_assert(spell, "%s: every candidate spelling is a token already", name);
+    json_int_t new_id = mx + 1;
+    json_object_set_new(vocab, spell, json_integer(new_id));
+    cr_assert_eq(json_dump_file(tj, p, JSON_COMPACT), 0);
+    json_decref(tj);
+
+    jlm_model *m;
+    jlm_tok *tok;
+    convert_tokenizer(d, &m, &tok);
+    cr_assert_eq(m->vocab.token_kinds[new_id], JLM_TOK_NORMAL, "%s: '%s' (a model.vocab entry) became kind %u", name,
+                 spell, m->vocab.token_kinds[new_id]);
+    for (uint32_t a = 0; a < m->vocab.n_added; a++)
+        cr_assert_neq(m->vocab.added[a].id, new_id, "%s: '%s' is an added token", name, spell);
+    if (!strcmp(name, "qwen3"))
+        for (int s = 0; s < 2; s++) {
+            const char *sp = s ? "</s>" : "<s>";
+            int32_t id = -1;
+            for (uint32_t j = 0; j < m->vocab.n_tokens && id < 0; j++)
+                if (m->vocab.tokens[j].len == strlen(sp) && !memcmp(m->vocab.tokens[j].s, sp, strlen(sp)))
+                    id = (int32_t)j;
+            cr_assert(id >= 0 && m->vocab.token_kinds[id] == JLM_TOK_NORMAL, "qwen3: '%s' is not a NORMAL token", sp);
+        }
+    snprintf(p, sizeof p, "%s/tests/reference/hf-tokenizers/%s.json", tu_root(), name);
+    json_t *o = json_load_file(p, 0, NULL), *cs;
+    int seen = 0;
+    json_array_foreach(json_object_get(o, "cases"), i, cs) {
+        const char *text = json_string_value(json_object_get(cs, "text"));
+        if (!strstr(text, spell))
+            continue;
+        seen++;
+        char what[80];
+        snprintf(what, sizeof what, " with '%s' in model.vocab", spell);
+        case_matches(tok, cs, name, what, NULL, NULL);
+    }
+    cr_assert(seen, "%s: no reference string holds '%s'", name, spell);
+    json_decref(o);
+    jlm_tok_destroy(tok);
+    jlm_fmt_close(m);
+    tu_rmrf(d);
+    free(d);
+}
+
+Test(hf_tok, llama3_vocab_entry_spelled_special_is_text, .timeout = 180) { vocab_spelled_special("llama3"); }
+Test(hf_tok, qwen3_vocab_entry_spelled_special_is_text, .timeout = 180) { vocab_spelled_special("qwen3"); }
+Test(hf_tok, llama2_vocab_entry_spelled_special_is_text, .timeout = 180) { vocab_spelled_special("llama2"); }
+Test(hf_tok, gemma3_vocab_entry_spelled_special_is_text, .timeout = 180) { vocab_spelled_special("gemma3"); }
+Test(hf_tok, gpt_oss_vocab_entry_spelled_special_is_text, .timeout = 180) { vocab_spelled_special("gpt-oss"); }
 
 /* The tokenizer fuzz seeds (tiny byte-level BPEs shaped like qwen3's and
  * llama-3's files) build a vocab record: the fuzzer starts from valid inputs. */

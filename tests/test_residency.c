@@ -741,3 +741,66 @@ Test(residency, jlm_run_on_a_view_reports_exactly_the_pager_counters, .timeout =
     tu_rmrf(d);
     free(d);
 }
+
+/* `jlm ps`'s view of a database: each live session with its pid, budget and
+ * pages per array. A database made before sessions had a budget column (the
+ * schema-1 sessions table as first released) still opens: read-only it lists
+ * budget 0 and stays untouched; a read-write open adds the column. */
+Test(residency, sessions_list_pid_budget_and_pages_and_an_older_database_migrates)
+{
+    sqlite3 *raw;
+    cr_assert_eq(sqlite3_open(dbpath, &raw), SQLITE_OK);
+    cr_assert_eq(sqlite3_exec(raw,
+        "CREATE TABLE meta(key TEXT PRIMARY KEY, value TEXT NOT NULL);"
+        "CREATE TABLE models(id INTEGER PRIMARY KEY, key TEXT NOT NULL UNIQUE, created REAL NOT NULL);"
+        "CREATE TABLE sessions(id INTEGER PRIMARY KEY, model_id INTEGER NOT NULL REFERENCES models(id),"
+        " pid INTEGER NOT NULL, pid_start INTEGER NOT NULL, started REAL NOT NULL);"
+        "INSERT INTO meta VALUES ('schema_version', '1');", NULL, NULL, NULL), SQLITE_OK);
+    sqlite3_close(raw);
+    jlm_err err = {0};
+    jlm_rdb *db = NULL;
+    /* CREATE adds the missing tables (IF NOT EXISTS) and then the column */
+    cr_assert_eq(jlm_rdb_open(dbpath, JLM_RDB_CREATE, &db, &err), 0, "%s", err.msg);
+    jlm_rdb_set_clock(db, fake_clock, NULL);
+    int64_t s = begin(db, "a.jlm");
+    cr_assert_eq(jlm_rdb_session_budget(db, s, 8u << 20, &err), 0, "%s", err.msg);
+    cr_assert_eq(jlm_rdb_event(db, s, "blocks", 3, -1, JLM_RDB_PAGE_IN, JLM_TIER_DISK, 4096, &err), 0, "%s", err.msg);
+    cr_assert_eq(jlm_rdb_event(db, s, "blocks", 4, -1, JLM_RDB_PAGE_IN, JLM_TIER_DISK, 4096, &err), 0, "%s", err.msg);
+    cr_assert_eq(jlm_rdb_flush(db, &err), 0, "%s", err.msg);
+    jlm_rdb_session_info *v = NULL;
+    size_t n = 0;
+    cr_assert_eq(jlm_rdb_sessions(db, "a.jlm", &v, &n, &err), 0, "%s", err.msg);
+    cr_assert_eq(n, 1);
+    cr_assert(v[0].pid == getpid() && v[0].budget == 8u << 20 && v[0].pages[0] == 2 && v[0].pages[1] == 0 &&
+              v[0].pages[2] == 0, "pid %lld budget %llu pages %llu", (long long)v[0].pid,
+              (unsigned long long)v[0].budget, (unsigned long long)v[0].pages[0]);
+    free(v);
+    cr_assert_eq(jlm_rdb_sessions(db, "other.jlm", &v, &n, &err), 0, "%s", err.msg);
+    cr_assert_eq(n, 0);
+    free(v);
+    jlm_rdb_close(db);
+
+    /* an older database opened read-only: listed with budget 0, not migrated */
+    char old[1200];
+    snprintf(old, sizeof old, "%s/old.db", tmp);
+    cr_assert_eq(jlm_rdb_open(old, JLM_RDB_CREATE, &db, &err), 0, "%s", err.msg);   /* today's schema, */
+    jlm_rdb_close(db);
+    cr_assert_eq(sqlite3_open(old, &raw), SQLITE_OK);   /* less the column: as an older build made it */
+    cr_assert_eq(sqlite3_exec(raw, "ALTER TABLE sessions DROP COLUMN budget;"
+                              "INSERT INTO models(key, created) VALUES ('a.jlm', 1.0)", NULL, NULL, NULL), SQLITE_OK,
+                 "%s", sqlite3_errmsg(raw));
+    sqlite3_close(raw);
+    cr_assert_eq(jlm_rdb_open(old, JLM_RDB_READONLY, &db, &err), 0, "%s", err.msg);
+    cr_assert_eq(jlm_rdb_sessions(db, "a.jlm", &v, &n, &err), 0, "%s", err.msg);
+    cr_assert_eq(n, 0);
+    free(v);
+    jlm_rdb_close(db);
+    cr_assert_eq(sqlite3_open(old, &raw), SQLITE_OK);
+    sqlite3_stmt *st;
+    cr_assert_eq(sqlite3_prepare_v2(raw, "SELECT COUNT(*) FROM pragma_table_info('sessions') WHERE name = 'budget'",
+                                    -1, &st, NULL), SQLITE_OK);
+    cr_assert_eq(sqlite3_step(st), SQLITE_ROW);
+    cr_assert_eq(sqlite3_column_int(st, 0), 0, "a read-only open changed the file");
+    sqlite3_finalize(st);
+    sqlite3_close(raw);
+}

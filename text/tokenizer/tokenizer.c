@@ -273,6 +273,9 @@ int jlm_tok_create(const jlm_vocab *v, jlm_tok **out, jlm_err *err)
 {
     if (!v || !out)
         return jlm_errf(err, JLM_EINVAL, "jlm_tok_create: NULL argument");
+    if (v->kind == JLM_VOCAB_NONE)
+        return jlm_errf(err, JLM_EUNSUPPORTED, "the model has no tokenizer: the tokenizer files are missing from its "
+                        "source (a Hugging Face folder needs tokenizer.json and tokenizer_config.json)");
     if (v->kind != JLM_VOCAB_SPM && v->kind != JLM_VOCAB_BPE && v->kind != JLM_VOCAB_WPM)
         return jlm_errf(err, JLM_EUNSUPPORTED, "vocab: kind %u has no tokenizer here (1 SPM, 2 BPE, 3 WPM)", v->kind);
     if (!v->n_tokens || v->n_tokens > INT32_MAX / 2)
