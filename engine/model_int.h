@@ -10,6 +10,7 @@
 
 #include "engine/backend.h"
 #include "engine/pool.h"
+#include "engine/prog.h"
 #include "kernels/cpu/kernels.h"
 
 #define ROLE_SLOTS 64   /* text roles are < 64 */
@@ -49,6 +50,7 @@ struct jlm_engine {
     uint64_t         mem_kv, mem_scratch;
     char             budget_src[320];   /* how budget_all was chosen, for --stats */
     uint8_t         *dense;       /* (DenseLen,) the dense region, resident */
+    jlm_prog         prog_dense, prog_moe;   /* the family's block programs (engine/arch/) */
     const jlm_tensor **roles;     /* ((n_layer+1) * ROLE_SLOTS,) slot (block+1)*64 + role */
     uint32_t         n_ctx, n_past;
     uint32_t         bidir_end;   /* > 0: queries below it also see keys up to it (an image, eval_embd) */
@@ -133,7 +135,7 @@ static inline const jlm_tensor *W(const jlm_engine *e, int32_t block, uint16_t r
 
 static inline void *zalloc(size_t n) { return calloc(1, n ? n : 1); }
 
-/* Lets go of a device prefetch in flight (model.c, "device prefetch"). */
+/* Lets go of a device prefetch in flight (stream.c, "device prefetch"). */
 void jlm_eng_prefetch_end(jlm_engine *e);
 
 #endif
