@@ -37,6 +37,8 @@ typedef struct jlm_dev_stats {
     uint64_t kernel_ns, xfer_ns; /* kernels (dispatch + wait); page-ins and activation/result copies */
     uint64_t waits;              /* round trips: the host waited for results (one per matmul, or per
                                     jlm_dev_matmul_multi) */
+    uint64_t act_up, act_down;   /* activation bytes copied host -> device (matmul inputs) and back
+                                    (results), counted at the copies; page-ins and reuploads not */
 } jlm_dev_stats;
 
 typedef struct jlm_dev jlm_dev;
