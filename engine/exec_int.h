@@ -152,7 +152,8 @@ void jlm_ex_attention(jlm_engine *e, const jlm_op *op, jlm_ex_blk *b);
 int  jlm_ex_moe(jlm_engine *e, const jlm_op *op, jlm_ex_blk *b, jlm_err *err);   /* exec_moe.c */
 
 /* Block l's program over rows [0, n) of xs, nb at a time through e->x
- * (model.c's run_layers; kc/vc as there); page: its frame (the streamer's). */
+ * (model.c's run_layers; kc/vc as there); page: its frame (the streamer's).
+ * The ops before KEYS_DONE run for every chunk first, then the rest. */
 int jlm_ex_block(jlm_engine *e, const jlm_prog *p, uint32_t l, const uint8_t *page, float *xs, uint32_t n,
                  void *kc, void *vc, uint32_t pos0, jlm_err *err);
 
