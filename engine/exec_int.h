@@ -175,5 +175,9 @@ void jlm_stream_expert_next(jlm_engine *e, uint32_t page);
 /* After the layers: the output matrix's device, and (failed: rc) any device
  * prefetch let go. */
 void jlm_stream_finish(jlm_engine *e, int rc);
+/* A whole page of another array on the host (the vision tower's blocks,
+ * engine/vision.c): acquire, release. */
+int  jlm_stream_page(jlm_engine *e, uint32_t array, uint32_t page, const uint8_t **host, jlm_err *err);
+void jlm_stream_page_done(jlm_engine *e, uint32_t array, uint32_t page);
 
 #endif

@@ -1,4 +1,5 @@
-/* vision.c - the SigLIP-style tower through the pager's vision array, the
+/* vision.c - the SigLIP-style tower (its block a program, engine/arch/clip.c;
+ * its pages through the streamer from the pager's vision array), the
  * projectors (a table: preprocessing, tokens, projection), and an image
  * prompt fed to the text engine (decoding is image.c). See vision.h for the
  * contract and docs/vision.md for the numerics chosen. */
@@ -9,6 +10,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "engine/exec_int.h"   /* the streamer */
 #include "engine/pool.h"
 #include "engine/prog.h"
 #include "kernels/cpu/kernels.h"
@@ -21,7 +23,6 @@ struct jlm_vtower {
     const jlm_model  *m;
     const jlm_vision *v;
     const vproj      *proj;
-    jlm_pager        *pager;
     jlm_pool         *pool;       /* the engine's */
     const uint8_t    *dense;
     const jlm_k_cpu  *k;
@@ -239,7 +240,7 @@ int jlm_vtower_open(jlm_engine *e, jlm_vtower **out, jlm_err *err)
     jlm_vtower *vt = calloc(1, sizeof *vt);
     if (!vt)
         return jlm_errf(err, JLM_ENOMEM, "%s: out of memory", m->path);
-    *vt = (jlm_vtower){.e = e, .m = m, .v = v, .proj = p, .pager = jlm_engine_pager(e), .pool = jlm_engine_pool(e), .dense = jlm_engine_dense(e),
+    *vt = (jlm_vtower){.e = e, .m = m, .v = v, .proj = p, .pool = jlm_engine_pool(e), .dense = jlm_engine_dense(e),
                        .k = jlm_k_cpu_get(), .side = v->image_size / v->patch_size, .E = v->n_embd, .F = v->n_ffn,
                        .hd = v->n_embd / v->n_head, .n_out = jlm_engine_model(e)->config.n_embd};
     vt->n_patch = vt->side * vt->side;
@@ -454,13 +455,12 @@ int jlm_vtower_encode(jlm_vtower *vt, const float *f32, float *out, jlm_err *err
     if (vt->pre_w)
         layernorm_rows(vt, vt->x, vt->x, vt->pre_w, vt->pre_b);
     for (uint32_t b = 0; b < vt->v->n_layer; b++) {
-        const void *page;
-        int rc = jlm_pager_get(vt->pager, JLM_PAGER_VISION, b, 0, jlm_pager_extent(vt->pager, JLM_PAGER_VISION, b),
-                               &page, err);
+        const uint8_t *page;
+        int rc = jlm_stream_page(vt->e, JLM_PAGER_VISION, b, &page, err);
         if (rc)
             return jlm_err_prefix(err, rc, "%s: vision block %u", vt->m->path, b);
         block_forward(vt, b, page, hd->vis_data_off + (uint64_t)b * hd->vis_page_size);
-        jlm_pager_unpin(vt->pager, JLM_PAGER_VISION, b);
+        jlm_stream_page_done(vt->e, JLM_PAGER_VISION, b);
     }
     if (vt->post_w)
         layernorm_rows(vt, vt->x, vt->x, vt->post_w, vt->post_b);
