@@ -73,7 +73,7 @@ CUDA_ARCH := -gencode arch=compute_80,code=sm_80 -gencode arch=compute_90,code=s
 CUDA_LIBS := $(if $(filter 1,$(CUDA)),-L$(CUDA_HOME)/lib64 -lcudart_static -ldl -lrt -lstdc++)
 LDLIBS    += $(CUDA_LIBS)
 
-LIB_DIRS := base format converter kernels/cpu kernels/cuda kernels/vulkan engine text/tokenizer text/template prompt residency fs picture serve
+LIB_DIRS := base format converter kernels/cpu kernels/cuda kernels/vulkan engine engine/arch text/tokenizer text/template prompt residency fs picture serve
 LIB_SRC  := $(foreach d,$(LIB_DIRS),$(wildcard $(d)/*.c))
 LIB_OBJ  := $(LIB_SRC:%.c=$(BUILD)/obj/%.o)
 LIB_OBJ  += $(if $(filter 1,$(CUDA)),$(BUILD)/obj/kernels/cuda/kernels.o)

@@ -110,11 +110,12 @@ void jlm_cli_print_backend_stats(FILE *f, struct jlm_engine *e, unsigned long lo
     fprintf(f, "cpu: page-ins %llu, evictions %llu, bytes read %llu (%s), hits %llu, frames budget %llu (%s)\n", pi, ev,
             br, jlm_cli_iec(b1, br), hi, (unsigned long long)mi.frames, jlm_cli_iec(b2, mi.frames));
     for (int i = 0; i < n; i++)   /* one line per device, in block order */
-        fprintf(f, "%s: matmuls %llu (round trips %llu), page-ins %llu (%llu ahead), evictions %llu, hits %llu, "
-                   "bytes uploaded %llu (%s), bytes imported %llu (%s), frames %llu (%llu bytes, peak %llu, budget %llu), "
+        fprintf(f, "%s: matmuls %llu (round trips %llu), activations up %llu, down %llu, "
+                   "page-ins %llu (%llu ahead), evictions %llu, hits %llu, bytes uploaded %llu (%s), bytes imported %llu (%s), frames %llu (%llu bytes, peak %llu, budget %llu), "
                    "path %s, kernels %.1f ms, transfers %.1f ms, reuploads %llu, cpu fallbacks %llu, "
                    "device %s\n",
                 v[i].kind, (unsigned long long)v[i].matmuls, (unsigned long long)v[i].waits,
+                (unsigned long long)v[i].act_up, (unsigned long long)v[i].act_down,
                 (unsigned long long)v[i].page_ins,
                 (unsigned long long)v[i].prefetches, (unsigned long long)v[i].evictions,
                 (unsigned long long)v[i].hits, (unsigned long long)v[i].bytes_up, jlm_cli_iec(b3, v[i].bytes_up),

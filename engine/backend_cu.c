@@ -328,6 +328,7 @@ static int tokens(jlm_ecu *v, const jlm_cu_mat *cms, int nm, uint32_t n, const f
     }
     if (jlm_cu_rt_h2d(v->rt, dv, h, act, JLM_CU_S_COMPUTE))
         return rt_fail(v, err, "activations");
+    v->st.act_up += act;
     if (v->frames_pending) {
         if (jlm_cu_rt_wait(v->rt, JLM_CU_S_COMPUTE, EV_FRAMES))
             return rt_fail(v, err, "waiting for the page-ins");
@@ -345,6 +346,7 @@ static int tokens(jlm_ecu *v, const jlm_cu_mat *cms, int nm, uint32_t n, const f
     if (jlm_cu_rt_d2h(v->rt, v->h_y.p, v->d[D_Y].p, ylen, JLM_CU_S_COMPUTE) || jlm_cu_rt_sync(v->rt, JLM_CU_S_COMPUTE))
         return rt_fail(v, err, "matvec");
     uint64_t t2 = now_ns();
+    v->st.act_down += ylen;
     v->st.kernel_ns += t2 - t1;
     v->st.waits++;
     const float *hy = v->h_y.p;

@@ -192,11 +192,12 @@ static int tokens(jlm_evk *v, const jlm_vk_mat *vm, uint32_t n, const float *x, 
             memcpy(d + t * (k / 8), xq[t].d, k / 8);    /* k/32 floats */
             memcpy(sm + t * (k / 8), xq[t].sum16, k / 8);   /* k/16 int16 */
         }
+        v->st.act_up += (uint64_t)n * (k + k / 8 + k / 8);
         va = (jlm_vk_act){k, span(v->b[B_AQ], 0, n * k), span(v->b[B_AD], 0, n * k / 8),
                           span(v->b[B_AS], 0, n * k / 8), n};
     }
-    if (!rc && !xq)
-        rc = stage(v, B_X, x, n * k * 4, err);
+    if (!rc && !xq && !(rc = stage(v, B_X, x, n * k * 4, err)))
+        v->st.act_up += n * k * 4;
     uint64_t t1 = now_ns();
     v->st.xfer_ns += t1 - t0;
     if (rc)
@@ -205,8 +206,10 @@ static int tokens(jlm_evk *v, const jlm_vk_mat *vm, uint32_t n, const float *x, 
                        span(v->b[B_Y], 0, n * rows * 4), err);
     uint64_t t2 = now_ns();
     v->st.kernel_ns += t2 - t1;
-    if (!rc)
+    if (!rc) {
         memcpy(y, jlm_vk_buf_map(v->b[B_Y]), n * rows * 4);
+        v->st.act_down += n * rows * 4;
+    }
     v->st.xfer_ns += now_ns() - t2;
     return rc;
 }

@@ -1,4 +1,5 @@
-/* model_int.h - the engine's state, shared by model.c (the forward pass)
+/* model_int.h - the engine's state, shared by model.c (the layer loop), the
+ * executor (exec*.c, exec_int.h), the streamer (stream.c)
  * and model_open.c (open, budget, backend, close, queries). Internal to
  * engine/: nothing outside includes it. */
 #ifndef JLM_ENGINE_MODEL_INT_H
@@ -10,6 +11,7 @@
 
 #include "engine/backend.h"
 #include "engine/pool.h"
+#include "engine/prog.h"
 #include "kernels/cpu/kernels.h"
 
 #define ROLE_SLOTS 64   /* text roles are < 64 */
@@ -49,6 +51,7 @@ struct jlm_engine {
     uint64_t         mem_kv, mem_scratch;
     char             budget_src[320];   /* how budget_all was chosen, for --stats */
     uint8_t         *dense;       /* (DenseLen,) the dense region, resident */
+    jlm_prog         prog_dense, prog_moe;   /* the family's block programs (engine/arch/) */
     const jlm_tensor **roles;     /* ((n_layer+1) * ROLE_SLOTS,) slot (block+1)*64 + role */
     uint32_t         n_ctx, n_past;
     uint32_t         bidir_end;   /* > 0: queries below it also see keys up to it (an image, eval_embd) */
@@ -103,13 +106,13 @@ struct jlm_engine {
      * (the engine's own, or a jlm_engine_seq's) at position bpos[t] */
     void    **bkc, **bvc; /* (nb,) */
     uint32_t *bpos;       /* (nb,) */
-    /* attn_kv computed the queries too (fused with K and V): attn_out of the
-     * same rows (x) of layer q_layer skips its norm and Q matmul; cleared by
-     * every attn_out */
+    /* the QKV op computed the queries too (fused with K and V): the Q op of
+     * the same rows (x) of layer q_ready_l skips its norm and matmul; cleared
+     * by every Q op */
     const float *q_ready_x;
     uint32_t     q_ready_l;
     /* ... or its queries, keys and attention (decode on several threads:
-     * attn_qkv_heads): attn_out goes straight to the output matrix */
+     * attn_qkv_heads): Q, Q_ROPE and ATTENTION are skipped */
     const float *att_ready_x;
     uint32_t     att_ready_l;
     /* profiling (model.h): prof on; prof_in: a class is being timed (nested
@@ -133,7 +136,7 @@ static inline const jlm_tensor *W(const jlm_engine *e, int32_t block, uint16_t r
 
 static inline void *zalloc(size_t n) { return calloc(1, n ? n : 1); }
 
-/* Lets go of a device prefetch in flight (model.c, "device prefetch"). */
+/* Lets go of a device prefetch in flight (stream.c, "device prefetch"). */
 void jlm_eng_prefetch_end(jlm_engine *e);
 
 #endif

@@ -1,7 +1,8 @@
 /* model_open.c - opening an engine: the container's checks, the tensor index,
- * the dense region, the budget (frames, KV, scratch), the backend split,
- * the buffers; closing it; and the queries on an open engine. The forward
- * pass is model.c. See model.h for the contract. */
+ * the block programs, the dense region, the budget (frames, KV, scratch),
+ * the backend split, the buffers; closing it; and the queries on an open
+ * engine. The forward pass is model.c (the loop), exec*.c (the executor)
+ * and stream.c (paging). See model.h for the contract. */
 #include "engine/model_int.h"
 
 #include <malloc.h>
@@ -166,6 +167,22 @@ static int index_tensors(jlm_engine *e, jlm_err *err)
         if (loc.region != JLM_REG_TEXT)
             return jlm_errf(err, JLM_EFORMAT, "%s: block %u's attn_q is not in its text page", m->path, l);
     }
+    /* the family's block programs (engine/arch/): dense and MoE blocks */
+    int rc = jlm_arch_program(e->c->arch, 0, &e->prog_dense, err);
+    if (!rc)
+        rc = jlm_arch_program(e->c->arch, 1, &e->prog_moe, err);
+    if (rc)
+        return jlm_err_prefix(err, rc, "%s", m->path);
+    /* the q/k norms' extent is the file's (format/sanity.c sized them by
+     * its QKNormWide flag): a program that disagrees would read past them */
+    const jlm_op *kv = NULL;
+    for (uint32_t i = 0; i < e->prog_dense.n && !kv; i++)
+        if (e->prog_dense.op[i].kind == JLM_OP_KV_STORE)
+            kv = &e->prog_dense.op[i];
+    int wide = kv && (kv->flags & JLM_OPF_QK_WIDE);
+    if (wide != !!(e->c->flags & JLM_F_QK_NORM_WIDE))
+        return jlm_errf(err, JLM_EFORMAT, "%s: flag QKNormWide %s, but %s's q/k norms are %s", m->path,
+                        wide ? "missing" : "set", e->prog_dense.family, wide ? "over the whole projection" : "per head");
     return JLM_OK;
 }
 

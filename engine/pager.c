@@ -34,7 +34,7 @@
  * later marks every mapped frame NOHUGEPAGE; huge pages already there are
  * split by the kernel when their chunks are dropped.
  */
-#include "engine/pager.h"
+#include "engine/pager_int.h"
 
 #include <assert.h>
 #include <pthread.h>
@@ -44,82 +44,9 @@
 #include <sys/mman.h>
 #include <time.h>
 
-#define PAGER_ALIGN 4096u
 #define HUGE_SLACK (2ull << 20)   /* the most a huge page maps past an extent */
 
-/* ---------------------------------------------------------------- types */
-typedef struct ppage {
-    uint8_t      *frame;      /* NULL when ABSENT */
-    uint64_t     *bits;       /* (words,) filled chunks, into parray.bitmap */
-    uint32_t      pins;       /* gets not yet unpinned */
-    uint32_t      n_filled;   /* popcount(bits) */
-    uint64_t      held;       /* bytes charged: filled chunks (+ a prefetch's in flight) */
-    struct ppage *prev, *next;/* class list links (unpinned resident only) */
-    uint32_t      array, idx;
-    int           pf_fresh;   /* read by a prefetch, no get since */
-} ppage;
-
-typedef struct parray {
-    char      name[32];
-    int       cls;            /* enum jlm_pager_class */
-    uint64_t  base_off, page_size;
-    uint64_t  frame_len;      /* bytes of one frame: the largest extent (>= 4096) */
-    uint32_t  n_pages;
-    uint32_t  words;          /* bitmap words per page */
-    uint64_t *extent;         /* (n_pages,) */
-    uint64_t *bitmap;         /* (n_pages * words,) */
-    ppage    *pages;          /* (n_pages,) */
-    jlm_pager_array_counters st;
-} parray;
-
-typedef struct plist { ppage *head, *tail; uint32_t n; } plist;
-
-/* The reader thread and its one request: the runs of missing chunks of one
- * page. Fields under mu; the engine thread sets a request (state QUEUED)
- * only while state is IDLE or DONE. */
-enum { PF_IDLE = 0, PF_QUEUED, PF_DONE };
-typedef struct pfrun { uint64_t c0, c1, lo, hi; } pfrun;   /* chunks [c0,c1), frame bytes [lo,hi) */
-typedef struct pfetch {
-    pthread_mutex_t mu;
-    pthread_cond_t  cv;       /* state or stop changed */
-    pthread_t       th;
-    int             started, stop, state;
-    uint64_t        base;     /* source offset of the page */
-    pfrun          *runs;     /* (cap,) */
-    uint32_t        n_runs, cap;
-    uint64_t        len;      /* bytes of all runs */
-    int             was_absent;
-    uint8_t        *dst;      /* the frame the engine thread gave */
-    int             rc;
-    jlm_err         err;
-} pfetch;
-
-struct jlm_pager {
-    /* configuration */
-    jlm_source *src;          /* borrowed */
-    uint64_t    chunk;
-    uint32_t    chunk_shift;
-    uint32_t    n_arrays;
-    parray      arr[JLM_PAGER_MAX_ARRAYS];
-    jlm_pager_event_fn ev_fn;
-    void       *ev_ctx;
-    jlm_pager_evict_fn evict_fn;   /* a frame's memory is about to change */
-    void       *evict_ctx;
-
-    /* changes during routine operation */
-    uint64_t    budget;       /* 0 = unlimited */
-    uint64_t    resident_bytes, peak_bytes;
-    uint64_t    huge_need;    /* the budget from which frames use huge pages */
-    uint64_t    thp;          /* chunks are whole transparent huge pages of this
-                                 size (0: no, chunks are smaller or THP is off) */
-    plist       lru[2];       /* per class; head = most recently used */
-
-    /* prefetch: on, and the page whose read is in flight or uncollected
-     * (engine thread only; the reader thread sees only pf) */
-    int         pf_on;
-    ppage      *pf_pg;
-    pfetch      pf;
-};
+/* types: engine/pager_int.h */
 
 /* ---------------------------------------------------------------- lists */
 static void list_unlink(plist *l, ppage *pg)
@@ -308,24 +235,7 @@ void jlm_pager_close(jlm_pager *p)
     free(p);
 }
 
-/* ---------------------------------------------------------------- chunks */
-static int bit_get(const ppage *pg, uint64_t c) { return (int)((pg->bits[c >> 6] >> (c & 63)) & 1u); }
-static void bit_set(ppage *pg, uint64_t c) { pg->bits[c >> 6] |= 1ull << (c & 63); }
-static void bit_clear(ppage *pg, uint64_t c) { pg->bits[c >> 6] &= ~(1ull << (c & 63)); }
-
-/* Chunks of the page (the last one cut at its extent). */
-static uint64_t page_chunks(const jlm_pager *p, const parray *r, const ppage *pg)
-{
-    return (r->extent[pg->idx] + p->chunk - 1) >> p->chunk_shift;
-}
-
-/* Frame bytes [lo, hi) of chunks [c0, c1) (cut at the extent). */
-static uint64_t chunk_lo(const jlm_pager *p, uint64_t c) { return c << p->chunk_shift; }
-static uint64_t chunk_hi(const jlm_pager *p, const parray *r, const ppage *pg, uint64_t c1)
-{
-    uint64_t hi = c1 << p->chunk_shift, ext = r->extent[pg->idx];
-    return hi > ext ? ext : hi;
-}
+/* ---------------------------------------------------------------- chunks (bits, page_chunks, chunk_lo/hi: pager_int.h) */
 
 /* Bytes of the chunks of [c0, c1) not filled. */
 static uint64_t missing_bytes(const jlm_pager *p, const parray *r, const ppage *pg, uint64_t c0, uint64_t c1)
@@ -1015,182 +925,4 @@ void jlm_pager_set_events(jlm_pager *p, jlm_pager_event_fn fn, void *ctx)
 {
     p->ev_fn = fn;
     p->ev_ctx = ctx;
-}
-
-uint64_t jlm_pager_filled(const jlm_pager *p, uint32_t array, uint32_t page)
-{
-    if (array >= p->n_arrays || page >= p->arr[array].n_pages)
-        return 0;
-    const parray *r = &p->arr[array];
-    const ppage *pg = &r->pages[page];
-    uint64_t ext = r->extent[page], n = 0;
-    for (uint64_t c = 0; (c << p->chunk_shift) < ext; c++)
-        if (bit_get(pg, c)) {
-            uint64_t hi = (c + 1) << p->chunk_shift;
-            n += (hi > ext ? ext : hi) - (c << p->chunk_shift);
-        }
-    return n;
-}
-
-int jlm_pager_resident(const jlm_pager *p, uint32_t array, uint32_t page)
-{
-    return array < p->n_arrays && page < p->arr[array].n_pages && p->arr[array].pages[page].frame != NULL;
-}
-
-uint64_t jlm_pager_extent(const jlm_pager *p, uint32_t array, uint32_t page)
-{
-    return array < p->n_arrays && page < p->arr[array].n_pages ? p->arr[array].extent[page] : 0;
-}
-
-uint64_t jlm_pager_frame_len(const jlm_pager *p, uint32_t array)
-{
-    return array < p->n_arrays ? p->arr[array].frame_len : 0;
-}
-
-void jlm_pager_stats(const jlm_pager *p, jlm_pager_counters *out)
-{
-    memset(out, 0, sizeof *out);
-    out->budget = p->budget;
-    out->resident_bytes = p->resident_bytes;
-    out->peak_bytes = p->peak_bytes;
-    out->n_arrays = p->n_arrays;
-    for (uint32_t a = 0; a < p->n_arrays; a++)
-        out->a[a] = p->arr[a].st;
-}
-
-void jlm_pager_stats_reset(jlm_pager *p)
-{
-    p->peak_bytes = p->resident_bytes;
-    for (uint32_t a = 0; a < p->n_arrays; a++) {
-        jlm_pager_array_counters *s = &p->arr[a].st;
-        uint32_t rp = s->resident_pages;
-        uint64_t rb = s->resident_bytes;
-        memset(s, 0, sizeof *s);
-        s->resident_pages = rp;
-        s->resident_bytes = rb;
-    }
-}
-
-/* ---------------------------------------------------------------- check */
-/* Bytes of the page's filled chunks. */
-static uint64_t filled_bytes(const jlm_pager *p, const parray *r, const ppage *pg)
-{
-    uint64_t n = 0, nc = page_chunks(p, r, pg);
-    for (uint64_t c = 0; c < nc; c++)
-        if (bit_get(pg, c))
-            n += chunk_hi(p, r, pg, c + 1) - chunk_lo(p, c);
-    return n;
-}
-
-/* Invariant (8): no memory of the frame outside its filled chunks is mapped
- * (mincore: 1 per resident 4096-byte page). Not checked for the page whose
- * prefetch is in flight (the reader is writing it). */
-static int check_frame_memory(const jlm_pager *p, const parray *r, const ppage *pg, jlm_err *err)
-{
-    size_t n = (size_t)(r->frame_len / PAGER_ALIGN);
-    unsigned char *vec = malloc(n);
-    if (!vec)
-        return 0;   /* cannot tell: not a broken invariant */
-    if (mincore(pg->frame, (size_t)r->frame_len, vec) != 0) {
-        free(vec);
-        return 0;
-    }
-    for (size_t i = 0; i < n; i++) {
-        uint64_t c = ((uint64_t)i * PAGER_ALIGN) >> p->chunk_shift;
-        int filled = (uint64_t)i * PAGER_ALIGN < r->extent[pg->idx] && bit_get(pg, c);
-        if ((vec[i] & 1) && !filled) {
-            free(vec);
-            return jlm_errf(err, JLM_EINVAL, "pager check (8): %s page %u: frame byte %llu is mapped, chunk %llu not filled",
-                            r->name, pg->idx, (unsigned long long)i * PAGER_ALIGN, (unsigned long long)c);
-        }
-    }
-    free(vec);
-    return 0;
-}
-
-static int check_page(const jlm_pager *p, const parray *r, const ppage *pg, jlm_err *err)
-{
-    uint64_t n_chunks = page_chunks(p, r, pg), pop = 0;
-    for (uint32_t w = 0; w < r->words; w++) {
-        uint64_t first = (uint64_t)w * 64;
-        uint64_t valid = n_chunks > first ? n_chunks - first : 0;
-        uint64_t mask = valid >= 64 ? ~0ull : (1ull << valid) - 1;
-        pop += (uint64_t)__builtin_popcountll(pg->bits[w]);
-        if (pg->bits[w] & ~mask)
-            return jlm_errf(err, JLM_EINVAL, "pager check (5): %s page %u: a chunk at or past %llu filled, page has %llu",
-                            r->name, pg->idx, (unsigned long long)(first + valid), (unsigned long long)n_chunks);
-    }
-    if (pop != pg->n_filled)
-        return jlm_errf(err, JLM_EINVAL, "pager check (5): %s page %u: %u chunks counted, bitmap holds %llu",
-                        r->name, pg->idx, pg->n_filled, (unsigned long long)pop);
-    if (!pg->frame && (pg->n_filled || pg->pins || pg->held))
-        return jlm_errf(err, JLM_EINVAL, "pager check (3): %s page %u absent with %u chunks, %u pins, %llu bytes held",
-                        r->name, pg->idx, pg->n_filled, pg->pins, (unsigned long long)pg->held);
-    uint64_t want = filled_bytes(p, r, pg) + (pg == p->pf_pg ? p->pf.len : 0);
-    if (pg->held != want)
-        return jlm_errf(err, JLM_EINVAL, "pager check (1): %s page %u holds %llu bytes, its filled chunks%s are %llu",
-                        r->name, pg->idx, (unsigned long long)pg->held, pg == p->pf_pg ? " and the read in flight" : "",
-                        (unsigned long long)want);
-    if (pg->frame && !pg->pins && !pg->n_filled)
-        return jlm_errf(err, JLM_EINVAL, "pager check (4): %s page %u unpinned with a frame and nothing filled",
-                        r->name, pg->idx);
-    if (pg->frame && pg != p->pf_pg)
-        return check_frame_memory(p, r, pg, err);
-    return 0;
-}
-
-static int check_lists(const jlm_pager *p, const uint32_t expect[2], jlm_err *err)
-{
-    for (int c = 0; c < 2; c++) {
-        const plist *l = &p->lru[c];
-        uint32_t n = 0;
-        const ppage *prev = NULL;
-        for (const ppage *pg = l->head; pg; prev = pg, pg = pg->next) {
-            if (++n > expect[c] || pg->prev != prev)
-                return jlm_errf(err, JLM_EINVAL, "pager check (4): class %d list broken or longer than the %u unpinned pages",
-                                c, expect[c]);
-            if (!pg->frame || pg->pins || p->arr[pg->array].cls != c)
-                return jlm_errf(err, JLM_EINVAL, "pager check (4): %s page %u listed with frame %p, %u pins",
-                                p->arr[pg->array].name, pg->idx, (void *)pg->frame, pg->pins);
-        }
-        if (n != expect[c] || n != l->n || l->tail != prev)
-            return jlm_errf(err, JLM_EINVAL, "pager check (4): class %d list holds %u pages (n %u), expected %u",
-                            c, n, l->n, expect[c]);
-    }
-    return 0;
-}
-
-int jlm_pager_check(const jlm_pager *p, jlm_err *err)
-{
-    uint64_t bytes = 0;
-    uint32_t unpinned[2] = { 0, 0 };
-    for (uint32_t a = 0; a < p->n_arrays; a++) {
-        const parray *r = &p->arr[a];
-        uint64_t abytes = 0;
-        uint32_t apages = 0;
-        for (uint32_t i = 0; i < r->n_pages; i++) {
-            const ppage *pg = &r->pages[i];
-            int rc = check_page(p, r, pg, err);
-            if (rc)
-                return rc;
-            abytes += pg->held;
-            if (pg->frame) {
-                apages++;
-                if (!pg->pins)
-                    unpinned[r->cls]++;
-            }
-        }
-        if (abytes != r->st.resident_bytes || apages != r->st.resident_pages)
-            return jlm_errf(err, JLM_EINVAL, "pager check (1): %s: %llu bytes held in %u frames, counters say %llu in %u",
-                            r->name, (unsigned long long)abytes, apages, (unsigned long long)r->st.resident_bytes,
-                            r->st.resident_pages);
-        bytes += abytes;
-    }
-    if (bytes != p->resident_bytes)
-        return jlm_errf(err, JLM_EINVAL, "pager check (1): %llu bytes held, resident_bytes %llu",
-                        (unsigned long long)bytes, (unsigned long long)p->resident_bytes);
-    if (p->budget && bytes > p->budget)
-        return jlm_errf(err, JLM_EINVAL, "pager check (2): %llu bytes resident, budget %llu",
-                        (unsigned long long)bytes, (unsigned long long)p->budget);
-    return check_lists(p, unpinned, err);
 }

@@ -279,4 +279,94 @@ static inline void bm_every_model_matches_the_cpu(const char *backend)
     bm_matrix(cfgs, bm_prefetches(backend) ? 4 : 3, bm_one_device_check);
 }
 
+
+/* The bytes a matmul's input rows take up to the device (quantized: k
+ * codes, k/32 f32 scales, k/16 int16 sums, plus rec, the backend's record a
+ * row; float: k f32) and its results down (rows f32). */
+static uint64_t bm_act_up(const jlm_tensor *t, uint64_t rec)
+{
+    uint64_t k = jlm_tensor_k(t);
+    return jlm_fmt_type_traits(t->type)->is_float ? 4 * k : rec + k + k / 8 + k / 8;
+}
+
+/* The tensor of (block, role) in m (fails the test without it). */
+static const jlm_tensor *bm_tensor(const jlm_model *m, int32_t block, uint16_t role)
+{
+    for (uint32_t i = 0; i < m->hdr.n_tensors; i++)
+        if (m->tensors[i].block == block && m->tensors[i].role == role)
+            return &m->tensors[i];
+    cr_assert_fail("no tensor %u of block %d", role, block);
+    return NULL;
+}
+
+/* `activations up U, down D` (backend.h act_up, act_down): a decoded token
+ * with every block on the device moves exactly its matmuls' input rows up
+ * and results down, counted at the copies: per layer Q/K/V (one upload when
+ * multi, the backend's jlm_dev_matmul_multi, else one each), o, gate/up
+ * (likewise), down, then the output matrix; rec: the backend's record a
+ * row. The --stats line prints the same counters. */
+static inline void bm_decode_activations(const char *backend, const char *device, uint64_t rec, int multi)
+{
+    char *dir = tu_tmpdir(), why[512];
+    jlm_err err = {0};
+    char *path = tu_convert("synth-llama-256.Q4_K_M.gguf", dir, "m.jlm", &err);
+    cr_assert(path, "%s", err.msg);
+    jlm_engine *e = bm_open_opts(path, (jlm_engine_opts){.backend = backend, .device = device}, 1, why, sizeof why);
+    if (!e) {
+        free(path);
+        tu_rmrf(dir);
+        free(dir);
+        cr_skip_test("%s", why);
+    }
+    const jlm_model *m = jlm_engine_model(e);
+    uint32_t L = m->config.n_layer, nv = jlm_engine_n_vocab(e);
+    float *lg = malloc(nv * 4);
+    int32_t tok[3] = {5, 17, 2};
+    cr_assert_eq(jlm_engine_eval(e, tok, 3, lg, &err), 0, "%s", err.msg);
+    jlm_dev_stats s0, s1;
+    jlm_engine_dev_stats(e, &s0);
+    cr_assert_eq(jlm_engine_eval(e, tok, 1, lg, &err), 0, "%s", err.msg);
+    jlm_engine_dev_stats(e, &s1);
+    uint64_t up = 0, down = 0;
+    for (uint32_t l = 0; l < L; l++) {
+        static const uint16_t ROLES[] = {JLM_R_ATTN_Q, JLM_R_ATTN_K, JLM_R_ATTN_V, JLM_R_ATTN_OUT,
+                                         JLM_R_FFN_GATE, JLM_R_FFN_UP, JLM_R_FFN_DOWN};
+        for (int r = 0; r < 7; r++) {
+            const jlm_tensor *t = bm_tensor(m, (int32_t)l, ROLES[r]);
+            int shares = multi && (r == 1 || r == 2 || r == 5);   /* K, V after Q; up after gate */
+            up += shares ? 0 : bm_act_up(t, rec);
+            down += 4 * jlm_tensor_rows(t);
+        }
+    }
+    const jlm_tensor *out = NULL;
+    for (uint32_t i = 0; i < m->hdr.n_tensors && !out; i++)
+        if (m->tensors[i].block < 0 && m->tensors[i].role == JLM_R_OUTPUT)
+            out = &m->tensors[i];
+    out = out ? out : bm_tensor(m, -1, JLM_R_TOKEN_EMBD);   /* tied */
+    up += bm_act_up(out, rec);
+    down += 4 * jlm_tensor_rows(out);
+    cr_assert_eq(s1.fallbacks, 0);
+    cr_assert_eq(s1.act_up - s0.act_up, up, "%s: activations up %llu, want %llu", backend,
+                 (unsigned long long)(s1.act_up - s0.act_up), (unsigned long long)up);
+    cr_assert_eq(s1.act_down - s0.act_down, down, "%s: activations down %llu, want %llu", backend,
+                 (unsigned long long)(s1.act_down - s0.act_down), (unsigned long long)down);
+    jlm_engine_close(e);
+    /* the CLI's --stats line carries them */
+    char cmd[4096], *txt = NULL;
+    snprintf(cmd, sizeof cmd, "{ JLM_CUDA_EMULATE=1 %s run %s --ids 5,17,2 -n 2 --temp 0 --backend %s%s%s --stats "
+             ">/dev/null; }", tu_jlm(), path, backend, device ? " --device " : "", device ? device : "");
+    cr_assert_eq(tu_run(cmd, &txt), 0, "%s", txt);
+    char want[32];
+    snprintf(want, sizeof want, "\n%s: matmuls ", backend);
+    const char *ln = strstr(txt, want);
+    cr_assert(ln, "%s", txt);
+    cr_assert_gt(bm_field(ln, "activations up "), 0, "%s", ln);
+    cr_assert_gt(bm_field(ln, ", down "), 0, "%s", ln);
+    free(txt);
+    free(lg);
+    free(path);
+    tu_rmrf(dir);
+    free(dir);
+}
+
 #endif

@@ -611,6 +611,16 @@ Test(cuda, qkv_and_gate_up_go_to_the_device_in_one_round_trip_each, .timeout = 1
     free(dir);
 }
 
+/* --stats' `activations up U, down D` on the emulated CUDA device: a decoded
+ * token with every block on the device moves its matmuls' input rows (one
+ * upload for Q/K/V and one for gate/up, with a jlm_cu_act record a row) and
+ * their results, counted at the host <-> device copies. */
+Test(cuda, activations_up_and_down_are_the_bytes_the_matmuls_copied, .timeout = 120)
+{
+    setenv("JLM_CUDA_EMULATE", "1", 1);
+    bm_decode_activations("cuda", "0", sizeof(jlm_cu_act), 1);
+}
+
 /* The CLI: `jlm run --backend cuda` on the emulated device gives the CPU's
  * ids, whole and split, and --stats names the backend and its counters. */
 Test(cuda, jlm_run_backend_cuda_emulated_gives_the_cpus_ids, .timeout = 120)

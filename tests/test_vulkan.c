@@ -1104,3 +1104,12 @@ Test(vulkan, a_fingerprint_with_control_bytes_is_one_note_line, .timeout = 60)
     tu_rmrf(dir);
     free(dir);
 }
+
+/* --stats' `activations up U, down D` on Vulkan: a decoded token with every
+ * block on the device moves each matmul's input rows up and its results
+ * down, one upload a matmul (Vulkan has no matmul_multi), counted where the
+ * staging copies happen. */
+Test(vulkan, activations_up_and_down_are_the_bytes_the_matmuls_copied, .timeout = 120)
+{
+    bm_decode_activations("vulkan", "0", 0, 0);
+}

@@ -1,0 +1,183 @@
+/* exec_int.h - the CPU executor of block programs (engine/prog.h), shared by
+ * exec.c (the op loop, matmuls, norms, the dense FFN), exec_attn.c (the
+ * cache and attention ops) and exec_moe.c (the routed experts), and by
+ * model.c (embeddings and the output matrix). Internal to engine/.
+ *
+ * Every op runs today's kernels (kernels/cpu/kernels.h) on the engine's pool
+ * in the same order of floating-point operations as the one graph they
+ * replaced: a program's results are bit-identical to it. A matmul goes to
+ * the block's device backend (e->dev_here, chosen by the streamer) where it
+ * can, else to the CPU kernels. Called from the graph's one thread. */
+#ifndef JLM_ENGINE_EXEC_INT_H
+#define JLM_ENGINE_EXEC_INT_H
+
+#include <time.h>
+
+#include "engine/model_int.h"
+#include "engine/prog.h"
+
+/* ================================================================ tensors -> kernel operands */
+/* A kernel matrix over planes at base (whose file offset is base_off). For an
+ * expert bank, `shift` is the expert's page offset relative to expert 0. */
+static inline jlm_k_mat mat_at(const jlm_tensor *t, const uint8_t *base, uint64_t base_off, uint64_t shift)
+{
+    jlm_k_mat m = {.type = t->type, .k = jlm_tensor_k(t), .rows = jlm_tensor_rows(t)};
+    m.qs = base + (t->qs_off + shift - base_off);
+    const jlm_type_traits *tr = jlm_fmt_type_traits(t->type);
+    m.d = tr->is_float ? NULL : base + (t->d_off + shift - base_off);
+    m.sc = tr->sc_kind ? base + (t->sc_off + shift - base_off) : NULL;
+    return m;
+}
+
+static inline jlm_k_mat mat_dense(const jlm_engine *e, const jlm_tensor *t)
+{
+    return mat_at(t, e->dense, e->m->hdr.dense_off, 0);
+}
+
+/* Expert xe's matrix of bank t in block l, in that expert's page frame
+ * (first: the page of the block's expert 0). The bank's offsets address
+ * expert 0's page: shifted to expert xe's. */
+static inline jlm_k_mat mat_expert(const jlm_engine *e, const jlm_tensor *t, const void *frame, uint32_t first,
+                                   uint32_t xe)
+{
+    const jlm_header *hd = &e->m->hdr;
+    uint64_t pg_off = hd->exp_data_off + (uint64_t)(first + xe) * hd->exp_page_size;
+    return mat_at(t, frame, pg_off, (uint64_t)xe * hd->exp_page_size);
+}
+
+static inline const float *vec_dense(const jlm_engine *e, const jlm_tensor *t)
+{
+    return t ? (const float *)(e->dense + (t->qs_off - e->m->hdr.dense_off)) : NULL;
+}
+
+static inline void add_bias(float *y, const float *b, uint64_t n)
+{
+    if (b)
+        for (uint64_t i = 0; i < n; i++)
+            y[i] += b[i];
+}
+
+/* ================================================================ profiling */
+static inline unsigned long long prof_now(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (unsigned long long)ts.tv_sec * 1000000000ull + (unsigned long long)ts.tv_nsec;
+}
+
+/* A class's start: 0 when off or inside another timed class (counted there). */
+static inline unsigned long long prof_begin(jlm_engine *e)
+{
+    if (!e->prof || e->prof_in)
+        return 0;
+    e->prof_in = 1;
+    return prof_now();
+}
+
+static inline void prof_end(jlm_engine *e, int cls, unsigned long long t0)
+{
+    if (!t0)
+        return;
+    e->pr.ns[cls] += prof_now() - t0;
+    e->prof_in = 0;
+}
+
+/* ================================================================ the block being run */
+/* One block's operands while its program runs: the layer, its page (pinned
+ * by the streamer), the rows of this chunk. */
+typedef struct jlm_ex_blk {
+    const jlm_prog *p;
+    uint32_t        l;
+    const uint8_t  *page;
+    uint64_t        page_off;
+    uint32_t        n;          /* rows of this chunk (<= nb), from e->x */
+    int             att_done;   /* QKV ran the fused decode: Q, Q_ROPE, ATTENTION are done */
+} jlm_ex_blk;
+
+/* The tensor of role r of the block (NULL: none, or r == 0). */
+static inline const jlm_tensor *blk_w(const jlm_engine *e, const jlm_ex_blk *b, uint16_t r)
+{
+    return r ? W(e, (int32_t)b->l, r) : NULL;
+}
+static inline const float *blk_vec(const jlm_engine *e, const jlm_ex_blk *b, uint16_t r)
+{
+    return vec_dense(e, blk_w(e, b, r));
+}
+static inline jlm_k_mat blk_mat(const jlm_engine *e, const jlm_ex_blk *b, uint16_t r)
+{
+    return mat_at(W(e, (int32_t)b->l, r), b->page, b->page_off, 0);
+}
+/* The activation buffer b (jlm_actbuf) of the batch. */
+float *jlm_ex_buf(jlm_engine *e, int b);
+/* The program's first op of a kind (NULL: none). */
+const jlm_op *jlm_ex_find(const jlm_prog *p, int kind);
+
+/* ================================================================ threaded matvec / matmul (exec.c) */
+typedef struct mm_job {
+    jlm_k_matvec_fn mv;
+    jlm_k_matmul_fn mm;
+    const jlm_k_mat *m;
+    uint64_t n;
+    const float *x;
+    const jlm_act_q8 *xq;
+    float *y;
+} mm_job;
+
+void jlm_ex_mm_slice(void *ctx, size_t b, size_t en, int tid);
+
+/* Work of a batch that is per token and independent across tokens, split
+ * over the pool for ROWS_PAR tokens or more (exec.c). */
+typedef void (*jlm_ex_row_fn)(jlm_engine *e, void *ctx, uint32_t t);
+void jlm_ex_for_rows(jlm_engine *e, uint32_t n, jlm_ex_row_fn fn, void *ctx);
+void jlm_ex_quant_rows(jlm_engine *e, const float *x, uint64_t k, uint32_t n);
+void jlm_ex_norm_rows(jlm_engine *e, float *h, const float *x, const float *w, uint32_t E, uint32_t n);
+void jlm_ex_mm_dispatch(jlm_engine *e, uint32_t n, size_t count, size_t grain, jlm_pool_fn fn, void *ctx);
+void jlm_ex_matmul_x(jlm_engine *e, const jlm_k_mat *m, uint32_t n, const float *x, float *y, int shared);
+static inline void jlm_ex_matmul(jlm_engine *e, const jlm_k_mat *m, uint32_t n, const float *x, float *y)
+{
+    jlm_ex_matmul_x(e, m, n, x, y, 0);
+}
+void jlm_ex_matmul_multi(jlm_engine *e, const jlm_k_mat *const *ms, float *const *ys, int nm, uint32_t n,
+                         const float *x);
+void jlm_ex_gate_up_act(jlm_engine *e, int act, const jlm_k_mat *wg, const jlm_k_mat *wu, uint32_t n,
+                        const float *x);
+void jlm_ex_activate(int act, float *g, const float *u, uint64_t n);
+
+/* ================================================================ ops */
+void jlm_ex_qkv(jlm_engine *e, const jlm_op *op, jlm_ex_blk *b);        /* exec_attn.c */
+void jlm_ex_kv_store(jlm_engine *e, const jlm_op *op, jlm_ex_blk *b);
+void jlm_ex_q(jlm_engine *e, const jlm_op *op, jlm_ex_blk *b);
+void jlm_ex_q_rope(jlm_engine *e, const jlm_op *op, jlm_ex_blk *b);
+void jlm_ex_attention(jlm_engine *e, const jlm_op *op, jlm_ex_blk *b);
+int  jlm_ex_moe(jlm_engine *e, const jlm_op *op, jlm_ex_blk *b, jlm_err *err);   /* exec_moe.c */
+
+/* Block l's program over rows [0, n) of xs, nb at a time through e->x
+ * (model.c's run_layers; kc/vc as there); page: its frame (the streamer's).
+ * The ops before KEYS_DONE run for every chunk first, then the rest. */
+int jlm_ex_block(jlm_engine *e, const jlm_prog *p, uint32_t l, const uint8_t *page, float *xs, uint32_t n,
+                 void *kc, void *vc, uint32_t pos0, jlm_err *err);
+
+/* ================================================================ the streamer (stream.c) */
+/* Owns paging for the layer loop: a block's page on the host and on the
+ * block's device (it sets e->dev_here), the read-ahead of the next block
+ * (host) and its device prefetch, and expert pages. Acquire -> compute ->
+ * release; the layer loop and the ops make no pager or device-frame call. */
+int  jlm_stream_block(jlm_engine *e, uint32_t l, const uint8_t **page, jlm_err *err);
+void jlm_stream_block_done(jlm_engine *e, uint32_t l);
+/* Pins experts sel[0..n) of the bank whose expert 0 is page `first`, on the
+ * host and on the block's device; all or none (an error releases them). */
+int  jlm_stream_experts(jlm_engine *e, uint32_t first, const int32_t *sel, uint32_t n, const void **frames,
+                        jlm_err *err);
+void jlm_stream_experts_done(jlm_engine *e, uint32_t first, const int32_t *sel, uint32_t n);
+/* The expert page the caller will acquire next: read ahead on the pager's
+ * thread when it fits the budget beside everything resident. */
+void jlm_stream_expert_next(jlm_engine *e, uint32_t page);
+/* After the layers: the output matrix's device, and (failed: rc) any device
+ * prefetch let go. */
+void jlm_stream_finish(jlm_engine *e, int rc);
+/* A whole page of another array on the host (the vision tower's blocks,
+ * engine/vision.c): acquire, release. */
+int  jlm_stream_page(jlm_engine *e, uint32_t array, uint32_t page, const uint8_t **host, jlm_err *err);
+void jlm_stream_page_done(jlm_engine *e, uint32_t array, uint32_t page);
+
+#endif

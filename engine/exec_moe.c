@@ -1,0 +1,326 @@
+/* exec_moe.c - the executor's MOE op (engine/prog.h): the router, the
+ * routed experts' pages through the streamer, and their mixture, one token
+ * at a time (fused dispatches) or a batch grouped by expert. See
+ * exec_int.h. */
+#include "engine/exec_int.h"
+
+#include <string.h>
+
+/* Top-k routing of one token (normed input h) as llama.cpp does it per
+ * architecture; fills e->route for block l and e->route_w. */
+static void route(jlm_engine *e, const jlm_op *op, uint32_t l, const uint8_t *page, uint64_t page_off,
+                  const float *h)
+{
+    const jlm_config *c = e->c;
+    uint32_t ne = c->n_expert, nu = c->n_expert_used;
+    unsigned long long t0 = prof_begin(e);
+    jlm_k_mat wr = mat_at(W(e, l, JLM_R_ROUTER), page, page_off, 0);
+    jlm_ex_matmul(e, &wr, 1, h, e->router);
+    add_bias(e->router, vec_dense(e, W(e, l, JLM_R_ROUTER_B)), ne);
+    jlm_k_moe_route(e->router, ne, nu, op->route, c->expert_scale, e->route + (size_t)l * nu, e->route_w);
+    prof_end(e, JLM_PROF_ROUTE, t0);
+}
+
+/* x += the mixture of nu expert outputs (outs: nu rows of E) weighted by w,
+ * summed from zero into mix in slot order (jlm_k_moe_combine's sum): the
+ * fused decode step and each row of a grouped batch. */
+static void mix_slots(float *x, float *mix, const float *w, const float *outs, uint32_t nu, uint32_t E)
+{
+    memset(mix, 0, E * sizeof(float));
+    for (uint32_t s = 0; s < nu; s++)
+        jlm_k_axpy(mix, w[s], outs + (uint64_t)s * E, E);
+    jlm_k_add(x, x, mix, E);
+}
+
+/* One token's routed experts in two pool dispatches instead of two (or
+ * three, with biases) per expert: gate, up, their biases and the activation
+ * of every expert in one, split over the experts' rows end to end; the downs
+ * of every expert in another. A decode step of a model with many small
+ * experts (Qwen3-MoE: 8 of 128 a layer, 768 rows each) paid a barrier for
+ * each. Each row is still one kernel call over the same int8 input row, the
+ * biases are added and the activation applied per element on runs that start
+ * at multiples of 64 rows (the kernels' vector alignment, as jlm_ex_gate_up_act's
+ * slices), and each expert's down reads its own quantized row: the outputs
+ * are the per-expert path's bit for bit. */
+#define MOE_FUSE_MAX 16
+typedef struct moe_job {
+    int      act;
+    uint32_t nu;
+    uint64_t rows;                 /* of each expert's matrices in this dispatch */
+    mm_job   a[MOE_FUSE_MAX], b[MOE_FUSE_MAX];   /* gate, up (b unused for downs) */
+    const float *ba[MOE_FUSE_MAX], *bb[MOE_FUSE_MAX];   /* their bias rows, or NULL */
+    int      gate_up;
+} moe_job;
+
+static void moe_slice(void *ctx, size_t b, size_t en, int tid)
+{
+    moe_job *j = ctx;
+    for (uint32_t s = 0; s < j->nu; s++) {
+        uint64_t lo = (uint64_t)s * j->rows, hi = lo + j->rows;
+        if (en <= lo || b >= hi)
+            continue;
+        uint64_t r0 = b > lo ? b - lo : 0, r1 = (en < hi ? en : hi) - lo;
+        jlm_ex_mm_slice(&j->a[s], r0, r1, tid);
+        if (!j->gate_up)
+            continue;
+        jlm_ex_mm_slice(&j->b[s], r0, r1, tid);
+        float *g = j->a[s].y + r0, *u = j->b[s].y + r0;
+        if (j->ba[s]) add_bias(g, j->ba[s] + r0, r1 - r0);
+        if (j->bb[s]) add_bias(u, j->bb[s] + r0, r1 - r0);
+        jlm_ex_activate(j->act, g, u, r1 - r0);
+    }
+}
+
+static void moe_dispatch(jlm_engine *e, moe_job *j)
+{
+    unsigned long long t0 = prof_begin(e);
+    size_t grain = j->rows >= 256 && j->rows % 64 == 0 ? 64 : j->rows;
+    jlm_ex_mm_dispatch(e, 1, (size_t)j->nu * j->rows, grain, moe_slice, j);
+    prof_end(e, JLM_PROF_MATMUL, t0);
+}
+
+/* The experts of one token (input h) whose frames are frames[s]: e->o row s
+ * = expert sel[s]'s output. */
+static void moe_experts_fused(jlm_engine *e, const jlm_op *op, uint32_t l, const void *const *frames, uint32_t first,
+                              const int32_t *sel, const float *h)
+{
+    const jlm_config *c = e->c;
+    uint32_t nu = c->n_expert_used, E = c->n_embd;
+    const jlm_tensor *tg = W(e, l, JLM_R_EXP_GATE), *tu = W(e, l, JLM_R_EXP_UP), *td = W(e, l, JLM_R_EXP_DOWN);
+    const float *bg = vec_dense(e, W(e, l, JLM_R_EXP_GATE_B)), *bu = vec_dense(e, W(e, l, JLM_R_EXP_UP_B));
+    const float *bd = vec_dense(e, W(e, l, JLM_R_EXP_DOWN_B));
+    uint64_t nff = jlm_tensor_rows(tg);
+    jlm_k_mat wg[MOE_FUSE_MAX], wu[MOE_FUSE_MAX], wd[MOE_FUSE_MAX];
+    moe_job gu = {.act = op->act, .nu = nu, .rows = nff, .gate_up = 1}, dn = {.nu = nu, .rows = E};
+    int qg = 0, qd = 0;
+    for (uint32_t s = 0; s < nu; s++) {
+        uint32_t xe = (uint32_t)sel[s];
+        wg[s] = mat_expert(e, tg, frames[s], first, xe);
+        wu[s] = mat_expert(e, tu, frames[s], first, xe);
+        wd[s] = mat_expert(e, td, frames[s], first, xe);
+        gu.a[s] = (mm_job){e->k->matvec[wg[s].type], e->k->matmul[wg[s].type], &wg[s], 1, h, NULL, e->g + s * nff};
+        gu.b[s] = (mm_job){e->k->matvec[wu[s].type], e->k->matmul[wu[s].type], &wu[s], 1, h, NULL, e->u + s * nff};
+        gu.ba[s] = bg ? bg + (uint64_t)xe * nff : NULL;
+        gu.bb[s] = bu ? bu + (uint64_t)xe * nff : NULL;
+        dn.a[s] = (mm_job){e->k->matvec[wd[s].type], e->k->matmul[wd[s].type], &wd[s], 1, e->g + s * nff, NULL,
+                           e->o + (uint64_t)s * E};
+        qg |= !jlm_fmt_type_traits(wg[s].type)->is_float || !jlm_fmt_type_traits(wu[s].type)->is_float;
+        qd |= !jlm_fmt_type_traits(wd[s].type)->is_float;
+    }
+    if (qg) {   /* h's int8 row, shared by every expert's gate and up */
+        jlm_ex_quant_rows(e, h, wg[0].k, 1);
+        for (uint32_t s = 0; s < nu; s++) {
+            gu.a[s].xq = jlm_fmt_type_traits(wg[s].type)->is_float ? NULL : e->xq;
+            gu.b[s].xq = jlm_fmt_type_traits(wu[s].type)->is_float ? NULL : e->xq;
+        }
+    }
+    moe_dispatch(e, &gu);
+    if (qd) {   /* row s of xq: expert s's activation */
+        jlm_ex_quant_rows(e, e->g, nff, nu);
+        for (uint32_t s = 0; s < nu; s++)
+            dn.a[s].xq = jlm_fmt_type_traits(wd[s].type)->is_float ? NULL : &e->xq[s];
+    }
+    moe_dispatch(e, &dn);
+    e->xq_of = NULL;
+    for (uint32_t s = 0; bd && s < nu; s++)
+        add_bias(e->o + (uint64_t)s * E, bd + (uint64_t)sel[s] * E, E);
+}
+
+/* x += the routed experts' mixture for one token (row t). Pages in every
+ * routed expert first: the minimum working set counts them all. */
+static int moe_token(jlm_engine *e, const jlm_op *op, uint32_t l, const uint8_t *page, uint64_t page_off, uint32_t t, jlm_err *err)
+{
+    const jlm_config *c = e->c;
+    const jlm_header *hd = &e->m->hdr;
+    uint32_t nu = c->n_expert_used, E = c->n_embd;
+    float *h = e->h + t * E, *x = e->x + t * E;
+    route(e, op, l, page, page_off, h);   /* h: the MOE op's normed input */
+    const jlm_tensor *tg = W(e, l, JLM_R_EXP_GATE), *tu = W(e, l, JLM_R_EXP_UP), *td = W(e, l, JLM_R_EXP_DOWN);
+    const float *bg = vec_dense(e, W(e, l, JLM_R_EXP_GATE_B)), *bu = vec_dense(e, W(e, l, JLM_R_EXP_UP_B));
+    const float *bd = vec_dense(e, W(e, l, JLM_R_EXP_DOWN_B));
+    uint32_t first = (uint32_t)((tg->qs_off - hd->exp_data_off) / hd->exp_page_size);
+    const int32_t *sel = e->route + (size_t)l * nu;
+    const void *frames[256];
+    int rc = jlm_stream_experts(e, first, sel, nu, frames, err);
+    if (!rc && !e->dev_here && !e->moe_rows && nu <= MOE_FUSE_MAX && nu <= e->nb) {
+        moe_experts_fused(e, op, l, frames, first, sel, h);
+        mix_slots(x, e->moe, e->route_w, e->o, nu, E);
+    } else if (!rc) {
+        memset(e->moe, 0, E * sizeof(float));
+        uint64_t nff = jlm_tensor_rows(tg);
+        for (uint32_t s = 0; s < nu; s++) {
+            uint32_t xe = (uint32_t)sel[s];
+            jlm_k_mat wg = mat_expert(e, tg, frames[s], first, xe), wu = mat_expert(e, tu, frames[s], first, xe);
+            jlm_k_mat wd = mat_expert(e, td, frames[s], first, xe);
+            if (!bg && !bu && !e->dev_here) {
+                jlm_ex_gate_up_act(e, op->act, &wg, &wu, 1, h);   /* one dispatch (see jlm_ex_matmul_multi) */
+            } else {
+                jlm_ex_matmul(e, &wg, 1, h, e->g);
+                jlm_ex_matmul(e, &wu, 1, h, e->u);
+                if (bg) add_bias(e->g, bg + (uint64_t)xe * nff, nff);
+                if (bu) add_bias(e->u, bu + (uint64_t)xe * nff, nff);
+                jlm_ex_activate(op->act, e->g, e->u, nff);
+            }
+            jlm_ex_matmul(e, &wd, 1, e->g, e->o);
+            if (bd) add_bias(e->o, bd + (uint64_t)xe * E, E);
+            jlm_k_axpy(e->moe, e->route_w[s], e->o, E);   /* jlm_k_moe_combine's sum, one expert at a time */
+        }
+        jlm_k_add(x, x, e->moe, E);
+    }
+    if (!rc)
+        jlm_stream_experts_done(e, first, sel, nu);
+    return rc;
+}
+
+/* moe_batch's routing: the router's logits of every row in one matmul (its
+ * rows are each row's matvec, the kernels' invariant), then each row's bias
+ * and top-k as route() (per row, over the pool). The last row's selection
+ * stays in e->route, as moe_token leaves it. */
+typedef struct route_ctx { uint32_t l; int mode; } route_ctx;
+static void route_row(jlm_engine *e, void *ctx, uint32_t t)
+{
+    const jlm_config *c = e->c;
+    const route_ctx *r = ctx;
+    uint32_t ne = c->n_expert, nu = c->n_expert_used;
+    float *lg = e->mrl + (uint64_t)t * ne;
+    add_bias(lg, vec_dense(e, W(e, r->l, JLM_R_ROUTER_B)), ne);
+    jlm_k_moe_route(lg, ne, nu, r->mode, c->expert_scale, e->msel + (size_t)t * nu, e->mw + (size_t)t * nu);
+}
+
+static void route_rows(jlm_engine *e, const jlm_op *op, uint32_t l, const uint8_t *page, uint64_t page_off, uint32_t n)
+{
+    uint32_t nu = e->c->n_expert_used;
+    unsigned long long t0 = prof_begin(e);
+    jlm_k_mat wr = mat_at(W(e, l, JLM_R_ROUTER), page, page_off, 0);
+    jlm_ex_matmul(e, &wr, n, e->h, e->mrl);
+    route_ctx rc = {l, op->route};
+    jlm_ex_for_rows(e, n, route_row, &rc);
+    memcpy(e->route + (size_t)l * nu, e->msel + (size_t)(n - 1) * nu, nu * sizeof(int32_t));
+    prof_end(e, JLM_PROF_ROUTE, t0);
+}
+
+/* Row t's mixture (mix_slots) into its h row (read no more), then onto x. */
+static void mix_row(jlm_engine *e, void *ctx, uint32_t t)
+{
+    uint32_t nu = e->c->n_expert_used, E = e->c->n_embd;
+    mix_slots(e->x + (uint64_t)t * E, e->h + (uint64_t)t * E, e->mw + (uint64_t)t * nu,
+              e->mo + (uint64_t)t * nu * E, nu, E);
+}
+
+/* moe_batch, while expert x computes: the next expert of the batch (the
+ * next group with rows), for the streamer to read ahead (a batch whose
+ * experts are not resident, a first prompt or a budget, reads each while the
+ * one before it computes). */
+static void expert_ahead(jlm_engine *e, uint32_t first, uint32_t x)
+{
+    uint32_t ne = e->c->n_expert, nx = x + 1;
+    while (nx < ne && e->mcnt[nx + 1] == e->mcnt[nx])
+        nx++;
+    if (nx < ne)
+        jlm_stream_expert_next(e, first + nx);
+}
+
+/* moe_batch's copies for expert x, whose rows are the pairs mord[g0..):
+ * its input rows gathered from h, and its output rows (down bias added)
+ * put back in (row, slot) order in mo. Over the pool: at 2 threads they
+ * were most of a MoE prefill's serial time. */
+typedef struct moe_rows { uint32_t g0, x; const float *bd; } moe_rows;
+static void gather_row(jlm_engine *e, void *ctx, uint32_t i)
+{
+    const moe_rows *r = ctx;
+    uint32_t E = e->c->n_embd;
+    memcpy(e->mh + (uint64_t)i * E, e->h + (uint64_t)(e->mord[r->g0 + i] / e->c->n_expert_used) * E,
+           E * sizeof(float));
+}
+static void scatter_row(jlm_engine *e, void *ctx, uint32_t i)
+{
+    const moe_rows *r = ctx;
+    uint32_t E = e->c->n_embd;
+    float *o = e->o + (uint64_t)i * E;
+    if (r->bd)
+        add_bias(o, r->bd + (uint64_t)r->x * E, E);
+    memcpy(e->mo + (uint64_t)e->mord[r->g0 + i] * E, o, E * sizeof(float));
+}
+
+/* Rows [0, n) of the batch (n >= 2; the CPU or the block's device): x[t] += the routed experts'
+ * mixture, as moe_token gives it row by row, with each routed expert's
+ * weights read once for all the rows routed to it (one matmul of those rows)
+ * instead of once per row: a prefill batch of 128 rows routed to 4 of 32
+ * experts streams each expert once, not ~16 times. The same result bit for
+ * bit: the routing is moe_token's per row (route_rows); every (row, expert) output is the
+ * matmul's row for that input row, which is the matvec's (the kernels'
+ * invariant, docs/kernels.md), with the biases added and the activation
+ * applied per row as moe_token does; and each row's mixture is summed from
+ * zero in its own slot order before it is added to x. One expert is pinned at
+ * a time (the minimum working set counts n_expert_used). */
+static int moe_batch(jlm_engine *e, const jlm_op *op, uint32_t l, const uint8_t *page, uint64_t page_off, uint32_t n, jlm_err *err)
+{
+    const jlm_config *c = e->c;
+    const jlm_header *hd = &e->m->hdr;
+    uint32_t nu = c->n_expert_used, ne = c->n_expert;
+    route_rows(e, op, l, page, page_off, n);   /* h: the MOE op's normed input */
+    /* (row, slot) pairs grouped by expert, rows ascending within a group */
+    memset(e->mcnt, 0, (ne + 1) * sizeof *e->mcnt);
+    for (uint32_t i = 0; i < n * nu; i++)
+        e->mcnt[e->msel[i] + 1]++;
+    for (uint32_t x = 0; x < ne; x++)
+        e->mcnt[x + 1] += e->mcnt[x];
+    for (uint32_t i = 0; i < n * nu; i++)
+        e->mord[e->mcnt[e->msel[i]]++] = i;
+    for (uint32_t x = ne; x > 0; x--)   /* back to group starts */
+        e->mcnt[x] = e->mcnt[x - 1];
+    e->mcnt[0] = 0;
+    const jlm_tensor *tg = W(e, l, JLM_R_EXP_GATE), *tu = W(e, l, JLM_R_EXP_UP), *td = W(e, l, JLM_R_EXP_DOWN);
+    const float *bg = vec_dense(e, W(e, l, JLM_R_EXP_GATE_B)), *bu = vec_dense(e, W(e, l, JLM_R_EXP_UP_B));
+    const float *bd = vec_dense(e, W(e, l, JLM_R_EXP_DOWN_B));
+    uint32_t first = (uint32_t)((tg->qs_off - hd->exp_data_off) / hd->exp_page_size);
+    uint64_t nff = jlm_tensor_rows(tg);
+    for (uint32_t x = 0; x < ne; x++) {
+        uint32_t g0 = e->mcnt[x], m = e->mcnt[x + 1] - g0;
+        if (!m)
+            continue;
+        const void *frame;
+        int32_t xs = (int32_t)x;
+        int rc = jlm_stream_experts(e, first, &xs, 1, &frame, err);
+        if (rc)
+            return rc;
+        expert_ahead(e, first, x);
+        moe_rows mr = {g0, x, bd};
+        jlm_ex_for_rows(e, m, gather_row, &mr);
+        jlm_k_mat wg = mat_expert(e, tg, frame, first, x), wu = mat_expert(e, tu, frame, first, x);
+        jlm_k_mat wd = mat_expert(e, td, frame, first, x);
+        if (!bg && !bu && !e->dev_here) {
+            jlm_ex_gate_up_act(e, op->act, &wg, &wu, m, e->mh);
+        } else {
+            const jlm_k_mat *ms[2] = {&wg, &wu};
+            float *ys[2] = {e->g, e->u};
+            jlm_ex_matmul_multi(e, ms, ys, 2, m, e->mh);   /* on a device: one round trip */
+            for (uint32_t i = 0; i < m; i++) {
+                float *g = e->g + i * nff, *u = e->u + i * nff;
+                if (bg) add_bias(g, bg + (uint64_t)x * nff, nff);
+                if (bu) add_bias(u, bu + (uint64_t)x * nff, nff);
+                jlm_ex_activate(op->act, g, u, nff);
+            }
+        }
+        jlm_ex_matmul(e, &wd, m, e->g, e->o);
+        jlm_ex_for_rows(e, m, scatter_row, &mr);
+        jlm_stream_experts_done(e, first, &xs, 1);
+    }
+    jlm_ex_for_rows(e, n, mix_row, NULL);
+    e->xq_of = NULL;
+    return JLM_OK;
+}
+
+
+/* x += the routed experts' mixture of every row (h: their normed inputs):
+ * grouped by expert for a batch (moe_batch), row by row for one token
+ * (moe_token, which fuses its experts' dispatches on the CPU). */
+int jlm_ex_moe(jlm_engine *e, const jlm_op *op, jlm_ex_blk *b, jlm_err *err)
+{
+    int rc = JLM_OK;
+    if (b->n > 1 && !e->moe_rows)
+        return moe_batch(e, op, b->l, b->page, b->page_off, b->n, err);
+    for (uint32_t t = 0; t < b->n && !rc; t++)
+        rc = moe_token(e, op, b->l, b->page, b->page_off, t, err);
+    return rc;
+}

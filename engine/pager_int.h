@@ -1,0 +1,108 @@
+/* pager_int.h - the pager's records, shared by pager.c (frames, budget,
+ * eviction, fill, prefetch, get/unpin) and pager_check.c (the queries and
+ * the invariant check). Internal to engine/: nothing outside includes it. */
+#ifndef JLM_ENGINE_PAGER_INT_H
+#define JLM_ENGINE_PAGER_INT_H
+
+#include "engine/pager.h"
+
+#include <pthread.h>
+
+#include "engine/lru.h"
+
+#define PAGER_ALIGN 4096u
+
+/* ---------------------------------------------------------------- types */
+typedef struct ppage {
+    uint8_t      *frame;      /* NULL when ABSENT */
+    uint64_t     *bits;       /* (words,) filled chunks, into parray.bitmap */
+    uint32_t      pins;       /* gets not yet unpinned */
+    uint32_t      n_filled;   /* popcount(bits) */
+    uint64_t      held;       /* bytes charged: filled chunks (+ a prefetch's in flight) */
+    struct ppage *prev, *next;/* class list links (unpinned resident only) */
+    uint32_t      array, idx;
+    int           pf_fresh;   /* read by a prefetch, no get since */
+} ppage;
+
+typedef struct parray {
+    char      name[32];
+    int       cls;            /* enum jlm_pager_class */
+    uint64_t  base_off, page_size;
+    uint64_t  frame_len;      /* bytes of one frame: the largest extent (>= 4096) */
+    uint32_t  n_pages;
+    uint32_t  words;          /* bitmap words per page */
+    uint64_t *extent;         /* (n_pages,) */
+    uint64_t *bitmap;         /* (n_pages * words,) */
+    ppage    *pages;          /* (n_pages,) */
+    jlm_pager_array_counters st;
+} parray;
+
+typedef struct plist { ppage *head, *tail; uint32_t n; } plist;
+
+/* The reader thread and its one request: the runs of missing chunks of one
+ * page. Fields under mu; the engine thread sets a request (state QUEUED)
+ * only while state is IDLE or DONE. */
+enum { PF_IDLE = 0, PF_QUEUED, PF_DONE };
+typedef struct pfrun { uint64_t c0, c1, lo, hi; } pfrun;   /* chunks [c0,c1), frame bytes [lo,hi) */
+typedef struct pfetch {
+    pthread_mutex_t mu;
+    pthread_cond_t  cv;       /* state or stop changed */
+    pthread_t       th;
+    int             started, stop, state;
+    uint64_t        base;     /* source offset of the page */
+    pfrun          *runs;     /* (cap,) */
+    uint32_t        n_runs, cap;
+    uint64_t        len;      /* bytes of all runs */
+    int             was_absent;
+    uint8_t        *dst;      /* the frame the engine thread gave */
+    int             rc;
+    jlm_err         err;
+} pfetch;
+
+struct jlm_pager {
+    /* configuration */
+    jlm_source *src;          /* borrowed */
+    uint64_t    chunk;
+    uint32_t    chunk_shift;
+    uint32_t    n_arrays;
+    parray      arr[JLM_PAGER_MAX_ARRAYS];
+    jlm_pager_event_fn ev_fn;
+    void       *ev_ctx;
+    jlm_pager_evict_fn evict_fn;   /* a frame's memory is about to change */
+    void       *evict_ctx;
+
+    /* changes during routine operation */
+    uint64_t    budget;       /* 0 = unlimited */
+    uint64_t    resident_bytes, peak_bytes;
+    uint64_t    huge_need;    /* the budget from which frames use huge pages */
+    uint64_t    thp;          /* chunks are whole transparent huge pages of this
+                                 size (0: no, chunks are smaller or THP is off) */
+    plist       lru[2];       /* per class; head = most recently used */
+
+    /* prefetch: on, and the page whose read is in flight or uncollected
+     * (engine thread only; the reader thread sees only pf) */
+    int         pf_on;
+    ppage      *pf_pg;
+    pfetch      pf;
+};
+
+/* ---------------------------------------------------------------- chunks */
+static inline int bit_get(const ppage *pg, uint64_t c) { return (int)((pg->bits[c >> 6] >> (c & 63)) & 1u); }
+static inline void bit_set(ppage *pg, uint64_t c) { pg->bits[c >> 6] |= 1ull << (c & 63); }
+static inline void bit_clear(ppage *pg, uint64_t c) { pg->bits[c >> 6] &= ~(1ull << (c & 63)); }
+
+/* Chunks of the page (the last one cut at its extent). */
+static inline uint64_t page_chunks(const jlm_pager *p, const parray *r, const ppage *pg)
+{
+    return (r->extent[pg->idx] + p->chunk - 1) >> p->chunk_shift;
+}
+
+/* Frame bytes [lo, hi) of chunks [c0, c1) (cut at the extent). */
+static inline uint64_t chunk_lo(const jlm_pager *p, uint64_t c) { return c << p->chunk_shift; }
+static inline uint64_t chunk_hi(const jlm_pager *p, const parray *r, const ppage *pg, uint64_t c1)
+{
+    uint64_t hi = c1 << p->chunk_shift, ext = r->extent[pg->idx];
+    return hi > ext ? ext : hi;
+}
+
+#endif
