@@ -25,6 +25,17 @@ _Noreturn void jlm_jj_fail(jj_ctx *C, int code, const char *fmt, ...)
     longjmp(C->jb, 1);
 }
 
+void jlm_jj_step_slow(jj_ctx *C)
+{
+    if (C->steps > C->max_steps)
+        jlm_jj_fail(C, JLM_ERANGE, "step limit of %llu exceeded (a loop or recursion that does not end in time)",
+                    (unsigned long long)C->max_steps);
+    if (C->cancelled && C->cancelled(C->cancel_arg))
+        jlm_jj_fail(C, JLM_EIO, "rendering cancelled");
+    C->next_check = C->steps + JLM_JINJA_CANCEL_EVERY;
+    if (C->next_check > C->max_steps + 1) C->next_check = C->max_steps + 1;
+}
+
 void *jlm_jj_alloc(jj_ctx *C, size_t n)
 {
     n = (n + 15) & ~(size_t)15;
@@ -75,13 +86,30 @@ jj_val jlm_jj_bool(int b) { jj_val v = {.t = JT_BOOL}; v.u.b = !!b; return v; }
 jj_val jlm_jj_int(int64_t i) { jj_val v = {.t = JT_INT}; v.u.i = i; return v; }
 jj_val jlm_jj_float(double f) { jj_val v = {.t = JT_FLOAT}; v.u.f = f; return v; }
 
-jj_val jlm_jj_strn(jj_ctx *C, const char *s, size_t n)
+/* A string value of n bytes, NUL-terminated, its bytes to be written. */
+static jj_val str_new(jj_ctx *C, size_t n)
 {
     jj_val v = {.t = JT_STR};
+    if (n > C->max_out)
+        jlm_jj_fail(C, JLM_ERANGE, "a string of %zu bytes: the output limit is %zu bytes", n, C->max_out);
     v.u.s = jlm_jj_alloc(C, sizeof(jj_str) + n + 1);
     v.u.s->len = n;
-    if (n) memcpy(v.u.s->s, s, n);
     v.u.s->s[n] = 0;
+    return v;
+}
+
+jj_val jlm_jj_strn(jj_ctx *C, const char *s, size_t n)
+{
+    jj_val v = str_new(C, n);
+    if (n) memcpy(v.u.s->s, s, n);
+    return v;
+}
+
+jj_val jlm_jj_str_cat(jj_ctx *C, const jj_str *a, const jj_str *b)
+{
+    jj_val v = str_new(C, a->len + b->len);   /* each at most max_out: no overflow */
+    memcpy(v.u.s->s, a->s, a->len);
+    memcpy(v.u.s->s + a->len, b->s, b->len);
     return v;
 }
 
@@ -253,7 +281,7 @@ const char *jlm_jj_type_name(jj_val v)
 void jlm_jj_buf_put(jj_ctx *C, jj_buf *b, const char *s, size_t n)
 {
     if (b->len + n + 1 > b->cap) {
-        if (b->len + n > JJ_MAX_OUT) jlm_jj_fail(C, JLM_ERANGE, "output larger than %zu bytes", JJ_MAX_OUT);
+        if (b->len + n > C->max_out) jlm_jj_fail(C, JLM_ERANGE, "output larger than the limit of %zu bytes", C->max_out);
         size_t cap = b->cap ? b->cap : 256;
         while (cap < b->len + n + 1) cap *= 2;
         char *p = jlm_jj_alloc(C, cap);
