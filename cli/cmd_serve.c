@@ -88,7 +88,7 @@ static int parse(int argc, char **argv, serve_opts *o)
     o->srv.rescan_s = 5;
     o->srv.parallel = 4;
     o->srv.queue = 8;
-    o->srv.conn_per_addr = 16;
+    o->srv.conn_per_addr = 32;
     o->srv.header_s = 10;
     o->srv.body_s = 60;
     o->srv.eng.direct = 1;

@@ -696,7 +696,7 @@ int jlm_srv_open(const jlm_srv_model *models, size_t n_models, const jlm_srv_opt
         return jlm_errf(err, JLM_ENOMEM, "out of memory");
     s->o = *o;
     if (!s->o.body_max) s->o.body_max = 1u << 20;
-    if (s->o.conn_per_addr <= 0) s->o.conn_per_addr = 16;
+    if (s->o.conn_per_addr <= 0) s->o.conn_per_addr = 32;
     if (s->o.header_s <= 0) s->o.header_s = 10;
     if (s->o.body_s <= 0) s->o.body_s = 60;
     if (!(s->conns = calloc(1, sizeof *s->conns))) {

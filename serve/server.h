@@ -46,7 +46,7 @@ typedef struct jlm_srv_opts {
     int         parallel;    /* requests per model decoded together; <= 0: 4 (at most 16) */
     int         queue;       /* requests waiting per model beyond those running; <= 0: 8 */
     size_t      body_max;    /* request body limit in bytes; 0: 1 MiB */
-    int         conn_per_addr;  /* connections from one client address at once; 0: 16 */
+    int         conn_per_addr;  /* connections from one client address at once; 0: 32 */
     int         header_s;    /* seconds a request's line and headers may take; 0: 10 */
     int         body_s;      /* seconds a request's body may take once its headers are in; 0: 60 */
     const char *api_key;     /* NULL: no key required */
