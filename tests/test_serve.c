@@ -1645,3 +1645,79 @@ Test(serve, a_busy_port_is_named_in_one_line, .timeout = 60)
     free(dir);
     free(model);
 }
+
+/* stories260K.gguf with tokenizer.chat_template = tmpl inserted first,
+ * written to path. The key-value is padded with spaces to a multiple of the
+ * GGUF alignment (32), so the tensor data keeps its padding. */
+static void gguf_with_template(const char *path, const char *tmpl)
+{
+    size_t n;
+    unsigned char *b = tu_read_file(tu_model("stories260K.gguf"), &n);
+    cr_assert(b && n > 24);
+    static const char key[] = "tokenizer.chat_template";
+    size_t kl = sizeof key - 1, tl = strlen(tmpl), kv = 8 + kl + 4 + 8 + tl, pad = (32 - kv % 32) % 32;
+    uint64_t nkv, len = tl + pad, klen = kl;
+    uint32_t type = 8;   /* GGUF string */
+    unsigned char *c = malloc(n + kv + pad), *p = c + 24;
+    memcpy(c, b, 24);
+    memcpy(&nkv, b + 16, 8);
+    nkv++;
+    memcpy(c + 16, &nkv, 8);
+    memcpy(p, &klen, 8), p += 8;
+    memcpy(p, key, kl), p += kl;
+    memcpy(p, &type, 4), p += 4;
+    memcpy(p, &len, 8), p += 8;
+    memcpy(p, tmpl, tl), p += tl;
+    memset(p, ' ', pad), p += pad;
+    memcpy(p, b + 24, n - 24);
+    cr_assert_eq(tu_write_file(path, c, n + kv + pad), 0);
+    free(c);
+    free(b);
+}
+
+/* A model whose chat template loops 10^10 times: each chat request is
+ * refused within seconds naming the step limit (it ran for minutes),
+ * completions are served, and SIGTERM with requests mid-render drains and
+ * exits 0. */
+Test(serve, a_runaway_chat_template_is_refused_per_request_and_sigterm_still_drains, .timeout = 120)
+{
+    srv s = {0};
+    s.dir = tu_tmpdir();
+    char g[1100];
+    snprintf(g, sizeof g, "%s/evil.gguf", s.dir);
+    gguf_with_template(g, "{% set r = range(100000) %}{% for i in r %}{% for j in r if j < 0 %}{% endfor %}{% endfor %}");
+    jlm_conv *c;
+    jlm_err err = {0};
+    cr_assert_eq(jlm_conv_open(g, NULL, &c, &err), 0, "%s", err.msg);
+    s.model = malloc(1100);
+    snprintf(s.model, 1100, "%s/evil.jlm", s.dir);
+    cr_assert_eq(jlm_conv_write(c, s.model, NULL, NULL, NULL, &err), 0, "%s", err.msg);
+    jlm_conv_close(c);
+    srv_start(&s, NULL);
+    const char *chat = "{\"messages\": [{\"role\": \"user\", \"content\": \"hi\"}], \"max_tokens\": 2}";
+    double t0 = secs_now();
+    char *r = NULL;
+    int st = http(&s, "POST", "/v1/chat/completions", chat, NULL, &r);
+    cr_assert(st == 400 && strstr(r, "step limit of 10000000"), "refused naming the limit: %d %s", st, r);
+    cr_assert(secs_now() - t0 < 30, "within seconds: %.1f s", secs_now() - t0);
+    free(r);
+    cr_assert_eq(http(&s, "POST", "/v1/completions", "{\"prompt\": \"Once\", \"max_tokens\": 2}", NULL, &r), 200, "%s", r);
+    free(r);
+    /* clients that leave mid-render, one still waiting, then SIGTERM */
+    char req[512];
+    int nr = snprintf(req, sizeof req, "POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Length: %zu\r\n\r\n%s",
+                      strlen(chat), chat);
+    int waiting = -1;
+    for (int i = 0; i < 4; i++) {
+        int fd = tcp_connect(s.port);
+        cr_assert_eq(write(fd, req, (size_t)nr), nr);
+        if (i < 3) close(fd);
+        else waiting = fd;
+    }
+    usleep(100000);
+    double ts = secs_now();
+    cr_assert_eq(srv_stop(&s), 0, "exits 0 (see %s/server.log)", s.dir);
+    cr_assert(secs_now() - ts < 30, "drained in %.1f s", secs_now() - ts);
+    close(waiting);
+    srv_free(&s);
+}
