@@ -623,16 +623,35 @@ static void on_completed(void *cls, struct MHD_Connection *c, void **con_cls, en
 
 /* ---------------------------------------------------------------- life cycle */
 
-/* libmicrohttpd's own messages (a failed accept, a thread that did not
- * start), one line each, marked as the server's. */
+/* libmicrohttpd's own messages (a connection refused at a limit, a failed
+ * accept), one line each, marked as the server's. A flood of refused
+ * connections would write a line each: a message repeated within
+ * LOG_REPEAT_S is counted, and the count said with the next one printed. */
+#define LOG_REPEAT_S 10
 static void mhd_log(void *cls, const char *fmt, va_list ap)
 {
+    static pthread_mutex_t mu = PTHREAD_MUTEX_INITIALIZER;
+    static char last[512];
+    static double last_t;
+    static unsigned long repeated;
     char msg[512];
     (void)cls;
     vsnprintf(msg, sizeof msg, fmt, ap);
     size_t n = strlen(msg);
     while (n && (msg[n - 1] == '\n' || msg[n - 1] == '\r')) msg[--n] = 0;
-    fprintf(stderr, "jlm serve: http: %s\n", msg);
+    double now = mono_s();
+    pthread_mutex_lock(&mu);
+    if (!strcmp(msg, last) && now - last_t < LOG_REPEAT_S) {
+        repeated++;
+    } else {
+        if (repeated)
+            fprintf(stderr, "jlm serve: http: (the message before %lu more times)\n", repeated);
+        fprintf(stderr, "jlm serve: http: %s\n", msg);
+        snprintf(last, sizeof last, "%s", msg);
+        last_t = now;
+        repeated = 0;
+    }
+    pthread_mutex_unlock(&mu);
 }
 
 /* The listening socket is bound here, so a refusal names the address and
