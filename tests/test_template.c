@@ -585,6 +585,32 @@ Test(template, a_runaway_template_is_refused_within_seconds_naming_the_limit, .t
     }
 }
 
+/* A value that holds itself (fuzz_jinja's finding: printing it recursed until
+ * the stack overflowed): printed or ordered, an error naming the depth; the
+ * same object still equals itself, as in Python. */
+Test(template, a_value_holding_itself_is_an_error_not_a_stack_overflow)
+{
+    static const char *const BAD[] = {
+        "{% set ns = namespace(s='a') %}{% set ns.s = ns %}{{ ns.s }}",
+        "{% set l = [1] %}{% do l.append(l) %}{{ l }}",
+        "{% set l = [1] %}{% do l.append(l) %}{% set m = [1] %}{% do m.append(m) %}{{ l < m }}",
+    };
+    for (size_t k = 0; k < sizeof BAD / sizeof BAD[0]; k++) {
+        char *out = NULL;
+        size_t n;
+        jlm_err err = {0};
+        int rc = render(BAD[k], "{}", &out, &n, &err);
+        cr_assert(rc == JLM_ERANGE && strstr(err.msg, "nested deeper than 200"), "%s: %d %s", BAD[k], rc, err.msg);
+    }
+    char *out = NULL;
+    size_t n;
+    jlm_err err = {0};
+    cr_assert_eq(render("{% set l = [1] %}{% do l.append(l) %}{{ l == l }} {{ [l] == [l] }} {{ l|length }}", "{}", &out,
+                        &n, &err), 0, "%s", err.msg);
+    cr_assert_str_eq(out, "True True 2");
+    free(out);
+}
+
 static int cancel_after(void *arg)
 {
     return ++*(int *)arg >= 3;

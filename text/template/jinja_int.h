@@ -125,6 +125,7 @@ struct jj_ctx {
     jlm_err    *err;
     int         line;        /* line of the node being evaluated, for messages */
     int         depth;
+    int         vdepth;      /* levels inside a value being printed or ordered (JJ_MAX_DEPTH) */
     jj_buf     *out;
     jj_scope   *globals;
     time_t      now;
