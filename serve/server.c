@@ -343,7 +343,9 @@ static int render_cancelled(void *arg)
 {
     const render_watch *w = arg;
     struct pollfd p = {.fd = w->fd, .events = POLLRDHUP};
-    return atomic_load(&w->s->draining) || (w->fd >= 0 && poll(&p, 1, 0) > 0 && (p.revents & (POLLRDHUP | POLLHUP | POLLERR)));
+    if (atomic_load(&w->s->draining))
+        return 1;
+    return w->fd >= 0 && poll(&p, 1, 0) > 0 && (p.revents & (POLLRDHUP | POLLHUP | POLLERR));
 }
 
 static enum MHD_Result generate(jlm_srv *s, struct MHD_Connection *c, jlm_srv_kind kind, const conn_ctx *cx)
@@ -688,7 +690,8 @@ static int start_daemon(jlm_srv *s, jlm_err *err)
     s->d = MHD_start_daemon(MHD_USE_THREAD_PER_CONNECTION | MHD_USE_INTERNAL_POLLING_THREAD | MHD_USE_POLL |
                                 MHD_USE_ERROR_LOG,
                             0, NULL, NULL, on_request, s, MHD_OPTION_EXTERNAL_LOGGER, mhd_log, NULL,
-                            MHD_OPTION_LISTEN_SOCKET, fd, MHD_OPTION_CONNECTION_LIMIT, (unsigned)(CONN_LIMIT + CONN_RESERVE),
+                            MHD_OPTION_LISTEN_SOCKET, fd,
+                            MHD_OPTION_CONNECTION_LIMIT, (unsigned)(CONN_LIMIT + CONN_RESERVE),
                             MHD_OPTION_PER_IP_CONNECTION_LIMIT, (unsigned)s->o.conn_per_addr,
                             MHD_OPTION_CONNECTION_TIMEOUT, (unsigned)CONN_TIMEOUT_S, MHD_OPTION_NOTIFY_COMPLETED,
                             on_completed, s, MHD_OPTION_NOTIFY_CONNECTION, on_connection, s, MHD_OPTION_END);

@@ -305,7 +305,8 @@ const char *jlm_jj_type_name(jj_val v)
 void jlm_jj_buf_put(jj_ctx *C, jj_buf *b, const char *s, size_t n)
 {
     if (b->len + n + 1 > b->cap) {
-        if (b->len + n > C->max_out) jlm_jj_fail(C, JLM_ERANGE, "output larger than the limit of %zu bytes", C->max_out);
+        if (b->len + n > C->max_out)
+            jlm_jj_fail(C, JLM_ERANGE, "output larger than the limit of %zu bytes", C->max_out);
         size_t cap = b->cap ? b->cap : 256;
         while (cap < b->len + n + 1) cap *= 2;
         char *p = jlm_jj_alloc(C, cap);
