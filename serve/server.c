@@ -79,7 +79,7 @@ static void on_connection(void *cls, struct MHD_Connection *c, void **socket_con
     conn_track *t = *socket_context;
     if (toe == MHD_CONNECTION_NOTIFY_STARTED) {
         if (!(t = calloc(1, sizeof *t)))
-            return;   /* untracked: no deadline, counted as in the limit */
+            return;   /* out of memory: untracked, so no deadline and not counted */
         const union MHD_ConnectionInfo *ci = MHD_get_connection_info(c, MHD_CONNECTION_INFO_CONNECTION_FD);
         t->fd = ci ? ci->connect_fd : -1;
         t->t0 = mono_s();
