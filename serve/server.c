@@ -63,6 +63,7 @@ typedef struct srv_conns {
     int             n, stop, started;
     pthread_t       thread;
     atomic_ullong   n_deadline;   /* connections shut down by a deadline */
+    atomic_ullong   n_render_cancelled;   /* chat templates whose rendering stopped: client gone, or draining */
 } srv_conns;
 
 static double mono_s(void)
@@ -343,9 +344,11 @@ static int render_cancelled(void *arg)
 {
     const render_watch *w = arg;
     struct pollfd p = {.fd = w->fd, .events = POLLRDHUP};
-    if (atomic_load(&w->s->draining))
-        return 1;
-    return w->fd >= 0 && poll(&p, 1, 0) > 0 && (p.revents & (POLLRDHUP | POLLHUP | POLLERR));
+    int stop = atomic_load(&w->s->draining) ||
+               (w->fd >= 0 && poll(&p, 1, 0) > 0 && (p.revents & (POLLRDHUP | POLLHUP | POLLERR)));
+    if (stop)   /* the render stops at the first yes: counted once */
+        atomic_fetch_add(&w->s->conns->n_render_cancelled, 1);
+    return stop;
 }
 
 static enum MHD_Result generate(jlm_srv *s, struct MHD_Connection *c, jlm_srv_kind kind, const conn_ctx *cx)
@@ -449,6 +452,7 @@ static enum MHD_Result send_metrics(jlm_srv *s, struct MHD_Connection *c)
     fprintf(f, "jlm_http_requests_total %llu\n", atomic_load(&s->n_requests));
     fprintf(f, "jlm_http_errors_total %llu\n", atomic_load(&s->n_errors));
     fprintf(f, "jlm_http_deadline_closed_total %llu\n", atomic_load(&s->conns->n_deadline));
+    fprintf(f, "jlm_template_renders_cancelled_total %llu\n", atomic_load(&s->conns->n_render_cancelled));
     pthread_mutex_lock(&s->budget.mu);
     uint64_t total = s->budget.total, granted = 0;
     for (size_t i = 0; i < s->budget.n; i++) granted += s->budget.m[i]->grant;

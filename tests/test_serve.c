@@ -1703,10 +1703,15 @@ Test(serve, a_runaway_chat_template_is_refused_per_request_and_sigterm_still_dra
     free(r);
     cr_assert_eq(http(&s, "POST", "/v1/completions", "{\"prompt\": \"Once\", \"max_tokens\": 2}", NULL, &r), 200, "%s", r);
     free(r);
-    /* clients that leave mid-render, one still waiting, then SIGTERM */
+    /* a client that leaves: its rendering stops at the next check (65536 steps), counted */
     char req[512];
     int nr = snprintf(req, sizeof req, "POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Length: %zu\r\n\r\n%s",
                       strlen(chat), chat);
+    int gone = tcp_connect(s.port);
+    cr_assert_eq(write(gone, req, (size_t)nr), nr);
+    close(gone);
+    cr_assert(metrics_reach(&s, "jlm_template_renders_cancelled_total 1\n"), "the render of a client gone stops");
+    /* clients that leave mid-render, one still waiting, then SIGTERM */
     int waiting = -1;
     for (int i = 0; i < 4; i++) {
         int fd = tcp_connect(s.port);
