@@ -243,7 +243,7 @@ fuzz-smoke: fuzz
 	@for t in build-fuzz/fuzz_*; do \
 	    n=$$(basename $$t); seeds=""; \
 	    case $$n in fuzz_convert|fuzz_gguf) seeds=build-fuzz/seeds/convert;; fuzz_engine|fuzz_jlm) seeds=build-fuzz/seeds/engine;; \
-	    fuzz_tokenizer) seeds=build-fuzz/seeds/tokenizer;; fuzz_jinja) seeds=build-fuzz/seeds/jinja;; \
+	    fuzz_tokenizer) seeds=build-fuzz/seeds/tokenizer;; fuzz_jinja) seeds="build-fuzz/seeds/jinja tests/fuzz/seeds-jinja";; \
 	    fuzz_serve_req) seeds=tests/fuzz/seeds-serve-req;; fuzz_mmproj) seeds=tests/fuzz/seeds-mmproj;; \
 	    fuzz_safetensors) seeds=tests/fuzz/seeds-safetensors;; fuzz_image) seeds=tests/fuzz/seeds-image;; fuzz_hf_tokenizer) seeds=tests/fuzz/seeds-hf-tokenizer;; \
 	    fuzz_cli_opts) seeds=tests/fuzz/seeds-cli-opts;; esac; \

@@ -14,7 +14,8 @@
 
 static const char USAGE[] =
     "usage: jlm serve (MODEL... | --models DIR) [--host 127.0.0.1] [--port 8080] [--parallel N] [--queue N]\n"
-    "                 [--api-key KEY] [--body-max SIZE] [-c CTX] [-t THREADS] [--budget SIZE] [--rescan S]\n"
+    "                 [--api-key KEY] [--body-max SIZE] [--conn-per-addr N] [--header-timeout S]\n"
+    "                 [--body-timeout S] [-c CTX] [-t THREADS] [--budget SIZE] [--rescan S]\n"
     "                 [--kv f32|f16] [--backend NAME[,NAME]] [--device N|NAME[,..]] [--gpu-layers N|all[,M|all]]\n"
     "                 [--gpu-budget SIZE[,SIZE]] [--no-direct]\n"
     "       (MODEL: a .jlm, a jlmfs view, or a .gguf converted once into the cache as `jlm run` does;\n"
@@ -64,10 +65,15 @@ static int parse(int argc, char **argv, serve_opts *o)
 {
     o->srv.port = 8080;
     o->srv.rescan_s = 5;
+    o->srv.parallel = 4;
+    o->srv.queue = 8;
+    o->srv.conn_per_addr = 32;
+    o->srv.header_s = 10;
+    o->srv.body_s = 60;
     o->srv.eng.direct = 1;
     o->srv.api_key = getenv("JLM_API_KEY");
     o->srv.report = jlm_cli_view("jlm serve");   /* a view's page-ins reported as jlm run's (cli/report.c) */
-    uint64_t body = 0;
+    uint64_t body = 1 << 20;
     const char *m_opt = NULL;
     const jlm_opt own[] = {
         {"-m", "--model", JLM_OPT_STR, &m_opt, 0, 0, 0, "FILE", "a model to serve (as llama-server -m; or give them as MODEL...)"},
@@ -75,10 +81,16 @@ static int parse(int argc, char **argv, serve_opts *o)
         {NULL, "--rescan", JLM_OPT_INT, &o->srv.rescan_s, 0, 86400, 0, "S", "seconds between rescans of --models, 0: on request only"},
         {NULL, "--host", JLM_OPT_STR, &o->srv.host, 0, 0, 0, "HOST", "address to listen on (default: 127.0.0.1)"},
         {NULL, "--port", JLM_OPT_INT, &o->srv.port, 0, 65535, 0, "PORT", "port, 0: any free one"},
-        {NULL, "--queue", JLM_OPT_INT, &o->srv.queue, 0, 1 << 20, 0, "N", "requests waiting at most, 0: the default"},
-        {"-np", "--parallel", JLM_OPT_INT, &o->srv.parallel, 0, 16, 0, "N", "requests generating at once, 0: the default"},
+        {NULL, "--queue", JLM_OPT_INT, &o->srv.queue, 1, 1 << 20, 0, "N", "requests waiting per model at most"},
+        {"-np", "--parallel", JLM_OPT_INT, &o->srv.parallel, 1, 16, 0, "N", "requests per model generating at once"},
         {NULL, "--api-key", JLM_OPT_STR, &o->srv.api_key, 0, 0, 0, "KEY", "bearer key required (or $JLM_API_KEY)"},
-        {NULL, "--body-max", JLM_OPT_SIZE, &body, 0, 0, 0, "SIZE", "largest request body, 0: the default"},
+        {NULL, "--body-max", JLM_OPT_SIZE, &body, 1, 64 << 20, 0, "SIZE", "largest request body (K/M), at most 64M"},
+        {NULL, "--conn-per-addr", JLM_OPT_INT, &o->srv.conn_per_addr, 1, 64, 0, "N",
+         "connections from one client address at once"},
+        {NULL, "--header-timeout", JLM_OPT_INT, &o->srv.header_s, 1, 3600, 0, "S",
+         "seconds a request's line and headers may take"},
+        {NULL, "--body-timeout", JLM_OPT_INT, &o->srv.body_s, 1, 3600, 0, "S",
+         "seconds a request's body may take after its headers"},
         {NULL, "--budget", JLM_OPT_SIZE, &o->srv.budget, 0, 0, 0, "SIZE",
          "page frames of all models together (K/M/G), 0: unlimited"},
     };
@@ -96,10 +108,6 @@ static int parse(int argc, char **argv, serve_opts *o)
     if ((rc = jlm_opts_engine_finish("jlm serve", &o->srv.eng, &gpu)))
         return rc;
     o->srv.body_max = (size_t)body;
-    if (o->srv.port < 0 || o->srv.port > 65535 || o->srv.queue < 0 || o->srv.parallel < 0 || o->srv.parallel > 16) {
-        fprintf(stderr, "jlm serve: --port must be in [0, 65535], --queue >= 0, --parallel in [1, 16]\n");
-        return 2;
-    }
     if (m_opt && os.n_pos < MAX_MODELS)
         pos[os.n_pos++] = m_opt;   /* -m FILE: served as the first positional would be */
     if (!o->srv.models_dir && !os.n_pos) {

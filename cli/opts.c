@@ -100,6 +100,10 @@ static int set_value(const jlm_opts_spec *s, const jlm_opt *o, const char *name,
         long long b = jlm_cli_parse_size(v);
         if (b < 0)
             return bad(s, name, v, "bytes with an optional K/M/G suffix");
+        if (o->hi > 0 && !in_range(o, (double)b)) {   /* hi 0: no range */
+            snprintf(want, sizeof want, "bytes in [%.0f, %.0f] (K/M/G suffix allowed)", o->lo, o->hi);
+            return bad(s, name, v, want);
+        }
         *(uint64_t *)o->dst = (uint64_t)b;
         return 0;
     }

@@ -17,7 +17,7 @@ typedef enum jlm_opt_kind {
     JLM_OPT_INT,  /* int in [lo, hi] */
     JLM_OPT_U32,  /* uint32_t in [lo, hi] */
     JLM_OPT_F32,  /* float in [lo, hi], finite; JLM_OPT_LO_OPEN makes lo exclusive */
-    JLM_OPT_SIZE, /* uint64_t bytes, "512M" */
+    JLM_OPT_SIZE, /* uint64_t bytes, "512M"; in [lo, hi] when hi > 0 */
     JLM_OPT_SEED, /* uint64_t: a u32, or -1 for a random one (jlm_cli_random_seed) */
 } jlm_opt_kind;
 

@@ -56,6 +56,9 @@ static int size_ok(const char *what, uint64_t w, uint64_t h, jlm_err *err)
 }
 
 /* ---------------------------------------------------------------- PPM/PGM */
+/* One header number (whitespace and comments before it) into *v: the index
+ * after it; 0 when there is none; SIZE_MAX when its value passes UINT32_MAX
+ * (never truncated: "4294967297" is no width 1). */
 static size_t pnm_number(const uint8_t *b, size_t n, size_t i, uint32_t *v)
 {
     for (;;) {
@@ -70,8 +73,11 @@ static size_t pnm_number(const uint8_t *b, size_t n, size_t i, uint32_t *v)
     }
     uint64_t x = 0;
     size_t s = i;
-    while (i < n && b[i] >= '0' && b[i] <= '9' && x < (1u << 30))
+    while (i < n && b[i] >= '0' && b[i] <= '9') {
         x = x * 10 + (uint64_t)(b[i++] - '0');
+        if (x > UINT32_MAX)
+            return SIZE_MAX;
+    }
     *v = (uint32_t)x;
     return i > s ? i : 0;
 }
@@ -81,9 +87,18 @@ static size_t pnm_number(const uint8_t *b, size_t n, size_t i, uint32_t *v)
  * 255. Samples are scaled to 0..255 (maxval 255: copied, as stb did). */
 static int load_pnm(const uint8_t *b, size_t n, const char *what, jlm_image *out, jlm_err *err)
 {
-    uint32_t w, h, mx;
+    static const char *const FIELD[3] = {"width", "height", "maxval"};
+    uint32_t f[3];
     size_t i = 2;
-    if (!(i = pnm_number(b, n, i, &w)) || !(i = pnm_number(b, n, i, &h)) || !(i = pnm_number(b, n, i, &mx)) || i >= n)
+    for (int k = 0; k < 3; k++) {
+        i = pnm_number(b, n, i, &f[k]);
+        if (i == SIZE_MAX)
+            return jlm_errf(err, JLM_EFORMAT, "%s: PPM/PGM %s past %u", what, FIELD[k], UINT32_MAX);
+        if (!i)
+            return jlm_errf(err, JLM_EFORMAT, "%s: unreadable PPM/PGM header", what);
+    }
+    uint32_t w = f[0], h = f[1], mx = f[2];
+    if (i >= n)
         return jlm_errf(err, JLM_EFORMAT, "%s: unreadable PPM/PGM header", what);
     if (mx == 0 || mx > 65535)
         return jlm_errf(err, JLM_EFORMAT, "%s: PPM/PGM maxval %u (1..65535)", what, mx);

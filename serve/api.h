@@ -47,6 +47,10 @@ typedef struct jlm_srv_req {
     int     ignore_eos;                 /* llama-server's extension: generate through EOS */
     int     logprobs;                   /* 1: report each token's log-probability */
     int     top_logprobs;               /* and this many most likely alternatives (<= 20) */
+    /* not parsed: set by the server. Nonzero stops rendering the chat
+     * template (the client went away, or the server drains). NULL: never. */
+    int   (*cancelled)(void *arg);
+    void   *cancel_arg;
 } jlm_srv_req;
 
 /* Parses body[0, len) (not NUL-terminated) for kind. JLM_EFORMAT for a body

@@ -168,9 +168,11 @@ static json_t *flatten_parts(const json_t *msgs)
 
 /* The chat prompt as `jlm chat` renders its first turn: the template with a
  * generation prompt, a leading BOS text dropped when the vocab adds BOS. */
-static int chat_prompt(srv_model *m, const json_t *msgs, int32_t **ids, size_t *n, jlm_err *err)
+static int chat_prompt(srv_model *m, const jlm_srv_req *req, int32_t **ids, size_t *n, jlm_err *err)
 {
-    jlm_chat_opts co = {.add_generation_prompt = 1, .bos_token = m->bos, .eos_token = m->eos, .local_time = 1};
+    const json_t *msgs = req->messages;
+    jlm_chat_opts co = {.add_generation_prompt = 1, .bos_token = m->bos, .eos_token = m->eos, .local_time = 1,
+                        .cancelled = req->cancelled, .cancel_arg = req->cancel_arg};
     char *text = NULL;
     size_t len;
     json_t *flat = flatten_parts(msgs);
@@ -204,7 +206,7 @@ int srv_job_create(srv_model *m, jlm_srv_req *req, srv_job **out, jlm_err *err)
 {
     int32_t *ids = NULL;
     size_t n = 0;
-    int rc = req->kind == JLM_SRV_CHAT ? chat_prompt(m, req->messages, &ids, &n, err)
+    int rc = req->kind == JLM_SRV_CHAT ? chat_prompt(m, req, &ids, &n, err)
                                        : jlm_tok_encode(m->tok, req->prompt, strlen(req->prompt), 1, 0, &ids, &n, err);
     if (rc)
         return rc;

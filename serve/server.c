@@ -10,13 +10,20 @@
 #include <errno.h>
 #include <microhttpd.h>
 #include <netinet/in.h>
+#include <poll.h>
+#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/socket.h>
 #include <time.h>
+#include <unistd.h>
 
-#define CONN_LIMIT     64   /* simultaneous connections; more are refused by the daemon */
+#define CONN_LIMIT     64   /* connections served at once, all addresses together */
+#define CONN_RESERVE    8   /* more connections beyond CONN_LIMIT, answering /health only */
+#define RESERVE_HEADER_S 2  /* a reserve connection's header deadline */
 #define CONN_TIMEOUT_S 60   /* an idle connection is closed after this */
+#define WATCH_MS      200   /* how often the deadline watchdog looks */
 #define PING_S          2   /* a stream waiting for its first token sends an SSE comment this often */
 #define SCAN_WAIT_MS 5000   /* the longest a request for an unknown id waits for a rescan of --models */
 
@@ -26,6 +33,121 @@ typedef struct conn_ctx {
     int    too_big;         /* the body passed body_max: the rest is discarded */
     int    answered;        /* a response was queued before the body was read */
 } conn_ctx;
+
+/* ---------------------------------------------------------------- connection deadlines */
+
+/* Every connection is tracked from libmicrohttpd's STARTED notification to
+ * its CLOSED one: the phase of its current request and when that phase
+ * began. A watchdog thread shuts down (shutdown(2): libmicrohttpd then reads
+ * end-of-file and closes it) a connection whose request line and headers
+ * took longer than header_s, or whose body took longer than body_s after
+ * them; an idle keep-alive connection waits for its next request under the
+ * header deadline too. The response phase (a generation) has none. The
+ * socket stays open while tracked: libmicrohttpd sends CLOSED before it
+ * closes the socket, and both the watchdog and CLOSED hold mu. */
+enum { PH_HEADERS, PH_BODY, PH_ANSWER };
+
+typedef struct conn_track {
+    struct conn_track *prev, *next;
+    int    fd;
+    int    phase;           /* PH_* */
+    int    reserve;         /* admitted past CONN_LIMIT: answers /health only */
+    int    shut;            /* the watchdog shut it down */
+    double t0;              /* when the phase began (CLOCK_MONOTONIC seconds) */
+} conn_track;
+
+typedef struct srv_conns {
+    pthread_mutex_t mu;
+    pthread_cond_t  cv;
+    conn_track     *head;
+    int             n, stop, started;
+    pthread_t       thread;
+    atomic_ullong   n_deadline;   /* connections shut down by a deadline */
+    atomic_ullong   n_render_cancelled;   /* chat templates whose rendering stopped: client gone, or draining */
+} srv_conns;
+
+static double mono_s(void)
+{
+    struct timespec t;
+    clock_gettime(CLOCK_MONOTONIC, &t);
+    return (double)t.tv_sec + (double)t.tv_nsec * 1e-9;
+}
+
+static void on_connection(void *cls, struct MHD_Connection *c, void **socket_context,
+                          enum MHD_ConnectionNotificationCode toe)
+{
+    srv_conns *k = ((jlm_srv *)cls)->conns;
+    conn_track *t = *socket_context;
+    if (toe == MHD_CONNECTION_NOTIFY_STARTED) {
+        if (!(t = calloc(1, sizeof *t)))
+            return;   /* out of memory: untracked, so no deadline and not counted */
+        const union MHD_ConnectionInfo *ci = MHD_get_connection_info(c, MHD_CONNECTION_INFO_CONNECTION_FD);
+        t->fd = ci ? ci->connect_fd : -1;
+        t->t0 = mono_s();
+        pthread_mutex_lock(&k->mu);
+        t->reserve = k->n >= CONN_LIMIT;
+        k->n++;
+        t->next = k->head;
+        if (k->head) k->head->prev = t;
+        k->head = t;
+        pthread_mutex_unlock(&k->mu);
+        *socket_context = t;
+    } else if (toe == MHD_CONNECTION_NOTIFY_CLOSED && t) {
+        pthread_mutex_lock(&k->mu);
+        k->n--;
+        if (t->prev) t->prev->next = t->next;
+        else k->head = t->next;
+        if (t->next) t->next->prev = t->prev;
+        pthread_mutex_unlock(&k->mu);
+        free(t);
+        *socket_context = NULL;
+    }
+}
+
+/* The connection's tracking (NULL: untracked); phase >= 0 starts that phase. */
+static conn_track *conn_phase(jlm_srv *s, struct MHD_Connection *c, int phase)
+{
+    const union MHD_ConnectionInfo *ci = MHD_get_connection_info(c, MHD_CONNECTION_INFO_SOCKET_CONTEXT);
+    conn_track *t = ci ? ci->socket_context : NULL;
+    if (t && phase >= 0) {
+        pthread_mutex_lock(&s->conns->mu);
+        t->phase = phase;
+        t->t0 = mono_s();
+        pthread_mutex_unlock(&s->conns->mu);
+    }
+    return t;
+}
+
+static void *watchdog(void *arg)
+{
+    jlm_srv *s = arg;
+    srv_conns *k = s->conns;
+    pthread_mutex_lock(&k->mu);
+    while (!k->stop) {
+        double now = mono_s();
+        for (conn_track *t = k->head; t; t = t->next) {
+            double lim = t->phase == PH_HEADERS ? (t->reserve && s->o.header_s > RESERVE_HEADER_S ? RESERVE_HEADER_S
+                                                                                                  : s->o.header_s)
+                       : t->phase == PH_BODY    ? s->o.body_s
+                                                : -1;
+            if (lim >= 0 && !t->shut && t->fd >= 0 && now - t->t0 > lim) {
+                shutdown(t->fd, SHUT_RDWR);
+                t->shut = 1;
+                atomic_fetch_add(&k->n_deadline, 1);
+            }
+        }
+        struct timespec ts;
+        clock_gettime(CLOCK_REALTIME, &ts);
+        ts.tv_nsec += WATCH_MS * 1000000L;
+        if (ts.tv_nsec >= 1000000000L) {
+            ts.tv_sec++;
+            ts.tv_nsec -= 1000000000L;
+        }
+        pthread_cond_timedwait(&k->cv, &k->mu, &ts);
+    }
+    pthread_mutex_unlock(&k->mu);
+    return NULL;
+}
 
 /* ---------------------------------------------------------------- responses */
 
@@ -214,6 +336,21 @@ static unsigned status_of(int rc)
     return rc == JLM_ENOMEM ? 500 : 400;
 }
 
+/* Rendering a chat template stops when this says so: the client closed its
+ * side (what libmicrohttpd would see as end-of-file), or the server drains. */
+typedef struct render_watch { jlm_srv *s; int fd; } render_watch;
+
+static int render_cancelled(void *arg)
+{
+    const render_watch *w = arg;
+    struct pollfd p = {.fd = w->fd, .events = POLLRDHUP};
+    int stop = atomic_load(&w->s->draining) ||
+               (w->fd >= 0 && poll(&p, 1, 0) > 0 && (p.revents & (POLLRDHUP | POLLHUP | POLLERR)));
+    if (stop)   /* the render stops at the first yes: counted once */
+        atomic_fetch_add(&w->s->conns->n_render_cancelled, 1);
+    return stop;
+}
+
 static enum MHD_Result generate(jlm_srv *s, struct MHD_Connection *c, jlm_srv_kind kind, const conn_ctx *cx)
 {
     if (atomic_load(&s->draining))
@@ -223,6 +360,10 @@ static enum MHD_Result generate(jlm_srv *s, struct MHD_Connection *c, jlm_srv_ki
     int rc = jlm_srv_req_parse(cx->body ? cx->body : "", cx->len, kind, &req, &err);
     if (rc)
         return send_error(s, c, status_of(rc), err.msg);
+    const union MHD_ConnectionInfo *ci = MHD_get_connection_info(c, MHD_CONNECTION_INFO_CONNECTION_FD);
+    render_watch watch = {s, ci ? ci->connect_fd : -1};
+    req.cancelled = render_cancelled;
+    req.cancel_arg = &watch;
     srv_model *m = req.model ? find_model(s, req.model) : srv_model_only(s);
     if (!m) {
         char msg[600];
@@ -243,8 +384,11 @@ static enum MHD_Result generate(jlm_srv *s, struct MHD_Connection *c, jlm_srv_ki
     if (rc) {
         jlm_srv_req_free(&req);
         srv_model_unref(m);
+        if (atomic_load(&s->draining))
+            return send_error(s, c, 503, "the server is shutting down");
         return send_error(s, c, status_of(rc), err.msg);
     }
+    j->req.cancelled = NULL;   /* watch lives on this stack; the template is rendered */
     if (srv_job_submit(j)) {
         srv_job_unref(j);
         srv_job_unref(j);
@@ -307,6 +451,8 @@ static enum MHD_Result send_metrics(jlm_srv *s, struct MHD_Connection *c)
     fprintf(f, "# jlm serve metrics (docs/serve.md)\n");
     fprintf(f, "jlm_http_requests_total %llu\n", atomic_load(&s->n_requests));
     fprintf(f, "jlm_http_errors_total %llu\n", atomic_load(&s->n_errors));
+    fprintf(f, "jlm_http_deadline_closed_total %llu\n", atomic_load(&s->conns->n_deadline));
+    fprintf(f, "jlm_template_renders_cancelled_total %llu\n", atomic_load(&s->conns->n_render_cancelled));
     pthread_mutex_lock(&s->budget.mu);
     uint64_t total = s->budget.total, granted = 0;
     for (size_t i = 0; i < s->budget.n; i++) granted += s->budget.m[i]->grant;
@@ -425,9 +571,19 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const cha
             return MHD_NO;
         *con_cls = cx;
         atomic_fetch_add(&s->n_requests, 1);
+        conn_track *t = conn_phase(s, c, PH_BODY);   /* the headers are in */
+        if (t && t->reserve && strcmp(url, "/health")) {
+            cx->answered = 1;
+            conn_phase(s, c, PH_ANSWER);
+            char msg[160];
+            snprintf(msg, sizeof msg, "the server has %d connections open, its limit: only GET /health is answered now",
+                     CONN_LIMIT);
+            return send_error(s, c, 503, msg);
+        }
         const char *cl = MHD_lookup_connection_value(c, MHD_HEADER_KIND, MHD_HTTP_HEADER_CONTENT_LENGTH);
         if (cl && strtoull(cl, NULL, 10) > s->o.body_max) {
             cx->answered = 1;
+            conn_phase(s, c, PH_ANSWER);
             return send_error(s, c, 413, "request body too large");
         }
         return MHD_YES;
@@ -453,6 +609,7 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const cha
     if (cx->answered)
         return MHD_YES;
     cx->answered = 1;
+    conn_phase(s, c, PH_ANSWER);
     if (cx->too_big)
         return send_error(s, c, 413, "request body too large");
     return route(s, c, url, method, cx);
@@ -461,7 +618,8 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const cha
 static void on_completed(void *cls, struct MHD_Connection *c, void **con_cls, enum MHD_RequestTerminationCode t)
 {
     conn_ctx *cx = *con_cls;
-    (void)cls; (void)c; (void)t;
+    (void)t;
+    conn_phase(cls, c, PH_HEADERS);   /* keep-alive: the next request's headers are due */
     if (cx) {
         free(cx->body);
         free(cx);
@@ -471,22 +629,90 @@ static void on_completed(void *cls, struct MHD_Connection *c, void **con_cls, en
 
 /* ---------------------------------------------------------------- life cycle */
 
+/* libmicrohttpd's own messages (a connection refused at a limit, a failed
+ * accept), one line each, marked as the server's. A flood of refused
+ * connections would write a line each: a message repeated within
+ * LOG_REPEAT_S is counted, and the count said with the next one printed. */
+#define LOG_REPEAT_S 10
+static void mhd_log(void *cls, const char *fmt, va_list ap)
+{
+    static pthread_mutex_t mu = PTHREAD_MUTEX_INITIALIZER;
+    static char last[512];
+    static double last_t;
+    static unsigned long repeated;
+    char msg[512];
+    (void)cls;
+    vsnprintf(msg, sizeof msg, fmt, ap);
+    size_t n = strlen(msg);
+    while (n && (msg[n - 1] == '\n' || msg[n - 1] == '\r')) msg[--n] = 0;
+    double now = mono_s();
+    pthread_mutex_lock(&mu);
+    if (!strcmp(msg, last) && now - last_t < LOG_REPEAT_S) {
+        repeated++;
+    } else {
+        if (repeated)
+            fprintf(stderr, "jlm serve: http: (the message before %lu more times)\n", repeated);
+        fprintf(stderr, "jlm serve: http: %s\n", msg);
+        snprintf(last, sizeof last, "%s", msg);
+        last_t = now;
+        repeated = 0;
+    }
+    pthread_mutex_unlock(&mu);
+}
+
+/* The listening socket is bound here, so a refusal names the address and
+ * port asked for (libmicrohttpd's own message says "port 0" when given an
+ * address), then handed to the daemon, which closes it when stopped. */
 static int start_daemon(jlm_srv *s, jlm_err *err)
 {
     struct sockaddr_in sa = {.sin_family = AF_INET, .sin_port = htons((uint16_t)s->o.port)};
     if (inet_pton(AF_INET, s->host, &sa.sin_addr) != 1)
         return jlm_errf(err, JLM_EINVAL, "--host '%s': expected an IPv4 address such as 127.0.0.1", s->host);
+    int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0), one = 1;
+    if (fd < 0)
+        return jlm_errf(err, JLM_EIO, "cannot listen on %s:%d: %s", s->host, s->o.port, strerror(errno));
+    setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
+    if (bind(fd, (struct sockaddr *)&sa, sizeof sa) || listen(fd, 128)) {
+        int e = errno;
+        close(fd);
+        return jlm_errf(err, JLM_EIO, "cannot listen on %s:%d: %s%s", s->host, s->o.port, strerror(e),
+                        e == EADDRINUSE      ? " (another program has it; choose another with --port)"
+                        : e == EADDRNOTAVAIL ? " (not an address of this machine)"
+                                             : "");
+    }
+    struct sockaddr_in got;
+    socklen_t gl = sizeof got;
+    s->port = getsockname(fd, (struct sockaddr *)&got, &gl) ? s->o.port : ntohs(got.sin_port);
+    srv_conns *k = s->conns;
+    pthread_mutex_lock(&k->mu);
+    k->started = !pthread_create(&k->thread, NULL, watchdog, s);
+    pthread_mutex_unlock(&k->mu);
+    if (!k->started) {
+        close(fd);
+        return jlm_errf(err, JLM_ENOMEM, "cannot start the connection watchdog thread");
+    }
     s->d = MHD_start_daemon(MHD_USE_THREAD_PER_CONNECTION | MHD_USE_INTERNAL_POLLING_THREAD | MHD_USE_POLL |
                                 MHD_USE_ERROR_LOG,
-                            0, NULL, NULL, on_request, s, MHD_OPTION_SOCK_ADDR, (struct sockaddr *)&sa,
-                            MHD_OPTION_CONNECTION_LIMIT, (unsigned)CONN_LIMIT, MHD_OPTION_CONNECTION_TIMEOUT,
-                            (unsigned)CONN_TIMEOUT_S, MHD_OPTION_NOTIFY_COMPLETED, on_completed, s, MHD_OPTION_END);
-    if (!s->d)
-        return jlm_errf(err, JLM_EIO, "cannot listen on %s:%d (in use, or not an address of this machine)", s->host,
-                        s->o.port);
-    const union MHD_DaemonInfo *di = MHD_get_daemon_info(s->d, MHD_DAEMON_INFO_BIND_PORT);
-    s->port = di ? di->port : s->o.port;
+                            0, NULL, NULL, on_request, s, MHD_OPTION_EXTERNAL_LOGGER, mhd_log, NULL,
+                            MHD_OPTION_LISTEN_SOCKET, fd,
+                            MHD_OPTION_CONNECTION_LIMIT, (unsigned)(CONN_LIMIT + CONN_RESERVE),
+                            MHD_OPTION_PER_IP_CONNECTION_LIMIT, (unsigned)s->o.conn_per_addr,
+                            MHD_OPTION_CONNECTION_TIMEOUT, (unsigned)CONN_TIMEOUT_S, MHD_OPTION_NOTIFY_COMPLETED,
+                            on_completed, s, MHD_OPTION_NOTIFY_CONNECTION, on_connection, s, MHD_OPTION_END);
+    if (!s->d)   /* fd is not closed here: the daemon may have closed it already */
+        return jlm_errf(err, JLM_EIO, "cannot serve on %s:%d: the HTTP daemon did not start", s->host, s->port);
     return 0;
+}
+
+static void stop_watchdog(srv_conns *k)
+{
+    pthread_mutex_lock(&k->mu);
+    k->stop = 1;
+    pthread_cond_signal(&k->cv);
+    int started = k->started;
+    pthread_mutex_unlock(&k->mu);
+    if (started)
+        pthread_join(k->thread, NULL);
 }
 
 int jlm_srv_open(const jlm_srv_model *models, size_t n_models, const jlm_srv_opts *o, jlm_srv **out, jlm_err *err)
@@ -496,6 +722,15 @@ int jlm_srv_open(const jlm_srv_model *models, size_t n_models, const jlm_srv_opt
         return jlm_errf(err, JLM_ENOMEM, "out of memory");
     s->o = *o;
     if (!s->o.body_max) s->o.body_max = 1u << 20;
+    if (s->o.conn_per_addr <= 0) s->o.conn_per_addr = 32;
+    if (s->o.header_s <= 0) s->o.header_s = 10;
+    if (s->o.body_s <= 0) s->o.body_s = 60;
+    if (!(s->conns = calloc(1, sizeof *s->conns))) {
+        free(s);
+        return jlm_errf(err, JLM_ENOMEM, "out of memory");
+    }
+    pthread_mutex_init(&s->conns->mu, NULL);
+    pthread_cond_init(&s->conns->cv, NULL);
     s->host = strdup(o->host ? o->host : "127.0.0.1");
     s->api_key = o->api_key ? strdup(o->api_key) : NULL;
     pthread_mutex_init(&s->mu, NULL);
@@ -562,6 +797,10 @@ void jlm_srv_close(jlm_srv *s)
     if (!s) return;
     if (s->d)
         MHD_stop_daemon(s->d);
+    stop_watchdog(s->conns);
+    pthread_mutex_destroy(&s->conns->mu);
+    pthread_cond_destroy(&s->conns->cv);
+    free(s->conns);
     srv_models_close_all(s);
     srv_budget_fini(&s->budget);
     free(s->host);

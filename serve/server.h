@@ -1,6 +1,8 @@
 /* server.h - `jlm serve`: an OpenAI-compatible HTTP server over .jlm models.
  *
- * Owns: the HTTP daemon (libmicrohttpd, one thread per connection), the
+ * Owns: the HTTP daemon (libmicrohttpd, one thread per connection, at most
+ * 64 at once and conn_per_addr from one address, each request's headers and
+ * body under a deadline, 8 more connections kept for /health), the
  * table of served models (one engine, tokenizer and chat template each), one
  * generation worker per model with a bounded queue, the API key check and
  * the drain on shutdown. Request and response shapes live in serve/api.h;
@@ -41,6 +43,9 @@ typedef struct jlm_srv_opts {
     int         parallel;    /* requests per model decoded together; <= 0: 4 (at most 16) */
     int         queue;       /* requests waiting per model beyond those running; <= 0: 8 */
     size_t      body_max;    /* request body limit in bytes; 0: 1 MiB */
+    int         conn_per_addr;  /* connections from one client address at once; 0: 32 */
+    int         header_s;    /* seconds a request's line and headers may take; 0: 10 */
+    int         body_s;      /* seconds a request's body may take once its headers are in; 0: 60 */
     const char *api_key;     /* NULL: no key required */
     const char *models_dir;  /* NULL: none; else every NAME.jlm in it, rescanned (docs/serve.md) */
     int         rescan_s;    /* seconds between rescans of models_dir; 0: only when a request asks */

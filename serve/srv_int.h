@@ -129,6 +129,7 @@ struct jlm_srv {
     uint64_t      scans_done;
     srv_budget    budget;
     struct MHD_Daemon *d;
+    struct srv_conns *conns;         /* server.c: the connections and their deadlines */
     int           port;
     atomic_int    draining;
     atomic_ullong n_requests, n_errors;

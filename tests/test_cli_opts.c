@@ -30,6 +30,14 @@ static const char *const BAD[][3] = {
     {"run", "--gpu-layers", " 2"},    {"run", "-c", "99999999"},
     {"bench", "-d", "-1"},            {"run", "--repeat-penalty", "3e-83"},
     {"chat", "--repeat-penalty", "1e-46"},
+    /* every number of serve: zero where it means nothing, and past the top */
+    {"serve", "--parallel", "0"},     {"serve", "--body-max", "0"},
+    {"serve", "--queue", "0"},        {"serve", "--body-max", "65M"},
+    {"serve", "--conn-per-addr", "0"}, {"serve", "--conn-per-addr", "65"},
+    {"serve", "--header-timeout", "0"}, {"serve", "--body-timeout", "3601"},
+    {"serve", "--rescan", "-1"},      {"serve", "--rescan", "86401"},
+    {"serve", "--budget", "-1"},      {"serve", "--port", "-1"},
+    {"serve", "-t", "0"},             {"serve", "--queue", "1048577"},
 };
 
 Test(cli_opts, every_bad_value_exits_2_with_one_line_naming_the_option)

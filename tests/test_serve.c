@@ -1486,3 +1486,260 @@ Test(serve, a_batch_reads_each_block_page_once_per_step, .timeout = 60)
     free(m);
     srv_free(&s);
 }
+
+/* ---------------------------------------------------------------- slow clients and the port */
+
+/* A TCP connection to the server from the loopback address src (any of
+ * 127.0.0.0/8 is this machine), non-blocking; -1 when refused. */
+static int tcp_connect_from(int port, const char *src)
+{
+    int fd = socket(AF_INET, SOCK_STREAM, 0);
+    struct sockaddr_in b = {.sin_family = AF_INET}, a = {.sin_family = AF_INET, .sin_port = htons((uint16_t)port)};
+    inet_pton(AF_INET, src, &b.sin_addr);
+    inet_pton(AF_INET, "127.0.0.1", &a.sin_addr);
+    cr_assert(fd >= 0 && bind(fd, (struct sockaddr *)&b, sizeof b) == 0, "bind to %s", src);
+    if (connect(fd, (struct sockaddr *)&a, sizeof a)) {
+        close(fd);
+        return -1;
+    }
+    fcntl(fd, F_SETFL, fcntl(fd, F_GETFL) | O_NONBLOCK);
+    return fd;
+}
+
+/* 1 when the server closed fd (end of file or reset), without reading a response. */
+static int closed_by_server(int fd)
+{
+    char b[256];
+    ssize_t n = read(fd, b, sizeof b);
+    return n == 0 || (n < 0 && errno != EAGAIN && errno != EWOULDBLOCK);
+}
+
+/* Sends req from src and returns the response's HTTP status (-1: the
+ * connection was closed or nothing came within timeout_ms); the response in
+ * out (at most 4 KiB) when out is not NULL. */
+static int raw_request(int port, const char *src, const char *req, int timeout_ms, char *out)
+{
+    char buf[4096];
+    size_t got = 0;
+    int fd = tcp_connect_from(port, src);
+    if (fd < 0) return -1;
+    if (write(fd, req, strlen(req)) != (ssize_t)strlen(req)) {
+        close(fd);
+        return -1;
+    }
+    for (int waited = 0; waited < timeout_ms && got < sizeof buf - 1; waited += 20) {
+        struct pollfd p = {.fd = fd, .events = POLLIN};
+        if (poll(&p, 1, 20) <= 0) continue;
+        ssize_t n = read(fd, buf + got, sizeof buf - 1 - got);
+        if (n <= 0) break;
+        got += (size_t)n;
+        buf[got] = 0;
+        const char *h = strstr(buf, "\r\n\r\n"), *cl = strcasestr(buf, "Content-Length: ");
+        if (h && cl && (size_t)(buf + got - (h + 4)) >= (size_t)atoi(cl + 16)) break;
+    }
+    buf[got] = 0;
+    close(fd);
+    if (out) strcpy(out, buf);
+    return !strncmp(buf, "HTTP/1.1 ", 9) ? atoi(buf + 9) : -1;
+}
+
+static double secs_now(void)
+{
+    struct timespec t;
+    clock_gettime(CLOCK_MONOTONIC, &t);
+    return (double)t.tv_sec + (double)t.tv_nsec * 1e-9;
+}
+
+#define N_ADDR  8    /* attacking addresses, 127.0.0.1 .. 127.0.0.8 */
+#define PER_ADDR 10  /* sockets from each, 2 past --conn-per-addr 8 */
+
+/* 80 slow clients (64 of them taking every connection the server serves)
+ * sending one header line every 300 ms: a further address still gets
+ * /health at once (the connections kept for it), and a generation request
+ * a 503 naming the limit; every slow client is closed by its 2 s header
+ * deadline; a body sent as slowly by its body deadline; then every address,
+ * the attackers' too, is served again. */
+Test(serve, slow_clients_are_closed_by_their_deadlines_and_never_starve_health, .timeout = 60)
+{
+    srv s = {0};
+    const char *args[] = {"--conn-per-addr", "8", "--header-timeout", "2", "--body-timeout", "2", NULL};
+    srv_start(&s, args);
+    int fds[N_ADDR * PER_ADDR];
+    char src[32];
+    double t0 = secs_now();
+    for (int a = 0; a < N_ADDR; a++)
+        for (int k = 0; k < PER_ADDR; k++) {
+            snprintf(src, sizeof src, "127.0.0.%d", a + 1);
+            int fd = fds[a * PER_ADDR + k] = tcp_connect_from(s.port, src);
+            cr_assert(fd >= 0);
+            const char *line = "GET /health HTTP/1.1\r\nHost: x\r\n";
+            cr_assert_eq(write(fd, line, strlen(line)), (ssize_t)strlen(line));
+        }
+    usleep(300000);
+    /* the per-address cap: 2 of each address's 10 are closed at once */
+    int refused = 0;
+    for (int i = 0; i < N_ADDR * PER_ADDR; i++)
+        if (closed_by_server(fds[i])) {
+            close(fds[i]);
+            fds[i] = -1;
+            refused++;
+        }
+    cr_assert_eq(refused, N_ADDR * (PER_ADDR - 8), "connections past 8 from one address are refused");
+    /* every connection served is taken: /health still answers, from another address, at once */
+    char resp[4096];
+    double th = secs_now();
+    int st = raw_request(s.port, "127.0.0.9", "GET /health HTTP/1.1\r\nHost: x\r\n\r\n", 1500, resp);
+    cr_assert_eq(st, 200, "/health with 64 slow clients: %d '%s'", st, resp);
+    cr_assert(secs_now() - th < 1.5, "at once");
+    const char *gen = "POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Length: 36\r\n\r\n"
+                      "{\"prompt\": \"Once\", \"max_tokens\": 2}";
+    st = raw_request(s.port, "127.0.0.9", gen, 3000, resp);
+    cr_assert(st == 503 && strstr(resp, "64 connections"), "past the limit only /health: %d '%s'", st, resp);
+    /* one header line every 300 ms does not keep them: all closed by their 2 s deadline */
+    int open_left = N_ADDR * 8;
+    while (open_left > 0 && secs_now() - t0 < 6) {
+        usleep(300000);
+        for (int i = 0; i < N_ADDR * PER_ADDR; i++) {
+            if (fds[i] < 0) continue;
+            if (closed_by_server(fds[i]) || write(fds[i], "X-Slow: 1\r\n", 11) < 0) {
+                close(fds[i]);
+                fds[i] = -1;
+                open_left--;
+            }
+        }
+    }
+    double took = secs_now() - t0;
+    cr_assert_eq(open_left, 0, "%d slow clients still open after %.1f s", open_left, took);
+    cr_assert(took > 1.5, "closed by the deadline, not at once (%.1f s)", took);
+    /* a body sent one byte every 300 ms: closed by the body deadline */
+    int fd = tcp_connect_from(s.port, "127.0.0.1");
+    const char *hdr = "POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Length: 100\r\n\r\n";
+    cr_assert_eq(write(fd, hdr, strlen(hdr)), (ssize_t)strlen(hdr));
+    double tb = secs_now();
+    int closed = 0;
+    while (!closed && secs_now() - tb < 6) {
+        usleep(300000);
+        closed = closed_by_server(fd) || write(fd, " ", 1) < 0;
+    }
+    close(fd);
+    cr_assert(closed && secs_now() - tb > 1.5, "a slow body is closed by its deadline (%.1f s)", secs_now() - tb);
+    /* served again, the attackers' addresses too */
+    st = raw_request(s.port, "127.0.0.1", "GET /health HTTP/1.1\r\nHost: x\r\n\r\n", 2000, resp);
+    cr_assert_eq(st, 200, "%d '%s'", st, resp);
+    char *r = NULL;
+    cr_assert_eq(http(&s, "POST", "/v1/completions", "{\"prompt\": \"Once\", \"max_tokens\": 2}", NULL, &r), 200, "%s", r);
+    free(r);
+    cr_assert_eq(http(&s, "GET", "/metrics", NULL, NULL, &r), 200);
+    const char *m = strstr(r, "jlm_http_deadline_closed_total ");
+    cr_assert(m && atoi(m + 31) >= N_ADDR * 8 + 1, "%s", r);
+    free(r);
+    srv_free(&s);
+}
+
+/* A port another program holds: one line naming the address and port, exit 1. */
+Test(serve, a_busy_port_is_named_in_one_line, .timeout = 60)
+{
+    char *dir = tu_tmpdir();
+    char *model = convert_to("stories260K.gguf", dir, "stories.jlm");
+    int lfd = socket(AF_INET, SOCK_STREAM, 0);
+    struct sockaddr_in a = {.sin_family = AF_INET};
+    inet_pton(AF_INET, "127.0.0.1", &a.sin_addr);
+    socklen_t al = sizeof a;
+    cr_assert(lfd >= 0 && bind(lfd, (struct sockaddr *)&a, sizeof a) == 0 && listen(lfd, 1) == 0 &&
+              getsockname(lfd, (struct sockaddr *)&a, &al) == 0);
+    int port = ntohs(a.sin_port);
+    char cmd[2048], want[64], *o = NULL;
+    snprintf(cmd, sizeof cmd, "timeout 30 %s serve --port %d -t 1 %s", tu_jlm(), port, model);
+    int rc = tu_run(cmd, &o);
+    cr_assert_eq(rc, 1, "exit %d: %s", rc, o);
+    snprintf(want, sizeof want, "127.0.0.1:%d: Address already in use", port);
+    cr_assert(strstr(o, want), "names the address and port: %s", o);
+    cr_assert(!strstr(o, "port 0"), "%s", o);
+    cr_assert(strchr(o, '\n') == o + strlen(o) - 1, "one line: '%s'", o);
+    free(o);
+    close(lfd);
+    tu_rmrf(dir);
+    free(dir);
+    free(model);
+}
+
+/* stories260K.gguf with tokenizer.chat_template = tmpl inserted first,
+ * written to path. The key-value is padded with spaces to a multiple of the
+ * GGUF alignment (32), so the tensor data keeps its padding. */
+static void gguf_with_template(const char *path, const char *tmpl)
+{
+    size_t n;
+    unsigned char *b = tu_read_file(tu_model("stories260K.gguf"), &n);
+    cr_assert(b && n > 24);
+    static const char key[] = "tokenizer.chat_template";
+    size_t kl = sizeof key - 1, tl = strlen(tmpl), kv = 8 + kl + 4 + 8 + tl, pad = (32 - kv % 32) % 32;
+    uint64_t nkv, len = tl + pad, klen = kl;
+    uint32_t type = 8;   /* GGUF string */
+    unsigned char *c = malloc(n + kv + pad), *p = c + 24;
+    memcpy(c, b, 24);
+    memcpy(&nkv, b + 16, 8);
+    nkv++;
+    memcpy(c + 16, &nkv, 8);
+    memcpy(p, &klen, 8), p += 8;
+    memcpy(p, key, kl), p += kl;
+    memcpy(p, &type, 4), p += 4;
+    memcpy(p, &len, 8), p += 8;
+    memcpy(p, tmpl, tl), p += tl;
+    memset(p, ' ', pad), p += pad;
+    memcpy(p, b + 24, n - 24);
+    cr_assert_eq(tu_write_file(path, c, n + kv + pad), 0);
+    free(c);
+    free(b);
+}
+
+/* A model whose chat template loops 10^10 times: each chat request is
+ * refused within seconds naming the step limit (it ran for minutes),
+ * completions are served, and SIGTERM with requests mid-render drains and
+ * exits 0. */
+Test(serve, a_runaway_chat_template_is_refused_per_request_and_sigterm_still_drains, .timeout = 120)
+{
+    srv s = {0};
+    s.dir = tu_tmpdir();
+    char g[1100];
+    snprintf(g, sizeof g, "%s/evil.gguf", s.dir);
+    gguf_with_template(g, "{% set r = range(100000) %}{% for i in r %}{% for j in r if j < 0 %}{% endfor %}{% endfor %}");
+    jlm_conv *c;
+    jlm_err err = {0};
+    cr_assert_eq(jlm_conv_open(g, NULL, &c, &err), 0, "%s", err.msg);
+    s.model = malloc(1100);
+    snprintf(s.model, 1100, "%s/evil.jlm", s.dir);
+    cr_assert_eq(jlm_conv_write(c, s.model, NULL, NULL, NULL, &err), 0, "%s", err.msg);
+    jlm_conv_close(c);
+    srv_start(&s, NULL);
+    const char *chat = "{\"messages\": [{\"role\": \"user\", \"content\": \"hi\"}], \"max_tokens\": 2}";
+    double t0 = secs_now();
+    char *r = NULL;
+    int st = http(&s, "POST", "/v1/chat/completions", chat, NULL, &r);
+    cr_assert(st == 400 && strstr(r, "step limit of 10000000"), "refused naming the limit: %d %s", st, r);
+    cr_assert(secs_now() - t0 < 30, "within seconds: %.1f s", secs_now() - t0);
+    free(r);
+    cr_assert_eq(http(&s, "POST", "/v1/completions", "{\"prompt\": \"Once\", \"max_tokens\": 2}", NULL, &r), 200, "%s", r);
+    free(r);
+    /* a client that leaves: its rendering stops at the next check (65536 steps), counted */
+    char req[512];
+    int nr = snprintf(req, sizeof req, "POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Length: %zu\r\n\r\n%s",
+                      strlen(chat), chat);
+    int gone = tcp_connect(s.port);
+    cr_assert_eq(write(gone, req, (size_t)nr), nr);
+    close(gone);
+    cr_assert(metrics_reach(&s, "jlm_template_renders_cancelled_total 1\n"), "the render of a client gone stops");
+    /* clients that leave mid-render, one still waiting, then SIGTERM */
+    int waiting = -1;
+    for (int i = 0; i < 4; i++) {
+        int fd = tcp_connect(s.port);
+        cr_assert_eq(write(fd, req, (size_t)nr), nr);
+        if (i < 3) close(fd);
+        else waiting = fd;
+    }
+    usleep(100000);
+    double ts = secs_now();
+    cr_assert_eq(srv_stop(&s), 0, "exits 0 (see %s/server.log)", s.dir);
+    cr_assert(secs_now() - ts < 30, "drained in %.1f s", secs_now() - ts);
+    close(waiting);
+    srv_free(&s);
+}

@@ -15,6 +15,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include "text/template/chat.h"
 #include "text/template/jinja.h"
@@ -538,6 +539,106 @@ Test(template, bounds_runaway_recursion_and_output_with_an_error)
     cr_assert(rc == JLM_ERANGE, "huge repetition: rc %d (%s), expected JLM_ERANGE", rc, err.msg);
     rc = render("{% for i in range(100000000) %}{% endfor %}", "{}", &out, &n, &err);
     cr_assert(rc == JLM_ERANGE, "huge range: rc %d (%s), expected JLM_ERANGE", rc, err.msg);
+}
+
+static double now_s(void)
+{
+    struct timespec t;
+    clock_gettime(CLOCK_MONOTONIC, &t);
+    return (double)t.tv_sec + (double)t.tv_nsec * 1e-9;
+}
+
+/* A loop that prints nothing but never ends in time (10^10 steps), and a
+ * string doubled 64 times: each refused within seconds, naming its limit;
+ * straight and through the chat layer's probes. */
+static const char *const RUNAWAY[][2] = {
+    {"{% set r = range(100000) %}{% for i in r %}{% for j in r if j < 0 %}{% endfor %}{% endfor %}", "step limit of 10000000"},
+    {"{% set ns = namespace(s='ab') %}{% for i in range(64) %}{% set ns.s = ns.s + ns.s %}{% endfor %}{{ ns.s }}",
+     "limit is 67108864 bytes"},
+    {"{% set ns = namespace(s='abcdefgh') %}{% for i in range(64) %}{{ ns.s }}{% set ns.s = ns.s ~ ns.s[:4096] %}{% endfor %}"
+     "{% for i in range(100000) %}{{ ns.s }}{% endfor %}", "output larger than the limit of 67108864 bytes"},
+};
+
+Test(template, a_runaway_template_is_refused_within_seconds_naming_the_limit, .timeout = 60)
+{
+    for (size_t k = 0; k < sizeof RUNAWAY / sizeof RUNAWAY[0]; k++) {
+        for (int chat = 0; chat < 2; chat++) {
+            char *out = NULL;
+            size_t n;
+            jlm_err err = {0};
+            double t0 = now_s();
+            clock_t c0 = clock();   /* CPU time: what the template costs, whatever the machine's load */
+            int rc;
+            if (chat) {
+                jlm_chat_msg m = {"user", "hi"};
+                jlm_chat_opts co = {.add_generation_prompt = 1};
+                rc = jlm_chat_render(RUNAWAY[k][0], strlen(RUNAWAY[k][0]), &m, 1, &co, &out, &n, &err);
+            } else {
+                rc = render(RUNAWAY[k][0], "{}", &out, &n, &err);
+            }
+            double dt = now_s() - t0, cpu = (double)(clock() - c0) / CLOCKS_PER_SEC;
+            cr_assert_eq(rc, JLM_ERANGE, "template %zu (chat %d): rc %d (%s)", k, chat, rc, err.msg);
+            cr_assert(strstr(err.msg, RUNAWAY[k][1]), "template %zu names the limit: %s", k, err.msg);
+            cr_assert(cpu < 5 && dt < 30, "template %zu (chat %d) refused after %.1f s (%.1f s CPU)", k, chat, dt, cpu);
+            cr_assert(out == NULL);
+        }
+    }
+}
+
+/* A value that holds itself (fuzz_jinja's finding: printing it recursed until
+ * the stack overflowed): printed or ordered, an error naming the depth; the
+ * same object still equals itself, as in Python. */
+Test(template, a_value_holding_itself_is_an_error_not_a_stack_overflow)
+{
+    static const char *const BAD[] = {
+        "{% set ns = namespace(s='a') %}{% set ns.s = ns %}{{ ns.s }}",
+        "{% set l = [1] %}{% do l.append(l) %}{{ l }}",
+        "{% set l = [1] %}{% do l.append(l) %}{% set m = [1] %}{% do m.append(m) %}{{ l < m }}",
+    };
+    for (size_t k = 0; k < sizeof BAD / sizeof BAD[0]; k++) {
+        char *out = NULL;
+        size_t n;
+        jlm_err err = {0};
+        int rc = render(BAD[k], "{}", &out, &n, &err);
+        cr_assert(rc == JLM_ERANGE && strstr(err.msg, "nested deeper than 200"), "%s: %d %s", BAD[k], rc, err.msg);
+    }
+    char *out = NULL;
+    size_t n;
+    jlm_err err = {0};
+    cr_assert_eq(render("{% set l = [1] %}{% do l.append(l) %}{{ l == l }} {{ [l] == [l] }} {{ l|length }}", "{}", &out,
+                        &n, &err), 0, "%s", err.msg);
+    cr_assert_str_eq(out, "True True 2");
+    free(out);
+}
+
+static int cancel_after(void *arg)
+{
+    return ++*(int *)arg >= 3;
+}
+
+/* The caller's cancel (its request's client went away) stops a render. */
+Test(template, a_render_stops_when_its_caller_cancels, .timeout = 30)
+{
+    int calls = 0;
+    jlm_jinja_opts o = {.cancelled = cancel_after, .cancel_arg = &calls};
+    char *out = NULL;
+    size_t n;
+    jlm_err err = {0};
+    const char *src = RUNAWAY[0][0];
+    int rc = jlm_jinja_render_src(src, strlen(src), NULL, &o, &out, &n, &err);
+    cr_assert_eq(rc, JLM_EIO, "rc %d (%s)", rc, err.msg);
+    cr_assert(strstr(err.msg, "rendering cancelled"), "%s", err.msg);
+    cr_assert_eq(calls, 3, "asked every %d steps until it said stop", JLM_JINJA_CANCEL_EVERY);
+    /* a smaller step budget of the caller's own */
+    jlm_jinja_opts small = {.max_steps = 1000};
+    rc = jlm_jinja_render_src(src, strlen(src), NULL, &small, &out, &n, &err);
+    cr_assert(rc == JLM_ERANGE && strstr(err.msg, "step limit of 1000 "), "%d %s", rc, err.msg);
+    /* a real template stays far inside the default budget */
+    rc = jlm_jinja_render_src("{% for i in range(1000) %}{{ i }}{% endfor %}", 46, NULL, &small, &out, &n, &err);
+    cr_assert_eq(rc, JLM_ERANGE, "1000 iterations pass 1000 steps");
+    rc = jlm_jinja_render_src("{% for i in range(1000) %}{{ i }}{% endfor %}", 46, NULL, NULL, &out, &n, &err);
+    cr_assert_eq(rc, 0, "%s", err.msg);
+    free(out);
 }
 
 Test(template, never_crashes_on_any_truncation_of_a_real_template, .timeout = 60)

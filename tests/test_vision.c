@@ -656,6 +656,16 @@ Test(vision, bad_images_are_refused_in_one_line)
     expect_refused((const uint8_t *)bomb, strlen(bomb) + 1, "decompression bomb");
     const char *zero = "P6\n0 10\n255\n";
     expect_refused((const uint8_t *)zero, strlen(zero), "zero width");
+    /* header numbers past 32 bits: refused, never truncated (2^32 + 1 read as width 1 decoded a 1x1 image) */
+    static const char *const wide[] = {"P6\n4294967297 1\n255\nabc", "P6\n1 4294967296\n255\nabc",
+                                       "P6 1 1 99999999999999999999999 abc", "P5 18446744073709551617 1 255 a"};
+    for (size_t k = 0; k < sizeof wide / sizeof wide[0]; k++) {
+        expect_refused((const uint8_t *)wide[k], strlen(wide[k]), wide[k]);
+        jlm_image img = {0};
+        jlm_err err = {0};
+        jlm_image_load_mem((const uint8_t *)wide[k], strlen(wide[k]), "x.img", &img, &err);
+        cr_assert(strstr(err.msg, "past 4294967295"), "%s: names the limit: %s", wide[k], err.msg);
+    }
     expect_refused((const uint8_t *)"GIF89a\1\0\1\0\0\0\0", 13, "GIF");
     expect_refused((const uint8_t *)"\x89PNG\r\n\x1a\nxxxxxxxxxxxxxxxxxxxx", 28, "corrupt PNG");
     expect_refused(png_bomb, sizeof png_bomb, "PNG whose stream runs past its end");

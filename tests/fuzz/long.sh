@@ -26,7 +26,7 @@ for arg in "$@"; do
     fuzz_convert|fuzz_gguf) seeds=(build-fuzz/seeds/convert) ;;
     fuzz_engine|fuzz_jlm|fuzz_picture) seeds=(build-fuzz/seeds/engine) ;;
     fuzz_tokenizer) seeds=(build-fuzz/seeds/tokenizer) ;;
-    fuzz_jinja) seeds=(build-fuzz/seeds/jinja) ;;
+    fuzz_jinja) seeds=(build-fuzz/seeds/jinja tests/fuzz/seeds-jinja) ;;
     fuzz_hf_tokenizer) seeds=(tests/fuzz/seeds-hf-tokenizer) ;;
     fuzz_safetensors) seeds=(tests/fuzz/seeds-safetensors) ;;
     fuzz_serve_req) seeds=(tests/fuzz/seeds-serve-req) ;;

@@ -40,6 +40,11 @@ static int render(const jlm_jinja *t, const json_t *messages, const jlm_chat_opt
     json_t *vars = build_vars(messages, o, add_gen, now);
     if (!vars) return jlm_errf(err, JLM_ENOMEM, "template: out of memory building variables");
     jlm_jinja_opts jo = {.now = now, .local_time = o && o->local_time};
+    if (o) {
+        jo.max_steps = o->max_steps;
+        jo.cancelled = o->cancelled;
+        jo.cancel_arg = o->cancel_arg;
+    }
     int rc = jlm_jinja_render(t, vars, &jo, out, out_len, err);
     json_decref(vars);
     return rc;
@@ -55,28 +60,34 @@ static json_t *msg(const char *role, const char *content, int typed)
     return m;
 }
 
+typedef struct caps { int typed_content, system_role, rc; } caps;   /* rc: a probe hit a bound or was cancelled */
+
 /* Renders the probe conversation (add_generation_prompt false); 1 if the
- * output contains needle, 0 if not or if the template raised. */
-static int probe(const jlm_jinja *t, json_t *msgs, const jlm_chat_opts *o, time_t now, const char *needle)
+ * output contains needle, 0 if not or if the template raised. A bound of the
+ * interpreter (JLM_ERANGE) or a cancel (JLM_EIO) ends the probing: c->rc
+ * and err get it, and the later probes do not run. */
+static int probe(const jlm_jinja *t, json_t *msgs, const jlm_chat_opts *o, time_t now, const char *needle, caps *c,
+                 jlm_err *err)
 {
     char *out = NULL;
     size_t n;
     int found = 0;
-    if (msgs && !render(t, msgs, o, 0, now, &out, &n, NULL)) found = strstr(out, needle) != NULL;
+    jlm_err e = {0};
+    int rc = msgs && !c->rc ? render(t, msgs, o, 0, now, &out, &n, &e) : -1;
+    if (!rc) found = strstr(out, needle) != NULL;
+    else if (rc == JLM_ERANGE || rc == JLM_EIO) c->rc = jlm_errf(err, rc, "%s", e.msg);
     free(out);
     json_decref(msgs);
     return found;
 }
 
-typedef struct caps { int typed_content, system_role; } caps;
-
-static caps detect_caps(const jlm_jinja *t, const jlm_chat_opts *o, time_t now)
+static caps detect_caps(const jlm_jinja *t, const jlm_chat_opts *o, time_t now, jlm_err *err)
 {
-    caps c;
-    c.typed_content = !probe(t, json_pack("[o]", msg("user", USER_NEEDLE, 0)), o, now, USER_NEEDLE) &&
-                      probe(t, json_pack("[o]", msg("user", USER_NEEDLE, 1)), o, now, USER_NEEDLE);
+    caps c = {0};
+    c.typed_content = !probe(t, json_pack("[o]", msg("user", USER_NEEDLE, 0)), o, now, USER_NEEDLE, &c, err) &&
+                      probe(t, json_pack("[o]", msg("user", USER_NEEDLE, 1)), o, now, USER_NEEDLE, &c, err);
     c.system_role = probe(t, json_pack("[o,o]", msg("system", SYS_NEEDLE, c.typed_content),
-                                       msg("user", "Hey", c.typed_content)), o, now, SYS_NEEDLE);
+                                       msg("user", "Hey", c.typed_content)), o, now, SYS_NEEDLE, &c, err);
     return c;
 }
 
@@ -166,10 +177,11 @@ int jlm_chat_render_json(const char *template_src, size_t len, const json_t *mes
     if (!adjust) {
         rc = render(t, messages, opts, add_gen, now, &s, &n, err);
     } else {
-        caps c = detect_caps(t, opts, now);
-        json_t *adj = adjust_messages(messages, c, memmem(template_src, len, "<|channel|>", 11) != NULL);
-        rc = adj ? render(t, adj, opts, add_gen, now, &s, &n, err)
-                 : jlm_errf(err, JLM_ENOMEM, "chat: out of memory adjusting messages");
+        caps c = detect_caps(t, opts, now, err);
+        json_t *adj = c.rc ? NULL : adjust_messages(messages, c, memmem(template_src, len, "<|channel|>", 11) != NULL);
+        rc = c.rc ? c.rc
+           : adj  ? render(t, adj, opts, add_gen, now, &s, &n, err)
+                  : jlm_errf(err, JLM_ENOMEM, "chat: out of memory adjusting messages");
         json_decref(adj);
         /* llama.cpp gpt-oss handler (issue 15417): end the last turn with <|end|>. */
         if (!rc && !add_gen && memmem(template_src, len, "<|channel|>", 11)) {

@@ -28,6 +28,7 @@
 #define JLM_CHAT_H
 
 #include <stddef.h>
+#include <stdint.h>
 #include <time.h>
 
 #include <jansson.h>
@@ -45,12 +46,18 @@ typedef struct jlm_chat_opts {
     time_t      now;                     /* 0 = time(NULL) */
     int         local_time;              /* dates in local time (llama.cpp) instead of UTC */
     int         disable_thinking;        /* enable_thinking = false (llama.cpp default: true) */
+    uint64_t    max_steps;               /* the interpreter's step budget; 0: JLM_JINJA_MAX_STEPS */
+    int       (*cancelled)(void *arg);   /* NULL: never; see jlm_jinja_opts */
+    void       *cancel_arg;
 } jlm_chat_opts;
 
 /* Renders template_src[0, len) for msgs[0, n) with llama.cpp's adjustments.
  * Template errors (syntax JLM_EFORMAT, raise_exception/type errors
- * JLM_EINVAL, JLM_EUNSUPPORTED, JLM_ERANGE), JLM_ENOMEM; *out untouched on
- * error. */
+ * JLM_EINVAL, JLM_EUNSUPPORTED, JLM_ERANGE for the interpreter's bounds
+ * (jinja.h invariant 4: steps, output, memory), JLM_EIO when cancelled),
+ * JLM_ENOMEM; *out untouched on error. A capability probe that hits a bound
+ * ends the render with that error (the probes and the render share no
+ * budget, so a render costs at most four budgets). */
 int jlm_chat_render(const char *template_src, size_t len, const jlm_chat_msg *msgs, size_t n,
                     const jlm_chat_opts *opts, char **out, size_t *out_len, jlm_err *err);
 

@@ -52,6 +52,9 @@ int jlm_jinja_parse(const char *src, size_t len, jlm_jinja **out, jlm_err *err)
         return jlm_errf(err, JLM_ENOMEM, "template: out of memory");
     }
     C->err = err ? err : &local;
+    C->max_steps = JLM_JINJA_MAX_STEPS;
+    C->max_out = JLM_JINJA_MAX_OUT;
+    C->next_check = C->max_steps + 1;   /* parsing takes no steps */
     if (setjmp(C->jb)) {
         int code = C->err->code;
         jlm_jj_arena_free(&C->arena);
@@ -82,6 +85,11 @@ int jlm_jinja_render(const jlm_jinja *t, const json_t *vars, const jlm_jinja_opt
     C->err = err ? err : &local;
     C->now = opts && opts->now ? opts->now : time(NULL);
     C->utc = !(opts && opts->local_time);
+    C->max_steps = opts && opts->max_steps ? opts->max_steps : JLM_JINJA_MAX_STEPS;
+    C->next_check = C->max_steps < JLM_JINJA_CANCEL_EVERY ? C->max_steps + 1 : JLM_JINJA_CANCEL_EVERY;
+    C->max_out = opts && opts->max_out && opts->max_out < JLM_JINJA_MAX_OUT ? opts->max_out : JLM_JINJA_MAX_OUT;
+    C->cancelled = opts ? opts->cancelled : NULL;
+    C->cancel_arg = opts ? opts->cancel_arg : NULL;
     if (setjmp(C->jb)) {
         int code = C->err->code;
         jlm_jj_arena_free(&C->arena);

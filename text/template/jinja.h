@@ -16,10 +16,17 @@
  *      insertion order, as transformers' and llama.cpp's tojson.
  *   3. Undefined is jinja2.Undefined: renders "", is falsy, iterates empty,
  *      and raises on attribute access, call or arithmetic.
- *   4. Bounds: at most 512 MiB of interpreter memory, 256 MiB of output,
- *      expressions and variables (and tojson) nested 200 deep, evaluation
- *      (statements, calls, macros, recursion) nested 2000 deep, range() of
- *      100000 items: JLM_ERANGE beyond, naming the bound.
+ *   4. Bounds: at most 256 MiB of interpreter memory, 64 MiB of output (and
+ *      of any one string value; opts->max_out may lower it),
+ *      JLM_JINJA_MAX_STEPS steps (an expression evaluated, a statement run,
+ *      a loop iteration, a range() item: under a second of work), expressions,
+ *      variables and values printed, ordered or given to tojson nested 200
+ *      deep (a list or namespace that holds itself is an error), evaluation (statements, calls,
+ *      macros, recursion) nested 2000 deep, range() of 100000 items:
+ *      JLM_ERANGE beyond, naming the bound. A render whose opts->cancelled
+ *      returns nonzero (asked every JLM_JINJA_CANCEL_EVERY steps) stops with
+ *      JLM_EIO "rendering cancelled". So every render ends within a few
+ *      seconds, whatever the template.
  *
  * Globals always defined: range, namespace, dict, raise_exception(msg)
  * (fails with JLM_EINVAL and the message), strftime_now(fmt) (C strftime of
@@ -32,6 +39,7 @@
 #define JLM_JINJA_H
 
 #include <stddef.h>
+#include <stdint.h>
 #include <time.h>
 
 #include <jansson.h>
@@ -46,16 +54,25 @@ typedef struct jlm_jinja jlm_jinja;
 int  jlm_jinja_parse(const char *src, size_t len, jlm_jinja **out, jlm_err *err);
 void jlm_jinja_free(jlm_jinja *t);   /* accepts NULL */
 
+#define JLM_JINJA_MAX_STEPS   10000000ull     /* the default step budget */
+#define JLM_JINJA_MAX_OUT     ((size_t)64 << 20)   /* output bytes, and bytes of one string */
+#define JLM_JINJA_CANCEL_EVERY 65536        /* steps between two calls of opts->cancelled */
+
 typedef struct jlm_jinja_opts {
-    time_t now;          /* the clock for strftime_now; 0 = time(NULL) */
-    int    local_time;   /* 1: strftime_now formats local time (llama.cpp); 0: UTC */
+    time_t   now;          /* the clock for strftime_now; 0 = time(NULL) */
+    int      local_time;   /* 1: strftime_now formats local time (llama.cpp); 0: UTC */
+    uint64_t max_steps;    /* step budget; 0: JLM_JINJA_MAX_STEPS */
+    size_t   max_out;      /* output (and string) bytes; 0 or more than JLM_JINJA_MAX_OUT: that */
+    int    (*cancelled)(void *arg);   /* NULL: never; nonzero: stop (the caller's request went away) */
+    void    *cancel_arg;
 } jlm_jinja_opts;
 
 /* Renders t with the members of the JSON object vars (NULL = none) as
- * variables. opts may be NULL (current time, UTC). On success *out is a
- * malloc'ed NUL-terminated string of *out_len bytes. Errors (JLM_EINVAL for
- * raise_exception, undefined misuse and type errors; JLM_EUNSUPPORTED;
- * JLM_ERANGE; JLM_ENOMEM) leave *out untouched. */
+ * variables. opts may be NULL (current time, UTC, default budget). On
+ * success *out is a malloc'ed NUL-terminated string of *out_len bytes.
+ * Errors (JLM_EINVAL for raise_exception, undefined misuse and type errors;
+ * JLM_EUNSUPPORTED; JLM_ERANGE for a bound of invariant 4; JLM_EIO when
+ * cancelled; JLM_ENOMEM) leave *out untouched. */
 int  jlm_jinja_render(const jlm_jinja *t, const json_t *vars, const jlm_jinja_opts *opts,
                       char **out, size_t *out_len, jlm_err *err);
 

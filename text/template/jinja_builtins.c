@@ -1244,6 +1244,7 @@ static jj_val g_range(jj_ctx *C, jj_val self, jj_args *a)
     jj_val r = jlm_jj_new_list(C);
     for (int64_t i = start; step > 0 ? i < stop : i > stop; i += step) {
         if (r.u.l->n >= 100000) jlm_jj_fail(C, JLM_ERANGE, "range: more than 100000 items");
+        jlm_jj_step(C);   /* an item made is a step: range(100000) in a loop is not free */
         jlm_jj_list_push(C, r.u.l, jlm_jj_int(i));
     }
     return r;

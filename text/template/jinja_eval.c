@@ -151,9 +151,13 @@ jj_val jlm_jj_iter_list(jj_ctx *C, jj_val v)
 {
     switch (v.t) {
     case JT_UNDEF: return jlm_jj_new_list(C);
-    case JT_LIST: {   /* snapshot: the loop visits the items present when it starts */
+    case JT_LIST: {   /* snapshot: the loop visits the items present when it starts (one allocation) */
         jj_val r = jlm_jj_new_list(C);
-        for (size_t i = 0; i < v.u.l->n; i++) jlm_jj_list_push(C, r.u.l, v.u.l->v[i]);
+        if (v.u.l->n) {
+            r.u.l->v = jlm_jj_alloc(C, v.u.l->n * sizeof(jj_val));
+            memcpy(r.u.l->v, v.u.l->v, v.u.l->n * sizeof(jj_val));
+            r.u.l->n = r.u.l->cap = v.u.l->n;
+        }
         return r;
     }
     case JT_DICT: {
@@ -196,7 +200,8 @@ static jj_val repeat(jj_ctx *C, jj_val seq, int64_t k)
 {
     if (k < 0) k = 0;
     if (seq.t == JT_STR) {
-        if (seq.u.s->len && (uint64_t)k > JJ_MAX_OUT / seq.u.s->len) jlm_jj_fail(C, JLM_ERANGE, "string repetition too large");
+        if (seq.u.s->len && (uint64_t)k > C->max_out / seq.u.s->len)
+            jlm_jj_fail(C, JLM_ERANGE, "string repetition past the output limit of %zu bytes", C->max_out);
         jj_buf b = {0};
         for (int64_t i = 0; i < k; i++) jlm_jj_buf_put(C, &b, seq.u.s->s, seq.u.s->len);
         return jlm_jj_strn(C, b.p ? b.p : "", b.len);
@@ -241,10 +246,7 @@ static jj_val arith(jj_ctx *C, int op, jj_val a, jj_val b)
 {
     if (op == OP_CONCAT) {
         jj_val x = jlm_jj_to_str(C, a), y = jlm_jj_to_str(C, b);
-        jj_buf buf = {0};
-        jlm_jj_buf_put(C, &buf, x.u.s->s, x.u.s->len);
-        jlm_jj_buf_put(C, &buf, y.u.s->s, y.u.s->len);
-        return jlm_jj_strn(C, buf.p ? buf.p : "", buf.len);
+        return jlm_jj_str_cat(C, x.u.s, y.u.s);
     }
     if (is_num(a) && is_num(b)) {
         if (a.t != JT_FLOAT && b.t != JT_FLOAT && op != OP_DIV) return int_arith(C, op, inum(a), inum(b), a, b);
@@ -268,12 +270,7 @@ static jj_val arith(jj_ctx *C, int op, jj_val a, jj_val b)
         case OP_POW: return jlm_jj_float(pow(x, y));
         }
     }
-    if (op == OP_ADD && a.t == JT_STR && b.t == JT_STR) {
-        jj_buf buf = {0};
-        jlm_jj_buf_put(C, &buf, a.u.s->s, a.u.s->len);
-        jlm_jj_buf_put(C, &buf, b.u.s->s, b.u.s->len);
-        return jlm_jj_strn(C, buf.p ? buf.p : "", buf.len);
-    }
+    if (op == OP_ADD && a.t == JT_STR && b.t == JT_STR) return jlm_jj_str_cat(C, a.u.s, b.u.s);
     if (op == OP_ADD && a.t == JT_LIST && b.t == JT_LIST && a.tuple == b.tuple) {
         jj_val r = jlm_jj_new_list(C);
         r.tuple = a.tuple;
@@ -501,6 +498,7 @@ static jj_val eval(jj_ctx *C, jj_node *n, jj_scope *sc)
 {
     if (++C->depth > JJ_MAX_EVAL_DEPTH) jlm_jj_fail(C, JLM_ERANGE, "evaluation nested deeper than %d", JJ_MAX_EVAL_DEPTH);
     C->line = n->line;
+    jlm_jj_step(C);
     jj_val v = eval_inner(C, n, sc);
     C->depth--;
     return v;
@@ -532,6 +530,7 @@ static void exec_for(jj_ctx *C, jj_node *n, jj_scope *sc)
     if (n->b) {   /* for x in y if cond: filter first, loop.* counts the kept items */
         jj_val kept = jlm_jj_new_list(C);
         for (size_t i = 0; i < items.u.l->n; i++) {
+            jlm_jj_step(C);   /* an iteration is a step, whatever its body */
             assign_targets(C, ls, n->names, n->n_names, items.u.l->v[i]);
             if (jlm_jj_truthy(eval(C, n->b, ls))) jlm_jj_list_push(C, kept.u.l, items.u.l->v[i]);
         }
@@ -539,6 +538,7 @@ static void exec_for(jj_ctx *C, jj_node *n, jj_scope *sc)
     }
     size_t len = items.u.l->n;
     for (size_t i = 0; i < len; i++) {
+        jlm_jj_step(C);
         ls = new_scope(C, sc);   /* Jinja: a set in one iteration is not seen by the next */
         jj_val lp = jlm_jj_new_dict(C);
         jj_dict *d = lp.u.d;
@@ -583,6 +583,7 @@ static jj_val make_macro(jj_ctx *C, jj_node *n, jj_scope *sc)
 static int exec_node(jj_ctx *C, jj_node *n, jj_scope *sc)
 {
     C->line = n->line;
+    jlm_jj_step(C);
     switch (n->kind) {
     case N_TEXT: jlm_jj_buf_put(C, C->out, n->lit.u.s->s, n->lit.u.s->len); return 0;
     case N_EMIT: jlm_jj_write_str(C, C->out, eval(C, n->a, sc)); return 0;

@@ -11,7 +11,9 @@
  * functions keep the project convention (return 0 or -JLM_E*).
  *
  * Bounds (checked, JLM_ERANGE): arena bytes (JJ_MAX_ARENA), call/expression
- * depth (JJ_MAX_DEPTH), output bytes (JJ_MAX_OUT), loop iterations.
+ * depth (JJ_MAX_DEPTH), output bytes and string length (max_out), steps
+ * (jlm_jj_step: every expression evaluated and statement run), loop
+ * iterations.
  */
 #ifndef JLM_JINJA_INT_H
 #define JLM_JINJA_INT_H
@@ -22,9 +24,9 @@
 #include <time.h>
 
 #include "base/jlm_err.h"
+#include "text/template/jinja.h"
 
-#define JJ_MAX_ARENA ((size_t)512 << 20)
-#define JJ_MAX_OUT   ((size_t)256 << 20)
+#define JJ_MAX_ARENA ((size_t)256 << 20)
 #define JJ_MAX_DEPTH 200
 
 /* ---------------------------------------------------------------- arena */
@@ -123,12 +125,26 @@ struct jj_ctx {
     jlm_err    *err;
     int         line;        /* line of the node being evaluated, for messages */
     int         depth;
+    int         vdepth;      /* levels inside a value being printed or ordered (JJ_MAX_DEPTH) */
     jj_buf     *out;
     jj_scope   *globals;
     time_t      now;
     int         utc;         /* strftime_now formats in UTC (else local time) */
     const char *src;         /* for the lexer */
+    uint64_t    steps, max_steps;           /* jlm_jj_step */
+    uint64_t    next_check;                 /* the step at which jlm_jj_step_slow runs next */
+    size_t      max_out;                    /* output bytes, and bytes of one string */
+    int       (*cancelled)(void *arg);     /* jlm_jinja_opts */
+    void       *cancel_arg;
 };
+
+/* One step of the budget: JLM_ERANGE past max_steps; every
+ * JLM_JINJA_CANCEL_EVERY steps, JLM_EIO when the caller cancelled. */
+void    jlm_jj_step_slow(jj_ctx *C);
+static inline void jlm_jj_step(jj_ctx *C)
+{
+    if (++C->steps >= C->next_check) jlm_jj_step_slow(C);
+}
 
 /* jinja_value.c */
 _Noreturn void jlm_jj_fail(jj_ctx *C, int code, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
@@ -142,6 +158,7 @@ jj_val  jlm_jj_int(int64_t i);
 jj_val  jlm_jj_float(double f);
 jj_val  jlm_jj_strn(jj_ctx *C, const char *s, size_t n);
 jj_val  jlm_jj_cstr(jj_ctx *C, const char *s);
+jj_val  jlm_jj_str_cat(jj_ctx *C, const jj_str *a, const jj_str *b);   /* a + b, one allocation */
 jj_val  jlm_jj_new_list(jj_ctx *C);
 jj_val  jlm_jj_new_dict(jj_ctx *C);
 jj_val  jlm_jj_new_func(jj_ctx *C, const char *name, jj_builtin fn, jj_val self);

@@ -25,6 +25,17 @@ _Noreturn void jlm_jj_fail(jj_ctx *C, int code, const char *fmt, ...)
     longjmp(C->jb, 1);
 }
 
+void jlm_jj_step_slow(jj_ctx *C)
+{
+    if (C->steps > C->max_steps)
+        jlm_jj_fail(C, JLM_ERANGE, "step limit of %llu exceeded (a loop or recursion that does not end in time)",
+                    (unsigned long long)C->max_steps);
+    if (C->cancelled && C->cancelled(C->cancel_arg))
+        jlm_jj_fail(C, JLM_EIO, "rendering cancelled");
+    C->next_check = C->steps + JLM_JINJA_CANCEL_EVERY;
+    if (C->next_check > C->max_steps + 1) C->next_check = C->max_steps + 1;
+}
+
 void *jlm_jj_alloc(jj_ctx *C, size_t n)
 {
     n = (n + 15) & ~(size_t)15;
@@ -75,13 +86,30 @@ jj_val jlm_jj_bool(int b) { jj_val v = {.t = JT_BOOL}; v.u.b = !!b; return v; }
 jj_val jlm_jj_int(int64_t i) { jj_val v = {.t = JT_INT}; v.u.i = i; return v; }
 jj_val jlm_jj_float(double f) { jj_val v = {.t = JT_FLOAT}; v.u.f = f; return v; }
 
-jj_val jlm_jj_strn(jj_ctx *C, const char *s, size_t n)
+/* A string value of n bytes, NUL-terminated, its bytes to be written. */
+static jj_val str_new(jj_ctx *C, size_t n)
 {
     jj_val v = {.t = JT_STR};
+    if (n > C->max_out)
+        jlm_jj_fail(C, JLM_ERANGE, "a string of %zu bytes: the output limit is %zu bytes", n, C->max_out);
     v.u.s = jlm_jj_alloc(C, sizeof(jj_str) + n + 1);
     v.u.s->len = n;
-    if (n) memcpy(v.u.s->s, s, n);
     v.u.s->s[n] = 0;
+    return v;
+}
+
+jj_val jlm_jj_strn(jj_ctx *C, const char *s, size_t n)
+{
+    jj_val v = str_new(C, n);
+    if (n) memcpy(v.u.s->s, s, n);
+    return v;
+}
+
+jj_val jlm_jj_str_cat(jj_ctx *C, const jj_str *a, const jj_str *b)
+{
+    jj_val v = str_new(C, a->len + b->len);   /* each at most max_out: no overflow */
+    memcpy(v.u.s->s, a->s, a->len);
+    memcpy(v.u.s->s + a->len, b->s, b->len);
     return v;
 }
 
@@ -184,11 +212,28 @@ int jlm_jj_truthy(jj_val v)
 }
 
 static int is_num(jj_val v) { return v.t == JT_BOOL || v.t == JT_INT || v.t == JT_FLOAT; }
+
+/* One level into a value (printing or ordering it): JLM_ERANGE past
+ * JJ_MAX_DEPTH, so a list or namespace that holds itself is an error, not
+ * a stack overflow. The caller decrements C->vdepth when it comes back. */
+static void value_enter(jj_ctx *C, const char *what)
+{
+    if (++C->vdepth > JJ_MAX_DEPTH)
+        jlm_jj_fail(C, JLM_ERANGE, "%s: a value nested deeper than %d (a list, dict or namespace holding itself?)",
+                    what, JJ_MAX_DEPTH);
+}
 static double num_f(jj_val v) { return v.t == JT_FLOAT ? v.u.f : v.t == JT_INT ? (double)v.u.i : v.u.b; }
 static int64_t num_i(jj_val v) { return v.t == JT_INT ? v.u.i : v.u.b; }
 
-int jlm_jj_equal(jj_val a, jj_val b)
+/* depth: how deep inside a and b this compares. A list, dict or namespace
+ * may hold itself ({% do l.append(l) %}): the same object is equal to
+ * itself without a look inside (Python compares items by identity first),
+ * and two that hold themselves are unequal past JJ_MAX_DEPTH levels where
+ * Python would raise RecursionError (jlm_jj_equal has no context to raise
+ * from; a crash on the stack is what it must not do). */
+static int equal_at(jj_val a, jj_val b, int depth)
 {
+    if (depth > JJ_MAX_DEPTH) return 0;
     if (is_num(a) && is_num(b)) {
         if (a.t == JT_FLOAT || b.t == JT_FLOAT) return num_f(a) == num_f(b);
         return num_i(a) == num_i(b);
@@ -198,20 +243,24 @@ int jlm_jj_equal(jj_val a, jj_val b)
     case JT_UNDEF: case JT_NONE: return 1;
     case JT_STR: return a.u.s->len == b.u.s->len && memcmp(a.u.s->s, b.u.s->s, a.u.s->len) == 0;
     case JT_LIST:
+        if (a.u.l == b.u.l && a.tuple == b.tuple) return 1;
         if (a.tuple != b.tuple || a.u.l->n != b.u.l->n) return 0;
         for (size_t i = 0; i < a.u.l->n; i++)
-            if (!jlm_jj_equal(a.u.l->v[i], b.u.l->v[i])) return 0;
+            if (!equal_at(a.u.l->v[i], b.u.l->v[i], depth + 1)) return 0;
         return 1;
     case JT_DICT:
+        if (a.u.d == b.u.d) return 1;
         if (a.u.d->n != b.u.d->n) return 0;
         for (size_t i = 0; i < a.u.d->n; i++) {
             jj_val *o = jlm_jj_dict_find(b.u.d, a.u.d->k[i]);
-            if (!o || !jlm_jj_equal(a.u.d->v[i], *o)) return 0;
+            if (!o || !equal_at(a.u.d->v[i], *o, depth + 1)) return 0;
         }
         return 1;
     default: return a.u.d == b.u.d;   /* identity for namespaces, functions */
     }
 }
+
+int jlm_jj_equal(jj_val a, jj_val b) { return equal_at(a, b, 0); }
 
 int jlm_jj_compare(jj_ctx *C, jj_val a, jj_val b)
 {
@@ -233,7 +282,10 @@ int jlm_jj_compare(jj_ctx *C, jj_val a, jj_val b)
         size_t n = a.u.l->n < b.u.l->n ? a.u.l->n : b.u.l->n;
         for (size_t i = 0; i < n; i++) {
             if (jlm_jj_equal(a.u.l->v[i], b.u.l->v[i])) continue;
-            return jlm_jj_compare(C, a.u.l->v[i], b.u.l->v[i]);
+            value_enter(C, "compare");
+            int c = jlm_jj_compare(C, a.u.l->v[i], b.u.l->v[i]);
+            C->vdepth--;
+            return c;
         }
         return a.u.l->n < b.u.l->n ? -1 : a.u.l->n > b.u.l->n ? 1 : 0;
     }
@@ -253,7 +305,8 @@ const char *jlm_jj_type_name(jj_val v)
 void jlm_jj_buf_put(jj_ctx *C, jj_buf *b, const char *s, size_t n)
 {
     if (b->len + n + 1 > b->cap) {
-        if (b->len + n > JJ_MAX_OUT) jlm_jj_fail(C, JLM_ERANGE, "output larger than %zu bytes", JJ_MAX_OUT);
+        if (b->len + n > C->max_out)
+            jlm_jj_fail(C, JLM_ERANGE, "output larger than the limit of %zu bytes", C->max_out);
         size_t cap = b->cap ? b->cap : 256;
         while (cap < b->len + n + 1) cap *= 2;
         char *p = jlm_jj_alloc(C, cap);
@@ -395,9 +448,15 @@ void jlm_jj_write_str(jj_ctx *C, jj_buf *b, jj_val v)
     case JT_INT: jlm_jj_buf_printf(C, b, "%lld", (long long)v.u.i); return;
     case JT_FLOAT: jlm_jj_write_float(b, C, v.u.f); return;
     case JT_STR: jlm_jj_buf_put(C, b, v.u.s->s, v.u.s->len); return;
-    case JT_LIST: write_seq(C, b, v, 1); return;
-    case JT_DICT: write_dict(C, b, v.u.d); return;
-    case JT_NS: jlm_jj_buf_puts(C, b, "<Namespace "); write_dict(C, b, v.u.d); jlm_jj_buf_puts(C, b, ">"); return;
+    case JT_LIST: value_enter(C, "printing"); write_seq(C, b, v, 1); C->vdepth--; return;
+    case JT_DICT: value_enter(C, "printing"); write_dict(C, b, v.u.d); C->vdepth--; return;
+    case JT_NS:
+        value_enter(C, "printing");
+        jlm_jj_buf_puts(C, b, "<Namespace ");
+        write_dict(C, b, v.u.d);
+        jlm_jj_buf_puts(C, b, ">");
+        C->vdepth--;
+        return;
     case JT_FUNC: jlm_jj_buf_printf(C, b, "<function %s>", v.u.fn->name ? v.u.fn->name : "?"); return;
     }
 }
