@@ -8,14 +8,14 @@
 #include <stdlib.h>
 #include <string.h>
 
-void srv_budget_init(srv_budget *b, uint64_t total)
+void jlm_srv_budget_init(srv_budget *b, uint64_t total)
 {
     memset(b, 0, sizeof *b);
     pthread_mutex_init(&b->mu, NULL);
     b->total = total;
 }
 
-void srv_budget_fini(srv_budget *b)
+void jlm_srv_budget_fini(srv_budget *b)
 {
     free(b->m);
     pthread_mutex_destroy(&b->mu);
@@ -109,7 +109,7 @@ static void reclaim(srv_budget *b, srv_model *m, uint64_t need)
     }
 }
 
-int srv_budget_join(srv_budget *b, srv_model *m, jlm_err *err)
+int jlm_srv_budget_join(srv_budget *b, srv_model *m, jlm_err *err)
 {
     pthread_mutex_lock(&b->mu);
     if (b->n == b->cap) {
@@ -148,7 +148,7 @@ int srv_budget_join(srv_budget *b, srv_model *m, jlm_err *err)
     return 0;
 }
 
-void srv_budget_leave(srv_budget *b, srv_model *m)
+void jlm_srv_budget_leave(srv_budget *b, srv_model *m)
 {
     pthread_mutex_lock(&b->mu);
     for (size_t i = 0; i < b->n; i++)
@@ -162,7 +162,7 @@ void srv_budget_leave(srv_budget *b, srv_model *m)
     pthread_mutex_unlock(&b->mu);
 }
 
-void srv_budget_acquire(srv_budget *b, srv_model *m)
+void jlm_srv_budget_acquire(srv_budget *b, srv_model *m)
 {
     pthread_mutex_lock(&b->mu);
     m->last_use = ++b->clock;

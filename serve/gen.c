@@ -115,7 +115,7 @@ static void job_finish(srv_job *j, int status, const char *msg)
     pthread_mutex_unlock(&j->mu);
 }
 
-void srv_job_unref(srv_job *j)
+void jlm_srv_job_unref(srv_job *j)
 {
     if (!j) return;
     pthread_mutex_lock(&j->mu);
@@ -202,7 +202,7 @@ static void make_ident(srv_job *j)
     j->ident.kind = j->req.kind;
 }
 
-int srv_job_create(srv_model *m, jlm_srv_req *req, srv_job **out, jlm_err *err)
+int jlm_srv_job_create(srv_model *m, jlm_srv_req *req, srv_job **out, jlm_err *err)
 {
     int32_t *ids = NULL;
     size_t n = 0;
@@ -320,7 +320,7 @@ static void slot_end(srv_model *m, slot *sl, const char *fin, int status, const 
         jlm_engine_seq_rewind(sl->seq, 0);
     jlm_engine_seq *seq = sl->seq;
     *sl = (slot){.seq = seq};
-    srv_job_unref(j);
+    jlm_srv_job_unref(j);
 }
 
 /* Records token id's log-probability under logits (log-softmax in double)
@@ -464,7 +464,7 @@ static void *worker_main(void *arg)
         pthread_mutex_unlock(&m->mu);
         if (quit)
             break;
-        srv_budget_acquire(&m->srv->budget, m);
+        jlm_srv_budget_acquire(&m->srv->budget, m);
         pthread_mutex_lock(&m->pager_mu);
         uint64_t t0 = now_us();
         admit(m, slots, taken);
@@ -495,7 +495,7 @@ static void *worker_main(void *arg)
     return NULL;
 }
 
-int srv_job_submit(srv_job *j)
+int jlm_srv_job_submit(srv_job *j)
 {
     srv_model *m = j->m;
     pthread_mutex_lock(&m->mu);
@@ -511,7 +511,7 @@ int srv_job_submit(srv_job *j)
 
 /* ---------------------------------------------------------------- models */
 
-char *srv_model_stem(const char *path)
+char *jlm_srv_model_stem(const char *path)
 {
     size_t n = strlen(path);
     while (n > 1 && path[n - 1] == '/') n--;
@@ -563,44 +563,44 @@ static srv_model *model_new(struct jlm_srv *s, const char *path, const char *id)
     m->q = calloc(m->q_cap, sizeof *m->q);
     m->given = strdup(path);
     m->path = jlm_session_container(path);
-    m->id = id ? strdup(id) : srv_model_stem(path);
+    m->id = id ? strdup(id) : jlm_srv_model_stem(path);
     if (!m->q || !m->given || !m->path || !m->id) {
-        srv_model_close(m);
+        jlm_srv_model_close(m);
         return NULL;
     }
     return m;
 }
 
-int srv_model_pending(struct jlm_srv *s, const char *path, const char *id, const char *status, srv_model **out)
+int jlm_srv_model_pending(struct jlm_srv *s, const char *path, const char *id, const char *status, srv_model **out)
 {
     srv_model *m = model_new(s, path, id);
     if (!m || !(m->status = strdup(status))) {
-        srv_model_close(m);
+        jlm_srv_model_close(m);
         return JLM_ENOMEM;
     }
     *out = m;
     return 0;
 }
 
-int srv_model_open(struct jlm_srv *s, const char *path, const char *id, srv_model **out, jlm_err *err)
+int jlm_srv_model_open(struct jlm_srv *s, const char *path, const char *id, srv_model **out, jlm_err *err)
 {
     srv_model *m = model_new(s, path, id);
     if (!m)
         return jlm_errf(err, JLM_ENOMEM, "out of memory");
     int rc = model_load(m, &s->o.eng, s->budget.total, err);
-    if (!rc) rc = srv_budget_join(&s->budget, m, err);
+    if (!rc) rc = jlm_srv_budget_join(&s->budget, m, err);
     if (!rc && pthread_create(&m->worker, NULL, worker_main, m))
         rc = jlm_errf(err, JLM_ENOMEM, "model '%s': cannot start its worker thread", m->id);
     m->started = !rc;
     if (rc) {
-        srv_model_close(m);
+        jlm_srv_model_close(m);
         return rc;
     }
     *out = m;
     return 0;
 }
 
-void srv_model_close(srv_model *m)
+void jlm_srv_model_close(srv_model *m)
 {
     if (!m) return;
     if (m->started) {
@@ -611,7 +611,7 @@ void srv_model_close(srv_model *m)
         pthread_join(m->worker, NULL);
     }
     if (m->in_budget)
-        srv_budget_leave(&m->srv->budget, m);
+        jlm_srv_budget_leave(&m->srv->budget, m);
     jlm_session_close(m->sess);   /* the worker has stopped and the budget let go */
     free(m->status); free(m->given);
     free(m->q); free(m->id); free(m->path);

@@ -24,7 +24,7 @@ static srv_model *find_locked(struct jlm_srv *s, const char *id)
     return NULL;
 }
 
-srv_model *srv_model_find(struct jlm_srv *s, const char *id)
+srv_model *jlm_srv_model_find(struct jlm_srv *s, const char *id)
 {
     pthread_mutex_lock(&s->models_mu);
     srv_model *m = find_locked(s, id);
@@ -33,7 +33,7 @@ srv_model *srv_model_find(struct jlm_srv *s, const char *id)
     return m;
 }
 
-srv_model *srv_model_only(struct jlm_srv *s)
+srv_model *jlm_srv_model_only(struct jlm_srv *s)
 {
     pthread_mutex_lock(&s->models_mu);
     srv_model *m = s->n_models == 1 ? s->models[0] : NULL;
@@ -44,7 +44,7 @@ srv_model *srv_model_only(struct jlm_srv *s)
 
 /* The last reference of a retired model is dropped by its lookup; the
  * scanner (or the server's close) frees it. */
-void srv_model_unref(srv_model *m)
+void jlm_srv_model_unref(srv_model *m)
 {
     if (m) atomic_fetch_sub(&m->refs, 1);
 }
@@ -62,7 +62,7 @@ static int push(srv_model ***a, size_t *n, size_t *cap, srv_model *m)
     return 0;
 }
 
-int srv_models_add(struct jlm_srv *s, srv_model *m, jlm_err *err)
+int jlm_srv_models_add(struct jlm_srv *s, srv_model *m, jlm_err *err)
 {
     pthread_mutex_lock(&s->models_mu);
     int rc = find_locked(s, m->id) ? jlm_errf(err, JLM_EINVAL, "%s: model id '%s' is served twice (ids are file stems)",
@@ -92,7 +92,7 @@ static void retire_locked(struct jlm_srv *s, size_t i)
             struct timespec t = {0, 10000000};
             nanosleep(&t, NULL);
         }
-        srv_model_close(m);
+        jlm_srv_model_close(m);
         pthread_mutex_lock(&s->models_mu);
     }
 }
@@ -109,13 +109,13 @@ static void reap(struct jlm_srv *s)
         if (!gone) { i++; continue; }
         s->retired[i] = s->retired[--s->n_retired];
         pthread_mutex_unlock(&s->models_mu);
-        srv_model_close(m);
+        jlm_srv_model_close(m);
         pthread_mutex_lock(&s->models_mu);
     }
     pthread_mutex_unlock(&s->models_mu);
 }
 
-void srv_models_close_all(struct jlm_srv *s)
+void jlm_srv_models_close_all(struct jlm_srv *s)
 {
     if (s->scanner) {
         pthread_mutex_lock(&s->scan_mu);
@@ -126,9 +126,9 @@ void srv_models_close_all(struct jlm_srv *s)
         s->scanner = 0;
     }
     for (size_t i = 0; i < s->n_models; i++)
-        srv_model_close(s->models[i]);
+        jlm_srv_model_close(s->models[i]);
     for (size_t i = 0; i < s->n_retired; i++)
-        srv_model_close(s->retired[i]);
+        jlm_srv_model_close(s->retired[i]);
     free(s->models);
     free(s->retired);
     s->models = s->retired = NULL;
@@ -186,7 +186,7 @@ static int describe_at(const char *path, entry *e)
     if (!(e->path = strdup(path))) return -1;
     struct stat st;
     if (stat(e->path, &st)) { free(e->path); return -1; }
-    e->id = srv_model_stem(e->path);
+    e->id = jlm_srv_model_stem(e->path);
     if (S_ISDIR(st.st_mode)) {
         char *status = read_status(e->path), c[4096];
         snprintf(c, sizeof c, "%s/model.jlm", e->path);
@@ -206,7 +206,7 @@ static int describe_at(const char *path, entry *e)
     return e->id ? 0 : -1;
 }
 
-int srv_model_stale(const srv_model *m)
+int jlm_srv_model_stale(const srv_model *m)
 {
     if (!m->from_dir || m->status)
         return 0;
@@ -267,7 +267,7 @@ static int same(const srv_model *m, const entry *e)
     return !strcmp(m->given, e->path) && !memcmp(m->ident, e->ident, sizeof m->ident);
 }
 
-int srv_scan(struct jlm_srv *s, int first, jlm_err *err)
+int jlm_srv_scan(struct jlm_srv *s, int first, jlm_err *err)
 {
     char **names = NULL;
     size_t n = 0;
@@ -300,8 +300,8 @@ int srv_scan(struct jlm_srv *s, int first, jlm_err *err)
     /* open what is new */
     for (size_t k = 0; k < ne && !rc; k++) {
         entry *e = &es[k];
-        srv_model *m = srv_model_find(s, e->id);
-        srv_model_unref(m);
+        srv_model *m = jlm_srv_model_find(s, e->id);
+        jlm_srv_model_unref(m);
         if (m && first) {
             rc = jlm_errf(err, JLM_EINVAL, "%s: model id '%s' is served twice (ids are file stems)", e->path, e->id);
             break;
@@ -310,8 +310,8 @@ int srv_scan(struct jlm_srv *s, int first, jlm_err *err)
             continue;   /* served already, unchanged */
         jlm_err oe = {0};
         if (e->status) {
-            rc = srv_model_pending(s, e->path, e->id, e->status, &m) ? jlm_errf(err, JLM_ENOMEM, "out of memory") : 0;
-        } else if (srv_model_open(s, e->path, e->id, &m, &oe)) {
+            rc = jlm_srv_model_pending(s, e->path, e->id, e->status, &m) ? jlm_errf(err, JLM_ENOMEM, "out of memory") : 0;
+        } else if (jlm_srv_model_open(s, e->path, e->id, &m, &oe)) {
             if (first) {   /* at start a broken model is refused, as one given by path */
                 rc = jlm_errf(err, oe.code, "%s", oe.msg);
                 break;
@@ -321,14 +321,14 @@ int srv_scan(struct jlm_srv *s, int first, jlm_err *err)
             fprintf(stderr, "jlm serve: %s\n", oe.msg);
             char *st = NULL;
             if (asprintf(&st, "error: %s", oe.msg) < 0) st = NULL;
-            rc = !st || srv_model_pending(s, e->path, e->id, st, &m) ? jlm_errf(err, JLM_ENOMEM, "out of memory") : 0;
+            rc = !st || jlm_srv_model_pending(s, e->path, e->id, st, &m) ? jlm_errf(err, JLM_ENOMEM, "out of memory") : 0;
             free(st);
         }
         if (!rc && m) {
             memcpy(m->ident, e->ident, sizeof m->ident);
             m->from_dir = 1;
-            if (srv_models_add(s, m, err)) {
-                srv_model_close(m);
+            if (jlm_srv_models_add(s, m, err)) {
+                jlm_srv_model_close(m);
                 rc = first ? JLM_EINVAL : 0;
             }
         }
@@ -356,7 +356,7 @@ static void *scanner_main(void *arg)
         s->scanning = 1;
         pthread_mutex_unlock(&s->scan_mu);
         jlm_err err = {0};
-        if (srv_scan(s, 0, &err))
+        if (jlm_srv_scan(s, 0, &err))
             fprintf(stderr, "jlm serve: rescan: %s\n", err.msg);
         pthread_mutex_lock(&s->scan_mu);
         s->scanning = 0;
@@ -367,7 +367,7 @@ static void *scanner_main(void *arg)
     return NULL;
 }
 
-int srv_scanner_start(struct jlm_srv *s, jlm_err *err)
+int jlm_srv_scanner_start(struct jlm_srv *s, jlm_err *err)
 {
     if (pthread_create(&s->scanner, NULL, scanner_main, s)) {
         s->scanner = 0;
@@ -376,7 +376,7 @@ int srv_scanner_start(struct jlm_srv *s, jlm_err *err)
     return 0;
 }
 
-void srv_scan_now(struct jlm_srv *s, int timeout_ms)
+void jlm_srv_scan_now(struct jlm_srv *s, int timeout_ms)
 {
     if (!s->models_dir || !s->scanner)
         return;

@@ -194,11 +194,11 @@ static enum MHD_Result send_error(jlm_srv *s, struct MHD_Connection *c, unsigned
  * more (a view dropped in, finished or replaced just now). */
 static srv_model *find_model(jlm_srv *s, const char *id)
 {
-    srv_model *m = srv_model_find(s, id);
-    if ((!m || m->status || srv_model_stale(m)) && s->models_dir) {
-        srv_model_unref(m);
-        srv_scan_now(s, SCAN_WAIT_MS);
-        m = srv_model_find(s, id);
+    srv_model *m = jlm_srv_model_find(s, id);
+    if ((!m || m->status || jlm_srv_model_stale(m)) && s->models_dir) {
+        jlm_srv_model_unref(m);
+        jlm_srv_scan_now(s, SCAN_WAIT_MS);
+        m = jlm_srv_model_find(s, id);
     }
     return m;
 }
@@ -296,7 +296,7 @@ static void stream_free(void *cls)
     if (!j->done)
         atomic_store(&j->cancelled, 1);
     pthread_mutex_unlock(&j->mu);
-    srv_job_unref(j);
+    jlm_srv_job_unref(j);
 }
 
 static enum MHD_Result send_stream(struct MHD_Connection *c, srv_job *j)
@@ -325,7 +325,7 @@ static enum MHD_Result send_whole(jlm_srv *s, struct MHD_Connection *c, srv_job 
         jlm_srv_json_set_logprobs(done, json_incref(j->lp_final));
     enum MHD_Result ok = j->status == 200 ? send_json(c, MHD_HTTP_OK, done)
                                           : send_error(s, c, (unsigned)j->status, j->errmsg);
-    srv_job_unref(j);
+    jlm_srv_job_unref(j);
     return ok;
 }
 
@@ -364,7 +364,7 @@ static enum MHD_Result generate(jlm_srv *s, struct MHD_Connection *c, jlm_srv_ki
     render_watch watch = {s, ci ? ci->connect_fd : -1};
     req.cancelled = render_cancelled;
     req.cancel_arg = &watch;
-    srv_model *m = req.model ? find_model(s, req.model) : srv_model_only(s);
+    srv_model *m = req.model ? find_model(s, req.model) : jlm_srv_model_only(s);
     if (!m) {
         char msg[600];
         snprintf(msg, sizeof msg, req.model ? "model '%.500s' does not exist (GET /v1/models lists the ids)"
@@ -376,28 +376,28 @@ static enum MHD_Result generate(jlm_srv *s, struct MHD_Connection *c, jlm_srv_ki
     if (m->status) {
         jlm_srv_req_free(&req);
         enum MHD_Result ok = send_not_ready(s, c, m);
-        srv_model_unref(m);
+        jlm_srv_model_unref(m);
         return ok;
     }
     srv_job *j;
-    rc = srv_job_create(m, &req, &j, &err);
+    rc = jlm_srv_job_create(m, &req, &j, &err);
     if (rc) {
         jlm_srv_req_free(&req);
-        srv_model_unref(m);
+        jlm_srv_model_unref(m);
         if (atomic_load(&s->draining))
             return send_error(s, c, 503, "the server is shutting down");
         return send_error(s, c, status_of(rc), err.msg);
     }
     j->req.cancelled = NULL;   /* watch lives on this stack; the template is rendered */
-    if (srv_job_submit(j)) {
-        srv_job_unref(j);
-        srv_job_unref(j);
+    if (jlm_srv_job_submit(j)) {
+        jlm_srv_job_unref(j);
+        jlm_srv_job_unref(j);
         char msg[256];
         snprintf(msg, sizeof msg, "model '%s' is busy: its queue of %zu requests is full", m->id, m->q_cap);
-        srv_model_unref(m);
+        jlm_srv_model_unref(m);
         return send_error(s, c, 503, msg);
     }
-    srv_model_unref(m);   /* the job's worker side keeps m until it answers (srv_int.h) */
+    jlm_srv_model_unref(m);   /* the job's worker side keeps m until it answers (srv_int.h) */
     return j->req.stream ? send_stream(c, j) : send_whole(s, c, j);
 }
 
@@ -526,7 +526,7 @@ static enum MHD_Result route(jlm_srv *s, struct MHD_Connection *c, const char *u
     if (!strcmp(url, "/v1/models")) {
         if (!get)
             return send_error(s, c, 405, "GET only");
-        srv_scan_now(s, SCAN_WAIT_MS);   /* --models: list what the folder holds now */
+        jlm_srv_scan_now(s, SCAN_WAIT_MS);   /* --models: list what the folder holds now */
         return send_json(c, 200, models_json(s));
     }
     size_t ul = strlen(url);
@@ -539,7 +539,7 @@ static enum MHD_Result route(jlm_srv *s, struct MHD_Connection *c, const char *u
         enum MHD_Result ok = !m        ? send_error(s, c, 404, "no such model (GET /v1/models lists the ids)")
                            : m->status ? send_not_ready(s, c, m)
                                        : send_residency(s, c, m);
-        srv_model_unref(m);
+        jlm_srv_model_unref(m);
         return ok;
     }
     if (!strncmp(url, "/v1/models/", 11)) {
@@ -548,7 +548,7 @@ static enum MHD_Result route(jlm_srv *s, struct MHD_Connection *c, const char *u
         srv_model *m = find_model(s, url + 11);
         enum MHD_Result ok = m ? send_json(c, 200, model_json(m))
                                : send_error(s, c, 404, "no such model (GET /v1/models lists the ids)");
-        srv_model_unref(m);
+        jlm_srv_model_unref(m);
         return ok;
     }
     if (!strcmp(url, "/metrics"))
@@ -738,7 +738,7 @@ int jlm_srv_open(const jlm_srv_model *models, size_t n_models, const jlm_srv_opt
     pthread_mutex_init(&s->models_mu, NULL);
     pthread_mutex_init(&s->scan_mu, NULL);
     pthread_cond_init(&s->scan_cv, NULL);
-    srv_budget_init(&s->budget, o->budget);
+    jlm_srv_budget_init(&s->budget, o->budget);
     int rc = !s->host || (o->api_key && !s->api_key) ? jlm_errf(err, JLM_ENOMEM, "out of memory") : 0;
     if (!rc && o->models_dir) {
         size_t n = strlen(o->models_dir);
@@ -749,14 +749,14 @@ int jlm_srv_open(const jlm_srv_model *models, size_t n_models, const jlm_srv_opt
     }
     for (size_t i = 0; !rc && i < n_models; i++) {
         srv_model *m = NULL;
-        rc = srv_model_open(s, models[i].path, models[i].id, &m, err);
-        if (!rc && (rc = srv_models_add(s, m, err)))
-            srv_model_close(m);
+        rc = jlm_srv_model_open(s, models[i].path, models[i].id, &m, err);
+        if (!rc && (rc = jlm_srv_models_add(s, m, err)))
+            jlm_srv_model_close(m);
     }
     if (!rc && s->models_dir)
-        rc = srv_scan(s, 1, err);
+        rc = jlm_srv_scan(s, 1, err);
     if (!rc && s->models_dir)
-        rc = srv_scanner_start(s, err);
+        rc = jlm_srv_scanner_start(s, err);
     if (!rc)
         rc = start_daemon(s, err);
     if (rc) {
@@ -801,8 +801,8 @@ void jlm_srv_close(jlm_srv *s)
     pthread_mutex_destroy(&s->conns->mu);
     pthread_cond_destroy(&s->conns->cv);
     free(s->conns);
-    srv_models_close_all(s);
-    srv_budget_fini(&s->budget);
+    jlm_srv_models_close_all(s);
+    jlm_srv_budget_fini(&s->budget);
     free(s->host);
     free(s->api_key);
     free(s->models_dir);

@@ -5,7 +5,7 @@
  *
  * Job lifetime: a job is created by the connection thread with two
  * references (connection, worker); each side drops its own with
- * srv_job_unref, and the last drop frees it and tells the server one request
+ * jlm_srv_job_unref, and the last drop frees it and tells the server one request
  * fewer is in flight. Everything under "guarded by mu" is read and written
  * with the job's mutex held; the worker signals cv after each append and at
  * the end. */
@@ -97,7 +97,7 @@ struct srv_job {
 
 /* One frame budget over every served model (budget.c): each model's pager
  * budget is its grant; the grants add up to at most total. Before each step
- * a worker asks for all its pages (srv_budget_acquire); what is not free is
+ * a worker asks for all its pages (jlm_srv_budget_acquire); what is not free is
  * taken from the other models, least recently used first: an idle model
  * down to its minimum working set, a busy one down to an even share of the
  * total among the busy models (so two busy models do not take turns evicting
@@ -142,58 +142,58 @@ struct jlm_srv {
 /* gen.c */
 /* Opens the container at path (a .jlm or a view directory) as id (NULL: the
  * file stem), joins the budget and starts its worker. */
-int  srv_model_open(struct jlm_srv *s, const char *path, const char *id, srv_model **out, jlm_err *err);
+int  jlm_srv_model_open(struct jlm_srv *s, const char *path, const char *id, srv_model **out, jlm_err *err);
 /* A PENDING entry: listed with status, answers 503; no engine. */
-int  srv_model_pending(struct jlm_srv *s, const char *path, const char *id, const char *status, srv_model **out);
+int  jlm_srv_model_pending(struct jlm_srv *s, const char *path, const char *id, const char *status, srv_model **out);
 /* Stops its worker (after what it has queued), leaves the budget, frees;
  * accepts NULL. */
-void srv_model_close(srv_model *m);
+void jlm_srv_model_close(srv_model *m);
 /* The stem id of a path: "a/foo.jlm" and "a/foo.jlm/" are "foo". malloc'd. */
-char *srv_model_stem(const char *path);
+char *jlm_srv_model_stem(const char *path);
 
 /* budget.c (see srv_budget above) */
-void srv_budget_init(srv_budget *b, uint64_t total);
-void srv_budget_fini(srv_budget *b);
+void jlm_srv_budget_init(srv_budget *b, uint64_t total);
+void jlm_srv_budget_fini(srv_budget *b);
 /* Adds m (engine open) with its minimum working set as grant, taking frames
  * from others when needed; a total below the sum of the minimums is raised
  * to it with a note on stderr. JLM_ENOMEM. */
-int  srv_budget_join(srv_budget *b, srv_model *m, jlm_err *err);
-void srv_budget_leave(srv_budget *b, srv_model *m);
+int  jlm_srv_budget_join(srv_budget *b, srv_model *m, jlm_err *err);
+void jlm_srv_budget_leave(srv_budget *b, srv_model *m);
 /* Called by m's worker before a step, holding no lock. Cannot fail: with
  * nothing to take m keeps its grant. */
-void srv_budget_acquire(srv_budget *b, srv_model *m);
+void jlm_srv_budget_acquire(srv_budget *b, srv_model *m);
 
 /* scan.c: the models table */
-/* A referenced model by id (NULL: none); release with srv_model_unref. */
-srv_model *srv_model_find(struct jlm_srv *s, const char *id);
+/* A referenced model by id (NULL: none); release with jlm_srv_model_unref. */
+srv_model *jlm_srv_model_find(struct jlm_srv *s, const char *id);
 /* The only model when exactly one is served, referenced; else NULL. */
-srv_model *srv_model_only(struct jlm_srv *s);
-void srv_model_unref(srv_model *m);
+srv_model *jlm_srv_model_only(struct jlm_srv *s);
+void jlm_srv_model_unref(srv_model *m);
 /* Adds m to the table (taking the caller's reference); JLM_EINVAL when its
  * id is served already. */
-int  srv_models_add(struct jlm_srv *s, srv_model *m, jlm_err *err);
+int  jlm_srv_models_add(struct jlm_srv *s, srv_model *m, jlm_err *err);
 /* Scans --models DIR once (blocking): new files and views are opened,
  * changed ones reopened, vanished ones retired, retired ones with no worker
  * and no user closed. first: errors end the open instead of being listed. */
-int  srv_scan(struct jlm_srv *s, int first, jlm_err *err);
+int  jlm_srv_scan(struct jlm_srv *s, int first, jlm_err *err);
 /* 1 when a model of the folder no longer is what was opened (its file gone
  * or changed, its view's status no longer `ready`): one stat, and a read of
  * a view's status. */
-int  srv_model_stale(const srv_model *m);
+int  jlm_srv_model_stale(const srv_model *m);
 /* Starts the scanner thread (every rescan_s seconds, and when asked). */
-int  srv_scanner_start(struct jlm_srv *s, jlm_err *err);
+int  jlm_srv_scanner_start(struct jlm_srv *s, jlm_err *err);
 /* Asks for a scan and waits for one that started after the call (at most
  * timeout_ms); a no-op without --models. */
-void srv_scan_now(struct jlm_srv *s, int timeout_ms);
+void jlm_srv_scan_now(struct jlm_srv *s, int timeout_ms);
 /* Stops the scanner; closes every model, retired or not. */
-void srv_models_close_all(struct jlm_srv *s);
+void jlm_srv_models_close_all(struct jlm_srv *s);
 /* Tokenizes the request's prompt (completions: as `jlm run -p`; chat: the
  * rendered template, as `jlm chat`) into a new job with two references.
  * JLM_EINVAL (empty prompt, context exceeded, template error) with the
  * message for a 400; JLM_ENOMEM. req is moved into the job on success. */
-int  srv_job_create(srv_model *m, jlm_srv_req *req, srv_job **out, jlm_err *err);
+int  jlm_srv_job_create(srv_model *m, jlm_srv_req *req, srv_job **out, jlm_err *err);
 /* Queues j on its model; JLM_ERANGE when the queue is full (503). */
-int  srv_job_submit(srv_job *j);
-void srv_job_unref(srv_job *j);
+int  jlm_srv_job_submit(srv_job *j);
+void jlm_srv_job_unref(srv_job *j);
 
 #endif
