@@ -457,8 +457,11 @@ const char *jlm_cli_resolve_model(const char *who, const char *model)
          * prune remove only cache entries) */
         char *f = NULL;
         if (S_ISDIR(st.st_mode) ? asprintf(&f, "%s/model.jlm", r) >= 0 : (f = strdup(r)) != NULL) {
-            int fd = open(f, O_RDONLY | O_CLOEXEC);
-            if (fd >= 0 && flock(fd, LOCK_SH | LOCK_NB))
+            /* O_NONBLOCK: a FIFO in the model's place must not block here;
+             * the engine's open refuses it in one line */
+            int fd = open(f, O_RDONLY | O_CLOEXEC | O_NONBLOCK);
+            struct stat fs;
+            if (fd >= 0 && (fstat(fd, &fs) || !S_ISREG(fs.st_mode) || flock(fd, LOCK_SH | LOCK_NB)))
                 close(fd);
         }
         free(f);

@@ -358,11 +358,13 @@ Test(convert_cli, converts_and_shows_info_and_plan)
     cr_assert_eq(tu_run(cmd, &o), 0, "%s", o);
     cr_assert(strstr(o, "\"arch\": \"llama\"") && strstr(o, "\"n_layer\": 5") && strstr(o, "blk.4.ffn_down.weight"), "%s", o);
     free(o);
-    /* a GGUF given to info is converted into the cache (docs/cli.md) */
+    /* a GGUF given to info is read where it lies, not converted (docs/cli.md) */
     snprintf(cmd, sizeof cmd, "XDG_CACHE_HOME=%s/cache %s info %s", dir, tu_jlm(), tu_model("stories260K.gguf"));
     cr_assert_eq(tu_run(cmd, &o), 0, "%s", o);
-    cr_assert(strstr(o, "converting stories260K.gguf into the cache") && strstr(o, "n_layer 5"), "%s", o);
+    cr_assert(strstr(o, "not converted") && strstr(o, "n_layer 5") && !strstr(o, "into the cache"), "%s", o);
     free(o);
+    snprintf(cmd, sizeof cmd, "%s/cache/jlm", dir);
+    cr_assert(!tu_exists(cmd), "info made no cache entry");
     tu_rmrf(dir);
     free(dir);
 }
