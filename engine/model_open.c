@@ -439,6 +439,11 @@ int jlm_engine_open(const char *path, const jlm_engine_opts *opts, jlm_engine **
                       jlm_fmt_arch_name(c->arch), c->arch == JLM_ARCH_NONE ? " (a vocab-only container)" : "");
         goto fail;
     }
+    if (c->arch == JLM_ARCH_LLAMA && c->moe_step) {   /* llama4 (docs/format.md): not in this engine yet */
+        rc = jlm_errf(err, JLM_EUNSUPPORTED, "%s: llama with moe_step %u (Llama 4) has no graph in this engine", path,
+                      c->moe_step);
+        goto fail;
+    }
     if ((rc = jlm_fmt_shapes_check(c, e->m->tensors, e->m->hdr.n_tensors, path, err)))
         goto fail;
     e->hd = c->head_dim;

@@ -29,6 +29,8 @@ static model_param MODELS[] = {
     {"synth-qwen3-256.Q8_0.gguf"}, {"synth-qwen3moe-256.Q4_K_M.gguf"}, {"synth-qwen3moe-256.Q8_0.gguf"},
     {"synth-gemma3-256.Q4_K_M.gguf"}, {"synth-gemma3-256.Q8_0.gguf"}, {"synth-phi3-256.Q4_K_M.gguf"},
     {"synth-olmoe-256.Q4_K_M.gguf"}, {"synth-gpt-oss-256.MXFP4_MOE.gguf"},
+    {"synth-deepseek2-256.Q8_0.gguf"}, {"synth-deepseek2-256.Q4_K_M.gguf"}, {"synth-glm4moe-256.Q8_0.gguf"},
+    {"synth-glm4moe-256.Q4_K_M.gguf"}, {"synth-llama4-256.Q8_0.gguf"}, {"synth-llama4-256.Q4_K_M.gguf"},
 };
 #define N_MODELS (sizeof MODELS / sizeof MODELS[0])
 
