@@ -1,12 +1,12 @@
-/* backend.h - the engine's device backend interface: the graph's matmuls on
+/* backend.h - the engine's device backend interface: the executor's matmuls on
  * a device (Vulkan: backend_vk.c; CUDA: backend_cu.c), reading the weights
  * from device page frames that follow the host pager's pages.
  *
  * A backend is a jlm_dev: its device frames (engine/devframes.h: the pager's
  * policy, the budget, the dense region) are common; what differs is behind
  * jlm_dev_ops: how a frame is made resident (devframes ops) and how a matmul
- * runs. The graph pins a page on the host (jlm_pager_get), then on the device
- * (jlm_dev_page_get), and unpins in the reverse order.
+ * runs. The streamer (stream.c) pins a page on the host (jlm_pager_get),
+ * then on the device (jlm_dev_page_get), and unpins in the reverse order.
  *
  * Failure: the backends' open functions fail with one line (no driver, no
  * device); jlm_dev_page_get as jlm_dframes_get; jlm_dev_matmul returns

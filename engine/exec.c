@@ -323,7 +323,11 @@ static int run_op(jlm_engine *e, const jlm_op *op, jlm_ex_blk *b, jlm_err *err)
     case JLM_OP_ATTENTION: jlm_ex_attention(e, op, b); return JLM_OK;
     case JLM_OP_MATMUL: {
         jlm_k_mat m = blk_mat(e, b, op->w[0]);
-        jlm_ex_matmul(e, &m, b->n, jlm_ex_buf(e, op->src), jlm_ex_buf(e, op->dst));
+        float *y = jlm_ex_buf(e, op->dst);
+        const float *bias = blk_vec(e, b, op->w[1]);
+        jlm_ex_matmul(e, &m, b->n, jlm_ex_buf(e, op->src), y);
+        for (uint32_t t = 0; bias && t < b->n; t++)
+            add_bias(y + t * m.rows, bias, m.rows);
         return JLM_OK;
     }
     case JLM_OP_RESIDUAL: {

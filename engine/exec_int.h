@@ -152,7 +152,8 @@ void jlm_ex_attention(jlm_engine *e, const jlm_op *op, jlm_ex_blk *b);
 int  jlm_ex_moe(jlm_engine *e, const jlm_op *op, jlm_ex_blk *b, jlm_err *err);   /* exec_moe.c */
 
 /* Block l's program over rows [0, n) of xs, nb at a time through e->x
- * (model.c's run_layers; kc/vc as there); page: its frame (the streamer's). */
+ * (model.c's run_layers; kc/vc as there); page: its frame (the streamer's).
+ * The ops before KEYS_DONE run for every chunk first, then the rest. */
 int jlm_ex_block(jlm_engine *e, const jlm_prog *p, uint32_t l, const uint8_t *page, float *xs, uint32_t n,
                  void *kc, void *vc, uint32_t pos0, jlm_err *err);
 
@@ -174,5 +175,9 @@ void jlm_stream_expert_next(jlm_engine *e, uint32_t page);
 /* After the layers: the output matrix's device, and (failed: rc) any device
  * prefetch let go. */
 void jlm_stream_finish(jlm_engine *e, int rc);
+/* A whole page of another array on the host (the vision tower's blocks,
+ * engine/vision.c): acquire, release. */
+int  jlm_stream_page(jlm_engine *e, uint32_t array, uint32_t page, const uint8_t **host, jlm_err *err);
+void jlm_stream_page_done(jlm_engine *e, uint32_t array, uint32_t page);
 
 #endif

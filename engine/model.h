@@ -1,9 +1,10 @@
 /* model.h - the inference engine: a container, its pager, the KV cache and
  * the forward pass of every supported architecture on the CPU.
  *
- * Owns: the model graphs (llama incl. Mixtral-style MoE, qwen2, qwen3,
- * qwen3moe, olmoe, gemma3, phi3, gpt-oss), read in the paper's order in
- * model.c; the KV cache (F32, or F16 with opts.kv "f16"); scratch buffers; the
+ * Owns: the forward pass of llama incl. Mixtral-style MoE, qwen2, qwen3,
+ * qwen3moe, olmoe, gemma3, phi3, gpt-oss: one block program per family
+ * (engine/prog.h, engine/arch/) run by the executor (exec*.c) under the
+ * layer loop (model.c), pages through the streamer (stream.c); the KV cache (F32, or F16 with opts.kv "f16"); scratch buffers; the
  * budget's split between them and the page frames. Reads only the .jlm container
  * (format/), through a page source and the pager (engine/pager.h); computes
  * with kernels/cpu. Knows nothing of GGUF.

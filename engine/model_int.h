@@ -1,4 +1,5 @@
-/* model_int.h - the engine's state, shared by model.c (the forward pass)
+/* model_int.h - the engine's state, shared by model.c (the layer loop), the
+ * executor (exec*.c, exec_int.h), the streamer (stream.c)
  * and model_open.c (open, budget, backend, close, queries). Internal to
  * engine/: nothing outside includes it. */
 #ifndef JLM_ENGINE_MODEL_INT_H
@@ -105,13 +106,13 @@ struct jlm_engine {
      * (the engine's own, or a jlm_engine_seq's) at position bpos[t] */
     void    **bkc, **bvc; /* (nb,) */
     uint32_t *bpos;       /* (nb,) */
-    /* attn_kv computed the queries too (fused with K and V): attn_out of the
-     * same rows (x) of layer q_layer skips its norm and Q matmul; cleared by
-     * every attn_out */
+    /* the QKV op computed the queries too (fused with K and V): the Q op of
+     * the same rows (x) of layer q_ready_l skips its norm and matmul; cleared
+     * by every Q op */
     const float *q_ready_x;
     uint32_t     q_ready_l;
     /* ... or its queries, keys and attention (decode on several threads:
-     * attn_qkv_heads): attn_out goes straight to the output matrix */
+     * attn_qkv_heads): Q, Q_ROPE and ATTENTION are skipped */
     const float *att_ready_x;
     uint32_t     att_ready_l;
     /* profiling (model.h): prof on; prof_in: a class is being timed (nested

@@ -1,7 +1,8 @@
 /* model_open.c - opening an engine: the container's checks, the tensor index,
- * the dense region, the budget (frames, KV, scratch), the backend split,
- * the buffers; closing it; and the queries on an open engine. The forward
- * pass is model.c. See model.h for the contract. */
+ * the block programs, the dense region, the budget (frames, KV, scratch),
+ * the backend split, the buffers; closing it; and the queries on an open
+ * engine. The forward pass is model.c (the loop), exec*.c (the executor)
+ * and stream.c (paging). See model.h for the contract. */
 #include "engine/model_int.h"
 
 #include <malloc.h>

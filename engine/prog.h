@@ -43,10 +43,13 @@ typedef enum jlm_op_kind {
     JLM_OP_Q,           /* q = rmsnorm(x) w[0] times Wq (w[1]), unless QKV left these rows' q */
     JLM_OP_Q_ROPE,      /* q += bias (w[0]); q/k norm (w[1]); RoPE */
     JLM_OP_ATTENTION,   /* att = softmax(q K^T) V over the cache (sinks: w[0]; SWA by layer) */
-    JLM_OP_MATMUL,      /* dst = src W (w[0]) */
+    JLM_OP_MATMUL,      /* dst = src W (w[0]) + bias (w[1], optional) */
     JLM_OP_RESIDUAL,    /* x += rmsnorm(src + bias w[0]) * w[1] (each optional) */
     JLM_OP_GATE_UP,     /* g = act(src Wg + b) * (src Wu + b): w[0] Wg, w[1] Wu, w[2], w[3] biases */
     JLM_OP_MOE,         /* x += the routed experts' mixture of src (router, experts: the MoE roles) */
+    JLM_OP_LAYERNORM,   /* dst = layernorm(src) * w[0] + w[1] (the vision tower) */
+    JLM_OP_SELF_ATTN,   /* att = softmax(q k^T / sqrt(hd)) v over every row, no cache, no mask (an image's patches) */
+    JLM_OP_ACT,         /* dst = act(dst), elementwise (JLM_ACT_GELU, JLM_ACT_GELU_QUICK) */
     JLM_OP_COUNT
 } jlm_op_kind;
 
@@ -54,6 +57,8 @@ typedef enum jlm_act {
     JLM_ACT_SWIGLU,       /* silu(g) * u */
     JLM_ACT_GELU_FP16,    /* gelu(g) * u, GELU through llama.cpp's fp16 table (gemma3) */
     JLM_ACT_SWIGLU_OAI,   /* gpt-oss: alpha 1.702, limit 7 */
+    JLM_ACT_GELU,         /* gelu(x) through ggml's fp16 table (ungated: ACT) */
+    JLM_ACT_GELU_QUICK,   /* x * sigmoid(1.702 x) (ungated: ACT) */
 } jlm_act;
 
 /* op flags */
@@ -116,5 +121,8 @@ void jlm_arch_olmoe(jlm_prog *p, int moe);
 void jlm_arch_gemma3(jlm_prog *p, int moe);
 void jlm_arch_phi3(jlm_prog *p, int moe);
 void jlm_arch_gpt_oss(jlm_prog *p, int moe);
+/* The vision tower's block (SigLIP / CLIP style: pre-LayerNorm, biased
+ * projections, full self-attention, a GELU MLP); quick_gelu: its activation. */
+void jlm_arch_clip(jlm_prog *p, int quick_gelu);
 
 #endif

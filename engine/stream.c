@@ -100,6 +100,20 @@ void jlm_stream_finish(jlm_engine *e, int rc)
     e->dev_here = e->out_dev;
 }
 
+int jlm_stream_page(jlm_engine *e, uint32_t array, uint32_t page, const uint8_t **host, jlm_err *err)
+{
+    const void *h;
+    int rc = jlm_pager_get(e->pager, array, page, 0, jlm_pager_extent(e->pager, array, page), &h, err);
+    if (!rc)
+        *host = h;
+    return rc;
+}
+
+void jlm_stream_page_done(jlm_engine *e, uint32_t array, uint32_t page)
+{
+    jlm_pager_unpin(e->pager, array, page);
+}
+
 /* ---------------------------------------------------------------- experts */
 static void experts_put(jlm_engine *e, uint32_t first, const int32_t *sel, uint32_t host, uint32_t dev)
 {

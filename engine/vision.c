@@ -1,4 +1,5 @@
-/* vision.c - the SigLIP-style tower through the pager's vision array, the
+/* vision.c - the SigLIP-style tower (its block a program, engine/arch/clip.c;
+ * its pages through the streamer from the pager's vision array), the
  * projectors (a table: preprocessing, tokens, projection), and an image
  * prompt fed to the text engine (decoding is image.c). See vision.h for the
  * contract and docs/vision.md for the numerics chosen. */
@@ -9,7 +10,9 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "engine/exec_int.h"   /* the streamer */
 #include "engine/pool.h"
+#include "engine/prog.h"
 #include "kernels/cpu/kernels.h"
 
 /* ================================================================ the tower */
@@ -20,10 +23,10 @@ struct jlm_vtower {
     const jlm_model  *m;
     const jlm_vision *v;
     const vproj      *proj;
-    jlm_pager        *pager;
     jlm_pool         *pool;       /* the engine's */
     const uint8_t    *dense;
     const jlm_k_cpu  *k;
+    jlm_prog          prog;       /* the block's program (engine/arch/clip.c) */
     uint32_t side, n_patch, n_tok, n_out, E, F, hd;
     float *patch_w;            /* (E, 3, P, P) rounded to fp16 as ggml's im2col does */
     const float *patch_b, *pos, *pre_w, *pre_b, *post_w, *post_b, *mm_norm;
@@ -237,11 +240,12 @@ int jlm_vtower_open(jlm_engine *e, jlm_vtower **out, jlm_err *err)
     jlm_vtower *vt = calloc(1, sizeof *vt);
     if (!vt)
         return jlm_errf(err, JLM_ENOMEM, "%s: out of memory", m->path);
-    *vt = (jlm_vtower){.e = e, .m = m, .v = v, .proj = p, .pager = jlm_engine_pager(e), .pool = jlm_engine_pool(e), .dense = jlm_engine_dense(e),
+    *vt = (jlm_vtower){.e = e, .m = m, .v = v, .proj = p, .pool = jlm_engine_pool(e), .dense = jlm_engine_dense(e),
                        .k = jlm_k_cpu_get(), .side = v->image_size / v->patch_size, .E = v->n_embd, .F = v->n_ffn,
                        .hd = v->n_embd / v->n_head, .n_out = jlm_engine_model(e)->config.n_embd};
     vt->n_patch = vt->side * vt->side;
     vt->n_tok = p->n_tokens(v);
+    jlm_arch_clip(&vt->prog, (v->flags & JLM_VF_QUICK_GELU) != 0);
     int rc;
     if ((rc = open_embeddings(vt, err)) || (rc = check_blocks(vt, err)) || (rc = p->open(vt, err)) ||
         (rc = alloc_scratch(vt, err))) {
@@ -398,30 +402,50 @@ static void self_attention(jlm_vtower *vt)
     jlm_pool_for(vt->pool, vt->n_patch, 8, attn_slice, vt);
 }
 
+/* The vision tower's executor: buffer b (jlm_actbuf) of the patches and its
+ * row width. self_attention reads q, kk, vv and writes att (the SELF_ATTN
+ * op's operands). */
+static float *vbuf(jlm_vtower *vt, int b, uint32_t *width)
+{
+    float *const bufs[JLM_B_COUNT] = {[JLM_B_X] = vt->x, [JLM_B_H] = vt->h, [JLM_B_Q] = vt->q, [JLM_B_K] = vt->kk,
+                                      [JLM_B_V] = vt->vv, [JLM_B_ATT] = vt->att, [JLM_B_O] = vt->o, [JLM_B_G] = vt->f};
+    *width = b == JLM_B_G ? vt->F : vt->E;
+    return b < JLM_B_COUNT ? bufs[b] : NULL;
+}
+
+/* Block b's program (jlm_arch_clip) over every patch, with the tower's
+ * kernels: the same operations in the same order as the block written out. */
 static void block_forward(jlm_vtower *vt, uint32_t b, const uint8_t *page, uint64_t page_off)
 {
-    uint32_t n = vt->n_patch, E = vt->E, F = vt->F;
-    layernorm_rows(vt, vt->h, vt->x, BV(vt, JLM_R_V_LN1, b), BV(vt, JLM_R_V_LN1_B, b));
-    vmatmul(vt, BT(vt, JLM_R_V_ATTN_Q, b), page, page_off, vt->h, vt->q);
-    vmatmul(vt, BT(vt, JLM_R_V_ATTN_K, b), page, page_off, vt->h, vt->kk);
-    vmatmul(vt, BT(vt, JLM_R_V_ATTN_V, b), page, page_off, vt->h, vt->vv);
-    add_rows(vt->q, BV(vt, JLM_R_V_ATTN_Q_B, b), n, E);
-    add_rows(vt->kk, BV(vt, JLM_R_V_ATTN_K_B, b), n, E);
-    add_rows(vt->vv, BV(vt, JLM_R_V_ATTN_V_B, b), n, E);
-    self_attention(vt);
-    vmatmul(vt, BT(vt, JLM_R_V_ATTN_OUT, b), page, page_off, vt->att, vt->o);
-    add_rows(vt->o, BV(vt, JLM_R_V_ATTN_OUT_B, b), n, E);
-    jlm_k_add(vt->x, vt->x, vt->o, (uint64_t)n * E);
-    layernorm_rows(vt, vt->h, vt->x, BV(vt, JLM_R_V_LN2, b), BV(vt, JLM_R_V_LN2_B, b));
-    vmatmul(vt, BT(vt, JLM_R_V_FFN_UP, b), page, page_off, vt->h, vt->f);
-    add_rows(vt->f, BV(vt, JLM_R_V_FFN_UP_B, b), n, F);
-    if (vt->v->flags & JLM_VF_QUICK_GELU)
-        jlm_k_gelu_quick(vt->f, vt->f, (uint64_t)n * F);
-    else
-        jlm_k_gelu_fp16(vt->f, vt->f, (uint64_t)n * F);   /* ggml CPU's fp16 GELU table */
-    vmatmul(vt, BT(vt, JLM_R_V_FFN_DOWN, b), page, page_off, vt->f, vt->o);
-    add_rows(vt->o, BV(vt, JLM_R_V_FFN_DOWN_B, b), n, E);
-    jlm_k_add(vt->x, vt->x, vt->o, (uint64_t)n * E);
+    uint32_t n = vt->n_patch, wd, ws;
+    for (uint32_t i = 0; i < vt->prog.n; i++) {
+        const jlm_op *op = &vt->prog.op[i];
+        float *dst = vbuf(vt, op->dst, &wd), *src = vbuf(vt, op->src, &ws);
+        switch (op->kind) {
+        case JLM_OP_LAYERNORM:
+            layernorm_rows(vt, dst, src, BV(vt, op->w[0], b), BV(vt, op->w[1], b));
+            break;
+        case JLM_OP_MATMUL:
+            vmatmul(vt, BT(vt, op->w[0], b), page, page_off, src, dst);
+            if (op->w[1])
+                add_rows(dst, BV(vt, op->w[1], b), n, wd);
+            break;
+        case JLM_OP_SELF_ATTN:
+            self_attention(vt);
+            break;
+        case JLM_OP_RESIDUAL:
+            jlm_k_add(dst, dst, src, (uint64_t)n * wd);
+            break;
+        case JLM_OP_ACT:
+            if (op->act == JLM_ACT_GELU_QUICK)
+                jlm_k_gelu_quick(dst, dst, (uint64_t)n * wd);
+            else
+                jlm_k_gelu_fp16(dst, dst, (uint64_t)n * wd);   /* ggml CPU's fp16 GELU table */
+            break;
+        default:
+            break;   /* jlm_arch_clip writes no other op */
+        }
+    }
 }
 
 int jlm_vtower_encode(jlm_vtower *vt, const float *f32, float *out, jlm_err *err)
@@ -431,13 +455,12 @@ int jlm_vtower_encode(jlm_vtower *vt, const float *f32, float *out, jlm_err *err
     if (vt->pre_w)
         layernorm_rows(vt, vt->x, vt->x, vt->pre_w, vt->pre_b);
     for (uint32_t b = 0; b < vt->v->n_layer; b++) {
-        const void *page;
-        int rc = jlm_pager_get(vt->pager, JLM_PAGER_VISION, b, 0, jlm_pager_extent(vt->pager, JLM_PAGER_VISION, b),
-                               &page, err);
+        const uint8_t *page;
+        int rc = jlm_stream_page(vt->e, JLM_PAGER_VISION, b, &page, err);
         if (rc)
             return jlm_err_prefix(err, rc, "%s: vision block %u", vt->m->path, b);
         block_forward(vt, b, page, hd->vis_data_off + (uint64_t)b * hd->vis_page_size);
-        jlm_pager_unpin(vt->pager, JLM_PAGER_VISION, b);
+        jlm_stream_page_done(vt->e, JLM_PAGER_VISION, b);
     }
     if (vt->post_w)
         layernorm_rows(vt, vt->x, vt->x, vt->post_w, vt->post_b);

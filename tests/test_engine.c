@@ -9,6 +9,7 @@
 
 #include "converter/convert.h"
 #include "engine/model.h"
+#include "engine/prog.h"
 #include "text/tokenizer/tokenizer.h"
 #include "tests/testutil.h"
 
@@ -996,4 +997,37 @@ Test(engine_cli, bench_profile_says_where_the_time_went, .timeout = 60)
     free(o);
     tu_rmrf(dir);
     free(dir);
+}
+
+/* Every architecture the engine opens has a dense and a MoE block program
+ * from its family file (engine/arch/): attention before the FFN, the keys
+ * cached before any row attends (one keys_done), the routed experts only in
+ * the MoE one, every op named; an architecture without a family file is
+ * refused with one line naming it. */
+Test(engine, every_family_writes_a_dense_and_a_moe_block_program)
+{
+    static const uint16_t ARCHS[] = {JLM_ARCH_LLAMA, JLM_ARCH_QWEN2, JLM_ARCH_QWEN3, JLM_ARCH_QWEN3MOE,
+                                     JLM_ARCH_OLMOE, JLM_ARCH_GEMMA3, JLM_ARCH_PHI3, JLM_ARCH_GPTOSS};
+    jlm_err err = {0};
+    for (size_t a = 0; a < sizeof ARCHS / sizeof ARCHS[0]; a++)
+        for (int moe = 0; moe < 2; moe++) {
+            jlm_prog p;
+            cr_assert_eq(jlm_arch_program(ARCHS[a], moe, &p, &err), 0, "%s", err.msg);
+            cr_assert(p.family && p.n >= 8 && p.n <= JLM_PROG_MAX, "arch %u: %u ops", ARCHS[a], p.n);
+            int keys = 0, moes = 0, attn = -1, ffn = -1;
+            for (uint32_t i = 0; i < p.n; i++) {
+                cr_assert_neq(strcmp(jlm_op_name(p.op[i].kind), "?"), 0, "%s: op %u", p.family, p.op[i].kind);
+                keys += p.op[i].kind == JLM_OP_KEYS_DONE;
+                moes += p.op[i].kind == JLM_OP_MOE;
+                if (p.op[i].kind == JLM_OP_ATTENTION) attn = (int)i;
+                if (p.op[i].kind == JLM_OP_MOE || p.op[i].kind == JLM_OP_GATE_UP) ffn = (int)i;
+            }
+            cr_assert_eq(keys, 1, "%s", p.family);
+            cr_assert_eq(moes, moe, "%s moe %d", p.family, moe);
+            cr_assert(attn >= 0 && ffn > attn, "%s: attention %d, ffn %d", p.family, attn, ffn);
+            cr_assert_eq(p.op[0].kind, JLM_OP_NORM, "%s", p.family);
+        }
+    jlm_prog p;
+    cr_assert_eq(jlm_arch_program(JLM_ARCH_DEEPSEEK2, 0, &p, &err), JLM_EFORMAT);
+    cr_assert(strstr(err.msg, "no block program"), "%s", err.msg);
 }

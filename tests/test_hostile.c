@@ -160,6 +160,34 @@ Test(hostile_container, expert_config_that_disagrees_is_refused_at_open)
     run_refused("synth-qwen3moe-256.Q8_0.gguf", 11, 1024, "ffn_gate_exps");   /* n_ffn_exp */
 }
 
+/* The QKNormWide flag sizes the q/k norms (format/sanity.c) and the family's
+ * block program says how they are applied (engine/arch/): a container whose
+ * flag disagrees with its family is refused at open. Qwen3-MoE's per-head
+ * norms pass sanity with the flag set, so only that check refuses this one. */
+Test(hostile_container, qk_norm_wide_flag_that_disagrees_with_the_family_is_refused_at_open)
+{
+    char *dir = tu_tmpdir();
+    char *path = convert_good(dir, "synth-qwen3moe-256.Q8_0.gguf");
+    size_t n;
+    unsigned char *b = tu_read_file(path, &n);
+    cr_assert(b);
+    uint32_t f;
+    memcpy(&f, b + JLM_HEADER_LEN + 78, 4);   /* Flags (jlm-format.md 4.1) */
+    f |= JLM_F_QK_NORM_WIDE;
+    memcpy(b + JLM_HEADER_LEN + 78, &f, 4);
+    cr_assert_eq(tu_write_file(path, b, n), 0);
+    free(b);
+    char cmd[2600], *o = NULL;
+    snprintf(cmd, sizeof cmd, "%s run %s -p 'a b' -n 2 --temp 0 2>&1", tu_jlm(), path);
+    int rc = tu_run(cmd, &o);
+    cr_expect_eq(rc, 1, "exit %d (want 1): %s", rc, o);
+    cr_expect(strstr(o, "QKNormWide") && strstr(o, "good.jlm"), "%s", o);
+    free(o);
+    free(path);
+    tu_rmrf(dir);
+    free(dir);
+}
+
 /* The planner itself (the fuzz path and any other caller) bounds the config
  * before sizing anything: n_layer 0xFFFFFFFF used to wrap n_layer + 1 to 0. */
 Test(hostile_plan, layer_count_that_wraps_is_refused_before_any_allocation)

@@ -54,7 +54,8 @@ const char *jlm_op_name(int kind)
         [JLM_OP_NORM] = "norm", [JLM_OP_QKV] = "qkv", [JLM_OP_KV_STORE] = "kv_store",
         [JLM_OP_KEYS_DONE] = "keys_done", [JLM_OP_Q] = "q", [JLM_OP_Q_ROPE] = "q_rope",
         [JLM_OP_ATTENTION] = "attention", [JLM_OP_MATMUL] = "matmul", [JLM_OP_RESIDUAL] = "residual",
-        [JLM_OP_GATE_UP] = "gate_up", [JLM_OP_MOE] = "moe",
+        [JLM_OP_GATE_UP] = "gate_up", [JLM_OP_MOE] = "moe", [JLM_OP_LAYERNORM] = "layernorm",
+        [JLM_OP_SELF_ATTN] = "self_attn", [JLM_OP_ACT] = "act",
     };
     return kind >= 0 && kind < JLM_OP_COUNT ? names[kind] : "?";
 }
