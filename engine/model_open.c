@@ -33,6 +33,7 @@ static int alloc_buffers(jlm_engine *e, jlm_err *err)
 {
     const jlm_config *c = e->c;
     uint64_t ffn = c->n_ffn > c->n_ffn_exp ? c->n_ffn : c->n_ffn_exp;
+    if (ffn < c->n_ffn_shexp) ffn = c->n_ffn_shexp;
     if (ffn < c->n_embd) ffn = c->n_embd;
     uint64_t att = (uint64_t)c->n_head * e->hd_v;
     uint64_t kmax = ffn > att ? ffn : att;
@@ -132,6 +133,7 @@ static int supported(uint16_t arch)
     switch (arch) {
     case JLM_ARCH_LLAMA: case JLM_ARCH_QWEN2: case JLM_ARCH_QWEN3: case JLM_ARCH_QWEN3MOE:
     case JLM_ARCH_OLMOE: case JLM_ARCH_GEMMA3: case JLM_ARCH_PHI3: case JLM_ARCH_GPTOSS:
+    case JLM_ARCH_DEEPSEEK2:
         return 1;
     default:
         return 0;
@@ -173,6 +175,19 @@ static int index_tensors(jlm_engine *e, jlm_err *err)
         rc = jlm_arch_program(e->c->arch, 1, &e->prog_moe, err);
     if (rc)
         return jlm_err_prefix(err, rc, "%s", m->path);
+    /* every matrix a block's program reads must be in that block (the shared
+     * expert of a MoE block, the FFN of a dense one) */
+    for (uint32_t l = 0; l < e->c->n_layer; l++) {
+        const jlm_prog *p = W(e, l, JLM_R_EXP_GATE) ? &e->prog_moe : &e->prog_dense;
+        for (uint32_t i = 0; i < p->n; i++) {
+            const jlm_op *op = &p->op[i];
+            int nm = op->kind == JLM_OP_GATE_UP ? 2 : op->kind == JLM_OP_MATMUL ? 1 : 0;
+            for (int j = 0; j < nm; j++)
+                if (!W(e, l, op->w[j]))
+                    return jlm_errf(err, JLM_EFORMAT, "%s: block %u has no %s tensor (%s)", m->path, l,
+                                    jlm_fmt_role_name(op->w[j]), p->family);
+        }
+    }
     /* the q/k norms' extent is the file's (format/sanity.c sized them by
      * its QKNormWide flag): a program that disagrees would read past them */
     const jlm_op *kv = NULL;
@@ -438,6 +453,11 @@ int jlm_engine_open(const char *path, const jlm_engine_opts *opts, jlm_engine **
     if (!supported(c->arch)) {
         rc = jlm_errf(err, JLM_EUNSUPPORTED, "%s: architecture '%s' has no graph in this engine%s", path,
                       jlm_fmt_arch_name(c->arch), c->arch == JLM_ARCH_NONE ? " (a vocab-only container)" : "");
+        goto fail;
+    }
+    if (c->arch == JLM_ARCH_DEEPSEEK2 && c->kv_lora_rank) {   /* glm4moe runs; MLA does not yet */
+        rc = jlm_errf(err, JLM_EUNSUPPORTED, "%s: deepseek2's latent attention (kv_lora_rank %u) has no graph in "
+                      "this engine", path, c->kv_lora_rank);
         goto fail;
     }
     if (c->arch == JLM_ARCH_LLAMA && c->moe_step) {   /* llama4 (docs/format.md): not in this engine yet */

@@ -109,7 +109,14 @@ typedef struct jlm_prog_ffn {
     uint16_t norm, norm_alt;   /* pre-FFN norm role, and the role used where it is absent */
     uint16_t post_norm;        /* role of the norm after the FFN output, 0: none */
     uint8_t  act, route;
+    uint8_t  shared;           /* MoE blocks: a shared expert (SHEXP_*) every token runs */
 } jlm_prog_ffn;
+
+/* MOE's route beyond the kernels' JLM_K_ROUTE_* modes, done by the executor
+ * (exec_moe.c): sigmoid probabilities, the exp_probs_b selection bias,
+ * expert groups, renormalisation (unless NoExpertNorm) and ExpertScale, as
+ * llama.cpp's build_moe_ffn with sigmoid gating (deepseek2, glm4moe). */
+#define JLM_ROUTE_SIGMOID 8
 void jlm_prog_attn_part(jlm_prog *p, const jlm_prog_attn *a);
 void jlm_prog_ffn_part(jlm_prog *p, const jlm_prog_ffn *f, int moe);
 
@@ -121,6 +128,7 @@ void jlm_arch_olmoe(jlm_prog *p, int moe);
 void jlm_arch_gemma3(jlm_prog *p, int moe);
 void jlm_arch_phi3(jlm_prog *p, int moe);
 void jlm_arch_gpt_oss(jlm_prog *p, int moe);
+void jlm_arch_glm4moe(jlm_prog *p, int moe);
 /* The vision tower's block (SigLIP / CLIP style: pre-LayerNorm, biased
  * projections, full self-attention, a GELU MLP); quick_gelu: its activation. */
 void jlm_arch_clip(jlm_prog *p, int quick_gelu);

@@ -37,6 +37,12 @@ void jlm_prog_attn_part(jlm_prog *p, const jlm_prog_attn *a)
 void jlm_prog_ffn_part(jlm_prog *p, const jlm_prog_ffn *f, int moe)
 {
     jlm_prog_op(p, (jlm_op){.kind = JLM_OP_NORM, .dst = JLM_B_H, .src = JLM_B_X, .w = {f->norm, f->norm_alt}});
+    if (moe && f->shared) {   /* before MOE, which may reuse h: x += the shared expert of h */
+        jlm_prog_op(p, (jlm_op){.kind = JLM_OP_GATE_UP, .dst = JLM_B_G, .src = JLM_B_H, .act = f->act,
+                                .w = {JLM_R_SHEXP_GATE, JLM_R_SHEXP_UP}});
+        jlm_prog_op(p, (jlm_op){.kind = JLM_OP_MATMUL, .dst = JLM_B_O, .src = JLM_B_G, .w = {JLM_R_SHEXP_DOWN}});
+        jlm_prog_op(p, (jlm_op){.kind = JLM_OP_RESIDUAL, .dst = JLM_B_X, .src = JLM_B_O});
+    }
     if (moe) {
         jlm_prog_op(p, (jlm_op){.kind = JLM_OP_MOE, .dst = JLM_B_X, .src = JLM_B_H, .act = f->act, .route = f->route,
                                 .w = {JLM_R_ROUTER, JLM_R_EXP_GATE, JLM_R_EXP_UP, JLM_R_EXP_DOWN}});
@@ -66,6 +72,7 @@ int jlm_arch_program(uint16_t arch, int moe, jlm_prog *out, jlm_err *err)
         {JLM_ARCH_LLAMA, jlm_arch_llama},     {JLM_ARCH_QWEN2, jlm_arch_qwen2}, {JLM_ARCH_QWEN3, jlm_arch_qwen3},
         {JLM_ARCH_QWEN3MOE, jlm_arch_qwen3},  {JLM_ARCH_OLMOE, jlm_arch_olmoe}, {JLM_ARCH_GEMMA3, jlm_arch_gemma3},
         {JLM_ARCH_PHI3, jlm_arch_phi3},       {JLM_ARCH_GPTOSS, jlm_arch_gpt_oss},
+        {JLM_ARCH_DEEPSEEK2, jlm_arch_glm4moe},   /* without latent attention (model_open.c refuses MLA) */
     };
     for (size_t i = 0; i < sizeof FAMILIES / sizeof FAMILIES[0]; i++) {
         if (FAMILIES[i].arch != arch)
