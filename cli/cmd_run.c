@@ -389,6 +389,8 @@ int jlm_cmd_run(int argc, char **argv)
         fprintf(stderr, "memory: budget %llu (%s): frames %llu, KV %llu (%s), scratch %llu, dense %llu\n",
                 (unsigned long long)mi.budget, mi.source, (unsigned long long)mi.frames, (unsigned long long)mi.kv,
                 mi.kv_f16 ? "f16" : "f32", (unsigned long long)mi.scratch, (unsigned long long)mi.dense);
+        fprintf(stderr, "kv: %llu bytes per token of context (%u values a layer)\n", (unsigned long long)mi.kv_token,
+                mi.kv_row);
         fprintf(stderr, "timing: prefill %zu tokens %.1f t/s, decode %zu tokens %.1f t/s, budget %llu\n", np,
                 np / (t1 - t0), ng, ng > 1 ? (ng - 1) / (t2 - t1) : 0.0, (unsigned long long)jlm_engine_budget(e));
     }

@@ -83,6 +83,7 @@ struct jlm_engine {
     float *scores;    /* (n_threads, n_ctx) attention scores, a row per pool thread */
     float *mask;      /* (n_ctx,) */
     float *fa;        /* (n_threads, fa_floats) jlm_k_fattn scratch, a slab per pool thread */
+    float *mla;       /* latent attention scratch (exec_mla.c; 1 float when none) */
     size_t fa_floats;
     int    attn_token;   /* JLM_ATTN=token: the per-token attention (attend) instead of jlm_k_fattn */
     int    moe_rows;     /* JLM_MOE=rows: a batch's experts row by row (moe_token), not grouped (moe_batch) */

@@ -50,6 +50,9 @@ typedef enum jlm_op_kind {
     JLM_OP_LAYERNORM,   /* dst = layernorm(src) * w[0] + w[1] (the vision tower) */
     JLM_OP_SELF_ATTN,   /* att = softmax(q k^T / sqrt(hd)) v over every row, no cache, no mask (an image's patches) */
     JLM_OP_ACT,         /* dst = act(dst), elementwise (JLM_ACT_GELU, JLM_ACT_GELU_QUICK) */
+    JLM_OP_MLA_KV,      /* latent attention: src Wkv_a -> normed latent + RoPE'd shared key, into the cache */
+    JLM_OP_MLA_Q,       /* latent attention: q through the q-LoRA (or Wq), RoPE part rotated, nope part x Wk_b */
+    JLM_OP_MLA_ATTN,    /* latent attention: MQA over the cached latents, each head's output x Wv_b -> dst */
     JLM_OP_COUNT
 } jlm_op_kind;
 
@@ -89,6 +92,12 @@ const char *jlm_op_name(int kind);
 /* The program of a block of architecture arch (JLM_ARCH_*): moe non-zero for
  * a block with routed experts. */
 int jlm_arch_program(uint16_t arch, int moe, jlm_prog *out, jlm_err *err);
+/* The program for config c: jlm_arch_program's, except deepseek2 with latent
+ * attention (KVLoraRank > 0), which has its own family file (code 14 without
+ * it is glm4moe, docs/format.md). */
+struct jlm_config;
+int jlm_arch_program_for(const struct jlm_config *c, int moe, jlm_prog *out, jlm_err *err);
+void jlm_arch_deepseek2(jlm_prog *p, int moe);
 
 /* ---------------------------------------------------------------- for the family files */
 /* Appends one op (the builder below), or marks the program full: its n then
@@ -113,7 +122,7 @@ typedef struct jlm_prog_ffn {
 } jlm_prog_ffn;
 
 /* MOE's route beyond the kernels' JLM_K_ROUTE_* modes, done by the executor
- * (exec_moe.c): sigmoid probabilities, the exp_probs_b selection bias,
+ * (exec_moe.c): sigmoid (ExpertSigmoid) or softmax probabilities, the exp_probs_b selection bias,
  * expert groups, renormalisation (unless NoExpertNorm) and ExpertScale, as
  * llama.cpp's build_moe_ffn with sigmoid gating (deepseek2, glm4moe). */
 #define JLM_ROUTE_SIGMOID 8

@@ -477,7 +477,7 @@ static mp MODELS[] = {
     {"synth-phi3-256.Q4_K_M"}, {"synth-llama-moe-256.F16"}, {"synth-llama-moe-256.Q4_K_M"},
     {"synth-llama-moe-256.MXFP4_MOE"}, {"synth-qwen3moe-256.Q4_K_M"}, {"synth-qwen3moe-256.Q8_0"},
     {"synth-olmoe-256.Q4_K_M"}, {"synth-gpt-oss-256.MXFP4_MOE"},
-    {"synth-glm4moe-256.Q8_0"}, {"synth-glm4moe-256.Q4_K_M"},
+    {"synth-glm4moe-256.Q8_0"}, {"synth-glm4moe-256.Q4_K_M"}, {"synth-deepseek2-256.Q8_0"}, {"synth-deepseek2-256.Q4_K_M"},
     {"hf/tiny-phi3"}, {"hf/tiny-gemma3"}, {"hf/tiny-mixtral"},
 };
 
@@ -769,6 +769,7 @@ Test(moe, gives_the_same_ids_at_every_budget_down_to_one_block_plus_routed_exper
     same_ids_at_every_budget("synth-gpt-oss-256.MXFP4_MOE", 12);
     same_ids_at_every_budget("synth-llama-moe-256.Q4_K_M", 12);
     same_ids_at_every_budget("synth-glm4moe-256.Q8_0", 12);   /* a leading dense block, a shared expert */
+    same_ids_at_every_budget("synth-deepseek2-256.Q8_0", 12);  /* latent attention, expert groups */
 }
 
 /* Unlimited (budget 0) and at the minimum budget (1: one block frame plus
@@ -778,9 +779,10 @@ Test(moe, gives_the_same_ids_at_every_budget_down_to_one_block_plus_routed_exper
 Test(moe, reads_only_the_routed_experts_pages, .timeout = 60)
 {
     const char *names[] = {"synth-qwen3moe-256.Q8_0", "synth-olmoe-256.Q4_K_M", "synth-gpt-oss-256.MXFP4_MOE",
-                           "synth-glm4moe-256.Q8_0", "synth-glm4moe-256.Q8_0"};
-    for (size_t k = 0; k < 5; k++) {
-        uint64_t budget = k == 4 ? 1 : 0;
+                           "synth-glm4moe-256.Q8_0", "synth-glm4moe-256.Q8_0", "synth-deepseek2-256.Q4_K_M",
+                           "synth-deepseek2-256.Q4_K_M"};
+    for (size_t k = 0; k < 7; k++) {
+        uint64_t budget = k == 4 || k == 6 ? 1 : 0;
         char *dir = tu_tmpdir();
         char *path = convert_model(names[k], dir);
         jlm_engine *e = open_engine(path, budget);
@@ -1019,7 +1021,8 @@ Test(engine_cli, bench_profile_says_where_the_time_went, .timeout = 60)
 Test(engine, every_family_writes_a_dense_and_a_moe_block_program)
 {
     static const uint16_t ARCHS[] = {JLM_ARCH_LLAMA, JLM_ARCH_QWEN2, JLM_ARCH_QWEN3, JLM_ARCH_QWEN3MOE,
-                                     JLM_ARCH_OLMOE, JLM_ARCH_GEMMA3, JLM_ARCH_PHI3, JLM_ARCH_GPTOSS};
+                                     JLM_ARCH_OLMOE, JLM_ARCH_GEMMA3, JLM_ARCH_PHI3, JLM_ARCH_GPTOSS,
+                                     JLM_ARCH_DEEPSEEK2 /* glm4moe */};
     jlm_err err = {0};
     for (size_t a = 0; a < sizeof ARCHS / sizeof ARCHS[0]; a++)
         for (int moe = 0; moe < 2; moe++) {
@@ -1040,6 +1043,54 @@ Test(engine, every_family_writes_a_dense_and_a_moe_block_program)
             cr_assert_eq(p.op[0].kind, JLM_OP_NORM, "%s", p.family);
         }
     jlm_prog p;
-    cr_assert_eq(jlm_arch_program(JLM_ARCH_DEEPSEEK2, 0, &p, &err), JLM_EFORMAT);
+    cr_assert_eq(jlm_arch_program(JLM_ARCH_QWEN2MOE, 0, &p, &err), JLM_EFORMAT);
     cr_assert(strstr(err.msg, "no block program"), "%s", err.msg);
+    /* deepseek2 with latent attention: the cache written before KEYS_DONE, attended after it */
+    jlm_config c = {.arch = JLM_ARCH_DEEPSEEK2, .kv_lora_rank = 128};
+    for (int moe = 0; moe < 2; moe++) {
+        cr_assert_eq(jlm_arch_program_for(&c, moe, &p, &err), 0, "%s", err.msg);
+        cr_assert_str_eq(p.family, "deepseek2");
+        int kv = -1, keys = -1, att = -1, moes = 0;
+        for (uint32_t i = 0; i < p.n; i++) {
+            cr_assert_neq(strcmp(jlm_op_name(p.op[i].kind), "?"), 0, "op %u", p.op[i].kind);
+            if (p.op[i].kind == JLM_OP_MLA_KV) kv = (int)i;
+            if (p.op[i].kind == JLM_OP_KEYS_DONE) keys = (int)i;
+            if (p.op[i].kind == JLM_OP_MLA_ATTN) att = (int)i;
+            moes += p.op[i].kind == JLM_OP_MOE;
+        }
+        cr_assert(kv >= 0 && keys > kv && att > keys && moes == moe, "kv %d, keys %d, attn %d", kv, keys, att);
+    }
+    c.kv_lora_rank = 0;
+    cr_assert_eq(jlm_arch_program_for(&c, 1, &p, &err), 0, "%s", err.msg);
+    cr_assert_str_eq(p.family, "glm4moe");
+}
+
+/* MLA's KV cache holds the latent and the RoPE key of each position (160
+ * values a layer in synth-deepseek2), not the 4 expanded heads of 96 + 32:
+ * `--stats` says so, F32 and F16. */
+Test(engine_cli, latent_attention_caches_the_latent_not_the_expanded_heads, .timeout = 60)
+{
+    char *dir = tu_tmpdir();
+    char *path = convert_model("synth-deepseek2-256.Q8_0", dir);
+    jlm_model *m;
+    jlm_err err = {0};
+    cr_assert_eq(jlm_fmt_open(path, &m, &err), 0, "%s", err.msg);
+    const jlm_config *c = &m->config;
+    uint32_t row = c->kv_lora_rank + c->n_rot;
+    uint64_t expanded = (uint64_t)c->n_head * (c->head_dim + c->head_dim_v);
+    cr_assert(row == 160 && expanded == 512, "latent %u, expanded %llu", row, (unsigned long long)expanded);
+    for (int f16 = 0; f16 < 2; f16++) {
+        char cmd[4096], want[128], *out = NULL;
+        snprintf(cmd, sizeof cmd, "%s run %s --ids 1,403,407,261,378 -n 2 --temp 0 --stats %s 2>&1", tu_jlm(), path,
+                 f16 ? "--kv f16" : "");
+        cr_assert_eq(tu_run(cmd, &out), 0, "%s", out);
+        snprintf(want, sizeof want, "kv: %llu bytes per token of context (%u values a layer)",
+                 (unsigned long long)c->n_layer * row * (f16 ? 2 : 4), row);
+        cr_assert(strstr(out, want), "want '%s' in: %s", want, out);
+        free(out);
+    }
+    jlm_fmt_close(m);
+    free(path);
+    tu_rmrf(dir);
+    free(dir);
 }

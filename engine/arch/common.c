@@ -60,7 +60,8 @@ const char *jlm_op_name(int kind)
         [JLM_OP_NORM] = "norm", [JLM_OP_QKV] = "qkv", [JLM_OP_KV_STORE] = "kv_store",
         [JLM_OP_KEYS_DONE] = "keys_done", [JLM_OP_Q] = "q", [JLM_OP_Q_ROPE] = "q_rope",
         [JLM_OP_ATTENTION] = "attention", [JLM_OP_MATMUL] = "matmul", [JLM_OP_RESIDUAL] = "residual",
-        [JLM_OP_GATE_UP] = "gate_up", [JLM_OP_MOE] = "moe", [JLM_OP_LAYERNORM] = "layernorm",
+        [JLM_OP_GATE_UP] = "gate_up", [JLM_OP_MLA_KV] = "mla_kv", [JLM_OP_MLA_Q] = "mla_q", [JLM_OP_MLA_ATTN] = "mla_attn",
+        [JLM_OP_MOE] = "moe", [JLM_OP_LAYERNORM] = "layernorm",
         [JLM_OP_SELF_ATTN] = "self_attn", [JLM_OP_ACT] = "act",
     };
     return kind >= 0 && kind < JLM_OP_COUNT ? names[kind] : "?";
@@ -85,4 +86,13 @@ int jlm_arch_program(uint16_t arch, int moe, jlm_prog *out, jlm_err *err)
         return JLM_OK;
     }
     return jlm_errf(err, JLM_EFORMAT, "architecture %s: no block program (engine/arch/)", jlm_fmt_arch_name(arch));
+}
+
+int jlm_arch_program_for(const jlm_config *c, int moe, jlm_prog *out, jlm_err *err)
+{
+    if (c->arch != JLM_ARCH_DEEPSEEK2 || !c->kv_lora_rank)
+        return jlm_arch_program(c->arch, moe, out, err);
+    *out = (jlm_prog){0};
+    jlm_arch_deepseek2(out, moe);
+    return out->n > JLM_PROG_MAX ? jlm_errf(err, JLM_EFORMAT, "deepseek2: a block program of %u ops", out->n) : JLM_OK;
 }
