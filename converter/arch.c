@@ -129,10 +129,10 @@ static int moe_family_config(const jlm_gguf *g, const char *A, jlm_config *k, jl
         if (!(key_has(g, A, "attention.sliding_window") && !key_u32(g, A, "attention.sliding_window", 0))) {
             k->swa_window = 8192;
             k->swa_period = 4;
+            k->attn_temp_scale = 0.1f;
+            k->attn_temp_floor = 8192;
+            k->attn_temp_offset = 1.0f;
         }
-        k->attn_temp_scale = 0.1f;
-        k->attn_temp_floor = 8192;
-        k->attn_temp_offset = 1.0f;
         if (k->n_expert != 128)
             k->flags |= JLM_F_QK_NORM;
     }

@@ -55,6 +55,8 @@ void jlm_ex_rope_params(const jlm_engine *e, uint32_t l, jlm_k_rope *p)
     const jlm_tensor *ff = W(e, -1, JLM_R_ROPE_FREQS);
     if (ff)
         p->freq_factors = vec_dense(e, ff);
+    if (c->arch == JLM_ARCH_LLAMA && c->moe_step && c->swa_period && (l + 1) % c->swa_period == 0)
+        p->n_rot = 0;   /* Llama 4: every SWAPeriod-th layer has no RoPE (docs/format.md) */
 }
 
 /* One token's attention over the cache at position pos: q -> out, heads
@@ -216,6 +218,13 @@ typedef struct layer_rows { uint32_t l; jlm_k_rope rp; const float *b, *vb, *wid
  * fused decode dispatch (attn_qkv_heads) all finish heads here. */
 static void head_norm_rope(const jlm_engine *e, float *x, const float *n, const jlm_k_rope *rp, const float *cs)
 {
+    if (e->qk_unit) {   /* Llama 4: RoPE, then a weightless norm; neither on its no-RoPE layers (n_rot 0) */
+        if (cs && rp->n_rot) {
+            jlm_k_rope_rotate(cs, rp, x, 1, e->hd);
+            jlm_k_rmsnorm(x, x, NULL, e->hd, e->c->rms_eps);
+        }
+        return;
+    }
     if (n)
         jlm_k_rmsnorm(x, x, n, e->hd, e->c->rms_eps);
     if (cs)

@@ -64,11 +64,16 @@ static void route_sigmoid(const jlm_engine *e, uint32_t l, const float *lg, int3
             w[s] *= c->expert_scale;
 }
 
-/* One token's top-k from its router logits lg (bias added), by the op's mode. */
-static void route_pick(const jlm_engine *e, int mode, uint32_t l, float *lg, int32_t *sel, float *w)
+/* One token's top-k from its router logits lg (bias added), by the op's
+ * mode; h: the token's normed input, which JLM_ROUTE_SIGMOID_IN scales. */
+static void route_pick(const jlm_engine *e, int mode, uint32_t l, float *lg, int32_t *sel, float *w, float *h)
 {
     const jlm_config *c = e->c;
-    if (mode == JLM_ROUTE_SIGMOID)
+    if (mode == JLM_ROUTE_SIGMOID_IN) {   /* one expert (checked at open) */
+        jlm_k_moe_route(lg, c->n_expert, 1, JLM_K_ROUTE_RAW, 0.0f, sel, w);   /* the top logit */
+        jlm_k_scale(h, h, 1.0f / (1.0f + expf(-lg[sel[0]])), c->n_embd);
+        w[0] = 1.0f;
+    } else if (mode == JLM_ROUTE_SIGMOID)
         route_sigmoid(e, l, lg, sel, w);
     else
         jlm_k_moe_route(lg, c->n_expert, c->n_expert_used, mode, c->expert_scale, sel, w);
@@ -77,7 +82,7 @@ static void route_pick(const jlm_engine *e, int mode, uint32_t l, float *lg, int
 /* Top-k routing of one token (normed input h) as llama.cpp does it per
  * architecture; fills e->route for block l and e->route_w. */
 static void route(jlm_engine *e, const jlm_op *op, uint32_t l, const uint8_t *page, uint64_t page_off,
-                  const float *h)
+                  float *h)
 {
     const jlm_config *c = e->c;
     uint32_t ne = c->n_expert, nu = c->n_expert_used;
@@ -85,7 +90,7 @@ static void route(jlm_engine *e, const jlm_op *op, uint32_t l, const uint8_t *pa
     jlm_k_mat wr = mat_at(W(e, l, JLM_R_ROUTER), page, page_off, 0);
     jlm_ex_matmul(e, &wr, 1, h, e->router);
     add_bias(e->router, vec_dense(e, W(e, l, JLM_R_ROUTER_B)), ne);
-    route_pick(e, op->route, l, e->router, e->route + (size_t)l * nu, e->route_w);
+    route_pick(e, op->route, l, e->router, e->route + (size_t)l * nu, e->route_w, (float *)h);
     prof_end(e, JLM_PROF_ROUTE, t0);
 }
 
@@ -252,7 +257,7 @@ static void route_row(jlm_engine *e, void *ctx, uint32_t t)
     uint32_t ne = c->n_expert, nu = c->n_expert_used;
     float *lg = e->mrl + (uint64_t)t * ne;
     add_bias(lg, vec_dense(e, W(e, r->l, JLM_R_ROUTER_B)), ne);
-    route_pick(e, r->mode, r->l, lg, e->msel + (size_t)t * nu, e->mw + (size_t)t * nu);
+    route_pick(e, r->mode, r->l, lg, e->msel + (size_t)t * nu, e->mw + (size_t)t * nu, e->h + (uint64_t)t * c->n_embd);
 }
 
 static void route_rows(jlm_engine *e, const jlm_op *op, uint32_t l, const uint8_t *page, uint64_t page_off, uint32_t n)

@@ -66,6 +66,7 @@ struct jlm_engine {
      * so decode reads them as they are instead of transposing every tile
      * every token (docs/kernels.md, Decode attention). */
     int    kv_f16;
+    int    qk_unit;   /* Llama 4: weightless q/k RMS norms after RoPE, on the RoPE layers */
     size_t kv_es;
     uint32_t kv_ctx;  /* n_ctx rounded up to whole key tiles */
     void  *kc;        /* (n_layer, n_kv_head, kv_ctx / BK, hd, BK) */

@@ -98,6 +98,7 @@ int jlm_arch_program(uint16_t arch, int moe, jlm_prog *out, jlm_err *err);
 struct jlm_config;
 int jlm_arch_program_for(const struct jlm_config *c, int moe, jlm_prog *out, jlm_err *err);
 void jlm_arch_deepseek2(jlm_prog *p, int moe);
+void jlm_arch_llama4(jlm_prog *p, int moe);   /* llama with MoEStep > 0 */
 
 /* ---------------------------------------------------------------- for the family files */
 /* Appends one op (the builder below), or marks the program full: its n then
@@ -126,6 +127,9 @@ typedef struct jlm_prog_ffn {
  * expert groups, renormalisation (unless NoExpertNorm) and ExpertScale, as
  * llama.cpp's build_moe_ffn with sigmoid gating (deepseek2, glm4moe). */
 #define JLM_ROUTE_SIGMOID 8
+/* Llama 4: the top-1 expert by router logit, its sigmoid multiplying the
+ * expert's input (not its output; llama.cpp's weight_before_ffn). */
+#define JLM_ROUTE_SIGMOID_IN 9
 void jlm_prog_attn_part(jlm_prog *p, const jlm_prog_attn *a);
 void jlm_prog_ffn_part(jlm_prog *p, const jlm_prog_ffn *f, int moe);
 

@@ -51,6 +51,31 @@ static char *convert_model(const char *name, const char *dir)
     return out;
 }
 
+/* llama.cpp's default-mode oracle (F16 KV cache, flash attention) of a GGUF. */
+static json_t *oracle_default(const char *name)
+{
+    char p[1024];
+    snprintf(p, sizeof p, "%s/tests/reference/oracle-%s.json", tu_root(), name);
+    json_error_t je;
+    json_t *j = json_load_file(p, JSON_ALLOW_NUL, &je);
+    cr_assert(j, "%s: %s", p, je.text);
+    return j;
+}
+
+/* The largest |ref[i] - got[i]| (NaN propagates), and the largest |ref[i]| in *mx. */
+static double logit_error(json_t *ref, const float *got, uint32_t nv, double *mx)
+{
+    double e = 0;
+    *mx = 0;
+    for (uint32_t i = 0; i < nv; i++) {
+        double v = json_number_value(json_array_get(ref, i));
+        if (fabs(v) > *mx) *mx = fabs(v);
+        double d = fabs(v - got[i]);
+        if (!(d <= e)) e = d;
+    }
+    return e;
+}
+
 /* HF folders' oracles (llama.cpp after its convert_hf_to_gguf.py) are exact-mode runs too. */
 static json_t *oracle(const char *name)
 {
@@ -478,6 +503,7 @@ static mp MODELS[] = {
     {"synth-llama-moe-256.MXFP4_MOE"}, {"synth-qwen3moe-256.Q4_K_M"}, {"synth-qwen3moe-256.Q8_0"},
     {"synth-olmoe-256.Q4_K_M"}, {"synth-gpt-oss-256.MXFP4_MOE"},
     {"synth-glm4moe-256.Q8_0"}, {"synth-glm4moe-256.Q4_K_M"}, {"synth-deepseek2-256.Q8_0"}, {"synth-deepseek2-256.Q4_K_M"},
+    {"synth-llama4-256.Q8_0"}, {"synth-llama4-256.Q4_K_M"},
     {"hf/tiny-phi3"}, {"hf/tiny-gemma3"}, {"hf/tiny-mixtral"},
 };
 
@@ -503,14 +529,29 @@ ParameterizedTest(mp *m, engine, matches_llama_cpp_logits_and_confident_tokens, 
         int32_t got[64];
         greedy(e, p, np, (int)ng, got, first);
         double err_abs = 0;
-        json_t *ref = json_object_get(run, "logits_after_prompt");
+        json_t *ref = json_object_get(run, "logits_after_prompt"), *want_of = json_incref(run);
         if (json_array_size(ref) == nv) {
             double mx = 0;
-            for (uint32_t i = 0; i < nv; i++) {
-                double v = json_number_value(json_array_get(ref, i));
-                if (fabs(v) > mx) mx = fabs(v);
-                double d = fabs(v - first[i]);
-                if (!(d <= err_abs)) err_abs = d;   /* NaN propagates */
+            err_abs = logit_error(ref, first, nv, &mx);
+            if (err_abs > tol * mx && strncmp(m->name, "hf/", 3)) {
+                /* top-1 routing (Llama 4) is discontinuous: where llama.cpp's
+                 * own two modes pick different experts (their logits differ
+                 * by more than the tolerance), either mode is a reference */
+                json_t *od = oracle_default(m->name);
+                json_t *dref = json_object_get(json_array_get(json_object_get(od, "runs"), r), "logits_after_prompt");
+                float *ex = malloc(nv * sizeof *ex);
+                for (uint32_t i = 0; i < nv; i++)
+                    ex[i] = (float)json_number_value(json_array_get(ref, i));
+                double dmx, modes = logit_error(dref, ex, nv, &dmx), vs_default = logit_error(dref, first, nv, &dmx);
+                cr_log_info("%s run %zu: %g from exact mode; llama.cpp's modes differ by %g; %g from default mode",
+                            m->name, r, err_abs, modes, vs_default);
+                if (modes > tol * mx && !(vs_default > tol * dmx)) {
+                    err_abs = vs_default;
+                    json_decref(want_of);   /* the tokens too: the default mode's */
+                    want_of = json_incref(json_array_get(json_object_get(od, "runs"), r));
+                }
+                free(ex);
+                json_decref(od);
             }
             cr_assert(!(err_abs > tol * mx), "%s run %zu: max logit error %g > %g x max |logit| %g", m->name, r,
                       err_abs, tol, mx);
@@ -529,7 +570,9 @@ ParameterizedTest(mp *m, engine, matches_llama_cpp_logits_and_confident_tokens, 
         /* Tokens must agree while llama.cpp's top-1/top-2 margin exceeds twice
          * the error we just measured; after the first unclear step, paths may
          * legitimately diverge. */
-        json_t *steps = json_object_get(run, "step_top3");
+        json_t *steps = json_object_get(want_of, "step_top3");
+        free(want);
+        want = ids_of(json_object_get(want_of, "generated_ids"), &ng);
         double thr = 2 * err_abs + 1e-4;
         size_t checked = 0;
         for (size_t i = 0; i < ng && i < json_array_size(steps); i++) {
@@ -543,6 +586,7 @@ ParameterizedTest(mp *m, engine, matches_llama_cpp_logits_and_confident_tokens, 
             checked++;
         }
         cr_log_info("%s run %zu: logit error %.3g, %zu confident tokens matched", m->name, r, err_abs, checked);
+        json_decref(want_of);
         free(p); free(want);
     }
     free(first);
@@ -770,6 +814,7 @@ Test(moe, gives_the_same_ids_at_every_budget_down_to_one_block_plus_routed_exper
     same_ids_at_every_budget("synth-llama-moe-256.Q4_K_M", 12);
     same_ids_at_every_budget("synth-glm4moe-256.Q8_0", 12);   /* a leading dense block, a shared expert */
     same_ids_at_every_budget("synth-deepseek2-256.Q8_0", 12);  /* latent attention, expert groups */
+    same_ids_at_every_budget("synth-llama4-256.Q4_K_M", 12);   /* MoE every other block, top-1 on the input */
 }
 
 /* Unlimited (budget 0) and at the minimum budget (1: one block frame plus
@@ -780,9 +825,9 @@ Test(moe, reads_only_the_routed_experts_pages, .timeout = 60)
 {
     const char *names[] = {"synth-qwen3moe-256.Q8_0", "synth-olmoe-256.Q4_K_M", "synth-gpt-oss-256.MXFP4_MOE",
                            "synth-glm4moe-256.Q8_0", "synth-glm4moe-256.Q8_0", "synth-deepseek2-256.Q4_K_M",
-                           "synth-deepseek2-256.Q4_K_M"};
-    for (size_t k = 0; k < 7; k++) {
-        uint64_t budget = k == 4 || k == 6 ? 1 : 0;
+                           "synth-deepseek2-256.Q4_K_M", "synth-llama4-256.Q8_0"};
+    for (size_t k = 0; k < 8; k++) {
+        uint64_t budget = k == 4 || k >= 6 ? 1 : 0;
         char *dir = tu_tmpdir();
         char *path = convert_model(names[k], dir);
         jlm_engine *e = open_engine(path, budget);
@@ -795,8 +840,8 @@ Test(moe, reads_only_the_routed_experts_pages, .timeout = 60)
         for (uint32_t b = 0; b < m->config.n_layer; b++) {
             const int32_t *r = jlm_engine_last_route(e, b);
             const jlm_tensor *bank = jlm_fmt_find(m, JLM_R_EXP_GATE, (int32_t)b, -1);
-            if (!bank && b < m->config.n_dense_lead)
-                continue;   /* a leading dense block */
+            if (!bank && (b < m->config.n_dense_lead || (m->config.moe_step && (b + 1) % m->config.moe_step)))
+                continue;   /* a dense block: glm4moe's leading one, Llama 4's interleaved ones */
             cr_assert(r && bank, "block %u is a MoE block", b);
             uint32_t first = (uint32_t)((bank->qs_off - m->hdr.exp_data_off) / m->hdr.exp_page_size);
             for (uint32_t s = 0; s < m->config.n_expert_used; s++) {
@@ -1063,6 +1108,11 @@ Test(engine, every_family_writes_a_dense_and_a_moe_block_program)
     c.kv_lora_rank = 0;
     cr_assert_eq(jlm_arch_program_for(&c, 1, &p, &err), 0, "%s", err.msg);
     cr_assert_str_eq(p.family, "glm4moe");
+    jlm_config l4 = {.arch = JLM_ARCH_LLAMA, .moe_step = 2};
+    cr_assert_eq(jlm_arch_program_for(&l4, 1, &p, &err), 0, "%s", err.msg);
+    cr_assert_str_eq(p.family, "llama4");
+    cr_assert_eq(p.op[p.n - 1].kind, JLM_OP_MOE);
+    cr_assert_eq(p.op[p.n - 1].route, JLM_ROUTE_SIGMOID_IN);
 }
 
 /* MLA's KV cache holds the latent and the RoPE key of each position (160

@@ -90,9 +90,11 @@ int jlm_arch_program(uint16_t arch, int moe, jlm_prog *out, jlm_err *err)
 
 int jlm_arch_program_for(const jlm_config *c, int moe, jlm_prog *out, jlm_err *err)
 {
-    if (c->arch != JLM_ARCH_DEEPSEEK2 || !c->kv_lora_rank)
+    int ds = c->arch == JLM_ARCH_DEEPSEEK2 && c->kv_lora_rank, l4 = c->arch == JLM_ARCH_LLAMA && c->moe_step;
+    if (!ds && !l4)
         return jlm_arch_program(c->arch, moe, out, err);
     *out = (jlm_prog){0};
-    jlm_arch_deepseek2(out, moe);
-    return out->n > JLM_PROG_MAX ? jlm_errf(err, JLM_EFORMAT, "deepseek2: a block program of %u ops", out->n) : JLM_OK;
+    (ds ? jlm_arch_deepseek2 : jlm_arch_llama4)(out, moe);
+    return out->n > JLM_PROG_MAX ? jlm_errf(err, JLM_EFORMAT, "%s: a block program of %u ops", out->family, out->n)
+                                 : JLM_OK;
 }
