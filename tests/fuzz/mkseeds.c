@@ -157,6 +157,41 @@ int main(int argc, char **argv)
             fprintf(stderr, "mkseeds: cannot craft %s\n", q);
         free(b);
     }
+    /* issue 41's families (latent attention and expert groups, a leading dense
+     * block and a shared expert, interleaved MoE with top-1 on the input):
+     * each GGUF a convert seed, its container an engine seed, and crafted
+     * values of their keys */
+    static const char *const FAM[] = {"deepseek2", "glm4moe", "llama4"};
+    for (size_t i = 0; i < sizeof FAM / sizeof FAM[0]; i++) {
+        size_t n;
+        snprintf(p, sizeof p, "tests/models/synth-%s-256.Q4_K_M.gguf", FAM[i]);
+        unsigned char *b = tu_read_file(p, &n);
+        snprintf(q, sizeof q, "%s/convert/%s-Q4_K_M.gguf", argv[1], FAM[i]);
+        if (!b || tu_write_file(q, b, n))
+            fprintf(stderr, "mkseeds: cannot copy %s\n", p);
+        free(b);
+        snprintf(q, sizeof q, "%s/engine/%s-Q4_K_M.jlm", argv[1], FAM[i]);
+        if (convert(p, q))
+            return 1;
+    }
+    static const struct { const char *from, *key, *as; uint32_t v; } F[] = {
+        {"deepseek2", "deepseek2.expert_group_count", "groups", 3u},
+        {"deepseek2", "deepseek2.expert_group_used_count", "groups-used", 9u},
+        {"deepseek2", "deepseek2.attention.kv_lora_rank", "kv-lora", 0x7FFFFFFFu},
+        {"deepseek2", "deepseek2.attention.q_lora_rank", "q-lora", 64u},
+        {"deepseek2", "deepseek2.leading_dense_block_count", "dense-lead", 5u},
+        {"glm4moe", "glm4moe.nextn_predict_layers", "nextn", 3u},
+        {"llama4", "llama4.interleave_moe_layer_step", "moe-step", 9u},
+    };
+    for (size_t i = 0; i < sizeof F / sizeof F[0]; i++) {
+        size_t n;
+        snprintf(p, sizeof p, "%s/convert/%s-Q4_K_M.gguf", argv[1], F[i].from);
+        unsigned char *b = tu_read_file(p, &n);
+        snprintf(q, sizeof q, "%s/convert/crafted-%s.gguf", argv[1], F[i].as);
+        if (!b || tu_gguf_write_with(q, b, n, F[i].key, F[i].v))
+            fprintf(stderr, "mkseeds: cannot craft %s\n", q);
+        free(b);
+    }
     static const struct { int field; uint32_t v; const char *as; } A[] = {
         {0, 0xFFFFFFFFu, "layers"}, {1, 4096, "embd"}, {2, 64, "heads"}, {4, 4096, "head-dim"},
         {5, 64, "rot"}, {6, 1u << 20, "ffn"}, {7, 1u << 24, "vocab"},
