@@ -156,6 +156,8 @@ Test(fs, every_view_file_of_every_copied_test_model_matches_jlm_convert, .timeou
         "synth-qwen3-256.Q4_K_M.gguf", "synth-qwen3-256.Q8_0.gguf", "synth-qwen3moe-256.Q4_K_M.gguf",
         "synth-qwen3moe-256.Q8_0.gguf", "synth-gemma3-256.Q4_K_M.gguf", "synth-gemma3-256.Q8_0.gguf",
         "synth-phi3-256.Q4_K_M.gguf", "synth-olmoe-256.Q4_K_M.gguf", "synth-gpt-oss-256.MXFP4_MOE.gguf",
+        "synth-deepseek2-256.Q8_0.gguf", "synth-deepseek2-256.Q4_K_M.gguf", "synth-glm4moe-256.Q8_0.gguf",
+        "synth-glm4moe-256.Q4_K_M.gguf", "synth-llama4-256.Q8_0.gguf", "synth-llama4-256.Q4_K_M.gguf",
     };
     mnt_start(0, 1);
     for (size_t i = 0; i < sizeof models / sizeof models[0]; i++) {
