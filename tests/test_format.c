@@ -245,6 +245,17 @@ Test(fmt_config, refuses_the_decode_time_violations)
     REFUSE(c.rms_eps = -1.0f, "rms_eps");
     REFUSE(c.rope_base = NAN, "rope_base");
     REFUSE(c.flags = 1u << 5, "retired");
+    /* the MoE / latent-attention relations (format/sanity.c), each naming its field */
+    REFUSE(c.n_dense_lead = 3, "n_dense_lead 3 exceeds the 2 blocks");
+    REFUSE((c.n_expert = 0, c.n_expert_used = 0, c.n_dense_lead = 1), "n_dense_lead 1 without experts");
+    REFUSE(c.moe_step = 3, "moe_step 3");
+    REFUSE(c.n_expert_group_used = 1, "n_expert_group_used 1 without n_expert_group");
+    REFUSE((c.n_expert_group = 3, c.n_expert_group_used = 1), "n_expert_group 3 does not divide");
+    REFUSE((c.n_expert_group = 2, c.n_expert_group_used = 3), "n_expert_group_used 3 of 2 groups");
+    REFUSE((c.n_expert_group = 4, c.n_expert_group_used = 1), "n_expert_used 2 exceeds the experts of 1 kept groups");
+    REFUSE(c.kv_lora_rank = 32, "kv_lora_rank (latent attention) on architecture llama");
+    REFUSE((c.arch = JLM_ARCH_DEEPSEEK2, c.q_lora_rank = 32), "q_lora_rank 32 without kv_lora_rank");
+    REFUSE((c.arch = JLM_ARCH_DEEPSEEK2, c.kv_lora_rank = 32), "n_rot 16 < head_dim 16");
 #undef REFUSE
     jlm_buf_free(&b);
     jlm_arena_free(a);
