@@ -74,14 +74,14 @@ static int map_tensors(jlm_conv *c, FILE *notes, jlm_err *err)
         int32_t blk;
         int fused;
         int role = jlm_conv_role(gt->name.s, &blk, &fused);
+        if (blk >= 0 && (uint32_t)blk >= k->n_layer && (uint32_t)blk - k->n_layer < nextn) {
+            n_nextn++;   /* a glm4moe NextN/MTP block (nextn.* tensors too): not run, kept out of the pages */
+            continue;
+        }
         if (!role) {
             rc = jlm_errf(err, JLM_EUNSUPPORTED, "%s: tensor '%s' has no role for architecture %s", c->src_path,
                           gt->name.s, jlm_fmt_arch_name(k->arch));
             break;
-        }
-        if (blk >= 0 && (uint32_t)blk >= k->n_layer && (uint32_t)blk - k->n_layer < nextn) {
-            n_nextn++;   /* a glm4moe NextN/MTP block: not run, kept out of the pages */
-            continue;
         }
         if (k->arch == JLM_ARCH_DEEPSEEK2 && role == JLM_R_POST_ATTN_NORM)
             role = JLM_R_FFN_NORM;   /* glm4moe's pre-FFN norm is named post_attention_norm */
