@@ -61,6 +61,14 @@ static json_t *info_json(const jlm_model *m, int with_tensors)
         "n_ffn_exp", c->n_ffn_exp, "swa_window", c->swa_window, "swa_period", c->swa_period,
         "rms_eps", (double)c->rms_eps, "rope_base", (double)c->rope_base, "rope_base_swa", (double)c->rope_base_swa,
         "flags", c->flags));
+    json_t *cj = json_object_get(o, "config");
+    json_object_update_new(cj, json_pack("{s:i, s:i, s:i, s:i, s:i, s:i, s:i, s:f, s:i, s:f, s:f, s:i, s:f, s:i, s:f}",
+        "head_dim_v", c->head_dim_v, "n_ffn_shexp", c->n_ffn_shexp, "n_dense_lead", c->n_dense_lead,
+        "q_lora_rank", c->q_lora_rank, "kv_lora_rank", c->kv_lora_rank, "n_expert_group", c->n_expert_group,
+        "n_expert_group_used", c->n_expert_group_used, "expert_scale", (double)c->expert_scale,
+        "moe_step", c->moe_step, "attn_temp_scale", (double)c->attn_temp_scale, "yarn_factor", (double)c->yarn_factor,
+        "yarn_orig_ctx", c->yarn_orig_ctx, "yarn_log_mul", (double)c->yarn_log_mul, "attn_temp_floor",
+        c->attn_temp_floor, "attn_temp_offset", (double)c->attn_temp_offset));
     json_object_set_new(o, "vocab", json_pack("{s:s, s:i, s:i, s:i, s:i, s:i, s:s, s:i}",
         "kind", vocab_kind(m->vocab.kind), "n_tokens", m->vocab.n_tokens, "n_merges", m->vocab.n_merges,
         "bos", m->vocab.bos, "eos", m->vocab.eos, "n_added", m->vocab.n_added, "pre", m->vocab.pre_name.s,
@@ -100,10 +108,29 @@ static void info_text(const jlm_model *m, int with_tensors, uint64_t src_size)
     printf("  vocab/ctx     n_vocab %u, n_ctx %u\n", c->n_vocab, c->n_ctx);
     if (c->n_expert)
         printf("  experts       %u, %u used, n_ffn_exp %u\n", c->n_expert, c->n_expert_used, c->n_ffn_exp);
+    if (c->n_expert || c->n_ffn_shexp || c->n_dense_lead)
+        printf("  routing       %s, %s, scale %g, groups %u (%u kept), shared expert n_ffn %u, leading dense %u, "
+               "moe every %u\n", (c->flags & JLM_F_EXPERT_SIGMOID) ? "sigmoid" : "softmax",
+               (c->flags & JLM_F_NO_EXPERT_NORM) ? "weights not normalised" : "weights normalised",
+               (double)(c->expert_scale ? c->expert_scale : 1.0f), c->n_expert_group, c->n_expert_group_used,
+               c->n_ffn_shexp, c->n_dense_lead, c->moe_step ? c->moe_step : 1);
+    if (c->kv_lora_rank)
+        printf("  latent attn   q_lora %u, kv_lora %u, rope part %u, head_dim k %u / v %u; KV cache %u values a "
+               "token a layer\n", c->q_lora_rank, c->kv_lora_rank, c->n_rot, c->head_dim,
+               c->head_dim_v ? c->head_dim_v : c->head_dim, c->kv_lora_rank + c->n_rot);
+    if (c->arch == JLM_ARCH_DEEPSEEK2 && !c->kv_lora_rank)
+        printf("  nextn/mtp     not stored (the NextN blocks of the source, if any, are not run)\n");
+    if (c->attn_temp_scale)
+        printf("  attn temp     scale %g, floor %u, offset %g\n", (double)c->attn_temp_scale, c->attn_temp_floor,
+               (double)c->attn_temp_offset);
     if (c->swa_window)
         printf("  sliding win   %u, period %u\n", c->swa_window, c->swa_period);
-    printf("  rope          base %g, base_swa %g, yarn factor %g\n", (double)c->rope_base, (double)c->rope_base_swa,
+    printf("  rope          base %g, base_swa %g, yarn factor %g", (double)c->rope_base, (double)c->rope_base_swa,
            (double)c->yarn_factor);
+    if (c->yarn_factor)
+        printf(" (orig ctx %u, beta fast %g / slow %g, log mul %g)", c->yarn_orig_ctx, (double)c->yarn_beta_fast,
+               (double)c->yarn_beta_slow, (double)c->yarn_log_mul);
+    printf("\n");
     printf("  rms_eps       %g\n  flags         0x%08x\n", (double)c->rms_eps, c->flags);
     printf("  metadata      %llu bytes; dense region %llu bytes at %llu\n", (unsigned long long)h->dense_off,
            (unsigned long long)h->dense_len, (unsigned long long)h->dense_off);

@@ -28,6 +28,12 @@ static const arch_def ARCHS[] = {
     {"gemma3",   JLM_ARCH_GEMMA3,   JLM_F_ROPE_NEOX | JLM_F_QK_NORM | JLM_F_GELU, 6},
     {"phi3",     JLM_ARCH_PHI3,     JLM_F_ROPE_NEOX, 0},
     {"gpt-oss",  JLM_ARCH_GPTOSS,   JLM_F_ROPE_NEOX | JLM_F_SWIGLU_OAI, 2},
+    /* the closed code list has no glm4moe or llama4 (docs/format.md, "Families
+     * without a code of their own"): glm4moe is deepseek2 without latent
+     * attention (kv_lora_rank 0), llama4 is llama with tail 1 (moe_step) */
+    {"deepseek2", JLM_ARCH_DEEPSEEK2, 0, 0},
+    {"glm4moe",  JLM_ARCH_DEEPSEEK2, JLM_F_ROPE_NEOX, 0},
+    {"llama4",   JLM_ARCH_LLAMA,    0, 0},
 };
 
 
@@ -64,6 +70,75 @@ static int key_has(const jlm_gguf *g, const char *arch, const char *key)
 }
 
 
+/* The keys of the big MoE families (deepseek2, glm4moe, llama4): leading
+ * dense blocks, shared experts, the router's gating function and groups,
+ * latent attention (deepseek2), the NextN/MTP blocks (glm4moe: counted out
+ * of n_layer; map_tensors skips their tensors) and llama4's interleave, no-RoPE
+ * layers and attention temperature (docs/format.md). */
+static int moe_family_config(const jlm_gguf *g, const char *A, jlm_config *k, jlm_err *err)
+{
+    int ds = !strcmp(A, "deepseek2"), glm = !strcmp(A, "glm4moe"), l4 = !strcmp(A, "llama4");
+    if (!ds && !glm && !l4)
+        return JLM_OK;
+    k->n_dense_lead = key_u32(g, A, "leading_dense_block_count", 0);
+    uint32_t n_shared = key_u32(g, A, "expert_shared_count", l4 ? 1 : 0);
+    if (n_shared > JLM_MAX_EXPERTS)
+        return jlm_errf(err, JLM_ERANGE, "%s: %s.expert_shared_count is %u, at most %u is accepted", g->path, A,
+                        n_shared, JLM_MAX_EXPERTS);
+    if (!k->n_ffn_shexp)
+        k->n_ffn_shexp = n_shared * k->n_ffn_exp;
+    uint32_t gating = key_u32(g, A, "expert_gating_func", l4 ? 2 : 1);
+    if (gating != 1 && gating != 2)
+        return jlm_errf(err, JLM_EUNSUPPORTED, "%s: %s.expert_gating_func %u (1 softmax and 2 sigmoid are supported)",
+                        g->path, A, gating);
+    if (gating == 2)
+        k->flags |= JLM_F_EXPERT_SIGMOID;
+    int norm = 0;   /* llama.cpp's default: false; llama4 never normalises its top-1 */
+    char key[160];
+    snprintf(key, sizeof key, "%s.expert_weights_norm", A);
+    if (l4 || jlm_gguf_get_bool(g, key, &norm, NULL) || !norm)
+        k->flags |= JLM_F_NO_EXPERT_NORM;
+    k->n_expert_group = key_u32(g, A, "expert_group_count", 0);
+    k->n_expert_group_used = key_u32(g, A, "expert_group_used_count", 0);
+    if (ds) {
+        if (!key_has(g, A, "attention.key_length_mla") || !key_has(g, A, "attention.value_length_mla"))
+            return jlm_errf(err, JLM_EUNSUPPORTED, "%s: deepseek2 without attention.key_length_mla / value_length_mla "
+                            "(a fused attn_kv_b) is not supported: convert it again with a current llama.cpp", g->path);
+        k->q_lora_rank = key_u32(g, A, "attention.q_lora_rank", 0);
+        k->kv_lora_rank = key_u32(g, A, "attention.kv_lora_rank", 0);
+        if (!k->kv_lora_rank)
+            return jlm_errf(err, JLM_EFORMAT, "%s: deepseek2: attention.kv_lora_rank is missing or 0", g->path);
+        k->head_dim = key_u32(g, A, "attention.key_length_mla", 0);
+        uint32_t hdv = key_u32(g, A, "attention.value_length_mla", 0);
+        k->head_dim_v = hdv == k->head_dim ? 0 : hdv;
+    }
+    if (glm) {
+        uint32_t nextn = key_u32(g, A, "nextn_predict_layers", 0);
+        if (nextn >= k->n_layer)
+            return jlm_errf(err, JLM_EFORMAT, "%s: glm4moe.nextn_predict_layers %u of %u blocks", g->path, nextn,
+                            k->n_layer);
+        k->n_layer -= nextn;
+    }
+    if (l4) {
+        /* llama.cpp b10359 (llama-model.cpp, LLM_ARCH_LLAMA4): MoE every
+         * interleave_moe_layer_step-th block; without a sliding_window key,
+         * chunked attention of 8192 on three layers of four, the fourth with
+         * no RoPE and full attention; temperature tuning 0.1, floor 8192;
+         * weightless q/k norms unless there are 128 experts */
+        k->moe_step = key_u32(g, A, "interleave_moe_layer_step", 1);
+        if (!(key_has(g, A, "attention.sliding_window") && !key_u32(g, A, "attention.sliding_window", 0))) {
+            k->swa_window = 8192;
+            k->swa_period = 4;
+            k->attn_temp_scale = 0.1f;
+            k->attn_temp_floor = 8192;
+            k->attn_temp_offset = 1.0f;
+        }
+        if (k->n_expert != 128)
+            k->flags |= JLM_F_QK_NORM;
+    }
+    return JLM_OK;
+}
+
 int jlm_conv_config(const jlm_gguf *g, jlm_config *c, jlm_err *err)
 {
     jlm_gguf_str an;
@@ -85,7 +160,8 @@ int jlm_conv_config(const jlm_gguf *g, jlm_config *c, jlm_err *err)
         return jlm_errf(err, JLM_EUNSUPPORTED, "%s: a vision projector (mmproj, architecture 'clip'), not a model: pass "
                         "it with --mmproj next to its text model (jlm convert TEXT.gguf --mmproj %s)", g->path, g->path);
     if (!a)
-        return jlm_errf(err, JLM_EUNSUPPORTED, "%s: architecture '%s' is not supported (supported: llama, qwen2, qwen3, qwen3moe, olmoe, gemma3, phi3, gpt-oss)",
+        return jlm_errf(err, JLM_EUNSUPPORTED, "%s: architecture '%s' is not supported (supported: llama, qwen2, qwen3, qwen3moe, olmoe, gemma3, phi3, gpt-oss, "
+                        "deepseek2, glm4moe, llama4)",
                         g->path, an.s);
     const char *A = a->gguf;
     k.arch = a->code;
@@ -143,10 +219,12 @@ int jlm_conv_config(const jlm_gguf *g, jlm_config *c, jlm_err *err)
     k.attn_softcap = key_f32(g, A, "attn_logit_softcapping", 0.0f);
     k.final_softcap = key_f32(g, A, "final_logit_softcapping", 0.0f);
     k.expert_scale = key_f32(g, A, "expert_weights_scale", 0.0f);
+    int rc = moe_family_config(g, A, &k, err);
+    if (rc)
+        return rc;
     if (!jlm_gguf_find_tensor(g, "output.weight"))
         k.flags |= JLM_F_TIED_EMBD;
-    int rc = jlm_fmt_config_check(&k, g->path, err);
-    if (rc)
+    if ((rc = jlm_fmt_config_check(&k, g->path, err)))
         return rc;
     *c = k;
     return JLM_OK;
@@ -174,6 +252,11 @@ static const name_def BLOCK_NAMES[] = {
     {"ffn_gate_inp_shexp.weight", JLM_R_SHEXP_GATE_INP}, {"ffn_gate_shexp.weight", JLM_R_SHEXP_GATE},
     {"ffn_up_shexp.weight", JLM_R_SHEXP_UP}, {"ffn_down_shexp.weight", JLM_R_SHEXP_DOWN},
     {"rope_factors_long.weight", JLM_R_ROPE_LONG}, {"rope_factors_short.weight", JLM_R_ROPE_SHORT},
+    {"exp_probs_b.bias", JLM_R_EXP_PROBS_B},
+    {"attn_q_a.weight", JLM_R_ATTN_Q_A}, {"attn_q_a_norm.weight", JLM_R_ATTN_Q_A_NORM},
+    {"attn_q_b.weight", JLM_R_ATTN_Q_B_MAT}, {"attn_kv_a_mqa.weight", JLM_R_ATTN_KV_A_MQA},
+    {"attn_kv_a_norm.weight", JLM_R_ATTN_KV_A_NORM}, {"attn_k_b.weight", JLM_R_ATTN_K_B_MAT},
+    {"attn_v_b.weight", JLM_R_ATTN_V_B_MAT},
 };
 static const name_def GLOBAL_NAMES[] = {
     {"token_embd.weight", JLM_R_TOKEN_EMBD}, {"output.weight", JLM_R_OUTPUT},

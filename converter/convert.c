@@ -92,19 +92,27 @@ static int map_tensors(jlm_conv *c, FILE *notes, jlm_err *err)
     mapped *v = calloc(g->n_tensors * 3 + 1, sizeof *v);
     if (!v)
         return jlm_errf(err, JLM_ENOMEM, "%s: out of memory", c->src_path);
-    uint32_t n = 0;
+    uint32_t n = 0, n_nextn = 0, nextn = 0;
     int rc = JLM_OK;
     changes ch = {.n = 0};
+    if (jlm_gguf_get_u32(g, "glm4moe.nextn_predict_layers", &nextn, NULL))
+        nextn = 0;
     for (uint32_t i = 0; i < g->n_tensors && !rc; i++) {
         const jlm_gguf_tensor *gt = &g->tensors[i];
         int32_t blk;
         int fused;
         int role = jlm_conv_role(gt->name.s, &blk, &fused);
+        if (blk >= 0 && (uint32_t)blk >= k->n_layer && (uint32_t)blk - k->n_layer < nextn) {
+            n_nextn++;   /* a glm4moe NextN/MTP block (nextn.* tensors too): not run, kept out of the pages */
+            continue;
+        }
         if (!role) {
             rc = jlm_errf(err, JLM_EUNSUPPORTED, "%s: tensor '%s' has no role for architecture %s", c->src_path,
                           gt->name.s, jlm_fmt_arch_name(k->arch));
             break;
         }
+        if (k->arch == JLM_ARCH_DEEPSEEK2 && role == JLM_R_POST_ATTN_NORM)
+            role = JLM_R_FFN_NORM;   /* glm4moe's pre-FFN norm is named post_attention_norm */
         if (blk >= 0 && (uint32_t)blk >= k->n_layer) {
             rc = jlm_errf(err, JLM_EFORMAT, "%s: tensor '%s' is in block %d of %u", c->src_path, gt->name.s, blk, k->n_layer);
             break;
@@ -149,6 +157,9 @@ static int map_tensors(jlm_conv *c, FILE *notes, jlm_err *err)
         return rc;
     }
     change_notes(c, &ch, notes);
+    if (n_nextn && notes)
+        fprintf(notes, "note: %s: %u NextN/MTP block(s) (%u tensors) skipped: blocks %u..%u are not run and not stored\n",
+                c->src_path, nextn, n_nextn, k->n_layer, k->n_layer + nextn - 1);
     qsort(v, n, sizeof *v, cmp_mapped);
     c->tensors = jlm_arena_alloc(c->arena, (n ? n : 1) * sizeof *c->tensors);
     c->src = jlm_arena_alloc(c->arena, (n ? n : 1) * sizeof *c->src);

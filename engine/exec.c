@@ -337,6 +337,9 @@ static int run_op(jlm_engine *e, const jlm_op *op, jlm_ex_blk *b, jlm_err *err)
     }
     case JLM_OP_GATE_UP: gate_up(e, op, b); return JLM_OK;
     case JLM_OP_MOE: return jlm_ex_moe(e, op, b, err);
+    case JLM_OP_MLA_KV: jlm_ex_mla_kv(e, op, b); return JLM_OK;
+    case JLM_OP_MLA_Q: jlm_ex_mla_q(e, op, b); return JLM_OK;
+    case JLM_OP_MLA_ATTN: jlm_ex_mla_attn(e, op, b); return JLM_OK;
     default: return jlm_errf(err, JLM_EINVAL, "block %u: op %u unknown", b->l, op->kind);
     }
 }

@@ -35,7 +35,7 @@ static int is_swa_layer(const jlm_config *c, uint32_t l)
     return c->swa_window && c->swa_period && (l % c->swa_period) < c->swa_period - 1;
 }
 
-static void rope_params(const jlm_engine *e, uint32_t l, jlm_k_rope *p)
+void jlm_ex_rope_params(const jlm_engine *e, uint32_t l, jlm_k_rope *p)
 {
     const jlm_config *c = e->c;
     float base = is_swa_layer(c, l) ? c->rope_base_swa : c->rope_base;
@@ -55,6 +55,8 @@ static void rope_params(const jlm_engine *e, uint32_t l, jlm_k_rope *p)
     const jlm_tensor *ff = W(e, -1, JLM_R_ROPE_FREQS);
     if (ff)
         p->freq_factors = vec_dense(e, ff);
+    if (c->arch == JLM_ARCH_LLAMA && c->moe_step && c->swa_period && (l + 1) % c->swa_period == 0)
+        p->n_rot = 0;   /* Llama 4: every SWAPeriod-th layer has no RoPE (docs/format.md) */
 }
 
 /* One token's attention over the cache at position pos: q -> out, heads
@@ -216,6 +218,13 @@ typedef struct layer_rows { uint32_t l; jlm_k_rope rp; const float *b, *vb, *wid
  * fused decode dispatch (attn_qkv_heads) all finish heads here. */
 static void head_norm_rope(const jlm_engine *e, float *x, const float *n, const jlm_k_rope *rp, const float *cs)
 {
+    if (e->qk_unit) {   /* Llama 4: RoPE, then a weightless norm; neither on its no-RoPE layers (n_rot 0) */
+        if (cs && rp->n_rot) {
+            jlm_k_rope_rotate(cs, rp, x, 1, e->hd);
+            jlm_k_rmsnorm(x, x, NULL, e->hd, e->c->rms_eps);
+        }
+        return;
+    }
     if (n)
         jlm_k_rmsnorm(x, x, n, e->hd, e->c->rms_eps);
     if (cs)
@@ -364,7 +373,7 @@ static int attn_qkv_heads(jlm_engine *e, const jlm_ex_blk *b, const jlm_k_mat *w
                 j.j[i].xq = e->xq;
     }
     float csb[JLM_MAX_HEAD_DIM];   /* once for the token, not once a head */
-    rope_params(e, l, &j.rp);
+    jlm_ex_rope_params(e, l, &j.rp);
     j.cs = rope_cs(e, &j.rp, pos, csb);
     j.p = (jlm_k_fattn){.head_dim = e->hd, .head_dim_v = e->hd_v, .group = c->n_head / c->n_kv_head,
                         .q_stride = e->q_dim, .o_stride = (uint64_t)c->n_head * e->hd_v, .k_stride = e->hd,
@@ -417,7 +426,7 @@ void jlm_ex_kv_store(jlm_engine *e, const jlm_op *op, jlm_ex_blk *b)
         return;   /* attn_qkv_heads stored them */
     layer_rows rj = {.l = b->l, .b = blk_vec(e, b, op->w[0]), .vb = blk_vec(e, b, op->w[1])};
     qk_norms(e, op, b, op->w[2], &rj);
-    rope_params(e, b->l, &rj.rp);
+    jlm_ex_rope_params(e, b->l, &rj.rp);
     jlm_ex_for_rows(e, b->n, kv_row, &rj);
 }
 
@@ -442,7 +451,7 @@ void jlm_ex_q_rope(jlm_engine *e, const jlm_op *op, jlm_ex_blk *b)
         return;
     layer_rows rj = {.l = b->l, .b = blk_vec(e, b, op->w[0])};
     qk_norms(e, op, b, op->w[1], &rj);
-    rope_params(e, b->l, &rj.rp);
+    jlm_ex_rope_params(e, b->l, &rj.rp);
     jlm_ex_for_rows(e, b->n, q_row, &rj);
 }
 

@@ -144,6 +144,7 @@ void jlm_ex_gate_up_act(jlm_engine *e, int act, const jlm_k_mat *wg, const jlm_k
 void jlm_ex_activate(int act, float *g, const float *u, uint64_t n);
 
 /* ================================================================ ops */
+void jlm_ex_rope_params(const jlm_engine *e, uint32_t l, jlm_k_rope *p);   /* exec_attn.c: layer l's RoPE */
 void jlm_ex_qkv(jlm_engine *e, const jlm_op *op, jlm_ex_blk *b);        /* exec_attn.c */
 void jlm_ex_kv_store(jlm_engine *e, const jlm_op *op, jlm_ex_blk *b);
 void jlm_ex_q(jlm_engine *e, const jlm_op *op, jlm_ex_blk *b);
@@ -179,5 +180,10 @@ void jlm_stream_finish(jlm_engine *e, int rc);
  * engine/vision.c): acquire, release. */
 int  jlm_stream_page(jlm_engine *e, uint32_t array, uint32_t page, const uint8_t **host, jlm_err *err);
 void jlm_stream_page_done(jlm_engine *e, uint32_t array, uint32_t page);
+
+/* exec_mla.c: multi-head latent attention (deepseek2) */
+void jlm_ex_mla_kv(jlm_engine *e, const jlm_op *op, jlm_ex_blk *b);
+void jlm_ex_mla_q(jlm_engine *e, const jlm_op *op, jlm_ex_blk *b);
+void jlm_ex_mla_attn(jlm_engine *e, const jlm_op *op, jlm_ex_blk *b);
 
 #endif

@@ -4,12 +4,85 @@
  * exec_int.h. */
 #include "engine/exec_int.h"
 
+#include <math.h>
 #include <string.h>
+
+/* llama.cpp's build_moe_ffn with sigmoid gating: p = sigmoid(logits); the
+ * experts are chosen by p + exp_probs_b (where the block has it), among the
+ * NExpertGroupUsed groups whose two best biased scores sum highest; their
+ * weights are the unbiased p, renormalised (sum clamped at 2^-14, unless
+ * NoExpertNorm) and times ExpertScale. Ties: the lower index. */
+static void route_sigmoid(const jlm_engine *e, uint32_t l, const float *lg, int32_t *sel, float *w)
+{
+    const jlm_config *c = e->c;
+    uint32_t ne = c->n_expert, nu = c->n_expert_used, ng = c->n_expert_group;
+    const float *bias = vec_dense(e, W(e, (int32_t)l, JLM_R_EXP_PROBS_B));
+    float p[JLM_MAX_EXPERTS], sc[JLM_MAX_EXPERTS];
+    for (uint32_t i = 0; i < ne; i++) {
+        p[i] = 1.0f / (1.0f + expf(-lg[i]));
+        sc[i] = bias ? p[i] + bias[i] : p[i];
+    }
+    if (ng > 1 && c->n_expert_group_used < ng) {
+        uint32_t per = ne / ng;
+        float gs[JLM_MAX_EXPERTS];
+        uint8_t keep[JLM_MAX_EXPERTS] = {0};
+        for (uint32_t g = 0; g < ng; g++) {   /* the sum of the group's two best */
+            float a = -INFINITY, b = -INFINITY;
+            for (uint32_t i = g * per; i < (g + 1) * per; i++) {
+                if (sc[i] > a) { b = a; a = sc[i]; } else if (sc[i] > b) b = sc[i];
+            }
+            gs[g] = per > 1 ? a + b : a;
+        }
+        for (uint32_t k = 0; k < c->n_expert_group_used; k++) {
+            int32_t best = -1;
+            for (uint32_t g = 0; g < ng; g++)
+                if (!keep[g] && (best < 0 || gs[g] > gs[best]))
+                    best = (int32_t)g;
+            keep[best] = 1;
+        }
+        for (uint32_t i = 0; i < ne; i++)
+            if (!keep[i / per])
+                sc[i] = -INFINITY;
+    }
+    uint8_t taken[JLM_MAX_EXPERTS] = {0};
+    float sum = 0.0f;
+    for (uint32_t s = 0; s < nu; s++) {
+        int32_t best = -1;
+        for (uint32_t i = 0; i < ne; i++)
+            if (!taken[i] && (best < 0 || sc[i] > sc[best]))
+                best = (int32_t)i;
+        taken[best] = 1;
+        sel[s] = best;
+        w[s] = p[best];
+        sum += w[s];
+    }
+    if (!(c->flags & JLM_F_NO_EXPERT_NORM))
+        for (uint32_t s = 0; s < nu; s++)
+            w[s] /= sum > 6.103515625e-5f ? sum : 6.103515625e-5f;
+    if (c->expert_scale > 0)
+        for (uint32_t s = 0; s < nu; s++)
+            w[s] *= c->expert_scale;
+}
+
+/* One token's top-k from its router logits lg (bias added), by the op's
+ * mode; h: the token's normed input, which JLM_ROUTE_SIGMOID_IN scales. */
+static void route_pick(const jlm_engine *e, int mode, uint32_t l, float *lg, int32_t *sel, float *w, float *h)
+{
+    const jlm_config *c = e->c;
+    if (mode == JLM_ROUTE_SIGMOID_IN) {   /* one expert (checked at open) */
+        jlm_k_moe_route(lg, c->n_expert, 1, JLM_K_ROUTE_RAW, 0.0f, sel, w);   /* the top logit */
+        jlm_k_scale(h, h, 1.0f / (1.0f + expf(-lg[sel[0]])), c->n_embd);
+        w[0] = 1.0f;
+    } else if (mode == JLM_ROUTE_SIGMOID)
+        route_sigmoid(e, l, lg, sel, w);
+    else
+        jlm_k_moe_route(lg, c->n_expert, c->n_expert_used, mode, c->expert_scale, sel, w);
+}
 
 /* Top-k routing of one token (normed input h) as llama.cpp does it per
  * architecture; fills e->route for block l and e->route_w. */
 static void route(jlm_engine *e, const jlm_op *op, uint32_t l, const uint8_t *page, uint64_t page_off,
-                  const float *h)
+                  float *h)
 {
     const jlm_config *c = e->c;
     uint32_t ne = c->n_expert, nu = c->n_expert_used;
@@ -17,7 +90,7 @@ static void route(jlm_engine *e, const jlm_op *op, uint32_t l, const uint8_t *pa
     jlm_k_mat wr = mat_at(W(e, l, JLM_R_ROUTER), page, page_off, 0);
     jlm_ex_matmul(e, &wr, 1, h, e->router);
     add_bias(e->router, vec_dense(e, W(e, l, JLM_R_ROUTER_B)), ne);
-    jlm_k_moe_route(e->router, ne, nu, op->route, c->expert_scale, e->route + (size_t)l * nu, e->route_w);
+    route_pick(e, op->route, l, e->router, e->route + (size_t)l * nu, e->route_w, (float *)h);
     prof_end(e, JLM_PROF_ROUTE, t0);
 }
 
@@ -184,7 +257,7 @@ static void route_row(jlm_engine *e, void *ctx, uint32_t t)
     uint32_t ne = c->n_expert, nu = c->n_expert_used;
     float *lg = e->mrl + (uint64_t)t * ne;
     add_bias(lg, vec_dense(e, W(e, r->l, JLM_R_ROUTER_B)), ne);
-    jlm_k_moe_route(lg, ne, nu, r->mode, c->expert_scale, e->msel + (size_t)t * nu, e->mw + (size_t)t * nu);
+    route_pick(e, r->mode, r->l, lg, e->msel + (size_t)t * nu, e->mw + (size_t)t * nu, e->h + (uint64_t)t * c->n_embd);
 }
 
 static void route_rows(jlm_engine *e, const jlm_op *op, uint32_t l, const uint8_t *page, uint64_t page_off, uint32_t n)

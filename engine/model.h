@@ -219,6 +219,9 @@ typedef struct jlm_engine_mem {
     uint64_t scratch;      /* activation buffers */
     uint64_t dense;        /* the resident dense region */
     int      kv_f16;
+    uint64_t kv_token;     /* KV bytes one position of context takes, every layer (latent attention:
+                            * the latent and the RoPE key, not the expanded heads) */
+    uint32_t kv_row;       /* values a position takes in one layer (keys + values, or the latent row) */
     char     source[320];  /* how budget was chosen: "--budget", "cgroup v1
                             * FILE ...", "MemAvailable ...", "none" */
 } jlm_engine_mem;

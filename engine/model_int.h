@@ -66,6 +66,7 @@ struct jlm_engine {
      * so decode reads them as they are instead of transposing every tile
      * every token (docs/kernels.md, Decode attention). */
     int    kv_f16;
+    int    qk_unit;   /* Llama 4: weightless q/k RMS norms after RoPE, on the RoPE layers */
     size_t kv_es;
     uint32_t kv_ctx;  /* n_ctx rounded up to whole key tiles */
     void  *kc;        /* (n_layer, n_kv_head, kv_ctx / BK, hd, BK) */
@@ -83,6 +84,7 @@ struct jlm_engine {
     float *scores;    /* (n_threads, n_ctx) attention scores, a row per pool thread */
     float *mask;      /* (n_ctx,) */
     float *fa;        /* (n_threads, fa_floats) jlm_k_fattn scratch, a slab per pool thread */
+    float *mla;       /* latent attention scratch (exec_mla.c; 1 float when none) */
     size_t fa_floats;
     int    attn_token;   /* JLM_ATTN=token: the per-token attention (attend) instead of jlm_k_fattn */
     int    moe_rows;     /* JLM_MOE=rows: a batch's experts row by row (moe_token), not grouped (moe_batch) */

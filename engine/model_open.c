@@ -33,10 +33,13 @@ static int alloc_buffers(jlm_engine *e, jlm_err *err)
 {
     const jlm_config *c = e->c;
     uint64_t ffn = c->n_ffn > c->n_ffn_exp ? c->n_ffn : c->n_ffn_exp;
+    if (ffn < c->n_ffn_shexp) ffn = c->n_ffn_shexp;
     if (ffn < c->n_embd) ffn = c->n_embd;
     uint64_t att = (uint64_t)c->n_head * e->hd_v;
     uint64_t kmax = ffn > att ? ffn : att;
     if (kmax < e->q_dim) kmax = e->q_dim;
+    if (kmax < c->kv_lora_rank) kmax = c->kv_lora_rank;   /* latent attention's inputs */
+    if (kmax < c->q_lora_rank) kmax = c->q_lora_rank;
     kmax = (kmax + 255) / 256 * 256;
     uint64_t kv = (uint64_t)c->n_layer * e->kv_ctx;
     uint32_t nb = PREFILL_DEFAULT;
@@ -66,6 +69,13 @@ static int alloc_buffers(jlm_engine *e, jlm_err *err)
     e->mask = zalloc(e->n_ctx * sizeof(float));
     e->fa_floats = jlm_k_fattn_scratch_floats(e->hd, e->hd_v, c->n_head / c->n_kv_head);
     e->fa = zalloc((size_t)jlm_pool_n_threads(e->pool) * e->fa_floats * sizeof(float));
+    if (c->kv_lora_rank) {   /* q-LoRA rows, a head's gathered rows, its matmul out, q and o latents, scores */
+        uint64_t R = c->kv_lora_rank, W = R + c->n_rot, a = c->q_lora_rank > e->hd ? c->q_lora_rank : e->hd;
+        if (a < R) a = R;
+        e->mla = zalloc((size_t)(nb * (a + a + 2 * (uint64_t)c->n_head * W) + e->kv_ctx + W) * sizeof(float));
+    } else {
+        e->mla = zalloc(sizeof(float));
+    }
     if (env_path("JLM_ATTN", "an attention path", "batched", "token", &e->attn_token, err) ||
         env_path("JLM_MOE", "a MoE path", "grouped", "rows", &e->moe_rows, err))
         return JLM_EINVAL;
@@ -89,7 +99,7 @@ static int alloc_buffers(jlm_engine *e, jlm_err *err)
     e->bvc = zalloc(nb * sizeof *e->bvc);
     e->bpos = zalloc(nb * sizeof *e->bpos);
     if (!e->xq || !e->bkc || !e->bvc || !e->bpos || !e->kc || !e->vc || !e->x || !e->h || !e->q || !e->kk ||
-        !e->vv || !e->att || !e->o || !e->g || !e->u || !e->moe || !e->scores || !e->mask || !e->fa || !e->router ||
+        !e->vv || !e->att || !e->o || !e->g || !e->u || !e->moe || !e->scores || !e->mask || !e->fa || !e->mla || !e->router ||
         !e->route || !e->route_w || !e->xq_buf || (e->attn_token && !e->kv32) || !e->msel || !e->mw ||
         !e->mord || !e->mcnt || !e->mh || !e->mo || !e->mrl)
         return jlm_errf(err, JLM_ENOMEM, "%s: out of memory for the KV cache (%u positions) and buffers",
@@ -105,13 +115,13 @@ static int alloc_buffers(jlm_engine *e, jlm_err *err)
 /* Every buffer the engine owns, into bufs (ENGINE_BUFS slots): the dense
  * region first, then the KV cache (2), then scratch; the one list both
  * jlm_engine_close and the budget's tally read. */
-#define ENGINE_BUFS 33
+#define ENGINE_BUFS 34
 static void engine_bufs(const jlm_engine *e, void **bufs)
 {
     void *b[ENGINE_BUFS] = {e->dense, e->kc, e->vc, e->roles, e->x, e->h, e->q, e->kk, e->vv, e->att, e->o,
                             e->g, e->u, e->moe, e->scores, e->mask, e->router, e->route, e->route_w, e->xq_buf,
                             e->kv32, e->xq, e->bkc, e->bvc, e->bpos, e->fa, e->msel, e->mw, e->mord, e->mcnt,
-                            e->mh, e->mo, e->mrl};
+                            e->mh, e->mo, e->mrl, e->mla};
     memcpy(bufs, b, sizeof b);
 }
 
@@ -132,6 +142,7 @@ static int supported(uint16_t arch)
     switch (arch) {
     case JLM_ARCH_LLAMA: case JLM_ARCH_QWEN2: case JLM_ARCH_QWEN3: case JLM_ARCH_QWEN3MOE:
     case JLM_ARCH_OLMOE: case JLM_ARCH_GEMMA3: case JLM_ARCH_PHI3: case JLM_ARCH_GPTOSS:
+    case JLM_ARCH_DEEPSEEK2:
         return 1;
     default:
         return 0;
@@ -154,25 +165,43 @@ static int index_tensors(jlm_engine *e, jlm_err *err)
         return jlm_errf(err, JLM_EFORMAT, "%s: no token_embd or output_norm tensor", m->path);
     for (uint32_t l = 0; l < e->c->n_layer; l++) {
         int moe = W(e, l, JLM_R_EXP_GATE) != NULL;
-        uint16_t need[] = {JLM_R_ATTN_NORM, JLM_R_ATTN_Q, JLM_R_ATTN_K, JLM_R_ATTN_V, JLM_R_ATTN_OUT,
+        int mla = e->c->kv_lora_rank != 0, qa = mla && e->c->q_lora_rank;
+        uint16_t need[] = {JLM_R_ATTN_NORM, qa ? JLM_R_ATTN_Q_A : JLM_R_ATTN_Q, mla ? JLM_R_ATTN_KV_A_MQA : JLM_R_ATTN_K,
+                           mla ? JLM_R_ATTN_K_B_MAT : JLM_R_ATTN_V, JLM_R_ATTN_OUT,
                            moe ? JLM_R_ROUTER : JLM_R_FFN_GATE, moe ? JLM_R_EXP_UP : JLM_R_FFN_UP,
-                           moe ? JLM_R_EXP_DOWN : JLM_R_FFN_DOWN};
+                           moe ? JLM_R_EXP_DOWN : JLM_R_FFN_DOWN, mla ? JLM_R_ATTN_V_B_MAT : JLM_R_ATTN_OUT,
+                           mla ? JLM_R_ATTN_KV_A_NORM : JLM_R_ATTN_OUT, qa ? JLM_R_ATTN_Q_A_NORM : JLM_R_ATTN_OUT,
+                           qa ? JLM_R_ATTN_Q_B_MAT : JLM_R_ATTN_OUT};
         for (size_t i = 0; i < sizeof need / sizeof need[0]; i++)
             if (!W(e, l, need[i]))
                 return jlm_errf(err, JLM_EFORMAT, "%s: block %u has no %s tensor", m->path, l, jlm_fmt_role_name(need[i]));
         /* every tensor the graph reads through a page must be in that page */
-        const jlm_tensor *t = W(e, l, JLM_R_ATTN_Q);
+        const jlm_tensor *t = W(e, l, need[1]);
         jlm_tensor_loc loc;
         jlm_fmt_tensor_loc(m, t, &loc);
         if (loc.region != JLM_REG_TEXT)
-            return jlm_errf(err, JLM_EFORMAT, "%s: block %u's attn_q is not in its text page", m->path, l);
+            return jlm_errf(err, JLM_EFORMAT, "%s: block %u's %s is not in its text page", m->path, l,
+                            jlm_fmt_role_name(need[1]));
     }
     /* the family's block programs (engine/arch/): dense and MoE blocks */
-    int rc = jlm_arch_program(e->c->arch, 0, &e->prog_dense, err);
+    int rc = jlm_arch_program_for(e->c, 0, &e->prog_dense, err);
     if (!rc)
-        rc = jlm_arch_program(e->c->arch, 1, &e->prog_moe, err);
+        rc = jlm_arch_program_for(e->c, 1, &e->prog_moe, err);
     if (rc)
         return jlm_err_prefix(err, rc, "%s", m->path);
+    /* every matrix a block's program reads must be in that block (the shared
+     * expert of a MoE block, the FFN of a dense one) */
+    for (uint32_t l = 0; l < e->c->n_layer; l++) {
+        const jlm_prog *p = W(e, l, JLM_R_EXP_GATE) ? &e->prog_moe : &e->prog_dense;
+        for (uint32_t i = 0; i < p->n; i++) {
+            const jlm_op *op = &p->op[i];
+            int nm = op->kind == JLM_OP_GATE_UP ? 2 : op->kind == JLM_OP_MATMUL ? 1 : 0;
+            for (int j = 0; j < nm; j++)
+                if (!W(e, l, op->w[j]))
+                    return jlm_errf(err, JLM_EFORMAT, "%s: block %u has no %s tensor (%s)", m->path, l,
+                                    jlm_fmt_role_name(op->w[j]), p->family);
+        }
+    }
     /* the q/k norms' extent is the file's (format/sanity.c sized them by
      * its QKNormWide flag): a program that disagrees would read past them */
     const jlm_op *kv = NULL;
@@ -440,6 +469,11 @@ int jlm_engine_open(const char *path, const jlm_engine_opts *opts, jlm_engine **
                       jlm_fmt_arch_name(c->arch), c->arch == JLM_ARCH_NONE ? " (a vocab-only container)" : "");
         goto fail;
     }
+    if (c->arch == JLM_ARCH_LLAMA && c->moe_step && c->n_expert_used != 1) {   /* Llama 4: weight before the FFN */
+        rc = jlm_errf(err, JLM_EUNSUPPORTED, "%s: llama with moe_step %u (Llama 4) routes one expert, not "
+                      "n_expert_used %u", path, c->moe_step, c->n_expert_used);
+        goto fail;
+    }
     if ((rc = jlm_fmt_shapes_check(c, e->m->tensors, e->m->hdr.n_tensors, path, err)))
         goto fail;
     e->hd = c->head_dim;
@@ -447,7 +481,19 @@ int jlm_engine_open(const char *path, const jlm_engine_opts *opts, jlm_engine **
     e->q_dim = c->n_head * e->hd;
     e->kv_dim = c->n_kv_head * e->hd;
     e->kv_dim_v = c->n_kv_head * e->hd_v;
+    if (c->kv_lora_rank) {   /* latent attention: a cache row is the latent and the RoPE key (exec_mla.c) */
+        e->kv_dim = c->kv_lora_rank + c->n_rot;
+        e->kv_dim_v = 0;
+    }
     e->n_ctx = o.n_ctx ? o.n_ctx : (c->n_ctx && c->n_ctx < 4096 ? c->n_ctx : 4096);
+    if (c->attn_temp_floor && e->n_ctx >= c->attn_temp_floor) {
+        /* below the floor the temperature is 1 and one chunk holds every key */
+        rc = jlm_errf(err, JLM_EUNSUPPORTED, "%s: context of %u positions: Llama 4's chunked attention and attention "
+                      "temperature past %u positions are not supported (at most %u)", path, e->n_ctx,
+                      c->attn_temp_floor, c->attn_temp_floor - 1);
+        goto fail;
+    }
+    e->qk_unit = c->arch == JLM_ARCH_LLAMA && c->moe_step && (c->flags & JLM_F_QK_NORM);
     if (e->n_ctx > JLM_ENGINE_MAX_CTX) {   /* the CLI's -c stops at 2^24; the API must not wrap kv_ctx */
         rc = jlm_errf(err, JLM_EINVAL, "%s: context of %u positions: at most %u", path, e->n_ctx, JLM_ENGINE_MAX_CTX);
         goto fail;
@@ -598,7 +644,9 @@ uint64_t jlm_engine_budget(const jlm_engine *e) { return e->budget; }
 void jlm_engine_mem_info(const jlm_engine *e, jlm_engine_mem *out)
 {
     *out = (jlm_engine_mem){.budget = e->budget_all, .frames = e->budget, .kv = e->mem_kv,
-                            .scratch = e->mem_scratch, .dense = e->m->hdr.dense_len, .kv_f16 = e->kv_f16};
+                            .scratch = e->mem_scratch, .dense = e->m->hdr.dense_len, .kv_f16 = e->kv_f16,
+                            .kv_row = e->kv_dim + e->kv_dim_v};
+    out->kv_token = (uint64_t)e->c->n_layer * out->kv_row * e->kv_es;
     snprintf(out->source, sizeof out->source, "%s", e->budget_src);
 }
 

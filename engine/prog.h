@@ -50,6 +50,9 @@ typedef enum jlm_op_kind {
     JLM_OP_LAYERNORM,   /* dst = layernorm(src) * w[0] + w[1] (the vision tower) */
     JLM_OP_SELF_ATTN,   /* att = softmax(q k^T / sqrt(hd)) v over every row, no cache, no mask (an image's patches) */
     JLM_OP_ACT,         /* dst = act(dst), elementwise (JLM_ACT_GELU, JLM_ACT_GELU_QUICK) */
+    JLM_OP_MLA_KV,      /* latent attention: src Wkv_a -> normed latent + RoPE'd shared key, into the cache */
+    JLM_OP_MLA_Q,       /* latent attention: q through the q-LoRA (or Wq), RoPE part rotated, nope part x Wk_b */
+    JLM_OP_MLA_ATTN,    /* latent attention: MQA over the cached latents, each head's output x Wv_b -> dst */
     JLM_OP_COUNT
 } jlm_op_kind;
 
@@ -89,6 +92,13 @@ const char *jlm_op_name(int kind);
 /* The program of a block of architecture arch (JLM_ARCH_*): moe non-zero for
  * a block with routed experts. */
 int jlm_arch_program(uint16_t arch, int moe, jlm_prog *out, jlm_err *err);
+/* The program for config c: jlm_arch_program's, except deepseek2 with latent
+ * attention (KVLoraRank > 0), which has its own family file (code 14 without
+ * it is glm4moe, docs/format.md). */
+struct jlm_config;
+int jlm_arch_program_for(const struct jlm_config *c, int moe, jlm_prog *out, jlm_err *err);
+void jlm_arch_deepseek2(jlm_prog *p, int moe);
+void jlm_arch_llama4(jlm_prog *p, int moe);   /* llama with MoEStep > 0 */
 
 /* ---------------------------------------------------------------- for the family files */
 /* Appends one op (the builder below), or marks the program full: its n then
@@ -109,7 +119,17 @@ typedef struct jlm_prog_ffn {
     uint16_t norm, norm_alt;   /* pre-FFN norm role, and the role used where it is absent */
     uint16_t post_norm;        /* role of the norm after the FFN output, 0: none */
     uint8_t  act, route;
+    uint8_t  shared;           /* MoE blocks: a shared expert (SHEXP_*) every token runs */
 } jlm_prog_ffn;
+
+/* MOE's route beyond the kernels' JLM_K_ROUTE_* modes, done by the executor
+ * (exec_moe.c): sigmoid (ExpertSigmoid) or softmax probabilities, the exp_probs_b selection bias,
+ * expert groups, renormalisation (unless NoExpertNorm) and ExpertScale, as
+ * llama.cpp's build_moe_ffn with sigmoid gating (deepseek2, glm4moe). */
+#define JLM_ROUTE_SIGMOID 8
+/* Llama 4: the top-1 expert by router logit, its sigmoid multiplying the
+ * expert's input (not its output; llama.cpp's weight_before_ffn). */
+#define JLM_ROUTE_SIGMOID_IN 9
 void jlm_prog_attn_part(jlm_prog *p, const jlm_prog_attn *a);
 void jlm_prog_ffn_part(jlm_prog *p, const jlm_prog_ffn *f, int moe);
 
@@ -121,6 +141,7 @@ void jlm_arch_olmoe(jlm_prog *p, int moe);
 void jlm_arch_gemma3(jlm_prog *p, int moe);
 void jlm_arch_phi3(jlm_prog *p, int moe);
 void jlm_arch_gpt_oss(jlm_prog *p, int moe);
+void jlm_arch_glm4moe(jlm_prog *p, int moe);
 /* The vision tower's block (SigLIP / CLIP style: pre-LayerNorm, biased
  * projections, full self-attention, a GELU MLP); quick_gelu: its activation. */
 void jlm_arch_clip(jlm_prog *p, int quick_gelu);

@@ -87,11 +87,15 @@ enum jlm_role {
     JLM_R_POST_ATTN_NORM = 28, JLM_R_ATTN_SINKS = 30,
     JLM_R_FFN_NORM = 32, JLM_R_FFN_GATE = 33, JLM_R_FFN_UP = 34, JLM_R_FFN_DOWN = 35,
     JLM_R_POST_FFW_NORM = 36,
+    /* multi-head latent attention (deepseek2; docs/format.md "Roles") */
+    JLM_R_ATTN_Q_A = 37, JLM_R_ATTN_Q_A_NORM = 38, JLM_R_ATTN_Q_B_MAT = 39,
+    JLM_R_ATTN_KV_A_MQA = 40, JLM_R_ATTN_KV_A_NORM = 41, JLM_R_ATTN_K_B_MAT = 42, JLM_R_ATTN_V_B_MAT = 43,
     JLM_R_ROUTER_B = 44, JLM_R_EXP_GATE_B = 45, JLM_R_EXP_UP_B = 46, JLM_R_EXP_DOWN_B = 47,
     JLM_R_ROUTER = 48, JLM_R_EXP_GATE = 49, JLM_R_EXP_UP = 50, JLM_R_EXP_DOWN = 51,
     JLM_R_EXP1_GATE = 52, JLM_R_EXP1_UP = 53, JLM_R_EXP1_DOWN = 54,
     JLM_R_SHEXP_GATE_INP = 55, JLM_R_SHEXP_GATE = 56, JLM_R_SHEXP_UP = 57, JLM_R_SHEXP_DOWN = 58,
     JLM_R_ROPE_LONG = 59, JLM_R_ROPE_SHORT = 60, JLM_R_ROPE_FREQS = 61,
+    JLM_R_EXP_PROBS_B = 62,   /* the expert-selection bias (exp_probs_b): chooses, never weighs */
     /* vision tower, 64..93 (docs/vision.md); block -1 unless a tower block's */
     JLM_R_V_PATCH_EMBD = 64, JLM_R_V_PATCH_EMBD_B = 65, JLM_R_V_POS_EMBD = 66,
     JLM_R_V_PRE_LN = 67, JLM_R_V_PRE_LN_B = 68, JLM_R_V_POST_LN = 69, JLM_R_V_POST_LN_B = 70,

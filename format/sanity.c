@@ -14,6 +14,43 @@
 /* ---------------------------------------------------------------- config bounds */
 typedef struct bound { const char *name; uint32_t v, max; } bound;
 
+/* The relations between the MoE and MLA fields (deepseek2, glm4moe, llama4):
+ * a count that names more layers, groups or ranks than exist is refused with
+ * the field named, before any of it sizes a loop or a buffer. */
+static int config_relations(const jlm_config *k, const char *what, jlm_err *err)
+{
+#define REFUSE(...) return jlm_errf(err, JLM_EFORMAT, __VA_ARGS__)
+    if (k->n_dense_lead > k->n_layer)
+        REFUSE("%s: config: n_dense_lead %u exceeds the %u blocks", what, k->n_dense_lead, k->n_layer);
+    if (k->n_dense_lead && !k->n_expert)
+        REFUSE("%s: config: n_dense_lead %u without experts", what, k->n_dense_lead);
+    if (k->moe_step && (!k->n_expert || k->moe_step > k->n_layer))
+        REFUSE("%s: config: moe_step %u with %u experts and %u blocks", what, k->moe_step, k->n_expert, k->n_layer);
+    if (k->n_expert_group_used && !k->n_expert_group)
+        REFUSE("%s: config: n_expert_group_used %u without n_expert_group", what, k->n_expert_group_used);
+    if (k->n_expert_group) {
+        if (!k->n_expert || k->n_expert % k->n_expert_group)
+            REFUSE("%s: config: n_expert_group %u does not divide the %u experts", what, k->n_expert_group,
+                   k->n_expert);
+        if (!k->n_expert_group_used || k->n_expert_group_used > k->n_expert_group)
+            REFUSE("%s: config: n_expert_group_used %u of %u groups", what, k->n_expert_group_used,
+                   k->n_expert_group);
+        if (k->n_expert_used > k->n_expert / k->n_expert_group * k->n_expert_group_used)
+            REFUSE("%s: config: n_expert_used %u exceeds the experts of %u kept groups", what, k->n_expert_used,
+                   k->n_expert_group_used);
+    }
+    if ((k->q_lora_rank || k->kv_lora_rank) && k->arch != JLM_ARCH_DEEPSEEK2)
+        REFUSE("%s: config: q_lora_rank / kv_lora_rank (latent attention) on architecture %s", what,
+               jlm_fmt_arch_name(k->arch));
+    if (k->q_lora_rank && !k->kv_lora_rank)
+        REFUSE("%s: config: q_lora_rank %u without kv_lora_rank", what, k->q_lora_rank);
+    if (k->kv_lora_rank && (k->n_rot == 0 || k->n_rot >= k->head_dim))
+        REFUSE("%s: config: kv_lora_rank %u needs 0 < n_rot %u < head_dim %u", what, k->kv_lora_rank, k->n_rot,
+               k->head_dim);
+    return JLM_OK;
+#undef REFUSE
+}
+
 int jlm_fmt_config_bounds(const jlm_config *k, const char *what, jlm_err *err)
 {
     const bound b[] = {
@@ -35,7 +72,7 @@ int jlm_fmt_config_bounds(const jlm_config *k, const char *what, jlm_err *err)
         if (b[i].v > b[i].max)
             return jlm_errf(err, JLM_ERANGE, "%s: config: %s is %u, at most %u is accepted", what, b[i].name,
                             b[i].v, b[i].max);
-    return JLM_OK;
+    return config_relations(k, what, err);
 }
 
 /* ---------------------------------------------------------------- shapes against the config */
@@ -85,6 +122,15 @@ static int expect(const jlm_config *c, uint16_t role, want *w)
     case JLM_R_EXP_DOWN_B: x.k = E; x.rows = c->n_expert; break;
     case JLM_R_SHEXP_GATE: case JLM_R_SHEXP_UP: x.k = E; x.rows = c->n_ffn_shexp; break;
     case JLM_R_SHEXP_DOWN: x.k = c->n_ffn_shexp; x.rows = E; break;
+    case JLM_R_EXP_PROBS_B: x.k = c->n_expert; break;
+    /* MLA: q through the q-LoRA, k and v through the latent (docs/format.md) */
+    case JLM_R_ATTN_Q_A: x.k = E; x.rows = c->q_lora_rank; break;
+    case JLM_R_ATTN_Q_A_NORM: x.k = c->q_lora_rank; break;
+    case JLM_R_ATTN_Q_B_MAT: x.k = c->q_lora_rank; x.rows = q; break;
+    case JLM_R_ATTN_KV_A_MQA: x.k = E; x.rows = (uint64_t)c->kv_lora_rank + c->n_rot; break;
+    case JLM_R_ATTN_KV_A_NORM: x.k = c->kv_lora_rank; break;
+    case JLM_R_ATTN_K_B_MAT: x.k = hd - c->n_rot; x.rows = c->kv_lora_rank; x.sheets = c->n_head; break;
+    case JLM_R_ATTN_V_B_MAT: x.k = c->kv_lora_rank; x.rows = hdv; x.sheets = c->n_head; break;
     default: return 0;
     }
     *w = x;

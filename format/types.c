@@ -155,6 +155,14 @@ const char *jlm_fmt_role_name(uint16_t role)
     case JLM_R_FFN_UP:         return "ffn_up";
     case JLM_R_FFN_DOWN:       return "ffn_down";
     case JLM_R_POST_FFW_NORM:  return "post_ffw_norm";
+    case JLM_R_ATTN_Q_A:       return "attn_q_a";
+    case JLM_R_ATTN_Q_A_NORM:  return "attn_q_a_norm";
+    case JLM_R_ATTN_Q_B_MAT:   return "attn_q_b";
+    case JLM_R_ATTN_KV_A_MQA:  return "attn_kv_a_mqa";
+    case JLM_R_ATTN_KV_A_NORM: return "attn_kv_a_norm";
+    case JLM_R_ATTN_K_B_MAT:   return "attn_k_b";
+    case JLM_R_ATTN_V_B_MAT:   return "attn_v_b";
+    case JLM_R_EXP_PROBS_B:    return "exp_probs_b";
     case JLM_R_ROUTER_B:       return "ffn_gate_inp.bias";
     case JLM_R_EXP_GATE_B:     return "ffn_gate_exps.bias";
     case JLM_R_EXP_UP_B:       return "ffn_up_exps.bias";
@@ -182,6 +190,7 @@ int jlm_fmt_role_is_dense(uint16_t role)
     switch (role) {
     case JLM_R_OUTPUT_NORM: case JLM_R_ATTN_NORM: case JLM_R_ATTN_Q_NORM: case JLM_R_ATTN_K_NORM:
     case JLM_R_POST_ATTN_NORM: case JLM_R_FFN_NORM: case JLM_R_POST_FFW_NORM:
+    case JLM_R_ATTN_Q_A_NORM: case JLM_R_ATTN_KV_A_NORM: case JLM_R_EXP_PROBS_B:
     case JLM_R_ATTN_Q_B: case JLM_R_ATTN_K_B: case JLM_R_ATTN_V_B: case JLM_R_ATTN_OUT_B:
     case JLM_R_ATTN_SINKS: case JLM_R_ROUTER_B:
     case JLM_R_EXP_GATE_B: case JLM_R_EXP_UP_B: case JLM_R_EXP_DOWN_B:

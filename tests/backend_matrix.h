@@ -46,7 +46,9 @@ static const char *MATRIX[] = {
     "synth-llama-256.Q6_K", "synth-llama-256.Q8_0", "synth-llama-256.f32", "synth-llama-moe-256.F16",
     "synth-llama-moe-256.MXFP4_MOE", "synth-llama-moe-256.Q4_K_M", "synth-olmoe-256.Q4_K_M", "synth-phi3-256.Q4_K_M",
     "synth-qwen2-256.Q4_K_M", "synth-qwen2-256.Q8_0", "synth-qwen3-256.Q4_K_M", "synth-qwen3-256.Q8_0",
-    "synth-qwen3moe-256.Q4_K_M", "synth-qwen3moe-256.Q8_0",
+    "synth-qwen3moe-256.Q4_K_M", "synth-qwen3moe-256.Q8_0", "synth-glm4moe-256.Q8_0", "synth-glm4moe-256.Q4_K_M",
+    "synth-deepseek2-256.Q8_0", "synth-deepseek2-256.Q4_K_M",
+    "synth-llama4-256.Q4_K_M",   /* not Q8_0: llama.cpp's own modes route its first prompt differently */
 };
 
 /* tests/test_engine.c's per-type tolerance of the CPU backend against

@@ -12,6 +12,7 @@
 #include "format/dequant.h"
 #include "format/jlm_format.h"
 #include "tests/testutil.h"
+#include "tests/craft.h"
 
 /* Q2_K is re-quantized to Q4_K (docs/packing.md): per row, the max abs error
  * must stay below this fraction of the row's max |w|. */
@@ -29,6 +30,8 @@ static model_param MODELS[] = {
     {"synth-qwen3-256.Q8_0.gguf"}, {"synth-qwen3moe-256.Q4_K_M.gguf"}, {"synth-qwen3moe-256.Q8_0.gguf"},
     {"synth-gemma3-256.Q4_K_M.gguf"}, {"synth-gemma3-256.Q8_0.gguf"}, {"synth-phi3-256.Q4_K_M.gguf"},
     {"synth-olmoe-256.Q4_K_M.gguf"}, {"synth-gpt-oss-256.MXFP4_MOE.gguf"},
+    {"synth-deepseek2-256.Q8_0.gguf"}, {"synth-deepseek2-256.Q4_K_M.gguf"}, {"synth-glm4moe-256.Q8_0.gguf"},
+    {"synth-glm4moe-256.Q4_K_M.gguf"}, {"synth-llama4-256.Q8_0.gguf"}, {"synth-llama4-256.Q4_K_M.gguf"},
 };
 #define N_MODELS (sizeof MODELS / sizeof MODELS[0])
 
@@ -365,6 +368,46 @@ Test(convert_cli, converts_and_shows_info_and_plan)
     free(o);
     snprintf(cmd, sizeof cmd, "%s/cache/jlm", dir);
     cr_assert(!tu_exists(cmd), "info made no cache entry");
+    tu_rmrf(dir);
+    free(dir);
+}
+
+/* The big MoE families' parameters in `jlm info`, text and JSON; glm4moe's
+ * NextN blocks skipped with a note naming them. */
+Test(convert_cli, info_shows_the_moe_families_parameters, .timeout = 60)
+{
+    char *dir = tu_tmpdir();
+    char cmd[2048], *o = NULL;
+    snprintf(cmd, sizeof cmd, "%s convert %s -o %s/d.jlm 2>&1 && %s info %s/d.jlm && %s info --json %s/d.jlm", tu_jlm(),
+             tu_model("synth-deepseek2-256.Q8_0.gguf"), dir, tu_jlm(), dir, tu_jlm(), dir);
+    cr_assert_eq(tu_run(cmd, &o), 0, "%s", o);
+    cr_assert(strstr(o, "routing       sigmoid, weights normalised, scale 2.5, groups 4 (2 kept), shared expert n_ffn "
+                        "128, leading dense 1"), "%s", o);
+    cr_assert(strstr(o, "latent attn   q_lora 128, kv_lora 128, rope part 32, head_dim k 96 / v 32"), "%s", o);
+    cr_assert(strstr(o, "yarn factor 40 (orig ctx 4096, beta fast 32 / slow 1, log mul 0.1)"), "%s", o);
+    cr_assert(strstr(o, "\"kv_lora_rank\": 128") && strstr(o, "\"n_expert_group\": 4"), "%s", o);
+    free(o);
+    snprintf(cmd, sizeof cmd, "%s convert %s -o %s/l.jlm 2>&1 && %s info %s/l.jlm", tu_jlm(),
+             tu_model("synth-llama4-256.Q8_0.gguf"), dir, tu_jlm(), dir);
+    cr_assert_eq(tu_run(cmd, &o), 0, "%s", o);
+    cr_assert(strstr(o, "moe every 2") && strstr(o, "attn temp     scale 0.1, floor 8192"), "%s", o);
+    free(o);
+    /* glm4moe with one NextN block: block 2's tensors are not stored */
+    size_t n = 0;
+    unsigned char *b = tu_read_file(tu_model("synth-glm4moe-256.Q8_0.gguf"), &n);
+    cr_assert(b);
+    for (size_t i = 0; i + 17 <= n; i++)   /* a NextN tensor of its own (GLM-4.5's nextn.*), same name length */
+        if (!memcmp(b + i, "blk.2.attn_k.bias", 17))
+            memcpy(b + i, "blk.2.nextn.enorm", 17);
+    snprintf(cmd, sizeof cmd, "%s/nextn.gguf", dir);
+    cr_assert_eq(tu_gguf_write_with(cmd, b, n, "glm4moe.nextn_predict_layers", 1), 0);
+    free(b);
+    snprintf(cmd, sizeof cmd, "%s convert %s/nextn.gguf -o %s/g.jlm 2>&1 && %s info %s/g.jlm", tu_jlm(), dir, dir,
+             tu_jlm(), dir);
+    cr_assert_eq(tu_run(cmd, &o), 0, "%s", o);
+    cr_assert(strstr(o, "1 NextN/MTP block(s) (19 tensors) skipped: blocks 2..2") && strstr(o, "n_layer 2,") &&
+              strstr(o, "nextn/mtp     not stored"), "%s", o);
+    free(o);
     tu_rmrf(dir);
     free(dir);
 }

@@ -51,6 +51,31 @@ static char *convert_model(const char *name, const char *dir)
     return out;
 }
 
+/* llama.cpp's default-mode oracle (F16 KV cache, flash attention) of a GGUF. */
+static json_t *oracle_default(const char *name)
+{
+    char p[1024];
+    snprintf(p, sizeof p, "%s/tests/reference/oracle-%s.json", tu_root(), name);
+    json_error_t je;
+    json_t *j = json_load_file(p, JSON_ALLOW_NUL, &je);
+    cr_assert(j, "%s: %s", p, je.text);
+    return j;
+}
+
+/* The largest |ref[i] - got[i]| (NaN propagates), and the largest |ref[i]| in *mx. */
+static double logit_error(json_t *ref, const float *got, uint32_t nv, double *mx)
+{
+    double e = 0;
+    *mx = 0;
+    for (uint32_t i = 0; i < nv; i++) {
+        double v = json_number_value(json_array_get(ref, i));
+        if (fabs(v) > *mx) *mx = fabs(v);
+        double d = fabs(v - got[i]);
+        if (!(d <= e)) e = d;
+    }
+    return e;
+}
+
 /* HF folders' oracles (llama.cpp after its convert_hf_to_gguf.py) are exact-mode runs too. */
 static json_t *oracle(const char *name)
 {
@@ -477,6 +502,8 @@ static mp MODELS[] = {
     {"synth-phi3-256.Q4_K_M"}, {"synth-llama-moe-256.F16"}, {"synth-llama-moe-256.Q4_K_M"},
     {"synth-llama-moe-256.MXFP4_MOE"}, {"synth-qwen3moe-256.Q4_K_M"}, {"synth-qwen3moe-256.Q8_0"},
     {"synth-olmoe-256.Q4_K_M"}, {"synth-gpt-oss-256.MXFP4_MOE"},
+    {"synth-glm4moe-256.Q8_0"}, {"synth-glm4moe-256.Q4_K_M"}, {"synth-deepseek2-256.Q8_0"}, {"synth-deepseek2-256.Q4_K_M"},
+    {"synth-llama4-256.Q8_0"}, {"synth-llama4-256.Q4_K_M"},
     {"hf/tiny-phi3"}, {"hf/tiny-gemma3"}, {"hf/tiny-mixtral"},
 };
 
@@ -502,14 +529,29 @@ ParameterizedTest(mp *m, engine, matches_llama_cpp_logits_and_confident_tokens, 
         int32_t got[64];
         greedy(e, p, np, (int)ng, got, first);
         double err_abs = 0;
-        json_t *ref = json_object_get(run, "logits_after_prompt");
+        json_t *ref = json_object_get(run, "logits_after_prompt"), *want_of = json_incref(run);
         if (json_array_size(ref) == nv) {
             double mx = 0;
-            for (uint32_t i = 0; i < nv; i++) {
-                double v = json_number_value(json_array_get(ref, i));
-                if (fabs(v) > mx) mx = fabs(v);
-                double d = fabs(v - first[i]);
-                if (!(d <= err_abs)) err_abs = d;   /* NaN propagates */
+            err_abs = logit_error(ref, first, nv, &mx);
+            if (err_abs > tol * mx && strncmp(m->name, "hf/", 3)) {
+                /* top-1 routing (Llama 4) is discontinuous: where llama.cpp's
+                 * own two modes pick different experts (their logits differ
+                 * by more than the tolerance), either mode is a reference */
+                json_t *od = oracle_default(m->name);
+                json_t *dref = json_object_get(json_array_get(json_object_get(od, "runs"), r), "logits_after_prompt");
+                float *ex = malloc(nv * sizeof *ex);
+                for (uint32_t i = 0; i < nv; i++)
+                    ex[i] = (float)json_number_value(json_array_get(ref, i));
+                double dmx, modes = logit_error(dref, ex, nv, &dmx), vs_default = logit_error(dref, first, nv, &dmx);
+                cr_log_info("%s run %zu: %g from exact mode; llama.cpp's modes differ by %g; %g from default mode",
+                            m->name, r, err_abs, modes, vs_default);
+                if (modes > tol * mx && !(vs_default > tol * dmx)) {
+                    err_abs = vs_default;
+                    json_decref(want_of);   /* the tokens too: the default mode's */
+                    want_of = json_incref(json_array_get(json_object_get(od, "runs"), r));
+                }
+                free(ex);
+                json_decref(od);
             }
             cr_assert(!(err_abs > tol * mx), "%s run %zu: max logit error %g > %g x max |logit| %g", m->name, r,
                       err_abs, tol, mx);
@@ -528,7 +570,9 @@ ParameterizedTest(mp *m, engine, matches_llama_cpp_logits_and_confident_tokens, 
         /* Tokens must agree while llama.cpp's top-1/top-2 margin exceeds twice
          * the error we just measured; after the first unclear step, paths may
          * legitimately diverge. */
-        json_t *steps = json_object_get(run, "step_top3");
+        json_t *steps = json_object_get(want_of, "step_top3");
+        free(want);
+        want = ids_of(json_object_get(want_of, "generated_ids"), &ng);
         double thr = 2 * err_abs + 1e-4;
         size_t checked = 0;
         for (size_t i = 0; i < ng && i < json_array_size(steps); i++) {
@@ -542,6 +586,7 @@ ParameterizedTest(mp *m, engine, matches_llama_cpp_logits_and_confident_tokens, 
             checked++;
         }
         cr_log_info("%s run %zu: logit error %.3g, %zu confident tokens matched", m->name, r, err_abs, checked);
+        json_decref(want_of);
         free(p); free(want);
     }
     free(first);
@@ -767,15 +812,25 @@ Test(moe, gives_the_same_ids_at_every_budget_down_to_one_block_plus_routed_exper
     same_ids_at_every_budget("synth-qwen3moe-256.Q8_0", 12);
     same_ids_at_every_budget("synth-gpt-oss-256.MXFP4_MOE", 12);
     same_ids_at_every_budget("synth-llama-moe-256.Q4_K_M", 12);
+    same_ids_at_every_budget("synth-glm4moe-256.Q8_0", 12);   /* a leading dense block, a shared expert */
+    same_ids_at_every_budget("synth-deepseek2-256.Q8_0", 12);  /* latent attention, expert groups */
+    same_ids_at_every_budget("synth-llama4-256.Q4_K_M", 12);   /* MoE every other block, top-1 on the input */
 }
 
+/* Unlimited (budget 0) and at the minimum budget (1: one block frame plus
+ * the routed experts' frames): one cold token reads exactly its routed
+ * (block, expert) pages; dense blocks (glm4moe's leading one) read none, and
+ * the shared expert is in the block's text page. */
 Test(moe, reads_only_the_routed_experts_pages, .timeout = 60)
 {
-    const char *names[] = {"synth-qwen3moe-256.Q8_0", "synth-olmoe-256.Q4_K_M", "synth-gpt-oss-256.MXFP4_MOE"};
-    for (size_t k = 0; k < 3; k++) {
+    const char *names[] = {"synth-qwen3moe-256.Q8_0", "synth-olmoe-256.Q4_K_M", "synth-gpt-oss-256.MXFP4_MOE",
+                           "synth-glm4moe-256.Q8_0", "synth-glm4moe-256.Q8_0", "synth-deepseek2-256.Q4_K_M",
+                           "synth-deepseek2-256.Q4_K_M", "synth-llama4-256.Q8_0"};
+    for (size_t k = 0; k < 8; k++) {
+        uint64_t budget = k == 4 || k >= 6 ? 1 : 0;
         char *dir = tu_tmpdir();
         char *path = convert_model(names[k], dir);
-        jlm_engine *e = open_engine(path, 0);
+        jlm_engine *e = open_engine(path, budget);
         const jlm_model *m = jlm_engine_model(e);
         int32_t bos = 1;
         float *l = malloc(jlm_engine_n_vocab(e) * sizeof *l);
@@ -784,12 +839,14 @@ Test(moe, reads_only_the_routed_experts_pages, .timeout = 60)
         uint64_t want_pages = 0, want_bytes = 0;
         for (uint32_t b = 0; b < m->config.n_layer; b++) {
             const int32_t *r = jlm_engine_last_route(e, b);
-            cr_assert(r, "block %u is a MoE block", b);
             const jlm_tensor *bank = jlm_fmt_find(m, JLM_R_EXP_GATE, (int32_t)b, -1);
+            if (!bank && (b < m->config.n_dense_lead || (m->config.moe_step && (b + 1) % m->config.moe_step)))
+                continue;   /* a dense block: glm4moe's leading one, Llama 4's interleaved ones */
+            cr_assert(r && bank, "block %u is a MoE block", b);
             uint32_t first = (uint32_t)((bank->qs_off - m->hdr.exp_data_off) / m->hdr.exp_page_size);
             for (uint32_t s = 0; s < m->config.n_expert_used; s++) {
                 cr_assert(r[s] >= 0 && (uint32_t)r[s] < m->config.n_expert);
-                cr_assert(jlm_pager_resident(jlm_engine_pager(e), JLM_PAGER_EXPERTS, first + (uint32_t)r[s]));
+                cr_assert(budget || jlm_pager_resident(jlm_engine_pager(e), JLM_PAGER_EXPERTS, first + (uint32_t)r[s]));
                 want_pages++;
                 want_bytes += jlm_fmt_page_extent(m, JLM_REG_EXPERT, first + (uint32_t)r[s]);
             }
@@ -800,7 +857,9 @@ Test(moe, reads_only_the_routed_experts_pages, .timeout = 60)
                      (unsigned long long)pc.a[JLM_PAGER_EXPERTS].page_ins, (unsigned long long)want_pages);
         cr_assert_eq(pc.a[JLM_PAGER_EXPERTS].bytes_read, want_bytes, "%s: expert bytes read %llu, routed pages hold %llu",
                      names[k], (unsigned long long)pc.a[JLM_PAGER_EXPERTS].bytes_read, (unsigned long long)want_bytes);
-        cr_assert_eq(pc.a[JLM_PAGER_EXPERTS].resident_pages, want_pages, "no other expert page is resident");
+        cr_assert(want_pages > 0);
+        cr_assert(budget ? pc.a[JLM_PAGER_EXPERTS].resident_pages <= want_pages
+                         : pc.a[JLM_PAGER_EXPERTS].resident_pages == want_pages, "no other expert page is resident");
         free(l);
         jlm_engine_close(e);
         free(path);
@@ -1007,7 +1066,8 @@ Test(engine_cli, bench_profile_says_where_the_time_went, .timeout = 60)
 Test(engine, every_family_writes_a_dense_and_a_moe_block_program)
 {
     static const uint16_t ARCHS[] = {JLM_ARCH_LLAMA, JLM_ARCH_QWEN2, JLM_ARCH_QWEN3, JLM_ARCH_QWEN3MOE,
-                                     JLM_ARCH_OLMOE, JLM_ARCH_GEMMA3, JLM_ARCH_PHI3, JLM_ARCH_GPTOSS};
+                                     JLM_ARCH_OLMOE, JLM_ARCH_GEMMA3, JLM_ARCH_PHI3, JLM_ARCH_GPTOSS,
+                                     JLM_ARCH_DEEPSEEK2 /* glm4moe */};
     jlm_err err = {0};
     for (size_t a = 0; a < sizeof ARCHS / sizeof ARCHS[0]; a++)
         for (int moe = 0; moe < 2; moe++) {
@@ -1028,6 +1088,59 @@ Test(engine, every_family_writes_a_dense_and_a_moe_block_program)
             cr_assert_eq(p.op[0].kind, JLM_OP_NORM, "%s", p.family);
         }
     jlm_prog p;
-    cr_assert_eq(jlm_arch_program(JLM_ARCH_DEEPSEEK2, 0, &p, &err), JLM_EFORMAT);
+    cr_assert_eq(jlm_arch_program(JLM_ARCH_QWEN2MOE, 0, &p, &err), JLM_EFORMAT);
     cr_assert(strstr(err.msg, "no block program"), "%s", err.msg);
+    /* deepseek2 with latent attention: the cache written before KEYS_DONE, attended after it */
+    jlm_config c = {.arch = JLM_ARCH_DEEPSEEK2, .kv_lora_rank = 128};
+    for (int moe = 0; moe < 2; moe++) {
+        cr_assert_eq(jlm_arch_program_for(&c, moe, &p, &err), 0, "%s", err.msg);
+        cr_assert_str_eq(p.family, "deepseek2");
+        int kv = -1, keys = -1, att = -1, moes = 0;
+        for (uint32_t i = 0; i < p.n; i++) {
+            cr_assert_neq(strcmp(jlm_op_name(p.op[i].kind), "?"), 0, "op %u", p.op[i].kind);
+            if (p.op[i].kind == JLM_OP_MLA_KV) kv = (int)i;
+            if (p.op[i].kind == JLM_OP_KEYS_DONE) keys = (int)i;
+            if (p.op[i].kind == JLM_OP_MLA_ATTN) att = (int)i;
+            moes += p.op[i].kind == JLM_OP_MOE;
+        }
+        cr_assert(kv >= 0 && keys > kv && att > keys && moes == moe, "kv %d, keys %d, attn %d", kv, keys, att);
+    }
+    c.kv_lora_rank = 0;
+    cr_assert_eq(jlm_arch_program_for(&c, 1, &p, &err), 0, "%s", err.msg);
+    cr_assert_str_eq(p.family, "glm4moe");
+    jlm_config l4 = {.arch = JLM_ARCH_LLAMA, .moe_step = 2};
+    cr_assert_eq(jlm_arch_program_for(&l4, 1, &p, &err), 0, "%s", err.msg);
+    cr_assert_str_eq(p.family, "llama4");
+    cr_assert_eq(p.op[p.n - 1].kind, JLM_OP_MOE);
+    cr_assert_eq(p.op[p.n - 1].route, JLM_ROUTE_SIGMOID_IN);
+}
+
+/* MLA's KV cache holds the latent and the RoPE key of each position (160
+ * values a layer in synth-deepseek2), not the 4 expanded heads of 96 + 32:
+ * `--stats` says so, F32 and F16. */
+Test(engine_cli, latent_attention_caches_the_latent_not_the_expanded_heads, .timeout = 60)
+{
+    char *dir = tu_tmpdir();
+    char *path = convert_model("synth-deepseek2-256.Q8_0", dir);
+    jlm_model *m;
+    jlm_err err = {0};
+    cr_assert_eq(jlm_fmt_open(path, &m, &err), 0, "%s", err.msg);
+    const jlm_config *c = &m->config;
+    uint32_t row = c->kv_lora_rank + c->n_rot;
+    uint64_t expanded = (uint64_t)c->n_head * (c->head_dim + c->head_dim_v);
+    cr_assert(row == 160 && expanded == 512, "latent %u, expanded %llu", row, (unsigned long long)expanded);
+    for (int f16 = 0; f16 < 2; f16++) {
+        char cmd[4096], want[128], *out = NULL;
+        snprintf(cmd, sizeof cmd, "%s run %s --ids 1,403,407,261,378 -n 2 --temp 0 --stats %s 2>&1", tu_jlm(), path,
+                 f16 ? "--kv f16" : "");
+        cr_assert_eq(tu_run(cmd, &out), 0, "%s", out);
+        snprintf(want, sizeof want, "kv: %llu bytes per token of context (%u values a layer)",
+                 (unsigned long long)c->n_layer * row * (f16 ? 2 : 4), row);
+        cr_assert(strstr(out, want), "want '%s' in: %s", want, out);
+        free(out);
+    }
+    jlm_fmt_close(m);
+    free(path);
+    tu_rmrf(dir);
+    free(dir);
 }

@@ -151,8 +151,8 @@ static jlm_config full_config(void)
 {
     static uint8_t kinds[3] = {1, 2, 1};
     jlm_config c = {0};
-    c.arch = JLM_ARCH_GEMMA3;
-    c.n_layer = 3; c.n_embd = 2; c.n_head = 8; c.n_kv_head = 4; c.head_dim = 5; c.n_rot = 6; c.n_ffn = 7;
+    c.arch = JLM_ARCH_DEEPSEEK2;   /* latent attention, groups, dense lead: every field within its relations */
+    c.n_layer = 3; c.n_embd = 2; c.n_head = 8; c.n_kv_head = 4; c.head_dim = 5; c.n_rot = 4; c.n_ffn = 7;
     c.n_vocab = 8; c.n_ctx = 9; c.n_expert = 10; c.n_expert_used = 3; c.n_ffn_exp = 11; c.swa_window = 12;
     c.swa_period = 13; c.rms_eps = 1e-6f; c.rope_base = 1e6f; c.attn_factor = 1.5f; c.embd_scale = 16.0f;
     c.rope_base_swa = 1e4f; c.flags = JLM_F_GELU | JLM_F_ROPE_NEOX | JLM_F_LAYER_NORM; c.n_ffn_shexp = 14;
@@ -160,10 +160,10 @@ static jlm_config full_config(void)
     c.n_layer_kinds = 3; c.layer_kinds = kinds;
     c.rope_sections[0] = 20; c.rope_sections[1] = 21; c.rope_sections[2] = 22; c.rope_sections[3] = 23;
     c.attn_softcap = 50; c.final_softcap = 30; c.yarn_factor = 32; c.yarn_orig_ctx = 4096;
-    c.yarn_beta_fast = 32; c.yarn_beta_slow = 1; c.rope_linear = 2; c.head_dim_v = 24; c.n_dense_lead = 25;
+    c.yarn_beta_fast = 32; c.yarn_beta_slow = 1; c.rope_linear = 2; c.head_dim_v = 24; c.n_dense_lead = 2;
     c.q_lora_rank = 26; c.kv_lora_rank = 27; c.yarn_log_mul = 0.1f; c.expert_scale = 2.5f;
-    c.n_expert_group = 28; c.n_expert_group_used = 29;
-    c.moe_step = 30; c.attn_temp_scale = 0.5f; c.attn_temp_floor = 31; c.attn_temp_offset = -1.0f;
+    c.n_expert_group = 5; c.n_expert_group_used = 4;
+    c.moe_step = 3; c.attn_temp_scale = 0.5f; c.attn_temp_floor = 31; c.attn_temp_offset = -1.0f;
     c.attn_scale = 0.125f; c.residual_scale = 1.25f; c.logit_scale = 0.75f; c.clamp_kqv = 8.0f;
     c.head_dim_swa = 32; c.n_kv_head_swa = 33; c.n_rot_swa = 34; c.flags2 = 35; c.n_kv_shared = 36; c.ple_dim = 37;
     return c;
@@ -245,6 +245,17 @@ Test(fmt_config, refuses_the_decode_time_violations)
     REFUSE(c.rms_eps = -1.0f, "rms_eps");
     REFUSE(c.rope_base = NAN, "rope_base");
     REFUSE(c.flags = 1u << 5, "retired");
+    /* the MoE / latent-attention relations (format/sanity.c), each naming its field */
+    REFUSE(c.n_dense_lead = 3, "n_dense_lead 3 exceeds the 2 blocks");
+    REFUSE((c.n_expert = 0, c.n_expert_used = 0, c.n_dense_lead = 1), "n_dense_lead 1 without experts");
+    REFUSE(c.moe_step = 3, "moe_step 3");
+    REFUSE(c.n_expert_group_used = 1, "n_expert_group_used 1 without n_expert_group");
+    REFUSE((c.n_expert_group = 3, c.n_expert_group_used = 1), "n_expert_group 3 does not divide");
+    REFUSE((c.n_expert_group = 2, c.n_expert_group_used = 3), "n_expert_group_used 3 of 2 groups");
+    REFUSE((c.n_expert_group = 4, c.n_expert_group_used = 1), "n_expert_used 2 exceeds the experts of 1 kept groups");
+    REFUSE(c.kv_lora_rank = 32, "kv_lora_rank (latent attention) on architecture llama");
+    REFUSE((c.arch = JLM_ARCH_DEEPSEEK2, c.q_lora_rank = 32), "q_lora_rank 32 without kv_lora_rank");
+    REFUSE((c.arch = JLM_ARCH_DEEPSEEK2, c.kv_lora_rank = 32), "n_rot 16 < head_dim 16");
 #undef REFUSE
     jlm_buf_free(&b);
     jlm_arena_free(a);

@@ -86,6 +86,29 @@ Test(hostile_gguf, dimensions_that_disagree_with_the_tensors_are_refused)
     convert_refused("synth-qwen3moe-256.Q8_0.gguf", "qwen3moe.expert_feed_forward_length", 512u, "ffn_gate_exps");
 }
 
+/* The big MoE families' keys (deepseek2, glm4moe, llama4): counts of layers,
+ * groups and ranks beyond what exists are refused with the field named. */
+Test(hostile_gguf, moe_family_counts_beyond_the_model_are_refused)
+{
+    const char *ds = "synth-deepseek2-256.Q8_0.gguf", *glm = "synth-glm4moe-256.Q8_0.gguf";
+    convert_refused(ds, "deepseek2.leading_dense_block_count", 5u, "n_dense_lead 5 exceeds the 3 blocks");
+    convert_refused(glm, "glm4moe.leading_dense_block_count", 0xFFFFFFFFu, "n_dense_lead");
+    convert_refused(ds, "deepseek2.expert_group_count", 3u, "n_expert_group 3 does not divide");
+    convert_refused(ds, "deepseek2.expert_group_used_count", 9u, "n_expert_group_used 9 of 4 groups");
+    convert_refused(ds, "deepseek2.expert_group_used_count", 0u, "n_expert_group_used 0 of 4 groups");
+    convert_refused(ds, "deepseek2.expert_used_count", 6u, "n_expert_used 6 exceeds the experts of 2 kept groups");
+    convert_refused(ds, "deepseek2.attention.kv_lora_rank", 0x7FFFFFFFu, "kv_lora_rank");
+    convert_refused(ds, "deepseek2.attention.kv_lora_rank", 64u, "attn_kv_a_mqa");
+    convert_refused(ds, "deepseek2.attention.q_lora_rank", 0x7FFFFFFFu, "q_lora_rank");
+    convert_refused(ds, "deepseek2.attention.q_lora_rank", 64u, "attn_q_a");
+    convert_refused(ds, "deepseek2.attention.key_length_mla", 32u, "n_rot 32 < head_dim 32");
+    convert_refused(ds, "deepseek2.expert_shared_count", 5000u, "expert_shared_count");
+    convert_refused(ds, "deepseek2.expert_shared_count", 2u, "ffn_gate_shexp");
+    convert_refused(ds, "deepseek2.expert_gating_func", 3u, "expert_gating_func 3");
+    convert_refused(glm, "glm4moe.nextn_predict_layers", 3u, "nextn_predict_layers 3 of 3");
+    convert_refused("synth-llama4-256.Q8_0.gguf", "llama4.interleave_moe_layer_step", 9u, "moe_step 9");
+}
+
 /* ---------------------------------------------------------------- altered containers */
 static char *convert_good(const char *dir, const char *model)
 {

@@ -138,7 +138,24 @@ int main(int argc, char **argv)
         if (convert(p, q))
             return 1;
     }
-    /* issue 10's crafted inputs, from the dense and the MoE seed */
+    /* issue 41's families (latent attention and expert groups, a leading dense
+     * block and a shared expert, interleaved MoE with top-1 on the input):
+     * each GGUF a convert seed, its container an engine seed (crafted values
+     * of their keys below) */
+    static const char *const FAM[] = {"deepseek2", "glm4moe", "llama4"};
+    for (size_t i = 0; i < sizeof FAM / sizeof FAM[0]; i++) {
+        size_t n;
+        snprintf(p, sizeof p, "tests/models/synth-%s-256.Q4_K_M.gguf", FAM[i]);
+        unsigned char *b = tu_read_file(p, &n);
+        snprintf(q, sizeof q, "%s/convert/%s-Q4_K_M.gguf", argv[1], FAM[i]);
+        if (!b || tu_write_file(q, b, n))
+            fprintf(stderr, "mkseeds: cannot copy %s\n", p);
+        free(b);
+        snprintf(q, sizeof q, "%s/engine/%s-Q4_K_M.jlm", argv[1], FAM[i]);
+        if (convert(p, q))
+            return 1;
+    }
+    /* issue 10's crafted inputs, from the dense and the MoE seed; issue 41's from its families' */
     static const struct { const char *from, *key, *as; uint32_t v; } C[] = {
         {"fuzz-F32", "llama.block_count", "wrap", 0xFFFFFFFFu},
         {"fuzz-F32", "llama.block_count", "alloc", 1000000000u},
@@ -147,6 +164,13 @@ int main(int argc, char **argv)
         {"fuzz-F32", "llama.attention.head_count_kv", "kv", 0u},
         {"fuzz-moe-Q8_0", "llama.expert_count", "experts", 5000u},
         {"fuzz-moe-Q8_0", "llama.expert_used_count", "used", 300u},
+        {"deepseek2-Q4_K_M", "deepseek2.expert_group_count", "groups", 3u},
+        {"deepseek2-Q4_K_M", "deepseek2.expert_group_used_count", "groups-used", 9u},
+        {"deepseek2-Q4_K_M", "deepseek2.attention.kv_lora_rank", "kv-lora", 0x7FFFFFFFu},
+        {"deepseek2-Q4_K_M", "deepseek2.attention.q_lora_rank", "q-lora", 64u},
+        {"deepseek2-Q4_K_M", "deepseek2.leading_dense_block_count", "dense-lead", 5u},
+        {"glm4moe-Q4_K_M", "glm4moe.nextn_predict_layers", "nextn", 3u},
+        {"llama4-Q4_K_M", "llama4.interleave_moe_layer_step", "moe-step", 9u},
     };
     for (size_t i = 0; i < sizeof C / sizeof C[0]; i++) {
         size_t n;
