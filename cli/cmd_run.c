@@ -26,7 +26,7 @@
 #include <unistd.h>
 
 typedef struct run_opts {
-    const char *model, *prompt, *prompt_file, *logits_file, *ids, *image, *system;
+    const char *model, *prompt, *prompt_file, *logits_file, *ids, *image, *system, *grammar, *json_schema;
     int n_predict, stats, print_ids, json, chat;
     jlm_engine_opts eng;
     jlm_samp_params samp;
@@ -56,6 +56,8 @@ static int parse(int argc, char **argv, run_opts *o)
         {NULL, "--logits", JLM_OPT_STR, &o->logits_file, 0, 0, 0, "FILE", "write the first step's logits as JSON"},
         {NULL, "--ids", JLM_OPT_STR, &o->ids, 0, 0, 0, "1,2,3", "prompt token ids instead of text"},
         {NULL, "--image", JLM_OPT_STR, &o->image, 0, 0, 0, "FILE", "PNG/JPEG/PPM at the prompt's <image> marker, or first"},
+        {NULL, "--grammar", JLM_OPT_STR, &o->grammar, 0, 0, 0, "FILE", "constrain the output to a GBNF grammar (llama.cpp's syntax)"},
+        {NULL, "--json-schema", JLM_OPT_STR, &o->json_schema, 0, 0, 0, "FILE", "constrain the output to JSON valid against a JSON Schema"},
     };
     jlm_opt t[sizeof head / sizeof head[0] + sizeof tail / sizeof tail[0] + JLM_OPTS_ENGINE_MAX + JLM_OPTS_SAMPLER_MAX];
     int nt = jlm_opts_cat(t, 0, head, (int)(sizeof head / sizeof head[0]));
@@ -263,6 +265,7 @@ int jlm_cmd_run(int argc, char **argv)
     int32_t *prompt = NULL, *gen = NULL;
     size_t np = 0, ng = 0;
     float *logits = NULL;
+    jlm_cli_gram gram = {0};
     int status = 1;
     if (!path || jlm_engine_open(path, &o.eng, &e, &err)) {
         jlm_cli_error("jlm run", path ? err.msg : "out of memory");
@@ -304,6 +307,8 @@ int jlm_cmd_run(int argc, char **argv)
         jlm_cli_error("jlm run", err.msg[0] ? err.msg : "out of memory");
         goto out;
     }
+    if (jlm_cli_gram_load("jlm run", o.grammar, o.json_schema, tok, &gram))
+        goto out;
     double t0 = now();
     if (o.image ? jlm_cli_prefill_image(e, tok, o.image, o.prompt, logits, &prompt, &np, &err)
                 : jlm_engine_eval(e, prompt, (uint32_t)np, logits, &err)) {
@@ -324,7 +329,7 @@ int jlm_cmd_run(int argc, char **argv)
     ts.strip_space = 0;   /* continuation of the prompt: keep the leading space */
     int streams = !o.print_ids && !o.json;   /* the text goes to stdout as it comes */
     jlm_cli_gen g = {.e = e, .tok = tok, .s = s, .logits = logits, .rep = &rep, .ts = &ts,
-                     .n_max = o.n_predict, .print = streams};
+                     .n_max = o.n_predict, .print = streams, .gram = gram.m, .gram_vocab = gram.v};
     status = 0;
     /* the text is kept too: --json prints it, a terminal needs its last byte */
     if (jlm_cli_generate(&g, gen, &ng, tok && !o.print_ids ? &out_text : NULL, &err)) {
@@ -397,6 +402,7 @@ out:
     free(rdb_path);
     free(rdb_key);
     jlm_samp_destroy(s);
+    jlm_cli_gram_free(&gram);
     jlm_tok_destroy(tok);
     jlm_engine_close(e);
     free(prompt); free(gen); free(logits); free(path); free(text); free(out_text); free(rendered);

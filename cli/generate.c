@@ -66,7 +66,14 @@ int jlm_cli_generate(const jlm_cli_gen *g, int32_t *ids, size_t *n_ids, char **t
             for (uint32_t v = 0; v < n_vocab; v++)
                 if (jlm_tok_is_eog(g->tok, (int32_t)v))
                     g->logits[v] = -INFINITY;
+        if (g->gram) {
+            long allowed = jlm_gram_mask(g->gram, g->gram_vocab, g->n_max - i, g->logits);
+            if (allowed < 0) { rc = jlm_errf(err, JLM_ENOMEM, "grammar: out of memory"); break; }
+            if (allowed == 0) break;   /* nothing can follow: the grammar is complete */
+        }
         int32_t id = jlm_samp_next(g->s, g->logits);
+        if (g->gram && !(g->tok && jlm_tok_is_eog(g->tok, id)) && (rc = jlm_gram_accept(g->gram, g->gram_vocab, id, err)))
+            break;
         if (ids)
             ids[(*n_ids)++] = id;
         jlm_samp_accept(g->s, id);

@@ -638,3 +638,45 @@ Test(grammar, every_json_schema_output_of_a_random_model_parses_and_validates, .
     jlm_engine_close(e);
     free(path);
 }
+
+Test(grammar, jlm_run_json_schema_output_validates_and_a_bad_grammar_is_refused, .timeout = 120)
+{
+    char *dir = tu_tmpdir();
+    jlm_err err = {0};
+    char *m = tu_convert("llama-2-tiny-random.gguf", dir, "m.jlm", &err);
+    cr_assert(m, "%s", err.msg);
+    const char *schema = "{\"type\":\"object\",\"properties\":{\"name\":{\"type\":\"string\",\"maxLength\":8},"
+                         "\"when\":{\"type\":\"string\",\"format\":\"date\"},\"tags\":{\"type\":\"array\",\"items\":"
+                         "{\"enum\":[\"a\",\"b\"]},\"maxItems\":3}},\"required\":[\"name\",\"when\"],\"additionalProperties\":false}";
+    char sp[1100], gp[1100], cmd[4096], *o = NULL;
+    snprintf(sp, sizeof sp, "%s/s.json", dir);
+    snprintf(gp, sizeof gp, "%s/g.gbnf", dir);
+    cr_assert_eq(tu_write_file(sp, schema, strlen(schema)), 0);
+    json_t *sc = json_loads(schema, 0, NULL);
+    for (int seed = 1; seed <= 6; seed++) {
+        int n = 25 + seed * 6;   /* the shortest reply is 31 bytes: some runs end by the budget */
+        snprintf(cmd, sizeof cmd, "%s run %s -p Hi -n %d --seed %d --temp 1.5 --json-schema %s", tu_jlm(), m, n, seed, sp);
+        cr_assert_eq(tu_run(cmd, &o), 0, "%s\n%s", cmd, o);
+        json_t *v = json_loads(o, 0, NULL);
+        cr_assert(v, "not JSON: %s", o);
+        cr_assert(valid(sc, sc, v), "does not validate: %s", o);
+        json_decref(v);
+        free(o);
+    }
+    json_decref(sc);
+    const char *bad = "root ::= \"a\" (";
+    cr_assert_eq(tu_write_file(gp, bad, strlen(bad)), 0);
+    snprintf(cmd, sizeof cmd, "%s run %s -p Hi --grammar %s 2>&1", tu_jlm(), m, gp);
+    cr_assert_neq(tu_run(cmd, &o), 0, "%s", o);
+    cr_assert(strstr(o, "line 1, column 14: '(' without its ')'") && strchr(o, '\n') == o + strlen(o) - 1, "%s", o);
+    free(o);
+    const char *uns = "{\"type\":\"string\",\"pattern\":\"x\"}";
+    cr_assert_eq(tu_write_file(sp, uns, strlen(uns)), 0);
+    snprintf(cmd, sizeof cmd, "%s run %s -p Hi --json-schema %s 2>&1", tu_jlm(), m, sp);
+    cr_assert_neq(tu_run(cmd, &o), 0, "%s", o);
+    cr_assert(strstr(o, "keyword 'pattern' is not supported"), "%s", o);
+    free(o);
+    free(m);
+    tu_rmrf(dir);
+    free(dir);
+}
