@@ -338,7 +338,122 @@ struct jlm_gram_match {
     size_t    nlv;
     uint8_t  *allow;
     size_t    nallow;
+    /* The transition cache: stack sets (with their UTF-8 state) interned as
+     * numbered states, and (state, byte) -> state or CACHE_DEAD. States are
+     * pure functions of their content, so the cache stays valid across steps;
+     * it is emptied at the start of a mask once it holds CACHE_MAX states. */
+    struct gstate **states;
+    uint32_t  nstates, capstates;
+    uint32_t *sidx;       /* open addressing: state id + 1, 0 empty */
+    uint32_t  sidx_cap;
+    uint64_t *tkey;       /* (state << 8 | byte) + 1, 0 empty */
+    uint32_t *tval;
+    uint32_t  tcap, tn;
 };
+
+typedef struct gstate { sset s; u8st st; uint32_t h; size_t cost; } gstate;
+
+#define CACHE_MAX  16384u
+#define CACHE_NONE UINT32_MAX        /* no state (not interned) */
+#define CACHE_DEAD (UINT32_MAX - 1)  /* the byte kills every stack */
+#define CACHE_MISS (UINT32_MAX - 2)
+
+static void cache_clear(jlm_gram_match *m)
+{
+    for (uint32_t k = 0; k < m->nstates; k++) {
+        sset_free(&m->states[k]->s);
+        free(m->states[k]);
+    }
+    m->nstates = 0;
+    if (m->sidx) memset(m->sidx, 0, sizeof *m->sidx * m->sidx_cap);
+    if (m->tkey) memset(m->tkey, 0, sizeof *m->tkey * m->tcap);
+    m->tn = 0;
+}
+
+static uint32_t set_hash(const sset *s, const u8st *st)
+{
+    uint32_t h = 2166136261u ^ st->cp ^ (st->rem << 24);
+    for (size_t k = 0; k < s->ns; k++) h = (h ^ s->h[k] ^ (s->off[k + 1] - s->off[k])) * 16777619u;
+    return h;
+}
+
+static int same_set(const gstate *a, const sset *s, const u8st *st, uint32_t h)
+{
+    return a->h == h && a->st.cp == st->cp && a->st.rem == st->rem && a->s.ns == s->ns && a->s.nd == s->nd &&
+           !memcmp(a->s.off, s->off, sizeof *s->off * (s->ns + 1)) && !memcmp(a->s.d, s->d, sizeof *s->d * s->nd);
+}
+
+/* The id of the state holding (s, st), made if new; CACHE_NONE when the cache
+ * is full or memory is short (the caller then works uncached). */
+static uint32_t intern(jlm_gram_match *m, const sset *s, const u8st *st)
+{
+    if (!m->sidx) {
+        m->sidx_cap = 2 * CACHE_MAX;
+        m->sidx = calloc(m->sidx_cap, sizeof *m->sidx);
+        m->capstates = CACHE_MAX;
+        m->states = malloc(sizeof *m->states * m->capstates);
+        if (!m->sidx || !m->states) {
+            free(m->sidx); free(m->states);
+            m->sidx = NULL; m->states = NULL;
+            return CACHE_NONE;
+        }
+    }
+    uint32_t h = set_hash(s, st), mask = m->sidx_cap - 1, k = h & mask;
+    for (; m->sidx[k]; k = (k + 1) & mask)
+        if (same_set(m->states[m->sidx[k] - 1], s, st, h)) return m->sidx[k] - 1;
+    if (m->nstates >= CACHE_MAX) return CACHE_NONE;
+    gstate *g = calloc(1, sizeof *g);
+    if (!g || sset_copy(&g->s, s)) {
+        if (g) sset_free(&g->s);
+        free(g);
+        return CACHE_NONE;
+    }
+    if (!g->s.off && sset_reserve(&g->s, 0)) {   /* an empty set still needs off[0] */
+        free(g);
+        return CACHE_NONE;
+    }
+    g->st = *st;
+    g->h = h;
+    g->cost = set_cost(m->g, s, st);
+    m->states[m->nstates] = g;
+    m->sidx[k] = ++m->nstates;
+    return m->nstates - 1;
+}
+
+static uint32_t trans_get(const jlm_gram_match *m, uint32_t sid, unsigned b)
+{
+    if (!m->tcap) return CACHE_MISS;
+    uint64_t key = ((uint64_t)sid << 8 | b) + 1;
+    uint32_t mask = m->tcap - 1, k = (uint32_t)((key * 0x9E3779B97F4A7C15ull) >> 32) & mask;
+    for (; m->tkey[k]; k = (k + 1) & mask)
+        if (m->tkey[k] == key) return m->tval[k];
+    return CACHE_MISS;
+}
+
+static void trans_put(jlm_gram_match *m, uint32_t sid, unsigned b, uint32_t to)
+{
+    if ((m->tn + 1) * 2 > m->tcap) {   /* grow (rehash) at half load */
+        uint32_t nc = m->tcap ? m->tcap * 2 : 1u << 12;
+        uint64_t *nk = calloc(nc, sizeof *nk);
+        uint32_t *nv = malloc(sizeof *nv * nc);
+        if (!nk || !nv) { free(nk); free(nv); return; }   /* uncached then */
+        for (uint32_t i = 0; i < m->tcap; i++)
+            if (m->tkey[i]) {
+                uint32_t k = (uint32_t)((m->tkey[i] * 0x9E3779B97F4A7C15ull) >> 32) & (nc - 1);
+                while (nk[k]) k = (k + 1) & (nc - 1);
+                nk[k] = m->tkey[i];
+                nv[k] = m->tval[i];
+            }
+        free(m->tkey); free(m->tval);
+        m->tkey = nk; m->tval = nv; m->tcap = nc;
+    }
+    uint64_t key = ((uint64_t)sid << 8 | b) + 1;
+    uint32_t mask = m->tcap - 1, k = (uint32_t)((key * 0x9E3779B97F4A7C15ull) >> 32) & mask;
+    while (m->tkey[k] && m->tkey[k] != key) k = (k + 1) & mask;
+    if (!m->tkey[k]) m->tn++;
+    m->tkey[k] = key;
+    m->tval[k] = to;
+}
 
 void jlm_gram_match_free(jlm_gram_match *m)
 {
@@ -349,6 +464,11 @@ void jlm_gram_match_free(jlm_gram_match *m)
     free(m->lv);
     free(m->w);
     free(m->allow);
+    cache_clear(m);
+    free(m->states);
+    free(m->sidx);
+    free(m->tkey);
+    free(m->tval);
     free(m);
 }
 
@@ -426,7 +546,7 @@ typedef struct walk {
     long                 n;
 } walk;
 
-static int walk_node(walk *W, uint32_t node, size_t depth, const sset *in, u8st st)
+static int walk_node(walk *W, uint32_t node, size_t depth, const sset *in, u8st st, uint32_t sid)
 {
     jlm_gram_match *m = W->m;
     if (depth + 1 >= m->nlv) {
@@ -440,15 +560,34 @@ static int walk_node(walk *W, uint32_t node, size_t depth, const sset *in, u8st 
     const tnode *nd = &W->v->nd[node];
     for (uint32_t c = nd->c0; c < nd->c1; c++) {
         const tnode *ch = &W->v->nd[c];
-        sset *out = &m->lv[depth + 1];
+        const sset *out;
         u8st s2 = st;
-        int rc = feed(m->g, in, &s2, (unsigned char)ch->byte, out, m->w);
-        if (rc < 0) return rc;
-        if (!rc) continue;
+        size_t cost = SIZE_MAX;
+        uint32_t osid = sid != CACHE_NONE ? trans_get(m, sid, ch->byte) : CACHE_MISS;
+        if (osid == CACHE_DEAD) continue;
+        if (osid != CACHE_MISS) {
+            out = &m->states[osid]->s;
+            s2 = m->states[osid]->st;
+            cost = m->states[osid]->cost;
+        } else {
+            int rc = feed(m->g, in, &s2, (unsigned char)ch->byte, &m->lv[depth + 1], m->w);
+            if (rc < 0) return rc;
+            if (!rc) {
+                if (sid != CACHE_NONE) trans_put(m, sid, ch->byte, CACHE_DEAD);
+                continue;
+            }
+            out = &m->lv[depth + 1];
+            osid = intern(m, out, &s2);
+            if (osid != CACHE_NONE) {
+                if (sid != CACHE_NONE) trans_put(m, sid, ch->byte, osid);
+                out = &m->states[osid]->s;
+                cost = m->states[osid]->cost;
+            }
+        }
         if (ch->t1 > ch->t0) {
             int ok = 1;
             if (W->budget >= 0 || W->progress) {
-                size_t cost = set_cost(m->g, out, &s2);
+                if (cost == SIZE_MAX) cost = set_cost(m->g, out, &s2);
                 ok = W->progress ? cost < W->now : cost <= (size_t)W->budget;
             }
             if (ok)
@@ -457,7 +596,10 @@ static int walk_node(walk *W, uint32_t node, size_t depth, const sset *in, u8st 
                     W->n++;
                 }
         }
-        if (ch->c1 > ch->c0 && (rc = walk_node(W, c, depth + 1, out, s2))) return rc;
+        if (ch->c1 > ch->c0) {
+            int rc = walk_node(W, c, depth + 1, out, s2, osid);
+            if (rc) return rc;
+        }
     }
     return 0;
 }
@@ -473,11 +615,13 @@ long jlm_gram_mask(jlm_gram_match *m, const jlm_gram_vocab *v, int32_t tokens_le
     memset(m->allow, 0, v->n);
     walk W = {.m = m, .v = v, .budget = tokens_left > 0 ? (long)tokens_left - 1 : -1};
     W.now = set_cost(m->g, &m->cur, &m->st);
-    int rc = walk_node(&W, 0, 0, &m->cur, m->st);
+    if (m->nstates >= CACHE_MAX) cache_clear(m);
+    uint32_t sid = intern(m, &m->cur, &m->st);
+    int rc = walk_node(&W, 0, 0, sid != CACHE_NONE ? &m->states[sid]->s : &m->cur, m->st, sid);
     if (!rc && W.n == 0 && W.budget >= 0 && !jlm_gram_can_end(m)) {   /* over budget already: shrink */
         W.budget = -1;
         W.progress = 1;
-        rc = walk_node(&W, 0, 0, &m->cur, m->st);
+        rc = walk_node(&W, 0, 0, sid != CACHE_NONE ? &m->states[sid]->s : &m->cur, m->st, sid);
     }
     if (rc) return JLM_ENOMEM;
     int end = jlm_gram_can_end(m);
