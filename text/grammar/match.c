@@ -178,9 +178,9 @@ static int feed(const jlm_gram *g, const sset *in, u8st *st, unsigned char b, ss
         rc = accept_cp(g, in, cp, out, w);
     }
     if (rc) return rc;
-    st->cp = cp;
+    st->cp = rem ? cp : 0;   /* a finished code point leaves no state (the cache keys on it) */
     st->rem = rem;
-    st->min = min;
+    st->min = rem ? min : 0;
     return out->ns > 0;
 }
 
