@@ -688,3 +688,54 @@ Test(grammar, jlm_run_json_schema_output_validates_and_a_bad_grammar_is_refused,
     tu_rmrf(dir);
     free(dir);
 }
+
+/* ---------------------------------------------------------------- serve's request fields */
+#include "serve/constrain.h"
+
+Test(grammar, request_fields_give_a_grammar_or_a_400_naming_the_field, .timeout = 10)
+{
+    static const struct { const char *body, *yes, *no; } OK[] = {
+        {"{\"grammar\":\"root ::= [ab]+\"}", "abba", "abc"},
+        {"{\"response_format\":{\"type\":\"json_object\"}}", "{\"a\": [1]}", "[1]"},
+        {"{\"response_format\":{\"type\":\"json_schema\",\"json_schema\":{\"name\":\"x\",\"strict\":true,"
+         "\"schema\":{\"type\":\"object\",\"properties\":{\"n\":{\"type\":\"integer\"}},\"required\":[\"n\"]}}}}",
+         "{\"n\": 3}", "{}"},
+        {"{\"json_schema\":{\"enum\":[\"x\",\"y\"]}}", "\"y\"", "\"z\""},
+        {"{\"response_format\":{\"type\":\"json_schema\",\"json_schema\":{\"name\":\"any\"}}}", "[true]", "tru"},
+    };
+    for (size_t k = 0; k < sizeof OK / sizeof *OK; k++) {
+        json_t *b = json_loads(OK[k].body, 0, NULL);
+        jlm_gram *g = NULL;
+        jlm_err err = {0};
+        cr_assert_eq(jlm_srv_constraint(b, &g, &err), 0, "%s: %s", OK[k].body, err.msg);
+        cr_assert(g);
+        cr_expect(matches(g, OK[k].yes), "%s should take %s", OK[k].body, OK[k].yes);
+        cr_expect(!matches(g, OK[k].no), "%s should refuse %s", OK[k].body, OK[k].no);
+        jlm_gram_free(g);
+        json_decref(b);
+    }
+    static const struct { const char *body, *why; int code; } BADR[] = {
+        {"{\"grammar\":\"root ::= (\"}", "grammar: line 1, column 10: '(' without its ')'", JLM_EFORMAT},
+        {"{\"grammar\":7}", "grammar: expected a string", JLM_EINVAL},
+        {"{\"json_schema\":{\"minimum\":1}}", "json_schema: keyword 'minimum' is not supported", JLM_EUNSUPPORTED},
+        {"{\"response_format\":{\"type\":\"xml\"}}", "response_format.type: 'xml'", JLM_EINVAL},
+        {"{\"response_format\":{\"type\":\"json_schema\",\"json_schema\":{\"schema\":{\"type\":\"string\",\"pattern\":\"a\"}}}}",
+         "response_format.json_schema.schema: json_schema: keyword 'pattern' is not supported", JLM_EUNSUPPORTED},
+        {"{\"grammar\":\"root ::= \\\"a\\\"\",\"response_format\":{\"type\":\"json_object\"}}", "exclude each other", JLM_EINVAL},
+    };
+    for (size_t k = 0; k < sizeof BADR / sizeof *BADR; k++) {
+        json_t *b = json_loads(BADR[k].body, 0, NULL);
+        cr_assert(b, "%s", BADR[k].body);
+        jlm_gram *g = NULL;
+        jlm_err err = {0};
+        cr_expect_eq(jlm_srv_constraint(b, &g, &err), BADR[k].code, "%s: %s", BADR[k].body, err.msg);
+        cr_expect(!g);
+        cr_expect(strstr(err.msg, BADR[k].why), "%s: \"%s\" lacks \"%s\"", BADR[k].body, err.msg, BADR[k].why);
+        json_decref(b);
+    }
+    json_t *none = json_loads("{\"response_format\":{\"type\":\"text\"},\"prompt\":\"x\"}", 0, NULL);
+    jlm_gram *g = (jlm_gram *)1;
+    cr_expect_eq(jlm_srv_constraint(none, &g, NULL), 0);
+    cr_expect(g == NULL);
+    json_decref(none);
+}
