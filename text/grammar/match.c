@@ -232,9 +232,9 @@ void jlm_gram_vocab_free(jlm_gram_vocab *v)
     free(v);
 }
 
-static const jlm_gram_vocab *sort_v;
-static int by_piece(const void *a, const void *b)
+static int by_piece(const void *a, const void *b, void *ctx)
 {
+    const jlm_gram_vocab *sort_v = ctx;
     uint32_t x = *(const uint32_t *)a, y = *(const uint32_t *)b;
     size_t lx = sort_v->boff[x + 1] - sort_v->boff[x], ly = sort_v->boff[y + 1] - sort_v->boff[y];
     int c = memcmp(sort_v->blob + sort_v->boff[x], sort_v->blob + sort_v->boff[y], lx < ly ? lx : ly);
@@ -300,9 +300,7 @@ int jlm_gram_vocab_new(uint32_t n, const char *const *pieces, const size_t *lens
         if (lens[i] > v->maxlen) v->maxlen = (uint32_t)lens[i];
     }
     v->boff[n] = at;
-    sort_v = v;   /* qsort has no context argument in C11; vocab building is not on a hot path */
-    qsort(v->tok, v->ntok, sizeof *v->tok, by_piece);
-    sort_v = NULL;
+    qsort_r(v->tok, v->ntok, sizeof *v->tok, by_piece, v);   /* glibc's: reentrant, so two models may load at once */
     v->nn = 1;
     build(v, 0, 0, v->ntok, 0);
     *out = v;
