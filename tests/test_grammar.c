@@ -739,3 +739,88 @@ Test(grammar, request_fields_give_a_grammar_or_a_400_naming_the_field, .timeout 
     cr_expect(g == NULL);
     json_decref(none);
 }
+
+/* ---------------------------------------------------------------- UTF-8 and the budget on a small vocab */
+static jlm_gram_vocab *small_vocab(const char *const *pieces, uint32_t n, int eos)
+{
+    size_t lens[16];
+    uint8_t eog[16] = {0};
+    for (uint32_t i = 0; i < n; i++) lens[i] = strlen(pieces[i]);
+    if (eos >= 0) eog[eos] = 1;
+    jlm_gram_vocab *v;
+    cr_assert_eq(jlm_gram_vocab_new(n, pieces, lens, eog, &v, NULL), 0);
+    return v;
+}
+
+/* The allowed tokens after prefix with tokens_left, as a string of '1'/'0'. */
+static void allowed(const jlm_gram *g, const jlm_gram_vocab *v, uint32_t n, const char *prefix, int left, char *out)
+{
+    jlm_gram_match *m;
+    float lg[16] = {0};
+    cr_assert_eq(jlm_gram_match_new(g, &m, NULL), 0);
+    cr_assert_eq(jlm_gram_accept_bytes(m, prefix, strlen(prefix), NULL), 0, "%s", prefix);
+    jlm_gram_mask(m, v, left, lg);
+    for (uint32_t i = 0; i < n; i++) out[i] = lg[i] == -INFINITY ? '0' : '1';
+    out[n] = 0;
+    jlm_gram_match_free(m);
+}
+
+Test(grammar, utf8_partial_tokens_are_allowed_only_toward_a_completion, .timeout = 10)
+{
+    jlm_gram *g = parse_ok("root ::= (\"\\u00e9\" | \"\\u20ac\")+");
+    /*                          0       1       2          3       4   5      6        7 */
+    const char *pc[] = {"\xc3", "\xa9", "\xc3\xa9", "\xe2", "a", "", "\xf0", "\xc3\xa8"};
+    jlm_gram_vocab *v = small_vocab(pc, 8, 5);
+    char got[17];
+    allowed(g, v, 8, "", -1, got);
+    cr_expect_str_eq(got, "10110000", "start: lead bytes of é and €, and é whole");
+    allowed(g, v, 8, "\xc3", -1, got);
+    cr_expect_str_eq(got, "01000000", "after C3 only A9 (é), not A8 (è)");
+    allowed(g, v, 8, "\xc3\xa9", -1, got);
+    cr_expect_str_eq(got, "10110100", "after é: more, or the end");
+    jlm_gram_free(g);
+    /* a negated class takes any valid UTF-8, never surrogates or overlong forms */
+    g = parse_ok("root ::= [^a]");
+    cr_expect(matches(g, "\xf0\x9f\x98\x80"));
+    cr_expect(matches(g, "\xe2\x82\xac"));
+    cr_expect(!matches(g, "\xed\xa0\x80"), "a UTF-8-encoded surrogate");
+    cr_expect(!matches(g, "\xc0\xa9") && !matches(g, "\xe0\x80\xa9"), "overlong");
+    cr_expect(!matches(g, "\x80") && !matches(g, "\xf8\x88\x80\x80\x80"), "a stray continuation, a 5-byte form");
+    cr_expect(!matches(g, "\xc3"), "an unfinished character is not a whole match");
+    jlm_gram_vocab_free(v);
+    jlm_gram_free(g);
+}
+
+Test(grammar, the_budget_leaves_only_tokens_that_can_still_close, .timeout = 10)
+{
+    jlm_gram *g = parse_ok("root ::= \"[\" (\"ab\" | \"c\")* \"]\"");
+    /*                          0    1    2    3    4     5     6  */
+    const char *pc[] = {"[", "a", "b", "c", "]", "c]", ""};
+    jlm_gram_vocab *v = small_vocab(pc, 7, 6);
+    char got[17];
+    cr_expect_eq(jlm_gram_min_len(g), 2);
+    allowed(g, v, 7, "[a", -1, got);
+    cr_expect_str_eq(got, "0010000", "inside \"ab\" only b");
+    allowed(g, v, 7, "[a", 2, got);
+    cr_expect_str_eq(got, "0010000", "b then ] fits in 2");
+    allowed(g, v, 7, "[", 3, got);
+    cr_expect_str_eq(got, "0101110");
+    allowed(g, v, 7, "[", 2, got);
+    cr_expect_str_eq(got, "0001110", "a needs b and ] after it: 3 tokens");
+    allowed(g, v, 7, "[", 1, got);
+    cr_expect_str_eq(got, "0000110", "one token left: only what closes");
+    allowed(g, v, 7, "[c]", 1, got);
+    cr_expect_str_eq(got, "0000001", "complete: only the end");
+    jlm_gram_match *m;
+    cr_assert_eq(jlm_gram_match_new(g, &m, NULL), 0);
+    cr_expect_eq(jlm_gram_close_cost(m), 2);
+    cr_expect_eq(jlm_gram_accept(m, v, 1, NULL), JLM_EINVAL, "a before [");
+    cr_expect_eq(jlm_gram_accept(m, v, 6, NULL), JLM_EINVAL, "the end before the grammar is complete");
+    cr_expect_eq(jlm_gram_accept(m, v, 0, NULL), 0);
+    cr_expect_eq(jlm_gram_accept(m, v, 1, NULL), 0);
+    cr_expect_eq(jlm_gram_close_cost(m), 2, "b and ]");
+    cr_expect_eq(jlm_gram_accept(m, v, 9, NULL), JLM_ERANGE);
+    jlm_gram_match_free(m);
+    jlm_gram_vocab_free(v);
+    jlm_gram_free(g);
+}
