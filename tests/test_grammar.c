@@ -645,6 +645,8 @@ Test(grammar, every_json_schema_output_of_a_random_model_parses_and_validates, .
     jlm_tok_destroy(tok);
     jlm_engine_close(e);
     free(path);
+    tu_rmrf(dir);
+    free(dir);
 }
 
 Test(grammar, jlm_run_json_schema_output_validates_and_a_bad_grammar_is_refused, .timeout = 120)

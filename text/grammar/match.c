@@ -64,10 +64,10 @@ static int sset_add(sset *s, const uint32_t *w, size_t n)
     uint32_t h = 2166136261u;
     for (size_t k = 0; k < n; k++) h = (h ^ w[k]) * 16777619u;
     for (size_t k = 0; k < s->ns; k++)
-        if (s->h[k] == h && s->off[k + 1] - s->off[k] == n && !memcmp(s->d + s->off[k], w, n * sizeof *w)) return 0;
+        if (s->h[k] == h && s->off[k + 1] - s->off[k] == n && (!n || !memcmp(s->d + s->off[k], w, n * sizeof *w))) return 0;
     if (s->ns >= JLM_GRAM_MAX_STACKS) return 0;   /* bounded: the rest of an ambiguous parse is dropped */
     if (sset_reserve(s, n)) return JLM_ENOMEM;
-    memcpy(s->d + s->nd, w, n * sizeof *w);
+    if (n) memcpy(s->d + s->nd, w, n * sizeof *w);   /* d may still be NULL for an empty stack */
     s->nd += n;
     s->h[s->ns] = h;
     s->off[++s->ns] = (uint32_t)s->nd;
@@ -378,7 +378,7 @@ static uint32_t set_hash(const sset *s, const u8st *st)
 static int same_set(const gstate *a, const sset *s, const u8st *st, uint32_t h)
 {
     return a->h == h && a->st.cp == st->cp && a->st.rem == st->rem && a->s.ns == s->ns && a->s.nd == s->nd &&
-           !memcmp(a->s.off, s->off, sizeof *s->off * (s->ns + 1)) && !memcmp(a->s.d, s->d, sizeof *s->d * s->nd);
+           !memcmp(a->s.off, s->off, sizeof *s->off * (s->ns + 1)) && (!s->nd || !memcmp(a->s.d, s->d, sizeof *s->d * s->nd));
 }
 
 /* The id of the state holding (s, st), made if new; CACHE_NONE when the cache
