@@ -47,6 +47,7 @@ typedef struct jlm_srv_req {
     int     ignore_eos;                 /* llama-server's extension: generate through EOS */
     int     logprobs;                   /* 1: report each token's log-probability */
     int     top_logprobs;               /* and this many most likely alternatives (<= 20) */
+    struct jlm_gram *gram;              /* grammar / json_schema / response_format compiled (serve/constrain.h); NULL: none */
 } jlm_srv_req;
 
 /* Parses body[0, len) (not NUL-terminated) for kind. JLM_EFORMAT for a body
