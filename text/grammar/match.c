@@ -349,7 +349,16 @@ struct jlm_gram_match {
     uint32_t  tcap, tn;
 };
 
-typedef struct gstate { sset s; u8st st; uint32_t h; size_t cost; } gstate;
+typedef struct gstate {
+    sset      s;
+    u8st      st;
+    uint32_t  h;
+    size_t    cost;
+    uint32_t  visits;   /* walks from this state; at ROW_AFTER it gets a row */
+    uint32_t *row;      /* (256,) byte -> state, CACHE_DEAD or CACHE_MISS: a hot state's transitions without hashing */
+} gstate;
+
+#define ROW_AFTER 4
 
 #define CACHE_MAX  16384u
 #define CACHE_NONE UINT32_MAX        /* no state (not interned) */
@@ -360,6 +369,7 @@ static void cache_clear(jlm_gram_match *m)
 {
     for (uint32_t k = 0; k < m->nstates; k++) {
         sset_free(&m->states[k]->s);
+        free(m->states[k]->row);
         free(m->states[k]);
     }
     m->nstates = 0;
@@ -556,12 +566,15 @@ static int walk_node(walk *W, uint32_t node, size_t depth, const sset *in, u8st 
         m->nlv = nn;
     }
     const tnode *nd = &W->v->nd[node];
+    gstate *S = sid != CACHE_NONE ? m->states[sid] : NULL;
+    if (S && !S->row && ++S->visits >= ROW_AFTER && (S->row = malloc(sizeof *S->row * 256)))
+        for (int b = 0; b < 256; b++) S->row[b] = trans_get(m, sid, (unsigned)b);
     for (uint32_t c = nd->c0; c < nd->c1; c++) {
         const tnode *ch = &W->v->nd[c];
         const sset *out;
         u8st s2 = st;
         size_t cost = SIZE_MAX;
-        uint32_t osid = sid != CACHE_NONE ? trans_get(m, sid, ch->byte) : CACHE_MISS;
+        uint32_t osid = S ? (S->row ? S->row[ch->byte] : trans_get(m, sid, ch->byte)) : CACHE_MISS;
         if (osid == CACHE_DEAD) continue;
         if (osid != CACHE_MISS) {
             out = &m->states[osid]->s;
@@ -571,13 +584,15 @@ static int walk_node(walk *W, uint32_t node, size_t depth, const sset *in, u8st 
             int rc = feed(m->g, in, &s2, (unsigned char)ch->byte, &m->lv[depth + 1], m->w);
             if (rc < 0) return rc;
             if (!rc) {
-                if (sid != CACHE_NONE) trans_put(m, sid, ch->byte, CACHE_DEAD);
+                if (S && S->row) S->row[ch->byte] = CACHE_DEAD;
+                else if (S) trans_put(m, sid, ch->byte, CACHE_DEAD);
                 continue;
             }
             out = &m->lv[depth + 1];
             osid = intern(m, out, &s2);
             if (osid != CACHE_NONE) {
-                if (sid != CACHE_NONE) trans_put(m, sid, ch->byte, osid);
+                if (S && S->row) S->row[ch->byte] = osid;
+                else if (S) trans_put(m, sid, ch->byte, osid);
                 out = &m->states[osid]->s;
                 cost = m->states[osid]->cost;
             }
