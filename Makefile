@@ -73,7 +73,7 @@ CUDA_ARCH := -gencode arch=compute_80,code=sm_80 -gencode arch=compute_90,code=s
 CUDA_LIBS := $(if $(filter 1,$(CUDA)),-L$(CUDA_HOME)/lib64 -lcudart_static -ldl -lrt -lstdc++)
 LDLIBS    += $(CUDA_LIBS)
 
-LIB_DIRS := base format converter kernels/cpu kernels/cuda kernels/vulkan engine engine/arch text/tokenizer text/template prompt residency fs picture serve
+LIB_DIRS := base format converter kernels/cpu kernels/cuda kernels/vulkan engine engine/arch text/tokenizer text/template text/grammar prompt residency fs picture serve
 LIB_SRC  := $(foreach d,$(LIB_DIRS),$(wildcard $(d)/*.c))
 LIB_OBJ  := $(LIB_SRC:%.c=$(BUILD)/obj/%.o)
 LIB_OBJ  += $(if $(filter 1,$(CUDA)),$(BUILD)/obj/kernels/cuda/kernels.o)
@@ -246,7 +246,7 @@ fuzz-smoke: fuzz
 	    fuzz_tokenizer) seeds=build-fuzz/seeds/tokenizer;; fuzz_jinja) seeds="build-fuzz/seeds/jinja tests/fuzz/seeds-jinja";; \
 	    fuzz_serve_req) seeds=tests/fuzz/seeds-serve-req;; fuzz_mmproj) seeds=tests/fuzz/seeds-mmproj;; \
 	    fuzz_safetensors) seeds=tests/fuzz/seeds-safetensors;; fuzz_image) seeds=tests/fuzz/seeds-image;; fuzz_hf_tokenizer) seeds=tests/fuzz/seeds-hf-tokenizer;; \
-	    fuzz_cli_opts) seeds=tests/fuzz/seeds-cli-opts;; esac; \
+	    fuzz_cli_opts) seeds=tests/fuzz/seeds-cli-opts;; fuzz_grammar) seeds=tests/fuzz/seeds-grammar;; esac; \
 	    rm -rf build-fuzz/corpus/$$n && mkdir -p build-fuzz/corpus/$$n; \
 	    echo "== $$n ($(FUZZ_SECONDS) s)"; \
 	    $$t -max_total_time=$(FUZZ_SECONDS) -rss_limit_mb=2048 -timeout=10 -print_final_stats=1 \

@@ -20,7 +20,7 @@
 #include <unistd.h>
 
 /* The option table of `jlm run` into t (room for RUN_OPTS_MAX); its length. */
-#define RUN_OPTS_MAX (12 + JLM_OPTS_ENGINE_MAX + JLM_OPTS_SAMPLER_MAX)
+#define RUN_OPTS_MAX (14 + JLM_OPTS_ENGINE_MAX + JLM_OPTS_SAMPLER_MAX)
 static int run_table(jlm_opt *t, run_opts *o, jlm_opts_gpu *gpu)
 {
     const jlm_opt head[] = {
@@ -39,6 +39,8 @@ static int run_table(jlm_opt *t, run_opts *o, jlm_opts_gpu *gpu)
         {NULL, "--logits", JLM_OPT_STR, &o->logits_file, 0, 0, JLM_OPT_OUT, "FILE", "write the first step's logits as JSON"},
         {NULL, "--ids", JLM_OPT_STR, &o->ids, 0, 0, 0, "1,2,3", "prompt token ids instead of text"},
         {NULL, "--image", JLM_OPT_STR, &o->image, 0, 0, 0, "FILE", "PNG/JPEG/PPM at the prompt's <image> marker, or first"},
+        {NULL, "--grammar", JLM_OPT_STR, &o->grammar, 0, 0, 0, "FILE", "constrain the output to a GBNF grammar (llama.cpp's syntax)"},
+        {NULL, "--json-schema", JLM_OPT_STR, &o->json_schema, 0, 0, 0, "FILE", "constrain the output to JSON valid against a JSON Schema"},
     };
     int nt = jlm_opts_cat(t, 0, head, (int)(sizeof head / sizeof head[0]));
     nt += jlm_opts_engine_rows(t + nt, JLM_ROWS_CTX | JLM_ROWS_THREADS, &o->eng, NULL);
@@ -63,6 +65,8 @@ static int check_args(run_opts *o, int n_pos, const char *pos0)
         return jlm_cli_error("jlm run", "--json already holds the ids; give --json or --print-ids"), 2;
     if (o->prompt_file && o->prompt)
         return jlm_cli_error("jlm run", "-p and -f both give the prompt; use one"), 2;
+    if (o->grammar && o->json_schema)
+        return jlm_cli_error("jlm run", "--grammar and --json-schema exclude each other; use one"), 2;
     if (o->image && o->ids)
         return jlm_cli_error("jlm run", "--image goes with a text prompt; --ids gives tokens: use one"), 2;
     if (!o->model)
@@ -225,7 +229,8 @@ static int generate(run *r)
         jlm_tok_stream_init(&ts, s->tok, 0, s->voc->add_space_prefix && r->prompt[0] != s->voc->bos);
     ts.strip_space = 0;   /* continuation of the prompt: keep the leading space */
     int streams = !r->o.print_ids && !r->o.json;   /* the text goes to stdout as it comes */
-    jlm_sess_gen g = {.n_max = r->o.n_predict, .ts = &ts, .emit = streams ? jlm_cli_put_stdout : NULL};
+    jlm_sess_gen g = {.n_max = r->o.n_predict, .ts = &ts, .emit = streams ? jlm_cli_put_stdout : NULL,
+                      .gram = r->gram.m, .gram_vocab = r->gram.v};
     int rc = jlm_session_generate(s, &g, r->gen, &r->ng, s->tok && !r->o.print_ids ? &r->out_text : NULL, &err);
     if (rc && !(rc == JLM_EIO && jlm_cli_stdout_check("jlm run")))
         jlm_cli_error("jlm run", err.msg[0] ? err.msg : "out of memory");
@@ -264,7 +269,7 @@ static int run_open(run *r)
     if (!r->s->tok)
         r->o.print_ids = !r->o.json;   /* no vocab (an HF folder without tokenizer files): ids in, ids out */
     jlm_cli_ctx_warn("jlm run", r->s->e, r->o.eng.n_ctx);
-    return 0;
+    return jlm_cli_gram_load("jlm run", r->o.grammar, r->o.json_schema, r->s->tok, &r->gram);
 }
 
 int jlm_cmd_run(int argc, char **argv)
@@ -291,6 +296,7 @@ int jlm_cmd_run(int argc, char **argv)
         if (r.o.stats)
             jlm_cli_run_stats(&r);
     }
+    jlm_cli_gram_free(&r.gram);
     jlm_session_close(r.s);
     free(container);
     free(r.prompt); free(r.gen); free(r.text); free(r.out_text); free(r.rendered);

@@ -10,13 +10,22 @@
 #include "engine/model.h"
 #include "engine/sampler.h"
 #include "prompt/session.h"
+#include "text/grammar/grammar.h"
 
 typedef struct run_opts {
-    const char *model, *prompt, *prompt_file, *logits_file, *ids, *image, *system;
+    const char *model, *prompt, *prompt_file, *logits_file, *ids, *image, *system, *grammar, *json_schema;
     int n_predict, stats, print_ids, json, chat;
     jlm_engine_opts eng;
     jlm_samp_params samp;
 } run_opts;
+
+/* `--grammar FILE` / `--json-schema FILE` (grammar_opt.c): the compiled
+ * grammar, the vocab trie and a matcher at the start. */
+typedef struct jlm_cli_gram {
+    jlm_gram       *g;
+    jlm_gram_vocab *v;
+    jlm_gram_match *m;
+} jlm_cli_gram;
 
 typedef struct run {
     run_opts     o;
@@ -32,7 +41,14 @@ typedef struct run {
     size_t       n_tail;
     int          ctx_cut;      /* -n went past the context: stopped there */
     double       t0, t1, t2;   /* prefill start, decode start, end */
+    jlm_cli_gram gram;         /* --grammar / --json-schema; zeroed: none */
 } run;
+
+/* Loads at most one of the two files (both NULL: *out zeroed, 0). Prints one
+ * line naming the file and the reason and returns 1 on error. */
+int  jlm_cli_gram_load(const char *who, const char *grammar_file, const char *schema_file, const jlm_tok *tok,
+                       jlm_cli_gram *out);
+void jlm_cli_gram_free(jlm_cli_gram *c);   /* a zeroed one is fine */
 
 /* --print-ids or --json on stdout; 0 or 1 after a line. */
 int  jlm_cli_run_print(run *r);

@@ -24,6 +24,7 @@
 #include "base/jlm_err.h"
 #include "engine/model.h"
 #include "engine/sampler.h"
+#include "text/grammar/grammar.h"
 #include "text/template/chat.h"
 #include "text/tokenizer/tokenizer.h"
 
@@ -114,13 +115,18 @@ typedef struct jlm_sess_gen {
     jlm_tok_stream *ts;         /* the caller's stream (its leading-space rule) */
     jlm_sess_emit   emit;       /* NULL: nothing emitted */
     void           *ctx;
+    jlm_gram_match *gram;       /* non-NULL (with a tokenizer): every token is masked to the grammar and advances it */
+    const jlm_gram_vocab *gram_vocab; /* the tokenizer's trie (with gram) */
 } jlm_sess_gen;
 
 /* From s->logits: samples up to g->n_max tokens, stopping after an
  * end-of-generation token. Every id is accepted by the sampler and, if ids
  * is non-NULL, stored in ids[*n_ids] (room for n_max). With text non-NULL
  * the streamed text is returned malloc'd (also on error). The held-back
- * bytes of an incomplete UTF-8 sequence stay in g->ts. 0, JLM_ENOMEM, the
+ * bytes of an incomplete UTF-8 sequence stay in g->ts. With g->gram, each
+ * step masks s->logits to the grammar, the budget being the tokens left (so
+ * the output closes within n_max), and a grammar that can match nothing more
+ * ends the loop as an end-of-generation token would. 0, JLM_ENOMEM, the
  * engine's error or the callback's (the ids sampled before stay). */
 int  jlm_session_generate(jlm_session *s, const jlm_sess_gen *g, int32_t *ids, size_t *n_ids, char **text,
                           jlm_err *err);

@@ -71,7 +71,15 @@ int jlm_session_generate(jlm_session *s, const jlm_sess_gen *g, int32_t *ids, si
             break;   /* Ctrl-C: every token so far is emitted and evaluated */
         if (g->ignore_eos && s->tok)
             mask_eog(s);
+        int gram = g->gram && s->tok;
+        if (gram) {
+            long allowed = jlm_gram_mask(g->gram, g->gram_vocab, g->n_max - i, s->logits);
+            if (allowed < 0) { rc = jlm_errf(err, JLM_ENOMEM, "grammar: out of memory"); break; }
+            if (allowed == 0) break;   /* nothing can follow: the grammar is complete */
+        }
         int32_t id = jlm_samp_next(s->s, s->logits);
+        if (gram && !jlm_tok_is_eog(s->tok, id) && (rc = jlm_gram_accept(g->gram, g->gram_vocab, id, err)))
+            break;
         if (ids)
             ids[(*n_ids)++] = id;
         jlm_samp_accept(s->s, id);

@@ -1,5 +1,6 @@
 /* api.c - OpenAI request parsing and response objects (contract in api.h). */
 #include "serve/api.h"
+#include "serve/constrain.h"
 
 #include <math.h>
 #include <stdlib.h>
@@ -254,6 +255,8 @@ int jlm_srv_req_parse(const char *body, size_t len, jlm_srv_kind kind, jlm_srv_r
     jlm_srv_req r = {.kind = kind, .max_tokens = -1};
     jlm_samp_params_default(&r.samp);
     int rc = parse_fields(o, kind, &r, err);
+    if (!rc)
+        rc = jlm_srv_constraint(o, &r.gram, err);   /* docs/grammar.md */
     json_decref(o);
     if (rc) {
         jlm_srv_req_free(&r);
@@ -268,6 +271,7 @@ void jlm_srv_req_free(jlm_srv_req *req)
     free(req->model);
     free(req->prompt);
     json_decref(req->messages);
+    jlm_gram_free(req->gram);
     for (size_t i = 0; i < req->n_stop; i++)
         free(req->stop[i]);
     memset(req, 0, sizeof *req);

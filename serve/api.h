@@ -51,6 +51,7 @@ typedef struct jlm_srv_req {
      * template (the client went away, or the server drains). NULL: never. */
     int   (*cancelled)(void *arg);
     void   *cancel_arg;
+    struct jlm_gram *gram;              /* grammar / json_schema / response_format compiled (serve/constrain.h); NULL: none */
 } jlm_srv_req;
 
 /* Parses body[0, len) (not NUL-terminated) for kind. JLM_EFORMAT for a body

@@ -269,6 +269,7 @@ typedef struct slot {
     srv_job        *j;      /* NULL: free */
     jlm_engine_seq *seq;    /* kept across requests once created */
     jlm_sampler    *s;
+    jlm_gram_match *gm;     /* the request's grammar state; NULL: unconstrained */
     gen_state       g;
     uint32_t        n_gen;
     int32_t         next;   /* the token the next step evaluates */
@@ -315,6 +316,7 @@ static void slot_end(srv_model *m, slot *sl, const char *fin, int status, const 
     job_finish(j, status, msg);
     atomic_fetch_add(&m->n_done, 1);
     jlm_samp_destroy(sl->s);
+    jlm_gram_match_free(sl->gm);
     free(sl->g.text);
     if (sl->seq)
         jlm_engine_seq_rewind(sl->seq, 0);
@@ -359,9 +361,15 @@ static void slot_sample(srv_model *m, slot *sl, const float *logits, char *piece
         slot_end(m, sl, "length", 200, "");
         return;
     }
+    if (sl->gm && jlm_gram_mask(sl->gm, m->gv, (int32_t)(j->max_tokens - sl->n_gen), (float *)logits) <= 0) {
+        slot_end(m, sl, "stop", 200, "");   /* nothing can follow: the grammar is complete */
+        return;
+    }
     int32_t id = jlm_samp_next(sl->s, logits);
     jlm_samp_accept(sl->s, id);
     sl->n_gen++;
+    if (sl->gm && !jlm_tok_is_eog(m->tok, id))
+        jlm_gram_accept(sl->gm, m->gv, id, NULL);   /* cannot fail: id passed the mask */
     int eog = !j->req.ignore_eos && jlm_tok_is_eog(m->tok, id);
     if (j->lp_pending && !eog)
         lp_record(m, j, logits, id);
@@ -392,6 +400,8 @@ static void slot_start(srv_model *m, slot *sl, srv_job *j, float *logits, char *
     }
     int rc = sl->seq ? 0 : jlm_engine_seq_create(m->e, &sl->seq, &err);
     if (!rc) rc = jlm_samp_create(&j->req.samp, jlm_engine_n_vocab(m->e), &sl->s, &err);
+    if (!rc && j->req.gram && !m->gv) rc = jlm_gram_vocab_from_tok(m->tok, &m->gv, &err);   /* only this worker uses it */
+    if (!rc && j->req.gram) rc = jlm_gram_match_new(j->req.gram, &sl->gm, &err);
     for (size_t i = 0; !rc && i < j->n_prompt; i++)
         jlm_samp_accept(sl->s, j->prompt[i]);
     if (!rc) rc = jlm_engine_eval_seq(m->e, sl->seq, j->prompt, (uint32_t)j->n_prompt, logits, &err);
@@ -612,6 +622,7 @@ void jlm_srv_model_close(srv_model *m)
     }
     if (m->in_budget)
         jlm_srv_budget_leave(&m->srv->budget, m);
+    jlm_gram_vocab_free(m->gv);
     jlm_session_close(m->sess);   /* the worker has stopped and the budget let go */
     free(m->status); free(m->given);
     free(m->q); free(m->id); free(m->path);

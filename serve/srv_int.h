@@ -16,6 +16,7 @@
 #include <stdatomic.h>
 
 #include "engine/model.h"
+#include "text/grammar/grammar.h"
 #include "text/tokenizer/tokenizer.h"
 #include "serve/api.h"
 #include "serve/server.h"
@@ -44,6 +45,7 @@ typedef struct srv_model {
     void        *rep;                /* the view's reporter (jlm_srv_opts.report), under pager_mu; NULL: none */
     jlm_engine  *e;
     jlm_tok     *tok;
+    jlm_gram_vocab *gv;              /* the vocab's trie for constrained requests, built by the worker at the first one */
     char        *tmpl, *bos, *eos;   /* chat template (chatml when the container has none) */
     struct jlm_srv *srv;
     pthread_t    worker;

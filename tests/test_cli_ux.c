@@ -515,7 +515,7 @@ Test(cli_ux, make_install_and_uninstall_into_a_staging_root, .timeout = 120)
     snprintf(cmd, sizeof cmd, "bash -c 'shopt -s extglob; . \"%s/root/usr/share/bash-completion/completions/jlm\"; "
              "COMP_WORDS=(\"%s\" bench m -o \"\"); COMP_CWORD=4; _jlm; echo \"${COMPREPLY[*]}\"; "
              "COMP_WORDS=(\"%s\" run --js); COMP_CWORD=2; _jlm; echo \"${COMPREPLY[*]}\"'", T, tu_jlm(), tu_jlm());
-    cr_expect(tu_run(cmd, &o) == 0 && !strcmp(o, "md csv json\n--json\n"), "completion: '%s'", o);
+    cr_expect(tu_run(cmd, &o) == 0 && !strcmp(o, "md csv json\n--json --json-schema\n"), "completion: '%s'", o);
     free(o);
     snprintf(cmd, sizeof cmd, "%s -C '%s' uninstall DESTDIR='%s/root' PREFIX=/usr BUILD='%s'", mk, tu_root(), T, build);
     rc = tu_run(cmd, &o);

@@ -1743,3 +1743,46 @@ Test(serve, a_runaway_chat_template_is_refused_per_request_and_sigterm_still_dra
     close(waiting);
     srv_free(&s);
 }
+
+/* ---------------------------------------------------------------- constrained decoding (docs/grammar.md) */
+Test(serve, response_format_json_schema_replies_parse_and_follow_the_schema_streamed_or_not, .timeout = 120)
+{
+    srv s = {0};
+    srv_start(&s, NULL);
+    const char *schema = "{\"type\":\"object\",\"properties\":{\"name\":{\"type\":\"string\",\"maxLength\":10},"
+                         "\"n\":{\"type\":\"integer\"},\"tags\":{\"type\":\"array\",\"items\":{\"enum\":[\"x\",\"y\"]},\"maxItems\":2}},"
+                         "\"required\":[\"name\",\"n\"],\"additionalProperties\":false}";
+    int by_budget = 0;
+    for (int seed = 1; seed <= 8; seed++) {
+        char body[2048], *out = NULL;
+        int stream = seed % 2;
+        snprintf(body, sizeof body, "{\"messages\":[{\"role\":\"user\",\"content\":\"hi\"}],\"max_tokens\":%d,\"seed\":%d,"
+                 "\"temperature\":1.5,\"stream\":%s,\"response_format\":{\"type\":\"json_schema\",\"json_schema\":"
+                 "{\"name\":\"p\",\"strict\":true,\"schema\":%s}}}", 14 + 3 * seed, seed, stream ? "true" : "false", schema);
+        cr_assert_eq(http(&s, "POST", "/v1/chat/completions", body, NULL, &out), 200, "%s", out);
+        const char *fin;
+        char *text = stream ? stream_text(out, &fin) : completion_text(out, &fin);
+        by_budget += !strcmp(fin, "length");
+        json_t *v = json_loads(text, 0, NULL), *name = json_object_get(v, "name"), *tags = json_object_get(v, "tags");
+        cr_assert(json_is_object(v), "seed %d: not a JSON object: %s", seed, text);
+        cr_expect(json_is_string(name) && json_string_length(name) <= 40, "seed %d: name: %s", seed, text);   /* 10 characters */
+        cr_expect(json_is_integer(json_object_get(v, "n")), "seed %d: n: %s", seed, text);
+        cr_expect(json_object_size(v) == 2 + !!tags, "seed %d: no other keys: %s", seed, text);
+        for (size_t i = 0; tags && i < json_array_size(tags); i++) {
+            const char *t = json_string_value(json_array_get(tags, i));
+            cr_expect(t && (!strcmp(t, "x") || !strcmp(t, "y")) && json_array_size(tags) <= 2, "seed %d: tags: %s", seed, text);
+        }
+        json_decref(v);
+        free(text);
+        free(out);
+    }
+    cr_expect_gt(by_budget, 0, "some replies closed by max_tokens");
+    expect_error(&s, "POST", "/v1/completions", "{\"prompt\":\"x\",\"grammar\":\"root ::= (\"}", NULL, 400, "invalid_request_error");
+    char *out = NULL;
+    cr_expect_eq(http(&s, "POST", "/v1/completions",
+                      "{\"prompt\":\"x\",\"response_format\":{\"type\":\"json_schema\",\"json_schema\":{\"schema\":{\"minimum\":1}}}}",
+                      NULL, &out), 400);
+    cr_expect(strstr(out, "keyword 'minimum' is not supported"), "%s", out);
+    free(out);
+    srv_free(&s);
+}
