@@ -1,6 +1,7 @@
 /* test_session.c - the session layer (prompt/session.h) on its own: a
  * session opens a model with its tokenizer, sampler and template; greedy
  * generation through it streams the same ids and text `jlm run` prints;
+ * a grammar masks each step and closes the text within n_max tokens;
  * a chat turn that extends the conversation evaluates only the new text;
  * the view seam is asked, and its reporter flushed after each evaluation. */
 #include <criterion/criterion.h>
@@ -117,6 +118,50 @@ Test(session, an_emit_failure_stops_generation_with_its_code)
     cr_expect(strstr(err.msg, "sink full"), "%s", err.msg);
     cr_expect(ng >= 1 && ng < 64 && jlm_engine_n_past(s->e) <= past + ng, "stopped at the failure: %zu ids", ng);
     free(ids);
+    jlm_session_close(s);
+}
+
+/* jlm_sess_gen.gram: greedy decoding, which would go on with the story,
+ * follows the grammar instead, and a budget too short for the story still
+ * ends in a whole match (the max_tokens-aware mask), for several budgets. */
+Test(session, a_grammar_masks_every_step_and_closes_within_n_max)
+{
+    jlm_samp_params sp;
+    jlm_sess_opts o = greedy_opts(&sp);
+    jlm_session *s = NULL;
+    jlm_err err = {0};
+    cr_assert_eq(jlm_session_open(M, &o, &s, &err), 0, "%s", err.msg);
+    const char *src = "root ::= \"The \" [a-z]+ (\" \" [a-z]+)* \".\"";
+    jlm_gram *gr = NULL;
+    jlm_gram_vocab *v = NULL;
+    cr_assert_eq(jlm_gram_parse(src, strlen(src), &gr, &err), 0, "%s", err.msg);
+    cr_assert_eq(jlm_gram_vocab_from_tok(s->tok, &v, &err), 0, "%s", err.msg);
+    for (int n_max = 6; n_max <= 24; n_max += 6) {
+        jlm_gram_match *m = NULL;
+        cr_assert_eq(jlm_gram_match_new(gr, &m, &err), 0, "%s", err.msg);
+        int32_t *ids = NULL, gen[32];
+        size_t n = 0, ng = 0;
+        jlm_engine_rewind(s->e, 0);
+        cr_assert_eq(jlm_session_encode(s, "Once upon a time", 0, &ids, &n, &err), 0, "%s", err.msg);
+        cr_assert_eq(jlm_session_eval(s, ids, n, &err), 0, "%s", err.msg);
+        jlm_tok_stream ts;
+        jlm_tok_stream_init(&ts, s->tok, 0, 0);
+        ts.strip_space = 0;
+        jlm_sess_gen g = {.n_max = n_max, .ts = &ts, .gram = m, .gram_vocab = v};
+        char *text = NULL, tail[4];
+        cr_assert_eq(jlm_session_generate(s, &g, gen, &ng, &text, &err), 0, "%s", err.msg);
+        size_t nt = jlm_tok_stream_flush(&ts, tail), len = strlen(text);
+        cr_expect(nt == 0 && ng <= (size_t)n_max, "n_max %d: %zu tokens", n_max, ng);
+        cr_expect(jlm_gram_can_end(m), "n_max %d: a whole match: '%s'", n_max, text);
+        int ok = len > 5 && !strncmp(text, "The ", 4) && text[len - 1] == '.';
+        for (size_t i = 4; ok && i + 1 < len; i++)
+            ok = (text[i] >= 'a' && text[i] <= 'z') || (text[i] == ' ' && text[i - 1] != ' ');
+        cr_expect(ok, "n_max %d: '%s' does not follow the grammar", n_max, text);
+        free(text); free(ids);
+        jlm_gram_match_free(m);
+    }
+    jlm_gram_vocab_free(v);
+    jlm_gram_free(gr);
     jlm_session_close(s);
 }
 
