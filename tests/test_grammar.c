@@ -686,6 +686,10 @@ Test(grammar, jlm_run_json_schema_output_validates_and_a_bad_grammar_is_refused,
     cr_assert_neq(tu_run(cmd, &o), 0, "%s", o);
     cr_assert(strstr(o, "keyword 'pattern' is not supported"), "%s", o);
     free(o);
+    snprintf(cmd, sizeof cmd, "%s run %s -p Hi --grammar %s --json-schema %s 2>&1", tu_jlm(), m, gp, sp);
+    cr_assert_eq(tu_run(cmd, &o), 2, "both: usage error: %s", o);
+    cr_assert(strstr(o, "--grammar and --json-schema exclude each other") && strchr(o, '\n') == o + strlen(o) - 1, "%s", o);
+    free(o);
     free(m);
     tu_rmrf(dir);
     free(dir);
