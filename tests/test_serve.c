@@ -1743,3 +1743,77 @@ Test(serve, a_runaway_chat_template_is_refused_per_request_and_sigterm_still_dra
     close(waiting);
     srv_free(&s);
 }
+
+/* ---------------------------------------------------------------- prefix cache */
+
+/* POSTs a chat body; the response parsed (200 asserted). */
+static json_t *chat_json(const srv *s, const char *body)
+{
+    char *r = NULL;
+    cr_assert_eq(http(s, "POST", "/v1/chat/completions", body, NULL, &r), 200, "%s", r);
+    json_t *j = parse(r);
+    free(r);
+    return j;
+}
+
+static json_int_t cached_tokens(json_t *j)
+{
+    json_t *d = json_object_get(json_object_get(j, "usage"), "prompt_tokens_details");
+    cr_assert(json_is_integer(json_object_get(d, "cached_tokens")), "usage.prompt_tokens_details.cached_tokens");
+    return json_integer_value(json_object_get(d, "cached_tokens"));
+}
+
+/* The choice as bytes: the reply's text and every token's logprob and top 20
+ * alternatives (doubles printed to 17 digits): equal only when the logits
+ * each came from are. */
+static char *choice_bytes(json_t *j)
+{
+    json_t *c = json_array_get(json_object_get(j, "choices"), 0);
+    return json_dumps(c, JSON_SORT_KEYS | JSON_COMPACT | JSON_REAL_PRECISION(17));
+}
+
+Test(serve, a_next_chat_turn_reuses_the_cached_prefix_and_answers_as_without_it, .timeout = 120)
+{
+    srv a = {0}, b = {0};
+    const char *one[] = {"--parallel", "1", NULL};
+    srv_start(&a, one);
+    const char *t1 = "{\"messages\": [{\"role\": \"user\", \"content\": \"Once upon a time there was a little girl "
+                     "who liked to play in the park with her dog\"}], \"max_tokens\": 24, \"temperature\": 0}";
+    json_t *j1 = chat_json(&a, t1);
+    cr_assert_eq(cached_tokens(j1), 0, "the first request finds an empty cache");
+    char *d1 = json_dumps(j1, 0), *reply = completion_text(d1, NULL);
+    free(d1);
+    json_decref(j1);
+    /* a request sharing less than a block (the BOS, a few template tokens)
+     * reuses nothing; on the one slot (--parallel 1) it overwrites the
+     * sequence's cache, so the next turn's prefix must come from the cache */
+    json_t *j4 = chat_json(&a, "{\"messages\": [{\"role\": \"user\", \"content\": \"Zebras eat grass all day long "
+                               "in the hot sun and they run very fast when lions come near\"}], \"max_tokens\": 64, "
+                               "\"temperature\": 0, \"ignore_eos\": true}");
+    cr_assert_eq(cached_tokens(j4), 0, "a request sharing no block reports 0 cached tokens");
+    json_t *msgs = json_pack("[{s:s, s:s}, {s:s, s:s}, {s:s, s:s}]", "role", "user", "content",
+                             "Once upon a time there was a little girl who liked to play in the park with her dog",
+                             "role", "assistant", "content", reply, "role", "user", "content", "What happened next?");
+    json_t *req = json_pack("{s:o, s:i, s:i, s:b, s:i}", "messages", msgs, "max_tokens", 12, "temperature", 0,
+                            "logprobs", 1, "top_logprobs", 20);
+    char *t2 = json_dumps(req, 0);
+    json_t *j2 = chat_json(&a, t2);
+    json_int_t hit = cached_tokens(j2);
+    json_int_t n_prompt = json_integer_value(json_object_get(json_object_get(j2, "usage"), "prompt_tokens"));
+    cr_assert(hit >= 32 && hit < n_prompt, "the second turn reuses the first's prefix: %lld of %lld",
+              (long long)hit, (long long)n_prompt);
+    /* the same turn on a fresh server without the cache */
+    const char *off[] = {"--prefix-cache", "0", NULL};
+    srv_start(&b, off);
+    json_t *j3 = chat_json(&b, t2);
+    cr_assert_eq(cached_tokens(j3), 0);
+    char *x = choice_bytes(j2), *y = choice_bytes(j3);
+    cr_assert_str_eq(x, y, "text and logprobs with the cached prefix equal those without it");
+    char *m = get_metrics(&a);
+    cr_assert(metric(m, "jlm_prefix_cache_bytes{model=\"stories\"}") > 0, "%s", m);
+    cr_assert_eq(metric(m, "jlm_prompt_cached_tokens_total{model=\"stories\"}"), (double)hit, "%s", m);
+    free(m); free(x); free(y); free(t2); free(reply);
+    json_decref(j2); json_decref(j3); json_decref(j4); json_decref(req);
+    srv_free(&b);
+    srv_free(&a);
+}
