@@ -797,6 +797,50 @@ Test(engine_batch, each_sequence_gets_the_logits_it_gets_alone_moe_and_swa, .tim
     check_batch_equals_alone("synth-gemma3-256.Q8_0.gguf");
 }
 
+/* A prefix of K positions loaded from a saved one of N (K not on a key
+ * tile's edge) into a sequence holding other tokens, then the rest of the
+ * prompt evaluated: the logits equal evaluating the whole prompt, bit for bit. */
+static void check_kv_prefix_load(const char *gguf, const char *kv)
+{
+    enum { NP = 100, N = 80, K = 37 };
+    char *dir = tu_tmpdir();
+    char *m = convert_to(gguf, dir, "m.jlm");
+    jlm_engine_opts eo = {.n_threads = 2, .n_ctx = 128, .direct = 0, .quiet = 1, .kv = kv};
+    jlm_engine *e;
+    jlm_err err = {0};
+    cr_assert_eq(jlm_engine_open(m, &eo, &e, &err), 0, "%s", err.msg);
+    uint32_t nv = jlm_engine_n_vocab(e);
+    int32_t p[NP], other[NP];
+    for (int i = 0; i < NP; i++) { p[i] = (i * 7 + 3) % 250 + 1; other[i] = (i * 13 + 5) % 250 + 1; }
+    float *ref = malloc(nv * sizeof *ref), *got = malloc(nv * sizeof *got);
+    jlm_engine_seq *a, *b;
+    cr_assert_eq(jlm_engine_seq_create(e, &a, &err), 0, "%s", err.msg);
+    cr_assert_eq(jlm_engine_seq_create(e, &b, &err), 0, "%s", err.msg);
+    cr_assert_eq(jlm_engine_eval_seq(e, a, p, NP, ref, &err), 0, "%s", err.msg);
+    void *buf = malloc(jlm_engine_kv_bytes(e, N));
+    jlm_engine_kv_save(e, a, N, buf);
+    cr_assert_eq(jlm_engine_eval_seq(e, b, other, NP, got, &err), 0, "%s", err.msg);
+    jlm_engine_kv_load(e, b, buf, N, K);
+    cr_assert_eq(jlm_engine_seq_n_past(b), K);
+    cr_assert_eq(jlm_engine_eval_seq(e, b, p + K, NP - K, got, &err), 0, "%s", err.msg);
+    cr_assert(!memcmp(got, ref, nv * sizeof *got), "%s (kv %s): logits after a loaded prefix differ", gguf,
+              kv ? kv : "f32");
+    jlm_engine_seq_destroy(a);
+    jlm_engine_seq_destroy(b);
+    jlm_engine_close(e);
+    free(buf); free(ref); free(got); free(m);
+    tu_rmrf(dir);
+    free(dir);
+}
+
+Test(engine_batch, a_loaded_kv_prefix_gives_the_logits_of_evaluating_it, .timeout = 60)
+{
+    check_kv_prefix_load("stories260K.gguf", NULL);
+    check_kv_prefix_load("synth-llama-256.Q4_K_M.gguf", "f16");
+    check_kv_prefix_load("synth-qwen3moe-256.Q4_K_M.gguf", NULL);
+    check_kv_prefix_load("synth-gemma3-256.Q8_0.gguf", NULL);
+}
+
 Test(engine_batch, refuses_a_repeated_sequence_and_a_full_context)
 {
     char *dir = tu_tmpdir();
