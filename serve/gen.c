@@ -2,7 +2,8 @@
  * request (contract in srv_int.h). A request generates exactly as `jlm run`
  * (completions) or the first turn of `jlm chat` (chat) does with the same
  * sampling parameters: same tokenization, same sampler chain, same
- * detokenizer, on a fresh KV cache. */
+ * detokenizer, on a fresh KV cache or one loaded from the prefix cache
+ * (prefix.c) with what evaluating those tokens writes. */
 #include "serve/srv_int.h"
 
 #include "text/template/chat.h"
