@@ -1861,3 +1861,54 @@ Test(serve, a_next_chat_turn_reuses_the_cached_prefix_and_answers_as_without_it,
     srv_free(&b);
     srv_free(&a);
 }
+
+#define PROMPT_A "Once upon a time there was a little girl named Lily who liked to play in the park with her big dog"
+#define PROMPT_B "Zebras eat grass all day long in the hot sun and they run very fast when the hungry lions come near"
+
+/* POSTs a greedy completion of prompt; its usage's cached tokens. */
+static json_int_t completion_cached(const srv *s, const char *prompt)
+{
+    char body[1024], *r = NULL;
+    snprintf(body, sizeof body, "{\"prompt\": \"%s\", \"max_tokens\": 8, \"temperature\": 0}", prompt);
+    cr_assert_eq(http(s, "POST", "/v1/completions", body, NULL, &r), 200, "%s", r);
+    json_t *j = parse(r);
+    json_int_t c = cached_tokens(j);
+    json_decref(j);
+    free(r);
+    return c;
+}
+
+Test(serve, the_prefix_cache_stays_under_its_limit_and_the_budget_evicting_lru, .timeout = 120)
+{
+    srv a = {0}, b = {0}, c = {0};
+    srv_start(&a, NULL);
+    cr_assert_eq(completion_cached(&a, PROMPT_A), 0);
+    cr_assert_gt(completion_cached(&a, PROMPT_A), 0, "the same prompt again reuses its prefix");
+    char *m = get_metrics(&a);
+    double one = metric(m, "jlm_prefix_cache_bytes{model=\"stories\"}");
+    free(m);
+    cr_assert_gt(one, 0);
+    /* room for one entry: B's evicts A's (least recently used) */
+    char lim[32];
+    snprintf(lim, sizeof lim, "%.0f", one * 1.5);
+    const char *small[] = {"--prefix-cache", lim, NULL};
+    srv_start(&b, small);
+    cr_assert_eq(completion_cached(&b, PROMPT_A), 0);
+    cr_assert_eq(completion_cached(&b, PROMPT_B), 0);
+    cr_assert_gt(completion_cached(&b, PROMPT_B), 0, "B is held");
+    cr_assert_eq(completion_cached(&b, PROMPT_A), 0, "A was evicted to make room for B");
+    m = get_metrics(&b);
+    cr_assert_leq(metric(m, "jlm_prefix_cache_bytes{model=\"stories\"}"), one * 1.5, "%s", m);
+    free(m);
+    /* a budget at the model's minimum working set leaves the cache no room */
+    const char *tight[] = {"--budget", "1", NULL};
+    srv_start(&c, tight);
+    cr_assert_eq(completion_cached(&c, PROMPT_A), 0);
+    cr_assert_eq(completion_cached(&c, PROMPT_A), 0, "the cache counts against --budget");
+    m = get_metrics(&c);
+    cr_assert_eq(metric(m, "jlm_prefix_cache_bytes{model=\"stories\"}"), 0, "%s", m);
+    free(m);
+    srv_free(&c);
+    srv_free(&b);
+    srv_free(&a);
+}
