@@ -96,7 +96,7 @@ static int parse(int argc, char **argv, serve_opts *o)
         {NULL, "--budget", JLM_OPT_SIZE, &o->srv.budget, 0, 0, 0, "SIZE",
          "page frames of all models together (K/M/G), 0: unlimited"},
         {NULL, "--prefix-cache", JLM_OPT_SIZE, &o->srv.prefix_cache, 0, 0, 0, "SIZE",
-         "KV of earlier requests each model keeps for reuse (default 1G), 0: none"},
+         "KV of earlier requests each model keeps for reuse (K/M/G), 0: none"},
     };
     /* the engine's rows as run and chat have them (the budget is the server's own, above) */
     jlm_opts_gpu gpu = {0};
