@@ -194,6 +194,8 @@ static uint64_t kv_tiles(uint32_t n) { return ((uint64_t)n + JLM_K_FATTN_BK - 1)
 
 uint64_t jlm_engine_kv_bytes(const jlm_engine *e, uint32_t n)
 {
+    if (e->c->kv_lora_rank)
+        return 0;   /* a latent cache row per layer (exec_mla.c), not per-head tiles */
     uint64_t heads = (uint64_t)e->c->n_layer * e->c->n_kv_head;
     return heads * (kv_tiles(n) * JLM_K_FATTN_BK * e->hd + (uint64_t)n * e->hd_v) * e->kv_es;
 }
@@ -203,6 +205,8 @@ uint64_t jlm_engine_kv_bytes(const jlm_engine *e, uint32_t n)
 static void kv_copy(const jlm_engine *e, uint8_t *cache_k, uint8_t *cache_v, uint8_t *buf, uint32_t n, uint32_t k,
                     int to_cache)
 {
+    if (e->c->kv_lora_rank)
+        return;   /* jlm_engine_kv_bytes: nothing saved for latent attention */
     uint64_t heads = (uint64_t)e->c->n_layer * e->c->n_kv_head, es = e->kv_es;
     uint64_t ck = (uint64_t)e->kv_ctx * e->hd * es, cv = (uint64_t)e->kv_ctx * e->hd_v * es;
     uint64_t bk = kv_tiles(n) * JLM_K_FATTN_BK * e->hd * es, bv = (uint64_t)n * e->hd_v * es;

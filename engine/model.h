@@ -166,7 +166,10 @@ uint32_t jlm_engine_max_batch(void);
  * first n positions of a sequence's cache, compact (jlm_engine_kv_bytes(n)
  * bytes). Loading the first k <= n positions of a saved prefix into s makes
  * s hold exactly what evaluating those k tokens on it would (n_past = k), so
- * what follows evaluates bit for bit as after the tokens themselves. */
+ * what follows evaluates bit for bit as after the tokens themselves.
+ * jlm_engine_kv_bytes is 0 for a model whose cache is not kept per KV head
+ * (latent attention, deepseek2): its prefixes cannot be saved, and save and
+ * load do nothing. */
 uint64_t jlm_engine_kv_bytes(const jlm_engine *e, uint32_t n);
 /* n <= jlm_engine_seq_n_past(s); buf holds jlm_engine_kv_bytes(e, n) bytes. Cannot fail. */
 void jlm_engine_kv_save(const jlm_engine *e, const jlm_engine_seq *s, uint32_t n, void *buf);

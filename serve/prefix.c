@@ -76,8 +76,8 @@ static uint64_t room_of(const srv_model *m)
 void jlm_srv_pcache_put(srv_model *m, jlm_engine_seq *seq, const int32_t *tok, uint32_t n)
 {
     srv_pcache *c = &m->pcache;
-    if (!c->limit || !n)
-        return;
+    if (!c->limit || !n || !jlm_engine_kv_bytes(m->e, 1))
+        return;   /* no limit, nothing to keep, or a cache that cannot be saved (latent attention) */
     for (size_t i = 0; i < c->n; i++)
         if (c->e[i].n >= n && common(c->e[i].tok, c->e[i].n, tok, n) == n) {
             c->e[i].last_use = ++c->clock;   /* already held whole */

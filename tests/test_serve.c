@@ -1912,3 +1912,31 @@ Test(serve, the_prefix_cache_stays_under_its_limit_and_the_budget_evicting_lru, 
     srv_free(&b);
     srv_free(&a);
 }
+
+/* A latent-attention cache (deepseek2) is not kept per KV head: its prefixes
+ * cannot be saved (jlm_engine_kv_bytes 0), so serve's prefix cache keeps none
+ * of them, and a save into a zero-byte buffer writes nothing. */
+Test(engine_batch, a_latent_attention_cache_is_never_saved_as_a_prefix, .timeout = 60)
+{
+    char *dir = tu_tmpdir();
+    char *m = convert_to("synth-deepseek2-256.Q8_0.gguf", dir, "m.jlm");
+    jlm_engine_opts eo = {.n_threads = 1, .n_ctx = 64, .direct = 0, .quiet = 1};
+    jlm_engine *e;
+    jlm_err err = {0};
+    cr_assert_eq(jlm_engine_open(m, &eo, &e, &err), 0, "%s", err.msg);
+    cr_assert_eq(jlm_engine_kv_bytes(e, 16), 0);
+    jlm_engine_seq *s;
+    cr_assert_eq(jlm_engine_seq_create(e, &s, &err), 0);
+    float *l = malloc(jlm_engine_n_vocab(e) * sizeof *l);
+    int32_t ids[4] = {1, 2, 3, 4};
+    cr_assert_eq(jlm_engine_eval_seq(e, s, ids, 4, l, &err), 0, "%s", err.msg);
+    char guard = 0x5a;
+    jlm_engine_kv_save(e, s, 4, &guard);
+    cr_assert_eq(guard, 0x5a, "nothing written");
+    free(l);
+    jlm_engine_seq_destroy(s);
+    jlm_engine_close(e);
+    free(m);
+    tu_rmrf(dir);
+    free(dir);
+}
