@@ -5,6 +5,7 @@
  * and stream.c (paging). See model.h for the contract. */
 #include "engine/model_int.h"
 
+#include <fcntl.h>
 #include <malloc.h>
 #include <stdarg.h>
 #include <stdio.h>
@@ -16,6 +17,7 @@
 #include "engine/backend_cu.h"
 #include "engine/backend_vk.h"
 #include "engine/memlimit.h"
+#include "format/sums.h"
 
 /* ================================================================ open / close */
 /* An engine path switch read at open: name unset, empty or dflt gives 0,
@@ -421,6 +423,39 @@ static void fingerprint_note(const jlm_engine *e)
                 dd ? (dh ? ", device differs" : "device differs") : "", dw ? (dh || dd ? ", writer differs" : "writer differs") : "");
 }
 
+/* Wraps e->src with the sidecar's checksums (jlm_engine_opts.verify) and
+ * checks the header and records, which jlm_fmt_open read on its own. */
+static int open_verify(jlm_engine *e, const char *path, const jlm_engine_opts *o, jlm_err *err)
+{
+    if (o->no_verify)
+        return JLM_OK;
+    char *sp = jlm_sums_path(path);
+    if (!sp)
+        return jlm_errf(err, JLM_ENOMEM, "%s: out of memory", path);
+    uint8_t hb[JLM_HEADER_LEN];
+    jlm_sums *sums = NULL;
+    int rc = e->src->read(e->src, 0, sizeof hb, hb, err);
+    if (!rc)
+        rc = jlm_sums_load(AT_FDCWD, sp, hb, e->src->size, &sums, err);
+    free(sp);
+    if (rc == JLM_ENOTFOUND && !o->verify)
+        return JLM_OK;
+    if (rc == JLM_ENOTFOUND)
+        return jlm_errf(err, JLM_ENOTFOUND, "%s: --verify: no checksum sidecar %s.sums", path, path);
+    if (rc)
+        return rc;
+    jlm_source *inner = e->src;
+    e->src = NULL;   /* the verify source owns it from here, also on failure */
+    if ((rc = jlm_source_open_verify(inner, sums, &e->src, err)))
+        return rc;
+    uint8_t *meta = malloc(e->m->hdr.dense_off);
+    if (!meta)
+        return jlm_errf(err, JLM_ENOMEM, "%s: out of memory", path);
+    rc = e->src->read(e->src, 0, e->m->hdr.dense_off, meta, err);
+    free(meta);
+    return rc;
+}
+
 int jlm_engine_open(const char *path, const jlm_engine_opts *opts, jlm_engine **out, jlm_err *err)
 {
     jlm_engine_opts o = {0};
@@ -461,7 +496,7 @@ int jlm_engine_open(const char *path, const jlm_engine_opts *opts, jlm_engine **
     jlm_file_source_opts so = {.direct = o.direct, .n_threads = 0,
                                .same_as = e->m->fd >= 0 && !fstat(e->m->fd, &mst) ? &mst : NULL};
     if ((rc = choose_kv(e, &o, err)) || (rc = jlm_source_open_file(path, &so, &e->src, err)) ||
-        (rc = index_tensors(e, err)) || (rc = read_dense(e, err)) || (rc = open_pager(e, &o, err)) ||
+        (rc = open_verify(e, path, &o, err)) || (rc = index_tensors(e, err)) || (rc = read_dense(e, err)) || (rc = open_pager(e, &o, err)) ||
         (rc = jlm_pool_create(o.n_threads, 0, &e->pool, err)) || (rc = alloc_buffers(e, err)) ||
         (rc = apply_budget(e, &o, err)) || (rc = open_backend(e, &o, err)))
         goto fail;
