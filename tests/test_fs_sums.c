@@ -1,0 +1,168 @@
+/* test_fs_sums.c - page checksums through the mount (issue 43; issue 40
+ * item 2; docs/checksums.md): a bit flipped in a page of a cached entry
+ * (dense region, block, expert, vision) is refused with EIO on its first
+ * read, named in the log (span, expected, got), and the entry is converted
+ * again from its source; an entry swapped for a same-size, same-mtime copy
+ * with one bit flipped is never served. */
+#include "format/jlm_format.h"
+#include "tests/mntutil.h"
+
+#include <dirent.h>
+#include <sys/stat.h>
+
+static void init(void) { mnt_dirs(); }
+TestSuite(fs_sums, .init = init, .fini = mnt_fini, .timeout = 120);
+
+static void copy_in(const char *model, const char *name)
+{
+    size_t n;
+    unsigned char *g = tu_read_file(tu_model(model), &n);
+    cr_assert(g);
+    cr_assert_eq(tu_write_file(pathf("%s/%s", M.src, name), g, n), 0);
+    free(g);
+}
+
+/* The finished entry in the cache folder (the one "*.jlm"). */
+static char *entry(void)
+{
+    DIR *d = opendir(M.cache);
+    cr_assert(d);
+    struct dirent *de;
+    char *found = NULL;
+    while ((de = readdir(d)))
+        if (strlen(de->d_name) > 4 && !strcmp(de->d_name + strlen(de->d_name) - 4, ".jlm")) {
+            cr_assert(!found, "two entries");
+            found = strdup(pathf("%s/%s", M.cache, de->d_name));
+        }
+    closedir(d);
+    cr_assert(found, "no entry in %s", M.cache);
+    cr_assert(tu_exists(pathf("%s.sums", found)), "no sidecar beside %s", found);
+    return found;
+}
+
+static jlm_header header_of(const char *path)
+{
+    jlm_model *m = NULL;
+    jlm_err e = {0};
+    cr_assert_eq(jlm_fmt_open(path, &m, &e), 0, "%s", e.msg);
+    jlm_header h = m->hdr;
+    jlm_fmt_close(m);
+    return h;
+}
+
+static void flip(const char *path, uint64_t off)
+{
+    int fd = open(path, O_RDWR);
+    cr_assert(fd >= 0, "%s", path);
+    unsigned char c;
+    cr_assert_eq(pread(fd, &c, 1, (off_t)off), 1);
+    c ^= 0x04;
+    cr_assert_eq(pwrite(fd, &c, 1, (off_t)off), 1);
+    close(fd);
+}
+
+/* One byte of the view's model.jlm at off: 0 or the errno. */
+static int read_at(const char *view, uint64_t off)
+{
+    int fd = open(pathf("%s/%s/model.jlm", M.mnt, view), O_RDONLY);
+    cr_assert(fd >= 0);
+    unsigned char c;
+    ssize_t r = pread(fd, &c, 1, (off_t)off);
+    int e = r == 1 ? 0 : errno;
+    close(fd);
+    return e;
+}
+
+/* Every byte of the view equals the reference conversion's. */
+static void same_as_convert(const char *view, const char *gguf, const char *mmproj)
+{
+    const char *ref = pathf("%s/ref.jlm", M.tmp);
+    char *out = NULL;
+    const char *mm = mmproj ? pathf(" --mmproj '%s/%s'", M.src, mmproj) : "";
+    int rc = tu_run(pathf("'%s' convert '%s' -o '%s'%s", tu_jlm(), pathf("%s/%s", M.src, gguf), ref, mm), &out);
+    cr_assert_eq(rc, 0, "%s", out);
+    free(out);
+    size_t a = 0, b = 0;
+    unsigned char *x = tu_read_file(ref, &a), *y = tu_read_file(pathf("%s/%s/model.jlm", M.mnt, view), &b);
+    cr_assert(x && y && a == b && !memcmp(x, y, a), "%s differs from jlm convert's", view);
+    free(x);
+    free(y);
+}
+
+static void expect_refused(const char *view, uint64_t off, const char *what)
+{
+    char *e = entry();
+    flip(e, off);
+    int rc = read_at(view, off);
+    cr_assert_eq(rc, EIO, "a flipped byte in %s: read gave %s, expected EIO", what, rc ? strerror(rc) : "the byte");
+    char *log = read_text(M.log);
+    cr_assert(log && strstr(log, pathf("checksum mismatch in %s", what)) && strstr(log, "expected ") &&
+              strstr(log, "got "), "the log does not name %s: %s", what, log ? log : "");
+    free(log);
+    cr_assert(!tu_exists(e), "the bad entry is still in the cache");
+    free(e);
+    mnt_wait_ready(view, 60);   /* the next lookup converts it again from its source */
+}
+
+Test(fs_sums, a_flipped_bit_in_each_page_class_is_eio_named_and_converted_again)
+{
+    copy_in("synth-llama-moe-256.Q4_K_M.gguf", "m.gguf");
+    mnt_start(0, 1);
+    mnt_wait_ready("m.jlm", 60);
+    char *e = entry();
+    jlm_header h = header_of(e);
+    free(e);
+    expect_refused("m.jlm", h.dense_off + 100, "the dense region");
+    expect_refused("m.jlm", h.data_off + h.page_size + 5, "block 1 ");
+    expect_refused("m.jlm", h.exp_data_off + 5 * h.exp_page_size + 17, "expert page 5 ");
+    same_as_convert("m.jlm", "m.gguf", NULL);
+}
+
+Test(fs_sums, a_flipped_vision_page_is_eio_and_named)
+{
+    copy_in("synth-gemma3v-128.F32.gguf", "v.gguf");
+    copy_in("mmproj-tinygemma3.gguf", "mmproj-v.gguf");   /* beside it: the tower's pages (docs/vision.md) */
+    mnt_start(0, 1);
+    mnt_wait_ready("v.jlm", 60);
+    char *e = entry();
+    jlm_header h = header_of(e);
+    free(e);
+    cr_assert(h.n_vis_blocks);
+    expect_refused("v.jlm", h.vis_data_off + 9, "vision block 0 ");
+    same_as_convert("v.jlm", "v.gguf", "mmproj-v.gguf");
+}
+
+/* Issue 40 item 2: the finished entry swapped, while the daemon is down,
+ * for a copy of the same size and mtime with one bit flipped. */
+Test(fs_sums, a_swapped_entry_with_a_flipped_bit_is_never_served)
+{
+    copy_in("synth-llama-moe-256.Q4_K_M.gguf", "m.gguf");
+    mnt_start(0, 1);
+    mnt_wait_ready("m.jlm", 60);
+    mnt_stop();
+    char *e = entry();
+    jlm_header h = header_of(e);
+    struct stat st;
+    cr_assert_eq(stat(e, &st), 0);
+    const char *forged = pathf("%s/forged", M.tmp);
+    size_t n;
+    unsigned char *b = tu_read_file(e, &n);
+    cr_assert(b);
+    uint64_t off = h.data_off + 33;
+    b[off] ^= 0x01;
+    cr_assert_eq(tu_write_file(forged, b, n), 0);
+    free(b);
+    struct timespec ts[2] = {st.st_atim, st.st_mtim};
+    cr_assert_eq(utimensat(AT_FDCWD, forged, ts, 0), 0);
+    cr_assert_eq(chmod(forged, st.st_mode & 07777), 0);
+    cr_assert_eq(rename(forged, e), 0);
+    mnt_start(0, 1);
+    int rc = read_at("m.jlm", off);
+    cr_assert_eq(rc, EIO, "the forged byte: %s, expected EIO", rc ? strerror(rc) : "served");
+    char *log = read_text(M.log);
+    cr_assert(log && strstr(log, "checksum mismatch in block 0 "), "%s", log ? log : "");
+    free(log);
+    mnt_wait_ready("m.jlm", 60);
+    same_as_convert("m.jlm", "m.gguf", NULL);
+    free(e);
+}
