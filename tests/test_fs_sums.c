@@ -42,24 +42,13 @@ static char *entry(void)
 
 static jlm_header header_of(const char *path)
 {
-    jlm_model *m = NULL;
+    jlm_header h;
     jlm_err e = {0};
-    cr_assert_eq(jlm_fmt_open(path, &m, &e), 0, "%s", e.msg);
-    jlm_header h = m->hdr;
-    jlm_fmt_close(m);
+    cr_assert_eq(tu_header(path, &h, &e), 0, "%s", e.msg);
     return h;
 }
 
-static void flip(const char *path, uint64_t off)
-{
-    int fd = open(path, O_RDWR);
-    cr_assert(fd >= 0, "%s", path);
-    unsigned char c;
-    cr_assert_eq(pread(fd, &c, 1, (off_t)off), 1);
-    c ^= 0x04;
-    cr_assert_eq(pwrite(fd, &c, 1, (off_t)off), 1);
-    close(fd);
-}
+static void flip(const char *path, uint64_t off) { cr_assert_eq(tu_flip(path, off, 0x10), 0, "%s", path); }
 
 /* One byte of the view's model.jlm at off: 0 or the errno. */
 static int read_at(const char *view, uint64_t off)

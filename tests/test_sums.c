@@ -44,18 +44,6 @@ static char *convert_with(const char *gguf, const char *mmproj, const char *name
 
 static char *convert(const char *gguf, const char *name) { return convert_with(gguf, NULL, name); }
 
-static void flip(const char *path, uint64_t off)
-{
-    FILE *f = fopen(path, "r+b");
-    cr_assert(f);
-    cr_assert_eq(fseeko(f, (off_t)off, SEEK_SET), 0);
-    int c = fgetc(f);
-    cr_assert(c != EOF);
-    cr_assert_eq(fseeko(f, (off_t)off, SEEK_SET), 0);
-    fputc(c ^ 0x10, f);
-    fclose(f);
-}
-
 static void copy(const char *from, const char *to)
 {
     size_t n;
@@ -67,13 +55,13 @@ static void copy(const char *from, const char *to)
 
 static jlm_header header_of(const char *path)
 {
-    jlm_model *m = NULL;
+    jlm_header h;
     jlm_err e = {0};
-    cr_assert_eq(jlm_fmt_open(path, &m, &e), 0, "%s", e.msg);
-    jlm_header h = m->hdr;
-    jlm_fmt_close(m);
+    cr_assert_eq(tu_header(path, &h, &e), 0, "%s", e.msg);
     return h;
 }
+
+static void flip(const char *path, uint64_t off) { cr_assert_eq(tu_flip(path, off, 0x10), 0, "%s", path); }
 
 /* A copy of good (and its sidecar) with one bit flipped at off. */
 static char *flipped(const char *good, uint64_t off)
