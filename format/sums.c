@@ -144,12 +144,12 @@ static uint8_t *encode(const jlm_sums *s, size_t *len)
     return b;
 }
 
-static int write_atomic(int dirfd, const char *path, const uint8_t *b, size_t n, jlm_err *err)
+static int write_atomic(int dirfd, const char *path, unsigned mode, const uint8_t *b, size_t n, jlm_err *err)
 {
     char *part = NULL;
     if (asprintf(&part, "%s.part", path) < 0)
         return jlm_errf(err, JLM_ENOMEM, "%s: out of memory", path);
-    int fd = openat(dirfd, part, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC | O_NOFOLLOW, 0644);
+    int fd = openat(dirfd, part, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC | O_NOFOLLOW, (mode_t)mode);
     int rc = JLM_OK;
     size_t done;
     if (fd < 0) {
@@ -172,7 +172,7 @@ static int write_atomic(int dirfd, const char *path, const uint8_t *b, size_t n,
     return rc;
 }
 
-int jlm_sums_write_fd(int fd, uint64_t size, int dirfd, const char *sums_path, jlm_err *err)
+int jlm_sums_write_fd(int fd, uint64_t size, int dirfd, const char *sums_path, unsigned mode, jlm_err *err)
 {
     uint8_t hb[JLM_HEADER_LEN];
     size_t done;
@@ -189,7 +189,7 @@ int jlm_sums_write_fd(int fd, uint64_t size, int dirfd, const char *sums_path, j
     if (!rc && !b)
         rc = jlm_errf(err, JLM_ENOMEM, "%s: out of memory", sums_path);
     if (!rc)
-        rc = write_atomic(dirfd, sums_path, b, n, err);
+        rc = write_atomic(dirfd, sums_path, mode, b, n, err);
     free(b);
     jlm_sums_free(s);
     return rc;

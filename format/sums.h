@@ -56,9 +56,9 @@ uint64_t jlm_sums_hash(const void *p, size_t n);
 /* Computes the sidecar of the container open at fd (size bytes, header
  * decoded and validated) and writes it to sums_path atomically (2); paths
  * are relative to dirfd (AT_FDCWD, or a folder held open: jlmfs's cache),
- * and no link is followed.
+ * no link is followed, and a new file gets mode (less the umask).
  * JLM_EFORMAT / JLM_EIO / JLM_ENOSPC naming the path. */
-int jlm_sums_write_fd(int fd, uint64_t size, int dirfd, const char *sums_path, jlm_err *err);
+int jlm_sums_write_fd(int fd, uint64_t size, int dirfd, const char *sums_path, unsigned mode, jlm_err *err);
 
 /* Loads sums_path (relative to dirfd, no link followed) and pairs it with the container whose first bytes are
  * hdr_bytes (at least JLM_HEADER_LEN) and whose size is file_size.

@@ -117,7 +117,7 @@ static int write_sums(jlm_writer *w, jlm_err *err)
         return jlm_errf(err, JLM_ENOMEM, "%s: out of memory", w->out);
     int fd = open(w->part, O_RDONLY | O_CLOEXEC);
     int rc = fd < 0 ? jlm_errf(err, JLM_EIO, "%s: %s", w->part, strerror(errno))
-                    : jlm_sums_write_fd(fd, w->size, AT_FDCWD, sums, err);
+                    : jlm_sums_write_fd(fd, w->size, AT_FDCWD, sums, 0644, err);
     if (fd >= 0)
         close(fd);
     free(sums);

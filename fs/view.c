@@ -761,7 +761,7 @@ static int finish(jlmfs_view *v, jlm_err *err)
     const char *sname;
     int sdfd = cache_at(v, v->sums_path, &sname);
     jlm_sums *sums = NULL;
-    if ((rc = jlm_sums_write_fd(v->fd, v->file_size, sdfd, sname, err)) || (rc = load_sums(v, &sums, err)))
+    if ((rc = jlm_sums_write_fd(v->fd, v->file_size, sdfd, sname, 0600, err)) || (rc = load_sums(v, &sums, err)))
         return rc;
     pthread_mutex_lock(&v->lock);
     int rename_e = !v->dead && v->env->io->rename(v->part_path, v->cache_path) ? errno : 0;
@@ -901,33 +901,36 @@ static int span_mismatch(jlmfs_view *v, jlm_err *err)
 }
 
 /* Checks every span of the entry that [off, off+n) touches and no read has
- * checked yet: read whole from the entry, hashed, compared (format/sums.h).
- * A span checked once is not checked again. */
+ * checked yet: the spans from the first unchecked to the last read from the
+ * entry in one read, hashed, compared (format/sums.h). A span checked once
+ * is not checked again. */
 static int check_spans(jlmfs_view *v, jlm_sums *s, uint64_t off, uint64_t n, jlm_err *err)
 {
     int64_t i = jlm_sums_find(s, off);
     if (i < 0)   /* in padding: the first span after it */
         for (i = 0; (uint32_t)i < s->n && s->spans[i].off < off; i++)
             ;
-    for (; (uint32_t)i < s->n && s->spans[i].off < off + n; i++) {
-        if (jlm_sums_done(s, (uint32_t)i))
-            continue;
-        const jlm_span *sp = &s->spans[i];
-        uint8_t *b = malloc(sp->len ? sp->len : 1);
-        if (!b)
-            return jlm_errf(err, JLM_ENOMEM, "%s: out of memory", v->key);
-        int e = jlm_io_pread_full(v->env->io, v->fd, b, sp->len, sp->off, NULL);
-        int rc = e ? jlm_errf(err, JLM_EIO, "%s: reading [%llu, +%llu): %s", v->cache_path,
-                              (unsigned long long)sp->off, (unsigned long long)sp->len,
-                              strerror(e == JLM_IO_EOF ? EIO : e))
-                   : jlm_sums_check(s, (uint32_t)i, b, sp->len, v->cache_path, NULL, err);
-        free(b);
-        if (rc == JLM_EFORMAT)
-            return span_mismatch(v, err);
-        if (rc)
-            return rc;
-    }
-    return JLM_OK;
+    uint32_t lo = UINT32_MAX, hi = 0;
+    for (; (uint32_t)i < s->n && s->spans[i].off < off + n; i++)
+        if (!jlm_sums_done(s, (uint32_t)i)) {
+            lo = lo == UINT32_MAX ? (uint32_t)i : lo;
+            hi = (uint32_t)i;
+        }
+    if (lo == UINT32_MAX)
+        return JLM_OK;   /* the hot path: every span checked before */
+    uint64_t a = s->spans[lo].off, len = s->spans[hi].off + s->spans[hi].len - a;
+    uint8_t *b = malloc(len);
+    if (!b)
+        return jlm_errf(err, JLM_ENOMEM, "%s: out of memory", v->key);
+    int e = jlm_io_pread_full(v->env->io, v->fd, b, len, a, NULL);
+    int rc = e ? jlm_errf(err, JLM_EIO, "%s: reading [%llu, +%llu): %s", v->cache_path, (unsigned long long)a,
+                          (unsigned long long)len, strerror(e == JLM_IO_EOF ? EIO : e))
+               : JLM_OK;
+    for (uint32_t k = lo; !rc && k <= hi; k++)
+        if (!jlm_sums_done(s, k))
+            rc = jlm_sums_check(s, k, b + (s->spans[k].off - a), s->spans[k].len, v->cache_path, NULL, err);
+    free(b);
+    return rc == JLM_EFORMAT ? span_mismatch(v, err) : rc;
 }
 
 int jlmfs_view_read(jlmfs_view *v, uint64_t off, size_t len, uint8_t *out, jlm_err *err)
