@@ -422,7 +422,8 @@ static int open_container(jlmfs_view *v, jlm_err *err)
 }
 
 /* Longest flattened path kept in a cache name: 255 - '@' - the identity
- * (4 hex fields and a time, at most ~90) - ".vNN.jlm.fail.tmp"; a paired
+ * (4 hex fields and a time, at most ~90) - ".vNN.jlm.sums.part" (the longest
+ * suffix an entry gets; ".fail.tmp" is one shorter); a paired
  * projector's identity (at most 65 more) takes its share. */
 #define FLAT_MAX    128
 #define FLAT_MAX_MM 80
@@ -439,7 +440,7 @@ static char *cache_name(const jlmfs_view_env *env, const char *rel, const jlmfs_
         if (*p == '/')
             *p = '%';
     /* A long stem or a deep path would make a name over NAME_MAX (with the
-     * ".part" / ".fail.tmp" the entry also gets): keep its head, add a hash
+     * ".part" / ".fail.tmp" / ".sums.part" the entry also gets): keep its head, add a hash
      * of the whole path. */
     size_t flat_max = id->mm_ino || id->hf_hash || env->type ? FLAT_MAX_MM : FLAT_MAX;
     if (id->mm_ino && env->type)

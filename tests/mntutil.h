@@ -180,4 +180,14 @@ static inline void mnt_wait_ready(const char *view, double limit_s)
     }
 }
 
+/* tests/models/<model> copied to SRC/<as> (beside the mount, not through it). */
+static inline void mnt_copy_src(const char *model, const char *as)
+{
+    size_t n;
+    unsigned char *b = tu_read_file(tu_model(model), &n);
+    cr_assert(b, "%s", model);
+    cr_assert_eq(tu_write_file(pathf("%s/%s", M.src, as), b, n), 0);
+    free(b);
+}
+
 #endif

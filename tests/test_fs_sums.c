@@ -13,15 +13,6 @@
 static void init(void) { mnt_dirs(); }
 TestSuite(fs_sums, .init = init, .fini = mnt_fini, .timeout = 120);
 
-static void copy_in(const char *model, const char *name)
-{
-    size_t n;
-    unsigned char *g = tu_read_file(tu_model(model), &n);
-    cr_assert(g);
-    cr_assert_eq(tu_write_file(pathf("%s/%s", M.src, name), g, n), 0);
-    free(g);
-}
-
 /* The finished entry in the cache folder (the one "*.jlm"). */
 static char *entry(void)
 {
@@ -40,15 +31,15 @@ static char *entry(void)
     return found;
 }
 
-static jlm_header header_of(const char *path)
+/* The entry and its header. */
+static char *entry_header(jlm_header *h)
 {
-    jlm_header h;
-    jlm_err e = {0};
-    cr_assert_eq(tu_header(path, &h, &e), 0, "%s", e.msg);
-    return h;
+    char *e = entry();
+    jlm_err er = {0};
+    *h = (jlm_header){0};
+    cr_assert_eq(tu_header(e, h, &er), 0, "%s", er.msg);
+    return e;
 }
-
-static void flip(const char *path, uint64_t off) { cr_assert_eq(tu_flip(path, off, 0x10), 0, "%s", path); }
 
 /* One byte of the view's model.jlm at off: 0 or the errno. */
 static int read_at(const char *view, uint64_t off)
@@ -81,7 +72,7 @@ static void same_as_convert(const char *view, const char *gguf, const char *mmpr
 static void expect_refused(const char *view, uint64_t off, const char *what)
 {
     char *e = entry();
-    flip(e, off);
+    cr_assert_eq(tu_flip(e, off, 0x04), 0, "%s", e);
     int rc = read_at(view, off);
     cr_assert_eq(rc, EIO, "a flipped byte in %s: read gave %s, expected EIO", what, rc ? strerror(rc) : "the byte");
     char *log = read_text(M.log);
@@ -95,12 +86,11 @@ static void expect_refused(const char *view, uint64_t off, const char *what)
 
 Test(fs_sums, a_flipped_bit_in_each_page_class_is_eio_named_and_converted_again)
 {
-    copy_in("synth-llama-moe-256.Q4_K_M.gguf", "m.gguf");
+    mnt_copy_src("synth-llama-moe-256.Q4_K_M.gguf", "m.gguf");
     mnt_start(0, 1);
     mnt_wait_ready("m.jlm", 60);
-    char *e = entry();
-    jlm_header h = header_of(e);
-    free(e);
+    jlm_header h;
+    free(entry_header(&h));
     expect_refused("m.jlm", h.dense_off + 100, "the dense region");
     expect_refused("m.jlm", h.data_off + h.page_size + 5, "block 1 ");
     expect_refused("m.jlm", h.exp_data_off + 5 * h.exp_page_size + 17, "expert page 5 ");
@@ -109,13 +99,12 @@ Test(fs_sums, a_flipped_bit_in_each_page_class_is_eio_named_and_converted_again)
 
 Test(fs_sums, a_flipped_vision_page_is_eio_and_named)
 {
-    copy_in("synth-gemma3v-128.F32.gguf", "v.gguf");
-    copy_in("mmproj-tinygemma3.gguf", "mmproj-v.gguf");   /* beside it: the tower's pages (docs/vision.md) */
+    mnt_copy_src("synth-gemma3v-128.F32.gguf", "v.gguf");
+    mnt_copy_src("mmproj-tinygemma3.gguf", "mmproj-v.gguf");   /* beside it: the tower's pages (docs/vision.md) */
     mnt_start(0, 1);
     mnt_wait_ready("v.jlm", 60);
-    char *e = entry();
-    jlm_header h = header_of(e);
-    free(e);
+    jlm_header h;
+    free(entry_header(&h));
     cr_assert(h.n_vis_blocks);
     expect_refused("v.jlm", h.vis_data_off + 9, "vision block 0 ");
     same_as_convert("v.jlm", "v.gguf", "mmproj-v.gguf");
@@ -125,12 +114,12 @@ Test(fs_sums, a_flipped_vision_page_is_eio_and_named)
  * for a copy of the same size and mtime with one bit flipped. */
 Test(fs_sums, a_swapped_entry_with_a_flipped_bit_is_never_served)
 {
-    copy_in("synth-llama-moe-256.Q4_K_M.gguf", "m.gguf");
+    mnt_copy_src("synth-llama-moe-256.Q4_K_M.gguf", "m.gguf");
     mnt_start(0, 1);
     mnt_wait_ready("m.jlm", 60);
     mnt_stop();
-    char *e = entry();
-    jlm_header h = header_of(e);
+    jlm_header h;
+    char *e = entry_header(&h);
     struct stat st;
     cr_assert_eq(stat(e, &st), 0);
     const char *forged = pathf("%s/forged", M.tmp);
