@@ -392,12 +392,32 @@ static int entry_perms(const jlmfs_view *v, int fd)
     return (st.st_mode & 07777) == want ? 0 : fchmod(fd, want);
 }
 
+/* An entry whose inode changed (ctime) more than a moment after its sidecar
+ * was written was altered or swapped since (a forged size and mtime leave
+ * ctime behind; the writer renames the entry just after the sidecar): 1,
+ * with err saying so. */
+#define SUMS_CTIME_SLACK_S 2
+static int changed_after_sums(const jlmfs_view *v, int fd, jlm_err *err)
+{
+    const char *name;
+    int dfd = cache_at(v, v->sums_path, &name);
+    struct stat est, sst;
+    if (fstat(fd, &est) || fstatat(dfd, name, &sst, AT_SYMLINK_NOFOLLOW))
+        return 0;   /* no sidecar: load_sums says so */
+    if (est.st_ctim.tv_sec <= sst.st_mtim.tv_sec + SUMS_CTIME_SLACK_S)
+        return 0;
+    jlm_errf(err, JLM_EFORMAT, "%s: changed %lld s after its checksums were written (a swapped or edited entry)",
+             v->cache_path, (long long)(est.st_ctim.tv_sec - sst.st_mtim.tv_sec));
+    return 1;
+}
+
 static int open_container(jlmfs_view *v, jlm_err *err)
 {
     int fd = jlmfs_cache_open(v->env->cache_fd, v->cache_path, O_RDONLY, 0);
     jlm_sums *sums = NULL;
     jlm_err serr = {0};
-    if (fd >= 0 && cache_valid(v, fd) && !entry_perms(v, fd) && load_sums(v, &sums, &serr) == 0) {
+    if (fd >= 0 && cache_valid(v, fd) && !changed_after_sums(v, fd, &serr) && load_sums(v, &sums, &serr) == 0 &&
+        !entry_perms(v, fd)) {
         v->fd = fd;
         v->sums = sums;
         memset(v->done, 1, v->n_units);
@@ -405,6 +425,7 @@ static int open_container(jlmfs_view *v, jlm_err *err)
         v->state = JLMFS_READY;
         return 0;
     }
+    jlm_sums_free(sums);   /* loaded, but the entry's mode could not be set */
     if (fd >= 0 && serr.msg[0])
         vlog(v, JLMFS_LOG_WARNING, "%s: cached entry refused, converting again: %s", v->key, serr.msg);
     if (fd >= 0)

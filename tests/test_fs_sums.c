@@ -111,8 +111,10 @@ Test(fs_sums, a_flipped_vision_page_is_eio_and_named)
 }
 
 /* Issue 40 item 2: the finished entry swapped, while the daemon is down,
- * for a copy of the same size and mtime with one bit flipped. */
-Test(fs_sums, a_swapped_entry_with_a_flipped_bit_is_never_served)
+ * for a copy of the same size and mtime with one bit flipped in block 0.
+ * hours_old: the sidecar is dated an hour back (the entry was converted
+ * long before the swap). Returns the offset flipped. */
+static uint64_t swap_entry(int hours_old)
 {
     mnt_copy_src("synth-llama-moe-256.Q4_K_M.gguf", "m.gguf");
     mnt_start(0, 1);
@@ -122,6 +124,11 @@ Test(fs_sums, a_swapped_entry_with_a_flipped_bit_is_never_served)
     char *e = entry_header(&h);
     struct stat st;
     cr_assert_eq(stat(e, &st), 0);
+    if (hours_old) {
+        struct timespec old[2] = {{st.st_mtim.tv_sec - 3600, 0}, {st.st_mtim.tv_sec - 3600, 0}};
+        cr_assert_eq(utimensat(AT_FDCWD, pathf("%s.sums", e), old, 0), 0);
+        sleep_ms(1100);   /* the forged copy's ctime is later than the entry's */
+    }
     const char *forged = pathf("%s/forged", M.tmp);
     size_t n;
     unsigned char *b = tu_read_file(e, &n);
@@ -134,6 +141,15 @@ Test(fs_sums, a_swapped_entry_with_a_flipped_bit_is_never_served)
     cr_assert_eq(utimensat(AT_FDCWD, forged, ts, 0), 0);
     cr_assert_eq(chmod(forged, st.st_mode & 07777), 0);
     cr_assert_eq(rename(forged, e), 0);
+    free(e);
+    return off;
+}
+
+/* Swapped just after its conversion (inside the ctime slack): adopted, and
+ * the first read of the flipped span refuses it. */
+Test(fs_sums, a_swapped_entry_with_a_flipped_bit_is_never_served)
+{
+    uint64_t off = swap_entry(0);
     mnt_start(0, 1);
     int rc = read_at("m.jlm", off);
     cr_assert_eq(rc, EIO, "the forged byte: %s, expected EIO", rc ? strerror(rc) : "served");
@@ -142,5 +158,21 @@ Test(fs_sums, a_swapped_entry_with_a_flipped_bit_is_never_served)
     free(log);
     mnt_wait_ready("m.jlm", 60);
     same_as_convert("m.jlm", "m.gguf", NULL);
-    free(e);
+}
+
+/* Swapped later than its sidecar: refused at adoption, never `ready` with
+ * the forged bytes: converted again from its source. */
+Test(fs_sums, a_swapped_entry_is_not_adopted_as_ready)
+{
+    swap_entry(1);
+    mnt_start(0, 1);
+    char *st = read_text(pathf("%s/m.jlm/status", M.mnt));
+    cr_assert(st && strncmp(st, "ready", 5), "a swapped entry adopted as ready: %s", st ? st : "");
+    free(st);
+    char *log = read_text(M.log);
+    cr_assert(log && strstr(log, "cached entry refused") && strstr(log, "after its checksums were written"), "%s",
+              log ? log : "");
+    free(log);
+    mnt_wait_ready("m.jlm", 60);
+    same_as_convert("m.jlm", "m.gguf", NULL);
 }
