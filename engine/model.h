@@ -54,6 +54,11 @@ typedef struct jlm_engine_opts {
     uint32_t n_ctx;        /* 0: min(model context, 4096); at most JLM_ENGINE_MAX_CTX */
     int      direct;       /* plain-file source: 1 try O_DIRECT, 0 buffered */
     int      no_prefetch;  /* 1: no block read ahead on the pager's reader thread */
+    int      verify;       /* 1: check every span of the container against
+                            * PATH.sums (format/sums.h) on its first read, and
+                            * refuse to open without a sidecar that pairs with it */
+    int      no_verify;    /* 1: no checks; neither: checks when PATH.sums exists
+                            * (a sidecar that does not pair is refused) */
     int      quiet;        /* 1: no notes on stderr */
     const char *backend;   /* NULL/"cpu"; "vulkan" / "cuda": matmuls on a Vulkan /
                             * CUDA device (engine/backend_vk.h, backend_cu.h;
