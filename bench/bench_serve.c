@@ -26,7 +26,11 @@
  * 4 + 4 at once (the busy models settle at half the budget each); t/s as
  * ratios to the unlimited server, and the frames taken (jlm_budget_reclaims_total).
  *
- *   build/bench/bench_serve [-n N] [-t T] [--soak S]   defaults: N 16, T 2, S 15
+ * First (alone with --ttft-only 1): the prefix cache, the time to the first
+ * token of a chat's second turn after a first turn of ~2,000 tokens, on a
+ * server with the cache and one without (--prefix-cache 0).
+ *
+ *   build/bench/bench_serve [-n N] [-t T] [--soak S] [--ttft-only 1]   defaults: N 16, T 2, S 15
  */
 #include "bench/bench_common.h"
 
@@ -35,8 +39,9 @@
 #include <sys/stat.h>
 #include <sys/wait.h>
 
-/* Starts `jlm serve model --port 0`; the port, or -1. */
-static int start_server(const char *model, int n_threads, const char *budget, pid_t *pid)
+/* Starts `jlm serve model --port 0` (with --prefix-cache 0 when no_cache);
+ * the port, or -1. */
+static int start_server_opt(const char *model, int n_threads, const char *budget, int no_cache, pid_t *pid)
 {
     const char *jb = getenv("JLM_BIN");
     char t[16];
@@ -52,7 +57,8 @@ static int start_server(const char *model, int n_threads, const char *budget, pi
             execl(jb, jb, "serve", "--models", model, "--port", "0", "--parallel", "8", "-t", t, "--budget", budget,
                   (char *)NULL);
         else
-            execl(jb, jb, "serve", model, "--port", "0", "--parallel", "8", "-t", t, "--budget", budget, (char *)NULL);
+            execl(jb, jb, "serve", model, "--port", "0", "--parallel", "8", "-t", t, "--budget", budget,
+                  no_cache ? "--prefix-cache" : (char *)NULL, "0", (char *)NULL);
         _exit(127);
     }
     close(fd[1]);
@@ -70,6 +76,11 @@ static int start_server(const char *model, int n_threads, const char *budget, pi
     close(fd[0]);
     const char *c = strstr(line, "127.0.0.1:");
     return c ? atoi(c + 10) : -1;
+}
+
+static int start_server(const char *model, int n_threads, const char *budget, pid_t *pid)
+{
+    return start_server_opt(model, n_threads, budget, 0, pid);
 }
 
 /* CPU seconds (user + system) the process has used so far, or 0. */
@@ -206,6 +217,76 @@ static double metric_sum(int port, const char *name)
     return v;
 }
 
+/* The integer after "KEY": in the file at path; -1 when absent. */
+static long json_int_in(const char *path, const char *key)
+{
+    FILE *f = fopen(path, "r");
+    char buf[65536], pat[64];
+    size_t n = f ? fread(buf, 1, sizeof buf - 1, f) : 0;
+    if (f) fclose(f);
+    buf[n] = 0;
+    snprintf(pat, sizeof pat, "\"%s\":", key);
+    const char *p = strstr(buf, pat);
+    return p ? atol(p + strlen(pat)) : -1;
+}
+
+/* POSTs the chat body in dir/name.json; seconds, the response in dir/name.out. */
+static double post_chat(int port, const char *dir, const char *name)
+{
+    char cmd[4096];
+    snprintf(cmd, sizeof cmd, "curl -s --max-time 600 -o %s/%s.out http://127.0.0.1:%d/v1/chat/completions "
+             "--data-binary @%s/%s.json", dir, name, port, dir, name);
+    double t0 = bench_now();
+    int rc = system(cmd);
+    return rc ? -1 : bench_now() - t0;
+}
+
+static int stop_server(pid_t pid);
+
+/* TTFT of a chat's second turn after a first one of ~2,000 tokens: the
+ * turn's prompt repeats the first turn and its reply, and asks one token
+ * (its latency is the time to the first token). With the prefix cache the
+ * shared prefix is not evaluated again. Seconds (cached, not), the prompt
+ * and cached tokens of the cached server's turn; 0 when all ran. */
+static int ttft(const char *model, int n_threads, const char *dir, double out[2], long tok[2])
+{
+    char p[1100], hist[1400] = "";
+    size_t len = 0;
+    uint64_t x = 88172645463325252ull;
+    while (len < 1320) {   /* ~2,000 tokens of words drawn from a fixed generator: many distinct tokens */
+        x ^= x << 13; x ^= x >> 7; x ^= x << 17;
+        len += (size_t)snprintf(hist + len, sizeof hist - len, "%c%c%c ", 'a' + (int)(x % 26), 'a' + (int)(x / 26 % 26),
+                                'a' + (int)(x / 676 % 26));
+    }
+    for (int c = 0; c < 2; c++) {
+        pid_t pid;
+        int port = start_server_opt(model, n_threads, "0", c, &pid);
+        if (port <= 0)
+            return -1;
+        snprintf(p, sizeof p, "%s/t1.json", dir);
+        FILE *f = fopen(p, "w");
+        if (f) fprintf(f, "{\"messages\": [{\"role\": \"user\", \"content\": \"%s\"}], \"max_tokens\": 8, "
+                      "\"temperature\": 0, \"ignore_eos\": true}", hist);
+        if (!f || fclose(f) || post_chat(port, dir, "t1") < 0)
+            return stop_server(pid), -1;
+        snprintf(p, sizeof p, "%s/t2.json", dir);
+        f = fopen(p, "w");   /* the reply of a random model is not valid text: its tokens stand for it ("x") */
+        if (f) fprintf(f, "{\"messages\": [{\"role\": \"user\", \"content\": \"%s\"}, {\"role\": \"assistant\", "
+                      "\"content\": \"x\"}, {\"role\": \"user\", \"content\": \"and then?\"}], \"max_tokens\": 1, "
+                      "\"temperature\": 0, \"ignore_eos\": true}", hist);
+        if (!f || fclose(f) || (out[c] = post_chat(port, dir, "t2")) < 0)
+            return stop_server(pid), -1;
+        snprintf(p, sizeof p, "%s/t2.out", dir);
+        if (c == 0) {
+            tok[0] = json_int_in(p, "prompt_tokens");
+            tok[1] = json_int_in(p, "cached_tokens");
+        }
+        if (stop_server(pid) != 0)
+            return -1;
+    }
+    return 0;
+}
+
 /* SIGTERM; the exit status (128 + signal when killed by one). */
 static int stop_server(pid_t pid)
 {
@@ -257,11 +338,12 @@ static int drain(int port, pid_t pid, const char *dir)
 
 int main(int argc, char **argv)
 {
-    int n = 16, n_threads = 2, soak_s = 15;
+    int n = 16, n_threads = 2, soak_s = 15, ttft_only = 0;
     for (int i = 1; i + 1 < argc; i += 2) {
         if (!strcmp(argv[i], "-n")) n = atoi(argv[i + 1]);
         else if (!strcmp(argv[i], "-t")) n_threads = atoi(argv[i + 1]);
         else if (!strcmp(argv[i], "--soak")) soak_s = atoi(argv[i + 1]);
+        else if (!strcmp(argv[i], "--ttft-only")) ttft_only = atoi(argv[i + 1]);
     }
     char *dir = bench_tmpdir(), model[1024];
     uint32_t type;
@@ -272,6 +354,19 @@ int main(int argc, char **argv)
     snprintf(half, sizeof half, "%llu", (unsigned long long)bench_file_size(model) / 2);
     const char *budgets[] = {"0", half};
     int rc = 0;
+    double tt[2] = {0, 0};
+    long tk[2] = {-1, -1};
+    if (ttft(model, n_threads, dir, tt, tk) || tk[1] <= 0) {
+        fprintf(stderr, "bench_serve: the prefix-cache TTFT runs failed (see %s/t2.out)\n", dir);
+        return 1;
+    }
+    printf("chat turn after a %ld-token history, 1 token: %.3f s with the prefix cache (%ld tokens reused), %.3f s "
+           "without: %.1fx\n", tk[0], tt[0], tk[1], tt[1], tt[1] / tt[0]);
+    if (ttft_only) {
+        bench_rmrf(dir);
+        free(dir);
+        return 0;
+    }
     for (int b = 0; b < 2 && !rc; b++) {
         pid_t pid;
         int port = start_server(model, n_threads, budgets[b], &pid);

@@ -42,6 +42,7 @@ int jlm_cmd_show(int argc, char **argv);
 int jlm_cmd_rm(int argc, char **argv);
 int jlm_cmd_ps(int argc, char **argv);
 int jlm_cmd_cache(int argc, char **argv);
+int jlm_cmd_verify(int argc, char **argv);
 
 #include <stdint.h>
 

@@ -16,6 +16,7 @@ static const char USAGE[] =
     "usage: jlm serve (MODEL... | --models DIR) [--host 127.0.0.1] [--port 8080] [--parallel N] [--queue N]\n"
     "                 [--api-key KEY] [--body-max SIZE] [--conn-per-addr N] [--header-timeout S]\n"
     "                 [--body-timeout S] [-c CTX] [-t THREADS] [--budget SIZE] [--rescan S]\n"
+    "                 [--prefix-cache SIZE]\n"
     "                 [--kv f32|f16] [--backend NAME[,NAME]] [--device N|NAME[,..]] [--gpu-layers N|all[,M|all]]\n"
     "                 [--gpu-budget SIZE[,SIZE]] [--no-direct]\n"
     "       (MODEL: a .jlm, a jlmfs view, or a .gguf converted once into the cache as `jlm run` does;\n"
@@ -67,6 +68,7 @@ static int parse(int argc, char **argv, serve_opts *o)
     o->srv.rescan_s = 5;
     o->srv.parallel = 4;
     o->srv.queue = 8;
+    o->srv.prefix_cache = (uint64_t)1 << 30;
     o->srv.conn_per_addr = 32;
     o->srv.header_s = 10;
     o->srv.body_s = 60;
@@ -93,6 +95,8 @@ static int parse(int argc, char **argv, serve_opts *o)
          "seconds a request's body may take after its headers"},
         {NULL, "--budget", JLM_OPT_SIZE, &o->srv.budget, 0, 0, 0, "SIZE",
          "page frames of all models together (K/M/G), 0: unlimited"},
+        {NULL, "--prefix-cache", JLM_OPT_SIZE, &o->srv.prefix_cache, 0, 0, 0, "SIZE",
+         "KV of earlier requests each model keeps for reuse (K/M/G), 0: none"},
     };
     /* the engine's rows as run and chat have them (the budget is the server's own, above) */
     jlm_opts_gpu gpu = {0};
@@ -108,6 +112,7 @@ static int parse(int argc, char **argv, serve_opts *o)
     if ((rc = jlm_opts_engine_finish("jlm serve", &o->srv.eng, &gpu)))
         return rc;
     o->srv.body_max = (size_t)body;
+    o->srv.no_prefix_cache = o->srv.prefix_cache == 0;
     if (m_opt && os.n_pos < MAX_MODELS)
         pos[os.n_pos++] = m_opt;   /* -m FILE: served as the first positional would be */
     if (!o->srv.models_dir && !os.n_pos) {

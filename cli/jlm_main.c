@@ -24,6 +24,7 @@ static const cmd CMDS[] = {
     {"rm",       jlm_cmd_rm,       "rm MODEL...                             remove cache entries (never one in use)"},
     {"ps",       jlm_cmd_ps,       "ps                                      processes running a cached model"},
     {"cache",    jlm_cmd_cache,    "cache prune [DIR] [--older-than D] [--max-size S]   remove unused cache entries"},
+    {"verify",   jlm_cmd_verify,   "verify MODEL                            check every page against MODEL.sums (exit 0 all match, 1 some do not, 2 no sidecar)"},
     {"stats",    jlm_cmd_stats,    "stats MOUNT_OR_DB [--json | --watch S | --html [-o F]]   residency counters of a jlmfs mount, view or database"},
 };
 

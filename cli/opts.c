@@ -285,6 +285,11 @@ int jlm_opts_engine_rows(jlm_opt *t, unsigned which, jlm_engine_opts *eo, jlm_op
                            "page weights through the page cache"};
         t[n++] = (jlm_opt){NULL, "--no-prefetch", JLM_OPT_FLAG, &eo->no_prefetch, 0, 0, 0, NULL,
                            "no read of the next block while one computes"};
+        t[n++] = (jlm_opt){NULL, "--verify", JLM_OPT_FLAG, &eo->verify, 0, 0, 0, NULL,
+                           "check every page against MODEL.sums on its first read; refuse without one "
+                           "(default: checked when MODEL.sums exists)"};
+        t[n++] = (jlm_opt){NULL, "--no-verify", JLM_OPT_FLAG, &eo->no_verify, 0, 0, 0, NULL,
+                           "no page checksums"};
     }
     if (which & JLM_ROWS_BACKEND) {
         t[n++] = (jlm_opt){NULL, "--backend", JLM_OPT_STR, &eo->backend, 0, 0, 0, "NAME[,NAME]",

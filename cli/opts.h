@@ -61,7 +61,7 @@ enum {
     JLM_ROWS_PAGING = 16,  /* --no-direct, --no-prefetch */
     JLM_ROWS_BACKEND = 32, /* --backend, --device, --gpu-layers, --gpu-budget */
 };
-#define JLM_OPTS_ENGINE_MAX 10
+#define JLM_OPTS_ENGINE_MAX 12
 #define JLM_OPTS_SAMPLER_MAX 7
 typedef struct jlm_opts_gpu { const char *layers, *budget; } jlm_opts_gpu;   /* as typed; NULL: not given */
 int jlm_opts_engine_rows(jlm_opt *t, unsigned which, jlm_engine_opts *eo, jlm_opts_gpu *gpu);

@@ -4,6 +4,7 @@
 #include "cli/cli.h"
 #include "converter/convert.h"
 #include "converter/hf.h"
+#include "format/sums.h"
 #include "residency/residency.h"
 
 #include <errno.h>
@@ -210,8 +211,13 @@ int jlm_cli_entry_remove(const char *path)
     if (fd < 0)
         return -1;
     int rc = -1;
-    if (flock(fd, LOCK_EX | LOCK_NB) == 0)
+    if (flock(fd, LOCK_EX | LOCK_NB) == 0) {
         rc = unlink(path) ? -1 : 0;   /* under the lock: a run that opened it sees nlink 0 and converts again */
+        char *sums = rc ? NULL : jlm_sums_path(path);
+        if (sums)   /* its checksums (docs/checksums.md) go with it */
+            unlink(sums);
+        free(sums);
+    }
     else if (errno == EWOULDBLOCK)
         rc = 1;
     close(fd);

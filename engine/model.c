@@ -187,6 +187,48 @@ int jlm_engine_eval_seq(jlm_engine *e, jlm_engine_seq *s, const int32_t *tokens,
     return eval_one(e, s->kc, s->vc, &s->n_past, tokens, n, logits, err);
 }
 
+/* Keys: per head (n_layer * n_kv_head of them, kv_ctx positions each) whole
+ * tiles of JLM_K_FATTN_BK positions; values: rows of hd_v. A prefix of n
+ * positions is the first tiles(n) key tiles and n value rows of each head. */
+static uint64_t kv_tiles(uint32_t n) { return ((uint64_t)n + JLM_K_FATTN_BK - 1) / JLM_K_FATTN_BK; }
+
+uint64_t jlm_engine_kv_bytes(const jlm_engine *e, uint32_t n)
+{
+    if (e->c->kv_lora_rank)
+        return 0;   /* a latent cache row per layer (exec_mla.c), not per-head tiles */
+    uint64_t heads = (uint64_t)e->c->n_layer * e->c->n_kv_head;
+    return heads * (kv_tiles(n) * JLM_K_FATTN_BK * e->hd + (uint64_t)n * e->hd_v) * e->kv_es;
+}
+
+/* Copies the first k positions of each head between a sequence's cache and
+ * a compact buffer of n positions; to_cache: from the buffer to the cache. */
+static void kv_copy(const jlm_engine *e, uint8_t *cache_k, uint8_t *cache_v, uint8_t *buf, uint32_t n, uint32_t k,
+                    int to_cache)
+{
+    if (e->c->kv_lora_rank)
+        return;   /* jlm_engine_kv_bytes: nothing saved for latent attention */
+    uint64_t heads = (uint64_t)e->c->n_layer * e->c->n_kv_head, es = e->kv_es;
+    uint64_t ck = (uint64_t)e->kv_ctx * e->hd * es, cv = (uint64_t)e->kv_ctx * e->hd_v * es;
+    uint64_t bk = kv_tiles(n) * JLM_K_FATTN_BK * e->hd * es, bv = (uint64_t)n * e->hd_v * es;
+    uint64_t nk = kv_tiles(k) * JLM_K_FATTN_BK * e->hd * es, nv = (uint64_t)k * e->hd_v * es;
+    uint8_t *bufv = buf + heads * bk;
+    for (uint64_t h = 0; h < heads; h++) {
+        memcpy(to_cache ? cache_k + h * ck : buf + h * bk, to_cache ? buf + h * bk : cache_k + h * ck, nk);
+        memcpy(to_cache ? cache_v + h * cv : bufv + h * bv, to_cache ? bufv + h * bv : cache_v + h * cv, nv);
+    }
+}
+
+void jlm_engine_kv_save(const jlm_engine *e, const jlm_engine_seq *s, uint32_t n, void *buf)
+{
+    kv_copy(e, s->kc, s->vc, buf, n, n, 0);
+}
+
+void jlm_engine_kv_load(const jlm_engine *e, jlm_engine_seq *s, const void *buf, uint32_t n, uint32_t k)
+{
+    kv_copy(e, s->kc, s->vc, (uint8_t *)buf, n, k, 1);
+    s->n_past = k;
+}
+
 int jlm_engine_eval_batch(jlm_engine *e, jlm_engine_seq *const *seqs, const int32_t *tokens, uint32_t n,
                           float *logits, jlm_err *err)
 {

@@ -54,6 +54,11 @@ typedef struct jlm_engine_opts {
     uint32_t n_ctx;        /* 0: min(model context, 4096); at most JLM_ENGINE_MAX_CTX */
     int      direct;       /* plain-file source: 1 try O_DIRECT, 0 buffered */
     int      no_prefetch;  /* 1: no block read ahead on the pager's reader thread */
+    int      verify;       /* 1: check every span of the container against
+                            * PATH.sums (format/sums.h) on its first read, and
+                            * refuse to open without a sidecar that pairs with it */
+    int      no_verify;    /* 1: no checks; neither: checks when PATH.sums exists
+                            * (a sidecar that does not pair is refused) */
     int      quiet;        /* 1: no notes on stderr */
     const char *backend;   /* NULL/"cpu"; "vulkan" / "cuda": matmuls on a Vulkan /
                             * CUDA device (engine/backend_vk.h, backend_cu.h;
@@ -162,6 +167,19 @@ int  jlm_engine_eval_seq(jlm_engine *e, jlm_engine_seq *s, const int32_t *tokens
 int  jlm_engine_eval_batch(jlm_engine *e, jlm_engine_seq *const *seqs, const int32_t *tokens, uint32_t n,
                            float *logits, jlm_err *err);
 uint32_t jlm_engine_max_batch(void);
+/* A KV prefix kept apart from any sequence (serve's prefix cache): the
+ * first n positions of a sequence's cache, compact (jlm_engine_kv_bytes(n)
+ * bytes). Loading the first k <= n positions of a saved prefix into s makes
+ * s hold exactly what evaluating those k tokens on it would (n_past = k), so
+ * what follows evaluates bit for bit as after the tokens themselves.
+ * jlm_engine_kv_bytes is 0 for a model whose cache is not kept per KV head
+ * (latent attention, deepseek2): its prefixes cannot be saved, and save and
+ * load do nothing. */
+uint64_t jlm_engine_kv_bytes(const jlm_engine *e, uint32_t n);
+/* n <= jlm_engine_seq_n_past(s); buf holds jlm_engine_kv_bytes(e, n) bytes. Cannot fail. */
+void jlm_engine_kv_save(const jlm_engine *e, const jlm_engine_seq *s, uint32_t n, void *buf);
+/* buf saved with n positions; k <= n and k <= n_ctx. Cannot fail. */
+void jlm_engine_kv_load(const jlm_engine *e, jlm_engine_seq *s, const void *buf, uint32_t n, uint32_t k);
 
 const jlm_model *jlm_engine_model(const jlm_engine *e);
 uint32_t jlm_engine_n_past(const jlm_engine *e);

@@ -5,6 +5,8 @@
  * and stream.c (paging). See model.h for the contract. */
 #include "engine/model_int.h"
 
+#include <errno.h>
+#include <fcntl.h>
 #include <malloc.h>
 #include <stdarg.h>
 #include <stdio.h>
@@ -12,10 +14,12 @@
 #include <sys/mman.h>
 #include <sys/stat.h>
 #include <sys/utsname.h>
+#include <unistd.h>
 
 #include "engine/backend_cu.h"
 #include "engine/backend_vk.h"
 #include "engine/memlimit.h"
+#include "format/sums.h"
 
 /* ================================================================ open / close */
 /* An engine path switch read at open: name unset, empty or dflt gives 0,
@@ -450,6 +454,55 @@ static void fingerprint_note(const jlm_engine *e)
                 dd ? (dh ? ", device differs" : "device differs") : "", dw ? (dh || dd ? ", writer differs" : "writer differs") : "");
 }
 
+/* The sidecar's checksums (jlm_engine_opts.verify), loaded and the header
+ * and records checked before anything of the container is decoded: a
+ * damaged record is named as a mismatch, never parsed. *out NULL: none. */
+static int load_verify(const char *path, const jlm_engine_opts *o, jlm_sums **out, jlm_err *err)
+{
+    *out = NULL;
+    if (o->no_verify)
+        return JLM_OK;
+    char *sp = jlm_sums_path(path);
+    if (!sp)
+        return jlm_errf(err, JLM_ENOMEM, "%s: out of memory", path);
+    int fd = open(path, O_RDONLY | O_CLOEXEC);
+    struct stat st;
+    uint8_t hb[JLM_HEADER_LEN];
+    int rc = fd < 0 || fstat(fd, &st) || pread(fd, hb, sizeof hb, 0) != (ssize_t)sizeof hb
+                 ? jlm_errf(err, JLM_EIO, "%s: cannot read its header: %s", path, strerror(errno))
+                 : jlm_sums_load(AT_FDCWD, sp, hb, (uint64_t)st.st_size, out, err);
+    free(sp);
+    if (rc == JLM_ENOTFOUND && o->verify)
+        rc = jlm_errf(err, JLM_ENOTFOUND, "%s: --verify: no checksum sidecar %s.sums", path, path);
+    else if (rc == JLM_ENOTFOUND)
+        rc = JLM_OK;
+    uint8_t *meta = !rc && *out ? malloc((*out)->spans[0].len) : NULL;
+    if (!rc && *out && !meta)
+        rc = jlm_errf(err, JLM_ENOMEM, "%s: out of memory", path);
+    if (meta && pread(fd, meta, (*out)->spans[0].len, 0) != (ssize_t)(*out)->spans[0].len)
+        rc = jlm_errf(err, JLM_EIO, "%s: cannot read its records", path);
+    else if (meta)
+        rc = jlm_sums_check(*out, 0, meta, (*out)->spans[0].len, path, NULL, err);
+    free(meta);
+    if (fd >= 0)
+        close(fd);
+    if (rc) {
+        jlm_sums_free(*out);
+        *out = NULL;
+    }
+    return rc;
+}
+
+/* Wraps e->src with sums (taken, also on failure). */
+static int wrap_verify(jlm_engine *e, jlm_sums *sums, jlm_err *err)
+{
+    if (!sums)
+        return JLM_OK;
+    jlm_source *inner = e->src;
+    e->src = NULL;   /* the verify source owns it from here, also on failure */
+    return jlm_source_open_verify(inner, sums, &e->src, err);
+}
+
 int jlm_engine_open(const char *path, const jlm_engine_opts *opts, jlm_engine **out, jlm_err *err)
 {
     jlm_engine_opts o = {0};
@@ -459,8 +512,9 @@ int jlm_engine_open(const char *path, const jlm_engine_opts *opts, jlm_engine **
     if (!e)
         return jlm_errf(err, JLM_ENOMEM, "%s: out of memory", path);
     e->pf_block = NO_PF;
-    int rc = jlm_fmt_open(path, &e->m, err);
-    if (rc)
+    jlm_sums *sums = NULL;
+    int rc = load_verify(path, &o, &sums, err);
+    if (rc || (rc = jlm_fmt_open(path, &e->m, err)))
         goto fail;
     e->c = &e->m->config;
     const jlm_config *c = e->c;
@@ -507,7 +561,7 @@ int jlm_engine_open(const char *path, const jlm_engine_opts *opts, jlm_engine **
     jlm_file_source_opts so = {.direct = o.direct, .n_threads = 0,
                                .same_as = e->m->fd >= 0 && !fstat(e->m->fd, &mst) ? &mst : NULL};
     if ((rc = choose_kv(e, &o, err)) || (rc = jlm_source_open_file(path, &so, &e->src, err)) ||
-        (rc = index_tensors(e, err)) || (rc = read_dense(e, err)) || (rc = open_pager(e, &o, err)) ||
+        (rc = wrap_verify(e, sums, err), sums = NULL, rc) || (rc = index_tensors(e, err)) || (rc = read_dense(e, err)) || (rc = open_pager(e, &o, err)) ||
         (rc = jlm_pool_create(o.n_threads, 0, &e->pool, err)) || (rc = alloc_buffers(e, err)) ||
         (rc = apply_budget(e, &o, err)) || (rc = open_backend(e, &o, err)))
         goto fail;
@@ -517,6 +571,7 @@ int jlm_engine_open(const char *path, const jlm_engine_opts *opts, jlm_engine **
     *out = e;
     return JLM_OK;
 fail:
+    jlm_sums_free(sums);
     jlm_engine_close(e);
     return rc;
 }

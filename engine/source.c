@@ -2,6 +2,7 @@
  * and a fault-injecting wrapper for tests (see source.h). */
 #include "engine/source.h"
 #include "engine/pool.h"
+#include "format/sums.h"
 
 #include <errno.h>
 #include <fcntl.h>
@@ -290,5 +291,81 @@ int jlm_source_open_fault(jlm_source *inner, jlm_fault_source **out, jlm_err *er
     f->base = (jlm_source){ .read = fault_read, .close = fault_close, .name = inner->name,
                             .size = inner->size, .tier = inner->tier, .direct = inner->direct };
     *out = f;
+    return 0;
+}
+
+/* ---------------------------------------------------------------- verify source */
+typedef struct verify_source {
+    jlm_source  base;
+    jlm_source *inner;   /* owned */
+    jlm_sums   *sums;    /* owned */
+} verify_source;
+
+/* Span i, which [off, off+len) (bytes in buf) covers only in part: the bytes
+ * read plus zeros first (a page's tail), else the whole span read again. */
+static int verify_partial(verify_source *v, uint32_t i, uint64_t off, size_t len, const uint8_t *buf, jlm_err *err)
+{
+    const jlm_span *sp = &v->sums->spans[i];
+    if (off <= sp->off && !jlm_sums_check(v->sums, i, buf + (sp->off - off), off + len - sp->off, v->base.name, NULL, NULL))
+        return JLM_OK;
+    uint8_t *whole = malloc(sp->len ? sp->len : 1);
+    if (!whole)
+        return jlm_errf(err, JLM_ENOMEM, "%s: out of memory", v->base.name);
+    int rc = v->inner->read(v->inner, sp->off, sp->len, whole, err);
+    if (!rc)
+        rc = jlm_sums_check(v->sums, i, whole, sp->len, v->base.name, NULL, err);
+    uint64_t lo = off > sp->off ? off : sp->off, hi = off + len < sp->off + sp->len ? off + len : sp->off + sp->len;
+    if (!rc && memcmp(buf + (lo - off), whole + (lo - sp->off), hi - lo) != 0)
+        rc = jlm_errf(err, JLM_EIO, "%s: bytes %llu+%llu changed between two reads", v->base.name,
+                      (unsigned long long)lo, (unsigned long long)(hi - lo));
+    free(whole);
+    return rc;
+}
+
+static int verify_read(jlm_source *s, uint64_t off, size_t len, void *buf, jlm_err *err)
+{
+    verify_source *v = (verify_source *)s;
+    int rc = v->inner->read(v->inner, off, len, buf, err);
+    if (rc || !len)
+        return rc;
+    int64_t i = jlm_sums_find(v->sums, off);
+    if (i < 0)   /* in padding: the next span at or after off */
+        for (i = 0; (uint32_t)i < v->sums->n && v->sums->spans[i].off < off; i++)
+            ;
+    for (; (uint32_t)i < v->sums->n && v->sums->spans[i].off < off + len; i++) {
+        const jlm_span *sp = &v->sums->spans[i];
+        if (jlm_sums_done(v->sums, (uint32_t)i))
+            continue;
+        rc = sp->off >= off && sp->off + sp->len <= off + len
+                 ? jlm_sums_check(v->sums, (uint32_t)i, (const uint8_t *)buf + (sp->off - off), sp->len, s->name, NULL, err)
+                 : verify_partial(v, (uint32_t)i, off, len, buf, err);
+        if (rc)
+            return rc;
+    }
+    return JLM_OK;
+}
+
+static void verify_close(jlm_source *s)
+{
+    verify_source *v = (verify_source *)s;
+    jlm_source_close(v->inner);
+    jlm_sums_free(v->sums);
+    free(v);
+}
+
+int jlm_source_open_verify(jlm_source *inner, jlm_sums *sums, jlm_source **out, jlm_err *err)
+{
+    verify_source *v = calloc(1, sizeof *v);
+    if (!v) {
+        int rc = jlm_errf(err, JLM_ENOMEM, "%s: out of memory", inner->name);
+        jlm_source_close(inner);
+        jlm_sums_free(sums);
+        return rc;
+    }
+    v->inner = inner;
+    v->sums = sums;
+    v->base = (jlm_source){ .read = verify_read, .close = verify_close, .name = inner->name,
+                            .size = inner->size, .tier = inner->tier, .direct = inner->direct };
+    *out = &v->base;
     return 0;
 }

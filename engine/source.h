@@ -16,6 +16,13 @@
  *   mem    a buffer in memory (tests, fuzzing, an in-memory container).
  *   fault  wraps another source: counts reads and bytes, logs spans, fails
  *          the Nth read or any read covering a given byte (tests).
+ *   verify wraps another source with the container's page checksums
+ *          (format/sums.h): the first read touching a span checks it (a
+ *          read covering a span in part checks the bytes read followed by
+ *          zeros, the page's tail padding, and only when that differs reads
+ *          the whole span); a mismatch fails the read with JLM_EFORMAT
+ *          "NAME: checksum mismatch in block B chunk C (bytes O+L): expected
+ *          X, got Y", so the bytes are never handed on.
  *
  * Invariants:
  *  (1) read() returns 0 and has written all len bytes, or returns a negative
@@ -105,6 +112,12 @@ typedef struct jlm_fault_source {
 
 /* Wraps inner. JLM_ENOMEM; *out untouched on error. */
 int jlm_source_open_fault(jlm_source *inner, jlm_fault_source **out, jlm_err *err);
+
+/* ---------------------------------------------------------------- verify source */
+struct jlm_sums;
+/* Wraps inner with sums; the result owns both (closing it closes inner and
+ * frees sums, also on failure). JLM_ENOMEM; *out untouched on error. */
+int jlm_source_open_verify(jlm_source *inner, struct jlm_sums *sums, jlm_source **out, jlm_err *err);
 
 /* ---------------------------------------------------------------- any source */
 /* s->close(s); accepts NULL. */

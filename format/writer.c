@@ -3,6 +3,7 @@
  * at planned offsets, fsynced and renamed to OUT. Any failure removes the
  * .part (invariant 4). All I/O goes through a jlm_io seam for fault tests. */
 #include "format/jlm_format.h"
+#include "format/sums.h"
 
 #include <errno.h>
 #include <fcntl.h>
@@ -106,6 +107,23 @@ int jlm_fmt_writer_open(const char *out_path, const jlm_plan *plan, const jlm_io
     return JLM_OK;
 }
 
+/* OUT.sums (format/sums.h) from the finished .part, renamed into place before
+ * the container so a container never appears without its sidecar. Only
+ * through the real I/O (the fault seams of the tests write no real file). */
+static int write_sums(jlm_writer *w, jlm_err *err)
+{
+    char *sums = jlm_sums_path(w->out);
+    if (!sums)
+        return jlm_errf(err, JLM_ENOMEM, "%s: out of memory", w->out);
+    int fd = open(w->part, O_RDONLY | O_CLOEXEC);
+    int rc = fd < 0 ? jlm_errf(err, JLM_EIO, "%s: %s", w->part, strerror(errno))
+                    : jlm_sums_write_fd(fd, w->size, AT_FDCWD, sums, 0644, err);
+    if (fd >= 0)
+        close(fd);
+    free(sums);
+    return rc;
+}
+
 int jlm_fmt_writer_commit(jlm_writer *w, jlm_err *err)
 {
     int rc = JLM_OK;
@@ -115,6 +133,8 @@ int jlm_fmt_writer_commit(jlm_writer *w, jlm_err *err)
     w->fd = -1;
     if (w->io->close(fd) != 0 && !rc)
         rc = jlm_errf(err, io_code(errno), "%s: close: %s", w->part, strerror(errno));
+    if (!rc && w->io == &jlm_io_posix)
+        rc = write_sums(w, err);
     if (!rc && w->io->rename(w->part, w->out) != 0)
         rc = jlm_errf(err, JLM_EIO, "%s: rename to %s: %s", w->part, w->out, strerror(errno));
     if (!rc) {

@@ -199,7 +199,7 @@ jlmfs_view *jlmfs_sync_view(jlmfs *fs, const char *rel)
         ssize_t i = find_view(fs, rel);
         if (!ok || (gguf ? writers_of(fs, rel) : writers_in(fs, rel)) > 0) {
             old = i >= 0 ? take_view(fs, (size_t)i) : NULL;
-        } else if (i >= 0 && jlmfs_ident_eq(&fs->views[i]->id, &id)) {
+        } else if (i >= 0 && jlmfs_ident_eq(&fs->views[i]->id, &id) && !jlmfs_view_bad(fs->views[i])) {
             res = fs->views[i];
             jlmfs_view_ref(res);
         } else if (!locked_create) {
@@ -597,9 +597,10 @@ static void clean_cache(jlmfs *fs, int parts_only)
     }
     struct dirent *de;
     while ((de = readdir(d))) {
-        int part = ends_with(de->d_name, ".jlm.part");
-        /* guard.c's records go with their entry: kept while its source is */
-        size_t rec = ends_with(de->d_name, ".jlm.fail") || ends_with(de->d_name, ".jlm.busy") ? 5 : 0;
+        int part = ends_with(de->d_name, ".jlm.part") || ends_with(de->d_name, ".jlm.sums.part");
+        /* guard.c's records and the checksum sidecar go with their entry: kept while its source is */
+        size_t rec = ends_with(de->d_name, ".jlm.fail") || ends_with(de->d_name, ".jlm.busy") ||
+                     ends_with(de->d_name, ".jlm.sums") ? 5 : 0;
         if (parts_only ? !part : (part || !strchr(de->d_name, '@') || (!rec && !ends_with(de->d_name, ".jlm"))))
             continue;
         char *p = join(fs->cache, de->d_name);

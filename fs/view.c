@@ -3,6 +3,7 @@
  * into the cache's .part file, on-demand packing, and its texts. */
 #include "fs/view_int.h"
 #include "base/beneath.h"
+#include "format/sums.h"
 
 #include <errno.h>
 #include <stdarg.h>
@@ -45,6 +46,23 @@ static void cache_unlink(const jlmfs_view *v, const char *path)
         unlinkat(v->env->cache_fd, name + 1, 0);
     else
         unlink(path);
+}
+
+/* The folder and name a cache file is opened at: below the held folder. */
+static int cache_at(const jlmfs_view *v, const char *path, const char **name)
+{
+    const char *slash = strrchr(path, '/');
+    *name = v->env->cache_fd >= 0 && slash ? slash + 1 : path;
+    return v->env->cache_fd >= 0 && slash ? v->env->cache_fd : AT_FDCWD;
+}
+
+/* The entry's sidecar, paired with the plan's header and size: 0 and
+ * *out, or a JLM_E* code with err naming why. */
+static int load_sums(jlmfs_view *v, jlm_sums **out, jlm_err *err)
+{
+    const char *name;
+    int dfd = cache_at(v, v->sums_path, &name);
+    return jlm_sums_load(dfd, name, v->meta, v->file_size, out, err);
 }
 
 int jlmfs_ident_eq(const jlmfs_ident *a, const jlmfs_ident *b)
@@ -374,19 +392,46 @@ static int entry_perms(const jlmfs_view *v, int fd)
     return (st.st_mode & 07777) == want ? 0 : fchmod(fd, want);
 }
 
+/* An entry whose inode changed (ctime) more than a moment after its sidecar
+ * was written was altered or swapped since (a forged size and mtime leave
+ * ctime behind; the writer renames the entry just after the sidecar): 1,
+ * with err saying so. */
+#define SUMS_CTIME_SLACK_S 2
+static int changed_after_sums(const jlmfs_view *v, int fd, jlm_err *err)
+{
+    const char *name;
+    int dfd = cache_at(v, v->sums_path, &name);
+    struct stat est, sst;
+    if (fstat(fd, &est) || fstatat(dfd, name, &sst, AT_SYMLINK_NOFOLLOW))
+        return 0;   /* no sidecar: load_sums says so */
+    if (est.st_ctim.tv_sec <= sst.st_mtim.tv_sec + SUMS_CTIME_SLACK_S)
+        return 0;
+    jlm_errf(err, JLM_EFORMAT, "%s: changed %lld s after its checksums were written (a swapped or edited entry)",
+             v->cache_path, (long long)(est.st_ctim.tv_sec - sst.st_mtim.tv_sec));
+    return 1;
+}
+
 static int open_container(jlmfs_view *v, jlm_err *err)
 {
     int fd = jlmfs_cache_open(v->env->cache_fd, v->cache_path, O_RDONLY, 0);
-    if (fd >= 0 && cache_valid(v, fd) && !entry_perms(v, fd)) {
+    jlm_sums *sums = NULL;
+    jlm_err serr = {0};
+    if (fd >= 0 && cache_valid(v, fd) && !changed_after_sums(v, fd, &serr) && load_sums(v, &sums, &serr) == 0 &&
+        !entry_perms(v, fd)) {
         v->fd = fd;
+        v->sums = sums;
         memset(v->done, 1, v->n_units);
         v->done_bytes = v->file_size;
         v->state = JLMFS_READY;
         return 0;
     }
+    jlm_sums_free(sums);   /* loaded, but the entry's mode could not be set */
+    if (fd >= 0 && serr.msg[0])
+        vlog(v, JLMFS_LOG_WARNING, "%s: cached entry refused, converting again: %s", v->key, serr.msg);
     if (fd >= 0)
         close(fd);
-    cache_unlink(v, v->cache_path);   /* stale, foreign, a link or unreadable: rebuilt, never misread */
+    cache_unlink(v, v->cache_path);   /* stale, foreign, a link, unreadable or unsummed: rebuilt, never misread */
+    cache_unlink(v, v->sums_path);
     v->fd = jlmfs_cache_open(v->env->cache_fd, v->part_path, O_RDWR | O_CREAT | O_TRUNC, 0600);
     if (v->fd < 0)
         return jlm_errf(err, JLM_EIO, "%s: %s", v->part_path, strerror(errno));
@@ -398,7 +443,8 @@ static int open_container(jlmfs_view *v, jlm_err *err)
 }
 
 /* Longest flattened path kept in a cache name: 255 - '@' - the identity
- * (4 hex fields and a time, at most ~90) - ".vNN.jlm.fail.tmp"; a paired
+ * (4 hex fields and a time, at most ~90) - ".vNN.jlm.sums.part" (the longest
+ * suffix an entry gets; ".fail.tmp" is one shorter); a paired
  * projector's identity (at most 65 more) takes its share. */
 #define FLAT_MAX    128
 #define FLAT_MAX_MM 80
@@ -415,7 +461,7 @@ static char *cache_name(const jlmfs_view_env *env, const char *rel, const jlmfs_
         if (*p == '/')
             *p = '%';
     /* A long stem or a deep path would make a name over NAME_MAX (with the
-     * ".part" / ".fail.tmp" the entry also gets): keep its head, add a hash
+     * ".part" / ".fail.tmp" / ".sums.part" the entry also gets): keep its head, add a hash
      * of the whole path. */
     size_t flat_max = id->mm_ino || id->hf_hash || env->type ? FLAT_MAX_MM : FLAT_MAX;
     if (id->mm_ino && env->type)
@@ -467,7 +513,9 @@ int jlmfs_view_create(const jlmfs_view_env *env, const char *rel, const jlmfs_id
     v->cache_path = cache_name(env, rel, id);
     if (v->cache_path && asprintf(&v->part_path, "%s.part", v->cache_path) < 0)
         v->part_path = NULL;
-    if (!v->rel || !v->key || !v->cache_path || !v->part_path) {
+    if (v->cache_path && asprintf(&v->sums_path, "%s.sums", v->cache_path) < 0)
+        v->sums_path = NULL;
+    if (!v->rel || !v->key || !v->cache_path || !v->part_path || !v->sums_path) {
         jlmfs_view_unref(v);
         return jlm_errf(err, JLM_ENOMEM, "%s: out of memory", rel);
     }
@@ -511,7 +559,8 @@ void jlmfs_view_unref(jlmfs_view *v)
     jlm_fmt_close(v->plan);
     pthread_mutex_destroy(&v->lock);
     pthread_cond_destroy(&v->packed);
-    free(v->rel); free(v->key); free(v->cache_path); free(v->part_path);
+    free(v->rel); free(v->key); free(v->cache_path); free(v->part_path); free(v->sums_path);
+    jlm_sums_free(v->sums);
     free(v->meta); free(v->units); free(v->done); free(v->busy);
     free(v->moe_rank); free(v->config_json); free(v->tensors_txt);
     for (int i = 0; i < JLMFS_SPARES; i++)
@@ -528,6 +577,7 @@ void jlmfs_view_kill(jlmfs_view *v)
     v->dead = 1;
     cache_unlink(v, v->cache_path);
     cache_unlink(v, v->part_path);
+    cache_unlink(v, v->sums_path);
     jlmfs_guard_forget(v);
     pthread_mutex_unlock(&v->lock);
 }
@@ -729,6 +779,12 @@ static int finish(jlmfs_view *v, jlm_err *err)
         return jlm_errf(err, JLM_EIO, "%s: read-back differs from the plan", v->part_path);
     if (entry_perms(v, v->fd))
         return jlm_errf(err, JLM_EIO, "%s: giving it its source's owner and mode: %s", v->part_path, strerror(errno));
+    /* the checksums, from the bytes written, in place before the entry is */
+    const char *sname;
+    int sdfd = cache_at(v, v->sums_path, &sname);
+    jlm_sums *sums = NULL;
+    if ((rc = jlm_sums_write_fd(v->fd, v->file_size, sdfd, sname, 0600, err)) || (rc = load_sums(v, &sums, err)))
+        return rc;
     pthread_mutex_lock(&v->lock);
     int rename_e = !v->dead && v->env->io->rename(v->part_path, v->cache_path) ? errno : 0;
     if (rename_e)
@@ -737,9 +793,15 @@ static int finish(jlmfs_view *v, jlm_err *err)
     if (rename_e == ENOSPC || rename_e == EDQUOT)
         v->t_nospace = mono_s();
     int ready = !rc && !v->dead;
-    if (ready)
+    if (ready) {
         v->state = JLMFS_READY;
+        v->sums = sums;
+        sums = NULL;
+    } else {
+        cache_unlink(v, v->sums_path);   /* no entry beside it */
+    }
     pthread_mutex_unlock(&v->lock);
+    jlm_sums_free(sums);
     if (ready)
         vlog(v, JLMFS_LOG_INFO, "%s: ready (%.1f MiB converted in %.1f s; units %u, packed %u)", v->key,
                   (double)v->file_size / (1 << 20), mono_s() - v->t0, v->n_units, v->packs);
@@ -841,13 +903,68 @@ static int failed_read(const jlmfs_view *v, jlm_err *err)
     return jlm_errf(err, JLM_EIO, "%s: conversion failed: %s", v->key, v->errmsg);
 }
 
+int jlmfs_view_bad(jlmfs_view *v) { return __atomic_load_n(&v->bad, __ATOMIC_ACQUIRE); }
+
+/* A span of the entry did not match: named in the log, the entry and its
+ * sidecar removed (under the lock kill removes them under) and v marked bad,
+ * so the table converts the source again. */
+static int span_mismatch(jlmfs_view *v, jlm_err *err)
+{
+    vlog(v, JLMFS_LOG_ERR, "%s: %s; the entry is removed and converted again", v->key, err->msg);
+    pthread_mutex_lock(&v->lock);
+    if (!v->dead) {
+        cache_unlink(v, v->cache_path);
+        cache_unlink(v, v->sums_path);
+    }
+    pthread_mutex_unlock(&v->lock);
+    __atomic_store_n(&v->bad, 1, __ATOMIC_RELEASE);   /* the next lookup replaces v */
+    jlmfs_view_invalidate(v);   /* queued to fuse_ops' own thread: safe inside a read */
+    return jlm_errf(err, JLM_EIO, "%s: %s", v->key, err->msg);
+}
+
+/* Checks every span of the entry that [off, off+n) touches and no read has
+ * checked yet: the spans from the first unchecked to the last read from the
+ * entry in one read, hashed, compared (format/sums.h). A span checked once
+ * is not checked again. */
+static int check_spans(jlmfs_view *v, jlm_sums *s, uint64_t off, uint64_t n, jlm_err *err)
+{
+    int64_t i = jlm_sums_find(s, off);
+    if (i < 0)   /* in padding: the first span after it */
+        for (i = 0; (uint32_t)i < s->n && s->spans[i].off < off; i++)
+            ;
+    uint32_t lo = UINT32_MAX, hi = 0;
+    for (; (uint32_t)i < s->n && s->spans[i].off < off + n; i++)
+        if (!jlm_sums_done(s, (uint32_t)i)) {
+            lo = lo == UINT32_MAX ? (uint32_t)i : lo;
+            hi = (uint32_t)i;
+        }
+    if (lo == UINT32_MAX)
+        return JLM_OK;   /* the hot path: every span checked before */
+    uint64_t a = s->spans[lo].off, len = s->spans[hi].off + s->spans[hi].len - a;
+    uint8_t *b = malloc(len);
+    if (!b)
+        return jlm_errf(err, JLM_ENOMEM, "%s: out of memory", v->key);
+    int e = jlm_io_pread_full(v->env->io, v->fd, b, len, a, NULL);
+    int rc = e ? jlm_errf(err, JLM_EIO, "%s: reading [%llu, +%llu): %s", v->cache_path, (unsigned long long)a,
+                          (unsigned long long)len, strerror(e == JLM_IO_EOF ? EIO : e))
+               : JLM_OK;
+    for (uint32_t k = lo; !rc && k <= hi; k++)
+        if (!jlm_sums_done(s, k))
+            rc = jlm_sums_check(s, k, b + (s->spans[k].off - a), s->spans[k].len, v->cache_path, NULL, err);
+    free(b);
+    return rc == JLM_EFORMAT ? span_mismatch(v, err) : rc;
+}
+
 int jlmfs_view_read(jlmfs_view *v, uint64_t off, size_t len, uint8_t *out, jlm_err *err)
 {
     pthread_mutex_lock(&v->lock);
     int state = v->state;
+    jlm_sums *sums = v->sums;   /* set once, freed with v */
     pthread_mutex_unlock(&v->lock);
     if (state == JLMFS_ERROR)
         return failed_read(v, err);
+    if (jlmfs_view_bad(v))
+        return jlm_errf(err, JLM_EIO, "%s: its entry failed a checksum: converting it again", v->key);
     if (off > v->file_size || len > v->file_size - off)
         return jlm_errf(err, JLM_EINVAL, "%s: read [%llu, +%zu) past %llu bytes", v->key,
                         (unsigned long long)off, len, (unsigned long long)v->file_size);
@@ -861,6 +978,9 @@ int jlmfs_view_read(jlmfs_view *v, uint64_t off, size_t len, uint8_t *out, jlm_e
         int done = c == CLAIM_DONE;
         int tier = done ? JLM_TIER_DISK : JLM_TIER_CONVERT;
         if (done) {   /* hot path: the cache file (its own page cache sits below) */
+            int rc = sums ? check_spans(v, sums, off, n, err) : JLM_OK;
+            if (rc)
+                return rc;
             int e = jlm_io_pread_full(v->env->io, v->fd, out, n, off, NULL);
             if (e)
                 return jlm_errf(err, JLM_EIO, "%s: reading [%llu, +%llu): %s", v->cache_path,

@@ -74,6 +74,7 @@ struct jlmfs_view {
     char       *key;         /* model key = view path "sub/foo.jlm" */
     char       *cache_path;  /* CACHE/<flat>@<ident>.v27.jlm */
     char       *part_path;   /* cache_path + ".part" */
+    char       *sums_path;   /* cache_path + ".sums": its page checksums (format/sums.h) */
     jlmfs_ident id;
     struct stat dir_st;      /* owner/times shown for view nodes */
     jlm_conv   *conv;        /* NULL in ERROR-at-create */
@@ -98,6 +99,9 @@ struct jlmfs_view {
     size_t      spare_cap[JLMFS_SPARES];
     uint64_t    done_bytes;
     int         dead;        /* dropped from the table: stop converting */
+    struct jlm_sums *sums;   /* under lock: the entry's checksums once READY (NULL before);
+                              * its spans are checked on their first read */
+    int         bad;         /* atomic: a span did not match: the table converts it again */
     double      t0;          /* when it was planned (CLOCK_MONOTONIC s): the log's "ready in" */
     double      t_nospace;   /* under lock: when it failed for a full cache (0: it did not) */
 };
@@ -126,6 +130,10 @@ int   jlmfs_view_state(jlmfs_view *v, int *pct, char *msg, size_t msg_len);
 void  jlmfs_view_progress(jlmfs_view *v, uint64_t *done, uint64_t *total);   /* bytes written, container size */
 int   jlmfs_view_read(jlmfs_view *v, uint64_t off, size_t len, uint8_t *out, jlm_err *err);
 int   jlmfs_view_check(jlmfs_view *v, jlm_err *err);
+/* 1 once a read found a span of v's entry that does not match its checksum
+ * (the entry and its sidecar are removed then): the table replaces v, which
+ * converts the source again. */
+int   jlmfs_view_bad(jlmfs_view *v);
 int   jlmfs_view_expert_page(const jlmfs_view *v, int32_t b, int32_t e, uint64_t *off);
 const char *jlmfs_arr_name(int arr);
 

@@ -305,9 +305,10 @@ static json_t *text_json(const char *text, size_t len)
 
 static json_t *usage(const jlm_srv_result *r)
 {
-    return json_pack("{s:I, s:I, s:I}", "prompt_tokens", (json_int_t)r->prompt_tokens, "completion_tokens",
+    return json_pack("{s:I, s:I, s:I, s:{s:I}}", "prompt_tokens", (json_int_t)r->prompt_tokens, "completion_tokens",
                      (json_int_t)r->completion_tokens, "total_tokens",
-                     (json_int_t)r->prompt_tokens + (json_int_t)r->completion_tokens);
+                     (json_int_t)r->prompt_tokens + (json_int_t)r->completion_tokens, "prompt_tokens_details",
+                     "cached_tokens", (json_int_t)r->cached_tokens);
 }
 
 static json_t *envelope(const jlm_srv_ident *id, const char *object, json_t *choice)

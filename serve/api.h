@@ -66,6 +66,7 @@ void jlm_srv_req_free(jlm_srv_req *req);   /* accepts a zeroed req */
 typedef struct jlm_srv_result {
     const char *finish_reason;          /* "stop" or "length" */
     uint32_t    prompt_tokens, completion_tokens;
+    uint32_t    cached_tokens;          /* prompt tokens whose KV came from the prefix cache */
 } jlm_srv_result;
 
 /* Identity shared by every object of one response. */

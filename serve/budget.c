@@ -65,11 +65,13 @@ static uint64_t take_from(srv_model *v, uint64_t floor, uint64_t want)
     jlm_pager_counters before, after;
     jlm_pager_stats(p, &before);
     jlm_err err = {0};
-    if (jlm_pager_set_budget(p, v->grant - give, &err)) {   /* only if pages were pinned: never between steps */
+    uint64_t g = v->grant - give;
+    jlm_srv_pcache_shrink(v, g - v->floor);   /* its prefix cache lives inside the grant (prefix.c) */
+    if (jlm_pager_set_budget(p, g - v->pcache.bytes, &err)) {   /* only if pages were pinned: never between steps */
         pthread_mutex_unlock(&v->pager_mu);
         return 0;
     }
-    v->grant -= give;
+    v->grant = g;
     jlm_pager_stats(p, &after);
     pthread_mutex_lock(&v->mu);
     v->pc = after;   /* /metrics sees the eviction now, not after v's next step */
@@ -166,8 +168,9 @@ void jlm_srv_budget_acquire(srv_budget *b, srv_model *m)
 {
     pthread_mutex_lock(&b->mu);
     m->last_use = ++b->clock;
-    if (b->total && m->grant < m->want) {
-        uint64_t g = granted(b), free_b = b->total > g ? b->total - g : 0, need = m->want - m->grant;
+    uint64_t want = m->want + m->pcache.bytes;   /* its pages, and its prefix cache beside them */
+    if (b->total && m->grant < want) {
+        uint64_t g = granted(b), free_b = b->total > g ? b->total - g : 0, need = want - m->grant;
         if (free_b < need)
             reclaim(b, m, need - free_b);
         g = granted(b);
@@ -175,7 +178,7 @@ void jlm_srv_budget_acquire(srv_budget *b, srv_model *m)
         uint64_t grow = free_b < need ? free_b : need;
         if (grow) {
             jlm_err err = {0};
-            if (!jlm_pager_set_budget(jlm_engine_pager(m->e), m->grant + grow, &err))   /* growing cannot fail */
+            if (!jlm_pager_set_budget(jlm_engine_pager(m->e), m->grant + grow - m->pcache.bytes, &err))   /* growing */
                 m->grant += grow;
         }
     }

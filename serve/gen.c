@@ -2,7 +2,8 @@
  * request (contract in srv_int.h). A request generates exactly as `jlm run`
  * (completions) or the first turn of `jlm chat` (chat) does with the same
  * sampling parameters: same tokenization, same sampler chain, same
- * detokenizer, on a fresh KV cache. */
+ * detokenizer, on a fresh KV cache or one loaded from the prefix cache
+ * (prefix.c) with what evaluating those tokens writes. */
 #include "serve/srv_int.h"
 
 #include "text/template/chat.h"
@@ -273,7 +274,23 @@ typedef struct slot {
     gen_state       g;
     uint32_t        n_gen;
     int32_t         next;   /* the token the next step evaluates */
+    int32_t        *toks;   /* (n_toks, toks_cap) the prompt and the tokens sampled: what seq holds */
+    size_t          n_toks, toks_cap;
 } slot;
+
+/* Appends id to the slot's tokens; 0, or -1 when out of memory. */
+static int slot_push(slot *sl, int32_t id)
+{
+    if (sl->n_toks == sl->toks_cap) {
+        size_t cap = sl->toks_cap ? sl->toks_cap * 2 : 256;
+        int32_t *t = realloc(sl->toks, cap * sizeof *t);
+        if (!t) return -1;
+        sl->toks = t;
+        sl->toks_cap = cap;
+    }
+    sl->toks[sl->n_toks++] = id;
+    return 0;
+}
 
 /* Adds bytes to the text and emits what no stop string can still claim;
  * 1 when a stop string was hit, -1 on OOM. */
@@ -302,6 +319,7 @@ static int gen_push(srv_job *j, gen_state *g, const char *p, size_t n, int final
 static void slot_end(srv_model *m, slot *sl, const char *fin, int status, const char *msg)
 {
     srv_job *j = sl->j;
+    int kv_ok = status == 200;   /* the sequence holds what its tokens say */
     char tail[4];
     size_t nt = jlm_tok_stream_flush(&sl->g.ts, tail);
     int hit = status == 200 ? gen_push(j, &sl->g, tail, nt, 1) : 0;
@@ -318,10 +336,12 @@ static void slot_end(srv_model *m, slot *sl, const char *fin, int status, const 
     jlm_samp_destroy(sl->s);
     jlm_gram_match_free(sl->gm);
     free(sl->g.text);
+    uint32_t held = sl->seq ? jlm_engine_seq_n_past(sl->seq) : 0;
+    if (kv_ok && held <= sl->n_toks)
+        jlm_srv_pcache_put(m, sl->seq, sl->toks, held);
     if (sl->seq)
         jlm_engine_seq_rewind(sl->seq, 0);
-    jlm_engine_seq *seq = sl->seq;
-    *sl = (slot){.seq = seq};
+    *sl = (slot){.seq = sl->seq, .toks = sl->toks, .toks_cap = sl->toks_cap};
     jlm_srv_job_unref(j);
 }
 
@@ -381,6 +401,8 @@ static void slot_sample(srv_model *m, slot *sl, const float *logits, char *piece
     jlm_err err = {0};
     int hit = jlm_tok_stream_feed(&sl->g.ts, id, piece, piece_cap, &n, &err) == 0 && n
                   ? gen_push(j, &sl->g, piece, n, 0) : 0;
+    if (hit == 0 && sl->n_gen < j->max_tokens && slot_push(sl, id))
+        hit = -1;
     if (hit != 0 || sl->n_gen == j->max_tokens)
         slot_end(m, sl, hit > 0 ? "stop" : "length", hit < 0 ? 500 : 200, hit < 0 ? "out of memory" : "");
     else
@@ -403,9 +425,18 @@ static void slot_start(srv_model *m, slot *sl, srv_job *j, float *logits, char *
     if (!rc && j->req.gram && !m->gv) rc = jlm_gram_vocab_from_tok(m->tok, &m->gv, &err);   /* only this worker uses it */
     if (!rc && j->req.gram) rc = jlm_gram_match_new(j->req.gram, &sl->gm, &err);
     for (size_t i = 0; !rc && i < j->n_prompt; i++)
-        jlm_samp_accept(sl->s, j->prompt[i]);
-    if (!rc) rc = jlm_engine_eval_seq(m->e, sl->seq, j->prompt, (uint32_t)j->n_prompt, logits, &err);
+        if (slot_push(sl, j->prompt[i]))
+            rc = jlm_errf(&err, JLM_ENOMEM, "out of memory");
+        else
+            jlm_samp_accept(sl->s, j->prompt[i]);
+    uint32_t shared = 0;
+    const srv_pentry *pe = rc ? NULL : jlm_srv_pcache_find(m, j->prompt, (uint32_t)j->n_prompt, &shared);
+    if (pe)
+        jlm_engine_kv_load(m->e, sl->seq, pe->kv, pe->n, shared);   /* as if prompt[0, shared) were evaluated */
+    j->res.cached_tokens = shared;
+    if (!rc) rc = jlm_engine_eval_seq(m->e, sl->seq, j->prompt + shared, (uint32_t)j->n_prompt - shared, logits, &err);
     atomic_fetch_add(&m->n_prompt_tok, j->n_prompt);
+    atomic_fetch_add(&m->n_cached_tok, shared);
     if (rc) {
         slot_end(m, sl, "length", rc == JLM_ENOMEM ? 503 : 500, err.msg);
         return;
@@ -495,8 +526,10 @@ static void *worker_main(void *arg)
             m->srv->o.report->flush(m->rep);
         pthread_mutex_unlock(&m->pager_mu);
     }
-    for (int i = 0; i < m->parallel; i++)
+    for (int i = 0; i < m->parallel; i++) {
         jlm_engine_seq_destroy(slots[i].seq);
+        free(slots[i].toks);
+    }
     free(logits);
     free(piece);
     pthread_mutex_lock(&m->mu);
@@ -568,6 +601,7 @@ static srv_model *model_new(struct jlm_srv *s, const char *path, const char *id)
     pthread_mutex_init(&m->pager_mu, NULL);
     m->q_cap = (size_t)(s->o.queue > 0 ? s->o.queue : 8);
     m->parallel = s->o.parallel > 0 ? s->o.parallel : 4;
+    m->pcache.limit = s->o.no_prefix_cache ? 0 : s->o.prefix_cache ? s->o.prefix_cache : (uint64_t)1 << 30;
     if (m->parallel > JLM_SRV_MAX_PARALLEL) m->parallel = JLM_SRV_MAX_PARALLEL;
     if ((uint32_t)m->parallel > jlm_engine_max_batch()) m->parallel = (int)jlm_engine_max_batch();
     m->q = calloc(m->q_cap, sizeof *m->q);
@@ -623,6 +657,7 @@ void jlm_srv_model_close(srv_model *m)
     if (m->in_budget)
         jlm_srv_budget_leave(&m->srv->budget, m);
     jlm_gram_vocab_free(m->gv);
+    jlm_srv_pcache_free(m);
     jlm_session_close(m->sess);   /* the worker has stopped and the budget let go */
     free(m->status); free(m->given);
     free(m->q); free(m->id); free(m->path);

@@ -423,6 +423,8 @@ static void metrics_model(FILE *f, srv_model *m)
     fprintf(f, "jlm_requests_done_total{model=\"%s\"} %llu\n", m->id, atomic_load(&m->n_done));
     fprintf(f, "jlm_requests_cancelled_total{model=\"%s\"} %llu\n", m->id, atomic_load(&m->n_cancelled));
     fprintf(f, "jlm_prompt_tokens_total{model=\"%s\"} %llu\n", m->id, atomic_load(&m->n_prompt_tok));
+    fprintf(f, "jlm_prompt_cached_tokens_total{model=\"%s\"} %llu\n", m->id, atomic_load(&m->n_cached_tok));
+    fprintf(f, "jlm_prefix_cache_bytes{model=\"%s\"} %llu\n", m->id, atomic_load(&m->pcache_bytes));
     fprintf(f, "jlm_generated_tokens_total{model=\"%s\"} %llu\n", m->id, gen);
     fprintf(f, "jlm_busy_seconds_total{model=\"%s\"} %.3f\n", m->id, busy);
     fprintf(f, "jlm_tokens_per_second{model=\"%s\"} %.3f\n", m->id, busy > 0 ? (double)gen / busy : 0.0);

@@ -50,6 +50,10 @@ typedef struct jlm_srv_opts {
     const char *models_dir;  /* NULL: none; else every NAME.jlm in it, rescanned (docs/serve.md) */
     int         rescan_s;    /* seconds between rescans of models_dir; 0: only when a request asks */
     uint64_t    budget;      /* bytes of page frames for ALL models together; 0: unlimited */
+    uint64_t    prefix_cache;   /* bytes of KV each model keeps for later requests (the
+                                 * prefix cache, docs/serve.md); 0: 1 GiB. Under a
+                                 * budget the cache also stays inside the model's share */
+    int         no_prefix_cache;   /* 1: no prefix cache */
     jlm_engine_opts eng;     /* per model (its budget field is ignored: see budget) */
     const jlm_srv_reporter *report;  /* NULL: views' residency databases get no sessions from the server */
 } jlm_srv_opts;

@@ -23,6 +23,27 @@
 
 typedef struct srv_job srv_job;
 
+/* The prefix cache of one model (prefix.c): KV of earlier requests, each
+ * entry the first n positions of a finished request's sequence (prompt and
+ * the generated tokens evaluated) with those tokens. A new request takes the
+ * entry sharing the longest prefix with its prompt (in whole blocks of
+ * JLM_SRV_PCACHE_BLOCK tokens, at most its length - 1: the last prompt token
+ * is always evaluated for its logits) instead of evaluating those tokens. Used by the model's worker
+ * under pager_mu, and by the budget under the same lock when it takes
+ * frames (the cache lives inside the model's grant). */
+#define JLM_SRV_PCACHE_BLOCK 16
+typedef struct srv_pentry {
+    int32_t  *tok;                   /* (n,) */
+    uint32_t  n;
+    void     *kv;                    /* jlm_engine_kv_bytes(n) bytes */
+    uint64_t  bytes, last_use;
+} srv_pentry;
+typedef struct srv_pcache {
+    srv_pentry *e;                   /* (n, cap) */
+    size_t      n, cap;
+    uint64_t    bytes, limit, clock; /* limit: 0 = off */
+} srv_pcache;
+
 #define JLM_SRV_MAX_PARALLEL 16   /* slots per model (the engine's batch is 16 too) */
 
 /* Model lifetime: the server's table holds one reference, and every lookup
@@ -66,6 +87,9 @@ typedef struct srv_model {
     int          running, stop;      /* running: active slots */
     int          exited;             /* the worker has returned */
     jlm_pager_counters pc;           /* the pager's counters after the last request */
+    /* under pager_mu */
+    srv_pcache   pcache;
+    atomic_ullong n_cached_tok, pcache_bytes;   /* for /metrics */
     /* counters (atomic: read by /metrics) */
     atomic_ullong n_done, n_cancelled, n_prompt_tok, n_gen_tok;
     atomic_ullong busy_us;
@@ -152,6 +176,21 @@ int  jlm_srv_model_pending(struct jlm_srv *s, const char *path, const char *id, 
 void jlm_srv_model_close(srv_model *m);
 /* The stem id of a path: "a/foo.jlm" and "a/foo.jlm/" are "foo". malloc'd. */
 char *jlm_srv_model_stem(const char *path);
+
+/* prefix.c (see srv_pcache above); caller holds m->pager_mu */
+/* The entry sharing the longest prefix with tok[0, n) (NULL: none) and
+ * that prefix's length (whole blocks, at most n - 1). Touches it (LRU). */
+const srv_pentry *jlm_srv_pcache_find(srv_model *m, const int32_t *tok, uint32_t n, uint32_t *shared);
+/* Keeps the first n positions of seq (tok[0, n) evaluated on it): entries
+ * it extends are dropped, least recently used ones evicted to make room
+ * under the limit and the model's grant; nothing kept when it cannot fit.
+ * Memory failures keep nothing. */
+void jlm_srv_pcache_put(srv_model *m, jlm_engine_seq *seq, const int32_t *tok, uint32_t n);
+/* Evicts (LRU) until the cache holds at most `room` bytes. */
+void jlm_srv_pcache_shrink(srv_model *m, uint64_t room);
+void jlm_srv_pcache_free(srv_model *m);
+/* The pager's budget for m's grant less its cache (grant 0: unlimited). */
+void jlm_srv_pcache_fit_pager(srv_model *m);
 
 /* budget.c (see srv_budget above) */
 void jlm_srv_budget_init(srv_budget *b, uint64_t total);

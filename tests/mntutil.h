@@ -180,4 +180,24 @@ static inline void mnt_wait_ready(const char *view, double limit_s)
     }
 }
 
+/* tests/models/<model> copied to SRC/<as> (beside the mount, not through it). */
+static inline void mnt_copy_src(const char *model, const char *as)
+{
+    size_t n;
+    unsigned char *b = tu_read_file(tu_model(model), &n);
+    cr_assert(b, "%s", model);
+    cr_assert_eq(tu_write_file(pathf("%s/%s", M.src, as), b, n), 0);
+    free(b);
+}
+
+/* Every byte of MNT/<view>/model.jlm equals the file ref's. */
+static inline void mnt_expect_view_is(const char *view, const char *ref)
+{
+    size_t a = 0, b = 0;
+    unsigned char *x = tu_read_file(ref, &a), *y = tu_read_file(pathf("%s/%s/model.jlm", M.mnt, view), &b);
+    cr_assert(x && y && a == b && !memcmp(x, y, a), "%s/model.jlm differs from %s", view, ref);
+    free(x);
+    free(y);
+}
+
 #endif

@@ -49,8 +49,9 @@ static int cache_files(const char *dir, char *newest, struct timespec *mt)
     int n = 0;
     struct dirent *de;
     while (h && (de = readdir(h))) {
-        if (de->d_name[0] == '.')
-            continue;
+        size_t l = strlen(de->d_name);
+        if (de->d_name[0] == '.' || (l > 5 && !strcmp(de->d_name + l - 5, ".sums")))
+            continue;   /* a checksum sidecar goes with its entry (docs/checksums.md) */
         n++;
         char p[1400];
         struct stat st;

@@ -57,8 +57,10 @@ static int cache_count(const char *dir)
     DIR *h = opendir(d);
     int n = 0;
     struct dirent *de;
-    while (h && (de = readdir(h)))
-        n += de->d_name[0] != '.';
+    while (h && (de = readdir(h))) {
+        size_t l = strlen(de->d_name);   /* a checksum sidecar goes with its entry (docs/checksums.md) */
+        n += de->d_name[0] != '.' && !(l > 5 && !strcmp(de->d_name + l - 5, ".sums"));
+    }
     if (h)
         closedir(h);
     return n;

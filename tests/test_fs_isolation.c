@@ -79,15 +79,6 @@ static void crafted(const char *as, const char *model, const char *key, uint32_t
     free(b);
 }
 
-static void copy_src(const char *model, const char *as)
-{
-    size_t n;
-    unsigned char *b = tu_read_file(tu_model(model), &n);
-    cr_assert(b);
-    cr_assert_eq(tu_write_file(pathf("%s/%s", M.src, as), b, n), 0);
-    free(b);
-}
-
 static void expect_same_as_convert(const char *model, const char *view)
 {
     char *out = NULL, cmd[3000];
@@ -96,11 +87,7 @@ static void expect_same_as_convert(const char *model, const char *view)
     snprintf(cmd, sizeof cmd, "'%s' convert '%s' -o '%s'", tu_jlm(), tu_model(model), ref);
     cr_assert_eq(tu_run(cmd, &out), 0, "%s", out);
     free(out);
-    size_t a = 0, b = 0;
-    unsigned char *x = tu_read_file(ref, &a), *y = tu_read_file(pathf("%s/%s/model.jlm", M.mnt, view), &b);
-    cr_assert(x && y && a == b && !memcmp(x, y, a), "%s/model.jlm differs from jlm convert's output", view);
-    free(x);
-    free(y);
+    mnt_expect_view_is(view, ref);
 }
 
 Test(fs_isolation, crafted_sources_never_stop_the_daemon_serving_the_others, .init = init, .fini = mnt_fini,
@@ -115,7 +102,7 @@ Test(fs_isolation, crafted_sources_never_stop_the_daemon_serving_the_others, .in
     cr_assert_eq(tu_write_file(pathf("%s/empty.gguf", M.src), "", 0), 0);
     cr_assert_eq(mkfifo(pathf("%s/fifo.gguf", M.src), 0644), 0);
     mkdir(pathf("%s/dir.gguf", M.src), 0755);
-    copy_src("stories260K.gguf", "good.gguf");
+    mnt_copy_src("stories260K.gguf", "good.gguf");
     mnt_start(0, 1);
     const char *bad[] = {"wrap.jlm", "huge.jlm", "sparse.jlm", "embd.jlm", "experts.jlm", "kv.jlm", "empty.jlm"};
     for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++)
@@ -156,7 +143,7 @@ Test(fs_isolation, a_failure_in_the_bytes_is_recorded_and_not_retried_until_the_
     s = wait_status("m.jlm", "error: ", 10);
     cr_expect(strstr(s, "block 5 has no tensor"), "after touch the source is planned again: %s", s);
     free(s);
-    copy_src("stories260K.gguf", "m.gguf");   /* fixed: converts */
+    mnt_copy_src("stories260K.gguf", "m.gguf");   /* fixed: converts */
     free(wait_status("m.jlm", "ready", 20));
     expect_same_as_convert("stories260K.gguf", "m.jlm");
     mnt_stop();
@@ -186,7 +173,7 @@ static void kill_mid_conversion(void)
 Test(fs_isolation, a_source_two_daemons_died_on_is_not_tried_a_third_time, .init = init, .fini = mnt_fini,
      .timeout = 90)
 {
-    copy_src("synth-llama-256.Q4_K_M.gguf", "m.gguf");
+    mnt_copy_src("synth-llama-256.Q4_K_M.gguf", "m.gguf");
     kill_mid_conversion();   /* once: a kill -9 or a power cut; retried */
     kill_mid_conversion();   /* twice: this source kills daemons */
     mnt_start(0, 1);
@@ -225,7 +212,7 @@ Test(fs_isolation, a_full_cache_says_why_keeps_no_part_and_gives_the_space_back,
     mnt_start(0, 1);
     struct statvfs before;
     cr_assert_eq(statvfs(M.cache, &before), 0);
-    copy_src("synth-llama-256.Q4_K_M.gguf", "big.gguf");   /* ~2.4 MB container: does not fit */
+    mnt_copy_src("synth-llama-256.Q4_K_M.gguf", "big.gguf");   /* ~2.4 MB container: does not fit */
     char *s = wait_status("big.jlm", "error: ", 20);
     cr_expect(strstr(s, "no space left in cache (need "), "%s", s);
     cr_expect(!strstr(s, M.tmp), "no absolute path: %s", s);
@@ -236,7 +223,7 @@ Test(fs_isolation, a_full_cache_says_why_keeps_no_part_and_gives_the_space_back,
     cr_assert_eq(statvfs(M.cache, &after), 0);
     cr_expect(after.f_bavail + 64 >= before.f_bavail, "the space comes back (the database may grow) (%llu of %llu blocks free)",
               (unsigned long long)after.f_bavail, (unsigned long long)before.f_bavail);
-    copy_src("stories260K.gguf", "small.gguf");   /* ~1.2 MB: fits once the space is back */
+    mnt_copy_src("stories260K.gguf", "small.gguf");   /* ~1.2 MB: fits once the space is back */
     free(wait_status("small.jlm", "ready", 20));
     expect_same_as_convert("stories260K.gguf", "small.jlm");
 }
@@ -250,7 +237,7 @@ Test(fs_isolation, a_view_stopped_by_a_full_cache_converts_by_itself_once_space_
     static unsigned char filler[1000 * 1024];
     cr_assert_eq(tu_write_file(pathf("%s/filler", M.cache), filler, sizeof filler), 0);
     mnt_start(0, 1);
-    copy_src("stories260K.gguf", "small.gguf");
+    mnt_copy_src("stories260K.gguf", "small.gguf");
     char *s = wait_status("small.jlm", "error: ", 20);
     cr_expect(strstr(s, "no space left in cache (need "), "%s", s);
     free(s);
@@ -268,8 +255,8 @@ Test(fs_isolation, long_names_and_deep_paths_get_a_cache_entry, .init = init, .f
     memset(d2, 'e', 200); d2[200] = 0;
     mkdir(pathf("%s/%s", M.src, d1), 0755);
     mkdir(pathf("%s/%s/%s", M.src, d1, d2), 0755);
-    copy_src("stories260K.gguf", pathf("%s.gguf", stem));
-    copy_src("stories260K.gguf", pathf("%s/%s/m.gguf", d1, d2));
+    mnt_copy_src("stories260K.gguf", pathf("%s.gguf", stem));
+    mnt_copy_src("stories260K.gguf", pathf("%s/%s/m.gguf", d1, d2));
     mnt_start(0, 1);
     char *s = wait_status(pathf("%s.jlm", stem), "ready", 20);
     free(s);
@@ -284,7 +271,7 @@ Test(fs_isolation, long_names_and_deep_paths_get_a_cache_entry, .init = init, .f
 Test(fs_isolation, a_source_rewritten_during_conversion_is_never_served_mixed, .init = init, .fini = mnt_fini,
      .timeout = 90)
 {
-    copy_src("stories260K.gguf", "m.gguf");
+    mnt_copy_src("stories260K.gguf", "m.gguf");
     mnt_start(300, 1);   /* 300 ms a unit: the rewrite lands mid-conversion */
     free(wait_status("m.jlm", "converting", 10));
     int fd = open(pathf("%s/m.jlm/model.jlm", M.mnt), O_RDONLY);
@@ -310,7 +297,7 @@ Test(fs_isolation, a_source_rewritten_during_conversion_is_never_served_mixed, .
 
 Test(fs_isolation, an_open_view_outlives_the_unlink_of_its_gguf, .init = init, .fini = mnt_fini, .timeout = 90)
 {
-    copy_src("stories260K.gguf", "m.gguf");
+    mnt_copy_src("stories260K.gguf", "m.gguf");
     mnt_start(200, 1);   /* slow: the unlink lands mid-conversion */
     free(wait_status("m.jlm", "converting", 10));
     int fd = open(pathf("%s/m.jlm/model.jlm", M.mnt), O_RDONLY);

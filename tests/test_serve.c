@@ -797,6 +797,50 @@ Test(engine_batch, each_sequence_gets_the_logits_it_gets_alone_moe_and_swa, .tim
     check_batch_equals_alone("synth-gemma3-256.Q8_0.gguf");
 }
 
+/* A prefix of K positions loaded from a saved one of N (K not on a key
+ * tile's edge) into a sequence holding other tokens, then the rest of the
+ * prompt evaluated: the logits equal evaluating the whole prompt, bit for bit. */
+static void check_kv_prefix_load(const char *gguf, const char *kv)
+{
+    enum { NP = 100, N = 80, K = 37 };
+    char *dir = tu_tmpdir();
+    char *m = convert_to(gguf, dir, "m.jlm");
+    jlm_engine_opts eo = {.n_threads = 2, .n_ctx = 128, .direct = 0, .quiet = 1, .kv = kv};
+    jlm_engine *e;
+    jlm_err err = {0};
+    cr_assert_eq(jlm_engine_open(m, &eo, &e, &err), 0, "%s", err.msg);
+    uint32_t nv = jlm_engine_n_vocab(e);
+    int32_t p[NP], other[NP];
+    for (int i = 0; i < NP; i++) { p[i] = (i * 7 + 3) % 250 + 1; other[i] = (i * 13 + 5) % 250 + 1; }
+    float *ref = malloc(nv * sizeof *ref), *got = malloc(nv * sizeof *got);
+    jlm_engine_seq *a, *b;
+    cr_assert_eq(jlm_engine_seq_create(e, &a, &err), 0, "%s", err.msg);
+    cr_assert_eq(jlm_engine_seq_create(e, &b, &err), 0, "%s", err.msg);
+    cr_assert_eq(jlm_engine_eval_seq(e, a, p, NP, ref, &err), 0, "%s", err.msg);
+    void *buf = malloc(jlm_engine_kv_bytes(e, N));
+    jlm_engine_kv_save(e, a, N, buf);
+    cr_assert_eq(jlm_engine_eval_seq(e, b, other, NP, got, &err), 0, "%s", err.msg);
+    jlm_engine_kv_load(e, b, buf, N, K);
+    cr_assert_eq(jlm_engine_seq_n_past(b), K);
+    cr_assert_eq(jlm_engine_eval_seq(e, b, p + K, NP - K, got, &err), 0, "%s", err.msg);
+    cr_assert(!memcmp(got, ref, nv * sizeof *got), "%s (kv %s): logits after a loaded prefix differ", gguf,
+              kv ? kv : "f32");
+    jlm_engine_seq_destroy(a);
+    jlm_engine_seq_destroy(b);
+    jlm_engine_close(e);
+    free(buf); free(ref); free(got); free(m);
+    tu_rmrf(dir);
+    free(dir);
+}
+
+Test(engine_batch, a_loaded_kv_prefix_gives_the_logits_of_evaluating_it, .timeout = 60)
+{
+    check_kv_prefix_load("stories260K.gguf", NULL);
+    check_kv_prefix_load("synth-llama-256.Q4_K_M.gguf", "f16");
+    check_kv_prefix_load("synth-qwen3moe-256.Q4_K_M.gguf", NULL);
+    check_kv_prefix_load("synth-gemma3-256.Q8_0.gguf", NULL);
+}
+
 Test(engine_batch, refuses_a_repeated_sequence_and_a_full_context)
 {
     char *dir = tu_tmpdir();
@@ -1785,4 +1829,157 @@ Test(serve, response_format_json_schema_replies_parse_and_follow_the_schema_stre
     cr_expect(strstr(out, "keyword 'minimum' is not supported"), "%s", out);
     free(out);
     srv_free(&s);
+}
+
+/* ---------------------------------------------------------------- prefix cache */
+
+/* POSTs a chat body; the response parsed (200 asserted). */
+static json_t *chat_json(const srv *s, const char *body)
+{
+    char *r = NULL;
+    cr_assert_eq(http(s, "POST", "/v1/chat/completions", body, NULL, &r), 200, "%s", r);
+    json_t *j = parse(r);
+    free(r);
+    return j;
+}
+
+static json_int_t cached_tokens(json_t *j)
+{
+    json_t *d = json_object_get(json_object_get(j, "usage"), "prompt_tokens_details");
+    cr_assert(json_is_integer(json_object_get(d, "cached_tokens")), "usage.prompt_tokens_details.cached_tokens");
+    return json_integer_value(json_object_get(d, "cached_tokens"));
+}
+
+/* The choice as bytes: the reply's text and every token's logprob and top 20
+ * alternatives (doubles printed to 17 digits): equal only when the logits
+ * each came from are. */
+static char *choice_bytes(json_t *j)
+{
+    json_t *c = json_array_get(json_object_get(j, "choices"), 0);
+    return json_dumps(c, JSON_SORT_KEYS | JSON_COMPACT | JSON_REAL_PRECISION(17));
+}
+
+Test(serve, a_next_chat_turn_reuses_the_cached_prefix_and_answers_as_without_it, .timeout = 120)
+{
+    srv a = {0}, b = {0};
+    const char *one[] = {"--parallel", "1", NULL};
+    srv_start(&a, one);
+    const char *t1 = "{\"messages\": [{\"role\": \"user\", \"content\": \"Once upon a time there was a little girl "
+                     "who liked to play in the park with her dog\"}], \"max_tokens\": 24, \"temperature\": 0}";
+    json_t *j1 = chat_json(&a, t1);
+    cr_assert_eq(cached_tokens(j1), 0, "the first request finds an empty cache");
+    char *d1 = json_dumps(j1, 0), *reply = completion_text(d1, NULL);
+    free(d1);
+    json_decref(j1);
+    /* a request sharing less than a block (the BOS, a few template tokens)
+     * reuses nothing; on the one slot (--parallel 1) it overwrites the
+     * sequence's cache, so the next turn's prefix must come from the cache */
+    json_t *j4 = chat_json(&a, "{\"messages\": [{\"role\": \"user\", \"content\": \"Zebras eat grass all day long "
+                               "in the hot sun and they run very fast when lions come near\"}], \"max_tokens\": 64, "
+                               "\"temperature\": 0, \"ignore_eos\": true}");
+    cr_assert_eq(cached_tokens(j4), 0, "a request sharing no block reports 0 cached tokens");
+    json_t *msgs = json_pack("[{s:s, s:s}, {s:s, s:s}, {s:s, s:s}]", "role", "user", "content",
+                             "Once upon a time there was a little girl who liked to play in the park with her dog",
+                             "role", "assistant", "content", reply, "role", "user", "content", "What happened next?");
+    json_t *req = json_pack("{s:o, s:i, s:i, s:b, s:i}", "messages", msgs, "max_tokens", 12, "temperature", 0,
+                            "logprobs", 1, "top_logprobs", 20);
+    char *t2 = json_dumps(req, 0);
+    json_t *j2 = chat_json(&a, t2);
+    json_int_t hit = cached_tokens(j2);
+    json_int_t n_prompt = json_integer_value(json_object_get(json_object_get(j2, "usage"), "prompt_tokens"));
+    cr_assert(hit >= 32 && hit < n_prompt, "the second turn reuses the first's prefix: %lld of %lld",
+              (long long)hit, (long long)n_prompt);
+    /* the same turn on a fresh server without the cache */
+    const char *off[] = {"--prefix-cache", "0", NULL};
+    srv_start(&b, off);
+    json_t *j3 = chat_json(&b, t2);
+    cr_assert_eq(cached_tokens(j3), 0);
+    char *x = choice_bytes(j2), *y = choice_bytes(j3);
+    cr_assert_str_eq(x, y, "text and logprobs with the cached prefix equal those without it");
+    char *m = get_metrics(&a);
+    cr_assert(metric(m, "jlm_prefix_cache_bytes{model=\"stories\"}") > 0, "%s", m);
+    cr_assert_eq(metric(m, "jlm_prompt_cached_tokens_total{model=\"stories\"}"), (double)hit, "%s", m);
+    free(m); free(x); free(y); free(t2); free(reply);
+    json_decref(j2); json_decref(j3); json_decref(j4); json_decref(req);
+    srv_free(&b);
+    srv_free(&a);
+}
+
+#define PROMPT_A "Once upon a time there was a little girl named Lily who liked to play in the park with her big dog"
+#define PROMPT_B "Zebras eat grass all day long in the hot sun and they run very fast when the hungry lions come near"
+
+/* POSTs a greedy completion of prompt; its usage's cached tokens. */
+static json_int_t completion_cached(const srv *s, const char *prompt)
+{
+    char body[1024], *r = NULL;
+    snprintf(body, sizeof body, "{\"prompt\": \"%s\", \"max_tokens\": 8, \"temperature\": 0}", prompt);
+    cr_assert_eq(http(s, "POST", "/v1/completions", body, NULL, &r), 200, "%s", r);
+    json_t *j = parse(r);
+    json_int_t c = cached_tokens(j);
+    json_decref(j);
+    free(r);
+    return c;
+}
+
+Test(serve, the_prefix_cache_stays_under_its_limit_and_the_budget_evicting_lru, .timeout = 120)
+{
+    srv a = {0}, b = {0}, c = {0};
+    srv_start(&a, NULL);
+    cr_assert_eq(completion_cached(&a, PROMPT_A), 0);
+    cr_assert_gt(completion_cached(&a, PROMPT_A), 0, "the same prompt again reuses its prefix");
+    char *m = get_metrics(&a);
+    double one = metric(m, "jlm_prefix_cache_bytes{model=\"stories\"}");
+    free(m);
+    cr_assert_gt(one, 0);
+    /* room for one entry: B's evicts A's (least recently used) */
+    char lim[32];
+    snprintf(lim, sizeof lim, "%.0f", one * 1.5);
+    const char *small[] = {"--prefix-cache", lim, NULL};
+    srv_start(&b, small);
+    cr_assert_eq(completion_cached(&b, PROMPT_A), 0);
+    cr_assert_eq(completion_cached(&b, PROMPT_B), 0);
+    cr_assert_gt(completion_cached(&b, PROMPT_B), 0, "B is held");
+    cr_assert_eq(completion_cached(&b, PROMPT_A), 0, "A was evicted to make room for B");
+    m = get_metrics(&b);
+    cr_assert_leq(metric(m, "jlm_prefix_cache_bytes{model=\"stories\"}"), one * 1.5, "%s", m);
+    free(m);
+    /* a budget at the model's minimum working set leaves the cache no room */
+    const char *tight[] = {"--budget", "1", NULL};
+    srv_start(&c, tight);
+    cr_assert_eq(completion_cached(&c, PROMPT_A), 0);
+    cr_assert_eq(completion_cached(&c, PROMPT_A), 0, "the cache counts against --budget");
+    m = get_metrics(&c);
+    cr_assert_eq(metric(m, "jlm_prefix_cache_bytes{model=\"stories\"}"), 0, "%s", m);
+    free(m);
+    srv_free(&c);
+    srv_free(&b);
+    srv_free(&a);
+}
+
+/* A latent-attention cache (deepseek2) is not kept per KV head: its prefixes
+ * cannot be saved (jlm_engine_kv_bytes 0), so serve's prefix cache keeps none
+ * of them, and a save into a zero-byte buffer writes nothing. */
+Test(engine_batch, a_latent_attention_cache_is_never_saved_as_a_prefix, .timeout = 60)
+{
+    char *dir = tu_tmpdir();
+    char *m = convert_to("synth-deepseek2-256.Q8_0.gguf", dir, "m.jlm");
+    jlm_engine_opts eo = {.n_threads = 1, .n_ctx = 64, .direct = 0, .quiet = 1};
+    jlm_engine *e;
+    jlm_err err = {0};
+    cr_assert_eq(jlm_engine_open(m, &eo, &e, &err), 0, "%s", err.msg);
+    cr_assert_eq(jlm_engine_kv_bytes(e, 16), 0);
+    jlm_engine_seq *s;
+    cr_assert_eq(jlm_engine_seq_create(e, &s, &err), 0);
+    float *l = malloc(jlm_engine_n_vocab(e) * sizeof *l);
+    int32_t ids[4] = {1, 2, 3, 4};
+    cr_assert_eq(jlm_engine_eval_seq(e, s, ids, 4, l, &err), 0, "%s", err.msg);
+    char guard = 0x5a;
+    jlm_engine_kv_save(e, s, 4, &guard);
+    cr_assert_eq(guard, 0x5a, "nothing written");
+    free(l);
+    jlm_engine_seq_destroy(s);
+    jlm_engine_close(e);
+    free(m);
+    tu_rmrf(dir);
+    free(dir);
 }

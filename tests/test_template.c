@@ -715,7 +715,7 @@ Test(template, cli_prints_the_prompt_and_nothing_else, .timeout = 30)
     snprintf(cmd, sizeof cmd, "%s template --template /nonexistent/t.jinja --messages '%s'", tu_jlm(), mpath);
     st = tu_run(cmd, &out);
     cr_assert(st == 1, "missing template: exit %d, expected 1", st);
-    cr_assert(strstr(out, "jlm template: /nonexistent/t.jinja: "), "missing template message: %s", out);
+    cr_assert(strstr(out, "jlm template: --template /nonexistent/t.jinja: "), "missing template message: %s", out);
     free(out);
     snprintf(cmd, sizeof cmd, "%s template --messages '%s'", tu_jlm(), mpath);
     st = tu_run(cmd, &out);

@@ -5,6 +5,7 @@
 #define JLM_TESTUTIL_H
 
 #include <errno.h>
+#include <fcntl.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -13,6 +14,7 @@
 #include <unistd.h>
 
 #include "converter/convert.h"
+#include "format/jlm_format.h"
 
 /* Repo root (JLM_ROOT, set by `make test`; else "."). */
 static inline const char *tu_root(void)
@@ -166,6 +168,29 @@ static inline char *tu_convert(const char *gguf, const char *dir, const char *na
         return NULL;
     }
     return out;
+}
+
+/* Flips the bits of mask in the byte at off of path, in place (the same
+ * inode: a daemon holding it open reads the change). 0, or -1. */
+static inline int tu_flip(const char *path, uint64_t off, unsigned char mask)
+{
+    int fd = open(path, O_RDWR | O_CLOEXEC);
+    unsigned char c;
+    int ok = fd >= 0 && pread(fd, &c, 1, (off_t)off) == 1 && (c ^= mask, pwrite(fd, &c, 1, (off_t)off) == 1);
+    if (fd >= 0)
+        close(fd);
+    return ok ? 0 : -1;
+}
+
+/* The header of the container at path; 0, or a JLM_E* code with err set. */
+static inline int tu_header(const char *path, jlm_header *h, jlm_err *err)
+{
+    jlm_model *m = NULL;
+    int rc = jlm_fmt_open(path, &m, err);
+    if (!rc)
+        *h = m->hdr;
+    jlm_fmt_close(m);
+    return rc;
 }
 
 #endif
