@@ -205,8 +205,10 @@ Test(cli_io, a_full_stdout_is_exit_1_with_one_line_in_every_command)
     char msgs[1100], tmpl[1100];
     snprintf(msgs, sizeof msgs, "%s/m.json", T);
     snprintf(tmpl, sizeof tmpl, "%s/t.jinja", T);
-    cr_assert(tu_write_file(msgs, "[{\"role\":\"user\",\"content\":\"hi\"}]", 34) == 0);
-    cr_assert(tu_write_file(tmpl, "{{ messages[0].content }}", 25) == 0);
+    const char *m = "[{\"role\":\"user\",\"content\":\"hi\"}]";
+    const char *t = "{{ messages[0].content }}";
+    cr_assert(tu_write_file(msgs, m, strlen(m)) == 0);
+    cr_assert(tu_write_file(tmpl, t, strlen(t)) == 0);
     const char *cmds[] = {"run '%s' -p Hi -n 4 -t 1", "run '%s' -p Hi -n 4 -t 1 --json", "run '%s' -p Hi -n 4 -t 1 --print-ids",
                           "info '%s'", "info '%s' --json", "info '%s' --html", "tokenize '%s' Hello",
                           "tokenize '%s' Hello --ids", "template --template '%s' --messages '%s'", "--version", "--help"};
