@@ -484,7 +484,8 @@ Test(cli_models, conversion_progress_on_a_terminal_only_unless_asked, .timeout =
     snprintf(cmd, sizeof cmd, "JLM_PROGRESS=1 XDG_CACHE_HOME='%s/cache' '%s' run '%s/b.gguf' -p hi -n 1", dir, tu_jlm(),
              dir);
     cr_assert_eq(tu_run(cmd, &o), 0, "%s", o);
-    cr_assert(strstr(o, "jlm run: 25% (") && strstr(o, " MiB of 13.0 MiB, "), "asked: %s", o);
+    /* the first line at the first update past 25% (how far it got depends on the machine's speed) */
+    cr_assert(strstr(o, "jlm run: ") && strstr(o, "% (") && strstr(o, " MiB of 13.0 MiB, "), "asked: %s", o);
     free(o);
     snprintf(cmd, sizeof cmd, "XDG_CACHE_HOME='%s/cache' script -qec \"'%s' run '%s/c.gguf' -p hi -n 1\" /dev/null",
              dir, tu_jlm(), dir);
