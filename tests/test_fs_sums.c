@@ -162,9 +162,10 @@ Test(fs_sums, a_swapped_entry_is_not_adopted_as_ready)
 {
     swap_entry(1);
     mnt_start(0, 1);
-    char *st = read_text(pathf("%s/m.jlm/status", M.mnt));
-    cr_assert(st && strncmp(st, "ready", 5), "a swapped entry adopted as ready: %s", st ? st : "");
-    free(st);
+    /* the status read looks the view up; the refused entry is converted again,
+     * which may already be ready when the status is read (a small model), so
+     * the refusal is read from the log and the bytes served are checked below */
+    free(read_text(pathf("%s/m.jlm/status", M.mnt)));
     char *log = read_text(M.log);
     cr_assert(log && strstr(log, "cached entry refused") && strstr(log, "after its checksums were written"), "%s",
               log ? log : "");
