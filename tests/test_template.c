@@ -781,3 +781,27 @@ Test(template, the_developer_role_becomes_system_except_for_gpt_oss_templates)
     cr_assert_str_eq(o, "developer:D|user:Q|");
     free(o);
 }
+
+/* An integer power is computed by squaring: 0 ** 44073709551615 (fuzz_jinja's
+ * find) ran a loop of that many multiplications, outside the step budget. */
+Test(template, an_integer_power_with_a_huge_exponent_ends_at_once, .timeout = 10)
+{
+    const char *cases[][2] = {{"{{ 0 ** 44073709551615 }}", "0"}, {"{{ 1 ** 44073709551615 }}", "1"},
+                              {"{{ (-1) ** 44073709551615 }}", "-1"}, {"{{ 2 ** 62 }}", "4611686018427387904"},
+                              {"{{ (-2) ** 63 }}", "-9223372036854775808"}, {"{{ 3 ** 0 }}", "1"},
+                              {"{{ 7 ** 13 }}", "96889010407"}};
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        char *out = NULL;
+        size_t n = 0;
+        jlm_err err = {0};
+        cr_assert_eq(render(cases[i][0], "{}", &out, &n, &err), 0, "%s: %s", cases[i][0], err.msg);
+        cr_assert_str_eq(out, cases[i][1], "%s", cases[i][0]);
+        free(out);
+    }
+    char *out = NULL;
+    size_t n = 0;
+    jlm_err err = {0};
+    cr_assert_neq(render("{{ 2 ** 64 }}", "{}", &out, &n, &err), 0);
+    cr_assert(strstr(err.msg, "overflows 64 bits"), "%s", err.msg);
+    free(out);
+}

@@ -231,9 +231,16 @@ static jj_val int_arith(jj_ctx *C, int op, int64_t x, int64_t y, jj_val a, jj_va
     }
     case OP_POW: {
         if (y < 0) return jlm_jj_float(pow((double)x, (double)y));
-        int64_t acc = 1;
-        for (int64_t i = 0; i < y; i++)
-            if (__builtin_mul_overflow(acc, x, &acc)) jlm_jj_fail(C, JLM_ERANGE, "integer power overflows 64 bits");
+        /* by squaring: O(log y) steps, so 0 ** 2**62 ends at once (a loop of y
+         * steps ran for hours); a square that overflows while bits of y remain
+         * means the power does too, since |x| >= 2 then */
+        int64_t acc = 1, base = x;
+        for (int64_t e = y; e > 0; e >>= 1) {
+            if ((e & 1) && __builtin_mul_overflow(acc, base, &acc))
+                jlm_jj_fail(C, JLM_ERANGE, "integer power overflows 64 bits");
+            if (e > 1 && __builtin_mul_overflow(base, base, &base))
+                jlm_jj_fail(C, JLM_ERANGE, "integer power overflows 64 bits");
+        }
         return jlm_jj_int(acc);
     }
     default: return jlm_jj_undef(NULL);
