@@ -469,13 +469,14 @@ static int load_verify(const char *path, const jlm_engine_opts *o, jlm_sums **ou
      * refused by the source's open in one line, never waited on here */
     int fd = open(path, O_RDONLY | O_CLOEXEC | O_NONBLOCK);
     struct stat st;
-    if (fd >= 0 && fstat(fd, &st) == 0 && !S_ISREG(st.st_mode)) {
+    int unread = fd < 0 || fstat(fd, &st);
+    if (!unread && !S_ISREG(st.st_mode)) {
         close(fd);
         free(sp);
         return JLM_OK;
     }
     uint8_t hb[JLM_HEADER_LEN];
-    int rc = fd < 0 || fstat(fd, &st) || pread(fd, hb, sizeof hb, 0) != (ssize_t)sizeof hb
+    int rc = unread || pread(fd, hb, sizeof hb, 0) != (ssize_t)sizeof hb
                  ? jlm_errf(err, JLM_EIO, "%s: cannot read its header: %s", path, strerror(errno))
                  : jlm_sums_load(AT_FDCWD, sp, hb, (uint64_t)st.st_size, out, err);
     free(sp);
