@@ -782,6 +782,25 @@ Test(template, the_developer_role_becomes_system_except_for_gpt_oss_templates)
     free(o);
 }
 
+/* Repeating an empty string or list ends at once whatever the count:
+ * '' * 600000000 (fuzz_jinja's find; CI's fuzz-smoke timed out on it) ran
+ * 600 million empty appends, which neither the output limit nor the step
+ * budget saw. */
+Test(template, repeating_an_empty_sequence_a_huge_number_of_times_ends_at_once, .timeout = 10)
+{
+    const char *cases[][2] = {{"{{ 'x' * 0 * 600000000 }}", ""}, {"{{ '' * 900000000000000000 }}", ""},
+                              {"{{ ([] * 900000000000000000) | length }}", "0"}, {"{{ 'ab' * 3 }}", "ababab"},
+                              {"{{ ([1] * 3) | length }}", "3"}};
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        char *out = NULL;
+        size_t n = 0;
+        jlm_err err = {0};
+        cr_assert_eq(render(cases[i][0], "{}", &out, &n, &err), 0, "%s: %s", cases[i][0], err.msg);
+        cr_assert_str_eq(out, cases[i][1], "%s", cases[i][0]);
+        free(out);
+    }
+}
+
 /* An integer power is computed by squaring: 0 ** 44073709551615 (fuzz_jinja's
  * find) ran a loop of that many multiplications, outside the step budget. */
 Test(template, an_integer_power_with_a_huge_exponent_ends_at_once, .timeout = 10)

@@ -199,6 +199,8 @@ _Noreturn static void bad_operands(jj_ctx *C, int op, jj_val a, jj_val b)
 static jj_val repeat(jj_ctx *C, jj_val seq, int64_t k)
 {
     if (k < 0) k = 0;
+    if ((seq.t == JT_STR ? seq.u.s->len : seq.u.l->n) == 0)
+        k = 0;   /* '' * 600000000: nothing to repeat, and no limit would stop the loop */
     if (seq.t == JT_STR) {
         if (seq.u.s->len && (uint64_t)k > C->max_out / seq.u.s->len)
             jlm_jj_fail(C, JLM_ERANGE, "string repetition past the output limit of %zu bytes", C->max_out);
