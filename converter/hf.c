@@ -29,6 +29,9 @@ static const cls_def CLASSES[] = {
     {"Qwen3ForCausalLM", "qwen3", FAM_QWEN3},     {"Qwen3MoeForCausalLM", "qwen3moe", FAM_QWEN3MOE},
     {"Gemma3ForCausalLM", "gemma3", FAM_GEMMA3},  {"Phi3ForCausalLM", "phi3", FAM_PHI3},
     {"OlmoeForCausalLM", "olmoe", FAM_OLMOE},     {"GptOssForCausalLM", "gpt-oss", FAM_GPTOSS},
+    {"DeepseekV2ForCausalLM", "deepseek2", FAM_DEEPSEEK2}, {"DeepseekV3ForCausalLM", "deepseek2", FAM_DEEPSEEK2},
+    {"Glm4MoeForCausalLM", "glm4moe", FAM_GLM4MOE},        {"Llama4ForCausalLM", "llama4", FAM_LLAMA4},
+    {"Llama4ForConditionalGeneration", "llama4", FAM_LLAMA4},
 };
 
 /* ---------------------------------------------------------------- phase 1: config.json */
@@ -109,7 +112,8 @@ static int cfg_class(cfgp *p, hfc *c)
     return jlm_errf(p->err, JLM_EUNSUPPORTED,
                     "%s: architecture class '%.100s' is not supported (supported: LlamaForCausalLM, MistralForCausalLM, "
                     "MixtralForCausalLM, Qwen2ForCausalLM, Qwen3ForCausalLM, Qwen3MoeForCausalLM, Gemma3ForCausalLM, "
-                    "Phi3ForCausalLM, OlmoeForCausalLM, GptOssForCausalLM)", p->path, name);
+                    "Phi3ForCausalLM, OlmoeForCausalLM, GptOssForCausalLM, DeepseekV2ForCausalLM, DeepseekV3ForCausalLM, "
+                    "Glm4MoeForCausalLM, Llama4ForCausalLM, Llama4ForConditionalGeneration)", p->path, name);
 }
 
 static int cfg_sizes(cfgp *p, hfc *c)
@@ -164,6 +168,20 @@ static int cfg_moe(cfgp *p, hfc *c)
         if ((rc = c_req(p, "num_local_experts", &c->n_expert)) || (rc = c_req(p, "num_experts_per_tok", &c->n_expert_used)))
             return rc;
         c->n_ffn_exp = c->n_ffn;
+    } else if (fam == FAM_DEEPSEEK2 || fam == FAM_GLM4MOE) {
+        if ((rc = c_req(p, "n_routed_experts", &c->n_expert)) || (rc = c_req(p, "num_experts_per_tok", &c->n_expert_used)) ||
+            (rc = c_req(p, "moe_intermediate_size", &c->n_ffn_exp)))
+            return rc;
+    } else if (fam == FAM_LLAMA4) {
+        /* Llama 4: intermediate_size is the experts' width, intermediate_size_mlp the dense blocks' */
+        if ((rc = c_req(p, "num_local_experts", &c->n_expert)) || (rc = c_req(p, "num_experts_per_tok", &c->n_expert_used)))
+            return rc;
+        c->n_ffn_exp = c->n_ffn;
+        if ((rc = c_req(p, "intermediate_size_mlp", &c->n_ffn)))
+            return rc;
+        if (c->n_expert_used != 1)
+            return jlm_errf(p->err, JLM_EUNSUPPORTED, "%s: 'num_experts_per_tok' %u is not supported for Llama 4 (1 only: "
+                            "the router weight scales the one expert's input)", p->path, c->n_expert_used);
     }
     if (c->n_expert && (c->n_expert > 4096 || c->n_expert_used > c->n_expert))
         return jlm_errf(p->err, JLM_EFORMAT, "%s: %u experts, %u used: out of range", p->path, c->n_expert, c->n_expert_used);
@@ -203,6 +221,152 @@ static int cfg_gptoss(cfgp *p, hfc *c)
     return 0;
 }
 
+/* An optional string key: NULL if absent or null; refused if not a string. */
+static int c_str(cfgp *p, const char *key, const char **out)
+{
+    json_t *v = json_object_get(p->j, key);
+    *out = NULL;
+    if (!v || json_is_null(v))
+        return 0;
+    if (!(*out = json_string_value(v)))
+        return jlm_errf(p->err, JLM_EFORMAT, "%s: '%s' is not a string", p->path, key);
+    return 0;
+}
+
+/* deepseek2 / glm4moe: leading dense blocks, shared experts, the router's
+ * scale, normalisation and groups, the NextN/MTP layers (llama.cpp's
+ * DeepseekV2Model / Glm4MoeModel keys). */
+static int cfg_shared_moe(cfgp *p, hfc *c)
+{
+    int rc;
+    if ((rc = c_u32(p, "first_k_dense_replace", 0, &c->n_dense_lead)) || (rc = c_u32(p, "n_shared_experts", 0, &c->n_shared)) ||
+        (rc = c_num(p, "routed_scaling_factor", 0, &c->routed_scale)) || (rc = c_bool(p, "norm_topk_prob", 0, &c->norm_topk)) ||
+        (rc = c_u32(p, "n_group", 0, &c->n_group)) || (rc = c_u32(p, "topk_group", 0, &c->n_group_used)) ||
+        (rc = c_u32(p, "num_nextn_predict_layers", 0, &c->nextn)))
+        return rc;
+    if (c->n_dense_lead > c->n_layer)
+        return jlm_errf(p->err, JLM_EFORMAT, "%s: 'first_k_dense_replace' %u exceeds num_hidden_layers %u", p->path,
+                        c->n_dense_lead, c->n_layer);
+    if (c->n_shared > 64)
+        return jlm_errf(p->err, JLM_EFORMAT, "%s: 'n_shared_experts' %u out of range (at most 64)", p->path, c->n_shared);
+    if (c->n_group > 1 && (c->n_expert % c->n_group || !c->n_group_used || c->n_group_used > c->n_group))
+        return jlm_errf(p->err, JLM_EFORMAT, "%s: 'n_group' %u / 'topk_group' %u do not divide %u experts", p->path,
+                        c->n_group, c->n_group_used, c->n_expert);
+    if (c->nextn > 64)
+        return jlm_errf(p->err, JLM_EFORMAT, "%s: 'num_nextn_predict_layers' %u out of range", p->path, c->nextn);
+    if (c->routed_scale < 0 || c->routed_scale > 1e6)
+        return jlm_errf(p->err, JLM_EFORMAT, "%s: 'routed_scaling_factor' %g out of range", p->path, c->routed_scale);
+    c->n_ffn_shexp = c->n_shared * c->n_ffn_exp;
+    return c_refuse_unless(p, "hidden_act", "silu", NULL);
+}
+
+/* DeepSeek V2 / V3: multi-head latent attention (q_lora_rank may be null:
+ * a plain q_proj), sigmoid or softmax routing. llama.cpp stores MLA as MQA of
+ * one head over the latent | rope key (key_length kv_lora + rope, value_length
+ * kv_lora) and the per-head sizes as the _mla keys. */
+static int cfg_deepseek2(cfgp *p, hfc *c)
+{
+    int rc;
+    const char *score, *topk;
+    if ((rc = cfg_shared_moe(p, c)) || (rc = c_u32(p, "q_lora_rank", 0, &c->q_lora)) ||
+        (rc = c_req(p, "kv_lora_rank", &c->kv_lora)) || (rc = c_req(p, "qk_nope_head_dim", &c->qk_nope)) ||
+        (rc = c_req(p, "qk_rope_head_dim", &c->qk_rope)) || (rc = c_req(p, "v_head_dim", &c->v_head)) ||
+        (rc = c_str(p, "scoring_func", &score)) || (rc = c_str(p, "topk_method", &topk)) ||
+        (rc = c_refuse_unless(p, "attention_bias", NULL, NULL)))
+        return rc;
+    if (c->q_lora > 65536 || c->kv_lora > 65536 || c->qk_nope > 4096 || c->qk_rope > 4096 || c->qk_rope % 2 ||
+        c->v_head > 4096)
+        return jlm_errf(p->err, JLM_EFORMAT, "%s: q_lora_rank %u / kv_lora_rank %u / qk_nope_head_dim %u / "
+                        "qk_rope_head_dim %u / v_head_dim %u out of range", p->path, c->q_lora, c->kv_lora, c->qk_nope,
+                        c->qk_rope, c->v_head);
+    if (score && strcmp(score, "sigmoid") && strcmp(score, "softmax"))
+        return jlm_errf(p->err, JLM_EUNSUPPORTED, "%s: 'scoring_func' '%.40s' is not supported (sigmoid, softmax)", p->path,
+                        score);
+    if (topk && strcmp(topk, "noaux_tc") && strcmp(topk, "greedy") && (strcmp(topk, "group_limited_greedy") || c->n_group > 1))
+        return jlm_errf(p->err, JLM_EUNSUPPORTED, "%s: 'topk_method' '%.40s' is not supported (noaux_tc, greedy)", p->path,
+                        topk);
+    c->gating = score && !strcmp(score, "sigmoid") ? 2 : 1;
+    c->n_kv = 1;                 /* MLA as MQA, as llama.cpp writes it */
+    c->head_dim_given = 0;
+    c->head_dim = c->n_rot = c->qk_nope + c->qk_rope;
+    return 0;
+}
+
+/* GLM-4.5 MoE: partial NeoX RoPE (partial_rotary_factor, 0.5 when absent as
+ * llama.cpp), q/k/v biases, q/k norms where the tensors are, sigmoid routing. */
+static int cfg_glm4moe(cfgp *p, hfc *c)
+{
+    int rc;
+    double partial;
+    if ((rc = cfg_shared_moe(p, c)) || (rc = c_num(p, "partial_rotary_factor", 0.5, &partial)))
+        return rc;
+    c->n_rot = (uint32_t)(c->head_dim * partial);
+    if (partial <= 0 || partial > 1 || c->n_rot % 2)
+        return jlm_errf(p->err, JLM_EFORMAT, "%s: partial_rotary_factor %g out of range", p->path, partial);
+    c->gating = 2;
+    return 0;
+}
+
+/* llama4 (text): what llama.cpp b10359 fixes in its graph is refused unless
+ * the config says the same: chunked attention of 8192 on three layers of
+ * four, the fourth without RoPE (no_rope_layers), temperature tuning (scale
+ * 0.1, floor 8192), q/k norms exactly when there are not 128 experts, MoE on
+ * every interleave_moe_layer_step-th layer. */
+static int cfg_llama4(cfgp *p, hfc *c)
+{
+    int rc, qk;
+    uint32_t chunk, floor_scale, interval;
+    double attn_scale;
+    json_t *tune = json_object_get(p->j, "attn_temperature_tuning");
+    if ((rc = c_refuse_unless(p, "hidden_act", "silu", NULL)) || (rc = c_refuse_unless(p, "attention_bias", NULL, NULL)) ||
+        (rc = c_u32(p, "interleave_moe_layer_step", 1, &c->moe_step)) || (rc = c_bool(p, "use_qk_norm", 1, &qk)) ||
+        (rc = c_u32(p, "attention_chunk_size", 0, &chunk)) || (rc = c_u32(p, "floor_scale", 8192, &floor_scale)) ||
+        (rc = c_num(p, "attn_scale", 0.1, &attn_scale)) || (rc = c_u32(p, "no_rope_layer_interval", 4, &interval)))
+        return rc;
+    if (!c->moe_step || c->moe_step > c->n_layer)
+        return jlm_errf(p->err, JLM_EFORMAT, "%s: 'interleave_moe_layer_step' %u out of range", p->path, c->moe_step);
+    if (qk != (c->n_expert != 128))
+        return jlm_errf(p->err, JLM_EUNSUPPORTED, "%s: 'use_qk_norm' %s with %u experts is not supported (llama.cpp's "
+                        "llama4 graph norms q/k exactly when there are not 128 experts)", p->path, qk ? "true" : "false",
+                        c->n_expert);
+    json_t *lt = json_object_get(p->j, "layer_types");
+    int all_full = json_array_size(lt) > 0;
+    for (size_t i = 0; i < json_array_size(lt); i++) {
+        const char *ty = json_string_value(json_array_get(lt, i));
+        all_full = all_full && ty && !strcmp(ty, "full_attention");
+    }
+    c->swa_off = all_full;
+    if (!all_full && chunk != 8192)
+        return jlm_errf(p->err, JLM_EUNSUPPORTED, "%s: 'attention_chunk_size' %u is not supported (8192 only, llama.cpp's)",
+                        p->path, chunk);
+    if (interval != 4 || floor_scale != 8192 || attn_scale != 0.1 || (tune && (json_is_false(tune) ||
+                                                                               (json_is_integer(tune) && !json_integer_value(tune)))))
+        return jlm_errf(p->err, JLM_EUNSUPPORTED, "%s: 'no_rope_layer_interval' %u / 'floor_scale' %u / 'attn_scale' %g / "
+                        "'attn_temperature_tuning' off are not supported (4, 8192, 0.1, on)", p->path, interval,
+                        floor_scale, attn_scale);
+    json_t *nr = json_object_get(p->j, "no_rope_layers"), *ml = json_object_get(p->j, "moe_layers");
+    for (uint32_t i = 0; i < c->n_layer && json_array_size(nr); i++) {
+        json_t *v = json_array_get(nr, i);
+        if (json_array_size(nr) != c->n_layer || !json_is_integer(v) || json_integer_value(v) != ((i + 1) % 4 != 0))
+            return jlm_errf(p->err, JLM_EUNSUPPORTED, "%s: 'no_rope_layers' is not RoPE on three layers of four, the "
+                            "fourth without (the only pattern llama.cpp runs)", p->path);
+    }
+    for (uint32_t i = 0, k = 0; ml && !json_is_null(ml) && i < c->n_layer; i++) {
+        int moe = (i + 1) % c->moe_step == 0;
+        json_t *v = json_array_get(ml, k);
+        if (moe && !(json_is_integer(v) && json_integer_value(v) == i))
+            return jlm_errf(p->err, JLM_EUNSUPPORTED, "%s: 'moe_layers' differs from every interleave_moe_layer_step-th "
+                            "layer", p->path);
+        k += moe;
+        if (i + 1 == c->n_layer && json_array_size(ml) != k)
+            return jlm_errf(p->err, JLM_EUNSUPPORTED, "%s: 'moe_layers' differs from every interleave_moe_layer_step-th "
+                            "layer", p->path);
+    }
+    c->gating = 2;
+    c->n_ffn_shexp = c->n_ffn_exp;   /* one shared expert of the experts' width */
+    return 0;
+}
+
 static int cfg_family(cfgp *p, hfc *c)
 {
     int rc, fam = c->cls->fam;
@@ -222,6 +386,12 @@ static int cfg_family(cfgp *p, hfc *c)
     }
     if (fam == FAM_GPTOSS)
         return cfg_gptoss(p, c);
+    if (fam == FAM_DEEPSEEK2)
+        return cfg_deepseek2(p, c);
+    if (fam == FAM_GLM4MOE)
+        return cfg_glm4moe(p, c);
+    if (fam == FAM_LLAMA4)
+        return cfg_llama4(p, c);
     if ((rc = c_refuse_unless(p, "hidden_act", "silu", NULL)) || (rc = c_refuse_unless(p, "attention_bias", NULL, NULL)) ||
         (rc = c_refuse_unless(p, "mlp_bias", NULL, NULL)))
         return rc;
@@ -252,6 +422,27 @@ static int yarn_plain(json_t *r, int gptoss)
            (!bs || (json_is_number(bs) && json_number_value(bs) == 1.0)) && (!tr || json_is_boolean(tr));
 }
 
+/* DeepSeek's yarn: beta_fast / beta_slow carried as keys, mscale_all_dim as
+ * llama.cpp's yarn_log_multiplier (0.1 x mscale_all_dim). llama.cpp applies
+ * only mscale_all_dim, so an mscale that differs from it (transformers
+ * scales cos/sin by their ratio) is refused. */
+static int yarn_deepseek(cfgp *q, hfc *c)
+{
+    double ms, ms_all;
+    int rc;
+    c->rope_kind = 2;
+    if ((rc = c_num(q, "beta_fast", -1, &c->yarn_beta_fast)) || (rc = c_num(q, "beta_slow", -1, &c->yarn_beta_slow)) ||
+        (rc = c_num(q, "mscale", 1.0, &ms)) || (rc = c_num(q, "mscale_all_dim", 0, &ms_all)))
+        return rc;
+    if (json_object_get(q->j, "attention_factor") || ms != ms_all)
+        return jlm_errf(q->err, JLM_EUNSUPPORTED, "%s: rope_scaling yarn with mscale %g != mscale_all_dim %g or an "
+                        "attention_factor is not supported", q->path, ms, ms_all);
+    if (!(ms_all >= 0 && ms_all < 100))
+        return jlm_errf(q->err, JLM_EFORMAT, "%s: rope_scaling.mscale_all_dim %g out of range", q->path, ms_all);
+    c->yarn_log_mul = json_object_get(q->j, "mscale_all_dim") ? 0.1 * ms_all : -1;
+    return 0;
+}
+
 /* rope_scaling: null, linear, yarn (factor, original_max_position_embeddings) or
  * llama3 (llama family: a generated rope_freqs tensor, section 3 of docs/safetensors.md). */
 static int cfg_rope(cfgp *p, hfc *c)
@@ -268,9 +459,11 @@ static int cfg_rope(cfgp *p, hfc *c)
         return 0;
     if (!rc && !strcmp(ty, "linear"))
         c->rope_kind = 1;
+    else if (!rc && !strcmp(ty, "yarn") && c->cls->fam == FAM_DEEPSEEK2)
+        rc = yarn_deepseek(&q, c);
     else if (!rc && !strcmp(ty, "yarn") && yarn_plain(r, c->cls->fam == FAM_GPTOSS))
         c->rope_kind = 2;
-    else if (!rc && !strcmp(ty, "llama3") && c->cls->fam == FAM_LLAMA)
+    else if (!rc && !strcmp(ty, "llama3") && (c->cls->fam == FAM_LLAMA || c->cls->fam == FAM_LLAMA4))
         c->rope_kind = 3;
     else if (!rc)
         return jlm_errf(p->err, JLM_EUNSUPPORTED, "%s: rope_scaling type '%.40s'%s is not supported", p->path, ty,
@@ -282,7 +475,7 @@ static int cfg_rope(cfgp *p, hfc *c)
     if (rc || (rc = c_num(&q, "low_freq_factor", 1.0, &c->rope_low)) || (rc = c_num(&q, "high_freq_factor", 4.0, &c->rope_high)) ||
         (rc = c_u32(&q, "original_max_position_embeddings", c->rope_kind == 3 ? 8192 : c->n_ctx, &c->rope_orig_ctx)))
         return rc;
-    if (c->rope_kind == 3 && !(c->rope_low > 0 && c->rope_high > c->rope_low && c->rope_orig_ctx))
+    if (c->rope_kind == 3 && !(c->rope_low > 0 && c->rope_high >= c->rope_low && c->rope_orig_ctx))
         return jlm_errf(p->err, JLM_EFORMAT, "%s: rope_scaling low/high_freq_factor or original_max_position_embeddings "
                         "out of range", p->path);
     return 0;
@@ -292,10 +485,20 @@ static int cfg_parse(json_t *j, const char *path, hfc *c, jlm_err *err)
 {
     cfgp p = {j, path, err};
     memset(c, 0, sizeof *c);
+    c->yarn_beta_fast = c->yarn_beta_slow = c->yarn_log_mul = -1;
+    c->prefix = "";
     if (!json_is_object(j))
         return jlm_errf(err, JLM_EFORMAT, "%s: not a JSON object", path);
-    int rc;
-    if ((rc = cfg_class(&p, c)) || (rc = cfg_sizes(&p, c)) || (rc = cfg_moe(&p, c)) || (rc = cfg_family(&p, c)) ||
+    int rc = cfg_class(&p, c);
+    if (!rc && !strcmp(c->cls->hf, "Llama4ForConditionalGeneration")) {
+        /* the text model: text_config, tensors under language_model. (vision_model. and
+         * multi_modal_projector. are the projector's: jlm convert --mmproj does not take them) */
+        p.j = json_object_get(j, "text_config");
+        c->prefix = "language_model.";
+        if (!json_is_object(p.j))
+            return jlm_errf(err, JLM_EFORMAT, "%s: 'text_config' is not an object", path);
+    }
+    if (rc || (rc = cfg_sizes(&p, c)) || (rc = cfg_moe(&p, c)) || (rc = cfg_family(&p, c)) ||
         (rc = c_num(&p, "rms_norm_eps", 1e-6, &c->eps)) || (rc = c_num(&p, "rope_theta", 10000.0, &c->theta)) ||
         (rc = c_bool(&p, "tie_word_embeddings", c->cls->fam == FAM_GEMMA3, &c->tied)) ||
         (rc = cfg_rope(&p, c)))
@@ -397,11 +600,49 @@ int jlm_hf_kv_str(hf *h, const char *key, const char *v)
     return s ? 0 : JLM_ENOMEM;
 }
 
+static int kv_bool(hf *h, const char *key, int v)
+{
+    jlm_gguf_kv *kv = jlm_hf_kv(h, key, 1, GGUF_T_BOOL);
+    if (kv)
+        kv->v.b = v;
+    return kv ? 0 : JLM_ENOMEM;
+}
+
+/* The keys llama.cpp's converter writes for deepseek2, glm4moe and llama4
+ * (docs/safetensors.md, section 2). Groups of one are no groups: not written. */
+static int meta_moe_family(hf *h)
+{
+    const hfc *c = &h->c;
+    int fam = c->cls->fam, rc = 0;
+    if (fam == FAM_LLAMA4)
+        return kv_u32(h, "interleave_moe_layer_step", c->moe_step) ||
+               (c->swa_off && kv_u32(h, "attention.sliding_window", 0));
+    if (fam != FAM_DEEPSEEK2 && fam != FAM_GLM4MOE)
+        return 0;
+    rc = kv_u32(h, "leading_dense_block_count", c->n_dense_lead) || kv_u32(h, "expert_shared_count", c->n_shared) ||
+         kv_u32(h, "expert_gating_func", c->gating) || (c->routed_scale && kv_f32(h, "expert_weights_scale", c->routed_scale)) ||
+         (c->norm_topk && kv_bool(h, "expert_weights_norm", 1)) ||
+         (c->n_group > 1 && (kv_u32(h, "expert_group_count", c->n_group) || kv_u32(h, "expert_group_used_count", c->n_group_used)));
+    if (!rc && fam == FAM_GLM4MOE && c->nextn)
+        rc = kv_u32(h, "nextn_predict_layers", c->nextn);
+    if (!rc && fam == FAM_DEEPSEEK2)
+        rc = (c->q_lora && kv_u32(h, "attention.q_lora_rank", c->q_lora)) || kv_u32(h, "attention.kv_lora_rank", c->kv_lora) ||
+             kv_u32(h, "attention.key_length", c->kv_lora + c->qk_rope) || kv_u32(h, "attention.value_length", c->kv_lora) ||
+             kv_u32(h, "attention.key_length_mla", c->qk_nope + c->qk_rope) ||
+             kv_u32(h, "attention.value_length_mla", c->v_head) || kv_u32(h, "rope.dimension_count", c->qk_rope);
+    if (!rc && c->rope_kind == 2)
+        rc = (c->yarn_beta_fast >= 0 && kv_f32(h, "rope.scaling.yarn_beta_fast", c->yarn_beta_fast)) ||
+             (c->yarn_beta_slow >= 0 && kv_f32(h, "rope.scaling.yarn_beta_slow", c->yarn_beta_slow)) ||
+             (c->yarn_log_mul >= 0 && kv_f32(h, "rope.scaling.yarn_log_multiplier", c->yarn_log_mul));
+    return rc;
+}
+
 static int metadata(hf *h)
 {
     const hfc *c = &h->c;
     int rc = jlm_hf_kv_str(h, "general.architecture", c->cls->gguf) ||
-             kv_u32(h, "block_count", c->n_layer) || kv_u32(h, "embedding_length", c->n_embd) ||
+             kv_u32(h, "block_count", c->n_layer + (c->cls->fam == FAM_GLM4MOE ? c->nextn : 0)) ||
+             kv_u32(h, "embedding_length", c->n_embd) ||
              kv_u32(h, "feed_forward_length", c->n_ffn) || kv_u32(h, "attention.head_count", c->n_head) ||
              kv_u32(h, "attention.head_count_kv", c->n_kv) || kv_u32(h, "context_length", c->n_ctx) ||
              kv_u32(h, "vocab_size", c->n_vocab) || kv_f32(h, "attention.layer_norm_rms_epsilon", c->eps) ||
@@ -434,12 +675,15 @@ static int metadata(hf *h)
         if (!rc && c->final_softcap)
             rc = kv_f32(h, "final_logit_softcapping", c->final_softcap);
     }
+    if (!rc)
+        rc = meta_moe_family(h);
     return rc ? jlm_errf(h->err, JLM_ENOMEM, "%s: metadata", h->dir) : 0;
 }
 
 /* ---------------------------------------------------------------- phase 3: tensors */
 enum { SH_EMBD, SH_VEC, SH_Q, SH_KV, SH_O, SH_QB, SH_KVB, SH_HEAD, SH_UP, SH_DOWN, SH_QKV, SH_UP2,
-       SH_ROUTER, SH_XUP, SH_XDOWN, SH_SINKS, SH_RB, SH_SKIP };
+       SH_ROUTER, SH_XUP, SH_XDOWN, SH_SINKS, SH_RB, SH_SKIP, SH_QA, SH_QAN, SH_QBL, SH_KVA, SH_KVAN, SH_KVBP, SH_DSO,
+       SH_SHUP, SH_SHDOWN };
 enum { P_Q = 1, P_K = 2, EXPERT = 4, LLAMA_ONLY_PERM = 8 };
 
 typedef struct name_map { const char *hf, *gguf; int shape, flags; } name_map;
@@ -464,6 +708,57 @@ static const name_map GPTOSS_BLOCK[] = {
     {"self_attn.sinks", "attn_sinks.weight", SH_SINKS, 0},
     {"mlp.router.weight", "ffn_gate_inp.weight", SH_ROUTER, 0},
     {"mlp.router.bias", "ffn_gate_inp.bias", SH_RB, 0},
+};
+/* The MoE families' own tables (no fall-back to BLOCK): llama.cpp's
+ * tensor_mapping for deepseek2, glm4moe and llama4. */
+#define MOE_SHARED(pre) \
+    {pre "gate_proj.weight", "ffn_gate_shexp.weight", SH_SHUP, 0}, {pre "up_proj.weight", "ffn_up_shexp.weight", SH_SHUP, 0}, \
+    {pre "down_proj.weight", "ffn_down_shexp.weight", SH_SHDOWN, 0}
+#define MOE_DENSE(pre) \
+    {pre "gate_proj.weight", "ffn_gate.weight", SH_UP, 0}, {pre "up_proj.weight", "ffn_up.weight", SH_UP, 0}, \
+    {pre "down_proj.weight", "ffn_down.weight", SH_DOWN, 0}
+static const name_map DEEPSEEK2_BLOCK[] = {
+    {"input_layernorm.weight", "attn_norm.weight", SH_VEC, 0},
+    {"post_attention_layernorm.weight", "ffn_norm.weight", SH_VEC, 0},
+    {"self_attn.q_proj.weight", "attn_q.weight", SH_Q, 0},
+    {"self_attn.q_a_proj.weight", "attn_q_a.weight", SH_QA, 0},
+    {"self_attn.q_a_layernorm.weight", "attn_q_a_norm.weight", SH_QAN, 0},
+    {"self_attn.q_b_proj.weight", "attn_q_b.weight", SH_QBL, 0},
+    {"self_attn.kv_a_proj_with_mqa.weight", "attn_kv_a_mqa.weight", SH_KVA, 0},
+    {"self_attn.kv_a_layernorm.weight", "attn_kv_a_norm.weight", SH_KVAN, 0},
+    {"self_attn.o_proj.weight", "attn_output.weight", SH_DSO, 0},
+    {"self_attn.rotary_emb.inv_freq", NULL, SH_SKIP, 0},
+    {"mlp.gate.weight", "ffn_gate_inp.weight", SH_ROUTER, 0},
+    {"mlp.gate.e_score_correction_bias", "exp_probs_b.bias", SH_RB, 0},
+    MOE_SHARED("mlp.shared_experts."), MOE_DENSE("mlp."),
+};
+static const name_map GLM4MOE_BLOCK[] = {
+    {"input_layernorm.weight", "attn_norm.weight", SH_VEC, 0},
+    {"post_attention_layernorm.weight", "post_attention_norm.weight", SH_VEC, 0},
+    {"self_attn.q_proj.weight", "attn_q.weight", SH_Q, 0},
+    {"self_attn.k_proj.weight", "attn_k.weight", SH_KV, 0},
+    {"self_attn.v_proj.weight", "attn_v.weight", SH_KV, 0},
+    {"self_attn.o_proj.weight", "attn_output.weight", SH_O, 0},
+    {"self_attn.q_proj.bias", "attn_q.bias", SH_QB, 0},
+    {"self_attn.k_proj.bias", "attn_k.bias", SH_KVB, 0},
+    {"self_attn.v_proj.bias", "attn_v.bias", SH_KVB, 0},
+    {"self_attn.q_norm.weight", "attn_q_norm.weight", SH_HEAD, 0},
+    {"self_attn.k_norm.weight", "attn_k_norm.weight", SH_HEAD, 0},
+    {"self_attn.rotary_emb.inv_freq", NULL, SH_SKIP, 0},
+    {"mlp.gate.weight", "ffn_gate_inp.weight", SH_ROUTER, 0},
+    {"mlp.gate.e_score_correction_bias", "exp_probs_b.bias", SH_RB, 0},
+    MOE_SHARED("mlp.shared_experts."), MOE_DENSE("mlp."),
+};
+static const name_map LLAMA4_BLOCK[] = {
+    {"input_layernorm.weight", "attn_norm.weight", SH_VEC, 0},
+    {"post_attention_layernorm.weight", "ffn_norm.weight", SH_VEC, 0},
+    {"self_attn.q_proj.weight", "attn_q.weight", SH_Q, 0},
+    {"self_attn.k_proj.weight", "attn_k.weight", SH_KV, 0},
+    {"self_attn.v_proj.weight", "attn_v.weight", SH_KV, 0},
+    {"self_attn.o_proj.weight", "attn_output.weight", SH_O, 0},
+    {"self_attn.rotary_emb.inv_freq", NULL, SH_SKIP, 0},
+    {"feed_forward.router.weight", "ffn_gate_inp.weight", SH_ROUTER, 0},
+    MOE_SHARED("feed_forward.shared_expert."), MOE_DENSE("feed_forward."),
 };
 static const name_map BLOCK[] = {
     {"input_layernorm.weight", "attn_norm.weight", SH_VEC, 0},
@@ -524,6 +819,15 @@ static void expect(const hfc *c, int shape, uint64_t *rows, uint64_t *cols)
     case SH_XDOWN:  r = E; k = c->n_ffn_exp; break;
     case SH_SINKS:  r = c->n_head; k = 0; break;
     case SH_RB:     r = c->n_expert; k = 0; break;
+    case SH_QA:     r = c->q_lora; break;
+    case SH_QAN:    r = c->q_lora; k = 0; break;
+    case SH_QBL:    r = q; k = c->q_lora; break;
+    case SH_KVA:    r = (uint64_t)c->kv_lora + c->qk_rope; break;
+    case SH_KVAN:   r = c->kv_lora; k = 0; break;
+    case SH_KVBP:   r = (uint64_t)c->n_head * (c->qk_nope + c->v_head); k = c->kv_lora; break;
+    case SH_DSO:    r = E; k = (uint64_t)c->n_head * c->v_head; break;
+    case SH_SHUP:   r = c->n_ffn_shexp; break;
+    case SH_SHDOWN: r = E; k = c->n_ffn_shexp; break;
     }
     *rows = r;
     *cols = k;
@@ -755,6 +1059,77 @@ static int map_gptoss_expert(hf *h, const jlm_st_tensor *t, uint32_t blk, const 
     return 1;
 }
 
+/* A virtual tensor read transposed from t (vsrc.transposed): n_seg segments
+ * of seg_rows rows of row_len elements; segment k's element j of row r is
+ * t's row k * src_seg_rows + rphase + j, column cphase + r. */
+static int make_transposed(hf *h, const char *name, const jlm_st_tensor *t, uint64_t row_len, uint64_t seg_rows,
+                           uint32_t n_seg, uint64_t src_seg_rows, uint32_t rphase, uint32_t cphase)
+{
+    int rc = make_raw(h, name, t->dtype, 3, row_len, seg_rows, n_seg);
+    if (rc)
+        return rc;
+    vsrc *s = &h->src[h->n_t - 1];
+    s->transposed = s->shared = 1;
+    s->src_seg_rows = src_seg_rows;
+    s->rphase = rphase;
+    s->cphase = cphase;
+    s->src_row_len = t->shape[t->n_dims - 1];
+    for (uint32_t k = 0; k < n_seg; k++)
+        s->seg[k] = t;
+    return 0;
+}
+
+/* deepseek2's kv_b_proj [n_head * (nope + v), kv_lora] -> llama.cpp's split
+ * attn_k_b ne [nope, kv_lora, n_head] (each head's K rows transposed) and
+ * attn_v_b ne [kv_lora, v, n_head] (each head's V rows). */
+static int map_kv_b(hf *h, const jlm_st_tensor *t, uint32_t blk)
+{
+    const hfc *c = &h->c;
+    int rc = check_shape(h, t, SH_KVBP);
+    char name[96];
+    snprintf(name, sizeof name, "blk.%u.attn_k_b.weight", blk);
+    if (!rc)
+        rc = make_transposed(h, name, t, c->qk_nope, c->kv_lora, c->n_head, c->qk_nope + c->v_head, 0, 0);
+    snprintf(name, sizeof name, "blk.%u.attn_v_b.weight", blk);
+    if (!rc)
+        rc = make_raw(h, name, t->dtype, 3, c->kv_lora, c->v_head, c->n_head);
+    if (rc)
+        return rc;
+    vsrc *s = &h->src[h->n_t - 1];
+    s->shared = 1;
+    s->src_seg_rows = c->qk_nope + c->v_head;
+    s->rphase = c->qk_nope;
+    for (uint32_t k = 0; k < c->n_head; k++)
+        s->seg[k] = t;
+    return 0;
+}
+
+/* llama4's experts: feed_forward.experts.gate_up_proj [E, n_embd, 2 ff]
+ * (gate columns first) and down_proj [E, ff, n_embd], both [in, out]:
+ * convert_hf_to_gguf's transpose, here at read time. 1 if handled. */
+static int map_llama4_experts(hf *h, const jlm_st_tensor *t, uint32_t blk, const char *rest)
+{
+    static const char P[] = "feed_forward.experts.";
+    if (h->c.cls->fam != FAM_LLAMA4 || strncmp(rest, P, sizeof P - 1))
+        return 0;
+    const hfc *c = &h->c;
+    int gu = !strcmp(rest + sizeof P - 1, "gate_up_proj"), dn = !strcmp(rest + sizeof P - 1, "down_proj");
+    if (!gu && !dn)
+        return jlm_errf(h->err, JLM_EUNSUPPORTED, "%s: tensor '%s' is not known for %s", jlm_st_file(h->st, t->file),
+                        t->name, c->cls->hf);
+    uint64_t want[3] = {c->n_expert, gu ? c->n_embd : c->n_ffn_exp, gu ? 2 * (uint64_t)c->n_ffn_exp : c->n_embd};
+    if (!shape_is(t, want, 3))
+        return shape_refused(h, t, want, 3);
+    char name[96];
+    int rc = 0;
+    for (uint32_t o = 0; o < (gu ? 2u : 1u) && !rc; o++) {
+        snprintf(name, sizeof name, "blk.%u.ffn_%s_exps.weight", blk, dn ? "down" : o ? "up" : "gate");
+        rc = make_transposed(h, name, t, want[1], gu ? c->n_ffn_exp : c->n_embd, c->n_expert, want[1], 0,
+                             o ? c->n_ffn_exp : 0);
+    }
+    return rc ? rc : 1;
+}
+
 static const name_map *lookup(const name_map *m, size_t n, const char *name)
 {
     for (size_t i = 0; i < n; i++)
@@ -763,13 +1138,40 @@ static const name_map *lookup(const name_map *m, size_t n, const char *name)
     return NULL;
 }
 
+/* The family's own block table; NULL: the shared tables. */
+static const name_map *family_block(int fam, size_t *n)
+{
+#define FB(T) (*n = sizeof T / sizeof T[0], T)
+    switch (fam) {
+    case FAM_GEMMA3:    return FB(GEMMA_BLOCK);
+    case FAM_OLMOE:     return FB(OLMOE_BLOCK);
+    case FAM_GPTOSS:    return FB(GPTOSS_BLOCK);
+    case FAM_DEEPSEEK2: return FB(DEEPSEEK2_BLOCK);
+    case FAM_GLM4MOE:   return FB(GLM4MOE_BLOCK);
+    case FAM_LLAMA4:    return FB(LLAMA4_BLOCK);
+    }
+#undef FB
+    return NULL;
+}
+
 static int map_one(hf *h, const jlm_st_tensor *t)
 {
     uint32_t blk;
-    const char *rest;
+    const char *rest, *tname = t->name;
     const name_map *m = NULL;
     char name[160];
-    if (layer_of(t->name, &blk, &rest)) {
+    size_t pl = strlen(h->c.prefix);
+    if (pl && (!strncmp(tname, "vision_model.", 13) || !strncmp(tname, "multi_modal_projector.", 22))) {
+        h->n_skipped++;   /* the vision tower and projector of a ...ForConditionalGeneration */
+        return 0;
+    }
+    if (pl && !strncmp(tname, h->c.prefix, pl))
+        tname += pl;
+    if (layer_of(tname, &blk, &rest)) {
+        if (blk >= h->c.n_layer && blk - h->c.n_layer < h->c.nextn) {
+            h->n_skipped++;   /* a NextN/MTP layer: not run (llama.cpp skips it too) */
+            return 0;
+        }
         if (blk >= h->c.n_layer)
             return jlm_errf(h->err, JLM_EFORMAT, "%s: tensor '%s' is in layer %u, config.json has num_hidden_layers %u",
                             jlm_st_file(h->st, t->file), t->name, blk, h->c.n_layer);
@@ -777,17 +1179,20 @@ static int map_one(hf *h, const jlm_st_tensor *t)
         if (!rc && t->dtype == JLM_ST_U8)
             return jlm_errf(h->err, JLM_EUNSUPPORTED, "%s: tensor '%s': dtype U8 is read only as gpt-oss's MXFP4 "
                             "_blocks / _scales", jlm_st_file(h->st, t->file), t->name);
+        if (!rc && h->c.cls->fam == FAM_DEEPSEEK2 && !strcmp(rest, "self_attn.kv_b_proj.weight"))
+            return map_kv_b(h, t, blk);
+        if (!rc)
+            rc = map_llama4_experts(h, t, blk, rest);
         if (!rc)
             rc = map_expert(h, t, blk, rest);
         if (rc)
             return rc < 0 ? rc : 0;
-        if (h->c.cls->fam == FAM_GEMMA3)
-            m = lookup(GEMMA_BLOCK, sizeof GEMMA_BLOCK / sizeof GEMMA_BLOCK[0], rest);
-        if (h->c.cls->fam == FAM_OLMOE)
-            m = lookup(OLMOE_BLOCK, sizeof OLMOE_BLOCK / sizeof OLMOE_BLOCK[0], rest);
-        if (h->c.cls->fam == FAM_GPTOSS)
-            m = lookup(GPTOSS_BLOCK, sizeof GPTOSS_BLOCK / sizeof GPTOSS_BLOCK[0], rest);
-        if (!m)
+        size_t nf = 0;
+        const name_map *fb = family_block(h->c.cls->fam, &nf);
+        int fam = h->c.cls->fam, own = fam == FAM_DEEPSEEK2 || fam == FAM_GLM4MOE || fam == FAM_LLAMA4;
+        if (fb)
+            m = lookup(fb, nf, rest);
+        if (!m && !own)
             m = lookup(BLOCK, sizeof BLOCK / sizeof BLOCK[0], rest);
         if (m && m->gguf)
             snprintf(name, sizeof name, "blk.%u.%s", blk, m->gguf);
@@ -795,7 +1200,7 @@ static int map_one(hf *h, const jlm_st_tensor *t)
         if (t->dtype == JLM_ST_U8)
             return jlm_errf(h->err, JLM_EUNSUPPORTED, "%s: tensor '%s': dtype U8 is read only as gpt-oss's MXFP4 "
                             "_blocks / _scales", jlm_st_file(h->st, t->file), t->name);
-        m = lookup(GLOBAL, sizeof GLOBAL / sizeof GLOBAL[0], t->name);
+        m = lookup(GLOBAL, sizeof GLOBAL / sizeof GLOBAL[0], tname);
         if (m)
             snprintf(name, sizeof name, "%s", m->gguf);
     }
@@ -804,7 +1209,7 @@ static int map_one(hf *h, const jlm_st_tensor *t)
                         t->name, h->c.cls->hf);
     if (m->shape == SH_SKIP)
         return 0;
-    if (!strcmp(t->name, "lm_head.weight") && h->c.tied)
+    if (!strcmp(tname, "lm_head.weight") && h->c.tied)
         return 0;                 /* tied: transformers uses the embeddings */
     int rc = check_shape(h, t, m->shape);
     if (!rc)
@@ -959,6 +1364,37 @@ static int read_rows(hf *h, const jlm_gguf_tensor *g, const vsrc *s, uint64_t of
     return rc;
 }
 
+/* A transposed tensor (vsrc.transposed), a run of rows of one segment at a
+ * time: for each of the row_len source rows, one read of the run's columns
+ * (contiguous there), scattered into the run's rows. The elements keep
+ * their dtype. */
+static int read_transposed(hf *h, const jlm_gguf_tensor *g, const vsrc *s, uint64_t off, uint8_t *buf, size_t n,
+                           jlm_err *err)
+{
+    uint64_t es = esize(g->type), orb = s->row_len * es, r1 = (off + n + orb - 1) / orb;
+    int rc = 0;
+    for (uint64_t r = off / orb; r < r1 && !rc;) {
+        uint64_t k = r / s->seg_rows, ra = r % s->seg_rows, cnt = s->seg_rows - ra;
+        if (cnt > r1 - r)
+            cnt = r1 - r;
+        uint8_t *tile = malloc(cnt * orb + cnt * es), *col = tile + cnt * orb;
+        if (!tile)
+            return jlm_errf(err, JLM_ENOMEM, "%s: row buffer", h->dir);
+        for (uint64_t j = 0; j < s->row_len && !rc; j++) {
+            uint64_t sr = k * s->src_seg_rows + s->rphase + j;
+            rc = jlm_st_read(h->st, s->seg[k], (sr * s->src_row_len + s->cphase + ra) * es, col, cnt * es, err);
+            for (uint64_t i = 0; i < cnt && !rc; i++)
+                memcpy(tile + i * orb + j * es, col + i * es, es);
+        }
+        uint64_t lo = r * orb > off ? r * orb : off, hi = (r + cnt) * orb < off + n ? (r + cnt) * orb : off + n;
+        if (!rc)
+            memcpy(buf + (lo - off), tile + (lo - r * orb), hi - lo);
+        free(tile);
+        r += cnt;
+    }
+    return rc;
+}
+
 static int vread(void *ctx, uint64_t i, uint64_t off, void *buf, size_t n, jlm_err *err)
 {
     hf *h = ctx;   /* read-only here: the daemon's packers read one conversion from several threads */
@@ -970,6 +1406,8 @@ static int vread(void *ctx, uint64_t i, uint64_t off, void *buf, size_t n, jlm_e
         memcpy(buf, (const uint8_t *)s->data + off, n);
         return 0;
     }
+    if (s->transposed)
+        return read_transposed(h, g, s, off, buf, n, err);
     if (s->perm_heads || s->add_one || s->shared || g->type != s->seg[0]->dtype)
         return read_rows(h, g, s, off, buf, n, err);
     uint64_t sb = s->seg[0]->n_bytes;   /* direct: segment by segment */
@@ -998,6 +1436,9 @@ static int build(hf *h, hf_json *j, FILE *notes, jlm_gguf **out, jlm_err *err)
     if (j->cfg) {
         if (!(rc = cfg_parse(j->cfg, j->cfg_path, &h->c, err)) && !(rc = metadata(h)))
             rc = map_all(h);
+        if (!rc && h->n_skipped && notes)
+            fprintf(notes, "note: %s: %" PRIu64 " tensor(s) of %u NextN/MTP layer(s)%s not converted (not run)\n", h->dir,
+                    h->n_skipped, h->c.nextn, h->c.prefix[0] ? " and of the vision tower" : "");
     }
     if (!rc)
         rc = jlm_hf_tokenizer(h, j->tok, j->tok_cfg, j->gen, j->cfg ? h->c.n_vocab : 0, notes);

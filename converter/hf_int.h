@@ -9,7 +9,8 @@
 #include <jansson.h>
 #include <stdio.h>
 
-enum { FAM_LLAMA, FAM_QWEN2, FAM_QWEN3, FAM_QWEN3MOE, FAM_GEMMA3, FAM_PHI3, FAM_OLMOE, FAM_GPTOSS };
+enum { FAM_LLAMA, FAM_QWEN2, FAM_QWEN3, FAM_QWEN3MOE, FAM_GEMMA3, FAM_PHI3, FAM_OLMOE, FAM_GPTOSS, FAM_DEEPSEEK2,
+       FAM_GLM4MOE, FAM_LLAMA4 };
 
 typedef struct cls_def { const char *hf, *gguf; int fam; } cls_def;
 
@@ -23,6 +24,13 @@ typedef struct hfc {
     int      rope_kind;
     double   rope_factor, rope_low, rope_high;
     uint32_t rope_orig_ctx;
+    double   yarn_beta_fast, yarn_beta_slow, yarn_log_mul;   /* < 0: absent (no key written) */
+    /* deepseek2 / glm4moe / llama4 (section 2 of docs/safetensors.md) */
+    uint32_t n_dense_lead, n_shared, n_ffn_shexp, n_group, n_group_used, gating, nextn, moe_step;
+    uint32_t q_lora, kv_lora, qk_nope, qk_rope, v_head;
+    double   routed_scale;   /* 0: absent */
+    int      norm_topk, swa_off;
+    const char *prefix;      /* tensor name prefix of the text model ("language_model.") or "" */
 } hfc;
 
 typedef struct vsrc {
@@ -38,6 +46,11 @@ typedef struct vsrc {
     uint32_t rstride, rphase;    /* source row of row i: i * rstride + rphase (gate/up rows interleaved) */
     uint32_t cstride, cphase;    /* source element of element j: j * cstride + cphase (gate/up biases) */
     const jlm_st_tensor **scales;/* MXFP4: the _scales tensor of each segment (seg[] are the _blocks) */
+    /* transposed: element j of row r of segment k is source row k * src_seg_rows
+     * + rphase + j, column cphase + r (rows of src_row_len elements); llama4's
+     * [E, in, out] experts and deepseek2's attn_k_b from kv_b_proj */
+    int      transposed;
+    uint64_t src_row_len;
 } vsrc;
 
 typedef struct hf {
@@ -55,6 +68,7 @@ typedef struct hf {
     uint64_t         n_own, cap_own;
     jlm_err         *err;
     uint64_t         json_bytes;   /* config / tokenizer files read: with the shards, the source's size */
+    uint64_t         n_skipped;    /* NextN/MTP layer and vision tensors left out */
 } hf;
 /* A string (printf) / a malloc'd block owned by h, freed with it; NULL on ENOMEM. */
 char *jlm_hf_own(hf *h, const char *fmt, ...) __attribute__((format(printf, 2, 3)));

@@ -1002,14 +1002,16 @@ static const char *rt_gguf(const char *name)
     return b;
 }
 
-static char *rt_folder(const char *gguf_name, const char *dir)
+static char *rt_folder_as(const char *gguf_name, const char *dir, int cond)
 {
     char *d = malloc(1200);
-    snprintf(d, 1200, "%s/%s-hf", dir, gguf_name);
+    snprintf(d, 1200, "%s/%s-hf%s", dir, gguf_name, cond ? "-cond" : "");
     cr_assert_eq(mkdir(d, 0755), 0);
-    cr_assert_eq(hs_from_gguf(rt_gguf(gguf_name), d), 0, "writing the HF folder of %s", gguf_name);
+    cr_assert_eq(hs_from_gguf_as(rt_gguf(gguf_name), d, cond), 0, "writing the HF folder of %s", gguf_name);
     return d;
 }
+
+static char *rt_folder(const char *gguf_name, const char *dir) { return rt_folder_as(gguf_name, dir, 0); }
 
 /* The two containers' configs agree on every field the engine reads. */
 static void rt_config_equal(const jlm_config *a, const jlm_config *b)
@@ -1020,6 +1022,8 @@ static void rt_config_equal(const jlm_config *a, const jlm_config *b)
     SAME(swa_period); SAME(rms_eps); SAME(rope_base); SAME(attn_factor); SAME(embd_scale); SAME(rope_base_swa);
     SAME(flags); SAME(yarn_factor); SAME(yarn_orig_ctx); SAME(yarn_beta_fast); SAME(yarn_beta_slow);
     SAME(yarn_log_mul); SAME(rope_linear); SAME(head_dim_v); SAME(expert_scale); SAME(clamp_kqv);
+    SAME(n_ffn_shexp); SAME(n_dense_lead); SAME(q_lora_rank); SAME(kv_lora_rank); SAME(n_expert_group);
+    SAME(n_expert_group_used); SAME(moe_step); SAME(attn_temp_scale); SAME(attn_temp_floor); SAME(attn_temp_offset);
 #undef SAME
 }
 
@@ -1244,6 +1248,135 @@ Test(hf, olmoe_folder_made_from_the_gguf_converts_back_to_it, .timeout = 120)
 Test(hf, gpt_oss_folder_keeps_mxfp4_and_converts_back_to_the_gguf, .timeout = 120)
 {
     round_trip("synth-gpt-oss-256.MXFP4_MOE", 6);   /* 2 layers x gate, up, down */
+}
+
+/* The container of the folder quantized at conversion (--type Q8_0) against
+ * the GGUF's container: Q8_0 of a dequantized Q8_0 row is that row again
+ * (d = max|x| / 127 and the codes come back), so the two must run bit for
+ * bit alike: logits after each oracle prompt and 16 greedy steps (ids and
+ * logits) identical. The F32 container is not compared by logits here: these
+ * families route by top-k (sigmoid, groups, top-1), and F32 activations
+ * against Q8_0's quantized ones flip a routing choice on the oracle prompts
+ * (deepseek2 run 0: 0.36 x max |logit|), which says nothing about the folder. */
+static void rt_logits_same(const char *gguf_name, const char *hq_jlm, const char *gg_jlm)
+{
+    jlm_engine_opts o = {.n_threads = 2, .quiet = 1, .direct = 1};
+    jlm_engine *a, *b;
+    jlm_err err = {0};
+    cr_assert_eq(jlm_engine_open(hq_jlm, &o, &a, &err), 0, "%s", err.msg);
+    cr_assert_eq(jlm_engine_open(gg_jlm, &o, &b, &err), 0, "%s", err.msg);
+    char p[1024];
+    snprintf(p, sizeof p, "%s/tests/reference/oracle-%s.exact.json", tu_root(), gguf_name);
+    json_t *orc = json_load_file(p, JSON_ALLOW_NUL, NULL), *runs = json_object_get(orc, "runs");
+    cr_assert(json_array_size(runs) >= 2, "%s", p);
+    uint32_t nv = jlm_engine_n_vocab(a);
+    float *la = malloc(nv * 4), *lb = malloc(nv * 4);
+    for (size_t r = 0; r < json_array_size(runs); r++) {
+        size_t np;
+        int32_t *pr = ids(json_object_get(json_array_get(runs, r), "prompt_ids"), &np);
+        jlm_engine_rewind(a, 0);
+        jlm_engine_rewind(b, 0);
+        cr_assert_eq(jlm_engine_eval(a, pr, (uint32_t)np, la, &err), 0, "%s", err.msg);
+        cr_assert_eq(jlm_engine_eval(b, pr, (uint32_t)np, lb, &err), 0, "%s", err.msg);
+        for (int step = 0; step < 16; step++) {
+            cr_assert(!memcmp(la, lb, nv * 4), "%s run %zu step %d: the folder's Q8_0 logits differ from the GGUF's",
+                      gguf_name, r, step);
+            int32_t id = argmax(la, nv), id2 = argmax(lb, nv);
+            cr_assert_eq(id, id2);
+            cr_assert_eq(jlm_engine_eval(a, &id, 1, la, &err), 0, "%s", err.msg);
+            cr_assert_eq(jlm_engine_eval(b, &id2, 1, lb, &err), 0, "%s", err.msg);
+        }
+        free(pr);
+    }
+    free(la); free(lb);
+    json_decref(orc);
+    jlm_engine_close(a);
+    jlm_engine_close(b);
+}
+
+/* The MoE families: the F32 container's tensors and config equal the GGUF
+ * container's; the Q8_0 conversion runs as the GGUF does. */
+static void round_trip_moe(const char *gguf_name)
+{
+    char *dir = tu_tmpdir(), *folder = rt_folder(gguf_name, dir);
+    char *hf_jlm = convert_dir(folder, dir, "hf"), *gg_jlm = convert_dir(rt_gguf(gguf_name), dir, "gguf");
+    char hq_jlm[1200];
+    snprintf(hq_jlm, sizeof hq_jlm, "%s/hf-q8.jlm", dir);
+    cr_assert_eq(rt_tensors_equal(gguf_name, hf_jlm, gg_jlm), 0);
+    jlm_conv *c;
+    jlm_err err = {0};
+    cr_assert_eq(jlm_conv_open_as(folder, "Q8_0", NULL, &c, &err), 0, "%s", err.msg);
+    cr_assert_eq(jlm_conv_write(c, hq_jlm, NULL, NULL, NULL, &err), 0, "%s", err.msg);
+    jlm_conv_close(c);
+    rt_logits_same(gguf_name, hq_jlm, gg_jlm);
+    free(hf_jlm); free(gg_jlm); free(folder);
+    tu_rmrf(dir);
+    free(dir);
+}
+
+/* DeepseekV3ForCausalLM: kv_b_proj split into attn_k_b (transposed per
+ * head) / attn_v_b, q-LoRA, groups, e_score_correction_bias, yarn with
+ * mscale_all_dim; the NextN/MTP layer left out. */
+Test(hf, deepseek2_folder_made_from_the_gguf_converts_back_to_it, .timeout = 120)
+{
+    round_trip_moe("synth-deepseek2-256.Q8_0");
+}
+
+/* Glm4MoeForCausalLM: partial NeoX RoPE, biases, q/k norms, post_attention_norm,
+ * shared expert, the NextN/MTP layer left out. */
+Test(hf, glm4moe_folder_made_from_the_gguf_converts_back_to_it, .timeout = 120)
+{
+    round_trip_moe("synth-glm4moe-256.Q8_0");
+}
+
+/* Llama4ForCausalLM: [E, in, out] experts read transposed, interleaved MoE. */
+Test(hf, llama4_folder_made_from_the_gguf_converts_back_to_it, .timeout = 120)
+{
+    round_trip_moe("synth-llama4-256.Q8_0");
+}
+
+/* Llama4ForConditionalGeneration: text_config, language_model. names, the
+ * vision tower left out: the same tensors and config as the GGUF's. */
+Test(hf, llama4_conditional_generation_folder_gives_the_text_model, .timeout = 120)
+{
+    const char *name = "synth-llama4-256.Q8_0";
+    char *dir = tu_tmpdir(), *folder = rt_folder_as(name, dir, 1);
+    char *hf_jlm = convert_dir(folder, dir, "hf"), *gg_jlm = convert_dir(rt_gguf(name), dir, "gguf");
+    cr_assert_eq(rt_tensors_equal(name, hf_jlm, gg_jlm), 0);
+    free(hf_jlm); free(gg_jlm); free(folder);
+    tu_rmrf(dir);
+    free(dir);
+}
+
+/* Values of the MoE families' keys the engine cannot honour or that
+ * contradict the model are refused, the key named. */
+Test(hf_cli, moe_family_configs_out_of_range_are_refused_by_key, .timeout = 120)
+{
+    static const char *const E[][4] = {
+        {"synth-deepseek2-256.Q8_0", "\"first_k_dense_replace\": 1", "\"first_k_dense_replace\": 9", "first_k_dense_replace"},
+        {"synth-deepseek2-256.Q8_0", "\"n_group\": 4", "\"n_group\": 3", "n_group"},
+        {"synth-deepseek2-256.Q8_0", "\"scoring_func\": \"sigmoid\"", "\"scoring_func\": \"sqrtsoftplus\"", "scoring_func"},
+        {"synth-deepseek2-256.Q8_0", "\"topk_method\": \"noaux_tc\"", "\"topk_method\": \"group_limited_greedy\"", "topk_method"},
+        {"synth-deepseek2-256.Q8_0", "\"mscale\": 1.0", "\"mscale\": 0.70699999999999996", "mscale"},
+        {"synth-deepseek2-256.Q8_0", "\"kv_lora_rank\": 128", "\"kv_lora_rank\": 64", "config.json gives"},
+        {"synth-glm4moe-256.Q8_0", "\"partial_rotary_factor\": 0.5", "\"partial_rotary_factor\": 1.5", "partial_rotary_factor"},
+        {"synth-glm4moe-256.Q8_0", "\"num_nextn_predict_layers\": 1", "\"num_nextn_predict_layers\": 0", "layer 3"},
+        {"synth-llama4-256.Q8_0", "\"attention_chunk_size\": 8192", "\"attention_chunk_size\": 4096", "attention_chunk_size"},
+        {"synth-llama4-256.Q8_0", "\"use_qk_norm\": true", "\"use_qk_norm\": false", "use_qk_norm"},
+        {"synth-llama4-256.Q8_0", "\"num_experts_per_tok\": 1", "\"num_experts_per_tok\": 2", "num_experts_per_tok"},
+        {"synth-llama4-256.Q8_0", "\"floor_scale\": 8192", "\"floor_scale\": 4096", "floor_scale"},
+        {"synth-llama4-256.Q8_0", "\"intermediate_size\": 256", "\"intermediate_size\": 128", "config.json gives"},
+    };
+    for (size_t i = 0; i < sizeof E / sizeof E[0]; i++) {
+        char *d = tu_tmpdir(), m[1100];
+        snprintf(m, sizeof m, "%s/m", d);
+        cr_assert_eq(mkdir(m, 0755), 0);
+        cr_assert_eq(hs_from_gguf(rt_gguf(E[i][0]), m), 0);
+        edit_config(d, E[i][1], E[i][2]);
+        cli_refuses(d, E[i][3]);
+        tu_rmrf(d);
+        free(d);
+    }
 }
 
 /* What the engine's olmoe / gpt-oss graphs cannot honour is refused by key. */
