@@ -244,16 +244,19 @@ Test(hf, refuses_a_bad_header_length_and_json)
     cr_assert(strstr(err.msg, "not a JSON object"), "%s", err.msg);
 }
 
-/* The fuzz seeds are small valid models of five classes: they open and a
+/* The fuzz seeds are small valid models of eight classes: they open and a
  * tensor of each reads back (llama q/k permuted, mixtral experts stacked,
  * gemma norms + 1, olmoe's wide q norm, gpt-oss's MXFP4 up rows of a shared
- * gate_up tensor). */
+ * gate_up tensor, deepseek2's attn_k_b transposed out of kv_b_proj, glm4moe's
+ * selection bias, llama4's up experts transposed out of gate_up_proj). */
 Test(hf, fuzz_seeds_open_as_models)
 {
-    const char *seeds[] = {"llama.bin", "mixtral.bin", "gemma3.bin", "olmoe.bin", "gpt-oss.bin"};
+    const char *seeds[] = {"llama.bin", "mixtral.bin", "gemma3.bin", "olmoe.bin", "gpt-oss.bin", "deepseek2.bin",
+                           "glm4moe.bin", "llama4.bin"};
     const char *probe[] = {"blk.0.attn_q.weight", "blk.0.ffn_up_exps.weight", "blk.0.post_ffw_norm.weight",
-                           "blk.0.attn_q_norm.weight", "blk.1.ffn_up_exps.weight"};
-    for (int i = 0; i < 5; i++) {
+                           "blk.0.attn_q_norm.weight", "blk.1.ffn_up_exps.weight", "blk.1.attn_k_b.weight",
+                           "blk.1.exp_probs_b.bias", "blk.1.ffn_up_exps.weight"};
+    for (int i = 0; i < 8; i++) {
         char p[1024];
         snprintf(p, sizeof p, "%s/tests/fuzz/seeds-safetensors/%s", tu_root(), seeds[i]);
         size_t len = 0;
