@@ -717,9 +717,17 @@ static const name_map GPTOSS_BLOCK[] = {
 #define MOE_DENSE(pre) \
     {pre "gate_proj.weight", "ffn_gate.weight", SH_UP, 0}, {pre "up_proj.weight", "ffn_up.weight", SH_UP, 0}, \
     {pre "down_proj.weight", "ffn_down.weight", SH_DOWN, 0}
+#define PRE_NORMS(ffn_norm) \
+    {"input_layernorm.weight", "attn_norm.weight", SH_VEC, 0}, {"post_attention_layernorm.weight", ffn_norm, SH_VEC, 0}
+#define ATTN_QKVO \
+    {"self_attn.q_proj.weight", "attn_q.weight", SH_Q, 0}, {"self_attn.k_proj.weight", "attn_k.weight", SH_KV, 0}, \
+    {"self_attn.v_proj.weight", "attn_v.weight", SH_KV, 0}, {"self_attn.o_proj.weight", "attn_output.weight", SH_O, 0}, \
+    {"self_attn.rotary_emb.inv_freq", NULL, SH_SKIP, 0}
+#define SIGMOID_ROUTER \
+    {"mlp.gate.weight", "ffn_gate_inp.weight", SH_ROUTER, 0}, \
+    {"mlp.gate.e_score_correction_bias", "exp_probs_b.bias", SH_RB, 0}
 static const name_map DEEPSEEK2_BLOCK[] = {
-    {"input_layernorm.weight", "attn_norm.weight", SH_VEC, 0},
-    {"post_attention_layernorm.weight", "ffn_norm.weight", SH_VEC, 0},
+    PRE_NORMS("ffn_norm.weight"),
     {"self_attn.q_proj.weight", "attn_q.weight", SH_Q, 0},
     {"self_attn.q_a_proj.weight", "attn_q_a.weight", SH_QA, 0},
     {"self_attn.q_a_layernorm.weight", "attn_q_a_norm.weight", SH_QAN, 0},
@@ -728,35 +736,19 @@ static const name_map DEEPSEEK2_BLOCK[] = {
     {"self_attn.kv_a_layernorm.weight", "attn_kv_a_norm.weight", SH_KVAN, 0},
     {"self_attn.o_proj.weight", "attn_output.weight", SH_DSO, 0},
     {"self_attn.rotary_emb.inv_freq", NULL, SH_SKIP, 0},
-    {"mlp.gate.weight", "ffn_gate_inp.weight", SH_ROUTER, 0},
-    {"mlp.gate.e_score_correction_bias", "exp_probs_b.bias", SH_RB, 0},
-    MOE_SHARED("mlp.shared_experts."), MOE_DENSE("mlp."),
+    SIGMOID_ROUTER, MOE_SHARED("mlp.shared_experts."), MOE_DENSE("mlp."),
 };
 static const name_map GLM4MOE_BLOCK[] = {
-    {"input_layernorm.weight", "attn_norm.weight", SH_VEC, 0},
-    {"post_attention_layernorm.weight", "post_attention_norm.weight", SH_VEC, 0},
-    {"self_attn.q_proj.weight", "attn_q.weight", SH_Q, 0},
-    {"self_attn.k_proj.weight", "attn_k.weight", SH_KV, 0},
-    {"self_attn.v_proj.weight", "attn_v.weight", SH_KV, 0},
-    {"self_attn.o_proj.weight", "attn_output.weight", SH_O, 0},
+    PRE_NORMS("post_attention_norm.weight"), ATTN_QKVO,
     {"self_attn.q_proj.bias", "attn_q.bias", SH_QB, 0},
     {"self_attn.k_proj.bias", "attn_k.bias", SH_KVB, 0},
     {"self_attn.v_proj.bias", "attn_v.bias", SH_KVB, 0},
     {"self_attn.q_norm.weight", "attn_q_norm.weight", SH_HEAD, 0},
     {"self_attn.k_norm.weight", "attn_k_norm.weight", SH_HEAD, 0},
-    {"self_attn.rotary_emb.inv_freq", NULL, SH_SKIP, 0},
-    {"mlp.gate.weight", "ffn_gate_inp.weight", SH_ROUTER, 0},
-    {"mlp.gate.e_score_correction_bias", "exp_probs_b.bias", SH_RB, 0},
-    MOE_SHARED("mlp.shared_experts."), MOE_DENSE("mlp."),
+    SIGMOID_ROUTER, MOE_SHARED("mlp.shared_experts."), MOE_DENSE("mlp."),
 };
 static const name_map LLAMA4_BLOCK[] = {
-    {"input_layernorm.weight", "attn_norm.weight", SH_VEC, 0},
-    {"post_attention_layernorm.weight", "ffn_norm.weight", SH_VEC, 0},
-    {"self_attn.q_proj.weight", "attn_q.weight", SH_Q, 0},
-    {"self_attn.k_proj.weight", "attn_k.weight", SH_KV, 0},
-    {"self_attn.v_proj.weight", "attn_v.weight", SH_KV, 0},
-    {"self_attn.o_proj.weight", "attn_output.weight", SH_O, 0},
-    {"self_attn.rotary_emb.inv_freq", NULL, SH_SKIP, 0},
+    PRE_NORMS("ffn_norm.weight"), ATTN_QKVO,
     {"feed_forward.router.weight", "ffn_gate_inp.weight", SH_ROUTER, 0},
     MOE_SHARED("feed_forward.shared_expert."), MOE_DENSE("feed_forward."),
 };

@@ -992,6 +992,30 @@ Test(hf_tok, generation_config_eos_list_ends_generation)
  * tests/hf_synth.h writes one from the synthetic GGUF by inverting llama.cpp's
  * mapping, and the HF path must give the GGUF path's model back. */
 
+/* Engines on the two containers and the oracle of gguf_name (>= 2 runs). */
+static json_t *rt_open_pair(const char *gguf_name, const char *jlm_a, const char *jlm_b, jlm_engine **a, jlm_engine **b)
+{
+    jlm_engine_opts o = {.n_threads = 2, .quiet = 1, .direct = 1};
+    jlm_err err = {0};
+    cr_assert_eq(jlm_engine_open(jlm_a, &o, a, &err), 0, "%s", err.msg);
+    cr_assert_eq(jlm_engine_open(jlm_b, &o, b, &err), 0, "%s", err.msg);
+    char p[1024];
+    snprintf(p, sizeof p, "%s/tests/reference/oracle-%s.exact.json", tu_root(), gguf_name);
+    json_t *orc = json_load_file(p, JSON_ALLOW_NUL, NULL);
+    cr_assert(json_array_size(json_object_get(orc, "runs")) >= 2, "%s", p);
+    return orc;
+}
+
+/* Both engines from position 0 over the prompt: logits into la / lb. */
+static void rt_eval_both(jlm_engine *a, jlm_engine *b, const int32_t *pr, size_t np, float *la, float *lb)
+{
+    jlm_err err = {0};
+    jlm_engine_rewind(a, 0);
+    jlm_engine_rewind(b, 0);
+    cr_assert_eq(jlm_engine_eval(a, pr, (uint32_t)np, la, &err), 0, "%s", err.msg);
+    cr_assert_eq(jlm_engine_eval(b, pr, (uint32_t)np, lb, &err), 0, "%s", err.msg);
+}
+
 /* Logits of the F32 round-trip container against llama.cpp's on the quantized
  * GGUF, as a fraction of max |logit|: F32 weights equal to the dequantized
  * GGUF weights, so only llama.cpp's 8-bit activation quantization (Q8_0 /
@@ -1118,15 +1142,9 @@ static int rt_tensors_equal(const char *gguf_name, const char *hf_jlm, const cha
  * twice the measured error (test_engine.c's rule). */
 static void rt_logits(const char *gguf_name, const char *hf_jlm, const char *gg_jlm)
 {
-    jlm_engine_opts o = {.n_threads = 2, .quiet = 1, .direct = 1};
     jlm_engine *a, *b;
     jlm_err err = {0};
-    cr_assert_eq(jlm_engine_open(hf_jlm, &o, &a, &err), 0, "%s", err.msg);
-    cr_assert_eq(jlm_engine_open(gg_jlm, &o, &b, &err), 0, "%s", err.msg);
-    char p[1024];
-    snprintf(p, sizeof p, "%s/tests/reference/oracle-%s.exact.json", tu_root(), gguf_name);
-    json_t *orc = json_load_file(p, JSON_ALLOW_NUL, NULL), *runs = json_object_get(orc, "runs");
-    cr_assert(json_array_size(runs) >= 2, "%s", p);
+    json_t *orc = rt_open_pair(gguf_name, hf_jlm, gg_jlm, &a, &b), *runs = json_object_get(orc, "runs");
     uint32_t nv = jlm_engine_n_vocab(a);
     float *la = malloc(nv * 4), *lb = malloc(nv * 4);
     for (size_t r = 0; r < json_array_size(runs); r++) {
@@ -1134,10 +1152,7 @@ static void rt_logits(const char *gguf_name, const char *hf_jlm, const char *gg_
         size_t np, ng;
         int32_t *pr = ids(json_object_get(run, "prompt_ids"), &np), *want = ids(json_object_get(run, "generated_ids"), &ng);
         cr_assert_eq(json_array_size(ref), nv);
-        jlm_engine_rewind(a, 0);
-        jlm_engine_rewind(b, 0);
-        cr_assert_eq(jlm_engine_eval(a, pr, (uint32_t)np, la, &err), 0, "%s", err.msg);
-        cr_assert_eq(jlm_engine_eval(b, pr, (uint32_t)np, lb, &err), 0, "%s", err.msg);
+        rt_eval_both(a, b, pr, np, la, lb);
         double mx = 0, e_ref = 0, e_gg = 0;
         for (uint32_t i = 0; i < nv; i++) {
             double v = json_number_value(json_array_get(ref, i));
@@ -1263,24 +1278,15 @@ Test(hf, gpt_oss_folder_keeps_mxfp4_and_converts_back_to_the_gguf, .timeout = 12
  * (deepseek2 run 0: 0.36 x max |logit|), which says nothing about the folder. */
 static void rt_logits_same(const char *gguf_name, const char *hq_jlm, const char *gg_jlm)
 {
-    jlm_engine_opts o = {.n_threads = 2, .quiet = 1, .direct = 1};
     jlm_engine *a, *b;
     jlm_err err = {0};
-    cr_assert_eq(jlm_engine_open(hq_jlm, &o, &a, &err), 0, "%s", err.msg);
-    cr_assert_eq(jlm_engine_open(gg_jlm, &o, &b, &err), 0, "%s", err.msg);
-    char p[1024];
-    snprintf(p, sizeof p, "%s/tests/reference/oracle-%s.exact.json", tu_root(), gguf_name);
-    json_t *orc = json_load_file(p, JSON_ALLOW_NUL, NULL), *runs = json_object_get(orc, "runs");
-    cr_assert(json_array_size(runs) >= 2, "%s", p);
+    json_t *orc = rt_open_pair(gguf_name, hq_jlm, gg_jlm, &a, &b), *runs = json_object_get(orc, "runs");
     uint32_t nv = jlm_engine_n_vocab(a);
     float *la = malloc(nv * 4), *lb = malloc(nv * 4);
     for (size_t r = 0; r < json_array_size(runs); r++) {
         size_t np;
         int32_t *pr = ids(json_object_get(json_array_get(runs, r), "prompt_ids"), &np);
-        jlm_engine_rewind(a, 0);
-        jlm_engine_rewind(b, 0);
-        cr_assert_eq(jlm_engine_eval(a, pr, (uint32_t)np, la, &err), 0, "%s", err.msg);
-        cr_assert_eq(jlm_engine_eval(b, pr, (uint32_t)np, lb, &err), 0, "%s", err.msg);
+        rt_eval_both(a, b, pr, np, la, lb);
         for (int step = 0; step < 16; step++) {
             cr_assert(!memcmp(la, lb, nv * 4), "%s run %zu step %d: the folder's Q8_0 logits differ from the GGUF's",
                       gguf_name, r, step);
