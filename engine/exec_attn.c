@@ -35,6 +35,36 @@ static int is_swa_layer(const jlm_config *c, uint32_t l)
     return c->swa_window && c->swa_period && (l % c->swa_period) < c->swa_period - 1;
 }
 
+/* The first key a query at pos sees on layer l: 0 on a full-attention
+ * layer; pos - window + 1 on a sliding-window one (llama.cpp's standard
+ * SWA); the start of pos's chunk of SWAWindow positions on Llama 4's chunked
+ * layers (MoEStep > 0: llama.cpp's LLAMA_SWA_TYPE_CHUNKED, docs/format.md). */
+static uint32_t first_key(const jlm_config *c, uint32_t l, uint32_t pos)
+{
+    if (!is_swa_layer(c, l))
+        return 0;
+    if (c->arch == JLM_ARCH_LLAMA && c->moe_step)
+        return pos / c->swa_window * c->swa_window;
+    return pos >= c->swa_window ? pos - c->swa_window + 1 : 0;
+}
+
+/* Llama 4's attention temperature on its no-RoPE layers (n_rot 0 there):
+ * q x (log(floor((pos + AttnTempOffset) / AttnTempFloor) + 1) x AttnTempScale
+ * + 1), as llama.cpp's attn_temp input computes it; 1 elsewhere. */
+static float q_temp(const jlm_config *c, const jlm_k_rope *rp, uint32_t pos)
+{
+    if (!c->attn_temp_floor || c->attn_temp_scale == 0.0f || rp->n_rot)
+        return 1.0f;
+    const float f = floorf(((float)pos + c->attn_temp_offset) / (float)c->attn_temp_floor);
+    return (float)(log((double)f + 1.0) * c->attn_temp_scale + 1.0);
+}
+
+static void scale_q(float *q, uint32_t n, float s)
+{
+    for (uint32_t i = 0; s != 1.0f && i < n; i++)
+        q[i] *= s;
+}
+
 void jlm_ex_rope_params(const jlm_engine *e, uint32_t l, jlm_k_rope *p)
 {
     const jlm_config *c = e->c;
@@ -106,8 +136,9 @@ static void attend(jlm_engine *e, uint32_t l, uint32_t t, const float *q, float 
      * inside an image (bidir_end) later keys are seen too and never cut by the window */
     uint32_t n_kv = pos < e->bidir_end ? e->bidir_end : pos + 1;
     int swa = is_swa_layer(c, l);
+    uint32_t lo = first_key(c, l, pos);
     for (uint32_t j = 0; swa && j < n_kv; j++)
-        e->mask[j] = j <= pos && pos - j >= c->swa_window ? -INFINITY : 0.0f;
+        e->mask[j] = j < lo ? -INFINITY : 0.0f;
     attn_job j = {
         .e = e, .q = q, .out = out, .l = l, .n_kv = n_kv, .group = c->n_head / c->n_kv_head,
         .kc = e->bkc[t], .vc = e->bvc[t],
@@ -126,7 +157,7 @@ static void attend(jlm_engine *e, uint32_t l, uint32_t t, const float *q, float 
  * jlm_k_fattn over (KV head, tile of JLM_K_FATTN_BQ rows) units, dealt
  * round-robin to the pool's threads (causal rows cost more the later they
  * are). Row t sees keys [lo, hi): up to its position (up to bidir_end in an
- * image), from pos - window + 1 on a sliding-window layer (attend's mask). */
+ * image), from first_key on a sliding-window or chunked layer (attend's mask). */
 typedef struct fattn_job {
     jlm_engine        *e;
     jlm_k_fattn        p;
@@ -153,12 +184,11 @@ static void attend_rows(jlm_engine *e, uint32_t l, uint32_t t0, uint32_t n, cons
 {
     const jlm_config *c = e->c;
     uint32_t lo[PREFILL_MAX], hi[PREFILL_MAX];
-    uint32_t win = is_swa_layer(c, l) ? c->swa_window : 0;
     uint64_t work = 0;
     for (uint32_t r = 0; r < n; r++) {
         uint32_t pos = e->bpos[t0 + r];
         hi[r] = pos < e->bidir_end ? e->bidir_end : pos + 1;
-        lo[r] = win && pos >= win ? pos - win + 1 : 0;
+        lo[r] = first_key(c, l, pos);
         work += hi[r] - lo[r];
     }
     fattn_job j = {
@@ -280,6 +310,7 @@ static void q_row(jlm_engine *e, void *ctx, uint32_t t)
     const float *cs = rope_cs(e, &j->rp, e->bpos[t], csb);
     for (uint32_t h = 0; h < e->c->n_head; h++)
         head_norm_rope(e, q + h * e->hd, j->hn, &j->rp, cs);
+    scale_q(q, e->q_dim, q_temp(e->c, &j->rp, e->bpos[t]));
 }
 
 /* ---------------------------------------------------------------- decode: Q, K, V and attention in one dispatch
@@ -329,6 +360,7 @@ static void qkva_slice(void *ctx, size_t b, size_t en, int tid)
                 float *q = e->q + (uint64_t)h * hd;
                 add_bias(q, qb ? qb + (uint64_t)h * hd : NULL, hd);
                 head_norm_rope(e, q, qn, &j->rp, j->cs);
+                scale_q(q, hd, q_temp(c, &j->rp, pos));
             }
             e->k->fattn(&j->p, e->q, j->k, j->v, e->att, g, 0, 1, e->fa + (size_t)tid * e->fa_floats);
         }
@@ -353,8 +385,8 @@ static int attn_qkv_heads(jlm_engine *e, const jlm_ex_blk *b, const jlm_k_mat *w
         return 0;
     uint32_t l = b->l;
     unsigned long long t0 = prof_begin(e);
-    uint32_t pos = e->bpos[0], win = is_swa_layer(c, l) ? c->swa_window : 0;
-    qkva_job j = {.e = e, .l = l, .nparts = (uint32_t)nt, .hi = pos + 1, .lo = win && pos >= win ? pos - win + 1 : 0,
+    uint32_t pos = e->bpos[0];
+    qkva_job j = {.e = e, .l = l, .nparts = (uint32_t)nt, .hi = pos + 1, .lo = first_key(c, l, pos),
                   .k = kv_at(e, e->bkc[0], l, 0, 0, e->hd), .v = kv_at(e, e->bvc[0], l, 0, 0, e->hd_v),
                   .qb = blk_vec(e, b, qr->w[0]), .kb = blk_vec(e, b, kv->w[0]), .vb = blk_vec(e, b, kv->w[1]),
                   .qn = blk_vec(e, b, qr->w[1]), .kn = blk_vec(e, b, kv->w[2])};

@@ -548,13 +548,6 @@ int jlm_engine_open(const char *path, const jlm_engine_opts *opts, jlm_engine **
         e->kv_dim_v = 0;
     }
     e->n_ctx = o.n_ctx ? o.n_ctx : (c->n_ctx && c->n_ctx < 4096 ? c->n_ctx : 4096);
-    if (c->attn_temp_floor && e->n_ctx >= c->attn_temp_floor) {
-        /* below the floor the temperature is 1 and one chunk holds every key */
-        rc = jlm_errf(err, JLM_EUNSUPPORTED, "%s: context of %u positions: Llama 4's chunked attention and attention "
-                      "temperature past %u positions are not supported (at most %u)", path, e->n_ctx,
-                      c->attn_temp_floor, c->attn_temp_floor - 1);
-        goto fail;
-    }
     e->qk_unit = c->arch == JLM_ARCH_LLAMA && c->moe_step && (c->flags & JLM_F_QK_NORM);
     if (e->n_ctx > JLM_ENGINE_MAX_CTX) {   /* the CLI's -c stops at 2^24; the API must not wrap kv_ctx */
         rc = jlm_errf(err, JLM_EINVAL, "%s: context of %u positions: at most %u", path, e->n_ctx, JLM_ENGINE_MAX_CTX);
