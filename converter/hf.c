@@ -1429,8 +1429,9 @@ static int build(hf *h, hf_json *j, FILE *notes, jlm_gguf **out, jlm_err *err)
         if (!(rc = cfg_parse(j->cfg, j->cfg_path, &h->c, err)) && !(rc = metadata(h)))
             rc = map_all(h);
         if (!rc && h->n_skipped && notes)
-            fprintf(notes, "note: %s: %" PRIu64 " tensor(s) of %u NextN/MTP layer(s)%s not converted (not run)\n", h->dir,
-                    h->n_skipped, h->c.nextn, h->c.prefix[0] ? " and of the vision tower" : "");
+            fprintf(notes, "note: %s: %" PRIu64 " tensor(s) not converted: %s\n", h->dir, h->n_skipped,
+                    h->c.prefix[0] ? "the vision tower and projector (the text model only)"
+                                   : "the NextN/MTP layer(s), which are not run");
     }
     if (!rc)
         rc = jlm_hf_tokenizer(h, j->tok, j->tok_cfg, j->gen, j->cfg ? h->c.n_vocab : 0, notes);
