@@ -104,6 +104,10 @@ static int evk_matmul(jlm_dev *dev, const jlm_k_mat *m, uint32_t n, const float 
 static const jlm_dev_ops EVK_OPS = {"vulkan", evk_close, evk_device, evk_default_budget, evk_matmul,
                                     evk_stats, evk_stats_reset, NULL, NULL, jlm_evk_block, jlm_evk_x_sync,
                                     jlm_evk_x_drop, jlm_evk_output};
+/* JLM_VK_BLOCKS=0: matmuls only, one round trip each (the tests of the
+ * offload's bit-identity; the before of docs/vulkan.md's counts) */
+static const jlm_dev_ops EVK_OPS_MATMUL = {"vulkan", evk_close, evk_device, evk_default_budget, evk_matmul,
+                                           evk_stats, evk_stats_reset, NULL, NULL, NULL, NULL, NULL, NULL};
 
 int jlm_evk_open(const char *want, int allow_cpu, jlm_dev **out, jlm_err *err)
 {
@@ -120,7 +124,8 @@ int jlm_evk_open(const char *want, int allow_cpu, jlm_dev **out, jlm_err *err)
     v->import = al && al <= 4096 && !(up && *up && strcmp(up, "0"));
     v->st.device = jlm_vk_device_name(v->vk);
     v->st.path = v->import ? "import" : "upload";
-    v->dev.ops = &EVK_OPS;
+    const char *bl = getenv("JLM_VK_BLOCKS");
+    v->dev.ops = bl && !strcmp(bl, "0") ? &EVK_OPS_MATMUL : &EVK_OPS;
     jlm_dframes_init(&v->dev.frames, &FRAME_OPS, v, "vulkan backend");
     *out = &v->dev;
     return JLM_OK;

@@ -18,6 +18,7 @@ typedef struct jlm_evk_blk {
     jlm_vk_buf *ab[JLM_B_COUNT];
     uint64_t    ab_rows;             /* rows every ab[] holds */
     jlm_vk_buf *scores, *logits;
+    jlm_vk_buf *aq, *ad, *as;        /* the int8 rows of a matmul's input (jlm_vk_quantize) */
     jlm_vk_buf *cs;                  /* (rows, n_rot) each row's RoPE cos/sin, host-visible: up with the rows */
     jlm_vk_buf **kc, **vc;           /* (n_layer,) NULL until a block of that layer ran here */
     uint32_t    n_layer;

@@ -68,18 +68,33 @@ static int vec(vkb *k, const float *p, uint64_t n, jlm_vk_view *out)
     return JLM_OK;
 }
 
-/* dst rows = src rows times m (float weights in a device frame). */
-static int mm(vkb *k, const jlm_k_mat *m, int src, int dst)
+/* y (n rows) = x (n rows of m->k) times m, its planes in a device frame;
+ * quantized types read x's int8 rows, quantized on the device (reuse: the
+ * previous call's rows are x's). dry: only whether it can. */
+static int matmul_rows(jlm_evk *v, const jlm_k_mat *m, uint32_t n, jlm_vk_view x, jlm_vk_view y, int reuse, int dry,
+                       jlm_err *err)
 {
     jlm_vk_mat vm;
-    uint32_t n = k->b.n;
-    if (!jlm_fmt_type_traits(m->type)->is_float || m->k != width(k->e, src) || m->rows != width(k->e, dst) ||
-        jlm_evk_planes(k->v, m, &vm, 0, NULL))
+    int fl = jlm_fmt_type_traits(m->type)->is_float;
+    if ((!fl && (!jlm_vk_can_quantize(v->vk) || m->k % 32 || (m->k / 8) % jlm_vk_offset_align(v->vk))) ||
+        jlm_evk_planes(v, m, &vm, 0, NULL))
         return UNSUP;
-    if (k->dry)
+    if (dry)
         return JLM_OK;
-    k->v->st.matmuls++;
-    return jlm_vk_matmul(k->v->vk, &vm, n, abv(k, src, 0, n * m->k), NULL, abv(k, dst, 0, n * m->rows), k->err);
+    uint64_t nk = (uint64_t)n * m->k;
+    jlm_vk_act va = {m->k, {v->blk.aq, 0, nk}, {v->blk.ad, 0, nk / 8}, {v->blk.as, 0, nk / 8}, n};
+    int rc = fl || reuse ? JLM_OK : jlm_vk_quantize(v->vk, x, nk, &va, err);
+    v->st.matmuls++;
+    return rc ? rc : jlm_vk_matmul(v->vk, &vm, n, fl ? x : (jlm_vk_view){0}, fl ? NULL : &va, y, err);
+}
+
+/* dst rows = src rows times m; reuse: the previous mm's src was this one. */
+static int mm(vkb *k, const jlm_k_mat *m, int src, int dst, int reuse)
+{
+    uint32_t n = k->b.n;
+    if (m->k != width(k->e, src) || m->rows != width(k->e, dst))
+        return UNSUP;
+    return matmul_rows(k->v, m, n, abv(k, src, 0, n * m->k), abv(k, dst, 0, n * m->rows), reuse, k->dry, k->err);
 }
 
 /* rows of b += bias (role r; none: nothing) */
@@ -188,12 +203,12 @@ static int run_op(vkb *k, const jlm_op *op)
         jlm_k_mat wq, wk = blk_mat(e, b, op->w[1]), wv = blk_mat(e, b, op->w[2]);
         if (tq) {
             wq = blk_mat(e, b, op->w[0]);
-            if ((rc = mm(k, &wq, op->src, JLM_B_Q)))
+            if ((rc = mm(k, &wq, op->src, JLM_B_Q, 0)))
                 return rc;
         }
         k->q_ready = tq != NULL;
-        rc = mm(k, &wk, op->src, JLM_B_K);
-        return rc ? rc : mm(k, &wv, op->src, JLM_B_V);
+        rc = mm(k, &wk, op->src, JLM_B_K, tq != NULL);
+        return rc ? rc : mm(k, &wv, op->src, JLM_B_V, 1);
     }
     case JLM_OP_KV_STORE: return kv_store(k, op);
     case JLM_OP_KEYS_DONE: return JLM_OK;   /* every row's keys are stored before any attends: op by op */
@@ -204,7 +219,7 @@ static int run_op(vkb *k, const jlm_op *op)
         rc = vec(k, blk_vec(e, b, op->w[0]), k->c->n_embd, &w);
         if (!rc)
             rc = norm_rows(k, JLM_B_H, JLM_B_X, w);
-        return rc ? rc : mm(k, &wq, JLM_B_H, JLM_B_Q);
+        return rc ? rc : mm(k, &wq, JLM_B_H, JLM_B_Q, 0);
     }
     case JLM_OP_Q_ROPE:
         rc = (op->flags & JLM_OPF_QK_WIDE) ? UNSUP : bias(k, JLM_B_Q, op->w[0]);
@@ -212,7 +227,7 @@ static int run_op(vkb *k, const jlm_op *op)
     case JLM_OP_ATTENTION: return attention(k, op);
     case JLM_OP_MATMUL: {
         jlm_k_mat m = blk_mat(e, b, op->w[0]);
-        rc = mm(k, &m, op->src, op->dst);
+        rc = mm(k, &m, op->src, op->dst, 0);
         return rc ? rc : bias(k, op->dst, op->w[1]);
     }
     case JLM_OP_RESIDUAL: {
@@ -229,7 +244,7 @@ static int run_op(vkb *k, const jlm_op *op)
         jlm_k_mat wg = blk_mat(e, b, op->w[0]), wu = blk_mat(e, b, op->w[1]);
         if (op->act != JLM_ACT_SWIGLU && op->act != JLM_ACT_SWIGLU_OAI)
             return UNSUP;   /* GELU through llama.cpp's fp16 table: no shader yet */
-        if ((rc = mm(k, &wg, op->src, JLM_B_G)) || (rc = mm(k, &wu, op->src, JLM_B_U)) ||
+        if ((rc = mm(k, &wg, op->src, JLM_B_G, 0)) || (rc = mm(k, &wu, op->src, JLM_B_U, 1)) ||
             (rc = bias(k, JLM_B_G, op->w[2])) || (rc = bias(k, JLM_B_U, op->w[3])) || k->dry)
             return rc;
         uint64_t n = b->n * wg.rows;
@@ -274,6 +289,15 @@ static int buffers(jlm_evk *v, jlm_engine *e, uint32_t l, uint32_t n, jlm_err *e
         if (!rc)
             s->ab_rows = n;
     }
+    uint64_t kmax = 0;
+    for (int b = 0; b < JLM_B_COUNT; b++)
+        kmax = width(e, b) > kmax ? width(e, b) : kmax;
+    if (!rc)
+        rc = grow(v, &s->aq, (uint64_t)s->ab_rows * kmax, 0, err);
+    if (!rc)
+        rc = grow(v, &s->ad, (uint64_t)s->ab_rows * kmax / 8, 0, err);
+    if (!rc)
+        rc = grow(v, &s->as, (uint64_t)s->ab_rows * kmax / 8, 0, err);
     if (!rc)
         rc = grow(v, &s->scores, (uint64_t)e->c->n_head * e->kv_ctx * 4, 0, err);
     if (!rc && !s->kc) {
@@ -298,6 +322,9 @@ void jlm_evk_blk_free(jlm_evk *v)
     jlm_vk_buf_free(v->vk, s->scores);
     jlm_vk_buf_free(v->vk, s->logits);
     jlm_vk_buf_free(v->vk, s->cs);
+    jlm_vk_buf_free(v->vk, s->aq);
+    jlm_vk_buf_free(v->vk, s->ad);
+    jlm_vk_buf_free(v->vk, s->as);
     for (uint32_t l = 0; s->kc && l < s->n_layer; l++) {
         jlm_vk_buf_free(v->vk, s->kc[l]);
         jlm_vk_buf_free(v->vk, s->vc[l]);
@@ -402,26 +429,25 @@ int jlm_evk_output(jlm_dev *d, const float *norm, float eps, const jlm_k_mat *m,
 {
     jlm_evk *v = (jlm_evk *)d;
     jlm_evk_blk *s = &v->blk;
-    jlm_vk_mat vm;
     jlm_vk_view w = {0};
-    if (!s->x_host || E != s->x_E || n > s->ab_rows || x < s->x_host || x + (uint64_t)n * E > s->x_host + (uint64_t)s->x_rows * E ||
-        !jlm_fmt_type_traits(m->type)->is_float || m->k != E || jlm_evk_planes(v, m, &vm, 0, NULL))
+    uint64_t bytes = (uint64_t)n * m->rows * 4;
+    if (!s->x_host || E != s->x_E || n > s->ab_rows || x < s->x_host ||
+        x + (uint64_t)n * E > s->x_host + (uint64_t)s->x_rows * E || m->k != E ||
+        matmul_rows(v, m, n, (jlm_vk_view){0}, (jlm_vk_view){0}, 0, 1, NULL))
         return UNSUP;
     vkb k = {.v = v, .err = err};
     if (vec(&k, norm, E, &w) || (m->rows * 4) % jlm_vk_offset_align(v->vk))
         return UNSUP;
-    uint64_t r0 = (uint64_t)(x - s->x_host) / E, bytes = (uint64_t)n * m->rows * 4;
+    uint64_t r0 = (uint64_t)(x - s->x_host) / E;
     int rc = grow(v, &s->logits, bytes, 1, err);
     if (!rc)
         rc = jlm_vk_rec_begin(v->vk, err);
     for (uint32_t t = 0; !rc && t < n; t++)
         rc = jlm_vk_rmsnorm(v->vk, (jlm_vk_view){s->ab[JLM_B_H], (uint64_t)t * E * 4, E * 4ull},
                             (jlm_vk_view){s->ab[JLM_B_X], (r0 + t) * E * 4, E * 4ull}, w, E, eps, err);
-    if (!rc) {
-        v->st.matmuls++;
-        rc = jlm_vk_matmul(v->vk, &vm, n, (jlm_vk_view){s->ab[JLM_B_H], 0, (uint64_t)n * E * 4}, NULL,
-                           (jlm_vk_view){s->logits, 0, bytes}, err);
-    }
+    if (!rc)
+        rc = matmul_rows(v, m, n, (jlm_vk_view){s->ab[JLM_B_H], 0, (uint64_t)n * E * 4},
+                         (jlm_vk_view){s->logits, 0, bytes}, 0, 0, err);
     int rc2 = jlm_evk_rec_end(v, err);
     if (rc || rc2)
         return rc ? rc : rc2;

@@ -48,8 +48,11 @@ static const uint32_t SPV_MOE_ROUTE[] =
 static const uint32_t SPV_MOE_COMBINE[] =
 #include "kernels/vulkan/moe_combine.spv.h"
 ;
+static const uint32_t SPV_QUANTIZE[] =
+#include "kernels/vulkan/quantize.spv.h"
+;
 
-enum { K_MATVEC, K_RMSNORM, K_SOFTMAX, K_ELTWISE, K_ROPE, K_ATTENTION, K_LAYERNORM, K_MOE_ROUTE, K_MOE_COMBINE, K_COUNT };
+enum { K_MATVEC, K_RMSNORM, K_SOFTMAX, K_ELTWISE, K_ROPE, K_ATTENTION, K_LAYERNORM, K_MOE_ROUTE, K_MOE_COMBINE, K_QUANTIZE, K_COUNT };
 #define NBIND    8     /* every pipeline: bindings 0..7 (unused ones get a dummy) */
 #define NSPEC    (sizeof(jlm_spec_matvec) / 4)   /* matvec.comp's specialization constants (kernels/layout.h) */
 /* Tokens per invocation of a matmul of several tokens (matvec.comp's NT): the
@@ -70,6 +73,7 @@ static const struct { const uint32_t *code; size_t size; } SPV[K_COUNT] = {
     [K_LAYERNORM] = {SPV_LAYERNORM, sizeof SPV_LAYERNORM},
     [K_MOE_ROUTE] = {SPV_MOE_ROUTE, sizeof SPV_MOE_ROUTE},
     [K_MOE_COMBINE] = {SPV_MOE_COMBINE, sizeof SPV_MOE_COMBINE},
+    [K_QUANTIZE] = {SPV_QUANTIZE, sizeof SPV_QUANTIZE},
 };
 
 struct jlm_vk_buf {
@@ -105,6 +109,7 @@ struct jlm_vk {
     uint64_t              max_binding;   /* maxStorageBufferRange, or JLM_VK_MAX_BINDING's lower value */
     int                   untiled;       /* JLM_VK_MATMUL_TILE=1: a matmul reads its weights once per token */
     int                   has_import;    /* VK_EXT_external_memory_host enabled */
+    int                   has_f64;       /* shaderFloat64 enabled: quantize.comp's pipeline exists */
     uint64_t              import_align;  /* minImportedHostPointerAlignment */
     PFN_vkGetMemoryHostPointerPropertiesEXT host_ptr_props;
 };
@@ -256,9 +261,13 @@ static int open_device(jlm_vk *vk, const char *want, int allow_cpu, jlm_err *err
                                   .queueFamilyIndex = vk->qfam, .queueCount = 1, .pQueuePriorities = &prio};
     const char *ext[1] = {VK_EXT_EXTERNAL_MEMORY_HOST_EXTENSION_NAME};
     int imp = has_extension(vk->phys, ext[0]);
+    VkPhysicalDeviceFeatures have, want_f = {0};
+    vkGetPhysicalDeviceFeatures(vk->phys, &have);
+    vk->has_f64 = have.shaderFloat64 != 0;
+    want_f.shaderFloat64 = have.shaderFloat64;
     VkDeviceCreateInfo di = {.sType = VK_STRUCTURE_TYPE_DEVICE_CREATE_INFO, .queueCreateInfoCount = 1,
                              .pQueueCreateInfos = &qi, .enabledExtensionCount = imp ? 1u : 0u,
-                             .ppEnabledExtensionNames = ext};
+                             .ppEnabledExtensionNames = ext, .pEnabledFeatures = &want_f};
     VkResult r = vkCreateDevice(vk->phys, &di, NULL, &vk->dev);
     if (r != VK_SUCCESS) {
         vk->dev = VK_NULL_HANDLE;
@@ -369,7 +378,7 @@ int jlm_vk_open(const char *want, int allow_cpu, jlm_vk **out, jlm_err *err)
     if (!rc)
         rc = make_layout(vk, err);
     for (int k = 0; !rc && k < K_COUNT; k++)
-        if (k != K_MATVEC)
+        if (k != K_MATVEC && (k != K_QUANTIZE || vk->has_f64))
             rc = make_pipeline_spec(vk, k, NULL, &vk->pipe[k], err);
     if (!rc)
         rc = make_submit_objects(vk, err);
@@ -1035,6 +1044,19 @@ int jlm_vk_rope(jlm_vk *vk, const jlm_k_rope *p, jlm_vk_view x, uint32_t n_head,
     return dispatch(vk, vk->pipe[K_ROPE], v, 2, &push, sizeof push, groups((uint64_t)p->n_rot / 2 * n_head, 64), err);
 }
 
+int jlm_vk_can_quantize(const jlm_vk *vk) { return vk->has_f64; }
+
+int jlm_vk_quantize(jlm_vk *vk, jlm_vk_view x, uint64_t n, const jlm_vk_act *out, jlm_err *err)
+{
+    if (!vk->has_f64)
+        return jlm_errf(err, JLM_EUNSUPPORTED, "vulkan quantize: the device has no shaderFloat64");
+    if (!n || n % 32 || n / 32 > UINT32_MAX)
+        return jlm_errf(err, JLM_EINVAL, "vulkan quantize: %llu floats (a multiple of 32)", (unsigned long long)n);
+    jlm_push_softmax p = {(uint32_t)(n / 32)};
+    jlm_vk_view v[4] = {x, out->q, out->d, out->sum16};
+    return dispatch(vk, vk->pipe[K_QUANTIZE], v, 4, &p, sizeof p, groups(n / 32, 64), err);
+}
+
 int jlm_vk_rope_cs(jlm_vk *vk, uint32_t n_rot, int neox, jlm_vk_view x, uint32_t n_head, uint32_t head_dim,
                    jlm_vk_view cs, jlm_err *err)
 {
@@ -1100,6 +1122,8 @@ uint64_t jlm_vk_submits(const jlm_vk *vk) { return 0; }
 int jlm_vk_copy(jlm_vk *vk, jlm_vk_view dst, jlm_vk_view src, uint64_t n, jlm_err *err) { return none(err); }
 int jlm_vk_rope_cs(jlm_vk *vk, uint32_t n_rot, int neox, jlm_vk_view x, uint32_t n_head, uint32_t head_dim,
                    jlm_vk_view cs, jlm_err *err) { return none(err); }
+int jlm_vk_can_quantize(const jlm_vk *vk) { return 0; }
+int jlm_vk_quantize(jlm_vk *vk, jlm_vk_view x, uint64_t n, const jlm_vk_act *out, jlm_err *err) { return none(err); }
 void jlm_vk_buf_free(jlm_vk *vk, jlm_vk_buf *b) {}
 void *jlm_vk_buf_map(jlm_vk_buf *b) { return NULL; }
 uint64_t jlm_vk_buf_size(const jlm_vk_buf *b) { return 0; }

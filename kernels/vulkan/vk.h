@@ -171,6 +171,14 @@ int jlm_vk_rope(jlm_vk *vk, const jlm_k_rope *p, jlm_vk_view x, uint32_t n_head,
 int jlm_vk_rope_cs(jlm_vk *vk, uint32_t n_rot, int neox, jlm_vk_view x, uint32_t n_head, uint32_t head_dim,
                    jlm_vk_view cs, jlm_err *err);
 
+/* The activations' int8 quantization on the device, bit-identical to
+ * jlm_k_quantize_act: x (n floats, n a multiple of 32: tokens one after
+ * another) into out (q: n bytes, d: n/32 floats, sum16: n/16 int16; the
+ * layout jlm_vk_matmul reads). Needs shaderFloat64 (jlm_vk_can_quantize;
+ * else JLM_EUNSUPPORTED): the quotients are rounded exactly through doubles. */
+int jlm_vk_can_quantize(const jlm_vk *vk);
+int jlm_vk_quantize(jlm_vk *vk, jlm_vk_view x, uint64_t n, const jlm_vk_act *out, jlm_err *err);
+
 /* Single-token attention with GQA: n_head query heads (q: n_head*head_dim),
  * kv head of query head h is h / (n_head / n_kv_head). k: n_kv positions of
  * k_stride floats (kv head g at g*head_dim); v likewise. scratch: n_head*n_kv
