@@ -8,10 +8,11 @@
  * the logits are computed here (jlm_evk_output). The engine's own sequence
  * keeps its KV cache of these blocks here (F32, a buffer per layer, rows of
  * kv_dim); any other sequence (jlm_engine_seq: serve, batches) and what
- * the shaders lack (quantized weights: the activations' int8 quantization
- * is the host's; sliding windows, sinks, F16 caches, non-SwiGLU gates) is
- * JLM_EUNSUPPORTED, decided per model, layer and sequence before anything is
- * recorded, so a block always runs on the same side. */
+ * the shaders lack (sliding windows, sinks, F16 caches, GELU gates, experts;
+ * quantized weights without shaderFloat64) is JLM_EUNSUPPORTED, decided per
+ * model, layer and sequence before anything is recorded, so a block always
+ * runs on the same side. Quantized weights read int8 rows quantized on the
+ * device (jlm_vk_quantize, bit-identical to the CPU's). */
 #include "engine/backend_vk_int.h"
 #include "engine/exec_int.h"
 
@@ -117,6 +118,15 @@ static int norm_rows(vkb *k, int dst, int src, jlm_vk_view w)
     return rc;
 }
 
+/* Field by field (the struct's padding is not part of it). */
+static int same_rope(const jlm_k_rope *a, const jlm_k_rope *b)
+{
+    return a->n_rot == b->n_rot && a->neox == b->neox && a->freq_base == b->freq_base &&
+           a->freq_scale == b->freq_scale && a->freq_factors == b->freq_factors && a->ext_factor == b->ext_factor &&
+           a->attn_factor == b->attn_factor && a->beta_fast == b->beta_fast && a->beta_slow == b->beta_slow &&
+           a->orig_ctx == b->orig_ctx;
+}
+
 /* Each head of each row of b (q or k): its RMS norm (role r) and RoPE at the row's position. */
 static int heads(vkb *k, int b, uint32_t n_head, uint16_t r)
 {
@@ -127,7 +137,7 @@ static int heads(vkb *k, int b, uint32_t n_head, uint16_t r)
     jlm_ex_rope_params(e, 0, &rp0);
     int rope = !(k->c->flags & JLM_F_NO_POS_ENC), rc = vec(k, blk_vec(e, &k->b, r), e->hd, &w);
     uint64_t al = jlm_vk_offset_align(k->v->vk);
-    if (!rc && ((rope && (!rp.n_rot || rp.n_rot % 2 || rp.n_rot > e->hd || memcmp(&rp, &rp0, sizeof rp) ||
+    if (!rc && ((rope && (!rp.n_rot || rp.n_rot % 2 || rp.n_rot > e->hd || !same_rope(&rp, &rp0) ||
                           (rp.n_rot * 4) % al)) ||
                 (w.buf && (e->hd * 4) % al)))
         rc = UNSUP;   /* one cos/sin table for every layer (up with the rows): layer 0's */

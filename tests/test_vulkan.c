@@ -1183,8 +1183,9 @@ Test(vulkan, quantize_is_bit_identical_to_the_cpu)
     jlm_vk_close(vk);
 }
 
-/* Whole blocks on the device (engine/exec_vk.c): stories260K and every
- * synth-llama type, whole and at --gpu-layers 2, against the CPU with the
+/* Whole blocks on the device (engine/exec_vk.c): stories260K, every
+ * synth-llama type, and qwen2 (biases), qwen3 (per-head q/k norms) and phi3,
+ * whole and at --gpu-layers 2, against the CPU with the
  * CPU's greedy ids fed to both for 8 steps after a prompt: logits within 5e-4
  * of the largest on float weights (the CPU's FMA kernels) and the same greedy
  * ids as the CPU's own run; on quantized weights within the quantized
@@ -1199,7 +1200,8 @@ Test(vulkan, whole_blocks_on_the_device_give_the_cpus_ids_in_one_round_trip_a_to
                                    "synth-llama-256.Q8_0", "synth-llama-256.Q4_0", "synth-llama-256.Q4_1",
                                    "synth-llama-256.Q5_0", "synth-llama-256.Q5_1", "synth-llama-256.Q2_K",
                                    "synth-llama-256.Q3_K_M", "synth-llama-256.Q5_K_M", "synth-llama-256.Q6_K",
-                                   "synth-llama-256.MXFP4"};
+                                   "synth-llama-256.MXFP4", "synth-qwen2-256.Q8_0", "synth-qwen3-256.Q8_0",
+                                   "synth-phi3-256.Q4_K_M"};
     char *dir = tu_tmpdir();
     for (size_t m = 0; m < sizeof MODELS / sizeof MODELS[0]; m++) {
         char gguf[256];
