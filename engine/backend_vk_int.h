@@ -22,6 +22,7 @@ typedef struct jlm_evk_blk {
     jlm_vk_buf *cs;                  /* (rows, n_rot) each row's RoPE cos/sin, host-visible: up with the rows */
     jlm_vk_buf **kc, **vc;           /* (n_layer,) NULL until a block of that layer ran here */
     uint32_t    n_layer;
+    uint8_t    *side;                /* (n_layer,) the engine's sequence's blocks: 0 undecided, 1 here, 2 host */
     float      *x_host;              /* where the rows held belong on the host; NULL: the host has them */
     uint32_t    x_rows, x_E;
 } jlm_evk_blk;

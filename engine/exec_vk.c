@@ -341,6 +341,7 @@ void jlm_evk_blk_free(jlm_evk *v)
     }
     free(s->kc);
     free(s->vc);
+    free(s->side);
     memset(s, 0, sizeof *s);
 }
 
@@ -403,8 +404,16 @@ int jlm_evk_block(jlm_dev *d, jlm_engine *e, const jlm_prog *p, uint32_t l, cons
     vkb k = {.v = v, .e = e, .c = c, .kc = kc, .pos0 = pos0, .dry = 1, .err = err,
              .b = {.p = p, .l = l, .page = page, .page_off = e->m->hdr.data_off + (uint64_t)l * e->m->hdr.page_size,
                    .n = n}};
-    if (run_ops(&k))
+    if (!s->side && !(s->side = calloc(c->n_layer, 1)))
+        return jlm_errf(err, JLM_ENOMEM, "vulkan: out of memory");
+    /* the layer's cache holds positions on one side only: once decided, the plan must agree */
+    int ok = run_ops(&k) == JLM_OK;
+    if (s->side[l] == 0)
+        s->side[l] = ok ? 1 : 2;
+    if (s->side[l] == 2)
         return UNSUP;
+    if (!ok)
+        return jlm_errf(err, JLM_EIO, "vulkan: block %u can no longer run on the device (its KV cache is there)", l);
     int rc = buffers(v, e, l, n, err);
     if (!rc && (s->x_host != xs || s->x_rows != n)) {   /* the rows go up */
         if (s->x_host)
