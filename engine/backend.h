@@ -42,6 +42,8 @@ typedef struct jlm_dev_stats {
 } jlm_dev_stats;
 
 typedef struct jlm_dev jlm_dev;
+struct jlm_engine;
+struct jlm_prog;
 
 typedef struct jlm_dev_ops {
     const char *kind;
@@ -63,6 +65,25 @@ typedef struct jlm_dev_ops {
      * caller runs them one by one). NULL: never (Vulkan). */
     int         (*matmul_multi)(jlm_dev *d, const jlm_k_mat *const *ms, int nm, uint32_t n, const float *x,
                                 const jlm_act_q8 *xq, float *const *ys, jlm_err *err);
+    /* Whole blocks on the device (NULL: none; Vulkan: engine/exec_vk.c).
+     * block: block l's program p over the rows xs (n rows of n_embd;
+     * kc: their one sequence's cache at positions pos0.., NULL: the batch
+     * bound in the engine), recorded with the blocks before it; the
+     * residual rows then stay on the device until x_sync or output.
+     * JLM_EUNSUPPORTED (nothing done, the rows on the host): the caller runs
+     * the program on the CPU, as it will for that block every time (the
+     * answer depends on the model, the layer and the sequence only).
+     * x_sync: the rows the device holds back into the host's xs (none: 0).
+     * x_drop: forgets them.
+     * output: logits (n, m->rows) = rmsnorm(x rows) * norm times m, when the
+     * device holds those rows (x: their host address); else
+     * JLM_EUNSUPPORTED and nothing done. */
+    int (*block)(jlm_dev *d, struct jlm_engine *e, const struct jlm_prog *p, uint32_t l, const uint8_t *page,
+                 float *xs, uint32_t n, void *kc, uint32_t pos0, jlm_err *err);
+    int (*x_sync)(jlm_dev *d, jlm_err *err);
+    void (*x_drop)(jlm_dev *d);   /* forgets the rows it holds (the host has new ones); ends a recording */
+    int (*output)(jlm_dev *d, const float *norm, float eps, const jlm_k_mat *m, const float *x, uint32_t n,
+                  uint32_t E, float *logits, jlm_err *err);
 } jlm_dev_ops;
 
 #define JLM_DEV_MULTI_MAX 3

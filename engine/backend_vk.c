@@ -1,29 +1,29 @@
 /* backend_vk.c - the engine's Vulkan backend: device memory for the frames
  * of engine/devframes.h, and the matvec offload (backend_vk.h). */
-#include "engine/backend_vk.h"
+#include "engine/backend_vk_int.h"
 
 #include <stddef.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
 
-#include "kernels/vulkan/vk.h"
-
-enum { B_QS, B_D, B_SC, B_X, B_Y, B_AQ, B_AD, B_AS, B_N };
-
-typedef struct jlm_evk {
-    jlm_dev        dev;   /* first: a jlm_dev * is a jlm_evk * */
-    jlm_vk        *vk;
-    jlm_vk_buf    *b[B_N];
-    int            import;   /* the import path */
-    jlm_dev_stats  st;       /* the backend's counters (frames': dev.frames) */
-} jlm_evk;
-
-static uint64_t now_ns(void)
+uint64_t jlm_evk_now_ns(void)
 {
     struct timespec ts;
     clock_gettime(CLOCK_MONOTONIC, &ts);
     return (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
+}
+#define now_ns jlm_evk_now_ns
+
+int jlm_evk_rec_end(jlm_evk *v, jlm_err *err)
+{
+    if (!jlm_vk_recording(v->vk))
+        return JLM_OK;
+    uint64_t t0 = now_ns();
+    int rc = jlm_vk_rec_end(v->vk, err);
+    v->st.kernel_ns += now_ns() - t0;
+    v->st.waits++;
+    return rc;
 }
 
 /* ---------------------------------------------------------------- device frames */
@@ -60,6 +60,7 @@ static int page_in(void *ctx, jlm_dframe *d, const void *host, uint64_t len, jlm
 static void drop(void *ctx, jlm_dframe *d)
 {
     jlm_evk *v = ctx;
+    jlm_evk_rec_end(v, NULL);   /* recorded commands may read the frame */
     jlm_vk_buf_free(v->vk, d->buf);
 }
 
@@ -70,6 +71,8 @@ static const jlm_dframes_ops FRAME_OPS = {page_in, drop};
 static void evk_close(jlm_dev *dev)
 {
     jlm_evk *v = (jlm_evk *)dev;
+    jlm_evk_rec_end(v, NULL);
+    jlm_evk_blk_free(v);
     for (int i = 0; i < B_N; i++)
         jlm_vk_buf_free(v->vk, v->b[i]);
     jlm_vk_close(v->vk);
@@ -99,7 +102,12 @@ static int evk_matmul(jlm_dev *dev, const jlm_k_mat *m, uint32_t n, const float 
                       float *y, jlm_err *err);
 
 static const jlm_dev_ops EVK_OPS = {"vulkan", evk_close, evk_device, evk_default_budget, evk_matmul,
-                                    evk_stats, evk_stats_reset, NULL, NULL};
+                                    evk_stats, evk_stats_reset, NULL, NULL, jlm_evk_block, jlm_evk_x_sync,
+                                    jlm_evk_x_drop, jlm_evk_output};
+/* JLM_VK_BLOCKS=0: matmuls only, one round trip each (the tests of the
+ * offload's bit-identity; the before of docs/vulkan.md's counts) */
+static const jlm_dev_ops EVK_OPS_MATMUL = {"vulkan", evk_close, evk_device, evk_default_budget, evk_matmul,
+                                           evk_stats, evk_stats_reset, NULL, NULL, NULL, NULL, NULL, NULL};
 
 int jlm_evk_open(const char *want, int allow_cpu, jlm_dev **out, jlm_err *err)
 {
@@ -116,7 +124,8 @@ int jlm_evk_open(const char *want, int allow_cpu, jlm_dev **out, jlm_err *err)
     v->import = al && al <= 4096 && !(up && *up && strcmp(up, "0"));
     v->st.device = jlm_vk_device_name(v->vk);
     v->st.path = v->import ? "import" : "upload";
-    v->dev.ops = &EVK_OPS;
+    const char *bl = getenv("JLM_VK_BLOCKS");
+    v->dev.ops = bl && !strcmp(bl, "0") ? &EVK_OPS_MATMUL : &EVK_OPS;
     jlm_dframes_init(&v->dev.frames, &FRAME_OPS, v, "vulkan backend");
     *out = &v->dev;
     return JLM_OK;
@@ -143,7 +152,7 @@ static jlm_vk_view span(jlm_vk_buf *b, uint64_t off, uint64_t len) { return (jlm
 
 /* The planes of m as views of their device frame; or, when they are in no
  * frame, uploaded for this call. */
-static int bind_planes(jlm_evk *v, const jlm_k_mat *m, jlm_vk_mat *vm, jlm_err *err)
+int jlm_evk_planes(jlm_evk *v, const jlm_k_mat *m, jlm_vk_mat *vm, int reupload, jlm_err *err)
 {
     uint64_t ql, dl, sl;   /* a plane over one binding: jlm_vk_matvec runs it in k-chunks */
     int rc = jlm_fmt_planes(m->type, m->k, m->rows, &ql, &dl, &sl, err);
@@ -160,6 +169,8 @@ static int bind_planes(jlm_evk *v, const jlm_k_mat *m, jlm_vk_mat *vm, jlm_err *
                            {sl ? f->buf : NULL, sl ? (uint64_t)((const uint8_t *)m->sc - h) : 0, s4}};
         return JLM_OK;
     }
+    if (!reupload)
+        return jlm_errf(err, JLM_EUNSUPPORTED, "vulkan: a matrix in no device frame");
     uint64_t t0 = now_ns();
     rc = stage(v, B_QS, m->qs, ql, err);
     if (!rc && dl)
@@ -219,7 +230,9 @@ static int evk_matmul(jlm_dev *dev, const jlm_k_mat *m, uint32_t n, const float 
 {
     jlm_evk *v = (jlm_evk *)dev;
     jlm_vk_mat vm;
-    int rc = bind_planes(v, m, &vm, err);
+    int rc = jlm_evk_rec_end(v, err);   /* the staging buffers: no recorded command reads them */
+    if (!rc)
+        rc = jlm_evk_planes(v, m, &vm, 1, err);
     /* tokens per dispatch: every staging binding (n*rows results, n*k floats
      * or codes) within one binding */
     uint64_t lim = jlm_vk_max_binding(v->vk), per = m->rows * 4 > m->k * 4 ? m->rows * 4 : m->k * 4;

@@ -356,9 +356,37 @@ static void bind_chunk(jlm_engine *e, float *xs, uint32_t i, uint32_t cnt, void 
     e->x = xs + (uint64_t)i * e->c->n_embd;
 }
 
+/* The residual rows a device holds (whole blocks there) back on the host;
+ * except: the device that keeps them (NULL: every one). */
+int jlm_ex_x_host(jlm_engine *e, const jlm_dev *except, jlm_err *err)
+{
+    int rc = JLM_OK;
+    for (int i = 0; i < e->n_dev && !rc; i++)
+        if (e->devs[i] != except && e->devs[i]->ops->x_sync)
+            rc = e->devs[i]->ops->x_sync(e->devs[i], err);
+    return rc;
+}
+
+void jlm_ex_x_forget(jlm_engine *e)
+{
+    for (int i = 0; i < e->n_dev; i++)
+        if (e->devs[i]->ops->x_drop)
+            e->devs[i]->ops->x_drop(e->devs[i]);
+}
+
 int jlm_ex_block(jlm_engine *e, const jlm_prog *p, uint32_t l, const uint8_t *page, float *xs, uint32_t n,
                  void *kc, void *vc, uint32_t pos0, jlm_err *err)
 {
+    jlm_dev *d = e->dev_here;
+    int rc = jlm_ex_x_host(e, d && d->ops->block ? d : NULL, err);
+    if (!rc && d && d->ops->block) {   /* the whole block on the device, where it can */
+        rc = d->ops->block(d, e, p, l, page, xs, n, kc, pos0, err);
+        if (rc != JLM_EUNSUPPORTED)
+            return rc;
+        rc = jlm_ex_x_host(e, NULL, err);
+    }
+    if (rc)
+        return rc;
     jlm_ex_blk b = {.p = p, .l = l, .page = page,
                     .page_off = e->m->hdr.data_off + (uint64_t)l * e->m->hdr.page_size};
     uint32_t keys = p->n;
@@ -367,7 +395,6 @@ int jlm_ex_block(jlm_engine *e, const jlm_prog *p, uint32_t l, const uint8_t *pa
             keys = k;
             break;
         }
-    int rc = JLM_OK;
     /* the ops before KEYS_DONE for every chunk first: later rows may see their keys */
     for (uint32_t i = 0; i < n && !rc; i += e->nb) {
         b.n = n - i < e->nb ? n - i : e->nb;

@@ -157,6 +157,11 @@ int  jlm_ex_moe(jlm_engine *e, const jlm_op *op, jlm_ex_blk *b, jlm_err *err);  
  * The ops before KEYS_DONE run for every chunk first, then the rest. */
 int jlm_ex_block(jlm_engine *e, const jlm_prog *p, uint32_t l, const uint8_t *page, float *xs, uint32_t n,
                  void *kc, void *vc, uint32_t pos0, jlm_err *err);
+/* Whole blocks on a device (jlm_dev_ops.block): the residual rows a device
+ * holds back on the host (every device's but except's); forgotten (the
+ * host's are new: a forward's start). */
+int  jlm_ex_x_host(jlm_engine *e, const jlm_dev *except, jlm_err *err);
+void jlm_ex_x_forget(jlm_engine *e);
 
 /* ================================================================ the streamer (stream.c) */
 /* Owns paging for the layer loop: a block's page on the host and on the

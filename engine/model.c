@@ -22,20 +22,31 @@ static void embed(jlm_engine *e, int32_t tok, float *x)
 
 /* logits (n, n_vocab) of the rows x (n, n_embd): one matmul, so the output
  * matrix is read once for a batch of sequences (each row as its matvec). */
-static void output(jlm_engine *e, const float *x, uint32_t n, float *logits)
+static int output(jlm_engine *e, const float *x, uint32_t n, float *logits, jlm_err *err)
 {
     const jlm_config *c = e->c;
-    for (uint32_t r = 0; r < n; r++)
-        jlm_k_rmsnorm(e->h + (uint64_t)r * c->n_embd, x + (uint64_t)r * c->n_embd,
-                      vec_dense(e, W(e, -1, JLM_R_OUTPUT_NORM)), c->n_embd, c->rms_eps);
     const jlm_tensor *t = W(e, -1, JLM_R_OUTPUT);
     if (!t)
         t = W(e, -1, JLM_R_TOKEN_EMBD);   /* tied embeddings */
     jlm_k_mat m = mat_dense(e, t);
+    jlm_dev *d = e->out_dev;
+    if (d && d->ops->output && !(c->final_softcap > 0)) {   /* the rows still on the device: the logits come down */
+        int rc = d->ops->output(d, vec_dense(e, W(e, -1, JLM_R_OUTPUT_NORM)), c->rms_eps, &m, x, n, c->n_embd, logits,
+                                err);
+        if (rc != JLM_EUNSUPPORTED)
+            return rc;
+    }
+    int rc = jlm_ex_x_host(e, NULL, err);
+    if (rc)
+        return rc;
+    for (uint32_t r = 0; r < n; r++)
+        jlm_k_rmsnorm(e->h + (uint64_t)r * c->n_embd, x + (uint64_t)r * c->n_embd,
+                      vec_dense(e, W(e, -1, JLM_R_OUTPUT_NORM)), c->n_embd, c->rms_eps);
     jlm_ex_matmul(e, &m, n, e->h, logits);
     if (c->final_softcap > 0)
         for (uint64_t i = 0; i < m.rows * n; i++)
             logits[i] = c->final_softcap * tanhf(logits[i] / c->final_softcap);
+    return JLM_OK;
 }
 
 /* Token rows [i, i+b) of one sequence (cache kc/vc) at positions pos0 + i..
@@ -62,6 +73,7 @@ static int run_layers(jlm_engine *e, float *xs, uint32_t n, void *kc, void *vc, 
     const jlm_config *c = e->c;
     float *x0 = e->x;
     int rc = JLM_OK;
+    jlm_ex_x_forget(e);   /* the rows are the host's (new embeddings) */
     e->bidir_end = bidir ? pos0 + n : 0;
     for (uint32_t l = 0; l < c->n_layer && !rc; l++) {
         const uint8_t *page;
@@ -74,6 +86,8 @@ static int run_layers(jlm_engine *e, float *xs, uint32_t n, void *kc, void *vc, 
             rc = jlm_err_prefix(err, rc, "%s: block %u experts", e->m->path, l);
     }
     jlm_stream_finish(e, rc);
+    if (rc)
+        jlm_ex_x_forget(e);
     e->x = x0;
     e->bidir_end = 0;
     return rc;
@@ -90,7 +104,7 @@ static int forward(jlm_engine *e, const int32_t *tokens, uint32_t n, float *logi
         embed(e, tokens[t], e->x + t * c->n_embd);
     int rc = run_layers(e, e->x, n, NULL, NULL, 0, 0, err);
     if (!rc && logits)
-        output(e, e->x + (uint64_t)(all_logits ? 0 : n - 1) * c->n_embd, all_logits ? n : 1, logits);
+        rc = output(e, e->x + (uint64_t)(all_logits ? 0 : n - 1) * c->n_embd, all_logits ? n : 1, logits, err);
     if (t0) {
         e->pr.total_ns += prof_now() - t0;
         e->pr.evals++;
@@ -111,7 +125,7 @@ int jlm_engine_eval_embd(jlm_engine *e, const float *embd, uint32_t n, int bidir
     memcpy(xs, embd, (size_t)n * c->n_embd * sizeof *xs);   /* entered as they are: no embedding scale */
     int rc = run_layers(e, xs, n, e->kc, e->vc, e->n_past, bidir, err);
     if (!rc && logits)
-        output(e, xs + (uint64_t)(n - 1) * c->n_embd, 1, logits);
+        rc = output(e, xs + (uint64_t)(n - 1) * c->n_embd, 1, logits, err);
     free(xs);
     if (!rc)
         e->n_past += n;

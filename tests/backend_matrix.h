@@ -108,8 +108,16 @@ static int vs_oracle(jlm_engine *e, const char *name, const char *what)
  * batched kernel, both within tolerance of llama.cpp) differ there by 1.6e-4
  * of the largest logit, and Vulkan against the CPU by 1.2e-4 to 2.0e-4, so
  * float models get 5e-4. */
-static double dev_cpu_tol(const char *m)
+/* backend: the configuration's. Whole blocks on Vulkan (engine/exec_vk.c)
+ * quantize to int8 activations the device computed, whose norms and
+ * exponentials differ from the CPU's in the last bits: a code one off moves a
+ * quantized model's logits by up to ~1% of the largest, so quantized models
+ * are held there to the CPU's own tolerance against llama.cpp (cpu_tol). */
+static double dev_cpu_tol(const char *m, const char *backend)
 {
+    const char *bl = getenv("JLM_VK_BLOCKS");
+    if (backend && strstr(backend, "vulkan") && !(bl && !strcmp(bl, "0")) && cpu_tol(m) > 2e-3)
+        return cpu_tol(m);
     return strstr(m, "F32") || strstr(m, "f32") || strstr(m, "F16") ? 5e-4 : 1e-4;
 }
 
@@ -194,7 +202,7 @@ static void bm_matrix(const bm_cfg *cfgs, int n_cfg, bm_check_fn check)
                     mx = fmaxf(mx, fabsf(lc[i]));
                     d = fmaxf(d, fabsf(lc[i] - lv[i]));
                 }
-                cr_assert(d <= dev_cpu_tol(MATRIX[m]) * mx, "%s (%s), step %d: logits differ by %g (largest %g)",
+                cr_assert(d <= dev_cpu_tol(MATRIX[m], o.backend) * mx, "%s (%s), step %d: logits differ by %g (largest %g)",
                           MATRIX[m], what, step, d, mx);
                 int ic = argmax2(lc, nv, &margin), iv;
                 float mv;

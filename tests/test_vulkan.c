@@ -739,6 +739,7 @@ Test(vulkan, backend_vulkan_gives_llama_cpp_ids_on_stories260K, .timeout = 60)
  * bit-identical too, and so are the ids. */
 Test(vulkan, backend_vulkan_equals_the_cpu_bit_for_bit_on_quantized_models, .timeout = 60)
 {
+    setenv("JLM_VK_BLOCKS", "0", 1);   /* the matmul offload (whole blocks: whole_blocks_*) */
     static const char *MODELS[] = {"synth-llama-256.Q4_K_M", "synth-llama-256.MXFP4", "synth-llama-256.Q8_0"};
     char *dir = tu_tmpdir();
     for (size_t m = 0; m < 3; m++) {
@@ -819,6 +820,7 @@ static void same_logits(const float *a, const float *b, uint32_t n, int exact, c
 
 Test(vulkan, device_frames_import_and_upload_paths_equal_the_cpu_and_page_in_once, .timeout = 120)
 {
+    setenv("JLM_VK_BLOCKS", "0", 1);   /* the matmul offload (whole blocks: whole_blocks_*) */
     static const char *MODELS[] = {"synth-llama-256.Q4_K_M", "synth-qwen3moe-256.Q8_0"};
     static const int exact[] = {1, 0};   /* qwen3moe's router is F32: the CPU's F32 kernel uses FMA */
     char *dir = tu_tmpdir();
@@ -1038,6 +1040,7 @@ Test(vulkan, every_test_model_on_vulkan_whole_split_and_at_one_frame_each_side_m
  * and are counted; within 1e-4 on qwen3moe Q8_0, every matmul on the device). */
 Test(vulkan, engine_with_planes_over_one_binding_equals_the_cpu, .timeout = 120)
 {
+    setenv("JLM_VK_BLOCKS", "0", 1);   /* the matmul offload (whole blocks: whole_blocks_*) */
     static const char *MODELS[] = {"synth-llama-256.Q4_K_M", "synth-qwen3moe-256.Q8_0"};
     char *dir = tu_tmpdir();
     for (size_t m = 0; m < 2; m++) {
@@ -1111,5 +1114,261 @@ Test(vulkan, a_fingerprint_with_control_bytes_is_one_note_line, .timeout = 60)
  * staging copies happen. */
 Test(vulkan, activations_up_and_down_are_the_bytes_the_matmuls_copied, .timeout = 120)
 {
+    setenv("JLM_VK_BLOCKS", "0", 1);   /* the matmul offload (whole blocks: whole_blocks_*) */
     bm_decode_activations("vulkan", "0", 0, 0);
+}
+
+/* ---------------------------------------------------------------- whole blocks on the device */
+
+/* jlm_vk_quantize is jlm_k_quantize_act bit for bit: random blocks over 13
+ * decades, blocks whose quotients sit on and next to .5 (where a quotient
+ * rounded 1 ulp off changes q), zeros, NaN, Inf, an outlier; 4 tokens of
+ * 2048 in one dispatch. */
+Test(vulkan, quantize_is_bit_identical_to_the_cpu)
+{
+    jlm_vk *vk = open_or_skip();
+    if (!jlm_vk_can_quantize(vk)) {
+        jlm_vk_close(vk);
+        cr_skip_test("vulkan: the device has no shaderFloat64");
+    }
+    enum { K = 2048, T = 4, N = K * T };
+    float *x = malloc(N * 4);
+    uint64_t seed = 7;
+    for (uint64_t b = 0; b < N / 32; b++) {
+        float *xb = x + 32 * b, mag = powf(10.0f, (float)(b % 13) - 6.0f);
+        if (b % 5 == 1) {   /* quotients m + 0.5 (+- an ulp): the rounding of x / d decides q */
+            float dv = mag * (0.5f + 0.5f * fabsf(rng_unit(&seed)));
+            xb[0] = 127.0f * dv;
+            for (int i = 1; i < 32; i++) {
+                float v = ((float)(i * 4 % 127) + 0.5f) * dv * (i % 2 ? 1.0f : -1.0f);
+                xb[i] = i % 3 == 0 ? v : nextafterf(v, i % 3 == 1 ? INFINITY : -INFINITY);
+            }
+            continue;
+        }
+        for (int i = 0; i < 32; i++)
+            xb[i] = rng_unit(&seed) * mag;
+    }
+    memset(x + 32 * 3, 0, 32 * 4);   /* a zero block: d 0 */
+    x[32 * 7 + 5] = NAN;
+    x[32 * 8 + 9] = INFINITY;
+    x[32 * 9 + 2] = -INFINITY;
+    x[32 * 10 + 30] = 1e30f;
+    jlm_err err = {0};
+    jlm_vk_buf *xb = up(vk, x, N * 4), *q = NULL, *d = NULL, *s = NULL;
+    cr_assert(!jlm_vk_buf_new(vk, N, &q, &err) && !jlm_vk_buf_new(vk, N / 8, &d, &err) &&
+              !jlm_vk_buf_new(vk, N / 8, &s, &err), "%s", err.msg);
+    jlm_vk_act va = {K, {q, 0, N}, {d, 0, N / 8}, {s, 0, N / 8}, T};
+    cr_assert_eq(jlm_vk_quantize(vk, whole(xb), N, &va, &err), 0, "%s", err.msg);
+    void *buf = malloc(jlm_k_act_q8_bytes(K));
+    jlm_act_q8 a;
+    cr_assert_eq(jlm_k_act_q8_init(&a, buf, K, &err), 0, "%s", err.msg);
+    for (int t = 0; t < T; t++) {
+        jlm_k_quantize_act(x + (uint64_t)t * K, &a);
+        const int8_t *gq = (const int8_t *)jlm_vk_buf_map(q) + (uint64_t)t * K;
+        const float *gd = (const float *)jlm_vk_buf_map(d) + (uint64_t)t * K / 32;
+        const int16_t *gs = (const int16_t *)jlm_vk_buf_map(s) + (uint64_t)t * K / 16;
+        for (int i = 0; i < K; i++)
+            cr_assert_eq(gq[i], a.q[i], "token %d, element %d (x %a): q %d, the CPU's %d", t, i, x[t * K + i], gq[i],
+                         a.q[i]);
+        for (int b = 0; b < K / 32; b++)
+            cr_assert(same(gd[b], a.d[b]), "token %d, block %d: d %a, the CPU's %a", t, b, gd[b], a.d[b]);
+        cr_assert(!memcmp(gs, a.sum16, K / 16 * 2), "token %d: sum16 differ", t);
+    }
+    free(buf);
+    free(x);
+    jlm_vk_buf_free(vk, xb);
+    jlm_vk_buf_free(vk, q);
+    jlm_vk_buf_free(vk, d);
+    jlm_vk_buf_free(vk, s);
+    jlm_vk_close(vk);
+}
+
+/* Whole blocks on the device (engine/exec_vk.c): stories260K, every
+ * synth-llama type, and qwen2 (biases), qwen3 (per-head q/k norms) and phi3,
+ * whole and at --gpu-layers 2, against the CPU with the
+ * CPU's greedy ids fed to both for 8 steps after a prompt: logits within 5e-4
+ * of the largest on float weights (the CPU's FMA kernels) and the same greedy
+ * ids as the CPU's own run; on quantized weights within the quantized
+ * tolerance against llama.cpp (0.05, Q2_K 0.12: an int8 code one off,
+ * backend_matrix.h's dev_cpu_tol) and the same pick wherever the CPU's top-2
+ * margin exceeds twice the difference. And a decoded token is one round trip
+ * (the blocks, and the output matrix when it is there: one command buffer),
+ * where the matmul offload (JLM_VK_BLOCKS=0) makes one a matmul. */
+Test(vulkan, whole_blocks_on_the_device_give_the_cpus_ids_in_one_round_trip_a_token, .timeout = 300)
+{
+    static const char *MODELS[] = {"stories260K", "synth-llama-256.f32", "synth-llama-256.Q4_K_M",
+                                   "synth-llama-256.Q8_0", "synth-llama-256.Q4_0", "synth-llama-256.Q4_1",
+                                   "synth-llama-256.Q5_0", "synth-llama-256.Q5_1", "synth-llama-256.Q2_K",
+                                   "synth-llama-256.Q3_K_M", "synth-llama-256.Q5_K_M", "synth-llama-256.Q6_K",
+                                   "synth-llama-256.MXFP4", "synth-qwen2-256.Q8_0", "synth-qwen3-256.Q8_0",
+                                   "synth-phi3-256.Q4_K_M"};
+    char *dir = tu_tmpdir();
+    for (size_t m = 0; m < sizeof MODELS / sizeof MODELS[0]; m++) {
+        char gguf[256];
+        jlm_err err = {0};
+        snprintf(gguf, sizeof gguf, "%s.gguf", MODELS[m]);
+        char *path = tu_convert(gguf, dir, "w.jlm", &err);
+        cr_assert(path, "%s", err.msg);
+        jlm_engine *ec = engine_on(path, "cpu", 0);
+        uint32_t nv = jlm_engine_n_vocab(ec);
+        float *lc = malloc(nv * 4), *lv = malloc(nv * 4);
+        int32_t prompt[5] = {1, 10, 20, 30, 40}, ic[8], iv[8];
+        greedy_ids(ec, prompt, 5, 8, ic, lc);
+        int fl = m < 2;
+        double tol = fl ? 5e-4 : strstr(MODELS[m], "Q2_K") ? 0.12 : 0.05;
+        for (int split = 0; split < 2; split++) {
+            jlm_engine *ev = engine_on(path, "vulkan", split ? 2 : 0);
+            if (!ev) {
+                tu_rmrf(dir);
+                cr_skip_test("vulkan: no device");
+            }
+            const char *what = split ? "--gpu-layers 2" : "whole";
+            if (fl) {
+                greedy_ids(ev, prompt, 5, 8, iv, lv);
+                cr_assert(!memcmp(ic, iv, sizeof ic), "%s (%s): greedy ids differ", MODELS[m], what);
+                jlm_engine_rewind(ev, 0);
+            }
+            jlm_engine_rewind(ec, 0);
+            const int32_t *tok = prompt;
+            int32_t next;
+            uint32_t n = 5;
+            for (int step = 0; step < 8; step++) {
+                cr_assert_eq(jlm_engine_eval(ec, tok, n, lc, &err), 0, "%s", err.msg);
+                cr_assert_eq(jlm_engine_eval(ev, tok, n, lv, &err), 0, "%s", err.msg);
+                float mx = 0, d = 0, margin, mv;
+                for (uint32_t i = 0; i < nv; i++) {
+                    mx = fmaxf(mx, fabsf(lc[i]));
+                    d = fmaxf(d, fabsf(lc[i] - lv[i]));
+                }
+                cr_assert(d <= tol * mx, "%s (%s), step %d: logits differ by %g (largest %g)", MODELS[m], what, step,
+                          d, mx);
+                int pc = argmax2(lc, nv, &margin), pv = argmax2(lv, nv, &mv);
+                cr_assert(pc == pv || margin <= 2 * d, "%s (%s), step %d: picks %d and %d, margin %g, difference %g",
+                          MODELS[m], what, step, pc, pv, margin, d);
+                next = pc;
+                tok = &next;
+                n = 1;
+            }
+            jlm_dev_stats s0, s1;
+            jlm_engine_dev_stats(ev, &s0);
+            cr_assert_eq(jlm_engine_eval(ev, tok, 1, lv, &err), 0, "%s", err.msg);
+            jlm_engine_dev_stats(ev, &s1);
+            cr_assert_eq(s1.waits - s0.waits, 1, "%s (%s): a decoded token made %llu round trips", MODELS[m], what,
+                         (unsigned long long)(s1.waits - s0.waits));
+            jlm_engine_close(ev);
+        }
+        free(lc);
+        free(lv);
+        jlm_engine_close(ec);
+        free(path);
+    }
+    tu_rmrf(dir);
+    free(dir);
+}
+
+/* From --stats (the numbers a user sees): with --gpu-layers all a decoded
+ * token costs one round trip (at most one a block: the issue's bound; the
+ * goal, one a token, is what is tested) and activations up + down of at
+ * most its embedding in, its logits out and 4 KiB (the positions' RoPE
+ * cos/sin), from the difference of a 4-token and a 12-token run. The same
+ * runs with JLM_VK_BLOCKS=0 (the matmul offload) cost a round trip a
+ * matmul: what the counters are compared with. */
+Test(vulkan, stats_a_decoded_token_is_one_round_trip_and_its_embedding_and_logits, .timeout = 120)
+{
+    if (!jlm_vk_built())
+        cr_skip_test("built without Vulkan");
+    static const char *MODELS[] = {"stories260K", "synth-llama-256.Q4_K_M"};
+    char *dir = tu_tmpdir();
+    for (size_t m = 0; m < 2; m++) {
+        char gguf[256], cmd[2048];
+        jlm_err err = {0};
+        snprintf(gguf, sizeof gguf, "%s.gguf", MODELS[m]);
+        char *path = tu_convert(gguf, dir, "s.jlm", &err);
+        cr_assert(path, "%s", err.msg);
+        jlm_engine *ec = engine_on(path, "cpu", 0);
+        const jlm_model *md = jlm_engine_model(ec);
+        uint64_t E = md->config.n_embd, L = md->config.n_layer, V = jlm_engine_n_vocab(ec);
+        jlm_engine_close(ec);
+        unsigned long long rt[2][2], act[2][2], gen[2][2];
+        for (int blocks = 0; blocks < 2; blocks++)
+            for (int r = 0; r < 2; r++) {
+                char *out = NULL;
+                snprintf(cmd, sizeof cmd, "JLM_VK_BLOCKS=%d %s run %s --ids 1,2,3 -n %d --print-ids --backend vulkan "
+                         "--device 0 --gpu-layers all --stats --seed 1", blocks, tu_jlm(), path, r ? 12 : 4);
+                int rc = tu_run(cmd, &out);
+                if (rc && strstr(out, "no device")) {
+                    free(out);
+                    tu_rmrf(dir);
+                    cr_skip_test("vulkan: no device");
+                }
+                cr_assert_eq(rc, 0, "%s", out);
+                const char *vl = strstr(out, "\nvulkan: matmuls ");
+                cr_assert(vl, "%s", out);
+                const char *g = strstr(out, "\"generated\": [");
+                cr_assert(g, "%s", out);
+                gen[blocks][r] = 1;
+                for (g += 14; *g && *g != ']'; g++)
+                    gen[blocks][r] += *g == ',';
+                rt[blocks][r] = bm_field(vl, "round trips ");
+                act[blocks][r] = bm_field(vl, "activations up ") + bm_field(vl, ", down ");
+                free(out);
+            }
+        cr_assert(gen[1][1] > gen[1][0] && gen[0][1] > gen[0][0], "%s: %llu and %llu tokens", MODELS[m], gen[1][0],
+                  gen[1][1]);
+        double dn = (double)(gen[1][1] - gen[1][0]), per_rt = (rt[1][1] - rt[1][0]) / dn;
+        double per_act = (act[1][1] - act[1][0]) / dn, off_rt = (rt[0][1] - rt[0][0]) / (double)(gen[0][1] - gen[0][0]);
+        cr_assert(per_rt <= 1.0 && per_rt <= (double)L, "%s: %.2f round trips a decoded token", MODELS[m], per_rt);
+        cr_assert(per_act <= (double)(E * 4 + V * 4 + 4096), "%s: %.0f activation bytes a token (embedding %llu, logits %llu)",
+                  MODELS[m], per_act, (unsigned long long)(E * 4), (unsigned long long)(V * 4));
+        cr_assert(off_rt >= 7.0 * (double)L, "%s: the matmul offload's %.2f round trips a token", MODELS[m], off_rt);
+        free(path);
+    }
+    tu_rmrf(dir);
+    free(dir);
+}
+
+/* The engine's own sequence runs whole blocks with its cache on the device;
+ * a jlm_engine_seq (serve's slots) keeps its host cache and the matmul
+ * offload. Interleaved on one engine, token by token, both give the CPU's
+ * logits for the same ids (the residual rows and the recording are handed
+ * over between them), and the default sequence's tokens are one round trip
+ * each, the other's one a matmul. */
+Test(vulkan, the_engines_sequence_on_the_device_and_a_host_sequence_interleave, .timeout = 120)
+{
+    char *dir = tu_tmpdir();
+    jlm_err err = {0};
+    char *path = tu_convert("stories260K.gguf", dir, "s.jlm", &err);
+    cr_assert(path, "%s", err.msg);
+    jlm_engine *ec = engine_on(path, "cpu", 0), *ev = engine_on(path, "vulkan", 0);
+    if (!ev) {
+        tu_rmrf(dir);
+        cr_skip_test("vulkan: no device");
+    }
+    uint32_t nv = jlm_engine_n_vocab(ec);
+    float *lc = malloc(nv * 4), *la = malloc(nv * 4), *lb = malloc(nv * 4);
+    jlm_engine_seq *s = NULL;
+    cr_assert_eq(jlm_engine_seq_create(ev, &s, &err), 0, "%s", err.msg);
+    int32_t ids[6] = {1, 403, 407, 261, 378, 432};
+    for (int t = 0; t < 6; t++) {
+        jlm_dev_stats s0, s1, s2;
+        cr_assert_eq(jlm_engine_eval(ec, &ids[t], 1, lc, &err), 0, "%s", err.msg);
+        jlm_engine_dev_stats(ev, &s0);
+        cr_assert_eq(jlm_engine_eval(ev, &ids[t], 1, la, &err), 0, "%s", err.msg);
+        jlm_engine_dev_stats(ev, &s1);
+        cr_assert_eq(jlm_engine_eval_seq(ev, s, &ids[t], 1, lb, &err), 0, "%s", err.msg);
+        jlm_engine_dev_stats(ev, &s2);
+        same_logits(lc, la, nv, 0, "stories260K", "the engine's sequence");
+        same_logits(lc, lb, nv, 0, "stories260K", "a jlm_engine_seq");
+        cr_assert(s1.waits - s0.waits == 1 && s2.waits - s1.waits > 5, "token %d: round trips %llu and %llu", t,
+                  (unsigned long long)(s1.waits - s0.waits), (unsigned long long)(s2.waits - s1.waits));
+    }
+    jlm_engine_seq_destroy(s);
+    free(lc);
+    free(la);
+    free(lb);
+    jlm_engine_close(ec);
+    jlm_engine_close(ev);
+    free(path);
+    tu_rmrf(dir);
+    free(dir);
 }

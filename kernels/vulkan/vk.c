@@ -48,14 +48,20 @@ static const uint32_t SPV_MOE_ROUTE[] =
 static const uint32_t SPV_MOE_COMBINE[] =
 #include "kernels/vulkan/moe_combine.spv.h"
 ;
+static const uint32_t SPV_QUANTIZE[] =
+#include "kernels/vulkan/quantize.spv.h"
+;
 
-enum { K_MATVEC, K_RMSNORM, K_SOFTMAX, K_ELTWISE, K_ROPE, K_ATTENTION, K_LAYERNORM, K_MOE_ROUTE, K_MOE_COMBINE, K_COUNT };
+enum { K_MATVEC, K_RMSNORM, K_SOFTMAX, K_ELTWISE, K_ROPE, K_ATTENTION, K_LAYERNORM, K_MOE_ROUTE, K_MOE_COMBINE, K_QUANTIZE, K_COUNT };
 #define NBIND    8     /* every pipeline: bindings 0..7 (unused ones get a dummy) */
 #define NSPEC    (sizeof(jlm_spec_matvec) / 4)   /* matvec.comp's specialization constants (kernels/layout.h) */
 /* Tokens per invocation of a matmul of several tokens (matvec.comp's NT): the
  * row's weights are read and decoded once per tile. 8 keeps a tile's sums and
  * one sub-block's codes (40 words) in registers on a GPU. */
 #define MV_TILE  8
+/* Descriptor sets a recording holds before it is submitted and begun again
+ * (jlm_vk_rec_begin; a decoded token of a small model records ~15 a block). */
+#define REC_SETS 256
 
 static const struct { const uint32_t *code; size_t size; } SPV[K_COUNT] = {
     [K_MATVEC] = {SPV_MATVEC, sizeof SPV_MATVEC},
@@ -67,6 +73,7 @@ static const struct { const uint32_t *code; size_t size; } SPV[K_COUNT] = {
     [K_LAYERNORM] = {SPV_LAYERNORM, sizeof SPV_LAYERNORM},
     [K_MOE_ROUTE] = {SPV_MOE_ROUTE, sizeof SPV_MOE_ROUTE},
     [K_MOE_COMBINE] = {SPV_MOE_COMBINE, sizeof SPV_MOE_COMBINE},
+    [K_QUANTIZE] = {SPV_QUANTIZE, sizeof SPV_QUANTIZE},
 };
 
 struct jlm_vk_buf {
@@ -93,11 +100,16 @@ struct jlm_vk {
     VkCommandPool         cmdpool;
     VkCommandBuffer       cmd;
     VkFence               fence;
-    jlm_vk_buf           *dummy, *tmp;   /* dummy: unused bindings; tmp: small uploads */
+    jlm_vk_buf           *dummy, *tmp;   /* dummy: unused bindings; tmp: small uploads (an arena) */
+    uint64_t              tmp_off;       /* tmp's bytes in use by the commands not yet waited for */
+    int                   rec;           /* jlm_vk_rec_begin: dispatches are recorded, not submitted */
+    uint32_t              rec_sets;      /* descriptor sets allocated since the last submit */
+    uint64_t              submits;       /* command buffers submitted and waited for */
     jlm_vk_buf           *staging;       /* jlm_vk_buf_write's host-visible bounce buffer */
     uint64_t              max_binding;   /* maxStorageBufferRange, or JLM_VK_MAX_BINDING's lower value */
     int                   untiled;       /* JLM_VK_MATMUL_TILE=1: a matmul reads its weights once per token */
     int                   has_import;    /* VK_EXT_external_memory_host enabled */
+    int                   has_f64;       /* shaderFloat64 enabled: quantize.comp's pipeline exists */
     uint64_t              import_align;  /* minImportedHostPointerAlignment */
     PFN_vkGetMemoryHostPointerPropertiesEXT host_ptr_props;
 };
@@ -249,9 +261,13 @@ static int open_device(jlm_vk *vk, const char *want, int allow_cpu, jlm_err *err
                                   .queueFamilyIndex = vk->qfam, .queueCount = 1, .pQueuePriorities = &prio};
     const char *ext[1] = {VK_EXT_EXTERNAL_MEMORY_HOST_EXTENSION_NAME};
     int imp = has_extension(vk->phys, ext[0]);
+    VkPhysicalDeviceFeatures have, want_f = {0};
+    vkGetPhysicalDeviceFeatures(vk->phys, &have);
+    vk->has_f64 = have.shaderFloat64 != 0;
+    want_f.shaderFloat64 = have.shaderFloat64;
     VkDeviceCreateInfo di = {.sType = VK_STRUCTURE_TYPE_DEVICE_CREATE_INFO, .queueCreateInfoCount = 1,
                              .pQueueCreateInfos = &qi, .enabledExtensionCount = imp ? 1u : 0u,
-                             .ppEnabledExtensionNames = ext};
+                             .ppEnabledExtensionNames = ext, .pEnabledFeatures = &want_f};
     VkResult r = vkCreateDevice(vk->phys, &di, NULL, &vk->dev);
     if (r != VK_SUCCESS) {
         vk->dev = VK_NULL_HANDLE;
@@ -329,9 +345,9 @@ static int make_pipeline_spec(jlm_vk *vk, int k, const jlm_spec_matvec *spec, Vk
 
 static int make_submit_objects(jlm_vk *vk, jlm_err *err)
 {
-    VkDescriptorPoolSize ps = {.type = VK_DESCRIPTOR_TYPE_STORAGE_BUFFER, .descriptorCount = NBIND};
+    VkDescriptorPoolSize ps = {.type = VK_DESCRIPTOR_TYPE_STORAGE_BUFFER, .descriptorCount = NBIND * REC_SETS};
     VkDescriptorPoolCreateInfo dp = {.sType = VK_STRUCTURE_TYPE_DESCRIPTOR_POOL_CREATE_INFO,
-                                     .maxSets = 1, .poolSizeCount = 1, .pPoolSizes = &ps};
+                                     .maxSets = REC_SETS, .poolSizeCount = 1, .pPoolSizes = &ps};
     VkResult r = vkCreateDescriptorPool(vk->dev, &dp, NULL, &vk->pool);
     if (r != VK_SUCCESS)
         return vkfail(err, "vkCreateDescriptorPool", r);
@@ -362,7 +378,7 @@ int jlm_vk_open(const char *want, int allow_cpu, jlm_vk **out, jlm_err *err)
     if (!rc)
         rc = make_layout(vk, err);
     for (int k = 0; !rc && k < K_COUNT; k++)
-        if (k != K_MATVEC)
+        if (k != K_MATVEC && (k != K_QUANTIZE || vk->has_f64))
             rc = make_pipeline_spec(vk, k, NULL, &vk->pipe[k], err);
     if (!rc)
         rc = make_submit_objects(vk, err);
@@ -410,6 +426,11 @@ const char *jlm_vk_device_name(const jlm_vk *vk) { return vk->props.deviceName; 
 int jlm_vk_device_is_cpu(const jlm_vk *vk) { return vk->props.deviceType == VK_PHYSICAL_DEVICE_TYPE_CPU; }
 uint64_t jlm_vk_max_binding(const jlm_vk *vk) { return vk->max_binding; }
 uint64_t jlm_vk_import_align(const jlm_vk *vk) { return vk->has_import ? vk->import_align : 0; }
+uint64_t jlm_vk_offset_align(const jlm_vk *vk)
+{
+    uint64_t al = vk->props.limits.minStorageBufferOffsetAlignment;
+    return al > 4 ? al : 4;
+}
 
 uint64_t jlm_vk_device_local_bytes(const jlm_vk *vk)
 {
@@ -519,12 +540,20 @@ int jlm_vk_buf_import(jlm_vk *vk, void *host, uint64_t bytes, jlm_vk_buf **out, 
 int jlm_vk_is_imported(const jlm_vk_buf *b) { return b->imported; }
 
 /* One copy command from the staging buffer into dst, submitted and waited. */
+static void cmd_begin(jlm_vk *vk);
+static int cmd_submit(jlm_vk *vk, jlm_err *err);
+
 static int copy_submit(jlm_vk *vk, jlm_vk_buf *dst, uint64_t dst_off, uint64_t n, jlm_err *err)
 {
-    VkCommandBufferBeginInfo cb = {.sType = VK_STRUCTURE_TYPE_COMMAND_BUFFER_BEGIN_INFO,
-                                   .flags = VK_COMMAND_BUFFER_USAGE_ONE_TIME_SUBMIT_BIT};
-    vkResetCommandBuffer(vk->cmd, 0);
-    vkBeginCommandBuffer(vk->cmd, &cb);
+    int rec = vk->rec;   /* a recording open: what it holds runs first, then it goes on */
+    if (rec) {
+        vk->rec = 0;
+        int rc = cmd_submit(vk, err);
+        if (rc)
+            return rc;
+    }
+    cmd_begin(vk);
+    vk->rec = rec;
     VkBufferCopy c = {.srcOffset = 0, .dstOffset = dst_off, .size = n};
     vkCmdCopyBuffer(vk->cmd, vk->staging->buf, dst->buf, 1, &c);
     VkMemoryBarrier mb = {.sType = VK_STRUCTURE_TYPE_MEMORY_BARRIER, .srcAccessMask = VK_ACCESS_TRANSFER_WRITE_BIT,
@@ -538,7 +567,11 @@ static int copy_submit(jlm_vk *vk, jlm_vk_buf *dst, uint64_t dst_off, uint64_t n
     if (r != VK_SUCCESS)
         return vkfail(err, "vkQueueSubmit (copy)", r);
     r = vkWaitForFences(vk->dev, 1, &vk->fence, VK_TRUE, UINT64_MAX);
-    return r == VK_SUCCESS ? JLM_OK : vkfail(err, "vkWaitForFences (copy)", r);
+    if (r != VK_SUCCESS)
+        return vkfail(err, "vkWaitForFences (copy)", r);
+    if (rec)
+        cmd_begin(vk);
+    return JLM_OK;
 }
 
 #define STAGING_BYTES (16u << 20)
@@ -621,6 +654,135 @@ static int dispatch(jlm_vk *vk, VkPipeline pipe, const jlm_vk_view *views, int n
     return dispatch2(vk, pipe, views, nview, push, push_size, gx, 1, err);
 }
 
+/* ---------------------------------------------------------------- recording
+ * Outside a recording each kernel call is one command buffer, submitted and
+ * waited for. Between jlm_vk_rec_begin and jlm_vk_rec_end the calls are
+ * recorded into one command buffer (a barrier after each), each with its own
+ * descriptor set and its small uploads in the tmp arena; the buffer is
+ * submitted (and begun again) early only when the sets or the arena run out,
+ * or a write through the staging buffer needs the command buffer. */
+static void cmd_begin(jlm_vk *vk)
+{
+    vkResetDescriptorPool(vk->dev, vk->pool, 0);
+    vk->rec_sets = 0;
+    VkCommandBufferBeginInfo cb = {.sType = VK_STRUCTURE_TYPE_COMMAND_BUFFER_BEGIN_INFO,
+                                   .flags = VK_COMMAND_BUFFER_USAGE_ONE_TIME_SUBMIT_BIT};
+    vkResetCommandBuffer(vk->cmd, 0);
+    vkBeginCommandBuffer(vk->cmd, &cb);
+}
+
+/* Ends, submits and waits for the command buffer; the arena is free after. */
+static int cmd_submit(jlm_vk *vk, jlm_err *err)
+{
+    vkEndCommandBuffer(vk->cmd);
+    VkSubmitInfo si = {.sType = VK_STRUCTURE_TYPE_SUBMIT_INFO, .commandBufferCount = 1,
+                       .pCommandBuffers = &vk->cmd};
+    vkResetFences(vk->dev, 1, &vk->fence);
+    VkResult r = vkQueueSubmit(vk->queue, 1, &si, vk->fence);
+    if (r != VK_SUCCESS)
+        return vkfail(err, "vkQueueSubmit", r);
+    if ((r = vkWaitForFences(vk->dev, 1, &vk->fence, VK_TRUE, UINT64_MAX)) != VK_SUCCESS)
+        return vkfail(err, "vkWaitForFences", r);
+    vk->tmp_off = 0;
+    vk->submits++;
+    return JLM_OK;
+}
+
+int jlm_vk_rec_begin(jlm_vk *vk, jlm_err *err)
+{
+    (void)err;
+    if (!vk->rec) {
+        cmd_begin(vk);
+        vk->rec = 1;
+    }
+    return JLM_OK;
+}
+
+int jlm_vk_rec_end(jlm_vk *vk, jlm_err *err)
+{
+    if (!vk->rec)
+        return JLM_OK;
+    vk->rec = 0;
+    return cmd_submit(vk, err);
+}
+
+int jlm_vk_recording(const jlm_vk *vk) { return vk->rec; }
+uint64_t jlm_vk_submits(const jlm_vk *vk) { return vk->submits; }
+
+static uint64_t tmp_align(const jlm_vk *vk, uint64_t n)
+{
+    uint64_t al = vk->props.limits.minStorageBufferOffsetAlignment;
+    al = al > 4 ? al : 4;
+    return (n + al - 1) / al * al;
+}
+
+/* Room for one more descriptor set and `bytes` of uploads: a recording that
+ * has none is submitted and begun again first; the arena grows (keeping its
+ * bytes in use: nothing pending reads the old buffer then). Called before a
+ * kernel's uploads, so the uploads and its dispatch land in one command
+ * buffer. */
+static int reserve(jlm_vk *vk, uint64_t bytes, jlm_err *err)
+{
+    uint64_t need = bytes ? tmp_align(vk, bytes) + 2 * tmp_align(vk, 4) : 0;
+    int full = vk->rec_sets >= REC_SETS || (need && (!vk->tmp || vk->tmp_off + need > vk->tmp->size));
+    if (vk->rec && full) {
+        int rc = cmd_submit(vk, err);
+        if (rc) {
+            vk->rec = 0;
+            return rc;
+        }
+        cmd_begin(vk);
+    }
+    if (need && (!vk->tmp || vk->tmp_off + need > vk->tmp->size)) {
+        uint64_t sz = 2 * (vk->tmp_off + need);
+        jlm_vk_buf *nb;
+        int rc = jlm_vk_buf_new(vk, sz > (64u << 10) ? sz : (64u << 10), &nb, err);
+        if (rc)
+            return rc;
+        if (vk->tmp)
+            memcpy(nb->map, vk->tmp->map, vk->tmp_off);
+        jlm_vk_buf_free(vk, vk->tmp);
+        vk->tmp = nb;
+    }
+    return JLM_OK;
+}
+
+/* n bytes of src into the arena (room made by reserve): their view. */
+static jlm_vk_view tmp_put(jlm_vk *vk, const void *src, uint64_t n)
+{
+    jlm_vk_view v = {vk->tmp, vk->tmp_off, n};
+    memcpy((uint8_t *)vk->tmp->map + vk->tmp_off, src, n);
+    vk->tmp_off += tmp_align(vk, n);
+    return v;
+}
+
+/* A barrier after a command: its writes visible to the next kernels, copies
+ * and the host. */
+static void barrier_after(jlm_vk *vk, VkPipelineStageFlags src, VkAccessFlags acc)
+{
+    VkMemoryBarrier mb = {.sType = VK_STRUCTURE_TYPE_MEMORY_BARRIER, .srcAccessMask = acc,
+                          .dstAccessMask = VK_ACCESS_HOST_READ_BIT | VK_ACCESS_SHADER_READ_BIT |
+                                           VK_ACCESS_SHADER_WRITE_BIT | VK_ACCESS_TRANSFER_READ_BIT |
+                                           VK_ACCESS_TRANSFER_WRITE_BIT};
+    vkCmdPipelineBarrier(vk->cmd, src,
+                         VK_PIPELINE_STAGE_HOST_BIT | VK_PIPELINE_STAGE_COMPUTE_SHADER_BIT |
+                             VK_PIPELINE_STAGE_TRANSFER_BIT,
+                         0, 1, &mb, 0, NULL, 0, NULL);
+}
+
+int jlm_vk_copy(jlm_vk *vk, jlm_vk_view dst, jlm_vk_view src, uint64_t n, jlm_err *err)
+{
+    if (!dst.buf || !src.buf || !n || dst.off > dst.buf->size || n > dst.buf->size - dst.off ||
+        src.off > src.buf->size || n > src.buf->size - src.off)
+        return jlm_errf(err, JLM_EINVAL, "vulkan: copy of %llu bytes outside its buffers", (unsigned long long)n);
+    if (!vk->rec)
+        cmd_begin(vk);
+    VkBufferCopy c = {.srcOffset = src.off, .dstOffset = dst.off, .size = n};
+    vkCmdCopyBuffer(vk->cmd, src.buf->buf, dst.buf->buf, 1, &c);
+    barrier_after(vk, VK_PIPELINE_STAGE_TRANSFER_BIT, VK_ACCESS_TRANSFER_WRITE_BIT);
+    return vk->rec ? JLM_OK : cmd_submit(vk, err);
+}
+
 /* dispatch with gx x gy groups (the matvec's y: tokens). */
 static int dispatch2(jlm_vk *vk, VkPipeline pipe, const jlm_vk_view *views, int nview, const void *push,
                      uint32_t push_size, uint32_t gx, uint32_t gy, jlm_err *err)
@@ -630,65 +792,42 @@ static int dispatch2(jlm_vk *vk, VkPipeline pipe, const jlm_vk_view *views, int 
     for (int i = 0; i < NBIND; i++) {
         jlm_vk_view v = i < nview && views[i].buf ? views[i] : (jlm_vk_view){vk->dummy, 0, 0};
         int rc = view_check(vk, &v, i, err);
-        if (rc)
+        if (rc) {
+            if (!vk->rec)
+                vk->tmp_off = 0;   /* the call's uploads: nothing will read them */
             return rc;
+        }
         bi[i] = (VkDescriptorBufferInfo){v.buf->buf, v.off, v.len ? v.len : VK_WHOLE_SIZE};
         w[i] = (VkWriteDescriptorSet){.sType = VK_STRUCTURE_TYPE_WRITE_DESCRIPTOR_SET, .dstBinding = (uint32_t)i,
                                       .descriptorCount = 1, .descriptorType = VK_DESCRIPTOR_TYPE_STORAGE_BUFFER,
                                       .pBufferInfo = &bi[i]};
     }
-    vkResetDescriptorPool(vk->dev, vk->pool, 0);
+    int rc = reserve(vk, 0, err);
+    if (rc)
+        return rc;
+    if (!vk->rec)
+        cmd_begin(vk);
     VkDescriptorSet set;
     VkDescriptorSetAllocateInfo ai = {.sType = VK_STRUCTURE_TYPE_DESCRIPTOR_SET_ALLOCATE_INFO,
                                       .descriptorPool = vk->pool, .descriptorSetCount = 1, .pSetLayouts = &vk->dsl};
     VkResult r = vkAllocateDescriptorSets(vk->dev, &ai, &set);
-    if (r != VK_SUCCESS)
+    if (r != VK_SUCCESS) {
+        if (!vk->rec)
+            vkEndCommandBuffer(vk->cmd);
         return vkfail(err, "vkAllocateDescriptorSets", r);
+    }
+    vk->rec_sets++;
     for (int i = 0; i < NBIND; i++)
         w[i].dstSet = set;
     vkUpdateDescriptorSets(vk->dev, NBIND, w, 0, NULL);
-
-    VkCommandBufferBeginInfo cb = {.sType = VK_STRUCTURE_TYPE_COMMAND_BUFFER_BEGIN_INFO,
-                                   .flags = VK_COMMAND_BUFFER_USAGE_ONE_TIME_SUBMIT_BIT};
-    vkResetCommandBuffer(vk->cmd, 0);
-    vkBeginCommandBuffer(vk->cmd, &cb);
     vkCmdBindPipeline(vk->cmd, VK_PIPELINE_BIND_POINT_COMPUTE, pipe);
     vkCmdBindDescriptorSets(vk->cmd, VK_PIPELINE_BIND_POINT_COMPUTE, vk->layout, 0, 1, &set, 0, NULL);
     uint8_t pbuf[JLM_PUSH_MAX] = {0};
     memcpy(pbuf, push, push_size);
     vkCmdPushConstants(vk->cmd, vk->layout, VK_SHADER_STAGE_COMPUTE_BIT, 0, JLM_PUSH_MAX, pbuf);
     vkCmdDispatch(vk->cmd, gx, gy, 1);
-    VkMemoryBarrier mb = {.sType = VK_STRUCTURE_TYPE_MEMORY_BARRIER, .srcAccessMask = VK_ACCESS_SHADER_WRITE_BIT,
-                          .dstAccessMask = VK_ACCESS_HOST_READ_BIT | VK_ACCESS_SHADER_READ_BIT};
-    vkCmdPipelineBarrier(vk->cmd, VK_PIPELINE_STAGE_COMPUTE_SHADER_BIT,
-                         VK_PIPELINE_STAGE_HOST_BIT | VK_PIPELINE_STAGE_COMPUTE_SHADER_BIT, 0, 1, &mb, 0, NULL, 0, NULL);
-    vkEndCommandBuffer(vk->cmd);
-    VkSubmitInfo si = {.sType = VK_STRUCTURE_TYPE_SUBMIT_INFO, .commandBufferCount = 1,
-                       .pCommandBuffers = &vk->cmd};
-    vkResetFences(vk->dev, 1, &vk->fence);
-    if ((r = vkQueueSubmit(vk->queue, 1, &si, vk->fence)) != VK_SUCCESS)
-        return vkfail(err, "vkQueueSubmit", r);
-    if ((r = vkWaitForFences(vk->dev, 1, &vk->fence, VK_TRUE, UINT64_MAX)) != VK_SUCCESS)
-        return vkfail(err, "vkWaitForFences", r);
-    return JLM_OK;
-}
-
-/* A scratch buffer of at least n bytes holding src (small per-call uploads:
- * rope's cos/sin, attention's mask and sinks). */
-static int tmp_upload(jlm_vk *vk, const void *src, uint64_t n, uint64_t off, jlm_err *err)
-{
-    if (!vk->tmp || vk->tmp->size < off + n) {
-        jlm_vk_buf *nb;
-        int rc = jlm_vk_buf_new(vk, (off + n) * 2, &nb, err);
-        if (rc)
-            return rc;
-        if (vk->tmp)
-            memcpy(nb->map, vk->tmp->map, vk->tmp->size);
-        jlm_vk_buf_free(vk, vk->tmp);
-        vk->tmp = nb;
-    }
-    memcpy((uint8_t *)vk->tmp->map + off, src, n);
-    return JLM_OK;
+    barrier_after(vk, VK_PIPELINE_STAGE_COMPUTE_SHADER_BIT, VK_ACCESS_SHADER_WRITE_BIT);
+    return vk->rec ? JLM_OK : cmd_submit(vk, err);
 }
 
 static uint32_t groups(uint64_t n, uint32_t per) { return (uint32_t)((n + per - 1) / per); }
@@ -894,13 +1033,38 @@ int jlm_vk_rope(jlm_vk *vk, const jlm_k_rope *p, jlm_vk_view x, uint32_t n_head,
     if (!cs)
         return jlm_errf(err, JLM_ENOMEM, "vulkan rope: out of memory");
     jlm_k_rope_cos_sin(p, pos, cs);
-    int rc = tmp_upload(vk, cs, sizeof(float) * p->n_rot, 0, err);
+    int rc = reserve(vk, sizeof(float) * p->n_rot, err);
+    jlm_vk_view v[2] = {x};
+    if (!rc)
+        v[1] = tmp_put(vk, cs, sizeof(float) * p->n_rot);
     free(cs);
     if (rc)
         return rc;
     jlm_push_rope push = {p->n_rot, (uint32_t)(p->neox != 0), n_head, head_dim};
-    jlm_vk_view v[2] = {x, {vk->tmp, 0, sizeof(float) * p->n_rot}};
     return dispatch(vk, vk->pipe[K_ROPE], v, 2, &push, sizeof push, groups((uint64_t)p->n_rot / 2 * n_head, 64), err);
+}
+
+int jlm_vk_can_quantize(const jlm_vk *vk) { return vk->has_f64; }
+
+int jlm_vk_quantize(jlm_vk *vk, jlm_vk_view x, uint64_t n, const jlm_vk_act *out, jlm_err *err)
+{
+    if (!vk->has_f64)
+        return jlm_errf(err, JLM_EUNSUPPORTED, "vulkan quantize: the device has no shaderFloat64");
+    if (!n || n % 32 || n / 32 > UINT32_MAX)
+        return jlm_errf(err, JLM_EINVAL, "vulkan quantize: %llu floats (a multiple of 32)", (unsigned long long)n);
+    jlm_push_softmax p = {(uint32_t)(n / 32)};
+    jlm_vk_view v[4] = {x, out->q, out->d, out->sum16};
+    return dispatch(vk, vk->pipe[K_QUANTIZE], v, 4, &p, sizeof p, groups(n / 32, 64), err);
+}
+
+int jlm_vk_rope_cs(jlm_vk *vk, uint32_t n_rot, int neox, jlm_vk_view x, uint32_t n_head, uint32_t head_dim,
+                   jlm_vk_view cs, jlm_err *err)
+{
+    if (n_rot == 0 || n_rot % 2 || n_rot > head_dim)
+        return jlm_errf(err, JLM_EINVAL, "vulkan rope: n_rot %u not even and <= head dim %u", n_rot, head_dim);
+    jlm_push_rope push = {n_rot, (uint32_t)(neox != 0), n_head, head_dim};
+    jlm_vk_view v[2] = {x, cs};
+    return dispatch(vk, vk->pipe[K_ROPE], v, 2, &push, sizeof push, groups((uint64_t)n_rot / 2 * n_head, 64), err);
 }
 
 int jlm_vk_attention(jlm_vk *vk, const jlm_k_attn *p, uint32_t n_head, uint32_t n_kv_head,
@@ -911,17 +1075,15 @@ int jlm_vk_attention(jlm_vk *vk, const jlm_k_attn *p, uint32_t n_head, uint32_t 
         p->k_stride > UINT32_MAX || p->v_stride > UINT32_MAX)
         return jlm_errf(err, JLM_EINVAL, "vulkan attention: bad shape (heads %u/%u, n_kv %llu)",
                         n_head, n_kv_head, (unsigned long long)n_kv);
-    uint64_t align = vk->props.limits.minStorageBufferOffsetAlignment;
-    uint64_t mask_bytes = p->mask ? n_kv * 4 : 0, sink_off = (mask_bytes + align - 1) / align * align;
-    int rc = p->mask ? tmp_upload(vk, p->mask, mask_bytes, 0, err) : 0;
-    if (!rc && sinks)
-        rc = tmp_upload(vk, sinks, (uint64_t)n_head * 4, sink_off, err);
+    uint64_t mask_bytes = p->mask ? n_kv * 4 : 0, sink_bytes = sinks ? (uint64_t)n_head * 4 : 0;
+    int rc = reserve(vk, mask_bytes + tmp_align(vk, sink_bytes), err);
     if (rc)
         return rc;
+    jlm_vk_view mv = p->mask ? tmp_put(vk, p->mask, mask_bytes) : (jlm_vk_view){0};
+    jlm_vk_view sv = sinks ? tmp_put(vk, sinks, sink_bytes) : (jlm_vk_view){0};
     jlm_push_attention pc = {p->head_dim, p->head_dim_v, (uint32_t)p->k_stride, (uint32_t)p->v_stride, (uint32_t)n_kv,
             n_head / n_kv_head, p->mask != NULL, sinks != NULL, p->scale, p->softcap};
-    jlm_vk_view b[7] = {q, k, v, {p->mask ? vk->tmp : NULL, 0, mask_bytes},
-                        {sinks ? vk->tmp : NULL, sink_off, (uint64_t)n_head * 4}, scratch, out};
+    jlm_vk_view b[7] = {q, k, v, mv, sv, scratch, out};
     return dispatch(vk, vk->pipe[K_ATTENTION], b, 7, &pc, sizeof pc, n_head, err);
 }
 
@@ -943,6 +1105,7 @@ const char *jlm_vk_device_name(const jlm_vk *vk) { return "none"; }
 int jlm_vk_device_is_cpu(const jlm_vk *vk) { return 0; }
 uint64_t jlm_vk_max_binding(const jlm_vk *vk) { return 0; }
 uint64_t jlm_vk_import_align(const jlm_vk *vk) { return 0; }
+uint64_t jlm_vk_offset_align(const jlm_vk *vk) { return 4; }
 uint64_t jlm_vk_device_local_bytes(const jlm_vk *vk) { return 0; }
 int jlm_vk_buf_new_device(jlm_vk *vk, uint64_t bytes, jlm_vk_buf **out, jlm_err *err) { return none(err); }
 int jlm_vk_buf_import(jlm_vk *vk, void *host, uint64_t bytes, jlm_vk_buf **out, jlm_err *err) { return none(err); }
@@ -952,6 +1115,15 @@ int jlm_vk_buf_write(jlm_vk *vk, jlm_vk_buf *dst, uint64_t off, const void *src,
     return none(err);
 }
 int jlm_vk_buf_new(jlm_vk *vk, uint64_t bytes, jlm_vk_buf **out, jlm_err *err) { return none(err); }
+int jlm_vk_rec_begin(jlm_vk *vk, jlm_err *err) { return none(err); }
+int jlm_vk_rec_end(jlm_vk *vk, jlm_err *err) { return JLM_OK; }
+int jlm_vk_recording(const jlm_vk *vk) { return 0; }
+uint64_t jlm_vk_submits(const jlm_vk *vk) { return 0; }
+int jlm_vk_copy(jlm_vk *vk, jlm_vk_view dst, jlm_vk_view src, uint64_t n, jlm_err *err) { return none(err); }
+int jlm_vk_rope_cs(jlm_vk *vk, uint32_t n_rot, int neox, jlm_vk_view x, uint32_t n_head, uint32_t head_dim,
+                   jlm_vk_view cs, jlm_err *err) { return none(err); }
+int jlm_vk_can_quantize(const jlm_vk *vk) { return 0; }
+int jlm_vk_quantize(jlm_vk *vk, jlm_vk_view x, uint64_t n, const jlm_vk_act *out, jlm_err *err) { return none(err); }
 void jlm_vk_buf_free(jlm_vk *vk, jlm_vk_buf *b) {}
 void *jlm_vk_buf_map(jlm_vk_buf *b) { return NULL; }
 uint64_t jlm_vk_buf_size(const jlm_vk_buf *b) { return 0; }

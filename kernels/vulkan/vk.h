@@ -55,6 +55,8 @@ int jlm_vk_device_is_cpu(const jlm_vk *vk);
 /* maxStorageBufferRange: the most bytes one binding may cover (128 MiB on lavapipe). */
 uint64_t jlm_vk_max_binding(const jlm_vk *vk);
 
+/* minStorageBufferOffsetAlignment: a view's offset is a multiple of it. */
+uint64_t jlm_vk_offset_align(const jlm_vk *vk);
 /* minImportedHostPointerAlignment when VK_EXT_external_memory_host is
  * enabled on the device (host pages can be imported without a copy), else 0. */
 uint64_t jlm_vk_import_align(const jlm_vk *vk);
@@ -87,6 +89,22 @@ typedef struct jlm_vk_view {
     jlm_vk_buf *buf;
     uint64_t    off, len;
 } jlm_vk_view;
+
+/* Recording (a block or a token in one command buffer): between
+ * jlm_vk_rec_begin and jlm_vk_rec_end every kernel call and jlm_vk_copy is
+ * recorded, with a barrier after each, instead of being submitted and waited
+ * for; their results are there once jlm_vk_rec_end returns. The buffer is
+ * submitted early (and recording goes on) only when its descriptor sets (256)
+ * or its upload arena run out, or jlm_vk_buf_write needs the command buffer;
+ * jlm_vk_submits counts every submit-and-wait. A buffer a recorded command
+ * reads must not be freed before jlm_vk_rec_end (end the recording first).
+ * rec_end on no recording is a no-op. */
+int jlm_vk_rec_begin(jlm_vk *vk, jlm_err *err);
+int jlm_vk_rec_end(jlm_vk *vk, jlm_err *err);
+int jlm_vk_recording(const jlm_vk *vk);
+uint64_t jlm_vk_submits(const jlm_vk *vk);
+/* n bytes from src to dst (device side, ordered with the kernels). */
+int jlm_vk_copy(jlm_vk *vk, jlm_vk_view dst, jlm_vk_view src, uint64_t n, jlm_err *err);
 
 /* ---------------------------------------------------------------- kernels */
 
@@ -147,6 +165,19 @@ int jlm_vk_moe_combine(jlm_vk *vk, jlm_vk_view out, jlm_vk_view x, jlm_vk_view y
  * included), so the rotation is bit-identical to jlm_k_rope_apply. */
 int jlm_vk_rope(jlm_vk *vk, const jlm_k_rope *p, jlm_vk_view x, uint32_t n_head,
                 uint32_t head_dim, int64_t pos, jlm_err *err);
+
+/* The same with the cos/sin pairs (n_rot floats, jlm_k_rope_cos_sin's) in
+ * cs already on the device: one upload serves every layer of a position. */
+int jlm_vk_rope_cs(jlm_vk *vk, uint32_t n_rot, int neox, jlm_vk_view x, uint32_t n_head, uint32_t head_dim,
+                   jlm_vk_view cs, jlm_err *err);
+
+/* The activations' int8 quantization on the device, bit-identical to
+ * jlm_k_quantize_act: x (n floats, n a multiple of 32: tokens one after
+ * another) into out (q: n bytes, d: n/32 floats, sum16: n/16 int16; the
+ * layout jlm_vk_matmul reads). Needs shaderFloat64 (jlm_vk_can_quantize;
+ * else JLM_EUNSUPPORTED): the quotients are rounded exactly through doubles. */
+int jlm_vk_can_quantize(const jlm_vk *vk);
+int jlm_vk_quantize(jlm_vk *vk, jlm_vk_view x, uint64_t n, const jlm_vk_act *out, jlm_err *err);
 
 /* Single-token attention with GQA: n_head query heads (q: n_head*head_dim),
  * kv head of query head h is h / (n_head / n_kv_head). k: n_kv positions of

@@ -1,0 +1,56 @@
+/* backend_vk_int.h - the Vulkan backend's state, shared by backend_vk.c (the
+ * frames, the matmul offload) and exec_vk.c (whole blocks recorded into one
+ * command buffer). Internal to engine/: nothing else includes it. */
+#ifndef JLM_ENGINE_BACKEND_VK_INT_H
+#define JLM_ENGINE_BACKEND_VK_INT_H
+
+#include "engine/backend_vk.h"
+#include "engine/prog.h"
+#include "kernels/vulkan/vk.h"
+
+enum { B_QS, B_D, B_SC, B_X, B_Y, B_AQ, B_AD, B_AS, B_N };
+
+/* exec_vk.c's device side of a block: the activation buffers (jlm_actbuf;
+ * X host-visible: the residual stream crosses there), the attention's
+ * scores, the logits, the KV cache of the engine's own sequence (per layer,
+ * F32, rows of kv_dim), and the residual rows the device holds. */
+typedef struct jlm_evk_blk {
+    jlm_vk_buf *ab[JLM_B_COUNT];
+    uint64_t    ab_rows;             /* rows every ab[] holds */
+    jlm_vk_buf *scores, *logits;
+    jlm_vk_buf *aq, *ad, *as;        /* the int8 rows of a matmul's input (jlm_vk_quantize) */
+    jlm_vk_buf *cs;                  /* (rows, n_rot) each row's RoPE cos/sin, host-visible: up with the rows */
+    jlm_vk_buf **kc, **vc;           /* (n_layer,) NULL until a block of that layer ran here */
+    uint32_t    n_layer;
+    uint8_t    *side;                /* (n_layer,) the engine's sequence's blocks: 0 undecided, 1 here, 2 host */
+    float      *x_host;              /* where the rows held belong on the host; NULL: the host has them */
+    uint32_t    x_rows, x_E;
+} jlm_evk_blk;
+
+typedef struct jlm_evk {
+    jlm_dev        dev;   /* first: a jlm_dev * is a jlm_evk * */
+    jlm_vk        *vk;
+    jlm_vk_buf    *b[B_N];
+    int            import;   /* the import path */
+    jlm_dev_stats  st;       /* the backend's counters (frames': dev.frames) */
+    jlm_evk_blk    blk;
+} jlm_evk;
+
+uint64_t jlm_evk_now_ns(void);
+/* m's planes as views of their device frame; reupload: else copied for this
+ * call into the staging buffers (never inside a recording), or
+ * JLM_EUNSUPPORTED. */
+int jlm_evk_planes(jlm_evk *v, const jlm_k_mat *m, jlm_vk_mat *vm, int reupload, jlm_err *err);
+/* Ends an open recording (a submit-and-wait, counted a round trip). */
+int jlm_evk_rec_end(jlm_evk *v, jlm_err *err);
+
+/* exec_vk.c: the jlm_dev_ops entries, and the state's release at close. */
+int  jlm_evk_block(jlm_dev *d, struct jlm_engine *e, const jlm_prog *p, uint32_t l, const uint8_t *page, float *xs,
+                   uint32_t n, void *kc, uint32_t pos0, jlm_err *err);
+int  jlm_evk_x_sync(jlm_dev *d, jlm_err *err);
+void jlm_evk_x_drop(jlm_dev *d);
+int  jlm_evk_output(jlm_dev *d, const float *norm, float eps, const jlm_k_mat *m, const float *x, uint32_t n,
+                    uint32_t E, float *logits, jlm_err *err);
+void jlm_evk_blk_free(jlm_evk *v);
+
+#endif
