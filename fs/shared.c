@@ -184,6 +184,14 @@ int jlmfs_keys_get(jlmfs_keys *k, int src_fd, const char *rel, char hex[33], jlm
 }
 
 /* ---------------------------------------------------------------- the entry lock */
+/* The first line of the lock file: its (last) holder's "host H pid P converting REL". */
+static void read_holder(int fd, char *holder, size_t n)
+{
+    ssize_t r = pread(fd, holder, n - 1, 0);
+    holder[r > 0 ? r : 0] = 0;
+    holder[strcspn(holder, "\n")] = 0;
+}
+
 int jlmfs_entry_lock(jlmfs_view *v, char *holder, size_t n)
 {
     char *path = NULL;
@@ -196,20 +204,12 @@ int jlmfs_entry_lock(jlmfs_view *v, char *holder, size_t n)
         return -1;
     if (flock(fd, LOCK_EX | LOCK_NB)) {
         int e = errno;
-        ssize_t r = pread(fd, holder, n - 1, 0);
-        holder[r > 0 ? r : 0] = 0;
-        char *nl = strchr(holder, '\n');
-        if (nl)
-            *nl = 0;
+        read_holder(fd, holder, n);
         close(fd);
         errno = e;
         return e == EWOULDBLOCK ? 0 : -1;
     }
-    ssize_t r = pread(fd, holder, n - 1, 0);   /* the last holder's line, for the take-over message */
-    holder[r > 0 ? r : 0] = 0;
-    char *nl = strchr(holder, '\n');
-    if (nl)
-        *nl = 0;
+    read_holder(fd, holder, n);   /* the last holder's line, for the take-over message */
     char line[512];
     int len = snprintf(line, sizeof line, "host %s pid %ld converting %s\n", v->env->host, (long)getpid(), v->rel);
     if (ftruncate(fd, 0) || pwrite(fd, line, (size_t)len, 0) != len) {
