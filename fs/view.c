@@ -958,6 +958,7 @@ static int shared_claim(jlmfs_view *v)
 {
     char holder[256], waited_for[256] = "";
     double t = mono_s();
+    int waited = 0;
     for (;;) {
         if (stopping(v))
             return 1;
@@ -968,10 +969,12 @@ static int shared_claim(jlmfs_view *v)
             fail_view(v, msg);
             return 1;
         }
-        if (got == 0) {
-            if (!waited_for[0])
+        if (got == 0) {   /* said once the holder has written its line (or after 1 s) */
+            if (!waited_for[0] && (holder[0] || mono_s() - t > 1.0)) {
                 vlog(v, JLMFS_LOG_INFO, "%s: waiting: %s", v->key, holder[0] ? holder : "another host converts it");
-            snprintf(waited_for, sizeof waited_for, "%s", holder[0] ? holder : "?");
+                snprintf(waited_for, sizeof waited_for, "%s", holder[0] ? holder : "another host");
+            }
+            waited = 1;
             struct timespec ts = {0, 100000000L};
             nanosleep(&ts, NULL);
             continue;
@@ -988,9 +991,9 @@ static int shared_claim(jlmfs_view *v)
             jlmfs_entry_unlock(v);
             return 1;
         }
-        if (waited_for[0])
-            vlog(v, JLMFS_LOG_INFO, "%s: taking over the conversion (%s stopped) as host %s", v->key, waited_for,
-                 v->env->host);
+        if (waited)
+            vlog(v, JLMFS_LOG_INFO, "%s: taking over the conversion (%s stopped) as host %s", v->key,
+                 waited_for[0] ? waited_for : "another host", v->env->host);
         else
             vlog(v, JLMFS_LOG_INFO, "%s: converting as host %s (entry lock held)", v->key, v->env->host);
         return 0;

@@ -153,7 +153,7 @@ wait_for 30 ready B m2 & r2=$!
 wait_for 30 grep -q "m2.jlm: waiting: host" "$T/logB" || fail "host B did not wait for host A on m2"
 E2=$(grep -o "m2.jlm: planned .*entry c[0-9a-f]*\.v[0-9]*\.jlm" "$T/logB" | grep -o "c[0-9a-f]*\.v[0-9]*\.jlm$" | head -1)
 [ -n "$E2" ] || fail "no entry name for m2 in host B's log"
-kill -9 "$PIDA"
+{ kill -9 "$PIDA"; wait "$PIDA"; } 2>/dev/null
 kill $r1 $r2 2>/dev/null; wait $r1 $r2 2>/dev/null   # the pollers (A's mount is dead now)
 [ -e "$T/gB/cache/$E2" ] && fail "m2's entry exists before any host finished it"
 wait_for 60 grep -q "m2.jlm: taking over the conversion" "$T/logB" || fail "host B did not take over m2"
