@@ -133,6 +133,10 @@ Test(fs_shared, two_daemons_convert_a_model_once_and_both_serve_the_bytes_of_con
     cr_assert(!tu_exists(pathf("%s/jlmfs.db", M.cache)) && !tu_exists(pathf("%s/jlmfs.lock", M.cache)),
               "a database or a folder lock on the shared storage");
     cr_assert(tu_exists(pathf("%s/db1/jlmfs.db", M.tmp)) && tu_exists(pathf("%s/db2/jlmfs.db", M.tmp)));
+    char *out = NULL;   /* jlm stats finds each host's own database through its views */
+    int rc = tu_run(pathf("'%s' stats '%s/m.jlm' 2>&1", tu_jlm(), H2.mnt), &out);
+    cr_assert(rc == 0 && out && strstr(out, "m.jlm"), "jlm stats on host 2: exit %d: %s", rc, out ? out : "");
+    free(out);
     free(ref);
 }
 
