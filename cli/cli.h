@@ -43,6 +43,10 @@ int jlm_cmd_rm(int argc, char **argv);
 int jlm_cmd_ps(int argc, char **argv);
 int jlm_cmd_cache(int argc, char **argv);
 int jlm_cmd_verify(int argc, char **argv);
+/* Checks every span of the container file against file.sums, each bad one
+ * named on stderr, a summary line on stdout: the exit status of `jlm verify`
+ * (0 all match, 1 some do not or unreadable, 2 no or another's sidecar). */
+int jlm_cli_verify_file(const char *file);
 
 #include <stdint.h>
 

@@ -1,5 +1,5 @@
 /* cmd_models.c - model management as ollama users expect it: `jlm list`,
- * `jlm show`, `jlm rm`, `jlm ps` and `jlm cache prune` over the per-user
+ * `jlm show`, `jlm rm`, `jlm ps` and `jlm cache ls|verify|prune` over the per-user
  * cache (cli/resolve.c), jlmfs mounts and --models folders (docs/cli.md,
  * "Managing models"). An entry is in use while a process holds its shared
  * flock (resolve.c holds one for as long as it runs the entry); rm and prune
@@ -518,8 +518,32 @@ static double parse_duration(const char *s)
     return mul < 0 ? -1 : v * mul;
 }
 
+/* The entry a shared-cache .part ("X.jlm.<host>.part", fs/shared.c) is
+ * converted to: its length in name, or 0 for another name. */
+static size_t shared_part_entry(const char *name)
+{
+    size_t l = strlen(name);
+    if (l < 27 || strcmp(name + l - 5, ".part") || name[l - 22] != '.' || strspn(name + l - 21, "0123456789abcdef") < 16)
+        return 0;
+    return l - 22 >= 4 && !strncmp(name + l - 26, ".jlm", 4) ? l - 22 : 0;
+}
+
+/* 1 while a host converts the entry name[0, n) (it holds NAME.lock). */
+static int entry_converting(int dfd, const char *name, size_t n)
+{
+    char lk[512];
+    if (!n || snprintf(lk, sizeof lk, "%.*s.lock", (int)n, name) >= (int)sizeof lk)
+        return 0;
+    int fd = openat(dfd, lk, O_RDONLY | O_CLOEXEC | O_NOFOLLOW);
+    int held = fd >= 0 && flock(fd, LOCK_EX | LOCK_NB) && errno == EWOULDBLOCK;
+    if (fd >= 0)
+        close(fd);
+    return held;
+}
+
 /* The .part files a killed conversion left, when no conversion runs (the
- * converter holds the directory's flock while it writes one, resolve.c). */
+ * converter holds the directory's flock while it writes one, resolve.c; a
+ * shared-cache daemon holds its entry's lock). */
 static void prune_parts(const char *dir)
 {
     int dfd = open(dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
@@ -532,7 +556,9 @@ static void prune_parts(const char *dir)
     struct dirent *de;
     while (d && (de = readdir(d))) {
         size_t l = strlen(de->d_name);
-        if (l > 5 && !strcmp(de->d_name + l - 5, ".part") && unlinkat(dirfd(d), de->d_name, 0) == 0)
+        if (l > 5 && !strcmp(de->d_name + l - 5, ".part") &&
+            !entry_converting(dirfd(d), de->d_name, shared_part_entry(de->d_name)) &&
+            unlinkat(dirfd(d), de->d_name, 0) == 0)
             printf("deleted '%s' (a conversion that did not finish)\n", jlm_cli_clean(de->d_name));
     }
     if (d)
@@ -581,14 +607,129 @@ static int prune(const char *dir, double older, long long max_size)
     return status;
 }
 
+/* ---------------------------------------------------------------- jlm cache ls | verify */
+static const char CACHE_USAGE[] = "usage: jlm cache ls [DIR] | verify [DIR] | prune [DIR] [--older-than D] "
+                                  "[--max-size S]\n";
+
+/* The source an entry was made from: a shared entry's lock line names it
+ * ("host H pid P converting REL"), a single-host entry's name begins with it. */
+static void entry_source(int dfd, const char *name, size_t n, char *out, size_t on)
+{
+    char lk[512], line[512] = "";
+    int fd = snprintf(lk, sizeof lk, "%.*s.lock", (int)n, name) < (int)sizeof lk
+                 ? openat(dfd, lk, O_RDONLY | O_CLOEXEC | O_NOFOLLOW) : -1;
+    ssize_t r = fd >= 0 ? read(fd, line, sizeof line - 1) : 0;
+    if (fd >= 0)
+        close(fd);
+    line[r > 0 ? r : 0] = 0;
+    line[strcspn(line, "\n")] = 0;
+    const char *conv = strstr(line, " converting ");
+    const char *at = memchr(name, '@', n);
+    if (conv)
+        snprintf(out, on, "%s", conv + 12);
+    else
+        snprintf(out, on, "%.*s", at ? (int)(at - name) : 1, at ? name : "-");
+}
+
+/* One row of `jlm cache ls` for the file name of dfd (an entry or a .part). */
+static void ls_row(int dfd, const char *dir, const char *name, const struct stat *st)
+{
+    size_t l = strlen(name), sp = shared_part_entry(name);
+    int part = l > 5 && !strcmp(name + l - 5, ".part"), entry = l > 4 && !strcmp(name + l - 4, ".jlm");
+    size_t n = sp ? sp : part ? l - 5 : l;
+    char src[256], sz[24], ver[32], path[4096], sums[4600], fail[4600], key[256];
+    entry_source(dfd, name, n, src, sizeof src);
+    snprintf(ver, sizeof ver, ".v%u.jlm", JLM_VERSION);
+    snprintf(path, sizeof path, "%s/%s", dir, name);
+    snprintf(sums, sizeof sums, "%.*s.sums", (int)n, name);
+    snprintf(fail, sizeof fail, "%.*s.fail", (int)n, name);
+    snprintf(key, sizeof key, "%.*s", (int)(n > 4 ? n - 4 : n), name);
+    const char *state = part ? (entry_converting(dfd, name, n) ? "converting" : "partial")
+                        : faccessat(dfd, fail, F_OK, 0) == 0 ? "failed"
+                        : n < strlen(ver) || strcmp(name + n - strlen(ver), ver) ? "old-version"
+                        : faccessat(dfd, sums, F_OK, 0) ? "no-checksums"
+                                                          : "ready";
+    int used = entry ? entry_in_use(path) : part && entry_converting(dfd, name, n);
+    human_size(sz, sizeof sz, (double)st->st_size);
+    printf("%-44s %-28s %10s  %-12s %s\n", jlm_cli_clean(key), jlm_cli_clean(src), sz, state, used ? "yes" : "no");
+}
+
+/* Calls fn for every entry (*.jlm) or, with parts, every .part of dir. */
+static int each_cache_file(const char *dir, int parts, void (*fn)(int, const char *, const char *, const struct stat *))
+{
+    DIR *d = opendir(dir);
+    if (!d)
+        return -1;
+    struct dirent *de;
+    while ((de = readdir(d))) {
+        size_t l = strlen(de->d_name);
+        struct stat st;
+        int want = (l > 4 && !strcmp(de->d_name + l - 4, ".jlm")) || (parts && l > 5 && !strcmp(de->d_name + l - 5, ".part") &&
+                   strcmp(de->d_name + (l > 10 ? l - 10 : 0), ".sums.part"));
+        if (de->d_name[0] != '.' && want && !fstatat(dirfd(d), de->d_name, &st, AT_SYMLINK_NOFOLLOW) &&
+            S_ISREG(st.st_mode))
+            fn(dirfd(d), dir, de->d_name, &st);
+    }
+    closedir(d);
+    return 0;
+}
+
+static int verify_bad;
+static long verify_n;
+
+static void verify_row(int dfd, const char *dir, const char *name, const struct stat *st)
+{
+    char path[4096];
+    snprintf(path, sizeof path, "%s/%s", dir, name);
+    verify_n++;
+    int rc = jlm_cli_verify_file(path);
+    if (rc)
+        verify_bad = 1;
+}
+
+/* `jlm cache ls|verify [DIR]`: 0, 1 (verify: some entry bad; a folder that
+ * cannot be read), 2 (usage). */
+static int cache_ls_verify(int argc, char **argv, int verify)
+{
+    const char *pos[1] = {0};
+    jlm_opts_spec os = {verify ? "jlm cache verify" : "jlm cache ls",
+                        verify ? "[DIR]   (every entry's pages against its checksums; exit 1 naming each bad page)"
+                               : "[DIR]   (entries: key, source, size, state, in use)", NULL, 0, pos, 1, 0};
+    int prc = jlm_opts_parse(&os, argc, argv);
+    if (prc)
+        return prc == 1 ? 0 : prc;
+    const char *why = NULL;
+    char *dir = os.n_pos ? strdup(pos[0]) : jlm_cli_cache_dir(&why);
+    struct stat st;
+    if (!dir || stat(dir, &st) || !S_ISDIR(st.st_mode)) {
+        jlm_cli_errorf(os.who, "%s: %s", dir ? dir : "cache", dir ? "not a directory" : why);
+        free(dir);
+        return 1;
+    }
+    if (!verify)
+        printf("%-44s %-28s %10s  %-12s %s\n", "KEY", "SOURCE", "SIZE", "STATE", "IN-USE");
+    verify_bad = 0;
+    verify_n = 0;
+    int rc = each_cache_file(dir, !verify, verify ? verify_row : ls_row);
+    if (rc)
+        jlm_cli_errorf(os.who, "%s: %s", dir, strerror(errno));
+    else if (verify)
+        printf("%ld entr%s checked, %s\n", verify_n, verify_n == 1 ? "y" : "ies",
+               verify_bad ? "some do not match (named above)" : "every page matches");
+    free(dir);
+    return rc ? 1 : verify_bad ? 1 : 0;
+}
+
 int jlm_cmd_cache(int argc, char **argv)
 {
+    if (argc >= 2 && (!strcmp(argv[1], "ls") || !strcmp(argv[1], "verify")))
+        return cache_ls_verify(argc - 1, argv + 1, !strcmp(argv[1], "verify"));
     if (argc < 2 || strcmp(argv[1], "prune")) {
         if (argc >= 2 && (!strcmp(argv[1], "--help") || !strcmp(argv[1], "-h"))) {
-            printf("usage: jlm cache prune [DIR] [--older-than D] [--max-size S]\n");
+            fputs(CACHE_USAGE, stdout);
             return 0;
         }
-        fputs("usage: jlm cache prune [DIR] [--older-than D] [--max-size S]\n", stderr);
+        fputs(CACHE_USAGE, stderr);
         return 2;
     }
     const char *older_s = NULL, *max_s = NULL;

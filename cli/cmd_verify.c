@@ -65,6 +65,27 @@ static long check_all(int fd, const char *file, jlm_sums *s)
     return bad;
 }
 
+int jlm_cli_verify_file(const char *file)
+{
+    int fd = open(file, O_RDONLY | O_CLOEXEC);
+    struct stat st;
+    if (fd < 0 || fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
+        jlm_cli_errorf(WHO, "%s: %s", jlm_cli_clean(file), fd < 0 ? strerror(errno) : "not a regular file");
+        if (fd >= 0)
+            close(fd);
+        return 1;
+    }
+    jlm_sums *s = NULL;
+    int rc = load(fd, file, (uint64_t)st.st_size, &s);
+    long bad = rc ? 0 : check_all(fd, file, s);
+    if (!rc && bad >= 0)
+        printf("%s: %u spans, %ld do not match\n", jlm_cli_clean(file), s->n, bad);
+    rc = rc ? rc : bad ? 1 : 0;
+    jlm_sums_free(s);
+    close(fd);
+    return rc;
+}
+
 int jlm_cmd_verify(int argc, char **argv)
 {
     const char *pos[1] = {0};
@@ -80,23 +101,7 @@ int jlm_cmd_verify(int argc, char **argv)
     char *file = jlm_cli_container_path(pos[0]);   /* a view directory: its model.jlm */
     if (!file)
         return jlm_cli_error(WHO, "out of memory"), 1;
-    int fd = open(file, O_RDONLY | O_CLOEXEC);
-    struct stat st;
-    if (fd < 0 || fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
-        jlm_cli_errorf(WHO, "%s: %s", jlm_cli_clean(file), fd < 0 ? strerror(errno) : "not a regular file");
-        if (fd >= 0)
-            close(fd);
-        free(file);
-        return 1;
-    }
-    jlm_sums *s = NULL;
-    int rc = load(fd, file, (uint64_t)st.st_size, &s);
-    long bad = rc ? 0 : check_all(fd, file, s);
-    if (!rc && bad >= 0)
-        printf("%s: %u spans, %ld do not match\n", jlm_cli_clean(file), s->n, bad);
-    rc = rc ? rc : bad ? 1 : 0;
-    jlm_sums_free(s);
-    close(fd);
+    int rc = jlm_cli_verify_file(file);
     free(file);
     return rc;
 }

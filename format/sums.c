@@ -63,11 +63,17 @@ static uint64_t make_spans(const jlm_header *h, jlm_span *spans)
     return n;
 }
 
-static int spans_for(jlm_sums *s, const char *what, jlm_err *err)
+/* have: the sidecar's length when loading one (SIZE_MAX when writing): a
+ * header claiming more spans than it can hold is refused before the span
+ * list is made (a forged header could ask for 2^30 of them). */
+static int spans_for(jlm_sums *s, size_t have, const char *what, jlm_err *err)
 {
     uint64_t n = make_spans(&s->hdr, NULL);
     if (!n)
         return jlm_errf(err, JLM_EFORMAT, "%s: too many checksum spans", what);
+    if (have != SIZE_MAX && n > have / 8)
+        return jlm_errf(err, JLM_EFORMAT, "%s: belongs to another container, or the container's header is damaged "
+                        "(%" PRIu64 " spans, the sidecar's %zu bytes hold fewer)", what, n, have);
     s->n = (uint32_t)n;
     s->spans = malloc(n * sizeof *s->spans);
     s->hash = calloc(n, sizeof *s->hash);
@@ -89,16 +95,16 @@ void jlm_sums_free(jlm_sums *s)
     free(s);
 }
 
-static int header_of(const uint8_t *hb, uint64_t size, jlm_sums *s, const char *what, jlm_err *err)
+static int header_of(const uint8_t *hb, uint64_t size, size_t have, jlm_sums *s, const char *what, jlm_err *err)
 {
     int rc = jlm_fmt_header_decode(hb, JLM_HEADER_LEN, &s->hdr, err);
     if (!rc)
         rc = jlm_fmt_header_validate(&s->hdr, size, err);
-    if (rc)
-        return rc;
+    if (rc)   /* the message names the sidecar, as every other of jlm_sums_load's */
+        return jlm_err_prefix(err, rc, "%s: the container's header", what);
     s->file_size = size;
     s->hdr_hash = jlm_sums_hash(hb, JLM_HEADER_LEN);
-    return spans_for(s, what, err);
+    return spans_for(s, have, what, err);
 }
 
 /* ---------------------------------------------------------------- writing (invariant 2) */
@@ -181,7 +187,7 @@ int jlm_sums_write_fd(int fd, uint64_t size, int dirfd, const char *sums_path, u
     jlm_sums *s = calloc(1, sizeof *s);
     if (!s)
         return jlm_errf(err, JLM_ENOMEM, "%s: out of memory", sums_path);
-    int rc = header_of(hb, size, s, sums_path, err);
+    int rc = header_of(hb, size, SIZE_MAX, s, sums_path, err);
     if (!rc)
         rc = hash_spans(fd, s, sums_path, err);
     size_t n = 0;
@@ -254,7 +260,7 @@ int jlm_sums_load(int dirfd, const char *sums_path, const uint8_t *hdr_bytes, ui
         free(b);
         return jlm_errf(err, JLM_ENOMEM, "%s: out of memory", sums_path);
     }
-    rc = header_of(hdr_bytes, file_size, s, sums_path, err);
+    rc = header_of(hdr_bytes, file_size, len, s, sums_path, err);
     if (!rc)
         rc = pair(s, b, len, sums_path, err);
     for (uint32_t i = 0; !rc && i < s->n; i++)

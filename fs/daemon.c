@@ -22,6 +22,12 @@ const char jlmfs_daemon_usage[] =
     "blocks/N, vision/N, experts/B.E, resident/, stats). See docs/jlmfs.md.\n"
     "options:\n"
     "  -o cache=DIR     container cache (default SRC/.jlmfs-cache, hidden from the mount)\n"
+    "  -o shared        the cache folder is shared by the daemons of many hosts (a\n"
+    "                   distributed filesystem): entries keyed by content, one\n"
+    "                   converter per entry, removed only by jlm cache prune\n"
+    "                   (docs/scale-out.md); needs cache=DIR\n"
+    "  -o db=PATH       residency database (default CACHE/jlmfs.db; with shared:\n"
+    "                   /var/lib/jlmfs/ as root, else $XDG_STATE_HOME/jlmfs/)\n"
     "  -o workers=N     background conversion threads (default 1)\n"
     "  -o type=T        quantize at conversion: keep (default), Q8_0, Q6_K, Q5_K_M,\n"
     "                   Q4_K_M, Q5_1, Q5_0, Q4_1, Q4_0 (as jlm convert --type)\n"
@@ -168,13 +174,15 @@ static int refuse_nesting(const char *src, const char *mnt)
 }
 
 /* ---------------------------------------------------------------- options */
-typedef struct opts { char *src, *mnt, *cache, *type; unsigned workers; int help, n_nonopt; } opts;
+typedef struct opts { char *src, *mnt, *cache, *type, *db; unsigned workers; int help, n_nonopt, shared; } opts;
 
 enum { KEY_HELP = 1, KEY_FG };
 static const struct fuse_opt opt_spec[] = {
     {"cache=%s", offsetof(opts, cache), 0},
     {"workers=%u", offsetof(opts, workers), 0},
     {"type=%s", offsetof(opts, type), 0},
+    {"db=%s", offsetof(opts, db), 0},
+    {"shared", offsetof(opts, shared), 1},
     FUSE_OPT_KEY("-f", KEY_FG),
     FUSE_OPT_KEY("-d", KEY_FG),
     FUSE_OPT_KEY("debug", KEY_FG),
@@ -240,6 +248,11 @@ int jlmfs_daemon_main(int argc, char **argv)
         rc = 2;
         goto out;
     }
+    if (o.shared && !o.cache) {
+        fputs("jlmfs: option shared: needs cache=DIR (the folder the hosts share)\n", stderr);
+        rc = 2;
+        goto out;
+    }
     if (refuse_stacking(o.src, o.mnt) || refuse_nesting(o.src, o.mnt)) {
         rc = 1;
         goto out;
@@ -262,6 +275,7 @@ int jlmfs_daemon_main(int argc, char **argv)
     openlog("jlmfs", LOG_PID, LOG_DAEMON);   /* connects at the first line: after daemonizing */
     const char *slow = getenv("JLMFS_TEST_SLOW_MS");
     jlmfs_opts fo = {.src = o.src, .cache = o.cache, .n_workers = o.workers, .type = o.type,
+                     .shared = o.shared, .db = o.db,
                      .invalidate = jlmfs_fuse_inval_queue, .log = jlmfs_dlog_line,
                      .slow_ms = slow ? (unsigned)strtoul(slow, NULL, 10) : 0};
     jlm_err e;
@@ -312,6 +326,6 @@ out:   /* every exit frees what the options and args hold (LSan in make debug) *
         fuse_loop_cfg_destroy(cfg);
     free(co.mountpoint);
     fuse_opt_free_args(&args);
-    free(name); free(o.src); free(o.mnt); free(o.cache); free(o.type);
+    free(name); free(o.src); free(o.mnt); free(o.cache); free(o.type); free(o.db);
     return rc;
 }

@@ -6,7 +6,11 @@
  *   CACHE/<entry>.busy   exists while the view plans or converts; holds how
  *                        many daemons started on it ("1", "2"). Left behind
  *                        only by a daemon that died (crash, kill -9).
- *   CACHE/<entry>.fail   the status line the source is refused with. */
+ *   CACHE/<entry>.fail   the status line the source is refused with.
+ *
+ * In the shared-cache mode (shared.c) the .busy record is counted only by the
+ * host holding the entry's lock: another host's conversion in progress is
+ * not a death, a holder that died is (its lock was released). */
 #include "fs/view_int.h"
 
 #include <errno.h>
@@ -19,6 +23,9 @@
 /* Daemons that may die on one source before it is refused: one death (a kill
  * -9, a power cut) is retried; a second means the source itself kills. */
 #define MAX_DEATHS 2
+
+/* The shared-cache mode (a view made without an env, as a test does, is not). */
+static int shared(const jlmfs_view *v) { return v->env && v->env->shared; }
 
 static char *marker(const jlmfs_view *v, const char *ext)
 {
@@ -56,22 +63,38 @@ static void write_small(const char *path, const char *text)
     free(tmp);
 }
 
-int jlmfs_guard_enter(jlmfs_view *v, char *msg, size_t n)
+/* Records one more attempt in .busy, or refuses (msg) once MAX_DEATHS
+ * daemons died on it. */
+static int count_attempt(jlmfs_view *v, const char *fail, const char *busy, char *msg, size_t n)
 {
-    char *fail = marker(v, "fail"), *busy = marker(v, "busy"), buf[64];
-    int refused = 0;
-    if (read_small(fail, msg, n)) {
-        refused = 1;
-    } else if (read_small(busy, buf, sizeof buf) && atoi(buf) >= MAX_DEATHS) {
+    char buf[64];
+    if (read_small(busy, buf, sizeof buf) && atoi(buf) >= MAX_DEATHS) {
         snprintf(msg, n, "%s: the daemon stopped %d times while converting it (a crash?): not tried again until "
                  "the file changes", v->rel, atoi(buf));
         write_small(fail, msg);
         unlink(busy);
-        refused = 1;
-    } else {
-        snprintf(buf, sizeof buf, "%d\n", atoi(buf) + 1);   /* buf is "" when there was no record */
-        write_small(busy, buf);
+        return 1;
     }
+    snprintf(buf, sizeof buf, "%d\n", atoi(buf) + 1);   /* buf is "" when there was no record */
+    write_small(busy, buf);
+    return 0;
+}
+
+int jlmfs_guard_enter(jlmfs_view *v, char *msg, size_t n)
+{
+    char *fail = marker(v, "fail"), *busy = marker(v, "busy");
+    int refused = 1;
+    if (!read_small(fail, msg, n))   /* shared: the lock holder counts (jlmfs_guard_claim) */
+        refused = shared(v) ? 0 : count_attempt(v, fail, busy, msg, n);
+    free(fail);
+    free(busy);
+    return refused;
+}
+
+int jlmfs_guard_claim(jlmfs_view *v, char *msg, size_t n)
+{
+    char *fail = marker(v, "fail"), *busy = marker(v, "busy");
+    int refused = read_small(fail, msg, n) || count_attempt(v, fail, busy, msg, n);
     free(fail);
     free(busy);
     return refused;
@@ -85,7 +108,7 @@ static int in_the_bytes(int code)
 void jlmfs_guard_leave(jlmfs_view *v, int code, const char *msg)
 {
     char *busy = marker(v, "busy");
-    if (busy)
+    if (busy && (!shared(v) || v->lock_fd >= 0))   /* shared: only its lock's holder counted it */
         unlink(busy);
     free(busy);
     if (code && in_the_bytes(code)) {
@@ -97,6 +120,8 @@ void jlmfs_guard_leave(jlmfs_view *v, int code, const char *msg)
 
 void jlmfs_guard_forget(jlmfs_view *v)
 {
+    if (shared(v))
+        return;   /* keyed by content: the record is the same bytes' on every host */
     const char *ext[2] = {"busy", "fail"};
     for (int i = 0; i < 2; i++) {
         char *p = marker(v, ext[i]);

@@ -149,6 +149,21 @@ static int insert_view(jlmfs *fs, jlmfs_view *v)
 }
 
 /* ---------------------------------------------------------------- sync (invariant 1) */
+/* Shared mode: a source another host may still be writing is no source yet:
+ * a dot name (rsync's and cp's temporaries) or one modified less than
+ * STABLE_S ago (its next lookup after that plans it); the content key's
+ * hashing checks once more that it did not change meanwhile. */
+#define STABLE_S 2
+static int settled(const char *rel, const struct stat *st)
+{
+    const char *base = strrchr(rel, '/');
+    base = base ? base + 1 : rel;
+    struct timespec now;
+    clock_gettime(CLOCK_REALTIME, &now);
+    return base[0] != '.' && (now.tv_sec - st->st_mtim.tv_sec > STABLE_S ||
+                              (now.tv_sec - st->st_mtim.tv_sec == STABLE_S && now.tv_nsec >= st->st_mtim.tv_nsec));
+}
+
 /* Brings the view of SRC/rel in step with the file; returns a reference to
  * it, or NULL if there is none. Planning runs unlocked, serialised by
  * create_lock so two threads never plan (and truncate the .part of) the
@@ -167,6 +182,8 @@ jlmfs_view *jlmfs_sync_view(jlmfs *fs, const char *rel)
         ok = fd >= 0 && fstat(fd, &st) == 0 && S_ISREG(st.st_mode);
         if (fd >= 0)
             close(fd);
+        if (ok && fs->shared && !settled(rel, &st))
+            ok = 0;
         if (ok) {
             ident_of(&st, &id);
             char *mm = jlmfs_mmproj_rel(fs->src_fd, rel, &mst);   /* adding or changing it replans the view */
@@ -598,6 +615,10 @@ static void clean_cache(jlmfs *fs, int parts_only)
     struct dirent *de;
     while ((de = readdir(d))) {
         int part = ends_with(de->d_name, ".jlm.part") || ends_with(de->d_name, ".jlm.sums.part");
+        if (fs->shared)   /* only this host's previous daemon's: X.jlm.<host>.part */
+            part = fs->prev_host[0] && ends_with(de->d_name, ".part") && strlen(de->d_name) > 22 &&
+                   !strncmp(de->d_name + strlen(de->d_name) - 21, fs->prev_host, 16) &&
+                   de->d_name[strlen(de->d_name) - 22] == '.';
         /* guard.c's records and the checksum sidecar go with their entry: kept while its source is */
         size_t rec = ends_with(de->d_name, ".jlm.fail") || ends_with(de->d_name, ".jlm.busy") ||
                      ends_with(de->d_name, ".jlm.sums") ? 5 : 0;
@@ -657,8 +678,11 @@ static int open_cache(jlmfs *fs, const char *cache, jlm_err *err)
     size_t n = strlen(fs->src);
     if (!strncmp(fs->cache, fs->src, n) && fs->cache[n] == '/')
         fs->cache_rel = strdup(fs->cache + n + 1);
+    if (fs->shared)
+        return 0;   /* many daemons on one folder: no folder lock; the database is set by open_db_path */
     char *lock = join(fs->cache, "jlmfs.lock");
-    fs->db_path = join(fs->cache, "jlmfs.db");
+    if (!fs->db_path)
+        fs->db_path = join(fs->cache, "jlmfs.db");
     if (!lock || !fs->db_path) {
         free(lock);
         return jlm_errf(err, JLM_ENOMEM, "out of memory");
@@ -669,6 +693,89 @@ static int open_cache(jlmfs *fs, const char *cache, jlm_err *err)
     else if (flock(fs->lock_fd, LOCK_EX | LOCK_NB))
         rc = jlm_errf(err, JLM_EINVAL, "cache %s is in use by another jlmfs (one daemon per cache folder)", fs->cache);
     free(lock);
+    return rc;
+}
+
+/* ---------------------------------------------------------------- shared mode (fs/shared.c) */
+/* The default database of a shared-cache daemon: per host, never on the
+ * shared storage: /var/lib/jlmfs/ as root, else $XDG_STATE_HOME/jlmfs/
+ * (~/.local/state/jlmfs/), named after SRC and a hash of SRC and the cache. */
+static char *default_db(const jlmfs *fs)
+{
+    const char *home = getenv("HOME"), *xdg = getenv("XDG_STATE_HOME");
+    char *dir = NULL, *out = NULL;
+    if (geteuid() == 0)
+        dir = strdup("/var/lib/jlmfs");
+    else if (xdg && xdg[0] == '/' && asprintf(&dir, "%s/jlmfs", xdg) < 0)
+        dir = NULL;
+    else if ((!xdg || xdg[0] != '/') && home && asprintf(&dir, "%s/.local/state/jlmfs", home) < 0)
+        dir = NULL;
+    uint64_t h = 1469598103934665603ull;   /* FNV-1a 64 of "SRC\nCACHE" */
+    for (const char *p = fs->src; *p; p++)
+        h = (h ^ (unsigned char)*p) * 1099511628211ull;
+    h = (h ^ '\n') * 1099511628211ull;
+    for (const char *p = fs->cache; *p; p++)
+        h = (h ^ (unsigned char)*p) * 1099511628211ull;
+    const char *base = strrchr(fs->src, '/');
+    base = base && base[1] ? base + 1 : "root";
+    if (dir && asprintf(&out, "%s/%.64s-%08llx.db", dir, base, (unsigned long long)(h & 0xffffffffu)) < 0)
+        out = NULL;
+    free(dir);
+    return out;
+}
+
+/* The database's folder (made, as mkdir -p) and, in shared mode, refused
+ * inside the cache folder: SQLite's WAL needs memory shared on one host. */
+static int open_db_path(jlmfs *fs, const char *db, jlm_err *err)
+{
+    if (!fs->db_path && !(fs->db_path = db ? strdup(db) : default_db(fs)))
+        return jlm_errf(err, JLM_EINVAL, "no database path: give -o db=PATH (HOME is not set)");
+    char *dir = strdup(fs->db_path), *slash = dir ? strrchr(dir, '/') : NULL;
+    if (!dir)
+        return jlm_errf(err, JLM_ENOMEM, "out of memory");
+    if (slash && slash != dir) {
+        *slash = 0;
+        mkdirs(dir);
+    }
+    char *real = realpath(slash ? (slash == dir ? "/" : dir) : ".", NULL);
+    size_t n = strlen(fs->cache);
+    int inside = real && !strncmp(real, fs->cache, n) && (real[n] == 0 || real[n] == '/');
+    int rc = !real ? jlm_errf(err, JLM_EINVAL, "option db=%s: folder %s: %s", fs->db_path, dir, strerror(errno))
+             : inside && fs->shared ? jlm_errf(err, JLM_EINVAL, "option db=%s: inside the shared cache %s: refused "
+                                               "(the residency database stays on each host)", fs->db_path, fs->cache)
+                                    : 0;
+    free(real);
+    free(dir);
+    return rc;
+}
+
+/* Shared mode: a fresh host id; the .part files of this host's previous
+ * daemon (its id is kept beside the database) are removed, no other. */
+static int shared_start(jlmfs *fs, jlm_err *err)
+{
+    char *idf = NULL, *keyf = NULL, old[32] = "";
+    if (asprintf(&idf, "%s.host", fs->db_path) < 0 || asprintf(&keyf, "%s.keys", fs->db_path) < 0 ||
+        jlmfs_keys_open(keyf, &fs->keys)) {
+        free(idf);
+        free(keyf);
+        return jlm_errf(err, JLM_ENOMEM, "out of memory");
+    }
+    jlmfs_host_id(fs->host);
+    FILE *f = fopen(idf, "re");
+    if (f && (!fgets(old, sizeof old, f) || strspn(old, "0123456789abcdef") != 16))
+        old[0] = 0;
+    if (f)
+        fclose(f);
+    old[old[0] ? 16 : 0] = 0;
+    int fd = open(idf, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC | O_NOFOLLOW, 0600);
+    int ok = fd >= 0 && write(fd, fs->host, 16) == 16;
+    if (fd >= 0 && close(fd))
+        ok = 0;
+    int rc = ok ? 0 : jlm_errf(err, JLM_EIO, "%s: %s", idf, strerror(errno));
+    free(idf);
+    free(keyf);
+    if (!rc && old[0])
+        snprintf(fs->prev_host, sizeof fs->prev_host, "%s", old);
     return rc;
 }
 
@@ -706,8 +813,13 @@ int jlmfs_open(const jlmfs_opts *o, jlmfs **out, jlm_err *err)
         else if (!(fs->type = strdup(o->type)))
             rc = jlm_errf(err, JLM_ENOMEM, "out of memory");
     }
+    fs->shared = o->shared;
     if (!rc)
         rc = open_cache(fs, o->cache, err);
+    if (!rc && (fs->shared || o->db))
+        rc = open_db_path(fs, o->db, err);
+    if (!rc && fs->shared)
+        rc = shared_start(fs, err);
     if (rc) {
         jlmfs_close(fs);
         return rc;
@@ -715,10 +827,14 @@ int jlmfs_open(const jlmfs_opts *o, jlmfs **out, jlm_err *err)
     fs->env = (jlmfs_view_env){.src = fs->src, .src_fd = fs->src_fd, .cache = fs->cache, .cache_fd = fs->cache_fd,
                                .type = fs->type, .io = fs->io, .slow_ms = fs->slow_ms, .stop = &fs->stop,
                                .log = log_line, .record = record_read, .ctx = fs,
-                               .invalidate = fs->invalidate, .invalidate_ctx = fs->invalidate_ctx};
+                               .invalidate = fs->invalidate, .invalidate_ctx = fs->invalidate_ctx,
+                               .shared = fs->shared, .host = fs->host, .keys = fs->keys};
+    if (fs->shared)
+        jlmfs_log(fs, JLMFS_LOG_INFO, "host %s: shared cache %s, database %s", fs->host, fs->cache, fs->db_path);
     clean_cache(fs, 1);
     scan(fs, "", 0);
-    clean_cache(fs, 0);
+    if (!fs->shared)   /* shared: an entry no view of this host owns may be another host's */
+        clean_cache(fs, 0);
     *out = fs;
     return JLM_OK;
 }
@@ -758,6 +874,7 @@ void jlmfs_close(jlmfs *fs)
     if (fs->cache_fd >= 0)
         close(fs->cache_fd);
     free(fs->views); free(fs->queue); free(fs->writers); free(fs->threads);
+    jlmfs_keys_close(fs->keys);
     free(fs->src); free(fs->cache); free(fs->cache_rel); free(fs->db_path); free(fs->type);
     pthread_mutex_destroy(&fs->lock);
     pthread_mutex_destroy(&fs->create_lock);

@@ -70,6 +70,15 @@ typedef struct jlmfs_opts {
      * open the module in process; statuses carry the errors). */
     void (*log)(void *ctx, int prio, const char *line);
     void *log_ctx;
+    /* -o shared: the cache folder is shared by daemons of many hosts
+     * (fs/shared.c, docs/scale-out.md): entries keyed by content, one
+     * converter per entry by its lock, no entry removed but by
+     * `jlm cache prune`, no folder lock, the database never in it. */
+    int         shared;
+    /* -o db=PATH: the residency database; NULL: CACHE/jlmfs.db, or in
+     * shared mode /var/lib/jlmfs/<name>.db (root) or
+     * $XDG_STATE_HOME/jlmfs/<name>.db (else ~/.local/state/jlmfs/). */
+    const char *db;
 } jlmfs_opts;
 
 /* syslog(3)'s priorities, for jlmfs_opts.log (values equal LOG_ERR ...). */
@@ -78,7 +87,9 @@ enum { JLMFS_LOG_ERR = 3, JLMFS_LOG_WARNING = 4, JLMFS_LOG_NOTICE = 5, JLMFS_LOG
 /* Checks SRC, creates (0700) and checks the cache folder (refused, JLM_EINVAL
  * naming it, if another user owns it or its group or others may write it;
  * docs/security.md section 12), locks it (one daemon per cache), removes
- * leftover .part files and stale entries, and plans a view for every
+ * leftover .part files and stale entries (shared mode: no lock, and only the
+ * .part files of this host's previous daemon go; a db= inside the cache is
+ * refused), and plans a view for every
  * GGUF under SRC. Starts no thread (call jlmfs_start after daemonizing).
  * JLM_EIO / JLM_EINVAL naming the folder; *out untouched on error. */
 int  jlmfs_open(const jlmfs_opts *o, jlmfs **out, jlm_err *err);

@@ -20,7 +20,11 @@ struct jlmfs {
     void           *invalidate_ctx;
     void          (*log)(void *ctx, int prio, const char *line);   /* opts.log */
     void           *log_ctx;
-    int             lock_fd;      /* flock on CACHE/jlmfs.lock */
+    int             lock_fd;      /* flock on CACHE/jlmfs.lock (single-host mode) */
+    int             shared;       /* -o shared */
+    char            host[17];     /* this daemon's random id (shared mode) */
+    char            prev_host[17];   /* the previous daemon's on this host, or "" */
+    jlmfs_keys     *keys;         /* shared mode: content keys, beside the database */
     unsigned        n_workers, slow_ms;
     const jlm_io   *io;           /* never NULL: opts.io or jlm_io_posix */
     jlmfs_view_env  env;          /* what every view is handed (jlmfs_open) */

@@ -15,6 +15,7 @@
 #include <pthread.h>
 #include <time.h>
 #include <sys/statvfs.h>
+#include <sys/file.h>
 #include <unistd.h>
 
 const char *jlmfs_arr_name(int arr)
@@ -95,6 +96,9 @@ void jlmfs_view_log_planned(jlmfs_view *v)
     double mib = (double)v->file_size / (1 << 20);
     if (st == JLMFS_READY)
         vlog(v, JLMFS_LOG_INFO, "%s: ready (%.1f MiB, from the cache)", v->key, mib);
+    else if (st == JLMFS_CONVERTING && v->env->shared)   /* which host converts: shared_claim says */
+        vlog(v, JLMFS_LOG_INFO, "%s: planned %s (%.1f MiB%s%s), entry %s", v->key, v->rel, mib,
+             v->env->type ? ", type " : "", v->env->type ? v->env->type : "", strrchr(v->cache_path, '/') + 1);
     else if (st == JLMFS_CONVERTING)
         vlog(v, JLMFS_LOG_INFO, "%s: converting %s (%.1f MiB%s%s)", v->key, v->rel, mib,
                   v->env->type ? ", type " : "", v->env->type ? v->env->type : "");
@@ -418,6 +422,8 @@ static int open_container(jlmfs_view *v, jlm_err *err)
     jlm_err serr = {0};
     if (fd >= 0 && cache_valid(v, fd) && !changed_after_sums(v, fd, &serr) && load_sums(v, &sums, &serr) == 0 &&
         !entry_perms(v, fd)) {
+        if (v->env->shared)
+            flock(fd, LOCK_SH);   /* in use: `jlm cache prune` on any host keeps it */
         v->fd = fd;
         v->sums = sums;
         memset(v->done, 1, v->n_units);
@@ -430,8 +436,10 @@ static int open_container(jlmfs_view *v, jlm_err *err)
         vlog(v, JLMFS_LOG_WARNING, "%s: cached entry refused, converting again: %s", v->key, serr.msg);
     if (fd >= 0)
         close(fd);
-    cache_unlink(v, v->cache_path);   /* stale, foreign, a link, unreadable or unsummed: rebuilt, never misread */
-    cache_unlink(v, v->sums_path);
+    if (!v->env->shared) {   /* shared: the converter's rename replaces it, under the entry's lock */
+        cache_unlink(v, v->cache_path);   /* stale, foreign, a link, unreadable or unsummed: rebuilt, never misread */
+        cache_unlink(v, v->sums_path);
+    }
     v->fd = jlmfs_cache_open(v->env->cache_fd, v->part_path, O_RDWR | O_CREAT | O_TRUNC, 0600);
     if (v->fd < 0)
         return jlm_errf(err, JLM_EIO, "%s: %s", v->part_path, strerror(errno));
@@ -448,6 +456,17 @@ static int open_container(jlmfs_view *v, jlm_err *err)
  * projector's identity (at most 65 more) takes its share. */
 #define FLAT_MAX    128
 #define FLAT_MAX_MM 80
+
+/* The shared-cache name: the content key(s) of the bytes, the type and the
+ * format version, nothing of the host (shared.c). */
+static char *shared_name(const jlmfs_view_env *env, const char *content, const char *mm_content)
+{
+    char *out = NULL;
+    if (asprintf(&out, "%s/c%s%s%s%s%.16s.v%u.jlm", env->cache, content, mm_content ? "+" : "",
+                 mm_content ? mm_content : "", env->type ? "~" : "", env->type ? env->type : "", JLM_VERSION) < 0)
+        out = NULL;
+    return out;
+}
 
 static char *cache_name(const jlmfs_view_env *env, const char *rel, const jlmfs_ident *id)
 {
@@ -489,6 +508,37 @@ static char *cache_name(const jlmfs_view_env *env, const char *rel, const jlmfs_
     return out;
 }
 
+/* v's cache_path, part_path and sums_path. Shared mode: named by the
+ * content keys of the source and its projector (a folder source keeps the
+ * identity name: its files are not hashed), the .part by this host's id.
+ * JLM_ENOTFOUND when a source changed while it was hashed (not stable). */
+static int entry_names(jlmfs_view *v, jlm_err *err)
+{
+    const jlmfs_view_env *env = v->env;
+    const char *rel = v->rel;
+    if (!rel)
+        return jlm_errf(err, JLM_ENOMEM, "out of memory");
+    if (!env->shared || v->id.hf_hash) {
+        v->cache_path = cache_name(env, rel, &v->id);
+    } else {
+        char key[33], mmkey[33];
+        char *mm = v->id.mm_ino ? jlmfs_mmproj_rel(env->src_fd, rel, NULL) : NULL;
+        int rc = jlmfs_keys_get(env->keys, env->src_fd, rel, key, err);
+        if (!rc && mm)
+            rc = jlmfs_keys_get(env->keys, env->src_fd, mm, mmkey, err);
+        free(mm);
+        if (rc)
+            return rc;
+        v->cache_path = shared_name(env, key, v->id.mm_ino ? mmkey : NULL);
+    }
+    if (v->cache_path && asprintf(&v->part_path, env->shared ? "%s.%s.part" : "%s.part", v->cache_path,
+                                  env->host) < 0)
+        v->part_path = NULL;
+    if (v->cache_path && asprintf(&v->sums_path, "%s.sums", v->cache_path) < 0)
+        v->sums_path = NULL;
+    return 0;
+}
+
 int jlmfs_view_create(const jlmfs_view_env *env, const char *rel, const jlmfs_ident *id, const struct stat *dir_st,
                       jlmfs_view **out, jlm_err *err)
 {
@@ -508,13 +558,14 @@ int jlmfs_view_create(const jlmfs_view_env *env, const char *rel, const jlmfs_id
     size_t n = strlen(rel);
     v->is_hf = id->hf_hash != 0;
     size_t stem = v->is_hf ? n : n - 5;   /* "sub/foo" of "sub/foo.gguf" or of the folder "sub/foo" */
+    v->lock_fd = -1;
     v->rel = strdup(rel);
     v->key = malloc(stem + 5);
-    v->cache_path = cache_name(env, rel, id);
-    if (v->cache_path && asprintf(&v->part_path, "%s.part", v->cache_path) < 0)
-        v->part_path = NULL;
-    if (v->cache_path && asprintf(&v->sums_path, "%s.sums", v->cache_path) < 0)
-        v->sums_path = NULL;
+    int rc = entry_names(v, err);
+    if (rc) {
+        jlmfs_view_unref(v);
+        return rc;
+    }
     if (!v->rel || !v->key || !v->cache_path || !v->part_path || !v->sums_path) {
         jlmfs_view_unref(v);
         return jlm_errf(err, JLM_ENOMEM, "%s: out of memory", rel);
@@ -526,7 +577,7 @@ int jlmfs_view_create(const jlmfs_view_env *env, const char *rel, const jlmfs_id
     jlm_err e = {0};
     int refused = jlmfs_guard_enter(v, e.msg, sizeof e.msg);   /* a recorded failure is not retried */
     /* relative to SRC: below it, no symlink followed */
-    int rc = refused ? JLM_EFORMAT : plan_view(v, v->rel, mm, &e);
+    rc = refused ? JLM_EFORMAT : plan_view(v, v->rel, mm, &e);
     free(mm);
     if (!rc)
         rc = open_container(v, &e);
@@ -555,6 +606,7 @@ void jlmfs_view_unref(jlmfs_view *v)
         return;
     if (v->fd >= 0)
         close(v->fd);
+    jlmfs_entry_unlock(v);
     jlm_conv_close(v->conv);
     jlm_fmt_close(v->plan);
     pthread_mutex_destroy(&v->lock);
@@ -575,9 +627,11 @@ void jlmfs_view_kill(jlmfs_view *v)
 {
     pthread_mutex_lock(&v->lock);
     v->dead = 1;
-    cache_unlink(v, v->cache_path);
+    if (!v->env->shared) {   /* shared: the entry is its bytes', which other hosts may serve */
+        cache_unlink(v, v->cache_path);
+        cache_unlink(v, v->sums_path);
+    }
     cache_unlink(v, v->part_path);
-    cache_unlink(v, v->sums_path);
     jlmfs_guard_forget(v);
     pthread_mutex_unlock(&v->lock);
 }
@@ -785,6 +839,8 @@ static int finish(jlmfs_view *v, jlm_err *err)
     jlm_sums *sums = NULL;
     if ((rc = jlm_sums_write_fd(v->fd, v->file_size, sdfd, sname, 0600, err)) || (rc = load_sums(v, &sums, err)))
         return rc;
+    if (v->env->shared)
+        flock(v->fd, LOCK_SH);   /* the entry it becomes is in use: `jlm cache prune` keeps it */
     pthread_mutex_lock(&v->lock);
     int rename_e = !v->dead && v->env->io->rename(v->part_path, v->cache_path) ? errno : 0;
     if (rename_e)
@@ -853,8 +909,101 @@ static void *convert_helper(void *arg)
  * finishes once the helpers are joined; the guard hears the first packer's
  * failure code (a reader's failure: no code, it only clears the busy mark). */
 #define PACKERS 8
+/* ---------------------------------------------------------------- shared cache */
+/* Another host finished the entry while this one waited: its container
+ * and sidecar take the place of this host's .part (dup3 is atomic: a
+ * reader of a done unit reads the same bytes from either). 0, or -1 if the
+ * entry is not a finished, summed one of this plan. */
+static int adopt_entry(jlmfs_view *v)
+{
+    int fd = jlmfs_cache_open(v->env->cache_fd, v->cache_path, O_RDONLY, 0);
+    jlm_sums *sums = NULL;
+    jlm_err e = {0};
+    if (fd < 0 || !cache_valid(v, fd) || changed_after_sums(v, fd, &e) || load_sums(v, &sums, &e)) {
+        if (fd >= 0)
+            close(fd);
+        return -1;
+    }
+    flock(fd, LOCK_SH);   /* in use: `jlm cache prune` on any host keeps it */
+    pthread_mutex_lock(&v->lock);
+    int ok = !v->dead && v->state == JLMFS_CONVERTING && dup3(fd, v->fd, O_CLOEXEC) >= 0;
+    if (ok) {
+        v->sums = sums;
+        sums = NULL;
+        memset(v->done, 1, v->n_units);
+        v->done_bytes = v->file_size;
+        v->state = JLMFS_READY;
+        cache_unlink(v, v->part_path);
+    }
+    pthread_mutex_unlock(&v->lock);
+    jlm_sums_free(sums);
+    close(fd);
+    return ok ? 0 : -1;
+}
+
+static int stopping(jlmfs_view *v)
+{
+    pthread_mutex_lock(&v->lock);
+    int stop = v->dead || v->state != JLMFS_CONVERTING || __atomic_load_n(v->env->stop, __ATOMIC_RELAXED);
+    pthread_mutex_unlock(&v->lock);
+    return stop;
+}
+
+/* Shared mode, before converting: takes the entry's lock, waiting while
+ * another host holds it (reads are served meanwhile, packed on demand into
+ * this host's .part). 0: this host holds the lock and converts; 1: nothing
+ * to convert (another host finished it, or v failed, was dropped or the
+ * daemon stops). The log says which host converted and which waited. */
+static int shared_claim(jlmfs_view *v)
+{
+    char holder[256], waited_for[256] = "";
+    double t = mono_s();
+    int waited = 0;
+    for (;;) {
+        if (stopping(v))
+            return 1;
+        int got = jlmfs_entry_lock(v, holder, sizeof holder);
+        if (got < 0) {
+            char msg[512];
+            snprintf(msg, sizeof msg, "%s.lock: %s", v->cache_path, strerror(errno));
+            fail_view(v, msg);
+            return 1;
+        }
+        if (got == 0) {   /* said once the holder has written its line (or after 1 s) */
+            if (!waited_for[0] && (holder[0] || mono_s() - t > 1.0)) {
+                vlog(v, JLMFS_LOG_INFO, "%s: waiting: %s", v->key, holder[0] ? holder : "another host converts it");
+                snprintf(waited_for, sizeof waited_for, "%s", holder[0] ? holder : "another host");
+            }
+            waited = 1;
+            struct timespec ts = {0, 100000000L};
+            nanosleep(&ts, NULL);
+            continue;
+        }
+        if (adopt_entry(v) == 0) {
+            jlmfs_entry_unlock(v);
+            vlog(v, JLMFS_LOG_INFO, "%s: ready (%.1f MiB, converted by another host; waited %.1f s)", v->key,
+                 (double)v->file_size / (1 << 20), mono_s() - t);
+            return 1;
+        }
+        char msg[sizeof v->errmsg];
+        if (jlmfs_guard_claim(v, msg, sizeof msg)) {
+            fail_view(v, msg);
+            jlmfs_entry_unlock(v);
+            return 1;
+        }
+        if (waited)
+            vlog(v, JLMFS_LOG_INFO, "%s: taking over the conversion (%s stopped) as host %s", v->key,
+                 waited_for[0] ? waited_for : "another host", v->env->host);
+        else
+            vlog(v, JLMFS_LOG_INFO, "%s: converting as host %s (entry lock held)", v->key, v->env->host);
+        return 0;
+    }
+}
+
 void jlmfs_view_convert(jlmfs_view *v)
 {
+    if (v->env->shared && shared_claim(v))
+        return;
     long ncpu = sysconf(_SC_NPROCESSORS_ONLN);
     int nh = ncpu > 1 ? (int)(ncpu < PACKERS ? ncpu : PACKERS) - 1 : 0, started = 0;
     pthread_t th[PACKERS];
@@ -874,12 +1023,15 @@ void jlmfs_view_convert(jlmfs_view *v)
     pthread_mutex_lock(&v->lock);
     int failed = v->state != JLMFS_CONVERTING, dead = v->dead;
     pthread_mutex_unlock(&v->lock);
-    if (dead || __atomic_load_n(v->env->stop, __ATOMIC_RELAXED))
-        return;   /* dropped (kill removed the files) or shutting down (close removes the .part) */
+    if (dead || __atomic_load_n(v->env->stop, __ATOMIC_RELAXED)) {
+        jlmfs_entry_unlock(v);
+        return;
+    }   /* dropped (kill removed the files) or shutting down (close removes the .part) */
     jlm_err err = {0};
     if (!failed && rc == 0 && (rc = finish(v, &err)))
         fail_view(v, err.msg);
     jlmfs_guard_leave(v, rc > 0 ? rc : failed ? JLM_EIO : 0, v->errmsg);
+    jlmfs_entry_unlock(v);   /* shared mode: after the entry (or the failure) is recorded */
 }
 
 /* ---------------------------------------------------------------- reads */

@@ -41,6 +41,8 @@ typedef struct jlmfs_unit {
  * per daemon; tests may fill their own). Read-only for the view; every
  * pointer outlives every view made with it. The callbacks run with no lock
  * of the view held and may be called from any thread. */
+typedef struct jlmfs_keys jlmfs_keys;   /* shared.c: content keys this host computed */
+
 typedef struct jlmfs_view_env {
     const char   *src;        /* realpath of SRC (status lines show it as "SRC") */
     int           src_fd;     /* SRC (O_PATH): sources open below it */
@@ -58,6 +60,12 @@ typedef struct jlmfs_view_env {
     /* a mount path the kernel may cache bytes of went stale; NULL: nobody to tell */
     void (*invalidate)(void *ctx, const char *path);
     void  *invalidate_ctx;
+    /* -o cache=DIR,shared (shared.c, docs/scale-out.md): entries named by
+     * content, converted by the one host holding their lock, never removed
+     * by a view; 0: the single-host cache */
+    int           shared;
+    const char   *host;       /* this daemon's random id (16 hex digits); shared mode */
+    jlmfs_keys   *keys;       /* shared mode: the content keys remembered on this host */
 } jlmfs_view_env;
 
 /* Packing buffers a converting view keeps for reuse (fs/view.c buf_get/buf_put):
@@ -73,7 +81,8 @@ struct jlmfs_view {
     int         is_hf;       /* rel is a Hugging Face folder (hfdir.c) */
     char       *key;         /* model key = view path "sub/foo.jlm" */
     char       *cache_path;  /* CACHE/<flat>@<ident>.v27.jlm */
-    char       *part_path;   /* cache_path + ".part" */
+    char       *part_path;   /* cache_path + ".part" (shared: + ".<host>.part") */
+    int         lock_fd;     /* shared mode: the entry's lock file while this host holds it; -1 */
     char       *sums_path;   /* cache_path + ".sums": its page checksums (format/sums.h) */
     jlmfs_ident id;
     struct stat dir_st;      /* owner/times shown for view nodes */
@@ -154,6 +163,22 @@ void  jlmfs_status_clean(char *dst, size_t n, const char *msg, const jlmfs_view_
 int   jlmfs_guard_enter(jlmfs_view *v, char *msg, size_t n);
 void  jlmfs_guard_leave(jlmfs_view *v, int code, const char *msg);
 void  jlmfs_guard_forget(jlmfs_view *v);
+
+/* shared.c: the shared-cache mode. host_id: a fresh random id. keys_*: the
+ * content key (XXH3-128 of the bytes, 32 hex digits) of SRC/rel, hashed once
+ * per identity and remembered in the file path (JLM_ENOTFOUND when the file
+ * changed while it was hashed: not stable yet). entry_lock: takes v's entry
+ * lock without waiting (1: held, v->lock_fd set; 0: another holds it; -1:
+ * errno), holder filled with the holder's (or the last holder's) line. */
+void  jlmfs_host_id(char out[17]);
+int   jlmfs_keys_open(const char *path, jlmfs_keys **out);
+void  jlmfs_keys_close(jlmfs_keys *k);
+int   jlmfs_keys_get(jlmfs_keys *k, int src_fd, const char *rel, char hex[33], jlm_err *err);
+int   jlmfs_entry_lock(jlmfs_view *v, char *holder, size_t n);
+void  jlmfs_entry_unlock(jlmfs_view *v);
+/* guard.c, shared mode: the entry lock was just taken; 1 (msg filled) if
+ * holders died on it MAX_DEATHS times, else the attempt is recorded. */
+int   jlmfs_guard_claim(jlmfs_view *v, char *msg, size_t n);
 
 /* hfdir.c: 1 if SRC/rel is a Hugging Face folder source (complete, when
  * check_complete), *id its identity and *dir_st what its view shows. */

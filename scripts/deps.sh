@@ -14,6 +14,7 @@ PKGS=(build-essential pkg-config libcriterion-dev libfuse3-dev fuse3 libsqlite3-
       clang libclang-rt-14-dev   # make fuzz: the libFuzzer targets (ASan + UBSan), run by .ci/run
       chromium    # chromium: tests/test_picture.c renders `jlm info --html` headless
       graphviz    # dot: scripts/include-graph.sh draws docs/img/architecture.svg (checked by .ci/run)
+      glusterfs-server glusterfs-client   # tests/twohost.sh: two hosts (netns) share a cache on a GlusterFS volume
       libxxhash-dev   # xxhash.h: XXH3-64 page checksums (format/sums.c, docs/checksums.md), inlined, no link
       nodejs)     # node (+ npm below): tests/test_serve.c drives `jlm serve` with the official openai client
 missing=()
