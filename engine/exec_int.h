@@ -173,6 +173,10 @@ void jlm_stream_experts_done(jlm_engine *e, uint32_t first, const int32_t *sel, 
 /* The expert page the caller will acquire next: read ahead on the pager's
  * thread when it fits the budget beside everything resident. */
 void jlm_stream_expert_next(jlm_engine *e, uint32_t page);
+/* The next MoE block's experts predicted (sel, n_expert_used of them, in
+ * the bank whose expert 0 is page `first`): read ahead now; counted when
+ * that bank's experts are next acquired (jlm_engine_predict_stats). */
+void jlm_stream_predict(jlm_engine *e, uint32_t first, const int32_t *sel);
 /* After the layers: the output matrix's device, and (failed: rc) any device
  * prefetch let go. */
 void jlm_stream_finish(jlm_engine *e, int rc);

@@ -79,6 +79,44 @@ static void route_pick(const jlm_engine *e, int mode, uint32_t l, float *lg, int
         jlm_k_moe_route(lg, c->n_expert, c->n_expert_used, mode, c->expert_scale, sel, w);
 }
 
+/* ---------------------------------------------------------------- reading ahead */
+/* Block l's router (a float one), copied while its page is pinned, for the
+ * predictions of the tokens after this one (jlm_stream_open sized them). */
+static void router_keep(jlm_engine *e, uint32_t l, const uint8_t *page, uint64_t page_off)
+{
+    const jlm_tensor *t = W(e, l, JLM_R_ROUTER);
+    if (!e->predict || e->pred_ok[l] || !t)
+        return;
+    memcpy(e->pred_buf + (uint64_t)l * e->rbytes, page + (t->qs_off - page_off), e->rbytes);
+    e->pred_ok[l] = 1;
+}
+
+/* The next MoE block's experts from this block's normed input h (its router
+ * applied early, as pre-gated MoE designs do), read while this block's
+ * experts compute: sigmoid routing's choice as route_sigmoid makes it, the
+ * others' top-k by logit (the order their weights keep). A hint only: the
+ * routing itself is never changed by it. */
+static void predict_next(jlm_engine *e, const jlm_op *op, uint32_t l, const float *h)
+{
+    const jlm_config *c = e->c;
+    uint32_t nl = l + 1, ne = c->n_expert, nu = c->n_expert_used;
+    while (nl < c->n_layer && !W(e, nl, JLM_R_ROUTER))   /* dense blocks between (Llama 4) */
+        nl++;
+    if (!e->predict || e->dev_here || nl >= c->n_layer || !e->pred_ok[nl])
+        return;
+    const jlm_tensor *t = W(e, nl, JLM_R_ROUTER), *tg = W(e, nl, JLM_R_EXP_GATE);
+    jlm_k_mat wr = mat_at(t, e->pred_buf + (uint64_t)nl * e->rbytes, t->qs_off, 0);
+    float *lg = e->mrl, w[JLM_MAX_EXPERTS];
+    int32_t sel[JLM_MAX_EXPERTS];
+    jlm_ex_matmul(e, &wr, 1, h, lg);
+    add_bias(lg, vec_dense(e, W(e, nl, JLM_R_ROUTER_B)), ne);
+    if (op->route == JLM_ROUTE_SIGMOID)
+        route_sigmoid(e, nl, lg, sel, w);
+    else
+        jlm_k_moe_route(lg, ne, nu, JLM_K_ROUTE_RAW, 0.0f, sel, w);
+    jlm_stream_predict(e, (uint32_t)((tg->qs_off - e->m->hdr.exp_data_off) / e->m->hdr.exp_page_size), sel);
+}
+
 /* Top-k routing of one token (normed input h) as llama.cpp does it per
  * architecture; fills e->route for block l and e->route_w. */
 static void route(jlm_engine *e, const jlm_op *op, uint32_t l, const uint8_t *page, uint64_t page_off,
@@ -87,6 +125,7 @@ static void route(jlm_engine *e, const jlm_op *op, uint32_t l, const uint8_t *pa
     const jlm_config *c = e->c;
     uint32_t ne = c->n_expert, nu = c->n_expert_used;
     unsigned long long t0 = prof_begin(e);
+    router_keep(e, l, page, page_off);
     jlm_k_mat wr = mat_at(W(e, l, JLM_R_ROUTER), page, page_off, 0);
     jlm_ex_matmul(e, &wr, 1, h, e->router);
     add_bias(e->router, vec_dense(e, W(e, l, JLM_R_ROUTER_B)), ne);
@@ -201,7 +240,8 @@ static void moe_experts_fused(jlm_engine *e, const jlm_op *op, uint32_t l, const
 
 /* x += the routed experts' mixture for one token (row t). Pages in every
  * routed expert first: the minimum working set counts them all. */
-static int moe_token(jlm_engine *e, const jlm_op *op, uint32_t l, const uint8_t *page, uint64_t page_off, uint32_t t, jlm_err *err)
+static int moe_token(jlm_engine *e, const jlm_op *op, uint32_t l, const uint8_t *page, uint64_t page_off, uint32_t t,
+                     int ahead, jlm_err *err)
 {
     const jlm_config *c = e->c;
     const jlm_header *hd = &e->m->hdr;
@@ -215,6 +255,8 @@ static int moe_token(jlm_engine *e, const jlm_op *op, uint32_t l, const uint8_t 
     const int32_t *sel = e->route + (size_t)l * nu;
     const void *frames[256];
     int rc = jlm_stream_experts(e, first, sel, nu, frames, err);
+    if (!rc && ahead)
+        predict_next(e, op, l, h);
     if (!rc && !e->dev_here && !e->moe_rows && nu <= MOE_FUSE_MAX && nu <= e->nb) {
         moe_experts_fused(e, op, l, frames, first, sel, h);
         mix_slots(x, e->moe, e->route_w, e->o, nu, E);
@@ -264,6 +306,7 @@ static void route_rows(jlm_engine *e, const jlm_op *op, uint32_t l, const uint8_
 {
     uint32_t nu = e->c->n_expert_used;
     unsigned long long t0 = prof_begin(e);
+    router_keep(e, l, page, page_off);
     jlm_k_mat wr = mat_at(W(e, l, JLM_R_ROUTER), page, page_off, 0);
     jlm_ex_matmul(e, &wr, n, e->h, e->mrl);
     route_ctx rc = {l, op->route};
@@ -394,6 +437,6 @@ int jlm_ex_moe(jlm_engine *e, const jlm_op *op, jlm_ex_blk *b, jlm_err *err)
     if (b->n > 1 && !e->moe_rows)
         return moe_batch(e, op, b->l, b->page, b->page_off, b->n, err);
     for (uint32_t t = 0; t < b->n && !rc; t++)
-        rc = moe_token(e, op, b->l, b->page, b->page_off, t, err);
+        rc = moe_token(e, op, b->l, b->page, b->page_off, t, b->n == 1, err);
     return rc;
 }
