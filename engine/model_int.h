@@ -127,6 +127,7 @@ struct jlm_engine {
      * holds every page, the rest read in file order in the background
      * (warm_at: the next page, over the text pages then the experts) */
     uint32_t         rd_depth;
+    int              rd_par;      /* a block's experts read at once: depth > 1, budget 0 or >= 2 blocks + 2 x routed */
     int              predict, warm;
     uint64_t         rbytes;
     uint8_t         *pred_buf;    /* routers, pred_ok, pred_sel, pred_read */

@@ -90,6 +90,11 @@ void jlm_stream_open(jlm_engine *e, const jlm_engine_opts *o)
         for (uint32_t pg = 0; jlm_pager_extent(e->pager, arrays[i], pg); pg++)
             all += jlm_pager_extent(e->pager, arrays[i], pg);
     e->warm = !o->no_warm && !o->no_prefetch && e->rd_depth > 1 && (!e->budget || e->budget >= all);
+    /* reads at once need slack: near the minimum working set a read's frame
+     * would take an expert of the same block read just before (read twice) */
+    uint32_t pins[3] = {2, 0, 2 * e->c->n_expert_used};
+    e->rd_par = e->rd_depth > 1 && (!e->budget || e->budget >= jlm_pager_min_budget(e->pager, pins));
+    e->predict = e->predict && e->rd_par;
     e->warm_at = 0;
 }
 
@@ -214,7 +219,8 @@ static void experts_put(jlm_engine *e, uint32_t first, const int32_t *sel, uint3
  * working set counts n_expert_used of them pinned together. The resident
  * ones are pinned first (so no read below takes them), then every missing
  * one is read at once, on the pager's readers (rd_depth at a time; the
- * first one asked for on this thread beside them). */
+ * first one asked for on this thread beside them) when the budget has the
+ * slack (rd_par). */
 int jlm_stream_experts(jlm_engine *e, uint32_t first, const int32_t *sel, uint32_t n, const void **frames,
                        jlm_err *err)
 {
@@ -225,7 +231,7 @@ int jlm_stream_experts(jlm_engine *e, uint32_t first, const int32_t *sel, uint32
     predict_met(e, first, sel, n);
     for (int pass = 0; pass < 2 && !rc; pass++) {
         uint32_t mine = n;   /* the first missing one: read on this thread */
-        for (uint32_t s = 0; pass && e->rd_depth > 1 && s < n; s++)
+        for (uint32_t s = 0; pass && e->rd_par && s < n; s++)
             if (!got[s] && mine == n)
                 mine = s;
             else if (!got[s])
