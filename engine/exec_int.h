@@ -169,6 +169,15 @@ void jlm_stream_block_done(jlm_engine *e, uint32_t l);
  * host and on the block's device; all or none (an error releases them). */
 int  jlm_stream_experts(jlm_engine *e, uint32_t first, const int32_t *sel, uint32_t n, const void **frames,
                         jlm_err *err);
+/* The same in two steps (a token's resident experts compute between them):
+ * begin pins the resident ones (ready[s] = 1) and starts reading the others;
+ * end pins the rest (every ready[s] = 1). Between them only the experts
+ * marked ready may be used; after an error of either nothing is pinned and
+ * end must not be called. */
+int  jlm_stream_experts_begin(jlm_engine *e, uint32_t first, const int32_t *sel, uint32_t n, const void **frames,
+                              uint8_t *ready, jlm_err *err);
+int  jlm_stream_experts_end(jlm_engine *e, uint32_t first, const int32_t *sel, uint32_t n, const void **frames,
+                            uint8_t *ready, jlm_err *err);
 void jlm_stream_experts_done(jlm_engine *e, uint32_t first, const int32_t *sel, uint32_t n);
 /* The expert page the caller will acquire next: read ahead on the pager's
  * thread when it fits the budget beside everything resident. */

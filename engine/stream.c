@@ -216,34 +216,52 @@ static void experts_put(jlm_engine *e, uint32_t first, const int32_t *sel, uint3
 }
 
 /* Every expert on the host first, then on the block's device: the minimum
- * working set counts n_expert_used of them pinned together. The resident
- * ones are pinned first (so no read below takes them), then every missing
- * one is read at once, on the pager's readers (rd_depth at a time; the
- * first one asked for on this thread beside them) when the budget has the
- * slack (rd_par). */
-int jlm_stream_experts(jlm_engine *e, uint32_t first, const int32_t *sel, uint32_t n, const void **frames,
-                       jlm_err *err)
+ * working set counts n_expert_used of them pinned together. begin pins the
+ * resident ones (ready[s] = 1: no read below can take them) and, with slack
+ * in the budget (rd_par) on the CPU, starts the reads of every missing one
+ * at once on the pager's readers (rd_depth at a time); otherwise it does all
+ * of end's work too. end gets the rest (a get waits for its read, or reads),
+ * then pins every one on the block's device. An error unpins everything. */
+int jlm_stream_experts_begin(jlm_engine *e, uint32_t first, const int32_t *sel, uint32_t n, const void **frames,
+                             uint8_t *ready, jlm_err *err)
 {
-    uint8_t got[JLM_MAX_EXPERTS_USED] = {0};
-    uint32_t dpinned = 0;
-    int rc = n > JLM_MAX_EXPERTS_USED ? jlm_errf(err, JLM_EINVAL, "%u experts at once: at most %u", n,
-                                                 JLM_MAX_EXPERTS_USED) : JLM_OK;
+    if (n > JLM_MAX_EXPERTS_USED)
+        return jlm_errf(err, JLM_EINVAL, "%u experts at once: at most %u", n, JLM_MAX_EXPERTS_USED);
     predict_met(e, first, sel, n);
-    for (int pass = 0; pass < 2 && !rc; pass++) {
-        uint32_t mine = n;   /* the first missing one: read on this thread */
-        for (uint32_t s = 0; pass && e->rd_par && s < n; s++)
-            if (!got[s] && mine == n)
-                mine = s;
-            else if (!got[s])
-                jlm_pager_prefetch(e->pager, JLM_PAGER_EXPERTS, first + (uint32_t)sel[s]);
-        for (uint32_t s = 0; s < n && !rc; s++) {
-            uint32_t pg = first + (uint32_t)sel[s];
-            if (got[s] || (!pass && !expert_whole(e, pg)))
-                continue;
+    int rc = JLM_OK;
+    for (uint32_t s = 0; s < n; s++) {
+        uint32_t pg = first + (uint32_t)sel[s];
+        ready[s] = 0;
+        if (!rc && expert_whole(e, pg)) {
             rc = jlm_pager_get(e->pager, JLM_PAGER_EXPERTS, pg, 0, jlm_pager_extent(e->pager, JLM_PAGER_EXPERTS, pg),
                                &frames[s], err);
-            got[s] = !rc;
+            ready[s] = !rc;
         }
+    }
+    if (rc) {
+        experts_put(e, first, sel, n, ready, 0);
+        return rc;
+    }
+    if (e->dev_here || !e->rd_par)
+        return jlm_stream_experts_end(e, first, sel, n, frames, ready, err);
+    for (uint32_t s = 0; s < n; s++)
+        if (!ready[s])
+            jlm_pager_prefetch(e->pager, JLM_PAGER_EXPERTS, first + (uint32_t)sel[s]);
+    return JLM_OK;
+}
+
+int jlm_stream_experts_end(jlm_engine *e, uint32_t first, const int32_t *sel, uint32_t n, const void **frames,
+                           uint8_t *ready, jlm_err *err)
+{
+    uint32_t dpinned = 0;
+    int rc = JLM_OK;
+    for (uint32_t s = 0; s < n && !rc; s++) {
+        uint32_t pg = first + (uint32_t)sel[s];
+        if (ready[s])
+            continue;
+        rc = jlm_pager_get(e->pager, JLM_PAGER_EXPERTS, pg, 0, jlm_pager_extent(e->pager, JLM_PAGER_EXPERTS, pg),
+                           &frames[s], err);
+        ready[s] = !rc;
     }
     for (; !rc && e->dev_here && dpinned < n; dpinned++) {   /* expert pages follow their block's backend */
         uint32_t pg = first + (uint32_t)sel[dpinned];
@@ -252,9 +270,17 @@ int jlm_stream_experts(jlm_engine *e, uint32_t first, const int32_t *sel, uint32
             break;
     }
     if (rc)
-        experts_put(e, first, sel, n, got, dpinned);
+        experts_put(e, first, sel, n, ready, dpinned);
     warm_step(e);
     return rc;
+}
+
+int jlm_stream_experts(jlm_engine *e, uint32_t first, const int32_t *sel, uint32_t n, const void **frames,
+                       jlm_err *err)
+{
+    uint8_t ready[JLM_MAX_EXPERTS_USED];
+    int rc = jlm_stream_experts_begin(e, first, sel, n, frames, ready, err);
+    return rc ? rc : jlm_stream_experts_end(e, first, sel, n, frames, ready, err);
 }
 
 void jlm_stream_experts_done(jlm_engine *e, uint32_t first, const int32_t *sel, uint32_t n)
