@@ -5,7 +5,10 @@
  * ahead on the pager's thread and, on a device with a copy thread (CUDA),
  * copied ahead while this block computes; an expert page follows its
  * block's backend, and a grouped batch names the next expert it will want
- * so that it is read while the current one computes. The layer loop
+ * so that it is read while the current one computes. A token's missing
+ * experts are read at once, the next MoE block's predicted ones ahead, and
+ * with a budget that holds the model the rest in the background
+ * (docs/pager.md, Expert reads). The layer loop
  * (model.c) and the ops (exec*.c) make no pager or device-frame call. */
 #include "engine/exec_int.h"
 
