@@ -171,9 +171,10 @@ int  jlm_stream_experts(jlm_engine *e, uint32_t first, const int32_t *sel, uint3
                         jlm_err *err);
 /* The same in two steps (a token's resident experts compute between them):
  * begin pins the resident ones (ready[s] = 1) and starts reading the others;
- * end pins the rest (every ready[s] = 1). Between them only the experts
- * marked ready may be used; after an error of either nothing is pinned and
- * end must not be called. */
+ * end pins the rest (every ready[s] = 1) and, on a device, all of them
+ * there: call it unless begin failed or (on the CPU) every one was ready.
+ * Between them only the experts marked ready may be used; after an error of
+ * either nothing is pinned. */
 int  jlm_stream_experts_begin(jlm_engine *e, uint32_t first, const int32_t *sel, uint32_t n, const void **frames,
                               uint8_t *ready, jlm_err *err);
 int  jlm_stream_experts_end(jlm_engine *e, uint32_t first, const int32_t *sel, uint32_t n, const void **frames,
