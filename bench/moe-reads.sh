@@ -12,7 +12,7 @@
 #   experts of FFN 1024, 4 used; 0.93 GB), converted, in a temp dir.
 #   THREADS (2). The budget: PCT% of the file.
 # Configurations (jlm run flags):
-#   off       --read-depth 1 --no-predict --no-warm   (one page at a time: before)
+#   off       --read-depth 1 --no-predict --no-warm   (missing experts one at a time)
 #   parallel  --no-predict                            (a block's experts at once)
 #   on        (the defaults: parallel reads and the next block's predicted experts)
 set -euo pipefail
