@@ -3,7 +3,7 @@
  * benchmarks and tests that need a model of a given shape without shipping one.
  *
  *   mkgguf PRESET TYPE OUT.gguf [--layers N] [--seed S]
- *     PRESET  tiny | tiny-moe | llama-1b | synth-1b | moe-32x4 | fuzz | fuzz-moe
+ *     PRESET  tiny | tiny-moe | llama-1b | synth-1b | moe-32x4 | moe-1g | fuzz | fuzz-moe
  *     TYPE    F32 | F16 | Q8_0 | Q4_0 | Q4_K
  *
  * The benches #include this file with MKGGUF_NO_MAIN defined and call
@@ -53,6 +53,9 @@ static const mkg_shape MKG_PRESETS[] = {
      * llama-quantize so that both engines read the same GGUFs */
     {"synth-1b", 2048, 8192, 16, 32, 8, 512, 4096, 0, 0, 500000.0f, 0},
     {"moe-32x4", 1024, 512, 8, 16, 4, 32000, 4096, 32, 4, 10000.0f, 0},
+    /* issue 42's larger-than-memory MoE: 16 blocks of 32 experts of FFN
+     * 1024, 4 used, stories260K's 512 vocab, context 2048 (1.0 GB at Q4_K_M) */
+    {"moe-1g",   1024, 1024, 16, 16, 4, 512, 2048, 32, 4, 500000.0f, 0},
     /* fuzz seeds (tests/fuzz/mkseeds.c): the smallest files the whole path takes */
     {"fuzz",     32, 64, 1, 2, 1, 288, 64, 0, 0, 10000.0f, 0},
     {"fuzz-moe", 32, 32, 1, 2, 1, 288, 64, 4, 2, 10000.0f, 1},
@@ -463,7 +466,7 @@ int main(int argc, char **argv)
 {
     static const char usage[] =
         "usage: mkgguf PRESET TYPE OUT.gguf [--layers N] [--seed S]\n"
-        "  PRESET  tiny | tiny-moe | llama-1b (Llama-3.2-1B shape, vocab 32000) | synth-1b (vocab 512) | moe-32x4\n"
+        "  PRESET  tiny | tiny-moe | llama-1b (Llama-3.2-1B shape, vocab 32000) | synth-1b (vocab 512) | moe-32x4 | moe-1g\n"
         "  TYPE    F32 | F16 | Q8_0 | Q4_0 | Q4_K\n"
         "(a tool, not a benchmark: `make bench` runs it without arguments, which prints this)\n";
     if (argc < 4) {

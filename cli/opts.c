@@ -285,6 +285,12 @@ int jlm_opts_engine_rows(jlm_opt *t, unsigned which, jlm_engine_opts *eo, jlm_op
                            "page weights through the page cache"};
         t[n++] = (jlm_opt){NULL, "--no-prefetch", JLM_OPT_FLAG, &eo->no_prefetch, 0, 0, 0, NULL,
                            "no read of the next block while one computes"};
+        t[n++] = (jlm_opt){NULL, "--read-depth", JLM_OPT_U32, &eo->read_depth, 1, 16, 0, "N",
+                           "pages read at once (a block's routed experts; default 8); 1: one at a time"};
+        t[n++] = (jlm_opt){NULL, "--no-predict", JLM_OPT_FLAG, &eo->no_predict, 0, 0, 0, NULL,
+                           "no read ahead of the next MoE block's predicted experts"};
+        t[n++] = (jlm_opt){NULL, "--no-warm", JLM_OPT_FLAG, &eo->no_warm, 0, 0, 0, NULL,
+                           "no background read of the whole model when the budget holds it"};
         t[n++] = (jlm_opt){NULL, "--verify", JLM_OPT_FLAG, &eo->verify, 0, 0, 0, NULL,
                            "check every page against MODEL.sums on its first read; refuse without one "
                            "(default: checked when MODEL.sums exists)"};

@@ -131,6 +131,12 @@ static void stats_arrays(const run *r, const jlm_pager_counters *pc)
         double tokens = (double)(r->np + r->ng);
         fprintf(stderr, "experts: hit rate %.3f, bytes read per token %.0f\n",
                 (double)x->hits / (double)(x->hits + x->page_ins + x->fills), (double)x->bytes_read / tokens);
+        jlm_engine_predict ps;
+        jlm_engine_predict_stats(r->s->e, &ps);
+        if (ps.predicted)
+            fprintf(stderr, "predict: predicted %llu, hits %llu, read %llu, used %llu, wasted bytes %llu\n",
+                    (unsigned long long)ps.predicted, (unsigned long long)ps.hits, (unsigned long long)ps.reads,
+                    (unsigned long long)ps.used, (unsigned long long)ps.wasted_bytes);
     }
 }
 

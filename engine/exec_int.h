@@ -174,10 +174,24 @@ void jlm_stream_block_done(jlm_engine *e, uint32_t l);
  * host and on the block's device; all or none (an error releases them). */
 int  jlm_stream_experts(jlm_engine *e, uint32_t first, const int32_t *sel, uint32_t n, const void **frames,
                         jlm_err *err);
+/* The same in two steps (a token's resident experts compute between them):
+ * begin pins the resident ones (ready[s] = 1) and starts reading the others;
+ * end pins the rest (every ready[s] = 1) and, on a device, all of them
+ * there: call it unless begin failed or (on the CPU) every one was ready.
+ * Between them only the experts marked ready may be used; after an error of
+ * either nothing is pinned. */
+int  jlm_stream_experts_begin(jlm_engine *e, uint32_t first, const int32_t *sel, uint32_t n, const void **frames,
+                              uint8_t *ready, jlm_err *err);
+int  jlm_stream_experts_end(jlm_engine *e, uint32_t first, const int32_t *sel, uint32_t n, const void **frames,
+                            uint8_t *ready, jlm_err *err);
 void jlm_stream_experts_done(jlm_engine *e, uint32_t first, const int32_t *sel, uint32_t n);
 /* The expert page the caller will acquire next: read ahead on the pager's
  * thread when it fits the budget beside everything resident. */
 void jlm_stream_expert_next(jlm_engine *e, uint32_t page);
+/* The next MoE block's experts predicted (sel, n_expert_used of them, in
+ * the bank whose expert 0 is page `first`): read ahead now; counted when
+ * that bank's experts are next acquired (jlm_engine_predict_stats). */
+void jlm_stream_predict(jlm_engine *e, uint32_t first, const int32_t *sel);
 /* After the layers: the output matrix's device, and (failed: rc) any device
  * prefetch let go. */
 void jlm_stream_finish(jlm_engine *e, int rc);

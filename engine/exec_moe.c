@@ -79,6 +79,44 @@ static void route_pick(const jlm_engine *e, int mode, uint32_t l, float *lg, int
         jlm_k_moe_route(lg, c->n_expert, c->n_expert_used, mode, c->expert_scale, sel, w);
 }
 
+/* ---------------------------------------------------------------- reading ahead */
+/* Block l's router (a float one), copied while its page is pinned, for the
+ * predictions of the tokens after this one (jlm_stream_open sized them). */
+static void router_keep(jlm_engine *e, uint32_t l, const uint8_t *page, uint64_t page_off)
+{
+    const jlm_tensor *t = W(e, l, JLM_R_ROUTER);
+    if (!e->predict || e->pred_ok[l] || !t)
+        return;
+    memcpy(e->pred_buf + (uint64_t)l * e->rbytes, page + (t->qs_off - page_off), e->rbytes);
+    e->pred_ok[l] = 1;
+}
+
+/* The next MoE block's experts from this block's normed input h (its router
+ * applied early, as pre-gated MoE designs do), read while this block's
+ * experts compute: sigmoid routing's choice as route_sigmoid makes it, the
+ * others' top-k by logit (the order their weights keep). A hint only: the
+ * routing itself is never changed by it. */
+static void predict_next(jlm_engine *e, const jlm_op *op, uint32_t l, const float *h)
+{
+    const jlm_config *c = e->c;
+    uint32_t nl = l + 1, ne = c->n_expert, nu = c->n_expert_used;
+    while (nl < c->n_layer && !W(e, nl, JLM_R_ROUTER))   /* dense blocks between (Llama 4) */
+        nl++;
+    if (!e->predict || e->dev_here || nl >= c->n_layer || !e->pred_ok[nl])
+        return;
+    const jlm_tensor *t = W(e, nl, JLM_R_ROUTER), *tg = W(e, nl, JLM_R_EXP_GATE);
+    jlm_k_mat wr = mat_at(t, e->pred_buf + (uint64_t)nl * e->rbytes, t->qs_off, 0);
+    float *lg = e->mrl, w[JLM_MAX_EXPERTS];
+    int32_t sel[JLM_MAX_EXPERTS];
+    jlm_ex_matmul(e, &wr, 1, h, lg);
+    add_bias(lg, vec_dense(e, W(e, nl, JLM_R_ROUTER_B)), ne);
+    if (op->route == JLM_ROUTE_SIGMOID)
+        route_sigmoid(e, nl, lg, sel, w);
+    else
+        jlm_k_moe_route(lg, ne, nu, JLM_K_ROUTE_RAW, 0.0f, sel, w);
+    jlm_stream_predict(e, (uint32_t)((tg->qs_off - e->m->hdr.exp_data_off) / e->m->hdr.exp_page_size), sel);
+}
+
 /* Top-k routing of one token (normed input h) as llama.cpp does it per
  * architecture; fills e->route for block l and e->route_w. */
 static void route(jlm_engine *e, const jlm_op *op, uint32_t l, const uint8_t *page, uint64_t page_off,
@@ -87,6 +125,7 @@ static void route(jlm_engine *e, const jlm_op *op, uint32_t l, const uint8_t *pa
     const jlm_config *c = e->c;
     uint32_t ne = c->n_expert, nu = c->n_expert_used;
     unsigned long long t0 = prof_begin(e);
+    router_keep(e, l, page, page_off);
     jlm_k_mat wr = mat_at(W(e, l, JLM_R_ROUTER), page, page_off, 0);
     jlm_ex_matmul(e, &wr, 1, h, e->router);
     add_bias(e->router, vec_dense(e, W(e, l, JLM_R_ROUTER_B)), ne);
@@ -155,53 +194,59 @@ static void moe_dispatch(jlm_engine *e, moe_job *j)
 /* The experts of one token (input h) whose frames are frames[s]: e->o row s
  * = expert sel[s]'s output. */
 static void moe_experts_fused(jlm_engine *e, const jlm_op *op, uint32_t l, const void *const *frames, uint32_t first,
-                              const int32_t *sel, const float *h)
+                              const int32_t *sel, const float *h, const uint8_t *only)
 {
     const jlm_config *c = e->c;
-    uint32_t nu = c->n_expert_used, E = c->n_embd;
+    uint32_t nu = c->n_expert_used, E = c->n_embd, m = 0, at[MOE_FUSE_MAX];
     const jlm_tensor *tg = W(e, l, JLM_R_EXP_GATE), *tu = W(e, l, JLM_R_EXP_UP), *td = W(e, l, JLM_R_EXP_DOWN);
     const float *bg = vec_dense(e, W(e, l, JLM_R_EXP_GATE_B)), *bu = vec_dense(e, W(e, l, JLM_R_EXP_UP_B));
     const float *bd = vec_dense(e, W(e, l, JLM_R_EXP_DOWN_B));
     uint64_t nff = jlm_tensor_rows(tg);
     jlm_k_mat wg[MOE_FUSE_MAX], wu[MOE_FUSE_MAX], wd[MOE_FUSE_MAX];
-    moe_job gu = {.act = op->act, .nu = nu, .rows = nff, .gate_up = 1}, dn = {.nu = nu, .rows = E};
     int qg = 0, qd = 0;
-    for (uint32_t s = 0; s < nu; s++) {
-        uint32_t xe = (uint32_t)sel[s];
-        wg[s] = mat_expert(e, tg, frames[s], first, xe);
-        wu[s] = mat_expert(e, tu, frames[s], first, xe);
-        wd[s] = mat_expert(e, td, frames[s], first, xe);
-        gu.a[s] = (mm_job){e->k->matvec[wg[s].type], e->k->matmul[wg[s].type], &wg[s], 1, h, NULL, e->g + s * nff};
-        gu.b[s] = (mm_job){e->k->matvec[wu[s].type], e->k->matmul[wu[s].type], &wu[s], 1, h, NULL, e->u + s * nff};
-        gu.ba[s] = bg ? bg + (uint64_t)xe * nff : NULL;
-        gu.bb[s] = bu ? bu + (uint64_t)xe * nff : NULL;
-        dn.a[s] = (mm_job){e->k->matvec[wd[s].type], e->k->matmul[wd[s].type], &wd[s], 1, e->g + s * nff, NULL,
+    for (uint32_t s = 0; s < nu; s++)
+        if (!only || only[s])
+            at[m++] = s;   /* job i computes slot at[i]: its rows of g, u and o */
+    moe_job gu = {.act = op->act, .nu = m, .rows = nff, .gate_up = 1}, dn = {.nu = m, .rows = E};
+    for (uint32_t i = 0; i < m; i++) {
+        uint32_t s = at[i], xe = (uint32_t)sel[s];
+        wg[i] = mat_expert(e, tg, frames[s], first, xe);
+        wu[i] = mat_expert(e, tu, frames[s], first, xe);
+        wd[i] = mat_expert(e, td, frames[s], first, xe);
+        gu.a[i] = (mm_job){e->k->matvec[wg[i].type], e->k->matmul[wg[i].type], &wg[i], 1, h, NULL, e->g + s * nff};
+        gu.b[i] = (mm_job){e->k->matvec[wu[i].type], e->k->matmul[wu[i].type], &wu[i], 1, h, NULL, e->u + s * nff};
+        gu.ba[i] = bg ? bg + (uint64_t)xe * nff : NULL;
+        gu.bb[i] = bu ? bu + (uint64_t)xe * nff : NULL;
+        dn.a[i] = (mm_job){e->k->matvec[wd[i].type], e->k->matmul[wd[i].type], &wd[i], 1, e->g + s * nff, NULL,
                            e->o + (uint64_t)s * E};
-        qg |= !jlm_fmt_type_traits(wg[s].type)->is_float || !jlm_fmt_type_traits(wu[s].type)->is_float;
-        qd |= !jlm_fmt_type_traits(wd[s].type)->is_float;
+        qg |= !jlm_fmt_type_traits(wg[i].type)->is_float || !jlm_fmt_type_traits(wu[i].type)->is_float;
+        qd |= !jlm_fmt_type_traits(wd[i].type)->is_float;
     }
+    if (!m)
+        return;
     if (qg) {   /* h's int8 row, shared by every expert's gate and up */
         jlm_ex_quant_rows(e, h, wg[0].k, 1);
-        for (uint32_t s = 0; s < nu; s++) {
-            gu.a[s].xq = jlm_fmt_type_traits(wg[s].type)->is_float ? NULL : e->xq;
-            gu.b[s].xq = jlm_fmt_type_traits(wu[s].type)->is_float ? NULL : e->xq;
+        for (uint32_t i = 0; i < m; i++) {
+            gu.a[i].xq = jlm_fmt_type_traits(wg[i].type)->is_float ? NULL : e->xq;
+            gu.b[i].xq = jlm_fmt_type_traits(wu[i].type)->is_float ? NULL : e->xq;
         }
     }
     moe_dispatch(e, &gu);
-    if (qd) {   /* row s of xq: expert s's activation */
+    if (qd) {   /* row s of xq: slot s's activation (every slot's row: quantizing is per row) */
         jlm_ex_quant_rows(e, e->g, nff, nu);
-        for (uint32_t s = 0; s < nu; s++)
-            dn.a[s].xq = jlm_fmt_type_traits(wd[s].type)->is_float ? NULL : &e->xq[s];
+        for (uint32_t i = 0; i < m; i++)
+            dn.a[i].xq = jlm_fmt_type_traits(wd[i].type)->is_float ? NULL : &e->xq[at[i]];
     }
     moe_dispatch(e, &dn);
     e->xq_of = NULL;
-    for (uint32_t s = 0; bd && s < nu; s++)
-        add_bias(e->o + (uint64_t)s * E, bd + (uint64_t)sel[s] * E, E);
+    for (uint32_t i = 0; bd && i < m; i++)
+        add_bias(e->o + (uint64_t)at[i] * E, bd + (uint64_t)sel[at[i]] * E, E);
 }
 
 /* x += the routed experts' mixture for one token (row t). Pages in every
  * routed expert first: the minimum working set counts them all. */
-static int moe_token(jlm_engine *e, const jlm_op *op, uint32_t l, const uint8_t *page, uint64_t page_off, uint32_t t, jlm_err *err)
+static int moe_token(jlm_engine *e, const jlm_op *op, uint32_t l, const uint8_t *page, uint64_t page_off, uint32_t t,
+                     int ahead, jlm_err *err)
 {
     const jlm_config *c = e->c;
     const jlm_header *hd = &e->m->hdr;
@@ -213,10 +258,27 @@ static int moe_token(jlm_engine *e, const jlm_op *op, uint32_t l, const uint8_t 
     const float *bd = vec_dense(e, W(e, l, JLM_R_EXP_DOWN_B));
     uint32_t first = (uint32_t)((tg->qs_off - hd->exp_data_off) / hd->exp_page_size);
     const int32_t *sel = e->route + (size_t)l * nu;
-    const void *frames[256];
-    int rc = jlm_stream_experts(e, first, sel, nu, frames, err);
-    if (!rc && !e->dev_here && !e->moe_rows && nu <= MOE_FUSE_MAX && nu <= e->nb) {
-        moe_experts_fused(e, op, l, frames, first, sel, h);
+    const void *frames[JLM_MAX_EXPERTS_USED];
+    uint8_t ready[JLM_MAX_EXPERTS_USED], rest[JLM_MAX_EXPERTS_USED];
+    int fused = !e->dev_here && !e->moe_rows && nu <= MOE_FUSE_MAX && nu <= e->nb;
+    int rc = fused ? jlm_stream_experts_begin(e, first, sel, nu, frames, ready, err)
+                   : jlm_stream_experts(e, first, sel, nu, frames, err);
+    if (!rc && ahead)
+        predict_next(e, op, l, h);
+    if (!rc && fused) {
+        /* the resident experts compute while the others are read, then the
+         * others: each expert's output is the same (its own rows), and the
+         * mixture sums them in slot order as one dispatch would */
+        uint32_t nr = 0;
+        for (uint32_t s = 0; s < nu; s++) {
+            nr += ready[s];
+            rest[s] = !ready[s];
+        }
+        if (nr && nr < nu)
+            moe_experts_fused(e, op, l, frames, first, sel, h, ready);
+        if (nr < nu && (rc = jlm_stream_experts_end(e, first, sel, nu, frames, ready, err)))
+            return rc;
+        moe_experts_fused(e, op, l, frames, first, sel, h, nr && nr < nu ? rest : NULL);
         mix_slots(x, e->moe, e->route_w, e->o, nu, E);
     } else if (!rc) {
         memset(e->moe, 0, E * sizeof(float));
@@ -264,6 +326,7 @@ static void route_rows(jlm_engine *e, const jlm_op *op, uint32_t l, const uint8_
 {
     uint32_t nu = e->c->n_expert_used;
     unsigned long long t0 = prof_begin(e);
+    router_keep(e, l, page, page_off);
     jlm_k_mat wr = mat_at(W(e, l, JLM_R_ROUTER), page, page_off, 0);
     jlm_ex_matmul(e, &wr, n, e->h, e->mrl);
     route_ctx rc = {l, op->route};
@@ -394,6 +457,6 @@ int jlm_ex_moe(jlm_engine *e, const jlm_op *op, jlm_ex_blk *b, jlm_err *err)
     if (b->n > 1 && !e->moe_rows)
         return moe_batch(e, op, b->l, b->page, b->page_off, b->n, err);
     for (uint32_t t = 0; t < b->n && !rc; t++)
-        rc = moe_token(e, op, b->l, b->page, b->page_off, t, err);
+        rc = moe_token(e, op, b->l, b->page, b->page_off, t, b->n == 1, err);
     return rc;
 }

@@ -54,6 +54,10 @@ typedef struct jlm_engine_opts {
     uint32_t n_ctx;        /* 0: min(model context, 4096); at most JLM_ENGINE_MAX_CTX */
     int      direct;       /* plain-file source: 1 try O_DIRECT, 0 buffered */
     int      no_prefetch;  /* 1: no block read ahead on the pager's reader thread */
+    int      no_predict;   /* 1: no read ahead of the next MoE block's predicted experts */
+    int      no_warm;      /* 1: no background read of the whole model when the budget holds it */
+    uint32_t read_depth;   /* pages read at once (the routed experts of a block);
+                            * 0: JLM_ENGINE_READ_DEPTH; 1: one at a time */
     int      verify;       /* 1: check every span of the container against
                             * PATH.sums (format/sums.h) on its first read, and
                             * refuse to open without a sidecar that pairs with it */
@@ -244,6 +248,19 @@ typedef struct jlm_engine_mem {
                             * FILE ...", "MemAvailable ...", "none" */
 } jlm_engine_mem;
 void jlm_engine_mem_info(const jlm_engine *e, jlm_engine_mem *out);   /* cannot fail */
+/* The read ahead of routed experts (--stats): the next MoE block's experts
+ * predicted from this block's input (the next router applied early) and read
+ * while this block computes. predicted: experts predicted; hits: of those,
+ * the ones the block then routed to; reads: predicted experts read ahead
+ * (not resident); used: of those, routed to; wasted_bytes: bytes read ahead
+ * for experts the block did not route to. Zero when off or not a MoE. */
+typedef struct jlm_engine_predict {
+    uint64_t predicted, hits, reads, used, wasted_bytes;
+} jlm_engine_predict;
+void jlm_engine_predict_stats(const jlm_engine *e, jlm_engine_predict *out);   /* cannot fail */
+/* Pages read at once when nothing else is said (jlm_engine_opts.read_depth):
+ * the queue depth measured on this disk (docs/bench.md, Expert reads). */
+#define JLM_ENGINE_READ_DEPTH 8
 /* Bytes of weights one token reads: the dense tensors a token uses plus
  * every block page (and the routed experts' pages, counted as n_expert_used
  * pages per MoE block). For the roofline bench. */

@@ -117,6 +117,25 @@ struct jlm_engine {
      * attn_qkv_heads): Q, Q_ROPE and ATTENTION are skipped */
     const float *att_ready_x;
     uint32_t     att_ready_l;
+    /* expert reads (stream.c): the block prefetch and the routed experts
+     * read at once by the pager's readers (rd_depth pages); the next
+     * block's experts predicted from this block's input (predict: pred_ is
+     * (n_layer, rbytes) copies of the routers, float ones, taken as blocks
+     * run; pred_ok (n_layer,) which are taken); the last prediction not yet
+     * met by its block (pred_first: its bank, NO_PF none; pred_sel, and
+     * pred_read: which of them a read was started for); warm: the budget
+     * holds every page, the rest read in file order in the background
+     * (warm_at: the next page, over the text pages then the experts) */
+    uint32_t         rd_depth;
+    int              rd_par;      /* a block's experts read at once: depth > 1, budget 0 or >= 2 blocks + 2 x routed */
+    int              predict, warm;
+    uint64_t         rbytes;
+    uint8_t         *pred_buf;    /* routers, pred_ok, pred_sel, pred_read */
+    uint8_t         *pred_ok, *pred_read;
+    int32_t         *pred_sel;
+    uint32_t         pred_first;
+    uint64_t         warm_at;
+    jlm_engine_predict pst;
     /* profiling (model.h): prof on; prof_in: a class is being timed (nested
      * ones are not); pr the sums; pr_page0 the pager's read time at reset */
     int              prof, prof_in;
@@ -138,6 +157,9 @@ static inline const jlm_tensor *W(const jlm_engine *e, int32_t block, uint16_t r
 
 static inline void *zalloc(size_t n) { return calloc(1, n ? n : 1); }
 
+/* At open, after the budget (stream.c): the pages read at once, and whether
+ * the whole model is read in the background (the cold start). */
+void jlm_stream_open(jlm_engine *e, const jlm_engine_opts *o);
 /* Lets go of a device prefetch in flight (stream.c, "device prefetch"). */
 void jlm_eng_prefetch_end(jlm_engine *e);
 

@@ -33,6 +33,36 @@ static int env_path(const char *name, const char *what, const char *dflt, const 
     return JLM_OK;
 }
 
+/* The read ahead's buffer (engine/model_int.h): the routers' copies when
+ * e->predict (float routers of one size, 64 MiB at most in all; otherwise
+ * no prediction), the chosen experts of the last prediction. 0: no memory. */
+#define PRED_MAX ((uint64_t)64 << 20)
+static int pred_alloc(jlm_engine *e)
+{
+    const jlm_config *c = e->c;
+    uint32_t nu = c->n_expert_used;
+    e->rbytes = 0;
+    for (uint32_t l = 0; e->predict && l < c->n_layer; l++) {
+        const jlm_tensor *t = W(e, (int32_t)l, JLM_R_ROUTER);
+        const jlm_type_traits *tr = t ? jlm_fmt_type_traits(t->type) : NULL;
+        uint64_t b = tr && tr->is_float ? jlm_tensor_rows(t) * jlm_tensor_k(t) * tr->elem_bytes : 0;
+        if (t && (!b || (e->rbytes && b != e->rbytes)))
+            e->predict = 0;   /* a quantized router, or two sizes */
+        else if (t)
+            e->rbytes = b;
+    }
+    if (!e->rbytes || e->rbytes * c->n_layer > PRED_MAX)
+        e->predict = 0;
+    uint64_t rb = e->predict ? e->rbytes * c->n_layer : 0;
+    e->pred_buf = zalloc(rb + c->n_layer + (uint64_t)nu * (sizeof(int32_t) + 1) + sizeof(int32_t));
+    if (!e->pred_buf)
+        return 0;
+    e->pred_ok = e->pred_buf + rb;
+    e->pred_sel = (int32_t *)(e->pred_buf + ((rb + c->n_layer + 3) & ~(uint64_t)3));
+    e->pred_read = (uint8_t *)(e->pred_sel + nu);
+    return 1;
+}
+
 static int alloc_buffers(jlm_engine *e, jlm_err *err)
 {
     const jlm_config *c = e->c;
@@ -96,6 +126,8 @@ static int alloc_buffers(jlm_engine *e, jlm_err *err)
     e->mh = zalloc((c->n_expert ? nb : 1) * mE * sizeof(float));
     e->mo = zalloc(mrows * mE * sizeof(float));
     e->mrl = zalloc((c->n_expert ? nb : 1) * (c->n_expert + 1) * sizeof(float));
+    if (!pred_alloc(e))
+        return jlm_errf(err, JLM_ENOMEM, "%s: out of memory for the routers' copies", e->m->path);
     size_t qb = jlm_k_act_q8_bytes(kmax);
     e->xq_buf = zalloc(nb * qb);
     e->xq = zalloc(nb * sizeof *e->xq);
@@ -119,13 +151,13 @@ static int alloc_buffers(jlm_engine *e, jlm_err *err)
 /* Every buffer the engine owns, into bufs (ENGINE_BUFS slots): the dense
  * region first, then the KV cache (2), then scratch; the one list both
  * jlm_engine_close and the budget's tally read. */
-#define ENGINE_BUFS 34
+#define ENGINE_BUFS 35
 static void engine_bufs(const jlm_engine *e, void **bufs)
 {
     void *b[ENGINE_BUFS] = {e->dense, e->kc, e->vc, e->roles, e->x, e->h, e->q, e->kk, e->vv, e->att, e->o,
                             e->g, e->u, e->moe, e->scores, e->mask, e->router, e->route, e->route_w, e->xq_buf,
                             e->kv32, e->xq, e->bkc, e->bvc, e->bpos, e->fa, e->msel, e->mw, e->mord, e->mcnt,
-                            e->mh, e->mo, e->mrl, e->mla};
+                            e->mh, e->mo, e->mrl, e->mla, e->pred_buf};
     memcpy(bufs, b, sizeof b);
 }
 
@@ -561,12 +593,14 @@ int jlm_engine_open(const char *path, const jlm_engine_opts *opts, jlm_engine **
     struct stat mst;   /* the pages must come from the file the metadata came from */
     jlm_file_source_opts so = {.direct = o.direct, .n_threads = 0,
                                .same_as = e->m->fd >= 0 && !fstat(e->m->fd, &mst) ? &mst : NULL};
+    e->predict = !o.no_predict && !o.no_prefetch && c->n_expert;
     if ((rc = choose_kv(e, &o, err)) || (rc = jlm_source_open_file(path, &so, &e->src, err)) ||
         (rc = wrap_verify(e, sums, err), sums = NULL, rc) || (rc = index_tensors(e, err)) || (rc = read_dense(e, err)) || (rc = open_pager(e, &o, err)) ||
         (rc = jlm_pool_create(o.n_threads, 0, &e->pool, err)) || (rc = alloc_buffers(e, err)) ||
         (rc = apply_budget(e, &o, err)) || (rc = open_backend(e, &o, err)))
         goto fail;
     jlm_pager_set_prefetch(e->pager, !o.no_prefetch);
+    jlm_stream_open(e, &o);
     if (!o.quiet)
         fingerprint_note(e);
     *out = e;

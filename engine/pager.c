@@ -197,8 +197,11 @@ int jlm_pager_open(const jlm_pager_config *cfg, jlm_pager **out, jlm_err *err)
     }
     /* a page's missing chunks form at most ceil(n/2) runs */
     p->pf.cap = (uint32_t)((max_chunks + 1) / 2);
-    p->pf.runs = calloc(p->pf.cap, sizeof *p->pf.runs);
-    if (!p->pf.runs) {
+    p->pf.depth = 1;
+    p->pf_runs = calloc((size_t)p->pf.cap * PF_SLOTS, sizeof *p->pf_runs);
+    for (uint32_t i = 0; p->pf_runs && i < PF_SLOTS; i++)
+        p->pf.slot[i].runs = p->pf_runs + (size_t)i * p->pf.cap;
+    if (!p->pf_runs) {
         jlm_pager_close(p);
         return jlm_errf(err, JLM_ENOMEM, "pager: out of memory");
     }
@@ -206,20 +209,19 @@ int jlm_pager_open(const jlm_pager_config *cfg, jlm_pager **out, jlm_err *err)
     return 0;
 }
 
-static int pf_collect(jlm_pager *p, int wait, uint64_t *waited_ns);
+static void pf_collect(jlm_pager *p, int wait);
 
 void jlm_pager_close(jlm_pager *p)
 {
     if (!p)
         return;
-    pf_collect(p, 1, NULL);
-    if (p->pf.started) {
-        pthread_mutex_lock(&p->pf.mu);
-        p->pf.stop = 1;
-        pthread_cond_broadcast(&p->pf.cv);
-        pthread_mutex_unlock(&p->pf.mu);
-        pthread_join(p->pf.th, NULL);
-    }
+    pf_collect(p, 1);
+    pthread_mutex_lock(&p->pf.mu);
+    p->pf.stop = 1;
+    pthread_cond_broadcast(&p->pf.cv);
+    pthread_mutex_unlock(&p->pf.mu);
+    for (uint32_t i = 0; i < p->pf.n_threads; i++)
+        pthread_join(p->pf.th[i], NULL);
     pthread_mutex_destroy(&p->pf.mu);
     pthread_cond_destroy(&p->pf.cv);
     for (uint32_t a = 0; a < p->n_arrays; a++) {
@@ -231,7 +233,7 @@ void jlm_pager_close(jlm_pager *p)
         free(r->bitmap);
         free(r->extent);
     }
-    free(p->pf.runs);
+    free(p->pf_runs);
     free(p);
 }
 
@@ -599,70 +601,74 @@ static int fill_chunks(jlm_pager *p, ppage *pg, uint64_t c0, uint64_t c1, uint64
 }
 
 /* ---------------------------------------------------------------- prefetch */
-/* The reader thread: one request at a time, its runs read in order into the
- * frame it was given. */
+/* A reader thread: takes any queued slot and reads its runs in order into
+ * the frame it was given. */
 static void *pf_main(void *arg)
 {
     jlm_pager *p = arg;
     pfetch *f = &p->pf;
     pthread_mutex_lock(&f->mu);
     for (;;) {
-        while (!f->stop && f->state != PF_QUEUED)
-            pthread_cond_wait(&f->cv, &f->mu);
+        pfslot *s = NULL;
+        while (!f->stop && !s) {
+            for (uint32_t i = 0; i < PF_SLOTS && !s; i++)
+                if (f->slot[i].state == PF_QUEUED)
+                    s = &f->slot[i];
+            if (!s && !f->stop)
+                pthread_cond_wait(&f->cv, &f->mu);
+        }
         if (f->stop)
             break;
-        uint64_t base = f->base;
-        uint32_t n = f->n_runs;
-        uint8_t *dst = f->dst;
+        s->state = PF_READING;
         pthread_mutex_unlock(&f->mu);
         jlm_err err = {0};
         int rc = 0;
-        for (uint32_t i = 0; i < n && !rc; i++) {
-            const pfrun *u = &f->runs[i];   /* not changed while QUEUED */
-            prefault(dst + u->lo, u->hi - u->lo);
-            rc = p->src->read(p->src, base + u->lo, (size_t)(u->hi - u->lo), dst + u->lo, &err);
+        for (uint32_t i = 0; i < s->n_runs && !rc; i++) {
+            const pfrun *u = &s->runs[i];   /* not changed while READING */
+            prefault(s->dst + u->lo, u->hi - u->lo);
+            rc = p->src->read(p->src, s->base + u->lo, (size_t)(u->hi - u->lo), s->dst + u->lo, &err);
         }
         pthread_mutex_lock(&f->mu);
-        f->rc = rc;
-        f->err = err;
-        f->state = PF_DONE;
+        s->rc = rc;
+        s->err = err;
+        s->state = PF_DONE;
         pthread_cond_broadcast(&f->cv);
     }
     pthread_mutex_unlock(&f->mu);
     return NULL;
 }
 
-/* Takes the finished prefetch into the pager (engine thread): the page's
+/* Takes slot s's finished read into the pager (engine thread): the page's
  * chunks filled, its pin dropped, PAGE_IN (or FILL, for a page that held a
  * part) emitted; on a read error nothing of the read counts as filled and the
  * page returns to what it held before (ABSENT if nothing). wait 0: returns 0
- * at once if the read is unfinished. Returns 1 if a prefetch was collected,
- * -1 if it was and its read had failed, 0 if none was; *waited_ns = time
- * waited for it. */
-static int pf_collect(jlm_pager *p, int wait, uint64_t *waited_ns)
+ * at once if the read is unfinished. Returns 1 if collected, -1 if it was and
+ * its read had failed, 0 if not; *waited_ns = time waited for it. */
+static int pf_collect_slot(jlm_pager *p, pfslot *f, int wait, uint64_t *waited_ns)
 {
     if (waited_ns)
         *waited_ns = 0;
-    ppage *pg = p->pf_pg;
+    ppage *pg = f->pg;
     if (!pg)
         return 0;
-    pfetch *f = &p->pf;
-    pthread_mutex_lock(&f->mu);
+    pthread_mutex_lock(&p->pf.mu);
     if (f->state != PF_DONE) {
         if (!wait) {
-            pthread_mutex_unlock(&f->mu);
+            pthread_mutex_unlock(&p->pf.mu);
             return 0;
         }
         uint64_t t0 = now_ns();
         while (f->state != PF_DONE)
-            pthread_cond_wait(&f->cv, &f->mu);
+            pthread_cond_wait(&p->pf.cv, &p->pf.mu);
         if (waited_ns)
             *waited_ns = now_ns() - t0 + 1;   /* nonzero: it waited */
     }
     int rc = f->rc;
     f->state = PF_IDLE;
-    pthread_mutex_unlock(&f->mu);
-    p->pf_pg = NULL;
+    pthread_mutex_unlock(&p->pf.mu);
+    f->pg = NULL;
+    pg->pf_in = 0;
+    p->pf.busy--;
     parray *r = &p->arr[pg->array];
     assert(pg->frame && pg->pins > 0);
     pg->pins--;
@@ -697,11 +703,23 @@ static int pf_collect(jlm_pager *p, int wait, uint64_t *waited_ns)
     return 1;
 }
 
+/* Every slot's read: the finished ones (wait 0) or all of them (wait 1). */
+static void pf_collect(jlm_pager *p, int wait)
+{
+    for (uint32_t i = 0; i < PF_SLOTS && p->pf.busy; i++)
+        pf_collect_slot(p, &p->pf.slot[i], wait, NULL);
+}
+
 void jlm_pager_set_prefetch(jlm_pager *p, int on)
 {
     if (!on)
-        pf_collect(p, 1, NULL);
+        pf_collect(p, 1);
     p->pf_on = on != 0;
+}
+
+void jlm_pager_set_prefetch_depth(jlm_pager *p, uint32_t depth)
+{
+    p->pf.depth = depth < 1 ? 1 : depth > PF_SLOTS ? PF_SLOTS : depth;
 }
 
 /* Bytes the budget can give pg: free bytes plus every other unpinned page's. */
@@ -715,36 +733,53 @@ static uint64_t room_for(jlm_pager *p, const ppage *pg)
     return p->budget - p->resident_bytes + unpinned;
 }
 
-void jlm_pager_prefetch(jlm_pager *p, uint32_t array, uint32_t page)
+/* A free slot with a reader thread for it (started here), or NULL. Without
+ * any thread (pthread_create failed; JLM_PAGER_NO_THREADS=1, the tests'
+ * seam for it) prefetch turns off: every read is the get's, in turn. */
+static pfslot *pf_free_slot(jlm_pager *p)
+{
+    pfetch *f = &p->pf;
+    if (f->busy >= f->depth)
+        return NULL;
+    const char *nt = getenv("JLM_PAGER_NO_THREADS");
+    while (f->n_threads < f->depth && f->n_threads < f->busy + 1) {
+        if ((nt && !strcmp(nt, "1")) || pthread_create(&f->th[f->n_threads], NULL, pf_main, p) != 0)
+            break;
+        f->n_threads++;
+    }
+    if (!f->n_threads) {
+        p->pf_on = 0;   /* no thread: reads stay on the engine thread */
+        return NULL;
+    }
+    for (uint32_t i = 0; i < PF_SLOTS; i++)
+        if (!f->slot[i].pg)
+            return &f->slot[i];
+    return NULL;
+}
+
+int jlm_pager_prefetch(jlm_pager *p, uint32_t array, uint32_t page)
 {
     if (!p->pf_on || array >= p->n_arrays || page >= p->arr[array].n_pages)
-        return;
+        return 0;
     parray *r = &p->arr[array];
     ppage *pg = &r->pages[page];
-    pf_collect(p, 0, NULL);
-    if (pg == p->pf_pg || pg->pins)
-        return;   /* on its way, or in use (then the get has read what it needs) */
+    pf_collect(p, 0);
+    if (pg->pf_in || pg->pins)
+        return 0;   /* on its way, or in use (then the get has read what it needs) */
     uint64_t nc = page_chunks(p, r, pg), need = missing_bytes(p, r, pg, 0, nc);
     if (!need)
-        return;   /* resident in full: nothing to read */
-    if (p->pf_pg || (p->budget && room_for(p, pg) < need)) {
+        return 0;   /* resident in full: nothing to read */
+    pfslot *s = p->budget && room_for(p, pg) < need ? NULL : pf_free_slot(p);
+    if (!s) {
         r->st.pf_skipped++;
-        return;
-    }
-    if (!p->pf.started) {
-        if (pthread_create(&p->pf.th, NULL, pf_main, p) != 0) {
-            r->st.pf_skipped++;
-            p->pf_on = 0;   /* no thread: reads stay on the engine thread */
-            return;
-        }
-        p->pf.started = 1;
+        return -1;
     }
     jlm_err err = {0};
     int was_absent = pg->frame == NULL;
     dest d = { .pg = pg, .c0 = 0, .c1 = nc };
     if (was_absent && map_frame(p, pg, &err)) {
         r->st.pf_skipped++;
-        return;
+        return -1;
     }
     if (make_room(p, need, &d, &err)) {   /* cannot happen: room was checked */
         for (uint64_t c = 0; c < nc; c++)
@@ -753,13 +788,15 @@ void jlm_pager_prefetch(jlm_pager *p, uint32_t array, uint32_t page)
         if (was_absent)
             unmap_frame(p, pg);
         r->st.pf_skipped++;
-        return;
+        return -1;
     }
     if (!was_absent)
         list_unlink(class_list(p, pg), pg);
     pg->pins = 1;                     /* held by the read: FILLING, never a victim */
     charge(p, pg, need);
-    p->pf_pg = pg;
+    s->pg = pg;
+    pg->pf_in = (uint8_t)(s - p->pf.slot + 1);
+    p->pf.busy++;
     r->st.pf_issued++;
     pthread_mutex_lock(&p->pf.mu);
     uint32_t n = 0;
@@ -772,18 +809,19 @@ void jlm_pager_prefetch(jlm_pager *p, uint32_t array, uint32_t page)
         while (e < nc && !bit_get(pg, e))
             e++;
         assert(n < p->pf.cap);
-        p->pf.runs[n++] = (pfrun){ .c0 = c, .c1 = e, .lo = chunk_lo(p, c), .hi = chunk_hi(p, r, pg, e) };
+        s->runs[n++] = (pfrun){ .c0 = c, .c1 = e, .lo = chunk_lo(p, c), .hi = chunk_hi(p, r, pg, e) };
         c = e;
     }
-    p->pf.n_runs = n;
-    p->pf.len = need;
-    p->pf.was_absent = was_absent;
-    p->pf.base = r->base_off + (uint64_t)page * r->page_size;
-    p->pf.dst = pg->frame;
-    p->pf.rc = 0;
-    p->pf.state = PF_QUEUED;
+    s->n_runs = n;
+    s->len = need;
+    s->was_absent = was_absent;
+    s->base = r->base_off + (uint64_t)page * r->page_size;
+    s->dst = pg->frame;
+    s->rc = 0;
+    s->state = PF_QUEUED;
     pthread_cond_broadcast(&p->pf.cv);
     pthread_mutex_unlock(&p->pf.mu);
+    return 1;
 }
 
 /* ---------------------------------------------------------------- get / unpin */
@@ -801,18 +839,20 @@ int jlm_pager_get(jlm_pager *p, uint32_t array, uint32_t page, uint64_t off, uin
                         (unsigned long long)ext);
     uint64_t c0 = off >> p->chunk_shift;
     uint64_t c1 = len ? (off + len + p->chunk - 1) >> p->chunk_shift : c0;
-    int pf_waited = 0, mine = p->pf_pg == pg;
-    /* the read in flight: this page's, or the source is needed here (it serves
-     * one thread at a time); a hit on another page does not wait (experts
-     * gotten while a block computes) */
-    if (p->pf_pg && (mine || !pg->frame || missing(pg, c0, c1))) {
-        uint64_t w;
-        if (pf_collect(p, 1, &w) > 0 && mine && w) {
-            pf_waited = 1;
-            r->st.pf_waits++;
-            r->st.pf_wait_ns += w;
-        }
+    int pf_waited = 0;
+    uint64_t w;
+    /* the reads in flight: this page's is waited for; with one reader the
+     * others too when the source is needed here (it then serves one thread at
+     * a time); a hit on another page does not wait (experts gotten while a
+     * block computes) */
+    pf_collect(p, 0);
+    if (pg->pf_in && pf_collect_slot(p, &p->pf.slot[pg->pf_in - 1], 1, &w) > 0 && w) {
+        pf_waited = 1;
+        r->st.pf_waits++;
+        r->st.pf_wait_ns += w;
     }
+    if (p->pf.busy && p->pf.depth == 1 && (!pg->frame || missing(pg, c0, c1)))
+        pf_collect(p, 1);
     if (pg->pf_fresh) {
         pg->pf_fresh = 0;
         if (!pf_waited)
@@ -824,7 +864,12 @@ int jlm_pager_get(jlm_pager *p, uint32_t array, uint32_t page, uint64_t off, uin
     if (was_absent && (rc = map_frame(p, pg, err)))
         return rc;
     dest d = { .pg = pg, .c0 = c0, .c1 = c1 };
-    if ((rc = make_room(p, need, &d, err))) {
+    rc = make_room(p, need, &d, err);
+    if (rc == JLM_ERANGE && p->pf.busy) {   /* reads in flight hold pins: room once they are in */
+        pf_collect(p, 1);
+        rc = make_room(p, need, &d, err);
+    }
+    if (rc) {
         for (uint64_t c = c0; c < c1; c++)   /* memory moved in for the chunks not read */
             if (!bit_get(pg, c))
                 host_changing(p, pg), frame_release(pg->frame, chunk_lo(p, c), chunk_hi(p, r, pg, c + 1));
@@ -892,7 +937,7 @@ uint64_t jlm_pager_min_budget(const jlm_pager *p, const uint32_t *n_pinned)
 
 int jlm_pager_set_budget(jlm_pager *p, uint64_t budget, jlm_err *err)
 {
-    pf_collect(p, 1, NULL);
+    pf_collect(p, 1);
     if (budget) {
         uint64_t pinned = 0;
         for (uint32_t a = 0; a < p->n_arrays; a++)

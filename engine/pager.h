@@ -70,10 +70,11 @@
  * Thread safety: one pager per engine; every jlm_pager_* call comes from one
  * thread (the engine thread) or is serialized by the caller. The source may
  * use other threads (a file source splits large reads across its I/O
- * threads, inside one call). With prefetch on, one reader thread of the
- * pager's own reads one page at a time into a frame the engine thread gave
- * it; the source is never called by two threads at once (a get waits for
- * the read in flight before reading). The event callback runs synchronously
+ * threads, inside one call). With prefetch on, reader threads of the
+ * pager's own (as many as the prefetch depth) each read one page into a
+ * frame the engine thread gave it; at depth 1 the source is never called by
+ * two threads at once (a get waits for the read in flight before reading),
+ * above it the source must allow concurrent reads. The event callback runs synchronously
  * on the calling thread (a prefetched page's PAGE_IN when the engine thread
  * collects it).
  *
@@ -83,7 +84,7 @@
  * one pin by the read in flight (it is FILLING: on no list, never a victim)
  * until the engine thread collects it: at the next get, prefetch,
  * set_budget or close. A prefetch that would need to evict a pinned page,
- * or that finds another read in flight, is skipped (counted); a failed one
+ * or that finds `depth` reads in flight, is skipped (counted); a failed one
  * leaves the page ABSENT and the get that follows reads it and reports.
  * Memory: the pager owns frames and bitmaps; pointers returned by get stay
  * valid until the matching unpin. The source is borrowed (must outlive it).
@@ -235,13 +236,22 @@ void jlm_pager_unpin(jlm_pager *p, uint32_t array, uint32_t page);
 /* Turns prefetch on (1) or off (0; the default). Off waits for a read in
  * flight and collects it. Cannot fail. */
 void jlm_pager_set_prefetch(jlm_pager *p, int on);
-/* Starts reading the missing chunks of page `page` of `array` on the reader
- * thread, if prefetch is on, the page is not pinned and misses chunks, no
- * other prefetch is in flight, and the budget has room for them once the
+/* Pages read at once by prefetches (1, the default, to 16; clamped), each
+ * on a reader thread of its own (started on first use). Above 1 the source's
+ * read() is called from several threads at once (the file and mem sources
+ * allow it; the fault source does not) and a get that reads does not wait
+ * for the other pages' reads; a get that finds no room because reads in
+ * flight pin their pages waits for them. Cannot fail. */
+void jlm_pager_set_prefetch_depth(jlm_pager *p, uint32_t depth);
+/* Starts reading the missing chunks of page `page` of `array` on a reader
+ * thread, if prefetch is on, the page is not pinned and misses chunks, fewer
+ * than `depth` prefetches are in flight, and the budget has room for them once the
  * other unpinned pages are evicted (invariant 7 order). Never
  * fails: a prefetch not issued is counted in pf_skipped; out of range is
- * ignored. The next get of that page waits for it if unfinished. */
-void jlm_pager_prefetch(jlm_pager *p, uint32_t array, uint32_t page);
+ * ignored. The next get of that page waits for it if unfinished. Returns 1
+ * when a read was started, 0 when there is nothing to read (resident in
+ * full, pinned, on its way, prefetch off, out of range), -1 when skipped. */
+int  jlm_pager_prefetch(jlm_pager *p, uint32_t array, uint32_t page);
 
 /* ---------------------------------------------------------------- query */
 /* Bytes of the page currently filled (0 when absent). Cannot fail. */

@@ -117,15 +117,15 @@ static int check_page(const jlm_pager *p, const parray *r, const ppage *pg, jlm_
     if (!pg->frame && (pg->n_filled || pg->pins || pg->held))
         return jlm_errf(err, JLM_EINVAL, "pager check (3): %s page %u absent with %u chunks, %u pins, %llu bytes held",
                         r->name, pg->idx, pg->n_filled, pg->pins, (unsigned long long)pg->held);
-    uint64_t want = filled_bytes(p, r, pg) + (pg == p->pf_pg ? p->pf.len : 0);
+    uint64_t want = filled_bytes(p, r, pg) + (pg->pf_in ? p->pf.slot[pg->pf_in - 1].len : 0);
     if (pg->held != want)
         return jlm_errf(err, JLM_EINVAL, "pager check (1): %s page %u holds %llu bytes, its filled chunks%s are %llu",
-                        r->name, pg->idx, (unsigned long long)pg->held, pg == p->pf_pg ? " and the read in flight" : "",
+                        r->name, pg->idx, (unsigned long long)pg->held, pg->pf_in ? " and the read in flight" : "",
                         (unsigned long long)want);
     if (pg->frame && !pg->pins && !pg->n_filled)
         return jlm_errf(err, JLM_EINVAL, "pager check (4): %s page %u unpinned with a frame and nothing filled",
                         r->name, pg->idx);
-    if (pg->frame && pg != p->pf_pg)
+    if (pg->frame && !pg->pf_in)
         return check_frame_memory(p, r, pg, err);
     return 0;
 }

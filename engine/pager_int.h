@@ -22,6 +22,7 @@ typedef struct ppage {
     struct ppage *prev, *next;/* class list links (unpinned resident only) */
     uint32_t      array, idx;
     int           pf_fresh;   /* read by a prefetch, no get since */
+    uint8_t       pf_in;      /* 1 + the slot reading it; 0: none */
 } ppage;
 
 typedef struct parray {
@@ -39,24 +40,33 @@ typedef struct parray {
 
 typedef struct plist { ppage *head, *tail; uint32_t n; } plist;
 
-/* The reader thread and its one request: the runs of missing chunks of one
- * page. Fields under mu; the engine thread sets a request (state QUEUED)
- * only while state is IDLE or DONE. */
-enum { PF_IDLE = 0, PF_QUEUED, PF_DONE };
+/* The reader threads and their requests, one a slot: the runs of missing
+ * chunks of one page. Up to `depth` slots are in use (pages read at once),
+ * read by as many threads. state under mu; the engine thread fills a slot
+ * (state QUEUED) only while it is IDLE, a reader takes it (READING) and
+ * marks it DONE; the engine thread collects it (IDLE again). */
+#define PF_SLOTS 16
+enum { PF_IDLE = 0, PF_QUEUED, PF_READING, PF_DONE };
 typedef struct pfrun { uint64_t c0, c1, lo, hi; } pfrun;   /* chunks [c0,c1), frame bytes [lo,hi) */
-typedef struct pfetch {
-    pthread_mutex_t mu;
-    pthread_cond_t  cv;       /* state or stop changed */
-    pthread_t       th;
-    int             started, stop, state;
+typedef struct pfslot {
+    struct ppage   *pg;       /* engine thread: the page read, NULL when free */
+    int             state;
     uint64_t        base;     /* source offset of the page */
     pfrun          *runs;     /* (cap,) */
-    uint32_t        n_runs, cap;
+    uint32_t        n_runs;
     uint64_t        len;      /* bytes of all runs */
     int             was_absent;
     uint8_t        *dst;      /* the frame the engine thread gave */
     int             rc;
     jlm_err         err;
+} pfslot;
+typedef struct pfetch {
+    pthread_mutex_t mu;
+    pthread_cond_t  cv;       /* a state or stop changed */
+    pthread_t       th[PF_SLOTS];
+    uint32_t        n_threads, depth, cap, busy;   /* busy: slots in use (engine thread) */
+    int             stop;
+    pfslot          slot[PF_SLOTS];
 } pfetch;
 
 struct jlm_pager {
@@ -79,10 +89,10 @@ struct jlm_pager {
                                  size (0: no, chunks are smaller or THP is off) */
     plist       lru[2];       /* per class; head = most recently used */
 
-    /* prefetch: on, and the page whose read is in flight or uncollected
-     * (engine thread only; the reader thread sees only pf) */
+    /* prefetch: on, and the reads in flight or uncollected (slots' pg:
+     * engine thread only; the reader threads see the rest of pf) */
     int         pf_on;
-    ppage      *pf_pg;
+    pfrun      *pf_runs;      /* (PF_SLOTS * pf.cap,): the slots' runs */
     pfetch      pf;
 };
 

@@ -31,6 +31,7 @@ typedef struct file_source {
     size_t       split_min;
     jlm_pread_fn pread;
     jlm_pool    *pool;        /* I/O threads for split reads; NULL: none */
+    int          splitting;   /* a read holds the pool: another one reads unsplit */
 } file_source;
 
 static int aligned(uint64_t x) { return (x & (SRC_ALIGN - 1)) == 0; }
@@ -88,6 +89,8 @@ static void split_piece(void *ctx, size_t b, size_t e, int t)
     }
 }
 
+static int split_read(file_source *f, uint64_t off, size_t len, void *buf, int nt, jlm_err *err);
+
 static int file_read(jlm_source *s, uint64_t off, size_t len, void *buf, jlm_err *err)
 {
     file_source *f = (file_source *)s;
@@ -96,8 +99,15 @@ static int file_read(jlm_source *s, uint64_t off, size_t len, void *buf, jlm_err
                         f->path, (unsigned long long)off, (unsigned long long)(off + len),
                         (unsigned long long)s->size);
     int nt = jlm_pool_n_threads(f->pool);
-    if (!f->pool || len < f->split_min || nt < 2)
-        return file_read_span(f, off, len, buf, err);
+    if (!f->pool || len < f->split_min || nt < 2 || __atomic_exchange_n(&f->splitting, 1, __ATOMIC_ACQUIRE))
+        return file_read_span(f, off, len, buf, err);   /* (the pool serves one read at a time) */
+    int rc = split_read(f, off, len, buf, nt, err);
+    __atomic_store_n(&f->splitting, 0, __ATOMIC_RELEASE);
+    return rc;
+}
+
+static int split_read(file_source *f, uint64_t off, size_t len, void *buf, int nt, jlm_err *err)
+{
     size_t n_pieces = (size_t)nt;
     if (n_pieces > SRC_MAX_PIECES)
         n_pieces = SRC_MAX_PIECES;

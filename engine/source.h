@@ -35,8 +35,8 @@
  *
  * Thread safety: read() may be called from several threads at once for the
  * file and mem sources (pread has no shared offset); a file source's large
- * reads use its private pool, so only one thread at a time should issue reads
- * larger than split_min (the pager's rule: one engine thread). The fault
+ * reads use its private pool, one read at a time: a large read that finds
+ * the pool busy (the pager's readers, several pages at once) is one pread. The fault
  * source's counters are not atomic: one reader thread.
  * Memory: a source owns its state; close() frees it (jlm_source_close accepts
  * NULL). A fault source does not own the source it wraps.

@@ -5,7 +5,10 @@
  * ahead on the pager's thread and, on a device with a copy thread (CUDA),
  * copied ahead while this block computes; an expert page follows its
  * block's backend, and a grouped batch names the next expert it will want
- * so that it is read while the current one computes. The layer loop
+ * so that it is read while the current one computes. A token's missing
+ * experts are read at once, the next MoE block's predicted ones ahead, and
+ * with a budget that holds the model the rest in the background
+ * (docs/pager.md, Expert reads). The layer loop
  * (model.c) and the ops (exec*.c) make no pager or device-frame call. */
 #include "engine/exec_int.h"
 
@@ -57,6 +60,47 @@ static void dev_prefetch_next(jlm_engine *e, uint32_t l)
         jlm_pager_unpin(e->pager, JLM_PAGER_TEXT, nx);
 }
 
+/* ---------------------------------------------------------------- the cold start */
+/* While the budget holds every page: the pages not yet resident read in
+ * file order (the text blocks, then the experts) on the pager's readers,
+ * as many at once as it takes, so a first run reads the model at the disk's
+ * bandwidth instead of page by page on first use. warm_at: array << 32 |
+ * page of the next one. A page in use or on its way is passed over (its
+ * get reads it). */
+static void warm_step(jlm_engine *e)
+{
+    while (e->warm) {
+        uint32_t a = (uint32_t)(e->warm_at >> 32), pg = (uint32_t)e->warm_at;
+        if (!jlm_pager_extent(e->pager, a, pg)) {   /* past the array's end */
+            e->warm = a == JLM_PAGER_TEXT;
+            e->warm_at = (uint64_t)JLM_PAGER_EXPERTS << 32;
+            continue;
+        }
+        if (jlm_pager_prefetch(e->pager, a, pg) < 0)
+            return;   /* every reader busy: the next call goes on */
+        e->warm_at++;
+    }
+}
+
+void jlm_stream_open(jlm_engine *e, const jlm_engine_opts *o)
+{
+    e->rd_depth = o->no_prefetch ? 1 : o->read_depth ? o->read_depth : JLM_ENGINE_READ_DEPTH;
+    jlm_pager_set_prefetch_depth(e->pager, e->rd_depth);
+    e->pred_first = NO_PF;
+    uint64_t all = 0;
+    const uint32_t arrays[2] = {JLM_PAGER_TEXT, JLM_PAGER_EXPERTS};
+    for (int i = 0; i < 2; i++)
+        for (uint32_t pg = 0; jlm_pager_extent(e->pager, arrays[i], pg); pg++)
+            all += jlm_pager_extent(e->pager, arrays[i], pg);
+    e->warm = !o->no_warm && !o->no_prefetch && e->rd_depth > 1 && (!e->budget || e->budget >= all);
+    /* reads at once need slack: near the minimum working set a read's frame
+     * would take an expert of the same block read just before (read twice) */
+    uint32_t pins[3] = {2, 0, 2 * e->c->n_expert_used};
+    e->rd_par = e->rd_depth > 1 && (!e->budget || e->budget >= jlm_pager_min_budget(e->pager, pins));
+    e->predict = e->predict && e->rd_par;
+    e->warm_at = 0;
+}
+
 /* ---------------------------------------------------------------- blocks */
 int jlm_stream_block(jlm_engine *e, uint32_t l, const uint8_t **page, jlm_err *err)
 {
@@ -68,6 +112,7 @@ int jlm_stream_block(jlm_engine *e, uint32_t l, const uint8_t **page, jlm_err *e
     /* the block after this one (block 0 of the next pass after the last)
      * is read while this one computes (docs/pager.md, Prefetch) */
     jlm_pager_prefetch(e->pager, JLM_PAGER_TEXT, l + 1 < e->c->n_layer ? l + 1 : 0);
+    warm_step(e);
     e->dev_here = block_dev(e, l);
     if (e->pf_block != NO_PF && (e->pf_block != l || !e->dev_here))
         jlm_eng_prefetch_end(e);   /* not the block it was started for */
@@ -115,41 +160,133 @@ void jlm_stream_page_done(jlm_engine *e, uint32_t array, uint32_t page)
 }
 
 /* ---------------------------------------------------------------- experts */
-static void experts_put(jlm_engine *e, uint32_t first, const int32_t *sel, uint32_t host, uint32_t dev)
+static int expert_whole(const jlm_engine *e, uint32_t pg)
+{
+    return jlm_pager_filled(e->pager, JLM_PAGER_EXPERTS, pg) >= jlm_pager_extent(e->pager, JLM_PAGER_EXPERTS, pg);
+}
+
+/* The prediction for the bank at `first` (jlm_stream_predict) meets the
+ * experts routed there (sel[0..n); none: n 0, a prediction replaced). */
+static void predict_met(jlm_engine *e, uint32_t first, const int32_t *sel, uint32_t n)
+{
+    if (e->pred_first == NO_PF || e->pred_first != first)
+        return;
+    for (uint32_t i = 0; i < e->c->n_expert_used; i++) {
+        int routed = 0;
+        for (uint32_t s = 0; s < n && !routed; s++)
+            routed = sel[s] == e->pred_sel[i];
+        e->pst.hits += (uint64_t)routed;
+        if (e->pred_read[i] && routed)
+            e->pst.used++;
+        else if (e->pred_read[i])
+            e->pst.wasted_bytes += jlm_pager_extent(e->pager, JLM_PAGER_EXPERTS, first + (uint32_t)e->pred_sel[i]);
+    }
+    e->pred_first = NO_PF;
+}
+
+/* The more likely half of the predicted experts is read (sel is in the
+ * order of the predicted router's logits): on moe-1g at a 25% budget the
+ * reads of the other half were used 1 time in 3 and read 2x the bytes
+ * (docs/bench.md, Expert reads). */
+void jlm_stream_predict(jlm_engine *e, uint32_t first, const int32_t *sel)
+{
+    predict_met(e, e->pred_first, NULL, 0);   /* one no block met: all its reads wasted */
+    uint32_t nu = e->c->n_expert_used;
+    e->pred_first = first;
+    for (uint32_t i = 0; i < nu; i++) {
+        e->pred_sel[i] = sel[i];
+        e->pred_read[i] = i < (nu + 1) / 2 && jlm_pager_prefetch(e->pager, JLM_PAGER_EXPERTS, first + (uint32_t)sel[i]) > 0;
+        e->pst.reads += e->pred_read[i];
+    }
+    e->pst.predicted += nu;
+}
+
+void jlm_engine_predict_stats(const jlm_engine *e, jlm_engine_predict *out)
+{
+    *out = e->pst;
+}
+
+/* Unpins the host pages of the experts marked in got and the first dev on
+ * the block's device. */
+static void experts_put(jlm_engine *e, uint32_t first, const int32_t *sel, uint32_t n, const uint8_t *got,
+                        uint32_t dev)
 {
     for (uint32_t s = 0; s < dev; s++)
         jlm_dev_page_put(e->dev_here, JLM_PAGER_EXPERTS, first + (uint32_t)sel[s]);
-    for (uint32_t s = 0; s < host; s++)
-        jlm_pager_unpin(e->pager, JLM_PAGER_EXPERTS, first + (uint32_t)sel[s]);
+    for (uint32_t s = 0; s < n; s++)
+        if (!got || got[s])
+            jlm_pager_unpin(e->pager, JLM_PAGER_EXPERTS, first + (uint32_t)sel[s]);
 }
 
 /* Every expert on the host first, then on the block's device: the minimum
- * working set counts n_expert_used of them pinned together. */
-int jlm_stream_experts(jlm_engine *e, uint32_t first, const int32_t *sel, uint32_t n, const void **frames,
-                       jlm_err *err)
+ * working set counts n_expert_used of them pinned together. begin pins the
+ * resident ones (ready[s] = 1: no read below can take them) and, with slack
+ * in the budget (rd_par) on the CPU, starts the reads of every missing one
+ * at once on the pager's readers (rd_depth at a time). end gets the rest (a
+ * get waits for its read, or reads), then pins every one on the block's
+ * device. An error unpins everything. */
+int jlm_stream_experts_begin(jlm_engine *e, uint32_t first, const int32_t *sel, uint32_t n, const void **frames,
+                             uint8_t *ready, jlm_err *err)
 {
-    uint32_t pinned = 0, dpinned = 0;
+    if (n > JLM_MAX_EXPERTS_USED)
+        return jlm_errf(err, JLM_EINVAL, "%u experts at once: at most %u", n, JLM_MAX_EXPERTS_USED);
+    predict_met(e, first, sel, n);
     int rc = JLM_OK;
-    for (; pinned < n; pinned++) {
-        uint32_t pg = first + (uint32_t)sel[pinned];
-        if ((rc = jlm_pager_get(e->pager, JLM_PAGER_EXPERTS, pg, 0, jlm_pager_extent(e->pager, JLM_PAGER_EXPERTS, pg),
-                                &frames[pinned], err)))
-            break;
+    for (uint32_t s = 0; s < n; s++) {
+        uint32_t pg = first + (uint32_t)sel[s];
+        ready[s] = 0;
+        if (!rc && expert_whole(e, pg)) {
+            rc = jlm_pager_get(e->pager, JLM_PAGER_EXPERTS, pg, 0, jlm_pager_extent(e->pager, JLM_PAGER_EXPERTS, pg),
+                               &frames[s], err);
+            ready[s] = !rc;
+        }
     }
-    for (; !rc && e->dev_here && dpinned < pinned; dpinned++) {   /* expert pages follow their block's backend */
+    if (rc) {
+        experts_put(e, first, sel, n, ready, 0);
+        return rc;
+    }
+    for (uint32_t s = 0; e->rd_par && !e->dev_here && s < n; s++)
+        if (!ready[s])
+            jlm_pager_prefetch(e->pager, JLM_PAGER_EXPERTS, first + (uint32_t)sel[s]);
+    return JLM_OK;
+}
+
+int jlm_stream_experts_end(jlm_engine *e, uint32_t first, const int32_t *sel, uint32_t n, const void **frames,
+                           uint8_t *ready, jlm_err *err)
+{
+    uint32_t dpinned = 0;
+    int rc = JLM_OK;
+    for (uint32_t s = 0; s < n && !rc; s++) {
+        uint32_t pg = first + (uint32_t)sel[s];
+        if (ready[s])
+            continue;
+        rc = jlm_pager_get(e->pager, JLM_PAGER_EXPERTS, pg, 0, jlm_pager_extent(e->pager, JLM_PAGER_EXPERTS, pg),
+                           &frames[s], err);
+        ready[s] = !rc;
+    }
+    for (; !rc && e->dev_here && dpinned < n; dpinned++) {   /* expert pages follow their block's backend */
         uint32_t pg = first + (uint32_t)sel[dpinned];
         if ((rc = jlm_dev_page_get(e->dev_here, JLM_PAGER_EXPERTS, pg, JLM_PAGER_EXPERT, frames[dpinned],
                                    jlm_pager_extent(e->pager, JLM_PAGER_EXPERTS, pg), err)))
             break;
     }
     if (rc)
-        experts_put(e, first, sel, pinned, dpinned);
+        experts_put(e, first, sel, n, ready, dpinned);
+    warm_step(e);
     return rc;
+}
+
+int jlm_stream_experts(jlm_engine *e, uint32_t first, const int32_t *sel, uint32_t n, const void **frames,
+                       jlm_err *err)
+{
+    uint8_t ready[JLM_MAX_EXPERTS_USED];
+    int rc = jlm_stream_experts_begin(e, first, sel, n, frames, ready, err);
+    return rc ? rc : jlm_stream_experts_end(e, first, sel, n, frames, ready, err);
 }
 
 void jlm_stream_experts_done(jlm_engine *e, uint32_t first, const int32_t *sel, uint32_t n)
 {
-    experts_put(e, first, sel, n, e->dev_here ? n : 0);
+    experts_put(e, first, sel, n, NULL, e->dev_here ? n : 0);
 }
 
 /* Only when it fits the budget beside everything resident: a read ahead

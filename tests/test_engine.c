@@ -710,12 +710,39 @@ static void same_ids_at_every_budget(const char *name, int n_gen)
      * multiples: partial frames hold the remainder), the minimum */
     uint64_t budgets[] = {fixed + total, fixed + total / 2, fixed + total / 3 + 5 * 4096,
                           1 /* raised to the minimum working set */};
-    for (size_t b = 0; b < 4; b++) {
-        e = open_engine(path, budgets[b]);
+    for (size_t v = 0; v < 4 * 4; v++) {
+        /* the defaults; one read at a time, no prediction; 16, no warm; no reader thread (half the budget) */
+        size_t b = v % 4, reads = v / 4;
+        if (reads == 3 && b != 1)
+            continue;
+        if (reads == 3)
+            setenv("JLM_PAGER_NO_THREADS", "1", 1);
+        jlm_engine_opts o = {.n_threads = 2, .budget = budgets[b], .quiet = 1, .direct = 1,
+                             .read_depth = reads == 1 ? 1 : reads == 2 ? 16 : 0, .no_predict = reads == 1,
+                             .no_warm = reads == 2};
+        jlm_err err = {0};
+        cr_assert_eq(jlm_engine_open(path, &o, &e, &err), 0, "%s", err.msg);
         greedy(e, prompt, 5, n_gen, got, NULL);
+        unsetenv("JLM_PAGER_NO_THREADS");
+        jlm_pager_stats(jlm_engine_pager(e), &pc);
+        for (uint32_t a = 0; reads == 3 && a < pc.n_arrays; a++)
+            cr_assert(pc.a[a].pf_issued == 0, "%s: no reader thread, nothing read ahead",
+                      name);
+        cr_assert(reads != 3 || pc.a[0].pf_skipped > 0, "%s: the first prefetch found no thread", name);
         for (int i = 0; i < n_gen; i++)
-            cr_assert_eq(got[i], ref[i], "%s at budget %llu: id %d is %d, unlimited gives %d", name,
-                         (unsigned long long)jlm_engine_budget(e), i, got[i], ref[i]);
+            cr_assert_eq(got[i], ref[i], "%s at budget %llu, reads %zu: id %d is %d, unlimited gives %d", name,
+                         (unsigned long long)jlm_engine_budget(e), reads, i, got[i], ref[i]);
+        jlm_engine_predict ps;
+        jlm_engine_predict_stats(e, &ps);
+        uint32_t nl = jlm_engine_model(e)->config.n_layer;
+        uint32_t slack[3] = {2, 0, 2 * jlm_engine_model(e)->config.n_expert_used};   /* (below it: no reads at once) */
+        int par = !jlm_engine_budget(e) || jlm_engine_budget(e) >= jlm_pager_min_budget(jlm_engine_pager(e), slack);
+        cr_assert(reads % 2 || !par || !jlm_engine_model(e)->config.n_expert || nl < 2 || ps.predicted > 0,
+                  "%s: the next block's experts predicted", name);
+        cr_assert(ps.hits <= ps.predicted && ps.used <= ps.reads && ps.reads <= ps.predicted &&
+                  (reads != 1 || ps.predicted == 0), "%s: predicted %llu, hits %llu, reads %llu, used %llu", name,
+                  (unsigned long long)ps.predicted, (unsigned long long)ps.hits, (unsigned long long)ps.reads,
+                  (unsigned long long)ps.used);
         jlm_pager_stats(jlm_engine_pager(e), &pc);
         uint64_t ev = 0;
         for (uint32_t a = 0; a < pc.n_arrays; a++)
@@ -830,7 +857,10 @@ Test(moe, reads_only_the_routed_experts_pages, .timeout = 60)
         uint64_t budget = k == 4 || k >= 6 ? 1 : 0;
         char *dir = tu_tmpdir();
         char *path = convert_model(names[k], dir);
-        jlm_engine *e = open_engine(path, budget);
+        jlm_engine_opts o = {.n_threads = 2, .budget = budget, .quiet = 1, .direct = 1, .no_warm = 1};
+        jlm_engine *e;
+        jlm_err err = {0};
+        cr_assert_eq(jlm_engine_open(path, &o, &e, &err), 0, "%s", err.msg);   /* no read of the rest */
         const jlm_model *m = jlm_engine_model(e);
         int32_t bos = 1;
         float *l = malloc(jlm_engine_n_vocab(e) * sizeof *l);

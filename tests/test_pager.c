@@ -8,6 +8,7 @@
 #include <criterion/criterion.h>
 
 #include <errno.h>
+#include <pthread.h>
 #include <fcntl.h>
 #include <stdatomic.h>
 #include <stdio.h>
@@ -862,6 +863,94 @@ Test(pager, a_failed_prefetch_leaves_the_page_absent_and_the_get_reads_it, .time
     cr_assert_eq(c.a[0].pf_unused, 1, "unused %llu", (unsigned long long)c.a[0].pf_unused);
     check_pf_sums(&r, 0);
     rig_close(&r);
+}
+
+/* A source whose reads wait while `hold` is set (all but the one at
+ * free_off), counting the reads waiting at once: several prefetches in
+ * flight are several reads at once. */
+typedef struct gate_src {
+    jlm_source      base;
+    jlm_source     *inner;
+    pthread_mutex_t mu;
+    pthread_cond_t  cv;
+    int             hold, waiting;
+    uint64_t        free_off;
+} gate_src;
+
+static int gate_read(jlm_source *s, uint64_t off, size_t len, void *buf, jlm_err *err)
+{
+    gate_src *g = (gate_src *)s;
+    pthread_mutex_lock(&g->mu);
+    g->waiting++;
+    pthread_cond_broadcast(&g->cv);
+    while (g->hold && off != g->free_off)
+        pthread_cond_wait(&g->cv, &g->mu);
+    g->waiting--;
+    pthread_mutex_unlock(&g->mu);
+    return g->inner->read(g->inner, off, len, buf, err);
+}
+
+static void gate_set(gate_src *g, int hold)
+{
+    pthread_mutex_lock(&g->mu);
+    g->hold = hold;
+    pthread_cond_broadcast(&g->cv);
+    pthread_mutex_unlock(&g->mu);
+}
+
+Test(pager, prefetches_read_up_to_the_depth_at_once_and_a_get_reads_beside_them, .timeout = 10)
+{
+    rig r;
+    memset(&r, 0, sizeof r);
+    jlm_err err = {0};
+    r.data = make_content(SRC_LEN);
+    cr_assert_eq(jlm_source_open_mem(r.data, SRC_LEN, "mem.jlm", &r.mem, &err), 0, "%s", err.msg);
+    gate_src g = {.base = {.read = gate_read, .name = "gate", .size = SRC_LEN}, .inner = r.mem, .hold = 1,
+                  .free_off = page_off(1, 5)};
+    pthread_mutex_init(&g.mu, NULL);
+    pthread_cond_init(&g.cv, NULL);
+    jlm_pager_array_desc arrays[2] = {
+        { .name = "blocks", .cls = JLM_PAGER_BLOCK, .base_off = BLK_BASE, .page_size = PG, .n_pages = NB },
+        { .name = "experts", .cls = JLM_PAGER_EXPERT, .base_off = EXP_BASE, .page_size = XPG, .n_pages = NX },
+    };
+    jlm_pager_config cfg = { .src = &g.base, .chunk = 4096, .n_arrays = 2, .arrays = arrays };
+    cr_assert_eq(jlm_pager_open(&cfg, &r.p, &err), 0, "%s", err.msg);
+    jlm_pager_set_prefetch(r.p, 1);
+    jlm_pager_set_prefetch_depth(r.p, 4);
+    for (uint32_t x = 0; x < 4; x++)
+        cr_assert_eq(jlm_pager_prefetch(r.p, 1, x), 1, "expert %u: read started", x);
+    cr_assert_eq(jlm_pager_prefetch(r.p, 1, 4), -1, "a fifth read while four are in flight is skipped");
+    cr_assert_eq(jlm_pager_prefetch(r.p, 1, 0), 0, "a page on its way: nothing to do");
+    pthread_mutex_lock(&g.mu);
+    while (g.waiting < 4)   /* the four reads are in the source at once (one reader: the test times out) */
+        pthread_cond_wait(&g.cv, &g.mu);
+    pthread_mutex_unlock(&g.mu);
+    check(&r);
+    get_ok(&r, 1, 5, 0, XPG);   /* reads beside them, waits for none (else the test times out) */
+    jlm_pager_unpin(r.p, 1, 5);
+    gate_set(&g, 0);
+    for (uint32_t x = 0; x < 4; x++) {
+        get_ok(&r, 1, x, 0, XPG);
+        jlm_pager_unpin(r.p, 1, x);
+    }
+    jlm_pager_counters c;
+    jlm_pager_stats(r.p, &c);
+    cr_assert_eq(c.a[1].pf_issued, 4);
+    cr_assert_eq(c.a[1].pf_skipped, 1);
+    cr_assert_eq(c.a[1].pf_hits + c.a[1].pf_waits, 4);
+    cr_assert_eq(c.a[1].page_ins, 5);
+    /* depth 1: one read at a time */
+    jlm_pager_set_prefetch_depth(r.p, 1);
+    gate_set(&g, 1);
+    cr_assert_eq(jlm_pager_prefetch(r.p, 1, 6), 1);
+    cr_assert_eq(jlm_pager_prefetch(r.p, 1, 7), -1, "depth 1: a second read is skipped");
+    gate_set(&g, 0);
+    check(&r);
+    jlm_pager_close(r.p);
+    jlm_source_close(r.mem);
+    free(r.data);
+    pthread_mutex_destroy(&g.mu);
+    pthread_cond_destroy(&g.cv);
 }
 
 Test(pager, random_gets_with_prefetch_keep_every_invariant_and_every_byte, .timeout = 20)
