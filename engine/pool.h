@@ -57,10 +57,12 @@ void jlm_pool_for_claim(jlm_pool *p, size_t n, size_t grain, jlm_pool_fn fn, voi
  * waits with nothing left to take: beside a busy loop on one core a 2-thread
  * prefill ran below the 1-thread figure. So a claimed dispatch in which the
  * caller waited for the workers more than 0.3 ms after its own pieces, and
- * longer than those took, starts a solo period: claimed dispatches run on
- * the caller alone (fn(ctx, 0, n, 0), the same results: fn is independent of
- * the split) for 8 times that wait, or twice the last solo period when the
- * stall came soon after it (1 to 100 ms), then the workers are tried again. jlm_pool_for's dispatches (decode) are not affected. Env JLM_POOL:
+ * longer than those took, starts a solo period: every dispatch runs on the
+ * caller alone (fn(ctx, 0, n, 0), as with a NULL pool, so the same results;
+ * the workers sleep instead of being woken for the odd dispatch) for 8 times
+ * that wait, or twice the last solo period when the stall came soon after it
+ * (1 to 100 ms), then the workers are tried again. Only a claimed dispatch
+ * starts one. Env JLM_POOL:
  * "claim" turns the solo periods off, "static" also splits claimed
  * dispatches as jlm_pool_for does (the A/B baselines of docs/bench.md).
  * jlm_pool_stalls: the solo periods started so far (0 for NULL). */

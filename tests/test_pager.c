@@ -1312,8 +1312,8 @@ Test(pool, claimed_pieces_cover_every_index_once_and_a_stalled_thread_leaves_its
 }
 
 /* A stalled worker (pool.h): the 200 ms stall of thread 1 in its first piece
- * starts a solo period, so the next claimed dispatch runs on the caller
- * alone, covering every index once; JLM_POOL=claim never goes solo, and
+ * starts a solo period, so the next dispatches, claimed or not, run on the
+ * caller alone, covering every index once; JLM_POOL=claim never goes solo, and
  * JLM_POOL=static splits a claimed dispatch into one slice per thread (the
  * stalled thread runs its third). */
 static jlm_pool *pool_in_mode(const char *mode)
@@ -1340,7 +1340,9 @@ Test(pool, a_stalled_worker_sends_claimed_dispatches_to_the_caller_for_a_while, 
     c.stall_thread = -1;
     run_cover_as(pool, &c, POOL_N, 4, 1);
     cr_assert_eq(atomic_load(&c.by_thread[0]), POOL_N, "the caller ran %zu of %d", atomic_load(&c.by_thread[0]), POOL_N);
-    run_cover_as(pool, &c, POOL_N, 4, 0);   /* jlm_pool_for: not affected, every index once */
+    run_cover_as(pool, &c, POOL_N, 4, 0);   /* jlm_pool_for: on the caller too while solo */
+    cr_assert_eq(atomic_load(&c.by_thread[0]), POOL_N, "jlm_pool_for: the caller ran %zu of %d",
+                 atomic_load(&c.by_thread[0]), POOL_N);
     jlm_pool_destroy(pool);
 
     pool = pool_in_mode("claim");
