@@ -18,6 +18,13 @@ static int parse_text(const char *text, rr_trace *t, char *msg, size_t msz)
     return rc;
 }
 
+/* A trace that must parse. */
+static void parse_ok(const char *text, rr_trace *t)
+{
+    char msg[256];
+    cr_assert_eq(parse_text(text, t, msg, sizeof msg), 0, "%s", msg);
+}
+
 /* One block of 8 experts, one used: the reference string as positions 0.. */
 static void classic(rr_trace *t)
 {
@@ -26,8 +33,7 @@ static void classic(rr_trace *t)
     int n = snprintf(text, sizeof text, "# jlm routing trace 1 n_layer 1 n_expert 8 n_used 1 expert_bytes 1000000\n");
     for (int i = 0; i < 12; i++)
         n += snprintf(text + n, sizeof text - (size_t)n, "%d 0 %d\n", i, ref[i]);
-    char msg[256];
-    cr_assert_eq(parse_text(text, t, msg, sizeof msg), 0, "%s", msg);
+    parse_ok(text, t);
 }
 
 Test(replay, belady_and_lru_match_the_hand_counts_of_the_classic_string)
@@ -51,8 +57,7 @@ Test(replay, lfu_keeps_the_frequent_expert_that_lru_evicts)
     const char *text = "# jlm routing trace 1 n_layer 1 n_expert 4 n_used 1 expert_bytes 4096\n"
                        "0 0 1\n1 0 1\n2 0 1\n3 0 2\n4 0 3\n5 0 1\n";
     rr_trace t;
-    char msg[256];
-    cr_assert_eq(parse_text(text, &t, msg, sizeof msg), 0, "%s", msg);
+    parse_ok(text, &t);
     cr_assert_eq(rr_misses(&t, RR_LFU, 2, 1e6), 3);
     cr_assert_eq(rr_misses(&t, RR_LRU, 2, 1e6), 4);
     cr_assert_eq(rr_misses(&t, RR_LFU, 2, 1e-6), 4);
@@ -71,8 +76,7 @@ Test(replay, a_routing_s_experts_are_never_each_other_s_victims)
     const char *text = "# jlm routing trace 1 n_layer 2 n_expert 4 n_used 2 expert_bytes 4096\n"
                        "5 0 0 1\n0 0 1 3\n1 0 1 3\n2 0 1 3\n3 0 1 0\n4 0 0 2\n0 1 2 3\n";
     rr_trace t;
-    char msg[256];
-    cr_assert_eq(parse_text(text, &t, msg, sizeof msg), 0, "%s", msg);
+    parse_ok(text, &t);
     cr_assert_eq(t.n_tokens, 6);
     cr_assert_eq(t.page[0], 1);       /* (0, block 0) first */
     cr_assert_eq(t.page[2], 6);       /* then (0, block 1): block 1's expert 2 */
@@ -84,7 +88,7 @@ Test(replay, a_routing_s_experts_are_never_each_other_s_victims)
     rr_free(&t);
     const char *one = "# jlm routing trace 1 n_layer 1 n_expert 4 n_used 2 expert_bytes 4096\n"
                       "5 0 0 1\n0 0 1 3\n1 0 1 3\n2 0 1 3\n3 0 1 0\n4 0 0 2\n";
-    cr_assert_eq(parse_text(one, &t, msg, sizeof msg), 0, "%s", msg);
+    parse_ok(one, &t);
     for (int pol = 0; pol < 3; pol++)
         cr_assert_eq(rr_misses(&t, pol, 3, 1e9), 4, "policy %d", pol);
     rr_free(&t);
