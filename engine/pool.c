@@ -245,11 +245,11 @@ static void pool_run(jlm_pool *p, size_t n, size_t grain, int claim, jlm_pool_fn
         return;
     if (p && claim && p->mode != POOL_ADAPTIVE)
         claim = p->mode == POOL_CLAIM;
-    int adapt = p && claim && p->mode == POOL_ADAPTIVE;
-    unsigned long long t0 = adapt || (p && p->solo_until) ? now_ns() : 0;
+    int adapt = p && claim && p->mode == POOL_ADAPTIVE && !p->prof;   /* profiled: split as asked */
+    unsigned long long t0 = adapt || (p && p->solo_until && !p->prof) ? now_ns() : 0;
     if (p && p->solo_until && t0 >= p->solo_until + p->solo_ns)
         p->solo_until = 0;   /* long past: a stall now starts afresh */
-    if (!p || p->n_threads == 1 || n <= (grain ? grain : 1) || t0 < p->solo_until) {
+    if (!p || p->n_threads == 1 || n <= (grain ? grain : 1) || (t0 && t0 < p->solo_until)) {
         fn(ctx, 0, n, 0);
         return;
     }

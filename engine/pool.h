@@ -62,7 +62,8 @@ void jlm_pool_for_claim(jlm_pool *p, size_t n, size_t grain, jlm_pool_fn fn, voi
  * the workers sleep instead of being woken for the odd dispatch) for 8 times
  * that wait, or twice the last solo period when the stall came soon after it
  * (1 to 100 ms), then the workers are tried again. Only a claimed dispatch
- * starts one. Env JLM_POOL:
+ * starts one; a profiled pool (jlm_pool_profile) never does, so a profile
+ * shows the dispatches as split. Env JLM_POOL:
  * "claim" turns the solo periods off, "static" also splits claimed
  * dispatches as jlm_pool_for does (the A/B baselines of docs/bench.md).
  * jlm_pool_stalls: the solo periods started so far (0 for NULL). */
