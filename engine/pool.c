@@ -88,12 +88,13 @@ static inline void cpu_relax(const jlm_pool *p, unsigned i)
 #define POOL_CLAIMS 4
 
 /* A stalled worker (pool.h): the caller waited more than STALL_NS for the
- * workers after its own share, and longer than that share took; then
+ * workers after its own share, and longer than that share took (the
+ * dispatch took longer than the caller alone would have); then
  * claimed dispatches run on the caller alone for SOLO_FACTOR times that wait,
  * or twice the last solo period when this stall came within that period's
  * length after it ended (the neighbour is still there), within
  * [SOLO_MIN_NS, SOLO_MAX_NS]. */
-#define POOL_STALL_NS   300000ull
+#define POOL_STALL_NS    50000ull
 #define POOL_SOLO_FACTOR 8ull
 #define POOL_SOLO_MIN_NS 1000000ull
 #define POOL_SOLO_MAX_NS 100000000ull

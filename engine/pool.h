@@ -56,7 +56,7 @@ void jlm_pool_for_claim(jlm_pool *p, size_t n, size_t grain, jlm_pool_fn fn, voi
  * slice in turn) holds the dispatch until it runs again, while the caller
  * waits with nothing left to take: beside a busy loop on one core a 2-thread
  * prefill ran below the 1-thread figure. So a claimed dispatch in which the
- * caller waited for the workers more than 0.3 ms after its own pieces, and
+ * caller waited for the workers more than 50 us after its own pieces, and
  * longer than those took, starts a solo period: every dispatch runs on the
  * caller alone (fn(ctx, 0, n, 0), as with a NULL pool, so the same results;
  * the workers sleep instead of being woken for the odd dispatch) for 8 times
