@@ -20,7 +20,7 @@
 #include <unistd.h>
 
 /* The option table of `jlm run` into t (room for RUN_OPTS_MAX); its length. */
-#define RUN_OPTS_MAX (14 + JLM_OPTS_ENGINE_MAX + JLM_OPTS_SAMPLER_MAX)
+#define RUN_OPTS_MAX (15 + JLM_OPTS_ENGINE_MAX + JLM_OPTS_SAMPLER_MAX)
 static int run_table(jlm_opt *t, run_opts *o, jlm_opts_gpu *gpu)
 {
     const jlm_opt head[] = {
@@ -37,6 +37,8 @@ static int run_table(jlm_opt *t, run_opts *o, jlm_opts_gpu *gpu)
         {NULL, "--print-ids", JLM_OPT_FLAG, &o->print_ids, 0, 0, 0, NULL, "print the prompt and generated ids as JSON"},
         {NULL, "--json", JLM_OPT_FLAG, &o->json, 0, 0, 0, NULL, "one JSON object: text, ids, timings, pager counters"},
         {NULL, "--logits", JLM_OPT_STR, &o->logits_file, 0, 0, JLM_OPT_OUT, "FILE", "write the first step's logits as JSON"},
+        {NULL, "--trace-routing", JLM_OPT_STR, &o->trace_file, 0, 0, JLM_OPT_OUT, "FILE",
+         "write each token's routed experts, block by block (MoE models; bench/routing_replay replays it)"},
         {NULL, "--ids", JLM_OPT_STR, &o->ids, 0, 0, 0, "1,2,3", "prompt token ids instead of text"},
         {NULL, "--image", JLM_OPT_STR, &o->image, 0, 0, 0, "FILE", "PNG/JPEG/PPM at the prompt's <image> marker, or first"},
         {NULL, "--grammar", JLM_OPT_STR, &o->grammar, 0, 0, 0, "FILE", "constrain the output to a GBNF grammar (llama.cpp's syntax)"},
@@ -131,6 +133,38 @@ static int write_logits(const run *r)
         fprintf(w.f, "%s%.9g", i ? ", " : "", (double)r->s->logits[i]);
     fputs("]\n", w.f);
     return jlm_cli_out_commit(&w);
+}
+
+/* --trace-routing: the engine writes each routing to the file from the
+ * prompt on (engine/model.h's format). 0, 1 or 2 after a line. */
+static int trace_start(run *r)
+{
+    jlm_err err = {0};
+    int rc = jlm_cli_out_open(&r->trace, "jlm run", "--trace-routing", r->o.trace_file, r->inputs, 3, "model");
+    if (rc)
+        return rc;
+    if (jlm_engine_trace_routing(r->s->e, r->trace.f, &err)) {
+        jlm_cli_out_abort(&r->trace);
+        r->trace.f = NULL;
+        jlm_cli_errorf("jlm run", "--trace-routing: %s", err.msg);
+        return 2;
+    }
+    return 0;
+}
+
+/* The trace kept when the run succeeded (status 0), else dropped; the
+ * status after its commit. */
+static int trace_end(run *r, int status)
+{
+    if (!r->trace.f)
+        return status;
+    jlm_err err = {0};
+    jlm_engine_trace_routing(r->s->e, NULL, &err);
+    if (status) {
+        jlm_cli_out_abort(&r->trace);
+        return status;
+    }
+    return jlm_cli_out_commit(&r->trace);
 }
 
 /* --chat: the prompt as one user turn (after the system message, if any)
@@ -284,8 +318,12 @@ int jlm_cmd_run(int argc, char **argv)
     char *container = jlm_cli_container_path(r.o.model);
     r.inputs[0] = r.given; r.inputs[1] = r.o.model; r.inputs[2] = container;
     int status = r.o.logits_file ? jlm_cli_out_check("jlm run", "--logits", r.o.logits_file, r.inputs, 3, "model") : 0;
+    if (!status && r.o.trace_file)
+        status = jlm_cli_out_check("jlm run", "--trace-routing", r.o.trace_file, r.inputs, 3, "model");
     if (!status)
-        status = run_open(&r) || prompt_ids(&r) || prefill(&r) ? 1 : 0;
+        status = run_open(&r) ? 1 : r.o.trace_file ? trace_start(&r) : 0;
+    if (!status)
+        status = prompt_ids(&r) || prefill(&r) ? 1 : 0;
     if (!status && r.o.logits_file)
         status = write_logits(&r);
     if (!status) {   /* the ids, --json and --stats even after a failed step (what was generated) */
@@ -296,6 +334,7 @@ int jlm_cmd_run(int argc, char **argv)
         if (r.o.stats)
             jlm_cli_run_stats(&r);
     }
+    status = trace_end(&r, status);
     jlm_cli_gram_free(&r.gram);
     jlm_session_close(r.s);
     free(container);

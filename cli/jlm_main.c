@@ -13,7 +13,7 @@ typedef struct cmd { const char *name; int (*fn)(int, char **); const char *help
 static const cmd CMDS[] = {
     {"convert",  jlm_cmd_convert,  "convert SRC.gguf|DIR [-o OUT.jlm] [--plan]   GGUF or HF folder -> .jlm"},
     {"info",     jlm_cmd_info,     "info MODEL [--tensors] [--json]          what a container holds"},
-    {"run",      jlm_cmd_run,      "run MODEL -p PROMPT [-n N] [-c CTX] [--temp T] [--top-k K] [--top-p P] [--min-p P] [--repeat-penalty R] [--seed S] [-t N] [--budget SIZE] [--kv f16] [--chat] [-sys TEXT] [--stats] [--json] [--print-ids] [--logits FILE]"},
+    {"run",      jlm_cmd_run,      "run MODEL -p PROMPT [-n N] [-c CTX] [--temp T] [--top-k K] [--top-p P] [--min-p P] [--repeat-penalty R] [--seed S] [-t N] [--budget SIZE] [--kv f16] [--chat] [-sys TEXT] [--stats] [--json] [--print-ids] [--logits FILE] [--trace-routing FILE]"},
     {"tokenize", jlm_cmd_tokenize, "tokenize MODEL TEXT [--ids] [--no-bos] [--parse-special]"},
     {"chat",     jlm_cmd_chat,     "chat MODEL [-n N] [-c CTX] [-t T] [--temp T] [--seed S] [--budget SIZE] [--kv f16]   one user message per line"},
     {"serve",    jlm_cmd_serve,    "serve (MODEL... | --models DIR) [--host H] [--port P] [--parallel N] [--queue N] [--api-key K] [-c CTX] [-t N] [--budget SIZE]   OpenAI-compatible HTTP server"},

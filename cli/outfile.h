@@ -1,6 +1,6 @@
 /* outfile.h - the one checked writer behind every output path a `jlm`
  * command takes (`convert -o`, `info --html -o`, `stats --html -o`,
- * `run --logits`): docs/cli.md "Output paths".
+ * `run --logits`, `run --trace-routing`): docs/cli.md "Output paths".
  *
  * Owns: the refusals (a directory, anything but a regular file: a device
  * node, a FIFO, a socket; one of the command's own inputs, the model or the

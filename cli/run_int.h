@@ -8,12 +8,14 @@
 #include <stdint.h>
 
 #include "engine/model.h"
+#include "cli/outfile.h"
 #include "engine/sampler.h"
 #include "prompt/session.h"
 #include "text/grammar/grammar.h"
 
 typedef struct run_opts {
     const char *model, *prompt, *prompt_file, *logits_file, *ids, *image, *system, *grammar, *json_schema;
+    const char *trace_file;   /* --trace-routing */
     int n_predict, stats, print_ids, json, chat;
     jlm_engine_opts eng;
     jlm_samp_params samp;
@@ -42,6 +44,7 @@ typedef struct run {
     int          ctx_cut;      /* -n went past the context: stopped there */
     double       t0, t1, t2;   /* prefill start, decode start, end */
     jlm_cli_gram gram;         /* --grammar / --json-schema; zeroed: none */
+    jlm_cli_out  trace;        /* --trace-routing's file while the engine writes it (trace.f NULL: none) */
 } run;
 
 /* Loads at most one of the two files (both NULL: *out zeroed, 0). Prints one

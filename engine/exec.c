@@ -21,9 +21,11 @@ void jlm_ex_mm_slice(void *ctx, size_t b, size_t en, int tid)
 
 /* Work of a batch that is per token and independent across tokens (the
  * activations' int8 rows, norms, bias + RoPE + the cache row, residual adds):
- * split over the pool's threads for ROWS_PAR tokens or more, on the calling
- * thread below that (a prefill batch; decode and small batches stay serial).
- * Each row is computed exactly as alone, so no result depends on the split.
+ * over the pool's threads for ROWS_PAR tokens or more, rows claimed in
+ * pieces (jlm_pool_for_claim: a stalled thread leaves its share to the
+ * others), on the calling thread below that (a prefill batch; decode and
+ * small batches stay serial). Each row is computed exactly as alone, so no
+ * result depends on the split.
  * Serial, these were ~12% of a 2-thread pp128 token (jlm bench --profile). */
 enum { ROWS_PAR = 8 };
 typedef struct rows_job { jlm_engine *e; jlm_ex_row_fn fn; void *ctx; } rows_job;
@@ -38,7 +40,7 @@ static void rows_slice(void *ctx, size_t t0, size_t t1, int tid)
 void jlm_ex_for_rows(jlm_engine *e, uint32_t n, jlm_ex_row_fn fn, void *ctx)
 {
     rows_job j = {e, fn, ctx};
-    jlm_pool_for(n >= ROWS_PAR ? e->pool : NULL, n, 1, rows_slice, &j);
+    jlm_pool_for_claim(n >= ROWS_PAR ? e->pool : NULL, n, 1, rows_slice, &j);
 }
 
 typedef struct quant_job { const float *x; uint64_t k; } quant_job;

@@ -5,6 +5,7 @@
 #include "engine/exec_int.h"
 
 #include <math.h>
+#include <stdio.h>
 #include <string.h>
 
 /* llama.cpp's build_moe_ffn with sigmoid gating: p = sigmoid(logits); the
@@ -133,6 +134,33 @@ static void route(jlm_engine *e, const jlm_op *op, uint32_t l, const uint8_t *pa
     prof_end(e, JLM_PROF_ROUTE, t0);
 }
 
+/* --trace-routing: row t's choice in block l (model.h's line format). */
+static void trace_route(const jlm_engine *e, uint32_t l, uint32_t t, const int32_t *sel)
+{
+    if (!e->rtrace)
+        return;
+    fprintf(e->rtrace, "%u %u", e->bpos[t], l);
+    for (uint32_t s = 0; s < e->c->n_expert_used; s++)
+        fprintf(e->rtrace, " %d", sel[s]);
+    fputc('\n', e->rtrace);
+}
+
+int jlm_engine_trace_routing(jlm_engine *e, FILE *f, jlm_err *err)
+{
+    const jlm_config *c = e->c;
+    if (f && !c->n_expert)
+        return jlm_errf(err, JLM_EINVAL, "%s: no routed experts: no routing to trace", e->m->path);
+    e->rtrace = f;
+    if (!f)
+        return JLM_OK;
+    uint64_t sum = 0, n = 0, x;
+    for (uint32_t i = 0; (x = jlm_pager_extent(e->pager, JLM_PAGER_EXPERTS, i)) != 0; i++, n++)
+        sum += x;
+    fprintf(f, "# jlm routing trace 1 n_layer %u n_expert %u n_used %u expert_bytes %llu\n", c->n_layer, c->n_expert,
+            c->n_expert_used, (unsigned long long)(n ? sum / n : 0));
+    return JLM_OK;
+}
+
 /* x += the mixture of nu expert outputs (outs: nu rows of E) weighted by w,
  * summed from zero into mix in slot order (jlm_k_moe_combine's sum): the
  * fused decode step and each row of a grouped batch. */
@@ -253,6 +281,7 @@ static int moe_token(jlm_engine *e, const jlm_op *op, uint32_t l, const uint8_t 
     uint32_t nu = c->n_expert_used, E = c->n_embd;
     float *h = e->h + t * E, *x = e->x + t * E;
     route(e, op, l, page, page_off, h);   /* h: the MOE op's normed input */
+    trace_route(e, l, t, e->route + (size_t)l * nu);
     const jlm_tensor *tg = W(e, l, JLM_R_EXP_GATE), *tu = W(e, l, JLM_R_EXP_UP), *td = W(e, l, JLM_R_EXP_DOWN);
     const float *bg = vec_dense(e, W(e, l, JLM_R_EXP_GATE_B)), *bu = vec_dense(e, W(e, l, JLM_R_EXP_UP_B));
     const float *bd = vec_dense(e, W(e, l, JLM_R_EXP_DOWN_B));
@@ -331,6 +360,8 @@ static void route_rows(jlm_engine *e, const jlm_op *op, uint32_t l, const uint8_
     jlm_ex_matmul(e, &wr, n, e->h, e->mrl);
     route_ctx rc = {l, op->route};
     jlm_ex_for_rows(e, n, route_row, &rc);
+    for (uint32_t t = 0; e->rtrace && t < n; t++)
+        trace_route(e, l, t, e->msel + (size_t)t * nu);
     memcpy(e->route + (size_t)l * nu, e->msel + (size_t)(n - 1) * nu, nu * sizeof(int32_t));
     prof_end(e, JLM_PROF_ROUTE, t0);
 }

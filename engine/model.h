@@ -23,6 +23,7 @@
 #define JLM_MODEL_H
 
 #include <stdint.h>
+#include <stdio.h>
 
 #include "engine/pager.h"
 #include "engine/source.h"
@@ -88,6 +89,9 @@ typedef struct jlm_engine_opts {
     const char *kv;        /* NULL/"f32"; "f16": keys and values stored as F16
                             * (half the memory; logits within docs/engine.md's
                             * tolerance of the F32 cache's) */
+    const char *expert_policy;   /* NULL: JLM_XP_DEFAULT; "lru" / "lfu": which
+                            * unpinned expert page the host pager evicts first
+                            * (engine/xpolicy.h) */
 } jlm_engine_opts;
 
 typedef struct jlm_engine jlm_engine;
@@ -269,5 +273,17 @@ uint64_t jlm_engine_bytes_per_token(const jlm_engine *e);
 /* Expert routing observed on the last evaluated token (for tests): for block
  * b, the n_expert_used expert indices chosen; NULL for a dense block. */
 const int32_t *jlm_engine_last_route(const jlm_engine *e, uint32_t block);
+
+/* --trace-routing: from now on every routing decision is a line of f
+ * (NULL: none), in the order the engine routes (a prefill batch block by
+ * block, then each generated token). f first gets the header line
+ *   # jlm routing trace 1 n_layer L n_expert E n_used K expert_bytes B
+ * (B: the mean bytes of an expert page), then one line per token and
+ * routed block: "POS BLOCK ID..." (the position, the block index, the
+ * n_used chosen expert ids in slot order), decimal, space-separated
+ * (docs/pager.md, Expert cache policy; bench/routing_replay.c reads it).
+ * Writes are not checked here: the caller checks f (ferror) when done.
+ * JLM_EINVAL for a model without routed experts (f untouched). */
+int jlm_engine_trace_routing(jlm_engine *e, FILE *f, jlm_err *err);
 
 #endif

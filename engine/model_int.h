@@ -90,6 +90,7 @@ struct jlm_engine {
     int    moe_rows;     /* JLM_MOE=rows: a batch's experts row by row (moe_token), not grouped (moe_batch) */
     float *router;    /* (n_expert,) */
     int32_t *route;   /* (n_layer, n_expert_used) routing of the last token */
+    FILE    *rtrace;  /* --trace-routing: each routing's line (jlm_engine_trace_routing), NULL: none */
     float   *route_w; /* (n_expert_used,) */
     /* moe_batch (a prefill batch grouped by expert; MoE models only, else
      * one element each): each row's routing, the rows grouped by expert,

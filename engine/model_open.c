@@ -19,6 +19,7 @@
 #include "engine/backend_cu.h"
 #include "engine/backend_vk.h"
 #include "engine/memlimit.h"
+#include "engine/xpolicy.h"
 #include "format/sums.h"
 
 /* ================================================================ open / close */
@@ -340,6 +341,18 @@ static int choose_kv(jlm_engine *e, const jlm_engine_opts *o, jlm_err *err)
     return JLM_OK;
 }
 
+/* opts.expert_policy: NULL (JLM_XP_DEFAULT), "lru" or "lfu"; the counts'
+ * half-life is JLM_XP_HALF_LIFE gets per expert page of the model. */
+static int choose_expert_policy(jlm_engine *e, const jlm_engine_opts *o, jlm_err *err)
+{
+    int pol = o->expert_policy ? jlm_xp_parse(o->expert_policy) : JLM_XP_DEFAULT;
+    if (pol < 0)
+        return jlm_errf(err, JLM_EINVAL, "--expert-policy '%.40s': expected lru or lfu", o->expert_policy);
+    double n = (double)e->c->n_layer * e->c->n_expert;   /* expert pages, at most */
+    jlm_pager_set_expert_policy(e->pager, pol, JLM_XP_HALF_LIFE * (n > 0 ? n : 1));
+    return JLM_OK;
+}
+
 /* The host pager has one evict hook: every device whose frames may alias
  * the host's (Vulkan's import path) hears of each eviction. */
 static void host_evicted(void *ctx, uint32_t array, uint32_t page, void *frame)
@@ -596,6 +609,7 @@ int jlm_engine_open(const char *path, const jlm_engine_opts *opts, jlm_engine **
     e->predict = !o.no_predict && !o.no_prefetch && c->n_expert;
     if ((rc = choose_kv(e, &o, err)) || (rc = jlm_source_open_file(path, &so, &e->src, err)) ||
         (rc = wrap_verify(e, sums, err), sums = NULL, rc) || (rc = index_tensors(e, err)) || (rc = read_dense(e, err)) || (rc = open_pager(e, &o, err)) ||
+        (rc = choose_expert_policy(e, &o, err)) ||
         (rc = jlm_pool_create(o.n_threads, 0, &e->pool, err)) || (rc = alloc_buffers(e, err)) ||
         (rc = apply_budget(e, &o, err)) || (rc = open_backend(e, &o, err)))
         goto fail;

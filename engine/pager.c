@@ -151,6 +151,7 @@ static int init_array(jlm_pager *p, const jlm_pager_array_desc *d, uint32_t a, u
         r->pages[i].bits = r->bitmap + (size_t)i * r->words;
         r->pages[i].array = a;
         r->pages[i].idx = i;
+        r->pages[i].xp_key = JLM_XP_KEY_NONE;
     }
     return 0;
 }
@@ -178,6 +179,7 @@ int jlm_pager_open(const jlm_pager_config *cfg, jlm_pager **out, jlm_err *err)
         p->chunk_shift++;
     p->budget = cfg->budget;
     p->n_arrays = cfg->n_arrays;
+    jlm_pager_set_expert_policy(p, JLM_XP_LRU, 1.0);
     uint64_t thp = jlm_pager_thp_size();
     p->thp = thp && p->chunk % thp == 0 ? thp : 0;
     pthread_mutex_init(&p->pf.mu, NULL);
@@ -471,16 +473,15 @@ static void trim(jlm_pager *p, ppage *pg, uint64_t k, const dest *d)
     emit(p, JLM_PAGER_EV_EVICT, pg, held0, JLM_TIER_FRAME);
 }
 
-/* Invariant (7): the victim and how many chunks to take from it. The least
- * recently used unpinned expert, whole; else the unpinned block holding the
+/* Invariant (7): the victim and how many chunks to take from it. An
+ * unpinned expert, whole (the one the expert policy names: pager_policy.c);
+ * else the unpinned block holding the
  * most chunks (ties: the most recently used), down to one chunk below the
  * next fullest (so the blocks level off). `skip` (the page being filled) is
  * never chosen. NULL if every page is pinned. */
 static ppage *pick_victim(jlm_pager *p, const ppage *skip, uint64_t *k)
 {
-    ppage *x = p->lru[JLM_PAGER_EXPERT].tail;
-    if (x && x == skip)
-        x = x->prev;
+    ppage *x = jlm_pgp_expert_victim(p, skip);
     if (x) {
         *k = x->n_filled;
         return x;
@@ -895,6 +896,7 @@ int jlm_pager_get(jlm_pager *p, uint32_t array, uint32_t page, uint64_t off, uin
         return rc;
     }
     pg->pins++;
+    jlm_pgp_touch(p, pg);
     if (got && p->pf_on)
         r->st.pf_misses++;
     if (was_absent) {

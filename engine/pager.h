@@ -48,8 +48,9 @@
  *  (5) n_filled == popcount(bitmap); no bit at or past the page's chunk count.
  *  (6) A filled chunk holds exactly the source's bytes for that span (tests
  *      check this against the source content).
- *  (7) Eviction takes the least recently used unpinned EXPERT-class page,
- *      whole; if there is none, chunks from the end of the unpinned BLOCK-
+ *  (7) Eviction takes an unpinned EXPERT-class page, whole (the least
+ *      recently used, or under jlm_pager_set_expert_policy's JLM_XP_LFU
+ *      the lowest decaying count: engine/xpolicy.h); if there is none, chunks from the end of the unpinned BLOCK-
  *      class page holding the most chunks (ties: the most recently used),
  *      down to one below the next fullest. Blocks are scanned cyclically
  *      every token: the pages level off at about (budget - the pages that
@@ -201,6 +202,12 @@ uint64_t jlm_pager_min_budget(const jlm_pager *p, const uint32_t *n_pinned);
  * (invariant 7 order) until resident bytes fit. JLM_ERANGE if the bytes the
  * pinned pages hold exceed it (budget unchanged then). */
 int  jlm_pager_set_budget(jlm_pager *p, uint64_t budget, jlm_err *err);
+/* Which unpinned expert page is evicted first (enum jlm_xpolicy,
+ * engine/xpolicy.h; anything else is JLM_XP_LRU, the default at open), and
+ * for JLM_XP_LFU the half-life of the counts in expert gets (<= 0: 1).
+ * Cannot fail. */
+void jlm_pager_set_expert_policy(jlm_pager *p, int policy, double half_life);
+int  jlm_pager_expert_policy(const jlm_pager *p);
 /* Subscribes fn to events (NULL unsubscribes). Cannot fail. */
 void jlm_pager_set_events(jlm_pager *p, jlm_pager_event_fn fn, void *ctx);
 

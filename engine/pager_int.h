@@ -9,6 +9,7 @@
 #include <pthread.h>
 
 #include "engine/lru.h"
+#include "engine/xpolicy.h"
 
 #define PAGER_ALIGN 4096u
 
@@ -23,6 +24,7 @@ typedef struct ppage {
     uint32_t      array, idx;
     int           pf_fresh;   /* read by a prefetch, no get since */
     uint8_t       pf_in;      /* 1 + the slot reading it; 0: none */
+    double        xp_key;     /* expert pages: the decaying count's key (engine/xpolicy.h) */
 } ppage;
 
 typedef struct parray {
@@ -88,6 +90,9 @@ struct jlm_pager {
     uint64_t    thp;          /* chunks are whole transparent huge pages of this
                                  size (0: no, chunks are smaller or THP is off) */
     plist       lru[2];       /* per class; head = most recently used */
+    int         xp;           /* the expert victim policy (enum jlm_xpolicy) */
+    double      xp_half;      /* JLM_XP_LFU: expert gets in a count's half-life */
+    uint64_t    xp_clock;     /* expert gets so far */
 
     /* prefetch: on, and the reads in flight or uncollected (slots' pg:
      * engine thread only; the reader threads see the rest of pf) */
@@ -114,5 +119,12 @@ static inline uint64_t chunk_hi(const jlm_pager *p, const parray *r, const ppage
     uint64_t hi = c1 << p->chunk_shift, ext = r->extent[pg->idx];
     return hi > ext ? ext : hi;
 }
+
+/* ---------------------------------------------------------------- expert policy (pager_policy.c) */
+/* A get of pg (an expert page's decaying count; other classes: nothing). */
+void   jlm_pgp_touch(jlm_pager *p, ppage *pg);
+/* The unpinned expert page to evict first under the policy (never skip);
+ * NULL when there is none. */
+ppage *jlm_pgp_expert_victim(jlm_pager *p, const ppage *skip);
 
 #endif

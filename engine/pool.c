@@ -48,6 +48,13 @@ struct jlm_pool {
     pthread_cond_t        wake;       /* workers wait here for a new gen */
     pthread_cond_t        done;       /* the caller waits here for pending == 0 */
 
+    /* claimed dispatches (pool.h, "A stalled worker"): the mode, and the
+     * time until which they run on the caller alone */
+    int                mode;          /* POOL_ADAPTIVE, POOL_CLAIM or POOL_STATIC */
+    unsigned long long solo_until;    /* ns, CLOCK_MONOTONIC; 0: none */
+    unsigned long long solo_ns;       /* the last solo period's length */
+    unsigned long long stalls;        /* dispatches that found a worker stalled */
+
     /* profiling (pool.h): prof is read by workers at each job */
     int             prof;
     unsigned long long t_begin;       /* this dispatch's start, ns */
@@ -79,6 +86,19 @@ static inline void cpu_relax(const jlm_pool *p, unsigned i)
 
 /* Pieces per thread of a claimed dispatch (jlm_pool_for_claim). */
 #define POOL_CLAIMS 4
+
+/* A stalled worker (pool.h): the caller waited more than STALL_NS for the
+ * workers after its own share, and longer than that share took (the
+ * dispatch took longer than the caller alone would have); then
+ * claimed dispatches run on the caller alone for SOLO_FACTOR times that wait,
+ * or twice the last solo period when this stall came within that period's
+ * length after it ended (the neighbour is still there), within
+ * [SOLO_MIN_NS, SOLO_MAX_NS]. */
+#define POOL_STALL_NS    50000ull
+#define POOL_SOLO_FACTOR 8ull
+#define POOL_SOLO_MIN_NS 1000000ull
+#define POOL_SOLO_MAX_NS 100000000ull
+enum { POOL_ADAPTIVE = 0, POOL_CLAIM = 1, POOL_STATIC = 2 };
 
 /* Slice [*b, *e) of thread t: contiguous, grain-aligned boundaries. */
 static void slice_of(const jlm_pool *p, int t, size_t *b, size_t *e)
@@ -203,11 +223,34 @@ static void publish(jlm_pool *p)
     }
 }
 
+/* After a claimed dispatch that began at t0 and whose caller finished its
+ * own pieces at t_self: a wait past the stall threshold starts a solo
+ * period (see POOL_STALL_NS). */
+static void stall_check(jlm_pool *p, unsigned long long t0, unsigned long long t_self)
+{
+    unsigned long long end = now_ns(), wait = end - t_self;
+    if (wait <= POOL_STALL_NS || wait <= t_self - t0)
+        return;
+    unsigned long long solo = wait * POOL_SOLO_FACTOR;
+    if (p->solo_until && end - p->solo_until < p->solo_ns && solo < 2 * p->solo_ns)
+        solo = 2 * p->solo_ns;
+    solo = solo < POOL_SOLO_MIN_NS ? POOL_SOLO_MIN_NS : solo > POOL_SOLO_MAX_NS ? POOL_SOLO_MAX_NS : solo;
+    p->solo_ns = solo;
+    p->solo_until = end + solo;
+    p->stalls++;
+}
+
 static void pool_run(jlm_pool *p, size_t n, size_t grain, int claim, jlm_pool_fn fn, void *ctx)
 {
     if (n == 0)
         return;
-    if (!p || p->n_threads == 1 || n <= (grain ? grain : 1)) {
+    if (p && claim && p->mode != POOL_ADAPTIVE)
+        claim = p->mode == POOL_CLAIM;
+    int adapt = p && claim && p->mode == POOL_ADAPTIVE && !p->prof;   /* profiled: split as asked */
+    unsigned long long t0 = adapt || (p && p->solo_until && !p->prof) ? now_ns() : 0;
+    if (p && p->solo_until && t0 >= p->solo_until + p->solo_ns)
+        p->solo_until = 0;   /* long past: a stall now starts afresh */
+    if (!p || p->n_threads == 1 || n <= (grain ? grain : 1) || (t0 && t0 < p->solo_until)) {
         fn(ctx, 0, n, 0);
         return;
     }
@@ -228,6 +271,7 @@ static void pool_run(jlm_pool *p, size_t n, size_t grain, int claim, jlm_pool_fn
     atomic_store(&p->pending, p->n_threads - 1);
     publish(p);
     run_slice(p, 0);
+    unsigned long long t_self = adapt ? now_ns() : 0;
     unsigned i = 0;
     while (atomic_load_explicit(&p->pending, memory_order_acquire) > 0 && i < p->spin) {
         cpu_relax(p, i);
@@ -243,6 +287,8 @@ static void pool_run(jlm_pool *p, size_t n, size_t grain, int claim, jlm_pool_fn
     }
     if (p->prof)
         prof_fold(p);
+    if (adapt)
+        stall_check(p, t0, t_self);
 }
 
 void jlm_pool_for(jlm_pool *p, size_t n, size_t grain, jlm_pool_fn fn, void *ctx)
@@ -253,6 +299,19 @@ void jlm_pool_for(jlm_pool *p, size_t n, size_t grain, jlm_pool_fn fn, void *ctx
 void jlm_pool_for_claim(jlm_pool *p, size_t n, size_t grain, jlm_pool_fn fn, void *ctx)
 {
     pool_run(p, n, grain, 1, fn, ctx);
+}
+
+unsigned long long jlm_pool_stalls(const jlm_pool *p)
+{
+    return p ? p->stalls : 0;
+}
+
+/* $JLM_POOL: "static" (claimed dispatches split as jlm_pool_for's), "claim"
+ * (claimed, never solo), else adaptive (the default). */
+static int pool_mode(void)
+{
+    const char *m = getenv("JLM_POOL");
+    return m && !strcmp(m, "static") ? POOL_STATIC : m && !strcmp(m, "claim") ? POOL_CLAIM : POOL_ADAPTIVE;
 }
 
 static void pool_stop(jlm_pool *p, int n_started)
@@ -291,6 +350,7 @@ int jlm_pool_create(int n_threads, unsigned spin, jlm_pool **out, jlm_err *err)
     p->n_threads = n_threads;
     p->spin = spin ? spin : POOL_DEFAULT_SPIN;
     p->yield_after = pool_yield_after(n_threads);
+    p->mode = pool_mode();
     pthread_mutex_init(&p->mu, NULL);
     pthread_cond_init(&p->wake, NULL);
     pthread_cond_init(&p->done, NULL);

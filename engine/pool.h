@@ -51,6 +51,23 @@ void jlm_pool_for(jlm_pool *p, size_t n, size_t grain, jlm_pool_fn fn, void *ctx
  * (decode ran 0.7-0.9x with pieces; docs/pager.md, Thread pool). fn must not
  * depend on which thread runs a piece (thread_idx is for scratch). */
 void jlm_pool_for_claim(jlm_pool *p, size_t n, size_t grain, jlm_pool_fn fn, void *ctx);
+/* A stalled worker. A thread that loses its core in the middle of a piece
+ * (a neighbour process on its CPU: the kernel gives each a few-millisecond
+ * slice in turn) holds the dispatch until it runs again, while the caller
+ * waits with nothing left to take: beside a busy loop on one core a 2-thread
+ * prefill ran below the 1-thread figure. So a claimed dispatch in which the
+ * caller waited for the workers more than 50 us after its own pieces, and
+ * longer than those took, starts a solo period: every dispatch runs on the
+ * caller alone (fn(ctx, 0, n, 0), as with a NULL pool, so the same results;
+ * the workers sleep instead of being woken for the odd dispatch) for 8 times
+ * that wait, or twice the last solo period when the stall came soon after it
+ * (1 to 100 ms), then the workers are tried again. Only a claimed dispatch
+ * starts one; a profiled pool (jlm_pool_profile) never does, so a profile
+ * shows the dispatches as split. Env JLM_POOL:
+ * "claim" turns the solo periods off, "static" also splits claimed
+ * dispatches as jlm_pool_for does (the A/B baselines of docs/bench.md).
+ * jlm_pool_stalls: the solo periods started so far (0 for NULL). */
+unsigned long long jlm_pool_stalls(const jlm_pool *p);
 
 /* Profiling (jlm bench --profile). While on, every dispatch that reaches the
  * workers is timed: its wall time, and per thread the time it did not run

@@ -100,6 +100,7 @@ static const struct { const char *opt, *cmd; int gguf; } OUTS[] = {
     {"info --html -o", "info '%s' --html -o '%s'", 0},
     {"stats --html -o", "stats '%s' --html -o '%s'", 0},
     {"run --logits", "run '%s' -p Hi -n 1 -t 1 --logits '%s'", 0},
+    {"run --trace-routing", "run '%s' -p Hi -n 1 -t 1 --trace-routing '%s'", 0},
 };
 
 /* The options marked JLM_OPT_OUT in cli/ are the ones listed in OUTS (a new
@@ -110,7 +111,7 @@ Test(cli_io, the_list_of_output_options_is_every_one_the_cli_marks)
     snprintf(cmd, sizeof cmd, "grep -ho '\"-[-a-z]*\", JLM_OPT_STR, [^,]*, 0, 0, JLM_OPT_OUT' '%s'/cli/*.c | "
              "cut -d'\"' -f2 | sort | tr '\\n' ' '", tu_root());
     cr_assert_eq(tu_run(cmd, &o), 0, "%s", o);
-    cr_assert_str_eq(o, "--logits --output --output --output ", "JLM_OPT_OUT rows in cli/: %s", o);
+    cr_assert_str_eq(o, "--logits --output --output --output --trace-routing ", "JLM_OPT_OUT rows in cli/: %s", o);
     free(o);
     snprintf(cmd, sizeof cmd, "grep -l 'JLM_OPT_OUT' '%s'/cli/cmd_*.c | sed 's|.*/cmd_||; s|\\.c$||' | sort | tr '\\n' ' '",
              tu_root());
@@ -195,6 +196,56 @@ Test(cli_io, an_output_file_is_written_whole_and_a_failed_write_leaves_nothing)
     b = tu_read_file(victim, &n);
     cr_expect(b && n == 4 && !memcmp(b, "keep", 4), "the link's target is untouched");
     free(b);
+}
+
+/* --trace-routing on a MoE model: the header, then one line per (position,
+ * MoE block) of the prompt and of every generated token but the last (it is
+ * sampled, never evaluated), each with n_used distinct ids below n_expert; the
+ * positions of the --print-ids run. A dense model is refused, no file left. */
+Test(cli_io, trace_routing_writes_every_token_s_routing_and_refuses_a_dense_model, .timeout = 60)
+{
+    const char *moe = model("synth-qwen3moe-256.Q8_0.gguf", "q3");
+    char cmd[3000], *e = NULL, out[1100];
+    snprintf(out, sizeof out, "%s/r.trace", T);
+    snprintf(cmd, sizeof cmd, "'%s' run '%s' --ids 1,403,407 -n 4 -t 1 --temp 0 --trace-routing '%s' >/dev/null", tu_jlm(),
+             moe, out);
+    cr_assert_eq(sh2(cmd, NULL, &e), 0, "%s", e);
+    free(e);
+    FILE *f = fopen(out, "r");
+    cr_assert(f, "no trace written");
+    unsigned nl, ne, nu;
+    unsigned long long eb;
+    cr_assert_eq(fscanf(f, "# jlm routing trace 1 n_layer %u n_expert %u n_used %u expert_bytes %llu\n", &nl, &ne, &nu,
+                        &eb), 4, "header");
+    cr_assert(nl > 0 && nu > 0 && nu <= ne && nu <= 16 && eb >= 4096, "header %u %u %u %llu", nl, ne, nu, eb);
+    unsigned lines = 0, pos, blk, seen[8] = {0};
+    while (fscanf(f, "%u %u", &pos, &blk) == 2) {
+        int ids[16];
+        for (unsigned k = 0; k < nu; k++) {
+            cr_assert_eq(fscanf(f, "%d", &ids[k]), 1, "line %u: %u ids", lines + 2, nu);
+            cr_assert(ids[k] >= 0 && (unsigned)ids[k] < ne, "line %u: id %d", lines + 2, ids[k]);
+            for (unsigned j = 0; j < k; j++)
+                cr_assert_neq(ids[j], ids[k], "line %u: id %d twice", lines + 2, ids[k]);
+        }
+        cr_assert(pos < 6 && blk < nl, "line %u: position %u block %u", lines + 2, pos, blk);
+        seen[pos]++;
+        lines++;
+    }
+    cr_assert(feof(f), "a line that is not POS BLOCK ID...");
+    fclose(f);
+    for (unsigned p = 0; p < 6; p++)   /* 3 prompt tokens and 3 of the 4 generated */
+        cr_assert_eq(seen[p], nl, "position %u: %u routings, %u blocks", p, seen[p], nl);
+    cr_assert_eq(lines, 6 * nl);
+    const char *dense = model("stories260K.gguf", "s");
+    char out2[1100];
+    snprintf(out2, sizeof out2, "%s/d.trace", T);
+    snprintf(cmd, sizeof cmd, "'%s' run '%s' -p Hi -n 1 -t 1 --trace-routing '%s'", tu_jlm(), dense, out2);
+    cr_assert_eq(sh2(cmd, NULL, &e), 2, "%s", e);
+    cr_assert(strstr(e, "--trace-routing") && strstr(e, "no routed experts") && tu_count_lines(e) == 1, "%s", e);
+    free(e);
+    char part[1200];
+    snprintf(part, sizeof part, "%s.part", out2);
+    cr_assert(!tu_exists(out2) && !tu_exists(part), "nothing written for a dense model");
 }
 
 /* ---------------------------------------------------------------- stdout */

@@ -129,6 +129,7 @@ Test(cli_opts, shared_rows_are_the_same_in_every_subcommand)
         {"-c, --ctx-size", {1, 1, 0}}, {"-t, --threads", {1, 1, 1}}, {"--kv", {1, 1, 1}},
         {"--no-direct", {1, 1, 1}},    {"--no-prefetch", {1, 1, 1}}, {"--backend", {1, 1, 1}},
         {"--read-depth", {1, 1, 1}},   {"--no-predict", {1, 1, 1}},  {"--no-warm", {1, 1, 1}},
+        {"--expert-policy", {1, 1, 1}},
         {"--device", {1, 1, 1}},       {"-ngl, --gpu-layers", {1, 1, 1}},  {"--gpu-budget", {1, 1, 1}},
         {"--temp", {1, 0, 0}},
         {"--top-k", {1, 0, 0}},        {"--top-p", {1, 0, 0}},       {"--min-p", {1, 0, 0}},

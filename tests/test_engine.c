@@ -10,6 +10,7 @@
 #include "converter/convert.h"
 #include "engine/model.h"
 #include "engine/prog.h"
+#include "engine/xpolicy.h"
 #include "text/tokenizer/tokenizer.h"
 #include "tests/testutil.h"
 
@@ -842,6 +843,58 @@ Test(moe, gives_the_same_ids_at_every_budget_down_to_one_block_plus_routed_exper
     same_ids_at_every_budget("synth-glm4moe-256.Q8_0", 12);   /* a leading dense block, a shared expert */
     same_ids_at_every_budget("synth-deepseek2-256.Q8_0", 12);  /* latent attention, expert groups */
     same_ids_at_every_budget("synth-llama4-256.Q4_K_M", 12);   /* MoE every other block, top-1 on the input */
+}
+
+/* Both expert policies give the unlimited run's ids at a budget that holds
+ * the blocks and a third of the experts (experts are evicted under both),
+ * the pager runs the policy named, and a name neither is refused. */
+static jlm_engine *open_engine_xp(const char *path, uint64_t budget, const char *policy, jlm_err *err)
+{
+    jlm_engine_opts o = {.n_threads = 2, .budget = budget, .quiet = 1, .direct = 1, .expert_policy = policy};
+    jlm_engine *e = NULL;
+    return jlm_engine_open(path, &o, &e, err) ? NULL : e;
+}
+
+Test(moe, gives_the_same_ids_under_either_expert_policy_at_a_small_budget, .timeout = 60)
+{
+    const char *names[] = {"synth-qwen3moe-256.Q8_0", "synth-llama-moe-256.Q4_K_M"};
+    for (size_t k = 0; k < 2; k++) {
+        char *dir = tu_tmpdir();
+        char *path = convert_model(names[k], dir);
+        int32_t prompt[] = {1, 403, 407, 261, 378};
+        enum { NG = 16 };
+        int32_t ref[NG], got[NG];
+        jlm_err err = {0};
+        jlm_engine *e = open_engine_xp(path, 0, NULL, &err);
+        cr_assert(e, "%s", err.msg);
+        cr_assert_eq(jlm_pager_expert_policy(jlm_engine_pager(e)), JLM_XP_DEFAULT);
+        greedy(e, prompt, 5, NG, ref, NULL);
+        jlm_pager_counters pc;
+        jlm_pager_stats(jlm_engine_pager(e), &pc);
+        jlm_engine_mem mi;
+        jlm_engine_mem_info(e, &mi);
+        uint64_t budget = mi.kv + mi.scratch + mi.dense + pc.a[JLM_PAGER_TEXT].resident_bytes +
+                          pc.a[JLM_PAGER_EXPERTS].resident_bytes / 3;
+        jlm_engine_close(e);
+        const char *pol[2] = {"lru", "lfu"};
+        for (int p = 0; p < 2; p++) {
+            e = open_engine_xp(path, budget, pol[p], &err);
+            cr_assert(e, "%s", err.msg);
+            cr_assert_eq(jlm_pager_expert_policy(jlm_engine_pager(e)), p ? JLM_XP_LFU : JLM_XP_LRU);
+            greedy(e, prompt, 5, NG, got, NULL);
+            for (int i = 0; i < NG; i++)
+                cr_assert_eq(got[i], ref[i], "%s, %s: id %d is %d, unlimited gives %d", names[k], pol[p], i, got[i], ref[i]);
+            jlm_pager_stats(jlm_engine_pager(e), &pc);
+            cr_assert(pc.a[JLM_PAGER_EXPERTS].evictions > 0, "%s, %s: no expert evicted", names[k], pol[p]);
+            cr_assert_eq(jlm_pager_check(jlm_engine_pager(e), NULL), 0);
+            jlm_engine_close(e);
+        }
+        cr_assert_null(open_engine_xp(path, budget, "mru", &err));
+        cr_assert(strstr(err.msg, "--expert-policy 'mru'") && strstr(err.msg, "lru or lfu"), "%s", err.msg);
+        free(path);
+        tu_rmrf(dir);
+        free(dir);
+    }
 }
 
 /* Unlimited (budget 0) and at the minimum budget (1: one block frame plus

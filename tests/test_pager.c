@@ -23,6 +23,7 @@
 #include "engine/pager.h"
 #include "engine/pool.h"
 #include "engine/source.h"
+#include "engine/xpolicy.h"
 #include "format/jlm_format.h"
 
 /* ---------------------------------------------------------------- fixtures */
@@ -197,6 +198,35 @@ Test(pager, evicts_the_least_recently_used_expert_before_any_block, .timeout = 1
     cr_assert_eq(evictions(&r, 0, ev, 8), 0, "a block was evicted while experts were evictable");
     cr_assert(jlm_pager_resident(r.p, 0, 0));
     rig_close(&r);
+}
+
+/* Expert 0 gotten three times, then 1 and 2 once: at a budget of three
+ * experts, expert 3's read evicts the least recently used (0) under LRU and
+ * the lowest count (1; 2 ties with it and is more recent) under LFU with
+ * counts that do not decay in this run. */
+static uint32_t first_expert_victim(int policy)
+{
+    rig r;
+    rig_open(&r, 0, 3, NULL);
+    if (policy >= 0)
+        jlm_pager_set_expert_policy(r.p, policy, 1e9);
+    for (uint32_t x = 0; x < 3; x++)
+        use(&r, 1, 0, XPG);
+    use(&r, 1, 1, XPG);
+    use(&r, 1, 2, XPG);
+    use(&r, 1, 3, XPG);
+    uint32_t ev[8];
+    int n = evictions(&r, 1, ev, 8);
+    cr_assert_eq(n, 1, "expert evictions: %d, expected 1", n);
+    rig_close(&r);
+    return ev[0];
+}
+
+Test(pager, the_expert_policy_picks_the_victim_lru_the_least_recent_lfu_the_least_counted, .timeout = 10)
+{
+    cr_assert_eq(first_expert_victim(-1), 0, "default (LRU) evicted %u, expected 0", first_expert_victim(-1));
+    cr_assert_eq(first_expert_victim(JLM_XP_LRU), 0, "LRU evicted %u, expected 0", first_expert_victim(JLM_XP_LRU));
+    cr_assert_eq(first_expert_victim(JLM_XP_LFU), 1, "LFU evicted %u, expected 1", first_expert_victim(JLM_XP_LFU));
 }
 
 Test(pager, a_cyclic_scan_keeps_every_block_in_part_at_a_whole_frame_budget, .timeout = 10)
@@ -1290,6 +1320,7 @@ typedef struct cover {
     size_t grain, n;
     _Atomic int bad_slice;
     int stall_thread;             /* this thread sleeps in its first piece (-1: none) */
+    int lag_caller;               /* the caller sleeps 5 ms in its first piece (the workers claim theirs) */
     _Atomic size_t by_thread[8];  /* indices each thread ran */
 } cover;
 
@@ -1300,6 +1331,8 @@ static void cover_fn(void *ctx, size_t b, size_t e, int t)
         atomic_store(&c->bad_slice, 1);
     if (t == c->stall_thread && atomic_load(&c->by_thread[t]) == 0)
         usleep(200000);
+    if (t == 0 && c->lag_caller && atomic_load(&c->by_thread[0]) == 0)
+        usleep(5000);
     atomic_fetch_add(&c->by_thread[t >= 0 && t < 8 ? t : 0], e - b);
     for (size_t i = b; i < e; i++)
         atomic_fetch_add(&c->hits[i], 1);
@@ -1365,6 +1398,57 @@ Test(pool, claimed_pieces_cover_every_index_once_and_a_stalled_thread_leaves_its
         cr_assert(mine <= 80, "thread %d stalled in its first piece yet ran %zu of %d indices", t, mine, POOL_N);
     }
     jlm_pool_destroy(pool);
+}
+
+/* A stalled worker (pool.h): the 200 ms stall of thread 1 in its first piece
+ * starts a solo period, so the next dispatches, claimed or not, run on the
+ * caller alone, covering every index once; JLM_POOL=claim never goes solo, and
+ * JLM_POOL=static splits a claimed dispatch into one slice per thread (the
+ * stalled thread runs its third). */
+static jlm_pool *pool_in_mode(const char *mode)
+{
+    jlm_pool *pool = NULL;
+    jlm_err err = { 0 };
+    if (mode)
+        setenv("JLM_POOL", mode, 1);
+    else
+        unsetenv("JLM_POOL");
+    cr_assert_eq(jlm_pool_create(2, 0, &pool, &err), 0, "%s", err.msg);
+    unsetenv("JLM_POOL");
+    return pool;
+}
+
+Test(pool, a_stalled_worker_sends_claimed_dispatches_to_the_caller_for_a_while, .timeout = 30)
+{
+    static cover c;
+    jlm_pool *pool = pool_in_mode(NULL);
+    c.stall_thread = 1;
+    c.lag_caller = 1;
+    run_cover_as(pool, &c, POOL_N, 4, 1);
+    cr_assert_eq(jlm_pool_stalls(pool), 1, "stalls: %llu", jlm_pool_stalls(pool));
+    c.stall_thread = -1;
+    run_cover_as(pool, &c, POOL_N, 4, 1);
+    cr_assert_eq(atomic_load(&c.by_thread[0]), POOL_N, "the caller ran %zu of %d", atomic_load(&c.by_thread[0]), POOL_N);
+    run_cover_as(pool, &c, POOL_N, 4, 0);   /* jlm_pool_for: on the caller too while solo */
+    cr_assert_eq(atomic_load(&c.by_thread[0]), POOL_N, "jlm_pool_for: the caller ran %zu of %d",
+                 atomic_load(&c.by_thread[0]), POOL_N);
+    jlm_pool_destroy(pool);
+
+    pool = pool_in_mode("claim");
+    c.stall_thread = 1;
+    run_cover_as(pool, &c, POOL_N, 4, 1);
+    cr_assert_eq(jlm_pool_stalls(pool), 0, "JLM_POOL=claim went solo");
+    cr_assert(atomic_load(&c.by_thread[1]) <= 124, "claimed: the stalled thread ran %zu, more than its piece",
+              atomic_load(&c.by_thread[1]));
+    jlm_pool_destroy(pool);
+
+    pool = pool_in_mode("static");
+    run_cover_as(pool, &c, POOL_N, 4, 1);
+    cr_assert_eq(atomic_load(&c.by_thread[1]), POOL_N / 2, "static: the stalled thread ran %zu", atomic_load(&c.by_thread[1]));
+    cr_assert_eq(jlm_pool_stalls(pool), 0);
+    jlm_pool_destroy(pool);
+    c.lag_caller = 0;
+    c.stall_thread = -1;
 }
 
 /* Profiling: counted only while on; per dispatch each thread's slice and

@@ -1,0 +1,331 @@
+/* routing_replay.c - an expert cache's bytes a token, replayed from a routing
+ * trace (`jlm run --trace-routing FILE`, engine/model.h's format) at many
+ * budgets, for the engine's policies (engine/xpolicy.h: LRU and the decaying
+ * count, LFU) and the offline optimum (Belady: evict the expert whose next
+ * use is farthest), and the ratios policy / optimum.
+ *
+ *   build/bench/routing_replay TRACE [--slots N,N,...] [--half-life H]
+ *
+ * The replay is decode's access order: the trace's lines sorted by
+ * (position, block), each line's n_used experts gotten together (pinned:
+ * none of them is a victim while the others are gotten), one expert get per
+ * id, a miss reads one expert page (expert_bytes, the trace's mean). The
+ * budget is in expert slots (default: 1/16, 1/8, 1/4, 3/8, 1/2, 5/8, 3/4 and
+ * 7/8 of the expert pages the trace's blocks hold, at least n_used); block
+ * pages and the dense region are not counted. The first use of each expert
+ * is a miss under every policy (the cache starts empty), so the ratios
+ * include those cold reads. --half-life: LFU's half-life in gets per expert
+ * page (default JLM_XP_HALF_LIFE, the engine's). Without TRACE: a line, exit
+ * 0 (make bench runs every bench bare).
+ *
+ * Tests include this file with ROUTING_REPLAY_NO_MAIN (tests/test_replay.c). */
+#include "engine/xpolicy.h"
+
+#include <errno.h>
+#include <math.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#define RR_FN static __attribute__((unused))
+
+enum { RR_LRU = JLM_XP_LRU, RR_LFU = JLM_XP_LFU, RR_OPT = 2 };
+
+typedef struct rr_trace {
+    uint32_t  n_layer, n_expert, n_used;
+    uint64_t  expert_bytes;
+    uint32_t  n_groups;     /* lines: one (position, block) each */
+    uint32_t  n_tokens;     /* distinct positions */
+    uint32_t *page;         /* (n_groups * n_used,) block * n_expert + id, in replay order */
+} rr_trace;
+
+typedef struct rr_line { uint32_t pos, blk, at; } rr_line;
+
+static int rr_line_cmp(const void *a, const void *b)
+{
+    const rr_line *x = a, *y = b;
+    if (x->pos != y->pos)
+        return x->pos < y->pos ? -1 : 1;
+    if (x->blk != y->blk)
+        return x->blk < y->blk ? -1 : 1;
+    return x->at < y->at ? -1 : x->at > y->at;
+}
+
+RR_FN void rr_free(rr_trace *t)
+{
+    free(t->page);
+    memset(t, 0, sizeof *t);
+}
+
+/* Reads one unsigned decimal field at *s (after spaces): 0, or -1. */
+static int rr_field(char **s, uint64_t max, uint64_t *v)
+{
+    while (**s == ' ')
+        (*s)++;
+    if (**s < '0' || **s > '9')
+        return -1;
+    errno = 0;
+    char *end;
+    unsigned long long x = strtoull(*s, &end, 10);
+    if (errno || x > max)
+        return -1;
+    *s = end;
+    *v = x;
+    return 0;
+}
+
+static int rr_fail(char *msg, size_t msz, const char *name, unsigned long line, const char *why)
+{
+    snprintf(msg, msz, "%s:%lu: %s", name, line, why);
+    return -1;
+}
+
+static int rr_header(char *buf, rr_trace *t)
+{
+    unsigned nl, ne, nu;
+    unsigned long long eb;
+    if (sscanf(buf, "# jlm routing trace 1 n_layer %u n_expert %u n_used %u expert_bytes %llu", &nl, &ne, &nu, &eb) != 4 ||
+        !nl || !ne || !nu || nu > ne || nl > 65536 || ne > 65536 || (uint64_t)nl * ne > (1u << 24))
+        return -1;
+    t->n_layer = nl, t->n_expert = ne, t->n_used = nu, t->expert_bytes = eb;
+    return 0;
+}
+
+/* Parses a trace (untrusted: every refusal is one line "NAME:LINE: why" in
+ * msg). 0, or -1 with *t zeroed. */
+RR_FN int rr_parse(FILE *f, const char *name, rr_trace *t, char *msg, size_t msz)
+{
+    memset(t, 0, sizeof *t);
+    char buf[4096];
+    unsigned long ln = 1;
+    if (!fgets(buf, sizeof buf, f) || rr_header(buf, t))
+        return rr_fail(msg, msz, name, ln, "expected '# jlm routing trace 1 n_layer L n_expert E n_used K expert_bytes B'");
+    size_t cap = 0, n = 0;
+    rr_line *ls = NULL;
+    uint32_t *ids = NULL;
+    int rc = 0;
+    while (!rc && fgets(buf, sizeof buf, f)) {
+        ln++;
+        if (!strchr(buf, '\n') && !feof(f)) {
+            rc = rr_fail(msg, msz, name, ln, "line too long");
+            break;
+        }
+        if (n == cap) {
+            size_t nc = cap ? cap * 2 : 1024;
+            rr_line *nl = n >= (1u << 26) ? NULL : realloc(ls, nc * sizeof *ls);
+            uint32_t *ni = nl ? realloc(ids, nc * t->n_used * sizeof *ids) : NULL;
+            if (nl) ls = nl;
+            if (ni) ids = ni;
+            if (!nl || !ni) {
+                rc = rr_fail(msg, msz, name, ln, "too many lines (out of memory)");
+                break;
+            }
+            cap = nc;
+        }
+        char *s = buf;
+        uint64_t pos, blk, id;
+        if (rr_field(&s, UINT32_MAX, &pos) || rr_field(&s, t->n_layer - 1, &blk)) {
+            rc = rr_fail(msg, msz, name, ln, "expected 'POS BLOCK ID...' with BLOCK below n_layer");
+            break;
+        }
+        for (uint32_t k = 0; !rc && k < t->n_used; k++) {
+            if (rr_field(&s, t->n_expert - 1, &id))
+                rc = rr_fail(msg, msz, name, ln, "expected n_used expert ids below n_expert");
+            else
+                ids[n * t->n_used + k] = (uint32_t)(blk * t->n_expert + id);
+        }
+        while (!rc && (*s == ' ' || *s == '\r'))
+            s++;
+        if (!rc && *s != '\n' && *s != 0)
+            rc = rr_fail(msg, msz, name, ln, "more fields than n_used expert ids");
+        ls[n] = (rr_line){(uint32_t)pos, (uint32_t)blk, (uint32_t)n};
+        n++;
+    }
+    if (!rc && ferror(f))
+        rc = rr_fail(msg, msz, name, ln, "read error");
+    if (!rc && n == 0)
+        rc = rr_fail(msg, msz, name, ln, "no routing lines");
+    if (!rc && !(t->page = malloc(n * t->n_used * sizeof *t->page)))
+        rc = rr_fail(msg, msz, name, ln, "out of memory");
+    if (!rc) {
+        qsort(ls, n, sizeof *ls, rr_line_cmp);
+        t->n_groups = (uint32_t)n;
+        for (size_t i = 0; i < n; i++) {
+            memcpy(t->page + i * t->n_used, ids + (size_t)ls[i].at * t->n_used, t->n_used * sizeof *ids);
+            t->n_tokens += i == 0 || ls[i].pos != ls[i - 1].pos;
+        }
+    }
+    free(ls);
+    free(ids);
+    if (rc)
+        rr_free(t);
+    return rc;
+}
+
+/* Expert pages the trace can name: n_layer * n_expert. */
+static uint32_t rr_pages(const rr_trace *t) { return t->n_layer * t->n_expert; }
+
+/* Misses of the replay under policy (RR_LRU, RR_LFU, RR_OPT) with `slots`
+ * expert frames (raised to n_used); LFU's half-life in gets per expert page
+ * (as the engine: JLM_XP_HALF_LIFE). (uint64_t)-1 when out of memory. */
+RR_FN uint64_t rr_misses(const rr_trace *t, int policy, uint32_t slots, double half_life)
+{
+    uint32_t np = rr_pages(t), nu = t->n_used;
+    uint64_t na = (uint64_t)t->n_groups * nu, miss = 0;
+    if (slots < nu)
+        slots = nu;
+    /* per page: resident, the LRU stamp, the LFU key, the next use (OPT), the group pinning it */
+    uint8_t *res = calloc(np, 1);
+    uint64_t *stamp = calloc(np, sizeof *stamp), *nextuse = calloc(np, sizeof *nextuse);
+    uint64_t *next = policy == RR_OPT ? malloc(na * sizeof *next) : NULL;
+    uint64_t *pin = malloc(np * sizeof *pin);
+    double *key = malloc(np * sizeof *key);
+    uint32_t *resl = malloc((size_t)slots * sizeof *resl);   /* the resident pages, unordered */
+    if (!res || !stamp || !nextuse || !pin || !key || !resl || (policy == RR_OPT && !next)) {
+        miss = (uint64_t)-1;
+        goto out;
+    }
+    for (uint32_t p = 0; p < np; p++)
+        key[p] = JLM_XP_KEY_NONE, pin[p] = UINT64_MAX;
+    if (next) {   /* next[i]: the access after i to the same page (UINT64_MAX: none) */
+        for (uint32_t p = 0; p < np; p++)
+            nextuse[p] = UINT64_MAX;
+        for (uint64_t i = na; i-- > 0;) {
+            next[i] = nextuse[t->page[i]];
+            nextuse[t->page[i]] = i;
+        }
+    }
+    double half = half_life * np;
+    uint32_t nres = 0;
+    for (uint64_t i = 0, clock = 0; i < na; i++, clock++) {
+        uint64_t g = i / nu;
+        uint32_t p = t->page[i];
+        if (!res[p]) {
+            miss++;
+            if (nres == slots) {   /* the victim: never a page of this group */
+                uint32_t v = UINT32_MAX;
+                for (uint32_t r = 0; r < nres; r++) {
+                    uint32_t q = resl[r];
+                    if (pin[q] == g)
+                        continue;
+                    if (v == UINT32_MAX ||
+                        (policy == RR_LRU && stamp[q] < stamp[resl[v]]) ||
+                        (policy == RR_LFU && (key[q] < key[resl[v]] || (key[q] == key[resl[v]] && stamp[q] < stamp[resl[v]]))) ||
+                        (policy == RR_OPT && nextuse[q] > nextuse[resl[v]]))
+                        v = r;
+                }
+                res[resl[v]] = 0;
+                resl[v] = resl[--nres];
+            }
+            res[p] = 1;
+            resl[nres++] = p;
+        }
+        pin[p] = g;
+        stamp[p] = clock;
+        key[p] = jlm_xp_touch(key[p], clock, half);
+        if (next)
+            nextuse[p] = next[i];
+    }
+out:
+    free(res); free(stamp); free(nextuse); free(next); free(pin); free(key); free(resl);
+    return miss;
+}
+
+#ifndef ROUTING_REPLAY_NO_MAIN
+static int parse_slots(const char *s, uint32_t *v, int max)
+{
+    int n = 0;
+    while (*s && n < max) {
+        char *end;
+        errno = 0;
+        unsigned long x = strtoul(s, &end, 10);
+        if (end == s || errno || x == 0 || x > UINT32_MAX || (*end && *end != ','))
+            return -1;
+        v[n++] = (uint32_t)x;
+        s = *end ? end + 1 : end;
+    }
+    return *s ? -1 : n;
+}
+
+int main(int argc, char **argv)
+{
+    const char *path = NULL;
+    uint32_t slots[64];
+    int ns = 0;
+    double half = JLM_XP_HALF_LIFE;
+    for (int i = 1; i < argc; i++) {
+        if (!strcmp(argv[i], "--slots") && i + 1 < argc) {
+            if ((ns = parse_slots(argv[++i], slots, 64)) <= 0) {
+                fprintf(stderr, "routing_replay: --slots '%s': expected up to 64 positive counts, comma-separated\n", argv[i]);
+                return 2;
+            }
+        } else if (!strcmp(argv[i], "--half-life") && i + 1 < argc) {
+            char *end;
+            half = strtod(argv[++i], &end);
+            if (*end || !(half > 0) || half > 1e9) {
+                fprintf(stderr, "routing_replay: --half-life '%s': expected a positive number\n", argv[i]);
+                return 2;
+            }
+        } else if (argv[i][0] == '-' || path) {
+            fprintf(stderr, "usage: routing_replay TRACE [--slots N,N,...] [--half-life H]\n");
+            return 2;
+        } else {
+            path = argv[i];
+        }
+    }
+    if (!path) {
+        printf("routing_replay: no trace given (jlm run MOE_MODEL ... --trace-routing FILE; then routing_replay FILE): nothing replayed\n");
+        return 0;
+    }
+    FILE *f = fopen(path, "r");
+    if (!f) {
+        fprintf(stderr, "routing_replay: %s: %s\n", path, strerror(errno));
+        return 1;
+    }
+    rr_trace t;
+    char msg[512];
+    int rc = rr_parse(f, path, &t, msg, sizeof msg);
+    fclose(f);
+    if (rc) {
+        fprintf(stderr, "routing_replay: %s\n", msg);
+        return 1;
+    }
+    /* the blocks the trace routes in: the pages a budget is a share of */
+    uint32_t nb = 0;
+    uint8_t *seen = calloc(t.n_layer, 1);
+    for (uint64_t i = 0; seen && i < (uint64_t)t.n_groups * t.n_used; i++)
+        if (!seen[t.page[i] / t.n_expert])
+            seen[t.page[i] / t.n_expert] = 1, nb++;
+    free(seen);
+    uint32_t all = nb * t.n_expert;
+    if (!ns) {
+        static const int eighths[] = {1, 2, 4, 6, 8, 10, 12, 14};   /* sixteenths */
+        for (int k = 0; k < 8; k++) {
+            uint32_t s = (uint32_t)((uint64_t)all * (uint32_t)eighths[k] / 16);
+            s = s < t.n_used ? t.n_used : s;
+            if (!ns || s > slots[ns - 1])
+                slots[ns++] = s;
+        }
+    }
+    printf("trace %s: %u tokens, %u routings, %u MoE blocks x %u experts (%u used), expert page %.2f MB, half-life %.3g\n",
+           path, t.n_tokens, t.n_groups, nb, t.n_expert, t.n_used, t.expert_bytes / 1e6, half);
+    printf("| slots | budget MB | share | LRU MB/token | LFU MB/token | optimum MB/token | LRU/opt | LFU/opt |\n");
+    printf("|---|---|---|---|---|---|---|---|\n");
+    for (int k = 0; k < ns; k++) {
+        uint64_t m[3];
+        for (int pol = 0; pol < 3; pol++)
+            if ((m[pol] = rr_misses(&t, pol, slots[k], half)) == (uint64_t)-1) {
+                fprintf(stderr, "routing_replay: out of memory\n");
+                rr_free(&t);
+                return 1;
+            }
+        double per = (double)t.expert_bytes / 1e6 / t.n_tokens;
+        printf("| %u | %.1f | %.3f | %.3f | %.3f | %.3f | %.3f | %.3f |\n", slots[k], slots[k] * (double)t.expert_bytes / 1e6,
+               (double)slots[k] / all, m[0] * per, m[1] * per, m[2] * per, m[2] ? (double)m[0] / m[2] : 1.0,
+               m[2] ? (double)m[1] / m[2] : 1.0);
+    }
+    rr_free(&t);
+    return 0;
+}
+#endif

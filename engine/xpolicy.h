@@ -1,0 +1,62 @@
+/* xpolicy.h - the expert cache's replacement policies: which unpinned
+ * expert page the pager evicts first (pager.h's invariant 7 names the
+ * expert class; this header says which of its pages), shared by the pager
+ * (engine/pager_policy.c) and the routing replay (bench/routing_replay.c),
+ * so the bench measures the engine's own rule.
+ *
+ *  - JLM_XP_LRU: the least recently used expert.
+ *  - JLM_XP_LFU: the expert with the lowest decaying count. Each get adds 1
+ *    to its page's count, and every count halves every `half_life` expert
+ *    gets (the pager's clock counts the gets of expert pages); ties go to
+ *    the least recently used. A page read ahead and not
+ *    yet gotten is a victim only when no other is left (it was read for a
+ *    use about to come).
+ *
+ * A count is kept as one key, log2(count) + t / half_life with t the clock
+ * at its last get: the decay of all counts is the same factor, so comparing
+ * keys compares decayed counts at any later time, with no pass over the
+ * pages. Header-only, no allocation, cannot fail. */
+#ifndef JLM_ENGINE_XPOLICY_H
+#define JLM_ENGINE_XPOLICY_H
+
+#include <math.h>
+#include <stdint.h>
+#include <string.h>
+
+enum jlm_xpolicy {
+    JLM_XP_LRU = 0,
+    JLM_XP_LFU = 1,
+};
+
+/* The policy the engine uses when none is named. */
+#define JLM_XP_DEFAULT JLM_XP_LFU
+
+/* The engine's half-life of the counts, in expert gets per expert page of
+ * the model (n_layer * n_expert): the rate docs/pager.md's replay measured
+ * best. */
+#define JLM_XP_HALF_LIFE 1.0
+
+/* The key of a page never gotten: below every gotten page's (count >= 1
+ * at its last get means a key >= t / half_life >= 0). */
+#define JLM_XP_KEY_NONE (-INFINITY)
+
+/* "lru" / "lfu" -> the policy; -1 for anything else (NULL included). */
+static inline int jlm_xp_parse(const char *s)
+{
+    if (s && !strcmp(s, "lru"))
+        return JLM_XP_LRU;
+    if (s && !strcmp(s, "lfu"))
+        return JLM_XP_LFU;
+    return -1;
+}
+
+/* The key after a get at clock `now` of a page whose key was `key`:
+ * its count decayed to now, plus 1. */
+static inline double jlm_xp_touch(double key, uint64_t now, double half_life)
+{
+    double t = (double)now / half_life;
+    double count = key == JLM_XP_KEY_NONE ? 0.0 : exp2(key - t);
+    return log2(count + 1.0) + t;
+}
+
+#endif

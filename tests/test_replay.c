@@ -1,0 +1,118 @@
+/* test_replay.c - the routing replay of bench/routing_replay.c: its parser
+ * refuses malformed traces with a line naming the place, and its LRU, LFU
+ * and Belady simulations give the miss counts worked out by hand on small
+ * traces (the classic reference string 1 2 3 4 1 2 5 1 2 3 4 5 with three
+ * frames: LRU 10 misses, the optimum 7). */
+#define ROUTING_REPLAY_NO_MAIN
+#include "bench/routing_replay.c"
+
+#include <criterion/criterion.h>
+
+/* A trace from text (through a memory stream); 0 or -1 with msg. */
+static int parse_text(const char *text, rr_trace *t, char *msg, size_t msz)
+{
+    FILE *f = fmemopen((void *)text, strlen(text), "r");
+    cr_assert(f);
+    int rc = rr_parse(f, "t.trace", t, msg, msz);
+    fclose(f);
+    return rc;
+}
+
+/* A trace that must parse. */
+static void parse_ok(const char *text, rr_trace *t)
+{
+    char msg[256];
+    cr_assert_eq(parse_text(text, t, msg, sizeof msg), 0, "%s", msg);
+}
+
+/* One block of 8 experts, one used: the reference string as positions 0.. */
+static void classic(rr_trace *t)
+{
+    static const int ref[] = {1, 2, 3, 4, 1, 2, 5, 1, 2, 3, 4, 5};
+    char text[1024];
+    int n = snprintf(text, sizeof text, "# jlm routing trace 1 n_layer 1 n_expert 8 n_used 1 expert_bytes 1000000\n");
+    for (int i = 0; i < 12; i++)
+        n += snprintf(text + n, sizeof text - (size_t)n, "%d 0 %d\n", i, ref[i]);
+    parse_ok(text, t);
+}
+
+Test(replay, belady_and_lru_match_the_hand_counts_of_the_classic_string)
+{
+    rr_trace t;
+    classic(&t);
+    cr_assert_eq(t.n_tokens, 12);
+    cr_assert_eq(rr_misses(&t, RR_OPT, 3, 1.0), 7, "optimum, 3 frames");
+    cr_assert_eq(rr_misses(&t, RR_LRU, 3, 1.0), 10, "LRU, 3 frames");
+    cr_assert_eq(rr_misses(&t, RR_OPT, 4, 1.0), 6, "optimum, 4 frames: 5 cold + 1 (5 evicts 3 or 4, both used again)");
+    cr_assert_eq(rr_misses(&t, RR_LRU, 4, 1.0), 8, "LRU, 4 frames");
+    cr_assert_eq(rr_misses(&t, RR_OPT, 5, 1.0), 5, "every page fits: the cold misses");
+    rr_free(&t);
+}
+
+/* 1 1 1 2 3 1 at two frames: LFU keeps the thrice-used 1 (3 evicts 2: 3
+ * misses), LRU evicts 1 for 3 and misses it again (4); with a half-life
+ * far below one get, counts are gone at once and LFU is LRU. */
+Test(replay, lfu_keeps_the_frequent_expert_that_lru_evicts)
+{
+    const char *text = "# jlm routing trace 1 n_layer 1 n_expert 4 n_used 1 expert_bytes 4096\n"
+                       "0 0 1\n1 0 1\n2 0 1\n3 0 2\n4 0 3\n5 0 1\n";
+    rr_trace t;
+    parse_ok(text, &t);
+    cr_assert_eq(rr_misses(&t, RR_LFU, 2, 1e6), 3);
+    cr_assert_eq(rr_misses(&t, RR_LRU, 2, 1e6), 4);
+    cr_assert_eq(rr_misses(&t, RR_LFU, 2, 1e-6), 4);
+    cr_assert_eq(rr_misses(&t, RR_OPT, 2, 1.0), 3);
+    rr_free(&t);
+}
+
+/* Two experts a routing, three frames, A B C D = 0 1 2 3: B and D three
+ * times, then (B, A), (A, C), (A, B). At (A, C) the counts are A 2 (just
+ * gotten), D 3, B 4: A is the lowest but pinned by its routing, so C evicts
+ * D and the last routing hits both: 4 misses under every policy (LFU
+ * evicting A would make 5). Lines out of order are replayed by (position,
+ * block). */
+Test(replay, a_routing_s_experts_are_never_each_other_s_victims)
+{
+    const char *text = "# jlm routing trace 1 n_layer 2 n_expert 4 n_used 2 expert_bytes 4096\n"
+                       "5 0 0 1\n0 0 1 3\n1 0 1 3\n2 0 1 3\n3 0 1 0\n4 0 0 2\n0 1 2 3\n";
+    rr_trace t;
+    parse_ok(text, &t);
+    cr_assert_eq(t.n_tokens, 6);
+    cr_assert_eq(t.page[0], 1);       /* (0, block 0) first */
+    cr_assert_eq(t.page[2], 6);       /* then (0, block 1): block 1's expert 2 */
+    cr_assert_eq(t.page[12], 0);      /* position 5 last */
+    /* block 1's pair is used once: 2 cold misses on top of block 0's 4, in frames
+     * of their own at 5 slots */
+    for (int pol = 0; pol < 3; pol++)
+        cr_assert_eq(rr_misses(&t, pol, 5, 1e9), 6, "policy %d", pol);
+    rr_free(&t);
+    const char *one = "# jlm routing trace 1 n_layer 1 n_expert 4 n_used 2 expert_bytes 4096\n"
+                      "5 0 0 1\n0 0 1 3\n1 0 1 3\n2 0 1 3\n3 0 1 0\n4 0 0 2\n";
+    parse_ok(one, &t);
+    for (int pol = 0; pol < 3; pol++)
+        cr_assert_eq(rr_misses(&t, pol, 3, 1e9), 4, "policy %d", pol);
+    rr_free(&t);
+}
+
+Test(replay, malformed_traces_are_refused_with_the_line)
+{
+    static const struct { const char *text, *want; } bad[] = {
+        {"", "t.trace:1: expected '# jlm routing trace 1"},
+        {"# jlm routing trace 1 n_layer 1 n_expert 4 n_used 5 expert_bytes 1\n0 0 1\n", "t.trace:1:"},
+        {"# jlm routing trace 1 n_layer 1 n_expert 4 n_used 1 expert_bytes 1\n", "t.trace:1: no routing lines"},
+        {"# jlm routing trace 1 n_layer 1 n_expert 4 n_used 1 expert_bytes 1\n0 0 4\n", "t.trace:2: expected n_used expert ids"},
+        {"# jlm routing trace 1 n_layer 1 n_expert 4 n_used 1 expert_bytes 1\n0 1 0\n", "t.trace:2: expected 'POS BLOCK"},
+        {"# jlm routing trace 1 n_layer 1 n_expert 4 n_used 2 expert_bytes 1\n0 0 1\n", "t.trace:2: expected n_used"},
+        {"# jlm routing trace 1 n_layer 1 n_expert 4 n_used 1 expert_bytes 1\n0 0 1 2\n", "t.trace:2: more fields"},
+        {"# jlm routing trace 1 n_layer 1 n_expert 4 n_used 1 expert_bytes 1\n0 0 -1\n", "t.trace:2: expected n_used"},
+        {"# jlm routing trace 1 n_layer 1 n_expert 4 n_used 1 expert_bytes 1\n0 0 1\n99999999999 0 1\n",
+         "t.trace:3: expected 'POS BLOCK"},
+    };
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        rr_trace t;
+        char msg[256] = "";
+        cr_assert_eq(parse_text(bad[i].text, &t, msg, sizeof msg), -1, "case %zu accepted", i);
+        cr_assert(strstr(msg, bad[i].want), "case %zu: '%s' does not say '%s'", i, msg, bad[i].want);
+        cr_assert_null(t.page);
+    }
+}
