@@ -9,7 +9,7 @@
 #
 # Usage: bench/kv-budget.sh [MODEL.jlm] [BUDGET=454M] [TOKENS=8] [THREADS=2]
 #   no MODEL: build/bench/mkgguf synth-1b Q4_0 (context 4096), converted in a
-#   temp dir. KV=TYPE: --kv TYPE for both runs (default: the engine's).
+#   temp dir. KV=TYPE: --kv TYPE for both runs (default: the CLI's, auto).
 #   JLM_BIN: folder holding jlm (default build/).
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)

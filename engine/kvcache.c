@@ -24,13 +24,14 @@ int jlm_kv_type_parse(const char *opt, const char *s, int *out, jlm_err *err)
             *out = t;
             return JLM_OK;
         }
-    return jlm_errf(err, JLM_EINVAL, "%s '%.40s': expected f32, f16 or q8_0", opt, s ? s : "");
+    return jlm_errf(err, JLM_EINVAL, "%s '%.40s': expected f32, f16 or q8_0%s", opt, s ? s : "",
+                    strcmp(opt, "--kv") ? "" : " (or auto)");
 }
 
 int jlm_engine_kv_check(const jlm_engine_opts *o, jlm_err *err)
 {
     int t, rc;
-    if ((o->kv && (rc = jlm_kv_type_parse("--kv", o->kv, &t, err))) ||
+    if ((o->kv && strcmp(o->kv, "auto") && (rc = jlm_kv_type_parse("--kv", o->kv, &t, err))) ||
         (o->kv_k && (rc = jlm_kv_type_parse("--cache-type-k", o->kv_k, &t, err))) ||
         (o->kv_v && (rc = jlm_kv_type_parse("--cache-type-v", o->kv_v, &t, err))))
         return rc;

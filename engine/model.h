@@ -86,7 +86,8 @@ typedef struct jlm_engine_opts {
                             * F16 (half the memory) or ggml's Q8_0 (34 bytes a 32
                             * values; head dimensions in whole blocks of 32; not
                             * latent attention); logits within docs/engine.md's
-                            * tolerances of the F32 cache's */
+                            * tolerances of the F32 cache's. "auto" (the CLI's
+                            * default): F16, F32 for latent attention */
     const char *kv_k, *kv_v;   /* the keys' / values' type alone, over kv (--cache-type-k/-v) */
 } jlm_engine_opts;
 
@@ -113,7 +114,8 @@ int  jlm_engine_split_parse(const char *backend, const char *device, jlm_engine_
 
 /* opts.kv, kv_k and kv_v are each NULL or a type's name: JLM_EINVAL with one
  * line naming the option otherwise ("--cache-type-k 'q4': expected f32, f16
- * or q8_0"). The CLI's check before any work; jlm_engine_open checks again. */
+ * or q8_0"; --kv may also be "auto"). The CLI's check before any work;
+ * jlm_engine_open checks again. */
 int  jlm_engine_kv_check(const jlm_engine_opts *opts, jlm_err *err);
 
 /* Opens a container (a .jlm file, or a jlmfs view directory's model.jlm),

@@ -314,19 +314,20 @@ static int apply_budget(jlm_engine *e, const jlm_engine_opts *o, jlm_err *err)
     return jlm_eng_fit_frames(e, err);
 }
 
-/* opts.kv (both), opts.kv_k, opts.kv_v (each over kv): "f32", "f16" or
- * "q8_0"; Q8_0 needs head dimensions in whole blocks of 32, and latent
+/* opts.kv (both: "auto" is F16, F32 for latent attention), opts.kv_k,
+ * opts.kv_v (each over kv): "f32", "f16" or "q8_0"; Q8_0 needs head dimensions in whole blocks of 32, and latent
  * attention (one cache row for keys and values) F32 or F16. */
 static int choose_kv(jlm_engine *e, const jlm_engine_opts *o, jlm_err *err)
 {
-    int both = KV_F32, rc;
-    if ((o->kv && (rc = jlm_kv_type_parse("--kv", o->kv, &both, err))))
+    int both = KV_F32, rc, mla = e->c->kv_lora_rank != 0;
+    if (o->kv && !strcmp(o->kv, "auto"))
+        both = mla ? KV_F32 : KV_F16;   /* docs/engine.md: F16's tolerance shown except for latent rows */
+    else if (o->kv && (rc = jlm_kv_type_parse("--kv", o->kv, &both, err)))
         return rc;
     e->kt = e->vt = both;
     if ((o->kv_k && (rc = jlm_kv_type_parse("--cache-type-k", o->kv_k, &e->kt, err))) ||
         (o->kv_v && (rc = jlm_kv_type_parse("--cache-type-v", o->kv_v, &e->vt, err))))
         return rc;
-    int mla = e->c->kv_lora_rank != 0;
     if (mla && (e->kt == KV_Q8_0 || e->vt == KV_Q8_0))
         return jlm_errf(err, JLM_EUNSUPPORTED, "--cache-type-%s q8_0: %s has a latent-attention cache "
                         "(deepseek2): f32 or f16 only", e->kt == KV_Q8_0 ? "k" : "v", e->m->path);

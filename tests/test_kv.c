@@ -21,15 +21,13 @@
 
 static char *convert_to(const char *name, const char *dir)
 {
-    char src[1024], *out = malloc(1024);
-    snprintf(src, sizeof src, "%s/tests/models/%s.gguf", tu_root(), name);
-    snprintf(out, 1024, "%s/%s.jlm", dir, name);
-    jlm_conv *c;
+    char gguf[256], out[256];
+    snprintf(gguf, sizeof gguf, "%s.gguf", name);
+    snprintf(out, sizeof out, "%s.jlm", name);
     jlm_err err = {0};
-    cr_assert_eq(jlm_conv_open(src, NULL, &c, &err), 0, "%s", err.msg);
-    cr_assert_eq(jlm_conv_write(c, out, NULL, NULL, NULL, &err), 0, "%s", err.msg);
-    jlm_conv_close(c);
-    return out;
+    char *p = tu_convert(gguf, dir, out, &err);
+    cr_assert(p, "%s: %s", name, err.msg);
+    return p;
 }
 
 static jlm_engine *open_kv(const char *path, const char *k, const char *v, uint32_t n_ctx, uint64_t budget)
