@@ -328,17 +328,18 @@ static int choose_kv(jlm_engine *e, const jlm_engine_opts *o, jlm_err *err)
     if ((o->kv_k && (rc = jlm_kv_type_parse("--cache-type-k", o->kv_k, &e->kt, err))) ||
         (o->kv_v && (rc = jlm_kv_type_parse("--cache-type-v", o->kv_v, &e->vt, err))))
         return rc;
+    const char *opt[2] = {o->kv_k ? "--cache-type-k" : "--kv", o->kv_v ? "--cache-type-v" : "--kv"};
     if (mla && (e->kt == KV_Q8_0 || e->vt == KV_Q8_0))
-        return jlm_errf(err, JLM_EUNSUPPORTED, "--cache-type-%s q8_0: %s has a latent-attention cache "
-                        "(deepseek2): f32 or f16 only", e->kt == KV_Q8_0 ? "k" : "v", e->m->path);
+        return jlm_errf(err, JLM_EUNSUPPORTED, "%s q8_0: %s has a latent-attention cache (deepseek2): f32 or "
+                        "f16 only", opt[e->kt == KV_Q8_0 ? 0 : 1], e->m->path);
     if (mla)
         e->vt = e->kt;   /* one row holds both (llama.cpp's V is a view of it) */
     uint32_t dims[2] = {e->hd, e->hd_v};
     int types[2] = {e->kt, e->vt};
     for (int i = 0; i < 2; i++)
         if (types[i] == KV_Q8_0 && dims[i] % KV_Q8_BLOCK)
-            return jlm_errf(err, JLM_EUNSUPPORTED, "--cache-type-%s q8_0: %s has a %s head dimension of %u, "
-                            "not a multiple of 32", i ? "v" : "k", e->m->path, i ? "value" : "key", dims[i]);
+            return jlm_errf(err, JLM_EUNSUPPORTED, "%s q8_0: %s has a %s head dimension of %u, not a multiple "
+                            "of 32", opt[i], e->m->path, i ? "value" : "key", dims[i]);
     e->kv_direct = e->kt == e->vt && e->kt != KV_Q8_0;
     e->kv_heads = mla ? e->c->n_layer : (uint64_t)e->c->n_layer * e->c->n_kv_head;
     e->krow = jlm_kv_row_bytes(e->kt, mla ? e->kv_dim : e->hd);

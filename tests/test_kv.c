@@ -228,7 +228,13 @@ Test(kv, refuses_unknown_types_and_q8_0_where_it_cannot_hold_the_rows, .timeout 
     refused(st, "q4_0", NULL, JLM_EINVAL, "--cache-type-k 'q4_0': expected f32, f16 or q8_0");
     refused(st, NULL, "", JLM_EINVAL, "--cache-type-v '': expected f32, f16 or q8_0");
     refused(st, "q8_0", NULL, JLM_EUNSUPPORTED, "head dimension of 8, not a multiple of 32");   /* 64 / 8 heads */
+    refused(ds, NULL, "q8_0", JLM_EUNSUPPORTED, "--cache-type-v q8_0: ");
     refused(ds, NULL, "q8_0", JLM_EUNSUPPORTED, "latent-attention cache (deepseek2): f32 or f16 only");
+    jlm_engine_opts o = {.quiet = 1, .kv = "q8_0"};   /* named as given */
+    jlm_engine *e = NULL;
+    jlm_err err = {0};
+    cr_assert_eq(jlm_engine_open(st, &o, &e, &err), JLM_EUNSUPPORTED);
+    cr_assert(strstr(err.msg, "--kv q8_0: ") && strstr(err.msg, "head dimension of 8"), "%s", err.msg);
     /* the CLI: one line, exit 2, before any work */
     char cmd[4096], *out = NULL;
     snprintf(cmd, sizeof cmd, "%s run %s -p hi -n 1 -ctv q9 2>&1", tu_jlm(), st);
@@ -238,7 +244,7 @@ Test(kv, refuses_unknown_types_and_q8_0_where_it_cannot_hold_the_rows, .timeout 
               "%s", out);
     free(out);
     /* latent attention keeps its F16 cache (one row for keys and values) */
-    jlm_engine *e = open_kv(ds, "f16", NULL, 64, 0);
+    e = open_kv(ds, "f16", NULL, 64, 0);
     jlm_engine_mem mi;
     jlm_engine_mem_info(e, &mi);
     cr_assert_str_eq(mi.kv_k, "f16");
