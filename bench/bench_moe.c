@@ -60,10 +60,12 @@ static int run_budget(const char *path, const moe_opts *o, uint64_t budget, moe_
     jlm_err err = {0};
     if (budget && jlm_engine_open(path, &eo, &e, &err) == 0) {
         /* budget is of page frames: the engine's budget also bounds its KV
-         * cache, scratch and dense region, so add what they take */
+         * cache (as far as the run's positions take it, 256 at a time),
+         * scratch and dense region, so add what they take */
         jlm_engine_mem mi;
         jlm_engine_mem_info(e, &mi);
-        budget += mi.kv + mi.scratch + mi.dense;
+        uint64_t pos = ((uint64_t)(1 + o->n_warm + o->n_tg) + 255) / 256 * 256;
+        budget += mi.kv_token * (pos < mi.kv_full / mi.kv_token ? pos : mi.kv_full / mi.kv_token) + mi.scratch + mi.dense;
         jlm_engine_close(e);
     }
     eo.budget = budget;

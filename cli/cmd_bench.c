@@ -30,7 +30,7 @@
 #include <unistd.h>
 
 static const char BENCH_USAGE[] =
-    "usage: jlm bench MODEL [-p 512] [-n 128] [-d 0] [-r 3] [-t THREADS] [--budget SIZE] [--kv f32|f16] [--no-direct]\n"
+    "usage: jlm bench MODEL [-p 512] [-n 128] [-d 0] [-r 3] [-t THREADS] [--budget SIZE] [--kv f32|f16|q8_0] [-ctk T] [-ctv T] [--no-direct]\n"
     "                 [--no-prefetch] [--read-depth N] [--no-predict] [--no-warm] [--profile] [--backend cpu|vulkan|cuda|auto|cuda,vulkan|vulkan,cuda]\n"
     "                 [--device N|NAME[,..]] [--gpu-layers N|all[,M|all]] [--gpu-budget SIZE[,SIZE]]\n"
     "  -p 0 or -n 0 skips that test\n";

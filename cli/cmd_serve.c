@@ -17,7 +17,7 @@ static const char USAGE[] =
     "                 [--api-key KEY] [--body-max SIZE] [--conn-per-addr N] [--header-timeout S]\n"
     "                 [--body-timeout S] [-c CTX] [-t THREADS] [--budget SIZE] [--rescan S]\n"
     "                 [--prefix-cache SIZE]\n"
-    "                 [--kv f32|f16] [--backend NAME[,NAME]] [--device N|NAME[,..]] [--gpu-layers N|all[,M|all]]\n"
+    "                 [--kv T] [-ctk T] [-ctv T] [--backend NAME[,NAME]] [--device N|NAME[,..]] [--gpu-layers N|all[,M|all]]\n"
     "                 [--gpu-budget SIZE[,SIZE]] [--no-direct]\n"
     "       (MODEL: a .jlm, a jlmfs view, or a .gguf converted once into the cache as `jlm run` does;\n"
     "        the key may also come from the environment: JLM_API_KEY)\n";

@@ -278,8 +278,17 @@ int jlm_opts_engine_rows(jlm_opt *t, unsigned which, jlm_engine_opts *eo, jlm_op
         t[n++] = (jlm_opt){NULL, "--budget", JLM_OPT_SIZE, &eo->budget, 0, 0, 0, "SIZE",
                            "memory budget: frames + KV + scratch (K/M/G), 0: unlimited; default: the cgroup limit or "
                            "MemAvailable less a headroom"};
-    if (which & JLM_ROWS_KV)
-        t[n++] = (jlm_opt){NULL, "--kv", JLM_OPT_STR, &eo->kv, 0, 0, 0, "f32|f16", "KV cache type (f16: half the memory)"};
+    if (which & JLM_ROWS_KV) {
+        if (!eo->kv)
+            eo->kv = "auto";   /* llama.cpp's default, where its tolerance is shown (docs/engine.md) */
+        t[n++] = (jlm_opt){NULL, "--kv", JLM_OPT_STR, &eo->kv, 0, 0, 0, "auto|f32|f16|q8_0",
+                           "KV cache type of keys and values (auto: f16, f32 for latent attention; f16: half "
+                           "the memory of f32, q8_0: 0.27 of it)"};
+        t[n++] = (jlm_opt){"-ctk", "--cache-type-k", JLM_OPT_STR, &eo->kv_k, 0, 0, 0, "f32|f16|q8_0",
+                           "the keys' cache type (over --kv)"};
+        t[n++] = (jlm_opt){"-ctv", "--cache-type-v", JLM_OPT_STR, &eo->kv_v, 0, 0, 0, "f32|f16|q8_0",
+                           "the values' cache type (over --kv)"};
+    }
     if (which & JLM_ROWS_PAGING) {
         t[n++] = (jlm_opt){NULL, "--no-direct", JLM_OPT_FLAG, &eo->direct, 0, 0, JLM_OPT_CLEARS, NULL,
                            "page weights through the page cache"};
@@ -430,7 +439,7 @@ int jlm_opts_engine_finish(const char *who, jlm_engine_opts *eo, const jlm_opts_
         gpu = &none;
     if (gpu->layers && !eo->backend)   /* -ngl N as in llama.cpp: on a GPU when there is one */
         eo->backend = "auto";
-    if (jlm_engine_split_parse(eo->backend, eo->device, &sp, &err))
+    if (jlm_engine_split_parse(eo->backend, eo->device, &sp, &err) || jlm_engine_kv_check(eo, &err))
         return jlm_cli_error(who, err.msg), 2;
     if (gpu_layers_list(who, gpu->layers, sp.n, eo) || gpu_budget_list(who, gpu->budget, sp.n, eo))
         return 2;

@@ -57,11 +57,11 @@ enum {
     JLM_ROWS_CTX = 1,      /* -c, --ctx-size */
     JLM_ROWS_THREADS = 2,  /* -t, --threads */
     JLM_ROWS_BUDGET = 4,   /* --budget: the engine's memory budget */
-    JLM_ROWS_KV = 8,       /* --kv f32|f16 */
+    JLM_ROWS_KV = 8,       /* --kv, -ctk/--cache-type-k, -ctv/--cache-type-v: f32|f16|q8_0 */
     JLM_ROWS_PAGING = 16,  /* --no-direct, --no-prefetch, --read-depth, --no-predict, --no-warm, --expert-policy, --verify, --no-verify */
     JLM_ROWS_BACKEND = 32, /* --backend, --device, --gpu-layers, --gpu-budget */
 };
-#define JLM_OPTS_ENGINE_MAX 16
+#define JLM_OPTS_ENGINE_MAX 18
 #define JLM_OPTS_SAMPLER_MAX 7
 typedef struct jlm_opts_gpu { const char *layers, *budget; } jlm_opts_gpu;   /* as typed; NULL: not given */
 int jlm_opts_engine_rows(jlm_opt *t, unsigned which, jlm_engine_opts *eo, jlm_opts_gpu *gpu);
@@ -69,7 +69,8 @@ int jlm_opts_sampler_rows(jlm_opt *t, jlm_samp_params *sp);
 int jlm_opts_cat(jlm_opt *t, int k, const jlm_opt *rows, int n);
 /* After parsing: --backend and --device as lists (jlm_engine_split_parse),
  * --gpu-layers (NULL, "all" or a count >= 1; two devices: N, N,M or N,all)
- * and --gpu-budget (a size per device) into eo, then the backend check of
+ * and --gpu-budget (a size per device) into eo, the KV cache types' names
+ * (jlm_engine_kv_check), then the backend check of
  * each device (cli/backend.h). gpu may be NULL (no such rows). 0, or the
  * exit status after one line on stderr (2: a malformed value or list). */
 int jlm_opts_engine_finish(const char *who, jlm_engine_opts *eo, const jlm_opts_gpu *gpu);

@@ -154,11 +154,13 @@ void jlm_cli_run_stats(const run *r)
     stats_arrays(r, &pc);
     jlm_engine_mem mi;
     jlm_engine_mem_info(e, &mi);
+    char kvt[32];
+    snprintf(kvt, sizeof kvt, strcmp(mi.kv_k, mi.kv_v) ? "%s/%s" : "%s", mi.kv_k, mi.kv_v);
     fprintf(stderr, "memory: budget %llu (%s): frames %llu, KV %llu (%s), scratch %llu, dense %llu\n",
             (unsigned long long)mi.budget, mi.source, (unsigned long long)mi.frames, (unsigned long long)mi.kv,
-            mi.kv_f16 ? "f16" : "f32", (unsigned long long)mi.scratch, (unsigned long long)mi.dense);
-    fprintf(stderr, "kv: %llu bytes per token of context (%u values a layer)\n", (unsigned long long)mi.kv_token,
-            mi.kv_row);
+            kvt, (unsigned long long)mi.scratch, (unsigned long long)mi.dense);
+    fprintf(stderr, "kv: %llu bytes per token of context (%u values a layer); %u positions held, %llu bytes at the "
+            "whole context\n", (unsigned long long)mi.kv_token, mi.kv_row, mi.kv_have, (unsigned long long)mi.kv_full);
     double tp = r->t1 - r->t0, td = r->t2 - r->t1;
     fprintf(stderr, "timing: prefill %zu tokens %.1f t/s, decode %zu tokens %.1f t/s, budget %llu\n", r->np,
             r->np / tp, r->ng, r->ng > 1 ? (r->ng - 1) / td : 0.0, (unsigned long long)jlm_engine_budget(e));

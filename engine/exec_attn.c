@@ -8,26 +8,36 @@
 #include <string.h>
 
 /* ================================================================ attention */
-/* KV head g of layer l in cache c (dim: hd or hd_v), layer by layer, head
- * by head, kv_ctx positions each (model_int.h); pos: where that position's
- * row starts (values; keys are tiles, key_elem). */
-static uint8_t *kv_at(const jlm_engine *e, void *c, uint32_t l, uint32_t g, uint32_t pos, uint32_t dim)
-{
-    uint64_t head = (uint64_t)l * e->c->n_kv_head + g;
-    return (uint8_t *)c + (head * e->kv_ctx + pos) * dim * e->kv_es;
-}
+/* Layer l's run of KV head 0 in cache c: keys (val 0) or values. */
+static uint8_t *head0(const jlm_engine *e, void *c, int val, uint32_t l) { return jlm_kv_head(e, c, val, l, 0); }
 
-/* Element i of key pos in its head's keys (kv_at(.., 0, hd)): tiles of
- * JLM_K_FATTN_BK positions, dimension-major (jlm_k_fattn's k_tiled). */
-static uint64_t key_elem(const jlm_engine *e, uint32_t pos, uint32_t i)
+/* jlm_k_fattn for KV head g (k, v: layer l's head 0, as head0): on the
+ * cache itself when the kernel reads its types (kv_direct), else on the
+ * range the rows [r0, r1) see, widened into thread tid's slab (the same
+ * values as F32: jlm_k_fattn's result is that of the cache it read). */
+static void fattn_run(jlm_engine *e, const jlm_k_fattn *p, const float *q, const void *k, const void *v, float *out,
+                      uint32_t g, uint32_t r0, uint32_t r1, int tid)
 {
-    enum { BK = JLM_K_FATTN_BK };
-    return (uint64_t)(pos / BK) * BK * e->hd + (uint64_t)i * BK + pos % BK;
-}
-
-static float kv_get(const jlm_engine *e, const uint8_t *base, uint64_t i)
-{
-    return e->kv_f16 ? jlm_k_fp16_to_f32(((const uint16_t *)base)[i]) : ((const float *)base)[i];
+    float *scratch = e->fa + (size_t)tid * e->fa_floats;
+    if (e->kv_direct) {
+        e->k->fattn(p, q, k, v, out, g, r0, r1, scratch);
+        return;
+    }
+    uint32_t j0 = UINT32_MAX, j1 = 0;
+    for (uint32_t r = r0; r < r1; r++)
+        if (p->lo[r] < p->hi[r]) {
+            if (p->lo[r] < j0) j0 = p->lo[r];
+            if (p->hi[r] > j1) j1 = p->hi[r];
+        }
+    float *slab = jlm_kv_slab(e, tid);
+    if (j0 < j1)
+        jlm_kv_widen(e, (const uint8_t *)k + (uint64_t)g * e->kv_ctx * e->krow,
+                     (const uint8_t *)v + (uint64_t)g * e->kv_ctx * e->vrow, j0, j1, slab);
+    jlm_k_fattn sp = *p;
+    sp.kh_stride = sp.vh_stride = 0;   /* the slab is head g's alone */
+    sp.v_stride = e->hd_v;
+    sp.kv_f16 = 0;
+    e->k->fattn(&sp, q, slab, slab + (uint64_t)e->kv_ctx * e->hd, out, g, r0, r1, scratch);
 }
 
 static int is_swa_layer(const jlm_config *c, uint32_t l)
@@ -95,14 +105,14 @@ typedef struct attn_job {
     jlm_engine *e;
     jlm_k_attn  ap;
     const float *q, *sinks;
-    void       *kc, *vc;                /* the token's caches (kv_at) */
+    void       *kc, *vc;                /* the token's caches (jlm_kv_head) */
     float      *out;
     uint32_t    l, n_kv, group;
 } attn_job;
 
 /* KV heads [g0, g1), each copied once into this thread's slab as F32 rows
  * (keys then values, packed: stride hd / hd_v; the cache keeps keys in
- * tiles and may hold F16) and attended by its group of query heads, so GQA
+ * tiles or Q8_0 rows and may hold F16 or Q8_0) and attended by its group of query heads, so GQA
  * reads each head once. The kernel then sees exactly the values the cache
  * holds. The per-token path (JLM_ATTN=token) only: a reference. */
 static void attn_heads(void *ctx, size_t g0, size_t g1, int tid)
@@ -111,14 +121,12 @@ static void attn_heads(void *ctx, size_t g0, size_t g1, int tid)
     jlm_engine *e = j->e;
     jlm_k_attn ap = j->ap;
     float *scores = e->scores + (size_t)tid * e->n_ctx;
-    float *k32 = e->kv32 + (size_t)tid * e->n_ctx * (e->hd + e->hd_v), *v32 = k32 + (size_t)e->n_ctx * e->hd;
+    float *k32 = jlm_kv_slab(e, tid), *v32 = k32 + (size_t)e->kv_ctx * e->hd;
     for (size_t g = g0; g < g1; g++) {
-        const uint8_t *kh = kv_at(e, j->kc, j->l, (uint32_t)g, 0, e->hd), *vh = kv_at(e, j->vc, j->l, (uint32_t)g, 0, e->hd_v);
+        const uint8_t *kh = jlm_kv_head(e, j->kc, 0, j->l, (uint32_t)g), *vh = jlm_kv_head(e, j->vc, 1, j->l, (uint32_t)g);
         for (uint32_t p = 0; p < j->n_kv; p++) {
-            for (uint32_t i = 0; i < e->hd; i++)
-                k32[(uint64_t)p * e->hd + i] = kv_get(e, kh, key_elem(e, p, i));
-            for (uint32_t i = 0; i < e->hd_v; i++)
-                v32[(uint64_t)p * e->hd_v + i] = kv_get(e, vh, (uint64_t)p * e->hd_v + i);
+            jlm_kv_get_key(e, kh, p, k32 + (uint64_t)p * e->hd);
+            jlm_kv_get_row(e->vt, vh + p * e->vrow, v32 + (uint64_t)p * e->hd_v, e->hd_v);
         }
         for (size_t h = g * j->group; h < (g + 1) * j->group; h++) {
             ap.has_sink = j->sinks != NULL;
@@ -170,13 +178,12 @@ typedef struct fattn_job {
 static void fattn_slice(void *ctx, size_t s0, size_t s1, int tid)
 {
     fattn_job *j = ctx;
-    float *scratch = j->e->fa + (size_t)tid * j->e->fa_floats;
     uint32_t nq = (j->n + JLM_K_FATTN_BQ - 1) / JLM_K_FATTN_BQ, nu = nq * j->n_kv_head;
     for (size_t s = s0; s < s1; s++)
         for (uint32_t u = (uint32_t)s; u < nu; u += j->nt) {
             uint32_t qt = nq - 1 - u / j->n_kv_head, g = u % j->n_kv_head;   /* costly tiles first */
             uint32_t r0 = qt * JLM_K_FATTN_BQ, r1 = r0 + JLM_K_FATTN_BQ < j->n ? r0 + JLM_K_FATTN_BQ : j->n;
-            j->e->k->fattn(&j->p, j->q, j->k, j->v, j->out, g, r0, r1, scratch);
+            fattn_run(j->e, &j->p, j->q, j->k, j->v, j->out, g, r0, r1, tid);
         }
 }
 
@@ -193,12 +200,12 @@ static void attend_rows(jlm_engine *e, uint32_t l, uint32_t t0, uint32_t n, cons
     }
     fattn_job j = {
         .e = e, .q = e->q + (uint64_t)t0 * e->q_dim, .out = e->att + (uint64_t)t0 * c->n_head * e->hd_v,
-        .k = kv_at(e, e->bkc[t0], l, 0, 0, e->hd), .v = kv_at(e, e->bvc[t0], l, 0, 0, e->hd_v),
+        .k = head0(e, e->bkc[t0], 0, l), .v = head0(e, e->bvc[t0], 1, l),
         .n = n, .n_kv_head = c->n_kv_head,
         .p = {.head_dim = e->hd, .head_dim_v = e->hd_v, .group = c->n_head / c->n_kv_head,
               .q_stride = e->q_dim, .o_stride = (uint64_t)c->n_head * e->hd_v,
               .k_stride = e->hd, .v_stride = e->hd_v, .kh_stride = (uint64_t)e->kv_ctx * e->hd,
-              .vh_stride = (uint64_t)e->kv_ctx * e->hd_v, .k_tiled = 1, .kv_f16 = e->kv_f16,
+              .vh_stride = (uint64_t)e->kv_ctx * e->hd_v, .k_tiled = 1, .kv_f16 = e->kt == KV_F16,
               .scale = c->attn_scale > 0 ? c->attn_scale : 1.0f / sqrtf((float)e->hd),
               .softcap = c->attn_softcap, .sinks = sinks, .lo = lo, .hi = hi},
     };
@@ -208,32 +215,6 @@ static void attend_rows(jlm_engine *e, uint32_t l, uint32_t t0, uint32_t n, cons
     unsigned long long pt = prof_begin(e);
     jlm_pool_for(pool, j.nt, 1, fattn_slice, &j);
     prof_end(e, JLM_PROF_ATTN, pt);
-}
-
-/* n floats into a cache row: copied, or kv_f16 rounded to F16 (nearest
- * even, as F16C and ggml's F16 cache do). */
-static void store_kv(const jlm_engine *e, uint8_t *dst, const float *x, uint32_t n)
-{
-    if (!e->kv_f16) {
-        memcpy(dst, x, n * sizeof(float));
-        return;
-    }
-    uint16_t *d = (uint16_t *)dst;
-    for (uint32_t i = 0; i < n; i++)
-        d[i] = jlm_k_f32_to_fp16(x[i]);
-}
-
-/* Key k (hd floats) at position pos of a head's keys kh (kv_at(.., 0, hd)):
- * one element a dimension, into its tile (key_elem), as store_kv rounds. */
-static void store_key(const jlm_engine *e, uint8_t *kh, uint32_t pos, const float *k)
-{
-    for (uint32_t i = 0; i < e->hd; i++) {
-        uint64_t at = key_elem(e, pos, i);
-        if (e->kv_f16)
-            ((uint16_t *)kh)[at] = jlm_k_f32_to_fp16(k[i]);
-        else
-            ((float *)kh)[at] = k[i];
-    }
 }
 
 /* One token's k and v (bias, norm, RoPE) into the cache, or its q (bias,
@@ -296,8 +277,8 @@ static void kv_row(jlm_engine *e, void *ctx, uint32_t t)
     const float *cs = rope_cs(e, &j->rp, e->bpos[t], csb);
     for (uint32_t g = 0; g < c->n_kv_head; g++) {   /* head-major, keys in tiles (model_int.h) */
         head_norm_rope(e, k + g * e->hd, j->hn, &j->rp, cs);
-        store_key(e, kv_at(e, e->bkc[t], j->l, g, 0, e->hd), e->bpos[t], k + g * e->hd);
-        store_kv(e, kv_at(e, e->bvc[t], j->l, g, e->bpos[t], e->hd_v), v + g * e->hd_v, e->hd_v);
+        jlm_kv_put_key(e, jlm_kv_head(e, e->bkc[t], 0, j->l, g), e->bpos[t], k + g * e->hd);
+        jlm_kv_put_row(e->vt, jlm_kv_head(e, e->bvc[t], 1, j->l, g) + e->bpos[t] * e->vrow, v + g * e->hd_v, e->hd_v);
     }
 }
 
@@ -354,15 +335,15 @@ static void qkva_slice(void *ctx, size_t b, size_t en, int tid)
             add_bias(k, kb ? kb + (uint64_t)g * hd : NULL, hd);
             add_bias(v, vb ? vb + (uint64_t)g * hv : NULL, hv);
             head_norm_rope(e, k, kn, &j->rp, j->cs);
-            store_key(e, kv_at(e, e->bkc[0], j->l, g, 0, hd), pos, k);
-            store_kv(e, kv_at(e, e->bvc[0], j->l, g, pos, hv), v, hv);
+            jlm_kv_put_key(e, jlm_kv_head(e, e->bkc[0], 0, j->l, g), pos, k);
+            jlm_kv_put_row(e->vt, jlm_kv_head(e, e->bvc[0], 1, j->l, g) + pos * e->vrow, v, hv);
             for (uint32_t h = g * G; h < (g + 1) * G; h++) {
                 float *q = e->q + (uint64_t)h * hd;
                 add_bias(q, qb ? qb + (uint64_t)h * hd : NULL, hd);
                 head_norm_rope(e, q, qn, &j->rp, j->cs);
                 scale_q(q, hd, q_temp(c, &j->rp, pos));
             }
-            e->k->fattn(&j->p, e->q, j->k, j->v, e->att, g, 0, 1, e->fa + (size_t)tid * e->fa_floats);
+            fattn_run(e, &j->p, e->q, j->k, j->v, e->att, g, 0, 1, tid);
         }
         if (t0)
             j->att_ns += prof_now() - t0;
@@ -387,7 +368,7 @@ static int attn_qkv_heads(jlm_engine *e, const jlm_ex_blk *b, const jlm_k_mat *w
     unsigned long long t0 = prof_begin(e);
     uint32_t pos = e->bpos[0];
     qkva_job j = {.e = e, .l = l, .nparts = (uint32_t)nt, .hi = pos + 1, .lo = first_key(c, l, pos),
-                  .k = kv_at(e, e->bkc[0], l, 0, 0, e->hd), .v = kv_at(e, e->bvc[0], l, 0, 0, e->hd_v),
+                  .k = head0(e, e->bkc[0], 0, l), .v = head0(e, e->bvc[0], 1, l),
                   .qb = blk_vec(e, b, qr->w[0]), .kb = blk_vec(e, b, kv->w[0]), .vb = blk_vec(e, b, kv->w[1]),
                   .qn = blk_vec(e, b, qr->w[1]), .kn = blk_vec(e, b, kv->w[2])};
     const jlm_k_mat *ms[3] = {wq, wk, wv};
@@ -410,7 +391,7 @@ static int attn_qkv_heads(jlm_engine *e, const jlm_ex_blk *b, const jlm_k_mat *w
     j.p = (jlm_k_fattn){.head_dim = e->hd, .head_dim_v = e->hd_v, .group = c->n_head / c->n_kv_head,
                         .q_stride = e->q_dim, .o_stride = (uint64_t)c->n_head * e->hd_v, .k_stride = e->hd,
                         .v_stride = e->hd_v, .kh_stride = (uint64_t)e->kv_ctx * e->hd,
-                        .vh_stride = (uint64_t)e->kv_ctx * e->hd_v, .k_tiled = 1, .kv_f16 = e->kv_f16,
+                        .vh_stride = (uint64_t)e->kv_ctx * e->hd_v, .k_tiled = 1, .kv_f16 = e->kt == KV_F16,
                         .scale = c->attn_scale > 0 ? c->attn_scale : 1.0f / sqrtf((float)e->hd),
                         .softcap = c->attn_softcap, .sinks = blk_vec(e, b, at->w[0]),
                         .lo = &j.lo, .hi = &j.hi};

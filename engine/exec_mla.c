@@ -30,10 +30,10 @@ static mla_buf mla_bufs(const jlm_engine *e)
     return m;
 }
 
-/* Cache row of (layer l, pos) in cache c: W values, F32 or F16. */
-static uint8_t *mla_row(const jlm_engine *e, void *c, uint32_t l, uint32_t pos, uint64_t W)
+/* Cache row of (layer l, pos) in cache c: W values of kt's type (F32 or F16). */
+static uint8_t *mla_row(const jlm_engine *e, void *c, uint32_t l, uint32_t pos)
 {
-    return (uint8_t *)c + ((uint64_t)l * e->kv_ctx + pos) * W * e->kv_es;
+    return (uint8_t *)c + ((uint64_t)l * e->kv_ctx + pos) * e->krow;
 }
 
 /* Sheet s (a head) of a 3-D tensor in the block's page: sheets back to back in each plane. */
@@ -74,12 +74,7 @@ void jlm_ex_mla_kv(jlm_engine *e, const jlm_op *op, jlm_ex_blk *b)
         jlm_k_rmsnorm(r, r, norm, mb.R, c->rms_eps);
         jlm_k_rope_cos_sin(&rp, e->bpos[t], csb);
         jlm_k_rope_rotate(csb, &rp, r + mb.R, 1, c->n_rot);
-        uint8_t *dst = mla_row(e, e->bkc[t], b->l, e->bpos[t], mb.W);
-        if (e->kv_f16)
-            for (uint64_t i = 0; i < mb.W; i++)
-                ((uint16_t *)dst)[i] = jlm_k_f32_to_fp16(r[i]);
-        else
-            memcpy(dst, r, mb.W * sizeof(float));
+        jlm_kv_put_row(e->kt, mla_row(e, e->bkc[t], b->l, e->bpos[t]), r, (uint32_t)mb.W);
     }
 }
 
@@ -136,11 +131,10 @@ void jlm_ex_mla_attn(jlm_engine *e, const jlm_op *op, jlm_ex_blk *b)
             const float *ql = mb.ql + ((uint64_t)hh * e->nb + t) * mb.W;
             float *ol = mb.ol + ((uint64_t)hh * e->nb + t) * mb.W;
             for (uint32_t p = 0; p < np; p++) {
-                const uint8_t *src = mla_row(e, e->bkc[t], b->l, p, mb.W);
+                const uint8_t *src = mla_row(e, e->bkc[t], b->l, p);
                 const float *r = (const float *)src;
-                if (e->kv_f16) {
-                    for (uint64_t i = 0; i < mb.W; i++)
-                        mb.row[i] = jlm_k_fp16_to_f32(((const uint16_t *)src)[i]);
+                if (e->kt != KV_F32) {
+                    jlm_kv_get_row(e->kt, src, mb.row, (uint32_t)mb.W);
                     r = mb.row;
                 }
                 float d = 0.0f;
@@ -151,8 +145,8 @@ void jlm_ex_mla_attn(jlm_engine *e, const jlm_op *op, jlm_ex_blk *b)
             jlm_k_softmax(mb.s, np);
             memset(ol, 0, mb.R * sizeof(float));
             for (uint32_t p = 0; p < np; p++) {
-                const uint8_t *src = mla_row(e, e->bkc[t], b->l, p, mb.W);
-                if (e->kv_f16) {
+                const uint8_t *src = mla_row(e, e->bkc[t], b->l, p);
+                if (e->kt == KV_F16) {
                     for (uint64_t i = 0; i < mb.R; i++)
                         ol[i] += mb.s[p] * jlm_k_fp16_to_f32(((const uint16_t *)src)[i]);
                 } else {

@@ -392,7 +392,7 @@ int jlm_evk_block(jlm_dev *d, jlm_engine *e, const jlm_prog *p, uint32_t l, cons
     jlm_evk *v = (jlm_evk *)d;
     jlm_evk_blk *s = &v->blk;
     const jlm_config *c = e->c;
-    if (e->kv_f16 || e->qk_unit || (c->flags & JLM_F_NON_CAUSAL) || !n)
+    if (e->kt != KV_F32 || e->vt != KV_F32 || e->qk_unit || (c->flags & JLM_F_NON_CAUSAL) || !n)
         return UNSUP;
     for (uint32_t t = 0; t < n; t++)
         if ((kc ? kc : e->bkc[t]) != e->kc)

@@ -119,11 +119,14 @@ int jlm_engine_eval_embd(jlm_engine *e, const float *embd, uint32_t n, int bidir
     if (n == 0 || (uint64_t)e->n_past + n > e->n_ctx)
         return jlm_errf(err, JLM_ERANGE, "context full: %u + %u embeddings exceed %u positions (-c)", e->n_past, n,
                         e->n_ctx);
+    int rc = e->n_past + n > e->kv_have ? jlm_kv_fit(e, e->kc, e->vc, &e->kv_have, e->n_past + n, 1, err) : JLM_OK;
+    if (rc)
+        return rc;
     float *xs = malloc((size_t)n * c->n_embd * sizeof *xs);
     if (!xs)
         return jlm_errf(err, JLM_ENOMEM, "out of memory for %u embeddings", n);
     memcpy(xs, embd, (size_t)n * c->n_embd * sizeof *xs);   /* entered as they are: no embedding scale */
-    int rc = run_layers(e, xs, n, e->kc, e->vc, e->n_past, bidir, err);
+    rc = run_layers(e, xs, n, e->kc, e->vc, e->n_past, bidir, err);
     if (!rc && logits)
         rc = output(e, xs + (uint64_t)(n - 1) * c->n_embd, 1, logits, err);
     free(xs);
@@ -141,9 +144,10 @@ static int check_ids(const jlm_engine *e, const int32_t *tokens, uint32_t n, jlm
     return JLM_OK;
 }
 
-/* tokens[0, n) of one sequence (cache kc/vc, *n_past), nb at a time. */
-static int eval_one(jlm_engine *e, void *kc, void *vc, uint32_t *n_past, const int32_t *tokens, uint32_t n,
-                    float *logits, jlm_err *err)
+/* tokens[0, n) of one sequence (cache kc/vc, *n_past, *have positions
+ * backed; counted: the engine's own, in the budget), nb at a time. */
+static int eval_one(jlm_engine *e, void *kc, void *vc, uint32_t *n_past, uint32_t *have, int counted,
+                    const int32_t *tokens, uint32_t n, float *logits, jlm_err *err)
 {
     int rc = check_ids(e, tokens, n, err);
     if (rc)
@@ -152,6 +156,8 @@ static int eval_one(jlm_engine *e, void *kc, void *vc, uint32_t *n_past, const i
         return jlm_errf(err, JLM_ERANGE, "context full: %u + %u tokens exceed %u positions (-c)", *n_past, n, e->n_ctx);
     for (uint32_t i = 0; i < n; i += e->nb) {
         uint32_t b = n - i < e->nb ? n - i : e->nb;
+        if (*n_past + b > *have && (rc = jlm_kv_fit(e, kc, vc, have, *n_past + b, counted, err)))
+            return rc;
         bind_rows(e, kc, vc, *n_past, b);
         rc = forward(e, tokens + i, b, i + b == n ? logits : NULL, 0, err);
         if (rc)
@@ -163,22 +169,20 @@ static int eval_one(jlm_engine *e, void *kc, void *vc, uint32_t *n_past, const i
 
 int jlm_engine_eval(jlm_engine *e, const int32_t *tokens, uint32_t n, float *logits, jlm_err *err)
 {
-    return eval_one(e, e->kc, e->vc, &e->n_past, tokens, n, logits, err);
+    return eval_one(e, e->kc, e->vc, &e->n_past, &e->kv_have, 1, tokens, n, logits, err);
 }
 
 /* ================================================================ sequences */
 int jlm_engine_seq_create(jlm_engine *e, jlm_engine_seq **out, jlm_err *err)
 {
-    uint64_t kv = (uint64_t)e->c->n_layer * e->kv_ctx;
     jlm_engine_seq *s = calloc(1, sizeof *s);
-    if (s) {
-        s->kc = zalloc(kv * e->kv_dim * e->kv_es);
-        s->vc = zalloc(kv * e->kv_dim_v * e->kv_es);
-    }
-    if (!s || !s->kc || !s->vc) {
-        jlm_engine_seq_destroy(s);
-        return jlm_errf(err, JLM_ENOMEM, "%s: KV cache of a sequence (%u positions): out of memory", e->m->path,
-                        e->n_ctx);
+    if (!s)
+        return jlm_errf(err, JLM_ENOMEM, "%s: KV cache of a sequence: out of memory", e->m->path);
+    s->e = e;
+    int rc = jlm_kv_reserve(e, &s->kc, &s->vc, err);
+    if (rc) {
+        free(s);
+        return rc;
     }
     *out = s;
     return JLM_OK;
@@ -187,31 +191,47 @@ int jlm_engine_seq_create(jlm_engine *e, jlm_engine_seq **out, jlm_err *err)
 void jlm_engine_seq_destroy(jlm_engine_seq *s)
 {
     if (!s) return;
-    free(s->kc);
-    free(s->vc);
+    jlm_kv_release(s->e, s->kc, s->vc);
     free(s);
 }
 
-void jlm_engine_seq_rewind(jlm_engine_seq *s, uint32_t pos) { if (pos < s->n_past) s->n_past = pos; }
+/* A sequence's memory is not counted in the budget: resizing it cannot fail. */
+static void seq_fit(jlm_engine_seq *s, uint32_t need)
+{
+    jlm_err err;
+    jlm_kv_fit(s->e, s->kc, s->vc, &s->have, need, 0, &err);
+}
+
+void jlm_engine_seq_rewind(jlm_engine_seq *s, uint32_t pos)
+{
+    if (pos < s->n_past) {
+        s->n_past = pos;
+        seq_fit(s, pos);
+    }
+}
 uint32_t jlm_engine_seq_n_past(const jlm_engine_seq *s) { return s->n_past; }
 
 int jlm_engine_eval_seq(jlm_engine *e, jlm_engine_seq *s, const int32_t *tokens, uint32_t n, float *logits,
                         jlm_err *err)
 {
-    return eval_one(e, s->kc, s->vc, &s->n_past, tokens, n, logits, err);
+    return eval_one(e, s->kc, s->vc, &s->n_past, &s->have, 0, tokens, n, logits, err);
 }
 
 /* Keys: per head (n_layer * n_kv_head of them, kv_ctx positions each) whole
- * tiles of JLM_K_FATTN_BK positions; values: rows of hd_v. A prefix of n
- * positions is the first tiles(n) key tiles and n value rows of each head. */
-static uint64_t kv_tiles(uint32_t n) { return ((uint64_t)n + JLM_K_FATTN_BK - 1) / JLM_K_FATTN_BK; }
+ * tiles of JLM_K_FATTN_BK positions (Q8_0: rows); values: rows. A prefix of
+ * n positions is the first tiles(n) key tiles (n key rows) and n value rows
+ * of each head. */
+static uint64_t key_bytes(const jlm_engine *e, uint32_t n)
+{
+    uint64_t rows = e->kt == KV_Q8_0 ? n : ((uint64_t)n + JLM_K_FATTN_BK - 1) / JLM_K_FATTN_BK * JLM_K_FATTN_BK;
+    return rows * e->krow;
+}
 
 uint64_t jlm_engine_kv_bytes(const jlm_engine *e, uint32_t n)
 {
     if (e->c->kv_lora_rank)
         return 0;   /* a latent cache row per layer (exec_mla.c), not per-head tiles */
-    uint64_t heads = (uint64_t)e->c->n_layer * e->c->n_kv_head;
-    return heads * (kv_tiles(n) * JLM_K_FATTN_BK * e->hd + (uint64_t)n * e->hd_v) * e->kv_es;
+    return e->kv_heads * (key_bytes(e, n) + (uint64_t)n * e->vrow);
 }
 
 /* Copies the first k positions of each head between a sequence's cache and
@@ -221,12 +241,10 @@ static void kv_copy(const jlm_engine *e, uint8_t *cache_k, uint8_t *cache_v, uin
 {
     if (e->c->kv_lora_rank)
         return;   /* jlm_engine_kv_bytes: nothing saved for latent attention */
-    uint64_t heads = (uint64_t)e->c->n_layer * e->c->n_kv_head, es = e->kv_es;
-    uint64_t ck = (uint64_t)e->kv_ctx * e->hd * es, cv = (uint64_t)e->kv_ctx * e->hd_v * es;
-    uint64_t bk = kv_tiles(n) * JLM_K_FATTN_BK * e->hd * es, bv = (uint64_t)n * e->hd_v * es;
-    uint64_t nk = kv_tiles(k) * JLM_K_FATTN_BK * e->hd * es, nv = (uint64_t)k * e->hd_v * es;
-    uint8_t *bufv = buf + heads * bk;
-    for (uint64_t h = 0; h < heads; h++) {
+    uint64_t ck = (uint64_t)e->kv_ctx * e->krow, cv = (uint64_t)e->kv_ctx * e->vrow;
+    uint64_t bk = key_bytes(e, n), bv = (uint64_t)n * e->vrow, nk = key_bytes(e, k), nv = (uint64_t)k * e->vrow;
+    uint8_t *bufv = buf + e->kv_heads * bk;
+    for (uint64_t h = 0; h < e->kv_heads; h++) {
         memcpy(to_cache ? cache_k + h * ck : buf + h * bk, to_cache ? buf + h * bk : cache_k + h * ck, nk);
         memcpy(to_cache ? cache_v + h * cv : bufv + h * bv, to_cache ? bufv + h * bv : cache_v + h * cv, nv);
     }
@@ -239,8 +257,10 @@ void jlm_engine_kv_save(const jlm_engine *e, const jlm_engine_seq *s, uint32_t n
 
 void jlm_engine_kv_load(const jlm_engine *e, jlm_engine_seq *s, const void *buf, uint32_t n, uint32_t k)
 {
+    seq_fit(s, k > s->n_past ? k : s->n_past);
     kv_copy(e, s->kc, s->vc, (uint8_t *)buf, n, k, 1);
     s->n_past = k;
+    seq_fit(s, k);
 }
 
 int jlm_engine_eval_batch(jlm_engine *e, jlm_engine_seq *const *seqs, const int32_t *tokens, uint32_t n,
@@ -255,6 +275,7 @@ int jlm_engine_eval_batch(jlm_engine *e, jlm_engine_seq *const *seqs, const int3
                 return jlm_errf(err, JLM_EINVAL, "a sequence appears twice in one batch");
         if (seqs[t]->n_past + 1 > e->n_ctx)
             return jlm_errf(err, JLM_ERANGE, "context full: sequence %u holds %u positions (-c)", t, e->n_ctx);
+        seq_fit(seqs[t], seqs[t]->n_past + 1 > seqs[t]->have ? seqs[t]->n_past + 1 : seqs[t]->have);
         e->bkc[t] = seqs[t]->kc;
         e->bvc[t] = seqs[t]->vc;
         e->bpos[t] = seqs[t]->n_past;

@@ -4,7 +4,8 @@
  * Owns: the forward pass of llama incl. Mixtral-style MoE, qwen2, qwen3,
  * qwen3moe, olmoe, gemma3, phi3, gpt-oss: one block program per family
  * (engine/prog.h, engine/arch/) run by the executor (exec*.c) under the
- * layer loop (model.c), pages through the streamer (stream.c); the KV cache (F32, or F16 with opts.kv "f16"); scratch buffers; the
+ * layer loop (model.c), pages through the streamer (stream.c); the KV cache (F32, F16 or Q8_0 keys and values, grown as the context
+ * fills: engine/kvcache.c); scratch buffers; the
  * budget's split between them and the page frames. Reads only the .jlm container
  * (format/), through a page source and the pager (engine/pager.h); computes
  * with kernels/cpu. Knows nothing of GGUF.
@@ -86,9 +87,13 @@ typedef struct jlm_engine_opts {
                             * ones after the first's; 0 = all remaining (the
                             * output included); the rest on the CPU */
     uint64_t gpu_budget2;  /* two devices: the second device's frames, as gpu_budget */
-    const char *kv;        /* NULL/"f32"; "f16": keys and values stored as F16
-                            * (half the memory; logits within docs/engine.md's
-                            * tolerance of the F32 cache's) */
+    const char *kv;        /* NULL/"f32"; "f16" or "q8_0": keys and values stored as
+                            * F16 (half the memory) or ggml's Q8_0 (34 bytes a 32
+                            * values; head dimensions in whole blocks of 32; not
+                            * latent attention); logits within docs/engine.md's
+                            * tolerances of the F32 cache's. "auto" (the CLI's
+                            * default): F16, F32 for latent attention */
+    const char *kv_k, *kv_v;   /* the keys' / values' type alone, over kv (--cache-type-k/-v) */
     const char *expert_policy;   /* NULL: JLM_XP_DEFAULT; "lru" / "lfu": which
                             * unpinned expert page the host pager evicts first
                             * (engine/xpolicy.h) */
@@ -114,6 +119,12 @@ typedef struct jlm_engine_split {
  * two, an empty entry, auto or cpu in a list; "--device '0,0,0': ..."); *out
  * untouched then. Shared by the engine and the CLI's check before any work. */
 int  jlm_engine_split_parse(const char *backend, const char *device, jlm_engine_split *out, jlm_err *err);
+
+/* opts.kv, kv_k and kv_v are each NULL or a type's name: JLM_EINVAL with one
+ * line naming the option otherwise ("--cache-type-k 'q4': expected f32, f16
+ * or q8_0"; --kv may also be "auto"). The CLI's check before any work;
+ * jlm_engine_open checks again. */
+int  jlm_engine_kv_check(const jlm_engine_opts *opts, jlm_err *err);
 
 /* Opens a container (a .jlm file, or a jlmfs view directory's model.jlm),
  * reads its dense region, sizes the pager (a budget below the minimum working
@@ -233,18 +244,23 @@ void jlm_engine_prof_reset(jlm_engine *e);
 void jlm_engine_prof_add(jlm_engine *e, int cls, unsigned long long ns);
 const char *jlm_engine_prof_name(int cls);
 
-/* The page frames' budget actually in force (after subtracting the KV cache,
- * scratch and dense region, and raising to the minimum working set); 0:
- * unlimited. */
+/* The page frames' budget actually in force (after subtracting the KV cache
+ * as far as it has grown, scratch and dense region, and raising to the
+ * minimum working set); 0: unlimited. It shrinks as the cache grows (256
+ * positions at a time, as evaluation reaches them) and grows back when
+ * jlm_engine_rewind gives positions back. */
 uint64_t jlm_engine_budget(const jlm_engine *e);
 /* Where the engine's memory goes, for --stats. */
 typedef struct jlm_engine_mem {
     uint64_t budget;       /* the whole budget asked for (or found); 0: unlimited */
     uint64_t frames;       /* = jlm_engine_budget */
-    uint64_t kv;           /* the engine's own KV cache (sequences add theirs) */
+    uint64_t kv;           /* the engine's own KV cache as far as it has grown (kv_have
+                            * positions; sequences add theirs, not counted) */
     uint64_t scratch;      /* activation buffers */
     uint64_t dense;        /* the resident dense region */
-    int      kv_f16;
+    const char *kv_k, *kv_v;   /* the keys' and values' types: "f32", "f16", "q8_0" */
+    uint32_t kv_have;      /* positions the cache holds memory for (chunks of 256) */
+    uint64_t kv_full;      /* bytes the cache takes at the whole context */
     uint64_t kv_token;     /* KV bytes one position of context takes, every layer (latent attention:
                             * the latent and the RoPE key, not the expanded heads) */
     uint32_t kv_row;       /* values a position takes in one layer (keys + values, or the latent row) */

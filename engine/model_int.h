@@ -57,21 +57,33 @@ struct jlm_engine {
     uint32_t         bidir_end;   /* > 0: queries below it also see keys up to it (an image, eval_embd) */
     uint32_t         hd, hd_v, kv_dim, kv_dim_v, q_dim;
     uint32_t         nb;          /* rows of the batch scratch: prefill batch size (>= BATCH) */
-    /* KV cache: F32, or F16 (kv_f16; kv_es bytes an element), head-major,
-     * kv_ctx (n_ctx in whole key tiles) positions a head, so one head's keys
-     * are one run that attention streams (as rows of kv_dim, a head's keys
-     * sat kv_dim apart: at a power-of-two row, 2 KiB for Llama-3.2-1B, they
-     * fell in a few L1 sets). Keys in tiles of JLM_K_FATTN_BK positions,
-     * dimension-major: the layout jlm_k_fattn computes scores in (k_tiled),
-     * so decode reads them as they are instead of transposing every tile
-     * every token (docs/kernels.md, Decode attention). */
-    int    kv_f16;
+    /* KV cache: keys and values each F32, F16 or Q8_0 (kt, vt: KV_*),
+     * head-major, kv_ctx (n_ctx in whole key tiles) positions a head, so one
+     * head's keys are one run that attention streams (as rows of kv_dim, a
+     * head's keys sat kv_dim apart: at a power-of-two row, 2 KiB for
+     * Llama-3.2-1B, they fell in a few L1 sets). F32/F16 keys in tiles of
+     * JLM_K_FATTN_BK positions, dimension-major: the layout jlm_k_fattn
+     * computes scores in (k_tiled), so decode reads them as they are instead
+     * of transposing every tile every token (docs/kernels.md, Decode
+     * attention); Q8_0 keys and all values are rows (a position's head_dim
+     * values, Q8_0 in blocks of 32 along it, as ggml's). Latent attention
+     * (deepseek2): kc holds a row of kv_dim values per (layer, position),
+     * kt's type (F32 or F16), vc nothing. kv_heads runs of kv_ctx rows of
+     * krow (vrow) bytes each. The memory is reserved for the whole context
+     * (kvcache.c) and backed as positions are reached: kv_have positions of
+     * every run, in chunks of KV_CHUNK, counted in mem_kv and so taken from
+     * the page frames' budget. */
+    int    kt, vt;
+    int    kv_direct;   /* kt == vt, not Q8_0: jlm_k_fattn reads the cache
+                         * itself; else attention widens its range into kv32 */
     int    qk_unit;   /* Llama 4: weightless q/k RMS norms after RoPE, on the RoPE layers */
-    size_t kv_es;
+    uint64_t krow, vrow, kv_heads;
     uint32_t kv_ctx;  /* n_ctx rounded up to whole key tiles */
-    void  *kc;        /* (n_layer, n_kv_head, kv_ctx / BK, hd, BK) */
-    void  *vc;        /* (n_layer, n_kv_head, kv_ctx, hd_v) */
-    float *kv32;      /* attn_token: (n_threads, n_ctx, hd + hd_v) one KV head as F32 rows, a slab per thread */
+    uint32_t kv_have; /* positions of the engine's own cache backed and counted */
+    void  *kc;        /* (n_layer, n_kv_head, kv_ctx / BK, hd, BK) tiles, or (.., kv_ctx, krow) rows */
+    void  *vc;        /* (n_layer, n_kv_head, kv_ctx, vrow) */
+    float *kv32;      /* (n_threads, kv_ctx, hd + hd_v) one KV head as F32, a slab per thread (jlm_kv_slab):
+                       * attn_token's rows, or !kv_direct's key tiles and value rows */
     /* scratch for a batch of up to nb tokens, row t of each at t * width */
     float *x;         /* (nb, n_embd) residual stream */
     float *h;         /* (nb, n_embd) normed input */
@@ -146,8 +158,9 @@ struct jlm_engine {
 
 /* A KV cache of its own, for serving several sequences on one engine. */
 struct jlm_engine_seq {
+    jlm_engine *e;
     void    *kc, *vc;   /* laid out as jlm_engine's kc, vc */
-    uint32_t n_past;
+    uint32_t n_past, have;   /* have: as kv_have (not counted in the budget) */
 };
 
 /* The tensor of (block, role); block -1: the dense ones. NULL: none. */
@@ -161,6 +174,40 @@ static inline void *zalloc(size_t n) { return calloc(1, n ? n : 1); }
 /* At open, after the budget (stream.c): the pages read at once, and whether
  * the whole model is read in the background (the cold start). */
 void jlm_stream_open(jlm_engine *e, const jlm_engine_opts *o);
+
+/* ---------------------------------------------------------------- the KV cache (kvcache.c) */
+enum { KV_F32, KV_F16, KV_Q8_0, KV_N };
+#define KV_Q8_BLOCK 32   /* values of a Q8_0 block */
+#define KV_Q8_BYTES 34   /* its bytes: F16 scale + 32 int8 */
+#define KV_CHUNK 256     /* positions the cache grows by */
+const char *jlm_kv_type_name(int type);
+/* "f32", "f16", "q8_0" -> KV_*; JLM_EINVAL naming opt otherwise. */
+int      jlm_kv_type_parse(const char *opt, const char *s, int *out, jlm_err *err);
+uint64_t jlm_kv_row_bytes(int type, uint32_t dim);   /* dim a multiple of 32 for Q8_0 */
+void     jlm_kv_put_row(int type, uint8_t *dst, const float *x, uint32_t n);
+void     jlm_kv_get_row(int type, const uint8_t *src, float *x, uint32_t n);
+/* The run of KV head g of layer l in cache c: keys (val 0) or values. */
+uint8_t *jlm_kv_head(const jlm_engine *e, void *c, int val, uint32_t l, uint32_t g);
+void     jlm_kv_put_key(const jlm_engine *e, uint8_t *kh, uint32_t pos, const float *k);
+void     jlm_kv_get_key(const jlm_engine *e, const uint8_t *kh, uint32_t pos, float *k);
+/* Thread tid's slab; positions [j0, j1) of a head (kh, vh) into it as F32:
+ * keys in tiles (whole ones, zero past j1), values in rows of hd_v, each at
+ * its position (the slab is laid out as one head's F32 cache). */
+float   *jlm_kv_slab(const jlm_engine *e, int tid);
+void     jlm_kv_widen(const jlm_engine *e, const uint8_t *kh, const uint8_t *vh, uint32_t j0, uint32_t j1, float *slab);
+/* Address space for a whole cache (MAP_NORESERVE: no memory until written). */
+int      jlm_kv_reserve(const jlm_engine *e, void **kc, void **vc, jlm_err *err);
+void     jlm_kv_release(const jlm_engine *e, void *kc, void *vc);   /* accepts NULLs */
+uint64_t jlm_kv_bytes_at(const jlm_engine *e, uint32_t have);
+/* *have = need rounded up to KV_CHUNK (at most kv_ctx): positions given
+ * back to the kernel when it shrinks; counted (the engine's own cache):
+ * mem_kv follows and the page frames' budget is fitted to what is left
+ * (jlm_eng_fit_frames). Error: the pager's; *have unchanged then. */
+int      jlm_kv_fit(jlm_engine *e, void *kc, void *vc, uint32_t *have, uint32_t need, int counted, jlm_err *err);
+/* budget = budget_all - dense - mem_kv - scratch, at least the minimum
+ * working set, into the pager (model_open.c). */
+int      jlm_eng_fit_frames(jlm_engine *e, jlm_err *err);
+
 /* Lets go of a device prefetch in flight (stream.c, "device prefetch"). */
 void jlm_eng_prefetch_end(jlm_engine *e);
 

@@ -76,7 +76,6 @@ static int alloc_buffers(jlm_engine *e, jlm_err *err)
     if (kmax < c->kv_lora_rank) kmax = c->kv_lora_rank;   /* latent attention's inputs */
     if (kmax < c->q_lora_rank) kmax = c->q_lora_rank;
     kmax = (kmax + 255) / 256 * 256;
-    uint64_t kv = (uint64_t)c->n_layer * e->kv_ctx;
     uint32_t nb = PREFILL_DEFAULT;
     const char *env = getenv("JLM_BATCH");
     if (env && *env) {
@@ -88,8 +87,9 @@ static int alloc_buffers(jlm_engine *e, jlm_err *err)
         nb = (uint32_t)v;
     }
     e->nb = nb;
-    e->kc = zalloc(kv * e->kv_dim * e->kv_es);
-    e->vc = zalloc(kv * e->kv_dim_v * e->kv_es);
+    int rc = jlm_kv_reserve(e, &e->kc, &e->vc, err);
+    if (rc)
+        return rc;
     e->x = zalloc((size_t)nb * c->n_embd * sizeof(float));
     e->h = zalloc((size_t)nb * c->n_embd * sizeof(float));
     e->q = zalloc((size_t)nb * e->q_dim * sizeof(float));
@@ -114,8 +114,8 @@ static int alloc_buffers(jlm_engine *e, jlm_err *err)
     if (env_path("JLM_ATTN", "an attention path", "batched", "token", &e->attn_token, err) ||
         env_path("JLM_MOE", "a MoE path", "grouped", "rows", &e->moe_rows, err))
         return JLM_EINVAL;
-    if (e->attn_token)   /* the per-token path's KV head in rows of F32; jlm_k_fattn reads the cache itself */
-        e->kv32 = zalloc((size_t)jlm_pool_n_threads(e->pool) * e->n_ctx * (e->hd + e->hd_v) * sizeof(float));
+    if (e->attn_token || !e->kv_direct)   /* one KV head as F32 (jlm_kv_slab); else jlm_k_fattn reads the cache */
+        e->kv32 = zalloc((size_t)jlm_pool_n_threads(e->pool) * e->kv_ctx * (e->hd + e->hd_v) * sizeof(float));
     e->router = zalloc((c->n_expert + 1) * sizeof(float));
     e->route = zalloc(((size_t)c->n_layer * c->n_expert_used + 1) * sizeof(int32_t));
     e->route_w = zalloc((c->n_expert_used + 1) * sizeof(float));
@@ -137,12 +137,12 @@ static int alloc_buffers(jlm_engine *e, jlm_err *err)
     e->bpos = zalloc(nb * sizeof *e->bpos);
     if (!e->xq || !e->bkc || !e->bvc || !e->bpos || !e->kc || !e->vc || !e->x || !e->h || !e->q || !e->kk ||
         !e->vv || !e->att || !e->o || !e->g || !e->u || !e->moe || !e->scores || !e->mask || !e->fa || !e->mla || !e->router ||
-        !e->route || !e->route_w || !e->xq_buf || (e->attn_token && !e->kv32) || !e->msel || !e->mw ||
+        !e->route || !e->route_w || !e->xq_buf || ((e->attn_token || !e->kv_direct) && !e->kv32) || !e->msel || !e->mw ||
         !e->mord || !e->mcnt || !e->mh || !e->mo || !e->mrl)
         return jlm_errf(err, JLM_ENOMEM, "%s: out of memory for the KV cache (%u positions) and buffers",
                         e->m->path, e->n_ctx);
     for (uint32_t t = 0; t < nb; t++) {
-        int rc = jlm_k_act_q8_init(&e->xq[t], (uint8_t *)e->xq_buf + t * qb, kmax, err);
+        rc = jlm_k_act_q8_init(&e->xq[t], (uint8_t *)e->xq_buf + t * qb, kmax, err);
         if (rc)
             return rc;
     }
@@ -162,13 +162,14 @@ static void engine_bufs(const jlm_engine *e, void **bufs)
     memcpy(bufs, b, sizeof b);
 }
 
-/* Bytes of the KV cache and of scratch, as allocated (malloc_usable_size:
- * the allocator's rounding counts, as it does in the process's RSS). */
+/* Bytes of the KV cache (the positions backed so far, kvcache.c) and of
+ * scratch, as allocated (malloc_usable_size: the allocator's rounding
+ * counts, as it does in the process's RSS). */
 static void tally_buffers(jlm_engine *e)
 {
     void *b[ENGINE_BUFS];
     engine_bufs(e, b);
-    e->mem_kv = malloc_usable_size(b[1]) + malloc_usable_size(b[2]);
+    e->mem_kv = jlm_kv_bytes_at(e, e->kv_have);
     e->mem_scratch = 0;
     for (int i = 3; i < ENGINE_BUFS; i++)
         e->mem_scratch += malloc_usable_size(b[i]);
@@ -304,40 +305,80 @@ static int open_pager(jlm_engine *e, const jlm_engine_opts *o, jlm_err *err)
     return jlm_pager_open_model(e->m, e->src, 0, &e->pager, err);
 }
 
-/* Once the buffers exist: the frames get what the KV cache, scratch and the
- * dense region leave of budget_all, at least the minimum working set (one
- * block frame, plus the routed experts' frames; a note when raised). */
-static int apply_budget(jlm_engine *e, const jlm_engine_opts *o, jlm_err *err)
+/* The minimum working set: one block frame, plus the routed experts' frames
+ * (or one vision block). */
+static uint64_t min_frames(const jlm_engine *e)
 {
-    tally_buffers(e);
     uint32_t pins[3] = {1, 0, e->c->n_expert ? e->c->n_expert_used : 0}, vis_pins[3] = {0, 1, 0};
     uint64_t min = jlm_pager_min_budget(e->pager, pins), vmin = jlm_pager_min_budget(e->pager, vis_pins);
-    if (vmin > min)   /* the tower pins one vision block at a time, no text block */
-        min = vmin;
-    uint64_t fixed = e->m->hdr.dense_len + e->mem_kv + e->mem_scratch;
+    return vmin > min ? vmin : min;   /* the tower pins one vision block at a time, no text block */
+}
+
+static uint64_t fixed_bytes(const jlm_engine *e) { return e->m->hdr.dense_len + e->mem_kv + e->mem_scratch; }
+
+int jlm_eng_fit_frames(jlm_engine *e, jlm_err *err)
+{
+    uint64_t fixed = fixed_bytes(e), min = min_frames(e);
     e->budget = 0;
-    if (e->budget_all) {
-        e->budget = e->budget_all > fixed ? e->budget_all - fixed : 0;
-        if (e->budget < min) {
-            if (!o->quiet)
-                fprintf(stderr,
-                        "note: budget %llu bytes leaves %llu for page frames after the KV cache, scratch and dense "
-                        "region (%llu): below the minimum working set (one block frame%s), raised to %llu\n",
-                        (unsigned long long)e->budget_all, (unsigned long long)e->budget, (unsigned long long)fixed,
-                        e->c->n_expert ? " plus the routed experts' frames" : "", (unsigned long long)min);
-            e->budget = min;
-        }
+    if (e->budget_all)
+        e->budget = e->budget_all > fixed && e->budget_all - fixed > min ? e->budget_all - fixed : min;
+    uint32_t pf_pins[3] = {3, 0, e->c->n_expert ? e->c->n_expert_used : 0};
+    if (e->dev_pf && e->budget && e->budget < jlm_pager_min_budget(e->pager, pf_pins)) {
+        jlm_eng_prefetch_end(e);   /* its extra pin no longer fits beside the grown cache (open_backend) */
+        e->dev_pf = 0;
     }
     return jlm_pager_set_budget(e->pager, e->budget, err);
 }
 
-/* opts.kv: NULL/"f32" or "f16". */
+/* Once the buffers exist: the frames get what the KV cache (none yet: it
+ * takes its share as it grows), scratch and the dense region leave of
+ * budget_all, at least the minimum working set (a note when raised). */
+static int apply_budget(jlm_engine *e, const jlm_engine_opts *o, jlm_err *err)
+{
+    tally_buffers(e);
+    uint64_t fixed = fixed_bytes(e), min = min_frames(e);
+    if (e->budget_all && !o->quiet && (e->budget_all <= fixed || e->budget_all - fixed < min))
+        fprintf(stderr,
+                "note: budget %llu bytes leaves %llu for page frames after scratch and the dense region (%llu): "
+                "below the minimum working set (one block frame%s), raised to %llu\n",
+                (unsigned long long)e->budget_all,
+                (unsigned long long)(e->budget_all > fixed ? e->budget_all - fixed : 0), (unsigned long long)fixed,
+                e->c->n_expert ? " plus the routed experts' frames" : "", (unsigned long long)min);
+    return jlm_eng_fit_frames(e, err);
+}
+
+/* opts.kv (both: "auto" is F16, F32 for latent attention or a device backend,
+ * whose whole blocks keep an F32 cache on the device: exec_vk.c), opts.kv_k,
+ * opts.kv_v (each over kv): "f32", "f16" or "q8_0"; Q8_0 needs head dimensions in whole blocks of 32, and latent
+ * attention (one cache row for keys and values) F32 or F16. */
 static int choose_kv(jlm_engine *e, const jlm_engine_opts *o, jlm_err *err)
 {
-    if (o->kv && strcmp(o->kv, "f32") && strcmp(o->kv, "f16"))
-        return jlm_errf(err, JLM_EINVAL, "--kv '%.40s': expected f32 or f16", o->kv);
-    e->kv_f16 = o->kv && !strcmp(o->kv, "f16");
-    e->kv_es = e->kv_f16 ? sizeof(uint16_t) : sizeof(float);
+    int both = KV_F32, rc, mla = e->c->kv_lora_rank != 0;
+    int dev = o->backend && strcmp(o->backend, "cpu");
+    if (o->kv && !strcmp(o->kv, "auto"))
+        both = mla || dev ? KV_F32 : KV_F16;   /* docs/engine.md: F16's tolerance shown except for latent rows */
+    else if (o->kv && (rc = jlm_kv_type_parse("--kv", o->kv, &both, err)))
+        return rc;
+    e->kt = e->vt = both;
+    if ((o->kv_k && (rc = jlm_kv_type_parse("--cache-type-k", o->kv_k, &e->kt, err))) ||
+        (o->kv_v && (rc = jlm_kv_type_parse("--cache-type-v", o->kv_v, &e->vt, err))))
+        return rc;
+    const char *opt[2] = {o->kv_k ? "--cache-type-k" : "--kv", o->kv_v ? "--cache-type-v" : "--kv"};
+    if (mla && (e->kt == KV_Q8_0 || e->vt == KV_Q8_0))
+        return jlm_errf(err, JLM_EUNSUPPORTED, "%s q8_0: %s has a latent-attention cache (deepseek2): f32 or "
+                        "f16 only", opt[e->kt == KV_Q8_0 ? 0 : 1], e->m->path);
+    if (mla)
+        e->vt = e->kt;   /* one row holds both (llama.cpp's V is a view of it) */
+    uint32_t dims[2] = {e->hd, e->hd_v};
+    int types[2] = {e->kt, e->vt};
+    for (int i = 0; i < 2; i++)
+        if (types[i] == KV_Q8_0 && dims[i] % KV_Q8_BLOCK)
+            return jlm_errf(err, JLM_EUNSUPPORTED, "%s q8_0: %s has a %s head dimension of %u, not a multiple "
+                            "of 32", opt[i], e->m->path, i ? "value" : "key", dims[i]);
+    e->kv_direct = e->kt == e->vt && e->kt != KV_Q8_0;
+    e->kv_heads = mla ? e->c->n_layer : (uint64_t)e->c->n_layer * e->c->n_kv_head;
+    e->krow = jlm_kv_row_bytes(e->kt, mla ? e->kv_dim : e->hd);
+    e->vrow = mla ? 0 : jlm_kv_row_bytes(e->vt, e->hd_v);
     return JLM_OK;
 }
 
@@ -641,15 +682,24 @@ void jlm_engine_close(jlm_engine *e)
     jlm_fmt_close(e->m);
     void *bufs[ENGINE_BUFS];
     engine_bufs(e, bufs);
+    jlm_kv_release(e, bufs[1], bufs[2]);   /* mapped (kvcache.c) */
     for (size_t i = 0; i < ENGINE_BUFS; i++)
-        free(bufs[i]);
+        if (i != 1 && i != 2)
+            free(bufs[i]);
     free(e);
 }
 
 uint32_t jlm_engine_max_batch(void) { return BATCH; }
 
 /* ================================================================ queries */
-void jlm_engine_rewind(jlm_engine *e, uint32_t pos) { if (pos < e->n_past) e->n_past = pos; }
+void jlm_engine_rewind(jlm_engine *e, uint32_t pos)
+{
+    if (pos >= e->n_past)
+        return;
+    e->n_past = pos;
+    jlm_err err;
+    jlm_kv_fit(e, e->kc, e->vc, &e->kv_have, pos, 1, &err);   /* shrinks: the frames' budget only grows */
+}
 const jlm_model *jlm_engine_model(const jlm_engine *e) { return e->m; }
 void jlm_engine_dev_counters(const jlm_engine *e, uint64_t *matmuls, uint64_t *bytes_up)
 {
@@ -748,9 +798,10 @@ uint64_t jlm_engine_budget(const jlm_engine *e) { return e->budget; }
 void jlm_engine_mem_info(const jlm_engine *e, jlm_engine_mem *out)
 {
     *out = (jlm_engine_mem){.budget = e->budget_all, .frames = e->budget, .kv = e->mem_kv,
-                            .scratch = e->mem_scratch, .dense = e->m->hdr.dense_len, .kv_f16 = e->kv_f16,
-                            .kv_row = e->kv_dim + e->kv_dim_v};
-    out->kv_token = (uint64_t)e->c->n_layer * out->kv_row * e->kv_es;
+                            .scratch = e->mem_scratch, .dense = e->m->hdr.dense_len,
+                            .kv_k = jlm_kv_type_name(e->kt), .kv_v = jlm_kv_type_name(e->vt),
+                            .kv_row = e->kv_dim + e->kv_dim_v, .kv_token = jlm_kv_bytes_at(e, 1),
+                            .kv_have = e->kv_have, .kv_full = jlm_kv_bytes_at(e, e->kv_ctx)};
     snprintf(out->source, sizeof out->source, "%s", e->budget_src);
 }
 

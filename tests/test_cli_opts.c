@@ -37,6 +37,8 @@ static const char *const BAD[][3] = {
     {"serve", "--header-timeout", "0"}, {"serve", "--body-timeout", "3601"},
     {"serve", "--rescan", "-1"},      {"serve", "--rescan", "86401"},
     {"serve", "--budget", "-1"},      {"serve", "--port", "-1"},
+    {"run", "--cache-type-k", "q4_0"}, {"chat", "--cache-type-v", "F16"},
+    {"serve", "--kv", "q8"},          {"bench", "--cache-type-v", ""},
     {"serve", "-t", "0"},             {"serve", "--queue", "1048577"},
 };
 
@@ -127,6 +129,7 @@ Test(cli_opts, shared_rows_are_the_same_in_every_subcommand)
     /* the option, and whether chat, serve and bench have it (run has all) */
     static const struct { const char *opt; int in[3]; } ROWS[] = {
         {"-c, --ctx-size", {1, 1, 0}}, {"-t, --threads", {1, 1, 1}}, {"--kv", {1, 1, 1}},
+        {"-ctk, --cache-type-k", {1, 1, 1}}, {"-ctv, --cache-type-v", {1, 1, 1}},
         {"--no-direct", {1, 1, 1}},    {"--no-prefetch", {1, 1, 1}}, {"--backend", {1, 1, 1}},
         {"--read-depth", {1, 1, 1}},   {"--no-predict", {1, 1, 1}},  {"--no-warm", {1, 1, 1}},
         {"--expert-policy", {1, 1, 1}},

@@ -655,7 +655,7 @@ static void kv_f16_close_to_f32(const char *name, int n_gen, int ids_equal)
     jlm_engine_mem ma, mb;
     jlm_engine_mem_info(a, &ma);
     jlm_engine_mem_info(b, &mb);
-    cr_assert(!ma.kv_f16 && mb.kv_f16);
+    cr_assert(!strcmp(ma.kv_k, "f32") && !strcmp(mb.kv_k, "f16") && !strcmp(mb.kv_v, "f16"));
     cr_assert(mb.kv * 2 <= ma.kv + ma.kv / 100 && mb.kv * 2 >= ma.kv - ma.kv / 100,
               "%s: the F16 cache is half the F32 one: %llu vs %llu bytes", name, (unsigned long long)mb.kv,
               (unsigned long long)ma.kv);
@@ -675,7 +675,7 @@ Test(engine, kv_f16_keeps_the_ids_of_stories260K_and_the_logits_within_tolerance
     kv_f16_close_to_f32("synth-gpt-oss-256.MXFP4_MOE", 16, 0);   /* sinks, sliding window, GQA */
 }
 
-Test(engine, refuses_a_kv_type_other_than_f32_or_f16)
+Test(engine, refuses_a_kv_type_other_than_f32_f16_or_q8_0)
 {
     char *dir = tu_tmpdir();
     char *path = convert_model("stories260K", dir);
@@ -785,7 +785,10 @@ Test(engine, gives_the_same_ids_with_and_without_prefetch_at_every_budget, .time
     greedy(e, prompt, 5, NG, ref, NULL);
     jlm_engine_mem mi;
     jlm_engine_mem_info(e, &mi);
-    uint64_t fixed = mi.kv + mi.scratch + mi.dense;
+    /* + 64: the allocator's rounding of scratch (malloc_usable_size, which the
+     * budget counts) may differ by 16 bytes from one engine to the next; less
+     * than a chunk, so the frames still hold whole blocks and no more */
+    uint64_t fixed = mi.kv + mi.scratch + mi.dense + 64;
     uint32_t nb = jlm_engine_model(e)->config.n_layer;
     uint64_t frame = jlm_pager_frame_len(jlm_engine_pager(e), JLM_PAGER_TEXT);
     jlm_engine_close(e);
