@@ -249,12 +249,35 @@ json_t *jlm_tc_messages_for_template(const json_t *messages)
 
 /* ---------------------------------------------------------------- parsing */
 
+/* A growing NUL-terminated string; oom sticks. */
+typedef struct sbuf {
+    char  *s;
+    size_t n, cap;
+    int    oom;
+} sbuf;
+
+static void sb_put(sbuf *b, const char *s, size_t n)
+{
+    if (b->oom) return;
+    if (b->n + n + 1 > b->cap) {
+        size_t cap = (b->n + n + 1) * 2;
+        char *t = realloc(b->s, cap);
+        if (!t) { b->oom = 1; return; }
+        b->s = t;
+        b->cap = cap;
+    }
+    memcpy(b->s + b->n, s, n);
+    b->n += n;
+    b->s[b->n] = 0;
+}
+
+static void sb_str(sbuf *b, const char *s) { sb_put(b, s, strlen(s)); }
+
 typedef struct pstate {
     jlm_tc_family f;
     const char   *s;
     size_t        n;
-    char         *content;   /* (clen, ccap) */
-    size_t        clen, ccap;
+    sbuf          content;
     json_t       *calls;
     uint64_t     *ids;
     int           oom;
@@ -262,17 +285,7 @@ typedef struct pstate {
 
 static void keep(pstate *p, const char *s, size_t n)
 {
-    if (p->oom || !n)
-        return;
-    if (p->clen + n + 1 > p->ccap) {
-        size_t cap = (p->clen + n + 1) * 2;
-        char *c = realloc(p->content, cap);
-        if (!c) { p->oom = 1; return; }
-        p->content = c;
-        p->ccap = cap;
-    }
-    memcpy(p->content + p->clen, s, n);
-    p->clen += n;
+    if (n) sb_put(&p->content, s, n);
 }
 
 static const char *find(const char *s, size_t n, size_t from, const char *needle)
@@ -691,23 +704,21 @@ int jlm_tc_parse(jlm_tc_family f, const char *text, size_t len, uint64_t *id_sta
     case JLM_TC_GEMMA: parse_gemma(&p); break;
     default: keep(&p, text, len); break;
     }
-    size_t b = 0, e = p.clen;
-    if (!p.oom) {
-        keep(&p, "", 0);
-        if (!p.content && !(p.content = malloc(1))) p.oom = 1;
-    }
-    if (p.oom) {
-        free(p.content);
+    sbuf *c = &p.content;
+    if (!c->oom && !c->s) sb_put(c, "", 0);
+    if (p.oom || c->oom) {
+        free(c->s);
         json_decref(p.calls);
         return jlm_errf(err, JLM_ENOMEM, "out of memory");
     }
+    size_t b = 0, e = c->n;
     if (json_array_size(p.calls)) {   /* around calls, whitespace is the model's layout */
-        while (b < e && isspace((unsigned char)p.content[b])) b++;
-        while (e > b && isspace((unsigned char)p.content[e - 1])) e--;
+        while (b < e && isspace((unsigned char)c->s[b])) b++;
+        while (e > b && isspace((unsigned char)c->s[e - 1])) e--;
     }
-    memmove(p.content, p.content + b, e - b);
-    p.content[e - b] = 0;
-    *out = (jlm_tc_result){.content = p.content, .content_len = e - b, .calls = p.calls};
+    memmove(c->s, c->s + b, e - b);
+    c->s[e - b] = 0;
+    *out = (jlm_tc_result){.content = c->s, .content_len = e - b, .calls = p.calls};
     return 0;
 }
 
@@ -757,6 +768,8 @@ size_t jlm_tc_content_prefix(jlm_tc_family f, const char *text, size_t len, int 
         size_t m = marker_at(text, len, markers[f][k], final);
         if (m < safe) safe = m;
     }
+    while (!final && safe > 0 && isspace((unsigned char)text[safe - 1]))   /* may be the layout before a call */
+        safe--;
     while (safe > 0 && safe < len && ((unsigned char)text[safe] & 0xC0) == 0x80)
         safe--;
     return safe;
@@ -796,28 +809,6 @@ json_t *jlm_tc_deltas(const json_t *calls, size_t piece)
 
 /* ---------------------------------------------------------------- grammar */
 
-typedef struct sbuf {
-    char  *s;
-    size_t n, cap;
-    int    oom;
-} sbuf;
-
-static void sb_put(sbuf *b, const char *s, size_t n)
-{
-    if (b->oom) return;
-    if (b->n + n + 1 > b->cap) {
-        size_t cap = (b->n + n + 1) * 2;
-        char *t = realloc(b->s, cap);
-        if (!t) { b->oom = 1; return; }
-        b->s = t;
-        b->cap = cap;
-    }
-    memcpy(b->s + b->n, s, n);
-    b->n += n;
-    b->s[b->n] = 0;
-}
-
-static void sb_str(sbuf *b, const char *s) { sb_put(b, s, strlen(s)); }
 
 /* Appends GBNF g with every rule name prefixed by pre (literals, classes
  * and comments copied as they are). */

@@ -112,7 +112,8 @@ void jlm_tc_result_free(jlm_tc_result *r);   /* accepts a zeroed one */
 /* How many bytes of text[0, len), a reply still being generated, are
  * content for sure: everything before the first place a call may start
  * (a marker, or a tail that may still grow into one). final: the reply is
- * complete (a partial marker at its end is content then). */
+ * complete (a partial marker at its end is content then). Whitespace before
+ * the hold-back point is held too (it may be the layout before a call). */
 size_t jlm_tc_content_prefix(jlm_tc_family f, const char *text, size_t len, int final);
 
 /* GBNF that allows exactly one call, in f's syntax, of r's named tool
