@@ -30,7 +30,7 @@ static void reply(jlm_tc_family f, const char *s, size_t n)
     json_array_foreach(r.calls, i, c) {
         const json_t *fn = json_object_get(c, "function");
         const char *a = json_string_value(json_object_get(fn, "arguments"));
-        json_t *o = a ? json_loads(a, 0, NULL) : NULL;
+        json_t *o = a ? json_loads(a, JSON_ALLOW_NUL, NULL) : NULL;   /* a value may hold \u0000 */
         if (!json_is_string(json_object_get(fn, "name")) || !json_is_object(o))
             abort();
         json_decref(o);
