@@ -11,7 +11,8 @@
 
 const char *jlm_tc_family_name(jlm_tc_family f)
 {
-    static const char *const names[] = {"none", "hermes", "llama3", "mistral", "mistral-v11", "gpt-oss", "gemma"};
+    static const char *const names[] = {"none", "hermes", "llama3", "mistral", "mistral-v11", "gpt-oss", "gemma",
+                                         "granite"};
     return (unsigned)f < sizeof names / sizeof *names ? names[f] : "none";
 }
 
@@ -26,6 +27,8 @@ jlm_tc_family jlm_tc_family_of(const char *tmpl, size_t len)
         return JLM_TC_NONE;
     if (has(tmpl, len, "<|channel|>") && has(tmpl, len, "functions."))
         return JLM_TC_GPTOSS;
+    if (has(tmpl, len, "<|tool_call|>"))
+        return JLM_TC_GRANITE;
     if (has(tmpl, len, "[TOOL_CALLS]"))
         return has(tmpl, len, "[ARGS]") ? JLM_TC_MISTRAL_V11 : JLM_TC_MISTRAL;
     if (has(tmpl, len, "<|tool_call>") || has(tmpl, len, "tool_code"))
@@ -441,22 +444,26 @@ static size_t mistral_one(pstate *p, size_t i)
     return end;
 }
 
-static void parse_mistral(pstate *p)
+/* Mistral's [TOOL_CALLS] and Granite's <|tool_call|>, each followed by the
+ * calls (mistral_one). */
+static void parse_marked(pstate *p, const char *marker)
 {
-    const char *q = find(p->s, p->n, 0, "[TOOL_CALLS]");
+    size_t ml = strlen(marker);
+    const char *q = find(p->s, p->n, 0, marker);
     if (!q) {
         keep(p, p->s, p->n);
         return;
     }
     size_t at = (size_t)(q - p->s), i = at, end;
     keep(p, p->s, at);
-    while (starts(p->s, p->n, i, "[TOOL_CALLS]") && (end = mistral_one(p, i + 12)))
+    while (starts(p->s, p->n, i, marker) && (end = mistral_one(p, i + ml)))
         i = skip_ws(p->s, p->n, end);
     if (i == at) {   /* not a call: all of it is content */
         keep(p, p->s + at, p->n - at);
         return;
     }
     if (starts(p->s, p->n, i, "</s>")) i += 4;
+    if (starts(p->s, p->n, i, "<|end_of_text|>")) i += 15;
     keep(p, p->s + i, p->n - i);
 }
 
@@ -699,7 +706,8 @@ int jlm_tc_parse(jlm_tc_family f, const char *text, size_t len, uint64_t *id_sta
     switch (f) {
     case JLM_TC_HERMES: parse_hermes(&p); break;
     case JLM_TC_LLAMA3: parse_llama3(&p); break;
-    case JLM_TC_MISTRAL: case JLM_TC_MISTRAL_V11: parse_mistral(&p); break;
+    case JLM_TC_MISTRAL: case JLM_TC_MISTRAL_V11: parse_marked(&p, "[TOOL_CALLS]"); break;
+    case JLM_TC_GRANITE: parse_marked(&p, "<|tool_call|>"); break;
     case JLM_TC_GPTOSS: parse_gptoss(&p); break;
     case JLM_TC_GEMMA: parse_gemma(&p); break;
     default: keep(&p, text, len); break;
@@ -753,8 +761,9 @@ size_t jlm_tc_content_prefix(jlm_tc_family f, const char *text, size_t len, int 
         [JLM_TC_MISTRAL] = {"[TOOL_CALLS]"},
         [JLM_TC_MISTRAL_V11] = {"[TOOL_CALLS]"},
         [JLM_TC_GEMMA] = {"<|tool_call>", "```tool_code"},
+        [JLM_TC_GRANITE] = {"<|tool_call|>"},
     };
-    if (f == JLM_TC_NONE || (unsigned)f > JLM_TC_GEMMA)
+    if (f == JLM_TC_NONE || (unsigned)f > JLM_TC_GRANITE)
         return len;
     if (f == JLM_TC_GPTOSS)   /* channels decide what is content: only the whole reply says */
         return final ? len : 0;
@@ -865,8 +874,9 @@ int jlm_tc_grammar(jlm_tc_family f, const jlm_tc_req *r, char **gbnf, jlm_err *e
         [JLM_TC_MISTRAL_V11] = {"\"[TOOL_CALLS]\"", ""},
         [JLM_TC_GPTOSS] = {"\"<|channel|>commentary to=functions.\"", ""},
         [JLM_TC_GEMMA] = {"\"<|tool_call>call:\"", "\"<tool_call|>\""},
+        [JLM_TC_GRANITE] = {"\"<|tool_call|>[\"", "\"]\""},
     };
-    if (f == JLM_TC_NONE || (unsigned)f > JLM_TC_GEMMA)
+    if (f == JLM_TC_NONE || (unsigned)f > JLM_TC_GRANITE)
         return jlm_errf(err, JLM_EUNSUPPORTED, "'tool_choice': the model's chat template renders no tools");
     sbuf calls = {0}, rules = {0};
     size_t i;

@@ -18,6 +18,7 @@
  *   GEMMA      <|tool_call>call:N{key:<|"|>text<|"|>,n:1}<tool_call|> (the
  *              arguments may also be a JSON object), and ```tool_code
  *              N(key="text", n=1)``` blocks
+ *   GRANITE    <|tool_call|>[{"name": N, "arguments": {...}}, ...]
  * Knows nothing of HTTP or the engine: serve/ and the other APIs (Anthropic
  * tool_use blocks, ollama tool_calls) build their shapes from the calls.
  *
@@ -44,6 +45,7 @@ typedef enum jlm_tc_family {
     JLM_TC_MISTRAL_V11,
     JLM_TC_GPTOSS,
     JLM_TC_GEMMA,
+    JLM_TC_GRANITE,
 } jlm_tc_family;
 
 typedef enum jlm_tc_choice {

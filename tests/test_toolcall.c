@@ -26,7 +26,7 @@ static json_t *cases(void)
 
 static jlm_tc_family family_named(const char *name)
 {
-    for (int f = JLM_TC_NONE; f <= JLM_TC_GEMMA; f++)
+    for (int f = JLM_TC_NONE; f <= JLM_TC_GRANITE; f++)
         if (!strcmp(jlm_tc_family_name((jlm_tc_family)f), name))
             return (jlm_tc_family)f;
     cr_assert_fail("no family '%s'", name);
@@ -200,6 +200,8 @@ Test(toolcall, the_grammar_forces_a_call_the_parser_reads_back, .timeout = 30)
         {JLM_TC_MISTRAL_V11, "[TOOL_CALLS]get_time[ARGS]{\"tz\": \"CET\"}", "[TOOL_CALLS]get_weather[ARGS]{\"city\": \"Oslo\"}"},
         {JLM_TC_GPTOSS, "<|channel|>commentary to=functions.get_time <|constrain|>json<|message|>{\"tz\": \"CET\"}",
          "<|channel|>commentary to=functions.get_weather <|constrain|>json<|message|>{\"city\": \"Oslo\"}"},
+        {JLM_TC_GRANITE, "<|tool_call|>[{\"name\": \"get_time\", \"arguments\": {\"tz\": \"CET\"}}]",
+         "<|tool_call|>[{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Oslo\"}}]"},
         {JLM_TC_GEMMA, "<|tool_call>call:get_time{\"tz\": \"CET\"}<tool_call|>",
          "<|tool_call>call:get_weather{\"city\": \"Oslo\"}<tool_call|>"},
     };

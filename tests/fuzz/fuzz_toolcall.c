@@ -70,7 +70,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 {
     if (size == 0)
         return 0;
-    jlm_tc_family f = (jlm_tc_family)((data[0] & 7) % (JLM_TC_GEMMA + 1));
+    jlm_tc_family f = (jlm_tc_family)((data[0] & 7) % (JLM_TC_GRANITE + 1));
     if (data[0] & 0x80)
         request(f, (const char *)data + 1, size - 1);
     else
