@@ -372,11 +372,12 @@ static int gen_push(srv_job *j, gen_state *g, const char *p, size_t n, int final
 static int tc_finish(srv_job *j, gen_state *g)
 {
     int hit;
-    size_t end = jlm_srv_stop_scan(&j->req, g->text, g->len, 1, &hit);
+    const char *text = g->text ? g->text : "";   /* NULL: nothing was generated */
+    size_t end = jlm_srv_stop_scan(&j->req, text, g->len, 1, &hit);
     jlm_tc_result r;
     jlm_err err = {0};
     if (end < g->sent) end = g->sent;
-    if (jlm_tc_parse(j->tc_family, g->text + g->sent, end - g->sent, &j->tc_ids, &r, &err))
+    if (jlm_tc_parse(j->tc_family, text + g->sent, end - g->sent, &j->tc_ids, &r, &err))
         return -1;
     int first = g->sent == 0;
     if (r.content_len) job_emit(j, r.content, r.content_len, first);

@@ -700,6 +700,7 @@ static void parse_gemma(pstate *p)
 
 int jlm_tc_parse(jlm_tc_family f, const char *text, size_t len, uint64_t *id_state, jlm_tc_result *out, jlm_err *err)
 {
+    if (!text) text = "", len = 0;
     pstate p = {.f = f, .s = text, .n = len, .calls = json_array(), .ids = id_state};
     if (!p.calls)
         return jlm_errf(err, JLM_ENOMEM, "out of memory");
@@ -763,7 +764,7 @@ size_t jlm_tc_content_prefix(jlm_tc_family f, const char *text, size_t len, int 
         [JLM_TC_GEMMA] = {"<|tool_call>", "```tool_code"},
         [JLM_TC_GRANITE] = {"<|tool_call|>"},
     };
-    if (f == JLM_TC_NONE || (unsigned)f > JLM_TC_GRANITE)
+    if (f == JLM_TC_NONE || (unsigned)f > JLM_TC_GRANITE || !text)
         return len;
     if (f == JLM_TC_GPTOSS)   /* channels decide what is content: only the whole reply says */
         return final ? len : 0;
