@@ -1500,6 +1500,27 @@ Test(serve, malformed_tools_and_unimplemented_fields_get_400_naming_them, .timeo
     srv_free(&s);
 }
 
+/* --chat-template-file is parsed at start: a broken one is one line naming
+ * it, exit 1; a missing one too. */
+Test(serve, a_broken_chat_template_file_stops_the_start_in_one_line, .timeout = 60)
+{
+    char *dir = tu_tmpdir(), *model = convert_to("stories260K.gguf", dir, "stories.jlm"), bad[1100], cmd[4096], *out = NULL;
+    snprintf(bad, sizeof bad, "%s/bad.jinja", dir);
+    cr_assert_eq(tu_write_file(bad, "{% if messages %}never closed", 29), 0);
+    snprintf(cmd, sizeof cmd, "%s serve --port 0 %s --chat-template-file %s 2>&1", tu_jlm(), model, bad);
+    cr_assert_eq(tu_run(cmd, &out), 1, "%s", out);
+    cr_assert(strstr(out, "jlm serve: --chat-template-file ") && strstr(out, "bad.jinja"), "%s", out);
+    cr_assert_eq(strchr(out, '\n'), out + strlen(out) - 1, "one line: %s", out);
+    free(out);
+    snprintf(cmd, sizeof cmd, "%s serve --port 0 %s --chat-template-file %s/none.jinja 2>&1", tu_jlm(), model, dir);
+    cr_assert_neq(tu_run(cmd, &out), 0, "%s", out);
+    cr_assert(strstr(out, "--chat-template-file"), "%s", out);
+    free(out);
+    tu_rmrf(dir);
+    free(dir);
+    free(model);
+}
+
 /* ---------------------------------------------------------------- a jlmfs mount */
 
 /* `--models MNT` on a real jlmfs mount: a GGUF copied in after the start
