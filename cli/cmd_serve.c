@@ -6,6 +6,7 @@
 #include "cli/opts.h"
 #include "cli/report.h"
 #include "serve/server.h"
+#include "text/template/jinja.h"
 
 #include <signal.h>
 #include <stdio.h>
@@ -16,7 +17,7 @@ static const char USAGE[] =
     "usage: jlm serve (MODEL... | --models DIR) [--host 127.0.0.1] [--port 8080] [--parallel N] [--queue N]\n"
     "                 [--api-key KEY] [--body-max SIZE] [--conn-per-addr N] [--header-timeout S]\n"
     "                 [--body-timeout S] [-c CTX] [-t THREADS] [--budget SIZE] [--rescan S]\n"
-    "                 [--prefix-cache SIZE]\n"
+    "                 [--prefix-cache SIZE] [--chat-template-file FILE]\n"
     "                 [--kv T] [-ctk T] [-ctv T] [--backend NAME[,NAME]] [--device N|NAME[,..]] [--gpu-layers N|all[,M|all]]\n"
     "                 [--gpu-budget SIZE[,SIZE]] [--no-direct]\n"
     "       (MODEL: a .jlm, a jlmfs view, or a .gguf converted once into the cache as `jlm run` does;\n"
@@ -29,6 +30,7 @@ typedef struct serve_opts {
     char         *models[MAX_MODELS];   /* malloc'd container paths */
     char         *ids[MAX_MODELS];      /* malloc'd ids (the stem of the path as given) */
     size_t        n_models;
+    char         *tmpl;                 /* --chat-template-file's text; NULL: none */
     jlm_srv_opts  srv;
 } serve_opts;
 
@@ -62,6 +64,22 @@ static int add_model(serve_opts *o, const char *arg)
     return o->models[o->n_models - 1] && o->ids[o->n_models - 1] ? 0 : 1;
 }
 
+/* --chat-template-file: read and parsed once, so a broken one stops the start. */
+static int read_template(serve_opts *o, const char *path)
+{
+    if (!(o->tmpl = jlm_opts_read_text("jlm serve", "--chat-template-file", path, JLM_CLI_TEMPLATE_MAX)))
+        return 1;
+    jlm_jinja *t = NULL;
+    jlm_err err = {0};
+    if (jlm_jinja_parse(o->tmpl, strlen(o->tmpl), &t, &err)) {
+        fprintf(stderr, "jlm serve: --chat-template-file %s: %s\n", path, err.msg);
+        return 1;
+    }
+    jlm_jinja_free(t);
+    o->srv.chat_template = o->tmpl;
+    return 0;
+}
+
 static int parse(int argc, char **argv, serve_opts *o)
 {
     o->srv.port = 8080;
@@ -76,7 +94,7 @@ static int parse(int argc, char **argv, serve_opts *o)
     o->srv.api_key = getenv("JLM_API_KEY");
     o->srv.report = jlm_cli_view("jlm serve");   /* a view's page-ins reported as jlm run's (cli/report.c) */
     uint64_t body = 1 << 20;
-    const char *m_opt = NULL;
+    const char *m_opt = NULL, *tmpl_path = NULL;
     const jlm_opt own[] = {
         {"-m", "--model", JLM_OPT_STR, &m_opt, 0, 0, 0, "FILE", "a model to serve (as llama-server -m; or give them as MODEL...)"},
         {NULL, "--models", JLM_OPT_STR, &o->srv.models_dir, 0, 0, 0, "DIR", "serve every container and view in DIR, rescanned"},
@@ -97,6 +115,8 @@ static int parse(int argc, char **argv, serve_opts *o)
          "page frames of all models together (K/M/G), 0: unlimited"},
         {NULL, "--prefix-cache", JLM_OPT_SIZE, &o->srv.prefix_cache, 0, 0, 0, "SIZE",
          "KV of earlier requests each model keeps for reuse (K/M/G), 0: none"},
+        {NULL, "--chat-template-file", JLM_OPT_STR, &tmpl_path, 0, 0, 0, "FILE",
+         "a Jinja chat template for every model instead of its own (as llama-server's)"},
     };
     /* the engine's rows as run and chat have them (the budget is the server's own, above) */
     jlm_opts_gpu gpu = {0};
@@ -113,6 +133,8 @@ static int parse(int argc, char **argv, serve_opts *o)
         return rc;
     o->srv.body_max = (size_t)body;
     o->srv.no_prefix_cache = o->srv.prefix_cache == 0;
+    if (tmpl_path && (rc = read_template(o, tmpl_path)))
+        return rc;
     if (m_opt && os.n_pos < MAX_MODELS)
         pos[os.n_pos++] = m_opt;   /* -m FILE: served as the first positional would be */
     if (!o->srv.models_dir && !os.n_pos) {
@@ -159,6 +181,7 @@ int jlm_cmd_serve(int argc, char **argv)
             fprintf(stderr, "jlm serve: requests still in flight after %d s: stopping anyway\n", DRAIN_S);
     }
     jlm_srv_close(s);
+    free(o.tmpl);
     for (size_t i = 0; i < o.n_models; i++) {
         free(o.models[i]);
         free(o.ids[i]);

@@ -175,16 +175,49 @@ static int get_logprobs(const json_t *o, jlm_srv_kind kind, jlm_srv_req *r, jlm_
     return rc;
 }
 
+/* A field given with a value other than its neutral one (null, false, an
+ * empty string, array or object). */
+static int given(const json_t *o, const char *k)
+{
+    const json_t *v = json_object_get(o, k);
+    return v && !json_is_null(v) && !json_is_false(v) && !(json_is_string(v) && json_string_length(v) == 0) &&
+           !(json_is_array(v) && json_array_size(v) == 0) && !(json_is_object(v) && json_object_size(v) == 0);
+}
+
+/* OpenAI fields that would change the output and are not implemented: a
+ * 400 naming the field rather than a reply that ignores it. */
 static int get_unsupported(const json_t *o, jlm_srv_kind kind, jlm_err *err)
 {
-    int64_t n = 1;
+    static const char *const chat_only[] = {"audio", "prediction", "web_search_options", "functions", "function_call",
+                                            "reasoning_effort", "verbosity"};
+    int64_t n = 1, best = 1;
     int rc = get_int(o, "n", 1, 128, &n, err);
+    if (!rc && kind == JLM_SRV_COMPLETION) rc = get_int(o, "best_of", 1, 128, &best, err);
     if (rc) return rc;
     if (n != 1)
         return jlm_errf(err, JLM_EUNSUPPORTED, "'n': only n = 1 is supported");
-    const json_t *echo = json_object_get(o, "echo");
-    if (kind == JLM_SRV_COMPLETION && json_is_true(echo))
-        return jlm_errf(err, JLM_EUNSUPPORTED, "'echo': not supported by this server");
+    if (best != 1)
+        return jlm_errf(err, JLM_EUNSUPPORTED, "'best_of': only best_of = 1 is supported");
+    if (given(o, "logit_bias"))
+        return jlm_errf(err, JLM_EUNSUPPORTED, "'logit_bias': not implemented by this server");
+    if (kind == JLM_SRV_COMPLETION) {
+        if (json_is_true(json_object_get(o, "echo")))
+            return jlm_errf(err, JLM_EUNSUPPORTED, "'echo': not supported by this server");
+        if (given(o, "suffix"))
+            return jlm_errf(err, JLM_EUNSUPPORTED, "'suffix': not implemented by this server");
+        if (given(o, "tools") || given(o, "tool_choice"))
+            return jlm_errf(err, JLM_EINVAL, "'%s': only /v1/chat/completions takes tools", given(o, "tools") ? "tools" : "tool_choice");
+        return 0;
+    }
+    for (size_t i = 0; i < sizeof chat_only / sizeof *chat_only; i++)
+        if (given(o, chat_only[i]))
+            return jlm_errf(err, JLM_EUNSUPPORTED, "'%s': not implemented by this server%s", chat_only[i],
+                            i >= 3 && i <= 4 ? " (use 'tools' and 'tool_choice')" : "");
+    const json_t *mod = json_object_get(o, "modalities"), *x;
+    size_t i;
+    json_array_foreach(mod, i, x)
+        if (!json_is_string(x) || strcmp(json_string_value(x), "text"))
+            return jlm_errf(err, JLM_EUNSUPPORTED, "'modalities': only [\"text\"] is implemented by this server");
     return 0;
 }
 
@@ -238,6 +271,8 @@ static int parse_fields(const json_t *o, jlm_srv_kind kind, jlm_srv_req *r, jlm_
     if (!rc) rc = get_stream(o, r, err);
     if (!rc) rc = get_bool(o, "ignore_eos", &r->ignore_eos, err);
     if (!rc) rc = get_logprobs(o, kind, r, err);
+    if (!rc && kind == JLM_SRV_CHAT) rc = jlm_tc_check_messages(r->messages, err);
+    if (!rc && kind == JLM_SRV_CHAT) rc = jlm_tc_req_parse(o, &r->tc, err);   /* serve/toolcall.h */
     return rc;
 }
 
@@ -272,6 +307,7 @@ void jlm_srv_req_free(jlm_srv_req *req)
     free(req->prompt);
     json_decref(req->messages);
     jlm_gram_free(req->gram);
+    jlm_tc_req_free(&req->tc);
     for (size_t i = 0; i < req->n_stop; i++)
         free(req->stop[i]);
     memset(req, 0, sizeof *req);
@@ -321,12 +357,14 @@ static json_t *envelope(const jlm_srv_ident *id, const char *object, json_t *cho
 
 json_t *jlm_srv_json_completion(const jlm_srv_ident *id, const char *text, size_t len, const jlm_srv_result *r)
 {
-    int chat = id->kind == JLM_SRV_CHAT;
-    json_t *t = text_json(text, len);
+    int chat = id->kind == JLM_SRV_CHAT, calls = chat && json_array_size(r->tool_calls) > 0;
+    json_t *t = calls && len == 0 ? json_null() : text_json(text, len);
     json_t *choice = chat ? json_pack("{s:i, s:{s:s, s:o}, s:n, s:s}", "index", 0, "message", "role", "assistant",
                                       "content", t, "logprobs", "finish_reason", r->finish_reason)
                           : json_pack("{s:o, s:i, s:n, s:s}", "text", t, "index", 0, "logprobs", "finish_reason",
                                       r->finish_reason);
+    if (choice && calls)
+        json_object_set(json_object_get(choice, "message"), "tool_calls", (json_t *)r->tool_calls);
     json_t *j = envelope(id, chat ? "chat.completion" : "text_completion", choice);
     if (j && json_object_set_new(j, "usage", usage(r))) {
         json_decref(j);
@@ -350,6 +388,14 @@ json_t *jlm_srv_json_chunk(const jlm_srv_ident *id, const char *text, size_t len
         choice = json_pack("{s:i, s:o, s:n, s:o}", "index", 0, "delta", delta, "logprobs", "finish_reason", fin);
     }
     return envelope(id, chat ? "chat.completion.chunk" : "text_completion", choice);
+}
+
+json_t *jlm_srv_json_delta_chunk(const jlm_srv_ident *id, json_t *delta, int role)
+{
+    if (delta && role)
+        json_object_set_new(delta, "role", json_string("assistant"));
+    json_t *choice = json_pack("{s:i, s:o, s:n, s:n}", "index", 0, "delta", delta, "logprobs", "finish_reason");
+    return envelope(id, "chat.completion.chunk", choice);
 }
 
 json_t *jlm_srv_json_usage_chunk(const jlm_srv_ident *id, const jlm_srv_result *r)

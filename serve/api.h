@@ -10,7 +10,8 @@
  * Which fields are accepted, their ranges and defaults: docs/serve.md.
  * Unknown fields are ignored (clients send `user`, `metadata`, ...); a known
  * field of the wrong type or out of range is refused with a message naming
- * it, as OpenAI does.
+ * it, as OpenAI does, and so is an OpenAI field that would change the
+ * output and is not implemented (`logit_bias`, `n` > 1, `audio`, ...).
  *
  * Thread safety: reentrant. Memory: jlm_srv_req_free releases what parse
  * filled; every builder returns a new reference (json_decref) or a malloc'd
@@ -26,6 +27,7 @@
 
 #include "engine/sampler.h"
 #include "base/jlm_err.h"
+#include "serve/toolcall.h"
 
 #define JLM_SRV_MAX_STOP     4      /* OpenAI's limit on `stop` strings */
 #define JLM_SRV_MAX_STOP_LEN 256    /* bytes of one stop string */
@@ -52,6 +54,7 @@ typedef struct jlm_srv_req {
     int   (*cancelled)(void *arg);
     void   *cancel_arg;
     struct jlm_gram *gram;              /* grammar / json_schema / response_format compiled (serve/constrain.h); NULL: none */
+    jlm_tc_req tc;                      /* chat: tools and tool_choice (serve/toolcall.h) */
 } jlm_srv_req;
 
 /* Parses body[0, len) (not NUL-terminated) for kind. JLM_EFORMAT for a body
@@ -64,9 +67,10 @@ void jlm_srv_req_free(jlm_srv_req *req);   /* accepts a zeroed req */
 
 /* What a generation reports at its end. */
 typedef struct jlm_srv_result {
-    const char *finish_reason;          /* "stop" or "length" */
+    const char *finish_reason;          /* "stop", "length" or "tool_calls" */
     uint32_t    prompt_tokens, completion_tokens;
     uint32_t    cached_tokens;          /* prompt tokens whose KV came from the prefix cache */
+    const json_t *tool_calls;           /* chat: the calls parsed from the reply (toolcall.h); NULL or []: none */
 } jlm_srv_result;
 
 /* Identity shared by every object of one response. */
@@ -77,12 +81,16 @@ typedef struct jlm_srv_ident {
     jlm_srv_kind kind;
 } jlm_srv_ident;
 
-/* A whole (non-streamed) completion object with text and usage. NULL on OOM. */
+/* A whole (non-streamed) completion object with text and usage (chat: and
+ * r->tool_calls, content null when the text is empty). NULL on OOM. */
 json_t *jlm_srv_json_completion(const jlm_srv_ident *id, const char *text, size_t len, const jlm_srv_result *r);
 /* One stream chunk: text[0, len) as the choice's text or delta content;
  * role != 0 adds the chat delta's "role"; r != NULL makes it the closing
  * chunk (empty delta, finish_reason). NULL on OOM. */
 json_t *jlm_srv_json_chunk(const jlm_srv_ident *id, const char *text, size_t len, int role, const jlm_srv_result *r);
+/* A chat stream chunk with the given delta object (taken), "role" added when
+ * role != 0. NULL on OOM. */
+json_t *jlm_srv_json_delta_chunk(const jlm_srv_ident *id, json_t *delta, int role);
 /* The usage-only chunk sent when stream_options.include_usage is true. */
 json_t *jlm_srv_json_usage_chunk(const jlm_srv_ident *id, const jlm_srv_result *r);
 /* {"error": {"message", "type", "param": null, "code"}}: type from the HTTP

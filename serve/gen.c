@@ -128,6 +128,7 @@ void jlm_srv_job_unref(srv_job *j)
     free(j->model_id);
     json_decref(j->lp_pending);
     json_decref(j->lp_final);
+    json_decref(j->tc_calls);
     free(j->prompt);
     free(j->out);
     pthread_mutex_destroy(&j->mu);
@@ -167,19 +168,40 @@ static json_t *flatten_parts(const json_t *msgs)
     return out;
 }
 
-/* The chat prompt as `jlm chat` renders its first turn: the template with a
- * generation prompt, a leading BOS text dropped when the vocab adds BOS. */
-static int chat_prompt(srv_model *m, const jlm_srv_req *req, int32_t **ids, size_t *n, jlm_err *err)
+/* The template a request renders with: the model's, or, for a model without
+ * one, ChatML with Hermes tools when the request has tools or tool messages
+ * (serve/toolcall.h); *fam: the call syntax it speaks. */
+static const char *job_template(const srv_model *m, const jlm_srv_req *req, jlm_tc_family *fam)
 {
-    const json_t *msgs = req->messages;
+    int fallback = m->tmpl != m->srv->o.chat_template && m->sess->tmpl_fallback;
+    int tools = req->tc.tools != NULL;
+    size_t i;
+    const json_t *msg;
+    json_array_foreach(req->messages, i, msg)
+        tools |= json_object_get(msg, "tool_calls") != NULL || json_object_get(msg, "tool_call_id") != NULL;
+    if (fallback && tools) {
+        *fam = JLM_TC_HERMES;
+        return jlm_tc_chatml_tools;
+    }
+    *fam = jlm_tc_family_of(m->tmpl, strlen(m->tmpl));
+    return m->tmpl;
+}
+
+/* The chat prompt as `jlm chat` renders its first turn: the template with a
+ * generation prompt (and the request's tools), a leading BOS text dropped
+ * when the vocab adds BOS. */
+static int chat_prompt(srv_model *m, const jlm_srv_req *req, const char *tmpl, int32_t **ids, size_t *n, jlm_err *err)
+{
     jlm_chat_opts co = {.add_generation_prompt = 1, .bos_token = m->bos, .eos_token = m->eos, .local_time = 1,
-                        .cancelled = req->cancelled, .cancel_arg = req->cancel_arg};
+                        .cancelled = req->cancelled, .cancel_arg = req->cancel_arg, .tools = req->tc.tools};
     char *text = NULL;
     size_t len;
-    json_t *flat = flatten_parts(msgs);
+    json_t *msgs = jlm_tc_messages_for_template(req->messages);
+    json_t *flat = msgs ? flatten_parts(msgs) : NULL;
+    json_decref(msgs);
     if (!flat)
         return jlm_errf(err, JLM_ENOMEM, "out of memory");
-    int rc = jlm_chat_render_json(m->tmpl, strlen(m->tmpl), flat, &co, 1, &text, &len, err);
+    int rc = jlm_chat_render_json(tmpl, strlen(tmpl), flat, &co, 1, &text, &len, err);
     json_decref(flat);
     if (rc)
         return jlm_err_prefix(err, JLM_EINVAL, "'messages': chat template");
@@ -203,11 +225,34 @@ static void make_ident(srv_job *j)
     j->ident.kind = j->req.kind;
 }
 
+/* Tools of a chat request on its model: refused when the template renders
+ * none; "required" and named choices compiled into the request's grammar. */
+static int tc_setup(srv_model *m, jlm_srv_req *req, jlm_tc_family fam, jlm_err *err)
+{
+    if (!req->tc.tools || req->tc.choice == JLM_TC_OFF)
+        return 0;
+    if (fam == JLM_TC_NONE)
+        return jlm_errf(err, JLM_EUNSUPPORTED, "'tools': the chat template of model '%s' renders no tools", m->id);
+    if (req->tc.choice == JLM_TC_AUTO)
+        return 0;
+    if (req->gram)
+        return jlm_errf(err, JLM_EINVAL, "'tool_choice': \"required\" or a function excludes grammar, json_schema and response_format");
+    char *gbnf = NULL;
+    int rc = jlm_tc_grammar(fam, &req->tc, &gbnf, err);
+    if (!rc) rc = jlm_gram_parse(gbnf, strlen(gbnf), &req->gram, err);
+    free(gbnf);
+    return rc;
+}
+
 int jlm_srv_job_create(srv_model *m, jlm_srv_req *req, srv_job **out, jlm_err *err)
 {
     int32_t *ids = NULL;
     size_t n = 0;
-    int rc = req->kind == JLM_SRV_CHAT ? chat_prompt(m, req, &ids, &n, err)
+    jlm_tc_family fam = JLM_TC_NONE;
+    const char *tmpl = req->kind == JLM_SRV_CHAT ? job_template(m, req, &fam) : NULL;
+    int rc = req->kind == JLM_SRV_CHAT ? tc_setup(m, req, fam, err) : 0;
+    if (!rc)
+        rc = req->kind == JLM_SRV_CHAT ? chat_prompt(m, req, tmpl, &ids, &n, err)
                                        : jlm_tok_encode(m->tok, req->prompt, strlen(req->prompt), 1, 0, &ids, &n, err);
     if (rc)
         return rc;
@@ -238,11 +283,14 @@ int jlm_srv_job_create(srv_model *m, jlm_srv_req *req, srv_job **out, jlm_err *e
     j->refs = 2;
     j->status = 200;
     j->lp_pending = j->req.logprobs ? json_array() : NULL;
+    j->tc_family = fam;
+    j->tc_active = j->req.tc.tools && j->req.tc.choice != JLM_TC_OFF;
     pthread_mutex_init(&j->mu, NULL);
     pthread_cond_init(&j->cv, NULL);
     make_ident(j);
     if (!j->req.seeded)
         j->req.samp.seed = (uint64_t)time(NULL) ^ ((uint64_t)(uintptr_t)j << 16) ^ now_us();
+    j->tc_ids = j->req.samp.seed ^ now_us();
     pthread_mutex_lock(&m->srv->mu);
     m->srv->in_flight++;
     pthread_mutex_unlock(&m->srv->mu);
@@ -307,11 +355,45 @@ static int gen_push(srv_job *j, gen_state *g, const char *p, size_t n, int final
     g->len += n;
     int hit;
     size_t safe = jlm_srv_stop_scan(&j->req, g->text, g->len, final, &hit);
+    if (j->tc_active) {   /* what may be a call waits for the end (tc_finish) */
+        size_t c = j->req.stream ? jlm_tc_content_prefix(j->tc_family, g->text, safe, 0) : 0;
+        safe = c < safe ? c : safe;
+    }
     if (safe > g->sent) {
         job_emit(j, g->text + g->sent, safe - g->sent, g->sent == 0);
         g->sent = safe;
     }
     return hit;
+}
+
+/* A tool request's end: the reply not sent yet (up to a stop string) parsed
+ * into content and calls (serve/toolcall.h), the content handed out, the
+ * calls streamed as deltas or kept for the completion object; 0 or -1 (OOM). */
+static int tc_finish(srv_job *j, gen_state *g)
+{
+    int hit;
+    const char *text = g->text ? g->text : "";   /* NULL: nothing was generated */
+    size_t end = jlm_srv_stop_scan(&j->req, text, g->len, 1, &hit);
+    jlm_tc_result r;
+    jlm_err err = {0};
+    if (end < g->sent) end = g->sent;
+    if (jlm_tc_parse(j->tc_family, text + g->sent, end - g->sent, &j->tc_ids, &r, &err))
+        return -1;
+    int first = g->sent == 0;
+    if (r.content_len) job_emit(j, r.content, r.content_len, first);
+    first &= r.content_len == 0;
+    json_t *ds = j->req.stream ? jlm_tc_deltas(r.calls, 32) : NULL, *d;
+    size_t i;
+    json_array_foreach(ds, i, d) {
+        job_event(j, jlm_srv_json_delta_chunk(&j->ident, json_incref(d), first));
+        first = 0;
+    }
+    json_decref(ds);
+    g->sent = g->len;
+    j->tc_calls = r.calls;
+    j->res.tool_calls = r.calls;
+    free(r.content);
+    return 0;
 }
 
 /* Ends the slot's request: flushes the detokenizer (unless it failed), sends
@@ -323,8 +405,9 @@ static void slot_end(srv_model *m, slot *sl, const char *fin, int status, const 
     char tail[4];
     size_t nt = jlm_tok_stream_flush(&sl->g.ts, tail);
     int hit = status == 200 ? gen_push(j, &sl->g, tail, nt, 1) : 0;
+    if (hit >= 0 && status == 200 && j->tc_active && tc_finish(j, &sl->g)) hit = -1;
     if (hit < 0) { status = 500; msg = "out of memory"; }
-    j->res.finish_reason = hit > 0 ? "stop" : fin;
+    j->res.finish_reason = json_array_size(j->tc_calls) ? "tool_calls" : hit > 0 ? "stop" : fin;
     j->res.completion_tokens = sl->n_gen;
     atomic_fetch_add(&m->n_gen_tok, sl->n_gen);
     if (atomic_load(&j->cancelled)) {
@@ -415,7 +498,7 @@ static void slot_start(srv_model *m, slot *sl, srv_job *j, float *logits, char *
     jlm_err err = {0};
     sl->j = j;
     j->res.prompt_tokens = (uint32_t)j->n_prompt;
-    jlm_tok_stream_init(&sl->g.ts, m->tok, 0, 0);
+    jlm_tok_stream_init(&sl->g.ts, m->tok, j->tc_active, 0);   /* tools: call markers may be special tokens */
     if (atomic_load(&j->cancelled)) {
         slot_end(m, sl, "length", 200, "");
         return;
@@ -584,7 +667,8 @@ static int model_load(srv_model *m, const jlm_engine_opts *opts, uint64_t budget
         return jlm_err_prefix(err, rc, "model '%s'", m->id);
     jlm_session *ss = m->sess;
     m->e = ss->e; m->tok = ss->tok; m->rep = ss->rep;
-    m->tmpl = ss->tmpl; m->bos = ss->bos; m->eos = ss->eos;
+    m->tmpl = m->srv->o.chat_template ? (char *)m->srv->o.chat_template : ss->tmpl;   /* only read */
+    m->bos = ss->bos; m->eos = ss->eos;
     m->rdb_path = ss->db_path; m->rdb_key = ss->key;
     return 0;
 }

@@ -54,6 +54,7 @@ typedef struct jlm_srv_opts {
                                  * prefix cache, docs/serve.md); 0: 1 GiB. Under a
                                  * budget the cache also stays inside the model's share */
     int         no_prefix_cache;   /* 1: no prefix cache */
+    const char *chat_template;   /* a Jinja chat template for every model instead of its own; NULL: each model's */
     jlm_engine_opts eng;     /* per model (its budget field is ignored: see budget) */
     const jlm_srv_reporter *report;  /* NULL: views' residency databases get no sessions from the server */
 } jlm_srv_opts;

@@ -110,6 +110,11 @@ struct srv_job {
     json_t       *lp_pending;        /* entries not yet sent (chat shape) */
     size_t        lp_offset;         /* completions' text_offset of the next entry */
     json_t       *lp_final;          /* non-streamed: the choice's logprobs */
+    /* tool calls (serve/toolcall.h; worker only until done) */
+    jlm_tc_family tc_family;         /* the model's call syntax */
+    int           tc_active;         /* tools given and tool_choice not "none": the reply is parsed */
+    uint64_t      tc_ids;            /* call id state */
+    json_t       *tc_calls;          /* the parsed calls (res.tool_calls points here) */
     /* guarded by mu */
     pthread_mutex_t mu;
     pthread_cond_t  cv;

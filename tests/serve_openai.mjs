@@ -3,20 +3,10 @@
 // usage: node serve_openai.mjs NODE_MODULES BASE_URL MODEL PROMPT MAX_TOKENS
 // Prints one JSON object: {models, completion, stream, chat, chat_stream,
 // finish, usage}. Exit 3 when the package cannot be loaded (the test skips).
-import { createRequire } from 'node:module';
-import path from 'node:path';
+import { openaiClient } from './openai_client.mjs';
 
 const [modules, baseURL, model, prompt, maxTokens] = process.argv.slice(2);
-let OpenAI;
-try {
-    const require = createRequire(path.join(modules, 'x.js'));
-    OpenAI = require('openai').default ?? require('openai');
-} catch (e) {
-    console.error(`openai package not found under ${modules}: ${e.message}`);
-    process.exit(3);
-}
-
-const client = new OpenAI({ baseURL, apiKey: 'test-key', maxRetries: 0, timeout: 60000 });
+const client = openaiClient(modules, baseURL, 60000);
 const n = Number(maxTokens);
 const out = {};
 

@@ -1327,17 +1327,22 @@ static const char *node_modules(void)
     return e && *e ? e : "/opt/jlm-test-node/node_modules";
 }
 
+/* Skips the test when node or the openai package is absent. */
+static void need_node(void)
+{
+    char probe[1200], *o = NULL;
+    snprintf(probe, sizeof probe, "command -v node >/dev/null && test -f %s/openai/package.json", node_modules());
+    int rc = tu_run(probe, &o);
+    free(o);
+    if (rc != 0)
+        cr_skip_test("node or the openai npm package (%s) is absent: scripts/deps.sh installs them", node_modules());
+}
+
 /* The official client: models.list, a completion and a chat completion,
  * whole and streamed; the texts equal jlm run's and jlm chat's. */
 Test(serve, the_openai_npm_client_gets_what_jlm_run_gives, .timeout = 120)
 {
-    char probe[1200], *o = NULL;
-    snprintf(probe, sizeof probe, "command -v node >/dev/null && test -f %s/openai/package.json", node_modules());
-    if (tu_run(probe, &o) != 0) {
-        free(o);
-        cr_skip_test("node or the openai npm package (%s) is absent: scripts/deps.sh installs them", node_modules());
-    }
-    free(o);
+    need_node();
     srv s = {0};
     srv_start(&s, NULL);
     char cmd[4096], *out = NULL, *ref = jlm_run(&s, "Once upon a time", 16), *cref = NULL;
@@ -1363,6 +1368,157 @@ Test(serve, the_openai_npm_client_gets_what_jlm_run_gives, .timeout = 120)
     json_decref(j);
     free(out); free(ref); free(cref);
     srv_free(&s);
+}
+
+/* ---------------------------------------------------------------- tool calls */
+
+/* node tests/serve_tools.mjs ... against s; its "ok N" line, asserted. */
+static void node_tools(const srv *s, const char *mode, const char *args, int want)
+{
+    char cmd[4096], *out = NULL;
+    snprintf(cmd, sizeof cmd, "node %s/tests/serve_tools.mjs %s http://127.0.0.1:%d/v1 stories %s %s 2>&1", tu_root(),
+             node_modules(), s->port, mode, args);
+    int rc = tu_run(cmd, &out);
+    char ok[32];
+    snprintf(ok, sizeof ok, "ok %d\n", want);
+    cr_assert(rc == 0 && out && !strcmp(out, ok), "%s %s: %s (see %s/server.log)", mode, args, out, s->dir);
+    free(out);
+}
+
+/* Every family's fixed outputs (tests/toolcall/cases.json), produced by the
+ * server under a grammar that allows only that text and the family's own
+ * template (--chat-template-file; none: the ChatML fallback), come back as
+ * the expected tool_calls, whole and assembled by the openai client from the
+ * stream. */
+Test(serve, tool_calls_of_every_family_parse_from_fixed_outputs_whole_and_streamed, .timeout = 600)
+{
+    need_node();
+    char path[1100];
+    snprintf(path, sizeof path, "%s/tests/toolcall/cases.json", tu_root());
+    json_t *cases = json_load_file(path, 0, NULL), *c;
+    cr_assert(json_is_array(cases));
+    json_t *groups = json_object();   /* template file ("" for none) -> "i,j,..." */
+    size_t i;
+    json_array_foreach(cases, i, c) {
+        const json_t *t = json_object_get(c, "template");
+        const char *key = json_is_string(t) ? json_string_value(t) : "";
+        const char *had = json_string_value(json_object_get(groups, key));
+        char list[256];
+        snprintf(list, sizeof list, "%s%s%zu", had ? had : "", had ? "," : "", i);
+        json_object_set_new(groups, key, json_string(list));
+    }
+    srv s = {0};
+    const char *tmpl;
+    json_t *v;
+    int total = 0;
+    json_object_foreach(groups, tmpl, v) {
+        char file[1100], args[1400];
+        snprintf(file, sizeof file, "%s/tests/reference/chat-templates/%s", tu_root(), tmpl);
+        const char *with[] = {"-c", "4096", "--chat-template-file", file, NULL};
+        if (!*tmpl) with[2] = NULL;
+        srv_start(&s, with);
+        snprintf(args, sizeof args, "%s %s", path, json_string_value(v));
+        int n = 1;
+        for (const char *p = json_string_value(v); *p; p++) n += *p == ',';
+        node_tools(&s, "fixed", args, 2 * n);
+        total += 2 * n;
+        cr_assert_eq(srv_stop(&s), 0, "the server exits 0 (see %s/server.log)", s.dir);
+    }
+    cr_assert_eq(total, 2 * (int)json_array_size(cases), "every case, whole and streamed");
+    json_decref(groups);
+    json_decref(cases);
+    srv_free(&s);
+}
+
+/* A random-weight model under tool_choice "required" or a named function
+ * (the grammar of the ChatML fallback's Hermes syntax): always one call of
+ * an allowed tool whose arguments the client parses, over several seeds,
+ * whole and streamed. */
+Test(serve, tool_choice_required_and_named_always_give_a_well_formed_call, .timeout = 600)
+{
+    need_node();
+    srv s = {0};
+    const char *with[] = {"-c", "2048", NULL};
+    srv_start(&s, with);
+    node_tools(&s, "forced", "4", 4 * 3 * 2);
+    srv_free(&s);
+}
+
+/* Refusals naming the field: malformed tools (the schema of its parameters
+ * included), an OpenAI field the server does not implement, tools on a
+ * model whose template renders none; informational fields are accepted. */
+Test(serve, malformed_tools_and_unimplemented_fields_get_400_naming_them, .timeout = 120)
+{
+    static const struct { const char *body, *name; } bad[] = {
+        {"\"tools\": [{\"type\": \"function\", \"function\": {\"name\": \"f\", \"parameters\": {\"type\": \"object\", \"properties\": 7}}}]",
+         "'tools[0].function.parameters'"},
+        {"\"tools\": [{\"type\": \"function\", \"function\": {\"name\": \"f\", \"parameters\": {\"type\": \"string\", \"pattern\": \"a\"}}}],"
+         " \"tool_choice\": \"required\"", "'tools[0].function.parameters'"},
+        {"\"tools\": [{\"type\": \"function\", \"function\": {}}]", "'tools[0].function.name'"},
+        {"\"tool_choice\": \"auto\"", "'tool_choice'"},
+        {"\"logit_bias\": {\"15\": 10}", "'logit_bias'"},
+        {"\"n\": 2", "'n'"},
+        {"\"audio\": {\"voice\": \"alloy\", \"format\": \"wav\"}", "'audio'"},
+        {"\"modalities\": [\"text\", \"audio\"]", "'modalities'"},
+        {"\"functions\": [{\"name\": \"f\"}]", "'functions'"},
+        {"\"prediction\": {\"type\": \"content\", \"content\": \"x\"}", "'prediction'"},
+        {"\"reasoning_effort\": \"high\"", "'reasoning_effort'"},
+        {"\"tools\": [{\"type\": \"function\", \"function\": {\"name\": \"f\"}}], \"tool_choice\": \"required\","
+         " \"response_format\": {\"type\": \"json_object\"}", "'tool_choice'"},
+    };
+    srv s = {0};
+    srv_start(&s, NULL);
+    char body[2048], *r = NULL;
+    for (size_t i = 0; i < sizeof bad / sizeof *bad; i++) {
+        snprintf(body, sizeof body, "{\"messages\": [{\"role\": \"user\", \"content\": \"Hi\"}], \"max_tokens\": 2, %s}", bad[i].body);
+        int st = http(&s, "POST", "/v1/chat/completions", body, NULL, &r);
+        cr_assert_eq(st, 400, "%s: %d %s", body, st, r);
+        cr_assert(strstr(r, bad[i].name), "%s: the error names %s: %s", body, bad[i].name, r);
+        free(r);
+    }
+    cr_assert_eq(http(&s, "POST", "/v1/completions", "{\"prompt\": \"Hi\", \"logit_bias\": {\"1\": 2}}", NULL, &r), 400);
+    cr_assert(strstr(r, "'logit_bias'"), "%s", r);
+    free(r);
+    cr_assert_eq(http(&s, "POST", "/v1/completions", "{\"prompt\": \"Hi\", \"suffix\": \"end\"}", NULL, &r), 400);
+    cr_assert(strstr(r, "'suffix'"), "%s", r);
+    free(r);
+    const char *fine = "{\"messages\": [{\"role\": \"user\", \"content\": \"Hi\"}], \"max_tokens\": 2, \"user\": \"u1\","
+                       " \"metadata\": {\"k\": \"v\"}, \"store\": false, \"logit_bias\": {}, \"service_tier\": \"auto\","
+                       " \"parallel_tool_calls\": true, \"stream_options\": null}";
+    cr_assert_eq(http(&s, "POST", "/v1/chat/completions", fine, NULL, &r), 200, "%s", r);
+    free(r);
+    cr_assert_eq(srv_stop(&s), 0);
+    char file[1100];
+    snprintf(file, sizeof file, "%s/tests/reference/chat-templates/bofenghuang-vigogne-2-70b-chat.jinja", tu_root());
+    const char *with[] = {"--chat-template-file", file, NULL};
+    srv_start(&s, with);
+    const char *tools = "{\"messages\": [{\"role\": \"user\", \"content\": \"Hi\"}], \"max_tokens\": 2,"
+                        " \"tools\": [{\"type\": \"function\", \"function\": {\"name\": \"f\"}}]}";
+    cr_assert_eq(http(&s, "POST", "/v1/chat/completions", tools, NULL, &r), 400, "%s", r);
+    cr_assert(strstr(r, "'tools': the chat template of model 'stories' renders no tools"), "%s", r);
+    free(r);
+    srv_free(&s);
+}
+
+/* --chat-template-file is parsed at start: a broken one is one line naming
+ * it, exit 1; a missing one too. */
+Test(serve, a_broken_chat_template_file_stops_the_start_in_one_line, .timeout = 60)
+{
+    char *dir = tu_tmpdir(), *model = convert_to("stories260K.gguf", dir, "stories.jlm"), bad[1100], cmd[4096], *out = NULL;
+    snprintf(bad, sizeof bad, "%s/bad.jinja", dir);
+    cr_assert_eq(tu_write_file(bad, "{% if messages %}never closed", 29), 0);
+    snprintf(cmd, sizeof cmd, "%s serve --port 0 %s --chat-template-file %s 2>&1", tu_jlm(), model, bad);
+    cr_assert_eq(tu_run(cmd, &out), 1, "%s", out);
+    cr_assert(strstr(out, "jlm serve: --chat-template-file ") && strstr(out, "bad.jinja"), "%s", out);
+    cr_assert_eq(strchr(out, '\n'), out + strlen(out) - 1, "one line: %s", out);
+    free(out);
+    snprintf(cmd, sizeof cmd, "%s serve --port 0 %s --chat-template-file %s/none.jinja 2>&1", tu_jlm(), model, dir);
+    cr_assert_neq(tu_run(cmd, &out), 0, "%s", out);
+    cr_assert(strstr(out, "--chat-template-file"), "%s", out);
+    free(out);
+    tu_rmrf(dir);
+    free(dir);
+    free(model);
 }
 
 /* ---------------------------------------------------------------- a jlmfs mount */

@@ -29,6 +29,7 @@ static json_t *build_vars(const json_t *messages, const jlm_chat_opts *o, int ad
     json_object_set_new(v, "eos_token", json_string(o && o->eos_token ? o->eos_token : ""));
     if (add_gen) json_object_set_new(v, "add_generation_prompt", json_true());   /* undefined when false */
     json_object_set_new(v, "enable_thinking", json_boolean(!(o && o->disable_thinking)));
+    if (o && o->tools) json_object_set(v, "tools", (json_t *)o->tools);
     set_date(v, "datetime", "%b %d %Y", now, o && o->local_time);
     set_date(v, "date_string", "%d %b %Y", now, o && o->local_time);
     return v;

@@ -3,6 +3,7 @@
  * Owns: the variables llama.cpp b10359 gives a chat template
  * (common_chat_templates_apply with use_jinja): messages, bos_token,
  * eos_token, add_generation_prompt (defined only when true), enable_thinking,
+ * tools (defined only when given),
  * datetime ("%b %d %Y" of now), date_string ("%d %b %Y" of now), plus the
  * interpreter's globals (strftime_now, raise_exception, namespace, range);
  * and llama.cpp's message adjustments:
@@ -49,6 +50,7 @@ typedef struct jlm_chat_opts {
     uint64_t    max_steps;               /* the interpreter's step budget; 0: JLM_JINJA_MAX_STEPS */
     int       (*cancelled)(void *arg);   /* NULL: never; see jlm_jinja_opts */
     void       *cancel_arg;
+    const json_t *tools;                 /* the `tools` variable (OpenAI function list); NULL: undefined */
 } jlm_chat_opts;
 
 /* Renders template_src[0, len) for msgs[0, n) with llama.cpp's adjustments.
