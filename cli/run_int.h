@@ -13,8 +13,8 @@
 #include "text/grammar/grammar.h"
 
 typedef struct run_opts {
-    const char *model, *prompt, *prompt_file, *logits_file, *ids, *image, *system, *grammar, *json_schema;
-    int n_predict, stats, print_ids, json, chat;
+    const char *model, *prompt, *prompt_file, *logits_file, *ids, *image, *system, *grammar, *json_schema, *pooling;
+    int n_predict, stats, print_ids, json, chat, embeddings;
     jlm_engine_opts eng;
     jlm_samp_params samp;
 } run_opts;
