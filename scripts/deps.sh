@@ -44,7 +44,7 @@ if command -v npm >/dev/null &&
         echo "deps: npm install openai failed: the OpenAI client test will skip" >&2
 fi
 
-# The `@anthropic-ai/sdk` and `ollama` npm packages for tests/test_serve_apis.c
+# The `@anthropic-ai/sdk` and `ollama` npm packages for tests/test_serve.c (serve_apis)
 # (serve's /v1/messages and /api/... through their official clients), beside
 # openai in the same folder; pinned versions that run on node 18/20. Without
 # them that suite's client tests skip with one line.

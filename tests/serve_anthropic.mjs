@@ -1,21 +1,13 @@
 // serve_anthropic.mjs - drives `jlm serve`'s /v1/messages with the official
-// `@anthropic-ai/sdk` npm client (tests/test_serve_apis.c).
+// `@anthropic-ai/sdk` npm client (tests/test_serve.c, suite serve_apis).
 // usage: node serve_anthropic.mjs NODE_MODULES BASE_URL MODEL MAX_TOKENS
 // Prints one JSON object: {message, stop_reason, usage, stream, events,
 // final, refused}. Exit 3 when the package cannot be loaded (the test skips).
-import { createRequire } from 'node:module';
-import path from 'node:path';
+import { loadPackage } from './node_client.mjs';
 
 const [modules, baseURL, model, maxTokens] = process.argv.slice(2);
-let Anthropic;
-try {
-    const require = createRequire(path.join(modules, 'x.js'));
-    const m = require('@anthropic-ai/sdk');
-    Anthropic = m.default ?? m.Anthropic ?? m;
-} catch (e) {
-    console.error(`@anthropic-ai/sdk not found under ${modules}: ${e.message}`);
-    process.exit(3);
-}
+const pkg = loadPackage(modules, '@anthropic-ai/sdk');
+const Anthropic = pkg.default ?? pkg.Anthropic ?? pkg;
 
 const client = new Anthropic({ baseURL, apiKey: 'test-key', maxRetries: 0, timeout: 60000 });
 const max_tokens = Number(maxTokens);

@@ -1,22 +1,14 @@
 // serve_ollama.mjs - drives `jlm serve`'s /api/... with the official
-// `ollama` npm client (tests/test_serve_apis.c).
+// `ollama` npm client (tests/test_serve.c, suite serve_apis).
 // usage: node serve_ollama.mjs NODE_MODULES HOST MODEL PROMPT MAX_TOKENS
 // Prints one JSON object: {tags, ps, show, chat, chat_stream, generate,
 // generate_stream, done_reason, eval_count, embed, refused}. Exit 3 when the
 // package cannot be loaded (the test skips).
-import { createRequire } from 'node:module';
-import path from 'node:path';
+import { loadPackage } from './node_client.mjs';
 
 const [modules, host, model, prompt, maxTokens] = process.argv.slice(2);
-let Ollama;
-try {
-    const require = createRequire(path.join(modules, 'x.js'));
-    const m = require('ollama');
-    Ollama = m.Ollama ?? m.default.Ollama;
-} catch (e) {
-    console.error(`ollama not found under ${modules}: ${e.message}`);
-    process.exit(3);
-}
+const m = loadPackage(modules, 'ollama');
+const Ollama = m.Ollama ?? m.default.Ollama;
 
 const client = new Ollama({ host });
 const options = { temperature: 0, num_predict: Number(maxTokens) };
