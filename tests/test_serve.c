@@ -2411,6 +2411,17 @@ Test(serve_apis, ollama_chat_and_generate_equal_jlm_chat_and_jlm_run, .timeout =
     cr_assert_str_eq(json_string_value(json_object_get(j, "response")), cref, "templated /api/generate is a chat turn");
     json_decref(j);
     free(r);
+    /* format "json": the reply is JSON (the grammar closes it within num_predict) */
+    const char *fb = "{\"model\": \"stories\", \"stream\": false, \"format\": \"json\", \"messages\": [{\"role\": "
+                     "\"user\", \"content\": \"Hello there\"}], \"options\": {\"num_predict\": 24, \"seed\": 7}}";
+    cr_assert_eq(http(&s, "POST", "/api/chat", fb, NULL, &r), 200, "%s", r);
+    j = parse(r);
+    const char *content = json_string_value(json_object_get(json_object_get(j, "message"), "content"));
+    json_t *fj = content ? json_loads(content, JSON_DECODE_ANY, NULL) : NULL;
+    cr_assert(json_is_object(fj), "format json gives a JSON object: %s", r);
+    json_decref(fj);
+    json_decref(j);
+    free(r);
     /* the model list, the loaded models, one model's details */
     cr_assert_eq(http(&s, "GET", "/api/tags", NULL, NULL, &r), 200, "%s", r);
     j = parse(r);
