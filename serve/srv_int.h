@@ -251,7 +251,8 @@ void jlm_srv_scan_now(struct jlm_srv *s, int timeout_ms);
 /* Stops the scanner; closes every model, retired or not. */
 void jlm_srv_models_close_all(struct jlm_srv *s);
 /* Tokenizes the request's prompt (completions: as `jlm run -p`; chat: the
- * rendered template, as `jlm chat`) into a new job with two references.
+ * rendered template, as `jlm chat`; embeddings: each input, embed.c) into a
+ * new job with two references.
  * JLM_EINVAL (empty prompt, context exceeded, template error) with the
  * message for a 400; JLM_ENOMEM. req is moved into the job on success. */
 int  jlm_srv_job_create(srv_model *m, jlm_srv_req *req, srv_job **out, jlm_err *err);
