@@ -2576,3 +2576,73 @@ Test(serve_apis, the_openai_npm_client_gets_the_embeddings_of_jlm_run, .timeout 
     free(w0); free(w1); free(out);
     srv_free(&s);
 }
+
+/* An oracle for jlm_engine_embed that does not go through it: the logits
+ * after a prefix are W h (W the GGUF's output matrix, dequantized by the
+ * converter's ggml reference; h the final hidden state after the output
+ * norm), so the last-pooled embedding e of that prefix must satisfy
+ * logits = c * W e with c = |h| > 0 for every vocab row; and the mean-pooled
+ * embedding of the whole prompt is the normalised sum of c_t e_t over its
+ * prefixes t. On stories260K, whose logits match llama.cpp's oracle. */
+#include "converter/gguf.h"
+
+Test(serve_apis, embeddings_are_the_final_hidden_states_the_logits_come_from, .timeout = 120)
+{
+    char *dir = tu_tmpdir();
+    char *path = convert_to("stories260K.gguf", dir, "stories.jlm");
+    jlm_err err = {0};
+    jlm_gguf *g = NULL;
+    cr_assert_eq(jlm_gguf_open(tu_model("stories260K.gguf"), &g, &err), 0, "%s", err.msg);
+    const jlm_gguf_tensor *t = jlm_gguf_find_tensor(g, "output.weight");
+    if (!t) t = jlm_gguf_find_tensor(g, "token_embd.weight");   /* tied */
+    cr_assert(t);
+    uint64_t E = t->ne[0], V = t->ne[1];
+    void *raw = malloc(t->n_bytes);
+    float *W = malloc(E * V * sizeof *W);
+    cr_assert_eq(jlm_gguf_read(g, t, 0, raw, t->n_bytes, &err), 0, "%s", err.msg);
+    for (uint64_t r = 0; r < V; r++)
+        cr_assert_eq(jlm_ggml_dequant_row(t->type, (const uint8_t *)raw + r * (t->n_bytes / V), W + r * E, E, &err), 0);
+    jlm_engine_opts o = {.n_threads = 1, .quiet = 1};
+    jlm_engine *e = NULL;
+    cr_assert_eq(jlm_engine_open(path, &o, &e, &err), 0, "%s", err.msg);
+    cr_assert_eq(jlm_engine_n_embd(e), E);
+    cr_assert_eq(jlm_engine_n_vocab(e), V);
+    const int32_t toks[] = {1, 403, 407, 261, 378, 117, 287};   /* BOS and some ids below its 512 */
+    const uint32_t n = sizeof toks / sizeof toks[0];
+    float *logits = malloc(V * sizeof *logits), *emb = malloc(E * sizeof *emb), *mean = malloc(E * sizeof *mean);
+    double *sum = calloc(E, sizeof *sum);
+    for (uint32_t p = 1; p <= n; p++) {
+        jlm_engine_rewind(e, 0);
+        cr_assert_eq(jlm_engine_eval(e, toks, p, logits, &err), 0, "%s", err.msg);
+        jlm_engine_rewind(e, 0);
+        cr_assert_eq(jlm_engine_embed(e, NULL, toks, p, 1, emb, &err), 0, "%s", err.msg);
+        /* c by least squares over the vocab, then every row within 1e-4 of the largest logit */
+        double zz = 0, zl = 0, big = 0;
+        float *z = malloc(V * sizeof *z);
+        for (uint64_t r = 0; r < V; r++) {
+            double d = 0;
+            for (uint64_t k = 0; k < E; k++) d += (double)W[r * E + k] * emb[k];
+            z[r] = (float)d;
+            zz += d * d; zl += d * logits[r];
+            if (fabs(logits[r]) > big) big = fabs(logits[r]);
+        }
+        double c = zl / zz, worst = 0;
+        for (uint64_t r = 0; r < V; r++)
+            if (fabs(logits[r] - c * z[r]) > worst) worst = fabs(logits[r] - c * z[r]);
+        cr_assert(c > 0 && worst <= 1e-4 * big, "prefix %u: logits = %g * W e off by %g (largest logit %g)", p, c, worst, big);
+        for (uint64_t k = 0; k < E; k++) sum[k] += c * emb[k];
+        free(z);
+    }
+    jlm_engine_rewind(e, 0);
+    cr_assert_eq(jlm_engine_embed(e, NULL, toks, n, 0, mean, &err), 0, "%s", err.msg);
+    double norm = 0;
+    for (uint64_t k = 0; k < E; k++) norm += sum[k] * sum[k];
+    for (uint64_t k = 0; k < E; k++)
+        cr_assert(fabs(sum[k] / sqrt(norm) - mean[k]) <= 1e-5, "mean[%llu]: %g vs the prefixes' %g",
+                  (unsigned long long)k, (double)mean[k], sum[k] / sqrt(norm));
+    jlm_engine_close(e);
+    jlm_gguf_close(g);
+    free(raw); free(W); free(logits); free(emb); free(mean); free(sum); free(path);
+    tu_rmrf(dir);
+    free(dir);
+}
