@@ -1990,6 +1990,18 @@ Test(engine_batch, a_latent_attention_cache_is_never_saved_as_a_prefix, .timeout
  * `jlm run` / `jlm chat`, then their official npm clients. */
 #include "serve/dialect.h"
 
+/* `jlm chat`'s first greedy reply of n tokens to "Hello there", without its
+ * newline (what every chat API below must answer). */
+static char *chat_reply(const srv *s, int n)
+{
+    char cmd[2048], *ref = NULL;
+    snprintf(cmd, sizeof cmd, "(printf 'Hello there\\n' | %s chat %s -n %d --temp 0 -t 1 2>/dev/null)", tu_jlm(),
+             s->model, n);
+    cr_assert_eq(tu_run(cmd, &ref), 0, "%s", ref);
+    ref[strcspn(ref, "\n")] = 0;
+    return ref;
+}
+
 static void parse_case(jlm_srv_api api, const char *body, int want_rc, const char *want_msg)
 {
     jlm_srv_req r;
@@ -2263,10 +2275,7 @@ Test(serve_apis, anthropic_messages_equal_jlm_chat_streamed_or_not, .timeout = 1
 {
     srv s = {0};
     srv_start(&s, NULL);
-    char cmd[2048], *ref = NULL, *r = NULL;
-    snprintf(cmd, sizeof cmd, "(printf 'Hello there\\n' | %s chat %s -n 12 --temp 0 -t 1 2>/dev/null)", tu_jlm(), s.model);
-    cr_assert_eq(tu_run(cmd, &ref), 0, "%s", ref);
-    ref[strcspn(ref, "\n")] = 0;
+    char *ref = chat_reply(&s, 12), *r = NULL;
     const char *body = "{\"model\": \"stories\", \"max_tokens\": 12, \"temperature\": 0, \"messages\": [{\"role\": "
                        "\"user\", \"content\": [{\"type\": \"text\", \"text\": \"Hello there\"}]}]}";
     cr_assert_eq(http(&s, "POST", "/v1/messages", body, "-H 'anthropic-version: 2023-06-01'", &r), 200, "%s", r);
@@ -2373,10 +2382,7 @@ Test(serve_apis, ollama_chat_and_generate_equal_jlm_chat_and_jlm_run, .timeout =
 {
     srv s = {0};
     srv_start(&s, NULL);
-    char cmd[2048], *cref = NULL, *r = NULL, *ref = jlm_run(&s, "Once upon a time", 10);
-    snprintf(cmd, sizeof cmd, "(printf 'Hello there\\n' | %s chat %s -n 10 --temp 0 -t 1 2>/dev/null)", tu_jlm(), s.model);
-    cr_assert_eq(tu_run(cmd, &cref), 0, "%s", cref);
-    cref[strcspn(cref, "\n")] = 0;
+    char *cref = chat_reply(&s, 10), *r = NULL, *ref = jlm_run(&s, "Once upon a time", 10);
     const char *opts = "\"options\": {\"temperature\": 0, \"num_predict\": 10, \"num_ctx\": 4096, \"num_thread\": 1}";
     char body[1024];
     snprintf(body, sizeof body, "{\"model\": \"stories:latest\", \"messages\": [{\"role\": \"user\", \"content\": "
@@ -2485,30 +2491,32 @@ Test(serve_apis, jlm_run_embeddings_refuses_what_does_not_go_with_it, .timeout =
 
 /* ---------------------------------------------------------------- the official clients */
 
-static int node_has(const char *pkg)
+/* Skips the test without node or the npm package pkg; else starts a server
+ * (args) and runs `node tests/SCRIPT NODE_MODULES http://127.0.0.1:PORT/PATH
+ * ARGS`, whose one line of JSON it returns (*text: that line, to print). */
+static json_t *node_client(srv *s, const char *pkg, const char *const *args, const char *script, const char *path,
+                           const char *cargs, char **text)
 {
-    char probe[1200], *o = NULL;
-    snprintf(probe, sizeof probe, "command -v node >/dev/null && test -f %s/%s/package.json", node_modules(), pkg);
-    int ok = tu_run(probe, &o) == 0;
+    char cmd[4096], *o = NULL;
+    snprintf(cmd, sizeof cmd, "command -v node >/dev/null && test -f %s/%s/package.json", node_modules(), pkg);
+    int ok = tu_run(cmd, &o) == 0;
     free(o);
-    return ok;
+    if (!ok)
+        cr_skip_test("node or the npm package %s (%s) is absent: scripts/deps.sh installs them", pkg, node_modules());
+    srv_start(s, args);
+    snprintf(cmd, sizeof cmd, "node %s/tests/%s %s http://127.0.0.1:%d%s %s 2>&1", tu_root(), script, node_modules(),
+             s->port, path, cargs);
+    cr_assert_eq(tu_run(cmd, text), 0, "the client ran: %s", *text);
+    return parse(*text);
 }
 
 Test(serve_apis, the_anthropic_npm_client_gets_what_jlm_chat_gives, .timeout = 120)
 {
-    if (!node_has("@anthropic-ai/sdk"))
-        cr_skip_test("node or @anthropic-ai/sdk (%s) is absent: scripts/deps.sh installs them", node_modules());
     srv s = {0};
     const char *args[] = {"--api-key", "test-key", NULL};
-    srv_start(&s, args);
-    char cmd[4096], *out = NULL, *cref = NULL;
-    snprintf(cmd, sizeof cmd, "(printf 'Hello there\\n' | %s chat %s -n 12 --temp 0 -t 1 2>/dev/null)", tu_jlm(), s.model);
-    cr_assert_eq(tu_run(cmd, &cref), 0, "%s", cref);
-    cref[strcspn(cref, "\n")] = 0;
-    snprintf(cmd, sizeof cmd, "node %s/tests/serve_anthropic.mjs %s http://127.0.0.1:%d stories 12 2>&1", tu_root(),
-             node_modules(), s.port);
-    cr_assert_eq(tu_run(cmd, &out), 0, "the client ran: %s", out);
-    json_t *j = parse(out);
+    char *out = NULL;
+    json_t *j = node_client(&s, "@anthropic-ai/sdk", args, "serve_anthropic.mjs", "", "stories 12", &out);
+    char *cref = chat_reply(&s, 12);
     cr_assert_str_eq(json_string_value(json_object_get(j, "message")), cref, "%s", out);
     cr_assert_str_eq(json_string_value(json_object_get(j, "stream")), cref, "%s", out);
     cr_assert_str_eq(json_string_value(json_object_get(j, "stop_reason")), "max_tokens", "%s", out);
@@ -2525,18 +2533,10 @@ Test(serve_apis, the_anthropic_npm_client_gets_what_jlm_chat_gives, .timeout = 1
 
 Test(serve_apis, the_ollama_npm_client_gets_what_jlm_run_gives, .timeout = 120)
 {
-    if (!node_has("ollama"))
-        cr_skip_test("node or the ollama npm package (%s) is absent: scripts/deps.sh installs them", node_modules());
     srv s = {0};
-    srv_start(&s, NULL);
-    char cmd[4096], *out = NULL, *cref = NULL, *ref = jlm_run(&s, "Once upon a time", 10);
-    snprintf(cmd, sizeof cmd, "(printf 'Hello there\\n' | %s chat %s -n 10 --temp 0 -t 1 2>/dev/null)", tu_jlm(), s.model);
-    cr_assert_eq(tu_run(cmd, &cref), 0, "%s", cref);
-    cref[strcspn(cref, "\n")] = 0;
-    snprintf(cmd, sizeof cmd, "node %s/tests/serve_ollama.mjs %s http://127.0.0.1:%d stories 'Once upon a time' 10 2>&1",
-             tu_root(), node_modules(), s.port);
-    cr_assert_eq(tu_run(cmd, &out), 0, "the client ran: %s", out);
-    json_t *j = parse(out);
+    char *out = NULL;
+    json_t *j = node_client(&s, "ollama", NULL, "serve_ollama.mjs", "", "stories 'Once upon a time' 10", &out);
+    char *cref = chat_reply(&s, 10), *ref = jlm_run(&s, "Once upon a time", 10);
     cr_assert_str_eq(json_string_value(json_array_get(json_object_get(j, "tags"), 0)), "stories:latest", "%s", out);
     cr_assert_str_eq(json_string_value(json_array_get(json_object_get(j, "ps"), 0)), "stories:latest", "%s", out);
     cr_assert_str_eq(json_string_value(json_object_get(j, "chat")), cref, "%s", out);
@@ -2558,17 +2558,11 @@ Test(serve_apis, the_ollama_npm_client_gets_what_jlm_run_gives, .timeout = 120)
 
 Test(serve_apis, the_openai_npm_client_gets_the_embeddings_of_jlm_run, .timeout = 120)
 {
-    if (!node_has("openai"))
-        cr_skip_test("node or the openai npm package (%s) is absent: scripts/deps.sh installs them", node_modules());
     srv s = {0};
-    srv_start(&s, NULL);
+    char *out = NULL;
+    json_t *j = node_client(&s, "openai", NULL, "serve_openai_embed.mjs", "/v1", "stories 'Once upon a time'", &out);
     size_t n0, n1;
     float *w0 = run_embedding(s.model, "Once upon a time", NULL, &n0), *w1 = run_embedding(s.model, "Hello there", NULL, &n1);
-    char cmd[4096], *out = NULL;
-    snprintf(cmd, sizeof cmd, "node %s/tests/serve_openai_embed.mjs %s http://127.0.0.1:%d/v1 stories 'Once upon a time' "
-             "2>&1", tu_root(), node_modules(), s.port);
-    cr_assert_eq(tu_run(cmd, &out), 0, "the client ran: %s", out);
-    json_t *j = parse(out);
     expect_vec(json_array_get(json_object_get(j, "b64"), 0), w0, n0, 1e-5, "client base64 0");
     expect_vec(json_array_get(json_object_get(j, "b64"), 1), w1, n1, 1e-5, "client base64 1");
     expect_vec(json_array_get(json_object_get(j, "float"), 0), w0, n0, 1e-5, "client float");
