@@ -2640,3 +2640,46 @@ Test(serve_apis, embeddings_are_the_final_hidden_states_the_logits_come_from, .t
     tu_rmrf(dir);
     free(dir);
 }
+
+/* llama.cpp's llama-embedding (b10359, recorded by scripts/embed-reference.sh
+ * into tests/reference/embeddings-MODEL.json with its command lines) on the
+ * same GGUF and prompt: jlm run --embeddings agrees to cosine >= 0.999, mean
+ * and last pooling, on the llama and gemma3 test models. */
+Test(serve_apis, jlm_run_embeddings_agree_with_llama_embedding, .timeout = 120)
+{
+    char *dir = tu_tmpdir();
+    const char *models[] = {"stories260K", "synth-gemma3-256.Q8_0"};
+    for (int mi = 0; mi < 2; mi++) {
+        char gguf[256], ref[1100], name[300];
+        snprintf(gguf, sizeof gguf, "%s.gguf", models[mi]);
+        snprintf(name, sizeof name, "%s.jlm", models[mi]);
+        snprintf(ref, sizeof ref, "%s/tests/reference/embeddings-%s.json", tu_root(), models[mi]);
+        char *model = convert_to(gguf, dir, name);
+        json_error_t je;
+        json_t *j = json_load_file(ref, 0, &je), *runs = json_object_get(j, "runs"), *run;
+        cr_assert(json_array_size(runs) == 4, "%s: %s", ref, je.text);
+        size_t i;
+        json_array_foreach(runs, i, run) {
+            const char *pool = json_string_value(json_object_get(run, "pooling"));
+            const char *prompt = json_string_value(json_object_get(run, "prompt"));
+            json_t *want = json_object_get(run, "embedding");
+            size_t n;
+            float *got = run_embedding(model, prompt, pool, &n);
+            cr_assert_eq(n, json_array_size(want), "%s %s: width %zu vs llama.cpp's %zu", models[mi], pool, n,
+                         json_array_size(want));
+            double dot = 0, ng = 0, nw = 0;
+            for (size_t k = 0; k < n; k++) {
+                double w = json_number_value(json_array_get(want, k));
+                dot += w * got[k]; ng += (double)got[k] * got[k]; nw += w * w;
+            }
+            double cos = dot / sqrt(ng * nw);
+            cr_assert(cos >= 0.999, "%s, %s pooling, '%s': cosine %.6f with llama-embedding's", models[mi], pool, prompt, cos);
+            cr_log_info("%s %s '%s': cosine %.6f", models[mi], pool, prompt, cos);
+            free(got);
+        }
+        json_decref(j);
+        free(model);
+    }
+    tu_rmrf(dir);
+    free(dir);
+}
