@@ -20,7 +20,7 @@
 #include <unistd.h>
 
 /* The option table of `jlm run` into t (room for RUN_OPTS_MAX); its length. */
-#define RUN_OPTS_MAX (15 + JLM_OPTS_ENGINE_MAX + JLM_OPTS_SAMPLER_MAX)
+#define RUN_OPTS_MAX (17 + JLM_OPTS_ENGINE_MAX + JLM_OPTS_SAMPLER_MAX)
 static int run_table(jlm_opt *t, run_opts *o, jlm_opts_gpu *gpu)
 {
     const jlm_opt head[] = {
@@ -43,6 +43,9 @@ static int run_table(jlm_opt *t, run_opts *o, jlm_opts_gpu *gpu)
         {NULL, "--image", JLM_OPT_STR, &o->image, 0, 0, 0, "FILE", "PNG/JPEG/PPM at the prompt's <image> marker, or first"},
         {NULL, "--grammar", JLM_OPT_STR, &o->grammar, 0, 0, 0, "FILE", "constrain the output to a GBNF grammar (llama.cpp's syntax)"},
         {NULL, "--json-schema", JLM_OPT_STR, &o->json_schema, 0, 0, 0, "FILE", "constrain the output to JSON valid against a JSON Schema"},
+        {NULL, "--embeddings", JLM_OPT_FLAG, &o->embeddings, 0, 0, 0, NULL,
+         "print the prompt's embedding (pooled final hidden states, L2-normalised) as a JSON array"},
+        {NULL, "--pooling", JLM_OPT_STR, &o->pooling, 0, 0, 0, "mean|last", "--embeddings: how tokens pool (default mean)"},
     };
     int nt = jlm_opts_cat(t, 0, head, (int)(sizeof head / sizeof head[0]));
     nt += jlm_opts_engine_rows(t + nt, JLM_ROWS_CTX | JLM_ROWS_THREADS, &o->eng, NULL);
@@ -71,6 +74,13 @@ static int check_args(run_opts *o, int n_pos, const char *pos0)
         return jlm_cli_error("jlm run", "--grammar and --json-schema exclude each other; use one"), 2;
     if (o->image && o->ids)
         return jlm_cli_error("jlm run", "--image goes with a text prompt; --ids gives tokens: use one"), 2;
+    if (o->pooling && !o->embeddings)
+        return jlm_cli_error("jlm run", "--pooling goes with --embeddings"), 2;
+    if (o->pooling && strcmp(o->pooling, "mean") && strcmp(o->pooling, "last"))
+        return jlm_cli_errorf("jlm run", "--pooling '%s': expected mean or last", o->pooling), 2;
+    if (o->embeddings && (o->image || o->grammar || o->json_schema || o->logits_file || o->json || o->print_ids))
+        return jlm_cli_error("jlm run", "--embeddings prints only the vector: it goes without --image, --grammar, "
+                                        "--json-schema, --logits, --json and --print-ids"), 2;
     if (!o->model)
         return jlm_cli_error("jlm run", "no model: give MODEL or -m FILE (see --help)"), 2;
     if (!o->prompt && !o->prompt_file && !o->ids && !o->image)
@@ -245,6 +255,30 @@ static int prefill(run *r)
     return 0;
 }
 
+/* --embeddings: the prompt's pooled, normalised final hidden states as one
+ * JSON array on stdout (%.9g each: a float read back is the same float).
+ * 0, or 1 after a line. */
+static int print_embedding(run *r)
+{
+    jlm_err err = {0};
+    uint32_t E = jlm_engine_n_embd(r->s->e);
+    float *v = malloc((size_t)E * sizeof *v);
+    if (!v)
+        return jlm_cli_error("jlm run", "out of memory"), 1;
+    int last = r->o.pooling && !strcmp(r->o.pooling, "last");
+    if (r->np > UINT32_MAX || jlm_engine_embed(r->s->e, NULL, r->prompt, (uint32_t)r->np, last, v, &err)) {
+        free(v);
+        return jlm_cli_error("jlm run", err.msg[0] ? err.msg : "the prompt is too long"), 1;
+    }
+    fputc('[', stdout);
+    for (uint32_t i = 0; i < E; i++)
+        printf("%s%.9g", i ? ", " : "", (double)v[i]);
+    fputs("]\n", stdout);
+    free(v);
+    jlm_session_flush(r->s);
+    return jlm_cli_stdout_check("jlm run") ? 1 : 0;
+}
+
 /* 1 when descriptors a and b are the same file (2>&1). */
 static int same_file(int a, int b)
 {
@@ -320,13 +354,15 @@ int jlm_cmd_run(int argc, char **argv)
     int status = r.o.logits_file ? jlm_cli_out_check("jlm run", "--logits", r.o.logits_file, r.inputs, 3, "model") : 0;
     if (!status && r.o.trace_file)
         status = jlm_cli_out_check("jlm run", "--trace-routing", r.o.trace_file, r.inputs, 3, "model");
-    if (!status)
+    if (!status && r.o.embeddings)
+        status = run_open(&r) || prompt_ids(&r) || print_embedding(&r) ? 1 : 0;
+    else if (!status)
         status = run_open(&r) ? 1 : r.o.trace_file ? trace_start(&r) : 0;
-    if (!status)
+    if (!status && !r.o.embeddings)
         status = prompt_ids(&r) || prefill(&r) ? 1 : 0;
     if (!status && r.o.logits_file)
         status = write_logits(&r);
-    if (!status) {   /* the ids, --json and --stats even after a failed step (what was generated) */
+    if (!status && !r.o.embeddings) {   /* the ids, --json and --stats even after a failed step (what was generated) */
         status = generate(&r);
         int prc = jlm_cli_run_print(&r);
         status = status ? status : prc;

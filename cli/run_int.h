@@ -14,9 +14,9 @@
 #include "text/grammar/grammar.h"
 
 typedef struct run_opts {
-    const char *model, *prompt, *prompt_file, *logits_file, *ids, *image, *system, *grammar, *json_schema;
+    const char *model, *prompt, *prompt_file, *logits_file, *ids, *image, *system, *grammar, *json_schema, *pooling;
     const char *trace_file;   /* --trace-routing */
-    int n_predict, stats, print_ids, json, chat;
+    int n_predict, stats, print_ids, json, chat, embeddings;
     jlm_engine_opts eng;
     jlm_samp_params samp;
 } run_opts;

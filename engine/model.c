@@ -172,6 +172,62 @@ int jlm_engine_eval(jlm_engine *e, const int32_t *tokens, uint32_t n, float *log
     return eval_one(e, e->kc, e->vc, &e->n_past, &e->kv_have, 1, tokens, n, logits, err);
 }
 
+/* ================================================================ embeddings */
+/* tokens[0, n) of one sequence (cache kc/vc from *n_past), nb at a time as
+ * eval_one, each row's final hidden state (after the output norm) added
+ * into acc (double, n_embd) or, pool_last, the last row's kept. */
+static int embed_one(jlm_engine *e, void *kc, void *vc, uint32_t *n_past, const int32_t *tokens, uint32_t n,
+                     int pool_last, double *acc, jlm_err *err)
+{
+    const jlm_config *c = e->c;
+    int rc = check_ids(e, tokens, n, err);
+    if (rc)
+        return rc;
+    if ((uint64_t)*n_past + n > e->n_ctx)
+        return jlm_errf(err, JLM_ERANGE, "context full: %u + %u tokens exceed %u positions (-c)", *n_past, n, e->n_ctx);
+    const float *norm = vec_dense(e, W(e, -1, JLM_R_OUTPUT_NORM));
+    for (uint32_t i = 0; i < n; i += e->nb) {
+        uint32_t b = n - i < e->nb ? n - i : e->nb;
+        bind_rows(e, kc, vc, *n_past, b);
+        if ((rc = forward(e, tokens + i, b, NULL, 0, err)))
+            return rc;
+        *n_past += b;
+        for (uint32_t r = pool_last ? b - 1 : 0; r < b; r++) {
+            float *h = e->h + (uint64_t)r * c->n_embd;
+            jlm_k_rmsnorm(h, e->x + (uint64_t)r * c->n_embd, norm, c->n_embd, c->rms_eps);
+            for (uint32_t k = 0; k < c->n_embd; k++)
+                acc[k] = pool_last ? (double)h[k] : acc[k] + (double)h[k];
+        }
+    }
+    return JLM_OK;
+}
+
+int jlm_engine_embed(jlm_engine *e, jlm_engine_seq *s, const int32_t *tokens, uint32_t n, int pool_last, float *out,
+                     jlm_err *err)
+{
+    uint32_t E = e->c->n_embd;
+    if (n == 0)
+        return jlm_errf(err, JLM_EINVAL, "no tokens to embed");
+    double *acc = calloc(E, sizeof *acc);
+    if (!acc)
+        return jlm_errf(err, JLM_ENOMEM, "out of memory");
+    int rc = s ? embed_one(e, s->kc, s->vc, &s->n_past, tokens, n, pool_last, acc, err)
+               : embed_one(e, e->kc, e->vc, &e->n_past, tokens, n, pool_last, acc, err);
+    double norm = 0;
+    for (uint32_t k = 0; !rc && k < E; k++) {
+        if (!pool_last)
+            acc[k] /= n;
+        norm += acc[k] * acc[k];
+    }
+    norm = norm > 0 ? 1.0 / sqrt(norm) : 0.0;
+    for (uint32_t k = 0; !rc && k < E; k++)
+        out[k] = (float)(acc[k] * norm);
+    free(acc);
+    return rc;
+}
+
+uint32_t jlm_engine_n_embd(const jlm_engine *e) { return e->c->n_embd; }
+
 /* ================================================================ sequences */
 int jlm_engine_seq_create(jlm_engine *e, jlm_engine_seq **out, jlm_err *err)
 {

@@ -200,6 +200,17 @@ void jlm_engine_kv_save(const jlm_engine *e, const jlm_engine_seq *s, uint32_t n
 /* buf saved with n positions; k <= n and k <= n_ctx. Cannot fail. */
 void jlm_engine_kv_load(const jlm_engine *e, jlm_engine_seq *s, const void *buf, uint32_t n, uint32_t k);
 
+/* Embeddings (`jlm run --embeddings`, serve's /v1/embeddings): evaluates
+ * tokens[0, n) at the end of s's cache (NULL: the engine's own) and writes
+ * to out (jlm_engine_n_embd floats) their final hidden states, after the
+ * output norm, pooled (the mean over the n tokens, or with pool_last the
+ * last token's) and L2-normalised (an all-zero vector stays zero). The
+ * cache advances by n as with jlm_engine_eval. JLM_EINVAL (n 0), else the
+ * errors of jlm_engine_eval. */
+int  jlm_engine_embed(jlm_engine *e, jlm_engine_seq *s, const int32_t *tokens, uint32_t n, int pool_last, float *out,
+                      jlm_err *err);
+uint32_t jlm_engine_n_embd(const jlm_engine *e);
+
 const jlm_model *jlm_engine_model(const jlm_engine *e);
 uint32_t jlm_engine_n_past(const jlm_engine *e);
 uint32_t jlm_engine_n_ctx(const jlm_engine *e);

@@ -44,3 +44,19 @@ if command -v npm >/dev/null &&
       $SUDO npm install --silent --no-audit --no-fund --prefix "$NODE_DIR" "openai@$OPENAI_VERSION" >&2; } ||
         echo "deps: npm install openai failed: the OpenAI client test will skip" >&2
 fi
+
+# The `@anthropic-ai/sdk` and `ollama` npm packages for tests/test_serve.c (serve_apis)
+# (serve's /v1/messages and /api/... through their official clients), beside
+# openai in the same folder; pinned versions that run on node 18/20. Without
+# them that suite's client tests skip with one line.
+ANTHROPIC_VERSION=0.71.0
+OLLAMA_JS_VERSION=0.6.4
+if command -v npm >/dev/null &&
+   { ! grep -qs "\"version\": \"$ANTHROPIC_VERSION\"" "$NODE_DIR/node_modules/@anthropic-ai/sdk/package.json" ||
+     ! grep -qs "\"version\": \"$OLLAMA_JS_VERSION\"" "$NODE_DIR/node_modules/ollama/package.json"; }; then
+    echo "deps: installing @anthropic-ai/sdk $ANTHROPIC_VERSION and ollama $OLLAMA_JS_VERSION into $NODE_DIR" >&2
+    { $SUDO mkdir -p "$NODE_DIR" &&
+      $SUDO npm install --silent --no-audit --no-fund --prefix "$NODE_DIR" "openai@$OPENAI_VERSION" \
+          "@anthropic-ai/sdk@$ANTHROPIC_VERSION" "ollama@$OLLAMA_JS_VERSION" >&2; } ||
+        echo "deps: npm install of the Anthropic and ollama clients failed: their tests will skip" >&2
+fi

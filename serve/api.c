@@ -287,12 +287,18 @@ int jlm_srv_req_parse(const char *body, size_t len, jlm_srv_kind kind, jlm_srv_r
         json_decref(o);
         return jlm_errf(err, JLM_EFORMAT, "request body: expected a JSON object");
     }
+    int rc = jlm_srv_req_parse_obj(o, kind, req, err);
+    json_decref(o);
+    return rc;
+}
+
+int jlm_srv_req_parse_obj(json_t *o, jlm_srv_kind kind, jlm_srv_req *req, jlm_err *err)
+{
     jlm_srv_req r = {.kind = kind, .max_tokens = -1};
     jlm_samp_params_default(&r.samp);
     int rc = parse_fields(o, kind, &r, err);
     if (!rc)
         rc = jlm_srv_constraint(o, &r.gram, err);   /* docs/grammar.md */
-    json_decref(o);
     if (rc) {
         jlm_srv_req_free(&r);
         return rc;
@@ -306,6 +312,7 @@ void jlm_srv_req_free(jlm_srv_req *req)
     free(req->model);
     free(req->prompt);
     json_decref(req->messages);
+    json_decref(req->inputs);
     jlm_gram_free(req->gram);
     jlm_tc_req_free(&req->tc);
     for (size_t i = 0; i < req->n_stop; i++)
@@ -338,6 +345,8 @@ static json_t *text_json(const char *text, size_t len)
     free(buf);
     return j;
 }
+
+json_t *jlm_srv_json_text(const char *text, size_t len) { return text_json(text, len); }
 
 static json_t *usage(const jlm_srv_result *r)
 {

@@ -33,7 +33,8 @@
 #define JLM_SRV_MAX_STOP_LEN 256    /* bytes of one stop string */
 #define JLM_SRV_MAX_TOKENS   1000000
 
-typedef enum jlm_srv_kind { JLM_SRV_COMPLETION, JLM_SRV_CHAT } jlm_srv_kind;
+/* EMBED: /v1/embeddings and ollama's /api/embed (serve/dialect.h) */
+typedef enum jlm_srv_kind { JLM_SRV_COMPLETION, JLM_SRV_CHAT, JLM_SRV_EMBED } jlm_srv_kind;
 
 typedef struct jlm_srv_req {
     jlm_srv_kind kind;
@@ -55,6 +56,10 @@ typedef struct jlm_srv_req {
     void   *cancel_arg;
     struct jlm_gram *gram;              /* grammar / json_schema / response_format compiled (serve/constrain.h); NULL: none */
     jlm_tc_req tc;                      /* chat: tools and tool_choice (serve/toolcall.h) */
+    /* EMBED (serve/dialect.h) */
+    json_t *inputs;                     /* a non-empty array of strings, or of non-empty token id arrays */
+    int     pool_last;                  /* 1: the last token's hidden state; 0: the mean */
+    int     base64;                     /* encoding_format "base64" */
 } jlm_srv_req;
 
 /* Parses body[0, len) (not NUL-terminated) for kind. JLM_EFORMAT for a body
@@ -63,6 +68,9 @@ typedef struct jlm_srv_req {
  * implement with the value given (n > 1, logprobs); the message names the
  * field. *req is written only on success. */
 int  jlm_srv_req_parse(const char *body, size_t len, jlm_srv_kind kind, jlm_srv_req *req, jlm_err *err);
+/* The same on a parsed object o (the other APIs translate theirs into the
+ * OpenAI shape, serve/dialect.h); o is not taken. */
+int  jlm_srv_req_parse_obj(json_t *o, jlm_srv_kind kind, jlm_srv_req *req, jlm_err *err);
 void jlm_srv_req_free(jlm_srv_req *req);   /* accepts a zeroed req */
 
 /* What a generation reports at its end. */
@@ -71,6 +79,7 @@ typedef struct jlm_srv_result {
     uint32_t    prompt_tokens, completion_tokens;
     uint32_t    cached_tokens;          /* prompt tokens whose KV came from the prefix cache */
     const json_t *tool_calls;           /* chat: the calls parsed from the reply (toolcall.h); NULL or []: none */
+    const char *stop_sequence;          /* the stop string that ended it (in the request); NULL: none */
 } jlm_srv_result;
 
 /* Identity shared by every object of one response. */
@@ -109,6 +118,10 @@ int     jlm_srv_json_lp_add_top(json_t *entry, const char *tok, size_t len, doub
 json_t *jlm_srv_json_logprobs(jlm_srv_kind kind, json_t *entries, size_t *offset);
 /* Sets choices[0].logprobs of a completion or chunk to lp (taken). */
 void    jlm_srv_json_set_logprobs(json_t *obj, json_t *lp);
+
+/* A JSON string of text[0, len), every invalid UTF-8 sequence replaced by
+ * U+FFFD (the rule for every text the server sends). NULL on OOM. */
+json_t *jlm_srv_json_text(const char *text, size_t len);
 
 /* "data: <compact json>\n\n", malloc'd; NULL on OOM. */
 char   *jlm_srv_sse(const json_t *j, size_t *len);

@@ -17,7 +17,7 @@
 #include <string.h>
 #include <time.h>
 
-static uint64_t now_us(void)
+uint64_t jlm_srv_now_us(void)
 {
     struct timespec t;
     clock_gettime(CLOCK_MONOTONIC, &t);
@@ -40,6 +40,17 @@ static int job_append(srv_job *j, const char *p, size_t n)
     j->len += n;
     j->out[j->len] = 0;
     return 0;
+}
+
+void jlm_srv_job_write(srv_job *j, const char *p, size_t n)
+{
+    pthread_mutex_lock(&j->mu);
+    if (job_append(j, p, n)) {
+        j->status = 500;
+        snprintf(j->errmsg, sizeof j->errmsg, "out of memory");
+    }
+    pthread_cond_broadcast(&j->cv);
+    pthread_mutex_unlock(&j->mu);
 }
 
 /* Appends one JSON object as an SSE event; takes the reference. */
@@ -73,6 +84,10 @@ static json_t *job_take_lp(srv_job *j)
  * tokens sampled since the last one), else appended. */
 static void job_emit(srv_job *j, const char *p, size_t n, int first)
 {
+    if (j->req.stream && j->dia) {
+        j->dia->piece(j, p, n);
+        return;
+    }
     if (j->req.stream) {
         json_t *c = jlm_srv_json_chunk(&j->ident, p, n, first && j->ident.kind == JLM_SRV_CHAT, NULL);
         jlm_srv_json_set_logprobs(c, job_take_lp(j));
@@ -93,7 +108,10 @@ static void job_finish(srv_job *j, int status, const char *msg)
         j->lp_final = jlm_srv_json_logprobs(j->ident.kind, j->lp_pending, &j->lp_offset);
         j->lp_pending = NULL;
     }
-    if (j->req.stream) {
+    j->t_end_us = jlm_srv_now_us();
+    if (j->req.stream && j->dia) {
+        j->dia->close(j, status, msg);
+    } else if (j->req.stream) {
         if (status == 200) {
             json_t *c = jlm_srv_json_chunk(&j->ident, "", 0, 0, &j->res);
             jlm_srv_json_set_logprobs(c, job_take_lp(j));
@@ -105,7 +123,7 @@ static void job_finish(srv_job *j, int status, const char *msg)
         }
     }
     pthread_mutex_lock(&j->mu);
-    if (j->req.stream)
+    if (j->req.stream && !j->dia)
         job_append(j, "data: [DONE]\n\n", 14);
     if (status != 200 && j->status == 200) {
         j->status = status;
@@ -131,6 +149,8 @@ void jlm_srv_job_unref(srv_job *j)
     json_decref(j->tc_calls);
     free(j->prompt);
     free(j->out);
+    free(j->emb_off);
+    free(j->emb);
     pthread_mutex_destroy(&j->mu);
     pthread_cond_destroy(&j->cv);
     free(j);
@@ -247,17 +267,19 @@ static int tc_setup(srv_model *m, jlm_srv_req *req, jlm_tc_family fam, jlm_err *
 int jlm_srv_job_create(srv_model *m, jlm_srv_req *req, srv_job **out, jlm_err *err)
 {
     int32_t *ids = NULL;
-    size_t n = 0;
+    size_t n = 0, n_emb = 0;
+    uint32_t *emb_off = NULL;
     jlm_tc_family fam = JLM_TC_NONE;
     const char *tmpl = req->kind == JLM_SRV_CHAT ? job_template(m, req, &fam) : NULL;
     int rc = req->kind == JLM_SRV_CHAT ? tc_setup(m, req, fam, err) : 0;
     if (!rc)
-        rc = req->kind == JLM_SRV_CHAT ? chat_prompt(m, req, tmpl, &ids, &n, err)
-                                       : jlm_tok_encode(m->tok, req->prompt, strlen(req->prompt), 1, 0, &ids, &n, err);
+        rc = req->kind == JLM_SRV_EMBED ? jlm_srv_embed_tokens(m, req, &ids, &n, &emb_off, &n_emb, err)
+           : req->kind == JLM_SRV_CHAT  ? chat_prompt(m, req, tmpl, &ids, &n, err)
+                                        : jlm_tok_encode(m->tok, req->prompt, strlen(req->prompt), 1, 0, &ids, &n, err);
     if (rc)
         return rc;
     uint32_t n_ctx = jlm_engine_n_ctx(m->e);
-    if (n == 0 || n >= n_ctx) {
+    if (req->kind != JLM_SRV_EMBED && (n == 0 || n >= n_ctx)) {
         free(ids);
         return n == 0 ? jlm_errf(err, JLM_EINVAL, "the prompt is empty after tokenization")
                       : jlm_errf(err, JLM_EINVAL, "the prompt is %zu tokens; the context holds %u", n, n_ctx);
@@ -265,12 +287,17 @@ int jlm_srv_job_create(srv_model *m, jlm_srv_req *req, srv_job **out, jlm_err *e
     srv_job *j = calloc(1, sizeof *j);
     if (!j) {
         free(ids);
+        free(emb_off);
         return jlm_errf(err, JLM_ENOMEM, "out of memory");
     }
+    j->emb_off = emb_off;
+    j->n_emb = n_emb;
+    j->t_start_us = jlm_srv_now_us();
     j->m = m;
     j->srv = m->srv;
     if (!(j->model_id = strdup(m->id))) {
         free(ids);
+        free(emb_off);
         free(j);
         return jlm_errf(err, JLM_ENOMEM, "out of memory");
     }
@@ -289,8 +316,8 @@ int jlm_srv_job_create(srv_model *m, jlm_srv_req *req, srv_job **out, jlm_err *e
     pthread_cond_init(&j->cv, NULL);
     make_ident(j);
     if (!j->req.seeded)
-        j->req.samp.seed = (uint64_t)time(NULL) ^ ((uint64_t)(uintptr_t)j << 16) ^ now_us();
-    j->tc_ids = j->req.samp.seed ^ now_us();
+        j->req.samp.seed = (uint64_t)time(NULL) ^ ((uint64_t)(uintptr_t)j << 16) ^ jlm_srv_now_us();
+    j->tc_ids = j->req.samp.seed ^ jlm_srv_now_us();
     pthread_mutex_lock(&m->srv->mu);
     m->srv->in_flight++;
     pthread_mutex_unlock(&m->srv->mu);
@@ -408,6 +435,10 @@ static void slot_end(srv_model *m, slot *sl, const char *fin, int status, const 
     if (hit >= 0 && status == 200 && j->tc_active && tc_finish(j, &sl->g)) hit = -1;
     if (hit < 0) { status = 500; msg = "out of memory"; }
     j->res.finish_reason = json_array_size(j->tc_calls) ? "tool_calls" : hit > 0 ? "stop" : fin;
+    for (size_t i = 0; hit > 0 && !j->res.stop_sequence && i < j->req.n_stop; i++)   /* the one at the cut */
+        if (sl->g.len - sl->g.sent >= strlen(j->req.stop[i]) &&
+            !memcmp(sl->g.text + sl->g.sent, j->req.stop[i], strlen(j->req.stop[i])))
+            j->res.stop_sequence = j->req.stop[i];
     j->res.completion_tokens = sl->n_gen;
     atomic_fetch_add(&m->n_gen_tok, sl->n_gen);
     if (atomic_load(&j->cancelled)) {
@@ -504,6 +535,12 @@ static void slot_start(srv_model *m, slot *sl, srv_job *j, float *logits, char *
         return;
     }
     int rc = sl->seq ? 0 : jlm_engine_seq_create(m->e, &sl->seq, &err);
+    if (j->req.kind == JLM_SRV_EMBED) {   /* batched as prompts are: evaluated alone as it joins */
+        if (!rc) rc = jlm_srv_embed_run(m, sl->seq, j, &err);
+        atomic_fetch_add(&m->n_prompt_tok, j->n_prompt);
+        slot_end(m, sl, "stop", rc == 0 ? 200 : rc == JLM_ENOMEM ? 503 : 500, rc ? err.msg : "");
+        return;
+    }
     if (!rc) rc = jlm_samp_create(&j->req.samp, jlm_engine_n_vocab(m->e), &sl->s, &err);
     if (!rc && j->req.gram && !m->gv) rc = jlm_gram_vocab_from_tok(m->tok, &m->gv, &err);   /* only this worker uses it */
     if (!rc && j->req.gram) rc = jlm_gram_match_new(j->req.gram, &sl->gm, &err);
@@ -520,6 +557,7 @@ static void slot_start(srv_model *m, slot *sl, srv_job *j, float *logits, char *
     if (!rc) rc = jlm_engine_eval_seq(m->e, sl->seq, j->prompt + shared, (uint32_t)j->n_prompt - shared, logits, &err);
     atomic_fetch_add(&m->n_prompt_tok, j->n_prompt);
     atomic_fetch_add(&m->n_cached_tok, shared);
+    j->t_first_us = jlm_srv_now_us();
     if (rc) {
         slot_end(m, sl, "length", rc == JLM_ENOMEM ? 503 : 500, err.msg);
         return;
@@ -590,7 +628,7 @@ static void *worker_main(void *arg)
             break;
         jlm_srv_budget_acquire(&m->srv->budget, m);
         pthread_mutex_lock(&m->pager_mu);
-        uint64_t t0 = now_us();
+        uint64_t t0 = jlm_srv_now_us();
         admit(m, slots, taken);
         for (int i = 0; i < m->parallel; i++)
             if (taken[i]) {
@@ -600,7 +638,7 @@ static void *worker_main(void *arg)
         step(m, slots, logits, piece, piece_cap);
         int active = 0;
         for (int i = 0; i < m->parallel; i++) active += slots[i].j != NULL;
-        atomic_fetch_add(&m->busy_us, now_us() - t0);
+        atomic_fetch_add(&m->busy_us, jlm_srv_now_us() - t0);
         pthread_mutex_lock(&m->mu);
         m->running = active;
         jlm_pager_stats(jlm_engine_pager(m->e), &m->pc);   /* the pager is used under pager_mu only */

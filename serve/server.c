@@ -2,7 +2,7 @@
  * body limit, API key, JSON and SSE responses, metrics, drain. HTTP itself is
  * libmicrohttpd's, one thread per connection, so a handler may block on its
  * job (non-streamed) and a stream reader may wait for the next token. */
-#include "serve/srv_int.h"
+#include "serve/http_int.h"
 
 #include "residency/residency.h"
 
@@ -165,7 +165,7 @@ static enum MHD_Result send_text(struct MHD_Connection *c, unsigned status, char
 }
 
 /* Sends j (taking the reference) as application/json. */
-static enum MHD_Result send_json(struct MHD_Connection *c, unsigned status, json_t *j)
+enum MHD_Result jlm_srv_send_json(struct MHD_Connection *c, unsigned status, json_t *j)
 {
     char *s = j ? json_dumps(j, JSON_COMPACT) : NULL;
     json_decref(j);
@@ -181,10 +181,16 @@ static enum MHD_Result send_json(struct MHD_Connection *c, unsigned status, json
     return send_text(c, status, b, n + 1, "application/json");
 }
 
-static enum MHD_Result send_error(jlm_srv *s, struct MHD_Connection *c, unsigned status, const char *msg)
+enum MHD_Result jlm_srv_send_error(jlm_srv *s, struct MHD_Connection *c, const srv_dialect *dia, unsigned status,
+                                   const char *msg)
 {
     atomic_fetch_add(&s->n_errors, 1);
-    return send_json(c, status, jlm_srv_json_error((int)status, msg));
+    return jlm_srv_send_json(c, status, dia ? dia->error((int)status, msg) : jlm_srv_json_error((int)status, msg));
+}
+
+static enum MHD_Result send_error(jlm_srv *s, struct MHD_Connection *c, unsigned status, const char *msg)
+{
+    return jlm_srv_send_error(s, c, NULL, status, msg);
 }
 
 /* ---------------------------------------------------------------- models and auth */
@@ -192,7 +198,7 @@ static enum MHD_Result send_error(jlm_srv *s, struct MHD_Connection *c, unsigned
 /* The model a request names, referenced: an id not in the table, or one not
  * ready, or one whose file changed, asks the --models scanner to look once
  * more (a view dropped in, finished or replaced just now). */
-static srv_model *find_model(jlm_srv *s, const char *id)
+srv_model *jlm_srv_find_model(jlm_srv *s, const char *id)
 {
     srv_model *m = jlm_srv_model_find(s, id);
     if ((!m || m->status || jlm_srv_model_stale(m)) && s->models_dir) {
@@ -225,12 +231,13 @@ static json_t *models_json(jlm_srv *s)
 }
 
 /* 503 with Retry-After for a model that is not ready (a converting view). */
-static enum MHD_Result send_not_ready(jlm_srv *s, struct MHD_Connection *c, const srv_model *m)
+static enum MHD_Result send_not_ready(jlm_srv *s, struct MHD_Connection *c, const srv_model *m,
+                                      const srv_dialect *dia)
 {
     char msg[512];
     snprintf(msg, sizeof msg, "model '%s' is not ready: %s", m->id, m->status);
     atomic_fetch_add(&s->n_errors, 1);
-    json_t *j = jlm_srv_json_error(503, msg);
+    json_t *j = dia ? dia->error(503, msg) : jlm_srv_json_error(503, msg);
     char *b = j ? json_dumps(j, JSON_COMPACT) : NULL;
     json_decref(j);
     if (!b)
@@ -249,11 +256,15 @@ static enum MHD_Result send_not_ready(jlm_srv *s, struct MHD_Connection *c, cons
     return ok;
 }
 
-/* "Authorization: Bearer KEY", compared in constant time. */
+/* "Authorization: Bearer KEY" (or Anthropic's "x-api-key: KEY"), compared
+ * in constant time. */
 static int authorized(const jlm_srv *s, struct MHD_Connection *c)
 {
     if (!s->api_key)
         return 1;
+    const char *x = MHD_lookup_connection_value(c, MHD_HEADER_KIND, "x-api-key");
+    if (x)
+        return jlm_srv_key_equal(x, strlen(x), s->api_key, strlen(s->api_key));
     const char *h = MHD_lookup_connection_value(c, MHD_HEADER_KIND, MHD_HTTP_HEADER_AUTHORIZATION);
     if (!h || strncmp(h, "Bearer ", 7))
         return 0;
@@ -273,8 +284,9 @@ static ssize_t stream_read(void *cls, uint64_t pos, char *buf, size_t max)
         t.tv_sec += PING_S;
         if (pthread_cond_timedwait(&j->cv, &j->mu, &t) == ETIMEDOUT && j->sent == j->len && !j->done) {
             pthread_mutex_unlock(&j->mu);
-            static const char ping[] = ": ping\n\n";   /* an SSE comment: finds a client that left */
-            size_t n = sizeof ping - 1 < max ? sizeof ping - 1 : max;
+            /* an SSE comment (or the dialect's): finds a client that left */
+            const char *ping = j->dia ? j->dia->ping : ": ping\n\n";
+            size_t n = strlen(ping) < max ? strlen(ping) : max;
             memcpy(buf, ping, n);
             return (ssize_t)n;
         }
@@ -306,7 +318,7 @@ static enum MHD_Result send_stream(struct MHD_Connection *c, srv_job *j)
         stream_free(j);
         return MHD_NO;
     }
-    MHD_add_response_header(r, MHD_HTTP_HEADER_CONTENT_TYPE, "text/event-stream");
+    MHD_add_response_header(r, MHD_HTTP_HEADER_CONTENT_TYPE, j->dia ? j->dia->stream_type : "text/event-stream");
     MHD_add_response_header(r, MHD_HTTP_HEADER_CACHE_CONTROL, "no-cache");
     enum MHD_Result ok = MHD_queue_response(c, MHD_HTTP_OK, r);
     MHD_destroy_response(r);
@@ -320,11 +332,13 @@ static enum MHD_Result send_whole(jlm_srv *s, struct MHD_Connection *c, srv_job 
     while (!j->done)
         pthread_cond_wait(&j->cv, &j->mu);
     pthread_mutex_unlock(&j->mu);
-    json_t *done = j->status == 200 ? jlm_srv_json_completion(&j->ident, j->out ? j->out : "", j->len, &j->res) : NULL;
+    json_t *done = j->status != 200 ? NULL
+                 : j->dia           ? j->dia->whole(j)
+                                    : jlm_srv_json_completion(&j->ident, j->out ? j->out : "", j->len, &j->res);
     if (done && j->lp_final)
         jlm_srv_json_set_logprobs(done, json_incref(j->lp_final));
-    enum MHD_Result ok = j->status == 200 ? send_json(c, MHD_HTTP_OK, done)
-                                          : send_error(s, c, (unsigned)j->status, j->errmsg);
+    enum MHD_Result ok = j->status == 200 ? jlm_srv_send_json(c, MHD_HTTP_OK, done)
+                                          : jlm_srv_send_error(s, c, j->dia, (unsigned)j->status, j->errmsg);
     jlm_srv_job_unref(j);
     return ok;
 }
@@ -360,42 +374,57 @@ static enum MHD_Result generate(jlm_srv *s, struct MHD_Connection *c, jlm_srv_ki
     int rc = jlm_srv_req_parse(cx->body ? cx->body : "", cx->len, kind, &req, &err);
     if (rc)
         return send_error(s, c, status_of(rc), err.msg);
+    return jlm_srv_submit(s, c, &req, NULL);
+}
+
+enum MHD_Result jlm_srv_submit(jlm_srv *s, struct MHD_Connection *c, jlm_srv_req *rq, const srv_dialect *dia)
+{
+    jlm_err err = {0};
+    jlm_srv_req req = *rq;
+    memset(rq, 0, sizeof *rq);
+    if (atomic_load(&s->draining)) {
+        jlm_srv_req_free(&req);
+        return jlm_srv_send_error(s, c, dia, 503, "the server is shutting down");
+    }
     const union MHD_ConnectionInfo *ci = MHD_get_connection_info(c, MHD_CONNECTION_INFO_CONNECTION_FD);
     render_watch watch = {s, ci ? ci->connect_fd : -1};
     req.cancelled = render_cancelled;
     req.cancel_arg = &watch;
-    srv_model *m = req.model ? find_model(s, req.model) : jlm_srv_model_only(s);
+    srv_model *m = req.model ? jlm_srv_find_model(s, req.model) : jlm_srv_model_only(s);
     if (!m) {
         char msg[600];
         snprintf(msg, sizeof msg, req.model ? "model '%.500s' does not exist (GET /v1/models lists the ids)"
                                             : "'model' is required: this server has several models", req.model);
         unsigned status = req.model ? 404 : 400;
         jlm_srv_req_free(&req);
-        return send_error(s, c, status, msg);
+        return jlm_srv_send_error(s, c, dia, status, msg);
     }
     if (m->status) {
         jlm_srv_req_free(&req);
-        enum MHD_Result ok = send_not_ready(s, c, m);
+        enum MHD_Result ok = send_not_ready(s, c, m, dia);
         jlm_srv_model_unref(m);
         return ok;
     }
     srv_job *j;
-    rc = jlm_srv_job_create(m, &req, &j, &err);
+    int rc = jlm_srv_job_create(m, &req, &j, &err);
     if (rc) {
         jlm_srv_req_free(&req);
         jlm_srv_model_unref(m);
         if (atomic_load(&s->draining))
-            return send_error(s, c, 503, "the server is shutting down");
-        return send_error(s, c, status_of(rc), err.msg);
+            return jlm_srv_send_error(s, c, dia, 503, "the server is shutting down");
+        return jlm_srv_send_error(s, c, dia, status_of(rc), err.msg);
     }
     j->req.cancelled = NULL;   /* watch lives on this stack; the template is rendered */
+    j->dia = dia;
+    if (dia && j->req.stream && dia->open)
+        dia->open(j);
     if (jlm_srv_job_submit(j)) {
         jlm_srv_job_unref(j);
         jlm_srv_job_unref(j);
         char msg[256];
         snprintf(msg, sizeof msg, "model '%s' is busy: its queue of %zu requests is full", m->id, m->q_cap);
         jlm_srv_model_unref(m);
-        return send_error(s, c, 503, msg);
+        return jlm_srv_send_error(s, c, dia, 503, msg);
     }
     jlm_srv_model_unref(m);   /* the job's worker side keeps m until it answers (srv_int.h) */
     return j->req.stream ? send_stream(c, j) : send_whole(s, c, j);
@@ -508,7 +537,7 @@ static enum MHD_Result send_residency(jlm_srv *s, struct MHD_Connection *c, srv_
             (json_int_t)x->hits, "reads", (json_int_t)x->reads, "bytes_read", (json_int_t)x->bytes_read,
             "resident_pages", (json_int_t)x->resident_pages));
     }
-    return send_json(c, 200, json_pack("{s:s, s:s, s:I, s:I, s:I, s:o}", "model", m->id, "source", "engine", "budget",
+    return jlm_srv_send_json(c, 200, json_pack("{s:s, s:s, s:I, s:I, s:I, s:o}", "model", m->id, "source", "engine", "budget",
                                        (json_int_t)pc.budget, "resident_bytes", (json_int_t)pc.resident_bytes,
                                        "peak_bytes", (json_int_t)pc.peak_bytes, "arrays", arrays));
 }
@@ -520,7 +549,7 @@ static enum MHD_Result route(jlm_srv *s, struct MHD_Connection *c, const char *u
 {
     int get = !strcmp(method, "GET"), post = !strcmp(method, "POST");
     if (!strcmp(url, "/health"))
-        return get ? send_json(c, atomic_load(&s->draining) ? 503 : 200,
+        return get ? jlm_srv_send_json(c, atomic_load(&s->draining) ? 503 : 200,
                                json_pack("{s:s}", "status", atomic_load(&s->draining) ? "draining" : "ok"))
                    : send_error(s, c, 405, "GET only");
     if (!authorized(s, c))
@@ -529,7 +558,7 @@ static enum MHD_Result route(jlm_srv *s, struct MHD_Connection *c, const char *u
         if (!get)
             return send_error(s, c, 405, "GET only");
         jlm_srv_scan_now(s, SCAN_WAIT_MS);   /* --models: list what the folder holds now */
-        return send_json(c, 200, models_json(s));
+        return jlm_srv_send_json(c, 200, models_json(s));
     }
     size_t ul = strlen(url);
     if (!strncmp(url, "/v1/models/", 11) && ul > 21 && !strcmp(url + ul - 10, "/residency")) {
@@ -537,9 +566,9 @@ static enum MHD_Result route(jlm_srv *s, struct MHD_Connection *c, const char *u
         snprintf(id, sizeof id, "%.*s", (int)(ul - 21 < 255 ? ul - 21 : 255), url + 11);
         if (!get)
             return send_error(s, c, 405, "GET only");
-        srv_model *m = find_model(s, id);
+        srv_model *m = jlm_srv_find_model(s, id);
         enum MHD_Result ok = !m        ? send_error(s, c, 404, "no such model (GET /v1/models lists the ids)")
-                           : m->status ? send_not_ready(s, c, m)
+                           : m->status ? send_not_ready(s, c, m, NULL)
                                        : send_residency(s, c, m);
         jlm_srv_model_unref(m);
         return ok;
@@ -547,14 +576,20 @@ static enum MHD_Result route(jlm_srv *s, struct MHD_Connection *c, const char *u
     if (!strncmp(url, "/v1/models/", 11)) {
         if (!get)
             return send_error(s, c, 405, "GET only");
-        srv_model *m = find_model(s, url + 11);
-        enum MHD_Result ok = m ? send_json(c, 200, model_json(m))
+        srv_model *m = jlm_srv_find_model(s, url + 11);
+        enum MHD_Result ok = m ? jlm_srv_send_json(c, 200, model_json(m))
                                : send_error(s, c, 404, "no such model (GET /v1/models lists the ids)");
         jlm_srv_model_unref(m);
         return ok;
     }
     if (!strcmp(url, "/metrics"))
         return get ? send_metrics(s, c) : send_error(s, c, 405, "GET only");
+    if (!strcmp(url, "/v1/messages"))
+        return post ? jlm_srv_anthropic(s, c, cx->body ? cx->body : "", cx->len) : send_error(s, c, 405, "POST only");
+    if (!strcmp(url, "/v1/embeddings"))
+        return post ? jlm_srv_embeddings(s, c, cx->body ? cx->body : "", cx->len) : send_error(s, c, 405, "POST only");
+    if (!strncmp(url, "/api/", 5))
+        return jlm_srv_ollama(s, c, url, method, cx->body ? cx->body : "", cx->len);
     int chat = !strcmp(url, "/v1/chat/completions");
     if (chat || !strcmp(url, "/v1/completions"))
         return post ? generate(s, c, chat ? JLM_SRV_CHAT : JLM_SRV_COMPLETION, cx) : send_error(s, c, 405, "POST only");

@@ -23,6 +23,21 @@
 
 typedef struct srv_job srv_job;
 
+/* The shape of a job's output for an API other than OpenAI's (serve/
+ * dialect.h: Anthropic, ollama, embeddings); a job without one answers in
+ * OpenAI's (api.h). The stream callbacks append with jlm_srv_job_write:
+ * open on the connection thread before the job is queued, piece and close
+ * on the worker. */
+typedef struct srv_dialect {
+    const char *stream_type;                               /* Content-Type of a stream */
+    const char *ping;                                      /* sent while a stream waits (ignored by its clients) */
+    void   (*open)(srv_job *j);                            /* a stream's first bytes; NULL: none */
+    void   (*piece)(srv_job *j, const char *p, size_t n);  /* generated text */
+    void   (*close)(srv_job *j, int status, const char *msg);   /* the end: j->res (200) or the error */
+    json_t *(*whole)(const srv_job *j);                    /* a finished non-streamed job's body (NULL: OOM) */
+    json_t *(*error)(int status, const char *msg);         /* an error body */
+} srv_dialect;
+
 /* The prefix cache of one model (prefix.c): KV of earlier requests, each
  * entry the first n positions of a finished request's sequence (prompt and
  * the generated tokens evaluated) with those tokens. A new request takes the
@@ -124,6 +139,13 @@ struct srv_job {
     int           done, status;      /* status: 200, or the HTTP error */
     char          errmsg[256];
     jlm_srv_result res;
+    const srv_dialect *dia;          /* NULL: OpenAI's shapes */
+    uint64_t      t_start_us, t_first_us, t_end_us;   /* created, prompt evaluated, ended (CLOCK_MONOTONIC) */
+    /* EMBED: input i is prompt[emb_off[i], emb_off[i + 1]); its vector emb + i * n_embd */
+    uint32_t     *emb_off;           /* (n_emb + 1,) */
+    size_t        n_emb;
+    float        *emb;               /* (n_emb, n_embd), written by the worker before done */
+    uint32_t      n_embd;
 };
 
 /* One frame budget over every served model (budget.c): each model's pager
@@ -234,12 +256,27 @@ void jlm_srv_scan_now(struct jlm_srv *s, int timeout_ms);
 /* Stops the scanner; closes every model, retired or not. */
 void jlm_srv_models_close_all(struct jlm_srv *s);
 /* Tokenizes the request's prompt (completions: as `jlm run -p`; chat: the
- * rendered template, as `jlm chat`) into a new job with two references.
+ * rendered template, as `jlm chat`; embeddings: each input, embed.c) into a
+ * new job with two references.
  * JLM_EINVAL (empty prompt, context exceeded, template error) with the
  * message for a 400; JLM_ENOMEM. req is moved into the job on success. */
 int  jlm_srv_job_create(srv_model *m, jlm_srv_req *req, srv_job **out, jlm_err *err);
 /* Queues j on its model; JLM_ERANGE when the queue is full (503). */
 int  jlm_srv_job_submit(srv_job *j);
 void jlm_srv_job_unref(srv_job *j);
+/* Appends n bytes to a stream's output and wakes its reader; an allocation
+ * failure marks the job failed (500). */
+void jlm_srv_job_write(srv_job *j, const char *p, size_t n);
+/* The monotonic clock in microseconds. */
+uint64_t jlm_srv_now_us(void);
+
+/* embed.c: EMBED jobs. Tokenizes req->inputs (each as /v1/completions
+ * tokenizes a prompt) into *ids with the offsets *off (n_in + 1); JLM_EINVAL
+ * naming the input that is empty or longer than the context. */
+int  jlm_srv_embed_tokens(srv_model *m, const jlm_srv_req *req, int32_t **ids, size_t *n, uint32_t **off,
+                          size_t *n_in, jlm_err *err);
+/* On the worker: every input of j evaluated on seq (rewound before each),
+ * its vector into j->emb. */
+int  jlm_srv_embed_run(srv_model *m, jlm_engine_seq *seq, srv_job *j, jlm_err *err);
 
 #endif

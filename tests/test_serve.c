@@ -2139,3 +2139,703 @@ Test(engine_batch, a_latent_attention_cache_is_never_saved_as_a_prefix, .timeout
     tu_rmrf(dir);
     free(dir);
 }
+
+/* ================================================================ the other APIs (suite serve_apis)
+ * /v1/embeddings, Anthropic's /v1/messages, ollama's /api/...: request
+ * parsing on crafted bodies (serve/dialect.c), then each endpoint against
+ * `jlm run` / `jlm chat`, then their official npm clients. */
+#include "serve/dialect.h"
+
+/* `jlm chat`'s first greedy reply of n tokens to "Hello there", without its
+ * newline (what every chat API below must answer). */
+static char *chat_reply(const srv *s, int n)
+{
+    char cmd[2048], *ref = NULL;
+    snprintf(cmd, sizeof cmd, "(printf 'Hello there\\n' | %s chat %s -n %d --temp 0 -t 1 2>/dev/null)", tu_jlm(),
+             s->model, n);
+    cr_assert_eq(tu_run(cmd, &ref), 0, "%s", ref);
+    ref[strcspn(ref, "\n")] = 0;
+    return ref;
+}
+
+static void parse_case(jlm_srv_api api, const char *body, int want_rc, const char *want_msg)
+{
+    jlm_srv_req r;
+    jlm_err err = {0};
+    int rc = jlm_srv_dialect_parse(api, body, strlen(body), &r, &err);
+    cr_assert_eq(rc, want_rc, "%s: rc %d (%s), expected %d", body, rc, err.msg, want_rc);
+    if (rc)
+        cr_assert(strstr(err.msg, want_msg), "%s: '%s' names '%s'", body, err.msg, want_msg);
+    else
+        jlm_srv_req_free(&r);
+}
+
+Test(serve_apis, requests_of_the_other_apis_parse_or_are_refused_naming_the_field)
+{
+    const jlm_srv_api E = JLM_SRV_API_EMBED, A = JLM_SRV_API_ANTHROPIC, C = JLM_SRV_API_OLLAMA_CHAT,
+                      G = JLM_SRV_API_OLLAMA_GENERATE, OE = JLM_SRV_API_OLLAMA_EMBED;
+    parse_case(E, "{\"input\": \"hi\"}", 0, NULL);
+    parse_case(E, "{\"input\": [\"a\", \"b\"], \"encoding_format\": \"base64\", \"pooling\": \"last\"}", 0, NULL);
+    parse_case(E, "{\"input\": [1, 2, 3]}", 0, NULL);
+    parse_case(E, "{\"input\": [[1, 2], [3]]}", 0, NULL);
+    parse_case(E, "{}", JLM_EINVAL, "'input'");
+    parse_case(E, "{\"input\": \"\"}", JLM_EINVAL, "'input'");
+    parse_case(E, "{\"input\": [\"a\", [1]]}", JLM_EINVAL, "'input'");
+    parse_case(E, "{\"input\": [[1], []]}", JLM_EINVAL, "'input'");
+    parse_case(E, "{\"input\": [-1]}", JLM_EINVAL, "'input'");
+    parse_case(E, "{\"input\": \"a\", \"dimensions\": 8}", JLM_EUNSUPPORTED, "'dimensions'");
+    parse_case(E, "{\"input\": \"a\", \"encoding_format\": \"int8\"}", JLM_EINVAL, "'encoding_format'");
+    parse_case(E, "{\"input\": \"a\", \"pooling\": \"cls\"}", JLM_EINVAL, "'pooling'");
+    parse_case(E, "[1]", JLM_EFORMAT, "JSON object");
+    parse_case(OE, "{\"model\": \"m:latest\", \"input\": [\"a\"], \"truncate\": true, \"options\": {\"temperature\": 1}}",
+               0, NULL);
+    parse_case(OE, "{\"input\": [1, 2]}", JLM_EINVAL, "'input'");
+    parse_case(OE, "{\"input\": \"a\", \"options\": {\"bogus\": 1}}", JLM_EUNSUPPORTED, "'options.bogus'");
+
+    const char *msgs = "\"messages\": [{\"role\": \"user\", \"content\": \"hi\"}]";
+    char b[1024];
+#define ANTH(extra) (snprintf(b, sizeof b, "{\"model\": \"m\", \"max_tokens\": 8, %s%s}", msgs, extra), b)
+    parse_case(A, ANTH(""), 0, NULL);
+    parse_case(A, ANTH(", \"system\": [{\"type\": \"text\", \"text\": \"be brief\"}], \"stop_sequences\": [\"x\"], "
+                       "\"metadata\": {\"user_id\": \"u\"}, \"top_k\": 5, \"stream\": true"), 0, NULL);
+    parse_case(A, "{\"messages\": [{\"role\": \"user\", \"content\": \"hi\"}]}", JLM_EINVAL, "'max_tokens'");
+    parse_case(A, ANTH(", \"temperature\": 1.5"), JLM_EINVAL, "'temperature'");
+    parse_case(A, ANTH(", \"stop_sequences\": [\"\"]"), JLM_EINVAL, "'stop_sequences[0]'");
+    parse_case(A, ANTH(", \"stop_sequences\": [\"a\", \"b\", \"c\", \"d\", \"e\"]"), JLM_EINVAL, "'stop_sequences'");
+    parse_case(A, ANTH(", \"tools\": [{\"name\": \"f\"}]"), JLM_EUNSUPPORTED, "'tools'");
+    parse_case(A, ANTH(", \"thinking\": {\"type\": \"enabled\", \"budget_tokens\": 1024}"), JLM_EUNSUPPORTED,
+               "'thinking'");
+    parse_case(A, ANTH(", \"system\": 3"), JLM_EINVAL, "'system'");
+    parse_case(A, "{\"max_tokens\": 8, \"messages\": [{\"role\": \"user\", \"content\": [{\"type\": \"tool_result\", "
+                  "\"tool_use_id\": \"x\"}]}]}", JLM_EUNSUPPORTED, "'messages[0].content[0]': tool_result");
+    parse_case(A, "{\"max_tokens\": 8, \"messages\": [{\"role\": \"assistant\", \"content\": [{\"type\": \"tool_use\", "
+                  "\"id\": \"x\", \"name\": \"f\", \"input\": {}}]}]}", JLM_EUNSUPPORTED, "tool_use");
+    parse_case(A, "{\"max_tokens\": 8, \"messages\": [{\"role\": \"system\", \"content\": \"x\"}]}", JLM_EINVAL,
+               "'messages[0].role'");
+    parse_case(A, "{\"max_tokens\": 8, \"messages\": []}", JLM_EINVAL, "'messages'");
+#undef ANTH
+
+    parse_case(C, "{\"model\": \"m:latest\", \"messages\": [{\"role\": \"user\", \"content\": \"hi\"}], \"options\": "
+                  "{\"temperature\": 0, \"num_predict\": 4, \"num_ctx\": 2048, \"repeat_last_n\": 32, \"seed\": 1, "
+                  "\"typical_p\": 1.0, \"mirostat\": 0}, \"format\": \"json\", \"keep_alive\": \"5m\"}", 0, NULL);
+    parse_case(C, "{\"messages\": [{\"role\": \"user\", \"content\": \"hi\"}], \"options\": {\"mirostat\": 2}}",
+               JLM_EUNSUPPORTED, "'options.mirostat'");
+    parse_case(C, "{\"messages\": [{\"role\": \"user\", \"content\": \"hi\"}], \"options\": {\"typical_p\": 0.5}}",
+               JLM_EUNSUPPORTED, "'options.typical_p'");
+    parse_case(C, "{\"messages\": [{\"role\": \"user\", \"content\": \"hi\"}], \"options\": {\"nope\": 1}}",
+               JLM_EUNSUPPORTED, "'options.nope'");
+    parse_case(C, "{\"messages\": [{\"role\": \"user\", \"content\": \"hi\"}], \"options\": {\"num_predict\": -3}}",
+               JLM_EINVAL, "'options.num_predict'");
+    parse_case(C, "{\"messages\": [{\"role\": \"user\", \"content\": \"hi\"}], \"options\": {\"temperature\": 9}}",
+               JLM_EINVAL, "'temperature'");
+    parse_case(C, "{\"messages\": [{\"role\": \"user\", \"content\": \"hi\"}], \"tools\": [{}]}", JLM_EUNSUPPORTED,
+               "'tools'");
+    parse_case(C, "{\"messages\": [{\"role\": \"user\", \"content\": \"hi\", \"images\": [\"AAAA\"]}]}",
+               JLM_EUNSUPPORTED, "'messages[0].images'");
+    parse_case(C, "{\"messages\": [{\"role\": \"tool\", \"content\": \"hi\"}]}", JLM_EUNSUPPORTED, "'messages[0]'");
+    parse_case(C, "{\"messages\": [{\"role\": \"user\", \"content\": \"hi\"}], \"format\": 3}", JLM_EINVAL, "'format'");
+    parse_case(C, "{\"messages\": [{\"role\": \"user\", \"content\": \"hi\"}], \"stream\": 1}", JLM_EINVAL, "'stream'");
+    parse_case(G, "{\"prompt\": \"hi\", \"raw\": true}", 0, NULL);
+    parse_case(G, "{\"prompt\": \"hi\", \"system\": \"s\"}", 0, NULL);
+    parse_case(G, "{\"prompt\": \"hi\", \"raw\": true, \"system\": \"s\"}", JLM_EINVAL, "'system'");
+    parse_case(G, "{\"prompt\": \"hi\", \"suffix\": \"x\"}", JLM_EUNSUPPORTED, "'suffix'");
+    parse_case(G, "{\"prompt\": \"hi\", \"context\": [1, 2]}", JLM_EUNSUPPORTED, "'context'");
+    parse_case(G, "{\"prompt\": \"hi\", \"think\": true}", JLM_EUNSUPPORTED, "'think'");
+    parse_case(G, "{}", JLM_EINVAL, "'prompt'");
+
+    /* what the translation carries over */
+    jlm_srv_req r;
+    jlm_err err = {0};
+    const char *ob = "{\"model\": \"stories:latest\", \"prompt\": \"hi\", \"raw\": true, \"options\": {\"num_predict\": 7, "
+                     "\"top_k\": 3, \"repeat_last_n\": 5, \"stop\": [\"x\"]}}";
+    cr_assert_eq(jlm_srv_dialect_parse(G, ob, strlen(ob), &r, &err), 0, "%s", err.msg);
+    cr_assert_eq(r.kind, JLM_SRV_COMPLETION);
+    cr_assert_str_eq(r.model, "stories", "':latest' dropped");
+    cr_assert_eq(r.max_tokens, 7);
+    cr_assert_eq(r.samp.top_k, 3);
+    cr_assert_eq(r.samp.repeat_last_n, 5);
+    cr_assert_eq(r.stream, 1, "ollama streams by default");
+    cr_assert_eq(r.n_stop, 1);
+    jlm_srv_req_free(&r);
+    const char *ab = "{\"max_tokens\": 9, \"system\": \"S\", \"messages\": [{\"role\": \"user\", \"content\": "
+                     "[{\"type\": \"text\", \"text\": \"a\"}, {\"type\": \"text\", \"text\": \"b\"}]}], "
+                     "\"stop_sequences\": [\"zz\"], \"temperature\": 0.5}";
+    cr_assert_eq(jlm_srv_dialect_parse(A, ab, strlen(ab), &r, &err), 0, "%s", err.msg);
+    cr_assert_eq(r.kind, JLM_SRV_CHAT);
+    cr_assert_eq(r.max_tokens, 9);
+    cr_assert_eq(r.stream, 0);
+    cr_assert_str_eq(r.stop[0], "zz");
+    cr_assert_float_eq(r.samp.temp, 0.5f, 1e-6);
+    cr_assert_eq(json_array_size(r.messages), 2, "the system prompt is the first message");
+    cr_assert_str_eq(json_string_value(json_object_get(json_array_get(r.messages, 0), "role")), "system");
+    jlm_srv_req_free(&r);
+}
+
+/* `jlm run MODEL -p TEXT --embeddings [--pooling P]` as floats. */
+static float *run_embedding(const char *model, const char *text, const char *pool, size_t *n)
+{
+    char cmd[4096], *o = NULL;
+    snprintf(cmd, sizeof cmd, "%s run %s -p '%s' --embeddings %s%s -t 1 2>&1", tu_jlm(), model, text,
+             pool ? "--pooling " : "", pool ? pool : "");
+    cr_assert_eq(tu_run(cmd, &o), 0, "%s", o);
+    json_t *j = parse(o);
+    cr_assert(json_is_array(j) && json_array_size(j) > 0, "%s", o);
+    *n = json_array_size(j);
+    float *v = malloc(*n * sizeof *v);
+    for (size_t i = 0; i < *n; i++) v[i] = (float)json_number_value(json_array_get(j, i));
+    json_decref(j);
+    free(o);
+    return v;
+}
+
+static void expect_vec(const json_t *got, const float *want, size_t n, double tol, const char *what)
+{
+    cr_assert_eq(json_array_size(got), n, "%s: %zu floats, expected %zu", what, json_array_size(got), n);
+    double norm = 0;
+    for (size_t i = 0; i < n; i++) {
+        double g = json_number_value(json_array_get(got, i));
+        cr_assert(fabs(g - want[i]) <= tol, "%s[%zu]: %.9g vs jlm run's %.9g", what, i, g, (double)want[i]);
+        norm += g * g;
+    }
+    cr_assert(fabs(norm - 1.0) < 1e-4, "%s is L2-normalised (%g)", what, norm);
+}
+
+/* /v1/embeddings and /api/embed equal `jlm run --embeddings` to 1e-5 on
+ * two models (llama and gemma3 architectures), mean and last pooling, text
+ * and token-id inputs, float and base64; several inputs in one request. */
+Test(serve_apis, embeddings_equal_jlm_run_embeddings_on_two_models, .timeout = 240)
+{
+    srv s = {0};
+    s.dir = tu_tmpdir();
+    s.model = convert_to("stories260K.gguf", s.dir, "stories.jlm");
+    char *gemma = convert_to("synth-gemma3-256.Q8_0.gguf", s.dir, "gemma.jlm");
+    const char *args[] = {gemma, NULL};
+    srv_start(&s, args);
+    const char *texts[] = {"Once upon a time", "The cat sat"};
+    const char *models[][2] = {{"stories", s.model}, {"gemma", gemma}};
+    for (int mi = 0; mi < 2; mi++)
+        for (int last = 0; last < 2; last++) {
+            size_t n0, n1;
+            float *w0 = run_embedding(models[mi][1], texts[0], last ? "last" : NULL, &n0);
+            float *w1 = run_embedding(models[mi][1], texts[1], last ? "last" : NULL, &n1);
+            char body[512], *r = NULL, what[96];
+            snprintf(body, sizeof body, "{\"model\": \"%s\", \"input\": [\"%s\", \"%s\"]%s}", models[mi][0], texts[0],
+                     texts[1], last ? ", \"pooling\": \"last\"" : "");
+            cr_assert_eq(http(&s, "POST", "/v1/embeddings", body, NULL, &r), 200, "%s", r);
+            json_t *j = parse(r), *d = json_object_get(j, "data");
+            cr_assert_str_eq(json_string_value(json_object_get(j, "object")), "list");
+            cr_assert_eq(json_array_size(d), 2, "%s", r);
+            cr_assert_eq(json_integer_value(json_object_get(json_array_get(d, 1), "index")), 1);
+            cr_assert(json_integer_value(json_object_get(json_object_get(j, "usage"), "prompt_tokens")) > 2, "%s", r);
+            snprintf(what, sizeof what, "%s %s input 0", models[mi][0], last ? "last" : "mean");
+            expect_vec(json_object_get(json_array_get(d, 0), "embedding"), w0, n0, 1e-5, what);
+            snprintf(what, sizeof what, "%s %s input 1", models[mi][0], last ? "last" : "mean");
+            expect_vec(json_object_get(json_array_get(d, 1), "embedding"), w1, n1, 1e-5, what);
+            json_decref(j);
+            free(r);
+            if (!last) {   /* ollama's /api/embed, with the :latest tag */
+                snprintf(body, sizeof body, "{\"model\": \"%s:latest\", \"input\": [\"%s\", \"%s\"]}", models[mi][0],
+                         texts[0], texts[1]);
+                cr_assert_eq(http(&s, "POST", "/api/embed", body, NULL, &r), 200, "%s", r);
+                j = parse(r);
+                json_t *e = json_object_get(j, "embeddings");
+                expect_vec(json_array_get(e, 0), w0, n0, 1e-5, "/api/embed 0");
+                expect_vec(json_array_get(e, 1), w1, n1, 1e-5, "/api/embed 1");
+                cr_assert(json_integer_value(json_object_get(j, "prompt_eval_count")) > 2, "%s", r);
+                json_decref(j);
+                free(r);
+            }
+            free(w0); free(w1);
+        }
+    /* token ids: the ids jlm tokenize gives for the text, and base64 */
+    size_t n;
+    float *w = run_embedding(s.model, texts[0], NULL, &n);
+    char cmd[2048], *ids = NULL, body[1024], *r = NULL;
+    snprintf(cmd, sizeof cmd, "%s run %s -p '%s' -n 0 --print-ids -t 1 2>/dev/null", tu_jlm(), s.model, texts[0]);
+    cr_assert_eq(tu_run(cmd, &ids), 0, "%s", ids);
+    json_t *pj = parse(ids), *prompt = json_object_get(pj, "prompt");
+    cr_assert(json_is_array(prompt), "--print-ids gives the prompt ids: %s", ids);
+    char *pl = json_dumps(prompt, JSON_COMPACT);
+    snprintf(body, sizeof body, "{\"model\": \"stories\", \"input\": %s}", pl);
+    cr_assert_eq(http(&s, "POST", "/v1/embeddings", body, NULL, &r), 200, "%s", r);
+    json_t *j = parse(r);
+    expect_vec(json_object_get(json_array_get(json_object_get(j, "data"), 0), "embedding"), w, n, 1e-5, "token ids");
+    json_decref(j);
+    free(r);
+    snprintf(body, sizeof body, "{\"model\": \"stories\", \"input\": \"%s\", \"encoding_format\": \"base64\"}", texts[0]);
+    cr_assert_eq(http(&s, "POST", "/v1/embeddings", body, NULL, &r), 200, "%s", r);
+    j = parse(r);
+    const char *b64 = json_string_value(json_object_get(json_array_get(json_object_get(j, "data"), 0), "embedding"));
+    cr_assert(b64, "%s", r);
+    snprintf(cmd, sizeof cmd, "printf '%%s' '%s' | base64 -d | od -An -v -t f4 -w4", b64);
+    char *od = NULL;
+    cr_assert_eq(tu_run(cmd, &od), 0, "%s", od);
+    char *p = od;
+    for (size_t i = 0; i < n; i++) {
+        char *e;
+        double x = strtod(p, &e);
+        cr_assert(e != p, "float %zu of the base64 vector: %s", i, od);
+        cr_assert(fabs(x - w[i]) <= 1e-5, "base64[%zu] %g vs %g", i, x, (double)w[i]);
+        p = e;
+    }
+    free(od);
+    json_decref(j);
+    free(r);
+    expect_error(&s, "POST", "/v1/embeddings", "{\"model\": \"stories\", \"input\": [99999999]}", NULL, 400,
+                 "invalid_request_error");
+    expect_error(&s, "POST", "/v1/embeddings", "{\"model\": \"stories\", \"input\": \"x\", \"dimensions\": 4}", NULL, 400,
+                 "invalid_request_error");
+    expect_error(&s, "POST", "/v1/embeddings", "{\"model\": \"nope\", \"input\": \"x\"}", NULL, 404, "not_found_error");
+    json_decref(pj);
+    free(pl); free(ids); free(w); free(gemma);
+    srv_free(&s);
+}
+
+/* The event names of an SSE body, in order, joined with ','. */
+static char *event_names(const char *resp)
+{
+    char *out = calloc(1, strlen(resp) + 1);
+    for (const char *p = resp; (p = strstr(p, "event: ")); ) {
+        p += 7;
+        size_t n = strcspn(p, "\n");
+        if (*out) strcat(out, ",");
+        strncat(out, p, n);
+        p += n;
+    }
+    return out;
+}
+
+/* The concatenated text_delta texts of an Anthropic stream. */
+static char *anth_stream_text(const char *resp, json_t **delta)
+{
+    char *out = calloc(1, strlen(resp) + 1);
+    for (const char *p = resp; (p = strstr(p, "data: ")); ) {
+        p += 6;
+        const char *e = strstr(p, "\n\n");
+        cr_assert(e, "every event ends with a blank line: %s", resp);
+        char *ev = strndup(p, (size_t)(e - p));
+        json_t *j = parse(ev);
+        const char *type = json_string_value(json_object_get(j, "type"));
+        if (type && !strcmp(type, "content_block_delta"))
+            strcat(out, json_string_value(json_object_get(json_object_get(j, "delta"), "text")));
+        if (type && !strcmp(type, "message_delta") && delta)
+            *delta = json_incref(j);
+        json_decref(j);
+        free(ev);
+        p = e;
+    }
+    return out;
+}
+
+Test(serve_apis, anthropic_messages_equal_jlm_chat_streamed_or_not, .timeout = 120)
+{
+    srv s = {0};
+    srv_start(&s, NULL);
+    char *ref = chat_reply(&s, 12), *r = NULL;
+    const char *body = "{\"model\": \"stories\", \"max_tokens\": 12, \"temperature\": 0, \"messages\": [{\"role\": "
+                       "\"user\", \"content\": [{\"type\": \"text\", \"text\": \"Hello there\"}]}]}";
+    cr_assert_eq(http(&s, "POST", "/v1/messages", body, "-H 'anthropic-version: 2023-06-01'", &r), 200, "%s", r);
+    json_t *j = parse(r), *c0 = json_array_get(json_object_get(j, "content"), 0);
+    cr_assert_str_eq(json_string_value(json_object_get(j, "type")), "message");
+    cr_assert_str_eq(json_string_value(json_object_get(j, "role")), "assistant");
+    cr_assert(!strncmp(json_string_value(json_object_get(j, "id")), "msg_", 4), "%s", r);
+    cr_assert_str_eq(json_string_value(json_object_get(c0, "type")), "text");
+    cr_assert_str_eq(json_string_value(json_object_get(c0, "text")), ref, "the message equals jlm chat's reply");
+    cr_assert_str_eq(json_string_value(json_object_get(j, "stop_reason")), "max_tokens", "%s", r);
+    cr_assert(json_is_null(json_object_get(j, "stop_sequence")), "%s", r);
+    json_t *u = json_object_get(j, "usage");
+    cr_assert_eq(json_integer_value(json_object_get(u, "output_tokens")), 12, "%s", r);
+    cr_assert(json_integer_value(json_object_get(u, "input_tokens")) > 2, "%s", r);
+    json_decref(j);
+    free(r);
+    const char *sbody = "{\"model\": \"stories\", \"max_tokens\": 12, \"temperature\": 0, \"stream\": true, "
+                        "\"system\": [], \"messages\": [{\"role\": \"user\", \"content\": \"Hello there\"}]}";
+    cr_assert_eq(http(&s, "POST", "/v1/messages", sbody, NULL, &r), 200, "%s", r);
+    char *names = event_names(r);
+    cr_assert(!strncmp(names, "message_start,content_block_start,content_block_delta,", 54), "%s", names);
+    size_t nl = strlen(names);
+    const char *tail = ",content_block_delta,content_block_stop,message_delta,message_stop";
+    cr_assert(nl > strlen(tail) && !strcmp(names + nl - strlen(tail), tail), "the event sequence: %s", names);
+    json_t *delta = NULL;
+    char *t = anth_stream_text(r, &delta);
+    cr_assert_str_eq(t, ref, "the streamed deltas equal jlm chat's reply");
+    cr_assert_str_eq(json_string_value(json_object_get(json_object_get(delta, "delta"), "stop_reason")), "max_tokens");
+    cr_assert_eq(json_integer_value(json_object_get(json_object_get(delta, "usage"), "output_tokens")), 12);
+    json_decref(delta);
+    free(t); free(names); free(r);
+    /* a stop sequence from the middle of the reply */
+    size_t rl = strlen(ref);
+    cr_assert(rl >= 8, "a reply to cut: '%s'", ref);
+    char stop[8], sb[1024];
+    snprintf(stop, sizeof stop, "%.3s", ref + rl / 2);
+    const char *at = strstr(ref, stop);
+    json_t *stop_j = json_string(stop);
+    char *stop_q = json_dumps(stop_j, JSON_ENCODE_ANY);   /* quoted and escaped */
+    snprintf(sb, sizeof sb, "{\"model\": \"stories\", \"max_tokens\": 12, \"temperature\": 0, \"stop_sequences\": "
+             "[%s], \"messages\": [{\"role\": \"user\", \"content\": \"Hello there\"}]}", stop_q);
+    free(stop_q);
+    json_decref(stop_j);
+    cr_assert_eq(http(&s, "POST", "/v1/messages", sb, NULL, &r), 200, "%s", r);
+    j = parse(r);
+    cr_assert_str_eq(json_string_value(json_object_get(j, "stop_reason")), "stop_sequence", "%s", r);
+    cr_assert_str_eq(json_string_value(json_object_get(j, "stop_sequence")), stop, "%s", r);
+    const char *got = json_string_value(json_object_get(json_array_get(json_object_get(j, "content"), 0), "text"));
+    cr_assert(got && strlen(got) == (size_t)(at - ref) && !strncmp(got, ref, strlen(got)),
+              "the text ends before '%s': %s", stop, r);
+    json_decref(j);
+    free(r);
+    /* errors in Anthropic's shape */
+    const char *bad[][2] = {
+        {"{\"model\": \"stories\", \"messages\": [{\"role\": \"user\", \"content\": \"x\"}]}", "max_tokens"},
+        {"{\"model\": \"stories\", \"max_tokens\": 4, \"messages\": [{\"role\": \"user\", \"content\": [{\"type\": "
+         "\"tool_result\", \"tool_use_id\": \"t\"}]}]}", "tool_result"},
+        {"{\"model\": \"nope\", \"max_tokens\": 4, \"messages\": [{\"role\": \"user\", \"content\": \"x\"}]}", "nope"},
+        {"not json", "JSON"},
+    };
+    for (int i = 0; i < 4; i++) {
+        int st = http(&s, "POST", "/v1/messages", bad[i][0], NULL, &r);
+        cr_assert_eq(st, i == 2 ? 404 : 400, "%s: %d %s", bad[i][0], st, r);
+        j = parse(r);
+        cr_assert_str_eq(json_string_value(json_object_get(j, "type")), "error", "%s", r);
+        json_t *e = json_object_get(j, "error");
+        cr_assert_str_eq(json_string_value(json_object_get(e, "type")),
+                         i == 2 ? "not_found_error" : "invalid_request_error", "%s", r);
+        cr_assert(strstr(json_string_value(json_object_get(e, "message")), bad[i][1]), "%s", r);
+        json_decref(j);
+        free(r);
+    }
+    free(ref);
+    srv_free(&s);
+}
+
+/* Every NDJSON line of an ollama stream parsed; their texts concatenated;
+ * *last: the last object (done: true). */
+static char *ndjson_text(const char *resp, const char *field, json_t **last)
+{
+    char *out = calloc(1, strlen(resp) + 1);
+    int done = 0;
+    for (const char *p = resp; *p; ) {
+        const char *e = strchr(p, '\n');
+        cr_assert(e, "every object ends with a newline: %s", resp);
+        cr_assert(!done, "nothing after the done object: %s", resp);
+        char *l = strndup(p, (size_t)(e - p));
+        json_t *j = parse(l);
+        json_t *t = !strcmp(field, "response") ? json_object_get(j, "response")
+                                               : json_object_get(json_object_get(j, "message"), "content");
+        cr_assert(json_is_string(t), "%s", l);
+        strcat(out, json_string_value(t));
+        done = json_is_true(json_object_get(j, "done"));
+        if (done) *last = json_incref(j);
+        json_decref(j);
+        free(l);
+        p = e + 1;
+    }
+    cr_assert(done, "the stream ends with done: true: %s", resp);
+    return out;
+}
+
+Test(serve_apis, ollama_chat_and_generate_equal_jlm_chat_and_jlm_run, .timeout = 120)
+{
+    srv s = {0};
+    srv_start(&s, NULL);
+    char *cref = chat_reply(&s, 10), *r = NULL, *ref = jlm_run(&s, "Once upon a time", 10);
+    const char *opts = "\"options\": {\"temperature\": 0, \"num_predict\": 10, \"num_ctx\": 4096, \"num_thread\": 1}";
+    char body[1024];
+    snprintf(body, sizeof body, "{\"model\": \"stories:latest\", \"messages\": [{\"role\": \"user\", \"content\": "
+             "\"Hello there\"}], %s}", opts);
+    cr_assert_eq(http(&s, "POST", "/api/chat", body, NULL, &r), 200, "%s", r);
+    json_t *last = NULL;
+    char *t = ndjson_text(r, "message", &last);
+    cr_assert_str_eq(t, cref, "streamed (the default) /api/chat equals jlm chat");
+    cr_assert_str_eq(json_string_value(json_object_get(last, "done_reason")), "length", "%s", r);
+    cr_assert_eq(json_integer_value(json_object_get(last, "eval_count")), 10, "%s", r);
+    cr_assert_str_eq(json_string_value(json_object_get(last, "model")), "stories", "%s", r);
+    cr_assert(json_integer_value(json_object_get(last, "total_duration")) > 0, "%s", r);
+    json_decref(last);
+    free(t); free(r);
+    snprintf(body, sizeof body, "{\"model\": \"stories\", \"stream\": false, \"messages\": [{\"role\": \"user\", "
+             "\"content\": \"Hello there\"}], %s}", opts);
+    cr_assert_eq(http(&s, "POST", "/api/chat", body, NULL, &r), 200, "%s", r);
+    json_t *j = parse(r);
+    cr_assert_str_eq(json_string_value(json_object_get(json_object_get(j, "message"), "content")), cref, "%s", r);
+    cr_assert(json_is_true(json_object_get(j, "done")), "%s", r);
+    json_decref(j);
+    free(r);
+    snprintf(body, sizeof body, "{\"model\": \"stories\", \"prompt\": \"Once upon a time\", \"raw\": true, %s}", opts);
+    cr_assert_eq(http(&s, "POST", "/api/generate", body, NULL, &r), 200, "%s", r);
+    t = ndjson_text(r, "response", &last);
+    cr_assert_str_eq(t, ref, "raw /api/generate equals jlm run");
+    json_decref(last);
+    free(t); free(r);
+    snprintf(body, sizeof body, "{\"model\": \"stories\", \"prompt\": \"Hello there\", \"stream\": false, %s}", opts);
+    cr_assert_eq(http(&s, "POST", "/api/generate", body, NULL, &r), 200, "%s", r);
+    j = parse(r);
+    cr_assert_str_eq(json_string_value(json_object_get(j, "response")), cref, "templated /api/generate is a chat turn");
+    json_decref(j);
+    free(r);
+    /* format "json": the reply is JSON (the grammar closes it within num_predict) */
+    const char *fb = "{\"model\": \"stories\", \"stream\": false, \"format\": \"json\", \"messages\": [{\"role\": "
+                     "\"user\", \"content\": \"Hello there\"}], \"options\": {\"num_predict\": 24, \"seed\": 7}}";
+    cr_assert_eq(http(&s, "POST", "/api/chat", fb, NULL, &r), 200, "%s", r);
+    j = parse(r);
+    const char *content = json_string_value(json_object_get(json_object_get(j, "message"), "content"));
+    json_t *fj = content ? json_loads(content, JSON_DECODE_ANY, NULL) : NULL;
+    cr_assert(json_is_object(fj), "format json gives a JSON object: %s", r);
+    json_decref(fj);
+    json_decref(j);
+    free(r);
+    /* the model list, the loaded models, one model's details */
+    cr_assert_eq(http(&s, "GET", "/api/tags", NULL, NULL, &r), 200, "%s", r);
+    j = parse(r);
+    cr_assert_str_eq(json_string_value(json_object_get(json_array_get(json_object_get(j, "models"), 0), "name")),
+                     "stories:latest", "%s", r);
+    json_decref(j);
+    free(r);
+    cr_assert_eq(http(&s, "GET", "/api/ps", NULL, NULL, &r), 200, "%s", r);
+    cr_assert(strstr(r, "\"name\":\"stories:latest\""), "%s", r);
+    free(r);
+    cr_assert_eq(http(&s, "POST", "/api/show", "{\"model\": \"stories:latest\"}", NULL, &r), 200, "%s", r);
+    j = parse(r);
+    cr_assert_str_eq(json_string_value(json_object_get(json_object_get(j, "details"), "family")), "llama", "%s", r);
+    cr_assert(json_integer_value(json_object_get(json_object_get(j, "model_info"), "llama.embedding_length")) > 0, "%s", r);
+    json_decref(j);
+    free(r);
+    /* errors: {"error": message} */
+    const char *bad[][4] = {
+        {"/api/chat", "{\"model\": \"stories\", \"messages\": [{\"role\": \"user\", \"content\": \"x\"}], "
+                      "\"options\": {\"mirostat\": 2}}", "400", "options.mirostat"},
+        {"/api/chat", "{\"model\": \"stories\", \"messages\": [{\"role\": \"user\", \"content\": \"x\"}], "
+                      "\"options\": {\"frobnicate\": 1}}", "400", "options.frobnicate"},
+        {"/api/generate", "{\"model\": \"nope:latest\", \"prompt\": \"x\"}", "404", "nope"},
+        {"/api/show", "{\"model\": \"nope\"}", "404", "nope"},
+        {"/api/nothing", "{}", "404", "endpoint"},
+    };
+    for (int i = 0; i < 5; i++) {
+        int st = http(&s, "POST", bad[i][0], bad[i][1], NULL, &r);
+        cr_assert_eq(st, atoi(bad[i][2]), "%s %s: %d %s", bad[i][0], bad[i][1], st, r);
+        j = parse(r);
+        cr_assert(strstr(json_string_value(json_object_get(j, "error")), bad[i][3]), "%s", r);
+        json_decref(j);
+        free(r);
+    }
+    free(ref); free(cref);
+    srv_free(&s);
+}
+
+/* `jlm run --embeddings`: its refusals (one line, exit 2). */
+Test(serve_apis, jlm_run_embeddings_refuses_what_does_not_go_with_it, .timeout = 60)
+{
+    srv s = {0};
+    s.dir = tu_tmpdir();
+    s.model = convert_to("stories260K.gguf", s.dir, "stories.jlm");
+    const char *cases[][2] = {
+        {"--embeddings --pooling cls", "--pooling 'cls'"},
+        {"--pooling last", "--pooling goes with --embeddings"},
+        {"--embeddings --json", "--embeddings prints only the vector"},
+    };
+    for (int i = 0; i < 3; i++) {
+        char cmd[2048], *o = NULL;
+        snprintf(cmd, sizeof cmd, "%s run %s -p hi %s 2>&1", tu_jlm(), s.model, cases[i][0]);
+        int rc = tu_run(cmd, &o);
+        cr_assert_eq(rc, 2, "%s: exit %d: %s", cases[i][0], rc, o);
+        cr_assert(strstr(o, cases[i][1]) && strchr(o, '\n') == o + strlen(o) - 1, "%s: one line: %s", cases[i][0], o);
+        free(o);
+    }
+    tu_rmrf(s.dir);
+    free(s.dir); free(s.model);
+}
+
+/* ---------------------------------------------------------------- the official clients */
+
+/* Skips the test without node or the npm package pkg; else starts a server
+ * (args) and runs `node tests/SCRIPT NODE_MODULES http://127.0.0.1:PORT/PATH
+ * ARGS`, whose one line of JSON it returns (*text: that line, to print). */
+static json_t *node_client(srv *s, const char *pkg, const char *const *args, const char *script, const char *path,
+                           const char *cargs, char **text)
+{
+    char cmd[4096], *o = NULL;
+    snprintf(cmd, sizeof cmd, "command -v node >/dev/null && test -f %s/%s/package.json", node_modules(), pkg);
+    int ok = tu_run(cmd, &o) == 0;
+    free(o);
+    if (!ok)
+        cr_skip_test("node or the npm package %s (%s) is absent: scripts/deps.sh installs them", pkg, node_modules());
+    srv_start(s, args);
+    snprintf(cmd, sizeof cmd, "node %s/tests/%s %s http://127.0.0.1:%d%s %s 2>&1", tu_root(), script, node_modules(),
+             s->port, path, cargs);
+    cr_assert_eq(tu_run(cmd, text), 0, "the client ran: %s", *text);
+    return parse(*text);
+}
+
+Test(serve_apis, the_anthropic_npm_client_gets_what_jlm_chat_gives, .timeout = 120)
+{
+    srv s = {0};
+    const char *args[] = {"--api-key", "test-key", NULL};
+    char *out = NULL;
+    json_t *j = node_client(&s, "@anthropic-ai/sdk", args, "serve_anthropic.mjs", "", "stories 12", &out);
+    char *cref = chat_reply(&s, 12);
+    cr_assert_str_eq(json_string_value(json_object_get(j, "message")), cref, "%s", out);
+    cr_assert_str_eq(json_string_value(json_object_get(j, "stream")), cref, "%s", out);
+    cr_assert_str_eq(json_string_value(json_object_get(j, "stop_reason")), "max_tokens", "%s", out);
+    cr_assert_str_eq(json_string_value(json_object_get(json_object_get(j, "final"), "text")), cref, "%s", out);
+    cr_assert_eq(json_integer_value(json_object_get(json_object_get(json_object_get(j, "final"), "usage"),
+                                                    "output_tokens")), 12, "%s", out);
+    json_t *ref = json_object_get(j, "refused");
+    cr_assert_eq(json_integer_value(json_object_get(ref, "status")), 400, "%s", out);
+    cr_assert_str_eq(json_string_value(json_object_get(ref, "type")), "invalid_request_error", "%s", out);
+    json_decref(j);
+    free(out); free(cref);
+    srv_free(&s);
+}
+
+Test(serve_apis, the_ollama_npm_client_gets_what_jlm_run_gives, .timeout = 120)
+{
+    srv s = {0};
+    char *out = NULL;
+    json_t *j = node_client(&s, "ollama", NULL, "serve_ollama.mjs", "", "stories 'Once upon a time' 10", &out);
+    char *cref = chat_reply(&s, 10), *ref = jlm_run(&s, "Once upon a time", 10);
+    cr_assert_str_eq(json_string_value(json_array_get(json_object_get(j, "tags"), 0)), "stories:latest", "%s", out);
+    cr_assert_str_eq(json_string_value(json_array_get(json_object_get(j, "ps"), 0)), "stories:latest", "%s", out);
+    cr_assert_str_eq(json_string_value(json_object_get(j, "chat")), cref, "%s", out);
+    cr_assert_str_eq(json_string_value(json_object_get(j, "chat_stream")), cref, "%s", out);
+    cr_assert_str_eq(json_string_value(json_object_get(j, "generate")), ref, "%s", out);
+    cr_assert_str_eq(json_string_value(json_object_get(j, "generate_stream")), ref, "%s", out);
+    cr_assert_str_eq(json_string_value(json_object_get(j, "done_reason")), "length", "%s", out);
+    cr_assert_eq(json_integer_value(json_object_get(j, "eval_count")), 10, "%s", out);
+    size_t n;
+    float *w = run_embedding(s.model, "Once upon a time", NULL, &n);
+    expect_vec(json_array_get(json_object_get(j, "embed"), 0), w, n, 1e-5, "ollama client embed");
+    json_t *ref400 = json_object_get(j, "refused");
+    cr_assert_eq(json_integer_value(json_object_get(ref400, "status")), 400, "%s", out);
+    cr_assert(strstr(json_string_value(json_object_get(ref400, "error")), "options.mirostat"), "%s", out);
+    json_decref(j);
+    free(w); free(out); free(cref); free(ref);
+    srv_free(&s);
+}
+
+Test(serve_apis, the_openai_npm_client_gets_the_embeddings_of_jlm_run, .timeout = 120)
+{
+    srv s = {0};
+    char *out = NULL;
+    json_t *j = node_client(&s, "openai", NULL, "serve_openai_embed.mjs", "/v1", "stories 'Once upon a time'", &out);
+    size_t n0, n1;
+    float *w0 = run_embedding(s.model, "Once upon a time", NULL, &n0), *w1 = run_embedding(s.model, "Hello there", NULL, &n1);
+    expect_vec(json_array_get(json_object_get(j, "b64"), 0), w0, n0, 1e-5, "client base64 0");
+    expect_vec(json_array_get(json_object_get(j, "b64"), 1), w1, n1, 1e-5, "client base64 1");
+    expect_vec(json_array_get(json_object_get(j, "float"), 0), w0, n0, 1e-5, "client float");
+    json_decref(j);
+    free(w0); free(w1); free(out);
+    srv_free(&s);
+}
+
+/* An oracle for jlm_engine_embed that does not go through it: the logits
+ * after a prefix are W h (W the GGUF's output matrix, dequantized by the
+ * converter's ggml reference; h the final hidden state after the output
+ * norm), so the last-pooled embedding e of that prefix must satisfy
+ * logits = c * W e with c = |h| > 0 for every vocab row; and the mean-pooled
+ * embedding of the whole prompt is the normalised sum of c_t e_t over its
+ * prefixes t. On stories260K, whose logits match llama.cpp's oracle. */
+#include "converter/gguf.h"
+
+Test(serve_apis, embeddings_are_the_final_hidden_states_the_logits_come_from, .timeout = 120)
+{
+    char *dir = tu_tmpdir();
+    char *path = convert_to("stories260K.gguf", dir, "stories.jlm");
+    jlm_err err = {0};
+    jlm_gguf *g = NULL;
+    cr_assert_eq(jlm_gguf_open(tu_model("stories260K.gguf"), &g, &err), 0, "%s", err.msg);
+    const jlm_gguf_tensor *t = jlm_gguf_find_tensor(g, "output.weight");
+    if (!t) t = jlm_gguf_find_tensor(g, "token_embd.weight");   /* tied */
+    cr_assert(t);
+    uint64_t E = t->ne[0], V = t->ne[1];
+    void *raw = malloc(t->n_bytes);
+    float *W = malloc(E * V * sizeof *W);
+    cr_assert_eq(jlm_gguf_read(g, t, 0, raw, t->n_bytes, &err), 0, "%s", err.msg);
+    for (uint64_t r = 0; r < V; r++)
+        cr_assert_eq(jlm_ggml_dequant_row(t->type, (const uint8_t *)raw + r * (t->n_bytes / V), W + r * E, E, &err), 0);
+    jlm_engine_opts o = {.n_threads = 1, .quiet = 1};
+    jlm_engine *e = NULL;
+    cr_assert_eq(jlm_engine_open(path, &o, &e, &err), 0, "%s", err.msg);
+    cr_assert_eq(jlm_engine_n_embd(e), E);
+    cr_assert_eq(jlm_engine_n_vocab(e), V);
+    const int32_t toks[] = {1, 403, 407, 261, 378, 117, 287};   /* BOS and some ids below its 512 */
+    const uint32_t n = sizeof toks / sizeof toks[0];
+    float *logits = malloc(V * sizeof *logits), *emb = malloc(E * sizeof *emb), *mean = malloc(E * sizeof *mean);
+    double *sum = calloc(E, sizeof *sum);
+    for (uint32_t p = 1; p <= n; p++) {
+        jlm_engine_rewind(e, 0);
+        cr_assert_eq(jlm_engine_eval(e, toks, p, logits, &err), 0, "%s", err.msg);
+        jlm_engine_rewind(e, 0);
+        cr_assert_eq(jlm_engine_embed(e, NULL, toks, p, 1, emb, &err), 0, "%s", err.msg);
+        /* c by least squares over the vocab, then every row within 1e-4 of the largest logit */
+        double zz = 0, zl = 0, big = 0;
+        float *z = malloc(V * sizeof *z);
+        for (uint64_t r = 0; r < V; r++) {
+            double d = 0;
+            for (uint64_t k = 0; k < E; k++) d += (double)W[r * E + k] * emb[k];
+            z[r] = (float)d;
+            zz += d * d; zl += d * logits[r];
+            if (fabs(logits[r]) > big) big = fabs(logits[r]);
+        }
+        double c = zl / zz, worst = 0;
+        for (uint64_t r = 0; r < V; r++)
+            if (fabs(logits[r] - c * z[r]) > worst) worst = fabs(logits[r] - c * z[r]);
+        cr_assert(c > 0 && worst <= 1e-4 * big, "prefix %u: logits = %g * W e off by %g (largest logit %g)", p, c, worst, big);
+        for (uint64_t k = 0; k < E; k++) sum[k] += c * emb[k];
+        free(z);
+    }
+    jlm_engine_rewind(e, 0);
+    cr_assert_eq(jlm_engine_embed(e, NULL, toks, n, 0, mean, &err), 0, "%s", err.msg);
+    double norm = 0;
+    for (uint64_t k = 0; k < E; k++) norm += sum[k] * sum[k];
+    for (uint64_t k = 0; k < E; k++)
+        cr_assert(fabs(sum[k] / sqrt(norm) - mean[k]) <= 1e-5, "mean[%llu]: %g vs the prefixes' %g",
+                  (unsigned long long)k, (double)mean[k], sum[k] / sqrt(norm));
+    jlm_engine_close(e);
+    jlm_gguf_close(g);
+    free(raw); free(W); free(logits); free(emb); free(mean); free(sum); free(path);
+    tu_rmrf(dir);
+    free(dir);
+}
+
+/* llama.cpp's llama-embedding (b10359, recorded by scripts/embed-reference.sh
+ * into tests/reference/embeddings-MODEL.json with its command lines) on the
+ * same GGUF and prompt: jlm run --embeddings agrees to cosine >= 0.999, mean
+ * and last pooling, on the llama and gemma3 test models. */
+Test(serve_apis, jlm_run_embeddings_agree_with_llama_embedding, .timeout = 120)
+{
+    char *dir = tu_tmpdir();
+    const char *models[] = {"stories260K", "synth-gemma3-256.Q8_0"};
+    for (int mi = 0; mi < 2; mi++) {
+        char gguf[256], ref[1100], name[300];
+        snprintf(gguf, sizeof gguf, "%s.gguf", models[mi]);
+        snprintf(name, sizeof name, "%s.jlm", models[mi]);
+        snprintf(ref, sizeof ref, "%s/tests/reference/embeddings-%s.json", tu_root(), models[mi]);
+        char *model = convert_to(gguf, dir, name);
+        json_error_t je;
+        json_t *j = json_load_file(ref, 0, &je), *runs = json_object_get(j, "runs"), *run;
+        cr_assert(json_array_size(runs) == 4, "%s: %s", ref, je.text);
+        size_t i;
+        json_array_foreach(runs, i, run) {
+            const char *pool = json_string_value(json_object_get(run, "pooling"));
+            const char *prompt = json_string_value(json_object_get(run, "prompt"));
+            json_t *want = json_object_get(run, "embedding");
+            size_t n;
+            float *got = run_embedding(model, prompt, pool, &n);
+            cr_assert_eq(n, json_array_size(want), "%s %s: width %zu vs llama.cpp's %zu", models[mi], pool, n,
+                         json_array_size(want));
+            double dot = 0, ng = 0, nw = 0;
+            for (size_t k = 0; k < n; k++) {
+                double w = json_number_value(json_array_get(want, k));
+                dot += w * got[k]; ng += (double)got[k] * got[k]; nw += w * w;
+            }
+            double cos = dot / sqrt(ng * nw);
+            cr_assert(cos >= 0.999, "%s, %s pooling, '%s': cosine %.6f with llama-embedding's", models[mi], pool, prompt, cos);
+            cr_log_info("%s %s '%s': cosine %.6f", models[mi], pool, prompt, cos);
+            free(got);
+        }
+        json_decref(j);
+        free(model);
+    }
+    tu_rmrf(dir);
+    free(dir);
+}

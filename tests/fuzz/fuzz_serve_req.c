@@ -1,5 +1,7 @@
-/* fuzz_serve_req.c - libFuzzer target for the request-body parser of
- * `jlm serve` (serve/api.c), both endpoint kinds, plus the stop-string scan
+/* fuzz_serve_req.c - libFuzzer target for the request-body parsers of
+ * `jlm serve`: OpenAI's (serve/api.c), both endpoint kinds, and the other
+ * APIs' (serve/dialect.c: /v1/embeddings, Anthropic's /v1/messages,
+ * ollama's /api/chat, /api/generate, /api/embed), plus the stop-string scan
  * and the response builders on what parsed.
  *
  *   make fuzz && mkdir -p /tmp/corpus && build-fuzz/fuzz_serve_req -max_total_time=60 /tmp/corpus
@@ -12,6 +14,7 @@
 #include <string.h>
 
 #include "serve/api.h"
+#include "serve/dialect.h"
 
 static void use(const jlm_srv_req *r, const uint8_t *data, size_t size)
 {
@@ -44,8 +47,35 @@ static void use(const jlm_srv_req *r, const uint8_t *data, size_t size)
     (void)sink;
 }
 
+/* The other APIs' parsers, and the Anthropic builders on what parsed. */
+static void other_apis(const uint8_t *data, size_t size)
+{
+    for (int api = JLM_SRV_API_EMBED; api <= JLM_SRV_API_OLLAMA_EMBED; api++) {
+        jlm_srv_req r;
+        jlm_err err = {0};
+        if (jlm_srv_dialect_parse((jlm_srv_api)api, (const char *)data, size, &r, &err) != 0) {
+            if (!err.msg[0])
+                abort();   /* a refusal always says why */
+            continue;
+        }
+        if (r.kind != JLM_SRV_EMBED) {
+            use(&r, data, size);
+        } else if (!json_is_array(r.inputs) || !json_array_size(r.inputs)) {
+            abort();   /* an embeddings request always has inputs */
+        }
+        jlm_srv_ident id = {.id = "msg-x", .model = r.model ? r.model : "m", .kind = r.kind};
+        jlm_srv_result res = {.finish_reason = "stop", .stop_sequence = r.n_stop ? r.stop[0] : NULL};
+        size_t n = 0;
+        char *ev = jlm_srv_sse_event("message_start", jlm_srv_anth_message(&id, (const char *)data, size, &res), &n);
+        free(ev);
+        json_decref(jlm_srv_anth_error(400, r.model ? r.model : "m"));
+        jlm_srv_req_free(&r);
+    }
+}
+
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 {
+    other_apis(data, size);
     for (int kind = JLM_SRV_COMPLETION; kind <= JLM_SRV_CHAT; kind++) {
         jlm_srv_req r;
         jlm_err err = {0};
