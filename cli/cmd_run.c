@@ -78,9 +78,10 @@ static int check_args(run_opts *o, int n_pos, const char *pos0)
         return jlm_cli_error("jlm run", "--pooling goes with --embeddings"), 2;
     if (o->pooling && strcmp(o->pooling, "mean") && strcmp(o->pooling, "last"))
         return jlm_cli_errorf("jlm run", "--pooling '%s': expected mean or last", o->pooling), 2;
-    if (o->embeddings && (o->image || o->grammar || o->json_schema || o->logits_file || o->json || o->print_ids))
+    if (o->embeddings && (o->image || o->grammar || o->json_schema || o->logits_file || o->json || o->print_ids ||
+                         o->trace_file))
         return jlm_cli_error("jlm run", "--embeddings prints only the vector: it goes without --image, --grammar, "
-                                        "--json-schema, --logits, --json and --print-ids"), 2;
+                                        "--json-schema, --logits, --json, --print-ids and --trace-routing"), 2;
     if (!o->model)
         return jlm_cli_error("jlm run", "no model: give MODEL or -m FILE (see --help)"), 2;
     if (!o->prompt && !o->prompt_file && !o->ids && !o->image)
