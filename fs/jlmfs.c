@@ -775,7 +775,7 @@ static int shared_start(jlmfs *fs, jlm_err *err)
     free(idf);
     free(keyf);
     if (!rc && old[0])
-        snprintf(fs->prev_host, sizeof fs->prev_host, "%s", old);
+        memcpy(fs->prev_host, old, sizeof fs->prev_host);   /* 16 hex digits and the NUL put above */
     return rc;
 }
 
