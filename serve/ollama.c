@@ -3,11 +3,12 @@
  * "stream": false, the last one with done: true, done_reason and the
  * counts and durations; a tool request's calls in message.tool_calls, of
  * one object before the last when streamed), POST /api/embed (embed.c's jobs), GET /api/tags
- * and /api/ps (the served models), POST /api/show (one model's details and
- * template), GET /api/version. Models are named by file stem, with or
+ * and /api/ps (the served models), POST /api/show (one model's details,
+ * template and capabilities: "tools" when its template renders them), GET /api/version. Models are named by file stem, with or
  * without ":latest"; errors are {"error": message}. */
 #include "serve/http_int.h"
 #include "serve/dialect.h"
+#include "serve/toolcall.h"
 
 #include <stdio.h>
 #include <stdlib.h>
@@ -169,9 +170,15 @@ static json_t *show(const srv_model *m)
     snprintf(k3, sizeof k3, "%s.block_count", arch ? arch : "unknown");
     json_t *info = json_pack("{s:s, s:I, s:I, s:I}", "general.architecture", arch ? arch : "unknown", k1,
                              (json_int_t)jlm_engine_n_ctx(m->e), k2, (json_int_t)c->n_embd, k3, (json_int_t)c->n_layer);
-    return json_pack("{s:s, s:s, s:s, s:o, s:o, s:[s, s], s:s}", "modelfile", "", "parameters", "", "template",
-                     m->tmpl ? m->tmpl : "", "details", details(m), "model_info", info, "capabilities", "completion",
-                     "embedding", "modified_at", "");
+    /* tools: the template renders them, or it is the ChatML fallback (Hermes tools, serve/toolcall.h) */
+    int tools = (m->tmpl != m->srv->o.chat_template && m->sess->tmpl_fallback) ||
+                (m->tmpl && jlm_tc_family_of(m->tmpl, strlen(m->tmpl)) != JLM_TC_NONE);
+    json_t *caps = json_pack("[s, s]", "completion", "embedding");
+    if (caps && tools)
+        json_array_append_new(caps, json_string("tools"));
+    return json_pack("{s:s, s:s, s:s, s:o, s:o, s:o, s:s}", "modelfile", "", "parameters", "", "template",
+                     m->tmpl ? m->tmpl : "", "details", details(m), "model_info", info, "capabilities", caps,
+                     "modified_at", "");
 }
 
 /* POST /api/show {"model": NAME} */

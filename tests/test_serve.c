@@ -2646,6 +2646,8 @@ Test(serve_apis, ollama_chat_and_generate_equal_jlm_chat_and_jlm_run, .timeout =
     j = parse(r);
     cr_assert_str_eq(json_string_value(json_object_get(json_object_get(j, "details"), "family")), "llama", "%s", r);
     cr_assert(json_integer_value(json_object_get(json_object_get(j, "model_info"), "llama.embedding_length")) > 0, "%s", r);
+    cr_assert_str_eq(json_string_value(json_array_get(json_object_get(j, "capabilities"), 2)), "tools",
+                     "the ChatML fallback renders tools: %s", r);
     json_decref(j);
     free(r);
     /* errors: {"error": message} */
