@@ -158,14 +158,55 @@ static int parse_embed(json_t *o, int ollama, jlm_srv_req *r, jlm_err *err)
 
 /* ---------------------------------------------------------------- Anthropic */
 
-/* One content block of messages[i] (or of system when i < 0) as an OpenAI
- * part appended to parts. Tool use and images are refused here until they
- * are wired (dialect.h). */
-static int anth_block(const json_t *b, long i, size_t k, json_t *parts, jlm_err *err)
+static json_t *anth_content(const json_t *c, long i, const char *where, jlm_err *err);
+
+/* A tool_use block -> an OpenAI tool call {id, type, function: {name,
+ * arguments: the input's JSON text}}; a tool_result block -> a `tool`
+ * message. Appended to calls / msgs. */
+static int anth_tool_block(const json_t *b, const char *type, const char *where, json_t *calls, json_t *msgs,
+                           jlm_err *err)
 {
-    char where[64];
-    if (i < 0) snprintf(where, sizeof where, "system[%zu]", k);
-    else snprintf(where, sizeof where, "messages[%ld].content[%zu]", i, k);
+    if (!strcmp(type, "tool_use")) {
+        const json_t *id = json_object_get(b, "id"), *name = json_object_get(b, "name"), *in = json_object_get(b, "input");
+        if (!json_is_string(id) || !json_is_string(name) || !json_is_object(in))
+            return jlm_errf(err, JLM_EINVAL, "'%s': a tool_use block needs a string 'id' and 'name' and an object 'input'",
+                            where);
+        char *args = json_dumps(in, JSON_COMPACT);
+        int rc = !args || json_array_append_new(calls, json_pack("{s:O, s:s, s:{s:O, s:s}}", "id", id, "type", "function",
+                                                                  "function", "name", name, "arguments", args));
+        free(args);
+        return rc ? jlm_errf(err, JLM_ENOMEM, "out of memory") : 0;
+    }
+    const json_t *id = json_object_get(b, "tool_use_id"), *c = json_object_get(b, "content"),
+                 *e = json_object_get(b, "is_error");
+    if (!json_is_string(id))
+        return jlm_errf(err, JLM_EINVAL, "'%s.tool_use_id': expected a string", where);
+    if (given(e) && !json_is_boolean(e))
+        return jlm_errf(err, JLM_EINVAL, "'%s.is_error': expected true or false", where);
+    json_t *text;
+    char sub[96];
+    snprintf(sub, sizeof sub, "%s.content", where);
+    if (!given(c))
+        text = json_string("");
+    else if (!(text = anth_content(c, -2, sub, err)))
+        return err->code;
+    if (json_is_true(e)) {   /* the template has no field for it: the text says so */
+        json_t *p = json_is_string(text) ? json_pack("[{s:s, s:O}]", "type", "text", "text", text) : json_incref(text);
+        json_decref(text);
+        text = p;
+        if (p && json_array_insert_new(p, 0, json_pack("{s:s, s:s}", "type", "text", "text", "Error:")))
+            json_decref(p), text = NULL;
+    }
+    return !text || json_array_append_new(msgs, json_pack("{s:s, s:O, s:o}", "role", "tool", "tool_call_id", id,
+                                                          "content", text))
+               ? jlm_errf(err, JLM_ENOMEM, "out of memory") : 0;
+}
+
+/* One content block at `where` as an OpenAI part appended to parts, or (a
+ * tool block, when calls / msgs are given: a message's content) a call or a
+ * tool message (anth_tool_block). Images are refused (dialect.h). */
+static int anth_block(const json_t *b, const char *where, json_t *parts, json_t *calls, json_t *msgs, jlm_err *err)
+{
     const char *type = json_string_value(json_object_get(b, "type"));
     if (!json_is_object(b) || !type)
         return jlm_errf(err, JLM_EINVAL, "'%s': expected an object with a string 'type'", where);
@@ -176,35 +217,94 @@ static int anth_block(const json_t *b, long i, size_t k, json_t *parts, jlm_err 
         return json_array_append_new(parts, json_pack("{s:s, s:O}", "type", "text", "text", t))
                    ? jlm_errf(err, JLM_ENOMEM, "out of memory") : 0;
     }
+    if ((!strcmp(type, "tool_use") && calls) || (!strcmp(type, "tool_result") && msgs))
+        return anth_tool_block(b, type, where, calls, msgs, err);
     if (!strcmp(type, "tool_use") || !strcmp(type, "tool_result"))
-        return jlm_errf(err, JLM_EUNSUPPORTED, "'%s': %s blocks are not supported (tool use is not implemented "
-                        "on /v1/messages)", where, type);
+        return jlm_errf(err, JLM_EINVAL, "'%s': a %s block goes in %s", where, type,
+                        !strcmp(type, "tool_use") ? "an assistant message" : "a user message");
     if (!strcmp(type, "image") || !strcmp(type, "document"))
         return jlm_errf(err, JLM_EUNSUPPORTED, "'%s': %s blocks are not supported (text only)", where, type);
     return jlm_errf(err, JLM_EUNSUPPORTED, "'%s': block type '%s' is not supported (text only)", where, type);
 }
 
-/* content: a string, or an array of blocks -> the OpenAI message's content. */
-static json_t *anth_content(const json_t *c, long i, jlm_err *err)
+/* content (of messages[i]; system when i == -1; a tool_result's when -2): a
+ * string, or an array of text blocks -> the OpenAI message's content. */
+static json_t *anth_content(const json_t *c, long i, const char *where, jlm_err *err)
 {
     if (json_is_string(c))
         return json_incref((json_t *)c);
     if (!json_is_array(c)) {
-        if (i < 0) jlm_errf(err, JLM_EINVAL, "'system': expected a string or an array of text blocks");
-        else jlm_errf(err, JLM_EINVAL, "'messages[%ld].content': expected a string or an array of blocks", i);
+        if (i == -1) jlm_errf(err, JLM_EINVAL, "'system': expected a string or an array of text blocks");
+        else jlm_errf(err, JLM_EINVAL, "'%s': expected a string or an array of blocks", where);
         return NULL;
     }
     json_t *parts = json_array();
     size_t k;
     const json_t *b;
+    char at[128];
     json_array_foreach(c, k, b) {
-        if (!parts || anth_block(b, i, k, parts, err)) {
+        snprintf(at, sizeof at, "%s[%zu]", where, k);
+        if (!parts || anth_block(b, at, parts, NULL, NULL, err)) {
             if (!parts) jlm_errf(err, JLM_ENOMEM, "out of memory");
             json_decref(parts);
             return NULL;
         }
     }
     return parts;
+}
+
+/* Appends a message {role, content: parts (null for an assistant's calls
+ * without text)} when it has text or calls; empties parts. */
+static int anth_flush(json_t *msgs, const char *role, json_t *parts, json_t *calls)
+{
+    if (!json_array_size(parts) && !json_array_size(calls))
+        return 0;
+    json_t *c = json_array_size(parts) ? json_copy(parts) : json_null();
+    json_t *m = c ? json_pack("{s:s, s:o}", "role", role, "content", c) : NULL;
+    if (m && json_array_size(calls) && json_object_set(m, "tool_calls", calls))
+        json_decref(m), m = NULL;
+    json_array_clear(parts);
+    return !m || json_array_append_new(msgs, m);
+}
+
+/* messages[i] -> OpenAI messages: a user turn's tool_result blocks become
+ * `tool` messages (in their place among its text), an assistant turn's
+ * tool_use blocks its tool_calls. */
+static int anth_message(const json_t *m, size_t i, json_t *msgs, jlm_err *err)
+{
+    const char *role = json_string_value(json_object_get(m, "role"));
+    if (!json_is_object(m) || !role || (strcmp(role, "user") && strcmp(role, "assistant")))
+        return jlm_errf(err, JLM_EINVAL, "'messages[%zu].role': expected \"user\" or \"assistant\"", i);
+    const json_t *c = json_object_get(m, "content"), *b;
+    if (json_is_string(c))
+        return json_array_append_new(msgs, json_pack("{s:s, s:O}", "role", role, "content", c))
+                   ? jlm_errf(err, JLM_ENOMEM, "out of memory") : 0;
+    if (!json_is_array(c))
+        return jlm_errf(err, JLM_EINVAL, "'messages[%zu].content': expected a string or an array of blocks", i);
+    int asst = !strcmp(role, "assistant"), rc = 0;
+    json_t *parts = json_array(), *calls = json_array(), *tools = json_array();
+    size_t k, had = json_array_size(msgs);
+    char at[96];
+    if (!parts || !calls || !tools)
+        rc = jlm_errf(err, JLM_ENOMEM, "out of memory");
+    json_array_foreach(c, k, b) {
+        if (rc) break;
+        snprintf(at, sizeof at, "messages[%zu].content[%zu]", i, k);
+        rc = anth_block(b, at, parts, asst ? calls : NULL, asst ? NULL : tools, err);
+        if (!rc && json_array_size(tools)) {   /* the text before it, then the tool message */
+            if (anth_flush(msgs, role, parts, NULL) || json_array_extend(msgs, tools))
+                rc = jlm_errf(err, JLM_ENOMEM, "out of memory");
+            json_array_clear(tools);
+        }
+    }
+    if (!rc && (anth_flush(msgs, role, parts, calls) ||
+                (json_array_size(msgs) == had &&   /* an empty content still is a turn */
+                 json_array_append_new(msgs, json_pack("{s:s, s:s}", "role", role, "content", "")))))
+        rc = jlm_errf(err, JLM_ENOMEM, "out of memory");
+    json_decref(parts);
+    json_decref(calls);
+    json_decref(tools);
+    return rc;
 }
 
 static int anth_messages(const json_t *o, json_t *out, jlm_err *err)
@@ -215,7 +315,7 @@ static int anth_messages(const json_t *o, json_t *out, jlm_err *err)
     const json_t *sys = json_object_get(o, "system");
     if (given(sys) && !(json_is_array(sys) && !json_array_size(sys)) && !(json_is_string(sys) && !json_string_length(sys))) {
         /* an empty system prompt is none (no system turn rendered) */
-        json_t *c = anth_content(sys, -1, err);
+        json_t *c = anth_content(sys, -1, "system", err);
         if (!c)
             return err->code;
         if (json_array_append_new(msgs, json_pack("{s:s, s:o}", "role", "system", "content", c)))
@@ -226,15 +326,72 @@ static int anth_messages(const json_t *o, json_t *out, jlm_err *err)
         return jlm_errf(err, JLM_EINVAL, "'messages': expected a non-empty array of messages");
     size_t i;
     json_array_foreach(in, i, m) {
-        const char *role = json_string_value(json_object_get(m, "role"));
-        if (!json_is_object(m) || !role || (strcmp(role, "user") && strcmp(role, "assistant")))
-            return jlm_errf(err, JLM_EINVAL, "'messages[%zu].role': expected \"user\" or \"assistant\"", i);
-        json_t *c = anth_content(json_object_get(m, "content"), (long)i, err);
-        if (!c)
-            return err->code;
-        if (json_array_append_new(msgs, json_pack("{s:s, s:o}", "role", role, "content", c)))
+        int rc = anth_message(m, i, msgs, err);
+        if (rc)
+            return rc;
+    }
+    return 0;
+}
+
+/* tools [{name, description?, input_schema}] -> OpenAI function tools;
+ * Anthropic's server tools (a `type` other than "custom") are refused. */
+static int anth_tools(const json_t *o, json_t *out, jlm_err *err)
+{
+    const json_t *tools = json_object_get(o, "tools"), *t;
+    if (!given(tools))
+        return 0;
+    if (!json_is_array(tools))
+        return jlm_errf(err, JLM_EINVAL, "'tools': expected an array of tools");
+    json_t *a = json_array();
+    if (!a || json_object_set_new(out, "tools", a))
+        return jlm_errf(err, JLM_ENOMEM, "out of memory");
+    size_t i;
+    json_array_foreach(tools, i, t) {
+        const json_t *ty = json_object_get(t, "type"), *name = json_object_get(t, "name"),
+                     *d = json_object_get(t, "description"), *sch = json_object_get(t, "input_schema");
+        if (!json_is_object(t))
+            return jlm_errf(err, JLM_EINVAL, "'tools[%zu]': expected an object", i);
+        if (given(ty) && !(json_is_string(ty) && !strcmp(json_string_value(ty), "custom")))
+            return jlm_errf(err, JLM_EUNSUPPORTED, "'tools[%zu].type': only custom tools are implemented (no server "
+                            "tools)", i);
+        if (!json_is_string(name))
+            return jlm_errf(err, JLM_EINVAL, "'tools[%zu].name': expected a string", i);
+        if (!json_is_object(sch))
+            return jlm_errf(err, JLM_EINVAL, "'tools[%zu].input_schema': expected a JSON Schema object", i);
+        json_t *f = json_pack("{s:O, s:O}", "name", name, "parameters", sch);
+        if (f && given(d)) json_object_set(f, "description", (json_t *)d);
+        if (!f || json_array_append_new(a, json_pack("{s:s, s:o}", "type", "function", "function", f)))
             return jlm_errf(err, JLM_ENOMEM, "out of memory");
     }
+    return 0;
+}
+
+/* tool_choice {type: auto | any | tool (name) | none, disable_parallel_tool_use}
+ * -> OpenAI's tool_choice and parallel_tool_calls. */
+static int anth_tool_choice(const json_t *o, json_t *out, jlm_err *err)
+{
+    const json_t *tc = json_object_get(o, "tool_choice");
+    if (!given(tc))
+        return 0;
+    const char *type = json_string_value(json_object_get(tc, "type"));
+    const json_t *name = json_object_get(tc, "name"), *dp = json_object_get(tc, "disable_parallel_tool_use");
+    if (!json_is_object(tc) || !type)
+        return jlm_errf(err, JLM_EINVAL, "'tool_choice': expected an object with a string 'type'");
+    if (given(dp) && !json_is_boolean(dp))
+        return jlm_errf(err, JLM_EINVAL, "'tool_choice.disable_parallel_tool_use': expected true or false");
+    json_t *c = !strcmp(type, "auto") ? json_string("auto")
+              : !strcmp(type, "any")  ? json_string("required")
+              : !strcmp(type, "none") ? json_string("none")
+              : !strcmp(type, "tool") && json_is_string(name)
+                  ? json_pack("{s:s, s:{s:O}}", "type", "function", "function", "name", name)
+                  : NULL;
+    if (!c && !strcmp(type, "tool"))
+        return jlm_errf(err, JLM_EINVAL, "'tool_choice.name': expected a string naming a tool");
+    if (!c)
+        return jlm_errf(err, JLM_EINVAL, "'tool_choice.type': expected \"auto\", \"any\", \"tool\" or \"none\"");
+    if (json_object_set_new(out, "tool_choice", c) ||
+        (json_is_true(dp) && json_object_set_new(out, "parallel_tool_calls", json_false())))
+        return jlm_errf(err, JLM_ENOMEM, "out of memory");
     return 0;
 }
 
@@ -258,17 +415,16 @@ static int anth_fields(const json_t *o, json_t *out, jlm_err *err)
         if (!json_is_string(s) || !json_string_length(s) || json_string_length(s) > JLM_SRV_MAX_STOP_LEN)
             return jlm_errf(err, JLM_EINVAL, "'stop_sequences[%zu]': expected a non-empty string of at most %d bytes",
                             i, JLM_SRV_MAX_STOP_LEN);
-    const json_t *tools = json_object_get(o, "tools"), *tc = json_object_get(o, "tool_choice");
-    if ((given(tools) && (!json_is_array(tools) || json_array_size(tools))) || given(tc))
-        return jlm_errf(err, JLM_EUNSUPPORTED, "'%s': tool use is not implemented on /v1/messages",
-                        given(tc) ? "tool_choice" : "tools");
+    if ((rc = anth_tools(o, out, err)) || (rc = anth_tool_choice(o, out, err)))
+        return rc;
     const json_t *th = json_object_get(o, "thinking");
     const char *tt = json_string_value(json_object_get(th, "type"));
     if (given(th) && !(tt && !strcmp(tt, "disabled")))
         return jlm_errf(err, JLM_EUNSUPPORTED, "'thinking': extended thinking is not implemented");
     if (copy_field(out, "max_tokens", o, "max_tokens") || copy_field(out, "temperature", o, "temperature") ||
         copy_field(out, "top_p", o, "top_p") || copy_field(out, "top_k", o, "top_k") ||
-        copy_field(out, "stream", o, "stream") || copy_field(out, "stop", o, "stop_sequences"))
+        copy_field(out, "stream", o, "stream") || copy_field(out, "stop", o, "stop_sequences") ||
+        copy_field(out, "grammar", o, "grammar"))   /* llama-server's extension, as on OpenAI's endpoints */
         return jlm_errf(err, JLM_ENOMEM, "out of memory");
     return 0;
 }
@@ -349,7 +505,7 @@ static int ollama_options(const json_t *o, json_t *out, int embed, jlm_err *err)
  * implement, refused when given a value that would matter. */
 static int ollama_refuse(const json_t *o, jlm_err *err)
 {
-    static const char *const empty_only[] = {"tools", "images", "context", "template", "suffix"};
+    static const char *const empty_only[] = {"images", "context", "template", "suffix"};
     for (size_t i = 0; i < sizeof empty_only / sizeof empty_only[0]; i++) {
         const json_t *v = json_object_get(o, empty_only[i]);
         if (given(v) && !(json_is_array(v) && !json_array_size(v)) && !(json_is_string(v) && !json_string_length(v)))
@@ -376,6 +532,51 @@ static int ollama_format(const json_t *o, json_t *out, jlm_err *err)
     return rc ? jlm_errf(err, JLM_ENOMEM, "out of memory") : 0;
 }
 
+/* An assistant message's tool_calls [{function: {name, arguments: {...}}}]
+ * -> OpenAI calls (ids "c" and 4 + 4 digits of I and K: 9 letters and
+ * digits, as Mistral's templates demand; the arguments object kept:
+ * templates take it as it is). */
+static int ollama_calls(const json_t *calls, size_t i, json_t *msg, jlm_err *err)
+{
+    if (!json_is_array(calls))
+        return jlm_errf(err, JLM_EINVAL, "'messages[%zu].tool_calls': expected an array", i);
+    json_t *a = json_array();
+    if (!a || json_object_set_new(msg, "tool_calls", a))
+        return jlm_errf(err, JLM_ENOMEM, "out of memory");
+    size_t k;
+    const json_t *c;
+    json_array_foreach(calls, k, c) {
+        const json_t *f = json_object_get(c, "function"), *name = json_object_get(f, "name"),
+                     *args = json_object_get(f, "arguments");
+        if (!json_is_string(name) || !(json_is_object(args) || !given(args)))
+            return jlm_errf(err, JLM_EINVAL, "'messages[%zu].tool_calls[%zu]': expected {\"function\": {\"name\": "
+                            "string, \"arguments\": object}}", i, k);
+        char id[48];
+        snprintf(id, sizeof id, "c%04zu%04zu", i % 10000, k % 10000);
+        json_t *oc = given(args) ? json_incref((json_t *)args) : json_object();
+        if (json_array_append_new(a, json_pack("{s:s, s:s, s:{s:O, s:o}}", "id", id, "type", "function", "function",
+                                               "name", name, "arguments", oc)))
+            return jlm_errf(err, JLM_ENOMEM, "out of memory");
+    }
+    return 0;
+}
+
+/* The id of the call a tool message answers: of the last assistant calls,
+ * the one named tool_name, else the n-th (results come in the calls'
+ * order); NULL when there is none. */
+static const json_t *ollama_answered(const json_t *calls, const json_t *tool_name, size_t n)
+{
+    size_t k;
+    const json_t *c;
+    json_array_foreach(calls, k, c)
+        if (json_is_string(tool_name) && json_equal(json_object_get(json_object_get(c, "function"), "name"), (json_t *)tool_name))
+            return json_object_get(c, "id");
+    return json_object_get(json_array_get(calls, n), "id");
+}
+
+/* messages: {role, content, tool_calls?} and {role: "tool", content,
+ * tool_name?} as OpenAI's (a tool message's tool_name becomes its name, the
+ * id of the call it answers its tool_call_id). */
 static int ollama_messages(const json_t *o, json_t *out, jlm_err *err)
 {
     const json_t *in = json_object_get(o, "messages"), *m;
@@ -384,19 +585,32 @@ static int ollama_messages(const json_t *o, json_t *out, jlm_err *err)
     json_t *msgs = json_array();
     if (!msgs || json_object_set_new(out, "messages", msgs))
         return jlm_errf(err, JLM_ENOMEM, "out of memory");
-    size_t i;
+    size_t i, n_results = 0;
+    const json_t *last_calls = NULL;
     json_array_foreach(in, i, m) {
-        const json_t *role = json_object_get(m, "role"), *c = json_object_get(m, "content");
+        const json_t *role = json_object_get(m, "role"), *c = json_object_get(m, "content"),
+                     *calls = json_object_get(m, "tool_calls"), *tn = json_object_get(m, "tool_name");
         if (!json_is_object(m) || !json_is_string(role))
             return jlm_errf(err, JLM_EINVAL, "'messages[%zu]': expected an object with a string 'role'", i);
-        if (!strcmp(json_string_value(role), "tool") || given(json_object_get(m, "tool_calls")))
-            return jlm_errf(err, JLM_EUNSUPPORTED, "'messages[%zu]': tool calls are not implemented on /api/chat", i);
         const json_t *im = json_object_get(m, "images");
         if (given(im) && !(json_is_array(im) && !json_array_size(im)))
             return jlm_errf(err, JLM_EUNSUPPORTED, "'messages[%zu].images': images are not implemented", i);
         if (given(c) && !json_is_string(c))
             return jlm_errf(err, JLM_EINVAL, "'messages[%zu].content': expected a string", i);
-        if (json_array_append_new(msgs, json_pack("{s:O, s:s}", "role", role, "content", c ? json_string_value(c) : "")))
+        if (given(tn) && !json_is_string(tn))
+            return jlm_errf(err, JLM_EINVAL, "'messages[%zu].tool_name': expected a string", i);
+        json_t *msg = json_pack("{s:O, s:s}", "role", role, "content", given(c) ? json_string_value(c) : "");
+        if (!msg || json_array_append_new(msgs, msg))
+            return jlm_errf(err, JLM_ENOMEM, "out of memory");
+        if (given(calls) && !(json_is_array(calls) && !json_array_size(calls))) {
+            int rc = ollama_calls(calls, i, msg, err);
+            if (rc) return rc;
+            last_calls = json_object_get(msg, "tool_calls");
+            n_results = 0;
+        }
+        const json_t *id = !strcmp(json_string_value(role), "tool") ? ollama_answered(last_calls, tn, n_results++) : NULL;
+        if ((given(tn) && json_object_set(msg, "name", (json_t *)tn)) ||
+            (id && json_object_set(msg, "tool_call_id", (json_t *)id)))
             return jlm_errf(err, JLM_ENOMEM, "out of memory");
     }
     return 0;
@@ -435,6 +649,10 @@ static int ollama_fields(const json_t *o, int generate, json_t *out, jlm_srv_kin
     if (!rc) rc = generate ? ollama_generate(o, out, kind, err) : ollama_messages(o, out, err);
     if (!rc) rc = ollama_options(o, out, 0, err);
     if (!rc) rc = ollama_format(o, out, err);
+    if (!rc && !generate && (copy_field(out, "tools", o, "tools") || copy_field(out, "grammar", o, "grammar")))
+        rc = jlm_errf(err, JLM_ENOMEM, "out of memory");   /* tools: OpenAI's shape; grammar: llama-server's */
+    if (!rc && generate && given(json_object_get(o, "tools")))
+        rc = jlm_errf(err, JLM_EINVAL, "'tools': /api/generate takes none (use /api/chat)");
     const json_t *st = json_object_get(o, "stream");
     if (!rc && given(st) && !json_is_boolean(st))
         rc = jlm_errf(err, JLM_EINVAL, "'stream': expected true or false");
@@ -492,7 +710,8 @@ json_t *jlm_srv_anth_error(int status, const char *msg)
 
 const char *jlm_srv_anth_stop_reason(const jlm_srv_result *r)
 {
-    return r->stop_sequence                                        ? "stop_sequence"
+    return json_array_size(r->tool_calls)                          ? "tool_use"
+         : r->stop_sequence                                        ? "stop_sequence"
          : r->finish_reason && !strcmp(r->finish_reason, "length") ? "max_tokens"
                                                                    : "end_turn";
 }
@@ -506,6 +725,42 @@ static json_t *anth_id(const jlm_srv_ident *id)
     return json_string(buf);
 }
 
+/* A parsed call's arguments (JSON text, serve/toolcall.h) as an object. */
+static json_t *call_input(const json_t *call)
+{
+    const char *a = json_string_value(json_object_get(json_object_get(call, "function"), "arguments"));
+    json_t *o = a ? json_loads(a, 0, NULL) : NULL;
+    if (json_is_object(o))
+        return o;
+    json_decref(o);
+    return json_object();
+}
+
+json_t *jlm_srv_anth_tool_use(const json_t *call, int empty)
+{
+    char id[80];
+    const char *cid = json_string_value(json_object_get(call, "id"));
+    snprintf(id, sizeof id, "toolu_%s", cid ? cid : "");
+    return json_pack("{s:s, s:s, s:O, s:o}", "type", "tool_use", "id", id, "name",
+                     json_object_get(json_object_get(call, "function"), "name"), "input",
+                     empty ? json_object() : call_input(call));
+}
+
+json_t *jlm_srv_ollama_calls(const json_t *calls)
+{
+    json_t *a = json_array(), *c;
+    size_t i;
+    json_array_foreach((json_t *)calls, i, c)
+        if (!a || json_array_append_new(a, json_pack("{s:O, s:{s:I, s:O, s:o}}", "id", json_object_get(c, "id"),
+                                                     "function", "index", (json_int_t)i, "name",
+                                                     json_object_get(json_object_get(c, "function"), "name"),
+                                                     "arguments", call_input(c)))) {
+            json_decref(a);
+            return NULL;
+        }
+    return a;
+}
+
 json_t *jlm_srv_anth_message(const jlm_srv_ident *id, const char *text, size_t len, const jlm_srv_result *r)
 {
     json_t *t = jlm_srv_json_text(text, len);
@@ -514,6 +769,13 @@ json_t *jlm_srv_anth_message(const jlm_srv_ident *id, const char *text, size_t l
         return NULL;
     if (r && !len)   /* Anthropic sends no empty text block */
         json_array_clear(content);
+    size_t i;
+    const json_t *c;
+    json_array_foreach(r ? r->tool_calls : NULL, i, c)
+        if (json_array_append_new(content, jlm_srv_anth_tool_use(c, 0))) {
+            json_decref(content);
+            return NULL;
+        }
     json_t *usage = json_pack("{s:I, s:I, s:I}", "input_tokens", (json_int_t)(r ? r->prompt_tokens : 0),
                               "output_tokens", (json_int_t)(r ? r->completion_tokens : 0), "cache_read_input_tokens",
                               (json_int_t)(r ? r->cached_tokens : 0));

@@ -15,8 +15,14 @@
  *
  * Message conversion (Anthropic): each content block goes through one
  * switch on its type (anth_block in dialect.c); text blocks become OpenAI
- * text parts, tool_use / tool_result / image blocks are refused (400) naming
- * the feature until tool calling and images are wired there.
+ * text parts, an assistant turn's tool_use blocks its tool_calls (input ->
+ * the arguments' JSON text), a user turn's tool_result blocks `tool`
+ * messages (in their place among its text); image blocks are refused (400).
+ * Anthropic's tools and tool_choice (auto, any = required, tool = a named
+ * function, none) and ollama's tools (OpenAI's shape), assistant tool_calls
+ * (arguments objects) and `tool` messages become OpenAI's fields, so the
+ * chat template and toolcall.h see one shape. `grammar` (llama-server's
+ * GBNF field) is taken by /v1/messages and /api/chat too.
  *
  * Thread safety: reentrant. Memory: as api.h (jlm_srv_req_free; builders
  * return new references).
@@ -57,11 +63,19 @@ char *jlm_srv_ollama_name(const char *name);
  * authentication_error, 404 not_found_error, 413 request_too_large, 429
  * rate_limit_error, 503 overloaded_error, else api_error). */
 json_t *jlm_srv_anth_error(int status, const char *msg);
-/* Anthropic's stop_reason for a result: end_turn, max_tokens, stop_sequence. */
+/* Anthropic's stop_reason for a result: tool_use (it has tool calls),
+ * stop_sequence, max_tokens, end_turn. */
 const char *jlm_srv_anth_stop_reason(const jlm_srv_result *r);
 /* A whole Anthropic message object {id, type: message, role, model,
- * content: [{type: text, text}], stop_reason, stop_sequence, usage}. */
+ * content: [{type: text, text}, {type: tool_use, ...}...], stop_reason,
+ * stop_sequence, usage}; the text block only when there is text (r given). */
 json_t *jlm_srv_anth_message(const jlm_srv_ident *id, const char *text, size_t len, const jlm_srv_result *r);
+/* The tool_use block of a parsed call (serve/toolcall.h) {type: tool_use,
+ * id: "toolu_" + its id, name, input: its arguments object ({} if empty)}. */
+json_t *jlm_srv_anth_tool_use(const json_t *call, int empty);
+/* ollama's message.tool_calls of parsed calls: [{id, function: {index,
+ * name, arguments: object}}]. NULL on OOM. */
+json_t *jlm_srv_ollama_calls(const json_t *calls);
 /* "event: NAME\ndata: <compact json>\n\n" of data (taken), malloc'd. */
 char   *jlm_srv_sse_event(const char *name, json_t *data, size_t *len);
 /* ollama's error body {"error": msg}. */

@@ -151,8 +151,8 @@ static json_t *ollama_whole(const srv_job *j)
 static void no_stream(srv_job *j, const char *p, size_t n) { (void)j; (void)p; (void)n; }
 static void no_close(srv_job *j, int status, const char *msg) { (void)j; (void)status; (void)msg; }
 
-static const srv_dialect OPENAI_EMBED = {"application/json", "", NULL, no_stream, no_close, openai_whole, jlm_srv_json_error};
-const srv_dialect jlm_srv_dia_ollama_embed = {"application/json", "", NULL, no_stream, no_close, ollama_whole,
+static const srv_dialect OPENAI_EMBED = {"application/json", "", NULL, no_stream, NULL, no_close, openai_whole, jlm_srv_json_error};
+const srv_dialect jlm_srv_dia_ollama_embed = {"application/json", "", NULL, no_stream, NULL, no_close, ollama_whole,
                                               jlm_srv_ollama_error};
 
 enum MHD_Result jlm_srv_embeddings(struct jlm_srv *s, struct MHD_Connection *c, const char *body, size_t len)

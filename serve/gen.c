@@ -409,7 +409,9 @@ static int tc_finish(srv_job *j, gen_state *g)
     int first = g->sent == 0;
     if (r.content_len) job_emit(j, r.content, r.content_len, first);
     first &= r.content_len == 0;
-    json_t *ds = j->req.stream ? jlm_tc_deltas(r.calls, 32) : NULL, *d;
+    if (j->req.stream && j->dia && json_array_size(r.calls))
+        j->dia->calls(j, r.calls);
+    json_t *ds = j->req.stream && !j->dia ? jlm_tc_deltas(r.calls, 32) : NULL, *d;
     size_t i;
     json_array_foreach(ds, i, d) {
         job_event(j, jlm_srv_json_delta_chunk(&j->ident, json_incref(d), first));

@@ -1,12 +1,14 @@
 /* ollama.c - ollama's API (request shapes: dialect.c): POST /api/chat and
  * /api/generate (NDJSON, one object per piece of text, streamed unless
  * "stream": false, the last one with done: true, done_reason and the
- * counts and durations), POST /api/embed (embed.c's jobs), GET /api/tags
- * and /api/ps (the served models), POST /api/show (one model's details and
- * template), GET /api/version. Models are named by file stem, with or
+ * counts and durations; a tool request's calls in message.tool_calls, of
+ * one object before the last when streamed), POST /api/embed (embed.c's jobs), GET /api/tags
+ * and /api/ps (the served models), POST /api/show (one model's details,
+ * template and capabilities: "tools" when its template renders them), GET /api/version. Models are named by file stem, with or
  * without ":latest"; errors are {"error": message}. */
 #include "serve/http_int.h"
 #include "serve/dialect.h"
+#include "serve/toolcall.h"
 
 #include <stdio.h>
 #include <stdlib.h>
@@ -41,13 +43,21 @@ static json_t *ol_object(const srv_job *j, int generate, const char *text, size_
     return o;
 }
 
-/* The last object: done, done_reason, counts, durations (ns). */
-static json_t *ol_final(const srv_job *j, int generate, const char *text, size_t len)
+/* The last object: done, done_reason ("stop" after tool calls, as ollama
+ * says), counts, durations (ns); calls: the message's tool_calls. */
+static json_t *ol_final(const srv_job *j, int generate, const char *text, size_t len, const json_t *calls)
 {
     json_t *o = ol_object(j, generate, text, len);
+    const char *fin = j->res.finish_reason ? j->res.finish_reason : "stop";
+    if (!strcmp(fin, "tool_calls"))
+        fin = "stop";
+    if (o && json_array_size(calls) && !generate &&
+        json_object_set_new(json_object_get(o, "message"), "tool_calls", jlm_srv_ollama_calls(calls))) {
+        json_decref(o);
+        return NULL;
+    }
     uint64_t first = j->t_first_us ? j->t_first_us : j->t_start_us, end = j->t_end_us ? j->t_end_us : first;
-    if (o && json_object_update_new(o, json_pack("{s:b, s:s, s:I, s:I, s:I, s:I, s:I, s:I}", "done", 1, "done_reason",
-                                                 j->res.finish_reason ? j->res.finish_reason : "stop",
+    if (o && json_object_update_new(o, json_pack("{s:b, s:s, s:I, s:I, s:I, s:I, s:I, s:I}", "done", 1, "done_reason", fin,
                                                  "total_duration", (json_int_t)((end - j->t_start_us) * 1000),
                                                  "load_duration", (json_int_t)0, "prompt_eval_count",
                                                  (json_int_t)j->res.prompt_tokens, "prompt_eval_duration",
@@ -76,17 +86,28 @@ static void line(srv_job *j, json_t *o)
 
 static void chat_piece(srv_job *j, const char *p, size_t n) { line(j, ol_object(j, 0, p, n)); }
 static void gen_piece(srv_job *j, const char *p, size_t n) { line(j, ol_object(j, 1, p, n)); }
-static void chat_close(srv_job *j, int st, const char *msg) { line(j, st == 200 ? ol_final(j, 0, "", 0) : jlm_srv_ollama_error(st, msg)); }
-static void gen_close(srv_job *j, int st, const char *msg) { line(j, st == 200 ? ol_final(j, 1, "", 0) : jlm_srv_ollama_error(st, msg)); }
-static json_t *chat_whole(const srv_job *j) { return ol_final(j, 0, j->out ? j->out : "", j->len); }
-static json_t *gen_whole(const srv_job *j) { return ol_final(j, 1, j->out ? j->out : "", j->len); }
+static void chat_close(srv_job *j, int st, const char *msg) { line(j, st == 200 ? ol_final(j, 0, "", 0, NULL) : jlm_srv_ollama_error(st, msg)); }
+static void gen_close(srv_job *j, int st, const char *msg) { line(j, st == 200 ? ol_final(j, 1, "", 0, NULL) : jlm_srv_ollama_error(st, msg)); }
+static json_t *chat_whole(const srv_job *j) { return ol_final(j, 0, j->out ? j->out : "", j->len, j->res.tool_calls); }
+static json_t *gen_whole(const srv_job *j) { return ol_final(j, 1, j->out ? j->out : "", j->len, NULL); }
+
+/* A stream's calls: one object whose message has them (as ollama streams). */
+static void chat_calls(srv_job *j, const json_t *calls)
+{
+    json_t *o = ol_object(j, 0, "", 0);
+    if (o && json_object_set_new(json_object_get(o, "message"), "tool_calls", jlm_srv_ollama_calls(calls))) {
+        json_decref(o);
+        o = NULL;
+    }
+    line(j, o);
+}
 
 /* The ping while a stream waits is a space: whitespace before the next
  * line's JSON, which an NDJSON reader parses past (an SSE comment would be
  * a line that is not JSON). */
-static const srv_dialect OL_CHAT = {"application/x-ndjson", " ", NULL, chat_piece, chat_close, chat_whole,
+static const srv_dialect OL_CHAT = {"application/x-ndjson", " ", NULL, chat_piece, chat_calls, chat_close, chat_whole,
                                     jlm_srv_ollama_error};
-static const srv_dialect OL_GENERATE = {"application/x-ndjson", " ", NULL, gen_piece, gen_close, gen_whole,
+static const srv_dialect OL_GENERATE = {"application/x-ndjson", " ", NULL, gen_piece, NULL, gen_close, gen_whole,
                                         jlm_srv_ollama_error};
 
 /* ---------------------------------------------------------------- models */
@@ -149,9 +170,15 @@ static json_t *show(const srv_model *m)
     snprintf(k3, sizeof k3, "%s.block_count", arch ? arch : "unknown");
     json_t *info = json_pack("{s:s, s:I, s:I, s:I}", "general.architecture", arch ? arch : "unknown", k1,
                              (json_int_t)jlm_engine_n_ctx(m->e), k2, (json_int_t)c->n_embd, k3, (json_int_t)c->n_layer);
-    return json_pack("{s:s, s:s, s:s, s:o, s:o, s:[s, s], s:s}", "modelfile", "", "parameters", "", "template",
-                     m->tmpl ? m->tmpl : "", "details", details(m), "model_info", info, "capabilities", "completion",
-                     "embedding", "modified_at", "");
+    /* tools: the template renders them, or it is the ChatML fallback (Hermes tools, serve/toolcall.h) */
+    int tools = (m->tmpl != m->srv->o.chat_template && m->sess->tmpl_fallback) ||
+                (m->tmpl && jlm_tc_family_of(m->tmpl, strlen(m->tmpl)) != JLM_TC_NONE);
+    json_t *caps = json_pack("[s, s]", "completion", "embedding");
+    if (caps && tools)
+        json_array_append_new(caps, json_string("tools"));
+    return json_pack("{s:s, s:s, s:s, s:o, s:o, s:o, s:s}", "modelfile", "", "parameters", "", "template",
+                     m->tmpl ? m->tmpl : "", "details", details(m), "model_info", info, "capabilities", caps,
+                     "modified_at", "");
 }
 
 /* POST /api/show {"model": NAME} */

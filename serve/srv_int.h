@@ -33,6 +33,7 @@ typedef struct srv_dialect {
     const char *ping;                                      /* sent while a stream waits (ignored by its clients) */
     void   (*open)(srv_job *j);                            /* a stream's first bytes; NULL: none */
     void   (*piece)(srv_job *j, const char *p, size_t n);  /* generated text */
+    void   (*calls)(srv_job *j, const json_t *calls);     /* a tool request's parsed calls (toolcall.h), before close */
     void   (*close)(srv_job *j, int status, const char *msg);   /* the end: j->res (200) or the error */
     json_t *(*whole)(const srv_job *j);                    /* a finished non-streamed job's body (NULL: OOM) */
     json_t *(*error)(int status, const char *msg);         /* an error body */
@@ -140,6 +141,7 @@ struct srv_job {
     char          errmsg[256];
     jlm_srv_result res;
     const srv_dialect *dia;          /* NULL: OpenAI's shapes */
+    int           dia_blocks, dia_open;   /* the dialect's stream: content blocks begun, one still open (anthropic.c) */
     uint64_t      t_start_us, t_first_us, t_end_us;   /* created, prompt evaluated, ended (CLOCK_MONOTONIC) */
     /* EMBED: input i is prompt[emb_off[i], emb_off[i + 1]); its vector emb + i * n_embd */
     uint32_t     *emb_off;           /* (n_emb + 1,) */

@@ -33,7 +33,7 @@ out.final = { text: fin.content.map((b) => b.text).join(''), stop_reason: fin.st
 
 try {
     await client.messages.create({ model, max_tokens, messages: [{ role: 'user', content: [
-        { type: 'tool_result', tool_use_id: 'x', content: 'y' }] }] });
+        { type: 'image', source: { type: 'base64', media_type: 'image/png', data: 'AAAA' } }] }] });
     out.refused = null;
 } catch (e) {
     out.refused = { status: e.status, type: e.error?.error?.type, message: e.error?.error?.message };

@@ -1373,16 +1373,23 @@ Test(serve, the_openai_npm_client_gets_what_jlm_run_gives, .timeout = 120)
 /* ---------------------------------------------------------------- tool calls */
 
 /* node tests/serve_tools.mjs ... against s; its "ok N" line, asserted. */
-static void node_tools(const srv *s, const char *mode, const char *args, int want)
+/* node tests/SCRIPT NODE_MODULES http://127.0.0.1:PORT{url_tail} stories MODE
+ * ARGS prints "ok WANT". */
+static void node_check(const srv *s, const char *script, const char *url_tail, const char *mode, const char *args, int want)
 {
     char cmd[4096], *out = NULL;
-    snprintf(cmd, sizeof cmd, "node %s/tests/serve_tools.mjs %s http://127.0.0.1:%d/v1 stories %s %s 2>&1", tu_root(),
-             node_modules(), s->port, mode, args);
+    snprintf(cmd, sizeof cmd, "node %s/tests/%s %s http://127.0.0.1:%d%s stories %s %s 2>&1", tu_root(), script,
+             node_modules(), s->port, url_tail, mode, args);
     int rc = tu_run(cmd, &out);
     char ok[32];
     snprintf(ok, sizeof ok, "ok %d\n", want);
     cr_assert(rc == 0 && out && !strcmp(out, ok), "%s %s: %s (see %s/server.log)", mode, args, out, s->dir);
     free(out);
+}
+
+static void node_tools(const srv *s, const char *mode, const char *args, int want)
+{
+    node_check(s, "serve_tools.mjs", "/v1", mode, args, want);
 }
 
 /* Every family's fixed outputs (tests/toolcall/cases.json), produced by the
@@ -2202,14 +2209,42 @@ Test(serve_apis, requests_of_the_other_apis_parse_or_are_refused_naming_the_fiel
     parse_case(A, ANTH(", \"temperature\": 1.5"), JLM_EINVAL, "'temperature'");
     parse_case(A, ANTH(", \"stop_sequences\": [\"\"]"), JLM_EINVAL, "'stop_sequences[0]'");
     parse_case(A, ANTH(", \"stop_sequences\": [\"a\", \"b\", \"c\", \"d\", \"e\"]"), JLM_EINVAL, "'stop_sequences'");
-    parse_case(A, ANTH(", \"tools\": [{\"name\": \"f\"}]"), JLM_EUNSUPPORTED, "'tools'");
+    const char *tool = "\"tools\": [{\"name\": \"f\", \"input_schema\": {\"type\": \"object\"}}]";
+    char b2[512];
+#define ANTH_T(extra) (snprintf(b2, sizeof b2, ", %s%s", tool, extra), ANTH(b2))
+    parse_case(A, ANTH_T(""), 0, NULL);
+    parse_case(A, ANTH_T(", \"tool_choice\": {\"type\": \"any\", \"disable_parallel_tool_use\": true}"), 0, NULL);
+    parse_case(A, ANTH_T(", \"tool_choice\": {\"type\": \"tool\", \"name\": \"f\"}"), 0, NULL);
+    parse_case(A, ANTH_T(", \"tool_choice\": {\"type\": \"none\"}"), 0, NULL);
+    parse_case(A, ANTH_T(", \"tool_choice\": {\"type\": \"tool\", \"name\": \"g\"}"), JLM_EINVAL, "'tool_choice");
+    parse_case(A, ANTH_T(", \"tool_choice\": {\"type\": \"tool\"}"), JLM_EINVAL, "'tool_choice.name'");
+    parse_case(A, ANTH_T(", \"tool_choice\": {\"type\": \"some\"}"), JLM_EINVAL, "'tool_choice.type'");
+    parse_case(A, ANTH_T(", \"tool_choice\": \"auto\""), JLM_EINVAL, "'tool_choice'");
+    parse_case(A, ANTH(", \"tool_choice\": {\"type\": \"any\"}"), JLM_EINVAL, "'tool_choice'");
+#undef ANTH_T
+    parse_case(A, ANTH(", \"tools\": [{\"name\": \"f\"}]"), JLM_EINVAL, "'tools[0].input_schema'");
+    parse_case(A, ANTH(", \"tools\": [{\"input_schema\": {}}]"), JLM_EINVAL, "'tools[0].name'");
+    parse_case(A, ANTH(", \"tools\": [{\"type\": \"web_search_20250305\", \"name\": \"web_search\"}]"),
+               JLM_EUNSUPPORTED, "'tools[0].type'");
+    parse_case(A, ANTH(", \"tools\": {}"), JLM_EINVAL, "'tools'");
     parse_case(A, ANTH(", \"thinking\": {\"type\": \"enabled\", \"budget_tokens\": 1024}"), JLM_EUNSUPPORTED,
                "'thinking'");
     parse_case(A, ANTH(", \"system\": 3"), JLM_EINVAL, "'system'");
     parse_case(A, "{\"max_tokens\": 8, \"messages\": [{\"role\": \"user\", \"content\": [{\"type\": \"tool_result\", "
-                  "\"tool_use_id\": \"x\"}]}]}", JLM_EUNSUPPORTED, "'messages[0].content[0]': tool_result");
+                  "\"tool_use_id\": \"x\"}]}]}", 0, NULL);
+    parse_case(A, "{\"max_tokens\": 8, \"messages\": [{\"role\": \"user\", \"content\": [{\"type\": \"tool_result\", "
+                  "\"tool_use_id\": 3}]}]}", JLM_EINVAL, "'messages[0].content[0].tool_use_id'");
+    parse_case(A, "{\"max_tokens\": 8, \"messages\": [{\"role\": \"user\", \"content\": [{\"type\": \"tool_result\", "
+                  "\"tool_use_id\": \"x\", \"content\": [{\"type\": \"image\"}]}]}]}", JLM_EUNSUPPORTED,
+               "'messages[0].content[0].content[0]': image");
     parse_case(A, "{\"max_tokens\": 8, \"messages\": [{\"role\": \"assistant\", \"content\": [{\"type\": \"tool_use\", "
-                  "\"id\": \"x\", \"name\": \"f\", \"input\": {}}]}]}", JLM_EUNSUPPORTED, "tool_use");
+                  "\"id\": \"x\", \"name\": \"f\", \"input\": {}}]}]}", 0, NULL);
+    parse_case(A, "{\"max_tokens\": 8, \"messages\": [{\"role\": \"assistant\", \"content\": [{\"type\": \"tool_use\", "
+                  "\"id\": \"x\", \"name\": \"f\", \"input\": []}]}]}", JLM_EINVAL, "'messages[0].content[0]'");
+    parse_case(A, "{\"max_tokens\": 8, \"messages\": [{\"role\": \"user\", \"content\": [{\"type\": \"tool_use\", "
+                  "\"id\": \"x\", \"name\": \"f\", \"input\": {}}]}]}", JLM_EINVAL, "an assistant message");
+    parse_case(A, "{\"max_tokens\": 8, \"messages\": [{\"role\": \"user\", \"content\": [{\"type\": \"image\", "
+                  "\"source\": {}}]}]}", JLM_EUNSUPPORTED, "'messages[0].content[0]': image");
     parse_case(A, "{\"max_tokens\": 8, \"messages\": [{\"role\": \"system\", \"content\": \"x\"}]}", JLM_EINVAL,
                "'messages[0].role'");
     parse_case(A, "{\"max_tokens\": 8, \"messages\": []}", JLM_EINVAL, "'messages'");
@@ -2228,11 +2263,24 @@ Test(serve_apis, requests_of_the_other_apis_parse_or_are_refused_naming_the_fiel
                JLM_EINVAL, "'options.num_predict'");
     parse_case(C, "{\"messages\": [{\"role\": \"user\", \"content\": \"hi\"}], \"options\": {\"temperature\": 9}}",
                JLM_EINVAL, "'temperature'");
-    parse_case(C, "{\"messages\": [{\"role\": \"user\", \"content\": \"hi\"}], \"tools\": [{}]}", JLM_EUNSUPPORTED,
-               "'tools'");
+    parse_case(C, "{\"messages\": [{\"role\": \"user\", \"content\": \"hi\"}], \"tools\": [{}]}", JLM_EINVAL,
+               "'tools[0]");
+    parse_case(C, "{\"messages\": [{\"role\": \"user\", \"content\": \"hi\"}], \"tools\": [{\"type\": \"function\", "
+                  "\"function\": {\"name\": \"f\"}}]}", 0, NULL);
+    parse_case(C, "{\"messages\": [{\"role\": \"assistant\", \"content\": \"\", \"tool_calls\": [{\"function\": "
+                  "{\"name\": \"f\", \"arguments\": {\"a\": 1}}}]}, {\"role\": \"tool\", \"content\": \"2\", "
+                  "\"tool_name\": \"f\"}]}", 0, NULL);
+    parse_case(C, "{\"messages\": [{\"role\": \"assistant\", \"tool_calls\": [{\"function\": {\"name\": \"f\", "
+                  "\"arguments\": \"{}\"}}]}]}", JLM_EINVAL, "'messages[0].tool_calls[0]'");
+    parse_case(C, "{\"messages\": [{\"role\": \"assistant\", \"tool_calls\": {}}]}", JLM_EINVAL,
+               "'messages[0].tool_calls'");
+    parse_case(C, "{\"messages\": [{\"role\": \"tool\", \"content\": \"2\", \"tool_name\": 1}]}", JLM_EINVAL,
+               "'messages[0].tool_name'");
+    parse_case(G, "{\"prompt\": \"hi\", \"tools\": [{\"type\": \"function\", \"function\": {\"name\": \"f\"}}]}",
+               JLM_EINVAL, "'tools'");
     parse_case(C, "{\"messages\": [{\"role\": \"user\", \"content\": \"hi\", \"images\": [\"AAAA\"]}]}",
                JLM_EUNSUPPORTED, "'messages[0].images'");
-    parse_case(C, "{\"messages\": [{\"role\": \"tool\", \"content\": \"hi\"}]}", JLM_EUNSUPPORTED, "'messages[0]'");
+    parse_case(C, "{\"messages\": [{\"role\": \"tool\", \"content\": \"hi\"}]}", 0, NULL);
     parse_case(C, "{\"messages\": [{\"role\": \"user\", \"content\": \"hi\"}], \"format\": 3}", JLM_EINVAL, "'format'");
     parse_case(C, "{\"messages\": [{\"role\": \"user\", \"content\": \"hi\"}], \"stream\": 1}", JLM_EINVAL, "'stream'");
     parse_case(G, "{\"prompt\": \"hi\", \"raw\": true}", 0, NULL);
@@ -2488,7 +2536,7 @@ Test(serve_apis, anthropic_messages_equal_jlm_chat_streamed_or_not, .timeout = 1
     const char *bad[][2] = {
         {"{\"model\": \"stories\", \"messages\": [{\"role\": \"user\", \"content\": \"x\"}]}", "max_tokens"},
         {"{\"model\": \"stories\", \"max_tokens\": 4, \"messages\": [{\"role\": \"user\", \"content\": [{\"type\": "
-         "\"tool_result\", \"tool_use_id\": \"t\"}]}]}", "tool_result"},
+         "\"image\", \"source\": {}}]}]}", "image"},
         {"{\"model\": \"nope\", \"max_tokens\": 4, \"messages\": [{\"role\": \"user\", \"content\": \"x\"}]}", "nope"},
         {"not json", "JSON"},
     };
@@ -2598,6 +2646,8 @@ Test(serve_apis, ollama_chat_and_generate_equal_jlm_chat_and_jlm_run, .timeout =
     j = parse(r);
     cr_assert_str_eq(json_string_value(json_object_get(json_object_get(j, "details"), "family")), "llama", "%s", r);
     cr_assert(json_integer_value(json_object_get(json_object_get(j, "model_info"), "llama.embedding_length")) > 0, "%s", r);
+    cr_assert_str_eq(json_string_value(json_array_get(json_object_get(j, "capabilities"), 2)), "tools",
+                     "the ChatML fallback renders tools: %s", r);
     json_decref(j);
     free(r);
     /* errors: {"error": message} */
@@ -2684,6 +2734,136 @@ Test(serve_apis, the_anthropic_npm_client_gets_what_jlm_chat_gives, .timeout = 1
     cr_assert_str_eq(json_string_value(json_object_get(ref, "type")), "invalid_request_error", "%s", out);
     json_decref(j);
     free(out); free(cref);
+    srv_free(&s);
+}
+
+/* node serve_tools_apis.mjs MODE ARGS against s: "ok WANT" (skips without
+ * node or the clients). */
+static void node_tools_apis(srv *s, const char *mode, const char *args, int want)
+{
+    char cmd[4096], *out = NULL;
+    snprintf(cmd, sizeof cmd, "command -v node >/dev/null && test -f %s/@anthropic-ai/sdk/package.json && "
+             "test -f %s/ollama/package.json", node_modules(), node_modules());
+    int ok = tu_run(cmd, &out) == 0;
+    free(out);
+    if (!ok)
+        cr_skip_test("node or the npm clients are absent (%s): scripts/deps.sh installs them", node_modules());
+    node_check(s, "serve_tools_apis.mjs", "", mode, args, want);
+}
+
+/* Fixed outputs of five families (tests/toolcall/cases.json: Hermes with
+ * text before its calls, the ChatML fallback, Llama 3, Mistral v11,
+ * gpt-oss with and without a call), forced with a grammar under each
+ * family's template: Anthropic's tool_use blocks (whole, and the SDK's
+ * assembly of the stream) and ollama's message.tool_calls (whole and
+ * streamed) equal the case's calls. */
+Test(serve_apis, tool_use_blocks_and_ollama_tool_calls_of_fixed_outputs_whole_and_streamed, .timeout = 600)
+{
+    static const struct { const char *tmpl, *cases; int n; } groups[] = {
+        {"Qwen-Qwen2.5-7B-Instruct.jinja", "0", 1},
+        {NULL, "1", 1},
+        {"meta-llama-Llama-3.1-8B-Instruct.jinja", "2", 1},
+        {"Mistral-Small-3.2-24B-Instruct-2506.jinja", "5", 1},
+        {"openai-gpt-oss-120b.jinja", "6,7", 2},
+    };
+    char path[1100], file[1100], args[1400];
+    snprintf(path, sizeof path, "%s/tests/toolcall/cases.json", tu_root());
+    srv s = {0};
+    for (size_t g = 0; g < sizeof groups / sizeof *groups; g++) {
+        snprintf(file, sizeof file, "%s/tests/reference/chat-templates/%s", tu_root(), groups[g].tmpl ? groups[g].tmpl : "");
+        const char *with[] = {"-c", "4096", "--chat-template-file", file, NULL};
+        if (!groups[g].tmpl) with[2] = NULL;
+        srv_start(&s, with);
+        snprintf(args, sizeof args, "%s %s", path, groups[g].cases);
+        node_tools_apis(&s, "fixed", args, 4 * groups[g].n);
+        cr_assert_eq(srv_stop(&s), 0, "the server exits 0 (see %s/server.log)", s.dir);
+    }
+    srv_free(&s);
+}
+
+/* tool_choice any / tool (a name) on /v1/messages with the random model:
+ * always one tool_use of an allowed tool, whole and streamed. */
+Test(serve_apis, anthropic_tool_choice_any_and_tool_always_give_one_tool_use, .timeout = 600)
+{
+    srv s = {0};
+    const char *with[] = {"-c", "2048", NULL};
+    srv_start(&s, with);
+    node_tools_apis(&s, "forced", "3", 3 * 3 * 2);
+    srv_free(&s);
+}
+
+/* A turn after a call (assistant tool_use + user tool_result on Anthropic,
+ * tool_calls + a tool message on ollama) renders as the equivalent OpenAI
+ * request does: the same prompt tokens and the same greedy reply, through
+ * a template that renders tools and results (Qwen 2.5); without the tool
+ * turn the prompt is shorter. */
+Test(serve_apis, a_tool_result_turn_renders_as_the_equivalent_openai_request, .timeout = 120)
+{
+    char file[1100];
+    snprintf(file, sizeof file, "%s/tests/reference/chat-templates/Qwen-Qwen2.5-7B-Instruct.jinja", tu_root());
+    const char *with[] = {"-c", "4096", "--chat-template-file", file, NULL};
+    srv s = {0};
+    srv_start(&s, with);
+#define SCHEMA "{\"type\": \"object\", \"properties\": {\"city\": {\"type\": \"string\"}}, \"required\": [\"city\"]}"
+    const char *openai =
+        "{\"model\": \"stories\", \"max_tokens\": 8, \"temperature\": 0, \"tools\": [{\"type\": \"function\", "
+        "\"function\": {\"name\": \"get_weather\", \"description\": \"The weather\", \"parameters\": " SCHEMA "}}], "
+        "\"messages\": [{\"role\": \"system\", \"content\": \"You help.\"}, {\"role\": \"user\", \"content\": "
+        "\"Weather in Paris?\"}, {\"role\": \"assistant\", \"content\": \"Checking.\", \"tool_calls\": [{\"id\": "
+        "\"abc123def\", \"type\": \"function\", \"function\": {\"name\": \"get_weather\", \"arguments\": "
+        "\"{\\\"city\\\": \\\"Paris\\\"}\"}}]}, {\"role\": \"tool\", \"tool_call_id\": \"abc123def\", \"content\": "
+        "\"sunny, 21 C\"}, {\"role\": \"user\", \"content\": \"And tomorrow?\"}]}";
+    const char *anth =
+        "{\"model\": \"stories\", \"max_tokens\": 8, \"temperature\": 0, \"system\": \"You help.\", \"tools\": [{\"name\": "
+        "\"get_weather\", \"description\": \"The weather\", \"input_schema\": " SCHEMA "}], \"messages\": [{\"role\": "
+        "\"user\", \"content\": \"Weather in Paris?\"}, {\"role\": \"assistant\", \"content\": [{\"type\": \"text\", "
+        "\"text\": \"Checking.\"}, {\"type\": \"tool_use\", \"id\": \"abc123def\", \"name\": \"get_weather\", \"input\": "
+        "{\"city\": \"Paris\"}}]}, {\"role\": \"user\", \"content\": [{\"type\": \"tool_result\", \"tool_use_id\": "
+        "\"abc123def\", \"content\": [{\"type\": \"text\", \"text\": \"sunny, 21 C\"}]}, {\"type\": \"text\", \"text\": "
+        "\"And tomorrow?\"}]}]}";
+    const char *ollama =
+        "{\"model\": \"stories:latest\", \"stream\": false, \"options\": {\"temperature\": 0, \"num_predict\": 8}, "
+        "\"tools\": [{\"type\": \"function\", \"function\": {\"name\": \"get_weather\", \"description\": \"The weather\", "
+        "\"parameters\": " SCHEMA "}}], \"messages\": [{\"role\": \"system\", \"content\": \"You help.\"}, {\"role\": "
+        "\"user\", \"content\": \"Weather in Paris?\"}, {\"role\": \"assistant\", \"content\": \"Checking.\", "
+        "\"tool_calls\": [{\"function\": {\"name\": \"get_weather\", \"arguments\": {\"city\": \"Paris\"}}}]}, "
+        "{\"role\": \"tool\", \"content\": \"sunny, 21 C\", \"tool_name\": \"get_weather\"}, {\"role\": \"user\", "
+        "\"content\": \"And tomorrow?\"}]}";
+    const char *short_ =
+        "{\"model\": \"stories\", \"max_tokens\": 8, \"temperature\": 0, \"system\": \"You help.\", \"tools\": [{\"name\": "
+        "\"get_weather\", \"description\": \"The weather\", \"input_schema\": " SCHEMA "}], \"messages\": [{\"role\": "
+        "\"user\", \"content\": \"And tomorrow?\"}]}";
+#undef SCHEMA
+    char *r = NULL;
+    cr_assert_eq(http(&s, "POST", "/v1/chat/completions", openai, NULL, &r), 200, "%s", r);
+    json_t *o = parse(r);
+    free(r);
+    json_int_t n = json_integer_value(json_object_get(json_object_get(o, "usage"), "prompt_tokens"));
+    const char *text = json_string_value(json_object_get(json_object_get(json_array_get(json_object_get(o, "choices"), 0),
+                                                                         "message"), "content"));
+    cr_assert_eq(http(&s, "POST", "/v1/messages", anth, NULL, &r), 200, "%s", r);
+    json_t *a = parse(r);
+    free(r);
+    cr_assert_eq(json_integer_value(json_object_get(json_object_get(a, "usage"), "input_tokens")), n,
+                 "Anthropic's prompt is OpenAI's (%lld tokens)", (long long)n);
+    const char *atext = json_string_value(json_object_get(json_array_get(json_object_get(a, "content"), 0), "text"));
+    cr_assert_str_eq(atext ? atext : "", text ? text : "", "the same greedy reply");
+    cr_assert_eq(http(&s, "POST", "/api/chat", ollama, NULL, &r), 200, "%s", r);
+    json_t *l = parse(r);
+    free(r);
+    cr_assert_eq(json_integer_value(json_object_get(l, "prompt_eval_count")), n, "ollama's prompt is OpenAI's (%lld tokens)",
+                 (long long)n);
+    cr_assert_str_eq(json_string_value(json_object_get(json_object_get(l, "message"), "content")), text ? text : "",
+                     "the same greedy reply");
+    cr_assert_eq(http(&s, "POST", "/v1/messages", short_, NULL, &r), 200, "%s", r);
+    json_t *sh = parse(r);
+    free(r);
+    cr_assert_lt(json_integer_value(json_object_get(json_object_get(sh, "usage"), "input_tokens")) + 20, n,
+                 "the tool turn is rendered");
+    json_decref(o);
+    json_decref(a);
+    json_decref(l);
+    json_decref(sh);
     srv_free(&s);
 }
 

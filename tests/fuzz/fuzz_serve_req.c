@@ -2,7 +2,8 @@
  * `jlm serve`: OpenAI's (serve/api.c), both endpoint kinds, and the other
  * APIs' (serve/dialect.c: /v1/embeddings, Anthropic's /v1/messages,
  * ollama's /api/chat, /api/generate, /api/embed), plus the stop-string scan
- * and the response builders on what parsed.
+ * and the response builders on what parsed (a request's tool calls as a
+ * reply's tool_use blocks and ollama tool_calls).
  *
  *   make fuzz && mkdir -p /tmp/corpus && build-fuzz/fuzz_serve_req -max_total_time=60 /tmp/corpus
  *
@@ -65,9 +66,14 @@ static void other_apis(const uint8_t *data, size_t size)
         }
         jlm_srv_ident id = {.id = "msg-x", .model = r.model ? r.model : "m", .kind = r.kind};
         jlm_srv_result res = {.finish_reason = "stop", .stop_sequence = r.n_stop ? r.stop[0] : NULL};
-        size_t n = 0;
+        size_t n = 0, k;
+        json_t *m;
+        json_array_foreach(r.messages, k, m)   /* a request's calls as a reply's: tool_use blocks, ollama's */
+            if (json_array_size(json_object_get(m, "tool_calls")))
+                res.tool_calls = json_object_get(m, "tool_calls");
         char *ev = jlm_srv_sse_event("message_start", jlm_srv_anth_message(&id, (const char *)data, size, &res), &n);
         free(ev);
+        json_decref(jlm_srv_ollama_calls(res.tool_calls));
         json_decref(jlm_srv_anth_error(400, r.model ? r.model : "m"));
         jlm_srv_req_free(&r);
     }
