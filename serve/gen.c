@@ -689,6 +689,9 @@ static void slot_image(srv_model *m, slot *sl, srv_job *j, float *logits, char *
         jlm_samp_accept(sl->s, ids[i]);
     free(ids);
     j->res.prompt_tokens = jlm_engine_seq_n_past(sl->seq);
+    uint32_t room = jlm_engine_n_ctx(m->e) - j->res.prompt_tokens;   /* the image's positions too */
+    if (j->max_tokens > room)
+        j->max_tokens = room;
     atomic_fetch_add(&m->n_prompt_tok, j->res.prompt_tokens);
     j->t_first_us = jlm_srv_now_us();
     if (rc) {
