@@ -421,9 +421,14 @@ enum MHD_Result jlm_srv_submit(jlm_srv *s, struct MHD_Connection *c, jlm_srv_req
     if (dia && j->req.stream && dia->open)
         dia->open(j);
     if (jlm_srv_job_submit(j)) {
+        size_t n = 1 + j->n_subs;
         jlm_srv_job_drop(j);
         char msg[256];
-        snprintf(msg, sizeof msg, "model '%s' is busy: its queue of %zu requests is full", m->id, m->q_cap);
+        if (n > 1)
+            snprintf(msg, sizeof msg, "model '%s' is busy: its queue of %zu requests has no room for %zu choices", m->id,
+                     m->q_cap, n);
+        else
+            snprintf(msg, sizeof msg, "model '%s' is busy: its queue of %zu requests is full", m->id, m->q_cap);
         jlm_srv_model_unref(m);
         return jlm_srv_send_error(s, c, dia, 503, msg);
     }

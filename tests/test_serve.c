@@ -497,6 +497,17 @@ Test(serve, n_choices_are_sampled_each_with_its_own_seed_streamed_or_not, .timeo
     }
     expect_error(&s, "POST", "/v1/completions", "{\"prompt\": \"a\", \"n\": 9}", NULL, 400, "invalid_request_error");
     srv_free(&s);
+    /* the choices are queued together or not at all */
+    srv q = {0};
+    const char *args[] = {"--queue", "2", NULL};
+    srv_start(&q, args);
+    char *r = NULL;
+    cr_assert_eq(http(&q, "POST", "/v1/completions", "{\"prompt\": \"a\", \"max_tokens\": 2, \"n\": 3}", NULL, &r), 503, "%s", r);
+    cr_assert(strstr(r, "its queue of 2 requests has no room for 3 choices"), "%s", r);
+    free(r);
+    cr_assert_eq(http(&q, "POST", "/v1/completions", "{\"prompt\": \"a\", \"max_tokens\": 2, \"n\": 2}", NULL, &r), 200, "%s", r);
+    free(r);
+    srv_free(&q);
 }
 
 Test(serve, lists_models_and_answers_health, .timeout = 60)
