@@ -8,6 +8,7 @@
 #include <math.h>
 #include <jansson.h>
 #include <netinet/in.h>
+#include <png.h>
 #include <poll.h>
 #include <signal.h>
 #include <sys/prctl.h>
@@ -16,6 +17,7 @@
 
 #include "converter/convert.h"
 #include "engine/model.h"
+#include "engine/vision.h"
 #include "engine/sampler.h"
 #include "serve/api.h"
 #include "tests/testutil.h"
@@ -288,14 +290,15 @@ Test(serve, greedy_chat_equals_jlm_chat_first_reply, .timeout = 120)
 
 /* ---------------------------------------------------------------- images */
 
-/* "data:image/x-portable-pixmap;base64,..." of a file's bytes (malloc'd). */
-static char *data_uri(const char *path)
+/* "data:MIME;base64,..." of a file's bytes (malloc'd). */
+static char *data_uri(const char *path, const char *mime)
 {
     static const char a[] = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
     size_t n = 0;
     unsigned char *b = tu_read_file(path, &n);
     cr_assert(b, "%s", path);
-    const char *head = "data:image/x-portable-pixmap;base64,";
+    char head[64];
+    snprintf(head, sizeof head, "data:%s;base64,", mime);
     char *o = malloc(strlen(head) + (n + 2) / 3 * 4 + 1), *q = o + strlen(head);
     strcpy(o, head);
     for (size_t i = 0; i < n; i += 3) {
@@ -333,30 +336,45 @@ Test(serve, an_image_request_gives_what_jlm_run_image_gives_streamed_or_not, .ti
     cr_assert_eq(jlm_conv_write(c, s.model, NULL, NULL, NULL, &err), 0, "%s", err.msg);
     jlm_conv_close(c);
     srv_start(&s, NULL);
-    char img[1024], pf[1200], cmd[4096], *ref = NULL, *r = NULL;
-    snprintf(img, sizeof img, "%s/tests/models/images/grad-32x32.ppm", tu_root());
+    char img[2][1200], pf[1200], cmd[4096], *r = NULL;
+    snprintf(img[0], sizeof img[0], "%s/tests/models/images/grad-32x32.ppm", tu_root());
+    snprintf(img[1], sizeof img[1], "%s/shapes.png", s.dir);   /* the other test image as a PNG */
+    jlm_image pic;
+    snprintf(pf, sizeof pf, "%s/tests/models/images/shapes-48x40.ppm", tu_root());
+    cr_assert_eq(jlm_image_load(pf, &pic, &err), 0, "%s", err.msg);
+    png_image pi = {.version = PNG_IMAGE_VERSION, .width = pic.w, .height = pic.h, .format = PNG_FORMAT_RGB};
+    cr_assert(png_image_write_to_file(&pi, img[1], 0, pic.rgb, 0, NULL), "%s", pi.message);
+    jlm_image_free(&pic);
     /* the chat as the ChatML fallback renders it, the image at llama.cpp's marker */
     const char *prompt = "<|im_start|>user\n<__media__>\nDescribe:<|im_end|>\n<|im_start|>assistant\n";
     snprintf(pf, sizeof pf, "%s/prompt.txt", s.dir);
     cr_assert_eq(tu_write_file(pf, prompt, strlen(prompt)), 0);
-    snprintf(cmd, sizeof cmd, "%s run %s --image %s -f %s -n 8 --temp 0 -t 1 2>/dev/null", tu_jlm(), s.model, img, pf);
-    cr_assert_eq(tu_run(cmd, &ref), 0, "%s", ref);
-    json_t *want = jlm_srv_json_text(ref, strlen(ref));   /* as the server sends any text */
-    char *uri = data_uri(img), *body = image_body(uri, "");
-    cr_assert_eq(http(&s, "POST", "/v1/chat/completions", body, NULL, &r), 200, "%s", r);
-    json_t *j = parse(r);
-    cr_assert_gt(json_integer_value(json_object_get(json_object_get(j, "usage"), "prompt_tokens")), 256,
-                 "the image's 256 embeddings count as prompt tokens: %s", r);
-    json_decref(j);
-    char *t = completion_text(r, NULL);
-    cr_assert(strlen(json_string_value(want)) > 0);
-    cr_assert_str_eq(t, json_string_value(want), "the reply equals jlm run --image's");
-    free(t); free(r); free(body);
-    body = image_body(uri, ", \"stream\": true");
-    cr_assert_eq(http(&s, "POST", "/v1/chat/completions", body, NULL, &r), 200, "%s", r);
-    t = stream_text(r, NULL);
-    cr_assert_str_eq(t, json_string_value(want), "the streamed reply equals jlm run --image's");
-    free(t); free(r); free(body);
+    char *uri = NULL, *body = NULL, *ref = NULL;
+    json_t *want = NULL;
+    for (int k = 0; k < 2; k++) {
+        free(uri); free(ref);
+        json_decref(want);
+        snprintf(cmd, sizeof cmd, "%s run %s --image %s -f %s -n 8 --temp 0 -t 1 2>/dev/null", tu_jlm(), s.model, img[k],
+                 pf);
+        cr_assert_eq(tu_run(cmd, &ref), 0, "%s", ref);
+        want = jlm_srv_json_text(ref, strlen(ref));   /* as the server sends any text */
+        uri = data_uri(img[k], k ? "image/png" : "image/x-portable-pixmap");
+        body = image_body(uri, "");
+        cr_assert_eq(http(&s, "POST", "/v1/chat/completions", body, NULL, &r), 200, "%s", r);
+        json_t *j = parse(r);
+        cr_assert_gt(json_integer_value(json_object_get(json_object_get(j, "usage"), "prompt_tokens")), 256,
+                     "the image's 256 embeddings count as prompt tokens: %s", r);
+        json_decref(j);
+        char *t = completion_text(r, NULL);
+        cr_assert(strlen(json_string_value(want)) > 0);
+        cr_assert_str_eq(t, json_string_value(want), "the reply equals jlm run --image %s's", img[k]);
+        free(t); free(r); free(body);
+        body = image_body(uri, ", \"stream\": true");
+        cr_assert_eq(http(&s, "POST", "/v1/chat/completions", body, NULL, &r), 200, "%s", r);
+        t = stream_text(r, NULL);
+        cr_assert_str_eq(t, json_string_value(want), "the streamed reply equals jlm run --image %s's", img[k]);
+        free(t); free(r); free(body);
+    }
     /* refusals, each naming what is wrong */
     static const char *const bad[][2] = {
         {"https://example.com/cat.png", "only data: URIs"},
