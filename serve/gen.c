@@ -419,6 +419,7 @@ int jlm_srv_job_fork(srv_job *j, jlm_err *err)
         }
         memcpy(ids, j->prompt, j->n_prompt * sizeof *ids);
         c->req = j->req;   /* shared: freed with choice 0 */
+        c->req.cancelled = NULL;   /* the template is rendered: the watch is the connection's */
         c->req.samp.seed = j->req.seeded ? j->req.samp.seed + (uint64_t)i
                                          : j->req.samp.seed ^ jlm_srv_now_us() ^ ((uint64_t)(uintptr_t)c << 16);
         c->ident = j->ident;
