@@ -113,26 +113,33 @@ static int forward(jlm_engine *e, const int32_t *tokens, uint32_t n, float *logi
     return rc;
 }
 
-int jlm_engine_eval_embd(jlm_engine *e, const float *embd, uint32_t n, int bidir, float *logits, jlm_err *err)
+/* n embedding rows on the cache kc/vc at *n_past (*have positions fitted). */
+static int embd_one(jlm_engine *e, void *kc, void *vc, uint32_t *n_past, uint32_t *have, int counted,
+                    const float *embd, uint32_t n, int bidir, float *logits, jlm_err *err)
 {
     const jlm_config *c = e->c;
-    if (n == 0 || (uint64_t)e->n_past + n > e->n_ctx)
-        return jlm_errf(err, JLM_ERANGE, "context full: %u + %u embeddings exceed %u positions (-c)", e->n_past, n,
+    if (n == 0 || (uint64_t)*n_past + n > e->n_ctx)
+        return jlm_errf(err, JLM_ERANGE, "context full: %u + %u embeddings exceed %u positions (-c)", *n_past, n,
                         e->n_ctx);
-    int rc = e->n_past + n > e->kv_have ? jlm_kv_fit(e, e->kc, e->vc, &e->kv_have, e->n_past + n, 1, err) : JLM_OK;
+    int rc = *n_past + n > *have ? jlm_kv_fit(e, kc, vc, have, *n_past + n, counted, err) : JLM_OK;
     if (rc)
         return rc;
     float *xs = malloc((size_t)n * c->n_embd * sizeof *xs);
     if (!xs)
         return jlm_errf(err, JLM_ENOMEM, "out of memory for %u embeddings", n);
     memcpy(xs, embd, (size_t)n * c->n_embd * sizeof *xs);   /* entered as they are: no embedding scale */
-    rc = run_layers(e, xs, n, e->kc, e->vc, e->n_past, bidir, err);
+    rc = run_layers(e, xs, n, kc, vc, *n_past, bidir, err);
     if (!rc && logits)
         rc = output(e, xs + (uint64_t)(n - 1) * c->n_embd, 1, logits, err);
     free(xs);
     if (!rc)
-        e->n_past += n;
+        *n_past += n;
     return rc;
+}
+
+int jlm_engine_eval_embd(jlm_engine *e, const float *embd, uint32_t n, int bidir, float *logits, jlm_err *err)
+{
+    return embd_one(e, e->kc, e->vc, &e->n_past, &e->kv_have, 1, embd, n, bidir, logits, err);
 }
 
 static int check_ids(const jlm_engine *e, const int32_t *tokens, uint32_t n, jlm_err *err)
@@ -271,6 +278,12 @@ int jlm_engine_eval_seq(jlm_engine *e, jlm_engine_seq *s, const int32_t *tokens,
                         jlm_err *err)
 {
     return eval_one(e, s->kc, s->vc, &s->n_past, &s->have, 0, tokens, n, logits, err);
+}
+
+int jlm_engine_eval_embd_seq(jlm_engine *e, jlm_engine_seq *s, const float *embd, uint32_t n, int bidir, float *logits,
+                             jlm_err *err)
+{
+    return embd_one(e, s->kc, s->vc, &s->n_past, &s->have, 0, embd, n, bidir, logits, err);
 }
 
 /* Keys: per head (n_layer * n_kv_head of them, kv_ctx positions each) whole

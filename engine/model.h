@@ -179,6 +179,9 @@ uint32_t jlm_engine_seq_n_past(const jlm_engine_seq *s);
 /* jlm_engine_eval on s's cache instead of the engine's own. */
 int  jlm_engine_eval_seq(jlm_engine *e, jlm_engine_seq *s, const int32_t *tokens, uint32_t n, float *logits,
                          jlm_err *err);
+/* jlm_engine_eval_embd on s's cache instead of the engine's own. */
+int  jlm_engine_eval_embd_seq(jlm_engine *e, jlm_engine_seq *s, const float *embd, uint32_t n, int bidir,
+                              float *logits, jlm_err *err);
 /* tokens[t] at the next position of seqs[t], t < n <= jlm_engine_max_batch(),
  * all distinct; logits (n, n_vocab) after each. JLM_EINVAL (n, a repeated
  * sequence), JLM_ERANGE (a bad id, a full context: nothing evaluated), a

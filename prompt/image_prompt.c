@@ -65,6 +65,18 @@ static int encode_cat(const jlm_tok *tok, const char *a, size_t alen, const char
 int jlm_image_prompt_eval(jlm_engine *e, jlm_vtower *vt, const jlm_tok *tok, const char *prompt, const jlm_image *img,
                            float *logits, int32_t **ids, size_t *n_ids, jlm_err *err)
 {
+    return jlm_image_prompt_eval_seq(e, NULL, vt, tok, prompt, img, logits, ids, n_ids, err);
+}
+
+/* The tokens on s's cache, or the engine's own (s NULL). */
+static int eval_on(jlm_engine *e, jlm_engine_seq *s, const int32_t *v, size_t n, float *logits, jlm_err *err)
+{
+    return s ? jlm_engine_eval_seq(e, s, v, (uint32_t)n, logits, err) : jlm_engine_eval(e, v, (uint32_t)n, logits, err);
+}
+
+int jlm_image_prompt_eval_seq(jlm_engine *e, jlm_engine_seq *s, jlm_vtower *vt, const jlm_tok *tok, const char *prompt,
+                               const jlm_image *img, float *logits, int32_t **ids, size_t *n_ids, jlm_err *err)
+{
     const jlm_vocab *voc = jlm_tok_vocab(tok);
     const char *boi_s, *eoi_s, *name;
     jlm_vtower_markers(vt, &boi_s, &eoi_s, &name);
@@ -83,9 +95,9 @@ int jlm_image_prompt_eval(jlm_engine *e, jlm_vtower *vt, const jlm_tok *tok, con
     n1 = n;
     if (!rc) rc = encode_cat(tok, eoi_s, strlen(eoi_s), post, 0, &v, &n, err);
     if (!rc) rc = jlm_vtower_encode_image(vt, img, emb, err);
-    if (!rc) rc = jlm_engine_eval(e, v, (uint32_t)n1, NULL, err);
-    if (!rc) rc = jlm_engine_eval_embd(e, emb, n_tok, 1, NULL, err);
-    if (!rc) rc = jlm_engine_eval(e, v + n1, (uint32_t)(n - n1), logits, err);
+    if (!rc) rc = eval_on(e, s, v, n1, NULL, err);
+    if (!rc) rc = s ? jlm_engine_eval_embd_seq(e, s, emb, n_tok, 1, NULL, err) : jlm_engine_eval_embd(e, emb, n_tok, 1, NULL, err);
+    if (!rc) rc = eval_on(e, s, v + n1, n - n1, logits, err);
     free(emb);
     if (rc) {
         free(v);

@@ -19,5 +19,8 @@
  * sampler's history. Errors name the image or the token that is missing. */
 int  jlm_image_prompt_eval(jlm_engine *e, jlm_vtower *vt, const jlm_tok *tok, const char *prompt,
                            const jlm_image *img, float *logits, int32_t **ids, size_t *n_ids, jlm_err *err);
+/* The same on the cache of s (serve's slots), the engine's own when s is NULL. */
+int  jlm_image_prompt_eval_seq(jlm_engine *e, jlm_engine_seq *s, jlm_vtower *vt, const jlm_tok *tok, const char *prompt,
+                               const jlm_image *img, float *logits, int32_t **ids, size_t *n_ids, jlm_err *err);
 
 #endif

@@ -3,6 +3,7 @@
 #include "serve/constrain.h"
 
 #include <math.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -115,7 +116,65 @@ static int get_prompt(const json_t *o, jlm_srv_req *r, jlm_err *err)
     return dup_text(v, &r->prompt, err);
 }
 
-static int check_content(const json_t *c, size_t i, jlm_err *err)
+/* Standard base64 (padding optional, no whitespace) into a malloc'd buffer;
+ * -1 on a bad character or length, -2 on OOM. */
+static int b64_decode(const char *s, size_t n, uint8_t **out, size_t *len)
+{
+    while (n > 0 && s[n - 1] == '=') n--;
+    if (n % 4 == 1)
+        return -1;
+    uint8_t *b = malloc(n / 4 * 3 + 3);
+    if (!b)
+        return -2;
+    size_t k = 0;
+    uint32_t acc = 0;
+    for (size_t i = 0; i < n; i++) {
+        char c = s[i];
+        int v = c >= 'A' && c <= 'Z' ? c - 'A' : c >= 'a' && c <= 'z' ? c - 'a' + 26 : c >= '0' && c <= '9' ? c - '0' + 52
+              : c == '+' ? 62 : c == '/' ? 63 : -1;
+        if (v < 0) {
+            free(b);
+            return -1;
+        }
+        acc = acc << 6 | (uint32_t)v;
+        if (i % 4 == 3) {
+            b[k++] = (uint8_t)(acc >> 16);
+            b[k++] = (uint8_t)(acc >> 8);
+            b[k++] = (uint8_t)acc;
+        }
+    }
+    if (n % 4 == 2) b[k++] = (uint8_t)(acc >> 4);
+    if (n % 4 == 3) { b[k++] = (uint8_t)(acc >> 10); b[k++] = (uint8_t)(acc >> 2); }
+    *out = b;
+    *len = k;
+    return 0;
+}
+
+/* An image_url part: a data: URI of a base64 image, decoded into r->image
+ * (one per request; the model's decoder checks the bytes). */
+static int get_image(const json_t *p, const char *what, jlm_srv_req *r, jlm_err *err)
+{
+    const json_t *iu = json_object_get(p, "image_url");
+    const json_t *u = json_is_object(iu) ? json_object_get(iu, "url") : iu;
+    if (!json_is_string(u))
+        return jlm_errf(err, JLM_EINVAL, "'%s.image_url': expected an object with a string 'url'", what);
+    const char *url = json_string_value(u), *comma = strchr(url, ',');
+    if (strncmp(url, "data:", 5))
+        return jlm_errf(err, JLM_EUNSUPPORTED, "'%s.image_url.url': only data: URIs are accepted (no remote or file URLs)", what);
+    if (!comma || (size_t)(comma - url) < 12 || memcmp(comma - 7, ";base64", 7) || strncmp(url + 5, "image/", 6))
+        return jlm_errf(err, JLM_EINVAL, "'%s.image_url.url': expected data:image/...;base64,...", what);
+    if (r->image)
+        return jlm_errf(err, JLM_EUNSUPPORTED, "'%s': only one image per request is supported", what);
+    int rc = b64_decode(comma + 1, json_string_length(u) - (size_t)(comma + 1 - url), &r->image, &r->image_len);
+    if (rc == -2)
+        return jlm_errf(err, JLM_ENOMEM, "out of memory");
+    if (rc || r->image_len == 0)
+        return jlm_errf(err, JLM_EINVAL, "'%s.image_url.url': the data is not valid base64", what);
+    snprintf(r->image_what, sizeof r->image_what, "%s", what);
+    return 0;
+}
+
+static int check_content(const json_t *c, size_t i, jlm_srv_req *r, jlm_err *err)
 {
     if (!c || json_is_null(c) || json_is_string(c))
         return 0;
@@ -125,13 +184,20 @@ static int check_content(const json_t *c, size_t i, jlm_err *err)
     const json_t *p;
     json_array_foreach(c, j, p) {
         const json_t *t = json_object_get(p, "type");
+        char what[64];
+        snprintf(what, sizeof what, "messages[%zu].content[%zu]", i, j);
         if (!json_is_object(p) || !json_is_string(t))
-            return jlm_errf(err, JLM_EINVAL, "'messages[%zu].content[%zu]': expected an object with a 'type'", i, j);
+            return jlm_errf(err, JLM_EINVAL, "'%s': expected an object with a 'type'", what);
+        if (!strcmp(json_string_value(t), "image_url")) {
+            int rc = get_image(p, what, r, err);
+            if (rc) return rc;
+            continue;
+        }
         if (strcmp(json_string_value(t), "text"))
-            return jlm_errf(err, JLM_EUNSUPPORTED, "'messages[%zu].content[%zu]': part type '%s' is not supported (text only)",
-                            i, j, json_string_value(t));
+            return jlm_errf(err, JLM_EUNSUPPORTED, "'%s': part type '%s' is not supported (text and image_url only)",
+                            what, json_string_value(t));
         if (!json_is_string(json_object_get(p, "text")))
-            return jlm_errf(err, JLM_EINVAL, "'messages[%zu].content[%zu].text': expected a string", i, j);
+            return jlm_errf(err, JLM_EINVAL, "'%s.text': expected a string", what);
     }
     return 0;
 }
@@ -146,7 +212,7 @@ static int get_messages(const json_t *o, jlm_srv_req *r, jlm_err *err)
     json_array_foreach(v, i, m) {
         if (!json_is_object(m) || !json_is_string(json_object_get(m, "role")))
             return jlm_errf(err, JLM_EINVAL, "'messages[%zu]': expected an object with a string 'role'", i);
-        int rc = check_content(json_object_get(m, "content"), i, err);
+        int rc = check_content(json_object_get(m, "content"), i, r, err);
         if (rc) return rc;
     }
     r->messages = json_incref(v);
@@ -190,19 +256,14 @@ static int get_unsupported(const json_t *o, jlm_srv_kind kind, jlm_err *err)
 {
     static const char *const chat_only[] = {"audio", "prediction", "web_search_options", "functions", "function_call",
                                             "reasoning_effort", "verbosity"};
-    int64_t n = 1, best = 1;
-    int rc = get_int(o, "n", 1, 128, &n, err);
-    if (!rc && kind == JLM_SRV_COMPLETION) rc = get_int(o, "best_of", 1, 128, &best, err);
+    int64_t best = 1;
+    int rc = kind == JLM_SRV_COMPLETION ? get_int(o, "best_of", 1, 128, &best, err) : 0;
     if (rc) return rc;
-    if (n != 1)
-        return jlm_errf(err, JLM_EUNSUPPORTED, "'n': only n = 1 is supported");
     if (best != 1)
         return jlm_errf(err, JLM_EUNSUPPORTED, "'best_of': only best_of = 1 is supported");
     if (given(o, "logit_bias"))
         return jlm_errf(err, JLM_EUNSUPPORTED, "'logit_bias': not implemented by this server");
     if (kind == JLM_SRV_COMPLETION) {
-        if (json_is_true(json_object_get(o, "echo")))
-            return jlm_errf(err, JLM_EUNSUPPORTED, "'echo': not supported by this server");
         if (given(o, "suffix"))
             return jlm_errf(err, JLM_EUNSUPPORTED, "'suffix': not implemented by this server");
         if (given(o, "tools") || given(o, "tool_choice"))
@@ -263,6 +324,9 @@ static int parse_fields(const json_t *o, jlm_srv_kind kind, jlm_srv_req *r, jlm_
         return err ? err->code : JLM_EINVAL;
     int rc = kind == JLM_SRV_CHAT ? get_messages(o, r, err) : get_prompt(o, r, err);
     if (!rc) rc = get_unsupported(o, kind, err);
+    int64_t n = 1;
+    if (!rc) rc = get_int(o, "n", 1, JLM_SRV_MAX_N, &n, err);
+    r->n = (int)n;
     if (!rc) rc = get_int(o, "max_tokens", 0, JLM_SRV_MAX_TOKENS, &r->max_tokens, err);
     if (!rc && kind == JLM_SRV_CHAT)
         rc = get_int(o, "max_completion_tokens", 0, JLM_SRV_MAX_TOKENS, &r->max_tokens, err);
@@ -271,6 +335,9 @@ static int parse_fields(const json_t *o, jlm_srv_kind kind, jlm_srv_req *r, jlm_
     if (!rc) rc = get_stream(o, r, err);
     if (!rc) rc = get_bool(o, "ignore_eos", &r->ignore_eos, err);
     if (!rc) rc = get_logprobs(o, kind, r, err);
+    if (!rc && kind == JLM_SRV_COMPLETION) rc = get_bool(o, "echo", &r->echo, err);
+    if (!rc && r->echo && r->logprobs)   /* would need the prompt tokens' log-probabilities */
+        return jlm_errf(err, JLM_EUNSUPPORTED, "'echo': not supported together with 'logprobs'");
     if (!rc && kind == JLM_SRV_CHAT) rc = jlm_tc_check_messages(r->messages, err);
     if (!rc && kind == JLM_SRV_CHAT) rc = jlm_tc_req_parse(o, &r->tc, err);   /* serve/toolcall.h */
     return rc;
@@ -294,7 +361,7 @@ int jlm_srv_req_parse(const char *body, size_t len, jlm_srv_kind kind, jlm_srv_r
 
 int jlm_srv_req_parse_obj(json_t *o, jlm_srv_kind kind, jlm_srv_req *req, jlm_err *err)
 {
-    jlm_srv_req r = {.kind = kind, .max_tokens = -1};
+    jlm_srv_req r = {.kind = kind, .max_tokens = -1, .n = 1};
     jlm_samp_params_default(&r.samp);
     int rc = parse_fields(o, kind, &r, err);
     if (!rc)
@@ -311,6 +378,7 @@ void jlm_srv_req_free(jlm_srv_req *req)
 {
     free(req->model);
     free(req->prompt);
+    free(req->image);
     json_decref(req->messages);
     json_decref(req->inputs);
     jlm_gram_free(req->gram);
@@ -368,10 +436,10 @@ json_t *jlm_srv_json_completion(const jlm_srv_ident *id, const char *text, size_
 {
     int chat = id->kind == JLM_SRV_CHAT, calls = chat && json_array_size(r->tool_calls) > 0;
     json_t *t = calls && len == 0 ? json_null() : text_json(text, len);
-    json_t *choice = chat ? json_pack("{s:i, s:{s:s, s:o}, s:n, s:s}", "index", 0, "message", "role", "assistant",
-                                      "content", t, "logprobs", "finish_reason", r->finish_reason)
-                          : json_pack("{s:o, s:i, s:n, s:s}", "text", t, "index", 0, "logprobs", "finish_reason",
-                                      r->finish_reason);
+    json_t *choice = chat ? json_pack("{s:i, s:{s:s, s:o}, s:n, s:s}", "index", id->index, "message", "role",
+                                      "assistant", "content", t, "logprobs", "finish_reason", r->finish_reason)
+                          : json_pack("{s:o, s:i, s:n, s:s}", "text", t, "index", id->index, "logprobs",
+                                      "finish_reason", r->finish_reason);
     if (choice && calls)
         json_object_set(json_object_get(choice, "message"), "tool_calls", (json_t *)r->tool_calls);
     json_t *j = envelope(id, chat ? "chat.completion" : "text_completion", choice);
@@ -388,13 +456,13 @@ json_t *jlm_srv_json_chunk(const jlm_srv_ident *id, const char *text, size_t len
     json_t *fin = r ? json_string(r->finish_reason) : json_null();
     json_t *choice;
     if (!chat) {
-        choice = json_pack("{s:o, s:i, s:n, s:o}", "text", text_json(text, len), "index", 0, "logprobs",
+        choice = json_pack("{s:o, s:i, s:n, s:o}", "text", text_json(text, len), "index", id->index, "logprobs",
                            "finish_reason", fin);
     } else {
         json_t *delta = r ? json_object() : json_pack("{s:o}", "content", text_json(text, len));
         if (delta && role)
             json_object_set_new(delta, "role", json_string("assistant"));
-        choice = json_pack("{s:i, s:o, s:n, s:o}", "index", 0, "delta", delta, "logprobs", "finish_reason", fin);
+        choice = json_pack("{s:i, s:o, s:n, s:o}", "index", id->index, "delta", delta, "logprobs", "finish_reason", fin);
     }
     return envelope(id, chat ? "chat.completion.chunk" : "text_completion", choice);
 }
@@ -403,7 +471,7 @@ json_t *jlm_srv_json_delta_chunk(const jlm_srv_ident *id, json_t *delta, int rol
 {
     if (delta && role)
         json_object_set_new(delta, "role", json_string("assistant"));
-    json_t *choice = json_pack("{s:i, s:o, s:n, s:n}", "index", 0, "delta", delta, "logprobs", "finish_reason");
+    json_t *choice = json_pack("{s:i, s:o, s:n, s:n}", "index", id->index, "delta", delta, "logprobs", "finish_reason");
     return envelope(id, "chat.completion.chunk", choice);
 }
 

@@ -11,7 +11,7 @@
  * Unknown fields are ignored (clients send `user`, `metadata`, ...); a known
  * field of the wrong type or out of range is refused with a message naming
  * it, as OpenAI does, and so is an OpenAI field that would change the
- * output and is not implemented (`logit_bias`, `n` > 1, `audio`, ...).
+ * output and is not implemented (`logit_bias`, `best_of` > 1, `audio`, ...).
  *
  * Thread safety: reentrant. Memory: jlm_srv_req_free releases what parse
  * filled; every builder returns a new reference (json_decref) or a malloc'd
@@ -32,6 +32,7 @@
 #define JLM_SRV_MAX_STOP     4      /* OpenAI's limit on `stop` strings */
 #define JLM_SRV_MAX_STOP_LEN 256    /* bytes of one stop string */
 #define JLM_SRV_MAX_TOKENS   1000000
+#define JLM_SRV_MAX_N        8      /* choices per request (`n`) */
 
 /* EMBED: /v1/embeddings and ollama's /api/embed (serve/dialect.h) */
 typedef enum jlm_srv_kind { JLM_SRV_COMPLETION, JLM_SRV_CHAT, JLM_SRV_EMBED } jlm_srv_kind;
@@ -42,12 +43,14 @@ typedef struct jlm_srv_req {
     char   *prompt;                     /* completions: the prompt text */
     json_t *messages;                   /* chat: the validated message array (a reference) */
     int64_t max_tokens;                 /* -1: not given */
+    int     n;                          /* choices, 1..JLM_SRV_MAX_N */
     jlm_samp_params samp;               /* llama.cpp defaults, then the request's fields */
     int     seeded;                     /* 1: `seed` was given */
     char   *stop[JLM_SRV_MAX_STOP];
     size_t  n_stop;
     int     stream, include_usage;
     int     ignore_eos;                 /* llama-server's extension: generate through EOS */
+    int     echo;                       /* completions: the prompt sent before the generated text */
     int     logprobs;                   /* 1: report each token's log-probability */
     int     top_logprobs;               /* and this many most likely alternatives (<= 20) */
     /* not parsed: set by the server. Nonzero stops rendering the chat
@@ -56,6 +59,9 @@ typedef struct jlm_srv_req {
     void   *cancel_arg;
     struct jlm_gram *gram;              /* grammar / json_schema / response_format compiled (serve/constrain.h); NULL: none */
     jlm_tc_req tc;                      /* chat: tools and tool_choice (serve/toolcall.h) */
+    uint8_t *image;                     /* chat: the image_url part's bytes (its data: URI decoded); NULL: none */
+    size_t   image_len;
+    char     image_what[64];            /* that part, "messages[I].content[K]", for errors */
     /* EMBED (serve/dialect.h) */
     json_t *inputs;                     /* a non-empty array of strings, or of non-empty token id arrays */
     int     pool_last;                  /* 1: the last token's hidden state; 0: the mean */
@@ -65,7 +71,7 @@ typedef struct jlm_srv_req {
 /* Parses body[0, len) (not NUL-terminated) for kind. JLM_EFORMAT for a body
  * that is not a JSON object, JLM_EINVAL for a missing, mistyped or
  * out-of-range field, JLM_EUNSUPPORTED for a field this server does not
- * implement with the value given (n > 1, logprobs); the message names the
+ * implement with the value given (best_of > 1, logit_bias); the message names the
  * field. *req is written only on success. */
 int  jlm_srv_req_parse(const char *body, size_t len, jlm_srv_kind kind, jlm_srv_req *req, jlm_err *err);
 /* The same on a parsed object o (the other APIs translate theirs into the
@@ -88,6 +94,7 @@ typedef struct jlm_srv_ident {
     int64_t     created;                /* unix seconds */
     const char *model;
     jlm_srv_kind kind;
+    int         index;                  /* the choice a job generates (`n` > 1) */
 } jlm_srv_ident;
 
 /* A whole (non-streamed) completion object with text and usage (chat: and

@@ -8,6 +8,7 @@
 
 #include "text/template/chat.h"
 #include "prompt/session.h"
+#include "prompt/image_prompt.h"
 #include "residency/residency.h"
 #include "engine/sampler.h"
 
@@ -53,12 +54,22 @@ void jlm_srv_job_write(srv_job *j, const char *p, size_t n)
     pthread_mutex_unlock(&j->mu);
 }
 
-/* Appends one JSON object as an SSE event; takes the reference. */
+/* The job whose stream a job's events go to: choice 0's. */
+static srv_job *job_sink(srv_job *j) { return j->group ? j->group : j; }
+
+static int job_cancelled(srv_job *j)
+{
+    return atomic_load(&j->cancelled) || (j->group && atomic_load(&j->group->cancelled));
+}
+
+/* Appends one JSON object as an SSE event (to the choices' stream); takes
+ * the reference. */
 static void job_event(srv_job *j, json_t *ev)
 {
     size_t n = 0;
     char *s = ev ? jlm_srv_sse(ev, &n) : NULL;
     json_decref(ev);
+    j = job_sink(j);
     pthread_mutex_lock(&j->mu);
     if (!s || job_append(j, s, n)) {
         j->status = 500;
@@ -102,6 +113,8 @@ static void job_emit(srv_job *j, const char *p, size_t n, int first)
     pthread_mutex_unlock(&j->mu);
 }
 
+/* A choice's end: its last chunk (or error event); the stream's end (usage,
+ * [DONE]) and done when it is the last choice. */
 static void job_finish(srv_job *j, int status, const char *msg)
 {
     if (!j->req.stream && status == 200 && j->lp_pending) {
@@ -116,22 +129,37 @@ static void job_finish(srv_job *j, int status, const char *msg)
             json_t *c = jlm_srv_json_chunk(&j->ident, "", 0, 0, &j->res);
             jlm_srv_json_set_logprobs(c, job_take_lp(j));
             job_event(j, c);
-            if (j->req.include_usage)
-                job_event(j, jlm_srv_json_usage_chunk(&j->ident, &j->res));
         } else {
             job_event(j, jlm_srv_json_error(status, msg));
         }
     }
-    pthread_mutex_lock(&j->mu);
-    if (j->req.stream && !j->dia)
-        job_append(j, "data: [DONE]\n\n", 14);
-    if (status != 200 && j->status == 200) {
-        j->status = status;
-        snprintf(j->errmsg, sizeof j->errmsg, "%s", msg);
+    srv_job *g = job_sink(j);
+    if (g != j) {   /* a later choice: its own end, read by send_whole through the group */
+        pthread_mutex_lock(&j->mu);
+        j->done = 1;
+        pthread_mutex_unlock(&j->mu);
     }
-    j->done = 1;
-    pthread_cond_broadcast(&j->cv);
-    pthread_mutex_unlock(&j->mu);
+    pthread_mutex_lock(&g->mu);
+    g->sum_completion += j->res.completion_tokens;
+    int last = --g->n_left == 0;
+    if (status != 200 && g->status == 200) {
+        g->status = status;
+        snprintf(g->errmsg, sizeof g->errmsg, "%s", msg);
+    }
+    int usage = last && g->status == 200 && g->req.stream && !g->dia && g->req.include_usage;
+    jlm_srv_result r = g->res;
+    r.completion_tokens = g->sum_completion;
+    pthread_mutex_unlock(&g->mu);
+    if (usage)
+        job_event(g, jlm_srv_json_usage_chunk(&g->ident, &r));
+    pthread_mutex_lock(&g->mu);
+    if (last) {
+        if (g->req.stream && !g->dia)
+            job_append(g, "data: [DONE]\n\n", 14);
+        g->done = 1;
+    }
+    pthread_cond_broadcast(&g->cv);
+    pthread_mutex_unlock(&g->mu);
 }
 
 void jlm_srv_job_unref(srv_job *j)
@@ -142,6 +170,14 @@ void jlm_srv_job_unref(srv_job *j)
     pthread_mutex_unlock(&j->mu);
     if (!last) return;
     struct jlm_srv *s = j->srv;
+    for (size_t i = 0; i < j->n_subs; i++)
+        jlm_srv_job_unref(j->subs[i]);
+    free(j->subs);
+    if (j->group) {   /* the request and the image are choice 0's */
+        memset(&j->req, 0, sizeof j->req);
+        j->img = (jlm_image){0};
+        j->img_text = NULL;
+    }
     jlm_srv_req_free(&j->req);
     free(j->model_id);
     json_decref(j->lp_pending);
@@ -151,6 +187,8 @@ void jlm_srv_job_unref(srv_job *j)
     free(j->out);
     free(j->emb_off);
     free(j->emb);
+    jlm_image_free(&j->img);
+    free(j->img_text);
     pthread_mutex_destroy(&j->mu);
     pthread_cond_destroy(&j->cv);
     free(j);
@@ -163,8 +201,10 @@ void jlm_srv_job_unref(srv_job *j)
 /* ---------------------------------------------------------------- prompts */
 
 /* A copy of the messages with every content given as parts ([{type: text,
- * text}], checked by api.c) joined into one string with "\n", as llama.cpp's
- * server does; the renderer types it again for a template that needs parts. */
+ * text}] and one image_url, checked by api.c) joined into one string with
+ * "\n", an image as llama.cpp's media marker where the image goes, as
+ * llama.cpp's server does; the renderer types it again for a template that
+ * needs parts. */
 static json_t *flatten_parts(const json_t *msgs)
 {
     json_t *out = json_deep_copy(msgs), *m;
@@ -177,7 +217,8 @@ static json_t *flatten_parts(const json_t *msgs)
         size_t len = 0, j;
         FILE *f = open_memstream(&text, &len);
         json_array_foreach(c, j, p)
-            if (f) fprintf(f, "%s%s", j ? "\n" : "", json_string_value(json_object_get(p, "text")));
+            if (f) fprintf(f, "%s%s", j ? "\n" : "", json_object_get(p, "image_url") ? "<__media__>"
+                                                                   : json_string_value(json_object_get(p, "text")));
         if (!f || fclose(f) || json_object_set_new(m, "content", json_stringn(text, len))) {
             free(text);
             json_decref(out);
@@ -210,7 +251,8 @@ static const char *job_template(const srv_model *m, const jlm_srv_req *req, jlm_
 /* The chat prompt as `jlm chat` renders its first turn: the template with a
  * generation prompt (and the request's tools), a leading BOS text dropped
  * when the vocab adds BOS. */
-static int chat_prompt(srv_model *m, const jlm_srv_req *req, const char *tmpl, int32_t **ids, size_t *n, jlm_err *err)
+static int chat_prompt(srv_model *m, const jlm_srv_req *req, const char *tmpl, int32_t **ids, size_t *n, char **out,
+                       jlm_err *err)
 {
     jlm_chat_opts co = {.add_generation_prompt = 1, .bos_token = m->bos, .eos_token = m->eos, .local_time = 1,
                         .cancelled = req->cancelled, .cancel_arg = req->cancel_arg, .tools = req->tc.tools};
@@ -230,6 +272,8 @@ static int chat_prompt(srv_model *m, const jlm_srv_req *req, const char *tmpl, i
     if (v->add_bos && *m->bos && !strncmp(p, m->bos, strlen(m->bos)))
         p += strlen(m->bos);
     rc = jlm_tok_encode(m->tok, p, strlen(p), 1, 1, ids, n, err);
+    if (!rc && out && !(*out = strdup(p)))
+        rc = jlm_errf(err, JLM_ENOMEM, "out of memory");
     free(text);
     return rc;
 }
@@ -264,23 +308,43 @@ static int tc_setup(srv_model *m, jlm_srv_req *req, jlm_tc_family fam, jlm_err *
     return rc;
 }
 
+/* An image request on its model: refused without a vision tower; the
+ * picture decoded (errors name the part). */
+static int image_setup(const srv_model *m, const jlm_srv_req *req, jlm_image *img, jlm_err *err)
+{
+    if (!jlm_engine_model(m->e)->has_vision)
+        return jlm_errf(err, JLM_EUNSUPPORTED, "'%s': model '%s' has no vision tower (convert it with --mmproj)",
+                        req->image_what, m->id);
+    char what[80];
+    snprintf(what, sizeof what, "'%s'", req->image_what);
+    return jlm_image_load_mem(req->image, req->image_len, what, img, err);
+}
+
 int jlm_srv_job_create(srv_model *m, jlm_srv_req *req, srv_job **out, jlm_err *err)
 {
     int32_t *ids = NULL;
     size_t n = 0, n_emb = 0;
     uint32_t *emb_off = NULL;
     jlm_tc_family fam = JLM_TC_NONE;
+    char *img_text = NULL;
+    jlm_image img = {0};
     const char *tmpl = req->kind == JLM_SRV_CHAT ? job_template(m, req, &fam) : NULL;
     int rc = req->kind == JLM_SRV_CHAT ? tc_setup(m, req, fam, err) : 0;
+    if (!rc && req->image)
+        rc = image_setup(m, req, &img, err);
     if (!rc)
         rc = req->kind == JLM_SRV_EMBED ? jlm_srv_embed_tokens(m, req, &ids, &n, &emb_off, &n_emb, err)
-           : req->kind == JLM_SRV_CHAT  ? chat_prompt(m, req, tmpl, &ids, &n, err)
+           : req->kind == JLM_SRV_CHAT  ? chat_prompt(m, req, tmpl, &ids, &n, req->image ? &img_text : NULL, err)
                                         : jlm_tok_encode(m->tok, req->prompt, strlen(req->prompt), 1, 0, &ids, &n, err);
-    if (rc)
+    if (rc) {
+        jlm_image_free(&img);
         return rc;
+    }
     uint32_t n_ctx = jlm_engine_n_ctx(m->e);
     if (req->kind != JLM_SRV_EMBED && (n == 0 || n >= n_ctx)) {
         free(ids);
+        free(img_text);
+        jlm_image_free(&img);
         return n == 0 ? jlm_errf(err, JLM_EINVAL, "the prompt is empty after tokenization")
                       : jlm_errf(err, JLM_EINVAL, "the prompt is %zu tokens; the context holds %u", n, n_ctx);
     }
@@ -288,8 +352,12 @@ int jlm_srv_job_create(srv_model *m, jlm_srv_req *req, srv_job **out, jlm_err *e
     if (!j) {
         free(ids);
         free(emb_off);
+        free(img_text);
+        jlm_image_free(&img);
         return jlm_errf(err, JLM_ENOMEM, "out of memory");
     }
+    j->img = img;
+    j->img_text = img_text;
     j->emb_off = emb_off;
     j->n_emb = n_emb;
     j->t_start_us = jlm_srv_now_us();
@@ -298,6 +366,8 @@ int jlm_srv_job_create(srv_model *m, jlm_srv_req *req, srv_job **out, jlm_err *e
     if (!(j->model_id = strdup(m->id))) {
         free(ids);
         free(emb_off);
+        free(img_text);
+        jlm_image_free(&j->img);
         free(j);
         return jlm_errf(err, JLM_ENOMEM, "out of memory");
     }
@@ -318,11 +388,94 @@ int jlm_srv_job_create(srv_model *m, jlm_srv_req *req, srv_job **out, jlm_err *e
     if (!j->req.seeded)
         j->req.samp.seed = (uint64_t)time(NULL) ^ ((uint64_t)(uintptr_t)j << 16) ^ jlm_srv_now_us();
     j->tc_ids = j->req.samp.seed ^ jlm_srv_now_us();
+    j->n_left = 1;
     pthread_mutex_lock(&m->srv->mu);
     m->srv->in_flight++;
     pthread_mutex_unlock(&m->srv->mu);
+    if (jlm_srv_job_fork(j, err)) {
+        *req = j->req;   /* the caller frees it */
+        memset(&j->req, 0, sizeof j->req);
+        jlm_srv_job_drop(j);
+        return JLM_ENOMEM;
+    }
     *out = j;
     return 0;
+}
+
+int jlm_srv_job_fork(srv_job *j, jlm_err *err)
+{
+    int n = j->req.n;
+    if (n <= 1)
+        return 0;
+    if (!(j->subs = calloc((size_t)n - 1, sizeof *j->subs)))
+        return jlm_errf(err, JLM_ENOMEM, "out of memory");
+    for (int i = 1; i < n; i++) {
+        srv_job *c = calloc(1, sizeof *c);
+        int32_t *ids = malloc(j->n_prompt * sizeof *ids);
+        char *id = strdup(j->model_id);
+        if (!c || !ids || !id) {
+            free(c); free(ids); free(id);
+            return jlm_errf(err, JLM_ENOMEM, "out of memory");
+        }
+        memcpy(ids, j->prompt, j->n_prompt * sizeof *ids);
+        c->req = j->req;   /* shared: freed with choice 0 */
+        c->req.cancelled = NULL;   /* the template is rendered: the watch is the connection's */
+        c->req.samp.seed = j->req.seeded ? j->req.samp.seed + (uint64_t)i
+                                         : j->req.samp.seed ^ jlm_srv_now_us() ^ ((uint64_t)(uintptr_t)c << 16);
+        c->ident = j->ident;
+        c->ident.model = c->model_id = id;
+        c->ident.index = i;
+        c->srv = j->srv;
+        c->m = j->m;
+        c->prompt = ids;
+        c->n_prompt = j->n_prompt;
+        c->max_tokens = j->max_tokens;
+        c->lp_pending = j->req.logprobs ? json_array() : NULL;
+        c->tc_family = j->tc_family;
+        c->tc_active = j->tc_active;
+        c->tc_ids = c->req.samp.seed ^ jlm_srv_now_us();
+        c->img = j->img;
+        c->img_text = j->img_text;
+        c->t_start_us = j->t_start_us;
+        c->refs = 2;   /* choice 0's, the worker's */
+        c->status = 200;
+        c->group = j;
+        pthread_mutex_init(&c->mu, NULL);
+        pthread_cond_init(&c->cv, NULL);
+        pthread_mutex_lock(&j->srv->mu);
+        j->srv->in_flight++;
+        pthread_mutex_unlock(&j->srv->mu);
+        j->subs[j->n_subs++] = c;
+        j->refs++;     /* held by c's worker side */
+        j->n_left++;
+    }
+    return 0;
+}
+
+void jlm_srv_job_drop(srv_job *j)
+{
+    for (size_t i = 0; i < j->n_subs; i++) {
+        jlm_srv_job_unref(j->subs[i]);   /* its worker side */
+        jlm_srv_job_unref(j);            /* its hold on j */
+    }
+    jlm_srv_job_unref(j);
+    jlm_srv_job_unref(j);
+}
+
+void jlm_srv_job_add_choices(const srv_job *j, json_t *done)
+{
+    json_t *choices = json_object_get(done, "choices"), *u = json_object_get(done, "usage");
+    for (size_t i = 0; i < j->n_subs; i++) {
+        const srv_job *c = j->subs[i];
+        json_t *one = jlm_srv_json_completion(&c->ident, c->out ? c->out : "", c->len, &c->res);
+        if (one && c->lp_final)
+            jlm_srv_json_set_logprobs(one, json_incref(c->lp_final));
+        json_array_append(choices, json_array_get(json_object_get(one, "choices"), 0));
+        json_decref(one);
+    }
+    json_int_t ct = j->sum_completion, pt = json_integer_value(json_object_get(u, "prompt_tokens"));
+    json_object_set_new(u, "completion_tokens", json_integer(ct));
+    json_object_set_new(u, "total_tokens", json_integer(pt + ct));
 }
 
 /* ---------------------------------------------------------------- generation
@@ -430,7 +583,7 @@ static int tc_finish(srv_job *j, gen_state *g)
 static void slot_end(srv_model *m, slot *sl, const char *fin, int status, const char *msg)
 {
     srv_job *j = sl->j;
-    int kv_ok = status == 200;   /* the sequence holds what its tokens say */
+    int kv_ok = status == 200 && !j->img.rgb;   /* the sequence holds what its tokens say (an image's: more) */
     char tail[4];
     size_t nt = jlm_tok_stream_flush(&sl->g.ts, tail);
     int hit = status == 200 ? gen_push(j, &sl->g, tail, nt, 1) : 0;
@@ -443,7 +596,7 @@ static void slot_end(srv_model *m, slot *sl, const char *fin, int status, const 
             j->res.stop_sequence = j->req.stop[i];
     j->res.completion_tokens = sl->n_gen;
     atomic_fetch_add(&m->n_gen_tok, sl->n_gen);
-    if (atomic_load(&j->cancelled)) {
+    if (job_cancelled(j)) {
         atomic_fetch_add(&m->n_cancelled, 1);
         if (status == 200) { status = 499; msg = "cancelled"; }
     }
@@ -458,7 +611,9 @@ static void slot_end(srv_model *m, slot *sl, const char *fin, int status, const 
     if (sl->seq)
         jlm_engine_seq_rewind(sl->seq, 0);
     *sl = (slot){.seq = sl->seq, .toks = sl->toks, .toks_cap = sl->toks_cap};
+    srv_job *g = j->group;
     jlm_srv_job_unref(j);
+    jlm_srv_job_unref(g);   /* the hold of a later choice on choice 0 */
 }
 
 /* Records token id's log-probability under logits (log-softmax in double)
@@ -493,7 +648,7 @@ static void lp_record(srv_model *m, srv_job *j, const float *logits, int32_t id)
 static void slot_sample(srv_model *m, slot *sl, const float *logits, char *piece, size_t piece_cap)
 {
     srv_job *j = sl->j;
-    if (sl->n_gen == j->max_tokens || atomic_load(&j->cancelled)) {
+    if (sl->n_gen == j->max_tokens || job_cancelled(j)) {
         slot_end(m, sl, "length", 200, "");
         return;
     }
@@ -525,6 +680,30 @@ static void slot_sample(srv_model *m, slot *sl, const float *logits, char *piece
         sl->next = id;
 }
 
+/* An image request's prompt (its text around the marker, the picture's
+ * embeddings) on the slot's sequence, then its first token; or ends it. */
+static void slot_image(srv_model *m, slot *sl, srv_job *j, float *logits, char *piece, size_t piece_cap, jlm_err *err)
+{
+    int32_t *ids = NULL;
+    size_t n = 0;
+    int rc = m->vt ? 0 : jlm_vtower_open(m->e, &m->vt, err);   /* only this worker uses it */
+    if (!rc) rc = jlm_image_prompt_eval_seq(m->e, sl->seq, m->vt, m->tok, j->img_text, &j->img, logits, &ids, &n, err);
+    for (size_t i = 0; !rc && i < n; i++)
+        jlm_samp_accept(sl->s, ids[i]);
+    free(ids);
+    j->res.prompt_tokens = jlm_engine_seq_n_past(sl->seq);
+    uint32_t room = jlm_engine_n_ctx(m->e) - j->res.prompt_tokens;   /* the image's positions too */
+    if (j->max_tokens > room)
+        j->max_tokens = room;
+    atomic_fetch_add(&m->n_prompt_tok, j->res.prompt_tokens);
+    j->t_first_us = jlm_srv_now_us();
+    if (rc) {
+        slot_end(m, sl, "length", rc == JLM_ENOMEM ? 503 : rc == JLM_ERANGE ? 400 : 500, err->msg);
+        return;
+    }
+    slot_sample(m, sl, logits, piece, piece_cap);
+}
+
 /* Puts job j in slot sl and evaluates its prompt alone; 0 or ends it. */
 static void slot_start(srv_model *m, slot *sl, srv_job *j, float *logits, char *piece, size_t piece_cap)
 {
@@ -532,7 +711,7 @@ static void slot_start(srv_model *m, slot *sl, srv_job *j, float *logits, char *
     sl->j = j;
     j->res.prompt_tokens = (uint32_t)j->n_prompt;
     jlm_tok_stream_init(&sl->g.ts, m->tok, j->tc_active, 0);   /* tools: call markers may be special tokens */
-    if (atomic_load(&j->cancelled)) {
+    if (job_cancelled(j)) {
         slot_end(m, sl, "length", 200, "");
         return;
     }
@@ -546,6 +725,10 @@ static void slot_start(srv_model *m, slot *sl, srv_job *j, float *logits, char *
     if (!rc) rc = jlm_samp_create(&j->req.samp, jlm_engine_n_vocab(m->e), &sl->s, &err);
     if (!rc && j->req.gram && !m->gv) rc = jlm_gram_vocab_from_tok(m->tok, &m->gv, &err);   /* only this worker uses it */
     if (!rc && j->req.gram) rc = jlm_gram_match_new(j->req.gram, &sl->gm, &err);
+    if (!rc && j->img.rgb) {   /* evaluated as `jlm run --image` does */
+        slot_image(m, sl, j, logits, piece, piece_cap, &err);
+        return;
+    }
     for (size_t i = 0; !rc && i < j->n_prompt; i++)
         if (slot_push(sl, j->prompt[i]))
             rc = jlm_errf(&err, JLM_ENOMEM, "out of memory");
@@ -564,6 +747,8 @@ static void slot_start(srv_model *m, slot *sl, srv_job *j, float *logits, char *
         slot_end(m, sl, "length", rc == JLM_ENOMEM ? 503 : 500, err.msg);
         return;
     }
+    if (j->req.echo)   /* completions: the prompt first, as given (no stop string applies to it) */
+        job_emit(j, j->req.prompt, strlen(j->req.prompt), 1);
     slot_sample(m, sl, logits, piece, piece_cap);
 }
 
@@ -665,12 +850,13 @@ int jlm_srv_job_submit(srv_job *j)
 {
     srv_model *m = j->m;
     pthread_mutex_lock(&m->mu);
-    int full = m->q_len == m->q_cap || m->stop;
-    if (!full) {
-        m->q[(m->q_head + m->q_len) % m->q_cap] = j;
+    int full = m->q_cap - m->q_len < 1 + j->n_subs || m->stop;   /* every choice, or none */
+    for (size_t i = 0; !full && i <= j->n_subs; i++) {
+        m->q[(m->q_head + m->q_len) % m->q_cap] = i ? j->subs[i - 1] : j;
         m->q_len++;
-        pthread_cond_signal(&m->cv);
     }
+    if (!full)
+        pthread_cond_signal(&m->cv);
     pthread_mutex_unlock(&m->mu);
     return full ? JLM_ERANGE : 0;
 }
@@ -781,6 +967,7 @@ void jlm_srv_model_close(srv_model *m)
     if (m->in_budget)
         jlm_srv_budget_leave(&m->srv->budget, m);
     jlm_gram_vocab_free(m->gv);
+    jlm_vtower_close(m->vt);
     jlm_srv_pcache_free(m);
     jlm_session_close(m->sess);   /* the worker has stopped and the budget let go */
     free(m->status); free(m->given);

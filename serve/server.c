@@ -337,6 +337,8 @@ static enum MHD_Result send_whole(jlm_srv *s, struct MHD_Connection *c, srv_job 
                                     : jlm_srv_json_completion(&j->ident, j->out ? j->out : "", j->len, &j->res);
     if (done && j->lp_final)
         jlm_srv_json_set_logprobs(done, json_incref(j->lp_final));
+    if (done && j->n_subs)
+        jlm_srv_job_add_choices(j, done);   /* `n` > 1 */
     enum MHD_Result ok = j->status == 200 ? jlm_srv_send_json(c, MHD_HTTP_OK, done)
                                           : jlm_srv_send_error(s, c, j->dia, (unsigned)j->status, j->errmsg);
     jlm_srv_job_unref(j);
@@ -419,10 +421,14 @@ enum MHD_Result jlm_srv_submit(jlm_srv *s, struct MHD_Connection *c, jlm_srv_req
     if (dia && j->req.stream && dia->open)
         dia->open(j);
     if (jlm_srv_job_submit(j)) {
-        jlm_srv_job_unref(j);
-        jlm_srv_job_unref(j);
+        size_t n = 1 + j->n_subs;
+        jlm_srv_job_drop(j);
         char msg[256];
-        snprintf(msg, sizeof msg, "model '%s' is busy: its queue of %zu requests is full", m->id, m->q_cap);
+        if (n > 1)
+            snprintf(msg, sizeof msg, "model '%s' is busy: its queue of %zu requests has no room for %zu choices", m->id,
+                     m->q_cap, n);
+        else
+            snprintf(msg, sizeof msg, "model '%s' is busy: its queue of %zu requests is full", m->id, m->q_cap);
         jlm_srv_model_unref(m);
         return jlm_srv_send_error(s, c, dia, 503, msg);
     }

@@ -16,6 +16,7 @@
 #include <stdatomic.h>
 
 #include "engine/model.h"
+#include "engine/vision.h"
 #include "text/grammar/grammar.h"
 #include "text/tokenizer/tokenizer.h"
 #include "serve/api.h"
@@ -82,6 +83,7 @@ typedef struct srv_model {
     void        *rep;                /* the view's reporter (jlm_srv_opts.report), under pager_mu; NULL: none */
     jlm_engine  *e;
     jlm_tok     *tok;
+    jlm_vtower  *vt;                 /* the vision tower, opened by the worker at the first image request */
     jlm_gram_vocab *gv;              /* the vocab's trie for constrained requests, built by the worker at the first one */
     char        *tmpl, *bos, *eos;   /* chat template (chatml when the container has none) */
     struct jlm_srv *srv;
@@ -148,6 +150,19 @@ struct srv_job {
     size_t        n_emb;
     float        *emb;               /* (n_emb, n_embd), written by the worker before done */
     uint32_t      n_embd;
+    /* chat with an image part: the picture and the rendered prompt with its
+     * marker, evaluated as `jlm run --image` does (prompt/image_prompt.h) */
+    jlm_image     img;
+    char         *img_text;
+    /* `n` > 1: this job is choice 0; choices 1.. are jobs of their own
+     * (group points here, holding a reference while their worker side
+     * lives) sharing this job's request, image and stream: their events go
+     * into this job's out, and this job is done when every choice is. */
+    srv_job     **subs;              /* (n_subs,) each with a reference held here */
+    size_t        n_subs;
+    srv_job      *group;             /* a choice > 0: choice 0's job; else NULL */
+    size_t        n_left;            /* guarded by mu: choices not finished */
+    uint32_t      sum_completion;    /* guarded by mu: completion tokens of the finished choices */
 };
 
 /* One frame budget over every served model (budget.c): each model's pager
@@ -259,11 +274,14 @@ void jlm_srv_scan_now(struct jlm_srv *s, int timeout_ms);
 void jlm_srv_models_close_all(struct jlm_srv *s);
 /* Tokenizes the request's prompt (completions: as `jlm run -p`; chat: the
  * rendered template, as `jlm chat`; embeddings: each input, embed.c) into a
- * new job with two references.
- * JLM_EINVAL (empty prompt, context exceeded, template error) with the
- * message for a 400; JLM_ENOMEM. req is moved into the job on success. */
+ * new job with two references (`n` > 1: and its other choices, forked).
+ * JLM_EINVAL (empty prompt, context exceeded, template error, an image that
+ * does not decode or a model without a vision tower) with the message for a
+ * 400; JLM_ENOMEM. req is moved into the job on success. */
 int  jlm_srv_job_create(srv_model *m, jlm_srv_req *req, srv_job **out, jlm_err *err);
-/* Queues j on its model; JLM_ERANGE when the queue is full (503). */
+/* Queues j and its choices (`n` > 1) on its model, all or none; JLM_ERANGE
+ * when the queue has no room for them all (503); then drop it
+ * (jlm_srv_job_drop). */
 int  jlm_srv_job_submit(srv_job *j);
 void jlm_srv_job_unref(srv_job *j);
 /* Appends n bytes to a stream's output and wakes its reader; an allocation
@@ -271,6 +289,16 @@ void jlm_srv_job_unref(srv_job *j);
 void jlm_srv_job_write(srv_job *j, const char *p, size_t n);
 /* The monotonic clock in microseconds. */
 uint64_t jlm_srv_now_us(void);
+
+/* `n` > 1: the choices after the first, each a job with its own sampler
+ * seed (seed + i when the request gives one); JLM_ENOMEM. Called by
+ * jlm_srv_job_create. */
+int  jlm_srv_job_fork(srv_job *j, jlm_err *err);
+/* Drops a created job that was never queued (both sides, and its choices'). */
+void jlm_srv_job_drop(srv_job *j);
+/* Appends choices 1.. of a finished job to its completion object (text,
+ * finish_reason, logprobs), their completion tokens to its usage. */
+void jlm_srv_job_add_choices(const srv_job *j, json_t *done);
 
 /* embed.c: EMBED jobs. Tokenizes req->inputs (each as /v1/completions
  * tokenizes a prompt) into *ids with the offsets *off (n_in + 1); JLM_EINVAL

@@ -8,6 +8,7 @@
 #include <math.h>
 #include <jansson.h>
 #include <netinet/in.h>
+#include <png.h>
 #include <poll.h>
 #include <signal.h>
 #include <sys/prctl.h>
@@ -16,6 +17,7 @@
 
 #include "converter/convert.h"
 #include "engine/model.h"
+#include "engine/vision.h"
 #include "engine/sampler.h"
 #include "serve/api.h"
 #include "tests/testutil.h"
@@ -286,6 +288,246 @@ Test(serve, greedy_chat_equals_jlm_chat_first_reply, .timeout = 120)
     srv_free(&s);
 }
 
+/* ---------------------------------------------------------------- images */
+
+/* "data:MIME;base64,..." of a file's bytes (malloc'd). */
+static char *data_uri(const char *path, const char *mime)
+{
+    static const char a[] = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
+    size_t n = 0;
+    unsigned char *b = tu_read_file(path, &n);
+    cr_assert(b, "%s", path);
+    char head[64];
+    snprintf(head, sizeof head, "data:%s;base64,", mime);
+    char *o = malloc(strlen(head) + (n + 2) / 3 * 4 + 1), *q = o + strlen(head);
+    strcpy(o, head);
+    for (size_t i = 0; i < n; i += 3) {
+        uint32_t v = (uint32_t)b[i] << 16 | (i + 1 < n ? (uint32_t)b[i + 1] << 8 : 0) | (i + 2 < n ? b[i + 2] : 0);
+        *q++ = a[v >> 18 & 63];
+        *q++ = a[v >> 12 & 63];
+        *q++ = i + 1 < n ? a[v >> 6 & 63] : '=';
+        *q++ = i + 2 < n ? a[v & 63] : '=';
+    }
+    *q = 0;
+    free(b);
+    return o;
+}
+
+/* A chat body with one user message: an image_url part (url) and a text part. */
+static char *image_body(const char *url, const char *extra)
+{
+    size_t n = strlen(url) + 512;
+    char *b = malloc(n);
+    snprintf(b, n, "{\"messages\": [{\"role\": \"user\", \"content\": [{\"type\": \"image_url\", \"image_url\": {\"url\": "
+                   "\"%s\"}}, {\"type\": \"text\", \"text\": \"Describe:\"}]}], \"max_tokens\": 8, \"temperature\": 0%s}",
+             url, extra);
+    return b;
+}
+
+Test(serve, an_image_request_gives_what_jlm_run_image_gives_streamed_or_not, .timeout = 180)
+{
+    srv s = {.dir = tu_tmpdir()};
+    s.model = malloc(1200);
+    snprintf(s.model, 1200, "%s/v.jlm", s.dir);
+    jlm_conv *c;
+    jlm_err err = {0};
+    cr_assert_eq(jlm_conv_open_mm(tu_model("synth-gemma3v-128.F32.gguf"), tu_model("mmproj-tinygemma3.gguf"), NULL, &c,
+                                  &err), 0, "%s", err.msg);
+    cr_assert_eq(jlm_conv_write(c, s.model, NULL, NULL, NULL, &err), 0, "%s", err.msg);
+    jlm_conv_close(c);
+    srv_start(&s, NULL);
+    char img[2][1200], pf[1200], cmd[4096], *r = NULL;
+    snprintf(img[0], sizeof img[0], "%s/tests/models/images/grad-32x32.ppm", tu_root());
+    snprintf(img[1], sizeof img[1], "%s/shapes.png", s.dir);   /* the other test image as a PNG */
+    jlm_image pic;
+    snprintf(pf, sizeof pf, "%s/tests/models/images/shapes-48x40.ppm", tu_root());
+    cr_assert_eq(jlm_image_load(pf, &pic, &err), 0, "%s", err.msg);
+    png_image pi = {.version = PNG_IMAGE_VERSION, .width = pic.w, .height = pic.h, .format = PNG_FORMAT_RGB};
+    cr_assert(png_image_write_to_file(&pi, img[1], 0, pic.rgb, 0, NULL), "%s", pi.message);
+    jlm_image_free(&pic);
+    /* the chat as the ChatML fallback renders it, the image at llama.cpp's marker */
+    const char *prompt = "<|im_start|>user\n<__media__>\nDescribe:<|im_end|>\n<|im_start|>assistant\n";
+    snprintf(pf, sizeof pf, "%s/prompt.txt", s.dir);
+    cr_assert_eq(tu_write_file(pf, prompt, strlen(prompt)), 0);
+    char *uri = NULL, *body = NULL, *ref = NULL;
+    json_t *want = NULL;
+    for (int k = 0; k < 2; k++) {
+        free(uri); free(ref);
+        json_decref(want);
+        snprintf(cmd, sizeof cmd, "%s run %s --image %s -f %s -n 8 --temp 0 -t 1 2>/dev/null", tu_jlm(), s.model, img[k],
+                 pf);
+        cr_assert_eq(tu_run(cmd, &ref), 0, "%s", ref);
+        want = jlm_srv_json_text(ref, strlen(ref));   /* as the server sends any text */
+        uri = data_uri(img[k], k ? "image/png" : "image/x-portable-pixmap");
+        body = image_body(uri, "");
+        cr_assert_eq(http(&s, "POST", "/v1/chat/completions", body, NULL, &r), 200, "%s", r);
+        json_t *j = parse(r);
+        cr_assert_gt(json_integer_value(json_object_get(json_object_get(j, "usage"), "prompt_tokens")), 256,
+                     "the image's 256 embeddings count as prompt tokens: %s", r);
+        json_decref(j);
+        char *t = completion_text(r, NULL);
+        cr_assert(strlen(json_string_value(want)) > 0);
+        cr_assert_str_eq(t, json_string_value(want), "the reply equals jlm run --image %s's", img[k]);
+        free(t); free(r); free(body);
+        body = image_body(uri, ", \"stream\": true");
+        cr_assert_eq(http(&s, "POST", "/v1/chat/completions", body, NULL, &r), 200, "%s", r);
+        t = stream_text(r, NULL);
+        cr_assert_str_eq(t, json_string_value(want), "the streamed reply equals jlm run --image %s's", img[k]);
+        free(t); free(r); free(body);
+    }
+    /* refusals, each naming what is wrong */
+    static const char *const bad[][2] = {
+        {"https://example.com/cat.png", "only data: URIs"},
+        {"file:///etc/passwd", "only data: URIs"},
+        {"data:image/png;base64,@@@@", "'messages[0].content[0].image_url.url': the data is not valid base64"},
+        {"data:text/plain,hello", "'messages[0].content[0].image_url.url': expected data:image/"},
+        {"data:image/png;base64,aGVsbG8gd29ybGQ=", "'messages[0].content[0]'"},
+    };
+    for (size_t i = 0; i < sizeof bad / sizeof *bad; i++) {
+        body = image_body(bad[i][0], "");
+        cr_assert_eq(http(&s, "POST", "/v1/chat/completions", body, NULL, &r), 400, "%s: %s", bad[i][0], r);
+        cr_assert(strstr(r, bad[i][1]), "%s: %s", bad[i][0], r);
+        free(r); free(body);
+    }
+    cr_assert_eq(srv_stop(&s), 0, "SIGTERM exits 0");
+    srv_free(&s);
+    /* a model without a vision tower is named */
+    srv s2 = {0};
+    srv_start(&s2, NULL);
+    body = image_body(uri, "");
+    cr_assert_eq(http(&s2, "POST", "/v1/chat/completions", body, NULL, &r), 400, "%s", r);
+    cr_assert(strstr(r, "model 'stories' has no vision tower"), "%s", r);
+    free(r); free(body); free(uri); free(ref);
+    json_decref(want);
+    srv_free(&s2);
+}
+
+/* ---------------------------------------------------------------- seed, echo */
+
+/* The text of a completion request with body (streamed or not). */
+static char *text_of(const srv *s, const char *body)
+{
+    char *r = NULL;
+    cr_assert_eq(http(s, "POST", "/v1/completions", body, NULL, &r), 200, "%s", r);
+    char *t = strstr(body, "\"stream\": true") ? stream_text(r, NULL) : completion_text(r, NULL);
+    free(r);
+    return t;
+}
+
+Test(serve, a_requests_seed_makes_sampling_repeatable, .timeout = 120)
+{
+    srv s = {0};
+    srv_start(&s, NULL);
+    const char *fmt = "{\"prompt\": \"Once upon a time\", \"max_tokens\": 32, \"temperature\": 1.0, \"seed\": %d%s}";
+    char body[512];
+    snprintf(body, sizeof body, fmt, 42, "");
+    char *a = text_of(&s, body), *b = text_of(&s, body);
+    snprintf(body, sizeof body, fmt, 42, ", \"stream\": true");
+    char *c = text_of(&s, body);
+    snprintf(body, sizeof body, fmt, 43, "");
+    char *d = text_of(&s, body);
+    cr_assert(strlen(a) > 0);
+    cr_assert_str_eq(a, b, "the same seed gives the same text");
+    cr_assert_str_eq(a, c, "streamed or not");
+    cr_assert_str_neq(a, d, "another seed gives another text");
+    free(a); free(b); free(c); free(d);
+    srv_free(&s);
+}
+
+Test(serve, echo_puts_the_prompt_before_the_completion_streamed_or_not, .timeout = 120)
+{
+    srv s = {0};
+    srv_start(&s, NULL);
+    char *ref = jlm_run(&s, "Once upon a time", 16), want[1024];
+    snprintf(want, sizeof want, "Once upon a time%s", ref);
+    const char *fmt = "{\"prompt\": \"Once upon a time\", \"max_tokens\": 16, \"temperature\": 0, \"echo\": true%s}";
+    char body[512];
+    snprintf(body, sizeof body, fmt, "");
+    char *t = text_of(&s, body);
+    cr_assert_str_eq(t, want);
+    free(t);
+    snprintf(body, sizeof body, fmt, ", \"stream\": true");
+    t = text_of(&s, body);
+    cr_assert_str_eq(t, want);
+    free(t);
+    snprintf(body, sizeof body, fmt, ", \"logprobs\": 1");
+    expect_error(&s, "POST", "/v1/completions", body, NULL, 400, "invalid_request_error");
+    free(ref);
+    srv_free(&s);
+}
+
+/* The text of each choice (by "index") of a whole or streamed response. */
+static void choice_texts(const char *resp, int stream, char *out[], size_t n)
+{
+    for (size_t i = 0; i < n; i++) out[i] = calloc(1, strlen(resp) + 1);
+    const char *p = resp;
+    while (stream ? (p = strstr(p, "data: ")) != NULL : p == resp) {
+        if (stream) p += 6;
+        if (stream && !strncmp(p, "[DONE]", 6)) break;
+        const char *e = stream ? strstr(p, "\n\n") : p + strlen(p);
+        char *ev = strndup(p, (size_t)(e - p));
+        json_t *j = parse(ev), *c;
+        size_t k;
+        json_array_foreach(json_object_get(j, "choices"), k, c) {
+            json_int_t idx = json_integer_value(json_object_get(c, "index"));
+            cr_assert(idx >= 0 && (size_t)idx < n, "index %lld of %zu: %s", (long long)idx, n, ev);
+            json_t *t = json_object_get(c, "text");
+            if (!t) t = json_object_get(json_object_get(c, stream ? "delta" : "message"), "content");
+            if (json_is_string(t)) strcat(out[idx], json_string_value(t));
+        }
+        json_decref(j);
+        free(ev);
+        p = e;
+    }
+}
+
+Test(serve, n_choices_are_sampled_each_with_its_own_seed_streamed_or_not, .timeout = 120)
+{
+    srv s = {0};
+    srv_start(&s, NULL);
+    const char *path[2] = {"/v1/completions", "/v1/chat/completions"};
+    const char *what[2] = {"\"prompt\": \"Once upon a time\"", "\"messages\": [{\"role\": \"user\", \"content\": \"Hi\"}]"};
+    for (int k = 0; k < 2; k++) {
+        char body[512], *one[3], *r = NULL;
+        for (int i = 0; i < 3; i++) {   /* each seed alone */
+            snprintf(body, sizeof body, "{%s, \"max_tokens\": 12, \"temperature\": 1.0, \"ignore_eos\": true, \"seed\": %d}", what[k], 40 + i);
+            cr_assert_eq(http(&s, "POST", path[k], body, NULL, &r), 200, "%s", r);
+            one[i] = completion_text(r, NULL);
+            free(r);
+        }
+        cr_assert(strcmp(one[0], one[1]) || strcmp(one[1], one[2]), "the seeds give different texts");
+        for (int st = 0; st < 2; st++) {
+            snprintf(body, sizeof body, "{%s, \"max_tokens\": 12, \"temperature\": 1.0, \"ignore_eos\": true, \"seed\": 40, \"n\": 3%s}", what[k],
+                     st ? ", \"stream\": true, \"stream_options\": {\"include_usage\": true}" : "");
+            cr_assert_eq(http(&s, "POST", path[k], body, NULL, &r), 200, "%s", r);
+            char *got[3];
+            choice_texts(r, st, got, 3);
+            for (int i = 0; i < 3; i++) {
+                cr_assert_str_eq(got[i], one[i], "%s choice %d is seed %d's text (stream %d)", path[k], i, 40 + i, st);
+                free(got[i]);
+            }
+            const char *u = strstr(r, "\"usage\"");
+            cr_assert(u && strstr(u, "\"completion_tokens\":36"), "usage sums the choices: %s", r);
+            if (st) cr_assert(strstr(r, "data: [DONE]\n\n") && strlen(strstr(r, "data: [DONE]\n\n")) == 14, "%s", r);
+            free(r);
+        }
+        for (int i = 0; i < 3; i++) free(one[i]);
+    }
+    expect_error(&s, "POST", "/v1/completions", "{\"prompt\": \"a\", \"n\": 9}", NULL, 400, "invalid_request_error");
+    srv_free(&s);
+    /* the choices are queued together or not at all */
+    srv q = {0};
+    const char *args[] = {"--queue", "2", NULL};
+    srv_start(&q, args);
+    char *r = NULL;
+    cr_assert_eq(http(&q, "POST", "/v1/completions", "{\"prompt\": \"a\", \"max_tokens\": 2, \"n\": 3}", NULL, &r), 503, "%s", r);
+    cr_assert(strstr(r, "its queue of 2 requests has no room for 3 choices"), "%s", r);
+    free(r);
+    cr_assert_eq(http(&q, "POST", "/v1/completions", "{\"prompt\": \"a\", \"max_tokens\": 2, \"n\": 2}", NULL, &r), 200, "%s", r);
+    free(r);
+    srv_free(&q);
+}
+
 Test(serve, lists_models_and_answers_health, .timeout = 60)
 {
     srv s = {0};
@@ -356,7 +598,7 @@ Test(serve, answers_bad_requests_with_openai_error_objects, .timeout = 60)
     expect_error(&s, "POST", "/v1/completions", "{\"max_tokens\": 4}", NULL, 400, inv);
     expect_error(&s, "POST", "/v1/completions", "{\"prompt\": \"a\", \"temperature\": 5}", NULL, 400, inv);
     expect_error(&s, "POST", "/v1/completions", "{\"prompt\": \"a\", \"max_tokens\": -1}", NULL, 400, inv);
-    expect_error(&s, "POST", "/v1/completions", "{\"prompt\": \"a\", \"n\": 2}", NULL, 400, inv);
+    expect_error(&s, "POST", "/v1/completions", "{\"prompt\": \"a\", \"n\": 9}", NULL, 400, inv);
     expect_error(&s, "POST", "/v1/chat/completions", "{\"messages\": []}", NULL, 400, inv);
     expect_error(&s, "POST", "/v1/chat/completions", "{\"messages\": [{\"content\": \"x\"}]}", NULL, 400, inv);
     expect_error(&s, "POST", "/v1/completions", "{\"prompt\": \"a\", \"model\": \"nope\"}", NULL, 404, "not_found_error");
@@ -665,11 +907,38 @@ Test(serve_api, refuses_wrong_types_and_ranges_naming_the_field)
                       "refused: %s", cases[i].body);
         cr_assert(strstr(err.msg, cases[i].field), "'%s' named in '%s'", cases[i].field, err.msg);
     }
-    const char *chat = "{\"messages\": [{\"role\": \"user\", \"content\": [{\"type\": \"image_url\"}]}]}";
+    const char *chat = "{\"messages\": [{\"role\": \"user\", \"content\": [{\"type\": \"input_audio\"}]}]}";
     jlm_srv_req r;
     jlm_err err = {0};
     cr_assert_eq(jlm_srv_req_parse(chat, strlen(chat), JLM_SRV_CHAT, &r, &err), JLM_EUNSUPPORTED);
     cr_assert(strstr(err.msg, "messages[0].content[0]"), "%s", err.msg);
+    /* image parts: a data: URI of base64, one per request */
+    static const char *const bad[][2] = {
+        {"{\"type\": \"image_url\"}", "'messages[0].content[0].image_url': expected an object with a string 'url'"},
+        {"{\"type\": \"image_url\", \"image_url\": {\"url\": \"http://x/a.png\"}}", "only data: URIs"},
+        {"{\"type\": \"image_url\", \"image_url\": {\"url\": \"data:image/png;base64,QUJD!\"}}", "not valid base64"},
+        {"{\"type\": \"image_url\", \"image_url\": {\"url\": \"data:image/png;base64,QUJD\"}}, "
+         "{\"type\": \"image_url\", \"image_url\": {\"url\": \"data:image/png;base64,QUJD\"}}",
+         "'messages[0].content[1]': only one image"},
+    };
+    for (size_t i = 0; i < sizeof bad / sizeof *bad; i++) {
+        char body[512];
+        snprintf(body, sizeof body, "{\"messages\": [{\"role\": \"user\", \"content\": [%s]}]}", bad[i][0]);
+        cr_assert_neq(jlm_srv_req_parse(body, strlen(body), JLM_SRV_CHAT, &r, &err), 0, "%s", body);
+        cr_assert(strstr(err.msg, bad[i][1]), "%s: %s", body, err.msg);
+    }
+    /* the bytes decoded, padding or not */
+    static const char *const good[][2] = {{"QUJD", "ABC"}, {"QUI=", "AB"}, {"QUI", "AB"}, {"QQ==", "A"}};
+    for (size_t i = 0; i < sizeof good / sizeof *good; i++) {
+        char body[512];
+        snprintf(body, sizeof body, "{\"messages\": [{\"role\": \"user\", \"content\": [{\"type\": \"image_url\", "
+                 "\"image_url\": {\"url\": \"data:image/png;base64,%s\"}}]}]}", good[i][0]);
+        cr_assert_eq(jlm_srv_req_parse(body, strlen(body), JLM_SRV_CHAT, &r, &err), 0, "%s: %s", body, err.msg);
+        cr_assert_eq(r.image_len, strlen(good[i][1]));
+        cr_assert(!memcmp(r.image, good[i][1], r.image_len));
+        cr_assert_str_eq(r.image_what, "messages[0].content[0]");
+        jlm_srv_req_free(&r);
+    }
 }
 
 Test(serve_api, stop_scan_holds_back_what_could_become_a_stop_string)
@@ -1365,6 +1634,16 @@ Test(serve, the_openai_npm_client_gets_what_jlm_run_gives, .timeout = 120)
     cr_assert_str_eq(want, cref, "chat equals jlm chat's first reply");
     snprintf(want, sizeof want, "%s\n", json_string_value(json_object_get(j, "chat_stream")));
     cr_assert_str_eq(want, cref, "streamed chat equals jlm chat's first reply");
+    for (int i = 0; i < 2; i++) {   /* n = 2, seed 7: choice i is seed 7 + i's text */
+        char body[512], *r = NULL;
+        snprintf(body, sizeof body, "{\"prompt\": \"Once upon a time\", \"max_tokens\": 16, \"temperature\": 1.0, "
+                                    "\"seed\": %d}", 7 + i);
+        cr_assert_eq(http(&s, "POST", "/v1/completions", body, NULL, &r), 200, "%s", r);
+        char *t = completion_text(r, NULL);
+        cr_assert_str_eq(json_string_value(json_array_get(json_object_get(j, "n2"), i)), t, "%s", out);
+        cr_assert_str_eq(json_string_value(json_array_get(json_object_get(j, "n2_stream"), i)), t, "%s", out);
+        free(t); free(r);
+    }
     json_decref(j);
     free(out); free(ref); free(cref);
     srv_free(&s);
@@ -1464,7 +1743,7 @@ Test(serve, malformed_tools_and_unimplemented_fields_get_400_naming_them, .timeo
         {"\"tools\": [{\"type\": \"function\", \"function\": {}}]", "'tools[0].function.name'"},
         {"\"tool_choice\": \"auto\"", "'tool_choice'"},
         {"\"logit_bias\": {\"15\": 10}", "'logit_bias'"},
-        {"\"n\": 2", "'n'"},
+        {"\"n\": 9", "'n'"},
         {"\"audio\": {\"voice\": \"alloy\", \"format\": \"wav\"}", "'audio'"},
         {"\"modalities\": [\"text\", \"audio\"]", "'modalities'"},
         {"\"functions\": [{\"name\": \"f\"}]", "'functions'"},

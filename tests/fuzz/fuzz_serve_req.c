@@ -22,6 +22,9 @@ static void use(const jlm_srv_req *r, const uint8_t *data, size_t size)
     volatile size_t sink = r->model ? strlen(r->model) : 0;
     sink += r->prompt ? strlen(r->prompt) : 0;
     sink += r->messages ? json_array_size(r->messages) : 0;
+    for (size_t i = 0; i < r->image_len; i++)   /* the decoded data: URI, all of it */
+        sink += r->image[i];
+    sink += strlen(r->image_what);
     int hit;
     /* the input itself as "generated text", split where the first byte says */
     size_t cut = size ? data[0] % (size + 1) : 0;
