@@ -15,15 +15,18 @@
 # `llama-server -np 8 -c 8*CTX -t T -tb T` (llama-server's -c is shared by its
 # slots, so each slot gets CTX as jlm's does).
 # A round sends each server, one after the other, the same 8 requests at once
-# (POST /v1/completions, streamed, an ASCII prompt of ~50 tokens, temperature 0,
+# (POST /v1/completions, streamed, an ASCII prompt of ~40 tokens that starts
+# with the round and request numbers, so no prompt cache serves it; temperature 0,
 # max_tokens $TG, ignore_eos: both generate exactly $TG tokens; the count is
 # taken from each answer's `usage`, else from its chunks). The order of the
 # two servers alternates between rounds, so load from other tenants of a
 # shared machine hits both alike. Per server and round: aggregate t/s =
 # completion tokens of the 8 / wall time from the first request sent to the
 # last answer's end, and TTFT = the median of the 8 times to the first
-# token chunk. Printed: the median over $ROUNDS rounds (3) of each, and
-# jlm / llama-server. One unmeasured warm-up round per server first.
+# token chunk, and the server's CPU time (user + system, all its threads, from
+# /proc) per completion token: the figure other tenants' load moves least.
+# Printed: the median over $ROUNDS rounds (3) of each, and jlm / llama-server.
+# One unmeasured warm-up round per server first.
 #
 # Files go to $VS_DIR (default /tmp/jlm-vs-llama-server), never into the
 # repository, and are reused by later runs. Knobs (environment): ROUNDS (3),
@@ -93,17 +96,22 @@ until curl -sf -o /dev/null "http://127.0.0.1:$LPORT/health"; do
 done
 
 # ---------------------------------------------------------------- rounds
-python3 - "$jport" "$LPORT" "$stem" "$ROUNDS" "$TG" <<'EOF'
-import http.client, json, statistics, sys, threading, time
+python3 - "$jport" "$LPORT" "$stem" "$ROUNDS" "$TG" "$jpid" "$lpid" <<'EOF'
+import http.client, json, os, statistics, sys, threading, time
 
 jport, lport, model, rounds, tg = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3], int(sys.argv[4]), int(sys.argv[5])
+pids = {jport: int(sys.argv[6]), lport: int(sys.argv[7])}
 N = 8
 
-def prompt(i):   # ASCII, different per request
-    return "request %d: " % i + " ".join("w%d" % ((31 * i + 7 * j) % 97) for j in range(8))
+def cpu_s(pid):   # the server's user + system CPU seconds, all threads
+    f = open("/proc/%d/stat" % pid).read().rsplit(")", 1)[1].split()
+    return (int(f[11]) + int(f[12])) / os.sysconf("SC_CLK_TCK")
 
-def one(port, i, t0, out):
-    body = json.dumps({"model": model, "prompt": prompt(i),
+def prompt(i, r):   # ASCII, different per request and round (no prompt cache helps)
+    return "%d.%d: " % (r, i) + " ".join("w%d" % ((31 * i + 7 * j + r) % 97) for j in range(8))
+
+def one(port, i, r, t0, out):
+    body = json.dumps({"model": model, "prompt": prompt(i, r),
                        "max_tokens": tg, "temperature": 0, "ignore_eos": True, "stream": True,
                        "stream_options": {"include_usage": True}})
     c = http.client.HTTPConnection("127.0.0.1", port, timeout=600)
@@ -127,10 +135,11 @@ def one(port, i, t0, out):
     out[i] = (ttft, usage if usage is not None else chunks, time.monotonic())
     c.close()
 
-def round_(port):
+def round_(port, r):
     out = [None] * N
+    c0 = cpu_s(pids[port])
     t0 = time.monotonic()
-    th = [threading.Thread(target=one, args=(port, i, t0, out)) for i in range(N)]
+    th = [threading.Thread(target=one, args=(port, i, r, t0, out)) for i in range(N)]
     for t in th: t.start()
     for t in th: t.join()
     for o in out:
@@ -138,22 +147,23 @@ def round_(port):
             sys.exit("vs-llama-server: a request failed on port %d: %s" % (port, o))
     toks = sum(o[1] for o in out)
     wall = max(o[2] for o in out) - t0
-    return toks / wall, statistics.median(o[0] for o in out), toks
+    return toks / wall, statistics.median(o[0] for o in out), toks, (cpu_s(pids[port]) - c0) / toks
 
 servers = [("jlm serve", jport), ("llama-server", lport)]
 for name, port in servers:
-    round_(port)   # warm-up
+    round_(port, rounds)   # warm-up
 res = {name: [] for name, _ in servers}
 for r in range(rounds):
     order = servers if r % 2 == 0 else servers[::-1]
     for name, port in order:
-        tps, ttft, toks = round_(port)
-        res[name].append((tps, ttft))
-        print("round %d  %-12s  %4d tokens  %8.1f t/s  TTFT %7.1f ms" % (r + 1, name, toks, tps, ttft * 1e3), flush=True)
-med = {name: (statistics.median(x[0] for x in v), statistics.median(x[1] for x in v)) for name, v in res.items()}
+        tps, ttft, toks, cpt = round_(port, r)
+        res[name].append((tps, ttft, cpt))
+        print("round %d  %-12s  %4d tokens  %8.1f t/s  TTFT %7.1f ms  CPU %6.2f ms/token" %
+              (r + 1, name, toks, tps, ttft * 1e3, cpt * 1e3), flush=True)
+med = {name: [statistics.median(x[k] for x in v) for k in range(3)] for name, v in res.items()}
 print("median of %d rounds, 8 concurrent requests x %d tokens:" % (rounds, tg))
 for name, _ in servers:
-    print("  %-12s  %8.1f t/s  TTFT %7.1f ms" % (name, med[name][0], med[name][1] * 1e3))
-print("jlm / llama-server: aggregate t/s %.2fx, TTFT %.2fx" %
-      (med["jlm serve"][0] / med["llama-server"][0], med["jlm serve"][1] / med["llama-server"][1]))
+    print("  %-12s  %8.1f t/s  TTFT %7.1f ms  CPU %6.2f ms/token" % (name, med[name][0], med[name][1] * 1e3, med[name][2] * 1e3))
+j, l = med["jlm serve"], med["llama-server"]
+print("jlm / llama-server: aggregate t/s %.2fx, TTFT %.2fx, CPU a token %.2fx" % (j[0] / l[0], j[1] / l[1], j[2] / l[2]))
 EOF
