@@ -2,7 +2,7 @@
  * synthetic SPM vocabulary and seeded random weights in one ggml type, for
  * benchmarks and tests that need a model of a given shape without shipping one.
  *
- *   mkgguf PRESET TYPE OUT.gguf [--layers N] [--seed S]
+ *   mkgguf PRESET TYPE OUT.gguf [--layers N] [--seed S] [--text-vocab]
  *     PRESET  tiny | tiny-moe | llama-1b | synth-1b | moe-32x4 | moe-1g | fuzz | fuzz-moe
  *     TYPE    F32 | F16 | Q8_0 | Q4_0 | Q4_K
  *
@@ -12,7 +12,8 @@
  *
  * Weights: uniform in [-0.035, 0.035) (std ~0.02, like the synth-* fixtures),
  * from a splitmix64 stream seeded per tensor (seed, tensor index), so a file
- * is a pure function of (preset, type, layers, seed). Norm weights are F32 1.
+ * is a pure function of (preset, type, layers, seed, --text-vocab). Norm
+ * weights are F32 1.
  * Quantizers: Q8_0 and Q4_0 are ggml's reference algorithms (quantize_row_*_ref);
  * Q4_K is a simple valid min/max quantizer (per 32-element sub-block: scale =
  * (max - min(0, min)) / 15, 6-bit scales and mins against the block's largest),
@@ -40,25 +41,26 @@ typedef struct mkg_shape {
     uint32_t n_expert, n_expert_used;   /* 0: dense FFN */
     float    rope_base;
     int      tied;                      /* 1: no output.weight (token_embd reused) */
+    int      text_vocab;                /* 1: --text-vocab (presets: 0) */
 } mkg_shape;
 
 /* llama-1b is Llama-3.2-1B's shape with a 32000 vocab (the real 128256 would
  * add 200 MiB of embedding per file and nothing to the per-block picture). */
 static const mkg_shape MKG_PRESETS[] = {
-    {"tiny",     256, 512, 2, 4, 2, 512, 512, 0, 0, 10000.0f, 0},
-    {"tiny-moe", 256, 256, 2, 4, 2, 512, 512, 4, 2, 10000.0f, 0},
-    {"llama-1b", 2048, 8192, 16, 32, 8, 32000, 4096, 0, 0, 500000.0f, 1},
+    {"tiny",     256, 512, 2, 4, 2, 512, 512, 0, 0, 10000.0f, 0, 0},
+    {"tiny-moe", 256, 256, 2, 4, 2, 512, 512, 4, 2, 10000.0f, 0, 0},
+    {"llama-1b", 2048, 8192, 16, 32, 8, 32000, 4096, 0, 0, 500000.0f, 1, 0},
     /* the same blocks with a 512-token vocab and a separate output (975 M
      * parameters): bench/vs-llama.sh's model, written in F16 and quantized by
      * llama-quantize so that both engines read the same GGUFs */
-    {"synth-1b", 2048, 8192, 16, 32, 8, 512, 4096, 0, 0, 500000.0f, 0},
-    {"moe-32x4", 1024, 512, 8, 16, 4, 32000, 4096, 32, 4, 10000.0f, 0},
+    {"synth-1b", 2048, 8192, 16, 32, 8, 512, 4096, 0, 0, 500000.0f, 0, 0},
+    {"moe-32x4", 1024, 512, 8, 16, 4, 32000, 4096, 32, 4, 10000.0f, 0, 0},
     /* issue 42's larger-than-memory MoE: 16 blocks of 32 experts of FFN
      * 1024, 4 used, stories260K's 512 vocab, context 2048 (1.0 GB at Q4_K_M) */
-    {"moe-1g",   1024, 1024, 16, 16, 4, 512, 2048, 32, 4, 500000.0f, 0},
+    {"moe-1g",   1024, 1024, 16, 16, 4, 512, 2048, 32, 4, 500000.0f, 0, 0},
     /* fuzz seeds (tests/fuzz/mkseeds.c): the smallest files the whole path takes */
-    {"fuzz",     32, 64, 1, 2, 1, 288, 64, 0, 0, 10000.0f, 0},
-    {"fuzz-moe", 32, 32, 1, 2, 1, 288, 64, 4, 2, 10000.0f, 1},
+    {"fuzz",     32, 64, 1, 2, 1, 288, 64, 0, 0, 10000.0f, 0, 0},
+    {"fuzz-moe", 32, 32, 1, 2, 1, 288, 64, 4, 2, 10000.0f, 1, 0},
 };
 
 MKG_API int mkg_preset(const char *name, mkg_shape *out)
@@ -290,18 +292,25 @@ static void mkg_kv_u32(mkg_out *o, const char *k, uint32_t v) { mkg_str(o, k); m
 static void mkg_kv_f32(mkg_out *o, const char *k, float v) { mkg_str(o, k); mkg_u32(o, GGUF_T_F32); mkg_bytes(o, &v, 4); }
 static void mkg_kv_str(mkg_out *o, const char *k, const char *v) { mkg_str(o, k); mkg_u32(o, GGUF_T_STRING); mkg_str(o, v); }
 
-/* Token i of the synthetic SPM vocab: <unk> <s> </s>, <0x00>..<0xFF>, fillers. */
-static void mkg_token(uint32_t i, char *buf, size_t n)
+/* Token i of the synthetic SPM vocab: <unk> <s> </s>, <0x00>..<0xFF>, fillers.
+ * text: every id decodes to valid UTF-8 on its own (--text-vocab): the bytes
+ * 0x80..0xFF are normal tokens "{0x80}".."{0xFF}" and the first filler is
+ * U+2581 alone (SPM's space, which ASCII text then needs no byte for). */
+static void mkg_token(uint32_t i, int text, char *buf, size_t n)
 {
     if (i < 3)
         snprintf(buf, n, "%s", i == 0 ? "<unk>" : i == 1 ? "<s>" : "</s>");
+    else if (text && i >= 3 + 0x80 && i < 259)
+        snprintf(buf, n, "{0x%02X}", i - 3);
+    else if (text && i == 259)
+        snprintf(buf, n, "\xe2\x96\x81");
     else if (i < 259)
         snprintf(buf, n, "<0x%02X>", i - 3);
     else
         snprintf(buf, n, "\xe2\x96\x81t%u", i - 259);   /* U+2581 then a unique tail */
 }
 
-static void mkg_vocab(mkg_out *o, uint32_t n_vocab)
+static void mkg_vocab(mkg_out *o, uint32_t n_vocab, int text)
 {
     char tok[32];
     mkg_kv_str(o, "tokenizer.ggml.model", "llama");
@@ -310,7 +319,7 @@ static void mkg_vocab(mkg_out *o, uint32_t n_vocab)
     mkg_u32(o, GGUF_T_STRING);
     mkg_u64(o, n_vocab);
     for (uint32_t i = 0; i < n_vocab; i++) {
-        mkg_token(i, tok, sizeof tok);
+        mkg_token(i, text, tok, sizeof tok);
         mkg_str(o, tok);
     }
     mkg_str(o, "tokenizer.ggml.scores");
@@ -326,7 +335,7 @@ static void mkg_vocab(mkg_out *o, uint32_t n_vocab)
     mkg_u32(o, GGUF_T_I32);
     mkg_u64(o, n_vocab);
     for (uint32_t i = 0; i < n_vocab; i++)   /* llama.cpp: 1 normal, 2 unknown, 3 control, 6 byte */
-        mkg_u32(o, i == 0 ? 2 : i < 3 ? 3 : i < 259 ? 6 : 1);
+        mkg_u32(o, i == 0 ? 2 : i < 3 ? 3 : i < 3 + 0x80 || (i < 259 && !text) ? 6 : 1);
     mkg_kv_u32(o, "tokenizer.ggml.unknown_token_id", 0);
     mkg_kv_u32(o, "tokenizer.ggml.bos_token_id", 1);
     mkg_kv_u32(o, "tokenizer.ggml.eos_token_id", 2);
@@ -352,7 +361,7 @@ static void mkg_meta(mkg_out *o, const mkg_shape *s)
         mkg_kv_u32(o, "llama.expert_count", s->n_expert);
         mkg_kv_u32(o, "llama.expert_used_count", s->n_expert_used);
     }
-    mkg_vocab(o, s->n_vocab);   /* 7 keys */
+    mkg_vocab(o, s->n_vocab, s->text_vocab);   /* 7 keys */
 }
 
 static void mkg_pad(mkg_out *o, uint64_t *pos, uint64_t align)
@@ -465,9 +474,10 @@ MKG_API int mkg_write(const char *path, const mkg_shape *shape, uint32_t type, u
 int main(int argc, char **argv)
 {
     static const char usage[] =
-        "usage: mkgguf PRESET TYPE OUT.gguf [--layers N] [--seed S]\n"
+        "usage: mkgguf PRESET TYPE OUT.gguf [--layers N] [--seed S] [--text-vocab]\n"
         "  PRESET  tiny | tiny-moe | llama-1b (Llama-3.2-1B shape, vocab 32000) | synth-1b (vocab 512) | moe-32x4 | moe-1g\n"
         "  TYPE    F32 | F16 | Q8_0 | Q4_0 | Q4_K\n"
+        "  --text-vocab  no lone non-ASCII byte tokens: every token decodes to valid UTF-8\n"
         "(a tool, not a benchmark: `make bench` runs it without arguments, which prints this)\n";
     if (argc < 4) {
         fputs(usage, stdout);
@@ -483,6 +493,7 @@ int main(int argc, char **argv)
     for (int i = 4; i < argc; i++) {
         if (!strcmp(argv[i], "--layers") && i + 1 < argc) layers = (uint32_t)strtoul(argv[++i], NULL, 10);
         else if (!strcmp(argv[i], "--seed") && i + 1 < argc) seed = strtoull(argv[++i], NULL, 10);
+        else if (!strcmp(argv[i], "--text-vocab")) s.text_vocab = 1;
         else {
             fprintf(stderr, "mkgguf: unknown option '%s'\n%s", argv[i], usage);
             return 2;

@@ -123,6 +123,41 @@ Test(bench, a_generated_file_reads_back_with_its_shape_and_vocab, .timeout = 30)
     free(dir);
 }
 
+/* --text-vocab (bench/vs-llama-server.sh): no token decodes to a lone
+ * non-ASCII byte (types 6 only for <0x00>..<0x7F>), and U+2581 alone is a
+ * token, so ASCII text tokenizes without a non-ASCII byte. */
+Test(bench, a_text_vocab_has_no_lone_non_ascii_byte_token, .timeout = 30)
+{
+    char *dir = tu_tmpdir(), p[1024], msg[512];
+    mkg_shape s;
+    cr_assert_eq(mkg_preset("tiny", &s), 0);
+    s.text_vocab = 1;
+    snprintf(p, sizeof p, "%s/m.gguf", dir);
+    cr_assert_eq(mkg_write(p, &s, GGML_Q8_0, 0, 1, msg, sizeof msg), 0, "%s", msg);
+    jlm_gguf *g;
+    jlm_err err = {0};
+    cr_assert_eq(jlm_gguf_open(p, &g, &err), 0, "%s", err.msg);
+    const jlm_gguf_kv *tok = jlm_gguf_find(g, "tokenizer.ggml.tokens");
+    const jlm_gguf_kv *ty = jlm_gguf_find(g, "tokenizer.ggml.token_type");
+    cr_assert(tok && ty && tok->n == s.n_vocab && ty->n == s.n_vocab, "tokens or token_type missing");
+    const jlm_gguf_str *ts = tok->arr;
+    int spaces = 0;
+    for (uint32_t i = 0; i < s.n_vocab; i++) {
+        unsigned b;
+        int is_byte = sscanf(ts[i].s, "<0x%2X>", &b) == 1 && strlen(ts[i].s) == 6;
+        cr_assert(!(is_byte && b >= 0x80), "token %u is the byte token %s", i, ts[i].s);
+        int32_t type;   /* packed in the mapping: no alignment to count on */
+        memcpy(&type, (const char *)ty->arr + 4 * (size_t)i, 4);
+        cr_assert(type != 6 || (is_byte && b < 0x80), "token %u (%s) has type 6 (byte)", i, ts[i].s);
+        spaces += !strcmp(ts[i].s, "\xe2\x96\x81");
+    }
+    cr_assert_str_eq(ts[3 + 0x41].s, "<0x41>");
+    cr_assert_eq(spaces, 1, "U+2581 alone is %d tokens, expected 1", spaces);
+    jlm_gguf_close(g);
+    tu_rmrf(dir);
+    free(dir);
+}
+
 typedef struct gen_case { char preset[16]; uint32_t type; } gen_case;
 
 ParameterizedTestParameters(bench, a_generated_model_converts_and_runs)
