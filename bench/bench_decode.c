@@ -123,7 +123,7 @@ int main(int argc, char **argv)
         perror("bench_decode: temp dir or 1 GiB probe buffer");
         return 1;
     }
-    mkg_shape s;
+    mkg_shape s = {0};
     mkg_preset("llama-1b", &s);
     printf("bench_decode: llama-1b shape (n_embd %u, n_ff %u, %u layers, %u/%u heads, vocab %u, tied), "
            "%d threads, pp %d, tg %d in %d rounds, unlimited budget; probe: %d-thread read of 1 GiB before each round\n",

@@ -163,7 +163,7 @@ int main(int argc, char **argv)
     snprintf(model, sizeof model, "%s/m.jlm/model.jlm", g_mnt);
     mkdir(g_src, 0755);
     mkdir(g_mnt, 0755);
-    mkg_shape s;
+    mkg_shape s = {0};
     mkg_preset("llama-1b", &s);
     jlm_err err = {0};
     jlm_conv *c = NULL;

@@ -483,7 +483,7 @@ int main(int argc, char **argv)
         fputs(usage, stdout);
         return 0;
     }
-    mkg_shape s;
+    mkg_shape s = {0};
     uint32_t type, layers = 0;
     uint64_t seed = 1;
     if (mkg_preset(argv[1], &s) || mkg_parse_type(argv[2], &type)) {
