@@ -1320,7 +1320,11 @@ typedef struct cover {
     size_t grain, n;
     _Atomic int bad_slice;
     int stall_thread;             /* this thread sleeps in its first piece (-1: none) */
-    int lag_caller;               /* the caller sleeps 5 ms in its first piece (the workers claim theirs) */
+    int lag_caller;               /* the caller sleeps 5 ms in its first piece (the workers claim theirs);
+                                   * with a stall_thread, first until that thread is in its stall (2 s at
+                                   * most): on a loaded machine a worker can wake later than 5 ms, after the
+                                   * caller took every piece, and then nothing stalls */
+    _Atomic int stalling;         /* stall_thread is in its stall */
     _Atomic size_t by_thread[8];  /* indices each thread ran */
 } cover;
 
@@ -1329,10 +1333,15 @@ static void cover_fn(void *ctx, size_t b, size_t e, int t)
     cover *c = ctx;
     if (b % c->grain || (e % c->grain && e != c->n) || t < 0 || t >= 8)
         atomic_store(&c->bad_slice, 1);
-    if (t == c->stall_thread && atomic_load(&c->by_thread[t]) == 0)
+    if (t == c->stall_thread && atomic_load(&c->by_thread[t]) == 0) {
+        atomic_store(&c->stalling, 1);
         usleep(200000);
-    if (t == 0 && c->lag_caller && atomic_load(&c->by_thread[0]) == 0)
+    }
+    if (t == 0 && c->lag_caller && atomic_load(&c->by_thread[0]) == 0) {
+        for (int i = 0; i < 2000 && c->stall_thread > 0 && !atomic_load(&c->stalling); i++)
+            usleep(1000);
         usleep(5000);
+    }
     atomic_fetch_add(&c->by_thread[t >= 0 && t < 8 ? t : 0], e - b);
     for (size_t i = b; i < e; i++)
         atomic_fetch_add(&c->hits[i], 1);
@@ -1344,6 +1353,7 @@ static void run_cover_as(jlm_pool *pool, cover *c, size_t n, size_t grain, int c
         atomic_store(&c->hits[i], 0);
     for (int t = 0; t < 8; t++)
         atomic_store(&c->by_thread[t], 0);
+    atomic_store(&c->stalling, 0);
     c->grain = grain ? grain : 1;
     c->n = n;
     (claim ? jlm_pool_for_claim : jlm_pool_for)(pool, n, grain, cover_fn, c);
