@@ -355,12 +355,10 @@ int jlm_cmd_run(int argc, char **argv)
     int status = r.o.logits_file ? jlm_cli_out_check("jlm run", "--logits", r.o.logits_file, r.inputs, 3, "model") : 0;
     if (!status && r.o.trace_file)
         status = jlm_cli_out_check("jlm run", "--trace-routing", r.o.trace_file, r.inputs, 3, "model");
-    if (!status && r.o.embeddings)
-        status = run_open(&r) || prompt_ids(&r) || print_embedding(&r) ? 1 : 0;
-    else if (!status)
+    if (!status)   /* --embeddings goes without --trace-routing (parse) */
         status = run_open(&r) ? 1 : r.o.trace_file ? trace_start(&r) : 0;
-    if (!status && !r.o.embeddings)
-        status = prompt_ids(&r) || prefill(&r) ? 1 : 0;
+    if (!status)
+        status = prompt_ids(&r) || (r.o.embeddings ? print_embedding(&r) : prefill(&r)) ? 1 : 0;
     if (!status && r.o.logits_file)
         status = write_logits(&r);
     if (!status && !r.o.embeddings) {   /* the ids, --json and --stats even after a failed step (what was generated) */
