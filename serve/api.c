@@ -606,7 +606,7 @@ size_t jlm_srv_stop_scan(const jlm_srv_req *req, const char *text, size_t len, i
         const char *p = memmem(text, len, req->stop[i], strlen(req->stop[i]));
         if (p && (size_t)(p - text) < first) {
             first = (size_t)(p - text);
-            *hit = 1;
+            *hit = (int)i + 1;
         }
         size_t t = partial_tail(text, len, req->stop[i]);
         if (t > held) held = t;

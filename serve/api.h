@@ -139,8 +139,9 @@ int jlm_srv_key_equal(const char *a, size_t na, const char *b, size_t nb);
 
 /* Stop strings: the length of text[0, len) that may be sent now, holding back
  * a tail that could still grow into a stop string, cut back to a UTF-8
- * character start; *hit = 1 and the returned length is where the first stop
- * string begins when one occurs. Cannot fail. */
+ * character start; when one occurs, the returned length is where the first
+ * stop string begins and *hit = 1 + its index in req->stop (the earlier one
+ * in the list where two begin there), else *hit = 0. Cannot fail. */
 size_t jlm_srv_stop_scan(const jlm_srv_req *req, const char *text, size_t len, int final, int *hit);
 
 #endif

@@ -590,10 +590,8 @@ static void slot_end(srv_model *m, slot *sl, const char *fin, int status, const 
     if (hit >= 0 && status == 200 && j->tc_active && tc_finish(j, &sl->g)) hit = -1;
     if (hit < 0) { status = 500; msg = "out of memory"; }
     j->res.finish_reason = json_array_size(j->tc_calls) ? "tool_calls" : hit > 0 ? "stop" : fin;
-    for (size_t i = 0; hit > 0 && !j->res.stop_sequence && i < j->req.n_stop; i++)   /* the one at the cut */
-        if (sl->g.len - sl->g.sent >= strlen(j->req.stop[i]) &&
-            !memcmp(sl->g.text + sl->g.sent, j->req.stop[i], strlen(j->req.stop[i])))
-            j->res.stop_sequence = j->req.stop[i];
+    if (hit > 0)
+        j->res.stop_sequence = j->req.stop[hit - 1];   /* the stop scan's: the first in the text */
     j->res.completion_tokens = sl->n_gen;
     atomic_fetch_add(&m->n_gen_tok, sl->n_gen);
     if (job_cancelled(j)) {

@@ -963,6 +963,13 @@ Test(serve_api, stop_scan_holds_back_what_could_become_a_stop_string)
     cr_assert_eq(jlm_srv_stop_scan(&r, "abENDx", 6, 0, &hit), 2);
     cr_assert_eq(hit, 1);
     cr_assert_eq(jlm_srv_stop_scan(&r, "abcE", 4, 1, &hit), 4, "at the end nothing is held");
+    r.n_stop = 2;   /* *hit names the stop string that comes first in the text */
+    r.stop[1] = "bc";
+    cr_assert_eq(jlm_srv_stop_scan(&r, "abcEND", 6, 1, &hit), 1);
+    cr_assert_eq(hit, 2);
+    cr_assert_eq(jlm_srv_stop_scan(&r, "aENDbc", 6, 1, &hit), 1);
+    cr_assert_eq(hit, 1);
+    r.n_stop = 1;
     r.stop[0] = "\xC3\xA9!";   /* held-back bytes never split a character */
     cr_assert_eq(jlm_srv_stop_scan(&r, "a\xC3\xA9", 3, 0, &hit), 1);
     r.n_stop = 0;
