@@ -200,6 +200,8 @@ int jlm_pager_open(const jlm_pager_config *cfg, jlm_pager **out, jlm_err *err)
     /* a page's missing chunks form at most ceil(n/2) runs */
     p->pf.cap = (uint32_t)((max_chunks + 1) / 2);
     p->pf.depth = 1;
+    const char *nt = getenv("JLM_PAGER_NO_THREADS");
+    p->pf.no_threads = nt && !strcmp(nt, "1");
     p->pf_runs = calloc((size_t)p->pf.cap * PF_SLOTS, sizeof *p->pf_runs);
     for (uint32_t i = 0; p->pf_runs && i < PF_SLOTS; i++)
         p->pf.slot[i].runs = p->pf_runs + (size_t)i * p->pf.cap;
@@ -735,16 +737,15 @@ static uint64_t room_for(jlm_pager *p, const ppage *pg)
 }
 
 /* A free slot with a reader thread for it (started here), or NULL. Without
- * any thread (pthread_create failed; JLM_PAGER_NO_THREADS=1, the tests'
- * seam for it) prefetch turns off: every read is the get's, in turn. */
+ * any thread (pthread_create failed; JLM_PAGER_NO_THREADS=1 when the pager
+ * was made, the tests' seam for it) prefetch turns off: every read is the get's, in turn. */
 static pfslot *pf_free_slot(jlm_pager *p)
 {
     pfetch *f = &p->pf;
     if (f->busy >= f->depth)
         return NULL;
-    const char *nt = getenv("JLM_PAGER_NO_THREADS");
     while (f->n_threads < f->depth && f->n_threads < f->busy + 1) {
-        if ((nt && !strcmp(nt, "1")) || pthread_create(&f->th[f->n_threads], NULL, pf_main, p) != 0)
+        if (f->no_threads || pthread_create(&f->th[f->n_threads], NULL, pf_main, p) != 0)
             break;
         f->n_threads++;
     }

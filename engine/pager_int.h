@@ -68,6 +68,7 @@ typedef struct pfetch {
     pthread_t       th[PF_SLOTS];
     uint32_t        n_threads, depth, cap, busy;   /* busy: slots in use (engine thread) */
     int             stop;
+    int             no_threads;   /* JLM_PAGER_NO_THREADS=1 at creation: start no reader thread */
     pfslot          slot[PF_SLOTS];
 } pfetch;
 
