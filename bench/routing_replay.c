@@ -7,9 +7,11 @@
  *   build/bench/routing_replay TRACE [--slots N,N,...] [--half-life H]
  *
  * The replay is decode's access order: the trace's lines sorted by
- * (position, block), each line's n_used experts gotten together (pinned:
- * none of them is a victim while the others are gotten), one expert get per
- * id, a miss reads one expert page (expert_bytes, the trace's mean). The
+ * (position, block), each line's n_used experts pinned together (none of
+ * them is a victim while the others are gotten: the resident ones first,
+ * then the missing ones read, as jlm_stream_experts does; rr_misses), one
+ * expert get per id, a miss reads one expert page (expert_bytes, the
+ * trace's mean). The
  * budget is in expert slots (default: 1/16, 1/8, 1/4, 3/8, 1/2, 5/8, 3/4 and
  * 7/8 of the expert pages the trace's blocks hold, at least n_used); block
  * pages and the dense region are not counted. The first use of each expert
@@ -168,7 +170,15 @@ static uint32_t rr_pages(const rr_trace *t) { return t->n_layer * t->n_expert; }
 
 /* Misses of the replay under policy (RR_LRU, RR_LFU, RR_OPT) with `slots`
  * expert frames (raised to n_used); LFU's half-life in gets per expert page
- * (as the engine: JLM_XP_HALF_LIFE). (uint64_t)-1 when out of memory. */
+ * (as the engine: JLM_XP_HALF_LIFE). (uint64_t)-1 when out of memory.
+ *
+ * A routing runs as jlm_stream_experts runs it, so that the counts are the
+ * engine's (tests/test_engine.c checks them against the pager's page-ins):
+ * its resident experts are gotten (pinned) first, in slot order, then its
+ * missing ones are read in slot order, each evicting an expert of another
+ * routing; a get adds to the expert's count (clock: expert gets so far);
+ * then all are unpinned in slot order, which makes them the most recently
+ * used in that order (the pager's list head). */
 RR_FN uint64_t rr_misses(const rr_trace *t, int policy, uint32_t slots, double half_life)
 {
     uint32_t np = rr_pages(t), nu = t->n_used;
@@ -182,7 +192,8 @@ RR_FN uint64_t rr_misses(const rr_trace *t, int policy, uint32_t slots, double h
     uint64_t *pin = malloc(np * sizeof *pin);
     double *key = malloc(np * sizeof *key);
     uint32_t *resl = malloc((size_t)slots * sizeof *resl);   /* the resident pages, unordered */
-    if (!res || !stamp || !nextuse || !pin || !key || !resl || (policy == RR_OPT && !next)) {
+    uint8_t *hit = malloc(nu);   /* the routing's experts resident at its start */
+    if (!res || !stamp || !nextuse || !pin || !key || !resl || !hit || (policy == RR_OPT && !next)) {
         miss = (uint64_t)-1;
         goto out;
     }
@@ -198,37 +209,46 @@ RR_FN uint64_t rr_misses(const rr_trace *t, int policy, uint32_t slots, double h
     }
     double half = half_life * np;
     uint32_t nres = 0;
-    for (uint64_t i = 0, clock = 0; i < na; i++, clock++) {
-        uint64_t g = i / nu;
-        uint32_t p = t->page[i];
-        if (!res[p]) {
-            miss++;
-            if (nres == slots) {   /* the victim: never a page of this group */
-                uint32_t v = UINT32_MAX;
-                for (uint32_t r = 0; r < nres; r++) {
-                    uint32_t q = resl[r];
-                    if (pin[q] == g)
-                        continue;
-                    if (v == UINT32_MAX ||
-                        (policy == RR_LRU && stamp[q] < stamp[resl[v]]) ||
-                        (policy == RR_LFU && (key[q] < key[resl[v]] || (key[q] == key[resl[v]] && stamp[q] < stamp[resl[v]]))) ||
-                        (policy == RR_OPT && nextuse[q] > nextuse[resl[v]]))
-                        v = r;
+    uint64_t clock = 0, seq = 0;
+    for (uint64_t g = 0; g < t->n_groups; g++) {
+        const uint32_t *pg = t->page + g * nu;
+        for (uint32_t k = 0; k < nu; k++)
+            pin[pg[k]] = g, hit[k] = res[pg[k]];
+        for (int pass = 0; pass < 2; pass++)   /* the resident ones, then the reads */
+            for (uint32_t k = 0; k < nu; k++) {
+                uint32_t p = pg[k];
+                if (hit[k] != !pass)
+                    continue;
+                if (!res[p]) {
+                    miss++;
+                    if (nres == slots) {   /* the victim: never a page of this routing */
+                        uint32_t v = UINT32_MAX;
+                        for (uint32_t r = 0; r < nres; r++) {
+                            uint32_t q = resl[r];
+                            if (pin[q] == g)
+                                continue;
+                            if (v == UINT32_MAX ||
+                                (policy == RR_LRU && stamp[q] < stamp[resl[v]]) ||
+                                (policy == RR_LFU && (key[q] < key[resl[v]] ||
+                                                      (key[q] == key[resl[v]] && stamp[q] < stamp[resl[v]]))) ||
+                                (policy == RR_OPT && nextuse[q] > nextuse[resl[v]]))
+                                v = r;
+                        }
+                        res[resl[v]] = 0;
+                        resl[v] = resl[--nres];
+                    }
+                    res[p] = 1;
+                    resl[nres++] = p;
                 }
-                res[resl[v]] = 0;
-                resl[v] = resl[--nres];
+                key[p] = jlm_xp_touch(key[p], clock++, half);
+                if (next)
+                    nextuse[p] = next[g * nu + k];
             }
-            res[p] = 1;
-            resl[nres++] = p;
-        }
-        pin[p] = g;
-        stamp[p] = clock;
-        key[p] = jlm_xp_touch(key[p], clock, half);
-        if (next)
-            nextuse[p] = next[i];
+        for (uint32_t k = 0; k < nu; k++)   /* unpinned in slot order */
+            stamp[pg[k]] = ++seq;
     }
 out:
-    free(res); free(stamp); free(nextuse); free(next); free(pin); free(key); free(resl);
+    free(res); free(stamp); free(nextuse); free(next); free(pin); free(key); free(resl); free(hit);
     return miss;
 }
 
