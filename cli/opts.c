@@ -300,9 +300,10 @@ int jlm_opts_engine_rows(jlm_opt *t, unsigned which, jlm_engine_opts *eo, jlm_op
                            "no read ahead of the next MoE block's predicted experts"};
         t[n++] = (jlm_opt){NULL, "--no-warm", JLM_OPT_FLAG, &eo->no_warm, 0, 0, 0, NULL,
                            "no background read of the whole model when the budget holds it"};
-        t[n++] = (jlm_opt){NULL, "--expert-policy", JLM_OPT_STR, &eo->expert_policy, 0, 0, 0, "lfu|lru",
-                           "which cached expert is evicted first: the lowest decaying use count (lfu, default) or "
-                           "the least recently used (lru)"};
+        t[n++] = (jlm_opt){NULL, "--expert-policy", JLM_OPT_STR, &eo->expert_policy, 0, 0, 0, "lfu|lru|next",
+                           "which cached expert is evicted first: the lowest decaying use count (lfu, default), "
+                           "the least recently used (lru), or the one whose next use is expected last from its "
+                           "count and its block's place in the cycle (next)"};
         t[n++] = (jlm_opt){NULL, "--verify", JLM_OPT_FLAG, &eo->verify, 0, 0, 0, NULL,
                            "check every page against MODEL.sums on its first read; refuse without one "
                            "(default: checked when MODEL.sums exists)"};

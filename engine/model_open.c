@@ -382,15 +382,19 @@ static int choose_kv(jlm_engine *e, const jlm_engine_opts *o, jlm_err *err)
     return JLM_OK;
 }
 
-/* opts.expert_policy: NULL (JLM_XP_DEFAULT), "lru" or "lfu"; the counts'
- * half-life is JLM_XP_HALF_LIFE gets per expert page of the model. */
+/* opts.expert_policy: NULL (JLM_XP_DEFAULT), "lru", "lfu" or "next"; the
+ * counts' half-life is JLM_XP_HALF_LIFE (JLM_XP_NEXT_HALF_LIFE for next)
+ * gets per expert page of the model; next's cycle is the MoE blocks of
+ * n_expert pages, n_expert_used gotten a token. */
 static int choose_expert_policy(jlm_engine *e, const jlm_engine_opts *o, jlm_err *err)
 {
     int pol = o->expert_policy ? jlm_xp_parse(o->expert_policy) : JLM_XP_DEFAULT;
     if (pol < 0)
-        return jlm_errf(err, JLM_EINVAL, "--expert-policy '%.40s': expected lru or lfu", o->expert_policy);
+        return jlm_errf(err, JLM_EINVAL, "--expert-policy '%.40s': expected lru, lfu or next", o->expert_policy);
     double n = (double)e->c->n_layer * e->c->n_expert;   /* expert pages, at most */
-    jlm_pager_set_expert_policy(e->pager, pol, JLM_XP_HALF_LIFE * (n > 0 ? n : 1));
+    double half = pol == JLM_XP_NEXT ? JLM_XP_NEXT_HALF_LIFE : JLM_XP_HALF_LIFE;
+    jlm_pager_set_expert_policy(e->pager, pol, half * (n > 0 ? n : 1));
+    jlm_pager_set_expert_blocks(e->pager, e->c->n_expert, e->c->n_expert_used);
     return JLM_OK;
 }
 
