@@ -1,10 +1,11 @@
 /* routing_replay.c - an expert cache's bytes a token, replayed from a routing
  * trace (`jlm run --trace-routing FILE`, engine/model.h's format) at many
- * budgets, for the engine's policies (engine/xpolicy.h: LRU and the decaying
- * count, LFU) and the offline optimum (Belady: evict the expert whose next
- * use is farthest), and the ratios policy / optimum.
+ * budgets, for the engine's policies (engine/xpolicy.h: LRU, the decaying
+ * count LFU, the expected next use NEXT) and the offline optimum (Belady:
+ * evict the expert whose next use is farthest), and the ratios of each
+ * policy to the optimum, all measured in one run.
  *
- *   build/bench/routing_replay TRACE [--slots N,N,...] [--half-life H]
+ *   build/bench/routing_replay TRACE [--slots N,N,...] [--half-life H] [--next-half-life H]
  *
  * The replay is decode's access order: the trace's lines sorted by
  * (position, block), each line's n_used experts pinned together (none of
@@ -17,10 +18,12 @@
  * pages and the dense region are not counted. The first use of each expert
  * is a miss under every policy (the cache starts empty), so the ratios
  * include those cold reads. --half-life: LFU's half-life in gets per expert
- * page (default JLM_XP_HALF_LIFE, the engine's). Without TRACE: a line, exit
- * 0 (make bench runs every bench bare).
+ * page (default JLM_XP_HALF_LIFE, the engine's); --next-half-life: NEXT's
+ * (default JLM_XP_NEXT_HALF_LIFE). Without TRACE: a line, exit 0 (make bench
+ * runs every bench bare).
  *
- * Tests include this file with ROUTING_REPLAY_NO_MAIN (tests/test_replay.c). */
+ * Tests include this file with ROUTING_REPLAY_NO_MAIN (tests/test_replay.c,
+ * tests/test_engine.c: the replay against the engine's reads). */
 #include "engine/xpolicy.h"
 
 #include <errno.h>
