@@ -474,7 +474,8 @@ static void ecu_stats_reset(jlm_dev *dev)
 
 static const jlm_dev_ops ECU_OPS = {"cuda", ecu_close, ecu_device, ecu_default_budget, ecu_matmul,
                                     ecu_stats, ecu_stats_reset, ecu_prefetch_wait, ecu_matmul_multi,
-                                    NULL, NULL, NULL, NULL};   /* whole blocks: Vulkan only (docs/vulkan.md) */
+                                    NULL, NULL, NULL, NULL,    /* whole blocks: Vulkan only (docs/vulkan.md) */
+                                    NULL, NULL, NULL};         /* --profile: its matmul calls timed on the host */
 
 int jlm_ecu_open(const char *device, jlm_dev **out, jlm_err *err)
 {
