@@ -136,7 +136,7 @@ void jlm_dev_prof_reset(jlm_dev *d)
 /* a counter since the reset; one reset since (jlm bench resets the stats): all of it */
 static uint64_t since(uint64_t now, uint64_t base) { return now >= base ? now - base : now; }
 
-void jlm_dev_prof_get(const jlm_dev *d, jlm_dev_prof *out)
+void jlm_dev_prof_get(jlm_dev *d, jlm_dev_prof *out)
 {
     memset(out, 0, sizeof *out);
     jlm_dev_stats s;

@@ -108,12 +108,14 @@ typedef struct jlm_dev_ops {
      * prof_on: on (1) zeroes the sums and times from now on, 0 stops; 0
      * done, JLM_EUNSUPPORTED when the device cannot time (n/a). prof_op:
      * the device's next commands are class cls (JLM_DEVP_MATMUL..NORM), until
-     * the next prof_op; called through jlm_dev_prof_op only while on.
-     * prof_get: the device time per class since prof_on (ns[XFER] not
-     * filled). */
+     * the next prof_op; JLM_DEVP_XFER: they are no op's (not summed: an
+     * executor says so after its last op, before the host waits); called
+     * through jlm_dev_prof_op only while on. prof_get: the device time per
+     * class since prof_on (ns[XFER] not filled), after the host has waited
+     * for what was timed. */
     int  (*prof_on)(jlm_dev *d, int on);
     void (*prof_op)(jlm_dev *d, int cls);
-    void (*prof_get)(const jlm_dev *d, uint64_t ns[JLM_DEVP_N]);
+    void (*prof_get)(jlm_dev *d, uint64_t ns[JLM_DEVP_N]);
 } jlm_dev_ops;
 
 #define JLM_DEV_MULTI_MAX 3
@@ -176,7 +178,7 @@ void jlm_dev_stats_reset(jlm_dev *d);
  * cannot time says so in timed. */
 void jlm_dev_profile(jlm_dev *d, int on);
 void jlm_dev_prof_reset(jlm_dev *d);
-void jlm_dev_prof_get(const jlm_dev *d, jlm_dev_prof *out);
+void jlm_dev_prof_get(jlm_dev *d, jlm_dev_prof *out);
 /* The hook an executor of block programs calls at the start of each op's
  * commands (exec_vk.c): what it records next counts to class cls (of an op:
  * jlm_dev_op_class). Off, or a device that cannot time: nothing. */

@@ -132,10 +132,10 @@ static int evk_output(jlm_dev *d, const float *norm, float eps, const jlm_k_mat 
 /* --profile: timestamp queries, tagged with the JLM_DEVP_* class */
 static int evk_prof_on(jlm_dev *dev, int on) { return jlm_vk_time(((jlm_evk *)dev)->vk, on, NULL); }
 static void evk_prof_op(jlm_dev *dev, int cls) { jlm_vk_time_tag(((jlm_evk *)dev)->vk, cls); }
-static void evk_prof_get(const jlm_dev *dev, uint64_t ns[JLM_DEVP_N])
+static void evk_prof_get(jlm_dev *dev, uint64_t ns[JLM_DEVP_N])
 {
     uint64_t t[JLM_VK_TAGS];
-    jlm_vk_time_get(((const jlm_evk *)dev)->vk, t);
+    jlm_vk_time_get(((jlm_evk *)dev)->vk, t);
     for (int i = 0; i < JLM_DEVP_XFER; i++)
         ns[i] = t[i];
 }
