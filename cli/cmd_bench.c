@@ -239,7 +239,8 @@ static void bench_dev_prof_print(const char *test, const bench_dev *d, const jlm
                     100.0 * (double)p->ns[i] / tot, i + 1 < JLM_DEVP_N ? "," : "");
     }
     fprintf(f, " [%s; %s]\n", d->device,
-            !p->timed ? "n/a: the device has no timestamp queries" : p->host_timed ? "timed on the host" : "device timestamps");
+            !p->timed ? "n/a: the device has no timestamp queries" : p->host_timed ? "timed on the host"
+            : d->path && !strcmp(d->path, "emulated") ? "the emulation's stamps, on the host's clock" : "device timestamps");
 }
 
 static int bench_test(jlm_engine *e, int pp, uint32_t n, uint32_t depth, int reps, int profile, bench_res *res,

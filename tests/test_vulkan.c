@@ -1373,29 +1373,6 @@ Test(vulkan, the_engines_sequence_on_the_device_and_a_host_sequence_interleave, 
     free(dir);
 }
 
-/* jlm bench --profile, one device backend's line: "> profile TEST on KIND:
- * matmul X ms/token (P%), attention ..., norms/rope/act ..., transfer/wait
- * ... [DEVICE; how]". Its four classes, in ms/token, into ms; the token's
- * ms/token (the CPU block's head) into tok. */
-static void dev_prof_line(const char *out, const char *test, const char *kind, double ms[4], double *tok)
-{
-    char head[96];
-    snprintf(head, sizeof head, "> profile %s: ", test);
-    const char *p = strstr(out, head);
-    cr_assert(p && sscanf(p + strlen(head), "%lf ms/token", tok) == 1 && *tok > 0, "no '%s' head in:\n%s", head, out);
-    snprintf(head, sizeof head, "> profile %s on %s:", test, kind);
-    const char *l = strstr(out, head);
-    cr_assert(l, "no '%s' line in:\n%s", head, out);
-    static const char *const CLASSES[4] = {" matmul ", ", attention ", ", norms/rope/act ", ", transfer/wait "};
-    for (int i = 0; i < 4; i++) {
-        const char *c = strstr(l, CLASSES[i]);
-        double pct;
-        cr_assert(c && sscanf(c + strlen(CLASSES[i]), "%lf ms/token (%lf%%)", &ms[i], &pct) == 2, "%s: %s", CLASSES[i], l);
-        cr_assert(ms[i] >= 0 && pct >= 0, "a negative class: %s", l);
-    }
-    cr_assert(strstr(l, "; device timestamps]"), "lavapipe has timestamps: %s", l);
-}
-
 /* --profile --backend vulkan: with every block on the device the vulkan
  * line's classes (device timestamps per op class, and the rest of the
  * host's time in the backend) cover the token: their sum is within
@@ -1422,7 +1399,7 @@ Test(vulkan, bench_profile_shows_the_devices_time_per_op_class, .timeout = 120)
         cr_assert_eq(rc, 0, "%s", o);
         for (int t = 0; t < 2; t++) {
             double ms[4], tok, sum = 0;
-            dev_prof_line(o, t ? "tg6" : "pp8", "vulkan", ms, &tok);
+            bm_prof_line(o, t ? "tg6" : "pp8", "vulkan", "device timestamps", ms, &tok);
             for (int i = 0; i < 4; i++)
                 sum += ms[i];
             cr_assert(ms[0] > 0, "no matmul time: %s", o);
@@ -1437,6 +1414,16 @@ Test(vulkan, bench_profile_shows_the_devices_time_per_op_class, .timeout = 120)
         }
         free(o);
     }
+    /* a device without timestamps: the op classes n/a, their time in transfer/wait */
+    char cmd[2048], *o = NULL;
+    snprintf(cmd, sizeof cmd, "XDG_CACHE_HOME=%s JLM_VK_NO_TIMESTAMPS=1 %s bench %s -p 0 -n 4 -r 1 -t 1 --profile "
+             "--backend vulkan --device 0 --gpu-layers all 2>&1", dir, tu_jlm(), tu_model("stories260K.gguf"));
+    cr_assert_eq(tu_run(cmd, &o), 0, "%s", o);
+    const char *l = strstr(o, "> profile tg4 on vulkan: matmul n/a, attention n/a, norms/rope/act n/a, transfer/wait ");
+    double xf = 0;
+    cr_assert(l && sscanf(l + 86, "%lf ms/token", &xf) == 1 && xf > 0, "%s", o);
+    cr_assert(strstr(l, "; n/a: the device has no timestamp queries]"), "%s", l);
+    free(o);
     tu_rmrf(dir);
     free(dir);
 }
