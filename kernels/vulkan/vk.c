@@ -66,6 +66,7 @@ enum { K_MATVEC, K_RMSNORM, K_SOFTMAX, K_ELTWISE, K_ROPE, K_ATTENTION, K_LAYERNO
  * change, so a token of a large model fits; past it, the rest of the buffer
  * counts to the last stamp's tag. */
 #define TS_MAX   4096
+#define TS_RESET 64     /* queries reset at a time, as the stamps reach them */
 
 static const struct { const uint32_t *code; size_t size; } SPV[K_COUNT] = {
     [K_MATVEC] = {SPV_MATVEC, sizeof SPV_MATVEC},
@@ -688,6 +689,8 @@ static void stamp(jlm_vk *vk, int tag)
 {
     if (vk->ts_n >= TS_MAX)
         return;
+    if (vk->ts_n % TS_RESET == 0)   /* reset as used: a buffer with few stamps resets few */
+        vkCmdResetQueryPool(vk->cmd, vk->qpool, vk->ts_n, TS_RESET);
     vk->ts_of[vk->ts_n] = (uint8_t)tag;
     vkCmdWriteTimestamp(vk->cmd, VK_PIPELINE_STAGE_BOTTOM_OF_PIPE_BIT, vk->qpool, vk->ts_n++);
 }
@@ -702,10 +705,8 @@ static void cmd_begin(jlm_vk *vk)
     vkBeginCommandBuffer(vk->cmd, &cb);
     vk->ts_live = vk->ts_on;
     vk->ts_n = 0;
-    if (vk->ts_live) {
-        vkCmdResetQueryPool(vk->cmd, vk->qpool, 0, TS_MAX);
+    if (vk->ts_live)
         stamp(vk, vk->ts_tag);
-    }
 }
 
 /* The submitted buffer's stamps, waited for: each interval counts to the
