@@ -270,8 +270,11 @@ static int run_ops(vkb *k)
 {
     int rc = JLM_OK;
     k->q_ready = 0;
-    for (uint32_t i = 0; i < k->b.p->n && !rc; i++)
+    for (uint32_t i = 0; i < k->b.p->n && !rc; i++) {
+        if (!k->dry)
+            jlm_dev_prof_op(&k->v->dev, jlm_dev_op_class(k->b.p->op[i].kind));   /* --profile's op classes */
         rc = run_op(k, &k->b.p->op[i]);
+    }
     return rc;
 }
 
@@ -461,9 +464,11 @@ int jlm_evk_output(jlm_dev *d, const float *norm, float eps, const jlm_k_mat *m,
     int rc = grow(v, &s->logits, bytes, 1, err);
     if (!rc)
         rc = jlm_vk_rec_begin(v->vk, err);
+    jlm_dev_prof_op(d, JLM_DEVP_NORM);
     for (uint32_t t = 0; !rc && t < n; t++)
         rc = jlm_vk_rmsnorm(v->vk, (jlm_vk_view){s->ab[JLM_B_H], (uint64_t)t * E * 4, E * 4ull},
                             (jlm_vk_view){s->ab[JLM_B_X], (r0 + t) * E * 4, E * 4ull}, w, E, eps, err);
+    jlm_dev_prof_op(d, JLM_DEVP_MATMUL);
     if (!rc)
         rc = matmul_rows(v, m, n, (jlm_vk_view){s->ab[JLM_B_H], 0, (uint64_t)n * E * 4},
                          (jlm_vk_view){s->logits, 0, bytes}, 0, 0, err);

@@ -724,6 +724,14 @@ int jlm_engine_dev_stats_at(const jlm_engine *e, int i, struct jlm_dev_stats *ou
     jlm_dev_stats_get(e->devs[i], out);
     return 1;
 }
+int jlm_engine_dev_prof_at(const jlm_engine *e, int i, struct jlm_dev_prof *out)
+{
+    memset(out, 0, sizeof *out);
+    if (i < 0 || i >= e->n_dev)
+        return 0;
+    jlm_dev_prof_get(e->devs[i], out);
+    return 1;
+}
 uint32_t jlm_engine_n_past(const jlm_engine *e) { return e->n_past; }
 uint32_t jlm_engine_n_ctx(const jlm_engine *e) { return e->n_ctx; }
 uint32_t jlm_engine_n_vocab(const jlm_engine *e)
@@ -748,6 +756,8 @@ void jlm_engine_prof_reset(jlm_engine *e)
 {
     memset(&e->pr, 0, sizeof e->pr);
     jlm_pool_stats_reset(e->pool);
+    for (int i = 0; i < e->n_dev; i++)
+        jlm_dev_prof_reset(e->devs[i]);
     e->pr_page0 = pager_read_ns(e->pager);
 }
 
@@ -756,6 +766,8 @@ void jlm_engine_profile(jlm_engine *e, int on)
     e->prof = on;
     e->prof_in = 0;
     jlm_pool_profile(e->pool, on);
+    for (int i = 0; i < e->n_dev; i++)
+        jlm_dev_profile(e->devs[i], on);
     jlm_engine_prof_reset(e);
 }
 

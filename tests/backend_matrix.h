@@ -379,4 +379,32 @@ static inline void bm_decode_activations(const char *backend, const char *device
     free(dir);
 }
 
+/* jlm bench --profile, one device backend's line: "> profile TEST on KIND:
+ * matmul X ms/token (P%), attention ..., norms/rope/act ..., transfer/wait
+ * ... [DEVICE; HOW]" with HOW how. Its four classes, in ms/token, into ms; the token's
+ * ms/token (the CPU block's head) into tok. */
+static inline void bm_prof_line(const char *out, const char *test, const char *kind, const char *how, double ms[4],
+                                double *tok)
+{
+    char head[96];
+    snprintf(head, sizeof head, "> profile %s: ", test);
+    const char *p = strstr(out, head);
+    cr_assert(p && sscanf(p + strlen(head), "%lf ms/token", tok) == 1 && *tok > 0, "no '%s' head in:\n%s", head, out);
+    snprintf(head, sizeof head, "> profile %s on %s:", test, kind);
+    const char *l = strstr(out, head);
+    cr_assert(l, "no '%s' line in:\n%s", head, out);
+    static const char *const CLASSES[4] = {" matmul ", ", attention ", ", norms/rope/act ", ", transfer/wait "};
+    for (int i = 0; i < 4; i++) {
+        const char *c = strstr(l, CLASSES[i]);
+        double pct;
+        cr_assert(c && sscanf(c + strlen(CLASSES[i]), "%lf ms/token (%lf%%)", &ms[i], &pct) == 2, "%s: %s", CLASSES[i], l);
+        cr_assert(ms[i] >= 0 && pct >= 0, "a negative class: %s", l);
+    }
+    char tail[96];
+    snprintf(tail, sizeof tail, "; %s]", how);
+    const char *nl = strchr(l, '\n'), *h = strstr(l, tail);
+    cr_assert(h && (!nl || h < nl), "not '%s': %s", how, l);
+}
+
+
 #endif

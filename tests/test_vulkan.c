@@ -1372,3 +1372,98 @@ Test(vulkan, the_engines_sequence_on_the_device_and_a_host_sequence_interleave, 
     tu_rmrf(dir);
     free(dir);
 }
+
+/* --profile --backend vulkan: with every block on the device the vulkan
+ * line's classes (device timestamps per op class, and the rest of the
+ * host's time in the backend) cover the token: their sum is within
+ * [0.5, 1.05] of the token's time (what is not in the backend: the
+ * embedding, the greedy pick, the layer loop; over: the timestamps count
+ * more than the host waited), matmul and attention both measured. With the
+ * matmul offload (JLM_VK_BLOCKS=0) only matmuls run there. */
+Test(vulkan, bench_profile_shows_the_devices_time_per_op_class, .timeout = 120)
+{
+    if (!jlm_vk_built())
+        cr_skip_test("built without Vulkan");
+    char *dir = tu_tmpdir();
+    for (int blocks = 1; blocks >= 0; blocks--) {
+        char cmd[2048], *o = NULL;
+        snprintf(cmd, sizeof cmd, "XDG_CACHE_HOME=%s JLM_VK_BLOCKS=%d %s bench %s -p 8 -n 6 -r 2 -t 1 --profile "
+                 "--backend vulkan --device 0 --gpu-layers all 2>&1", dir, blocks, tu_jlm(),
+                 tu_model("stories260K.gguf"));
+        int rc = tu_run(cmd, &o);
+        if (rc && strstr(o, "no device")) {
+            free(o);
+            tu_rmrf(dir);
+            cr_skip_test("vulkan: no device");
+        }
+        cr_assert_eq(rc, 0, "%s", o);
+        for (int t = 0; t < 2; t++) {
+            double ms[4], tok, sum = 0;
+            bm_prof_line(o, t ? "tg6" : "pp8", "vulkan", "device timestamps", ms, &tok);
+            for (int i = 0; i < 4; i++)
+                sum += ms[i];
+            cr_assert(ms[0] > 0, "no matmul time: %s", o);
+            if (blocks) {
+                cr_assert(ms[1] > 0 && ms[2] > 0, "whole blocks: attention and norms on the device: %s", o);
+                cr_assert(sum >= 0.5 * tok && sum <= 1.05 * tok + 0.01,
+                          "the vulkan classes add up to %.3f of a %.3f ms token:\n%s", sum, tok, o);
+            } else {
+                cr_assert(ms[1] == 0 && ms[2] == 0, "the offload runs matmuls only: %s", o);
+                cr_assert(sum <= 1.05 * tok + 0.01, "%.3f of a %.3f ms token:\n%s", sum, tok, o);
+            }
+        }
+        free(o);
+    }
+    /* a device without timestamps: the op classes n/a, their time in transfer/wait */
+    char cmd[2048], *o = NULL;
+    snprintf(cmd, sizeof cmd, "XDG_CACHE_HOME=%s JLM_VK_NO_TIMESTAMPS=1 %s bench %s -p 0 -n 4 -r 1 -t 1 --profile "
+             "--backend vulkan --device 0 --gpu-layers all 2>&1", dir, tu_jlm(), tu_model("stories260K.gguf"));
+    cr_assert_eq(tu_run(cmd, &o), 0, "%s", o);
+    const char *l = strstr(o, "> profile tg4 on vulkan: matmul n/a, attention n/a, norms/rope/act n/a, transfer/wait ");
+    double xf = 0;
+    cr_assert(l && sscanf(l + 86, "%lf ms/token", &xf) == 1 && xf > 0, "%s", o);
+    cr_assert(strstr(l, "; n/a: the device has no timestamp queries]"), "%s", l);
+    free(o);
+    tu_rmrf(dir);
+    free(dir);
+}
+
+/* Profiling records timestamp queries between the ops: the ids and logits
+ * are those of the same engine unprofiled, bit for bit, and with it off the
+ * device's op classes stay at zero (no query was read). */
+Test(vulkan, profiling_leaves_ids_and_logits_unchanged, .timeout = 120)
+{
+    char *dir = tu_tmpdir();
+    jlm_err err = {0};
+    char *path = tu_convert("synth-llama-256.Q4_K_M.gguf", dir, "p.jlm", &err);
+    cr_assert(path, "%s", err.msg);
+    int32_t prompt[5] = {1, 10, 20, 30, 40}, ids[2][8];
+    float *lg[2] = {NULL, NULL};
+    for (int prof = 0; prof < 2; prof++) {
+        jlm_engine *e = engine_on(path, "vulkan", 0);
+        if (!e) {
+            tu_rmrf(dir);
+            cr_skip_test("vulkan: no device");
+        }
+        jlm_engine_profile(e, prof);
+        lg[prof] = malloc(jlm_engine_n_vocab(e) * sizeof(float));
+        greedy_ids(e, prompt, 5, 8, ids[prof], lg[prof]);
+        jlm_dev_prof dp;
+        cr_assert(jlm_engine_dev_prof_at(e, 0, &dp));
+        if (prof)
+            cr_assert(dp.timed && dp.ns[JLM_DEVP_MATMUL] > 0 && dp.ns[JLM_DEVP_ATTN] > 0,
+                      "profiled: timed %d, matmul %llu ns", dp.timed, (unsigned long long)dp.ns[JLM_DEVP_MATMUL]);
+        else
+            cr_assert(!dp.timed && !dp.ns[JLM_DEVP_MATMUL] && !dp.ns[JLM_DEVP_ATTN] && !dp.ns[JLM_DEVP_NORM],
+                      "unprofiled, yet op classes timed");
+        if (prof)
+            cr_assert(!memcmp(lg[0], lg[1], jlm_engine_n_vocab(e) * sizeof(float)), "the prompt's logits differ");
+        jlm_engine_close(e);
+    }
+    cr_assert(!memcmp(ids[0], ids[1], sizeof ids[0]), "greedy ids differ with profiling on");
+    free(lg[0]);
+    free(lg[1]);
+    free(path);
+    tu_rmrf(dir);
+    free(dir);
+}

@@ -103,6 +103,19 @@ int jlm_vk_rec_begin(jlm_vk *vk, jlm_err *err);
 int jlm_vk_rec_end(jlm_vk *vk, jlm_err *err);
 int jlm_vk_recording(const jlm_vk *vk);
 uint64_t jlm_vk_submits(const jlm_vk *vk);
+/* Timing (jlm bench --profile): with jlm_vk_time on, every command buffer
+ * gets a timestamp query at its start, at each jlm_vk_time_tag that changes
+ * the tag, and at its end; after its submit-and-wait, the time between two
+ * stamps (timestampPeriod ns a tick) adds to the first one's tag. Off (the
+ * default) records no query. jlm_vk_can_time: the compute queue's family
+ * has timestampValidBits (else jlm_vk_time(on) is JLM_EUNSUPPORTED). The
+ * copies of jlm_vk_buf_write are not stamped. jlm_vk_time zeroes the sums. */
+#define JLM_VK_TAGS 8
+int  jlm_vk_can_time(const jlm_vk *vk);
+int  jlm_vk_time(jlm_vk *vk, int on, jlm_err *err);
+void jlm_vk_time_tag(jlm_vk *vk, int tag);   /* 0 <= tag < JLM_VK_TAGS: the next commands' */
+void jlm_vk_time_get(const jlm_vk *vk, uint64_t ns[JLM_VK_TAGS]);
+
 /* n bytes from src to dst (device side, ordered with the kernels). */
 int jlm_vk_copy(jlm_vk *vk, jlm_vk_view dst, jlm_vk_view src, uint64_t n, jlm_err *err);
 
