@@ -1253,6 +1253,22 @@ Test(vulkan, quantize_is_bit_identical_to_the_cpu)
     jlm_vk_close(vk);
 }
 
+/* One lockstep step: the device's logits lv within tol of the largest
+ * |logit| of the CPU's lc, and the same pick wherever the CPU's top-2 margin
+ * exceeds twice the difference. Returns the CPU's pick (the next id fed). */
+static int32_t lockstep_pick(const float *lc, const float *lv, uint32_t nv, double tol, const char *label)
+{
+    float mx = 0, d = 0, margin, mv;
+    for (uint32_t i = 0; i < nv; i++) {
+        mx = fmaxf(mx, fabsf(lc[i]));
+        d = fmaxf(d, fabsf(lc[i] - lv[i]));
+    }
+    cr_assert(d <= tol * mx, "%s: logits differ by %g (largest %g)", label, d, mx);
+    int pc = argmax2(lc, nv, &margin), pv = argmax2(lv, nv, &mv);
+    cr_assert(pc == pv || margin <= 2 * d, "%s: picks %d and %d, margin %g, difference %g", label, pc, pv, margin, d);
+    return pc;
+}
+
 /* Whole blocks on the device (engine/exec_vk.c): stories260K, every
  * synth-llama type, and qwen2 (biases), qwen3 (per-head q/k norms) and phi3,
  * whole and at --gpu-layers 2, against the CPU with the
@@ -1305,17 +1321,9 @@ Test(vulkan, whole_blocks_on_the_device_give_the_cpus_ids_in_one_round_trip_a_to
             for (int step = 0; step < 8; step++) {
                 cr_assert_eq(jlm_engine_eval(ec, tok, n, lc, &err), 0, "%s", err.msg);
                 cr_assert_eq(jlm_engine_eval(ev, tok, n, lv, &err), 0, "%s", err.msg);
-                float mx = 0, d = 0, margin, mv;
-                for (uint32_t i = 0; i < nv; i++) {
-                    mx = fmaxf(mx, fabsf(lc[i]));
-                    d = fmaxf(d, fabsf(lc[i] - lv[i]));
-                }
-                cr_assert(d <= tol * mx, "%s (%s), step %d: logits differ by %g (largest %g)", MODELS[m], what, step,
-                          d, mx);
-                int pc = argmax2(lc, nv, &margin), pv = argmax2(lv, nv, &mv);
-                cr_assert(pc == pv || margin <= 2 * d, "%s (%s), step %d: picks %d and %d, margin %g, difference %g",
-                          MODELS[m], what, step, pc, pv, margin, d);
-                next = pc;
+                char label[256];
+                snprintf(label, sizeof label, "%s (%s), step %d", MODELS[m], what, step);
+                next = lockstep_pick(lc, lv, nv, tol, label);
                 tok = &next;
                 n = 1;
             }
@@ -1336,7 +1344,8 @@ Test(vulkan, whole_blocks_on_the_device_give_the_cpus_ids_in_one_round_trip_a_to
     free(dir);
 }
 
-/* From --stats (the numbers a user sees): with --gpu-layers all a decoded
+/* From --stats (the numbers a user sees): with --gpu-layers all (and the
+ * CLI's --kv auto: an F16 cache, on the device) a decoded
  * token costs one round trip (at most one a block: the issue's bound; the
  * goal, one a token, is what is tested) and activations up + down of at
  * most its embedding in, its logits out and 4 KiB (the positions' RoPE
@@ -1372,8 +1381,10 @@ Test(vulkan, stats_a_decoded_token_is_one_round_trip_and_its_embedding_and_logit
                     cr_skip_test("vulkan: no device");
                 }
                 cr_assert_eq(rc, 0, "%s", out);
-                const char *vl = strstr(out, "\nvulkan: matmuls ");
+                const char *vl = strstr(out, "\nvulkan: matmuls "), *kv = strstr(out, ", KV ");
                 cr_assert(vl, "%s", out);
+                cr_assert(kv && strstr(kv, " (f16),") == strchr(kv + 5, ' '), "--kv auto with Vulkan keeps F16: %s",
+                          out);   /* the whole blocks' cache is F16 on the device */
                 const char *g = strstr(out, "\"generated\": [");
                 cr_assert(g, "%s", out);
                 gen[blocks][r] = 1;
@@ -1478,7 +1489,7 @@ Test(vulkan, whole_blocks_of_gemma3_and_an_f16_cache_give_the_cpus_ids, .timeout
             const jlm_model *md = jlm_engine_model(ec);
             uint64_t E = md->config.n_embd, L = md->config.n_layer;
             uint32_t nv = jlm_engine_n_vocab(ec);
-            float *lc = malloc(nv * 4), *lv = malloc(nv * 4);
+            float *lc = malloc(nv * 8), *lv = lc + nv;   /* the CPU's logits, the device's */
             if (MODELS[m].greedy)
                 greedy_ids(ec, prompt, NP, NG, ic, lc);
             for (int split = 0; split < 2; split++) {
@@ -1504,20 +1515,13 @@ Test(vulkan, whole_blocks_of_gemma3_and_an_f16_cache_give_the_cpus_ids, .timeout
                     cr_assert_eq(jlm_engine_eval(ec, tok, n, lc, &err), 0, "%s", err.msg);
                     cr_assert_eq(jlm_engine_eval(ev, tok, n, lv, &err), 0, "%s", err.msg);
                     jlm_engine_dev_stats(ev, &s1);
-                    float mx = 0, d = 0, margin, mv;
-                    for (uint32_t i = 0; i < nv; i++) {
-                        mx = fmaxf(mx, fabsf(lc[i]));
-                        d = fmaxf(d, fabsf(lc[i] - lv[i]));
-                    }
                     /* an F16 cache on float weights: the K/V rows' last f32 bits (norms, RoPE inputs)
                      * can put an element one half-ulp (2^-11 relative) off the CPU's: the CPU's own F16
                      * tolerance (2e-3, test_engine.c) */
                     double tol = f16 && MODELS[m].tol < 2e-3 ? 2e-3 : MODELS[m].tol;
-                    cr_assert(d <= tol * mx, "%s --kv %s (%s), step %d: logits differ by %g (largest %g)",
-                              MODELS[m].name, kv, what, step, d, mx);
-                    int pc = argmax2(lc, nv, &margin), pv = argmax2(lv, nv, &mv);
-                    cr_assert(pc == pv || margin <= 2 * d, "%s --kv %s (%s), step %d: picks %d and %d, margin %g, "
-                              "difference %g", MODELS[m].name, kv, what, step, pc, pv, margin, d);
+                    char label[256];
+                    snprintf(label, sizeof label, "%s --kv %s (%s), step %d", MODELS[m].name, kv, what, step);
+                    int32_t pc = lockstep_pick(lc, lv, nv, tol, label);
                     unsigned long long rt = s1.waits - s0.waits, act = s1.act_up + s1.act_down - s0.act_up - s0.act_down;
                     cr_assert(step == 0 || (rt <= L && (rt == 1 || nv % 4)), "%s --kv %s (%s), step %d: %llu round trips",
                               MODELS[m].name, kv, what, step, rt);
@@ -1531,7 +1535,6 @@ Test(vulkan, whole_blocks_of_gemma3_and_an_f16_cache_give_the_cpus_ids, .timeout
                 jlm_engine_close(ev);
             }
             free(lc);
-            free(lv);
             jlm_engine_close(ec);
         }
         free(path);
