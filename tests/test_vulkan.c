@@ -1462,9 +1462,9 @@ Test(vulkan, the_engines_sequence_on_the_device_and_a_host_sequence_interleave, 
  * model, fed the CPU's ids, gives logits within the whole-block tolerance
  * (5e-4 of the largest on float weights, 0.05 quantized) with the same pick
  * wherever the CPU's margin exceeds twice the difference; and a decoded
- * token is one round trip (at most one a block where the output matrix stays
- * on the matmul offload: gemma3v's 514 logits are no aligned binding) with
- * activations up + down of at most its embedding, its logits and 4 KiB. */
+ * token is one round trip (gemma3v's 514 logits included: the output's rows
+ * need no aligned binding) with activations up + down of at most its
+ * embedding, its logits and 4 KiB. */
 Test(vulkan, whole_blocks_of_gemma3_and_an_f16_cache_give_the_cpus_ids, .timeout = 300)
 {
     static const struct { const char *name; int greedy; double tol; } MODELS[] = {
@@ -1487,7 +1487,7 @@ Test(vulkan, whole_blocks_of_gemma3_and_an_f16_cache_give_the_cpus_ids, .timeout
                 continue;   /* F32 caches: whole_blocks_on_the_device_give_the_cpus_ids_... */
             jlm_engine *ec = engine_kv(path, "cpu", 0, kv);
             const jlm_model *md = jlm_engine_model(ec);
-            uint64_t E = md->config.n_embd, L = md->config.n_layer;
+            uint64_t E = md->config.n_embd;
             uint32_t nv = jlm_engine_n_vocab(ec);
             float *lc = malloc(nv * 8), *lv = lc + nv;   /* the CPU's logits, the device's */
             if (MODELS[m].greedy)
@@ -1523,7 +1523,7 @@ Test(vulkan, whole_blocks_of_gemma3_and_an_f16_cache_give_the_cpus_ids, .timeout
                     snprintf(label, sizeof label, "%s --kv %s (%s), step %d", MODELS[m].name, kv, what, step);
                     int32_t pc = lockstep_pick(lc, lv, nv, tol, label);
                     unsigned long long rt = s1.waits - s0.waits, act = s1.act_up + s1.act_down - s0.act_up - s0.act_down;
-                    cr_assert(step == 0 || (rt <= L && (rt == 1 || nv % 4)), "%s --kv %s (%s), step %d: %llu round trips",
+                    cr_assert(step == 0 || rt == 1, "%s --kv %s (%s), step %d: %llu round trips",
                               MODELS[m].name, kv, what, step, rt);
                     cr_assert(step == 0 || act <= E * 4 + (uint64_t)nv * 4 + 4096,
                               "%s --kv %s (%s), step %d: %llu activation bytes (embedding %llu, logits %llu)",
