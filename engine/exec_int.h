@@ -145,6 +145,8 @@ void jlm_ex_activate(int act, float *g, const float *u, uint64_t n);
 
 /* ================================================================ ops */
 void jlm_ex_rope_params(const jlm_engine *e, uint32_t l, jlm_k_rope *p);   /* exec_attn.c: layer l's RoPE */
+/* exec_attn.c: the first key a query at pos sees on layer l (0, or a sliding window's / a chunk's start) */
+uint32_t jlm_ex_first_key(const jlm_config *c, uint32_t l, uint32_t pos);
 void jlm_ex_qkv(jlm_engine *e, const jlm_op *op, jlm_ex_blk *b);        /* exec_attn.c */
 void jlm_ex_kv_store(jlm_engine *e, const jlm_op *op, jlm_ex_blk *b);
 void jlm_ex_q(jlm_engine *e, const jlm_op *op, jlm_ex_blk *b);

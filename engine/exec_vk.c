@@ -6,10 +6,11 @@
  * The residual rows cross to the device at the first device block of a
  * forward and back only at a split point (jlm_evk_x_sync) or not at all when
  * the logits are computed here (jlm_evk_output). The engine's own sequence
- * keeps its KV cache of these blocks here (F32, a buffer per layer, rows of
- * kv_dim); any other sequence (jlm_engine_seq: serve, batches) and what
- * the shaders lack (sliding windows, sinks, F16 caches, GELU gates, experts;
- * quantized weights without shaderFloat64) is JLM_EUNSUPPORTED, decided per
+ * keeps its KV cache of these blocks here (F32 or F16 as the engine's
+ * --kv, a buffer per layer, rows of kv_dim; F16 rounded as the CPU's cache
+ * rounds); any other sequence (jlm_engine_seq: serve, batches) and what
+ * the shaders lack (sinks, Q8_0 caches, experts; quantized weights without
+ * shaderFloat64) is JLM_EUNSUPPORTED, decided per
  * model, layer and sequence before anything is recorded, so a block always
  * runs on the same side. Quantized weights read int8 rows quantized on the
  * device (jlm_vk_quantize, bit-identical to the CPU's). */
@@ -32,6 +33,9 @@ typedef struct vkb {
 } vkb;
 
 #define UNSUP JLM_EUNSUPPORTED
+
+/* bytes of one cached element: the device cache has the engine's type */
+static uint64_t kv_es(const jlm_engine *e) { return e->kt == KV_F16 ? 2 : 4; }
 
 static uint64_t width(const jlm_engine *e, int b)
 {
@@ -127,20 +131,35 @@ static int same_rope(const jlm_k_rope *a, const jlm_k_rope *b)
            a->orig_ctx == b->orig_ctx;
 }
 
+/* The RoPE parameter sets whose cos/sin go up with the rows: layer 0's and
+ * the first other layer's that differ (gemma3's sliding-window layers have
+ * their own base); how many (1 or 2). */
+static uint32_t rope_sets(const jlm_engine *e, jlm_k_rope set[2])
+{
+    jlm_ex_rope_params(e, 0, &set[0]);
+    for (uint32_t l = 1; l < e->c->n_layer; l++) {
+        jlm_ex_rope_params(e, l, &set[1]);
+        if (!same_rope(&set[1], &set[0]))
+            return 2;
+    }
+    return 1;
+}
+
 /* Each head of each row of b (q or k): its RMS norm (role r) and RoPE at the row's position. */
 static int heads(vkb *k, int b, uint32_t n_head, uint16_t r)
 {
     jlm_engine *e = k->e;
     jlm_vk_view w;
-    jlm_k_rope rp, rp0;
+    jlm_k_rope rp, sets[2];
     jlm_ex_rope_params(e, k->b.l, &rp);
-    jlm_ex_rope_params(e, 0, &rp0);
+    uint32_t ns = rope_sets(e, sets), si = 0;
+    while (si < ns && !same_rope(&rp, &sets[si]))
+        si++;
     int rope = !(k->c->flags & JLM_F_NO_POS_ENC), rc = vec(k, blk_vec(e, &k->b, r), e->hd, &w);
     uint64_t al = jlm_vk_offset_align(k->v->vk);
-    if (!rc && ((rope && (!rp.n_rot || rp.n_rot % 2 || rp.n_rot > e->hd || !same_rope(&rp, &rp0) ||
-                          (rp.n_rot * 4) % al)) ||
+    if (!rc && ((rope && (!rp.n_rot || rp.n_rot % 2 || rp.n_rot > e->hd || si == ns || (rp.n_rot * 4) % al)) ||
                 (w.buf && (e->hd * 4) % al)))
-        rc = UNSUP;   /* one cos/sin table for every layer (up with the rows): layer 0's */
+        rc = UNSUP;   /* the layer's cos/sin must be one of the tables up with the rows */
     for (uint32_t t = 0; !rc && !k->dry && t < k->b.n; t++) {
         uint64_t base = t * width(e, b);
         for (uint32_t h = 0; !rc && w.buf && h < n_head; h++)
@@ -148,14 +167,24 @@ static int heads(vkb *k, int b, uint32_t n_head, uint16_t r)
                                 e->hd, k->c->rms_eps, k->err);
         if (!rc && rope)
             rc = jlm_vk_rope_cs(k->v->vk, rp.n_rot, rp.neox, row(k, b, t), n_head, e->hd,
-                                (jlm_vk_view){k->v->blk.cs, (uint64_t)t * rp.n_rot * 4, rp.n_rot * 4ull}, k->err);
+                                (jlm_vk_view){k->v->blk.cs, ((uint64_t)t * ns + si) * rp.n_rot * 4, rp.n_rot * 4ull},
+                                k->err);
     }
     return rc;
 }
 
+/* Row t of b (K or V) into position p of the layer's cache c: copied (F32)
+ * or rounded to halves as jlm_kv_put_row does (F16). */
+static int kv_put(vkb *k, jlm_vk_buf *c, uint64_t p, int b, uint32_t t)
+{
+    uint64_t n = width(k->e, b), es = kv_es(k->e);
+    jlm_vk_view dst = {c, p * n * es, n * es};
+    return es == 4 ? jlm_vk_copy(k->v->vk, dst, row(k, b, t), n * 4, k->err)
+                   : jlm_vk_to_f16(k->v->vk, dst, row(k, b, t), (uint32_t)n, k->err);
+}
+
 static int kv_store(vkb *k, const jlm_op *op)
 {
-    jlm_engine *e = k->e;
     jlm_evk_blk *s = &k->v->blk;
     int rc = (op->flags & JLM_OPF_QK_WIDE) ? UNSUP : bias(k, JLM_B_K, op->w[0]);
     if (!rc)
@@ -164,11 +193,9 @@ static int kv_store(vkb *k, const jlm_op *op)
         rc = heads(k, JLM_B_K, k->c->n_kv_head, op->w[2]);
     for (uint32_t t = 0; !rc && !k->dry && t < k->b.n; t++) {
         uint64_t p = pos_of(k, t);
-        rc = jlm_vk_copy(k->v->vk, (jlm_vk_view){s->kc[k->b.l], p * e->kv_dim * 4, 0}, row(k, JLM_B_K, t),
-                         e->kv_dim * 4ull, k->err);
+        rc = kv_put(k, s->kc[k->b.l], p, JLM_B_K, t);
         if (!rc)
-            rc = jlm_vk_copy(k->v->vk, (jlm_vk_view){s->vc[k->b.l], p * e->kv_dim_v * 4, 0}, row(k, JLM_B_V, t),
-                             e->kv_dim_v * 4ull, k->err);
+            rc = kv_put(k, s->vc[k->b.l], p, JLM_B_V, t);
     }
     return rc;
 }
@@ -178,20 +205,24 @@ static int attention(vkb *k, const jlm_op *op)
     jlm_engine *e = k->e;
     const jlm_config *c = k->c;
     jlm_evk_blk *s = &k->v->blk;
-    int swa = c->swa_window && c->swa_period && (k->b.l % c->swa_period) < c->swa_period - 1;
-    if (swa || blk_w(e, &k->b, op->w[0]))
-        return UNSUP;   /* a window's mask, sinks: left */
+    uint64_t es = kv_es(e);
+    if (blk_w(e, &k->b, op->w[0]))
+        return UNSUP;   /* sinks: left */
     jlm_k_attn ap = {.head_dim = e->hd, .head_dim_v = e->hd_v, .k_stride = e->kv_dim, .v_stride = e->kv_dim_v,
                      .scale = c->attn_scale > 0 ? c->attn_scale : 1.0f / sqrtf((float)e->hd),
                      .softcap = c->attn_softcap};
     int rc = JLM_OK;
     for (uint32_t t = 0; !rc && !k->dry && t < k->b.n; t++) {
-        uint32_t pos = pos_of(k, t), n_kv = pos < e->bidir_end ? e->bidir_end : pos + 1;
-        rc = jlm_vk_attention(k->v->vk, &ap, c->n_head, c->n_kv_head, row(k, JLM_B_Q, t),
-                              (jlm_vk_view){s->kc[k->b.l], 0, (uint64_t)n_kv * e->kv_dim * 4},
-                              (jlm_vk_view){s->vc[k->b.l], 0, (uint64_t)n_kv * e->kv_dim_v * 4}, n_kv, NULL,
-                              (jlm_vk_view){s->scores, 0, (uint64_t)c->n_head * n_kv * 4}, row(k, JLM_B_ATT, t),
-                              k->err);
+        /* keys [lo, hi): a sliding window's (or a chunk's) first key is where the views start, so the
+         * hidden keys are not read at all (the CPU masks them: exp(-inf) adds 0) */
+        uint32_t pos = pos_of(k, t), hi = pos < e->bidir_end ? e->bidir_end : pos + 1;
+        uint64_t lo = jlm_ex_first_key(c, k->b.l, pos), n_kv = hi - lo;
+        jlm_vk_view kv = {s->kc[k->b.l], lo * e->kv_dim * es, n_kv * e->kv_dim * es},
+                    vv = {s->vc[k->b.l], lo * e->kv_dim_v * es, n_kv * e->kv_dim_v * es},
+                    sc = {s->scores, 0, (uint64_t)c->n_head * n_kv * 4};
+        rc = (es == 2 ? jlm_vk_attention_f16 : jlm_vk_attention)(k->v->vk, &ap, c->n_head, c->n_kv_head,
+                                                                 row(k, JLM_B_Q, t), kv, vv, n_kv, NULL, sc,
+                                                                 row(k, JLM_B_ATT, t), k->err);
     }
     return rc;
 }
@@ -252,13 +283,15 @@ static int run_op(vkb *k, const jlm_op *op)
     }
     case JLM_OP_GATE_UP: {
         jlm_k_mat wg = blk_mat(e, b, op->w[0]), wu = blk_mat(e, b, op->w[1]);
-        if (op->act != JLM_ACT_SWIGLU && op->act != JLM_ACT_SWIGLU_OAI)
-            return UNSUP;   /* GELU through llama.cpp's fp16 table: no shader yet */
+        if (op->act != JLM_ACT_SWIGLU && op->act != JLM_ACT_SWIGLU_OAI && op->act != JLM_ACT_GELU_FP16)
+            return UNSUP;
         if ((rc = mm(k, &wg, op->src, JLM_B_G, 0)) || (rc = mm(k, &wu, op->src, JLM_B_U, 1)) ||
             (rc = bias(k, JLM_B_G, op->w[2])) || (rc = bias(k, JLM_B_U, op->w[3])) || k->dry)
             return rc;
         uint64_t n = b->n * wg.rows;
         jlm_vk_view g = abv(k, JLM_B_G, 0, n), u = abv(k, JLM_B_U, 0, n);
+        if (op->act == JLM_ACT_GELU_FP16)
+            return jlm_vk_geglu_fp16(k->v->vk, g, g, u, (uint32_t)n, k->err);
         return op->act == JLM_ACT_SWIGLU ? jlm_vk_eltwise(k->v->vk, JLM_VK_SWIGLU, g, g, u, (uint32_t)n, k->err)
                                          : jlm_vk_swiglu_oai(k->v->vk, g, g, u, (uint32_t)n, 1.702f, 7.0f, k->err);
     }
@@ -321,9 +354,9 @@ static int buffers(jlm_evk *v, jlm_engine *e, uint32_t l, uint32_t n, jlm_err *e
             rc = jlm_errf(err, JLM_ENOMEM, "vulkan: out of memory");
     }
     if (!rc)
-        rc = grow(v, &s->kc[l], (uint64_t)e->kv_ctx * e->kv_dim * 4, 0, err);
+        rc = grow(v, &s->kc[l], (uint64_t)e->kv_ctx * e->kv_dim * kv_es(e), 0, err);
     if (!rc)
-        rc = grow(v, &s->vc[l], (uint64_t)e->kv_ctx * e->kv_dim_v * 4, 0, err);
+        rc = grow(v, &s->vc[l], (uint64_t)e->kv_ctx * e->kv_dim_v * kv_es(e), 0, err);
     return rc;
 }
 
@@ -348,18 +381,20 @@ void jlm_evk_blk_free(jlm_evk *v)
     memset(s, 0, sizeof *s);
 }
 
-/* Each row's RoPE cos/sin (layer 0's parameters: heads() runs only layers
- * with the same) into the cs buffer, with the rows (no recording open). */
+/* Each row's RoPE cos/sin, a table for each of rope_sets' parameters (heads()
+ * runs only layers with one of them), into the cs buffer, with the rows (no
+ * recording open). */
 static int cos_sin(jlm_evk *v, jlm_engine *e, const vkb *k)
 {
-    jlm_k_rope rp;
-    jlm_ex_rope_params(e, 0, &rp);
-    if ((e->c->flags & JLM_F_NO_POS_ENC) || !rp.n_rot)
+    jlm_k_rope sets[2];
+    uint32_t ns = rope_sets(e, sets);
+    if ((e->c->flags & JLM_F_NO_POS_ENC) || !sets[0].n_rot)
         return JLM_OK;
-    uint64_t per = (uint64_t)rp.n_rot * 4;
+    uint64_t per = (uint64_t)sets[0].n_rot * 4 * ns;
     int rc = grow(v, &v->blk.cs, k->b.n * per, 1, k->err);
-    for (uint32_t t = 0; !rc && t < k->b.n; t++)
-        jlm_k_rope_cos_sin(&rp, pos_of(k, t), (float *)((uint8_t *)jlm_vk_buf_map(v->blk.cs) + t * per));
+    for (uint32_t t = 0; !rc && t < k->b.n * ns; t++)
+        jlm_k_rope_cos_sin(&sets[t % ns], pos_of(k, t / ns),
+                           (float *)((uint8_t *)jlm_vk_buf_map(v->blk.cs) + t * (per / ns)));
     if (!rc)
         v->st.act_up += k->b.n * per;   /* the positions' cos/sin: parameters, counted with the activations */
     return rc;
@@ -395,15 +430,16 @@ int jlm_evk_block(jlm_dev *d, jlm_engine *e, const jlm_prog *p, uint32_t l, cons
     jlm_evk *v = (jlm_evk *)d;
     jlm_evk_blk *s = &v->blk;
     const jlm_config *c = e->c;
-    if (e->kt != KV_F32 || e->vt != KV_F32 || e->qk_unit || (c->flags & JLM_F_NON_CAUSAL) || !n)
+    if ((e->kt != KV_F32 && e->kt != KV_F16) || e->vt != e->kt || e->qk_unit || (c->flags & JLM_F_NON_CAUSAL) ||
+        !n)
         return UNSUP;
     for (uint32_t t = 0; t < n; t++)
         if ((kc ? kc : e->bkc[t]) != e->kc)
             return UNSUP;   /* a jlm_engine_seq's cache stays on the host */
     uint64_t al = jlm_vk_offset_align(v->vk);
     for (int b = 0; b < JLM_B_COUNT; b++)
-        if ((width(e, b) * 4) % al)
-            return UNSUP;
+        if ((width(e, b) * 4) % al || ((b == JLM_B_K || b == JLM_B_V) && (width(e, b) * kv_es(e)) % al))
+            return UNSUP;   /* rows (and cache rows) at aligned offsets */
     vkb k = {.v = v, .e = e, .c = c, .kc = kc, .pos0 = pos0, .dry = 1, .err = err,
              .b = {.p = p, .l = l, .page = page, .page_off = e->m->hdr.data_off + (uint64_t)l * e->m->hdr.page_size,
                    .n = n}};
@@ -458,7 +494,7 @@ int jlm_evk_output(jlm_dev *d, const float *norm, float eps, const jlm_k_mat *m,
         matmul_rows(v, m, n, (jlm_vk_view){0}, (jlm_vk_view){0}, 0, 1, NULL))
         return UNSUP;
     vkb k = {.v = v, .err = err};
-    if (vec(&k, norm, E, &w) || (m->rows * 4) % jlm_vk_offset_align(v->vk))
+    if (vec(&k, norm, E, &w))
         return UNSUP;
     uint64_t r0 = (uint64_t)(x - s->x_host) / E;
     int rc = grow(v, &s->logits, bytes, 1, err);

@@ -106,6 +106,7 @@ struct jlm_vk {
     VkCommandBuffer       cmd;
     VkFence               fence;
     jlm_vk_buf           *dummy, *tmp;   /* dummy: unused bindings; tmp: small uploads (an arena) */
+    jlm_vk_buf           *gelu_tab;      /* jlm_vk_geglu_fp16's table (65536 floats), made on first use */
     uint64_t              tmp_off;       /* tmp's bytes in use by the commands not yet waited for */
     int                   rec;           /* jlm_vk_rec_begin: dispatches are recorded, not submitted */
     uint32_t              rec_sets;      /* descriptor sets allocated since the last submit */
@@ -417,6 +418,7 @@ void jlm_vk_close(jlm_vk *vk)
         vkDeviceWaitIdle(vk->dev);
         jlm_vk_buf_free(vk, vk->dummy);
         jlm_vk_buf_free(vk, vk->tmp);
+        jlm_vk_buf_free(vk, vk->gelu_tab);
         jlm_vk_buf_free(vk, vk->staging);
         if (vk->fence)
             vkDestroyFence(vk->dev, vk->fence, NULL);
@@ -1091,6 +1093,30 @@ int jlm_vk_swiglu_oai(jlm_vk *vk, jlm_vk_view out, jlm_vk_view gate, jlm_vk_view
     return dispatch(vk, vk->pipe[K_ELTWISE], v, 3, &p, sizeof p, groups(n, 256), err);
 }
 
+int jlm_vk_geglu_fp16(jlm_vk *vk, jlm_vk_view out, jlm_vk_view gate, jlm_vk_view up, uint32_t n, jlm_err *err)
+{
+    if (!vk->gelu_tab) {   /* ggml's table: entry h is gelu of the half h, rounded to a half */
+        int rc = jlm_vk_buf_new(vk, 65536 * sizeof(float), &vk->gelu_tab, err);
+        if (rc)
+            return rc;
+        float *t = jlm_vk_buf_map(vk->gelu_tab);
+        for (uint32_t h = 0; h < 65536; h++)
+            t[h] = jlm_k_gelu_fp16_entry((uint16_t)h);
+    }
+    jlm_push_eltwise p = {n, 7, 0, 0};
+    jlm_vk_view v[4] = {gate, up, out, {vk->gelu_tab, 0, 0}};
+    return dispatch(vk, vk->pipe[K_ELTWISE], v, 4, &p, sizeof p, groups(n, 256), err);
+}
+
+int jlm_vk_to_f16(jlm_vk *vk, jlm_vk_view out, jlm_vk_view x, uint32_t n, jlm_err *err)
+{
+    if (n % 2)
+        return jlm_errf(err, JLM_EINVAL, "vulkan f16: %u floats (an even count)", n);
+    jlm_push_eltwise p = {n / 2, 8, 0, 0};
+    jlm_vk_view v[3] = {x, {0}, out};
+    return dispatch(vk, vk->pipe[K_ELTWISE], v, 3, &p, sizeof p, groups(n / 2, 256), err);
+}
+
 int jlm_vk_layernorm(jlm_vk *vk, jlm_vk_view out, jlm_vk_view x, jlm_vk_view w, jlm_vk_view b,
                      uint32_t n, float eps, jlm_err *err)
 {
@@ -1161,9 +1187,9 @@ int jlm_vk_rope_cs(jlm_vk *vk, uint32_t n_rot, int neox, jlm_vk_view x, uint32_t
     return dispatch(vk, vk->pipe[K_ROPE], v, 2, &push, sizeof push, groups((uint64_t)n_rot / 2 * n_head, 64), err);
 }
 
-int jlm_vk_attention(jlm_vk *vk, const jlm_k_attn *p, uint32_t n_head, uint32_t n_kv_head,
-                     jlm_vk_view q, jlm_vk_view k, jlm_vk_view v, uint64_t n_kv,
-                     const float *sinks, jlm_vk_view scratch, jlm_vk_view out, jlm_err *err)
+static int attention(jlm_vk *vk, const jlm_k_attn *p, uint32_t n_head, uint32_t n_kv_head, jlm_vk_view q,
+                     jlm_vk_view k, jlm_vk_view v, uint64_t n_kv, const float *sinks, jlm_vk_view scratch,
+                     jlm_vk_view out, int kv_f16, jlm_err *err)
 {
     if (!n_head || !n_kv_head || n_head % n_kv_head || !n_kv || n_kv > UINT32_MAX ||
         p->k_stride > UINT32_MAX || p->v_stride > UINT32_MAX)
@@ -1176,9 +1202,23 @@ int jlm_vk_attention(jlm_vk *vk, const jlm_k_attn *p, uint32_t n_head, uint32_t 
     jlm_vk_view mv = p->mask ? tmp_put(vk, p->mask, mask_bytes) : (jlm_vk_view){0};
     jlm_vk_view sv = sinks ? tmp_put(vk, sinks, sink_bytes) : (jlm_vk_view){0};
     jlm_push_attention pc = {p->head_dim, p->head_dim_v, (uint32_t)p->k_stride, (uint32_t)p->v_stride, (uint32_t)n_kv,
-            n_head / n_kv_head, p->mask != NULL, sinks != NULL, p->scale, p->softcap};
+            n_head / n_kv_head, p->mask != NULL, sinks != NULL, p->scale, p->softcap, kv_f16 != 0};
     jlm_vk_view b[7] = {q, k, v, mv, sv, scratch, out};
     return dispatch(vk, vk->pipe[K_ATTENTION], b, 7, &pc, sizeof pc, n_head, err);
+}
+
+int jlm_vk_attention(jlm_vk *vk, const jlm_k_attn *p, uint32_t n_head, uint32_t n_kv_head,
+                     jlm_vk_view q, jlm_vk_view k, jlm_vk_view v, uint64_t n_kv,
+                     const float *sinks, jlm_vk_view scratch, jlm_vk_view out, jlm_err *err)
+{
+    return attention(vk, p, n_head, n_kv_head, q, k, v, n_kv, sinks, scratch, out, 0, err);
+}
+
+int jlm_vk_attention_f16(jlm_vk *vk, const jlm_k_attn *p, uint32_t n_head, uint32_t n_kv_head, jlm_vk_view q,
+                         jlm_vk_view k, jlm_vk_view v, uint64_t n_kv, const float *sinks, jlm_vk_view scratch,
+                         jlm_vk_view out, jlm_err *err)
+{
+    return attention(vk, p, n_head, n_kv_head, q, k, v, n_kv, sinks, scratch, out, 1, err);
 }
 
 #else /* !JLM_HAVE_VULKAN */
@@ -1254,5 +1294,11 @@ int jlm_vk_attention(jlm_vk *vk, const jlm_k_attn *p, uint32_t n_head, uint32_t 
 {
     return none(err);
 }
+int jlm_vk_attention_f16(jlm_vk *vk, const jlm_k_attn *p, uint32_t n_head, uint32_t n_kv_head, jlm_vk_view q,
+                         jlm_vk_view k, jlm_vk_view v, uint64_t n_kv, const float *sinks, jlm_vk_view scratch,
+                         jlm_vk_view out, jlm_err *err) { return none(err); }
+int jlm_vk_geglu_fp16(jlm_vk *vk, jlm_vk_view out, jlm_vk_view gate, jlm_vk_view up, uint32_t n,
+                      jlm_err *err) { return none(err); }
+int jlm_vk_to_f16(jlm_vk *vk, jlm_vk_view out, jlm_vk_view x, uint32_t n, jlm_err *err) { return none(err); }
 
 #endif
