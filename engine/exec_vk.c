@@ -69,6 +69,12 @@ static int vec(vkb *k, const float *p, uint64_t n, jlm_vk_view *out)
     return JLM_OK;
 }
 
+int jlm_evk_vec(jlm_evk *v, const float *p, uint64_t n, jlm_vk_view *out)
+{
+    vkb k = {.v = v};
+    return vec(&k, p, n, out);
+}
+
 /* y (n rows) = x (n rows of m->k) times m, its planes in a device frame;
  * quantized types read x's int8 rows, quantized on the device (reuse: the
  * previous call's rows are x's). dry: only whether it can. */
@@ -87,6 +93,13 @@ static int matmul_rows(jlm_evk *v, const jlm_k_mat *m, uint32_t n, jlm_vk_view x
     int rc = fl || reuse ? JLM_OK : jlm_vk_quantize(v->vk, x, nk, &va, err);
     v->st.matmuls++;
     return rc ? rc : jlm_vk_matmul(v->vk, &vm, n, fl ? x : (jlm_vk_view){0}, fl ? NULL : &va, y, err);
+}
+
+/* For exec_vk_moe.c: matmul_rows, vec and grow under their external names. */
+int jlm_evk_matmul_rows(jlm_evk *v, const jlm_k_mat *m, uint32_t n, jlm_vk_view x, jlm_vk_view y, int reuse, int dry,
+                        jlm_err *err)
+{
+    return matmul_rows(v, m, n, x, y, reuse, dry, err);
 }
 
 /* dst rows = src rows times m; reuse: the previous mm's src was this one. */
@@ -262,7 +275,8 @@ static int run_op(vkb *k, const jlm_op *op)
         return op->act == JLM_ACT_SWIGLU ? jlm_vk_eltwise(k->v->vk, JLM_VK_SWIGLU, g, g, u, (uint32_t)n, k->err)
                                          : jlm_vk_swiglu_oai(k->v->vk, g, g, u, (uint32_t)n, 1.702f, 7.0f, k->err);
     }
-    default: return UNSUP;   /* experts, latent attention, the vision tower's ops */
+    case JLM_OP_MOE: return jlm_evk_moe(k->v, e, b, op, k->dry, k->err);   /* exec_vk_moe.c */
+    default: return UNSUP;   /* latent attention, the vision tower's ops */
     }
 }
 
@@ -286,6 +300,10 @@ static int grow(jlm_evk *v, jlm_vk_buf **b, uint64_t bytes, int host, jlm_err *e
     jlm_vk_buf_free(v->vk, *b);
     *b = NULL;
     return host ? jlm_vk_buf_new(v->vk, bytes, b, err) : jlm_vk_buf_new_device(v->vk, bytes, b, err);
+}
+int jlm_evk_grow(jlm_evk *v, jlm_vk_buf **b, uint64_t bytes, int host, jlm_err *err)
+{
+    return grow(v, b, bytes, host, err);
 }
 
 /* The activation buffers for n rows, the scores, and layer l's cache. */
@@ -343,6 +361,7 @@ void jlm_evk_blk_free(jlm_evk *v)
     free(s->vc);
     free(s->side);
     memset(s, 0, sizeof *s);
+    jlm_evk_moe_free(v);
 }
 
 /* Each row's RoPE cos/sin (layer 0's parameters: heads() runs only layers
