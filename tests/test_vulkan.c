@@ -10,6 +10,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 
 #include <jansson.h>
 
@@ -1183,6 +1184,42 @@ Test(vulkan, quantize_is_bit_identical_to_the_cpu)
     jlm_vk_close(vk);
 }
 
+/* Both engines rewound, then the prompt and 8 steps of the CPU's greedy
+ * ids fed to both: each step's logits within tol of the largest and the
+ * same pick wherever the CPU's top-2 margin exceeds twice the difference.
+ * Returns the CPU's last pick (not yet fed). */
+static int32_t lockstep(jlm_engine *ec, jlm_engine *ev, const int32_t *prompt, uint32_t np, double tol,
+                        const char *model, const char *what)
+{
+    uint32_t nv = jlm_engine_n_vocab(ec);
+    float *lc = malloc(nv * 4), *lv = malloc(nv * 4);
+    jlm_err err = {0};
+    jlm_engine_rewind(ec, 0);
+    jlm_engine_rewind(ev, 0);
+    const int32_t *tok = prompt;
+    int32_t next = 0;
+    uint32_t n = np;
+    for (int step = 0; step < 8; step++) {
+        cr_assert_eq(jlm_engine_eval(ec, tok, n, lc, &err), 0, "%s", err.msg);
+        cr_assert_eq(jlm_engine_eval(ev, tok, n, lv, &err), 0, "%s", err.msg);
+        float mx = 0, d = 0, margin, mv;
+        for (uint32_t i = 0; i < nv; i++) {
+            mx = fmaxf(mx, fabsf(lc[i]));
+            d = fmaxf(d, fabsf(lc[i] - lv[i]));
+        }
+        cr_assert(d <= tol * mx, "%s (%s), step %d: logits differ by %g (largest %g)", model, what, step, d, mx);
+        int pc = argmax2(lc, nv, &margin), pv = argmax2(lv, nv, &mv);
+        cr_assert(pc == pv || margin <= 2 * d, "%s (%s), step %d: picks %d and %d, margin %g, difference %g", model,
+                  what, step, pc, pv, margin, d);
+        next = pc;
+        tok = &next;
+        n = 1;
+    }
+    free(lc);
+    free(lv);
+    return next;
+}
+
 /* Whole blocks on the device (engine/exec_vk.c): stories260K, every
  * synth-llama type, and qwen2 (biases), qwen3 (per-head q/k norms) and phi3,
  * whole and at --gpu-layers 2, against the CPU with the
@@ -1228,35 +1265,90 @@ Test(vulkan, whole_blocks_on_the_device_give_the_cpus_ids_in_one_round_trip_a_to
                 cr_assert(!memcmp(ic, iv, sizeof ic), "%s (%s): greedy ids differ", MODELS[m], what);
                 jlm_engine_rewind(ev, 0);
             }
-            jlm_engine_rewind(ec, 0);
-            const int32_t *tok = prompt;
-            int32_t next;
-            uint32_t n = 5;
-            for (int step = 0; step < 8; step++) {
-                cr_assert_eq(jlm_engine_eval(ec, tok, n, lc, &err), 0, "%s", err.msg);
-                cr_assert_eq(jlm_engine_eval(ev, tok, n, lv, &err), 0, "%s", err.msg);
-                float mx = 0, d = 0, margin, mv;
-                for (uint32_t i = 0; i < nv; i++) {
-                    mx = fmaxf(mx, fabsf(lc[i]));
-                    d = fmaxf(d, fabsf(lc[i] - lv[i]));
-                }
-                cr_assert(d <= tol * mx, "%s (%s), step %d: logits differ by %g (largest %g)", MODELS[m], what, step,
-                          d, mx);
-                int pc = argmax2(lc, nv, &margin), pv = argmax2(lv, nv, &mv);
-                cr_assert(pc == pv || margin <= 2 * d, "%s (%s), step %d: picks %d and %d, margin %g, difference %g",
-                          MODELS[m], what, step, pc, pv, margin, d);
-                next = pc;
-                tok = &next;
-                n = 1;
-            }
+            int32_t next = lockstep(ec, ev, prompt, 5, tol, MODELS[m], what);
             jlm_dev_stats s0, s1;
             jlm_engine_dev_stats(ev, &s0);
-            cr_assert_eq(jlm_engine_eval(ev, tok, 1, lv, &err), 0, "%s", err.msg);
+            cr_assert_eq(jlm_engine_eval(ev, &next, 1, lv, &err), 0, "%s", err.msg);
             jlm_engine_dev_stats(ev, &s1);
             cr_assert_eq(s1.waits - s0.waits, 1, "%s (%s): a decoded token made %llu round trips", MODELS[m], what,
                          (unsigned long long)(s1.waits - s0.waits));
             jlm_engine_close(ev);
         }
+        free(lc);
+        free(lv);
+        jlm_engine_close(ec);
+        free(path);
+    }
+    tu_rmrf(dir);
+    free(dir);
+}
+
+/* Routed experts on the device (engine/exec_vk_moe.c): the llama-style MoE
+ * (F16, MXFP4 experts, Q4_K_M) and qwen3moe (Q4_K_M, Q8_0; per-head q/k
+ * norms), 2 MoE blocks each, whole, at --gpu-layers 2 (the blocks there, the
+ * output on the CPU) and 1 (a split inside the model): the CPU's greedy ids,
+ * the lockstep logits within the whole-block tolerances (float experts: 5e-4
+ * of the largest), and a decoded token at most one round trip a block plus
+ * one (each MoE block reads its picks back; the logits or the split's rows
+ * come down at the end) where the matmul offload makes several a block. At
+ * a --budget of half the file (the expert pages evicted and read again,
+ * counted) the CPU's ids still. */
+Test(vulkan, moe_blocks_on_the_device_give_the_cpus_ids_in_a_round_trip_a_block, .timeout = 300)
+{
+    static const char *MODELS[] = {"synth-llama-moe-256.F16", "synth-llama-moe-256.MXFP4_MOE",
+                                   "synth-llama-moe-256.Q4_K_M", "synth-qwen3moe-256.Q4_K_M",
+                                   "synth-qwen3moe-256.Q8_0"};
+    char *dir = tu_tmpdir();
+    for (size_t m = 0; m < sizeof MODELS / sizeof MODELS[0]; m++) {
+        char gguf[256];
+        jlm_err err = {0};
+        snprintf(gguf, sizeof gguf, "%s.gguf", MODELS[m]);
+        char *path = tu_convert(gguf, dir, "moe.jlm", &err);
+        cr_assert(path, "%s", err.msg);
+        jlm_engine *ec = engine_on(path, "cpu", 0);
+        uint32_t nv = jlm_engine_n_vocab(ec), L = jlm_engine_model(ec)->config.n_layer;
+        float *lc = malloc(nv * 4), *lv = malloc(nv * 4);
+        int32_t prompt[5] = {1, 10, 20, 30, 40}, ic[8], iv[8];
+        greedy_ids(ec, prompt, 5, 8, ic, lc);
+        double tol = m == 0 ? 5e-4 : 0.05;
+        static const uint32_t LAYERS[] = {0, 2, 1};
+        for (int i = 0; i < 3; i++) {
+            jlm_engine *ev = engine_on(path, "vulkan", LAYERS[i]);
+            if (!ev) {
+                tu_rmrf(dir);
+                cr_skip_test("vulkan: no device");
+            }
+            const char *what = i == 0 ? "whole" : i == 1 ? "--gpu-layers 2" : "--gpu-layers 1";
+            greedy_ids(ev, prompt, 5, 8, iv, lv);
+            cr_assert(!memcmp(ic, iv, sizeof ic), "%s (%s): greedy ids differ", MODELS[m], what);
+            int32_t next = lockstep(ec, ev, prompt, 5, tol, MODELS[m], what);
+            jlm_dev_stats s0, s1;
+            jlm_engine_dev_stats(ev, &s0);
+            cr_assert_eq(jlm_engine_eval(ev, &next, 1, lv, &err), 0, "%s", err.msg);
+            jlm_engine_dev_stats(ev, &s1);
+            uint64_t blocks = LAYERS[i] ? LAYERS[i] : L;
+            cr_assert(s1.waits - s0.waits <= blocks + 1 && s1.fallbacks == s0.fallbacks,
+                      "%s (%s): a decoded token made %llu round trips for %llu blocks", MODELS[m], what,
+                      (unsigned long long)(s1.waits - s0.waits), (unsigned long long)blocks);
+            jlm_engine_close(ev);
+        }
+        /* experts paged through a budget of half the file */
+        struct stat st;
+        cr_assert_eq(stat(path, &st), 0, "%s", path);
+        jlm_engine *eb = engine_opts(path, "vulkan", (uint64_t)st.st_size / 2, 0);
+        greedy_ids(eb, prompt, 5, 8, iv, lv);
+        cr_assert(!memcmp(ic, iv, sizeof ic), "%s (budget): greedy ids differ", MODELS[m]);
+        jlm_pager_counters pc;
+        jlm_pager_stats(jlm_engine_pager(eb), &pc);
+        jlm_dev_stats vs;
+        jlm_engine_dev_stats(eb, &vs);
+        /* 8 evals: a round trip a block and one more each, and one for each device frame dropped
+         * (a frame a recording may read ends it first) */
+        cr_assert(pc.a[JLM_PAGER_EXPERTS].evictions > 0 && vs.waits <= 8 * (L + 1) + vs.evictions,
+                  "%s (budget): %llu expert evictions, %llu round trips, %llu device evictions", MODELS[m],
+                  (unsigned long long)pc.a[JLM_PAGER_EXPERTS].evictions, (unsigned long long)vs.waits,
+                  (unsigned long long)vs.evictions);
+        jlm_engine_close(eb);
         free(lc);
         free(lv);
         jlm_engine_close(ec);
