@@ -8,7 +8,8 @@
  * the logits are computed here (jlm_evk_output). The engine's own sequence
  * keeps its KV cache of these blocks here (F32, a buffer per layer, rows of
  * kv_dim); any other sequence (jlm_engine_seq: serve, batches) and what
- * the shaders lack (sliding windows, sinks, F16 caches, GELU gates, experts;
+ * the shaders lack (sliding windows, sinks, F16 caches, GELU gates, sigmoid
+ * expert routing: the MOE op is exec_vk_moe.c's;
  * quantized weights without shaderFloat64) is JLM_EUNSUPPORTED, decided per
  * model, layer and sequence before anything is recorded, so a block always
  * runs on the same side. Quantized weights read int8 rows quantized on the
