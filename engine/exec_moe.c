@@ -83,7 +83,7 @@ static void route_pick(const jlm_engine *e, int mode, uint32_t l, float *lg, int
 /* ---------------------------------------------------------------- reading ahead */
 /* Block l's router (a float one), copied while its page is pinned, for the
  * predictions of the tokens after this one (jlm_stream_open sized them). */
-static void router_keep(jlm_engine *e, uint32_t l, const uint8_t *page, uint64_t page_off)
+void jlm_ex_router_keep(jlm_engine *e, uint32_t l, const uint8_t *page, uint64_t page_off)
 {
     const jlm_tensor *t = W(e, l, JLM_R_ROUTER);
     if (!e->predict || e->pred_ok[l] || !t)
@@ -126,7 +126,7 @@ static void route(jlm_engine *e, const jlm_op *op, uint32_t l, const uint8_t *pa
     const jlm_config *c = e->c;
     uint32_t ne = c->n_expert, nu = c->n_expert_used;
     unsigned long long t0 = prof_begin(e);
-    router_keep(e, l, page, page_off);
+    jlm_ex_router_keep(e, l, page, page_off);
     jlm_k_mat wr = mat_at(W(e, l, JLM_R_ROUTER), page, page_off, 0);
     jlm_ex_matmul(e, &wr, 1, h, e->router);
     add_bias(e->router, vec_dense(e, W(e, l, JLM_R_ROUTER_B)), ne);
@@ -355,7 +355,7 @@ static void route_rows(jlm_engine *e, const jlm_op *op, uint32_t l, const uint8_
 {
     uint32_t nu = e->c->n_expert_used;
     unsigned long long t0 = prof_begin(e);
-    router_keep(e, l, page, page_off);
+    jlm_ex_router_keep(e, l, page, page_off);
     jlm_k_mat wr = mat_at(W(e, l, JLM_R_ROUTER), page, page_off, 0);
     jlm_ex_matmul(e, &wr, n, e->h, e->mrl);
     route_ctx rc = {l, op->route};

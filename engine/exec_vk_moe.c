@@ -12,7 +12,9 @@
  * biases, SwiGLU (or SwiGLU-OAI), down, the down bias, and the weighted mix
  * added to the residual row (moe_combine.comp, the sum of
  * mix_slots/jlm_k_moe_combine bit for bit). The weights never leave the
- * device. What the shaders lack (sigmoid routing and its selection bias,
+ * device. A decode step predicts the next MoE block's experts on the device
+ * too (its router over this input, read back with the picks) and hands them
+ * to the streamer, as exec_moe.c's predict_next does on the host. What the shaders lack (sigmoid routing and its selection bias,
  * Llama 4's weight on the input, GELU gates, more than 1024 experts) is
  * JLM_EUNSUPPORTED in the dry run, so the block stays on the host. */
 #include "engine/backend_vk_int.h"
@@ -30,6 +32,8 @@ typedef struct jlm_evk_moebufs {
     jlm_vk_buf *w;        /* (rows, sstride) their weights: stay on the device */
     jlm_vk_buf *g, *u;    /* (n_used, nff) each slot's gate (then the activation) and up */
     jlm_vk_buf *o;        /* (n_used, n_embd) each slot's output */
+    jlm_vk_buf **pr;      /* (n_layer,) each block's router for the predictions, NULL until used */
+    uint32_t    n_layer;
 } moebufs;
 
 void jlm_evk_moe_free(jlm_evk *v)
@@ -40,6 +44,9 @@ void jlm_evk_moe_free(jlm_evk *v)
     jlm_vk_buf *all[] = {m->lg, m->sel, m->w, m->g, m->u, m->o};
     for (size_t i = 0; i < sizeof all / sizeof all[0]; i++)
         jlm_vk_buf_free(v->vk, all[i]);
+    for (uint32_t l = 0; m->pr && l < m->n_layer; l++)
+        jlm_vk_buf_free(v->vk, m->pr[l]);
+    free(m->pr);
     free(m);
     v->moe = NULL;
 }
@@ -66,7 +73,9 @@ typedef struct moe_blk {
     const jlm_tensor *tg, *tu, *td;
     uint64_t          E, nff, ls, ss;   /* ls, ss: a row's stride of logits, of picks/weights (bytes) */
     uint32_t          ne, nu, first;    /* first: the page of the bank's expert 0 */
+    uint32_t          nl, nl_first;     /* the next MoE block predicted (n_layer: none), its bank's first page */
     jlm_vk_view       rb, bg, bu, bd;   /* the router's and the banks' biases (buf NULL: none) */
+    jlm_vk_view       nrb;              /* the predicted block's router bias */
 } moe_blk;
 
 static int plan(moe_blk *mb)
@@ -103,6 +112,19 @@ static int plan(moe_blk *mb)
     mb->first = (uint32_t)((mb->tg->qs_off - hd->exp_data_off) / hd->exp_page_size);
     mb->ls = round_up(mb->ne * 4ull, al);
     mb->ss = round_up(mb->nu * 4ull, al);
+    /* a decode step predicts the next MoE block's experts as the CPU's
+     * predict_next does (its router over this block's input), once the host
+     * keeps that router (e->pred_buf: float routers only) */
+    mb->nl = b->l + 1;
+    while (mb->nl < c->n_layer && !W(e, mb->nl, JLM_R_ROUTER))
+        mb->nl++;
+    const jlm_tensor *tn = mb->nl < c->n_layer ? W(e, mb->nl, JLM_R_ROUTER) : NULL;
+    if (b->n != 1 || !e->predict || !tn || !e->pred_ok[mb->nl] || jlm_tensor_k(tn) != mb->E ||
+        jlm_tensor_rows(tn) != mb->ne || !jlm_fmt_type_traits(tn->type)->is_float ||
+        jlm_evk_vec(v, vec_dense(e, W(e, mb->nl, JLM_R_ROUTER_B)), mb->ne, &mb->nrb))
+        mb->nl = c->n_layer;
+    else
+        mb->nl_first = (uint32_t)((W(e, mb->nl, JLM_R_EXP_GATE)->qs_off - hd->exp_data_off) / hd->exp_page_size);
     return JLM_OK;
 }
 
@@ -116,11 +138,16 @@ static int moe_buffers(moe_blk *mb, uint32_t n)
         return jlm_errf(err, JLM_ENOMEM, "vulkan: out of memory");
     moebufs *m = v->moe;
     uint64_t kmax = mb->nff > mb->E ? mb->nff : mb->E;
-    int rc = jlm_evk_grow(v, &m->lg, n * mb->ls, 0, err);
+    int rc = jlm_evk_grow(v, &m->lg, (n + 1) * mb->ls, 0, err);   /* + the prediction's row */
     if (!rc)
-        rc = jlm_evk_grow(v, &m->sel, n * mb->ss, 1, err);
+        rc = jlm_evk_grow(v, &m->sel, (n + 1) * mb->ss, 1, err);
     if (!rc)
-        rc = jlm_evk_grow(v, &m->w, n * mb->ss, 0, err);
+        rc = jlm_evk_grow(v, &m->w, (n + 1) * mb->ss, 0, err);
+    if (!rc && !m->pr) {
+        m->n_layer = mb->e->c->n_layer;
+        if (!(m->pr = calloc(m->n_layer, sizeof *m->pr)))
+            rc = jlm_errf(err, JLM_ENOMEM, "vulkan: out of memory");
+    }
     if (!rc)
         rc = jlm_evk_grow(v, &m->g, mb->nu * mb->nff * 4, 0, err);
     if (!rc)
@@ -138,8 +165,35 @@ static int moe_buffers(moe_blk *mb, uint32_t n)
 
 static jlm_vk_view row_of(jlm_vk_buf *b, uint64_t t, uint64_t n) { return (jlm_vk_view){b, t * n * 4, n * 4}; }
 
-/* Every row's router, bias and top-k recorded, then the picks read back
- * into picks (n rows of nu): the block's round trip. */
+/* The next MoE block's top-k by logit of row 0's input into row n of the
+ * picks (its router: the host's copy, uploaded once, counted as weights). */
+static int predict_rec(moe_blk *mb)
+{
+    jlm_evk *v = mb->v;
+    jlm_engine *e = mb->e;
+    moebufs *m = v->moe;
+    uint32_t n = mb->b->n;
+    const jlm_tensor *tn = W(e, mb->nl, JLM_R_ROUTER);
+    int rc = JLM_OK;
+    if (!m->pr[mb->nl]) {
+        rc = jlm_vk_buf_upload(v->vk, e->pred_buf + (uint64_t)mb->nl * e->rbytes, e->rbytes, &m->pr[mb->nl], mb->err);
+        v->st.bytes_up += rc ? 0 : e->rbytes;
+    }
+    jlm_vk_mat vm = {tn->type, mb->E, mb->ne, {m->pr[mb->nl], 0, 0}, {0}, {0}};
+    jlm_vk_view lg = {m->lg, n * mb->ls, mb->ne * 4ull};
+    if (!rc)
+        rc = jlm_vk_matvec(v->vk, &vm, row_of(v->blk.ab[JLM_B_H], 0, mb->E), NULL, lg, mb->err);
+    if (!rc && mb->nrb.buf)
+        rc = jlm_vk_eltwise(v->vk, JLM_VK_ADD, lg, lg, mb->nrb, mb->ne, mb->err);
+    return rc ? rc
+              : jlm_vk_moe_route(v->vk, lg, mb->ne, mb->nu, JLM_K_ROUTE_RAW, 0.0f,
+                                 (jlm_vk_view){m->sel, n * mb->ss, mb->nu * 4ull},
+                                 (jlm_vk_view){m->w, n * mb->ss, mb->nu * 4ull}, mb->err);
+}
+
+/* Every row's router, bias and top-k recorded (and the prediction's), then
+ * the picks read back into picks (n rows of nu, then the prediction's row):
+ * the block's round trip. */
 static int route_rows(moe_blk *mb, int32_t *picks)
 {
     jlm_evk *v = mb->v;
@@ -147,6 +201,7 @@ static int route_rows(moe_blk *mb, int32_t *picks)
     moebufs *m = v->moe;
     uint32_t n = mb->b->n;
     jlm_k_mat wr = blk_mat(e, mb->b, mb->op->w[0]);
+    jlm_ex_router_keep(e, mb->b->l, mb->b->page, mb->b->page_off);
     int rc = jlm_vk_rec_begin(v->vk, mb->err);
     for (uint32_t t = 0; !rc && t < n; t++) {
         jlm_vk_view lg = {m->lg, t * mb->ls, mb->ne * 4ull};
@@ -158,12 +213,15 @@ static int route_rows(moe_blk *mb, int32_t *picks)
                                   (jlm_vk_view){m->sel, t * mb->ss, mb->nu * 4ull},
                                   (jlm_vk_view){m->w, t * mb->ss, mb->nu * 4ull}, mb->err);
     }
+    uint32_t rows = n + (mb->nl < e->c->n_layer);
+    if (!rc && rows > n)
+        rc = predict_rec(mb);
     if (!rc)
         rc = jlm_evk_rec_end(v, mb->err);
     if (rc)
         return rc;
     const uint8_t *sel = jlm_vk_buf_map(m->sel);
-    for (uint32_t t = 0; t < n; t++) {
+    for (uint32_t t = 0; t < rows; t++) {
         memcpy(picks + (uint64_t)t * mb->nu, sel + t * mb->ss, mb->nu * 4ull);
         for (uint32_t s = 0; s < mb->nu; s++) {
             int32_t x = picks[(uint64_t)t * mb->nu + s];
@@ -171,9 +229,10 @@ static int route_rows(moe_blk *mb, int32_t *picks)
                 return jlm_errf(mb->err, JLM_EIO, "vulkan: block %u: the device's router picked expert %d of %u",
                                 mb->b->l, x, mb->ne);
         }
-        jlm_ex_trace_route(e, mb->b->l, t, picks + (uint64_t)t * mb->nu);
+        if (t < n)
+            jlm_ex_trace_route(e, mb->b->l, t, picks + (uint64_t)t * mb->nu);
     }
-    v->st.act_down += (uint64_t)n * mb->nu * 4;
+    v->st.act_down += (uint64_t)rows * mb->nu * 4;
     memcpy(e->route + (size_t)mb->b->l * mb->nu, picks + (uint64_t)(n - 1) * mb->nu, mb->nu * sizeof(int32_t));
     return JLM_OK;
 }
@@ -236,7 +295,7 @@ int jlm_evk_moe(jlm_evk *v, jlm_engine *e, const jlm_ex_blk *b, const jlm_op *op
     int rc = plan(&mb);
     if (rc || dry)
         return rc;
-    int32_t *picks = malloc((uint64_t)b->n * mb.nu * sizeof *picks);
+    int32_t *picks = malloc((uint64_t)(b->n + 1) * mb.nu * sizeof *picks);
     if (!picks)
         return jlm_errf(err, JLM_ENOMEM, "vulkan: out of memory");
     rc = moe_buffers(&mb, b->n);
@@ -248,6 +307,8 @@ int jlm_evk_moe(jlm_evk *v, jlm_engine *e, const jlm_ex_blk *b, const jlm_op *op
         rc = jlm_stream_experts(e, mb.first, sel, mb.nu, frames, err);
         if (rc)
             break;
+        if (mb.nl < e->c->n_layer)   /* read while these compute and the next block's attention runs */
+            jlm_stream_predict(e, mb.nl_first, picks + (uint64_t)b->n * mb.nu);
         rc = row_experts(&mb, t, sel, frames);
         jlm_stream_experts_done(e, mb.first, sel, mb.nu);
     }

@@ -1290,7 +1290,8 @@ Test(vulkan, whole_blocks_on_the_device_give_the_cpus_ids_in_one_round_trip_a_to
  * the lockstep logits within the whole-block tolerances (float experts: 5e-4
  * of the largest), and a decoded token at most one round trip a block plus
  * one (each MoE block reads its picks back; the logits or the split's rows
- * come down at the end) where the matmul offload makes several a block. At
+ * come down at the end) where the matmul offload makes several a block; the
+ * next block's experts predicted as the CPU predicts them (the counts). At
  * a --budget of half the file (the expert pages evicted and read again,
  * counted) the CPU's ids still. */
 Test(vulkan, moe_blocks_on_the_device_give_the_cpus_ids_in_a_round_trip_a_block, .timeout = 300)
@@ -1310,6 +1311,8 @@ Test(vulkan, moe_blocks_on_the_device_give_the_cpus_ids_in_a_round_trip_a_block,
         float *lc = malloc(nv * 4), *lv = malloc(nv * 4);
         int32_t prompt[5] = {1, 10, 20, 30, 40}, ic[8], iv[8];
         greedy_ids(ec, prompt, 5, 8, ic, lc);
+        jlm_engine_predict pc_cpu, pc_dev;
+        jlm_engine_predict_stats(ec, &pc_cpu);
         double tol = m == 0 ? 5e-4 : 0.05;
         static const uint32_t LAYERS[] = {0, 2, 1};
         for (int i = 0; i < 3; i++) {
@@ -1321,6 +1324,12 @@ Test(vulkan, moe_blocks_on_the_device_give_the_cpus_ids_in_a_round_trip_a_block,
             const char *what = i == 0 ? "whole" : i == 1 ? "--gpu-layers 2" : "--gpu-layers 1";
             greedy_ids(ev, prompt, 5, 8, iv, lv);
             cr_assert(!memcmp(ic, iv, sizeof ic), "%s (%s): greedy ids differ", MODELS[m], what);
+            /* block 0 predicts block 1's experts on the device as the CPU does */
+            jlm_engine_predict_stats(ev, &pc_dev);
+            cr_assert(pc_cpu.predicted > 0 && pc_dev.predicted == pc_cpu.predicted && pc_dev.hits == pc_cpu.hits,
+                      "%s (%s): predicted %llu, hits %llu; the CPU's %llu, %llu", MODELS[m], what,
+                      (unsigned long long)pc_dev.predicted, (unsigned long long)pc_dev.hits,
+                      (unsigned long long)pc_cpu.predicted, (unsigned long long)pc_cpu.hits);
             int32_t next = lockstep(ec, ev, prompt, 5, tol, MODELS[m], what);
             jlm_dev_stats s0, s1;
             jlm_engine_dev_stats(ev, &s0);
