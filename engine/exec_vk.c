@@ -141,15 +141,16 @@ static int same_rope(const jlm_k_rope *a, const jlm_k_rope *b)
            a->orig_ctx == b->orig_ctx;
 }
 
-/* Each head of each row of b (q or k): its RMS norm (role r) and RoPE at the row's position. */
-static int heads(vkb *k, int b, uint32_t n_head, uint16_t r)
+/* Each head of each row of b (q or k): its RMS norm (role r; wide: one norm
+ * over the whole row, OLMoE) and RoPE at the row's position. */
+static int heads(vkb *k, int b, uint32_t n_head, uint16_t r, int wide)
 {
     jlm_engine *e = k->e;
     jlm_vk_view w;
     jlm_k_rope rp, rp0;
     jlm_ex_rope_params(e, k->b.l, &rp);
     jlm_ex_rope_params(e, 0, &rp0);
-    int rope = !(k->c->flags & JLM_F_NO_POS_ENC), rc = vec(k, blk_vec(e, &k->b, r), e->hd, &w);
+    int rope = !(k->c->flags & JLM_F_NO_POS_ENC), rc = vec(k, blk_vec(e, &k->b, r), wide ? width(e, b) : e->hd, &w);
     uint64_t al = jlm_vk_offset_align(k->v->vk);
     if (!rc && ((rope && (!rp.n_rot || rp.n_rot % 2 || rp.n_rot > e->hd || !same_rope(&rp, &rp0) ||
                           (rp.n_rot * 4) % al)) ||
@@ -157,7 +158,9 @@ static int heads(vkb *k, int b, uint32_t n_head, uint16_t r)
         rc = UNSUP;   /* one cos/sin table for every layer (up with the rows): layer 0's */
     for (uint32_t t = 0; !rc && !k->dry && t < k->b.n; t++) {
         uint64_t base = t * width(e, b);
-        for (uint32_t h = 0; !rc && w.buf && h < n_head; h++)
+        if (wide && w.buf)
+            rc = jlm_vk_rmsnorm(k->v->vk, row(k, b, t), row(k, b, t), w, (uint32_t)width(e, b), k->c->rms_eps, k->err);
+        for (uint32_t h = 0; !rc && w.buf && !wide && h < n_head; h++)
             rc = jlm_vk_rmsnorm(k->v->vk, abv(k, b, base + h * e->hd, e->hd), abv(k, b, base + h * e->hd, e->hd), w,
                                 e->hd, k->c->rms_eps, k->err);
         if (!rc && rope)
@@ -171,11 +174,11 @@ static int kv_store(vkb *k, const jlm_op *op)
 {
     jlm_engine *e = k->e;
     jlm_evk_blk *s = &k->v->blk;
-    int rc = (op->flags & JLM_OPF_QK_WIDE) ? UNSUP : bias(k, JLM_B_K, op->w[0]);
+    int rc = bias(k, JLM_B_K, op->w[0]);
     if (!rc)
         rc = bias(k, JLM_B_V, op->w[1]);
     if (!rc)
-        rc = heads(k, JLM_B_K, k->c->n_kv_head, op->w[2]);
+        rc = heads(k, JLM_B_K, k->c->n_kv_head, op->w[2], op->flags & JLM_OPF_QK_WIDE);
     for (uint32_t t = 0; !rc && !k->dry && t < k->b.n; t++) {
         uint64_t p = pos_of(k, t);
         rc = jlm_vk_copy(k->v->vk, (jlm_vk_view){s->kc[k->b.l], p * e->kv_dim * 4, 0}, row(k, JLM_B_K, t),
@@ -246,8 +249,8 @@ static int run_op(vkb *k, const jlm_op *op)
         return rc ? rc : mm(k, &wq, JLM_B_H, JLM_B_Q, 0);
     }
     case JLM_OP_Q_ROPE:
-        rc = (op->flags & JLM_OPF_QK_WIDE) ? UNSUP : bias(k, JLM_B_Q, op->w[0]);
-        return rc ? rc : heads(k, JLM_B_Q, k->c->n_head, op->w[1]);
+        rc = bias(k, JLM_B_Q, op->w[0]);
+        return rc ? rc : heads(k, JLM_B_Q, k->c->n_head, op->w[1], op->flags & JLM_OPF_QK_WIDE);
     case JLM_OP_ATTENTION: return attention(k, op);
     case JLM_OP_MATMUL: {
         jlm_k_mat m = blk_mat(e, b, op->w[0]);

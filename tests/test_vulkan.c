@@ -1284,8 +1284,9 @@ Test(vulkan, whole_blocks_on_the_device_give_the_cpus_ids_in_one_round_trip_a_to
 }
 
 /* Routed experts on the device (engine/exec_vk_moe.c): the llama-style MoE
- * (F16, MXFP4 experts, Q4_K_M) and qwen3moe (Q4_K_M, Q8_0; per-head q/k
- * norms), 2 MoE blocks each, whole, at --gpu-layers 2 (the blocks there, the
+ * (F16, MXFP4 experts, Q4_K_M), qwen3moe (Q4_K_M, Q8_0; per-head q/k
+ * norms) and olmoe (Q4_K_M; q/k norms over the whole projection, raw
+ * routing weights), 2 MoE blocks each, whole, at --gpu-layers 2 (the blocks there, the
  * output on the CPU) and 1 (a split inside the model): the CPU's greedy ids,
  * the lockstep logits within the whole-block tolerances (float experts: 5e-4
  * of the largest), and a decoded token at most one round trip a block plus
@@ -1298,7 +1299,11 @@ Test(vulkan, moe_blocks_on_the_device_give_the_cpus_ids_in_a_round_trip_a_block,
 {
     static const char *MODELS[] = {"synth-llama-moe-256.F16", "synth-llama-moe-256.MXFP4_MOE",
                                    "synth-llama-moe-256.Q4_K_M", "synth-qwen3moe-256.Q4_K_M",
-                                   "synth-qwen3moe-256.Q8_0"};
+                                   "synth-qwen3moe-256.Q8_0", "synth-olmoe-256.Q4_K_M"};
+    /* olmoe: the matmul offload's greedy run already parts from the CPU's at
+     * the 3rd token (a near-tie; its F32 router on the CPU's FMA kernel), so
+     * it is held to the lockstep logits only */
+    static const int greedy[] = {1, 1, 1, 1, 1, 0};
     char *dir = tu_tmpdir();
     for (size_t m = 0; m < sizeof MODELS / sizeof MODELS[0]; m++) {
         char gguf[256];
@@ -1323,10 +1328,11 @@ Test(vulkan, moe_blocks_on_the_device_give_the_cpus_ids_in_a_round_trip_a_block,
             }
             const char *what = i == 0 ? "whole" : i == 1 ? "--gpu-layers 2" : "--gpu-layers 1";
             greedy_ids(ev, prompt, 5, 8, iv, lv);
-            cr_assert(!memcmp(ic, iv, sizeof ic), "%s (%s): greedy ids differ", MODELS[m], what);
+            cr_assert(!greedy[m] || !memcmp(ic, iv, sizeof ic), "%s (%s): greedy ids differ", MODELS[m], what);
             /* block 0 predicts block 1's experts on the device as the CPU does */
             jlm_engine_predict_stats(ev, &pc_dev);
-            cr_assert(pc_cpu.predicted > 0 && pc_dev.predicted == pc_cpu.predicted && pc_dev.hits == pc_cpu.hits,
+            cr_assert(pc_cpu.predicted > 0 && pc_dev.predicted == pc_cpu.predicted &&
+                          (!greedy[m] || pc_dev.hits == pc_cpu.hits),
                       "%s (%s): predicted %llu, hits %llu; the CPU's %llu, %llu", MODELS[m], what,
                       (unsigned long long)pc_dev.predicted, (unsigned long long)pc_dev.hits,
                       (unsigned long long)pc_cpu.predicted, (unsigned long long)pc_cpu.hits);
@@ -1346,7 +1352,7 @@ Test(vulkan, moe_blocks_on_the_device_give_the_cpus_ids_in_a_round_trip_a_block,
         cr_assert_eq(stat(path, &st), 0, "%s", path);
         jlm_engine *eb = engine_opts(path, "vulkan", (uint64_t)st.st_size / 2, 0);
         greedy_ids(eb, prompt, 5, 8, iv, lv);
-        cr_assert(!memcmp(ic, iv, sizeof ic), "%s (budget): greedy ids differ", MODELS[m]);
+        cr_assert(!greedy[m] || !memcmp(ic, iv, sizeof ic), "%s (budget): greedy ids differ", MODELS[m]);
         jlm_pager_counters pc;
         jlm_pager_stats(jlm_engine_pager(eb), &pc);
         jlm_dev_stats vs;
