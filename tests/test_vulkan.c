@@ -1347,23 +1347,31 @@ Test(vulkan, moe_blocks_on_the_device_give_the_cpus_ids_in_a_round_trip_a_block,
                       (unsigned long long)(s1.waits - s0.waits), (unsigned long long)blocks);
             jlm_engine_close(ev);
         }
-        /* experts paged through a budget of half the file */
+        /* experts paged through a budget of half the file, imported and uploaded
+         * (an upload inside a recording submits it early) */
         struct stat st;
         cr_assert_eq(stat(path, &st), 0, "%s", path);
-        jlm_engine *eb = engine_opts(path, "vulkan", (uint64_t)st.st_size / 2, 0);
-        greedy_ids(eb, prompt, 5, 8, iv, lv);
-        cr_assert(!greedy[m] || !memcmp(ic, iv, sizeof ic), "%s (budget): greedy ids differ", MODELS[m]);
-        jlm_pager_counters pc;
-        jlm_pager_stats(jlm_engine_pager(eb), &pc);
-        jlm_dev_stats vs;
-        jlm_engine_dev_stats(eb, &vs);
-        /* 8 evals: a round trip a block and one more each, and one for each device frame dropped
-         * (a frame a recording may read ends it first) */
-        cr_assert(pc.a[JLM_PAGER_EXPERTS].evictions > 0 && vs.waits <= 8 * (L + 1) + vs.evictions,
-                  "%s (budget): %llu expert evictions, %llu round trips, %llu device evictions", MODELS[m],
-                  (unsigned long long)pc.a[JLM_PAGER_EXPERTS].evictions, (unsigned long long)vs.waits,
-                  (unsigned long long)vs.evictions);
-        jlm_engine_close(eb);
+        for (int up = 0; up < 2; up++) {
+            if (up)
+                setenv("JLM_VK_UPLOAD", "1", 1);
+            jlm_engine *eb = engine_opts(path, "vulkan", (uint64_t)st.st_size / 2, 0);
+            greedy_ids(eb, prompt, 5, 8, iv, lv);
+            cr_assert(!greedy[m] || !memcmp(ic, iv, sizeof ic), "%s (budget, %s): greedy ids differ", MODELS[m],
+                      up ? "upload" : "import");
+            jlm_pager_counters pc;
+            jlm_pager_stats(jlm_engine_pager(eb), &pc);
+            jlm_dev_stats vs;
+            jlm_engine_dev_stats(eb, &vs);
+            /* 8 evals: a round trip a block and one more each, and one for each device frame dropped
+             * (a frame a recording may read ends it first) */
+            cr_assert(pc.a[JLM_PAGER_EXPERTS].evictions > 0 && vs.waits <= 8 * (L + 1) + vs.evictions,
+                      "%s (budget, %s): %llu expert evictions, %llu round trips, %llu device evictions", MODELS[m],
+                      up ? "upload" : "import",
+                      (unsigned long long)pc.a[JLM_PAGER_EXPERTS].evictions, (unsigned long long)vs.waits,
+                      (unsigned long long)vs.evictions);
+            jlm_engine_close(eb);
+            unsetenv("JLM_VK_UPLOAD");
+        }
         free(lc);
         free(lv);
         jlm_engine_close(ec);
