@@ -8,7 +8,7 @@
  * the logits are computed here (jlm_evk_output). The engine's own sequence
  * keeps its KV cache of these blocks here (F32, a buffer per layer, rows of
  * kv_dim); any other sequence (jlm_engine_seq: serve, batches) and what
- * the shaders lack (sliding windows, sinks, F16 caches, GELU gates, sigmoid
+ * the shaders lack (sliding windows, F16 caches, GELU gates, sigmoid
  * expert routing: the MOE op is exec_vk_moe.c's;
  * quantized weights without shaderFloat64) is JLM_EUNSUPPORTED, decided per
  * model, layer and sequence before anything is recorded, so a block always
@@ -196,7 +196,7 @@ static int attention(vkb *k, const jlm_op *op)
     const jlm_config *c = k->c;
     jlm_evk_blk *s = &k->v->blk;
     int swa = c->swa_window && c->swa_period && (k->b.l % c->swa_period) < c->swa_period - 1;
-    if (swa || blk_w(e, &k->b, op->w[0]))
+    if (swa)
         return UNSUP;   /* a window's mask, sinks: left */
     jlm_k_attn ap = {.head_dim = e->hd, .head_dim_v = e->hd_v, .k_stride = e->kv_dim, .v_stride = e->kv_dim_v,
                      .scale = c->attn_scale > 0 ? c->attn_scale : 1.0f / sqrtf((float)e->hd),
@@ -206,7 +206,7 @@ static int attention(vkb *k, const jlm_op *op)
         uint32_t pos = pos_of(k, t), n_kv = pos < e->bidir_end ? e->bidir_end : pos + 1;
         rc = jlm_vk_attention(k->v->vk, &ap, c->n_head, c->n_kv_head, row(k, JLM_B_Q, t),
                               (jlm_vk_view){s->kc[k->b.l], 0, (uint64_t)n_kv * e->kv_dim * 4},
-                              (jlm_vk_view){s->vc[k->b.l], 0, (uint64_t)n_kv * e->kv_dim_v * 4}, n_kv, NULL,
+                              (jlm_vk_view){s->vc[k->b.l], 0, (uint64_t)n_kv * e->kv_dim_v * 4}, n_kv, blk_vec(e, &k->b, op->w[0]),
                               (jlm_vk_view){s->scores, 0, (uint64_t)c->n_head * n_kv * 4}, row(k, JLM_B_ATT, t),
                               k->err);
     }

@@ -1381,6 +1381,55 @@ Test(vulkan, moe_blocks_on_the_device_give_the_cpus_ids_in_a_round_trip_a_block,
     free(dir);
 }
 
+/* gpt-oss on the device: its full-attention blocks (the odd layers; the
+ * sliding-window ones stay on the matmul offload) run whole, the sinks in
+ * attention.comp and the experts in exec_vk_moe.c (top-k-then-softmax
+ * routing, SwiGLU-OAI, expert biases): the CPU's greedy ids for 14 tokens
+ * (past the window of 8), the lockstep logits within the quantized
+ * tolerance, and a decoded token in fewer round trips than on the offload
+ * (JLM_VK_BLOCKS=0), which a block left on the offload would not give. */
+Test(vulkan, gpt_oss_full_attention_blocks_run_whole_with_sinks_and_experts, .timeout = 120)
+{
+    char *dir = tu_tmpdir();
+    jlm_err err = {0};
+    char *path = tu_convert("synth-gpt-oss-256.MXFP4_MOE.gguf", dir, "g.jlm", &err);
+    cr_assert(path, "%s", err.msg);
+    jlm_engine *ec = engine_on(path, "cpu", 0);
+    setenv("JLM_VK_BLOCKS", "0", 1);
+    jlm_engine *eo = engine_on(path, "vulkan", 0);
+    unsetenv("JLM_VK_BLOCKS");
+    jlm_engine *ev = engine_on(path, "vulkan", 0);
+    if (!eo || !ev) {
+        tu_rmrf(dir);
+        cr_skip_test("vulkan: no device");
+    }
+    uint32_t nv = jlm_engine_n_vocab(ec);
+    float *l = malloc(nv * 4);
+    int32_t prompt[3] = {1, 2, 3}, ic[14], iv[14];
+    greedy_ids(ec, prompt, 3, 14, ic, l);
+    greedy_ids(ev, prompt, 3, 14, iv, l);
+    cr_assert(!memcmp(ic, iv, sizeof ic), "gpt-oss: greedy ids differ from the CPU's");
+    int32_t next = lockstep(ec, ev, prompt, 3, 0.05, "gpt-oss", "whole");
+    jlm_engine_rewind(eo, 0);
+    cr_assert_eq(jlm_engine_eval(eo, prompt, 3, l, &err), 0, "%s", err.msg);
+    jlm_dev_stats o0, o1, v0, v1;
+    jlm_engine_dev_stats(eo, &o0);
+    cr_assert_eq(jlm_engine_eval(eo, &next, 1, l, &err), 0, "%s", err.msg);
+    jlm_engine_dev_stats(eo, &o1);
+    jlm_engine_dev_stats(ev, &v0);
+    cr_assert_eq(jlm_engine_eval(ev, &next, 1, l, &err), 0, "%s", err.msg);
+    jlm_engine_dev_stats(ev, &v1);
+    cr_assert(v1.waits - v0.waits < o1.waits - o0.waits, "gpt-oss: a decoded token made %llu round trips, %llu offloaded",
+              (unsigned long long)(v1.waits - v0.waits), (unsigned long long)(o1.waits - o0.waits));
+    free(l);
+    jlm_engine_close(ec);
+    jlm_engine_close(eo);
+    jlm_engine_close(ev);
+    free(path);
+    tu_rmrf(dir);
+    free(dir);
+}
+
 /* From --stats (the numbers a user sees): with --gpu-layers all a decoded
  * token costs one round trip (at most one a block: the issue's bound; the
  * goal, one a token, is what is tested; an MoE model, qwen3moe: one a MoE
