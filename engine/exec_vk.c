@@ -9,8 +9,9 @@
  * keeps its KV cache of these blocks here (F32 or F16 as the engine's
  * --kv, a buffer per layer, rows of kv_dim; F16 rounded as the CPU's cache
  * rounds); any other sequence (jlm_engine_seq: serve, batches) and what
- * the shaders lack (sinks, Q8_0 caches, experts; quantized weights without
- * shaderFloat64) is JLM_EUNSUPPORTED, decided per
+ * the shaders lack (Q8_0 caches, sigmoid expert routing: the MOE op is
+ * exec_vk_moe.c's; quantized weights without shaderFloat64) is
+ * JLM_EUNSUPPORTED, decided per
  * model, layer and sequence before anything is recorded, so a block always
  * runs on the same side. Quantized weights read int8 rows quantized on the
  * device (jlm_vk_quantize, bit-identical to the CPU's). */
@@ -73,6 +74,12 @@ static int vec(vkb *k, const float *p, uint64_t n, jlm_vk_view *out)
     return JLM_OK;
 }
 
+int jlm_evk_vec(jlm_evk *v, const float *p, uint64_t n, jlm_vk_view *out)
+{
+    vkb k = {.v = v};
+    return vec(&k, p, n, out);
+}
+
 /* y (n rows) = x (n rows of m->k) times m, its planes in a device frame;
  * quantized types read x's int8 rows, quantized on the device (reuse: the
  * previous call's rows are x's). dry: only whether it can. */
@@ -91,6 +98,13 @@ static int matmul_rows(jlm_evk *v, const jlm_k_mat *m, uint32_t n, jlm_vk_view x
     int rc = fl || reuse ? JLM_OK : jlm_vk_quantize(v->vk, x, nk, &va, err);
     v->st.matmuls++;
     return rc ? rc : jlm_vk_matmul(v->vk, &vm, n, fl ? x : (jlm_vk_view){0}, fl ? NULL : &va, y, err);
+}
+
+/* For exec_vk_moe.c: matmul_rows, vec and grow under their external names. */
+int jlm_evk_matmul_rows(jlm_evk *v, const jlm_k_mat *m, uint32_t n, jlm_vk_view x, jlm_vk_view y, int reuse, int dry,
+                        jlm_err *err)
+{
+    return matmul_rows(v, m, n, x, y, reuse, dry, err);
 }
 
 /* dst rows = src rows times m; reuse: the previous mm's src was this one. */
@@ -145,8 +159,9 @@ static uint32_t rope_sets(const jlm_engine *e, jlm_k_rope set[2])
     return 1;
 }
 
-/* Each head of each row of b (q or k): its RMS norm (role r) and RoPE at the row's position. */
-static int heads(vkb *k, int b, uint32_t n_head, uint16_t r)
+/* Each head of each row of b (q or k): its RMS norm (role r; wide: one norm
+ * over the whole row, OLMoE) and RoPE at the row's position. */
+static int heads(vkb *k, int b, uint32_t n_head, uint16_t r, int wide)
 {
     jlm_engine *e = k->e;
     jlm_vk_view w;
@@ -155,14 +170,16 @@ static int heads(vkb *k, int b, uint32_t n_head, uint16_t r)
     uint32_t ns = rope_sets(e, sets), si = 0;
     while (si < ns && !same_rope(&rp, &sets[si]))
         si++;
-    int rope = !(k->c->flags & JLM_F_NO_POS_ENC), rc = vec(k, blk_vec(e, &k->b, r), e->hd, &w);
+    int rope = !(k->c->flags & JLM_F_NO_POS_ENC), rc = vec(k, blk_vec(e, &k->b, r), wide ? width(e, b) : e->hd, &w);
     uint64_t al = jlm_vk_offset_align(k->v->vk);
     if (!rc && ((rope && (!rp.n_rot || rp.n_rot % 2 || rp.n_rot > e->hd || si == ns || (rp.n_rot * 4) % al)) ||
                 (w.buf && (e->hd * 4) % al)))
         rc = UNSUP;   /* the layer's cos/sin must be one of the tables up with the rows */
     for (uint32_t t = 0; !rc && !k->dry && t < k->b.n; t++) {
         uint64_t base = t * width(e, b);
-        for (uint32_t h = 0; !rc && w.buf && h < n_head; h++)
+        if (wide && w.buf)
+            rc = jlm_vk_rmsnorm(k->v->vk, row(k, b, t), row(k, b, t), w, (uint32_t)width(e, b), k->c->rms_eps, k->err);
+        for (uint32_t h = 0; !rc && w.buf && !wide && h < n_head; h++)
             rc = jlm_vk_rmsnorm(k->v->vk, abv(k, b, base + h * e->hd, e->hd), abv(k, b, base + h * e->hd, e->hd), w,
                                 e->hd, k->c->rms_eps, k->err);
         if (!rc && rope)
@@ -186,11 +203,11 @@ static int kv_put(vkb *k, jlm_vk_buf *c, uint64_t p, int b, uint32_t t)
 static int kv_store(vkb *k, const jlm_op *op)
 {
     jlm_evk_blk *s = &k->v->blk;
-    int rc = (op->flags & JLM_OPF_QK_WIDE) ? UNSUP : bias(k, JLM_B_K, op->w[0]);
+    int rc = bias(k, JLM_B_K, op->w[0]);
     if (!rc)
         rc = bias(k, JLM_B_V, op->w[1]);
     if (!rc)
-        rc = heads(k, JLM_B_K, k->c->n_kv_head, op->w[2]);
+        rc = heads(k, JLM_B_K, k->c->n_kv_head, op->w[2], op->flags & JLM_OPF_QK_WIDE);
     for (uint32_t t = 0; !rc && !k->dry && t < k->b.n; t++) {
         uint64_t p = pos_of(k, t);
         rc = kv_put(k, s->kc[k->b.l], p, JLM_B_K, t);
@@ -206,8 +223,6 @@ static int attention(vkb *k, const jlm_op *op)
     const jlm_config *c = k->c;
     jlm_evk_blk *s = &k->v->blk;
     uint64_t es = kv_es(e);
-    if (blk_w(e, &k->b, op->w[0]))
-        return UNSUP;   /* sinks: left */
     jlm_k_attn ap = {.head_dim = e->hd, .head_dim_v = e->hd_v, .k_stride = e->kv_dim, .v_stride = e->kv_dim_v,
                      .scale = c->attn_scale > 0 ? c->attn_scale : 1.0f / sqrtf((float)e->hd),
                      .softcap = c->attn_softcap};
@@ -221,7 +236,8 @@ static int attention(vkb *k, const jlm_op *op)
                     vv = {s->vc[k->b.l], lo * e->kv_dim_v * es, n_kv * e->kv_dim_v * es},
                     sc = {s->scores, 0, (uint64_t)c->n_head * n_kv * 4};
         rc = (es == 2 ? jlm_vk_attention_f16 : jlm_vk_attention)(k->v->vk, &ap, c->n_head, c->n_kv_head,
-                                                                 row(k, JLM_B_Q, t), kv, vv, n_kv, NULL, sc,
+                                                                 row(k, JLM_B_Q, t), kv, vv, n_kv,
+                                                                 blk_vec(e, &k->b, op->w[0]), sc,
                                                                  row(k, JLM_B_ATT, t), k->err);
     }
     return rc;
@@ -263,8 +279,8 @@ static int run_op(vkb *k, const jlm_op *op)
         return rc ? rc : mm(k, &wq, JLM_B_H, JLM_B_Q, 0);
     }
     case JLM_OP_Q_ROPE:
-        rc = (op->flags & JLM_OPF_QK_WIDE) ? UNSUP : bias(k, JLM_B_Q, op->w[0]);
-        return rc ? rc : heads(k, JLM_B_Q, k->c->n_head, op->w[1]);
+        rc = bias(k, JLM_B_Q, op->w[0]);
+        return rc ? rc : heads(k, JLM_B_Q, k->c->n_head, op->w[1], op->flags & JLM_OPF_QK_WIDE);
     case JLM_OP_ATTENTION: return attention(k, op);
     case JLM_OP_MATMUL: {
         jlm_k_mat m = blk_mat(e, b, op->w[0]);
@@ -295,7 +311,8 @@ static int run_op(vkb *k, const jlm_op *op)
         return op->act == JLM_ACT_SWIGLU ? jlm_vk_eltwise(k->v->vk, JLM_VK_SWIGLU, g, g, u, (uint32_t)n, k->err)
                                          : jlm_vk_swiglu_oai(k->v->vk, g, g, u, (uint32_t)n, 1.702f, 7.0f, k->err);
     }
-    default: return UNSUP;   /* experts, latent attention, the vision tower's ops */
+    case JLM_OP_MOE: return jlm_evk_moe(k->v, e, b, op, k->dry, k->err);   /* exec_vk_moe.c */
+    default: return UNSUP;   /* latent attention, the vision tower's ops */
     }
 }
 
@@ -322,6 +339,10 @@ static int grow(jlm_evk *v, jlm_vk_buf **b, uint64_t bytes, int host, jlm_err *e
     jlm_vk_buf_free(v->vk, *b);
     *b = NULL;
     return host ? jlm_vk_buf_new(v->vk, bytes, b, err) : jlm_vk_buf_new_device(v->vk, bytes, b, err);
+}
+int jlm_evk_grow(jlm_evk *v, jlm_vk_buf **b, uint64_t bytes, int host, jlm_err *err)
+{
+    return grow(v, b, bytes, host, err);
 }
 
 /* The activation buffers for n rows, the scores, and layer l's cache. */
@@ -379,6 +400,7 @@ void jlm_evk_blk_free(jlm_evk *v)
     free(s->vc);
     free(s->side);
     memset(s, 0, sizeof *s);
+    jlm_evk_moe_free(v);
 }
 
 /* Each row's RoPE cos/sin, a table for each of rope_sets' parameters (heads()
