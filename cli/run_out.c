@@ -28,7 +28,7 @@ static void pager_totals(const jlm_pager_counters *pc, jlm_pager_array_counters 
     for (uint32_t a = 0; a < pc->n_arrays; a++) {
         t->page_ins += pc->a[a].page_ins; t->fills += pc->a[a].fills; t->evictions += pc->a[a].evictions;
         t->hits += pc->a[a].hits; t->reads += pc->a[a].reads; t->bytes_read += pc->a[a].bytes_read;
-        t->read_ns += pc->a[a].read_ns; t->resident_pages += pc->a[a].resident_pages;
+        t->read_ns += pc->a[a].read_ns; t->pf_wait_ns += pc->a[a].pf_wait_ns; t->resident_pages += pc->a[a].resident_pages;
         t->resident_bytes += pc->a[a].resident_bytes;
     }
 }
@@ -43,10 +43,11 @@ static json_t *ids_json(const int32_t *v, size_t n)
 
 static json_t *counters_json(const jlm_pager_array_counters *c)
 {
-    return json_pack("{s:I, s:I, s:I, s:I, s:I, s:I, s:f, s:I, s:I}", "page_ins", (json_int_t)c->page_ins,
+    return json_pack("{s:I, s:I, s:I, s:I, s:I, s:I, s:f, s:f, s:I, s:I}", "page_ins", (json_int_t)c->page_ins,
                      "fills", (json_int_t)c->fills, "evictions", (json_int_t)c->evictions, "hits", (json_int_t)c->hits,
                      "reads", (json_int_t)c->reads, "bytes_read", (json_int_t)c->bytes_read,
-                     "read_wait_s", (double)c->read_ns * 1e-9, "resident_pages", (json_int_t)c->resident_pages,
+                     "read_wait_s", (double)c->read_ns * 1e-9, "prefetch_wait_s", (double)c->pf_wait_ns * 1e-9,
+                     "resident_pages", (json_int_t)c->resident_pages,
                      "resident_bytes", (json_int_t)c->resident_bytes);
 }
 
