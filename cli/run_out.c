@@ -135,9 +135,9 @@ static void stats_arrays(const run *r, const jlm_pager_counters *pc)
         jlm_engine_predict ps;
         jlm_engine_predict_stats(r->s->e, &ps);
         if (ps.predicted)
-            fprintf(stderr, "predict: predicted %llu, hits %llu, read %llu, used %llu, wasted bytes %llu\n",
+            fprintf(stderr, "predict: predicted %llu, hits %llu, read %llu, used %llu, wasted bytes %llu, held %llu\n",
                     (unsigned long long)ps.predicted, (unsigned long long)ps.hits, (unsigned long long)ps.reads,
-                    (unsigned long long)ps.used, (unsigned long long)ps.wasted_bytes);
+                    (unsigned long long)ps.used, (unsigned long long)ps.wasted_bytes, (unsigned long long)ps.held);
     }
 }
 

@@ -900,6 +900,50 @@ Test(moe, gives_the_same_ids_under_either_expert_policy_at_a_small_budget, .time
     }
 }
 
+/* The read ahead of predicted experts stops while its candidates are not
+ * routed to: on these random-router models few are, so at a budget holding
+ * the blocks and a third of the experts most candidates are held back
+ * (counted in held) and the reads wasted stay within the ones used plus the
+ * few the gate lets through while it learns (without the gate: every
+ * candidate read, most of them wasted). The ids are the unlimited run's. */
+Test(moe, reads_predicted_experts_ahead_only_while_they_are_routed_to, .timeout = 60)
+{
+    const char *names[] = {"synth-qwen3moe-256.Q8_0", "synth-olmoe-256.Q4_K_M"};
+    for (size_t k = 0; k < 2; k++) {
+        char *dir = tu_tmpdir();
+        char *path = convert_model(names[k], dir);
+        int32_t prompt[] = {1, 403, 407, 261, 378};
+        enum { NG = 32 };
+        int32_t ref[NG], got[NG];
+        jlm_err err = {0};
+        jlm_engine *e = open_engine_xp(path, 0, NULL, &err);
+        cr_assert(e, "%s", err.msg);
+        greedy(e, prompt, 5, NG, ref, NULL);
+        jlm_pager_counters pc;
+        jlm_pager_stats(jlm_engine_pager(e), &pc);
+        jlm_engine_mem mi;
+        jlm_engine_mem_info(e, &mi);
+        uint64_t budget = mi.kv + mi.scratch + mi.dense + pc.a[JLM_PAGER_TEXT].resident_bytes +
+                          pc.a[JLM_PAGER_EXPERTS].resident_bytes / 3;
+        jlm_engine_close(e);
+        e = open_engine_xp(path, budget, NULL, &err);
+        cr_assert(e, "%s", err.msg);
+        greedy(e, prompt, 5, NG, got, NULL);
+        for (int i = 0; i < NG; i++)
+            cr_assert_eq(got[i], ref[i], "%s: id %d is %d, unlimited gives %d", names[k], i, got[i], ref[i]);
+        jlm_engine_predict ps;
+        jlm_engine_predict_stats(e, &ps);
+        cr_assert(ps.predicted > 0 && ps.held > 0, "%s: predicted %llu, held %llu", names[k],
+                  (unsigned long long)ps.predicted, (unsigned long long)ps.held);
+        cr_assert(ps.reads - ps.used <= ps.used + 3, "%s: %llu predicted experts read ahead, %llu of them used, %llu held",
+                  names[k], (unsigned long long)ps.reads, (unsigned long long)ps.used, (unsigned long long)ps.held);
+        jlm_engine_close(e);
+        free(path);
+        tu_rmrf(dir);
+        free(dir);
+    }
+}
+
 /* Unlimited (budget 0) and at the minimum budget (1: one block frame plus
  * the routed experts' frames): one cold token reads exactly its routed
  * (block, expert) pages; dense blocks (glm4moe's leading one) read none, and
