@@ -858,33 +858,49 @@ static jlm_engine *open_engine_xp(const char *path, uint64_t budget, const char 
     return jlm_engine_open(path, &o, &e, err) ? NULL : e;
 }
 
+static const int32_t moe_prompt[] = {1, 403, 407, 261, 378};
+
+/* The unlimited run's ids (n_gen after moe_prompt into ref) and a budget
+ * that holds the blocks and a third of the experts that run paged in;
+ * *policy (if not NULL): the unlimited engine's expert policy. */
+static uint64_t third_of_the_experts(const char *path, int n_gen, int32_t *ref, int *policy)
+{
+    jlm_err err = {0};
+    jlm_engine *e = open_engine_xp(path, 0, NULL, &err);
+    cr_assert(e, "%s", err.msg);
+    if (policy)
+        *policy = jlm_pager_expert_policy(jlm_engine_pager(e));
+    greedy(e, moe_prompt, 5, n_gen, ref, NULL);
+    jlm_pager_counters pc;
+    jlm_pager_stats(jlm_engine_pager(e), &pc);
+    jlm_engine_mem mi;
+    jlm_engine_mem_info(e, &mi);
+    uint64_t budget = mi.kv + mi.scratch + mi.dense + pc.a[JLM_PAGER_TEXT].resident_bytes +
+                      pc.a[JLM_PAGER_EXPERTS].resident_bytes / 3;
+    jlm_engine_close(e);
+    return budget;
+}
+
 Test(moe, gives_the_same_ids_under_either_expert_policy_at_a_small_budget, .timeout = 60)
 {
     const char *names[] = {"synth-qwen3moe-256.Q8_0", "synth-llama-moe-256.Q4_K_M"};
     for (size_t k = 0; k < 2; k++) {
         char *dir = tu_tmpdir();
         char *path = convert_model(names[k], dir);
-        int32_t prompt[] = {1, 403, 407, 261, 378};
         enum { NG = 16 };
         int32_t ref[NG], got[NG];
+        int policy = -1;
+        uint64_t budget = third_of_the_experts(path, NG, ref, &policy);
+        cr_assert_eq(policy, JLM_XP_DEFAULT);
         jlm_err err = {0};
-        jlm_engine *e = open_engine_xp(path, 0, NULL, &err);
-        cr_assert(e, "%s", err.msg);
-        cr_assert_eq(jlm_pager_expert_policy(jlm_engine_pager(e)), JLM_XP_DEFAULT);
-        greedy(e, prompt, 5, NG, ref, NULL);
+        jlm_engine *e;
         jlm_pager_counters pc;
-        jlm_pager_stats(jlm_engine_pager(e), &pc);
-        jlm_engine_mem mi;
-        jlm_engine_mem_info(e, &mi);
-        uint64_t budget = mi.kv + mi.scratch + mi.dense + pc.a[JLM_PAGER_TEXT].resident_bytes +
-                          pc.a[JLM_PAGER_EXPERTS].resident_bytes / 3;
-        jlm_engine_close(e);
         const char *pol[2] = {"lru", "lfu"};
         for (int p = 0; p < 2; p++) {
             e = open_engine_xp(path, budget, pol[p], &err);
             cr_assert(e, "%s", err.msg);
             cr_assert_eq(jlm_pager_expert_policy(jlm_engine_pager(e)), p ? JLM_XP_LFU : JLM_XP_LRU);
-            greedy(e, prompt, 5, NG, got, NULL);
+            greedy(e, moe_prompt, 5, NG, got, NULL);
             for (int i = 0; i < NG; i++)
                 cr_assert_eq(got[i], ref[i], "%s, %s: id %d is %d, unlimited gives %d", names[k], pol[p], i, got[i], ref[i]);
             jlm_pager_stats(jlm_engine_pager(e), &pc);
@@ -912,23 +928,13 @@ Test(moe, reads_predicted_experts_ahead_only_while_they_are_routed_to, .timeout 
     for (size_t k = 0; k < 2; k++) {
         char *dir = tu_tmpdir();
         char *path = convert_model(names[k], dir);
-        int32_t prompt[] = {1, 403, 407, 261, 378};
         enum { NG = 32 };
         int32_t ref[NG], got[NG];
+        uint64_t budget = third_of_the_experts(path, NG, ref, NULL);
         jlm_err err = {0};
-        jlm_engine *e = open_engine_xp(path, 0, NULL, &err);
+        jlm_engine *e = open_engine_xp(path, budget, NULL, &err);
         cr_assert(e, "%s", err.msg);
-        greedy(e, prompt, 5, NG, ref, NULL);
-        jlm_pager_counters pc;
-        jlm_pager_stats(jlm_engine_pager(e), &pc);
-        jlm_engine_mem mi;
-        jlm_engine_mem_info(e, &mi);
-        uint64_t budget = mi.kv + mi.scratch + mi.dense + pc.a[JLM_PAGER_TEXT].resident_bytes +
-                          pc.a[JLM_PAGER_EXPERTS].resident_bytes / 3;
-        jlm_engine_close(e);
-        e = open_engine_xp(path, budget, NULL, &err);
-        cr_assert(e, "%s", err.msg);
-        greedy(e, prompt, 5, NG, got, NULL);
+        greedy(e, moe_prompt, 5, NG, got, NULL);
         for (int i = 0; i < NG; i++)
             cr_assert_eq(got[i], ref[i], "%s: id %d is %d, unlimited gives %d", names[k], i, got[i], ref[i]);
         jlm_engine_predict ps;
