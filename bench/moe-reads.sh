@@ -19,10 +19,9 @@
 #   off       --read-depth 1 --no-predict --no-warm   (missing experts one at a time)
 #   parallel  --no-predict                            (a block's experts at once)
 #   on        (the defaults: parallel reads and the next block's predicted experts)
-# Where a token's time goes: blocked = the engine thread's time waiting on
-# reads (its own reads and the reader threads' it needed: read_wait_s +
-# prefetch_wait_s of --json, the prompt's included) over the tokens; compute
-# = the rest of a decoded token's time (0 if the prompt's waits exceed it);
+# Where a decoded token's time goes: blocked = the engine thread's time
+# waiting on reads (its own reads and the reader threads' it needed:
+# timings.decode_wait_s of --json); compute = the rest of the token's time;
 # read MB/s = bytes read over the run's prefill + decode time (the bandwidth
 # the run got from the disk, against the O_DIRECT bandwidth bench_qd gets).
 set -euo pipefail
@@ -58,7 +57,7 @@ base=${BASE:-}
 [ -z "$base" ] || [ -x "$base" ] || { echo "moe-reads.sh: BASE=$base: not an executable" >&2; exit 1; }
 # one NAME BIN BUDGET FLAGS...: a run -> a line "NAME tok/s MB/token ids
 # blocked-ms/token compute-ms/token read-MB/s" in dir/runs (blocked: -1
-# where the binary's --json has no prefetch_wait_s)
+# where the binary's --json has no decode_wait_s)
 one() {
     local name=$1 bin=$2 b=$3
     shift 3
@@ -66,10 +65,11 @@ one() {
         { echo "moe-reads.sh: $name: $(tail -1 "$dir/err")" >&2; exit 1; }
     jq -r --arg n "$name" --argjson t "$tokens" '
         ([.pager.arrays[].bytes_read] | add) as $b
-        | (if .pager.prefetch_wait_s == null then -1 else .pager.read_wait_s + .pager.prefetch_wait_s end) as $w
-        | (.timings.decode_s / (.timings.decode_tokens - 1) * 1000) as $tok
+        | (.timings.decode_tokens - 1) as $d
+        | (if .timings.decode_wait_s == null then -1 else .timings.decode_wait_s / $d * 1000 end) as $w
+        | (.timings.decode_s / $d * 1000) as $tok
         | "\($n) \(.timings.decode_tps) \($b / $t / 1e6) \(.ids | map(tostring) | join(","))"
-          + " \(if $w < 0 then -1 else $w / $t * 1000 end) \(if $w < 0 then -1 else [$tok - $w / $t * 1000, 0] | max end)"
+          + " \($w) \(if $w < 0 then -1 else $tok - $w end)"
           + " \($b / (.timings.prefill_s + .timings.decode_s) / 1e6)"' \
         "$dir/o.json" >> "$dir/runs"
 }

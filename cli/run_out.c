@@ -33,6 +33,15 @@ static void pager_totals(const jlm_pager_counters *pc, jlm_pager_array_counters 
     }
 }
 
+uint64_t jlm_cli_run_wait_ns(const run *r)
+{
+    jlm_pager_counters pc;
+    jlm_pager_stats(jlm_engine_pager(r->s->e), &pc);
+    jlm_pager_array_counters t;
+    pager_totals(&pc, &t);
+    return t.read_ns + t.pf_wait_ns;
+}
+
 static json_t *ids_json(const int32_t *v, size_t n)
 {
     json_t *a = json_array();
@@ -77,12 +86,14 @@ static int print_run_json(const run *r, const char *text, size_t text_len)
     double tp = r->t1 - r->t0, td = r->t2 - r->t1;
     size_t np = r->np, ng = r->ng;
     int eog = ng && r->s->tok && jlm_tok_is_eog(r->s->tok, r->gen[ng - 1]);
-    json_t *root = json_pack("{s:s, s:s, s:o, s:o, s:s, s:I, s:{s:I, s:f, s:f, s:I, s:f, s:f}, s:o}",
+    uint64_t w = jlm_cli_run_wait_ns(r);
+    json_t *root = json_pack("{s:s, s:s, s:o, s:o, s:s, s:I, s:{s:I, s:f, s:f, s:I, s:f, s:f, s:f}, s:o}",
         "model", r->given, "text", fixed, "prompt_ids", ids_json(r->prompt, np), "ids", ids_json(r->gen, ng),
         "stop", eog ? "eog" : "length", "seed", (json_int_t)r->o.samp.seed,
         "timings", "prefill_tokens", (json_int_t)np, "prefill_s", tp,
         "prefill_tps", tp > 0 ? np / tp : 0.0, "decode_tokens", (json_int_t)ng, "decode_s", td,
-        "decode_tps", ng > 1 && td > 0 ? (ng - 1) / td : 0.0, "pager", pager_json(r->s->e));
+        "decode_tps", ng > 1 && td > 0 ? (ng - 1) / td : 0.0,
+        "decode_wait_s", (double)(w > r->wait1_ns ? w - r->wait1_ns : 0) * 1e-9, "pager", pager_json(r->s->e));
     free(fixed);
     char *s = root ? json_dumps(root, JSON_PRESERVE_ORDER | JSON_COMPACT) : NULL;
     json_decref(root);
