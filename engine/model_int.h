@@ -149,6 +149,7 @@ struct jlm_engine {
     int32_t         *pred_sel;
     uint32_t         pred_first;
     double           pred_cand, pred_paid;   /* the read-ahead's gate: decaying counts of candidates, and of those routed */
+    uint32_t         pred_tick;   /* jlm_stream_predict_now's calls while the gate is shut */
     uint64_t         warm_at;
     jlm_engine_predict pst;
     /* profiling (model.h): prof on; prof_in: a class is being timed (nested

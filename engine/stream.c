@@ -171,6 +171,16 @@ static int expert_whole(const jlm_engine *e, uint32_t pg)
  * 32 candidates, a few tokens' worth). */
 #define PRED_DECAY (31.0 / 32.0)
 
+/* While the gate is shut, the predictions made (one call in PRED_SAMPLE). */
+#define PRED_SAMPLE 8u
+
+static int gate_open(const jlm_engine *e) { return 2 * e->pred_paid >= e->pred_cand; }
+
+int jlm_stream_predict_now(jlm_engine *e)
+{
+    return gate_open(e) || e->pred_tick++ % PRED_SAMPLE == 0;
+}
+
 /* The prediction for the bank at `first` (jlm_stream_predict) meets the
  * experts routed there (sel[0..n); none: n 0, a prediction replaced). */
 static void predict_met(jlm_engine *e, uint32_t first, const int32_t *sel, uint32_t n)
@@ -206,7 +216,7 @@ void jlm_stream_predict(jlm_engine *e, uint32_t first, const int32_t *sel)
 {
     predict_met(e, e->pred_first, NULL, 0);   /* one no block met: all its reads wasted */
     uint32_t nu = e->c->n_expert_used;
-    int open = 2 * e->pred_paid >= e->pred_cand;
+    int open = gate_open(e);
     e->pred_first = first;
     for (uint32_t i = 0; i < nu; i++) {
         uint32_t pg = first + (uint32_t)sel[i];
