@@ -240,6 +240,7 @@ static int prefill(run *r)
     int rc = r->o.image ? jlm_session_eval_image(r->s, r->o.image, r->o.prompt, &r->prompt, &r->np, &err)
                         : jlm_session_eval(r->s, r->prompt, r->np, &err);
     r->t1 = now();
+    r->wait1_ns = jlm_cli_run_wait_ns(r);
     if (rc)
         return jlm_cli_error("jlm run", err.msg), 1;
     /* -1: as many as the positions left; N past them: those and the token

@@ -43,6 +43,7 @@ typedef struct run {
     size_t       n_tail;
     int          ctx_cut;      /* -n went past the context: stopped there */
     double       t0, t1, t2;   /* prefill start, decode start, end */
+    uint64_t     wait1_ns;     /* the pager's read waits at t1 (jlm_cli_run_wait_ns) */
     jlm_cli_gram gram;         /* --grammar / --json-schema; zeroed: none */
     jlm_cli_out  trace;        /* --trace-routing's file while the engine writes it (trace.f NULL: none) */
 } run;
@@ -55,6 +56,9 @@ void jlm_cli_gram_free(jlm_cli_gram *c);   /* a zeroed one is fine */
 
 /* --print-ids or --json on stdout; 0 or 1 after a line. */
 int  jlm_cli_run_print(run *r);
+/* The engine thread's time blocked on reads so far, every array: its own
+ * reads and its waits for the reader threads' (read_ns + pf_wait_ns). */
+uint64_t jlm_cli_run_wait_ns(const run *r);
 /* --stats' lines on stderr. */
 void jlm_cli_run_stats(const run *r);
 

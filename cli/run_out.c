@@ -28,9 +28,18 @@ static void pager_totals(const jlm_pager_counters *pc, jlm_pager_array_counters 
     for (uint32_t a = 0; a < pc->n_arrays; a++) {
         t->page_ins += pc->a[a].page_ins; t->fills += pc->a[a].fills; t->evictions += pc->a[a].evictions;
         t->hits += pc->a[a].hits; t->reads += pc->a[a].reads; t->bytes_read += pc->a[a].bytes_read;
-        t->read_ns += pc->a[a].read_ns; t->resident_pages += pc->a[a].resident_pages;
+        t->read_ns += pc->a[a].read_ns; t->pf_wait_ns += pc->a[a].pf_wait_ns; t->resident_pages += pc->a[a].resident_pages;
         t->resident_bytes += pc->a[a].resident_bytes;
     }
+}
+
+uint64_t jlm_cli_run_wait_ns(const run *r)
+{
+    jlm_pager_counters pc;
+    jlm_pager_stats(jlm_engine_pager(r->s->e), &pc);
+    jlm_pager_array_counters t;
+    pager_totals(&pc, &t);
+    return t.read_ns + t.pf_wait_ns;
 }
 
 static json_t *ids_json(const int32_t *v, size_t n)
@@ -43,10 +52,11 @@ static json_t *ids_json(const int32_t *v, size_t n)
 
 static json_t *counters_json(const jlm_pager_array_counters *c)
 {
-    return json_pack("{s:I, s:I, s:I, s:I, s:I, s:I, s:f, s:I, s:I}", "page_ins", (json_int_t)c->page_ins,
+    return json_pack("{s:I, s:I, s:I, s:I, s:I, s:I, s:f, s:f, s:I, s:I}", "page_ins", (json_int_t)c->page_ins,
                      "fills", (json_int_t)c->fills, "evictions", (json_int_t)c->evictions, "hits", (json_int_t)c->hits,
                      "reads", (json_int_t)c->reads, "bytes_read", (json_int_t)c->bytes_read,
-                     "read_wait_s", (double)c->read_ns * 1e-9, "resident_pages", (json_int_t)c->resident_pages,
+                     "read_wait_s", (double)c->read_ns * 1e-9, "prefetch_wait_s", (double)c->pf_wait_ns * 1e-9,
+                     "resident_pages", (json_int_t)c->resident_pages,
                      "resident_bytes", (json_int_t)c->resident_bytes);
 }
 
@@ -76,12 +86,14 @@ static int print_run_json(const run *r, const char *text, size_t text_len)
     double tp = r->t1 - r->t0, td = r->t2 - r->t1;
     size_t np = r->np, ng = r->ng;
     int eog = ng && r->s->tok && jlm_tok_is_eog(r->s->tok, r->gen[ng - 1]);
-    json_t *root = json_pack("{s:s, s:s, s:o, s:o, s:s, s:I, s:{s:I, s:f, s:f, s:I, s:f, s:f}, s:o}",
+    uint64_t w = jlm_cli_run_wait_ns(r);
+    json_t *root = json_pack("{s:s, s:s, s:o, s:o, s:s, s:I, s:{s:I, s:f, s:f, s:I, s:f, s:f, s:f}, s:o}",
         "model", r->given, "text", fixed, "prompt_ids", ids_json(r->prompt, np), "ids", ids_json(r->gen, ng),
         "stop", eog ? "eog" : "length", "seed", (json_int_t)r->o.samp.seed,
         "timings", "prefill_tokens", (json_int_t)np, "prefill_s", tp,
         "prefill_tps", tp > 0 ? np / tp : 0.0, "decode_tokens", (json_int_t)ng, "decode_s", td,
-        "decode_tps", ng > 1 && td > 0 ? (ng - 1) / td : 0.0, "pager", pager_json(r->s->e));
+        "decode_tps", ng > 1 && td > 0 ? (ng - 1) / td : 0.0,
+        "decode_wait_s", (double)(w > r->wait1_ns ? w - r->wait1_ns : 0) * 1e-9, "pager", pager_json(r->s->e));
     free(fixed);
     char *s = root ? json_dumps(root, JSON_PRESERVE_ORDER | JSON_COMPACT) : NULL;
     json_decref(root);
@@ -134,9 +146,9 @@ static void stats_arrays(const run *r, const jlm_pager_counters *pc)
         jlm_engine_predict ps;
         jlm_engine_predict_stats(r->s->e, &ps);
         if (ps.predicted)
-            fprintf(stderr, "predict: predicted %llu, hits %llu, read %llu, used %llu, wasted bytes %llu\n",
+            fprintf(stderr, "predict: predicted %llu, hits %llu, read %llu, used %llu, wasted bytes %llu, held %llu\n",
                     (unsigned long long)ps.predicted, (unsigned long long)ps.hits, (unsigned long long)ps.reads,
-                    (unsigned long long)ps.used, (unsigned long long)ps.wasted_bytes);
+                    (unsigned long long)ps.used, (unsigned long long)ps.wasted_bytes, (unsigned long long)ps.held);
     }
 }
 

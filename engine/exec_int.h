@@ -199,6 +199,10 @@ void jlm_stream_expert_next(jlm_engine *e, uint32_t page);
  * the bank whose expert 0 is page `first`): read ahead now; counted when
  * that bank's experts are next acquired (jlm_engine_predict_stats). */
 void jlm_stream_predict(jlm_engine *e, uint32_t first, const int32_t *sel);
+/* Whether to predict now: always while the read-ahead gate is open; while it
+ * is shut, one call in PRED_SAMPLE (the router's matmul and the counts that
+ * may open the gate again, without a dispatch per block every token). */
+int  jlm_stream_predict_now(jlm_engine *e);
 /* After the layers: the output matrix's device, and (failed: rc) any device
  * prefetch let go. */
 void jlm_stream_finish(jlm_engine *e, int rc);

@@ -103,7 +103,7 @@ static void predict_next(jlm_engine *e, const jlm_op *op, uint32_t l, const floa
     uint32_t nl = l + 1, ne = c->n_expert, nu = c->n_expert_used;
     while (nl < c->n_layer && !W(e, nl, JLM_R_ROUTER))   /* dense blocks between (Llama 4) */
         nl++;
-    if (!e->predict || e->dev_here || nl >= c->n_layer || !e->pred_ok[nl])
+    if (!e->predict || e->dev_here || nl >= c->n_layer || !e->pred_ok[nl] || !jlm_stream_predict_now(e))
         return;
     const jlm_tensor *t = W(e, nl, JLM_R_ROUTER), *tg = W(e, nl, JLM_R_EXP_GATE);
     jlm_k_mat wr = mat_at(t, e->pred_buf + (uint64_t)nl * e->rbytes, t->qs_off, 0);

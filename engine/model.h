@@ -294,9 +294,11 @@ void jlm_engine_mem_info(const jlm_engine *e, jlm_engine_mem *out);   /* cannot 
  * while this block computes. predicted: experts predicted; hits: of those,
  * the ones the block then routed to; reads: predicted experts read ahead
  * (not resident); used: of those, routed to; wasted_bytes: bytes read ahead
- * for experts the block did not route to. Zero when off or not a MoE. */
+ * for experts the block did not route to; held: predicted experts not
+ * resident and not read, because too few of the recent ones were routed to
+ * (docs/pager.md, Reading ahead). Zero when off or not a MoE. */
 typedef struct jlm_engine_predict {
-    uint64_t predicted, hits, reads, used, wasted_bytes;
+    uint64_t predicted, hits, reads, used, wasted_bytes, held;
 } jlm_engine_predict;
 void jlm_engine_predict_stats(const jlm_engine *e, jlm_engine_predict *out);   /* cannot fail */
 /* Pages read at once when nothing else is said (jlm_engine_opts.read_depth):

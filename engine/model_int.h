@@ -136,7 +136,8 @@ struct jlm_engine {
      * (n_layer, rbytes) copies of the routers, float ones, taken as blocks
      * run; pred_ok (n_layer,) which are taken); the last prediction not yet
      * met by its block (pred_first: its bank, NO_PF none; pred_sel, and
-     * pred_read: which of them a read was started for); warm: the budget
+     * pred_read: 1 a read was started for it, 2 one would have been but the
+     * gate was shut, 0 neither); warm: the budget
      * holds every page, the rest read in file order in the background
      * (warm_at: the next page, over the text pages then the experts) */
     uint32_t         rd_depth;
@@ -147,6 +148,8 @@ struct jlm_engine {
     uint8_t         *pred_ok, *pred_read;
     int32_t         *pred_sel;
     uint32_t         pred_first;
+    double           pred_cand, pred_paid;   /* the read-ahead's gate: decaying counts of candidates, and of those routed */
+    uint32_t         pred_tick;   /* jlm_stream_predict_now's calls while the gate is shut */
     uint64_t         warm_at;
     jlm_engine_predict pst;
     /* profiling (model.h): prof on; prof_in: a class is being timed (nested

@@ -87,6 +87,8 @@ void jlm_stream_open(jlm_engine *e, const jlm_engine_opts *o)
     e->rd_depth = o->no_prefetch ? 1 : o->read_depth ? o->read_depth : JLM_ENGINE_READ_DEPTH;
     jlm_pager_set_prefetch_depth(e->pager, e->rd_depth);
     e->pred_first = NO_PF;
+    e->pred_cand = 2.0;   /* open at first: one of two paid */
+    e->pred_paid = 1.0;
     uint64_t all = 0;
     const uint32_t arrays[2] = {JLM_PAGER_TEXT, JLM_PAGER_EXPERTS};
     for (int i = 0; i < 2; i++)
@@ -165,6 +167,20 @@ static int expert_whole(const jlm_engine *e, uint32_t pg)
     return jlm_pager_filled(e->pager, JLM_PAGER_EXPERTS, pg) >= jlm_pager_extent(e->pager, JLM_PAGER_EXPERTS, pg);
 }
 
+/* The read-ahead's gate: its counts' decay a candidate (a window of about
+ * 32 candidates, a few tokens' worth). */
+#define PRED_DECAY (31.0 / 32.0)
+
+/* While the gate is shut, the predictions made (one call in PRED_SAMPLE). */
+#define PRED_SAMPLE 8u
+
+static int gate_open(const jlm_engine *e) { return 2 * e->pred_paid >= e->pred_cand; }
+
+int jlm_stream_predict_now(jlm_engine *e)
+{
+    return gate_open(e) || e->pred_tick++ % PRED_SAMPLE == 0;
+}
+
 /* The prediction for the bank at `first` (jlm_stream_predict) meets the
  * experts routed there (sel[0..n); none: n 0, a prediction replaced). */
 static void predict_met(jlm_engine *e, uint32_t first, const int32_t *sel, uint32_t n)
@@ -176,9 +192,13 @@ static void predict_met(jlm_engine *e, uint32_t first, const int32_t *sel, uint3
         for (uint32_t s = 0; s < n && !routed; s++)
             routed = sel[s] == e->pred_sel[i];
         e->pst.hits += (uint64_t)routed;
-        if (e->pred_read[i] && routed)
+        if (e->pred_read[i]) {   /* a candidate for a read ahead, read or not: the gate learns */
+            e->pred_cand = e->pred_cand * PRED_DECAY + 1.0;
+            e->pred_paid = e->pred_paid * PRED_DECAY + routed;
+        }
+        if (e->pred_read[i] == 1 && routed)
             e->pst.used++;
-        else if (e->pred_read[i])
+        else if (e->pred_read[i] == 1)
             e->pst.wasted_bytes += jlm_pager_extent(e->pager, JLM_PAGER_EXPERTS, first + (uint32_t)e->pred_sel[i]);
     }
     e->pred_first = NO_PF;
@@ -187,16 +207,29 @@ static void predict_met(jlm_engine *e, uint32_t first, const int32_t *sel, uint3
 /* The more likely half of the predicted experts is read (sel is in the
  * order of the predicted router's logits): on moe-1g at a 25% budget the
  * reads of the other half were used 1 time in 3 and read 2x the bytes
- * (docs/bench.md, Expert reads). */
+ * (docs/bench.md, Expert reads). And only while reading ahead pays: a
+ * predicted expert not resident (a candidate) is read when at least half of
+ * the recent candidates, read or not, were routed to (counts decaying by
+ * PRED_DECAY a candidate; the first ones are read). A wasted read costs its
+ * bytes and the expert it evicted; a used one only moved a read earlier. */
 void jlm_stream_predict(jlm_engine *e, uint32_t first, const int32_t *sel)
 {
     predict_met(e, e->pred_first, NULL, 0);   /* one no block met: all its reads wasted */
     uint32_t nu = e->c->n_expert_used;
+    int open = gate_open(e);
     e->pred_first = first;
     for (uint32_t i = 0; i < nu; i++) {
+        uint32_t pg = first + (uint32_t)sel[i];
         e->pred_sel[i] = sel[i];
-        e->pred_read[i] = i < (nu + 1) / 2 && jlm_pager_prefetch(e->pager, JLM_PAGER_EXPERTS, first + (uint32_t)sel[i]) > 0;
-        e->pst.reads += e->pred_read[i];
+        e->pred_read[i] = 0;
+        if (i >= (nu + 1) / 2 || expert_whole(e, pg))
+            continue;
+        if (!open)
+            e->pred_read[i] = 2;
+        else if (jlm_pager_prefetch(e->pager, JLM_PAGER_EXPERTS, pg) > 0)
+            e->pred_read[i] = 1;
+        e->pst.reads += e->pred_read[i] == 1;
+        e->pst.held += e->pred_read[i] == 2;
     }
     e->pst.predicted += nu;
 }

@@ -18,7 +18,16 @@
 #define SUMS_ALGO_XXH3_64 1u
 #define SUMS_MAX_SPANS    (1u << 30)
 
-uint64_t jlm_sums_hash(const void *p, size_t n) { return XXH3_64bits(p, n); }
+uint64_t jlm_sums_hash_base(const void *p, size_t n) { return XXH3_64bits(p, n); }
+
+uint64_t jlm_sums_hash(const void *p, size_t n)
+{
+#if defined(__x86_64__) || defined(__i386__)
+    if (__builtin_cpu_supports("avx2"))
+        return jlm_sums_hash_avx2(p, n);
+#endif
+    return XXH3_64bits(p, n);
+}
 
 static void wr32(uint8_t *p, uint32_t v) { for (int i = 0; i < 4; i++) p[i] = (uint8_t)(v >> (8 * i)); }
 static void wr64(uint8_t *p, uint64_t v) { for (int i = 0; i < 8; i++) p[i] = (uint8_t)(v >> (8 * i)); }

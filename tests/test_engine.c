@@ -860,33 +860,49 @@ static jlm_engine *open_engine_xp(const char *path, uint64_t budget, const char 
     return jlm_engine_open(path, &o, &e, err) ? NULL : e;
 }
 
+static const int32_t moe_prompt[] = {1, 403, 407, 261, 378};
+
+/* The unlimited run's ids (n_gen after moe_prompt into ref) and a budget
+ * that holds the blocks and a third of the experts that run paged in;
+ * *policy (if not NULL): the unlimited engine's expert policy. */
+static uint64_t third_of_the_experts(const char *path, int n_gen, int32_t *ref, int *policy)
+{
+    jlm_err err = {0};
+    jlm_engine *e = open_engine_xp(path, 0, NULL, &err);
+    cr_assert(e, "%s", err.msg);
+    if (policy)
+        *policy = jlm_pager_expert_policy(jlm_engine_pager(e));
+    greedy(e, moe_prompt, 5, n_gen, ref, NULL);
+    jlm_pager_counters pc;
+    jlm_pager_stats(jlm_engine_pager(e), &pc);
+    jlm_engine_mem mi;
+    jlm_engine_mem_info(e, &mi);
+    uint64_t budget = mi.kv + mi.scratch + mi.dense + pc.a[JLM_PAGER_TEXT].resident_bytes +
+                      pc.a[JLM_PAGER_EXPERTS].resident_bytes / 3;
+    jlm_engine_close(e);
+    return budget;
+}
+
 Test(moe, gives_the_same_ids_under_every_expert_policy_at_a_small_budget, .timeout = 60)
 {
     const char *names[] = {"synth-qwen3moe-256.Q8_0", "synth-llama-moe-256.Q4_K_M"};
     for (size_t k = 0; k < 2; k++) {
         char *dir = tu_tmpdir();
         char *path = convert_model(names[k], dir);
-        int32_t prompt[] = {1, 403, 407, 261, 378};
         enum { NG = 16 };
         int32_t ref[NG], got[NG];
+        int policy = -1;
+        uint64_t budget = third_of_the_experts(path, NG, ref, &policy);
+        cr_assert_eq(policy, JLM_XP_DEFAULT);
         jlm_err err = {0};
-        jlm_engine *e = open_engine_xp(path, 0, NULL, &err);
-        cr_assert(e, "%s", err.msg);
-        cr_assert_eq(jlm_pager_expert_policy(jlm_engine_pager(e)), JLM_XP_DEFAULT);
-        greedy(e, prompt, 5, NG, ref, NULL);
+        jlm_engine *e;
         jlm_pager_counters pc;
-        jlm_pager_stats(jlm_engine_pager(e), &pc);
-        jlm_engine_mem mi;
-        jlm_engine_mem_info(e, &mi);
-        uint64_t budget = mi.kv + mi.scratch + mi.dense + pc.a[JLM_PAGER_TEXT].resident_bytes +
-                          pc.a[JLM_PAGER_EXPERTS].resident_bytes / 3;
-        jlm_engine_close(e);
         const char *pol[3] = {"lru", "lfu", "next"};
         for (int p = 0; p < 3; p++) {
             e = open_engine_xp(path, budget, pol[p], &err);
             cr_assert(e, "%s", err.msg);
             cr_assert_eq(jlm_pager_expert_policy(jlm_engine_pager(e)), jlm_xp_parse(pol[p]));
-            greedy(e, prompt, 5, NG, got, NULL);
+            greedy(e, moe_prompt, 5, NG, got, NULL);
             for (int i = 0; i < NG; i++)
                 cr_assert_eq(got[i], ref[i], "%s, %s: id %d is %d, unlimited gives %d", names[k], pol[p], i, got[i], ref[i]);
             jlm_pager_stats(jlm_engine_pager(e), &pc);
@@ -896,6 +912,40 @@ Test(moe, gives_the_same_ids_under_every_expert_policy_at_a_small_budget, .timeo
         }
         cr_assert_null(open_engine_xp(path, budget, "mru", &err));
         cr_assert(strstr(err.msg, "--expert-policy 'mru'") && strstr(err.msg, "lru, lfu or next"), "%s", err.msg);
+        free(path);
+        tu_rmrf(dir);
+        free(dir);
+    }
+}
+
+/* The read ahead of predicted experts stops while its candidates are not
+ * routed to: on these random-router models few are, so at a budget holding
+ * the blocks and a third of the experts most candidates are held back
+ * (counted in held) and the reads wasted stay within the ones used plus the
+ * few the gate lets through while it learns (without the gate: every
+ * candidate read, most of them wasted). The ids are the unlimited run's. */
+Test(moe, reads_predicted_experts_ahead_only_while_they_are_routed_to, .timeout = 60)
+{
+    const char *names[] = {"synth-qwen3moe-256.Q8_0", "synth-olmoe-256.Q4_K_M"};
+    for (size_t k = 0; k < 2; k++) {
+        char *dir = tu_tmpdir();
+        char *path = convert_model(names[k], dir);
+        enum { NG = 32 };
+        int32_t ref[NG], got[NG];
+        uint64_t budget = third_of_the_experts(path, NG, ref, NULL);
+        jlm_err err = {0};
+        jlm_engine *e = open_engine_xp(path, budget, NULL, &err);
+        cr_assert(e, "%s", err.msg);
+        greedy(e, moe_prompt, 5, NG, got, NULL);
+        for (int i = 0; i < NG; i++)
+            cr_assert_eq(got[i], ref[i], "%s: id %d is %d, unlimited gives %d", names[k], i, got[i], ref[i]);
+        jlm_engine_predict ps;
+        jlm_engine_predict_stats(e, &ps);
+        cr_assert(ps.predicted > 0 && ps.held > 0, "%s: predicted %llu, held %llu", names[k],
+                  (unsigned long long)ps.predicted, (unsigned long long)ps.held);
+        cr_assert(ps.reads - ps.used <= ps.used + 3, "%s: %llu predicted experts read ahead, %llu of them used, %llu held",
+                  names[k], (unsigned long long)ps.reads, (unsigned long long)ps.used, (unsigned long long)ps.held);
+        jlm_engine_close(e);
         free(path);
         tu_rmrf(dir);
         free(dir);

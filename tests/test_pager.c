@@ -200,6 +200,52 @@ Test(pager, evicts_the_least_recently_used_expert_before_any_block, .timeout = 1
     rig_close(&r);
 }
 
+/* An expert read that evicts an expert of the same extent takes its frame
+ * over: the same addresses (a hypervisor shadowing the guest's page tables
+ * then charges no first touch per 4 KiB page again: docs/pager.md, Expert
+ * frames), the new page's bytes, the budget and the invariants kept, one
+ * eviction counted and its event sent. A partial get of a taken frame gives
+ * back the rest of it. With the experts pinned the read evicts a block and
+ * maps a frame of its own. */
+Test(pager, an_expert_read_that_evicts_an_expert_takes_over_its_frame, .timeout = 10)
+{
+    rig r;
+    rig_open(&r, 1, 2, NULL);
+    jlm_pager_set_expert_policy(r.p, JLM_XP_LRU, 1);
+    use(&r, 0, 0, PG);
+    const uint8_t *a = get_ok(&r, 1, 0, 0, XPG);
+    jlm_pager_unpin(r.p, 1, 0);
+    const uint8_t *b = get_ok(&r, 1, 1, 0, XPG);
+    jlm_pager_unpin(r.p, 1, 1);
+    const uint8_t *c = get_ok(&r, 1, 2, 0, XPG);   /* evicts expert 0 (LRU) */
+    cr_assert_eq(c, a, "expert 2 at %p, expert 0's frame was %p", (const void *)c, (const void *)a);
+    cr_assert(!jlm_pager_resident(r.p, 1, 0) && jlm_pager_resident(r.p, 0, 0));
+    uint32_t ev[8];
+    cr_assert_eq(evictions(&r, 1, ev, 8), 1);
+    cr_assert_eq(ev[0], 0);
+    jlm_pager_counters st;
+    jlm_pager_stats(r.p, &st);
+    cr_assert_eq(st.a[1].evictions, 1);
+    cr_assert_eq(st.a[1].resident_pages, 2);
+    cr_assert_eq(st.a[1].resident_bytes, 2 * XPG);
+    jlm_pager_unpin(r.p, 1, 2);
+    check(&r);
+    const uint8_t *d = get_ok(&r, 1, 3, 0, 4096);   /* a part: evicts 1 (LRU), keeps one chunk of its frame */
+    cr_assert_eq(d, b, "expert 3 at %p, expert 1's frame was %p", (const void *)d, (const void *)b);
+    jlm_pager_unpin(r.p, 1, 3);
+    check(&r);
+    get_ok(&r, 1, 2, 0, XPG);
+    get_ok(&r, 1, 3, 0, XPG);
+    const uint8_t *e = get_ok(&r, 1, 4, 0, XPG);    /* both experts pinned: the block goes */
+    cr_assert(e != a && e != b);
+    cr_assert(jlm_pager_filled(r.p, 0, 0) < PG, "block 0 keeps %llu bytes", (unsigned long long)jlm_pager_filled(r.p, 0, 0));
+    jlm_pager_unpin(r.p, 1, 2);
+    jlm_pager_unpin(r.p, 1, 3);
+    jlm_pager_unpin(r.p, 1, 4);
+    check(&r);
+    rig_close(&r);
+}
+
 /* Expert 0 gotten three times, then 1 and 2 once: at a budget of three
  * experts, expert 3's read evicts the least recently used (0) under LRU and
  * the lowest count (1; 2 ties with it and is more recent) under LFU with

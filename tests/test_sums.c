@@ -209,3 +209,32 @@ Test(sums, an_edited_sidecar_is_refused)
     free(as);
     free(a);
 }
+
+/* jlm_sums_hash takes XXH3's AVX2 loop where the CPU has it: the value is
+ * the other loop's at every length (XXH3's short-input paths up to 240
+ * bytes, its long loop by stripes and blocks, tails), and XXH3-64's of the
+ * empty input. */
+Test(sums, the_avx2_hash_is_the_same_xxh3_as_the_other_loop_at_every_length)
+{
+    enum { N = (1 << 20) + 4099 };
+    uint8_t *b = malloc(N);
+    cr_assert(b);
+    uint64_t x = 88172645463325252ull;
+    for (size_t i = 0; i < N; i++) {   /* xorshift64: bytes with every value */
+        x ^= x << 13, x ^= x >> 7, x ^= x << 17;
+        b[i] = (uint8_t)(x >> 24);
+    }
+    cr_assert_eq(jlm_sums_hash("", 0), 0x2D06800538D394C2ull, "XXH3-64 of nothing");
+    cr_assert_eq(jlm_sums_hash_base("", 0), 0x2D06800538D394C2ull);
+    size_t lens[] = {1, 3, 4, 8, 9, 16, 17, 128, 129, 240, 241, 1023, 1024, 1025, 4096, 65536 + 7, 208896, N};
+    int avx2 = __builtin_cpu_supports("avx2");
+    for (size_t k = 0; k < sizeof lens / sizeof lens[0]; k++)
+        for (size_t off = 0; off < 3; off++) {   /* aligned and not */
+            size_t n = lens[k] - (lens[k] == N ? off : 0);
+            uint64_t want = jlm_sums_hash_base(b + off, n);
+            cr_assert_eq(jlm_sums_hash(b + off, n), want, "length %zu at offset %zu", n, off);
+            if (avx2)
+                cr_assert_eq(jlm_sums_hash_avx2(b + off, n), want, "AVX2, length %zu at offset %zu", n, off);
+        }
+    free(b);
+}
