@@ -300,6 +300,9 @@ int jlm_opts_engine_rows(jlm_opt *t, unsigned which, jlm_engine_opts *eo, jlm_op
                            "no read ahead of the next MoE block's predicted experts"};
         t[n++] = (jlm_opt){NULL, "--no-warm", JLM_OPT_FLAG, &eo->no_warm, 0, 0, 0, NULL,
                            "no background read of the whole model when the budget holds it"};
+        t[n++] = (jlm_opt){NULL, "--whole-blocks", JLM_OPT_FLAG, &eo->whole_blocks, 0, 0, 0, NULL,
+                           "under a budget, hold a block's whole page while it computes (default: op by op, "
+                           "releasing each op's weights)"};
         t[n++] = (jlm_opt){NULL, "--expert-policy", JLM_OPT_STR, &eo->expert_policy, 0, 0, 0, "lfu|lru",
                            "which cached expert is evicted first: the lowest decaying use count (lfu, default) or "
                            "the least recently used (lru)"};

@@ -375,7 +375,7 @@ static void unmap_frame(jlm_pager *p, ppage *pg)
 /* The chunks [c0, c1) of pg the caller is about to read: evicted chunks at the
  * same offsets are moved there (mremap: the memory changes frames without a
  * page fault or a zeroed page) instead of given back to the kernel. */
-typedef struct dest { ppage *pg; uint64_t c0, c1; } dest;
+typedef struct dest { ppage *pg; uint64_t c0, c1, next; } dest;   /* next: see drop_run */
 
 #ifndef MREMAP_DONTUNMAP
 #define MREMAP_DONTUNMAP 4   /* Linux 5.7; glibc's <sys/mman.h> may predate it */
@@ -396,9 +396,32 @@ static int move_mem(uint8_t *from, uint8_t *to, uint64_t lo, uint64_t hi)
                   to + lo) != MAP_FAILED;
 }
 
+/* With whole-huge-page chunks, each full chunk of v's [lo, hi) moves to the
+ * next missing full chunk of d from d->next on (any offset: the page
+ * advanced through gives up chunks below the ones it reads next), and what
+ * finds none is given back. */
+static void drop_any(jlm_pager *p, ppage *v, uint64_t lo, uint64_t hi, dest *d)
+{
+    const parray *dr = d && d->pg && d->pg->frame && p->thp ? &p->arr[d->pg->array] : NULL;
+    for (uint64_t q = lo; q < hi; q += p->chunk) {
+        uint64_t e = q + p->chunk < hi ? q + p->chunk : hi;
+        while (dr && d->next < d->c1 &&
+               (bit_get(d->pg, d->next) || chunk_hi(p, dr, d->pg, d->next + 1) - chunk_lo(p, d->next) != p->chunk))
+            d->next++;
+        if (dr && e - q == p->chunk && q % p->chunk == 0 && d->next < d->c1 &&
+            mremap(v->frame + q, (size_t)p->chunk, (size_t)p->chunk, MREMAP_MAYMOVE | MREMAP_FIXED | MREMAP_DONTUNMAP,
+                   d->pg->frame + chunk_lo(p, d->next)) != MAP_FAILED) {
+            d->next++;
+            continue;
+        }
+        frame_release(v->frame, q, e);
+    }
+}
+
 /* Drops the memory of v's chunks [ca, cb), just cleared: the part that d
- * wants at the same offsets moves into d's frame, the rest is given back. */
-static void drop_run(jlm_pager *p, ppage *v, uint64_t ca, uint64_t cb, const dest *d)
+ * wants at the same offsets moves into d's frame, the rest to d's other
+ * missing chunks or back to the kernel (drop_any). */
+static void drop_run(jlm_pager *p, ppage *v, uint64_t ca, uint64_t cb, dest *d)
 {
     parray *r = &p->arr[v->array];
     uint64_t lo = chunk_lo(p, ca), hi = chunk_hi(p, r, v, cb);
@@ -422,25 +445,27 @@ static void drop_run(jlm_pager *p, ppage *v, uint64_t ca, uint64_t cb, const des
                     if (!move_mem(v->frame, d->pg->frame, q, e))
                         frame_release(v->frame, q, e);
                 }
-            frame_release(v->frame, lo, mlo);
-            frame_release(v->frame, mhi, hi);
+            drop_any(p, v, lo, mlo, d);
+            drop_any(p, v, mhi, hi, d);
             return;
         }
     }
-    frame_release(v->frame, lo, hi);
+    drop_any(p, v, lo, hi, d);
 }
 
 /* Takes up to k of the highest filled chunks of an unpinned resident page
  * (its tail: the engine fills pages from the front, so a block keeps a
- * prefix). A page left with nothing is evicted (RESIDENT -> ABSENT: EVICT
- * event with the bytes it held); otherwise it stays where it is on its
- * list, a trim. The chunks' memory goes to d where it wants them. */
-static void trim(jlm_pager *p, ppage *pg, uint64_t k, const dest *d)
+ * prefix), or of the released chunks of the advancing page (p->adv: those
+ * below its rel, pinned or not). An unpinned page left with nothing is
+ * evicted (RESIDENT -> ABSENT: EVICT event with the bytes it held);
+ * otherwise it stays where it is (on its list, or pinned), a trim. The
+ * chunks' memory goes to d where it wants them. */
+static void trim(jlm_pager *p, ppage *pg, uint64_t k, dest *d)
 {
     parray *r = &p->arr[pg->array];
-    assert(pg->frame && pg->pins == 0 && pg->n_filled > 0);
+    assert(pg->frame && (pg->pins == 0 || pg == p->adv) && pg->n_filled > 0);
     host_changing(p, pg);
-    uint64_t held0 = pg->held, c = page_chunks(p, r, pg), run_hi = 0, freed = 0;
+    uint64_t held0 = pg->held, c = pg->pins ? pg->rel : page_chunks(p, r, pg), run_hi = 0, freed = 0;
     int in_run = 0;
     while (k && c > 0) {
         c--;
@@ -465,7 +490,7 @@ static void trim(jlm_pager *p, ppage *pg, uint64_t k, const dest *d)
         r->st.pf_unused++;
         pg->pf_fresh = 0;
     }
-    if (pg->n_filled) {
+    if (pg->n_filled || pg->pins) {   /* (a pinned page keeps its frame, empty or not) */
         r->st.trims++;
         return;
     }
@@ -475,12 +500,25 @@ static void trim(jlm_pager *p, ppage *pg, uint64_t k, const dest *d)
     emit(p, JLM_PAGER_EV_EVICT, pg, held0, JLM_TIER_FRAME);
 }
 
+/* The filled chunks of pg below its rel (the released ones of the advancing
+ * page; 0 for any other). */
+static uint64_t released_chunks(const jlm_pager *p, const ppage *pg)
+{
+    uint64_t n = 0;
+    if (pg && pg == p->adv && pg->pins)
+        for (uint64_t c = 0; c < pg->rel; c++)
+            n += (uint64_t)bit_get(pg, c);
+    return n;
+}
+
 /* Invariant (7): the victim and how many chunks to take from it. An
  * unpinned expert, whole (the one the expert policy names: pager_policy.c);
- * else the unpinned block holding the
- * most chunks (ties: the most recently used), down to one chunk below the
- * next fullest (so the blocks level off). `skip` (the page being filled) is
- * never chosen. NULL if every page is pinned. */
+ * else the block holding the most chunks (ties: the most recently used),
+ * down to one chunk below the next fullest (so the blocks level off): an
+ * unpinned one, or the advancing page (p->adv, in use: the most recent),
+ * which gives only its released chunks. `skip` (the page being filled) is
+ * never chosen, unless it is the advancing page (its released chunks make
+ * room for its next ones). NULL if every page is pinned. */
 static ppage *pick_victim(jlm_pager *p, const ppage *skip, uint64_t *k)
 {
     ppage *x = jlm_pgp_expert_victim(p, skip);
@@ -488,8 +526,11 @@ static ppage *pick_victim(jlm_pager *p, const ppage *skip, uint64_t *k)
         *k = x->n_filled;
         return x;
     }
-    ppage *best = NULL;
+    ppage *best = NULL, *adv = p->adv;
     uint32_t second = 0;
+    uint64_t adv_k = released_chunks(p, adv);
+    if (adv_k && p->arr[adv->array].cls == JLM_PAGER_BLOCK)
+        best = adv;
     for (ppage *q = p->lru[JLM_PAGER_BLOCK].head; q; q = q->next) {
         if (q == skip)
             continue;
@@ -503,6 +544,8 @@ static ppage *pick_victim(jlm_pager *p, const ppage *skip, uint64_t *k)
     }
     if (best)
         *k = best->n_filled > second ? best->n_filled - second : 1;
+    if (best && best == adv && *k > adv_k)
+        *k = adv_k;
     return best;
 }
 
@@ -510,7 +553,7 @@ static ppage *pick_victim(jlm_pager *p, const ppage *skip, uint64_t *k)
  * NULL) names the page being filled: never a victim, and the evicted chunks'
  * memory moves into it where it wants them. JLM_ERANGE when only pinned
  * pages remain. */
-static int make_room(jlm_pager *p, uint64_t need, const dest *d, jlm_err *err)
+static int make_room(jlm_pager *p, uint64_t need, dest *d, jlm_err *err)
 {
     if (p->budget == 0)
         return 0;
@@ -733,6 +776,9 @@ static uint64_t room_for(jlm_pager *p, const ppage *pg)
         for (const ppage *q = p->lru[c].head; q; q = q->next)
             if (q != pg)
                 unpinned += q->held;
+    for (uint64_t c = 0; p->adv && p->adv->pins && c < p->adv->rel; c++)   /* the advancing page's released chunks */
+        if (bit_get(p->adv, c))
+            unpinned += chunk_hi(p, &p->arr[p->adv->array], p->adv, c + 1) - chunk_lo(p, c);
     return p->budget - p->resident_bytes + unpinned;
 }
 
@@ -761,14 +807,27 @@ static pfslot *pf_free_slot(jlm_pager *p)
 
 int jlm_pager_prefetch(jlm_pager *p, uint32_t array, uint32_t page)
 {
+    if (array >= p->n_arrays || page >= p->arr[array].n_pages)
+        return 0;
+    return jlm_pager_prefetch_range(p, array, page, 0, p->arr[array].extent[page]);
+}
+
+int jlm_pager_prefetch_range(jlm_pager *p, uint32_t array, uint32_t page, uint64_t off, uint64_t len)
+{
     if (!p->pf_on || array >= p->n_arrays || page >= p->arr[array].n_pages)
         return 0;
     parray *r = &p->arr[array];
     ppage *pg = &r->pages[page];
+    uint64_t ext = r->extent[page];
+    if (off > ext || len > ext - off || !len)
+        return 0;
     pf_collect(p, 0);
-    if (pg->pf_in || pg->pins)
-        return 0;   /* on its way, or in use (then the get has read what it needs) */
-    uint64_t nc = page_chunks(p, r, pg), need = missing_bytes(p, r, pg, 0, nc);
+    /* on its way, or in use (then the get has read what it needs), unless its
+     * one holder advances through it (the range is ahead of what it uses) */
+    if (pg->pf_in || (pg->pins && (pg != p->adv || pg->pins != 1)))
+        return 0;
+    uint64_t c0 = off >> p->chunk_shift, nc = (off + len + p->chunk - 1) >> p->chunk_shift;
+    uint64_t need = missing_bytes(p, r, pg, c0, nc);
     if (!need)
         return 0;   /* resident in full: nothing to read */
     pfslot *s = p->budget && room_for(p, pg) < need ? NULL : pf_free_slot(p);
@@ -778,13 +837,13 @@ int jlm_pager_prefetch(jlm_pager *p, uint32_t array, uint32_t page)
     }
     jlm_err err = {0};
     int was_absent = pg->frame == NULL;
-    dest d = { .pg = pg, .c0 = 0, .c1 = nc };
+    dest d = { .pg = pg, .c0 = c0, .c1 = nc, .next = c0 };
     if (was_absent && map_frame(p, pg, &err)) {
         r->st.pf_skipped++;
         return -1;
     }
     if (make_room(p, need, &d, &err)) {   /* cannot happen: room was checked */
-        for (uint64_t c = 0; c < nc; c++)
+        for (uint64_t c = c0; c < nc; c++)
             if (!bit_get(pg, c))
                 host_changing(p, pg), frame_release(pg->frame, chunk_lo(p, c), chunk_hi(p, r, pg, c + 1));
         if (was_absent)
@@ -792,9 +851,9 @@ int jlm_pager_prefetch(jlm_pager *p, uint32_t array, uint32_t page)
         r->st.pf_skipped++;
         return -1;
     }
-    if (!was_absent)
+    if (!was_absent && !pg->pins)
         list_unlink(class_list(p, pg), pg);
-    pg->pins = 1;                     /* held by the read: FILLING, never a victim */
+    pg->pins++;                       /* held by the read: FILLING, never a victim */
     charge(p, pg, need);
     s->pg = pg;
     pg->pf_in = (uint8_t)(s - p->pf.slot + 1);
@@ -802,7 +861,7 @@ int jlm_pager_prefetch(jlm_pager *p, uint32_t array, uint32_t page)
     r->st.pf_issued++;
     pthread_mutex_lock(&p->pf.mu);
     uint32_t n = 0;
-    for (uint64_t c = 0; c < nc;) {
+    for (uint64_t c = c0; c < nc;) {
         if (bit_get(pg, c)) {
             c++;
             continue;
@@ -826,27 +885,37 @@ int jlm_pager_prefetch(jlm_pager *p, uint32_t array, uint32_t page)
     return 1;
 }
 
-/* ---------------------------------------------------------------- get / unpin */
-int jlm_pager_get(jlm_pager *p, uint32_t array, uint32_t page, uint64_t off, uint64_t len,
-                  const void **ptr, jlm_err *err)
+/* ---------------------------------------------------------------- get / advance / unpin */
+/* Validates [off, off+len) of array/page and turns it into chunks [c0, c1). */
+static int span_chunks(jlm_pager *p, uint32_t array, uint32_t page, uint64_t off, uint64_t len, uint64_t *c0,
+                       uint64_t *c1, jlm_err *err)
 {
     if (array >= p->n_arrays || page >= p->arr[array].n_pages)
         return jlm_errf(err, JLM_EINVAL, "pager: array %u page %u out of range", array, page);
-    parray *r = &p->arr[array];
-    ppage *pg = &r->pages[page];
+    const parray *r = &p->arr[array];
     uint64_t ext = r->extent[page];
     if (off > ext || len > ext - off)
         return jlm_errf(err, JLM_EINVAL, "pager: %s page %u: bytes [%llu, %llu) past the page's extent %llu",
                         r->name, page, (unsigned long long)off, (unsigned long long)(off + len),
                         (unsigned long long)ext);
-    uint64_t c0 = off >> p->chunk_shift;
-    uint64_t c1 = len ? (off + len + p->chunk - 1) >> p->chunk_shift : c0;
+    *c0 = off >> p->chunk_shift;
+    *c1 = len ? (off + len + p->chunk - 1) >> p->chunk_shift : *c0;
+    return 0;
+}
+
+/* Fills chunks [c0, c1) of pg for a get (pin 1: pins it on success) or an
+ * advance (pin 0: its holder's pin is there already): the reads in flight
+ * first (this page's is waited for; with one reader the others too when the
+ * source is needed here: it then serves one thread at a time; a hit on
+ * another page does not wait), then room and the missing chunks' reads.
+ * *got = bytes read. On failure nothing more is pinned and the pager is
+ * consistent (chunks read before the failure stay filled). */
+static int acquire(jlm_pager *p, ppage *pg, uint64_t c0, uint64_t c1, int pin, uint64_t *got, jlm_err *err)
+{
+    parray *r = &p->arr[pg->array];
     int pf_waited = 0;
     uint64_t w;
-    /* the reads in flight: this page's is waited for; with one reader the
-     * others too when the source is needed here (it then serves one thread at
-     * a time); a hit on another page does not wait (experts gotten while a
-     * block computes) */
+    *got = 0;
     pf_collect(p, 0);
     if (pg->pf_in && pf_collect_slot(p, &p->pf.slot[pg->pf_in - 1], 1, &w) > 0 && w) {
         pf_waited = 1;
@@ -865,7 +934,7 @@ int jlm_pager_get(jlm_pager *p, uint32_t array, uint32_t page, uint64_t off, uin
     int rc;
     if (was_absent && (rc = map_frame(p, pg, err)))
         return rc;
-    dest d = { .pg = pg, .c0 = c0, .c1 = c1 };
+    dest d = { .pg = pg, .c0 = c0, .c1 = c1, .next = c0 };
     rc = make_room(p, need, &d, err);
     if (rc == JLM_ERANGE && p->pf.busy) {   /* reads in flight hold pins: room once they are in */
         pf_collect(p, 1);
@@ -879,39 +948,75 @@ int jlm_pager_get(jlm_pager *p, uint32_t array, uint32_t page, uint64_t off, uin
             unmap_frame(p, pg);
         return rc;
     }
-    if (listed)
+    if (listed && pin)
         list_unlink(class_list(p, pg), pg);
     charge(p, pg, need);
-    uint64_t got = 0;
-    rc = fill_chunks(p, pg, c0, c1, &got, err);
+    rc = fill_chunks(p, pg, c0, c1, got, err);
     if (rc) {
-        uncharge(p, pg, need - got);
+        uncharge(p, pg, need - *got);
         if (pg->n_filled == 0 && pg->pins == 0)
             unmap_frame(p, pg);
-        else if (pg->pins == 0)
+        else if (pg->pins == 0 && pin)
             list_push_head(class_list(p, pg), pg);
         if (was_absent && pg->frame) {
             r->st.page_ins++;
-            emit(p, JLM_PAGER_EV_PAGE_IN, pg, got, p->src->tier);
+            emit(p, JLM_PAGER_EV_PAGE_IN, pg, *got, p->src->tier);
         }
         return rc;
     }
-    pg->pins++;
-    jlm_pgp_touch(p, pg);
-    if (got && p->pf_on)
+    if (*got && p->pf_on)
         r->st.pf_misses++;
     if (was_absent) {
         r->st.page_ins++;
-        emit(p, JLM_PAGER_EV_PAGE_IN, pg, got, p->src->tier);
-    } else if (got) {
+        emit(p, JLM_PAGER_EV_PAGE_IN, pg, *got, p->src->tier);
+    } else if (*got) {
         r->st.fills++;
-        emit(p, JLM_PAGER_EV_FILL, pg, got, p->src->tier);
-    } else {
+        emit(p, JLM_PAGER_EV_FILL, pg, *got, p->src->tier);
+    } else if (pin) {
         r->st.hits++;
         emit(p, JLM_PAGER_EV_HIT, pg, 0, JLM_TIER_FRAME);
     }
+    return 0;
+}
+
+int jlm_pager_get(jlm_pager *p, uint32_t array, uint32_t page, uint64_t off, uint64_t len,
+                  const void **ptr, jlm_err *err)
+{
+    uint64_t c0, c1, got;
+    int rc = span_chunks(p, array, page, off, len, &c0, &c1, err);
+    if (rc)
+        return rc;
+    ppage *pg = &p->arr[array].pages[page];
+    if (pg == p->adv) {   /* a second holder: nothing of the page is released any more */
+        pg->rel = 0;
+        p->adv = NULL;
+    }
+    if ((rc = acquire(p, pg, c0, c1, 1, &got, err)))
+        return rc;
+    pg->pins++;
+    jlm_pgp_touch(p, pg);
     *ptr = pg->frame + off;
     return 0;
+}
+
+int jlm_pager_advance(jlm_pager *p, uint32_t array, uint32_t page, uint64_t off, uint64_t len, jlm_err *err)
+{
+    uint64_t c0, c1, got;
+    int rc = span_chunks(p, array, page, off, len, &c0, &c1, err);
+    if (rc)
+        return rc;
+    ppage *pg = &p->arr[array].pages[page];
+    if (!pg->frame || !pg->pins)
+        return jlm_errf(err, JLM_EINVAL, "pager: %s page %u: advanced but not pinned", p->arr[array].name, page);
+    if (pg->pf_in)   /* a read ahead into this page: in before the released chunks change */
+        pf_collect_slot(p, &p->pf.slot[pg->pf_in - 1], 1, NULL);
+    if (pg->pins == 1 && (pg == p->adv || !p->adv || !p->adv->pins)) {
+        if (p->adv && p->adv != pg)
+            p->adv->rel = 0;
+        p->adv = pg;
+        pg->rel = c0;   /* the chunk holding off is still in use */
+    }
+    return acquire(p, pg, c0, c1, 0, &got, err);
 }
 
 void jlm_pager_unpin(jlm_pager *p, uint32_t array, uint32_t page)
@@ -922,6 +1027,10 @@ void jlm_pager_unpin(jlm_pager *p, uint32_t array, uint32_t page)
     if (!pg->frame || pg->pins == 0)
         return;
     if (--pg->pins == 0) {
+        if (pg == p->adv) {
+            pg->rel = 0;
+            p->adv = NULL;
+        }
         if (pg->n_filled == 0)
             unmap_frame(p, pg);   /* a get of no bytes: nothing to keep */
         else

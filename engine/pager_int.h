@@ -24,6 +24,8 @@ typedef struct ppage {
     uint32_t      array, idx;
     int           pf_fresh;   /* read by a prefetch, no get since */
     uint8_t       pf_in;      /* 1 + the slot reading it; 0: none */
+    uint64_t      rel;        /* pinned by one holder that advances (jlm_pager_advance):
+                                 chunks [0, rel) are released, trimmable though pinned; else 0 */
     double        xp_key;     /* expert pages: the decaying count's key (engine/xpolicy.h) */
 } ppage;
 
@@ -94,6 +96,7 @@ struct jlm_pager {
     int         xp;           /* the expert victim policy (enum jlm_xpolicy) */
     double      xp_half;      /* JLM_XP_LFU: expert gets in a count's half-life */
     uint64_t    xp_clock;     /* expert gets so far */
+    ppage      *adv;          /* the pinned page with released chunks (rel > 0), or NULL */
 
     /* prefetch: on, and the reads in flight or uncollected (slots' pg:
      * engine thread only; the reader threads see the rest of pf) */
