@@ -179,7 +179,8 @@ for pct in 90 50 25; do
         [ -n "$b" ] || b=$frames
         per=$(awk -v r="$read_b" -v bl="$blocks" -v p=$passes 'BEGIN { printf "%.0f", (r - bl) / (p - 1) }')
         [ $mode = whole ] && whole_per=$per
-        awk -v per="$per" -v wper="$whole_per" -v bl="$blocks" -v file="$file" -v b="$b" -v fr="$frames" -v n="$nb" \
+        wp=$whole_per; [ $mode = auto ] && wp=0   # (another budget: no ratio)
+        awk -v per="$per" -v wper="$wp" -v bl="$blocks" -v file="$file" -v b="$b" -v fr="$frames" -v n="$nb" \
             -v tps="$tps" -v tps0="$tps0" -v k=$k -v S=$((blocks / nb)) -v pct=$pct -v lim=$limit -v bl_="$blabel" -v peak="$peak" -v oom="$oom" '
             function mb(x) { return sprintf("%.1f MB", x / 1e6) }
             BEGIN {

@@ -124,6 +124,13 @@ static inline uint64_t chunk_hi(const jlm_pager *p, const parray *r, const ppage
     return hi > ext ? ext : hi;
 }
 
+/* ---------------------------------------------------------------- configuration (pager_conf.c) */
+/* Array a of cfg checked (JLM_EINVAL naming it and the bound); its frame
+ * length (the largest extent, >= 4096) in *frame_len. */
+int    jlm_pgc_check_desc(const jlm_pager_config *cfg, uint32_t a, uint64_t *frame_len, jlm_err *err);
+/* p->arr[a]'s records from d (JLM_ENOMEM). */
+int    jlm_pgc_init_array(jlm_pager *p, const jlm_pager_array_desc *d, uint32_t a, uint64_t frame_len, jlm_err *err);
+
 /* ---------------------------------------------------------------- expert policy (pager_policy.c) */
 /* A get of pg (an expert page's decaying count; other classes: nothing). */
 void   jlm_pgp_touch(jlm_pager *p, ppage *pg);
