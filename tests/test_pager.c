@@ -294,26 +294,38 @@ static void cyc_close(cyc *c)
     free(c->data);
 }
 
+/* The bytes the pager has read. */
+static uint64_t cyc_read(cyc *c)
+{
+    jlm_pager_counters st;
+    jlm_pager_stats(c->p, &st);
+    return st.a[0].bytes_read;
+}
+
+/* Page l's step ends: unpinned, the invariants checked before and after. */
+static void cyc_done(cyc *c, uint32_t l)
+{
+    jlm_err err = { 0 };
+    cr_assert_eq(jlm_pager_check(c->p, &err), 0, "%s", err.msg);
+    jlm_pager_unpin(c->p, 0, l);
+    cr_assert_eq(jlm_pager_check(c->p, &err), 0, "%s", err.msg);
+}
+
 /* One cycle; returns the bytes it read (prefetches counted when collected:
  * the prefetch of block 0 issued by the last step lands in the next cycle). */
 static uint64_t cyc_pass(cyc *c, int prefetch, uint32_t pin0)
 {
     jlm_err err = { 0 };
-    jlm_pager_counters st;
-    jlm_pager_stats(c->p, &st);
-    uint64_t before = st.a[0].bytes_read;
+    uint64_t before = cyc_read(c);
     for (uint32_t l = pin0; l < CYC_N; l++) {
         const void *ptr = NULL;
         cr_assert_eq(jlm_pager_get(c->p, 0, l, 0, CYC_PG, &ptr, &err), 0, "%s", err.msg);
         if (prefetch)
             jlm_pager_prefetch(c->p, 0, l + 1 < CYC_N ? l + 1 : pin0);
         check_bytes(ptr, BLK_BASE + (uint64_t)l * CYC_PG, CYC_PG, "scanned block");
-        cr_assert_eq(jlm_pager_check(c->p, &err), 0, "%s", err.msg);
-        jlm_pager_unpin(c->p, 0, l);
-        cr_assert_eq(jlm_pager_check(c->p, &err), 0, "%s", err.msg);
+        cyc_done(c, l);
     }
-    jlm_pager_stats(c->p, &st);
-    return st.a[0].bytes_read - before;
+    return cyc_read(c) - before;
 }
 
 static void cyclic_optimum(int prefetch)
@@ -379,9 +391,7 @@ Test(pager, a_cyclic_scan_with_prefetch_reads_the_optimum_for_two_whole_pages, .
 static uint64_t cyc_pass_ops(cyc *c, int prefetch)
 {
     jlm_err err = { 0 };
-    jlm_pager_counters st;
-    jlm_pager_stats(c->p, &st);
-    uint64_t before = st.a[0].bytes_read;
+    uint64_t before = cyc_read(c);
     for (uint32_t l = 0; l < CYC_N; l++) {
         const void *ptr = NULL;
         cr_assert_eq(jlm_pager_get(c->p, 0, l, 0, CYC_OP, &ptr, &err), 0, "%s", err.msg);
@@ -394,11 +404,9 @@ static uint64_t cyc_pass_ops(cyc *c, int prefetch)
                         "op's bytes");
             cr_assert_eq(jlm_pager_check(c->p, &err), 0, "%s", err.msg);
         }
-        jlm_pager_unpin(c->p, 0, l);
-        cr_assert_eq(jlm_pager_check(c->p, &err), 0, "%s", err.msg);
+        cyc_done(c, l);
     }
-    jlm_pager_stats(c->p, &st);
-    return st.a[0].bytes_read - before;
+    return cyc_read(c) - before;
 }
 
 /* Released op by op, a cyclic scan holds beyond the levels only the op in
