@@ -319,13 +319,20 @@ static void drop_any(jlm_pager *p, ppage *v, uint64_t lo, uint64_t hi, dest *d)
     }
 }
 
-/* Drops the memory of v's chunks [ca, cb), just cleared: the part that d
- * wants at the same offsets moves into d's frame, the rest to d's other
- * missing chunks or back to the kernel (drop_any). */
+/* Drops the memory of v's chunks [ca, cb), just cleared. Whole-huge-page
+ * chunks go to d's missing chunks in order (drop_any: a move at the same
+ * offsets as well would supply a chunk twice, the first supply freed and
+ * the chunk it was meant for faulted in fresh). Smaller chunks: the part
+ * that d wants at the same offsets moves into d's frame, the rest is given
+ * back. */
 static void drop_run(jlm_pager *p, ppage *v, uint64_t ca, uint64_t cb, dest *d)
 {
     parray *r = &p->arr[v->array];
     uint64_t lo = chunk_lo(p, ca), hi = chunk_hi(p, r, v, cb);
+    if (p->thp) {   /* whole huge pages: in order to d's missing chunks (none supplied twice) */
+        drop_any(p, v, lo, hi, d);
+        return;
+    }
     if (d && d->pg && d->pg->frame) {
         const parray *dr = &p->arr[d->pg->array];
         uint64_t x0 = ca > d->c0 ? ca : d->c0, x1 = cb < d->c1 ? cb : d->c1, dc = page_chunks(p, dr, d->pg);
