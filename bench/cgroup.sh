@@ -4,7 +4,10 @@
 # and with no --budget (the automatic budget from the cgroup: must not be
 # OOM-killed). Prints bytes read per token against file - budget and against
 # the pager's optimum, and decode tok/s as a ratio of an unlimited run made in
-# the same invocation.
+# the same invocation, and bytes read per token as a ratio of the same
+# limit's --whole-blocks run (a block's page held whole while it computes:
+# the baseline for tensor-granular release, docs/pager.md), made in the same
+# invocation.
 #
 # With LLAMA_BIN (llama.cpp's build/bin holding llama-completion) a second
 # table runs jlm (--budget = limit - margin) and llama.cpp (`llama-completion
@@ -30,8 +33,9 @@
 # pager got (--budget less KV, scratch and dense). Optimum: a cyclic scan in
 # which the block computed and the block read ahead must be whole reads at least
 # (blocks - frames) * N / (N - 2) a pass, N / (N - 1) with --no-prefetch
-# (docs/pager.md, Partial frames). Each limit runs --budget, --budget with
-# --no-prefetch, and no --budget.
+# (docs/pager.md, Partial frames): the least whole blocks can read; op by op
+# (the default) can read less. Each limit runs --budget --whole-blocks (the
+# baseline), --budget, --budget with --no-prefetch, and no --budget.
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 jlm=${JLM_BIN:-$here/../build}/jlm
@@ -148,14 +152,16 @@ blocks=$(j .pager.arrays[0].bytes_read) nb=$(j .pager.arrays[0].resident_pages) 
 echo "model $model: $file bytes, $nb blocks of $((blocks / nb)) bytes; cgroup v$cgv; $tokens tokens (1 prefill pass +" \
     "$((tokens - 1)) decode passes), -t $threads, -c 256; reads $([ "${JLM_BUFFERED:-0}" = 1 ] && echo "buffered, page cache dropped before each run" || echo "O_DIRECT (no page cache to drop)")"
 printf 'unlimited: decode %.3f tok/s (the baseline)\n\n' "$tps0"
-printf '| limit | --budget | frames | read/token | file - budget | ratio | blocks - frames | optimum | ratio | tok/s | vs unlimited | peak | oom |\n'
-printf '|---|---|---|---|---|---|---|---|---|---|---|---|---|\n'
+printf '| limit | --budget | frames | read/token | file - budget | ratio | vs whole blocks | blocks - frames | whole-block optimum | ratio | tok/s | vs unlimited | peak | oom |\n'
+printf '|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n'
 mb() { awk -v b="$1" 'BEGIN { printf "%.1f MB", b / 1e6 }'; }
 for pct in 90 50 25; do
     limit=$((file * pct / 100))
-    for mode in budget nopf auto; do
+    whole_per=0
+    for mode in whole budget nopf auto; do
         saved=("${flags[@]}")
         case $mode in
+        whole) b=$((limit - margin)); flags+=(--whole-blocks); run "$limit" "$b"; blabel="$(mb "$b") --whole-blocks" ;;
         budget) b=$((limit - margin)); run "$limit" "$b"; blabel=$(mb "$b") ;;
         nopf) b=$((limit - margin)); flags+=(--no-prefetch); run "$limit" "$b"; blabel="$(mb "$b") --no-prefetch" ;;
         auto) b=; run "$limit" -; blabel=auto ;;
@@ -164,29 +170,33 @@ for pct in 90 50 25; do
         k=2; [ $mode = nopf ] && k=1
         rc=$(cat "$dir/rc") peak=$(cat "$dir/peak") oom=$(cat "$dir/oom")
         if [ "$rc" != 0 ]; then
-            printf '| %d%% (%s) | %s | - | - | - | - | - | - | - | - | exit %s | %s | %s |\n' $pct "$(mb $limit)" "$blabel" "$rc" \
+            printf '| %d%% (%s) | %s | - | - | - | - | - | - | - | - | - | exit %s | %s | %s |\n' $pct "$(mb $limit)" "$blabel" "$rc" \
                 "$(mb "$peak")" "$oom"
             continue
         fi
         read_b=$(j .pager.arrays[0].bytes_read) frames=$(j .pager.budget) tps=$(j .timings.decode_tps)
         [ -z "$b" ] && b=$(sed -n 's/^memory: budget \([0-9]*\) .*/\1/p' "$dir/err")   # auto: the budget it took
         [ -n "$b" ] || b=$frames
-        awk -v r="$read_b" -v bl="$blocks" -v p=$passes -v file="$file" -v b="$b" -v fr="$frames" -v n="$nb" \
+        per=$(awk -v r="$read_b" -v bl="$blocks" -v p=$passes 'BEGIN { printf "%.0f", (r - bl) / (p - 1) }')
+        [ $mode = whole ] && whole_per=$per
+        wp=$whole_per; [ $mode = auto ] && wp=0   # (another budget: no ratio)
+        awk -v per="$per" -v wper="$wp" -v bl="$blocks" -v file="$file" -v b="$b" -v fr="$frames" -v n="$nb" \
             -v tps="$tps" -v tps0="$tps0" -v k=$k -v S=$((blocks / nb)) -v pct=$pct -v lim=$limit -v bl_="$blabel" -v peak="$peak" -v oom="$oom" '
             function mb(x) { return sprintf("%.1f MB", x / 1e6) }
             BEGIN {
-                per = (r - bl) / (p - 1); fb = file - b; bf = bl - fr; if (bf < 0) bf = 0
+                fb = file - b; bf = bl - fr; if (bf < 0) bf = 0
                 if (fr < 2 * S) k = 1   # no room to read ahead: prefetch skipped
                 opt = bf * n / (n - k)
-                printf "| %d%% (%s) | %s | %s | %s | %s | %.3f | %s | %s | %.3f | %.3f | %.3f | %s | %s |\n",
-                    pct, mb(lim), bl_, mb(fr), mb(per), mb(fb), (fb > 0 ? per / fb : 0), mb(bf), mb(opt),
+                printf "| %d%% (%s) | %s | %s | %s | %s | %.3f | %s | %s | %s | %.3f | %.3f | %.3f | %s | %s |\n",
+                    pct, mb(lim), bl_, mb(fr), mb(per), mb(fb), (fb > 0 ? per / fb : 0),
+                    (wper > 0 ? sprintf("%.3f", per / wper) : "-"), mb(bf), mb(opt),
                     (opt > 0 ? per / opt : 0), tps, tps / tps0, mb(peak), oom
             }'
     done
 done
 echo
 echo "read/token: (bytes read - the first pass) / $((passes - 1)); file - budget: the --budget given, or the automatic" \
-     "one (--stats); frames: what the pager got of it; optimum: (blocks - frames) * N / (N - k), the least a cyclic scan can read when k blocks must be whole (k = 2 with prefetch: the one computed and the one read ahead; 1 without, or with frames below two blocks)"
+     "one (--stats); vs whole blocks: read/token over the same limit's --whole-blocks run's; frames: what the pager got of it; whole-block optimum: (blocks - frames) * N / (N - k), the least a cyclic scan can read when k blocks must be whole (k = 2 with prefetch: the one computed and the one read ahead; 1 without, or with frames below two blocks); op by op (the default) may read less"
 
 # ---------------------------------------------------------------- side by side with llama.cpp
 lc=${LLAMA_BIN:-}/llama-completion

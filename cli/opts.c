@@ -300,6 +300,9 @@ int jlm_opts_engine_rows(jlm_opt *t, unsigned which, jlm_engine_opts *eo, jlm_op
                            "no read ahead of the next MoE block's predicted experts"};
         t[n++] = (jlm_opt){NULL, "--no-warm", JLM_OPT_FLAG, &eo->no_warm, 0, 0, 0, NULL,
                            "no background read of the whole model when the budget holds it"};
+        t[n++] = (jlm_opt){NULL, "--whole-blocks", JLM_OPT_FLAG, &eo->whole_blocks, 0, 0, 0, NULL,
+                           "under a budget, hold a block's whole page while it computes (default: op by op, "
+                           "releasing each op's weights)"};
         t[n++] = (jlm_opt){NULL, "--expert-policy", JLM_OPT_STR, &eo->expert_policy, 0, 0, 0, "lfu|lru|next",
                            "which cached expert is evicted first: the lowest decaying use count (lfu, default), "
                            "the least recently used (lru), or the one whose next use is expected last from its "
@@ -323,6 +326,11 @@ int jlm_opts_engine_rows(jlm_opt *t, unsigned which, jlm_engine_opts *eo, jlm_op
         t[n++] = (jlm_opt){NULL, "--gpu-budget", JLM_OPT_STR, &gpu->budget, 0, 0, 0, "SIZE[,SIZE]",
                            "bytes of device page frames (K/M/G), one per device; default: 3/4 of device memory "
                            "(upload path) or the host's frames (import path)"};
+    }
+    if (n > JLM_OPTS_ENGINE_MAX) {   /* a row added without raising the bound: the callers' tables overflowed */
+        fprintf(stderr, "jlm: internal error: %d engine option rows, JLM_OPTS_ENGINE_MAX is %d\n", n,
+                JLM_OPTS_ENGINE_MAX);
+        abort();
     }
     return n;
 }

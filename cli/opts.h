@@ -58,10 +58,10 @@ enum {
     JLM_ROWS_THREADS = 2,  /* -t, --threads */
     JLM_ROWS_BUDGET = 4,   /* --budget: the engine's memory budget */
     JLM_ROWS_KV = 8,       /* --kv, -ctk/--cache-type-k, -ctv/--cache-type-v: f32|f16|q8_0 */
-    JLM_ROWS_PAGING = 16,  /* --no-direct, --no-prefetch, --read-depth, --no-predict, --no-warm, --expert-policy, --verify, --no-verify */
+    JLM_ROWS_PAGING = 16,  /* --no-direct, --no-prefetch, --read-depth, --no-predict, --no-warm, --whole-blocks, --expert-policy, --verify, --no-verify */
     JLM_ROWS_BACKEND = 32, /* --backend, --device, --gpu-layers, --gpu-budget */
 };
-#define JLM_OPTS_ENGINE_MAX 18
+#define JLM_OPTS_ENGINE_MAX 19
 #define JLM_OPTS_SAMPLER_MAX 7
 typedef struct jlm_opts_gpu { const char *layers, *budget; } jlm_opts_gpu;   /* as typed; NULL: not given */
 int jlm_opts_engine_rows(jlm_opt *t, unsigned which, jlm_engine_opts *eo, jlm_opts_gpu *gpu);

@@ -402,13 +402,15 @@ int jlm_ex_block(jlm_engine *e, const jlm_prog *p, uint32_t l, const uint8_t *pa
         b.n = n - i < e->nb ? n - i : e->nb;
         bind_chunk(e, xs, i, b.n, kc, vc, pos0);
         for (uint32_t k = 0; k < keys && !rc; k++)
-            rc = run_op(e, &p->op[k], &b, err);
+            if (!(rc = e->by_op == l + 1 ? jlm_stream_op(e, p, l, k, err) : JLM_OK))
+                rc = run_op(e, &p->op[k], &b, err);
     }
     for (uint32_t i = 0; keys < p->n && i < n && !rc; i += e->nb) {
         b.n = n - i < e->nb ? n - i : e->nb;
         bind_chunk(e, xs, i, b.n, kc, vc, pos0);
         for (uint32_t k = keys + 1; k < p->n && !rc; k++)
-            rc = run_op(e, &p->op[k], &b, err);
+            if (!(rc = e->by_op == l + 1 ? jlm_stream_op(e, p, l, k, err) : JLM_OK))
+                rc = run_op(e, &p->op[k], &b, err);
     }
     return rc;
 }

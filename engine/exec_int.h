@@ -175,7 +175,15 @@ void jlm_ex_x_forget(jlm_engine *e);
  * block's device (it sets e->dev_here), the read-ahead of the next block
  * (host) and its device prefetch, and expert pages. Acquire -> compute ->
  * release; the layer loop and the ops make no pager or device-frame call. */
-int  jlm_stream_block(jlm_engine *e, uint32_t l, const uint8_t **page, jlm_err *err);
+/* Block l's page, for program p over n rows. On the CPU under a budget
+ * below the pages, with n <= nb and a program whose ops use only their own
+ * weights, the page is acquired op by op (jlm_stream_op before each op:
+ * tensor-granular acquire and release, docs/pager.md); otherwise whole. */
+int  jlm_stream_block(jlm_engine *e, uint32_t l, const jlm_prog *p, uint32_t n, const uint8_t **page, jlm_err *err);
+/* Before op k of block l's program when e->by_op == l + 1: the op's
+ * weights are read (what is missing of them), the bytes of the page before
+ * them released, and the next op's weights read ahead. */
+int  jlm_stream_op(jlm_engine *e, const jlm_prog *p, uint32_t l, uint32_t k, jlm_err *err);
 void jlm_stream_block_done(jlm_engine *e, uint32_t l);
 /* Pins experts sel[0..n) of the bank whose expert 0 is page `first`, on the
  * host and on the block's device; all or none (an error releases them). */

@@ -77,9 +77,9 @@ static int run_layers(jlm_engine *e, float *xs, uint32_t n, void *kc, void *vc, 
     e->bidir_end = bidir ? pos0 + n : 0;
     for (uint32_t l = 0; l < c->n_layer && !rc; l++) {
         const uint8_t *page;
-        if ((rc = jlm_stream_block(e, l, &page, err)))
-            break;
         const jlm_prog *p = W(e, l, JLM_R_EXP_GATE) ? &e->prog_moe : &e->prog_dense;
+        if ((rc = jlm_stream_block(e, l, p, n, &page, err)))
+            break;
         rc = jlm_ex_block(e, p, l, page, xs, n, kc, vc, pos0, err);
         jlm_stream_block_done(e, l);
         if (rc)

@@ -58,6 +58,7 @@ typedef struct jlm_engine_opts {
     int      no_prefetch;  /* 1: no block read ahead on the pager's reader thread */
     int      no_predict;   /* 1: no read ahead of the next MoE block's predicted experts */
     int      no_warm;      /* 1: no background read of the whole model when the budget holds it */
+    int      whole_blocks; /* 1: a block's page acquired whole under a budget, not op by op */
     uint32_t read_depth;   /* pages read at once (the routed experts of a block);
                             * 0: JLM_ENGINE_READ_DEPTH; 1: one at a time */
     int      verify;       /* 1: check every span of the container against

@@ -45,6 +45,8 @@ struct jlm_engine {
     jlm_dev         *dev_here;    /* the device of the block being run (block_dev), NULL: the CPU */
     int              dev_pf;      /* the host budget lets a prefetch hold the next block pinned */
     uint32_t         pf_block;    /* the block whose device prefetch holds an extra host pin; NO_PF: none */
+    uint32_t         by_op;       /* 1 + the block the streamer advances through op by op; 0: none */
+    int              by_op_on;    /* blocks on the CPU under a budget smaller than the pages go op by op */
     jlm_dev         *pf_dev;      /* the device that prefetch runs on */
     uint64_t         budget;      /* page frames' budget in force; 0: unlimited */
     uint64_t         budget_all;  /* frames + KV + scratch + dense asked for; 0: unlimited */

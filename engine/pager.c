@@ -98,64 +98,6 @@ static uint64_t now_ns(void)
 }
 
 /* ---------------------------------------------------------------- open / close */
-static int check_desc(const jlm_pager_config *cfg, uint32_t a, uint64_t *frame_len, jlm_err *err)
-{
-    const jlm_pager_array_desc *d = &cfg->arrays[a];
-    const char *nm = d->name ? d->name : "?";
-    if (!d->name || (d->cls != JLM_PAGER_BLOCK && d->cls != JLM_PAGER_EXPERT))
-        return jlm_errf(err, JLM_EINVAL, "pager: array %u (%s): no name or class %d unknown", a, nm, d->cls);
-    if (d->n_pages == 0) {                   /* an empty array (no tower, dense model) */
-        *frame_len = PAGER_ALIGN;
-        return 0;
-    }
-    if (d->base_off % PAGER_ALIGN || d->page_size == 0 || d->page_size % PAGER_ALIGN)
-        return jlm_errf(err, JLM_EINVAL, "pager: %s: base %llu / page size %llu not a nonzero multiple of 4096",
-                        nm, (unsigned long long)d->base_off, (unsigned long long)d->page_size);
-    uint64_t max = 0;
-    for (uint32_t i = 0; i < d->n_pages; i++) {
-        uint64_t e = d->extent ? d->extent[i] : d->page_size;
-        if (e % PAGER_ALIGN || e > d->page_size)
-            return jlm_errf(err, JLM_EINVAL, "pager: %s page %u: extent %llu, expected a multiple of 4096 <= page size %llu",
-                            nm, i, (unsigned long long)e, (unsigned long long)d->page_size);
-        if (e > max)
-            max = e;
-    }
-    uint64_t size = cfg->src->size;
-    if (d->n_pages && (d->base_off > size || (uint64_t)(d->n_pages - 1) > (size - d->base_off) / d->page_size ||
-                       max > size - d->base_off - (uint64_t)(d->n_pages - 1) * d->page_size))
-        return jlm_errf(err, JLM_EINVAL, "pager: %s: %u pages of %llu bytes at %llu end past %s (%llu bytes)",
-                        nm, d->n_pages, (unsigned long long)d->page_size, (unsigned long long)d->base_off,
-                        cfg->src->name, (unsigned long long)size);
-    *frame_len = max < PAGER_ALIGN ? PAGER_ALIGN : max;
-    return 0;
-}
-
-static int init_array(jlm_pager *p, const jlm_pager_array_desc *d, uint32_t a, uint64_t frame_len, jlm_err *err)
-{
-    parray *r = &p->arr[a];
-    snprintf(r->name, sizeof r->name, "%s", d->name);
-    r->cls = d->cls;
-    r->base_off = d->base_off;
-    r->page_size = d->page_size;
-    r->frame_len = frame_len;
-    r->n_pages = d->n_pages;
-    r->words = (uint32_t)(((frame_len + p->chunk - 1) / p->chunk + 63) / 64);
-    size_t n = d->n_pages ? d->n_pages : 1;
-    r->extent = calloc(n, sizeof *r->extent);
-    r->pages = calloc(n, sizeof *r->pages);
-    r->bitmap = (size_t)r->words > SIZE_MAX / 8 / n ? NULL : calloc(n * r->words, sizeof *r->bitmap);
-    if (!r->extent || !r->pages || !r->bitmap)
-        return jlm_errf(err, JLM_ENOMEM, "pager: %s: out of memory for %u page records", r->name, d->n_pages);
-    for (uint32_t i = 0; i < d->n_pages; i++) {
-        r->extent[i] = d->extent ? d->extent[i] : d->page_size;
-        r->pages[i].bits = r->bitmap + (size_t)i * r->words;
-        r->pages[i].array = a;
-        r->pages[i].idx = i;
-        r->pages[i].xp_key = JLM_XP_KEY_NONE;
-    }
-    return 0;
-}
-
 int jlm_pager_open(const jlm_pager_config *cfg, jlm_pager **out, jlm_err *err)
 {
     if (!cfg || !cfg->src || cfg->n_arrays > JLM_PAGER_MAX_ARRAYS || (cfg->n_arrays && !cfg->arrays))
@@ -166,7 +108,7 @@ int jlm_pager_open(const jlm_pager_config *cfg, jlm_pager **out, jlm_err *err)
                         (unsigned long long)cfg->chunk);
     uint64_t flen[JLM_PAGER_MAX_ARRAYS];
     for (uint32_t a = 0; a < cfg->n_arrays; a++) {
-        int rc = check_desc(cfg, a, &flen[a], err);
+        int rc = jlm_pgc_check_desc(cfg, a, &flen[a], err);
         if (rc)
             return rc;
     }
@@ -187,7 +129,7 @@ int jlm_pager_open(const jlm_pager_config *cfg, jlm_pager **out, jlm_err *err)
     pthread_cond_init(&p->pf.cv, NULL);
     uint64_t max_chunks = 1;
     for (uint32_t a = 0; a < cfg->n_arrays; a++) {
-        int rc = init_array(p, &cfg->arrays[a], a, flen[a], err);
+        int rc = jlm_pgc_init_array(p, &cfg->arrays[a], a, flen[a], err);
         if (rc) {
             jlm_pager_close(p);
             return rc;
@@ -287,47 +229,6 @@ static void uncharge(jlm_pager *p, ppage *pg, uint64_t bytes)
  * ever evicted. */
 static int huge_ok(const jlm_pager *p) { return p->thp || p->budget == 0 || p->budget >= p->huge_need; }
 
-static uint64_t thp_cached;
-static pthread_once_t thp_once = PTHREAD_ONCE_INIT;
-
-static void thp_probe(void)
-{
-    uint64_t sz = 0;
-    char mode[128] = "";
-    FILE *f = fopen("/sys/kernel/mm/transparent_hugepage/enabled", "r");
-    if (f) {
-        if (!fgets(mode, sizeof mode, f))
-            mode[0] = 0;
-        fclose(f);
-    }
-    f = fopen("/sys/kernel/mm/transparent_hugepage/hpage_pmd_size", "r");
-    unsigned long long v = 0;
-    if (f) {
-        if (fscanf(f, "%llu", &v) != 1)
-            v = 0;
-        fclose(f);
-    }
-    /* "always [madvise] never": usable unless never is the one chosen; sizes
-     * past 32 MiB (a 64 KiB-page arm64 kernel's 512 MiB) would make chunks
-     * too coarse for partial frames */
-    if ((strstr(mode, "[always]") || strstr(mode, "[madvise]")) && v >= PAGER_ALIGN && v <= (32ull << 20) &&
-        (v & (v - 1)) == 0)
-        sz = v;
-    thp_cached = sz;
-}
-
-uint64_t jlm_pager_thp_size(void)
-{
-    pthread_once(&thp_once, thp_probe);
-    return thp_cached;
-}
-
-uint64_t jlm_pager_chunk_for(uint64_t chunk)
-{
-    uint64_t thp = jlm_pager_thp_size();
-    return thp > chunk && (chunk == 0 || thp % chunk == 0) ? thp : chunk;
-}
-
 /* ABSENT -> FILLING: maps pg a frame (nothing charged: the caller charges the
  * chunks it reads). With whole-huge-page chunks the frame starts on a huge
  * page boundary, so every full chunk is huge pages and a trim or a move
@@ -376,7 +277,7 @@ static void unmap_frame(jlm_pager *p, ppage *pg)
 /* The chunks [c0, c1) of pg the caller is about to read: evicted chunks at the
  * same offsets are moved there (mremap: the memory changes frames without a
  * page fault or a zeroed page) instead of given back to the kernel. */
-typedef struct dest { ppage *pg; uint64_t c0, c1; } dest;
+typedef struct dest { ppage *pg; uint64_t c0, c1, next; } dest;   /* next: see drop_run */
 
 #ifndef MREMAP_DONTUNMAP
 #define MREMAP_DONTUNMAP 4   /* Linux 5.7; glibc's <sys/mman.h> may predate it */
@@ -397,12 +298,42 @@ static int move_mem(uint8_t *from, uint8_t *to, uint64_t lo, uint64_t hi)
                   to + lo) != MAP_FAILED;
 }
 
-/* Drops the memory of v's chunks [ca, cb), just cleared: the part that d
- * wants at the same offsets moves into d's frame, the rest is given back. */
-static void drop_run(jlm_pager *p, ppage *v, uint64_t ca, uint64_t cb, const dest *d)
+/* With whole-huge-page chunks, each full chunk of v's [lo, hi) moves to the
+ * next missing full chunk of d from d->next on (any offset: the page
+ * advanced through gives up chunks below the ones it reads next), and what
+ * finds none is given back. */
+static void drop_any(jlm_pager *p, ppage *v, uint64_t lo, uint64_t hi, dest *d)
+{
+    const parray *dr = d && d->pg && d->pg->frame && p->thp ? &p->arr[d->pg->array] : NULL;
+    for (uint64_t q = lo; q < hi; q += p->chunk) {
+        uint64_t e = q + p->chunk < hi ? q + p->chunk : hi;
+        while (dr && d->next < d->c1 &&
+               (bit_get(d->pg, d->next) || chunk_hi(p, dr, d->pg, d->next + 1) - chunk_lo(p, d->next) != p->chunk))
+            d->next++;
+        if (dr && e - q == p->chunk && q % p->chunk == 0 && d->next < d->c1 &&
+            mremap(v->frame + q, (size_t)p->chunk, (size_t)p->chunk, MREMAP_MAYMOVE | MREMAP_FIXED | MREMAP_DONTUNMAP,
+                   d->pg->frame + chunk_lo(p, d->next)) != MAP_FAILED) {
+            d->next++;
+            continue;
+        }
+        frame_release(v->frame, q, e);
+    }
+}
+
+/* Drops the memory of v's chunks [ca, cb), just cleared. Whole-huge-page
+ * chunks go to d's missing chunks in order (drop_any: a move at the same
+ * offsets as well would supply a chunk twice, the first supply freed and
+ * the chunk it was meant for faulted in fresh). Smaller chunks: the part
+ * that d wants at the same offsets moves into d's frame, the rest is given
+ * back. */
+static void drop_run(jlm_pager *p, ppage *v, uint64_t ca, uint64_t cb, dest *d)
 {
     parray *r = &p->arr[v->array];
     uint64_t lo = chunk_lo(p, ca), hi = chunk_hi(p, r, v, cb);
+    if (p->thp) {   /* whole huge pages: in order to d's missing chunks (none supplied twice) */
+        drop_any(p, v, lo, hi, d);
+        return;
+    }
     if (d && d->pg && d->pg->frame) {
         const parray *dr = &p->arr[d->pg->array];
         uint64_t x0 = ca > d->c0 ? ca : d->c0, x1 = cb < d->c1 ? cb : d->c1, dc = page_chunks(p, dr, d->pg);
@@ -423,25 +354,27 @@ static void drop_run(jlm_pager *p, ppage *v, uint64_t ca, uint64_t cb, const des
                     if (!move_mem(v->frame, d->pg->frame, q, e))
                         frame_release(v->frame, q, e);
                 }
-            frame_release(v->frame, lo, mlo);
-            frame_release(v->frame, mhi, hi);
+            drop_any(p, v, lo, mlo, d);
+            drop_any(p, v, mhi, hi, d);
             return;
         }
     }
-    frame_release(v->frame, lo, hi);
+    drop_any(p, v, lo, hi, d);
 }
 
 /* Takes up to k of the highest filled chunks of an unpinned resident page
  * (its tail: the engine fills pages from the front, so a block keeps a
- * prefix). A page left with nothing is evicted (RESIDENT -> ABSENT: EVICT
- * event with the bytes it held); otherwise it stays where it is on its
- * list, a trim. The chunks' memory goes to d where it wants them. */
-static void trim(jlm_pager *p, ppage *pg, uint64_t k, const dest *d)
+ * prefix), or of the released chunks of the advancing page (p->adv: those
+ * below its rel, pinned or not). An unpinned page left with nothing is
+ * evicted (RESIDENT -> ABSENT: EVICT event with the bytes it held);
+ * otherwise it stays where it is (on its list, or pinned), a trim. The
+ * chunks' memory goes to d where it wants them. */
+static void trim(jlm_pager *p, ppage *pg, uint64_t k, dest *d)
 {
     parray *r = &p->arr[pg->array];
-    assert(pg->frame && pg->pins == 0 && pg->n_filled > 0);
+    assert(pg->frame && (pg->pins == 0 || pg == p->adv) && pg->n_filled > 0);
     host_changing(p, pg);
-    uint64_t held0 = pg->held, c = page_chunks(p, r, pg), run_hi = 0, freed = 0;
+    uint64_t held0 = pg->held, c = pg->pins ? pg->rel : page_chunks(p, r, pg), run_hi = 0, freed = 0;
     int in_run = 0;
     while (k && c > 0) {
         c--;
@@ -466,7 +399,7 @@ static void trim(jlm_pager *p, ppage *pg, uint64_t k, const dest *d)
         r->st.pf_unused++;
         pg->pf_fresh = 0;
     }
-    if (pg->n_filled) {
+    if (pg->n_filled || pg->pins) {   /* (a pinned page keeps its frame, empty or not) */
         r->st.trims++;
         return;
     }
@@ -476,12 +409,25 @@ static void trim(jlm_pager *p, ppage *pg, uint64_t k, const dest *d)
     emit(p, JLM_PAGER_EV_EVICT, pg, held0, JLM_TIER_FRAME);
 }
 
+/* The filled chunks of pg below its rel (the released ones of the advancing
+ * page; 0 for any other). */
+static uint64_t released_chunks(const jlm_pager *p, const ppage *pg)
+{
+    uint64_t n = 0;
+    if (pg && pg == p->adv && pg->pins)
+        for (uint64_t c = 0; c < pg->rel; c++)
+            n += (uint64_t)bit_get(pg, c);
+    return n;
+}
+
 /* Invariant (7): the victim and how many chunks to take from it. An
  * unpinned expert, whole (the one the expert policy names: pager_policy.c);
- * else the unpinned block holding the
- * most chunks (ties: the most recently used), down to one chunk below the
- * next fullest (so the blocks level off). `skip` (the page being filled) is
- * never chosen. NULL if every page is pinned. */
+ * else the block holding the most chunks (ties: the most recently used),
+ * down to one chunk below the next fullest (so the blocks level off): an
+ * unpinned one, or the advancing page (p->adv, in use: the most recent),
+ * which gives only its released chunks. `skip` (the page being filled) is
+ * never chosen, unless it is the advancing page (its released chunks make
+ * room for its next ones). NULL if every page is pinned. */
 static ppage *pick_victim(jlm_pager *p, const ppage *skip, uint64_t *k)
 {
     ppage *x = jlm_pgp_expert_victim(p, skip);
@@ -489,8 +435,11 @@ static ppage *pick_victim(jlm_pager *p, const ppage *skip, uint64_t *k)
         *k = x->n_filled;
         return x;
     }
-    ppage *best = NULL;
+    ppage *best = NULL, *adv = p->adv;
     uint32_t second = 0;
+    uint64_t adv_k = released_chunks(p, adv);
+    if (adv_k && p->arr[adv->array].cls == JLM_PAGER_BLOCK)
+        best = adv;
     for (ppage *q = p->lru[JLM_PAGER_BLOCK].head; q; q = q->next) {
         if (q == skip)
             continue;
@@ -504,6 +453,8 @@ static ppage *pick_victim(jlm_pager *p, const ppage *skip, uint64_t *k)
     }
     if (best)
         *k = best->n_filled > second ? best->n_filled - second : 1;
+    if (best && best == adv && *k > adv_k)
+        *k = adv_k;
     return best;
 }
 
@@ -550,7 +501,7 @@ static int take_frame(jlm_pager *p, ppage *pg, uint64_t need, uint64_t lo, uint6
  * NULL) names the page being filled: never a victim, and the evicted chunks'
  * memory moves into it where it wants them. JLM_ERANGE when only pinned
  * pages remain. */
-static int make_room(jlm_pager *p, uint64_t need, const dest *d, jlm_err *err)
+static int make_room(jlm_pager *p, uint64_t need, dest *d, jlm_err *err)
 {
     if (p->budget == 0)
         return 0;
@@ -588,21 +539,6 @@ static int missing(const ppage *pg, uint64_t c0, uint64_t c1)
     return 0;
 }
 
-/* Maps in the frame's pages of [q, q+n) before a read lands there, in one
- * call (MADV_POPULATE_WRITE, Linux 5.14). Without it a buffered read (a view
- * through jlmfs, --no-direct) faults each 4 KiB page of a fresh frame inside
- * copy_to_iter, one exception each: in a VM that was 24% of a run through
- * the mount. The read overwrites the pages, so nothing else changes; an older
- * kernel (EINVAL) just faults them as before. */
-#ifndef MADV_POPULATE_WRITE
-#define MADV_POPULATE_WRITE 23
-#endif
-static void prefault(uint8_t *q, uint64_t n)
-{
-    uintptr_t a = (uintptr_t)q & ~(uintptr_t)4095, b = ((uintptr_t)q + n + 4095) & ~(uintptr_t)4095;
-    if (b > a)
-        (void)madvise((void *)a, b - a, MADV_POPULATE_WRITE);
-}
 
 /* Reads the missing chunks of [c0, c1) in coalesced runs (charged by the
  * caller). *read_bytes = bytes read (also on failure: the runs before it stay
@@ -622,7 +558,7 @@ static int fill_chunks(jlm_pager *p, ppage *pg, uint64_t c0, uint64_t c1, uint64
             e++;
         uint64_t lo = chunk_lo(p, c), hi = chunk_hi(p, r, pg, e);
         uint64_t t0 = now_ns();
-        prefault(pg->frame + lo, hi - lo);
+        jlm_pgr_prefault(pg->frame + lo, hi - lo);
         int rc = p->src->read(p->src, r->base_off + (uint64_t)pg->idx * r->page_size + lo,
                               (size_t)(hi - lo), pg->frame + lo, err);
         r->st.read_ns += now_ns() - t0;
@@ -644,42 +580,6 @@ static int fill_chunks(jlm_pager *p, ppage *pg, uint64_t c0, uint64_t c1, uint64
 }
 
 /* ---------------------------------------------------------------- prefetch */
-/* A reader thread: takes any queued slot and reads its runs in order into
- * the frame it was given. */
-static void *pf_main(void *arg)
-{
-    jlm_pager *p = arg;
-    pfetch *f = &p->pf;
-    pthread_mutex_lock(&f->mu);
-    for (;;) {
-        pfslot *s = NULL;
-        while (!f->stop && !s) {
-            for (uint32_t i = 0; i < PF_SLOTS && !s; i++)
-                if (f->slot[i].state == PF_QUEUED)
-                    s = &f->slot[i];
-            if (!s && !f->stop)
-                pthread_cond_wait(&f->cv, &f->mu);
-        }
-        if (f->stop)
-            break;
-        s->state = PF_READING;
-        pthread_mutex_unlock(&f->mu);
-        jlm_err err = {0};
-        int rc = 0;
-        for (uint32_t i = 0; i < s->n_runs && !rc; i++) {
-            const pfrun *u = &s->runs[i];   /* not changed while READING */
-            prefault(s->dst + u->lo, u->hi - u->lo);
-            rc = p->src->read(p->src, s->base + u->lo, (size_t)(u->hi - u->lo), s->dst + u->lo, &err);
-        }
-        pthread_mutex_lock(&f->mu);
-        s->rc = rc;
-        s->err = err;
-        s->state = PF_DONE;
-        pthread_cond_broadcast(&f->cv);
-    }
-    pthread_mutex_unlock(&f->mu);
-    return NULL;
-}
 
 /* Takes slot s's finished read into the pager (engine thread): the page's
  * chunks filled, its pin dropped, PAGE_IN (or FILL, for a page that held a
@@ -760,10 +660,6 @@ void jlm_pager_set_prefetch(jlm_pager *p, int on)
     p->pf_on = on != 0;
 }
 
-void jlm_pager_set_prefetch_depth(jlm_pager *p, uint32_t depth)
-{
-    p->pf.depth = depth < 1 ? 1 : depth > PF_SLOTS ? PF_SLOTS : depth;
-}
 
 /* Bytes the budget can give pg: free bytes plus every other unpinned page's. */
 static uint64_t room_for(jlm_pager *p, const ppage *pg)
@@ -773,58 +669,52 @@ static uint64_t room_for(jlm_pager *p, const ppage *pg)
         for (const ppage *q = p->lru[c].head; q; q = q->next)
             if (q != pg)
                 unpinned += q->held;
+    for (uint64_t c = 0; p->adv && p->adv->pins && c < p->adv->rel; c++)   /* the advancing page's released chunks */
+        if (bit_get(p->adv, c))
+            unpinned += chunk_hi(p, &p->arr[p->adv->array], p->adv, c + 1) - chunk_lo(p, c);
     return p->budget - p->resident_bytes + unpinned;
 }
 
-/* A free slot with a reader thread for it (started here), or NULL. Without
- * any thread (pthread_create failed; JLM_PAGER_NO_THREADS=1 when the pager
- * was made, the tests' seam for it) prefetch turns off: every read is the get's, in turn. */
-static pfslot *pf_free_slot(jlm_pager *p)
-{
-    pfetch *f = &p->pf;
-    if (f->busy >= f->depth)
-        return NULL;
-    while (f->n_threads < f->depth && f->n_threads < f->busy + 1) {
-        if (f->no_threads || pthread_create(&f->th[f->n_threads], NULL, pf_main, p) != 0)
-            break;
-        f->n_threads++;
-    }
-    if (!f->n_threads) {
-        p->pf_on = 0;   /* no thread: reads stay on the engine thread */
-        return NULL;
-    }
-    for (uint32_t i = 0; i < PF_SLOTS; i++)
-        if (!f->slot[i].pg)
-            return &f->slot[i];
-    return NULL;
-}
 
 int jlm_pager_prefetch(jlm_pager *p, uint32_t array, uint32_t page)
+{
+    if (array >= p->n_arrays || page >= p->arr[array].n_pages)
+        return 0;
+    return jlm_pager_prefetch_range(p, array, page, 0, p->arr[array].extent[page]);
+}
+
+int jlm_pager_prefetch_range(jlm_pager *p, uint32_t array, uint32_t page, uint64_t off, uint64_t len)
 {
     if (!p->pf_on || array >= p->n_arrays || page >= p->arr[array].n_pages)
         return 0;
     parray *r = &p->arr[array];
     ppage *pg = &r->pages[page];
+    uint64_t ext = r->extent[page];
+    if (off > ext || len > ext - off || !len)
+        return 0;
     pf_collect(p, 0);
-    if (pg->pf_in || pg->pins)
-        return 0;   /* on its way, or in use (then the get has read what it needs) */
-    uint64_t nc = page_chunks(p, r, pg), need = missing_bytes(p, r, pg, 0, nc);
+    /* on its way, or in use (then the get has read what it needs), unless its
+     * one holder advances through it (the range is ahead of what it uses) */
+    if (pg->pf_in || (pg->pins && (pg != p->adv || pg->pins != 1)))
+        return 0;
+    uint64_t c0 = off >> p->chunk_shift, nc = (off + len + p->chunk - 1) >> p->chunk_shift;
+    uint64_t need = missing_bytes(p, r, pg, c0, nc);
     if (!need)
         return 0;   /* resident in full: nothing to read */
-    pfslot *s = p->budget && room_for(p, pg) < need ? NULL : pf_free_slot(p);
+    pfslot *s = p->budget && room_for(p, pg) < need ? NULL : jlm_pgr_free_slot(p);
     if (!s) {
         r->st.pf_skipped++;
         return -1;
     }
     jlm_err err = {0};
     int was_absent = pg->frame == NULL;
-    dest d = { .pg = pg, .c0 = 0, .c1 = nc };
-    if (was_absent && !take_frame(p, pg, need, 0, chunk_hi(p, r, pg, nc)) && map_frame(p, pg, &err)) {
+    dest d = { .pg = pg, .c0 = c0, .c1 = nc, .next = c0 };
+    if (was_absent && !take_frame(p, pg, need, chunk_lo(p, c0), chunk_hi(p, r, pg, nc)) && map_frame(p, pg, &err)) {
         r->st.pf_skipped++;
         return -1;
     }
     if (make_room(p, need, &d, &err)) {   /* cannot happen: room was checked */
-        for (uint64_t c = 0; c < nc; c++)
+        for (uint64_t c = c0; c < nc; c++)
             if (!bit_get(pg, c))
                 host_changing(p, pg), frame_release(pg->frame, chunk_lo(p, c), chunk_hi(p, r, pg, c + 1));
         if (was_absent)
@@ -832,9 +722,9 @@ int jlm_pager_prefetch(jlm_pager *p, uint32_t array, uint32_t page)
         r->st.pf_skipped++;
         return -1;
     }
-    if (!was_absent)
+    if (!was_absent && !pg->pins)
         list_unlink(class_list(p, pg), pg);
-    pg->pins = 1;                     /* held by the read: FILLING, never a victim */
+    pg->pins++;                       /* held by the read: FILLING, never a victim */
     charge(p, pg, need);
     s->pg = pg;
     pg->pf_in = (uint8_t)(s - p->pf.slot + 1);
@@ -842,7 +732,7 @@ int jlm_pager_prefetch(jlm_pager *p, uint32_t array, uint32_t page)
     r->st.pf_issued++;
     pthread_mutex_lock(&p->pf.mu);
     uint32_t n = 0;
-    for (uint64_t c = 0; c < nc;) {
+    for (uint64_t c = c0; c < nc;) {
         if (bit_get(pg, c)) {
             c++;
             continue;
@@ -866,27 +756,37 @@ int jlm_pager_prefetch(jlm_pager *p, uint32_t array, uint32_t page)
     return 1;
 }
 
-/* ---------------------------------------------------------------- get / unpin */
-int jlm_pager_get(jlm_pager *p, uint32_t array, uint32_t page, uint64_t off, uint64_t len,
-                  const void **ptr, jlm_err *err)
+/* ---------------------------------------------------------------- get / advance / unpin */
+/* Validates [off, off+len) of array/page and turns it into chunks [c0, c1). */
+static int span_chunks(jlm_pager *p, uint32_t array, uint32_t page, uint64_t off, uint64_t len, uint64_t *c0,
+                       uint64_t *c1, jlm_err *err)
 {
     if (array >= p->n_arrays || page >= p->arr[array].n_pages)
         return jlm_errf(err, JLM_EINVAL, "pager: array %u page %u out of range", array, page);
-    parray *r = &p->arr[array];
-    ppage *pg = &r->pages[page];
+    const parray *r = &p->arr[array];
     uint64_t ext = r->extent[page];
     if (off > ext || len > ext - off)
         return jlm_errf(err, JLM_EINVAL, "pager: %s page %u: bytes [%llu, %llu) past the page's extent %llu",
                         r->name, page, (unsigned long long)off, (unsigned long long)(off + len),
                         (unsigned long long)ext);
-    uint64_t c0 = off >> p->chunk_shift;
-    uint64_t c1 = len ? (off + len + p->chunk - 1) >> p->chunk_shift : c0;
+    *c0 = off >> p->chunk_shift;
+    *c1 = len ? (off + len + p->chunk - 1) >> p->chunk_shift : *c0;
+    return 0;
+}
+
+/* Fills chunks [c0, c1) of pg for a get (pin 1: pins it on success) or an
+ * advance (pin 0: its holder's pin is there already): the reads in flight
+ * first (this page's is waited for; with one reader the others too when the
+ * source is needed here: it then serves one thread at a time; a hit on
+ * another page does not wait), then room and the missing chunks' reads.
+ * *got = bytes read. On failure nothing more is pinned and the pager is
+ * consistent (chunks read before the failure stay filled). */
+static int acquire(jlm_pager *p, ppage *pg, uint64_t c0, uint64_t c1, int pin, uint64_t *got, jlm_err *err)
+{
+    parray *r = &p->arr[pg->array];
     int pf_waited = 0;
     uint64_t w;
-    /* the reads in flight: this page's is waited for; with one reader the
-     * others too when the source is needed here (it then serves one thread at
-     * a time); a hit on another page does not wait (experts gotten while a
-     * block computes) */
+    *got = 0;
     pf_collect(p, 0);
     if (pg->pf_in && pf_collect_slot(p, &p->pf.slot[pg->pf_in - 1], 1, &w) > 0 && w) {
         pf_waited = 1;
@@ -905,7 +805,7 @@ int jlm_pager_get(jlm_pager *p, uint32_t array, uint32_t page, uint64_t off, uin
     int rc;
     if (was_absent && !take_frame(p, pg, need, chunk_lo(p, c0), chunk_hi(p, r, pg, c1)) && (rc = map_frame(p, pg, err)))
         return rc;
-    dest d = { .pg = pg, .c0 = c0, .c1 = c1 };
+    dest d = { .pg = pg, .c0 = c0, .c1 = c1, .next = c0 };
     rc = make_room(p, need, &d, err);
     if (rc == JLM_ERANGE && p->pf.busy) {   /* reads in flight hold pins: room once they are in */
         pf_collect(p, 1);
@@ -919,39 +819,75 @@ int jlm_pager_get(jlm_pager *p, uint32_t array, uint32_t page, uint64_t off, uin
             unmap_frame(p, pg);
         return rc;
     }
-    if (listed)
+    if (listed && pin)
         list_unlink(class_list(p, pg), pg);
     charge(p, pg, need);
-    uint64_t got = 0;
-    rc = fill_chunks(p, pg, c0, c1, &got, err);
+    rc = fill_chunks(p, pg, c0, c1, got, err);
     if (rc) {
-        uncharge(p, pg, need - got);
+        uncharge(p, pg, need - *got);
         if (pg->n_filled == 0 && pg->pins == 0)
             unmap_frame(p, pg);
-        else if (pg->pins == 0)
+        else if (pg->pins == 0 && pin)
             list_push_head(class_list(p, pg), pg);
         if (was_absent && pg->frame) {
             r->st.page_ins++;
-            emit(p, JLM_PAGER_EV_PAGE_IN, pg, got, p->src->tier);
+            emit(p, JLM_PAGER_EV_PAGE_IN, pg, *got, p->src->tier);
         }
         return rc;
     }
-    pg->pins++;
-    jlm_pgp_touch(p, pg);
-    if (got && p->pf_on)
+    if (*got && p->pf_on)
         r->st.pf_misses++;
     if (was_absent) {
         r->st.page_ins++;
-        emit(p, JLM_PAGER_EV_PAGE_IN, pg, got, p->src->tier);
-    } else if (got) {
+        emit(p, JLM_PAGER_EV_PAGE_IN, pg, *got, p->src->tier);
+    } else if (*got) {
         r->st.fills++;
-        emit(p, JLM_PAGER_EV_FILL, pg, got, p->src->tier);
-    } else {
+        emit(p, JLM_PAGER_EV_FILL, pg, *got, p->src->tier);
+    } else if (pin) {
         r->st.hits++;
         emit(p, JLM_PAGER_EV_HIT, pg, 0, JLM_TIER_FRAME);
     }
+    return 0;
+}
+
+int jlm_pager_get(jlm_pager *p, uint32_t array, uint32_t page, uint64_t off, uint64_t len,
+                  const void **ptr, jlm_err *err)
+{
+    uint64_t c0, c1, got;
+    int rc = span_chunks(p, array, page, off, len, &c0, &c1, err);
+    if (rc)
+        return rc;
+    ppage *pg = &p->arr[array].pages[page];
+    if (pg == p->adv) {   /* a second holder: nothing of the page is released any more */
+        pg->rel = 0;
+        p->adv = NULL;
+    }
+    if ((rc = acquire(p, pg, c0, c1, 1, &got, err)))
+        return rc;
+    pg->pins++;
+    jlm_pgp_touch(p, pg);
     *ptr = pg->frame + off;
     return 0;
+}
+
+int jlm_pager_advance(jlm_pager *p, uint32_t array, uint32_t page, uint64_t off, uint64_t len, jlm_err *err)
+{
+    uint64_t c0, c1, got;
+    int rc = span_chunks(p, array, page, off, len, &c0, &c1, err);
+    if (rc)
+        return rc;
+    ppage *pg = &p->arr[array].pages[page];
+    if (!pg->frame || !pg->pins)
+        return jlm_errf(err, JLM_EINVAL, "pager: %s page %u: advanced but not pinned", p->arr[array].name, page);
+    if (pg->pf_in)   /* a read ahead into this page: in before the released chunks change */
+        pf_collect_slot(p, &p->pf.slot[pg->pf_in - 1], 1, NULL);
+    if (pg->pins == 1 && (pg == p->adv || !p->adv || !p->adv->pins)) {
+        if (p->adv && p->adv != pg)
+            p->adv->rel = 0;
+        p->adv = pg;
+        pg->rel = c0;   /* the chunk holding off is still in use */
+    }
+    return acquire(p, pg, c0, c1, 0, &got, err);
 }
 
 void jlm_pager_unpin(jlm_pager *p, uint32_t array, uint32_t page)
@@ -962,6 +898,10 @@ void jlm_pager_unpin(jlm_pager *p, uint32_t array, uint32_t page)
     if (!pg->frame || pg->pins == 0)
         return;
     if (--pg->pins == 0) {
+        if (pg == p->adv) {
+            pg->rel = 0;
+            p->adv = NULL;
+        }
         if (pg->n_filled == 0)
             unmap_frame(p, pg);   /* a get of no bytes: nothing to keep */
         else

@@ -28,7 +28,9 @@
  *              RESIDENT with the chunks read before, or to ABSENT if none were.
  *   RESIDENT   frame != NULL; bitmap says which chunks hold the source's
  *              bytes (all of the page, or a part: a partial frame); a pinned
- *              page is on no list and is never a victim, not even in part.
+ *              page is on no list and is never a victim, not even in part,
+ *              except for the chunks its one holder released
+ *              (jlm_pager_advance: tensor-granular release).
  *
  * Partial frames: a frame is frame_len bytes of address space, but only the
  * page's filled chunks are charged to the budget (its held bytes) and only
@@ -51,15 +53,17 @@
  *  (7) Eviction takes an unpinned EXPERT-class page, whole (the least
  *      recently used, or under jlm_pager_set_expert_policy's JLM_XP_LFU
  *      the lowest decaying count, under JLM_XP_NEXT the latest expected
- *      next use: engine/xpolicy.h); if there is none, chunks from the end of the unpinned BLOCK-
+ *      next use: engine/xpolicy.h); if there is none, chunks from the end of the BLOCK-
  *      class page holding the most chunks (ties: the most recently used),
- *      down to one below the next fullest. Blocks are scanned cyclically
- *      every token: the pages level off at about (budget - the pages that
- *      must be whole) / (N - 1) each, and a cycle reads the least a cyclic
- *      scan can when the page computed must be whole: (file - budget) *
- *      N / (N - 1), N / (N - 2) with prefetch (docs/pager.md). With whole
- *      frames this is MRU; LRU would fault all N. "Used" = the last get or
- *      unpin.
+ *      down to one below the next fullest: an unpinned page, or the page
+ *      being advanced through (the most recent), from the end of its
+ *      released chunks. Blocks are scanned cyclically every token: the
+ *      pages level off, and a cycle reads (blocks - budget) plus what must
+ *      be held at once beyond the levels: a whole page computed gives
+ *      (blocks - budget) * N / (N - 1), N / (N - 2) with prefetch; a page
+ *      advanced through op by op, the missing part of the largest two
+ *      consecutive ops (docs/pager.md). With whole frames this is MRU; LRU
+ *      would fault all N. "Used" = the last get or unpin.
  *  (8) No memory of a frame outside its filled chunks is mapped (mincore),
  *      so the process uses what the budget counts; not checked for the page
  *      a prefetch is reading into.
@@ -242,6 +246,18 @@ void jlm_pager_set_evict_hook(jlm_pager *p, jlm_pager_evict_fn fn, void *ctx);
  * evicted. */
 int  jlm_pager_get(jlm_pager *p, uint32_t array, uint32_t page, uint64_t off, uint64_t len,
                    const void **ptr, jlm_err *err);
+/* Tensor-granular release: the one holder of page `page`'s pin (a get of any
+ * part of it) is done with every byte before `off` and needs [off, off+len)
+ * next. The chunks wholly before off become released: while the page stays
+ * pinned they may be trimmed (invariant 7) like an unpinned page's, to make
+ * room for this page's next bytes or any other page's; the rest of the page
+ * stays pinned. Then the missing chunks of [off, off+len) are read (a FILL;
+ * the pointer from the get stays valid: frame + off). A later get of the
+ * page (a second holder) cancels the release; at most one page is advanced
+ * through at a time (advancing another one while it is pinned releases
+ * nothing there); unpin ends it. Errors as jlm_pager_get (JLM_EINVAL also
+ * for a page not pinned); nothing is pinned or unpinned by it. */
+int  jlm_pager_advance(jlm_pager *p, uint32_t array, uint32_t page, uint64_t off, uint64_t len, jlm_err *err);
 /* Releases one pin; at zero the page becomes the most recently used of its
  * class. Unpinning a page that is not pinned is a caller bug (assert). */
 void jlm_pager_unpin(jlm_pager *p, uint32_t array, uint32_t page);
@@ -266,6 +282,12 @@ void jlm_pager_set_prefetch_depth(jlm_pager *p, uint32_t depth);
  * when a read was started, 0 when there is nothing to read (resident in
  * full, pinned, on its way, prefetch off, out of range), -1 when skipped. */
 int  jlm_pager_prefetch(jlm_pager *p, uint32_t array, uint32_t page);
+/* The same for the missing chunks of bytes [off, off+len) of the page only;
+ * also into the page advanced through (jlm_pager_advance), pinned by its one
+ * holder, for bytes it will advance to (the next jlm_pager_advance of the
+ * page waits for the read). Returns as jlm_pager_prefetch (0 also for a
+ * range past the extent or empty). */
+int  jlm_pager_prefetch_range(jlm_pager *p, uint32_t array, uint32_t page, uint64_t off, uint64_t len);
 
 /* ---------------------------------------------------------------- query */
 /* Bytes of the page currently filled (0 when absent). Cannot fail. */

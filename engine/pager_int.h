@@ -24,6 +24,8 @@ typedef struct ppage {
     uint32_t      array, idx;
     int           pf_fresh;   /* read by a prefetch, no get since */
     uint8_t       pf_in;      /* 1 + the slot reading it; 0: none */
+    uint64_t      rel;        /* pinned by one holder that advances (jlm_pager_advance):
+                                 chunks [0, rel) are released, trimmable though pinned; else 0 */
     double        xp_key;     /* expert pages: the decaying count's key (engine/xpolicy.h) */
 } ppage;
 
@@ -98,6 +100,7 @@ struct jlm_pager {
     uint32_t    xp_blocks;    /* JLM_XP_NEXT: MoE blocks (expert pages / xp_per_block) */
     double      xp_gets;      /* JLM_XP_NEXT: expert gets a token (the window's step) */
     uint32_t    xp_cur;       /* JLM_XP_NEXT: the expert page last gotten or being read */
+    ppage      *adv;          /* the pinned page with released chunks (rel > 0), or NULL */
 
     /* prefetch: on, and the reads in flight or uncollected (slots' pg:
      * engine thread only; the reader threads see the rest of pf) */
@@ -124,6 +127,20 @@ static inline uint64_t chunk_hi(const jlm_pager *p, const parray *r, const ppage
     uint64_t hi = c1 << p->chunk_shift, ext = r->extent[pg->idx];
     return hi > ext ? ext : hi;
 }
+
+/* ---------------------------------------------------------------- configuration (pager_conf.c) */
+/* Array a of cfg checked (JLM_EINVAL naming it and the bound); its frame
+ * length (the largest extent, >= 4096) in *frame_len. */
+int    jlm_pgc_check_desc(const jlm_pager_config *cfg, uint32_t a, uint64_t *frame_len, jlm_err *err);
+/* p->arr[a]'s records from d (JLM_ENOMEM). */
+int    jlm_pgc_init_array(jlm_pager *p, const jlm_pager_array_desc *d, uint32_t a, uint64_t frame_len, jlm_err *err);
+
+/* ---------------------------------------------------------------- reader threads (pager_read.c) */
+/* The pages of [q, q + n) populated for writing before a read fills them. */
+void    jlm_pgr_prefault(uint8_t *q, uint64_t n);
+/* A free prefetch slot with a reader thread for it (started here), or NULL;
+ * with no thread at all prefetch turns off (p->pf_on = 0). */
+pfslot *jlm_pgr_free_slot(jlm_pager *p);
 
 /* ---------------------------------------------------------------- expert policy (pager_policy.c) */
 /* A get of pg (an expert page's decaying count; other classes: nothing). */

@@ -99,15 +99,126 @@ void jlm_stream_open(jlm_engine *e, const jlm_engine_opts *o)
      * would take an expert of the same block read just before (read twice) */
     uint32_t pins[3] = {2, 0, 2 * e->c->n_expert_used};
     e->rd_par = e->rd_depth > 1 && (!e->budget || e->budget >= jlm_pager_min_budget(e->pager, pins));
+    uint64_t blocks = 0;
+    for (uint32_t pg = 0; jlm_pager_extent(e->pager, JLM_PAGER_TEXT, pg); pg++)
+        blocks += jlm_pager_extent(e->pager, JLM_PAGER_TEXT, pg);
+    e->by_op_on = e->budget && e->budget < blocks && !o->whole_blocks;
     e->predict = e->predict && e->rd_par;
     e->warm_at = 0;
 }
 
+/* ---------------------------------------------------------------- op by op */
+/* Ops that read no weight of the page but their own operands (op->w): the
+ * ones a block can be acquired op by op for. MoE (the router kept, the
+ * shared experts), latent attention and the vision ops read others. */
+static int op_own_weights(int kind)
+{
+    switch (kind) {
+    case JLM_OP_NORM: case JLM_OP_QKV: case JLM_OP_KV_STORE: case JLM_OP_KEYS_DONE: case JLM_OP_Q:
+    case JLM_OP_Q_ROPE: case JLM_OP_ATTENTION: case JLM_OP_MATMUL: case JLM_OP_RESIDUAL: case JLM_OP_GATE_UP:
+        return 1;
+    default:
+        return 0;
+    }
+}
+
+/* Bytes [*lo, *hi) of block l's page that op's weights take (every plane of
+ * each); 0 when none is in the page (norms and biases are dense). */
+static int op_span(const jlm_engine *e, uint32_t l, const jlm_op *op, uint64_t *lo, uint64_t *hi)
+{
+    *lo = UINT64_MAX;
+    *hi = 0;
+    for (int i = 0; i < JLM_OP_W; i++) {
+        const jlm_tensor *t = op->w[i] ? W(e, (int32_t)l, op->w[i]) : NULL;
+        jlm_tensor_loc loc;
+        jlm_tensor_planes pl;
+        if (!t)
+            continue;
+        jlm_fmt_tensor_loc(e->m, t, &loc);
+        if (loc.region != JLM_REG_TEXT || loc.page != (int64_t)l || jlm_fmt_tensor_planes(t, &pl, NULL))
+            continue;
+        const uint64_t off[3] = {t->qs_off, t->d_off, t->sc_off}, len[3] = {pl.qs_len, pl.d_len, pl.sc_len};
+        for (int k = 0; k < 3; k++) {
+            if (!len[k])
+                continue;
+            if (off[k] - loc.page_off < *lo)
+                *lo = off[k] - loc.page_off;
+            if (off[k] - loc.page_off + len[k] > *hi)
+                *hi = off[k] - loc.page_off + len[k];
+        }
+    }
+    return *hi > 0;
+}
+
+/* The first op at or after k of block l's program p with weights in the
+ * page; p->n if none. */
+static uint32_t next_span(const jlm_engine *e, const jlm_prog *p, uint32_t l, uint32_t k, uint64_t *lo, uint64_t *hi)
+{
+    for (; k < p->n; k++)
+        if (op_span(e, l, &p->op[k], lo, hi))
+            return k;
+    return p->n;
+}
+
+static const jlm_prog *block_prog(const jlm_engine *e, uint32_t l)
+{
+    return W(e, (int32_t)l, JLM_R_EXP_GATE) ? &e->prog_moe : &e->prog_dense;
+}
+
+/* Whether block l (program p, n rows) is acquired op by op: on the CPU,
+ * under a budget below the blocks, one pass of the program (n <= nb: more
+ * passes would read the released weights again) that reads only its ops'
+ * own weights. */
+static int by_op(const jlm_engine *e, const jlm_prog *p, uint32_t l, uint32_t n)
+{
+    if (!e->by_op_on || e->n_dev || n > e->nb)
+        return 0;
+    for (uint32_t k = 0; k < p->n; k++)
+        if (!op_own_weights(p->op[k].kind))
+            return 0;
+    return 1;
+}
+
+int jlm_stream_op(jlm_engine *e, const jlm_prog *p, uint32_t l, uint32_t k, jlm_err *err)
+{
+    uint64_t lo, hi;
+    if (!op_span(e, l, &p->op[k], &lo, &hi))
+        return JLM_OK;
+    int rc = jlm_pager_advance(e->pager, JLM_PAGER_TEXT, l, lo, hi - lo, err);
+    if (rc)
+        return jlm_err_prefix(err, rc, "%s: block %u", e->m->path, l);
+    /* the next op's weights are read while this one computes: in this
+     * block, or the next block's first (block 0 of the next pass after the
+     * last) if that one goes op by op too (otherwise its whole page is read
+     * ahead at its own get) */
+    uint32_t nk = next_span(e, p, l, k + 1, &lo, &hi), nl = l;
+    if (nk == p->n) {
+        nl = l + 1 < e->c->n_layer ? l + 1 : 0;
+        const jlm_prog *np = block_prog(e, nl);
+        if (!by_op(e, np, nl, 1) || (nk = next_span(e, np, nl, 0, &lo, &hi)) == np->n)
+            return JLM_OK;
+    }
+    jlm_pager_prefetch_range(e->pager, JLM_PAGER_TEXT, nl, lo, hi - lo);
+    return JLM_OK;
+}
+
 /* ---------------------------------------------------------------- blocks */
-int jlm_stream_block(jlm_engine *e, uint32_t l, const uint8_t **page, jlm_err *err)
+int jlm_stream_block(jlm_engine *e, uint32_t l, const jlm_prog *p, uint32_t n, const uint8_t **page, jlm_err *err)
 {
     const void *host;
     uint64_t ext = jlm_pager_extent(e->pager, JLM_PAGER_TEXT, l);
+    if (by_op(e, p, l, n)) {   /* pinned with its first op's weights; the ops advance through it */
+        uint64_t lo = 0, hi = 0;
+        if (next_span(e, p, l, 0, &lo, &hi) == p->n)
+            lo = hi = 0;
+        int rc = jlm_pager_get(e->pager, JLM_PAGER_TEXT, l, lo, hi - lo, &host, err);
+        if (rc)
+            return jlm_err_prefix(err, rc, "%s: block %u", e->m->path, l);
+        e->dev_here = NULL;
+        e->by_op = l + 1;
+        *page = (const uint8_t *)host - lo;
+        return JLM_OK;
+    }
     int rc = jlm_pager_get(e->pager, JLM_PAGER_TEXT, l, 0, ext, &host, err);
     if (rc)
         return jlm_err_prefix(err, rc, "%s: block %u", e->m->path, l);
@@ -135,6 +246,7 @@ int jlm_stream_block(jlm_engine *e, uint32_t l, const uint8_t **page, jlm_err *e
 
 void jlm_stream_block_done(jlm_engine *e, uint32_t l)
 {
+    e->by_op = 0;
     if (e->dev_here)
         jlm_dev_page_put(e->dev_here, JLM_PAGER_TEXT, l);
     jlm_pager_unpin(e->pager, JLM_PAGER_TEXT, l);

@@ -6,7 +6,7 @@
 #  2. the layer loops and the ops make no paging call: model.c, exec*.c,
 #     vision.c and engine/arch/ acquire and release pages only through the
 #     streamer (engine/stream.c), never jlm_pager_get/unpin/prefetch or a
-#     device frame's get/put/prefetch.
+#     device frame's get/put/prefetch (nor advance a page: jlm_pager_advance).
 # Usage: scripts/check-engine.sh   (from anywhere; prints each violation)
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -20,7 +20,7 @@ while IFS= read -r f; do
     fi
 done < <(find engine -name '*.[ch]' | sort)
 for f in engine/model.c engine/exec*.c engine/vision.c engine/arch/*.c; do
-    if grep -nE '\bjlm_(pager_(get|unpin|prefetch)|dev_(page_get|page_put|prefetch(_end)?))\(' "$f"; then
+    if grep -nE '\bjlm_(pager_(get|advance|unpin|prefetch(_range)?)|dev_(page_get|page_put|prefetch(_end)?))\(' "$f"; then
         echo "$f: a paging call outside the streamer (engine/stream.c)"
         bad=1
     fi

@@ -340,26 +340,38 @@ static void cyc_close(cyc *c)
     free(c->data);
 }
 
+/* The bytes the pager has read. */
+static uint64_t cyc_read(cyc *c)
+{
+    jlm_pager_counters st;
+    jlm_pager_stats(c->p, &st);
+    return st.a[0].bytes_read;
+}
+
+/* Page l's step ends: unpinned, the invariants checked before and after. */
+static void cyc_done(cyc *c, uint32_t l)
+{
+    jlm_err err = { 0 };
+    cr_assert_eq(jlm_pager_check(c->p, &err), 0, "%s", err.msg);
+    jlm_pager_unpin(c->p, 0, l);
+    cr_assert_eq(jlm_pager_check(c->p, &err), 0, "%s", err.msg);
+}
+
 /* One cycle; returns the bytes it read (prefetches counted when collected:
  * the prefetch of block 0 issued by the last step lands in the next cycle). */
 static uint64_t cyc_pass(cyc *c, int prefetch, uint32_t pin0)
 {
     jlm_err err = { 0 };
-    jlm_pager_counters st;
-    jlm_pager_stats(c->p, &st);
-    uint64_t before = st.a[0].bytes_read;
+    uint64_t before = cyc_read(c);
     for (uint32_t l = pin0; l < CYC_N; l++) {
         const void *ptr = NULL;
         cr_assert_eq(jlm_pager_get(c->p, 0, l, 0, CYC_PG, &ptr, &err), 0, "%s", err.msg);
         if (prefetch)
             jlm_pager_prefetch(c->p, 0, l + 1 < CYC_N ? l + 1 : pin0);
         check_bytes(ptr, BLK_BASE + (uint64_t)l * CYC_PG, CYC_PG, "scanned block");
-        cr_assert_eq(jlm_pager_check(c->p, &err), 0, "%s", err.msg);
-        jlm_pager_unpin(c->p, 0, l);
-        cr_assert_eq(jlm_pager_check(c->p, &err), 0, "%s", err.msg);
+        cyc_done(c, l);
     }
-    jlm_pager_stats(c->p, &st);
-    return st.a[0].bytes_read - before;
+    return cyc_read(c) - before;
 }
 
 static void cyclic_optimum(int prefetch)
@@ -413,6 +425,100 @@ Test(pager, a_cyclic_scan_reads_the_optimum_at_budgets_between_whole_frames, .ti
 Test(pager, a_cyclic_scan_with_prefetch_reads_the_optimum_for_two_whole_pages, .timeout = 30)
 {
     cyclic_optimum(1);
+}
+
+/* The engine's tensor-granular way (engine/stream.c, op by op): page l
+ * pinned by a get of its first op's bytes, then advanced op by op
+ * (jlm_pager_advance: what is before the op released), each op's bytes
+ * checked, optionally the next op read ahead (prefetch_range: in the same
+ * page, or the next page's first). Returns the bytes a cycle read. */
+#define CYC_OPS 4u
+#define CYC_OP (CYC_PG / CYC_OPS)
+static uint64_t cyc_pass_ops(cyc *c, int prefetch)
+{
+    jlm_err err = { 0 };
+    uint64_t before = cyc_read(c);
+    for (uint32_t l = 0; l < CYC_N; l++) {
+        const void *ptr = NULL;
+        cr_assert_eq(jlm_pager_get(c->p, 0, l, 0, CYC_OP, &ptr, &err), 0, "%s", err.msg);
+        for (uint32_t k = 0; k < CYC_OPS; k++) {
+            cr_assert_eq(jlm_pager_advance(c->p, 0, l, k * CYC_OP, CYC_OP, &err), 0, "%s", err.msg);
+            if (prefetch)
+                jlm_pager_prefetch_range(c->p, 0, k + 1 < CYC_OPS ? l : (l + 1) % CYC_N, (k + 1) % CYC_OPS * CYC_OP,
+                                         CYC_OP);
+            check_bytes((const uint8_t *)ptr + k * CYC_OP, BLK_BASE + (uint64_t)l * CYC_PG + k * CYC_OP, CYC_OP,
+                        "op's bytes");
+            cr_assert_eq(jlm_pager_check(c->p, &err), 0, "%s", err.msg);
+        }
+        cyc_done(c, l);
+    }
+    return cyc_read(c) - before;
+}
+
+/* Released op by op, a cyclic scan holds beyond the levels only the op in
+ * use (and the one read ahead), not the whole page: a cycle reads blocks -
+ * budget plus about that window (w chunks, + 1 for the levels' step), well
+ * under the whole-page optimum (n*sc - bc) * n / (n - k). With a whole
+ * page pinned while it computes (release at page granularity) this fails. */
+static void cyclic_ops(int prefetch)
+{
+    uint64_t k = prefetch ? 2 : 1, n = CYC_N, sc = CYC_SC, w = (prefetch ? 2 : 1) * (CYC_OP / 4096);
+    uint64_t bcs[] = { 2 * sc + 1, 3 * sc + 5, 5 * sc + 3 };
+    for (size_t i = 0; i < sizeof bcs / sizeof *bcs; i++) {
+        uint64_t bc = bcs[i];
+        cyc c;
+        cyc_open(&c, bc * 4096, prefetch);
+        for (int r = 0; r < 3 * (int)n; r++)
+            cyc_pass_ops(&c, prefetch);
+        uint64_t total = 0, cycles = n;
+        for (uint64_t r = 0; r < cycles; r++)
+            total += cyc_pass_ops(&c, prefetch);
+        uint64_t bound = cycles * (n * sc - bc + w + 1) * 4096, whole = cycles * (n * sc - bc) * n / (n - k) * 4096;
+        cr_assert(total <= bound && total < whole,
+                  "prefetch %d, budget %llu chunks: %llu bytes in %llu cycles; blocks - budget + the op window: %llu, "
+                  "whole pages: %llu", prefetch, (unsigned long long)bc, (unsigned long long)total,
+                  (unsigned long long)cycles, (unsigned long long)bound, (unsigned long long)whole);
+        jlm_pager_counters st;
+        jlm_pager_stats(c.p, &st);
+        cr_assert(st.peak_bytes <= bc * 4096, "peak %llu past the budget", (unsigned long long)st.peak_bytes);
+        if (prefetch)
+            cr_assert(st.a[0].pf_issued > 0 && st.a[0].pf_hits + st.a[0].pf_waits > 0, "the ops read ahead were used");
+        cyc_close(&c);
+    }
+}
+
+Test(pager, a_scan_advanced_op_by_op_reads_blocks_minus_budget_plus_one_op, .timeout = 30)
+{
+    cyclic_ops(0);
+}
+
+Test(pager, a_scan_advanced_op_by_op_with_the_next_op_read_ahead_reads_blocks_minus_budget_plus_two, .timeout = 30)
+{
+    cyclic_ops(1);
+}
+
+/* A second get of a page being advanced through cancels its release: the
+ * released chunks stay while the second holder has the page. */
+Test(pager, a_second_get_keeps_the_chunks_an_advance_released, .timeout = 10)
+{
+    cyc c;
+    cyc_open(&c, (CYC_SC + 2 * CYC_OPS) * 4096, 0);
+    jlm_err err = { 0 };
+    const void *p0 = NULL, *p1 = NULL;
+    cr_assert_eq(jlm_pager_get(c.p, 0, 0, 0, CYC_OP, &p0, &err), 0, "%s", err.msg);
+    cr_assert_eq(jlm_pager_advance(c.p, 0, 0, 3 * CYC_OP, CYC_OP, &err), 0, "%s", err.msg);
+    cr_assert_eq(jlm_pager_get(c.p, 0, 0, 0, CYC_OP, &p1, &err), 0, "%s", err.msg);
+    for (uint32_t l = 1; l < 3; l++) {   /* pages that need the room */
+        const void *q = NULL;
+        cr_assert_eq(jlm_pager_get(c.p, 0, l, 0, CYC_PG - 4096 * (l == 2), &q, &err), 0, "%s", err.msg);
+        jlm_pager_unpin(c.p, 0, l);
+    }
+    check_bytes(p1, BLK_BASE, CYC_OP, "the second holder's bytes");
+    cr_assert_eq(jlm_pager_advance(c.p, 0, 5, 0, 4096, &err), JLM_EINVAL, "an unpinned page cannot be advanced");
+    jlm_pager_unpin(c.p, 0, 0);
+    jlm_pager_unpin(c.p, 0, 0);
+    cr_assert_eq(jlm_pager_check(c.p, &err), 0, "%s", err.msg);
+    cyc_close(&c);
 }
 
 /* The chunks a scan evicts move (mremap) into the page that reads next at the
