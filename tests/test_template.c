@@ -227,6 +227,10 @@ static const struct unit_case {
      "{\"s\": \"h\303\251llo\342\234\223\"}",
      "\303\251l \342\234\223oll\303\251h \342\234\223 h h\303\251l 6"},
     {"slice",
+     "{{ s[::2] }} {{ s[1::3] }} {{ s[::-2] }} {{ s[-2::-3] }} {{ s[5:1:-1] }} {{ s[1:100:4] }} {{ s[::-100] }} {{ s[10::-4] }}",
+     "{\"s\": \"h\303\251llo\342\234\223ab\303\247\"}",
+     "hloa\303\247 \303\251ob \303\247aolh bo\303\251 \342\234\223oll \303\251\342\234\223 \303\247 \303\247oh"},
+    {"slice",
      "{% set m = messages[1:] %}{{ m|length }}{{ m[0].role }} {{ messages[-1]['content'] }}",
      "{\"messages\": [{\"role\": \"system\", \"content\": \"S\"}, {\"role\": \"user\", \"content\": \"Hi\"}, {\"role\": \"assistant\", \"content\": \"Yo\"}]}",
      "2user Yo"},
@@ -804,6 +808,19 @@ Test(template, repeating_an_empty_sequence_a_huge_number_of_times_ends_at_once, 
     const char *const cases[][2] = {{"{{ 'x' * 0 * 600000000 }}", ""}, {"{{ '' * 900000000000000000 }}", ""},
                               {"{{ ([] * 900000000000000000) | length }}", "0"}, {"{{ 'ab' * 3 }}", "ababab"},
                               {"{{ ([1] * 3) | length }}", "3"}};
+    expect_renders(cases, sizeof cases / sizeof cases[0]);
+}
+
+/* A stepped slice of a string walks its characters once: the step's
+ * characters were each found by counting from the start, so
+ * s[::-22] of a string of megabytes (fuzz_jinja's find, doubling a string
+ * in a loop) ran for minutes inside one step of the budget. */
+Test(template, a_stepped_slice_of_a_long_string_is_linear, .timeout = 20)
+{
+    const char *const cases[][2] = {
+        {"{% set ns = namespace(s='ab\303\251d') %}{% for i in range(19) %}{% set ns.s = ns.s ~ ns.s %}{% endfor %}"
+         "{{ ns.s|length }} {{ (ns.s[::-22])|length }} {{ (ns.s[1::7])|length }} {{ ns.s[::-1][:4] }}",
+         "2097152 95326 299593 d\303\251ba"}};
     expect_renders(cases, sizeof cases / sizeof cases[0]);
 }
 

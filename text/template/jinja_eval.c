@@ -140,9 +140,25 @@ static jj_val do_slice(jj_ctx *C, jj_val obj, jj_val vs, jj_val ve, jj_val vst)
         size_t a = jlm_jj_utf8_offset(p, len, (size_t)s), z = jlm_jj_utf8_offset(p, len, (size_t)e);
         return jlm_jj_strn(C, p + a, z - a);
     }
+    /* character i's bytes are [a, z): a walked from character s, step
+     * characters at a time (an offset counted from the start for each
+     * character made a stepped slice of a long string quadratic) */
+    size_t a = s < e || step < 0 ? jlm_jj_utf8_offset(p, len, (size_t)s) : len;
     for (int64_t i = s; step > 0 ? i < e : i > e; i += step) {
-        size_t a = jlm_jj_utf8_offset(p, len, (size_t)i), z = jlm_jj_utf8_offset(p, len, (size_t)i + 1);
+        size_t z = a + 1;
+        while (z < len && ((unsigned char)p[z] & 0xc0) == 0x80) z++;
         jlm_jj_buf_put(C, &b, p + a, z - a);
+        for (int64_t k = step > 0 ? step : -step; k > 0; k--) {
+            if (step > 0) {
+                if (a >= len) break;
+                a++;
+                while (a < len && ((unsigned char)p[a] & 0xc0) == 0x80) a++;
+            } else {
+                if (a == 0) break;
+                a--;
+                while (a > 0 && ((unsigned char)p[a] & 0xc0) == 0x80) a--;
+            }
+        }
     }
     return jlm_jj_strn(C, b.p ? b.p : "", b.len);
 }
