@@ -1,0 +1,491 @@
+/* exec_cu.c - whole blocks on a CUDA device: a block program's ops
+ * (engine/prog.h) enqueued as kernels on the compute stream, so the blocks
+ * of a token (and the output matrix, when it is there too) make one round
+ * trip (docs/cuda.md, "Whole blocks on the device").
+ *
+ * The residual rows cross to the device at the first device block of a
+ * forward and back only at a split point (jlm_ecu_x_sync) or not at all when
+ * the logits are computed here (jlm_ecu_output). The engine's own sequence
+ * keeps its KV cache of these blocks here (F32, an allocation per layer,
+ * rows of kv_dim); any other sequence (jlm_engine_seq: serve, batches) and
+ * what the kernels are not wired for yet (sliding windows, sinks, F16
+ * caches, GELU gates, experts, latent attention) is JLM_EUNSUPPORTED,
+ * decided per model, layer and sequence before anything is enqueued, so a
+ * block always runs on the same side. Quantized weights read int8 rows
+ * quantized on the device (jlm_cu_quantize_block, bit-identical to the
+ * CPU's). Nothing here waits for the device: the host waits at x_sync,
+ * output, and when a device frame is dropped (jlm_ecu_drain). */
+#include "engine/backend_cu_int.h"
+#include "engine/exec_int.h"
+
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "kernels/cuda/cuda.h"
+
+/* One block being planned (dry: addresses only, nothing enqueued) or enqueued. */
+typedef struct cub {
+    jlm_ecu          *v;
+    jlm_engine       *e;
+    const jlm_config *c;
+    jlm_ex_blk        b;
+    void             *kc;
+    uint32_t          pos0;
+    int               dry, q_ready;
+    jlm_err          *err;
+} cub;
+
+#define UNSUP JLM_EUNSUPPORTED
+#define CS JLM_CU_S_COMPUTE
+
+static uint64_t width(const jlm_engine *e, int b)
+{
+    const jlm_config *c = e->c;
+    switch (b) {
+    case JLM_B_Q: return e->q_dim;
+    case JLM_B_K: return e->kv_dim;
+    case JLM_B_V: return e->kv_dim_v;
+    case JLM_B_ATT: return (uint64_t)c->n_head * e->hd_v;
+    case JLM_B_G: case JLM_B_U: return c->n_ffn;
+    default: return c->n_embd;
+    }
+}
+
+/* float off of activation buffer b (device memory) */
+static float *abp(const cub *k, int b, uint64_t off) { return (float *)k->v->blk.ab[b].p + off; }
+static float *row(const cub *k, int b, uint32_t t) { return abp(k, b, t * width(k->e, b)); }
+
+static uint32_t pos_of(const cub *k, uint32_t t) { return k->kc ? k->pos0 + t : k->e->bpos[t]; }
+
+/* A launch's outcome: the seam's error named, and the stream now has work. */
+static int launched(cub *k, int rc, const char *what)
+{
+    k->v->blk.queued = 1;
+    return rc ? jlm_ecu_fail(k->v, k->err, what) : JLM_OK;
+}
+
+/* The device address of a dense vector (norm weights, biases, RoPE
+ * factors); NULL p: none. */
+static int vec(jlm_ecu *v, const float *p, uint64_t n, const float **out)
+{
+    *out = NULL;
+    if (!p)
+        return JLM_OK;
+    jlm_dframe *f = jlm_dframes_frame_of(&v->dev.frames, p, n * 4, NULL);
+    if (!f)
+        return UNSUP;
+    *out = (const float *)(const void *)((const uint8_t *)f->buf + ((const uint8_t *)p - f->host));
+    return JLM_OK;
+}
+
+/* y (n rows) = x (n rows of m->k, activation buffer src) times m, its
+ * planes in a device frame; quantized types read src's int8 rows, quantized
+ * here (reuse: the previous call quantized src and it has not changed).
+ * dry: only whether it can. */
+static int matmul_rows(jlm_ecu *v, const jlm_k_mat *m, uint32_t n, const float *x, int src, float *y, int reuse,
+                       int dry, jlm_err *err)
+{
+    jlm_cu_mat cm;
+    int fl = jlm_fmt_type_traits(m->type)->is_float;
+    if ((!fl && m->k % 32) || n > 65535 || jlm_ecu_planes(v, m, &cm, NULL))
+        return UNSUP;
+    if (dry)
+        return JLM_OK;
+    jlm_ecu_blk *s = &v->blk;
+    uint64_t nk = (uint64_t)n * m->k;
+    int rc = JLM_OK;
+    if (!fl && !reuse) {
+        jlm_cu_act a = {nk, s->aq.p, s->ad.p, s->as.p};
+        rc = jlm_cu_rt_quantize(v->rt, x, &a, CS);
+    }
+    const jlm_cu_act *rec = (const jlm_cu_act *)s->rec.p + (uint64_t)src * s->ab_rows;
+    if (!rc)
+        rc = jlm_cu_rt_matvec(v->rt, &cm, n, fl ? x : NULL, fl ? NULL : rec, y, CS);
+    v->blk.queued = 1;
+    v->st.matmuls++;
+    return rc ? jlm_ecu_fail(v, err, "matvec") : JLM_OK;
+}
+
+/* dst rows = src rows times m; reuse: the previous mm's src was this one. */
+static int mm(cub *k, const jlm_k_mat *m, int src, int dst, int reuse)
+{
+    if (m->k != width(k->e, src) || m->rows != width(k->e, dst))
+        return UNSUP;
+    return matmul_rows(k->v, m, k->b.n, abp(k, src, 0), src, abp(k, dst, 0), reuse, k->dry, k->err);
+}
+
+/* rows of b += bias (role r; none: nothing) */
+static int bias(cub *k, int b, uint16_t r)
+{
+    const float *bv;
+    uint64_t w = width(k->e, b);
+    int rc = vec(k->v, blk_vec(k->e, &k->b, r), w, &bv);
+    for (uint32_t t = 0; !rc && bv && !k->dry && t < k->b.n; t++)
+        rc = launched(k, jlm_cu_rt_elem(k->v->rt, JLM_CU_ADD, row(k, b, t), row(k, b, t), bv, w, 0, 0, CS), "bias");
+    return rc;
+}
+
+/* dst rows = rmsnorm(src rows) * w, rows of E floats (w: NULL, none) */
+static int norm_rows(cub *k, int dst, int src, const float *w)
+{
+    if (k->dry)
+        return JLM_OK;
+    uint64_t E = width(k->e, dst);
+    return launched(k, jlm_cu_rt_rmsnorm(k->v->rt, abp(k, dst, 0), abp(k, src, 0), w, E, k->b.n, k->c->rms_eps, CS),
+                    "rmsnorm");
+}
+
+/* Each head of each row of b (q or k): its RMS norm (role r) and RoPE at
+ * the row's position (layer l's parameters: the kernel computes its angles). */
+static int heads(cub *k, int b, uint32_t n_head, uint16_t r)
+{
+    jlm_engine *e = k->e;
+    const float *w, *ff = NULL;
+    jlm_k_rope rp;
+    jlm_ex_rope_params(e, k->b.l, &rp);
+    int rope = !(k->c->flags & JLM_F_NO_POS_ENC), rc = vec(k->v, blk_vec(e, &k->b, r), e->hd, &w);
+    if (!rc && rope && (!rp.n_rot || rp.n_rot % 2 || rp.n_rot > e->hd))
+        rc = UNSUP;   /* Llama 4's layers without RoPE: left */
+    if (!rc && rope)
+        rc = vec(k->v, rp.freq_factors, rp.n_rot / 2, &ff);
+    jlm_cu_rope cr;
+    jlm_cu_rope_from(&rp, &cr);
+    cr.freq_factors = ff;
+    for (uint32_t t = 0; !rc && !k->dry && t < k->b.n; t++) {
+        if (w)
+            rc = launched(k, jlm_cu_rt_rmsnorm(k->v->rt, row(k, b, t), row(k, b, t), w, e->hd, n_head, k->c->rms_eps,
+                                               CS), "q/k norm");
+        if (!rc && rope)
+            rc = launched(k, jlm_cu_rt_rope(k->v->rt, &cr, row(k, b, t), n_head, e->hd, pos_of(k, t), CS), "rope");
+    }
+    return rc;
+}
+
+static int kv_store(cub *k, const jlm_op *op)
+{
+    jlm_engine *e = k->e;
+    jlm_ecu_blk *s = &k->v->blk;
+    int rc = (op->flags & JLM_OPF_QK_WIDE) ? UNSUP : bias(k, JLM_B_K, op->w[0]);
+    if (!rc)
+        rc = bias(k, JLM_B_V, op->w[1]);
+    if (!rc)
+        rc = heads(k, JLM_B_K, k->c->n_kv_head, op->w[2]);
+    for (uint32_t t = 0; !rc && !k->dry && t < k->b.n; t++) {
+        uint64_t p = pos_of(k, t);
+        rc = launched(k, jlm_cu_rt_d2d(k->v->rt, (float *)s->kc[k->b.l] + p * e->kv_dim, row(k, JLM_B_K, t),
+                                       e->kv_dim * 4ull, CS), "the key into the cache");
+        if (!rc)
+            rc = launched(k, jlm_cu_rt_d2d(k->v->rt, (float *)s->vc[k->b.l] + p * e->kv_dim_v, row(k, JLM_B_V, t),
+                                           e->kv_dim_v * 4ull, CS), "the value into the cache");
+    }
+    return rc;
+}
+
+static int attention(cub *k, const jlm_op *op)
+{
+    jlm_engine *e = k->e;
+    const jlm_config *c = k->c;
+    jlm_ecu_blk *s = &k->v->blk;
+    int swa = c->swa_window && c->swa_period && (k->b.l % c->swa_period) < c->swa_period - 1;
+    if (swa || blk_w(e, &k->b, op->w[0]) || !c->n_kv_head || c->n_head % c->n_kv_head ||
+        e->kv_dim != (uint64_t)c->n_kv_head * e->hd || e->kv_dim_v != (uint64_t)c->n_kv_head * e->hd_v ||
+        e->q_dim != (uint64_t)c->n_head * e->hd)
+        return UNSUP;   /* a window's mask, sinks: left */
+    jlm_cu_attn ap = {.n_head = c->n_head, .n_head_kv = c->n_kv_head, .head_dim = e->hd, .head_dim_v = e->hd_v,
+                      .k_stride = e->kv_dim, .v_stride = e->kv_dim_v, .k_head_stride = e->hd,
+                      .v_head_stride = e->hd_v, .scale = c->attn_scale > 0 ? c->attn_scale : 1.0f / sqrtf((float)e->hd),
+                      .softcap = c->attn_softcap};
+    int rc = JLM_OK;
+    for (uint32_t t = 0; !rc && !k->dry && t < k->b.n; t++) {
+        uint32_t pos = pos_of(k, t);
+        ap.n_kv = pos < e->bidir_end ? e->bidir_end : pos + 1;
+        rc = launched(k, jlm_cu_rt_attn(k->v->rt, &ap, row(k, JLM_B_Q, t), s->kc[k->b.l], s->vc[k->b.l], s->scores.p,
+                                        row(k, JLM_B_ATT, t), CS), "attention");
+    }
+    return rc;
+}
+
+static int run_op(cub *k, const jlm_op *op)
+{
+    jlm_engine *e = k->e;
+    const jlm_ex_blk *b = &k->b;
+    const float *w;
+    int rc;
+    switch (op->kind) {
+    case JLM_OP_NORM: {
+        const float *p = blk_vec(e, b, op->w[0]);
+        rc = vec(k->v, p ? p : blk_vec(e, b, op->w[1]), k->c->n_embd, &w);
+        return rc ? rc : norm_rows(k, op->dst, op->src, w);
+    }
+    case JLM_OP_QKV: {
+        const jlm_tensor *tq = blk_w(e, b, op->w[0]);
+        jlm_k_mat wq, wk = blk_mat(e, b, op->w[1]), wv = blk_mat(e, b, op->w[2]);
+        if (tq) {
+            wq = blk_mat(e, b, op->w[0]);
+            if ((rc = mm(k, &wq, op->src, JLM_B_Q, 0)))
+                return rc;
+        }
+        k->q_ready = tq != NULL;
+        rc = mm(k, &wk, op->src, JLM_B_K, tq != NULL);
+        return rc ? rc : mm(k, &wv, op->src, JLM_B_V, 1);
+    }
+    case JLM_OP_KV_STORE: return kv_store(k, op);
+    case JLM_OP_KEYS_DONE: return JLM_OK;   /* every row's keys are stored before any attends: op by op */
+    case JLM_OP_Q: {
+        if (k->q_ready)
+            return JLM_OK;
+        jlm_k_mat wq = blk_mat(e, b, op->w[1]);
+        rc = vec(k->v, blk_vec(e, b, op->w[0]), k->c->n_embd, &w);
+        if (!rc)
+            rc = norm_rows(k, JLM_B_H, JLM_B_X, w);
+        return rc ? rc : mm(k, &wq, JLM_B_H, JLM_B_Q, 0);
+    }
+    case JLM_OP_Q_ROPE:
+        rc = (op->flags & JLM_OPF_QK_WIDE) ? UNSUP : bias(k, JLM_B_Q, op->w[0]);
+        return rc ? rc : heads(k, JLM_B_Q, k->c->n_head, op->w[1]);
+    case JLM_OP_ATTENTION: return attention(k, op);
+    case JLM_OP_MATMUL: {
+        jlm_k_mat m = blk_mat(e, b, op->w[0]);
+        rc = mm(k, &m, op->src, op->dst, 0);
+        return rc ? rc : bias(k, op->dst, op->w[1]);
+    }
+    case JLM_OP_RESIDUAL: {
+        uint64_t E = k->c->n_embd;
+        if (width(e, op->src) != E || width(e, op->dst) != E)
+            return UNSUP;
+        if ((rc = bias(k, op->src, op->w[0])) || (rc = vec(k->v, blk_vec(e, b, op->w[1]), E, &w)))
+            return rc;
+        if (w && (rc = norm_rows(k, op->src, op->src, w)))
+            return rc;
+        return k->dry ? JLM_OK
+                      : launched(k, jlm_cu_rt_elem(k->v->rt, JLM_CU_ADD, abp(k, op->dst, 0), abp(k, op->dst, 0),
+                                                   abp(k, op->src, 0), b->n * E, 0, 0, CS), "residual add");
+    }
+    case JLM_OP_GATE_UP: {
+        jlm_k_mat wg = blk_mat(e, b, op->w[0]), wu = blk_mat(e, b, op->w[1]);
+        if (op->act != JLM_ACT_SWIGLU && op->act != JLM_ACT_SWIGLU_OAI)
+            return UNSUP;   /* GELU through llama.cpp's fp16 table: not wired yet */
+        if ((rc = mm(k, &wg, op->src, JLM_B_G, 0)) || (rc = mm(k, &wu, op->src, JLM_B_U, 1)) ||
+            (rc = bias(k, JLM_B_G, op->w[2])) || (rc = bias(k, JLM_B_U, op->w[3])) || k->dry)
+            return rc;
+        uint64_t n = b->n * wg.rows;
+        int oai = op->act == JLM_ACT_SWIGLU_OAI;
+        return launched(k, jlm_cu_rt_elem(k->v->rt, oai ? JLM_CU_SWIGLU_OAI : JLM_CU_SWIGLU, abp(k, JLM_B_G, 0),
+                                          abp(k, JLM_B_G, 0), abp(k, JLM_B_U, 0), n, oai ? 1.702f : 0.0f,
+                                          oai ? 7.0f : 0.0f, CS), "the gate's activation");
+    }
+    default: return UNSUP;   /* experts, latent attention, the vision tower's ops */
+    }
+}
+
+static int run_ops(cub *k)
+{
+    int rc = JLM_OK;
+    k->q_ready = 0;
+    for (uint32_t i = 0; i < k->b.p->n && !rc; i++)
+        rc = run_op(k, &k->b.p->op[i]);
+    return rc;
+}
+
+/* ---------------------------------------------------------------- buffers */
+
+/* The activation buffers and act records for n rows, the int8 rows, the
+ * scores, and layer l's cache. Growing frees buffers queued kernels may
+ * read: the caller has drained the stream (the seam's free waits too). */
+static int buffers(jlm_ecu *v, jlm_engine *e, uint32_t l, uint32_t n, jlm_err *err)
+{
+    jlm_ecu_blk *s = &v->blk;
+    int rc = JLM_OK;
+    uint64_t kmax = 0;
+    for (int b = 0; b < JLM_B_COUNT; b++)
+        kmax = width(e, b) > kmax ? width(e, b) : kmax;
+    if (n > s->ab_rows) {
+        uint64_t rows = n + n / 4;
+        for (int b = 0; b < JLM_B_COUNT && !rc; b++)
+            rc = jlm_ecu_grow(v, &s->ab[b], rows * width(e, b) * 4, 0, err);
+        if (!rc)
+            rc = jlm_ecu_grow(v, &s->aq, rows * kmax, 0, err);
+        if (!rc)
+            rc = jlm_ecu_grow(v, &s->ad, rows * kmax / 8, 0, err);
+        if (!rc)
+            rc = jlm_ecu_grow(v, &s->as, rows * kmax / 8, 0, err);
+        uint64_t nrec = (uint64_t)JLM_B_COUNT * rows;
+        if (!rc)
+            rc = jlm_ecu_grow(v, &s->rec, nrec * sizeof(jlm_cu_act), 0, err);
+        jlm_cu_act *h = rc ? NULL : malloc(nrec * sizeof *h);
+        if (!rc && !h)
+            rc = jlm_errf(err, JLM_ENOMEM, "cuda: out of memory");
+        for (int b = 0; h && b < JLM_B_COUNT; b++)   /* buffer b's rows as int8 rows of its width */
+            for (uint64_t t = 0; t < rows; t++) {
+                uint64_t k = width(e, b);
+                h[b * rows + t] = (jlm_cu_act){k, (int8_t *)s->aq.p + t * k, (float *)s->ad.p + t * k / 32,
+                                               (int16_t *)s->as.p + t * k / 16};
+            }
+        if (h && jlm_cu_rt_h2d(v->rt, s->rec.p, h, nrec * sizeof *h, CS))   /* pageable: consumed now */
+            rc = jlm_ecu_fail(v, err, "act records");
+        if (h)
+            v->st.act_up += nrec * sizeof *h;   /* once, at growth: parameters, counted with the activations */
+        free(h);
+        if (!rc)
+            s->ab_rows = rows;
+    }
+    if (!rc)
+        rc = jlm_ecu_grow(v, &s->scores, (uint64_t)e->c->n_head * e->kv_ctx * 4, 0, err);
+    if (!rc && !s->kc) {
+        s->kc = calloc(e->c->n_layer, sizeof *s->kc);
+        s->vc = calloc(e->c->n_layer, sizeof *s->vc);
+        s->n_layer = e->c->n_layer;
+        if (!s->kc || !s->vc)
+            rc = jlm_errf(err, JLM_ENOMEM, "cuda: out of memory");
+    }
+    if (!rc && !s->kc[l] && jlm_cu_rt_alloc(v->rt, (uint64_t)e->kv_ctx * e->kv_dim * 4, &s->kc[l]))
+        rc = jlm_ecu_fail(v, err, "the KV cache");
+    if (!rc && !s->vc[l] && jlm_cu_rt_alloc(v->rt, (uint64_t)e->kv_ctx * e->kv_dim_v * 4, &s->vc[l]))
+        rc = jlm_ecu_fail(v, err, "the KV cache");
+    return rc;
+}
+
+void jlm_ecu_blk_free(jlm_ecu *v)
+{
+    jlm_ecu_blk *s = &v->blk;
+    scratch *dev[] = {&s->aq, &s->ad, &s->as, &s->rec, &s->scores, &s->logits};
+    for (int b = 0; b < JLM_B_COUNT; b++)
+        jlm_ecu_scratch_free(v, &s->ab[b], 0);
+    for (size_t i = 0; i < sizeof dev / sizeof dev[0]; i++)
+        jlm_ecu_scratch_free(v, dev[i], 0);
+    jlm_ecu_scratch_free(v, &s->h_x, 1);
+    jlm_ecu_scratch_free(v, &s->h_logits, 1);
+    for (uint32_t l = 0; s->kc && l < s->n_layer; l++) {
+        jlm_cu_rt_free(v->rt, s->kc[l]);
+        jlm_cu_rt_free(v->rt, s->vc[l]);
+    }
+    free(s->kc);
+    free(s->vc);
+    free(s->side);
+    memset(s, 0, sizeof *s);
+}
+
+/* ---------------------------------------------------------------- entries */
+
+/* n floats of device src into host dst through the pinned buffer, after
+ * everything queued: one round trip. */
+static int down(jlm_ecu *v, scratch *pin, float *dst, const void *src, uint64_t bytes, jlm_err *err)
+{
+    int rc = jlm_ecu_grow(v, pin, bytes, 1, err);
+    if (!rc && jlm_cu_rt_d2h(v->rt, pin->p, src, bytes, CS))
+        rc = jlm_ecu_fail(v, err, "copy to the host");
+    v->blk.queued = 1;
+    int rc2 = jlm_ecu_drain(v, err);
+    if (!rc && !rc2) {
+        memcpy(dst, pin->p, bytes);
+        v->st.act_down += bytes;
+    }
+    return rc ? rc : rc2;
+}
+
+int jlm_ecu_x_sync(jlm_dev *d, jlm_err *err)
+{
+    jlm_ecu *v = (jlm_ecu *)d;
+    jlm_ecu_blk *s = &v->blk;
+    if (!s->x_host)
+        return JLM_OK;
+    float *x = s->x_host;
+    s->x_host = NULL;
+    return down(v, &s->h_x, x, s->ab[JLM_B_X].p, (uint64_t)s->x_rows * s->x_E * 4, err);
+}
+
+void jlm_ecu_x_drop(jlm_dev *d)
+{
+    jlm_ecu *v = (jlm_ecu *)d;
+    jlm_ecu_drain(v, NULL);   /* the pinned rows may be refilled next */
+    v->blk.x_host = NULL;
+}
+
+int jlm_ecu_block(jlm_dev *d, jlm_engine *e, const jlm_prog *p, uint32_t l, const uint8_t *page, float *xs,
+                  uint32_t n, void *kc, uint32_t pos0, jlm_err *err)
+{
+    jlm_ecu *v = (jlm_ecu *)d;
+    jlm_ecu_blk *s = &v->blk;
+    const jlm_config *c = e->c;
+    if (e->kt != KV_F32 || e->vt != KV_F32 || e->qk_unit || (c->flags & JLM_F_NON_CAUSAL) || !n || n > 65535)
+        return UNSUP;
+    for (uint32_t t = 0; t < n; t++)
+        if ((kc ? kc : e->bkc[t]) != e->kc)
+            return UNSUP;   /* a jlm_engine_seq's cache stays on the host */
+    cub k = {.v = v, .e = e, .c = c, .kc = kc, .pos0 = pos0, .dry = 1, .err = err,
+             .b = {.p = p, .l = l, .page = page, .page_off = e->m->hdr.data_off + (uint64_t)l * e->m->hdr.page_size,
+                   .n = n}};
+    if (!s->side && !(s->side = calloc(c->n_layer, 1)))
+        return jlm_errf(err, JLM_ENOMEM, "cuda: out of memory");
+    /* the layer's cache holds positions on one side only: once decided, the plan must agree */
+    int ok = run_ops(&k) == JLM_OK;
+    if (s->side[l] == 0)
+        s->side[l] = ok ? 1 : 2;
+    if (s->side[l] == 2)
+        return UNSUP;
+    if (!ok)
+        return jlm_errf(err, JLM_EIO, "cuda: block %u can no longer run on the device (its KV cache is there)", l);
+    int rc = JLM_OK;
+    if (s->x_host && (s->x_host != xs || s->x_rows != n))
+        rc = jlm_ecu_x_sync(d, err);   /* other rows: theirs back first */
+    if (!rc && n > s->ab_rows)
+        rc = jlm_ecu_drain(v, err);    /* growing frees what queued kernels read */
+    if (!rc)
+        rc = buffers(v, e, l, n, err);
+    if (!rc)
+        rc = jlm_ecu_frames_wait(v, err);   /* the dense region or a page paged in by the plan */
+    if (!rc && s->x_host != xs) {   /* the rows go up */
+        uint64_t bytes = (uint64_t)n * c->n_embd * 4;
+        rc = jlm_ecu_grow(v, &s->h_x, bytes, 1, err);
+        if (!rc) {
+            memcpy(s->h_x.p, xs, bytes);   /* pinned: the stream was drained since its last use */
+            if (jlm_cu_rt_h2d(v->rt, s->ab[JLM_B_X].p, s->h_x.p, bytes, CS))
+                rc = jlm_ecu_fail(v, err, "the residual rows");
+            s->queued = 1;
+            v->st.act_up += bytes;
+            s->x_host = xs;
+            s->x_rows = n;
+            s->x_E = c->n_embd;
+        }
+    }
+    k.dry = 0;
+    if (!rc)
+        rc = run_ops(&k);
+    if (rc) {
+        jlm_ecu_drain(v, NULL);
+        s->x_host = NULL;
+        return jlm_err_prefix(err, rc == UNSUP ? JLM_EIO : rc, "cuda: block %u", l);
+    }
+    return JLM_OK;
+}
+
+int jlm_ecu_output(jlm_dev *d, const float *norm, float eps, const jlm_k_mat *m, const float *x, uint32_t n,
+                   uint32_t E, float *logits, jlm_err *err)
+{
+    jlm_ecu *v = (jlm_ecu *)d;
+    jlm_ecu_blk *s = &v->blk;
+    const float *w = NULL;
+    uint64_t bytes = (uint64_t)n * m->rows * 4;
+    if (!s->x_host || E != s->x_E || n > s->ab_rows || x < s->x_host ||
+        x + (uint64_t)n * E > s->x_host + (uint64_t)s->x_rows * E || m->k != E ||
+        matmul_rows(v, m, n, NULL, JLM_B_H, NULL, 0, 1, NULL) || vec(v, norm, E, &w))
+        return UNSUP;
+    uint64_t r0 = (uint64_t)(x - s->x_host) / E;
+    int rc = jlm_ecu_frames_wait(v, err);
+    if (!rc && s->logits.cap < bytes) {
+        rc = jlm_ecu_drain(v, err);   /* the old buffer may be read by nothing queued */
+        if (!rc)
+            rc = jlm_ecu_grow(v, &s->logits, bytes, 0, err);
+    }
+    float *h = s->ab[JLM_B_H].p, *xr = (float *)s->ab[JLM_B_X].p + r0 * E;
+    if (!rc && jlm_cu_rt_rmsnorm(v->rt, h, xr, w, E, n, eps, CS))
+        rc = jlm_ecu_fail(v, err, "rmsnorm");
+    if (!rc)
+        rc = matmul_rows(v, m, n, h, JLM_B_H, s->logits.p, 0, 0, err);
+    if (rc) {
+        jlm_ecu_drain(v, NULL);
+        return rc;
+    }
+    return down(v, &s->h_logits, logits, s->logits.p, bytes, err);
+}
