@@ -572,6 +572,7 @@ Test(cuda, every_test_model_on_emulated_cuda_whole_split_and_at_one_frame_each_s
 Test(cuda, qkv_and_gate_up_go_to_the_device_in_one_round_trip_each, .timeout = 120)
 {
     setenv("JLM_CUDA_EMULATE", "1", 1);
+    setenv("JLM_CUDA_BLOCKS", "0", 1);   /* the matmul offload (whole blocks: whole_blocks_*) */
     char *dir = tu_tmpdir(), why[512];
     jlm_err err = {0};
     char *path = tu_convert("synth-llama-256.Q4_K_M.gguf", dir, "m.jlm", &err);
@@ -618,7 +619,29 @@ Test(cuda, qkv_and_gate_up_go_to_the_device_in_one_round_trip_each, .timeout = 1
 Test(cuda, activations_up_and_down_are_the_bytes_the_matmuls_copied, .timeout = 120)
 {
     setenv("JLM_CUDA_EMULATE", "1", 1);
+    setenv("JLM_CUDA_BLOCKS", "0", 1);   /* the matmul offload (whole blocks: whole_blocks_*) */
     bm_decode_activations("cuda", "0", sizeof(jlm_cu_act), 1);
+}
+
+/* Whole blocks on the emulated device (engine/exec_cu.c): the dense test
+ * models give the CPU's greedy ids and logits whole and at --gpu-layers 2,
+ * and a decoded token is one round trip (one stream synchronize) where the
+ * matmul offload (JLM_CUDA_BLOCKS=0) makes 4 a layer: backend_matrix.h's
+ * bm_whole_blocks. The matrix above runs the other models and budgets with
+ * whole blocks on too (those the kernels are not wired for fall back). */
+Test(cuda, whole_blocks_on_the_emulated_device_give_the_cpus_ids_in_one_round_trip_a_token, .timeout = 300)
+{
+    setenv("JLM_CUDA_EMULATE", "1", 1);
+    bm_whole_blocks("cuda");
+}
+
+/* From --stats: with --gpu-layers all a decoded token is one round trip and
+ * its embedding and logits (within 4 KiB); the offload 4 round trips a
+ * layer (QKV, o, gate/up, down). */
+Test(cuda, stats_a_decoded_token_is_one_round_trip_and_its_embedding_and_logits, .timeout = 120)
+{
+    setenv("JLM_CUDA_EMULATE", "1", 1);
+    bm_stats_decoded_token("cuda", "JLM_CUDA_BLOCKS", "", 4);
 }
 
 /* The CLI: `jlm run --backend cuda` on the emulated device gives the CPU's
