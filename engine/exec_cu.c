@@ -429,7 +429,7 @@ int jlm_ecu_block(jlm_dev *d, jlm_engine *e, const jlm_prog *p, uint32_t l, cons
     int rc = JLM_OK;
     if (s->x_host && (s->x_host != xs || s->x_rows != n))
         rc = jlm_ecu_x_sync(d, err);   /* other rows: theirs back first */
-    if (!rc && n > s->ab_rows)
+    if (!rc && n > s->ab_rows && s->ab_rows)
         rc = jlm_ecu_drain(v, err);    /* growing frees what queued kernels read */
     if (!rc)
         rc = buffers(v, e, l, n, err);
@@ -474,7 +474,8 @@ int jlm_ecu_output(jlm_dev *d, const float *norm, float eps, const jlm_k_mat *m,
     uint64_t r0 = (uint64_t)(x - s->x_host) / E;
     int rc = jlm_ecu_frames_wait(v, err);
     if (!rc && s->logits.cap < bytes) {
-        rc = jlm_ecu_drain(v, err);   /* the old buffer may be read by nothing queued */
+        if (s->logits.p)
+            rc = jlm_ecu_drain(v, err);   /* queued kernels may write the old buffer */
         if (!rc)
             rc = jlm_ecu_grow(v, &s->logits, bytes, 0, err);
     }
