@@ -16,7 +16,7 @@
  * CPU's). Nothing here waits for the device: the host waits at x_sync,
  * output, and when a device frame is dropped (jlm_ecu_drain). */
 #include "engine/backend_cu_int.h"
-#include "engine/exec_int.h"
+#include "engine/exec_dev.h"
 
 #include <math.h>
 #include <stdlib.h>
@@ -24,45 +24,21 @@
 
 #include "kernels/cuda/cuda.h"
 
-/* One block being planned (dry: addresses only, nothing enqueued) or enqueued. */
-typedef struct cub {
-    jlm_ecu          *v;
-    jlm_engine       *e;
-    const jlm_config *c;
-    jlm_ex_blk        b;
-    void             *kc;
-    uint32_t          pos0;
-    int               dry, q_ready;
-    jlm_err          *err;
-} cub;
-
 #define UNSUP JLM_EUNSUPPORTED
 #define CS JLM_CU_S_COMPUTE
+#define width jlm_exd_width
 
-static uint64_t width(const jlm_engine *e, int b)
-{
-    const jlm_config *c = e->c;
-    switch (b) {
-    case JLM_B_Q: return e->q_dim;
-    case JLM_B_K: return e->kv_dim;
-    case JLM_B_V: return e->kv_dim_v;
-    case JLM_B_ATT: return (uint64_t)c->n_head * e->hd_v;
-    case JLM_B_G: case JLM_B_U: return c->n_ffn;
-    default: return c->n_embd;
-    }
-}
+static jlm_ecu *ecu(const jlm_exd *k) { return k->be; }
 
 /* float off of activation buffer b (device memory) */
-static float *abp(const cub *k, int b, uint64_t off) { return (float *)k->v->blk.ab[b].p + off; }
-static float *row(const cub *k, int b, uint32_t t) { return abp(k, b, t * width(k->e, b)); }
-
-static uint32_t pos_of(const cub *k, uint32_t t) { return k->kc ? k->pos0 + t : k->e->bpos[t]; }
+static float *abp(const jlm_exd *k, int b, uint64_t off) { return (float *)ecu(k)->blk.ab[b].p + off; }
+static float *row(const jlm_exd *k, int b, uint32_t t) { return abp(k, b, t * width(k->e, b)); }
 
 /* A launch's outcome: the seam's error named, and the stream now has work. */
-static int launched(cub *k, int rc, const char *what)
+static int launched(jlm_exd *k, int rc, const char *what)
 {
-    k->v->blk.queued = 1;
-    return rc ? jlm_ecu_fail(k->v, k->err, what) : JLM_OK;
+    ecu(k)->blk.queued = 1;
+    return rc ? jlm_ecu_fail(ecu(k), k->err, what) : JLM_OK;
 }
 
 /* The device address of a dense vector (norm weights, biases, RoPE
@@ -107,186 +83,116 @@ static int matmul_rows(jlm_ecu *v, const jlm_k_mat *m, uint32_t n, const float *
     return rc ? jlm_ecu_fail(v, err, "matvec") : JLM_OK;
 }
 
-/* dst rows = src rows times m; reuse: the previous mm's src was this one. */
-static int mm(cub *k, const jlm_k_mat *m, int src, int dst, int reuse)
+static int op_mm(jlm_exd *k, const jlm_k_mat *m, int src, int dst, int reuse)
 {
-    if (m->k != width(k->e, src) || m->rows != width(k->e, dst))
-        return UNSUP;
-    return matmul_rows(k->v, m, k->b.n, abp(k, src, 0), src, abp(k, dst, 0), reuse, k->dry, k->err);
+    return matmul_rows(ecu(k), m, k->b.n, abp(k, src, 0), src, abp(k, dst, 0), reuse, k->dry, k->err);
 }
 
-/* rows of b += bias (role r; none: nothing) */
-static int bias(cub *k, int b, uint16_t r)
+static int op_bias(jlm_exd *k, int b, const float *p)
 {
     const float *bv;
     uint64_t w = width(k->e, b);
-    int rc = vec(k->v, blk_vec(k->e, &k->b, r), w, &bv);
-    for (uint32_t t = 0; !rc && bv && !k->dry && t < k->b.n; t++)
-        rc = launched(k, jlm_cu_rt_elem(k->v->rt, JLM_CU_ADD, row(k, b, t), row(k, b, t), bv, w, 0, 0, CS), "bias");
+    int rc = vec(ecu(k), p, w, &bv);
+    for (uint32_t t = 0; !rc && !k->dry && t < k->b.n; t++)
+        rc = launched(k, jlm_cu_rt_elem(ecu(k)->rt, JLM_CU_ADD, row(k, b, t), row(k, b, t), bv, w, 0, 0, CS), "bias");
     return rc;
 }
 
-/* dst rows = rmsnorm(src rows) * w, rows of E floats (w: NULL, none) */
-static int norm_rows(cub *k, int dst, int src, const float *w)
+static int op_norm(jlm_exd *k, int dst, int src, const float *p)
 {
-    if (k->dry)
-        return JLM_OK;
+    const float *w;
     uint64_t E = width(k->e, dst);
-    return launched(k, jlm_cu_rt_rmsnorm(k->v->rt, abp(k, dst, 0), abp(k, src, 0), w, E, k->b.n, k->c->rms_eps, CS),
+    int rc = vec(ecu(k), p, E, &w);
+    if (rc || k->dry)
+        return rc;
+    return launched(k, jlm_cu_rt_rmsnorm(ecu(k)->rt, abp(k, dst, 0), abp(k, src, 0), w, E, k->b.n, k->c->rms_eps, CS),
                     "rmsnorm");
 }
 
-/* Each head of each row of b (q or k): its RMS norm (role r) and RoPE at
- * the row's position (layer l's parameters: the kernel computes its angles). */
-static int heads(cub *k, int b, uint32_t n_head, uint16_t r)
+/* Each head of each row of b (q or k): its RMS norm (p) and RoPE at the
+ * row's position (layer l's parameters: the kernel computes its angles). */
+static int op_heads(jlm_exd *k, int b, uint32_t n_head, const float *p)
 {
     jlm_engine *e = k->e;
+    jlm_ecu *v = ecu(k);
     const float *w, *ff = NULL;
     jlm_k_rope rp;
     jlm_ex_rope_params(e, k->b.l, &rp);
-    int rope = !(k->c->flags & JLM_F_NO_POS_ENC), rc = vec(k->v, blk_vec(e, &k->b, r), e->hd, &w);
+    int rope = !(k->c->flags & JLM_F_NO_POS_ENC), rc = vec(v, p, e->hd, &w);
     if (!rc && rope && (!rp.n_rot || rp.n_rot % 2 || rp.n_rot > e->hd))
         rc = UNSUP;   /* Llama 4's layers without RoPE: left */
     if (!rc && rope)
-        rc = vec(k->v, rp.freq_factors, rp.n_rot / 2, &ff);
+        rc = vec(v, rp.freq_factors, rp.n_rot / 2, &ff);
     jlm_cu_rope cr;
     jlm_cu_rope_from(&rp, &cr);
     cr.freq_factors = ff;
     for (uint32_t t = 0; !rc && !k->dry && t < k->b.n; t++) {
         if (w)
-            rc = launched(k, jlm_cu_rt_rmsnorm(k->v->rt, row(k, b, t), row(k, b, t), w, e->hd, n_head, k->c->rms_eps,
-                                               CS), "q/k norm");
+            rc = launched(k, jlm_cu_rt_rmsnorm(v->rt, row(k, b, t), row(k, b, t), w, e->hd, n_head, k->c->rms_eps, CS),
+                          "q/k norm");
         if (!rc && rope)
-            rc = launched(k, jlm_cu_rt_rope(k->v->rt, &cr, row(k, b, t), n_head, e->hd, pos_of(k, t), CS), "rope");
+            rc = launched(k, jlm_cu_rt_rope(v->rt, &cr, row(k, b, t), n_head, e->hd, jlm_exd_pos(k, t), CS), "rope");
     }
     return rc;
 }
 
-static int kv_store(cub *k, const jlm_op *op)
+static int op_kv_put(jlm_exd *k)
 {
     jlm_engine *e = k->e;
-    jlm_ecu_blk *s = &k->v->blk;
-    int rc = (op->flags & JLM_OPF_QK_WIDE) ? UNSUP : bias(k, JLM_B_K, op->w[0]);
-    if (!rc)
-        rc = bias(k, JLM_B_V, op->w[1]);
-    if (!rc)
-        rc = heads(k, JLM_B_K, k->c->n_kv_head, op->w[2]);
+    jlm_ecu *v = ecu(k);
+    jlm_ecu_blk *s = &v->blk;
+    int rc = JLM_OK;
     for (uint32_t t = 0; !rc && !k->dry && t < k->b.n; t++) {
-        uint64_t p = pos_of(k, t);
-        rc = launched(k, jlm_cu_rt_d2d(k->v->rt, (float *)s->kc[k->b.l] + p * e->kv_dim, row(k, JLM_B_K, t),
+        uint64_t p = jlm_exd_pos(k, t);
+        rc = launched(k, jlm_cu_rt_d2d(v->rt, (float *)s->kc[k->b.l] + p * e->kv_dim, row(k, JLM_B_K, t),
                                        e->kv_dim * 4ull, CS), "the key into the cache");
         if (!rc)
-            rc = launched(k, jlm_cu_rt_d2d(k->v->rt, (float *)s->vc[k->b.l] + p * e->kv_dim_v, row(k, JLM_B_V, t),
+            rc = launched(k, jlm_cu_rt_d2d(v->rt, (float *)s->vc[k->b.l] + p * e->kv_dim_v, row(k, JLM_B_V, t),
                                            e->kv_dim_v * 4ull, CS), "the value into the cache");
     }
     return rc;
 }
 
-static int attention(cub *k, const jlm_op *op)
+static int op_attend(jlm_exd *k)
 {
     jlm_engine *e = k->e;
     const jlm_config *c = k->c;
-    jlm_ecu_blk *s = &k->v->blk;
-    int swa = c->swa_window && c->swa_period && (k->b.l % c->swa_period) < c->swa_period - 1;
-    if (swa || blk_w(e, &k->b, op->w[0]) || !c->n_kv_head || c->n_head % c->n_kv_head ||
-        e->kv_dim != (uint64_t)c->n_kv_head * e->hd || e->kv_dim_v != (uint64_t)c->n_kv_head * e->hd_v ||
-        e->q_dim != (uint64_t)c->n_head * e->hd)
-        return UNSUP;   /* a window's mask, sinks: left */
+    jlm_ecu *v = ecu(k);
+    if (!c->n_kv_head || c->n_head % c->n_kv_head || e->kv_dim != (uint64_t)c->n_kv_head * e->hd ||
+        e->kv_dim_v != (uint64_t)c->n_kv_head * e->hd_v || e->q_dim != (uint64_t)c->n_head * e->hd)
+        return UNSUP;
     jlm_cu_attn ap = {.n_head = c->n_head, .n_head_kv = c->n_kv_head, .head_dim = e->hd, .head_dim_v = e->hd_v,
                       .k_stride = e->kv_dim, .v_stride = e->kv_dim_v, .k_head_stride = e->hd,
                       .v_head_stride = e->hd_v, .scale = c->attn_scale > 0 ? c->attn_scale : 1.0f / sqrtf((float)e->hd),
                       .softcap = c->attn_softcap};
     int rc = JLM_OK;
     for (uint32_t t = 0; !rc && !k->dry && t < k->b.n; t++) {
-        uint32_t pos = pos_of(k, t);
+        uint32_t pos = jlm_exd_pos(k, t);
         ap.n_kv = pos < e->bidir_end ? e->bidir_end : pos + 1;
-        rc = launched(k, jlm_cu_rt_attn(k->v->rt, &ap, row(k, JLM_B_Q, t), s->kc[k->b.l], s->vc[k->b.l], s->scores.p,
-                                        row(k, JLM_B_ATT, t), CS), "attention");
+        rc = launched(k, jlm_cu_rt_attn(v->rt, &ap, row(k, JLM_B_Q, t), v->blk.kc[k->b.l], v->blk.vc[k->b.l],
+                                        v->blk.scores.p, row(k, JLM_B_ATT, t), CS), "attention");
     }
     return rc;
 }
 
-static int run_op(cub *k, const jlm_op *op)
+static int op_add(jlm_exd *k, int dst, int src)
 {
-    jlm_engine *e = k->e;
-    const jlm_ex_blk *b = &k->b;
-    const float *w;
-    int rc;
-    switch (op->kind) {
-    case JLM_OP_NORM: {
-        const float *p = blk_vec(e, b, op->w[0]);
-        rc = vec(k->v, p ? p : blk_vec(e, b, op->w[1]), k->c->n_embd, &w);
-        return rc ? rc : norm_rows(k, op->dst, op->src, w);
-    }
-    case JLM_OP_QKV: {
-        const jlm_tensor *tq = blk_w(e, b, op->w[0]);
-        jlm_k_mat wq, wk = blk_mat(e, b, op->w[1]), wv = blk_mat(e, b, op->w[2]);
-        if (tq) {
-            wq = blk_mat(e, b, op->w[0]);
-            if ((rc = mm(k, &wq, op->src, JLM_B_Q, 0)))
-                return rc;
-        }
-        k->q_ready = tq != NULL;
-        rc = mm(k, &wk, op->src, JLM_B_K, tq != NULL);
-        return rc ? rc : mm(k, &wv, op->src, JLM_B_V, 1);
-    }
-    case JLM_OP_KV_STORE: return kv_store(k, op);
-    case JLM_OP_KEYS_DONE: return JLM_OK;   /* every row's keys are stored before any attends: op by op */
-    case JLM_OP_Q: {
-        if (k->q_ready)
-            return JLM_OK;
-        jlm_k_mat wq = blk_mat(e, b, op->w[1]);
-        rc = vec(k->v, blk_vec(e, b, op->w[0]), k->c->n_embd, &w);
-        if (!rc)
-            rc = norm_rows(k, JLM_B_H, JLM_B_X, w);
-        return rc ? rc : mm(k, &wq, JLM_B_H, JLM_B_Q, 0);
-    }
-    case JLM_OP_Q_ROPE:
-        rc = (op->flags & JLM_OPF_QK_WIDE) ? UNSUP : bias(k, JLM_B_Q, op->w[0]);
-        return rc ? rc : heads(k, JLM_B_Q, k->c->n_head, op->w[1]);
-    case JLM_OP_ATTENTION: return attention(k, op);
-    case JLM_OP_MATMUL: {
-        jlm_k_mat m = blk_mat(e, b, op->w[0]);
-        rc = mm(k, &m, op->src, op->dst, 0);
-        return rc ? rc : bias(k, op->dst, op->w[1]);
-    }
-    case JLM_OP_RESIDUAL: {
-        uint64_t E = k->c->n_embd;
-        if (width(e, op->src) != E || width(e, op->dst) != E)
-            return UNSUP;
-        if ((rc = bias(k, op->src, op->w[0])) || (rc = vec(k->v, blk_vec(e, b, op->w[1]), E, &w)))
-            return rc;
-        if (w && (rc = norm_rows(k, op->src, op->src, w)))
-            return rc;
-        return k->dry ? JLM_OK
-                      : launched(k, jlm_cu_rt_elem(k->v->rt, JLM_CU_ADD, abp(k, op->dst, 0), abp(k, op->dst, 0),
-                                                   abp(k, op->src, 0), b->n * E, 0, 0, CS), "residual add");
-    }
-    case JLM_OP_GATE_UP: {
-        jlm_k_mat wg = blk_mat(e, b, op->w[0]), wu = blk_mat(e, b, op->w[1]);
-        if (op->act != JLM_ACT_SWIGLU && op->act != JLM_ACT_SWIGLU_OAI)
-            return UNSUP;   /* GELU through llama.cpp's fp16 table: not wired yet */
-        if ((rc = mm(k, &wg, op->src, JLM_B_G, 0)) || (rc = mm(k, &wu, op->src, JLM_B_U, 1)) ||
-            (rc = bias(k, JLM_B_G, op->w[2])) || (rc = bias(k, JLM_B_U, op->w[3])) || k->dry)
-            return rc;
-        uint64_t n = b->n * wg.rows;
-        int oai = op->act == JLM_ACT_SWIGLU_OAI;
-        return launched(k, jlm_cu_rt_elem(k->v->rt, oai ? JLM_CU_SWIGLU_OAI : JLM_CU_SWIGLU, abp(k, JLM_B_G, 0),
-                                          abp(k, JLM_B_G, 0), abp(k, JLM_B_U, 0), n, oai ? 1.702f : 0.0f,
-                                          oai ? 7.0f : 0.0f, CS), "the gate's activation");
-    }
-    default: return UNSUP;   /* experts, latent attention, the vision tower's ops */
-    }
+    uint64_t n = k->b.n * width(k->e, dst);
+    return k->dry ? JLM_OK
+                  : launched(k, jlm_cu_rt_elem(ecu(k)->rt, JLM_CU_ADD, abp(k, dst, 0), abp(k, dst, 0), abp(k, src, 0),
+                                               n, 0, 0, CS), "residual add");
 }
 
-static int run_ops(cub *k)
+static int op_act(jlm_exd *k, int act, uint64_t n)
 {
-    int rc = JLM_OK;
-    k->q_ready = 0;
-    for (uint32_t i = 0; i < k->b.p->n && !rc; i++)
-        rc = run_op(k, &k->b.p->op[i]);
-    return rc;
+    int oai = act == JLM_ACT_SWIGLU_OAI;
+    return k->dry ? JLM_OK
+                  : launched(k, jlm_cu_rt_elem(ecu(k)->rt, oai ? JLM_CU_SWIGLU_OAI : JLM_CU_SWIGLU, abp(k, JLM_B_G, 0),
+                                               abp(k, JLM_B_G, 0), abp(k, JLM_B_U, 0), n, oai ? 1.702f : 0.0f,
+                                               oai ? 7.0f : 0.0f, CS), "the gate's activation");
 }
+
+static const jlm_exd_ops CU_OPS = {op_norm, op_mm, op_bias, op_heads, op_kv_put, op_attend, op_add, op_act};
 
 /* ---------------------------------------------------------------- buffers */
 
@@ -407,26 +313,10 @@ int jlm_ecu_block(jlm_dev *d, jlm_engine *e, const jlm_prog *p, uint32_t l, cons
 {
     jlm_ecu *v = (jlm_ecu *)d;
     jlm_ecu_blk *s = &v->blk;
-    const jlm_config *c = e->c;
-    if (e->kt != KV_F32 || e->vt != KV_F32 || e->qk_unit || (c->flags & JLM_F_NON_CAUSAL) || !n || n > 65535)
-        return UNSUP;
-    for (uint32_t t = 0; t < n; t++)
-        if ((kc ? kc : e->bkc[t]) != e->kc)
-            return UNSUP;   /* a jlm_engine_seq's cache stays on the host */
-    cub k = {.v = v, .e = e, .c = c, .kc = kc, .pos0 = pos0, .dry = 1, .err = err,
-             .b = {.p = p, .l = l, .page = page, .page_off = e->m->hdr.data_off + (uint64_t)l * e->m->hdr.page_size,
-                   .n = n}};
-    if (!s->side && !(s->side = calloc(c->n_layer, 1)))
-        return jlm_errf(err, JLM_ENOMEM, "cuda: out of memory");
-    /* the layer's cache holds positions on one side only: once decided, the plan must agree */
-    int ok = run_ops(&k) == JLM_OK;
-    if (s->side[l] == 0)
-        s->side[l] = ok ? 1 : 2;
-    if (s->side[l] == 2)
-        return UNSUP;
-    if (!ok)
-        return jlm_errf(err, JLM_EIO, "cuda: block %u can no longer run on the device (its KV cache is there)", l);
-    int rc = JLM_OK;
+    jlm_exd k;
+    int rc = jlm_exd_plan(&k, &CU_OPS, v, e, p, l, page, n, kc, pos0, &s->side, "cuda", err);
+    if (rc)
+        return rc;
     if (s->x_host && (s->x_host != xs || s->x_rows != n))
         rc = jlm_ecu_x_sync(d, err);   /* other rows: theirs back first */
     if (!rc && n > s->ab_rows && s->ab_rows)
@@ -436,7 +326,7 @@ int jlm_ecu_block(jlm_dev *d, jlm_engine *e, const jlm_prog *p, uint32_t l, cons
     if (!rc)
         rc = jlm_ecu_frames_wait(v, err);   /* the dense region or a page paged in by the plan */
     if (!rc && s->x_host != xs) {   /* the rows go up */
-        uint64_t bytes = (uint64_t)n * c->n_embd * 4;
+        uint64_t bytes = (uint64_t)n * e->c->n_embd * 4;
         rc = jlm_ecu_grow(v, &s->h_x, bytes, 1, err);
         if (!rc) {
             memcpy(s->h_x.p, xs, bytes);   /* pinned: the stream was drained since its last use */
@@ -446,12 +336,12 @@ int jlm_ecu_block(jlm_dev *d, jlm_engine *e, const jlm_prog *p, uint32_t l, cons
             v->st.act_up += bytes;
             s->x_host = xs;
             s->x_rows = n;
-            s->x_E = c->n_embd;
+            s->x_E = e->c->n_embd;
         }
     }
     k.dry = 0;
     if (!rc)
-        rc = run_ops(&k);
+        rc = jlm_exd_run(&k);
     if (rc) {
         jlm_ecu_drain(v, NULL);
         s->x_host = NULL;

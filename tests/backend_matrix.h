@@ -479,8 +479,8 @@ static inline void bm_whole_blocks(const char *backend)
             jlm_engine_dev_stats(ev, &s0);
             cr_assert_eq(jlm_engine_eval(ev, tok, 1, lv, &err), 0, "%s", err.msg);
             jlm_engine_dev_stats(ev, &s1);
-            cr_assert_eq(s1.waits - s0.waits, 1, "%s (%s, %s): a decoded token made %llu round trips", MODELS[m], backend, what,
-                         (unsigned long long)(s1.waits - s0.waits));
+            cr_assert_eq(s1.waits - s0.waits, 1, "%s (%s, %s): a decoded token made %llu round trips", MODELS[m],
+                         backend, what, (unsigned long long)(s1.waits - s0.waits));
             jlm_engine_close(ev);
         }
         free(lc);
