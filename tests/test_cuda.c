@@ -484,6 +484,64 @@ Test(cuda, the_emulated_device_refuses_pointers_outside_device_memory)
     jlm_cu_rt_close(r);
 }
 
+/* A whole block's launches through the seam (rt.h: rmsnorm over rows, RoPE,
+ * attention, elementwise, quantization, device copies) on the emulated
+ * device: after a weight copied on the copy stream and an event, an
+ * rmsnorm of two rows equals the harness's, row by row; the same launch
+ * reading a weight another stream copied with no event between faults at
+ * the wait; spans past their allocation are refused at the launch, naming
+ * the operand. */
+Test(cuda, the_emulated_block_kernels_check_their_spans_and_their_ordering)
+{
+    jlm_cu_rt *r = emu_open();
+    enum { N = 64 };
+    float x[2 * N], w[N], want[2 * N], got[2 * N];
+    uint64_t seed = 11;
+    for (int i = 0; i < 2 * N; i++)
+        x[i] = gen_unit(&seed);
+    for (int i = 0; i < N; i++)
+        w[i] = 1.5f + gen_unit(&seed);
+    for (int t = 0; t < 2; t++)
+        jlm_cu_host_rmsnorm(want + t * N, x + t * N, w, N, 1e-5f);
+    void *dx = NULL, *dw = NULL, *dy = NULL, *dq = NULL;
+    cr_assert_eq(jlm_cu_rt_alloc(r, sizeof x, &dx), 0);
+    cr_assert_eq(jlm_cu_rt_alloc(r, sizeof w, &dw), 0);
+    cr_assert_eq(jlm_cu_rt_alloc(r, sizeof x, &dy), 0);
+    cr_assert_eq(jlm_cu_rt_alloc(r, 2 * N + 2 * N / 8 * 2, &dq), 0);
+    cr_assert_eq(jlm_cu_rt_h2d(r, dx, x, sizeof x, JLM_CU_S_COMPUTE), 0);
+    cr_assert_eq(jlm_cu_rt_h2d(r, dw, w, sizeof w, JLM_CU_S_COPY), 0);
+    cr_assert_eq(jlm_cu_rt_record(r, 2, JLM_CU_S_COPY), 0);
+    cr_assert_eq(jlm_cu_rt_wait(r, JLM_CU_S_COMPUTE, 2), 0);
+    cr_assert_eq(jlm_cu_rt_rmsnorm(r, dy, dx, dw, N, 2, 1e-5f, JLM_CU_S_COMPUTE), 0, "%s", jlm_cu_rt_error(r));
+    cr_assert_eq(jlm_cu_rt_d2h(r, got, dy, sizeof got, JLM_CU_S_COMPUTE), 0);
+    cr_assert_eq(jlm_cu_rt_sync(r, JLM_CU_S_COMPUTE), 0, "%s", jlm_cu_rt_error(r));
+    cr_assert(!memcmp(got, want, sizeof got), "two rows in one launch differ from the harness's rows");
+    /* the weight copied again on the copy stream, no event: a device could run the norm first */
+    cr_assert_eq(jlm_cu_rt_h2d(r, dw, w, sizeof w, JLM_CU_S_COPY), 0);
+    cr_assert_eq(jlm_cu_rt_rmsnorm(r, dy, dx, dw, N, 2, 1e-5f, JLM_CU_S_COMPUTE), 0);
+    cr_assert_eq(jlm_cu_rt_sync(r, JLM_CU_S_COPY), 0);
+    cr_assert_neq(jlm_cu_rt_sync(r, JLM_CU_S_COMPUTE), 0, "an unordered read of another stream's copy");
+    cr_assert(strstr(jlm_cu_rt_error(r), "rmsnorm: weight"), "%s", jlm_cu_rt_error(r));
+    /* spans past their allocations */
+    cr_assert_neq(jlm_cu_rt_rmsnorm(r, dy, dx, dw, N, 3, 1e-5f, JLM_CU_S_COMPUTE), 0, "three rows in two");
+    cr_assert(strstr(jlm_cu_rt_error(r), "kernel: output"), "%s", jlm_cu_rt_error(r));
+    cr_assert_neq(jlm_cu_rt_elem(r, JLM_CU_ADD, dy, dx, dw, 2 * N, 0, 0, JLM_CU_S_COMPUTE), 0, "b is N floats");
+    cr_assert(strstr(jlm_cu_rt_error(r), "elementwise: b"), "%s", jlm_cu_rt_error(r));
+    cr_assert_neq(jlm_cu_rt_d2d(r, dw, dx, sizeof x, JLM_CU_S_COMPUTE), 0, "a copy past the destination");
+    jlm_cu_act a = {4 * N, dq, (float *)((char *)dq + 2 * N), (int16_t *)((char *)dq + 2 * N + N / 4)};
+    cr_assert_neq(jlm_cu_rt_quantize(r, dx, &a, JLM_CU_S_COMPUTE), 0, "4N codes in 2N bytes");
+    jlm_cu_rope rp = {.n_rot = 8, .freq_base = 10000, .freq_scale = 1, .attn_factor = 1};
+    cr_assert_neq(jlm_cu_rt_rope(r, &rp, dy, 2 * N / 8 + 1, 8, 3, JLM_CU_S_COMPUTE), 0, "one head too many");
+    jlm_cu_attn at = {.n_head = 2, .n_head_kv = 1, .head_dim = 16, .head_dim_v = 16, .n_kv = 8, .k_stride = 16,
+                      .v_stride = 16, .scale = 0.25f};
+    cr_assert_neq(jlm_cu_rt_attn(r, &at, dx, dx, dw, dq, dy, JLM_CU_S_COMPUTE), 0, "8 values of 16 in 64 floats");
+    cr_assert(strstr(jlm_cu_rt_error(r), "attention: values"), "%s", jlm_cu_rt_error(r));
+    at.n_kv = 4;
+    cr_assert_eq(jlm_cu_rt_attn(r, &at, dx, dx, dw, dq, dy, JLM_CU_S_COMPUTE), 0, "%s", jlm_cu_rt_error(r));
+    cr_assert_eq(jlm_cu_rt_sync(r, JLM_CU_S_COMPUTE), 0, "%s", jlm_cu_rt_error(r));
+    jlm_cu_rt_close(r);
+}
+
 /* A matvec through the seam: planes and activations copied on the copy
  * stream, the launch on the compute stream. Ordered by an event, or by a
  * host wait for the copies before the launch is issued, it equals the CPU
