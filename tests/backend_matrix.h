@@ -554,4 +554,59 @@ static inline void bm_stats_decoded_token(const char *backend, const char *knob,
     free(dir);
 }
 
+/* The engine's own sequence runs whole blocks with its cache on backend's
+ * device; a jlm_engine_seq (serve's slots) keeps its host cache and the
+ * matmul offload. Interleaved on one engine, token by token, both give the
+ * CPU's logits for the same ids within 1e-4 of the largest (the residual
+ * rows and the queued work are handed over between them), and the default
+ * sequence's tokens are one round trip each, the other's one a matmul (or a
+ * few matmuls). Skips without a device. */
+static inline void bm_seq_interleave(const char *backend)
+{
+    char *dir = tu_tmpdir();
+    jlm_err err = {0};
+    char *path = tu_convert("stories260K.gguf", dir, "s.jlm", &err);
+    cr_assert(path, "%s", err.msg);
+    char why[512];
+    jlm_engine *ec = bm_open_opts(path, (jlm_engine_opts){.backend = "cpu"}, 0, NULL, 0);
+    jlm_engine *ev = bm_open_opts(path, (jlm_engine_opts){.backend = backend, .device = "0"}, 1, why, sizeof why);
+    if (!ev) {
+        tu_rmrf(dir);
+        cr_skip_test("%s: no device (%s)", backend, why);
+    }
+    uint32_t nv = jlm_engine_n_vocab(ec);
+    float *lc = malloc(nv * 4), *la = malloc(nv * 4), *lb = malloc(nv * 4);
+    jlm_engine_seq *s = NULL;
+    cr_assert_eq(jlm_engine_seq_create(ev, &s, &err), 0, "%s", err.msg);
+    int32_t ids[6] = {1, 403, 407, 261, 378, 432};
+    for (int t = 0; t < 6; t++) {
+        jlm_dev_stats s0, s1, s2;
+        cr_assert_eq(jlm_engine_eval(ec, &ids[t], 1, lc, &err), 0, "%s", err.msg);
+        jlm_engine_dev_stats(ev, &s0);
+        cr_assert_eq(jlm_engine_eval(ev, &ids[t], 1, la, &err), 0, "%s", err.msg);
+        jlm_engine_dev_stats(ev, &s1);
+        cr_assert_eq(jlm_engine_eval_seq(ev, s, &ids[t], 1, lb, &err), 0, "%s", err.msg);
+        jlm_engine_dev_stats(ev, &s2);
+        float mx = 0, da = 0, db = 0;
+        for (uint32_t i = 0; i < nv; i++) {
+            mx = fmaxf(mx, fabsf(lc[i]));
+            da = fmaxf(da, fabsf(lc[i] - la[i]));
+            db = fmaxf(db, fabsf(lc[i] - lb[i]));
+        }
+        cr_assert(da <= 1e-4f * mx && db <= 1e-4f * mx, "%s, token %d: the engine's sequence's logits differ by %g, "
+                  "a jlm_engine_seq's by %g (largest %g)", backend, t, da, db, mx);
+        cr_assert(s1.waits - s0.waits == 1 && s2.waits - s1.waits > 5, "%s, token %d: round trips %llu and %llu", backend, t,
+                  (unsigned long long)(s1.waits - s0.waits), (unsigned long long)(s2.waits - s1.waits));
+    }
+    jlm_engine_seq_destroy(s);
+    free(lc);
+    free(la);
+    free(lb);
+    jlm_engine_close(ec);
+    jlm_engine_close(ev);
+    free(path);
+    tu_rmrf(dir);
+    free(dir);
+}
+
 #endif

@@ -693,6 +693,15 @@ Test(cuda, whole_blocks_on_the_emulated_device_give_the_cpus_ids_in_one_round_tr
     bm_whole_blocks("cuda");
 }
 
+/* The engine's own sequence on whole blocks and a jlm_engine_seq on the
+ * matmul offload, interleaved token by token on one engine: both the CPU's
+ * logits, one round trip a token against several (bm_seq_interleave). */
+Test(cuda, the_engines_sequence_on_the_device_and_a_host_sequence_interleave, .timeout = 120)
+{
+    setenv("JLM_CUDA_EMULATE", "1", 1);
+    bm_seq_interleave("cuda");
+}
+
 /* From --stats: with --gpu-layers all a decoded token is one round trip and
  * its embedding and logits (within 4 KiB); the offload 4 round trips a
  * layer (QKV, o, gate/up, down). */

@@ -1183,48 +1183,9 @@ Test(vulkan, stats_a_decoded_token_is_one_round_trip_and_its_embedding_and_logit
     bm_stats_decoded_token("vulkan", "JLM_VK_BLOCKS", "--device 0", 7);
 }
 
-/* The engine's own sequence runs whole blocks with its cache on the device;
- * a jlm_engine_seq (serve's slots) keeps its host cache and the matmul
- * offload. Interleaved on one engine, token by token, both give the CPU's
- * logits for the same ids (the residual rows and the recording are handed
- * over between them), and the default sequence's tokens are one round trip
- * each, the other's one a matmul. */
+/* The engine's own sequence on whole blocks and a jlm_engine_seq on the
+ * matmul offload, interleaved: backend_matrix.h's bm_seq_interleave. */
 Test(vulkan, the_engines_sequence_on_the_device_and_a_host_sequence_interleave, .timeout = 120)
 {
-    char *dir = tu_tmpdir();
-    jlm_err err = {0};
-    char *path = tu_convert("stories260K.gguf", dir, "s.jlm", &err);
-    cr_assert(path, "%s", err.msg);
-    jlm_engine *ec = engine_on(path, "cpu", 0), *ev = engine_on(path, "vulkan", 0);
-    if (!ev) {
-        tu_rmrf(dir);
-        cr_skip_test("vulkan: no device");
-    }
-    uint32_t nv = jlm_engine_n_vocab(ec);
-    float *lc = malloc(nv * 4), *la = malloc(nv * 4), *lb = malloc(nv * 4);
-    jlm_engine_seq *s = NULL;
-    cr_assert_eq(jlm_engine_seq_create(ev, &s, &err), 0, "%s", err.msg);
-    int32_t ids[6] = {1, 403, 407, 261, 378, 432};
-    for (int t = 0; t < 6; t++) {
-        jlm_dev_stats s0, s1, s2;
-        cr_assert_eq(jlm_engine_eval(ec, &ids[t], 1, lc, &err), 0, "%s", err.msg);
-        jlm_engine_dev_stats(ev, &s0);
-        cr_assert_eq(jlm_engine_eval(ev, &ids[t], 1, la, &err), 0, "%s", err.msg);
-        jlm_engine_dev_stats(ev, &s1);
-        cr_assert_eq(jlm_engine_eval_seq(ev, s, &ids[t], 1, lb, &err), 0, "%s", err.msg);
-        jlm_engine_dev_stats(ev, &s2);
-        same_logits(lc, la, nv, 0, "stories260K", "the engine's sequence");
-        same_logits(lc, lb, nv, 0, "stories260K", "a jlm_engine_seq");
-        cr_assert(s1.waits - s0.waits == 1 && s2.waits - s1.waits > 5, "token %d: round trips %llu and %llu", t,
-                  (unsigned long long)(s1.waits - s0.waits), (unsigned long long)(s2.waits - s1.waits));
-    }
-    jlm_engine_seq_destroy(s);
-    free(lc);
-    free(la);
-    free(lb);
-    jlm_engine_close(ec);
-    jlm_engine_close(ev);
-    free(path);
-    tu_rmrf(dir);
-    free(dir);
+    bm_seq_interleave("vulkan");
 }
