@@ -142,13 +142,15 @@ static int op_kv_put(jlm_exd *k)
     jlm_ecu *v = ecu(k);
     jlm_ecu_blk *s = &v->blk;
     int rc = JLM_OK;
-    for (uint32_t t = 0; !rc && !k->dry && t < k->b.n; t++) {
+    /* one sequence's rows are consecutive positions: one copy each for K and V */
+    uint32_t step = k->kc ? k->b.n : 1;
+    for (uint32_t t = 0; !rc && !k->dry && t < k->b.n; t += step) {
         uint64_t p = jlm_exd_pos(k, t);
         rc = launched(k, jlm_cu_rt_d2d(v->rt, (float *)s->kc[k->b.l] + p * e->kv_dim, row(k, JLM_B_K, t),
-                                       e->kv_dim * 4ull, CS), "the key into the cache");
+                                       step * e->kv_dim * 4ull, CS), "the keys into the cache");
         if (!rc)
             rc = launched(k, jlm_cu_rt_d2d(v->rt, (float *)s->vc[k->b.l] + p * e->kv_dim_v, row(k, JLM_B_V, t),
-                                           e->kv_dim_v * 4ull, CS), "the value into the cache");
+                                           step * e->kv_dim_v * 4ull, CS), "the values into the cache");
     }
     return rc;
 }
