@@ -142,8 +142,11 @@ static int op_kv_put(jlm_exd *k)
     jlm_ecu *v = ecu(k);
     jlm_ecu_blk *s = &v->blk;
     int rc = JLM_OK;
-    /* one sequence's rows are consecutive positions: one copy each for K and V */
-    uint32_t step = k->kc ? k->b.n : 1;
+    /* rows at consecutive positions (one sequence's): one copy each for K and V */
+    uint32_t step = k->b.n;
+    for (uint32_t t = 1; t < k->b.n && step > 1; t++)
+        if (jlm_exd_pos(k, t) != jlm_exd_pos(k, 0) + t)
+            step = 1;
     for (uint32_t t = 0; !rc && !k->dry && t < k->b.n; t += step) {
         uint64_t p = jlm_exd_pos(k, t);
         rc = launched(k, jlm_cu_rt_d2d(v->rt, (float *)s->kc[k->b.l] + p * e->kv_dim, row(k, JLM_B_K, t),
