@@ -609,4 +609,48 @@ static inline void bm_seq_interleave(const char *backend)
     free(dir);
 }
 
+
+/* `jlm run --embeddings` (the pooled final hidden states) on backend
+ * (devarg: its --device option) equals the CPU's within 5e-3 per element
+ * (L2-normalised vectors; stories260K's F32 matvecs sum in another order
+ * there), mean and last pooling: the rows a device's whole blocks hold come
+ * back for the pooling. Skips without a device. */
+static inline void bm_embeddings_match(const char *backend, const char *devarg)
+{
+    char *dir = tu_tmpdir(), cmd[4096];
+    jlm_err err = {0};
+    char *path = tu_convert("stories260K.gguf", dir, "s.jlm", &err);
+    cr_assert(path, "%s", err.msg);
+    for (int last = 0; last < 2; last++) {
+        json_t *v[2];
+        for (int dev = 0; dev < 2; dev++) {
+            char *out = NULL;
+            snprintf(cmd, sizeof cmd, "{ %s run %s -p 'hello world, once more' --embeddings --pooling %s%s%s%s "
+                     "2>/dev/null; }", tu_jlm(), path, last ? "last" : "mean", dev ? " --backend " : "",
+                     dev ? backend : "", dev ? devarg : "");
+            int rc = tu_run(cmd, &out);
+            if (rc && dev) {
+                free(out);
+                tu_rmrf(dir);
+                cr_skip_test("%s: no device", backend);
+            }
+            cr_assert_eq(rc, 0, "%s", out);
+            v[dev] = json_loads(out, JSON_DECODE_ANY, NULL);
+            cr_assert(json_is_array(v[dev]) && json_array_size(v[dev]) > 0, "%s", out);
+            free(out);
+        }
+        cr_assert_eq(json_array_size(v[0]), json_array_size(v[1]));
+        double d = 0;
+        for (size_t i = 0; i < json_array_size(v[0]); i++)
+            d = fmax(d, fabs(json_number_value(json_array_get(v[0], i)) - json_number_value(json_array_get(v[1], i))));
+        cr_assert(d <= 5e-3, "%s (%s pooling): embeddings differ from the CPU's by %g", backend, last ? "last" : "mean",
+                  d);
+        json_decref(v[0]);
+        json_decref(v[1]);
+    }
+    free(path);
+    tu_rmrf(dir);
+    free(dir);
+}
+
 #endif

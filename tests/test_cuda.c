@@ -702,6 +702,13 @@ Test(cuda, the_engines_sequence_on_the_device_and_a_host_sequence_interleave, .t
     bm_seq_interleave("cuda");
 }
 
+/* --embeddings with whole blocks on the device: the CPU's (bm_embeddings_match). */
+Test(cuda, embeddings_on_whole_blocks_equal_the_cpus, .timeout = 60)
+{
+    setenv("JLM_CUDA_EMULATE", "1", 1);
+    bm_embeddings_match("cuda", "");
+}
+
 /* From --stats: with --gpu-layers all a decoded token is one round trip and
  * its embedding and logits (within 4 KiB); the offload 4 round trips a
  * layer (QKV, o, gate/up, down). */

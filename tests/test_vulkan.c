@@ -1183,6 +1183,14 @@ Test(vulkan, stats_a_decoded_token_is_one_round_trip_and_its_embedding_and_logit
     bm_stats_decoded_token("vulkan", "JLM_VK_BLOCKS", "--device 0", 7);
 }
 
+/* --embeddings with whole blocks on the device: the CPU's (bm_embeddings_match). */
+Test(vulkan, embeddings_on_whole_blocks_equal_the_cpus, .timeout = 60)
+{
+    if (!jlm_vk_built())
+        cr_skip_test("built without Vulkan");
+    bm_embeddings_match("vulkan", " --device 0");
+}
+
 /* The engine's own sequence on whole blocks and a jlm_engine_seq on the
  * matmul offload, interleaved: backend_matrix.h's bm_seq_interleave. */
 Test(vulkan, the_engines_sequence_on_the_device_and_a_host_sequence_interleave, .timeout = 120)
