@@ -1,24 +1,29 @@
 /* routing_replay.c - an expert cache's bytes a token, replayed from a routing
  * trace (`jlm run --trace-routing FILE`, engine/model.h's format) at many
- * budgets, for the engine's policies (engine/xpolicy.h: LRU and the decaying
- * count, LFU) and the offline optimum (Belady: evict the expert whose next
- * use is farthest), and the ratios policy / optimum.
+ * budgets, for the engine's policies (engine/xpolicy.h: LRU, the decaying
+ * count LFU, the expected next use NEXT) and the offline optimum (Belady:
+ * evict the expert whose next use is farthest), and the ratios of each
+ * policy to the optimum, all measured in one run.
  *
- *   build/bench/routing_replay TRACE [--slots N,N,...] [--half-life H]
+ *   build/bench/routing_replay TRACE [--slots N,N,...] [--half-life H] [--next-half-life H]
  *
  * The replay is decode's access order: the trace's lines sorted by
- * (position, block), each line's n_used experts gotten together (pinned:
- * none of them is a victim while the others are gotten), one expert get per
- * id, a miss reads one expert page (expert_bytes, the trace's mean). The
+ * (position, block), each line's n_used experts pinned together (none of
+ * them is a victim while the others are gotten: the resident ones first,
+ * then the missing ones read, as jlm_stream_experts does; rr_misses), one
+ * expert get per id, a miss reads one expert page (expert_bytes, the
+ * trace's mean). The
  * budget is in expert slots (default: 1/16, 1/8, 1/4, 3/8, 1/2, 5/8, 3/4 and
  * 7/8 of the expert pages the trace's blocks hold, at least n_used); block
  * pages and the dense region are not counted. The first use of each expert
  * is a miss under every policy (the cache starts empty), so the ratios
  * include those cold reads. --half-life: LFU's half-life in gets per expert
- * page (default JLM_XP_HALF_LIFE, the engine's). Without TRACE: a line, exit
- * 0 (make bench runs every bench bare).
+ * page (default JLM_XP_HALF_LIFE, the engine's); --next-half-life: NEXT's
+ * (default JLM_XP_NEXT_HALF_LIFE). Without TRACE: a line, exit 0 (make bench
+ * runs every bench bare).
  *
- * Tests include this file with ROUTING_REPLAY_NO_MAIN (tests/test_replay.c). */
+ * Tests include this file with ROUTING_REPLAY_NO_MAIN (tests/test_replay.c,
+ * tests/test_engine.c: the replay against the engine's reads). */
 #include "engine/xpolicy.h"
 
 #include <errno.h>
@@ -30,7 +35,7 @@
 
 #define RR_FN static __attribute__((unused))
 
-enum { RR_LRU = JLM_XP_LRU, RR_LFU = JLM_XP_LFU, RR_OPT = 2 };
+enum { RR_LRU = JLM_XP_LRU, RR_LFU = JLM_XP_LFU, RR_NEXT = JLM_XP_NEXT, RR_OPT = 3, RR_N = 4 };
 
 typedef struct rr_trace {
     uint32_t  n_layer, n_expert, n_used;
@@ -166,9 +171,19 @@ RR_FN int rr_parse(FILE *f, const char *name, rr_trace *t, char *msg, size_t msz
 /* Expert pages the trace can name: n_layer * n_expert. */
 static uint32_t rr_pages(const rr_trace *t) { return t->n_layer * t->n_expert; }
 
-/* Misses of the replay under policy (RR_LRU, RR_LFU, RR_OPT) with `slots`
- * expert frames (raised to n_used); LFU's half-life in gets per expert page
- * (as the engine: JLM_XP_HALF_LIFE). (uint64_t)-1 when out of memory. */
+/* Misses of the replay under policy (RR_LRU, RR_LFU, RR_NEXT, RR_OPT) with
+ * `slots` expert frames (raised to n_used); LFU's and NEXT's half-life in
+ * gets per expert page (as the engine: JLM_XP_HALF_LIFE, _NEXT_HALF_LIFE).
+ * NEXT's blocks are the trace's MoE blocks in order (the engine's expert
+ * pages: n_expert a MoE block). (uint64_t)-1 when out of memory.
+ *
+ * A routing runs as jlm_stream_experts runs it, so that the counts are the
+ * engine's (tests/test_engine.c checks them against the pager's page-ins):
+ * its resident experts are gotten (pinned) first, in slot order, then its
+ * missing ones are read in slot order, each evicting an expert of another
+ * routing; a get adds to the expert's count (clock: expert gets so far);
+ * then all are unpinned in slot order, which makes them the most recently
+ * used in that order (the pager's list head). */
 RR_FN uint64_t rr_misses(const rr_trace *t, int policy, uint32_t slots, double half_life)
 {
     uint32_t np = rr_pages(t), nu = t->n_used;
@@ -182,7 +197,9 @@ RR_FN uint64_t rr_misses(const rr_trace *t, int policy, uint32_t slots, double h
     uint64_t *pin = malloc(np * sizeof *pin);
     double *key = malloc(np * sizeof *key);
     uint32_t *resl = malloc((size_t)slots * sizeof *resl);   /* the resident pages, unordered */
-    if (!res || !stamp || !nextuse || !pin || !key || !resl || (policy == RR_OPT && !next)) {
+    uint8_t *hit = malloc(nu);   /* the routing's experts resident at its start */
+    uint32_t *ord = calloc(t->n_layer, sizeof *ord), nb = 0;   /* block -> 1 + its MoE ordinal */
+    if (!res || !stamp || !nextuse || !pin || !key || !resl || !hit || !ord || (policy == RR_OPT && !next)) {
         miss = (uint64_t)-1;
         goto out;
     }
@@ -196,39 +213,56 @@ RR_FN uint64_t rr_misses(const rr_trace *t, int policy, uint32_t slots, double h
             nextuse[t->page[i]] = i;
         }
     }
-    double half = half_life * np;
+    for (uint64_t i = 0; i < na; i++)
+        if (!ord[t->page[i] / t->n_expert])
+            ord[t->page[i] / t->n_expert] = 1;
+    for (uint32_t b = 0; b < t->n_layer; b++)
+        ord[b] = ord[b] ? ++nb : 0;
+    double half = half_life * np, window = jlm_xp_window(half, (double)nb * nu);
     uint32_t nres = 0;
-    for (uint64_t i = 0, clock = 0; i < na; i++, clock++) {
-        uint64_t g = i / nu;
-        uint32_t p = t->page[i];
-        if (!res[p]) {
-            miss++;
-            if (nres == slots) {   /* the victim: never a page of this group */
-                uint32_t v = UINT32_MAX;
-                for (uint32_t r = 0; r < nres; r++) {
-                    uint32_t q = resl[r];
-                    if (pin[q] == g)
-                        continue;
-                    if (v == UINT32_MAX ||
-                        (policy == RR_LRU && stamp[q] < stamp[resl[v]]) ||
-                        (policy == RR_LFU && (key[q] < key[resl[v]] || (key[q] == key[resl[v]] && stamp[q] < stamp[resl[v]]))) ||
-                        (policy == RR_OPT && nextuse[q] > nextuse[resl[v]]))
-                        v = r;
+    uint64_t clock = 0, seq = 0;
+    for (uint64_t g = 0; g < t->n_groups; g++) {
+        const uint32_t *pg = t->page + g * nu;
+        for (uint32_t k = 0; k < nu; k++)
+            pin[pg[k]] = g, hit[k] = res[pg[k]];
+        for (int pass = 0; pass < 2; pass++)   /* the resident ones, then the reads */
+            for (uint32_t k = 0; k < nu; k++) {
+                uint32_t p = pg[k];
+                if (hit[k] != !pass)
+                    continue;
+                if (!res[p]) {
+                    miss++;
+                    if (nres == slots) {   /* the victim: never a page of this routing */
+                        uint32_t v = UINT32_MAX, cur = ord[p / t->n_expert] - 1;
+                        double vs = 0;
+                        for (uint32_t r = 0; r < nres; r++) {
+                            uint32_t q = resl[r];
+                            if (pin[q] == g)
+                                continue;
+                            double qs = policy == RR_NEXT ? jlm_xp_next_score(key[q], clock, half, window,
+                                                                              ord[q / t->n_expert] - 1, cur, nb) : 0;
+                            if (v == UINT32_MAX || (policy == RR_NEXT && (qs > vs || (qs == vs && stamp[q] < stamp[resl[v]]))) ||
+                                (policy == RR_LRU && stamp[q] < stamp[resl[v]]) ||
+                                (policy == RR_LFU && (key[q] < key[resl[v]] ||
+                                                      (key[q] == key[resl[v]] && stamp[q] < stamp[resl[v]]))) ||
+                                (policy == RR_OPT && nextuse[q] > nextuse[resl[v]]))
+                                v = r, vs = qs;
+                        }
+                        res[resl[v]] = 0;
+                        resl[v] = resl[--nres];
+                    }
+                    res[p] = 1;
+                    resl[nres++] = p;
                 }
-                res[resl[v]] = 0;
-                resl[v] = resl[--nres];
+                key[p] = jlm_xp_touch(key[p], clock++, half);
+                if (next)
+                    nextuse[p] = next[g * nu + k];
             }
-            res[p] = 1;
-            resl[nres++] = p;
-        }
-        pin[p] = g;
-        stamp[p] = clock;
-        key[p] = jlm_xp_touch(key[p], clock, half);
-        if (next)
-            nextuse[p] = next[i];
+        for (uint32_t k = 0; k < nu; k++)   /* unpinned in slot order */
+            stamp[pg[k]] = ++seq;
     }
 out:
-    free(res); free(stamp); free(nextuse); free(next); free(pin); free(key); free(resl);
+    free(res); free(stamp); free(nextuse); free(next); free(pin); free(key); free(resl); free(hit); free(ord);
     return miss;
 }
 
@@ -248,27 +282,30 @@ static int parse_slots(const char *s, uint32_t *v, int max)
     return *s ? -1 : n;
 }
 
+static double rr_ratio(uint64_t m, uint64_t opt) { return opt ? (double)m / opt : 1.0; }
+
 int main(int argc, char **argv)
 {
     const char *path = NULL;
     uint32_t slots[64];
     int ns = 0;
-    double half = JLM_XP_HALF_LIFE;
+    double half = JLM_XP_HALF_LIFE, nhalf = JLM_XP_NEXT_HALF_LIFE;
     for (int i = 1; i < argc; i++) {
         if (!strcmp(argv[i], "--slots") && i + 1 < argc) {
             if ((ns = parse_slots(argv[++i], slots, 64)) <= 0) {
                 fprintf(stderr, "routing_replay: --slots '%s': expected up to 64 positive counts, comma-separated\n", argv[i]);
                 return 2;
             }
-        } else if (!strcmp(argv[i], "--half-life") && i + 1 < argc) {
+        } else if ((!strcmp(argv[i], "--half-life") || !strcmp(argv[i], "--next-half-life")) && i + 1 < argc) {
             char *end;
-            half = strtod(argv[++i], &end);
-            if (*end || !(half > 0) || half > 1e9) {
-                fprintf(stderr, "routing_replay: --half-life '%s': expected a positive number\n", argv[i]);
+            double *h = argv[i][2] == 'n' ? &nhalf : &half;
+            *h = strtod(argv[++i], &end);
+            if (*end || !(*h > 0) || *h > 1e9) {
+                fprintf(stderr, "routing_replay: %s '%s': expected a positive number up to 1e9\n", argv[i - 1], argv[i]);
                 return 2;
             }
         } else if (argv[i][0] == '-' || path) {
-            fprintf(stderr, "usage: routing_replay TRACE [--slots N,N,...] [--half-life H]\n");
+            fprintf(stderr, "usage: routing_replay TRACE [--slots N,N,...] [--half-life H] [--next-half-life H]\n");
             return 2;
         } else {
             path = argv[i];
@@ -308,22 +345,24 @@ int main(int argc, char **argv)
                 slots[ns++] = s;
         }
     }
-    printf("trace %s: %u tokens, %u routings, %u MoE blocks x %u experts (%u used), expert page %.2f MB, half-life %.3g\n",
-           path, t.n_tokens, t.n_groups, nb, t.n_expert, t.n_used, t.expert_bytes / 1e6, half);
-    printf("| slots | budget MB | share | LRU MB/token | LFU MB/token | optimum MB/token | LRU/opt | LFU/opt |\n");
-    printf("|---|---|---|---|---|---|---|---|\n");
+    printf("trace %s: %u tokens, %u routings, %u MoE blocks x %u experts (%u used), expert page %.2f MB, "
+           "half-life LFU %.3g, NEXT %.3g\n", path, t.n_tokens, t.n_groups, nb, t.n_expert, t.n_used, t.expert_bytes / 1e6,
+           half, nhalf);
+    printf("| slots | budget MB | share | LRU MB/token | LFU MB/token | NEXT MB/token | optimum MB/token | LRU/opt | LFU/opt | NEXT/opt |\n");
+    printf("|---|---|---|---|---|---|---|---|---|---|\n");
     for (int k = 0; k < ns; k++) {
-        uint64_t m[3];
-        for (int pol = 0; pol < 3; pol++)
-            if ((m[pol] = rr_misses(&t, pol, slots[k], half)) == (uint64_t)-1) {
+        uint64_t m[RR_N];
+        for (int pol = 0; pol < RR_N; pol++)
+            if ((m[pol] = rr_misses(&t, pol, slots[k], pol == RR_NEXT ? nhalf : half)) == (uint64_t)-1) {
                 fprintf(stderr, "routing_replay: out of memory\n");
                 rr_free(&t);
                 return 1;
             }
         double per = (double)t.expert_bytes / 1e6 / t.n_tokens;
-        printf("| %u | %.1f | %.3f | %.3f | %.3f | %.3f | %.3f | %.3f |\n", slots[k], slots[k] * (double)t.expert_bytes / 1e6,
-               (double)slots[k] / all, m[0] * per, m[1] * per, m[2] * per, m[2] ? (double)m[0] / m[2] : 1.0,
-               m[2] ? (double)m[1] / m[2] : 1.0);
+        printf("| %u | %.1f | %.3f | %.3f | %.3f | %.3f | %.3f | %.3f | %.3f | %.3f |\n", slots[k],
+               slots[k] * (double)t.expert_bytes / 1e6, (double)slots[k] / all, m[RR_LRU] * per, m[RR_LFU] * per,
+               m[RR_NEXT] * per, m[RR_OPT] * per, rr_ratio(m[RR_LRU], m[RR_OPT]), rr_ratio(m[RR_LFU], m[RR_OPT]),
+               rr_ratio(m[RR_NEXT], m[RR_OPT]));
     }
     rr_free(&t);
     return 0;

@@ -9,7 +9,9 @@
  * from N cached positions (N random ids evaluated as a prompt, untimed: the
  * test then runs at depth N, "tg128 @ d4096" as llama-bench's -d), and
  * zeroed pager counters. ppP evaluates P random token ids in one jlm_engine_eval call (the
- * engine batches them as it does for a prompt); tgN evaluates N random ids one call each.
+ * engine batches them as it does for a prompt) and the last one's logits, as llama-bench's
+ * prompt (so a device's queued blocks are inside the time); tgN evaluates N random ids one
+ * call each.
  * t/s is mean +- sample sd over r repetitions; page-ins, MiB read and read
  * wait are means per repetition. Nothing goes to stdout but the table:
  * -o md (a Markdown table, the default, llama-bench's), csv (a header row and
@@ -50,6 +52,7 @@ typedef struct bench_res {
     int    n_dev;                                /* device backends that ran (in block order) */
     bench_dev dev[JLM_ENGINE_DEVS];
     jlm_engine_prof prof;
+    jlm_dev_prof dprof[JLM_ENGINE_DEVS];         /* --profile: each device's, summed over repetitions */
 } bench_res;
 
 static int bench_parse(int argc, char **argv, bench_opts *o)
@@ -68,7 +71,7 @@ static int bench_parse(int argc, char **argv, bench_opts *o)
         {"-r", "--repetitions", JLM_OPT_INT, &o->reps, 1, 1000, 0, "N", "repetitions per test"},
     };
     const jlm_opt tail[] = {
-        {NULL, "--profile", JLM_OPT_FLAG, &o->profile, 0, 0, 0, NULL, "after each test, where a token's time went (per operation class, barrier waits, serial share)"},
+        {NULL, "--profile", JLM_OPT_FLAG, &o->profile, 0, 0, 0, NULL, "after each test, where a token's time went (per operation class, barrier waits, serial share; per device backend: its op classes and transfer/wait)"},
         {"-o", "--output", JLM_OPT_STR, &o->out, 0, 0, 0, "md|csv|json", "output format (default: md)"},
     };
     jlm_opt t[sizeof head / sizeof head[0] + sizeof tail / sizeof tail[0] + 2 * JLM_OPTS_ENGINE_MAX];
@@ -174,6 +177,21 @@ static void bench_prof_add(jlm_engine_prof *a, const jlm_engine_prof *b)
     a->n_threads = b->n_threads;
 }
 
+/* One repetition's profile, the engine's and each device's, into the test's. */
+static void bench_prof_collect(const jlm_engine *e, bench_res *res)
+{
+    jlm_engine_prof pr;
+    jlm_engine_prof_get(e, &pr);
+    bench_prof_add(&res->prof, &pr);
+    jlm_dev_prof dp;
+    for (int i = 0; jlm_engine_dev_prof_at(e, i, &dp); i++) {
+        res->dprof[i].timed = dp.timed;
+        res->dprof[i].host_timed = dp.host_timed;
+        for (int c = 0; c < JLM_DEVP_N; c++)
+            res->dprof[i].ns[c] += dp.ns[c];
+    }
+}
+
 /* Greedy sampling of one row of logits, as jlm run at temperature 0. */
 static int32_t bench_argmax(const float *lg, uint32_t n)
 {
@@ -207,6 +225,26 @@ static void bench_prof_print(const char *test, const jlm_engine_prof *p, int md)
             (double)p->wait_ns / tok / 1e6, thr > 0 ? 100.0 * (double)p->wait_ns / thr : 0.0);
 }
 
+/* --profile, a device backend's line: its time per op class and its
+ * transfer/wait, per token and as a share of the token's time. */
+static void bench_dev_prof_print(const char *test, const bench_dev *d, const jlm_dev_prof *p, double tot,
+                                 double tok, int md)
+{
+    static const char *const NAMES[JLM_DEVP_N] = {"matmul", "attention", "norms/rope/act", "transfer/wait"};
+    FILE *f = md ? stdout : stderr;
+    fprintf(f, "%sprofile %s on %s:", md ? "> " : "# ", test, d->kind);
+    for (int i = 0; i < JLM_DEVP_N; i++) {
+        if (i < JLM_DEVP_XFER && !p->timed)
+            fprintf(f, " %s n/a,", NAMES[i]);
+        else
+            fprintf(f, " %s %.3f ms/token (%.1f%%)%s", NAMES[i], (double)p->ns[i] / tok / 1e6,
+                    100.0 * (double)p->ns[i] / tot, i + 1 < JLM_DEVP_N ? "," : "");
+    }
+    fprintf(f, " [%s; %s]\n", d->device,
+            !p->timed ? "n/a: the device has no timestamp queries" : p->host_timed ? "timed on the host"
+            : d->path && !strcmp(d->path, "emulated") ? "the emulation's stamps, on the host's clock" : "device timestamps");
+}
+
 static int bench_test(jlm_engine *e, int pp, uint32_t n, uint32_t depth, int reps, int profile, bench_res *res,
                       jlm_err *err)
 {
@@ -214,9 +252,10 @@ static int bench_test(jlm_engine *e, int pp, uint32_t n, uint32_t depth, int rep
     int32_t *ids = malloc((n > depth ? n : depth) * sizeof *ids);
     double *tps = malloc((size_t)reps * sizeof *tps);
     uint64_t seed = 1234;
-    float *lg = profile && !pp ? malloc(nv * sizeof *lg) : NULL;
-    int rc = ids && tps && (lg || !profile || pp) ? 0 : jlm_errf(err, JLM_ENOMEM, "out of memory");
+    float *lg = profile || pp ? malloc(nv * sizeof *lg) : NULL;
+    int rc = ids && tps && (lg || !(profile || pp)) ? 0 : jlm_errf(err, JLM_ENOMEM, "out of memory");
     memset(&res->prof, 0, sizeof res->prof);
+    memset(res->dprof, 0, sizeof res->dprof);
     double pageins = 0, bytes = 0, wait_ns = 0;
     jlm_dev_stats v0[JLM_ENGINE_DEVS], v1;
     res->n_dev = 0;
@@ -235,8 +274,8 @@ static int bench_test(jlm_engine *e, int pp, uint32_t n, uint32_t depth, int rep
         if (profile)
             jlm_engine_prof_reset(e);
         double t0 = bench_clock();
-        if (pp)
-            rc = jlm_engine_eval(e, ids, n, NULL, err);
+        if (pp)   /* the last id's logits: the work a device queued comes back inside the time */
+            rc = jlm_engine_eval(e, ids, n, lg, err);
         else
             for (uint32_t i = 0; i < n && !rc; i++) {
                 /* --profile: logits and a greedy pick per token, as jlm run */
@@ -249,11 +288,8 @@ static int bench_test(jlm_engine *e, int pp, uint32_t n, uint32_t depth, int rep
                 }
             }
         tps[r] = n / (bench_clock() - t0);
-        if (profile) {
-            jlm_engine_prof pr;
-            jlm_engine_prof_get(e, &pr);
-            bench_prof_add(&res->prof, &pr);
-        }
+        if (profile)
+            bench_prof_collect(e, res);
         for (int i = 0; i < JLM_ENGINE_DEVS && jlm_engine_dev_stats_at(e, i, &v1); i++) {
             bench_dev *d = &res->dev[i];
             res->n_dev = i + 1;
@@ -491,8 +527,12 @@ int jlm_cmd_bench(int argc, char **argv)
         char test[40];   /* "tg32 @ d1024": the table's test, and its lines on stderr */
         bench_test_name(test, sizeof test, pp, n, o.depth);
         bench_print(&o, &w, test, rows);
-        if (o.profile)
+        if (o.profile) {
             bench_prof_print(test, &r.prof, o.fmt == OUT_MD);
+            for (int i = 0; i < r.n_dev && r.prof.total_ns; i++)
+                bench_dev_prof_print(test, &r.dev[i], &r.dprof[i], (double)r.prof.total_ns,
+                                     r.prof.tokens ? (double)r.prof.tokens : 1.0, o.fmt == OUT_MD);
+        }
         fflush(stdout);
     }
     if (rows && !status) {

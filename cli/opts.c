@@ -282,8 +282,8 @@ int jlm_opts_engine_rows(jlm_opt *t, unsigned which, jlm_engine_opts *eo, jlm_op
         if (!eo->kv)
             eo->kv = "auto";   /* llama.cpp's default, where its tolerance is shown (docs/engine.md) */
         t[n++] = (jlm_opt){NULL, "--kv", JLM_OPT_STR, &eo->kv, 0, 0, 0, "auto|f32|f16|q8_0",
-                           "KV cache type of keys and values (auto: f16, f32 for latent attention or a device backend; f16: half "
-                           "the memory of f32, q8_0: 0.27 of it)"};
+                           "KV cache type of keys and values (auto: f16, f32 for latent attention or "
+                           "CUDA; f16: half the memory of f32, q8_0: 0.27 of it)"};
         t[n++] = (jlm_opt){"-ctk", "--cache-type-k", JLM_OPT_STR, &eo->kv_k, 0, 0, 0, "f32|f16|q8_0",
                            "the keys' cache type (over --kv)"};
         t[n++] = (jlm_opt){"-ctv", "--cache-type-v", JLM_OPT_STR, &eo->kv_v, 0, 0, 0, "f32|f16|q8_0",
@@ -300,9 +300,10 @@ int jlm_opts_engine_rows(jlm_opt *t, unsigned which, jlm_engine_opts *eo, jlm_op
                            "no read ahead of the next MoE block's predicted experts"};
         t[n++] = (jlm_opt){NULL, "--no-warm", JLM_OPT_FLAG, &eo->no_warm, 0, 0, 0, NULL,
                            "no background read of the whole model when the budget holds it"};
-        t[n++] = (jlm_opt){NULL, "--expert-policy", JLM_OPT_STR, &eo->expert_policy, 0, 0, 0, "lfu|lru",
-                           "which cached expert is evicted first: the lowest decaying use count (lfu, default) or "
-                           "the least recently used (lru)"};
+        t[n++] = (jlm_opt){NULL, "--expert-policy", JLM_OPT_STR, &eo->expert_policy, 0, 0, 0, "lfu|lru|next",
+                           "which cached expert is evicted first: the lowest decaying use count (lfu, default), "
+                           "the least recently used (lru), or the one whose next use is expected last from its "
+                           "count and its block's place in the cycle (next)"};
         t[n++] = (jlm_opt){NULL, "--verify", JLM_OPT_FLAG, &eo->verify, 0, 0, 0, NULL,
                            "check every page against MODEL.sums on its first read; refuse without one "
                            "(default: checked when MODEL.sums exists)"};

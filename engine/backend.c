@@ -1,5 +1,6 @@
 /* backend.c - the device backend interface's common half (backend.h). */
 #include "engine/backend.h"
+#include "engine/prog.h"
 
 #include <string.h>
 
@@ -104,4 +105,64 @@ void jlm_dev_stats_reset(jlm_dev *d)
     f->page_ins = f->hits = f->evictions = f->prefetches = 0;
     f->peak = f->resident;
     d->ops->stats_reset(d);
+}
+
+/* ---------------------------------------------------------------- profiling */
+
+static void prof_base(jlm_dev *d)
+{
+    jlm_dev_stats s;
+    jlm_dev_stats_get(d, &s);
+    d->prof_k0 = s.kernel_ns;
+    d->prof_x0 = s.xfer_ns;
+}
+
+void jlm_dev_profile(jlm_dev *d, int on)
+{
+    d->prof_timed = on && d->ops->prof_on && d->ops->prof_on(d, 1) == 0;
+    if (!on && d->ops->prof_on)
+        d->ops->prof_on(d, 0);
+    d->prof = on;
+    prof_base(d);
+}
+
+void jlm_dev_prof_reset(jlm_dev *d)
+{
+    if (d->prof_timed)
+        d->ops->prof_on(d, 1);
+    prof_base(d);
+}
+
+/* a counter since the reset; one reset since (jlm bench resets the stats): all of it */
+static uint64_t since(uint64_t now, uint64_t base) { return now >= base ? now - base : now; }
+
+void jlm_dev_prof_get(jlm_dev *d, jlm_dev_prof *out)
+{
+    memset(out, 0, sizeof *out);
+    jlm_dev_stats s;
+    jlm_dev_stats_get(d, &s);
+    uint64_t k = since(s.kernel_ns, d->prof_k0), host = k + since(s.xfer_ns, d->prof_x0), dev = 0;
+    if (d->prof_timed) {
+        out->timed = 1;
+        d->ops->prof_get(d, out->ns);
+    } else if (!d->ops->prof_on) {   /* matmul offload only: its kernels' calls, timed on the host */
+        out->timed = out->host_timed = 1;
+        out->ns[JLM_DEVP_MATMUL] = k;
+    }
+    for (int i = 0; i < JLM_DEVP_XFER; i++)
+        dev += out->ns[i];
+    out->ns[JLM_DEVP_XFER] = host > dev ? host - dev : 0;
+}
+
+int jlm_dev_op_class(int op_kind)
+{
+    switch (op_kind) {
+    case JLM_OP_QKV: case JLM_OP_Q: case JLM_OP_MATMUL: case JLM_OP_GATE_UP: case JLM_OP_MOE:
+    case JLM_OP_MLA_KV: case JLM_OP_MLA_Q:
+        return JLM_DEVP_MATMUL;
+    case JLM_OP_ATTENTION: case JLM_OP_SELF_ATTN: case JLM_OP_MLA_ATTN:
+        return JLM_DEVP_ATTN;
+    default:
+        return JLM_DEVP_NORM;
+    }
 }

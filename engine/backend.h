@@ -41,6 +41,26 @@ typedef struct jlm_dev_stats {
                                     (results), counted at the copies; page-ins and reuploads not */
 } jlm_dev_stats;
 
+/* Profiling (jlm bench --profile): a backend's time per op class. The
+ * first three are the device's own time for the ops of that class
+ * (Vulkan: timestamp queries in the command buffer; a backend without
+ * device timing measures its kernels' calls on the host); JLM_DEVP_XFER is
+ * the rest of the host's time in the backend (kernel_ns + xfer_ns of the
+ * stats): page-ins, activations up and down, submits and waits. */
+enum {
+    JLM_DEVP_MATMUL,   /* weight matmuls, the activations' quantization included */
+    JLM_DEVP_ATTN,     /* attention over the cache */
+    JLM_DEVP_NORM,     /* norms, RoPE, the KV store, activations, residual adds */
+    JLM_DEVP_XFER,     /* transfer/wait */
+    JLM_DEVP_N
+};
+typedef struct jlm_dev_prof {
+    int      timed;            /* 1: ns[MATMUL..NORM] measured; 0: n/a, the device cannot time its ops
+                                * (they are then inside ns[JLM_DEVP_XFER]) */
+    int      host_timed;       /* 1: ns[MATMUL..NORM] are the host's time in the kernels' calls */
+    uint64_t ns[JLM_DEVP_N];
+} jlm_dev_prof;
+
 typedef struct jlm_dev jlm_dev;
 struct jlm_engine;
 struct jlm_prog;
@@ -84,6 +104,18 @@ typedef struct jlm_dev_ops {
     void (*x_drop)(jlm_dev *d);   /* forgets the rows it holds (the host has new ones); ends a recording */
     int (*output)(jlm_dev *d, const float *norm, float eps, const jlm_k_mat *m, const float *x, uint32_t n,
                   uint32_t E, float *logits, jlm_err *err);
+    /* Op-class timing (NULL: the host times the matmul calls, kernel_ns).
+     * prof_on: on (1) zeroes the sums and times from now on, 0 stops; 0
+     * done, JLM_EUNSUPPORTED when the device cannot time (n/a). prof_op:
+     * the device's next commands are class cls (JLM_DEVP_MATMUL..NORM), until
+     * the next prof_op; JLM_DEVP_XFER: they are no op's (not summed: an
+     * executor says so after its last op, before the host waits); called
+     * through jlm_dev_prof_op only while on. prof_get: the device time per
+     * class since prof_on (ns[XFER] not filled), after the host has waited
+     * for what was timed. */
+    int  (*prof_on)(jlm_dev *d, int on);
+    void (*prof_op)(jlm_dev *d, int cls);
+    void (*prof_get)(jlm_dev *d, uint64_t ns[JLM_DEVP_N]);
 } jlm_dev_ops;
 
 #define JLM_DEV_MULTI_MAX 3
@@ -93,6 +125,8 @@ struct jlm_dev {
     jlm_dframes        frames;
     int                pf_on;              /* a prefetch started and not yet got or ended */
     uint32_t           pf_array, pf_page;
+    int                prof, prof_timed;   /* jlm_dev_profile on; the device times its ops */
+    uint64_t           prof_k0, prof_x0;   /* kernel_ns, xfer_ns at the last jlm_dev_prof_reset */
 };
 
 void        jlm_dev_close(jlm_dev *d);   /* accepts NULL */
@@ -136,5 +170,23 @@ int jlm_dev_matmul_multi(jlm_dev *d, const jlm_k_mat *const *ms, int nm, uint32_
 
 void jlm_dev_stats_get(const jlm_dev *d, jlm_dev_stats *out);
 void jlm_dev_stats_reset(jlm_dev *d);
+
+/* Profiling (the enum above). jlm_dev_profile turns it on or off (off:
+ * nothing is timed, no query recorded); jlm_dev_prof_reset zeroes the sums;
+ * jlm_dev_prof_get: the sums since then (XFER: the host's time in the
+ * backend less the op classes, never below 0). Cannot fail: a device that
+ * cannot time says so in timed. */
+void jlm_dev_profile(jlm_dev *d, int on);
+void jlm_dev_prof_reset(jlm_dev *d);
+void jlm_dev_prof_get(jlm_dev *d, jlm_dev_prof *out);
+/* The hook an executor of block programs calls at the start of each op's
+ * commands (exec_vk.c): what it records next counts to class cls (of an op:
+ * jlm_dev_op_class). Off, or a device that cannot time: nothing. */
+static inline void jlm_dev_prof_op(jlm_dev *d, int cls)
+{
+    if (d->prof && d->prof_timed)
+        d->ops->prof_op(d, cls);
+}
+int jlm_dev_op_class(int op_kind);   /* a jlm_op_kind's JLM_DEVP_* class */
 
 #endif

@@ -319,12 +319,14 @@ static int tokens(jlm_ecu *v, const jlm_cu_mat *cms, int nm, uint32_t n, const f
     uint64_t t1 = now_ns();
     v->st.xfer_ns += t1 - t0;
     float *dy = v->d[D_Y].p;
+    jlm_dev_prof_op(&v->dev, JLM_DEVP_MATMUL);
     for (int i = 0; i < nm; i++) {
         if (jlm_cu_rt_matvec(v->rt, &cms[i], n, xq ? NULL : (const float *)(void *)dv,
                              xq ? (const jlm_cu_act *)(void *)dv : NULL, dy, JLM_CU_S_COMPUTE))
             return rt_fail(v, err, "matvec");
         dy += (uint64_t)n * cms[i].rows;
     }
+    jlm_dev_prof_op(&v->dev, JLM_DEVP_XFER);   /* the results' copy: no op's */
     if (jlm_cu_rt_d2h(v->rt, v->h_y.p, v->d[D_Y].p, ylen, JLM_CU_S_COMPUTE) || jlm_cu_rt_sync(v->rt, JLM_CU_S_COMPUTE))
         return rt_fail(v, err, "matvec");
     uint64_t t2 = now_ns();
@@ -461,14 +463,64 @@ static void ecu_stats_reset(jlm_dev *dev)
     v->st.path = keep.path;
 }
 
+/* ---------------------------------------------------------------- --profile */
+
+/* The stamps recorded, their stream waited for: each interval into the
+ * class of the stamp that opens it (JLM_DEVP_XFER: no op's, not kept). */
+static void prof_read(jlm_ecu *v)
+{
+    if (v->prof_n > 1 && !jlm_cu_rt_sync(v->rt, JLM_CU_S_COMPUTE))
+        for (uint32_t i = 0; i + 1 < v->prof_n; i++) {
+            uint64_t ns;
+            if (v->prof_of[i] < JLM_DEVP_XFER && !jlm_cu_rt_stamp_ns(v->rt, i, i + 1, &ns))
+                v->prof_ns[v->prof_of[i]] += ns;
+        }
+    v->prof_n = 0;
+}
+
+static void ecu_prof_op(jlm_dev *dev, int cls)
+{
+    jlm_ecu *v = (jlm_ecu *)dev;
+    if (cls == v->prof_tag && v->prof_n)
+        return;   /* the class goes on (a whole block's ops in a row): no stamp */
+    if (v->prof_n + 1 >= JLM_CU_NSTAMP) {   /* full: the host waits (profiling only), then on */
+        int last = v->prof_tag;
+        prof_read(v);
+        if (!jlm_cu_rt_stamp(v->rt, 0, JLM_CU_S_COMPUTE))
+            v->prof_of[v->prof_n++] = (uint8_t)last;
+    }
+    if (!jlm_cu_rt_stamp(v->rt, v->prof_n, JLM_CU_S_COMPUTE))
+        v->prof_of[v->prof_n++] = (uint8_t)cls;
+    v->prof_tag = cls;
+}
+
+static int ecu_prof_on(jlm_dev *dev, int on)
+{
+    jlm_ecu *v = (jlm_ecu *)dev;
+    memset(v->prof_ns, 0, sizeof v->prof_ns);
+    v->prof_n = 0;
+    v->prof_tag = JLM_DEVP_XFER;
+    return JLM_OK;
+}
+
+static void ecu_prof_get(jlm_dev *dev, uint64_t ns[JLM_DEVP_N])
+{
+    jlm_ecu *v = (jlm_ecu *)dev;
+    prof_read(v);
+    if (v->prof_tag != JLM_DEVP_XFER)   /* an op still open: it goes on from a fresh stamp */
+        ecu_prof_op(dev, v->prof_tag);
+    memcpy(ns, v->prof_ns, JLM_DEVP_XFER * sizeof ns[0]);
+}
+
 static const jlm_dev_ops ECU_OPS = {"cuda", ecu_close, ecu_device, ecu_default_budget, ecu_matmul,
                                     ecu_stats, ecu_stats_reset, ecu_prefetch_wait, ecu_matmul_multi,
-                                    jlm_ecu_block, jlm_ecu_x_sync, jlm_ecu_x_drop, jlm_ecu_output};
+                                    jlm_ecu_block, jlm_ecu_x_sync, jlm_ecu_x_drop, jlm_ecu_output,
+                                    ecu_prof_on, ecu_prof_op, ecu_prof_get};
 /* JLM_CUDA_BLOCKS=0: matmuls only, a round trip each (or each multi): the
  * tests of the offload, and the before of docs/cuda.md's counts */
 static const jlm_dev_ops ECU_OPS_MATMUL = {"cuda", ecu_close, ecu_device, ecu_default_budget, ecu_matmul,
                                            ecu_stats, ecu_stats_reset, ecu_prefetch_wait, ecu_matmul_multi,
-                                           NULL, NULL, NULL, NULL};
+                                           NULL, NULL, NULL, NULL, ecu_prof_on, ecu_prof_op, ecu_prof_get};
 
 int jlm_ecu_open(const char *device, jlm_dev **out, jlm_err *err)
 {

@@ -77,6 +77,12 @@ typedef struct jlm_ecu {
     jlm_dev_stats  st;
     jlm_ecu_blk    blk;
     char           name[300];
+    /* --profile: stamps on the compute stream at each op class change
+     * (jlm_dev_prof_op), summed per class when read */
+    int            prof_tag;
+    uint32_t       prof_n;
+    uint8_t        prof_of[JLM_CU_NSTAMP];
+    uint64_t       prof_ns[JLM_DEVP_N];
 } jlm_ecu;
 
 uint64_t jlm_ecu_now_ns(void);

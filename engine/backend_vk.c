@@ -101,13 +101,53 @@ static void evk_stats_reset(jlm_dev *dev)
 static int evk_matmul(jlm_dev *dev, const jlm_k_mat *m, uint32_t n, const float *x, const jlm_act_q8 *xq,
                       float *y, jlm_err *err);
 
+/* A block's recording (and the submits it makes early) and the logits'
+ * count as kernels (dispatch + wait), less what the calls inside counted. */
+static void kernel_time(jlm_evk *v, uint64_t t0, uint64_t k0, uint64_t x0)
+{
+    uint64_t dt = now_ns() - t0, in = (v->st.kernel_ns - k0) + (v->st.xfer_ns - x0);
+    v->st.kernel_ns += dt > in ? dt - in : 0;
+}
+
+static int evk_block(jlm_dev *d, struct jlm_engine *e, const jlm_prog *p, uint32_t l, const uint8_t *page, float *xs,
+                     uint32_t n, void *kc, uint32_t pos0, jlm_err *err)
+{
+    jlm_evk *v = (jlm_evk *)d;
+    uint64_t t0 = now_ns(), k0 = v->st.kernel_ns, x0 = v->st.xfer_ns;
+    int rc = jlm_evk_block(d, e, p, l, page, xs, n, kc, pos0, err);
+    kernel_time(v, t0, k0, x0);
+    return rc;
+}
+
+static int evk_output(jlm_dev *d, const float *norm, float eps, const jlm_k_mat *m, const float *x, uint32_t n,
+                      uint32_t E, float *logits, jlm_err *err)
+{
+    jlm_evk *v = (jlm_evk *)d;
+    uint64_t t0 = now_ns(), k0 = v->st.kernel_ns, x0 = v->st.xfer_ns;
+    int rc = jlm_evk_output(d, norm, eps, m, x, n, E, logits, err);
+    kernel_time(v, t0, k0, x0);
+    return rc;
+}
+
+/* --profile: timestamp queries, tagged with the JLM_DEVP_* class */
+static int evk_prof_on(jlm_dev *dev, int on) { return jlm_vk_time(((jlm_evk *)dev)->vk, on, NULL); }
+static void evk_prof_op(jlm_dev *dev, int cls) { jlm_vk_time_tag(((jlm_evk *)dev)->vk, cls); }
+static void evk_prof_get(jlm_dev *dev, uint64_t ns[JLM_DEVP_N])
+{
+    uint64_t t[JLM_VK_TAGS];
+    jlm_vk_time_get(((jlm_evk *)dev)->vk, t);
+    for (int i = 0; i < JLM_DEVP_XFER; i++)
+        ns[i] = t[i];
+}
+
 static const jlm_dev_ops EVK_OPS = {"vulkan", evk_close, evk_device, evk_default_budget, evk_matmul,
-                                    evk_stats, evk_stats_reset, NULL, NULL, jlm_evk_block, jlm_evk_x_sync,
-                                    jlm_evk_x_drop, jlm_evk_output};
+                                    evk_stats, evk_stats_reset, NULL, NULL, evk_block, jlm_evk_x_sync,
+                                    jlm_evk_x_drop, evk_output, evk_prof_on, evk_prof_op, evk_prof_get};
 /* JLM_VK_BLOCKS=0: matmuls only, one round trip each (the tests of the
  * offload's bit-identity; the before of docs/vulkan.md's counts) */
 static const jlm_dev_ops EVK_OPS_MATMUL = {"vulkan", evk_close, evk_device, evk_default_budget, evk_matmul,
-                                           evk_stats, evk_stats_reset, NULL, NULL, NULL, NULL, NULL, NULL};
+                                           evk_stats, evk_stats_reset, NULL, NULL, NULL, NULL, NULL, NULL,
+                                           evk_prof_on, evk_prof_op, evk_prof_get};
 
 int jlm_evk_open(const char *want, int allow_cpu, jlm_dev **out, jlm_err *err)
 {
@@ -231,6 +271,7 @@ static int evk_matmul(jlm_dev *dev, const jlm_k_mat *m, uint32_t n, const float 
     jlm_evk *v = (jlm_evk *)dev;
     jlm_vk_mat vm;
     int rc = jlm_evk_rec_end(v, err);   /* the staging buffers: no recorded command reads them */
+    jlm_dev_prof_op(dev, JLM_DEVP_MATMUL);
     if (!rc)
         rc = jlm_evk_planes(v, m, &vm, 1, err);
     /* tokens per dispatch: every staging binding (n*rows results, n*k floats

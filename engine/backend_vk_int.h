@@ -34,6 +34,7 @@ typedef struct jlm_evk {
     int            import;   /* the import path */
     jlm_dev_stats  st;       /* the backend's counters (frames': dev.frames) */
     jlm_evk_blk    blk;
+    struct jlm_evk_moebufs *moe;   /* exec_vk_moe.c's buffers; NULL until a MoE block ran here */
 } jlm_evk;
 
 uint64_t jlm_evk_now_ns(void);
@@ -52,5 +53,22 @@ void jlm_evk_x_drop(jlm_dev *d);
 int  jlm_evk_output(jlm_dev *d, const float *norm, float eps, const jlm_k_mat *m, const float *x, uint32_t n,
                     uint32_t E, float *logits, jlm_err *err);
 void jlm_evk_blk_free(jlm_evk *v);
+/* exec_vk.c's helpers for exec_vk_moe.c: y (n rows) = x times m (planes in a
+ * device frame; quantized: x's int8 rows made in blk.aq, reuse: the previous
+ * call's); a dense vector's view (p NULL: none); *b at least bytes (a
+ * recording is ended first when it is replaced). */
+int jlm_evk_matmul_rows(jlm_evk *v, const jlm_k_mat *m, uint32_t n, jlm_vk_view x, jlm_vk_view y, int reuse, int dry,
+                        jlm_err *err);
+int jlm_evk_vec(jlm_evk *v, const float *p, uint64_t n, jlm_vk_view *out);
+int jlm_evk_grow(jlm_evk *v, jlm_vk_buf **b, uint64_t bytes, int host, jlm_err *err);
+
+/* exec_vk_moe.c: the MOE op of block b (router, picks read back, the routed
+ * experts through the streamer, their mixture) recorded on the device; dry:
+ * only whether it can (JLM_EUNSUPPORTED: not). moe_free: its buffers. */
+struct jlm_ex_blk;
+struct jlm_op;
+int  jlm_evk_moe(jlm_evk *v, struct jlm_engine *e, const struct jlm_ex_blk *b, const struct jlm_op *op, int dry,
+                 jlm_err *err);
+void jlm_evk_moe_free(jlm_evk *v);
 
 #endif

@@ -49,7 +49,7 @@ static int is_swa_layer(const jlm_config *c, uint32_t l)
  * layer; pos - window + 1 on a sliding-window one (llama.cpp's standard
  * SWA); the start of pos's chunk of SWAWindow positions on Llama 4's chunked
  * layers (MoEStep > 0: llama.cpp's LLAMA_SWA_TYPE_CHUNKED, docs/format.md). */
-static uint32_t first_key(const jlm_config *c, uint32_t l, uint32_t pos)
+uint32_t jlm_ex_first_key(const jlm_config *c, uint32_t l, uint32_t pos)
 {
     if (!is_swa_layer(c, l))
         return 0;
@@ -144,7 +144,7 @@ static void attend(jlm_engine *e, uint32_t l, uint32_t t, const float *q, float 
      * inside an image (bidir_end) later keys are seen too and never cut by the window */
     uint32_t n_kv = pos < e->bidir_end ? e->bidir_end : pos + 1;
     int swa = is_swa_layer(c, l);
-    uint32_t lo = first_key(c, l, pos);
+    uint32_t lo = jlm_ex_first_key(c, l, pos);
     for (uint32_t j = 0; swa && j < n_kv; j++)
         e->mask[j] = j < lo ? -INFINITY : 0.0f;
     attn_job j = {
@@ -165,7 +165,7 @@ static void attend(jlm_engine *e, uint32_t l, uint32_t t, const float *q, float 
  * jlm_k_fattn over (KV head, tile of JLM_K_FATTN_BQ rows) units, dealt
  * round-robin to the pool's threads (causal rows cost more the later they
  * are). Row t sees keys [lo, hi): up to its position (up to bidir_end in an
- * image), from first_key on a sliding-window or chunked layer (attend's mask). */
+ * image), from jlm_ex_first_key on a sliding-window or chunked layer (attend's mask). */
 typedef struct fattn_job {
     jlm_engine        *e;
     jlm_k_fattn        p;
@@ -195,7 +195,7 @@ static void attend_rows(jlm_engine *e, uint32_t l, uint32_t t0, uint32_t n, cons
     for (uint32_t r = 0; r < n; r++) {
         uint32_t pos = e->bpos[t0 + r];
         hi[r] = pos < e->bidir_end ? e->bidir_end : pos + 1;
-        lo[r] = first_key(c, l, pos);
+        lo[r] = jlm_ex_first_key(c, l, pos);
         work += hi[r] - lo[r];
     }
     fattn_job j = {
@@ -367,7 +367,7 @@ static int attn_qkv_heads(jlm_engine *e, const jlm_ex_blk *b, const jlm_k_mat *w
     uint32_t l = b->l;
     unsigned long long t0 = prof_begin(e);
     uint32_t pos = e->bpos[0];
-    qkva_job j = {.e = e, .l = l, .nparts = (uint32_t)nt, .hi = pos + 1, .lo = first_key(c, l, pos),
+    qkva_job j = {.e = e, .l = l, .nparts = (uint32_t)nt, .hi = pos + 1, .lo = jlm_ex_first_key(c, l, pos),
                   .k = head0(e, e->bkc[0], 0, l), .v = head0(e, e->bvc[0], 1, l),
                   .qb = blk_vec(e, b, qr->w[0]), .kb = blk_vec(e, b, kv->w[0]), .vb = blk_vec(e, b, kv->w[1]),
                   .qn = blk_vec(e, b, qr->w[1]), .kn = blk_vec(e, b, kv->w[2])};

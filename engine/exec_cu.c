@@ -9,9 +9,11 @@
  * keeps its KV cache of these blocks here (F32, an allocation per layer,
  * rows of kv_dim); any other sequence (jlm_engine_seq: serve, batches) and
  * what the kernels are not wired for yet (sliding windows, sinks, F16
- * caches, GELU gates, experts, latent attention) is JLM_EUNSUPPORTED,
- * decided per model, layer and sequence before anything is enqueued, so a
- * block always runs on the same side. Quantized weights read int8 rows
+ * caches, GELU gates, OLMoE's q/k norms over the whole row, experts, latent
+ * attention) is JLM_EUNSUPPORTED, decided per model, layer and sequence
+ * before anything is enqueued (the walk: exec_dev.c), so a block always
+ * runs on the same side. --profile's stamps go on the compute stream at
+ * each op class (the walk's) and before each copy of rows up or down. Quantized weights read int8 rows
  * quantized on the device (jlm_cu_quantize_block, bit-identical to the
  * CPU's). Nothing here waits for the device: the host waits at x_sync,
  * output, and when a device frame is dropped (jlm_ecu_drain). */
@@ -111,8 +113,10 @@ static int op_norm(jlm_exd *k, int dst, int src, const float *p)
 
 /* Each head of each row of b (q or k): its RMS norm (p) and RoPE at the
  * row's position (layer l's parameters: the kernel computes its angles). */
-static int op_heads(jlm_exd *k, int b, uint32_t n_head, const float *p)
+static int op_heads(jlm_exd *k, int b, uint32_t n_head, const float *p, int wide)
 {
+    if (wide)
+        return UNSUP;   /* OLMoE's norm over the whole row: left (its blocks have experts) */
     jlm_engine *e = k->e;
     jlm_ecu *v = ecu(k);
     const float *w, *ff = NULL;
@@ -142,6 +146,8 @@ static int op_kv_put(jlm_exd *k)
     jlm_ecu *v = ecu(k);
     jlm_ecu_blk *s = &v->blk;
     int rc = JLM_OK;
+    if (e->kt != KV_F32)
+        return UNSUP;   /* an F16 cache: no kernel rounds rows to halves yet */
     /* rows at consecutive positions (one sequence's): one copy each for K and V */
     uint32_t step = k->b.n;
     for (uint32_t t = 1; t < k->b.n && step > 1; t++)
@@ -158,11 +164,13 @@ static int op_kv_put(jlm_exd *k)
     return rc;
 }
 
-static int op_attend(jlm_exd *k)
+static int op_attend(jlm_exd *k, const float *sinks)
 {
     jlm_engine *e = k->e;
     const jlm_config *c = k->c;
     jlm_ecu *v = ecu(k);
+    if (sinks || jlm_exd_swa(c, k->b.l))
+        return UNSUP;   /* sinks, a window's first key: left */
     if (!c->n_kv_head || c->n_head % c->n_kv_head || e->kv_dim != (uint64_t)c->n_kv_head * e->hd ||
         e->kv_dim_v != (uint64_t)c->n_kv_head * e->hd_v || e->q_dim != (uint64_t)c->n_head * e->hd)
         return UNSUP;
@@ -190,6 +198,8 @@ static int op_add(jlm_exd *k, int dst, int src)
 
 static int op_act(jlm_exd *k, int act, uint64_t n)
 {
+    if (act != JLM_ACT_SWIGLU && act != JLM_ACT_SWIGLU_OAI)
+        return UNSUP;   /* GELU through llama.cpp's fp16 table: no kernel yet */
     int oai = act == JLM_ACT_SWIGLU_OAI;
     return k->dry ? JLM_OK
                   : launched(k, jlm_cu_rt_elem(ecu(k)->rt, oai ? JLM_CU_SWIGLU_OAI : JLM_CU_SWIGLU, abp(k, JLM_B_G, 0),
@@ -197,7 +207,7 @@ static int op_act(jlm_exd *k, int act, uint64_t n)
                                                oai ? 7.0f : 0.0f, CS), "the gate's activation");
 }
 
-static const jlm_exd_ops CU_OPS = {op_norm, op_mm, op_bias, op_heads, op_kv_put, op_attend, op_add, op_act};
+static const jlm_exd_ops CU_OPS = {op_norm, op_mm, op_bias, op_heads, op_kv_put, op_attend, op_add, op_act, NULL};
 
 /* ---------------------------------------------------------------- buffers */
 
@@ -284,6 +294,7 @@ void jlm_ecu_blk_free(jlm_ecu *v)
 static int down(jlm_ecu *v, scratch *pin, float *dst, const void *src, uint64_t bytes, jlm_err *err)
 {
     int rc = jlm_ecu_grow(v, pin, bytes, 1, err);
+    jlm_dev_prof_op(&v->dev, JLM_DEVP_XFER);   /* the copy and the wait: no op's */
     if (!rc && jlm_cu_rt_d2h(v->rt, pin->p, src, bytes, CS))
         rc = jlm_ecu_fail(v, err, "copy to the host");
     v->blk.queued = 1;
@@ -335,6 +346,7 @@ int jlm_ecu_block(jlm_dev *d, jlm_engine *e, const jlm_prog *p, uint32_t l, cons
         rc = jlm_ecu_grow(v, &s->h_x, bytes, 1, err);
         if (!rc) {
             memcpy(s->h_x.p, xs, bytes);   /* pinned: the stream was drained since its last use */
+            jlm_dev_prof_op(d, JLM_DEVP_XFER);
             if (jlm_cu_rt_h2d(v->rt, s->ab[JLM_B_X].p, s->h_x.p, bytes, CS))
                 rc = jlm_ecu_fail(v, err, "the residual rows");
             s->queued = 1;
@@ -375,8 +387,10 @@ int jlm_ecu_output(jlm_dev *d, const float *norm, float eps, const jlm_k_mat *m,
             rc = jlm_ecu_grow(v, &s->logits, bytes, 0, err);
     }
     float *h = s->ab[JLM_B_H].p, *xr = (float *)s->ab[JLM_B_X].p + r0 * E;
+    jlm_dev_prof_op(d, JLM_DEVP_NORM);
     if (!rc && jlm_cu_rt_rmsnorm(v->rt, h, xr, w, E, n, eps, CS))
         rc = jlm_ecu_fail(v, err, "rmsnorm");
+    jlm_dev_prof_op(d, JLM_DEVP_MATMUL);
     if (!rc)
         rc = matmul_rows(v, m, n, h, JLM_B_H, s->logits.p, 0, 0, err);
     if (rc) {

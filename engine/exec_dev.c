@@ -63,10 +63,8 @@ static int run_op(jlm_exd *k, const jlm_op *op)
         return rc ? rc : mm(k, &wv, op->src, JLM_B_V, 1);
     }
     case JLM_OP_KV_STORE:
-        if (op->flags & JLM_OPF_QK_WIDE)
-            return UNSUP;   /* the q/k norm over the whole projection (OLMoE): left */
         if ((rc = bias(k, JLM_B_K, op->w[0])) || (rc = bias(k, JLM_B_V, op->w[1])) ||
-            (rc = o->heads(k, JLM_B_K, k->c->n_kv_head, blk_vec(e, b, op->w[2]))))
+            (rc = o->heads(k, JLM_B_K, k->c->n_kv_head, blk_vec(e, b, op->w[2]), op->flags & JLM_OPF_QK_WIDE)))
             return rc;
         return o->kv_put(k);
     case JLM_OP_KEYS_DONE: return JLM_OK;   /* every row's keys are stored before any attends: op by op */
@@ -78,14 +76,9 @@ static int run_op(jlm_exd *k, const jlm_op *op)
         return rc ? rc : mm(k, &wq, JLM_B_H, JLM_B_Q, 0);
     }
     case JLM_OP_Q_ROPE:
-        if (op->flags & JLM_OPF_QK_WIDE)
-            return UNSUP;
         rc = bias(k, JLM_B_Q, op->w[0]);
-        return rc ? rc : o->heads(k, JLM_B_Q, k->c->n_head, blk_vec(e, b, op->w[1]));
-    case JLM_OP_ATTENTION:
-        if (jlm_exd_swa(k->c, b->l) || blk_w(e, b, op->w[0]))
-            return UNSUP;   /* a window's mask, sinks: left */
-        return o->attend(k);
+        return rc ? rc : o->heads(k, JLM_B_Q, k->c->n_head, blk_vec(e, b, op->w[1]), op->flags & JLM_OPF_QK_WIDE);
+    case JLM_OP_ATTENTION: return o->attend(k, blk_vec(e, b, op->w[0]));   /* w[0]: the sinks, if any */
     case JLM_OP_MATMUL: {
         jlm_k_mat m = blk_mat(e, b, op->w[0]);
         rc = mm(k, &m, op->src, op->dst, 0);
@@ -101,14 +94,15 @@ static int run_op(jlm_exd *k, const jlm_op *op)
     }
     case JLM_OP_GATE_UP: {
         jlm_k_mat wg = blk_mat(e, b, op->w[0]), wu = blk_mat(e, b, op->w[1]);
-        if (op->act != JLM_ACT_SWIGLU && op->act != JLM_ACT_SWIGLU_OAI)
-            return UNSUP;   /* GELU through llama.cpp's fp16 table: not on a device yet */
+        if (op->act != JLM_ACT_SWIGLU && op->act != JLM_ACT_SWIGLU_OAI && op->act != JLM_ACT_GELU_FP16)
+            return UNSUP;   /* the backend's act may refuse one of these too (dry) */
         if ((rc = mm(k, &wg, op->src, JLM_B_G, 0)) || (rc = mm(k, &wu, op->src, JLM_B_U, 1)) ||
             (rc = bias(k, JLM_B_G, op->w[2])) || (rc = bias(k, JLM_B_U, op->w[3])))
             return rc;
         return o->act(k, op->act, b->n * wg.rows);
     }
-    default: return UNSUP;   /* experts, latent attention, the vision tower's ops */
+    case JLM_OP_MOE: return o->moe ? o->moe(k, op) : UNSUP;
+    default: return UNSUP;   /* latent attention, the vision tower's ops */
     }
 }
 
@@ -116,8 +110,11 @@ int jlm_exd_run(jlm_exd *k)
 {
     int rc = JLM_OK;
     k->q_ready = 0;
-    for (uint32_t i = 0; i < k->b.p->n && !rc; i++)
+    for (uint32_t i = 0; i < k->b.p->n && !rc; i++) {
+        if (!k->dry)
+            jlm_dev_prof_op(k->dev, jlm_dev_op_class(k->b.p->op[i].kind));   /* --profile's op classes */
         rc = run_op(k, &k->b.p->op[i]);
+    }
     return rc;
 }
 
@@ -126,10 +123,10 @@ int jlm_exd_plan(jlm_exd *k, const jlm_exd_ops *ops, void *be, jlm_engine *e, co
                  jlm_err *err)
 {
     const jlm_config *c = e->c;
-    *k = (jlm_exd){.ops = ops, .be = be, .e = e, .c = c, .kc = kc, .pos0 = pos0, .dry = 1, .err = err,
+    *k = (jlm_exd){.ops = ops, .be = be, .dev = be, .e = e, .c = c, .kc = kc, .pos0 = pos0, .dry = 1, .err = err,
                    .b = {.p = p, .l = l, .page = page,
                          .page_off = e->m->hdr.data_off + (uint64_t)l * e->m->hdr.page_size, .n = n}};
-    if (e->kt != KV_F32 || e->vt != KV_F32 || e->qk_unit || (c->flags & JLM_F_NON_CAUSAL) || !n)
+    if ((e->kt != KV_F32 && e->kt != KV_F16) || e->vt != e->kt || e->qk_unit || (c->flags & JLM_F_NON_CAUSAL) || !n)
         return UNSUP;
     for (uint32_t t = 0; t < n; t++)
         if ((kc ? kc : e->bkc[t]) != e->kc)

@@ -145,12 +145,19 @@ void jlm_ex_activate(int act, float *g, const float *u, uint64_t n);
 
 /* ================================================================ ops */
 void jlm_ex_rope_params(const jlm_engine *e, uint32_t l, jlm_k_rope *p);   /* exec_attn.c: layer l's RoPE */
+/* exec_attn.c: the first key a query at pos sees on layer l (0, or a sliding window's / a chunk's start) */
+uint32_t jlm_ex_first_key(const jlm_config *c, uint32_t l, uint32_t pos);
 void jlm_ex_qkv(jlm_engine *e, const jlm_op *op, jlm_ex_blk *b);        /* exec_attn.c */
 void jlm_ex_kv_store(jlm_engine *e, const jlm_op *op, jlm_ex_blk *b);
 void jlm_ex_q(jlm_engine *e, const jlm_op *op, jlm_ex_blk *b);
 void jlm_ex_q_rope(jlm_engine *e, const jlm_op *op, jlm_ex_blk *b);
 void jlm_ex_attention(jlm_engine *e, const jlm_op *op, jlm_ex_blk *b);
 int  jlm_ex_moe(jlm_engine *e, const jlm_op *op, jlm_ex_blk *b, jlm_err *err);   /* exec_moe.c */
+/* Block l's float router copied from its page for the next blocks' read-ahead
+ * predictions (once; none without e->predict; exec_moe.c) */
+void jlm_ex_router_keep(jlm_engine *e, uint32_t l, const uint8_t *page, uint64_t page_off);
+/* --trace-routing's line for row t's choice sel in block l (none without it; exec_moe.c) */
+void jlm_ex_trace_route(const jlm_engine *e, uint32_t l, uint32_t t, const int32_t *sel);
 
 /* Block l's program over rows [0, n) of xs, nb at a time through e->x
  * (model.c's run_layers; kc/vc as there); page: its frame (the streamer's).

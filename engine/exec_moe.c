@@ -83,7 +83,7 @@ static void route_pick(const jlm_engine *e, int mode, uint32_t l, float *lg, int
 /* ---------------------------------------------------------------- reading ahead */
 /* Block l's router (a float one), copied while its page is pinned, for the
  * predictions of the tokens after this one (jlm_stream_open sized them). */
-static void router_keep(jlm_engine *e, uint32_t l, const uint8_t *page, uint64_t page_off)
+void jlm_ex_router_keep(jlm_engine *e, uint32_t l, const uint8_t *page, uint64_t page_off)
 {
     const jlm_tensor *t = W(e, l, JLM_R_ROUTER);
     if (!e->predict || e->pred_ok[l] || !t)
@@ -126,7 +126,7 @@ static void route(jlm_engine *e, const jlm_op *op, uint32_t l, const uint8_t *pa
     const jlm_config *c = e->c;
     uint32_t ne = c->n_expert, nu = c->n_expert_used;
     unsigned long long t0 = prof_begin(e);
-    router_keep(e, l, page, page_off);
+    jlm_ex_router_keep(e, l, page, page_off);
     jlm_k_mat wr = mat_at(W(e, l, JLM_R_ROUTER), page, page_off, 0);
     jlm_ex_matmul(e, &wr, 1, h, e->router);
     add_bias(e->router, vec_dense(e, W(e, l, JLM_R_ROUTER_B)), ne);
@@ -135,7 +135,7 @@ static void route(jlm_engine *e, const jlm_op *op, uint32_t l, const uint8_t *pa
 }
 
 /* --trace-routing: row t's choice in block l (model.h's line format). */
-static void trace_route(const jlm_engine *e, uint32_t l, uint32_t t, const int32_t *sel)
+void jlm_ex_trace_route(const jlm_engine *e, uint32_t l, uint32_t t, const int32_t *sel)
 {
     if (!e->rtrace)
         return;
@@ -281,7 +281,7 @@ static int moe_token(jlm_engine *e, const jlm_op *op, uint32_t l, const uint8_t 
     uint32_t nu = c->n_expert_used, E = c->n_embd;
     float *h = e->h + t * E, *x = e->x + t * E;
     route(e, op, l, page, page_off, h);   /* h: the MOE op's normed input */
-    trace_route(e, l, t, e->route + (size_t)l * nu);
+    jlm_ex_trace_route(e, l, t, e->route + (size_t)l * nu);
     const jlm_tensor *tg = W(e, l, JLM_R_EXP_GATE), *tu = W(e, l, JLM_R_EXP_UP), *td = W(e, l, JLM_R_EXP_DOWN);
     const float *bg = vec_dense(e, W(e, l, JLM_R_EXP_GATE_B)), *bu = vec_dense(e, W(e, l, JLM_R_EXP_UP_B));
     const float *bd = vec_dense(e, W(e, l, JLM_R_EXP_DOWN_B));
@@ -355,13 +355,13 @@ static void route_rows(jlm_engine *e, const jlm_op *op, uint32_t l, const uint8_
 {
     uint32_t nu = e->c->n_expert_used;
     unsigned long long t0 = prof_begin(e);
-    router_keep(e, l, page, page_off);
+    jlm_ex_router_keep(e, l, page, page_off);
     jlm_k_mat wr = mat_at(W(e, l, JLM_R_ROUTER), page, page_off, 0);
     jlm_ex_matmul(e, &wr, n, e->h, e->mrl);
     route_ctx rc = {l, op->route};
     jlm_ex_for_rows(e, n, route_row, &rc);
     for (uint32_t t = 0; e->rtrace && t < n; t++)
-        trace_route(e, l, t, e->msel + (size_t)t * nu);
+        jlm_ex_trace_route(e, l, t, e->msel + (size_t)t * nu);
     memcpy(e->route + (size_t)l * nu, e->msel + (size_t)(n - 1) * nu, nu * sizeof(int32_t));
     prof_end(e, JLM_PROF_ROUTE, t0);
 }

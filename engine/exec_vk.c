@@ -6,12 +6,14 @@
  * The residual rows cross to the device at the first device block of a
  * forward and back only at a split point (jlm_evk_x_sync) or not at all when
  * the logits are computed here (jlm_evk_output). The engine's own sequence
- * keeps its KV cache of these blocks here (F32, a buffer per layer, rows of
- * kv_dim); any other sequence (jlm_engine_seq: serve, batches) and what
- * the shaders lack (sliding windows, sinks, F16 caches, GELU gates, experts;
- * quantized weights without shaderFloat64) is JLM_EUNSUPPORTED, decided per
- * model, layer and sequence before anything is recorded, so a block always
- * runs on the same side. Quantized weights read int8 rows quantized on the
+ * keeps its KV cache of these blocks here (F32 or F16 as the engine's
+ * --kv, a buffer per layer, rows of kv_dim; F16 rounded as the CPU's cache
+ * rounds); any other sequence (jlm_engine_seq: serve, batches) and what
+ * the shaders lack (Q8_0 caches, sigmoid expert routing: the MOE op is
+ * exec_vk_moe.c's; quantized weights without shaderFloat64) is
+ * JLM_EUNSUPPORTED, decided per model, layer and sequence before anything
+ * is recorded (the walk: exec_dev.c), so a block always runs on the same
+ * side. Quantized weights read int8 rows quantized on the
  * device (jlm_vk_quantize, bit-identical to the CPU's). */
 #include "engine/backend_vk_int.h"
 #include "engine/exec_dev.h"
@@ -23,6 +25,9 @@
 #define width jlm_exd_width
 
 static jlm_evk *evk(const jlm_exd *k) { return k->be; }
+
+/* bytes of one cached element: the device cache has the engine's type */
+static uint64_t kv_es(const jlm_engine *e) { return e->kt == KV_F16 ? 2 : 4; }
 
 /* floats [off, off + n) of activation buffer b */
 static jlm_vk_view abv(const jlm_exd *k, int b, uint64_t off, uint64_t n)
@@ -47,6 +52,7 @@ static int vec(jlm_evk *v, const float *p, uint64_t n, jlm_vk_view *out)
     *out = (jlm_vk_view){f->buf, off, n * 4};
     return JLM_OK;
 }
+int jlm_evk_vec(jlm_evk *v, const float *p, uint64_t n, jlm_vk_view *out) { return vec(v, p, n, out); }
 
 /* y (n rows) = x (n rows of m->k) times m, its planes in a device frame;
  * quantized types read x's int8 rows, quantized on the device (reuse: the
@@ -66,6 +72,13 @@ static int matmul_rows(jlm_evk *v, const jlm_k_mat *m, uint32_t n, jlm_vk_view x
     int rc = fl || reuse ? JLM_OK : jlm_vk_quantize(v->vk, x, nk, &va, err);
     v->st.matmuls++;
     return rc ? rc : jlm_vk_matmul(v->vk, &vm, n, fl ? x : (jlm_vk_view){0}, fl ? NULL : &va, y, err);
+}
+
+/* For exec_vk_moe.c: matmul_rows, vec and grow under their external names. */
+int jlm_evk_matmul_rows(jlm_evk *v, const jlm_k_mat *m, uint32_t n, jlm_vk_view x, jlm_vk_view y, int reuse, int dry,
+                        jlm_err *err)
+{
+    return matmul_rows(v, m, n, x, y, reuse, dry, err);
 }
 
 static int op_mm(jlm_exd *k, const jlm_k_mat *m, int src, int dst, int reuse)
@@ -109,65 +122,96 @@ static int same_rope(const jlm_k_rope *a, const jlm_k_rope *b)
            a->orig_ctx == b->orig_ctx;
 }
 
-/* Each head of each row of b (q or k): its RMS norm (p) and RoPE at the row's position. */
-static int op_heads(jlm_exd *k, int b, uint32_t n_head, const float *p)
+/* The RoPE parameter sets whose cos/sin go up with the rows: layer 0's and
+ * the first other layer's that differ (gemma3's sliding-window layers have
+ * their own base); how many (1 or 2). */
+static uint32_t rope_sets(const jlm_engine *e, jlm_k_rope set[2])
+{
+    jlm_ex_rope_params(e, 0, &set[0]);
+    for (uint32_t l = 1; l < e->c->n_layer; l++) {
+        jlm_ex_rope_params(e, l, &set[1]);
+        if (!same_rope(&set[1], &set[0]))
+            return 2;
+    }
+    return 1;
+}
+
+/* Each head of each row of b (q or k): its RMS norm (p; wide: one norm over
+ * the whole row, OLMoE) and RoPE at the row's position. */
+static int op_heads(jlm_exd *k, int b, uint32_t n_head, const float *p, int wide)
 {
     jlm_engine *e = k->e;
     jlm_evk *v = evk(k);
     jlm_vk_view w;
-    jlm_k_rope rp, rp0;
+    jlm_k_rope rp, sets[2];
     jlm_ex_rope_params(e, k->b.l, &rp);
-    jlm_ex_rope_params(e, 0, &rp0);
-    int rope = !(k->c->flags & JLM_F_NO_POS_ENC), rc = vec(v, p, e->hd, &w);
+    uint32_t ns = rope_sets(e, sets), si = 0;
+    while (si < ns && !same_rope(&rp, &sets[si]))
+        si++;
+    int rope = !(k->c->flags & JLM_F_NO_POS_ENC), rc = vec(v, p, wide ? width(e, b) : e->hd, &w);
     uint64_t al = jlm_vk_offset_align(v->vk);
-    if (!rc && ((rope && (!rp.n_rot || rp.n_rot % 2 || rp.n_rot > e->hd || !same_rope(&rp, &rp0) ||
-                          (rp.n_rot * 4) % al)) ||
+    if (!rc && ((rope && (!rp.n_rot || rp.n_rot % 2 || rp.n_rot > e->hd || si == ns || (rp.n_rot * 4) % al)) ||
                 (w.buf && (e->hd * 4) % al)))
-        rc = UNSUP;   /* one cos/sin table for every layer (up with the rows): layer 0's */
+        rc = UNSUP;   /* the layer's cos/sin must be one of the tables up with the rows */
     for (uint32_t t = 0; !rc && !k->dry && t < k->b.n; t++) {
         uint64_t base = t * width(e, b);
-        for (uint32_t h = 0; !rc && w.buf && h < n_head; h++)
+        if (wide && w.buf)
+            rc = jlm_vk_rmsnorm(v->vk, row(k, b, t), row(k, b, t), w, (uint32_t)width(e, b), k->c->rms_eps, k->err);
+        for (uint32_t h = 0; !rc && w.buf && !wide && h < n_head; h++)
             rc = jlm_vk_rmsnorm(v->vk, abv(k, b, base + h * e->hd, e->hd), abv(k, b, base + h * e->hd, e->hd), w,
                                 e->hd, k->c->rms_eps, k->err);
         if (!rc && rope)
             rc = jlm_vk_rope_cs(v->vk, rp.n_rot, rp.neox, row(k, b, t), n_head, e->hd,
-                                (jlm_vk_view){v->blk.cs, (uint64_t)t * rp.n_rot * 4, rp.n_rot * 4ull}, k->err);
+                                (jlm_vk_view){v->blk.cs, ((uint64_t)t * ns + si) * rp.n_rot * 4, rp.n_rot * 4ull},
+                                k->err);
     }
     return rc;
+}
+
+/* Row t of b (K or V) into position p of the layer's cache c: copied (F32)
+ * or rounded to halves as jlm_kv_put_row does (F16). */
+static int kv_put(jlm_exd *k, jlm_vk_buf *c, uint64_t p, int b, uint32_t t)
+{
+    uint64_t n = width(k->e, b), es = kv_es(k->e);
+    jlm_vk_view dst = {c, p * n * es, n * es};
+    return es == 4 ? jlm_vk_copy(evk(k)->vk, dst, row(k, b, t), n * 4, k->err)
+                   : jlm_vk_to_f16(evk(k)->vk, dst, row(k, b, t), (uint32_t)n, k->err);
 }
 
 static int op_kv_put(jlm_exd *k)
 {
-    jlm_engine *e = k->e;
     jlm_evk *v = evk(k);
     int rc = JLM_OK;
     for (uint32_t t = 0; !rc && !k->dry && t < k->b.n; t++) {
         uint64_t p = jlm_exd_pos(k, t);
-        rc = jlm_vk_copy(v->vk, (jlm_vk_view){v->blk.kc[k->b.l], p * e->kv_dim * 4, 0}, row(k, JLM_B_K, t),
-                         e->kv_dim * 4ull, k->err);
+        rc = kv_put(k, v->blk.kc[k->b.l], p, JLM_B_K, t);
         if (!rc)
-            rc = jlm_vk_copy(v->vk, (jlm_vk_view){v->blk.vc[k->b.l], p * e->kv_dim_v * 4, 0}, row(k, JLM_B_V, t),
-                             e->kv_dim_v * 4ull, k->err);
+            rc = kv_put(k, v->blk.vc[k->b.l], p, JLM_B_V, t);
     }
     return rc;
 }
 
-static int op_attend(jlm_exd *k)
+static int op_attend(jlm_exd *k, const float *sinks)
 {
     jlm_engine *e = k->e;
     const jlm_config *c = k->c;
     jlm_evk_blk *s = &evk(k)->blk;
+    uint64_t es = kv_es(e);
     jlm_k_attn ap = {.head_dim = e->hd, .head_dim_v = e->hd_v, .k_stride = e->kv_dim, .v_stride = e->kv_dim_v,
                      .scale = c->attn_scale > 0 ? c->attn_scale : 1.0f / sqrtf((float)e->hd),
                      .softcap = c->attn_softcap};
     int rc = JLM_OK;
     for (uint32_t t = 0; !rc && !k->dry && t < k->b.n; t++) {
-        uint32_t pos = jlm_exd_pos(k, t), n_kv = pos < e->bidir_end ? e->bidir_end : pos + 1;
-        rc = jlm_vk_attention(evk(k)->vk, &ap, c->n_head, c->n_kv_head, row(k, JLM_B_Q, t),
-                              (jlm_vk_view){s->kc[k->b.l], 0, (uint64_t)n_kv * e->kv_dim * 4},
-                              (jlm_vk_view){s->vc[k->b.l], 0, (uint64_t)n_kv * e->kv_dim_v * 4}, n_kv, NULL,
-                              (jlm_vk_view){s->scores, 0, (uint64_t)c->n_head * n_kv * 4}, row(k, JLM_B_ATT, t),
-                              k->err);
+        /* keys [lo, hi): a sliding window's (or a chunk's) first key is where the views start, so the
+         * hidden keys are not read at all (the CPU masks them: exp(-inf) adds 0) */
+        uint32_t pos = jlm_exd_pos(k, t), hi = pos < e->bidir_end ? e->bidir_end : pos + 1;
+        uint64_t lo = jlm_ex_first_key(c, k->b.l, pos), n_kv = hi - lo;
+        jlm_vk_view kv = {s->kc[k->b.l], lo * e->kv_dim * es, n_kv * e->kv_dim * es},
+                    vv = {s->vc[k->b.l], lo * e->kv_dim_v * es, n_kv * e->kv_dim_v * es},
+                    sc = {s->scores, 0, (uint64_t)c->n_head * n_kv * 4};
+        rc = (es == 2 ? jlm_vk_attention_f16 : jlm_vk_attention)(evk(k)->vk, &ap, c->n_head, c->n_kv_head,
+                                                                 row(k, JLM_B_Q, t), kv, vv, n_kv, sinks, sc,
+                                                                 row(k, JLM_B_ATT, t), k->err);
     }
     return rc;
 }
@@ -183,13 +227,18 @@ static int op_add(jlm_exd *k, int dst, int src)
 static int op_act(jlm_exd *k, int act, uint64_t n)
 {
     if (k->dry)
-        return JLM_OK;
+        return JLM_OK;   /* SwiGLU, SwiGLU-OAI and the fp16-table GELU gate: the walk's kinds */
     jlm_vk_view g = abv(k, JLM_B_G, 0, n), u = abv(k, JLM_B_U, 0, n);
+    if (act == JLM_ACT_GELU_FP16)
+        return jlm_vk_geglu_fp16(evk(k)->vk, g, g, u, (uint32_t)n, k->err);
     return act == JLM_ACT_SWIGLU ? jlm_vk_eltwise(evk(k)->vk, JLM_VK_SWIGLU, g, g, u, (uint32_t)n, k->err)
                                  : jlm_vk_swiglu_oai(evk(k)->vk, g, g, u, (uint32_t)n, 1.702f, 7.0f, k->err);
 }
 
-static const jlm_exd_ops VK_OPS = {op_norm, op_mm, op_bias, op_heads, op_kv_put, op_attend, op_add, op_act};
+static int op_moe(jlm_exd *k, const jlm_op *op) { return jlm_evk_moe(evk(k), k->e, &k->b, op, k->dry, k->err); }
+
+static const jlm_exd_ops VK_OPS = {op_norm, op_mm,  op_bias, op_heads, op_kv_put,
+                                   op_attend, op_add, op_act, op_moe};
 
 /* ---------------------------------------------------------------- buffers */
 static int grow(jlm_evk *v, jlm_vk_buf **b, uint64_t bytes, int host, jlm_err *err)
@@ -202,6 +251,10 @@ static int grow(jlm_evk *v, jlm_vk_buf **b, uint64_t bytes, int host, jlm_err *e
     jlm_vk_buf_free(v->vk, *b);
     *b = NULL;
     return host ? jlm_vk_buf_new(v->vk, bytes, b, err) : jlm_vk_buf_new_device(v->vk, bytes, b, err);
+}
+int jlm_evk_grow(jlm_evk *v, jlm_vk_buf **b, uint64_t bytes, int host, jlm_err *err)
+{
+    return grow(v, b, bytes, host, err);
 }
 
 /* The activation buffers for n rows, the scores, and layer l's cache. */
@@ -234,9 +287,9 @@ static int buffers(jlm_evk *v, jlm_engine *e, uint32_t l, uint32_t n, jlm_err *e
             rc = jlm_errf(err, JLM_ENOMEM, "vulkan: out of memory");
     }
     if (!rc)
-        rc = grow(v, &s->kc[l], (uint64_t)e->kv_ctx * e->kv_dim * 4, 0, err);
+        rc = grow(v, &s->kc[l], (uint64_t)e->kv_ctx * e->kv_dim * kv_es(e), 0, err);
     if (!rc)
-        rc = grow(v, &s->vc[l], (uint64_t)e->kv_ctx * e->kv_dim_v * 4, 0, err);
+        rc = grow(v, &s->vc[l], (uint64_t)e->kv_ctx * e->kv_dim_v * kv_es(e), 0, err);
     return rc;
 }
 
@@ -259,20 +312,23 @@ void jlm_evk_blk_free(jlm_evk *v)
     free(s->vc);
     free(s->side);
     memset(s, 0, sizeof *s);
+    jlm_evk_moe_free(v);
 }
 
-/* Each row's RoPE cos/sin (layer 0's parameters: heads() runs only layers
- * with the same) into the cs buffer, with the rows (no recording open). */
+/* Each row's RoPE cos/sin, a table for each of rope_sets' parameters
+ * (op_heads runs only layers with one of them), into the cs buffer, with the
+ * rows (no recording open). */
 static int cos_sin(jlm_evk *v, jlm_engine *e, const jlm_exd *k)
 {
-    jlm_k_rope rp;
-    jlm_ex_rope_params(e, 0, &rp);
-    if ((e->c->flags & JLM_F_NO_POS_ENC) || !rp.n_rot)
+    jlm_k_rope sets[2];
+    uint32_t ns = rope_sets(e, sets);
+    if ((e->c->flags & JLM_F_NO_POS_ENC) || !sets[0].n_rot)
         return JLM_OK;
-    uint64_t per = (uint64_t)rp.n_rot * 4;
+    uint64_t per = (uint64_t)sets[0].n_rot * 4 * ns;
     int rc = grow(v, &v->blk.cs, k->b.n * per, 1, k->err);
-    for (uint32_t t = 0; !rc && t < k->b.n; t++)
-        jlm_k_rope_cos_sin(&rp, jlm_exd_pos(k, t), (float *)((uint8_t *)jlm_vk_buf_map(v->blk.cs) + t * per));
+    for (uint32_t t = 0; !rc && t < k->b.n * ns; t++)
+        jlm_k_rope_cos_sin(&sets[t % ns], jlm_exd_pos(k, t / ns),
+                           (float *)((uint8_t *)jlm_vk_buf_map(v->blk.cs) + t * (per / ns)));
     if (!rc)
         v->st.act_up += k->b.n * per;   /* the positions' cos/sin: parameters, counted with the activations */
     return rc;
@@ -310,8 +366,8 @@ int jlm_evk_block(jlm_dev *d, jlm_engine *e, const jlm_prog *p, uint32_t l, cons
     const jlm_config *c = e->c;
     uint64_t al = jlm_vk_offset_align(v->vk);
     for (int b = 0; b < JLM_B_COUNT; b++)
-        if ((width(e, b) * 4) % al)
-            return UNSUP;
+        if ((width(e, b) * 4) % al || ((b == JLM_B_K || b == JLM_B_V) && (width(e, b) * kv_es(e)) % al))
+            return UNSUP;   /* rows (and cache rows) at aligned offsets */
     jlm_exd k;
     int rc = jlm_exd_plan(&k, &VK_OPS, v, e, p, l, page, n, kc, pos0, &s->side, "vulkan", err);
     if (rc)
@@ -356,15 +412,17 @@ int jlm_evk_output(jlm_dev *d, const float *norm, float eps, const jlm_k_mat *m,
         x + (uint64_t)n * E > s->x_host + (uint64_t)s->x_rows * E || m->k != E ||
         matmul_rows(v, m, n, (jlm_vk_view){0}, (jlm_vk_view){0}, 0, 1, NULL))
         return UNSUP;
-    if (vec(v, norm, E, &w) || (m->rows * 4) % jlm_vk_offset_align(v->vk))
+    if (vec(v, norm, E, &w))
         return UNSUP;
     uint64_t r0 = (uint64_t)(x - s->x_host) / E;
     int rc = grow(v, &s->logits, bytes, 1, err);
     if (!rc)
         rc = jlm_vk_rec_begin(v->vk, err);
+    jlm_dev_prof_op(d, JLM_DEVP_NORM);
     for (uint32_t t = 0; !rc && t < n; t++)
         rc = jlm_vk_rmsnorm(v->vk, (jlm_vk_view){s->ab[JLM_B_H], (uint64_t)t * E * 4, E * 4ull},
                             (jlm_vk_view){s->ab[JLM_B_X], (r0 + t) * E * 4, E * 4ull}, w, E, eps, err);
+    jlm_dev_prof_op(d, JLM_DEVP_MATMUL);
     if (!rc)
         rc = matmul_rows(v, m, n, (jlm_vk_view){s->ab[JLM_B_H], 0, (uint64_t)n * E * 4},
                          (jlm_vk_view){s->logits, 0, bytes}, 0, 0, err);

@@ -94,7 +94,7 @@ typedef struct jlm_engine_opts {
                             * tolerances of the F32 cache's. "auto" (the CLI's
                             * default): F16, F32 for latent attention */
     const char *kv_k, *kv_v;   /* the keys' / values' type alone, over kv (--cache-type-k/-v) */
-    const char *expert_policy;   /* NULL: JLM_XP_DEFAULT; "lru" / "lfu": which
+    const char *expert_policy;   /* NULL: JLM_XP_DEFAULT; "lru" / "lfu" / "next": which
                             * unpinned expert page the host pager evicts first
                             * (engine/xpolicy.h) */
 } jlm_engine_opts;
@@ -257,6 +257,13 @@ void jlm_engine_prof_get(const jlm_engine *e, jlm_engine_prof *out);   /* OTHER 
 void jlm_engine_prof_reset(jlm_engine *e);
 void jlm_engine_prof_add(jlm_engine *e, int cls, unsigned long long ns);
 const char *jlm_engine_prof_name(int cls);
+/* Device i's share (engine/backend.h, jlm_dev_prof: its time per op class,
+ * and transfer/wait) since jlm_engine_profile or jlm_engine_prof_reset; on
+ * the CPU lines above, a device's time is in the class the host was in when
+ * it called the device (a matmul offload: matmul; a block on the device:
+ * norms/rope/act). 0 and *out zeroed when there is no device i. Cannot fail. */
+struct jlm_dev_prof;
+int jlm_engine_dev_prof_at(const jlm_engine *e, int i, struct jlm_dev_prof *out);
 
 /* The page frames' budget actually in force (after subtracting the KV cache
  * as far as it has grown, scratch and dense region, and raising to the

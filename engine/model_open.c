@@ -347,16 +347,16 @@ static int apply_budget(jlm_engine *e, const jlm_engine_opts *o, jlm_err *err)
     return jlm_eng_fit_frames(e, err);
 }
 
-/* opts.kv (both: "auto" is F16, F32 for latent attention or a device backend,
- * whose whole blocks keep an F32 cache on the device: exec_vk.c), opts.kv_k,
+/* opts.kv (both: "auto" is F16, F32 for latent attention or a CUDA device,
+ * whose whole blocks keep an F32 cache only (exec_cu.c; a Vulkan device's
+ * keep either: exec_vk.c)), opts.kv_k,
  * opts.kv_v (each over kv): "f32", "f16" or "q8_0"; Q8_0 needs head dimensions in whole blocks of 32, and latent
  * attention (one cache row for keys and values) F32 or F16. */
 static int choose_kv(jlm_engine *e, const jlm_engine_opts *o, jlm_err *err)
 {
-    int both = KV_F32, rc, mla = e->c->kv_lora_rank != 0;
-    int dev = o->backend && strcmp(o->backend, "cpu");
+    int both = KV_F32, rc, mla = e->c->kv_lora_rank != 0, cuda = o->backend && strstr(o->backend, "cuda");
     if (o->kv && !strcmp(o->kv, "auto"))
-        both = mla || dev ? KV_F32 : KV_F16;   /* docs/engine.md: F16's tolerance shown except for latent rows */
+        both = mla || cuda ? KV_F32 : KV_F16;   /* docs/engine.md: F16's tolerance shown except for latent rows */
     else if (o->kv && (rc = jlm_kv_type_parse("--kv", o->kv, &both, err)))
         return rc;
     e->kt = e->vt = both;
@@ -382,15 +382,19 @@ static int choose_kv(jlm_engine *e, const jlm_engine_opts *o, jlm_err *err)
     return JLM_OK;
 }
 
-/* opts.expert_policy: NULL (JLM_XP_DEFAULT), "lru" or "lfu"; the counts'
- * half-life is JLM_XP_HALF_LIFE gets per expert page of the model. */
+/* opts.expert_policy: NULL (JLM_XP_DEFAULT), "lru", "lfu" or "next"; the
+ * counts' half-life is JLM_XP_HALF_LIFE (JLM_XP_NEXT_HALF_LIFE for next)
+ * gets per expert page of the model; next's cycle is the MoE blocks of
+ * n_expert pages, n_expert_used gotten a token. */
 static int choose_expert_policy(jlm_engine *e, const jlm_engine_opts *o, jlm_err *err)
 {
     int pol = o->expert_policy ? jlm_xp_parse(o->expert_policy) : JLM_XP_DEFAULT;
     if (pol < 0)
-        return jlm_errf(err, JLM_EINVAL, "--expert-policy '%.40s': expected lru or lfu", o->expert_policy);
+        return jlm_errf(err, JLM_EINVAL, "--expert-policy '%.40s': expected lru, lfu or next", o->expert_policy);
     double n = (double)e->c->n_layer * e->c->n_expert;   /* expert pages, at most */
-    jlm_pager_set_expert_policy(e->pager, pol, JLM_XP_HALF_LIFE * (n > 0 ? n : 1));
+    double half = pol == JLM_XP_NEXT ? JLM_XP_NEXT_HALF_LIFE : JLM_XP_HALF_LIFE;
+    jlm_pager_set_expert_policy(e->pager, pol, half * (n > 0 ? n : 1));
+    jlm_pager_set_expert_blocks(e->pager, e->c->n_expert, e->c->n_expert_used);
     return JLM_OK;
 }
 
@@ -720,6 +724,14 @@ int jlm_engine_dev_stats_at(const jlm_engine *e, int i, struct jlm_dev_stats *ou
     jlm_dev_stats_get(e->devs[i], out);
     return 1;
 }
+int jlm_engine_dev_prof_at(const jlm_engine *e, int i, struct jlm_dev_prof *out)
+{
+    memset(out, 0, sizeof *out);
+    if (i < 0 || i >= e->n_dev)
+        return 0;
+    jlm_dev_prof_get(e->devs[i], out);
+    return 1;
+}
 uint32_t jlm_engine_n_past(const jlm_engine *e) { return e->n_past; }
 uint32_t jlm_engine_n_ctx(const jlm_engine *e) { return e->n_ctx; }
 uint32_t jlm_engine_n_vocab(const jlm_engine *e)
@@ -744,6 +756,8 @@ void jlm_engine_prof_reset(jlm_engine *e)
 {
     memset(&e->pr, 0, sizeof e->pr);
     jlm_pool_stats_reset(e->pool);
+    for (int i = 0; i < e->n_dev; i++)
+        jlm_dev_prof_reset(e->devs[i]);
     e->pr_page0 = pager_read_ns(e->pager);
 }
 
@@ -752,6 +766,8 @@ void jlm_engine_profile(jlm_engine *e, int on)
     e->prof = on;
     e->prof_in = 0;
     jlm_pool_profile(e->pool, on);
+    for (int i = 0; i < e->n_dev; i++)
+        jlm_dev_profile(e->devs[i], on);
     jlm_engine_prof_reset(e);
 }
 

@@ -180,6 +180,7 @@ int jlm_pager_open(const jlm_pager_config *cfg, jlm_pager **out, jlm_err *err)
     p->budget = cfg->budget;
     p->n_arrays = cfg->n_arrays;
     jlm_pager_set_expert_policy(p, JLM_XP_LRU, 1.0);
+    p->xp_blocks = 1, p->xp_gets = 1;   /* no cycle until jlm_pager_set_expert_blocks */
     uint64_t thp = jlm_pager_thp_size();
     p->thp = thp && p->chunk % thp == 0 ? thp : 0;
     pthread_mutex_init(&p->pf.mu, NULL);

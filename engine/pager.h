@@ -50,7 +50,8 @@
  *      check this against the source content).
  *  (7) Eviction takes an unpinned EXPERT-class page, whole (the least
  *      recently used, or under jlm_pager_set_expert_policy's JLM_XP_LFU
- *      the lowest decaying count: engine/xpolicy.h); if there is none, chunks from the end of the unpinned BLOCK-
+ *      the lowest decaying count, under JLM_XP_NEXT the latest expected
+ *      next use: engine/xpolicy.h); if there is none, chunks from the end of the unpinned BLOCK-
  *      class page holding the most chunks (ties: the most recently used),
  *      down to one below the next fullest. Blocks are scanned cyclically
  *      every token: the pages level off at about (budget - the pages that
@@ -204,10 +205,16 @@ uint64_t jlm_pager_min_budget(const jlm_pager *p, const uint32_t *n_pinned);
 int  jlm_pager_set_budget(jlm_pager *p, uint64_t budget, jlm_err *err);
 /* Which unpinned expert page is evicted first (enum jlm_xpolicy,
  * engine/xpolicy.h; anything else is JLM_XP_LRU, the default at open), and
- * for JLM_XP_LFU the half-life of the counts in expert gets (<= 0: 1).
- * Cannot fail. */
+ * for JLM_XP_LFU and JLM_XP_NEXT the half-life of the counts in expert gets
+ * (<= 0: 1). Cannot fail. */
 void jlm_pager_set_expert_policy(jlm_pager *p, int policy, double half_life);
 int  jlm_pager_expert_policy(const jlm_pager *p);
+/* JLM_XP_NEXT's cycle: the expert array's pages are MoE blocks of
+ * per_block pages each in run order (page / per_block is the block), and a
+ * token gets used_per_block of each block's. per_block 0, or one that does
+ * not divide the expert pages: no cycle (every block one step away), the
+ * default at open (with one get a token). Cannot fail. */
+void jlm_pager_set_expert_blocks(jlm_pager *p, uint32_t per_block, uint32_t used_per_block);
 /* Subscribes fn to events (NULL unsubscribes). Cannot fail. */
 void jlm_pager_set_events(jlm_pager *p, jlm_pager_event_fn fn, void *ctx);
 

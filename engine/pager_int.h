@@ -92,8 +92,12 @@ struct jlm_pager {
                                  size (0: no, chunks are smaller or THP is off) */
     plist       lru[2];       /* per class; head = most recently used */
     int         xp;           /* the expert victim policy (enum jlm_xpolicy) */
-    double      xp_half;      /* JLM_XP_LFU: expert gets in a count's half-life */
+    double      xp_half;      /* JLM_XP_LFU, _NEXT: expert gets in a count's half-life */
     uint64_t    xp_clock;     /* expert gets so far */
+    uint32_t    xp_per_block; /* JLM_XP_NEXT: expert pages a MoE block (0: unknown, no cycle) */
+    uint32_t    xp_blocks;    /* JLM_XP_NEXT: MoE blocks (expert pages / xp_per_block) */
+    double      xp_gets;      /* JLM_XP_NEXT: expert gets a token (the window's step) */
+    uint32_t    xp_cur;       /* JLM_XP_NEXT: the expert page last gotten or being read */
 
     /* prefetch: on, and the reads in flight or uncollected (slots' pg:
      * engine thread only; the reader threads see the rest of pf) */

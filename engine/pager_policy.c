@@ -1,15 +1,28 @@
 /* pager_policy.c - the expert victim of the pager's eviction (invariant 7:
  * experts first) under the policy in force (engine/xpolicy.h): LRU, the
- * tail of the expert list; LFU, the lowest decaying count, found by a scan
- * of the resident unpinned experts from the least recently used end (a
- * model has hundreds to thousands of expert pages; a scan runs once per
- * expert read, which moves a page of megabytes). */
+ * tail of the expert list; LFU, the lowest decaying count; NEXT, the
+ * latest expected next use; the last two found by a scan of the resident
+ * unpinned experts from the least recently used end (a model has hundreds
+ * to thousands of expert pages; a scan runs once per expert read, which
+ * moves a page of megabytes). */
 #include "engine/pager_int.h"
 
 void jlm_pager_set_expert_policy(jlm_pager *p, int policy, double half_life)
 {
-    p->xp = policy == JLM_XP_LFU ? JLM_XP_LFU : JLM_XP_LRU;
+    p->xp = policy == JLM_XP_LFU || policy == JLM_XP_NEXT ? policy : JLM_XP_LRU;
     p->xp_half = half_life > 0 ? half_life : 1.0;
+}
+
+void jlm_pager_set_expert_blocks(jlm_pager *p, uint32_t per_block, uint32_t used_per_block)
+{
+    uint32_t n = 0;
+    for (uint32_t a = 0; a < p->n_arrays; a++)
+        if (p->arr[a].cls == JLM_PAGER_EXPERT)
+            n = p->arr[a].n_pages;
+    int cycle = per_block && n && n % per_block == 0;
+    p->xp_per_block = cycle ? per_block : 0;
+    p->xp_blocks = cycle ? n / per_block : 1;
+    p->xp_gets = (double)p->xp_blocks * (used_per_block ? used_per_block : 1);
 }
 
 int jlm_pager_expert_policy(const jlm_pager *p)
@@ -22,6 +35,13 @@ void jlm_pgp_touch(jlm_pager *p, ppage *pg)
     if (p->arr[pg->array].cls != JLM_PAGER_EXPERT)
         return;
     pg->xp_key = jlm_xp_touch(pg->xp_key, p->xp_clock++, p->xp_half);
+    p->xp_cur = pg->idx;
+}
+
+/* JLM_XP_NEXT: a page's block in the cycle (0 without one). */
+static uint32_t xp_block(const jlm_pager *p, uint32_t idx)
+{
+    return p->xp_per_block ? idx / p->xp_per_block : 0;
 }
 
 ppage *jlm_pgp_expert_victim(jlm_pager *p, const ppage *skip)
@@ -32,6 +52,19 @@ ppage *jlm_pgp_expert_victim(jlm_pager *p, const ppage *skip)
     if (!x || p->xp == JLM_XP_LRU)
         return x;
     ppage *best = NULL;
+    if (p->xp == JLM_XP_NEXT) {   /* the block running: the one being read, else the last gotten */
+        uint32_t cur = xp_block(p, skip && p->arr[skip->array].cls == JLM_PAGER_EXPERT ? skip->idx : p->xp_cur);
+        double window = jlm_xp_window(p->xp_half, p->xp_gets), bs = 0;
+        for (ppage *q = x; q; q = q->prev) {   /* strict >: ties to the least recent */
+            if (q == skip || q->pf_fresh)
+                continue;
+            double s = jlm_xp_next_score(q->xp_key, p->xp_clock, p->xp_half, window, xp_block(p, q->idx), cur,
+                                         p->xp_blocks);
+            if (!best || s > bs)
+                best = q, bs = s;
+        }
+        return best ? best : x;
+    }
     for (ppage *q = x; q; q = q->prev)   /* strict <: ties to the least recent */
         if (q != skip && !q->pf_fresh && (!best || q->xp_key < best->xp_key))
             best = q;

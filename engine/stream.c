@@ -221,7 +221,7 @@ static void experts_put(jlm_engine *e, uint32_t first, const int32_t *sel, uint3
 /* Every expert on the host first, then on the block's device: the minimum
  * working set counts n_expert_used of them pinned together. begin pins the
  * resident ones (ready[s] = 1: no read below can take them) and, with slack
- * in the budget (rd_par) on the CPU, starts the reads of every missing one
+ * in the budget (rd_par), on the CPU or a device, starts the reads of every missing one
  * at once on the pager's readers (rd_depth at a time). end gets the rest (a
  * get waits for its read, or reads), then pins every one on the block's
  * device. An error unpins everything. */
@@ -245,7 +245,7 @@ int jlm_stream_experts_begin(jlm_engine *e, uint32_t first, const int32_t *sel, 
         experts_put(e, first, sel, n, ready, 0);
         return rc;
     }
-    for (uint32_t s = 0; e->rd_par && !e->dev_here && s < n; s++)
+    for (uint32_t s = 0; e->rd_par && s < n; s++)
         if (!ready[s])
             jlm_pager_prefetch(e->pager, JLM_PAGER_EXPERTS, first + (uint32_t)sel[s]);
     return JLM_OK;

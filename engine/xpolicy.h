@@ -11,6 +11,14 @@
  *    the least recently used. A page read ahead and not
  *    yet gotten is a victim only when no other is left (it was read for a
  *    use about to come).
+ *  - JLM_XP_NEXT: the expert whose next use is expected last. The MoE
+ *    blocks run in a cycle, one routing each a token, so an expert of the
+ *    block d steps ahead of the current one (1 <= d <= n_blocks; the
+ *    current block's own is a whole cycle away) routed at a rate r a token
+ *    is next used in d + n_blocks (1/r - 1) block steps on average. r is
+ *    the decaying count over the count of an expert routed every token
+ *    (the window, jlm_xp_window); the count is LFU's key, with its own
+ *    half-life (JLM_XP_NEXT_HALF_LIFE). Ties, and pages read ahead, as LFU.
  *
  * A count is kept as one key, log2(count) + t / half_life with t the clock
  * at its last get: the decay of all counts is the same factor, so comparing
@@ -26,6 +34,7 @@
 enum jlm_xpolicy {
     JLM_XP_LRU = 0,
     JLM_XP_LFU = 1,
+    JLM_XP_NEXT = 2,
 };
 
 /* The policy the engine uses when none is named. */
@@ -36,17 +45,23 @@ enum jlm_xpolicy {
  * best. */
 #define JLM_XP_HALF_LIFE 1.0
 
+/* JLM_XP_NEXT's half-life, in the same unit: 2 measured best on the
+ * moe-1g traces (docs/bench.md, Expert cache policy). */
+#define JLM_XP_NEXT_HALF_LIFE 2.0
+
 /* The key of a page never gotten: below every gotten page's (count >= 1
  * at its last get means a key >= t / half_life >= 0). */
 #define JLM_XP_KEY_NONE (-INFINITY)
 
-/* "lru" / "lfu" -> the policy; -1 for anything else (NULL included). */
+/* "lru" / "lfu" / "next" -> the policy; -1 for anything else (NULL included). */
 static inline int jlm_xp_parse(const char *s)
 {
     if (s && !strcmp(s, "lru"))
         return JLM_XP_LRU;
     if (s && !strcmp(s, "lfu"))
         return JLM_XP_LFU;
+    if (s && !strcmp(s, "next"))
+        return JLM_XP_NEXT;
     return -1;
 }
 
@@ -57,6 +72,26 @@ static inline double jlm_xp_touch(double key, uint64_t now, double half_life)
     double t = (double)now / half_life;
     double count = key == JLM_XP_KEY_NONE ? 0.0 : exp2(key - t);
     return log2(count + 1.0) + t;
+}
+
+/* JLM_XP_NEXT's window: the count of a page gotten once every
+ * `gets_per_token` gets, forever (the sum of 2^(-k g / half_life)). */
+static inline double jlm_xp_window(double half_life, double gets_per_token)
+{
+    return 1.0 / (1.0 - exp2(-gets_per_token / half_life));
+}
+
+/* JLM_XP_NEXT's score (the larger, the sooner evicted): the expected block
+ * steps until the next use of the page with `key`, of MoE block `blk`, at
+ * clock `now` while block `cur` runs (blocks 0..n_blocks-1 in run order). */
+static inline double jlm_xp_next_score(double key, uint64_t now, double half_life, double window, uint32_t blk,
+                                       uint32_t cur, uint32_t n_blocks)
+{
+    double count = key == JLM_XP_KEY_NONE ? 0.0 : exp2(key - (double)now / half_life);
+    uint32_t d = n_blocks ? (blk + n_blocks - cur % n_blocks) % n_blocks : 0;
+    if (!(count > 0))
+        return INFINITY;
+    return (double)(d ? d : n_blocks) + n_blocks * (window / count - 1.0);
 }
 
 #endif

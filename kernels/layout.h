@@ -65,7 +65,7 @@ enum { JLM_KT_LIST(JLM_KT_ENUM_) JLM_KT_END_ };
 #define JLM_PUSH_ROPE_FIELDS(U, F) U(n_rot) U(neox) U(n_head) U(head_dim)
 #define JLM_PUSH_ATTENTION_FIELDS(U, F) \
     U(head_dim) U(head_dim_v) U(k_stride) U(v_stride) U(n_kv) U(group) U(has_mask) U(has_sink) \
-    F(scale) F(softcap)
+    F(scale) F(softcap) U(kv_f16)
 #define JLM_PUSH_MOE_ROUTE_FIELDS(U, F) U(n) U(n_used) U(mode) F(scale)
 #define JLM_PUSH_MOE_COMBINE_FIELDS(U, F) U(n) U(n_used)
 
@@ -83,7 +83,7 @@ enum { JLM_KT_LIST(JLM_KT_ENUM_) JLM_KT_END_ };
     X(push_softmax, PUSH_SOFTMAX, 4, n) \
     X(push_eltwise, PUSH_ELTWISE, 16, limit) \
     X(push_rope, PUSH_ROPE, 16, head_dim) \
-    X(push_attention, PUSH_ATTENTION, 40, softcap) \
+    X(push_attention, PUSH_ATTENTION, 44, kv_f16) \
     X(push_moe_route, PUSH_MOE_ROUTE, 16, scale) \
     X(push_moe_combine, PUSH_MOE_COMBINE, 8, n_used) \
     X(spec_matvec, SPEC_MATVEC, 24, nt)

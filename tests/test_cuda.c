@@ -709,13 +709,14 @@ Test(cuda, embeddings_on_whole_blocks_equal_the_cpus, .timeout = 60)
     bm_embeddings_match("cuda", "");
 }
 
-/* From --stats: with --gpu-layers all a decoded token is one round trip and
- * its embedding and logits (within 4 KiB); the offload 4 round trips a
- * layer (QKV, o, gate/up, down). */
+/* From --stats: with --gpu-layers all (and the CLI's --kv auto: F32 with a
+ * CUDA device, whose whole blocks keep an F32 cache) a decoded token is one
+ * round trip and its embedding and logits (within 4 KiB); the offload 4
+ * round trips a layer (QKV, o, gate/up, down). */
 Test(cuda, stats_a_decoded_token_is_one_round_trip_and_its_embedding_and_logits, .timeout = 120)
 {
     setenv("JLM_CUDA_EMULATE", "1", 1);
-    bm_stats_decoded_token("cuda", "JLM_CUDA_BLOCKS", "", 4);
+    bm_stats_decoded_token("cuda", "JLM_CUDA_BLOCKS", "", 4, NULL, "f32");
 }
 
 /* The CLI: `jlm run --backend cuda` on the emulated device gives the CPU's
@@ -745,6 +746,57 @@ Test(cuda, jlm_run_backend_cuda_emulated_gives_the_cpus_ids, .timeout = 120)
     free(out);
     free(ref);
     free(path);
+    tu_rmrf(dir);
+    free(dir);
+}
+
+/* Timing stamps (jlm bench --profile): on the emulated device a stamp runs
+ * when its stream is waited for, so the interval between two holds the ops
+ * between them; before that wait it cannot be read. */
+Test(cuda, the_emulated_stamps_time_the_ops_between_them_once_run)
+{
+    jlm_cu_rt *r = emu_open();
+    void *d = NULL;
+    static char big[1 << 20];
+    uint64_t ns = 1;
+    cr_assert_eq(jlm_cu_rt_alloc(r, sizeof big, &d), 0);
+    cr_assert_eq(jlm_cu_rt_stamp(r, 0, JLM_CU_S_COMPUTE), 0);
+    for (int i = 0; i < 64; i++)
+        cr_assert_eq(jlm_cu_rt_h2d(r, d, big, sizeof big, JLM_CU_S_COMPUTE), 0);
+    cr_assert_eq(jlm_cu_rt_stamp(r, 1, JLM_CU_S_COMPUTE), 0);
+    cr_assert_neq(jlm_cu_rt_stamp_ns(r, 0, 1, &ns), 0, "read before the stream ran");
+    cr_assert_eq(jlm_cu_rt_sync(r, JLM_CU_S_COMPUTE), 0);
+    cr_assert_eq(jlm_cu_rt_stamp_ns(r, 0, 1, &ns), 0, "%s", jlm_cu_rt_error(r));
+    cr_assert(ns > 0, "64 MiB of copies took no time");
+    cr_assert_neq(jlm_cu_rt_stamp(r, JLM_CU_NSTAMP, JLM_CU_S_COMPUTE), 0, "a stamp past JLM_CU_NSTAMP");
+    jlm_cu_rt_free(r, d);
+    jlm_cu_rt_close(r);
+}
+
+/* jlm bench --profile --backend cuda (emulated): with whole blocks (the
+ * default) the cuda line's matmul, attention and norms are each measured
+ * (stamps on the compute stream at each op class of the block walk); with
+ * the matmul offload (JLM_CUDA_BLOCKS=0) only the matmul (attention and
+ * norms run on the CPU: 0); the classes within the token's time. */
+Test(cuda, bench_profile_shows_the_devices_matmul_time, .timeout = 120)
+{
+    char *dir = tu_tmpdir(), cmd[2048], *o = NULL;
+    for (int blocks = 1; blocks >= 0; blocks--) {
+        snprintf(cmd, sizeof cmd, "XDG_CACHE_HOME=%s JLM_CUDA_EMULATE=1 JLM_CUDA_BLOCKS=%d %s bench %s -p 8 -n 4 -r 2 "
+                 "-t 1 --profile --backend cuda --gpu-layers all 2>&1", dir, blocks, tu_jlm(),
+                 tu_model("stories260K.gguf"));
+        cr_assert_eq(tu_run(cmd, &o), 0, "%s", o);
+        for (int t = 0; t < 2; t++) {
+            double ms[4], tok;
+            bm_prof_line(o, t ? "tg4" : "pp8", "cuda", "the emulation's stamps, on the host's clock", ms, &tok);
+            cr_assert(ms[0] > 0, "no matmul time: %s", o);
+            cr_assert(blocks ? ms[1] > 0 && ms[2] > 0 : ms[1] == 0 && ms[2] == 0,
+                      "%s: attention %g, norms %g ms/token:\n%s", blocks ? "whole blocks" : "the offload", ms[1], ms[2],
+                      o);
+            cr_assert(ms[0] + ms[1] + ms[2] + ms[3] <= 1.05 * tok + 0.01, "more than the token:\n%s", o);
+        }
+        free(o);
+    }
     tu_rmrf(dir);
     free(dir);
 }

@@ -11,6 +11,8 @@
 #include "engine/model.h"
 #include "engine/prog.h"
 #include "engine/xpolicy.h"
+#define ROUTING_REPLAY_NO_MAIN
+#include "bench/routing_replay.c"
 #include "text/tokenizer/tokenizer.h"
 #include "tests/testutil.h"
 
@@ -848,9 +850,9 @@ Test(moe, gives_the_same_ids_at_every_budget_down_to_one_block_plus_routed_exper
     same_ids_at_every_budget("synth-llama4-256.Q4_K_M", 12);   /* MoE every other block, top-1 on the input */
 }
 
-/* Both expert policies give the unlimited run's ids at a budget that holds
- * the blocks and a third of the experts (experts are evicted under both),
- * the pager runs the policy named, and a name neither is refused. */
+/* Every expert policy gives the unlimited run's ids at a budget that holds
+ * the blocks and a third of the experts (experts are evicted under each),
+ * the pager runs the policy named, and a name none is refused. */
 static jlm_engine *open_engine_xp(const char *path, uint64_t budget, const char *policy, jlm_err *err)
 {
     jlm_engine_opts o = {.n_threads = 2, .budget = budget, .quiet = 1, .direct = 1, .expert_policy = policy};
@@ -858,7 +860,7 @@ static jlm_engine *open_engine_xp(const char *path, uint64_t budget, const char 
     return jlm_engine_open(path, &o, &e, err) ? NULL : e;
 }
 
-Test(moe, gives_the_same_ids_under_either_expert_policy_at_a_small_budget, .timeout = 60)
+Test(moe, gives_the_same_ids_under_every_expert_policy_at_a_small_budget, .timeout = 60)
 {
     const char *names[] = {"synth-qwen3moe-256.Q8_0", "synth-llama-moe-256.Q4_K_M"};
     for (size_t k = 0; k < 2; k++) {
@@ -879,11 +881,11 @@ Test(moe, gives_the_same_ids_under_either_expert_policy_at_a_small_budget, .time
         uint64_t budget = mi.kv + mi.scratch + mi.dense + pc.a[JLM_PAGER_TEXT].resident_bytes +
                           pc.a[JLM_PAGER_EXPERTS].resident_bytes / 3;
         jlm_engine_close(e);
-        const char *pol[2] = {"lru", "lfu"};
-        for (int p = 0; p < 2; p++) {
+        const char *pol[3] = {"lru", "lfu", "next"};
+        for (int p = 0; p < 3; p++) {
             e = open_engine_xp(path, budget, pol[p], &err);
             cr_assert(e, "%s", err.msg);
-            cr_assert_eq(jlm_pager_expert_policy(jlm_engine_pager(e)), p ? JLM_XP_LFU : JLM_XP_LRU);
+            cr_assert_eq(jlm_pager_expert_policy(jlm_engine_pager(e)), jlm_xp_parse(pol[p]));
             greedy(e, prompt, 5, NG, got, NULL);
             for (int i = 0; i < NG; i++)
                 cr_assert_eq(got[i], ref[i], "%s, %s: id %d is %d, unlimited gives %d", names[k], pol[p], i, got[i], ref[i]);
@@ -893,7 +895,7 @@ Test(moe, gives_the_same_ids_under_either_expert_policy_at_a_small_budget, .time
             jlm_engine_close(e);
         }
         cr_assert_null(open_engine_xp(path, budget, "mru", &err));
-        cr_assert(strstr(err.msg, "--expert-policy 'mru'") && strstr(err.msg, "lru or lfu"), "%s", err.msg);
+        cr_assert(strstr(err.msg, "--expert-policy 'mru'") && strstr(err.msg, "lru, lfu or next"), "%s", err.msg);
         free(path);
         tu_rmrf(dir);
         free(dir);
@@ -1229,4 +1231,133 @@ Test(engine_cli, latent_attention_caches_the_latent_not_the_expanded_heads, .tim
     free(path);
     tu_rmrf(dir);
     free(dir);
+}
+
+/* The routing replay models the engine (bench/routing_replay.c, docs/pager.md
+ * Expert cache policy): the engine records its routing (--trace-routing) at
+ * an unlimited budget, then runs again at a budget that holds every block
+ * and S expert pages, prediction, read ahead and the warm start off and one
+ * read at a time; under each policy the expert pages it reads are exactly
+ * the replay's misses at S slots, and its bytes the misses times the page.
+ * The replay's optimum equals a plain Belady written here (at each miss with
+ * the slots full, scan forward for each resident page not in this routing
+ * and evict the one used last or never) and is at most every policy's. */
+static uint64_t plain_belady(const rr_trace *t, uint32_t slots)
+{
+    uint64_t na = (uint64_t)t->n_groups * t->n_used, miss = 0;
+    uint32_t res[64], nres = 0;
+    cr_assert(slots <= 64);
+    for (uint64_t i = 0; i < na; i++) {
+        uint32_t p = t->page[i], r;
+        for (r = 0; r < nres && res[r] != p; r++)
+            ;
+        if (r < nres)
+            continue;
+        miss++;
+        if (nres == slots) {
+            uint64_t g0 = i / t->n_used * t->n_used, best = 0;
+            uint32_t v = UINT32_MAX;
+            for (r = 0; r < nres; r++) {
+                int mine = 0;
+                for (uint64_t j = g0; j < g0 + t->n_used; j++)
+                    mine |= t->page[j] == res[r];
+                if (mine)
+                    continue;
+                uint64_t nx = i + 1;
+                while (nx < na && t->page[nx] != res[r])
+                    nx++;
+                if (v == UINT32_MAX || nx > best)
+                    v = r, best = nx;
+            }
+            res[v] = res[--nres];
+        }
+        res[nres++] = p;
+    }
+    return miss;
+}
+
+static jlm_engine *open_engine_replay(const char *path, uint64_t budget, const char *policy)
+{
+    jlm_engine_opts o = {.n_threads = 2, .budget = budget, .quiet = 1, .direct = 1, .expert_policy = policy,
+                         .no_prefetch = 1, .no_predict = 1, .no_warm = 1, .read_depth = 1, .n_ctx = 64};
+    jlm_engine *e;
+    jlm_err err = {0};
+    cr_assert_eq(jlm_engine_open(path, &o, &e, &err), 0, "%s", err.msg);
+    return e;
+}
+
+Test(moe, the_replay_counts_the_expert_reads_the_engine_makes_under_each_policy, .timeout = 120)
+{
+    /* glm4moe: a leading dense block (NEXT's cycle is the MoE blocks) */
+    const char *names[] = {"synth-qwen3moe-256.Q8_0", "synth-gpt-oss-256.MXFP4_MOE", "synth-glm4moe-256.Q8_0"};
+    for (size_t k = 0; k < 3; k++) {
+        char *dir = tu_tmpdir();
+        char *path = convert_model(names[k], dir);
+        int32_t prompt[] = {1};
+        enum { NG = 40 };
+        int32_t ids[NG];
+        char *buf = NULL;
+        size_t len = 0;
+        FILE *f = open_memstream(&buf, &len);
+        cr_assert(f);
+        jlm_err err = {0};
+        jlm_engine *e = open_engine_replay(path, 0, NULL);
+        cr_assert_eq(jlm_engine_trace_routing(e, f, &err), 0, "%s", err.msg);
+        greedy(e, prompt, 1, NG, ids, NULL);
+        jlm_pager_counters pc;
+        jlm_pager_stats(jlm_engine_pager(e), &pc);
+        jlm_engine_mem mi;
+        jlm_engine_mem_info(e, &mi);
+        uint64_t text = pc.a[JLM_PAGER_TEXT].resident_bytes;
+        uint64_t xframe = jlm_pager_frame_len(jlm_engine_pager(e), JLM_PAGER_EXPERTS);
+        for (uint32_t i = 0; jlm_pager_extent(jlm_engine_pager(e), JLM_PAGER_EXPERTS, i); i++)   /* bytes = pages x one extent */
+            cr_assert_eq(jlm_pager_extent(jlm_engine_pager(e), JLM_PAGER_EXPERTS, i), xframe, "%s: expert page %u", names[k], i);
+        jlm_engine_close(e);
+        fclose(f);
+        rr_trace t;
+        char msg[256];
+        FILE *in = fmemopen(buf, len, "r");
+        cr_assert_eq(rr_parse(in, "engine", &t, msg, sizeof msg), 0, "%s", msg);
+        fclose(in);
+        cr_assert_eq(t.n_tokens, NG, "%s: %u tokens traced", names[k], t.n_tokens);
+        /* half the experts the run routed to, less one: some are evicted and read again */
+        uint32_t np = t.n_layer * t.n_expert, used = 0;
+        uint8_t seen[1024] = {0};
+        cr_assert(np <= 1024);
+        for (uint64_t i = 0; i < (uint64_t)t.n_groups * t.n_used; i++)
+            if (!seen[t.page[i]])
+                seen[t.page[i]] = 1, used++;
+        uint32_t slots = used / 2 - 1;
+        cr_assert(slots > t.n_used, "%s: %u experts routed to", names[k], used);
+        uint64_t opt = rr_misses(&t, RR_OPT, slots, JLM_XP_HALF_LIFE);
+        cr_assert_eq(opt, plain_belady(&t, slots), "%s: the replay's optimum", names[k]);
+        /* + 64: the allocator's rounding of scratch, as above (less than an expert page) */
+        uint64_t budget = mi.kv + mi.scratch + mi.dense + text + slots * xframe + 64;
+        const char *pol[3] = {"lru", "lfu", "next"};
+        for (int p = 0; p < 3; p++) {
+            e = open_engine_replay(path, budget, pol[p]);
+            int32_t got[NG];
+            greedy(e, prompt, 1, NG, got, NULL);
+            cr_assert_arr_eq(got, ids, sizeof ids, "%s, %s: ids differ from the unlimited run", names[k], pol[p]);
+            jlm_pager_stats(jlm_engine_pager(e), &pc);
+            const jlm_pager_array_counters *x = &pc.a[JLM_PAGER_EXPERTS], *b = &pc.a[JLM_PAGER_TEXT];
+            cr_assert(b->evictions + b->trims == 0 && b->resident_bytes == text, "%s, %s: a block lost bytes", names[k],
+                      pol[p]);
+            cr_assert_eq(jlm_pager_expert_policy(jlm_engine_pager(e)), jlm_xp_parse(pol[p]));
+            uint64_t miss = rr_misses(&t, jlm_xp_parse(pol[p]), slots,
+                                      p == RR_NEXT ? JLM_XP_NEXT_HALF_LIFE : JLM_XP_HALF_LIFE);
+            cr_assert(miss >= opt && x->evictions > 0, "%s, %s: %llu misses, optimum %llu", names[k], pol[p],
+                      (unsigned long long)miss, (unsigned long long)opt);
+            cr_assert_eq(x->page_ins, miss, "%s, %s at %u slots: the engine read %llu expert pages, the replay %llu",
+                         names[k], pol[p], slots, (unsigned long long)x->page_ins, (unsigned long long)miss);
+            cr_assert_eq(x->bytes_read, miss * t.expert_bytes, "%s, %s: %llu bytes read, the replay %llu", names[k],
+                         pol[p], (unsigned long long)x->bytes_read, (unsigned long long)(miss * t.expert_bytes));
+            jlm_engine_close(e);
+        }
+        rr_free(&t);
+        free(buf);
+        free(path);
+        tu_rmrf(dir);
+        free(dir);
+    }
 }

@@ -10,6 +10,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 
 #include <jansson.h>
 
@@ -596,8 +597,10 @@ Test(vulkan, rope_is_bit_identical_to_the_cpu_normal_neox_and_yarn)
 }
 
 /* One attention case: n_head query heads over n_kv_head kv heads. */
+/* f16: k and v on the device as halves (jlm_vk_attention_f16), the CPU
+ * attending the same halves widened (the F16 cache). */
 static void check_attention(jlm_vk *vk, uint32_t n_head, uint32_t n_kv_head, uint32_t hd, uint64_t n_kv,
-                            int flavour, uint64_t *seed)
+                            int flavour, int f16, uint64_t *seed)
 {
     uint64_t stride = (uint64_t)n_kv_head * hd;
     float *q = malloc(n_head * hd * 4), *k = malloc(n_kv * stride * 4), *v = malloc(n_kv * stride * 4);
@@ -610,6 +613,13 @@ static void check_attention(jlm_vk *vk, uint32_t n_head, uint32_t n_kv_head, uin
         mask[j] = (flavour == 1 && j + 4 < n_kv) || flavour == 3 ? -INFINITY : 0.0f;
     for (uint32_t h = 0; h < n_head; h++)
         sinks[h] = rng_unit(seed) * 3.0f;
+    uint16_t *kh = malloc(n_kv * stride * 2), *vh = malloc(n_kv * stride * 2);
+    for (uint64_t i = 0; f16 && i < n_kv * stride; i++) {
+        kh[i] = jlm_k_f32_to_fp16(k[i]);
+        vh[i] = jlm_k_f32_to_fp16(v[i]);
+        k[i] = jlm_k_fp16_to_f32(kh[i]);
+        v[i] = jlm_k_fp16_to_f32(vh[i]);
+    }
     jlm_k_attn p = {.head_dim = hd, .head_dim_v = hd, .k_stride = stride, .v_stride = stride,
                     .scale = 1.0f / sqrtf((float)hd), .softcap = flavour == 2 ? 30.0f : 0.0f,
                     .has_sink = flavour == 2, .mask = flavour == 1 || flavour == 3 ? mask : NULL};
@@ -620,36 +630,92 @@ static void check_attention(jlm_vk *vk, uint32_t n_head, uint32_t n_kv_head, uin
         jlm_k_attn_head(&ph, q + h * hd, k + (h / group) * hd, v + (h / group) * hd, n_kv,
                         pc + h * n_kv, c + h * hd);
     }
-    jlm_vk_buf *bq = up(vk, q, n_head * hd * 4), *bk = up(vk, k, n_kv * stride * 4);
-    jlm_vk_buf *bv = up(vk, v, n_kv * stride * 4), *bs = up(vk, pc, n_head * n_kv * 4);
+    uint64_t es = f16 ? 2 : 4;
+    jlm_vk_buf *bq = up(vk, q, n_head * hd * 4), *bk = up(vk, f16 ? (void *)kh : k, n_kv * stride * es);
+    jlm_vk_buf *bv = up(vk, f16 ? (void *)vh : v, n_kv * stride * es), *bs = up(vk, pc, n_head * n_kv * 4);
     jlm_vk_buf *bo = up(vk, c, n_head * hd * 4);
     memset(jlm_vk_buf_map(bo), 0xff, n_head * hd * 4);
     jlm_err err = {0};
-    cr_assert(jlm_vk_attention(vk, &p, n_head, n_kv_head, whole(bq), whole(bk), whole(bv), n_kv,
-                               flavour == 2 ? sinks : NULL, whole(bs), whole(bo), &err) == 0, "%s", err.msg);
+    cr_assert((f16 ? jlm_vk_attention_f16 : jlm_vk_attention)(vk, &p, n_head, n_kv_head, whole(bq), whole(bk),
+                                                              whole(bv), n_kv, flavour == 2 ? sinks : NULL,
+                                                              whole(bs), whole(bo), &err) == 0, "%s", err.msg);
     /* output relative to the value scale (3): exp's error spread over a
      * weighted mean of values */
     double e = worst(fmap(bo), c, n_head * hd, 3.0, "attention");
-    cr_assert(e <= TOL_EXP, "attention heads %u/%u hd %u n_kv %llu flavour %d: error %g > %g", n_head,
-              n_kv_head, hd, (unsigned long long)n_kv, flavour, e, TOL_EXP);
+    cr_assert(e <= TOL_EXP, "attention heads %u/%u hd %u n_kv %llu flavour %d f16 %d: error %g > %g", n_head,
+              n_kv_head, hd, (unsigned long long)n_kv, flavour, f16, e, TOL_EXP);
     double ep = worst(fmap(bs), pc, n_head * n_kv, 1e-6, "attention probabilities");
     cr_assert(ep <= TOL_EXP, "attention probabilities: error %g > %g", ep, TOL_EXP);
     jlm_vk_buf *all[] = {bq, bk, bv, bs, bo};
     for (size_t i = 0; i < 5; i++)
         jlm_vk_buf_free(vk, all[i]);
-    free(q), free(k), free(v), free(mask), free(sinks), free(c), free(pc);
+    free(q), free(k), free(v), free(mask), free(sinks), free(c), free(pc), free(kh), free(vh);
 }
 
 Test(vulkan, attention_with_gqa_matches_the_cpu_within_TOL_EXP)
 {
     jlm_vk *vk = open_or_skip();
     uint64_t seed = 15;
-    for (int f = 0; f < 4; f++) {
-        check_attention(vk, 8, 2, 64, 1, f, &seed);        /* first token */
-        check_attention(vk, 8, 2, 64, 37, f, &seed);       /* GQA 4:1 */
-        check_attention(vk, 6, 6, 48, 300, f, &seed);      /* MHA, n_kv > 256 lanes */
-        check_attention(vk, 4, 1, 16, 5, f, &seed);        /* MQA */
+    for (int f = 0; f < 8; f++) {   /* 4 to 7: the same over an F16 cache */
+        check_attention(vk, 8, 2, 64, 1, f % 4, f / 4, &seed);        /* first token */
+        check_attention(vk, 8, 2, 64, 37, f % 4, f / 4, &seed);       /* GQA 4:1 */
+        check_attention(vk, 6, 6, 48, 300, f % 4, f / 4, &seed);      /* MHA, n_kv > 256 lanes */
+        check_attention(vk, 4, 1, 16, 5, f % 4, f / 4, &seed);        /* MQA */
     }
+    jlm_vk_close(vk);
+}
+
+/* gemma3's gate (GELU through ggml's fp16 table, times up) and the F16
+ * cache's rounding, bit for bit: every half's value as a gate, values
+ * between halves (ties to even included), +-10 and their neighbours, NaN,
+ * Inf; the rounding over random bit patterns of every exponent, the
+ * denormal-half range and its ties, overflow to Inf and NaN payloads. */
+Test(vulkan, geglu_fp16_and_f16_rows_are_bit_identical_to_the_cpu)
+{
+    jlm_vk *vk = open_or_skip();
+    enum { N = 65536 + 4096 };
+    float *g = malloc(N * 4), *u = malloc(N * 4), *c = malloc(N * 4);
+    uint64_t seed = 38;
+    for (uint32_t i = 0; i < 65536; i++)
+        g[i] = jlm_k_fp16_to_f32((uint16_t)i);
+    static const float EDGE[] = {10.0f, -10.0f, 9.999999f, -9.999999f, 10.000001f, -10.000001f, 1.0f + 0x1p-11f,
+                                 1.0f + 3 * 0x1p-11f, 0x1p-25f, 0x1.8p-25f, 65520.0f, 65519.99f, INFINITY, -INFINITY};
+    for (uint32_t i = 65536; i < N; i++) {
+        uint32_t j = i - 65536;
+        g[i] = j < sizeof EDGE / sizeof EDGE[0] ? EDGE[j] : j < 64 ? NAN : rng_unit(&seed) * 12.0f;
+    }
+    for (uint32_t i = 0; i < N; i++)
+        u[i] = rng_unit(&seed) * 3.0f;
+    jlm_k_gelu_fp16(c, g, N);
+    jlm_k_mul(c, c, u, N);
+    jlm_vk_buf *bg = up(vk, g, N * 4), *bu = up(vk, u, N * 4), *bo = up(vk, c, N * 4);
+    memset(jlm_vk_buf_map(bo), 0xff, N * 4);
+    jlm_err err = {0};
+    cr_assert(jlm_vk_geglu_fp16(vk, whole(bo), whole(bg), whole(bu), N, &err) == 0, "%s", err.msg);
+    for (uint32_t i = 0; i < N; i++)
+        cr_assert(same(fmap(bo)[i], c[i]), "geglu_fp16 of %a (up %a): %a, the CPU's %a", g[i], u[i], fmap(bo)[i],
+                  c[i]);
+    /* the rounding: bit patterns */
+    uint32_t *bits = (uint32_t *)g;
+    for (uint32_t i = 0; i < N; i++) {
+        uint64_t r = rng_next(&seed);
+        bits[i] = i < 4096 ? (uint32_t)(0x33000000u + i * 0x1000u + (i % 3 ? 0 : 0x800u))   /* denormal halves, ties */
+                  : i < 8192 ? (uint32_t)(0x477fe000u + (i - 4096) * 8u)                       /* near 65520 */
+                             : (uint32_t)r;
+    }
+    jlm_vk_buf_free(vk, bg);
+    bg = up(vk, g, N * 4);
+    memset(jlm_vk_buf_map(bo), 0xff, N * 2);
+    cr_assert(jlm_vk_to_f16(vk, whole(bo), whole(bg), N, &err) == 0, "%s", err.msg);
+    const uint16_t *h = jlm_vk_buf_map(bo);
+    for (uint32_t i = 0; i < N; i++)
+        cr_assert_eq(h[i], jlm_k_f32_to_fp16(g[i]), "f16 of 0x%08x: 0x%04x, the CPU's 0x%04x", bits[i], h[i],
+                     jlm_k_f32_to_fp16(g[i]));
+    cr_assert(jlm_vk_to_f16(vk, whole(bo), whole(bg), 3, &err) == JLM_EINVAL);
+    jlm_vk_buf_free(vk, bg);
+    jlm_vk_buf_free(vk, bu);
+    jlm_vk_buf_free(vk, bo);
+    free(g), free(u), free(c);
     jlm_vk_close(vk);
 }
 
@@ -657,10 +723,10 @@ Test(vulkan, attention_with_gqa_matches_the_cpu_within_TOL_EXP)
 
 /* An engine on the named backend; NULL (test skipped by the caller) when
  * Vulkan has no device. Device "0": the first one, lavapipe included. */
-static jlm_engine *engine_on(const char *path, const char *backend, uint32_t gpu_layers)
+static jlm_engine *engine_kv(const char *path, const char *backend, uint32_t gpu_layers, const char *kv)
 {
     jlm_engine_opts o = {.n_threads = 2, .quiet = 1, .direct = 1, .backend = backend, .device = "0",
-                         .gpu_layers = gpu_layers};
+                         .gpu_layers = gpu_layers, .kv = kv};
     jlm_engine *e = NULL;
     jlm_err err = {0};
     int rc = jlm_engine_open(path, &o, &e, &err);
@@ -668,6 +734,11 @@ static jlm_engine *engine_on(const char *path, const char *backend, uint32_t gpu
         return NULL;
     cr_assert_eq(rc, 0, "%s", err.msg);
     return e;
+}
+
+static jlm_engine *engine_on(const char *path, const char *backend, uint32_t gpu_layers)
+{
+    return engine_kv(path, backend, gpu_layers, NULL);
 }
 
 Test(vulkan, backend_vulkan_gives_llama_cpp_ids_on_stories260K, .timeout = 60)
@@ -1172,15 +1243,167 @@ Test(vulkan, whole_blocks_on_the_device_give_the_cpus_ids_in_one_round_trip_a_to
     bm_whole_blocks("vulkan");
 }
 
-/* From --stats: with --gpu-layers all a decoded token is one round trip and
- * its embedding and logits (plus the positions' RoPE cos/sin, within 4 KiB);
- * the matmul offload (JLM_VK_BLOCKS=0) a round trip a matmul, 7 a layer:
+/* Routed experts on the device (engine/exec_vk_moe.c): the llama-style MoE
+ * (F16, MXFP4 experts, Q4_K_M), qwen3moe (Q4_K_M, Q8_0; per-head q/k
+ * norms) and olmoe (Q4_K_M; q/k norms over the whole projection, raw
+ * routing weights), 2 MoE blocks each, whole, at --gpu-layers 2 (the blocks there, the
+ * output on the CPU) and 1 (a split inside the model): the CPU's greedy ids,
+ * the lockstep logits within the whole-block tolerances (float experts: 5e-4
+ * of the largest), and a decoded token at most one round trip a block plus
+ * one (each MoE block reads its picks back; the logits or the split's rows
+ * come down at the end) where the matmul offload makes several a block; the
+ * next block's experts predicted as the CPU predicts them (the counts). At
+ * a --budget of half the file (the expert pages evicted and read again,
+ * counted) the CPU's ids still. */
+Test(vulkan, moe_blocks_on_the_device_give_the_cpus_ids_in_a_round_trip_a_block, .timeout = 300)
+{
+    static const char *MODELS[] = {"synth-llama-moe-256.F16", "synth-llama-moe-256.MXFP4_MOE",
+                                   "synth-llama-moe-256.Q4_K_M", "synth-qwen3moe-256.Q4_K_M",
+                                   "synth-qwen3moe-256.Q8_0", "synth-olmoe-256.Q4_K_M"};
+    /* olmoe: the matmul offload's greedy run already parts from the CPU's at
+     * the 3rd token (a near-tie; its F32 router on the CPU's FMA kernel), so
+     * it is held to the lockstep logits only */
+    static const int greedy[] = {1, 1, 1, 1, 1, 0};
+    char *dir = tu_tmpdir();
+    for (size_t m = 0; m < sizeof MODELS / sizeof MODELS[0]; m++) {
+        char gguf[256];
+        jlm_err err = {0};
+        snprintf(gguf, sizeof gguf, "%s.gguf", MODELS[m]);
+        char *path = tu_convert(gguf, dir, "moe.jlm", &err);
+        cr_assert(path, "%s", err.msg);
+        jlm_engine *ec = engine_on(path, "cpu", 0);
+        uint32_t nv = jlm_engine_n_vocab(ec), L = jlm_engine_model(ec)->config.n_layer;
+        float *lc = malloc(nv * 4), *lv = malloc(nv * 4);
+        int32_t prompt[5] = {1, 10, 20, 30, 40}, ic[8], iv[8];
+        bm_greedy_ids(ec, prompt, 5, 8, ic, lc);
+        jlm_engine_predict pc_cpu, pc_dev;
+        jlm_engine_predict_stats(ec, &pc_cpu);
+        double tol = m == 0 ? 5e-4 : 0.05;
+        static const uint32_t LAYERS[] = {0, 2, 1};
+        for (int i = 0; i < 3; i++) {
+            jlm_engine *ev = engine_on(path, "vulkan", LAYERS[i]);
+            if (!ev) {
+                tu_rmrf(dir);
+                cr_skip_test("vulkan: no device");
+            }
+            const char *what = i == 0 ? "whole" : i == 1 ? "--gpu-layers 2" : "--gpu-layers 1";
+            bm_greedy_ids(ev, prompt, 5, 8, iv, lv);
+            cr_assert(!greedy[m] || !memcmp(ic, iv, sizeof ic), "%s (%s): greedy ids differ", MODELS[m], what);
+            /* block 0 predicts block 1's experts on the device as the CPU does */
+            jlm_engine_predict_stats(ev, &pc_dev);
+            cr_assert(pc_cpu.predicted > 0 && pc_dev.predicted == pc_cpu.predicted &&
+                          (!greedy[m] || pc_dev.hits == pc_cpu.hits),
+                      "%s (%s): predicted %llu, hits %llu; the CPU's %llu, %llu", MODELS[m], what,
+                      (unsigned long long)pc_dev.predicted, (unsigned long long)pc_dev.hits,
+                      (unsigned long long)pc_cpu.predicted, (unsigned long long)pc_cpu.hits);
+            int32_t next = bm_lockstep(ec, ev, prompt, 5, tol, MODELS[m], what);
+            jlm_dev_stats s0, s1;
+            jlm_engine_dev_stats(ev, &s0);
+            cr_assert_eq(jlm_engine_eval(ev, &next, 1, lv, &err), 0, "%s", err.msg);
+            jlm_engine_dev_stats(ev, &s1);
+            uint64_t blocks = LAYERS[i] ? LAYERS[i] : L;
+            cr_assert(s1.waits - s0.waits <= blocks + 1 && s1.fallbacks == s0.fallbacks,
+                      "%s (%s): a decoded token made %llu round trips for %llu blocks", MODELS[m], what,
+                      (unsigned long long)(s1.waits - s0.waits), (unsigned long long)blocks);
+            jlm_engine_close(ev);
+        }
+        /* experts paged through a budget of half the file, imported and uploaded
+         * (an upload inside a recording submits it early) */
+        struct stat st;
+        cr_assert_eq(stat(path, &st), 0, "%s", path);
+        for (int up = 0; up < 2; up++) {
+            if (up)
+                setenv("JLM_VK_UPLOAD", "1", 1);
+            jlm_engine *eb = engine_opts(path, "vulkan", (uint64_t)st.st_size / 2, 0);
+            bm_greedy_ids(eb, prompt, 5, 8, iv, lv);
+            cr_assert(!greedy[m] || !memcmp(ic, iv, sizeof ic), "%s (budget, %s): greedy ids differ", MODELS[m],
+                      up ? "upload" : "import");
+            jlm_pager_counters pc;
+            jlm_pager_stats(jlm_engine_pager(eb), &pc);
+            jlm_dev_stats vs;
+            jlm_engine_dev_stats(eb, &vs);
+            /* 8 evals: a round trip a block and one more each, and one for each device frame dropped
+             * (a frame a recording may read ends it first) */
+            cr_assert(pc.a[JLM_PAGER_EXPERTS].evictions > 0 && vs.waits <= 8 * (L + 1) + vs.evictions,
+                      "%s (budget, %s): %llu expert evictions, %llu round trips, %llu device evictions", MODELS[m],
+                      up ? "upload" : "import",
+                      (unsigned long long)pc.a[JLM_PAGER_EXPERTS].evictions, (unsigned long long)vs.waits,
+                      (unsigned long long)vs.evictions);
+            jlm_engine_close(eb);
+            unsetenv("JLM_VK_UPLOAD");
+        }
+        free(lc);
+        free(lv);
+        jlm_engine_close(ec);
+        free(path);
+    }
+    tu_rmrf(dir);
+    free(dir);
+}
+
+/* gpt-oss on the device: every block runs whole (the sliding-window layers
+ * with their window, the full-attention ones), the sinks in attention.comp
+ * and the experts in exec_vk_moe.c (top-k-then-softmax routing, SwiGLU-OAI,
+ * expert biases): the CPU's greedy ids for 14 tokens (past the window of 8),
+ * the lockstep logits within the quantized tolerance, and a decoded token in
+ * at most a round trip a block plus one (each MoE block's picks, then the
+ * logits), where the offload (JLM_VK_BLOCKS=0) makes one a matmul; a block
+ * left on the offload would add its matmuls' round trips. */
+Test(vulkan, gpt_oss_blocks_run_whole_with_windows_sinks_and_experts, .timeout = 120)
+{
+    char *dir = tu_tmpdir();
+    jlm_err err = {0};
+    char *path = tu_convert("synth-gpt-oss-256.MXFP4_MOE.gguf", dir, "g.jlm", &err);
+    cr_assert(path, "%s", err.msg);
+    jlm_engine *ec = engine_on(path, "cpu", 0);
+    setenv("JLM_VK_BLOCKS", "0", 1);
+    jlm_engine *eo = engine_on(path, "vulkan", 0);
+    unsetenv("JLM_VK_BLOCKS");
+    jlm_engine *ev = engine_on(path, "vulkan", 0);
+    if (!eo || !ev) {
+        tu_rmrf(dir);
+        cr_skip_test("vulkan: no device");
+    }
+    uint32_t nv = jlm_engine_n_vocab(ec);
+    float *l = malloc(nv * 4);
+    int32_t prompt[3] = {1, 2, 3}, ic[14], iv[14];
+    bm_greedy_ids(ec, prompt, 3, 14, ic, l);
+    bm_greedy_ids(ev, prompt, 3, 14, iv, l);
+    cr_assert(!memcmp(ic, iv, sizeof ic), "gpt-oss: greedy ids differ from the CPU's");
+    int32_t next = bm_lockstep(ec, ev, prompt, 3, 0.05, "gpt-oss", "whole");
+    jlm_engine_rewind(eo, 0);
+    cr_assert_eq(jlm_engine_eval(eo, prompt, 3, l, &err), 0, "%s", err.msg);
+    jlm_dev_stats o0, o1, v0, v1;
+    jlm_engine_dev_stats(eo, &o0);
+    cr_assert_eq(jlm_engine_eval(eo, &next, 1, l, &err), 0, "%s", err.msg);
+    jlm_engine_dev_stats(eo, &o1);
+    jlm_engine_dev_stats(ev, &v0);
+    cr_assert_eq(jlm_engine_eval(ev, &next, 1, l, &err), 0, "%s", err.msg);
+    jlm_engine_dev_stats(ev, &v1);
+    uint32_t L = jlm_engine_model(ev)->config.n_layer;
+    cr_assert(v1.waits - v0.waits <= L + 1 && v1.waits - v0.waits < o1.waits - o0.waits,
+              "gpt-oss: a decoded token made %llu round trips (%u blocks), %llu offloaded",
+              (unsigned long long)(v1.waits - v0.waits), L, (unsigned long long)(o1.waits - o0.waits));
+    free(l);
+    jlm_engine_close(ec);
+    jlm_engine_close(eo);
+    jlm_engine_close(ev);
+    free(path);
+    tu_rmrf(dir);
+    free(dir);
+}
+
+/* From --stats: with --gpu-layers all (and the CLI's --kv auto: an F16
+ * cache, on the device) a decoded token is one round trip (qwen3moe: one a
+ * MoE block, for its router's picks, plus one) and its embedding and logits
+ * (plus the positions' RoPE cos/sin and the picks, within 4 KiB); the
+ * matmul offload (JLM_VK_BLOCKS=0) a round trip a matmul, 7 a layer:
  * backend_matrix.h's bm_stats_decoded_token. */
 Test(vulkan, stats_a_decoded_token_is_one_round_trip_and_its_embedding_and_logits, .timeout = 120)
 {
     if (!jlm_vk_built())
         cr_skip_test("built without Vulkan");
-    bm_stats_decoded_token("vulkan", "JLM_VK_BLOCKS", "--device 0", 7);
+    bm_stats_decoded_token("vulkan", "JLM_VK_BLOCKS", "--device 0", 7, "synth-qwen3moe-256.Q8_0", "f16");
 }
 
 /* --embeddings with whole blocks on the device: the CPU's (bm_embeddings_match). */
@@ -1196,4 +1419,188 @@ Test(vulkan, embeddings_on_whole_blocks_equal_the_cpus, .timeout = 60)
 Test(vulkan, the_engines_sequence_on_the_device_and_a_host_sequence_interleave, .timeout = 120)
 {
     bm_seq_interleave("vulkan");
+}
+
+/* --profile --backend vulkan: with every block on the device the vulkan
+ * line's classes (device timestamps per op class, and the rest of the
+ * host's time in the backend) cover the token: their sum is within
+ * [0.5, 1.05] of the token's time (what is not in the backend: the
+ * embedding, the greedy pick, the layer loop; over: the timestamps count
+ * more than the host waited), matmul and attention both measured. With the
+ * matmul offload (JLM_VK_BLOCKS=0) only matmuls run there. */
+Test(vulkan, bench_profile_shows_the_devices_time_per_op_class, .timeout = 120)
+{
+    if (!jlm_vk_built())
+        cr_skip_test("built without Vulkan");
+    char *dir = tu_tmpdir();
+    for (int blocks = 1; blocks >= 0; blocks--) {
+        char cmd[2048], *o = NULL;
+        snprintf(cmd, sizeof cmd, "XDG_CACHE_HOME=%s JLM_VK_BLOCKS=%d %s bench %s -p 8 -n 6 -r 2 -t 1 --profile "
+                 "--backend vulkan --device 0 --gpu-layers all 2>&1", dir, blocks, tu_jlm(),
+                 tu_model("stories260K.gguf"));
+        int rc = tu_run(cmd, &o);
+        if (rc && strstr(o, "no device")) {
+            free(o);
+            tu_rmrf(dir);
+            cr_skip_test("vulkan: no device");
+        }
+        cr_assert_eq(rc, 0, "%s", o);
+        for (int t = 0; t < 2; t++) {
+            double ms[4], tok, sum = 0;
+            bm_prof_line(o, t ? "tg6" : "pp8", "vulkan", "device timestamps", ms, &tok);
+            for (int i = 0; i < 4; i++)
+                sum += ms[i];
+            cr_assert(ms[0] > 0, "no matmul time: %s", o);
+            if (blocks) {
+                cr_assert(ms[1] > 0 && ms[2] > 0, "whole blocks: attention and norms on the device: %s", o);
+                cr_assert(sum >= 0.5 * tok && sum <= 1.05 * tok + 0.01,
+                          "the vulkan classes add up to %.3f of a %.3f ms token:\n%s", sum, tok, o);
+            } else {
+                cr_assert(ms[1] == 0 && ms[2] == 0, "the offload runs matmuls only: %s", o);
+                cr_assert(sum <= 1.05 * tok + 0.01, "%.3f of a %.3f ms token:\n%s", sum, tok, o);
+            }
+        }
+        free(o);
+    }
+    /* a device without timestamps: the op classes n/a, their time in transfer/wait */
+    char cmd[2048], *o = NULL;
+    snprintf(cmd, sizeof cmd, "XDG_CACHE_HOME=%s JLM_VK_NO_TIMESTAMPS=1 %s bench %s -p 0 -n 4 -r 1 -t 1 --profile "
+             "--backend vulkan --device 0 --gpu-layers all 2>&1", dir, tu_jlm(), tu_model("stories260K.gguf"));
+    cr_assert_eq(tu_run(cmd, &o), 0, "%s", o);
+    const char *l = strstr(o, "> profile tg4 on vulkan: matmul n/a, attention n/a, norms/rope/act n/a, transfer/wait ");
+    double xf = 0;
+    cr_assert(l && sscanf(l + 86, "%lf ms/token", &xf) == 1 && xf > 0, "%s", o);
+    cr_assert(strstr(l, "; n/a: the device has no timestamp queries]"), "%s", l);
+    free(o);
+    tu_rmrf(dir);
+    free(dir);
+}
+
+/* Profiling records timestamp queries between the ops: the ids and logits
+ * are those of the same engine unprofiled, bit for bit, and with it off the
+ * device's op classes stay at zero (no query was read). */
+Test(vulkan, profiling_leaves_ids_and_logits_unchanged, .timeout = 120)
+{
+    char *dir = tu_tmpdir();
+    jlm_err err = {0};
+    char *path = tu_convert("synth-llama-256.Q4_K_M.gguf", dir, "p.jlm", &err);
+    cr_assert(path, "%s", err.msg);
+    int32_t prompt[5] = {1, 10, 20, 30, 40}, ids[2][8];
+    float *lg[2] = {NULL, NULL};
+    for (int prof = 0; prof < 2; prof++) {
+        jlm_engine *e = engine_on(path, "vulkan", 0);
+        if (!e) {
+            tu_rmrf(dir);
+            cr_skip_test("vulkan: no device");
+        }
+        jlm_engine_profile(e, prof);
+        lg[prof] = malloc(jlm_engine_n_vocab(e) * sizeof(float));
+        bm_greedy_ids(e, prompt, 5, 8, ids[prof], lg[prof]);
+        jlm_dev_prof dp;
+        cr_assert(jlm_engine_dev_prof_at(e, 0, &dp));
+        if (prof)
+            cr_assert(dp.timed && dp.ns[JLM_DEVP_MATMUL] > 0 && dp.ns[JLM_DEVP_ATTN] > 0,
+                      "profiled: timed %d, matmul %llu ns", dp.timed, (unsigned long long)dp.ns[JLM_DEVP_MATMUL]);
+        else
+            cr_assert(!dp.timed && !dp.ns[JLM_DEVP_MATMUL] && !dp.ns[JLM_DEVP_ATTN] && !dp.ns[JLM_DEVP_NORM],
+                      "unprofiled, yet op classes timed");
+        if (prof)
+            cr_assert(!memcmp(lg[0], lg[1], jlm_engine_n_vocab(e) * sizeof(float)), "the prompt's logits differ");
+        jlm_engine_close(e);
+    }
+    cr_assert(!memcmp(ids[0], ids[1], sizeof ids[0]), "greedy ids differ with profiling on");
+    free(lg[0]);
+    free(lg[1]);
+    free(path);
+    tu_rmrf(dir);
+    free(dir);
+}
+
+/* gemma3 on whole blocks (sliding-window layers, their own RoPE base, the
+ * fp16-table GELU gate, the post-norms) and an F16 KV cache on the device,
+ * each against the CPU with the same --kv, whole and at --gpu-layers 2: a
+ * 20-token prompt and 12 more (past the test models' window of 16). The
+ * quantized gemma3 models and stories260K give the CPU's greedy ids; every
+ * model, fed the CPU's ids, gives logits within the whole-block tolerance
+ * (5e-4 of the largest on float weights, 0.05 quantized) with the same pick
+ * wherever the CPU's margin exceeds twice the difference; and a decoded
+ * token is one round trip (gemma3v's 514 logits included: the output's rows
+ * need no aligned binding) with activations up + down of at most its
+ * embedding, its logits and 4 KiB. */
+Test(vulkan, whole_blocks_of_gemma3_and_an_f16_cache_give_the_cpus_ids, .timeout = 300)
+{
+    static const struct { const char *name; int greedy; double tol; } MODELS[] = {
+        {"synth-gemma3-256.Q8_0", 1, 0.05}, {"synth-gemma3-256.Q4_K_M", 1, 0.05},
+        {"synth-gemma3v-128.F32", 0, 5e-4}, {"stories260K", 1, 5e-4}};
+    enum { NP = 20, NG = 12 };
+    int32_t prompt[NP], ic[NG], iv[NG];
+    for (int i = 0; i < NP; i++)
+        prompt[i] = 1 + 4 * i;
+    char *dir = tu_tmpdir();
+    for (size_t m = 0; m < sizeof MODELS / sizeof MODELS[0]; m++) {
+        char gguf[256];
+        jlm_err err = {0};
+        snprintf(gguf, sizeof gguf, "%s.gguf", MODELS[m].name);
+        char *path = tu_convert(gguf, dir, "g.jlm", &err);
+        cr_assert(path, "%s", err.msg);
+        for (int f16 = 0; f16 < 2; f16++) {
+            const char *kv = f16 ? "f16" : "f32";
+            if (!f16 && !strcmp(MODELS[m].name, "stories260K"))
+                continue;   /* F32 caches: whole_blocks_on_the_device_give_the_cpus_ids_... */
+            jlm_engine *ec = engine_kv(path, "cpu", 0, kv);
+            const jlm_model *md = jlm_engine_model(ec);
+            uint64_t E = md->config.n_embd;
+            uint32_t nv = jlm_engine_n_vocab(ec);
+            float *lc = malloc(nv * 8), *lv = lc + nv;   /* the CPU's logits, the device's */
+            if (MODELS[m].greedy)
+                bm_greedy_ids(ec, prompt, NP, NG, ic, lc);
+            for (int split = 0; split < 2; split++) {
+                jlm_engine *ev = engine_kv(path, "vulkan", split ? 2 : 0, kv);
+                if (!ev) {
+                    tu_rmrf(dir);
+                    cr_skip_test("vulkan: no device");
+                }
+                const char *what = split ? "--gpu-layers 2" : "whole";
+                if (MODELS[m].greedy) {
+                    bm_greedy_ids(ev, prompt, NP, NG, iv, lv);
+                    cr_assert(!memcmp(ic, iv, sizeof ic), "%s --kv %s (%s): greedy ids differ", MODELS[m].name, kv,
+                              what);
+                    jlm_engine_rewind(ev, 0);
+                }
+                jlm_engine_rewind(ec, 0);
+                const int32_t *tok = prompt;
+                int32_t next;
+                uint32_t n = NP;
+                for (int step = 0; step < NG; step++) {
+                    jlm_dev_stats s0, s1;
+                    jlm_engine_dev_stats(ev, &s0);
+                    cr_assert_eq(jlm_engine_eval(ec, tok, n, lc, &err), 0, "%s", err.msg);
+                    cr_assert_eq(jlm_engine_eval(ev, tok, n, lv, &err), 0, "%s", err.msg);
+                    jlm_engine_dev_stats(ev, &s1);
+                    /* an F16 cache on float weights: the K/V rows' last f32 bits (norms, RoPE inputs)
+                     * can put an element one half-ulp (2^-11 relative) off the CPU's: the CPU's own F16
+                     * tolerance (2e-3, test_engine.c) */
+                    double tol = f16 && MODELS[m].tol < 2e-3 ? 2e-3 : MODELS[m].tol;
+                    char label[256];
+                    snprintf(label, sizeof label, "%s --kv %s (%s), step %d", MODELS[m].name, kv, what, step);
+                    int32_t pc = bm_lockstep_pick(lc, lv, nv, tol, label);
+                    unsigned long long rt = s1.waits - s0.waits, act = s1.act_up + s1.act_down - s0.act_up - s0.act_down;
+                    cr_assert(step == 0 || rt == 1, "%s --kv %s (%s), step %d: %llu round trips",
+                              MODELS[m].name, kv, what, step, rt);
+                    cr_assert(step == 0 || act <= E * 4 + (uint64_t)nv * 4 + 4096,
+                              "%s --kv %s (%s), step %d: %llu activation bytes (embedding %llu, logits %llu)",
+                              MODELS[m].name, kv, what, step, act, (unsigned long long)E * 4, (unsigned long long)nv * 4);
+                    next = pc;
+                    tok = &next;
+                    n = 1;
+                }
+                jlm_engine_close(ev);
+            }
+            free(lc);
+            jlm_engine_close(ec);
+        }
+        free(path);
+    }
+    tu_rmrf(dir);
+    free(dir);
 }

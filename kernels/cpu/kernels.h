@@ -191,6 +191,8 @@ void jlm_k_gelu(float *out, const float *x, uint64_t n);       /* tanh approxima
 /* ggml CPU's GELU: x <= -10 -> 0, x >= 10 -> x, else x rounded to fp16, the
  * tanh GELU of that, rounded to fp16 (llama.cpp's table; gemma3 needs it). */
 void jlm_k_gelu_fp16(float *out, const float *x, uint64_t n);
+/* ggml's GELU table entry of the half h: f32(fp16(gelu(f32(h)))) (the table jlm_k_gelu_fp16 reads in (-10, 10)) */
+float jlm_k_gelu_fp16_entry(uint16_t h);
 void jlm_k_gelu_quick(float *out, const float *x, uint64_t n); /* x*sigmoid(1.702x) */
 void jlm_k_swiglu(float *out, const float *gate, const float *up, uint64_t n);
 /* gpt-oss: g = min(gate, limit), u = clamp(up, -limit, limit),

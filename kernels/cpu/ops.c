@@ -165,20 +165,23 @@ void jlm_k_gelu(float *out, const float *x, uint64_t n)
         out[i] = gelu1(x[i]);
 }
 
+float jlm_k_gelu_fp16_entry(uint16_t h)
+{
+    return jlm_k_fp16_to_f32(jlm_k_f32_to_fp16(gelu1(jlm_k_fp16_to_f32(h))));
+}
+
 /* ggml's table is table[h] = fp16(gelu(f32(h))); computing the entry on the
  * fly gives the same bits without a 128 KiB global. */
 void jlm_k_gelu_fp16(float *out, const float *x, uint64_t n)
 {
     for (uint64_t i = 0; i < n; i++) {
         float v = x[i];
-        if (v <= -10.0f) {
+        if (v <= -10.0f)
             out[i] = 0.0f;
-        } else if (v >= 10.0f) {
+        else if (v >= 10.0f)
             out[i] = v;
-        } else {
-            float h = jlm_k_fp16_to_f32(jlm_k_f32_to_fp16(v));
-            out[i] = jlm_k_fp16_to_f32(jlm_k_f32_to_fp16(gelu1(h)));
-        }
+        else
+            out[i] = jlm_k_gelu_fp16_entry(jlm_k_f32_to_fp16(v));
     }
 }
 

@@ -7,6 +7,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include "base/jlm_err.h"
 #include "format/jlm_format.h"
@@ -26,7 +27,7 @@ typedef struct emu_alloc {
     uint64_t wr_id;       /* ... and that copy's op number (0: never written by a copy) */
 } emu_alloc;
 
-enum { OP_COPY, OP_RECORD, OP_WAIT, OP_MATVEC, OP_KERNEL };
+enum { OP_COPY, OP_RECORD, OP_WAIT, OP_MATVEC, OP_KERNEL, OP_STAMP };
 
 /* A whole block's kernels (everything but the matvec): the arguments of one
  * launch, and the device spans it reads (checked for ordering when it runs). */
@@ -92,10 +93,12 @@ struct jlm_cu_rt {
     uint64_t   host_seen[JLM_CU_NSTREAM], last_id[JLM_CU_NSTREAM];
     int        depth;            /* nested event waits: a cycle would recurse without end */
     int        fault;            /* a queued op found bad pointers: reported at the next sync */
+    uint64_t   stamp_at[JLM_CU_NSTAMP];   /* OP_STAMP i ran at this host time (0: not yet) */
 #ifdef JLM_CUDA
     int          dev;
     cudaStream_t s[JLM_CU_NSTREAM];
     cudaEvent_t  e[JLM_CU_NEV];
+    cudaEvent_t *ts;             /* (JLM_CU_NSTAMP,) timing events, made at their first stamp */
 #endif
 };
 
@@ -294,6 +297,12 @@ static int emu_run_one(jlm_cu_rt *r, int s)
     case OP_KERNEL:
         rc = emu_kernel(r, s, &op.kr);
         break;
+    case OP_STAMP: {
+        struct timespec ts;
+        clock_gettime(CLOCK_MONOTONIC, &ts);
+        r->stamp_at[op.ev] = (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
+        break;
+    }
     }
     return rc;
 }
@@ -437,6 +446,10 @@ void jlm_cu_rt_close(jlm_cu_rt *r)
         for (int i = 0; i < JLM_CU_NEV; i++)
             if (r->e[i])
                 cudaEventDestroy(r->e[i]);
+        for (int i = 0; r->ts && i < JLM_CU_NSTAMP; i++)
+            if (r->ts[i])
+                cudaEventDestroy(r->ts[i]);
+        free(r->ts);
     }
 #endif
     pthread_mutex_destroy(&r->mu);
@@ -595,6 +608,60 @@ int jlm_cu_rt_record(jlm_cu_rt *r, int ev, int stream)
         return EMU_FAULT;
     DEVICE_CALL(cudaEventRecord(r->e[ev], r->s[stream]), "cudaEventRecord");
     EMU_LOCKED(emu_record(r, ev, stream));
+}
+
+static int emu_stamp(jlm_cu_rt *r, uint32_t i, int stream)
+{
+    emu_op op = {.kind = OP_STAMP, .ev = (int)i};
+    r->stamp_at[i] = 0;
+    return emu_push(r, stream, &op);
+}
+
+int jlm_cu_rt_stamp(jlm_cu_rt *r, uint32_t i, int stream)
+{
+    if (bad_stream(r, stream) || i >= JLM_CU_NSTAMP)
+        return failf(r, EMU_FAULT, "stamp %u on stream %d", i, stream);
+#ifdef JLM_CUDA
+    if (!r->emulated) {
+        if (!r->ts && !(r->ts = calloc(JLM_CU_NSTAMP, sizeof *r->ts)))
+            return failf(r, EMU_FAULT, "timing events: out of memory");
+        if (!r->ts[i] && cu(r, cudaEventCreate(&r->ts[i]), "cudaEventCreate (timing)"))
+            return EMU_FAULT;
+        return cu(r, cudaEventRecord(r->ts[i], r->s[stream]), "cudaEventRecord (timing)");
+    }
+#else
+    DEVICE_CALL(0, "stamp");
+#endif
+    EMU_LOCKED(emu_stamp(r, i, stream));
+}
+
+static int emu_stamp_ns(jlm_cu_rt *r, uint32_t i, uint32_t j, uint64_t *ns)
+{
+    if (!r->stamp_at[i] || !r->stamp_at[j])
+        return failf(r, EMU_FAULT, "cuda emulation: stamp %u or %u has not run", i, j);
+    *ns = r->stamp_at[j] > r->stamp_at[i] ? r->stamp_at[j] - r->stamp_at[i] : 0;
+    return 0;
+}
+
+int jlm_cu_rt_stamp_ns(jlm_cu_rt *r, uint32_t i, uint32_t j, uint64_t *ns)
+{
+    *ns = 0;
+    if (i >= JLM_CU_NSTAMP || j >= JLM_CU_NSTAMP)
+        return failf(r, EMU_FAULT, "stamps %u, %u", i, j);
+#ifdef JLM_CUDA
+    if (!r->emulated) {
+        float ms = 0;
+        if (!r->ts || !r->ts[i] || !r->ts[j])
+            return failf(r, EMU_FAULT, "stamp %u or %u never recorded", i, j);
+        int rc = cu(r, cudaEventElapsedTime(&ms, r->ts[i], r->ts[j]), "cudaEventElapsedTime");
+        if (!rc)
+            *ns = ms > 0 ? (uint64_t)((double)ms * 1e6) : 0;
+        return rc;
+    }
+#else
+    DEVICE_CALL(0, "stamp");
+#endif
+    EMU_LOCKED(emu_stamp_ns(r, i, j, ns));
 }
 
 static int emu_wait(jlm_cu_rt *r, int stream, int ev)

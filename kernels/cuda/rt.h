@@ -66,6 +66,17 @@ int jlm_cu_rt_wait(jlm_cu_rt *r, int stream, int ev);   /* stream waits for ev's
 int jlm_cu_rt_event_sync(jlm_cu_rt *r, int ev);         /* the host waits for ev's latest record */
 int jlm_cu_rt_sync(jlm_cu_rt *r, int stream);
 
+/* Timing (jlm bench --profile): stamp i (< JLM_CU_NSTAMP) recorded on a
+ * stream marks when that stream's work before it is done (device: a timing
+ * event, made at its first use; emulated: the host's clock when the queued
+ * stamp runs, so an emulated interval is the host's run of the ops in it).
+ * jlm_cu_rt_stamp_ns: the ns from stamp i to stamp j, both recorded, after
+ * the host waited for their stream; EMU_FAULT-like error when one has not
+ * run. */
+#define JLM_CU_NSTAMP 512
+int jlm_cu_rt_stamp(jlm_cu_rt *r, uint32_t i, int stream);
+int jlm_cu_rt_stamp_ns(jlm_cu_rt *r, uint32_t i, uint32_t j, uint64_t *ns);
+
 /* The jlm_cu_k_matvec grid: m's planes, x (n, k) floats or xq (n act records, each
  * pointing at device memory), y (n, rows): all device pointers. */
 int jlm_cu_rt_matvec(jlm_cu_rt *r, const jlm_cu_mat *m, uint64_t n, const float *x, const jlm_cu_act *xq, float *y,

@@ -62,6 +62,11 @@ enum { K_MATVEC, K_RMSNORM, K_SOFTMAX, K_ELTWISE, K_ROPE, K_ATTENTION, K_LAYERNO
 /* Descriptor sets a recording holds before it is submitted and begun again
  * (jlm_vk_rec_begin; a decoded token of a small model records ~15 a block). */
 #define REC_SETS 256
+/* Timestamps one command buffer holds (jlm_vk_time): a stamp per op class
+ * change, so a token of a large model fits; past it, the rest of the buffer
+ * counts to the last stamp's tag. */
+#define TS_MAX   4096
+#define TS_RESET 64     /* queries reset at a time, as the stamps reach them */
 
 static const struct { const uint32_t *code; size_t size; } SPV[K_COUNT] = {
     [K_MATVEC] = {SPV_MATVEC, sizeof SPV_MATVEC},
@@ -101,6 +106,7 @@ struct jlm_vk {
     VkCommandBuffer       cmd;
     VkFence               fence;
     jlm_vk_buf           *dummy, *tmp;   /* dummy: unused bindings; tmp: small uploads (an arena) */
+    jlm_vk_buf           *gelu_tab;      /* jlm_vk_geglu_fp16's table (65536 floats), made on first use */
     uint64_t              tmp_off;       /* tmp's bytes in use by the commands not yet waited for */
     int                   rec;           /* jlm_vk_rec_begin: dispatches are recorded, not submitted */
     uint32_t              rec_sets;      /* descriptor sets allocated since the last submit */
@@ -112,6 +118,16 @@ struct jlm_vk {
     int                   has_f64;       /* shaderFloat64 enabled: quantize.comp's pipeline exists */
     uint64_t              import_align;  /* minImportedHostPointerAlignment */
     PFN_vkGetMemoryHostPointerPropertiesEXT host_ptr_props;
+    /* timing (jlm_vk_time): a timestamp at each tag change, read back at
+     * each submit; off: no query is ever recorded */
+    uint32_t              ts_bits;       /* the queue family's timestampValidBits (0: no timestamps) */
+    VkQueryPool           qpool;         /* TS_MAX timestamps, made at the first jlm_vk_time */
+    int                   ts_on;         /* jlm_vk_time on */
+    int                   ts_live;       /* the open command buffer reset the pool and stamps */
+    int                   ts_tag;        /* the tag the next commands count to */
+    uint32_t              ts_n;          /* stamps in the open command buffer */
+    uint8_t               ts_of[TS_MAX]; /* each stamp's tag */
+    uint64_t              ts_ns[JLM_VK_TAGS];
 };
 
 static int vkfail(jlm_err *err, const char *what, VkResult r)
@@ -173,7 +189,7 @@ int jlm_vk_list_devices(char names[][128], int max)
 
 /* ---------------------------------------------------------------- device choice */
 
-static int has_compute_queue(VkPhysicalDevice p, uint32_t *fam)
+static int has_compute_queue(VkPhysicalDevice p, uint32_t *fam, uint32_t *ts_bits)
 {
     uint32_t n = 0;
     vkGetPhysicalDeviceQueueFamilyProperties(p, &n, NULL);
@@ -184,6 +200,7 @@ static int has_compute_queue(VkPhysicalDevice p, uint32_t *fam)
     for (uint32_t i = 0; i < n; i++)
         if (q[i].queueFlags & VK_QUEUE_COMPUTE_BIT) {
             *fam = i;
+            *ts_bits = q[i].timestampValidBits;
             return 1;
         }
     return 0;
@@ -254,8 +271,11 @@ static int open_device(jlm_vk *vk, const char *want, int allow_cpu, jlm_err *err
     vk->phys = devs[i];
     vkGetPhysicalDeviceProperties(vk->phys, &vk->props);
     vkGetPhysicalDeviceMemoryProperties(vk->phys, &vk->memprops);
-    if (!has_compute_queue(vk->phys, &vk->qfam))
+    if (!has_compute_queue(vk->phys, &vk->qfam, &vk->ts_bits))
         return jlm_errf(err, JLM_EUNSUPPORTED, "vulkan: %s has no compute queue", vk->props.deviceName);
+    const char *nts = getenv("JLM_VK_NO_TIMESTAMPS");   /* tests: a device without timestamps (--profile's n/a) */
+    if (nts && *nts && strcmp(nts, "0"))
+        vk->ts_bits = 0;
     float prio = 1.0f;
     VkDeviceQueueCreateInfo qi = {.sType = VK_STRUCTURE_TYPE_DEVICE_QUEUE_CREATE_INFO,
                                   .queueFamilyIndex = vk->qfam, .queueCount = 1, .pQueuePriorities = &prio};
@@ -398,9 +418,12 @@ void jlm_vk_close(jlm_vk *vk)
         vkDeviceWaitIdle(vk->dev);
         jlm_vk_buf_free(vk, vk->dummy);
         jlm_vk_buf_free(vk, vk->tmp);
+        jlm_vk_buf_free(vk, vk->gelu_tab);
         jlm_vk_buf_free(vk, vk->staging);
         if (vk->fence)
             vkDestroyFence(vk->dev, vk->fence, NULL);
+        if (vk->qpool)
+            vkDestroyQueryPool(vk->dev, vk->qpool, NULL);
         if (vk->cmdpool)
             vkDestroyCommandPool(vk->dev, vk->cmdpool, NULL);
         if (vk->pool)
@@ -552,7 +575,10 @@ static int copy_submit(jlm_vk *vk, jlm_vk_buf *dst, uint64_t dst_off, uint64_t n
         if (rc)
             return rc;
     }
+    int ts = vk->ts_on;   /* a page-in's copy: the caller times it on the host */
+    vk->ts_on = 0;
     cmd_begin(vk);
+    vk->ts_on = ts;
     vk->rec = rec;
     VkBufferCopy c = {.srcOffset = 0, .dstOffset = dst_off, .size = n};
     vkCmdCopyBuffer(vk->cmd, vk->staging->buf, dst->buf, 1, &c);
@@ -661,6 +687,16 @@ static int dispatch(jlm_vk *vk, VkPipeline pipe, const jlm_vk_view *views, int n
  * descriptor set and its small uploads in the tmp arena; the buffer is
  * submitted (and begun again) early only when the sets or the arena run out,
  * or a write through the staging buffer needs the command buffer. */
+static void stamp(jlm_vk *vk, int tag)
+{
+    if (vk->ts_n >= TS_MAX)
+        return;
+    if (vk->ts_n % TS_RESET == 0)   /* reset as used: a buffer with few stamps resets few */
+        vkCmdResetQueryPool(vk->cmd, vk->qpool, vk->ts_n, TS_RESET);
+    vk->ts_of[vk->ts_n] = (uint8_t)tag;
+    vkCmdWriteTimestamp(vk->cmd, VK_PIPELINE_STAGE_BOTTOM_OF_PIPE_BIT, vk->qpool, vk->ts_n++);
+}
+
 static void cmd_begin(jlm_vk *vk)
 {
     vkResetDescriptorPool(vk->dev, vk->pool, 0);
@@ -669,11 +705,35 @@ static void cmd_begin(jlm_vk *vk)
                                    .flags = VK_COMMAND_BUFFER_USAGE_ONE_TIME_SUBMIT_BIT};
     vkResetCommandBuffer(vk->cmd, 0);
     vkBeginCommandBuffer(vk->cmd, &cb);
+    vk->ts_live = vk->ts_on;
+    vk->ts_n = 0;
+    if (vk->ts_live)
+        stamp(vk, vk->ts_tag);
+}
+
+/* The submitted buffer's stamps, waited for: each interval counts to the
+ * tag of the stamp that opens it. */
+static void stamps_read(jlm_vk *vk)
+{
+    uint64_t t[TS_MAX];
+    uint64_t mask = vk->ts_bits >= 64 ? ~0ull : (1ull << vk->ts_bits) - 1;
+    double period = vk->props.limits.timestampPeriod;
+    if (vk->ts_n < 2 || vkGetQueryPoolResults(vk->dev, vk->qpool, 0, vk->ts_n, sizeof t, t, sizeof t[0],
+                                              VK_QUERY_RESULT_64_BIT | VK_QUERY_RESULT_WAIT_BIT) != VK_SUCCESS)
+        return;
+    for (uint32_t i = 0; i + 1 < vk->ts_n; i++) {
+        uint64_t d = ((t[i + 1] & mask) - (t[i] & mask)) & mask;   /* a counter that wrapped once */
+        vk->ts_ns[vk->ts_of[i]] += (uint64_t)((double)d * period);
+    }
 }
 
 /* Ends, submits and waits for the command buffer; the arena is free after. */
 static int cmd_submit(jlm_vk *vk, jlm_err *err)
 {
+    int live = vk->ts_live;
+    if (live)
+        stamp(vk, vk->ts_tag);   /* closes the last interval */
+    vk->ts_live = 0;
     vkEndCommandBuffer(vk->cmd);
     VkSubmitInfo si = {.sType = VK_STRUCTURE_TYPE_SUBMIT_INFO, .commandBufferCount = 1,
                        .pCommandBuffers = &vk->cmd};
@@ -685,8 +745,44 @@ static int cmd_submit(jlm_vk *vk, jlm_err *err)
         return vkfail(err, "vkWaitForFences", r);
     vk->tmp_off = 0;
     vk->submits++;
+    if (live)
+        stamps_read(vk);
     return JLM_OK;
 }
+
+/* ---------------------------------------------------------------- timing */
+
+int jlm_vk_can_time(const jlm_vk *vk) { return vk->ts_bits > 0 && vk->props.limits.timestampPeriod > 0; }
+
+int jlm_vk_time(jlm_vk *vk, int on, jlm_err *err)
+{
+    if (on && !jlm_vk_can_time(vk))
+        return jlm_errf(err, JLM_EUNSUPPORTED, "vulkan: %s has no timestamps on its compute queue",
+                        vk->props.deviceName);
+    if (on && !vk->qpool) {
+        VkQueryPoolCreateInfo qi = {.sType = VK_STRUCTURE_TYPE_QUERY_POOL_CREATE_INFO,
+                                    .queryType = VK_QUERY_TYPE_TIMESTAMP, .queryCount = TS_MAX};
+        VkResult r = vkCreateQueryPool(vk->dev, &qi, NULL, &vk->qpool);
+        if (r != VK_SUCCESS) {
+            vk->qpool = VK_NULL_HANDLE;
+            return vkfail(err, "vkCreateQueryPool", r);
+        }
+    }
+    vk->ts_on = on;
+    memset(vk->ts_ns, 0, sizeof vk->ts_ns);
+    return JLM_OK;
+}
+
+void jlm_vk_time_tag(jlm_vk *vk, int tag)
+{
+    if (tag < 0 || tag >= JLM_VK_TAGS || tag == vk->ts_tag)
+        return;
+    vk->ts_tag = tag;
+    if (vk->ts_live)
+        stamp(vk, tag);
+}
+
+void jlm_vk_time_get(const jlm_vk *vk, uint64_t ns[JLM_VK_TAGS]) { memcpy(ns, vk->ts_ns, sizeof vk->ts_ns); }
 
 int jlm_vk_rec_begin(jlm_vk *vk, jlm_err *err)
 {
@@ -997,6 +1093,30 @@ int jlm_vk_swiglu_oai(jlm_vk *vk, jlm_vk_view out, jlm_vk_view gate, jlm_vk_view
     return dispatch(vk, vk->pipe[K_ELTWISE], v, 3, &p, sizeof p, groups(n, 256), err);
 }
 
+int jlm_vk_geglu_fp16(jlm_vk *vk, jlm_vk_view out, jlm_vk_view gate, jlm_vk_view up, uint32_t n, jlm_err *err)
+{
+    if (!vk->gelu_tab) {   /* ggml's table: entry h is gelu of the half h, rounded to a half */
+        int rc = jlm_vk_buf_new(vk, 65536 * sizeof(float), &vk->gelu_tab, err);
+        if (rc)
+            return rc;
+        float *t = jlm_vk_buf_map(vk->gelu_tab);
+        for (uint32_t h = 0; h < 65536; h++)
+            t[h] = jlm_k_gelu_fp16_entry((uint16_t)h);
+    }
+    jlm_push_eltwise p = {n, 7, 0, 0};
+    jlm_vk_view v[4] = {gate, up, out, {vk->gelu_tab, 0, 0}};
+    return dispatch(vk, vk->pipe[K_ELTWISE], v, 4, &p, sizeof p, groups(n, 256), err);
+}
+
+int jlm_vk_to_f16(jlm_vk *vk, jlm_vk_view out, jlm_vk_view x, uint32_t n, jlm_err *err)
+{
+    if (n % 2)
+        return jlm_errf(err, JLM_EINVAL, "vulkan f16: %u floats (an even count)", n);
+    jlm_push_eltwise p = {n / 2, 8, 0, 0};
+    jlm_vk_view v[3] = {x, {0}, out};
+    return dispatch(vk, vk->pipe[K_ELTWISE], v, 3, &p, sizeof p, groups(n / 2, 256), err);
+}
+
 int jlm_vk_layernorm(jlm_vk *vk, jlm_vk_view out, jlm_vk_view x, jlm_vk_view w, jlm_vk_view b,
                      uint32_t n, float eps, jlm_err *err)
 {
@@ -1067,9 +1187,9 @@ int jlm_vk_rope_cs(jlm_vk *vk, uint32_t n_rot, int neox, jlm_vk_view x, uint32_t
     return dispatch(vk, vk->pipe[K_ROPE], v, 2, &push, sizeof push, groups((uint64_t)n_rot / 2 * n_head, 64), err);
 }
 
-int jlm_vk_attention(jlm_vk *vk, const jlm_k_attn *p, uint32_t n_head, uint32_t n_kv_head,
-                     jlm_vk_view q, jlm_vk_view k, jlm_vk_view v, uint64_t n_kv,
-                     const float *sinks, jlm_vk_view scratch, jlm_vk_view out, jlm_err *err)
+static int attention(jlm_vk *vk, const jlm_k_attn *p, uint32_t n_head, uint32_t n_kv_head, jlm_vk_view q,
+                     jlm_vk_view k, jlm_vk_view v, uint64_t n_kv, const float *sinks, jlm_vk_view scratch,
+                     jlm_vk_view out, int kv_f16, jlm_err *err)
 {
     if (!n_head || !n_kv_head || n_head % n_kv_head || !n_kv || n_kv > UINT32_MAX ||
         p->k_stride > UINT32_MAX || p->v_stride > UINT32_MAX)
@@ -1082,9 +1202,23 @@ int jlm_vk_attention(jlm_vk *vk, const jlm_k_attn *p, uint32_t n_head, uint32_t 
     jlm_vk_view mv = p->mask ? tmp_put(vk, p->mask, mask_bytes) : (jlm_vk_view){0};
     jlm_vk_view sv = sinks ? tmp_put(vk, sinks, sink_bytes) : (jlm_vk_view){0};
     jlm_push_attention pc = {p->head_dim, p->head_dim_v, (uint32_t)p->k_stride, (uint32_t)p->v_stride, (uint32_t)n_kv,
-            n_head / n_kv_head, p->mask != NULL, sinks != NULL, p->scale, p->softcap};
+            n_head / n_kv_head, p->mask != NULL, sinks != NULL, p->scale, p->softcap, kv_f16 != 0};
     jlm_vk_view b[7] = {q, k, v, mv, sv, scratch, out};
     return dispatch(vk, vk->pipe[K_ATTENTION], b, 7, &pc, sizeof pc, n_head, err);
+}
+
+int jlm_vk_attention(jlm_vk *vk, const jlm_k_attn *p, uint32_t n_head, uint32_t n_kv_head,
+                     jlm_vk_view q, jlm_vk_view k, jlm_vk_view v, uint64_t n_kv,
+                     const float *sinks, jlm_vk_view scratch, jlm_vk_view out, jlm_err *err)
+{
+    return attention(vk, p, n_head, n_kv_head, q, k, v, n_kv, sinks, scratch, out, 0, err);
+}
+
+int jlm_vk_attention_f16(jlm_vk *vk, const jlm_k_attn *p, uint32_t n_head, uint32_t n_kv_head, jlm_vk_view q,
+                         jlm_vk_view k, jlm_vk_view v, uint64_t n_kv, const float *sinks, jlm_vk_view scratch,
+                         jlm_vk_view out, jlm_err *err)
+{
+    return attention(vk, p, n_head, n_kv_head, q, k, v, n_kv, sinks, scratch, out, 1, err);
 }
 
 #else /* !JLM_HAVE_VULKAN */
@@ -1119,6 +1253,10 @@ int jlm_vk_rec_begin(jlm_vk *vk, jlm_err *err) { return none(err); }
 int jlm_vk_rec_end(jlm_vk *vk, jlm_err *err) { return JLM_OK; }
 int jlm_vk_recording(const jlm_vk *vk) { return 0; }
 uint64_t jlm_vk_submits(const jlm_vk *vk) { return 0; }
+int jlm_vk_can_time(const jlm_vk *vk) { return 0; }
+int jlm_vk_time(jlm_vk *vk, int on, jlm_err *err) { return on ? none(err) : JLM_OK; }
+void jlm_vk_time_tag(jlm_vk *vk, int tag) {}
+void jlm_vk_time_get(const jlm_vk *vk, uint64_t ns[JLM_VK_TAGS]) { memset(ns, 0, JLM_VK_TAGS * sizeof ns[0]); }
 int jlm_vk_copy(jlm_vk *vk, jlm_vk_view dst, jlm_vk_view src, uint64_t n, jlm_err *err) { return none(err); }
 int jlm_vk_rope_cs(jlm_vk *vk, uint32_t n_rot, int neox, jlm_vk_view x, uint32_t n_head, uint32_t head_dim,
                    jlm_vk_view cs, jlm_err *err) { return none(err); }
@@ -1156,5 +1294,11 @@ int jlm_vk_attention(jlm_vk *vk, const jlm_k_attn *p, uint32_t n_head, uint32_t 
 {
     return none(err);
 }
+int jlm_vk_attention_f16(jlm_vk *vk, const jlm_k_attn *p, uint32_t n_head, uint32_t n_kv_head, jlm_vk_view q,
+                         jlm_vk_view k, jlm_vk_view v, uint64_t n_kv, const float *sinks, jlm_vk_view scratch,
+                         jlm_vk_view out, jlm_err *err) { return none(err); }
+int jlm_vk_geglu_fp16(jlm_vk *vk, jlm_vk_view out, jlm_vk_view gate, jlm_vk_view up, uint32_t n,
+                      jlm_err *err) { return none(err); }
+int jlm_vk_to_f16(jlm_vk *vk, jlm_vk_view out, jlm_vk_view x, uint32_t n, jlm_err *err) { return none(err); }
 
 #endif

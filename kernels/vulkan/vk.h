@@ -103,6 +103,19 @@ int jlm_vk_rec_begin(jlm_vk *vk, jlm_err *err);
 int jlm_vk_rec_end(jlm_vk *vk, jlm_err *err);
 int jlm_vk_recording(const jlm_vk *vk);
 uint64_t jlm_vk_submits(const jlm_vk *vk);
+/* Timing (jlm bench --profile): with jlm_vk_time on, every command buffer
+ * gets a timestamp query at its start, at each jlm_vk_time_tag that changes
+ * the tag, and at its end; after its submit-and-wait, the time between two
+ * stamps (timestampPeriod ns a tick) adds to the first one's tag. Off (the
+ * default) records no query. jlm_vk_can_time: the compute queue's family
+ * has timestampValidBits (else jlm_vk_time(on) is JLM_EUNSUPPORTED). The
+ * copies of jlm_vk_buf_write are not stamped. jlm_vk_time zeroes the sums. */
+#define JLM_VK_TAGS 8
+int  jlm_vk_can_time(const jlm_vk *vk);
+int  jlm_vk_time(jlm_vk *vk, int on, jlm_err *err);
+void jlm_vk_time_tag(jlm_vk *vk, int tag);   /* 0 <= tag < JLM_VK_TAGS: the next commands' */
+void jlm_vk_time_get(const jlm_vk *vk, uint64_t ns[JLM_VK_TAGS]);
+
 /* n bytes from src to dst (device side, ordered with the kernels). */
 int jlm_vk_copy(jlm_vk *vk, jlm_vk_view dst, jlm_vk_view src, uint64_t n, jlm_err *err);
 
@@ -149,6 +162,12 @@ int jlm_vk_eltwise(jlm_vk *vk, int op, jlm_vk_view out, jlm_vk_view a, jlm_vk_vi
 /* gpt-oss's SwiGLU (jlm_k_swiglu_oai): clamps, then g * sigmoid(alpha g) * (u + 1). */
 int jlm_vk_swiglu_oai(jlm_vk *vk, jlm_vk_view out, jlm_vk_view gate, jlm_vk_view up, uint32_t n,
                       float alpha, float limit, jlm_err *err);
+/* gemma3's gate: out = jlm_k_gelu_fp16(gate) * up, bit-identical (GELU read
+ * from ggml's fp16 table, kept on the device after the first call). */
+int jlm_vk_geglu_fp16(jlm_vk *vk, jlm_vk_view out, jlm_vk_view gate, jlm_vk_view up, uint32_t n, jlm_err *err);
+/* x (n floats, n even) to n halves in out, as jlm_k_f32_to_fp16 rounds
+ * (nearest even, bit-identical): the F16 KV cache's rows. */
+int jlm_vk_to_f16(jlm_vk *vk, jlm_vk_view out, jlm_vk_view x, uint32_t n, jlm_err *err);
 /* out = (x - mean) / sqrt(var + eps) * w + b (jlm_k_layernorm); w, b: buf NULL for none. */
 int jlm_vk_layernorm(jlm_vk *vk, jlm_vk_view out, jlm_vk_view x, jlm_vk_view w, jlm_vk_view b,
                      uint32_t n, float eps, jlm_err *err);
@@ -187,5 +206,10 @@ int jlm_vk_quantize(jlm_vk *vk, jlm_vk_view x, uint64_t n, const jlm_vk_act *out
 int jlm_vk_attention(jlm_vk *vk, const jlm_k_attn *p, uint32_t n_head, uint32_t n_kv_head,
                      jlm_vk_view q, jlm_vk_view k, jlm_vk_view v, uint64_t n_kv,
                      const float *sinks, jlm_vk_view scratch, jlm_vk_view out, jlm_err *err);
+/* The same over k and v of halves (the F16 cache; strides in elements),
+ * each read exactly as jlm_k_fp16_to_f32. */
+int jlm_vk_attention_f16(jlm_vk *vk, const jlm_k_attn *p, uint32_t n_head, uint32_t n_kv_head, jlm_vk_view q,
+                         jlm_vk_view k, jlm_vk_view v, uint64_t n_kv, const float *sinks, jlm_vk_view scratch,
+                         jlm_vk_view out, jlm_err *err);
 
 #endif

@@ -2,11 +2,15 @@
 #extension GL_GOOGLE_include_directive : require
 #include "layout.glsl"
 // eltwise.comp - the element-wise ops: silu, gelu (tanh form), swiglu, add, mul,
-// gelu_quick, swiglu_oai (gpt-oss), each the formula of kernels/cpu/ops.c.
+// gelu_quick, swiglu_oai (gpt-oss), each the formula of kernels/cpu/ops.c;
+// gelu through ggml's fp16 table times up (gemma3: jlm_k_gelu_fp16 then
+// jlm_k_mul; the table, indexed by the half, is binding 3), and f32 to
+// packed halves (jlm_k_f32_to_fp16, the F16 KV cache: n pairs, a word each).
 layout(local_size_x = 256) in;
 layout(std430, binding = 0) readonly buffer A { float a[]; };
 layout(std430, binding = 1) readonly buffer B { float b[]; };
-layout(std430, binding = 2) writeonly buffer O { float o[]; };
+layout(std430, binding = 2) writeonly buffer O { uint o[]; };   // float bits, or two halves
+layout(std430, binding = 3) readonly buffer T { float tab[]; };   // op 7: f32(fp16(gelu(half h))) at h
 layout(push_constant) uniform P { JLM_PUSH_ELTWISE } pc;   // kernels/layout.h
 
 const float GELU_COEF_A = 0.044715, SQRT_2_OVER_PI = 0.79788456080286535587989211986876;
@@ -18,11 +22,30 @@ float tanh_safe(float v)   // GLSL tanh may overflow to NaN for large |v|
     return tanh(v);
 }
 
+// jlm_k_f32_to_fp16 with integer ops: nearest even, NaN quieted, denormal halves
+uint f2h(float f)
+{
+    uint x = floatBitsToUint(f), sign = (x >> 16) & 0x8000u, ax = x & 0x7fffffffu;
+    if (ax > 0x7f800000u)
+        return sign | 0x7e00u | ((ax >> 13) & 0x3ffu);
+    if (ax >= 0x477ff000u)
+        return sign | 0x7c00u;
+    if (ax < 0x38800000u) {
+        precise float s = uintBitsToFloat(ax) * 16777216.0;   // exact: a power of two, below 2^10
+        return sign | uint(roundEven(s));
+    }
+    return sign | ((ax + 0xc8000fffu + ((ax >> 13) & 1u)) >> 13);
+}
+
 void main()
 {
     uint i = gl_GlobalInvocationID.x;
     if (i >= pc.n)
         return;
+    if (pc.op == 8u) {
+        o[i] = f2h(a[2u * i]) | (f2h(a[2u * i + 1u]) << 16);
+        return;
+    }
     float x = a[i];
     precise float r;
     if (pc.op == 0u) {
@@ -38,6 +61,9 @@ void main()
         r = x * b[i];
     } else if (pc.op == 5u) {
         r = x * (1.0 / (1.0 + exp(-1.702 * x)));
+    } else if (pc.op == 7u) {
+        float gv = x <= -10.0 ? 0.0 : x >= 10.0 ? x : tab[f2h(x)];
+        r = gv * b[i];
     } else {
         // jlm_k_swiglu_oai: fminf/fmaxf return the other operand for a NaN
         // (GLSL's min/max leave it undefined), so say it explicitly
@@ -47,5 +73,5 @@ void main()
         u = max(u, -lim);
         r = g / (1.0 + exp(pc.alpha * -g)) * (u + 1.0);
     }
-    o[i] = r;
+    o[i] = floatBitsToUint(r);
 }

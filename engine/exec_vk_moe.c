@@ -1,0 +1,317 @@
+/* exec_vk_moe.c - a block program's MOE op on the Vulkan device, recorded
+ * with the rest of its block (engine/exec_vk.c; docs/vulkan.md, "Routed
+ * experts on the device").
+ *
+ * The router's matvec, its bias and the top-k (moe_route.comp) run on the
+ * device for every row of the block; then the recording ends and the picks
+ * come down (n_expert_used int32 a row: the one round trip of a MoE block,
+ * counted in the activations down). The chosen experts' pages are acquired
+ * through the streamer as the CPU's path acquires them (jlm_stream_experts:
+ * host pages, their reads, then their device frames), and each row's experts
+ * are recorded: gate and up over the row's int8 rows (quantized once),
+ * biases, SwiGLU (or SwiGLU-OAI), down, the down bias, and the weighted mix
+ * added to the residual row (moe_combine.comp, the sum of
+ * mix_slots/jlm_k_moe_combine bit for bit). The weights never leave the
+ * device. A decode step predicts the next MoE block's experts on the device
+ * too (its router over this input, read back with the picks) and hands them
+ * to the streamer, as exec_moe.c's predict_next does on the host. What the shaders lack (sigmoid routing and its selection bias,
+ * Llama 4's weight on the input, GELU gates, more than 1024 experts) is
+ * JLM_EUNSUPPORTED in the dry run, so the block stays on the host. */
+#include "engine/backend_vk_int.h"
+#include "engine/exec_int.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+#define UNSUP JLM_EUNSUPPORTED
+
+/* The device buffers of the MOE op (rows: of the block being run). */
+typedef struct jlm_evk_moebufs {
+    jlm_vk_buf *lg;       /* (rows, lstride) the router's logits */
+    jlm_vk_buf *sel;      /* (rows, sstride) int32 picks, host-visible: they come down */
+    jlm_vk_buf *w;        /* (rows, sstride) their weights: stay on the device */
+    jlm_vk_buf *g, *u;    /* (n_used, nff) each slot's gate (then the activation) and up */
+    jlm_vk_buf *o;        /* (n_used, n_embd) each slot's output */
+    jlm_vk_buf **pr;      /* (n_layer,) each block's router for the predictions, NULL until used */
+    uint32_t    n_layer;
+} moebufs;
+
+void jlm_evk_moe_free(jlm_evk *v)
+{
+    moebufs *m = v->moe;
+    if (!m)
+        return;
+    jlm_vk_buf *all[] = {m->lg, m->sel, m->w, m->g, m->u, m->o};
+    for (size_t i = 0; i < sizeof all / sizeof all[0]; i++)
+        jlm_vk_buf_free(v->vk, all[i]);
+    for (uint32_t l = 0; m->pr && l < m->n_layer; l++)
+        jlm_vk_buf_free(v->vk, m->pr[l]);
+    free(m->pr);
+    free(m);
+    v->moe = NULL;
+}
+
+static uint64_t round_up(uint64_t n, uint64_t a) { return (n + a - 1) / a * a; }
+
+/* The shape of a bank (k x rows each expert), and quantized types' int8
+ * rows at offsets the device can bind (matmul_rows's own test). */
+static int bank_ok(const jlm_evk *v, const jlm_tensor *t, uint64_t k, uint64_t rows)
+{
+    if (!t || jlm_tensor_k(t) != k || jlm_tensor_rows(t) != rows)
+        return 0;
+    return jlm_fmt_type_traits(t->type)->is_float ||
+           (jlm_vk_can_quantize(v->vk) && k % 32 == 0 && (k / 8) % jlm_vk_offset_align(v->vk) == 0);
+}
+
+/* One MoE block's operands, checked (plan) before anything is recorded. */
+typedef struct moe_blk {
+    jlm_evk          *v;
+    jlm_engine       *e;
+    const jlm_ex_blk *b;
+    const jlm_op     *op;
+    jlm_err          *err;
+    const jlm_tensor *tg, *tu, *td;
+    uint64_t          E, nff, ls, ss;   /* ls, ss: a row's stride of logits, of picks/weights (bytes) */
+    uint32_t          ne, nu, first;    /* first: the page of the bank's expert 0 */
+    uint32_t          nl, nl_first;     /* the next MoE block predicted (n_layer: none), its bank's first page */
+    jlm_vk_view       rb, bg, bu, bd;   /* the router's and the banks' biases (buf NULL: none) */
+    jlm_vk_view       nrb;              /* the predicted block's router bias */
+} moe_blk;
+
+static int plan(moe_blk *mb)
+{
+    jlm_evk *v = mb->v;
+    jlm_engine *e = mb->e;
+    const jlm_config *c = e->c;
+    const jlm_ex_blk *b = mb->b;
+    const jlm_op *op = mb->op;
+    uint64_t al = jlm_vk_offset_align(v->vk);
+    mb->E = c->n_embd;
+    mb->ne = c->n_expert;
+    mb->nu = c->n_expert_used;
+    mb->tg = blk_w(e, b, op->w[1]);
+    mb->tu = blk_w(e, b, op->w[2]);
+    mb->td = blk_w(e, b, op->w[3]);
+    const jlm_tensor *tr = blk_w(e, b, op->w[0]);
+    if (op->route > JLM_K_ROUTE_OAI || (op->act != JLM_ACT_SWIGLU && op->act != JLM_ACT_SWIGLU_OAI) || !tr ||
+        !mb->tg || !mb->ne || mb->ne > 1024 || !mb->nu || mb->nu > mb->ne || mb->nu > JLM_MAX_EXPERTS_USED)
+        return UNSUP;   /* sigmoid routing, the input's weight (Llama 4), GELU: no shader path */
+    mb->nff = jlm_tensor_rows(mb->tg);
+    if (!bank_ok(v, mb->tg, mb->E, mb->nff) || !bank_ok(v, mb->tu, mb->E, mb->nff) ||
+        !bank_ok(v, mb->td, mb->nff, mb->E) || (mb->nff * 4) % al || (mb->E * 4) % al)
+        return UNSUP;
+    jlm_k_mat wr = blk_mat(e, b, op->w[0]);
+    if (wr.k != mb->E || wr.rows != mb->ne ||
+        jlm_evk_matmul_rows(v, &wr, 1, (jlm_vk_view){0}, (jlm_vk_view){0}, 0, 1, NULL) ||
+        jlm_evk_vec(v, vec_dense(e, W(e, (int32_t)b->l, JLM_R_ROUTER_B)), mb->ne, &mb->rb) ||
+        jlm_evk_vec(v, vec_dense(e, W(e, (int32_t)b->l, JLM_R_EXP_GATE_B)), mb->ne * mb->nff, &mb->bg) ||
+        jlm_evk_vec(v, vec_dense(e, W(e, (int32_t)b->l, JLM_R_EXP_UP_B)), mb->ne * mb->nff, &mb->bu) ||
+        jlm_evk_vec(v, vec_dense(e, W(e, (int32_t)b->l, JLM_R_EXP_DOWN_B)), mb->ne * mb->E, &mb->bd))
+        return UNSUP;
+    const jlm_header *hd = &e->m->hdr;
+    mb->first = (uint32_t)((mb->tg->qs_off - hd->exp_data_off) / hd->exp_page_size);
+    mb->ls = round_up(mb->ne * 4ull, al);
+    mb->ss = round_up(mb->nu * 4ull, al);
+    /* a decode step predicts the next MoE block's experts as the CPU's
+     * predict_next does (its router over this block's input), once the host
+     * keeps that router (e->pred_buf: float routers only) */
+    mb->nl = b->l + 1;
+    while (mb->nl < c->n_layer && !W(e, mb->nl, JLM_R_ROUTER))
+        mb->nl++;
+    const jlm_tensor *tn = mb->nl < c->n_layer ? W(e, mb->nl, JLM_R_ROUTER) : NULL;
+    if (b->n != 1 || !e->predict || !tn || !e->pred_ok[mb->nl] || jlm_tensor_k(tn) != mb->E ||
+        jlm_tensor_rows(tn) != mb->ne || !jlm_fmt_type_traits(tn->type)->is_float ||
+        jlm_evk_vec(v, vec_dense(e, W(e, mb->nl, JLM_R_ROUTER_B)), mb->ne, &mb->nrb))
+        mb->nl = c->n_layer;
+    else
+        mb->nl_first = (uint32_t)((W(e, mb->nl, JLM_R_EXP_GATE)->qs_off - hd->exp_data_off) / hd->exp_page_size);
+    return JLM_OK;
+}
+
+/* The buffers for n rows, and the int8 rows (exec_vk.c's) for an input of
+ * nff floats; a buffer that grows ends the recording first (grow). */
+static int moe_buffers(moe_blk *mb, uint32_t n)
+{
+    jlm_evk *v = mb->v;
+    jlm_err *err = mb->err;
+    if (!v->moe && !(v->moe = calloc(1, sizeof *v->moe)))
+        return jlm_errf(err, JLM_ENOMEM, "vulkan: out of memory");
+    moebufs *m = v->moe;
+    uint64_t kmax = mb->nff > mb->E ? mb->nff : mb->E;
+    int rc = jlm_evk_grow(v, &m->lg, (n + 1) * mb->ls, 0, err);   /* + the prediction's row */
+    if (!rc)
+        rc = jlm_evk_grow(v, &m->sel, (n + 1) * mb->ss, 1, err);
+    if (!rc)
+        rc = jlm_evk_grow(v, &m->w, (n + 1) * mb->ss, 0, err);
+    if (!rc && !m->pr) {
+        m->n_layer = mb->e->c->n_layer;
+        if (!(m->pr = calloc(m->n_layer, sizeof *m->pr)))
+            rc = jlm_errf(err, JLM_ENOMEM, "vulkan: out of memory");
+    }
+    if (!rc)
+        rc = jlm_evk_grow(v, &m->g, mb->nu * mb->nff * 4, 0, err);
+    if (!rc)
+        rc = jlm_evk_grow(v, &m->u, mb->nu * mb->nff * 4, 0, err);
+    if (!rc)
+        rc = jlm_evk_grow(v, &m->o, mb->nu * mb->E * 4, 0, err);
+    if (!rc)
+        rc = jlm_evk_grow(v, &v->blk.aq, kmax, 0, err);
+    if (!rc)
+        rc = jlm_evk_grow(v, &v->blk.ad, kmax / 8, 0, err);
+    if (!rc)
+        rc = jlm_evk_grow(v, &v->blk.as, kmax / 8, 0, err);
+    return rc;
+}
+
+static jlm_vk_view row_of(jlm_vk_buf *b, uint64_t t, uint64_t n) { return (jlm_vk_view){b, t * n * 4, n * 4}; }
+
+/* The next MoE block's top-k by logit of row 0's input into row n of the
+ * picks (its router: the host's copy, uploaded once, counted as weights). */
+static int predict_rec(moe_blk *mb)
+{
+    jlm_evk *v = mb->v;
+    jlm_engine *e = mb->e;
+    moebufs *m = v->moe;
+    uint32_t n = mb->b->n;
+    const jlm_tensor *tn = W(e, mb->nl, JLM_R_ROUTER);
+    int rc = JLM_OK;
+    if (!m->pr[mb->nl]) {
+        rc = jlm_vk_buf_upload(v->vk, e->pred_buf + (uint64_t)mb->nl * e->rbytes, e->rbytes, &m->pr[mb->nl], mb->err);
+        v->st.bytes_up += rc ? 0 : e->rbytes;
+    }
+    jlm_vk_mat vm = {tn->type, mb->E, mb->ne, {m->pr[mb->nl], 0, 0}, {0}, {0}};
+    jlm_vk_view lg = {m->lg, n * mb->ls, mb->ne * 4ull};
+    if (!rc)
+        rc = jlm_vk_matvec(v->vk, &vm, row_of(v->blk.ab[JLM_B_H], 0, mb->E), NULL, lg, mb->err);
+    if (!rc && mb->nrb.buf)
+        rc = jlm_vk_eltwise(v->vk, JLM_VK_ADD, lg, lg, mb->nrb, mb->ne, mb->err);
+    return rc ? rc
+              : jlm_vk_moe_route(v->vk, lg, mb->ne, mb->nu, JLM_K_ROUTE_RAW, 0.0f,
+                                 (jlm_vk_view){m->sel, n * mb->ss, mb->nu * 4ull},
+                                 (jlm_vk_view){m->w, n * mb->ss, mb->nu * 4ull}, mb->err);
+}
+
+/* Every row's router, bias and top-k recorded (and the prediction's), then
+ * the picks read back into picks (n rows of nu, then the prediction's row):
+ * the block's round trip. */
+static int route_rows(moe_blk *mb, int32_t *picks)
+{
+    jlm_evk *v = mb->v;
+    jlm_engine *e = mb->e;
+    moebufs *m = v->moe;
+    uint32_t n = mb->b->n;
+    jlm_k_mat wr = blk_mat(e, mb->b, mb->op->w[0]);
+    jlm_ex_router_keep(e, mb->b->l, mb->b->page, mb->b->page_off);
+    int rc = jlm_vk_rec_begin(v->vk, mb->err);
+    for (uint32_t t = 0; !rc && t < n; t++) {
+        jlm_vk_view lg = {m->lg, t * mb->ls, mb->ne * 4ull};
+        rc = jlm_evk_matmul_rows(v, &wr, 1, row_of(v->blk.ab[JLM_B_H], t, mb->E), lg, 0, 0, mb->err);
+        if (!rc && mb->rb.buf)
+            rc = jlm_vk_eltwise(v->vk, JLM_VK_ADD, lg, lg, mb->rb, mb->ne, mb->err);
+        if (!rc)
+            rc = jlm_vk_moe_route(v->vk, lg, mb->ne, mb->nu, mb->op->route, e->c->expert_scale,
+                                  (jlm_vk_view){m->sel, t * mb->ss, mb->nu * 4ull},
+                                  (jlm_vk_view){m->w, t * mb->ss, mb->nu * 4ull}, mb->err);
+    }
+    uint32_t rows = n + (mb->nl < e->c->n_layer);
+    if (!rc && rows > n)
+        rc = predict_rec(mb);
+    if (!rc)
+        rc = jlm_evk_rec_end(v, mb->err);
+    if (rc)
+        return rc;
+    const uint8_t *sel = jlm_vk_buf_map(m->sel);
+    for (uint32_t t = 0; t < rows; t++) {
+        memcpy(picks + (uint64_t)t * mb->nu, sel + t * mb->ss, mb->nu * 4ull);
+        for (uint32_t s = 0; s < mb->nu; s++) {
+            int32_t x = picks[(uint64_t)t * mb->nu + s];
+            if (x < 0 || (uint32_t)x >= mb->ne)
+                return jlm_errf(mb->err, JLM_EIO, "vulkan: block %u: the device's router picked expert %d of %u",
+                                mb->b->l, x, mb->ne);
+        }
+        if (t < n)
+            jlm_ex_trace_route(e, mb->b->l, t, picks + (uint64_t)t * mb->nu);
+    }
+    v->st.act_down += (uint64_t)rows * mb->nu * 4;
+    memcpy(e->route + (size_t)mb->b->l * mb->nu, picks + (uint64_t)(n - 1) * mb->nu, mb->nu * sizeof(int32_t));
+    return JLM_OK;
+}
+
+/* The bias rows of expert xe (row width w) of a bank's bias view, or none. */
+static jlm_vk_view bias_of(jlm_vk_view bank, uint32_t xe, uint64_t w)
+{
+    return bank.buf ? (jlm_vk_view){bank.buf, bank.off + xe * w * 4, w * 4} : (jlm_vk_view){0};
+}
+
+/* Row t's experts sel (frames pinned by the streamer) recorded: x row t +=
+ * their mixture. */
+static int row_experts(moe_blk *mb, uint32_t t, const int32_t *sel, const void *const *frames)
+{
+    jlm_evk *v = mb->v;
+    jlm_engine *e = mb->e;
+    moebufs *m = v->moe;
+    jlm_err *err = mb->err;
+    uint64_t nff = mb->nff, E = mb->E;
+    jlm_vk_view h = row_of(v->blk.ab[JLM_B_H], t, E);
+    int rc = jlm_vk_rec_begin(v->vk, err), quantized = 0;
+    for (uint32_t s = 0; !rc && s < mb->nu; s++) {   /* gate and up of every slot over h's int8 rows */
+        uint32_t xe = (uint32_t)sel[s];
+        jlm_k_mat wg = mat_expert(e, mb->tg, frames[s], mb->first, xe);
+        jlm_k_mat wu = mat_expert(e, mb->tu, frames[s], mb->first, xe);
+        jlm_vk_view g = row_of(m->g, s, nff), u = row_of(m->u, s, nff);
+        rc = jlm_evk_matmul_rows(v, &wg, 1, h, g, quantized, 0, err);
+        quantized |= !jlm_fmt_type_traits(wg.type)->is_float;
+        if (!rc)
+            rc = jlm_evk_matmul_rows(v, &wu, 1, h, u, quantized, 0, err);
+        quantized |= !jlm_fmt_type_traits(wu.type)->is_float;
+        jlm_vk_view bg = bias_of(mb->bg, xe, nff), bu = bias_of(mb->bu, xe, nff);
+        if (!rc && bg.buf)
+            rc = jlm_vk_eltwise(v->vk, JLM_VK_ADD, g, g, bg, (uint32_t)nff, err);
+        if (!rc && bu.buf)
+            rc = jlm_vk_eltwise(v->vk, JLM_VK_ADD, u, u, bu, (uint32_t)nff, err);
+    }
+    jlm_vk_view g = {m->g, 0, mb->nu * nff * 4}, u = {m->u, 0, mb->nu * nff * 4};
+    if (!rc)
+        rc = mb->op->act == JLM_ACT_SWIGLU
+                 ? jlm_vk_eltwise(v->vk, JLM_VK_SWIGLU, g, g, u, (uint32_t)(mb->nu * nff), err)
+                 : jlm_vk_swiglu_oai(v->vk, g, g, u, (uint32_t)(mb->nu * nff), 1.702f, 7.0f, err);
+    for (uint32_t s = 0; !rc && s < mb->nu; s++) {   /* each slot's down over its own int8 rows */
+        uint32_t xe = (uint32_t)sel[s];
+        jlm_k_mat wd = mat_expert(e, mb->td, frames[s], mb->first, xe);
+        jlm_vk_view o = row_of(m->o, s, E), bd = bias_of(mb->bd, xe, E);
+        rc = jlm_evk_matmul_rows(v, &wd, 1, row_of(m->g, s, nff), o, 0, 0, err);
+        if (!rc && bd.buf)
+            rc = jlm_vk_eltwise(v->vk, JLM_VK_ADD, o, o, bd, (uint32_t)E, err);
+    }
+    jlm_vk_view x = row_of(v->blk.ab[JLM_B_X], t, E);
+    return rc ? rc
+              : jlm_vk_moe_combine(v->vk, x, x, (jlm_vk_view){m->o, 0, mb->nu * E * 4},
+                                   (jlm_vk_view){m->w, t * mb->ss, mb->nu * 4ull}, mb->nu, (uint32_t)E, err);
+}
+
+int jlm_evk_moe(jlm_evk *v, jlm_engine *e, const jlm_ex_blk *b, const jlm_op *op, int dry, jlm_err *err)
+{
+    moe_blk mb = {.v = v, .e = e, .b = b, .op = op, .err = err};
+    int rc = plan(&mb);
+    if (rc || dry)
+        return rc;
+    int32_t *picks = malloc((uint64_t)(b->n + 1) * mb.nu * sizeof *picks);
+    if (!picks)
+        return jlm_errf(err, JLM_ENOMEM, "vulkan: out of memory");
+    rc = moe_buffers(&mb, b->n);
+    if (!rc)
+        rc = route_rows(&mb, picks);
+    for (uint32_t t = 0; !rc && t < b->n; t++) {
+        const int32_t *sel = picks + (uint64_t)t * mb.nu;
+        const void *frames[JLM_MAX_EXPERTS_USED];
+        rc = jlm_stream_experts(e, mb.first, sel, mb.nu, frames, err);
+        if (rc)
+            break;
+        if (mb.nl < e->c->n_layer)   /* read while these compute and the next block's attention runs */
+            jlm_stream_predict(e, mb.nl_first, picks + (uint64_t)b->n * mb.nu);
+        rc = row_experts(&mb, t, sel, frames);
+        jlm_stream_experts_done(e, mb.first, sel, mb.nu);
+    }
+    free(picks);
+    return rc;
+}
