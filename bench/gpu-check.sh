@@ -7,10 +7,11 @@
 # tolerance), the CUDA matvec bandwidth bench (GB/s as a fraction of a device
 # copy and next to pinned host-to-device copy, both measured in the same run),
 # the engine on CUDA (build/jlm-cuda-engine: every test model against the CPU
-# backend whole, split and at one frame each side; then decode and prefill of
-# mkgguf's synth-1b in Q4_0, Q8_0 and Q4_K with every block resident and with
-# --gpu-budget at half the blocks, so every token pages them in from host
-# memory), and the host-harness suite `cuda` when the Criterion binary can run
+# backend whole, split and at one frame each side, with whole blocks on the
+# device (engine/exec_cu.c) and then with the matmul offload (JLM_CUDA_BLOCKS=0);
+# then decode and prefill of mkgguf's synth-1b in Q4_0, Q8_0 and Q4_K with every
+# block resident and with --gpu-budget at half the blocks, so every token pages
+# them in from host memory, and Q4_0 resident on the offload for comparison), and the host-harness suite `cuda` when the Criterion binary can run
 # there. Ends with a summary; exit status 0 only when every part that ran passed.
 #
 # The GPU machine has no network and may lack SQLite, jansson, FUSE, Criterion:
@@ -66,6 +67,14 @@ if [ -x "$engine" ] && ! grep -q "skip:" /tmp/gpu-check.out 2>/dev/null; then
     rc=${PIPESTATUS[0]}
     np=$(grep -c '^PASS' /tmp/gpu-engine.out); nf=$(grep -c '^FAIL' /tmp/gpu-engine.out)
     if [ "$rc" -eq 0 ]; then summary+=("engine on cuda vs cpu: PASS ($np runs)"); else summary+=("engine on cuda vs cpu: FAIL (rc $rc, $nf failing of $((np + nf)))"); status=1; fi
+    rts=$(grep -o 'a decoded token [0-9]* round trips' /tmp/gpu-engine.out | awk '{print $4}' | sort -n | uniq -c | tr '\n' ';')
+    [ -n "$rts" ] && summary+=("whole blocks: round trips of a decoded token (count x value): $rts")
+    echo "== $engine check, matmul offload (JLM_CUDA_BLOCKS=0; limit 60 s)"
+    JLM_CUDA_BLOCKS=0 timeout 60 "$engine" check "${models[@]}" > /tmp/gpu-engine-off.out
+    rc=$?
+    np=$(grep -c '^PASS' /tmp/gpu-engine-off.out); nf=$(grep -c '^FAIL' /tmp/gpu-engine-off.out)
+    grep '^FAIL' /tmp/gpu-engine-off.out
+    if [ "$rc" -eq 0 ]; then summary+=("engine on cuda (offload) vs cpu: PASS ($np runs)"); else summary+=("engine on cuda (offload) vs cpu: FAIL (rc $rc, $nf failing of $((np + nf)))"); status=1; fi
     for ty in Q4_0 Q8_0 Q4_K; do
         left=$(( 470 - ($(date +%s) - start) ))
         [ "$left" -gt 30 ] || { summary+=("engine bench $ty: not run (time)"); continue; }
@@ -74,7 +83,13 @@ if [ -x "$engine" ] && ! grep -q "skip:" /tmp/gpu-check.out 2>/dev/null; then
         half=$(grep "bench synth-1b-$ty.gguf: block pages" /tmp/gpu-engine.out | tail -1 | awk '{print int($5 * 1048576 / 2)}')
         [ -n "$half" ] && [ "$half" -gt 0 ] && timeout "$left" "$engine" bench --synth synth-1b "$ty" --pp 32 --tg 16 --gpu-budget "$half" | tee -a /tmp/gpu-engine.out
     done
-    while read -r l; do summary+=("$l"); done < <(grep '^bench ' /tmp/gpu-engine.out)
+    left=$(( 470 - ($(date +%s) - start) ))
+    if [ "$left" -gt 30 ]; then
+        echo "== $engine bench --synth synth-1b Q4_0, matmul offload (JLM_CUDA_BLOCKS=0)"
+        JLM_CUDA_BLOCKS=0 timeout "$left" "$engine" bench --synth synth-1b Q4_0 --pp 128 --tg 32 --rounds 1 \
+            | sed 's/^bench /bench (offload) /' | tee -a /tmp/gpu-engine.out
+    fi
+    while read -r l; do summary+=("$l"); done < <(grep -E '^bench ' /tmp/gpu-engine.out)
 elif [ -x "$engine" ]; then
     summary+=("engine on cuda: not run (no device)")
 else

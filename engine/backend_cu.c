@@ -1,9 +1,8 @@
 /* backend_cu.c - the engine's CUDA backend: device frames copied through
  * pinned staging on a copy stream, matvec on a compute stream
  * (backend_cu.h). */
-#include "engine/backend_cu.h"
+#include "engine/backend_cu_int.h"
 
-#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -11,73 +10,46 @@
 
 #include "format/jlm_format.h"
 #include "kernels/cuda/cuda.h"
-#include "kernels/cuda/rt.h"
 
 #define STAGE_BYTES (8ull << 20)   /* per staging buffer; two alternate (JLM_CUDA_STAGE_KIB: tests) */
-/* events: staging buffer i free (EV_STAGE + i); the graph's own page-ins
- * done; the copy thread's prefetch done */
-enum { EV_STAGE = 0, EV_FRAMES = 2, EV_PF = 3 };
 enum { JOB_NONE, JOB_QUEUED, JOB_DONE };
-enum { D_ACT, D_Y, D_QS, D_D, D_SC, D_N };   /* device scratch */
 
-typedef struct scratch {
-    void    *p;
-    uint64_t cap;
-} scratch;
-
-/* The copy thread's one job: a prefetch's page-in (jlm_dev_prefetch). */
-typedef struct cu_job {
-    void          *dev;
-    const void    *host;
-    uint64_t       len;
-    int            state, rc;
-    jlm_err        err;
-} cu_job;
-
-typedef struct jlm_ecu {
-    jlm_dev        dev;   /* first: a jlm_dev * is a jlm_ecu * */
-    jlm_cu_rt     *rt;
-    /* staging, shared by the graph's page-ins and the copy thread's: mu */
-    pthread_mutex_t mu;
-    void          *stage[2];
-    int            stage_busy[2];
-    int            next;
-    uint64_t       stage_bytes;
-    uint64_t       bytes_up;         /* under mu */
-    int            frames_pending;   /* a page-in was queued since the compute stream last waited */
-    /* the copy thread: a prefetch's copy overlaps the kernels before it */
-    pthread_mutex_t jmu;
-    pthread_cond_t  jcv;
-    pthread_t       thr;
-    int             thr_on, stop;
-    cu_job          job;
-    scratch        d[D_N];
-    scratch        h_act, h_y;        /* pinned host scratch */
-    /* freed frames kept for the next page-in (cudaFree waits for the whole
-     * device, cudaMalloc is slow): at most SPARES, outside the budget */
-    struct { void *p; uint64_t cap; } spare[2];
-    int            nspare;
-    uint64_t       default_budget;
-    jlm_dev_stats  st;
-    char           name[300];
-    /* --profile: stamps on the compute stream at each op class change
-     * (jlm_dev_prof_op), summed per class when read */
-    int            prof_tag;
-    uint32_t       prof_n;
-    uint8_t        prof_of[JLM_CU_NSTAMP];
-    uint64_t       prof_ns[JLM_DEVP_N];
-} jlm_ecu;
-
-static uint64_t now_ns(void)
+uint64_t jlm_ecu_now_ns(void)
 {
     struct timespec ts;
     clock_gettime(CLOCK_MONOTONIC, &ts);
     return (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
 }
 
-static int rt_fail(jlm_ecu *v, jlm_err *err, const char *what)
+#define now_ns jlm_ecu_now_ns
+#define rt_fail jlm_ecu_fail
+#define grow jlm_ecu_grow
+
+int jlm_ecu_fail(jlm_ecu *v, jlm_err *err, const char *what)
 {
     return jlm_errf(err, JLM_EIO, "cuda backend: %s: %s", what, jlm_cu_rt_error(v->rt));
+}
+
+int jlm_ecu_drain(jlm_ecu *v, jlm_err *err)
+{
+    if (!v->blk.queued)
+        return JLM_OK;
+    uint64_t t0 = now_ns();
+    v->blk.queued = 0;
+    int rc = jlm_cu_rt_sync(v->rt, JLM_CU_S_COMPUTE) ? rt_fail(v, err, "the block's kernels") : JLM_OK;
+    v->st.kernel_ns += now_ns() - t0;
+    v->st.waits++;
+    return rc;
+}
+
+int jlm_ecu_frames_wait(jlm_ecu *v, jlm_err *err)
+{
+    if (!v->frames_pending)
+        return JLM_OK;
+    if (jlm_cu_rt_wait(v->rt, JLM_CU_S_COMPUTE, EV_FRAMES))
+        return rt_fail(v, err, "waiting for the page-ins");
+    v->frames_pending = 0;
+    return JLM_OK;
 }
 
 /* len bytes of host into device memory dev on the copy stream, through the
@@ -203,7 +175,8 @@ static int ecu_prefetch_wait(jlm_dev *dev, jlm_err *err)
 /* Device memory for a frame of len bytes: a kept one of about that size
  * (block frames differ by their extents only), else a new one; its size in
  * *cap. Every kernel that read a kept frame has finished: each matmul waits
- * for its result before the graph goes on. */
+ * for its result before the graph goes on, and a frame dropped while a
+ * whole block's kernels are queued waits for them first (drop). */
 static int frame_alloc(jlm_ecu *v, uint64_t len, void **p, uint64_t *cap, jlm_err *err)
 {
     for (int i = 0; i < v->nspare; i++)
@@ -255,6 +228,7 @@ static int page_in(void *ctx, jlm_dframe *d, const void *host, uint64_t len, jlm
 static void drop(void *ctx, jlm_dframe *d)
 {
     jlm_ecu *v = ctx;
+    jlm_ecu_drain(v, NULL);   /* queued kernels may read it (an error shows at the next wait) */
     frame_free(v, d->buf, d->tag);
 }
 
@@ -262,16 +236,21 @@ static const jlm_dframes_ops FRAME_OPS = {page_in, drop};
 
 /* ---------------------------------------------------------------- scratch */
 
-static int grow(jlm_ecu *v, scratch *s, uint64_t n, int pinned, jlm_err *err)
+void jlm_ecu_scratch_free(jlm_ecu *v, scratch *s, int pinned)
 {
-    if (s->cap >= n)
-        return JLM_OK;
     if (pinned)
         jlm_cu_rt_host_free(v->rt, s->p);
     else
         jlm_cu_rt_free(v->rt, s->p);
     s->p = NULL;
     s->cap = 0;
+}
+
+int jlm_ecu_grow(jlm_ecu *v, scratch *s, uint64_t n, int pinned, jlm_err *err)
+{
+    if (s->cap >= n)
+        return JLM_OK;
+    jlm_ecu_scratch_free(v, s, pinned);
     uint64_t c = n + n / 4;
     if (pinned ? jlm_cu_rt_host_alloc(v->rt, c, &s->p) : jlm_cu_rt_alloc(v->rt, c, &s->p))
         return jlm_errf(err, JLM_ENOMEM, "cuda backend: %llu bytes of %s scratch: %s", (unsigned long long)c,
@@ -335,11 +314,8 @@ static int tokens(jlm_ecu *v, const jlm_cu_mat *cms, int nm, uint32_t n, const f
     if (jlm_cu_rt_h2d(v->rt, dv, h, act, JLM_CU_S_COMPUTE))
         return rt_fail(v, err, "activations");
     v->st.act_up += act;
-    if (v->frames_pending) {
-        if (jlm_cu_rt_wait(v->rt, JLM_CU_S_COMPUTE, EV_FRAMES))
-            return rt_fail(v, err, "waiting for the page-ins");
-        v->frames_pending = 0;
-    }
+    if ((rc = jlm_ecu_frames_wait(v, err)))
+        return rc;
     uint64_t t1 = now_ns();
     v->st.xfer_ns += t1 - t0;
     float *dy = v->d[D_Y].p;
@@ -430,6 +406,12 @@ static int ecu_matmul_multi(jlm_dev *dev, const jlm_k_mat *const *ms, int nm, ui
     return rc;
 }
 
+int jlm_ecu_planes(jlm_ecu *v, const jlm_k_mat *m, jlm_cu_mat *cm, jlm_err *err)
+{
+    int re = 0;
+    return mat_planes(v, m, cm, 1, &re, err);
+}
+
 /* ---------------------------------------------------------------- the jlm_dev */
 
 static void ecu_close(jlm_dev *dev)
@@ -442,6 +424,7 @@ static void ecu_close(jlm_dev *dev)
         pthread_mutex_unlock(&v->jmu);
         pthread_join(v->thr, NULL);
     }
+    jlm_ecu_blk_free(v);
     for (int i = 0; i < D_N; i++)
         jlm_cu_rt_free(v->rt, v->d[i].p);
     for (int i = 0; i < v->nspare; i++)
@@ -498,6 +481,8 @@ static void prof_read(jlm_ecu *v)
 static void ecu_prof_op(jlm_dev *dev, int cls)
 {
     jlm_ecu *v = (jlm_ecu *)dev;
+    if (cls == v->prof_tag && v->prof_n)
+        return;   /* the class goes on (a whole block's ops in a row): no stamp */
     if (v->prof_n + 1 >= JLM_CU_NSTAMP) {   /* full: the host waits (profiling only), then on */
         int last = v->prof_tag;
         prof_read(v);
@@ -529,8 +514,13 @@ static void ecu_prof_get(jlm_dev *dev, uint64_t ns[JLM_DEVP_N])
 
 static const jlm_dev_ops ECU_OPS = {"cuda", ecu_close, ecu_device, ecu_default_budget, ecu_matmul,
                                     ecu_stats, ecu_stats_reset, ecu_prefetch_wait, ecu_matmul_multi,
-                                    NULL, NULL, NULL, NULL,    /* whole blocks: Vulkan only (docs/vulkan.md) */
+                                    jlm_ecu_block, jlm_ecu_x_sync, jlm_ecu_x_drop, jlm_ecu_output,
                                     ecu_prof_on, ecu_prof_op, ecu_prof_get};
+/* JLM_CUDA_BLOCKS=0: matmuls only, a round trip each (or each multi): the
+ * tests of the offload, and the before of docs/cuda.md's counts */
+static const jlm_dev_ops ECU_OPS_MATMUL = {"cuda", ecu_close, ecu_device, ecu_default_budget, ecu_matmul,
+                                           ecu_stats, ecu_stats_reset, ecu_prefetch_wait, ecu_matmul_multi,
+                                           NULL, NULL, NULL, NULL, ecu_prof_on, ecu_prof_op, ecu_prof_get};
 
 int jlm_ecu_open(const char *device, jlm_dev **out, jlm_err *err)
 {
@@ -553,7 +543,8 @@ int jlm_ecu_open(const char *device, jlm_dev **out, jlm_err *err)
         free(v);
         return jlm_errf(err, rc == JLM_EINVAL ? JLM_EINVAL : JLM_EUNSUPPORTED, "%s", why);
     }
-    v->dev.ops = &ECU_OPS;
+    const char *bl = getenv("JLM_CUDA_BLOCKS");
+    v->dev.ops = bl && !strcmp(bl, "0") ? &ECU_OPS_MATMUL : &ECU_OPS;
     pthread_mutex_init(&v->mu, NULL);
     pthread_mutex_init(&v->jmu, NULL);
     pthread_cond_init(&v->jcv, NULL);

@@ -196,8 +196,8 @@ static int embed_one(jlm_engine *e, void *kc, void *vc, uint32_t *n_past, const 
     for (uint32_t i = 0; i < n; i += e->nb) {
         uint32_t b = n - i < e->nb ? n - i : e->nb;
         bind_rows(e, kc, vc, *n_past, b);
-        if ((rc = forward(e, tokens + i, b, NULL, 0, err)))
-            return rc;
+        if ((rc = forward(e, tokens + i, b, NULL, 0, err)) || (rc = jlm_ex_x_host(e, NULL, err)))
+            return rc;   /* x_host: the rows a device's whole blocks hold, back for the pooling */
         *n_past += b;
         for (uint32_t r = pool_last ? b - 1 : 0; r < b; r++) {
             float *h = e->h + (uint64_t)r * c->n_embd;

@@ -1,6 +1,7 @@
 /* backend_matrix.h - every test model on a device backend against the CPU
  * backend and llama.cpp's logits: whole, split (--gpu-layers 2) and at one
- * frame each side (--budget 1 --gpu-budget 1). Shared by the suites vulkan
+ * frame each side (--budget 1 --gpu-budget 1); whole blocks on the device
+ * (bm_whole_blocks, bm_stats_decoded_token). Shared by the suites vulkan
  * (tests/test_vulkan.c) and cuda (tests/test_cuda.c, on the emulated
  * device), so both backends are held to the same matrix. Include once, in a
  * Criterion test file that has testutil.h. */
@@ -109,14 +110,21 @@ static int vs_oracle(jlm_engine *e, const char *name, const char *what)
  * of the largest logit, and Vulkan against the CPU by 1.2e-4 to 2.0e-4, so
  * float models get 5e-4. */
 /* backend: the configuration's. Whole blocks on Vulkan (engine/exec_vk.c)
+ * and on CUDA (engine/exec_cu.c; JLM_*_BLOCKS=0 turns them off)
  * quantize to int8 activations the device computed, whose norms and
  * exponentials differ from the CPU's in the last bits: a code one off moves a
  * quantized model's logits by up to ~1% of the largest, so quantized models
  * are held there to the CPU's own tolerance against llama.cpp (cpu_tol). */
+static inline int bm_knob_off(const char *name)
+{
+    const char *v = getenv(name);
+    return v && !strcmp(v, "0");
+}
 static double dev_cpu_tol(const char *m, const char *backend)
 {
-    const char *bl = getenv("JLM_VK_BLOCKS");
-    if (backend && strstr(backend, "vulkan") && !(bl && !strcmp(bl, "0")) && cpu_tol(m) > 2e-3)
+    int whole = backend && ((strstr(backend, "vulkan") && !bm_knob_off("JLM_VK_BLOCKS")) ||
+                            (strstr(backend, "cuda") && !bm_knob_off("JLM_CUDA_BLOCKS")));
+    if (whole && cpu_tol(m) > 2e-3)
         return cpu_tol(m);
     return strstr(m, "F32") || strstr(m, "f32") || strstr(m, "F16") ? 5e-4 : 1e-4;
 }
@@ -374,6 +382,304 @@ static inline void bm_decode_activations(const char *backend, const char *device
     cr_assert_gt(bm_field(ln, ", down "), 0, "%s", ln);
     free(txt);
     free(lg);
+    free(path);
+    tu_rmrf(dir);
+    free(dir);
+}
+
+/* Greedy ids after prompt; the logits after the prompt into first. */
+static inline void bm_greedy_ids(jlm_engine *e, const int32_t *prompt, size_t np, int n, int32_t *out, float *first)
+{
+    uint32_t nv = jlm_engine_n_vocab(e);
+    float *l = malloc(nv * sizeof *l);
+    jlm_err err = {0};
+    cr_assert_eq(jlm_engine_eval(e, prompt, (uint32_t)np, l, &err), 0, "%s", err.msg);
+    memcpy(first, l, nv * sizeof *l);
+    for (int i = 0; i < n; i++) {
+        int32_t best = 0;
+        for (uint32_t j = 1; j < nv; j++)
+            if (l[j] > l[best])
+                best = (int32_t)j;
+        out[i] = best;
+        if (i + 1 < n)
+            cr_assert_eq(jlm_engine_eval(e, &best, 1, l, &err), 0, "%s", err.msg);
+    }
+    free(l);
+}
+
+/* One lockstep step: the device's logits lv within tol of the largest
+ * |logit| of the CPU's lc, and the same pick wherever the CPU's top-2 margin
+ * exceeds twice the difference. Returns the CPU's pick (the next id fed). */
+static inline int32_t bm_lockstep_pick(const float *lc, const float *lv, uint32_t nv, double tol, const char *label)
+{
+    float mx = 0, d = 0, margin, mv;
+    for (uint32_t i = 0; i < nv; i++) {
+        mx = fmaxf(mx, fabsf(lc[i]));
+        d = fmaxf(d, fabsf(lc[i] - lv[i]));
+    }
+    cr_assert(d <= tol * mx, "%s: logits differ by %g (largest %g)", label, d, mx);
+    int pc = argmax2(lc, nv, &margin), pv = argmax2(lv, nv, &mv);
+    cr_assert(pc == pv || margin <= 2 * d, "%s: picks %d and %d, margin %g, difference %g", label, pc, pv, margin, d);
+    return pc;
+}
+
+/* Both engines rewound, then the prompt and 8 steps of the CPU's greedy
+ * ids fed to both, each step through bm_lockstep_pick. Returns the CPU's
+ * last pick (not yet fed). */
+static inline int32_t bm_lockstep(jlm_engine *ec, jlm_engine *ev, const int32_t *prompt, uint32_t np, double tol,
+                                  const char *model, const char *what)
+{
+    uint32_t nv = jlm_engine_n_vocab(ec);
+    float *lc = malloc(nv * 4), *lv = malloc(nv * 4);
+    jlm_err err = {0};
+    jlm_engine_rewind(ec, 0);
+    jlm_engine_rewind(ev, 0);
+    const int32_t *tok = prompt;
+    int32_t next = 0;
+    uint32_t n = np;
+    for (int step = 0; step < 8; step++) {
+        cr_assert_eq(jlm_engine_eval(ec, tok, n, lc, &err), 0, "%s", err.msg);
+        cr_assert_eq(jlm_engine_eval(ev, tok, n, lv, &err), 0, "%s", err.msg);
+        char label[256];
+        snprintf(label, sizeof label, "%s (%s), step %d", model, what, step);
+        next = bm_lockstep_pick(lc, lv, nv, tol, label);
+        tok = &next;
+        n = 1;
+    }
+    free(lc);
+    free(lv);
+    return next;
+}
+
+/* Whole blocks on backend's device (engine/exec_vk.c, engine/exec_cu.c):
+ * stories260K, every synth-llama type, and qwen2 (biases), qwen3 (per-head
+ * q/k norms) and phi3, whole and at --gpu-layers 2, against the CPU with the
+ * CPU's greedy ids fed to both for 8 steps after a prompt: logits within 5e-4
+ * of the largest on float weights (the CPU's FMA kernels) and the same greedy
+ * ids as the CPU's own run; on quantized weights within the quantized
+ * tolerance against llama.cpp (0.05, Q2_K 0.12: an int8 code one off,
+ * dev_cpu_tol) and the same pick wherever the CPU's top-2 margin exceeds
+ * twice the difference. And a decoded token is one round trip (the blocks,
+ * and the output matrix when it is there: one command buffer on Vulkan, one
+ * stream synchronize on CUDA). Skips without a device. */
+static inline void bm_whole_blocks(const char *backend)
+{
+    static const char *MODELS[] = {"stories260K", "synth-llama-256.f32", "synth-llama-256.Q4_K_M",
+                                   "synth-llama-256.Q8_0", "synth-llama-256.Q4_0", "synth-llama-256.Q4_1",
+                                   "synth-llama-256.Q5_0", "synth-llama-256.Q5_1", "synth-llama-256.Q2_K",
+                                   "synth-llama-256.Q3_K_M", "synth-llama-256.Q5_K_M", "synth-llama-256.Q6_K",
+                                   "synth-llama-256.MXFP4", "synth-qwen2-256.Q8_0", "synth-qwen3-256.Q8_0",
+                                   "synth-phi3-256.Q4_K_M"};
+    char *dir = tu_tmpdir();
+    for (size_t m = 0; m < sizeof MODELS / sizeof MODELS[0]; m++) {
+        char gguf[256];
+        jlm_err err = {0};
+        snprintf(gguf, sizeof gguf, "%s.gguf", MODELS[m]);
+        char *path = tu_convert(gguf, dir, "w.jlm", &err);
+        cr_assert(path, "%s", err.msg);
+        jlm_engine *ec = bm_open_opts(path, (jlm_engine_opts){.backend = "cpu"}, 0, NULL, 0);
+        uint32_t nv = jlm_engine_n_vocab(ec);
+        float *lc = malloc(nv * 4), *lv = malloc(nv * 4);
+        int32_t prompt[5] = {1, 10, 20, 30, 40}, ic[8], iv[8];
+        bm_greedy_ids(ec, prompt, 5, 8, ic, lc);
+        int fl = m < 2;
+        double tol = fl ? 5e-4 : strstr(MODELS[m], "Q2_K") ? 0.12 : 0.05;
+        for (int split = 0; split < 2; split++) {
+            char why[512];
+            jlm_engine *ev = bm_open_opts(path, (jlm_engine_opts){.backend = backend, .device = "0",
+                                          .gpu_layers = split ? 2 : 0}, 1, why, sizeof why);
+            if (!ev) {
+                tu_rmrf(dir);
+                cr_skip_test("%s: no device (%s)", backend, why);
+            }
+            const char *what = split ? "--gpu-layers 2" : "whole";
+            if (fl) {
+                bm_greedy_ids(ev, prompt, 5, 8, iv, lv);
+                cr_assert(!memcmp(ic, iv, sizeof ic), "%s (%s, %s): greedy ids differ", MODELS[m], backend, what);
+            }
+            int32_t next = bm_lockstep(ec, ev, prompt, 5, tol, MODELS[m], what);
+            jlm_dev_stats s0, s1;
+            jlm_engine_dev_stats(ev, &s0);
+            cr_assert_eq(jlm_engine_eval(ev, &next, 1, lv, &err), 0, "%s", err.msg);
+            jlm_engine_dev_stats(ev, &s1);
+            cr_assert_eq(s1.waits - s0.waits, 1, "%s (%s, %s): a decoded token made %llu round trips", MODELS[m],
+                         backend, what, (unsigned long long)(s1.waits - s0.waits));
+            jlm_engine_close(ev);
+        }
+        free(lc);
+        free(lv);
+        jlm_engine_close(ec);
+        free(path);
+    }
+    tu_rmrf(dir);
+    free(dir);
+}
+
+/* From --stats (the numbers a user sees) on backend (devarg: its --device
+ * option; CLI defaults, so --kv auto, whose cache type the KV line must
+ * name: kv): with --gpu-layers all a decoded token costs one round trip (at
+ * most one a block: the issue's bound; the goal, one a token, is what is
+ * tested; a MoE model, moe if not NULL, one a block, for its router's
+ * picks, plus one) and activations up + down of at most its embedding in,
+ * its logits out and 4 KiB (the positions' RoPE cos/sin and a MoE block's
+ * picks within it), from the difference of a 4-token and a 12-token run.
+ * The same runs with knob=0 (the matmul offload) cost at least
+ * offload_per_layer round trips a layer: what the counters are compared
+ * with. */
+static inline void bm_stats_decoded_token(const char *backend, const char *knob, const char *devarg,
+                                          int offload_per_layer, const char *moe, const char *kv)
+{
+    const char *MODELS[] = {"stories260K", "synth-llama-256.Q4_K_M", moe};
+    char *dir = tu_tmpdir();
+    for (size_t m = 0; m < 3 && MODELS[m]; m++) {
+        char gguf[256], cmd[2048];
+        jlm_err err = {0};
+        snprintf(gguf, sizeof gguf, "%s.gguf", MODELS[m]);
+        char *path = tu_convert(gguf, dir, "s.jlm", &err);
+        cr_assert(path, "%s", err.msg);
+        jlm_engine *ec = bm_open_opts(path, (jlm_engine_opts){.backend = "cpu"}, 0, NULL, 0);
+        const jlm_model *md = jlm_engine_model(ec);
+        uint64_t E = md->config.n_embd, L = md->config.n_layer, V = jlm_engine_n_vocab(ec);
+        int is_moe = md->config.n_expert > 0;
+        jlm_engine_close(ec);
+        unsigned long long rt[2][2], act[2][2], gen[2][2];
+        for (int blocks = 0; blocks < 2; blocks++)
+            for (int r = 0; r < 2; r++) {
+                char *out = NULL, want[32];
+                snprintf(cmd, sizeof cmd, "%s=%d %s run %s --ids 1,2,3 -n %d --print-ids --backend %s %s "
+                         "--gpu-layers all --stats --seed 1", knob, blocks, tu_jlm(), path, r ? 12 : 4, backend, devarg);
+                int rc = tu_run(cmd, &out);
+                if (rc && strstr(out, "no device")) {
+                    free(out);
+                    tu_rmrf(dir);
+                    cr_skip_test("%s: no device", backend);
+                }
+                cr_assert_eq(rc, 0, "%s", out);
+                snprintf(want, sizeof want, "\n%s: matmuls ", backend);
+                const char *vl = strstr(out, want), *kl = strstr(out, ", KV ");
+                cr_assert(vl, "%s", out);
+                snprintf(want, sizeof want, " (%s),", kv);
+                cr_assert(kl && strstr(kl, want) == strchr(kl + 5, ' '), "--kv auto on %s keeps %s: %s", backend, kv,
+                          out);   /* the whole blocks' cache type on the device */
+                const char *g = strstr(out, "\"generated\": [");
+                cr_assert(g, "%s", out);
+                gen[blocks][r] = 1;
+                for (g += 14; *g && *g != ']'; g++)
+                    gen[blocks][r] += *g == ',';
+                rt[blocks][r] = bm_field(vl, "round trips ");
+                act[blocks][r] = bm_field(vl, "activations up ") + bm_field(vl, ", down ");
+                free(out);
+            }
+        cr_assert(gen[1][1] > gen[1][0] && gen[0][1] > gen[0][0], "%s: %llu and %llu tokens", MODELS[m], gen[1][0],
+                  gen[1][1]);
+        double dn = (double)(gen[1][1] - gen[1][0]), per_rt = (rt[1][1] - rt[1][0]) / dn;
+        double per_act = (act[1][1] - act[1][0]) / dn, off_rt = (rt[0][1] - rt[0][0]) / (double)(gen[0][1] - gen[0][0]);
+        cr_assert(is_moe ? per_rt <= (double)L + 1 : per_rt <= 1.0 && per_rt <= (double)L,
+                  "%s: %.2f round trips a decoded token (%llu blocks)", MODELS[m], per_rt, (unsigned long long)L);
+        cr_assert(per_act <= (double)(E * 4 + V * 4 + 4096), "%s: %.0f activation bytes a token (embedding %llu, logits %llu)",
+                  MODELS[m], per_act, (unsigned long long)(E * 4), (unsigned long long)(V * 4));
+        cr_assert(off_rt >= offload_per_layer * (double)L, "%s: the matmul offload's %.2f round trips a token", MODELS[m],
+                  off_rt);
+        free(path);
+    }
+    tu_rmrf(dir);
+    free(dir);
+}
+
+/* The engine's own sequence runs whole blocks with its cache on backend's
+ * device; a jlm_engine_seq (serve's slots) keeps its host cache and the
+ * matmul offload. Interleaved on one engine, token by token, both give the
+ * CPU's logits for the same ids within 1e-4 of the largest (the residual
+ * rows and the queued work are handed over between them), and the default
+ * sequence's tokens are one round trip each, the other's one a matmul (or a
+ * few matmuls). Skips without a device. */
+static inline void bm_seq_interleave(const char *backend)
+{
+    char *dir = tu_tmpdir();
+    jlm_err err = {0};
+    char *path = tu_convert("stories260K.gguf", dir, "s.jlm", &err);
+    cr_assert(path, "%s", err.msg);
+    char why[512];
+    jlm_engine *ec = bm_open_opts(path, (jlm_engine_opts){.backend = "cpu"}, 0, NULL, 0);
+    jlm_engine *ev = bm_open_opts(path, (jlm_engine_opts){.backend = backend, .device = "0"}, 1, why, sizeof why);
+    if (!ev) {
+        tu_rmrf(dir);
+        cr_skip_test("%s: no device (%s)", backend, why);
+    }
+    uint32_t nv = jlm_engine_n_vocab(ec);
+    float *lc = malloc(nv * 4), *la = malloc(nv * 4), *lb = malloc(nv * 4);
+    jlm_engine_seq *s = NULL;
+    cr_assert_eq(jlm_engine_seq_create(ev, &s, &err), 0, "%s", err.msg);
+    int32_t ids[6] = {1, 403, 407, 261, 378, 432};
+    for (int t = 0; t < 6; t++) {
+        jlm_dev_stats s0, s1, s2;
+        cr_assert_eq(jlm_engine_eval(ec, &ids[t], 1, lc, &err), 0, "%s", err.msg);
+        jlm_engine_dev_stats(ev, &s0);
+        cr_assert_eq(jlm_engine_eval(ev, &ids[t], 1, la, &err), 0, "%s", err.msg);
+        jlm_engine_dev_stats(ev, &s1);
+        cr_assert_eq(jlm_engine_eval_seq(ev, s, &ids[t], 1, lb, &err), 0, "%s", err.msg);
+        jlm_engine_dev_stats(ev, &s2);
+        float mx = 0, da = 0, db = 0;
+        for (uint32_t i = 0; i < nv; i++) {
+            mx = fmaxf(mx, fabsf(lc[i]));
+            da = fmaxf(da, fabsf(lc[i] - la[i]));
+            db = fmaxf(db, fabsf(lc[i] - lb[i]));
+        }
+        cr_assert(da <= 1e-4f * mx && db <= 1e-4f * mx, "%s, token %d: the engine's sequence's logits differ by %g, "
+                  "a jlm_engine_seq's by %g (largest %g)", backend, t, da, db, mx);
+        cr_assert(s1.waits - s0.waits == 1 && s2.waits - s1.waits > 5, "%s, token %d: round trips %llu and %llu", backend, t,
+                  (unsigned long long)(s1.waits - s0.waits), (unsigned long long)(s2.waits - s1.waits));
+    }
+    jlm_engine_seq_destroy(s);
+    free(lc);
+    free(la);
+    free(lb);
+    jlm_engine_close(ec);
+    jlm_engine_close(ev);
+    free(path);
+    tu_rmrf(dir);
+    free(dir);
+}
+
+
+/* `jlm run --embeddings` (the pooled final hidden states) on backend
+ * (devarg: its --device option) equals the CPU's within 5e-3 per element
+ * (L2-normalised vectors; stories260K's F32 matvecs sum in another order
+ * there), mean and last pooling: the rows a device's whole blocks hold come
+ * back for the pooling. Skips without a device. */
+static inline void bm_embeddings_match(const char *backend, const char *devarg)
+{
+    char *dir = tu_tmpdir(), cmd[4096];
+    jlm_err err = {0};
+    char *path = tu_convert("stories260K.gguf", dir, "s.jlm", &err);
+    cr_assert(path, "%s", err.msg);
+    for (int last = 0; last < 2; last++) {
+        json_t *v[2];
+        for (int dev = 0; dev < 2; dev++) {
+            char *out = NULL;
+            snprintf(cmd, sizeof cmd, "{ %s run %s -p 'hello world, once more' --embeddings --pooling %s%s%s%s "
+                     "2>/dev/null; }", tu_jlm(), path, last ? "last" : "mean", dev ? " --backend " : "",
+                     dev ? backend : "", dev ? devarg : "");
+            int rc = tu_run(cmd, &out);
+            if (rc && dev) {
+                free(out);
+                tu_rmrf(dir);
+                cr_skip_test("%s: no device", backend);
+            }
+            cr_assert_eq(rc, 0, "%s", out);
+            v[dev] = json_loads(out, JSON_DECODE_ANY, NULL);
+            cr_assert(json_is_array(v[dev]) && json_array_size(v[dev]) > 0, "%s", out);
+            free(out);
+        }
+        cr_assert_eq(json_array_size(v[0]), json_array_size(v[1]));
+        double d = 0;
+        for (size_t i = 0; i < json_array_size(v[0]); i++)
+            d = fmax(d, fabs(json_number_value(json_array_get(v[0], i)) - json_number_value(json_array_get(v[1], i))));
+        cr_assert(d <= 5e-3, "%s (%s pooling): embeddings differ from the CPU's by %g", backend, last ? "last" : "mean",
+                  d);
+        json_decref(v[0]);
+        json_decref(v[1]);
+    }
     free(path);
     tu_rmrf(dir);
     free(dir);

@@ -484,6 +484,64 @@ Test(cuda, the_emulated_device_refuses_pointers_outside_device_memory)
     jlm_cu_rt_close(r);
 }
 
+/* A whole block's launches through the seam (rt.h: rmsnorm over rows, RoPE,
+ * attention, elementwise, quantization, device copies) on the emulated
+ * device: after a weight copied on the copy stream and an event, an
+ * rmsnorm of two rows equals the harness's, row by row; the same launch
+ * reading a weight another stream copied with no event between faults at
+ * the wait; spans past their allocation are refused at the launch, naming
+ * the operand. */
+Test(cuda, the_emulated_block_kernels_check_their_spans_and_their_ordering)
+{
+    jlm_cu_rt *r = emu_open();
+    enum { N = 64 };
+    float x[2 * N], w[N], want[2 * N], got[2 * N];
+    uint64_t seed = 11;
+    for (int i = 0; i < 2 * N; i++)
+        x[i] = gen_unit(&seed);
+    for (int i = 0; i < N; i++)
+        w[i] = 1.5f + gen_unit(&seed);
+    for (int t = 0; t < 2; t++)
+        jlm_cu_host_rmsnorm(want + t * N, x + t * N, w, N, 1e-5f);
+    void *dx = NULL, *dw = NULL, *dy = NULL, *dq = NULL;
+    cr_assert_eq(jlm_cu_rt_alloc(r, sizeof x, &dx), 0);
+    cr_assert_eq(jlm_cu_rt_alloc(r, sizeof w, &dw), 0);
+    cr_assert_eq(jlm_cu_rt_alloc(r, sizeof x, &dy), 0);
+    cr_assert_eq(jlm_cu_rt_alloc(r, 2 * N + 2 * N / 8 * 2, &dq), 0);
+    cr_assert_eq(jlm_cu_rt_h2d(r, dx, x, sizeof x, JLM_CU_S_COMPUTE), 0);
+    cr_assert_eq(jlm_cu_rt_h2d(r, dw, w, sizeof w, JLM_CU_S_COPY), 0);
+    cr_assert_eq(jlm_cu_rt_record(r, 2, JLM_CU_S_COPY), 0);
+    cr_assert_eq(jlm_cu_rt_wait(r, JLM_CU_S_COMPUTE, 2), 0);
+    cr_assert_eq(jlm_cu_rt_rmsnorm(r, dy, dx, dw, N, 2, 1e-5f, JLM_CU_S_COMPUTE), 0, "%s", jlm_cu_rt_error(r));
+    cr_assert_eq(jlm_cu_rt_d2h(r, got, dy, sizeof got, JLM_CU_S_COMPUTE), 0);
+    cr_assert_eq(jlm_cu_rt_sync(r, JLM_CU_S_COMPUTE), 0, "%s", jlm_cu_rt_error(r));
+    cr_assert(!memcmp(got, want, sizeof got), "two rows in one launch differ from the harness's rows");
+    /* the weight copied again on the copy stream, no event: a device could run the norm first */
+    cr_assert_eq(jlm_cu_rt_h2d(r, dw, w, sizeof w, JLM_CU_S_COPY), 0);
+    cr_assert_eq(jlm_cu_rt_rmsnorm(r, dy, dx, dw, N, 2, 1e-5f, JLM_CU_S_COMPUTE), 0);
+    cr_assert_eq(jlm_cu_rt_sync(r, JLM_CU_S_COPY), 0);
+    cr_assert_neq(jlm_cu_rt_sync(r, JLM_CU_S_COMPUTE), 0, "an unordered read of another stream's copy");
+    cr_assert(strstr(jlm_cu_rt_error(r), "rmsnorm: weight"), "%s", jlm_cu_rt_error(r));
+    /* spans past their allocations */
+    cr_assert_neq(jlm_cu_rt_rmsnorm(r, dy, dx, dw, N, 3, 1e-5f, JLM_CU_S_COMPUTE), 0, "three rows in two");
+    cr_assert(strstr(jlm_cu_rt_error(r), "kernel: output"), "%s", jlm_cu_rt_error(r));
+    cr_assert_neq(jlm_cu_rt_elem(r, JLM_CU_ADD, dy, dx, dw, 2 * N, 0, 0, JLM_CU_S_COMPUTE), 0, "b is N floats");
+    cr_assert(strstr(jlm_cu_rt_error(r), "elementwise: b"), "%s", jlm_cu_rt_error(r));
+    cr_assert_neq(jlm_cu_rt_d2d(r, dw, dx, sizeof x, JLM_CU_S_COMPUTE), 0, "a copy past the destination");
+    jlm_cu_act a = {4 * N, dq, (float *)((char *)dq + 2 * N), (int16_t *)((char *)dq + 2 * N + N / 4)};
+    cr_assert_neq(jlm_cu_rt_quantize(r, dx, &a, JLM_CU_S_COMPUTE), 0, "4N codes in 2N bytes");
+    jlm_cu_rope rp = {.n_rot = 8, .freq_base = 10000, .freq_scale = 1, .attn_factor = 1};
+    cr_assert_neq(jlm_cu_rt_rope(r, &rp, dy, 2 * N / 8 + 1, 8, 3, JLM_CU_S_COMPUTE), 0, "one head too many");
+    jlm_cu_attn at = {.n_head = 2, .n_head_kv = 1, .head_dim = 16, .head_dim_v = 16, .n_kv = 8, .k_stride = 16,
+                      .v_stride = 16, .scale = 0.25f};
+    cr_assert_neq(jlm_cu_rt_attn(r, &at, dx, dx, dw, dq, dy, JLM_CU_S_COMPUTE), 0, "8 values of 16 in 64 floats");
+    cr_assert(strstr(jlm_cu_rt_error(r), "attention: values"), "%s", jlm_cu_rt_error(r));
+    at.n_kv = 4;
+    cr_assert_eq(jlm_cu_rt_attn(r, &at, dx, dx, dw, dq, dy, JLM_CU_S_COMPUTE), 0, "%s", jlm_cu_rt_error(r));
+    cr_assert_eq(jlm_cu_rt_sync(r, JLM_CU_S_COMPUTE), 0, "%s", jlm_cu_rt_error(r));
+    jlm_cu_rt_close(r);
+}
+
 /* A matvec through the seam: planes and activations copied on the copy
  * stream, the launch on the compute stream. Ordered by an event, or by a
  * host wait for the copies before the launch is issued, it equals the CPU
@@ -572,6 +630,7 @@ Test(cuda, every_test_model_on_emulated_cuda_whole_split_and_at_one_frame_each_s
 Test(cuda, qkv_and_gate_up_go_to_the_device_in_one_round_trip_each, .timeout = 120)
 {
     setenv("JLM_CUDA_EMULATE", "1", 1);
+    setenv("JLM_CUDA_BLOCKS", "0", 1);   /* the matmul offload (whole blocks: whole_blocks_*) */
     char *dir = tu_tmpdir(), why[512];
     jlm_err err = {0};
     char *path = tu_convert("synth-llama-256.Q4_K_M.gguf", dir, "m.jlm", &err);
@@ -618,7 +677,46 @@ Test(cuda, qkv_and_gate_up_go_to_the_device_in_one_round_trip_each, .timeout = 1
 Test(cuda, activations_up_and_down_are_the_bytes_the_matmuls_copied, .timeout = 120)
 {
     setenv("JLM_CUDA_EMULATE", "1", 1);
+    setenv("JLM_CUDA_BLOCKS", "0", 1);   /* the matmul offload (whole blocks: whole_blocks_*) */
     bm_decode_activations("cuda", "0", sizeof(jlm_cu_act), 1);
+}
+
+/* Whole blocks on the emulated device (engine/exec_cu.c): the dense test
+ * models give the CPU's greedy ids and logits whole and at --gpu-layers 2,
+ * and a decoded token is one round trip (one stream synchronize) where the
+ * matmul offload (JLM_CUDA_BLOCKS=0) makes 4 a layer: backend_matrix.h's
+ * bm_whole_blocks. The matrix above runs the other models and budgets with
+ * whole blocks on too (those the kernels are not wired for fall back). */
+Test(cuda, whole_blocks_on_the_emulated_device_give_the_cpus_ids_in_one_round_trip_a_token, .timeout = 300)
+{
+    setenv("JLM_CUDA_EMULATE", "1", 1);
+    bm_whole_blocks("cuda");
+}
+
+/* The engine's own sequence on whole blocks and a jlm_engine_seq on the
+ * matmul offload, interleaved token by token on one engine: both the CPU's
+ * logits, one round trip a token against several (bm_seq_interleave). */
+Test(cuda, the_engines_sequence_on_the_device_and_a_host_sequence_interleave, .timeout = 120)
+{
+    setenv("JLM_CUDA_EMULATE", "1", 1);
+    bm_seq_interleave("cuda");
+}
+
+/* --embeddings with whole blocks on the device: the CPU's (bm_embeddings_match). */
+Test(cuda, embeddings_on_whole_blocks_equal_the_cpus, .timeout = 60)
+{
+    setenv("JLM_CUDA_EMULATE", "1", 1);
+    bm_embeddings_match("cuda", "");
+}
+
+/* From --stats: with --gpu-layers all (and the CLI's --kv auto: F32 with a
+ * CUDA device, whose whole blocks keep an F32 cache) a decoded token is one
+ * round trip and its embedding and logits (within 4 KiB); the offload 4
+ * round trips a layer (QKV, o, gate/up, down). */
+Test(cuda, stats_a_decoded_token_is_one_round_trip_and_its_embedding_and_logits, .timeout = 120)
+{
+    setenv("JLM_CUDA_EMULATE", "1", 1);
+    bm_stats_decoded_token("cuda", "JLM_CUDA_BLOCKS", "", 4, NULL, "f32");
 }
 
 /* The CLI: `jlm run --backend cuda` on the emulated device gives the CPU's
@@ -675,22 +773,30 @@ Test(cuda, the_emulated_stamps_time_the_ops_between_them_once_run)
     jlm_cu_rt_close(r);
 }
 
-/* jlm bench --profile --backend cuda (emulated): a cuda line whose matmul is
- * the stamps' time and whose attention and norms are 0 (the matmul offload:
- * they run on the CPU); the classes within the token's time. */
+/* jlm bench --profile --backend cuda (emulated): with whole blocks (the
+ * default) the cuda line's matmul, attention and norms are each measured
+ * (stamps on the compute stream at each op class of the block walk); with
+ * the matmul offload (JLM_CUDA_BLOCKS=0) only the matmul (attention and
+ * norms run on the CPU: 0); the classes within the token's time. */
 Test(cuda, bench_profile_shows_the_devices_matmul_time, .timeout = 120)
 {
     char *dir = tu_tmpdir(), cmd[2048], *o = NULL;
-    snprintf(cmd, sizeof cmd, "XDG_CACHE_HOME=%s JLM_CUDA_EMULATE=1 %s bench %s -p 8 -n 4 -r 2 -t 1 --profile "
-             "--backend cuda --gpu-layers all 2>&1", dir, tu_jlm(), tu_model("stories260K.gguf"));
-    cr_assert_eq(tu_run(cmd, &o), 0, "%s", o);
-    for (int t = 0; t < 2; t++) {
-        double ms[4], tok;
-        bm_prof_line(o, t ? "tg4" : "pp8", "cuda", "the emulation's stamps, on the host's clock", ms, &tok);
-        cr_assert(ms[0] > 0 && ms[1] == 0 && ms[2] == 0, "%s", o);
-        cr_assert(ms[0] + ms[1] + ms[2] + ms[3] <= 1.05 * tok + 0.01, "more than the token:\n%s", o);
+    for (int blocks = 1; blocks >= 0; blocks--) {
+        snprintf(cmd, sizeof cmd, "XDG_CACHE_HOME=%s JLM_CUDA_EMULATE=1 JLM_CUDA_BLOCKS=%d %s bench %s -p 8 -n 4 -r 2 "
+                 "-t 1 --profile --backend cuda --gpu-layers all 2>&1", dir, blocks, tu_jlm(),
+                 tu_model("stories260K.gguf"));
+        cr_assert_eq(tu_run(cmd, &o), 0, "%s", o);
+        for (int t = 0; t < 2; t++) {
+            double ms[4], tok;
+            bm_prof_line(o, t ? "tg4" : "pp8", "cuda", "the emulation's stamps, on the host's clock", ms, &tok);
+            cr_assert(ms[0] > 0, "no matmul time: %s", o);
+            cr_assert(blocks ? ms[1] > 0 && ms[2] > 0 : ms[1] == 0 && ms[2] == 0,
+                      "%s: attention %g, norms %g ms/token:\n%s", blocks ? "whole blocks" : "the offload", ms[1], ms[2],
+                      o);
+            cr_assert(ms[0] + ms[1] + ms[2] + ms[3] <= 1.05 * tok + 0.01, "more than the token:\n%s", o);
+        }
+        free(o);
     }
-    free(o);
     tu_rmrf(dir);
     free(dir);
 }

@@ -741,26 +741,6 @@ static jlm_engine *engine_on(const char *path, const char *backend, uint32_t gpu
     return engine_kv(path, backend, gpu_layers, NULL);
 }
 
-/* Greedy ids after prompt; the logits after the prompt into first. */
-static void greedy_ids(jlm_engine *e, const int32_t *prompt, size_t np, int n, int32_t *out, float *first)
-{
-    uint32_t nv = jlm_engine_n_vocab(e);
-    float *l = malloc(nv * sizeof *l);
-    jlm_err err = {0};
-    cr_assert_eq(jlm_engine_eval(e, prompt, (uint32_t)np, l, &err), 0, "%s", err.msg);
-    memcpy(first, l, nv * sizeof *l);
-    for (int i = 0; i < n; i++) {
-        int32_t best = 0;
-        for (uint32_t j = 1; j < nv; j++)
-            if (l[j] > l[best])
-                best = (int32_t)j;
-        out[i] = best;
-        if (i + 1 < n)
-            cr_assert_eq(jlm_engine_eval(e, &best, 1, l, &err), 0, "%s", err.msg);
-    }
-    free(l);
-}
-
 Test(vulkan, backend_vulkan_gives_llama_cpp_ids_on_stories260K, .timeout = 60)
 {
     char *dir = tu_tmpdir();
@@ -786,7 +766,7 @@ Test(vulkan, backend_vulkan_gives_llama_cpp_ids_on_stories260K, .timeout = 60)
         for (size_t i = 0; i < np; i++)
             p[i] = (int32_t)json_integer_value(json_array_get(jp, i));
         jlm_engine_rewind(e, 0);
-        greedy_ids(e, p, np, (int)ng, got, first);
+        bm_greedy_ids(e, p, np, (int)ng, got, first);
         for (size_t i = 0; i < ng; i++)
             cr_assert_eq(got[i], json_integer_value(json_array_get(jg, i)), "run %zu: id %zu is %d, llama.cpp %lld",
                          r, i, got[i], (long long)json_integer_value(json_array_get(jg, i)));
@@ -828,11 +808,11 @@ Test(vulkan, backend_vulkan_equals_the_cpu_bit_for_bit_on_quantized_models, .tim
         uint32_t nv = jlm_engine_n_vocab(ec);
         float *lc = malloc(nv * 4), *lv = malloc(nv * 4);
         int32_t prompt[5] = {1, 10, 20, 30, 40}, ic[8], iv[8];
-        greedy_ids(ec, prompt, 5, 8, ic, lc);
-        greedy_ids(ev, prompt, 5, 8, iv, lv);
+        bm_greedy_ids(ec, prompt, 5, 8, ic, lc);
+        bm_greedy_ids(ev, prompt, 5, 8, iv, lv);
         cr_assert(!memcmp(lc, lv, nv * 4), "%s: logits after the prompt differ", MODELS[m]);
         cr_assert(!memcmp(ic, iv, sizeof ic), "%s: greedy ids differ", MODELS[m]);
-        greedy_ids(es, prompt, 5, 8, iv, lv);
+        bm_greedy_ids(es, prompt, 5, 8, iv, lv);
         cr_assert(!memcmp(lc, lv, nv * 4), "%s --gpu-layers 1: logits after the prompt differ", MODELS[m]);
         cr_assert(!memcmp(ic, iv, sizeof ic), "%s --gpu-layers 1: greedy ids differ", MODELS[m]);
         uint64_t mm, up, mm_split;
@@ -905,7 +885,7 @@ Test(vulkan, device_frames_import_and_upload_paths_equal_the_cpu_and_page_in_onc
         uint32_t nv = jlm_engine_n_vocab(ec), nl = jlm_engine_model(ec)->config.n_layer;
         float *lc = malloc(nv * 4), *lv = malloc(nv * 4);
         int32_t prompt[4] = {1, 10, 20, 30}, ic[6], iv[6];
-        greedy_ids(ec, prompt, 4, 6, ic, lc);
+        bm_greedy_ids(ec, prompt, 4, 6, ic, lc);
         for (int path_i = 0; path_i < 2; path_i++) {
             if (path_i)
                 setenv("JLM_VK_UPLOAD", "1", 1);
@@ -924,7 +904,7 @@ Test(vulkan, device_frames_import_and_upload_paths_equal_the_cpu_and_page_in_onc
                 continue;
             }
             cr_assert_str_eq(vs.path, want, "%s: path", MODELS[m]);
-            greedy_ids(ev, prompt, 4, 6, iv, lv);
+            bm_greedy_ids(ev, prompt, 4, 6, iv, lv);
             same_logits(lc, lv, nv, exact[m], MODELS[m], want);
             cr_assert(!memcmp(ic, iv, sizeof ic), "%s (%s): greedy ids differ", MODELS[m], want);
             jlm_engine_dev_stats(ev, &vs);
@@ -949,7 +929,7 @@ Test(vulkan, device_frames_import_and_upload_paths_equal_the_cpu_and_page_in_onc
             jlm_engine_close(ev);
             /* one frame on each side */
             ev = engine_opts(path, "vulkan", 1, 1);
-            greedy_ids(ev, prompt, 4, 6, iv, lv);
+            bm_greedy_ids(ev, prompt, 4, 6, iv, lv);
             same_logits(lc, lv, nv, exact[m], MODELS[m], "one frame");
             cr_assert(!memcmp(ic, iv, sizeof ic), "%s (%s, one frame): greedy ids differ", MODELS[m], want);
             jlm_engine_dev_stats(ev, &vs);
@@ -1131,8 +1111,8 @@ Test(vulkan, engine_with_planes_over_one_binding_equals_the_cpu, .timeout = 120)
         uint32_t nv = jlm_engine_n_vocab(ec);
         float *lc = malloc(nv * 4), *lv = malloc(nv * 4);
         int32_t prompt[4] = {1, 10, 20, 30}, ic[5], iv[5];
-        greedy_ids(ec, prompt, 4, 5, ic, lc);
-        greedy_ids(ev, prompt, 4, 5, iv, lv);
+        bm_greedy_ids(ec, prompt, 4, 5, ic, lc);
+        bm_greedy_ids(ev, prompt, 4, 5, iv, lv);
         same_logits(lc, lv, nv, m == 0, MODELS[m], "64 KiB bindings");
         cr_assert(!memcmp(ic, iv, sizeof ic), "%s (64 KiB bindings): greedy ids differ", MODELS[m]);
         jlm_dev_stats vs;
@@ -1254,111 +1234,13 @@ Test(vulkan, quantize_is_bit_identical_to_the_cpu)
     jlm_vk_close(vk);
 }
 
-/* One lockstep step: the device's logits lv within tol of the largest
- * |logit| of the CPU's lc, and the same pick wherever the CPU's top-2 margin
- * exceeds twice the difference. Returns the CPU's pick (the next id fed). */
-static int32_t lockstep_pick(const float *lc, const float *lv, uint32_t nv, double tol, const char *label)
-{
-    float mx = 0, d = 0, margin, mv;
-    for (uint32_t i = 0; i < nv; i++) {
-        mx = fmaxf(mx, fabsf(lc[i]));
-        d = fmaxf(d, fabsf(lc[i] - lv[i]));
-    }
-    cr_assert(d <= tol * mx, "%s: logits differ by %g (largest %g)", label, d, mx);
-    int pc = argmax2(lc, nv, &margin), pv = argmax2(lv, nv, &mv);
-    cr_assert(pc == pv || margin <= 2 * d, "%s: picks %d and %d, margin %g, difference %g", label, pc, pv, margin, d);
-    return pc;
-}
-
-/* Both engines rewound, then the prompt and 8 steps of the CPU's greedy
- * ids fed to both, each step through lockstep_pick. Returns the CPU's last
- * pick (not yet fed). */
-static int32_t lockstep(jlm_engine *ec, jlm_engine *ev, const int32_t *prompt, uint32_t np, double tol,
-                        const char *model, const char *what)
-{
-    uint32_t nv = jlm_engine_n_vocab(ec);
-    float *lc = malloc(nv * 4), *lv = malloc(nv * 4);
-    jlm_err err = {0};
-    jlm_engine_rewind(ec, 0);
-    jlm_engine_rewind(ev, 0);
-    const int32_t *tok = prompt;
-    int32_t next = 0;
-    uint32_t n = np;
-    for (int step = 0; step < 8; step++) {
-        cr_assert_eq(jlm_engine_eval(ec, tok, n, lc, &err), 0, "%s", err.msg);
-        cr_assert_eq(jlm_engine_eval(ev, tok, n, lv, &err), 0, "%s", err.msg);
-        char label[256];
-        snprintf(label, sizeof label, "%s (%s), step %d", model, what, step);
-        next = lockstep_pick(lc, lv, nv, tol, label);
-        tok = &next;
-        n = 1;
-    }
-    free(lc);
-    free(lv);
-    return next;
-}
-
-/* Whole blocks on the device (engine/exec_vk.c): stories260K, every
- * synth-llama type, and qwen2 (biases), qwen3 (per-head q/k norms) and phi3,
- * whole and at --gpu-layers 2, against the CPU with the
- * CPU's greedy ids fed to both for 8 steps after a prompt: logits within 5e-4
- * of the largest on float weights (the CPU's FMA kernels) and the same greedy
- * ids as the CPU's own run; on quantized weights within the quantized
- * tolerance against llama.cpp (0.05, Q2_K 0.12: an int8 code one off,
- * backend_matrix.h's dev_cpu_tol) and the same pick wherever the CPU's top-2
- * margin exceeds twice the difference. And a decoded token is one round trip
- * (the blocks, and the output matrix when it is there: one command buffer),
- * where the matmul offload (JLM_VK_BLOCKS=0) makes one a matmul. */
+/* Whole blocks on the device (engine/exec_vk.c) give the CPU's ids and
+ * logits, whole and at --gpu-layers 2, and a decoded token is one round trip
+ * (one command buffer) where the matmul offload (JLM_VK_BLOCKS=0) makes one
+ * a matmul: backend_matrix.h's bm_whole_blocks. */
 Test(vulkan, whole_blocks_on_the_device_give_the_cpus_ids_in_one_round_trip_a_token, .timeout = 300)
 {
-    static const char *MODELS[] = {"stories260K", "synth-llama-256.f32", "synth-llama-256.Q4_K_M",
-                                   "synth-llama-256.Q8_0", "synth-llama-256.Q4_0", "synth-llama-256.Q4_1",
-                                   "synth-llama-256.Q5_0", "synth-llama-256.Q5_1", "synth-llama-256.Q2_K",
-                                   "synth-llama-256.Q3_K_M", "synth-llama-256.Q5_K_M", "synth-llama-256.Q6_K",
-                                   "synth-llama-256.MXFP4", "synth-qwen2-256.Q8_0", "synth-qwen3-256.Q8_0",
-                                   "synth-phi3-256.Q4_K_M"};
-    char *dir = tu_tmpdir();
-    for (size_t m = 0; m < sizeof MODELS / sizeof MODELS[0]; m++) {
-        char gguf[256];
-        jlm_err err = {0};
-        snprintf(gguf, sizeof gguf, "%s.gguf", MODELS[m]);
-        char *path = tu_convert(gguf, dir, "w.jlm", &err);
-        cr_assert(path, "%s", err.msg);
-        jlm_engine *ec = engine_on(path, "cpu", 0);
-        uint32_t nv = jlm_engine_n_vocab(ec);
-        float *lc = malloc(nv * 4), *lv = malloc(nv * 4);
-        int32_t prompt[5] = {1, 10, 20, 30, 40}, ic[8], iv[8];
-        greedy_ids(ec, prompt, 5, 8, ic, lc);
-        int fl = m < 2;
-        double tol = fl ? 5e-4 : strstr(MODELS[m], "Q2_K") ? 0.12 : 0.05;
-        for (int split = 0; split < 2; split++) {
-            jlm_engine *ev = engine_on(path, "vulkan", split ? 2 : 0);
-            if (!ev) {
-                tu_rmrf(dir);
-                cr_skip_test("vulkan: no device");
-            }
-            const char *what = split ? "--gpu-layers 2" : "whole";
-            if (fl) {
-                greedy_ids(ev, prompt, 5, 8, iv, lv);
-                cr_assert(!memcmp(ic, iv, sizeof ic), "%s (%s): greedy ids differ", MODELS[m], what);
-                jlm_engine_rewind(ev, 0);
-            }
-            int32_t next = lockstep(ec, ev, prompt, 5, tol, MODELS[m], what);
-            jlm_dev_stats s0, s1;
-            jlm_engine_dev_stats(ev, &s0);
-            cr_assert_eq(jlm_engine_eval(ev, &next, 1, lv, &err), 0, "%s", err.msg);
-            jlm_engine_dev_stats(ev, &s1);
-            cr_assert_eq(s1.waits - s0.waits, 1, "%s (%s): a decoded token made %llu round trips", MODELS[m], what,
-                         (unsigned long long)(s1.waits - s0.waits));
-            jlm_engine_close(ev);
-        }
-        free(lc);
-        free(lv);
-        jlm_engine_close(ec);
-        free(path);
-    }
-    tu_rmrf(dir);
-    free(dir);
+    bm_whole_blocks("vulkan");
 }
 
 /* Routed experts on the device (engine/exec_vk_moe.c): the llama-style MoE
@@ -1393,7 +1275,7 @@ Test(vulkan, moe_blocks_on_the_device_give_the_cpus_ids_in_a_round_trip_a_block,
         uint32_t nv = jlm_engine_n_vocab(ec), L = jlm_engine_model(ec)->config.n_layer;
         float *lc = malloc(nv * 4), *lv = malloc(nv * 4);
         int32_t prompt[5] = {1, 10, 20, 30, 40}, ic[8], iv[8];
-        greedy_ids(ec, prompt, 5, 8, ic, lc);
+        bm_greedy_ids(ec, prompt, 5, 8, ic, lc);
         jlm_engine_predict pc_cpu, pc_dev;
         jlm_engine_predict_stats(ec, &pc_cpu);
         double tol = m == 0 ? 5e-4 : 0.05;
@@ -1405,7 +1287,7 @@ Test(vulkan, moe_blocks_on_the_device_give_the_cpus_ids_in_a_round_trip_a_block,
                 cr_skip_test("vulkan: no device");
             }
             const char *what = i == 0 ? "whole" : i == 1 ? "--gpu-layers 2" : "--gpu-layers 1";
-            greedy_ids(ev, prompt, 5, 8, iv, lv);
+            bm_greedy_ids(ev, prompt, 5, 8, iv, lv);
             cr_assert(!greedy[m] || !memcmp(ic, iv, sizeof ic), "%s (%s): greedy ids differ", MODELS[m], what);
             /* block 0 predicts block 1's experts on the device as the CPU does */
             jlm_engine_predict_stats(ev, &pc_dev);
@@ -1414,7 +1296,7 @@ Test(vulkan, moe_blocks_on_the_device_give_the_cpus_ids_in_a_round_trip_a_block,
                       "%s (%s): predicted %llu, hits %llu; the CPU's %llu, %llu", MODELS[m], what,
                       (unsigned long long)pc_dev.predicted, (unsigned long long)pc_dev.hits,
                       (unsigned long long)pc_cpu.predicted, (unsigned long long)pc_cpu.hits);
-            int32_t next = lockstep(ec, ev, prompt, 5, tol, MODELS[m], what);
+            int32_t next = bm_lockstep(ec, ev, prompt, 5, tol, MODELS[m], what);
             jlm_dev_stats s0, s1;
             jlm_engine_dev_stats(ev, &s0);
             cr_assert_eq(jlm_engine_eval(ev, &next, 1, lv, &err), 0, "%s", err.msg);
@@ -1433,7 +1315,7 @@ Test(vulkan, moe_blocks_on_the_device_give_the_cpus_ids_in_a_round_trip_a_block,
             if (up)
                 setenv("JLM_VK_UPLOAD", "1", 1);
             jlm_engine *eb = engine_opts(path, "vulkan", (uint64_t)st.st_size / 2, 0);
-            greedy_ids(eb, prompt, 5, 8, iv, lv);
+            bm_greedy_ids(eb, prompt, 5, 8, iv, lv);
             cr_assert(!greedy[m] || !memcmp(ic, iv, sizeof ic), "%s (budget, %s): greedy ids differ", MODELS[m],
                       up ? "upload" : "import");
             jlm_pager_counters pc;
@@ -1485,10 +1367,10 @@ Test(vulkan, gpt_oss_blocks_run_whole_with_windows_sinks_and_experts, .timeout =
     uint32_t nv = jlm_engine_n_vocab(ec);
     float *l = malloc(nv * 4);
     int32_t prompt[3] = {1, 2, 3}, ic[14], iv[14];
-    greedy_ids(ec, prompt, 3, 14, ic, l);
-    greedy_ids(ev, prompt, 3, 14, iv, l);
+    bm_greedy_ids(ec, prompt, 3, 14, ic, l);
+    bm_greedy_ids(ev, prompt, 3, 14, iv, l);
     cr_assert(!memcmp(ic, iv, sizeof ic), "gpt-oss: greedy ids differ from the CPU's");
-    int32_t next = lockstep(ec, ev, prompt, 3, 0.05, "gpt-oss", "whole");
+    int32_t next = bm_lockstep(ec, ev, prompt, 3, 0.05, "gpt-oss", "whole");
     jlm_engine_rewind(eo, 0);
     cr_assert_eq(jlm_engine_eval(eo, prompt, 3, l, &err), 0, "%s", err.msg);
     jlm_dev_stats o0, o1, v0, v1;
@@ -1511,120 +1393,32 @@ Test(vulkan, gpt_oss_blocks_run_whole_with_windows_sinks_and_experts, .timeout =
     free(dir);
 }
 
-/* From --stats (the numbers a user sees): with --gpu-layers all (and the
- * CLI's --kv auto: an F16 cache, on the device) a decoded
- * token costs one round trip (at most one a block: the issue's bound; the
- * goal, one a token, is what is tested; an MoE model, qwen3moe: one a MoE
- * block, for its router's picks, plus one for the logits) and activations
- * up + down of at most its embedding in, its logits out and 4 KiB (the
- * positions' RoPE cos/sin, and the picks: n_expert_used int32 a MoE block),
- * from the difference of a 4-token and a 12-token run. The same
- * runs with JLM_VK_BLOCKS=0 (the matmul offload) cost a round trip a
- * matmul: what the counters are compared with. */
+/* From --stats: with --gpu-layers all (and the CLI's --kv auto: an F16
+ * cache, on the device) a decoded token is one round trip (qwen3moe: one a
+ * MoE block, for its router's picks, plus one) and its embedding and logits
+ * (plus the positions' RoPE cos/sin and the picks, within 4 KiB); the
+ * matmul offload (JLM_VK_BLOCKS=0) a round trip a matmul, 7 a layer:
+ * backend_matrix.h's bm_stats_decoded_token. */
 Test(vulkan, stats_a_decoded_token_is_one_round_trip_and_its_embedding_and_logits, .timeout = 120)
 {
     if (!jlm_vk_built())
         cr_skip_test("built without Vulkan");
-    static const char *MODELS[] = {"stories260K", "synth-llama-256.Q4_K_M", "synth-qwen3moe-256.Q8_0"};
-    int md_moe[3];
-    char *dir = tu_tmpdir();
-    for (size_t m = 0; m < 3; m++) {
-        char gguf[256], cmd[2048];
-        jlm_err err = {0};
-        snprintf(gguf, sizeof gguf, "%s.gguf", MODELS[m]);
-        char *path = tu_convert(gguf, dir, "s.jlm", &err);
-        cr_assert(path, "%s", err.msg);
-        jlm_engine *ec = engine_on(path, "cpu", 0);
-        const jlm_model *md = jlm_engine_model(ec);
-        uint64_t E = md->config.n_embd, L = md->config.n_layer, V = jlm_engine_n_vocab(ec);
-        md_moe[m] = md->config.n_expert > 0;
-        jlm_engine_close(ec);
-        unsigned long long rt[2][2], act[2][2], gen[2][2];
-        for (int blocks = 0; blocks < 2; blocks++)
-            for (int r = 0; r < 2; r++) {
-                char *out = NULL;
-                snprintf(cmd, sizeof cmd, "JLM_VK_BLOCKS=%d %s run %s --ids 1,2,3 -n %d --print-ids --backend vulkan "
-                         "--device 0 --gpu-layers all --stats --seed 1", blocks, tu_jlm(), path, r ? 12 : 4);
-                int rc = tu_run(cmd, &out);
-                if (rc && strstr(out, "no device")) {
-                    free(out);
-                    tu_rmrf(dir);
-                    cr_skip_test("vulkan: no device");
-                }
-                cr_assert_eq(rc, 0, "%s", out);
-                const char *vl = strstr(out, "\nvulkan: matmuls "), *kv = strstr(out, ", KV ");
-                cr_assert(vl, "%s", out);
-                cr_assert(kv && strstr(kv, " (f16),") == strchr(kv + 5, ' '), "--kv auto with Vulkan keeps F16: %s",
-                          out);   /* the whole blocks' cache is F16 on the device */
-                const char *g = strstr(out, "\"generated\": [");
-                cr_assert(g, "%s", out);
-                gen[blocks][r] = 1;
-                for (g += 14; *g && *g != ']'; g++)
-                    gen[blocks][r] += *g == ',';
-                rt[blocks][r] = bm_field(vl, "round trips ");
-                act[blocks][r] = bm_field(vl, "activations up ") + bm_field(vl, ", down ");
-                free(out);
-            }
-        cr_assert(gen[1][1] > gen[1][0] && gen[0][1] > gen[0][0], "%s: %llu and %llu tokens", MODELS[m], gen[1][0],
-                  gen[1][1]);
-        double dn = (double)(gen[1][1] - gen[1][0]), per_rt = (rt[1][1] - rt[1][0]) / dn;
-        double per_act = (act[1][1] - act[1][0]) / dn, off_rt = (rt[0][1] - rt[0][0]) / (double)(gen[0][1] - gen[0][0]);
-        int moe = md_moe[m];
-        cr_assert(moe ? per_rt <= (double)L + 1 : per_rt <= 1.0 && per_rt <= (double)L,
-                  "%s: %.2f round trips a decoded token (%llu blocks)", MODELS[m], per_rt, (unsigned long long)L);
-        cr_assert(per_act <= (double)(E * 4 + V * 4 + 4096), "%s: %.0f activation bytes a token (embedding %llu, logits %llu)",
-                  MODELS[m], per_act, (unsigned long long)(E * 4), (unsigned long long)(V * 4));
-        cr_assert(off_rt >= 7.0 * (double)L, "%s: the matmul offload's %.2f round trips a token", MODELS[m], off_rt);
-        free(path);
-    }
-    tu_rmrf(dir);
-    free(dir);
+    bm_stats_decoded_token("vulkan", "JLM_VK_BLOCKS", "--device 0", 7, "synth-qwen3moe-256.Q8_0", "f16");
 }
 
-/* The engine's own sequence runs whole blocks with its cache on the device;
- * a jlm_engine_seq (serve's slots) keeps its host cache and the matmul
- * offload. Interleaved on one engine, token by token, both give the CPU's
- * logits for the same ids (the residual rows and the recording are handed
- * over between them), and the default sequence's tokens are one round trip
- * each, the other's one a matmul. */
+/* --embeddings with whole blocks on the device: the CPU's (bm_embeddings_match). */
+Test(vulkan, embeddings_on_whole_blocks_equal_the_cpus, .timeout = 60)
+{
+    if (!jlm_vk_built())
+        cr_skip_test("built without Vulkan");
+    bm_embeddings_match("vulkan", " --device 0");
+}
+
+/* The engine's own sequence on whole blocks and a jlm_engine_seq on the
+ * matmul offload, interleaved: backend_matrix.h's bm_seq_interleave. */
 Test(vulkan, the_engines_sequence_on_the_device_and_a_host_sequence_interleave, .timeout = 120)
 {
-    char *dir = tu_tmpdir();
-    jlm_err err = {0};
-    char *path = tu_convert("stories260K.gguf", dir, "s.jlm", &err);
-    cr_assert(path, "%s", err.msg);
-    jlm_engine *ec = engine_on(path, "cpu", 0), *ev = engine_on(path, "vulkan", 0);
-    if (!ev) {
-        tu_rmrf(dir);
-        cr_skip_test("vulkan: no device");
-    }
-    uint32_t nv = jlm_engine_n_vocab(ec);
-    float *lc = malloc(nv * 4), *la = malloc(nv * 4), *lb = malloc(nv * 4);
-    jlm_engine_seq *s = NULL;
-    cr_assert_eq(jlm_engine_seq_create(ev, &s, &err), 0, "%s", err.msg);
-    int32_t ids[6] = {1, 403, 407, 261, 378, 432};
-    for (int t = 0; t < 6; t++) {
-        jlm_dev_stats s0, s1, s2;
-        cr_assert_eq(jlm_engine_eval(ec, &ids[t], 1, lc, &err), 0, "%s", err.msg);
-        jlm_engine_dev_stats(ev, &s0);
-        cr_assert_eq(jlm_engine_eval(ev, &ids[t], 1, la, &err), 0, "%s", err.msg);
-        jlm_engine_dev_stats(ev, &s1);
-        cr_assert_eq(jlm_engine_eval_seq(ev, s, &ids[t], 1, lb, &err), 0, "%s", err.msg);
-        jlm_engine_dev_stats(ev, &s2);
-        same_logits(lc, la, nv, 0, "stories260K", "the engine's sequence");
-        same_logits(lc, lb, nv, 0, "stories260K", "a jlm_engine_seq");
-        cr_assert(s1.waits - s0.waits == 1 && s2.waits - s1.waits > 5, "token %d: round trips %llu and %llu", t,
-                  (unsigned long long)(s1.waits - s0.waits), (unsigned long long)(s2.waits - s1.waits));
-    }
-    jlm_engine_seq_destroy(s);
-    free(lc);
-    free(la);
-    free(lb);
-    jlm_engine_close(ec);
-    jlm_engine_close(ev);
-    free(path);
-    tu_rmrf(dir);
-    free(dir);
+    bm_seq_interleave("vulkan");
 }
 
 /* --profile --backend vulkan: with every block on the device the vulkan
@@ -1701,7 +1495,7 @@ Test(vulkan, profiling_leaves_ids_and_logits_unchanged, .timeout = 120)
         }
         jlm_engine_profile(e, prof);
         lg[prof] = malloc(jlm_engine_n_vocab(e) * sizeof(float));
-        greedy_ids(e, prompt, 5, 8, ids[prof], lg[prof]);
+        bm_greedy_ids(e, prompt, 5, 8, ids[prof], lg[prof]);
         jlm_dev_prof dp;
         cr_assert(jlm_engine_dev_prof_at(e, 0, &dp));
         if (prof)
@@ -1759,7 +1553,7 @@ Test(vulkan, whole_blocks_of_gemma3_and_an_f16_cache_give_the_cpus_ids, .timeout
             uint32_t nv = jlm_engine_n_vocab(ec);
             float *lc = malloc(nv * 8), *lv = lc + nv;   /* the CPU's logits, the device's */
             if (MODELS[m].greedy)
-                greedy_ids(ec, prompt, NP, NG, ic, lc);
+                bm_greedy_ids(ec, prompt, NP, NG, ic, lc);
             for (int split = 0; split < 2; split++) {
                 jlm_engine *ev = engine_kv(path, "vulkan", split ? 2 : 0, kv);
                 if (!ev) {
@@ -1768,7 +1562,7 @@ Test(vulkan, whole_blocks_of_gemma3_and_an_f16_cache_give_the_cpus_ids, .timeout
                 }
                 const char *what = split ? "--gpu-layers 2" : "whole";
                 if (MODELS[m].greedy) {
-                    greedy_ids(ev, prompt, NP, NG, iv, lv);
+                    bm_greedy_ids(ev, prompt, NP, NG, iv, lv);
                     cr_assert(!memcmp(ic, iv, sizeof ic), "%s --kv %s (%s): greedy ids differ", MODELS[m].name, kv,
                               what);
                     jlm_engine_rewind(ev, 0);
@@ -1789,7 +1583,7 @@ Test(vulkan, whole_blocks_of_gemma3_and_an_f16_cache_give_the_cpus_ids, .timeout
                     double tol = f16 && MODELS[m].tol < 2e-3 ? 2e-3 : MODELS[m].tol;
                     char label[256];
                     snprintf(label, sizeof label, "%s --kv %s (%s), step %d", MODELS[m].name, kv, what, step);
-                    int32_t pc = lockstep_pick(lc, lv, nv, tol, label);
+                    int32_t pc = bm_lockstep_pick(lc, lv, nv, tol, label);
                     unsigned long long rt = s1.waits - s0.waits, act = s1.act_up + s1.act_down - s0.act_up - s0.act_down;
                     cr_assert(step == 0 || rt == 1, "%s --kv %s (%s), step %d: %llu round trips",
                               MODELS[m].name, kv, what, step, rt);

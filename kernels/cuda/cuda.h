@@ -79,6 +79,9 @@ int jlm_cu_launch_matvec(const jlm_cu_mat *m, uint64_t n, const float *x, const 
                          float *y, void *stream);
 int jlm_cu_launch_quantize(const float *x, const jlm_cu_act *a, void *stream);
 int jlm_cu_launch_rmsnorm(float *out, const float *x, const float *w, uint64_t n, float eps, void *stream);
+/* rows rows of n floats (row i at x + i*n, out + i*n), a block each. */
+int jlm_cu_launch_rmsnorm_rows(float *out, const float *x, const float *w, uint64_t n, uint32_t rows, float eps,
+                               void *stream);
 int jlm_cu_launch_layernorm(float *out, const float *x, const float *w, const float *b, uint64_t n, float eps,
                             void *stream);
 int jlm_cu_launch_softmax(float *x, uint64_t n, void *stream);

@@ -77,7 +77,7 @@ static float tree_max(float *sh)
     return sh[0];
 }
 
-/* kernel rmsnorm: one block of THREADS. */
+/* kernel rmsnorm: one block of THREADS (a row each; rt.c runs the rows one by one). */
 void jlm_cu_host_rmsnorm(float *out, const float *x, const float *w, uint64_t n, float eps)
 {
     double sh[JLM_CU_THREADS];

@@ -69,9 +69,12 @@ __device__ static float block_max(float *sh, float v)
     return block_reduce<float, jlm_cu_tree_max>(sh, v);
 }
 
+// Block b normalizes row b (a grid of one: the row at out, x).
 __global__ void jlm_cu_k_rmsnorm(float *out, const float *x, const float *w, uint64_t n, float eps)
 {
     __shared__ double sh[T];
+    out += (uint64_t)blockIdx.x * n;
+    x += (uint64_t)blockIdx.x * n;
     double sum = block_sum(sh, jlm_cu_rms_partial(x, n, threadIdx.x, T));
     jlm_cu_rms_apply(out, x, w, n, eps, sum, threadIdx.x, T);
 }
@@ -189,6 +192,15 @@ int jlm_cu_launch_quantize(const float *x, const jlm_cu_act *a, void *stream)
 int jlm_cu_launch_rmsnorm(float *out, const float *x, const float *w, uint64_t n, float eps, void *stream)
 {
     jlm_cu_k_rmsnorm<<<1, T, 0, (cudaStream_t)stream>>>(out, x, w, n, eps);
+    return launched();
+}
+
+int jlm_cu_launch_rmsnorm_rows(float *out, const float *x, const float *w, uint64_t n, uint32_t rows, float eps,
+                               void *stream)
+{
+    if (rows == 0)
+        return 0;
+    jlm_cu_k_rmsnorm<<<rows, T, 0, (cudaStream_t)stream>>>(out, x, w, n, eps);
     return launched();
 }
 

@@ -27,7 +27,25 @@ typedef struct emu_alloc {
     uint64_t wr_id;       /* ... and that copy's op number (0: never written by a copy) */
 } emu_alloc;
 
-enum { OP_COPY, OP_RECORD, OP_WAIT, OP_MATVEC, OP_STAMP };
+enum { OP_COPY, OP_RECORD, OP_WAIT, OP_MATVEC, OP_KERNEL, OP_STAMP };
+
+/* A whole block's kernels (everything but the matvec): the arguments of one
+ * launch, and the device spans it reads (checked for ordering when it runs). */
+enum { K_QUANT, K_RMS, K_ROPE, K_ELEM, K_ATTN };
+#define EMU_READS 4
+typedef struct emu_kern {
+    int          kind, op;
+    float       *out, *scores;
+    const float *a, *b, *c, *w;
+    uint64_t     n;
+    uint32_t     rows, n_head, hd;
+    int64_t      pos;
+    float        s, lim;
+    jlm_cu_act   act;
+    jlm_cu_rope  rope;
+    jlm_cu_attn  attn;
+    struct { const void *p; uint64_t n; const char *what; } rd[EMU_READS];
+} emu_kern;
 
 typedef struct emu_op {
     int            kind, ev;
@@ -44,6 +62,7 @@ typedef struct emu_op {
     const float   *x;
     const jlm_cu_act *xq;
     float         *y;
+    emu_kern       kr;           /* KERNEL */
 } emu_op;
 
 typedef struct emu_queue {
@@ -214,6 +233,36 @@ static int emu_matvec(jlm_cu_rt *r, int s, const emu_op *op)
     return 0;
 }
 
+/* One of a block's kernels, on the host: the bodies over the grid the
+ * launchers of kernels.cu use (harness.c). */
+static int emu_kernel(jlm_cu_rt *r, int s, const emu_kern *k)
+{
+    for (int i = 0; i < EMU_READS; i++)
+        if (k->rd[i].p && emu_ordered(r, s, k->rd[i].p, k->rd[i].n, k->rd[i].what)) {
+            r->fault = 1;
+            return EMU_FAULT;
+        }
+    switch (k->kind) {
+    case K_QUANT:
+        for (uint64_t b = 0; b < k->act.k / 32; b++)
+            jlm_cu_quantize_block(k->a, &k->act, b);
+        break;
+    case K_RMS:
+        for (uint32_t i = 0; i < k->rows; i++)
+            jlm_cu_host_rmsnorm(k->out + (uint64_t)i * k->n, k->a + (uint64_t)i * k->n, k->w, k->n, k->s);
+        break;
+    case K_ROPE: {
+        uint32_t half = k->rope.n_rot / 2;
+        for (uint64_t i = 0; half && i < (uint64_t)k->n_head * half; i++)
+            jlm_cu_rope_pair(&k->rope, k->out, k->hd, k->pos, (uint32_t)(i / half), (uint32_t)(i % half));
+        break;
+    }
+    case K_ELEM: jlm_cu_host_elem(k->op, k->out, k->a, k->b, k->n, k->s, k->lim); break;
+    default: jlm_cu_host_attn(&k->attn, k->a, k->b, k->c, k->scores, k->out); break;
+    }
+    return 0;
+}
+
 static int emu_run_one(jlm_cu_rt *r, int s)
 {
     emu_queue *q = &r->q[s];
@@ -244,6 +293,9 @@ static int emu_run_one(jlm_cu_rt *r, int s)
         break;
     case OP_MATVEC:
         rc = emu_matvec(r, s, &op);
+        break;
+    case OP_KERNEL:
+        rc = emu_kernel(r, s, &op.kr);
         break;
     case OP_STAMP: {
         struct timespec ts;
@@ -691,4 +743,129 @@ int jlm_cu_rt_matvec(jlm_cu_rt *r, const jlm_cu_mat *m, uint64_t n, const float 
     DEVICE_CALL(0, "matvec launch");
 #endif
     EMU_LOCKED(emu_launch(r, m, n, x, xq, y, stream));
+}
+
+/* ---------------------------------------------------------------- a whole block's kernels */
+
+static int emu_d2d(jlm_cu_rt *r, void *dst, const void *src, uint64_t n, int stream)
+{
+    if (!n)
+        return 0;
+    if (emu_dev(r, dst, n, "device copy: destination") || emu_dev(r, src, n, "device copy: source"))
+        return EMU_FAULT;
+    emu_op op = {.kind = OP_COPY, .dst = dst, .src = src, .n = n};
+    return emu_push(r, stream, &op);
+}
+
+int jlm_cu_rt_d2d(jlm_cu_rt *r, void *dst, const void *src, uint64_t n, int stream)
+{
+    if (bad_stream(r, stream))
+        return EMU_FAULT;
+    DEVICE_CALL(cudaMemcpyAsync(dst, src, (size_t)n, cudaMemcpyDeviceToDevice, r->s[stream]),
+                "cudaMemcpyAsync (device to device)");
+    EMU_LOCKED(emu_d2d(r, dst, src, n, stream));
+}
+
+/* Queues k after checking every span it touches: writes (out, scores) and
+ * reads (rd[]) inside device allocations. */
+static int emu_kernel_push(jlm_cu_rt *r, const emu_kern *k, uint64_t out_n, uint64_t scores_n, int stream)
+{
+    if (emu_dev(r, k->out, out_n, "kernel: output") || emu_dev(r, k->scores, scores_n, "kernel: scores"))
+        return EMU_FAULT;
+    for (int i = 0; i < EMU_READS; i++)
+        if (k->rd[i].p && emu_dev(r, k->rd[i].p, k->rd[i].n, k->rd[i].what))
+            return EMU_FAULT;
+    emu_op op = {.kind = OP_KERNEL, .kr = *k};
+    return emu_push(r, stream, &op);
+}
+
+#ifdef JLM_CUDA
+#define LAUNCH(call, what)                                                                          \
+    do {                                                                                            \
+        if (!r->emulated) {                                                                         \
+            int rc_ = (call);                                                                       \
+            return rc_ ? failf(r, rc_, "%s launch: %s (error %d)", (what), jlm_cu_launch_error(rc_), rc_) : 0; \
+        }                                                                                           \
+    } while (0)
+#else
+#define LAUNCH(call, what) DEVICE_CALL(0, what)
+#endif
+
+int jlm_cu_rt_quantize(jlm_cu_rt *r, const float *x, const jlm_cu_act *a, int stream)
+{
+    if (bad_stream(r, stream))
+        return EMU_FAULT;
+    if (a->k % 32)
+        return failf(r, EMU_FAULT, "quantize: %llu elements, not whole blocks of 32", (unsigned long long)a->k);
+    if (!a->k)
+        return 0;
+    LAUNCH(jlm_cu_launch_quantize(x, a, r->s[stream]), "quantize");
+    emu_kern k = {.kind = K_QUANT, .a = x, .act = *a, .rd = {{x, a->k * 4, "quantize: input"}}};
+    pthread_mutex_lock(&r->mu);
+    int rc = emu_dev(r, a->q, a->k, "quantize: codes") || emu_dev(r, a->d, a->k / 8, "quantize: scales") ||
+                     emu_dev(r, a->sum16, a->k / 8, "quantize: sums")
+                 ? EMU_FAULT
+                 : emu_kernel_push(r, &k, 0, 0, stream);
+    pthread_mutex_unlock(&r->mu);
+    return rc;
+}
+
+int jlm_cu_rt_rmsnorm(jlm_cu_rt *r, float *out, const float *x, const float *w, uint64_t n, uint32_t rows, float eps,
+                      int stream)
+{
+    if (bad_stream(r, stream))
+        return EMU_FAULT;
+    if (!n || !rows)
+        return 0;
+    LAUNCH(jlm_cu_launch_rmsnorm_rows(out, x, w, n, rows, eps, r->s[stream]), "rmsnorm");
+    emu_kern k = {.kind = K_RMS, .out = out, .a = x, .w = w, .n = n, .rows = rows, .s = eps,
+                  .rd = {{x, n * rows * 4, "rmsnorm: input"}, {w, w ? n * 4 : 0, "rmsnorm: weight"}}};
+    EMU_LOCKED(emu_kernel_push(r, &k, n * rows * 4, 0, stream));
+}
+
+int jlm_cu_rt_rope(jlm_cu_rt *r, const jlm_cu_rope *p, float *x, uint32_t n_head, uint32_t head_dim, int64_t pos,
+                   int stream)
+{
+    if (bad_stream(r, stream))
+        return EMU_FAULT;
+    if (p->n_rot > head_dim || p->n_rot % 2)
+        return failf(r, EMU_FAULT, "rope: %u rotated of a %u-wide head", p->n_rot, head_dim);
+    LAUNCH(jlm_cu_launch_rope(p, x, n_head, head_dim, pos, r->s[stream]), "rope");
+    emu_kern k = {.kind = K_ROPE, .out = x, .rope = *p, .n_head = n_head, .hd = head_dim, .pos = pos,
+                  .rd = {{p->freq_factors, p->freq_factors ? p->n_rot / 2 * 4ull : 0, "rope: freq factors"}}};
+    EMU_LOCKED(emu_kernel_push(r, &k, (uint64_t)n_head * head_dim * 4, 0, stream));
+}
+
+int jlm_cu_rt_elem(jlm_cu_rt *r, int op, float *out, const float *a, const float *b, uint64_t n, float s, float lim,
+                   int stream)
+{
+    if (bad_stream(r, stream))
+        return EMU_FAULT;
+    if (!n)
+        return 0;
+    LAUNCH(jlm_cu_launch_elem(op, out, a, b, n, s, lim, r->s[stream]), "elementwise");
+    emu_kern k = {.kind = K_ELEM, .op = op, .out = out, .a = a, .b = b, .n = n, .s = s, .lim = lim,
+                  .rd = {{a, n * 4, "elementwise: a"}, {b, b ? n * 4 : 0, "elementwise: b"}}};
+    EMU_LOCKED(emu_kernel_push(r, &k, n * 4, 0, stream));
+}
+
+int jlm_cu_rt_attn(jlm_cu_rt *r, const jlm_cu_attn *p, const float *q, const float *k, const float *v, float *scores,
+                   float *out, int stream)
+{
+    if (bad_stream(r, stream))
+        return EMU_FAULT;
+    if (!p->n_head || !p->n_head_kv || p->n_head % p->n_head_kv || !p->n_kv)
+        return failf(r, EMU_FAULT, "attention: %u heads over %u kv heads, %llu keys", p->n_head, p->n_head_kv,
+                     (unsigned long long)p->n_kv);
+    LAUNCH(jlm_cu_launch_attn(p, q, k, v, scores, out, r->s[stream]), "attention");
+    /* the last key's last element, from the start of the first KV head */
+    uint64_t kn = ((p->n_head_kv - 1) * p->k_head_stride + (p->n_kv - 1) * p->k_stride + p->head_dim) * 4;
+    uint64_t vn = ((p->n_head_kv - 1) * p->v_head_stride + (p->n_kv - 1) * p->v_stride + p->head_dim_v) * 4;
+    emu_kern kr = {.kind = K_ATTN, .out = out, .scores = scores, .a = q, .b = k, .c = v, .attn = *p,
+                   .rd = {{q, (uint64_t)p->n_head * p->head_dim * 4, "attention: q"}, {k, kn, "attention: keys"},
+                          {v, vn, "attention: values"},
+                          {p->sinks ? (const void *)p->sinks : (const void *)p->mask,
+                           p->sinks ? p->n_head * 4ull : p->mask ? p->n_kv * 4 : 0, "attention: sinks or mask"}}};
+    EMU_LOCKED(emu_kernel_push(r, &kr, (uint64_t)p->n_head * p->head_dim_v * 4, (uint64_t)p->n_head * p->n_kv * 4,
+                               stream));
 }

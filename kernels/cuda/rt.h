@@ -1,5 +1,6 @@
 /* rt.h - the CUDA backend's device seam: device memory, pinned host memory,
- * two streams, events and the matvec launch, either on a CUDA device (the
+ * two streams, events, the matvec launch and the kernels of a whole block
+ * (engine/exec_cu.c), either on a CUDA device (the
  * CUDA runtime, when built with it) or emulated on the host.
  *
  * Why an emulation: the machines this is built and tested on have no GPU, and
@@ -80,6 +81,24 @@ int jlm_cu_rt_stamp_ns(jlm_cu_rt *r, uint32_t i, uint32_t j, uint64_t *ns);
  * pointing at device memory), y (n, rows): all device pointers. */
 int jlm_cu_rt_matvec(jlm_cu_rt *r, const jlm_cu_mat *m, uint64_t n, const float *x, const jlm_cu_act *xq, float *y,
                      int stream);
+
+/* A whole block's kernels (engine/exec_cu.c), queued on stream as the
+ * matvec; every pointer is device memory, structs are the host's (passed by
+ * value to the launch). d2d: a device-to-device copy. quantize: a->k floats
+ * of x (whole blocks of 32) into a's codes, scales and sums. rmsnorm: rows
+ * rows of n floats, each times w (NULL: none). rope: n_head heads of x at
+ * position pos. elem: enum jlm_cu_op over n elements (b NULL for the unary
+ * ones). attn: decode attention of one token (body.h's jlm_cu_attn). */
+int jlm_cu_rt_d2d(jlm_cu_rt *r, void *dst, const void *src, uint64_t n, int stream);
+int jlm_cu_rt_quantize(jlm_cu_rt *r, const float *x, const jlm_cu_act *a, int stream);
+int jlm_cu_rt_rmsnorm(jlm_cu_rt *r, float *out, const float *x, const float *w, uint64_t n, uint32_t rows, float eps,
+                      int stream);
+int jlm_cu_rt_rope(jlm_cu_rt *r, const jlm_cu_rope *p, float *x, uint32_t n_head, uint32_t head_dim, int64_t pos,
+                   int stream);
+int jlm_cu_rt_elem(jlm_cu_rt *r, int op, float *out, const float *a, const float *b, uint64_t n, float s, float lim,
+                   int stream);
+int jlm_cu_rt_attn(jlm_cu_rt *r, const jlm_cu_attn *p, const float *q, const float *k, const float *v, float *scores,
+                   float *out, int stream);
 
 const char *jlm_cu_rt_error(const jlm_cu_rt *r);
 

@@ -1,0 +1,112 @@
+/* backend_cu_int.h - the CUDA backend's state, shared by backend_cu.c (the
+ * frames, the staging, the copy thread, the matmul offload) and exec_cu.c
+ * (whole blocks enqueued on the compute stream). Internal to engine/:
+ * nothing else includes it. */
+#ifndef JLM_ENGINE_BACKEND_CU_INT_H
+#define JLM_ENGINE_BACKEND_CU_INT_H
+
+#include <pthread.h>
+
+#include "engine/backend_cu.h"
+#include "engine/prog.h"
+#include "kernels/cuda/rt.h"
+
+/* events: staging buffer i free (EV_STAGE + i); the graph's own page-ins
+ * done; the copy thread's prefetch done */
+enum { EV_STAGE = 0, EV_FRAMES = 2, EV_PF = 3 };
+enum { D_ACT, D_Y, D_QS, D_D, D_SC, D_N };   /* device scratch */
+
+typedef struct scratch {
+    void    *p;
+    uint64_t cap;
+} scratch;
+
+/* The copy thread's one job: a prefetch's page-in (jlm_dev_prefetch). */
+typedef struct cu_job {
+    void          *dev;
+    const void    *host;
+    uint64_t       len;
+    int            state, rc;
+    jlm_err        err;
+} cu_job;
+
+/* exec_cu.c's device side of a block: the activation buffers (jlm_actbuf),
+ * the int8 rows of a matmul's input and their act records (JLM_B_COUNT
+ * tables of ab_rows records: buffer b's rows at its width), the attention's
+ * scores, the logits, the KV cache of the engine's own sequence (per layer,
+ * F32, rows of kv_dim), the pinned host rows and logits, and the residual
+ * rows the device holds. */
+typedef struct jlm_ecu_blk {
+    scratch   ab[JLM_B_COUNT];
+    uint64_t  ab_rows;              /* rows every ab[] and rec table holds */
+    scratch   aq, ad, as, rec;
+    scratch   scores, logits;
+    scratch   h_x, h_logits;        /* pinned host */
+    void    **kc, **vc;             /* (n_layer,) NULL until a block of that layer ran here */
+    uint32_t  n_layer;
+    uint8_t  *side;                 /* (n_layer,) the engine's sequence's blocks: 0 undecided, 1 here, 2 host */
+    float    *x_host;               /* where the rows held belong on the host; NULL: the host has them */
+    uint32_t  x_rows, x_E;
+    int       queued;               /* kernels enqueued since the host last waited for the compute stream */
+} jlm_ecu_blk;
+
+typedef struct jlm_ecu {
+    jlm_dev        dev;   /* first: a jlm_dev * is a jlm_ecu * */
+    jlm_cu_rt     *rt;
+    /* staging, shared by the graph's page-ins and the copy thread's: mu */
+    pthread_mutex_t mu;
+    void          *stage[2];
+    int            stage_busy[2];
+    int            next;
+    uint64_t       stage_bytes;
+    uint64_t       bytes_up;         /* under mu */
+    int            frames_pending;   /* a page-in was queued since the compute stream last waited */
+    /* the copy thread: a prefetch's copy overlaps the kernels before it */
+    pthread_mutex_t jmu;
+    pthread_cond_t  jcv;
+    pthread_t       thr;
+    int             thr_on, stop;
+    cu_job          job;
+    scratch        d[D_N];
+    scratch        h_act, h_y;        /* pinned host scratch */
+    /* freed frames kept for the next page-in (cudaFree waits for the whole
+     * device, cudaMalloc is slow): at most SPARES, outside the budget */
+    struct { void *p; uint64_t cap; } spare[2];
+    int            nspare;
+    uint64_t       default_budget;
+    jlm_dev_stats  st;
+    jlm_ecu_blk    blk;
+    char           name[300];
+    /* --profile: stamps on the compute stream at each op class change
+     * (jlm_dev_prof_op), summed per class when read */
+    int            prof_tag;
+    uint32_t       prof_n;
+    uint8_t        prof_of[JLM_CU_NSTAMP];
+    uint64_t       prof_ns[JLM_DEVP_N];
+} jlm_ecu;
+
+uint64_t jlm_ecu_now_ns(void);
+int  jlm_ecu_fail(jlm_ecu *v, jlm_err *err, const char *what);   /* JLM_EIO naming the seam's last error */
+/* s holding at least n bytes of device (pinned: pinned host) memory; the
+ * old contents are lost. */
+int  jlm_ecu_grow(jlm_ecu *v, scratch *s, uint64_t n, int pinned, jlm_err *err);
+void jlm_ecu_scratch_free(jlm_ecu *v, scratch *s, int pinned);
+/* m's planes as device addresses in pinned frames (or the dense region);
+ * 1 and nothing done when a plane is in none. */
+int  jlm_ecu_planes(jlm_ecu *v, const jlm_k_mat *m, jlm_cu_mat *cm, jlm_err *err);
+/* The compute stream waits for the graph's page-ins queued since its last wait. */
+int  jlm_ecu_frames_wait(jlm_ecu *v, jlm_err *err);
+/* The host waits for the compute stream's kernels (a round trip), if any are queued. */
+int  jlm_ecu_drain(jlm_ecu *v, jlm_err *err);
+
+/* exec_cu.c: the jlm_dev_ops entries (docs/cuda.md "Whole blocks on the
+ * device"), and the state's release at close. */
+int  jlm_ecu_block(jlm_dev *d, struct jlm_engine *e, const jlm_prog *p, uint32_t l, const uint8_t *page, float *xs,
+                   uint32_t n, void *kc, uint32_t pos0, jlm_err *err);
+int  jlm_ecu_x_sync(jlm_dev *d, jlm_err *err);
+void jlm_ecu_x_drop(jlm_dev *d);
+int  jlm_ecu_output(jlm_dev *d, const float *norm, float eps, const jlm_k_mat *m, const float *x, uint32_t n,
+                    uint32_t E, float *logits, jlm_err *err);
+void jlm_ecu_blk_free(jlm_ecu *v);
+
+#endif

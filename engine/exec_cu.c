@@ -1,0 +1,401 @@
+/* exec_cu.c - whole blocks on a CUDA device: a block program's ops
+ * (engine/prog.h) enqueued as kernels on the compute stream, so the blocks
+ * of a token (and the output matrix, when it is there too) make one round
+ * trip (docs/cuda.md, "Whole blocks on the device").
+ *
+ * The residual rows cross to the device at the first device block of a
+ * forward and back only at a split point (jlm_ecu_x_sync) or not at all when
+ * the logits are computed here (jlm_ecu_output). The engine's own sequence
+ * keeps its KV cache of these blocks here (F32, an allocation per layer,
+ * rows of kv_dim); any other sequence (jlm_engine_seq: serve, batches) and
+ * what the kernels are not wired for yet (sliding windows, sinks, F16
+ * caches, GELU gates, OLMoE's q/k norms over the whole row, experts, latent
+ * attention) is JLM_EUNSUPPORTED, decided per model, layer and sequence
+ * before anything is enqueued (the walk: exec_dev.c), so a block always
+ * runs on the same side. --profile's stamps go on the compute stream at
+ * each op class (the walk's) and before each copy of rows up or down. Quantized weights read int8 rows
+ * quantized on the device (jlm_cu_quantize_block, bit-identical to the
+ * CPU's). Nothing here waits for the device: the host waits at x_sync,
+ * output, and when a device frame is dropped (jlm_ecu_drain). */
+#include "engine/backend_cu_int.h"
+#include "engine/exec_dev.h"
+
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "kernels/cuda/cuda.h"
+
+#define UNSUP JLM_EUNSUPPORTED
+#define CS JLM_CU_S_COMPUTE
+#define width jlm_exd_width
+
+static jlm_ecu *ecu(const jlm_exd *k) { return k->be; }
+
+/* float off of activation buffer b (device memory) */
+static float *abp(const jlm_exd *k, int b, uint64_t off) { return (float *)ecu(k)->blk.ab[b].p + off; }
+static float *row(const jlm_exd *k, int b, uint32_t t) { return abp(k, b, t * width(k->e, b)); }
+
+/* A launch's outcome: the seam's error named, and the stream now has work. */
+static int launched(jlm_exd *k, int rc, const char *what)
+{
+    ecu(k)->blk.queued = 1;
+    return rc ? jlm_ecu_fail(ecu(k), k->err, what) : JLM_OK;
+}
+
+/* The device address of a dense vector (norm weights, biases, RoPE
+ * factors); NULL p: none. */
+static int vec(jlm_ecu *v, const float *p, uint64_t n, const float **out)
+{
+    *out = NULL;
+    if (!p)
+        return JLM_OK;
+    jlm_dframe *f = jlm_dframes_frame_of(&v->dev.frames, p, n * 4, NULL);
+    if (!f)
+        return UNSUP;
+    *out = (const float *)(const void *)((const uint8_t *)f->buf + ((const uint8_t *)p - f->host));
+    return JLM_OK;
+}
+
+/* y (n rows) = x (n rows of m->k, activation buffer src) times m, its
+ * planes in a device frame; quantized types read src's int8 rows, quantized
+ * here (reuse: the previous call quantized src and it has not changed).
+ * dry: only whether it can. */
+static int matmul_rows(jlm_ecu *v, const jlm_k_mat *m, uint32_t n, const float *x, int src, float *y, int reuse,
+                       int dry, jlm_err *err)
+{
+    jlm_cu_mat cm;
+    int fl = jlm_fmt_type_traits(m->type)->is_float;
+    if ((!fl && m->k % 32) || n > 65535 || jlm_ecu_planes(v, m, &cm, NULL))
+        return UNSUP;
+    if (dry)
+        return JLM_OK;
+    jlm_ecu_blk *s = &v->blk;
+    uint64_t nk = (uint64_t)n * m->k;
+    int rc = JLM_OK;
+    if (!fl && !reuse) {
+        jlm_cu_act a = {nk, s->aq.p, s->ad.p, s->as.p};
+        rc = jlm_cu_rt_quantize(v->rt, x, &a, CS);
+    }
+    const jlm_cu_act *rec = (const jlm_cu_act *)s->rec.p + (uint64_t)src * s->ab_rows;
+    if (!rc)
+        rc = jlm_cu_rt_matvec(v->rt, &cm, n, fl ? x : NULL, fl ? NULL : rec, y, CS);
+    v->blk.queued = 1;
+    v->st.matmuls++;
+    return rc ? jlm_ecu_fail(v, err, "matvec") : JLM_OK;
+}
+
+static int op_mm(jlm_exd *k, const jlm_k_mat *m, int src, int dst, int reuse)
+{
+    return matmul_rows(ecu(k), m, k->b.n, abp(k, src, 0), src, abp(k, dst, 0), reuse, k->dry, k->err);
+}
+
+static int op_bias(jlm_exd *k, int b, const float *p)
+{
+    const float *bv;
+    uint64_t w = width(k->e, b);
+    int rc = vec(ecu(k), p, w, &bv);
+    for (uint32_t t = 0; !rc && !k->dry && t < k->b.n; t++)
+        rc = launched(k, jlm_cu_rt_elem(ecu(k)->rt, JLM_CU_ADD, row(k, b, t), row(k, b, t), bv, w, 0, 0, CS), "bias");
+    return rc;
+}
+
+static int op_norm(jlm_exd *k, int dst, int src, const float *p)
+{
+    const float *w;
+    uint64_t E = width(k->e, dst);
+    int rc = vec(ecu(k), p, E, &w);
+    if (rc || k->dry)
+        return rc;
+    return launched(k, jlm_cu_rt_rmsnorm(ecu(k)->rt, abp(k, dst, 0), abp(k, src, 0), w, E, k->b.n, k->c->rms_eps, CS),
+                    "rmsnorm");
+}
+
+/* Each head of each row of b (q or k): its RMS norm (p) and RoPE at the
+ * row's position (layer l's parameters: the kernel computes its angles). */
+static int op_heads(jlm_exd *k, int b, uint32_t n_head, const float *p, int wide)
+{
+    if (wide)
+        return UNSUP;   /* OLMoE's norm over the whole row: left (its blocks have experts) */
+    jlm_engine *e = k->e;
+    jlm_ecu *v = ecu(k);
+    const float *w, *ff = NULL;
+    jlm_k_rope rp;
+    jlm_ex_rope_params(e, k->b.l, &rp);
+    int rope = !(k->c->flags & JLM_F_NO_POS_ENC), rc = vec(v, p, e->hd, &w);
+    if (!rc && rope && (!rp.n_rot || rp.n_rot % 2 || rp.n_rot > e->hd))
+        rc = UNSUP;   /* Llama 4's layers without RoPE: left */
+    if (!rc && rope)
+        rc = vec(v, rp.freq_factors, rp.n_rot / 2, &ff);
+    jlm_cu_rope cr;
+    jlm_cu_rope_from(&rp, &cr);
+    cr.freq_factors = ff;
+    for (uint32_t t = 0; !rc && !k->dry && t < k->b.n; t++) {
+        if (w)
+            rc = launched(k, jlm_cu_rt_rmsnorm(v->rt, row(k, b, t), row(k, b, t), w, e->hd, n_head, k->c->rms_eps, CS),
+                          "q/k norm");
+        if (!rc && rope)
+            rc = launched(k, jlm_cu_rt_rope(v->rt, &cr, row(k, b, t), n_head, e->hd, jlm_exd_pos(k, t), CS), "rope");
+    }
+    return rc;
+}
+
+static int op_kv_put(jlm_exd *k)
+{
+    jlm_engine *e = k->e;
+    jlm_ecu *v = ecu(k);
+    jlm_ecu_blk *s = &v->blk;
+    int rc = JLM_OK;
+    if (e->kt != KV_F32)
+        return UNSUP;   /* an F16 cache: no kernel rounds rows to halves yet */
+    /* rows at consecutive positions (one sequence's): one copy each for K and V */
+    uint32_t step = k->b.n;
+    for (uint32_t t = 1; t < k->b.n && step > 1; t++)
+        if (jlm_exd_pos(k, t) != jlm_exd_pos(k, 0) + t)
+            step = 1;
+    for (uint32_t t = 0; !rc && !k->dry && t < k->b.n; t += step) {
+        uint64_t p = jlm_exd_pos(k, t);
+        rc = launched(k, jlm_cu_rt_d2d(v->rt, (float *)s->kc[k->b.l] + p * e->kv_dim, row(k, JLM_B_K, t),
+                                       step * e->kv_dim * 4ull, CS), "the keys into the cache");
+        if (!rc)
+            rc = launched(k, jlm_cu_rt_d2d(v->rt, (float *)s->vc[k->b.l] + p * e->kv_dim_v, row(k, JLM_B_V, t),
+                                           step * e->kv_dim_v * 4ull, CS), "the values into the cache");
+    }
+    return rc;
+}
+
+static int op_attend(jlm_exd *k, const float *sinks)
+{
+    jlm_engine *e = k->e;
+    const jlm_config *c = k->c;
+    jlm_ecu *v = ecu(k);
+    if (sinks || jlm_exd_swa(c, k->b.l))
+        return UNSUP;   /* sinks, a window's first key: left */
+    if (!c->n_kv_head || c->n_head % c->n_kv_head || e->kv_dim != (uint64_t)c->n_kv_head * e->hd ||
+        e->kv_dim_v != (uint64_t)c->n_kv_head * e->hd_v || e->q_dim != (uint64_t)c->n_head * e->hd)
+        return UNSUP;
+    jlm_cu_attn ap = {.n_head = c->n_head, .n_head_kv = c->n_kv_head, .head_dim = e->hd, .head_dim_v = e->hd_v,
+                      .k_stride = e->kv_dim, .v_stride = e->kv_dim_v, .k_head_stride = e->hd,
+                      .v_head_stride = e->hd_v, .scale = c->attn_scale > 0 ? c->attn_scale : 1.0f / sqrtf((float)e->hd),
+                      .softcap = c->attn_softcap};
+    int rc = JLM_OK;
+    for (uint32_t t = 0; !rc && !k->dry && t < k->b.n; t++) {
+        uint32_t pos = jlm_exd_pos(k, t);
+        ap.n_kv = pos < e->bidir_end ? e->bidir_end : pos + 1;
+        rc = launched(k, jlm_cu_rt_attn(v->rt, &ap, row(k, JLM_B_Q, t), v->blk.kc[k->b.l], v->blk.vc[k->b.l],
+                                        v->blk.scores.p, row(k, JLM_B_ATT, t), CS), "attention");
+    }
+    return rc;
+}
+
+static int op_add(jlm_exd *k, int dst, int src)
+{
+    uint64_t n = k->b.n * width(k->e, dst);
+    return k->dry ? JLM_OK
+                  : launched(k, jlm_cu_rt_elem(ecu(k)->rt, JLM_CU_ADD, abp(k, dst, 0), abp(k, dst, 0), abp(k, src, 0),
+                                               n, 0, 0, CS), "residual add");
+}
+
+static int op_act(jlm_exd *k, int act, uint64_t n)
+{
+    if (act != JLM_ACT_SWIGLU && act != JLM_ACT_SWIGLU_OAI)
+        return UNSUP;   /* GELU through llama.cpp's fp16 table: no kernel yet */
+    int oai = act == JLM_ACT_SWIGLU_OAI;
+    return k->dry ? JLM_OK
+                  : launched(k, jlm_cu_rt_elem(ecu(k)->rt, oai ? JLM_CU_SWIGLU_OAI : JLM_CU_SWIGLU, abp(k, JLM_B_G, 0),
+                                               abp(k, JLM_B_G, 0), abp(k, JLM_B_U, 0), n, oai ? 1.702f : 0.0f,
+                                               oai ? 7.0f : 0.0f, CS), "the gate's activation");
+}
+
+static const jlm_exd_ops CU_OPS = {op_norm, op_mm, op_bias, op_heads, op_kv_put, op_attend, op_add, op_act, NULL};
+
+/* ---------------------------------------------------------------- buffers */
+
+/* The activation buffers and act records for n rows, the int8 rows, the
+ * scores, and layer l's cache. Growing frees buffers queued kernels may
+ * read: the caller has drained the stream (the seam's free waits too). */
+static int buffers(jlm_ecu *v, jlm_engine *e, uint32_t l, uint32_t n, jlm_err *err)
+{
+    jlm_ecu_blk *s = &v->blk;
+    int rc = JLM_OK;
+    uint64_t kmax = 0;
+    for (int b = 0; b < JLM_B_COUNT; b++)
+        kmax = width(e, b) > kmax ? width(e, b) : kmax;
+    if (n > s->ab_rows) {
+        uint64_t rows = n + n / 4;
+        for (int b = 0; b < JLM_B_COUNT && !rc; b++)
+            rc = jlm_ecu_grow(v, &s->ab[b], rows * width(e, b) * 4, 0, err);
+        if (!rc)
+            rc = jlm_ecu_grow(v, &s->aq, rows * kmax, 0, err);
+        if (!rc)
+            rc = jlm_ecu_grow(v, &s->ad, rows * kmax / 8, 0, err);
+        if (!rc)
+            rc = jlm_ecu_grow(v, &s->as, rows * kmax / 8, 0, err);
+        uint64_t nrec = (uint64_t)JLM_B_COUNT * rows;
+        if (!rc)
+            rc = jlm_ecu_grow(v, &s->rec, nrec * sizeof(jlm_cu_act), 0, err);
+        jlm_cu_act *h = rc ? NULL : malloc(nrec * sizeof *h);
+        if (!rc && !h)
+            rc = jlm_errf(err, JLM_ENOMEM, "cuda: out of memory");
+        for (int b = 0; h && b < JLM_B_COUNT; b++)   /* buffer b's rows as int8 rows of its width */
+            for (uint64_t t = 0; t < rows; t++) {
+                uint64_t k = width(e, b);
+                h[b * rows + t] = (jlm_cu_act){k, (int8_t *)s->aq.p + t * k, (float *)s->ad.p + t * k / 32,
+                                               (int16_t *)s->as.p + t * k / 16};
+            }
+        if (h && jlm_cu_rt_h2d(v->rt, s->rec.p, h, nrec * sizeof *h, CS))   /* pageable: consumed now */
+            rc = jlm_ecu_fail(v, err, "act records");
+        if (h)
+            v->st.act_up += nrec * sizeof *h;   /* once, at growth: parameters, counted with the activations */
+        free(h);
+        if (!rc)
+            s->ab_rows = rows;
+    }
+    if (!rc)
+        rc = jlm_ecu_grow(v, &s->scores, (uint64_t)e->c->n_head * e->kv_ctx * 4, 0, err);
+    if (!rc && !s->kc) {
+        s->kc = calloc(e->c->n_layer, sizeof *s->kc);
+        s->vc = calloc(e->c->n_layer, sizeof *s->vc);
+        s->n_layer = e->c->n_layer;
+        if (!s->kc || !s->vc)
+            rc = jlm_errf(err, JLM_ENOMEM, "cuda: out of memory");
+    }
+    if (!rc && !s->kc[l] && jlm_cu_rt_alloc(v->rt, (uint64_t)e->kv_ctx * e->kv_dim * 4, &s->kc[l]))
+        rc = jlm_ecu_fail(v, err, "the KV cache");
+    if (!rc && !s->vc[l] && jlm_cu_rt_alloc(v->rt, (uint64_t)e->kv_ctx * e->kv_dim_v * 4, &s->vc[l]))
+        rc = jlm_ecu_fail(v, err, "the KV cache");
+    return rc;
+}
+
+void jlm_ecu_blk_free(jlm_ecu *v)
+{
+    jlm_ecu_blk *s = &v->blk;
+    scratch *dev[] = {&s->aq, &s->ad, &s->as, &s->rec, &s->scores, &s->logits};
+    for (int b = 0; b < JLM_B_COUNT; b++)
+        jlm_ecu_scratch_free(v, &s->ab[b], 0);
+    for (size_t i = 0; i < sizeof dev / sizeof dev[0]; i++)
+        jlm_ecu_scratch_free(v, dev[i], 0);
+    jlm_ecu_scratch_free(v, &s->h_x, 1);
+    jlm_ecu_scratch_free(v, &s->h_logits, 1);
+    for (uint32_t l = 0; s->kc && l < s->n_layer; l++) {
+        jlm_cu_rt_free(v->rt, s->kc[l]);
+        jlm_cu_rt_free(v->rt, s->vc[l]);
+    }
+    free(s->kc);
+    free(s->vc);
+    free(s->side);
+    memset(s, 0, sizeof *s);
+}
+
+/* ---------------------------------------------------------------- entries */
+
+/* n floats of device src into host dst through the pinned buffer, after
+ * everything queued: one round trip. */
+static int down(jlm_ecu *v, scratch *pin, float *dst, const void *src, uint64_t bytes, jlm_err *err)
+{
+    int rc = jlm_ecu_grow(v, pin, bytes, 1, err);
+    jlm_dev_prof_op(&v->dev, JLM_DEVP_XFER);   /* the copy and the wait: no op's */
+    if (!rc && jlm_cu_rt_d2h(v->rt, pin->p, src, bytes, CS))
+        rc = jlm_ecu_fail(v, err, "copy to the host");
+    v->blk.queued = 1;
+    int rc2 = jlm_ecu_drain(v, err);
+    if (!rc && !rc2) {
+        memcpy(dst, pin->p, bytes);
+        v->st.act_down += bytes;
+    }
+    return rc ? rc : rc2;
+}
+
+int jlm_ecu_x_sync(jlm_dev *d, jlm_err *err)
+{
+    jlm_ecu *v = (jlm_ecu *)d;
+    jlm_ecu_blk *s = &v->blk;
+    if (!s->x_host)
+        return JLM_OK;
+    float *x = s->x_host;
+    s->x_host = NULL;
+    return down(v, &s->h_x, x, s->ab[JLM_B_X].p, (uint64_t)s->x_rows * s->x_E * 4, err);
+}
+
+void jlm_ecu_x_drop(jlm_dev *d)
+{
+    jlm_ecu *v = (jlm_ecu *)d;
+    jlm_ecu_drain(v, NULL);   /* the pinned rows may be refilled next */
+    v->blk.x_host = NULL;
+}
+
+int jlm_ecu_block(jlm_dev *d, jlm_engine *e, const jlm_prog *p, uint32_t l, const uint8_t *page, float *xs,
+                  uint32_t n, void *kc, uint32_t pos0, jlm_err *err)
+{
+    jlm_ecu *v = (jlm_ecu *)d;
+    jlm_ecu_blk *s = &v->blk;
+    jlm_exd k;
+    int rc = jlm_exd_plan(&k, &CU_OPS, v, e, p, l, page, n, kc, pos0, &s->side, "cuda", err);
+    if (rc)
+        return rc;
+    if (s->x_host && (s->x_host != xs || s->x_rows != n))
+        rc = jlm_ecu_x_sync(d, err);   /* other rows: theirs back first */
+    if (!rc && n > s->ab_rows && s->ab_rows)
+        rc = jlm_ecu_drain(v, err);    /* growing frees what queued kernels read */
+    if (!rc)
+        rc = buffers(v, e, l, n, err);
+    if (!rc)
+        rc = jlm_ecu_frames_wait(v, err);   /* the dense region or a page paged in by the plan */
+    if (!rc && s->x_host != xs) {   /* the rows go up */
+        uint64_t bytes = (uint64_t)n * e->c->n_embd * 4;
+        rc = jlm_ecu_grow(v, &s->h_x, bytes, 1, err);
+        if (!rc) {
+            memcpy(s->h_x.p, xs, bytes);   /* pinned: the stream was drained since its last use */
+            jlm_dev_prof_op(d, JLM_DEVP_XFER);
+            if (jlm_cu_rt_h2d(v->rt, s->ab[JLM_B_X].p, s->h_x.p, bytes, CS))
+                rc = jlm_ecu_fail(v, err, "the residual rows");
+            s->queued = 1;
+            v->st.act_up += bytes;
+            s->x_host = xs;
+            s->x_rows = n;
+            s->x_E = e->c->n_embd;
+        }
+    }
+    k.dry = 0;
+    if (!rc)
+        rc = jlm_exd_run(&k);
+    if (rc) {
+        jlm_ecu_drain(v, NULL);
+        s->x_host = NULL;
+        return jlm_err_prefix(err, rc == UNSUP ? JLM_EIO : rc, "cuda: block %u", l);
+    }
+    return JLM_OK;
+}
+
+int jlm_ecu_output(jlm_dev *d, const float *norm, float eps, const jlm_k_mat *m, const float *x, uint32_t n,
+                   uint32_t E, float *logits, jlm_err *err)
+{
+    jlm_ecu *v = (jlm_ecu *)d;
+    jlm_ecu_blk *s = &v->blk;
+    const float *w = NULL;
+    uint64_t bytes = (uint64_t)n * m->rows * 4;
+    if (!s->x_host || E != s->x_E || n > s->ab_rows || x < s->x_host ||
+        x + (uint64_t)n * E > s->x_host + (uint64_t)s->x_rows * E || m->k != E ||
+        matmul_rows(v, m, n, NULL, JLM_B_H, NULL, 0, 1, NULL) || vec(v, norm, E, &w))
+        return UNSUP;
+    uint64_t r0 = (uint64_t)(x - s->x_host) / E;
+    int rc = jlm_ecu_frames_wait(v, err);
+    if (!rc && s->logits.cap < bytes) {
+        if (s->logits.p)
+            rc = jlm_ecu_drain(v, err);   /* queued kernels may write the old buffer */
+        if (!rc)
+            rc = jlm_ecu_grow(v, &s->logits, bytes, 0, err);
+    }
+    float *h = s->ab[JLM_B_H].p, *xr = (float *)s->ab[JLM_B_X].p + r0 * E;
+    jlm_dev_prof_op(d, JLM_DEVP_NORM);
+    if (!rc && jlm_cu_rt_rmsnorm(v->rt, h, xr, w, E, n, eps, CS))
+        rc = jlm_ecu_fail(v, err, "rmsnorm");
+    jlm_dev_prof_op(d, JLM_DEVP_MATMUL);
+    if (!rc)
+        rc = matmul_rows(v, m, n, h, JLM_B_H, s->logits.p, 0, 0, err);
+    if (rc) {
+        jlm_ecu_drain(v, NULL);
+        return rc;
+    }
+    return down(v, &s->h_logits, logits, s->logits.p, bytes, err);
+}

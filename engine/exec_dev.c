@@ -1,0 +1,145 @@
+/* exec_dev.c - the walk of a block program on a device backend, shared by
+ * exec_vk.c and exec_cu.c (exec_dev.h). */
+#include "engine/exec_dev.h"
+
+#include <stdlib.h>
+
+#define UNSUP JLM_EUNSUPPORTED
+
+uint64_t jlm_exd_width(const jlm_engine *e, int b)
+{
+    const jlm_config *c = e->c;
+    switch (b) {
+    case JLM_B_Q: return e->q_dim;
+    case JLM_B_K: return e->kv_dim;
+    case JLM_B_V: return e->kv_dim_v;
+    case JLM_B_ATT: return (uint64_t)c->n_head * e->hd_v;
+    case JLM_B_G: case JLM_B_U: return c->n_ffn;
+    default: return c->n_embd;
+    }
+}
+
+int jlm_exd_swa(const jlm_config *c, uint32_t l)
+{
+    return c->swa_window && c->swa_period && (l % c->swa_period) < c->swa_period - 1;
+}
+
+/* dst rows = src rows times m, the shapes checked against the buffers. */
+static int mm(jlm_exd *k, const jlm_k_mat *m, int src, int dst, int reuse)
+{
+    if (m->k != jlm_exd_width(k->e, src) || m->rows != jlm_exd_width(k->e, dst))
+        return UNSUP;
+    return k->ops->mm(k, m, src, dst, reuse);
+}
+
+/* rows of b += the bias of role r (none: nothing) */
+static int bias(jlm_exd *k, int b, uint16_t r)
+{
+    const float *p = blk_vec(k->e, &k->b, r);
+    return p ? k->ops->bias(k, b, p) : JLM_OK;
+}
+
+static int run_op(jlm_exd *k, const jlm_op *op)
+{
+    jlm_engine *e = k->e;
+    const jlm_ex_blk *b = &k->b;
+    const jlm_exd_ops *o = k->ops;
+    int rc;
+    switch (op->kind) {
+    case JLM_OP_NORM: {
+        const float *p = blk_vec(e, b, op->w[0]);
+        return o->norm(k, op->dst, op->src, p ? p : blk_vec(e, b, op->w[1]));
+    }
+    case JLM_OP_QKV: {
+        const jlm_tensor *tq = blk_w(e, b, op->w[0]);
+        jlm_k_mat wq, wk = blk_mat(e, b, op->w[1]), wv = blk_mat(e, b, op->w[2]);
+        if (tq) {
+            wq = blk_mat(e, b, op->w[0]);
+            if ((rc = mm(k, &wq, op->src, JLM_B_Q, 0)))
+                return rc;
+        }
+        k->q_ready = tq != NULL;
+        rc = mm(k, &wk, op->src, JLM_B_K, tq != NULL);
+        return rc ? rc : mm(k, &wv, op->src, JLM_B_V, 1);
+    }
+    case JLM_OP_KV_STORE:
+        if ((rc = bias(k, JLM_B_K, op->w[0])) || (rc = bias(k, JLM_B_V, op->w[1])) ||
+            (rc = o->heads(k, JLM_B_K, k->c->n_kv_head, blk_vec(e, b, op->w[2]), op->flags & JLM_OPF_QK_WIDE)))
+            return rc;
+        return o->kv_put(k);
+    case JLM_OP_KEYS_DONE: return JLM_OK;   /* every row's keys are stored before any attends: op by op */
+    case JLM_OP_Q: {
+        if (k->q_ready)
+            return JLM_OK;
+        jlm_k_mat wq = blk_mat(e, b, op->w[1]);
+        rc = o->norm(k, JLM_B_H, JLM_B_X, blk_vec(e, b, op->w[0]));
+        return rc ? rc : mm(k, &wq, JLM_B_H, JLM_B_Q, 0);
+    }
+    case JLM_OP_Q_ROPE:
+        rc = bias(k, JLM_B_Q, op->w[0]);
+        return rc ? rc : o->heads(k, JLM_B_Q, k->c->n_head, blk_vec(e, b, op->w[1]), op->flags & JLM_OPF_QK_WIDE);
+    case JLM_OP_ATTENTION: return o->attend(k, blk_vec(e, b, op->w[0]));   /* w[0]: the sinks, if any */
+    case JLM_OP_MATMUL: {
+        jlm_k_mat m = blk_mat(e, b, op->w[0]);
+        rc = mm(k, &m, op->src, op->dst, 0);
+        return rc ? rc : bias(k, op->dst, op->w[1]);
+    }
+    case JLM_OP_RESIDUAL: {
+        const float *pn = blk_vec(e, b, op->w[1]);
+        if (jlm_exd_width(e, op->src) != k->c->n_embd || jlm_exd_width(e, op->dst) != k->c->n_embd)
+            return UNSUP;
+        if ((rc = bias(k, op->src, op->w[0])) || (pn && (rc = o->norm(k, op->src, op->src, pn))))
+            return rc;
+        return o->add(k, op->dst, op->src);
+    }
+    case JLM_OP_GATE_UP: {
+        jlm_k_mat wg = blk_mat(e, b, op->w[0]), wu = blk_mat(e, b, op->w[1]);
+        if (op->act != JLM_ACT_SWIGLU && op->act != JLM_ACT_SWIGLU_OAI && op->act != JLM_ACT_GELU_FP16)
+            return UNSUP;   /* the backend's act may refuse one of these too (dry) */
+        if ((rc = mm(k, &wg, op->src, JLM_B_G, 0)) || (rc = mm(k, &wu, op->src, JLM_B_U, 1)) ||
+            (rc = bias(k, JLM_B_G, op->w[2])) || (rc = bias(k, JLM_B_U, op->w[3])))
+            return rc;
+        return o->act(k, op->act, b->n * wg.rows);
+    }
+    case JLM_OP_MOE: return o->moe ? o->moe(k, op) : UNSUP;
+    default: return UNSUP;   /* latent attention, the vision tower's ops */
+    }
+}
+
+int jlm_exd_run(jlm_exd *k)
+{
+    int rc = JLM_OK;
+    k->q_ready = 0;
+    for (uint32_t i = 0; i < k->b.p->n && !rc; i++) {
+        if (!k->dry)
+            jlm_dev_prof_op(k->dev, jlm_dev_op_class(k->b.p->op[i].kind));   /* --profile's op classes */
+        rc = run_op(k, &k->b.p->op[i]);
+    }
+    return rc;
+}
+
+int jlm_exd_plan(jlm_exd *k, const jlm_exd_ops *ops, void *be, jlm_engine *e, const jlm_prog *p, uint32_t l,
+                 const uint8_t *page, uint32_t n, void *kc, uint32_t pos0, uint8_t **side, const char *who,
+                 jlm_err *err)
+{
+    const jlm_config *c = e->c;
+    *k = (jlm_exd){.ops = ops, .be = be, .dev = be, .e = e, .c = c, .kc = kc, .pos0 = pos0, .dry = 1, .err = err,
+                   .b = {.p = p, .l = l, .page = page,
+                         .page_off = e->m->hdr.data_off + (uint64_t)l * e->m->hdr.page_size, .n = n}};
+    if ((e->kt != KV_F32 && e->kt != KV_F16) || e->vt != e->kt || e->qk_unit || (c->flags & JLM_F_NON_CAUSAL) || !n)
+        return UNSUP;
+    for (uint32_t t = 0; t < n; t++)
+        if ((kc ? kc : e->bkc[t]) != e->kc)
+            return UNSUP;   /* a jlm_engine_seq's cache stays on the host */
+    if (!*side && !(*side = calloc(c->n_layer, 1)))
+        return jlm_errf(err, JLM_ENOMEM, "%s: out of memory", who);
+    /* the layer's cache holds positions on one side only: once decided, the plan must agree */
+    int ok = jlm_exd_run(k) == JLM_OK;
+    if ((*side)[l] == 0)
+        (*side)[l] = ok ? 1 : 2;
+    if ((*side)[l] == 2)
+        return UNSUP;
+    if (!ok)
+        return jlm_errf(err, JLM_EIO, "%s: block %u can no longer run on the device (its KV cache is there)", who, l);
+    return JLM_OK;
+}

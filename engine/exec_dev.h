@@ -1,0 +1,71 @@
+/* exec_dev.h - whole blocks on a device backend: the one walk of a block
+ * program (engine/prog.h) that Vulkan (exec_vk.c) and CUDA (exec_cu.c)
+ * share, over the primitives each backend supplies (jlm_exd_ops), and the
+ * decision whether a block runs there at all.
+ *
+ * A walk runs twice per block: dry (k->dry: the primitives only say whether
+ * they can, JLM_EUNSUPPORTED if not, nothing recorded) and then for real.
+ * The decision is made per model, layer and sequence: the engine's own
+ * sequence with an F32 or F16 cache (K and V alike; a backend's kv_put
+ * refuses the types it lacks), a causal model, every op of the program
+ * supported; once a layer's first block was placed, it stays on that side
+ * (its KV cache is there). Weights and vectors reach the primitives as host
+ * addresses; a backend maps them to its device frames (or answers
+ * JLM_EUNSUPPORTED). Internal to engine/; the graph's one thread. */
+#ifndef JLM_ENGINE_EXEC_DEV_H
+#define JLM_ENGINE_EXEC_DEV_H
+
+#include "engine/exec_int.h"
+
+typedef struct jlm_exd jlm_exd;
+
+/* Rows are the block's n rows of a jlm_actbuf buffer, each jlm_exd_width wide. */
+typedef struct jlm_exd_ops {
+    int (*norm)(jlm_exd *k, int dst, int src, const float *w);      /* dst = rmsnorm(src) * w (NULL: none) */
+    int (*mm)(jlm_exd *k, const jlm_k_mat *m, int src, int dst, int reuse);   /* reuse: src was quantized last */
+    int (*bias)(jlm_exd *k, int b, const float *bias);              /* b's rows += bias (never NULL) */
+    /* each head's norm (w; wide: one norm over the whole row, OLMoE), RoPE */
+    int (*heads)(jlm_exd *k, int b, uint32_t n_head, const float *w, int wide);
+    int (*kv_put)(jlm_exd *k);                                      /* K, V rows into the cache at their positions */
+    /* ATT rows over the cache: keys from jlm_ex_first_key (a window's) to the row's own, sinks (NULL: none) */
+    int (*attend)(jlm_exd *k, const float *sinks);
+    int (*add)(jlm_exd *k, int dst, int src);                       /* dst rows += src rows (n_embd wide) */
+    int (*act)(jlm_exd *k, int act, uint64_t n);                    /* G = act(G, U), n floats (gated kinds) */
+    int (*moe)(jlm_exd *k, const jlm_op *op);                       /* the routed experts (NULL: not here) */
+} jlm_exd_ops;
+
+struct jlm_exd {
+    const jlm_exd_ops *ops;
+    void              *be;      /* the backend (jlm_evk *, jlm_ecu *) */
+    jlm_dev           *dev;     /* be's first member: --profile's op classes (jlm_dev_prof_op) */
+    jlm_engine        *e;
+    const jlm_config  *c;
+    jlm_ex_blk         b;
+    void              *kc;      /* the rows' one sequence's cache (NULL: the batch bound in the engine) */
+    uint32_t           pos0;
+    int                dry, q_ready;
+    jlm_err           *err;
+};
+
+/* The floats a row of buffer b holds. */
+uint64_t jlm_exd_width(const jlm_engine *e, int b);
+/* Row t's position. */
+static inline uint32_t jlm_exd_pos(const jlm_exd *k, uint32_t t) { return k->kc ? k->pos0 + t : k->e->bpos[t]; }
+/* Layer l has a sliding window (or a chunk): its first key moves (jlm_ex_first_key). */
+int jlm_exd_swa(const jlm_config *c, uint32_t l);
+
+/* The walk of k->b.p's ops (dry or not): JLM_OK, JLM_EUNSUPPORTED or a
+ * primitive's error. Not dry, each op's class goes to --profile's timer
+ * first (jlm_dev_prof_op). */
+int jlm_exd_run(jlm_exd *k);
+
+/* Sets up k for block l (dry) and decides: JLM_OK (run it here: the dry
+ * walk passed), JLM_EUNSUPPORTED (the host runs it, nothing done) or an
+ * error (a layer placed here that can no longer run here). side: the
+ * backend's per-layer record (allocated here: n_layer bytes); who: "cuda".
+ * be's first member is its jlm_dev. */
+int jlm_exd_plan(jlm_exd *k, const jlm_exd_ops *ops, void *be, jlm_engine *e, const jlm_prog *p, uint32_t l,
+                 const uint8_t *page, uint32_t n, void *kc, uint32_t pos0, uint8_t **side, const char *who,
+                 jlm_err *err);
+
+#endif
