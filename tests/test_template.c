@@ -824,6 +824,28 @@ Test(template, a_stepped_slice_of_a_long_string_is_linear, .timeout = 20)
     expect_renders(cases, sizeof cases / sizeof cases[0]);
 }
 
+/* A %-format field is written whole and its width is bounded by the output
+ * limit first: a field wider than 511 bytes was cut there without a word, and
+ * '%9032053o' % 0 in a loop (fuzz_jinja's find) spent 35 s padding fields
+ * that were then cut. */
+Test(template, a_wide_percent_format_field_is_whole_and_bounded, .timeout = 10)
+{
+    const char *const cases[][2] = {
+        {"{{ ('%600d' % 7)|length }}|{{ ('%600d' % 7)|trim }}|{{ ('%-600o|' % 8)|length }}|{{ ('%.600f' % 1.5)|length }}", "600|7|601|602"},
+        {"{{ '%5d|%-4d|%.2f' % (42, 7, 2.345) }}", "   42|7   |2.35"}};
+    expect_renders(cases, sizeof cases / sizeof cases[0]);
+    const char *const bad[] = {"{{ '%100000000d' % 0 }}", "{{ '%.100000000f' % 0.5 }}",
+                               "{% for i in range(50000) %}{{ '%9032053o' % 0 }}{% endfor %}"};
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        char *out = NULL;
+        size_t n = 0;
+        jlm_err err = {0};
+        cr_assert_neq(render(bad[i], "{}", &out, &n, &err), 0, "%s rendered", bad[i]);
+        cr_assert(strstr(err.msg, "output limit") || strstr(err.msg, "limit of"), "%s: %s", bad[i], err.msg);
+        free(out);
+    }
+}
+
 /* An integer power is computed by squaring: 0 ** 44073709551615 (fuzz_jinja's
  * find) ran a loop of that many multiplications, outside the step budget. */
 Test(template, an_integer_power_with_a_huge_exponent_ends_at_once, .timeout = 10)

@@ -1208,6 +1208,14 @@ jj_val jlm_jj_str_mod(jj_ctx *C, jj_val fmt, jj_val args)
         spec[sl++] = '%';
         while (i < n && strchr("-+ #0123456789.", p[i]) && sl < 20) spec[sl++] = p[i++];
         if (i >= n) jlm_jj_fail(C, JLM_EINVAL, "%% format: incomplete format");
+        spec[sl] = 0;
+        for (const char *d = spec + 1; *d; d++) {   /* a width or precision is output: bounded first */
+            if (*d < '0' || *d > '9') continue;
+            unsigned long long w = strtoull(d, NULL, 10);
+            if (w > C->max_out)
+                jlm_jj_fail(C, JLM_ERANGE, "%% format: a width or precision of %llu is past the output limit of %zu bytes", w, C->max_out);
+            while (d[1] >= '0' && d[1] <= '9') d++;
+        }
         char conv = p[i];
         if (conv == 's' || conv == 'r') {
             if (sl > 1) jlm_jj_fail(C, JLM_EUNSUPPORTED, "unsupported construct: %% format flags with %%%c", conv);

@@ -302,18 +302,24 @@ const char *jlm_jj_type_name(jj_val v)
 }
 
 /* ================================================================ buffers */
+/* Room for n more bytes and a NUL, failing past the output limit. */
+static void buf_reserve(jj_ctx *C, jj_buf *b, size_t n)
+{
+    if (b->len + n + 1 <= b->cap)
+        return;
+    if (b->len + n > C->max_out)
+        jlm_jj_fail(C, JLM_ERANGE, "output larger than the limit of %zu bytes", C->max_out);
+    size_t cap = b->cap ? b->cap : 256;
+    while (cap < b->len + n + 1) cap *= 2;
+    char *p = jlm_jj_alloc(C, cap);
+    if (b->len) memcpy(p, b->p, b->len);
+    b->p = p;
+    b->cap = cap;
+}
+
 void jlm_jj_buf_put(jj_ctx *C, jj_buf *b, const char *s, size_t n)
 {
-    if (b->len + n + 1 > b->cap) {
-        if (b->len + n > C->max_out)
-            jlm_jj_fail(C, JLM_ERANGE, "output larger than the limit of %zu bytes", C->max_out);
-        size_t cap = b->cap ? b->cap : 256;
-        while (cap < b->len + n + 1) cap *= 2;
-        char *p = jlm_jj_alloc(C, cap);
-        if (b->len) memcpy(p, b->p, b->len);
-        b->p = p;
-        b->cap = cap;
-    }
+    buf_reserve(C, b, n);
     if (n) memcpy(b->p + b->len, s, n);
     b->len += n;
     b->p[b->len] = 0;
@@ -321,15 +327,29 @@ void jlm_jj_buf_put(jj_ctx *C, jj_buf *b, const char *s, size_t n)
 
 void jlm_jj_buf_puts(jj_ctx *C, jj_buf *b, const char *s) { jlm_jj_buf_put(C, b, s, strlen(s)); }
 
+/* A value longer than tmp (a wide %-format field) is written whole, never
+ * cut at tmp's size; one past the output limit fails before it is written. */
 void jlm_jj_buf_printf(jj_ctx *C, jj_buf *b, const char *fmt, ...)
 {
     char tmp[512];
-    va_list ap;
+    va_list ap, again;
     va_start(ap, fmt);
+    va_copy(again, ap);
     int n = vsnprintf(tmp, sizeof tmp, fmt, ap);
     va_end(ap);
-    if (n < 0) return;
-    jlm_jj_buf_put(C, b, tmp, (size_t)n < sizeof tmp ? (size_t)n : sizeof tmp - 1);
+    if (n >= 0 && (size_t)n < sizeof tmp) {
+        va_end(again);
+        jlm_jj_buf_put(C, b, tmp, (size_t)n);
+        return;
+    }
+    if (n < 0 || b->len + (size_t)n > C->max_out) {
+        va_end(again);
+        jlm_jj_fail(C, JLM_ERANGE, "output larger than the limit of %zu bytes", C->max_out);
+    }
+    buf_reserve(C, b, (size_t)n);
+    vsnprintf(b->p + b->len, (size_t)n + 1, fmt, again);
+    va_end(again);
+    b->len += (size_t)n;
 }
 
 /* ================================================================ str / repr */
