@@ -155,6 +155,11 @@ void jlm_ex_attention(jlm_engine *e, const jlm_op *op, jlm_ex_blk *b);
 int  jlm_ex_moe(jlm_engine *e, const jlm_op *op, jlm_ex_blk *b, jlm_err *err);   /* exec_moe.c */
 /* Block l's float router copied from its page for the next blocks' read-ahead
  * predictions (once; none without e->predict; exec_moe.c) */
+/* One token's experts sel[n_expert_used] and weights w from its router
+ * logits lg (the router's bias added) by routing mode (JLM_ROUTE_*, or a
+ * JLM_K_ROUTE_* mode), as block l routes on the CPU; JLM_ROUTE_SIGMOID_IN
+ * scales the token's normed input h (n_embd) by its expert's gate instead. */
+void jlm_ex_route_pick(const jlm_engine *e, int mode, uint32_t l, float *lg, int32_t *sel, float *w, float *h);
 void jlm_ex_router_keep(jlm_engine *e, uint32_t l, const uint8_t *page, uint64_t page_off);
 /* --trace-routing's line for row t's choice sel in block l (none without it; exec_moe.c) */
 void jlm_ex_trace_route(const jlm_engine *e, uint32_t l, uint32_t t, const int32_t *sel);

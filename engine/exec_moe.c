@@ -66,8 +66,9 @@ static void route_sigmoid(const jlm_engine *e, uint32_t l, const float *lg, int3
 }
 
 /* One token's top-k from its router logits lg (bias added), by the op's
- * mode; h: the token's normed input, which JLM_ROUTE_SIGMOID_IN scales. */
-static void route_pick(const jlm_engine *e, int mode, uint32_t l, float *lg, int32_t *sel, float *w, float *h)
+ * mode; h: the token's normed input, which JLM_ROUTE_SIGMOID_IN scales.
+ * Device executors that route on the host call it too (exec_int.h). */
+void jlm_ex_route_pick(const jlm_engine *e, int mode, uint32_t l, float *lg, int32_t *sel, float *w, float *h)
 {
     const jlm_config *c = e->c;
     if (mode == JLM_ROUTE_SIGMOID_IN) {   /* one expert (checked at open) */
@@ -130,7 +131,7 @@ static void route(jlm_engine *e, const jlm_op *op, uint32_t l, const uint8_t *pa
     jlm_k_mat wr = mat_at(W(e, l, JLM_R_ROUTER), page, page_off, 0);
     jlm_ex_matmul(e, &wr, 1, h, e->router);
     add_bias(e->router, vec_dense(e, W(e, l, JLM_R_ROUTER_B)), ne);
-    route_pick(e, op->route, l, e->router, e->route + (size_t)l * nu, e->route_w, (float *)h);
+    jlm_ex_route_pick(e, op->route, l, e->router, e->route + (size_t)l * nu, e->route_w, (float *)h);
     prof_end(e, JLM_PROF_ROUTE, t0);
 }
 
@@ -348,7 +349,7 @@ static void route_row(jlm_engine *e, void *ctx, uint32_t t)
     uint32_t ne = c->n_expert, nu = c->n_expert_used;
     float *lg = e->mrl + (uint64_t)t * ne;
     add_bias(lg, vec_dense(e, W(e, r->l, JLM_R_ROUTER_B)), ne);
-    route_pick(e, r->mode, r->l, lg, e->msel + (size_t)t * nu, e->mw + (size_t)t * nu, e->h + (uint64_t)t * c->n_embd);
+    jlm_ex_route_pick(e, r->mode, r->l, lg, e->msel + (size_t)t * nu, e->mw + (size_t)t * nu, e->h + (uint64_t)t * c->n_embd);
 }
 
 static void route_rows(jlm_engine *e, const jlm_op *op, uint32_t l, const uint8_t *page, uint64_t page_off, uint32_t n)
