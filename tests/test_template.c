@@ -846,6 +846,34 @@ Test(template, a_wide_percent_format_field_is_whole_and_bounded, .timeout = 10)
     }
 }
 
+/* Work inside a step is charged to the step budget (jinja.h invariant 4):
+ * each item of a list walked, each 256 bytes of a string made, scanned or
+ * compared. Before, a membership test in a loop over a growing list, an index
+ * into a long UTF-8 string in a loop, or two lists of long strings compared
+ * took minutes within the default budgets; rfind of a long needle was
+ * quadratic. Now each ends at once: the step limit, or (rfind) the answer. */
+Test(template, work_inside_a_step_is_charged_to_the_budget, .timeout = 30)
+{
+    const char *const over[] = {
+        "{% set l = [] %}{% for i in range(100000) %}{% do l.append(i) %}{% if i in l %}{% endif %}{% endfor %}",
+        "{% set s = '\303\251' * 500000 %}{% for i in range(100000) %}{{ s[-1] }}{% endfor %}",
+        "{% set x = 'a' * 1000000 %}{% set y = 'a' * 999999 ~ 'a' %}{{ [x] * 100000 == [y] * 100000 }}",
+        "{% set s = 'a' * 1000000 %}{% set t = 'a' * 999999 ~ 'a' %}{% for i in range(100000) %}{% if s == t %}{% endif %}{% endfor %}"};
+    for (size_t i = 0; i < sizeof over / sizeof over[0]; i++) {
+        char *out = NULL;
+        size_t n = 0;
+        jlm_err err = {0};
+        cr_assert_neq(render(over[i], "{}", &out, &n, &err), 0, "%s rendered", over[i]);
+        cr_assert(strstr(err.msg, "step limit"), "%s: %s", over[i], err.msg);
+        free(out);
+    }
+    const char *const cases[][2] = {
+        {"{% set s = 'a' * 1000000 %}{% set t = 'a' * 500000 ~ 'b' %}{{ s.rfind(t) }}|{{ 'abcabc'.rfind('bc') }}|{{ 'abc'.rfind('') }}|{{ 'abc'.rfind('x') }}",
+         "-1|4|3|-1"},
+        {"{{ ('ab' * 3)|length }}|{{ ('xyz' * 1000)|length }}|{{ ('xyz' * 1000)[-3:] }}", "6|3000|xyz"}};
+    expect_renders(cases, sizeof cases / sizeof cases[0]);
+}
+
 /* An integer power is computed by squaring: 0 ** 44073709551615 (fuzz_jinja's
  * find) ran a loop of that many multiplications, outside the step budget. */
 Test(template, an_integer_power_with_a_huge_exponent_ends_at_once, .timeout = 10)

@@ -19,7 +19,8 @@
  *   4. Bounds: at most 256 MiB of interpreter memory, 64 MiB of output (and
  *      of any one string value; opts->max_out may lower it),
  *      JLM_JINJA_MAX_STEPS steps (an expression evaluated, a statement run,
- *      a loop iteration, a range() item: under a second of work), expressions,
+ *      a loop iteration, a list item made, walked or compared, 256 bytes of
+ *      a string made, scanned or compared: under a few seconds of work), expressions,
  *      variables and values printed, ordered or given to tojson nested 200
  *      deep (a list or namespace that holds itself is an error), evaluation (statements, calls,
  *      macros, recursion) nested 2000 deep, range() of 100000 items:

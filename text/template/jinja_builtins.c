@@ -342,6 +342,7 @@ static int affix_match(jj_ctx *C, jj_str *s, jj_val x, int end)
     }
     jj_str *p = want_str(C, x, end ? "endswith" : "startswith");
     if (p->len > s->len) return 0;
+    jlm_jj_work_bytes(C, p->len);
     return !memcmp(end ? s->s + s->len - p->len : s->s, p->s, p->len);
 }
 static jj_val m_startswith(jj_ctx *C, jj_val s, jj_args *a) { return jlm_jj_bool(affix_match(C, s.u.s, arg(a, 0, "prefix", jlm_jj_none()), 0)); }
@@ -366,9 +367,13 @@ static jj_val find_common(jj_ctx *C, jj_val s, jj_args *a, int right, int count)
     }
     const char *hit = NULL;
     if (!right) hit = memmem(p, n, sub->s, sub->len);
-    else if (sub->len <= n)
-        for (size_t k = n - sub->len + 1; k-- > 0;)
-            if (!memcmp(p + k, sub->s, sub->len)) { hit = p + k; break; }
+    else if (sub->len <= n) {   /* the last match: the first of the reversed bytes (memmem is linear) */
+        char *rs = jlm_jj_alloc(C, n + sub->len + 1), *rsub = rs + n;
+        for (size_t k = 0; k < n; k++) rs[k] = p[n - 1 - k];
+        for (size_t k = 0; k < sub->len; k++) rsub[k] = sub->s[sub->len - 1 - k];
+        const char *r = memmem(rs, n, rsub, sub->len);
+        hit = r ? p + (n - (size_t)(r - rs) - sub->len) : NULL;
+    }
     return jlm_jj_int(hit ? (int64_t)jlm_jj_utf8_len(p, (size_t)(hit - p)) : -1);
 }
 static jj_val m_find(jj_ctx *C, jj_val s, jj_args *a) { return find_common(C, s, a, 0, 0); }
@@ -478,7 +483,7 @@ static jj_val m_values(jj_ctx *C, jj_val d, jj_args *a)
 }
 static jj_val m_get(jj_ctx *C, jj_val d, jj_args *a)
 {
-    jj_val *v = jlm_jj_dict_find(d.u.d, arg(a, 0, "key", jlm_jj_none()));
+    jj_val *v = jlm_jj_dict_find(C, d.u.d, arg(a, 0, "key", jlm_jj_none()));
     return v ? *v : arg(a, 1, "default", jlm_jj_none());
 }
 static jj_val m_append(jj_ctx *C, jj_val l, jj_args *a)
@@ -498,7 +503,7 @@ static jj_val m_pop(jj_ctx *C, jj_val l, jj_args *a)
     if (l.t == JT_DICT) {
         jj_val key = arg(a, 0, "key", jlm_jj_none());
         for (size_t i = 0; i < l.u.d->n; i++)
-            if (jlm_jj_equal(l.u.d->k[i], key)) {
+            if (jlm_jj_equal(C, l.u.d->k[i], key)) {
                 jj_val v = l.u.d->v[i];
                 memmove(&l.u.d->k[i], &l.u.d->k[i + 1], (l.u.d->n - i - 1) * sizeof(jj_val));
                 memmove(&l.u.d->v[i], &l.u.d->v[i + 1], (l.u.d->n - i - 1) * sizeof(jj_val));
@@ -521,15 +526,17 @@ static jj_val m_pop(jj_ctx *C, jj_val l, jj_args *a)
 static jj_val m_index(jj_ctx *C, jj_val l, jj_args *a)
 {
     jj_val x = arg(a, 0, "value", jlm_jj_none());
+    jlm_jj_work(C, l.u.l->n);
     for (size_t i = 0; i < l.u.l->n; i++)
-        if (jlm_jj_equal(l.u.l->v[i], x)) return jlm_jj_int((int64_t)i);
+        if (jlm_jj_equal(C, l.u.l->v[i], x)) return jlm_jj_int((int64_t)i);
     jlm_jj_fail(C, JLM_EINVAL, "list.index(x): x not in list");
 }
 static jj_val m_lcount(jj_ctx *C, jj_val l, jj_args *a)
 {
     jj_val x = arg(a, 0, "value", jlm_jj_none());
     int64_t c = 0;
-    for (size_t i = 0; i < l.u.l->n; i++) c += jlm_jj_equal(l.u.l->v[i], x);
+    jlm_jj_work(C, l.u.l->n);
+    for (size_t i = 0; i < l.u.l->n; i++) c += jlm_jj_equal(C, l.u.l->v[i], x);
     return jlm_jj_int(c);
 }
 
@@ -549,6 +556,8 @@ static const method LIST_METHODS[] = {
 
 jj_val jlm_jj_method(jj_ctx *C, jj_val obj, const char *name)
 {
+    if (obj.t == JT_STR)
+        jlm_jj_work_bytes(C, obj.u.s->len);   /* every string method walks the string */
     const method *t = obj.t == JT_STR ? STR_METHODS : obj.t == JT_DICT ? DICT_METHODS : obj.t == JT_LIST ? LIST_METHODS : NULL;
     for (; t && t->name; t++)
         if (!strcmp(t->name, name)) return jlm_jj_new_func(C, t->name, t->fn, obj);
@@ -568,6 +577,7 @@ static void merge_sort(jj_ctx *C, jj_val *keys, jj_val *vals, size_t n, int reve
 {
     if (n < 2) return;
     size_t h = n / 2;
+    jlm_jj_work(C, n);   /* each level of the sort visits n items */
     merge_sort(C, keys, vals, h, reverse);
     merge_sort(C, keys + h, vals + h, n - h, reverse);
     jj_val *tk = jlm_jj_alloc(C, n * sizeof(jj_val)), *tv = jlm_jj_alloc(C, n * sizeof(jj_val));
@@ -851,8 +861,9 @@ static jj_val f_unique(jj_ctx *C, jj_val in, jj_args *a)
     for (size_t i = 0; i < it.u.l->n; i++) {
         jj_val k = sort_key(C, attr.t == JT_NONE ? it.u.l->v[i] : get_path(C, it.u.l->v[i], attr), cs);
         size_t j;
+        jlm_jj_work(C, seen.u.l->n);
         for (j = 0; j < seen.u.l->n; j++)
-            if (jlm_jj_equal(seen.u.l->v[j], k)) break;
+            if (jlm_jj_equal(C, seen.u.l->v[j], k)) break;
         if (j < seen.u.l->n) continue;
         jlm_jj_list_push(C, seen.u.l, k);
         jlm_jj_list_push(C, r.u.l, it.u.l->v[i]);
@@ -1088,6 +1099,8 @@ int jlm_jj_has_filter(const char *name)
 
 jj_val jlm_jj_apply_filter(jj_ctx *C, const char *name, jj_val in, jj_args *a)
 {
+    if (in.t == JT_STR)
+        jlm_jj_work_bytes(C, in.u.s->len);
     for (const filter *f = FILTERS; f->name; f++)
         if (!strcmp(f->name, name)) return f->fn(C, in, a);
     jlm_jj_fail(C, JLM_EUNSUPPORTED, "unsupported construct: filter '%s'", name);
@@ -1097,8 +1110,8 @@ jj_val jlm_jj_apply_filter(jj_ctx *C, const char *name, jj_val in, jj_args *a)
 static int t_cmp(jj_ctx *C, jj_val in, jj_args *a, int op)
 {
     jj_val o = arg(a, 0, NULL, jlm_jj_undef(NULL));
-    if (op == 0) return jlm_jj_equal(in, o);
-    if (op == 1) return !jlm_jj_equal(in, o);
+    if (op == 0) return jlm_jj_equal(C, in, o);
+    if (op == 1) return !jlm_jj_equal(C, in, o);
     int c = jlm_jj_compare(C, in, o);
     return op == 2 ? c < 0 : op == 3 ? c <= 0 : op == 4 ? c > 0 : c >= 0;
 }
@@ -1121,7 +1134,7 @@ static int is_lower_or_upper(jj_ctx *C, jj_val in, int upper)
 {
     jj_val s = jlm_jj_to_str(C, in);
     jj_val m = map_case(C, s.u.s->s, s.u.s->len, upper ? 1 : 2);
-    return jlm_jj_equal(s, m);
+    return jlm_jj_equal(C, s, m);
 }
 
 int jlm_jj_apply_test(jj_ctx *C, const char *n, jj_val in, jj_args *a)
@@ -1167,9 +1180,10 @@ int jlm_jj_apply_test(jj_ctx *C, const char *n, jj_val in, jj_args *a)
     }
     if (!strcmp(n, "in")) {
         jj_val c = arg(a, 0, NULL, jlm_jj_undef(NULL));
+        jlm_jj_work(C, c.t == JT_STR ? c.u.s->len / JJ_WORK_BYTES : c.t == JT_LIST ? c.u.l->n : 0);
         if (c.t == JT_STR) return in.t == JT_STR && memmem(c.u.s->s, c.u.s->len, in.u.s->s, in.u.s->len) != NULL;
-        if (c.t == JT_LIST) { for (size_t i = 0; i < c.u.l->n; i++) if (jlm_jj_equal(c.u.l->v[i], in)) return 1; return 0; }
-        if (c.t == JT_DICT) return jlm_jj_dict_find(c.u.d, in) != NULL;
+        if (c.t == JT_LIST) { for (size_t i = 0; i < c.u.l->n; i++) if (jlm_jj_equal(C, c.u.l->v[i], in)) return 1; return 0; }
+        if (c.t == JT_DICT) return jlm_jj_dict_find(C, c.u.d, in) != NULL;
         jlm_jj_fail(C, JLM_EINVAL, "test 'in': argument of type '%s' is not iterable", jlm_jj_type_name(c));
     }
     if (!strcmp(n, "lower")) return t == JT_STR && is_lower_or_upper(C, in, 0);
@@ -1192,7 +1206,7 @@ jj_val jlm_jj_str_mod(jj_ctx *C, jj_val fmt, jj_val args)
         if (p[i] == '(') {
             const char *e = memchr(p + i, ')', n - i);
             if (!e || args.t != JT_DICT) jlm_jj_fail(C, JLM_EINVAL, "%% format: format requires a mapping");
-            jj_val *x = jlm_jj_dict_find(args.u.d, jlm_jj_strn(C, p + i + 1, (size_t)(e - p) - i - 1));
+            jj_val *x = jlm_jj_dict_find(C, args.u.d, jlm_jj_strn(C, p + i + 1, (size_t)(e - p) - i - 1));
             if (!x) jlm_jj_fail(C, JLM_EINVAL, "%% format: key '%.*s' not found", (int)((size_t)(e - p) - i - 1), p + i + 1);
             v = *x;
             i = (size_t)(e - p) + 1;
@@ -1252,7 +1266,6 @@ static jj_val g_range(jj_ctx *C, jj_val self, jj_args *a)
     jj_val r = jlm_jj_new_list(C);
     for (int64_t i = start; step > 0 ? i < stop : i > stop; i += step) {
         if (r.u.l->n >= 100000) jlm_jj_fail(C, JLM_ERANGE, "range: more than 100000 items");
-        jlm_jj_step(C);   /* an item made is a step: range(100000) in a loop is not free */
         jlm_jj_list_push(C, r.u.l, jlm_jj_int(i));
     }
     return r;

@@ -77,7 +77,7 @@ jj_val jlm_jj_getitem(jj_ctx *C, jj_val obj, jj_val key)
     switch (obj.t) {
     case JT_UNDEF: fail_undef(C, obj);
     case JT_DICT: case JT_NS: {
-        jj_val *v = jlm_jj_dict_find(obj.u.d, key);
+        jj_val *v = jlm_jj_dict_find(C, obj.u.d, key);
         if (v) return *v;
         if (key.t == JT_STR && obj.t == JT_DICT) return jlm_jj_getattr(C, obj, key.u.s->s);
         return jlm_jj_undef(key.t == JT_STR ? key.u.s->s : NULL);
@@ -90,6 +90,7 @@ jj_val jlm_jj_getitem(jj_ctx *C, jj_val obj, jj_val key)
                 int64_t i = norm_index(k, obj.u.l->n, &ok);
                 return ok ? obj.u.l->v[i] : jlm_jj_undef(NULL);
             }
+            jlm_jj_work_bytes(C, 3 * obj.u.s->len);   /* three UTF-8 walks: the length, the character's two ends */
             size_t ncp = jlm_jj_utf8_len(obj.u.s->s, obj.u.s->len);
             int64_t i = norm_index(k, ncp, &ok);
             if (!ok) return jlm_jj_undef(NULL);
@@ -124,6 +125,7 @@ static jj_val do_slice(jj_ctx *C, jj_val obj, jj_val vs, jj_val ve, jj_val vst)
     if (vst.t == JT_INT) step = vst.u.i;
     else if (vst.t != JT_NONE && vst.t != JT_UNDEF) jlm_jj_fail(C, JLM_EINVAL, "slice step must be an integer");
     if (step == 0) jlm_jj_fail(C, JLM_EINVAL, "slice step cannot be zero");
+    jlm_jj_work(C, obj.t == JT_LIST ? 0 : obj.u.s->len / JJ_WORK_BYTES);   /* the UTF-8 walk; items: as pushed */
     int64_t n = obj.t == JT_LIST ? (int64_t)obj.u.l->n : (int64_t)jlm_jj_utf8_len(obj.u.s->s, obj.u.s->len);
     int64_t s = slice_bound(C, vs, step < 0 ? n - 1 : 0, n, step);
     int64_t e = slice_bound(C, ve, step < 0 ? -1 : n, n, step);
@@ -220,8 +222,12 @@ static jj_val repeat(jj_ctx *C, jj_val seq, int64_t k)
     if (seq.t == JT_STR) {
         if (seq.u.s->len && (uint64_t)k > C->max_out / seq.u.s->len)
             jlm_jj_fail(C, JLM_ERANGE, "string repetition past the output limit of %zu bytes", C->max_out);
+        size_t total = seq.u.s->len * (size_t)k;
         jj_buf b = {0};
-        for (int64_t i = 0; i < k; i++) jlm_jj_buf_put(C, &b, seq.u.s->s, seq.u.s->len);
+        if (k)
+            jlm_jj_buf_put(C, &b, seq.u.s->s, seq.u.s->len);
+        while (b.len < total)   /* doubling: a copy of what is there, not a put per repetition */
+            jlm_jj_buf_put(C, &b, b.p, b.len < total - b.len ? b.len : total - b.len);
         return jlm_jj_strn(C, b.p ? b.p : "", b.len);
     }
     if (seq.u.l->n && (uint64_t)k > (1u << 24) / seq.u.l->n) jlm_jj_fail(C, JLM_ERANGE, "list repetition too large");
@@ -315,12 +321,14 @@ static int contains(jj_ctx *C, jj_val item, jj_val cont)
     case JT_UNDEF: return 0;
     case JT_STR:
         if (item.t != JT_STR) jlm_jj_fail(C, JLM_EINVAL, "'in <string>' requires string as left operand, not %s", jlm_jj_type_name(item));
+        jlm_jj_work_bytes(C, cont.u.s->len);
         return memmem(cont.u.s->s, cont.u.s->len, item.u.s->s, item.u.s->len) != NULL || item.u.s->len == 0;
     case JT_LIST:
+        jlm_jj_work(C, cont.u.l->n);
         for (size_t i = 0; i < cont.u.l->n; i++)
-            if (jlm_jj_equal(cont.u.l->v[i], item)) return 1;
+            if (jlm_jj_equal(C, cont.u.l->v[i], item)) return 1;
         return 0;
-    case JT_DICT: case JT_NS: return jlm_jj_dict_find(cont.u.d, item) != NULL;
+    case JT_DICT: case JT_NS: return jlm_jj_dict_find(C, cont.u.d, item) != NULL;
     default: jlm_jj_fail(C, JLM_EINVAL, "argument of type '%s' is not iterable", jlm_jj_type_name(cont));
     }
 }
@@ -328,8 +336,8 @@ static int contains(jj_ctx *C, jj_val item, jj_val cont)
 static int compare(jj_ctx *C, int op, jj_val a, jj_val b)
 {
     switch (op) {
-    case OP_EQ: return jlm_jj_equal(a, b);
-    case OP_NE: return !jlm_jj_equal(a, b);
+    case OP_EQ: return jlm_jj_equal(C, a, b);
+    case OP_NE: return !jlm_jj_equal(C, a, b);
     case OP_IN: return contains(C, a, b);
     case OP_NOTIN: return !contains(C, a, b);
     default: break;

@@ -146,6 +146,17 @@ static inline void jlm_jj_step(jj_ctx *C)
     if (++C->steps >= C->next_check) jlm_jj_step_slow(C);
 }
 
+/* Work inside one step, charged to the same budget (jinja.h invariant 4):
+ * n steps for n list items visited or compared, one step a JJ_WORK_BYTES of
+ * string made, scanned or compared. So a loop over a long string or list is
+ * bounded by what it does, not only by how often it runs. */
+#define JJ_WORK_BYTES 256
+static inline void jlm_jj_work(jj_ctx *C, uint64_t n)
+{
+    if ((C->steps += n) >= C->next_check) jlm_jj_step_slow(C);
+}
+static inline void jlm_jj_work_bytes(jj_ctx *C, size_t n) { jlm_jj_work(C, n / JJ_WORK_BYTES); }
+
 /* jinja_value.c */
 _Noreturn void jlm_jj_fail(jj_ctx *C, int code, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
 void   *jlm_jj_alloc(jj_ctx *C, size_t n);
@@ -163,12 +174,12 @@ jj_val  jlm_jj_new_list(jj_ctx *C);
 jj_val  jlm_jj_new_dict(jj_ctx *C);
 jj_val  jlm_jj_new_func(jj_ctx *C, const char *name, jj_builtin fn, jj_val self);
 void    jlm_jj_list_push(jj_ctx *C, jj_list *l, jj_val v);
-jj_val *jlm_jj_dict_find(jj_dict *d, jj_val key);
+jj_val *jlm_jj_dict_find(jj_ctx *C, jj_dict *d, jj_val key);
 jj_val *jlm_jj_dict_finds(jj_dict *d, const char *key);
 void    jlm_jj_dict_set(jj_ctx *C, jj_dict *d, jj_val key, jj_val v);
 void    jlm_jj_dict_sets(jj_ctx *C, jj_dict *d, const char *key, jj_val v);
 int     jlm_jj_truthy(jj_val v);
-int     jlm_jj_equal(jj_val a, jj_val b);
+int     jlm_jj_equal(jj_ctx *C, jj_val a, jj_val b);   /* charges its walk (jlm_jj_work) */
 int     jlm_jj_compare(jj_ctx *C, jj_val a, jj_val b);   /* <0, 0, >0; raises on unorderable */
 const char *jlm_jj_type_name(jj_val v);
 void    jlm_jj_buf_put(jj_ctx *C, jj_buf *b, const char *s, size_t n);

@@ -92,6 +92,7 @@ static jj_val str_new(jj_ctx *C, size_t n)
     jj_val v = {.t = JT_STR};
     if (n > C->max_out)
         jlm_jj_fail(C, JLM_ERANGE, "a string of %zu bytes: the output limit is %zu bytes", n, C->max_out);
+    jlm_jj_work_bytes(C, n);
     v.u.s = jlm_jj_alloc(C, sizeof(jj_str) + n + 1);
     v.u.s->len = n;
     v.u.s->s[n] = 0;
@@ -142,6 +143,7 @@ jj_val jlm_jj_new_func(jj_ctx *C, const char *name, jj_builtin fn, jj_val self)
 
 void jlm_jj_list_push(jj_ctx *C, jj_list *l, jj_val v)
 {
+    jlm_jj_work(C, 1);
     if (l->n == l->cap) {
         size_t cap = l->cap ? l->cap * 2 : 8;
         jj_val *nv = jlm_jj_alloc(C, cap * sizeof(jj_val));
@@ -153,11 +155,11 @@ void jlm_jj_list_push(jj_ctx *C, jj_list *l, jj_val v)
 }
 
 /* Linear lookup: dicts in chat templates hold a handful of keys. */
-jj_val *jlm_jj_dict_find(jj_dict *d, jj_val key)
+jj_val *jlm_jj_dict_find(jj_ctx *C, jj_dict *d, jj_val key)
 {
     for (size_t i = 0; i < d->n; i++)
         if (d->k[i].t == key.t || (d->k[i].t != JT_STR && key.t != JT_STR))
-            if (jlm_jj_equal(d->k[i], key)) return &d->v[i];
+            if (jlm_jj_equal(C, d->k[i], key)) return &d->v[i];
     return NULL;
 }
 
@@ -172,7 +174,7 @@ jj_val *jlm_jj_dict_finds(jj_dict *d, const char *key)
 
 void jlm_jj_dict_set(jj_ctx *C, jj_dict *d, jj_val key, jj_val v)
 {
-    jj_val *p = jlm_jj_dict_find(d, key);
+    jj_val *p = jlm_jj_dict_find(C, d, key);
     if (p) { *p = v; return; }
     if (d->n == d->cap) {
         size_t cap = d->cap ? d->cap * 2 : 8;
@@ -229,9 +231,10 @@ static int64_t num_i(jj_val v) { return v.t == JT_INT ? v.u.i : v.u.b; }
  * may hold itself ({% do l.append(l) %}): the same object is equal to
  * itself without a look inside (Python compares items by identity first),
  * and two that hold themselves are unequal past JJ_MAX_DEPTH levels where
- * Python would raise RecursionError (jlm_jj_equal has no context to raise
- * from; a crash on the stack is what it must not do). */
-static int equal_at(jj_val a, jj_val b, int depth)
+ * Python would raise RecursionError (a crash on the stack is what it must
+ * not do). Each string compared byte by byte and each list or dict walked is
+ * charged to the step budget (jlm_jj_work). */
+static int equal_at(jj_ctx *C, jj_val a, jj_val b, int depth)
 {
     if (depth > JJ_MAX_DEPTH) return 0;
     if (is_num(a) && is_num(b)) {
@@ -241,26 +244,32 @@ static int equal_at(jj_val a, jj_val b, int depth)
     if (a.t != b.t) return 0;
     switch (a.t) {
     case JT_UNDEF: case JT_NONE: return 1;
-    case JT_STR: return a.u.s->len == b.u.s->len && memcmp(a.u.s->s, b.u.s->s, a.u.s->len) == 0;
+    case JT_STR:
+        if (a.u.s->len != b.u.s->len) return 0;
+        if (a.u.s == b.u.s) return 1;
+        jlm_jj_work_bytes(C, a.u.s->len);
+        return memcmp(a.u.s->s, b.u.s->s, a.u.s->len) == 0;
     case JT_LIST:
         if (a.u.l == b.u.l && a.tuple == b.tuple) return 1;
         if (a.tuple != b.tuple || a.u.l->n != b.u.l->n) return 0;
+        jlm_jj_work(C, a.u.l->n);
         for (size_t i = 0; i < a.u.l->n; i++)
-            if (!equal_at(a.u.l->v[i], b.u.l->v[i], depth + 1)) return 0;
+            if (!equal_at(C, a.u.l->v[i], b.u.l->v[i], depth + 1)) return 0;
         return 1;
     case JT_DICT:
         if (a.u.d == b.u.d) return 1;
         if (a.u.d->n != b.u.d->n) return 0;
+        jlm_jj_work(C, a.u.d->n);
         for (size_t i = 0; i < a.u.d->n; i++) {
-            jj_val *o = jlm_jj_dict_find(b.u.d, a.u.d->k[i]);
-            if (!o || !equal_at(a.u.d->v[i], *o, depth + 1)) return 0;
+            jj_val *o = jlm_jj_dict_find(C, b.u.d, a.u.d->k[i]);
+            if (!o || !equal_at(C, a.u.d->v[i], *o, depth + 1)) return 0;
         }
         return 1;
     default: return a.u.d == b.u.d;   /* identity for namespaces, functions */
     }
 }
 
-int jlm_jj_equal(jj_val a, jj_val b) { return equal_at(a, b, 0); }
+int jlm_jj_equal(jj_ctx *C, jj_val a, jj_val b) { return equal_at(C, a, b, 0); }
 
 int jlm_jj_compare(jj_ctx *C, jj_val a, jj_val b)
 {
@@ -274,6 +283,7 @@ int jlm_jj_compare(jj_ctx *C, jj_val a, jj_val b)
     }
     if (a.t == JT_STR && b.t == JT_STR) {   /* UTF-8 byte order == code point order */
         size_t n = a.u.s->len < b.u.s->len ? a.u.s->len : b.u.s->len;
+        jlm_jj_work_bytes(C, n);
         int c = memcmp(a.u.s->s, b.u.s->s, n);
         if (c) return c < 0 ? -1 : 1;
         return a.u.s->len < b.u.s->len ? -1 : a.u.s->len > b.u.s->len ? 1 : 0;
@@ -281,7 +291,7 @@ int jlm_jj_compare(jj_ctx *C, jj_val a, jj_val b)
     if (a.t == JT_LIST && b.t == JT_LIST) {
         size_t n = a.u.l->n < b.u.l->n ? a.u.l->n : b.u.l->n;
         for (size_t i = 0; i < n; i++) {
-            if (jlm_jj_equal(a.u.l->v[i], b.u.l->v[i])) continue;
+            if (jlm_jj_equal(C, a.u.l->v[i], b.u.l->v[i])) continue;
             value_enter(C, "compare");
             int c = jlm_jj_compare(C, a.u.l->v[i], b.u.l->v[i]);
             C->vdepth--;
@@ -319,6 +329,7 @@ static void buf_reserve(jj_ctx *C, jj_buf *b, size_t n)
 
 void jlm_jj_buf_put(jj_ctx *C, jj_buf *b, const char *s, size_t n)
 {
+    jlm_jj_work_bytes(C, n);
     buf_reserve(C, b, n);
     if (n) memcpy(b->p + b->len, s, n);
     b->len += n;
