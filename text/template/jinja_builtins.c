@@ -1180,7 +1180,8 @@ int jlm_jj_apply_test(jj_ctx *C, const char *n, jj_val in, jj_args *a)
     }
     if (!strcmp(n, "in")) {
         jj_val c = arg(a, 0, NULL, jlm_jj_undef(NULL));
-        jlm_jj_work(C, c.t == JT_STR ? c.u.s->len / JJ_WORK_BYTES : c.t == JT_LIST ? c.u.l->n : 0);
+        if (c.t == JT_STR) jlm_jj_work_bytes(C, c.u.s->len);
+        if (c.t == JT_LIST) jlm_jj_work(C, c.u.l->n);
         if (c.t == JT_STR) return in.t == JT_STR && memmem(c.u.s->s, c.u.s->len, in.u.s->s, in.u.s->len) != NULL;
         if (c.t == JT_LIST) { for (size_t i = 0; i < c.u.l->n; i++) if (jlm_jj_equal(C, c.u.l->v[i], in)) return 1; return 0; }
         if (c.t == JT_DICT) return jlm_jj_dict_find(C, c.u.d, in) != NULL;

@@ -125,7 +125,8 @@ static jj_val do_slice(jj_ctx *C, jj_val obj, jj_val vs, jj_val ve, jj_val vst)
     if (vst.t == JT_INT) step = vst.u.i;
     else if (vst.t != JT_NONE && vst.t != JT_UNDEF) jlm_jj_fail(C, JLM_EINVAL, "slice step must be an integer");
     if (step == 0) jlm_jj_fail(C, JLM_EINVAL, "slice step cannot be zero");
-    jlm_jj_work(C, obj.t == JT_LIST ? 0 : obj.u.s->len / JJ_WORK_BYTES);   /* the UTF-8 walk; items: as pushed */
+    if (obj.t == JT_STR)
+        jlm_jj_work_bytes(C, obj.u.s->len);   /* the UTF-8 walk; a list's items: as pushed */
     int64_t n = obj.t == JT_LIST ? (int64_t)obj.u.l->n : (int64_t)jlm_jj_utf8_len(obj.u.s->s, obj.u.s->len);
     int64_t s = slice_bound(C, vs, step < 0 ? n - 1 : 0, n, step);
     int64_t e = slice_bound(C, ve, step < 0 ? -1 : n, n, step);

@@ -132,6 +132,7 @@ struct jj_ctx {
     int         utc;         /* strftime_now formats in UTC (else local time) */
     const char *src;         /* for the lexer */
     uint64_t    steps, max_steps;           /* jlm_jj_step */
+    uint64_t    work_bytes;                 /* jlm_jj_work_bytes: bytes not yet a whole step */
     uint64_t    next_check;                 /* the step at which jlm_jj_step_slow runs next */
     size_t      max_out;                    /* output bytes, and bytes of one string */
     int       (*cancelled)(void *arg);     /* jlm_jinja_opts */
@@ -148,14 +149,25 @@ static inline void jlm_jj_step(jj_ctx *C)
 
 /* Work inside one step, charged to the same budget (jinja.h invariant 4):
  * n steps for n list items visited or compared, one step a JJ_WORK_BYTES of
- * string made, scanned or compared. So a loop over a long string or list is
- * bounded by what it does, not only by how often it runs. */
+ * string made, scanned or compared (the remainder carried to the next
+ * charge; a write to a buffer also costs JJ_PUT_BYTES, so a character at a
+ * time is not free). So a loop over a long string or list is bounded by what
+ * it does, not only by how often it runs. */
 #define JJ_WORK_BYTES 256
+#define JJ_PUT_BYTES  16
 static inline void jlm_jj_work(jj_ctx *C, uint64_t n)
 {
     if ((C->steps += n) >= C->next_check) jlm_jj_step_slow(C);
 }
-static inline void jlm_jj_work_bytes(jj_ctx *C, size_t n) { jlm_jj_work(C, n / JJ_WORK_BYTES); }
+static inline void jlm_jj_work_bytes(jj_ctx *C, size_t n)
+{
+    C->work_bytes += n;
+    if (C->work_bytes >= JJ_WORK_BYTES) {
+        uint64_t w = C->work_bytes / JJ_WORK_BYTES;
+        C->work_bytes %= JJ_WORK_BYTES;
+        jlm_jj_work(C, w);
+    }
+}
 
 /* jinja_value.c */
 _Noreturn void jlm_jj_fail(jj_ctx *C, int code, const char *fmt, ...) __attribute__((format(printf, 3, 4)));

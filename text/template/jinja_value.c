@@ -329,7 +329,7 @@ static void buf_reserve(jj_ctx *C, jj_buf *b, size_t n)
 
 void jlm_jj_buf_put(jj_ctx *C, jj_buf *b, const char *s, size_t n)
 {
-    jlm_jj_work_bytes(C, n);
+    jlm_jj_work_bytes(C, n + JJ_PUT_BYTES);
     buf_reserve(C, b, n);
     if (n) memcpy(b->p + b->len, s, n);
     b->len += n;
