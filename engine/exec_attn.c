@@ -61,7 +61,7 @@ uint32_t jlm_ex_first_key(const jlm_config *c, uint32_t l, uint32_t pos)
 /* Llama 4's attention temperature on its no-RoPE layers (n_rot 0 there):
  * q x (log(floor((pos + AttnTempOffset) / AttnTempFloor) + 1) x AttnTempScale
  * + 1), as llama.cpp's attn_temp input computes it; 1 elsewhere. */
-static float q_temp(const jlm_config *c, const jlm_k_rope *rp, uint32_t pos)
+float jlm_ex_q_temp(const jlm_config *c, const jlm_k_rope *rp, uint32_t pos)
 {
     if (!c->attn_temp_floor || c->attn_temp_scale == 0.0f || rp->n_rot)
         return 1.0f;
@@ -291,7 +291,7 @@ static void q_row(jlm_engine *e, void *ctx, uint32_t t)
     const float *cs = rope_cs(e, &j->rp, e->bpos[t], csb);
     for (uint32_t h = 0; h < e->c->n_head; h++)
         head_norm_rope(e, q + h * e->hd, j->hn, &j->rp, cs);
-    scale_q(q, e->q_dim, q_temp(e->c, &j->rp, e->bpos[t]));
+    scale_q(q, e->q_dim, jlm_ex_q_temp(e->c, &j->rp, e->bpos[t]));
 }
 
 /* ---------------------------------------------------------------- decode: Q, K, V and attention in one dispatch
@@ -341,7 +341,7 @@ static void qkva_slice(void *ctx, size_t b, size_t en, int tid)
                 float *q = e->q + (uint64_t)h * hd;
                 add_bias(q, qb ? qb + (uint64_t)h * hd : NULL, hd);
                 head_norm_rope(e, q, qn, &j->rp, j->cs);
-                scale_q(q, hd, q_temp(c, &j->rp, pos));
+                scale_q(q, hd, jlm_ex_q_temp(c, &j->rp, pos));
             }
             fattn_run(e, &j->p, e->q, j->k, j->v, e->att, g, 0, 1, tid);
         }

@@ -87,6 +87,8 @@ static int matmul_rows(jlm_ecu *v, const jlm_k_mat *m, uint32_t n, const float *
 
 static int op_mm(jlm_exd *k, const jlm_k_mat *m, int src, int dst, int reuse)
 {
+    if (m->k != width(k->e, src) || m->rows != width(k->e, dst))
+        return UNSUP;   /* the int8 records (rec) hold rows of the buffers' widths */
     return matmul_rows(ecu(k), m, k->b.n, abp(k, src, 0), src, abp(k, dst, 0), reuse, k->dry, k->err);
 }
 
@@ -115,8 +117,8 @@ static int op_norm(jlm_exd *k, int dst, int src, const float *p)
  * row's position (layer l's parameters: the kernel computes its angles). */
 static int op_heads(jlm_exd *k, int b, uint32_t n_head, const float *p, int wide)
 {
-    if (wide)
-        return UNSUP;   /* OLMoE's norm over the whole row: left (its blocks have experts) */
+    if (wide || k->e->qk_unit)
+        return UNSUP;   /* OLMoE's norm over the whole row (its blocks have experts), Llama 4's after RoPE: left */
     jlm_engine *e = k->e;
     jlm_ecu *v = ecu(k);
     const float *w, *ff = NULL;

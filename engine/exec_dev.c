@@ -24,10 +24,18 @@ int jlm_exd_swa(const jlm_config *c, uint32_t l)
     return c->swa_window && c->swa_period && (l % c->swa_period) < c->swa_period - 1;
 }
 
+/* A row of w floats fits buffer b: its width; or, in the gate and up
+ * buffers, at most that (a shared expert narrower than the dense FFN: n rows
+ * of w packed, as the CPU's buffers hold them). */
+static int fits(const jlm_engine *e, int b, uint64_t w)
+{
+    return b == JLM_B_G || b == JLM_B_U ? w && w <= jlm_exd_width(e, b) : w == jlm_exd_width(e, b);
+}
+
 /* dst rows = src rows times m, the shapes checked against the buffers. */
 static int mm(jlm_exd *k, const jlm_k_mat *m, int src, int dst, int reuse)
 {
-    if (m->k != jlm_exd_width(k->e, src) || m->rows != jlm_exd_width(k->e, dst))
+    if (!fits(k->e, src, m->k) || !fits(k->e, dst, m->rows))
         return UNSUP;
     return k->ops->mm(k, m, src, dst, reuse);
 }
@@ -94,8 +102,9 @@ static int run_op(jlm_exd *k, const jlm_op *op)
     }
     case JLM_OP_GATE_UP: {
         jlm_k_mat wg = blk_mat(e, b, op->w[0]), wu = blk_mat(e, b, op->w[1]);
-        if (op->act != JLM_ACT_SWIGLU && op->act != JLM_ACT_SWIGLU_OAI && op->act != JLM_ACT_GELU_FP16)
-            return UNSUP;   /* the backend's act may refuse one of these too (dry) */
+        if ((op->act != JLM_ACT_SWIGLU && op->act != JLM_ACT_SWIGLU_OAI && op->act != JLM_ACT_GELU_FP16) ||
+            (wg.rows != jlm_exd_width(e, JLM_B_G) && (blk_w(e, b, op->w[2]) || blk_w(e, b, op->w[3]))))
+            return UNSUP;   /* the backend's act may refuse one of these too (dry); biases: rows of the width */
         if ((rc = mm(k, &wg, op->src, JLM_B_G, 0)) || (rc = mm(k, &wu, op->src, JLM_B_U, 1)) ||
             (rc = bias(k, JLM_B_G, op->w[2])) || (rc = bias(k, JLM_B_U, op->w[3])))
             return rc;
@@ -126,7 +135,7 @@ int jlm_exd_plan(jlm_exd *k, const jlm_exd_ops *ops, void *be, jlm_engine *e, co
     *k = (jlm_exd){.ops = ops, .be = be, .dev = be, .e = e, .c = c, .kc = kc, .pos0 = pos0, .dry = 1, .err = err,
                    .b = {.p = p, .l = l, .page = page,
                          .page_off = e->m->hdr.data_off + (uint64_t)l * e->m->hdr.page_size, .n = n}};
-    if ((e->kt != KV_F32 && e->kt != KV_F16) || e->vt != e->kt || e->qk_unit || (c->flags & JLM_F_NON_CAUSAL) || !n)
+    if ((e->kt != KV_F32 && e->kt != KV_F16) || e->vt != e->kt || (c->flags & JLM_F_NON_CAUSAL) || !n)
         return UNSUP;
     for (uint32_t t = 0; t < n; t++)
         if ((kc ? kc : e->bkc[t]) != e->kc)

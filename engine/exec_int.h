@@ -147,19 +147,23 @@ void jlm_ex_activate(int act, float *g, const float *u, uint64_t n);
 void jlm_ex_rope_params(const jlm_engine *e, uint32_t l, jlm_k_rope *p);   /* exec_attn.c: layer l's RoPE */
 /* exec_attn.c: the first key a query at pos sees on layer l (0, or a sliding window's / a chunk's start) */
 uint32_t jlm_ex_first_key(const jlm_config *c, uint32_t l, uint32_t pos);
+/* exec_attn.c: the factor on q at pos on a layer of RoPE rp (Llama 4's attention temperature; 1 elsewhere) */
+float jlm_ex_q_temp(const jlm_config *c, const jlm_k_rope *rp, uint32_t pos);
 void jlm_ex_qkv(jlm_engine *e, const jlm_op *op, jlm_ex_blk *b);        /* exec_attn.c */
 void jlm_ex_kv_store(jlm_engine *e, const jlm_op *op, jlm_ex_blk *b);
 void jlm_ex_q(jlm_engine *e, const jlm_op *op, jlm_ex_blk *b);
 void jlm_ex_q_rope(jlm_engine *e, const jlm_op *op, jlm_ex_blk *b);
 void jlm_ex_attention(jlm_engine *e, const jlm_op *op, jlm_ex_blk *b);
 int  jlm_ex_moe(jlm_engine *e, const jlm_op *op, jlm_ex_blk *b, jlm_err *err);   /* exec_moe.c */
-/* Block l's float router copied from its page for the next blocks' read-ahead
- * predictions (once; none without e->predict; exec_moe.c) */
 /* One token's experts sel[n_expert_used] and weights w from its router
  * logits lg (the router's bias added) by routing mode (JLM_ROUTE_*, or a
  * JLM_K_ROUTE_* mode), as block l routes on the CPU; JLM_ROUTE_SIGMOID_IN
- * scales the token's normed input h (n_embd) by its expert's gate instead. */
-void jlm_ex_route_pick(const jlm_engine *e, int mode, uint32_t l, float *lg, int32_t *sel, float *w, float *h);
+ * scales the token's normed input h (n_embd) by its expert's gate instead
+ * (h NULL: a device scales its own copy). Returns the factor h is scaled by
+ * (1 but for JLM_ROUTE_SIGMOID_IN). */
+float jlm_ex_route_pick(const jlm_engine *e, int mode, uint32_t l, float *lg, int32_t *sel, float *w, float *h);
+/* Block l's float router copied from its page for the next blocks' read-ahead
+ * predictions (once; none without e->predict; exec_moe.c) */
 void jlm_ex_router_keep(jlm_engine *e, uint32_t l, const uint8_t *page, uint64_t page_off);
 /* --trace-routing's line for row t's choice sel in block l (none without it; exec_moe.c) */
 void jlm_ex_trace_route(const jlm_engine *e, uint32_t l, uint32_t t, const int32_t *sel);

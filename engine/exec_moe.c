@@ -66,19 +66,25 @@ static void route_sigmoid(const jlm_engine *e, uint32_t l, const float *lg, int3
 }
 
 /* One token's top-k from its router logits lg (bias added), by the op's
- * mode; h: the token's normed input, which JLM_ROUTE_SIGMOID_IN scales.
- * Device executors that route on the host call it too (exec_int.h). */
-void jlm_ex_route_pick(const jlm_engine *e, int mode, uint32_t l, float *lg, int32_t *sel, float *w, float *h)
+ * mode; h: the token's normed input, which JLM_ROUTE_SIGMOID_IN scales (h
+ * NULL: only the factor returned). Device executors that route on the host
+ * call it too (exec_int.h). */
+float jlm_ex_route_pick(const jlm_engine *e, int mode, uint32_t l, float *lg, int32_t *sel, float *w, float *h)
 {
     const jlm_config *c = e->c;
     if (mode == JLM_ROUTE_SIGMOID_IN) {   /* one expert (checked at open) */
         jlm_k_moe_route(lg, c->n_expert, 1, JLM_K_ROUTE_RAW, 0.0f, sel, w);   /* the top logit */
-        jlm_k_scale(h, h, 1.0f / (1.0f + expf(-lg[sel[0]])), c->n_embd);
+        float s = 1.0f / (1.0f + expf(-lg[sel[0]]));
+        if (h)
+            jlm_k_scale(h, h, s, c->n_embd);
         w[0] = 1.0f;
-    } else if (mode == JLM_ROUTE_SIGMOID)
+        return s;
+    }
+    if (mode == JLM_ROUTE_SIGMOID)
         route_sigmoid(e, l, lg, sel, w);
     else
         jlm_k_moe_route(lg, c->n_expert, c->n_expert_used, mode, c->expert_scale, sel, w);
+    return 1.0f;
 }
 
 /* ---------------------------------------------------------------- reading ahead */

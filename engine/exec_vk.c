@@ -9,8 +9,8 @@
  * keeps its KV cache of these blocks here (F32 or F16 as the engine's
  * --kv, a buffer per layer, rows of kv_dim; F16 rounded as the CPU's cache
  * rounds); any other sequence (jlm_engine_seq: serve, batches) and what
- * the shaders lack (Q8_0 caches, sigmoid expert routing: the MOE op is
- * exec_vk_moe.c's; quantized weights without shaderFloat64) is
+ * the shaders lack (Q8_0 caches, quantized weights without shaderFloat64;
+ * the MOE op is exec_vk_moe.c's) is
  * JLM_EUNSUPPORTED, decided per model, layer and sequence before anything
  * is recorded (the walk: exec_dev.c), so a block always runs on the same
  * side. Quantized weights read int8 rows quantized on the
@@ -124,20 +124,46 @@ static int same_rope(const jlm_k_rope *a, const jlm_k_rope *b)
 
 /* The RoPE parameter sets whose cos/sin go up with the rows: layer 0's and
  * the first other layer's that differ (gemma3's sliding-window layers have
- * their own base); how many (1 or 2). */
+ * their own base), layers without RoPE (Llama 4's, n_rot 0) left out; how
+ * many (1 or 2). */
 static uint32_t rope_sets(const jlm_engine *e, jlm_k_rope set[2])
 {
     jlm_ex_rope_params(e, 0, &set[0]);
     for (uint32_t l = 1; l < e->c->n_layer; l++) {
         jlm_ex_rope_params(e, l, &set[1]);
-        if (!same_rope(&set[1], &set[0]))
+        if (!set[0].n_rot)
+            set[0] = set[1];
+        else if (set[1].n_rot && !same_rope(&set[1], &set[0]))
             return 2;
     }
     return 1;
 }
 
+/* Row t of b, head by head: its RMS norm (w) then RoPE by the cos/sin
+ * cs (buf NULL: none); Llama 4 (qk_unit): RoPE, then a weightless norm, on
+ * the layers with RoPE only. */
+static int heads_row(const jlm_exd *k, int b, uint32_t t, uint32_t n_head, jlm_vk_view w, uint32_t n_rot, int neox,
+                     jlm_vk_view cs)
+{
+    const jlm_engine *e = k->e;
+    jlm_vk *vk = evk(k)->vk;
+    uint64_t base = t * width(e, b);
+    int unit = e->qk_unit && cs.buf, rc = JLM_OK;
+    for (uint32_t h = 0; !rc && w.buf && h < n_head; h++)
+        rc = jlm_vk_rmsnorm(vk, abv(k, b, base + h * e->hd, e->hd), abv(k, b, base + h * e->hd, e->hd), w, e->hd,
+                            k->c->rms_eps, k->err);
+    if (!rc && cs.buf)
+        rc = jlm_vk_rope_cs(vk, n_rot, neox, row(k, b, t), n_head, e->hd, cs, k->err);
+    for (uint32_t h = 0; !rc && unit && h < n_head; h++)
+        rc = jlm_vk_rmsnorm(vk, abv(k, b, base + h * e->hd, e->hd), abv(k, b, base + h * e->hd, e->hd),
+                            (jlm_vk_view){0}, e->hd, k->c->rms_eps, k->err);
+    return rc;
+}
+
 /* Each head of each row of b (q or k): its RMS norm (p; wide: one norm over
- * the whole row, OLMoE) and RoPE at the row's position. */
+ * the whole row, OLMoE) and RoPE at the row's position (none on a layer
+ * without it); q then times the attention temperature (Llama 4's no-RoPE
+ * layers; 1 elsewhere). */
 static int op_heads(jlm_exd *k, int b, uint32_t n_head, const float *p, int wide)
 {
     jlm_engine *e = k->e;
@@ -148,22 +174,22 @@ static int op_heads(jlm_exd *k, int b, uint32_t n_head, const float *p, int wide
     uint32_t ns = rope_sets(e, sets), si = 0;
     while (si < ns && !same_rope(&rp, &sets[si]))
         si++;
-    int rope = !(k->c->flags & JLM_F_NO_POS_ENC), rc = vec(v, p, wide ? width(e, b) : e->hd, &w);
+    int rope = !(k->c->flags & JLM_F_NO_POS_ENC) && rp.n_rot, rc = vec(v, p, wide ? width(e, b) : e->hd, &w);
     uint64_t al = jlm_vk_offset_align(v->vk);
-    if (!rc && ((rope && (!rp.n_rot || rp.n_rot % 2 || rp.n_rot > e->hd || si == ns || (rp.n_rot * 4) % al)) ||
-                (w.buf && (e->hd * 4) % al)))
+    if (!rc && ((rope && (rp.n_rot % 2 || rp.n_rot > e->hd || si == ns || (rp.n_rot * 4) % al)) ||
+                ((w.buf || e->qk_unit) && (e->hd * 4) % al) || (e->qk_unit && w.buf)))
         rc = UNSUP;   /* the layer's cos/sin must be one of the tables up with the rows */
     for (uint32_t t = 0; !rc && !k->dry && t < k->b.n; t++) {
-        uint64_t base = t * width(e, b);
+        jlm_vk_view cs = {0};
+        if (rope)
+            cs = (jlm_vk_view){v->blk.cs, ((uint64_t)t * ns + si) * rp.n_rot * 4, rp.n_rot * 4ull};
         if (wide && w.buf)
             rc = jlm_vk_rmsnorm(v->vk, row(k, b, t), row(k, b, t), w, (uint32_t)width(e, b), k->c->rms_eps, k->err);
-        for (uint32_t h = 0; !rc && w.buf && !wide && h < n_head; h++)
-            rc = jlm_vk_rmsnorm(v->vk, abv(k, b, base + h * e->hd, e->hd), abv(k, b, base + h * e->hd, e->hd), w,
-                                e->hd, k->c->rms_eps, k->err);
-        if (!rc && rope)
-            rc = jlm_vk_rope_cs(v->vk, rp.n_rot, rp.neox, row(k, b, t), n_head, e->hd,
-                                (jlm_vk_view){v->blk.cs, ((uint64_t)t * ns + si) * rp.n_rot * 4, rp.n_rot * 4ull},
-                                k->err);
+        if (!rc)
+            rc = heads_row(k, b, t, n_head, wide ? (jlm_vk_view){0} : w, rp.n_rot, rp.neox, cs);
+        float temp = b == JLM_B_Q ? jlm_ex_q_temp(k->c, &rp, jlm_exd_pos(k, t)) : 1.0f;
+        if (!rc && temp != 1.0f)   /* scale_q's test */
+            rc = jlm_vk_scale(v->vk, row(k, b, t), row(k, b, t), temp, (uint32_t)width(e, b), k->err);
     }
     return rc;
 }

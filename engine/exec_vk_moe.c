@@ -2,21 +2,31 @@
  * with the rest of its block (engine/exec_vk.c; docs/vulkan.md, "Routed
  * experts on the device").
  *
- * The router's matvec, its bias and the top-k (moe_route.comp) run on the
- * device for every row of the block; then the recording ends and the picks
- * come down (n_expert_used int32 a row: the one round trip of a MoE block,
- * counted in the activations down). The chosen experts' pages are acquired
- * through the streamer as the CPU's path acquires them (jlm_stream_experts:
- * host pages, their reads, then their device frames), and each row's experts
- * are recorded: gate and up over the row's int8 rows (quantized once),
- * biases, SwiGLU (or SwiGLU-OAI), down, the down bias, and the weighted mix
- * added to the residual row (moe_combine.comp, the sum of
- * mix_slots/jlm_k_moe_combine bit for bit). The weights never leave the
- * device. A decode step predicts the next MoE block's experts on the device
- * too (its router over this input, read back with the picks) and hands them
- * to the streamer, as exec_moe.c's predict_next does on the host. What the shaders lack (sigmoid routing and its selection bias,
- * Llama 4's weight on the input, GELU gates, more than 1024 experts) is
- * JLM_EUNSUPPORTED in the dry run, so the block stays on the host. */
+ * The router's matvec and its bias run on the device for every row of the
+ * block, and so does the top-k of softmax routing (moe_route.comp); then the
+ * recording ends and the picks come down (n_expert_used int32 a row: the one
+ * round trip of a MoE block, counted in the activations down). Sigmoid
+ * routing (glm4moe, Llama 4) brings the logits down instead (n_expert floats
+ * a row, in the same round trip) and routes on the host with the CPU's own
+ * jlm_ex_route_pick (sigmoid, the selection bias, groups, norm, scale: the
+ * CPU's code on the device's logits, the CPU's own bit for bit where the
+ * router is quantized; a float router's may differ in last bits), writing
+ * the weights where the combine reads them (counted up); Llama 4's gate
+ * scales the routed expert's input on the device (jlm_vk_scale, after the
+ * shared expert has read it, as the CPU scales h in place). The chosen
+ * experts' pages are acquired through the streamer as the CPU's path
+ * acquires them (jlm_stream_experts: host pages, their reads, then their
+ * device frames), and each row's experts are recorded: gate and up over the
+ * row's int8 rows (quantized once), biases, SwiGLU (or SwiGLU-OAI), down,
+ * the down bias, and the weighted mix added to the residual row
+ * (moe_combine.comp, the sum of mix_slots/jlm_k_moe_combine bit for bit).
+ * A decode step predicts the next MoE block's experts on the device too
+ * (its router over this input, its top-k or, with sigmoid routing, its
+ * logits read back with the picks) and hands them to the streamer, as
+ * exec_moe.c's predict_next does on the host (Llama 4's from the input
+ * before its scale: a hint). What the shaders lack (GELU gates, more than
+ * 1024 experts) is JLM_EUNSUPPORTED in the dry run, so the block stays on
+ * the host. */
 #include "engine/backend_vk_int.h"
 #include "engine/exec_int.h"
 
@@ -27,9 +37,9 @@
 
 /* The device buffers of the MOE op (rows: of the block being run). */
 typedef struct jlm_evk_moebufs {
-    jlm_vk_buf *lg;       /* (rows, lstride) the router's logits */
+    jlm_vk_buf *lg;       /* (rows, lstride) the router's logits, host-visible: sigmoid routing reads them */
     jlm_vk_buf *sel;      /* (rows, sstride) int32 picks, host-visible: they come down */
-    jlm_vk_buf *w;        /* (rows, sstride) their weights: stay on the device */
+    jlm_vk_buf *w;        /* (rows, sstride) their weights, host-visible: sigmoid routing writes them */
     jlm_vk_buf *g, *u;    /* (n_used, nff) each slot's gate (then the activation) and up */
     jlm_vk_buf *o;        /* (n_used, n_embd) each slot's output */
     jlm_vk_buf **pr;      /* (n_layer,) each block's router for the predictions, NULL until used */
@@ -73,6 +83,8 @@ typedef struct moe_blk {
     const jlm_tensor *tg, *tu, *td;
     uint64_t          E, nff, ls, ss;   /* ls, ss: a row's stride of logits, of picks/weights (bytes) */
     uint32_t          ne, nu, first;    /* first: the page of the bank's expert 0 */
+    int               host;             /* sigmoid routing: the logits come down, the host picks */
+    float            *ins;              /* (rows) JLM_ROUTE_SIGMOID_IN: each row's input scale */
     uint32_t          nl, nl_first;     /* the next MoE block predicted (n_layer: none), its bank's first page */
     jlm_vk_view       rb, bg, bu, bd;   /* the router's and the banks' biases (buf NULL: none) */
     jlm_vk_view       nrb;              /* the predicted block's router bias */
@@ -93,9 +105,10 @@ static int plan(moe_blk *mb)
     mb->tu = blk_w(e, b, op->w[2]);
     mb->td = blk_w(e, b, op->w[3]);
     const jlm_tensor *tr = blk_w(e, b, op->w[0]);
-    if (op->route > JLM_K_ROUTE_OAI || (op->act != JLM_ACT_SWIGLU && op->act != JLM_ACT_SWIGLU_OAI) || !tr ||
-        !mb->tg || !mb->ne || mb->ne > 1024 || !mb->nu || mb->nu > mb->ne || mb->nu > JLM_MAX_EXPERTS_USED)
-        return UNSUP;   /* sigmoid routing, the input's weight (Llama 4), GELU: no shader path */
+    mb->host = op->route == JLM_ROUTE_SIGMOID || op->route == JLM_ROUTE_SIGMOID_IN;
+    if ((op->route > JLM_K_ROUTE_OAI && !mb->host) || (op->act != JLM_ACT_SWIGLU && op->act != JLM_ACT_SWIGLU_OAI) ||
+        !tr || !mb->tg || !mb->ne || mb->ne > 1024 || !mb->nu || mb->nu > mb->ne || mb->nu > JLM_MAX_EXPERTS_USED)
+        return UNSUP;   /* GELU gates, more than moe_route.comp's 1024 experts: no shader path */
     mb->nff = jlm_tensor_rows(mb->tg);
     if (!bank_ok(v, mb->tg, mb->E, mb->nff) || !bank_ok(v, mb->tu, mb->E, mb->nff) ||
         !bank_ok(v, mb->td, mb->nff, mb->E) || (mb->nff * 4) % al || (mb->E * 4) % al)
@@ -138,11 +151,11 @@ static int moe_buffers(moe_blk *mb, uint32_t n)
         return jlm_errf(err, JLM_ENOMEM, "vulkan: out of memory");
     moebufs *m = v->moe;
     uint64_t kmax = mb->nff > mb->E ? mb->nff : mb->E;
-    int rc = jlm_evk_grow(v, &m->lg, (n + 1) * mb->ls, 0, err);   /* + the prediction's row */
+    int rc = jlm_evk_grow(v, &m->lg, (n + 1) * mb->ls, 1, err);   /* + the prediction's row */
     if (!rc)
         rc = jlm_evk_grow(v, &m->sel, (n + 1) * mb->ss, 1, err);
     if (!rc)
-        rc = jlm_evk_grow(v, &m->w, (n + 1) * mb->ss, 0, err);
+        rc = jlm_evk_grow(v, &m->w, (n + 1) * mb->ss, 1, err);
     if (!rc && !m->pr) {
         m->n_layer = mb->e->c->n_layer;
         if (!(m->pr = calloc(m->n_layer, sizeof *m->pr)))
@@ -166,7 +179,8 @@ static int moe_buffers(moe_blk *mb, uint32_t n)
 static jlm_vk_view row_of(jlm_vk_buf *b, uint64_t t, uint64_t n) { return (jlm_vk_view){b, t * n * 4, n * 4}; }
 
 /* The next MoE block's top-k by logit of row 0's input into row n of the
- * picks (its router: the host's copy, uploaded once, counted as weights). */
+ * picks (its router: the host's copy, uploaded once, counted as weights);
+ * with sigmoid routing only its logits, row n of lg (host_route picks). */
 static int predict_rec(moe_blk *mb)
 {
     jlm_evk *v = mb->v;
@@ -185,15 +199,45 @@ static int predict_rec(moe_blk *mb)
         rc = jlm_vk_matvec(v->vk, &vm, row_of(v->blk.ab[JLM_B_H], 0, mb->E), NULL, lg, mb->err);
     if (!rc && mb->nrb.buf)
         rc = jlm_vk_eltwise(v->vk, JLM_VK_ADD, lg, lg, mb->nrb, mb->ne, mb->err);
-    return rc ? rc
+    return rc || mb->host ? rc
               : jlm_vk_moe_route(v->vk, lg, mb->ne, mb->nu, JLM_K_ROUTE_RAW, 0.0f,
                                  (jlm_vk_view){m->sel, n * mb->ss, mb->nu * 4ull},
                                  (jlm_vk_view){m->w, n * mb->ss, mb->nu * 4ull}, mb->err);
 }
 
-/* Every row's router, bias and top-k recorded (and the prediction's), then
- * the picks read back into picks (n rows of nu, then the prediction's row):
- * the block's round trip. */
+/* Sigmoid routing on the host, from the logits that came down (rows of
+ * lg): each row's picks and weights by the CPU's own routing
+ * (jlm_ex_route_pick: sigmoid, the selection bias, groups, norm, scale), its
+ * weights written where moe_combine.comp reads them, Llama 4's input scale
+ * kept for row_experts; the prediction's row (rows > n) as predict_next
+ * picks (sigmoid routing's choice, else the top-k by logit). */
+static void host_route(moe_blk *mb, int32_t *picks, uint32_t rows)
+{
+    jlm_evk *v = mb->v;
+    moebufs *m = v->moe;
+    uint32_t n = mb->b->n;
+    const uint8_t *lgm = jlm_vk_buf_map(m->lg);
+    uint8_t *wm = jlm_vk_buf_map(m->w);
+    float lg[JLM_MAX_EXPERTS], w[JLM_MAX_EXPERTS_USED];
+    for (uint32_t t = 0; t < rows; t++) {
+        memcpy(lg, lgm + t * mb->ls, mb->ne * 4ull);
+        int32_t *sel = picks + (uint64_t)t * mb->nu;
+        if (t == n) {
+            int mode = mb->op->route == JLM_ROUTE_SIGMOID ? JLM_ROUTE_SIGMOID : JLM_K_ROUTE_RAW;
+            jlm_ex_route_pick(mb->e, mode, mb->nl, lg, sel, w, NULL);
+            continue;
+        }
+        mb->ins[t] = jlm_ex_route_pick(mb->e, mb->op->route, mb->b->l, lg, sel, w, NULL);
+        memcpy(wm + t * mb->ss, w, mb->nu * 4ull);
+    }
+    v->st.act_down += (uint64_t)rows * mb->ne * 4;
+    v->st.act_up += (uint64_t)n * mb->nu * 4;
+}
+
+/* Every row's router and bias recorded, and its top-k (moe_route.comp;
+ * sigmoid routing: host_route, after), the prediction's too; then the picks
+ * (or the logits) read back into picks (n rows of nu, then the
+ * prediction's row): the block's round trip. */
 static int route_rows(moe_blk *mb, int32_t *picks)
 {
     jlm_evk *v = mb->v;
@@ -208,7 +252,7 @@ static int route_rows(moe_blk *mb, int32_t *picks)
         rc = jlm_evk_matmul_rows(v, &wr, 1, row_of(v->blk.ab[JLM_B_H], t, mb->E), lg, 0, 0, mb->err);
         if (!rc && mb->rb.buf)
             rc = jlm_vk_eltwise(v->vk, JLM_VK_ADD, lg, lg, mb->rb, mb->ne, mb->err);
-        if (!rc)
+        if (!rc && !mb->host)
             rc = jlm_vk_moe_route(v->vk, lg, mb->ne, mb->nu, mb->op->route, e->c->expert_scale,
                                   (jlm_vk_view){m->sel, t * mb->ss, mb->nu * 4ull},
                                   (jlm_vk_view){m->w, t * mb->ss, mb->nu * 4ull}, mb->err);
@@ -220,9 +264,15 @@ static int route_rows(moe_blk *mb, int32_t *picks)
         rc = jlm_evk_rec_end(v, mb->err);
     if (rc)
         return rc;
-    const uint8_t *sel = jlm_vk_buf_map(m->sel);
+    if (mb->host) {
+        host_route(mb, picks, rows);
+    } else {
+        const uint8_t *sel = jlm_vk_buf_map(m->sel);
+        for (uint32_t t = 0; t < rows; t++)
+            memcpy(picks + (uint64_t)t * mb->nu, sel + t * mb->ss, mb->nu * 4ull);
+        v->st.act_down += (uint64_t)rows * mb->nu * 4;
+    }
     for (uint32_t t = 0; t < rows; t++) {
-        memcpy(picks + (uint64_t)t * mb->nu, sel + t * mb->ss, mb->nu * 4ull);
         for (uint32_t s = 0; s < mb->nu; s++) {
             int32_t x = picks[(uint64_t)t * mb->nu + s];
             if (x < 0 || (uint32_t)x >= mb->ne)
@@ -232,7 +282,6 @@ static int route_rows(moe_blk *mb, int32_t *picks)
         if (t < n)
             jlm_ex_trace_route(e, mb->b->l, t, picks + (uint64_t)t * mb->nu);
     }
-    v->st.act_down += (uint64_t)rows * mb->nu * 4;
     memcpy(e->route + (size_t)mb->b->l * mb->nu, picks + (uint64_t)(n - 1) * mb->nu, mb->nu * sizeof(int32_t));
     return JLM_OK;
 }
@@ -254,6 +303,8 @@ static int row_experts(moe_blk *mb, uint32_t t, const int32_t *sel, const void *
     uint64_t nff = mb->nff, E = mb->E;
     jlm_vk_view h = row_of(v->blk.ab[JLM_B_H], t, E);
     int rc = jlm_vk_rec_begin(v->vk, err), quantized = 0;
+    if (!rc && mb->op->route == JLM_ROUTE_SIGMOID_IN)   /* the shared expert has read h: scaled in place, as the CPU's */
+        rc = jlm_vk_scale(v->vk, h, h, mb->ins[t], (uint32_t)E, err);
     for (uint32_t s = 0; !rc && s < mb->nu; s++) {   /* gate and up of every slot over h's int8 rows */
         uint32_t xe = (uint32_t)sel[s];
         jlm_k_mat wg = mat_expert(e, mb->tg, frames[s], mb->first, xe);
@@ -296,8 +347,12 @@ int jlm_evk_moe(jlm_evk *v, jlm_engine *e, const jlm_ex_blk *b, const jlm_op *op
     if (rc || dry)
         return rc;
     int32_t *picks = malloc((uint64_t)(b->n + 1) * mb.nu * sizeof *picks);
-    if (!picks)
+    mb.ins = malloc(b->n * sizeof *mb.ins);
+    if (!picks || !mb.ins) {
+        free(picks);
+        free(mb.ins);
         return jlm_errf(err, JLM_ENOMEM, "vulkan: out of memory");
+    }
     rc = moe_buffers(&mb, b->n);
     if (!rc)
         rc = route_rows(&mb, picks);
@@ -313,5 +368,6 @@ int jlm_evk_moe(jlm_evk *v, jlm_engine *e, const jlm_ex_blk *b, const jlm_op *op
         jlm_stream_experts_done(e, mb.first, sel, mb.nu);
     }
     free(picks);
+    free(mb.ins);
     return rc;
 }

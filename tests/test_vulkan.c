@@ -439,6 +439,32 @@ Test(vulkan, swiglu_oai_matches_the_cpu_within_TOL_EXP_and_clamps_nan_as_fminf)
     jlm_vk_close(vk);
 }
 
+/* A scale by a scalar (Llama 4's routed expert input, its no-RoPE layers'
+ * attention temperature) is one correctly rounded f32 product: bit for bit
+ * jlm_k_scale's, in place, NaN and Inf included. */
+Test(vulkan, scale_is_bit_identical_to_the_cpu)
+{
+    jlm_vk *vk = open_or_skip();
+    uint64_t seed = 19;
+    uint32_t n = 1031;
+    float *a = malloc(n * 4), *c = malloc(n * 4);
+    static const float S[] = {0.73105857f, 1.0f, -3.5f, 1e-30f};
+    for (size_t i = 0; i < sizeof S / sizeof S[0]; i++) {
+        rand_vec(a, n, 100.0f, 1, &seed);
+        a[3] = NAN, a[4] = INFINITY, a[5] = 3e38f;
+        jlm_k_scale(c, a, S[i], n);
+        jlm_vk_buf *ba = up(vk, a, n * 4);
+        jlm_err err = {0};
+        cr_assert(jlm_vk_scale(vk, whole(ba), whole(ba), S[i], n, &err) == 0, "%s", err.msg);
+        const float *g = fmap(ba);
+        for (uint32_t j = 0; j < n; j++)
+            cr_assert(same(g[j], c[j]), "scale %g [%u]: vulkan %g cpu %g", S[i], j, g[j], c[j]);
+        jlm_vk_buf_free(vk, ba);
+    }
+    free(a), free(c);
+    jlm_vk_close(vk);
+}
+
 /* Layer norm: the error of the f32 mean reaches every element alike, so it
  * is measured against the row's largest |out| (normwise), TOL_NORM. Inputs
  * sit on an offset of 2 (a mean to subtract) with spread 1. */
@@ -1243,6 +1269,56 @@ Test(vulkan, whole_blocks_on_the_device_give_the_cpus_ids_in_one_round_trip_a_to
     bm_whole_blocks("vulkan");
 }
 
+/* A MoE test model converted into dir and run on the CPU: its engine, its
+ * path (*path), the greedy ids of the prompt 1,10,20,30,40 (ic, 8) and its
+ * expert predictions (pc). */
+static const int32_t MOE_PROMPT[5] = {1, 10, 20, 30, 40};
+static jlm_engine *moe_reference(const char *model, const char *dir, char **path, int32_t ic[8],
+                                 jlm_engine_predict *pc)
+{
+    char gguf[256];
+    jlm_err err = {0};
+    snprintf(gguf, sizeof gguf, "%s.gguf", model);
+    *path = tu_convert(gguf, dir, "moe.jlm", &err);
+    cr_assert(*path, "%s", err.msg);
+    jlm_engine *ec = engine_on(*path, "cpu", 0);
+    float *l = malloc(jlm_engine_n_vocab(ec) * 4);
+    bm_greedy_ids(ec, MOE_PROMPT, 5, 8, ic, l);
+    jlm_engine_predict_stats(ec, pc);
+    free(l);
+    return ec;
+}
+
+/* The MoE model on the device (ev, `what`) against the CPU's ec: the
+ * greedy ids ic (if greedy), as many expert predictions as pc (and its hits,
+ * if hits), the lockstep logits within tol; then one decoded token in at most
+ * max_rt round trips, none refused. Returns that token's activation bytes. */
+static uint64_t moe_on_device(jlm_engine *ec, jlm_engine *ev, const int32_t *ic, const jlm_engine_predict *pc,
+                              int greedy, int hits, double tol, uint64_t max_rt, const char *model, const char *what)
+{
+    float *l = malloc(jlm_engine_n_vocab(ev) * 4);
+    int32_t iv[8];
+    jlm_err err = {0};
+    jlm_engine_predict pv;
+    bm_greedy_ids(ev, MOE_PROMPT, 5, 8, iv, l);
+    cr_assert(!greedy || !memcmp(ic, iv, sizeof iv), "%s (%s): greedy ids differ", model, what);
+    jlm_engine_predict_stats(ev, &pv);   /* block 0 predicts block 1's experts on the device as the CPU does */
+    cr_assert(pc->predicted > 0 && pv.predicted == pc->predicted && (!hits || pv.hits == pc->hits),
+              "%s (%s): predicted %llu, hits %llu; the CPU's %llu, %llu", model, what,
+              (unsigned long long)pv.predicted, (unsigned long long)pv.hits, (unsigned long long)pc->predicted,
+              (unsigned long long)pc->hits);
+    int32_t next = bm_lockstep(ec, ev, MOE_PROMPT, 5, tol, model, what);
+    jlm_dev_stats s0, s1;
+    jlm_engine_dev_stats(ev, &s0);
+    cr_assert_eq(jlm_engine_eval(ev, &next, 1, l, &err), 0, "%s", err.msg);
+    jlm_engine_dev_stats(ev, &s1);
+    cr_assert(s1.waits - s0.waits <= max_rt && s1.fallbacks == s0.fallbacks,
+              "%s (%s): a decoded token made %llu round trips (at most %llu)", model, what,
+              (unsigned long long)(s1.waits - s0.waits), (unsigned long long)max_rt);
+    free(l);
+    return s1.act_up - s0.act_up + s1.act_down - s0.act_down;
+}
+
 /* Routed experts on the device (engine/exec_vk_moe.c): the llama-style MoE
  * (F16, MXFP4 experts, Q4_K_M), qwen3moe (Q4_K_M, Q8_0; per-head q/k
  * norms) and olmoe (Q4_K_M; q/k norms over the whole projection, raw
@@ -1266,19 +1342,12 @@ Test(vulkan, moe_blocks_on_the_device_give_the_cpus_ids_in_a_round_trip_a_block,
     static const int greedy[] = {1, 1, 1, 1, 1, 0};
     char *dir = tu_tmpdir();
     for (size_t m = 0; m < sizeof MODELS / sizeof MODELS[0]; m++) {
-        char gguf[256];
-        jlm_err err = {0};
-        snprintf(gguf, sizeof gguf, "%s.gguf", MODELS[m]);
-        char *path = tu_convert(gguf, dir, "moe.jlm", &err);
-        cr_assert(path, "%s", err.msg);
-        jlm_engine *ec = engine_on(path, "cpu", 0);
+        char *path;
+        int32_t ic[8], iv[8];
+        jlm_engine_predict pc_cpu;
+        jlm_engine *ec = moe_reference(MODELS[m], dir, &path, ic, &pc_cpu);
         uint32_t nv = jlm_engine_n_vocab(ec), L = jlm_engine_model(ec)->config.n_layer;
-        float *lc = malloc(nv * 4), *lv = malloc(nv * 4);
-        int32_t prompt[5] = {1, 10, 20, 30, 40}, ic[8], iv[8];
-        bm_greedy_ids(ec, prompt, 5, 8, ic, lc);
-        jlm_engine_predict pc_cpu, pc_dev;
-        jlm_engine_predict_stats(ec, &pc_cpu);
-        double tol = m == 0 ? 5e-4 : 0.05;
+        float *lv = malloc(nv * 4);
         static const uint32_t LAYERS[] = {0, 2, 1};
         for (int i = 0; i < 3; i++) {
             jlm_engine *ev = engine_on(path, "vulkan", LAYERS[i]);
@@ -1287,24 +1356,8 @@ Test(vulkan, moe_blocks_on_the_device_give_the_cpus_ids_in_a_round_trip_a_block,
                 cr_skip_test("vulkan: no device");
             }
             const char *what = i == 0 ? "whole" : i == 1 ? "--gpu-layers 2" : "--gpu-layers 1";
-            bm_greedy_ids(ev, prompt, 5, 8, iv, lv);
-            cr_assert(!greedy[m] || !memcmp(ic, iv, sizeof ic), "%s (%s): greedy ids differ", MODELS[m], what);
-            /* block 0 predicts block 1's experts on the device as the CPU does */
-            jlm_engine_predict_stats(ev, &pc_dev);
-            cr_assert(pc_cpu.predicted > 0 && pc_dev.predicted == pc_cpu.predicted &&
-                          (!greedy[m] || pc_dev.hits == pc_cpu.hits),
-                      "%s (%s): predicted %llu, hits %llu; the CPU's %llu, %llu", MODELS[m], what,
-                      (unsigned long long)pc_dev.predicted, (unsigned long long)pc_dev.hits,
-                      (unsigned long long)pc_cpu.predicted, (unsigned long long)pc_cpu.hits);
-            int32_t next = bm_lockstep(ec, ev, prompt, 5, tol, MODELS[m], what);
-            jlm_dev_stats s0, s1;
-            jlm_engine_dev_stats(ev, &s0);
-            cr_assert_eq(jlm_engine_eval(ev, &next, 1, lv, &err), 0, "%s", err.msg);
-            jlm_engine_dev_stats(ev, &s1);
-            uint64_t blocks = LAYERS[i] ? LAYERS[i] : L;
-            cr_assert(s1.waits - s0.waits <= blocks + 1 && s1.fallbacks == s0.fallbacks,
-                      "%s (%s): a decoded token made %llu round trips for %llu blocks", MODELS[m], what,
-                      (unsigned long long)(s1.waits - s0.waits), (unsigned long long)blocks);
+            moe_on_device(ec, ev, ic, &pc_cpu, greedy[m], greedy[m], m == 0 ? 5e-4 : 0.05,
+                          (LAYERS[i] ? LAYERS[i] : L) + 1, MODELS[m], what);
             jlm_engine_close(ev);
         }
         /* experts paged through a budget of half the file, imported and uploaded
@@ -1315,7 +1368,7 @@ Test(vulkan, moe_blocks_on_the_device_give_the_cpus_ids_in_a_round_trip_a_block,
             if (up)
                 setenv("JLM_VK_UPLOAD", "1", 1);
             jlm_engine *eb = engine_opts(path, "vulkan", (uint64_t)st.st_size / 2, 0);
-            bm_greedy_ids(eb, prompt, 5, 8, iv, lv);
+            bm_greedy_ids(eb, MOE_PROMPT, 5, 8, iv, lv);
             cr_assert(!greedy[m] || !memcmp(ic, iv, sizeof ic), "%s (budget, %s): greedy ids differ", MODELS[m],
                       up ? "upload" : "import");
             jlm_pager_counters pc;
@@ -1332,8 +1385,66 @@ Test(vulkan, moe_blocks_on_the_device_give_the_cpus_ids_in_a_round_trip_a_block,
             jlm_engine_close(eb);
             unsetenv("JLM_VK_UPLOAD");
         }
-        free(lc);
         free(lv);
+        jlm_engine_close(ec);
+        free(path);
+    }
+    tu_rmrf(dir);
+    free(dir);
+}
+
+/* Block l of m has a router (a MoE block). */
+static int has_router(const jlm_model *m, uint32_t l)
+{
+    for (uint32_t i = 0; i < m->hdr.n_tensors; i++)
+        if (m->tensors[i].block == (int32_t)l && m->tensors[i].role == JLM_R_ROUTER)
+            return 1;
+    return 0;
+}
+
+/* Sigmoid-routed MoE blocks whole on the device (exec_vk_moe.c routes on
+ * the host from the logits that come down, jlm_ex_route_pick): glm4moe
+ * (the selection bias, renormalised and scaled weights; per-head q/k norms,
+ * partial RoPE, a leading dense block, a shared expert narrower than the
+ * dense FFN) and Llama 4 (top-1 whose sigmoid scales the routed expert's
+ * input, not the shared expert's; RoPE then a weightless q/k norm, a layer
+ * without RoPE, dense blocks between), Q8_0 and Q4_K_M, whole and at
+ * --gpu-layers 2: the CPU's greedy ids, the lockstep logits within the
+ * quantized tolerance, the next block's experts predicted as often as the
+ * CPU predicts them (glm4moe: with the CPU's hits); and a decoded token at most a round trip a MoE block
+ * plus one (the matmul offload makes one a matmul: 30 to 40 a token) with
+ * its activations within its embedding, its logits and 4 KiB. */
+Test(vulkan, sigmoid_routed_moe_blocks_run_whole_on_the_device, .timeout = 300)
+{
+    static const char *MODELS[] = {"synth-glm4moe-256.Q8_0", "synth-glm4moe-256.Q4_K_M", "synth-llama4-256.Q8_0",
+                                   "synth-llama4-256.Q4_K_M"};
+    char *dir = tu_tmpdir();
+    for (size_t m = 0; m < sizeof MODELS / sizeof MODELS[0]; m++) {
+        char *path;
+        int32_t ic[8];
+        jlm_engine_predict pc_cpu;
+        jlm_engine *ec = moe_reference(MODELS[m], dir, &path, ic, &pc_cpu);
+        const jlm_model *md = jlm_engine_model(ec);
+        uint32_t nv = jlm_engine_n_vocab(ec), L = md->config.n_layer, E = md->config.n_embd;
+        int llama4 = strstr(MODELS[m], "llama4") != NULL;   /* its prediction reads the input before the scale */
+        static const uint32_t LAYERS[] = {0, 2};
+        for (int i = 0; i < 2; i++) {
+            jlm_engine *ev = engine_on(path, "vulkan", LAYERS[i]);
+            if (!ev) {
+                tu_rmrf(dir);
+                cr_skip_test("vulkan: no device");
+            }
+            const char *what = i ? "--gpu-layers 2" : "whole";
+            uint32_t on = LAYERS[i] ? LAYERS[i] : L, moe = 0;
+            for (uint32_t l = 0; l < on; l++)
+                moe += has_router(md, l);
+            cr_assert(moe > 0, "%s: no MoE block among the first %u", MODELS[m], on);
+            uint64_t act = moe_on_device(ec, ev, ic, &pc_cpu, 1, !llama4, 0.05, moe + 1, MODELS[m], what);
+            cr_assert(act <= (uint64_t)E * 4 + (uint64_t)nv * 4 + 4096,
+                      "%s (%s): %llu activation bytes a decoded token (embedding %u, logits %u)", MODELS[m], what,
+                      (unsigned long long)act, E * 4, nv * 4);
+            jlm_engine_close(ev);
+        }
         jlm_engine_close(ec);
         free(path);
     }

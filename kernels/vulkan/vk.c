@@ -1093,6 +1093,13 @@ int jlm_vk_swiglu_oai(jlm_vk *vk, jlm_vk_view out, jlm_vk_view gate, jlm_vk_view
     return dispatch(vk, vk->pipe[K_ELTWISE], v, 3, &p, sizeof p, groups(n, 256), err);
 }
 
+int jlm_vk_scale(jlm_vk *vk, jlm_vk_view out, jlm_vk_view x, float s, uint32_t n, jlm_err *err)
+{
+    jlm_push_eltwise p = {n, 9, s, 0};
+    jlm_vk_view v[3] = {x, x, out};
+    return dispatch(vk, vk->pipe[K_ELTWISE], v, 3, &p, sizeof p, groups(n, 256), err);
+}
+
 int jlm_vk_geglu_fp16(jlm_vk *vk, jlm_vk_view out, jlm_vk_view gate, jlm_vk_view up, uint32_t n, jlm_err *err)
 {
     if (!vk->gelu_tab) {   /* ggml's table: entry h is gelu of the half h, rounded to a half */
@@ -1282,6 +1289,7 @@ int jlm_vk_rope(jlm_vk *vk, const jlm_k_rope *p, jlm_vk_view x, uint32_t n_head,
                 uint32_t head_dim, int64_t pos, jlm_err *err) { return none(err); }
 int jlm_vk_swiglu_oai(jlm_vk *vk, jlm_vk_view out, jlm_vk_view gate, jlm_vk_view up, uint32_t n,
                       float alpha, float limit, jlm_err *err) { return none(err); }
+int jlm_vk_scale(jlm_vk *vk, jlm_vk_view out, jlm_vk_view x, float s, uint32_t n, jlm_err *err) { return none(err); }
 int jlm_vk_layernorm(jlm_vk *vk, jlm_vk_view out, jlm_vk_view x, jlm_vk_view w, jlm_vk_view b,
                      uint32_t n, float eps, jlm_err *err) { return none(err); }
 int jlm_vk_moe_route(jlm_vk *vk, jlm_vk_view logits, uint32_t n, uint32_t n_used, int mode, float scale,

@@ -162,6 +162,8 @@ int jlm_vk_eltwise(jlm_vk *vk, int op, jlm_vk_view out, jlm_vk_view a, jlm_vk_vi
 /* gpt-oss's SwiGLU (jlm_k_swiglu_oai): clamps, then g * sigmoid(alpha g) * (u + 1). */
 int jlm_vk_swiglu_oai(jlm_vk *vk, jlm_vk_view out, jlm_vk_view gate, jlm_vk_view up, uint32_t n,
                       float alpha, float limit, jlm_err *err);
+/* out = x * s (jlm_k_scale, bit-identical), n floats; out may be x. */
+int jlm_vk_scale(jlm_vk *vk, jlm_vk_view out, jlm_vk_view x, float s, uint32_t n, jlm_err *err);
 /* gemma3's gate: out = jlm_k_gelu_fp16(gate) * up, bit-identical (GELU read
  * from ggml's fp16 table, kept on the device after the first call). */
 int jlm_vk_geglu_fp16(jlm_vk *vk, jlm_vk_view out, jlm_vk_view gate, jlm_vk_view up, uint32_t n, jlm_err *err);

@@ -4,8 +4,9 @@
 // eltwise.comp - the element-wise ops: silu, gelu (tanh form), swiglu, add, mul,
 // gelu_quick, swiglu_oai (gpt-oss), each the formula of kernels/cpu/ops.c;
 // gelu through ggml's fp16 table times up (gemma3: jlm_k_gelu_fp16 then
-// jlm_k_mul; the table, indexed by the half, is binding 3), and f32 to
-// packed halves (jlm_k_f32_to_fp16, the F16 KV cache: n pairs, a word each).
+// jlm_k_mul; the table, indexed by the half, is binding 3), f32 to
+// packed halves (jlm_k_f32_to_fp16, the F16 KV cache: n pairs, a word each)
+// and a scale by the push constant alpha (jlm_k_scale).
 layout(local_size_x = 256) in;
 layout(std430, binding = 0) readonly buffer A { float a[]; };
 layout(std430, binding = 1) readonly buffer B { float b[]; };
@@ -61,6 +62,8 @@ void main()
         r = x * b[i];
     } else if (pc.op == 5u) {
         r = x * (1.0 / (1.0 + exp(-1.702 * x)));
+    } else if (pc.op == 9u) {
+        r = x * pc.alpha;
     } else if (pc.op == 7u) {
         float gv = x <= -10.0 ? 0.0 : x >= 10.0 ? x : tab[f2h(x)];
         r = gv * b[i];
