@@ -48,6 +48,7 @@ typedef struct jlm_ecu_blk {
     float    *x_host;               /* where the rows held belong on the host; NULL: the host has them */
     uint32_t  x_rows, x_E;
     int       queued;               /* kernels enqueued since the host last waited for the compute stream */
+    struct jlm_ecu_moebufs *moe;    /* exec_cu_moe.c's buffers; NULL until a MoE block ran here */
 } jlm_ecu_blk;
 
 typedef struct jlm_ecu {
@@ -108,5 +109,25 @@ void jlm_ecu_x_drop(jlm_dev *d);
 int  jlm_ecu_output(jlm_dev *d, const float *norm, float eps, const jlm_k_mat *m, const float *x, uint32_t n,
                     uint32_t E, float *logits, jlm_err *err);
 void jlm_ecu_blk_free(jlm_ecu *v);
+/* exec_cu.c's helpers for exec_cu_moe.c: y (n rows) = x (n rows of
+ * activation buffer src) times m, quantized types through src's int8 rows
+ * (reuse: quantized by the previous call; dry: only whether it can); a dense
+ * vector's device address (p NULL: none; JLM_EUNSUPPORTED: in no frame);
+ * bytes of device src into host dst through the pinned pin after everything
+ * queued (a round trip, counted in the activations down). */
+int  jlm_ecu_matmul_rows(jlm_ecu *v, const jlm_k_mat *m, uint32_t n, const float *x, int src, float *y, int reuse,
+                         int dry, jlm_err *err);
+int  jlm_ecu_vec(jlm_ecu *v, const float *p, uint64_t n, const float **out);
+int  jlm_ecu_down(jlm_ecu *v, scratch *pin, float *dst, const void *src, uint64_t bytes, jlm_err *err);
+/* exec_cu_moe.c: the MOE op of block b (the router on the device, its
+ * logits down in the block's one round trip, the CPU's routing on the host,
+ * the routed experts through the streamer, their mixture) enqueued on the
+ * compute stream; dry: only whether it can (JLM_EUNSUPPORTED: not).
+ * moe_free: its buffers. */
+struct jlm_ex_blk;
+struct jlm_op;
+int  jlm_ecu_moe(jlm_ecu *v, struct jlm_engine *e, const struct jlm_ex_blk *b, const struct jlm_op *op, int dry,
+                 jlm_err *err);
+void jlm_ecu_moe_free(jlm_ecu *v);
 
 #endif

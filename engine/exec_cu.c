@@ -9,8 +9,8 @@
  * keeps its KV cache of these blocks here (F32, an allocation per layer,
  * rows of kv_dim); any other sequence (jlm_engine_seq: serve, batches) and
  * what the kernels are not wired for yet (sliding windows, sinks, F16
- * caches, GELU gates, OLMoE's q/k norms over the whole row, experts, latent
- * attention) is JLM_EUNSUPPORTED, decided per model, layer and sequence
+ * caches, GELU gates, OLMoE's q/k norms over the whole row, latent
+ * attention; the routed experts: exec_cu_moe.c) is JLM_EUNSUPPORTED, decided per model, layer and sequence
  * before anything is enqueued (the walk: exec_dev.c), so a block always
  * runs on the same side. --profile's stamps go on the compute stream at
  * each op class (the walk's) and before each copy of rows up or down. Quantized weights read int8 rows
@@ -43,9 +43,13 @@ static int launched(jlm_exd *k, int rc, const char *what)
     return rc ? jlm_ecu_fail(ecu(k), k->err, what) : JLM_OK;
 }
 
+#define vec jlm_ecu_vec
+#define matmul_rows jlm_ecu_matmul_rows
+#define down jlm_ecu_down
+
 /* The device address of a dense vector (norm weights, biases, RoPE
  * factors); NULL p: none. */
-static int vec(jlm_ecu *v, const float *p, uint64_t n, const float **out)
+int jlm_ecu_vec(jlm_ecu *v, const float *p, uint64_t n, const float **out)
 {
     *out = NULL;
     if (!p)
@@ -61,8 +65,8 @@ static int vec(jlm_ecu *v, const float *p, uint64_t n, const float **out)
  * planes in a device frame; quantized types read src's int8 rows, quantized
  * here (reuse: the previous call quantized src and it has not changed).
  * dry: only whether it can. */
-static int matmul_rows(jlm_ecu *v, const jlm_k_mat *m, uint32_t n, const float *x, int src, float *y, int reuse,
-                       int dry, jlm_err *err)
+int jlm_ecu_matmul_rows(jlm_ecu *v, const jlm_k_mat *m, uint32_t n, const float *x, int src, float *y, int reuse,
+                        int dry, jlm_err *err)
 {
     jlm_cu_mat cm;
     int fl = jlm_fmt_type_traits(m->type)->is_float;
@@ -207,7 +211,9 @@ static int op_act(jlm_exd *k, int act, uint64_t n)
                                                oai ? 7.0f : 0.0f, CS), "the gate's activation");
 }
 
-static const jlm_exd_ops CU_OPS = {op_norm, op_mm, op_bias, op_heads, op_kv_put, op_attend, op_add, op_act, NULL};
+static int op_moe(jlm_exd *k, const jlm_op *op) { return jlm_ecu_moe(ecu(k), k->e, &k->b, op, k->dry, k->err); }
+
+static const jlm_exd_ops CU_OPS = {op_norm, op_mm, op_bias, op_heads, op_kv_put, op_attend, op_add, op_act, op_moe};
 
 /* ---------------------------------------------------------------- buffers */
 
@@ -271,6 +277,7 @@ void jlm_ecu_blk_free(jlm_ecu *v)
 {
     jlm_ecu_blk *s = &v->blk;
     scratch *dev[] = {&s->aq, &s->ad, &s->as, &s->rec, &s->scores, &s->logits};
+    jlm_ecu_moe_free(v);
     for (int b = 0; b < JLM_B_COUNT; b++)
         jlm_ecu_scratch_free(v, &s->ab[b], 0);
     for (size_t i = 0; i < sizeof dev / sizeof dev[0]; i++)
@@ -291,7 +298,7 @@ void jlm_ecu_blk_free(jlm_ecu *v)
 
 /* n floats of device src into host dst through the pinned buffer, after
  * everything queued: one round trip. */
-static int down(jlm_ecu *v, scratch *pin, float *dst, const void *src, uint64_t bytes, jlm_err *err)
+int jlm_ecu_down(jlm_ecu *v, scratch *pin, float *dst, const void *src, uint64_t bytes, jlm_err *err)
 {
     int rc = jlm_ecu_grow(v, pin, bytes, 1, err);
     jlm_dev_prof_op(&v->dev, JLM_DEVP_XFER);   /* the copy and the wait: no op's */
