@@ -40,6 +40,9 @@ typedef struct jlm_ecu_blk {
     scratch   ab[JLM_B_COUNT];
     uint64_t  ab_rows;              /* rows every ab[] and rec table holds */
     scratch   aq, ad, as, rec;
+    uint64_t  rec_k[JLM_B_COUNT];   /* the width of rec's table b */
+    scratch   odd;                  /* ab_rows records of width odd_k (made for odd_rows rows) */
+    uint64_t  odd_k, odd_rows;
     scratch   scores, logits;
     scratch   h_x, h_logits;        /* pinned host */
     void    **kc, **vc;             /* (n_layer,) NULL until a block of that layer ran here */
@@ -119,6 +122,11 @@ int  jlm_ecu_matmul_rows(jlm_ecu *v, const jlm_k_mat *m, uint32_t n, const float
                          int dry, jlm_err *err);
 int  jlm_ecu_vec(jlm_ecu *v, const float *p, uint64_t n, const float **out);
 int  jlm_ecu_down(jlm_ecu *v, scratch *pin, float *dst, const void *src, uint64_t bytes, jlm_err *err);
+/* The act record of k int8 codes at element off of the int8 rows q, d, s;
+ * count records h copied into device dst (at the call), counted in the
+ * activations up (parameters). */
+jlm_cu_act jlm_ecu_act_at(const scratch *q, const scratch *d, const scratch *s, uint64_t k, uint64_t off);
+int  jlm_ecu_records_up(jlm_ecu *v, void *dst, const jlm_cu_act *h, uint64_t count, jlm_err *err);
 /* exec_cu_moe.c: the MOE op of block b (the router on the device, its
  * logits down in the block's one round trip, the CPU's routing on the host,
  * the routed experts through the streamer, their mixture) enqueued on the

@@ -123,16 +123,12 @@ static int records(moe_blk *mb)
     if (m->rec_E == mb->E && m->rec_nff == mb->nff && m->rec_nu == mb->nu)
         return JLM_OK;
     jlm_cu_act h[1 + JLM_MAX_EXPERTS_USED];
-    h[0] = (jlm_cu_act){mb->E, m->q.p, m->d.p, m->s.p};
-    for (uint32_t s = 0; s < mb->nu; s++) {
-        uint64_t o = s * mb->nff;
-        h[1 + s] = (jlm_cu_act){mb->nff, (int8_t *)m->q.p + o, (float *)m->d.p + o / 32, (int16_t *)m->s.p + o / 16};
-    }
-    uint64_t bytes = (1ull + mb->nu) * sizeof h[0];
-    if (jlm_cu_rt_h2d(v->rt, m->rec.p, h, bytes, CS))   /* pageable: consumed now */
-        return jlm_ecu_fail(v, mb->err, "the experts' act records");
-    v->blk.queued = 1;
-    v->st.act_up += bytes;
+    h[0] = jlm_ecu_act_at(&m->q, &m->d, &m->s, mb->E, 0);
+    for (uint32_t s = 0; s < mb->nu; s++)
+        h[1 + s] = jlm_ecu_act_at(&m->q, &m->d, &m->s, mb->nff, s * mb->nff);
+    int rc = jlm_ecu_records_up(v, m->rec.p, h, 1ull + mb->nu, mb->err);
+    if (rc)
+        return rc;
     m->rec_E = mb->E;
     m->rec_nff = mb->nff;
     m->rec_nu = mb->nu;
