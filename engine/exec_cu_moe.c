@@ -144,7 +144,8 @@ static int moe_buffers(moe_blk *mb, uint32_t n)
     if (!v->blk.moe && !(v->blk.moe = calloc(1, sizeof *v->blk.moe)))
         return jlm_errf(err, JLM_ENOMEM, "cuda: out of memory");
     moebufs *m = v->blk.moe;
-    uint64_t nk = mb->nu * mb->nff > mb->E ? mb->nu * mb->nff : mb->E, q0 = m->q.cap;
+    uint64_t nk = mb->nu * mb->nff > mb->E ? mb->nu * mb->nff : mb->E;
+    const void *at[3] = {m->q.p, m->d.p, m->s.p};
     uint64_t lgb = (uint64_t)n * mb->ne * 4, wb = (uint64_t)n * mb->nu * 4;
     struct { scratch *s; uint64_t n; int pinned; } want[] = {
         {&m->lg, lgb, 0}, {&m->h_lg, lgb, 1}, {&m->w, wb, 0}, {&m->h_w, wb, 1}, {&m->g, mb->nu * mb->nff * 4, 0},
@@ -154,7 +155,7 @@ static int moe_buffers(moe_blk *mb, uint32_t n)
     for (size_t i = 0; i < sizeof want / sizeof want[0] && !rc; i++)
         if (want[i].s->cap < want[i].n)
             rc = jlm_ecu_grow(v, want[i].s, want[i].n, want[i].pinned, err);
-    if (m->q.cap != q0)
+    if (at[0] != m->q.p || at[1] != m->d.p || at[2] != m->s.p)
         m->rec_E = 0;   /* the records point into the old int8 rows */
     return rc ? rc : records(mb);
 }
