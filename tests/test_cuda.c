@@ -694,13 +694,30 @@ Test(cuda, whole_blocks_on_the_emulated_device_give_the_cpus_ids_in_one_round_tr
     bm_whole_blocks("cuda");
 }
 
+/* f's whole text (from its start), or NULL. */
+static char *file_text(FILE *f)
+{
+    fflush(f);
+    long n = ftell(f);
+    char *b = n >= 0 ? malloc((size_t)n + 1) : NULL;
+    rewind(f);
+    if (b && fread(b, 1, (size_t)n, f) != (size_t)n) {
+        free(b);
+        return NULL;
+    }
+    if (b)
+        b[n] = 0;
+    return b;
+}
+
 /* Routed experts on the emulated device (engine/exec_cu_moe.c): the
  * llama-style MoE (F16, MXFP4 experts, Q4_K_M), qwen3moe (Q4_K_M, Q8_0;
  * per-head q/k norms) and glm4moe (Q8_0, Q4_K_M: sigmoid routing with its
  * selection bias, a leading dense block, a shared expert narrower than n_ff)
  * and gpt-oss (MXFP4 experts with biases, top-k-then-softmax routing,
  * SwiGLU-OAI; attention sinks and a sliding window of 8, passed by the 13
- * positions), whole and at --gpu-layers 1 (a split inside the model): the CPU's greedy ids, the lockstep logits within the whole-block
+ * positions), whole and at --gpu-layers 1 (a split inside the model): the CPU's greedy ids
+ * (whole: its --trace-routing lines too), the lockstep logits within the whole-block
  * tolerances (float experts: 5e-4 of the largest), and a decoded token at
  * most one round trip a MoE block plus one (each block's router logits come
  * down; then the logits or the split's rows) where the matmul offload made
@@ -727,7 +744,10 @@ Test(cuda, moe_blocks_on_the_emulated_device_give_the_cpus_ids_in_a_round_trip_a
         uint32_t nv = jlm_engine_n_vocab(ec), L = c->n_layer, lead = c->n_dense_lead;
         float *l = malloc(nv * 4);
         int32_t prompt[5] = {1, 10, 20, 30, 40}, ic[8], iv[8];
+        FILE *tc = tmpfile(), *tv = tmpfile();
+        cr_assert(tc && tv && jlm_engine_trace_routing(ec, tc, &err) == 0, "%s", err.msg);
         bm_greedy_ids(ec, prompt, 5, 8, ic, l);
+        jlm_engine_trace_routing(ec, NULL, NULL);
         double tol = m == 0 ? 5e-4 : 0.05;
         static const jlm_engine_opts CFG[] = {{.gpu_layers = 0}, {.gpu_layers = 1}, {.budget = 1, .gpu_budget = 1}, {.budget = 2}};
         for (int i = 0; i < 4; i++) {
@@ -738,8 +758,18 @@ Test(cuda, moe_blocks_on_the_emulated_device_give_the_cpus_ids_in_a_round_trip_a
                 o.budget = (uint64_t)st.st_size / 2;
             const char *what = i == 0 ? "whole" : i == 1 ? "--gpu-layers 1" : i == 2 ? "one frame each side" : "--budget half";
             jlm_engine *ev = bm_open_opts(path, o, 0, why, sizeof why);
+            if (i == 0)   /* --trace-routing: every block's picks, row by row, the CPU's */
+                cr_assert(jlm_engine_trace_routing(ev, tv, &err) == 0, "%s", err.msg);
             bm_greedy_ids(ev, prompt, 5, 8, iv, l);
             cr_assert(!memcmp(ic, iv, sizeof ic), "%s (%s): greedy ids differ from the CPU's", MODELS[m], what);
+            if (i == 0) {
+                jlm_engine_trace_routing(ev, NULL, NULL);
+                char *a = file_text(tc), *b = file_text(tv);
+                cr_assert(a && b && strlen(a) > 100 && !strcmp(a, b), "%s: the routing differs from the CPU's:\n%s\n%s",
+                          MODELS[m], a, b);
+                free(a);
+                free(b);
+            }
             if (i >= 2) {
                 jlm_engine_close(ev);
                 continue;
@@ -756,6 +786,8 @@ Test(cuda, moe_blocks_on_the_emulated_device_give_the_cpus_ids_in_a_round_trip_a
                       (unsigned long long)(s1.waits - s0.waits), (unsigned long long)blocks);
             jlm_engine_close(ev);
         }
+        fclose(tc);
+        fclose(tv);
         free(l);
         jlm_engine_close(ec);
         free(path);
