@@ -543,6 +543,47 @@ Test(cuda, the_emulated_block_kernels_check_their_spans_and_their_ordering)
     jlm_cu_rt_close(r);
 }
 
+/* The expert combine through the seam (jlm_cu_rt_moe_combine, what
+ * exec_cu_moe.c launches): equal to jlm_k_moe_combine bit for bit; weights
+ * copied on the other stream with no event fault at the wait, and spans past
+ * their allocations (too few outputs, too few weights) are refused at the
+ * launch, naming the operand. */
+Test(cuda, the_emulated_expert_combine_equals_the_cpus_and_checks_its_operands)
+{
+    enum { NU = 4, N = 96 };
+    static float ys[NU * N], x[N], want[N], got[N], w[NU];
+    uint64_t seed = 21;
+    gen_floats(ys, NU * N, 3.0f, &seed);
+    gen_floats(x, N, 3.0f, &seed);
+    gen_floats(w, NU, 1.0f, &seed);
+    memcpy(want, x, sizeof x);
+    const float *yp[NU];
+    for (int i = 0; i < NU; i++)
+        yp[i] = ys + i * N;
+    jlm_k_moe_combine(want, yp, w, NU, N);
+    jlm_cu_rt *r = emu_open();
+    void *dx = NULL, *dy = NULL, *dw = NULL;
+    cr_assert_eq(jlm_cu_rt_alloc(r, sizeof x, &dx), 0);
+    cr_assert_eq(jlm_cu_rt_alloc(r, sizeof ys, &dy), 0);
+    cr_assert_eq(jlm_cu_rt_alloc(r, sizeof w, &dw), 0);
+    cr_assert_eq(jlm_cu_rt_h2d(r, dx, x, sizeof x, JLM_CU_S_COMPUTE), 0);
+    cr_assert_eq(jlm_cu_rt_h2d(r, dy, ys, sizeof ys, JLM_CU_S_COMPUTE), 0);
+    cr_assert_eq(jlm_cu_rt_h2d(r, dw, w, sizeof w, JLM_CU_S_COMPUTE), 0);
+    cr_assert_eq(jlm_cu_rt_moe_combine(r, dx, dy, dw, NU, N, JLM_CU_S_COMPUTE), 0, "%s", jlm_cu_rt_error(r));
+    cr_assert_eq(jlm_cu_rt_d2h(r, got, dx, sizeof got, JLM_CU_S_COMPUTE), 0);
+    cr_assert_eq(jlm_cu_rt_sync(r, JLM_CU_S_COMPUTE), 0, "%s", jlm_cu_rt_error(r));
+    cr_assert(!memcmp(got, want, sizeof got), "the combine through the seam differs from jlm_k_moe_combine");
+    cr_assert_eq(jlm_cu_rt_h2d(r, dw, w, sizeof w, JLM_CU_S_COPY), 0);   /* no event: a device could run first */
+    cr_assert_eq(jlm_cu_rt_moe_combine(r, dx, dy, dw, NU, N, JLM_CU_S_COMPUTE), 0);
+    cr_assert_eq(jlm_cu_rt_sync(r, JLM_CU_S_COPY), 0);
+    cr_assert_neq(jlm_cu_rt_sync(r, JLM_CU_S_COMPUTE), 0, "an unordered read of another stream's copy");
+    cr_assert(strstr(jlm_cu_rt_error(r), "expert combine: weights"), "%s", jlm_cu_rt_error(r));
+    cr_assert_neq(jlm_cu_rt_moe_combine(r, dx, dy, dw, NU + 1, N, JLM_CU_S_COMPUTE), 0, "5 outputs in 4");
+    cr_assert(strstr(jlm_cu_rt_error(r), "expert combine: outputs"), "%s", jlm_cu_rt_error(r));
+    cr_assert_neq(jlm_cu_rt_moe_combine(r, dx, dy, dy, NU, N + 1, JLM_CU_S_COMPUTE), 0, "x is N floats");
+    jlm_cu_rt_close(r);
+}
+
 /* A matvec through the seam: planes and activations copied on the copy
  * stream, the launch on the compute stream. Ordered by an event, or by a
  * host wait for the copies before the launch is issued, it equals the CPU
