@@ -40,6 +40,9 @@ typedef struct jlm_ecu_blk {
     scratch   ab[JLM_B_COUNT];
     uint64_t  ab_rows;              /* rows every ab[] and rec table holds */
     scratch   aq, ad, as, rec;
+    uint64_t  rec_k[JLM_B_COUNT];   /* the width of rec's table b */
+    scratch   odd;                  /* ab_rows records of width odd_k (made for odd_rows rows) */
+    uint64_t  odd_k, odd_rows;
     scratch   scores, logits;
     scratch   h_x, h_logits;        /* pinned host */
     void    **kc, **vc;             /* (n_layer,) NULL until a block of that layer ran here */
@@ -48,6 +51,7 @@ typedef struct jlm_ecu_blk {
     float    *x_host;               /* where the rows held belong on the host; NULL: the host has them */
     uint32_t  x_rows, x_E;
     int       queued;               /* kernels enqueued since the host last waited for the compute stream */
+    struct jlm_ecu_moebufs *moe;    /* exec_cu_moe.c's buffers; NULL until a MoE block ran here */
 } jlm_ecu_blk;
 
 typedef struct jlm_ecu {
@@ -108,5 +112,30 @@ void jlm_ecu_x_drop(jlm_dev *d);
 int  jlm_ecu_output(jlm_dev *d, const float *norm, float eps, const jlm_k_mat *m, const float *x, uint32_t n,
                     uint32_t E, float *logits, jlm_err *err);
 void jlm_ecu_blk_free(jlm_ecu *v);
+/* exec_cu.c's helpers for exec_cu_moe.c: y (n rows) = x (n rows of
+ * activation buffer src) times m, quantized types through src's int8 rows
+ * (reuse: quantized by the previous call; dry: only whether it can); a dense
+ * vector's device address (p NULL: none; JLM_EUNSUPPORTED: in no frame);
+ * bytes of device src into host dst through the pinned pin after everything
+ * queued (a round trip, counted in the activations down). */
+int  jlm_ecu_matmul_rows(jlm_ecu *v, const jlm_k_mat *m, uint32_t n, const float *x, int src, float *y, int reuse,
+                         int dry, jlm_err *err);
+int  jlm_ecu_vec(jlm_ecu *v, const float *p, uint64_t n, const float **out);
+int  jlm_ecu_down(jlm_ecu *v, scratch *pin, float *dst, const void *src, uint64_t bytes, jlm_err *err);
+/* The act record of k int8 codes at element off of the int8 rows q, d, s;
+ * count records h copied into device dst (at the call), counted in the
+ * activations up (parameters). */
+jlm_cu_act jlm_ecu_act_at(const scratch *q, const scratch *d, const scratch *s, uint64_t k, uint64_t off);
+int  jlm_ecu_records_up(jlm_ecu *v, void *dst, const jlm_cu_act *h, uint64_t count, jlm_err *err);
+/* exec_cu_moe.c: the MOE op of block b (the router on the device, its
+ * logits down in the block's one round trip, the CPU's routing on the host,
+ * the routed experts through the streamer, their mixture) enqueued on the
+ * compute stream; dry: only whether it can (JLM_EUNSUPPORTED: not).
+ * moe_free: its buffers. */
+struct jlm_ex_blk;
+struct jlm_op;
+int  jlm_ecu_moe(jlm_ecu *v, struct jlm_engine *e, const struct jlm_ex_blk *b, const struct jlm_op *op, int dry,
+                 jlm_err *err);
+void jlm_ecu_moe_free(jlm_ecu *v);
 
 #endif

@@ -7,10 +7,11 @@
  * forward and back only at a split point (jlm_ecu_x_sync) or not at all when
  * the logits are computed here (jlm_ecu_output). The engine's own sequence
  * keeps its KV cache of these blocks here (F32, an allocation per layer,
- * rows of kv_dim); any other sequence (jlm_engine_seq: serve, batches) and
- * what the kernels are not wired for yet (sliding windows, sinks, F16
- * caches, GELU gates, OLMoE's q/k norms over the whole row, experts, latent
- * attention) is JLM_EUNSUPPORTED, decided per model, layer and sequence
+ * rows of kv_dim; a sliding window's attention reads its keys from the
+ * window's first); any other sequence (jlm_engine_seq: serve, batches) and
+ * what the kernels are not wired for yet (F16 caches, GELU gates, OLMoE's
+ * q/k norms over the whole row, latent attention; the routed experts:
+ * exec_cu_moe.c) is JLM_EUNSUPPORTED, decided per model, layer and sequence
  * before anything is enqueued (the walk: exec_dev.c), so a block always
  * runs on the same side. --profile's stamps go on the compute stream at
  * each op class (the walk's) and before each copy of rows up or down. Quantized weights read int8 rows
@@ -43,9 +44,13 @@ static int launched(jlm_exd *k, int rc, const char *what)
     return rc ? jlm_ecu_fail(ecu(k), k->err, what) : JLM_OK;
 }
 
+#define vec jlm_ecu_vec
+#define matmul_rows jlm_ecu_matmul_rows
+#define down jlm_ecu_down
+
 /* The device address of a dense vector (norm weights, biases, RoPE
  * factors); NULL p: none. */
-static int vec(jlm_ecu *v, const float *p, uint64_t n, const float **out)
+int jlm_ecu_vec(jlm_ecu *v, const float *p, uint64_t n, const float **out)
 {
     *out = NULL;
     if (!p)
@@ -57,12 +62,53 @@ static int vec(jlm_ecu *v, const float *p, uint64_t n, const float **out)
     return JLM_OK;
 }
 
+jlm_cu_act jlm_ecu_act_at(const scratch *q, const scratch *d, const scratch *s, uint64_t k, uint64_t off)
+{
+    return (jlm_cu_act){k, (int8_t *)q->p + off, (float *)d->p + off / 32, (int16_t *)s->p + off / 16};
+}
+
+int jlm_ecu_records_up(jlm_ecu *v, void *dst, const jlm_cu_act *h, uint64_t count, jlm_err *err)
+{
+    if (jlm_cu_rt_h2d(v->rt, dst, h, count * sizeof *h, CS))   /* pageable: consumed now */
+        return jlm_ecu_fail(v, err, "act records");
+    v->blk.queued = 1;
+    v->st.act_up += count * sizeof *h;   /* parameters, counted with the activations */
+    return JLM_OK;
+}
+
+/* The act records of n rows of k int8 codes packed in aq: buffer src's
+ * table when k is its width, else the table of one narrower width (rows
+ * packed at their own width: glm4moe's shared expert in the n_ff-wide gate
+ * buffer), made when first asked and again when aq moved. */
+static int act_records(jlm_ecu *v, int src, uint64_t k, const jlm_cu_act **out, jlm_err *err)
+{
+    jlm_ecu_blk *s = &v->blk;
+    *out = (const jlm_cu_act *)s->rec.p + (uint64_t)src * s->ab_rows;
+    if (k == s->rec_k[src])
+        return JLM_OK;
+    int rc = JLM_OK;
+    if (s->odd_k != k || s->odd_rows != s->ab_rows) {
+        jlm_cu_act *h = malloc(s->ab_rows * sizeof *h);
+        rc = h ? jlm_ecu_grow(v, &s->odd, s->ab_rows * sizeof *h, 0, err)
+               : jlm_errf(err, JLM_ENOMEM, "cuda: out of memory");
+        for (uint64_t t = 0; !rc && t < s->ab_rows; t++)
+            h[t] = jlm_ecu_act_at(&s->aq, &s->ad, &s->as, k, t * k);
+        if (!rc)
+            rc = jlm_ecu_records_up(v, s->odd.p, h, s->ab_rows, err);
+        free(h);
+        s->odd_k = rc ? 0 : k;
+        s->odd_rows = s->ab_rows;
+    }
+    *out = s->odd.p;
+    return rc;
+}
+
 /* y (n rows) = x (n rows of m->k, activation buffer src) times m, its
  * planes in a device frame; quantized types read src's int8 rows, quantized
  * here (reuse: the previous call quantized src and it has not changed).
  * dry: only whether it can. */
-static int matmul_rows(jlm_ecu *v, const jlm_k_mat *m, uint32_t n, const float *x, int src, float *y, int reuse,
-                       int dry, jlm_err *err)
+int jlm_ecu_matmul_rows(jlm_ecu *v, const jlm_k_mat *m, uint32_t n, const float *x, int src, float *y, int reuse,
+                        int dry, jlm_err *err)
 {
     jlm_cu_mat cm;
     int fl = jlm_fmt_type_traits(m->type)->is_float;
@@ -77,12 +123,16 @@ static int matmul_rows(jlm_ecu *v, const jlm_k_mat *m, uint32_t n, const float *
         jlm_cu_act a = {nk, s->aq.p, s->ad.p, s->as.p};
         rc = jlm_cu_rt_quantize(v->rt, x, &a, CS);
     }
-    const jlm_cu_act *rec = (const jlm_cu_act *)s->rec.p + (uint64_t)src * s->ab_rows;
-    if (!rc)
-        rc = jlm_cu_rt_matvec(v->rt, &cm, n, fl ? x : NULL, fl ? NULL : rec, y, CS);
+    if (rc)
+        rc = jlm_ecu_fail(v, err, "quantize");
+    const jlm_cu_act *rec = NULL;
+    if (!rc && !fl)
+        rc = act_records(v, src, m->k, &rec, err);
+    if (!rc && jlm_cu_rt_matvec(v->rt, &cm, n, fl ? x : NULL, rec, y, CS))
+        rc = jlm_ecu_fail(v, err, "matvec");
     v->blk.queued = 1;
     v->st.matmuls++;
-    return rc ? jlm_ecu_fail(v, err, "matvec") : JLM_OK;
+    return rc;
 }
 
 static int op_mm(jlm_exd *k, const jlm_k_mat *m, int src, int dst, int reuse)
@@ -171,21 +221,26 @@ static int op_attend(jlm_exd *k, const float *sinks)
     jlm_engine *e = k->e;
     const jlm_config *c = k->c;
     jlm_ecu *v = ecu(k);
-    if (sinks || jlm_exd_swa(c, k->b.l))
-        return UNSUP;   /* sinks, a window's first key: left */
+    const float *sk;
+    if (vec(v, sinks, c->n_head, &sk))
+        return UNSUP;
     if (!c->n_kv_head || c->n_head % c->n_kv_head || e->kv_dim != (uint64_t)c->n_kv_head * e->hd ||
         e->kv_dim_v != (uint64_t)c->n_kv_head * e->hd_v || e->q_dim != (uint64_t)c->n_head * e->hd)
         return UNSUP;
     jlm_cu_attn ap = {.n_head = c->n_head, .n_head_kv = c->n_kv_head, .head_dim = e->hd, .head_dim_v = e->hd_v,
                       .k_stride = e->kv_dim, .v_stride = e->kv_dim_v, .k_head_stride = e->hd,
                       .v_head_stride = e->hd_v, .scale = c->attn_scale > 0 ? c->attn_scale : 1.0f / sqrtf((float)e->hd),
-                      .softcap = c->attn_softcap};
+                      .softcap = c->attn_softcap, .sinks = sk};
     int rc = JLM_OK;
     for (uint32_t t = 0; !rc && !k->dry && t < k->b.n; t++) {
-        uint32_t pos = jlm_exd_pos(k, t);
-        ap.n_kv = pos < e->bidir_end ? e->bidir_end : pos + 1;
-        rc = launched(k, jlm_cu_rt_attn(v->rt, &ap, row(k, JLM_B_Q, t), v->blk.kc[k->b.l], v->blk.vc[k->b.l],
-                                        v->blk.scores.p, row(k, JLM_B_ATT, t), CS), "attention");
+        /* keys [lo, hi): a sliding window's (or a chunk's) first key is where the cache's rows start, so
+         * the hidden keys are not read at all (the CPU masks them: exp(-inf) adds 0) */
+        uint32_t pos = jlm_exd_pos(k, t), hi = pos < e->bidir_end ? e->bidir_end : pos + 1;
+        uint64_t lo = jlm_ex_first_key(c, k->b.l, pos);
+        ap.n_kv = hi - lo;
+        rc = launched(k, jlm_cu_rt_attn(v->rt, &ap, row(k, JLM_B_Q, t), (float *)v->blk.kc[k->b.l] + lo * e->kv_dim,
+                                        (float *)v->blk.vc[k->b.l] + lo * e->kv_dim_v, v->blk.scores.p,
+                                        row(k, JLM_B_ATT, t), CS), "attention");
     }
     return rc;
 }
@@ -209,7 +264,9 @@ static int op_act(jlm_exd *k, int act, uint64_t n)
                                                oai ? 7.0f : 0.0f, CS), "the gate's activation");
 }
 
-static const jlm_exd_ops CU_OPS = {op_norm, op_mm, op_bias, op_heads, op_kv_put, op_attend, op_add, op_act, NULL};
+static int op_moe(jlm_exd *k, const jlm_op *op) { return jlm_ecu_moe(ecu(k), k->e, &k->b, op, k->dry, k->err); }
+
+static const jlm_exd_ops CU_OPS = {op_norm, op_mm, op_bias, op_heads, op_kv_put, op_attend, op_add, op_act, op_moe};
 
 /* ---------------------------------------------------------------- buffers */
 
@@ -241,14 +298,11 @@ static int buffers(jlm_ecu *v, jlm_engine *e, uint32_t l, uint32_t n, jlm_err *e
             rc = jlm_errf(err, JLM_ENOMEM, "cuda: out of memory");
         for (int b = 0; h && b < JLM_B_COUNT; b++)   /* buffer b's rows as int8 rows of its width */
             for (uint64_t t = 0; t < rows; t++) {
-                uint64_t k = width(e, b);
-                h[b * rows + t] = (jlm_cu_act){k, (int8_t *)s->aq.p + t * k, (float *)s->ad.p + t * k / 32,
-                                               (int16_t *)s->as.p + t * k / 16};
+                uint64_t k = s->rec_k[b] = width(e, b);
+                h[b * rows + t] = jlm_ecu_act_at(&s->aq, &s->ad, &s->as, k, t * k);
             }
-        if (h && jlm_cu_rt_h2d(v->rt, s->rec.p, h, nrec * sizeof *h, CS))   /* pageable: consumed now */
-            rc = jlm_ecu_fail(v, err, "act records");
         if (h)
-            v->st.act_up += nrec * sizeof *h;   /* once, at growth: parameters, counted with the activations */
+            rc = jlm_ecu_records_up(v, s->rec.p, h, nrec, err);   /* once, at growth */
         free(h);
         if (!rc)
             s->ab_rows = rows;
@@ -272,7 +326,8 @@ static int buffers(jlm_ecu *v, jlm_engine *e, uint32_t l, uint32_t n, jlm_err *e
 void jlm_ecu_blk_free(jlm_ecu *v)
 {
     jlm_ecu_blk *s = &v->blk;
-    scratch *dev[] = {&s->aq, &s->ad, &s->as, &s->rec, &s->scores, &s->logits};
+    scratch *dev[] = {&s->aq, &s->ad, &s->as, &s->rec, &s->odd, &s->scores, &s->logits};
+    jlm_ecu_moe_free(v);
     for (int b = 0; b < JLM_B_COUNT; b++)
         jlm_ecu_scratch_free(v, &s->ab[b], 0);
     for (size_t i = 0; i < sizeof dev / sizeof dev[0]; i++)
@@ -293,7 +348,7 @@ void jlm_ecu_blk_free(jlm_ecu *v)
 
 /* n floats of device src into host dst through the pinned buffer, after
  * everything queued: one round trip. */
-static int down(jlm_ecu *v, scratch *pin, float *dst, const void *src, uint64_t bytes, jlm_err *err)
+int jlm_ecu_down(jlm_ecu *v, scratch *pin, float *dst, const void *src, uint64_t bytes, jlm_err *err)
 {
     int rc = jlm_ecu_grow(v, pin, bytes, 1, err);
     jlm_dev_prof_op(&v->dev, JLM_DEVP_XFER);   /* the copy and the wait: no op's */

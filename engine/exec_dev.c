@@ -19,23 +19,16 @@ uint64_t jlm_exd_width(const jlm_engine *e, int b)
     }
 }
 
-int jlm_exd_swa(const jlm_config *c, uint32_t l)
-{
-    return c->swa_window && c->swa_period && (l % c->swa_period) < c->swa_period - 1;
-}
-
-/* A row of w floats fits buffer b: its width; or, in the gate and up
- * buffers, at most that (a shared expert narrower than the dense FFN: n rows
- * of w packed, as the CPU's buffers hold them). */
-static int fits(const jlm_engine *e, int b, uint64_t w)
-{
-    return b == JLM_B_G || b == JLM_B_U ? w && w <= jlm_exd_width(e, b) : w == jlm_exd_width(e, b);
-}
-
-/* dst rows = src rows times m, the shapes checked against the buffers. */
+/* dst rows = src rows times m, the shapes checked against the buffers. The
+ * gate's and up's rows (and so the down's input) may be narrower than the
+ * buffers' n_ff (a shared expert's, glm4moe): the rows are then packed at
+ * their own width, as the CPU packs them (the backends read and write n
+ * rows of m->k and m->rows from a buffer's start). */
 static int mm(jlm_exd *k, const jlm_k_mat *m, int src, int dst, int reuse)
 {
-    if (!fits(k->e, src, m->k) || !fits(k->e, dst, m->rows))
+    uint64_t ws = jlm_exd_width(k->e, src), wd = jlm_exd_width(k->e, dst);
+    int narrow_in = src == JLM_B_G && m->k < ws, narrow_out = (dst == JLM_B_G || dst == JLM_B_U) && m->rows < wd;
+    if ((m->k != ws && !narrow_in) || (m->rows != wd && !narrow_out))
         return UNSUP;
     return k->ops->mm(k, m, src, dst, reuse);
 }
@@ -102,9 +95,10 @@ static int run_op(jlm_exd *k, const jlm_op *op)
     }
     case JLM_OP_GATE_UP: {
         jlm_k_mat wg = blk_mat(e, b, op->w[0]), wu = blk_mat(e, b, op->w[1]);
-        if ((op->act != JLM_ACT_SWIGLU && op->act != JLM_ACT_SWIGLU_OAI && op->act != JLM_ACT_GELU_FP16) ||
-            (wg.rows != jlm_exd_width(e, JLM_B_G) && (blk_w(e, b, op->w[2]) || blk_w(e, b, op->w[3]))))
-            return UNSUP;   /* the backend's act may refuse one of these too (dry); biases: rows of the width */
+        if (op->act != JLM_ACT_SWIGLU && op->act != JLM_ACT_SWIGLU_OAI && op->act != JLM_ACT_GELU_FP16)
+            return UNSUP;   /* the backend's act may refuse one of these too (dry) */
+        if (wu.rows != wg.rows || (wg.rows != jlm_exd_width(e, JLM_B_G) && (blk_w(e, b, op->w[2]) || blk_w(e, b, op->w[3]))))
+            return UNSUP;   /* narrow rows with biases: a bias op adds a buffer-wide row */
         if ((rc = mm(k, &wg, op->src, JLM_B_G, 0)) || (rc = mm(k, &wu, op->src, JLM_B_U, 1)) ||
             (rc = bias(k, JLM_B_G, op->w[2])) || (rc = bias(k, JLM_B_U, op->w[3])))
             return rc;

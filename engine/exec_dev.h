@@ -51,8 +51,6 @@ struct jlm_exd {
 uint64_t jlm_exd_width(const jlm_engine *e, int b);
 /* Row t's position. */
 static inline uint32_t jlm_exd_pos(const jlm_exd *k, uint32_t t) { return k->kc ? k->pos0 + t : k->e->bpos[t]; }
-/* Layer l has a sliding window (or a chunk): its first key moves (jlm_ex_first_key). */
-int jlm_exd_swa(const jlm_config *c, uint32_t l);
 
 /* The walk of k->b.p's ops (dry or not): JLM_OK, JLM_EUNSUPPORTED or a
  * primitive's error. Not dry, each op's class goes to --profile's timer

@@ -14,6 +14,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 
 #include "kernels/cpu/tolerances.h"
 #include "kernels/cuda/cuda.h"
@@ -542,6 +543,47 @@ Test(cuda, the_emulated_block_kernels_check_their_spans_and_their_ordering)
     jlm_cu_rt_close(r);
 }
 
+/* The expert combine through the seam (jlm_cu_rt_moe_combine, what
+ * exec_cu_moe.c launches): equal to jlm_k_moe_combine bit for bit; weights
+ * copied on the other stream with no event fault at the wait, and spans past
+ * their allocations (too few outputs, too few weights) are refused at the
+ * launch, naming the operand. */
+Test(cuda, the_emulated_expert_combine_equals_the_cpus_and_checks_its_operands)
+{
+    enum { NU = 4, N = 96 };
+    static float ys[NU * N], x[N], want[N], got[N], w[NU];
+    uint64_t seed = 21;
+    gen_floats(ys, NU * N, 3.0f, &seed);
+    gen_floats(x, N, 3.0f, &seed);
+    gen_floats(w, NU, 1.0f, &seed);
+    memcpy(want, x, sizeof x);
+    const float *yp[NU];
+    for (int i = 0; i < NU; i++)
+        yp[i] = ys + i * N;
+    jlm_k_moe_combine(want, yp, w, NU, N);
+    jlm_cu_rt *r = emu_open();
+    void *dx = NULL, *dy = NULL, *dw = NULL;
+    cr_assert_eq(jlm_cu_rt_alloc(r, sizeof x, &dx), 0);
+    cr_assert_eq(jlm_cu_rt_alloc(r, sizeof ys, &dy), 0);
+    cr_assert_eq(jlm_cu_rt_alloc(r, sizeof w, &dw), 0);
+    cr_assert_eq(jlm_cu_rt_h2d(r, dx, x, sizeof x, JLM_CU_S_COMPUTE), 0);
+    cr_assert_eq(jlm_cu_rt_h2d(r, dy, ys, sizeof ys, JLM_CU_S_COMPUTE), 0);
+    cr_assert_eq(jlm_cu_rt_h2d(r, dw, w, sizeof w, JLM_CU_S_COMPUTE), 0);
+    cr_assert_eq(jlm_cu_rt_moe_combine(r, dx, dy, dw, NU, N, JLM_CU_S_COMPUTE), 0, "%s", jlm_cu_rt_error(r));
+    cr_assert_eq(jlm_cu_rt_d2h(r, got, dx, sizeof got, JLM_CU_S_COMPUTE), 0);
+    cr_assert_eq(jlm_cu_rt_sync(r, JLM_CU_S_COMPUTE), 0, "%s", jlm_cu_rt_error(r));
+    cr_assert(!memcmp(got, want, sizeof got), "the combine through the seam differs from jlm_k_moe_combine");
+    cr_assert_eq(jlm_cu_rt_h2d(r, dw, w, sizeof w, JLM_CU_S_COPY), 0);   /* no event: a device could run first */
+    cr_assert_eq(jlm_cu_rt_moe_combine(r, dx, dy, dw, NU, N, JLM_CU_S_COMPUTE), 0);
+    cr_assert_eq(jlm_cu_rt_sync(r, JLM_CU_S_COPY), 0);
+    cr_assert_neq(jlm_cu_rt_sync(r, JLM_CU_S_COMPUTE), 0, "an unordered read of another stream's copy");
+    cr_assert(strstr(jlm_cu_rt_error(r), "expert combine: weights"), "%s", jlm_cu_rt_error(r));
+    cr_assert_neq(jlm_cu_rt_moe_combine(r, dx, dy, dw, NU + 1, N, JLM_CU_S_COMPUTE), 0, "5 outputs in 4");
+    cr_assert(strstr(jlm_cu_rt_error(r), "expert combine: outputs"), "%s", jlm_cu_rt_error(r));
+    cr_assert_neq(jlm_cu_rt_moe_combine(r, dx, dy, dy, NU, N + 1, JLM_CU_S_COMPUTE), 0, "x is N floats");
+    jlm_cu_rt_close(r);
+}
+
 /* A matvec through the seam: planes and activations copied on the copy
  * stream, the launch on the compute stream. Ordered by an event, or by a
  * host wait for the copies before the launch is issued, it equals the CPU
@@ -693,6 +735,108 @@ Test(cuda, whole_blocks_on_the_emulated_device_give_the_cpus_ids_in_one_round_tr
     bm_whole_blocks("cuda");
 }
 
+/* f's whole text (from its start), or NULL. */
+static char *file_text(FILE *f)
+{
+    fflush(f);
+    long n = ftell(f);
+    char *b = n >= 0 ? malloc((size_t)n + 1) : NULL;
+    rewind(f);
+    if (b && fread(b, 1, (size_t)n, f) != (size_t)n) {
+        free(b);
+        return NULL;
+    }
+    if (b)
+        b[n] = 0;
+    return b;
+}
+
+/* Routed experts on the emulated device (engine/exec_cu_moe.c): the
+ * llama-style MoE (F16, MXFP4 experts, Q4_K_M), qwen3moe (Q4_K_M, Q8_0;
+ * per-head q/k norms) and glm4moe (Q8_0, Q4_K_M: sigmoid routing with its
+ * selection bias, a leading dense block, a shared expert narrower than n_ff)
+ * and gpt-oss (MXFP4 experts with biases, top-k-then-softmax routing,
+ * SwiGLU-OAI; attention sinks and a sliding window of 8, passed by the 13
+ * positions), whole and at --gpu-layers 1 (a split inside the model): the CPU's greedy ids
+ * (whole: its --trace-routing lines too), the lockstep logits within the whole-block
+ * tolerances (float experts: 5e-4 of the largest), and a decoded token at
+ * most one round trip a MoE block plus one (each block's router logits come
+ * down; then the logits or the split's rows) where the matmul offload made
+ * several a block. At one frame each side and at a --budget of half the
+ * file (expert pages evicted and read again) the CPU's ids still. */
+Test(cuda, moe_blocks_on_the_emulated_device_give_the_cpus_ids_in_a_round_trip_a_block, .timeout = 300)
+{
+    setenv("JLM_CUDA_EMULATE", "1", 1);
+    static const char *MODELS[] = {"synth-llama-moe-256.F16", "synth-llama-moe-256.MXFP4_MOE",
+                                   "synth-llama-moe-256.Q4_K_M", "synth-qwen3moe-256.Q4_K_M",
+                                   "synth-qwen3moe-256.Q8_0", "synth-glm4moe-256.Q8_0", "synth-glm4moe-256.Q4_K_M",
+                                   "synth-gpt-oss-256.MXFP4_MOE"};
+    char *dir = tu_tmpdir();
+    for (size_t m = 0; m < sizeof MODELS / sizeof MODELS[0]; m++) {
+        char gguf[256], why[512];
+        jlm_err err = {0};
+        snprintf(gguf, sizeof gguf, "%s.gguf", MODELS[m]);
+        char *path = tu_convert(gguf, dir, "moe.jlm", &err);
+        cr_assert(path, "%s", err.msg);
+        struct stat st;
+        cr_assert_eq(stat(path, &st), 0, "%s", path);
+        jlm_engine *ec = bm_open_opts(path, (jlm_engine_opts){.backend = "cpu"}, 0, NULL, 0);
+        const jlm_config *c = &jlm_engine_model(ec)->config;
+        uint32_t nv = jlm_engine_n_vocab(ec), L = c->n_layer, lead = c->n_dense_lead;
+        float *l = malloc(nv * 4);
+        int32_t prompt[5] = {1, 10, 20, 30, 40}, ic[8], iv[8];
+        FILE *tc = tmpfile(), *tv = tmpfile();
+        cr_assert(tc && tv && jlm_engine_trace_routing(ec, tc, &err) == 0, "%s", err.msg);
+        bm_greedy_ids(ec, prompt, 5, 8, ic, l);
+        jlm_engine_trace_routing(ec, NULL, NULL);
+        double tol = m == 0 ? 5e-4 : 0.05;
+        static const jlm_engine_opts CFG[] = {{.gpu_layers = 0}, {.gpu_layers = 1}, {.budget = 1, .gpu_budget = 1}, {.budget = 2}};
+        for (int i = 0; i < 4; i++) {
+            jlm_engine_opts o = CFG[i];
+            o.backend = "cuda";
+            o.device = "0";
+            if (i == 3)
+                o.budget = (uint64_t)st.st_size / 2;
+            const char *what = i == 0 ? "whole" : i == 1 ? "--gpu-layers 1" : i == 2 ? "one frame each side" : "--budget half";
+            jlm_engine *ev = bm_open_opts(path, o, 0, why, sizeof why);
+            if (i == 0)   /* --trace-routing: every block's picks, row by row, the CPU's */
+                cr_assert(jlm_engine_trace_routing(ev, tv, &err) == 0, "%s", err.msg);
+            bm_greedy_ids(ev, prompt, 5, 8, iv, l);
+            cr_assert(!memcmp(ic, iv, sizeof ic), "%s (%s): greedy ids differ from the CPU's", MODELS[m], what);
+            if (i == 0) {
+                jlm_engine_trace_routing(ev, NULL, NULL);
+                char *a = file_text(tc), *b = file_text(tv);
+                cr_assert(a && b && strlen(a) > 100 && !strcmp(a, b), "%s: the routing differs from the CPU's:\n%s\n%s",
+                          MODELS[m], a, b);
+                free(a);
+                free(b);
+            }
+            if (i >= 2) {
+                jlm_engine_close(ev);
+                continue;
+            }
+            int32_t next = bm_lockstep(ec, ev, prompt, 5, tol, MODELS[m], what);
+            jlm_dev_stats s0, s1;
+            jlm_engine_dev_stats(ev, &s0);
+            cr_assert_eq(jlm_engine_eval(ev, &next, 1, l, &err), 0, "%s", err.msg);
+            jlm_engine_dev_stats(ev, &s1);
+            uint64_t blocks = o.gpu_layers ? o.gpu_layers : L;
+            blocks = blocks > lead ? blocks - lead : 0;   /* the MoE blocks on the device */
+            cr_assert(s1.waits - s0.waits <= blocks + 1 && s1.fallbacks == s0.fallbacks,
+                      "%s (%s): a decoded token made %llu round trips for %llu MoE blocks", MODELS[m], what,
+                      (unsigned long long)(s1.waits - s0.waits), (unsigned long long)blocks);
+            jlm_engine_close(ev);
+        }
+        fclose(tc);
+        fclose(tv);
+        free(l);
+        jlm_engine_close(ec);
+        free(path);
+    }
+    tu_rmrf(dir);
+    free(dir);
+}
+
 /* The engine's own sequence on whole blocks and a jlm_engine_seq on the
  * matmul offload, interleaved token by token on one engine: both the CPU's
  * logits, one round trip a token against several (bm_seq_interleave). */
@@ -711,12 +855,14 @@ Test(cuda, embeddings_on_whole_blocks_equal_the_cpus, .timeout = 60)
 
 /* From --stats: with --gpu-layers all (and the CLI's --kv auto: F32 with a
  * CUDA device, whose whole blocks keep an F32 cache) a decoded token is one
- * round trip and its embedding and logits (within 4 KiB); the offload 4
- * round trips a layer (QKV, o, gate/up, down). */
+ * round trip (qwen3moe: one a MoE block, for its router's logits, plus one)
+ * and its embedding and logits (plus the logits of the routers and the
+ * routing weights, within 4 KiB); the offload 4 round trips a layer (QKV,
+ * o, gate/up, down). */
 Test(cuda, stats_a_decoded_token_is_one_round_trip_and_its_embedding_and_logits, .timeout = 120)
 {
     setenv("JLM_CUDA_EMULATE", "1", 1);
-    bm_stats_decoded_token("cuda", "JLM_CUDA_BLOCKS", "", 4, NULL, "f32");
+    bm_stats_decoded_token("cuda", "JLM_CUDA_BLOCKS", "", 4, "synth-qwen3moe-256.Q8_0", "f32");
 }
 
 /* The CLI: `jlm run --backend cuda` on the emulated device gives the CPU's

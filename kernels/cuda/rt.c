@@ -31,7 +31,7 @@ enum { OP_COPY, OP_RECORD, OP_WAIT, OP_MATVEC, OP_KERNEL, OP_STAMP };
 
 /* A whole block's kernels (everything but the matvec): the arguments of one
  * launch, and the device spans it reads (checked for ordering when it runs). */
-enum { K_QUANT, K_RMS, K_ROPE, K_ELEM, K_ATTN };
+enum { K_QUANT, K_RMS, K_ROPE, K_ELEM, K_ATTN, K_COMB };
 #define EMU_READS 4
 typedef struct emu_kern {
     int          kind, op;
@@ -258,6 +258,7 @@ static int emu_kernel(jlm_cu_rt *r, int s, const emu_kern *k)
         break;
     }
     case K_ELEM: jlm_cu_host_elem(k->op, k->out, k->a, k->b, k->n, k->s, k->lim); break;
+    case K_COMB: jlm_cu_host_moe_combine(k->out, k->b, k->w, k->rows, k->n); break;
     default: jlm_cu_host_attn(&k->attn, k->a, k->b, k->c, k->scores, k->out); break;
     }
     return 0;
@@ -868,4 +869,18 @@ int jlm_cu_rt_attn(jlm_cu_rt *r, const jlm_cu_attn *p, const float *q, const flo
                            p->sinks ? p->n_head * 4ull : p->mask ? p->n_kv * 4 : 0, "attention: sinks or mask"}}};
     EMU_LOCKED(emu_kernel_push(r, &kr, (uint64_t)p->n_head * p->head_dim_v * 4, (uint64_t)p->n_head * p->n_kv * 4,
                                stream));
+}
+
+int jlm_cu_rt_moe_combine(jlm_cu_rt *r, float *x, const float *ys, const float *w, uint32_t n_used, uint64_t n,
+                          int stream)
+{
+    if (bad_stream(r, stream))
+        return EMU_FAULT;
+    if (!n || !n_used)
+        return 0;
+    LAUNCH(jlm_cu_launch_moe_combine(x, ys, w, n_used, n, r->s[stream]), "expert combine");
+    emu_kern k = {.kind = K_COMB, .out = x, .a = x, .b = ys, .w = w, .n = n, .rows = n_used,
+                  .rd = {{x, n * 4, "expert combine: x"}, {ys, n_used * n * 4, "expert combine: outputs"},
+                         {w, n_used * 4ull, "expert combine: weights"}}};
+    EMU_LOCKED(emu_kernel_push(r, &k, n * 4, 0, stream));
 }

@@ -99,6 +99,11 @@ int jlm_cu_rt_elem(jlm_cu_rt *r, int op, float *out, const float *a, const float
                    int stream);
 int jlm_cu_rt_attn(jlm_cu_rt *r, const jlm_cu_attn *p, const float *q, const float *k, const float *v, float *scores,
                    float *out, int stream);
+/* x (n floats) += the mixture of n_used expert outputs ys ((n_used, n)
+ * contiguous) weighted by w (n_used): jlm_cu_k_moe_combine, bit-identical to
+ * jlm_k_moe_combine. */
+int jlm_cu_rt_moe_combine(jlm_cu_rt *r, float *x, const float *ys, const float *w, uint32_t n_used, uint64_t n,
+                          int stream);
 
 const char *jlm_cu_rt_error(const jlm_cu_rt *r);
 

@@ -1,0 +1,299 @@
+/* exec_cu_moe.c - the routed experts of a whole block on a CUDA device: the
+ * MOE op (engine/prog.h) for exec_cu.c (docs/cuda.md, "Routed experts on the
+ * device").
+ *
+ * The router's matvec and its bias run on the compute stream for every row
+ * of the block; the logits come down (n_expert floats a row: the one round
+ * trip of a MoE block, counted in the activations down) and the host routes
+ * each row with the CPU's own code (jlm_ex_route_pick: softmax, raw, gpt-oss's
+ * top-k-then-softmax, sigmoid with its selection bias and groups), so the
+ * picks and weights are the CPU's bit for bit in every mode. The weights go
+ * up with the experts' launches (activations up). The chosen experts' pages
+ * are acquired through the streamer as the CPU's path acquires them
+ * (jlm_stream_experts: host pages, their reads, then their device frames),
+ * and each row's experts are enqueued: gate and up over the row's int8 row
+ * (quantized once on the device, bit-identical to the CPU's), their biases,
+ * SwiGLU (or SwiGLU-OAI), the slots' int8 rows, down, the down bias, and the
+ * weighted mix added to the residual row (jlm_cu_k_moe_combine, the sum of
+ * exec_moe.c's mix_slots bit for bit). Not here: the prediction of the next
+ * MoE block's experts (the CPU's read-ahead hint; routing never depends on
+ * it), Llama 4's router weight on the expert's input (its blocks do not run
+ * whole on CUDA), GELU gates: JLM_EUNSUPPORTED in the dry run, before
+ * anything is enqueued, so the block stays on the host. */
+#include "engine/backend_cu_int.h"
+#include "engine/exec_int.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+#include "kernels/cuda/cuda.h"
+
+#define UNSUP JLM_EUNSUPPORTED
+#define CS JLM_CU_S_COMPUTE
+
+/* The device (and pinned) buffers of the MOE op, grown to the largest block
+ * seen. q, d, s: the int8 rows of one row's input (record 0, n_embd) or of
+ * the slots' activations (records 1..nu, nff each), as jlm_cu_act records
+ * in rec (made for rec_E, rec_nff, rec_nu). */
+typedef struct jlm_ecu_moebufs {
+    scratch  lg, h_lg;    /* (rows, n_expert) the router's logits; their pinned copy */
+    scratch  w, h_w;      /* (rows, nu) the routing weights; their pinned copy */
+    scratch  g, u, o;     /* (nu, nff) gate (then the activation), up; (nu, n_embd) each slot's output */
+    scratch  q, d, s, rec;
+    uint64_t rec_E, rec_nff;
+    uint32_t rec_nu;
+} moebufs;
+
+void jlm_ecu_moe_free(jlm_ecu *v)
+{
+    moebufs *m = v->blk.moe;
+    if (!m)
+        return;
+    scratch *dev[] = {&m->lg, &m->w, &m->g, &m->u, &m->o, &m->q, &m->d, &m->s, &m->rec};
+    for (size_t i = 0; i < sizeof dev / sizeof dev[0]; i++)
+        jlm_ecu_scratch_free(v, dev[i], 0);
+    jlm_ecu_scratch_free(v, &m->h_lg, 1);
+    jlm_ecu_scratch_free(v, &m->h_w, 1);
+    free(m);
+    v->blk.moe = NULL;
+}
+
+/* One MoE block's operands, checked (plan) before anything is enqueued. */
+typedef struct moe_blk {
+    jlm_ecu          *v;
+    jlm_engine       *e;
+    const jlm_ex_blk *b;
+    const jlm_op     *op;
+    jlm_err          *err;
+    const jlm_tensor *tg, *tu, *td;
+    const float      *rb, *bg, *bu, *bd;   /* device addresses of the biases (NULL: none) */
+    uint64_t          E, nff;
+    uint32_t          ne, nu, first;       /* first: the page of the bank's expert 0 */
+} moe_blk;
+
+/* A bank's shape (k x rows each expert); quantized types whole 32-blocks. */
+static int bank_ok(const jlm_tensor *t, uint64_t k, uint64_t rows)
+{
+    return t && jlm_tensor_k(t) == k && jlm_tensor_rows(t) == rows &&
+           (jlm_fmt_type_traits(t->type)->is_float || k % 32 == 0);
+}
+
+/* The device address of block l's dense vector of role r, n floats. */
+static int bias_of(moe_blk *mb, uint16_t r, uint64_t n, const float **out)
+{
+    return jlm_ecu_vec(mb->v, vec_dense(mb->e, W(mb->e, (int32_t)mb->b->l, r)), n, out);
+}
+
+static int plan(moe_blk *mb)
+{
+    jlm_engine *e = mb->e;
+    const jlm_config *c = e->c;
+    const jlm_op *op = mb->op;
+    mb->E = c->n_embd;
+    mb->ne = c->n_expert;
+    mb->nu = c->n_expert_used;
+    mb->tg = blk_w(e, mb->b, op->w[1]);
+    mb->tu = blk_w(e, mb->b, op->w[2]);
+    mb->td = blk_w(e, mb->b, op->w[3]);
+    if (op->route == JLM_ROUTE_SIGMOID_IN || (op->act != JLM_ACT_SWIGLU && op->act != JLM_ACT_SWIGLU_OAI) ||
+        !blk_w(e, mb->b, op->w[0]) || !mb->tg || !mb->ne || mb->ne > JLM_MAX_EXPERTS || !mb->nu ||
+        mb->nu > mb->ne || mb->nu > JLM_MAX_EXPERTS_USED)
+        return UNSUP;   /* Llama 4's weight on the input, GELU gates */
+    mb->nff = jlm_tensor_rows(mb->tg);
+    if (!bank_ok(mb->tg, mb->E, mb->nff) || !bank_ok(mb->tu, mb->E, mb->nff) || !bank_ok(mb->td, mb->nff, mb->E))
+        return UNSUP;
+    jlm_k_mat wr = blk_mat(e, mb->b, op->w[0]);
+    if (wr.k != mb->E || wr.rows != mb->ne ||
+        jlm_ecu_matmul_rows(mb->v, &wr, mb->b->n, NULL, JLM_B_H, NULL, 0, 1, NULL) ||
+        bias_of(mb, JLM_R_ROUTER_B, mb->ne, &mb->rb) || bias_of(mb, JLM_R_EXP_GATE_B, mb->ne * mb->nff, &mb->bg) ||
+        bias_of(mb, JLM_R_EXP_UP_B, mb->ne * mb->nff, &mb->bu) || bias_of(mb, JLM_R_EXP_DOWN_B, mb->ne * mb->E, &mb->bd))
+        return UNSUP;
+    const jlm_header *hd = &e->m->hdr;
+    mb->first = (uint32_t)((mb->tg->qs_off - hd->exp_data_off) / hd->exp_page_size);
+    return JLM_OK;
+}
+
+/* The int8 rows' act records: record 0 an n_embd row at q, record 1 + s
+ * slot s's nff row (the slots' rows contiguous, so one quantize makes
+ * them all); uploaded once per shape (parameters, counted as activations). */
+static int records(moe_blk *mb)
+{
+    jlm_ecu *v = mb->v;
+    moebufs *m = v->blk.moe;
+    if (m->rec_E == mb->E && m->rec_nff == mb->nff && m->rec_nu == mb->nu)
+        return JLM_OK;
+    jlm_cu_act h[1 + JLM_MAX_EXPERTS_USED];
+    h[0] = jlm_ecu_act_at(&m->q, &m->d, &m->s, mb->E, 0);
+    for (uint32_t s = 0; s < mb->nu; s++)
+        h[1 + s] = jlm_ecu_act_at(&m->q, &m->d, &m->s, mb->nff, s * mb->nff);
+    int rc = jlm_ecu_records_up(v, m->rec.p, h, 1ull + mb->nu, mb->err);
+    if (rc)
+        return rc;
+    m->rec_E = mb->E;
+    m->rec_nff = mb->nff;
+    m->rec_nu = mb->nu;
+    return JLM_OK;
+}
+
+/* The buffers for n rows (growing frees what queued kernels read: the
+ * seam's free waits for them). */
+static int moe_buffers(moe_blk *mb, uint32_t n)
+{
+    jlm_ecu *v = mb->v;
+    jlm_err *err = mb->err;
+    if (!v->blk.moe && !(v->blk.moe = calloc(1, sizeof *v->blk.moe)))
+        return jlm_errf(err, JLM_ENOMEM, "cuda: out of memory");
+    moebufs *m = v->blk.moe;
+    uint64_t nk = mb->nu * mb->nff > mb->E ? mb->nu * mb->nff : mb->E;
+    const void *at[3] = {m->q.p, m->d.p, m->s.p};
+    uint64_t lgb = (uint64_t)n * mb->ne * 4, wb = (uint64_t)n * mb->nu * 4;
+    struct { scratch *s; uint64_t n; int pinned; } want[] = {
+        {&m->lg, lgb, 0}, {&m->h_lg, lgb, 1}, {&m->w, wb, 0}, {&m->h_w, wb, 1}, {&m->g, mb->nu * mb->nff * 4, 0},
+        {&m->u, mb->nu * mb->nff * 4, 0}, {&m->o, mb->nu * mb->E * 4, 0}, {&m->q, nk, 0}, {&m->d, nk / 8, 0},
+        {&m->s, nk / 8, 0}, {&m->rec, (1ull + JLM_MAX_EXPERTS_USED) * sizeof(jlm_cu_act), 0}};
+    int rc = JLM_OK;
+    for (size_t i = 0; i < sizeof want / sizeof want[0] && !rc; i++)
+        if (want[i].s->cap < want[i].n)
+            rc = jlm_ecu_grow(v, want[i].s, want[i].n, want[i].pinned, err);
+    if (at[0] != m->q.p || at[1] != m->d.p || at[2] != m->s.p)
+        m->rec_E = 0;   /* the records point into the old int8 rows */
+    return rc ? rc : records(mb);
+}
+
+/* Every row's router logits and bias enqueued, brought down (the block's
+ * round trip), and routed on the host as the CPU routes them: picks and
+ * weights (n rows of nu each); the weights then go up. */
+static int route_rows(moe_blk *mb, int32_t *picks, float *wts)
+{
+    jlm_ecu *v = mb->v;
+    jlm_engine *e = mb->e;
+    moebufs *m = v->blk.moe;
+    uint32_t n = mb->b->n, ne = mb->ne, nu = mb->nu;
+    jlm_k_mat wr = blk_mat(e, mb->b, mb->op->w[0]);
+    jlm_ex_router_keep(e, mb->b->l, mb->b->page, mb->b->page_off);
+    int rc = jlm_ecu_matmul_rows(v, &wr, n, v->blk.ab[JLM_B_H].p, JLM_B_H, m->lg.p, 0, 0, mb->err);
+    for (uint32_t t = 0; !rc && mb->rb && t < n; t++) {
+        float *lg = (float *)m->lg.p + (uint64_t)t * ne;
+        if (jlm_cu_rt_elem(v->rt, JLM_CU_ADD, lg, lg, mb->rb, ne, 0, 0, CS))
+            rc = jlm_ecu_fail(v, mb->err, "the router's bias");
+    }
+    float *lg = rc ? NULL : malloc((uint64_t)n * ne * sizeof *lg);
+    if (!rc && !lg)
+        rc = jlm_errf(mb->err, JLM_ENOMEM, "cuda: out of memory");
+    if (!rc)
+        rc = jlm_ecu_down(v, &m->h_lg, lg, m->lg.p, (uint64_t)n * ne * 4, mb->err);
+    for (uint32_t t = 0; !rc && t < n; t++) {
+        jlm_ex_route_pick(e, mb->op->route, mb->b->l, lg + (uint64_t)t * ne, picks + (uint64_t)t * nu,
+                          wts + (uint64_t)t * nu, NULL);
+        jlm_ex_trace_route(e, mb->b->l, t, picks + (uint64_t)t * nu);
+    }
+    free(lg);
+    if (rc)
+        return rc;
+    memcpy(e->route + (size_t)mb->b->l * nu, picks + (uint64_t)(n - 1) * nu, nu * sizeof(int32_t));
+    uint64_t wb = (uint64_t)n * nu * 4;
+    memcpy(m->h_w.p, wts, wb);   /* pinned: the stream was drained by the logits' copy */
+    jlm_dev_prof_op(&v->dev, JLM_DEVP_XFER);
+    if (jlm_cu_rt_h2d(v->rt, m->w.p, m->h_w.p, wb, CS))
+        return jlm_ecu_fail(v, mb->err, "the routing weights");
+    v->blk.queued = 1;
+    v->st.act_up += wb;
+    jlm_dev_prof_op(&v->dev, jlm_dev_op_class(JLM_OP_MOE));
+    return JLM_OK;
+}
+
+/* y = x times expert matrix m (planes in a device frame): x's int8 row
+ * (record rec, quantized already) for quantized types. */
+static int mm(moe_blk *mb, const jlm_k_mat *m, const float *x, int rec, float *y)
+{
+    jlm_ecu *v = mb->v;
+    jlm_cu_mat cm;
+    int fl = jlm_fmt_type_traits(m->type)->is_float;
+    if (jlm_ecu_planes(v, m, &cm, NULL))
+        return jlm_errf(mb->err, JLM_EIO, "cuda: block %u: an expert's planes are in no device frame", mb->b->l);
+    const jlm_cu_act *ra = (const jlm_cu_act *)v->blk.moe->rec.p + rec;
+    v->st.matmuls++;
+    return jlm_cu_rt_matvec(v->rt, &cm, 1, fl ? x : NULL, fl ? NULL : ra, y, CS) ? jlm_ecu_fail(v, mb->err, "matvec")
+                                                                                 : JLM_OK;
+}
+
+/* x's int8 rows (k floats, whole 32-blocks) into q, d, s. */
+static int quantize(moe_blk *mb, const float *x, uint64_t k)
+{
+    moebufs *m = mb->v->blk.moe;
+    jlm_cu_act a = {k, m->q.p, m->d.p, m->s.p};
+    return jlm_cu_rt_quantize(mb->v->rt, x, &a, CS) ? jlm_ecu_fail(mb->v, mb->err, "quantize") : JLM_OK;
+}
+
+static int bias(moe_blk *mb, float *y, const float *bank, uint32_t xe, uint64_t n)
+{
+    if (!bank)
+        return JLM_OK;
+    return jlm_cu_rt_elem(mb->v->rt, JLM_CU_ADD, y, y, bank + xe * n, n, 0, 0, CS) ? jlm_ecu_fail(mb->v, mb->err, "bias")
+                                                                                   : JLM_OK;
+}
+
+static int quantized(const jlm_tensor *t) { return !jlm_fmt_type_traits(t->type)->is_float; }
+
+/* Row t's experts sel (frames pinned by the streamer, made resident on the
+ * device) enqueued: x row t += their mixture with weights row t. */
+static int row_experts(moe_blk *mb, uint32_t t, const int32_t *sel, const void *const *frames)
+{
+    jlm_ecu *v = mb->v;
+    jlm_engine *e = mb->e;
+    moebufs *m = v->blk.moe;
+    uint64_t nff = mb->nff, E = mb->E;
+    float *h = (float *)v->blk.ab[JLM_B_H].p + t * E, *g = m->g.p, *u = m->u.p, *o = m->o.p;
+    int rc = quantized(mb->tg) || quantized(mb->tu) ? quantize(mb, h, E) : JLM_OK;
+    for (uint32_t s = 0; !rc && s < mb->nu; s++) {   /* gate and up of every slot over h's int8 row */
+        uint32_t xe = (uint32_t)sel[s];
+        jlm_k_mat wg = mat_expert(e, mb->tg, frames[s], mb->first, xe);
+        jlm_k_mat wu = mat_expert(e, mb->tu, frames[s], mb->first, xe);
+        if (!(rc = mm(mb, &wg, h, 0, g + s * nff)) && !(rc = mm(mb, &wu, h, 0, u + s * nff)) &&
+            !(rc = bias(mb, g + s * nff, mb->bg, xe, nff)))
+            rc = bias(mb, u + s * nff, mb->bu, xe, nff);
+    }
+    int oai = mb->op->act == JLM_ACT_SWIGLU_OAI;
+    if (!rc && jlm_cu_rt_elem(v->rt, oai ? JLM_CU_SWIGLU_OAI : JLM_CU_SWIGLU, g, g, u, mb->nu * nff,
+                              oai ? 1.702f : 0.0f, oai ? 7.0f : 0.0f, CS))
+        rc = jlm_ecu_fail(v, mb->err, "the experts' activation");
+    if (!rc && quantized(mb->td))
+        rc = quantize(mb, g, mb->nu * nff);   /* each slot's int8 row: quantizing is per 32-block */
+    for (uint32_t s = 0; !rc && s < mb->nu; s++) {
+        uint32_t xe = (uint32_t)sel[s];
+        jlm_k_mat wd = mat_expert(e, mb->td, frames[s], mb->first, xe);
+        if (!(rc = mm(mb, &wd, g + s * nff, 1 + (int)s, o + s * E)))
+            rc = bias(mb, o + s * E, mb->bd, xe, E);
+    }
+    float *x = (float *)v->blk.ab[JLM_B_X].p + t * E;
+    if (!rc && jlm_cu_rt_moe_combine(v->rt, x, o, (const float *)m->w.p + (uint64_t)t * mb->nu, mb->nu, E, CS))
+        rc = jlm_ecu_fail(v, mb->err, "the experts' mixture");
+    v->blk.queued = 1;
+    return rc;
+}
+
+int jlm_ecu_moe(jlm_ecu *v, jlm_engine *e, const jlm_ex_blk *b, const jlm_op *op, int dry, jlm_err *err)
+{
+    moe_blk mb = {.v = v, .e = e, .b = b, .op = op, .err = err};
+    int rc = plan(&mb);
+    if (rc || dry)
+        return rc;
+    int32_t *picks = malloc((uint64_t)b->n * mb.nu * sizeof *picks);
+    float *wts = malloc((uint64_t)b->n * mb.nu * sizeof *wts);
+    rc = picks && wts ? moe_buffers(&mb, b->n) : jlm_errf(err, JLM_ENOMEM, "cuda: out of memory");
+    if (!rc)
+        rc = route_rows(&mb, picks, wts);
+    for (uint32_t t = 0; !rc && t < b->n; t++) {
+        const int32_t *sel = picks + (uint64_t)t * mb.nu;
+        const void *frames[JLM_MAX_EXPERTS_USED];
+        if ((rc = jlm_stream_experts(e, mb.first, sel, mb.nu, frames, err)))
+            break;
+        rc = jlm_ecu_frames_wait(v, err);   /* the kernels read the pages just paged in */
+        if (!rc)
+            rc = row_experts(&mb, t, sel, frames);
+        jlm_stream_experts_done(e, mb.first, sel, mb.nu);
+    }
+    free(picks);
+    free(wts);
+    return rc;
+}
