@@ -137,8 +137,6 @@ int jlm_ecu_matmul_rows(jlm_ecu *v, const jlm_k_mat *m, uint32_t n, const float 
 
 static int op_mm(jlm_exd *k, const jlm_k_mat *m, int src, int dst, int reuse)
 {
-    if (m->k != width(k->e, src) || m->rows != width(k->e, dst))
-        return UNSUP;   /* the int8 records (rec) hold rows of the buffers' widths */
     return matmul_rows(ecu(k), m, k->b.n, abp(k, src, 0), src, abp(k, dst, 0), reuse, k->dry, k->err);
 }
 
