@@ -209,7 +209,7 @@ static int op_act(jlm_exd *k, int act, uint64_t n)
                                                oai ? 7.0f : 0.0f, CS), "the gate's activation");
 }
 
-static const jlm_exd_ops CU_OPS = {op_norm, op_mm, op_bias, op_heads, op_kv_put, op_attend, op_add, op_act, NULL};
+static const jlm_exd_ops CU_OPS = {op_norm, op_mm, op_bias, op_heads, op_kv_put, op_attend, op_add, op_act, NULL, NULL};
 
 /* ---------------------------------------------------------------- buffers */
 
