@@ -1466,11 +1466,30 @@ Test(vulkan, sigmoid_routed_moe_blocks_run_whole_on_the_device, .timeout = 300)
  * above (the CPU's ids and predictions, the logits within the quantized
  * tolerance, a decoded token in at most a round trip a MoE block plus one,
  * its activations within its embedding, its logits and 4 KiB), where a
- * host-side latent attention made one round trip a matmul (258 for 5 tokens). */
+ * host-side latent attention made one round trip a matmul (258 for 5 tokens);
+ * and with an F16 cache, the lockstep logits of the CPU's F16 cache. */
 Test(vulkan, deepseek2_latent_attention_blocks_run_whole_on_the_device, .timeout = 300)
 {
     static const char *MODELS[] = {"synth-deepseek2-256.Q8_0", "synth-deepseek2-256.Q4_K_M"};
     sigmoid_moe_whole(MODELS, sizeof MODELS / sizeof MODELS[0]);
+    /* an F16 latent cache (halves on the device as the CPU rounds them): the lockstep logits of the CPU's
+     * F16 cache, every block on the device, none refused */
+    char *dir = tu_tmpdir();
+    jlm_err err = {0};
+    char *path = tu_convert("synth-deepseek2-256.Q8_0.gguf", dir, "ds.jlm", &err);
+    cr_assert(path, "%s", err.msg);
+    jlm_engine *ec = engine_kv(path, "cpu", 0, "f16"), *ev = engine_kv(path, "vulkan", 0, "f16");
+    cr_assert(ev, "vulkan: no device");
+    bm_lockstep(ec, ev, MOE_PROMPT, 5, 0.05, MODELS[0], "--kv f16");
+    jlm_dev_stats st;
+    jlm_engine_dev_stats(ev, &st);
+    cr_assert(st.fallbacks == 0 && st.waits <= 8 * 3, "--kv f16: %llu round trips for 8 evals, %llu refused",
+              (unsigned long long)st.waits, (unsigned long long)st.fallbacks);
+    jlm_engine_close(ev);
+    jlm_engine_close(ec);
+    free(path);
+    tu_rmrf(dir);
+    free(dir);
 }
 
 /* gpt-oss on the device: every block runs whole (the sliding-window layers
