@@ -19,6 +19,7 @@ typedef struct jlm_evk_blk {
     uint64_t    ab_rows;             /* rows every ab[] holds */
     jlm_vk_buf *scores, *logits;
     jlm_vk_buf *aq, *ad, *as;        /* the int8 rows of a matmul's input (jlm_vk_quantize) */
+    jlm_vk_buf *mla;                 /* exec_vk_mla.c's scratch (latent attention), sized by buffers() */
     jlm_vk_buf *cs;                  /* (rows, n_rot) each row's RoPE cos/sin, host-visible: up with the rows */
     jlm_vk_buf **kc, **vc;           /* (n_layer,) NULL until a block of that layer ran here */
     uint32_t    n_layer;
@@ -70,5 +71,13 @@ struct jlm_op;
 int  jlm_evk_moe(jlm_evk *v, struct jlm_engine *e, const struct jlm_ex_blk *b, const struct jlm_op *op, int dry,
                  jlm_err *err);
 void jlm_evk_moe_free(jlm_evk *v);
+/* exec_vk_mla.c: latent attention's ops (MLA_KV, MLA_Q, MLA_ATTN) of the
+ * walk k (dry: only whether it can); the bytes of its scratch for rows rows.
+ * exec_vk.c's helper for it: row t's RoPE cos/sin for the block's layer
+ * (rp: the parameters), JLM_EUNSUPPORTED when no table up with the rows is it. */
+struct jlm_exd;
+int      jlm_evk_mla(struct jlm_exd *k, const struct jlm_op *op);
+uint64_t jlm_evk_mla_bytes(jlm_evk *v, const struct jlm_engine *e, uint32_t rows);
+int      jlm_evk_rope_cs(const struct jlm_exd *k, uint32_t t, jlm_k_rope *rp, jlm_vk_view *cs);
 
 #endif

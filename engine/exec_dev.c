@@ -105,7 +105,8 @@ static int run_op(jlm_exd *k, const jlm_op *op)
         return o->act(k, op->act, b->n * wg.rows);
     }
     case JLM_OP_MOE: return o->moe ? o->moe(k, op) : UNSUP;
-    default: return UNSUP;   /* latent attention, the vision tower's ops */
+    case JLM_OP_MLA_KV: case JLM_OP_MLA_Q: case JLM_OP_MLA_ATTN: return o->mla ? o->mla(k, op) : UNSUP;
+    default: return UNSUP;   /* the vision tower's ops */
     }
 }
 

@@ -32,6 +32,7 @@ typedef struct jlm_exd_ops {
     int (*add)(jlm_exd *k, int dst, int src);                       /* dst rows += src rows (n_embd wide) */
     int (*act)(jlm_exd *k, int act, uint64_t n);                    /* G = act(G, U), n floats (gated kinds) */
     int (*moe)(jlm_exd *k, const jlm_op *op);                       /* the routed experts (NULL: not here) */
+    int (*mla)(jlm_exd *k, const jlm_op *op);   /* latent attention's MLA_KV, MLA_Q, MLA_ATTN (NULL: not here) */
 } jlm_exd_ops;
 
 struct jlm_exd {

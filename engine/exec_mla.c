@@ -37,7 +37,7 @@ static uint8_t *mla_row(const jlm_engine *e, void *c, uint32_t l, uint32_t pos)
 }
 
 /* Sheet s (a head) of a 3-D tensor in the block's page: sheets back to back in each plane. */
-static jlm_k_mat sheet(const jlm_engine *e, const jlm_ex_blk *b, uint16_t role, uint32_t s)
+jlm_k_mat jlm_ex_mla_sheet(const jlm_engine *e, const jlm_ex_blk *b, uint16_t role, uint32_t s)
 {
     const jlm_tensor *t = W(e, (int32_t)b->l, role);
     jlm_tensor_planes pl = {0};
@@ -51,7 +51,7 @@ static jlm_k_mat sheet(const jlm_engine *e, const jlm_ex_blk *b, uint16_t role, 
 
 /* Layer l's RoPE with llama.cpp's deepseek2 attn_factor: YaRN's magnitude
  * 1 + 0.1 ln(1/freq_scale) divided out (it is in the score scale instead). */
-static void mla_rope(const jlm_engine *e, uint32_t l, jlm_k_rope *rp)
+void jlm_ex_mla_rope(const jlm_engine *e, uint32_t l, jlm_k_rope *rp)
 {
     jlm_ex_rope_params(e, l, rp);
     if (rp->ext_factor != 0.0f)
@@ -68,7 +68,7 @@ void jlm_ex_mla_kv(jlm_engine *e, const jlm_op *op, jlm_ex_blk *b)
     float *kv = e->kk, csb[JLM_MAX_HEAD_DIM];
     jlm_ex_matmul(e, &wkv, b->n, jlm_ex_buf(e, op->src), kv);
     jlm_k_rope rp;
-    mla_rope(e, b->l, &rp);
+    jlm_ex_mla_rope(e, b->l, &rp);
     for (uint32_t t = 0; t < b->n; t++) {
         float *r = kv + (uint64_t)t * mb.W;
         jlm_k_rmsnorm(r, r, norm, mb.R, c->rms_eps);
@@ -98,7 +98,7 @@ void jlm_ex_mla_q(jlm_engine *e, const jlm_op *op, jlm_ex_blk *b)
         jlm_ex_matmul(e, &wq, b->n, h, q);
     }
     jlm_k_rope rp;
-    mla_rope(e, b->l, &rp);
+    jlm_ex_mla_rope(e, b->l, &rp);
     for (uint32_t t = 0; t < b->n; t++) {
         jlm_k_rope_cos_sin(&rp, e->bpos[t], csb);
         for (uint32_t hh = 0; hh < c->n_head; hh++) {
@@ -108,7 +108,7 @@ void jlm_ex_mla_q(jlm_engine *e, const jlm_op *op, jlm_ex_blk *b)
         }
     }
     for (uint32_t hh = 0; hh < c->n_head; hh++) {   /* one matmul of every row's nope part per head */
-        jlm_k_mat kb = sheet(e, b, JLM_R_ATTN_K_B_MAT, hh);
+        jlm_k_mat kb = jlm_ex_mla_sheet(e, b, JLM_R_ATTN_K_B_MAT, hh);
         for (uint32_t t = 0; t < b->n; t++)
             memcpy(mb.a + (uint64_t)t * mb.nope, q + ((uint64_t)t * c->n_head + hh) * e->hd, mb.nope * sizeof(float));
         jlm_ex_matmul(e, &kb, b->n, mb.a, mb.b);
@@ -117,14 +117,20 @@ void jlm_ex_mla_q(jlm_engine *e, const jlm_op *op, jlm_ex_blk *b)
     }
 }
 
+float jlm_ex_mla_scale(const jlm_engine *e)
+{
+    const jlm_config *c = e->c;
+    float ms = c->yarn_factor > 0 ? 1.0f + c->yarn_log_mul * logf(c->yarn_factor) : 1.0f;
+    return ms * ms / sqrtf((float)e->hd);
+}
+
 /* Each head of each row: softmax over positions 0..pos of ql . [latent | key]
  * times the scale; its latent output the weighted latents; then x Wv_b. */
 void jlm_ex_mla_attn(jlm_engine *e, const jlm_op *op, jlm_ex_blk *b)
 {
     const jlm_config *c = e->c;
     mla_buf mb = mla_bufs(e);
-    float ms = c->yarn_factor > 0 ? 1.0f + c->yarn_log_mul * logf(c->yarn_factor) : 1.0f;
-    float scale = ms * ms / sqrtf((float)e->hd);
+    float scale = jlm_ex_mla_scale(e);
     for (uint32_t t = 0; t < b->n; t++) {
         uint32_t np = e->bpos[t] + 1;
         for (uint32_t hh = 0; hh < c->n_head; hh++) {
@@ -158,7 +164,7 @@ void jlm_ex_mla_attn(jlm_engine *e, const jlm_op *op, jlm_ex_blk *b)
     float *att = jlm_ex_buf(e, op->dst);
     uint32_t hdv = e->hd_v;
     for (uint32_t hh = 0; hh < c->n_head; hh++) {
-        jlm_k_mat vb = sheet(e, b, op->w[1], hh);
+        jlm_k_mat vb = jlm_ex_mla_sheet(e, b, op->w[1], hh);
         for (uint32_t t = 0; t < b->n; t++)
             memcpy(mb.a + (uint64_t)t * mb.R, mb.ol + ((uint64_t)hh * e->nb + t) * mb.W, mb.R * sizeof(float));
         jlm_ex_matmul(e, &vb, b->n, mb.a, mb.b);

@@ -62,7 +62,7 @@ static int matmul_rows(jlm_evk *v, const jlm_k_mat *m, uint32_t n, jlm_vk_view x
 {
     jlm_vk_mat vm;
     int fl = jlm_fmt_type_traits(m->type)->is_float;
-    if ((!fl && (!jlm_vk_can_quantize(v->vk) || m->k % 32 || (m->k / 8) % jlm_vk_offset_align(v->vk))) ||
+    if ((!fl && (!jlm_vk_can_quantize(v->vk) || m->k % 32)) ||
         jlm_evk_planes(v, m, &vm, 0, NULL))
         return UNSUP;
     if (dry)
@@ -122,15 +122,21 @@ static int same_rope(const jlm_k_rope *a, const jlm_k_rope *b)
            a->orig_ctx == b->orig_ctx;
 }
 
+/* Layer l's RoPE (latent attention's: jlm_ex_mla_rope) */
+static void layer_rope(const jlm_engine *e, uint32_t l, jlm_k_rope *rp)
+{
+    (e->c->kv_lora_rank ? jlm_ex_mla_rope : jlm_ex_rope_params)(e, l, rp);
+}
+
 /* The RoPE parameter sets whose cos/sin go up with the rows: layer 0's and
  * the first other layer's that differ (gemma3's sliding-window layers have
  * their own base), layers without RoPE (Llama 4's, n_rot 0) left out; how
  * many (1 or 2). */
 static uint32_t rope_sets(const jlm_engine *e, jlm_k_rope set[2])
 {
-    jlm_ex_rope_params(e, 0, &set[0]);
+    layer_rope(e, 0, &set[0]);
     for (uint32_t l = 1; l < e->c->n_layer; l++) {
-        jlm_ex_rope_params(e, l, &set[1]);
+        layer_rope(e, l, &set[1]);
         if (!set[0].n_rot)
             set[0] = set[1];
         else if (set[1].n_rot && !same_rope(&set[1], &set[0]))
@@ -170,7 +176,7 @@ static int op_heads(jlm_exd *k, int b, uint32_t n_head, const float *p, int wide
     jlm_evk *v = evk(k);
     jlm_vk_view w;
     jlm_k_rope rp, sets[2];
-    jlm_ex_rope_params(e, k->b.l, &rp);
+    layer_rope(e, k->b.l, &rp);
     uint32_t ns = rope_sets(e, sets), si = 0;
     while (si < ns && !same_rope(&rp, &sets[si]))
         si++;
@@ -192,6 +198,20 @@ static int op_heads(jlm_exd *k, int b, uint32_t n_head, const float *p, int wide
             rc = jlm_vk_scale(v->vk, row(k, b, t), row(k, b, t), temp, (uint32_t)width(e, b), k->err);
     }
     return rc;
+}
+
+int jlm_evk_rope_cs(const jlm_exd *k, uint32_t t, jlm_k_rope *rp, jlm_vk_view *cs)
+{
+    jlm_k_rope sets[2];
+    layer_rope(k->e, k->b.l, rp);
+    uint32_t ns = rope_sets(k->e, sets), si = 0;
+    while (si < ns && !same_rope(rp, &sets[si]))
+        si++;
+    if (si == ns || !rp->n_rot || rp->n_rot % 2 || (rp->n_rot * 4) % jlm_vk_offset_align(evk(k)->vk) ||
+        (k->c->flags & JLM_F_NO_POS_ENC))
+        return UNSUP;
+    *cs = (jlm_vk_view){evk(k)->blk.cs, ((uint64_t)t * ns + si) * rp->n_rot * 4, rp->n_rot * 4ull};
+    return JLM_OK;
 }
 
 /* Row t of b (K or V) into position p of the layer's cache c: copied (F32)
@@ -264,11 +284,12 @@ static int op_act(jlm_exd *k, int act, uint64_t n)
 static int op_moe(jlm_exd *k, const jlm_op *op) { return jlm_evk_moe(evk(k), k->e, &k->b, op, k->dry, k->err); }
 
 static const jlm_exd_ops VK_OPS = {op_norm, op_mm,  op_bias, op_heads, op_kv_put,
-                                   op_attend, op_add, op_act, op_moe};
+                                   op_attend, op_add, op_act, op_moe, jlm_evk_mla};
 
 /* ---------------------------------------------------------------- buffers */
 static int grow(jlm_evk *v, jlm_vk_buf **b, uint64_t bytes, int host, jlm_err *err)
 {
+    bytes = bytes ? bytes : 4;   /* a buffer of a width 0 (latent attention's V) */
     if (*b && jlm_vk_buf_size(*b) >= bytes)
         return JLM_OK;
     int rc = *b ? jlm_evk_rec_end(v, err) : JLM_OK;   /* recorded commands may read the old one */
@@ -314,8 +335,10 @@ static int buffers(jlm_evk *v, jlm_engine *e, uint32_t l, uint32_t n, jlm_err *e
     }
     if (!rc)
         rc = grow(v, &s->kc[l], (uint64_t)e->kv_ctx * e->kv_dim * kv_es(e), 0, err);
-    if (!rc)
+    if (!rc && e->kv_dim_v)   /* latent attention's cache is kc's alone */
         rc = grow(v, &s->vc[l], (uint64_t)e->kv_ctx * e->kv_dim_v * kv_es(e), 0, err);
+    if (!rc && e->c->kv_lora_rank)
+        rc = grow(v, &s->mla, jlm_evk_mla_bytes(v, e, (uint32_t)s->ab_rows), 0, err);
     return rc;
 }
 
@@ -330,6 +353,7 @@ void jlm_evk_blk_free(jlm_evk *v)
     jlm_vk_buf_free(v->vk, s->aq);
     jlm_vk_buf_free(v->vk, s->ad);
     jlm_vk_buf_free(v->vk, s->as);
+    jlm_vk_buf_free(v->vk, s->mla);
     for (uint32_t l = 0; s->kc && l < s->n_layer; l++) {
         jlm_vk_buf_free(v->vk, s->kc[l]);
         jlm_vk_buf_free(v->vk, s->vc[l]);

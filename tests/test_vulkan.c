@@ -1414,19 +1414,18 @@ static int has_router(const jlm_model *m, uint32_t l)
  * CPU predicts them (glm4moe: with the CPU's hits); and a decoded token at most a round trip a MoE block
  * plus one (the matmul offload makes one a matmul: 30 to 40 a token) with
  * its activations within its embedding, its logits and 4 KiB. */
-Test(vulkan, sigmoid_routed_moe_blocks_run_whole_on_the_device, .timeout = 300)
+/* The sigmoid-routed MoE models' checks (below), whole and at --gpu-layers 2. */
+static void sigmoid_moe_whole(const char *const *models, size_t nm)
 {
-    static const char *MODELS[] = {"synth-glm4moe-256.Q8_0", "synth-glm4moe-256.Q4_K_M", "synth-llama4-256.Q8_0",
-                                   "synth-llama4-256.Q4_K_M"};
     char *dir = tu_tmpdir();
-    for (size_t m = 0; m < sizeof MODELS / sizeof MODELS[0]; m++) {
+    for (size_t m = 0; m < nm; m++) {
         char *path;
         int32_t ic[8];
         jlm_engine_predict pc_cpu;
-        jlm_engine *ec = moe_reference(MODELS[m], dir, &path, ic, &pc_cpu);
+        jlm_engine *ec = moe_reference(models[m], dir, &path, ic, &pc_cpu);
         const jlm_model *md = jlm_engine_model(ec);
         uint32_t nv = jlm_engine_n_vocab(ec), L = md->config.n_layer, E = md->config.n_embd;
-        int llama4 = strstr(MODELS[m], "llama4") != NULL;   /* its prediction reads the input before the scale */
+        int llama4 = strstr(models[m], "llama4") != NULL;   /* its prediction reads the input before the scale */
         static const uint32_t LAYERS[] = {0, 2};
         for (int i = 0; i < 2; i++) {
             jlm_engine *ev = engine_on(path, "vulkan", LAYERS[i]);
@@ -1438,16 +1437,57 @@ Test(vulkan, sigmoid_routed_moe_blocks_run_whole_on_the_device, .timeout = 300)
             uint32_t on = LAYERS[i] ? LAYERS[i] : L, moe = 0;
             for (uint32_t l = 0; l < on; l++)
                 moe += has_router(md, l);
-            cr_assert(moe > 0, "%s: no MoE block among the first %u", MODELS[m], on);
-            uint64_t act = moe_on_device(ec, ev, ic, &pc_cpu, 1, !llama4, 0.05, moe + 1, MODELS[m], what);
+            cr_assert(moe > 0, "%s: no MoE block among the first %u", models[m], on);
+            uint64_t act = moe_on_device(ec, ev, ic, &pc_cpu, 1, !llama4, 0.05, moe + 1, models[m], what);
             cr_assert(act <= (uint64_t)E * 4 + (uint64_t)nv * 4 + 4096,
-                      "%s (%s): %llu activation bytes a decoded token (embedding %u, logits %u)", MODELS[m], what,
+                      "%s (%s): %llu activation bytes a decoded token (embedding %u, logits %u)", models[m], what,
                       (unsigned long long)act, E * 4, nv * 4);
             jlm_engine_close(ev);
         }
         jlm_engine_close(ec);
         free(path);
     }
+    tu_rmrf(dir);
+    free(dir);
+}
+
+Test(vulkan, sigmoid_routed_moe_blocks_run_whole_on_the_device, .timeout = 300)
+{
+    static const char *MODELS[] = {"synth-glm4moe-256.Q8_0", "synth-glm4moe-256.Q4_K_M", "synth-llama4-256.Q8_0",
+                                   "synth-llama4-256.Q4_K_M"};
+    sigmoid_moe_whole(MODELS, sizeof MODELS / sizeof MODELS[0]);
+}
+
+/* deepseek2's latent attention on the device too (engine/exec_vk_mla.c: the
+ * latent and the shared RoPE key cached there, each head's query through its
+ * attn_k_b sheet, one KV head, each head's output through its attn_v_b
+ * sheet), its leading dense block and its sigmoid-routed MoE blocks with a
+ * shared expert: Q8_0 and Q4_K_M, whole and at --gpu-layers 2, the checks
+ * above (the CPU's ids and predictions, the logits within the quantized
+ * tolerance, a decoded token in at most a round trip a MoE block plus one,
+ * its activations within its embedding, its logits and 4 KiB), where a
+ * host-side latent attention made one round trip a matmul (258 for 5 tokens);
+ * and with an F16 cache, the lockstep logits of the CPU's F16 cache. */
+Test(vulkan, deepseek2_latent_attention_blocks_run_whole_on_the_device, .timeout = 300)
+{
+    static const char *MODELS[] = {"synth-deepseek2-256.Q8_0", "synth-deepseek2-256.Q4_K_M"};
+    sigmoid_moe_whole(MODELS, sizeof MODELS / sizeof MODELS[0]);
+    /* an F16 latent cache (halves on the device as the CPU rounds them): the lockstep logits of the CPU's
+     * F16 cache, every block on the device, none refused */
+    char *dir = tu_tmpdir();
+    jlm_err err = {0};
+    char *path = tu_convert("synth-deepseek2-256.Q8_0.gguf", dir, "ds.jlm", &err);
+    cr_assert(path, "%s", err.msg);
+    jlm_engine *ec = engine_kv(path, "cpu", 0, "f16"), *ev = engine_kv(path, "vulkan", 0, "f16");
+    cr_assert(ev, "vulkan: no device");
+    bm_lockstep(ec, ev, MOE_PROMPT, 5, 0.05, MODELS[0], "--kv f16");
+    jlm_dev_stats st;
+    jlm_engine_dev_stats(ev, &st);
+    cr_assert(st.fallbacks == 0 && st.waits <= 8 * 3, "--kv f16: %llu round trips for 8 evals, %llu refused",
+              (unsigned long long)st.waits, (unsigned long long)st.fallbacks);
+    jlm_engine_close(ev);
+    jlm_engine_close(ec);
+    free(path);
     tu_rmrf(dir);
     free(dir);
 }

@@ -1,0 +1,217 @@
+/* exec_vk_mla.c - latent attention (deepseek2: engine/prog.h's MLA_KV,
+ * MLA_Q, MLA_ATTN) recorded on the Vulkan device, in exec_mla.c's absorbed
+ * form and with its parameters (jlm_ex_mla_rope, jlm_ex_mla_scale,
+ * jlm_ex_mla_sheet): the layer's device cache (exec_vk.c's kc, rows of
+ * kv_dim = KVLoraRank + NRot, F32 or F16) holds the normed latent and the
+ * RoPE'd shared key; each head's query is moved into the latent space by its
+ * attn_k_b sheet, all heads attend as one KV head (attention.comp: head_dim
+ * KVLoraRank + NRot, the values the latent part of the same rows) and each
+ * head's latent output is expanded by its attn_v_b sheet. A head's rows are
+ * gathered into one matmul and scattered back by device copies. Shapes the
+ * shaders cannot take (offsets off the device's alignment, planes outside a
+ * device frame) are JLM_EUNSUPPORTED in the dry walk. */
+#include "engine/backend_vk_int.h"
+#include "engine/exec_dev.h"
+
+#include <string.h>
+
+#define UNSUP JLM_EUNSUPPORTED
+
+/* The dimensions, and the scratch regions of blk.mla in floats (each at an aligned offset). */
+enum { RG_QA, RG_QL, RG_OL, RG_GI, RG_GO, RG_N };
+typedef struct mla_dims {
+    uint64_t R, W, nope, rot, qa, nh, hd, hdv, E, off[RG_N + 1];
+} mla_dims;
+
+static mla_dims dims(jlm_evk *v, const jlm_engine *e, uint64_t rows)
+{
+    const jlm_config *c = e->c;
+    mla_dims d = {.R = c->kv_lora_rank, .W = e->kv_dim, .rot = c->n_rot, .nope = e->hd - c->n_rot,
+                  .qa = c->q_lora_rank, .nh = c->n_head, .hd = e->hd, .hdv = e->hd_v, .E = c->n_embd};
+    uint64_t len[RG_N] = {rows * d.qa, rows * d.nh * d.W, rows * d.nh * d.R,
+                          rows * (d.nope > d.R ? d.nope : d.R), rows * (d.R > d.hdv ? d.R : d.hdv)};
+    uint64_t al = jlm_vk_offset_align(v->vk) / 4 ? jlm_vk_offset_align(v->vk) / 4 : 1;
+    for (int r = 0; r < RG_N; r++)
+        d.off[r + 1] = d.off[r] + (len[r] + al - 1) / al * al;
+    return d;
+}
+
+uint64_t jlm_evk_mla_bytes(jlm_evk *v, const jlm_engine *e, uint32_t rows)
+{
+    return dims(v, e, rows).off[RG_N] * 4;
+}
+
+static jlm_evk *evk(const jlm_exd *k) { return k->be; }
+
+/* floats [off, off + n) of scratch region r, of activation buffer b */
+static jlm_vk_view sv(const jlm_exd *k, const mla_dims *d, int r, uint64_t off, uint64_t n)
+{
+    return (jlm_vk_view){evk(k)->blk.mla, (d->off[r] + off) * 4, n * 4};
+}
+static jlm_vk_view av(const jlm_exd *k, int b, uint64_t off, uint64_t n)
+{
+    return (jlm_vk_view){evk(k)->blk.ab[b], off * 4, n * 4};
+}
+
+static int mm(const jlm_exd *k, const jlm_k_mat *m, uint64_t kk, uint64_t rows, jlm_vk_view x, jlm_vk_view y)
+{
+    if (m->k != kk || m->rows != rows)
+        return UNSUP;
+    return jlm_evk_matmul_rows(evk(k), m, k->b.n, x, y, 0, k->dry, k->err);
+}
+
+/* n floats from row t of src (stride ss, at soff) to row t of dst (ds, doff), for every row. */
+static int move_rows(const jlm_exd *k, jlm_vk_view dst, uint64_t ds, jlm_vk_view src, uint64_t ss, uint64_t n)
+{
+    int rc = JLM_OK;
+    for (uint32_t t = 0; !rc && t < k->b.n; t++)
+        rc = jlm_vk_copy(evk(k)->vk, (jlm_vk_view){dst.buf, dst.off + t * ds * 4, n * 4},
+                         (jlm_vk_view){src.buf, src.off + t * ss * 4, n * 4}, n * 4, k->err);
+    return rc;
+}
+
+/* For each head h: rows (src + h * shs, stride ss, m.k floats) times sheet h
+ * of role -> rows (dst + h * dhs, stride ds, m.rows floats), through the GI and GO regions. */
+typedef struct head_io { jlm_vk_view src; uint64_t ss, shs; jlm_vk_view dst; uint64_t ds, dhs; } head_io;
+
+static int heads_mm(const jlm_exd *k, const mla_dims *d, uint16_t role, uint64_t kk, uint64_t rows, head_io io)
+{
+    int rc = JLM_OK;
+    uint32_t n = k->b.n;
+    for (uint64_t h = 0; !rc && h < d->nh; h++) {
+        jlm_k_mat m = jlm_ex_mla_sheet(k->e, &k->b, role, (uint32_t)h);
+        jlm_vk_view s = io.src, o = io.dst;
+        s.off += h * io.shs * 4;
+        o.off += h * io.dhs * 4;
+        if (!k->dry)
+            rc = move_rows(k, sv(k, d, RG_GI, 0, 0), kk, s, io.ss, kk);
+        if (!rc)
+            rc = mm(k, &m, kk, rows, sv(k, d, RG_GI, 0, n * kk), sv(k, d, RG_GO, 0, n * rows));
+        if (!rc && !k->dry)
+            rc = move_rows(k, o, io.ds, sv(k, d, RG_GO, 0, 0), rows, rows);
+    }
+    return rc;
+}
+
+/* The shapes the views need aligned, and the cache's type. */
+static int shapes(const jlm_exd *k, const mla_dims *d)
+{
+    uint64_t al = jlm_vk_offset_align(evk(k)->vk);
+    if (!d->R || d->W != d->R + d->rot || d->hd <= d->rot || (d->R * 4) % al || (d->W * 4) % al ||
+        (d->hd * 4) % al || (d->nope * 4) % al || (d->qa * 4) % al || (k->e->kt == KV_F16 && (d->W * 2) % al) ||
+        jlm_exd_width(k->e, JLM_B_Q) != d->nh * d->hd || jlm_exd_width(k->e, JLM_B_ATT) != d->nh * d->hdv)
+        return UNSUP;
+    return JLM_OK;
+}
+
+/* kv = h Wkv_a; the latent normed, the shared key rotated; both into the cache. */
+static int mla_kv(jlm_exd *k, const jlm_op *op, const mla_dims *d)
+{
+    jlm_evk *v = evk(k);
+    jlm_k_mat wkv = blk_mat(k->e, &k->b, op->w[0]);
+    jlm_vk_view nw, cs;
+    jlm_k_rope rp;
+    uint64_t es = k->e->kt == KV_F16 ? 2 : 4;
+    int rc = jlm_evk_vec(v, blk_vec(k->e, &k->b, op->w[1]), d->R, &nw);
+    if (!rc && (!nw.buf || jlm_evk_rope_cs(k, 0, &rp, &cs)))
+        rc = UNSUP;
+    if (!rc)
+        rc = mm(k, &wkv, d->E, d->W, av(k, op->src, 0, k->b.n * d->E), av(k, JLM_B_K, 0, k->b.n * d->W));
+    for (uint32_t t = 0; !rc && !k->dry && t < k->b.n; t++) {
+        jlm_vk_view r = av(k, JLM_B_K, t * d->W, d->W);
+        jlm_vk_view dst = {v->blk.kc[k->b.l], jlm_exd_pos(k, t) * d->W * es, d->W * es};
+        rc = jlm_vk_rmsnorm(v->vk, av(k, JLM_B_K, t * d->W, d->R), av(k, JLM_B_K, t * d->W, d->R), nw, (uint32_t)d->R,
+                            k->c->rms_eps, k->err);
+        if (!rc)
+            rc = jlm_evk_rope_cs(k, t, &rp, &cs);
+        if (!rc)
+            rc = jlm_vk_rope_cs(v->vk, rp.n_rot, rp.neox, av(k, JLM_B_K, t * d->W + d->R, d->rot), 1, (uint32_t)d->rot,
+                                cs, k->err);
+        if (!rc)
+            rc = es == 4 ? jlm_vk_copy(v->vk, dst, r, d->W * 4, k->err)
+                         : jlm_vk_to_f16(v->vk, dst, r, (uint32_t)d->W, k->err);
+    }
+    return rc;
+}
+
+/* q = rmsnorm(h Wq_a) Wq_b (or h Wq) into the Q rows. */
+static int q_proj(jlm_exd *k, const jlm_op *op, const mla_dims *d)
+{
+    const jlm_ex_blk *b = &k->b;
+    uint32_t n = b->n;
+    uint64_t qd = d->nh * d->hd;
+    jlm_vk_view h = av(k, op->src, 0, n * d->E), q = av(k, JLM_B_Q, 0, n * qd), qn;
+    if (!d->qa) {
+        jlm_k_mat wq = blk_mat(k->e, b, op->w[3]);
+        return mm(k, &wq, d->E, qd, h, q);
+    }
+    jlm_k_mat wa = blk_mat(k->e, b, op->w[0]), wb = blk_mat(k->e, b, op->w[2]);
+    int rc = jlm_evk_vec(evk(k), blk_vec(k->e, b, op->w[1]), d->qa, &qn);
+    if (!rc && !qn.buf)
+        rc = UNSUP;
+    if (!rc)
+        rc = mm(k, &wa, d->E, d->qa, h, sv(k, d, RG_QA, 0, n * d->qa));
+    for (uint32_t t = 0; !rc && !k->dry && t < n; t++)
+        rc = jlm_vk_rmsnorm(evk(k)->vk, sv(k, d, RG_QA, t * d->qa, d->qa), sv(k, d, RG_QA, t * d->qa, d->qa), qn,
+                            (uint32_t)d->qa, k->c->rms_eps, k->err);
+    return rc ? rc : mm(k, &wb, d->qa, qd, sv(k, d, RG_QA, 0, n * d->qa), q);
+}
+
+/* q projected, each head's RoPE part rotated; ql (row, head) = [nope Wk_b | rope]. */
+static int mla_q(jlm_exd *k, const jlm_op *op, const mla_dims *d)
+{
+    jlm_evk *v = evk(k);
+    uint64_t qd = d->nh * d->hd;
+    jlm_vk_view cs;
+    jlm_k_rope rp;
+    int rc = op->dst != JLM_B_Q || jlm_evk_rope_cs(k, 0, &rp, &cs) ? UNSUP : q_proj(k, op, d);
+    for (uint32_t t = 0; !rc && !k->dry && t < k->b.n; t++) {
+        rc = jlm_evk_rope_cs(k, t, &rp, &cs);
+        if (!rc)
+            rc = jlm_vk_rope_cs(v->vk, rp.n_rot, rp.neox, av(k, JLM_B_Q, t * qd + d->nope, qd - d->nope),
+                                (uint32_t)d->nh, (uint32_t)d->hd, cs, k->err);
+        for (uint64_t hh = 0; !rc && hh < d->nh; hh++)
+            rc = jlm_vk_copy(v->vk, sv(k, d, RG_QL, (t * d->nh + hh) * d->W + d->R, d->rot),
+                             av(k, JLM_B_Q, t * qd + hh * d->hd + d->nope, d->rot), d->rot * 4, k->err);
+    }
+    if (rc)
+        return rc;
+    return heads_mm(k, d, JLM_R_ATTN_K_B_MAT, d->nope, d->R,
+                    (head_io){av(k, JLM_B_Q, 0, 0), qd, d->hd, sv(k, d, RG_QL, 0, 0), d->nh * d->W, d->W});
+}
+
+/* Each row: all heads over the cached rows 0..pos (one KV head, the values
+ * the latents), scaled as the CPU scales; each head's latent output x Wv_b -> dst. */
+static int mla_attn(jlm_exd *k, const jlm_op *op, const mla_dims *d)
+{
+    jlm_evk *v = evk(k);
+    uint64_t es = k->e->kt == KV_F16 ? 2 : 4;
+    jlm_k_attn ap = {.head_dim = d->W, .head_dim_v = d->R, .k_stride = d->W, .v_stride = d->W,
+                     .scale = jlm_ex_mla_scale(k->e)};
+    int rc = op->dst != JLM_B_ATT ? UNSUP : JLM_OK;
+    for (uint32_t t = 0; !rc && !k->dry && t < k->b.n; t++) {
+        uint64_t n_kv = jlm_exd_pos(k, t) + 1ull;
+        jlm_vk_view kv = {v->blk.kc[k->b.l], 0, n_kv * d->W * es}, sc = {v->blk.scores, 0, d->nh * n_kv * 4};
+        rc = (es == 2 ? jlm_vk_attention_f16 : jlm_vk_attention)(
+            v->vk, &ap, (uint32_t)d->nh, 1, sv(k, d, RG_QL, t * d->nh * d->W, d->nh * d->W), kv, kv, n_kv, NULL, sc,
+            sv(k, d, RG_OL, t * d->nh * d->R, d->nh * d->R), k->err);
+    }
+    if (rc)
+        return rc;
+    return heads_mm(k, d, op->w[1], d->R, d->hdv,
+                    (head_io){sv(k, d, RG_OL, 0, 0), d->nh * d->R, d->R, av(k, JLM_B_ATT, 0, 0), d->nh * d->hdv,
+                              d->hdv});
+}
+
+int jlm_evk_mla(jlm_exd *k, const jlm_op *op)
+{
+    mla_dims d = dims(evk(k), k->e, k->b.n);
+    if (shapes(k, &d))
+        return UNSUP;
+    switch (op->kind) {
+    case JLM_OP_MLA_KV: return mla_kv(k, op, &d);
+    case JLM_OP_MLA_Q: return mla_q(k, op, &d);
+    case JLM_OP_MLA_ATTN: return mla_attn(k, op, &d);
+    default: return UNSUP;
+    }
+}
