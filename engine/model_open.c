@@ -408,8 +408,9 @@ static void host_evicted(void *ctx, uint32_t array, uint32_t page, void *frame)
 }
 
 /* Device frames: their own budget, at least one block frame plus the routed
- * experts' frames (as the host's); the dense region for the output. */
-static void dev_frames(jlm_engine *e, jlm_dev *d, uint64_t asked, int quiet)
+ * experts' frames (as the host's); the dense region for the output. Returns
+ * the budget (0: none). */
+static uint64_t dev_frames(jlm_engine *e, jlm_dev *d, uint64_t asked, int quiet)
 {
     uint32_t pins[3] = {1, 0, e->c->n_expert ? e->c->n_expert_used : 0};
     uint64_t min = jlm_pager_min_budget(e->pager, pins), gb = asked;
@@ -424,6 +425,7 @@ static void dev_frames(jlm_engine *e, jlm_dev *d, uint64_t asked, int quiet)
     }
     jlm_dev_set_budget(d, gb);
     jlm_dev_set_dense(d, e->dense, (e->m->hdr.dense_len + 4095) & ~4095ull);
+    return gb;
 }
 
 /* Appends to the line (truncated at its end). */
@@ -484,6 +486,7 @@ static int open_backend(jlm_engine *e, const jlm_engine_opts *o, jlm_err *err)
                                          "N or N,M)", sp.kind[0], sp.kind[1]);
     uint32_t count[JLM_ENGINE_DEVS] = {o->gpu_layers, o->gpu_layers2}, at = 0;
     uint64_t budget[JLM_ENGINE_DEVS] = {o->gpu_budget, o->gpu_budget2};
+    int dev_small = 0;   /* a device budget too small for a prefetch's extra block */
     for (int i = 0; i < sp.n; i++) {
         jlm_err verr = {0};
         int is_cuda = !strcmp(sp.kind[i], "cuda");
@@ -499,14 +502,18 @@ static int open_backend(jlm_engine *e, const jlm_engine_opts *o, jlm_err *err)
         e->n_dev = i + 1;
         uint64_t end = count[i] ? at + (uint64_t)count[i] : e->c->n_layer;   /* 0: all remaining */
         e->dev_end[i] = at = end < e->c->n_layer ? (uint32_t)end : e->c->n_layer;
-        dev_frames(e, e->devs[i], budget[i], o->quiet);
+        uint64_t gb = dev_frames(e, e->devs[i], budget[i], o->quiet);
+        uint32_t dpf_pins[3] = {2, 0, e->c->n_expert ? e->c->n_expert_used : 0};
+        dev_small |= gb && gb < jlm_pager_min_budget(e->pager, dpf_pins);
     }
     e->out_dev = count[sp.n - 1] ? NULL : e->devs[sp.n - 1];
     jlm_pager_set_evict_hook(e->pager, host_evicted, e);
     /* a device prefetch keeps the next block pinned on the host beside the
-     * current one: only where the host budget holds both with room to spare */
+     * current one, and its device frame pinned beside the current block's
+     * and its experts': only where the host budget holds both with room to
+     * spare and every device's budget holds both blocks and the experts */
     uint32_t pf_pins[3] = {3, 0, e->c->n_expert ? e->c->n_expert_used : 0};
-    e->dev_pf = !e->budget || e->budget >= jlm_pager_min_budget(e->pager, pf_pins);
+    e->dev_pf = !dev_small && (!e->budget || e->budget >= jlm_pager_min_budget(e->pager, pf_pins));
     if (!o->quiet && sp.n == 1)
         fprintf(stderr, "note: matmuls on %s device %s\n", !strcmp(sp.kind[0], "cuda") ? "CUDA" : "Vulkan",
                 jlm_dev_name(e->devs[0]));

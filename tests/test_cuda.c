@@ -790,14 +790,21 @@ Test(cuda, moe_blocks_on_the_emulated_device_give_the_cpus_ids_in_a_round_trip_a
         bm_greedy_ids(ec, prompt, 5, 8, ic, l);
         jlm_engine_trace_routing(ec, NULL, NULL);
         double tol = m == 0 ? 5e-4 : 0.05;
-        static const jlm_engine_opts CFG[] = {{.gpu_layers = 0}, {.gpu_layers = 1}, {.budget = 1, .gpu_budget = 1}, {.budget = 2}};
-        for (int i = 0; i < 4; i++) {
+        /* --gpu-budget 1 alone: the device's minimum beside an unlimited host, where the
+         * next block's device prefetch must not take the experts' room */
+        static const jlm_engine_opts CFG[] = {{.gpu_layers = 0}, {.gpu_layers = 1}, {.budget = 1, .gpu_budget = 1},
+                                              {.budget = 2}, {.gpu_budget = 1}};
+        for (int i = 0; i < 5; i++) {
             jlm_engine_opts o = CFG[i];
             o.backend = "cuda";
             o.device = "0";
             if (i == 3)
                 o.budget = (uint64_t)st.st_size / 2;
-            const char *what = i == 0 ? "whole" : i == 1 ? "--gpu-layers 1" : i == 2 ? "one frame each side" : "--budget half";
+            const char *what = i == 0   ? "whole"
+                               : i == 1 ? "--gpu-layers 1"
+                               : i == 2 ? "one frame each side"
+                               : i == 3 ? "--budget half"
+                                        : "--gpu-budget 1";
             jlm_engine *ev = bm_open_opts(path, o, 0, why, sizeof why);
             if (i == 0)   /* --trace-routing: every block's picks, row by row, the CPU's */
                 cr_assert(jlm_engine_trace_routing(ev, tv, &err) == 0, "%s", err.msg);
