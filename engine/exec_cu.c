@@ -9,10 +9,10 @@
  * keeps its KV cache of these blocks here (F32, an allocation per layer,
  * rows of kv_dim; a sliding window's attention reads its keys from the
  * window's first); any other sequence (jlm_engine_seq: serve, batches) and
- * what the kernels are not wired for yet (F16 caches, GELU gates, OLMoE's
- * q/k norms over the whole row, latent attention; the routed experts:
- * exec_cu_moe.c) is JLM_EUNSUPPORTED, decided per model, layer and sequence
- * before anything is enqueued (the walk: exec_dev.c), so a block always
+ * what the kernels are not wired for yet (F16 caches, GELU gates, latent
+ * attention; the routed experts: exec_cu_moe.c) is JLM_EUNSUPPORTED,
+ * decided per model, layer and sequence before anything is enqueued (the
+ * walk: exec_dev.c), so a block always
  * runs on the same side. --profile's stamps go on the compute stream at
  * each op class (the walk's) and before each copy of rows up or down. Quantized weights read int8 rows
  * quantized on the device (jlm_cu_quantize_block, bit-identical to the
@@ -161,31 +161,45 @@ static int op_norm(jlm_exd *k, int dst, int src, const float *p)
                     "rmsnorm");
 }
 
-/* Each head of each row of b (q or k): its RMS norm (p) and RoPE at the
- * row's position (layer l's parameters: the kernel computes its angles). */
+/* Each head of each row of b (q or k): its RMS norm (p; wide: one norm over
+ * the whole row, OLMoE) and RoPE at the row's position (layer l's
+ * parameters: the kernel computes its angles; none on a layer without it);
+ * Llama 4 (qk_unit): RoPE, then a weightless norm, on the layers with RoPE
+ * only; q then times the attention temperature (Llama 4's no-RoPE layers;
+ * 1 elsewhere). */
 static int op_heads(jlm_exd *k, int b, uint32_t n_head, const float *p, int wide)
 {
-    if (wide || k->e->qk_unit)
-        return UNSUP;   /* OLMoE's norm over the whole row (its blocks have experts), Llama 4's after RoPE: left */
     jlm_engine *e = k->e;
     jlm_ecu *v = ecu(k);
     const float *w, *ff = NULL;
     jlm_k_rope rp;
     jlm_ex_rope_params(e, k->b.l, &rp);
-    int rope = !(k->c->flags & JLM_F_NO_POS_ENC), rc = vec(v, p, e->hd, &w);
-    if (!rc && rope && (!rp.n_rot || rp.n_rot % 2 || rp.n_rot > e->hd))
-        rc = UNSUP;   /* Llama 4's layers without RoPE: left */
+    uint64_t W = width(e, b);
+    int rope = !(k->c->flags & JLM_F_NO_POS_ENC) && rp.n_rot, unit = e->qk_unit && rope;
+    int rc = vec(v, p, wide ? W : e->hd, &w);
+    if (!rc && ((rope && (rp.n_rot % 2 || rp.n_rot > e->hd)) || (e->qk_unit && w)))
+        rc = UNSUP;   /* odd or over-wide rotations; a weighted norm before Llama 4's weightless one */
     if (!rc && rope)
         rc = vec(v, rp.freq_factors, rp.n_rot / 2, &ff);
+    if (!rc && !k->dry && wide && w)   /* every row at once */
+        rc = launched(k, jlm_cu_rt_rmsnorm(v->rt, abp(k, b, 0), abp(k, b, 0), w, W, k->b.n, k->c->rms_eps, CS),
+                      "q/k norm");
     jlm_cu_rope cr;
     jlm_cu_rope_from(&rp, &cr);
     cr.freq_factors = ff;
     for (uint32_t t = 0; !rc && !k->dry && t < k->b.n; t++) {
-        if (w)
+        if (w && !wide)
             rc = launched(k, jlm_cu_rt_rmsnorm(v->rt, row(k, b, t), row(k, b, t), w, e->hd, n_head, k->c->rms_eps, CS),
                           "q/k norm");
         if (!rc && rope)
             rc = launched(k, jlm_cu_rt_rope(v->rt, &cr, row(k, b, t), n_head, e->hd, jlm_exd_pos(k, t), CS), "rope");
+        if (!rc && unit)
+            rc = launched(k, jlm_cu_rt_rmsnorm(v->rt, row(k, b, t), row(k, b, t), NULL, e->hd, n_head, k->c->rms_eps,
+                                               CS), "q/k unit norm");
+        float temp = b == JLM_B_Q ? jlm_ex_q_temp(k->c, &rp, jlm_exd_pos(k, t)) : 1.0f;
+        if (!rc && temp != 1.0f)
+            rc = launched(k, jlm_cu_rt_elem(v->rt, JLM_CU_SCALE, row(k, b, t), row(k, b, t), NULL, W, temp, 0, CS),
+                          "attention temperature");
     }
     return rc;
 }

@@ -17,9 +17,10 @@
  * weighted mix added to the residual row (jlm_cu_k_moe_combine, the sum of
  * exec_moe.c's mix_slots bit for bit). Not here: the prediction of the next
  * MoE block's experts (the CPU's read-ahead hint; routing never depends on
- * it), Llama 4's router weight on the expert's input (its blocks do not run
- * whole on CUDA), GELU gates: JLM_EUNSUPPORTED in the dry run, before
- * anything is enqueued, so the block stays on the host. */
+ * it), GELU gates: JLM_EUNSUPPORTED in the dry run, before anything is
+ * enqueued, so the block stays on the host. Llama 4's router weight
+ * (JLM_ROUTE_SIGMOID_IN: one expert) scales the routed expert's input row
+ * in place once the shared expert (the ops before) has read it. */
 #include "engine/backend_cu_int.h"
 #include "engine/exec_int.h"
 
@@ -69,6 +70,7 @@ typedef struct moe_blk {
     const float      *rb, *bg, *bu, *bd;   /* device addresses of the biases (NULL: none) */
     uint64_t          E, nff;
     uint32_t          ne, nu, first;       /* first: the page of the bank's expert 0 */
+    float            *ins;                 /* (rows) JLM_ROUTE_SIGMOID_IN: each row's input scale */
 } moe_blk;
 
 /* A bank's shape (k x rows each expert); quantized types whole 32-blocks. */
@@ -95,10 +97,10 @@ static int plan(moe_blk *mb)
     mb->tg = blk_w(e, mb->b, op->w[1]);
     mb->tu = blk_w(e, mb->b, op->w[2]);
     mb->td = blk_w(e, mb->b, op->w[3]);
-    if (op->route == JLM_ROUTE_SIGMOID_IN || (op->act != JLM_ACT_SWIGLU && op->act != JLM_ACT_SWIGLU_OAI) ||
+    if ((op->act != JLM_ACT_SWIGLU && op->act != JLM_ACT_SWIGLU_OAI) ||
         !blk_w(e, mb->b, op->w[0]) || !mb->tg || !mb->ne || mb->ne > JLM_MAX_EXPERTS || !mb->nu ||
         mb->nu > mb->ne || mb->nu > JLM_MAX_EXPERTS_USED)
-        return UNSUP;   /* Llama 4's weight on the input, GELU gates */
+        return UNSUP;   /* GELU gates */
     mb->nff = jlm_tensor_rows(mb->tg);
     if (!bank_ok(mb->tg, mb->E, mb->nff) || !bank_ok(mb->tu, mb->E, mb->nff) || !bank_ok(mb->td, mb->nff, mb->E))
         return UNSUP;
@@ -183,8 +185,8 @@ static int route_rows(moe_blk *mb, int32_t *picks, float *wts)
     if (!rc)
         rc = jlm_ecu_down(v, &m->h_lg, lg, m->lg.p, (uint64_t)n * ne * 4, mb->err);
     for (uint32_t t = 0; !rc && t < n; t++) {
-        jlm_ex_route_pick(e, mb->op->route, mb->b->l, lg + (uint64_t)t * ne, picks + (uint64_t)t * nu,
-                          wts + (uint64_t)t * nu, NULL);
+        mb->ins[t] = jlm_ex_route_pick(e, mb->op->route, mb->b->l, lg + (uint64_t)t * ne, picks + (uint64_t)t * nu,
+                                       wts + (uint64_t)t * nu, NULL);
         jlm_ex_trace_route(e, mb->b->l, t, picks + (uint64_t)t * nu);
     }
     free(lg);
@@ -244,7 +246,12 @@ static int row_experts(moe_blk *mb, uint32_t t, const int32_t *sel, const void *
     moebufs *m = v->blk.moe;
     uint64_t nff = mb->nff, E = mb->E;
     float *h = (float *)v->blk.ab[JLM_B_H].p + t * E, *g = m->g.p, *u = m->u.p, *o = m->o.p;
-    int rc = quantized(mb->tg) || quantized(mb->tu) ? quantize(mb, h, E) : JLM_OK;
+    int rc = JLM_OK;
+    if (mb->op->route == JLM_ROUTE_SIGMOID_IN &&   /* the shared expert has read h: scaled in place, as the CPU's */
+        jlm_cu_rt_elem(v->rt, JLM_CU_SCALE, h, h, NULL, E, mb->ins[t], 0, CS))
+        rc = jlm_ecu_fail(v, mb->err, "the routed expert's input scale");
+    if (!rc && (quantized(mb->tg) || quantized(mb->tu)))
+        rc = quantize(mb, h, E);
     for (uint32_t s = 0; !rc && s < mb->nu; s++) {   /* gate and up of every slot over h's int8 row */
         uint32_t xe = (uint32_t)sel[s];
         jlm_k_mat wg = mat_expert(e, mb->tg, frames[s], mb->first, xe);
@@ -280,7 +287,8 @@ int jlm_ecu_moe(jlm_ecu *v, jlm_engine *e, const jlm_ex_blk *b, const jlm_op *op
         return rc;
     int32_t *picks = malloc((uint64_t)b->n * mb.nu * sizeof *picks);
     float *wts = malloc((uint64_t)b->n * mb.nu * sizeof *wts);
-    rc = picks && wts ? moe_buffers(&mb, b->n) : jlm_errf(err, JLM_ENOMEM, "cuda: out of memory");
+    mb.ins = malloc((uint64_t)b->n * sizeof *mb.ins);
+    rc = picks && wts && mb.ins ? moe_buffers(&mb, b->n) : jlm_errf(err, JLM_ENOMEM, "cuda: out of memory");
     if (!rc)
         rc = route_rows(&mb, picks, wts);
     for (uint32_t t = 0; !rc && t < b->n; t++) {
@@ -295,5 +303,6 @@ int jlm_ecu_moe(jlm_ecu *v, jlm_engine *e, const jlm_ex_blk *b, const jlm_op *op
     }
     free(picks);
     free(wts);
+    free(mb.ins);
     return rc;
 }

@@ -757,7 +757,10 @@ static char *file_text(FILE *f)
  * selection bias, a leading dense block, a shared expert narrower than n_ff)
  * and gpt-oss (MXFP4 experts with biases, top-k-then-softmax routing,
  * SwiGLU-OAI; attention sinks and a sliding window of 8, passed by the 13
- * positions), whole and at --gpu-layers 1 (a split inside the model): the CPU's greedy ids
+ * positions), Llama 4 (Q8_0, Q4_K_M: MoE every other block, the top-1
+ * expert's sigmoid weight on its input, RoPE then a weightless q/k norm,
+ * layers without RoPE and their attention temperature) and OLMoE (Q4_K_M:
+ * q/k norms over the whole row), whole and at --gpu-layers 1 (a split inside the model): the CPU's greedy ids
  * (whole: its --trace-routing lines too), the lockstep logits within the whole-block
  * tolerances (float experts: 5e-4 of the largest), and a decoded token at
  * most one round trip a MoE block plus one (each block's router logits come
@@ -770,7 +773,8 @@ Test(cuda, moe_blocks_on_the_emulated_device_give_the_cpus_ids_in_a_round_trip_a
     static const char *MODELS[] = {"synth-llama-moe-256.F16", "synth-llama-moe-256.MXFP4_MOE",
                                    "synth-llama-moe-256.Q4_K_M", "synth-qwen3moe-256.Q4_K_M",
                                    "synth-qwen3moe-256.Q8_0", "synth-glm4moe-256.Q8_0", "synth-glm4moe-256.Q4_K_M",
-                                   "synth-gpt-oss-256.MXFP4_MOE"};
+                                   "synth-gpt-oss-256.MXFP4_MOE", "synth-llama4-256.Q8_0", "synth-llama4-256.Q4_K_M",
+                                   "synth-olmoe-256.Q4_K_M"};
     char *dir = tu_tmpdir();
     for (size_t m = 0; m < sizeof MODELS / sizeof MODELS[0]; m++) {
         char gguf[256], why[512];
@@ -827,8 +831,9 @@ Test(cuda, moe_blocks_on_the_emulated_device_give_the_cpus_ids_in_a_round_trip_a
             jlm_engine_dev_stats(ev, &s0);
             cr_assert_eq(jlm_engine_eval(ev, &next, 1, l, &err), 0, "%s", err.msg);
             jlm_engine_dev_stats(ev, &s1);
-            uint64_t blocks = o.gpu_layers ? o.gpu_layers : L;
-            blocks = blocks > lead ? blocks - lead : 0;   /* the MoE blocks on the device */
+            uint64_t blocks = 0;   /* the MoE blocks on the device (Llama 4's: every moe_step-th) */
+            for (uint32_t b = lead; b < (o.gpu_layers ? o.gpu_layers : L); b++)
+                blocks += !c->moe_step || (b + 1) % c->moe_step == 0;
             cr_assert(s1.waits - s0.waits <= blocks + 1 && s1.fallbacks == s0.fallbacks,
                       "%s (%s): a decoded token made %llu round trips for %llu MoE blocks", MODELS[m], what,
                       (unsigned long long)(s1.waits - s0.waits), (unsigned long long)blocks);
