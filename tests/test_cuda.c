@@ -967,8 +967,8 @@ Test(cuda, embeddings_on_whole_blocks_equal_the_cpus, .timeout = 60)
     bm_embeddings_match("cuda", "");
 }
 
-/* From --stats: with --gpu-layers all (and the CLI's --kv auto: F32 with a
- * CUDA device, whose whole blocks keep an F32 cache) a decoded token is one
+/* From --stats: with --gpu-layers all (and the CLI's --kv auto: F16, kept
+ * on the device by the whole blocks as on Vulkan) a decoded token is one
  * round trip (qwen3moe: one a MoE block, for its router's logits, plus one)
  * and its embedding and logits (plus the logits of the routers and the
  * routing weights, within 4 KiB); the offload 4 round trips a layer (QKV,
@@ -976,7 +976,7 @@ Test(cuda, embeddings_on_whole_blocks_equal_the_cpus, .timeout = 60)
 Test(cuda, stats_a_decoded_token_is_one_round_trip_and_its_embedding_and_logits, .timeout = 120)
 {
     setenv("JLM_CUDA_EMULATE", "1", 1);
-    bm_stats_decoded_token("cuda", "JLM_CUDA_BLOCKS", "", 4, "synth-qwen3moe-256.Q8_0", "f32");
+    bm_stats_decoded_token("cuda", "JLM_CUDA_BLOCKS", "", 4, "synth-qwen3moe-256.Q8_0", "f16");
 }
 
 /* The CLI: `jlm run --backend cuda` on the emulated device gives the CPU's
