@@ -541,7 +541,8 @@ Test(cuda, the_emulated_device_refuses_pointers_outside_device_memory)
  * rmsnorm of two rows equals the harness's, row by row; the same launch
  * reading a weight another stream copied with no event between faults at
  * the wait; spans past their allocation are refused at the launch, naming
- * the operand. */
+ * the operand; an F16 cache's spans are counted in halves (its rows, and
+ * the keys and values attention reads). */
 Test(cuda, the_emulated_block_kernels_check_their_spans_and_their_ordering)
 {
     jlm_cu_rt *r = emu_open();
@@ -589,6 +590,22 @@ Test(cuda, the_emulated_block_kernels_check_their_spans_and_their_ordering)
     cr_assert(strstr(jlm_cu_rt_error(r), "attention: values"), "%s", jlm_cu_rt_error(r));
     at.n_kv = 4;
     cr_assert_eq(jlm_cu_rt_attn(r, &at, dx, dx, dw, dq, dy, JLM_CU_S_COMPUTE), 0, "%s", jlm_cu_rt_error(r));
+    cr_assert_eq(jlm_cu_rt_sync(r, JLM_CU_S_COMPUTE), 0, "%s", jlm_cu_rt_error(r));
+    /* an F16 cache: halves, so 2N of them in N floats' bytes; 8 values of 16 halves fit in 64 floats */
+    uint16_t h[2 * N];
+    cr_assert_neq(jlm_cu_rt_to_f16(r, dw, dx, 2 * N + 1, JLM_CU_S_COMPUTE), 0, "2N + 1 halves in 2N");
+    cr_assert(strstr(jlm_cu_rt_error(r), "kernel: output"), "%s", jlm_cu_rt_error(r));
+    cr_assert_eq(jlm_cu_rt_to_f16(r, dw, dx, 2 * N, JLM_CU_S_COMPUTE), 0, "%s", jlm_cu_rt_error(r));
+    cr_assert_eq(jlm_cu_rt_d2h(r, h, dw, sizeof h, JLM_CU_S_COMPUTE), 0);
+    cr_assert_eq(jlm_cu_rt_sync(r, JLM_CU_S_COMPUTE), 0, "%s", jlm_cu_rt_error(r));
+    for (int i = 0; i < 2 * N; i++)
+        cr_assert_eq(h[i], jlm_k_f32_to_fp16(x[i]), "half %d", i);
+    at.n_kv = 8;
+    at.kv_f16 = 1;
+    cr_assert_eq(jlm_cu_rt_attn(r, &at, dx, dw, dw, dq, dy, JLM_CU_S_COMPUTE), 0, "%s", jlm_cu_rt_error(r));
+    at.n_kv = 9;
+    cr_assert_neq(jlm_cu_rt_attn(r, &at, dx, dw, dw, dq, dy, JLM_CU_S_COMPUTE), 0, "9 keys of 16 halves in 64 floats");
+    cr_assert(strstr(jlm_cu_rt_error(r), "attention: keys"), "%s", jlm_cu_rt_error(r));
     cr_assert_eq(jlm_cu_rt_sync(r, JLM_CU_S_COMPUTE), 0, "%s", jlm_cu_rt_error(r));
     jlm_cu_rt_close(r);
 }
