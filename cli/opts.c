@@ -282,8 +282,8 @@ int jlm_opts_engine_rows(jlm_opt *t, unsigned which, jlm_engine_opts *eo, jlm_op
         if (!eo->kv)
             eo->kv = "auto";   /* llama.cpp's default, where its tolerance is shown (docs/engine.md) */
         t[n++] = (jlm_opt){NULL, "--kv", JLM_OPT_STR, &eo->kv, 0, 0, 0, "auto|f32|f16|q8_0",
-                           "KV cache type of keys and values (auto: f16, f32 for latent attention or "
-                           "CUDA; f16: half the memory of f32, q8_0: 0.27 of it)"};
+                           "KV cache type of keys and values (auto: f16, f32 for latent attention; "
+                           "f16: half the memory of f32, q8_0: 0.27 of it)"};
         t[n++] = (jlm_opt){"-ctk", "--cache-type-k", JLM_OPT_STR, &eo->kv_k, 0, 0, 0, "f32|f16|q8_0",
                            "the keys' cache type (over --kv)"};
         t[n++] = (jlm_opt){"-ctv", "--cache-type-v", JLM_OPT_STR, &eo->kv_v, 0, 0, 0, "f32|f16|q8_0",

@@ -6,11 +6,12 @@
  * The residual rows cross to the device at the first device block of a
  * forward and back only at a split point (jlm_ecu_x_sync) or not at all when
  * the logits are computed here (jlm_ecu_output). The engine's own sequence
- * keeps its KV cache of these blocks here (F32, an allocation per layer,
- * rows of kv_dim; a sliding window's attention reads its keys from the
- * window's first); any other sequence (jlm_engine_seq: serve, batches) and
- * what the kernels are not wired for yet (F16 caches, GELU gates, latent
- * attention; the routed experts: exec_cu_moe.c) is JLM_EUNSUPPORTED,
+ * keeps its KV cache of these blocks here (F32 or F16 as the engine's
+ * --kv, an allocation per layer, rows of kv_dim; F16 rounded to halves as the
+ * CPU's cache rounds them, jlm_kv_put_row; a sliding window's attention reads
+ * its keys from the window's first); any other sequence (jlm_engine_seq:
+ * serve, batches) and what the kernels are not wired for yet (Q8_0 caches,
+ * GELU gates, latent attention; the routed experts: exec_cu_moe.c) is JLM_EUNSUPPORTED,
  * decided per model, layer and sequence before anything is enqueued (the
  * walk: exec_dev.c), so a block always
  * runs on the same side. --profile's stamps go on the compute stream at
@@ -204,26 +205,35 @@ static int op_heads(jlm_exd *k, int b, uint32_t n_head, const float *p, int wide
     return rc;
 }
 
+/* Bytes of a cache element: F32 or F16 (the engine's --kv). */
+static uint64_t kv_es(const jlm_engine *e) { return e->kt == KV_F16 ? 2 : 4; }
+
+/* n rows of buffer b (K or V) from row t into the cache at row p: copied
+ * (F32), or rounded to halves as jlm_kv_put_row does (F16). */
+static int kv_rows(jlm_exd *k, int b, uint32_t t, uint64_t p, uint32_t n)
+{
+    jlm_ecu *v = ecu(k);
+    uint64_t w = width(k->e, b);
+    uint8_t *dst = (uint8_t *)(b == JLM_B_K ? v->blk.kc : v->blk.vc)[k->b.l] + p * w * kv_es(k->e);
+    const char *what = b == JLM_B_K ? "the keys into the cache" : "the values into the cache";
+    return launched(k, k->e->kt == KV_F16 ? jlm_cu_rt_to_f16(v->rt, (uint16_t *)(void *)dst, row(k, b, t), n * w, CS)
+                                          : jlm_cu_rt_d2d(v->rt, dst, row(k, b, t), n * w * 4, CS), what);
+}
+
 static int op_kv_put(jlm_exd *k)
 {
-    jlm_engine *e = k->e;
-    jlm_ecu *v = ecu(k);
-    jlm_ecu_blk *s = &v->blk;
     int rc = JLM_OK;
-    if (e->kt != KV_F32)
-        return UNSUP;   /* an F16 cache: no kernel rounds rows to halves yet */
-    /* rows at consecutive positions (one sequence's): one copy each for K and V */
+    if (k->e->kt != KV_F32 && k->e->kt != KV_F16)
+        return UNSUP;   /* a Q8_0 cache: no kernel quantizes rows yet */
+    /* rows at consecutive positions (one sequence's): one copy (or conversion) each for K and V */
     uint32_t step = k->b.n;
     for (uint32_t t = 1; t < k->b.n && step > 1; t++)
         if (jlm_exd_pos(k, t) != jlm_exd_pos(k, 0) + t)
             step = 1;
     for (uint32_t t = 0; !rc && !k->dry && t < k->b.n; t += step) {
-        uint64_t p = jlm_exd_pos(k, t);
-        rc = launched(k, jlm_cu_rt_d2d(v->rt, (float *)s->kc[k->b.l] + p * e->kv_dim, row(k, JLM_B_K, t),
-                                       step * e->kv_dim * 4ull, CS), "the keys into the cache");
+        rc = kv_rows(k, JLM_B_K, t, jlm_exd_pos(k, t), step);
         if (!rc)
-            rc = launched(k, jlm_cu_rt_d2d(v->rt, (float *)s->vc[k->b.l] + p * e->kv_dim_v, row(k, JLM_B_V, t),
-                                           step * e->kv_dim_v * 4ull, CS), "the values into the cache");
+            rc = kv_rows(k, JLM_B_V, t, jlm_exd_pos(k, t), step);
     }
     return rc;
 }
@@ -242,7 +252,8 @@ static int op_attend(jlm_exd *k, const float *sinks)
     jlm_cu_attn ap = {.n_head = c->n_head, .n_head_kv = c->n_kv_head, .head_dim = e->hd, .head_dim_v = e->hd_v,
                       .k_stride = e->kv_dim, .v_stride = e->kv_dim_v, .k_head_stride = e->hd,
                       .v_head_stride = e->hd_v, .scale = c->attn_scale > 0 ? c->attn_scale : 1.0f / sqrtf((float)e->hd),
-                      .softcap = c->attn_softcap, .sinks = sk};
+                      .softcap = c->attn_softcap, .sinks = sk, .kv_f16 = e->kt == KV_F16};
+    uint64_t es = kv_es(e);
     int rc = JLM_OK;
     for (uint32_t t = 0; !rc && !k->dry && t < k->b.n; t++) {
         /* keys [lo, hi): a sliding window's (or a chunk's) first key is where the cache's rows start, so
@@ -250,8 +261,8 @@ static int op_attend(jlm_exd *k, const float *sinks)
         uint32_t pos = jlm_exd_pos(k, t), hi = pos < e->bidir_end ? e->bidir_end : pos + 1;
         uint64_t lo = jlm_ex_first_key(c, k->b.l, pos);
         ap.n_kv = hi - lo;
-        rc = launched(k, jlm_cu_rt_attn(v->rt, &ap, row(k, JLM_B_Q, t), (float *)v->blk.kc[k->b.l] + lo * e->kv_dim,
-                                        (float *)v->blk.vc[k->b.l] + lo * e->kv_dim_v, v->blk.scores.p,
+        rc = launched(k, jlm_cu_rt_attn(v->rt, &ap, row(k, JLM_B_Q, t), (uint8_t *)v->blk.kc[k->b.l] + lo * e->kv_dim * es,
+                                        (uint8_t *)v->blk.vc[k->b.l] + lo * e->kv_dim_v * es, v->blk.scores.p,
                                         row(k, JLM_B_ATT, t), CS), "attention");
     }
     return rc;
@@ -328,9 +339,9 @@ static int buffers(jlm_ecu *v, jlm_engine *e, uint32_t l, uint32_t n, jlm_err *e
         if (!s->kc || !s->vc)
             rc = jlm_errf(err, JLM_ENOMEM, "cuda: out of memory");
     }
-    if (!rc && !s->kc[l] && jlm_cu_rt_alloc(v->rt, (uint64_t)e->kv_ctx * e->kv_dim * 4, &s->kc[l]))
+    if (!rc && !s->kc[l] && jlm_cu_rt_alloc(v->rt, (uint64_t)e->kv_ctx * e->kv_dim * kv_es(e), &s->kc[l]))
         rc = jlm_ecu_fail(v, err, "the KV cache");
-    if (!rc && !s->vc[l] && jlm_cu_rt_alloc(v->rt, (uint64_t)e->kv_ctx * e->kv_dim_v * 4, &s->vc[l]))
+    if (!rc && !s->vc[l] && jlm_cu_rt_alloc(v->rt, (uint64_t)e->kv_ctx * e->kv_dim_v * kv_es(e), &s->vc[l]))
         rc = jlm_ecu_fail(v, err, "the KV cache");
     return rc;
 }

@@ -347,16 +347,15 @@ static int apply_budget(jlm_engine *e, const jlm_engine_opts *o, jlm_err *err)
     return jlm_eng_fit_frames(e, err);
 }
 
-/* opts.kv (both: "auto" is F16, F32 for latent attention or a CUDA device,
- * whose whole blocks keep an F32 cache only (exec_cu.c; a Vulkan device's
- * keep either: exec_vk.c)), opts.kv_k,
+/* opts.kv (both: "auto" is F16, F32 for latent attention; a device's whole
+ * blocks keep either, exec_vk.c and exec_cu.c), opts.kv_k,
  * opts.kv_v (each over kv): "f32", "f16" or "q8_0"; Q8_0 needs head dimensions in whole blocks of 32, and latent
  * attention (one cache row for keys and values) F32 or F16. */
 static int choose_kv(jlm_engine *e, const jlm_engine_opts *o, jlm_err *err)
 {
-    int both = KV_F32, rc, mla = e->c->kv_lora_rank != 0, cuda = o->backend && strstr(o->backend, "cuda");
+    int both = KV_F32, rc, mla = e->c->kv_lora_rank != 0;
     if (o->kv && !strcmp(o->kv, "auto"))
-        both = mla || cuda ? KV_F32 : KV_F16;   /* docs/engine.md: F16's tolerance shown except for latent rows */
+        both = mla ? KV_F32 : KV_F16;   /* docs/engine.md: F16's tolerance shown except for latent rows */
     else if (o->kv && (rc = jlm_kv_type_parse("--kv", o->kv, &both, err)))
         return rc;
     e->kt = e->vt = both;

@@ -269,7 +269,9 @@ typedef struct attn_case {
     int      sinks, mask;   /* mask: 0 none, 1 sliding window of 16, 2 all hidden */
 } attn_case;
 
-static void check_attn(attn_case c, uint64_t seed)
+/* f16: the kernel reads k and v as halves (an F16 cache), the CPU attends
+ * the same halves widened, as jlm_kv_get_row gives them. */
+static void check_attn(attn_case c, int f16, uint64_t seed)
 {
     uint64_t kvn = (uint64_t)c.n_head_kv * c.n_kv;
     float *q = malloc((size_t)c.n_head * c.head_dim * 4), *k = malloc(kvn * c.head_dim * 4);
@@ -282,11 +284,16 @@ static void check_attn(attn_case c, uint64_t seed)
     gen_floats(sinks, 64, 3.0f, &seed);
     for (uint64_t j = 0; j < c.n_kv; j++)
         mask[j] = c.mask == 2 || (c.mask == 1 && j + 16 < c.n_kv) ? -INFINITY : 0.0f;
+    uint16_t *kh = malloc(kvn * c.head_dim * 2), *vh = malloc(kvn * c.head_dim_v * 2);
+    for (uint64_t i = 0; f16 && i < kvn * c.head_dim; i++)
+        k[i] = jlm_k_fp16_to_f32(kh[i] = jlm_k_f32_to_fp16(k[i]));
+    for (uint64_t i = 0; f16 && i < kvn * c.head_dim_v; i++)
+        v[i] = jlm_k_fp16_to_f32(vh[i] = jlm_k_f32_to_fp16(v[i]));
     /* KV cache as (kv head, position, dim) */
     jlm_cu_attn p = {c.n_head, c.n_head_kv, c.head_dim, c.head_dim_v, c.n_kv, c.head_dim, c.head_dim_v,
                      c.n_kv * c.head_dim, c.n_kv * c.head_dim_v, 1.0f / sqrtf((float)c.head_dim),
-                     c.softcap, c.sinks ? sinks : NULL, c.mask ? mask : NULL};
-    jlm_cu_host_attn(&p, q, k, v, scores, o1);
+                     c.softcap, c.sinks ? sinks : NULL, c.mask ? mask : NULL, f16};
+    jlm_cu_host_attn(&p, q, f16 ? (const void *)kh : k, f16 ? (const void *)vh : v, scores, o1);
     for (uint32_t h = 0; h < c.n_head; h++) {
         uint32_t g = h / (c.n_head / c.n_head_kv);
         jlm_k_attn cp = {c.head_dim, c.head_dim_v, c.head_dim, c.head_dim_v, p.scale, c.softcap,
@@ -296,12 +303,10 @@ static void check_attn(attn_case c, uint64_t seed)
         assert_close(scratch, scores + h * c.n_kv, c.n_kv, JLM_K_TOL_SOFTMAX, "attn probabilities");
     }
     assert_close(o0, o1, (uint64_t)c.n_head * c.head_dim_v, JLM_K_TOL_SOFTMAX, "attn out");
-    free(q), free(k), free(v), free(mask), free(scores), free(scratch), free(o0), free(o1);
+    free(q), free(k), free(v), free(mask), free(scores), free(scratch), free(o0), free(o1), free(kh), free(vh);
 }
 
-Test(cuda, attention_gqa_matches_cpu)
-{
-    static const attn_case C[] = {
+static const attn_case ATTN_CASES[] = {
         {8, 2, 64, 64, 1, 0, 0, 0},        /* first token */
         {8, 2, 64, 64, 17, 0, 0, 0},
         {8, 8, 32, 32, 300, 0, 0, 1},      /* MHA, sliding window */
@@ -309,9 +314,54 @@ Test(cuda, attention_gqa_matches_cpu)
         {4, 2, 128, 64, 257, 30.0f, 0, 0}, /* softcap, head_dim_v != head_dim */
         {4, 2, 64, 64, 40, 0, 0, 2},       /* everything masked: out 0 */
         {4, 2, 64, 64, 40, 0, 1, 2},       /* everything masked but the sink */
-    };
-    for (unsigned i = 0; i < sizeof C / sizeof C[0]; i++)
-        check_attn(C[i], 100 + i);
+};
+
+Test(cuda, attention_gqa_matches_cpu)
+{
+    for (unsigned i = 0; i < sizeof ATTN_CASES / sizeof ATTN_CASES[0]; i++)
+        check_attn(ATTN_CASES[i], 0, 100 + i);
+}
+
+/* The same cases over an F16 cache (engine/exec_cu.c's with --kv f16): the
+ * kernel widening the halves it reads gives the CPU's attention over the
+ * same halves. */
+Test(cuda, attention_over_an_f16_cache_matches_cpu)
+{
+    for (unsigned i = 0; i < sizeof ATTN_CASES / sizeof ATTN_CASES[0]; i++)
+        check_attn(ATTN_CASES[i], 1, 200 + i);
+}
+
+/* An F16 cache's rows (jlm_cu_k_to_f16) are the CPU's F16 cache's, bit for
+ * bit (jlm_kv_put_row: jlm_k_f32_to_fp16, nearest even): every half's value,
+ * values halfway between neighbouring halves (ties to even) and a quarter
+ * off them, the denormal-half range and its ties, around 65520 (overflow to
+ * Inf), Inf, NaN payloads and random bit patterns of every exponent. */
+Test(cuda, f16_rows_bit_identical_to_the_cpus_f16_cache)
+{
+    enum { N = 4 * 65536 + 16384 };
+    float *x = malloc(N * 4);
+    uint32_t *bits = (uint32_t *)x;
+    uint16_t *h = malloc(N * 2);
+    uint64_t seed = 38;
+    for (uint32_t i = 0; i < 65536; i++) {
+        x[i] = jlm_k_fp16_to_f32((uint16_t)i);
+        float nx = jlm_k_fp16_to_f32((uint16_t)(i + 1));   /* the next half up in magnitude */
+        x[65536 + i] = (i & 0x7fffu) < 0x7bffu ? x[i] + (nx - x[i]) / 2 : x[i];   /* a tie */
+        x[2 * 65536 + i] = (i & 0x7fffu) < 0x7bffu ? x[i] + (nx - x[i]) / 4 : x[i];
+        bits[3 * 65536 + i] = (uint32_t)gen_next(&seed);
+    }
+    for (uint32_t i = 0; i < 16384; i++) {
+        uint32_t j = 4 * 65536 + i;
+        bits[j] = i < 4096 ? 0x33000000u + i * 0x1000u + (i % 3 ? 0 : 0x800u)   /* denormal halves, ties */
+                  : i < 8192 ? 0x477fe000u + (i - 4096) * 8u                     /* near 65520 */
+                  : i < 8200 ? (i % 2 ? 0x7f800000u : 0xff800000u)               /* +-Inf */
+                             : 0x7f800001u + (uint32_t)gen_next(&seed) % 0x7fffffu + (i % 2 ? 0x80000000u : 0);   /* NaN */
+    }
+    jlm_cu_host_to_f16(h, x, N);
+    for (uint32_t i = 0; i < N; i++)
+        cr_assert_eq(h[i], jlm_k_f32_to_fp16(x[i]), "f16 of 0x%08x: 0x%04x, the CPU's 0x%04x", bits[i], h[i],
+                     jlm_k_f32_to_fp16(x[i]));
+    free(x), free(h);
 }
 
 /* ---------------------------------------------------------------- MoE router and combine */
@@ -491,7 +541,8 @@ Test(cuda, the_emulated_device_refuses_pointers_outside_device_memory)
  * rmsnorm of two rows equals the harness's, row by row; the same launch
  * reading a weight another stream copied with no event between faults at
  * the wait; spans past their allocation are refused at the launch, naming
- * the operand. */
+ * the operand; an F16 cache's spans are counted in halves (its rows, and
+ * the keys and values attention reads). */
 Test(cuda, the_emulated_block_kernels_check_their_spans_and_their_ordering)
 {
     jlm_cu_rt *r = emu_open();
@@ -539,6 +590,22 @@ Test(cuda, the_emulated_block_kernels_check_their_spans_and_their_ordering)
     cr_assert(strstr(jlm_cu_rt_error(r), "attention: values"), "%s", jlm_cu_rt_error(r));
     at.n_kv = 4;
     cr_assert_eq(jlm_cu_rt_attn(r, &at, dx, dx, dw, dq, dy, JLM_CU_S_COMPUTE), 0, "%s", jlm_cu_rt_error(r));
+    cr_assert_eq(jlm_cu_rt_sync(r, JLM_CU_S_COMPUTE), 0, "%s", jlm_cu_rt_error(r));
+    /* an F16 cache: halves, so 2N of them in N floats' bytes; 8 values of 16 halves fit in 64 floats */
+    uint16_t h[2 * N];
+    cr_assert_neq(jlm_cu_rt_to_f16(r, dw, dx, 2 * N + 1, JLM_CU_S_COMPUTE), 0, "2N + 1 halves in 2N");
+    cr_assert(strstr(jlm_cu_rt_error(r), "kernel: output"), "%s", jlm_cu_rt_error(r));
+    cr_assert_eq(jlm_cu_rt_to_f16(r, dw, dx, 2 * N, JLM_CU_S_COMPUTE), 0, "%s", jlm_cu_rt_error(r));
+    cr_assert_eq(jlm_cu_rt_d2h(r, h, dw, sizeof h, JLM_CU_S_COMPUTE), 0);
+    cr_assert_eq(jlm_cu_rt_sync(r, JLM_CU_S_COMPUTE), 0, "%s", jlm_cu_rt_error(r));
+    for (int i = 0; i < 2 * N; i++)
+        cr_assert_eq(h[i], jlm_k_f32_to_fp16(x[i]), "half %d", i);
+    at.n_kv = 8;
+    at.kv_f16 = 1;
+    cr_assert_eq(jlm_cu_rt_attn(r, &at, dx, dw, dw, dq, dy, JLM_CU_S_COMPUTE), 0, "%s", jlm_cu_rt_error(r));
+    at.n_kv = 9;
+    cr_assert_neq(jlm_cu_rt_attn(r, &at, dx, dw, dw, dq, dy, JLM_CU_S_COMPUTE), 0, "9 keys of 16 halves in 64 floats");
+    cr_assert(strstr(jlm_cu_rt_error(r), "attention: keys"), "%s", jlm_cu_rt_error(r));
     cr_assert_eq(jlm_cu_rt_sync(r, JLM_CU_S_COMPUTE), 0, "%s", jlm_cu_rt_error(r));
     jlm_cu_rt_close(r);
 }
@@ -735,6 +802,58 @@ Test(cuda, whole_blocks_on_the_emulated_device_give_the_cpus_ids_in_one_round_tr
     bm_whole_blocks("cuda");
 }
 
+/* Whole blocks over an F16 cache on the emulated device (--kv f16, every
+ * block on the device: rows rounded to halves as the CPU's F16 cache rounds
+ * them, attention reading halves): synth-llama-256 f32, Q8_0 and Q4_0 and
+ * qwen3moe Q8_0 give the greedy ids of the CPU's own --kv f16 run, the
+ * lockstep logits within the CPU's F16 tolerance (2e-3 of the largest on
+ * float weights: an element one half-ulp off where the K/V rows' last f32
+ * bits differ; 0.05 quantized), and a decoded token is one round trip (the
+ * MoE model: at most one a MoE block plus one), where
+ * an F16 cache used to leave the blocks on the matmul offload (4 round trips
+ * a layer) and no matmul refused. */
+Test(cuda, whole_blocks_with_an_f16_cache_give_the_cpus_f16_ids_in_one_round_trip_a_token, .timeout = 300)
+{
+    setenv("JLM_CUDA_EMULATE", "1", 1);
+    static const struct { const char *name; double tol; } MODELS[] = {
+        {"synth-llama-256.f32", 2e-3}, {"synth-llama-256.Q8_0", 0.05}, {"synth-llama-256.Q4_0", 0.05},
+        {"synth-qwen3moe-256.Q8_0", 0.05}};
+    char *dir = tu_tmpdir();
+    for (size_t m = 0; m < sizeof MODELS / sizeof MODELS[0]; m++) {
+        char gguf[256], why[512];
+        jlm_err err = {0};
+        snprintf(gguf, sizeof gguf, "%s.gguf", MODELS[m].name);
+        char *path = tu_convert(gguf, dir, "f16.jlm", &err);
+        cr_assert(path, "%s", err.msg);
+        jlm_engine *ec = bm_open_opts(path, (jlm_engine_opts){.backend = "cpu", .kv = "f16"}, 0, NULL, 0);
+        jlm_engine *ev = bm_open_opts(path, (jlm_engine_opts){.backend = "cuda", .device = "0", .kv = "f16"}, 0, why,
+                                      sizeof why);
+        const jlm_config *c = &jlm_engine_model(ec)->config;
+        uint32_t nv = jlm_engine_n_vocab(ec);
+        float *l = malloc(nv * 4);
+        int32_t prompt[5] = {1, 10, 20, 30, 40}, ic[8], iv[8];
+        bm_greedy_ids(ec, prompt, 5, 8, ic, l);
+        bm_greedy_ids(ev, prompt, 5, 8, iv, l);
+        cr_assert(!memcmp(ic, iv, sizeof ic), "%s --kv f16: greedy ids differ from the CPU's", MODELS[m].name);
+        int32_t next = bm_lockstep(ec, ev, prompt, 5, MODELS[m].tol, MODELS[m].name, "--kv f16");
+        jlm_dev_stats s0, s1;
+        jlm_engine_dev_stats(ev, &s0);
+        cr_assert_eq(jlm_engine_eval(ev, &next, 1, l, &err), 0, "%s", err.msg);
+        jlm_engine_dev_stats(ev, &s1);
+        uint64_t blocks = c->n_expert ? c->n_layer - c->n_dense_lead : 0;   /* a round trip a MoE block */
+        cr_assert(s1.waits - s0.waits <= blocks + 1 && s1.fallbacks == 0,
+                  "%s --kv f16: a decoded token made %llu round trips (%llu MoE blocks), %llu matmuls refused",
+                  MODELS[m].name, (unsigned long long)(s1.waits - s0.waits), (unsigned long long)blocks,
+                  (unsigned long long)s1.fallbacks);
+        free(l);
+        jlm_engine_close(ev);
+        jlm_engine_close(ec);
+        free(path);
+    }
+    tu_rmrf(dir);
+    free(dir);
+}
+
 /* f's whole text (from its start), or NULL. */
 static char *file_text(FILE *f)
 {
@@ -865,8 +984,8 @@ Test(cuda, embeddings_on_whole_blocks_equal_the_cpus, .timeout = 60)
     bm_embeddings_match("cuda", "");
 }
 
-/* From --stats: with --gpu-layers all (and the CLI's --kv auto: F32 with a
- * CUDA device, whose whole blocks keep an F32 cache) a decoded token is one
+/* From --stats: with --gpu-layers all (and the CLI's --kv auto: F16, kept
+ * on the device by the whole blocks as on Vulkan) a decoded token is one
  * round trip (qwen3moe: one a MoE block, for its router's logits, plus one)
  * and its embedding and logits (plus the logits of the routers and the
  * routing weights, within 4 KiB); the offload 4 round trips a layer (QKV,
@@ -874,7 +993,7 @@ Test(cuda, embeddings_on_whole_blocks_equal_the_cpus, .timeout = 60)
 Test(cuda, stats_a_decoded_token_is_one_round_trip_and_its_embedding_and_logits, .timeout = 120)
 {
     setenv("JLM_CUDA_EMULATE", "1", 1);
-    bm_stats_decoded_token("cuda", "JLM_CUDA_BLOCKS", "", 4, "synth-qwen3moe-256.Q8_0", "f32");
+    bm_stats_decoded_token("cuda", "JLM_CUDA_BLOCKS", "", 4, "synth-qwen3moe-256.Q8_0", "f16");
 }
 
 /* The CLI: `jlm run --backend cuda` on the emulated device gives the CPU's

@@ -198,7 +198,9 @@ Test(split, the_engine_refuses_malformed_lists_and_a_missing_first_count, .timeo
 /* `jlm run` on cuda,vulkan with the CPU's share prints the CPU's text, as
  * does vulkan,cuda with 1,all and both at one frame each side; --stats has
  * a line per device with matmuls and no fallback, and the totals line adds
- * both; bench prints a per-backend line per device. */
+ * both; bench prints a per-backend line per device. vulkan,cuda with 1,all
+ * keeps --kv auto's F16 cache and CUDA's blocks whole: a decoded token is
+ * one round trip on CUDA (the matmul offload: 4 a block). */
 Test(split, jlm_run_on_cuda_vulkan_and_the_cpu_prints_the_cpus_text, .timeout = 180)
 {
     const char *why = no_vulkan();
@@ -236,6 +238,17 @@ Test(split, jlm_run_on_cuda_vulkan_and_the_cpu_prints_the_cpus_text, .timeout = 
     cr_assert_eq(bm_field(pl, "page-ins "), bm_field(cl, "page-ins ") + bm_field(c0, "page-ins ") + bm_field(v1, "page-ins "),
                  "%s", out);
     free(out);
+    unsigned long long rt[2];
+    for (int r = 0; r < 2; r++) {
+        snprintf(cmd, sizeof cmd, "{ JLM_CUDA_EMULATE=1 %s run %s -p 'Once upon' -n %d --temp 0 %s --stats >/dev/null; }",
+                 tu_jlm(), path, r ? 12 : 4, ARGS[1]);
+        cr_assert_eq(tu_run(cmd, &out), 0, "%s", out);
+        const char *kl = strstr(out, ", KV "), *cu = strstr(out, "\ncuda: matmuls ");
+        cr_assert(kl && cu && strstr(kl, " (f16),") == strchr(kl + 5, ' '), "%s: --kv auto keeps f16: %s", ARGS[1], out);
+        rt[r] = bm_field(cu, "round trips ");
+        free(out);
+    }
+    cr_assert(rt[1] - rt[0] <= 8, "%s: %llu round trips on CUDA for 8 decoded tokens", ARGS[1], rt[1] - rt[0]);
     snprintf(cmd, sizeof cmd, "JLM_CUDA_EMULATE=1 %s bench %s -p 4 -n 2 -r 1 %s", tu_jlm(), path, ARGS[1]);
     cr_assert_eq(tu_run(cmd, &out), 0, "%s", out);
     const char *bv = strstr(out, "pp4 per backend: vulkan ("), *bc = strstr(out, "pp4 per backend: cuda (");

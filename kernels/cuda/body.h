@@ -8,7 +8,8 @@
  * Owns: the device-side math of every stored type read in place from the
  * packed planes (jlm-format.md 7.1-7.7), activation quantization (7.7),
  * rmsnorm, softmax, RoPE (ggml rope_ext + YaRN), the element-wise
- * activations, and decode attention with GQA, sinks, softcap and a mask.
+ * activations, F16 cache rows, and decode attention with GQA, sinks,
+ * softcap and a mask over an F32 or F16 cache.
  *
  * Invariants:
  *  (1) Matvec: a row is a sum of terms in order (jlm_cu_term), each term the
@@ -608,11 +609,21 @@ JLM_CU_HD float jlm_cu_elem(int op, float a, float b, float s, float lim)
     }
 }
 
+/* ---------------------------------------------------------------- F16 cache rows */
+
+/* Element i of x rounded to a half, nearest even (jlm_kv_put_row's F16
+ * rows; the twin of jlm_k_f32_to_fp16): thread per element. */
+JLM_CU_HD void jlm_cu_f16_store(uint16_t *out, const float *x, uint64_t i)
+{
+    out[i] = (uint16_t)jlm_cu_f32_to_fp16(x[i]);
+}
+
 /* ---------------------------------------------------------------- decode attention (GQA) */
 
-/* One token's attention over an f32 KV cache, one block per query head h.
+/* One token's attention over an f32 KV cache (kv_f16: halves, the F16
+ * cache's, widened as they are read), one block per query head h.
  * Query head h reads KV head h / (n_head / n_head_kv). Key j of KV head g is
- * k + g*kv_head_stride + j*k_stride; values alike with v_head_stride and
+ * element g*kv_head_stride + j*k_stride of k; values alike with v_head_stride and
  * v_stride. scores (n_head, n_kv) is scratch in global memory (probabilities
  * on return). sinks (n_head,) or NULL; mask (n_kv,) or NULL. Same formulas as
  * jlm_k_attn_head. */
@@ -621,29 +632,37 @@ typedef struct jlm_cu_attn {
     uint64_t     n_kv, k_stride, v_stride, k_head_stride, v_head_stride;
     float        scale, softcap;
     const float *sinks, *mask;
+    int          kv_f16;
 } jlm_cu_attn;
 
-JLM_CU_HD const float *jlm_cu_attn_k(const jlm_cu_attn *p, const float *k, uint32_t h, uint64_t j)
+/* Element i of a cache row: an f32, or a half widened (jlm_kv_get_row's). */
+JLM_CU_HD float jlm_cu_kv_at(const void *base, int f16, uint64_t i)
 {
-    return k + (uint64_t)(h / (p->n_head / p->n_head_kv)) * p->k_head_stride + j * p->k_stride;
+    return f16 ? jlm_cu_fp16_to_f32(((const uint16_t *)base)[i]) : ((const float *)base)[i];
 }
 
-JLM_CU_HD const float *jlm_cu_attn_v(const jlm_cu_attn *p, const float *v, uint32_t h, uint64_t j)
+/* The element offsets of key j and value j of query head h's KV head. */
+JLM_CU_HD uint64_t jlm_cu_attn_k(const jlm_cu_attn *p, uint32_t h, uint64_t j)
 {
-    return v + (uint64_t)(h / (p->n_head / p->n_head_kv)) * p->v_head_stride + j * p->v_stride;
+    return (uint64_t)(h / (p->n_head / p->n_head_kv)) * p->k_head_stride + j * p->k_stride;
+}
+
+JLM_CU_HD uint64_t jlm_cu_attn_v(const jlm_cu_attn *p, uint32_t h, uint64_t j)
+{
+    return (uint64_t)(h / (p->n_head / p->n_head_kv)) * p->v_head_stride + j * p->v_stride;
 }
 
 /* Phase 1: scores of keys t, t+T, ... into scores; returns the partial max. */
-JLM_CU_HD float jlm_cu_attn_scores(const jlm_cu_attn *p, const float *q, const float *k, float *scores,
+JLM_CU_HD float jlm_cu_attn_scores(const jlm_cu_attn *p, const float *q, const void *k, float *scores,
                                    uint32_t h, unsigned t, unsigned T)
 {
     const float *qh = q + (uint64_t)h * p->head_dim;
     float max = -INFINITY;
     for (uint64_t j = t; j < p->n_kv; j += T) {
-        const float *kj = jlm_cu_attn_k(p, k, h, j);
+        uint64_t kj = jlm_cu_attn_k(p, h, j);
         float s = 0.0f;
         for (uint32_t i = 0; i < p->head_dim; i++)
-            s += qh[i] * kj[i];
+            s += qh[i] * jlm_cu_kv_at(k, p->kv_f16, kj + i);
         if (p->softcap > 0.0f)
             s = p->softcap * tanhf(s / p->softcap);
         s = s * p->scale + (p->mask ? p->mask[j] : 0.0f);
@@ -683,7 +702,7 @@ JLM_CU_HD float jlm_cu_attn_inv(const jlm_cu_attn *p, uint32_t h, float max, dou
 
 /* Phase 4 (after scaling the scores to probabilities): out dims t, t+T, ...,
  * keys in order, zero probabilities skipped (as jlm_k_attn_head). */
-JLM_CU_HD void jlm_cu_attn_out(const jlm_cu_attn *p, const float *v, const float *scores, float *out,
+JLM_CU_HD void jlm_cu_attn_out(const jlm_cu_attn *p, const void *v, const float *scores, float *out,
                                uint32_t h, unsigned t, unsigned T)
 {
     const float *ph = scores + h * p->n_kv;
@@ -692,7 +711,7 @@ JLM_CU_HD void jlm_cu_attn_out(const jlm_cu_attn *p, const float *v, const float
         float acc = 0.0f;
         for (uint64_t j = 0; j < p->n_kv; j++)
             if (ph[j] != 0.0f)
-                acc += ph[j] * jlm_cu_attn_v(p, v, h, j)[i];
+                acc += ph[j] * jlm_cu_kv_at(v, p->kv_f16, jlm_cu_attn_v(p, h, j) + i);
         oh[i] = acc;
     }
 }

@@ -57,8 +57,11 @@ void jlm_cu_host_layernorm(float *out, const float *x, const float *w, const flo
 void jlm_cu_host_softmax(float *x, uint64_t n);
 void jlm_cu_host_rope(const jlm_k_rope *p, float *x, uint32_t n_head, uint32_t head_dim, int64_t pos);
 void jlm_cu_host_elem(int op, float *out, const float *a, const float *b, uint64_t n, float s, float lim);
-/* scores: (n_head, n_kv) scratch; out (n_head, head_dim_v); q (n_head, head_dim). */
-void jlm_cu_host_attn(const jlm_cu_attn *p, const float *q, const float *k, const float *v,
+/* n floats of x as halves, nearest even (an F16 cache's rows). */
+void jlm_cu_host_to_f16(uint16_t *out, const float *x, uint64_t n);
+/* scores: (n_head, n_kv) scratch; out (n_head, head_dim_v); q (n_head, head_dim);
+ * k, v: floats, or halves when p->kv_f16. */
+void jlm_cu_host_attn(const jlm_cu_attn *p, const float *q, const void *k, const void *v,
                       float *scores, float *out);
 
 /* The router of one token (probs: n floats of scratch) and the expert
@@ -89,7 +92,8 @@ int jlm_cu_launch_rope(const jlm_cu_rope *p, float *x, uint32_t n_head, uint32_t
                        void *stream);
 int jlm_cu_launch_elem(int op, float *out, const float *a, const float *b, uint64_t n, float s, float lim,
                        void *stream);
-int jlm_cu_launch_attn(const jlm_cu_attn *p, const float *q, const float *k, const float *v, float *scores,
+int jlm_cu_launch_to_f16(uint16_t *out, const float *x, uint64_t n, void *stream);
+int jlm_cu_launch_attn(const jlm_cu_attn *p, const float *q, const void *k, const void *v, float *scores,
                        float *out, void *stream);
 int jlm_cu_launch_moe_route(const float *logits, uint32_t n, uint32_t n_used, int mode, float scale, float *probs,
                             int32_t *sel, float *w, void *stream);

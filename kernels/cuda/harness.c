@@ -165,8 +165,15 @@ void jlm_cu_host_elem(int op, float *out, const float *a, const float *b, uint64
         out[i] = jlm_cu_elem(op, a[i], b ? b[i] : 0.0f, s, lim);
 }
 
+/* kernel to_f16: thread = element. */
+void jlm_cu_host_to_f16(uint16_t *out, const float *x, uint64_t n)
+{
+    for (uint64_t i = 0; i < n; i++)
+        jlm_cu_f16_store(out, x, i);
+}
+
 /* kernel attn: one block of THREADS per query head. */
-void jlm_cu_host_attn(const jlm_cu_attn *p, const float *q, const float *k, const float *v,
+void jlm_cu_host_attn(const jlm_cu_attn *p, const float *q, const void *k, const void *v,
                       float *scores, float *out)
 {
     float shm[JLM_CU_THREADS];

@@ -110,7 +110,14 @@ __global__ void jlm_cu_k_elem(int op, float *out, const float *a, const float *b
         out[i] = jlm_cu_elem(op, a[i], b ? b[i] : 0.0f, s, lim);
 }
 
-__global__ void jlm_cu_k_attn(jlm_cu_attn p, const float *q, const float *k, const float *v, float *scores,
+__global__ void jlm_cu_k_to_f16(uint16_t *out, const float *x, uint64_t n)
+{
+    uint64_t i = (uint64_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < n)
+        jlm_cu_f16_store(out, x, i);
+}
+
+__global__ void jlm_cu_k_attn(jlm_cu_attn p, const float *q, const void *k, const void *v, float *scores,
                        float *out)
 {
     __shared__ double shs[T];
@@ -236,7 +243,15 @@ int jlm_cu_launch_elem(int op, float *out, const float *a, const float *b, uint6
     return launched();
 }
 
-int jlm_cu_launch_attn(const jlm_cu_attn *p, const float *q, const float *k, const float *v, float *scores,
+int jlm_cu_launch_to_f16(uint16_t *out, const float *x, uint64_t n, void *stream)
+{
+    if (n == 0)
+        return 0;
+    jlm_cu_k_to_f16<<<blocks_for(n, 256), 256, 0, (cudaStream_t)stream>>>(out, x, n);
+    return launched();
+}
+
+int jlm_cu_launch_attn(const jlm_cu_attn *p, const float *q, const void *k, const void *v, float *scores,
                        float *out, void *stream)
 {
     jlm_cu_k_attn<<<p->n_head, T, 0, (cudaStream_t)stream>>>(*p, q, k, v, scores, out);

@@ -236,7 +236,7 @@ static void check_attn(void)
     gen_floats(k, HKV * NKV * D, 2.0f, &seed);
     gen_floats(v, HKV * NKV * D, 1.0f, &seed);
     gen_floats(sinks, H, 3.0f, &seed);
-    jlm_cu_attn p = {H, HKV, D, D, NKV, D, D, (uint64_t)NKV * D, (uint64_t)NKV * D, 0.088388f, 0.0f, sinks, NULL};
+    jlm_cu_attn p = {H, HKV, D, D, NKV, D, D, (uint64_t)NKV * D, (uint64_t)NKV * D, 0.088388f, 0.0f, sinks, NULL, 0};
     jlm_cu_host_attn(&p, q, k, v, sc, o0);
     jlm_cu_attn dp = p;
     dp.sinks = dev_copy(sinks, sizeof sinks);
@@ -245,7 +245,28 @@ static void check_attn(void)
     launch_ok(jlm_cu_launch_attn(&dp, dq, dk, dv, dsc, dout, NULL), "attn");
     back(o1, dout, sizeof o1);
     report(close_all(o0, o1, H * D, JLM_K_TOL_SOFTMAX), "attention GQA 32/8 heads x 128, 777 keys, sinks");
+    /* an F16 cache: the rows rounded on the device (bit for bit the CPU's), attention reading the halves */
+    static uint16_t kh[HKV * NKV * D], vh[HKV * NKV * D], dh[HKV * NKV * D];
+    uint16_t *dkh = dev_zero(sizeof kh), *dvh = dev_zero(sizeof vh);
+    launch_ok(jlm_cu_launch_to_f16(dkh, dk, HKV * NKV * D, NULL), "to_f16");
+    launch_ok(jlm_cu_launch_to_f16(dvh, dv, HKV * NKV * D, NULL), "to_f16");
+    int same = 1;
+    back(dh, dkh, sizeof dh);
+    for (uint64_t i = 0; i < HKV * NKV * D; i++) {
+        kh[i] = jlm_k_f32_to_fp16(k[i]);
+        vh[i] = jlm_k_f32_to_fp16(v[i]);
+        same &= dh[i] == kh[i];
+    }
+    back(dh, dvh, sizeof dh);
+    same &= !memcmp(dh, vh, sizeof vh);
+    report(same, "f16 rows bit-identical to the CPU's F16 cache");
+    p.kv_f16 = dp.kv_f16 = 1;
+    jlm_cu_host_attn(&p, q, kh, vh, sc, o0);
+    launch_ok(jlm_cu_launch_attn(&dp, dq, dkh, dvh, dsc, dout, NULL), "attn f16");
+    back(o1, dout, sizeof o1);
+    report(close_all(o0, o1, H * D, JLM_K_TOL_SOFTMAX), "attention over an F16 cache, 32/8 heads x 128, 777 keys");
     cudaFree((void *)dp.sinks), cudaFree(dq), cudaFree(dk), cudaFree(dv), cudaFree(dsc), cudaFree(dout);
+    cudaFree(dkh), cudaFree(dvh);
 }
 
 /* The router (128 experts, top 8, each mode) and the combine against the host
