@@ -45,7 +45,8 @@ static void regions(const jlm_header *h, span_region r[4])
     r[3] = (span_region){h->exp_data_off, h->exp_page_size, h->n_exp_pages};
 }
 
-static uint64_t pieces(uint64_t len, uint64_t chunk) { return (len + chunk - 1) / chunk; }
+/* len / chunk rounded up, without len + chunk - 1 (a forged page size near 2^64 wrapped it to 0) */
+static uint64_t pieces(uint64_t len, uint64_t chunk) { return len / chunk + (len % chunk != 0); }
 
 /* Counts (spans == NULL) or fills the spans; returns the count, 0 on overflow. */
 static uint64_t make_spans(const jlm_header *h, jlm_span *spans)

@@ -10,6 +10,7 @@
 #include "tests/testutil.h"
 
 #include <criterion/criterion.h>
+#include <fcntl.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -237,4 +238,31 @@ Test(sums, the_avx2_hash_is_the_same_xxh3_as_the_other_loop_at_every_length)
                 cr_assert_eq(jlm_sums_hash_avx2(b + off, n), want, "AVX2, length %zu at offset %zu", n, off);
         }
     free(b);
+}
+
+/* fuzz_sums's find (tests/fuzz/seeds-sums/page-size-near-2-64, the
+ * target's layout: a container header, its file size, then the sidecar):
+ * a forged vision page size near 2^64, which the header's validator let
+ * through beside a forged file size, wrapped the span count's rounding to 0
+ * and the loader divided by it (SIGFPE). Now a clean refusal naming the
+ * sidecar. */
+Test(sums, a_page_size_near_2_64_is_refused_not_divided_by_zero)
+{
+    size_t n = 0;
+    char *seed = pf("%s/%s", tu_root(), "tests/fuzz/seeds-sums/page-size-near-2-64");
+    unsigned char *d = tu_read_file(seed, &n);
+    cr_assert(d && n > JLM_HEADER_LEN + 8, "%s", seed);
+    uint64_t fs = 0;
+    for (int i = 0; i < 8; i++)
+        fs |= (uint64_t)d[JLM_HEADER_LEN + i] << (8 * i);
+    char *side = pf("%s/%s", g_tmp, "forged.sums");
+    FILE *f = fopen(side, "wb");
+    cr_assert(f && fwrite(d + JLM_HEADER_LEN + 8, 1, n - JLM_HEADER_LEN - 8, f) == n - JLM_HEADER_LEN - 8 && !fclose(f));
+    jlm_sums *s = NULL;
+    jlm_err err = {0};
+    cr_assert_neq(jlm_sums_load(AT_FDCWD, side, d, fs, &s, &err), 0, "a forged header was taken");
+    cr_assert(!s && strstr(err.msg, side) && !strchr(err.msg, '\n'), "%s", err.msg);
+    free(side);
+    free(d);
+    free(seed);
 }
