@@ -797,6 +797,36 @@ Test(grammar, utf8_partial_tokens_are_allowed_only_toward_a_completion, .timeout
     jlm_gram_free(g);
 }
 
+/* Nested optional rules reach one parse stack by exponentially many paths (the
+ * inner "a"? may be empty at every level); each step expands a stack once, so
+ * these finish (they took hours when every path was walked). */
+Test(grammar, nested_optional_repetitions_match_in_linear_work, .timeout = 20)
+{
+    char a[1602];
+    memset(a, 'a', sizeof a - 1);
+    a[sizeof a - 1] = 0;
+    jlm_gram *g = parse_ok("root ::= ((\"a\"?){0,40}){0,40}");
+    cr_expect(matches(g, ""));
+    cr_expect(matches(g, "aaaa"));
+    a[1600] = 0;
+    cr_expect(matches(g, a), "40 x 40 a's");
+    a[1600] = 'a';
+    cr_expect(!matches(g, a), "one a more than 40 x 40");
+    cr_expect(!matches(g, "aab"));
+    jlm_gram_free(g);
+    g = parse_ok("root ::= x{0,30} \"!\"\nx ::= y{0,30}\ny ::= \"a\"? \"b\"?");
+    const char *pc[] = {"a", "b", "!", "c", ""};
+    jlm_gram_vocab *v = small_vocab(pc, 5, 4);
+    char got[17];
+    allowed(g, v, 5, "abba", -1, got);
+    cr_expect_str_eq(got, "11100", "after abba: a, b or the closing !");
+    allowed(g, v, 5, "abba!", -1, got);
+    cr_expect_str_eq(got, "00001", "after !: only the end");
+    cr_expect(matches(g, "ababbbaab!") && !matches(g, "abc!"));
+    jlm_gram_vocab_free(v);
+    jlm_gram_free(g);
+}
+
 Test(grammar, the_budget_leaves_only_tokens_that_can_still_close, .timeout = 10)
 {
     jlm_gram *g = parse_ok("root ::= \"[\" (\"ab\" | \"c\")* \"]\"");

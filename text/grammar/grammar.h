@@ -49,6 +49,7 @@
 #define JLM_GRAM_MAX_RULES   65536
 #define JLM_GRAM_MAX_STACK   1024        /* nesting the matcher follows */
 #define JLM_GRAM_MAX_STACKS  4096        /* live parses the matcher follows */
+#define JLM_GRAM_MAX_EXPAND  16384       /* rule stacks one step expands */
 
 typedef struct jlm_gram jlm_gram;
 typedef struct jlm_gram_vocab jlm_gram_vocab;

@@ -90,22 +90,87 @@ static int cls_has(const jlm_gram *g, uint32_t c, uint32_t lo, uint32_t hi)
     return 0;
 }
 
-/* Expands w[0, n) until its top is a character (or it is empty) into out.
- * w has room for JLM_GRAM_MAX_STACK + 1 entries; w[0, n-1) is left as found. */
-static int expand(const jlm_gram *g, uint32_t *w, size_t n, sset *out, int depth)
+/* The work area of one step's expansions: the stack being built, and the
+ * stacks already expanded in this step. Expanding a stack twice adds nothing,
+ * and nested optional rules reach one stack by exponentially many paths
+ * (("a"?){0,40}){0,40} does), so each is expanded once; and a step expands at
+ * most JLM_GRAM_MAX_EXPAND stacks (the rest of an ambiguous parse is dropped,
+ * the same way on every path, so the mask and the matcher agree). */
+typedef struct xwork {
+    uint32_t *w;        /* (JLM_GRAM_MAX_STACK + 1,) */
+    sset      seen;     /* the stacks expanded this step */
+    uint32_t *slot;     /* (XW_SLOTS,) open addressing: seen index + 1, 0 empty */
+    uint32_t *used;     /* the slots taken, to empty them */
+} xwork;
+
+#define XW_SLOTS (2u * JLM_GRAM_MAX_EXPAND)
+
+static int xwork_init(xwork *X)
 {
+    X->w = malloc(sizeof *X->w * (JLM_GRAM_MAX_STACK + 1));
+    X->slot = calloc(XW_SLOTS, sizeof *X->slot);
+    X->used = malloc(sizeof *X->used * JLM_GRAM_MAX_EXPAND);
+    return X->w && X->slot && X->used ? 0 : JLM_ENOMEM;
+}
+
+static void xwork_free(xwork *X)
+{
+    free(X->w);
+    sset_free(&X->seen);
+    free(X->slot);
+    free(X->used);
+}
+
+/* Starts a step. */
+static void xwork_reset(xwork *X)
+{
+    for (size_t k = 0; k < X->seen.ns; k++) X->slot[X->used[k]] = 0;
+    sset_clear(&X->seen);
+}
+
+/* 1 when w[0, n) was expanded already this step (or the step's work is
+ * spent), 0 after recording it as expanded now, or JLM_ENOMEM. */
+static int xwork_seen(xwork *X, size_t n)
+{
+    if (X->seen.ns >= JLM_GRAM_MAX_EXPAND) return 1;
+    const uint32_t *w = X->w;
+    uint32_t h = 2166136261u;
+    for (size_t k = 0; k < n; k++) h = (h ^ w[k]) * 16777619u;
+    uint32_t k = (h * 0x9E3779B9u) & (XW_SLOTS - 1);
+    for (; X->slot[k]; k = (k + 1) & (XW_SLOTS - 1)) {
+        uint32_t i = X->slot[k] - 1, o = X->seen.off[i];
+        if (X->seen.h[i] == h && X->seen.off[i + 1] - o == n && !memcmp(X->seen.d + o, w, n * sizeof *w)) return 1;
+    }
+    sset *s = &X->seen;
+    if (sset_reserve(s, n)) return JLM_ENOMEM;
+    memcpy(s->d + s->nd, w, n * sizeof *w);
+    s->nd += n;
+    s->h[s->ns] = h;
+    X->used[s->ns] = k;
+    s->off[++s->ns] = (uint32_t)s->nd;
+    X->slot[k] = (uint32_t)s->ns;
+    return 0;
+}
+
+/* Expands w[0, n) until its top is a character (or it is empty) into out.
+ * w[0, n-1) is left as found. */
+static int expand(const jlm_gram *g, xwork *X, size_t n, sset *out, int depth)
+{
+    uint32_t *w = X->w;
     if (n == 0) return sset_add(out, w, 0);
     uint32_t p = w[n - 1];
     if (g->el[p].t == GE_CHR) return sset_add(out, w, n);
     if (depth > 4096) return 0;   /* bounded: a chain of rules this long is dropped */
+    int seen = xwork_seen(X, n);
+    if (seen) return seen == 1 ? 0 : seen;
     size_t m = n - 1;
     if (!jlm_gram_is_end(&g->el[p + 1])) w[m++] = p + 1;
     int rc = 0;
     for (uint32_t a = g->rule[g->el[p].v];;) {
-        if (jlm_gram_is_end(&g->el[a])) rc = expand(g, w, m, out, depth + 1);
+        if (jlm_gram_is_end(&g->el[a])) rc = expand(g, X, m, out, depth + 1);
         else if (m < JLM_GRAM_MAX_STACK) {
             w[m] = a;
-            rc = expand(g, w, m + 1, out, depth + 1);
+            rc = expand(g, X, m + 1, out, depth + 1);
         }
         if (rc) break;
         while (!jlm_gram_is_end(&g->el[a])) a++;
@@ -117,9 +182,11 @@ static int expand(const jlm_gram *g, uint32_t *w, size_t n, sset *out, int depth
 }
 
 /* The stacks of in whose top accepts cp, advanced past it, into out. */
-static int accept_cp(const jlm_gram *g, const sset *in, uint32_t cp, sset *out, uint32_t *w)
+static int accept_cp(const jlm_gram *g, const sset *in, uint32_t cp, sset *out, xwork *X)
 {
+    uint32_t *w = X->w;
     sset_clear(out);
+    xwork_reset(X);
     for (size_t k = 0; k < in->ns; k++) {
         size_t n = in->off[k + 1] - in->off[k];
         if (!n) continue;
@@ -129,7 +196,7 @@ static int accept_cp(const jlm_gram *g, const sset *in, uint32_t cp, sset *out, 
         memcpy(w, s, n * sizeof *w);
         w[n - 1] = p + 1;
         if (jlm_gram_is_end(&g->el[p + 1])) n--;
-        int rc = expand(g, w, n, out, 0);
+        int rc = expand(g, X, n, out, 0);
         if (rc) return rc;
     }
     return 0;
@@ -151,7 +218,7 @@ typedef struct u8st { uint32_t cp, rem, min; } u8st;   /* a code point being dec
 
 /* Feeds one byte: out gets the stacks alive after it, *st the UTF-8 state.
  * Returns 1 alive, 0 dead, or JLM_ENOMEM. */
-static int feed(const jlm_gram *g, const sset *in, u8st *st, unsigned char b, sset *out, uint32_t *w)
+static int feed(const jlm_gram *g, const sset *in, u8st *st, unsigned char b, sset *out, xwork *X)
 {
     uint32_t cp, rem, min = st->min;
     if (!st->rem) {
@@ -175,7 +242,7 @@ static int feed(const jlm_gram *g, const sset *in, u8st *st, unsigned char b, ss
         rc = filter(g, in, lo, hi, out);
     } else {
         if (cp < min || (cp >= 0xD800 && cp <= 0xDFFF)) return 0;   /* overlong, or a surrogate: not UTF-8 */
-        rc = accept_cp(g, in, cp, out, w);
+        rc = accept_cp(g, in, cp, out, X);
     }
     if (rc) return rc;
     st->cp = rem ? cp : 0;   /* a finished code point leaves no state (the cache keys on it) */
@@ -331,7 +398,7 @@ struct jlm_gram_match {
     const jlm_gram *g;
     sset      cur, tmp;
     u8st      st;
-    uint32_t *w;          /* (JLM_GRAM_MAX_STACK + 1,) */
+    xwork     x;          /* one step's expansions */
     sset     *lv;         /* one set per trie depth */
     size_t    nlv;
     uint8_t  *allow;
@@ -470,7 +537,7 @@ void jlm_gram_match_free(jlm_gram_match *m)
     sset_free(&m->tmp);
     for (size_t k = 0; k < m->nlv; k++) sset_free(&m->lv[k]);
     free(m->lv);
-    free(m->w);
+    xwork_free(&m->x);
     free(m->allow);
     cache_clear(m);
     free(m->states);
@@ -483,18 +550,17 @@ void jlm_gram_match_free(jlm_gram_match *m)
 int jlm_gram_match_new(const jlm_gram *g, jlm_gram_match **out, jlm_err *err)
 {
     jlm_gram_match *m = calloc(1, sizeof *m);
-    if (m) m->w = malloc(sizeof *m->w * (JLM_GRAM_MAX_STACK + 1));
-    int rc = !m || !m->w ? JLM_ENOMEM : 0;
+    int rc = !m ? JLM_ENOMEM : xwork_init(&m->x);
     if (!rc) {
         m->g = g;
-        m->w[0] = g->rule[g->root];   /* as if a ref to root were the only element */
         /* expand a virtual stack [root's alternatives] */
         sset_clear(&m->cur);
+        xwork_reset(&m->x);
         for (uint32_t a = g->rule[g->root]; !rc;) {
-            if (jlm_gram_is_end(&g->el[a])) rc = expand(g, m->w, 0, &m->cur, 0);
+            if (jlm_gram_is_end(&g->el[a])) rc = expand(g, &m->x, 0, &m->cur, 0);
             else {
-                m->w[0] = a;
-                rc = expand(g, m->w, 1, &m->cur, 0);
+                m->x.w[0] = a;
+                rc = expand(g, &m->x, 1, &m->cur, 0);
             }
             while (!jlm_gram_is_end(&g->el[a])) a++;
             if (g->el[a].t == GE_END) break;
@@ -519,7 +585,7 @@ int jlm_gram_accept_bytes(jlm_gram_match *m, const char *bytes, size_t len, jlm_
     u8st st = m->st;
     int rc = sset_copy(&a, &m->cur);
     for (size_t k = 0; !rc && k < len; k++) {
-        rc = feed(m->g, &a, &st, (unsigned char)bytes[k], &b, m->w);
+        rc = feed(m->g, &a, &st, (unsigned char)bytes[k], &b, &m->x);
         if (rc == 0) rc = jlm_errf(err, JLM_EINVAL, "grammar: byte %zu of the text does not continue the grammar", k);
         else if (rc == 1) {
             sset t = a; a = b; b = t;
@@ -581,7 +647,7 @@ static int walk_node(walk *W, uint32_t node, size_t depth, const sset *in, u8st 
             s2 = m->states[osid]->st;
             cost = m->states[osid]->cost;
         } else {
-            int rc = feed(m->g, in, &s2, (unsigned char)ch->byte, &m->lv[depth + 1], m->w);
+            int rc = feed(m->g, in, &s2, (unsigned char)ch->byte, &m->lv[depth + 1], &m->x);
             if (rc < 0) return rc;
             if (!rc) {
                 if (S && S->row) S->row[ch->byte] = CACHE_DEAD;
