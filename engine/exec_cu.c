@@ -11,7 +11,7 @@
  * CPU's cache rounds them, jlm_kv_put_row; a sliding window's attention reads
  * its keys from the window's first); any other sequence (jlm_engine_seq:
  * serve, batches) and what the kernels are not wired for yet (Q8_0 caches,
- * GELU gates, latent attention; the routed experts: exec_cu_moe.c) is JLM_EUNSUPPORTED,
+ * latent attention; the routed experts: exec_cu_moe.c) is JLM_EUNSUPPORTED,
  * decided per model, layer and sequence before anything is enqueued (the
  * walk: exec_dev.c), so a block always
  * runs on the same side. --profile's stamps go on the compute stream at
@@ -276,15 +276,25 @@ static int op_add(jlm_exd *k, int dst, int src)
                                                n, 0, 0, CS), "residual add");
 }
 
+/* The gate's activation over n elements of G (times U): SwiGLU, SwiGLU-OAI,
+ * or gemma3's GELU through ggml's fp16 table then times up (two kernels,
+ * in jlm_ex_activate's order: bit-identical to the CPU's). */
 static int op_act(jlm_exd *k, int act, uint64_t n)
 {
-    if (act != JLM_ACT_SWIGLU && act != JLM_ACT_SWIGLU_OAI)
-        return UNSUP;   /* GELU through llama.cpp's fp16 table: no kernel yet */
-    int oai = act == JLM_ACT_SWIGLU_OAI;
-    return k->dry ? JLM_OK
-                  : launched(k, jlm_cu_rt_elem(ecu(k)->rt, oai ? JLM_CU_SWIGLU_OAI : JLM_CU_SWIGLU, abp(k, JLM_B_G, 0),
-                                               abp(k, JLM_B_G, 0), abp(k, JLM_B_U, 0), n, oai ? 1.702f : 0.0f,
-                                               oai ? 7.0f : 0.0f, CS), "the gate's activation");
+    if (k->dry)
+        return JLM_OK;   /* the walk's kinds */
+    jlm_cu_rt *rt = ecu(k)->rt;
+    float *g = abp(k, JLM_B_G, 0), *u = abp(k, JLM_B_U, 0);
+    int rc;
+    if (act == JLM_ACT_GELU_FP16) {
+        rc = jlm_cu_rt_elem(rt, JLM_CU_GELU_FP16, g, g, NULL, n, 0, 0, CS);
+        rc = rc ? rc : jlm_cu_rt_elem(rt, JLM_CU_MUL, g, g, u, n, 0, 0, CS);
+    } else {
+        int oai = act == JLM_ACT_SWIGLU_OAI;
+        rc = jlm_cu_rt_elem(rt, oai ? JLM_CU_SWIGLU_OAI : JLM_CU_SWIGLU, g, g, u, n, oai ? 1.702f : 0.0f,
+                            oai ? 7.0f : 0.0f, CS);
+    }
+    return launched(k, rc, "the gate's activation");
 }
 
 static int op_moe(jlm_exd *k, const jlm_op *op) { return jlm_ecu_moe(ecu(k), k->e, &k->b, op, k->dry, k->err); }

@@ -854,6 +854,20 @@ Test(cuda, whole_blocks_with_an_f16_cache_give_the_cpus_f16_ids_in_one_round_tri
     free(dir);
 }
 
+/* gemma3 on whole blocks on the emulated device (sliding-window layers,
+ * their own RoPE base, the fp16-table GELU gate times up, the post-norms),
+ * over F32 and F16 caches, whole and at --gpu-layers 2: the CPU's greedy
+ * ids, its logits within the whole-block tolerance, and a decoded token is
+ * one round trip (the matmul offload, where GELU gates used to leave
+ * gemma3's blocks: 4 a layer) with activations up + down of at most its
+ * embedding, its logits and 4 KiB: backend_matrix.h's bm_whole_blocks_gemma3,
+ * as on Vulkan. */
+Test(cuda, whole_blocks_of_gemma3_and_an_f16_cache_give_the_cpus_ids, .timeout = 300)
+{
+    setenv("JLM_CUDA_EMULATE", "1", 1);
+    bm_whole_blocks_gemma3("cuda");
+}
+
 /* f's whole text (from its start), or NULL. */
 static char *file_text(FILE *f)
 {

@@ -1668,90 +1668,9 @@ Test(vulkan, profiling_leaves_ids_and_logits_unchanged, .timeout = 120)
 }
 
 /* gemma3 on whole blocks (sliding-window layers, their own RoPE base, the
- * fp16-table GELU gate, the post-norms) and an F16 KV cache on the device,
- * each against the CPU with the same --kv, whole and at --gpu-layers 2: a
- * 20-token prompt and 12 more (past the test models' window of 16). The
- * quantized gemma3 models and stories260K give the CPU's greedy ids; every
- * model, fed the CPU's ids, gives logits within the whole-block tolerance
- * (5e-4 of the largest on float weights, 0.05 quantized) with the same pick
- * wherever the CPU's margin exceeds twice the difference; and a decoded
- * token is one round trip (gemma3v's 514 logits included: the output's rows
- * need no aligned binding) with activations up + down of at most its
- * embedding, its logits and 4 KiB. */
+ * fp16-table GELU gate, the post-norms) and an F16 KV cache on the device:
+ * backend_matrix.h's bm_whole_blocks_gemma3. */
 Test(vulkan, whole_blocks_of_gemma3_and_an_f16_cache_give_the_cpus_ids, .timeout = 300)
 {
-    static const struct { const char *name; int greedy; double tol; } MODELS[] = {
-        {"synth-gemma3-256.Q8_0", 1, 0.05}, {"synth-gemma3-256.Q4_K_M", 1, 0.05},
-        {"synth-gemma3v-128.F32", 0, 5e-4}, {"stories260K", 1, 5e-4}};
-    enum { NP = 20, NG = 12 };
-    int32_t prompt[NP], ic[NG], iv[NG];
-    for (int i = 0; i < NP; i++)
-        prompt[i] = 1 + 4 * i;
-    char *dir = tu_tmpdir();
-    for (size_t m = 0; m < sizeof MODELS / sizeof MODELS[0]; m++) {
-        char gguf[256];
-        jlm_err err = {0};
-        snprintf(gguf, sizeof gguf, "%s.gguf", MODELS[m].name);
-        char *path = tu_convert(gguf, dir, "g.jlm", &err);
-        cr_assert(path, "%s", err.msg);
-        for (int f16 = 0; f16 < 2; f16++) {
-            const char *kv = f16 ? "f16" : "f32";
-            if (!f16 && !strcmp(MODELS[m].name, "stories260K"))
-                continue;   /* F32 caches: whole_blocks_on_the_device_give_the_cpus_ids_... */
-            jlm_engine *ec = engine_kv(path, "cpu", 0, kv);
-            const jlm_model *md = jlm_engine_model(ec);
-            uint64_t E = md->config.n_embd;
-            uint32_t nv = jlm_engine_n_vocab(ec);
-            float *lc = malloc(nv * 8), *lv = lc + nv;   /* the CPU's logits, the device's */
-            if (MODELS[m].greedy)
-                bm_greedy_ids(ec, prompt, NP, NG, ic, lc);
-            for (int split = 0; split < 2; split++) {
-                jlm_engine *ev = engine_kv(path, "vulkan", split ? 2 : 0, kv);
-                if (!ev) {
-                    tu_rmrf(dir);
-                    cr_skip_test("vulkan: no device");
-                }
-                const char *what = split ? "--gpu-layers 2" : "whole";
-                if (MODELS[m].greedy) {
-                    bm_greedy_ids(ev, prompt, NP, NG, iv, lv);
-                    cr_assert(!memcmp(ic, iv, sizeof ic), "%s --kv %s (%s): greedy ids differ", MODELS[m].name, kv,
-                              what);
-                    jlm_engine_rewind(ev, 0);
-                }
-                jlm_engine_rewind(ec, 0);
-                const int32_t *tok = prompt;
-                int32_t next;
-                uint32_t n = NP;
-                for (int step = 0; step < NG; step++) {
-                    jlm_dev_stats s0, s1;
-                    jlm_engine_dev_stats(ev, &s0);
-                    cr_assert_eq(jlm_engine_eval(ec, tok, n, lc, &err), 0, "%s", err.msg);
-                    cr_assert_eq(jlm_engine_eval(ev, tok, n, lv, &err), 0, "%s", err.msg);
-                    jlm_engine_dev_stats(ev, &s1);
-                    /* an F16 cache on float weights: the K/V rows' last f32 bits (norms, RoPE inputs)
-                     * can put an element one half-ulp (2^-11 relative) off the CPU's: the CPU's own F16
-                     * tolerance (2e-3, test_engine.c) */
-                    double tol = f16 && MODELS[m].tol < 2e-3 ? 2e-3 : MODELS[m].tol;
-                    char label[256];
-                    snprintf(label, sizeof label, "%s --kv %s (%s), step %d", MODELS[m].name, kv, what, step);
-                    int32_t pc = bm_lockstep_pick(lc, lv, nv, tol, label);
-                    unsigned long long rt = s1.waits - s0.waits, act = s1.act_up + s1.act_down - s0.act_up - s0.act_down;
-                    cr_assert(step == 0 || rt == 1, "%s --kv %s (%s), step %d: %llu round trips",
-                              MODELS[m].name, kv, what, step, rt);
-                    cr_assert(step == 0 || act <= E * 4 + (uint64_t)nv * 4 + 4096,
-                              "%s --kv %s (%s), step %d: %llu activation bytes (embedding %llu, logits %llu)",
-                              MODELS[m].name, kv, what, step, act, (unsigned long long)E * 4, (unsigned long long)nv * 4);
-                    next = pc;
-                    tok = &next;
-                    n = 1;
-                }
-                jlm_engine_close(ev);
-            }
-            free(lc);
-            jlm_engine_close(ec);
-        }
-        free(path);
-    }
-    tu_rmrf(dir);
-    free(dir);
+    bm_whole_blocks_gemma3("vulkan");
 }
