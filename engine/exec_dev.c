@@ -149,6 +149,15 @@ int jlm_exd_plan(jlm_exd *k, const jlm_exd_ops *ops, void *be, jlm_engine *e, co
     return JLM_OK;
 }
 
+int jlm_exd_held(const float *xh, uint32_t x_rows, uint32_t x_E, uint64_t ab_rows, const float *x, uint32_t n,
+                 uint32_t E, uint64_t *r0)
+{
+    if (!xh || E != x_E || n > ab_rows || x < xh || x + (uint64_t)n * E > xh + (uint64_t)x_rows * E)
+        return 0;
+    *r0 = (uint64_t)(x - xh) / E;
+    return 1;
+}
+
 /* A bank's shape (k x rows each expert); quantized types whole 32-blocks. */
 static int bank_ok(const jlm_tensor *t, uint64_t k, uint64_t rows)
 {
