@@ -463,12 +463,10 @@ int jlm_ecu_output(jlm_dev *d, const float *norm, float eps, const jlm_k_mat *m,
     jlm_ecu *v = (jlm_ecu *)d;
     jlm_ecu_blk *s = &v->blk;
     const float *w = NULL;
-    uint64_t bytes = (uint64_t)n * m->rows * 4;
-    if (!s->x_host || E != s->x_E || n > s->ab_rows || x < s->x_host ||
-        x + (uint64_t)n * E > s->x_host + (uint64_t)s->x_rows * E || m->k != E ||
+    uint64_t bytes = (uint64_t)n * m->rows * 4, r0;
+    if (!jlm_exd_held(s->x_host, s->x_rows, s->x_E, s->ab_rows, x, n, E, &r0) || m->k != E ||
         matmul_rows(v, m, n, NULL, JLM_B_H, NULL, 0, 1, NULL) || vec(v, norm, E, &w))
         return UNSUP;
-    uint64_t r0 = (uint64_t)(x - s->x_host) / E;
     int rc = jlm_ecu_frames_wait(v, err);
     if (!rc && s->logits.cap < bytes) {
         if (s->logits.p)

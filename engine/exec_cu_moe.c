@@ -22,6 +22,7 @@
  * (JLM_ROUTE_SIGMOID_IN: one expert) scales the routed expert's input row
  * in place once the shared expert (the ops before) has read it. */
 #include "engine/backend_cu_int.h"
+#include "engine/exec_dev.h"
 #include "engine/exec_int.h"
 
 #include <stdlib.h>
@@ -59,59 +60,24 @@ void jlm_ecu_moe_free(jlm_ecu *v)
     v->blk.moe = NULL;
 }
 
-/* One MoE block's operands, checked (plan) before anything is enqueued. */
+/* One MoE block's operands (jlm_exd_moe), checked (plan) before anything
+ * is enqueued. */
 typedef struct moe_blk {
+    jlm_exd_moe       p;
     jlm_ecu          *v;
-    jlm_engine       *e;
-    const jlm_ex_blk *b;
-    const jlm_op     *op;
-    jlm_err          *err;
-    const jlm_tensor *tg, *tu, *td;
     const float      *rb, *bg, *bu, *bd;   /* device addresses of the biases (NULL: none) */
-    uint64_t          E, nff;
-    uint32_t          ne, nu, first;       /* first: the page of the bank's expert 0 */
-    float            *ins;                 /* (rows) JLM_ROUTE_SIGMOID_IN: each row's input scale */
 } moe_blk;
-
-/* A bank's shape (k x rows each expert); quantized types whole 32-blocks. */
-static int bank_ok(const jlm_tensor *t, uint64_t k, uint64_t rows)
-{
-    return t && jlm_tensor_k(t) == k && jlm_tensor_rows(t) == rows &&
-           (jlm_fmt_type_traits(t->type)->is_float || k % 32 == 0);
-}
-
-/* The device address of block l's dense vector of role r, n floats. */
-static int bias_of(moe_blk *mb, uint16_t r, uint64_t n, const float **out)
-{
-    return jlm_ecu_vec(mb->v, vec_dense(mb->e, W(mb->e, (int32_t)mb->b->l, r)), n, out);
-}
 
 static int plan(moe_blk *mb)
 {
-    jlm_engine *e = mb->e;
-    const jlm_config *c = e->c;
-    const jlm_op *op = mb->op;
-    mb->E = c->n_embd;
-    mb->ne = c->n_expert;
-    mb->nu = c->n_expert_used;
-    mb->tg = blk_w(e, mb->b, op->w[1]);
-    mb->tu = blk_w(e, mb->b, op->w[2]);
-    mb->td = blk_w(e, mb->b, op->w[3]);
-    if ((op->act != JLM_ACT_SWIGLU && op->act != JLM_ACT_SWIGLU_OAI) ||
-        !blk_w(e, mb->b, op->w[0]) || !mb->tg || !mb->ne || mb->ne > JLM_MAX_EXPERTS || !mb->nu ||
-        mb->nu > mb->ne || mb->nu > JLM_MAX_EXPERTS_USED)
-        return UNSUP;   /* GELU gates */
-    mb->nff = jlm_tensor_rows(mb->tg);
-    if (!bank_ok(mb->tg, mb->E, mb->nff) || !bank_ok(mb->tu, mb->E, mb->nff) || !bank_ok(mb->td, mb->nff, mb->E))
+    jlm_exd_moe *p = &mb->p;
+    const float **dev[4] = {&mb->rb, &mb->bg, &mb->bu, &mb->bd};
+    jlm_k_mat wr = blk_mat(p->e, p->b, p->op->w[0]);
+    if (jlm_ecu_matmul_rows(mb->v, &wr, p->b->n, NULL, JLM_B_H, NULL, 0, 1, NULL))
         return UNSUP;
-    jlm_k_mat wr = blk_mat(e, mb->b, op->w[0]);
-    if (wr.k != mb->E || wr.rows != mb->ne ||
-        jlm_ecu_matmul_rows(mb->v, &wr, mb->b->n, NULL, JLM_B_H, NULL, 0, 1, NULL) ||
-        bias_of(mb, JLM_R_ROUTER_B, mb->ne, &mb->rb) || bias_of(mb, JLM_R_EXP_GATE_B, mb->ne * mb->nff, &mb->bg) ||
-        bias_of(mb, JLM_R_EXP_UP_B, mb->ne * mb->nff, &mb->bu) || bias_of(mb, JLM_R_EXP_DOWN_B, mb->ne * mb->E, &mb->bd))
-        return UNSUP;
-    const jlm_header *hd = &e->m->hdr;
-    mb->first = (uint32_t)((mb->tg->qs_off - hd->exp_data_off) / hd->exp_page_size);
+    for (int i = 0; i < 4; i++)
+        if (jlm_ecu_vec(mb->v, p->bias[i], p->bias_n[i], dev[i]))
+            return UNSUP;
     return JLM_OK;
 }
 
@@ -122,18 +88,18 @@ static int records(moe_blk *mb)
 {
     jlm_ecu *v = mb->v;
     moebufs *m = v->blk.moe;
-    if (m->rec_E == mb->E && m->rec_nff == mb->nff && m->rec_nu == mb->nu)
+    if (m->rec_E == mb->p.E && m->rec_nff == mb->p.nff && m->rec_nu == mb->p.nu)
         return JLM_OK;
     jlm_cu_act h[1 + JLM_MAX_EXPERTS_USED];
-    h[0] = jlm_ecu_act_at(&m->q, &m->d, &m->s, mb->E, 0);
-    for (uint32_t s = 0; s < mb->nu; s++)
-        h[1 + s] = jlm_ecu_act_at(&m->q, &m->d, &m->s, mb->nff, s * mb->nff);
-    int rc = jlm_ecu_records_up(v, m->rec.p, h, 1ull + mb->nu, mb->err);
+    h[0] = jlm_ecu_act_at(&m->q, &m->d, &m->s, mb->p.E, 0);
+    for (uint32_t s = 0; s < mb->p.nu; s++)
+        h[1 + s] = jlm_ecu_act_at(&m->q, &m->d, &m->s, mb->p.nff, s * mb->p.nff);
+    int rc = jlm_ecu_records_up(v, m->rec.p, h, 1ull + mb->p.nu, mb->p.err);
     if (rc)
         return rc;
-    m->rec_E = mb->E;
-    m->rec_nff = mb->nff;
-    m->rec_nu = mb->nu;
+    m->rec_E = mb->p.E;
+    m->rec_nff = mb->p.nff;
+    m->rec_nu = mb->p.nu;
     return JLM_OK;
 }
 
@@ -142,16 +108,16 @@ static int records(moe_blk *mb)
 static int moe_buffers(moe_blk *mb, uint32_t n)
 {
     jlm_ecu *v = mb->v;
-    jlm_err *err = mb->err;
+    jlm_err *err = mb->p.err;
     if (!v->blk.moe && !(v->blk.moe = calloc(1, sizeof *v->blk.moe)))
         return jlm_errf(err, JLM_ENOMEM, "cuda: out of memory");
     moebufs *m = v->blk.moe;
-    uint64_t nk = mb->nu * mb->nff > mb->E ? mb->nu * mb->nff : mb->E;
+    uint64_t nk = mb->p.nu * mb->p.nff > mb->p.E ? mb->p.nu * mb->p.nff : mb->p.E;
     const void *at[3] = {m->q.p, m->d.p, m->s.p};
-    uint64_t lgb = (uint64_t)n * mb->ne * 4, wb = (uint64_t)n * mb->nu * 4;
+    uint64_t lgb = (uint64_t)n * mb->p.ne * 4, wb = (uint64_t)n * mb->p.nu * 4;
     struct { scratch *s; uint64_t n; int pinned; } want[] = {
-        {&m->lg, lgb, 0}, {&m->h_lg, lgb, 1}, {&m->w, wb, 0}, {&m->h_w, wb, 1}, {&m->g, mb->nu * mb->nff * 4, 0},
-        {&m->u, mb->nu * mb->nff * 4, 0}, {&m->o, mb->nu * mb->E * 4, 0}, {&m->q, nk, 0}, {&m->d, nk / 8, 0},
+        {&m->lg, lgb, 0}, {&m->h_lg, lgb, 1}, {&m->w, wb, 0}, {&m->h_w, wb, 1}, {&m->g, mb->p.nu * mb->p.nff * 4, 0},
+        {&m->u, mb->p.nu * mb->p.nff * 4, 0}, {&m->o, mb->p.nu * mb->p.E * 4, 0}, {&m->q, nk, 0}, {&m->d, nk / 8, 0},
         {&m->s, nk / 8, 0}, {&m->rec, (1ull + JLM_MAX_EXPERTS_USED) * sizeof(jlm_cu_act), 0}};
     int rc = JLM_OK;
     for (size_t i = 0; i < sizeof want / sizeof want[0] && !rc; i++)
@@ -168,36 +134,36 @@ static int moe_buffers(moe_blk *mb, uint32_t n)
 static int route_rows(moe_blk *mb, int32_t *picks, float *wts)
 {
     jlm_ecu *v = mb->v;
-    jlm_engine *e = mb->e;
+    jlm_engine *e = mb->p.e;
     moebufs *m = v->blk.moe;
-    uint32_t n = mb->b->n, ne = mb->ne, nu = mb->nu;
-    jlm_k_mat wr = blk_mat(e, mb->b, mb->op->w[0]);
-    jlm_ex_router_keep(e, mb->b->l, mb->b->page, mb->b->page_off);
-    int rc = jlm_ecu_matmul_rows(v, &wr, n, v->blk.ab[JLM_B_H].p, JLM_B_H, m->lg.p, 0, 0, mb->err);
+    uint32_t n = mb->p.b->n, ne = mb->p.ne, nu = mb->p.nu;
+    jlm_k_mat wr = blk_mat(e, mb->p.b, mb->p.op->w[0]);
+    jlm_ex_router_keep(e, mb->p.b->l, mb->p.b->page, mb->p.b->page_off);
+    int rc = jlm_ecu_matmul_rows(v, &wr, n, v->blk.ab[JLM_B_H].p, JLM_B_H, m->lg.p, 0, 0, mb->p.err);
     for (uint32_t t = 0; !rc && mb->rb && t < n; t++) {
         float *lg = (float *)m->lg.p + (uint64_t)t * ne;
         if (jlm_cu_rt_elem(v->rt, JLM_CU_ADD, lg, lg, mb->rb, ne, 0, 0, CS))
-            rc = jlm_ecu_fail(v, mb->err, "the router's bias");
+            rc = jlm_ecu_fail(v, mb->p.err, "the router's bias");
     }
     float *lg = rc ? NULL : malloc((uint64_t)n * ne * sizeof *lg);
     if (!rc && !lg)
-        rc = jlm_errf(mb->err, JLM_ENOMEM, "cuda: out of memory");
+        rc = jlm_errf(mb->p.err, JLM_ENOMEM, "cuda: out of memory");
     if (!rc)
-        rc = jlm_ecu_down(v, &m->h_lg, lg, m->lg.p, (uint64_t)n * ne * 4, mb->err);
+        rc = jlm_ecu_down(v, &m->h_lg, lg, m->lg.p, (uint64_t)n * ne * 4, mb->p.err);
     for (uint32_t t = 0; !rc && t < n; t++) {
-        mb->ins[t] = jlm_ex_route_pick(e, mb->op->route, mb->b->l, lg + (uint64_t)t * ne, picks + (uint64_t)t * nu,
-                                       wts + (uint64_t)t * nu, NULL);
-        jlm_ex_trace_route(e, mb->b->l, t, picks + (uint64_t)t * nu);
+        mb->p.ins[t] = jlm_ex_route_pick(e, mb->p.op->route, mb->p.b->l, lg + (uint64_t)t * ne,
+                                         picks + (uint64_t)t * nu, wts + (uint64_t)t * nu, NULL);
+        jlm_ex_trace_route(e, mb->p.b->l, t, picks + (uint64_t)t * nu);
     }
     free(lg);
     if (rc)
         return rc;
-    memcpy(e->route + (size_t)mb->b->l * nu, picks + (uint64_t)(n - 1) * nu, nu * sizeof(int32_t));
+    memcpy(e->route + (size_t)mb->p.b->l * nu, picks + (uint64_t)(n - 1) * nu, nu * sizeof(int32_t));
     uint64_t wb = (uint64_t)n * nu * 4;
     memcpy(m->h_w.p, wts, wb);   /* pinned: the stream was drained by the logits' copy */
     jlm_dev_prof_op(&v->dev, JLM_DEVP_XFER);
     if (jlm_cu_rt_h2d(v->rt, m->w.p, m->h_w.p, wb, CS))
-        return jlm_ecu_fail(v, mb->err, "the routing weights");
+        return jlm_ecu_fail(v, mb->p.err, "the routing weights");
     v->blk.queued = 1;
     v->st.act_up += wb;
     jlm_dev_prof_op(&v->dev, jlm_dev_op_class(JLM_OP_MOE));
@@ -212,10 +178,10 @@ static int mm(moe_blk *mb, const jlm_k_mat *m, const float *x, int rec, float *y
     jlm_cu_mat cm;
     int fl = jlm_fmt_type_traits(m->type)->is_float;
     if (jlm_ecu_planes(v, m, &cm, NULL))
-        return jlm_errf(mb->err, JLM_EIO, "cuda: block %u: an expert's planes are in no device frame", mb->b->l);
+        return jlm_errf(mb->p.err, JLM_EIO, "cuda: block %u: an expert's planes are in no device frame", mb->p.b->l);
     const jlm_cu_act *ra = (const jlm_cu_act *)v->blk.moe->rec.p + rec;
     v->st.matmuls++;
-    return jlm_cu_rt_matvec(v->rt, &cm, 1, fl ? x : NULL, fl ? NULL : ra, y, CS) ? jlm_ecu_fail(v, mb->err, "matvec")
+    return jlm_cu_rt_matvec(v->rt, &cm, 1, fl ? x : NULL, fl ? NULL : ra, y, CS) ? jlm_ecu_fail(v, mb->p.err, "matvec")
                                                                                  : JLM_OK;
 }
 
@@ -224,15 +190,15 @@ static int quantize(moe_blk *mb, const float *x, uint64_t k)
 {
     moebufs *m = mb->v->blk.moe;
     jlm_cu_act a = {k, m->q.p, m->d.p, m->s.p};
-    return jlm_cu_rt_quantize(mb->v->rt, x, &a, CS) ? jlm_ecu_fail(mb->v, mb->err, "quantize") : JLM_OK;
+    return jlm_cu_rt_quantize(mb->v->rt, x, &a, CS) ? jlm_ecu_fail(mb->v, mb->p.err, "quantize") : JLM_OK;
 }
 
 static int bias(moe_blk *mb, float *y, const float *bank, uint32_t xe, uint64_t n)
 {
     if (!bank)
         return JLM_OK;
-    return jlm_cu_rt_elem(mb->v->rt, JLM_CU_ADD, y, y, bank + xe * n, n, 0, 0, CS) ? jlm_ecu_fail(mb->v, mb->err, "bias")
-                                                                                   : JLM_OK;
+    return jlm_cu_rt_elem(mb->v->rt, JLM_CU_ADD, y, y, bank + xe * n, n, 0, 0, CS)
+               ? jlm_ecu_fail(mb->v, mb->p.err, "bias") : JLM_OK;
 }
 
 static int quantized(const jlm_tensor *t) { return !jlm_fmt_type_traits(t->type)->is_float; }
@@ -242,67 +208,69 @@ static int quantized(const jlm_tensor *t) { return !jlm_fmt_type_traits(t->type)
 static int row_experts(moe_blk *mb, uint32_t t, const int32_t *sel, const void *const *frames)
 {
     jlm_ecu *v = mb->v;
-    jlm_engine *e = mb->e;
+    jlm_engine *e = mb->p.e;
     moebufs *m = v->blk.moe;
-    uint64_t nff = mb->nff, E = mb->E;
+    uint64_t nff = mb->p.nff, E = mb->p.E;
     float *h = (float *)v->blk.ab[JLM_B_H].p + t * E, *g = m->g.p, *u = m->u.p, *o = m->o.p;
     int rc = JLM_OK;
-    if (mb->op->route == JLM_ROUTE_SIGMOID_IN &&   /* the shared expert has read h: scaled in place, as the CPU's */
-        jlm_cu_rt_elem(v->rt, JLM_CU_SCALE, h, h, NULL, E, mb->ins[t], 0, CS))
-        rc = jlm_ecu_fail(v, mb->err, "the routed expert's input scale");
-    if (!rc && (quantized(mb->tg) || quantized(mb->tu)))
+    if (mb->p.op->route == JLM_ROUTE_SIGMOID_IN &&   /* the shared expert has read h: scaled in place, as the CPU's */
+        jlm_cu_rt_elem(v->rt, JLM_CU_SCALE, h, h, NULL, E, mb->p.ins[t], 0, CS))
+        rc = jlm_ecu_fail(v, mb->p.err, "the routed expert's input scale");
+    if (!rc && (quantized(mb->p.tg) || quantized(mb->p.tu)))
         rc = quantize(mb, h, E);
-    for (uint32_t s = 0; !rc && s < mb->nu; s++) {   /* gate and up of every slot over h's int8 row */
+    for (uint32_t s = 0; !rc && s < mb->p.nu; s++) {   /* gate and up of every slot over h's int8 row */
         uint32_t xe = (uint32_t)sel[s];
-        jlm_k_mat wg = mat_expert(e, mb->tg, frames[s], mb->first, xe);
-        jlm_k_mat wu = mat_expert(e, mb->tu, frames[s], mb->first, xe);
+        jlm_k_mat wg = mat_expert(e, mb->p.tg, frames[s], mb->p.first, xe);
+        jlm_k_mat wu = mat_expert(e, mb->p.tu, frames[s], mb->p.first, xe);
         if (!(rc = mm(mb, &wg, h, 0, g + s * nff)) && !(rc = mm(mb, &wu, h, 0, u + s * nff)) &&
             !(rc = bias(mb, g + s * nff, mb->bg, xe, nff)))
             rc = bias(mb, u + s * nff, mb->bu, xe, nff);
     }
-    int oai = mb->op->act == JLM_ACT_SWIGLU_OAI;
-    if (!rc && jlm_cu_rt_elem(v->rt, oai ? JLM_CU_SWIGLU_OAI : JLM_CU_SWIGLU, g, g, u, mb->nu * nff,
+    int oai = mb->p.op->act == JLM_ACT_SWIGLU_OAI;
+    if (!rc && jlm_cu_rt_elem(v->rt, oai ? JLM_CU_SWIGLU_OAI : JLM_CU_SWIGLU, g, g, u, mb->p.nu * nff,
                               oai ? 1.702f : 0.0f, oai ? 7.0f : 0.0f, CS))
-        rc = jlm_ecu_fail(v, mb->err, "the experts' activation");
-    if (!rc && quantized(mb->td))
-        rc = quantize(mb, g, mb->nu * nff);   /* each slot's int8 row: quantizing is per 32-block */
-    for (uint32_t s = 0; !rc && s < mb->nu; s++) {
+        rc = jlm_ecu_fail(v, mb->p.err, "the experts' activation");
+    if (!rc && quantized(mb->p.td))
+        rc = quantize(mb, g, mb->p.nu * nff);   /* each slot's int8 row: quantizing is per 32-block */
+    for (uint32_t s = 0; !rc && s < mb->p.nu; s++) {
         uint32_t xe = (uint32_t)sel[s];
-        jlm_k_mat wd = mat_expert(e, mb->td, frames[s], mb->first, xe);
+        jlm_k_mat wd = mat_expert(e, mb->p.td, frames[s], mb->p.first, xe);
         if (!(rc = mm(mb, &wd, g + s * nff, 1 + (int)s, o + s * E)))
             rc = bias(mb, o + s * E, mb->bd, xe, E);
     }
     float *x = (float *)v->blk.ab[JLM_B_X].p + t * E;
-    if (!rc && jlm_cu_rt_moe_combine(v->rt, x, o, (const float *)m->w.p + (uint64_t)t * mb->nu, mb->nu, E, CS))
-        rc = jlm_ecu_fail(v, mb->err, "the experts' mixture");
+    if (!rc && jlm_cu_rt_moe_combine(v->rt, x, o, (const float *)m->w.p + (uint64_t)t * mb->p.nu, mb->p.nu, E, CS))
+        rc = jlm_ecu_fail(v, mb->p.err, "the experts' mixture");
     v->blk.queued = 1;
     return rc;
 }
 
 int jlm_ecu_moe(jlm_ecu *v, jlm_engine *e, const jlm_ex_blk *b, const jlm_op *op, int dry, jlm_err *err)
 {
-    moe_blk mb = {.v = v, .e = e, .b = b, .op = op, .err = err};
-    int rc = plan(&mb);
+    moe_blk mb = {.v = v};
+    int rc = jlm_exd_moe_plan(&mb.p, e, b, op, err);
+    if (!rc)
+        rc = plan(&mb);
     if (rc || dry)
         return rc;
-    int32_t *picks = malloc((uint64_t)b->n * mb.nu * sizeof *picks);
-    float *wts = malloc((uint64_t)b->n * mb.nu * sizeof *wts);
-    mb.ins = malloc((uint64_t)b->n * sizeof *mb.ins);
-    rc = picks && wts && mb.ins ? moe_buffers(&mb, b->n) : jlm_errf(err, JLM_ENOMEM, "cuda: out of memory");
+    int32_t *picks = malloc((uint64_t)b->n * mb.p.nu * sizeof *picks);
+    float *wts = malloc((uint64_t)b->n * mb.p.nu * sizeof *wts);
+    mb.p.ins = malloc((uint64_t)b->n * sizeof *mb.p.ins);
+    rc = picks && wts && mb.p.ins ? moe_buffers(&mb, b->n) : jlm_errf(err, JLM_ENOMEM, "cuda: out of memory");
     if (!rc)
         rc = route_rows(&mb, picks, wts);
     for (uint32_t t = 0; !rc && t < b->n; t++) {
-        const int32_t *sel = picks + (uint64_t)t * mb.nu;
+        const int32_t *sel = picks + (uint64_t)t * mb.p.nu;
         const void *frames[JLM_MAX_EXPERTS_USED];
-        if ((rc = jlm_stream_experts(e, mb.first, sel, mb.nu, frames, err)))
+        if ((rc = jlm_stream_experts(e, mb.p.first, sel, mb.p.nu, frames, err)))
             break;
         rc = jlm_ecu_frames_wait(v, err);   /* the kernels read the pages just paged in */
         if (!rc)
             rc = row_experts(&mb, t, sel, frames);
-        jlm_stream_experts_done(e, mb.first, sel, mb.nu);
+        jlm_stream_experts_done(e, mb.p.first, sel, mb.p.nu);
     }
     free(picks);
     free(wts);
-    free(mb.ins);
+    free(mb.p.ins);
     return rc;
 }

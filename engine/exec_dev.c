@@ -1,5 +1,6 @@
 /* exec_dev.c - the walk of a block program on a device backend, shared by
- * exec_vk.c and exec_cu.c (exec_dev.h). */
+ * exec_vk.c and exec_cu.c, and the MOE op's plan their exec_*_moe.c share
+ * (exec_dev.h). */
 #include "engine/exec_dev.h"
 
 #include <stdlib.h>
@@ -145,5 +146,49 @@ int jlm_exd_plan(jlm_exd *k, const jlm_exd_ops *ops, void *be, jlm_engine *e, co
         return UNSUP;
     if (!ok)
         return jlm_errf(err, JLM_EIO, "%s: block %u can no longer run on the device (its KV cache is there)", who, l);
+    return JLM_OK;
+}
+
+int jlm_exd_held(const float *xh, uint32_t x_rows, uint32_t x_E, uint64_t ab_rows, const float *x, uint32_t n,
+                 uint32_t E, uint64_t *r0)
+{
+    if (!xh || E != x_E || n > ab_rows || x < xh || x + (uint64_t)n * E > xh + (uint64_t)x_rows * E)
+        return 0;
+    *r0 = (uint64_t)(x - xh) / E;
+    return 1;
+}
+
+/* A bank's shape (k x rows each expert); quantized types whole 32-blocks. */
+static int bank_ok(const jlm_tensor *t, uint64_t k, uint64_t rows)
+{
+    return t && jlm_tensor_k(t) == k && jlm_tensor_rows(t) == rows &&
+           (jlm_fmt_type_traits(t->type)->is_float || k % 32 == 0);
+}
+
+int jlm_exd_moe_plan(jlm_exd_moe *p, jlm_engine *e, const jlm_ex_blk *b, const jlm_op *op, jlm_err *err)
+{
+    const jlm_config *c = e->c;
+    *p = (jlm_exd_moe){.e = e, .b = b, .op = op, .err = err, .E = c->n_embd, .ne = c->n_expert,
+                       .nu = c->n_expert_used, .tg = blk_w(e, b, op->w[1]), .tu = blk_w(e, b, op->w[2]),
+                       .td = blk_w(e, b, op->w[3])};
+    if ((op->act != JLM_ACT_SWIGLU && op->act != JLM_ACT_SWIGLU_OAI) || !blk_w(e, b, op->w[0]) || !p->tg ||
+        !p->ne || p->ne > JLM_MAX_EXPERTS || !p->nu || p->nu > p->ne || p->nu > JLM_MAX_EXPERTS_USED)
+        return UNSUP;   /* GELU gates */
+    p->nff = jlm_tensor_rows(p->tg);
+    if (!bank_ok(p->tg, p->E, p->nff) || !bank_ok(p->tu, p->E, p->nff) || !bank_ok(p->td, p->nff, p->E))
+        return UNSUP;
+    jlm_k_mat wr = blk_mat(e, b, op->w[0]);
+    if (wr.k != p->E || wr.rows != p->ne)
+        return UNSUP;
+    const jlm_header *hd = &e->m->hdr;
+    if (!hd->n_exp_pages)
+        return UNSUP;   /* banks outside an expert region: no page of expert 0 */
+    p->first = (uint32_t)((p->tg->qs_off - hd->exp_data_off) / hd->exp_page_size);
+    const uint16_t role[4] = {JLM_R_ROUTER_B, JLM_R_EXP_GATE_B, JLM_R_EXP_UP_B, JLM_R_EXP_DOWN_B};
+    const uint64_t n[4] = {p->ne, p->ne * p->nff, p->ne * p->nff, p->ne * p->E};
+    for (int i = 0; i < 4; i++) {
+        p->bias[i] = blk_vec(e, b, role[i]);
+        p->bias_n[i] = n[i];
+    }
     return JLM_OK;
 }

@@ -1,7 +1,8 @@
 /* exec_dev.h - whole blocks on a device backend: the one walk of a block
  * program (engine/prog.h) that Vulkan (exec_vk.c) and CUDA (exec_cu.c)
- * share, over the primitives each backend supplies (jlm_exd_ops), and the
- * decision whether a block runs there at all.
+ * share, over the primitives each backend supplies (jlm_exd_ops), the
+ * decision whether a block runs there at all, and what the backends' MOE op
+ * and output share (jlm_exd_moe_plan, jlm_exd_held).
  *
  * A walk runs twice per block: dry (k->dry: the primitives only say whether
  * they can, JLM_EUNSUPPORTED if not, nothing recorded) and then for real.
@@ -66,5 +67,38 @@ int jlm_exd_run(jlm_exd *k);
 int jlm_exd_plan(jlm_exd *k, const jlm_exd_ops *ops, void *be, jlm_engine *e, const jlm_prog *p, uint32_t l,
                  const uint8_t *page, uint32_t n, void *kc, uint32_t pos0, uint8_t **side, const char *who,
                  jlm_err *err);
+
+/* Whether the n rows of E floats at x are rows the device holds: among the
+ * x_rows rows of x_E floats that came up from xh (NULL: none) and within
+ * the ab_rows its buffers hold; *r0: the first one's row there. The
+ * output's logits (jlm_evk_output, jlm_ecu_output) are computed there only
+ * then. */
+int jlm_exd_held(const float *xh, uint32_t x_rows, uint32_t x_E, uint64_t ab_rows, const float *x, uint32_t n,
+                 uint32_t E, uint64_t *r0);
+
+/* One MoE block's MOE op (engine/prog.h) as every device backend plans it
+ * (exec_cu_moe.c, exec_vk_moe.c), checked before anything is enqueued or
+ * recorded; each backend keeps its own extras (its biases' device
+ * addresses or views, strides, predictions) beside it. */
+typedef struct jlm_exd_moe {
+    jlm_engine       *e;
+    const jlm_ex_blk *b;
+    const jlm_op     *op;
+    jlm_err          *err;
+    const jlm_tensor *tg, *tu, *td;   /* the gate, up and down banks */
+    uint64_t          E, nff;
+    uint32_t          ne, nu, first;  /* first: the page of the bank's expert 0 */
+    const float      *bias[4];        /* host: the router's, the gate, up and down banks' biases (NULL: none) */
+    uint64_t          bias_n[4];      /* their floats */
+    float            *ins;            /* (rows) JLM_ROUTE_SIGMOID_IN: each row's input scale */
+} jlm_exd_moe;
+
+/* Fills p (ins NULL) for op of block b (the biases: the host's, each
+ * backend maps them to its device) and checks what no backend runs:
+ * JLM_EUNSUPPORTED for GELU gates, no router or banks, more than
+ * JLM_MAX_EXPERTS experts or JLM_MAX_EXPERTS_USED used, a bank not
+ * k x rows each expert (quantized: whole 32-blocks), a router not
+ * n_embd x n_expert. */
+int jlm_exd_moe_plan(jlm_exd_moe *p, jlm_engine *e, const jlm_ex_blk *b, const jlm_op *op, jlm_err *err);
 
 #endif

@@ -457,14 +457,12 @@ int jlm_evk_output(jlm_dev *d, const float *norm, float eps, const jlm_k_mat *m,
     jlm_evk *v = (jlm_evk *)d;
     jlm_evk_blk *s = &v->blk;
     jlm_vk_view w = {0};
-    uint64_t bytes = (uint64_t)n * m->rows * 4;
-    if (!s->x_host || E != s->x_E || n > s->ab_rows || x < s->x_host ||
-        x + (uint64_t)n * E > s->x_host + (uint64_t)s->x_rows * E || m->k != E ||
+    uint64_t bytes = (uint64_t)n * m->rows * 4, r0;
+    if (!jlm_exd_held(s->x_host, s->x_rows, s->x_E, s->ab_rows, x, n, E, &r0) || m->k != E ||
         matmul_rows(v, m, n, (jlm_vk_view){0}, (jlm_vk_view){0}, 0, 1, NULL))
         return UNSUP;
     if (vec(v, norm, E, &w))
         return UNSUP;
-    uint64_t r0 = (uint64_t)(x - s->x_host) / E;
     int rc = grow(v, &s->logits, bytes, 1, err);
     if (!rc)
         rc = jlm_vk_rec_begin(v->vk, err);

@@ -28,6 +28,7 @@
  * 1024 experts) is JLM_EUNSUPPORTED in the dry run, so the block stays on
  * the host. */
 #include "engine/backend_vk_int.h"
+#include "engine/exec_dev.h"
 #include "engine/exec_int.h"
 
 #include <stdlib.h>
@@ -63,68 +64,55 @@ void jlm_evk_moe_free(jlm_evk *v)
 
 static uint64_t round_up(uint64_t n, uint64_t a) { return (n + a - 1) / a * a; }
 
-/* The shape of a bank (k x rows each expert), and quantized types' int8
- * rows at offsets the device can bind (matmul_rows's own test). */
-static int bank_ok(const jlm_evk *v, const jlm_tensor *t, uint64_t k, uint64_t rows)
+/* Whether a bank of k-float rows (its shape checked: jlm_exd_moe_plan) has
+ * quantized types' int8 rows at offsets the device can bind (matmul_rows's
+ * own test). */
+static int bank_ok(const jlm_evk *v, const jlm_tensor *t, uint64_t k)
 {
-    if (!t || jlm_tensor_k(t) != k || jlm_tensor_rows(t) != rows)
-        return 0;
     return jlm_fmt_type_traits(t->type)->is_float ||
-           (jlm_vk_can_quantize(v->vk) && k % 32 == 0 && (k / 8) % jlm_vk_offset_align(v->vk) == 0);
+           (jlm_vk_can_quantize(v->vk) && (k / 8) % jlm_vk_offset_align(v->vk) == 0);
 }
 
-/* One MoE block's operands, checked (plan) before anything is recorded. */
+/* One MoE block's operands (jlm_exd_moe), checked (plan) before anything
+ * is recorded. */
 typedef struct moe_blk {
+    jlm_exd_moe       p;
     jlm_evk          *v;
-    jlm_engine       *e;
-    const jlm_ex_blk *b;
-    const jlm_op     *op;
-    jlm_err          *err;
-    const jlm_tensor *tg, *tu, *td;
-    uint64_t          E, nff, ls, ss;   /* ls, ss: a row's stride of logits, of picks/weights (bytes) */
-    uint32_t          ne, nu, first;    /* first: the page of the bank's expert 0 */
+    uint64_t          ls, ss;           /* a row's stride of logits, of picks/weights (bytes) */
     int               host;             /* sigmoid routing: the logits come down, the host picks */
-    float            *ins;              /* (rows) JLM_ROUTE_SIGMOID_IN: each row's input scale */
     uint32_t          nl, nl_first;     /* the next MoE block predicted (n_layer: none), its bank's first page */
     jlm_vk_view       rb, bg, bu, bd;   /* the router's and the banks' biases (buf NULL: none) */
     jlm_vk_view       nrb;              /* the predicted block's router bias */
 } moe_blk;
 
+/* jlm_exd_moe_plan's JLM_MAX_EXPERTS bounds moe_route.comp's 1024 experts */
+_Static_assert(JLM_MAX_EXPERTS <= 1024, "moe_route.comp routes at most 1024 experts");
+
 static int plan(moe_blk *mb)
 {
     jlm_evk *v = mb->v;
-    jlm_engine *e = mb->e;
+    jlm_exd_moe *p = &mb->p;
+    jlm_engine *e = p->e;
     const jlm_config *c = e->c;
-    const jlm_ex_blk *b = mb->b;
-    const jlm_op *op = mb->op;
+    const jlm_ex_blk *b = p->b;
+    const jlm_op *op = p->op;
     uint64_t al = jlm_vk_offset_align(v->vk);
-    mb->E = c->n_embd;
-    mb->ne = c->n_expert;
-    mb->nu = c->n_expert_used;
-    mb->tg = blk_w(e, b, op->w[1]);
-    mb->tu = blk_w(e, b, op->w[2]);
-    mb->td = blk_w(e, b, op->w[3]);
-    const jlm_tensor *tr = blk_w(e, b, op->w[0]);
+    jlm_vk_view *dev[4] = {&mb->rb, &mb->bg, &mb->bu, &mb->bd};
     mb->host = op->route == JLM_ROUTE_SIGMOID || op->route == JLM_ROUTE_SIGMOID_IN;
-    if ((op->route > JLM_K_ROUTE_OAI && !mb->host) || (op->act != JLM_ACT_SWIGLU && op->act != JLM_ACT_SWIGLU_OAI) ||
-        !tr || !mb->tg || !mb->ne || mb->ne > 1024 || !mb->nu || mb->nu > mb->ne || mb->nu > JLM_MAX_EXPERTS_USED)
-        return UNSUP;   /* GELU gates, more than moe_route.comp's 1024 experts: no shader path */
-    mb->nff = jlm_tensor_rows(mb->tg);
-    if (!bank_ok(v, mb->tg, mb->E, mb->nff) || !bank_ok(v, mb->tu, mb->E, mb->nff) ||
-        !bank_ok(v, mb->td, mb->nff, mb->E) || (mb->nff * 4) % al || (mb->E * 4) % al)
+    if (op->route > JLM_K_ROUTE_OAI && !mb->host)
+        return UNSUP;   /* no shader path */
+    if (!bank_ok(v, p->tg, p->E) || !bank_ok(v, p->tu, p->E) || !bank_ok(v, p->td, p->nff) || (p->nff * 4) % al ||
+        (p->E * 4) % al)
         return UNSUP;
     jlm_k_mat wr = blk_mat(e, b, op->w[0]);
-    if (wr.k != mb->E || wr.rows != mb->ne ||
-        jlm_evk_matmul_rows(v, &wr, 1, (jlm_vk_view){0}, (jlm_vk_view){0}, 0, 1, NULL) ||
-        jlm_evk_vec(v, vec_dense(e, W(e, (int32_t)b->l, JLM_R_ROUTER_B)), mb->ne, &mb->rb) ||
-        jlm_evk_vec(v, vec_dense(e, W(e, (int32_t)b->l, JLM_R_EXP_GATE_B)), mb->ne * mb->nff, &mb->bg) ||
-        jlm_evk_vec(v, vec_dense(e, W(e, (int32_t)b->l, JLM_R_EXP_UP_B)), mb->ne * mb->nff, &mb->bu) ||
-        jlm_evk_vec(v, vec_dense(e, W(e, (int32_t)b->l, JLM_R_EXP_DOWN_B)), mb->ne * mb->E, &mb->bd))
+    if (jlm_evk_matmul_rows(v, &wr, 1, (jlm_vk_view){0}, (jlm_vk_view){0}, 0, 1, NULL))
         return UNSUP;
+    for (int i = 0; i < 4; i++)
+        if (jlm_evk_vec(v, p->bias[i], p->bias_n[i], dev[i]))
+            return UNSUP;
     const jlm_header *hd = &e->m->hdr;
-    mb->first = (uint32_t)((mb->tg->qs_off - hd->exp_data_off) / hd->exp_page_size);
-    mb->ls = round_up(mb->ne * 4ull, al);
-    mb->ss = round_up(mb->nu * 4ull, al);
+    mb->ls = round_up(p->ne * 4ull, al);
+    mb->ss = round_up(p->nu * 4ull, al);
     /* a decode step predicts the next MoE block's experts as the CPU's
      * predict_next does (its router over this block's input), once the host
      * keeps that router (e->pred_buf: float routers only) */
@@ -132,9 +120,9 @@ static int plan(moe_blk *mb)
     while (mb->nl < c->n_layer && !W(e, mb->nl, JLM_R_ROUTER))
         mb->nl++;
     const jlm_tensor *tn = mb->nl < c->n_layer ? W(e, mb->nl, JLM_R_ROUTER) : NULL;
-    if (b->n != 1 || !e->predict || !tn || !e->pred_ok[mb->nl] || jlm_tensor_k(tn) != mb->E ||
-        jlm_tensor_rows(tn) != mb->ne || !jlm_fmt_type_traits(tn->type)->is_float ||
-        jlm_evk_vec(v, vec_dense(e, W(e, mb->nl, JLM_R_ROUTER_B)), mb->ne, &mb->nrb))
+    if (b->n != 1 || !e->predict || !tn || !e->pred_ok[mb->nl] || jlm_tensor_k(tn) != p->E ||
+        jlm_tensor_rows(tn) != p->ne || !jlm_fmt_type_traits(tn->type)->is_float ||
+        jlm_evk_vec(v, vec_dense(e, W(e, mb->nl, JLM_R_ROUTER_B)), p->ne, &mb->nrb))
         mb->nl = c->n_layer;
     else
         mb->nl_first = (uint32_t)((W(e, mb->nl, JLM_R_EXP_GATE)->qs_off - hd->exp_data_off) / hd->exp_page_size);
@@ -146,27 +134,27 @@ static int plan(moe_blk *mb)
 static int moe_buffers(moe_blk *mb, uint32_t n)
 {
     jlm_evk *v = mb->v;
-    jlm_err *err = mb->err;
+    jlm_err *err = mb->p.err;
     if (!v->moe && !(v->moe = calloc(1, sizeof *v->moe)))
         return jlm_errf(err, JLM_ENOMEM, "vulkan: out of memory");
     moebufs *m = v->moe;
-    uint64_t kmax = mb->nff > mb->E ? mb->nff : mb->E;
+    uint64_t kmax = mb->p.nff > mb->p.E ? mb->p.nff : mb->p.E;
     int rc = jlm_evk_grow(v, &m->lg, (n + 1) * mb->ls, 1, err);   /* + the prediction's row */
     if (!rc)
         rc = jlm_evk_grow(v, &m->sel, (n + 1) * mb->ss, 1, err);
     if (!rc)
         rc = jlm_evk_grow(v, &m->w, (n + 1) * mb->ss, 1, err);
     if (!rc && !m->pr) {
-        m->n_layer = mb->e->c->n_layer;
+        m->n_layer = mb->p.e->c->n_layer;
         if (!(m->pr = calloc(m->n_layer, sizeof *m->pr)))
             rc = jlm_errf(err, JLM_ENOMEM, "vulkan: out of memory");
     }
     if (!rc)
-        rc = jlm_evk_grow(v, &m->g, mb->nu * mb->nff * 4, 0, err);
+        rc = jlm_evk_grow(v, &m->g, mb->p.nu * mb->p.nff * 4, 0, err);
     if (!rc)
-        rc = jlm_evk_grow(v, &m->u, mb->nu * mb->nff * 4, 0, err);
+        rc = jlm_evk_grow(v, &m->u, mb->p.nu * mb->p.nff * 4, 0, err);
     if (!rc)
-        rc = jlm_evk_grow(v, &m->o, mb->nu * mb->E * 4, 0, err);
+        rc = jlm_evk_grow(v, &m->o, mb->p.nu * mb->p.E * 4, 0, err);
     if (!rc)
         rc = jlm_evk_grow(v, &v->blk.aq, kmax, 0, err);
     if (!rc)
@@ -184,25 +172,25 @@ static jlm_vk_view row_of(jlm_vk_buf *b, uint64_t t, uint64_t n) { return (jlm_v
 static int predict_rec(moe_blk *mb)
 {
     jlm_evk *v = mb->v;
-    jlm_engine *e = mb->e;
+    jlm_engine *e = mb->p.e;
     moebufs *m = v->moe;
-    uint32_t n = mb->b->n;
+    uint32_t n = mb->p.b->n;
     const jlm_tensor *tn = W(e, mb->nl, JLM_R_ROUTER);
     int rc = JLM_OK;
     if (!m->pr[mb->nl]) {
-        rc = jlm_vk_buf_upload(v->vk, e->pred_buf + (uint64_t)mb->nl * e->rbytes, e->rbytes, &m->pr[mb->nl], mb->err);
+        rc = jlm_vk_buf_upload(v->vk, e->pred_buf + (uint64_t)mb->nl * e->rbytes, e->rbytes, &m->pr[mb->nl], mb->p.err);
         v->st.bytes_up += rc ? 0 : e->rbytes;
     }
-    jlm_vk_mat vm = {tn->type, mb->E, mb->ne, {m->pr[mb->nl], 0, 0}, {0}, {0}};
-    jlm_vk_view lg = {m->lg, n * mb->ls, mb->ne * 4ull};
+    jlm_vk_mat vm = {tn->type, mb->p.E, mb->p.ne, {m->pr[mb->nl], 0, 0}, {0}, {0}};
+    jlm_vk_view lg = {m->lg, n * mb->ls, mb->p.ne * 4ull};
     if (!rc)
-        rc = jlm_vk_matvec(v->vk, &vm, row_of(v->blk.ab[JLM_B_H], 0, mb->E), NULL, lg, mb->err);
+        rc = jlm_vk_matvec(v->vk, &vm, row_of(v->blk.ab[JLM_B_H], 0, mb->p.E), NULL, lg, mb->p.err);
     if (!rc && mb->nrb.buf)
-        rc = jlm_vk_eltwise(v->vk, JLM_VK_ADD, lg, lg, mb->nrb, mb->ne, mb->err);
+        rc = jlm_vk_eltwise(v->vk, JLM_VK_ADD, lg, lg, mb->nrb, mb->p.ne, mb->p.err);
     return rc || mb->host ? rc
-              : jlm_vk_moe_route(v->vk, lg, mb->ne, mb->nu, JLM_K_ROUTE_RAW, 0.0f,
-                                 (jlm_vk_view){m->sel, n * mb->ss, mb->nu * 4ull},
-                                 (jlm_vk_view){m->w, n * mb->ss, mb->nu * 4ull}, mb->err);
+              : jlm_vk_moe_route(v->vk, lg, mb->p.ne, mb->p.nu, JLM_K_ROUTE_RAW, 0.0f,
+                                 (jlm_vk_view){m->sel, n * mb->ss, mb->p.nu * 4ull},
+                                 (jlm_vk_view){m->w, n * mb->ss, mb->p.nu * 4ull}, mb->p.err);
 }
 
 /* Sigmoid routing on the host, from the logits that came down (rows of
@@ -215,23 +203,23 @@ static void host_route(moe_blk *mb, int32_t *picks, uint32_t rows)
 {
     jlm_evk *v = mb->v;
     moebufs *m = v->moe;
-    uint32_t n = mb->b->n;
+    uint32_t n = mb->p.b->n;
     const uint8_t *lgm = jlm_vk_buf_map(m->lg);
     uint8_t *wm = jlm_vk_buf_map(m->w);
     float lg[JLM_MAX_EXPERTS], w[JLM_MAX_EXPERTS_USED];
     for (uint32_t t = 0; t < rows; t++) {
-        memcpy(lg, lgm + t * mb->ls, mb->ne * 4ull);
-        int32_t *sel = picks + (uint64_t)t * mb->nu;
+        memcpy(lg, lgm + t * mb->ls, mb->p.ne * 4ull);
+        int32_t *sel = picks + (uint64_t)t * mb->p.nu;
         if (t == n) {
-            int mode = mb->op->route == JLM_ROUTE_SIGMOID ? JLM_ROUTE_SIGMOID : JLM_K_ROUTE_RAW;
-            jlm_ex_route_pick(mb->e, mode, mb->nl, lg, sel, w, NULL);
+            int mode = mb->p.op->route == JLM_ROUTE_SIGMOID ? JLM_ROUTE_SIGMOID : JLM_K_ROUTE_RAW;
+            jlm_ex_route_pick(mb->p.e, mode, mb->nl, lg, sel, w, NULL);
             continue;
         }
-        mb->ins[t] = jlm_ex_route_pick(mb->e, mb->op->route, mb->b->l, lg, sel, w, NULL);
-        memcpy(wm + t * mb->ss, w, mb->nu * 4ull);
+        mb->p.ins[t] = jlm_ex_route_pick(mb->p.e, mb->p.op->route, mb->p.b->l, lg, sel, w, NULL);
+        memcpy(wm + t * mb->ss, w, mb->p.nu * 4ull);
     }
-    v->st.act_down += (uint64_t)rows * mb->ne * 4;
-    v->st.act_up += (uint64_t)n * mb->nu * 4;
+    v->st.act_down += (uint64_t)rows * mb->p.ne * 4;
+    v->st.act_up += (uint64_t)n * mb->p.nu * 4;
 }
 
 /* Every row's router and bias recorded, and its top-k (moe_route.comp;
@@ -241,27 +229,27 @@ static void host_route(moe_blk *mb, int32_t *picks, uint32_t rows)
 static int route_rows(moe_blk *mb, int32_t *picks)
 {
     jlm_evk *v = mb->v;
-    jlm_engine *e = mb->e;
+    jlm_engine *e = mb->p.e;
     moebufs *m = v->moe;
-    uint32_t n = mb->b->n;
-    jlm_k_mat wr = blk_mat(e, mb->b, mb->op->w[0]);
-    jlm_ex_router_keep(e, mb->b->l, mb->b->page, mb->b->page_off);
-    int rc = jlm_vk_rec_begin(v->vk, mb->err);
+    uint32_t n = mb->p.b->n;
+    jlm_k_mat wr = blk_mat(e, mb->p.b, mb->p.op->w[0]);
+    jlm_ex_router_keep(e, mb->p.b->l, mb->p.b->page, mb->p.b->page_off);
+    int rc = jlm_vk_rec_begin(v->vk, mb->p.err);
     for (uint32_t t = 0; !rc && t < n; t++) {
-        jlm_vk_view lg = {m->lg, t * mb->ls, mb->ne * 4ull};
-        rc = jlm_evk_matmul_rows(v, &wr, 1, row_of(v->blk.ab[JLM_B_H], t, mb->E), lg, 0, 0, mb->err);
+        jlm_vk_view lg = {m->lg, t * mb->ls, mb->p.ne * 4ull};
+        rc = jlm_evk_matmul_rows(v, &wr, 1, row_of(v->blk.ab[JLM_B_H], t, mb->p.E), lg, 0, 0, mb->p.err);
         if (!rc && mb->rb.buf)
-            rc = jlm_vk_eltwise(v->vk, JLM_VK_ADD, lg, lg, mb->rb, mb->ne, mb->err);
+            rc = jlm_vk_eltwise(v->vk, JLM_VK_ADD, lg, lg, mb->rb, mb->p.ne, mb->p.err);
         if (!rc && !mb->host)
-            rc = jlm_vk_moe_route(v->vk, lg, mb->ne, mb->nu, mb->op->route, e->c->expert_scale,
-                                  (jlm_vk_view){m->sel, t * mb->ss, mb->nu * 4ull},
-                                  (jlm_vk_view){m->w, t * mb->ss, mb->nu * 4ull}, mb->err);
+            rc = jlm_vk_moe_route(v->vk, lg, mb->p.ne, mb->p.nu, mb->p.op->route, e->c->expert_scale,
+                                  (jlm_vk_view){m->sel, t * mb->ss, mb->p.nu * 4ull},
+                                  (jlm_vk_view){m->w, t * mb->ss, mb->p.nu * 4ull}, mb->p.err);
     }
     uint32_t rows = n + (mb->nl < e->c->n_layer);
     if (!rc && rows > n)
         rc = predict_rec(mb);
     if (!rc)
-        rc = jlm_evk_rec_end(v, mb->err);
+        rc = jlm_evk_rec_end(v, mb->p.err);
     if (rc)
         return rc;
     if (mb->host) {
@@ -269,20 +257,20 @@ static int route_rows(moe_blk *mb, int32_t *picks)
     } else {
         const uint8_t *sel = jlm_vk_buf_map(m->sel);
         for (uint32_t t = 0; t < rows; t++)
-            memcpy(picks + (uint64_t)t * mb->nu, sel + t * mb->ss, mb->nu * 4ull);
-        v->st.act_down += (uint64_t)rows * mb->nu * 4;
+            memcpy(picks + (uint64_t)t * mb->p.nu, sel + t * mb->ss, mb->p.nu * 4ull);
+        v->st.act_down += (uint64_t)rows * mb->p.nu * 4;
     }
     for (uint32_t t = 0; t < rows; t++) {
-        for (uint32_t s = 0; s < mb->nu; s++) {
-            int32_t x = picks[(uint64_t)t * mb->nu + s];
-            if (x < 0 || (uint32_t)x >= mb->ne)
-                return jlm_errf(mb->err, JLM_EIO, "vulkan: block %u: the device's router picked expert %d of %u",
-                                mb->b->l, x, mb->ne);
+        for (uint32_t s = 0; s < mb->p.nu; s++) {
+            int32_t x = picks[(uint64_t)t * mb->p.nu + s];
+            if (x < 0 || (uint32_t)x >= mb->p.ne)
+                return jlm_errf(mb->p.err, JLM_EIO, "vulkan: block %u: the device's router picked expert %d of %u",
+                                mb->p.b->l, x, mb->p.ne);
         }
         if (t < n)
-            jlm_ex_trace_route(e, mb->b->l, t, picks + (uint64_t)t * mb->nu);
+            jlm_ex_trace_route(e, mb->p.b->l, t, picks + (uint64_t)t * mb->p.nu);
     }
-    memcpy(e->route + (size_t)mb->b->l * mb->nu, picks + (uint64_t)(n - 1) * mb->nu, mb->nu * sizeof(int32_t));
+    memcpy(e->route + (size_t)mb->p.b->l * mb->p.nu, picks + (uint64_t)(n - 1) * mb->p.nu, mb->p.nu * sizeof(int32_t));
     return JLM_OK;
 }
 
@@ -297,18 +285,19 @@ static jlm_vk_view bias_of(jlm_vk_view bank, uint32_t xe, uint64_t w)
 static int row_experts(moe_blk *mb, uint32_t t, const int32_t *sel, const void *const *frames)
 {
     jlm_evk *v = mb->v;
-    jlm_engine *e = mb->e;
+    jlm_engine *e = mb->p.e;
     moebufs *m = v->moe;
-    jlm_err *err = mb->err;
-    uint64_t nff = mb->nff, E = mb->E;
+    jlm_err *err = mb->p.err;
+    uint64_t nff = mb->p.nff, E = mb->p.E;
     jlm_vk_view h = row_of(v->blk.ab[JLM_B_H], t, E);
     int rc = jlm_vk_rec_begin(v->vk, err), quantized = 0;
-    if (!rc && mb->op->route == JLM_ROUTE_SIGMOID_IN)   /* the shared expert has read h: scaled in place, as the CPU's */
-        rc = jlm_vk_scale(v->vk, h, h, mb->ins[t], (uint32_t)E, err);
-    for (uint32_t s = 0; !rc && s < mb->nu; s++) {   /* gate and up of every slot over h's int8 rows */
+    /* the shared expert has read h: scaled in place, as the CPU's */
+    if (!rc && mb->p.op->route == JLM_ROUTE_SIGMOID_IN)
+        rc = jlm_vk_scale(v->vk, h, h, mb->p.ins[t], (uint32_t)E, err);
+    for (uint32_t s = 0; !rc && s < mb->p.nu; s++) {   /* gate and up of every slot over h's int8 rows */
         uint32_t xe = (uint32_t)sel[s];
-        jlm_k_mat wg = mat_expert(e, mb->tg, frames[s], mb->first, xe);
-        jlm_k_mat wu = mat_expert(e, mb->tu, frames[s], mb->first, xe);
+        jlm_k_mat wg = mat_expert(e, mb->p.tg, frames[s], mb->p.first, xe);
+        jlm_k_mat wu = mat_expert(e, mb->p.tu, frames[s], mb->p.first, xe);
         jlm_vk_view g = row_of(m->g, s, nff), u = row_of(m->u, s, nff);
         rc = jlm_evk_matmul_rows(v, &wg, 1, h, g, quantized, 0, err);
         quantized |= !jlm_fmt_type_traits(wg.type)->is_float;
@@ -321,14 +310,14 @@ static int row_experts(moe_blk *mb, uint32_t t, const int32_t *sel, const void *
         if (!rc && bu.buf)
             rc = jlm_vk_eltwise(v->vk, JLM_VK_ADD, u, u, bu, (uint32_t)nff, err);
     }
-    jlm_vk_view g = {m->g, 0, mb->nu * nff * 4}, u = {m->u, 0, mb->nu * nff * 4};
+    jlm_vk_view g = {m->g, 0, mb->p.nu * nff * 4}, u = {m->u, 0, mb->p.nu * nff * 4};
     if (!rc)
-        rc = mb->op->act == JLM_ACT_SWIGLU
-                 ? jlm_vk_eltwise(v->vk, JLM_VK_SWIGLU, g, g, u, (uint32_t)(mb->nu * nff), err)
-                 : jlm_vk_swiglu_oai(v->vk, g, g, u, (uint32_t)(mb->nu * nff), 1.702f, 7.0f, err);
-    for (uint32_t s = 0; !rc && s < mb->nu; s++) {   /* each slot's down over its own int8 rows */
+        rc = mb->p.op->act == JLM_ACT_SWIGLU
+                 ? jlm_vk_eltwise(v->vk, JLM_VK_SWIGLU, g, g, u, (uint32_t)(mb->p.nu * nff), err)
+                 : jlm_vk_swiglu_oai(v->vk, g, g, u, (uint32_t)(mb->p.nu * nff), 1.702f, 7.0f, err);
+    for (uint32_t s = 0; !rc && s < mb->p.nu; s++) {   /* each slot's down over its own int8 rows */
         uint32_t xe = (uint32_t)sel[s];
-        jlm_k_mat wd = mat_expert(e, mb->td, frames[s], mb->first, xe);
+        jlm_k_mat wd = mat_expert(e, mb->p.td, frames[s], mb->p.first, xe);
         jlm_vk_view o = row_of(m->o, s, E), bd = bias_of(mb->bd, xe, E);
         rc = jlm_evk_matmul_rows(v, &wd, 1, row_of(m->g, s, nff), o, 0, 0, err);
         if (!rc && bd.buf)
@@ -336,38 +325,40 @@ static int row_experts(moe_blk *mb, uint32_t t, const int32_t *sel, const void *
     }
     jlm_vk_view x = row_of(v->blk.ab[JLM_B_X], t, E);
     return rc ? rc
-              : jlm_vk_moe_combine(v->vk, x, x, (jlm_vk_view){m->o, 0, mb->nu * E * 4},
-                                   (jlm_vk_view){m->w, t * mb->ss, mb->nu * 4ull}, mb->nu, (uint32_t)E, err);
+              : jlm_vk_moe_combine(v->vk, x, x, (jlm_vk_view){m->o, 0, mb->p.nu * E * 4},
+                                   (jlm_vk_view){m->w, t * mb->ss, mb->p.nu * 4ull}, mb->p.nu, (uint32_t)E, err);
 }
 
 int jlm_evk_moe(jlm_evk *v, jlm_engine *e, const jlm_ex_blk *b, const jlm_op *op, int dry, jlm_err *err)
 {
-    moe_blk mb = {.v = v, .e = e, .b = b, .op = op, .err = err};
-    int rc = plan(&mb);
+    moe_blk mb = {.v = v};
+    int rc = jlm_exd_moe_plan(&mb.p, e, b, op, err);
+    if (!rc)
+        rc = plan(&mb);
     if (rc || dry)
         return rc;
-    int32_t *picks = malloc((uint64_t)(b->n + 1) * mb.nu * sizeof *picks);
-    mb.ins = malloc(b->n * sizeof *mb.ins);
-    if (!picks || !mb.ins) {
+    int32_t *picks = malloc((uint64_t)(b->n + 1) * mb.p.nu * sizeof *picks);
+    mb.p.ins = malloc(b->n * sizeof *mb.p.ins);
+    if (!picks || !mb.p.ins) {
         free(picks);
-        free(mb.ins);
+        free(mb.p.ins);
         return jlm_errf(err, JLM_ENOMEM, "vulkan: out of memory");
     }
     rc = moe_buffers(&mb, b->n);
     if (!rc)
         rc = route_rows(&mb, picks);
     for (uint32_t t = 0; !rc && t < b->n; t++) {
-        const int32_t *sel = picks + (uint64_t)t * mb.nu;
+        const int32_t *sel = picks + (uint64_t)t * mb.p.nu;
         const void *frames[JLM_MAX_EXPERTS_USED];
-        rc = jlm_stream_experts(e, mb.first, sel, mb.nu, frames, err);
+        rc = jlm_stream_experts(e, mb.p.first, sel, mb.p.nu, frames, err);
         if (rc)
             break;
         if (mb.nl < e->c->n_layer)   /* read while these compute and the next block's attention runs */
-            jlm_stream_predict(e, mb.nl_first, picks + (uint64_t)b->n * mb.nu);
+            jlm_stream_predict(e, mb.nl_first, picks + (uint64_t)b->n * mb.p.nu);
         rc = row_experts(&mb, t, sel, frames);
-        jlm_stream_experts_done(e, mb.first, sel, mb.nu);
+        jlm_stream_experts_done(e, mb.p.first, sel, mb.p.nu);
     }
     free(picks);
-    free(mb.ins);
+    free(mb.p.ins);
     return rc;
 }

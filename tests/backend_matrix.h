@@ -451,6 +451,51 @@ static inline int32_t bm_lockstep(jlm_engine *ec, jlm_engine *ev, const int32_t 
     return next;
 }
 
+/* The prompt of the whole-block checks (bm_cpu_ids, bm_device_run). */
+static const int32_t BM_PROMPT[5] = {1, 10, 20, 30, 40};
+
+/* name.gguf converted into dir (as file out; *path, the caller frees it),
+ * and the CPU's engine on it (kv: its --kv, NULL: the default) with its 8
+ * greedy ids after BM_PROMPT in ic. */
+static inline jlm_engine *bm_cpu_ids(const char *dir, const char *name, const char *out, const char *kv, char **path,
+                                     int32_t ic[8])
+{
+    char gguf[256];
+    jlm_err err = {0};
+    snprintf(gguf, sizeof gguf, "%s.gguf", name);
+    *path = tu_convert(gguf, dir, out, &err);
+    cr_assert(*path, "%s", err.msg);
+    jlm_engine *ec = bm_open_opts(*path, (jlm_engine_opts){.backend = "cpu", .kv = kv}, 0, NULL, 0);
+    float *l = malloc(jlm_engine_n_vocab(ec) * sizeof *l);
+    bm_greedy_ids(ec, BM_PROMPT, 5, 8, ic, l);
+    free(l);
+    return ec;
+}
+
+/* Device engine ev against ec, the CPU's on the same file, after
+ * BM_PROMPT: its 8 greedy ids are ic, the CPU's (ic NULL: not compared),
+ * its logits within tol of the CPU's (bm_lockstep), then the CPU's next id
+ * decoded on ev. Returns that token's round trips; after: ev's counters
+ * then. */
+static inline uint64_t bm_device_run(jlm_engine *ec, jlm_engine *ev, const int32_t *ic, double tol, const char *model,
+                                     const char *what, jlm_dev_stats *after)
+{
+    float *l = malloc(jlm_engine_n_vocab(ev) * sizeof *l);
+    jlm_err err = {0};
+    if (ic) {
+        int32_t iv[8];
+        bm_greedy_ids(ev, BM_PROMPT, 5, 8, iv, l);
+        cr_assert(!memcmp(ic, iv, sizeof iv), "%s (%s): greedy ids differ from the CPU's", model, what);
+    }
+    int32_t next = bm_lockstep(ec, ev, BM_PROMPT, 5, tol, model, what);
+    jlm_dev_stats s0;
+    jlm_engine_dev_stats(ev, &s0);
+    cr_assert_eq(jlm_engine_eval(ev, &next, 1, l, &err), 0, "%s", err.msg);
+    jlm_engine_dev_stats(ev, after);
+    free(l);
+    return after->waits - s0.waits;
+}
+
 /* Whole blocks on backend's device (engine/exec_vk.c, engine/exec_cu.c):
  * stories260K, every synth-llama type, and qwen2 (biases), qwen3 (per-head
  * q/k norms) and phi3, whole and at --gpu-layers 2, against the CPU with the
@@ -472,16 +517,9 @@ static inline void bm_whole_blocks(const char *backend)
                                    "synth-phi3-256.Q4_K_M"};
     char *dir = tu_tmpdir();
     for (size_t m = 0; m < sizeof MODELS / sizeof MODELS[0]; m++) {
-        char gguf[256];
-        jlm_err err = {0};
-        snprintf(gguf, sizeof gguf, "%s.gguf", MODELS[m]);
-        char *path = tu_convert(gguf, dir, "w.jlm", &err);
-        cr_assert(path, "%s", err.msg);
-        jlm_engine *ec = bm_open_opts(path, (jlm_engine_opts){.backend = "cpu"}, 0, NULL, 0);
-        uint32_t nv = jlm_engine_n_vocab(ec);
-        float *lc = malloc(nv * 4), *lv = malloc(nv * 4);
-        int32_t prompt[5] = {1, 10, 20, 30, 40}, ic[8], iv[8];
-        bm_greedy_ids(ec, prompt, 5, 8, ic, lc);
+        char *path;
+        int32_t ic[8];
+        jlm_engine *ec = bm_cpu_ids(dir, MODELS[m], "w.jlm", NULL, &path, ic);
         int fl = m < 2;
         double tol = fl ? 5e-4 : strstr(MODELS[m], "Q2_K") ? 0.12 : 0.05;
         for (int split = 0; split < 2; split++) {
@@ -493,21 +531,12 @@ static inline void bm_whole_blocks(const char *backend)
                 cr_skip_test("%s: no device (%s)", backend, why);
             }
             const char *what = split ? "--gpu-layers 2" : "whole";
-            if (fl) {
-                bm_greedy_ids(ev, prompt, 5, 8, iv, lv);
-                cr_assert(!memcmp(ic, iv, sizeof ic), "%s (%s, %s): greedy ids differ", MODELS[m], backend, what);
-            }
-            int32_t next = bm_lockstep(ec, ev, prompt, 5, tol, MODELS[m], what);
-            jlm_dev_stats s0, s1;
-            jlm_engine_dev_stats(ev, &s0);
-            cr_assert_eq(jlm_engine_eval(ev, &next, 1, lv, &err), 0, "%s", err.msg);
-            jlm_engine_dev_stats(ev, &s1);
-            cr_assert_eq(s1.waits - s0.waits, 1, "%s (%s, %s): a decoded token made %llu round trips", MODELS[m],
-                         backend, what, (unsigned long long)(s1.waits - s0.waits));
+            jlm_dev_stats s1;
+            uint64_t trips = bm_device_run(ec, ev, fl ? ic : NULL, tol, MODELS[m], what, &s1);
+            cr_assert_eq(trips, 1, "%s (%s, %s): a decoded token made %llu round trips", MODELS[m], backend, what,
+                         (unsigned long long)trips);
             jlm_engine_close(ev);
         }
-        free(lc);
-        free(lv);
         jlm_engine_close(ec);
         free(path);
     }

@@ -820,32 +820,19 @@ Test(cuda, whole_blocks_with_an_f16_cache_give_the_cpus_f16_ids_in_one_round_tri
         {"synth-qwen3moe-256.Q8_0", 0.05}};
     char *dir = tu_tmpdir();
     for (size_t m = 0; m < sizeof MODELS / sizeof MODELS[0]; m++) {
-        char gguf[256], why[512];
-        jlm_err err = {0};
-        snprintf(gguf, sizeof gguf, "%s.gguf", MODELS[m].name);
-        char *path = tu_convert(gguf, dir, "f16.jlm", &err);
-        cr_assert(path, "%s", err.msg);
-        jlm_engine *ec = bm_open_opts(path, (jlm_engine_opts){.backend = "cpu", .kv = "f16"}, 0, NULL, 0);
+        char *path, why[512];
+        int32_t ic[8];
+        jlm_engine *ec = bm_cpu_ids(dir, MODELS[m].name, "f16.jlm", "f16", &path, ic);
         jlm_engine *ev = bm_open_opts(path, (jlm_engine_opts){.backend = "cuda", .device = "0", .kv = "f16"}, 0, why,
                                       sizeof why);
         const jlm_config *c = &jlm_engine_model(ec)->config;
-        uint32_t nv = jlm_engine_n_vocab(ec);
-        float *l = malloc(nv * 4);
-        int32_t prompt[5] = {1, 10, 20, 30, 40}, ic[8], iv[8];
-        bm_greedy_ids(ec, prompt, 5, 8, ic, l);
-        bm_greedy_ids(ev, prompt, 5, 8, iv, l);
-        cr_assert(!memcmp(ic, iv, sizeof ic), "%s --kv f16: greedy ids differ from the CPU's", MODELS[m].name);
-        int32_t next = bm_lockstep(ec, ev, prompt, 5, MODELS[m].tol, MODELS[m].name, "--kv f16");
-        jlm_dev_stats s0, s1;
-        jlm_engine_dev_stats(ev, &s0);
-        cr_assert_eq(jlm_engine_eval(ev, &next, 1, l, &err), 0, "%s", err.msg);
-        jlm_engine_dev_stats(ev, &s1);
+        jlm_dev_stats s1;
+        uint64_t trips = bm_device_run(ec, ev, ic, MODELS[m].tol, MODELS[m].name, "--kv f16", &s1);
         uint64_t blocks = c->n_expert ? c->n_layer - c->n_dense_lead : 0;   /* a round trip a MoE block */
-        cr_assert(s1.waits - s0.waits <= blocks + 1 && s1.fallbacks == 0,
+        cr_assert(trips <= blocks + 1 && s1.fallbacks == 0,
                   "%s --kv f16: a decoded token made %llu round trips (%llu MoE blocks), %llu matmuls refused",
-                  MODELS[m].name, (unsigned long long)(s1.waits - s0.waits), (unsigned long long)blocks,
+                  MODELS[m].name, (unsigned long long)trips, (unsigned long long)blocks,
                   (unsigned long long)s1.fallbacks);
-        free(l);
         jlm_engine_close(ev);
         jlm_engine_close(ec);
         free(path);
