@@ -968,6 +968,70 @@ Test(cuda, moe_blocks_on_the_emulated_device_give_the_cpus_ids_in_a_round_trip_a
     free(dir);
 }
 
+/* deepseek2's latent attention on the emulated device (engine/exec_cu_mla.c:
+ * the latent and the shared RoPE key cached there, each head's query
+ * through its attn_k_b sheet, one KV head, each head's output through its
+ * attn_v_b sheet), beside its leading dense block and its sigmoid-routed MoE
+ * blocks with a shared expert: Q8_0 and Q4_K_M, whole and at --gpu-layers 2,
+ * with the CPU's F32 cache and with an F16 one (held to the CPU's own F16
+ * run): the CPU's greedy ids, the lockstep logits within the quantized
+ * tolerance, and a decoded token in at most a round trip a MoE block on the
+ * device plus one, its activations within its embedding, its logits and 4
+ * KiB, no matmul refused; a block left on the matmul offload (latent
+ * attention on the host) makes a round trip a matmul. */
+Test(cuda, deepseek2_latent_attention_blocks_run_whole_on_the_emulated_device, .timeout = 300)
+{
+    setenv("JLM_CUDA_EMULATE", "1", 1);
+    static const char *MODELS[] = {"synth-deepseek2-256.Q8_0", "synth-deepseek2-256.Q4_K_M"};
+    static const struct { uint32_t gpu_layers; const char *kv, *what; } CFG[] = {
+        {0, "f32", "whole"}, {2, "f32", "--gpu-layers 2"}, {0, "f16", "whole, --kv f16"},
+        {2, "f16", "--gpu-layers 2, --kv f16"}};
+    char *dir = tu_tmpdir();
+    for (size_t m = 0; m < sizeof MODELS / sizeof MODELS[0]; m++) {
+        char gguf[256], why[512];
+        jlm_err err = {0};
+        snprintf(gguf, sizeof gguf, "%s.gguf", MODELS[m]);
+        char *path = tu_convert(gguf, dir, "ds.jlm", &err);
+        cr_assert(path, "%s", err.msg);
+        for (size_t i = 0; i < sizeof CFG / sizeof CFG[0]; i++) {
+            jlm_engine_opts o = {.backend = "cpu", .kv = CFG[i].kv};
+            jlm_engine *ec = bm_open_opts(path, o, 0, NULL, 0);
+            o.backend = "cuda";
+            o.device = "0";
+            o.gpu_layers = CFG[i].gpu_layers;
+            jlm_engine *ev = bm_open_opts(path, o, 0, why, sizeof why);
+            const jlm_config *c = &jlm_engine_model(ec)->config;
+            uint32_t nv = jlm_engine_n_vocab(ec), on = o.gpu_layers ? o.gpu_layers : c->n_layer;
+            float *l = malloc(nv * 4);
+            int32_t prompt[5] = {1, 10, 20, 30, 40}, ic[8], iv[8];
+            bm_greedy_ids(ec, prompt, 5, 8, ic, l);
+            bm_greedy_ids(ev, prompt, 5, 8, iv, l);
+            cr_assert(!memcmp(ic, iv, sizeof ic), "%s (%s): greedy ids differ from the CPU's", MODELS[m], CFG[i].what);
+            int32_t next = bm_lockstep(ec, ev, prompt, 5, 0.05, MODELS[m], CFG[i].what);
+            jlm_dev_stats s0, s1;
+            jlm_engine_dev_stats(ev, &s0);
+            cr_assert_eq(jlm_engine_eval(ev, &next, 1, l, &err), 0, "%s", err.msg);
+            jlm_engine_dev_stats(ev, &s1);
+            uint64_t moe = on > c->n_dense_lead ? on - c->n_dense_lead : 0,
+                     act = s1.act_up - s0.act_up + s1.act_down - s0.act_down;
+            cr_assert(moe > 0 && s1.waits - s0.waits <= moe + 1 && s1.fallbacks == 0,
+                      "%s (%s): a decoded token made %llu round trips for %llu MoE blocks, %llu matmuls refused",
+                      MODELS[m], CFG[i].what, (unsigned long long)(s1.waits - s0.waits), (unsigned long long)moe,
+                      (unsigned long long)s1.fallbacks);
+            cr_assert(act <= (uint64_t)c->n_embd * 4 + (uint64_t)nv * 4 + 4096,
+                      "%s (%s): %llu activation bytes a decoded token (embedding %u, logits %u)", MODELS[m],
+                      CFG[i].what, (unsigned long long)act, c->n_embd * 4, nv * 4);
+            free(l);
+            jlm_engine_close(ev);
+            jlm_engine_close(ec);
+        }
+        free(path);
+    }
+    tu_rmrf(dir);
+    free(dir);
+}
+
+
 /* The engine's own sequence on whole blocks and a jlm_engine_seq on the
  * matmul offload, interleaved token by token on one engine: both the CPU's
  * logits, one round trip a token against several (bm_seq_interleave). */
