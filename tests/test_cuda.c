@@ -802,6 +802,42 @@ Test(cuda, whole_blocks_on_the_emulated_device_give_the_cpus_ids_in_one_round_tr
     bm_whole_blocks("cuda");
 }
 
+/* Test model `name` (tests/models/name.gguf) converted to dir/file: its path. */
+static char *model_jlm(const char *name, const char *dir, const char *file)
+{
+    char gguf[256];
+    jlm_err err = {0};
+    snprintf(gguf, sizeof gguf, "%s.gguf", name);
+    char *path = tu_convert(gguf, dir, file, &err);
+    cr_assert(path, "%s: %s", name, err.msg);
+    return path;
+}
+
+/* ev against the CPU's ec (model, what: the label) after the prompt
+ * 1,10,20,30,40: the CPU's 8 greedy ids, the lockstep logits within tol;
+ * then one decoded token: its round trips (*rt) and activation bytes up and
+ * down (*act), and no matmul ever refused. */
+static void decoded_vs_cpu(jlm_engine *ec, jlm_engine *ev, double tol, const char *model, const char *what,
+                           uint64_t *rt, uint64_t *act)
+{
+    uint32_t nv = jlm_engine_n_vocab(ec);
+    float *l = malloc(nv * 4);
+    int32_t prompt[5] = {1, 10, 20, 30, 40}, ic[8], iv[8];
+    jlm_err err = {0};
+    bm_greedy_ids(ec, prompt, 5, 8, ic, l);
+    bm_greedy_ids(ev, prompt, 5, 8, iv, l);
+    cr_assert(!memcmp(ic, iv, sizeof ic), "%s (%s): greedy ids differ from the CPU's", model, what);
+    int32_t next = bm_lockstep(ec, ev, prompt, 5, tol, model, what);
+    jlm_dev_stats s0, s1;
+    jlm_engine_dev_stats(ev, &s0);
+    cr_assert_eq(jlm_engine_eval(ev, &next, 1, l, &err), 0, "%s", err.msg);
+    jlm_engine_dev_stats(ev, &s1);
+    cr_assert(s1.fallbacks == 0, "%s (%s): %llu matmuls refused", model, what, (unsigned long long)s1.fallbacks);
+    *rt = s1.waits - s0.waits;
+    *act = s1.act_up - s0.act_up + s1.act_down - s0.act_down;
+    free(l);
+}
+
 /* Whole blocks over an F16 cache on the emulated device (--kv f16, every
  * block on the device: rows rounded to halves as the CPU's F16 cache rounds
  * them, attention reading halves): synth-llama-256 f32, Q8_0 and Q4_0 and
@@ -820,32 +856,15 @@ Test(cuda, whole_blocks_with_an_f16_cache_give_the_cpus_f16_ids_in_one_round_tri
         {"synth-qwen3moe-256.Q8_0", 0.05}};
     char *dir = tu_tmpdir();
     for (size_t m = 0; m < sizeof MODELS / sizeof MODELS[0]; m++) {
-        char gguf[256], why[512];
-        jlm_err err = {0};
-        snprintf(gguf, sizeof gguf, "%s.gguf", MODELS[m].name);
-        char *path = tu_convert(gguf, dir, "f16.jlm", &err);
-        cr_assert(path, "%s", err.msg);
+        char why[512], *path = model_jlm(MODELS[m].name, dir, "f16.jlm");
         jlm_engine *ec = bm_open_opts(path, (jlm_engine_opts){.backend = "cpu", .kv = "f16"}, 0, NULL, 0);
         jlm_engine *ev = bm_open_opts(path, (jlm_engine_opts){.backend = "cuda", .device = "0", .kv = "f16"}, 0, why,
                                       sizeof why);
         const jlm_config *c = &jlm_engine_model(ec)->config;
-        uint32_t nv = jlm_engine_n_vocab(ec);
-        float *l = malloc(nv * 4);
-        int32_t prompt[5] = {1, 10, 20, 30, 40}, ic[8], iv[8];
-        bm_greedy_ids(ec, prompt, 5, 8, ic, l);
-        bm_greedy_ids(ev, prompt, 5, 8, iv, l);
-        cr_assert(!memcmp(ic, iv, sizeof ic), "%s --kv f16: greedy ids differ from the CPU's", MODELS[m].name);
-        int32_t next = bm_lockstep(ec, ev, prompt, 5, MODELS[m].tol, MODELS[m].name, "--kv f16");
-        jlm_dev_stats s0, s1;
-        jlm_engine_dev_stats(ev, &s0);
-        cr_assert_eq(jlm_engine_eval(ev, &next, 1, l, &err), 0, "%s", err.msg);
-        jlm_engine_dev_stats(ev, &s1);
-        uint64_t blocks = c->n_expert ? c->n_layer - c->n_dense_lead : 0;   /* a round trip a MoE block */
-        cr_assert(s1.waits - s0.waits <= blocks + 1 && s1.fallbacks == 0,
-                  "%s --kv f16: a decoded token made %llu round trips (%llu MoE blocks), %llu matmuls refused",
-                  MODELS[m].name, (unsigned long long)(s1.waits - s0.waits), (unsigned long long)blocks,
-                  (unsigned long long)s1.fallbacks);
-        free(l);
+        uint64_t rt, act, blocks = c->n_expert ? c->n_layer - c->n_dense_lead : 0;   /* a round trip a MoE block */
+        decoded_vs_cpu(ec, ev, MODELS[m].tol, MODELS[m].name, "--kv f16", &rt, &act);
+        cr_assert(rt <= blocks + 1, "%s --kv f16: a decoded token made %llu round trips (%llu MoE blocks)",
+                  MODELS[m].name, (unsigned long long)rt, (unsigned long long)blocks);
         jlm_engine_close(ev);
         jlm_engine_close(ec);
         free(path);
@@ -988,11 +1007,7 @@ Test(cuda, deepseek2_latent_attention_blocks_run_whole_on_the_emulated_device, .
         {2, "f16", "--gpu-layers 2, --kv f16"}};
     char *dir = tu_tmpdir();
     for (size_t m = 0; m < sizeof MODELS / sizeof MODELS[0]; m++) {
-        char gguf[256], why[512];
-        jlm_err err = {0};
-        snprintf(gguf, sizeof gguf, "%s.gguf", MODELS[m]);
-        char *path = tu_convert(gguf, dir, "ds.jlm", &err);
-        cr_assert(path, "%s", err.msg);
+        char why[512], *path = model_jlm(MODELS[m], dir, "ds.jlm");
         for (size_t i = 0; i < sizeof CFG / sizeof CFG[0]; i++) {
             jlm_engine_opts o = {.backend = "cpu", .kv = CFG[i].kv};
             jlm_engine *ec = bm_open_opts(path, o, 0, NULL, 0);
@@ -1002,26 +1017,13 @@ Test(cuda, deepseek2_latent_attention_blocks_run_whole_on_the_emulated_device, .
             jlm_engine *ev = bm_open_opts(path, o, 0, why, sizeof why);
             const jlm_config *c = &jlm_engine_model(ec)->config;
             uint32_t nv = jlm_engine_n_vocab(ec), on = o.gpu_layers ? o.gpu_layers : c->n_layer;
-            float *l = malloc(nv * 4);
-            int32_t prompt[5] = {1, 10, 20, 30, 40}, ic[8], iv[8];
-            bm_greedy_ids(ec, prompt, 5, 8, ic, l);
-            bm_greedy_ids(ev, prompt, 5, 8, iv, l);
-            cr_assert(!memcmp(ic, iv, sizeof ic), "%s (%s): greedy ids differ from the CPU's", MODELS[m], CFG[i].what);
-            int32_t next = bm_lockstep(ec, ev, prompt, 5, 0.05, MODELS[m], CFG[i].what);
-            jlm_dev_stats s0, s1;
-            jlm_engine_dev_stats(ev, &s0);
-            cr_assert_eq(jlm_engine_eval(ev, &next, 1, l, &err), 0, "%s", err.msg);
-            jlm_engine_dev_stats(ev, &s1);
-            uint64_t moe = on > c->n_dense_lead ? on - c->n_dense_lead : 0,
-                     act = s1.act_up - s0.act_up + s1.act_down - s0.act_down;
-            cr_assert(moe > 0 && s1.waits - s0.waits <= moe + 1 && s1.fallbacks == 0,
-                      "%s (%s): a decoded token made %llu round trips for %llu MoE blocks, %llu matmuls refused",
-                      MODELS[m], CFG[i].what, (unsigned long long)(s1.waits - s0.waits), (unsigned long long)moe,
-                      (unsigned long long)s1.fallbacks);
+            uint64_t rt, act, moe = on > c->n_dense_lead ? on - c->n_dense_lead : 0;
+            decoded_vs_cpu(ec, ev, 0.05, MODELS[m], CFG[i].what, &rt, &act);
+            cr_assert(moe > 0 && rt <= moe + 1, "%s (%s): a decoded token made %llu round trips for %llu MoE blocks",
+                      MODELS[m], CFG[i].what, (unsigned long long)rt, (unsigned long long)moe);
             cr_assert(act <= (uint64_t)c->n_embd * 4 + (uint64_t)nv * 4 + 4096,
                       "%s (%s): %llu activation bytes a decoded token (embedding %u, logits %u)", MODELS[m],
                       CFG[i].what, (unsigned long long)act, c->n_embd * 4, nv * 4);
-            free(l);
             jlm_engine_close(ev);
             jlm_engine_close(ec);
         }
@@ -1030,7 +1032,6 @@ Test(cuda, deepseek2_latent_attention_blocks_run_whole_on_the_emulated_device, .
     tu_rmrf(dir);
     free(dir);
 }
-
 
 /* The engine's own sequence on whole blocks and a jlm_engine_seq on the
  * matmul offload, interleaved token by token on one engine: both the CPU's
