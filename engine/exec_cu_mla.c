@@ -307,8 +307,8 @@ int jlm_ecu_mla(jlm_exd *k, const jlm_op *op)
 {
     mla_dims d = dims(k->e);
     int rc = shapes(k, &d);
-    if (!rc && !k->dry && op->kind == JLM_OP_MLA_KV)
-        rc = buffers(k, &d);   /* the block's first latent op */
+    if (!rc && !k->dry)
+        rc = buffers(k, &d);   /* made at the block's first latent op; the same rows after it */
     if (rc)
         return rc;
     switch (op->kind) {
