@@ -52,6 +52,7 @@ typedef struct jlm_ecu_blk {
     uint32_t  x_rows, x_E;
     int       queued;               /* kernels enqueued since the host last waited for the compute stream */
     struct jlm_ecu_moebufs *moe;    /* exec_cu_moe.c's buffers; NULL until a MoE block ran here */
+    struct jlm_ecu_mlabufs *mla;    /* exec_cu_mla.c's; NULL until a latent attention block ran here */
 } jlm_ecu_blk;
 
 typedef struct jlm_ecu {
@@ -137,5 +138,11 @@ struct jlm_op;
 int  jlm_ecu_moe(jlm_ecu *v, struct jlm_engine *e, const struct jlm_ex_blk *b, const struct jlm_op *op, int dry,
                  jlm_err *err);
 void jlm_ecu_moe_free(jlm_ecu *v);
+/* exec_cu_mla.c: latent attention's ops (MLA_KV, MLA_Q, MLA_ATTN) of the
+ * walk's block enqueued on the compute stream (dry: only whether they can;
+ * JLM_EUNSUPPORTED: not), the cache in the layer's kc; mla_free: its buffers. */
+struct jlm_exd;
+int  jlm_ecu_mla(struct jlm_exd *k, const struct jlm_op *op);
+void jlm_ecu_mla_free(jlm_ecu *v);
 
 #endif

@@ -10,8 +10,9 @@
  * --kv, an allocation per layer, rows of kv_dim; F16 rounded to halves as the
  * CPU's cache rounds them, jlm_kv_put_row; a sliding window's attention reads
  * its keys from the window's first); any other sequence (jlm_engine_seq:
- * serve, batches) and what the kernels are not wired for yet (Q8_0 caches,
- * latent attention; the routed experts: exec_cu_moe.c) is JLM_EUNSUPPORTED,
+ * serve, batches) and what the kernels are not wired for yet (Q8_0 caches;
+ * the routed experts are exec_cu_moe.c's, latent attention exec_cu_mla.c's)
+ * is JLM_EUNSUPPORTED,
  * decided per model, layer and sequence before anything is enqueued (the
  * walk: exec_dev.c), so a block always
  * runs on the same side. --profile's stamps go on the compute stream at
@@ -299,7 +300,7 @@ static int op_act(jlm_exd *k, int act, uint64_t n)
 
 static int op_moe(jlm_exd *k, const jlm_op *op) { return jlm_ecu_moe(ecu(k), k->e, &k->b, op, k->dry, k->err); }
 
-static const jlm_exd_ops CU_OPS = {op_norm, op_mm, op_bias, op_heads, op_kv_put, op_attend, op_add, op_act, op_moe, NULL};
+static const jlm_exd_ops CU_OPS = {op_norm, op_mm, op_bias, op_heads, op_kv_put, op_attend, op_add, op_act, op_moe, jlm_ecu_mla};
 
 /* ---------------------------------------------------------------- buffers */
 
@@ -351,7 +352,7 @@ static int buffers(jlm_ecu *v, jlm_engine *e, uint32_t l, uint32_t n, jlm_err *e
     }
     if (!rc && !s->kc[l] && jlm_cu_rt_alloc(v->rt, (uint64_t)e->kv_ctx * e->kv_dim * kv_es(e), &s->kc[l]))
         rc = jlm_ecu_fail(v, err, "the KV cache");
-    if (!rc && !s->vc[l] && jlm_cu_rt_alloc(v->rt, (uint64_t)e->kv_ctx * e->kv_dim_v * kv_es(e), &s->vc[l]))
+    if (!rc && e->kv_dim_v && !s->vc[l] && jlm_cu_rt_alloc(v->rt, (uint64_t)e->kv_ctx * e->kv_dim_v * kv_es(e), &s->vc[l]))
         rc = jlm_ecu_fail(v, err, "the KV cache");
     return rc;
 }
@@ -361,6 +362,7 @@ void jlm_ecu_blk_free(jlm_ecu *v)
     jlm_ecu_blk *s = &v->blk;
     scratch *dev[] = {&s->aq, &s->ad, &s->as, &s->rec, &s->odd, &s->scores, &s->logits};
     jlm_ecu_moe_free(v);
+    jlm_ecu_mla_free(v);
     for (int b = 0; b < JLM_B_COUNT; b++)
         jlm_ecu_scratch_free(v, &s->ab[b], 0);
     for (size_t i = 0; i < sizeof dev / sizeof dev[0]; i++)

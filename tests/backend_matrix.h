@@ -475,10 +475,10 @@ static inline jlm_engine *bm_cpu_ids(const char *dir, const char *name, const ch
 /* Device engine ev against ec, the CPU's on the same file, after
  * BM_PROMPT: its 8 greedy ids are ic, the CPU's (ic NULL: not compared),
  * its logits within tol of the CPU's (bm_lockstep), then the CPU's next id
- * decoded on ev. Returns that token's round trips; after: ev's counters
- * then. */
+ * decoded on ev. Returns that token's round trips; before, after (before
+ * may be NULL): ev's counters before and after it. */
 static inline uint64_t bm_device_run(jlm_engine *ec, jlm_engine *ev, const int32_t *ic, double tol, const char *model,
-                                     const char *what, jlm_dev_stats *after)
+                                     const char *what, jlm_dev_stats *before, jlm_dev_stats *after)
 {
     float *l = malloc(jlm_engine_n_vocab(ev) * sizeof *l);
     jlm_err err = {0};
@@ -489,7 +489,8 @@ static inline uint64_t bm_device_run(jlm_engine *ec, jlm_engine *ev, const int32
     }
     int32_t next = bm_lockstep(ec, ev, BM_PROMPT, 5, tol, model, what);
     jlm_dev_stats s0;
-    jlm_engine_dev_stats(ev, &s0);
+    jlm_engine_dev_stats(ev, before ? before : &s0);
+    if (before) s0 = *before;
     cr_assert_eq(jlm_engine_eval(ev, &next, 1, l, &err), 0, "%s", err.msg);
     jlm_engine_dev_stats(ev, after);
     free(l);
@@ -532,7 +533,7 @@ static inline void bm_whole_blocks(const char *backend)
             }
             const char *what = split ? "--gpu-layers 2" : "whole";
             jlm_dev_stats s1;
-            uint64_t trips = bm_device_run(ec, ev, fl ? ic : NULL, tol, MODELS[m], what, &s1);
+            uint64_t trips = bm_device_run(ec, ev, fl ? ic : NULL, tol, MODELS[m], what, NULL, &s1);
             cr_assert_eq(trips, 1, "%s (%s, %s): a decoded token made %llu round trips", MODELS[m], backend, what,
                          (unsigned long long)trips);
             jlm_engine_close(ev);

@@ -802,6 +802,33 @@ Test(cuda, whole_blocks_on_the_emulated_device_give_the_cpus_ids_in_one_round_tr
     bm_whole_blocks("cuda");
 }
 
+/* Test model `name` (tests/models/name.gguf) converted to dir/file: its path. */
+static char *model_jlm(const char *name, const char *dir, const char *file)
+{
+    char gguf[256];
+    jlm_err err = {0};
+    snprintf(gguf, sizeof gguf, "%s.gguf", name);
+    char *path = tu_convert(gguf, dir, file, &err);
+    cr_assert(path, "%s: %s", name, err.msg);
+    return path;
+}
+
+/* ev against the CPU's ec (model, what: the label): bm_device_run with the
+ * CPU's 8 greedy ids; the decoded token's round trips (*rt) and activation
+ * bytes up and down (*act), and no matmul ever refused. */
+static void decoded_vs_cpu(jlm_engine *ec, jlm_engine *ev, double tol, const char *model, const char *what,
+                           uint64_t *rt, uint64_t *act)
+{
+    float *l = malloc(jlm_engine_n_vocab(ec) * sizeof *l);
+    int32_t ic[8];
+    bm_greedy_ids(ec, BM_PROMPT, 5, 8, ic, l);
+    free(l);
+    jlm_dev_stats s0, s1;
+    *rt = bm_device_run(ec, ev, ic, tol, model, what, &s0, &s1);
+    cr_assert(s1.fallbacks == 0, "%s (%s): %llu matmuls refused", model, what, (unsigned long long)s1.fallbacks);
+    *act = s1.act_up - s0.act_up + s1.act_down - s0.act_down;
+}
+
 /* Whole blocks over an F16 cache on the emulated device (--kv f16, every
  * block on the device: rows rounded to halves as the CPU's F16 cache rounds
  * them, attention reading halves): synth-llama-256 f32, Q8_0 and Q4_0 and
@@ -827,7 +854,7 @@ Test(cuda, whole_blocks_with_an_f16_cache_give_the_cpus_f16_ids_in_one_round_tri
                                       sizeof why);
         const jlm_config *c = &jlm_engine_model(ec)->config;
         jlm_dev_stats s1;
-        uint64_t trips = bm_device_run(ec, ev, ic, MODELS[m].tol, MODELS[m].name, "--kv f16", &s1);
+        uint64_t trips = bm_device_run(ec, ev, ic, MODELS[m].tol, MODELS[m].name, "--kv f16", NULL, &s1);
         uint64_t blocks = c->n_expert ? c->n_layer - c->n_dense_lead : 0;   /* a round trip a MoE block */
         cr_assert(trips <= blocks + 1 && s1.fallbacks == 0,
                   "%s --kv f16: a decoded token made %llu round trips (%llu MoE blocks), %llu matmuls refused",
@@ -963,6 +990,52 @@ Test(cuda, moe_blocks_on_the_emulated_device_give_the_cpus_ids_in_a_round_trip_a
         fclose(tv);
         free(l);
         jlm_engine_close(ec);
+        free(path);
+    }
+    tu_rmrf(dir);
+    free(dir);
+}
+
+/* deepseek2's latent attention on the emulated device (engine/exec_cu_mla.c:
+ * the latent and the shared RoPE key cached there, each head's query
+ * through its attn_k_b sheet, one KV head, each head's output through its
+ * attn_v_b sheet), beside its leading dense block and its sigmoid-routed MoE
+ * blocks with a shared expert: Q8_0 and Q4_K_M, whole and at --gpu-layers 2,
+ * with the CPU's F32 cache and with an F16 one (held to the CPU's own F16
+ * run): the CPU's greedy ids, the lockstep logits within the quantized
+ * tolerance, and a decoded token in at most a round trip a MoE block on the
+ * device plus one, its activations within its embedding, its logits and 4
+ * KiB, no matmul refused; a block left on the matmul offload (latent
+ * attention on the host) makes a round trip a matmul. */
+Test(cuda, deepseek2_latent_attention_blocks_run_whole_on_the_emulated_device, .timeout = 300)
+{
+    setenv("JLM_CUDA_EMULATE", "1", 1);
+    static const char *MODELS[] = {"synth-deepseek2-256.Q8_0", "synth-deepseek2-256.Q4_K_M"};
+    static const struct { uint32_t gpu_layers; const char *kv, *what; } CFG[] = {
+        {0, "f32", "whole"}, {2, "f32", "--gpu-layers 2"}, {0, "f16", "whole, --kv f16"},
+        {2, "f16", "--gpu-layers 2, --kv f16"}};
+    char *dir = tu_tmpdir();
+    for (size_t m = 0; m < sizeof MODELS / sizeof MODELS[0]; m++) {
+        char why[512], *path = model_jlm(MODELS[m], dir, "ds.jlm");
+        for (size_t i = 0; i < sizeof CFG / sizeof CFG[0]; i++) {
+            jlm_engine_opts o = {.backend = "cpu", .kv = CFG[i].kv};
+            jlm_engine *ec = bm_open_opts(path, o, 0, NULL, 0);
+            o.backend = "cuda";
+            o.device = "0";
+            o.gpu_layers = CFG[i].gpu_layers;
+            jlm_engine *ev = bm_open_opts(path, o, 0, why, sizeof why);
+            const jlm_config *c = &jlm_engine_model(ec)->config;
+            uint32_t nv = jlm_engine_n_vocab(ec), on = o.gpu_layers ? o.gpu_layers : c->n_layer;
+            uint64_t rt, act, moe = on > c->n_dense_lead ? on - c->n_dense_lead : 0;
+            decoded_vs_cpu(ec, ev, 0.05, MODELS[m], CFG[i].what, &rt, &act);
+            cr_assert(moe > 0 && rt <= moe + 1, "%s (%s): a decoded token made %llu round trips for %llu MoE blocks",
+                      MODELS[m], CFG[i].what, (unsigned long long)rt, (unsigned long long)moe);
+            cr_assert(act <= (uint64_t)c->n_embd * 4 + (uint64_t)nv * 4 + 4096,
+                      "%s (%s): %llu activation bytes a decoded token (embedding %u, logits %u)", MODELS[m],
+                      CFG[i].what, (unsigned long long)act, c->n_embd * 4, nv * 4);
+            jlm_engine_close(ev);
+            jlm_engine_close(ec);
+        }
         free(path);
     }
     tu_rmrf(dir);
