@@ -833,10 +833,17 @@ Test(vulkan, geglu_fp16_and_f16_rows_are_bit_identical_to_the_cpu)
 
 /* An engine on the named backend; NULL (test skipped by the caller) when
  * Vulkan has no device. Device "0": the first one, lavapipe included. */
+/* kv: --kv's type, or "K/V": --cache-type-k K --cache-type-v V */
 static jlm_engine *engine_kv(const char *path, const char *backend, uint32_t gpu_layers, const char *kv)
 {
+    char kk[16] = "", *vv = NULL;
+    if (kv && strchr(kv, '/') && strlen(kv) < sizeof kk) {
+        strcpy(kk, kv);
+        vv = strchr(kk, '/');
+        *vv++ = 0;
+    }
     jlm_engine_opts o = {.n_threads = 2, .quiet = 1, .direct = 1, .backend = backend, .device = "0",
-                         .gpu_layers = gpu_layers, .kv = kv};
+                         .gpu_layers = gpu_layers, .kv = vv ? NULL : kv, .kv_k = vv ? kk : NULL, .kv_v = vv};
     jlm_engine *e = NULL;
     jlm_err err = {0};
     int rc = jlm_engine_open(path, &o, &e, &err);
@@ -1762,7 +1769,7 @@ Test(vulkan, profiling_leaves_ids_and_logits_unchanged, .timeout = 120)
  * token is one round trip (gemma3v's 514 logits included: the output's rows
  * need no aligned binding) with activations up + down of at most its
  * embedding, its logits and 4 KiB. */
-Test(vulkan, whole_blocks_of_gemma3_and_an_f16_cache_give_the_cpus_ids, .timeout = 300)
+static void whole_kv_models(const char *const *kvs, size_t nkv)
 {
     static const struct { const char *name; int greedy; double tol; } MODELS[] = {
         {"synth-gemma3-256.Q8_0", 1, 0.05}, {"synth-gemma3-256.Q4_K_M", 1, 0.05},
@@ -1778,10 +1785,11 @@ Test(vulkan, whole_blocks_of_gemma3_and_an_f16_cache_give_the_cpus_ids, .timeout
         snprintf(gguf, sizeof gguf, "%s.gguf", MODELS[m].name);
         char *path = tu_convert(gguf, dir, "g.jlm", &err);
         cr_assert(path, "%s", err.msg);
-        for (int f16 = 0; f16 < 2; f16++) {
-            const char *kv = f16 ? "f16" : "f32";
-            if (!f16 && !strcmp(MODELS[m].name, "stories260K"))
-                continue;   /* F32 caches: whole_blocks_on_the_device_give_the_cpus_ids_... */
+        for (size_t ki = 0; ki < nkv; ki++) {
+            const char *kv = kvs[ki];
+            if ((!strcmp(kv, "f32") || strstr(kv, "q8_0")) && !strcmp(MODELS[m].name, "stories260K"))
+                continue;   /* F32 caches: whole_blocks_on_the_device_give_the_cpus_ids_...; Q8_0: its head
+                             * dimension (8) is no whole block, the CPU refuses it too */
             jlm_engine *ec = engine_kv(path, "cpu", 0, kv);
             const jlm_model *md = jlm_engine_model(ec);
             uint64_t E = md->config.n_embd;
@@ -1796,7 +1804,7 @@ Test(vulkan, whole_blocks_of_gemma3_and_an_f16_cache_give_the_cpus_ids, .timeout
                     cr_skip_test("vulkan: no device");
                 }
                 const char *what = split ? "--gpu-layers 2" : "whole";
-                if (MODELS[m].greedy) {
+                if (MODELS[m].greedy && !strchr(kv, '/')) {
                     bm_greedy_ids(ev, prompt, NP, NG, iv, lv);
                     cr_assert(!memcmp(ic, iv, sizeof ic), "%s --kv %s (%s): greedy ids differ", MODELS[m].name, kv,
                               what);
@@ -1814,8 +1822,10 @@ Test(vulkan, whole_blocks_of_gemma3_and_an_f16_cache_give_the_cpus_ids, .timeout
                     jlm_engine_dev_stats(ev, &s1);
                     /* an F16 cache on float weights: the K/V rows' last f32 bits (norms, RoPE inputs)
                      * can put an element one half-ulp (2^-11 relative) off the CPU's: the CPU's own F16
-                     * tolerance (2e-3, test_engine.c) */
-                    double tol = f16 && MODELS[m].tol < 2e-3 ? 2e-3 : MODELS[m].tol;
+                     * tolerance (2e-3, test_engine.c); a Q8_0 cache: one step of 1/127 of its block's
+                     * largest, the quantized models' tolerance */
+                    double tol = strstr(kv, "q8_0") ? 0.05 : strcmp(kv, "f32") && MODELS[m].tol < 2e-3 ? 2e-3
+                                                                                                    : MODELS[m].tol;
                     char label[256];
                     snprintf(label, sizeof label, "%s --kv %s (%s), step %d", MODELS[m].name, kv, what, step);
                     int32_t pc = bm_lockstep_pick(lc, lv, nv, tol, label);
@@ -1838,4 +1848,19 @@ Test(vulkan, whole_blocks_of_gemma3_and_an_f16_cache_give_the_cpus_ids, .timeout
     }
     tu_rmrf(dir);
     free(dir);
+}
+
+Test(vulkan, whole_blocks_of_gemma3_and_an_f16_cache_give_the_cpus_ids, .timeout = 300)
+{
+    static const char *const KV[] = {"f32", "f16"};
+    whole_kv_models(KV, 2);
+}
+
+/* The same with a Q8_0 cache on the device (its rows bit-identical to the
+ * CPU's, q8_0_cache_rows_are_bit_identical_to_the_cpus) and with keys and
+ * values of different types. */
+Test(vulkan, whole_blocks_with_a_q8_0_cache_give_the_cpus_ids, .timeout = 300)
+{
+    static const char *const KV[] = {"q8_0", "q8_0/f16", "f32/q8_0"};
+    whole_kv_models(KV, 3);
 }
