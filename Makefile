@@ -160,7 +160,7 @@ $(BUILD)/obj/kernels/vulkan/vk.o: BASECFLAGS += -DJLM_HAVE_VULKAN -I$(BUILD)/gen
 else
 $(info make: Vulkan backend left out (needs pkg-config vulkan and glslc: scripts/deps.sh installs them))
 endif
-$(BUILD)/gen/kernels/vulkan/%.spv.h: kernels/vulkan/shaders/%.comp kernels/vulkan/layout.glsl $(LAYOUT_OK)
+$(BUILD)/gen/kernels/vulkan/%.spv.h: kernels/vulkan/shaders/%.comp $(wildcard kernels/vulkan/*.glsl) $(LAYOUT_OK)
 	@mkdir -p $(dir $@)
 	glslc -fshader-stage=compute -O -Ikernels/vulkan -mfmt=c $< -o $@.tmp && mv $@.tmp $@
 

@@ -300,7 +300,7 @@ static int op_act(jlm_exd *k, int act, uint64_t n)
 
 static int op_moe(jlm_exd *k, const jlm_op *op) { return jlm_ecu_moe(ecu(k), k->e, &k->b, op, k->dry, k->err); }
 
-static const jlm_exd_ops CU_OPS = {op_norm, op_mm, op_bias, op_heads, op_kv_put, op_attend, op_add, op_act, op_moe, jlm_ecu_mla};
+static const jlm_exd_ops CU_OPS = {op_norm, op_mm, op_bias, op_heads, op_kv_put, op_attend, op_add, op_act, op_moe, jlm_ecu_mla, 0};
 
 /* ---------------------------------------------------------------- buffers */
 

@@ -131,7 +131,8 @@ int jlm_exd_plan(jlm_exd *k, const jlm_exd_ops *ops, void *be, jlm_engine *e, co
     *k = (jlm_exd){.ops = ops, .be = be, .dev = be, .e = e, .c = c, .kc = kc, .pos0 = pos0, .dry = 1, .err = err,
                    .b = {.p = p, .l = l, .page = page,
                          .page_off = e->m->hdr.data_off + (uint64_t)l * e->m->hdr.page_size, .n = n}};
-    if ((e->kt != KV_F32 && e->kt != KV_F16) || e->vt != e->kt || (c->flags & JLM_F_NON_CAUSAL) || !n)
+    if ((!ops->kv_any && ((e->kt != KV_F32 && e->kt != KV_F16) || e->vt != e->kt)) || (c->flags & JLM_F_NON_CAUSAL) ||
+        !n)
         return UNSUP;
     for (uint32_t t = 0; t < n; t++)
         if ((kc ? kc : e->bkc[t]) != e->kc)

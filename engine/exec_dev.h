@@ -34,6 +34,8 @@ typedef struct jlm_exd_ops {
     int (*act)(jlm_exd *k, int act, uint64_t n);                    /* G = act(G, U), n floats (gated kinds) */
     int (*moe)(jlm_exd *k, const jlm_op *op);                       /* the routed experts (NULL: not here) */
     int (*mla)(jlm_exd *k, const jlm_op *op);   /* latent attention's MLA_KV, MLA_Q, MLA_ATTN (NULL: not here) */
+    int kv_any;   /* kv_put and attend keep every cache type (Q8_0, keys and values of different types); 0: F32
+                   * or F16, the same for both */
 } jlm_exd_ops;
 
 struct jlm_exd {

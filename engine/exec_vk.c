@@ -6,11 +6,12 @@
  * The residual rows cross to the device at the first device block of a
  * forward and back only at a split point (jlm_evk_x_sync) or not at all when
  * the logits are computed here (jlm_evk_output). The engine's own sequence
- * keeps its KV cache of these blocks here (F32 or F16 as the engine's
- * --kv, a buffer per layer, rows of kv_dim; F16 rounded as the CPU's cache
- * rounds); any other sequence (jlm_engine_seq: serve, batches) and what
- * the shaders lack (Q8_0 caches, quantized weights without shaderFloat64;
- * the MOE op is exec_vk_moe.c's) is
+ * keeps its KV cache of these blocks here (keys and values each F32, F16 or
+ * Q8_0 as the engine's --kv / --cache-type-k / --cache-type-v, a buffer per
+ * layer, rows of kv_dim; F16 and Q8_0 rounded as the CPU's cache rounds);
+ * any other sequence (jlm_engine_seq: serve, batches) and what the shaders
+ * lack (quantized weights or a Q8_0 cache without shaderFloat64; the MOE op
+ * is exec_vk_moe.c's) is
  * JLM_EUNSUPPORTED, decided per model, layer and sequence before anything
  * is recorded (the walk: exec_dev.c), so a block always runs on the same
  * side. Quantized weights read int8 rows quantized on the
@@ -26,8 +27,14 @@
 
 static jlm_evk *evk(const jlm_exd *k) { return k->be; }
 
-/* bytes of one cached element: the device cache has the engine's type */
-static uint64_t kv_es(const jlm_engine *e) { return e->kt == KV_F16 ? 2 : 4; }
+_Static_assert((int)KV_F32 == (int)JLM_VK_KV_F32 && (int)KV_F16 == (int)JLM_VK_KV_F16 &&
+                   (int)KV_Q8_0 == (int)JLM_VK_KV_Q8_0,
+               "cache types");
+
+/* The device cache of b (K or V) has the engine's type of it; bytes of its row
+ * (kv_dim elements: the CPU's rows of each head, one after another) */
+static int kv_type(const jlm_engine *e, int b) { return b == JLM_B_K ? e->kt : e->vt; }
+static uint64_t kv_row(const jlm_engine *e, int b) { return jlm_kv_row_bytes(kv_type(e, b), (uint32_t)width(e, b)); }
 
 /* floats [off, off + n) of activation buffer b */
 static jlm_vk_view abv(const jlm_exd *k, int b, uint64_t off, uint64_t n)
@@ -214,20 +221,26 @@ int jlm_evk_rope_cs(const jlm_exd *k, uint32_t t, jlm_k_rope *rp, jlm_vk_view *c
     return JLM_OK;
 }
 
-/* Row t of b (K or V) into position p of the layer's cache c: copied (F32)
- * or rounded to halves as jlm_kv_put_row does (F16). */
+/* Row t of b (K or V) into position p of the layer's cache c: copied (F32),
+ * rounded to halves (F16) or quantized to Q8_0 blocks, as jlm_kv_put_row
+ * does (bit-identical). */
 static int kv_put(jlm_exd *k, jlm_vk_buf *c, uint64_t p, int b, uint32_t t)
 {
-    uint64_t n = width(k->e, b), es = kv_es(k->e);
-    jlm_vk_view dst = {c, p * n * es, n * es};
-    return es == 4 ? jlm_vk_copy(evk(k)->vk, dst, row(k, b, t), n * 4, k->err)
-                   : jlm_vk_to_f16(evk(k)->vk, dst, row(k, b, t), (uint32_t)n, k->err);
+    uint64_t n = width(k->e, b), rb = kv_row(k->e, b);
+    jlm_vk_view dst = {c, p * rb, rb};
+    switch (kv_type(k->e, b)) {
+    case KV_F32: return jlm_vk_copy(evk(k)->vk, dst, row(k, b, t), n * 4, k->err);
+    case KV_F16: return jlm_vk_to_f16(evk(k)->vk, dst, row(k, b, t), (uint32_t)n, k->err);
+    default: return jlm_vk_kv_q8(evk(k)->vk, dst, row(k, b, t), (uint32_t)n, k->err);
+    }
 }
 
 static int op_kv_put(jlm_exd *k)
 {
     jlm_evk *v = evk(k);
     int rc = JLM_OK;
+    if ((k->e->kt == KV_Q8_0 || k->e->vt == KV_Q8_0) && !jlm_vk_can_quantize(v->vk))
+        return UNSUP;   /* kv_q8.comp rounds through doubles */
     for (uint32_t t = 0; !rc && !k->dry && t < k->b.n; t++) {
         uint64_t p = jlm_exd_pos(k, t);
         rc = kv_put(k, v->blk.kc[k->b.l], p, JLM_B_K, t);
@@ -242,7 +255,7 @@ static int op_attend(jlm_exd *k, const float *sinks)
     jlm_engine *e = k->e;
     const jlm_config *c = k->c;
     jlm_evk_blk *s = &evk(k)->blk;
-    uint64_t es = kv_es(e);
+    uint64_t kb = kv_row(e, JLM_B_K), vb = kv_row(e, JLM_B_V);
     jlm_k_attn ap = {.head_dim = e->hd, .head_dim_v = e->hd_v, .k_stride = e->kv_dim, .v_stride = e->kv_dim_v,
                      .scale = c->attn_scale > 0 ? c->attn_scale : 1.0f / sqrtf((float)e->hd),
                      .softcap = c->attn_softcap};
@@ -252,12 +265,10 @@ static int op_attend(jlm_exd *k, const float *sinks)
          * hidden keys are not read at all (the CPU masks them: exp(-inf) adds 0) */
         uint32_t pos = jlm_exd_pos(k, t), hi = pos < e->bidir_end ? e->bidir_end : pos + 1;
         uint64_t lo = jlm_ex_first_key(c, k->b.l, pos), n_kv = hi - lo;
-        jlm_vk_view kv = {s->kc[k->b.l], lo * e->kv_dim * es, n_kv * e->kv_dim * es},
-                    vv = {s->vc[k->b.l], lo * e->kv_dim_v * es, n_kv * e->kv_dim_v * es},
+        jlm_vk_view kv = {s->kc[k->b.l], lo * kb, n_kv * kb}, vv = {s->vc[k->b.l], lo * vb, n_kv * vb},
                     sc = {s->scores, 0, (uint64_t)c->n_head * n_kv * 4};
-        rc = (es == 2 ? jlm_vk_attention_f16 : jlm_vk_attention)(evk(k)->vk, &ap, c->n_head, c->n_kv_head,
-                                                                 row(k, JLM_B_Q, t), kv, vv, n_kv, sinks, sc,
-                                                                 row(k, JLM_B_ATT, t), k->err);
+        rc = jlm_vk_attention_kv(evk(k)->vk, &ap, c->n_head, c->n_kv_head, row(k, JLM_B_Q, t), kv, e->kt, vv, e->vt,
+                                 n_kv, sinks, sc, row(k, JLM_B_ATT, t), k->err);
     }
     return rc;
 }
@@ -283,8 +294,8 @@ static int op_act(jlm_exd *k, int act, uint64_t n)
 
 static int op_moe(jlm_exd *k, const jlm_op *op) { return jlm_evk_moe(evk(k), k->e, &k->b, op, k->dry, k->err); }
 
-static const jlm_exd_ops VK_OPS = {op_norm, op_mm,  op_bias, op_heads, op_kv_put,
-                                   op_attend, op_add, op_act, op_moe, jlm_evk_mla};
+static const jlm_exd_ops VK_OPS = {op_norm,   op_mm,  op_bias, op_heads, op_kv_put,
+                                   op_attend, op_add, op_act,  op_moe,   jlm_evk_mla, 1};
 
 /* ---------------------------------------------------------------- buffers */
 static int grow(jlm_evk *v, jlm_vk_buf **b, uint64_t bytes, int host, jlm_err *err)
@@ -333,10 +344,11 @@ static int buffers(jlm_evk *v, jlm_engine *e, uint32_t l, uint32_t n, jlm_err *e
         if (!s->kc || !s->vc)
             rc = jlm_errf(err, JLM_ENOMEM, "vulkan: out of memory");
     }
+    /* whole words: a Q8_0 row may end inside one (jlm_vk_kv_q8 binds them) */
     if (!rc)
-        rc = grow(v, &s->kc[l], (uint64_t)e->kv_ctx * e->kv_dim * kv_es(e), 0, err);
+        rc = grow(v, &s->kc[l], ((uint64_t)e->kv_ctx * kv_row(e, JLM_B_K) + 3) / 4 * 4, 0, err);
     if (!rc && e->kv_dim_v)   /* latent attention's cache is kc's alone */
-        rc = grow(v, &s->vc[l], (uint64_t)e->kv_ctx * e->kv_dim_v * kv_es(e), 0, err);
+        rc = grow(v, &s->vc[l], ((uint64_t)e->kv_ctx * kv_row(e, JLM_B_V) + 3) / 4 * 4, 0, err);
     if (!rc && e->c->kv_lora_rank)
         rc = grow(v, &s->mla, jlm_evk_mla_bytes(v, e, (uint32_t)s->ab_rows), 0, err);
     return rc;
@@ -416,8 +428,9 @@ int jlm_evk_block(jlm_dev *d, jlm_engine *e, const jlm_prog *p, uint32_t l, cons
     const jlm_config *c = e->c;
     uint64_t al = jlm_vk_offset_align(v->vk);
     for (int b = 0; b < JLM_B_COUNT; b++)
-        if ((width(e, b) * 4) % al || ((b == JLM_B_K || b == JLM_B_V) && (width(e, b) * kv_es(e)) % al))
-            return UNSUP;   /* rows (and cache rows) at aligned offsets */
+        if ((width(e, b) * 4) % al ||
+            ((b == JLM_B_K || b == JLM_B_V) && kv_type(e, b) != KV_Q8_0 && kv_row(e, b) % al))
+            return UNSUP;   /* rows (and F32/F16 cache rows) at aligned offsets; Q8_0's windows are aligned down */
     jlm_exd k;
     int rc = jlm_exd_plan(&k, &VK_OPS, v, e, p, l, page, n, kc, pos0, &s->side, "vulkan", err);
     if (rc)

@@ -63,9 +63,14 @@ enum { JLM_KT_LIST(JLM_KT_ENUM_) JLM_KT_END_ };
 /* op: JLM_VK_SILU.. (vk.h), 6 = gpt-oss's swiglu with alpha and limit */
 #define JLM_PUSH_ELTWISE_FIELDS(U, F) U(n) U(op) F(alpha) F(limit)
 #define JLM_PUSH_ROPE_FIELDS(U, F) U(n_rot) U(neox) U(n_head) U(head_dim)
+/* k_type, v_type: the cache's element (0 f32, 1 halves, 2 Q8_0 blocks: vk.h's
+ * JLM_VK_KV_*); k_off, v_off: Q8_0's byte offset of element 0 in its bound
+ * window (the window starts aligned down) */
 #define JLM_PUSH_ATTENTION_FIELDS(U, F) \
     U(head_dim) U(head_dim_v) U(k_stride) U(v_stride) U(n_kv) U(group) U(has_mask) U(has_sink) \
-    F(scale) F(softcap) U(kv_f16)
+    F(scale) F(softcap) U(k_type) U(v_type) U(k_off) U(v_off)
+/* kv_q8.comp: n blocks of 32 floats into Q8_0 blocks from byte off of the window */
+#define JLM_PUSH_KV_Q8_FIELDS(U, F) U(n) U(off)
 #define JLM_PUSH_MOE_ROUTE_FIELDS(U, F) U(n) U(n_used) U(mode) F(scale)
 #define JLM_PUSH_MOE_COMBINE_FIELDS(U, F) U(n) U(n_used)
 
@@ -83,7 +88,8 @@ enum { JLM_KT_LIST(JLM_KT_ENUM_) JLM_KT_END_ };
     X(push_softmax, PUSH_SOFTMAX, 4, n) \
     X(push_eltwise, PUSH_ELTWISE, 16, limit) \
     X(push_rope, PUSH_ROPE, 16, head_dim) \
-    X(push_attention, PUSH_ATTENTION, 44, kv_f16) \
+    X(push_attention, PUSH_ATTENTION, 56, v_off) \
+    X(push_kv_q8, PUSH_KV_Q8, 8, off) \
     X(push_moe_route, PUSH_MOE_ROUTE, 16, scale) \
     X(push_moe_combine, PUSH_MOE_COMBINE, 8, n_used) \
     X(spec_matvec, SPEC_MATVEC, 24, nt)

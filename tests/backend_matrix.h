@@ -549,23 +549,33 @@ static inline void bm_whole_blocks(const char *backend)
  * a device backend has no device. */
 static inline jlm_engine *bm_engine_kv(const char *path, const char *backend, uint32_t gpu_layers, const char *kv)
 {
-    char why[512];
-    return bm_open_opts(path, (jlm_engine_opts){.backend = backend, .device = "0", .gpu_layers = gpu_layers, .kv = kv},
-                        strcmp(backend, "cpu") != 0, why, sizeof why);
+    char why[512], kk[16] = "", *vv = NULL;
+    if (kv && strchr(kv, '/') && strlen(kv) < sizeof kk) {   /* "K/V": the keys' type, the values' */
+        strcpy(kk, kv);
+        vv = strchr(kk, '/');
+        *vv++ = 0;
+    }
+    jlm_engine_opts o = {.backend = backend, .device = "0", .gpu_layers = gpu_layers, .kv = vv ? NULL : kv,
+                         .kv_k = vv ? kk : NULL, .kv_v = vv};
+    return bm_open_opts(path, o, strcmp(backend, "cpu") != 0, why, sizeof why);
 }
 
 /* gemma3 on whole blocks (sliding-window layers, their own RoPE base, the
- * fp16-table GELU gate, the post-norms) and an F16 KV cache on the device,
- * each against the CPU with the same --kv, whole and at --gpu-layers 2: a
+ * fp16-table GELU gate, the post-norms) with each KV cache type of kvs
+ * ("f16", "q8_0", "K/V" for keys and values apart) on the device, each
+ * against the CPU with the same --kv, whole and at --gpu-layers 2: a
  * 20-token prompt and 12 more (past the test models' window of 16). The
- * quantized gemma3 models and stories260K give the CPU's greedy ids; every
+ * quantized gemma3 models and stories260K give the CPU's greedy ids (one
+ * type for keys and values; mixed types sit on these random models'
+ * near-ties, so they are held to the logits); every
  * model, fed the CPU's ids, gives logits within the whole-block tolerance
- * (5e-4 of the largest on float weights, 0.05 quantized) with the same pick
+ * (5e-4 of the largest on float weights, 0.05 quantized; at least the
+ * CPU's own tolerance of the cache type) with the same pick
  * wherever the CPU's margin exceeds twice the difference; and a decoded
  * token is one round trip (gemma3v's 514 logits included: the output's rows
  * need no aligned binding) with activations up + down of at most its
  * embedding, its logits and 4 KiB. Shared by vulkan and cuda. */
-static inline void bm_whole_blocks_gemma3(const char *backend)
+static inline void bm_whole_blocks_gemma3(const char *backend, const char *const *kvs, size_t nkv)
 {
     static const struct { const char *name; int greedy; double tol; } MODELS[] = {
         {"synth-gemma3-256.Q8_0", 1, 0.05}, {"synth-gemma3-256.Q4_K_M", 1, 0.05},
@@ -581,10 +591,11 @@ static inline void bm_whole_blocks_gemma3(const char *backend)
         snprintf(gguf, sizeof gguf, "%s.gguf", MODELS[m].name);
         char *path = tu_convert(gguf, dir, "g.jlm", &err);
         cr_assert(path, "%s", err.msg);
-        for (int f16 = 0; f16 < 2; f16++) {
-            const char *kv = f16 ? "f16" : "f32";
-            if (!f16 && !strcmp(MODELS[m].name, "stories260K"))
-                continue;   /* F32 caches: whole_blocks_on_the_device_give_the_cpus_ids_... */
+        for (size_t ki = 0; ki < nkv; ki++) {
+            const char *kv = kvs[ki];
+            if ((!strcmp(kv, "f32") || strstr(kv, "q8_0")) && !strcmp(MODELS[m].name, "stories260K"))
+                continue;   /* F32 caches: whole_blocks_on_the_device_give_the_cpus_ids_...; Q8_0: its head
+                             * dimension (8) is no whole block, the CPU refuses it too */
             jlm_engine *ec = bm_engine_kv(path, "cpu", 0, kv);
             const jlm_model *md = jlm_engine_model(ec);
             uint64_t E = md->config.n_embd;
@@ -599,7 +610,7 @@ static inline void bm_whole_blocks_gemma3(const char *backend)
                     cr_skip_test("%s: no device", backend);
                 }
                 const char *what = split ? "--gpu-layers 2" : "whole";
-                if (MODELS[m].greedy) {
+                if (MODELS[m].greedy && !strchr(kv, '/')) {   /* mixed types: near-ties, the logits only */
                     bm_greedy_ids(ev, prompt, NP, NG, iv, lv);
                     cr_assert(!memcmp(ic, iv, sizeof ic), "%s --kv %s (%s): greedy ids differ", MODELS[m].name, kv,
                               what);
@@ -617,8 +628,10 @@ static inline void bm_whole_blocks_gemma3(const char *backend)
                     jlm_engine_dev_stats(ev, &s1);
                     /* an F16 cache on float weights: the K/V rows' last f32 bits (norms, RoPE inputs)
                      * can put an element one half-ulp (2^-11 relative) off the CPU's: the CPU's own F16
-                     * tolerance (2e-3, test_engine.c) */
-                    double tol = f16 && MODELS[m].tol < 2e-3 ? 2e-3 : MODELS[m].tol;
+                     * tolerance (2e-3, test_engine.c); a Q8_0 cache one step of 1/127 of its block's
+                     * largest: the CPU's own Q8_0 tolerance (3e-2, test_kv.c) */
+                    double fl = strstr(kv, "q8_0") ? 3e-2 : strcmp(kv, "f32") ? 2e-3 : 0;
+                    double tol = MODELS[m].tol < fl ? fl : MODELS[m].tol;
                     char label[256];
                     snprintf(label, sizeof label, "%s --kv %s (%s), step %d", MODELS[m].name, kv, what, step);
                     int32_t pc = bm_lockstep_pick(lc, lv, nv, tol, label);

@@ -879,7 +879,8 @@ Test(cuda, whole_blocks_with_an_f16_cache_give_the_cpus_f16_ids_in_one_round_tri
 Test(cuda, whole_blocks_of_gemma3_and_an_f16_cache_give_the_cpus_ids, .timeout = 300)
 {
     setenv("JLM_CUDA_EMULATE", "1", 1);
-    bm_whole_blocks_gemma3("cuda");
+    static const char *const KV[] = {"f32", "f16"};
+    bm_whole_blocks_gemma3("cuda", KV, 2);
 }
 
 /* f's whole text (from its start), or NULL. */

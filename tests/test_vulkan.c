@@ -16,6 +16,7 @@
 
 #include "engine/backend_vk.h"
 #include "engine/model.h"
+#include "engine/model_int.h"
 #include "engine/pager.h"
 #include "kernels/cpu/kernels.h"
 #include "kernels/vulkan/vk.h"
@@ -622,13 +623,33 @@ Test(vulkan, rope_is_bit_identical_to_the_cpu_normal_neox_and_yarn)
     jlm_vk_close(vk);
 }
 
-/* One attention case: n_head query heads over n_kv_head kv heads. */
-/* f16: k and v on the device as halves (jlm_vk_attention_f16), the CPU
- * attending the same halves widened (the F16 cache). */
-static void check_attention(jlm_vk *vk, uint32_t n_head, uint32_t n_kv_head, uint32_t hd, uint64_t n_kv,
-                            int flavour, int f16, uint64_t *seed)
+/* The cache as the device holds it (kvt: 0 f32, 1 halves, 2 Q8_0 rows of
+ * stride elements, after pad positions of 0x5a bytes), x then the values the
+ * CPU widens from it (jlm_kv_get_row); its bytes from position pad on. */
+static uint8_t *cache_of(int kvt, float *x, uint64_t n_kv, uint64_t stride, uint64_t pad, uint64_t *row)
 {
-    uint64_t stride = (uint64_t)n_kv_head * hd;
+    *row = jlm_kv_row_bytes(kvt, (uint32_t)stride);
+    uint8_t *c = malloc((n_kv + pad) * *row + 4);
+    memset(c, 0x5a, (n_kv + pad) * *row + 4);
+    for (uint64_t j = 0; j < n_kv; j++) {
+        jlm_kv_put_row(kvt, c + (pad + j) * *row, x + j * stride, (uint32_t)stride);
+        jlm_kv_get_row(kvt, c + (pad + j) * *row, x + j * stride, (uint32_t)stride);
+    }
+    return c;
+}
+
+/* One attention case: n_head query heads over n_kv_head kv heads. kvt: k
+ * and v on the device as floats (jlm_vk_attention), halves (the F16 cache)
+ * or Q8_0 blocks (the Q8_0 cache, its view starting a position in, at an
+ * offset no binding could start at: jlm_vk_attention_kv), the CPU attending
+ * the same values widened. */
+static void check_attention(jlm_vk *vk, uint32_t n_head, uint32_t n_kv_head, uint32_t hd, uint64_t n_kv,
+                            int flavour, int kvt, uint64_t *seed)
+{
+    int vt = kvt >> 2;   /* 4 + vt: keys kvt & 3, values vt */
+    kvt = vt ? kvt & 3 : kvt;
+    vt = vt ? vt - 1 : kvt;
+    uint64_t stride = (uint64_t)n_kv_head * hd, pad = kvt == 2 || vt == 2, row, vrow;
     float *q = malloc(n_head * hd * 4), *k = malloc(n_kv * stride * 4), *v = malloc(n_kv * stride * 4);
     float *mask = malloc(n_kv * 4), *sinks = malloc(n_head * 4), *c = malloc(n_head * hd * 4);
     float *pc = malloc(n_head * n_kv * 4);
@@ -639,13 +660,7 @@ static void check_attention(jlm_vk *vk, uint32_t n_head, uint32_t n_kv_head, uin
         mask[j] = (flavour == 1 && j + 4 < n_kv) || flavour == 3 ? -INFINITY : 0.0f;
     for (uint32_t h = 0; h < n_head; h++)
         sinks[h] = rng_unit(seed) * 3.0f;
-    uint16_t *kh = malloc(n_kv * stride * 2), *vh = malloc(n_kv * stride * 2);
-    for (uint64_t i = 0; f16 && i < n_kv * stride; i++) {
-        kh[i] = jlm_k_f32_to_fp16(k[i]);
-        vh[i] = jlm_k_f32_to_fp16(v[i]);
-        k[i] = jlm_k_fp16_to_f32(kh[i]);
-        v[i] = jlm_k_fp16_to_f32(vh[i]);
-    }
+    uint8_t *kh = cache_of(kvt, k, n_kv, stride, pad, &row), *vh = cache_of(vt, v, n_kv, stride, pad, &vrow);
     jlm_k_attn p = {.head_dim = hd, .head_dim_v = hd, .k_stride = stride, .v_stride = stride,
                     .scale = 1.0f / sqrtf((float)hd), .softcap = flavour == 2 ? 30.0f : 0.0f,
                     .has_sink = flavour == 2, .mask = flavour == 1 || flavour == 3 ? mask : NULL};
@@ -656,20 +671,23 @@ static void check_attention(jlm_vk *vk, uint32_t n_head, uint32_t n_kv_head, uin
         jlm_k_attn_head(&ph, q + h * hd, k + (h / group) * hd, v + (h / group) * hd, n_kv,
                         pc + h * n_kv, c + h * hd);
     }
-    uint64_t es = f16 ? 2 : 4;
-    jlm_vk_buf *bq = up(vk, q, n_head * hd * 4), *bk = up(vk, f16 ? (void *)kh : k, n_kv * stride * es);
-    jlm_vk_buf *bv = up(vk, f16 ? (void *)vh : v, n_kv * stride * es), *bs = up(vk, pc, n_head * n_kv * 4);
-    jlm_vk_buf *bo = up(vk, c, n_head * hd * 4);
+    jlm_vk_buf *bq = up(vk, q, n_head * hd * 4), *bk = up(vk, kh, (n_kv + pad) * row + 4);
+    jlm_vk_buf *bv = up(vk, vh, (n_kv + pad) * vrow + 4);
+    jlm_vk_buf *bs = up(vk, pc, n_head * n_kv * 4), *bo = up(vk, c, n_head * hd * 4);
+    jlm_vk_view kv = {bk, pad * row, n_kv * row}, vv = {bv, pad * vrow, n_kv * vrow};
+    cr_assert(kvt < 2 || kv.off % jlm_vk_offset_align(vk), "the Q8_0 case must start off a binding's alignment");
     memset(jlm_vk_buf_map(bo), 0xff, n_head * hd * 4);
     jlm_err err = {0};
-    cr_assert((f16 ? jlm_vk_attention_f16 : jlm_vk_attention)(vk, &p, n_head, n_kv_head, whole(bq), whole(bk),
-                                                              whole(bv), n_kv, flavour == 2 ? sinks : NULL,
-                                                              whole(bs), whole(bo), &err) == 0, "%s", err.msg);
+    int rc = kvt == 0 && vt == 0 ? jlm_vk_attention(vk, &p, n_head, n_kv_head, whole(bq), kv, vv, n_kv,
+                                         flavour == 2 ? sinks : NULL, whole(bs), whole(bo), &err)
+                      : jlm_vk_attention_kv(vk, &p, n_head, n_kv_head, whole(bq), kv, kvt, vv, vt, n_kv,
+                                            flavour == 2 ? sinks : NULL, whole(bs), whole(bo), &err);
+    cr_assert(rc == 0, "%s", err.msg);
     /* output relative to the value scale (3): exp's error spread over a
      * weighted mean of values */
     double e = worst(fmap(bo), c, n_head * hd, 3.0, "attention");
-    cr_assert(e <= TOL_EXP, "attention heads %u/%u hd %u n_kv %llu flavour %d f16 %d: error %g > %g", n_head,
-              n_kv_head, hd, (unsigned long long)n_kv, flavour, f16, e, TOL_EXP);
+    cr_assert(e <= TOL_EXP, "attention heads %u/%u hd %u n_kv %llu flavour %d cache %d/%d: error %g > %g", n_head,
+              n_kv_head, hd, (unsigned long long)n_kv, flavour, kvt, vt, e, TOL_EXP);
     double ep = worst(fmap(bs), pc, n_head * n_kv, 1e-6, "attention probabilities");
     cr_assert(ep <= TOL_EXP, "attention probabilities: error %g > %g", ep, TOL_EXP);
     jlm_vk_buf *all[] = {bq, bk, bv, bs, bo};
@@ -682,12 +700,78 @@ Test(vulkan, attention_with_gqa_matches_the_cpu_within_TOL_EXP)
 {
     jlm_vk *vk = open_or_skip();
     uint64_t seed = 15;
-    for (int f = 0; f < 8; f++) {   /* 4 to 7: the same over an F16 cache */
-        check_attention(vk, 8, 2, 64, 1, f % 4, f / 4, &seed);        /* first token */
-        check_attention(vk, 8, 2, 64, 37, f % 4, f / 4, &seed);       /* GQA 4:1 */
-        check_attention(vk, 6, 6, 48, 300, f % 4, f / 4, &seed);      /* MHA, n_kv > 256 lanes */
-        check_attention(vk, 4, 1, 16, 5, f % 4, f / 4, &seed);        /* MQA */
+    /* 4 to 7: the same over an F16 cache, 8 to 11 over a Q8_0 one; then keys and values of different types
+     * (cache 4 + vt: keys f32, f16 or Q8_0, values vt - 1) */
+    static const int KVT[] = {0, 1, 2, 1 + 4 * 1, 2 + 4 * 1, 0 + 4 * 2, 2 + 4 * 2, 0 + 4 * 3, 1 + 4 * 3};
+    for (int f = 0; f < 4 * (int)(sizeof KVT / sizeof KVT[0]); f++) {
+        int kvt = KVT[f / 4], q8 = (kvt & 3) == 2 || kvt >> 2 == 3;
+        check_attention(vk, 8, 2, 64, 1, f % 4, kvt, &seed);                /* first token */
+        check_attention(vk, 8, 2, 64, 37, f % 4, kvt, &seed);               /* GQA 4:1 */
+        check_attention(vk, 6, 6, q8 ? 32 : 48, 300, f % 4, kvt, &seed);   /* MHA, n_kv > 256 lanes */
+        check_attention(vk, 4, 1, q8 ? 96 : 16, 5, f % 4, kvt, &seed);     /* MQA (Q8_0: odd blocks a row) */
     }
+    jlm_vk_close(vk);
+}
+
+/* The Q8_0 cache's rows, bit for bit with the CPU's (jlm_kv_put_row): rows
+ * of 3 blocks (102 bytes: most start and end inside a word, the neighbour's
+ * bytes kept) written one dispatch each, out of order, over
+ * 0x5a bytes, and one dispatch of 1,500 blocks from byte 2; the values: each
+ * block's amax times (k + 1/2) / 127 for random k (the rounding's ties, or
+ * next to them after 1/d), random spreads from 1e-30 to 1e30, zero blocks,
+ * a single non-zero, negative maxima. */
+Test(vulkan, q8_0_cache_rows_are_bit_identical_to_the_cpus)
+{
+    jlm_vk *vk = open_or_skip();
+    if (!jlm_vk_can_quantize(vk)) {
+        jlm_vk_close(vk);
+        cr_skip_test("vulkan: no shaderFloat64");
+    }
+    enum { ROWS = 37, N = 96, BIG = 1500 * 32 };
+    uint64_t seed = 38, row = jlm_kv_row_bytes(KV_Q8_0, N), bytes = 2 + jlm_kv_row_bytes(KV_Q8_0, BIG) + 4;
+    float *x = malloc((uint64_t)BIG * 4);
+    for (uint64_t b = 0; b < BIG / 32; b++) {
+        float mag = powf(10.0f, rng_unit(&seed) * 30.0f), *xb = x + b * 32;
+        int kind = (int)(b % 5);
+        for (int i = 0; i < 32; i++)
+            xb[i] = kind == 3 ? 0.0f : rng_unit(&seed) * mag;
+        if (kind == 4)
+            for (int i = 0; i < 32; i++)
+                xb[i] = i == (int)(b % 32) ? -mag : 0.0f;
+        if (kind <= 1) {   /* ties of round(x * 127 / amax) */
+            xb[0] = kind ? -mag : mag;
+            for (int i = 1; i < 32; i++)
+                xb[i] = mag * ((float)(int)(rng_unit(&seed) * 126.0f) + 0.5f) / 127.0f;
+        }
+    }
+    uint8_t *want = malloc(bytes);
+    jlm_vk_buf *bx = up(vk, x, (uint64_t)BIG * 4), *bc = NULL;
+    jlm_err err = {0};
+    cr_assert(jlm_vk_buf_new(vk, bytes, &bc, &err) == 0, "%s", err.msg);
+    for (int pass = 0; pass < 2; pass++) {
+        memset(want, 0x5a, bytes);
+        memset(jlm_vk_buf_map(bc), 0x5a, bytes);
+        for (uint64_t r = 0; r < ROWS; r++) {
+            uint64_t p = pass ? 0 : (r * 7) % ROWS;   /* pass 0: every row, out of order; pass 1: one dispatch */
+            if (pass && r)
+                break;
+            uint64_t off = pass ? 2 : p * row;
+            uint32_t n = pass ? BIG : N;
+            jlm_kv_put_row(KV_Q8_0, want + off, x + p * N, n);
+            cr_assert(jlm_vk_kv_q8(vk, (jlm_vk_view){bc, off, jlm_kv_row_bytes(KV_Q8_0, n)},
+                                   (jlm_vk_view){bx, p * N * 4, n * 4ull}, n, &err) == 0, "%s", err.msg);
+        }
+        const uint8_t *got = jlm_vk_buf_map(bc);
+        for (uint64_t i = 0; i < bytes; i++)
+            cr_assert_eq(got[i], want[i], "pass %d: byte %llu (block %llu): 0x%02x, the CPU's 0x%02x", pass,
+                         (unsigned long long)i, (unsigned long long)(i - (pass ? 2 : 0)) / 34, got[i], want[i]);
+    }
+    cr_assert(jlm_vk_kv_q8(vk, (jlm_vk_view){bc, 0, 33}, (jlm_vk_view){bx, 0, 32 * 4}, 32, &err) == JLM_EINVAL);
+    cr_assert(jlm_vk_kv_q8(vk, (jlm_vk_view){bc, 0, 34}, (jlm_vk_view){bx, 0, 16 * 4}, 16, &err) == JLM_EINVAL);
+    jlm_vk_buf_free(vk, bx);
+    jlm_vk_buf_free(vk, bc);
+    free(x);
+    free(want);
     jlm_vk_close(vk);
 }
 
@@ -749,10 +833,17 @@ Test(vulkan, geglu_fp16_and_f16_rows_are_bit_identical_to_the_cpu)
 
 /* An engine on the named backend; NULL (test skipped by the caller) when
  * Vulkan has no device. Device "0": the first one, lavapipe included. */
+/* kv: --kv's type, or "K/V": --cache-type-k K --cache-type-v V */
 static jlm_engine *engine_kv(const char *path, const char *backend, uint32_t gpu_layers, const char *kv)
 {
+    char kk[16] = "", *vv = NULL;
+    if (kv && strchr(kv, '/') && strlen(kv) < sizeof kk) {
+        strcpy(kk, kv);
+        vv = strchr(kk, '/');
+        *vv++ = 0;
+    }
     jlm_engine_opts o = {.n_threads = 2, .quiet = 1, .direct = 1, .backend = backend, .device = "0",
-                         .gpu_layers = gpu_layers, .kv = kv};
+                         .gpu_layers = gpu_layers, .kv = vv ? NULL : kv, .kv_k = vv ? kk : NULL, .kv_v = vv};
     jlm_engine *e = NULL;
     jlm_err err = {0};
     int rc = jlm_engine_open(path, &o, &e, &err);
@@ -1668,9 +1759,19 @@ Test(vulkan, profiling_leaves_ids_and_logits_unchanged, .timeout = 120)
 }
 
 /* gemma3 on whole blocks (sliding-window layers, their own RoPE base, the
- * fp16-table GELU gate, the post-norms) and an F16 KV cache on the device:
- * backend_matrix.h's bm_whole_blocks_gemma3. */
+ * fp16-table GELU gate, the post-norms) with F32 and F16 KV caches on the
+ * device: backend_matrix.h's bm_whole_blocks_gemma3. */
 Test(vulkan, whole_blocks_of_gemma3_and_an_f16_cache_give_the_cpus_ids, .timeout = 300)
 {
-    bm_whole_blocks_gemma3("vulkan");
+    static const char *const KV[] = {"f32", "f16"};
+    bm_whole_blocks_gemma3("vulkan", KV, 2);
+}
+
+/* The same with a Q8_0 cache on the device (its rows bit-identical to the
+ * CPU's, q8_0_cache_rows_are_bit_identical_to_the_cpus) and with keys and
+ * values of different types. */
+Test(vulkan, whole_blocks_with_a_q8_0_cache_give_the_cpus_ids, .timeout = 300)
+{
+    static const char *const KV[] = {"q8_0", "q8_0/f16", "f32/q8_0"};
+    bm_whole_blocks_gemma3("vulkan", KV, 3);
 }

@@ -37,8 +37,11 @@ const uint T_Q5_1 = 12u;
 // jlm_push_rope (kernels/layout.h), 16 bytes; byte offsets: n_rot 0 neox 4 n_head 8 head_dim 12
 #define JLM_PUSH_ROPE uint n_rot; uint neox; uint n_head; uint head_dim;
 
-// jlm_push_attention (kernels/layout.h), 44 bytes; byte offsets: head_dim 0 head_dim_v 4 k_stride 8 v_stride 12 n_kv 16 group 20 has_mask 24 has_sink 28 scale 32 softcap 36 kv_f16 40
-#define JLM_PUSH_ATTENTION uint head_dim; uint head_dim_v; uint k_stride; uint v_stride; uint n_kv; uint group; uint has_mask; uint has_sink; float scale; float softcap; uint kv_f16;
+// jlm_push_attention (kernels/layout.h), 56 bytes; byte offsets: head_dim 0 head_dim_v 4 k_stride 8 v_stride 12 n_kv 16 group 20 has_mask 24 has_sink 28 scale 32 softcap 36 k_type 40 v_type 44 k_off 48 v_off 52
+#define JLM_PUSH_ATTENTION uint head_dim; uint head_dim_v; uint k_stride; uint v_stride; uint n_kv; uint group; uint has_mask; uint has_sink; float scale; float softcap; uint k_type; uint v_type; uint k_off; uint v_off;
+
+// jlm_push_kv_q8 (kernels/layout.h), 8 bytes; byte offsets: n 0 off 4
+#define JLM_PUSH_KV_Q8 uint n; uint off;
 
 // jlm_push_moe_route (kernels/layout.h), 16 bytes; byte offsets: n 0 n_used 4 mode 8 scale 12
 #define JLM_PUSH_MOE_ROUTE uint n; uint n_used; uint mode; float scale;

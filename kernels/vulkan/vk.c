@@ -51,8 +51,12 @@ static const uint32_t SPV_MOE_COMBINE[] =
 static const uint32_t SPV_QUANTIZE[] =
 #include "kernels/vulkan/quantize.spv.h"
 ;
+static const uint32_t SPV_KV_Q8[] =
+#include "kernels/vulkan/kv_q8.spv.h"
+;
 
-enum { K_MATVEC, K_RMSNORM, K_SOFTMAX, K_ELTWISE, K_ROPE, K_ATTENTION, K_LAYERNORM, K_MOE_ROUTE, K_MOE_COMBINE, K_QUANTIZE, K_COUNT };
+enum { K_MATVEC, K_RMSNORM, K_SOFTMAX, K_ELTWISE, K_ROPE, K_ATTENTION, K_LAYERNORM, K_MOE_ROUTE, K_MOE_COMBINE, K_QUANTIZE, K_KV_Q8,
+       K_COUNT };
 #define NBIND    8     /* every pipeline: bindings 0..7 (unused ones get a dummy) */
 #define NSPEC    (sizeof(jlm_spec_matvec) / 4)   /* matvec.comp's specialization constants (kernels/layout.h) */
 /* Tokens per invocation of a matmul of several tokens (matvec.comp's NT): the
@@ -79,6 +83,7 @@ static const struct { const uint32_t *code; size_t size; } SPV[K_COUNT] = {
     [K_MOE_ROUTE] = {SPV_MOE_ROUTE, sizeof SPV_MOE_ROUTE},
     [K_MOE_COMBINE] = {SPV_MOE_COMBINE, sizeof SPV_MOE_COMBINE},
     [K_QUANTIZE] = {SPV_QUANTIZE, sizeof SPV_QUANTIZE},
+    [K_KV_Q8] = {SPV_KV_Q8, sizeof SPV_KV_Q8},
 };
 
 struct jlm_vk_buf {
@@ -398,7 +403,7 @@ int jlm_vk_open(const char *want, int allow_cpu, jlm_vk **out, jlm_err *err)
     if (!rc)
         rc = make_layout(vk, err);
     for (int k = 0; !rc && k < K_COUNT; k++)
-        if (k != K_MATVEC && (k != K_QUANTIZE || vk->has_f64))
+        if (k != K_MATVEC && ((k != K_QUANTIZE && k != K_KV_Q8) || vk->has_f64))
             rc = make_pipeline_spec(vk, k, NULL, &vk->pipe[k], err);
     if (!rc)
         rc = make_submit_objects(vk, err);
@@ -1194,14 +1199,37 @@ int jlm_vk_rope_cs(jlm_vk *vk, uint32_t n_rot, int neox, jlm_vk_view x, uint32_t
     return dispatch(vk, vk->pipe[K_ROPE], v, 2, &push, sizeof push, groups((uint64_t)n_rot / 2 * n_head, 64), err);
 }
 
-static int attention(jlm_vk *vk, const jlm_k_attn *p, uint32_t n_head, uint32_t n_kv_head, jlm_vk_view q,
-                     jlm_vk_view k, jlm_vk_view v, uint64_t n_kv, const float *sinks, jlm_vk_view scratch,
-                     jlm_vk_view out, int kv_f16, jlm_err *err)
+/* A Q8_0 view (any byte offset) as a window that starts aligned down and
+ * ends on a word: *delta is element 0's byte in it. */
+static jlm_vk_view q8_window(const jlm_vk *vk, jlm_vk_view v, uint32_t *delta)
+{
+    uint64_t al = vk->props.limits.minStorageBufferOffsetAlignment, lo = v.off / al * al;
+    *delta = (uint32_t)(v.off - lo);
+    return (jlm_vk_view){v.buf, lo, (v.off + v.len + 3) / 4 * 4 - lo};
+}
+
+int jlm_vk_kv_q8(jlm_vk *vk, jlm_vk_view out, jlm_vk_view x, uint32_t n, jlm_err *err)
+{
+    if (!vk->has_f64)
+        return jlm_errf(err, JLM_EUNSUPPORTED, "vulkan kv q8_0: the device has no shaderFloat64");
+    if (!n || n % 32 || out.len != (uint64_t)n / 32 * 34)
+        return jlm_errf(err, JLM_EINVAL, "vulkan kv q8_0: %u floats into %llu bytes (blocks of 32 into 34)", n,
+                        (unsigned long long)out.len);
+    jlm_push_kv_q8 p = {n / 32, 0};
+    jlm_vk_view v[2] = {x, q8_window(vk, out, &p.off)};
+    return dispatch(vk, vk->pipe[K_KV_Q8], v, 2, &p, sizeof p, groups(n / 32, 64), err);
+}
+
+int jlm_vk_attention_kv(jlm_vk *vk, const jlm_k_attn *p, uint32_t n_head, uint32_t n_kv_head, jlm_vk_view q,
+                        jlm_vk_view k, int kt, jlm_vk_view v, int vt, uint64_t n_kv, const float *sinks,
+                        jlm_vk_view scratch, jlm_vk_view out, jlm_err *err)
 {
     if (!n_head || !n_kv_head || n_head % n_kv_head || !n_kv || n_kv > UINT32_MAX ||
-        p->k_stride > UINT32_MAX || p->v_stride > UINT32_MAX)
-        return jlm_errf(err, JLM_EINVAL, "vulkan attention: bad shape (heads %u/%u, n_kv %llu)",
-                        n_head, n_kv_head, (unsigned long long)n_kv);
+        p->k_stride > UINT32_MAX || p->v_stride > UINT32_MAX || kt < 0 || kt > JLM_VK_KV_Q8_0 || vt < 0 ||
+        vt > JLM_VK_KV_Q8_0 || (kt == JLM_VK_KV_Q8_0 && (p->k_stride % 32 || p->head_dim % 32)) ||
+        (vt == JLM_VK_KV_Q8_0 && (p->v_stride % 32 || p->head_dim_v % 32)))
+        return jlm_errf(err, JLM_EINVAL, "vulkan attention: bad shape (heads %u/%u, n_kv %llu, cache types %d/%d)",
+                        n_head, n_kv_head, (unsigned long long)n_kv, kt, vt);
     uint64_t mask_bytes = p->mask ? n_kv * 4 : 0, sink_bytes = sinks ? (uint64_t)n_head * 4 : 0;
     int rc = reserve(vk, mask_bytes + tmp_align(vk, sink_bytes), err);
     if (rc)
@@ -1209,7 +1237,11 @@ static int attention(jlm_vk *vk, const jlm_k_attn *p, uint32_t n_head, uint32_t 
     jlm_vk_view mv = p->mask ? tmp_put(vk, p->mask, mask_bytes) : (jlm_vk_view){0};
     jlm_vk_view sv = sinks ? tmp_put(vk, sinks, sink_bytes) : (jlm_vk_view){0};
     jlm_push_attention pc = {p->head_dim, p->head_dim_v, (uint32_t)p->k_stride, (uint32_t)p->v_stride, (uint32_t)n_kv,
-            n_head / n_kv_head, p->mask != NULL, sinks != NULL, p->scale, p->softcap, kv_f16 != 0};
+            n_head / n_kv_head, p->mask != NULL, sinks != NULL, p->scale, p->softcap, (uint32_t)kt, (uint32_t)vt, 0, 0};
+    if (kt == JLM_VK_KV_Q8_0)
+        k = q8_window(vk, k, &pc.k_off);
+    if (vt == JLM_VK_KV_Q8_0)
+        v = q8_window(vk, v, &pc.v_off);
     jlm_vk_view b[7] = {q, k, v, mv, sv, scratch, out};
     return dispatch(vk, vk->pipe[K_ATTENTION], b, 7, &pc, sizeof pc, n_head, err);
 }
@@ -1218,14 +1250,16 @@ int jlm_vk_attention(jlm_vk *vk, const jlm_k_attn *p, uint32_t n_head, uint32_t 
                      jlm_vk_view q, jlm_vk_view k, jlm_vk_view v, uint64_t n_kv,
                      const float *sinks, jlm_vk_view scratch, jlm_vk_view out, jlm_err *err)
 {
-    return attention(vk, p, n_head, n_kv_head, q, k, v, n_kv, sinks, scratch, out, 0, err);
+    return jlm_vk_attention_kv(vk, p, n_head, n_kv_head, q, k, JLM_VK_KV_F32, v, JLM_VK_KV_F32, n_kv, sinks, scratch,
+                               out, err);
 }
 
 int jlm_vk_attention_f16(jlm_vk *vk, const jlm_k_attn *p, uint32_t n_head, uint32_t n_kv_head, jlm_vk_view q,
                          jlm_vk_view k, jlm_vk_view v, uint64_t n_kv, const float *sinks, jlm_vk_view scratch,
                          jlm_vk_view out, jlm_err *err)
 {
-    return attention(vk, p, n_head, n_kv_head, q, k, v, n_kv, sinks, scratch, out, 1, err);
+    return jlm_vk_attention_kv(vk, p, n_head, n_kv_head, q, k, JLM_VK_KV_F16, v, JLM_VK_KV_F16, n_kv, sinks, scratch,
+                               out, err);
 }
 
 #else /* !JLM_HAVE_VULKAN */
@@ -1308,5 +1342,9 @@ int jlm_vk_attention_f16(jlm_vk *vk, const jlm_k_attn *p, uint32_t n_head, uint3
 int jlm_vk_geglu_fp16(jlm_vk *vk, jlm_vk_view out, jlm_vk_view gate, jlm_vk_view up, uint32_t n,
                       jlm_err *err) { return none(err); }
 int jlm_vk_to_f16(jlm_vk *vk, jlm_vk_view out, jlm_vk_view x, uint32_t n, jlm_err *err) { return none(err); }
+int jlm_vk_kv_q8(jlm_vk *vk, jlm_vk_view out, jlm_vk_view x, uint32_t n, jlm_err *err) { return none(err); }
+int jlm_vk_attention_kv(jlm_vk *vk, const jlm_k_attn *p, uint32_t n_head, uint32_t n_kv_head, jlm_vk_view q,
+                        jlm_vk_view k, int kt, jlm_vk_view v, int vt, uint64_t n_kv, const float *sinks,
+                        jlm_vk_view scratch, jlm_vk_view out, jlm_err *err) { return none(err); }
 
 #endif

@@ -170,6 +170,12 @@ int jlm_vk_geglu_fp16(jlm_vk *vk, jlm_vk_view out, jlm_vk_view gate, jlm_vk_view
 /* x (n floats, n even) to n halves in out, as jlm_k_f32_to_fp16 rounds
  * (nearest even, bit-identical): the F16 KV cache's rows. */
 int jlm_vk_to_f16(jlm_vk *vk, jlm_vk_view out, jlm_vk_view x, uint32_t n, jlm_err *err);
+/* x (n floats, n a multiple of 32) to n/32 Q8_0 blocks (34 bytes: the half
+ * d, then 32 int8) at out, which may start at any byte (out.len: n/32 * 34;
+ * the bytes around it are kept): the Q8_0 KV cache's rows, bit-identical to
+ * the CPU's (jlm_kv_put_row: d = amax / 127, q = round(x / d) by 1 / d; NaN
+ * to 0). Needs shaderFloat64 (jlm_vk_can_quantize; else JLM_EUNSUPPORTED). */
+int jlm_vk_kv_q8(jlm_vk *vk, jlm_vk_view out, jlm_vk_view x, uint32_t n, jlm_err *err);
 /* out = (x - mean) / sqrt(var + eps) * w + b (jlm_k_layernorm); w, b: buf NULL for none. */
 int jlm_vk_layernorm(jlm_vk *vk, jlm_vk_view out, jlm_vk_view x, jlm_vk_view w, jlm_vk_view b,
                      uint32_t n, float eps, jlm_err *err);
@@ -213,5 +219,14 @@ int jlm_vk_attention(jlm_vk *vk, const jlm_k_attn *p, uint32_t n_head, uint32_t 
 int jlm_vk_attention_f16(jlm_vk *vk, const jlm_k_attn *p, uint32_t n_head, uint32_t n_kv_head, jlm_vk_view q,
                          jlm_vk_view k, jlm_vk_view v, uint64_t n_kv, const float *sinks, jlm_vk_view scratch,
                          jlm_vk_view out, jlm_err *err);
+/* The cache element types of jlm_vk_attention_kv (the engine's KV_* values). */
+enum { JLM_VK_KV_F32, JLM_VK_KV_F16, JLM_VK_KV_Q8_0 };
+/* The same with K of type kt and V of type vt: f32, halves, or Q8_0 blocks
+ * (jlm_vk_kv_q8's; strides and head dims in elements, multiples of 32; the
+ * view may start at any byte, a position's first block), each element read
+ * exactly as the CPU widens it (d * q). */
+int jlm_vk_attention_kv(jlm_vk *vk, const jlm_k_attn *p, uint32_t n_head, uint32_t n_kv_head, jlm_vk_view q,
+                        jlm_vk_view k, int kt, jlm_vk_view v, int vt, uint64_t n_kv, const float *sinks,
+                        jlm_vk_view scratch, jlm_vk_view out, jlm_err *err);
 
 #endif

@@ -1,11 +1,12 @@
 #version 450
 #extension GL_GOOGLE_include_directive : require
 #include "layout.glsl"
+#include "half.glsl"
 // attention.comp - single-token attention, one workgroup (256 lanes) per query
 // head; kv head = head / group (GQA). Scores as jlm_k_attn_head: dot, softcap,
 // scale, mask; sink joins max and denominator; all masked and no sink: 0.
-// K and V are f32, or halves (kv_f16: the F16 cache, read exactly as
-// jlm_k_fp16_to_f32).
+// K and V are each f32, halves (the F16 cache) or Q8_0 blocks (the Q8_0
+// cache): k_type, v_type.
 layout(local_size_x = 256) in;
 layout(std430, binding = 0) readonly buffer Q { float q[]; };
 layout(std430, binding = 1) readonly buffer K { uint kc[]; };
@@ -17,20 +18,34 @@ layout(std430, binding = 6) writeonly buffer O { float o[]; };
 layout(push_constant) uniform P { JLM_PUSH_ATTENTION } pc;   // kernels/layout.h
 shared float part[256];
 
-float fp16(uint h)   // exact, as jlm_k_fp16_to_f32
+// element i of the K (V) cache view: f32, a half (read exactly as
+// jlm_k_fp16_to_f32), or of Q8_0 blocks (34 bytes: the half d, then 32 int8 q)
+// from byte k_off (v_off): d * q, as jlm_kv_get_row widens them
+uint kbyte(uint o) { return (kc[o >> 2] >> ((o & 3u) * 8u)) & 0xffu; }
+uint vbyte(uint o) { return (vc[o >> 2] >> ((o & 3u) * 8u)) & 0xffu; }
+float q8(uint d, uint q)
 {
-    uint sign = (h & 0x8000u) << 16, e = (h >> 10) & 0x1fu, man = h & 0x3ffu;
-    if (e == 0x1fu)
-        return uintBitsToFloat(sign | 0x7f800000u | (man << 13));
-    if (e == 0u) {
-        precise float f = float(man) * 5.9604644775390625e-8;   // 2^-24, exact
-        return sign != 0u ? -f : f;
-    }
-    return uintBitsToFloat(sign | ((e + 112u) << 23) | (man << 13));
+    precise float r = fp16(d) * float(int(q << 24) >> 24);
+    return r;
 }
-
-float key(uint i) { return pc.kv_f16 != 0u ? fp16((kc[i >> 1] >> ((i & 1u) * 16u)) & 0xffffu) : uintBitsToFloat(kc[i]); }
-float val(uint i) { return pc.kv_f16 != 0u ? fp16((vc[i >> 1] >> ((i & 1u) * 16u)) & 0xffffu) : uintBitsToFloat(vc[i]); }
+float key(uint i)
+{
+    if (pc.k_type == 1u)
+        return fp16((kc[i >> 1] >> ((i & 1u) * 16u)) & 0xffffu);
+    if (pc.k_type == 0u)
+        return uintBitsToFloat(kc[i]);
+    uint o = pc.k_off + (i >> 5) * 34u;
+    return q8(kbyte(o) | (kbyte(o + 1u) << 8), kbyte(o + 2u + (i & 31u)));
+}
+float val(uint i)
+{
+    if (pc.v_type == 1u)
+        return fp16((vc[i >> 1] >> ((i & 1u) * 16u)) & 0xffffu);
+    if (pc.v_type == 0u)
+        return uintBitsToFloat(vc[i]);
+    uint o = pc.v_off + (i >> 5) * 34u;
+    return q8(vbyte(o) | (vbyte(o + 1u) << 8), vbyte(o + 2u + (i & 31u)));
+}
 
 float reduce(float v, bool is_max)
 {

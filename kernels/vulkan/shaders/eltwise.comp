@@ -1,6 +1,7 @@
 #version 450
 #extension GL_GOOGLE_include_directive : require
 #include "layout.glsl"
+#include "half.glsl"
 // eltwise.comp - the element-wise ops: silu, gelu (tanh form), swiglu, add, mul,
 // gelu_quick, swiglu_oai (gpt-oss), each the formula of kernels/cpu/ops.c;
 // gelu through ggml's fp16 table times up (gemma3: jlm_k_gelu_fp16 then
@@ -21,21 +22,6 @@ float tanh_safe(float v)   // GLSL tanh may overflow to NaN for large |v|
     if (abs(v) > 15.0)
         return sign(v);
     return tanh(v);
-}
-
-// jlm_k_f32_to_fp16 with integer ops: nearest even, NaN quieted, denormal halves
-uint f2h(float f)
-{
-    uint x = floatBitsToUint(f), sign = (x >> 16) & 0x8000u, ax = x & 0x7fffffffu;
-    if (ax > 0x7f800000u)
-        return sign | 0x7e00u | ((ax >> 13) & 0x3ffu);
-    if (ax >= 0x477ff000u)
-        return sign | 0x7c00u;
-    if (ax < 0x38800000u) {
-        precise float s = uintBitsToFloat(ax) * 16777216.0;   // exact: a power of two, below 2^10
-        return sign | uint(roundEven(s));
-    }
-    return sign | ((ax + 0xc8000fffu + ((ax >> 13) & 1u)) >> 13);
 }
 
 void main()

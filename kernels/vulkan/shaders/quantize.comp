@@ -1,41 +1,17 @@
 #version 450
 // The activations' int8 quantization (jlm_k_quantize_act), bit-identical:
 // per block of 32 floats, d = amax / 127 and q = round-half-away(x / d), each
-// quotient the correctly rounded f32 one the CPU computes. Vulkan's f32
-// division is 2.5 ulp, so each quotient is a candidate from a double
-// division, then the nearest of it and its two neighbours by the exact
-// residual |a - c*b| (c*b: 24 + 24 bits, exact in a double; ties to even).
+// quotient the correctly rounded f32 one the CPU computes (div_rn.glsl).
 // Needs shaderFloat64. One invocation per block; tokens one after another.
 #extension GL_GOOGLE_include_directive : require
 #include "layout.glsl"
+#include "div_rn.glsl"
 layout(local_size_x = 64) in;
 layout(std430, binding = 0) readonly buffer X { float x[]; };
 layout(std430, binding = 1) writeonly buffer Q { uint q[]; };     // 8 words a block
 layout(std430, binding = 2) writeonly buffer D { float d[]; };    // a float a block
 layout(std430, binding = 3) writeonly buffer S { uint s16[]; };   // two int16 a block
 layout(push_constant) uniform P { JLM_PUSH_SOFTMAX } pc;   // n: blocks (kernels/layout.h)
-
-// fl(a / b) for a >= 0, b > 0 finite
-float div_rn(float a, float b)
-{
-    if (a == 0.0)
-        return 0.0;
-    float f = float(double(a) / double(b));
-    uint u = floatBitsToUint(f);
-    float best = f;
-    double be = abs(double(a) - double(f) * double(b));
-    for (int s = -1; s <= 1; s += 2) {
-        if (s < 0 && u == 0u)
-            continue;
-        float c = uintBitsToFloat(uint(int(u) + s));
-        double ce = abs(double(a) - double(c) * double(b));
-        if (ce < be || (ce == be && (floatBitsToUint(c) & 1u) == 0u)) {
-            best = c;
-            be = ce;
-        }
-    }
-    return best;
-}
 
 void main()
 {
