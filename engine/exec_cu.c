@@ -253,7 +253,7 @@ static int op_attend(jlm_exd *k, const float *sinks)
     jlm_cu_attn ap = {.n_head = c->n_head, .n_head_kv = c->n_kv_head, .head_dim = e->hd, .head_dim_v = e->hd_v,
                       .k_stride = e->kv_dim, .v_stride = e->kv_dim_v, .k_head_stride = e->hd,
                       .v_head_stride = e->hd_v, .scale = c->attn_scale > 0 ? c->attn_scale : 1.0f / sqrtf((float)e->hd),
-                      .softcap = c->attn_softcap, .sinks = sk, .kv_f16 = e->kt == KV_F16};
+                      .softcap = c->attn_softcap, .sinks = sk, .k_type = e->kt, .v_type = e->vt};
     uint64_t es = kv_es(e);
     int rc = JLM_OK;
     for (uint32_t t = 0; !rc && !k->dry && t < k->b.n; t++) {

@@ -288,7 +288,7 @@ static int mla_attn(jlm_exd *k, const jlm_op *op, const mla_dims *d)
     jlm_ecu *v = ecu(k);
     jlm_cu_attn ap = {.n_head = (uint32_t)d->nh, .n_head_kv = 1, .head_dim = (uint32_t)d->W,
                       .head_dim_v = (uint32_t)d->R, .k_stride = d->W, .v_stride = d->W,
-                      .scale = jlm_ex_mla_scale(k->e), .kv_f16 = k->e->kt == KV_F16};
+                      .scale = jlm_ex_mla_scale(k->e), .k_type = k->e->kt, .v_type = k->e->kt};
     int rc = op->dst != JLM_B_ATT ? UNSUP : JLM_OK;
     for (uint32_t t = 0; !rc && !k->dry && t < k->b.n; t++) {
         ap.n_kv = jlm_exd_pos(k, t) + 1ull;

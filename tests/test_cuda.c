@@ -16,6 +16,7 @@
 #include <string.h>
 #include <sys/stat.h>
 
+#include "engine/model_int.h"
 #include "kernels/cpu/tolerances.h"
 #include "kernels/cuda/cuda.h"
 #include "kernels/cuda/rt.h"
@@ -269,9 +270,11 @@ typedef struct attn_case {
     int      sinks, mask;   /* mask: 0 none, 1 sliding window of 16, 2 all hidden */
 } attn_case;
 
-/* f16: the kernel reads k and v as halves (an F16 cache), the CPU attends
- * the same halves widened, as jlm_kv_get_row gives them. */
-static void check_attn(attn_case c, int f16, uint64_t seed)
+/* kt, vt: the keys' and the values' cache type (KV_F32, KV_F16, KV_Q8_0):
+ * the kernel reads them as stored (jlm_kv_put_row's rows; Q8_0 from byte 2,
+ * its blocks across words, as a cache row at an odd position starts), the
+ * CPU attends the same rows widened, as jlm_kv_get_row gives them. */
+static void check_attn(attn_case c, int kt, int vt, uint64_t seed)
 {
     uint64_t kvn = (uint64_t)c.n_head_kv * c.n_kv;
     float *q = malloc((size_t)c.n_head * c.head_dim * 4), *k = malloc(kvn * c.head_dim * 4);
@@ -284,16 +287,18 @@ static void check_attn(attn_case c, int f16, uint64_t seed)
     gen_floats(sinks, 64, 3.0f, &seed);
     for (uint64_t j = 0; j < c.n_kv; j++)
         mask[j] = c.mask == 2 || (c.mask == 1 && j + 16 < c.n_kv) ? -INFINITY : 0.0f;
-    uint16_t *kh = malloc(kvn * c.head_dim * 2), *vh = malloc(kvn * c.head_dim_v * 2);
-    for (uint64_t i = 0; f16 && i < kvn * c.head_dim; i++)
-        k[i] = jlm_k_fp16_to_f32(kh[i] = jlm_k_f32_to_fp16(k[i]));
-    for (uint64_t i = 0; f16 && i < kvn * c.head_dim_v; i++)
-        v[i] = jlm_k_fp16_to_f32(vh[i] = jlm_k_f32_to_fp16(v[i]));
-    /* KV cache as (kv head, position, dim) */
+    /* the KV cache as (kv head, position, dim): each whole as one row of its type */
+    uint32_t kn = (uint32_t)(kvn * c.head_dim), vn = (uint32_t)(kvn * c.head_dim_v);
+    uint64_t ko = kt == KV_Q8_0 ? 2 : 0, vo = vt == KV_Q8_0 ? 2 : 0;
+    uint8_t *kc = malloc(ko + jlm_kv_row_bytes(kt, kn)), *vc = malloc(vo + jlm_kv_row_bytes(vt, vn));
+    jlm_kv_put_row(kt, kc + ko, k, kn);
+    jlm_kv_get_row(kt, kc + ko, k, kn);
+    jlm_kv_put_row(vt, vc + vo, v, vn);
+    jlm_kv_get_row(vt, vc + vo, v, vn);
     jlm_cu_attn p = {c.n_head, c.n_head_kv, c.head_dim, c.head_dim_v, c.n_kv, c.head_dim, c.head_dim_v,
                      c.n_kv * c.head_dim, c.n_kv * c.head_dim_v, 1.0f / sqrtf((float)c.head_dim),
-                     c.softcap, c.sinks ? sinks : NULL, c.mask ? mask : NULL, f16};
-    jlm_cu_host_attn(&p, q, f16 ? (const void *)kh : k, f16 ? (const void *)vh : v, scores, o1);
+                     c.softcap, c.sinks ? sinks : NULL, c.mask ? mask : NULL, kt, vt};
+    jlm_cu_host_attn(&p, q, kc + ko, vc + vo, scores, o1);
     for (uint32_t h = 0; h < c.n_head; h++) {
         uint32_t g = h / (c.n_head / c.n_head_kv);
         jlm_k_attn cp = {c.head_dim, c.head_dim_v, c.head_dim, c.head_dim_v, p.scale, c.softcap,
@@ -303,7 +308,7 @@ static void check_attn(attn_case c, int f16, uint64_t seed)
         assert_close(scratch, scores + h * c.n_kv, c.n_kv, JLM_K_TOL_SOFTMAX, "attn probabilities");
     }
     assert_close(o0, o1, (uint64_t)c.n_head * c.head_dim_v, JLM_K_TOL_SOFTMAX, "attn out");
-    free(q), free(k), free(v), free(mask), free(scores), free(scratch), free(o0), free(o1), free(kh), free(vh);
+    free(q), free(k), free(v), free(mask), free(scores), free(scratch), free(o0), free(o1), free(kc), free(vc);
 }
 
 static const attn_case ATTN_CASES[] = {
@@ -319,7 +324,7 @@ static const attn_case ATTN_CASES[] = {
 Test(cuda, attention_gqa_matches_cpu)
 {
     for (unsigned i = 0; i < sizeof ATTN_CASES / sizeof ATTN_CASES[0]; i++)
-        check_attn(ATTN_CASES[i], 0, 100 + i);
+        check_attn(ATTN_CASES[i], KV_F32, KV_F32, 100 + i);
 }
 
 /* The same cases over an F16 cache (engine/exec_cu.c's with --kv f16): the
@@ -328,7 +333,97 @@ Test(cuda, attention_gqa_matches_cpu)
 Test(cuda, attention_over_an_f16_cache_matches_cpu)
 {
     for (unsigned i = 0; i < sizeof ATTN_CASES / sizeof ATTN_CASES[0]; i++)
-        check_attn(ATTN_CASES[i], 1, 200 + i);
+        check_attn(ATTN_CASES[i], KV_F16, KV_F16, 200 + i);
+}
+
+/* Over Q8_0 caches and keys and values of different types (engine/exec_cu.c's
+ * with --kv q8_0, --cache-type-k / --cache-type-v): the kernel's blocks read
+ * in place give the CPU's attention over the rows jlm_kv_get_row widens. */
+Test(cuda, attention_over_q8_0_and_mixed_caches_matches_cpu)
+{
+    static const int KV[][2] = {{KV_Q8_0, KV_Q8_0}, {KV_Q8_0, KV_F16}, {KV_F32, KV_Q8_0},
+                                {KV_F16, KV_Q8_0}, {KV_Q8_0, KV_F32}, {KV_F16, KV_F32}};
+    for (unsigned t = 0; t < sizeof KV / sizeof KV[0]; t++)
+        for (unsigned i = 0; i < sizeof ATTN_CASES / sizeof ATTN_CASES[0]; i++)
+            check_attn(ATTN_CASES[i], KV[t][0], KV[t][1], 300 + 10 * t + i);
+}
+
+static jlm_cu_rt *emu_open(void);
+
+/* A Q8_0 cache's rows (jlm_cu_k_kv_q8) are the CPU's Q8_0 cache's, bit for
+ * bit (jlm_kv_put_row), from every byte of a word (a row at an odd position
+ * starts mid-word), neighbours kept; through the emulated device's seam
+ * too. The blocks: round(x / d)'s ties (amax 127: d 1; and amax times
+ * (k + 1/2) / 127), random spreads from 1e-30 to 1e30, zero blocks, a single
+ * non-zero, negative maxima, tiny maxima where d is denormal or 1/d
+ * overflows (1e-36 to 1e-45), huge ones near FLT_MAX, Inf and NaN. */
+Test(cuda, q8_0_rows_bit_identical_to_the_cpus_q8_0_cache)
+{
+    enum { NB = 1200, N = NB * 32 };
+    uint64_t seed = 42, bytes = jlm_kv_row_bytes(KV_Q8_0, N);
+    float *x = malloc(N * 4);
+    static const float TINY[] = {1e-36f, 3.7e-37f, 3e-37f, 1e-37f, 1e-38f, 1.17e-38f, 5e-39f, 1e-40f, 1e-42f, 1e-44f,
+                                 1.4e-45f};
+    for (uint32_t b = 0; b < NB; b++) {
+        float *xb = x + b * 32, mag = powf(10.0f, gen_unit(&seed) * 30.0f);
+        int kind = (int)(b % 9);
+        for (int i = 0; i < 32; i++)
+            xb[i] = kind == 3 ? 0.0f : gen_unit(&seed) * mag;
+        if (kind == 4)
+            for (int i = 0; i < 32; i++)
+                xb[i] = i == (int)(b % 32) ? -mag : 0.0f;
+        if (kind <= 1)   /* ties after 1/d */
+            for (int i = 1; i < 32; i++)
+                xb[i] = mag * ((float)(int)(gen_unit(&seed) * 126.0f) + 0.5f) / 127.0f;
+        if (kind <= 1)
+            xb[0] = kind ? -mag : mag;
+        if (kind == 2)   /* exact ties: amax 127, d 1 */
+            for (int i = 0; i < 32; i++)
+                xb[i] = i ? (float)((int)(gen_next(&seed) % 253) - 126) + (i % 2 ? 0.5f : -0.5f) : -127.0f;
+        if (kind == 5)   /* tiny */
+            for (int i = 0; i < 32; i++)
+                xb[i] = TINY[(b / 9) % (sizeof TINY / sizeof TINY[0])] * gen_unit(&seed) * (i ? 1.0f : 0.0f) +
+                        (i ? 0.0f : TINY[(b / 9) % (sizeof TINY / sizeof TINY[0])]);
+        if (kind == 6)   /* huge */
+            for (int i = 0; i < 32; i++)
+                xb[i] = 3.4e38f * gen_unit(&seed);
+        if (kind == 7)   /* Inf, NaN */
+            xb[b % 32] = (b / 9) % 3 == 0 ? INFINITY : (b / 9) % 3 == 1 ? -INFINITY : NAN;
+        if (kind == 8)
+            xb[b % 32] = NAN;
+    }
+    uint8_t *want = malloc(bytes + 8), *got = malloc(bytes + 8);
+    for (int off = 0; off < 4; off++) {
+        memset(want, 0x5a, bytes + 8);
+        memset(got, 0x5a, bytes + 8);
+        jlm_kv_put_row(KV_Q8_0, want + off, x, N);
+        jlm_cu_host_kv_q8(got + off, x, N);
+        for (uint64_t i = 0; i < bytes + 8; i++)
+            cr_assert_eq(got[i], want[i], "from byte %d: byte %llu (block %llu, x[0] %g): 0x%02x, the CPU's 0x%02x",
+                         off, (unsigned long long)i, (unsigned long long)(i - off) / 34,
+                         x[(i - off) / 34 * 32], got[i], want[i]);
+    }
+    /* the seam: rows at byte 2 of a device allocation, two launches (the second block starts mid-word) */
+    jlm_cu_rt *r = emu_open();
+    void *dx = NULL, *dc = NULL;
+    cr_assert_eq(jlm_cu_rt_alloc(r, N * 4, &dx), 0);
+    cr_assert_eq(jlm_cu_rt_alloc(r, bytes + 4, &dc), 0);
+    memset(want, 0x5a, bytes + 4);
+    memset(got, 0x5a, bytes + 4);
+    jlm_kv_put_row(KV_Q8_0, want + 2, x, N);
+    cr_assert_eq(jlm_cu_rt_h2d(r, dx, x, N * 4, JLM_CU_S_COMPUTE), 0);
+    cr_assert_eq(jlm_cu_rt_h2d(r, dc, got, bytes + 4, JLM_CU_S_COMPUTE), 0);
+    cr_assert_eq(jlm_cu_rt_kv_q8(r, (uint8_t *)dc + 2, dx, 32, JLM_CU_S_COMPUTE), 0, "%s", jlm_cu_rt_error(r));
+    cr_assert_eq(jlm_cu_rt_kv_q8(r, (uint8_t *)dc + 36, (float *)dx + 32, N - 32, JLM_CU_S_COMPUTE), 0, "%s",
+                 jlm_cu_rt_error(r));
+    cr_assert_neq(jlm_cu_rt_kv_q8(r, (uint8_t *)dc + 2, dx, 33, JLM_CU_S_COMPUTE), 0, "33 floats: no whole block");
+    cr_assert_neq(jlm_cu_rt_kv_q8(r, (uint8_t *)dc + 36, dx, N, JLM_CU_S_COMPUTE), 0, "past the allocation");
+    cr_assert(strstr(jlm_cu_rt_error(r), "kernel: output"), "%s", jlm_cu_rt_error(r));
+    cr_assert_eq(jlm_cu_rt_d2h(r, got, dc, bytes + 4, JLM_CU_S_COMPUTE), 0);
+    cr_assert_eq(jlm_cu_rt_sync(r, JLM_CU_S_COMPUTE), 0, "%s", jlm_cu_rt_error(r));
+    cr_assert(!memcmp(got, want, bytes + 4), "the emulated device's rows differ from the CPU's");
+    jlm_cu_rt_close(r);
+    free(x), free(want), free(got);
 }
 
 /* An F16 cache's rows (jlm_cu_k_to_f16) are the CPU's F16 cache's, bit for
@@ -601,7 +696,7 @@ Test(cuda, the_emulated_block_kernels_check_their_spans_and_their_ordering)
     for (int i = 0; i < 2 * N; i++)
         cr_assert_eq(h[i], jlm_k_f32_to_fp16(x[i]), "half %d", i);
     at.n_kv = 8;
-    at.kv_f16 = 1;
+    at.k_type = at.v_type = JLM_CU_KV_F16;
     cr_assert_eq(jlm_cu_rt_attn(r, &at, dx, dw, dw, dq, dy, JLM_CU_S_COMPUTE), 0, "%s", jlm_cu_rt_error(r));
     at.n_kv = 9;
     cr_assert_neq(jlm_cu_rt_attn(r, &at, dx, dw, dw, dq, dy, JLM_CU_S_COMPUTE), 0, "9 keys of 16 halves in 64 floats");

@@ -8,8 +8,8 @@
  * Owns: the device-side math of every stored type read in place from the
  * packed planes (jlm-format.md 7.1-7.7), activation quantization (7.7),
  * rmsnorm, softmax, RoPE (ggml rope_ext + YaRN), the element-wise
- * activations, F16 cache rows, and decode attention with GQA, sinks,
- * softcap and a mask over an F32 or F16 cache.
+ * activations, F16 and Q8_0 cache rows, and decode attention with GQA,
+ * sinks, softcap and a mask over keys and values each F32, F16 or Q8_0.
  *
  * Invariants:
  *  (1) Matvec: a row is a sum of terms in order (jlm_cu_term), each term the
@@ -618,13 +618,74 @@ JLM_CU_HD void jlm_cu_f16_store(uint16_t *out, const float *x, uint64_t i)
     out[i] = (uint16_t)jlm_cu_f32_to_fp16(x[i]);
 }
 
+/* ---------------------------------------------------------------- Q8_0 cache rows */
+
+/* A cache element's type: the engine's KV_F32, KV_F16, KV_Q8_0 (exec_cu.c
+ * asserts them equal). A Q8_0 row is blocks of 32 elements, each 34 bytes:
+ * the half of its scale d (little-endian), then 32 int8 codes; a row (or a
+ * block) may start at any byte. */
+enum { JLM_CU_KV_F32 = 0, JLM_CU_KV_F16 = 1, JLM_CU_KV_Q8_0 = 2 };
+#define JLM_CU_Q8_BYTES 34u
+
+/* Bytes of n elements of a cache of type t (Q8_0: n a multiple of 32). */
+JLM_CU_HD uint64_t jlm_cu_kv_bytes(int t, uint64_t n)
+{
+    return t == JLM_CU_KV_Q8_0 ? n / 32 * JLM_CU_Q8_BYTES : n * (t == JLM_CU_KV_F16 ? 2u : 4u);
+}
+
+/* a / b correctly rounded (nearest even), as the host's SSE division: the
+ * device's IEEE division whatever -prec-div says. */
+JLM_CU_HD float jlm_cu_div_rn(float a, float b)
+{
+#ifdef __CUDA_ARCH__
+    return __fdiv_rn(a, b);
+#else
+    return a / b;
+#endif
+}
+
+/* The int8 code the CPU's (int8_t)roundf(v) stores on x86-64: round half
+ * away from zero, converted to int32 as cvttss2si does (NaN and values past
+ * int32 give INT32_MIN), then its low byte. Written out because C leaves the
+ * out-of-range conversion undefined and a device's conversion saturates. */
+JLM_CU_HD uint8_t jlm_cu_q8_code(float v)
+{
+    float r = roundf(v);
+    uint32_t u = r >= -2147483648.0f && r < 2147483648.0f ? (uint32_t)(int32_t)r : 0x80000000u;
+    return (uint8_t)(u & 0xffu);
+}
+
+/* Block b of x (32 floats from x + 32 b) as Q8_0 bytes at out + 34 b,
+ * bit-identical to jlm_kv_put_row's (ggml's quantize_row_q8_0): amax the
+ * largest |x| (fmaxf: NaN skipped), d = amax / 127, id = 1 / d (0 for d 0),
+ * both correctly rounded; codes round(x * id); d stored as its half
+ * (jlm_cu_f32_to_fp16). Thread per block; bytes only, so blocks need no
+ * alignment. */
+JLM_CU_HD void jlm_cu_q8_block(uint8_t *out, const float *x, uint64_t b)
+{
+    const float *xb = x + b * 32;
+    uint8_t *o = out + b * JLM_CU_Q8_BYTES;
+    float amax = 0.0f;
+    for (unsigned i = 0; i < 32; i++)
+        amax = fmaxf(amax, fabsf(xb[i]));
+    float d = jlm_cu_div_rn(amax, 127.0f), id = d != 0.0f ? jlm_cu_div_rn(1.0f, d) : 0.0f;
+    uint16_t dh = (uint16_t)jlm_cu_f32_to_fp16(d);
+    o[0] = (uint8_t)(dh & 0xffu);
+    o[1] = (uint8_t)(dh >> 8);
+    for (unsigned i = 0; i < 32; i++)
+        o[2 + i] = jlm_cu_q8_code(xb[i] * id);
+}
+
 /* ---------------------------------------------------------------- decode attention (GQA) */
 
-/* One token's attention over an f32 KV cache (kv_f16: halves, the F16
- * cache's, widened as they are read), one block per query head h.
+/* One token's attention over a KV cache whose keys and values are each
+ * f32, halves or Q8_0 blocks (k_type, v_type: JLM_CU_KV_*; halves and
+ * blocks widened as they are read, as jlm_kv_get_row gives them back), one
+ * block per query head h.
  * Query head h reads KV head h / (n_head / n_head_kv). Key j of KV head g is
  * element g*kv_head_stride + j*k_stride of k; values alike with v_head_stride and
- * v_stride. scores (n_head, n_kv) is scratch in global memory (probabilities
+ * v_stride (Q8_0: strides and head dims in whole blocks of 32, element e in
+ * block e / 32 from k). scores (n_head, n_kv) is scratch in global memory (probabilities
  * on return). sinks (n_head,) or NULL; mask (n_kv,) or NULL. Same formulas as
  * jlm_k_attn_head. */
 typedef struct jlm_cu_attn {
@@ -632,13 +693,18 @@ typedef struct jlm_cu_attn {
     uint64_t     n_kv, k_stride, v_stride, k_head_stride, v_head_stride;
     float        scale, softcap;
     const float *sinks, *mask;
-    int          kv_f16;
+    int          k_type, v_type;
 } jlm_cu_attn;
 
-/* Element i of a cache row: an f32, or a half widened (jlm_kv_get_row's). */
-JLM_CU_HD float jlm_cu_kv_at(const void *base, int f16, uint64_t i)
+/* Element i of a cache of type t: an f32, or a half or a Q8_0 code widened
+ * (jlm_kv_get_row's: d * code). */
+JLM_CU_HD float jlm_cu_kv_at(const void *base, int t, uint64_t i)
 {
-    return f16 ? jlm_cu_fp16_to_f32(((const uint16_t *)base)[i]) : ((const float *)base)[i];
+    if (t == JLM_CU_KV_Q8_0) {
+        const uint8_t *b = (const uint8_t *)base + i / 32 * JLM_CU_Q8_BYTES;
+        return jlm_cu_fp16_to_f32((uint16_t)(b[0] | b[1] << 8)) * (float)(int8_t)b[2 + i % 32];
+    }
+    return t == JLM_CU_KV_F16 ? jlm_cu_fp16_to_f32(((const uint16_t *)base)[i]) : ((const float *)base)[i];
 }
 
 /* The element offsets of key j and value j of query head h's KV head. */
@@ -662,7 +728,7 @@ JLM_CU_HD float jlm_cu_attn_scores(const jlm_cu_attn *p, const float *q, const v
         uint64_t kj = jlm_cu_attn_k(p, h, j);
         float s = 0.0f;
         for (uint32_t i = 0; i < p->head_dim; i++)
-            s += qh[i] * jlm_cu_kv_at(k, p->kv_f16, kj + i);
+            s += qh[i] * jlm_cu_kv_at(k, p->k_type, kj + i);
         if (p->softcap > 0.0f)
             s = p->softcap * tanhf(s / p->softcap);
         s = s * p->scale + (p->mask ? p->mask[j] : 0.0f);
@@ -711,7 +777,7 @@ JLM_CU_HD void jlm_cu_attn_out(const jlm_cu_attn *p, const void *v, const float 
         float acc = 0.0f;
         for (uint64_t j = 0; j < p->n_kv; j++)
             if (ph[j] != 0.0f)
-                acc += ph[j] * jlm_cu_kv_at(v, p->kv_f16, jlm_cu_attn_v(p, h, j) + i);
+                acc += ph[j] * jlm_cu_kv_at(v, p->v_type, jlm_cu_attn_v(p, h, j) + i);
         oh[i] = acc;
     }
 }

@@ -59,8 +59,11 @@ void jlm_cu_host_rope(const jlm_k_rope *p, float *x, uint32_t n_head, uint32_t h
 void jlm_cu_host_elem(int op, float *out, const float *a, const float *b, uint64_t n, float s, float lim);
 /* n floats of x as halves, nearest even (an F16 cache's rows). */
 void jlm_cu_host_to_f16(uint16_t *out, const float *x, uint64_t n);
+/* n floats of x (whole blocks of 32) as Q8_0 blocks at out (n / 32 * 34
+ * bytes, any alignment; a Q8_0 cache's rows, as jlm_kv_put_row). */
+void jlm_cu_host_kv_q8(uint8_t *out, const float *x, uint64_t n);
 /* scores: (n_head, n_kv) scratch; out (n_head, head_dim_v); q (n_head, head_dim);
- * k, v: floats, or halves when p->kv_f16. */
+ * k, v: of p->k_type and p->v_type (floats, halves or Q8_0 blocks). */
 void jlm_cu_host_attn(const jlm_cu_attn *p, const float *q, const void *k, const void *v,
                       float *scores, float *out);
 
@@ -93,6 +96,7 @@ int jlm_cu_launch_rope(const jlm_cu_rope *p, float *x, uint32_t n_head, uint32_t
 int jlm_cu_launch_elem(int op, float *out, const float *a, const float *b, uint64_t n, float s, float lim,
                        void *stream);
 int jlm_cu_launch_to_f16(uint16_t *out, const float *x, uint64_t n, void *stream);
+int jlm_cu_launch_kv_q8(uint8_t *out, const float *x, uint64_t n, void *stream);
 int jlm_cu_launch_attn(const jlm_cu_attn *p, const float *q, const void *k, const void *v, float *scores,
                        float *out, void *stream);
 int jlm_cu_launch_moe_route(const float *logits, uint32_t n, uint32_t n_used, int mode, float scale, float *probs,

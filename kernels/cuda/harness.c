@@ -172,6 +172,13 @@ void jlm_cu_host_to_f16(uint16_t *out, const float *x, uint64_t n)
         jlm_cu_f16_store(out, x, i);
 }
 
+/* kernel kv_q8: thread = block of 32. */
+void jlm_cu_host_kv_q8(uint8_t *out, const float *x, uint64_t n)
+{
+    for (uint64_t b = 0; b < n / 32; b++)
+        jlm_cu_q8_block(out, x, b);
+}
+
 /* kernel attn: one block of THREADS per query head. */
 void jlm_cu_host_attn(const jlm_cu_attn *p, const float *q, const void *k, const void *v,
                       float *scores, float *out)

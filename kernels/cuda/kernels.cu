@@ -117,6 +117,14 @@ __global__ void jlm_cu_k_to_f16(uint16_t *out, const float *x, uint64_t n)
         jlm_cu_f16_store(out, x, i);
 }
 
+// Q8_0 cache rows: thread = block of 32 (its 34 bytes written byte by byte).
+__global__ void jlm_cu_k_kv_q8(uint8_t *out, const float *x, uint64_t nb)
+{
+    uint64_t b = (uint64_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (b < nb)
+        jlm_cu_q8_block(out, x, b);
+}
+
 __global__ void jlm_cu_k_attn(jlm_cu_attn p, const float *q, const void *k, const void *v, float *scores,
                        float *out)
 {
@@ -248,6 +256,14 @@ int jlm_cu_launch_to_f16(uint16_t *out, const float *x, uint64_t n, void *stream
     if (n == 0)
         return 0;
     jlm_cu_k_to_f16<<<blocks_for(n, 256), 256, 0, (cudaStream_t)stream>>>(out, x, n);
+    return launched();
+}
+
+int jlm_cu_launch_kv_q8(uint8_t *out, const float *x, uint64_t n, void *stream)
+{
+    if (n < 32)
+        return 0;
+    jlm_cu_k_kv_q8<<<blocks_for(n / 32, 128), 128, 0, (cudaStream_t)stream>>>(out, x, n / 32);
     return launched();
 }
 

@@ -31,7 +31,7 @@ enum { OP_COPY, OP_RECORD, OP_WAIT, OP_MATVEC, OP_KERNEL, OP_STAMP };
 
 /* A whole block's kernels (everything but the matvec): the arguments of one
  * launch, and the device spans it reads (checked for ordering when it runs). */
-enum { K_QUANT, K_RMS, K_ROPE, K_ELEM, K_ATTN, K_COMB, K_F16 };
+enum { K_QUANT, K_RMS, K_ROPE, K_ELEM, K_ATTN, K_COMB, K_F16, K_Q8 };
 #define EMU_READS 4
 typedef struct emu_kern {
     int          kind, op;
@@ -261,6 +261,7 @@ static int emu_kernel(jlm_cu_rt *r, int s, const emu_kern *k)
     case K_ELEM: jlm_cu_host_elem(k->op, k->out, k->a, k->b, k->n, k->s, k->lim); break;
     case K_COMB: jlm_cu_host_moe_combine(k->out, k->b, k->w, k->rows, k->n); break;
     case K_F16: jlm_cu_host_to_f16((uint16_t *)(void *)k->out, k->a, k->n); break;
+    case K_Q8: jlm_cu_host_kv_q8((uint8_t *)(void *)k->out, k->a, k->n); break;
     default: jlm_cu_host_attn(&k->attn, k->a, k->b, k->c, k->scores, k->out); break;
     }
     return 0;
@@ -863,6 +864,19 @@ int jlm_cu_rt_to_f16(jlm_cu_rt *r, uint16_t *out, const float *x, uint64_t n, in
     EMU_LOCKED(emu_kernel_push(r, &k, n * 2, 0, stream));
 }
 
+int jlm_cu_rt_kv_q8(jlm_cu_rt *r, void *out, const float *x, uint64_t n, int stream)
+{
+    if (bad_stream(r, stream))
+        return EMU_FAULT;
+    if (n % 32)
+        return failf(r, EMU_FAULT, "q8_0 rows: %llu floats, not whole blocks of 32", (unsigned long long)n);
+    if (!n)
+        return 0;
+    LAUNCH(jlm_cu_launch_kv_q8(out, x, n, r->s[stream]), "q8_0 rows");
+    emu_kern k = {.kind = K_Q8, .out = out, .a = x, .n = n, .rd = {{x, n * 4, "q8_0 rows: input"}}};
+    EMU_LOCKED(emu_kernel_push(r, &k, jlm_cu_kv_bytes(JLM_CU_KV_Q8_0, n), 0, stream));
+}
+
 int jlm_cu_rt_attn(jlm_cu_rt *r, const jlm_cu_attn *p, const float *q, const void *k, const void *v, float *scores,
                    float *out, int stream)
 {
@@ -872,10 +886,11 @@ int jlm_cu_rt_attn(jlm_cu_rt *r, const jlm_cu_attn *p, const float *q, const voi
         return failf(r, EMU_FAULT, "attention: %u heads over %u kv heads, %llu keys", p->n_head, p->n_head_kv,
                      (unsigned long long)p->n_kv);
     LAUNCH(jlm_cu_launch_attn(p, q, k, v, scores, out, r->s[stream]), "attention");
-    /* the last key's last element, from the start of the first KV head (halves or floats) */
-    uint64_t es = p->kv_f16 ? 2 : 4;
-    uint64_t kn = ((p->n_head_kv - 1) * p->k_head_stride + (p->n_kv - 1) * p->k_stride + p->head_dim) * es;
-    uint64_t vn = ((p->n_head_kv - 1) * p->v_head_stride + (p->n_kv - 1) * p->v_stride + p->head_dim_v) * es;
+    /* to the last key's last element, from the start of the first KV head (floats, halves or Q8_0 blocks) */
+    uint64_t kn = jlm_cu_kv_bytes(p->k_type, (p->n_head_kv - 1) * p->k_head_stride + (p->n_kv - 1) * p->k_stride +
+                                                 p->head_dim);
+    uint64_t vn = jlm_cu_kv_bytes(p->v_type, (p->n_head_kv - 1) * p->v_head_stride + (p->n_kv - 1) * p->v_stride +
+                                                 p->head_dim_v);
     emu_kern kr = {.kind = K_ATTN, .out = out, .scores = scores, .a = q, .b = k, .c = v, .attn = *p,
                    .rd = {{q, (uint64_t)p->n_head * p->head_dim * 4, "attention: q"}, {k, kn, "attention: keys"},
                           {v, vn, "attention: values"},

@@ -89,8 +89,10 @@ int jlm_cu_rt_matvec(jlm_cu_rt *r, const jlm_cu_mat *m, uint64_t n, const float 
  * rows of n floats, each times w (NULL: none). rope: n_head heads of x at
  * position pos. elem: enum jlm_cu_op over n elements (b NULL for the unary
  * ones). to_f16: n floats of x into n halves at out, nearest even (an F16
- * cache's rows, as jlm_kv_put_row). attn: decode attention of one token
- * (body.h's jlm_cu_attn; k and v halves when p->kv_f16). */
+ * cache's rows, as jlm_kv_put_row). kv_q8: n floats (whole blocks of 32)
+ * into n / 32 Q8_0 blocks at out, any byte (a Q8_0 cache's rows, as
+ * jlm_kv_put_row). attn: decode attention of one token (body.h's
+ * jlm_cu_attn; k and v of p->k_type and p->v_type). */
 int jlm_cu_rt_d2d(jlm_cu_rt *r, void *dst, const void *src, uint64_t n, int stream);
 int jlm_cu_rt_quantize(jlm_cu_rt *r, const float *x, const jlm_cu_act *a, int stream);
 int jlm_cu_rt_rmsnorm(jlm_cu_rt *r, float *out, const float *x, const float *w, uint64_t n, uint32_t rows, float eps,
@@ -100,6 +102,7 @@ int jlm_cu_rt_rope(jlm_cu_rt *r, const jlm_cu_rope *p, float *x, uint32_t n_head
 int jlm_cu_rt_elem(jlm_cu_rt *r, int op, float *out, const float *a, const float *b, uint64_t n, float s, float lim,
                    int stream);
 int jlm_cu_rt_to_f16(jlm_cu_rt *r, uint16_t *out, const float *x, uint64_t n, int stream);
+int jlm_cu_rt_kv_q8(jlm_cu_rt *r, void *out, const float *x, uint64_t n, int stream);
 int jlm_cu_rt_attn(jlm_cu_rt *r, const jlm_cu_attn *p, const float *q, const void *k, const void *v, float *scores,
                    float *out, int stream);
 /* x (n floats) += the mixture of n_used expert outputs ys ((n_used, n)

@@ -236,7 +236,7 @@ static void check_attn(void)
     gen_floats(k, HKV * NKV * D, 2.0f, &seed);
     gen_floats(v, HKV * NKV * D, 1.0f, &seed);
     gen_floats(sinks, H, 3.0f, &seed);
-    jlm_cu_attn p = {H, HKV, D, D, NKV, D, D, (uint64_t)NKV * D, (uint64_t)NKV * D, 0.088388f, 0.0f, sinks, NULL, 0};
+    jlm_cu_attn p = {H, HKV, D, D, NKV, D, D, (uint64_t)NKV * D, (uint64_t)NKV * D, 0.088388f, 0.0f, sinks, NULL, 0, 0};
     jlm_cu_host_attn(&p, q, k, v, sc, o0);
     jlm_cu_attn dp = p;
     dp.sinks = dev_copy(sinks, sizeof sinks);
@@ -260,13 +260,29 @@ static void check_attn(void)
     back(dh, dvh, sizeof dh);
     same &= !memcmp(dh, vh, sizeof vh);
     report(same, "f16 rows bit-identical to the CPU's F16 cache");
-    p.kv_f16 = dp.kv_f16 = 1;
+    p.k_type = p.v_type = dp.k_type = dp.v_type = JLM_CU_KV_F16;
     jlm_cu_host_attn(&p, q, kh, vh, sc, o0);
     launch_ok(jlm_cu_launch_attn(&dp, dq, dkh, dvh, dsc, dout, NULL), "attn f16");
     back(o1, dout, sizeof o1);
     report(close_all(o0, o1, H * D, JLM_K_TOL_SOFTMAX), "attention over an F16 cache, 32/8 heads x 128, 777 keys");
+    /* a Q8_0 key cache from byte 2 (blocks across words; the device's division and rounding against the
+     * harness's, which suite cuda holds to jlm_kv_put_row), the F16 values beside it */
+    enum { KQ = HKV * NKV * D / 32 * 34 };
+    static uint8_t kq[KQ + 2], dkq_back[KQ + 2];
+    uint8_t *dkq = (uint8_t *)dev_zero(sizeof kq);
+    k[5] = 3e-37f, k[6] = -1e-39f, k[40] = 1e30f;   /* tiny and huge magnitudes */
+    CK(cudaMemcpy(dk, k, sizeof k, cudaMemcpyHostToDevice));
+    jlm_cu_host_kv_q8(kq + 2, k, HKV * NKV * D);
+    launch_ok(jlm_cu_launch_kv_q8(dkq + 2, dk, HKV * NKV * D, NULL), "kv_q8");
+    back(dkq_back, dkq, sizeof dkq_back);
+    report(!memcmp(dkq_back + 2, kq + 2, KQ), "q8_0 rows from byte 2 bit-identical to the harness's");
+    p.k_type = dp.k_type = JLM_CU_KV_Q8_0;
+    jlm_cu_host_attn(&p, q, kq + 2, vh, sc, o0);
+    launch_ok(jlm_cu_launch_attn(&dp, dq, dkq + 2, dvh, dsc, dout, NULL), "attn q8_0/f16");
+    back(o1, dout, sizeof o1);
+    report(close_all(o0, o1, H * D, JLM_K_TOL_SOFTMAX), "attention over Q8_0 keys and F16 values, 777 keys");
     cudaFree((void *)dp.sinks), cudaFree(dq), cudaFree(dk), cudaFree(dv), cudaFree(dsc), cudaFree(dout);
-    cudaFree(dkh), cudaFree(dvh);
+    cudaFree(dkh), cudaFree(dvh), cudaFree(dkq);
 }
 
 /* The router (128 experts, top 8, each mode) and the combine against the host
