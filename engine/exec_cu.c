@@ -6,12 +6,13 @@
  * The residual rows cross to the device at the first device block of a
  * forward and back only at a split point (jlm_ecu_x_sync) or not at all when
  * the logits are computed here (jlm_ecu_output). The engine's own sequence
- * keeps its KV cache of these blocks here (F32 or F16 as the engine's
- * --kv, an allocation per layer, rows of kv_dim; F16 rounded to halves as the
- * CPU's cache rounds them, jlm_kv_put_row; a sliding window's attention reads
- * its keys from the window's first); any other sequence (jlm_engine_seq:
- * serve, batches) and what the kernels are not wired for yet (Q8_0 caches;
- * the routed experts are exec_cu_moe.c's, latent attention exec_cu_mla.c's)
+ * keeps its KV cache of these blocks here (keys and values each F32, F16 or
+ * Q8_0 as the engine's --kv / --cache-type-k / --cache-type-v, an allocation
+ * per layer each, rows of kv_dim; F16 and Q8_0 rounded as the CPU's cache
+ * rounds them, jlm_kv_put_row, bit for bit; a sliding window's attention
+ * reads its keys from the window's first); any other sequence
+ * (jlm_engine_seq: serve, batches) and what the kernels are not wired for
+ * (the routed experts are exec_cu_moe.c's, latent attention exec_cu_mla.c's)
  * is JLM_EUNSUPPORTED,
  * decided per model, layer and sequence before anything is enqueued (the
  * walk: exec_dev.c), so a block always
@@ -206,26 +207,35 @@ static int op_heads(jlm_exd *k, int b, uint32_t n_head, const float *p, int wide
     return rc;
 }
 
-/* Bytes of a cache element: F32 or F16 (the engine's --kv). */
-static uint64_t kv_es(const jlm_engine *e) { return e->kt == KV_F16 ? 2 : 4; }
+_Static_assert((int)KV_F32 == (int)JLM_CU_KV_F32 && (int)KV_F16 == (int)JLM_CU_KV_F16 &&
+                   (int)KV_Q8_0 == (int)JLM_CU_KV_Q8_0,
+               "cache types");
+
+/* The device cache of b (K or V) has the engine's type of it; bytes of its
+ * row (kv_dim elements: the CPU's rows of each head, one after another). */
+static int kv_type(const jlm_engine *e, int b) { return b == JLM_B_K ? e->kt : e->vt; }
+static uint64_t kv_row(const jlm_engine *e, int b) { return jlm_kv_row_bytes(kv_type(e, b), (uint32_t)width(e, b)); }
 
 /* n rows of buffer b (K or V) from row t into the cache at row p: copied
- * (F32), or rounded to halves as jlm_kv_put_row does (F16). */
+ * (F32), rounded to halves (F16) or quantized to Q8_0 blocks, as
+ * jlm_kv_put_row does (bit-identical). */
 static int kv_rows(jlm_exd *k, int b, uint32_t t, uint64_t p, uint32_t n)
 {
     jlm_ecu *v = ecu(k);
     uint64_t w = width(k->e, b);
-    uint8_t *dst = (uint8_t *)(b == JLM_B_K ? v->blk.kc : v->blk.vc)[k->b.l] + p * w * kv_es(k->e);
+    uint8_t *dst = (uint8_t *)(b == JLM_B_K ? v->blk.kc : v->blk.vc)[k->b.l] + p * kv_row(k->e, b);
     const char *what = b == JLM_B_K ? "the keys into the cache" : "the values into the cache";
-    return launched(k, k->e->kt == KV_F16 ? jlm_cu_rt_to_f16(v->rt, (uint16_t *)(void *)dst, row(k, b, t), n * w, CS)
-                                          : jlm_cu_rt_d2d(v->rt, dst, row(k, b, t), n * w * 4, CS), what);
+    const float *x = row(k, b, t);
+    switch (kv_type(k->e, b)) {
+    case KV_F16: return launched(k, jlm_cu_rt_to_f16(v->rt, (uint16_t *)(void *)dst, x, n * w, CS), what);
+    case KV_Q8_0: return launched(k, jlm_cu_rt_kv_q8(v->rt, dst, x, n * w, CS), what);
+    default: return launched(k, jlm_cu_rt_d2d(v->rt, dst, x, n * w * 4, CS), what);
+    }
 }
 
 static int op_kv_put(jlm_exd *k)
 {
     int rc = JLM_OK;
-    if (k->e->kt != KV_F32 && k->e->kt != KV_F16)
-        return UNSUP;   /* a Q8_0 cache: no kernel quantizes rows yet */
     /* rows at consecutive positions (one sequence's): one copy (or conversion) each for K and V */
     uint32_t step = k->b.n;
     for (uint32_t t = 1; t < k->b.n && step > 1; t++)
@@ -254,7 +264,7 @@ static int op_attend(jlm_exd *k, const float *sinks)
                       .k_stride = e->kv_dim, .v_stride = e->kv_dim_v, .k_head_stride = e->hd,
                       .v_head_stride = e->hd_v, .scale = c->attn_scale > 0 ? c->attn_scale : 1.0f / sqrtf((float)e->hd),
                       .softcap = c->attn_softcap, .sinks = sk, .k_type = e->kt, .v_type = e->vt};
-    uint64_t es = kv_es(e);
+    uint64_t kb = kv_row(e, JLM_B_K), vb = kv_row(e, JLM_B_V);
     int rc = JLM_OK;
     for (uint32_t t = 0; !rc && !k->dry && t < k->b.n; t++) {
         /* keys [lo, hi): a sliding window's (or a chunk's) first key is where the cache's rows start, so
@@ -262,8 +272,8 @@ static int op_attend(jlm_exd *k, const float *sinks)
         uint32_t pos = jlm_exd_pos(k, t), hi = pos < e->bidir_end ? e->bidir_end : pos + 1;
         uint64_t lo = jlm_ex_first_key(c, k->b.l, pos);
         ap.n_kv = hi - lo;
-        rc = launched(k, jlm_cu_rt_attn(v->rt, &ap, row(k, JLM_B_Q, t), (uint8_t *)v->blk.kc[k->b.l] + lo * e->kv_dim * es,
-                                        (uint8_t *)v->blk.vc[k->b.l] + lo * e->kv_dim_v * es, v->blk.scores.p,
+        rc = launched(k, jlm_cu_rt_attn(v->rt, &ap, row(k, JLM_B_Q, t), (uint8_t *)v->blk.kc[k->b.l] + lo * kb,
+                                        (uint8_t *)v->blk.vc[k->b.l] + lo * vb, v->blk.scores.p,
                                         row(k, JLM_B_ATT, t), CS), "attention");
     }
     return rc;
@@ -300,7 +310,7 @@ static int op_act(jlm_exd *k, int act, uint64_t n)
 
 static int op_moe(jlm_exd *k, const jlm_op *op) { return jlm_ecu_moe(ecu(k), k->e, &k->b, op, k->dry, k->err); }
 
-static const jlm_exd_ops CU_OPS = {op_norm, op_mm, op_bias, op_heads, op_kv_put, op_attend, op_add, op_act, op_moe, jlm_ecu_mla, 0};
+static const jlm_exd_ops CU_OPS = {op_norm, op_mm, op_bias, op_heads, op_kv_put, op_attend, op_add, op_act, op_moe, jlm_ecu_mla, 1};
 
 /* ---------------------------------------------------------------- buffers */
 
@@ -350,9 +360,9 @@ static int buffers(jlm_ecu *v, jlm_engine *e, uint32_t l, uint32_t n, jlm_err *e
         if (!s->kc || !s->vc)
             rc = jlm_errf(err, JLM_ENOMEM, "cuda: out of memory");
     }
-    if (!rc && !s->kc[l] && jlm_cu_rt_alloc(v->rt, (uint64_t)e->kv_ctx * e->kv_dim * kv_es(e), &s->kc[l]))
+    if (!rc && !s->kc[l] && jlm_cu_rt_alloc(v->rt, (uint64_t)e->kv_ctx * kv_row(e, JLM_B_K), &s->kc[l]))
         rc = jlm_ecu_fail(v, err, "the KV cache");
-    if (!rc && e->kv_dim_v && !s->vc[l] && jlm_cu_rt_alloc(v->rt, (uint64_t)e->kv_ctx * e->kv_dim_v * kv_es(e), &s->vc[l]))
+    if (!rc && e->kv_dim_v && !s->vc[l] && jlm_cu_rt_alloc(v->rt, (uint64_t)e->kv_ctx * kv_row(e, JLM_B_V), &s->vc[l]))
         rc = jlm_ecu_fail(v, err, "the KV cache");
     return rc;
 }

@@ -934,26 +934,30 @@ static void decoded_vs_cpu(jlm_engine *ec, jlm_engine *ev, double tol, const cha
  * MoE model: at most one a MoE block plus one), where
  * an F16 cache used to leave the blocks on the matmul offload (4 round trips
  * a layer) and no matmul refused. */
-Test(cuda, whole_blocks_with_an_f16_cache_give_the_cpus_f16_ids_in_one_round_trip_a_token, .timeout = 300)
+typedef struct kv_model { const char *name; double tol; } kv_model;
+
+/* Each model on whole blocks with a --kv kv cache on the emulated device
+ * against the CPU's own --kv kv run: its greedy ids, the lockstep logits
+ * within tol, and a decoded token at most one round trip a MoE block plus
+ * one, with no matmul refused. */
+static void whole_blocks_kv(const char *kv, const kv_model *models, size_t n_models)
 {
     setenv("JLM_CUDA_EMULATE", "1", 1);
-    static const struct { const char *name; double tol; } MODELS[] = {
-        {"synth-llama-256.f32", 2e-3}, {"synth-llama-256.Q8_0", 0.05}, {"synth-llama-256.Q4_0", 0.05},
-        {"synth-qwen3moe-256.Q8_0", 0.05}};
-    char *dir = tu_tmpdir();
-    for (size_t m = 0; m < sizeof MODELS / sizeof MODELS[0]; m++) {
+    char *dir = tu_tmpdir(), what[32];
+    snprintf(what, sizeof what, "--kv %s", kv);
+    for (size_t m = 0; m < n_models; m++) {
         char *path, why[512];
         int32_t ic[8];
-        jlm_engine *ec = bm_cpu_ids(dir, MODELS[m].name, "f16.jlm", "f16", &path, ic);
-        jlm_engine *ev = bm_open_opts(path, (jlm_engine_opts){.backend = "cuda", .device = "0", .kv = "f16"}, 0, why,
+        jlm_engine *ec = bm_cpu_ids(dir, models[m].name, "kv.jlm", kv, &path, ic);
+        jlm_engine *ev = bm_open_opts(path, (jlm_engine_opts){.backend = "cuda", .device = "0", .kv = kv}, 0, why,
                                       sizeof why);
         const jlm_config *c = &jlm_engine_model(ec)->config;
         jlm_dev_stats s1;
-        uint64_t trips = bm_device_run(ec, ev, ic, MODELS[m].tol, MODELS[m].name, "--kv f16", NULL, &s1);
+        uint64_t trips = bm_device_run(ec, ev, ic, models[m].tol, models[m].name, what, NULL, &s1);
         uint64_t blocks = c->n_expert ? c->n_layer - c->n_dense_lead : 0;   /* a round trip a MoE block */
         cr_assert(trips <= blocks + 1 && s1.fallbacks == 0,
-                  "%s --kv f16: a decoded token made %llu round trips (%llu MoE blocks), %llu matmuls refused",
-                  MODELS[m].name, (unsigned long long)trips, (unsigned long long)blocks,
+                  "%s %s: a decoded token made %llu round trips (%llu MoE blocks), %llu matmuls refused",
+                  models[m].name, what, (unsigned long long)trips, (unsigned long long)blocks,
                   (unsigned long long)s1.fallbacks);
         jlm_engine_close(ev);
         jlm_engine_close(ec);
@@ -961,6 +965,24 @@ Test(cuda, whole_blocks_with_an_f16_cache_give_the_cpus_f16_ids_in_one_round_tri
     }
     tu_rmrf(dir);
     free(dir);
+}
+
+Test(cuda, whole_blocks_with_an_f16_cache_give_the_cpus_f16_ids_in_one_round_trip_a_token, .timeout = 300)
+{
+    static const kv_model MODELS[] = {{"synth-llama-256.f32", 2e-3}, {"synth-llama-256.Q8_0", 0.05},
+                                      {"synth-llama-256.Q4_0", 0.05}, {"synth-qwen3moe-256.Q8_0", 0.05}};
+    whole_blocks_kv("f16", MODELS, sizeof MODELS / sizeof MODELS[0]);
+}
+
+/* The same with a Q8_0 cache (its rows bit-identical to the CPU's): the
+ * greedy ids of the CPU's own --kv q8_0 run, the logits within the CPU's own
+ * Q8_0 tolerance (3e-2 of the largest, test_kv.c: a code one step of 1/127
+ * off where a K/V row's last f32 bits differ) or the quantized weights' (0.05). */
+Test(cuda, whole_blocks_with_a_q8_0_cache_give_the_cpus_q8_0_ids_in_one_round_trip_a_token, .timeout = 300)
+{
+    static const kv_model MODELS[] = {{"synth-llama-256.f32", 3e-2}, {"synth-llama-256.Q4_0", 0.05},
+                                      {"synth-qwen3moe-256.Q8_0", 0.05}};
+    whole_blocks_kv("q8_0", MODELS, sizeof MODELS / sizeof MODELS[0]);
 }
 
 /* gemma3 on whole blocks on the emulated device (sliding-window layers,
@@ -976,6 +998,18 @@ Test(cuda, whole_blocks_of_gemma3_and_an_f16_cache_give_the_cpus_ids, .timeout =
     setenv("JLM_CUDA_EMULATE", "1", 1);
     static const char *const KV[] = {"f32", "f16"};
     bm_whole_blocks_gemma3("cuda", KV, 2);
+}
+
+/* The same with a Q8_0 cache on the emulated device (its rows bit-identical
+ * to the CPU's, q8_0_rows_bit_identical_to_the_cpus_q8_0_cache) and with keys
+ * and values of different types: whole blocks, one round trip a decoded
+ * token, where a Q8_0 or mixed cache used to leave them on the matmul
+ * offload. */
+Test(cuda, whole_blocks_with_a_q8_0_cache_give_the_cpus_ids, .timeout = 300)
+{
+    setenv("JLM_CUDA_EMULATE", "1", 1);
+    static const char *const KV[] = {"q8_0", "q8_0/f16", "f32/q8_0"};
+    bm_whole_blocks_gemma3("cuda", KV, 3);
 }
 
 /* f's whole text (from its start), or NULL. */
