@@ -9,7 +9,8 @@
 # the engine on CUDA (build/jlm-cuda-engine: every test model against the CPU
 # backend whole, split and at one frame each side, with whole blocks on the
 # device (engine/exec_cu.c), then with the matmul offload (JLM_CUDA_BLOCKS=0),
-# then four models with an F16 cache on both sides (JLM_CUDA_KV=f16);
+# then four models with an F16 cache on both sides (JLM_CUDA_KV=f16) and three
+# with a Q8_0 one (JLM_CUDA_KV=q8_0);
 # then decode and prefill of mkgguf's synth-1b in Q4_0, Q8_0 and Q4_K with every
 # block resident and with --gpu-budget at half the blocks, so every token pages
 # them in from host memory, and Q4_0 resident on the offload for comparison), and the host-harness suite `cuda` when the Criterion binary can run
@@ -76,14 +77,17 @@ if [ -x "$engine" ] && ! grep -q "skip:" /tmp/gpu-check.out 2>/dev/null; then
     np=$(grep -c '^PASS' /tmp/gpu-engine-off.out); nf=$(grep -c '^FAIL' /tmp/gpu-engine-off.out)
     grep '^FAIL' /tmp/gpu-engine-off.out
     if [ "$rc" -eq 0 ]; then summary+=("engine on cuda (offload) vs cpu: PASS ($np runs)"); else summary+=("engine on cuda (offload) vs cpu: FAIL (rc $rc, $nf failing of $((np + nf)))"); status=1; fi
-    echo "== $engine check, F16 cache (JLM_CUDA_KV=f16, both engines; limit 30 s)"
-    mapfile -t f16m < <(ls tests/models/stories260K.gguf tests/models/synth-llama-256.Q4_0.gguf \
-        tests/models/synth-llama-256.Q8_0.gguf tests/models/synth-qwen3moe-256.Q4_K_M.gguf 2>/dev/null)
-    JLM_CUDA_KV=f16 timeout 30 "$engine" check "${f16m[@]}" > /tmp/gpu-engine-f16.out
-    rc=$?
-    np=$(grep -c '^PASS' /tmp/gpu-engine-f16.out); nf=$(grep -c '^FAIL' /tmp/gpu-engine-f16.out)
-    grep '^FAIL' /tmp/gpu-engine-f16.out
-    if [ "$rc" -eq 0 ]; then summary+=("engine on cuda (--kv f16) vs cpu (--kv f16): PASS ($np runs)"); else summary+=("engine on cuda (--kv f16) vs cpu (--kv f16): FAIL (rc $rc, $nf failing of $((np + nf)))"); status=1; fi
+    for kv in f16 q8_0; do   # stories260K's head dimension (8) is no Q8_0 block
+        echo "== $engine check, $kv cache (JLM_CUDA_KV=$kv, both engines; limit 30 s)"
+        mapfile -t kvm < <(ls $([ "$kv" = f16 ] && echo tests/models/stories260K.gguf) \
+            tests/models/synth-llama-256.Q4_0.gguf tests/models/synth-llama-256.Q8_0.gguf \
+            tests/models/synth-qwen3moe-256.Q4_K_M.gguf 2>/dev/null)
+        JLM_CUDA_KV=$kv timeout 30 "$engine" check "${kvm[@]}" > /tmp/gpu-engine-$kv.out
+        rc=$?
+        np=$(grep -c '^PASS' /tmp/gpu-engine-$kv.out); nf=$(grep -c '^FAIL' /tmp/gpu-engine-$kv.out)
+        grep '^FAIL' /tmp/gpu-engine-$kv.out
+        if [ "$rc" -eq 0 ]; then summary+=("engine on cuda (--kv $kv) vs cpu (--kv $kv): PASS ($np runs)"); else summary+=("engine on cuda (--kv $kv) vs cpu (--kv $kv): FAIL (rc $rc, $nf failing of $((np + nf)))"); status=1; fi
+    done
     for ty in Q4_0 Q8_0 Q4_K; do
         left=$(( 470 - ($(date +%s) - start) ))
         [ "$left" -gt 30 ] || { summary+=("engine bench $ty: not run (time)"); continue; }

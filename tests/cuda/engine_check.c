@@ -25,7 +25,8 @@
  * exits 0; JLM_CUDA_EMULATE=1 runs it on the host emulation (how CI checks
  * that this program works). JLM_CUDA_KV=TYPE opens both engines with --kv
  * TYPE (f16: the whole blocks' F16 cache, against the CPU's F16 cache, float
- * weights within the CPU's F16 tolerance, 2e-3 of the largest logit). */
+ * weights within the CPU's F16 tolerance, 2e-3 of the largest logit; q8_0:
+ * the CPU's Q8_0 tolerance, 3e-2). */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -107,6 +108,8 @@ static double tol_of(const char *name)
     int fl = strstr(name, "F32") || strstr(name, "f32") || strstr(name, "F16") || strstr(name, "tiny-random");
     if (!(bl && !strcmp(bl, "0")) && !fl && !strstr(name, "stories260K"))
         return strstr(name, "Q2_K") ? 0.12 : 0.05;
+    if (fl && kv && !strcmp(kv, "q8_0") && !(bl && !strcmp(bl, "0")))
+        return 3e-2;   /* a K/V code one step (1/127 of its block's largest) off where the rows' last bits differ */
     if (fl && kv && !strcmp(kv, "f16") && !(bl && !strcmp(bl, "0")))
         return 2e-3;   /* a K/V element one half-ulp off the CPU's where the rows' last f32 bits differ */
     return fl ? 5e-4 : 1e-4;
