@@ -265,17 +265,27 @@ static void check_attn(void)
     launch_ok(jlm_cu_launch_attn(&dp, dq, dkh, dvh, dsc, dout, NULL), "attn f16");
     back(o1, dout, sizeof o1);
     report(close_all(o0, o1, H * D, JLM_K_TOL_SOFTMAX), "attention over an F16 cache, 32/8 heads x 128, 777 keys");
-    /* a Q8_0 key cache from byte 2 (blocks across words; the device's division and rounding against the
-     * harness's, which suite cuda holds to jlm_kv_put_row), the F16 values beside it */
+    /* Q8_0 rows from byte 2 (blocks across words; the device's division and rounding against the
+     * harness's, which suite cuda holds to jlm_kv_put_row): the keys with blocks of tiny maxima (d
+     * normal; d denormal, 1/d finite; d denormal, 1/d infinite; d 0), a huge one, NaN and Inf; then
+     * the keys as they are, a Q8_0 key cache with the F16 values beside it */
     enum { KQ = HKV * NKV * D / 32 * 34 };
     static uint8_t kq[KQ + 2], dkq_back[KQ + 2];
+    static float kx[HKV * NKV * D];
     uint8_t *dkq = (uint8_t *)dev_zero(sizeof kq);
-    k[5] = 3e-37f, k[6] = -1e-39f, k[40] = 1e30f;   /* tiny and huge magnitudes */
-    CK(cudaMemcpy(dk, k, sizeof k, cudaMemcpyHostToDevice));
-    jlm_cu_host_kv_q8(kq + 2, k, HKV * NKV * D);
+    memcpy(kx, k, sizeof k);
+    for (int i = 0; i < 32; i++)
+        kx[64 + i] *= 1e-35f, kx[96 + i] *= 5e-37f, kx[128 + i] *= 1.5e-37f, kx[160 + i] *= 1e-44f,
+        kx[192 + i] *= 1.5e38f;
+    kx[230] = NAN, kx[250] = INFINITY;
+    CK(cudaMemcpy(dk, kx, sizeof kx, cudaMemcpyHostToDevice));
+    jlm_cu_host_kv_q8(kq + 2, kx, HKV * NKV * D);
     launch_ok(jlm_cu_launch_kv_q8(dkq + 2, dk, HKV * NKV * D, NULL), "kv_q8");
     back(dkq_back, dkq, sizeof dkq_back);
     report(!memcmp(dkq_back + 2, kq + 2, KQ), "q8_0 rows from byte 2 bit-identical to the harness's");
+    CK(cudaMemcpy(dk, k, sizeof k, cudaMemcpyHostToDevice));
+    jlm_cu_host_kv_q8(kq + 2, k, HKV * NKV * D);
+    launch_ok(jlm_cu_launch_kv_q8(dkq + 2, dk, HKV * NKV * D, NULL), "kv_q8");
     p.k_type = dp.k_type = JLM_CU_KV_Q8_0;
     jlm_cu_host_attn(&p, q, kq + 2, vh, sc, o0);
     launch_ok(jlm_cu_launch_attn(&dp, dq, dkq + 2, dvh, dsc, dout, NULL), "attn q8_0/f16");
