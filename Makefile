@@ -203,7 +203,8 @@ CUDA_ENGINE := $(BUILD)/jlm-cuda-engine
 cuda-check: $(CUDA_ENGINE)
 $(BUILD)/obj/cuda-engine/vk_stub.o: kernels/vulkan/vk.c
 	@mkdir -p $(dir $@)
-	$(CC) $(BASECFLAGS) -c $< -o $@
+	$(CC) $(BASECFLAGS) -MMD -MP -c $< -o $@
+-include $(BUILD)/obj/cuda-engine/vk_stub.d
 $(CUDA_ENGINE): tests/cuda/engine_check.c $(BUILD)/obj/cuda-engine/vk_stub.o $(LIB)
 	$(CC) $(BASECFLAGS) $(LDFLAGS) -o $@ $< $(BUILD)/obj/cuda-engine/vk_stub.o $(LIB) \
 	    -Wl,-Bstatic -ljansson -Wl,-Bdynamic $(CUDA_LIBS) -lm -pthread
