@@ -1636,7 +1636,9 @@ Test(vulkan, sigmoid_routed_moe_blocks_run_whole_on_the_device, .timeout = 300)
  * tolerance, a decoded token in at most a round trip a MoE block plus one,
  * its activations within its embedding, its logits and 4 KiB), where a
  * host-side latent attention made one round trip a matmul (258 for 5 tokens);
- * and with an F16 cache, the lockstep logits of the CPU's F16 cache. */
+ * and with an F16 cache, the lockstep logits of the CPU's F16 cache, and
+ * each layer's attn_k_b and attn_v_b as one batched matvec each (2 a layer,
+ * independent of n_head). */
 Test(vulkan, deepseek2_latent_attention_blocks_run_whole_on_the_device, .timeout = 300)
 {
     static const char *MODELS[] = {"synth-deepseek2-256.Q8_0", "synth-deepseek2-256.Q4_K_M"};
