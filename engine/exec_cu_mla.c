@@ -222,16 +222,16 @@ static int batch_of(jlm_exd *k, const mla_dims *d, uint16_t role, uint64_t kk, u
                     jlm_cu_mat *c0, jlm_cu_batch *b)
 {
     jlm_ecu *v = ecu(k);
-    jlm_k_mat m0 = jlm_ex_mla_sheet(k->e, &k->b, role, 0),
-              m1 = jlm_ex_mla_sheet(k->e, &k->b, role, d->nh > 1 ? 1 : 0),
-              ml = jlm_ex_mla_sheet(k->e, &k->b, role, (uint32_t)d->nh - 1);
+    jlm_k_mat m[3];
     jlm_cu_mat c1, cl;
-    int fl = jlm_fmt_type_traits(m0.type)->is_float;
+    jlm_ex_mla_sheet_ends(k->e, &k->b, role, m);
+    int fl = jlm_fmt_type_traits(m[0].type)->is_float;
     *b = (jlm_cu_batch){0};
-    if (m0.k != kk || m0.rows != rows)
+    if (m[0].k != kk || m[0].rows != rows)
         return UNSUP;
     if ((!fl && (kk % 32 || io.ss % 32 || io.shs % 32)) || k->b.n > 65535 || d->nh > 65535 ||
-        jlm_ecu_planes(v, &m0, c0, NULL) || jlm_ecu_planes(v, &m1, &c1, NULL) || jlm_ecu_planes(v, &ml, &cl, NULL))
+        jlm_ecu_planes(v, &m[0], c0, NULL) || jlm_ecu_planes(v, &m[1], &c1, NULL) ||
+        jlm_ecu_planes(v, &m[2], &cl, NULL))
         return JLM_OK;
     const uint8_t *p0[3] = {c0->qs, (const uint8_t *)c0->d, (const uint8_t *)c0->sc},
                   *p1[3] = {c1.qs, (const uint8_t *)c1.d, (const uint8_t *)c1.sc},

@@ -108,17 +108,16 @@ static int batch_of(const jlm_exd *k, const mla_dims *d, uint16_t role, uint64_t
                     jlm_vk_mat *vm, jlm_vk_batch *b)
 {
     jlm_evk *v = evk(k);
-    jlm_k_mat m0 = jlm_ex_mla_sheet(k->e, &k->b, role, 0),
-              m1 = jlm_ex_mla_sheet(k->e, &k->b, role, d->nh > 1 ? 1 : 0),
-              ml = jlm_ex_mla_sheet(k->e, &k->b, role, (uint32_t)d->nh - 1);
+    jlm_k_mat m[3];
     jlm_vk_mat v1, vl;
+    jlm_ex_mla_sheet_ends(k->e, &k->b, role, m);
     *b = (jlm_vk_batch){0};
-    int fl = jlm_fmt_type_traits(m0.type)->is_float;
-    if (m0.k != kk || m0.rows != rows)
+    int fl = jlm_fmt_type_traits(m[0].type)->is_float;
+    if (m[0].k != kk || m[0].rows != rows)
         return UNSUP;
     if ((!fl && (!jlm_vk_can_quantize(v->vk) || io.ss % 32 || io.shs % 32 || kk % 32)) ||
-        jlm_evk_planes(v, &m0, vm, 0, NULL) || jlm_evk_planes(v, &m1, &v1, 0, NULL) ||
-        jlm_evk_planes(v, &ml, &vl, 0, NULL))
+        jlm_evk_planes(v, &m[0], vm, 0, NULL) || jlm_evk_planes(v, &m[1], &v1, 0, NULL) ||
+        jlm_evk_planes(v, &m[2], &vl, 0, NULL))
         return JLM_OK;
     const jlm_vk_view *p0[3] = {&vm->qs, &vm->d, &vm->sc}, *p1[3] = {&v1.qs, &v1.d, &v1.sc},
                       *pl[3] = {&vl.qs, &vl.d, &vl.sc};

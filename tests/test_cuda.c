@@ -722,89 +722,63 @@ Test(cuda, the_emulated_matvec_equals_ref_only_after_waiting_for_its_copies)
  * each plane (a 3-D tensor: deepseek2's attn_k_b / attn_v_b), token t of
  * sheet h reading its floats at t*tx + h*bx (gaps between tokens) or act
  * record h*rs + t, writing at t*ty + h*by: byte for byte what one
- * jlm_cu_rt_matvec a sheet and a token writes (the per-head path), gaps
- * untouched; the per-head calls equal the CPU reference (tests above). */
+ * jlm_cu_rt_matvec a sheet and a token writes (the per-head path) and the
+ * CPU reference, gaps untouched. */
 static void check_batch(jlm_cu_rt *r, uint8_t type, uint64_t k, uint64_t rows, uint32_t nb, uint32_t n,
                         uint64_t *seed)
 {
     const jlm_type_traits *tr = jlm_fmt_type_traits(type);
     int fl = tr->is_float;
-    uint64_t bx = k, tx = nb * k + 32, by = rows, ty = nb * rows + 5, rs = n + 1, ql, dl, sl;
-    cr_assert_eq(jlm_fmt_planes(type, k, rows, &ql, &dl, &sl, NULL), 0);
-    cr_assert(ql % 4 == 0 && dl % 4 == 0 && sl % 4 == 0);
-    uint8_t *pq = calloc(nb, ql + 4), *pd = calloc(nb, dl + 4), *ps = calloc(nb, sl + 4);
-    float *x = calloc(n * tx, 4), *y0 = malloc(n * ty * 4), *y1 = malloc(n * ty * 4);
-    int8_t *aq = calloc(n * tx, 1);
-    float *ad = calloc(n * tx / 32 + 1, 4);
-    int16_t *as = calloc(n * tx / 16 + 1, 2);
-    void *abuf = malloc(jlm_k_act_q8_bytes(k));
-    jlm_act_q8 a;
-    cr_assert_eq(jlm_k_act_q8_init(&a, abuf, k, NULL), 0);
-    jlm_cu_mat cm;
-    for (uint32_t h = 0; h < nb; h++) {
-        gen_mat g;
-        cr_assert_eq(gen_mat_make(&g, type, k, rows, seed), 0);
-        memcpy(pq + h * ql, g.qs, ql);
-        memcpy(pd + h * dl, g.d, dl);
-        memcpy(ps + h * sl, g.sc, sl);
-        for (uint32_t t = 0; t < n; t++) {
-            uint64_t o = t * tx + h * bx;
-            gen_floats(x + o, k, 2.0f, seed);
-            jlm_k_quantize_act(x + o, &a);
-            memcpy(aq + o, a.q, k);
-            memcpy(ad + o / 32, a.d, k / 8);
-            memcpy(as + o / 16, a.sum16, k / 8);
-        }
-        if (h == 0)
-            jlm_cu_mat_from(&g.m, &cm);
-        gen_mat_free(&g);
-    }
+    gen_batch g;
+    cr_assert_eq(gen_batch_make(&g, type, k, rows, nb, n, seed), 0);
+    uint64_t rs = n + 1, nx = n * g.tx, ny = n * g.ty;
+    float *y0 = malloc(ny * 4), *y1 = malloc(ny * 4);
     void *dq, *dd, *ds, *dx, *daq, *dad, *das, *drec, *dy0, *dy1;
-    cr_assert_eq(jlm_cu_rt_alloc(r, nb * ql, &dq) | jlm_cu_rt_alloc(r, nb * dl + 4, &dd) |
-                 jlm_cu_rt_alloc(r, nb * sl + 4, &ds) | jlm_cu_rt_alloc(r, n * tx * 4, &dx) |
-                 jlm_cu_rt_alloc(r, n * tx, &daq) | jlm_cu_rt_alloc(r, n * tx / 8 + 4, &dad) |
-                 jlm_cu_rt_alloc(r, n * tx / 8 + 4, &das) | jlm_cu_rt_alloc(r, nb * rs * sizeof(jlm_cu_act), &drec) |
-                 jlm_cu_rt_alloc(r, n * ty * 4, &dy0) | jlm_cu_rt_alloc(r, n * ty * 4, &dy1), 0);
+    cr_assert_eq(jlm_cu_rt_alloc(r, nb * g.ql, &dq) | jlm_cu_rt_alloc(r, nb * g.dl + 4, &dd) |
+                 jlm_cu_rt_alloc(r, nb * g.sl + 4, &ds) | jlm_cu_rt_alloc(r, nx * 4, &dx) |
+                 jlm_cu_rt_alloc(r, nx, &daq) | jlm_cu_rt_alloc(r, nx / 8 + 4, &dad) |
+                 jlm_cu_rt_alloc(r, nx / 8 + 4, &das) | jlm_cu_rt_alloc(r, nb * rs * sizeof(jlm_cu_act), &drec) |
+                 jlm_cu_rt_alloc(r, ny * 4, &dy0) | jlm_cu_rt_alloc(r, ny * 4, &dy1), 0);
     jlm_cu_act *rec = calloc(nb * rs, sizeof *rec);
     for (uint32_t h = 0; h < nb; h++)
         for (uint32_t t = 0; t < n; t++) {
-            uint64_t o = t * tx + h * bx;
+            uint64_t o = t * g.tx + h * g.bx;
             rec[h * rs + t] = (jlm_cu_act){k, (int8_t *)daq + o, (float *)dad + o / 32, (int16_t *)das + o / 16};
         }
-    memset(y0, 0xff, n * ty * 4);
     const int CS = JLM_CU_S_COMPUTE;
-    cr_assert_eq(jlm_cu_rt_h2d(r, dq, pq, nb * ql, CS) | jlm_cu_rt_h2d(r, dd, pd, nb * dl, CS) |
-                 jlm_cu_rt_h2d(r, ds, ps, nb * sl, CS) | jlm_cu_rt_h2d(r, dx, x, n * tx * 4, CS) |
-                 jlm_cu_rt_h2d(r, daq, aq, n * tx, CS) | jlm_cu_rt_h2d(r, dad, ad, n * tx / 8, CS) |
-                 jlm_cu_rt_h2d(r, das, as, n * tx / 8, CS) | jlm_cu_rt_h2d(r, drec, rec, nb * rs * sizeof *rec, CS) |
-                 jlm_cu_rt_h2d(r, dy0, y0, n * ty * 4, CS) | jlm_cu_rt_h2d(r, dy1, y0, n * ty * 4, CS), 0);
+    cr_assert_eq(jlm_cu_rt_h2d(r, dq, g.q, nb * g.ql, CS) | jlm_cu_rt_h2d(r, dd, g.d, nb * g.dl, CS) |
+                 jlm_cu_rt_h2d(r, ds, g.s, nb * g.sl, CS) | jlm_cu_rt_h2d(r, dx, g.x, nx * 4, CS) |
+                 jlm_cu_rt_h2d(r, daq, g.aq, nx, CS) | jlm_cu_rt_h2d(r, dad, g.ad, nx / 8, CS) |
+                 jlm_cu_rt_h2d(r, das, g.as, nx / 8, CS) | jlm_cu_rt_h2d(r, drec, rec, nb * rs * sizeof *rec, CS) |
+                 jlm_cu_rt_h2d(r, dy0, g.ref, ny * 4, CS) | jlm_cu_rt_h2d(r, dy1, g.ref, ny * 4, CS), 0);
+    jlm_cu_mat cm;
+    jlm_cu_mat_from(&g.m, &cm);
     cm.qs = dq;
-    cm.d = dl ? dd : NULL;
-    cm.sc = sl ? ds : NULL;
+    cm.d = g.dl ? dd : NULL;
+    cm.sc = g.sl ? ds : NULL;
     const float *xf = fl ? dx : NULL;
     const jlm_cu_act *xr = fl ? NULL : drec;
+    jlm_cu_batch b = {nb, g.tx, g.ty, g.bx, g.by, g.ql, g.dl, g.sl, rs}, one = {1, 0, 0, 0, 0, 0, 0, 0, 0};
     for (uint32_t h = 0; h < nb; h++) {   /* the per-head path: a launch a sheet and a token */
-        jlm_cu_batch one = {1, 0, 0, 0, 0, 0, 0, 0, 0};
-        jlm_cu_mat mh = jlm_cu_batch_sheet(&cm, &(jlm_cu_batch){nb, 0, 0, 0, 0, ql, dl, sl, 0}, h);
+        jlm_cu_mat mh = jlm_cu_batch_sheet(&cm, &b, h);
         for (uint32_t t = 0; t < n; t++)
-            cr_assert_eq(jlm_cu_rt_matvec_batch(r, &mh, &one, 1, xf ? xf + t * tx + h * bx : NULL,
-                                                xr ? xr + h * rs + t : NULL, (float *)dy0 + t * ty + h * by, CS),
+            cr_assert_eq(jlm_cu_rt_matvec_batch(r, &mh, &one, 1, xf ? xf + t * g.tx + h * g.bx : NULL,
+                                                xr ? xr + h * rs + t : NULL, (float *)dy0 + t * g.ty + h * g.by, CS),
                          0, "%s", jlm_cu_rt_error(r));
     }
-    jlm_cu_batch b = {nb, tx, ty, bx, by, ql, dl, sl, rs};
     cr_assert_eq(jlm_cu_rt_matvec_batch(r, &cm, &b, n, xf, xr, dy1, CS), 0, "%s", jlm_cu_rt_error(r));
-    cr_assert_eq(jlm_cu_rt_d2h(r, y0, dy0, n * ty * 4, CS) | jlm_cu_rt_d2h(r, y1, dy1, n * ty * 4, CS) |
+    cr_assert_eq(jlm_cu_rt_d2h(r, y0, dy0, ny * 4, CS) | jlm_cu_rt_d2h(r, y1, dy1, ny * 4, CS) |
                  jlm_cu_rt_sync(r, CS), 0, "%s", jlm_cu_rt_error(r));
-    for (uint64_t i = 0; i < n * ty; i++)
-        cr_assert(!memcmp(&y0[i], &y1[i], 4), "%s k %llu rows %llu, %u sheets, %u tokens: token %llu at %llu: "
-                  "batched %.9g per head %.9g", tr->name, (unsigned long long)k, (unsigned long long)rows, nb, n,
-                  (unsigned long long)(i / ty), (unsigned long long)(i % ty), y1[i], y0[i]);
+    for (uint64_t i = 0; i < ny; i++)
+        cr_assert(!memcmp(&y0[i], &y1[i], 4) && !memcmp(&y0[i], &g.ref[i], 4),
+                  "%s k %llu rows %llu, %u sheets, %u tokens: token %llu at %llu: batched %.9g per head %.9g ref %.9g",
+                  tr->name, (unsigned long long)k, (unsigned long long)rows, nb, n, (unsigned long long)(i / g.ty),
+                  (unsigned long long)(i % g.ty), y1[i], y0[i], g.ref[i]);
     void *dev[] = {dq, dd, ds, dx, daq, dad, das, drec, dy0, dy1};
     for (size_t i = 0; i < sizeof dev / sizeof dev[0]; i++)
         jlm_cu_rt_free(r, dev[i]);
-    void *mem[] = {pq, pd, ps, x, y0, y1, aq, ad, as, abuf, rec};
-    for (size_t i = 0; i < sizeof mem / sizeof mem[0]; i++)
-        free(mem[i]);
+    free(y0), free(y1), free(rec);
+    gen_batch_free(&g);
 }
 
 Test(cuda, batched_matvec_of_sheets_is_each_sheets_matvec_bit_for_bit)

@@ -1071,21 +1071,44 @@ static int mv_setup(jlm_vk *vk, const jlm_vk_mat *m, uint32_t ntok, jlm_vk_view 
     return JLM_OK;
 }
 
-int jlm_vk_matmul(jlm_vk *vk, const jlm_vk_mat *m, uint32_t ntok, jlm_vk_view x, const jlm_vk_act *xq,
-                  jlm_vk_view y, jlm_err *err)
+/* A matvec of ntok tokens, or (b) a batch of sheets in one dispatch. */
+static int mv_run(jlm_vk *vk, const jlm_vk_mat *m, const jlm_vk_batch *b, uint32_t ntok, jlm_vk_view x,
+                  const jlm_vk_act *xq, jlm_vk_view y, jlm_err *err)
 {
     jlm_vk_view v[8];
-    VkPipeline pipe;
-    uint32_t gy;
+    VkPipeline pipe = VK_NULL_HANDLE;
+    uint32_t gy = 1;
     int rc = mv_setup(vk, m, ntok, x, xq, y, v, &pipe, &gy, err);
     if (rc)
         return rc;
     jlm_push_matvec push = {.k = (uint32_t)m->k, .rows = (uint32_t)m->rows, .u_hi = (uint32_t)(m->k / 32),
                             .r1 = (uint32_t)m->rows, .ntok = ntok, .tx = (uint32_t)m->k, .ty = (uint32_t)m->rows};
     uint64_t lim = vk->max_binding;
-    if (view_len(&m->qs) <= lim && (!m->d.buf || view_len(&m->d) <= lim) && (!m->sc.buf || view_len(&m->sc) <= lim))
-        return dispatch2(vk, pipe, v, 8, &push, sizeof push, groups(m->rows, 64), gy, err);
-    return matvec_chunked(vk, m, jlm_fmt_type_traits(m->type), v, &push, pipe, gy, err);
+    if (!b) {
+        if (view_len(&m->qs) <= lim && (!m->d.buf || view_len(&m->d) <= lim) &&
+            (!m->sc.buf || view_len(&m->sc) <= lim))
+            return dispatch2(vk, pipe, v, 8, &push, sizeof push, groups(m->rows, 64), gy, err);
+        return matvec_chunked(vk, m, jlm_fmt_type_traits(m->type), v, &push, pipe, gy, err);
+    }
+    /* every sheet's planes in one binding each: the views grow by the strides */
+    uint64_t stride[3] = {b->q, b->d, b->s};
+    for (int i = 0; i < 3; i++) {
+        if (!v[i].buf)
+            continue;
+        v[i].len = view_len(&v[i]) + (b->n - 1) * stride[i];
+        if (v[i].len > lim)
+            return jlm_errf(err, JLM_EUNSUPPORTED, "vulkan batched matvec %s: %u sheets exceed a binding",
+                            jlm_fmt_type_traits(m->type)->name, (unsigned)b->n);
+    }
+    push.tx = (uint32_t)b->tx, push.ty = (uint32_t)b->ty, push.bx = (uint32_t)b->bx, push.by = (uint32_t)b->by;
+    push.bq = (uint32_t)(b->q / 4), push.bd = (uint32_t)(b->d / 4), push.bs = (uint32_t)(b->s / 4);
+    return dispatch3(vk, pipe, v, 8, &push, sizeof push, groups(m->rows, 64), gy, (uint32_t)b->n, err);
+}
+
+int jlm_vk_matmul(jlm_vk *vk, const jlm_vk_mat *m, uint32_t ntok, jlm_vk_view x, const jlm_vk_act *xq,
+                  jlm_vk_view y, jlm_err *err)
+{
+    return mv_run(vk, m, NULL, ntok, x, xq, y, err);
 }
 
 int jlm_vk_matmul_batch(jlm_vk *vk, const jlm_vk_mat *m, const jlm_vk_batch *b, uint32_t ntok, jlm_vk_view x,
@@ -1096,27 +1119,7 @@ int jlm_vk_matmul_batch(jlm_vk *vk, const jlm_vk_mat *m, const jlm_vk_batch *b, 
     if (!b->n || b->n > 65535 || b->tx % xa || b->bx % xa || b->q % 4 || b->d % 4 || b->s % 4 || b->tx > cap ||
         b->ty > cap || b->bx > cap || b->by > cap || b->q / 4 > cap || b->d / 4 > cap || b->s / 4 > cap)
         return jlm_errf(err, JLM_EINVAL, "vulkan batched matvec %s: bad strides", t->name);
-    jlm_vk_view v[8];
-    VkPipeline pipe;
-    uint32_t gy;
-    int rc = mv_setup(vk, m, ntok, x, xq, y, v, &pipe, &gy, err);
-    if (rc)
-        return rc;
-    /* every sheet's planes in one binding each: the views grow by the strides */
-    uint64_t stride[3] = {b->q, b->d, b->s};
-    for (int i = 0; i < 3; i++) {
-        if (!v[i].buf)
-            continue;
-        v[i].len = view_len(&v[i]) + (b->n - 1) * stride[i];
-        if (v[i].len > vk->max_binding)
-            return jlm_errf(err, JLM_EUNSUPPORTED, "vulkan batched matvec %s: %u sheets exceed a binding", t->name,
-                            (unsigned)b->n);
-    }
-    jlm_push_matvec push = {.k = (uint32_t)m->k, .rows = (uint32_t)m->rows, .u_hi = (uint32_t)(m->k / 32),
-                            .r1 = (uint32_t)m->rows, .ntok = ntok, .tx = (uint32_t)b->tx, .ty = (uint32_t)b->ty,
-                            .bx = (uint32_t)b->bx, .by = (uint32_t)b->by, .bq = (uint32_t)(b->q / 4),
-                            .bd = (uint32_t)(b->d / 4), .bs = (uint32_t)(b->s / 4)};
-    return dispatch3(vk, pipe, v, 8, &push, sizeof push, groups(m->rows, 64), gy, (uint32_t)b->n, err);
+    return mv_run(vk, m, b, ntok, x, xq, y, err);
 }
 
 int jlm_vk_rmsnorm(jlm_vk *vk, jlm_vk_view out, jlm_vk_view x, jlm_vk_view w, uint32_t n,

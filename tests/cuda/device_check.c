@@ -159,68 +159,48 @@ static void check_batch(uint8_t type, uint64_t k, uint64_t rows, uint32_t nb, ui
 {
     const char *name = jlm_fmt_type_traits(type)->name;
     int fl = jlm_fmt_type_traits(type)->is_float;
-    uint64_t ql, dl, sl, bx = k, tx = nb * k + 32, by = rows, ty = nb * rows + 5, rs = n + 1;
-    jlm_fmt_planes(type, k, rows, &ql, &dl, &sl, NULL);
-    uint8_t *pq = calloc(nb, ql + 4), *pd = calloc(nb, dl + 4), *ps = calloc(nb, sl + 4);
-    float *x = calloc(n * tx, 4), *y0 = malloc(n * ty * 4), *y1 = malloc(n * ty * 4);
-    int8_t *aq = calloc(n * tx, 1);
-    float *ad = calloc(n * tx / 32 + 1, 4);
-    int16_t *as = calloc(n * tx / 16 + 1, 2);
-    void *abuf = malloc(jlm_k_act_q8_bytes(k));
-    jlm_act_q8 a;
-    jlm_k_act_q8_init(&a, abuf, k, NULL);
-    memset(y0, 0xff, n * ty * 4);
-    jlm_cu_mat cm;
-    for (uint32_t h = 0; h < nb; h++) {
-        gen_mat g;
-        if (gen_mat_make(&g, type, k, rows, &seed) || ql % 4 || dl % 4 || sl % 4) {
-            printf("FAIL batched matvec %s: cannot make k %llu rows %llu\n", name, (unsigned long long)k,
-                   (unsigned long long)rows);
-            fails++;
-            return;
-        }
-        memcpy(pq + h * ql, g.qs, ql), memcpy(pd + h * dl, g.d, dl), memcpy(ps + h * sl, g.sc, sl);
-        for (uint32_t t = 0; t < n; t++) {
-            uint64_t o = t * tx + h * bx;
-            gen_floats(x + o, k, 2.0f, &seed);
-            jlm_k_quantize_act(x + o, &a);
-            memcpy(aq + o, a.q, k), memcpy(ad + o / 32, a.d, k / 8), memcpy(as + o / 16, a.sum16, k / 8);
-            jlm_k_matvec_ref(&g.m, x + o, fl ? NULL : &a, y0 + t * ty + h * by, 0, rows);
-        }
-        if (h == 0)
-            jlm_cu_mat_from(&g.m, &cm);
-        gen_mat_free(&g);
+    gen_batch g;
+    if (gen_batch_make(&g, type, k, rows, nb, n, &seed)) {
+        printf("FAIL batched matvec %s: cannot make k %llu rows %llu\n", name, (unsigned long long)k,
+               (unsigned long long)rows);
+        fails++;
+        gen_batch_free(&g);
+        return;
     }
-    cm.qs = dev_copy(pq, nb * ql + 4);
-    cm.d = dev_copy(pd, nb * dl + 4);
-    cm.sc = dev_copy(ps, nb * sl + 4);
-    float *dx = dev_copy(x, n * tx * 4), *dad = dev_copy(ad, n * tx / 8 + 4);
-    int8_t *daq = dev_copy(aq, n * tx);
-    int16_t *das = dev_copy(as, n * tx / 8 + 4);
+    uint64_t rs = n + 1, nx = n * g.tx, ny = n * g.ty;
+    jlm_cu_mat cm;
+    jlm_cu_mat_from(&g.m, &cm);
+    cm.qs = dev_copy(g.q, nb * g.ql + 4);
+    cm.d = dev_copy(g.d, nb * g.dl + 4);
+    cm.sc = dev_copy(g.s, nb * g.sl + 4);
+    float *dx = dev_copy(g.x, nx * 4), *dad = dev_copy(g.ad, nx / 8 + 4), *y = malloc(ny * 4);
+    int8_t *daq = dev_copy(g.aq, nx);
+    int16_t *das = dev_copy(g.as, nx / 8 + 4);
     jlm_cu_act *rec = calloc(nb * rs, sizeof *rec);
     for (uint32_t h = 0; h < nb; h++)
         for (uint32_t t = 0; t < n; t++) {
-            uint64_t o = t * tx + h * bx;
+            uint64_t o = t * g.tx + h * g.bx;
             rec[h * rs + t] = (jlm_cu_act){k, daq + o, dad + o / 32, das + o / 16};
         }
     jlm_cu_act *drec = dev_copy(rec, nb * rs * sizeof *rec);
-    memset(y1, 0xff, n * ty * 4);
-    float *dy = dev_copy(y1, n * ty * 4);
-    jlm_cu_batch b = {nb, tx, ty, bx, by, ql, dl, sl, rs};
+    memset(y, 0xff, ny * 4);
+    float *dy = dev_copy(y, ny * 4);
+    jlm_cu_batch b = {nb, g.tx, g.ty, g.bx, g.by, g.ql, g.dl, g.sl, rs};
     launch_ok(jlm_cu_launch_matvec_batch(&cm, &b, n, fl ? dx : NULL, fl ? NULL : drec, dy, NULL), "batched matvec");
-    back(y1, dy, n * ty * 4);
+    back(y, dy, ny * 4);
     uint64_t bad = 0;
-    for (uint64_t i = 0; i < n * ty; i++)
-        bad += memcmp(&y0[i], &y1[i], 4) != 0;
+    for (uint64_t i = 0; i < ny; i++)
+        bad += memcmp(&y[i], &g.ref[i], 4) != 0;
     if (bad) {
         printf("FAIL batched matvec %s k %llu rows %llu, %u sheets of %u tokens: %llu of %llu outputs differ\n", name,
                (unsigned long long)k, (unsigned long long)rows, nb, n, (unsigned long long)bad,
-               (unsigned long long)(n * ty));
+               (unsigned long long)ny);
         fails++;
     }
     dev_mat_free(&cm);
     cudaFree(dx), cudaFree(dad), cudaFree(daq), cudaFree(das), cudaFree(drec), cudaFree(dy);
-    free(pq), free(pd), free(ps), free(x), free(y0), free(y1), free(aq), free(ad), free(as), free(abuf), free(rec);
+    free(y), free(rec);
+    gen_batch_free(&g);
 }
 
 static void check_all_matvec(void)
