@@ -270,7 +270,8 @@ static int heads_mm(jlm_exd *k, const mla_dims *d, uint16_t role, uint64_t kk, u
         return launched(k, 1, "quantize");
     v->st.matmuls++;
     v->st.sheet_matvecs++;
-    const jlm_cu_act *rec = fl ? NULL : (const jlm_cu_act *)mb->rec.p + RC_N * mb->rows + (uint64_t)btab * d->nh * mb->rows;
+    const jlm_cu_act *rec =
+        fl ? NULL : (const jlm_cu_act *)mb->rec.p + (RC_N + (uint64_t)btab * d->nh) * mb->rows;
     return launched(k, jlm_cu_rt_matvec_batch(v->rt, &cm, &bt, k->b.n, fl ? io.src : NULL, rec, io.dst, CS),
                     "latent attention's batched matvec");
 }

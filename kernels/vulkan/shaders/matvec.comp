@@ -49,7 +49,8 @@ layout(constant_id = JLM_SPEC_MATVEC_P1) const uint P1 = 0u;
 layout(constant_id = JLM_SPEC_MATVEC_D_SHARE) const uint DSHARE = 1u;
 layout(constant_id = JLM_SPEC_MATVEC_NT) const uint NT = 1u;       // tokens per invocation
 
-uint T0 = 0u, NTV = 1u, XB = 0u, YB = 0u, QB = 0u, DB = 0u, SB = 0u;   // + this sheet's offsets   // this invocation's first token and its token count (<= NT)
+uint T0 = 0u, NTV = 1u;   // this invocation's first token and its token count (<= NT)
+uint XB = 0u, YB = 0u, QB = 0u, DB = 0u, SB = 0u;   // its sheet's offsets: activations, outputs, planes
 float acc_[NT];           // the running sum of each token of the tile
 
 float fp16(uint h)   // exact, as jlm_k_fp16_to_f32
