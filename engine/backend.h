@@ -27,6 +27,9 @@ typedef struct jlm_dev_stats {
     const char *kind;            /* "vulkan" or "cuda" */
     const char *device, *path;   /* path: vulkan "import"/"upload"; cuda "staged" (or "emulated") */
     uint64_t matmuls;            /* matmuls run on the device */
+    uint64_t sheet_matvecs;      /* matvec dispatches (launches) of deepseek2's per-head sheets
+                                    (attn_k_b, attn_v_b): one a batch of all heads, one a head
+                                    where a batch cannot be bound */
     uint64_t page_ins, hits, evictions;
     uint64_t prefetches;         /* page-ins started ahead, on the copy thread (CUDA) */
     uint64_t bytes_up;           /* bytes copied into device frames and per-call reuploads */

@@ -11,8 +11,12 @@
  * latent space by its attn_k_b sheet; all heads attend as one KV head
  * (head_dim KVLoraRank + NRot, the values the latent part of the same rows);
  * each head's latent output is expanded by its attn_v_b sheet into the
- * attention rows. A head's rows are gathered into one matmul and scattered
- * back by device copies (one row: read and written in place). Nothing comes
+ * attention rows. Each of those two is one batched matvec launch over all
+ * heads and rows (jlm_cu_rt_matvec_batch: head h reads sheet h and its slice
+ * of every row, writes its own slice), the input quantized once; where a
+ * batch cannot be made (a quantized head slice off a 32-block, sheets
+ * without one stride), a launch a head with its rows gathered and scattered
+ * by device copies (one row: read and written in place). Nothing comes
  * down: a deepseek2 block makes the one round trip of its MoE op, if any.
  * Shapes the kernels cannot take (quantized sheets off whole 32-blocks,
  * planes outside a device frame, widths that disagree) are
@@ -32,8 +36,11 @@
  * the latent space [latent | rope] (row, head), the heads' latent outputs
  * (row, head), a head's gathered input and output rows. */
 enum { RG_QA, RG_QF, RG_QL, RG_OL, RG_GI, RG_GO, RG_N };
-/* int8 row tables: act records of the rows' width qa, nope, KVLoraRank */
-enum { RC_QA, RC_NOPE, RC_R, RC_N };
+/* int8 row tables: act records of the rows' width qa, nope, KVLoraRank (a
+ * table of `rows` records each), then the batches' (head, row) records of
+ * attn_k_b (nope wide, in the Q rows) and attn_v_b (KVLoraRank wide, in the
+ * heads' latent outputs): n_head * rows each. */
+enum { RC_QA, RC_NOPE, RC_R, RC_N, RC_KB = RC_N, RC_VB };
 
 typedef struct jlm_ecu_mlabufs {
     scratch  f[RG_N];
@@ -43,6 +50,7 @@ typedef struct jlm_ecu_mlabufs {
 
 typedef struct mla_dims {
     uint64_t R, W, nope, rot, qa, nh, hd, hdv, E, qd, kmax;
+    uint64_t xmax;   /* int8 codes a row: the widest of kmax and the batches' whole rows */
 } mla_dims;
 
 static jlm_ecu *ecu(const jlm_exd *k) { return k->be; }
@@ -57,6 +65,7 @@ static mla_dims dims(const jlm_engine *e)
                   .qa = c->q_lora_rank, .nh = c->n_head, .hd = e->hd, .hdv = e->hd_v, .E = c->n_embd};
     d.qd = d.nh * d.hd;
     d.kmax = max2(max2(d.qa, d.nope), d.R);
+    d.xmax = max2(d.kmax, max2(d.qd, d.nh * d.R));
     return d;
 }
 
@@ -100,25 +109,31 @@ static int buffers(jlm_exd *k, const mla_dims *d)
     int rc = JLM_OK;
     for (int r = 0; r < RG_N && !rc; r++)
         rc = jlm_ecu_grow(v, &m->f[r], len[r] * 4, 0, k->err);
+    uint64_t nrec = (RC_N + 2 * d->nh) * n;
     if (!rc)
-        rc = jlm_ecu_grow(v, &m->q, n * d->kmax, 0, k->err);
+        rc = jlm_ecu_grow(v, &m->q, n * d->xmax, 0, k->err);
     if (!rc)
-        rc = jlm_ecu_grow(v, &m->d, n * d->kmax / 8, 0, k->err);
+        rc = jlm_ecu_grow(v, &m->d, n * d->xmax / 8, 0, k->err);
     if (!rc)
-        rc = jlm_ecu_grow(v, &m->s, n * d->kmax / 8, 0, k->err);
+        rc = jlm_ecu_grow(v, &m->s, n * d->xmax / 8, 0, k->err);
     if (!rc)
-        rc = jlm_ecu_grow(v, &m->rec, RC_N * n * sizeof(jlm_cu_act), 0, k->err);
+        rc = jlm_ecu_grow(v, &m->rec, nrec * sizeof(jlm_cu_act), 0, k->err);
     if (rc || (m->rows == n && m->k[RC_QA] == kk[RC_QA] && m->k[RC_NOPE] == kk[RC_NOPE] && m->k[RC_R] == kk[RC_R] &&
                at[0] == m->q.p && at[1] == m->d.p && at[2] == m->s.p))
         return rc;
-    jlm_cu_act *h = malloc(RC_N * n * sizeof *h);
+    jlm_cu_act *h = malloc(nrec * sizeof *h);
     if (!h)
         return jlm_errf(k->err, JLM_ENOMEM, "cuda: out of memory");
     for (int t = 0; t < RC_N; t++)
         for (uint64_t i = 0; i < n; i++)
             h[t * n + i] = jlm_ecu_act_at(&m->q, &m->d, &m->s, kk[t], i * kk[t]);
+    for (uint64_t hh = 0; hh < d->nh; hh++)   /* unused where hd is off a 32-block (no batch then) */
+        for (uint64_t i = 0; i < n; i++) {
+            h[RC_N * n + hh * n + i] = jlm_ecu_act_at(&m->q, &m->d, &m->s, d->nope, i * d->qd + hh * d->hd / 32 * 32);
+            h[(RC_N + d->nh) * n + hh * n + i] = jlm_ecu_act_at(&m->q, &m->d, &m->s, d->R, (i * d->nh + hh) * d->R);
+        }
     m->rows = 0;
-    rc = jlm_ecu_records_up(v, m->rec.p, h, RC_N * n, k->err);
+    rc = jlm_ecu_records_up(v, m->rec.p, h, nrec, k->err);
     free(h);
     if (!rc) {
         m->rows = n;
@@ -177,7 +192,8 @@ static int move_rows(jlm_exd *k, float *dst, uint64_t ds, const float *src, uint
  * and GO regions (one row: in place). */
 typedef struct head_io { const float *src; uint64_t ss, shs; float *dst; uint64_t ds, dhs; } head_io;
 
-static int heads_mm(jlm_exd *k, const mla_dims *d, uint16_t role, uint64_t kk, uint64_t rows, int tab, head_io io)
+static int heads_one_by_one(jlm_exd *k, const mla_dims *d, uint16_t role, uint64_t kk, uint64_t rows, int tab,
+                            head_io io)
 {
     int rc = JLM_OK, one = k->b.n == 1;
     for (uint64_t h = 0; !rc && h < d->nh; h++) {
@@ -186,6 +202,7 @@ static int heads_mm(jlm_exd *k, const mla_dims *d, uint16_t role, uint64_t kk, u
             rc = mm(k, &m, kk, rows, NULL, tab, NULL);
             continue;
         }
+        ecu(k)->st.sheet_matvecs++;
         const float *x = one ? io.src + h * io.shs : reg(k, RG_GI, 0);
         float *y = one ? io.dst + h * io.dhs : reg(k, RG_GO, 0);
         if (!one)
@@ -196,6 +213,67 @@ static int heads_mm(jlm_exd *k, const mla_dims *d, uint16_t role, uint64_t kk, u
             rc = move_rows(k, io.dst + h * io.dhs, io.ds, y, rows, rows);
     }
     return rc;
+}
+
+/* The batch of role's sheets, if they have one stride in every plane in
+ * one device frame and (quantized) every head's slice starts a 32-block:
+ * sheet 0 as the kernel sees it and the strides (b->n 0: no batch). */
+static int batch_of(jlm_exd *k, const mla_dims *d, uint16_t role, uint64_t kk, uint64_t rows, head_io io,
+                    jlm_cu_mat *c0, jlm_cu_batch *b)
+{
+    jlm_ecu *v = ecu(k);
+    jlm_k_mat m[3];
+    jlm_cu_mat c1, cl;
+    jlm_ex_mla_sheet_ends(k->e, &k->b, role, m);
+    int fl = jlm_fmt_type_traits(m[0].type)->is_float;
+    *b = (jlm_cu_batch){0};
+    if (m[0].k != kk || m[0].rows != rows)
+        return UNSUP;
+    if ((!fl && (kk % 32 || io.ss % 32 || io.shs % 32)) || k->b.n > 65535 || d->nh > 65535 ||
+        jlm_ecu_planes(v, &m[0], c0, NULL) || jlm_ecu_planes(v, &m[1], &c1, NULL) ||
+        jlm_ecu_planes(v, &m[2], &cl, NULL))
+        return JLM_OK;
+    const uint8_t *p0[3] = {c0->qs, (const uint8_t *)c0->d, (const uint8_t *)c0->sc},
+                  *p1[3] = {c1.qs, (const uint8_t *)c1.d, (const uint8_t *)c1.sc},
+                  *pl[3] = {cl.qs, (const uint8_t *)cl.d, (const uint8_t *)cl.sc};
+    uint64_t st[3] = {0, 0, 0};
+    for (int i = 0; i < 3; i++) {
+        if (!p0[i])
+            continue;
+        if (p1[i] < p0[i] || (uint64_t)(p1[i] - p0[i]) % 4 || pl[i] != p0[i] + (d->nh - 1) * (uint64_t)(p1[i] - p0[i]))
+            return JLM_OK;
+        st[i] = (uint64_t)(p1[i] - p0[i]);
+    }
+    *b = (jlm_cu_batch){d->nh, io.ss, io.ds, io.shs, io.dhs, st[0], st[1], st[2], v->blk.mla ? v->blk.mla->rows : 0};
+    return JLM_OK;
+}
+
+/* For each head h: rows (src + h * shs, stride ss, kk floats) times sheet h
+ * of role -> rows (dst + h * dhs, stride ds, rows floats): one batched launch
+ * (quantized: the source's whole rows quantized once, the batch's records
+ * table tab), or a launch a head. */
+static int heads_mm(jlm_exd *k, const mla_dims *d, uint16_t role, uint64_t kk, uint64_t rows, int tab, int btab,
+                    head_io io)
+{
+    jlm_ecu *v = ecu(k);
+    jlm_cu_mat cm;
+    jlm_cu_batch bt;
+    int rc = batch_of(k, d, role, kk, rows, io, &cm, &bt);
+    if (rc || !bt.n)
+        return rc ? rc : heads_one_by_one(k, d, role, kk, rows, tab, io);
+    if (k->dry)
+        return JLM_OK;
+    mlabufs *mb = v->blk.mla;
+    int fl = jlm_fmt_type_traits(cm.type)->is_float;
+    jlm_cu_act a = {(uint64_t)k->b.n * io.ss, mb->q.p, mb->d.p, mb->s.p};
+    if (!fl && jlm_cu_rt_quantize(v->rt, io.src, &a, CS))
+        return launched(k, 1, "quantize");
+    v->st.matmuls++;
+    v->st.sheet_matvecs++;
+    const jlm_cu_act *rec =
+        fl ? NULL : (const jlm_cu_act *)mb->rec.p + (RC_N + (uint64_t)btab * d->nh) * mb->rows;
+    return launched(k, jlm_cu_rt_matvec_batch(v->rt, &cm, &bt, k->b.n, fl ? io.src : NULL, rec, io.dst, CS),
+                    "latent attention's batched matvec");
 }
 
 /* Layer l's RoPE (latent attention's) for the kernel, its factors on the device. */
@@ -276,7 +354,7 @@ static int mla_q(jlm_exd *k, const jlm_op *op, const mla_dims *d)
     }
     if (rc)
         return rc;
-    return heads_mm(k, d, JLM_R_ATTN_K_B_MAT, d->nope, d->R, RC_NOPE,
+    return heads_mm(k, d, JLM_R_ATTN_K_B_MAT, d->nope, d->R, RC_NOPE, 0,
                     (head_io){qf, d->qd, d->hd, ql, d->nh * d->W, d->W});
 }
 
@@ -298,7 +376,7 @@ static int mla_attn(jlm_exd *k, const jlm_op *op, const mla_dims *d)
     }
     if (rc)
         return rc;
-    return heads_mm(k, d, op->w[1], d->R, d->hdv, RC_R,
+    return heads_mm(k, d, op->w[1], d->R, d->hdv, RC_R, 1,
                     (head_io){k->dry ? NULL : reg(k, RG_OL, 0), d->nh * d->R, d->R, k->dry ? NULL : abp(k, JLM_B_ATT, 0),
                               d->nh * d->hdv, d->hdv});
 }

@@ -232,10 +232,12 @@ void jlm_stream_page_done(jlm_engine *e, uint32_t array, uint32_t page);
 void jlm_ex_mla_kv(jlm_engine *e, const jlm_op *op, jlm_ex_blk *b);
 void jlm_ex_mla_q(jlm_engine *e, const jlm_op *op, jlm_ex_blk *b);
 void jlm_ex_mla_attn(jlm_engine *e, const jlm_op *op, jlm_ex_blk *b);
-/* Their parts a device backend shares (exec_vk_mla.c): sheet s (a head) of
- * block b's 3-D tensor of role; layer l's RoPE (YaRN's magnitude moved into
+/* Their parts a device backend shares (exec_vk_mla.c, exec_cu_mla.c): sheet
+ * s (a head) of block b's 3-D tensor of role, and its sheets 0, 1 (0 with one
+ * head) and n_head - 1 (a batch's stride and span); layer l's RoPE (YaRN's magnitude moved into
  * the score scale); the score scale. */
 jlm_k_mat jlm_ex_mla_sheet(const jlm_engine *e, const jlm_ex_blk *b, uint16_t role, uint32_t s);
+void      jlm_ex_mla_sheet_ends(const jlm_engine *e, const jlm_ex_blk *b, uint16_t role, jlm_k_mat m[3]);
 void jlm_ex_mla_rope(const jlm_engine *e, uint32_t l, jlm_k_rope *rp);
 float jlm_ex_mla_scale(const jlm_engine *e);
 

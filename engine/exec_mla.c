@@ -49,6 +49,16 @@ jlm_k_mat jlm_ex_mla_sheet(const jlm_engine *e, const jlm_ex_blk *b, uint16_t ro
     return m;
 }
 
+/* Sheets 0, 1 (0 when there is one) and n_head - 1 of role: what a device
+ * needs to bind all heads' sheets as one batch (their stride, their span). */
+void jlm_ex_mla_sheet_ends(const jlm_engine *e, const jlm_ex_blk *b, uint16_t role, jlm_k_mat m[3])
+{
+    uint32_t nh = e->c->n_head;
+    m[0] = jlm_ex_mla_sheet(e, b, role, 0);
+    m[1] = jlm_ex_mla_sheet(e, b, role, nh > 1 ? 1 : 0);
+    m[2] = jlm_ex_mla_sheet(e, b, role, nh - 1);
+}
+
 /* Layer l's RoPE with llama.cpp's deepseek2 attn_factor: YaRN's magnitude
  * 1 + 0.1 ln(1/freq_scale) divided out (it is in the score scale instead). */
 void jlm_ex_mla_rope(const jlm_engine *e, uint32_t l, jlm_k_rope *rp)

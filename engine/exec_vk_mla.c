@@ -6,10 +6,14 @@
  * RoPE'd shared key; each head's query is moved into the latent space by its
  * attn_k_b sheet, all heads attend as one KV head (attention.comp: head_dim
  * KVLoraRank + NRot, the values the latent part of the same rows) and each
- * head's latent output is expanded by its attn_v_b sheet. A head's rows are
- * gathered into one matmul and scattered back by device copies. Shapes the
- * shaders cannot take (offsets off the device's alignment, planes outside a
- * device frame) are JLM_EUNSUPPORTED in the dry walk. */
+ * head's latent output is expanded by its attn_v_b sheet. Each of those two
+ * is one batched matvec over all heads and rows (jlm_vk_matmul_batch: head h
+ * reads sheet h, its slice of every row, writes its own slice), the input
+ * quantized once; where a batch cannot be bound (all sheets past one
+ * binding, or a quantized head slice off a 32-block), a matvec a head with
+ * its rows gathered and scattered by device copies. Shapes the shaders
+ * cannot take (offsets off the device's alignment, planes outside a device
+ * frame) are JLM_EUNSUPPORTED in the dry walk. */
 #include "engine/backend_vk_int.h"
 #include "engine/exec_dev.h"
 
@@ -18,7 +22,7 @@
 #define UNSUP JLM_EUNSUPPORTED
 
 /* The dimensions, and the scratch regions of blk.mla in floats (each at an aligned offset). */
-enum { RG_QA, RG_QL, RG_OL, RG_GI, RG_GO, RG_N };
+enum { RG_QA, RG_QL, RG_OL, RG_GI, RG_GO, RG_XQ, RG_XD, RG_XS, RG_N };   /* XQ/XD/XS: a batch's int8 rows */
 typedef struct mla_dims {
     uint64_t R, W, nope, rot, qa, nh, hd, hdv, E, off[RG_N + 1];
 } mla_dims;
@@ -28,8 +32,10 @@ static mla_dims dims(jlm_evk *v, const jlm_engine *e, uint64_t rows)
     const jlm_config *c = e->c;
     mla_dims d = {.R = c->kv_lora_rank, .W = e->kv_dim, .rot = c->n_rot, .nope = e->hd - c->n_rot,
                   .qa = c->q_lora_rank, .nh = c->n_head, .hd = e->hd, .hdv = e->hd_v, .E = c->n_embd};
+    uint64_t xmax = d.nh * (d.hd > d.R ? d.hd : d.R);
     uint64_t len[RG_N] = {rows * d.qa, rows * d.nh * d.W, rows * d.nh * d.R,
-                          rows * (d.nope > d.R ? d.nope : d.R), rows * (d.R > d.hdv ? d.R : d.hdv)};
+                          rows * (d.nope > d.R ? d.nope : d.R), rows * (d.R > d.hdv ? d.R : d.hdv),
+                          rows * xmax / 4, rows * xmax / 32, rows * xmax / 32};
     uint64_t al = jlm_vk_offset_align(v->vk) / 4 ? jlm_vk_offset_align(v->vk) / 4 : 1;
     for (int r = 0; r < RG_N; r++)
         d.off[r + 1] = d.off[r] + (len[r] + al - 1) / al * al;
@@ -74,11 +80,14 @@ static int move_rows(const jlm_exd *k, jlm_vk_view dst, uint64_t ds, jlm_vk_view
  * of role -> rows (dst + h * dhs, stride ds, m.rows floats), through the GI and GO regions. */
 typedef struct head_io { jlm_vk_view src; uint64_t ss, shs; jlm_vk_view dst; uint64_t ds, dhs; } head_io;
 
-static int heads_mm(const jlm_exd *k, const mla_dims *d, uint16_t role, uint64_t kk, uint64_t rows, head_io io)
+static int heads_one_by_one(const jlm_exd *k, const mla_dims *d, uint16_t role, uint64_t kk, uint64_t rows,
+                            head_io io)
 {
     int rc = JLM_OK;
     uint32_t n = k->b.n;
     for (uint64_t h = 0; !rc && h < d->nh; h++) {
+        if (!k->dry)
+            evk(k)->st.sheet_matvecs++;
         jlm_k_mat m = jlm_ex_mla_sheet(k->e, &k->b, role, (uint32_t)h);
         jlm_vk_view s = io.src, o = io.dst;
         s.off += h * io.shs * 4;
@@ -91,6 +100,63 @@ static int heads_mm(const jlm_exd *k, const mla_dims *d, uint16_t role, uint64_t
             rc = move_rows(k, o, io.ds, sv(k, d, RG_GO, 0, 0), rows, rows);
     }
     return rc;
+}
+
+/* The same as one batched matvec, if it can be bound: sheet 0's planes and
+ * the strides to the next sheet (b->n 0: it cannot). */
+static int batch_of(const jlm_exd *k, const mla_dims *d, uint16_t role, uint64_t kk, uint64_t rows, head_io io,
+                    jlm_vk_mat *vm, jlm_vk_batch *b)
+{
+    jlm_evk *v = evk(k);
+    jlm_k_mat m[3];
+    jlm_vk_mat v1, vl;
+    jlm_ex_mla_sheet_ends(k->e, &k->b, role, m);
+    *b = (jlm_vk_batch){0};
+    int fl = jlm_fmt_type_traits(m[0].type)->is_float;
+    if (m[0].k != kk || m[0].rows != rows)
+        return UNSUP;
+    if ((!fl && (!jlm_vk_can_quantize(v->vk) || io.ss % 32 || io.shs % 32 || kk % 32)) ||
+        jlm_evk_planes(v, &m[0], vm, 0, NULL) || jlm_evk_planes(v, &m[1], &v1, 0, NULL) ||
+        jlm_evk_planes(v, &m[2], &vl, 0, NULL))
+        return JLM_OK;
+    const jlm_vk_view *p0[3] = {&vm->qs, &vm->d, &vm->sc}, *p1[3] = {&v1.qs, &v1.d, &v1.sc},
+                      *pl[3] = {&vl.qs, &vl.d, &vl.sc};
+    uint64_t st[3] = {0, 0, 0};
+    for (int i = 0; i < 3; i++) {
+        if (!p0[i]->buf)
+            continue;
+        st[i] = p1[i]->off - p0[i]->off;
+        if (p1[i]->buf != p0[i]->buf || pl[i]->buf != p0[i]->buf || p1[i]->off < p0[i]->off || st[i] % 4 ||
+            pl[i]->off != p0[i]->off + (d->nh - 1) * st[i] ||
+            pl[i]->off + pl[i]->len - p0[i]->off > jlm_vk_max_binding(v->vk))
+            return JLM_OK;
+    }
+    *b = (jlm_vk_batch){(uint32_t)d->nh, io.ss, io.ds, io.shs, io.dhs, st[0], st[1], st[2]};
+    return JLM_OK;
+}
+
+/* For each head h: rows (src + h * shs, stride ss, kk floats) times sheet h
+ * of role -> rows (dst + h * dhs, stride ds, rows floats): one batched
+ * matvec (quantized: the input's rows quantized once, whole), or a matvec a head. */
+static int heads_mm(const jlm_exd *k, const mla_dims *d, uint16_t role, uint64_t kk, uint64_t rows, head_io io)
+{
+    jlm_evk *v = evk(k);
+    jlm_vk_mat vm;
+    jlm_vk_batch bt;
+    int rc = batch_of(k, d, role, kk, rows, io, &vm, &bt);
+    if (rc || !bt.n)
+        return rc ? rc : heads_one_by_one(k, d, role, kk, rows, io);
+    if (k->dry)
+        return JLM_OK;
+    uint32_t n = k->b.n;
+    uint64_t nx = n * io.ss;
+    jlm_vk_view x = {io.src.buf, io.src.off, nx * 4}, y = {io.dst.buf, io.dst.off, n * io.ds * 4};
+    jlm_vk_act va = {kk, sv(k, d, RG_XQ, 0, nx / 4), sv(k, d, RG_XD, 0, nx / 32), sv(k, d, RG_XS, 0, nx / 32), n};
+    int fl = jlm_fmt_type_traits(vm.type)->is_float;
+    rc = fl ? JLM_OK : jlm_vk_quantize(v->vk, x, nx, &va, k->err);
+    v->st.matmuls++;
+    v->st.sheet_matvecs++;
+    return rc ? rc : jlm_vk_matmul_batch(v->vk, &vm, &bt, n, fl ? x : (jlm_vk_view){0}, fl ? NULL : &va, y, k->err);
 }
 
 /* The shapes the views need aligned, and the cache's type. */

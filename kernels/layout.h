@@ -36,7 +36,7 @@
 #endif
 
 /* Bytes vk.c pushes at every dispatch (its pipeline layout's one range). */
-#define JLM_PUSH_MAX 64
+#define JLM_PUSH_MAX 80
 
 /* ---------------------------------------------------------------- stored type codes */
 
@@ -54,9 +54,13 @@ enum { JLM_KT_LIST(JLM_KT_ENUM_) JLM_KT_END_ };
 /* matvec.comp: y = W x over rows [r0, r1) (float types) or the k-chunk of
  * 32-element units [u_lo, u_hi) (quantized types); qd/dd/sd: what the shader
  * adds to a word index of the qs/d/sc plane to address its bound window (mod
- * 2^32); accum: continue the sum from y; ntok: tokens of one dispatch. */
+ * 2^32); accum: continue the sum from y; ntok: tokens of one dispatch; tx/ty:
+ * elements from one token's activations/outputs to the next; bx/by, bq/bd/bs:
+ * from one sheet of a batch (the grid's z) to the next, in activation and
+ * output elements and in qs/d/sc plane words. */
 #define JLM_PUSH_MATVEC_FIELDS(U, F) \
-    U(k) U(rows) U(u_lo) U(u_hi) U(qd) U(dd) U(sd) U(accum) U(r0) U(r1) U(ntok)
+    U(k) U(rows) U(u_lo) U(u_hi) U(qd) U(dd) U(sd) U(accum) U(r0) U(r1) U(ntok) \
+    U(tx) U(ty) U(bx) U(by) U(bq) U(bd) U(bs)
 #define JLM_PUSH_RMSNORM_FIELDS(U, F) U(n) U(has_w) F(eps)
 #define JLM_PUSH_LAYERNORM_FIELDS(U, F) U(n) U(has_w) U(has_b) F(eps)
 #define JLM_PUSH_SOFTMAX_FIELDS(U, F) U(n)
@@ -82,7 +86,7 @@ enum { JLM_KT_LIST(JLM_KT_ENUM_) JLM_KT_END_ };
 /* X(block, NAME, bytes, last field): every layout above, with its hand-kept
  * size and last field (invariant 2). */
 #define JLM_LAYOUT_LIST(X) \
-    X(push_matvec, PUSH_MATVEC, 44, ntok) \
+    X(push_matvec, PUSH_MATVEC, 72, bs) \
     X(push_rmsnorm, PUSH_RMSNORM, 12, eps) \
     X(push_layernorm, PUSH_LAYERNORM, 16, eps) \
     X(push_softmax, PUSH_SOFTMAX, 4, n) \

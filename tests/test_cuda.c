@@ -813,6 +813,86 @@ Test(cuda, the_emulated_matvec_equals_ref_only_after_waiting_for_its_copies)
     gen_mat_free(&g);
 }
 
+/* jlm_cu_rt_matvec_batch on the emulated device: nb sheets back to back in
+ * each plane (a 3-D tensor: deepseek2's attn_k_b / attn_v_b), token t of
+ * sheet h reading its floats at t*tx + h*bx (gaps between tokens) or act
+ * record h*rs + t, writing at t*ty + h*by: byte for byte what one
+ * jlm_cu_rt_matvec a sheet and a token writes (the per-head path) and the
+ * CPU reference, gaps untouched. */
+static void check_batch(jlm_cu_rt *r, uint8_t type, uint64_t k, uint64_t rows, uint32_t nb, uint32_t n,
+                        uint64_t *seed)
+{
+    const jlm_type_traits *tr = jlm_fmt_type_traits(type);
+    int fl = tr->is_float;
+    gen_batch g;
+    cr_assert_eq(gen_batch_make(&g, type, k, rows, nb, n, seed), 0);
+    uint64_t rs = n + 1, nx = n * g.tx, ny = n * g.ty;
+    float *y0 = malloc(ny * 4), *y1 = malloc(ny * 4);
+    void *dq, *dd, *ds, *dx, *daq, *dad, *das, *drec, *dy0, *dy1;
+    cr_assert_eq(jlm_cu_rt_alloc(r, nb * g.ql, &dq) | jlm_cu_rt_alloc(r, nb * g.dl + 4, &dd) |
+                 jlm_cu_rt_alloc(r, nb * g.sl + 4, &ds) | jlm_cu_rt_alloc(r, nx * 4, &dx) |
+                 jlm_cu_rt_alloc(r, nx, &daq) | jlm_cu_rt_alloc(r, nx / 8 + 4, &dad) |
+                 jlm_cu_rt_alloc(r, nx / 8 + 4, &das) | jlm_cu_rt_alloc(r, nb * rs * sizeof(jlm_cu_act), &drec) |
+                 jlm_cu_rt_alloc(r, ny * 4, &dy0) | jlm_cu_rt_alloc(r, ny * 4, &dy1), 0);
+    jlm_cu_act *rec = calloc(nb * rs, sizeof *rec);
+    for (uint32_t h = 0; h < nb; h++)
+        for (uint32_t t = 0; t < n; t++) {
+            uint64_t o = t * g.tx + h * g.bx;
+            rec[h * rs + t] = (jlm_cu_act){k, (int8_t *)daq + o, (float *)dad + o / 32, (int16_t *)das + o / 16};
+        }
+    const int CS = JLM_CU_S_COMPUTE;
+    cr_assert_eq(jlm_cu_rt_h2d(r, dq, g.q, nb * g.ql, CS) | jlm_cu_rt_h2d(r, dd, g.d, nb * g.dl, CS) |
+                 jlm_cu_rt_h2d(r, ds, g.s, nb * g.sl, CS) | jlm_cu_rt_h2d(r, dx, g.x, nx * 4, CS) |
+                 jlm_cu_rt_h2d(r, daq, g.aq, nx, CS) | jlm_cu_rt_h2d(r, dad, g.ad, nx / 8, CS) |
+                 jlm_cu_rt_h2d(r, das, g.as, nx / 8, CS) | jlm_cu_rt_h2d(r, drec, rec, nb * rs * sizeof *rec, CS) |
+                 jlm_cu_rt_h2d(r, dy0, g.ref, ny * 4, CS) | jlm_cu_rt_h2d(r, dy1, g.ref, ny * 4, CS), 0);
+    jlm_cu_mat cm;
+    jlm_cu_mat_from(&g.m, &cm);
+    cm.qs = dq;
+    cm.d = g.dl ? dd : NULL;
+    cm.sc = g.sl ? ds : NULL;
+    const float *xf = fl ? dx : NULL;
+    const jlm_cu_act *xr = fl ? NULL : drec;
+    jlm_cu_batch b = {nb, g.tx, g.ty, g.bx, g.by, g.ql, g.dl, g.sl, rs}, one = {1, 0, 0, 0, 0, 0, 0, 0, 0};
+    for (uint32_t h = 0; h < nb; h++) {   /* the per-head path: a launch a sheet and a token */
+        jlm_cu_mat mh = jlm_cu_batch_sheet(&cm, &b, h);
+        for (uint32_t t = 0; t < n; t++)
+            cr_assert_eq(jlm_cu_rt_matvec_batch(r, &mh, &one, 1, xf ? xf + t * g.tx + h * g.bx : NULL,
+                                                xr ? xr + h * rs + t : NULL, (float *)dy0 + t * g.ty + h * g.by, CS),
+                         0, "%s", jlm_cu_rt_error(r));
+    }
+    cr_assert_eq(jlm_cu_rt_matvec_batch(r, &cm, &b, n, xf, xr, dy1, CS), 0, "%s", jlm_cu_rt_error(r));
+    cr_assert_eq(jlm_cu_rt_d2h(r, y0, dy0, ny * 4, CS) | jlm_cu_rt_d2h(r, y1, dy1, ny * 4, CS) |
+                 jlm_cu_rt_sync(r, CS), 0, "%s", jlm_cu_rt_error(r));
+    for (uint64_t i = 0; i < ny; i++)
+        cr_assert(!memcmp(&y0[i], &y1[i], 4) && !memcmp(&y0[i], &g.ref[i], 4),
+                  "%s k %llu rows %llu, %u sheets, %u tokens: token %llu at %llu: batched %.9g per head %.9g ref %.9g",
+                  tr->name, (unsigned long long)k, (unsigned long long)rows, nb, n, (unsigned long long)(i / g.ty),
+                  (unsigned long long)(i % g.ty), y1[i], y0[i], g.ref[i]);
+    void *dev[] = {dq, dd, ds, dx, daq, dad, das, drec, dy0, dy1};
+    for (size_t i = 0; i < sizeof dev / sizeof dev[0]; i++)
+        jlm_cu_rt_free(r, dev[i]);
+    free(y0), free(y1), free(rec);
+    gen_batch_free(&g);
+}
+
+Test(cuda, batched_matvec_of_sheets_is_each_sheets_matvec_bit_for_bit)
+{
+    jlm_cu_rt *r = emu_open();
+    uint64_t seed = 0x6a09e667f3bcc909ull;
+    static const uint32_t NB[] = {1, 3, 4}, NT[] = {1, 5, 2};
+    for (int i = 0; i < 12; i++) {
+        const jlm_type_traits *t = jlm_fmt_type_traits(GEN_TYPES[i]);
+        uint64_t k = t->is_float ? 64 : 2 * (uint64_t)t->sub * t->super_sub;
+        for (size_t j = 0; j < 3; j++)
+            check_batch(r, GEN_TYPES[i], k, j == 1 ? 33 : 40, NB[j], NT[j], &seed);
+    }
+    jlm_cu_batch bad = {2, 64, 40, 64, 40, 4, 0, 0, 0};   /* records of sheet 1 over sheet 0's */
+    jlm_cu_mat cm = {0};
+    cr_assert_neq(jlm_cu_rt_matvec_batch(r, &cm, &bad, 3, NULL, NULL, NULL, JLM_CU_S_COMPUTE), 0);
+    jlm_cu_rt_close(r);
+}
+
 /* ---------------------------------------------------------------- the engine on CUDA (emulated) */
 
 /* The engine's CUDA backend on the emulated device, with 64 KiB staging
@@ -1126,6 +1206,30 @@ Test(cuda, moe_blocks_on_the_emulated_device_give_the_cpus_ids_in_a_round_trip_a
     free(dir);
 }
 
+/* Each device layer's attn_k_b and attn_v_b sheets: one batched launch each
+ * for all heads and rows, a prompt's and a decoded token's alike (a launch a
+ * head made 2 n_head a layer). */
+static void sheet_launches(jlm_engine *ev, uint32_t on, const char *model, const char *what)
+{
+    static const int32_t PROMPT[5] = {1, 10, 20, 30, 40};
+    uint32_t nv = jlm_engine_n_vocab(ev), nh = jlm_engine_model(ev)->config.n_head;
+    float *lg = malloc((uint64_t)nv * 5 * 4);
+    jlm_dev_stats s0, s1, s2;
+    jlm_err err = {0};
+    jlm_engine_rewind(ev, 0);
+    jlm_engine_dev_stats(ev, &s0);
+    cr_assert_eq(jlm_engine_eval(ev, PROMPT, 5, lg, &err), 0, "%s", err.msg);
+    jlm_engine_dev_stats(ev, &s1);
+    cr_assert_eq(jlm_engine_eval(ev, PROMPT, 1, lg, &err), 0, "%s", err.msg);
+    jlm_engine_dev_stats(ev, &s2);
+    cr_assert(nh > 1);
+    cr_assert(s1.sheet_matvecs - s0.sheet_matvecs == 2ull * on && s2.sheet_matvecs - s1.sheet_matvecs == 2ull * on,
+              "%s (%s): sheet launches: %llu for the prompt, %llu for a decoded token (%u device layers, %u heads; "
+              "want 2 a layer)", model, what, (unsigned long long)(s1.sheet_matvecs - s0.sheet_matvecs),
+              (unsigned long long)(s2.sheet_matvecs - s1.sheet_matvecs), on, nh);
+    free(lg);
+}
+
 /* deepseek2's latent attention on the emulated device (engine/exec_cu_mla.c:
  * the latent and the shared RoPE key cached there, each head's query
  * through its attn_k_b sheet, one KV head, each head's output through its
@@ -1163,6 +1267,7 @@ Test(cuda, deepseek2_latent_attention_blocks_run_whole_on_the_emulated_device, .
             cr_assert(act <= (uint64_t)c->n_embd * 4 + (uint64_t)nv * 4 + 4096,
                       "%s (%s): %llu activation bytes a decoded token (embedding %u, logits %u)", MODELS[m],
                       CFG[i].what, (unsigned long long)act, c->n_embd * 4, nv * 4);
+            sheet_launches(ev, on, MODELS[m], CFG[i].what);
             jlm_engine_close(ev);
             jlm_engine_close(ec);
         }

@@ -238,6 +238,84 @@ Test(vulkan, matmul_of_several_tokens_is_each_tokens_matvec_bit_for_bit)
     }
 }
 
+/* jlm_vk_matmul_batch: nb sheets back to back in each plane (a 3-D tensor:
+ * deepseek2's attn_k_b / attn_v_b), token t of sheet h reading its
+ * activations at t*tx + h*bx (gaps between tokens) and writing at t*ty + h*by:
+ * every (sheet, token) row bit-identical to jlm_k_matvec_ref of that sheet
+ * alone (what the per-sheet jlm_vk_matmul gives, tests above), and nothing
+ * written outside those rows. */
+static void check_batch(jlm_vk *vk, uint8_t type, uint64_t k, uint64_t rows, uint32_t nb, uint32_t n, uint64_t *seed)
+{
+    const jlm_type_traits *tr = jlm_fmt_type_traits(type);
+    uint64_t ql, dl, sl, bx = k, tx = nb * k + 32, by = rows, ty = nb * rows + 5;
+    cr_assert(jlm_fmt_planes(type, k, rows, &ql, &dl, &sl, NULL) == 0);
+    cr_assert(ql % 4 == 0 && dl % 4 == 0 && sl % 4 == 0);
+    uint8_t *pq = calloc(nb, ql + 4), *pd = calloc(nb, dl + 4), *ps = calloc(nb, sl + 4);
+    float *x = calloc(n * tx, 4), *yc = malloc(n * ty * 4);
+    uint8_t *aqb = calloc(n * tx, 1), *adb = calloc(n * tx / 8, 1), *asb = calloc(n * tx / 8, 1);
+    void *abuf = malloc(jlm_k_act_q8_bytes(k));
+    jlm_act_q8 xq;
+    jlm_err err = {0};
+    cr_assert(jlm_k_act_q8_init(&xq, abuf, k, &err) == 0);
+    memset(yc, 0xff, n * ty * 4);
+    for (uint32_t h = 0; h < nb; h++) {
+        tmat t;
+        tmat_make(&t, type, k, rows, seed);
+        memcpy(pq + h * ql, t.qs, ql);
+        memcpy(pd + h * dl, t.d, dl);
+        memcpy(ps + h * sl, t.sc, sl);
+        for (uint32_t i = 0; i < n; i++) {
+            uint64_t o = i * tx + h * bx;
+            rand_act(x + o, k, seed, (int)((i + h) % 5));
+            jlm_k_quantize_act(x + o, &xq);
+            jlm_k_matvec_ref(&t.m, x + o, &xq, yc + i * ty + h * by, 0, rows);
+            memcpy(aqb + o, xq.q, k);
+            memcpy(adb + o / 8, xq.d, k / 8);
+            memcpy(asb + o / 8, xq.sum16, k / 8);
+        }
+        tmat_free(&t);
+    }
+    jlm_vk_buf *bq = up(vk, pq, nb * ql), *bd = dl ? up(vk, pd, nb * dl) : NULL, *bs = sl ? up(vk, ps, nb * sl) : NULL;
+    jlm_vk_buf *bxb = up(vk, x, n * tx * 4), *byb = up(vk, yc, n * ty * 4);
+    memset(jlm_vk_buf_map(byb), 0xff, n * ty * 4);
+    jlm_vk_buf *aq = up(vk, aqb, n * tx), *ad = up(vk, adb, n * tx / 8), *as = up(vk, asb, n * tx / 8);
+    jlm_vk_mat m = {type, k, rows, {bq, 0, ql}, {bd, 0, dl}, {bs, 0, sl}};
+    jlm_vk_act va = {k, whole(aq), whole(ad), whole(as), n};
+    jlm_vk_batch b = {nb, tx, ty, bx, by, ql, dl, sl};
+    cr_assert(jlm_vk_matmul_batch(vk, &m, &b, n, tr->is_float ? whole(bxb) : (jlm_vk_view){0},
+                                  tr->is_float ? NULL : &va, whole(byb), &err) == 0, "%s", err.msg);
+    const float *yg = fmap(byb);
+    for (uint64_t i = 0; i < n * ty; i++)   /* the gaps stay as written (0xff bytes: NaN) */
+        cr_assert(!memcmp(&yg[i], &yc[i], 4), "%s k %llu rows %llu, %u sheets, %u tokens: token %llu at %llu: "
+                  "vulkan %.9g cpu %.9g", tr->name, (unsigned long long)k, (unsigned long long)rows, nb, n,
+                  (unsigned long long)(i / ty), (unsigned long long)(i % ty), yg[i], yc[i]);
+    jlm_vk_buf *all[] = {bq, bd, bs, bxb, byb, aq, ad, as};
+    for (size_t i = 0; i < sizeof all / sizeof all[0]; i++)
+        jlm_vk_buf_free(vk, all[i]);
+    void *mem[] = {pq, pd, ps, x, yc, aqb, adb, asb, abuf};
+    for (size_t i = 0; i < sizeof mem / sizeof mem[0]; i++)
+        free(mem[i]);
+}
+
+Test(vulkan, batched_matvec_of_sheets_is_each_sheets_matvec_bit_for_bit)
+{
+    jlm_vk *vk = open_or_skip();
+    uint64_t seed = 0x6a09e667f3bcc909ull;
+    static const uint32_t NB[] = {1, 3, 4}, NT[] = {1, 5, 9};
+    for (size_t i = 0; i < sizeof TYPES; i++) {
+        const jlm_type_traits *tr = jlm_fmt_type_traits(TYPES[i]);
+        uint64_t super = (uint64_t)tr->sub * tr->super_sub, k = tr->is_float ? 64 : 2 * super;
+        for (size_t j = 0; j < 3; j++)
+            check_batch(vk, TYPES[i], k, j == 1 ? 130 : 67, NB[j], NT[j], &seed);
+    }
+    jlm_err err = {0};
+    jlm_vk_mat m = {.type = JLM_T_Q8_0, .k = 32, .rows = 4};
+    jlm_vk_batch bad = {2, 33, 4, 32, 4, 136, 0, 0};   /* an activation stride off a 32-block */
+    cr_assert_eq(jlm_vk_matmul_batch(vk, &m, &bad, 1, (jlm_vk_view){0}, NULL, (jlm_vk_view){0}, &err), JLM_EINVAL);
+    cr_assert(strstr(err.msg, "bad strides"), "%s", err.msg);
+    jlm_vk_close(vk);
+}
+
 Test(vulkan, matvec_rejects_a_view_past_its_buffer)
 {
     jlm_vk *vk = open_or_skip();
@@ -1558,7 +1636,9 @@ Test(vulkan, sigmoid_routed_moe_blocks_run_whole_on_the_device, .timeout = 300)
  * tolerance, a decoded token in at most a round trip a MoE block plus one,
  * its activations within its embedding, its logits and 4 KiB), where a
  * host-side latent attention made one round trip a matmul (258 for 5 tokens);
- * and with an F16 cache, the lockstep logits of the CPU's F16 cache. */
+ * and with an F16 cache, the lockstep logits of the CPU's F16 cache, and
+ * each layer's attn_k_b and attn_v_b as one batched matvec each (2 a layer,
+ * independent of n_head). */
 Test(vulkan, deepseek2_latent_attention_blocks_run_whole_on_the_device, .timeout = 300)
 {
     static const char *MODELS[] = {"synth-deepseek2-256.Q8_0", "synth-deepseek2-256.Q4_K_M"};
@@ -1576,6 +1656,25 @@ Test(vulkan, deepseek2_latent_attention_blocks_run_whole_on_the_device, .timeout
     jlm_engine_dev_stats(ev, &st);
     cr_assert(st.fallbacks == 0 && st.waits <= 8 * 3, "--kv f16: %llu round trips for 8 evals, %llu refused",
               (unsigned long long)st.waits, (unsigned long long)st.fallbacks);
+    /* each layer's attn_k_b and attn_v_b sheets: one batched matvec each for all heads and rows, a
+     * prompt's and a decoded token's alike (a matvec a head made 2 n_head a layer) */
+    const jlm_config *cf = &jlm_engine_model(ev)->config;
+    uint32_t nv = jlm_engine_n_vocab(ev);
+    float *lg = malloc((uint64_t)nv * 5 * 4);
+    jlm_dev_stats s0, s1, s2;
+    jlm_engine_rewind(ev, 0);
+    jlm_engine_dev_stats(ev, &s0);
+    cr_assert_eq(jlm_engine_eval(ev, MOE_PROMPT, 5, lg, &err), 0, "%s", err.msg);
+    jlm_engine_dev_stats(ev, &s1);
+    cr_assert_eq(jlm_engine_eval(ev, MOE_PROMPT, 1, lg, &err), 0, "%s", err.msg);
+    jlm_engine_dev_stats(ev, &s2);
+    cr_assert(cf->n_head > 1);
+    cr_assert(s1.sheet_matvecs - s0.sheet_matvecs == 2ull * cf->n_layer &&
+                  s2.sheet_matvecs - s1.sheet_matvecs == 2ull * cf->n_layer,
+              "sheet matvecs: %llu for the prompt, %llu for a decoded token (%u layers, %u heads; want 2 a layer)",
+              (unsigned long long)(s1.sheet_matvecs - s0.sheet_matvecs),
+              (unsigned long long)(s2.sheet_matvecs - s1.sheet_matvecs), cf->n_layer, cf->n_head);
+    free(lg);
     jlm_engine_close(ev);
     jlm_engine_close(ec);
     free(path);

@@ -71,6 +71,27 @@ typedef struct jlm_cu_act {
     int16_t *sum16;
 } jlm_cu_act;
 
+/* A batch of sheets of one shape in one matvec grid (jlm_cu_k_matvec;
+ * deepseek2's per-head attn_k_b / attn_v_b): sheet h's qs/d/sc planes q/d/s
+ * bytes (multiples of 4) after sheet h-1's; token t of sheet h reads its
+ * floats at x + t*tx + h*bx or its act record h*rs + t, and writes its rows
+ * at y + t*ty + h*by. A plain matvec is the batch {1, k, rows, 0, ...}. */
+typedef struct jlm_cu_batch {
+    uint64_t n, tx, ty, bx, by, q, d, s, rs;
+} jlm_cu_batch;
+
+/* Sheet h of the batch whose sheet 0 is m. */
+JLM_CU_HD jlm_cu_mat jlm_cu_batch_sheet(const jlm_cu_mat *m, const jlm_cu_batch *b, uint64_t h)
+{
+    jlm_cu_mat s = *m;
+    s.qs = (const uint8_t *)m->qs + h * b->q;
+    if (m->d)
+        s.d = (const uint32_t *)(const void *)((const uint8_t *)m->d + h * b->d);
+    if (m->sc)
+        s.sc = (const uint32_t *)(const void *)((const uint8_t *)m->sc + h * b->s);
+    return s;
+}
+
 /* ---------------------------------------------------------------- scalar conversions */
 
 JLM_CU_HD float jlm_cu_bits_f32(uint32_t bits)

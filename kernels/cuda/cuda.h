@@ -83,6 +83,9 @@ void jlm_cu_rope_from(const jlm_k_rope *p, jlm_cu_rope *out);
  * buffers are device memory, y (n, rows). Return 0 or a cudaError_t. */
 int jlm_cu_launch_matvec(const jlm_cu_mat *m, uint64_t n, const float *x, const jlm_cu_act *xq,
                          float *y, void *stream);
+/* b->n sheets (<= 65535) in one grid (body.h's jlm_cu_batch; xq: record h*rs + t). */
+int jlm_cu_launch_matvec_batch(const jlm_cu_mat *m, const jlm_cu_batch *b, uint64_t n, const float *x,
+                               const jlm_cu_act *xq, float *y, void *stream);
 int jlm_cu_launch_quantize(const float *x, const jlm_cu_act *a, void *stream);
 int jlm_cu_launch_rmsnorm(float *out, const float *x, const float *w, uint64_t n, float eps, void *stream);
 /* rows rows of n floats (row i at x + i*n, out + i*n), a block each. */

@@ -17,13 +17,18 @@
 // previous chunk from the other (body.h, "matvec grid").
 // __launch_bounds__: up to 32 warps a block (jlm_cu_mv_warps), so ptxas keeps
 // the registers within 64 a thread or a 1024-thread block could not launch.
-__global__ void __launch_bounds__(1024) jlm_cu_k_matvec(jlm_cu_mat m, const float *x, const jlm_cu_act *xq, float *y)
+// blockIdx.z: the sheet of a batch (body.h's jlm_cu_batch; one for a plain
+// matvec): the same block on sheet z's planes, its token's activations and
+// its own rows.
+__global__ void __launch_bounds__(1024) jlm_cu_k_matvec(jlm_cu_mat m0, jlm_cu_batch b, const float *x,
+                                                        const jlm_cu_act *xq, float *y)
 {
     __shared__ float sh[2][JLM_CU_MV_CHUNK * JLM_CU_MV_PITCH];
     const unsigned lane = threadIdx.x, wy = threadIdx.y, workers = blockDim.y - 1;
-    const uint64_t r0 = (uint64_t)blockIdx.x * 32, tok = blockIdx.y;
-    const float *xt = x ? x + tok * m.k : NULL;
-    const jlm_cu_act *at = xq ? &xq[tok] : NULL;
+    const uint64_t r0 = (uint64_t)blockIdx.x * 32, tok = blockIdx.y, h = blockIdx.z;
+    const jlm_cu_mat m = jlm_cu_batch_sheet(&m0, &b, h);
+    const float *xt = x ? x + tok * b.tx + h * b.bx : NULL;
+    const jlm_cu_act *at = xq ? &xq[h * b.rs + tok] : NULL;
     const uint64_t nch = (jlm_cu_n_terms(&m) + JLM_CU_MV_CHUNK - 1) / JLM_CU_MV_CHUNK;
     float acc = 0.0f;
     for (uint64_t c = 0; c <= nch; c++) {
@@ -34,7 +39,7 @@ __global__ void __launch_bounds__(1024) jlm_cu_k_matvec(jlm_cu_mat m, const floa
         __syncthreads();
     }
     if (wy == 0 && r0 + lane < m.rows)
-        y[tok * m.rows + r0 + lane] = acc;
+        y[tok * b.ty + h * b.by + r0 + lane] = acc;
 }
 
 __global__ void jlm_cu_k_quantize(const float *x, jlm_cu_act a)
@@ -190,12 +195,20 @@ static int launched(void)
 
 extern "C" {
 
+int jlm_cu_launch_matvec_batch(const jlm_cu_mat *m, const jlm_cu_batch *b, uint64_t n, const float *x,
+                               const jlm_cu_act *xq, float *y, void *stream)
+{
+    uint64_t blocks = (uint64_t)blocks_for(m->rows, 32) * n * b->n;
+    dim3 grid(blocks_for(m->rows, 32), (unsigned)n, (unsigned)b->n), block(32, mv_warps(blocks));
+    jlm_cu_k_matvec<<<grid, block, 0, (cudaStream_t)stream>>>(*m, *b, x, xq, y);
+    return launched();
+}
+
 int jlm_cu_launch_matvec(const jlm_cu_mat *m, uint64_t n, const float *x, const jlm_cu_act *xq,
                          float *y, void *stream)
 {
-    dim3 grid(blocks_for(m->rows, 32), (unsigned)n), block(32, mv_warps((uint64_t)blocks_for(m->rows, 32) * n));
-    jlm_cu_k_matvec<<<grid, block, 0, (cudaStream_t)stream>>>(*m, x, xq, y);
-    return launched();
+    jlm_cu_batch b = {1, m->k, m->rows, 0, 0, 0, 0, 0, 0};
+    return jlm_cu_launch_matvec_batch(m, &b, n, x, xq, y, stream);
 }
 
 int jlm_cu_launch_quantize(const float *x, const jlm_cu_act *a, void *stream)

@@ -58,8 +58,9 @@ typedef struct emu_op {
     const uint8_t *src;          /* COPY: read when the op runs (pinned or device source) */
     uint8_t       *snap;         /* COPY: the pageable source, taken at the call */
     uint64_t       n;
-    jlm_cu_mat     m;            /* MATVEC */
-    uint64_t       plane[3];     /* MATVEC: the qs, d and sc planes' bytes (checked at the launch) */
+    jlm_cu_mat     m;            /* MATVEC: sheet 0 of the batch b */
+    jlm_cu_batch   b;
+    uint64_t       plane[3];     /* MATVEC: the qs, d and sc planes' bytes, every sheet's (checked at the launch) */
     const float   *x;
     const jlm_cu_act *xq;
     float         *y;
@@ -207,9 +208,9 @@ static int emu_until(jlm_cu_rt *r, int ev, uint64_t seq)
     return rc;
 }
 
-/* The jlm_cu_k_matvec grid on the host (harness.c), token by token. The act
- * records are read here, when the launch runs: they are device memory that a
- * queued copy may have filled. */
+/* The jlm_cu_k_matvec grid on the host (harness.c), sheet by sheet, token by
+ * token. The act records are read here, when the launch runs: they are device
+ * memory that a queued copy may have filled. */
 static int emu_matvec(jlm_cu_rt *r, int s, const emu_op *op)
 {
     const jlm_cu_mat *m = &op->m;
@@ -218,8 +219,10 @@ static int emu_matvec(jlm_cu_rt *r, int s, const emu_op *op)
         r->fault = 1;
         return EMU_FAULT;
     }
-    for (uint64_t t = 0; t < op->n; t++) {
-        const jlm_cu_act *a = op->xq ? &op->xq[t] : NULL;
+    for (uint64_t i = 0; i < op->b.n * op->n; i++) {
+        uint64_t h = i / op->n, t = i % op->n;
+        const jlm_cu_act *a = op->xq ? &op->xq[h * op->b.rs + t] : NULL;
+        jlm_cu_mat mh = jlm_cu_batch_sheet(m, &op->b, h);
         if (a && (a->k != m->k || emu_dev(r, a->q, m->k, "act codes") || emu_dev(r, a->d, m->k / 32 * 4, "act scales") ||
                   emu_dev(r, a->sum16, m->k / 16 * 2, "act sums"))) {
             if (a->k != m->k)
@@ -228,8 +231,8 @@ static int emu_matvec(jlm_cu_rt *r, int s, const emu_op *op)
             r->fault = 1;
             return EMU_FAULT;
         }
-        jlm_cu_grid_matvec(m, op->x ? op->x + t * m->k : NULL, a, op->y + t * m->rows,
-                           jlm_cu_mv_warps((m->rows + 31) / 32 * op->n));
+        jlm_cu_grid_matvec(&mh, op->x ? op->x + t * op->b.tx + h * op->b.bx : NULL, a,
+                           op->y + t * op->b.ty + h * op->b.by, jlm_cu_mv_warps((m->rows + 31) / 32 * op->n * op->b.n));
     }
     return 0;
 }
@@ -713,40 +716,54 @@ int jlm_cu_rt_sync(jlm_cu_rt *r, int stream)
 
 /* ---------------------------------------------------------------- matvec */
 
-static int emu_launch(jlm_cu_rt *r, const jlm_cu_mat *m, uint64_t n, const float *x, const jlm_cu_act *xq, float *y,
-                      int stream)
+static int emu_launch(jlm_cu_rt *r, const jlm_cu_mat *m, const jlm_cu_batch *b, uint64_t n, const float *x,
+                      const jlm_cu_act *xq, float *y, int stream)
 {
-    uint64_t ql, dl, sl;
+    uint64_t ql, dl, sl, h1 = b->n - 1;
     jlm_err err = {0};
     if (jlm_fmt_planes(m->type, m->k, m->rows, &ql, &dl, &sl, &err))
         return failf(r, EMU_FAULT, "cuda emulation: matvec: %s", err.msg);
     int fl = jlm_fmt_type_traits(m->type)->is_float;
+    ql += h1 * b->q, dl += dl ? h1 * b->d : 0, sl += sl ? h1 * b->s : 0;
     if (emu_dev(r, m->qs, ql, "matvec: qs plane") || emu_dev(r, m->d, dl, "matvec: d plane") ||
-        emu_dev(r, m->sc, sl, "matvec: sc plane") || emu_dev(r, y, n * m->rows * 4, "matvec: result"))
+        emu_dev(r, m->sc, sl, "matvec: sc plane") ||
+        emu_dev(r, y, ((n - 1) * b->ty + h1 * b->by + m->rows) * 4, "matvec: result"))
         return EMU_FAULT;
     if (fl ? !x : !xq)
         return failf(r, EMU_FAULT, "cuda emulation: matvec: no activations");
-    if (fl ? emu_dev(r, x, n * m->k * 4, "matvec: activations") : emu_dev(r, xq, n * sizeof *xq, "matvec: act records"))
+    if (fl ? emu_dev(r, x, ((n - 1) * b->tx + h1 * b->bx + m->k) * 4, "matvec: activations")
+           : emu_dev(r, xq, (h1 * b->rs + n) * sizeof *xq, "matvec: act records"))
         return EMU_FAULT;
-    emu_op op = {.kind = OP_MATVEC, .m = *m, .plane = {ql, dl, sl}, .n = n, .x = fl ? x : NULL, .xq = fl ? NULL : xq,
-                 .y = y};
+    emu_op op = {.kind = OP_MATVEC, .m = *m, .b = *b, .plane = {ql, dl, sl}, .n = n, .x = fl ? x : NULL,
+                 .xq = fl ? NULL : xq, .y = y};
     return emu_push(r, stream, &op);
 }
 
 int jlm_cu_rt_matvec(jlm_cu_rt *r, const jlm_cu_mat *m, uint64_t n, const float *x, const jlm_cu_act *xq, float *y,
                      int stream)
 {
+    jlm_cu_batch b = {1, m->k, m->rows, 0, 0, 0, 0, 0, 0};
+    return jlm_cu_rt_matvec_batch(r, m, &b, n, x, xq, y, stream);
+}
+
+int jlm_cu_rt_matvec_batch(jlm_cu_rt *r, const jlm_cu_mat *m, const jlm_cu_batch *b, uint64_t n, const float *x,
+                           const jlm_cu_act *xq, float *y, int stream)
+{
     if (bad_stream(r, stream))
         return EMU_FAULT;
+    if (!n || n > 65535 || !b->n || b->n > 65535 || b->q % 4 || b->d % 4 || b->s % 4 || (b->n > 1 && b->rs < n))
+        return failf(r, EMU_FAULT, "matvec: %llu sheets of %llu tokens, strides %llu/%llu/%llu: not launchable",
+                     (unsigned long long)b->n, (unsigned long long)n, (unsigned long long)b->q,
+                     (unsigned long long)b->d, (unsigned long long)b->s);
 #ifdef JLM_CUDA
     if (!r->emulated) {
-        int rc = jlm_cu_launch_matvec(m, n, x, xq, y, r->s[stream]);
+        int rc = jlm_cu_launch_matvec_batch(m, b, n, x, xq, y, r->s[stream]);
         return rc ? failf(r, rc, "matvec launch: %s (error %d)", jlm_cu_launch_error(rc), rc) : 0;
     }
 #else
     DEVICE_CALL(0, "matvec launch");
 #endif
-    EMU_LOCKED(emu_launch(r, m, n, x, xq, y, stream));
+    EMU_LOCKED(emu_launch(r, m, b, n, x, xq, y, stream));
 }
 
 /* ---------------------------------------------------------------- a whole block's kernels */

@@ -81,6 +81,12 @@ int jlm_cu_rt_stamp_ns(jlm_cu_rt *r, uint32_t i, uint32_t j, uint64_t *ns);
  * pointing at device memory), y (n, rows): all device pointers. */
 int jlm_cu_rt_matvec(jlm_cu_rt *r, const jlm_cu_mat *m, uint64_t n, const float *x, const jlm_cu_act *xq, float *y,
                      int stream);
+/* b->n sheets in one grid (kernels/cuda/body.h's jlm_cu_batch: m is sheet 0;
+ * x floats at t*tx + h*bx, or xq's record h*rs + t (rs >= n); y rows at
+ * t*ty + h*by): each (sheet, token) row as jlm_cu_rt_matvec computes it
+ * alone. n and b->n <= 65535, plane strides multiples of 4. */
+int jlm_cu_rt_matvec_batch(jlm_cu_rt *r, const jlm_cu_mat *m, const jlm_cu_batch *b, uint64_t n, const float *x,
+                           const jlm_cu_act *xq, float *y, int stream);
 
 /* A whole block's kernels (engine/exec_cu.c), queued on stream as the
  * matvec; every pointer is device memory, structs are the host's (passed by

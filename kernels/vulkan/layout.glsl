@@ -19,8 +19,8 @@ const uint T_Q5_0 = 10u;
 const uint T_MXFP4 = 11u;
 const uint T_Q5_1 = 12u;
 
-// jlm_push_matvec (kernels/layout.h), 44 bytes; byte offsets: k 0 rows 4 u_lo 8 u_hi 12 qd 16 dd 20 sd 24 accum 28 r0 32 r1 36 ntok 40
-#define JLM_PUSH_MATVEC uint k; uint rows; uint u_lo; uint u_hi; uint qd; uint dd; uint sd; uint accum; uint r0; uint r1; uint ntok;
+// jlm_push_matvec (kernels/layout.h), 72 bytes; byte offsets: k 0 rows 4 u_lo 8 u_hi 12 qd 16 dd 20 sd 24 accum 28 r0 32 r1 36 ntok 40 tx 44 ty 48 bx 52 by 56 bq 60 bd 64 bs 68
+#define JLM_PUSH_MATVEC uint k; uint rows; uint u_lo; uint u_hi; uint qd; uint dd; uint sd; uint accum; uint r0; uint r1; uint ntok; uint tx; uint ty; uint bx; uint by; uint bq; uint bd; uint bs;
 
 // jlm_push_rmsnorm (kernels/layout.h), 12 bytes; byte offsets: n 0 has_w 4 eps 8
 #define JLM_PUSH_RMSNORM uint n; uint has_w; float eps;

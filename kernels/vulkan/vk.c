@@ -674,10 +674,15 @@ static int view_check(const jlm_vk *vk, const jlm_vk_view *v, int i, jlm_err *er
     return JLM_OK;
 }
 
-/* Binds views (buf NULL: the dummy), pushes, dispatches gx x gy groups and
- * waits. */
+/* Binds views (buf NULL: the dummy), pushes, dispatches gx x gy x gz groups
+ * and waits. */
+static int dispatch3(jlm_vk *vk, VkPipeline pipe, const jlm_vk_view *views, int nview, const void *push,
+                     uint32_t push_size, uint32_t gx, uint32_t gy, uint32_t gz, jlm_err *err);
 static int dispatch2(jlm_vk *vk, VkPipeline pipe, const jlm_vk_view *views, int nview, const void *push,
-                     uint32_t push_size, uint32_t gx, uint32_t gy, jlm_err *err);
+                     uint32_t push_size, uint32_t gx, uint32_t gy, jlm_err *err)
+{
+    return dispatch3(vk, pipe, views, nview, push, push_size, gx, gy, 1, err);
+}
 
 static int dispatch(jlm_vk *vk, VkPipeline pipe, const jlm_vk_view *views, int nview, const void *push,
                     uint32_t push_size, uint32_t gx, jlm_err *err)
@@ -884,9 +889,9 @@ int jlm_vk_copy(jlm_vk *vk, jlm_vk_view dst, jlm_vk_view src, uint64_t n, jlm_er
     return vk->rec ? JLM_OK : cmd_submit(vk, err);
 }
 
-/* dispatch with gx x gy groups (the matvec's y: tokens). */
-static int dispatch2(jlm_vk *vk, VkPipeline pipe, const jlm_vk_view *views, int nview, const void *push,
-                     uint32_t push_size, uint32_t gx, uint32_t gy, jlm_err *err)
+/* dispatch with gx x gy x gz groups (the matvec's y: tokens, z: sheets). */
+static int dispatch3(jlm_vk *vk, VkPipeline pipe, const jlm_vk_view *views, int nview, const void *push,
+                     uint32_t push_size, uint32_t gx, uint32_t gy, uint32_t gz, jlm_err *err)
 {
     VkDescriptorBufferInfo bi[NBIND];
     VkWriteDescriptorSet w[NBIND];
@@ -926,7 +931,7 @@ static int dispatch2(jlm_vk *vk, VkPipeline pipe, const jlm_vk_view *views, int 
     uint8_t pbuf[JLM_PUSH_MAX] = {0};
     memcpy(pbuf, push, push_size);
     vkCmdPushConstants(vk->cmd, vk->layout, VK_SHADER_STAGE_COMPUTE_BIT, 0, JLM_PUSH_MAX, pbuf);
-    vkCmdDispatch(vk->cmd, gx, gy, 1);
+    vkCmdDispatch(vk->cmd, gx, gy, gz);
     barrier_after(vk, VK_PIPELINE_STAGE_COMPUTE_SHADER_BIT, VK_ACCESS_SHADER_WRITE_BIT);
     return vk->rec ? JLM_OK : cmd_submit(vk, err);
 }
@@ -1029,8 +1034,10 @@ int jlm_vk_matvec(jlm_vk *vk, const jlm_vk_mat *m, jlm_vk_view x, const jlm_vk_a
     return jlm_vk_matmul(vk, m, 1, x, xq, y, err);
 }
 
-int jlm_vk_matmul(jlm_vk *vk, const jlm_vk_mat *m, uint32_t ntok, jlm_vk_view x, const jlm_vk_act *xq,
-                  jlm_vk_view y, jlm_err *err)
+/* The operands' checks, the views and the pipeline of a matvec of ntok
+ * tokens (matmul and batch alike). */
+static int mv_setup(jlm_vk *vk, const jlm_vk_mat *m, uint32_t ntok, jlm_vk_view x, const jlm_vk_act *xq,
+                    jlm_vk_view y, jlm_vk_view v[8], VkPipeline *pipe, uint32_t *gy, jlm_err *err)
 {
     const jlm_type_traits *t = jlm_fmt_type_traits(m->type);
     jlm_k_mat chk = {m->type, m->k, m->rows, m->qs.buf, m->d.buf, m->sc.buf};
@@ -1042,7 +1049,8 @@ int jlm_vk_matmul(jlm_vk *vk, const jlm_vk_mat *m, uint32_t ntok, jlm_vk_view x,
         (xq && xq->n && xq->n != ntok) || (!xq && ntok != 1 && !t->is_float))
         return jlm_errf(err, JLM_EINVAL, "vulkan matvec %s: bad operands (k %llu, rows %llu)", t->name,
                         (unsigned long long)m->k, (unsigned long long)m->rows);
-    jlm_vk_view v[8] = {m->qs, m->d, m->sc};
+    memset(v, 0, 8 * sizeof *v);
+    v[0] = m->qs, v[1] = m->d, v[2] = m->sc;
     if (xq) {
         v[3] = xq->q;
         v[4] = xq->d;
@@ -1051,19 +1059,67 @@ int jlm_vk_matmul(jlm_vk *vk, const jlm_vk_mat *m, uint32_t ntok, jlm_vk_view x,
     v[6] = x;
     v[7] = y;
     int tiled = ntok > 1 && !vk->untiled;
-    uint32_t nt = tiled ? MV_TILE : 1, gy = (ntok + nt - 1) / nt;
-    VkPipeline *pipe = &vk->mv[m->type][tiled];
-    if (!*pipe) {
+    uint32_t nt = tiled ? MV_TILE : 1;
+    *gy = (ntok + nt - 1) / nt;
+    VkPipeline *p = &vk->mv[m->type][tiled];
+    if (!*p) {
         jlm_spec_matvec spec = {m->type, t->w ? t->w : 1, t->sub, t->p1, t->d_share, nt};
-        if ((rc = make_pipeline_spec(vk, K_MATVEC, &spec, pipe, err)))
+        if ((rc = make_pipeline_spec(vk, K_MATVEC, &spec, p, err)))
             return rc;
     }
+    *pipe = *p;
+    return JLM_OK;
+}
+
+/* A matvec of ntok tokens, or (b) a batch of sheets in one dispatch. */
+static int mv_run(jlm_vk *vk, const jlm_vk_mat *m, const jlm_vk_batch *b, uint32_t ntok, jlm_vk_view x,
+                  const jlm_vk_act *xq, jlm_vk_view y, jlm_err *err)
+{
+    jlm_vk_view v[8];
+    VkPipeline pipe = VK_NULL_HANDLE;
+    uint32_t gy = 1;
+    int rc = mv_setup(vk, m, ntok, x, xq, y, v, &pipe, &gy, err);
+    if (rc)
+        return rc;
     jlm_push_matvec push = {.k = (uint32_t)m->k, .rows = (uint32_t)m->rows, .u_hi = (uint32_t)(m->k / 32),
-                            .r1 = (uint32_t)m->rows, .ntok = ntok};
+                            .r1 = (uint32_t)m->rows, .ntok = ntok, .tx = (uint32_t)m->k, .ty = (uint32_t)m->rows};
     uint64_t lim = vk->max_binding;
-    if (view_len(&m->qs) <= lim && (!m->d.buf || view_len(&m->d) <= lim) && (!m->sc.buf || view_len(&m->sc) <= lim))
-        return dispatch2(vk, *pipe, v, 8, &push, sizeof push, groups(m->rows, 64), gy, err);
-    return matvec_chunked(vk, m, t, v, &push, *pipe, gy, err);
+    if (!b) {
+        if (view_len(&m->qs) <= lim && (!m->d.buf || view_len(&m->d) <= lim) &&
+            (!m->sc.buf || view_len(&m->sc) <= lim))
+            return dispatch2(vk, pipe, v, 8, &push, sizeof push, groups(m->rows, 64), gy, err);
+        return matvec_chunked(vk, m, jlm_fmt_type_traits(m->type), v, &push, pipe, gy, err);
+    }
+    /* every sheet's planes in one binding each: the views grow by the strides */
+    uint64_t stride[3] = {b->q, b->d, b->s};
+    for (int i = 0; i < 3; i++) {
+        if (!v[i].buf)
+            continue;
+        v[i].len = view_len(&v[i]) + (b->n - 1) * stride[i];
+        if (v[i].len > lim)
+            return jlm_errf(err, JLM_EUNSUPPORTED, "vulkan batched matvec %s: %u sheets exceed a binding",
+                            jlm_fmt_type_traits(m->type)->name, (unsigned)b->n);
+    }
+    push.tx = (uint32_t)b->tx, push.ty = (uint32_t)b->ty, push.bx = (uint32_t)b->bx, push.by = (uint32_t)b->by;
+    push.bq = (uint32_t)(b->q / 4), push.bd = (uint32_t)(b->d / 4), push.bs = (uint32_t)(b->s / 4);
+    return dispatch3(vk, pipe, v, 8, &push, sizeof push, groups(m->rows, 64), gy, (uint32_t)b->n, err);
+}
+
+int jlm_vk_matmul(jlm_vk *vk, const jlm_vk_mat *m, uint32_t ntok, jlm_vk_view x, const jlm_vk_act *xq,
+                  jlm_vk_view y, jlm_err *err)
+{
+    return mv_run(vk, m, NULL, ntok, x, xq, y, err);
+}
+
+int jlm_vk_matmul_batch(jlm_vk *vk, const jlm_vk_mat *m, const jlm_vk_batch *b, uint32_t ntok, jlm_vk_view x,
+                        const jlm_vk_act *xq, jlm_vk_view y, jlm_err *err)
+{
+    const jlm_type_traits *t = jlm_fmt_type_traits(m->type);
+    uint64_t xa = t->is_float ? 1 : 32, cap = UINT32_MAX;
+    if (!b->n || b->n > 65535 || b->tx % xa || b->bx % xa || b->q % 4 || b->d % 4 || b->s % 4 || b->tx > cap ||
+        b->ty > cap || b->bx > cap || b->by > cap || b->q / 4 > cap || b->d / 4 > cap || b->s / 4 > cap)
+        return jlm_errf(err, JLM_EINVAL, "vulkan batched matvec %s: bad strides", t->name);
+    return mv_run(vk, m, b, ntok, x, xq, y, err);
 }
 
 int jlm_vk_rmsnorm(jlm_vk *vk, jlm_vk_view out, jlm_vk_view x, jlm_vk_view w, uint32_t n,
@@ -1314,6 +1370,8 @@ int jlm_vk_matvec(jlm_vk *vk, const jlm_vk_mat *m, jlm_vk_view x, const jlm_vk_a
                   jlm_vk_view y, jlm_err *err) { return none(err); }
 int jlm_vk_matmul(jlm_vk *vk, const jlm_vk_mat *m, uint32_t ntok, jlm_vk_view x, const jlm_vk_act *xq,
                   jlm_vk_view y, jlm_err *err) { return none(err); }
+int jlm_vk_matmul_batch(jlm_vk *vk, const jlm_vk_mat *m, const jlm_vk_batch *b, uint32_t ntok, jlm_vk_view x,
+                        const jlm_vk_act *xq, jlm_vk_view y, jlm_err *err) { return none(err); }
 int jlm_vk_rmsnorm(jlm_vk *vk, jlm_vk_view out, jlm_vk_view x, jlm_vk_view w, uint32_t n,
                    float eps, jlm_err *err) { return none(err); }
 int jlm_vk_softmax(jlm_vk *vk, jlm_vk_view x, uint32_t n, uint32_t rows, jlm_err *err) { return none(err); }

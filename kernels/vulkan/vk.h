@@ -148,6 +148,23 @@ int jlm_vk_matvec(jlm_vk *vk, const jlm_vk_mat *m, jlm_vk_view x, const jlm_vk_a
 int jlm_vk_matmul(jlm_vk *vk, const jlm_vk_mat *m, uint32_t ntok, jlm_vk_view x, const jlm_vk_act *xq,
                   jlm_vk_view y, jlm_err *err);
 
+/* A batch of n sheets of one shape (a 3-D tensor's sheets: deepseek2's
+ * per-head attn_k_b / attn_v_b), each times its own activations, in one
+ * dispatch: sheet i's qs/d/sc planes q/d/s bytes (multiples of 4) after sheet
+ * i-1's; token t of sheet i reads its activations (floats, or int8 codes with
+ * their scales and sums: tx and bx multiples of 32) from element t*tx + i*bx
+ * of x/xq (xq laid out as jlm_vk_quantize writes it) and writes its rows
+ * from t*ty + i*by of y. m is sheet 0. Every (sheet, token) row is computed
+ * exactly as jlm_vk_matmul computes that sheet's (bit-identical). All sheets'
+ * planes must lie within one binding each (JLM_EUNSUPPORTED otherwise). */
+typedef struct jlm_vk_batch {
+    uint32_t n;
+    uint64_t tx, ty, bx, by;   /* elements */
+    uint64_t q, d, s;          /* bytes */
+} jlm_vk_batch;
+int jlm_vk_matmul_batch(jlm_vk *vk, const jlm_vk_mat *m, const jlm_vk_batch *b, uint32_t ntok, jlm_vk_view x,
+                        const jlm_vk_act *xq, jlm_vk_view y, jlm_err *err);
+
 /* out = x / sqrt(mean(x^2) + eps) * w; w.buf NULL: no weight. n floats. */
 int jlm_vk_rmsnorm(jlm_vk *vk, jlm_vk_view out, jlm_vk_view x, jlm_vk_view w, uint32_t n,
                    float eps, jlm_err *err);

@@ -151,6 +151,58 @@ static void check_matvec(uint8_t type, uint64_t k, uint64_t rows, uint64_t n, ui
     gen_mat_free(&g);
 }
 
+/* jlm_cu_launch_matvec_batch: nb sheets back to back in each plane (deepseek2's
+ * per-head attn_k_b / attn_v_b), token t of sheet h at t*tx + h*bx (record
+ * h*rs + t), its rows at t*ty + h*by: each (sheet, token) bit-identical to
+ * jlm_k_matvec_ref, the gaps between them untouched. */
+static void check_batch(uint8_t type, uint64_t k, uint64_t rows, uint32_t nb, uint32_t n, uint64_t seed)
+{
+    const char *name = jlm_fmt_type_traits(type)->name;
+    int fl = jlm_fmt_type_traits(type)->is_float;
+    gen_batch g;
+    if (gen_batch_make(&g, type, k, rows, nb, n, &seed)) {
+        printf("FAIL batched matvec %s: cannot make k %llu rows %llu\n", name, (unsigned long long)k,
+               (unsigned long long)rows);
+        fails++;
+        gen_batch_free(&g);
+        return;
+    }
+    uint64_t rs = n + 1, nx = n * g.tx, ny = n * g.ty;
+    jlm_cu_mat cm;
+    jlm_cu_mat_from(&g.m, &cm);
+    cm.qs = dev_copy(g.q, nb * g.ql + 4);
+    cm.d = dev_copy(g.d, nb * g.dl + 4);
+    cm.sc = dev_copy(g.s, nb * g.sl + 4);
+    float *dx = dev_copy(g.x, nx * 4), *dad = dev_copy(g.ad, nx / 8 + 4), *y = malloc(ny * 4);
+    int8_t *daq = dev_copy(g.aq, nx);
+    int16_t *das = dev_copy(g.as, nx / 8 + 4);
+    jlm_cu_act *rec = calloc(nb * rs, sizeof *rec);
+    for (uint32_t h = 0; h < nb; h++)
+        for (uint32_t t = 0; t < n; t++) {
+            uint64_t o = t * g.tx + h * g.bx;
+            rec[h * rs + t] = (jlm_cu_act){k, daq + o, dad + o / 32, das + o / 16};
+        }
+    jlm_cu_act *drec = dev_copy(rec, nb * rs * sizeof *rec);
+    memset(y, 0xff, ny * 4);
+    float *dy = dev_copy(y, ny * 4);
+    jlm_cu_batch b = {nb, g.tx, g.ty, g.bx, g.by, g.ql, g.dl, g.sl, rs};
+    launch_ok(jlm_cu_launch_matvec_batch(&cm, &b, n, fl ? dx : NULL, fl ? NULL : drec, dy, NULL), "batched matvec");
+    back(y, dy, ny * 4);
+    uint64_t bad = 0;
+    for (uint64_t i = 0; i < ny; i++)
+        bad += memcmp(&y[i], &g.ref[i], 4) != 0;
+    if (bad) {
+        printf("FAIL batched matvec %s k %llu rows %llu, %u sheets of %u tokens: %llu of %llu outputs differ\n", name,
+               (unsigned long long)k, (unsigned long long)rows, nb, n, (unsigned long long)bad,
+               (unsigned long long)ny);
+        fails++;
+    }
+    dev_mat_free(&cm);
+    cudaFree(dx), cudaFree(dad), cudaFree(daq), cudaFree(das), cudaFree(drec), cudaFree(dy);
+    free(y), free(rec);
+    gen_batch_free(&g);
+}
+
 static void check_all_matvec(void)
 {
     int before = fails;
@@ -163,6 +215,15 @@ static void check_all_matvec(void)
         check_matvec(GEN_TYPES[i], 2304, 77, 2, 300 + i);     /* 72 terms: a partial chunk; a partial block */
     }
     printf("%s matvec: 12 types x 4 shapes, device bit-identical to jlm_k_matvec_ref\n",
+           fails == before ? "PASS" : "FAIL");
+    before = fails;
+    for (int i = 0; i < 12; i++) {
+        const jlm_type_traits *t = jlm_fmt_type_traits(GEN_TYPES[i]);
+        uint64_t k = t->is_float ? 64 : 2 * (uint64_t)t->sub * t->super_sub;
+        check_batch(GEN_TYPES[i], k, 40, 4, 1, 400 + i);
+        check_batch(GEN_TYPES[i], k, 33, 3, 5, 500 + i);
+    }
+    printf("%s batched matvec: 12 types x 2 shapes (sheets x tokens), device bit-identical to jlm_k_matvec_ref\n",
            fails == before ? "PASS" : "FAIL");
 }
 

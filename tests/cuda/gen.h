@@ -94,6 +94,73 @@ static inline void gen_floats(float *x, uint64_t n, float amp, uint64_t *seed)
         x[i] = amp * gen_unit(seed);
 }
 
+/* A batch of nb sheets of one shape (deepseek2's per-head attn_k_b /
+ * attn_v_b), back to back in each plane (q, d, s: ql, dl, sl bytes a sheet),
+ * and n tokens of activations a sheet: token t of sheet h at t*tx + h*bx (tx
+ * = nb*k + 32: gaps), floats and their int8 quantization laid out alike
+ * (codes aq, scales ad at /32, sums as at /16); ref: each (sheet, token)'s
+ * jlm_k_matvec_ref at t*ty + h*by (ty = nb*rows + 5), the gaps 0xff bytes;
+ * m: sheet 0 over q, d, s. 0, or -1 when the shape is invalid or memory runs
+ * out. */
+typedef struct gen_batch {
+    uint64_t  k, rows, nb, n, tx, ty, bx, by, ql, dl, sl;
+    jlm_k_mat m;
+    uint8_t  *q, *d, *s;
+    float    *x, *ad, *ref;
+    int8_t   *aq;
+    int16_t  *as;
+    void     *abuf;
+} gen_batch;
+
+static inline void gen_batch_free(gen_batch *b)
+{
+    void *mem[] = {b->q, b->d, b->s, b->x, b->ad, b->ref, b->aq, b->as, b->abuf};
+    for (size_t i = 0; i < sizeof mem / sizeof mem[0]; i++)
+        free(mem[i]);
+}
+
+static inline int gen_batch_make(gen_batch *b, uint8_t type, uint64_t k, uint64_t rows, uint32_t nb, uint32_t n,
+                                 uint64_t *seed)
+{
+    memset(b, 0, sizeof *b);
+    *b = (gen_batch){.k = k, .rows = rows, .nb = nb, .n = n, .tx = nb * k + 32, .ty = nb * rows + 5, .bx = k,
+                     .by = rows};
+    if (jlm_fmt_planes(type, k, rows, &b->ql, &b->dl, &b->sl, NULL) || b->ql % 4 || b->dl % 4 || b->sl % 4)
+        return -1;
+    int fl = jlm_fmt_type_traits(type)->is_float;
+    jlm_act_q8 a;
+    b->q = calloc(nb, b->ql + 4), b->d = calloc(nb, b->dl + 4), b->s = calloc(nb, b->sl + 4);
+    b->x = calloc(n * b->tx, 4), b->ref = malloc(n * b->ty * 4), b->aq = calloc(n * b->tx, 1);
+    b->ad = calloc(n * b->tx / 32 + 1, 4), b->as = calloc(n * b->tx / 16 + 1, 2);
+    b->abuf = malloc(jlm_k_act_q8_bytes(k));
+    if (!b->q || !b->d || !b->s || !b->x || !b->ref || !b->aq || !b->ad || !b->as || !b->abuf ||
+        jlm_k_act_q8_init(&a, b->abuf, k, NULL))
+        return -1;
+    memset(b->ref, 0xff, n * b->ty * 4);
+    for (uint32_t h = 0; h < nb; h++) {
+        gen_mat g;
+        if (gen_mat_make(&g, type, k, rows, seed))
+            return -1;
+        memcpy(b->q + h * b->ql, g.qs, b->ql), memcpy(b->d + h * b->dl, g.d, b->dl);
+        memcpy(b->s + h * b->sl, g.sc, b->sl);
+        for (uint32_t t = 0; t < n; t++) {
+            uint64_t o = t * b->tx + h * b->bx;
+            gen_floats(b->x + o, k, 2.0f, seed);
+            jlm_k_quantize_act(b->x + o, &a);
+            memcpy(b->aq + o, a.q, k), memcpy(b->ad + o / 32, a.d, k / 8), memcpy(b->as + o / 16, a.sum16, k / 8);
+            jlm_k_matvec_ref(&g.m, b->x + o, fl ? NULL : &a, b->ref + t * b->ty + h * b->by, 0, rows);
+        }
+        if (h == 0) {
+            b->m = g.m;
+            b->m.qs = b->q;
+            b->m.d = g.m.d ? (const void *)b->d : NULL;
+            b->m.sc = g.m.sc ? (const void *)b->s : NULL;
+        }
+        gen_mat_free(&g);
+    }
+    return 0;
+}
+
 /* The 12 stored types. */
 static const uint8_t GEN_TYPES[12] = {JLM_T_F32, JLM_T_F16, JLM_T_BF16, JLM_T_Q4_0, JLM_T_Q8_0,
                                       JLM_T_Q5_0, JLM_T_Q5_1, JLM_T_MXFP4, JLM_T_Q3_K, JLM_T_Q4_K,

@@ -32,6 +32,11 @@ layout(std430, binding = 7) buffer Y { float y[]; };   // read too: a later k-ch
 // which is what makes a prefill matmul read its weights ntok/NT times instead
 // of ntok times. Each token's sum is still the CPU's, term for term and in
 // order, so every token's row is bit-identical to its matvec alone.
+// A batch of sheets in one dispatch (gl_GlobalInvocationID.z = sheet b; deepseek2's
+// per-head attn_k_b / attn_v_b): sheet b's planes start bq/bd/bs words after sheet
+// 0's; token t of sheet b reads its activations from element t*tx + b*bx and writes
+// its outputs from t*ty + b*by (a plain matmul: tx = k, ty = rows, the rest 0).
+// Each (sheet, token) row is the same arithmetic as that sheet's matvec alone.
 layout(push_constant) uniform P { JLM_PUSH_MATVEC } pc;   // kernels/layout.h
 
 // The type and its traits are specialization constants: one pipeline per
@@ -45,6 +50,7 @@ layout(constant_id = JLM_SPEC_MATVEC_D_SHARE) const uint DSHARE = 1u;
 layout(constant_id = JLM_SPEC_MATVEC_NT) const uint NT = 1u;       // tokens per invocation
 
 uint T0 = 0u, NTV = 1u;   // this invocation's first token and its token count (<= NT)
+uint XB = 0u, YB = 0u, QB = 0u, DB = 0u, SB = 0u;   // its sheet's offsets: activations, outputs, planes
 float acc_[NT];           // the running sum of each token of the tile
 
 float fp16(uint h)   // exact, as jlm_k_fp16_to_f32
@@ -59,7 +65,10 @@ float fp16(uint h)   // exact, as jlm_k_fp16_to_f32
     return uintBitsToFloat(sign | ((e + 112u) << 23) | (man << 13));
 }
 
-int sum16(uint t, uint i) { i += t * (pc.k / 16u); return bitfieldExtract(int(as16[i / 2u]), int(16u * (i % 2u)), 16); }
+uint xo(uint t) { return t * pc.tx + XB; }   // token t's first activation
+uint yo(uint t) { return t * pc.ty + YB; }   // token t's first output
+
+int sum16(uint t, uint i) { i += xo(t) / 16u; return bitfieldExtract(int(as16[i / 2u]), int(16u * (i % 2u)), 16); }
 
 const int MXFP4_LUT[16] = int[16](12, 13, 14, 15, 16, 18, 20, 24, 12, 11, 10, 9, 8, 6, 4, 0);
 
@@ -69,7 +78,7 @@ void codes(uint s, uint r, bool lut, out int cq[SUB])
 {
     uint wd[W];
     for (uint w = 0u; w < W; w++)
-        wd[w] = qs[(s * W + w) * pc.rows + r + pc.qd];
+        wd[w] = qs[(s * W + w) * pc.rows + r + pc.qd + QB];
     uint half_ = SUB / 2u, hi = P1, lanes = hi != 0u ? 8u / hi : 1u;
     for (uint e = 0u; e < SUB; e++) {
         uint i = e % 4u;
@@ -97,7 +106,7 @@ int dot_codes(int cq[SUB], uint t, uint a0)
 {
     int acc = 0;
     for (uint e4 = 0u; e4 < SUB; e4 += 4u) {
-        uint aw = aq[(t * pc.k + a0 + e4) / 4u];
+        uint aw = aq[(xo(t) + a0 + e4) / 4u];
         for (uint i = 0u; i < 4u; i++)
             acc += cq[e4 + i] * bitfieldExtract(int(aw), int(8u * i), 8);
     }
@@ -108,8 +117,8 @@ uint dword(uint sb, uint r)
 {
     uint S = DSHARE;
     if (S == 1u)
-        return dp[sb * pc.rows + r + pc.dd];
-    uint wd = dp[sb * ((pc.rows + S - 1u) / S) + r / S + pc.dd];
+        return dp[sb * pc.rows + r + pc.dd + DB];
+    uint wd = dp[sb * ((pc.rows + S - 1u) / S) + r / S + pc.dd + DB];
     uint bits = 32u / S;
     return (wd >> (bits * (r % S))) & (S == 2u ? 0xffffu : 0xffu);
 }
@@ -119,7 +128,7 @@ uint field6(uint sb, uint r, uint f)
     uint v = 0u;
     for (uint b = 0u; b < 6u; b++) {
         uint bit = 6u * f + b;
-        uint wd = scp[(sb * 3u + bit / 32u) * pc.rows + r + pc.sd];
+        uint wd = scp[(sb * 3u + bit / 32u) * pc.rows + r + pc.sd + SB];
         v |= ((wd >> (bit % 32u)) & 1u) << b;
     }
     return v;
@@ -128,7 +137,7 @@ uint field6(uint sb, uint r, uint f)
 void acc_init(uint r)
 {
     for (uint j = 0u; j < NT; j++)
-        acc_[j] = pc.accum != 0u && j < NTV ? y[(T0 + j) * pc.rows + r] : 0.0;
+        acc_[j] = pc.accum != 0u && j < NTV ? y[yo(T0 + j) + r] : 0.0;
 }
 
 void acc_add(uint j, float t)
@@ -152,7 +161,7 @@ void row_sub32(uint r)
                 break;
             uint t = T0 + j;
             int suma = sum16(t, 2u * s) + sum16(t, 2u * s + 1u);
-            float da = ad[t * (pc.k / 32u) + s];
+            float da = ad[xo(t) / 32u + s];
             int dt = dot_codes(cq, t, 32u * s);
             if (TYPE == T_Q5_1) {
                 precise float t1 = (d * da) * float(dt);
@@ -186,7 +195,7 @@ void row_k32(uint r)
             precise float t1 = d * float(sc * dt);
             precise float t2 = dmin * float(mn * suma);
             precise float tt = t1 - t2;
-            precise float u = ad[t * (pc.k / 32u) + s] * tt;
+            precise float u = ad[xo(t) / 32u + s] * tt;
             acc_add(j, u);
         }
     }
@@ -203,15 +212,15 @@ void row_k16(uint r)
         uint s0 = 2u * b, s1 = s0 + 1u;
         codes(s0, r, false, c0);
         codes(s1, r, false, c1);
-        int sc0 = int((scp[(s0 / 4u) * pc.rows + r + pc.sd] >> (8u * (s0 % 4u))) & 0xffu) + off;
-        int sc1 = int((scp[(s1 / 4u) * pc.rows + r + pc.sd] >> (8u * (s1 % 4u))) & 0xffu) + off;
+        int sc0 = int((scp[(s0 / 4u) * pc.rows + r + pc.sd + SB] >> (8u * (s0 % 4u))) & 0xffu) + off;
+        int sc1 = int((scp[(s1 / 4u) * pc.rows + r + pc.sd + SB] >> (8u * (s1 % 4u))) & 0xffu) + off;
         for (uint j = 0u; j < NT; j++) {
             if (j >= NTV)
                 break;
             uint t = T0 + j;
             int isum = sc0 * (dot_codes(c0, t, 16u * s0) - bias * sum16(t, s0));
             isum += sc1 * (dot_codes(c1, t, 16u * s1) - bias * sum16(t, s1));
-            precise float u = (d * ad[t * (pc.k / 32u) + b]) * float(isum);
+            precise float u = (d * ad[xo(t) / 32u + b]) * float(isum);
             acc_add(j, u);
         }
     }
@@ -219,7 +228,7 @@ void row_k16(uint r)
 
 float half_at(uint i)   // element i of a u16 row-major plane
 {
-    uint h = (qs[i / 2u + pc.qd] >> (16u * (i % 2u))) & 0xffffu;
+    uint h = (qs[i / 2u + pc.qd + QB] >> (16u * (i % 2u))) & 0xffffu;
     return TYPE == T_BF16 ? uintBitsToFloat(h << 16) : fp16(h);
 }
 
@@ -228,11 +237,11 @@ void row_float(uint r)
     acc_init(r);
     uint base = r * pc.k;
     for (uint i = 0u; i < pc.k; i++) {
-        float wv = TYPE == T_F32 ? uintBitsToFloat(qs[base + i + pc.qd]) : half_at(base + i);
+        float wv = TYPE == T_F32 ? uintBitsToFloat(qs[base + i + pc.qd + QB]) : half_at(base + i);
         for (uint j = 0u; j < NT; j++) {
             if (j >= NTV)
                 break;
-            precise float t = wv * xf[(T0 + j) * pc.k + i];
+            precise float t = wv * xf[xo(T0 + j) + i];
             acc_add(j, t);
         }
     }
@@ -245,6 +254,12 @@ void main()
     if (r >= pc.r1 || T0 >= pc.ntok)
         return;
     NTV = min(NT, pc.ntok - T0);
+    uint z = gl_GlobalInvocationID.z;
+    XB = z * pc.bx;
+    YB = z * pc.by;
+    QB = z * pc.bq;
+    DB = z * pc.bd;
+    SB = z * pc.bs;
     if (TYPE == T_F32 || TYPE == T_F16 || TYPE == T_BF16)
         row_float(r);
     else if (TYPE == T_Q4_K || TYPE == T_Q5_K)
@@ -255,5 +270,5 @@ void main()
         row_sub32(r);
     for (uint j = 0u; j < NT; j++)
         if (j < NTV)
-            y[(T0 + j) * pc.rows + r] = acc_[j];
+            y[yo(T0 + j) + r] = acc_[j];
 }
