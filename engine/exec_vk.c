@@ -41,10 +41,6 @@ static jlm_vk_view abv(const jlm_exd *k, int b, uint64_t off, uint64_t n)
 {
     return (jlm_vk_view){evk(k)->blk.ab[b], off * 4, n * 4};
 }
-static jlm_vk_view row(const jlm_exd *k, int b, uint32_t t)
-{
-    return abv(k, b, t * width(k->e, b), width(k->e, b));
-}
 
 /* The device view of a dense vector (norm weights, biases); NULL p: none. */
 static int vec(jlm_evk *v, const float *p, uint64_t n, jlm_vk_view *out)
@@ -185,6 +181,23 @@ static int heads_rows(const jlm_exd *k, int b, uint32_t n_head, jlm_vk_view w, c
     return rc;
 }
 
+/* Q's rows times each row's attention temperature (Llama 4's no-RoPE
+ * layers: one dispatch, a scale a row; nothing where every row's is 1, as
+ * scale_q tests) */
+static int q_temp(const jlm_exd *k, int b, const jlm_k_rope *rp)
+{
+    uint32_t n = k->b.n, any = 0;
+    float *s = b == JLM_B_Q ? malloc((uint64_t)n * sizeof *s) : NULL;
+    if (b == JLM_B_Q && !s)
+        return jlm_errf(k->err, JLM_ENOMEM, "vulkan: out of memory");
+    for (uint32_t t = 0; s && t < n; t++)
+        any |= (s[t] = jlm_ex_q_temp(k->c, rp, jlm_exd_pos(k, t))) != 1.0f;
+    uint32_t W = (uint32_t)width(k->e, b);
+    int rc = any ? jlm_vk_scale_rows(evk(k)->vk, rows(k, b), rows(k, b), s, W, n, k->err) : JLM_OK;
+    free(s);
+    return rc;
+}
+
 /* Each head of each row of b (q or k): its RMS norm (p; wide: one norm over
  * the whole row, OLMoE) and RoPE at the row's position (none on a layer
  * without it); q then times the attention temperature (Llama 4's no-RoPE
@@ -210,12 +223,7 @@ static int op_heads(jlm_exd *k, int b, uint32_t n_head, const float *p, int wide
         rc = norm_groups(k, b, w, (uint32_t)width(e, b), 1);
     if (!rc)
         rc = heads_rows(k, b, n_head, wide ? (jlm_vk_view){0} : w, &rp, ns, rope ? (int)si : -1);
-    for (uint32_t t = 0; !rc && t < k->b.n; t++) {   /* a temperature of its own a row (Llama 4's no-RoPE layers) */
-        float temp = b == JLM_B_Q ? jlm_ex_q_temp(k->c, &rp, jlm_exd_pos(k, t)) : 1.0f;
-        if (temp != 1.0f)   /* scale_q's test */
-            rc = jlm_vk_scale(v->vk, row(k, b, t), row(k, b, t), temp, (uint32_t)width(e, b), k->err);
-    }
-    return rc;
+    return rc ? rc : q_temp(k, b, &rp);
 }
 
 int jlm_evk_rope_cs(const jlm_exd *k, uint32_t t, jlm_k_rope *rp, jlm_vk_view *cs)

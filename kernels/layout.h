@@ -63,7 +63,8 @@ enum { JLM_KT_LIST(JLM_KT_ENUM_) JLM_KT_END_ };
 #define JLM_PUSH_LAYERNORM_FIELDS(U, F) U(n) U(has_w) U(has_b) F(eps)
 #define JLM_PUSH_SOFTMAX_FIELDS(U, F) U(n)
 /* op: JLM_VK_SILU.. (vk.h), 6 = gpt-oss's swiglu with alpha and limit, 10 =
- * a + b[i mod m] (a vector added to each row of m) */
+ * a + b[i mod m] (a vector added to each row of m), 11 = a * s[i / m] (each
+ * row of m times its own scale, binding 3) */
 #define JLM_PUSH_ELTWISE_FIELDS(U, F) U(n) U(op) F(alpha) F(limit) U(m)
 /* rope.comp: workgroup row y rotates the heads at y*x_stride by the cos/sin
  * at y*cs_stride (floats) */

@@ -1364,14 +1364,21 @@ Test(vulkan, whole_blocks_on_the_device_give_the_cpus_ids_in_one_round_trip_a_to
  * path (*path), the greedy ids of the prompt 1,10,20,30,40 (ic, 8) and its
  * expert predictions (pc). */
 static const int32_t MOE_PROMPT[5] = {1, 10, 20, 30, 40};
-static jlm_engine *moe_reference(const char *model, const char *dir, char **path, int32_t ic[8],
-                                 jlm_engine_predict *pc)
+
+/* The test model `model` (its .gguf) converted into dir/name: the path. */
+static char *convert_named(const char *model, const char *dir, const char *name)
 {
     char gguf[256];
     jlm_err err = {0};
     snprintf(gguf, sizeof gguf, "%s.gguf", model);
-    *path = tu_convert(gguf, dir, "moe.jlm", &err);
-    cr_assert(*path, "%s", err.msg);
+    char *path = tu_convert(gguf, dir, name, &err);
+    cr_assert(path, "%s", err.msg);
+    return path;
+}
+static jlm_engine *moe_reference(const char *model, const char *dir, char **path, int32_t ic[8],
+                                 jlm_engine_predict *pc)
+{
+    *path = convert_named(model, dir, "moe.jlm");
     jlm_engine *ec = engine_on(*path, "cpu", 0);
     float *l = malloc(jlm_engine_n_vocab(ec) * 4);
     bm_greedy_ids(ec, MOE_PROMPT, 5, 8, ic, l);
@@ -1790,11 +1797,8 @@ Test(vulkan, a_prefill_records_the_same_dispatches_whatever_its_row_count, .time
         {"synth-llama-256.Q4_K_M", "f32"}, {"synth-qwen3-256.Q8_0", "f16"}, {"synth-gemma3-256.Q8_0", "q8_0"}};
     char *dir = tu_tmpdir();
     for (size_t c = 0; c < sizeof CASES / sizeof CASES[0]; c++) {
-        char gguf[256];
         jlm_err err = {0};
-        snprintf(gguf, sizeof gguf, "%s.gguf", CASES[c].model);
-        char *path = tu_convert(gguf, dir, "p.jlm", &err);
-        cr_assert(path, "%s", err.msg);
+        char *path = convert_named(CASES[c].model, dir, "p.jlm");
         jlm_engine *e = engine_kv(path, "vulkan", 0, CASES[c].kv);
         if (!e) {
             tu_rmrf(dir);
@@ -1850,11 +1854,12 @@ static jlm_vk_buf *zeros(jlm_vk *vk, uint64_t n)
 }
 
 /* The row-batched kernels (a prefill's: jlm_vk_attention_rows,
- * jlm_vk_rmsnorm_rows, jlm_vk_rope_rows, jlm_vk_add_rows) compute each row
+ * jlm_vk_rmsnorm_rows, jlm_vk_rope_rows, jlm_vk_add_rows, jlm_vk_scale_rows) compute each row
  * bit for bit as the one-row kernels do: attention of 6 query rows at
  * positions 10..15, causal, with and without a window of 4, with sinks and a
  * softcap, over an f32, a halves and a Q8_0 cache (GQA 2:1); the norms per
- * head and per row; RoPE at each row's cos/sin; a bias on each row. */
+ * head and per row; RoPE at each row's cos/sin; a bias on each row; each
+ * row times its own scale (Llama 4's attention temperature). */
 Test(vulkan, row_batched_kernels_compute_each_row_as_the_one_row_kernels_bit_for_bit)
 {
     jlm_vk *vk = open_or_skip();
@@ -1918,7 +1923,8 @@ Test(vulkan, row_batched_kernels_compute_each_row_as_the_one_row_kernels_bit_for
         jlm_k_rope_cos_sin(&rp, 10 + r / 2, cs + r * 16);
     }
     jlm_vk_buf *wb = up(vk, w, sizeof w), *cb = up(vk, cs, sizeof cs), *bb = up(vk, bias, sizeof bias);
-    for (int f = 0; f < 5; f++) {
+    float temp[R] = {1.0f, 1.25f, 0.75f, 1.0f, 3.0f, 0.1f};
+    for (int f = 0; f < 6; f++) {
         memcpy(jlm_vk_buf_map(one), q, R * 96 * 4);
         memcpy(jlm_vk_buf_map(all), q, R * 96 * 4);
         for (int r = 0; r < R && f < 2; r++)
@@ -1936,13 +1942,18 @@ Test(vulkan, row_batched_kernels_compute_each_row_as_the_one_row_kernels_bit_for
             jlm_vk_view x = {one, r * 96 * 4, 96 * 4};
             cr_assert_eq(jlm_vk_eltwise(vk, JLM_VK_ADD, x, x, whole(bb), 96, &err), 0, "%s", err.msg);
         }
+        for (int r = 0; r < R && f == 5; r++) {
+            jlm_vk_view x = {one, r * 96 * 4, 96 * 4};
+            cr_assert_eq(jlm_vk_scale(vk, x, x, temp[r], 96, &err), 0, "%s", err.msg);
+        }
         int rc = f < 2 ? jlm_vk_rmsnorm_rows(vk, whole(all), whole(all), f ? whole(wb) : (jlm_vk_view){0}, f ? 96 : 32,
                                              f ? 1 : 3, R, 96, 1e-5f, &err)
                  : f < 4 ? jlm_vk_rope_rows(vk, 16, f == 3, whole(all), 3, 32, 96, whole(cb), 2 * 16, R, &err)
-                         : jlm_vk_add_rows(vk, whole(all), whole(all), whole(bb), 96, R, &err);
+                 : f < 5 ? jlm_vk_add_rows(vk, whole(all), whole(all), whole(bb), 96, R, &err)
+                         : jlm_vk_scale_rows(vk, whole(all), whole(all), temp, 96, R, &err);
         cr_assert_eq(rc, 0, "%s", err.msg);
         cr_assert(!memcmp(fmap(one), fmap(all), R * 96 * 4), "case %d (norm by head, by row, rope, neox rope, "
-                  "bias): the rows differ from one row at a time", f);
+                  "bias, scale a row): the rows differ from one row at a time", f);
         cr_assert(memcmp(fmap(all), q, R * 96 * 4), "case %d changed nothing", f);
     }
     jlm_vk_buf *bufs[] = {qb, one, all, sc, wb, cb, bb};

@@ -1112,6 +1112,19 @@ int jlm_vk_add_rows(jlm_vk *vk, jlm_vk_view out, jlm_vk_view a, jlm_vk_view b, u
     return dispatch(vk, vk->pipe[K_ELTWISE], v, 3, &p, sizeof p, groups((uint64_t)n * rows, 256), err);
 }
 
+int jlm_vk_scale_rows(jlm_vk *vk, jlm_vk_view out, jlm_vk_view x, const float *s, uint32_t n, uint32_t rows,
+                      jlm_err *err)
+{
+    if (!n || !rows || (uint64_t)n * rows > UINT32_MAX)
+        return jlm_errf(err, JLM_EINVAL, "vulkan scale: %u rows of %u", rows, n);
+    int rc = reserve(vk, (uint64_t)rows * 4, err);
+    if (rc)
+        return rc;
+    jlm_push_eltwise p = {n * rows, 11, 0, 0, n};
+    jlm_vk_view v[4] = {x, x, out, tmp_put(vk, s, (uint64_t)rows * 4)};
+    return dispatch(vk, vk->pipe[K_ELTWISE], v, 4, &p, sizeof p, groups((uint64_t)n * rows, 256), err);
+}
+
 int jlm_vk_swiglu_oai(jlm_vk *vk, jlm_vk_view out, jlm_vk_view gate, jlm_vk_view up, uint32_t n,
                       float alpha, float limit, jlm_err *err)
 {
@@ -1418,6 +1431,11 @@ int jlm_vk_rmsnorm_rows(jlm_vk *vk, jlm_vk_view out, jlm_vk_view x, jlm_vk_view 
 }
 int jlm_vk_add_rows(jlm_vk *vk, jlm_vk_view out, jlm_vk_view a, jlm_vk_view b, uint32_t n, uint32_t rows,
                     jlm_err *err)
+{
+    return none(err);
+}
+int jlm_vk_scale_rows(jlm_vk *vk, jlm_vk_view out, jlm_vk_view x, const float *s, uint32_t n, uint32_t rows,
+                      jlm_err *err)
 {
     return none(err);
 }

@@ -172,6 +172,11 @@ int jlm_vk_eltwise(jlm_vk *vk, int op, jlm_vk_view out, jlm_vk_view a, jlm_vk_vi
  * (a bias; each sum as JLM_VK_ADD's), one dispatch; out may be a. */
 int jlm_vk_add_rows(jlm_vk *vk, jlm_vk_view out, jlm_vk_view a, jlm_vk_view b, uint32_t n, uint32_t rows,
                     jlm_err *err);
+/* out = x * s[r] over rows rows of n floats, each row r by its own scale
+ * (s: rows floats, up with the call; each product as jlm_vk_scale's), one
+ * dispatch; out may be x. */
+int jlm_vk_scale_rows(jlm_vk *vk, jlm_vk_view out, jlm_vk_view x, const float *s, uint32_t n, uint32_t rows,
+                      jlm_err *err);
 /* gpt-oss's SwiGLU (jlm_k_swiglu_oai): clamps, then g * sigmoid(alpha g) * (u + 1). */
 int jlm_vk_swiglu_oai(jlm_vk *vk, jlm_vk_view out, jlm_vk_view gate, jlm_vk_view up, uint32_t n,
                       float alpha, float limit, jlm_err *err);
