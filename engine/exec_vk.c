@@ -118,8 +118,15 @@ static int norm_rows(jlm_exd *k, int dst, int src, jlm_vk_view w)
                                         k->err);
 }
 
+/* The most rows of one dispatch (its grid's y: jlm_vk_attention_rows,
+ * jlm_vk_rmsnorm_rows); every block has a norm, so a block of more runs on
+ * the host (decided by the dry walk, as for any op it lacks). */
+#define MAX_ROWS 65535u
+
 static int op_norm(jlm_exd *k, int dst, int src, const float *p)
 {
+    if (k->b.n > MAX_ROWS)
+        return UNSUP;
     jlm_vk_view w;
     int rc = vec(evk(k), p, width(k->e, dst), &w);
     return rc ? rc : norm_rows(k, dst, src, w);
@@ -497,8 +504,6 @@ int jlm_evk_block(jlm_dev *d, jlm_engine *e, const jlm_prog *p, uint32_t l, cons
         if ((width(e, b) * 4) % al ||
             ((b == JLM_B_K || b == JLM_B_V) && kv_type(e, b) != KV_Q8_0 && kv_row(e, b) % al))
             return UNSUP;   /* rows (and F32/F16 cache rows) at aligned offsets; Q8_0's windows are aligned down */
-    if (n > 65535)
-        return UNSUP;   /* a dispatch's rows (jlm_vk_attention_rows, jlm_vk_rmsnorm_rows) */
     jlm_exd k;
     int rc = jlm_exd_plan(&k, &VK_OPS, v, e, p, l, page, n, kc, pos0, &s->side, "vulkan", err);
     if (rc)
@@ -539,7 +544,7 @@ int jlm_evk_output(jlm_dev *d, const float *norm, float eps, const jlm_k_mat *m,
     jlm_evk_blk *s = &v->blk;
     jlm_vk_view w = {0};
     uint64_t bytes = (uint64_t)n * m->rows * 4, r0;
-    if (!jlm_exd_held(s->x_host, s->x_rows, s->x_E, s->ab_rows, x, n, E, &r0) || m->k != E ||
+    if (n > MAX_ROWS || !jlm_exd_held(s->x_host, s->x_rows, s->x_E, s->ab_rows, x, n, E, &r0) || m->k != E ||
         matmul_rows(v, m, n, (jlm_vk_view){0}, (jlm_vk_view){0}, 0, 1, NULL))
         return UNSUP;
     if (vec(v, norm, E, &w))
