@@ -87,7 +87,12 @@ static uint64_t evk_default_budget(const jlm_dev *dev)
     return v->import ? 0 : jlm_vk_device_local_bytes(v->vk) / 4 * 3;
 }
 
-static void evk_stats(const jlm_dev *dev, jlm_dev_stats *out) { *out = ((const jlm_evk *)dev)->st; }
+static void evk_stats(const jlm_dev *dev, jlm_dev_stats *out)
+{
+    const jlm_evk *v = (const jlm_evk *)dev;
+    *out = v->st;
+    out->dispatches = jlm_vk_dispatches(v->vk) - v->disp0;
+}
 
 static void evk_stats_reset(jlm_dev *dev)
 {
@@ -96,6 +101,7 @@ static void evk_stats_reset(jlm_dev *dev)
     memset(&v->st, 0, sizeof v->st);
     v->st.device = keep.device;
     v->st.path = keep.path;
+    v->disp0 = jlm_vk_dispatches(v->vk);
 }
 
 static int evk_matmul(jlm_dev *dev, const jlm_k_mat *m, uint32_t n, const float *x, const jlm_act_q8 *xq,

@@ -34,6 +34,7 @@ typedef struct jlm_evk {
     jlm_vk_buf    *b[B_N];
     int            import;   /* the import path */
     jlm_dev_stats  st;       /* the backend's counters (frames': dev.frames) */
+    uint64_t       disp0;    /* jlm_vk_dispatches at the last stats reset */
     jlm_evk_blk    blk;
     struct jlm_evk_moebufs *moe;   /* exec_vk_moe.c's buffers; NULL until a MoE block ran here */
 } jlm_evk;

@@ -41,10 +41,6 @@ static jlm_vk_view abv(const jlm_exd *k, int b, uint64_t off, uint64_t n)
 {
     return (jlm_vk_view){evk(k)->blk.ab[b], off * 4, n * 4};
 }
-static jlm_vk_view row(const jlm_exd *k, int b, uint32_t t)
-{
-    return abv(k, b, t * width(k->e, b), width(k->e, b));
-}
 
 /* The device view of a dense vector (norm weights, biases); NULL p: none. */
 static int vec(jlm_evk *v, const float *p, uint64_t n, jlm_vk_view *out)
@@ -94,27 +90,43 @@ static int op_mm(jlm_exd *k, const jlm_k_mat *m, int src, int dst, int reuse)
     return matmul_rows(evk(k), m, n, abv(k, src, 0, n * m->k), abv(k, dst, 0, n * m->rows), reuse, k->dry, k->err);
 }
 
+/* The n rows of b, one view */
+static jlm_vk_view rows(const jlm_exd *k, int b) { return abv(k, b, 0, k->b.n * width(k->e, b)); }
+
 static int op_bias(jlm_exd *k, int b, const float *p)
 {
     jlm_vk_view bv;
-    int rc = vec(evk(k), p, width(k->e, b), &bv);
-    for (uint32_t t = 0; !rc && !k->dry && t < k->b.n; t++)
-        rc = jlm_vk_eltwise(evk(k)->vk, JLM_VK_ADD, row(k, b, t), row(k, b, t), bv, (uint32_t)width(k->e, b), k->err);
-    return rc;
+    uint32_t w = (uint32_t)width(k->e, b);
+    int rc = vec(evk(k), p, w, &bv);
+    return rc || k->dry ? rc : jlm_vk_add_rows(evk(k)->vk, rows(k, b), rows(k, b), bv, w, k->b.n, k->err);
+}
+
+/* In place over b's rows: each group of n floats (per of them a row, at
+ * g * n in it) = rmsnorm(it) * w (w: a view, or none), all in one dispatch */
+static int norm_groups(const jlm_exd *k, int b, jlm_vk_view w, uint32_t n, uint32_t per)
+{
+    uint32_t W = (uint32_t)width(k->e, b);
+    return jlm_vk_rmsnorm_rows(evk(k)->vk, rows(k, b), rows(k, b), w, n, per, k->b.n, W, k->c->rms_eps, k->err);
 }
 
 /* dst rows = rmsnorm(src rows) * w, rows of E floats (w: a view, or none) */
 static int norm_rows(jlm_exd *k, int dst, int src, jlm_vk_view w)
 {
-    int rc = JLM_OK;
-    for (uint32_t t = 0; !rc && !k->dry && t < k->b.n; t++)
-        rc = jlm_vk_rmsnorm(evk(k)->vk, row(k, dst, t), row(k, src, t), w, (uint32_t)width(k->e, dst), k->c->rms_eps,
-                            k->err);
-    return rc;
+    uint32_t W = (uint32_t)width(k->e, dst);
+    return k->dry ? JLM_OK
+                  : jlm_vk_rmsnorm_rows(evk(k)->vk, rows(k, dst), rows(k, src), w, W, 1, k->b.n, W, k->c->rms_eps,
+                                        k->err);
 }
+
+/* The most rows of one dispatch (its grid's y: jlm_vk_attention_rows,
+ * jlm_vk_rmsnorm_rows); every block has a norm, so a block of more runs on
+ * the host (decided by the dry walk, as for any op it lacks). */
+#define MAX_ROWS 65535u
 
 static int op_norm(jlm_exd *k, int dst, int src, const float *p)
 {
+    if (k->b.n > MAX_ROWS)
+        return UNSUP;
     jlm_vk_view w;
     int rc = vec(evk(k), p, width(k->e, dst), &w);
     return rc ? rc : norm_rows(k, dst, src, w);
@@ -152,24 +164,44 @@ static uint32_t rope_sets(const jlm_engine *e, jlm_k_rope set[2])
     return 1;
 }
 
-/* Row t of b, head by head: its RMS norm (w) then RoPE by the cos/sin
- * cs (buf NULL: none); Llama 4 (qk_unit): RoPE, then a weightless norm, on
- * the layers with RoPE only. */
-static int heads_row(const jlm_exd *k, int b, uint32_t t, uint32_t n_head, jlm_vk_view w, uint32_t n_rot, int neox,
-                     jlm_vk_view cs)
+/* The rows of b, head by head: each head's RMS norm (w) then RoPE by the
+ * rows' cos/sin (si: which of the ns tables; none: -1); Llama 4 (qk_unit):
+ * RoPE, then a weightless norm, on the layers with RoPE only. Each step one
+ * dispatch over every row. */
+static int heads_rows(const jlm_exd *k, int b, uint32_t n_head, jlm_vk_view w, const jlm_k_rope *rp, uint32_t ns,
+                      int si)
 {
     const jlm_engine *e = k->e;
-    jlm_vk *vk = evk(k)->vk;
-    uint64_t base = t * width(e, b);
-    int unit = e->qk_unit && cs.buf, rc = JLM_OK;
-    for (uint32_t h = 0; !rc && w.buf && h < n_head; h++)
-        rc = jlm_vk_rmsnorm(vk, abv(k, b, base + h * e->hd, e->hd), abv(k, b, base + h * e->hd, e->hd), w, e->hd,
-                            k->c->rms_eps, k->err);
-    if (!rc && cs.buf)
-        rc = jlm_vk_rope_cs(vk, n_rot, neox, row(k, b, t), n_head, e->hd, cs, k->err);
-    for (uint32_t h = 0; !rc && unit && h < n_head; h++)
-        rc = jlm_vk_rmsnorm(vk, abv(k, b, base + h * e->hd, e->hd), abv(k, b, base + h * e->hd, e->hd),
-                            (jlm_vk_view){0}, e->hd, k->c->rms_eps, k->err);
+    jlm_evk *v = evk(k);
+    uint32_t W = (uint32_t)width(e, b), n = k->b.n;
+    int unit = e->qk_unit && si >= 0, rc = JLM_OK;
+    if (w.buf)
+        rc = norm_groups(k, b, w, e->hd, n_head);
+    if (!rc && si >= 0) {
+        uint64_t per = (uint64_t)rp->n_rot * 4;
+        jlm_vk_view cs = {v->blk.cs, (uint64_t)si * per, ((uint64_t)(n - 1) * ns + 1) * per};
+        rc = jlm_vk_rope_rows(v->vk, rp->n_rot, rp->neox, rows(k, b), n_head, e->hd, W, cs, ns * rp->n_rot, n,
+                              k->err);
+    }
+    if (!rc && unit)
+        rc = norm_groups(k, b, (jlm_vk_view){0}, e->hd, n_head);
+    return rc;
+}
+
+/* Q's rows times each row's attention temperature (Llama 4's no-RoPE
+ * layers: one dispatch, a scale a row; nothing where every row's is 1, as
+ * scale_q tests) */
+static int q_temp(const jlm_exd *k, int b, const jlm_k_rope *rp)
+{
+    uint32_t n = k->b.n, any = 0;
+    float *s = b == JLM_B_Q ? malloc((uint64_t)n * sizeof *s) : NULL;
+    if (b == JLM_B_Q && !s)
+        return jlm_errf(k->err, JLM_ENOMEM, "vulkan: out of memory");
+    for (uint32_t t = 0; s && t < n; t++)
+        any |= (s[t] = jlm_ex_q_temp(k->c, rp, jlm_exd_pos(k, t))) != 1.0f;
+    uint32_t W = (uint32_t)width(k->e, b);
+    int rc = any ? jlm_vk_scale_rows(evk(k)->vk, rows(k, b), rows(k, b), s, W, n, k->err) : JLM_OK;
+    free(s);
     return rc;
 }
 
@@ -192,19 +224,13 @@ static int op_heads(jlm_exd *k, int b, uint32_t n_head, const float *p, int wide
     if (!rc && ((rope && (rp.n_rot % 2 || rp.n_rot > e->hd || si == ns || (rp.n_rot * 4) % al)) ||
                 ((w.buf || e->qk_unit) && (e->hd * 4) % al) || (e->qk_unit && w.buf)))
         rc = UNSUP;   /* the layer's cos/sin must be one of the tables up with the rows */
-    for (uint32_t t = 0; !rc && !k->dry && t < k->b.n; t++) {
-        jlm_vk_view cs = {0};
-        if (rope)
-            cs = (jlm_vk_view){v->blk.cs, ((uint64_t)t * ns + si) * rp.n_rot * 4, rp.n_rot * 4ull};
-        if (wide && w.buf)
-            rc = jlm_vk_rmsnorm(v->vk, row(k, b, t), row(k, b, t), w, (uint32_t)width(e, b), k->c->rms_eps, k->err);
-        if (!rc)
-            rc = heads_row(k, b, t, n_head, wide ? (jlm_vk_view){0} : w, rp.n_rot, rp.neox, cs);
-        float temp = b == JLM_B_Q ? jlm_ex_q_temp(k->c, &rp, jlm_exd_pos(k, t)) : 1.0f;
-        if (!rc && temp != 1.0f)   /* scale_q's test */
-            rc = jlm_vk_scale(v->vk, row(k, b, t), row(k, b, t), temp, (uint32_t)width(e, b), k->err);
-    }
-    return rc;
+    if (rc || k->dry)
+        return rc;
+    if (wide && w.buf)
+        rc = norm_groups(k, b, w, (uint32_t)width(e, b), 1);
+    if (!rc)
+        rc = heads_rows(k, b, n_head, wide ? (jlm_vk_view){0} : w, &rp, ns, rope ? (int)si : -1);
+    return rc ? rc : q_temp(k, b, &rp);
 }
 
 int jlm_evk_rope_cs(const jlm_exd *k, uint32_t t, jlm_k_rope *rp, jlm_vk_view *cs)
@@ -221,18 +247,28 @@ int jlm_evk_rope_cs(const jlm_exd *k, uint32_t t, jlm_k_rope *rp, jlm_vk_view *c
     return JLM_OK;
 }
 
-/* Row t of b (K or V) into position p of the layer's cache c: copied (F32),
- * rounded to halves (F16) or quantized to Q8_0 blocks, as jlm_kv_put_row
- * does (bit-identical). */
-static int kv_put(jlm_exd *k, jlm_vk_buf *c, uint64_t p, int b, uint32_t t)
+/* rows [t, t + m) of b (K or V) into positions [p, p + m) of the layer's
+ * cache c, in one command: copied (F32), rounded to halves (F16) or
+ * quantized to Q8_0 blocks, as jlm_kv_put_row does (bit-identical; the
+ * cache's rows follow each other as the buffer's do). */
+static int kv_put(jlm_exd *k, jlm_vk_buf *c, uint64_t p, int b, uint32_t t, uint32_t m)
 {
-    uint64_t n = width(k->e, b), rb = kv_row(k->e, b);
-    jlm_vk_view dst = {c, p * rb, rb};
+    uint64_t n = width(k->e, b) * m, rb = kv_row(k->e, b);
+    jlm_vk_view dst = {c, p * rb, m * rb}, src = abv(k, b, t * width(k->e, b), n);
     switch (kv_type(k->e, b)) {
-    case KV_F32: return jlm_vk_copy(evk(k)->vk, dst, row(k, b, t), n * 4, k->err);
-    case KV_F16: return jlm_vk_to_f16(evk(k)->vk, dst, row(k, b, t), (uint32_t)n, k->err);
-    default: return jlm_vk_kv_q8(evk(k)->vk, dst, row(k, b, t), (uint32_t)n, k->err);
+    case KV_F32: return jlm_vk_copy(evk(k)->vk, dst, src, n * 4, k->err);
+    case KV_F16: return jlm_vk_to_f16(evk(k)->vk, dst, src, (uint32_t)n, k->err);
+    default: return jlm_vk_kv_q8(evk(k)->vk, dst, src, (uint32_t)n, k->err);
     }
+}
+
+/* How many rows from t on sit at consecutive positions (a prefill: all) */
+static uint32_t run_of(const jlm_exd *k, uint32_t t)
+{
+    uint32_t m = 1;
+    while (t + m < k->b.n && jlm_exd_pos(k, t + m) == jlm_exd_pos(k, t) + m)
+        m++;
+    return m;
 }
 
 static int op_kv_put(jlm_exd *k)
@@ -241,15 +277,31 @@ static int op_kv_put(jlm_exd *k)
     int rc = JLM_OK;
     if ((k->e->kt == KV_Q8_0 || k->e->vt == KV_Q8_0) && !jlm_vk_can_quantize(v->vk))
         return UNSUP;   /* kv_q8.comp rounds through doubles */
-    for (uint32_t t = 0; !rc && !k->dry && t < k->b.n; t++) {
+    for (uint32_t t = 0, m; !rc && !k->dry && t < k->b.n; t += m) {
         uint64_t p = jlm_exd_pos(k, t);
-        rc = kv_put(k, v->blk.kc[k->b.l], p, JLM_B_K, t);
+        m = run_of(k, t);
+        rc = kv_put(k, v->blk.kc[k->b.l], p, JLM_B_K, t, m);
         if (!rc)
-            rc = kv_put(k, v->blk.vc[k->b.l], p, JLM_B_V, t);
+            rc = kv_put(k, v->blk.vc[k->b.l], p, JLM_B_V, t, m);
     }
     return rc;
 }
 
+/* The most scores (floats) the attention of a block may hold: a prefill's
+ * rows attend together in chunks that fit it (one row always does). */
+#define SCORES_MAX (64ull << 20)
+static uint64_t scores_bytes(const jlm_evk *v, const jlm_engine *e, uint64_t rows)
+{
+    uint64_t one = (uint64_t)e->c->n_head * e->kv_ctx * 4, cap = jlm_vk_max_binding(v->vk);
+    cap = cap < SCORES_MAX ? cap : SCORES_MAX;
+    return rows * one < cap ? rows * one : one > cap ? one : cap;
+}
+
+/* ATT rows: each row over keys [lo, hi): a sliding window's (or a chunk's)
+ * first key to its own (up to bidir_end in an image), so the hidden keys
+ * are not read at all (the CPU masks them: exp(-inf) adds 0); the rows
+ * attend together, in as few chunks as the scores hold (one a prefill of a
+ * small model), each chunk one dispatch over the union of its rows' keys. */
 static int op_attend(jlm_exd *k, const float *sinks)
 {
     jlm_engine *e = k->e;
@@ -259,17 +311,38 @@ static int op_attend(jlm_exd *k, const float *sinks)
     jlm_k_attn ap = {.head_dim = e->hd, .head_dim_v = e->hd_v, .k_stride = e->kv_dim, .v_stride = e->kv_dim_v,
                      .scale = c->attn_scale > 0 ? c->attn_scale : 1.0f / sqrtf((float)e->hd),
                      .softcap = c->attn_softcap};
-    int rc = JLM_OK;
-    for (uint32_t t = 0; !rc && !k->dry && t < k->b.n; t++) {
-        /* keys [lo, hi): a sliding window's (or a chunk's) first key is where the views start, so the
-         * hidden keys are not read at all (the CPU masks them: exp(-inf) adds 0) */
-        uint32_t pos = jlm_exd_pos(k, t), hi = pos < e->bidir_end ? e->bidir_end : pos + 1;
-        uint64_t lo = jlm_ex_first_key(c, k->b.l, pos), n_kv = hi - lo;
-        jlm_vk_view kv = {s->kc[k->b.l], lo * kb, n_kv * kb}, vv = {s->vc[k->b.l], lo * vb, n_kv * vb},
-                    sc = {s->scores, 0, (uint64_t)c->n_head * n_kv * 4};
-        rc = jlm_vk_attention_kv(evk(k)->vk, &ap, c->n_head, c->n_kv_head, row(k, JLM_B_Q, t), kv, e->kt, vv, e->vt,
-                                 n_kv, sinks, sc, row(k, JLM_B_ATT, t), k->err);
+    if (k->dry)
+        return JLM_OK;
+    uint64_t cap = jlm_vk_buf_size(s->scores) / 4 / c->n_head;   /* keys a row's scores may hold */
+    uint32_t n = k->b.n, *span = malloc((uint64_t)n * 4 * sizeof *span), *lh = span + 2 * (uint64_t)n;
+    if (!span)
+        return jlm_errf(k->err, JLM_ENOMEM, "vulkan: out of memory");
+    for (uint32_t t = 0; t < n; t++) {
+        uint32_t pos = jlm_exd_pos(k, t);
+        lh[2 * t] = jlm_ex_first_key(c, k->b.l, pos);
+        lh[2 * t + 1] = pos < e->bidir_end ? e->bidir_end : pos + 1;
     }
+    int rc = JLM_OK;
+    for (uint32_t t = 0, m; !rc && t < n; t += m) {
+        uint32_t lo = lh[2 * t], hi = lh[2 * t + 1], most = hi - lo;
+        for (m = 1; t + m < n; m++) {   /* the chunk [t, t + m): its rows' scores fit */
+            uint32_t l2 = lh[2 * (t + m)], h2 = lh[2 * (t + m) + 1], mo = h2 - l2 > most ? h2 - l2 : most;
+            if ((uint64_t)(m + 1) * mo > cap)
+                break;
+            most = mo, lo = l2 < lo ? l2 : lo, hi = h2 > hi ? h2 : hi;
+        }
+        for (uint32_t r = 0; r < m; r++) {
+            span[2 * r] = lh[2 * (t + r)] - lo;
+            span[2 * r + 1] = lh[2 * (t + r) + 1] - lh[2 * (t + r)];
+        }
+        uint32_t qw = (uint32_t)width(e, JLM_B_Q), ow = (uint32_t)width(e, JLM_B_ATT);
+        jlm_vk_view kv = {s->kc[k->b.l], lo * kb, (hi - lo) * kb}, vv = {s->vc[k->b.l], lo * vb, (hi - lo) * vb},
+                    sc = {s->scores, 0, (uint64_t)m * c->n_head * most * 4};
+        rc = jlm_vk_attention_rows(evk(k)->vk, &ap, c->n_head, c->n_kv_head, m, abv(k, JLM_B_Q, (uint64_t)t * qw,
+                                   (uint64_t)m * qw), qw, kv, e->kt, vv, e->vt, span, sinks, sc,
+                                   abv(k, JLM_B_ATT, (uint64_t)t * ow, (uint64_t)m * ow), ow, k->err);
+    }
+    free(span);
     return rc;
 }
 
@@ -336,7 +409,7 @@ static int buffers(jlm_evk *v, jlm_engine *e, uint32_t l, uint32_t n, jlm_err *e
     if (!rc)
         rc = grow(v, &s->as, (uint64_t)s->ab_rows * kmax / 8, 0, err);
     if (!rc)
-        rc = grow(v, &s->scores, (uint64_t)e->c->n_head * e->kv_ctx * 4, 0, err);
+        rc = grow(v, &s->scores, scores_bytes(v, e, s->ab_rows), 0, err);
     if (!rc && !s->kc) {
         s->kc = calloc(e->c->n_layer, sizeof *s->kc);
         s->vc = calloc(e->c->n_layer, sizeof *s->vc);
@@ -471,7 +544,7 @@ int jlm_evk_output(jlm_dev *d, const float *norm, float eps, const jlm_k_mat *m,
     jlm_evk_blk *s = &v->blk;
     jlm_vk_view w = {0};
     uint64_t bytes = (uint64_t)n * m->rows * 4, r0;
-    if (!jlm_exd_held(s->x_host, s->x_rows, s->x_E, s->ab_rows, x, n, E, &r0) || m->k != E ||
+    if (n > MAX_ROWS || !jlm_exd_held(s->x_host, s->x_rows, s->x_E, s->ab_rows, x, n, E, &r0) || m->k != E ||
         matmul_rows(v, m, n, (jlm_vk_view){0}, (jlm_vk_view){0}, 0, 1, NULL))
         return UNSUP;
     if (vec(v, norm, E, &w))
@@ -480,9 +553,10 @@ int jlm_evk_output(jlm_dev *d, const float *norm, float eps, const jlm_k_mat *m,
     if (!rc)
         rc = jlm_vk_rec_begin(v->vk, err);
     jlm_dev_prof_op(d, JLM_DEVP_NORM);
-    for (uint32_t t = 0; !rc && t < n; t++)
-        rc = jlm_vk_rmsnorm(v->vk, (jlm_vk_view){s->ab[JLM_B_H], (uint64_t)t * E * 4, E * 4ull},
-                            (jlm_vk_view){s->ab[JLM_B_X], (r0 + t) * E * 4, E * 4ull}, w, E, eps, err);
+    if (!rc)
+        rc = jlm_vk_rmsnorm_rows(v->vk, (jlm_vk_view){s->ab[JLM_B_H], 0, (uint64_t)n * E * 4},
+                                 (jlm_vk_view){s->ab[JLM_B_X], r0 * E * 4, (uint64_t)n * E * 4}, w, E, 1, n, E, eps,
+                                 err);
     jlm_dev_prof_op(d, JLM_DEVP_MATMUL);
     if (!rc)
         rc = matmul_rows(v, m, n, (jlm_vk_view){s->ab[JLM_B_H], 0, (uint64_t)n * E * 4},

@@ -61,18 +61,27 @@ enum { JLM_KT_LIST(JLM_KT_ENUM_) JLM_KT_END_ };
 #define JLM_PUSH_MATVEC_FIELDS(U, F) \
     U(k) U(rows) U(u_lo) U(u_hi) U(qd) U(dd) U(sd) U(accum) U(r0) U(r1) U(ntok) \
     U(tx) U(ty) U(bx) U(by) U(bq) U(bd) U(bs)
-#define JLM_PUSH_RMSNORM_FIELDS(U, F) U(n) U(has_w) F(eps)
+/* rmsnorm.comp: workgroup (x, y) normalizes the n floats at y*stride + x*n
+ * (rows of heads; one dispatch of 1 x 1: the n floats at 0) */
+#define JLM_PUSH_RMSNORM_FIELDS(U, F) U(n) U(has_w) F(eps) U(stride)
 #define JLM_PUSH_LAYERNORM_FIELDS(U, F) U(n) U(has_w) U(has_b) F(eps)
 #define JLM_PUSH_SOFTMAX_FIELDS(U, F) U(n)
-/* op: JLM_VK_SILU.. (vk.h), 6 = gpt-oss's swiglu with alpha and limit */
-#define JLM_PUSH_ELTWISE_FIELDS(U, F) U(n) U(op) F(alpha) F(limit)
-#define JLM_PUSH_ROPE_FIELDS(U, F) U(n_rot) U(neox) U(n_head) U(head_dim)
+/* op: JLM_VK_SILU.. (vk.h), 6 = gpt-oss's swiglu with alpha and limit, 10 =
+ * a + b[i mod m] (a vector added to each row of m), 11 = a * s[i / m] (each
+ * row of m times its own scale, binding 3) */
+#define JLM_PUSH_ELTWISE_FIELDS(U, F) U(n) U(op) F(alpha) F(limit) U(m)
+/* rope.comp: workgroup row y rotates the heads at y*x_stride by the cos/sin
+ * at y*cs_stride (floats) */
+#define JLM_PUSH_ROPE_FIELDS(U, F) U(n_rot) U(neox) U(n_head) U(head_dim) U(x_stride) U(cs_stride)
 /* k_type, v_type: the cache's element (0 f32, 1 halves, 2 Q8_0 blocks: vk.h's
  * JLM_VK_KV_*); k_off, v_off: Q8_0's byte offset of element 0 in its bound
- * window (the window starts aligned down) */
+ * window (the window starts aligned down); q_stride, o_stride: 0 for one
+ * query row, else the floats between two rows' q and out, each workgroup
+ * row y its own keys (binding 7: y's first key and key count) and its
+ * scores at (y*heads + head)*n_kv */
 #define JLM_PUSH_ATTENTION_FIELDS(U, F) \
     U(head_dim) U(head_dim_v) U(k_stride) U(v_stride) U(n_kv) U(group) U(has_mask) U(has_sink) \
-    F(scale) F(softcap) U(k_type) U(v_type) U(k_off) U(v_off)
+    F(scale) F(softcap) U(k_type) U(v_type) U(k_off) U(v_off) U(q_stride) U(o_stride)
 /* kv_q8.comp: n blocks of 32 floats into Q8_0 blocks from byte off of the window */
 #define JLM_PUSH_KV_Q8_FIELDS(U, F) U(n) U(off)
 #define JLM_PUSH_MOE_ROUTE_FIELDS(U, F) U(n) U(n_used) U(mode) F(scale)
@@ -87,12 +96,12 @@ enum { JLM_KT_LIST(JLM_KT_ENUM_) JLM_KT_END_ };
  * size and last field (invariant 2). */
 #define JLM_LAYOUT_LIST(X) \
     X(push_matvec, PUSH_MATVEC, 72, bs) \
-    X(push_rmsnorm, PUSH_RMSNORM, 12, eps) \
+    X(push_rmsnorm, PUSH_RMSNORM, 16, stride) \
     X(push_layernorm, PUSH_LAYERNORM, 16, eps) \
     X(push_softmax, PUSH_SOFTMAX, 4, n) \
-    X(push_eltwise, PUSH_ELTWISE, 16, limit) \
-    X(push_rope, PUSH_ROPE, 16, head_dim) \
-    X(push_attention, PUSH_ATTENTION, 56, v_off) \
+    X(push_eltwise, PUSH_ELTWISE, 20, m) \
+    X(push_rope, PUSH_ROPE, 24, cs_stride) \
+    X(push_attention, PUSH_ATTENTION, 64, o_stride) \
     X(push_kv_q8, PUSH_KV_Q8, 8, off) \
     X(push_moe_route, PUSH_MOE_ROUTE, 16, scale) \
     X(push_moe_combine, PUSH_MOE_COMBINE, 8, n_used) \

@@ -1442,14 +1442,21 @@ Test(vulkan, whole_blocks_on_the_device_give_the_cpus_ids_in_one_round_trip_a_to
  * path (*path), the greedy ids of the prompt 1,10,20,30,40 (ic, 8) and its
  * expert predictions (pc). */
 static const int32_t MOE_PROMPT[5] = {1, 10, 20, 30, 40};
-static jlm_engine *moe_reference(const char *model, const char *dir, char **path, int32_t ic[8],
-                                 jlm_engine_predict *pc)
+
+/* The test model `model` (its .gguf) converted into dir/name: the path. */
+static char *convert_named(const char *model, const char *dir, const char *name)
 {
     char gguf[256];
     jlm_err err = {0};
     snprintf(gguf, sizeof gguf, "%s.gguf", model);
-    *path = tu_convert(gguf, dir, "moe.jlm", &err);
-    cr_assert(*path, "%s", err.msg);
+    char *path = tu_convert(gguf, dir, name, &err);
+    cr_assert(path, "%s", err.msg);
+    return path;
+}
+static jlm_engine *moe_reference(const char *model, const char *dir, char **path, int32_t ic[8],
+                                 jlm_engine_predict *pc)
+{
+    *path = convert_named(model, dir, "moe.jlm");
     jlm_engine *ec = engine_on(*path, "cpu", 0);
     float *l = malloc(jlm_engine_n_vocab(ec) * 4);
     bm_greedy_ids(ec, MOE_PROMPT, 5, 8, ic, l);
@@ -1873,4 +1880,183 @@ Test(vulkan, whole_blocks_with_a_q8_0_cache_give_the_cpus_ids, .timeout = 300)
 {
     static const char *const KV[] = {"q8_0", "q8_0/f16", "f32/q8_0"};
     bm_whole_blocks_gemma3("vulkan", KV, 3);
+}
+
+/* A prefill on whole blocks records a fixed number of dispatches a block
+ * (kernels and device copies, jlm_dev_stats.dispatches), whatever its row
+ * count: the norms, RoPE, the cache's stores and attention each run over all
+ * the rows at once (each row its own causal keys and window). 20 rows record
+ * as many as 10; and each row is computed as a one-row batch computes it: the
+ * prefill's logits equal those of the same tokens evaluated one by one, bit
+ * for bit (llama, qwen3's per-head norms with an F16 cache, gemma3's windows
+ * and its own RoPE base with a Q8_0 cache). */
+Test(vulkan, a_prefill_records_the_same_dispatches_whatever_its_row_count, .timeout = 300)
+{
+    static const struct { const char *model, *kv; } CASES[] = {
+        {"synth-llama-256.Q4_K_M", "f32"}, {"synth-qwen3-256.Q8_0", "f16"}, {"synth-gemma3-256.Q8_0", "q8_0"}};
+    char *dir = tu_tmpdir();
+    for (size_t c = 0; c < sizeof CASES / sizeof CASES[0]; c++) {
+        jlm_err err = {0};
+        char *path = convert_named(CASES[c].model, dir, "p.jlm");
+        jlm_engine *e = engine_kv(path, "vulkan", 0, CASES[c].kv);
+        if (!e) {
+            tu_rmrf(dir);
+            cr_skip_test("vulkan: no device");
+        }
+        uint32_t nv = jlm_engine_n_vocab(e);
+        int32_t prompt[20];
+        for (int i = 0; i < 20; i++)
+            prompt[i] = 3 + (i * 37) % (nv - 3 < 200 ? nv - 3 : 200);
+        float *pre = malloc(nv * 4), *one = malloc(nv * 4);
+        uint64_t d[2];
+        for (int r = 0; r < 2; r++) {   /* 20 rows, then 10 */
+            jlm_dev_stats s0, s1;
+            jlm_engine_rewind(e, 0);
+            jlm_engine_dev_stats(e, &s0);
+            cr_assert_eq(jlm_engine_eval(e, prompt, r ? 10 : 20, pre, &err), 0, "%s", err.msg);
+            jlm_engine_dev_stats(e, &s1);
+            cr_assert(s1.fallbacks == s0.fallbacks && s1.dispatches > s0.dispatches, "%s: nothing on the device",
+                      CASES[c].model);
+            d[r] = s1.dispatches - s0.dispatches;
+        }
+        uint32_t L = jlm_engine_model(e)->config.n_layer;
+        cr_log_info("%s (%s cache): a prefill of 20 rows records %llu dispatches (%u blocks)", CASES[c].model,
+                    CASES[c].kv, (unsigned long long)d[0], L);
+        cr_assert(d[0] <= 32ull * L + 8, "%s (%s cache): a prefill recorded %llu dispatches, over 32 a block",
+                  CASES[c].model, CASES[c].kv, (unsigned long long)d[0]);
+        cr_assert_eq(d[0], d[1], "%s (%s cache): a prefill of 20 rows recorded %llu dispatches, of 10 %llu",
+                     CASES[c].model, CASES[c].kv, (unsigned long long)d[0], (unsigned long long)d[1]);
+        jlm_engine_rewind(e, 0);
+        cr_assert_eq(jlm_engine_eval(e, prompt, 20, pre, &err), 0, "%s", err.msg);
+        jlm_engine_rewind(e, 0);
+        for (int i = 0; i < 20; i++)
+            cr_assert_eq(jlm_engine_eval(e, &prompt[i], 1, one, &err), 0, "%s", err.msg);
+        cr_assert(!memcmp(pre, one, nv * 4), "%s (%s cache): the prefill's logits differ from one row at a time",
+                  CASES[c].model, CASES[c].kv);
+        free(pre);
+        free(one);
+        jlm_engine_close(e);
+        free(path);
+    }
+    tu_rmrf(dir);
+    free(dir);
+}
+
+/* A device buffer of n zero bytes. */
+static jlm_vk_buf *zeros(jlm_vk *vk, uint64_t n)
+{
+    jlm_vk_buf *b = NULL;
+    jlm_err err = {0};
+    cr_assert(jlm_vk_buf_new(vk, n, &b, &err) == 0, "%s", err.msg);
+    memset(jlm_vk_buf_map(b), 0, n);
+    return b;
+}
+
+/* The row-batched kernels (a prefill's: jlm_vk_attention_rows,
+ * jlm_vk_rmsnorm_rows, jlm_vk_rope_rows, jlm_vk_add_rows, jlm_vk_scale_rows) compute each row
+ * bit for bit as the one-row kernels do: attention of 6 query rows at
+ * positions 10..15, causal, with and without a window of 4, with sinks and a
+ * softcap, over an f32, a halves and a Q8_0 cache (GQA 2:1); the norms per
+ * head and per row; RoPE at each row's cos/sin; a bias on each row; each
+ * row times its own scale (Llama 4's attention temperature). */
+Test(vulkan, row_batched_kernels_compute_each_row_as_the_one_row_kernels_bit_for_bit)
+{
+    jlm_vk *vk = open_or_skip();
+    jlm_err err = {0};
+    uint64_t seed = 38;
+    enum { R = 6, NH = 4, NKV = 2, HD = 32, P = 16, KVD = NKV * HD, QW = NH * HD };
+    float q[R * QW], kf[P * KVD], vf[P * KVD], sinks[NH];
+    for (int i = 0; i < R * QW; i++)
+        q[i] = rng_unit(&seed);
+    for (int i = 0; i < P * KVD; i++)
+        kf[i] = rng_unit(&seed), vf[i] = rng_unit(&seed);
+    for (int h = 0; h < NH; h++)
+        sinks[h] = rng_unit(&seed);
+    static const uint64_t RB[3] = {KVD * 4, KVD * 2, KVD / 32 * 34};
+    uint8_t kc[3][P * KVD * 4], vc[3][P * KVD * 4];
+    for (int i = 0; i < P * KVD; i++) {
+        uint16_t hk = jlm_k_f32_to_fp16(kf[i]), hv = jlm_k_f32_to_fp16(vf[i]);
+        memcpy(kc[0] + 4 * i, &kf[i], 4), memcpy(vc[0] + 4 * i, &vf[i], 4);
+        memcpy(kc[1] + 2 * i, &hk, 2), memcpy(vc[1] + 2 * i, &hv, 2);
+    }
+    for (int b = 0; b < P * KVD / 32; b++) {   /* Q8_0 blocks: a half d, 32 int8 */
+        uint16_t d = (uint16_t)(0x2000 | (rng_next(&seed) & 0x3ff));
+        memcpy(kc[2] + 34 * b, &d, 2), memcpy(vc[2] + 34 * b, &d, 2);
+        for (int i = 0; i < 32; i++)
+            kc[2][34 * b + 2 + i] = (uint8_t)rng_next(&seed), vc[2][34 * b + 2 + i] = (uint8_t)rng_next(&seed);
+    }
+    jlm_vk_buf *qb = up(vk, q, sizeof q), *one = zeros(vk, R * NH * HD * 4), *all = zeros(vk, R * NH * HD * 4),
+               *sc = zeros(vk, R * NH * P * 4);
+    for (int f = 0; f < 3 * 4; f++) {
+        int t = f / 4, win = f & 1, sk = f & 2;
+        jlm_vk_buf *kb = up(vk, kc[t], P * RB[t]), *vb = up(vk, vc[t], P * RB[t]);
+        jlm_k_attn ap = {.head_dim = HD, .head_dim_v = HD, .k_stride = KVD, .v_stride = KVD,
+                         .scale = 0.17f, .softcap = f % 3 == 1 ? 3.0f : 0.0f};
+        uint32_t span[2 * R], lo0 = 0;
+        for (int r = 0; r < R; r++) {
+            uint32_t pos = 10 + r, lo = win && pos >= 3 ? pos - 3 : 0, n = pos + 1 - lo;
+            lo0 = r == 0 ? lo : lo0;
+            span[2 * r] = lo - lo0, span[2 * r + 1] = n;
+            jlm_vk_view kv = {kb, lo * RB[t], n * RB[t]}, vv = {vb, lo * RB[t], n * RB[t]};
+            cr_assert_eq(jlm_vk_attention_kv(vk, &ap, NH, NKV, (jlm_vk_view){qb, r * QW * 4, QW * 4}, kv, t, vv, t, n,
+                                             sk ? sinks : NULL, (jlm_vk_view){sc, 0, NH * n * 4},
+                                             (jlm_vk_view){one, r * QW * 4, QW * 4}, &err),
+                         0, "%s", err.msg);
+        }
+        uint64_t nk = 16 - lo0;
+        cr_assert_eq(jlm_vk_attention_rows(vk, &ap, NH, NKV, R, whole(qb), QW, (jlm_vk_view){kb, lo0 * RB[t], nk * RB[t]},
+                                           t, (jlm_vk_view){vb, lo0 * RB[t], nk * RB[t]}, t, span, sk ? sinks : NULL,
+                                           whole(sc), whole(all), QW, &err),
+                     0, "%s", err.msg);
+        cr_assert(!memcmp(fmap(one), fmap(all), R * QW * 4), "attention rows (cache %d, window %d, sinks %d) differ "
+                  "from one row at a time", t, win, sk != 0);
+        jlm_vk_buf_free(vk, kb);
+        jlm_vk_buf_free(vk, vb);
+    }
+    /* norms: each head (3 of 32 a row), each row of 96 with a weight; RoPE: rows at their own cos/sin */
+    float w[96], cs[R * 2 * 16], bias[96];
+    for (int i = 0; i < 96; i++)
+        w[i] = 1.0f + rng_unit(&seed), bias[i] = rng_unit(&seed);
+    for (int r = 0; r < R * 2; r++) {
+        jlm_k_rope rp = {.n_rot = 16, .freq_base = r % 2 ? 10000.0f : 1e6f, .freq_scale = 1.0f, .attn_factor = 1.0f};
+        jlm_k_rope_cos_sin(&rp, 10 + r / 2, cs + r * 16);
+    }
+    jlm_vk_buf *wb = up(vk, w, sizeof w), *cb = up(vk, cs, sizeof cs), *bb = up(vk, bias, sizeof bias);
+    float temp[R] = {1.0f, 1.25f, 0.75f, 1.0f, 3.0f, 0.1f};
+    for (int f = 0; f < 6; f++) {
+        memcpy(jlm_vk_buf_map(one), q, R * 96 * 4);
+        memcpy(jlm_vk_buf_map(all), q, R * 96 * 4);
+        for (int r = 0; r < R && f < 2; r++)
+            for (int h = 0; h < (f ? 1 : 3); h++) {
+                uint32_t n = f ? 96 : 32;
+                jlm_vk_view x = {one, (r * 96 + h * n) * 4, n * 4};
+                cr_assert_eq(jlm_vk_rmsnorm(vk, x, x, f ? whole(wb) : (jlm_vk_view){0}, n, 1e-5f, &err), 0, "%s",
+                             err.msg);
+            }
+        for (int r = 0; r < R && f >= 2 && f < 4; r++)
+            cr_assert_eq(jlm_vk_rope_cs(vk, 16, f == 3, (jlm_vk_view){one, r * 96 * 4, 96 * 4}, 3, 32,
+                                        (jlm_vk_view){cb, r * 2 * 16 * 4, 16 * 4}, &err),
+                         0, "%s", err.msg);
+        for (int r = 0; r < R && f == 4; r++) {
+            jlm_vk_view x = {one, r * 96 * 4, 96 * 4};
+            cr_assert_eq(jlm_vk_eltwise(vk, JLM_VK_ADD, x, x, whole(bb), 96, &err), 0, "%s", err.msg);
+        }
+        for (int r = 0; r < R && f == 5; r++) {
+            jlm_vk_view x = {one, r * 96 * 4, 96 * 4};
+            cr_assert_eq(jlm_vk_scale(vk, x, x, temp[r], 96, &err), 0, "%s", err.msg);
+        }
+        int rc = f < 2 ? jlm_vk_rmsnorm_rows(vk, whole(all), whole(all), f ? whole(wb) : (jlm_vk_view){0}, f ? 96 : 32,
+                                             f ? 1 : 3, R, 96, 1e-5f, &err)
+                 : f < 4 ? jlm_vk_rope_rows(vk, 16, f == 3, whole(all), 3, 32, 96, whole(cb), 2 * 16, R, &err)
+                 : f < 5 ? jlm_vk_add_rows(vk, whole(all), whole(all), whole(bb), 96, R, &err)
+                         : jlm_vk_scale_rows(vk, whole(all), whole(all), temp, 96, R, &err);
+        cr_assert_eq(rc, 0, "%s", err.msg);
+        cr_assert(!memcmp(fmap(one), fmap(all), R * 96 * 4), "case %d (norm by head, by row, rope, neox rope, "
+                  "bias, scale a row): the rows differ from one row at a time", f);
+        cr_assert(memcmp(fmap(all), q, R * 96 * 4), "case %d changed nothing", f);
+    }
+    jlm_vk_buf *bufs[] = {qb, one, all, sc, wb, cb, bb};
+    for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++)
+        jlm_vk_buf_free(vk, bufs[i]);
+    jlm_vk_close(vk);
 }

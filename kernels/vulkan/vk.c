@@ -116,6 +116,7 @@ struct jlm_vk {
     int                   rec;           /* jlm_vk_rec_begin: dispatches are recorded, not submitted */
     uint32_t              rec_sets;      /* descriptor sets allocated since the last submit */
     uint64_t              submits;       /* command buffers submitted and waited for */
+    uint64_t              dispatches;    /* kernel dispatches and device copies recorded */
     jlm_vk_buf           *staging;       /* jlm_vk_buf_write's host-visible bounce buffer */
     uint64_t              max_binding;   /* maxStorageBufferRange, or JLM_VK_MAX_BINDING's lower value */
     int                   untiled;       /* JLM_VK_MATMUL_TILE=1: a matmul reads its weights once per token */
@@ -814,6 +815,7 @@ int jlm_vk_rec_end(jlm_vk *vk, jlm_err *err)
 
 int jlm_vk_recording(const jlm_vk *vk) { return vk->rec; }
 uint64_t jlm_vk_submits(const jlm_vk *vk) { return vk->submits; }
+uint64_t jlm_vk_dispatches(const jlm_vk *vk) { return vk->dispatches; }
 
 static uint64_t tmp_align(const jlm_vk *vk, uint64_t n)
 {
@@ -885,6 +887,7 @@ int jlm_vk_copy(jlm_vk *vk, jlm_vk_view dst, jlm_vk_view src, uint64_t n, jlm_er
         cmd_begin(vk);
     VkBufferCopy c = {.srcOffset = src.off, .dstOffset = dst.off, .size = n};
     vkCmdCopyBuffer(vk->cmd, src.buf->buf, dst.buf->buf, 1, &c);
+    vk->dispatches++;
     barrier_after(vk, VK_PIPELINE_STAGE_TRANSFER_BIT, VK_ACCESS_TRANSFER_WRITE_BIT);
     return vk->rec ? JLM_OK : cmd_submit(vk, err);
 }
@@ -932,6 +935,7 @@ static int dispatch3(jlm_vk *vk, VkPipeline pipe, const jlm_vk_view *views, int 
     memcpy(pbuf, push, push_size);
     vkCmdPushConstants(vk->cmd, vk->layout, VK_SHADER_STAGE_COMPUTE_BIT, 0, JLM_PUSH_MAX, pbuf);
     vkCmdDispatch(vk->cmd, gx, gy, gz);
+    vk->dispatches++;
     barrier_after(vk, VK_PIPELINE_STAGE_COMPUTE_SHADER_BIT, VK_ACCESS_SHADER_WRITE_BIT);
     return vk->rec ? JLM_OK : cmd_submit(vk, err);
 }
@@ -1125,9 +1129,17 @@ int jlm_vk_matmul_batch(jlm_vk *vk, const jlm_vk_mat *m, const jlm_vk_batch *b, 
 int jlm_vk_rmsnorm(jlm_vk *vk, jlm_vk_view out, jlm_vk_view x, jlm_vk_view w, uint32_t n,
                    float eps, jlm_err *err)
 {
-    jlm_push_rmsnorm p = {n, w.buf != NULL, eps};
+    return jlm_vk_rmsnorm_rows(vk, out, x, w, n, 1, 1, 0, eps, err);
+}
+
+int jlm_vk_rmsnorm_rows(jlm_vk *vk, jlm_vk_view out, jlm_vk_view x, jlm_vk_view w, uint32_t n, uint32_t per,
+                        uint32_t rows, uint32_t stride, float eps, jlm_err *err)
+{
+    if (!per || !rows || rows > 65535 || per > 65535)
+        return jlm_errf(err, JLM_EINVAL, "vulkan rmsnorm: %u rows of %u groups", rows, per);
+    jlm_push_rmsnorm p = {n, w.buf != NULL, eps, stride};
     jlm_vk_view v[3] = {x, w, out};
-    return dispatch(vk, vk->pipe[K_RMSNORM], v, 3, &p, sizeof p, 1, err);
+    return dispatch2(vk, vk->pipe[K_RMSNORM], v, 3, &p, sizeof p, per, rows, err);
 }
 
 int jlm_vk_softmax(jlm_vk *vk, jlm_vk_view x, uint32_t n, uint32_t rows, jlm_err *err)
@@ -1141,22 +1153,45 @@ int jlm_vk_eltwise(jlm_vk *vk, int op, jlm_vk_view out, jlm_vk_view a, jlm_vk_vi
 {
     if (op < JLM_VK_SILU || op > JLM_VK_GELU_QUICK)
         return jlm_errf(err, JLM_EINVAL, "vulkan: unknown element-wise op %d", op);
-    jlm_push_eltwise p = {n, (uint32_t)op, 0, 0};
+    jlm_push_eltwise p = {n, (uint32_t)op, 0, 0, 0};
     jlm_vk_view v[3] = {a, b, out};
     return dispatch(vk, vk->pipe[K_ELTWISE], v, 3, &p, sizeof p, groups(n, 256), err);
+}
+
+int jlm_vk_add_rows(jlm_vk *vk, jlm_vk_view out, jlm_vk_view a, jlm_vk_view b, uint32_t n, uint32_t rows,
+                    jlm_err *err)
+{
+    if (!n || !rows || (uint64_t)n * rows > UINT32_MAX)
+        return jlm_errf(err, JLM_EINVAL, "vulkan add: %u rows of %u", rows, n);
+    jlm_push_eltwise p = {n * rows, 10, 0, 0, n};
+    jlm_vk_view v[3] = {a, b, out};
+    return dispatch(vk, vk->pipe[K_ELTWISE], v, 3, &p, sizeof p, groups((uint64_t)n * rows, 256), err);
+}
+
+int jlm_vk_scale_rows(jlm_vk *vk, jlm_vk_view out, jlm_vk_view x, const float *s, uint32_t n, uint32_t rows,
+                      jlm_err *err)
+{
+    if (!n || !rows || (uint64_t)n * rows > UINT32_MAX)
+        return jlm_errf(err, JLM_EINVAL, "vulkan scale: %u rows of %u", rows, n);
+    int rc = reserve(vk, (uint64_t)rows * 4, err);
+    if (rc)
+        return rc;
+    jlm_push_eltwise p = {n * rows, 11, 0, 0, n};
+    jlm_vk_view v[4] = {x, x, out, tmp_put(vk, s, (uint64_t)rows * 4)};
+    return dispatch(vk, vk->pipe[K_ELTWISE], v, 4, &p, sizeof p, groups((uint64_t)n * rows, 256), err);
 }
 
 int jlm_vk_swiglu_oai(jlm_vk *vk, jlm_vk_view out, jlm_vk_view gate, jlm_vk_view up, uint32_t n,
                       float alpha, float limit, jlm_err *err)
 {
-    jlm_push_eltwise p = {n, 6, alpha, limit};
+    jlm_push_eltwise p = {n, 6, alpha, limit, 0};
     jlm_vk_view v[3] = {gate, up, out};
     return dispatch(vk, vk->pipe[K_ELTWISE], v, 3, &p, sizeof p, groups(n, 256), err);
 }
 
 int jlm_vk_scale(jlm_vk *vk, jlm_vk_view out, jlm_vk_view x, float s, uint32_t n, jlm_err *err)
 {
-    jlm_push_eltwise p = {n, 9, s, 0};
+    jlm_push_eltwise p = {n, 9, s, 0, 0};
     jlm_vk_view v[3] = {x, x, out};
     return dispatch(vk, vk->pipe[K_ELTWISE], v, 3, &p, sizeof p, groups(n, 256), err);
 }
@@ -1171,7 +1206,7 @@ int jlm_vk_geglu_fp16(jlm_vk *vk, jlm_vk_view out, jlm_vk_view gate, jlm_vk_view
         for (uint32_t h = 0; h < 65536; h++)
             t[h] = jlm_k_gelu_fp16_entry((uint16_t)h);
     }
-    jlm_push_eltwise p = {n, 7, 0, 0};
+    jlm_push_eltwise p = {n, 7, 0, 0, 0};
     jlm_vk_view v[4] = {gate, up, out, {vk->gelu_tab, 0, 0}};
     return dispatch(vk, vk->pipe[K_ELTWISE], v, 4, &p, sizeof p, groups(n, 256), err);
 }
@@ -1180,7 +1215,7 @@ int jlm_vk_to_f16(jlm_vk *vk, jlm_vk_view out, jlm_vk_view x, uint32_t n, jlm_er
 {
     if (n % 2)
         return jlm_errf(err, JLM_EINVAL, "vulkan f16: %u floats (an even count)", n);
-    jlm_push_eltwise p = {n / 2, 8, 0, 0};
+    jlm_push_eltwise p = {n / 2, 8, 0, 0, 0};
     jlm_vk_view v[3] = {x, {0}, out};
     return dispatch(vk, vk->pipe[K_ELTWISE], v, 3, &p, sizeof p, groups(n / 2, 256), err);
 }
@@ -1228,7 +1263,7 @@ int jlm_vk_rope(jlm_vk *vk, const jlm_k_rope *p, jlm_vk_view x, uint32_t n_head,
     free(cs);
     if (rc)
         return rc;
-    jlm_push_rope push = {p->n_rot, (uint32_t)(p->neox != 0), n_head, head_dim};
+    jlm_push_rope push = {p->n_rot, (uint32_t)(p->neox != 0), n_head, head_dim, 0, 0};
     return dispatch(vk, vk->pipe[K_ROPE], v, 2, &push, sizeof push, groups((uint64_t)p->n_rot / 2 * n_head, 64), err);
 }
 
@@ -1248,11 +1283,20 @@ int jlm_vk_quantize(jlm_vk *vk, jlm_vk_view x, uint64_t n, const jlm_vk_act *out
 int jlm_vk_rope_cs(jlm_vk *vk, uint32_t n_rot, int neox, jlm_vk_view x, uint32_t n_head, uint32_t head_dim,
                    jlm_vk_view cs, jlm_err *err)
 {
+    return jlm_vk_rope_rows(vk, n_rot, neox, x, n_head, head_dim, 0, cs, 0, 1, err);
+}
+
+int jlm_vk_rope_rows(jlm_vk *vk, uint32_t n_rot, int neox, jlm_vk_view x, uint32_t n_head, uint32_t head_dim,
+                     uint32_t x_stride, jlm_vk_view cs, uint32_t cs_stride, uint32_t rows, jlm_err *err)
+{
     if (n_rot == 0 || n_rot % 2 || n_rot > head_dim)
         return jlm_errf(err, JLM_EINVAL, "vulkan rope: n_rot %u not even and <= head dim %u", n_rot, head_dim);
-    jlm_push_rope push = {n_rot, (uint32_t)(neox != 0), n_head, head_dim};
+    if (!rows || rows > 65535)
+        return jlm_errf(err, JLM_EINVAL, "vulkan rope: %u rows", rows);
+    jlm_push_rope push = {n_rot, (uint32_t)(neox != 0), n_head, head_dim, x_stride, cs_stride};
     jlm_vk_view v[2] = {x, cs};
-    return dispatch(vk, vk->pipe[K_ROPE], v, 2, &push, sizeof push, groups((uint64_t)n_rot / 2 * n_head, 64), err);
+    return dispatch2(vk, vk->pipe[K_ROPE], v, 2, &push, sizeof push, groups((uint64_t)n_rot / 2 * n_head, 64), rows,
+                     err);
 }
 
 /* A Q8_0 view (any byte offset) as a window that starts aligned down and
@@ -1276,30 +1320,59 @@ int jlm_vk_kv_q8(jlm_vk *vk, jlm_vk_view out, jlm_vk_view x, uint32_t n, jlm_err
     return dispatch(vk, vk->pipe[K_KV_Q8], v, 2, &p, sizeof p, groups(n / 32, 64), err);
 }
 
-int jlm_vk_attention_kv(jlm_vk *vk, const jlm_k_attn *p, uint32_t n_head, uint32_t n_kv_head, jlm_vk_view q,
-                        jlm_vk_view k, int kt, jlm_vk_view v, int vt, uint64_t n_kv, const float *sinks,
-                        jlm_vk_view scratch, jlm_vk_view out, jlm_err *err)
+/* jlm_vk_attention_kv (rows 0: one query row, n_kv keys) and
+ * jlm_vk_attention_rows (span: rows pairs of first key and key count, up
+ * in the arena; n_kv: the scores' stride, the most keys of a row). */
+static int attention(jlm_vk *vk, const jlm_k_attn *p, uint32_t n_head, uint32_t n_kv_head, jlm_vk_view q,
+                     uint32_t q_stride, jlm_vk_view k, int kt, jlm_vk_view v, int vt, uint64_t n_kv,
+                     const float *sinks, jlm_vk_view scratch, jlm_vk_view out, uint32_t o_stride, uint32_t rows,
+                     const uint32_t *span, jlm_err *err)
 {
     if (!n_head || !n_kv_head || n_head % n_kv_head || !n_kv || n_kv > UINT32_MAX ||
         p->k_stride > UINT32_MAX || p->v_stride > UINT32_MAX || kt < 0 || kt > JLM_VK_KV_Q8_0 || vt < 0 ||
         vt > JLM_VK_KV_Q8_0 || (kt == JLM_VK_KV_Q8_0 && (p->k_stride % 32 || p->head_dim % 32)) ||
-        (vt == JLM_VK_KV_Q8_0 && (p->v_stride % 32 || p->head_dim_v % 32)))
-        return jlm_errf(err, JLM_EINVAL, "vulkan attention: bad shape (heads %u/%u, n_kv %llu, cache types %d/%d)",
-                        n_head, n_kv_head, (unsigned long long)n_kv, kt, vt);
+        (vt == JLM_VK_KV_Q8_0 && (p->v_stride % 32 || p->head_dim_v % 32)) || rows > 65535 ||
+        (rows && (!q_stride || !o_stride || p->mask)))
+        return jlm_errf(err, JLM_EINVAL, "vulkan attention: bad shape (heads %u/%u, n_kv %llu, cache types %d/%d, "
+                        "%u rows)", n_head, n_kv_head, (unsigned long long)n_kv, kt, vt, rows);
     uint64_t mask_bytes = p->mask ? n_kv * 4 : 0, sink_bytes = sinks ? (uint64_t)n_head * 4 : 0;
-    int rc = reserve(vk, mask_bytes + tmp_align(vk, sink_bytes), err);
+    uint64_t span_bytes = (uint64_t)rows * 8;
+    int rc = reserve(vk, mask_bytes + tmp_align(vk, sink_bytes) + tmp_align(vk, span_bytes), err);
     if (rc)
         return rc;
     jlm_vk_view mv = p->mask ? tmp_put(vk, p->mask, mask_bytes) : (jlm_vk_view){0};
     jlm_vk_view sv = sinks ? tmp_put(vk, sinks, sink_bytes) : (jlm_vk_view){0};
+    jlm_vk_view rv = rows ? tmp_put(vk, span, span_bytes) : (jlm_vk_view){0};
     jlm_push_attention pc = {p->head_dim, p->head_dim_v, (uint32_t)p->k_stride, (uint32_t)p->v_stride, (uint32_t)n_kv,
-            n_head / n_kv_head, p->mask != NULL, sinks != NULL, p->scale, p->softcap, (uint32_t)kt, (uint32_t)vt, 0, 0};
+            n_head / n_kv_head, p->mask != NULL, sinks != NULL, p->scale, p->softcap, (uint32_t)kt, (uint32_t)vt, 0, 0,
+            rows ? q_stride : 0, rows ? o_stride : 0};
     if (kt == JLM_VK_KV_Q8_0)
         k = q8_window(vk, k, &pc.k_off);
     if (vt == JLM_VK_KV_Q8_0)
         v = q8_window(vk, v, &pc.v_off);
-    jlm_vk_view b[7] = {q, k, v, mv, sv, scratch, out};
-    return dispatch(vk, vk->pipe[K_ATTENTION], b, 7, &pc, sizeof pc, n_head, err);
+    jlm_vk_view b[8] = {q, k, v, mv, sv, scratch, out, rv};
+    return dispatch2(vk, vk->pipe[K_ATTENTION], b, 8, &pc, sizeof pc, n_head, rows ? rows : 1, err);
+}
+
+int jlm_vk_attention_kv(jlm_vk *vk, const jlm_k_attn *p, uint32_t n_head, uint32_t n_kv_head, jlm_vk_view q,
+                        jlm_vk_view k, int kt, jlm_vk_view v, int vt, uint64_t n_kv, const float *sinks,
+                        jlm_vk_view scratch, jlm_vk_view out, jlm_err *err)
+{
+    return attention(vk, p, n_head, n_kv_head, q, 0, k, kt, v, vt, n_kv, sinks, scratch, out, 0, 0, NULL, err);
+}
+
+int jlm_vk_attention_rows(jlm_vk *vk, const jlm_k_attn *p, uint32_t n_head, uint32_t n_kv_head, uint32_t rows,
+                          jlm_vk_view q, uint32_t q_stride, jlm_vk_view k, int kt, jlm_vk_view v, int vt,
+                          const uint32_t *span, const float *sinks, jlm_vk_view scratch, jlm_vk_view out,
+                          uint32_t o_stride, jlm_err *err)
+{
+    uint64_t most = 0;
+    for (uint32_t r = 0; r < rows; r++)
+        most = span[2 * r + 1] > most ? span[2 * r + 1] : most;
+    if (!rows)
+        return jlm_errf(err, JLM_EINVAL, "vulkan attention: no rows");
+    return attention(vk, p, n_head, n_kv_head, q, q_stride, k, kt, v, vt, most, sinks, scratch, out, o_stride, rows,
+                     span, err);
 }
 
 int jlm_vk_attention(jlm_vk *vk, const jlm_k_attn *p, uint32_t n_head, uint32_t n_kv_head,
@@ -1350,6 +1423,7 @@ int jlm_vk_rec_begin(jlm_vk *vk, jlm_err *err) { return none(err); }
 int jlm_vk_rec_end(jlm_vk *vk, jlm_err *err) { return JLM_OK; }
 int jlm_vk_recording(const jlm_vk *vk) { return 0; }
 uint64_t jlm_vk_submits(const jlm_vk *vk) { return 0; }
+uint64_t jlm_vk_dispatches(const jlm_vk *vk) { return 0; }
 int jlm_vk_can_time(const jlm_vk *vk) { return 0; }
 int jlm_vk_time(jlm_vk *vk, int on, jlm_err *err) { return on ? none(err) : JLM_OK; }
 void jlm_vk_time_tag(jlm_vk *vk, int tag) {}
@@ -1401,6 +1475,33 @@ int jlm_vk_geglu_fp16(jlm_vk *vk, jlm_vk_view out, jlm_vk_view gate, jlm_vk_view
                       jlm_err *err) { return none(err); }
 int jlm_vk_to_f16(jlm_vk *vk, jlm_vk_view out, jlm_vk_view x, uint32_t n, jlm_err *err) { return none(err); }
 int jlm_vk_kv_q8(jlm_vk *vk, jlm_vk_view out, jlm_vk_view x, uint32_t n, jlm_err *err) { return none(err); }
+int jlm_vk_attention_rows(jlm_vk *vk, const jlm_k_attn *p, uint32_t n_head, uint32_t n_kv_head, uint32_t rows,
+                          jlm_vk_view q, uint32_t q_stride, jlm_vk_view k, int kt, jlm_vk_view v, int vt,
+                          const uint32_t *span, const float *sinks, jlm_vk_view scratch, jlm_vk_view out,
+                          uint32_t o_stride, jlm_err *err)
+{
+    return none(err);
+}
+int jlm_vk_rmsnorm_rows(jlm_vk *vk, jlm_vk_view out, jlm_vk_view x, jlm_vk_view w, uint32_t n, uint32_t per,
+                        uint32_t rows, uint32_t stride, float eps, jlm_err *err)
+{
+    return none(err);
+}
+int jlm_vk_add_rows(jlm_vk *vk, jlm_vk_view out, jlm_vk_view a, jlm_vk_view b, uint32_t n, uint32_t rows,
+                    jlm_err *err)
+{
+    return none(err);
+}
+int jlm_vk_scale_rows(jlm_vk *vk, jlm_vk_view out, jlm_vk_view x, const float *s, uint32_t n, uint32_t rows,
+                      jlm_err *err)
+{
+    return none(err);
+}
+int jlm_vk_rope_rows(jlm_vk *vk, uint32_t n_rot, int neox, jlm_vk_view x, uint32_t n_head, uint32_t head_dim,
+                     uint32_t x_stride, jlm_vk_view cs, uint32_t cs_stride, uint32_t rows, jlm_err *err)
+{
+    return none(err);
+}
 int jlm_vk_attention_kv(jlm_vk *vk, const jlm_k_attn *p, uint32_t n_head, uint32_t n_kv_head, jlm_vk_view q,
                         jlm_vk_view k, int kt, jlm_vk_view v, int vt, uint64_t n_kv, const float *sinks,
                         jlm_vk_view scratch, jlm_vk_view out, jlm_err *err) { return none(err); }

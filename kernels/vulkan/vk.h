@@ -103,6 +103,9 @@ int jlm_vk_rec_begin(jlm_vk *vk, jlm_err *err);
 int jlm_vk_rec_end(jlm_vk *vk, jlm_err *err);
 int jlm_vk_recording(const jlm_vk *vk);
 uint64_t jlm_vk_submits(const jlm_vk *vk);
+/* Kernel dispatches and device copies recorded (or submitted) so far: a
+ * prefill's cost in commands (docs/vulkan.md). */
+uint64_t jlm_vk_dispatches(const jlm_vk *vk);
 /* Timing (jlm bench --profile): with jlm_vk_time on, every command buffer
  * gets a timestamp query at its start, at each jlm_vk_time_tag that changes
  * the tag, and at its end; after its submit-and-wait, the time between two
@@ -168,6 +171,12 @@ int jlm_vk_matmul_batch(jlm_vk *vk, const jlm_vk_mat *m, const jlm_vk_batch *b, 
 /* out = x / sqrt(mean(x^2) + eps) * w; w.buf NULL: no weight. n floats. */
 int jlm_vk_rmsnorm(jlm_vk *vk, jlm_vk_view out, jlm_vk_view x, jlm_vk_view w, uint32_t n,
                    float eps, jlm_err *err);
+/* The same in one dispatch over rows x per groups of n floats: group (g, r)
+ * is the n floats at r*stride + g*n of x and out (rows of heads: per heads
+ * of n a row); each as jlm_vk_rmsnorm computes it (bit-identical). rows and
+ * per at most 65535. */
+int jlm_vk_rmsnorm_rows(jlm_vk *vk, jlm_vk_view out, jlm_vk_view x, jlm_vk_view w, uint32_t n, uint32_t per,
+                        uint32_t rows, uint32_t stride, float eps, jlm_err *err);
 /* In place, over `rows` rows of n floats each. */
 int jlm_vk_softmax(jlm_vk *vk, jlm_vk_view x, uint32_t n, uint32_t rows, jlm_err *err);
 
@@ -176,6 +185,15 @@ enum jlm_vk_ew { JLM_VK_SILU = 0, JLM_VK_GELU = 1, JLM_VK_SWIGLU = 2, JLM_VK_ADD
 /* out = op(a) or op(a, b) (SWIGLU: a gate, b up). b unused for one-input ops. */
 int jlm_vk_eltwise(jlm_vk *vk, int op, jlm_vk_view out, jlm_vk_view a, jlm_vk_view b,
                    uint32_t n, jlm_err *err);
+/* out = a + b over rows rows of n floats, b (n floats) added to each row
+ * (a bias; each sum as JLM_VK_ADD's), one dispatch; out may be a. */
+int jlm_vk_add_rows(jlm_vk *vk, jlm_vk_view out, jlm_vk_view a, jlm_vk_view b, uint32_t n, uint32_t rows,
+                    jlm_err *err);
+/* out = x * s[r] over rows rows of n floats, each row r by its own scale
+ * (s: rows floats, up with the call; each product as jlm_vk_scale's), one
+ * dispatch; out may be x. */
+int jlm_vk_scale_rows(jlm_vk *vk, jlm_vk_view out, jlm_vk_view x, const float *s, uint32_t n, uint32_t rows,
+                      jlm_err *err);
 /* gpt-oss's SwiGLU (jlm_k_swiglu_oai): clamps, then g * sigmoid(alpha g) * (u + 1). */
 int jlm_vk_swiglu_oai(jlm_vk *vk, jlm_vk_view out, jlm_vk_view gate, jlm_vk_view up, uint32_t n,
                       float alpha, float limit, jlm_err *err);
@@ -215,6 +233,12 @@ int jlm_vk_rope(jlm_vk *vk, const jlm_k_rope *p, jlm_vk_view x, uint32_t n_head,
 int jlm_vk_rope_cs(jlm_vk *vk, uint32_t n_rot, int neox, jlm_vk_view x, uint32_t n_head, uint32_t head_dim,
                    jlm_vk_view cs, jlm_err *err);
 
+/* The same over rows (<= 65535) in one dispatch: row r's heads at r*x_stride
+ * floats of x, its cos/sin at r*cs_stride floats of cs (each row its own
+ * position), each row as jlm_vk_rope_cs rotates it. */
+int jlm_vk_rope_rows(jlm_vk *vk, uint32_t n_rot, int neox, jlm_vk_view x, uint32_t n_head, uint32_t head_dim,
+                     uint32_t x_stride, jlm_vk_view cs, uint32_t cs_stride, uint32_t rows, jlm_err *err);
+
 /* The activations' int8 quantization on the device, bit-identical to
  * jlm_k_quantize_act: x (n floats, n a multiple of 32: tokens one after
  * another) into out (q: n bytes, d: n/32 floats, sum16: n/16 int16; the
@@ -245,5 +269,16 @@ enum { JLM_VK_KV_F32, JLM_VK_KV_F16, JLM_VK_KV_Q8_0 };
 int jlm_vk_attention_kv(jlm_vk *vk, const jlm_k_attn *p, uint32_t n_head, uint32_t n_kv_head, jlm_vk_view q,
                         jlm_vk_view k, int kt, jlm_vk_view v, int vt, uint64_t n_kv, const float *sinks,
                         jlm_vk_view scratch, jlm_vk_view out, jlm_err *err);
+
+/* Attention of `rows` query rows (<= 65535) in one dispatch, row r (its q
+ * at r*q_stride floats, its out at r*o_stride) over span[2r+1] keys from
+ * position span[2r] of the k and v views (each row its own causal range and
+ * window), no mask; scratch: rows*n_head*(the most keys of a row) floats.
+ * Each row is computed as jlm_vk_attention_kv computes it over those keys
+ * (bit-identical). */
+int jlm_vk_attention_rows(jlm_vk *vk, const jlm_k_attn *p, uint32_t n_head, uint32_t n_kv_head, uint32_t rows,
+                          jlm_vk_view q, uint32_t q_stride, jlm_vk_view k, int kt, jlm_vk_view v, int vt,
+                          const uint32_t *span, const float *sinks, jlm_vk_view scratch, jlm_vk_view out,
+                          uint32_t o_stride, jlm_err *err);
 
 #endif

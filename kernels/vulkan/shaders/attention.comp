@@ -2,8 +2,12 @@
 #extension GL_GOOGLE_include_directive : require
 #include "layout.glsl"
 #include "half.glsl"
-// attention.comp - single-token attention, one workgroup (256 lanes) per query
-// head; kv head = head / group (GQA). Scores as jlm_k_attn_head: dot, softcap,
+// attention.comp - attention, one workgroup (256 lanes) per query head and
+// row; kv head = head / group (GQA). One row (q_stride 0): pc.n_kv keys from
+// the views' start. Rows (workgroup row y, its query at y*q_stride, its out
+// at y*o_stride): span[2y] is y's first key (positions past the views' first)
+// and span[2y+1] its key count, so each row of a prefill is causal with its
+// own window, the same arithmetic as one row. Scores as jlm_k_attn_head: dot, softcap,
 // scale, mask; sink joins max and denominator; all masked and no sink: 0.
 // K and V are each f32, halves (the F16 cache) or Q8_0 blocks (the Q8_0
 // cache): k_type, v_type.
@@ -15,6 +19,7 @@ layout(std430, binding = 3) readonly buffer M { float mask[]; };
 layout(std430, binding = 4) readonly buffer S { float sinks[]; };
 layout(std430, binding = 5) buffer Sc { float sc[]; };      // n_head * n_kv
 layout(std430, binding = 6) writeonly buffer O { float o[]; };
+layout(std430, binding = 7) readonly buffer R { uint span[]; };   // (rows, 2): first key, key count
 layout(push_constant) uniform P { JLM_PUSH_ATTENTION } pc;   // kernels/layout.h
 shared float part[256];
 
@@ -64,12 +69,15 @@ float reduce(float v, bool is_max)
 
 void main()
 {
-    uint t = gl_LocalInvocationID.x, h = gl_WorkGroupID.x, g = h / pc.group;
-    uint qb = h * pc.head_dim, sb = h * pc.n_kv;
+    uint t = gl_LocalInvocationID.x, h = gl_WorkGroupID.x, g = h / pc.group, y = gl_WorkGroupID.y;
+    bool rows = pc.q_stride != 0u;
+    uint n_kv = rows ? span[2u * y + 1u] : pc.n_kv, k0 = rows ? span[2u * y] : 0u;
+    uint qb = y * pc.q_stride + h * pc.head_dim, sb = (y * gl_NumWorkGroups.x + h) * pc.n_kv;
+    uint ob = y * pc.o_stride + h * pc.head_dim_v;
     float sink = pc.has_sink != 0u ? sinks[h] : -1.0 / 0.0;
     float m = sink;
-    for (uint j = t; j < pc.n_kv; j += 256u) {
-        uint kb = j * pc.k_stride + g * pc.head_dim;
+    for (uint j = t; j < n_kv; j += 256u) {
+        uint kb = (k0 + j) * pc.k_stride + g * pc.head_dim;
         precise float s = 0.0;
         for (uint i = 0u; i < pc.head_dim; i++) {
             precise float p = q[qb + i] * key(kb + i);
@@ -83,30 +91,30 @@ void main()
     }
     float mx = reduce(m, true);
     if (isinf(mx) && mx < 0.0) {                 // every key masked, no sink
-        for (uint j = t; j < pc.n_kv; j += 256u)
+        for (uint j = t; j < n_kv; j += 256u)
             sc[sb + j] = 0.0;
         for (uint i = t; i < pc.head_dim_v; i += 256u)
-            o[h * pc.head_dim_v + i] = 0.0;
+            o[ob + i] = 0.0;
         return;
     }
     precise float s = 0.0;
-    for (uint j = t; j < pc.n_kv; j += 256u) {
+    for (uint j = t; j < n_kv; j += 256u) {
         float e = exp(sc[sb + j] - mx);
         sc[sb + j] = e;
         s = s + e;
     }
     precise float total = reduce(s, false) + (pc.has_sink != 0u ? exp(sink - mx) : 0.0);
     precise float inv = 1.0 / total;
-    for (uint j = t; j < pc.n_kv; j += 256u)
+    for (uint j = t; j < n_kv; j += 256u)
         sc[sb + j] = sc[sb + j] * inv;
     memoryBarrierBuffer();
     barrier();
     for (uint i = t; i < pc.head_dim_v; i += 256u) {
         precise float acc = 0.0;
-        for (uint j = 0u; j < pc.n_kv; j++) {
-            precise float p = sc[sb + j] * val(j * pc.v_stride + g * pc.head_dim_v + i);
+        for (uint j = 0u; j < n_kv; j++) {
+            precise float p = sc[sb + j] * val((k0 + j) * pc.v_stride + g * pc.head_dim_v + i);
             acc = acc + p;
         }
-        o[h * pc.head_dim_v + i] = acc;
+        o[ob + i] = acc;
     }
 }

@@ -7,12 +7,14 @@
 // gelu through ggml's fp16 table times up (gemma3: jlm_k_gelu_fp16 then
 // jlm_k_mul; the table, indexed by the half, is binding 3), f32 to
 // packed halves (jlm_k_f32_to_fp16, the F16 KV cache: n pairs, a word each)
-// and a scale by the push constant alpha (jlm_k_scale).
+// a scale by the push constant alpha (jlm_k_scale) and a vector of m added
+// to each row (op 10: a bias on rows, the same sum as add's), each row of m
+// times its own scale (op 11, binding 3: the same product as the scale's).
 layout(local_size_x = 256) in;
 layout(std430, binding = 0) readonly buffer A { float a[]; };
 layout(std430, binding = 1) readonly buffer B { float b[]; };
 layout(std430, binding = 2) writeonly buffer O { uint o[]; };   // float bits, or two halves
-layout(std430, binding = 3) readonly buffer T { float tab[]; };   // op 7: f32(fp16(gelu(half h))) at h
+layout(std430, binding = 3) readonly buffer T { float tab[]; };   // op 7: f32(fp16(gelu(half h))) at h; op 11: scales
 layout(push_constant) uniform P { JLM_PUSH_ELTWISE } pc;   // kernels/layout.h
 
 const float GELU_COEF_A = 0.044715, SQRT_2_OVER_PI = 0.79788456080286535587989211986876;
@@ -44,6 +46,10 @@ void main()
         r = x / (1.0 + exp(-x)) * b[i];
     } else if (pc.op == 3u) {
         r = x + b[i];
+    } else if (pc.op == 11u) {
+        r = x * tab[i / pc.m];
+    } else if (pc.op == 10u) {
+        r = x + b[i % pc.m];
     } else if (pc.op == 4u) {
         r = x * b[i];
     } else if (pc.op == 5u) {

@@ -1,7 +1,8 @@
 #version 450
 #extension GL_GOOGLE_include_directive : require
 #include "layout.glsl"
-// rmsnorm.comp - out = x / sqrt(mean(x^2) + eps) * w, one workgroup of 256.
+// rmsnorm.comp - out = x / sqrt(mean(x^2) + eps) * w, one workgroup of 256
+// per n floats: workgroup (x, y) those at y*stride + x*n (rows of heads).
 // The mean of squares is a tree over 256 partial sums of x^2/n (the CPU sums
 // x^2 in f64, then divides): each term divided by n first, so the f32 sums
 // overflow only where the mean itself does (x = 1e18 over 4096 elements).
@@ -14,10 +15,10 @@ shared float part[256];
 
 void main()
 {
-    uint t = gl_LocalInvocationID.x;
+    uint t = gl_LocalInvocationID.x, b = gl_WorkGroupID.y * pc.stride + gl_WorkGroupID.x * pc.n;
     precise float s = 0.0;
     for (uint i = t; i < pc.n; i += 256u) {
-        precise float sq = x[i] * x[i];
+        precise float sq = x[b + i] * x[b + i];
         precise float term = sq / float(pc.n);
         s = s + term;
     }
@@ -31,7 +32,7 @@ void main()
     precise float mean = part[0];
     precise float scale = 1.0 / sqrt(mean + pc.eps);
     for (uint i = t; i < pc.n; i += 256u) {
-        precise float v = x[i] * scale;
-        o[i] = pc.has_w != 0u ? v * w[i] : v;
+        precise float v = x[b + i] * scale;
+        o[b + i] = pc.has_w != 0u ? v * w[i] : v;
     }
 }
