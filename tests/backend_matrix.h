@@ -407,6 +407,24 @@ static inline void bm_greedy_ids(jlm_engine *e, const int32_t *prompt, size_t np
     free(l);
 }
 
+/* The next MoE block's experts predicted on the device as the CPU predicts
+ * them (docs/pager.md, Reading ahead): ev's counts (jlm_engine_predict_stats,
+ * after the same run as pc's) equal to the CPU's pc, every one. */
+static inline void bm_same_predictions(const jlm_engine *ev, const jlm_engine_predict *pc, const char *model,
+                                       const char *what)
+{
+    jlm_engine_predict pv;
+    jlm_engine_predict_stats(ev, &pv);
+    cr_assert(pv.predicted == pc->predicted && pv.hits == pc->hits && pv.reads == pc->reads && pv.used == pc->used &&
+                  pv.wasted_bytes == pc->wasted_bytes && pv.held == pc->held,
+              "%s (%s): predicted %llu, hits %llu, reads %llu, used %llu, wasted %llu B, held %llu; the CPU's %llu, "
+              "%llu, %llu, %llu, %llu B, %llu",
+              model, what, (unsigned long long)pv.predicted, (unsigned long long)pv.hits, (unsigned long long)pv.reads,
+              (unsigned long long)pv.used, (unsigned long long)pv.wasted_bytes, (unsigned long long)pv.held,
+              (unsigned long long)pc->predicted, (unsigned long long)pc->hits, (unsigned long long)pc->reads,
+              (unsigned long long)pc->used, (unsigned long long)pc->wasted_bytes, (unsigned long long)pc->held);
+}
+
 /* One lockstep step: the device's logits lv within tol of the largest
  * |logit| of the CPU's lc, and the same pick wherever the CPU's top-2 margin
  * exceeds twice the difference. Returns the CPU's pick (the next id fed). */
