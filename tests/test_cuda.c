@@ -22,6 +22,7 @@
 #include "kernels/cuda/rt.h"
 #include "tests/backend_matrix.h"
 #include "tests/cuda/gen.h"
+#include "tests/moe_budget.h"
 #include "tests/testutil.h"
 
 /* ---------------------------------------------------------------- matvec: bit-identical to ref */
@@ -1160,12 +1161,7 @@ Test(cuda, moe_predictions_pass_the_cpus_gate_at_a_small_budget, .timeout = 300)
         bm_greedy_ids(e, prompt, 5, NG, ic, l);
         jlm_engine_predict pu, ps;   /* unlimited (the gate open throughout), at the budget */
         jlm_engine_predict_stats(e, &pu);
-        jlm_pager_counters pc;
-        jlm_pager_stats(jlm_engine_pager(e), &pc);
-        jlm_engine_mem mi;
-        jlm_engine_mem_info(e, &mi);
-        uint64_t budget = mi.kv + mi.scratch + mi.dense + pc.a[JLM_PAGER_TEXT].resident_bytes +
-                          pc.a[JLM_PAGER_EXPERTS].resident_bytes / 3;
+        uint64_t budget = tb_third_of_the_experts(e);
         jlm_engine_close(e);
         e = bm_open_opts(path, (jlm_engine_opts){.backend = "cpu", .budget = budget}, 0, NULL, 0);
         bm_greedy_ids(e, prompt, 5, NG, ic, l);
