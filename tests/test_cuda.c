@@ -22,7 +22,6 @@
 #include "kernels/cuda/rt.h"
 #include "tests/backend_matrix.h"
 #include "tests/cuda/gen.h"
-#include "tests/moe_budget.h"
 #include "tests/testutil.h"
 
 /* ---------------------------------------------------------------- matvec: bit-identical to ref */
@@ -1133,55 +1132,12 @@ Test(cuda, moe_blocks_on_the_emulated_device_give_the_cpus_ids_in_a_round_trip_a
 }
 
 /* The read-ahead's gate on the emulated device (exec_cu_moe.c asks the
- * CPU's jlm_stream_predict_now and picks with jlm_ex_predict_pick): qwen3moe
- * at a --budget holding the blocks and a third of the experts (test_engine.c's
- * moe gate test), where the gate shuts and samples one block in PRED_SAMPLE:
- * 8 greedy tokens give the CPU's ids and as many predictions and hits as the
- * CPU's, fewer than the unlimited run's (an always open gate predicts 14
- * where the CPU's predicts 4). The reads and the ones held are not compared:
- * they follow which experts are resident, and the device engine's host
- * frames differ from the CPU engine's (olmoe's gate learns from other
- * candidates there). */
+ * CPU's jlm_stream_predict_now and picks with jlm_ex_predict_pick):
+ * backend_matrix.h's bm_moe_gate, as on Vulkan. */
 Test(cuda, moe_predictions_pass_the_cpus_gate_at_a_small_budget, .timeout = 300)
 {
     setenv("JLM_CUDA_EMULATE", "1", 1);
-    static const char *MODELS[] = {"synth-qwen3moe-256.Q8_0"};
-    static const int32_t prompt[5] = {1, 403, 407, 261, 378};
-    enum { NG = 8 };   /* (later tokens part at near-ties, within the quantized tolerance) */
-    char *dir = tu_tmpdir();
-    for (size_t m = 0; m < sizeof MODELS / sizeof MODELS[0]; m++) {
-        char gguf[256];
-        jlm_err err = {0};
-        snprintf(gguf, sizeof gguf, "%s.gguf", MODELS[m]);
-        char *path = tu_convert(gguf, dir, "moe.jlm", &err);
-        cr_assert(path, "%s", err.msg);
-        jlm_engine *e = bm_open_opts(path, (jlm_engine_opts){.backend = "cpu"}, 0, NULL, 0);
-        float *l = malloc(jlm_engine_n_vocab(e) * 4);
-        int32_t ic[NG], iv[NG];
-        bm_greedy_ids(e, prompt, 5, NG, ic, l);
-        jlm_engine_predict pu, ps;   /* unlimited (the gate open throughout), at the budget */
-        jlm_engine_predict_stats(e, &pu);
-        uint64_t budget = tb_third_of_the_experts(e);
-        jlm_engine_close(e);
-        e = bm_open_opts(path, (jlm_engine_opts){.backend = "cpu", .budget = budget}, 0, NULL, 0);
-        bm_greedy_ids(e, prompt, 5, NG, ic, l);
-        jlm_engine_predict_stats(e, &ps);
-        cr_assert(ps.predicted > 0 && ps.predicted < pu.predicted, "%s: the CPU predicted %llu, %llu unlimited",
-                  MODELS[m], (unsigned long long)ps.predicted, (unsigned long long)pu.predicted);
-        jlm_engine_close(e);
-        e = bm_open_opts(path, (jlm_engine_opts){.backend = "cuda", .device = "0", .budget = budget}, 0, NULL, 0);
-        bm_greedy_ids(e, prompt, 5, NG, iv, l);
-        cr_assert(!memcmp(ic, iv, sizeof ic), "%s: greedy ids differ from the CPU's", MODELS[m]);
-        jlm_dev_stats ds;
-        jlm_engine_dev_stats(e, &ds);
-        cr_assert(ds.fallbacks == 0, "%s: %llu blocks left on the host", MODELS[m], (unsigned long long)ds.fallbacks);
-        bm_same_predictions(e, &ps, 0, MODELS[m], "a third of the experts");
-        jlm_engine_close(e);
-        free(l);
-        free(path);
-    }
-    tu_rmrf(dir);
-    free(dir);
+    bm_moe_gate("cuda");
 }
 
 /* deepseek2's latent attention on the emulated device (engine/exec_cu_mla.c:
