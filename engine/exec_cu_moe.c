@@ -15,10 +15,14 @@
  * (quantized once on the device, bit-identical to the CPU's), their biases,
  * SwiGLU (or SwiGLU-OAI), the slots' int8 rows, down, the down bias, and the
  * weighted mix added to the residual row (jlm_cu_k_moe_combine, the sum of
- * exec_moe.c's mix_slots bit for bit). Not here: the prediction of the next
- * MoE block's experts (the CPU's read-ahead hint; routing never depends on
- * it), GELU gates: JLM_EUNSUPPORTED in the dry run, before anything is
- * enqueued, so the block stays on the host. Llama 4's router weight
+ * exec_moe.c's mix_slots bit for bit). A decode step also predicts the next
+ * MoE block's experts as the CPU does (docs/pager.md, "Reading ahead"):
+ * that block's router (the host's float copy, uploaded once, counted in the
+ * bytes uploaded) over this block's input, its logits down with the
+ * router's in the same round trip; once this block's experts are pinned the
+ * CPU's gate (jlm_stream_predict_now) and pick (jlm_ex_predict_pick) hand
+ * them to the streamer. Not here: GELU gates: JLM_EUNSUPPORTED in the dry
+ * run, before anything is enqueued, so the block stays on the host. Llama 4's router weight
  * (JLM_ROUTE_SIGMOID_IN: one expert) scales the routed expert's input row
  * in place once the shared expert (the ops before) has read it. */
 #include "engine/backend_cu_int.h"
@@ -38,12 +42,14 @@
  * the slots' activations (records 1..nu, nff each), as jlm_cu_act records
  * in rec (made for rec_E, rec_nff, rec_nu). */
 typedef struct jlm_ecu_moebufs {
-    scratch  lg, h_lg;    /* (rows, n_expert) the router's logits; their pinned copy */
+    scratch  lg, h_lg;    /* (rows + 1, n_expert) the router's logits, the prediction's; their pinned copy */
     scratch  w, h_w;      /* (rows, nu) the routing weights; their pinned copy */
     scratch  g, u, o;     /* (nu, nff) gate (then the activation), up; (nu, n_embd) each slot's output */
     scratch  q, d, s, rec;
     uint64_t rec_E, rec_nff;
     uint32_t rec_nu;
+    scratch *pr;          /* (n_layer,) each block's router for the predictions, empty until used */
+    uint32_t n_layer;
 } moebufs;
 
 void jlm_ecu_moe_free(jlm_ecu *v)
@@ -56,6 +62,9 @@ void jlm_ecu_moe_free(jlm_ecu *v)
         jlm_ecu_scratch_free(v, dev[i], 0);
     jlm_ecu_scratch_free(v, &m->h_lg, 1);
     jlm_ecu_scratch_free(v, &m->h_w, 1);
+    for (uint32_t l = 0; m->pr && l < m->n_layer; l++)
+        jlm_ecu_scratch_free(v, &m->pr[l], 0);
+    free(m->pr);
     free(m);
     v->blk.moe = NULL;
 }
@@ -66,6 +75,8 @@ typedef struct moe_blk {
     jlm_exd_moe       p;
     jlm_ecu          *v;
     const float      *rb, *bg, *bu, *bd;   /* device addresses of the biases (NULL: none) */
+    uint32_t          nl;                  /* the next MoE block predicted (n_layer: none) */
+    float             plg[JLM_MAX_EXPERTS];   /* its router's logits (before its bias), come down */
 } moe_blk;
 
 static int plan(moe_blk *mb)
@@ -114,12 +125,17 @@ static int moe_buffers(moe_blk *mb, uint32_t n)
     moebufs *m = v->blk.moe;
     uint64_t nk = mb->p.nu * mb->p.nff > mb->p.E ? mb->p.nu * mb->p.nff : mb->p.E;
     const void *at[3] = {m->q.p, m->d.p, m->s.p};
-    uint64_t lgb = (uint64_t)n * mb->p.ne * 4, wb = (uint64_t)n * mb->p.nu * 4;
+    uint64_t lgb = (n + 1ull) * mb->p.ne * 4, wb = (uint64_t)n * mb->p.nu * 4;
     struct { scratch *s; uint64_t n; int pinned; } want[] = {
         {&m->lg, lgb, 0}, {&m->h_lg, lgb, 1}, {&m->w, wb, 0}, {&m->h_w, wb, 1}, {&m->g, mb->p.nu * mb->p.nff * 4, 0},
         {&m->u, mb->p.nu * mb->p.nff * 4, 0}, {&m->o, mb->p.nu * mb->p.E * 4, 0}, {&m->q, nk, 0}, {&m->d, nk / 8, 0},
         {&m->s, nk / 8, 0}, {&m->rec, (1ull + JLM_MAX_EXPERTS_USED) * sizeof(jlm_cu_act), 0}};
     int rc = JLM_OK;
+    if (!m->pr) {
+        m->n_layer = mb->p.e->c->n_layer;
+        if (!(m->pr = calloc(m->n_layer, sizeof *m->pr)))
+            rc = jlm_errf(err, JLM_ENOMEM, "cuda: out of memory");
+    }
     for (size_t i = 0; i < sizeof want / sizeof want[0] && !rc; i++)
         if (want[i].s->cap < want[i].n)
             rc = jlm_ecu_grow(v, want[i].s, want[i].n, want[i].pinned, err);
@@ -128,8 +144,41 @@ static int moe_buffers(moe_blk *mb, uint32_t n)
     return rc ? rc : records(mb);
 }
 
-/* Every row's router logits and bias enqueued, brought down (the block's
- * round trip), and routed on the host as the CPU routes them: picks and
+/* The next MoE block's router logits over row 0's input into row n of the
+ * logits (its router: the host's float copy, uploaded once, counted in the
+ * bytes uploaded; its bias added on the host, jlm_ex_predict_pick). */
+static int predict_rec(moe_blk *mb)
+{
+    jlm_ecu *v = mb->v;
+    jlm_engine *e = mb->p.e;
+    scratch *pr = &v->blk.moe->pr[mb->nl];
+    const jlm_tensor *t = W(e, mb->nl, JLM_R_ROUTER);
+    const uint8_t *host = e->pred_buf + (uint64_t)mb->nl * e->rbytes;
+    if (!pr->p) {
+        int rc = jlm_ecu_grow(v, pr, e->rbytes, 0, mb->p.err);
+        if (rc)
+            return rc;
+        if (jlm_cu_rt_h2d(v->rt, pr->p, host, e->rbytes, CS)) {   /* pageable: consumed now */
+            jlm_ecu_scratch_free(v, pr, 0);
+            return jlm_ecu_fail(v, mb->p.err, "the predicted block's router");
+        }
+        pthread_mutex_lock(&v->mu);
+        v->bytes_up += e->rbytes;
+        pthread_mutex_unlock(&v->mu);
+    }
+    jlm_k_mat wr = mat_at(t, host, t->qs_off, 0);
+    jlm_cu_mat cm;
+    jlm_cu_mat_from(&wr, &cm);
+    cm.qs = pr->p;
+    v->st.matmuls++;
+    v->blk.queued = 1;
+    float *y = (float *)v->blk.moe->lg.p + (uint64_t)mb->p.b->n * mb->p.ne;
+    return jlm_cu_rt_matvec(v->rt, &cm, 1, v->blk.ab[JLM_B_H].p, NULL, y, CS) ? jlm_ecu_fail(v, mb->p.err, "matvec")
+                                                                               : JLM_OK;
+}
+
+/* Every row's router logits and bias enqueued (and the prediction's
+ * logits), brought down (the block's round trip), and routed on the host as the CPU routes them: picks and
  * weights (n rows of nu each); the weights then go up. */
 static int route_rows(moe_blk *mb, int32_t *picks, float *wts)
 {
@@ -145,11 +194,16 @@ static int route_rows(moe_blk *mb, int32_t *picks, float *wts)
         if (jlm_cu_rt_elem(v->rt, JLM_CU_ADD, lg, lg, mb->rb, ne, 0, 0, CS))
             rc = jlm_ecu_fail(v, mb->p.err, "the router's bias");
     }
-    float *lg = rc ? NULL : malloc((uint64_t)n * ne * sizeof *lg);
+    uint32_t rows = n + (mb->nl < e->c->n_layer);
+    if (!rc && rows > n)
+        rc = predict_rec(mb);
+    float *lg = rc ? NULL : malloc((uint64_t)rows * ne * sizeof *lg);
     if (!rc && !lg)
         rc = jlm_errf(mb->p.err, JLM_ENOMEM, "cuda: out of memory");
     if (!rc)
-        rc = jlm_ecu_down(v, &m->h_lg, lg, m->lg.p, (uint64_t)n * ne * 4, mb->p.err);
+        rc = jlm_ecu_down(v, &m->h_lg, lg, m->lg.p, (uint64_t)rows * ne * 4, mb->p.err);
+    if (!rc && rows > n)
+        memcpy(mb->plg, lg + (uint64_t)n * ne, ne * sizeof *lg);
     for (uint32_t t = 0; !rc && t < n; t++) {
         mb->p.ins[t] = jlm_ex_route_pick(e, mb->p.op->route, mb->p.b->l, lg + (uint64_t)t * ne,
                                          picks + (uint64_t)t * nu, wts + (uint64_t)t * nu, NULL);
@@ -253,6 +307,11 @@ int jlm_ecu_moe(jlm_ecu *v, jlm_engine *e, const jlm_ex_blk *b, const jlm_op *op
         rc = plan(&mb);
     if (rc || dry)
         return rc;
+    const jlm_config *c = e->c;
+    mb.nl = b->n == 1 ? jlm_ex_predict_block(e, b->l) : c->n_layer;   /* a decode step predicts */
+    const jlm_tensor *tn = mb.nl < c->n_layer ? W(e, mb.nl, JLM_R_ROUTER) : NULL;
+    if (tn && (jlm_tensor_k(tn) != mb.p.E || jlm_tensor_rows(tn) != mb.p.ne))
+        mb.nl = c->n_layer;
     int32_t *picks = malloc((uint64_t)b->n * mb.p.nu * sizeof *picks);
     float *wts = malloc((uint64_t)b->n * mb.p.nu * sizeof *wts);
     mb.p.ins = malloc((uint64_t)b->n * sizeof *mb.p.ins);
@@ -264,6 +323,10 @@ int jlm_ecu_moe(jlm_ecu *v, jlm_engine *e, const jlm_ex_blk *b, const jlm_op *op
         const void *frames[JLM_MAX_EXPERTS_USED];
         if ((rc = jlm_stream_experts(e, mb.p.first, sel, mb.p.nu, frames, err)))
             break;
+        if (mb.nl < c->n_layer && jlm_stream_predict_now(e)) {   /* as the CPU's predict_next, its gate too */
+            int32_t ps[JLM_MAX_EXPERTS];
+            jlm_stream_predict(e, jlm_ex_predict_pick(e, mb.p.op->route, mb.nl, mb.plg, ps), ps);
+        }
         rc = jlm_ecu_frames_wait(v, err);   /* the kernels read the pages just paged in */
         if (!rc)
             rc = row_experts(&mb, t, sel, frames);

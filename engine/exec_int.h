@@ -165,6 +165,16 @@ float jlm_ex_route_pick(const jlm_engine *e, int mode, uint32_t l, float *lg, in
 /* Block l's float router copied from its page for the next blocks' read-ahead
  * predictions (once; none without e->predict; exec_moe.c) */
 void jlm_ex_router_keep(jlm_engine *e, uint32_t l, const uint8_t *page, uint64_t page_off);
+/* Reading ahead (exec_moe.c, docs/pager.md): the next MoE block after l
+ * whose router the host keeps (e->pred_buf), or n_layer: none (without
+ * e->predict, or not kept yet); a decode step predicts it when
+ * jlm_stream_predict_now says so. predict_pick: that block's experts sel
+ * (n_expert_used) from its router's logits lg (n_expert, before its bias;
+ * changed) over this block's normed input, as the CPU picks them (sigmoid
+ * routing's choice, else the top-k by logit, in the logits' order); returns
+ * the first page of its bank, for jlm_stream_predict. */
+uint32_t jlm_ex_predict_block(const jlm_engine *e, uint32_t l);
+uint32_t jlm_ex_predict_pick(jlm_engine *e, int route, uint32_t nl, float *lg, int32_t *sel);
 /* --trace-routing's line for row t's choice sel in block l (none without it; exec_moe.c) */
 void jlm_ex_trace_route(const jlm_engine *e, uint32_t l, uint32_t t, const int32_t *sel);
 

@@ -99,30 +99,41 @@ void jlm_ex_router_keep(jlm_engine *e, uint32_t l, const uint8_t *page, uint64_t
     e->pred_ok[l] = 1;
 }
 
-/* The next MoE block's experts from this block's normed input h (its router
- * applied early, as pre-gated MoE designs do), read while this block's
- * experts compute: sigmoid routing's choice as route_sigmoid makes it, the
- * others' top-k by logit (the order their weights keep). A hint only: the
- * routing itself is never changed by it. */
-static void predict_next(jlm_engine *e, const jlm_op *op, uint32_t l, const float *h)
+uint32_t jlm_ex_predict_block(const jlm_engine *e, uint32_t l)
 {
     const jlm_config *c = e->c;
-    uint32_t nl = l + 1, ne = c->n_expert, nu = c->n_expert_used;
+    uint32_t nl = l + 1;
     while (nl < c->n_layer && !W(e, nl, JLM_R_ROUTER))   /* dense blocks between (Llama 4) */
         nl++;
-    if (!e->predict || e->dev_here || nl >= c->n_layer || !e->pred_ok[nl] || !jlm_stream_predict_now(e))
-        return;
-    const jlm_tensor *t = W(e, nl, JLM_R_ROUTER), *tg = W(e, nl, JLM_R_EXP_GATE);
-    jlm_k_mat wr = mat_at(t, e->pred_buf + (uint64_t)nl * e->rbytes, t->qs_off, 0);
-    float *lg = e->mrl, w[JLM_MAX_EXPERTS];
-    int32_t sel[JLM_MAX_EXPERTS];
-    jlm_ex_matmul(e, &wr, 1, h, lg);
-    add_bias(lg, vec_dense(e, W(e, nl, JLM_R_ROUTER_B)), ne);
-    if (op->route == JLM_ROUTE_SIGMOID)
+    return e->predict && nl < c->n_layer && e->pred_ok[nl] ? nl : c->n_layer;
+}
+
+uint32_t jlm_ex_predict_pick(jlm_engine *e, int route, uint32_t nl, float *lg, int32_t *sel)
+{
+    const jlm_config *c = e->c;
+    float w[JLM_MAX_EXPERTS];
+    add_bias(lg, vec_dense(e, W(e, nl, JLM_R_ROUTER_B)), c->n_expert);
+    if (route == JLM_ROUTE_SIGMOID)
         route_sigmoid(e, nl, lg, sel, w);
     else
-        jlm_k_moe_route(lg, ne, nu, JLM_K_ROUTE_RAW, 0.0f, sel, w);
-    jlm_stream_predict(e, (uint32_t)((tg->qs_off - e->m->hdr.exp_data_off) / e->m->hdr.exp_page_size), sel);
+        jlm_k_moe_route(lg, c->n_expert, c->n_expert_used, JLM_K_ROUTE_RAW, 0.0f, sel, w);
+    return (uint32_t)((W(e, nl, JLM_R_EXP_GATE)->qs_off - e->m->hdr.exp_data_off) / e->m->hdr.exp_page_size);
+}
+
+/* The next MoE block's experts from this block's normed input h (its router
+ * applied early, as pre-gated MoE designs do), read while this block's
+ * experts compute (jlm_ex_predict_pick). A hint only: the routing itself is
+ * never changed by it. */
+static void predict_next(jlm_engine *e, const jlm_op *op, uint32_t l, const float *h)
+{
+    uint32_t nl = e->dev_here ? e->c->n_layer : jlm_ex_predict_block(e, l);
+    if (nl >= e->c->n_layer || !jlm_stream_predict_now(e))
+        return;
+    const jlm_tensor *t = W(e, nl, JLM_R_ROUTER);
+    jlm_k_mat wr = mat_at(t, e->pred_buf + (uint64_t)nl * e->rbytes, t->qs_off, 0);
+    int32_t sel[JLM_MAX_EXPERTS];
+    jlm_ex_matmul(e, &wr, 1, h, e->mrl);
+    jlm_stream_predict(e, jlm_ex_predict_pick(e, op->route, nl, e->mrl, sel), sel);
 }
 
 /* Top-k routing of one token (normed input h) as llama.cpp does it per

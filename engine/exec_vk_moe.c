@@ -116,11 +116,9 @@ static int plan(moe_blk *mb)
     /* a decode step predicts the next MoE block's experts as the CPU's
      * predict_next does (its router over this block's input), once the host
      * keeps that router (e->pred_buf: float routers only) */
-    mb->nl = b->l + 1;
-    while (mb->nl < c->n_layer && !W(e, mb->nl, JLM_R_ROUTER))
-        mb->nl++;
+    mb->nl = jlm_ex_predict_block(e, b->l);
     const jlm_tensor *tn = mb->nl < c->n_layer ? W(e, mb->nl, JLM_R_ROUTER) : NULL;
-    if (b->n != 1 || !e->predict || !tn || !e->pred_ok[mb->nl] || jlm_tensor_k(tn) != p->E ||
+    if (b->n != 1 || !tn || jlm_tensor_k(tn) != p->E ||
         jlm_tensor_rows(tn) != p->ne || !jlm_fmt_type_traits(tn->type)->is_float ||
         jlm_evk_vec(v, vec_dense(e, W(e, mb->nl, JLM_R_ROUTER_B)), p->ne, &mb->nrb))
         mb->nl = c->n_layer;
@@ -353,7 +351,9 @@ int jlm_evk_moe(jlm_evk *v, jlm_engine *e, const jlm_ex_blk *b, const jlm_op *op
         rc = jlm_stream_experts(e, mb.p.first, sel, mb.p.nu, frames, err);
         if (rc)
             break;
-        if (mb.nl < e->c->n_layer)   /* read while these compute and the next block's attention runs */
+        /* read while these compute and the next block's attention runs; the
+         * CPU's gate asked where the CPU asks it */
+        if (mb.nl < e->c->n_layer && jlm_stream_predict_now(e))
             jlm_stream_predict(e, mb.nl_first, picks + (uint64_t)b->n * mb.p.nu);
         rc = row_experts(&mb, t, sel, frames);
         jlm_stream_experts_done(e, mb.p.first, sel, mb.p.nu);

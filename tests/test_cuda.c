@@ -1150,6 +1150,9 @@ Test(cuda, moe_blocks_on_the_emulated_device_give_the_cpus_ids_in_a_round_trip_a
         cr_assert(tc && tv && jlm_engine_trace_routing(ec, tc, &err) == 0, "%s", err.msg);
         bm_greedy_ids(ec, prompt, 5, 8, ic, l);
         jlm_engine_trace_routing(ec, NULL, NULL);
+        jlm_engine_predict pc;   /* the CPU's predictions of the next block's experts */
+        jlm_engine_predict_stats(ec, &pc);
+        cr_assert(pc.predicted > 0, "%s: the CPU predicted no expert", MODELS[m]);
         double tol = m == 0 ? 5e-4 : 0.05;
         /* --gpu-budget 1 alone: the device's minimum beside an unlimited host, where the
          * next block's device prefetch must not take the experts' room */
@@ -1171,6 +1174,8 @@ Test(cuda, moe_blocks_on_the_emulated_device_give_the_cpus_ids_in_a_round_trip_a
                 cr_assert(jlm_engine_trace_routing(ev, tv, &err) == 0, "%s", err.msg);
             bm_greedy_ids(ev, prompt, 5, 8, iv, l);
             cr_assert(!memcmp(ic, iv, sizeof ic), "%s (%s): greedy ids differ from the CPU's", MODELS[m], what);
+            if (i < 2)   /* the next block's experts predicted as the CPU predicts them */
+                bm_same_predictions(ev, &pc, 1, MODELS[m], what);
             if (i == 0) {
                 jlm_engine_trace_routing(ev, NULL, NULL);
                 char *a = file_text(tc), *b = file_text(tv);
@@ -1228,6 +1233,15 @@ static void sheet_launches(jlm_engine *ev, uint32_t on, const char *model, const
               "want 2 a layer)", model, what, (unsigned long long)(s1.sheet_matvecs - s0.sheet_matvecs),
               (unsigned long long)(s2.sheet_matvecs - s1.sheet_matvecs), on, nh);
     free(lg);
+}
+
+/* The read-ahead's gate on the emulated device (exec_cu_moe.c asks the
+ * CPU's jlm_stream_predict_now and picks with jlm_ex_predict_pick):
+ * backend_matrix.h's bm_moe_gate, as on Vulkan. */
+Test(cuda, moe_predictions_pass_the_cpus_gate_at_a_small_budget, .timeout = 300)
+{
+    setenv("JLM_CUDA_EMULATE", "1", 1);
+    bm_moe_gate("cuda");
 }
 
 /* deepseek2's latent attention on the emulated device (engine/exec_cu_mla.c:

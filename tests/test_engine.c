@@ -14,6 +14,7 @@
 #define ROUTING_REPLAY_NO_MAIN
 #include "bench/routing_replay.c"
 #include "text/tokenizer/tokenizer.h"
+#include "tests/moe_budget.h"
 #include "tests/testutil.h"
 
 /* Tolerances on logits, as a fraction of the reference's max |logit|.
@@ -873,12 +874,7 @@ static uint64_t third_of_the_experts(const char *path, int n_gen, int32_t *ref, 
     if (policy)
         *policy = jlm_pager_expert_policy(jlm_engine_pager(e));
     greedy(e, moe_prompt, 5, n_gen, ref, NULL);
-    jlm_pager_counters pc;
-    jlm_pager_stats(jlm_engine_pager(e), &pc);
-    jlm_engine_mem mi;
-    jlm_engine_mem_info(e, &mi);
-    uint64_t budget = mi.kv + mi.scratch + mi.dense + pc.a[JLM_PAGER_TEXT].resident_bytes +
-                      pc.a[JLM_PAGER_EXPERTS].resident_bytes / 3;
+    uint64_t budget = tb_third_of_the_experts(e);
     jlm_engine_close(e);
     return budget;
 }

@@ -1569,6 +1569,14 @@ Test(vulkan, moe_blocks_on_the_device_give_the_cpus_ids_in_a_round_trip_a_block,
     free(dir);
 }
 
+/* The read-ahead's gate on the device (exec_vk_moe.c asks the CPU's
+ * jlm_stream_predict_now where the CPU asks it): backend_matrix.h's
+ * bm_moe_gate, as on CUDA. */
+Test(vulkan, moe_predictions_pass_the_cpus_gate_at_a_small_budget, .timeout = 300)
+{
+    bm_moe_gate("vulkan");
+}
+
 /* Block l of m has a router (a MoE block). */
 static int has_router(const jlm_model *m, uint32_t l)
 {
