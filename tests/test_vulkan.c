@@ -1889,16 +1889,20 @@ Test(vulkan, whole_blocks_with_a_q8_0_cache_give_the_cpus_ids, .timeout = 300)
  * as many as 10; and each row is computed as a one-row batch computes it: the
  * prefill's logits equal those of the same tokens evaluated one by one, bit
  * for bit (llama, qwen3's per-head norms with an F16 cache, gemma3's windows
- * and its own RoPE base with a Q8_0 cache). */
+ * and its own RoPE base with a Q8_0 cache; deepseek2's latent attention
+ * with an F32 and an F16 cache, its dense block 0 on the device: the MoE
+ * blocks record each row's experts). */
 Test(vulkan, a_prefill_records_the_same_dispatches_whatever_its_row_count, .timeout = 300)
 {
-    static const struct { const char *model, *kv; } CASES[] = {
-        {"synth-llama-256.Q4_K_M", "f32"}, {"synth-qwen3-256.Q8_0", "f16"}, {"synth-gemma3-256.Q8_0", "q8_0"}};
+    static const struct { const char *model, *kv; uint32_t gl; } CASES[] = {
+        {"synth-llama-256.Q4_K_M", "f32", 0},     {"synth-qwen3-256.Q8_0", "f16", 0},
+        {"synth-gemma3-256.Q8_0", "q8_0", 0},     {"synth-deepseek2-256.Q8_0", "f32", 1},
+        {"synth-deepseek2-256.Q4_K_M", "f16", 1}};
     char *dir = tu_tmpdir();
     for (size_t c = 0; c < sizeof CASES / sizeof CASES[0]; c++) {
         jlm_err err = {0};
         char *path = convert_named(CASES[c].model, dir, "p.jlm");
-        jlm_engine *e = engine_kv(path, "vulkan", 0, CASES[c].kv);
+        jlm_engine *e = engine_kv(path, "vulkan", CASES[c].gl, CASES[c].kv);
         if (!e) {
             tu_rmrf(dir);
             cr_skip_test("vulkan: no device");
@@ -1919,7 +1923,7 @@ Test(vulkan, a_prefill_records_the_same_dispatches_whatever_its_row_count, .time
                       CASES[c].model);
             d[r] = s1.dispatches - s0.dispatches;
         }
-        uint32_t L = jlm_engine_model(e)->config.n_layer;
+        uint32_t L = CASES[c].gl ? CASES[c].gl : jlm_engine_model(e)->config.n_layer;
         cr_log_info("%s (%s cache): a prefill of 20 rows records %llu dispatches (%u blocks)", CASES[c].model,
                     CASES[c].kv, (unsigned long long)d[0], L);
         cr_assert(d[0] <= 32ull * L + 8, "%s (%s cache): a prefill recorded %llu dispatches, over 32 a block",
