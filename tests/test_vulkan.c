@@ -1956,6 +1956,37 @@ static jlm_vk_buf *zeros(jlm_vk *vk, uint64_t n)
     return b;
 }
 
+/* jlm_vk_copy_rows: 5 rows of 3 floats from a stride of 7 floats to a
+ * stride of 4 (latent attention's RoPE parts), in one command; the floats
+ * between the rows kept; rows past either buffer refused whole. */
+Test(vulkan, copy_rows_moves_each_row_in_one_command_and_refuses_rows_outside)
+{
+    jlm_vk *vk = open_or_skip();
+    jlm_err err = {0};
+    float src[35], want[21];
+    for (int i = 0; i < 35; i++)
+        src[i] = (float)i + 0.5f;
+    for (int i = 0; i < 21; i++)
+        want[i] = -1.0f;
+    for (int r = 0; r < 5; r++)
+        memcpy(&want[1 + r * 4], &src[2 + r * 7], 12);
+    jlm_vk_buf *s = up(vk, src, sizeof src), *d = zeros(vk, sizeof want);
+    for (int i = 0; i < 21; i++)
+        ((float *)jlm_vk_buf_map(d))[i] = -1.0f;
+    uint64_t n0 = jlm_vk_dispatches(vk);
+    cr_assert_eq(jlm_vk_copy_rows(vk, (jlm_vk_view){d, 4, 80}, 16, (jlm_vk_view){s, 8, 132}, 28, 12, 5, &err), 0,
+                 "%s", err.msg);
+    cr_assert_eq(jlm_vk_dispatches(vk) - n0, 1);
+    cr_assert(!memcmp(jlm_vk_buf_map(d), want, sizeof want), "the rows differ");
+    cr_assert_eq(jlm_vk_copy_rows(vk, (jlm_vk_view){d, 4, 80}, 16, (jlm_vk_view){s, 8, 132}, 28, 12, 6, &err),
+                 JLM_EINVAL);
+    cr_assert(strstr(err.msg, "outside"), "%s", err.msg);
+    cr_assert(!memcmp(jlm_vk_buf_map(d), want, sizeof want), "a refused copy wrote");
+    jlm_vk_buf_free(vk, s);
+    jlm_vk_buf_free(vk, d);
+    jlm_vk_close(vk);
+}
+
 /* The row-batched kernels (a prefill's: jlm_vk_attention_rows,
  * jlm_vk_rmsnorm_rows, jlm_vk_rope_rows, jlm_vk_add_rows, jlm_vk_scale_rows) compute each row
  * bit for bit as the one-row kernels do: attention of 6 query rows at
