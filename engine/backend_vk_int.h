@@ -74,11 +74,28 @@ int  jlm_evk_moe(jlm_evk *v, struct jlm_engine *e, const struct jlm_ex_blk *b, c
 void jlm_evk_moe_free(jlm_evk *v);
 /* exec_vk_mla.c: latent attention's ops (MLA_KV, MLA_Q, MLA_ATTN) of the
  * walk k (dry: only whether it can); the bytes of its scratch for rows rows.
- * exec_vk.c's helper for it: row t's RoPE cos/sin for the block's layer
- * (rp: the parameters), JLM_EUNSUPPORTED when no table up with the rows is it. */
+ * exec_vk.c's helpers for it: the RoPE cos/sin of the block's rows for its
+ * layer (rp: the parameters; row t's at t * cs_stride floats of cs),
+ * JLM_EUNSUPPORTED when no table up with the rows is it; how many rows from
+ * t on sit at consecutive positions (a prefill: all); and the attention of
+ * the block's rows over a layer's cache (kv), row t's query at q + t*qw
+ * floats over keys [lh[2t], lh[2t+1]), its output at out + t*ow (a dispatch
+ * a chunk of rows whose scores fit). */
 struct jlm_exd;
+typedef struct jlm_evk_kv {
+    jlm_vk_buf *kc;
+    uint64_t    kb;   /* a position's bytes */
+    int         kt;   /* JLM_VK_KV_* */
+    jlm_vk_buf *vc;
+    uint64_t    vb;
+    int         vt;
+} jlm_evk_kv;
 int      jlm_evk_mla(struct jlm_exd *k, const struct jlm_op *op);
 uint64_t jlm_evk_mla_bytes(jlm_evk *v, const struct jlm_engine *e, uint32_t rows);
-int      jlm_evk_rope_cs(const struct jlm_exd *k, uint32_t t, jlm_k_rope *rp, jlm_vk_view *cs);
+int      jlm_evk_rope_cs(const struct jlm_exd *k, jlm_k_rope *rp, jlm_vk_view *cs, uint32_t *cs_stride);
+uint32_t jlm_evk_run_of(const struct jlm_exd *k, uint32_t t);
+int      jlm_evk_attend_rows(const struct jlm_exd *k, const jlm_k_attn *ap, uint32_t n_head, uint32_t n_kv_head,
+                             const uint32_t *lh, jlm_vk_view q, uint32_t qw, jlm_evk_kv kv, const float *sinks,
+                             jlm_vk_view out, uint32_t ow);
 
 #endif

@@ -233,7 +233,7 @@ static int op_heads(jlm_exd *k, int b, uint32_t n_head, const float *p, int wide
     return rc ? rc : q_temp(k, b, &rp);
 }
 
-int jlm_evk_rope_cs(const jlm_exd *k, uint32_t t, jlm_k_rope *rp, jlm_vk_view *cs)
+int jlm_evk_rope_cs(const jlm_exd *k, jlm_k_rope *rp, jlm_vk_view *cs, uint32_t *cs_stride)
 {
     jlm_k_rope sets[2];
     layer_rope(k->e, k->b.l, rp);
@@ -243,7 +243,9 @@ int jlm_evk_rope_cs(const jlm_exd *k, uint32_t t, jlm_k_rope *rp, jlm_vk_view *c
     if (si == ns || !rp->n_rot || rp->n_rot % 2 || (rp->n_rot * 4) % jlm_vk_offset_align(evk(k)->vk) ||
         (k->c->flags & JLM_F_NO_POS_ENC))
         return UNSUP;
-    *cs = (jlm_vk_view){evk(k)->blk.cs, ((uint64_t)t * ns + si) * rp->n_rot * 4, rp->n_rot * 4ull};
+    uint64_t per = (uint64_t)rp->n_rot * 4;
+    *cs = (jlm_vk_view){evk(k)->blk.cs, si * per, ((uint64_t)(k->b.n - 1) * ns + 1) * per};
+    *cs_stride = ns * rp->n_rot;
     return JLM_OK;
 }
 
@@ -263,7 +265,7 @@ static int kv_put(jlm_exd *k, jlm_vk_buf *c, uint64_t p, int b, uint32_t t, uint
 }
 
 /* How many rows from t on sit at consecutive positions (a prefill: all) */
-static uint32_t run_of(const jlm_exd *k, uint32_t t)
+uint32_t jlm_evk_run_of(const jlm_exd *k, uint32_t t)
 {
     uint32_t m = 1;
     while (t + m < k->b.n && jlm_exd_pos(k, t + m) == jlm_exd_pos(k, t) + m)
@@ -279,7 +281,7 @@ static int op_kv_put(jlm_exd *k)
         return UNSUP;   /* kv_q8.comp rounds through doubles */
     for (uint32_t t = 0, m; !rc && !k->dry && t < k->b.n; t += m) {
         uint64_t p = jlm_exd_pos(k, t);
-        m = run_of(k, t);
+        m = jlm_evk_run_of(k, t);
         rc = kv_put(k, v->blk.kc[k->b.l], p, JLM_B_K, t, m);
         if (!rc)
             rc = kv_put(k, v->blk.vc[k->b.l], p, JLM_B_V, t, m);
@@ -297,31 +299,20 @@ static uint64_t scores_bytes(const jlm_evk *v, const jlm_engine *e, uint64_t row
     return rows * one < cap ? rows * one : one > cap ? one : cap;
 }
 
-/* ATT rows: each row over keys [lo, hi): a sliding window's (or a chunk's)
- * first key to its own (up to bidir_end in an image), so the hidden keys
- * are not read at all (the CPU masks them: exp(-inf) adds 0); the rows
- * attend together, in as few chunks as the scores hold (one a prefill of a
- * small model), each chunk one dispatch over the union of its rows' keys. */
-static int op_attend(jlm_exd *k, const float *sinks)
+/* Rows [0, n) of the block, row t's query at q + t*qw floats over keys
+ * [lh[2t], lh[2t+1]) of the caches (kc, vc: whole; kb, vb: a position's
+ * bytes) -> out + t*ow: the rows attend together, in as few chunks as the
+ * scores hold (one a prefill of a small model), each chunk one dispatch over
+ * the union of its rows' keys. */
+int jlm_evk_attend_rows(const jlm_exd *k, const jlm_k_attn *ap, uint32_t n_head, uint32_t n_kv_head,
+                        const uint32_t *lh, jlm_vk_view q, uint32_t qw, jlm_evk_kv kv, const float *sinks,
+                        jlm_vk_view out, uint32_t ow)
 {
-    jlm_engine *e = k->e;
-    const jlm_config *c = k->c;
     jlm_evk_blk *s = &evk(k)->blk;
-    uint64_t kb = kv_row(e, JLM_B_K), vb = kv_row(e, JLM_B_V);
-    jlm_k_attn ap = {.head_dim = e->hd, .head_dim_v = e->hd_v, .k_stride = e->kv_dim, .v_stride = e->kv_dim_v,
-                     .scale = c->attn_scale > 0 ? c->attn_scale : 1.0f / sqrtf((float)e->hd),
-                     .softcap = c->attn_softcap};
-    if (k->dry)
-        return JLM_OK;
-    uint64_t cap = jlm_vk_buf_size(s->scores) / 4 / c->n_head;   /* keys a row's scores may hold */
-    uint32_t n = k->b.n, *span = malloc((uint64_t)n * 4 * sizeof *span), *lh = span + 2 * (uint64_t)n;
+    uint64_t cap = jlm_vk_buf_size(s->scores) / 4 / n_head;   /* keys a row's scores may hold */
+    uint32_t n = k->b.n, *span = malloc((uint64_t)n * 2 * sizeof *span);
     if (!span)
         return jlm_errf(k->err, JLM_ENOMEM, "vulkan: out of memory");
-    for (uint32_t t = 0; t < n; t++) {
-        uint32_t pos = jlm_exd_pos(k, t);
-        lh[2 * t] = jlm_ex_first_key(c, k->b.l, pos);
-        lh[2 * t + 1] = pos < e->bidir_end ? e->bidir_end : pos + 1;
-    }
     int rc = JLM_OK;
     for (uint32_t t = 0, m; !rc && t < n; t += m) {
         uint32_t lo = lh[2 * t], hi = lh[2 * t + 1], most = hi - lo;
@@ -335,14 +326,43 @@ static int op_attend(jlm_exd *k, const float *sinks)
             span[2 * r] = lh[2 * (t + r)] - lo;
             span[2 * r + 1] = lh[2 * (t + r) + 1] - lh[2 * (t + r)];
         }
-        uint32_t qw = (uint32_t)width(e, JLM_B_Q), ow = (uint32_t)width(e, JLM_B_ATT);
-        jlm_vk_view kv = {s->kc[k->b.l], lo * kb, (hi - lo) * kb}, vv = {s->vc[k->b.l], lo * vb, (hi - lo) * vb},
-                    sc = {s->scores, 0, (uint64_t)m * c->n_head * most * 4};
-        rc = jlm_vk_attention_rows(evk(k)->vk, &ap, c->n_head, c->n_kv_head, m, abv(k, JLM_B_Q, (uint64_t)t * qw,
-                                   (uint64_t)m * qw), qw, kv, e->kt, vv, e->vt, span, sinks, sc,
-                                   abv(k, JLM_B_ATT, (uint64_t)t * ow, (uint64_t)m * ow), ow, k->err);
+        jlm_vk_view kv_k = {kv.kc, lo * kv.kb, (hi - lo) * kv.kb}, kv_v = {kv.vc, lo * kv.vb, (hi - lo) * kv.vb},
+                    sc = {s->scores, 0, (uint64_t)m * n_head * most * 4};
+        rc = jlm_vk_attention_rows(evk(k)->vk, ap, n_head, n_kv_head, m,
+                                   (jlm_vk_view){q.buf, q.off + (uint64_t)t * qw * 4, (uint64_t)m * qw * 4}, qw, kv_k,
+                                   kv.kt, kv_v, kv.vt, span, sinks, sc,
+                                   (jlm_vk_view){out.buf, out.off + (uint64_t)t * ow * 4, (uint64_t)m * ow * 4}, ow,
+                                   k->err);
     }
     free(span);
+    return rc;
+}
+
+/* ATT rows: each row over keys [lo, hi): a sliding window's (or a chunk's)
+ * first key to its own (up to bidir_end in an image), so the hidden keys
+ * are not read at all (the CPU masks them: exp(-inf) adds 0). */
+static int op_attend(jlm_exd *k, const float *sinks)
+{
+    jlm_engine *e = k->e;
+    const jlm_config *c = k->c;
+    jlm_evk_blk *s = &evk(k)->blk;
+    jlm_k_attn ap = {.head_dim = e->hd, .head_dim_v = e->hd_v, .k_stride = e->kv_dim, .v_stride = e->kv_dim_v,
+                     .scale = c->attn_scale > 0 ? c->attn_scale : 1.0f / sqrtf((float)e->hd),
+                     .softcap = c->attn_softcap};
+    if (k->dry)
+        return JLM_OK;
+    uint32_t n = k->b.n, *lh = malloc((uint64_t)n * 2 * sizeof *lh);
+    if (!lh)
+        return jlm_errf(k->err, JLM_ENOMEM, "vulkan: out of memory");
+    for (uint32_t t = 0; t < n; t++) {
+        uint32_t pos = jlm_exd_pos(k, t);
+        lh[2 * t] = jlm_ex_first_key(c, k->b.l, pos);
+        lh[2 * t + 1] = pos < e->bidir_end ? e->bidir_end : pos + 1;
+    }
+    jlm_evk_kv kv = {s->kc[k->b.l], kv_row(e, JLM_B_K), e->kt, s->vc[k->b.l], kv_row(e, JLM_B_V), e->vt};
+    int rc = jlm_evk_attend_rows(k, &ap, c->n_head, c->n_kv_head, lh, rows(k, JLM_B_Q), (uint32_t)width(e, JLM_B_Q),
+                                 kv, sinks, rows(k, JLM_B_ATT), (uint32_t)width(e, JLM_B_ATT));
+    free(lh);
     return rc;
 }
 

@@ -17,6 +17,7 @@
 #include "engine/backend_vk_int.h"
 #include "engine/exec_dev.h"
 
+#include <stdlib.h>
 #include <string.h>
 
 #define UNSUP JLM_EUNSUPPORTED
@@ -66,14 +67,10 @@ static int mm(const jlm_exd *k, const jlm_k_mat *m, uint64_t kk, uint64_t rows, 
     return jlm_evk_matmul_rows(evk(k), m, k->b.n, x, y, 0, k->dry, k->err);
 }
 
-/* n floats from row t of src (stride ss, at soff) to row t of dst (ds, doff), for every row. */
+/* n floats from row t of src (stride ss) to row t of dst (ds), for every row: one copy. */
 static int move_rows(const jlm_exd *k, jlm_vk_view dst, uint64_t ds, jlm_vk_view src, uint64_t ss, uint64_t n)
 {
-    int rc = JLM_OK;
-    for (uint32_t t = 0; !rc && t < k->b.n; t++)
-        rc = jlm_vk_copy(evk(k)->vk, (jlm_vk_view){dst.buf, dst.off + t * ds * 4, n * 4},
-                         (jlm_vk_view){src.buf, src.off + t * ss * 4, n * 4}, n * 4, k->err);
-    return rc;
+    return jlm_vk_copy_rows(evk(k)->vk, dst, ds * 4, src, ss * 4, n * 4, k->b.n, k->err);
 }
 
 /* For each head h: rows (src + h * shs, stride ss, m.k floats) times sheet h
@@ -177,25 +174,26 @@ static int mla_kv(jlm_exd *k, const jlm_op *op, const mla_dims *d)
     jlm_k_mat wkv = blk_mat(k->e, &k->b, op->w[0]);
     jlm_vk_view nw, cs;
     jlm_k_rope rp;
+    uint32_t n = k->b.n, css;
     uint64_t es = k->e->kt == KV_F16 ? 2 : 4;
     int rc = jlm_evk_vec(v, blk_vec(k->e, &k->b, op->w[1]), d->R, &nw);
-    if (!rc && (!nw.buf || jlm_evk_rope_cs(k, 0, &rp, &cs)))
+    if (!rc && (!nw.buf || jlm_evk_rope_cs(k, &rp, &cs, &css)))
         rc = UNSUP;
     if (!rc)
-        rc = mm(k, &wkv, d->E, d->W, av(k, op->src, 0, k->b.n * d->E), av(k, JLM_B_K, 0, k->b.n * d->W));
-    for (uint32_t t = 0; !rc && !k->dry && t < k->b.n; t++) {
-        jlm_vk_view r = av(k, JLM_B_K, t * d->W, d->W);
-        jlm_vk_view dst = {v->blk.kc[k->b.l], jlm_exd_pos(k, t) * d->W * es, d->W * es};
-        rc = jlm_vk_rmsnorm(v->vk, av(k, JLM_B_K, t * d->W, d->R), av(k, JLM_B_K, t * d->W, d->R), nw, (uint32_t)d->R,
-                            k->c->rms_eps, k->err);
-        if (!rc)
-            rc = jlm_evk_rope_cs(k, t, &rp, &cs);
-        if (!rc)
-            rc = jlm_vk_rope_cs(v->vk, rp.n_rot, rp.neox, av(k, JLM_B_K, t * d->W + d->R, d->rot), 1, (uint32_t)d->rot,
-                                cs, k->err);
-        if (!rc)
-            rc = es == 4 ? jlm_vk_copy(v->vk, dst, r, d->W * 4, k->err)
-                         : jlm_vk_to_f16(v->vk, dst, r, (uint32_t)d->W, k->err);
+        rc = mm(k, &wkv, d->E, d->W, av(k, op->src, 0, n * d->E), av(k, JLM_B_K, 0, n * d->W));
+    if (rc || k->dry)
+        return rc;
+    jlm_vk_view kr = av(k, JLM_B_K, 0, n * d->W);   /* each step one dispatch over the rows */
+    rc = jlm_vk_rmsnorm_rows(v->vk, kr, kr, nw, (uint32_t)d->R, 1, n, (uint32_t)d->W, k->c->rms_eps, k->err);
+    if (!rc)
+        rc = jlm_vk_rope_rows(v->vk, rp.n_rot, rp.neox, av(k, JLM_B_K, d->R, n * d->W - d->R), 1, (uint32_t)d->rot,
+                              (uint32_t)d->W, cs, css, n, k->err);
+    for (uint32_t t = 0, m; !rc && t < n; t += m) {   /* the rows at consecutive positions, one store */
+        m = jlm_evk_run_of(k, t);
+        jlm_vk_view r = av(k, JLM_B_K, t * d->W, m * d->W);
+        jlm_vk_view dst = {v->blk.kc[k->b.l], jlm_exd_pos(k, t) * d->W * es, m * d->W * es};
+        rc = es == 4 ? jlm_vk_copy(v->vk, dst, r, m * d->W * 4, k->err)
+                     : jlm_vk_to_f16(v->vk, dst, r, (uint32_t)(m * d->W), k->err);
     }
     return rc;
 }
@@ -217,9 +215,9 @@ static int q_proj(jlm_exd *k, const jlm_op *op, const mla_dims *d)
         rc = UNSUP;
     if (!rc)
         rc = mm(k, &wa, d->E, d->qa, h, sv(k, d, RG_QA, 0, n * d->qa));
-    for (uint32_t t = 0; !rc && !k->dry && t < n; t++)
-        rc = jlm_vk_rmsnorm(evk(k)->vk, sv(k, d, RG_QA, t * d->qa, d->qa), sv(k, d, RG_QA, t * d->qa, d->qa), qn,
-                            (uint32_t)d->qa, k->c->rms_eps, k->err);
+    if (!rc && !k->dry)
+        rc = jlm_vk_rmsnorm_rows(evk(k)->vk, sv(k, d, RG_QA, 0, n * d->qa), sv(k, d, RG_QA, 0, n * d->qa), qn,
+                                 (uint32_t)d->qa, 1, n, (uint32_t)d->qa, k->c->rms_eps, k->err);
     return rc ? rc : mm(k, &wb, d->qa, qd, sv(k, d, RG_QA, 0, n * d->qa), q);
 }
 
@@ -230,16 +228,15 @@ static int mla_q(jlm_exd *k, const jlm_op *op, const mla_dims *d)
     uint64_t qd = d->nh * d->hd;
     jlm_vk_view cs;
     jlm_k_rope rp;
-    int rc = op->dst != JLM_B_Q || jlm_evk_rope_cs(k, 0, &rp, &cs) ? UNSUP : q_proj(k, op, d);
-    for (uint32_t t = 0; !rc && !k->dry && t < k->b.n; t++) {
-        rc = jlm_evk_rope_cs(k, t, &rp, &cs);
-        if (!rc)
-            rc = jlm_vk_rope_cs(v->vk, rp.n_rot, rp.neox, av(k, JLM_B_Q, t * qd + d->nope, qd - d->nope),
-                                (uint32_t)d->nh, (uint32_t)d->hd, cs, k->err);
-        for (uint64_t hh = 0; !rc && hh < d->nh; hh++)
-            rc = jlm_vk_copy(v->vk, sv(k, d, RG_QL, (t * d->nh + hh) * d->W + d->R, d->rot),
-                             av(k, JLM_B_Q, t * qd + hh * d->hd + d->nope, d->rot), d->rot * 4, k->err);
-    }
+    uint32_t n = k->b.n, css;
+    int rc = op->dst != JLM_B_Q || jlm_evk_rope_cs(k, &rp, &cs, &css) ? UNSUP : q_proj(k, op, d);
+    if (!rc && !k->dry)   /* every row's heads rotated in one dispatch, their RoPE parts moved in one copy */
+        rc = jlm_vk_rope_rows(v->vk, rp.n_rot, rp.neox, av(k, JLM_B_Q, d->nope, n * qd - d->nope), (uint32_t)d->nh,
+                              (uint32_t)d->hd, (uint32_t)qd, cs, css, n, k->err);
+    if (!rc && !k->dry)
+        rc = jlm_vk_copy_rows(v->vk, sv(k, d, RG_QL, d->R, (n * d->nh - 1) * d->W + d->rot), d->W * 4,
+                              av(k, JLM_B_Q, d->nope, n * qd - d->nope), d->hd * 4, d->rot * 4, (uint32_t)(n * d->nh),
+                              k->err);
     if (rc)
         return rc;
     return heads_mm(k, d, JLM_R_ATTN_K_B_MAT, d->nope, d->R,
@@ -255,12 +252,18 @@ static int mla_attn(jlm_exd *k, const jlm_op *op, const mla_dims *d)
     jlm_k_attn ap = {.head_dim = d->W, .head_dim_v = d->R, .k_stride = d->W, .v_stride = d->W,
                      .scale = jlm_ex_mla_scale(k->e)};
     int rc = op->dst != JLM_B_ATT ? UNSUP : JLM_OK;
-    for (uint32_t t = 0; !rc && !k->dry && t < k->b.n; t++) {
-        uint64_t n_kv = jlm_exd_pos(k, t) + 1ull;
-        jlm_vk_view kv = {v->blk.kc[k->b.l], 0, n_kv * d->W * es}, sc = {v->blk.scores, 0, d->nh * n_kv * 4};
-        rc = (es == 2 ? jlm_vk_attention_f16 : jlm_vk_attention)(
-            v->vk, &ap, (uint32_t)d->nh, 1, sv(k, d, RG_QL, t * d->nh * d->W, d->nh * d->W), kv, kv, n_kv, NULL, sc,
-            sv(k, d, RG_OL, t * d->nh * d->R, d->nh * d->R), k->err);
+    uint32_t n = k->b.n, *lh = rc || k->dry ? NULL : malloc((uint64_t)n * 2 * sizeof *lh);
+    if (!rc && !k->dry && !lh)
+        rc = jlm_errf(k->err, JLM_ENOMEM, "vulkan: out of memory");
+    for (uint32_t t = 0; lh && t < n; t++)   /* each row over the cached rows 0..pos */
+        lh[2 * t] = 0, lh[2 * t + 1] = jlm_exd_pos(k, t) + 1;
+    if (lh) {
+        int kt = es == 2 ? JLM_VK_KV_F16 : JLM_VK_KV_F32;
+        jlm_evk_kv kv = {v->blk.kc[k->b.l], d->W * es, kt, v->blk.kc[k->b.l], d->W * es, kt};
+        rc = jlm_evk_attend_rows(k, &ap, (uint32_t)d->nh, 1, lh, sv(k, d, RG_QL, 0, n * d->nh * d->W),
+                                 (uint32_t)(d->nh * d->W), kv, NULL, sv(k, d, RG_OL, 0, n * d->nh * d->R),
+                                 (uint32_t)(d->nh * d->R));
+        free(lh);
     }
     if (rc)
         return rc;

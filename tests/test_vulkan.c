@@ -1897,16 +1897,20 @@ Test(vulkan, whole_blocks_with_a_q8_0_cache_give_the_cpus_ids, .timeout = 300)
  * as many as 10; and each row is computed as a one-row batch computes it: the
  * prefill's logits equal those of the same tokens evaluated one by one, bit
  * for bit (llama, qwen3's per-head norms with an F16 cache, gemma3's windows
- * and its own RoPE base with a Q8_0 cache). */
+ * and its own RoPE base with a Q8_0 cache; deepseek2's latent attention
+ * with an F32 and an F16 cache, its dense block 0 on the device: the MoE
+ * blocks record each row's experts). */
 Test(vulkan, a_prefill_records_the_same_dispatches_whatever_its_row_count, .timeout = 300)
 {
-    static const struct { const char *model, *kv; } CASES[] = {
-        {"synth-llama-256.Q4_K_M", "f32"}, {"synth-qwen3-256.Q8_0", "f16"}, {"synth-gemma3-256.Q8_0", "q8_0"}};
+    static const struct { const char *model, *kv; uint32_t gl; } CASES[] = {
+        {"synth-llama-256.Q4_K_M", "f32", 0},     {"synth-qwen3-256.Q8_0", "f16", 0},
+        {"synth-gemma3-256.Q8_0", "q8_0", 0},     {"synth-deepseek2-256.Q8_0", "f32", 1},
+        {"synth-deepseek2-256.Q4_K_M", "f16", 1}};
     char *dir = tu_tmpdir();
     for (size_t c = 0; c < sizeof CASES / sizeof CASES[0]; c++) {
         jlm_err err = {0};
         char *path = convert_named(CASES[c].model, dir, "p.jlm");
-        jlm_engine *e = engine_kv(path, "vulkan", 0, CASES[c].kv);
+        jlm_engine *e = engine_kv(path, "vulkan", CASES[c].gl, CASES[c].kv);
         if (!e) {
             tu_rmrf(dir);
             cr_skip_test("vulkan: no device");
@@ -1927,7 +1931,7 @@ Test(vulkan, a_prefill_records_the_same_dispatches_whatever_its_row_count, .time
                       CASES[c].model);
             d[r] = s1.dispatches - s0.dispatches;
         }
-        uint32_t L = jlm_engine_model(e)->config.n_layer;
+        uint32_t L = CASES[c].gl ? CASES[c].gl : jlm_engine_model(e)->config.n_layer;
         cr_log_info("%s (%s cache): a prefill of 20 rows records %llu dispatches (%u blocks)", CASES[c].model,
                     CASES[c].kv, (unsigned long long)d[0], L);
         cr_assert(d[0] <= 32ull * L + 8, "%s (%s cache): a prefill recorded %llu dispatches, over 32 a block",
@@ -1958,6 +1962,37 @@ static jlm_vk_buf *zeros(jlm_vk *vk, uint64_t n)
     cr_assert(jlm_vk_buf_new(vk, n, &b, &err) == 0, "%s", err.msg);
     memset(jlm_vk_buf_map(b), 0, n);
     return b;
+}
+
+/* jlm_vk_copy_rows: 5 rows of 3 floats from a stride of 7 floats to a
+ * stride of 4 (latent attention's RoPE parts), in one command; the floats
+ * between the rows kept; rows past either buffer refused whole. */
+Test(vulkan, copy_rows_moves_each_row_in_one_command_and_refuses_rows_outside)
+{
+    jlm_vk *vk = open_or_skip();
+    jlm_err err = {0};
+    float src[35], want[21];
+    for (int i = 0; i < 35; i++)
+        src[i] = (float)i + 0.5f;
+    for (int i = 0; i < 21; i++)
+        want[i] = -1.0f;
+    for (int r = 0; r < 5; r++)
+        memcpy(&want[1 + r * 4], &src[2 + r * 7], 12);
+    jlm_vk_buf *s = up(vk, src, sizeof src), *d = zeros(vk, sizeof want);
+    for (int i = 0; i < 21; i++)
+        ((float *)jlm_vk_buf_map(d))[i] = -1.0f;
+    uint64_t n0 = jlm_vk_dispatches(vk);
+    cr_assert_eq(jlm_vk_copy_rows(vk, (jlm_vk_view){d, 4, 80}, 16, (jlm_vk_view){s, 8, 132}, 28, 12, 5, &err), 0,
+                 "%s", err.msg);
+    cr_assert_eq(jlm_vk_dispatches(vk) - n0, 1);
+    cr_assert(!memcmp(jlm_vk_buf_map(d), want, sizeof want), "the rows differ");
+    cr_assert_eq(jlm_vk_copy_rows(vk, (jlm_vk_view){d, 4, 80}, 16, (jlm_vk_view){s, 8, 132}, 28, 12, 6, &err),
+                 JLM_EINVAL);
+    cr_assert(strstr(err.msg, "outside"), "%s", err.msg);
+    cr_assert(!memcmp(jlm_vk_buf_map(d), want, sizeof want), "a refused copy wrote");
+    jlm_vk_buf_free(vk, s);
+    jlm_vk_buf_free(vk, d);
+    jlm_vk_close(vk);
 }
 
 /* The row-batched kernels (a prefill's: jlm_vk_attention_rows,

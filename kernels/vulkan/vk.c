@@ -892,6 +892,29 @@ int jlm_vk_copy(jlm_vk *vk, jlm_vk_view dst, jlm_vk_view src, uint64_t n, jlm_er
     return vk->rec ? JLM_OK : cmd_submit(vk, err);
 }
 
+int jlm_vk_copy_rows(jlm_vk *vk, jlm_vk_view dst, uint64_t dst_stride, jlm_vk_view src, uint64_t src_stride,
+                     uint64_t n, uint32_t rows, jlm_err *err)
+{
+    uint64_t dl = rows ? (rows - 1) * dst_stride : 0, sl = rows ? (rows - 1) * src_stride : 0;
+    if (!dst.buf || !src.buf || !n || !rows || dst.off > dst.buf->size || dl > dst.buf->size - dst.off ||
+        n > dst.buf->size - dst.off - dl || src.off > src.buf->size || sl > src.buf->size - src.off ||
+        n > src.buf->size - src.off - sl)
+        return jlm_errf(err, JLM_EINVAL, "vulkan: copy of %u rows of %llu bytes outside its buffers", rows,
+                        (unsigned long long)n);
+    VkBufferCopy *c = malloc((uint64_t)rows * sizeof *c);
+    if (!c)
+        return jlm_errf(err, JLM_ENOMEM, "vulkan: out of memory");
+    for (uint32_t r = 0; r < rows; r++)
+        c[r] = (VkBufferCopy){.srcOffset = src.off + r * src_stride, .dstOffset = dst.off + r * dst_stride, .size = n};
+    if (!vk->rec)
+        cmd_begin(vk);
+    vkCmdCopyBuffer(vk->cmd, src.buf->buf, dst.buf->buf, rows, c);
+    free(c);
+    vk->dispatches++;
+    barrier_after(vk, VK_PIPELINE_STAGE_TRANSFER_BIT, VK_ACCESS_TRANSFER_WRITE_BIT);
+    return vk->rec ? JLM_OK : cmd_submit(vk, err);
+}
+
 /* dispatch with gx x gy x gz groups (the matvec's y: tokens, z: sheets). */
 static int dispatch3(jlm_vk *vk, VkPipeline pipe, const jlm_vk_view *views, int nview, const void *push,
                      uint32_t push_size, uint32_t gx, uint32_t gy, uint32_t gz, jlm_err *err)
@@ -1429,6 +1452,11 @@ int jlm_vk_time(jlm_vk *vk, int on, jlm_err *err) { return on ? none(err) : JLM_
 void jlm_vk_time_tag(jlm_vk *vk, int tag) {}
 void jlm_vk_time_get(const jlm_vk *vk, uint64_t ns[JLM_VK_TAGS]) { memset(ns, 0, JLM_VK_TAGS * sizeof ns[0]); }
 int jlm_vk_copy(jlm_vk *vk, jlm_vk_view dst, jlm_vk_view src, uint64_t n, jlm_err *err) { return none(err); }
+int jlm_vk_copy_rows(jlm_vk *vk, jlm_vk_view dst, uint64_t dst_stride, jlm_vk_view src, uint64_t src_stride,
+                     uint64_t n, uint32_t rows, jlm_err *err)
+{
+    return none(err);
+}
 int jlm_vk_rope_cs(jlm_vk *vk, uint32_t n_rot, int neox, jlm_vk_view x, uint32_t n_head, uint32_t head_dim,
                    jlm_vk_view cs, jlm_err *err) { return none(err); }
 int jlm_vk_can_quantize(const jlm_vk *vk) { return 0; }

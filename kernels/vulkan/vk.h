@@ -121,6 +121,10 @@ void jlm_vk_time_get(const jlm_vk *vk, uint64_t ns[JLM_VK_TAGS]);
 
 /* n bytes from src to dst (device side, ordered with the kernels). */
 int jlm_vk_copy(jlm_vk *vk, jlm_vk_view dst, jlm_vk_view src, uint64_t n, jlm_err *err);
+/* The same over rows (n bytes each, row r from src.off + r*src_stride to
+ * dst.off + r*dst_stride): one copy command. */
+int jlm_vk_copy_rows(jlm_vk *vk, jlm_vk_view dst, uint64_t dst_stride, jlm_vk_view src, uint64_t src_stride,
+                     uint64_t n, uint32_t rows, jlm_err *err);
 
 /* ---------------------------------------------------------------- kernels */
 
