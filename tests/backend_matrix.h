@@ -572,6 +572,30 @@ static inline uint64_t bm_device_run(jlm_engine *ec, jlm_engine *ev, const int32
     return after->waits - s0.waits;
 }
 
+/* Each of ev's `on` device layers' attn_k_b and attn_v_b sheets (latent
+ * attention): one batched matvec each for all heads and rows, a prompt's
+ * and a decoded token's alike (a matvec a head made 2 n_head a layer);
+ * jlm_dev_stats.sheet_matvecs, Vulkan's and CUDA's alike. */
+static inline void bm_sheet_matvecs(jlm_engine *ev, uint32_t on, const char *model, const char *what)
+{
+    uint32_t nv = jlm_engine_n_vocab(ev), nh = jlm_engine_model(ev)->config.n_head;
+    float *lg = malloc((uint64_t)nv * 5 * 4);
+    jlm_dev_stats s0, s1, s2;
+    jlm_err err = {0};
+    jlm_engine_rewind(ev, 0);
+    jlm_engine_dev_stats(ev, &s0);
+    cr_assert_eq(jlm_engine_eval(ev, BM_PROMPT, 5, lg, &err), 0, "%s", err.msg);
+    jlm_engine_dev_stats(ev, &s1);
+    cr_assert_eq(jlm_engine_eval(ev, BM_PROMPT, 1, lg, &err), 0, "%s", err.msg);
+    jlm_engine_dev_stats(ev, &s2);
+    cr_assert(nh > 1);
+    cr_assert(s1.sheet_matvecs - s0.sheet_matvecs == 2ull * on && s2.sheet_matvecs - s1.sheet_matvecs == 2ull * on,
+              "%s (%s): sheet matvecs: %llu for the prompt, %llu for a decoded token (%u device layers, %u heads; "
+              "want 2 a layer)", model, what, (unsigned long long)(s1.sheet_matvecs - s0.sheet_matvecs),
+              (unsigned long long)(s2.sheet_matvecs - s1.sheet_matvecs), on, nh);
+    free(lg);
+}
+
 /* Whole blocks on backend's device (engine/exec_vk.c, engine/exec_cu.c):
  * stories260K, every synth-llama type, and qwen2 (biases), qwen3 (per-head
  * q/k norms) and phi3, whole and at --gpu-layers 2, against the CPU with the

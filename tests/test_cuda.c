@@ -1211,30 +1211,6 @@ Test(cuda, moe_blocks_on_the_emulated_device_give_the_cpus_ids_in_a_round_trip_a
     free(dir);
 }
 
-/* Each device layer's attn_k_b and attn_v_b sheets: one batched launch each
- * for all heads and rows, a prompt's and a decoded token's alike (a launch a
- * head made 2 n_head a layer). */
-static void sheet_launches(jlm_engine *ev, uint32_t on, const char *model, const char *what)
-{
-    static const int32_t PROMPT[5] = {1, 10, 20, 30, 40};
-    uint32_t nv = jlm_engine_n_vocab(ev), nh = jlm_engine_model(ev)->config.n_head;
-    float *lg = malloc((uint64_t)nv * 5 * 4);
-    jlm_dev_stats s0, s1, s2;
-    jlm_err err = {0};
-    jlm_engine_rewind(ev, 0);
-    jlm_engine_dev_stats(ev, &s0);
-    cr_assert_eq(jlm_engine_eval(ev, PROMPT, 5, lg, &err), 0, "%s", err.msg);
-    jlm_engine_dev_stats(ev, &s1);
-    cr_assert_eq(jlm_engine_eval(ev, PROMPT, 1, lg, &err), 0, "%s", err.msg);
-    jlm_engine_dev_stats(ev, &s2);
-    cr_assert(nh > 1);
-    cr_assert(s1.sheet_matvecs - s0.sheet_matvecs == 2ull * on && s2.sheet_matvecs - s1.sheet_matvecs == 2ull * on,
-              "%s (%s): sheet launches: %llu for the prompt, %llu for a decoded token (%u device layers, %u heads; "
-              "want 2 a layer)", model, what, (unsigned long long)(s1.sheet_matvecs - s0.sheet_matvecs),
-              (unsigned long long)(s2.sheet_matvecs - s1.sheet_matvecs), on, nh);
-    free(lg);
-}
-
 /* The read-ahead's gate on the emulated device (exec_cu_moe.c asks the
  * CPU's jlm_stream_predict_now and picks with jlm_ex_predict_pick):
  * backend_matrix.h's bm_moe_gate, as on Vulkan. */
@@ -1281,7 +1257,7 @@ Test(cuda, deepseek2_latent_attention_blocks_run_whole_on_the_emulated_device, .
             cr_assert(act <= (uint64_t)c->n_embd * 4 + (uint64_t)nv * 4 + 4096,
                       "%s (%s): %llu activation bytes a decoded token (embedding %u, logits %u)", MODELS[m],
                       CFG[i].what, (unsigned long long)act, c->n_embd * 4, nv * 4);
-            sheet_launches(ev, on, MODELS[m], CFG[i].what);
+            bm_sheet_matvecs(ev, on, MODELS[m], CFG[i].what);
             jlm_engine_close(ev);
             jlm_engine_close(ec);
         }

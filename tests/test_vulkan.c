@@ -1671,25 +1671,7 @@ Test(vulkan, deepseek2_latent_attention_blocks_run_whole_on_the_device, .timeout
     jlm_engine_dev_stats(ev, &st);
     cr_assert(st.fallbacks == 0 && st.waits <= 8 * 3, "--kv f16: %llu round trips for 8 evals, %llu refused",
               (unsigned long long)st.waits, (unsigned long long)st.fallbacks);
-    /* each layer's attn_k_b and attn_v_b sheets: one batched matvec each for all heads and rows, a
-     * prompt's and a decoded token's alike (a matvec a head made 2 n_head a layer) */
-    const jlm_config *cf = &jlm_engine_model(ev)->config;
-    uint32_t nv = jlm_engine_n_vocab(ev);
-    float *lg = malloc((uint64_t)nv * 5 * 4);
-    jlm_dev_stats s0, s1, s2;
-    jlm_engine_rewind(ev, 0);
-    jlm_engine_dev_stats(ev, &s0);
-    cr_assert_eq(jlm_engine_eval(ev, MOE_PROMPT, 5, lg, &err), 0, "%s", err.msg);
-    jlm_engine_dev_stats(ev, &s1);
-    cr_assert_eq(jlm_engine_eval(ev, MOE_PROMPT, 1, lg, &err), 0, "%s", err.msg);
-    jlm_engine_dev_stats(ev, &s2);
-    cr_assert(cf->n_head > 1);
-    cr_assert(s1.sheet_matvecs - s0.sheet_matvecs == 2ull * cf->n_layer &&
-                  s2.sheet_matvecs - s1.sheet_matvecs == 2ull * cf->n_layer,
-              "sheet matvecs: %llu for the prompt, %llu for a decoded token (%u layers, %u heads; want 2 a layer)",
-              (unsigned long long)(s1.sheet_matvecs - s0.sheet_matvecs),
-              (unsigned long long)(s2.sheet_matvecs - s1.sheet_matvecs), cf->n_layer, cf->n_head);
-    free(lg);
+    bm_sheet_matvecs(ev, jlm_engine_model(ev)->config.n_layer, MODELS[0], "--kv f16");
     jlm_engine_close(ev);
     jlm_engine_close(ec);
     free(path);
