@@ -799,6 +799,21 @@ static int fill_unit(jlmfs_view *v, uint32_t u, uint8_t **bytes, size_t *cap, jl
     return rc;
 }
 
+/* 1 once v was dropped (jlmfs_view_kill: its source unlinked, renamed or
+ * replaced). Its entry's files are unlinked then, at any point of finish
+ * (the .part before its read-back, the sidecar between its write and its
+ * load): a finish step that fails on a name kill removed is no failure of
+ * the view. Every unit is in v->fd, which the open descriptors of the view
+ * keep reading to the end (the old version whole, POSIX); only a failure of
+ * the bytes themselves (the source changed, fsync) fails it. */
+static int dropped(jlmfs_view *v)
+{
+    pthread_mutex_lock(&v->lock);
+    int dead = v->dead;
+    pthread_mutex_unlock(&v->lock);
+    return dead;
+}
+
 /* Every unit written: sync, re-open and compare with the plan, rename. */
 static int finish(jlmfs_view *v, jlm_err *err)
 {
@@ -815,17 +830,8 @@ static int finish(jlmfs_view *v, jlm_err *err)
     char fdp[64];
     fd_path(fdp, sizeof fdp, v->fd);   /* the file written, not whatever the name is now */
     int rc = jlm_fmt_open(fdp, &m, err);
-    if (rc) {
-        pthread_mutex_lock(&v->lock);
-        int dead = v->dead;
-        pthread_mutex_unlock(&v->lock);
-        /* dropped meanwhile (its source replaced: kill unlinked the .part):
-         * no entry to finish, and not a failure: every unit is in the
-         * descriptor, which open descriptors of the view keep reading */
-        if (dead)
-            return JLM_OK;
-        return jlm_err_prefix(err, rc, "%s: read-back", v->part_path);
-    }
+    if (rc)
+        return dropped(v) ? JLM_OK : jlm_err_prefix(err, rc, "%s: read-back", v->part_path);
     int same = m->file_size == v->file_size && m->hdr.dense_off == v->plan->hdr.dense_off &&
                !memcmp(m->meta, v->meta, v->plan->hdr.dense_off);
     jlm_fmt_close(m);
@@ -837,8 +843,15 @@ static int finish(jlmfs_view *v, jlm_err *err)
     const char *sname;
     int sdfd = cache_at(v, v->sums_path, &sname);
     jlm_sums *sums = NULL;
-    if ((rc = jlm_sums_write_fd(v->fd, v->file_size, sdfd, sname, 0600, err)) || (rc = load_sums(v, &sums, err)))
-        return rc;
+    if ((rc = jlm_sums_write_fd(v->fd, v->file_size, sdfd, sname, 0600, err)) || (rc = load_sums(v, &sums, err))) {
+        if (!dropped(v))
+            return rc;
+        pthread_mutex_lock(&v->lock);   /* a sidecar written after kill's unlinks: no entry beside it */
+        if (!v->env->shared)
+            cache_unlink(v, v->sums_path);
+        pthread_mutex_unlock(&v->lock);
+        return JLM_OK;
+    }
     if (v->env->shared)
         flock(v->fd, LOCK_SH);   /* the entry it becomes is in use: `jlm cache prune` keeps it */
     pthread_mutex_lock(&v->lock);

@@ -414,3 +414,74 @@ Test(fs_fault, enospc_at_the_rename_of_a_finished_conversion)
 {
     finish_fault(0, ENOSPC, "rename: No space left on device");
 }
+
+/* ---------------------------------------------------------------- a source replaced while its entry is finished */
+static jlmfs *drop_fs;   /* the daemon the fsync hook drops m's view in */
+static int drop_fired;
+
+/* At the fsync that starts finishing m's entry (every unit written): m.gguf
+ * is replaced by a rename (the other model, written aside), the next lookup
+ * drops the view (kill unlinks its entry's names), and the sidecar's name
+ * is taken (a folder at its .part), so the step of finish that writes and
+ * loads the sidecar fails on the dropped view, as it does when kill unlinks
+ * the sidecar between its write and its load (the CI race of
+ * fs_switch::descriptors_at_a_source_switch_see_one_version_each). */
+static int dropping_fsync(int fd)
+{
+    char link[64], part[4096];
+    snprintf(link, sizeof link, "/proc/self/fd/%d", fd);
+    ssize_t l = readlink(link, part, sizeof part - 1);
+    if (drop_fired || !is_m(fd) || l < 10)
+        return jlm_io_posix.fsync(fd);
+    part[l] = 0;
+    char *dot = strstr(part, ".jlm.part");
+    if (!dot)
+        return jlm_io_posix.fsync(fd);
+    drop_fired = 1;
+    char aside[1200], src[1200];
+    snprintf(aside, sizeof aside, "%s/run/src/.m.tmp", tmp);
+    snprintf(src, sizeof src, "%s/run/src/m.gguf", tmp);
+    size_t n;
+    unsigned char *g = tu_read_file(tu_model(MODEL[1]), &n);
+    int ok = g && !tu_write_file(aside, g, n) && !rename(aside, src);
+    free(g);
+    jlmfs_node node = {0};
+    jlm_err err = {0};
+    ok = ok && !jlmfs_resolve(drop_fs, VIEW[0], &node, &err);   /* the new version: the old view is dropped */
+    jlmfs_node_clear(&node);
+    strcpy(dot, ".jlm.sums.part");
+    ok = ok && !mkdir(part, 0700);
+    if (!ok)
+        drop_fired = -1;
+    return jlm_io_posix.fsync(fd);
+}
+
+/* A descriptor (node) of m held from before reads m's old version whole
+ * (POSIX: a source replaced by a rename is whole and unchanged) even when
+ * the view is dropped while its entry is being finished: the entry is gone
+ * with the view, the bytes are not. The lookup after the switch serves the
+ * new version. */
+Test(fs_fault, a_view_dropped_while_its_entry_is_finished_serves_its_old_descriptors)
+{
+    jlm_io io = jlm_io_posix;
+    io.fsync = dropping_fsync;
+    drop_fired = 0;
+    jlmfs *fs = drop_fs = open_fs(&io);
+    jlm_err err = {0};
+    jlmfs_node held = {0};
+    cr_assert_eq(jlmfs_resolve(fs, VIEW[0], &held, &err), 0, "%s", err.msg);
+    int ok, failed;
+    read_held(fs, &held, &ok, &failed);   /* every unit packed on demand: the worker only finishes */
+    cr_assert(ok > 0 && failed == 0, "before the switch: %d reads matched, %d failed", ok, failed);
+    cr_assert_eq(jlmfs_start(fs, &err), 0, "%s", err.msg);
+    /* the worker finishes the old view, then converts the new one (one worker, in order) */
+    cr_assert(wait_status(fs, "ready"), "the new version of m never became ready");
+    cr_assert_eq(drop_fired, 1, "the hook did not drop the view at the fsync of its entry");
+    read_held(fs, &held, &ok, &failed);
+    cr_assert(failed == 0, "the old version's descriptor failed %d of %d reads after its view was dropped", failed,
+              ok + failed);
+    jlmfs_node_clear(&held);
+    cr_assert_eq(read_view(fs, 1, 0), 0, "the other view stopped serving");
+    jlmfs_close(fs);
+    drop_fs = NULL;
+}
