@@ -99,18 +99,15 @@ static int cls_has(const jlm_gram *g, uint32_t c, uint32_t lo, uint32_t hi)
 typedef struct xwork {
     uint32_t *w;        /* (JLM_GRAM_MAX_STACK + 1,) */
     sset      seen;     /* the stacks expanded this step */
-    uint32_t *slot;     /* (XW_SLOTS,) open addressing: seen index + 1, 0 empty */
-    uint32_t *used;     /* the slots taken, to empty them */
+    uint32_t *slot;     /* (cap,) open addressing: seen index + 1, 0 empty */
+    uint32_t *used;     /* (cap / 2,) the slot of each seen stack, to empty them */
+    uint32_t  cap;      /* a power of two, at most 2 JLM_GRAM_MAX_EXPAND; grown as a step needs */
 } xwork;
-
-#define XW_SLOTS (2u * JLM_GRAM_MAX_EXPAND)
 
 static int xwork_init(xwork *X)
 {
     X->w = malloc(sizeof *X->w * (JLM_GRAM_MAX_STACK + 1));
-    X->slot = calloc(XW_SLOTS, sizeof *X->slot);
-    X->used = malloc(sizeof *X->used * JLM_GRAM_MAX_EXPAND);
-    return X->w && X->slot && X->used ? 0 : JLM_ENOMEM;
+    return X->w ? 0 : JLM_ENOMEM;
 }
 
 static void xwork_free(xwork *X)
@@ -128,16 +125,48 @@ static void xwork_reset(xwork *X)
     sset_clear(&X->seen);
 }
 
+static uint32_t xwork_probe(const uint32_t *slot, uint32_t cap, uint32_t h)
+{
+    uint32_t k = (h * 0x9E3779B9u) & (cap - 1);
+    while (slot[k]) k = (k + 1) & (cap - 1);
+    return k;
+}
+
+/* Room for one more seen stack at half load (the table starts small: a
+ * matcher is made for every request, and most steps expand a few stacks). */
+static int xwork_grow(xwork *X)
+{
+    if ((X->seen.ns + 1) * 2 <= X->cap) return 0;
+    uint32_t nc = X->cap ? X->cap * 2 : 64;
+    uint32_t *sl = calloc(nc, sizeof *sl), *us = malloc(sizeof *us * (nc / 2));
+    if (!sl || !us) {
+        free(sl);
+        free(us);
+        return JLM_ENOMEM;
+    }
+    for (size_t i = 0; i < X->seen.ns; i++) {
+        us[i] = xwork_probe(sl, nc, X->seen.h[i]);
+        sl[us[i]] = (uint32_t)i + 1;
+    }
+    free(X->slot);
+    free(X->used);
+    X->slot = sl;
+    X->used = us;
+    X->cap = nc;
+    return 0;
+}
+
 /* 1 when w[0, n) was expanded already this step (or the step's work is
  * spent), 0 after recording it as expanded now, or JLM_ENOMEM. */
 static int xwork_seen(xwork *X, size_t n)
 {
     if (X->seen.ns >= JLM_GRAM_MAX_EXPAND) return 1;
+    if (xwork_grow(X)) return JLM_ENOMEM;
     const uint32_t *w = X->w;
     uint32_t h = 2166136261u;
     for (size_t k = 0; k < n; k++) h = (h ^ w[k]) * 16777619u;
-    uint32_t k = (h * 0x9E3779B9u) & (XW_SLOTS - 1);
-    for (; X->slot[k]; k = (k + 1) & (XW_SLOTS - 1)) {
+    uint32_t k = (h * 0x9E3779B9u) & (X->cap - 1);
+    for (; X->slot[k]; k = (k + 1) & (X->cap - 1)) {
         uint32_t i = X->slot[k] - 1, o = X->seen.off[i];
         if (X->seen.h[i] == h && X->seen.off[i + 1] - o == n && !memcmp(X->seen.d + o, w, n * sizeof *w)) return 1;
     }
