@@ -242,6 +242,7 @@ fuzz:
 
 fuzz-smoke: fuzz
 	@for t in build-fuzz/fuzz_*; do \
+	    [ -f $$t ] && [ -x $$t ] || continue; \
 	    n=$$(basename $$t); seeds=""; \
 	    case $$n in fuzz_convert|fuzz_gguf) seeds=build-fuzz/seeds/convert;; fuzz_engine|fuzz_jlm) seeds=build-fuzz/seeds/engine;; \
 	    fuzz_tokenizer) seeds=build-fuzz/seeds/tokenizer;; fuzz_jinja) seeds="build-fuzz/seeds/jinja tests/fuzz/seeds-jinja";; \
