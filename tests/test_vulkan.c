@@ -909,31 +909,12 @@ Test(vulkan, geglu_fp16_and_f16_rows_are_bit_identical_to_the_cpu)
 
 /* ---------------------------------------------------------------- engine: --backend vulkan */
 
-/* An engine on the named backend; NULL (test skipped by the caller) when
- * Vulkan has no device. Device "0": the first one, lavapipe included. */
-/* kv: --kv's type, or "K/V": --cache-type-k K --cache-type-v V */
-static jlm_engine *engine_kv(const char *path, const char *backend, uint32_t gpu_layers, const char *kv)
-{
-    char kk[16] = "", *vv = NULL;
-    if (kv && strchr(kv, '/') && strlen(kv) < sizeof kk) {
-        strcpy(kk, kv);
-        vv = strchr(kk, '/');
-        *vv++ = 0;
-    }
-    jlm_engine_opts o = {.n_threads = 2, .quiet = 1, .direct = 1, .backend = backend, .device = "0",
-                         .gpu_layers = gpu_layers, .kv = vv ? NULL : kv, .kv_k = vv ? kk : NULL, .kv_v = vv};
-    jlm_engine *e = NULL;
-    jlm_err err = {0};
-    int rc = jlm_engine_open(path, &o, &e, &err);
-    if (rc == JLM_EUNSUPPORTED && !strcmp(backend, "vulkan"))
-        return NULL;
-    cr_assert_eq(rc, 0, "%s", err.msg);
-    return e;
-}
-
+/* An engine on the named backend ("cpu" or "vulkan"); NULL (test skipped by
+ * the caller) when Vulkan has no device. Device "0": the first one,
+ * lavapipe included. */
 static jlm_engine *engine_on(const char *path, const char *backend, uint32_t gpu_layers)
 {
-    return engine_kv(path, backend, gpu_layers, NULL);
+    return bm_engine_kv(path, backend, gpu_layers, NULL);
 }
 
 Test(vulkan, backend_vulkan_gives_llama_cpp_ids_on_stories260K, .timeout = 60)
@@ -1664,7 +1645,7 @@ Test(vulkan, deepseek2_latent_attention_blocks_run_whole_on_the_device, .timeout
     jlm_err err = {0};
     char *path = tu_convert("synth-deepseek2-256.Q8_0.gguf", dir, "ds.jlm", &err);
     cr_assert(path, "%s", err.msg);
-    jlm_engine *ec = engine_kv(path, "cpu", 0, "f16"), *ev = engine_kv(path, "vulkan", 0, "f16");
+    jlm_engine *ec = bm_engine_kv(path, "cpu", 0, "f16"), *ev = bm_engine_kv(path, "vulkan", 0, "f16");
     cr_assert(ev, "vulkan: no device");
     bm_lockstep(ec, ev, MOE_PROMPT, 5, 0.05, MODELS[0], "--kv f16");
     jlm_dev_stats st;
@@ -1892,7 +1873,7 @@ Test(vulkan, a_prefill_records_the_same_dispatches_whatever_its_row_count, .time
     for (size_t c = 0; c < sizeof CASES / sizeof CASES[0]; c++) {
         jlm_err err = {0};
         char *path = convert_named(CASES[c].model, dir, "p.jlm");
-        jlm_engine *e = engine_kv(path, "vulkan", CASES[c].gl, CASES[c].kv);
+        jlm_engine *e = bm_engine_kv(path, "vulkan", CASES[c].gl, CASES[c].kv);
         if (!e) {
             tu_rmrf(dir);
             cr_skip_test("vulkan: no device");
