@@ -240,9 +240,8 @@ static int batch_of(jlm_exd *k, const mla_dims *d, uint16_t role, uint64_t kk, u
     for (int i = 0; i < 3; i++) {
         if (!p0[i])
             continue;
-        if (p1[i] < p0[i] || (uint64_t)(p1[i] - p0[i]) % 4 || pl[i] != p0[i] + (d->nh - 1) * (uint64_t)(p1[i] - p0[i]))
+        if (!jlm_exd_sheet_stride((uintptr_t)p0[i], (uintptr_t)p1[i], (uintptr_t)pl[i], d->nh, &st[i]))
             return JLM_OK;
-        st[i] = (uint64_t)(p1[i] - p0[i]);
     }
     *b = (jlm_cu_batch){d->nh, io.ss, io.ds, io.shs, io.dhs, st[0], st[1], st[2], v->blk.mla ? v->blk.mla->rows : 0};
     return JLM_OK;

@@ -159,6 +159,14 @@ int jlm_exd_held(const float *xh, uint32_t x_rows, uint32_t x_E, uint64_t ab_row
     return 1;
 }
 
+int jlm_exd_sheet_stride(uint64_t a0, uint64_t a1, uint64_t al, uint64_t n, uint64_t *st)
+{
+    if (!n || a1 < a0 || (a1 - a0) % 4 || al != a0 + (n - 1) * (a1 - a0))
+        return 0;
+    *st = a1 - a0;
+    return 1;
+}
+
 /* A bank's shape (k x rows each expert); quantized types whole 32-blocks. */
 static int bank_ok(const jlm_tensor *t, uint64_t k, uint64_t rows)
 {

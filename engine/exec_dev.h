@@ -70,6 +70,11 @@ int jlm_exd_plan(jlm_exd *k, const jlm_exd_ops *ops, void *be, jlm_engine *e, co
                  const uint8_t *page, uint32_t n, void *kc, uint32_t pos0, uint8_t **side, const char *who,
                  jlm_err *err);
 
+/* Whether n sheets (latent attention's per-head matrices) whose plane
+ * starts at a0 (sheet 0), a1 (sheet 1) and al (the last) are one batch for
+ * a batched matvec: one stride, a whole number of 32-bit words (*st). */
+int jlm_exd_sheet_stride(uint64_t a0, uint64_t a1, uint64_t al, uint64_t n, uint64_t *st);
+
 /* Whether the n rows of E floats at x are rows the device holds: among the
  * x_rows rows of x_E floats that came up from xh (NULL: none) and within
  * the ab_rows its buffers hold; *r0: the first one's row there. The

@@ -122,9 +122,8 @@ static int batch_of(const jlm_exd *k, const mla_dims *d, uint16_t role, uint64_t
     for (int i = 0; i < 3; i++) {
         if (!p0[i]->buf)
             continue;
-        st[i] = p1[i]->off - p0[i]->off;
-        if (p1[i]->buf != p0[i]->buf || pl[i]->buf != p0[i]->buf || p1[i]->off < p0[i]->off || st[i] % 4 ||
-            pl[i]->off != p0[i]->off + (d->nh - 1) * st[i] ||
+        if (p1[i]->buf != p0[i]->buf || pl[i]->buf != p0[i]->buf ||
+            !jlm_exd_sheet_stride(p0[i]->off, p1[i]->off, pl[i]->off, d->nh, &st[i]) ||
             pl[i]->off + pl[i]->len - p0[i]->off > jlm_vk_max_binding(v->vk))
             return JLM_OK;
     }
