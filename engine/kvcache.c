@@ -180,6 +180,8 @@ int jlm_kv_reserve(const jlm_engine *e, void **kc, void **vc, jlm_err *err)
     for (int v = 0; v < 2; v++) {
         uint64_t n = res_bytes(e, v);
         p[v] = mmap(NULL, n ? n : 1, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+        if (p[v] != MAP_FAILED)
+            madvise(p[v], n ? n : 1, MADV_NOHUGEPAGE);   /* a chunk's first write takes its pages, not 2 MiB */
         if (p[v] == MAP_FAILED) {
             p[v] = NULL;
             jlm_kv_release(e, p[0], p[1]);
@@ -201,6 +203,24 @@ void jlm_kv_release(const jlm_engine *e, void *kc, void *vc)
 uint64_t jlm_kv_bytes_at(const jlm_engine *e, uint32_t have)
 {
     return (uint64_t)e->kv_heads * have * (e->krow + e->vrow);
+}
+
+/* The pages positions [0, have) of every head's run of rows of row bytes
+ * touch (heads' runs are kv_ctx rows apart: two may share a page). */
+static uint64_t run_pages(const jlm_engine *e, uint64_t row, uint32_t have)
+{
+    uint64_t pg = (uint64_t)sysconf(_SC_PAGESIZE), run = (uint64_t)e->kv_ctx * row, end = 0, pages = 0;
+    for (uint64_t h = 0; have && row && h < e->kv_heads; h++) {
+        uint64_t a = h * run / pg, b = (h * run + have * row + pg - 1) / pg;
+        pages += b - (a > end ? a : end);
+        end = b;
+    }
+    return pages * pg;
+}
+
+uint64_t jlm_kv_mem_at(const jlm_engine *e, uint32_t have)
+{
+    return run_pages(e, e->krow, have) + run_pages(e, e->vrow, have);
 }
 
 /* Positions [keep, have) of every head back to the kernel: the whole pages
@@ -226,11 +246,11 @@ int jlm_kv_fit(jlm_engine *e, void *kc, void *vc, uint32_t *have, uint32_t need,
     uint32_t old = *have;
     *have = want;
     if (counted) {
-        e->mem_kv = jlm_kv_bytes_at(e, want);
+        e->mem_kv = jlm_kv_mem_at(e, want);
         int rc = jlm_eng_fit_frames(e, err);
         if (rc) {
             *have = old;
-            e->mem_kv = jlm_kv_bytes_at(e, old);
+            e->mem_kv = jlm_kv_mem_at(e, old);
             jlm_err e2;
             jlm_eng_fit_frames(e, &e2);   /* the budget it had: fits as before */
             return rc;

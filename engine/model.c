@@ -100,9 +100,12 @@ static int forward(jlm_engine *e, const int32_t *tokens, uint32_t n, float *logi
 {
     const jlm_config *c = e->c;
     unsigned long long t0 = e->prof ? prof_now() : 0;
+    int rc = jlm_rows_fit(e, n, err);   /* the scratch's rows [0, n) backed and counted first */
+    if (rc)
+        return rc;
     for (uint32_t t = 0; t < n; t++)
         embed(e, tokens[t], e->x + t * c->n_embd);
-    int rc = run_layers(e, e->x, n, NULL, NULL, 0, 0, err);
+    rc = run_layers(e, e->x, n, NULL, NULL, 0, 0, err);
     if (!rc && logits)
         rc = output(e, e->x + (uint64_t)(all_logits ? 0 : n - 1) * c->n_embd, all_logits ? n : 1, logits, err);
     if (t0) {
@@ -122,7 +125,7 @@ static int embd_one(jlm_engine *e, void *kc, void *vc, uint32_t *n_past, uint32_
         return jlm_errf(err, JLM_ERANGE, "context full: %u + %u embeddings exceed %u positions (-c)", *n_past, n,
                         e->n_ctx);
     int rc = *n_past + n > *have ? jlm_kv_fit(e, kc, vc, have, *n_past + n, counted, err) : JLM_OK;
-    if (rc)
+    if (rc || (rc = jlm_rows_fit(e, n, err)))
         return rc;
     float *xs = malloc((size_t)n * c->n_embd * sizeof *xs);
     if (!xs)

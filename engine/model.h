@@ -268,20 +268,21 @@ int jlm_engine_dev_prof_at(const jlm_engine *e, int i, struct jlm_dev_prof *out)
 
 /* The page frames' budget actually in force (after subtracting the KV cache
  * as far as it has grown, scratch and dense region, and raising to the
- * minimum working set); 0: unlimited. It shrinks as the cache grows (256
- * positions at a time, as evaluation reaches them) and grows back when
- * jlm_engine_rewind gives positions back. */
+ * minimum working set); 0: unlimited. It shrinks as the cache grows (32
+ * positions at a time, as evaluation reaches them) and as a batch reaches
+ * more scratch rows, and grows back when jlm_engine_rewind gives positions
+ * back or, under a budget, a smaller batch gives rows back. */
 uint64_t jlm_engine_budget(const jlm_engine *e);
 /* Where the engine's memory goes, for --stats. */
 typedef struct jlm_engine_mem {
     uint64_t budget;       /* the whole budget asked for (or found); 0: unlimited */
     uint64_t frames;       /* = jlm_engine_budget */
-    uint64_t kv;           /* the engine's own KV cache as far as it has grown (kv_have
-                            * positions; sequences add theirs, not counted) */
-    uint64_t scratch;      /* activation buffers */
+    uint64_t kv;           /* the engine's own KV cache as far as it has grown (the pages
+                            * kv_have positions touch; sequences add theirs, not counted) */
+    uint64_t scratch;      /* activation buffers (their per-row ones: the rows the batches reached) */
     uint64_t dense;        /* the resident dense region */
     const char *kv_k, *kv_v;   /* the keys' and values' types: "f32", "f16", "q8_0" */
-    uint32_t kv_have;      /* positions the cache holds memory for (chunks of 256) */
+    uint32_t kv_have;      /* positions the cache holds memory for (chunks of 32) */
     uint64_t kv_full;      /* bytes the cache takes at the whole context */
     uint64_t kv_token;     /* KV bytes one position of context takes, every layer (latent attention:
                             * the latent and the RoPE key, not the expanded heads) */

@@ -26,6 +26,7 @@
 #define PREFILL_DEFAULT 128
 #define PREFILL_MAX 512
 #define NO_PF UINT32_MAX
+#define ROW_BUFS 16   /* buffers of the batch scratch reserved by the row (scratch.c) */
 
 /* ================================================================ engine state */
 struct jlm_engine {
@@ -51,6 +52,7 @@ struct jlm_engine {
     uint64_t         budget;      /* page frames' budget in force; 0: unlimited */
     uint64_t         budget_all;  /* frames + KV + scratch + dense asked for; 0: unlimited */
     uint64_t         mem_kv, mem_scratch;
+    uint64_t         scratch_heap;   /* scratch's malloc'ed part (mem_scratch = it + the rows backed) */
     char             budget_src[320];   /* how budget_all was chosen, for --stats */
     uint8_t         *dense;       /* (DenseLen,) the dense region, resident */
     jlm_prog         prog_dense, prog_moe;   /* the family's block programs (engine/arch/) */
@@ -86,7 +88,12 @@ struct jlm_engine {
     void  *vc;        /* (n_layer, n_kv_head, kv_ctx, vrow) */
     float *kv32;      /* (n_threads, kv_ctx, hd + hd_v) one KV head as F32, a slab per thread (jlm_kv_slab):
                        * attn_token's rows, or !kv_direct's key tiles and value rows */
-    /* scratch for a batch of up to nb tokens, row t of each at t * width */
+    /* scratch for a batch of up to nb tokens, row t of each at t * width;
+     * each reserved for nb rows and backed as batches reach them
+     * (scratch.c): rows_have rows of every one counted in mem_scratch */
+    struct { void *p; uint64_t row; } rowbuf[ROW_BUFS];
+    int      n_rowbuf;
+    uint32_t rows_have;
     float *x;         /* (nb, n_embd) residual stream */
     float *h;         /* (nb, n_embd) normed input */
     float *q;         /* (nb, q_dim) */
@@ -184,7 +191,7 @@ void jlm_stream_open(jlm_engine *e, const jlm_engine_opts *o);
 enum { KV_F32, KV_F16, KV_Q8_0, KV_N };
 #define KV_Q8_BLOCK 32   /* values of a Q8_0 block */
 #define KV_Q8_BYTES 34   /* its bytes: F16 scale + 32 int8 */
-#define KV_CHUNK 256     /* positions the cache grows by */
+#define KV_CHUNK JLM_K_FATTN_BK   /* positions the cache grows by: one key tile */
 const char *jlm_kv_type_name(int type);
 /* "f32", "f16", "q8_0" -> KV_*; JLM_EINVAL naming opt otherwise. */
 int      jlm_kv_type_parse(const char *opt, const char *s, int *out, jlm_err *err);
@@ -203,12 +210,25 @@ void     jlm_kv_widen(const jlm_engine *e, const uint8_t *kh, const uint8_t *vh,
 /* Address space for a whole cache (MAP_NORESERVE: no memory until written). */
 int      jlm_kv_reserve(const jlm_engine *e, void **kc, void **vc, jlm_err *err);
 void     jlm_kv_release(const jlm_engine *e, void *kc, void *vc);   /* accepts NULLs */
-uint64_t jlm_kv_bytes_at(const jlm_engine *e, uint32_t have);
+uint64_t jlm_kv_bytes_at(const jlm_engine *e, uint32_t have);   /* the rows' bytes */
+uint64_t jlm_kv_mem_at(const jlm_engine *e, uint32_t have);     /* the pages they touch: what mem_kv counts */
 /* *have = need rounded up to KV_CHUNK (at most kv_ctx): positions given
  * back to the kernel when it shrinks; counted (the engine's own cache):
  * mem_kv follows and the page frames' budget is fitted to what is left
  * (jlm_eng_fit_frames). Error: the pager's; *have unchanged then. */
 int      jlm_kv_fit(jlm_engine *e, void *kc, void *vc, uint32_t *have, uint32_t need, int counted, jlm_err *err);
+/* ---------------------------------------------------------------- the batch scratch's rows (scratch.c) */
+/* Address space for nb rows of row bytes (MAP_NORESERVE), recorded for the
+ * count and jlm_rows_release; NULL: none left (or ROW_BUFS taken). */
+void    *jlm_rows_reserve(jlm_engine *e, uint64_t row);
+void     jlm_rows_release(jlm_engine *e);
+uint64_t jlm_rows_bytes(const jlm_engine *e);   /* the pages rows_have rows of each buffer take */
+/* Rows [0, need) (clamped to [1, nb]) of every row buffer backed and
+ * counted in mem_scratch, the frames fitted to what is left; under a
+ * budget a smaller need gives the rows past it back to the kernel (they
+ * read as zeros again) and their bytes to the frames. Error: the pager's;
+ * rows_have unchanged then. Called before a batch's rows are written. */
+int      jlm_rows_fit(jlm_engine *e, uint32_t need, jlm_err *err);
 /* budget = budget_all - dense - mem_kv - scratch, at least the minimum
  * working set, into the pager (model_open.c). */
 int      jlm_eng_fit_frames(jlm_engine *e, jlm_err *err);

@@ -90,15 +90,16 @@ static int alloc_buffers(jlm_engine *e, jlm_err *err)
     int rc = jlm_kv_reserve(e, &e->kc, &e->vc, err);
     if (rc)
         return rc;
-    e->x = zalloc((size_t)nb * c->n_embd * sizeof(float));
-    e->h = zalloc((size_t)nb * c->n_embd * sizeof(float));
-    e->q = zalloc((size_t)nb * e->q_dim * sizeof(float));
-    e->kk = zalloc((size_t)nb * e->kv_dim * sizeof(float));
-    e->vv = zalloc((size_t)nb * e->kv_dim_v * sizeof(float));
-    e->att = zalloc((size_t)nb * att * sizeof(float));
-    e->o = zalloc((size_t)nb * c->n_embd * sizeof(float));
-    e->g = zalloc((size_t)nb * ffn * sizeof(float));
-    e->u = zalloc((size_t)nb * ffn * sizeof(float));
+    uint64_t F = sizeof(float), E = (uint64_t)c->n_embd * F;
+    e->x = jlm_rows_reserve(e, E);
+    e->h = jlm_rows_reserve(e, E);
+    e->q = jlm_rows_reserve(e, e->q_dim * F);
+    e->kk = jlm_rows_reserve(e, e->kv_dim * F);
+    e->vv = jlm_rows_reserve(e, e->kv_dim_v * F);
+    e->att = jlm_rows_reserve(e, att * F);
+    e->o = jlm_rows_reserve(e, E);
+    e->g = jlm_rows_reserve(e, ffn * F);
+    e->u = jlm_rows_reserve(e, ffn * F);
     e->moe = zalloc(c->n_embd * sizeof(float));
     e->scores = zalloc((size_t)jlm_pool_n_threads(e->pool) * e->n_ctx * sizeof(float));   /* a row per thread */
     e->mask = zalloc(e->n_ctx * sizeof(float));
@@ -119,18 +120,18 @@ static int alloc_buffers(jlm_engine *e, jlm_err *err)
     e->router = zalloc((c->n_expert + 1) * sizeof(float));
     e->route = zalloc(((size_t)c->n_layer * c->n_expert_used + 1) * sizeof(int32_t));
     e->route_w = zalloc((c->n_expert_used + 1) * sizeof(float));
-    size_t mrows = c->n_expert ? (size_t)nb * c->n_expert_used : 1, mE = c->n_expert ? c->n_embd : 1;
-    e->msel = zalloc(mrows * sizeof(int32_t));
-    e->mw = zalloc(mrows * sizeof(float));
-    e->mord = zalloc(mrows * sizeof(uint32_t));
+    uint64_t U = c->n_expert ? c->n_expert_used : 0;   /* moe_batch's rows: none without experts */
+    e->msel = jlm_rows_reserve(e, U * sizeof(int32_t));
+    e->mw = jlm_rows_reserve(e, U * F);
+    e->mord = jlm_rows_reserve(e, U * sizeof(uint32_t));
     e->mcnt = zalloc((c->n_expert + 1) * sizeof(uint32_t));
-    e->mh = zalloc((c->n_expert ? nb : 1) * mE * sizeof(float));
-    e->mo = zalloc(mrows * mE * sizeof(float));
-    e->mrl = zalloc((c->n_expert ? nb : 1) * (c->n_expert + 1) * sizeof(float));
+    e->mh = jlm_rows_reserve(e, U ? E : 0);
+    e->mo = jlm_rows_reserve(e, U * E);
+    e->mrl = jlm_rows_reserve(e, U ? (c->n_expert + 1) * F : 0);
     if (!pred_alloc(e))
         return jlm_errf(err, JLM_ENOMEM, "%s: out of memory for the routers' copies", e->m->path);
     size_t qb = jlm_k_act_q8_bytes(kmax);
-    e->xq_buf = zalloc(nb * qb);
+    e->xq_buf = jlm_rows_reserve(e, qb);
     e->xq = zalloc(nb * sizeof *e->xq);
     e->bkc = zalloc(nb * sizeof *e->bkc);
     e->bvc = zalloc(nb * sizeof *e->bvc);
@@ -152,13 +153,11 @@ static int alloc_buffers(jlm_engine *e, jlm_err *err)
 /* Every buffer the engine owns, into bufs (ENGINE_BUFS slots): the dense
  * region first, then the KV cache (2), then scratch; the one list both
  * jlm_engine_close and the budget's tally read. */
-#define ENGINE_BUFS 35
+#define ENGINE_BUFS 19
 static void engine_bufs(const jlm_engine *e, void **bufs)
 {
-    void *b[ENGINE_BUFS] = {e->dense, e->kc, e->vc, e->roles, e->x, e->h, e->q, e->kk, e->vv, e->att, e->o,
-                            e->g, e->u, e->moe, e->scores, e->mask, e->router, e->route, e->route_w, e->xq_buf,
-                            e->kv32, e->xq, e->bkc, e->bvc, e->bpos, e->fa, e->msel, e->mw, e->mord, e->mcnt,
-                            e->mh, e->mo, e->mrl, e->mla, e->pred_buf};
+    void *b[ENGINE_BUFS] = {e->dense, e->kc, e->vc, e->roles, e->moe, e->scores, e->mask, e->router, e->route,
+                            e->route_w, e->kv32, e->xq, e->bkc, e->bvc, e->bpos, e->fa, e->mcnt, e->mla, e->pred_buf};
     memcpy(bufs, b, sizeof b);
 }
 
@@ -169,10 +168,11 @@ static void tally_buffers(jlm_engine *e)
 {
     void *b[ENGINE_BUFS];
     engine_bufs(e, b);
-    e->mem_kv = jlm_kv_bytes_at(e, e->kv_have);
-    e->mem_scratch = 0;
+    e->mem_kv = jlm_kv_mem_at(e, e->kv_have);
+    e->scratch_heap = 0;
     for (int i = 3; i < ENGINE_BUFS; i++)
-        e->mem_scratch += malloc_usable_size(b[i]);
+        e->scratch_heap += malloc_usable_size(b[i]);
+    e->mem_scratch = e->scratch_heap + jlm_rows_bytes(e);
 }
 
 static int supported(uint16_t arch)
@@ -696,6 +696,7 @@ void jlm_engine_close(jlm_engine *e)
     for (size_t i = 0; i < ENGINE_BUFS; i++)
         if (i != 1 && i != 2)
             free(bufs[i]);
+    jlm_rows_release(e);   /* mapped (scratch.c) */
     free(e);
 }
 

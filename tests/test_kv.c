@@ -297,10 +297,10 @@ Test(kv, a_saved_prefix_continues_exactly_in_every_type, .timeout = 60)
 }
 
 /* ---------------------------------------------------------------- growth */
-/* The cache takes memory 256 positions at a time as evaluation reaches them,
- * each chunk's bytes taken from the frames' budget (frames + KV + scratch +
- * dense stays the budget), and gives it back on rewind; the logits do not
- * depend on the context size it was opened with. */
+/* The cache takes memory a key tile (32 positions) at a time as evaluation
+ * reaches them, each chunk's pages taken from the frames' budget (frames +
+ * KV + scratch + dense stays the budget), and gives it back on rewind; the
+ * logits do not depend on the context size it was opened with. */
 Test(kv, the_cache_grows_with_the_context_inside_the_budget, .timeout = 60)
 {
     char *dir = tu_tmpdir(), *path = convert_to("synth-llama-256.Q8_0", dir);
@@ -320,23 +320,24 @@ Test(kv, the_cache_grows_with_the_context_inside_the_budget, .timeout = 60)
     jlm_err err = {0};
     cr_assert_eq(jlm_engine_eval(e, tok, 10, la, &err), 0, "%s", err.msg);
     jlm_engine_mem_info(e, &m1);
-    cr_assert_eq(m1.kv_have, 256);
-    cr_assert_eq(m1.kv, m1.kv_token * 256);
-    cr_assert_eq(m1.frames, m0.frames - m1.kv, "the frames gave up what the cache took");
+    cr_assert_eq(m1.kv_have, 32);
+    cr_assert_eq(m1.kv, m1.kv_token * 32, "a head's 32 positions fill whole pages here: %llu",
+                 (unsigned long long)m1.kv);
+    cr_assert_eq(m1.frames + m1.kv + m1.scratch, m0.frames + m0.scratch, "the frames gave up what the cache took");
     cr_assert_eq(m1.frames, jlm_engine_budget(e));
     cr_assert_eq(jlm_engine_eval(e, tok + 10, 290, la, &err), 0, "%s", err.msg);
     jlm_engine_mem_info(e, &m1);
-    cr_assert_eq(m1.kv_have, 512);
+    cr_assert_eq(m1.kv_have, 320);
     cr_assert_eq(m1.frames + m1.kv + m1.scratch + m1.dense, budget);
     cr_assert_eq(jlm_engine_eval(small, tok, 300, lb, &err), 0, "%s", err.msg);
     cr_assert(!memcmp(la, lb, nv * sizeof *la), "the same logits at -c 2048 and -c 512");
     jlm_engine_rewind(e, 100);
     jlm_engine_mem_info(e, &m1);
-    cr_assert_eq(m1.kv_have, 256, "rewound to 100: one chunk kept");
+    cr_assert_eq(m1.kv_have, 128, "rewound to 100: four chunks kept");
     jlm_engine_rewind(e, 0);
     jlm_engine_mem_info(e, &m1);
     cr_assert_eq(m1.kv, 0);
-    cr_assert_eq(m1.frames, m0.frames, "rewound: the frames have their budget back");
+    cr_assert_eq(m1.frames + m1.scratch, m0.frames + m0.scratch, "rewound: the frames have the cache's bytes back");
     /* after a rewind the positions read as written again */
     cr_assert_eq(jlm_engine_eval(e, tok, 300, la, &err), 0, "%s", err.msg);
     cr_assert(!memcmp(la, lb, nv * sizeof *la), "the same logits after a rewind");
@@ -344,6 +345,49 @@ Test(kv, the_cache_grows_with_the_context_inside_the_budget, .timeout = 60)
     free(lb);
     jlm_engine_close(e);
     jlm_engine_close(small);
+    done_with(dir, path);
+}
+
+/* The batch scratch's rows are counted as batches reach them: at open none,
+ * a prefill of n rows takes about n rows of every buffer from the frames,
+ * and under a budget the decode that follows gives them back (one row
+ * left), frames + KV + scratch + dense staying the budget throughout; the
+ * logits are those of an engine with no budget. */
+Test(kv, the_scratch_rows_are_counted_as_a_batch_reaches_them, .timeout = 60)
+{
+    char *dir = tu_tmpdir(), *path = convert_to("synth-llama-256.Q8_0", dir);
+    uint64_t budget = 64u << 20;
+    jlm_engine *e = open_kv(path, "f16", "f16", 512, budget), *free_run = open_kv(path, "f16", "f16", 512, 0);
+    jlm_engine_mem m0, m1, m2;
+    jlm_engine_mem_info(e, &m0);
+    cr_assert_eq(m0.frames + m0.kv + m0.scratch + m0.dense, budget);
+    uint32_t nv = jlm_engine_n_vocab(e), E = jlm_engine_n_embd(e);
+    float *la = malloc(nv * sizeof *la), *lb = malloc(nv * sizeof *lb);
+    int32_t tok[40];
+    for (int i = 0; i < 40; i++)
+        tok[i] = (int32_t)((i * 37 + 11) % 250 + 2);
+    jlm_err err = {0};
+    cr_assert_eq(jlm_engine_eval(e, tok, 40, la, &err), 0, "%s", err.msg);
+    cr_assert_eq(jlm_engine_eval(free_run, tok, 40, lb, &err), 0, "%s", err.msg);
+    cr_assert(!memcmp(la, lb, nv * sizeof *la), "the prefill's logits are the unlimited engine's");
+    jlm_engine_mem_info(e, &m1);
+    /* 40 rows of at least the residual stream, the normed rows and the attention output */
+    cr_assert_geq(m1.scratch - m0.scratch, 40ull * 3 * E * sizeof(float), "40 rows take %llu bytes",
+                  (unsigned long long)(m1.scratch - m0.scratch));
+    cr_assert_eq(m1.frames + m1.kv + m1.scratch + m1.dense, budget);
+    cr_assert_eq(jlm_engine_eval(e, tok, 1, la, &err), 0, "%s", err.msg);
+    cr_assert_eq(jlm_engine_eval(free_run, tok, 1, lb, &err), 0, "%s", err.msg);
+    cr_assert(!memcmp(la, lb, nv * sizeof *la), "a decoded token's logits are the unlimited engine's");
+    jlm_engine_mem_info(e, &m2);
+    cr_assert_lt(m2.scratch, m1.scratch, "a decoded token gave the prefill's rows back: %llu vs %llu",
+                 (unsigned long long)m2.scratch, (unsigned long long)m1.scratch);
+    cr_assert_leq(m2.scratch - m0.scratch, 16ull * 4096, "one row of each buffer is left: %llu",
+                  (unsigned long long)(m2.scratch - m0.scratch));
+    cr_assert_eq(m2.frames + m2.kv + m2.scratch + m2.dense, budget);
+    free(la);
+    free(lb);
+    jlm_engine_close(e);
+    jlm_engine_close(free_run);
     done_with(dir, path);
 }
 

@@ -1,0 +1,80 @@
+/* scratch.c - the batch scratch's rows (model_int.h): each buffer of nb
+ * rows is reserved whole as address space (MAP_NORESERVE: no memory until
+ * written) and backed and counted row by row as batches reach its rows,
+ * as the KV cache is by positions (kvcache.c). A decoded token uses row 0
+ * of each; a prefill of n tokens rows [0, min(n, nb)). What the rows hold
+ * is counted in mem_scratch, so the page frames' budget gives up what a
+ * prefill's rows take and, under a budget, gets it back when a smaller
+ * batch follows (the rows past it are given back to the kernel). */
+#include "engine/model_int.h"
+
+#include <sys/mman.h>
+#include <unistd.h>
+
+static uint64_t page_size(void) { return (uint64_t)sysconf(_SC_PAGESIZE); }
+
+void *jlm_rows_reserve(jlm_engine *e, uint64_t row)
+{
+    if (e->n_rowbuf >= ROW_BUFS)
+        return NULL;
+    uint64_t n = (uint64_t)e->nb * row, pg = page_size();
+    n = n ? (n + pg - 1) / pg * pg : pg;
+    void *p = mmap(NULL, n, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+    if (p == MAP_FAILED)
+        return NULL;
+    madvise(p, n, MADV_NOHUGEPAGE);   /* a row's first write takes a page, not 2 MiB (the count is by page) */
+    e->rowbuf[e->n_rowbuf].p = p;
+    e->rowbuf[e->n_rowbuf].row = row;
+    e->n_rowbuf++;
+    return p;
+}
+
+void jlm_rows_release(jlm_engine *e)
+{
+    uint64_t pg = page_size();
+    for (int i = 0; i < e->n_rowbuf; i++) {
+        uint64_t n = (uint64_t)e->nb * e->rowbuf[i].row;
+        munmap(e->rowbuf[i].p, n ? (n + pg - 1) / pg * pg : pg);
+    }
+    e->n_rowbuf = 0;
+}
+
+uint64_t jlm_rows_bytes(const jlm_engine *e)
+{
+    uint64_t pg = page_size(), sum = 0;
+    for (int i = 0; i < e->n_rowbuf; i++)
+        sum += ((uint64_t)e->rows_have * e->rowbuf[i].row + pg - 1) / pg * pg;
+    return sum;
+}
+
+int jlm_rows_fit(jlm_engine *e, uint32_t need, jlm_err *err)
+{
+    if (need > e->nb)
+        need = e->nb;
+    if (need < 1)
+        need = 1;
+    /* shrink only under a budget: without one nothing is gained by giving
+     * the rows back, and the next prefill would fault them in again */
+    if (need == e->rows_have || (need < e->rows_have && !e->budget_all))
+        return JLM_OK;
+    uint32_t old = e->rows_have;
+    e->rows_have = need;
+    e->mem_scratch = e->scratch_heap + jlm_rows_bytes(e);
+    if (need < old) {
+        uint64_t pg = page_size();
+        for (int i = 0; i < e->n_rowbuf; i++) {
+            uint64_t a = ((uint64_t)need * e->rowbuf[i].row + pg - 1) / pg * pg;
+            uint64_t b = ((uint64_t)old * e->rowbuf[i].row + pg - 1) / pg * pg;
+            if (b > a)
+                madvise((uint8_t *)e->rowbuf[i].p + a, b - a, MADV_DONTNEED);
+        }
+    }
+    int rc = jlm_eng_fit_frames(e, err);
+    if (rc && need > old) {
+        e->rows_have = old;
+        e->mem_scratch = e->scratch_heap + jlm_rows_bytes(e);
+        jlm_err e2;
+        jlm_eng_fit_frames(e, &e2);   /* the budget it had: fits as before */
+    }
+    return rc;
+}
