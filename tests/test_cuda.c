@@ -1376,3 +1376,73 @@ Test(cuda, bench_profile_shows_the_devices_matmul_time, .timeout = 120)
     tu_rmrf(dir);
     free(dir);
 }
+
+/* A prefill on whole blocks makes a fixed number of launches a block
+ * (jlm_dev_stats.dispatches: kernel launches and device copies), whatever
+ * its row count: the norms, the biases, RoPE (each row at its own
+ * position), the cache's stores and attention (each row its own causal
+ * keys and window) each take all the rows in one launch. 40 rows launch as
+ * many as 5 (synth-llama Q4_K_M with an F32 cache, qwen3's per-head norms
+ * with an F16 cache, gemma3's windows of 16 keys and its own RoPE base with
+ * a Q8_0 cache); each prefill's logits are within the CPU's (same --kv)
+ * tolerance with the CPU's pick, and each row is computed as a one-row
+ * batch computes it: the 40-row prefill's logits equal those of the same
+ * tokens evaluated one by one, bit for bit. deepseek2's latent attention
+ * (an F32 and an F16 cache) likewise, its dense block 0 on the device;
+ * qwen3moe's MoE blocks still launch each row's experts (exec_cu_moe.c):
+ * its counts are logged, its logits held to the same checks. */
+Test(cuda, a_prefill_launches_the_same_kernels_whatever_its_row_count, .timeout = 300)
+{
+    static const struct { const char *model, *kv; double tol; uint32_t gl; int fixed; } CASES[] = {
+        {"synth-llama-256.Q4_K_M", "f32", 0.05, 0, 1},     {"synth-qwen3-256.Q8_0", "f16", 0.05, 0, 1},
+        {"synth-gemma3-256.Q8_0", "q8_0", 0.05, 0, 1},     {"synth-qwen3moe-256.Q8_0", "f16", 0.05, 0, 0},
+        {"synth-deepseek2-256.Q8_0", "f32", 0.05, 1, 1},   {"synth-deepseek2-256.Q4_K_M", "f16", 0.05, 1, 1}};
+    static const uint32_t ROWS[2] = {5, 40};
+    setenv("JLM_CUDA_EMULATE", "1", 1);
+    char *dir = tu_tmpdir();
+    for (size_t c = 0; c < sizeof CASES / sizeof CASES[0]; c++) {
+        jlm_err err = {0};
+        char *path = model_jlm(CASES[c].model, dir, "p.jlm");
+        jlm_engine *ec = bm_engine_kv(path, "cpu", 0, CASES[c].kv);
+        jlm_engine *ev = bm_engine_kv(path, "cuda", CASES[c].gl, CASES[c].kv);
+        cr_assert(ec && ev, "%s: no engine", CASES[c].model);
+        uint32_t nv = jlm_engine_n_vocab(ev), L = CASES[c].gl ? CASES[c].gl : jlm_engine_model(ev)->config.n_layer;
+        int32_t prompt[40];
+        for (int i = 0; i < 40; i++)
+            prompt[i] = 3 + (i * 37) % (nv - 3 < 200 ? nv - 3 : 200);
+        float *lc = malloc(nv * 4), *lv = malloc(nv * 4), *one = malloc(nv * 4);
+        uint64_t d[2];
+        for (int r = 0; r < 2; r++) {
+            jlm_dev_stats s0, s1;
+            char label[160];
+            jlm_engine_rewind(ec, 0);
+            jlm_engine_rewind(ev, 0);
+            cr_assert_eq(jlm_engine_eval(ec, prompt, ROWS[r], lc, &err), 0, "%s", err.msg);
+            jlm_engine_dev_stats(ev, &s0);
+            cr_assert_eq(jlm_engine_eval(ev, prompt, ROWS[r], lv, &err), 0, "%s", err.msg);
+            jlm_engine_dev_stats(ev, &s1);
+            cr_assert(s1.fallbacks == s0.fallbacks && s1.dispatches > s0.dispatches, "%s: nothing on the device",
+                      CASES[c].model);
+            d[r] = s1.dispatches - s0.dispatches;
+            snprintf(label, sizeof label, "%s (%s cache), a prefill of %u rows", CASES[c].model, CASES[c].kv, ROWS[r]);
+            bm_lockstep_pick(lc, lv, nv, CASES[c].tol, label);
+        }
+        cr_log_info("%s (%s cache): a prefill of 5 rows launches %llu, of 40 rows %llu (%u blocks)", CASES[c].model,
+                    CASES[c].kv, (unsigned long long)d[0], (unsigned long long)d[1], L);
+        cr_assert(!CASES[c].fixed || d[0] == d[1], "%s (%s cache): a prefill of 5 rows launched %llu, of 40 rows %llu",
+                  CASES[c].model, CASES[c].kv, (unsigned long long)d[0], (unsigned long long)d[1]);
+        jlm_engine_rewind(ev, 0);
+        for (int i = 0; i < 40; i++)
+            cr_assert_eq(jlm_engine_eval(ev, &prompt[i], 1, one, &err), 0, "%s", err.msg);
+        cr_assert(!memcmp(lv, one, nv * 4), "%s (%s cache): the prefill's logits differ from one row at a time",
+                  CASES[c].model, CASES[c].kv);
+        free(lc);
+        free(lv);
+        free(one);
+        jlm_engine_close(ev);
+        jlm_engine_close(ec);
+        free(path);
+    }
+    tu_rmrf(dir);
+    free(dir);
+}
