@@ -62,6 +62,7 @@ typedef struct emu_op {
     uint8_t       *snap;         /* COPY: the pageable source, taken at the call */
     uint64_t       n;
     uint64_t       rows, dp, sp; /* COPY: rows of n bytes, dp and sp bytes apart (0 rows: one) */
+    int            d2d;          /* COPY: device to device (counted as a launch) */
     jlm_cu_mat     m;            /* MATVEC: sheet 0 of the batch b */
     jlm_cu_batch   b;
     uint64_t       plane[3];     /* MATVEC: the qs, d and sc planes' bytes, every sheet's (checked at the launch) */
@@ -174,6 +175,8 @@ static int emu_push(jlm_cu_rt *r, int s, const emu_op *op)
     }
     r->last_id[s] = o.id;
     q->v[q->n++] = o;
+    if (o.kind == OP_KERNEL || o.kind == OP_MATVEC || o.d2d)
+        counted(r);   /* a launch or a device copy queued */
     return 0;
 }
 
@@ -524,9 +527,20 @@ static int cu(jlm_cu_rt *r, cudaError_t e, const char *what)
 }
 #define DEVICE_CALL(call, what) \
     do { if (!r->emulated) return cu(r, (call), (what)); } while (0)
+/* ... a device copy enqueued: counted (jlm_cu_rt_launches) */
+#define DEVICE_CALL_COUNTED(call, what)              \
+    do {                                             \
+        if (!r->emulated) {                          \
+            int rc_ = cu(r, (call), (what));         \
+            if (!rc_)                                \
+                counted(r);                          \
+            return rc_;                              \
+        }                                            \
+    } while (0)
 #else
 #define DEVICE_CALL(call, what) \
     do { if (!r->emulated) return failf(r, EMU_FAULT, "%s: CUDA not built", (what)); } while (0)
+#define DEVICE_CALL_COUNTED DEVICE_CALL
 #endif
 
 uint64_t jlm_cu_rt_free_bytes(const jlm_cu_rt *r)
@@ -802,10 +816,11 @@ int jlm_cu_rt_matvec_batch(jlm_cu_rt *r, const jlm_cu_mat *m, const jlm_cu_batch
         return failf(r, EMU_FAULT, "matvec: %llu sheets of %llu tokens, strides %llu/%llu/%llu: not launchable",
                      (unsigned long long)b->n, (unsigned long long)n, (unsigned long long)b->q,
                      (unsigned long long)b->d, (unsigned long long)b->s);
-    counted(r);
 #ifdef JLM_CUDA
     if (!r->emulated) {
         int rc = jlm_cu_launch_matvec_batch(m, b, n, x, xq, y, r->s[stream]);
+        if (!rc)
+            counted(r);
         return rc ? failf(r, rc, "matvec launch: %s (error %d)", jlm_cu_launch_error(rc), rc) : 0;
     }
 #else
@@ -822,7 +837,7 @@ static int emu_d2d(jlm_cu_rt *r, void *dst, const void *src, uint64_t n, int str
         return 0;
     if (emu_dev(r, dst, n, "device copy: destination") || emu_dev(r, src, n, "device copy: source"))
         return EMU_FAULT;
-    emu_op op = {.kind = OP_COPY, .dst = dst, .src = src, .n = n};
+    emu_op op = {.kind = OP_COPY, .dst = dst, .src = src, .n = n, .d2d = 1};
     return emu_push(r, stream, &op);
 }
 
@@ -830,9 +845,7 @@ int jlm_cu_rt_d2d(jlm_cu_rt *r, void *dst, const void *src, uint64_t n, int stre
 {
     if (bad_stream(r, stream))
         return EMU_FAULT;
-    if (n)
-        counted(r);
-    DEVICE_CALL(cudaMemcpyAsync(dst, src, (size_t)n, cudaMemcpyDeviceToDevice, r->s[stream]),
+    DEVICE_CALL_COUNTED(cudaMemcpyAsync(dst, src, (size_t)n, cudaMemcpyDeviceToDevice, r->s[stream]),
                 "cudaMemcpyAsync (device to device)");
     EMU_LOCKED(emu_d2d(r, dst, src, n, stream));
 }
@@ -853,18 +866,15 @@ static int emu_kernel_push(jlm_cu_rt *r, const emu_kern *k, uint64_t out_n, uint
 #ifdef JLM_CUDA
 #define LAUNCH(call, what)                                                                          \
     do {                                                                                            \
-        counted(r);                                                                                 \
         if (!r->emulated) {                                                                         \
             int rc_ = (call);                                                                       \
+            if (!rc_)                                                                               \
+                counted(r);                                                                         \
             return rc_ ? failf(r, rc_, "%s launch: %s (error %d)", (what), jlm_cu_launch_error(rc_), rc_) : 0; \
         }                                                                                           \
     } while (0)
 #else
-#define LAUNCH(call, what) \
-    do {                   \
-        counted(r);        \
-        DEVICE_CALL(0, what); \
-    } while (0)
+#define LAUNCH(call, what) DEVICE_CALL(0, what)
 #endif
 
 int jlm_cu_rt_quantize(jlm_cu_rt *r, const float *x, const jlm_cu_act *a, int stream)
@@ -982,8 +992,7 @@ int jlm_cu_rt_d2d_rows(jlm_cu_rt *r, void *dst, uint64_t dp, const void *src, ui
     if (dp < n || sp < n)
         return failf(r, EMU_FAULT, "device copy: rows of %llu bytes %llu and %llu apart", (unsigned long long)n,
                      (unsigned long long)dp, (unsigned long long)sp);
-    counted(r);
-    DEVICE_CALL(cudaMemcpy2DAsync(dst, (size_t)dp, src, (size_t)sp, (size_t)n, (size_t)rows, cudaMemcpyDeviceToDevice,
+    DEVICE_CALL_COUNTED(cudaMemcpy2DAsync(dst, (size_t)dp, src, (size_t)sp, (size_t)n, (size_t)rows, cudaMemcpyDeviceToDevice,
                                   r->s[stream]),
                 "cudaMemcpy2DAsync (device to device)");
     pthread_mutex_lock(&r->mu);
@@ -991,7 +1000,7 @@ int jlm_cu_rt_d2d_rows(jlm_cu_rt *r, void *dst, uint64_t dp, const void *src, ui
                      emu_dev(r, src, (rows - 1) * sp + n, "device copy: source")
                  ? EMU_FAULT
                  : emu_push(r, stream, &(emu_op){.kind = OP_COPY, .dst = dst, .src = src, .n = n, .rows = rows,
-                                                 .dp = dp, .sp = sp});
+                                                 .dp = dp, .sp = sp, .d2d = 1});
     pthread_mutex_unlock(&r->mu);
     return rc;
 }
