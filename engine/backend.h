@@ -42,7 +42,8 @@ typedef struct jlm_dev_stats {
                                     jlm_dev_matmul_multi) */
     uint64_t act_up, act_down;   /* activation bytes copied host -> device (matmul inputs) and back
                                     (results), counted at the copies; page-ins and reuploads not */
-    uint64_t dispatches;         /* Vulkan: kernel dispatches and device copies recorded (0: not counted) */
+    uint64_t dispatches;         /* kernel dispatches (CUDA: launches) and device copies recorded or
+                                    enqueued (0: not counted) */
 } jlm_dev_stats;
 
 /* Profiling (jlm bench --profile): a backend's time per op class. The

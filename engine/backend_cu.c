@@ -449,6 +449,7 @@ static void ecu_stats(const jlm_dev *dev, jlm_dev_stats *out)
     pthread_mutex_lock(&v->mu);
     out->bytes_up = v->bytes_up;
     pthread_mutex_unlock(&v->mu);
+    out->dispatches = jlm_cu_rt_launches(v->rt) - v->launch0;
 }
 
 static void ecu_stats_reset(jlm_dev *dev)
@@ -461,6 +462,7 @@ static void ecu_stats_reset(jlm_dev *dev)
     pthread_mutex_unlock(&v->mu);
     v->st.device = keep.device;
     v->st.path = keep.path;
+    v->launch0 = jlm_cu_rt_launches(v->rt);
 }
 
 /* ---------------------------------------------------------------- --profile */

@@ -44,6 +44,8 @@ typedef struct jlm_ecu_blk {
     scratch   odd;                  /* ab_rows records of width odd_k (made for odd_rows rows) */
     uint64_t  odd_k, odd_rows;
     scratch   scores, logits;
+    scratch   rowt;                 /* a prefill block's row table: positions, then (first key, keys) a row */
+    uint32_t  rowt_most;            /* ... the most keys of a row */
     scratch   h_x, h_logits;        /* pinned host */
     void    **kc, **vc;             /* (n_layer,) NULL until a block of that layer ran here */
     uint32_t  n_layer;
@@ -80,6 +82,7 @@ typedef struct jlm_ecu {
     int            nspare;
     uint64_t       default_budget;
     jlm_dev_stats  st;
+    uint64_t       launch0;          /* jlm_cu_rt_launches at the last stats reset */
     jlm_ecu_blk    blk;
     char           name[300];
     /* --profile: stamps on the compute stream at each op class change
@@ -143,6 +146,15 @@ void jlm_ecu_moe_free(jlm_ecu *v);
  * JLM_EUNSUPPORTED: not), the cache in the layer's kc; mla_free: its buffers. */
 struct jlm_exd;
 int  jlm_ecu_mla(struct jlm_exd *k, const struct jlm_op *op);
+/* exec_cu.c: a prefill block's rows (n > 1) in one grid (kernels/cuda/body.h
+ * jlm_cu_rows): rows [t0, t0 + m), x rows xw floats apart, each row's
+ * position and keys from the row table the block sent up. attn_rows: every
+ * row's attention (ap: the one-row parameters; q rows qw and out rows ow
+ * floats apart, the layer's cache kc, vc at position 0) in as few launches
+ * as the scores hold (one, but for a long prompt on a large model). */
+jlm_cu_rows jlm_ecu_rows(const struct jlm_exd *k, uint32_t t0, uint32_t m, uint64_t xw);
+int jlm_ecu_attn_rows(struct jlm_exd *k, jlm_cu_attn *ap, const float *q, uint64_t qw, const void *kc, const void *vc,
+                      float *out, uint64_t ow, const char *what);
 void jlm_ecu_mla_free(jlm_ecu *v);
 
 #endif

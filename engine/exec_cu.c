@@ -148,8 +148,32 @@ static int op_bias(jlm_exd *k, int b, const float *p)
     const float *bv;
     uint64_t w = width(k->e, b);
     int rc = vec(ecu(k), p, w, &bv);
-    for (uint32_t t = 0; !rc && !k->dry && t < k->b.n; t++)
-        rc = launched(k, jlm_cu_rt_elem(ecu(k)->rt, JLM_CU_ADD, row(k, b, t), row(k, b, t), bv, w, 0, 0, CS), "bias");
+    if (rc || k->dry)
+        return rc;
+    return launched(k, jlm_cu_rt_add_rows(ecu(k)->rt, abp(k, b, 0), abp(k, b, 0), bv, w, k->b.n, CS), "bias");
+}
+
+jlm_cu_rows jlm_ecu_rows(const jlm_exd *k, uint32_t t0, uint32_t m, uint64_t xw)
+{
+    const uint32_t *tab = ecu(k)->blk.rowt.p;
+    return (jlm_cu_rows){.n = m, .x_stride = xw, .pos = tab + t0, .span = tab + k->b.n + 2ull * t0};
+}
+
+int jlm_ecu_attn_rows(jlm_exd *k, jlm_cu_attn *ap, const float *q, uint64_t qw, const void *kc, const void *vc,
+                      float *out, uint64_t ow, const char *what)
+{
+    jlm_ecu_blk *s = &ecu(k)->blk;
+    uint64_t per = (uint64_t)ap->n_head * s->rowt_most, fit = s->scores.cap / 4 / per;
+    uint32_t n = k->b.n, m = fit < 1 ? 1 : fit < n ? (uint32_t)fit : n;
+    int rc = JLM_OK;
+    ap->n_kv = s->rowt_most;
+    for (uint32_t t = 0; !rc && t < n; t += m) {
+        jlm_cu_rows r = jlm_ecu_rows(k, t, n - t < m ? n - t : m, qw);
+        r.o_stride = ow, r.sc_stride = per;
+        r.kb = jlm_cu_kv_bytes(ap->k_type, ap->k_stride), r.vb = jlm_cu_kv_bytes(ap->v_type, ap->v_stride);
+        rc = launched(k, jlm_cu_rt_attn_rows(ecu(k)->rt, ap, q + t * qw, kc, vc, k->e->kv_ctx, s->scores.p, out + t * ow,
+                                             &r, CS), what);
+    }
     return rc;
 }
 
@@ -169,7 +193,10 @@ static int op_norm(jlm_exd *k, int dst, int src, const float *p)
  * parameters: the kernel computes its angles; none on a layer without it);
  * Llama 4 (qk_unit): RoPE, then a weightless norm, on the layers with RoPE
  * only; q then times the attention temperature (Llama 4's no-RoPE layers;
- * 1 elsewhere). */
+ * 1 elsewhere, and below position 8191: a launch a row where it is not).
+ * Each a launch over every row (the rows' heads are consecutive: one norm
+ * over n x n_head heads; RoPE: each row at its own position, the row
+ * table's, or the one-row kernel's argument for one row). */
 static int op_heads(jlm_exd *k, int b, uint32_t n_head, const float *p, int wide)
 {
     jlm_engine *e = k->e;
@@ -178,29 +205,33 @@ static int op_heads(jlm_exd *k, int b, uint32_t n_head, const float *p, int wide
     jlm_k_rope rp;
     jlm_ex_rope_params(e, k->b.l, &rp);
     uint64_t W = width(e, b);
+    uint32_t n = k->b.n, heads = n_head * n;
     int rope = !(k->c->flags & JLM_F_NO_POS_ENC) && rp.n_rot, unit = e->qk_unit && rope;
     int rc = vec(v, p, wide ? W : e->hd, &w);
     if (!rc && ((rope && (rp.n_rot % 2 || rp.n_rot > e->hd)) || (e->qk_unit && w)))
         rc = UNSUP;   /* odd or over-wide rotations; a weighted norm before Llama 4's weightless one */
+    if (!rc && ((w && !wide) || unit) && W != (uint64_t)n_head * e->hd)
+        rc = UNSUP;   /* per-head norms over rows whose heads are not consecutive */
     if (!rc && rope)
         rc = vec(v, rp.freq_factors, rp.n_rot / 2, &ff);
-    if (!rc && !k->dry && wide && w)   /* every row at once */
-        rc = launched(k, jlm_cu_rt_rmsnorm(v->rt, abp(k, b, 0), abp(k, b, 0), w, W, k->b.n, k->c->rms_eps, CS),
-                      "q/k norm");
+    if (rc || k->dry)
+        return rc;
+    float eps = k->c->rms_eps, *x = abp(k, b, 0);
+    if (w)   /* OLMoE's over the whole rows, or each head's */
+        rc = launched(k, jlm_cu_rt_rmsnorm(v->rt, x, x, w, wide ? W : e->hd, wide ? n : heads, eps, CS), "q/k norm");
     jlm_cu_rope cr;
     jlm_cu_rope_from(&rp, &cr);
     cr.freq_factors = ff;
-    for (uint32_t t = 0; !rc && !k->dry && t < k->b.n; t++) {
-        if (w && !wide)
-            rc = launched(k, jlm_cu_rt_rmsnorm(v->rt, row(k, b, t), row(k, b, t), w, e->hd, n_head, k->c->rms_eps, CS),
-                          "q/k norm");
-        if (!rc && rope)
-            rc = launched(k, jlm_cu_rt_rope(v->rt, &cr, row(k, b, t), n_head, e->hd, jlm_exd_pos(k, t), CS), "rope");
-        if (!rc && unit)
-            rc = launched(k, jlm_cu_rt_rmsnorm(v->rt, row(k, b, t), row(k, b, t), NULL, e->hd, n_head, k->c->rms_eps,
-                                               CS), "q/k unit norm");
-        float temp = b == JLM_B_Q ? jlm_ex_q_temp(k->c, &rp, jlm_exd_pos(k, t)) : 1.0f;
-        if (!rc && temp != 1.0f)
+    if (!rc && rope) {
+        jlm_cu_rows r = jlm_ecu_rows(k, 0, n, W);
+        rc = launched(k, n == 1 ? jlm_cu_rt_rope(v->rt, &cr, x, n_head, e->hd, jlm_exd_pos(k, 0), CS)
+                                : jlm_cu_rt_rope_rows(v->rt, &cr, x, n_head, e->hd, &r, CS), "rope");
+    }
+    if (!rc && unit)
+        rc = launched(k, jlm_cu_rt_rmsnorm(v->rt, x, x, NULL, e->hd, heads, eps, CS), "q/k unit norm");
+    for (uint32_t t = 0; !rc && b == JLM_B_Q && t < n; t++) {
+        float temp = jlm_ex_q_temp(k->c, &rp, jlm_exd_pos(k, t));
+        if (temp != 1.0f)
             rc = launched(k, jlm_cu_rt_elem(v->rt, JLM_CU_SCALE, row(k, b, t), row(k, b, t), NULL, W, temp, 0, CS),
                           "attention temperature");
     }
@@ -266,6 +297,9 @@ static int op_attend(jlm_exd *k, const float *sinks)
                       .softcap = c->attn_softcap, .sinks = sk, .k_type = e->kt, .v_type = e->vt};
     uint64_t kb = kv_row(e, JLM_B_K), vb = kv_row(e, JLM_B_V);
     int rc = JLM_OK;
+    if (k->b.n > 1 && !k->dry)   /* a prefill: its rows together */
+        return jlm_ecu_attn_rows(k, &ap, row(k, JLM_B_Q, 0), width(e, JLM_B_Q), v->blk.kc[k->b.l], v->blk.vc[k->b.l],
+                                 row(k, JLM_B_ATT, 0), width(e, JLM_B_ATT), "attention");
     for (uint32_t t = 0; !rc && !k->dry && t < k->b.n; t++) {
         /* keys [lo, hi): a sliding window's (or a chunk's) first key is where the cache's rows start, so
          * the hidden keys are not read at all (the CPU masks them: exp(-inf) adds 0) */
@@ -367,10 +401,47 @@ static int buffers(jlm_ecu *v, jlm_engine *e, uint32_t l, uint32_t n, jlm_err *e
     return rc;
 }
 
+/* The most scores (bytes) a prefill's attention may hold: its rows attend
+ * together in launches that fit (one row always does). */
+#define SCORES_MAX (64ull << 20)
+
+/* A prefill block's row table (n > 1 rows; rows_of reads it): each row's
+ * position, then its keys (the first, jlm_ex_first_key's, and how many: to
+ * its own, or the image's end for bidirectional rows), up in one copy (its
+ * bytes counted with the activations); the scores grown to hold the rows'
+ * attention within SCORES_MAX. */
+static int rows_up(jlm_ecu *v, jlm_exd *k, jlm_err *err)
+{
+    jlm_ecu_blk *s = &v->blk;
+    const jlm_engine *e = k->e;
+    uint32_t n = k->b.n, *h = malloc(3ull * n * sizeof *h);
+    if (!h)
+        return jlm_errf(err, JLM_ENOMEM, "cuda: out of memory");
+    s->rowt_most = 1;
+    for (uint32_t t = 0; t < n; t++) {
+        uint32_t pos = jlm_exd_pos(k, t), hi = pos < e->bidir_end ? e->bidir_end : pos + 1;
+        h[t] = pos;
+        h[n + 2 * t] = jlm_ex_first_key(k->c, k->b.l, pos);
+        h[n + 2 * t + 1] = hi - h[n + 2 * t];
+        s->rowt_most = h[n + 2 * t + 1] > s->rowt_most ? h[n + 2 * t + 1] : s->rowt_most;
+    }
+    uint64_t one = (uint64_t)e->c->n_head * s->rowt_most * 4, want = one * n;
+    want = want < SCORES_MAX ? want : one > SCORES_MAX ? one : SCORES_MAX;
+    int rc = jlm_ecu_grow(v, &s->rowt, 3ull * n * sizeof *h, 0, err);
+    if (!rc && s->scores.cap < want)
+        rc = jlm_ecu_grow(v, &s->scores, want, 0, err);
+    if (!rc && jlm_cu_rt_h2d(v->rt, s->rowt.p, h, 3ull * n * sizeof *h, CS))   /* pageable: consumed now */
+        rc = jlm_ecu_fail(v, err, "the rows' positions");
+    s->queued = 1;
+    v->st.act_up += rc ? 0 : 3ull * n * sizeof *h;
+    free(h);
+    return rc;
+}
+
 void jlm_ecu_blk_free(jlm_ecu *v)
 {
     jlm_ecu_blk *s = &v->blk;
-    scratch *dev[] = {&s->aq, &s->ad, &s->as, &s->rec, &s->odd, &s->scores, &s->logits};
+    scratch *dev[] = {&s->aq, &s->ad, &s->as, &s->rec, &s->odd, &s->scores, &s->logits, &s->rowt};
     jlm_ecu_moe_free(v);
     jlm_ecu_mla_free(v);
     for (int b = 0; b < JLM_B_COUNT; b++)
@@ -458,6 +529,8 @@ int jlm_ecu_block(jlm_dev *d, jlm_engine *e, const jlm_prog *p, uint32_t l, cons
             s->x_E = e->c->n_embd;
         }
     }
+    if (!rc && n > 1)
+        rc = rows_up(v, &k, err);
     k.dry = 0;
     if (!rc)
         rc = jlm_exd_run(&k);

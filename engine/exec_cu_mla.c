@@ -178,13 +178,11 @@ static int mm_in(jlm_exd *k, const jlm_k_mat *m, int src, uint64_t rows, float *
     return jlm_ecu_matmul_rows(ecu(k), m, k->b.n, abp(k, src, 0), src, y, 0, k->dry, k->err);
 }
 
-/* n floats from row t of src (stride ss) to row t of dst (stride ds), for every row. */
+/* n floats from row t of src (stride ss) to row t of dst (stride ds), for every row: one strided copy. */
 static int move_rows(jlm_exd *k, float *dst, uint64_t ds, const float *src, uint64_t ss, uint64_t n)
 {
-    int rc = JLM_OK;
-    for (uint32_t t = 0; !rc && t < k->b.n; t++)
-        rc = launched(k, jlm_cu_rt_d2d(ecu(k)->rt, dst + t * ds, src + t * ss, n * 4, CS), "latent attention's rows");
-    return rc;
+    return launched(k, jlm_cu_rt_d2d_rows(ecu(k)->rt, dst, ds * 4, src, ss * 4, n * 4, k->b.n, CS),
+                    "latent attention's rows");
 }
 
 /* For each head h: rows (src + h * shs, stride ss, kk floats) times sheet h
@@ -301,16 +299,25 @@ static int mla_kv(jlm_exd *k, const jlm_op *op, const mla_dims *d)
         rc = UNSUP;
     if (!rc)
         rc = mm_in(k, &wkv, op->src, d->W, abp(k, JLM_B_K, 0));
-    for (uint32_t t = 0; !rc && !k->dry && t < k->b.n; t++) {
-        float *r = abp(k, JLM_B_K, t * d->W);
-        uint32_t pos = jlm_exd_pos(k, t);
-        uint8_t *dst = (uint8_t *)v->blk.kc[k->b.l] + (uint64_t)pos * d->W * (f16 ? 2 : 4);
-        rc = launched(k, jlm_cu_rt_rmsnorm(v->rt, r, r, nw, d->R, 1, k->c->rms_eps, CS), "the latent's norm");
-        if (!rc)
-            rc = launched(k, jlm_cu_rt_rope(v->rt, &cr, r + d->R, 1, (uint32_t)d->rot, pos, CS), "the key's rope");
-        if (!rc)
-            rc = launched(k, f16 ? jlm_cu_rt_to_f16(v->rt, (uint16_t *)(void *)dst, r, d->W, CS)
-                                 : jlm_cu_rt_d2d(v->rt, dst, r, d->W * 4, CS), "the latent into the cache");
+    if (rc || k->dry)
+        return rc;
+    uint32_t n = k->b.n, p0 = jlm_exd_pos(k, 0), run = 1;   /* run: rows at consecutive positions from row 0 */
+    while (run < n && jlm_exd_pos(k, run) == p0 + run)
+        run++;
+    float *r = abp(k, JLM_B_K, 0);
+    rc = launched(k, jlm_cu_rt_rmsnorm_strided(v->rt, r, r, nw, d->R, n, (uint32_t)d->W, k->c->rms_eps, CS),
+                  "the latent's norm");
+    jlm_cu_rows rr = n > 1 ? jlm_ecu_rows(k, 0, n, d->W) : (jlm_cu_rows){0};
+    if (!rc)
+        rc = launched(k, n > 1 ? jlm_cu_rt_rope_rows(v->rt, &cr, r + d->R, 1, (uint32_t)d->rot, &rr, CS)
+                               : jlm_cu_rt_rope(v->rt, &cr, r + d->R, 1, (uint32_t)d->rot, p0, CS), "the key's rope");
+    /* into the cache: the run in one copy (a prefill: every row), any other row alone */
+    for (uint32_t t = 0, m; !rc && t < n; t += m) {
+        m = t ? 1 : run;
+        uint8_t *dst = (uint8_t *)v->blk.kc[k->b.l] + (uint64_t)jlm_exd_pos(k, t) * d->W * (f16 ? 2 : 4);
+        float *x = r + t * d->W;
+        rc = launched(k, f16 ? jlm_cu_rt_to_f16(v->rt, (uint16_t *)(void *)dst, x, m * d->W, CS)
+                             : jlm_cu_rt_d2d(v->rt, dst, x, m * d->W * 4, CS), "the latent into the cache");
     }
     return rc;
 }
@@ -344,12 +351,16 @@ static int mla_q(jlm_exd *k, const jlm_op *op, const mla_dims *d)
     int rc = op->dst != JLM_B_Q || rope_of(k, d, &cr) ? UNSUP : q_proj(k, op, d);
     const float *qf = k->dry ? NULL : reg(k, RG_QF, 0);
     float *ql = k->dry ? NULL : reg(k, RG_QL, 0);
-    for (uint32_t t = 0; !rc && !k->dry && t < k->b.n; t++) {
-        rc = launched(k, jlm_cu_rt_rope(v->rt, &cr, reg(k, RG_QF, t * d->qd + d->nope), (uint32_t)d->nh,
-                                        (uint32_t)d->hd, jlm_exd_pos(k, t), CS), "the queries' rope");
-        for (uint64_t h = 0; !rc && h < d->nh; h++)
-            rc = launched(k, jlm_cu_rt_d2d(v->rt, ql + (t * d->nh + h) * d->W + d->R, qf + t * d->qd + h * d->hd + d->nope,
-                                           d->rot * 4, CS), "the queries' rope part");
+    if (!rc && !k->dry) {   /* every row's heads rotated, their rope parts moved, in one launch each */
+        uint32_t n = k->b.n;
+        jlm_cu_rows rr = n > 1 ? jlm_ecu_rows(k, 0, n, d->qd) : (jlm_cu_rows){0};
+        float *x = reg(k, RG_QF, d->nope);
+        rc = launched(k, n > 1 ? jlm_cu_rt_rope_rows(v->rt, &cr, x, (uint32_t)d->nh, (uint32_t)d->hd, &rr, CS)
+                               : jlm_cu_rt_rope(v->rt, &cr, x, (uint32_t)d->nh, (uint32_t)d->hd, jlm_exd_pos(k, 0), CS),
+                      "the queries' rope");
+        if (!rc)   /* (row, head) rows: qd = nh x hd, so head h of row t is (t nh + h) hd floats in */
+            rc = launched(k, jlm_cu_rt_d2d_rows(v->rt, ql + d->R, d->W * 4, qf + d->nope, d->hd * 4, d->rot * 4,
+                                                (uint64_t)n * d->nh, CS), "the queries' rope part");
     }
     if (rc)
         return rc;
@@ -367,11 +378,14 @@ static int mla_attn(jlm_exd *k, const jlm_op *op, const mla_dims *d)
                       .head_dim_v = (uint32_t)d->R, .k_stride = d->W, .v_stride = d->W,
                       .scale = jlm_ex_mla_scale(k->e), .k_type = k->e->kt, .v_type = k->e->kt};
     int rc = op->dst != JLM_B_ATT ? UNSUP : JLM_OK;
-    for (uint32_t t = 0; !rc && !k->dry && t < k->b.n; t++) {
-        ap.n_kv = jlm_exd_pos(k, t) + 1ull;
-        const void *kv = v->blk.kc[k->b.l];
-        rc = launched(k, jlm_cu_rt_attn(v->rt, &ap, reg(k, RG_QL, t * d->nh * d->W), kv, kv, v->blk.scores.p,
-                                        reg(k, RG_OL, t * d->nh * d->R), CS), "latent attention");
+    const void *kv = k->dry ? NULL : v->blk.kc[k->b.l];   /* made when the dry walk passed */
+    if (!rc && !k->dry && k->b.n > 1)   /* a prefill: its rows together */
+        rc = jlm_ecu_attn_rows(k, &ap, reg(k, RG_QL, 0), d->nh * d->W, kv, kv, reg(k, RG_OL, 0), d->nh * d->R,
+                               "latent attention");
+    else if (!rc && !k->dry) {
+        ap.n_kv = jlm_exd_pos(k, 0) + 1ull;
+        rc = launched(k, jlm_cu_rt_attn(v->rt, &ap, reg(k, RG_QL, 0), kv, kv, v->blk.scores.p, reg(k, RG_OL, 0), CS),
+                      "latent attention");
     }
     if (rc)
         return rc;

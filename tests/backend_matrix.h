@@ -659,6 +659,24 @@ static inline jlm_engine *bm_engine_kv(const char *path, const char *backend, ui
     return bm_open_opts(path, o, strcmp(backend, "cpu") != 0, why, sizeof why);
 }
 
+/* The n tokens of prompt evaluated one at a time on e (rewound first) end
+ * with pre, the logits of e's n-row prefill of them, bit for bit: each row
+ * of a prefill computed as a one-row batch computes it (model, kv: the
+ * label). */
+static inline void bm_prefill_as_one_row_at_a_time(jlm_engine *e, const int32_t *prompt, uint32_t n, const float *pre,
+                                                   const char *model, const char *kv)
+{
+    uint32_t nv = jlm_engine_n_vocab(e);
+    float *one = malloc(nv * 4);
+    jlm_err err = {0};
+    jlm_engine_rewind(e, 0);
+    for (uint32_t i = 0; i < n; i++)
+        cr_assert_eq(jlm_engine_eval(e, &prompt[i], 1, one, &err), 0, "%s", err.msg);
+    cr_assert(!memcmp(pre, one, nv * 4), "%s (%s cache): the prefill's logits differ from one row at a time", model,
+              kv);
+    free(one);
+}
+
 /* gemma3 on whole blocks (sliding-window layers, their own RoPE base, the
  * fp16-table GELU gate, the post-norms) with each KV cache type of kvs
  * ("f16", "q8_0", "K/V" for keys and values apart) on the device, each

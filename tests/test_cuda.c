@@ -705,6 +705,112 @@ Test(cuda, the_emulated_block_kernels_check_their_spans_and_their_ordering)
     jlm_cu_rt_close(r);
 }
 
+/* n floats of host x into fresh device memory (on the compute stream). */
+static void *dev_of(jlm_cu_rt *r, const void *x, uint64_t n)
+{
+    void *d = NULL;
+    cr_assert_eq(jlm_cu_rt_alloc(r, n, &d), 0);
+    cr_assert_eq(jlm_cu_rt_h2d(r, d, x, n, JLM_CU_S_COMPUTE), 0, "%s", jlm_cu_rt_error(r));
+    return d;
+}
+
+/* n bytes of device d, after the compute stream ran. */
+static void host_of(jlm_cu_rt *r, void *h, const void *d, uint64_t n)
+{
+    cr_assert_eq(jlm_cu_rt_d2h(r, h, d, n, JLM_CU_S_COMPUTE), 0);
+    cr_assert_eq(jlm_cu_rt_sync(r, JLM_CU_S_COMPUTE), 0, "%s", jlm_cu_rt_error(r));
+}
+
+/* The row-batched launches of a prefill (rt.h: rope_rows, add_rows,
+ * attn_rows, rmsnorm_strided, d2d_rows) compute each row as the one-row
+ * launches do, bit for bit, in one launch each (jlm_cu_rt_launches): 6
+ * query rows at positions 10..15 (GQA 2:1, sinks, a softcap) over an F32
+ * cache of 16 positions, causal and with a window of 4 (the rows' first
+ * keys from the row table, device memory); RoPE at each row's position;
+ * a bias on each row (one too short refused at the launch, not counted);
+ * the norm of rows narrower than their stride; a strided copy. The row table copied on the copy stream with no event
+ * faults at the wait (an unordered read), and a row's keys past the cache
+ * fault when the kernel runs, naming the row. */
+Test(cuda, the_emulated_row_kernels_compute_each_row_as_the_one_row_kernels_in_one_launch)
+{
+    jlm_cu_rt *r = emu_open();
+    enum { R = 6, NH = 4, NKV = 2, HD = 32, P = 16, KVD = NKV * HD, QW = NH * HD };
+    uint64_t seed = 38;
+    float q[R * QW], kc[P * KVD], vc[P * KVD], sinks[NH], want[R * QW], got[R * QW];
+    gen_floats(q, R * QW, 1.0f, &seed);
+    gen_floats(kc, P * KVD, 1.0f, &seed);
+    gen_floats(vc, P * KVD, 1.0f, &seed);
+    gen_floats(sinks, NH, 1.0f, &seed);
+    float *dq = dev_of(r, q, sizeof q), *dk = dev_of(r, kc, sizeof kc), *dv = dev_of(r, vc, sizeof vc);
+    float *ds = dev_of(r, sinks, sizeof sinks), *dy = dev_of(r, q, sizeof q), *dsc = NULL;
+    cr_assert_eq(jlm_cu_rt_alloc(r, (uint64_t)R * NH * P * 4, (void **)&dsc), 0);
+    jlm_cu_attn at = {.n_head = NH, .n_head_kv = NKV, .head_dim = HD, .head_dim_v = HD, .k_stride = KVD,
+                      .v_stride = KVD, .k_head_stride = HD, .v_head_stride = HD, .scale = 0.2f, .softcap = 20.0f,
+                      .sinks = ds};
+    for (int win = 0; win < 2; win++) {
+        uint32_t tab[3 * R];
+        for (uint32_t t = 0; t < R; t++) {
+            uint32_t pos = 10 + t, lo = win && pos >= 4 ? pos - 3 : 0;
+            tab[t] = pos, tab[R + 2 * t] = lo, tab[R + 2 * t + 1] = pos + 1 - lo;
+        }
+        for (uint32_t t = 0; t < R; t++) {   /* the one-row launches */
+            at.n_kv = tab[R + 2 * t + 1];
+            cr_assert_eq(jlm_cu_rt_attn(r, &at, dq + t * QW, dk + tab[R + 2 * t] * KVD, dv + tab[R + 2 * t] * KVD,
+                                        dsc, dy + t * QW, JLM_CU_S_COMPUTE), 0, "%s", jlm_cu_rt_error(r));
+        }
+        host_of(r, want, dy, sizeof want);
+        uint32_t *dt = dev_of(r, tab, sizeof tab);
+        jlm_cu_rows rw = {.n = R, .x_stride = QW, .o_stride = QW, .sc_stride = NH * 16, .kb = KVD * 4,
+                          .vb = KVD * 4, .pos = dt, .span = dt + R};
+        at.n_kv = 16;
+        uint64_t l0 = jlm_cu_rt_launches(r);
+        cr_assert_eq(jlm_cu_rt_attn_rows(r, &at, dq, dk, dv, P, dsc, dy, &rw, JLM_CU_S_COMPUTE), 0, "%s",
+                     jlm_cu_rt_error(r));
+        cr_assert_eq(jlm_cu_rt_launches(r) - l0, 1);
+        host_of(r, got, dy, sizeof got);
+        cr_assert(!memcmp(got, want, sizeof got), "attention rows (window %d) differ from the one-row launches", win);
+        if (win) {   /* the table refilled on the copy stream, no event; then a row past the cache */
+            cr_assert_eq(jlm_cu_rt_h2d(r, dt, tab, sizeof tab, JLM_CU_S_COPY), 0);
+            cr_assert_eq(jlm_cu_rt_attn_rows(r, &at, dq, dk, dv, P, dsc, dy, &rw, JLM_CU_S_COMPUTE), 0);
+            cr_assert_eq(jlm_cu_rt_sync(r, JLM_CU_S_COPY), 0);
+            cr_assert_neq(jlm_cu_rt_sync(r, JLM_CU_S_COMPUTE), 0, "an unordered read of the row table");
+            cr_assert(strstr(jlm_cu_rt_error(r), "attention: spans"), "%s", jlm_cu_rt_error(r));
+            tab[R + 2 * 5] = 10;   /* row 5: keys [10, 16) -> [10, 18) */
+            tab[R + 2 * 5 + 1] = 8;
+            cr_assert_eq(jlm_cu_rt_h2d(r, dt, tab, sizeof tab, JLM_CU_S_COMPUTE), 0);
+            cr_assert_eq(jlm_cu_rt_attn_rows(r, &at, dq, dk, dv, P, dsc, dy, &rw, JLM_CU_S_COMPUTE), 0);
+            cr_assert_neq(jlm_cu_rt_sync(r, JLM_CU_S_COMPUTE), 0, "keys past the cache");
+            cr_assert(strstr(jlm_cu_rt_error(r), "attention row 5"), "%s", jlm_cu_rt_error(r));
+        } else {   /* RoPE at each row's position, a bias on each row, rows narrower than their stride */
+            jlm_cu_rope rp = {.n_rot = 16, .freq_base = 10000, .freq_scale = 1, .attn_factor = 1};
+            for (uint32_t t = 0; t < R; t++) {
+                cr_assert_eq(jlm_cu_rt_rope(r, &rp, dy + t * QW, NH, HD, tab[t], JLM_CU_S_COMPUTE), 0);
+                cr_assert_eq(jlm_cu_rt_elem(r, JLM_CU_ADD, dy + t * QW, dy + t * QW, dq, QW, 0, 0, JLM_CU_S_COMPUTE), 0);
+                cr_assert_eq(jlm_cu_rt_rmsnorm(r, dy + t * QW, dy + t * QW, NULL, 40, 1, 1e-5f, JLM_CU_S_COMPUTE), 0);
+                cr_assert_eq(jlm_cu_rt_d2d(r, dsc + t * 8, dy + t * QW + 3, 5 * 4, JLM_CU_S_COMPUTE), 0);
+            }
+            float wsc[R * 8], gsc[R * 8];
+            host_of(r, want, dy, sizeof want);
+            host_of(r, wsc, dsc, sizeof wsc);
+            cr_assert_eq(jlm_cu_rt_h2d(r, dy, got, sizeof got, JLM_CU_S_COMPUTE), 0);
+            l0 = jlm_cu_rt_launches(r);
+            cr_assert_eq(jlm_cu_rt_rope_rows(r, &rp, dy, NH, HD, &rw, JLM_CU_S_COMPUTE), 0, "%s", jlm_cu_rt_error(r));
+            cr_assert_eq(jlm_cu_rt_add_rows(r, dy, dy, dq, QW, R, JLM_CU_S_COMPUTE), 0, "%s", jlm_cu_rt_error(r));
+            cr_assert_neq(jlm_cu_rt_add_rows(r, dy, dy, ds, QW, R, JLM_CU_S_COMPUTE), 0, "a bias of QW in NH floats");
+            cr_assert(strstr(jlm_cu_rt_error(r), "rows add: b"), "%s", jlm_cu_rt_error(r));
+            cr_assert_eq(jlm_cu_rt_rmsnorm_strided(r, dy, dy, NULL, 40, R, QW, 1e-5f, JLM_CU_S_COMPUTE), 0);
+            cr_assert_eq(jlm_cu_rt_d2d_rows(r, dsc, 8 * 4, dy + 3, QW * 4, 5 * 4, R, JLM_CU_S_COMPUTE), 0);
+            cr_assert_eq(jlm_cu_rt_launches(r) - l0, 4);
+            host_of(r, got, dy, sizeof got);
+            host_of(r, gsc, dsc, sizeof gsc);
+            cr_assert(!memcmp(got, want, sizeof got), "rope, bias or norm rows differ from the one-row launches");
+            for (uint32_t t = 0; t < R; t++)
+                cr_assert(!memcmp(gsc + t * 8, wsc + t * 8, 5 * 4), "copied row %u differs", t);
+        }
+    }
+    jlm_cu_rt_close(r);
+}
+
 /* The expert combine through the seam (jlm_cu_rt_moe_combine, what
  * exec_cu_moe.c launches): equal to jlm_k_moe_combine bit for bit; weights
  * copied on the other stream with no event fault at the wait, and spans past
@@ -1372,6 +1478,71 @@ Test(cuda, bench_profile_shows_the_devices_matmul_time, .timeout = 120)
             cr_assert(ms[0] + ms[1] + ms[2] + ms[3] <= 1.05 * tok + 0.01, "more than the token:\n%s", o);
         }
         free(o);
+    }
+    tu_rmrf(dir);
+    free(dir);
+}
+
+/* A prefill on whole blocks makes a fixed number of launches a block
+ * (jlm_dev_stats.dispatches: kernel launches and device copies), whatever
+ * its row count: the norms, the biases, RoPE (each row at its own
+ * position), the cache's stores and attention (each row its own causal
+ * keys and window) each take all the rows in one launch. 40 rows launch as
+ * many as 5 (synth-llama Q4_K_M with an F32 cache, qwen3's per-head norms
+ * with an F16 cache, gemma3's windows of 16 keys and its own RoPE base with
+ * a Q8_0 cache); each prefill's logits are within the CPU's (same --kv)
+ * tolerance with the CPU's pick, and each row is computed as a one-row
+ * batch computes it: the 40-row prefill's logits equal those of the same
+ * tokens evaluated one by one, bit for bit. deepseek2's latent attention
+ * (an F32 and an F16 cache) likewise, its dense block 0 on the device;
+ * qwen3moe's MoE blocks still launch each row's experts (exec_cu_moe.c):
+ * its counts are logged, its logits held to the same checks. */
+Test(cuda, a_prefill_launches_the_same_kernels_whatever_its_row_count, .timeout = 300)
+{
+    static const struct { const char *model, *kv; double tol; uint32_t gl; int fixed; } CASES[] = {
+        {"synth-llama-256.Q4_K_M", "f32", 0.05, 0, 1},     {"synth-qwen3-256.Q8_0", "f16", 0.05, 0, 1},
+        {"synth-gemma3-256.Q8_0", "q8_0", 0.05, 0, 1},     {"synth-qwen3moe-256.Q8_0", "f16", 0.05, 0, 0},
+        {"synth-deepseek2-256.Q8_0", "f32", 0.05, 1, 1},   {"synth-deepseek2-256.Q4_K_M", "f16", 0.05, 1, 1}};
+    static const uint32_t ROWS[2] = {5, 40};
+    setenv("JLM_CUDA_EMULATE", "1", 1);
+    char *dir = tu_tmpdir();
+    for (size_t c = 0; c < sizeof CASES / sizeof CASES[0]; c++) {
+        jlm_err err = {0};
+        char *path = model_jlm(CASES[c].model, dir, "p.jlm");
+        jlm_engine *ec = bm_engine_kv(path, "cpu", 0, CASES[c].kv);
+        jlm_engine *ev = bm_engine_kv(path, "cuda", CASES[c].gl, CASES[c].kv);
+        cr_assert(ec && ev, "%s: no engine", CASES[c].model);
+        uint32_t nv = jlm_engine_n_vocab(ev), L = CASES[c].gl ? CASES[c].gl : jlm_engine_model(ev)->config.n_layer;
+        int32_t prompt[40];
+        for (int i = 0; i < 40; i++)
+            prompt[i] = 3 + (i * 37) % (nv - 3 < 200 ? nv - 3 : 200);
+        float *lc = malloc(nv * 4), *lv = malloc(nv * 4);
+        uint64_t d[2];
+        for (int r = 0; r < 2; r++) {
+            jlm_dev_stats s0, s1;
+            char label[160];
+            jlm_engine_rewind(ec, 0);
+            jlm_engine_rewind(ev, 0);
+            cr_assert_eq(jlm_engine_eval(ec, prompt, ROWS[r], lc, &err), 0, "%s", err.msg);
+            jlm_engine_dev_stats(ev, &s0);
+            cr_assert_eq(jlm_engine_eval(ev, prompt, ROWS[r], lv, &err), 0, "%s", err.msg);
+            jlm_engine_dev_stats(ev, &s1);
+            cr_assert(s1.fallbacks == s0.fallbacks && s1.dispatches > s0.dispatches, "%s: nothing on the device",
+                      CASES[c].model);
+            d[r] = s1.dispatches - s0.dispatches;
+            snprintf(label, sizeof label, "%s (%s cache), a prefill of %u rows", CASES[c].model, CASES[c].kv, ROWS[r]);
+            bm_lockstep_pick(lc, lv, nv, CASES[c].tol, label);
+        }
+        cr_log_info("%s (%s cache): a prefill of 5 rows launches %llu, of 40 rows %llu (%u blocks)", CASES[c].model,
+                    CASES[c].kv, (unsigned long long)d[0], (unsigned long long)d[1], L);
+        cr_assert(!CASES[c].fixed || d[0] == d[1], "%s (%s cache): a prefill of 5 rows launched %llu, of 40 rows %llu",
+                  CASES[c].model, CASES[c].kv, (unsigned long long)d[0], (unsigned long long)d[1]);
+        bm_prefill_as_one_row_at_a_time(ev, prompt, 40, lv, CASES[c].model, CASES[c].kv);
+        free(lc);
+        free(lv);
+        jlm_engine_close(ev);
+        jlm_engine_close(ec);
+        free(path);
     }
     tu_rmrf(dir);
     free(dir);

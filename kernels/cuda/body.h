@@ -803,6 +803,38 @@ JLM_CU_HD void jlm_cu_attn_out(const jlm_cu_attn *p, const void *v, const float 
     }
 }
 
+/* ---------------------------------------------------------------- a prefill's rows in one grid */
+
+/* The rows of a prefill in one launch (blockIdx.y = row y; RoPE, bias and
+ * attention over every row of a block): row y's floats at x + y*x_stride
+ * (attention: its query; output at out + y*o_stride, scores at
+ * scores + y*sc_stride), its position pos[y] and its keys [span[2y],
+ * span[2y] + span[2y+1]) of a cache whose position 0 is at k, v (kb, vb:
+ * bytes of a position). pos and span are device memory, so the launch's
+ * arguments do not depend on the rows' positions. Each row computes what
+ * the one-row kernel computes for it alone (the same bodies, bit for bit). */
+typedef struct jlm_cu_rows {
+    uint32_t        n;   /* rows (gridDim.y) */
+    uint64_t        x_stride, o_stride, sc_stride, kb, vb;
+    const uint32_t *pos, *span;
+} jlm_cu_rows;
+
+/* Row y's attention as the one-row kernel sees it: p with row y's key
+ * count, and its query, keys, values, scores and output. */
+JLM_CU_HD jlm_cu_attn jlm_cu_attn_row(const jlm_cu_attn *p, const jlm_cu_rows *r, uint32_t y, const float **q,
+                                      const void **k, const void **v, float **scores, float **out)
+{
+    jlm_cu_attn a = *p;
+    uint64_t lo = r->span[2 * y];
+    a.n_kv = r->span[2 * y + 1];
+    *q += y * r->x_stride;
+    *out += y * r->o_stride;
+    *scores += y * r->sc_stride;
+    *k = (const uint8_t *)*k + lo * r->kb;
+    *v = (const uint8_t *)*v + lo * r->vb;
+    return a;
+}
+
 /* ---------------------------------------------------------------- MoE router and combine */
 
 /* Routing modes (kernels/cpu/kernels.h JLM_K_ROUTE_*, repeated: harness.c

@@ -102,6 +102,14 @@ int jlm_cu_launch_to_f16(uint16_t *out, const float *x, uint64_t n, void *stream
 int jlm_cu_launch_kv_q8(uint8_t *out, const float *x, uint64_t n, void *stream);
 int jlm_cu_launch_attn(const jlm_cu_attn *p, const float *q, const void *k, const void *v, float *scores,
                        float *out, void *stream);
+/* A prefill's rows in one grid (body.h's jlm_cu_rows; r's pos and span device memory). */
+int jlm_cu_launch_rope_rows(const jlm_cu_rope *p, float *x, uint32_t n_head, uint32_t head_dim, const jlm_cu_rows *r,
+                            void *stream);
+int jlm_cu_launch_rmsnorm_strided(float *out, const float *x, const float *w, uint64_t n, uint32_t rows,
+                                   uint32_t stride, float eps, void *stream);
+int jlm_cu_launch_add_rows(float *out, const float *a, const float *b, uint64_t m, uint32_t rows, void *stream);
+int jlm_cu_launch_attn_rows(const jlm_cu_attn *p, const float *q, const void *k, const void *v, float *scores,
+                            float *out, const jlm_cu_rows *r, void *stream);
 int jlm_cu_launch_moe_route(const float *logits, uint32_t n, uint32_t n_used, int mode, float scale, float *probs,
                             int32_t *sel, float *w, void *stream);
 int jlm_cu_launch_moe_combine(float *x, const float *ys, const float *w, uint32_t n_used, uint64_t n, void *stream);

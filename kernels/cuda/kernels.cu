@@ -84,6 +84,18 @@ __global__ void jlm_cu_k_rmsnorm(float *out, const float *x, const float *w, uin
     jlm_cu_rms_apply(out, x, w, n, eps, sum, threadIdx.x, T);
 }
 
+// Block b normalizes the row at stride * b (latent attention's latent, in
+// rows wider than it).
+__global__ void jlm_cu_k_rmsnorm_strided(float *out, const float *x, const float *w, uint64_t n, uint32_t stride,
+                                         float eps)
+{
+    __shared__ double sh[T];
+    out += (uint64_t)blockIdx.x * stride;
+    x += (uint64_t)blockIdx.x * stride;
+    double sum = block_sum(sh, jlm_cu_rms_partial(x, n, threadIdx.x, T));
+    jlm_cu_rms_apply(out, x, w, n, eps, sum, threadIdx.x, T);
+}
+
 __global__ void jlm_cu_k_layernorm(float *out, const float *x, const float *w, const float *b, uint64_t n, float eps)
 {
     __shared__ double sh[T];
@@ -137,6 +149,39 @@ __global__ void jlm_cu_k_attn(jlm_cu_attn p, const float *q, const void *k, cons
     __shared__ float shm[T];
     uint32_t h = blockIdx.x;
     unsigned t = threadIdx.x;
+    float max = jlm_cu_attn_max(&p, h, block_max(shm, jlm_cu_attn_scores(&p, q, k, scores, h, t, T)));
+    float inv = jlm_cu_attn_inv(&p, h, max, block_sum(shs, jlm_cu_attn_exp(&p, scores, h, max, t, T)));
+    jlm_cu_scale_strided(scores + h * p.n_kv, p.n_kv, inv, t, T);
+    __syncthreads();
+    jlm_cu_attn_out(&p, v, scores, out, h, t, T);
+}
+
+// A prefill's rows in one grid (body.h's jlm_cu_rows, blockIdx.y = row):
+// each row as the one-row kernel above computes it.
+__global__ void jlm_cu_k_rope_rows(jlm_cu_rope p, float *x, uint32_t n_head, uint32_t head_dim, jlm_cu_rows r)
+{
+    uint64_t i = (uint64_t)blockIdx.x * blockDim.x + threadIdx.x, half = p.n_rot / 2;
+    if (i < (uint64_t)n_head * half)
+        jlm_cu_rope_pair(&p, x + blockIdx.y * r.x_stride, head_dim, r.pos[blockIdx.y], (uint32_t)(i / half),
+                         (uint32_t)(i % half));
+}
+
+// out = a + b on each row of m floats (a bias), thread = element of a row
+__global__ void jlm_cu_k_add_rows(float *out, const float *a, const float *b, uint64_t m)
+{
+    uint64_t i = (uint64_t)blockIdx.x * blockDim.x + threadIdx.x, o = (uint64_t)blockIdx.y * m + i;
+    if (i < m)
+        out[o] = jlm_cu_elem(JLM_CU_ADD, a[o], b[i], 0.0f, 0.0f);
+}
+
+__global__ void jlm_cu_k_attn_rows(jlm_cu_attn p0, const float *q, const void *k, const void *v, float *scores,
+                                   float *out, jlm_cu_rows r)
+{
+    __shared__ double shs[T];
+    __shared__ float shm[T];
+    uint32_t h = blockIdx.x;
+    unsigned t = threadIdx.x;
+    const jlm_cu_attn p = jlm_cu_attn_row(&p0, &r, blockIdx.y, &q, &k, &v, &scores, &out);
     float max = jlm_cu_attn_max(&p, h, block_max(shm, jlm_cu_attn_scores(&p, q, k, scores, h, t, T)));
     float inv = jlm_cu_attn_inv(&p, h, max, block_sum(shs, jlm_cu_attn_exp(&p, scores, h, max, t, T)));
     jlm_cu_scale_strided(scores + h * p.n_kv, p.n_kv, inv, t, T);
@@ -284,6 +329,45 @@ int jlm_cu_launch_attn(const jlm_cu_attn *p, const float *q, const void *k, cons
                        float *out, void *stream)
 {
     jlm_cu_k_attn<<<p->n_head, T, 0, (cudaStream_t)stream>>>(*p, q, k, v, scores, out);
+    return launched();
+}
+
+int jlm_cu_launch_rope_rows(const jlm_cu_rope *p, float *x, uint32_t n_head, uint32_t head_dim, const jlm_cu_rows *r,
+                            void *stream)
+{
+    uint64_t n = (uint64_t)n_head * (p->n_rot / 2);
+    if (n == 0 || r->n == 0)
+        return 0;
+    dim3 grid(blocks_for(n, 128), r->n);
+    jlm_cu_k_rope_rows<<<grid, 128, 0, (cudaStream_t)stream>>>(*p, x, n_head, head_dim, *r);
+    return launched();
+}
+
+int jlm_cu_launch_rmsnorm_strided(float *out, const float *x, const float *w, uint64_t n, uint32_t rows,
+                                   uint32_t stride, float eps, void *stream)
+{
+    if (rows == 0)
+        return 0;
+    jlm_cu_k_rmsnorm_strided<<<rows, T, 0, (cudaStream_t)stream>>>(out, x, w, n, stride, eps);
+    return launched();
+}
+
+int jlm_cu_launch_add_rows(float *out, const float *a, const float *b, uint64_t m, uint32_t rows, void *stream)
+{
+    if (m == 0 || rows == 0)
+        return 0;
+    dim3 grid(blocks_for(m, 256), rows);
+    jlm_cu_k_add_rows<<<grid, 256, 0, (cudaStream_t)stream>>>(out, a, b, m);
+    return launched();
+}
+
+int jlm_cu_launch_attn_rows(const jlm_cu_attn *p, const float *q, const void *k, const void *v, float *scores,
+                            float *out, const jlm_cu_rows *r, void *stream)
+{
+    if (r->n == 0)
+        return 0;
+    dim3 grid(p->n_head, r->n);
+    jlm_cu_k_attn_rows<<<grid, T, 0, (cudaStream_t)stream>>>(*p, q, k, v, scores, out, *r);
     return launched();
 }
 

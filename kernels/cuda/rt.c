@@ -31,8 +31,8 @@ enum { OP_COPY, OP_RECORD, OP_WAIT, OP_MATVEC, OP_KERNEL, OP_STAMP };
 
 /* A whole block's kernels (everything but the matvec): the arguments of one
  * launch, and the device spans it reads (checked for ordering when it runs). */
-enum { K_QUANT, K_RMS, K_ROPE, K_ELEM, K_ATTN, K_COMB, K_F16, K_Q8 };
-#define EMU_READS 4
+enum { K_QUANT, K_RMS, K_ROPE, K_ELEM, K_ATTN, K_COMB, K_F16, K_Q8, K_ROPE_ROWS, K_ADD_ROWS, K_ATTN_ROWS };
+#define EMU_READS 5
 typedef struct emu_kern {
     int          kind, op;
     float       *out, *scores;
@@ -45,6 +45,9 @@ typedef struct emu_kern {
     jlm_cu_act   act;
     jlm_cu_rope  rope;
     jlm_cu_attn  attn;
+    jlm_cu_rows  rws;     /* the *_ROWS kinds */
+    uint64_t     n_pos;   /* K_ATTN_ROWS: the cache's positions from b, c */
+    uint64_t     stride;  /* K_RMS: floats from a row to the next (0: n) */
     struct { const void *p; uint64_t n; const char *what; } rd[EMU_READS];
 } emu_kern;
 
@@ -58,6 +61,8 @@ typedef struct emu_op {
     const uint8_t *src;          /* COPY: read when the op runs (pinned or device source) */
     uint8_t       *snap;         /* COPY: the pageable source, taken at the call */
     uint64_t       n;
+    uint64_t       rows, dp, sp; /* COPY: rows of n bytes, dp and sp bytes apart (0 rows: one) */
+    int            d2d;          /* COPY: device to device (counted as a launch) */
     jlm_cu_mat     m;            /* MATVEC: sheet 0 of the batch b */
     jlm_cu_batch   b;
     uint64_t       plane[3];     /* MATVEC: the qs, d and sc planes' bytes, every sheet's (checked at the launch) */
@@ -96,6 +101,7 @@ struct jlm_cu_rt {
     int        depth;            /* nested event waits: a cycle would recurse without end */
     int        fault;            /* a queued op found bad pointers: reported at the next sync */
     uint64_t   stamp_at[JLM_CU_NSTAMP];   /* OP_STAMP i ran at this host time (0: not yet) */
+    uint64_t   launches;         /* jlm_cu_rt_launches */
 #ifdef JLM_CUDA
     int          dev;
     cudaStream_t s[JLM_CU_NSTREAM];
@@ -105,6 +111,11 @@ struct jlm_cu_rt {
 };
 
 #define EMU_FAULT 1000   /* the emulation's error code */
+
+/* A launch (or device copy) enqueued: jlm_cu_rt_launches. */
+static void counted(jlm_cu_rt *r) { __atomic_add_fetch(&r->launches, 1, __ATOMIC_RELAXED); }
+
+uint64_t jlm_cu_rt_launches(const jlm_cu_rt *r) { return __atomic_load_n(&r->launches, __ATOMIC_RELAXED); }
 
 /* The last error of the calling thread (as the CUDA runtime's own last
  * error is per thread): the backend's copy thread and the graph's thread
@@ -164,6 +175,8 @@ static int emu_push(jlm_cu_rt *r, int s, const emu_op *op)
     }
     r->last_id[s] = o.id;
     q->v[q->n++] = o;
+    if (o.kind == OP_KERNEL || o.kind == OP_MATVEC || o.d2d)
+        counted(r);   /* a launch or a device copy queued */
     return 0;
 }
 
@@ -237,6 +250,28 @@ static int emu_matvec(jlm_cu_rt *r, int s, const emu_op *op)
     return 0;
 }
 
+/* kernel attn_rows: each row's span checked against the cache and the
+ * scores' stride when it runs (the spans are device memory a queued copy
+ * filled), then the one-row grid (harness.c) on the row's pointers. */
+static int emu_attn_rows(jlm_cu_rt *r, const emu_kern *k)
+{
+    for (uint32_t y = 0; y < k->rws.n; y++) {
+        uint64_t lo = k->rws.span[2 * y], n = k->rws.span[2 * y + 1];
+        if (!n || n > k->attn.n_kv || lo + n > k->n_pos) {
+            r->fault = 1;
+            return failf(r, EMU_FAULT, "cuda emulation: attention row %u: keys [%llu, %llu) of a cache of %llu, most %llu",
+                         y, (unsigned long long)lo, (unsigned long long)(lo + n), (unsigned long long)k->n_pos,
+                         (unsigned long long)k->attn.n_kv);
+        }
+        const float *q = k->a;
+        const void *kk = k->b, *vv = k->c;
+        float *sc = k->scores, *out = k->out;
+        jlm_cu_attn a = jlm_cu_attn_row(&k->attn, &k->rws, y, &q, &kk, &vv, &sc, &out);
+        jlm_cu_host_attn(&a, q, kk, vv, sc, out);
+    }
+    return 0;
+}
+
 /* One of a block's kernels, on the host: the bodies over the grid the
  * launchers of kernels.cu use (harness.c). */
 static int emu_kernel(jlm_cu_rt *r, int s, const emu_kern *k)
@@ -252,8 +287,8 @@ static int emu_kernel(jlm_cu_rt *r, int s, const emu_kern *k)
             jlm_cu_quantize_block(k->a, &k->act, b);
         break;
     case K_RMS:
-        for (uint32_t i = 0; i < k->rows; i++)
-            jlm_cu_host_rmsnorm(k->out + (uint64_t)i * k->n, k->a + (uint64_t)i * k->n, k->w, k->n, k->s);
+        for (uint64_t i = 0, st = k->stride ? k->stride : k->n; i < k->rows; i++)
+            jlm_cu_host_rmsnorm(k->out + i * st, k->a + i * st, k->w, k->n, k->s);
         break;
     case K_ROPE: {
         uint32_t half = k->rope.n_rot / 2;
@@ -265,6 +300,19 @@ static int emu_kernel(jlm_cu_rt *r, int s, const emu_kern *k)
     case K_COMB: jlm_cu_host_moe_combine(k->out, k->b, k->w, k->rows, k->n); break;
     case K_F16: jlm_cu_host_to_f16((uint16_t *)(void *)k->out, k->a, k->n); break;
     case K_Q8: jlm_cu_host_kv_q8((uint8_t *)(void *)k->out, k->a, k->n); break;
+    case K_ROPE_ROWS: {
+        uint32_t half = k->rope.n_rot / 2;
+        for (uint32_t y = 0; y < k->rws.n; y++)
+            for (uint64_t i = 0; i < (uint64_t)k->n_head * half; i++)
+                jlm_cu_rope_pair(&k->rope, k->out + y * k->rws.x_stride, k->hd, k->rws.pos[y], (uint32_t)(i / half),
+                                 (uint32_t)(i % half));
+        break;
+    }
+    case K_ADD_ROWS:
+        for (uint64_t i = 0; i < k->rows * k->n; i++)
+            k->out[i] = jlm_cu_elem(JLM_CU_ADD, k->a[i], k->w[i % k->n], 0.0f, 0.0f);
+        break;
+    case K_ATTN_ROWS: return emu_attn_rows(r, k);
     default: jlm_cu_host_attn(&k->attn, k->a, k->b, k->c, k->scores, k->out); break;
     }
     return 0;
@@ -279,6 +327,8 @@ static int emu_run_one(jlm_cu_rt *r, int s)
         see(&r->seen[s][t], op.host_seen[t]);
     switch (op.kind) {
     case OP_COPY: {
+        for (uint64_t i = 1; i < op.rows; i++)
+            memcpy(op.dst + i * op.dp, op.src + i * op.sp, op.n);
         memcpy(op.dst, op.snap ? op.snap : op.src, op.n);
         free(op.snap);
         emu_alloc *a = (emu_alloc *)emu_find(r, op.dst, op.n, 0);
@@ -477,9 +527,20 @@ static int cu(jlm_cu_rt *r, cudaError_t e, const char *what)
 }
 #define DEVICE_CALL(call, what) \
     do { if (!r->emulated) return cu(r, (call), (what)); } while (0)
+/* ... a device copy enqueued: counted (jlm_cu_rt_launches) */
+#define DEVICE_CALL_COUNTED(call, what)              \
+    do {                                             \
+        if (!r->emulated) {                          \
+            int rc_ = cu(r, (call), (what));         \
+            if (!rc_)                                \
+                counted(r);                          \
+            return rc_;                              \
+        }                                            \
+    } while (0)
 #else
 #define DEVICE_CALL(call, what) \
     do { if (!r->emulated) return failf(r, EMU_FAULT, "%s: CUDA not built", (what)); } while (0)
+#define DEVICE_CALL_COUNTED DEVICE_CALL
 #endif
 
 uint64_t jlm_cu_rt_free_bytes(const jlm_cu_rt *r)
@@ -758,6 +819,8 @@ int jlm_cu_rt_matvec_batch(jlm_cu_rt *r, const jlm_cu_mat *m, const jlm_cu_batch
 #ifdef JLM_CUDA
     if (!r->emulated) {
         int rc = jlm_cu_launch_matvec_batch(m, b, n, x, xq, y, r->s[stream]);
+        if (!rc)
+            counted(r);
         return rc ? failf(r, rc, "matvec launch: %s (error %d)", jlm_cu_launch_error(rc), rc) : 0;
     }
 #else
@@ -774,7 +837,7 @@ static int emu_d2d(jlm_cu_rt *r, void *dst, const void *src, uint64_t n, int str
         return 0;
     if (emu_dev(r, dst, n, "device copy: destination") || emu_dev(r, src, n, "device copy: source"))
         return EMU_FAULT;
-    emu_op op = {.kind = OP_COPY, .dst = dst, .src = src, .n = n};
+    emu_op op = {.kind = OP_COPY, .dst = dst, .src = src, .n = n, .d2d = 1};
     return emu_push(r, stream, &op);
 }
 
@@ -782,7 +845,7 @@ int jlm_cu_rt_d2d(jlm_cu_rt *r, void *dst, const void *src, uint64_t n, int stre
 {
     if (bad_stream(r, stream))
         return EMU_FAULT;
-    DEVICE_CALL(cudaMemcpyAsync(dst, src, (size_t)n, cudaMemcpyDeviceToDevice, r->s[stream]),
+    DEVICE_CALL_COUNTED(cudaMemcpyAsync(dst, src, (size_t)n, cudaMemcpyDeviceToDevice, r->s[stream]),
                 "cudaMemcpyAsync (device to device)");
     EMU_LOCKED(emu_d2d(r, dst, src, n, stream));
 }
@@ -805,6 +868,8 @@ static int emu_kernel_push(jlm_cu_rt *r, const emu_kern *k, uint64_t out_n, uint
     do {                                                                                            \
         if (!r->emulated) {                                                                         \
             int rc_ = (call);                                                                       \
+            if (!rc_)                                                                               \
+                counted(r);                                                                         \
             return rc_ ? failf(r, rc_, "%s launch: %s (error %d)", (what), jlm_cu_launch_error(rc_), rc_) : 0; \
         }                                                                                           \
     } while (0)
@@ -915,6 +980,105 @@ int jlm_cu_rt_attn(jlm_cu_rt *r, const jlm_cu_attn *p, const float *q, const voi
                            p->sinks ? p->n_head * 4ull : p->mask ? p->n_kv * 4 : 0, "attention: sinks or mask"}}};
     EMU_LOCKED(emu_kernel_push(r, &kr, (uint64_t)p->n_head * p->head_dim_v * 4, (uint64_t)p->n_head * p->n_kv * 4,
                                stream));
+}
+
+int jlm_cu_rt_d2d_rows(jlm_cu_rt *r, void *dst, uint64_t dp, const void *src, uint64_t sp, uint64_t n, uint64_t rows,
+                       int stream)
+{
+    if (bad_stream(r, stream))
+        return EMU_FAULT;
+    if (!n || !rows)
+        return 0;
+    if (dp < n || sp < n)
+        return failf(r, EMU_FAULT, "device copy: rows of %llu bytes %llu and %llu apart", (unsigned long long)n,
+                     (unsigned long long)dp, (unsigned long long)sp);
+    DEVICE_CALL_COUNTED(cudaMemcpy2DAsync(dst, (size_t)dp, src, (size_t)sp, (size_t)n, (size_t)rows, cudaMemcpyDeviceToDevice,
+                                  r->s[stream]),
+                "cudaMemcpy2DAsync (device to device)");
+    pthread_mutex_lock(&r->mu);
+    int rc = emu_dev(r, dst, (rows - 1) * dp + n, "device copy: destination") ||
+                     emu_dev(r, src, (rows - 1) * sp + n, "device copy: source")
+                 ? EMU_FAULT
+                 : emu_push(r, stream, &(emu_op){.kind = OP_COPY, .dst = dst, .src = src, .n = n, .rows = rows,
+                                                 .dp = dp, .sp = sp, .d2d = 1});
+    pthread_mutex_unlock(&r->mu);
+    return rc;
+}
+
+int jlm_cu_rt_rmsnorm_strided(jlm_cu_rt *r, float *out, const float *x, const float *w, uint64_t n, uint32_t rows,
+                              uint32_t stride, float eps, int stream)
+{
+    if (bad_stream(r, stream))
+        return EMU_FAULT;
+    if (stride < n || rows > 65535)
+        return failf(r, EMU_FAULT, "rmsnorm: %u rows of %llu floats %u apart", rows, (unsigned long long)n, stride);
+    if (!n || !rows)
+        return 0;
+    LAUNCH(jlm_cu_launch_rmsnorm_strided(out, x, w, n, rows, stride, eps, r->s[stream]), "rmsnorm");
+    uint64_t span = ((uint64_t)(rows - 1) * stride + n) * 4;
+    emu_kern k = {.kind = K_RMS, .out = out, .a = x, .w = w, .n = n, .rows = rows, .s = eps, .stride = stride,
+                  .rd = {{x, span, "rmsnorm: input"}, {w, w ? n * 4 : 0, "rmsnorm: weight"}}};
+    EMU_LOCKED(emu_kernel_push(r, &k, span, 0, stream));
+}
+
+int jlm_cu_rt_rope_rows(jlm_cu_rt *r, const jlm_cu_rope *p, float *x, uint32_t n_head, uint32_t head_dim,
+                        const jlm_cu_rows *rows, int stream)
+{
+    if (bad_stream(r, stream))
+        return EMU_FAULT;
+    if (p->n_rot > head_dim || p->n_rot % 2 || rows->n > 65535)
+        return failf(r, EMU_FAULT, "rope: %u rotated of a %u-wide head, %u rows", p->n_rot, head_dim, rows->n);
+    if (!rows->n || !p->n_rot || !n_head)
+        return 0;
+    LAUNCH(jlm_cu_launch_rope_rows(p, x, n_head, head_dim, rows, r->s[stream]), "rope");
+    emu_kern k = {.kind = K_ROPE_ROWS, .out = x, .rope = *p, .n_head = n_head, .hd = head_dim, .rws = *rows,
+                  .rd = {{p->freq_factors, p->freq_factors ? p->n_rot / 2 * 4ull : 0, "rope: freq factors"},
+                         {rows->pos, rows->n * 4ull, "rope: positions"}}};
+    EMU_LOCKED(emu_kernel_push(r, &k, ((rows->n - 1) * rows->x_stride + (uint64_t)n_head * head_dim) * 4, 0, stream));
+}
+
+int jlm_cu_rt_add_rows(jlm_cu_rt *r, float *out, const float *a, const float *b, uint64_t m, uint32_t rows,
+                       int stream)
+{
+    if (bad_stream(r, stream))
+        return EMU_FAULT;
+    if (rows > 65535)
+        return failf(r, EMU_FAULT, "rows add: %u rows", rows);
+    if (!m || !rows)
+        return 0;
+    LAUNCH(jlm_cu_launch_add_rows(out, a, b, m, rows, r->s[stream]), "rows add");
+    emu_kern k = {.kind = K_ADD_ROWS, .out = out, .a = a, .w = b, .n = m, .rows = rows,
+                  .rd = {{a, m * rows * 4, "rows add: a"}, {b, m * 4, "rows add: b"}}};
+    EMU_LOCKED(emu_kernel_push(r, &k, m * rows * 4, 0, stream));
+}
+
+int jlm_cu_rt_attn_rows(jlm_cu_rt *r, const jlm_cu_attn *p, const float *q, const void *k, const void *v,
+                        uint64_t n_pos, float *scores, float *out, const jlm_cu_rows *rows, int stream)
+{
+    if (bad_stream(r, stream))
+        return EMU_FAULT;
+    if (!p->n_head || !p->n_head_kv || p->n_head % p->n_head_kv || !p->n_kv || p->mask || rows->n > 65535 ||
+        rows->sc_stride < (uint64_t)p->n_head * p->n_kv || p->n_kv > n_pos ||
+        rows->kb != jlm_cu_kv_bytes(p->k_type, p->k_stride) || rows->vb != jlm_cu_kv_bytes(p->v_type, p->v_stride))
+        return failf(r, EMU_FAULT, "attention rows: %u heads over %u kv heads, %llu keys of %llu, %u rows",
+                     p->n_head, p->n_head_kv, (unsigned long long)p->n_kv, (unsigned long long)n_pos, rows->n);
+    if (!rows->n)
+        return 0;
+    LAUNCH(jlm_cu_launch_attn_rows(p, q, k, v, scores, out, rows, r->s[stream]), "attention");
+    /* every position of the cache a span may name, from the start of the first KV head */
+    uint64_t kn = jlm_cu_kv_bytes(p->k_type, (p->n_head_kv - 1) * p->k_head_stride + (n_pos - 1) * p->k_stride +
+                                                 p->head_dim);
+    uint64_t vn = jlm_cu_kv_bytes(p->v_type, (p->n_head_kv - 1) * p->v_head_stride + (n_pos - 1) * p->v_stride +
+                                                 p->head_dim_v);
+    uint64_t y1 = rows->n - 1;
+    emu_kern kr = {.kind = K_ATTN_ROWS, .out = out, .scores = scores, .a = q, .b = k, .c = v, .attn = *p,
+                   .rws = *rows, .n_pos = n_pos,
+                   .rd = {{q, (y1 * rows->x_stride + (uint64_t)p->n_head * p->head_dim) * 4, "attention: q"},
+                          {k, kn, "attention: keys"}, {v, vn, "attention: values"},
+                          {p->sinks, p->sinks ? p->n_head * 4ull : 0, "attention: sinks"},
+                          {rows->span, rows->n * 8ull, "attention: spans"}}};
+    EMU_LOCKED(emu_kernel_push(r, &kr, (y1 * rows->o_stride + (uint64_t)p->n_head * p->head_dim_v) * 4,
+                               (y1 * rows->sc_stride + (uint64_t)p->n_head * p->n_kv) * 4, stream));
 }
 
 int jlm_cu_rt_moe_combine(jlm_cu_rt *r, float *x, const float *ys, const float *w, uint32_t n_used, uint64_t n,

@@ -111,12 +111,35 @@ int jlm_cu_rt_to_f16(jlm_cu_rt *r, uint16_t *out, const float *x, uint64_t n, in
 int jlm_cu_rt_kv_q8(jlm_cu_rt *r, void *out, const float *x, uint64_t n, int stream);
 int jlm_cu_rt_attn(jlm_cu_rt *r, const jlm_cu_attn *p, const float *q, const void *k, const void *v, float *scores,
                    float *out, int stream);
+/* A prefill's rows in one launch each (body.h's jlm_cu_rows; r->pos and
+ * r->span device memory, read when the kernel runs): rope_rows rotates row
+ * y's n_head heads at x + y*x_stride at position pos[y]; add_rows adds b (m
+ * floats) to each of rows rows of m floats; attn_rows is jlm_cu_rt_attn of
+ * each row over its span of keys, p->n_kv the most keys a row has (r's
+ * sc_stride >= n_head * p->n_kv), k and v position 0 of a cache of n_pos
+ * positions (a span past it fails; emulated: when the kernel runs). */
+/* rows rows of n bytes from src (sp bytes apart) to dst (dp apart): one
+ * strided device copy (cudaMemcpy2DAsync). rmsnorm_strided: rmsnorm of rows
+ * rows of n floats, stride floats apart (in place or not). */
+int jlm_cu_rt_d2d_rows(jlm_cu_rt *r, void *dst, uint64_t dp, const void *src, uint64_t sp, uint64_t n, uint64_t rows,
+                       int stream);
+int jlm_cu_rt_rmsnorm_strided(jlm_cu_rt *r, float *out, const float *x, const float *w, uint64_t n, uint32_t rows,
+                              uint32_t stride, float eps, int stream);
+int jlm_cu_rt_rope_rows(jlm_cu_rt *r, const jlm_cu_rope *p, float *x, uint32_t n_head, uint32_t head_dim,
+                        const jlm_cu_rows *rows, int stream);
+int jlm_cu_rt_add_rows(jlm_cu_rt *r, float *out, const float *a, const float *b, uint64_t m, uint32_t rows,
+                       int stream);
+int jlm_cu_rt_attn_rows(jlm_cu_rt *r, const jlm_cu_attn *p, const float *q, const void *k, const void *v,
+                        uint64_t n_pos, float *scores, float *out, const jlm_cu_rows *rows, int stream);
 /* x (n floats) += the mixture of n_used expert outputs ys ((n_used, n)
  * contiguous) weighted by w (n_used): jlm_cu_k_moe_combine, bit-identical to
  * jlm_k_moe_combine. */
 int jlm_cu_rt_moe_combine(jlm_cu_rt *r, float *x, const float *ys, const float *w, uint32_t n_used, uint64_t n,
                           int stream);
 
+/* Kernel launches and device-to-device copies enqueued so far (the
+ * matvec's included; host <-> device copies not): jlm_dev_stats.dispatches. */
+uint64_t jlm_cu_rt_launches(const jlm_cu_rt *r);
 const char *jlm_cu_rt_error(const jlm_cu_rt *r);
 
 #endif

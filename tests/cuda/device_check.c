@@ -356,6 +356,53 @@ static void check_attn(void)
     cudaFree(dkh), cudaFree(dvh), cudaFree(dkq);
 }
 
+/* A prefill's row-batched kernels (body.h's jlm_cu_rows: rope_rows,
+ * add_rows, rmsnorm_strided, attn_rows) against the one-row kernels on the
+ * device, bit for bit: 40 query rows at positions 100..139 (GQA 32/8 x 128,
+ * sinks), the keys of each row from a window of 64 (a span each, read from
+ * device memory). */
+static void check_rows(void)
+{
+    enum { R = 40, H = 32, HKV = 8, D = 128, P = 140, QW = H * D, KW = HKV * D };
+    static float q[R * QW], k[P * KW], v[P * KW], bias[QW], sinks[H], o0[R * QW], o1[R * QW];
+    static uint32_t tab[3 * R];
+    uint64_t seed = 38;
+    gen_floats(q, R * QW, 2.0f, &seed);
+    gen_floats(k, P * KW, 2.0f, &seed);
+    gen_floats(v, P * KW, 1.0f, &seed);
+    gen_floats(bias, QW, 1.0f, &seed);
+    gen_floats(sinks, H, 3.0f, &seed);
+    for (uint32_t t = 0; t < R; t++)
+        tab[t] = 100 + t, tab[R + 2 * t] = tab[t] - 63, tab[R + 2 * t + 1] = 64;
+    float *dq = dev_copy(q, sizeof q), *dk = dev_copy(k, sizeof k), *dv = dev_copy(v, sizeof v);
+    float *db = dev_copy(bias, sizeof bias), *dsc = dev_zero((uint64_t)R * H * 64 * 4), *dout = dev_zero(sizeof o1);
+    uint32_t *dt = dev_copy(tab, sizeof tab);
+    jlm_cu_attn p = {H, HKV, D, D, 64, KW, KW, D, D, 0.088388f, 0.0f, dev_copy(sinks, sizeof sinks), NULL, 0, 0};
+    jlm_cu_rope rp;
+    jlm_k_rope kr;
+    jlm_k_rope_defaults(&kr, 128, 500000.0f);
+    jlm_cu_rope_from(&kr, &rp);
+    for (uint32_t t = 0; t < R; t++) {   /* the one-row kernels */
+        float *x = dq + (uint64_t)t * QW;
+        launch_ok(jlm_cu_launch_elem(JLM_CU_ADD, x, x, db, QW, 0, 0, NULL), "elem");
+        launch_ok(jlm_cu_launch_rmsnorm_rows(x, x, NULL, D, H, 1e-6f, NULL), "rmsnorm");
+        launch_ok(jlm_cu_launch_rope(&rp, x, H, D, tab[t], NULL), "rope");
+        launch_ok(jlm_cu_launch_attn(&p, x, dk + tab[R + 2 * t] * KW, dv + tab[R + 2 * t] * KW, dsc,
+                                     dout + (uint64_t)t * QW, NULL), "attn");
+    }
+    back(o0, dout, sizeof o0);
+    CK(cudaMemcpy(dq, q, sizeof q, cudaMemcpyHostToDevice));
+    jlm_cu_rows rw = {R, QW, QW, H * 64, KW * 4, KW * 4, dt, dt + R};
+    launch_ok(jlm_cu_launch_add_rows(dq, dq, db, QW, R, NULL), "add_rows");
+    launch_ok(jlm_cu_launch_rmsnorm_strided(dq, dq, NULL, D, R * H, D, 1e-6f, NULL), "rmsnorm_strided");
+    launch_ok(jlm_cu_launch_rope_rows(&rp, dq, H, D, &rw, NULL), "rope_rows");
+    launch_ok(jlm_cu_launch_attn_rows(&p, dq, dk, dv, dsc, dout, &rw, NULL), "attn_rows");
+    back(o1, dout, sizeof o1);
+    report(!memcmp(o0, o1, sizeof o0), "row-batched bias, norm, rope and attention (40 rows) = the one-row kernels'");
+    cudaFree((void *)p.sinks), cudaFree(dq), cudaFree(dk), cudaFree(dv), cudaFree(db), cudaFree(dsc);
+    cudaFree(dout), cudaFree(dt);
+}
+
 /* The router (128 experts, top 8, each mode) and the combine against the host
  * harness: the same picks, weights within the softmax tolerance; the combine
  * bit for bit. */
@@ -551,6 +598,7 @@ int main(int argc, char **argv)
     check_all_matvec();
     check_ops();
     check_attn();
+    check_rows();
     check_moe();
     if (do_bench && n)
         bench(n);
