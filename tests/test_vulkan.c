@@ -1553,6 +1553,15 @@ Test(vulkan, moe_blocks_on_the_device_give_the_cpus_ids_in_a_round_trip_a_block,
 /* The read-ahead's gate on the device (exec_vk_moe.c asks the CPU's
  * jlm_stream_predict_now where the CPU asks it): backend_matrix.h's
  * bm_moe_gate, as on CUDA. */
+/* A MoE prefill's routed experts grouped by expert on the device
+ * (engine/exec_dev.c's jlm_exd_moe_group, exec_vk_moe.c's batch): the
+ * CPU's picks and logits, one matmul per used expert and matrix
+ * (backend_matrix.h's bm_moe_grouped_prefill). */
+Test(vulkan, moe_prefill_groups_the_rows_by_expert, .timeout = 300)
+{
+    bm_moe_grouped_prefill("vulkan");
+}
+
 Test(vulkan, moe_predictions_pass_the_cpus_gate_at_a_small_budget, .timeout = 300)
 {
     bm_moe_gate("vulkan");
