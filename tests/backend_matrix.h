@@ -986,7 +986,8 @@ static inline uint64_t bm_distinct_experts(FILE *f, uint32_t nu)
 static inline void bm_moe_grouped_prefill(const char *backend)
 {
     static const char *MODELS[] = {"synth-qwen3moe-256.Q8_0", "synth-llama-moe-256.F16", "synth-olmoe-256.Q4_K_M",
-                                   "synth-glm4moe-256.Q8_0", "synth-llama4-256.Q8_0", "synth-gpt-oss-256.MXFP4_MOE"};
+                                   "synth-glm4moe-256.Q8_0", "synth-llama4-256.Q8_0", "synth-gpt-oss-256.MXFP4_MOE",
+                                   "synth-deepseek2-256.Q8_0"};
     char *dir = tu_tmpdir();
     for (size_t m = 0; m < sizeof MODELS / sizeof MODELS[0]; m++) {
         char *path;
