@@ -11,7 +11,9 @@
  * up with the experts' launches (activations up). The chosen experts' pages
  * are acquired through the streamer as the CPU's path acquires them
  * (jlm_stream_experts: host pages, their reads, then their device frames),
- * and each row's experts are enqueued: gate and up over the row's int8 row
+ * and a decoded token's experts are enqueued (a prefill's grouped by
+ * expert, exec_dev.c's jlm_exd_moe_group and jlm_exd_moe_each, as
+ * batch_experts says): gate and up over the row's int8 row
  * (quantized once on the device, bit-identical to the CPU's), their biases,
  * SwiGLU (or SwiGLU-OAI), the slots' int8 rows, down, the down bias, and the
  * weighted mix added to the residual row (jlm_cu_k_moe_combine, the sum of

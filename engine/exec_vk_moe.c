@@ -2,8 +2,9 @@
  * with the rest of its block (engine/exec_vk.c; docs/vulkan.md, "Routed
  * experts on the device").
  *
- * The router's matvec and its bias run on the device for every row of the
- * block, and so does the top-k of softmax routing (moe_route.comp); then the
+ * The router's matvec and its bias run on the device for all the block's
+ * rows (a dispatch each), and so does the top-k of softmax routing
+ * (moe_route.comp, a workgroup a row); then the
  * recording ends and the picks come down (n_expert_used int32 a row: the one
  * round trip of a MoE block, counted in the activations down). Sigmoid
  * routing (glm4moe, Llama 4) brings the logits down instead (n_expert floats
@@ -16,10 +17,15 @@
  * shared expert has read it, as the CPU scales h in place). The chosen
  * experts' pages are acquired through the streamer as the CPU's path
  * acquires them (jlm_stream_experts: host pages, their reads, then their
- * device frames), and each row's experts are recorded: gate and up over the
- * row's int8 rows (quantized once), biases, SwiGLU (or SwiGLU-OAI), down,
- * the down bias, and the weighted mix added to the residual row
- * (moe_combine.comp, the sum of mix_slots/jlm_k_moe_combine bit for bit).
+ * device frames), and a decoded token's experts are recorded: gate and up
+ * over the row's int8 rows (quantized once), biases, SwiGLU (or
+ * SwiGLU-OAI), down, the down bias, and the weighted mix added to the
+ * residual row (moe_combine.comp, the sum of mix_slots/jlm_k_moe_combine
+ * bit for bit). A prefill's are grouped by expert (exec_dev.c's
+ * jlm_exd_moe_group and jlm_exd_moe_each, the CPU's moe_batch order): the
+ * rows gathered by one copy, each used expert's page acquired in turn and
+ * its rows through one matmul a matrix, the outputs put back by row, every
+ * row's mix in one dispatch.
  * A decode step predicts the next MoE block's experts on the device too
  * (its router over this input, its top-k or, with sigmoid routing, its
  * logits read back with the picks) and hands them to the streamer, as
