@@ -27,6 +27,8 @@ typedef struct jlm_dev_stats {
     const char *kind;            /* "vulkan" or "cuda" */
     const char *device, *path;   /* path: vulkan "import"/"upload"; cuda "staged" (or "emulated") */
     uint64_t matmuls;            /* matmuls run on the device */
+    uint64_t expert_matmuls;     /* of them, routed experts' (gate, up, down): a prefill's, grouped by
+                                    expert, three a used expert of a block, not three a (row, slot) */
     uint64_t sheet_matvecs;      /* matvec dispatches (launches) of deepseek2's per-head sheets
                                     (attn_k_b, attn_v_b): one a batch of all heads, one a head
                                     where a batch cannot be bound */

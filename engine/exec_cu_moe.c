@@ -11,7 +11,9 @@
  * up with the experts' launches (activations up). The chosen experts' pages
  * are acquired through the streamer as the CPU's path acquires them
  * (jlm_stream_experts: host pages, their reads, then their device frames),
- * and each row's experts are enqueued: gate and up over the row's int8 row
+ * and a decoded token's experts are enqueued (a prefill's grouped by
+ * expert, exec_dev.c's jlm_exd_moe_group and jlm_exd_moe_each, as
+ * batch_experts says): gate and up over the row's int8 row
  * (quantized once on the device, bit-identical to the CPU's), their biases,
  * SwiGLU (or SwiGLU-OAI), the slots' int8 rows, down, the down bias, and the
  * weighted mix added to the residual row (jlm_cu_k_moe_combine, the sum of
@@ -44,10 +46,13 @@
 typedef struct jlm_ecu_moebufs {
     scratch  lg, h_lg;    /* (rows + 1, n_expert) the router's logits, the prediction's; their pinned copy */
     scratch  w, h_w;      /* (rows, nu) the routing weights; their pinned copy */
-    scratch  g, u, o;     /* (nu, nff) gate (then the activation), up; (nu, n_embd) each slot's output */
+    scratch  g, u, o;     /* (pairs, nff) gate (then the activation), up; (pairs, n_embd) each pair's output */
+    scratch  mh;          /* (rows * nu, n_embd) a batch's input rows by expert, then its outputs by row */
     scratch  q, d, s, rec;
     uint64_t rec_E, rec_nff;
     uint32_t rec_nu;
+    scratch  brec;        /* a batch's act records: (rows * nu) of n_embd codes, then as many of nff (brec_*) */
+    uint64_t brec_np, brec_E, brec_nff;
     scratch *pr;          /* (n_layer,) each block's router for the predictions, empty until used */
     uint32_t n_layer;
 } moebufs;
@@ -57,7 +62,7 @@ void jlm_ecu_moe_free(jlm_ecu *v)
     moebufs *m = v->blk.moe;
     if (!m)
         return;
-    scratch *dev[] = {&m->lg, &m->w, &m->g, &m->u, &m->o, &m->q, &m->d, &m->s, &m->rec};
+    scratch *dev[] = {&m->lg, &m->w, &m->g, &m->u, &m->o, &m->mh, &m->q, &m->d, &m->s, &m->rec, &m->brec};
     for (size_t i = 0; i < sizeof dev / sizeof dev[0]; i++)
         jlm_ecu_scratch_free(v, dev[i], 0);
     jlm_ecu_scratch_free(v, &m->h_lg, 1);
@@ -123,13 +128,16 @@ static int moe_buffers(moe_blk *mb, uint32_t n)
     if (!v->blk.moe && !(v->blk.moe = calloc(1, sizeof *v->blk.moe)))
         return jlm_errf(err, JLM_ENOMEM, "cuda: out of memory");
     moebufs *m = v->blk.moe;
-    uint64_t nk = mb->p.nu * mb->p.nff > mb->p.E ? mb->p.nu * mb->p.nff : mb->p.E;
+    uint64_t np = (uint64_t)n * mb->p.nu, kx = mb->p.nff > mb->p.E ? mb->p.nff : mb->p.E;
+    uint64_t nk = n > 1 ? np * kx : mb->p.nu * mb->p.nff > mb->p.E ? mb->p.nu * mb->p.nff : mb->p.E;
     const void *at[3] = {m->q.p, m->d.p, m->s.p};
-    uint64_t lgb = (n + 1ull) * mb->p.ne * 4, wb = (uint64_t)n * mb->p.nu * 4;
+    uint64_t lgb = (n + 1ull) * mb->p.ne * 4, wb = np * 4;
     struct { scratch *s; uint64_t n; int pinned; } want[] = {
-        {&m->lg, lgb, 0}, {&m->h_lg, lgb, 1}, {&m->w, wb, 0}, {&m->h_w, wb, 1}, {&m->g, mb->p.nu * mb->p.nff * 4, 0},
-        {&m->u, mb->p.nu * mb->p.nff * 4, 0}, {&m->o, mb->p.nu * mb->p.E * 4, 0}, {&m->q, nk, 0}, {&m->d, nk / 8, 0},
-        {&m->s, nk / 8, 0}, {&m->rec, (1ull + JLM_MAX_EXPERTS_USED) * sizeof(jlm_cu_act), 0}};
+        {&m->lg, lgb, 0}, {&m->h_lg, lgb, 1}, {&m->w, wb, 0}, {&m->h_w, wb, 1}, {&m->g, np * mb->p.nff * 4, 0},
+        {&m->u, np * mb->p.nff * 4, 0}, {&m->o, np * mb->p.E * 4, 0}, {&m->mh, n > 1 ? np * mb->p.E * 4 : 0, 0},
+        {&m->q, nk, 0}, {&m->d, nk / 8, 0}, {&m->s, nk / 8, 0},
+        {&m->rec, (1ull + JLM_MAX_EXPERTS_USED) * sizeof(jlm_cu_act), 0},
+        {&m->brec, n > 1 ? 2 * np * sizeof(jlm_cu_act) : 0, 0}};
     int rc = JLM_OK;
     if (!m->pr) {
         m->n_layer = mb->p.e->c->n_layer;
@@ -140,7 +148,7 @@ static int moe_buffers(moe_blk *mb, uint32_t n)
         if (want[i].s->cap < want[i].n)
             rc = jlm_ecu_grow(v, want[i].s, want[i].n, want[i].pinned, err);
     if (at[0] != m->q.p || at[1] != m->d.p || at[2] != m->s.p)
-        m->rec_E = 0;   /* the records point into the old int8 rows */
+        m->rec_E = m->brec_np = 0;   /* the records point into the old int8 rows */
     return rc ? rc : records(mb);
 }
 
@@ -224,28 +232,36 @@ static int route_rows(moe_blk *mb, int32_t *picks, float *wts)
     return JLM_OK;
 }
 
-/* y = x times expert matrix m (planes in a device frame): x's int8 row
- * (record rec, quantized already) for quantized types. */
-static int mm(moe_blk *mb, const jlm_k_mat *m, const float *x, int rec, float *y)
+/* y (n rows) = x (n rows) times expert matrix m (planes in a device
+ * frame): for quantized types x's int8 rows (their records ra, quantized
+ * already). */
+static int mm_rows(moe_blk *mb, const jlm_k_mat *m, uint32_t n, const float *x, const jlm_cu_act *ra, float *y)
 {
     jlm_ecu *v = mb->v;
     jlm_cu_mat cm;
     int fl = jlm_fmt_type_traits(m->type)->is_float;
     if (jlm_ecu_planes(v, m, &cm, NULL))
         return jlm_errf(mb->p.err, JLM_EIO, "cuda: block %u: an expert's planes are in no device frame", mb->p.b->l);
-    const jlm_cu_act *ra = (const jlm_cu_act *)v->blk.moe->rec.p + rec;
     v->st.matmuls++;
-    return jlm_cu_rt_matvec(v->rt, &cm, 1, fl ? x : NULL, fl ? NULL : ra, y, CS) ? jlm_ecu_fail(v, mb->p.err, "matvec")
+    v->st.expert_matmuls++;
+    return jlm_cu_rt_matvec(v->rt, &cm, n, fl ? x : NULL, fl ? NULL : ra, y, CS) ? jlm_ecu_fail(v, mb->p.err, "matvec")
                                                                                  : JLM_OK;
 }
 
-/* x's int8 rows (k floats, whole 32-blocks) into q, d, s. */
-static int quantize(moe_blk *mb, const float *x, uint64_t k)
+/* One row: its int8 row is record rec of the table. */
+static int mm(moe_blk *mb, const jlm_k_mat *m, const float *x, int rec, float *y)
+{
+    return mm_rows(mb, m, 1, x, (const jlm_cu_act *)mb->v->blk.moe->rec.p + rec, y);
+}
+
+/* x's int8 rows (k floats, whole 32-blocks) into q, d, s from element off. */
+static int quantize_at(moe_blk *mb, const float *x, uint64_t k, uint64_t off)
 {
     moebufs *m = mb->v->blk.moe;
-    jlm_cu_act a = {k, m->q.p, m->d.p, m->s.p};
+    jlm_cu_act a = jlm_ecu_act_at(&m->q, &m->d, &m->s, k, off);
     return jlm_cu_rt_quantize(mb->v->rt, x, &a, CS) ? jlm_ecu_fail(mb->v, mb->p.err, "quantize") : JLM_OK;
 }
+static int quantize(moe_blk *mb, const float *x, uint64_t k) { return quantize_at(mb, x, k, 0); }
 
 static int bias(moe_blk *mb, float *y, const float *bank, uint32_t xe, uint64_t n)
 {
@@ -299,6 +315,104 @@ static int row_experts(moe_blk *mb, uint32_t t, const int32_t *sel, const void *
     return rc;
 }
 
+/* A batch's act records (brec): pair i's n_embd codes at i * n_embd of
+ * q, d, s, then its nff codes at i * nff; uploaded once per shape. */
+static int batch_records(moe_blk *mb, uint64_t np)
+{
+    jlm_ecu *v = mb->v;
+    moebufs *m = v->blk.moe;
+    if (m->brec_np == np && m->brec_E == mb->p.E && m->brec_nff == mb->p.nff)
+        return JLM_OK;
+    jlm_cu_act *h = malloc(2 * np * sizeof *h);
+    if (!h)
+        return jlm_errf(mb->p.err, JLM_ENOMEM, "cuda: out of memory");
+    for (uint64_t i = 0; i < np; i++) {
+        h[i] = jlm_ecu_act_at(&m->q, &m->d, &m->s, mb->p.E, i * mb->p.E);
+        h[np + i] = jlm_ecu_act_at(&m->q, &m->d, &m->s, mb->p.nff, i * mb->p.nff);
+    }
+    int rc = jlm_ecu_records_up(v, m->brec.p, h, 2 * np, mb->p.err);
+    free(h);
+    m->brec_np = rc ? 0 : np;
+    m->brec_E = mb->p.E;
+    m->brec_nff = mb->p.nff;
+    return rc;
+}
+
+/* Expert x's group of a batch (jlm_exd_moe_each's callback; its page made
+ * resident on the device): the m pairs from g0 of the gathered rows (mh)
+ * through gate and up (one matmul each over the m rows, their int8 rows
+ * made once), their biases, the activation, the int8 rows of the result,
+ * down and its bias, the outputs at the same pairs of o. */
+static int group_enq(void *ctx, uint32_t x, uint32_t g0, uint32_t m, const void *frame)
+{
+    moe_blk *mb = ctx;
+    jlm_ecu *v = mb->v;
+    jlm_engine *e = mb->p.e;
+    moebufs *mm_ = v->blk.moe;
+    uint64_t nff = mb->p.nff, E = mb->p.E, np = (uint64_t)mb->p.b->n * mb->p.nu;
+    float *h = (float *)mm_->mh.p + g0 * E, *g = (float *)mm_->g.p + g0 * nff, *u = (float *)mm_->u.p + g0 * nff;
+    float *o = (float *)mm_->o.p + g0 * E;
+    const jlm_cu_act *rh = (const jlm_cu_act *)mm_->brec.p + g0, *rg = rh + np;
+    jlm_k_mat wg = mat_expert(e, mb->p.tg, frame, mb->p.first, x), wu = mat_expert(e, mb->p.tu, frame, mb->p.first, x);
+    jlm_k_mat wd = mat_expert(e, mb->p.td, frame, mb->p.first, x);
+    int rc = jlm_ecu_frames_wait(v, mb->p.err), oai = mb->p.op->act == JLM_ACT_SWIGLU_OAI;   /* the page just paged in */
+    if (!rc && (quantized(mb->p.tg) || quantized(mb->p.tu)))
+        rc = quantize_at(mb, h, m * E, g0 * E);
+    if (!rc && !(rc = mm_rows(mb, &wg, m, h, rh, g)) && !(rc = mm_rows(mb, &wu, m, h, rh, u)))
+        for (uint32_t i = 0; !rc && i < m; i++)
+            if (!(rc = bias(mb, g + i * nff, mb->bg, x, nff)))
+                rc = bias(mb, u + i * nff, mb->bu, x, nff);
+    if (!rc && jlm_cu_rt_elem(v->rt, oai ? JLM_CU_SWIGLU_OAI : JLM_CU_SWIGLU, g, g, u, m * nff, oai ? 1.702f : 0.0f,
+                              oai ? 7.0f : 0.0f, CS))
+        rc = jlm_ecu_fail(v, mb->p.err, "the experts' activation");
+    if (!rc && quantized(mb->p.td))
+        rc = quantize_at(mb, g, m * nff, g0 * nff);
+    if (!rc)
+        rc = mm_rows(mb, &wd, m, g, rg, o);
+    for (uint32_t i = 0; !rc && i < m; i++)
+        rc = bias(mb, o + i * E, mb->bd, x, E);
+    v->blk.queued = 1;
+    return rc;
+}
+
+/* n row-sized copies of E floats: dst row di[i] (NULL: i) from src row si[i]. */
+static int copy_rows(moe_blk *mb, float *dst, const uint32_t *di, const float *src, const uint32_t *si, uint64_t n)
+{
+    uint64_t E = mb->p.E;
+    for (uint64_t i = 0; i < n; i++)
+        if (jlm_cu_rt_d2d(mb->v->rt, dst + (di ? di[i] : i) * E, src + (si ? si[i] : i) * E, E * 4, CS))
+            return jlm_ecu_fail(mb->v, mb->p.err, "the experts' rows");
+    return JLM_OK;
+}
+
+/* A batch's routed experts (n rows, routed): grouped by expert
+ * (jlm_exd_moe_group: one matmul per used expert and matrix over its rows,
+ * as the CPU's moe_batch), the input rows gathered (Llama 4's scaled
+ * first), the outputs put back in (row, slot) order, then each row's
+ * mixture onto x. */
+static int batch_experts(moe_blk *mb, const int32_t *picks)
+{
+    jlm_ecu *v = mb->v;
+    moebufs *m = v->blk.moe;
+    uint32_t n = mb->p.b->n;
+    uint64_t E = mb->p.E, np = (uint64_t)n * mb->p.nu;
+    float *h = v->blk.ab[JLM_B_H].p, *x = v->blk.ab[JLM_B_X].p;
+    int rc = batch_records(mb, np);
+    for (uint32_t t = 0; !rc && mb->p.op->route == JLM_ROUTE_SIGMOID_IN && t < n; t++)   /* as the CPU's, in place */
+        if (jlm_cu_rt_elem(v->rt, JLM_CU_SCALE, h + t * E, h + t * E, NULL, E, mb->p.ins[t], 0, CS))
+            rc = jlm_ecu_fail(v, mb->p.err, "the routed expert's input scale");
+    if (!rc && !(rc = jlm_exd_moe_group(&mb->p, picks)) && !(rc = copy_rows(mb, m->mh.p, NULL, h, mb->p.row, np)))
+        rc = jlm_exd_moe_each(&mb->p, group_enq, mb);
+    if (!rc)
+        rc = copy_rows(mb, m->mh.p, mb->p.ord, m->o.p, NULL, np);
+    for (uint32_t t = 0; !rc && t < n; t++)
+        if (jlm_cu_rt_moe_combine(v->rt, x + t * E, (const float *)m->mh.p + t * mb->p.nu * E,
+                                  (const float *)m->w.p + (uint64_t)t * mb->p.nu, mb->p.nu, E, CS))
+            rc = jlm_ecu_fail(v, mb->p.err, "the experts' mixture");
+    v->blk.queued = 1;
+    return rc;
+}
+
 int jlm_ecu_moe(jlm_ecu *v, jlm_engine *e, const jlm_ex_blk *b, const jlm_op *op, int dry, jlm_err *err)
 {
     moe_blk mb = {.v = v};
@@ -318,7 +432,9 @@ int jlm_ecu_moe(jlm_ecu *v, jlm_engine *e, const jlm_ex_blk *b, const jlm_op *op
     rc = picks && wts && mb.p.ins ? moe_buffers(&mb, b->n) : jlm_errf(err, JLM_ENOMEM, "cuda: out of memory");
     if (!rc)
         rc = route_rows(&mb, picks, wts);
-    for (uint32_t t = 0; !rc && t < b->n; t++) {
+    if (!rc && b->n > 1)
+        rc = batch_experts(&mb, picks);
+    for (uint32_t t = 0; !rc && b->n == 1 && t < b->n; t++) {
         const int32_t *sel = picks + (uint64_t)t * mb.p.nu;
         const void *frames[JLM_MAX_EXPERTS_USED];
         if ((rc = jlm_stream_experts(e, mb.p.first, sel, mb.p.nu, frames, err)))
@@ -332,6 +448,7 @@ int jlm_ecu_moe(jlm_ecu *v, jlm_engine *e, const jlm_ex_blk *b, const jlm_op *op
             rc = row_experts(&mb, t, sel, frames);
         jlm_stream_experts_done(e, mb.p.first, sel, mb.p.nu);
     }
+    jlm_exd_moe_free(&mb.p);
     free(picks);
     free(wts);
     free(mb.p.ins);

@@ -201,3 +201,59 @@ int jlm_exd_moe_plan(jlm_exd_moe *p, jlm_engine *e, const jlm_ex_blk *b, const j
     }
     return JLM_OK;
 }
+
+void jlm_exd_moe_free(jlm_exd_moe *p)
+{
+    free(p->cnt);
+    free(p->ord);
+    free(p->row);
+    p->cnt = p->ord = p->row = NULL;
+}
+
+int jlm_exd_moe_group(jlm_exd_moe *p, const int32_t *picks)
+{
+    uint32_t n = p->b->n, nu = p->nu, ne = p->ne, np = n * nu;
+    jlm_exd_moe_free(p);
+    p->cnt = calloc(ne + 2ull, sizeof *p->cnt);
+    p->ord = malloc((uint64_t)np * sizeof *p->ord);
+    p->row = malloc((uint64_t)np * sizeof *p->row);
+    if (!p->cnt || !p->ord || !p->row)
+        return jlm_errf(p->err, JLM_ENOMEM, "out of memory");
+    for (uint32_t i = 0; i < np; i++)   /* counts, then group starts, then the pairs in place */
+        p->cnt[picks[i] + 1]++;
+    for (uint32_t x = 0; x < ne; x++)
+        p->cnt[x + 1] += p->cnt[x];
+    for (uint32_t i = 0; i < np; i++)
+        p->ord[p->cnt[picks[i]]++] = i;
+    for (uint32_t x = ne; x > 0; x--)
+        p->cnt[x] = p->cnt[x - 1];
+    p->cnt[0] = 0;
+    for (uint32_t i = 0; i < np; i++)
+        p->row[i] = p->ord[i] / nu;
+    return JLM_OK;
+}
+
+int jlm_exd_moe_each(jlm_exd_moe *p, jlm_exd_moe_fn fn, void *ctx)
+{
+    jlm_engine *e = p->e;
+    uint32_t ne = p->ne;
+    for (uint32_t x = 0; x < ne; x++) {
+        uint32_t g0 = p->cnt[x], m = p->cnt[x + 1] - g0, nx = x + 1;
+        if (!m)
+            continue;
+        const void *frame;
+        int32_t xs = (int32_t)x;
+        int rc = jlm_stream_experts(e, p->first, &xs, 1, &frame, p->err);
+        if (rc)
+            return rc;
+        while (nx < ne && p->cnt[nx + 1] == p->cnt[nx])   /* the next used expert, read while this one runs */
+            nx++;
+        if (nx < ne)
+            jlm_stream_expert_next(e, p->first + nx);
+        rc = fn(ctx, x, g0, m, frame);
+        jlm_stream_experts_done(e, p->first, &xs, 1);
+        if (rc)
+            return rc;
+    }
+    return JLM_OK;
+}

@@ -98,6 +98,10 @@ typedef struct jlm_exd_moe {
     const float      *bias[4];        /* host: the router's, the gate, up and down banks' biases (NULL: none) */
     uint64_t          bias_n[4];      /* their floats */
     float            *ins;            /* (rows) JLM_ROUTE_SIGMOID_IN: each row's input scale */
+    /* a batch grouped by expert (jlm_exd_moe_group; NULL until then) */
+    uint32_t         *cnt;            /* (ne + 1) expert x's pairs: ord[cnt[x]] to ord[cnt[x + 1]] */
+    uint32_t         *ord;            /* (rows * nu) the (row, slot) pairs t * nu + s, by expert, rows ascending */
+    uint32_t         *row;            /* (rows * nu) row i of the grouped order is input row row[i] = ord[i] / nu */
 } jlm_exd_moe;
 
 /* Fills p (ins NULL) for op of block b (the biases: the host's, each
@@ -107,5 +111,19 @@ typedef struct jlm_exd_moe {
  * k x rows each expert (quantized: whole 32-blocks), a router not
  * n_embd x n_expert. */
 int jlm_exd_moe_plan(jlm_exd_moe *p, jlm_engine *e, const jlm_ex_blk *b, const jlm_op *op, jlm_err *err);
+
+/* A batch of the block's rows routed (picks: b->n rows of nu experts)
+ * grouped by expert as exec_moe.c's moe_batch groups it (p->cnt, p->ord,
+ * p->row), so that each used expert is one matmul over its gathered rows.
+ * JLM_OK or JLM_ENOMEM. */
+int jlm_exd_moe_group(jlm_exd_moe *p, const int32_t *picks);
+/* Then, expert by expert in order, its page acquired through the streamer
+ * (host page, device frame: resident while fn records or enqueues its
+ * group), the next used expert's page read ahead, fn(ctx, x, g0, m, frame)
+ * for expert x's m pairs from ord[g0], and its page released. JLM_OK, the
+ * streamer's or fn's error. jlm_exd_moe_free frees what group made. */
+typedef int (*jlm_exd_moe_fn)(void *ctx, uint32_t x, uint32_t g0, uint32_t m, const void *frame);
+int  jlm_exd_moe_each(jlm_exd_moe *p, jlm_exd_moe_fn fn, void *ctx);
+void jlm_exd_moe_free(jlm_exd_moe *p);
 
 #endif

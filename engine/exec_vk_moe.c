@@ -2,8 +2,9 @@
  * with the rest of its block (engine/exec_vk.c; docs/vulkan.md, "Routed
  * experts on the device").
  *
- * The router's matvec and its bias run on the device for every row of the
- * block, and so does the top-k of softmax routing (moe_route.comp); then the
+ * The router's matvec and its bias run on the device for all the block's
+ * rows (a dispatch each), and so does the top-k of softmax routing
+ * (moe_route.comp, a workgroup a row); then the
  * recording ends and the picks come down (n_expert_used int32 a row: the one
  * round trip of a MoE block, counted in the activations down). Sigmoid
  * routing (glm4moe, Llama 4) brings the logits down instead (n_expert floats
@@ -16,10 +17,15 @@
  * shared expert has read it, as the CPU scales h in place). The chosen
  * experts' pages are acquired through the streamer as the CPU's path
  * acquires them (jlm_stream_experts: host pages, their reads, then their
- * device frames), and each row's experts are recorded: gate and up over the
- * row's int8 rows (quantized once), biases, SwiGLU (or SwiGLU-OAI), down,
- * the down bias, and the weighted mix added to the residual row
- * (moe_combine.comp, the sum of mix_slots/jlm_k_moe_combine bit for bit).
+ * device frames), and a decoded token's experts are recorded: gate and up
+ * over the row's int8 rows (quantized once), biases, SwiGLU (or
+ * SwiGLU-OAI), down, the down bias, and the weighted mix added to the
+ * residual row (moe_combine.comp, the sum of mix_slots/jlm_k_moe_combine
+ * bit for bit). A prefill's are grouped by expert (exec_dev.c's
+ * jlm_exd_moe_group and jlm_exd_moe_each, the CPU's moe_batch order): the
+ * rows gathered by one copy, each used expert's page acquired in turn and
+ * its rows through one matmul a matrix, the outputs put back by row, every
+ * row's mix in one dispatch.
  * A decode step predicts the next MoE block's experts on the device too
  * (its router over this input, its top-k or, with sigmoid routing, its
  * logits read back with the picks) and hands them to the streamer, as
@@ -38,11 +44,12 @@
 
 /* The device buffers of the MOE op (rows: of the block being run). */
 typedef struct jlm_evk_moebufs {
-    jlm_vk_buf *lg;       /* (rows, lstride) the router's logits, host-visible: sigmoid routing reads them */
-    jlm_vk_buf *sel;      /* (rows, sstride) int32 picks, host-visible: they come down */
-    jlm_vk_buf *w;        /* (rows, sstride) their weights, host-visible: sigmoid routing writes them */
-    jlm_vk_buf *g, *u;    /* (n_used, nff) each slot's gate (then the activation) and up */
-    jlm_vk_buf *o;        /* (n_used, n_embd) each slot's output */
+    jlm_vk_buf *lg;       /* (rows, n_expert) the router's logits, host-visible: sigmoid routing reads them */
+    jlm_vk_buf *sel;      /* (rows, n_used) int32 picks, host-visible: they come down */
+    jlm_vk_buf *w;        /* (rows, n_used) their weights, host-visible: sigmoid routing writes them */
+    jlm_vk_buf *g, *u;    /* (rows * n_used, nff) each pair's gate (then the activation) and up */
+    jlm_vk_buf *o;        /* (rows * n_used, n_embd) each pair's output */
+    jlm_vk_buf *mh;       /* (rows * n_used, n_embd) a batch's input rows by expert, then its outputs by row */
     jlm_vk_buf **pr;      /* (n_layer,) each block's router for the predictions, NULL until used */
     uint32_t    n_layer;
 } moebufs;
@@ -52,7 +59,7 @@ void jlm_evk_moe_free(jlm_evk *v)
     moebufs *m = v->moe;
     if (!m)
         return;
-    jlm_vk_buf *all[] = {m->lg, m->sel, m->w, m->g, m->u, m->o};
+    jlm_vk_buf *all[] = {m->lg, m->sel, m->w, m->g, m->u, m->o, m->mh};
     for (size_t i = 0; i < sizeof all / sizeof all[0]; i++)
         jlm_vk_buf_free(v->vk, all[i]);
     for (uint32_t l = 0; m->pr && l < m->n_layer; l++)
@@ -78,7 +85,7 @@ static int bank_ok(const jlm_evk *v, const jlm_tensor *t, uint64_t k)
 typedef struct moe_blk {
     jlm_exd_moe       p;
     jlm_evk          *v;
-    uint64_t          ls, ss;           /* a row's stride of logits, of picks/weights (bytes) */
+    uint64_t          lp, sp;           /* the prediction's row of logits, of picks/weights (aligned bytes) */
     int               host;             /* sigmoid routing: the logits come down, the host picks */
     uint32_t          nl, nl_first;     /* the next MoE block predicted (n_layer: none), its bank's first page */
     jlm_vk_view       rb, bg, bu, bd;   /* the router's and the banks' biases (buf NULL: none) */
@@ -111,8 +118,8 @@ static int plan(moe_blk *mb)
         if (jlm_evk_vec(v, p->bias[i], p->bias_n[i], dev[i]))
             return UNSUP;
     const jlm_header *hd = &e->m->hdr;
-    mb->ls = round_up(p->ne * 4ull, al);
-    mb->ss = round_up(p->nu * 4ull, al);
+    mb->lp = round_up((uint64_t)b->n * p->ne * 4, al);   /* the rows packed, the prediction's aligned after */
+    mb->sp = round_up((uint64_t)b->n * p->nu * 4, al);
     /* a decode step predicts the next MoE block's experts as the CPU's
      * predict_next does (its router over this block's input), once the host
      * keeps that router (e->pred_buf: float routers only) */
@@ -136,23 +143,25 @@ static int moe_buffers(moe_blk *mb, uint32_t n)
     if (!v->moe && !(v->moe = calloc(1, sizeof *v->moe)))
         return jlm_errf(err, JLM_ENOMEM, "vulkan: out of memory");
     moebufs *m = v->moe;
-    uint64_t kmax = mb->p.nff > mb->p.E ? mb->p.nff : mb->p.E;
-    int rc = jlm_evk_grow(v, &m->lg, (n + 1) * mb->ls, 1, err);   /* + the prediction's row */
+    uint64_t kmax = (mb->p.nff > mb->p.E ? mb->p.nff : mb->p.E) * n, np = (uint64_t)n * mb->p.nu;
+    int rc = jlm_evk_grow(v, &m->lg, mb->lp + mb->p.ne * 4ull, 1, err);   /* + the prediction's row */
     if (!rc)
-        rc = jlm_evk_grow(v, &m->sel, (n + 1) * mb->ss, 1, err);
+        rc = jlm_evk_grow(v, &m->sel, mb->sp + mb->p.nu * 4ull, 1, err);
     if (!rc)
-        rc = jlm_evk_grow(v, &m->w, (n + 1) * mb->ss, 1, err);
+        rc = jlm_evk_grow(v, &m->w, mb->sp + mb->p.nu * 4ull, 1, err);
     if (!rc && !m->pr) {
         m->n_layer = mb->p.e->c->n_layer;
         if (!(m->pr = calloc(m->n_layer, sizeof *m->pr)))
             rc = jlm_errf(err, JLM_ENOMEM, "vulkan: out of memory");
     }
     if (!rc)
-        rc = jlm_evk_grow(v, &m->g, mb->p.nu * mb->p.nff * 4, 0, err);
+        rc = jlm_evk_grow(v, &m->g, np * mb->p.nff * 4, 0, err);
     if (!rc)
-        rc = jlm_evk_grow(v, &m->u, mb->p.nu * mb->p.nff * 4, 0, err);
+        rc = jlm_evk_grow(v, &m->u, np * mb->p.nff * 4, 0, err);
     if (!rc)
-        rc = jlm_evk_grow(v, &m->o, mb->p.nu * mb->p.E * 4, 0, err);
+        rc = jlm_evk_grow(v, &m->o, np * mb->p.E * 4, 0, err);
+    if (!rc && n > 1)
+        rc = jlm_evk_grow(v, &m->mh, np * mb->p.E * 4, 0, err);
     if (!rc)
         rc = jlm_evk_grow(v, &v->blk.aq, kmax, 0, err);
     if (!rc)
@@ -166,13 +175,12 @@ static jlm_vk_view row_of(jlm_vk_buf *b, uint64_t t, uint64_t n) { return (jlm_v
 
 /* The next MoE block's top-k by logit of row 0's input into row n of the
  * picks (its router: the host's copy, uploaded once, counted as weights);
- * with sigmoid routing only its logits, row n of lg (host_route picks). */
+ * with sigmoid routing only its logits, the prediction's row of lg (host_route picks). */
 static int predict_rec(moe_blk *mb)
 {
     jlm_evk *v = mb->v;
     jlm_engine *e = mb->p.e;
     moebufs *m = v->moe;
-    uint32_t n = mb->p.b->n;
     const jlm_tensor *tn = W(e, mb->nl, JLM_R_ROUTER);
     int rc = JLM_OK;
     if (!m->pr[mb->nl]) {
@@ -180,15 +188,15 @@ static int predict_rec(moe_blk *mb)
         v->st.bytes_up += rc ? 0 : e->rbytes;
     }
     jlm_vk_mat vm = {tn->type, mb->p.E, mb->p.ne, {m->pr[mb->nl], 0, 0}, {0}, {0}};
-    jlm_vk_view lg = {m->lg, n * mb->ls, mb->p.ne * 4ull};
+    jlm_vk_view lg = {m->lg, mb->lp, mb->p.ne * 4ull};
     if (!rc)
         rc = jlm_vk_matvec(v->vk, &vm, row_of(v->blk.ab[JLM_B_H], 0, mb->p.E), NULL, lg, mb->p.err);
     if (!rc && mb->nrb.buf)
         rc = jlm_vk_eltwise(v->vk, JLM_VK_ADD, lg, lg, mb->nrb, mb->p.ne, mb->p.err);
     return rc || mb->host ? rc
               : jlm_vk_moe_route(v->vk, lg, mb->p.ne, mb->p.nu, JLM_K_ROUTE_RAW, 0.0f,
-                                 (jlm_vk_view){m->sel, n * mb->ss, mb->p.nu * 4ull},
-                                 (jlm_vk_view){m->w, n * mb->ss, mb->p.nu * 4ull}, mb->p.err);
+                                 (jlm_vk_view){m->sel, mb->sp, mb->p.nu * 4ull},
+                                 (jlm_vk_view){m->w, mb->sp, mb->p.nu * 4ull}, mb->p.err);
 }
 
 /* Sigmoid routing on the host, from the logits that came down (rows of
@@ -206,7 +214,7 @@ static void host_route(moe_blk *mb, int32_t *picks, uint32_t rows)
     uint8_t *wm = jlm_vk_buf_map(m->w);
     float lg[JLM_MAX_EXPERTS], w[JLM_MAX_EXPERTS_USED];
     for (uint32_t t = 0; t < rows; t++) {
-        memcpy(lg, lgm + t * mb->ls, mb->p.ne * 4ull);
+        memcpy(lg, lgm + (t < n ? t * mb->p.ne * 4ull : mb->lp), mb->p.ne * 4ull);
         int32_t *sel = picks + (uint64_t)t * mb->p.nu;
         if (t == n) {
             int mode = mb->p.op->route == JLM_ROUTE_SIGMOID ? JLM_ROUTE_SIGMOID : JLM_K_ROUTE_RAW;
@@ -214,35 +222,34 @@ static void host_route(moe_blk *mb, int32_t *picks, uint32_t rows)
             continue;
         }
         mb->p.ins[t] = jlm_ex_route_pick(mb->p.e, mb->p.op->route, mb->p.b->l, lg, sel, w, NULL);
-        memcpy(wm + t * mb->ss, w, mb->p.nu * 4ull);
+        memcpy(wm + t * mb->p.nu * 4ull, w, mb->p.nu * 4ull);
     }
     v->st.act_down += (uint64_t)rows * mb->p.ne * 4;
     v->st.act_up += (uint64_t)n * mb->p.nu * 4;
 }
 
 /* Every row's router and bias recorded, and its top-k (moe_route.comp;
- * sigmoid routing: host_route, after), the prediction's too; then the picks
- * (or the logits) read back into picks (n rows of nu, then the
- * prediction's row): the block's round trip. */
+ * sigmoid routing: host_route, after), a dispatch each for all the rows,
+ * the prediction's too; then the picks (or the logits) read back into picks
+ * (n rows of nu, then the prediction's row): the block's round trip. */
 static int route_rows(moe_blk *mb, int32_t *picks)
 {
     jlm_evk *v = mb->v;
     jlm_engine *e = mb->p.e;
     moebufs *m = v->moe;
-    uint32_t n = mb->p.b->n;
+    uint32_t n = mb->p.b->n, ne = mb->p.ne, nu = mb->p.nu;
     jlm_k_mat wr = blk_mat(e, mb->p.b, mb->p.op->w[0]);
+    jlm_vk_view lg = {m->lg, 0, (uint64_t)n * ne * 4};
     jlm_ex_router_keep(e, mb->p.b->l, mb->p.b->page, mb->p.b->page_off);
     int rc = jlm_vk_rec_begin(v->vk, mb->p.err);
-    for (uint32_t t = 0; !rc && t < n; t++) {
-        jlm_vk_view lg = {m->lg, t * mb->ls, mb->p.ne * 4ull};
-        rc = jlm_evk_matmul_rows(v, &wr, 1, row_of(v->blk.ab[JLM_B_H], t, mb->p.E), lg, 0, 0, mb->p.err);
-        if (!rc && mb->rb.buf)
-            rc = jlm_vk_eltwise(v->vk, JLM_VK_ADD, lg, lg, mb->rb, mb->p.ne, mb->p.err);
-        if (!rc && !mb->host)
-            rc = jlm_vk_moe_route(v->vk, lg, mb->p.ne, mb->p.nu, mb->p.op->route, e->c->expert_scale,
-                                  (jlm_vk_view){m->sel, t * mb->ss, mb->p.nu * 4ull},
-                                  (jlm_vk_view){m->w, t * mb->ss, mb->p.nu * 4ull}, mb->p.err);
-    }
+    if (!rc)
+        rc = jlm_evk_matmul_rows(v, &wr, n, row_of(v->blk.ab[JLM_B_H], 0, (uint64_t)n * mb->p.E), lg, 0, 0, mb->p.err);
+    if (!rc && mb->rb.buf)
+        rc = jlm_vk_add_rows(v->vk, lg, lg, mb->rb, ne, n, mb->p.err);
+    if (!rc && !mb->host)
+        rc = jlm_vk_moe_route_rows(v->vk, lg, ne, nu, mb->p.op->route, e->c->expert_scale, n,
+                                   (jlm_vk_view){m->sel, 0, (uint64_t)n * nu * 4},
+                                   (jlm_vk_view){m->w, 0, (uint64_t)n * nu * 4}, mb->p.err);
     uint32_t rows = n + (mb->nl < e->c->n_layer);
     if (!rc && rows > n)
         rc = predict_rec(mb);
@@ -254,8 +261,9 @@ static int route_rows(moe_blk *mb, int32_t *picks)
         host_route(mb, picks, rows);
     } else {
         const uint8_t *sel = jlm_vk_buf_map(m->sel);
-        for (uint32_t t = 0; t < rows; t++)
-            memcpy(picks + (uint64_t)t * mb->p.nu, sel + t * mb->ss, mb->p.nu * 4ull);
+        memcpy(picks, sel, (uint64_t)n * nu * 4);
+        if (rows > n)
+            memcpy(picks + (uint64_t)n * nu, sel + mb->sp, nu * 4ull);
         v->st.act_down += (uint64_t)rows * mb->p.nu * 4;
     }
     for (uint32_t t = 0; t < rows; t++) {
@@ -278,20 +286,20 @@ static jlm_vk_view bias_of(jlm_vk_view bank, uint32_t xe, uint64_t w)
     return bank.buf ? (jlm_vk_view){bank.buf, bank.off + xe * w * 4, w * 4} : (jlm_vk_view){0};
 }
 
-/* Row t's experts sel (frames pinned by the streamer) recorded: x row t +=
- * their mixture. */
-static int row_experts(moe_blk *mb, uint32_t t, const int32_t *sel, const void *const *frames)
+/* A decoded token's experts sel (frames pinned by the streamer) recorded:
+ * x row 0 += their mixture. */
+static int row_experts(moe_blk *mb, const int32_t *sel, const void *const *frames)
 {
     jlm_evk *v = mb->v;
     jlm_engine *e = mb->p.e;
     moebufs *m = v->moe;
     jlm_err *err = mb->p.err;
     uint64_t nff = mb->p.nff, E = mb->p.E;
-    jlm_vk_view h = row_of(v->blk.ab[JLM_B_H], t, E);
+    jlm_vk_view h = row_of(v->blk.ab[JLM_B_H], 0, E);
     int rc = jlm_vk_rec_begin(v->vk, err), quantized = 0;
     /* the shared expert has read h: scaled in place, as the CPU's */
     if (!rc && mb->p.op->route == JLM_ROUTE_SIGMOID_IN)
-        rc = jlm_vk_scale(v->vk, h, h, mb->p.ins[t], (uint32_t)E, err);
+        rc = jlm_vk_scale(v->vk, h, h, mb->p.ins[0], (uint32_t)E, err);
     for (uint32_t s = 0; !rc && s < mb->p.nu; s++) {   /* gate and up of every slot over h's int8 rows */
         uint32_t xe = (uint32_t)sel[s];
         jlm_k_mat wg = mat_expert(e, mb->p.tg, frames[s], mb->p.first, xe);
@@ -321,10 +329,77 @@ static int row_experts(moe_blk *mb, uint32_t t, const int32_t *sel, const void *
         if (!rc && bd.buf)
             rc = jlm_vk_eltwise(v->vk, JLM_VK_ADD, o, o, bd, (uint32_t)E, err);
     }
-    jlm_vk_view x = row_of(v->blk.ab[JLM_B_X], t, E);
+    v->st.expert_matmuls += 3ull * mb->p.nu;
+    jlm_vk_view x = row_of(v->blk.ab[JLM_B_X], 0, E);
     return rc ? rc
               : jlm_vk_moe_combine(v->vk, x, x, (jlm_vk_view){m->o, 0, mb->p.nu * E * 4},
-                                   (jlm_vk_view){m->w, t * mb->ss, mb->p.nu * 4ull}, mb->p.nu, (uint32_t)E, err);
+                                   (jlm_vk_view){m->w, 0, mb->p.nu * 4ull}, mb->p.nu, (uint32_t)E, err);
+}
+
+/* Expert x's group of a batch (jlm_exd_moe_group's callback; its page
+ * resident): the m pairs from g0 of the gathered rows (mh) through gate and
+ * up (one matmul each over the m rows, the int8 rows made once), their
+ * biases, the activation, down and its bias, the outputs at the same pairs
+ * of o. */
+static int group_rec(void *ctx, uint32_t x, uint32_t g0, uint32_t m, const void *frame)
+{
+    moe_blk *mb = ctx;
+    jlm_evk *v = mb->v;
+    jlm_engine *e = mb->p.e;
+    moebufs *mm = v->moe;
+    jlm_err *err = mb->p.err;
+    uint64_t nff = mb->p.nff, E = mb->p.E;
+    jlm_k_mat wg = mat_expert(e, mb->p.tg, frame, mb->p.first, x), wu = mat_expert(e, mb->p.tu, frame, mb->p.first, x);
+    jlm_k_mat wd = mat_expert(e, mb->p.td, frame, mb->p.first, x);
+    jlm_vk_view h = {mm->mh, g0 * E * 4, m * E * 4}, g = {mm->g, g0 * nff * 4, m * nff * 4};
+    jlm_vk_view u = {mm->u, g0 * nff * 4, m * nff * 4}, o = {mm->o, g0 * E * 4, m * E * 4};
+    jlm_vk_view bg = bias_of(mb->bg, x, nff), bu = bias_of(mb->bu, x, nff), bd = bias_of(mb->bd, x, E);
+    int rc = jlm_evk_matmul_rows(v, &wg, m, h, g, 0, 0, err);
+    if (!rc)
+        rc = jlm_evk_matmul_rows(v, &wu, m, h, u, !jlm_fmt_type_traits(wg.type)->is_float, 0, err);
+    if (!rc && bg.buf)
+        rc = jlm_vk_add_rows(v->vk, g, g, bg, (uint32_t)nff, m, err);
+    if (!rc && bu.buf)
+        rc = jlm_vk_add_rows(v->vk, u, u, bu, (uint32_t)nff, m, err);
+    if (!rc)
+        rc = mb->p.op->act == JLM_ACT_SWIGLU
+                 ? jlm_vk_eltwise(v->vk, JLM_VK_SWIGLU, g, g, u, (uint32_t)(m * nff), err)
+                 : jlm_vk_swiglu_oai(v->vk, g, g, u, (uint32_t)(m * nff), 1.702f, 7.0f, err);
+    if (!rc)
+        rc = jlm_evk_matmul_rows(v, &wd, m, g, o, 0, 0, err);
+    if (!rc && bd.buf)
+        rc = jlm_vk_add_rows(v->vk, o, o, bd, (uint32_t)E, m, err);
+    v->st.expert_matmuls += 3;
+    return rc;
+}
+
+/* A batch's routed experts (n rows, picks routed): grouped by expert
+ * (jlm_exd_moe_group: one matmul per used expert over its rows, as the
+ * CPU's moe_batch), recorded with the copies that gather the input rows
+ * (Llama 4's scaled first) and put the outputs back in (row, slot) order,
+ * then every row's mixture onto x in one dispatch. */
+static int batch_experts(moe_blk *mb, const int32_t *picks)
+{
+    jlm_evk *v = mb->v;
+    moebufs *m = v->moe;
+    jlm_err *err = mb->p.err;
+    uint32_t n = mb->p.b->n, np = n * mb->p.nu;
+    uint64_t E = mb->p.E;
+    jlm_vk_view h = {v->blk.ab[JLM_B_H], 0, n * E * 4}, x = {v->blk.ab[JLM_B_X], 0, n * E * 4};
+    jlm_vk_view mh = {m->mh, 0, np * E * 4};
+    int rc = jlm_vk_rec_begin(v->vk, err);
+    /* the shared expert has read h: scaled in place, as the CPU's */
+    if (!rc && mb->p.op->route == JLM_ROUTE_SIGMOID_IN)
+        rc = jlm_vk_scale_rows(v->vk, h, h, mb->p.ins, (uint32_t)E, n, err);
+    if (!rc && (rc = jlm_exd_moe_group(&mb->p, picks)) == JLM_OK)
+        rc = jlm_vk_copy_index(v->vk, mh, NULL, h, mb->p.row, E * 4, np, err);
+    if (!rc)
+        rc = jlm_exd_moe_each(&mb->p, group_rec, mb);
+    if (!rc)
+        rc = jlm_vk_copy_index(v->vk, mh, mb->p.ord, (jlm_vk_view){m->o, 0, np * E * 4}, NULL, E * 4, np, err);
+    return rc ? rc
+              : jlm_vk_moe_combine_rows(v->vk, x, x, mh, (jlm_vk_view){m->w, 0, np * 4ull}, mb->p.nu, (uint32_t)E,
+                                        n, err);
 }
 
 int jlm_evk_moe(jlm_evk *v, jlm_engine *e, const jlm_ex_blk *b, const jlm_op *op, int dry, jlm_err *err)
@@ -345,19 +420,21 @@ int jlm_evk_moe(jlm_evk *v, jlm_engine *e, const jlm_ex_blk *b, const jlm_op *op
     rc = moe_buffers(&mb, b->n);
     if (!rc)
         rc = route_rows(&mb, picks);
-    for (uint32_t t = 0; !rc && t < b->n; t++) {
-        const int32_t *sel = picks + (uint64_t)t * mb.p.nu;
+    if (!rc && b->n > 1) {
+        rc = batch_experts(&mb, picks);
+    } else if (!rc) {
         const void *frames[JLM_MAX_EXPERTS_USED];
-        rc = jlm_stream_experts(e, mb.p.first, sel, mb.p.nu, frames, err);
-        if (rc)
-            break;
+        rc = jlm_stream_experts(e, mb.p.first, picks, mb.p.nu, frames, err);
         /* read while these compute and the next block's attention runs; the
          * CPU's gate asked where the CPU asks it */
-        if (mb.nl < e->c->n_layer && jlm_stream_predict_now(e))
-            jlm_stream_predict(e, mb.nl_first, picks + (uint64_t)b->n * mb.p.nu);
-        rc = row_experts(&mb, t, sel, frames);
-        jlm_stream_experts_done(e, mb.p.first, sel, mb.p.nu);
+        if (!rc && mb.nl < e->c->n_layer && jlm_stream_predict_now(e))
+            jlm_stream_predict(e, mb.nl_first, picks + mb.p.nu);
+        if (!rc) {
+            rc = row_experts(&mb, picks, frames);
+            jlm_stream_experts_done(e, mb.p.first, picks, mb.p.nu);
+        }
     }
+    jlm_exd_moe_free(&mb.p);
     free(picks);
     free(mb.p.ins);
     return rc;

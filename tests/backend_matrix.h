@@ -971,4 +971,93 @@ static inline void bm_prof_line(const char *out, const char *test, const char *k
 }
 
 
+/* The distinct (block, expert) pairs of --trace-routing's lines in f
+ * (a header, then "pos block e1 e2 ..."), blocks below 256, experts below 1024. */
+static inline uint64_t bm_distinct_experts(FILE *f, uint32_t nu)
+{
+    static uint8_t seen[256][1024];
+    memset(seen, 0, sizeof seen);
+    uint64_t n = 0;
+    unsigned pos, l;
+    char head[256];
+    rewind(f);
+    cr_assert(fgets(head, sizeof head, f) && head[0] == '#', "the routing trace's header");
+    while (fscanf(f, "%u %u", &pos, &l) == 2) {
+        for (uint32_t s = 0; s < nu; s++) {
+            int x;
+            cr_assert(fscanf(f, "%d", &x) == 1 && l < 256 && x >= 0 && x < 1024, "a routing line");
+            n += !seen[l][x];
+            seen[l][x] = 1;
+        }
+    }
+    return n;
+}
+
+/* A MoE prefill on backend's device, whole and at one frame each side
+ * (--budget 1 --gpu-budget 1: every expert page evicted and paged in again
+ * while its group runs): prompts of 5 and 40 tokens give the CPU's pick
+ * and its logits within the MoE checks' tolerance (float experts 5e-4 of
+ * the largest, else 0.05); and a 40-row prefill's routed-expert matmuls
+ * (jlm_dev_stats.expert_matmuls) are at most three (gate, up, down) per
+ * distinct (block, expert) its routing used (--trace-routing), as the
+ * CPU's moe_batch groups them, not three per (row, slot). */
+static inline void bm_moe_grouped_prefill(const char *backend)
+{
+    static const char *MODELS[] = {"synth-qwen3moe-256.Q8_0", "synth-llama-moe-256.F16", "synth-olmoe-256.Q4_K_M",
+                                   "synth-glm4moe-256.Q8_0", "synth-llama4-256.Q8_0", "synth-gpt-oss-256.MXFP4_MOE",
+                                   "synth-deepseek2-256.Q8_0"};
+    char *dir = tu_tmpdir();
+    for (size_t m = 0; m < sizeof MODELS / sizeof MODELS[0]; m++) {
+        char *path;
+        int32_t ic[8], prompt[40];
+        jlm_engine *ec = bm_cpu_ids(dir, MODELS[m], "moe.jlm", NULL, &path, ic);
+        uint32_t nv = jlm_engine_n_vocab(ec), nu = jlm_engine_model(ec)->config.n_expert_used;
+        for (uint32_t i = 0; i < 40; i++)
+            prompt[i] = (int32_t)((1 + 37 * i) % nv);
+        float *lc = malloc(nv * 4), *lv = malloc(nv * 4);
+        double tol = strstr(MODELS[m], ".F16") ? 5e-4 : 0.05;
+        for (int budget = 0; budget < 2; budget++) {
+            jlm_engine_opts o = {.backend = backend, .device = "0", .budget = budget, .gpu_budget = budget};
+            char why[512];
+            jlm_engine *ev = bm_open_opts(path, o, 1, why, sizeof why);
+            if (!ev) {
+                tu_rmrf(dir);
+                cr_skip_test("%s", why);
+            }
+            const char *what = budget ? "one frame each side" : "whole";
+            jlm_err err = {0};
+            for (uint32_t np = 5; np <= 40; np += 35) {
+                jlm_engine_rewind(ec, 0);
+                jlm_engine_rewind(ev, 0);
+                FILE *tr = np == 40 ? tmpfile() : NULL;
+                cr_assert(np == 5 || (tr && jlm_engine_trace_routing(ev, tr, &err) == 0), "%s", err.msg);
+                jlm_dev_stats s0, s1;
+                jlm_engine_dev_stats(ev, &s0);
+                cr_assert_eq(jlm_engine_eval(ec, prompt, np, lc, &err), 0, "%s", err.msg);
+                cr_assert_eq(jlm_engine_eval(ev, prompt, np, lv, &err), 0, "%s", err.msg);
+                jlm_engine_dev_stats(ev, &s1);
+                char label[256];
+                snprintf(label, sizeof label, "%s (%s, %s), a prefill of %u", MODELS[m], backend, what, np);
+                bm_lockstep_pick(lc, lv, nv, tol, label);
+                if (!tr)
+                    continue;
+                jlm_engine_trace_routing(ev, NULL, &err);
+                uint64_t xm = s1.expert_matmuls - s0.expert_matmuls, d = bm_distinct_experts(tr, nu);
+                fclose(tr);
+                cr_assert(xm > 0 && xm <= 3 * d, "%s: %llu routed-expert matmuls on the device for %llu distinct "
+                          "(block, expert) pairs (at most 3 each; row by row: 3 x 40 rows x %u used a block)", label,
+                          (unsigned long long)xm, (unsigned long long)d, nu);
+                cr_assert(!budget || s1.evictions > s0.evictions, "%s: no device frame evicted", label);
+            }
+            jlm_engine_close(ev);
+        }
+        free(lc);
+        free(lv);
+        jlm_engine_close(ec);
+        free(path);
+    }
+    tu_rmrf(dir);
+    free(dir);
+}
+
 #endif

@@ -1317,6 +1317,16 @@ Test(cuda, moe_blocks_on_the_emulated_device_give_the_cpus_ids_in_a_round_trip_a
     free(dir);
 }
 
+/* A MoE prefill's routed experts grouped by expert on the emulated device
+ * (engine/exec_dev.c's jlm_exd_moe_group, exec_cu_moe.c's batch): the
+ * CPU's picks and logits, one matmul per used expert and matrix
+ * (backend_matrix.h's bm_moe_grouped_prefill, as on Vulkan). */
+Test(cuda, moe_prefill_groups_the_rows_by_expert, .timeout = 300)
+{
+    setenv("JLM_CUDA_EMULATE", "1", 1);
+    bm_moe_grouped_prefill("cuda");
+}
+
 /* The read-ahead's gate on the emulated device (exec_cu_moe.c asks the
  * CPU's jlm_stream_predict_now and picks with jlm_ex_predict_pick):
  * backend_matrix.h's bm_moe_gate, as on Vulkan. */

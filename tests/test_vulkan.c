@@ -667,6 +667,70 @@ Test(vulkan, moe_combine_is_bit_identical_to_the_cpu)
     jlm_vk_close(vk);
 }
 
+/* A batch's rows in one dispatch (a MoE prefill, exec_vk_moe.c): the
+ * router over rows gives each row what a call of its own gives (picks and
+ * weights bit for bit), the mixture over rows each row's CPU sum bit for
+ * bit, and jlm_vk_copy_index gathers and puts back rows by index. */
+Test(vulkan, moe_route_and_combine_over_rows_are_each_rows_own)
+{
+    jlm_vk *vk = open_or_skip();
+    uint64_t seed = 31;
+    enum { R = 5, NE = 60, NU = 4, N = 257 };
+    float lg[R * NE], wone[NU], x[R * N], ys[R * NU * N], w[R * NU], c[N];
+    for (uint32_t i = 0; i < R * NE; i++)
+        lg[i] = 4.0f * rng_unit(&seed);
+    jlm_err err = {0};
+    jlm_vk_buf *bl = up(vk, lg, sizeof lg), *bs = up(vk, lg, R * NU * 4), *bw = up(vk, lg, R * NU * 4);
+    jlm_vk_buf *b1s = up(vk, lg, NU * 4), *b1w = up(vk, lg, NU * 4);
+    for (int mode = JLM_K_ROUTE_NORM; mode <= JLM_K_ROUTE_OAI; mode++) {
+        cr_assert(jlm_vk_moe_route_rows(vk, whole(bl), NE, NU, mode, 2.5f, R, whole(bs), whole(bw), &err) == 0, "%s",
+                  err.msg);
+        for (uint32_t r = 0; r < R; r++) {
+            cr_assert(jlm_vk_moe_route(vk, (jlm_vk_view){bl, r * NE * 4, NE * 4}, NE, NU, mode, 2.5f, whole(b1s),
+                                       whole(b1w), &err) == 0, "%s", err.msg);
+            memcpy(wone, fmap(b1w), sizeof wone);
+            cr_assert(!memcmp((const int32_t *)jlm_vk_buf_map(bs) + r * NU, jlm_vk_buf_map(b1s), NU * 4) &&
+                      !memcmp(fmap(bw) + r * NU, wone, sizeof wone), "mode %d: row %u's picks or weights differ", mode, r);
+        }
+    }
+    cr_assert(jlm_vk_moe_route_rows(vk, whole(bl), NE, NU, 0, 0, 0, whole(bs), whole(bw), NULL) == JLM_EINVAL,
+              "no rows must be refused");
+    rand_vec(x, R * N, 3.0f, 0, &seed);
+    rand_vec(ys, R * NU * N, 1e4f, 0, &seed);
+    for (uint32_t i = 0; i < R * NU; i++)
+        w[i] = rng_unit(&seed) + 1.0f;
+    jlm_vk_buf *bx = up(vk, x, sizeof x), *by = up(vk, ys, sizeof ys), *bcw = up(vk, w, sizeof w);
+    cr_assert(jlm_vk_moe_combine_rows(vk, whole(bx), whole(bx), whole(by), whole(bcw), NU, N, R, &err) == 0, "%s",
+              err.msg);
+    for (uint32_t r = 0; r < R; r++) {
+        const float *yp[NU];
+        for (uint32_t s = 0; s < NU; s++)
+            yp[s] = ys + ((uint64_t)r * NU + s) * N;
+        memcpy(c, x + r * N, sizeof c);
+        jlm_k_moe_combine(c, yp, w + r * NU, NU, N);
+        for (uint32_t i = 0; i < N; i++)
+            cr_assert(same(fmap(bx)[r * N + i], c[i]), "combine row %u [%u]: vulkan %.9g cpu %.9g", r, i,
+                      fmap(bx)[r * N + i], c[i]);
+    }
+    /* rows 4, 0, 2 of x gathered to 0, 1, 2 of ys, then back to rows 1, 3, 0 */
+    static const uint32_t SI[3] = {4, 0, 2}, DI[3] = {1, 3, 0};
+    float row[3][N];
+    for (int i = 0; i < 3; i++)
+        memcpy(row[i], fmap(bx) + SI[i] * N, N * 4);
+    cr_assert(jlm_vk_copy_index(vk, whole(by), NULL, whole(bx), SI, N * 4, 3, &err) == 0, "%s", err.msg);
+    cr_assert(jlm_vk_copy_index(vk, whole(bx), DI, whole(by), NULL, N * 4, 3, &err) == 0, "%s", err.msg);
+    for (int i = 0; i < 3; i++)
+        cr_assert(!memcmp(fmap(by) + i * N, row[i], N * 4) && !memcmp(fmap(bx) + DI[i] * N, row[i], N * 4),
+                  "copy_index row %d", i);
+    static const uint32_t FAR[1] = {R * NU};
+    cr_assert(jlm_vk_copy_index(vk, whole(bx), FAR, whole(by), NULL, N * 4, 1, NULL) == JLM_EINVAL,
+              "a row past its buffer must be refused");
+    jlm_vk_buf *all[] = {bl, bs, bw, b1s, b1w, bx, by, bcw};
+    for (size_t i = 0; i < sizeof all / sizeof all[0]; i++)
+        jlm_vk_buf_free(vk, all[i]);
+    jlm_vk_close(vk);
+}
+
 Test(vulkan, rope_is_bit_identical_to_the_cpu_normal_neox_and_yarn)
 {
     jlm_vk *vk = open_or_skip();
@@ -1553,6 +1617,15 @@ Test(vulkan, moe_blocks_on_the_device_give_the_cpus_ids_in_a_round_trip_a_block,
 /* The read-ahead's gate on the device (exec_vk_moe.c asks the CPU's
  * jlm_stream_predict_now where the CPU asks it): backend_matrix.h's
  * bm_moe_gate, as on CUDA. */
+/* A MoE prefill's routed experts grouped by expert on the device
+ * (engine/exec_dev.c's jlm_exd_moe_group, exec_vk_moe.c's batch): the
+ * CPU's picks and logits, one matmul per used expert and matrix
+ * (backend_matrix.h's bm_moe_grouped_prefill). */
+Test(vulkan, moe_prefill_groups_the_rows_by_expert, .timeout = 300)
+{
+    bm_moe_grouped_prefill("vulkan");
+}
+
 Test(vulkan, moe_predictions_pass_the_cpus_gate_at_a_small_budget, .timeout = 300)
 {
     bm_moe_gate("vulkan");

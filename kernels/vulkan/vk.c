@@ -892,20 +892,32 @@ int jlm_vk_copy(jlm_vk *vk, jlm_vk_view dst, jlm_vk_view src, uint64_t n, jlm_er
     return vk->rec ? JLM_OK : cmd_submit(vk, err);
 }
 
-int jlm_vk_copy_rows(jlm_vk *vk, jlm_vk_view dst, uint64_t dst_stride, jlm_vk_view src, uint64_t src_stride,
-                     uint64_t n, uint32_t rows, jlm_err *err)
+/* rows copies of n bytes in one copy command: row r from src.off + sr(r) to
+ * dst.off + dr(r), each checked within its buffer (rows_at: r * stride, or
+ * idx[r] * n where idx is given). */
+static uint64_t rows_at(const uint32_t *idx, uint64_t stride, uint64_t n, uint32_t r)
 {
-    uint64_t dl = rows ? (rows - 1) * dst_stride : 0, sl = rows ? (rows - 1) * src_stride : 0;
-    if (!dst.buf || !src.buf || !n || !rows || dst.off > dst.buf->size || dl > dst.buf->size - dst.off ||
-        n > dst.buf->size - dst.off - dl || src.off > src.buf->size || sl > src.buf->size - src.off ||
-        n > src.buf->size - src.off - sl)
+    return idx ? (uint64_t)idx[r] * n : r * stride;
+}
+
+static int copy_regions(jlm_vk *vk, jlm_vk_view dst, uint64_t dst_stride, const uint32_t *di, jlm_vk_view src,
+                        uint64_t src_stride, const uint32_t *si, uint64_t n, uint32_t rows, jlm_err *err)
+{
+    int bad = !dst.buf || !src.buf || !n || !rows || dst.off > dst.buf->size || src.off > src.buf->size;
+    VkBufferCopy *c = bad ? NULL : malloc((uint64_t)rows * sizeof *c);
+    for (uint32_t r = 0; c && r < rows && !bad; r++) {
+        uint64_t d = rows_at(di, dst_stride, n, r), s = rows_at(si, src_stride, n, r);
+        bad = d > dst.buf->size - dst.off || n > dst.buf->size - dst.off - d || s > src.buf->size - src.off ||
+              n > src.buf->size - src.off - s;
+        c[r] = (VkBufferCopy){.srcOffset = src.off + s, .dstOffset = dst.off + d, .size = n};
+    }
+    if (bad) {
+        free(c);
         return jlm_errf(err, JLM_EINVAL, "vulkan: copy of %u rows of %llu bytes outside its buffers", rows,
                         (unsigned long long)n);
-    VkBufferCopy *c = malloc((uint64_t)rows * sizeof *c);
+    }
     if (!c)
         return jlm_errf(err, JLM_ENOMEM, "vulkan: out of memory");
-    for (uint32_t r = 0; r < rows; r++)
-        c[r] = (VkBufferCopy){.srcOffset = src.off + r * src_stride, .dstOffset = dst.off + r * dst_stride, .size = n};
     if (!vk->rec)
         cmd_begin(vk);
     vkCmdCopyBuffer(vk->cmd, src.buf->buf, dst.buf->buf, rows, c);
@@ -913,6 +925,18 @@ int jlm_vk_copy_rows(jlm_vk *vk, jlm_vk_view dst, uint64_t dst_stride, jlm_vk_vi
     vk->dispatches++;
     barrier_after(vk, VK_PIPELINE_STAGE_TRANSFER_BIT, VK_ACCESS_TRANSFER_WRITE_BIT);
     return vk->rec ? JLM_OK : cmd_submit(vk, err);
+}
+
+int jlm_vk_copy_rows(jlm_vk *vk, jlm_vk_view dst, uint64_t dst_stride, jlm_vk_view src, uint64_t src_stride,
+                     uint64_t n, uint32_t rows, jlm_err *err)
+{
+    return copy_regions(vk, dst, dst_stride, NULL, src, src_stride, NULL, n, rows, err);
+}
+
+int jlm_vk_copy_index(jlm_vk *vk, jlm_vk_view dst, const uint32_t *di, jlm_vk_view src, const uint32_t *si,
+                      uint64_t n, uint32_t rows, jlm_err *err)
+{
+    return copy_regions(vk, dst, n, di, src, n, si, n, rows, err);
 }
 
 /* dispatch with gx x gy x gz groups (the matvec's y: tokens, z: sheets). */
@@ -1251,22 +1275,38 @@ int jlm_vk_layernorm(jlm_vk *vk, jlm_vk_view out, jlm_vk_view x, jlm_vk_view w, 
     return dispatch(vk, vk->pipe[K_LAYERNORM], v, 4, &p, sizeof p, 1, err);
 }
 
+int jlm_vk_moe_route_rows(jlm_vk *vk, jlm_vk_view logits, uint32_t n, uint32_t n_used, int mode, float scale,
+                          uint32_t rows, jlm_vk_view sel, jlm_vk_view w, jlm_err *err)
+{
+    if (n == 0 || n > 1024 || n_used == 0 || n_used > n || mode < JLM_K_ROUTE_NORM || mode > JLM_K_ROUTE_OAI ||
+        !rows || rows > 65535)
+        return jlm_errf(err, JLM_EINVAL, "vulkan moe route: %u of %u experts, mode %d, %u rows", n_used, n, mode,
+                        rows);
+    jlm_push_moe_route p = {n, n_used, (uint32_t)mode, scale};
+    jlm_vk_view v[3] = {logits, sel, w};
+    return dispatch2(vk, vk->pipe[K_MOE_ROUTE], v, 3, &p, sizeof p, 1, rows, err);
+}
+
 int jlm_vk_moe_route(jlm_vk *vk, jlm_vk_view logits, uint32_t n, uint32_t n_used, int mode, float scale,
                      jlm_vk_view sel, jlm_vk_view w, jlm_err *err)
 {
-    if (n == 0 || n > 1024 || n_used == 0 || n_used > n || mode < JLM_K_ROUTE_NORM || mode > JLM_K_ROUTE_OAI)
-        return jlm_errf(err, JLM_EINVAL, "vulkan moe route: %u of %u experts, mode %d", n_used, n, mode);
-    jlm_push_moe_route p = {n, n_used, (uint32_t)mode, scale};
-    jlm_vk_view v[3] = {logits, sel, w};
-    return dispatch(vk, vk->pipe[K_MOE_ROUTE], v, 3, &p, sizeof p, 1, err);
+    return jlm_vk_moe_route_rows(vk, logits, n, n_used, mode, scale, 1, sel, w, err);
+}
+
+int jlm_vk_moe_combine_rows(jlm_vk *vk, jlm_vk_view out, jlm_vk_view x, jlm_vk_view ys, jlm_vk_view w,
+                            uint32_t n_used, uint32_t n, uint32_t rows, jlm_err *err)
+{
+    if (!rows || rows > 65535)
+        return jlm_errf(err, JLM_EINVAL, "vulkan moe combine: %u rows", rows);
+    jlm_push_moe_combine p = {n, n_used};
+    jlm_vk_view v[4] = {x, ys, w, out};
+    return dispatch2(vk, vk->pipe[K_MOE_COMBINE], v, 4, &p, sizeof p, groups(n, 256), rows, err);
 }
 
 int jlm_vk_moe_combine(jlm_vk *vk, jlm_vk_view out, jlm_vk_view x, jlm_vk_view ys, jlm_vk_view w,
                        uint32_t n_used, uint32_t n, jlm_err *err)
 {
-    jlm_push_moe_combine p = {n, n_used};
-    jlm_vk_view v[4] = {x, ys, w, out};
-    return dispatch(vk, vk->pipe[K_MOE_COMBINE], v, 4, &p, sizeof p, groups(n, 256), err);
+    return jlm_vk_moe_combine_rows(vk, out, x, ys, w, n_used, n, 1, err);
 }
 
 int jlm_vk_rope(jlm_vk *vk, const jlm_k_rope *p, jlm_vk_view x, uint32_t n_head,
@@ -1490,6 +1530,12 @@ int jlm_vk_moe_route(jlm_vk *vk, jlm_vk_view logits, uint32_t n, uint32_t n_used
                      jlm_vk_view sel, jlm_vk_view w, jlm_err *err) { return none(err); }
 int jlm_vk_moe_combine(jlm_vk *vk, jlm_vk_view out, jlm_vk_view x, jlm_vk_view ys, jlm_vk_view w,
                        uint32_t n_used, uint32_t n, jlm_err *err) { return none(err); }
+int jlm_vk_moe_route_rows(jlm_vk *vk, jlm_vk_view logits, uint32_t n, uint32_t n_used, int mode, float scale,
+                          uint32_t rows, jlm_vk_view sel, jlm_vk_view w, jlm_err *err) { return none(err); }
+int jlm_vk_moe_combine_rows(jlm_vk *vk, jlm_vk_view out, jlm_vk_view x, jlm_vk_view ys, jlm_vk_view w,
+                            uint32_t n_used, uint32_t n, uint32_t rows, jlm_err *err) { return none(err); }
+int jlm_vk_copy_index(jlm_vk *vk, jlm_vk_view dst, const uint32_t *di, jlm_vk_view src, const uint32_t *si,
+                      uint64_t n, uint32_t rows, jlm_err *err) { return none(err); }
 int jlm_vk_attention(jlm_vk *vk, const jlm_k_attn *p, uint32_t n_head, uint32_t n_kv_head,
                      jlm_vk_view q, jlm_vk_view k, jlm_vk_view v, uint64_t n_kv,
                      const float *sinks, jlm_vk_view scratch, jlm_vk_view out, jlm_err *err)

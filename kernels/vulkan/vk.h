@@ -125,6 +125,11 @@ int jlm_vk_copy(jlm_vk *vk, jlm_vk_view dst, jlm_vk_view src, uint64_t n, jlm_er
  * dst.off + r*dst_stride): one copy command. */
 int jlm_vk_copy_rows(jlm_vk *vk, jlm_vk_view dst, uint64_t dst_stride, jlm_vk_view src, uint64_t src_stride,
                      uint64_t n, uint32_t rows, jlm_err *err);
+/* The same with rows picked by index: row r from src.off + si[r]*n to
+ * dst.off + di[r]*n (an index NULL: r), one copy command (a MoE batch's
+ * rows gathered by expert and put back). */
+int jlm_vk_copy_index(jlm_vk *vk, jlm_vk_view dst, const uint32_t *di, jlm_vk_view src, const uint32_t *si,
+                      uint64_t n, uint32_t rows, jlm_err *err);
 
 /* ---------------------------------------------------------------- kernels */
 
@@ -222,9 +227,17 @@ int jlm_vk_layernorm(jlm_vk *vk, jlm_vk_view out, jlm_vk_view x, jlm_vk_view w, 
  * 1024 floats) -> sel (n_used int32) and w (n_used floats). */
 int jlm_vk_moe_route(jlm_vk *vk, jlm_vk_view logits, uint32_t n, uint32_t n_used, int mode, float scale,
                      jlm_vk_view sel, jlm_vk_view w, jlm_err *err);
+/* The same for rows tokens (<= 65535) in one dispatch: row r's logits at
+ * r*n floats, its picks and weights at r*n_used. */
+int jlm_vk_moe_route_rows(jlm_vk *vk, jlm_vk_view logits, uint32_t n, uint32_t n_used, int mode, float scale,
+                          uint32_t rows, jlm_vk_view sel, jlm_vk_view w, jlm_err *err);
 /* out = x + sum_s w[s] * ys[s*n ..] (jlm_k_moe_combine, bit-identical); out may be x. */
 int jlm_vk_moe_combine(jlm_vk *vk, jlm_vk_view out, jlm_vk_view x, jlm_vk_view ys, jlm_vk_view w,
                        uint32_t n_used, uint32_t n, jlm_err *err);
+/* The same for rows rows (<= 65535) in one dispatch: row r's x and out at
+ * r*n floats, its outputs at r*n_used*n, its weights at r*n_used. */
+int jlm_vk_moe_combine_rows(jlm_vk *vk, jlm_vk_view out, jlm_vk_view x, jlm_vk_view ys, jlm_vk_view w,
+                            uint32_t n_used, uint32_t n, uint32_t rows, jlm_err *err);
 
 /* RoPE at one position, in place on n_head heads of head_dim floats. The
  * cos/sin of each pair come from jlm_k_rope_cos_sin (the CPU's own theta, YaRN

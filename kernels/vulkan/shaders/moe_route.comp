@@ -7,7 +7,8 @@
 // (ties: the lower index, as the CPU's strict >), and their weights are
 // renormalised (mode 0), left (mode 1) or softmaxed among themselves (mode 2),
 // then scaled (scale > 0). One workgroup: the softmax over 256 lanes, the
-// pick and the weights by lane 0 (n_used is small).
+// pick and the weights by lane 0 (n_used is small). A workgroup a row: row r
+// (gl_WorkGroupID.y) reads logits r*n.. and writes sel and wt at r*n_used.
 layout(local_size_x = 256) in;
 layout(std430, binding = 0) readonly buffer L { float logit[]; };
 layout(std430, binding = 1) writeonly buffer S { int sel[]; };
@@ -19,9 +20,9 @@ shared uint taken[32];   // 1024 bits
 
 void main()
 {
-    uint t = gl_LocalInvocationID.x;
+    uint t = gl_LocalInvocationID.x, r = gl_WorkGroupID.y, lo = r * pc.n, so = r * pc.n_used;
     for (uint i = t; i < pc.n; i += 256u)
-        p[i] = logit[i];
+        p[i] = logit[lo + i];
     if (t < 32u)
         taken[t] = 0u;
     barrier();
@@ -64,29 +65,29 @@ void main()
             if ((taken[i / 32u] & (1u << (i % 32u))) == 0u && (best < 0 || p[i] > p[uint(best)]))
                 best = int(i);
         taken[uint(best) / 32u] |= 1u << (uint(best) % 32u);
-        sel[s] = best;
-        wt[s] = p[uint(best)];
+        sel[so + s] = best;
+        wt[so + s] = p[uint(best)];
     }
     if (pc.mode == 2u) {
         float m = -1.0 / 0.0;
         for (uint s = 0u; s < pc.n_used; s++)
-            m = max(m, wt[s]);
+            m = max(m, wt[so + s]);
         precise float sum = 0.0;
         for (uint s = 0u; s < pc.n_used; s++) {
-            wt[s] = exp(wt[s] - m);
-            sum = sum + wt[s];
+            wt[so + s] = exp(wt[so + s] - m);
+            sum = sum + wt[so + s];
         }
         precise float inv = 1.0 / sum;
         for (uint s = 0u; s < pc.n_used; s++)
-            wt[s] = wt[s] * inv;
+            wt[so + s] = wt[so + s] * inv;
     } else if (pc.mode == 0u) {
         precise float sum = 0.0;
         for (uint s = 0u; s < pc.n_used; s++)
-            sum = sum + wt[s];
+            sum = sum + wt[so + s];
         for (uint s = 0u; s < pc.n_used; s++)
-            wt[s] = wt[s] / sum;
+            wt[so + s] = wt[so + s] / sum;
     }
     for (uint s = 0u; s < pc.n_used; s++)
         if (pc.scale > 0.0)
-            wt[s] = wt[s] * pc.scale;
+            wt[so + s] = wt[so + s] * pc.scale;
 }
