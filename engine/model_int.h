@@ -225,8 +225,9 @@ void     jlm_rows_release(jlm_engine *e);
 uint64_t jlm_rows_bytes(const jlm_engine *e);   /* the pages rows_have rows of each buffer take */
 /* Rows [0, need) (clamped to [1, nb]) of every row buffer backed and
  * counted in mem_scratch, the frames fitted to what is left; under a
- * budget a smaller need gives the rows past it back to the kernel (they
- * read as zeros again) and their bytes to the frames. Error: the pager's;
+ * budget a smaller need gives the rows past it (and past BATCH: serve's
+ * batched steps keep theirs) back to the kernel (they read as zeros
+ * again) and their bytes to the frames. Error: the pager's;
  * rows_have unchanged then. Called before a batch's rows are written. */
 int      jlm_rows_fit(jlm_engine *e, uint32_t need, jlm_err *err);
 /* budget = budget_all - dense - mem_kv - scratch, at least the minimum

@@ -5,7 +5,8 @@
  * of each; a prefill of n tokens rows [0, min(n, nb)). What the rows hold
  * is counted in mem_scratch, so the page frames' budget gives up what a
  * prefill's rows take and, under a budget, gets it back when a smaller
- * batch follows (the rows past it are given back to the kernel). */
+ * batch follows (the rows past it, and past BATCH, are given back to the
+ * kernel). */
 #include "engine/model_int.h"
 
 #include <sys/mman.h>
@@ -53,8 +54,15 @@ int jlm_rows_fit(jlm_engine *e, uint32_t need, jlm_err *err)
         need = e->nb;
     if (need < 1)
         need = 1;
-    /* shrink only under a budget: without one nothing is gained by giving
-     * the rows back, and the next prefill would fault them in again */
+    /* shrink only under a budget (without one nothing is gained by giving
+     * the rows back, and the next prefill would fault them in again), and
+     * never below BATCH rows once reached: serve's batched steps (up to
+     * BATCH rows) between single ones would otherwise move the frames'
+     * budget, and a chunk of a page with it, at every step */
+    if (need < e->rows_have) {
+        uint32_t keep = e->rows_have < BATCH ? e->rows_have : BATCH;
+        need = need > keep ? need : keep;
+    }
     if (need == e->rows_have || (need < e->rows_have && !e->budget_all))
         return JLM_OK;
     uint32_t old = e->rows_have;
