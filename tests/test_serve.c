@@ -1104,9 +1104,9 @@ static void check_kv_prefix_load(const char *gguf, const char *kv)
     cr_assert_eq(jlm_engine_seq_create(e, &b, &err), 0, "%s", err.msg);
     cr_assert_eq(jlm_engine_eval_seq(e, a, p, NP, ref, &err), 0, "%s", err.msg);
     void *buf = malloc(jlm_engine_kv_bytes(e, N));
-    jlm_engine_kv_save(e, a, N, buf);
+    cr_assert_eq(jlm_engine_kv_save(e, a, N, buf, &err), 0, "%s", err.msg);
     cr_assert_eq(jlm_engine_eval_seq(e, b, other, NP, got, &err), 0, "%s", err.msg);
-    jlm_engine_kv_load(e, b, buf, N, K);
+    cr_assert_eq(jlm_engine_kv_load(e, b, buf, N, K, &err), 0, "%s", err.msg);
     cr_assert_eq(jlm_engine_seq_n_past(b), K);
     cr_assert_eq(jlm_engine_eval_seq(e, b, p + K, NP - K, got, &err), 0, "%s", err.msg);
     cr_assert(!memcmp(got, ref, nv * sizeof *got), "%s (kv %s): logits after a loaded prefix differ", gguf,
@@ -2433,7 +2433,7 @@ Test(engine_batch, a_latent_attention_cache_is_never_saved_as_a_prefix, .timeout
     int32_t ids[4] = {1, 2, 3, 4};
     cr_assert_eq(jlm_engine_eval_seq(e, s, ids, 4, l, &err), 0, "%s", err.msg);
     char guard = 0x5a;
-    jlm_engine_kv_save(e, s, 4, &guard);
+    cr_assert_eq(jlm_engine_kv_save(e, s, 4, &guard, &err), 0, "%s", err.msg);
     cr_assert_eq(guard, 0x5a, "nothing written");
     free(l);
     jlm_engine_seq_destroy(s);
