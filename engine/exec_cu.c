@@ -335,10 +335,8 @@ static int seq_cache(jlm_ecu *v, jlm_engine *e, const void *host, uint32_t l, jl
 {
     jlm_ecu_blk *s = &v->blk;
     jlm_exd_seqc *c;
-    if (!s->seqs && !(s->seqs = calloc(1, sizeof *s->seqs)))
-        return jlm_errf(err, JLM_ENOMEM, "cuda: out of memory");
     s->n_layer = e->c->n_layer;
-    int rc = jlm_exd_seq_get(s->seqs, host, s->n_layer, sizeof *s->kc, &c, "cuda", err);
+    int rc = jlm_exd_seq_get(&s->seqs, host, s->n_layer, sizeof *s->kc, &c, "cuda", err);
     if (rc)
         return rc;
     s->kc = c->kc;
@@ -404,36 +402,42 @@ static void seq_drop(jlm_ecu *v, jlm_exd_seqc *c)
     jlm_exd_seq_forget(v->blk.seqs, c);
 }
 
+static int kvx_sync(void *be, jlm_err *err) { return jlm_ecu_drain(be, err); }
+static void kvx_drop(void *be, jlm_exd_seqc *c) { seq_drop(be, c); }
+static int kvx_cache(void *be, jlm_engine *e, const void *host, uint32_t l, jlm_err *err)
+{
+    return seq_cache(be, e, host, l, err);
+}
+
+static int kvx_stage(void *be, uint64_t bytes, uint8_t **p, jlm_err *err)
+{
+    jlm_ecu *v = be;
+    int rc = jlm_ecu_grow(v, &v->blk.stage, bytes, 1, err);
+    *p = rc ? NULL : v->blk.stage.p;
+    return rc;
+}
+
+static int kvx_copy(void *be, uint32_t l, uint64_t kb, uint64_t vb, int up, jlm_err *err)
+{
+    jlm_ecu *v = be;
+    jlm_ecu_blk *s = &v->blk;
+    uint8_t *st = s->stage.p;
+    int rc = JLM_OK;
+    jlm_dev_prof_op(&v->dev, JLM_DEVP_XFER);
+    if (up ? jlm_cu_rt_h2d(v->rt, s->kc[l], st, kb, CS) || (vb && jlm_cu_rt_h2d(v->rt, s->vc[l], st + kb, vb, CS))
+           : jlm_cu_rt_d2h(v->rt, st, s->kc[l], kb, CS) || (vb && jlm_cu_rt_d2h(v->rt, st + kb, s->vc[l], vb, CS)))
+        rc = jlm_ecu_fail(v, err, "a sequence's KV cache");
+    s->queued = 1;
+    int rc2 = jlm_ecu_drain(v, err);
+    return rc ? rc : rc2;
+}
+
+static const jlm_exd_kvx CU_KVX = {kvx_sync, kvx_drop, kvx_cache, kvx_stage, kvx_copy};
+
 int jlm_ecu_kv_xfer(jlm_dev *d, jlm_engine *e, void *kc, void *vc, uint32_t n, int up, jlm_err *err)
 {
     jlm_ecu *v = (jlm_ecu *)d;
-    jlm_ecu_blk *s = &v->blk;
-    jlm_exd_seqc *c = s->seqs ? jlm_exd_seq_find(s->seqs, kc) : NULL;
-    int rc = jlm_ecu_drain(v, err);   /* what is queued may use the cache */
-    if (!rc && c && up < 0)
-        seq_drop(v, c);
-    if (rc || up < 0 || (!c && !up) || !n || e->c->kv_lora_rank || !s->side)
-        return rc;   /* nothing here (latent attention's prefixes are not kept) */
-    uint64_t kb = kv_row(e, JLM_B_K) * n, vb = kv_row(e, JLM_B_V) * n;
-    for (uint32_t l = 0; !rc && l < e->c->n_layer; l++) {
-        if (s->side[l] != 1 || (rc = seq_cache(v, e, kc, l, err)) || (rc = jlm_ecu_grow(v, &s->stage, kb + vb, 1, err)))
-            continue;
-        uint8_t *st = s->stage.p;
-        if (up)
-            jlm_kv_rows(e, kc, vc, l, 0, n, st, st + kb, 0);
-        jlm_dev_prof_op(d, JLM_DEVP_XFER);
-        if (up ? jlm_cu_rt_h2d(v->rt, s->kc[l], st, kb, CS) || (vb && jlm_cu_rt_h2d(v->rt, s->vc[l], st + kb, vb, CS))
-               : jlm_cu_rt_d2h(v->rt, st, s->kc[l], kb, CS) || (vb && jlm_cu_rt_d2h(v->rt, st + kb, s->vc[l], vb, CS)))
-            rc = jlm_ecu_fail(v, err, "a sequence's KV cache");
-        s->queued = 1;
-        int rc2 = jlm_ecu_drain(v, err);
-        rc = rc ? rc : rc2;
-        if (!rc && !up)
-            jlm_kv_rows(e, kc, vc, l, 0, n, st, st + kb, 1);
-        if (!rc)
-            *(up ? &v->st.act_up : &v->st.act_down) += kb + vb;
-    }
-    return rc;
+    return jlm_exd_kv_xfer(&CU_KVX, v, v->blk.seqs, v->blk.side, &v->st, e, kc, vc, n, up, err);
 }
 
 void jlm_ecu_blk_free(jlm_ecu *v)

@@ -166,9 +166,12 @@ jlm_exd_seqc *jlm_exd_seq_find(const jlm_exd_seqs *t, const void *host)
     return NULL;
 }
 
-int jlm_exd_seq_get(jlm_exd_seqs *t, const void *host, uint32_t n_layer, size_t elem, jlm_exd_seqc **out,
+int jlm_exd_seq_get(jlm_exd_seqs **tp, const void *host, uint32_t n_layer, size_t elem, jlm_exd_seqc **out,
                     const char *who, jlm_err *err)
 {
+    if (!*tp && !(*tp = calloc(1, sizeof **tp)))
+        return jlm_errf(err, JLM_ENOMEM, "%s: out of memory", who);
+    jlm_exd_seqs *t = *tp;
     if ((*out = jlm_exd_seq_find(t, host)))
         return JLM_OK;
     if (t->n == t->cap) {
@@ -195,6 +198,31 @@ void jlm_exd_seq_forget(jlm_exd_seqs *t, jlm_exd_seqc *c)
     free(c->kc);
     free(c->vc);
     *c = t->c[--t->n];
+}
+
+int jlm_exd_kv_xfer(const jlm_exd_kvx *x, void *be, jlm_exd_seqs *t, const uint8_t *side, jlm_dev_stats *st,
+                    jlm_engine *e, void *kc, void *vc, uint32_t n, int up, jlm_err *err)
+{
+    jlm_exd_seqc *c = t ? jlm_exd_seq_find(t, kc) : NULL;
+    int rc = x->sync(be, err);   /* what is recorded or queued may use the cache */
+    if (!rc && c && up < 0)
+        x->drop(be, c);
+    if (rc || up < 0 || (!c && !up) || !n || e->c->kv_lora_rank || !side)
+        return rc;   /* nothing here (latent attention's prefixes are not kept) */
+    uint64_t kb = jlm_kv_row_bytes(e->kt, e->kv_dim) * n, vb = jlm_kv_row_bytes(e->vt, e->kv_dim_v) * n;
+    for (uint32_t l = 0; !rc && l < e->c->n_layer; l++) {
+        uint8_t *p;
+        if (side[l] != 1 || (rc = x->cache(be, e, kc, l, err)) || (rc = x->stage(be, kb + vb, &p, err)))
+            continue;
+        if (up)
+            jlm_kv_rows(e, kc, vc, l, 0, n, p, p + kb, 0);
+        rc = x->copy(be, l, kb, vb, up, err);
+        if (!rc && !up)
+            jlm_kv_rows(e, kc, vc, l, 0, n, p, p + kb, 1);
+        if (!rc)
+            *(up ? &st->act_up : &st->act_down) += kb + vb;
+    }
+    return rc;
 }
 
 int jlm_exd_held(const float *xh, uint32_t x_rows, uint32_t x_E, uint64_t ab_rows, const float *x, uint32_t n,

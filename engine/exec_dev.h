@@ -62,7 +62,7 @@ uint32_t jlm_exd_group(const jlm_exd *k, uint32_t t);
  * jlm_engine_seq's, keyed by its host cache): kc, vc are the backend's
  * arrays of n_layer device buffers (NULL until a block of that layer ran
  * there for it). jlm_exd_seq_get finds the entry of host or adds one with
- * zeroed arrays (elem: a buffer handle's size); jlm_exd_seq_find: NULL when
+ * zeroed arrays (elem: a buffer handle's size; *t made if NULL); jlm_exd_seq_find: NULL when
  * none; jlm_exd_seq_forget drops the entry (its buffers freed by the
  * caller). */
 typedef struct jlm_exd_seqc {
@@ -73,10 +73,29 @@ typedef struct jlm_exd_seqs {
     jlm_exd_seqc *c;
     uint32_t      n, cap;
 } jlm_exd_seqs;
-int  jlm_exd_seq_get(jlm_exd_seqs *t, const void *host, uint32_t n_layer, size_t elem, jlm_exd_seqc **out,
+int  jlm_exd_seq_get(jlm_exd_seqs **t, const void *host, uint32_t n_layer, size_t elem, jlm_exd_seqc **out,
                      const char *who, jlm_err *err);
 jlm_exd_seqc *jlm_exd_seq_find(const jlm_exd_seqs *t, const void *host);
 void jlm_exd_seq_forget(jlm_exd_seqs *t, jlm_exd_seqc *c);
+
+/* A backend's part of jlm_dev_ops.kv_xfer, which jlm_exd_kv_xfer walks:
+ * sync: nothing recorded or queued uses a cache any longer (a wait);
+ * drop: frees c's buffers and forgets c; cache: layer l's device cache of
+ * host's sequence, made if absent, left as the one the next copy uses;
+ * stage: a host-visible buffer of bytes (*p: its address); copy: kb key
+ * bytes then vb value bytes between it and that cache's layer l (up 1:
+ * to the device, 0: back), waited for. */
+typedef struct jlm_exd_kvx {
+    int  (*sync)(void *be, jlm_err *err);
+    void (*drop)(void *be, jlm_exd_seqc *c);
+    int  (*cache)(void *be, jlm_engine *e, const void *host, uint32_t l, jlm_err *err);
+    int  (*stage)(void *be, uint64_t bytes, uint8_t **p, jlm_err *err);
+    int  (*copy)(void *be, uint32_t l, uint64_t kb, uint64_t vb, int up, jlm_err *err);
+} jlm_exd_kvx;
+/* jlm_dev_ops.kv_xfer over x (t: the backend's caches, side its layers'
+ * record, st its counters: the copies in act_up / act_down). */
+int jlm_exd_kv_xfer(const jlm_exd_kvx *x, void *be, jlm_exd_seqs *t, const uint8_t *side, jlm_dev_stats *st,
+                    jlm_engine *e, void *kc, void *vc, uint32_t n, int up, jlm_err *err);
 
 /* The floats a row of buffer b holds. */
 uint64_t jlm_exd_width(const jlm_engine *e, int b);

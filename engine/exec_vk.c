@@ -437,10 +437,8 @@ static int seq_cache(jlm_evk *v, jlm_engine *e, const void *host, uint32_t l, jl
 {
     jlm_evk_blk *s = &v->blk;
     jlm_exd_seqc *c;
-    if (!s->seqs && !(s->seqs = calloc(1, sizeof *s->seqs)))
-        return jlm_errf(err, JLM_ENOMEM, "vulkan: out of memory");
     s->n_layer = e->c->n_layer;
-    int rc = jlm_exd_seq_get(s->seqs, host, s->n_layer, sizeof *s->kc, &c, "vulkan", err);
+    int rc = jlm_exd_seq_get(&s->seqs, host, s->n_layer, sizeof *s->kc, &c, "vulkan", err);
     if (rc)
         return rc;
     s->kc = c->kc;
@@ -449,7 +447,7 @@ static int seq_cache(jlm_evk *v, jlm_engine *e, const void *host, uint32_t l, jl
     rc = grow(v, &s->kc[l], ((uint64_t)e->kv_ctx * kv_row(e, JLM_B_K) + 3) / 4 * 4, 0, err);
     if (!rc && e->kv_dim_v)   /* latent attention's cache is kc's alone */
         rc = grow(v, &s->vc[l], ((uint64_t)e->kv_ctx * kv_row(e, JLM_B_V) + 3) / 4 * 4, 0, err);
-    return rc;
+    return rc ? jlm_err_prefix(err, rc, "vulkan: the KV cache of block %u", l) : JLM_OK;
 }
 
 static int seq_caches(jlm_evk *v, jlm_engine *e, const jlm_exd *k, jlm_err *err)
@@ -502,37 +500,41 @@ static void seq_drop(jlm_evk *v, jlm_exd_seqc *c)
     jlm_exd_seq_forget(v->blk.seqs, c);
 }
 
+static int kvx_sync(void *be, jlm_err *err) { return jlm_evk_rec_end(be, err); }
+static void kvx_drop(void *be, jlm_exd_seqc *c) { seq_drop(be, c); }
+static int kvx_cache(void *be, jlm_engine *e, const void *host, uint32_t l, jlm_err *err)
+{
+    return seq_cache(be, e, host, l, err);
+}
+
+static int kvx_stage(void *be, uint64_t bytes, uint8_t **p, jlm_err *err)
+{
+    jlm_evk *v = be;
+    int rc = grow(v, &v->blk.stage, bytes, 1, err);
+    *p = rc ? NULL : jlm_vk_buf_map(v->blk.stage);
+    return rc;
+}
+
+static int kvx_copy(void *be, uint32_t l, uint64_t kb, uint64_t vb, int up, jlm_err *err)
+{
+    jlm_evk *v = be;
+    jlm_evk_blk *s = &v->blk;
+    jlm_vk_view hk = {s->stage, 0, kb}, hv = {s->stage, kb, vb}, ck = {s->kc[l], 0, kb}, cv = {s->vc[l], 0, vb};
+    int rc = jlm_vk_rec_begin(v->vk, err);
+    if (!rc)
+        rc = jlm_vk_copy(v->vk, up ? ck : hk, up ? hk : ck, kb, err);
+    if (!rc && vb)
+        rc = jlm_vk_copy(v->vk, up ? cv : hv, up ? hv : cv, vb, err);
+    int rc2 = jlm_evk_rec_end(v, err);
+    return rc ? rc : rc2;
+}
+
+static const jlm_exd_kvx VK_KVX = {kvx_sync, kvx_drop, kvx_cache, kvx_stage, kvx_copy};
+
 int jlm_evk_kv_xfer(jlm_dev *d, jlm_engine *e, void *kc, void *vc, uint32_t n, int up, jlm_err *err)
 {
     jlm_evk *v = (jlm_evk *)d;
-    jlm_evk_blk *s = &v->blk;
-    jlm_exd_seqc *c = s->seqs ? jlm_exd_seq_find(s->seqs, kc) : NULL;
-    int rc = jlm_evk_rec_end(v, err);   /* what is recorded may use the cache */
-    if (!rc && c && up < 0)
-        seq_drop(v, c);
-    if (rc || up < 0 || (!c && !up) || !n || e->c->kv_lora_rank || !s->side)
-        return rc;   /* nothing here (latent attention's prefixes are not kept) */
-    uint64_t kb = kv_row(e, JLM_B_K) * n, vb = kv_row(e, JLM_B_V) * n;
-    for (uint32_t l = 0; !rc && l < e->c->n_layer; l++) {
-        if (s->side[l] != 1 || (rc = seq_cache(v, e, kc, l, err)) || (rc = grow(v, &s->stage, kb + vb, 1, err)))
-            continue;
-        uint8_t *st = jlm_vk_buf_map(s->stage);
-        if (up)
-            jlm_kv_rows(e, kc, vc, l, 0, n, st, st + kb, 0);
-        jlm_vk_view hk = {s->stage, 0, kb}, hv = {s->stage, kb, vb}, ck = {s->kc[l], 0, kb}, cv = {s->vc[l], 0, vb};
-        rc = jlm_vk_rec_begin(v->vk, err);
-        if (!rc)
-            rc = jlm_vk_copy(v->vk, up ? ck : hk, up ? hk : ck, kb, err);
-        if (!rc && vb)
-            rc = jlm_vk_copy(v->vk, up ? cv : hv, up ? hv : cv, vb, err);
-        int rc2 = jlm_evk_rec_end(v, err);
-        rc = rc ? rc : rc2;
-        if (!rc && !up)
-            jlm_kv_rows(e, kc, vc, l, 0, n, st, st + kb, 1);
-        if (!rc)
-            *(up ? &v->st.act_up : &v->st.act_down) += kb + vb;
-    }
-    return rc;
+    return jlm_exd_kv_xfer(&VK_KVX, v, v->blk.seqs, v->blk.side, &v->st, e, kc, vc, n, up, err);
 }
 
 void jlm_evk_blk_free(jlm_evk *v)
