@@ -515,8 +515,9 @@ int jlm_ecu_block(jlm_dev *d, jlm_engine *e, const jlm_prog *p, uint32_t l, cons
         rc = buffers(v, e, &k, err);
     if (!rc)
         rc = jlm_ecu_frames_wait(v, err);   /* the dense region or a page paged in by the plan */
-    if (!rc && s->x_host != xs && !kc && s->logits.cap < (uint64_t)n * e->c->n_vocab * 4) {
-        rc = jlm_ecu_drain(v, err);   /* a batch: every row's logits, their buffer grown before its kernels */
+    if (!rc && s->x_host != xs && jlm_exd_group(&k, 0) < n && s->logits.cap < (uint64_t)n * e->c->n_vocab * 4) {
+        if (s->logits.p)   /* a batch: every row's logits, their buffer grown before its kernels */
+            rc = jlm_ecu_drain(v, err);   /* queued kernels may write the old buffer */
         if (!rc)
             rc = jlm_ecu_grow(v, &s->logits, (uint64_t)n * e->c->n_vocab * 4, 0, err);
     }

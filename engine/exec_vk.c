@@ -625,7 +625,7 @@ int jlm_evk_block(jlm_dev *d, jlm_engine *e, const jlm_prog *p, uint32_t l, cons
             rc = jlm_evk_rec_end(v, err);
         if (!rc)
             rc = cos_sin(v, e, &k);
-        if (!rc && !kc)   /* a batch: every row's logits, their buffer grown before anything is recorded */
+        if (!rc && jlm_exd_group(&k, 0) < n)   /* several sequences: every row's logits, grown before recording */
             rc = grow(v, &s->logits, (uint64_t)n * c->n_vocab * 4, 1, err);
         if (!rc) {
             memcpy(jlm_vk_buf_map(s->ab[JLM_B_X]), xs, (uint64_t)n * c->n_embd * 4);

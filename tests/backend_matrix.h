@@ -900,7 +900,8 @@ static inline void bm_seq_close(const float *c, const float *l, uint32_t nv, flo
 }
 
 /* Three sequences (jlm_engine_seq) of different prompt lengths on backend's whole
- * blocks (model, --kv kv, at gpu_layers; 0: all) give the ids and logits (within
+ * blocks (model, --kv kv, at gpu_layers, 0: all; --gpu-budget gpu_budget,
+ * 0: the default) give the ids and logits (within
  * tol of the largest) of the same sequences run alone on the CPU: prefills
  * one by one, then 8 rounds of a token each, batched (jlm_engine_eval_batch)
  * or one sequence alone and the other two batched, sequence 2 rewound by 3
@@ -911,7 +912,7 @@ static inline void bm_seq_close(const float *c, const float *l, uint32_t nv, flo
  * the save and went up for the load: counted). Prints the batched steps'
  * totals (docs' measurements). */
 static inline void bm_seq_batch(const char *backend, const char *model, const char *kv, uint32_t gpu_layers,
-                                float tol, uint64_t max_trips)
+                                uint64_t gpu_budget, float tol, uint64_t max_trips)
 {
     enum { NS = 3, ROUNDS = 8, MAXT = 16 };
     static const int32_t PROMPT[NS][MAXT] = {{1, 403, 407}, {1, 261, 378, 432, 300}, {1, 20, 30, 40, 50, 60, 70, 80}};
@@ -920,8 +921,12 @@ static inline void bm_seq_batch(const char *backend, const char *model, const ch
     jlm_err err = {0};
     char *path = tu_convert(model, dir, "s.jlm", &err);
     cr_assert(path, "%s", err.msg);
-    snprintf(what, sizeof what, "%s, %s, --kv %s, gpu layers %u", backend, model, kv, gpu_layers);
-    jlm_engine *ec = bm_engine_kv(path, "cpu", 0, kv), *ev = bm_engine_kv(path, backend, gpu_layers, kv);
+    snprintf(what, sizeof what, "%s, %s, --kv %s, gpu layers %u, gpu budget %llu", backend, model, kv, gpu_layers,
+             (unsigned long long)gpu_budget);
+    char why[512];
+    jlm_engine *ec = bm_engine_kv(path, "cpu", 0, kv);
+    jlm_engine *ev = bm_open_opts(path, (jlm_engine_opts){.backend = backend, .device = "0", .gpu_layers = gpu_layers,
+                                                          .gpu_budget = gpu_budget, .kv = kv}, 1, why, sizeof why);
     if (!ev) {
         jlm_engine_close(ec);
         tu_rmrf(dir);
