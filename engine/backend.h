@@ -123,6 +123,12 @@ typedef struct jlm_dev_ops {
     int  (*prof_on)(jlm_dev *d, int on);
     void (*prof_op)(jlm_dev *d, int cls);
     void (*prof_get)(jlm_dev *d, uint64_t ns[JLM_DEVP_N]);
+    /* A sequence's device KV cache (each sequence's whole blocks keep theirs
+     * on the device; kc: its host cache, the key): up 1 writes positions
+     * [0, n) of every layer placed here from the host cache (kc, vc; made
+     * if absent), 0 reads them back into it, -1 frees it (kc, vc unread).
+     * Counted in activations up / down; a round trip a layer. NULL: none. */
+    int (*kv_xfer)(jlm_dev *d, struct jlm_engine *e, void *kc, void *vc, uint32_t n, int up, jlm_err *err);
 } jlm_dev_ops;
 
 #define JLM_DEV_MULTI_MAX 3

@@ -517,12 +517,12 @@ static void ecu_prof_get(jlm_dev *dev, uint64_t ns[JLM_DEVP_N])
 static const jlm_dev_ops ECU_OPS = {"cuda", ecu_close, ecu_device, ecu_default_budget, ecu_matmul,
                                     ecu_stats, ecu_stats_reset, ecu_prefetch_wait, ecu_matmul_multi,
                                     jlm_ecu_block, jlm_ecu_x_sync, jlm_ecu_x_drop, jlm_ecu_output,
-                                    ecu_prof_on, ecu_prof_op, ecu_prof_get};
+                                    ecu_prof_on, ecu_prof_op, ecu_prof_get, jlm_ecu_kv_xfer};
 /* JLM_CUDA_BLOCKS=0: matmuls only, a round trip each (or each multi): the
  * tests of the offload, and the before of docs/cuda.md's counts */
 static const jlm_dev_ops ECU_OPS_MATMUL = {"cuda", ecu_close, ecu_device, ecu_default_budget, ecu_matmul,
                                            ecu_stats, ecu_stats_reset, ecu_prefetch_wait, ecu_matmul_multi,
-                                           NULL, NULL, NULL, NULL, ecu_prof_on, ecu_prof_op, ecu_prof_get};
+                                           NULL, NULL, NULL, NULL, ecu_prof_on, ecu_prof_op, ecu_prof_get, NULL};
 
 int jlm_ecu_open(const char *device, jlm_dev **out, jlm_err *err)
 {

@@ -33,9 +33,10 @@ typedef struct cu_job {
 /* exec_cu.c's device side of a block: the activation buffers (jlm_actbuf),
  * the int8 rows of a matmul's input and their act records (JLM_B_COUNT
  * tables of ab_rows records: buffer b's rows at its width), the attention's
- * scores, the logits, the KV cache of the engine's own sequence (per layer,
- * F32, rows of kv_dim), the pinned host rows and logits, and the residual
- * rows the device holds. */
+ * scores, the logits, the KV cache of each sequence (per layer, rows of
+ * kv_dim), the pinned host rows and logits, and the residual rows the
+ * device holds. */
+struct jlm_exd_seqs;
 typedef struct jlm_ecu_blk {
     scratch   ab[JLM_B_COUNT];
     uint64_t  ab_rows;              /* rows every ab[] and rec table holds */
@@ -47,9 +48,12 @@ typedef struct jlm_ecu_blk {
     scratch   rowt;                 /* a prefill block's row table: positions, then (first key, keys) a row */
     uint32_t  rowt_most;            /* ... the most keys of a row */
     scratch   h_x, h_logits;        /* pinned host */
-    void    **kc, **vc;             /* (n_layer,) NULL until a block of that layer ran here */
+    void    **kc, **vc;             /* (n_layer,) the sequence being enqueued's (one of seqs): NULL until a
+                                     * block of that layer ran here for it */
+    struct jlm_exd_seqs *seqs;      /* every sequence's device cache (exec_dev.h) */
+    scratch   stage;                /* pinned: a sequence's cache rows up or down (jlm_ecu_kv_xfer) */
     uint32_t  n_layer;
-    uint8_t  *side;                 /* (n_layer,) the engine's sequence's blocks: 0 undecided, 1 here, 2 host */
+    uint8_t  *side;                 /* (n_layer,) the blocks: 0 undecided, 1 here, 2 host */
     float    *x_host;               /* where the rows held belong on the host; NULL: the host has them */
     uint32_t  x_rows, x_E;
     int       queued;               /* kernels enqueued since the host last waited for the compute stream */
@@ -116,6 +120,8 @@ void jlm_ecu_x_drop(jlm_dev *d);
 int  jlm_ecu_output(jlm_dev *d, const float *norm, float eps, const jlm_k_mat *m, const float *x, uint32_t n,
                     uint32_t E, float *logits, jlm_err *err);
 void jlm_ecu_blk_free(jlm_ecu *v);
+/* jlm_dev_ops.kv_xfer: a sequence's device cache up (1), down (0) or freed (-1). */
+int  jlm_ecu_kv_xfer(jlm_dev *d, struct jlm_engine *e, void *kc, void *vc, uint32_t n, int up, jlm_err *err);
 /* exec_cu.c's helpers for exec_cu_moe.c: y (n rows) = x (n rows of
  * activation buffer src) times m, quantized types through src's int8 rows
  * (reuse: quantized by the previous call; dry: only whether it can); a dense

@@ -148,12 +148,13 @@ static void evk_prof_get(jlm_dev *dev, uint64_t ns[JLM_DEVP_N])
 
 static const jlm_dev_ops EVK_OPS = {"vulkan", evk_close, evk_device, evk_default_budget, evk_matmul,
                                     evk_stats, evk_stats_reset, NULL, NULL, evk_block, jlm_evk_x_sync,
-                                    jlm_evk_x_drop, evk_output, evk_prof_on, evk_prof_op, evk_prof_get};
+                                    jlm_evk_x_drop, evk_output, evk_prof_on, evk_prof_op, evk_prof_get,
+                                    jlm_evk_kv_xfer};
 /* JLM_VK_BLOCKS=0: matmuls only, one round trip each (the tests of the
  * offload's bit-identity; the before of docs/vulkan.md's counts) */
 static const jlm_dev_ops EVK_OPS_MATMUL = {"vulkan", evk_close, evk_device, evk_default_budget, evk_matmul,
                                            evk_stats, evk_stats_reset, NULL, NULL, NULL, NULL, NULL, NULL,
-                                           evk_prof_on, evk_prof_op, evk_prof_get};
+                                           evk_prof_on, evk_prof_op, evk_prof_get, NULL};
 
 int jlm_evk_open(const char *want, int allow_cpu, jlm_dev **out, jlm_err *err)
 {

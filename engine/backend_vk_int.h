@@ -12,8 +12,9 @@ enum { B_QS, B_D, B_SC, B_X, B_Y, B_AQ, B_AD, B_AS, B_N };
 
 /* exec_vk.c's device side of a block: the activation buffers (jlm_actbuf;
  * X host-visible: the residual stream crosses there), the attention's
- * scores, the logits, the KV cache of the engine's own sequence (per layer,
- * F32, rows of kv_dim), and the residual rows the device holds. */
+ * scores, the logits, the KV cache of each sequence (per layer, rows of
+ * kv_dim), and the residual rows the device holds. */
+struct jlm_exd_seqs;
 typedef struct jlm_evk_blk {
     jlm_vk_buf *ab[JLM_B_COUNT];
     uint64_t    ab_rows;             /* rows every ab[] holds */
@@ -21,9 +22,12 @@ typedef struct jlm_evk_blk {
     jlm_vk_buf *aq, *ad, *as;        /* the int8 rows of a matmul's input (jlm_vk_quantize) */
     jlm_vk_buf *mla;                 /* exec_vk_mla.c's scratch (latent attention), sized by buffers() */
     jlm_vk_buf *cs;                  /* (rows, n_rot) each row's RoPE cos/sin, host-visible: up with the rows */
-    jlm_vk_buf **kc, **vc;           /* (n_layer,) NULL until a block of that layer ran here */
+    jlm_vk_buf **kc, **vc;           /* (n_layer,) the sequence being recorded's (one of seqs): NULL until a
+                                      * block of that layer ran here for it */
+    struct jlm_exd_seqs *seqs;       /* every sequence's device cache (exec_dev.h) */
+    jlm_vk_buf *stage;               /* host-visible: a sequence's cache rows up or down (jlm_evk_kv_xfer) */
     uint32_t    n_layer;
-    uint8_t    *side;                /* (n_layer,) the engine's sequence's blocks: 0 undecided, 1 here, 2 host */
+    uint8_t    *side;                /* (n_layer,) the blocks: 0 undecided, 1 here, 2 host */
     float      *x_host;              /* where the rows held belong on the host; NULL: the host has them */
     uint32_t    x_rows, x_E;
 } jlm_evk_blk;
@@ -55,6 +59,10 @@ void jlm_evk_x_drop(jlm_dev *d);
 int  jlm_evk_output(jlm_dev *d, const float *norm, float eps, const jlm_k_mat *m, const float *x, uint32_t n,
                     uint32_t E, float *logits, jlm_err *err);
 void jlm_evk_blk_free(jlm_evk *v);
+/* A sequence's device cache (host: its host cache kc): up (1: positions
+ * [0, n) of every layer here from the host cache kc, vc, made if absent),
+ * down (0: the same back into kc, vc) or dropped (-1; kc, vc unread). */
+int  jlm_evk_kv_xfer(jlm_dev *d, struct jlm_engine *e, void *kc, void *vc, uint32_t n, int up, jlm_err *err);
 /* exec_vk.c's helpers for exec_vk_moe.c: y (n rows) = x times m (planes in a
  * device frame; quantized: x's int8 rows made in blk.aq, reuse: the previous
  * call's); a dense vector's view (p NULL: none); *b at least bytes (a

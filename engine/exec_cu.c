@@ -264,15 +264,26 @@ static int kv_rows(jlm_exd *k, int b, uint32_t t, uint64_t p, uint32_t n)
     }
 }
 
+/* The device cache of row t's sequence becomes blk.kc, blk.vc (buffers()
+ * made it). */
+static void use_seq(const jlm_exd *k, uint32_t t)
+{
+    jlm_ecu_blk *s = &ecu(k)->blk;
+    jlm_exd_seqc *c = jlm_exd_seq_find(s->seqs, jlm_exd_host(k, t));
+    s->kc = c->kc;
+    s->vc = c->vc;
+}
+
 static int op_kv_put(jlm_exd *k)
 {
     int rc = JLM_OK;
     /* rows at consecutive positions (one sequence's): one copy (or conversion) each for K and V */
     uint32_t step = k->b.n;
     for (uint32_t t = 1; t < k->b.n && step > 1; t++)
-        if (jlm_exd_pos(k, t) != jlm_exd_pos(k, 0) + t)
+        if (jlm_exd_pos(k, t) != jlm_exd_pos(k, 0) + t || jlm_exd_host(k, t) != jlm_exd_host(k, 0))
             step = 1;
     for (uint32_t t = 0; !rc && !k->dry && t < k->b.n; t += step) {
+        use_seq(k, t);
         rc = kv_rows(k, JLM_B_K, t, jlm_exd_pos(k, t), step);
         if (!rc)
             rc = kv_rows(k, JLM_B_V, t, jlm_exd_pos(k, t), step);
@@ -297,15 +308,21 @@ static int op_attend(jlm_exd *k, const float *sinks)
                       .softcap = c->attn_softcap, .sinks = sk, .k_type = e->kt, .v_type = e->vt};
     uint64_t kb = kv_row(e, JLM_B_K), vb = kv_row(e, JLM_B_V);
     int rc = JLM_OK;
-    if (k->b.n > 1 && !k->dry)   /* a prefill: its rows together */
+    int one_seq = 1;   /* a prefill's rows are one sequence's; a batched step's are one a sequence */
+    for (uint32_t t = 1; t < k->b.n && one_seq; t++)
+        one_seq = jlm_exd_host(k, t) == jlm_exd_host(k, 0);
+    if (k->b.n > 1 && !k->dry && one_seq) {   /* a prefill: its rows together, on its sequence's cache */
+        use_seq(k, 0);
         return jlm_ecu_attn_rows(k, &ap, row(k, JLM_B_Q, 0), width(e, JLM_B_Q), v->blk.kc[k->b.l], v->blk.vc[k->b.l],
                                  row(k, JLM_B_ATT, 0), width(e, JLM_B_ATT), "attention");
+    }
     for (uint32_t t = 0; !rc && !k->dry && t < k->b.n; t++) {
         /* keys [lo, hi): a sliding window's (or a chunk's) first key is where the cache's rows start, so
          * the hidden keys are not read at all (the CPU masks them: exp(-inf) adds 0) */
         uint32_t pos = jlm_exd_pos(k, t), hi = pos < e->bidir_end ? e->bidir_end : pos + 1;
         uint64_t lo = jlm_ex_first_key(c, k->b.l, pos);
         ap.n_kv = hi - lo;
+        use_seq(k, t);
         rc = launched(k, jlm_cu_rt_attn(v->rt, &ap, row(k, JLM_B_Q, t), (uint8_t *)v->blk.kc[k->b.l] + lo * kb,
                                         (uint8_t *)v->blk.vc[k->b.l] + lo * vb, v->blk.scores.p,
                                         row(k, JLM_B_ATT, t), CS), "attention");
@@ -351,9 +368,29 @@ static const jlm_exd_ops CU_OPS = {op_norm, op_mm, op_bias, op_heads, op_kv_put,
 /* The activation buffers and act records for n rows, the int8 rows, the
  * scores, and layer l's cache. Growing frees buffers queued kernels may
  * read: the caller has drained the stream (the seam's free waits too). */
-static int buffers(jlm_ecu *v, jlm_engine *e, uint32_t l, uint32_t n, jlm_err *err)
+/* Layer l's device cache of the sequence whose host cache is host (made
+ * if absent), left in blk.kc, blk.vc. */
+static int seq_cache(jlm_ecu *v, jlm_engine *e, const void *host, uint32_t l, jlm_err *err)
 {
     jlm_ecu_blk *s = &v->blk;
+    jlm_exd_seqc *c;
+    s->n_layer = e->c->n_layer;
+    int rc = jlm_exd_seq_get(&s->seqs, host, s->n_layer, sizeof *s->kc, &c, "cuda", err);
+    if (rc)
+        return rc;
+    s->kc = c->kc;
+    s->vc = c->vc;
+    if (!s->kc[l] && jlm_cu_rt_alloc(v->rt, (uint64_t)e->kv_ctx * kv_row(e, JLM_B_K), &s->kc[l]))
+        return jlm_ecu_fail(v, err, "the KV cache");
+    if (e->kv_dim_v && !s->vc[l] && jlm_cu_rt_alloc(v->rt, (uint64_t)e->kv_ctx * kv_row(e, JLM_B_V), &s->vc[l]))
+        return jlm_ecu_fail(v, err, "the KV cache");
+    return JLM_OK;
+}
+
+static int buffers(jlm_ecu *v, jlm_engine *e, const jlm_exd *k, jlm_err *err)
+{
+    jlm_ecu_blk *s = &v->blk;
+    uint32_t l = k->b.l, n = k->b.n;
     int rc = JLM_OK;
     uint64_t kmax = 0;
     for (int b = 0; b < JLM_B_COUNT; b++)
@@ -387,17 +424,8 @@ static int buffers(jlm_ecu *v, jlm_engine *e, uint32_t l, uint32_t n, jlm_err *e
     }
     if (!rc)
         rc = jlm_ecu_grow(v, &s->scores, (uint64_t)e->c->n_head * e->kv_ctx * 4, 0, err);
-    if (!rc && !s->kc) {
-        s->kc = calloc(e->c->n_layer, sizeof *s->kc);
-        s->vc = calloc(e->c->n_layer, sizeof *s->vc);
-        s->n_layer = e->c->n_layer;
-        if (!s->kc || !s->vc)
-            rc = jlm_errf(err, JLM_ENOMEM, "cuda: out of memory");
-    }
-    if (!rc && !s->kc[l] && jlm_cu_rt_alloc(v->rt, (uint64_t)e->kv_ctx * kv_row(e, JLM_B_K), &s->kc[l]))
-        rc = jlm_ecu_fail(v, err, "the KV cache");
-    if (!rc && e->kv_dim_v && !s->vc[l] && jlm_cu_rt_alloc(v->rt, (uint64_t)e->kv_ctx * kv_row(e, JLM_B_V), &s->vc[l]))
-        rc = jlm_ecu_fail(v, err, "the KV cache");
+    for (uint32_t t = 0; !rc && t < k->b.n; t += jlm_exd_group(k, t))
+        rc = seq_cache(v, e, jlm_exd_host(k, t), l, err);
     return rc;
 }
 
@@ -438,6 +466,56 @@ static int rows_up(jlm_ecu *v, jlm_exd *k, jlm_err *err)
     return rc;
 }
 
+static void seq_drop(jlm_ecu *v, jlm_exd_seqc *c)
+{
+    void **kc = c->kc, **vc = c->vc;
+    for (uint32_t l = 0; l < v->blk.n_layer; l++) {
+        jlm_cu_rt_free(v->rt, kc[l]);
+        jlm_cu_rt_free(v->rt, vc[l]);
+    }
+    if (v->blk.kc == c->kc)
+        v->blk.kc = v->blk.vc = NULL;
+    jlm_exd_seq_forget(v->blk.seqs, c);
+}
+
+static int kvx_sync(void *be, jlm_err *err) { return jlm_ecu_drain(be, err); }
+static void kvx_drop(void *be, jlm_exd_seqc *c) { seq_drop(be, c); }
+static int kvx_cache(void *be, jlm_engine *e, const void *host, uint32_t l, jlm_err *err)
+{
+    return seq_cache(be, e, host, l, err);
+}
+
+static int kvx_stage(void *be, uint64_t bytes, uint8_t **p, jlm_err *err)
+{
+    jlm_ecu *v = be;
+    int rc = jlm_ecu_grow(v, &v->blk.stage, bytes, 1, err);
+    *p = rc ? NULL : v->blk.stage.p;
+    return rc;
+}
+
+static int kvx_copy(void *be, uint32_t l, uint64_t kb, uint64_t vb, int up, jlm_err *err)
+{
+    jlm_ecu *v = be;
+    jlm_ecu_blk *s = &v->blk;
+    uint8_t *st = s->stage.p;
+    int rc = JLM_OK;
+    jlm_dev_prof_op(&v->dev, JLM_DEVP_XFER);
+    if (up ? jlm_cu_rt_h2d(v->rt, s->kc[l], st, kb, CS) || (vb && jlm_cu_rt_h2d(v->rt, s->vc[l], st + kb, vb, CS))
+           : jlm_cu_rt_d2h(v->rt, st, s->kc[l], kb, CS) || (vb && jlm_cu_rt_d2h(v->rt, st + kb, s->vc[l], vb, CS)))
+        rc = jlm_ecu_fail(v, err, "a sequence's KV cache");
+    s->queued = 1;
+    int rc2 = jlm_ecu_drain(v, err);
+    return rc ? rc : rc2;
+}
+
+static const jlm_exd_kvx CU_KVX = {kvx_sync, kvx_drop, kvx_cache, kvx_stage, kvx_copy};
+
+int jlm_ecu_kv_xfer(jlm_dev *d, jlm_engine *e, void *kc, void *vc, uint32_t n, int up, jlm_err *err)
+{
+    jlm_ecu *v = (jlm_ecu *)d;
+    return jlm_exd_kv_xfer(&CU_KVX, v, v->blk.seqs, v->blk.side, &v->st, e, kc, vc, n, up, err);
+}
+
 void jlm_ecu_blk_free(jlm_ecu *v)
 {
     jlm_ecu_blk *s = &v->blk;
@@ -450,12 +528,11 @@ void jlm_ecu_blk_free(jlm_ecu *v)
         jlm_ecu_scratch_free(v, dev[i], 0);
     jlm_ecu_scratch_free(v, &s->h_x, 1);
     jlm_ecu_scratch_free(v, &s->h_logits, 1);
-    for (uint32_t l = 0; s->kc && l < s->n_layer; l++) {
-        jlm_cu_rt_free(v->rt, s->kc[l]);
-        jlm_cu_rt_free(v->rt, s->vc[l]);
-    }
-    free(s->kc);
-    free(s->vc);
+    jlm_ecu_scratch_free(v, &s->stage, 1);
+    while (s->seqs && s->seqs->n)
+        seq_drop(v, &s->seqs->c[0]);
+    free(s->seqs ? s->seqs->c : NULL);
+    free(s->seqs);
     free(s->side);
     memset(s, 0, sizeof *s);
 }
@@ -511,9 +588,15 @@ int jlm_ecu_block(jlm_dev *d, jlm_engine *e, const jlm_prog *p, uint32_t l, cons
     if (!rc && n > s->ab_rows && s->ab_rows)
         rc = jlm_ecu_drain(v, err);    /* growing frees what queued kernels read */
     if (!rc)
-        rc = buffers(v, e, l, n, err);
+        rc = buffers(v, e, &k, err);
     if (!rc)
         rc = jlm_ecu_frames_wait(v, err);   /* the dense region or a page paged in by the plan */
+    if (!rc && s->x_host != xs && jlm_exd_group(&k, 0) < n && s->logits.cap < (uint64_t)n * e->c->n_vocab * 4) {
+        if (s->logits.p)   /* a batch: every row's logits, their buffer grown before its kernels */
+            rc = jlm_ecu_drain(v, err);   /* queued kernels may write the old buffer */
+        if (!rc)
+            rc = jlm_ecu_grow(v, &s->logits, (uint64_t)n * e->c->n_vocab * 4, 0, err);
+    }
     if (!rc && s->x_host != xs) {   /* the rows go up */
         uint64_t bytes = (uint64_t)n * e->c->n_embd * 4;
         rc = jlm_ecu_grow(v, &s->h_x, bytes, 1, err);

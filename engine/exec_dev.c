@@ -134,9 +134,9 @@ int jlm_exd_plan(jlm_exd *k, const jlm_exd_ops *ops, void *be, jlm_engine *e, co
     if ((!ops->kv_any && ((e->kt != KV_F32 && e->kt != KV_F16) || e->vt != e->kt)) || (c->flags & JLM_F_NON_CAUSAL) ||
         !n)
         return UNSUP;
-    for (uint32_t t = 0; t < n; t++)
-        if ((kc ? kc : e->bkc[t]) != e->kc)
-            return UNSUP;   /* a jlm_engine_seq's cache stays on the host */
+    for (uint32_t t = 0; c->kv_lora_rank && t < n; t++)
+        if (jlm_exd_host(k, t) != e->kc)
+            return UNSUP;   /* latent attention: a jlm_engine_seq's cache stays on the host */
     if (!*side && !(*side = calloc(c->n_layer, 1)))
         return jlm_errf(err, JLM_ENOMEM, "%s: out of memory", who);
     /* the layer's cache holds positions on one side only: once decided, the plan must agree */
@@ -148,6 +148,81 @@ int jlm_exd_plan(jlm_exd *k, const jlm_exd_ops *ops, void *be, jlm_engine *e, co
     if (!ok)
         return jlm_errf(err, JLM_EIO, "%s: block %u can no longer run on the device (its KV cache is there)", who, l);
     return JLM_OK;
+}
+
+uint32_t jlm_exd_group(const jlm_exd *k, uint32_t t)
+{
+    uint32_t m = 1;
+    while (t + m < k->b.n && jlm_exd_host(k, t + m) == jlm_exd_host(k, t))
+        m++;
+    return m;
+}
+
+jlm_exd_seqc *jlm_exd_seq_find(const jlm_exd_seqs *t, const void *host)
+{
+    for (uint32_t i = 0; i < t->n; i++)
+        if (t->c[i].host == host)
+            return &t->c[i];
+    return NULL;
+}
+
+int jlm_exd_seq_get(jlm_exd_seqs **tp, const void *host, uint32_t n_layer, size_t elem, jlm_exd_seqc **out,
+                    const char *who, jlm_err *err)
+{
+    if (!*tp && !(*tp = calloc(1, sizeof **tp)))
+        return jlm_errf(err, JLM_ENOMEM, "%s: out of memory", who);
+    jlm_exd_seqs *t = *tp;
+    if ((*out = jlm_exd_seq_find(t, host)))
+        return JLM_OK;
+    if (t->n == t->cap) {
+        uint32_t cap = t->cap ? t->cap * 2 : 4;
+        jlm_exd_seqc *c = realloc(t->c, cap * sizeof *c);
+        if (!c)
+            return jlm_errf(err, JLM_ENOMEM, "%s: out of memory", who);
+        t->c = c;
+        t->cap = cap;
+    }
+    jlm_exd_seqc c = {host, calloc(n_layer ? n_layer : 1, elem), calloc(n_layer ? n_layer : 1, elem)};
+    if (!c.kc || !c.vc) {
+        free(c.kc);
+        free(c.vc);
+        return jlm_errf(err, JLM_ENOMEM, "%s: out of memory", who);
+    }
+    t->c[t->n] = c;
+    *out = &t->c[t->n++];
+    return JLM_OK;
+}
+
+void jlm_exd_seq_forget(jlm_exd_seqs *t, jlm_exd_seqc *c)
+{
+    free(c->kc);
+    free(c->vc);
+    *c = t->c[--t->n];
+}
+
+int jlm_exd_kv_xfer(const jlm_exd_kvx *x, void *be, jlm_exd_seqs *t, const uint8_t *side, jlm_dev_stats *st,
+                    jlm_engine *e, void *kc, void *vc, uint32_t n, int up, jlm_err *err)
+{
+    jlm_exd_seqc *c = t ? jlm_exd_seq_find(t, kc) : NULL;
+    int rc = x->sync(be, err);   /* what is recorded or queued may use the cache */
+    if (!rc && c && up < 0)
+        x->drop(be, c);
+    if (rc || up < 0 || (!c && !up) || !n || e->c->kv_lora_rank || !side)
+        return rc;   /* nothing here (latent attention's prefixes are not kept) */
+    uint64_t kb = jlm_kv_row_bytes(e->kt, e->kv_dim) * n, vb = jlm_kv_row_bytes(e->vt, e->kv_dim_v) * n;
+    for (uint32_t l = 0; !rc && l < e->c->n_layer; l++) {
+        uint8_t *p;
+        if (side[l] != 1 || (rc = x->cache(be, e, kc, l, err)) || (rc = x->stage(be, kb + vb, &p, err)))
+            continue;
+        if (up)
+            jlm_kv_rows(e, kc, vc, l, 0, n, p, p + kb, 0);
+        rc = x->copy(be, l, kb, vb, up, err);
+        if (!rc && !up)
+            jlm_kv_rows(e, kc, vc, l, 0, n, p, p + kb, 1);
+        if (!rc)
+            *(up ? &st->act_up : &st->act_down) += kb + vb;
+    }
+    return rc;
 }
 
 int jlm_exd_held(const float *xh, uint32_t x_rows, uint32_t x_E, uint64_t ab_rows, const float *x, uint32_t n,

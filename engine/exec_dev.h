@@ -6,11 +6,12 @@
  *
  * A walk runs twice per block: dry (k->dry: the primitives only say whether
  * they can, JLM_EUNSUPPORTED if not, nothing recorded) and then for real.
- * The decision is made per model, layer and sequence: the engine's own
- * sequence with an F32 or F16 cache (K and V alike; a backend's kv_put
- * refuses the types it lacks), a causal model, every op of the program
- * supported; once a layer's first block was placed, it stays on that side
- * (its KV cache is there). Weights and vectors reach the primitives as host
+ * The decision is made per model and layer: an F32 or F16 cache (K and V
+ * alike; a backend's kv_put refuses the types it lacks), a causal model,
+ * every op of the program supported (latent attention: the engine's own
+ * sequence only); once a layer's first block was placed, it stays on that
+ * side for every sequence (their KV caches are there: a device cache per
+ * sequence, jlm_exd_seqs). Weights and vectors reach the primitives as host
  * addresses; a backend maps them to its device frames (or answers
  * JLM_EUNSUPPORTED). Internal to engine/; the graph's one thread. */
 #ifndef JLM_ENGINE_EXEC_DEV_H
@@ -50,6 +51,51 @@ struct jlm_exd {
     int                dry, q_ready;
     jlm_err           *err;
 };
+
+/* Row t's sequence: the host cache it is bound to (jlm_engine's kc or a
+ * jlm_engine_seq's), the key of its device cache. */
+static inline const void *jlm_exd_host(const jlm_exd *k, uint32_t t) { return k->kc ? k->kc : k->e->bkc[t]; }
+/* How many rows from t on share row t's sequence (a prefill: all). */
+uint32_t jlm_exd_group(const jlm_exd *k, uint32_t t);
+
+/* A backend's KV caches, one per sequence (the engine's own and each
+ * jlm_engine_seq's, keyed by its host cache): kc, vc are the backend's
+ * arrays of n_layer device buffers (NULL until a block of that layer ran
+ * there for it). jlm_exd_seq_get finds the entry of host or adds one with
+ * zeroed arrays (elem: a buffer handle's size; *t made if NULL); jlm_exd_seq_find: NULL when
+ * none; jlm_exd_seq_forget drops the entry (its buffers freed by the
+ * caller). */
+typedef struct jlm_exd_seqc {
+    const void *host;
+    void       *kc, *vc;
+} jlm_exd_seqc;
+typedef struct jlm_exd_seqs {
+    jlm_exd_seqc *c;
+    uint32_t      n, cap;
+} jlm_exd_seqs;
+int  jlm_exd_seq_get(jlm_exd_seqs **t, const void *host, uint32_t n_layer, size_t elem, jlm_exd_seqc **out,
+                     const char *who, jlm_err *err);
+jlm_exd_seqc *jlm_exd_seq_find(const jlm_exd_seqs *t, const void *host);
+void jlm_exd_seq_forget(jlm_exd_seqs *t, jlm_exd_seqc *c);
+
+/* A backend's part of jlm_dev_ops.kv_xfer, which jlm_exd_kv_xfer walks:
+ * sync: nothing recorded or queued uses a cache any longer (a wait);
+ * drop: frees c's buffers and forgets c; cache: layer l's device cache of
+ * host's sequence, made if absent, left as the one the next copy uses;
+ * stage: a host-visible buffer of bytes (*p: its address); copy: kb key
+ * bytes then vb value bytes between it and that cache's layer l (up 1:
+ * to the device, 0: back), waited for. */
+typedef struct jlm_exd_kvx {
+    int  (*sync)(void *be, jlm_err *err);
+    void (*drop)(void *be, jlm_exd_seqc *c);
+    int  (*cache)(void *be, jlm_engine *e, const void *host, uint32_t l, jlm_err *err);
+    int  (*stage)(void *be, uint64_t bytes, uint8_t **p, jlm_err *err);
+    int  (*copy)(void *be, uint32_t l, uint64_t kb, uint64_t vb, int up, jlm_err *err);
+} jlm_exd_kvx;
+/* jlm_dev_ops.kv_xfer over x (t: the backend's caches, side its layers'
+ * record, st its counters: the copies in act_up / act_down). */
+int jlm_exd_kv_xfer(const jlm_exd_kvx *x, void *be, jlm_exd_seqs *t, const uint8_t *side, jlm_dev_stats *st,
+                    jlm_engine *e, void *kc, void *vc, uint32_t n, int up, jlm_err *err);
 
 /* The floats a row of buffer b holds. */
 uint64_t jlm_exd_width(const jlm_engine *e, int b);

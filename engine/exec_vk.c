@@ -273,6 +273,16 @@ uint32_t jlm_evk_run_of(const jlm_exd *k, uint32_t t)
     return m;
 }
 
+/* The device cache of row t's sequence becomes blk.kc, blk.vc (buffers()
+ * made it). */
+static void use_seq(const jlm_exd *k, uint32_t t)
+{
+    jlm_evk_blk *s = &evk(k)->blk;
+    jlm_exd_seqc *c = jlm_exd_seq_find(s->seqs, jlm_exd_host(k, t));
+    s->kc = c->kc;
+    s->vc = c->vc;
+}
+
 static int op_kv_put(jlm_exd *k)
 {
     jlm_evk *v = evk(k);
@@ -281,7 +291,10 @@ static int op_kv_put(jlm_exd *k)
         return UNSUP;   /* kv_q8.comp rounds through doubles */
     for (uint32_t t = 0, m; !rc && !k->dry && t < k->b.n; t += m) {
         uint64_t p = jlm_exd_pos(k, t);
+        uint32_t g = jlm_exd_group(k, t);
         m = jlm_evk_run_of(k, t);
+        m = m < g ? m : g;
+        use_seq(k, t);
         rc = kv_put(k, v->blk.kc[k->b.l], p, JLM_B_K, t, m);
         if (!rc)
             rc = kv_put(k, v->blk.vc[k->b.l], p, JLM_B_V, t, m);
@@ -359,9 +372,19 @@ static int op_attend(jlm_exd *k, const float *sinks)
         lh[2 * t] = jlm_ex_first_key(c, k->b.l, pos);
         lh[2 * t + 1] = pos < e->bidir_end ? e->bidir_end : pos + 1;
     }
-    jlm_evk_kv kv = {s->kc[k->b.l], kv_row(e, JLM_B_K), e->kt, s->vc[k->b.l], kv_row(e, JLM_B_V), e->vt};
-    int rc = jlm_evk_attend_rows(k, &ap, c->n_head, c->n_kv_head, lh, rows(k, JLM_B_Q), (uint32_t)width(e, JLM_B_Q),
-                                 kv, sinks, rows(k, JLM_B_ATT), (uint32_t)width(e, JLM_B_ATT));
+    int rc = JLM_OK;
+    uint64_t qw = width(e, JLM_B_Q), ow = width(e, JLM_B_ATT);
+    for (uint32_t t = 0, m; !rc && t < n; t += m) {   /* each sequence's rows over its own cache */
+        jlm_exd g = *k;
+        g.b.n = m = jlm_exd_group(k, t);
+        use_seq(k, t);
+        jlm_evk_kv kv = {s->kc[k->b.l], kv_row(e, JLM_B_K), e->kt, s->vc[k->b.l], kv_row(e, JLM_B_V), e->vt};
+        jlm_vk_view q = rows(k, JLM_B_Q), o = rows(k, JLM_B_ATT);
+        q.off += t * qw * 4;
+        o.off += t * ow * 4;
+        rc = jlm_evk_attend_rows(&g, &ap, c->n_head, c->n_kv_head, lh + 2 * t, q, (uint32_t)qw, kv, sinks, o,
+                                 (uint32_t)ow);
+    }
     free(lh);
     return rc;
 }
@@ -408,10 +431,38 @@ int jlm_evk_grow(jlm_evk *v, jlm_vk_buf **b, uint64_t bytes, int host, jlm_err *
     return grow(v, b, bytes, host, err);
 }
 
-/* The activation buffers for n rows, the scores, and layer l's cache. */
-static int buffers(jlm_evk *v, jlm_engine *e, uint32_t l, uint32_t n, jlm_err *err)
+/* Layer l's device cache of the sequence whose host cache is host (made
+ * if absent), left in blk.kc, blk.vc. */
+static int seq_cache(jlm_evk *v, jlm_engine *e, const void *host, uint32_t l, jlm_err *err)
 {
     jlm_evk_blk *s = &v->blk;
+    jlm_exd_seqc *c;
+    s->n_layer = e->c->n_layer;
+    int rc = jlm_exd_seq_get(&s->seqs, host, s->n_layer, sizeof *s->kc, &c, "vulkan", err);
+    if (rc)
+        return rc;
+    s->kc = c->kc;
+    s->vc = c->vc;
+    /* whole words: a Q8_0 row may end inside one (jlm_vk_kv_q8 binds them) */
+    rc = grow(v, &s->kc[l], ((uint64_t)e->kv_ctx * kv_row(e, JLM_B_K) + 3) / 4 * 4, 0, err);
+    if (!rc && e->kv_dim_v)   /* latent attention's cache is kc's alone */
+        rc = grow(v, &s->vc[l], ((uint64_t)e->kv_ctx * kv_row(e, JLM_B_V) + 3) / 4 * 4, 0, err);
+    return rc ? jlm_err_prefix(err, rc, "vulkan: the KV cache of block %u", l) : JLM_OK;
+}
+
+static int seq_caches(jlm_evk *v, jlm_engine *e, const jlm_exd *k, jlm_err *err)
+{
+    int rc = JLM_OK;
+    for (uint32_t t = 0; !rc && t < k->b.n; t += jlm_exd_group(k, t))
+        rc = seq_cache(v, e, jlm_exd_host(k, t), k->b.l, err);
+    return rc;
+}
+
+/* The activation buffers for n rows, the scores, and layer l's caches. */
+static int buffers(jlm_evk *v, jlm_engine *e, const jlm_exd *k, jlm_err *err)
+{
+    jlm_evk_blk *s = &v->blk;
+    uint32_t n = k->b.n;
     int rc = JLM_OK;
     if (n > s->ab_rows) {
         for (int b = 0; b < JLM_B_COUNT && !rc; b++)
@@ -430,21 +481,60 @@ static int buffers(jlm_evk *v, jlm_engine *e, uint32_t l, uint32_t n, jlm_err *e
         rc = grow(v, &s->as, (uint64_t)s->ab_rows * kmax / 8, 0, err);
     if (!rc)
         rc = grow(v, &s->scores, scores_bytes(v, e, s->ab_rows), 0, err);
-    if (!rc && !s->kc) {
-        s->kc = calloc(e->c->n_layer, sizeof *s->kc);
-        s->vc = calloc(e->c->n_layer, sizeof *s->vc);
-        s->n_layer = e->c->n_layer;
-        if (!s->kc || !s->vc)
-            rc = jlm_errf(err, JLM_ENOMEM, "vulkan: out of memory");
-    }
-    /* whole words: a Q8_0 row may end inside one (jlm_vk_kv_q8 binds them) */
     if (!rc)
-        rc = grow(v, &s->kc[l], ((uint64_t)e->kv_ctx * kv_row(e, JLM_B_K) + 3) / 4 * 4, 0, err);
-    if (!rc && e->kv_dim_v)   /* latent attention's cache is kc's alone */
-        rc = grow(v, &s->vc[l], ((uint64_t)e->kv_ctx * kv_row(e, JLM_B_V) + 3) / 4 * 4, 0, err);
+        rc = seq_caches(v, e, k, err);
     if (!rc && e->c->kv_lora_rank)
         rc = grow(v, &s->mla, jlm_evk_mla_bytes(v, e, (uint32_t)s->ab_rows), 0, err);
     return rc;
+}
+
+static void seq_drop(jlm_evk *v, jlm_exd_seqc *c)
+{
+    jlm_vk_buf **kc = c->kc, **vc = c->vc;
+    for (uint32_t l = 0; l < v->blk.n_layer; l++) {
+        jlm_vk_buf_free(v->vk, kc[l]);
+        jlm_vk_buf_free(v->vk, vc[l]);
+    }
+    if (v->blk.kc == c->kc)
+        v->blk.kc = v->blk.vc = NULL;
+    jlm_exd_seq_forget(v->blk.seqs, c);
+}
+
+static int kvx_sync(void *be, jlm_err *err) { return jlm_evk_rec_end(be, err); }
+static void kvx_drop(void *be, jlm_exd_seqc *c) { seq_drop(be, c); }
+static int kvx_cache(void *be, jlm_engine *e, const void *host, uint32_t l, jlm_err *err)
+{
+    return seq_cache(be, e, host, l, err);
+}
+
+static int kvx_stage(void *be, uint64_t bytes, uint8_t **p, jlm_err *err)
+{
+    jlm_evk *v = be;
+    int rc = grow(v, &v->blk.stage, bytes, 1, err);
+    *p = rc ? NULL : jlm_vk_buf_map(v->blk.stage);
+    return rc;
+}
+
+static int kvx_copy(void *be, uint32_t l, uint64_t kb, uint64_t vb, int up, jlm_err *err)
+{
+    jlm_evk *v = be;
+    jlm_evk_blk *s = &v->blk;
+    jlm_vk_view hk = {s->stage, 0, kb}, hv = {s->stage, kb, vb}, ck = {s->kc[l], 0, kb}, cv = {s->vc[l], 0, vb};
+    int rc = jlm_vk_rec_begin(v->vk, err);
+    if (!rc)
+        rc = jlm_vk_copy(v->vk, up ? ck : hk, up ? hk : ck, kb, err);
+    if (!rc && vb)
+        rc = jlm_vk_copy(v->vk, up ? cv : hv, up ? hv : cv, vb, err);
+    int rc2 = jlm_evk_rec_end(v, err);
+    return rc ? rc : rc2;
+}
+
+static const jlm_exd_kvx VK_KVX = {kvx_sync, kvx_drop, kvx_cache, kvx_stage, kvx_copy};
+
+int jlm_evk_kv_xfer(jlm_dev *d, jlm_engine *e, void *kc, void *vc, uint32_t n, int up, jlm_err *err)
+{
+    jlm_evk *v = (jlm_evk *)d;
+    return jlm_exd_kv_xfer(&VK_KVX, v, v->blk.seqs, v->blk.side, &v->st, e, kc, vc, n, up, err);
 }
 
 void jlm_evk_blk_free(jlm_evk *v)
@@ -459,12 +549,11 @@ void jlm_evk_blk_free(jlm_evk *v)
     jlm_vk_buf_free(v->vk, s->ad);
     jlm_vk_buf_free(v->vk, s->as);
     jlm_vk_buf_free(v->vk, s->mla);
-    for (uint32_t l = 0; s->kc && l < s->n_layer; l++) {
-        jlm_vk_buf_free(v->vk, s->kc[l]);
-        jlm_vk_buf_free(v->vk, s->vc[l]);
-    }
-    free(s->kc);
-    free(s->vc);
+    jlm_vk_buf_free(v->vk, s->stage);
+    while (s->seqs && s->seqs->n)
+        seq_drop(v, &s->seqs->c[0]);
+    free(s->seqs ? s->seqs->c : NULL);
+    free(s->seqs);
     free(s->side);
     memset(s, 0, sizeof *s);
     jlm_evk_moe_free(v);
@@ -528,7 +617,7 @@ int jlm_evk_block(jlm_dev *d, jlm_engine *e, const jlm_prog *p, uint32_t l, cons
     int rc = jlm_exd_plan(&k, &VK_OPS, v, e, p, l, page, n, kc, pos0, &s->side, "vulkan", err);
     if (rc)
         return rc;
-    rc = buffers(v, e, l, n, err);
+    rc = buffers(v, e, &k, err);
     if (!rc && (s->x_host != xs || s->x_rows != n)) {   /* the rows go up */
         if (s->x_host)
             rc = jlm_evk_x_sync(d, err);
@@ -536,6 +625,8 @@ int jlm_evk_block(jlm_dev *d, jlm_engine *e, const jlm_prog *p, uint32_t l, cons
             rc = jlm_evk_rec_end(v, err);
         if (!rc)
             rc = cos_sin(v, e, &k);
+        if (!rc && jlm_exd_group(&k, 0) < n)   /* several sequences: every row's logits, grown before recording */
+            rc = grow(v, &s->logits, (uint64_t)n * c->n_vocab * 4, 1, err);
         if (!rc) {
             memcpy(jlm_vk_buf_map(s->ab[JLM_B_X]), xs, (uint64_t)n * c->n_embd * 4);
             v->st.act_up += (uint64_t)n * c->n_embd * 4;

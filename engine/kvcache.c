@@ -140,6 +140,29 @@ void jlm_kv_get_key(const jlm_engine *e, const uint8_t *kh, uint32_t pos, float 
     }
 }
 
+void jlm_kv_rows(const jlm_engine *e, uint8_t *kc, uint8_t *vc, uint32_t l, uint32_t p0, uint32_t n, uint8_t *krows,
+                 uint8_t *vrows, int to_host)
+{
+    uint32_t nh = e->c->n_kv_head, es = e->kt == KV_F16 ? 2 : 4;
+    for (uint32_t g = 0; g < nh; g++) {
+        uint8_t *kh = jlm_kv_head(e, kc, 0, l, g), *vh = jlm_kv_head(e, vc, 1, l, g);
+        for (uint32_t j = 0; j < n; j++) {
+            uint32_t pos = p0 + j;
+            uint8_t *kr = krows + ((uint64_t)j * nh + g) * e->krow, *vr = vrows + ((uint64_t)j * nh + g) * e->vrow;
+            memcpy(to_host ? vh + (uint64_t)pos * e->vrow : vr, to_host ? vr : vh + (uint64_t)pos * e->vrow, e->vrow);
+            if (e->kt == KV_Q8_0) {
+                memcpy(to_host ? kh + (uint64_t)pos * e->krow : kr, to_host ? kr : kh + (uint64_t)pos * e->krow,
+                       e->krow);
+                continue;
+            }
+            for (uint32_t i = 0; i < e->hd; i++) {   /* a key's elements sit apart in its head's tiles */
+                uint8_t *at = kh + key_elem(e, pos, i) * es;
+                memcpy(to_host ? at : kr + i * es, to_host ? kr + i * es : at, es);
+            }
+        }
+    }
+}
+
 float *jlm_kv_slab(const jlm_engine *e, int tid)
 {
     return e->kv32 + (size_t)tid * e->kv_ctx * (e->hd + e->hd_v);

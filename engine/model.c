@@ -254,9 +254,21 @@ int jlm_engine_seq_create(jlm_engine *e, jlm_engine_seq **out, jlm_err *err)
     return JLM_OK;
 }
 
+/* s's device caches: up (1), down (0) positions [0, n), or freed (-1). */
+static int seq_dev(const jlm_engine *e, const jlm_engine_seq *s, uint32_t n, int up, jlm_err *err)
+{
+    int rc = JLM_OK;
+    for (int i = 0; i < e->n_dev && !rc; i++)
+        if (e->devs[i]->ops->kv_xfer)
+            rc = e->devs[i]->ops->kv_xfer(e->devs[i], (jlm_engine *)e, s->kc, s->vc, n, up, err);
+    return rc;
+}
+
 void jlm_engine_seq_destroy(jlm_engine_seq *s)
 {
     if (!s) return;
+    jlm_err err;
+    seq_dev(s->e, s, 0, -1, &err);   /* frees: a device that fails to wait has nothing better to do */
     jlm_kv_release(s->e, s->kc, s->vc);
     free(s);
 }
@@ -322,17 +334,27 @@ static void kv_copy(const jlm_engine *e, uint8_t *cache_k, uint8_t *cache_v, uin
     }
 }
 
-void jlm_engine_kv_save(const jlm_engine *e, const jlm_engine_seq *s, uint32_t n, void *buf)
+int jlm_engine_kv_save(const jlm_engine *e, const jlm_engine_seq *s, uint32_t n, void *buf, jlm_err *err)
 {
-    kv_copy(e, s->kc, s->vc, buf, n, n, 0);
+    int rc = jlm_engine_kv_bytes(e, n) ? seq_dev(e, s, n, 0, err) : JLM_OK;
+    if (!rc)
+        kv_copy(e, s->kc, s->vc, buf, n, n, 0);
+    return rc;
 }
 
-void jlm_engine_kv_load(const jlm_engine *e, jlm_engine_seq *s, const void *buf, uint32_t n, uint32_t k)
+int jlm_engine_kv_load(const jlm_engine *e, jlm_engine_seq *s, const void *buf, uint32_t n, uint32_t k, jlm_err *err)
 {
     seq_fit(s, k > s->n_past ? k : s->n_past);
     kv_copy(e, s->kc, s->vc, (uint8_t *)buf, n, k, 1);
     s->n_past = k;
     seq_fit(s, k);
+    int rc = jlm_engine_kv_bytes(e, k) ? seq_dev(e, s, k, 1, err) : JLM_OK;
+    if (rc) {
+        jlm_err e2;
+        seq_dev(e, s, 0, -1, &e2);
+        jlm_engine_seq_rewind(s, 0);
+    }
+    return rc;
 }
 
 int jlm_engine_eval_batch(jlm_engine *e, jlm_engine_seq *const *seqs, const int32_t *tokens, uint32_t n,

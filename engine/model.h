@@ -199,10 +199,15 @@ uint32_t jlm_engine_max_batch(void);
  * (latent attention, deepseek2): its prefixes cannot be saved, and save and
  * load do nothing. */
 uint64_t jlm_engine_kv_bytes(const jlm_engine *e, uint32_t n);
-/* n <= jlm_engine_seq_n_past(s); buf holds jlm_engine_kv_bytes(e, n) bytes. Cannot fail. */
-void jlm_engine_kv_save(const jlm_engine *e, const jlm_engine_seq *s, uint32_t n, void *buf);
-/* buf saved with n positions; k <= n and k <= n_ctx. Cannot fail. */
-void jlm_engine_kv_load(const jlm_engine *e, jlm_engine_seq *s, const void *buf, uint32_t n, uint32_t k);
+/* n <= jlm_engine_seq_n_past(s); buf holds jlm_engine_kv_bytes(e, n) bytes.
+ * A sequence whose blocks run on a device keeps their cache there: its
+ * positions come back for the save (counted in the device's activations
+ * down). Error: the device's copy failed (buf undefined). */
+int  jlm_engine_kv_save(const jlm_engine *e, const jlm_engine_seq *s, uint32_t n, void *buf, jlm_err *err);
+/* buf saved with n positions; k <= n and k <= n_ctx; the device's share of
+ * them goes up (activations up). Error: the device's copy failed (s is then
+ * empty: n_past 0). */
+int  jlm_engine_kv_load(const jlm_engine *e, jlm_engine_seq *s, const void *buf, uint32_t n, uint32_t k, jlm_err *err);
 
 /* Embeddings (`jlm run --embeddings`, serve's /v1/embeddings): evaluates
  * tokens[0, n) at the end of s's cache (NULL: the engine's own) and writes

@@ -207,6 +207,13 @@ void     jlm_kv_get_key(const jlm_engine *e, const uint8_t *kh, uint32_t pos, fl
  * its position (the slab is laid out as one head's F32 cache). */
 float   *jlm_kv_slab(const jlm_engine *e, int tid);
 void     jlm_kv_widen(const jlm_engine *e, const uint8_t *kh, const uint8_t *vh, uint32_t j0, uint32_t j1, float *slab);
+/* Positions [p0, p0 + n) of layer l between a host cache (kc, vc: the
+ * layout above) and rows as the device backends keep them (a position's
+ * kv_dim keys, then kv_dim_v values in krows / vrows: its heads one after
+ * another, each head's bytes as the host stores them); to_host: the rows
+ * into the cache. Not for latent attention (jlm_engine_kv_bytes 0). */
+void     jlm_kv_rows(const jlm_engine *e, uint8_t *kc, uint8_t *vc, uint32_t l, uint32_t p0, uint32_t n,
+                     uint8_t *krows, uint8_t *vrows, int to_host);
 /* Address space for a whole cache (MAP_NORESERVE: no memory until written). */
 int      jlm_kv_reserve(const jlm_engine *e, void **kc, void **vc, jlm_err *err);
 void     jlm_kv_release(const jlm_engine *e, void *kc, void *vc);   /* accepts NULLs */

@@ -734,8 +734,8 @@ static void slot_start(srv_model *m, slot *sl, srv_job *j, float *logits, char *
             jlm_samp_accept(sl->s, j->prompt[i]);
     uint32_t shared = 0;
     const srv_pentry *pe = rc ? NULL : jlm_srv_pcache_find(m, j->prompt, (uint32_t)j->n_prompt, &shared);
-    if (pe)
-        jlm_engine_kv_load(m->e, sl->seq, pe->kv, pe->n, shared);   /* as if prompt[0, shared) were evaluated */
+    if (pe && jlm_engine_kv_load(m->e, sl->seq, pe->kv, pe->n, shared, &err))   /* as if prompt[0, shared) ran */
+        shared = 0;   /* a device's copy failed: the whole prompt is evaluated */
     j->res.cached_tokens = shared;
     if (!rc) rc = jlm_engine_eval_seq(m->e, sl->seq, j->prompt + shared, (uint32_t)j->n_prompt - shared, logits, &err);
     atomic_fetch_add(&m->n_prompt_tok, j->n_prompt);

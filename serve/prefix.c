@@ -107,7 +107,12 @@ void jlm_srv_pcache_put(srv_model *m, jlm_engine_seq *seq, const int32_t *tok, u
         return;
     }
     memcpy(e.tok, tok, (size_t)n * sizeof *tok);
-    jlm_engine_kv_save(m->e, seq, n, e.kv);
+    jlm_err err;
+    if (jlm_engine_kv_save(m->e, seq, n, e.kv, &err)) {   /* a device's copy failed: nothing kept */
+        free(e.tok);
+        free(e.kv);
+        return;
+    }
     c->e[c->n++] = e;
     c->bytes += bytes;
     atomic_store(&m->pcache_bytes, c->bytes);

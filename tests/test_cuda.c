@@ -1392,6 +1392,21 @@ Test(cuda, the_engines_sequence_on_the_device_and_a_host_sequence_interleave, .t
     bm_seq_interleave("cuda");
 }
 
+/* Three sequences, prefills one by one, then single and batched steps and a
+ * rewind, on whole blocks with an F32, F16 and (synth-llama-256) Q8_0 cache (each sequence's
+ * cache on the device), at --gpu-layers 2 and at --gpu-budget 1 (one device
+ * frame): the ids and logits of each sequence alone on the CPU; a batched
+ * step of three is one round trip with every block on the device (one a
+ * block, 5, at one frame) (backend_matrix.h's bm_seq_batch). */
+Test(cuda, several_sequences_batched_on_the_device_give_the_cpus_ids, .timeout = 240)
+{
+    bm_seq_batch("cuda", "stories260K.gguf", "f32", 0, 0, 1e-4f, 1);
+    bm_seq_batch("cuda", "stories260K.gguf", "f16", 0, 0, 5e-4f, 1);
+    bm_seq_batch("cuda", "synth-llama-256.f32.gguf", "q8_0", 0, 0, 5e-4f, 1);
+    bm_seq_batch("cuda", "stories260K.gguf", "f16", 2, 0, 5e-4f, 1);
+    bm_seq_batch("cuda", "stories260K.gguf", "f16", 0, 1, 5e-4f, 5);   /* one frame: a round trip a block */
+}
+
 /* --embeddings with whole blocks on the device: the CPU's (bm_embeddings_match). */
 Test(cuda, embeddings_on_whole_blocks_equal_the_cpus, .timeout = 60)
 {

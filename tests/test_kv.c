@@ -280,8 +280,8 @@ Test(kv, a_saved_prefix_continues_exactly_in_every_type, .timeout = 60)
         uint64_t n = jlm_engine_kv_bytes(e, 40);
         cr_assert(n > 0);
         void *buf = malloc(n);
-        jlm_engine_kv_save(e, a, 40, buf);
-        jlm_engine_kv_load(e, b, buf, 40, 25);   /* the first 25 of a saved 40 */
+        cr_assert_eq(jlm_engine_kv_save(e, a, 40, buf, &err), 0, "%s", err.msg);
+        cr_assert_eq(jlm_engine_kv_load(e, b, buf, 40, 25, &err), 0, "%s", err.msg);   /* 25 of a saved 40 */
         cr_assert_eq(jlm_engine_seq_n_past(b), 25);
         cr_assert_eq(jlm_engine_eval_seq(e, b, tok + 25, 15, lb, &err), 0, "%s", err.msg);
         cr_assert(!memcmp(la, lb, nv * sizeof *la), "-ctk %s -ctv %s: a loaded prefix continues differently",

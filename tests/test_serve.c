@@ -664,6 +664,36 @@ Test(serve, stop_strings_cut_the_text_streamed_or_not, .timeout = 60)
     srv_free(&s);
 }
 
+/* n greedy requests at once (request i: prompts[i], 32 + 4i tokens, odd
+ * ones streamed); each must return exactly alone[i]. */
+static void expect_concurrent(const srv *s, const char *const *prompts, int n, char *const *alone)
+{
+    char cmd[16384];
+    int k = snprintf(cmd, sizeof cmd, "(");
+    for (int i = 0; i < n; i++)
+        k += snprintf(cmd + k, sizeof cmd - (size_t)k,
+                      "curl -s --max-time 60 -o %s/c%d http://127.0.0.1:%d/v1/completions -d "
+                      "'{\"prompt\": \"%s\", \"max_tokens\": %d, \"temperature\": 0%s}' & ",
+                      s->dir, i, s->port, prompts[i], 32 + 4 * i, i % 2 ? ", \"stream\": true" : "");
+    snprintf(cmd + k, sizeof cmd - (size_t)k, "wait)");
+    cr_assert_eq(tu_run(cmd, NULL), 0);
+    for (int i = 0; i < n; i++) {
+        char p[1100];
+        snprintf(p, sizeof p, "%s/c%d", s->dir, i);
+        size_t rl = 0;
+        unsigned char *raw = tu_read_file(p, &rl);
+        cr_assert(raw, "response %d", i);
+        char *r = strndup((const char *)raw, rl);
+        free(raw);
+        char *t = i % 2 ? stream_text(r, NULL) : completion_text(r, NULL);
+        cr_assert_str_eq(t, alone[i], "request %d alongside %d others equals jlm run alone", i, n - 1);
+        free(t); free(r);
+    }
+}
+
+static const char *const PROMPTS8[8] = {"Once upon a time", "The dog", "One day, Tom", "She was happy",
+                                        "Lily saw a bird", "The sun", "Ben and Mia", "A big red ball"};
+
 /* 8 greedy requests at once on --parallel 8: decoded together in one batch
  * per step, each must return exactly what jlm run gives it alone. */
 Test(serve, concurrent_requests_each_get_what_they_get_alone, .timeout = 120)
@@ -672,34 +702,54 @@ Test(serve, concurrent_requests_each_get_what_they_get_alone, .timeout = 120)
     srv s = {0};
     const char *args[] = {"--parallel", "8", NULL};
     srv_start(&s, args);
-    const char *prompts[N] = {"Once upon a time", "The dog", "One day, Tom", "She was happy",
-                              "Lily saw a bird", "The sun", "Ben and Mia", "A big red ball"};
     char *alone[N];
-    for (int i = 0; i < N; i++) alone[i] = jlm_run(&s, prompts[i], 32 + 4 * i);
-    char cmd[16384];
-    int k = snprintf(cmd, sizeof cmd, "(");
-    for (int i = 0; i < N; i++)
-        k += snprintf(cmd + k, sizeof cmd - (size_t)k,
-                      "curl -s --max-time 60 -o %s/c%d http://127.0.0.1:%d/v1/completions -d "
-                      "'{\"prompt\": \"%s\", \"max_tokens\": %d, \"temperature\": 0%s}' & ",
-                      s.dir, i, s.port, prompts[i], 32 + 4 * i, i % 2 ? ", \"stream\": true" : "");
-    snprintf(cmd + k, sizeof cmd - (size_t)k, "wait)");
-    cr_assert_eq(tu_run(cmd, NULL), 0);
-    for (int i = 0; i < N; i++) {
-        char p[1100];
-        snprintf(p, sizeof p, "%s/c%d", s.dir, i);
-        size_t rl = 0;
-        unsigned char *raw = tu_read_file(p, &rl);
-        cr_assert(raw, "response %d", i);
-        char *r = strndup((const char *)raw, rl);
-        free(raw);
-        char *t = i % 2 ? stream_text(r, NULL) : completion_text(r, NULL);
-        cr_assert_str_eq(t, alone[i], "request %d alongside seven others equals jlm run alone", i);
-        free(t); free(r); free(alone[i]);
-    }
+    for (int i = 0; i < N; i++) alone[i] = jlm_run(&s, PROMPTS8[i], 32 + 4 * i);
+    expect_concurrent(&s, PROMPTS8, N, alone);
+    for (int i = 0; i < N; i++) free(alone[i]);
     char *r = NULL;
     cr_assert_eq(http(&s, "GET", "/metrics", NULL, NULL, &r), 200);
     cr_assert(strstr(r, "jlm_requests_done_total{model=\"stories\"} 8"), "%s", r);
+    free(r);
+    srv_free(&s);
+}
+
+/* jlm serve --parallel 4 --backend vulkan (JLM_VK_DEVICE picks lavapipe):
+ * four greedy requests at once, each slot's KV cache on the device and
+ * their steps batched on whole blocks, each return what jlm run gives it
+ * alone on the CPU; the same four again reuse the prefix cache (a slot's
+ * positions read back from the device, then written up into the slot that
+ * reuses them) and return the same. Skips without a Vulkan device. */
+Test(serve, parallel_slots_on_vulkan_whole_blocks_get_what_the_cpu_gives_alone, .timeout = 180)
+{
+    enum { N = 4 };
+    srv s = {0};
+    s.dir = tu_tmpdir();
+    s.model = convert_to("stories260K.gguf", s.dir, "stories.jlm");
+    char cmd[2048], *o = NULL;
+    snprintf(cmd, sizeof cmd, "%s run %s -p 'The' -n 1 -t 1 --backend vulkan --device 0 2>&1", tu_jlm(), s.model);
+    if (tu_run(cmd, &o)) {
+        cr_log_info("no vulkan device: %s", o);
+        free(o);
+        srv_free(&s);
+        cr_skip_test("vulkan: no device");
+    }
+    free(o);
+    const char *args[] = {"--parallel", "4", "--backend", "vulkan", "--device", "0", "--gpu-layers", "all", NULL};
+    srv_start(&s, args);
+    char *alone[N];
+    static const char *const LONG[N] = {  /* over 16 tokens: the prefix cache shares whole 16-token blocks */
+        "Once upon a time there was a little girl named Lily. She liked to play in the park with her friends",
+        "The dog was very happy because it was a sunny day and he could run in the big green garden",
+        "One day, Tom went to the shop with his mom to buy some red apples and a big cake for his sister",
+        "She was happy to see the little bird sing on the tree next to her house every morning before school"};
+    for (int i = 0; i < N; i++) alone[i] = jlm_run(&s, LONG[i], 32 + 4 * i);
+    for (int round = 0; round < 2; round++)
+        expect_concurrent(&s, LONG, N, alone);
+    for (int i = 0; i < N; i++) free(alone[i]);
+    char *r = NULL;
+    cr_assert_eq(http(&s, "GET", "/metrics", NULL, NULL, &r), 200);
+    const char *c = strstr(r, "jlm_prompt_cached_tokens_total{model=\"stories\"} ");
+    cr_assert(c && atoll(strchr(c, ' ') + 1) > 0, "the second round reused the prefix cache: %s", r);
     free(r);
     srv_free(&s);
 }
@@ -1104,9 +1154,9 @@ static void check_kv_prefix_load(const char *gguf, const char *kv)
     cr_assert_eq(jlm_engine_seq_create(e, &b, &err), 0, "%s", err.msg);
     cr_assert_eq(jlm_engine_eval_seq(e, a, p, NP, ref, &err), 0, "%s", err.msg);
     void *buf = malloc(jlm_engine_kv_bytes(e, N));
-    jlm_engine_kv_save(e, a, N, buf);
+    cr_assert_eq(jlm_engine_kv_save(e, a, N, buf, &err), 0, "%s", err.msg);
     cr_assert_eq(jlm_engine_eval_seq(e, b, other, NP, got, &err), 0, "%s", err.msg);
-    jlm_engine_kv_load(e, b, buf, N, K);
+    cr_assert_eq(jlm_engine_kv_load(e, b, buf, N, K, &err), 0, "%s", err.msg);
     cr_assert_eq(jlm_engine_seq_n_past(b), K);
     cr_assert_eq(jlm_engine_eval_seq(e, b, p + K, NP - K, got, &err), 0, "%s", err.msg);
     cr_assert(!memcmp(got, ref, nv * sizeof *got), "%s (kv %s): logits after a loaded prefix differ", gguf,
@@ -2433,7 +2483,7 @@ Test(engine_batch, a_latent_attention_cache_is_never_saved_as_a_prefix, .timeout
     int32_t ids[4] = {1, 2, 3, 4};
     cr_assert_eq(jlm_engine_eval_seq(e, s, ids, 4, l, &err), 0, "%s", err.msg);
     char guard = 0x5a;
-    jlm_engine_kv_save(e, s, 4, &guard);
+    cr_assert_eq(jlm_engine_kv_save(e, s, 4, &guard, &err), 0, "%s", err.msg);
     cr_assert_eq(guard, 0x5a, "nothing written");
     free(l);
     jlm_engine_seq_destroy(s);
