@@ -449,6 +449,11 @@ static void ecu_stats(const jlm_dev *dev, jlm_dev_stats *out)
     pthread_mutex_lock(&v->mu);
     out->bytes_up = v->bytes_up;
     pthread_mutex_unlock(&v->mu);
+    jlm_cu_rt_count c;
+    jlm_cu_rt_counts(v->rt, &c);
+    out->graph_launches = c.graph_launches - v->cnt0.graph_launches;
+    out->graph_captures = c.captures - v->cnt0.captures;
+    out->rt_calls = c.calls - v->cnt0.calls;
 }
 
 static void ecu_stats_reset(jlm_dev *dev)
@@ -461,6 +466,7 @@ static void ecu_stats_reset(jlm_dev *dev)
     pthread_mutex_unlock(&v->mu);
     v->st.device = keep.device;
     v->st.path = keep.path;
+    jlm_cu_rt_counts(v->rt, &v->cnt0);
 }
 
 /* ---------------------------------------------------------------- --profile */

@@ -51,6 +51,9 @@ typedef struct jlm_ecu_blk {
     float    *x_host;               /* where the rows held belong on the host; NULL: the host has them */
     uint32_t  x_rows, x_E;
     int       queued;               /* kernels enqueued since the host last waited for the compute stream */
+    scratch   dpos, h_dpos;         /* a decoded token's position: device, pinned (4 bytes, up with the rows) */
+    uint32_t  dpos_at;              /* ... its value; */
+    int       dpos_ok;              /* ... 1: dpos holds it (one row went up): RoPE, the cache and attention read it */
     struct jlm_ecu_moebufs *moe;    /* exec_cu_moe.c's buffers; NULL until a MoE block ran here */
     struct jlm_ecu_mlabufs *mla;    /* exec_cu_mla.c's; NULL until a latent attention block ran here */
 } jlm_ecu_blk;
@@ -80,6 +83,7 @@ typedef struct jlm_ecu {
     int            nspare;
     uint64_t       default_budget;
     jlm_dev_stats  st;
+    jlm_cu_rt_count cnt0;            /* the runtime's counts at the last stats reset */
     jlm_ecu_blk    blk;
     char           name[300];
     /* --profile: stamps on the compute stream at each op class change

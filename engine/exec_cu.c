@@ -47,6 +47,16 @@ static int launched(jlm_exd *k, int rc, const char *what)
     return rc ? jlm_ecu_fail(ecu(k), k->err, what) : JLM_OK;
 }
 
+/* The device's copy of the row's position when the launches may read it
+ * there (one row, the position that went up with it): a decoded token's
+ * launches are then the same every token (a graph, kernels/cuda/rt.h);
+ * NULL: the launches take the position as an argument. */
+static const uint32_t *dpos(const jlm_exd *k)
+{
+    const jlm_ecu_blk *s = &ecu(k)->blk;
+    return k->b.n == 1 && s->dpos_ok && s->dpos_at == jlm_exd_pos(k, 0) ? s->dpos.p : NULL;
+}
+
 #define vec jlm_ecu_vec
 #define matmul_rows jlm_ecu_matmul_rows
 #define down jlm_ecu_down
@@ -190,6 +200,7 @@ static int op_heads(jlm_exd *k, int b, uint32_t n_head, const float *p, int wide
     jlm_cu_rope cr;
     jlm_cu_rope_from(&rp, &cr);
     cr.freq_factors = ff;
+    cr.dpos = dpos(k);
     for (uint32_t t = 0; !rc && !k->dry && t < k->b.n; t++) {
         if (w && !wide)
             rc = launched(k, jlm_cu_rt_rmsnorm(v->rt, row(k, b, t), row(k, b, t), w, e->hd, n_head, k->c->rms_eps, CS),
@@ -236,6 +247,17 @@ static int kv_rows(jlm_exd *k, int b, uint32_t t, uint64_t p, uint32_t n)
 static int op_kv_put(jlm_exd *k)
 {
     int rc = JLM_OK;
+    jlm_ecu *v = ecu(k);
+    const uint32_t *dp = dpos(k);
+    for (int b = JLM_B_K; dp && !k->dry && b <= JLM_B_V && !rc; b++) {   /* the row at the device's position */
+        _Static_assert(JLM_B_V == JLM_B_K + 1, "K then V");
+        uint64_t rb = kv_row(k->e, b);
+        rc = launched(k, jlm_cu_rt_kv_store(v->rt, kv_type(k->e, b), (b == JLM_B_K ? v->blk.kc : v->blk.vc)[k->b.l], rb,
+                                            rb * k->e->kv_ctx, dp, row(k, b, 0), width(k->e, b), CS),
+                      b == JLM_B_K ? "the keys into the cache" : "the values into the cache");
+    }
+    if (dp)
+        return rc;
     /* rows at consecutive positions (one sequence's): one copy (or conversion) each for K and V */
     uint32_t step = k->b.n;
     for (uint32_t t = 1; t < k->b.n && step > 1; t++)
@@ -247,6 +269,28 @@ static int op_kv_put(jlm_exd *k)
             rc = kv_rows(k, JLM_B_V, t, jlm_exd_pos(k, t), step);
     }
     return rc;
+}
+
+/* p's key rule (jlm_cu_attn_at: from 0, a window's or a chunk's first key)
+ * for layer k->b.l, when it gives jlm_ex_first_key's first key at the row's
+ * position and the row is not one an image's keys are open to: 1 and
+ * p->dpos set; else 0 (the key count goes as an argument). */
+static int key_rule(const jlm_exd *k, jlm_cu_attn *p)
+{
+    const jlm_config *c = k->c;
+    uint32_t pos = jlm_exd_pos(k, 0), far = UINT32_MAX - 1;
+    p->win = p->chunk = 0;
+    if (jlm_ex_first_key(c, k->b.l, far)) {
+        if (c->arch == JLM_ARCH_LLAMA && c->moe_step)
+            p->chunk = c->swa_window;
+        else
+            p->win = c->swa_window;
+    }
+    uint32_t lo = p->chunk ? pos / p->chunk * p->chunk : p->win && pos >= p->win ? pos - p->win + 1 : 0;
+    if (pos < k->e->bidir_end || lo != jlm_ex_first_key(c, k->b.l, pos) || pos >= k->e->kv_ctx)
+        return 0;
+    p->dpos = dpos(k);
+    return 1;
 }
 
 static int op_attend(jlm_exd *k, const float *sinks)
@@ -266,6 +310,11 @@ static int op_attend(jlm_exd *k, const float *sinks)
                       .softcap = c->attn_softcap, .sinks = sk, .k_type = e->kt, .v_type = e->vt};
     uint64_t kb = kv_row(e, JLM_B_K), vb = kv_row(e, JLM_B_V);
     int rc = JLM_OK;
+    if (!k->dry && dpos(k) && key_rule(k, &ap)) {   /* the keys the device's position sees, up to the cache's */
+        ap.n_kv = e->kv_ctx;
+        return launched(k, jlm_cu_rt_attn(v->rt, &ap, row(k, JLM_B_Q, 0), v->blk.kc[k->b.l], v->blk.vc[k->b.l],
+                                          v->blk.scores.p, row(k, JLM_B_ATT, 0), CS), "attention");
+    }
     for (uint32_t t = 0; !rc && !k->dry && t < k->b.n; t++) {
         /* keys [lo, hi): a sliding window's (or a chunk's) first key is where the cache's rows start, so
          * the hidden keys are not read at all (the CPU masks them: exp(-inf) adds 0) */
@@ -370,7 +419,7 @@ static int buffers(jlm_ecu *v, jlm_engine *e, uint32_t l, uint32_t n, jlm_err *e
 void jlm_ecu_blk_free(jlm_ecu *v)
 {
     jlm_ecu_blk *s = &v->blk;
-    scratch *dev[] = {&s->aq, &s->ad, &s->as, &s->rec, &s->odd, &s->scores, &s->logits};
+    scratch *dev[] = {&s->aq, &s->ad, &s->as, &s->rec, &s->odd, &s->scores, &s->logits, &s->dpos};
     jlm_ecu_moe_free(v);
     jlm_ecu_mla_free(v);
     for (int b = 0; b < JLM_B_COUNT; b++)
@@ -379,6 +428,7 @@ void jlm_ecu_blk_free(jlm_ecu *v)
         jlm_ecu_scratch_free(v, dev[i], 0);
     jlm_ecu_scratch_free(v, &s->h_x, 1);
     jlm_ecu_scratch_free(v, &s->h_logits, 1);
+    jlm_ecu_scratch_free(v, &s->h_dpos, 1);
     for (uint32_t l = 0; s->kc && l < s->n_layer; l++) {
         jlm_cu_rt_free(v->rt, s->kc[l]);
         jlm_cu_rt_free(v->rt, s->vc[l]);
@@ -401,6 +451,8 @@ int jlm_ecu_down(jlm_ecu *v, scratch *pin, float *dst, const void *src, uint64_t
         rc = jlm_ecu_fail(v, err, "copy to the host");
     v->blk.queued = 1;
     int rc2 = jlm_ecu_drain(v, err);
+    if (jlm_cu_rt_graph(v->rt, 0) && !rc2)   /* the token's device part ends here */
+        rc2 = jlm_ecu_fail(v, err, "the token's graph");
     if (!rc && !rc2) {
         memcpy(dst, pin->p, bytes);
         v->st.act_down += bytes;
@@ -423,7 +475,30 @@ void jlm_ecu_x_drop(jlm_dev *d)
 {
     jlm_ecu *v = (jlm_ecu *)d;
     jlm_ecu_drain(v, NULL);   /* the pinned rows may be refilled next */
+    jlm_cu_rt_graph(v->rt, 0);
     v->blk.x_host = NULL;
+}
+
+/* A decoded token's launches taped from here (a graph where they repeat:
+ * kernels/cuda/rt.h) and its position into device memory for them. */
+static int pos_up(jlm_ecu *v, uint32_t pos, jlm_err *err)
+{
+    jlm_ecu_blk *s = &v->blk;
+    int rc = jlm_ecu_grow(v, &s->dpos, 4, 0, err);
+    if (!rc)
+        rc = jlm_ecu_grow(v, &s->h_dpos, 4, 1, err);
+    if (rc)
+        return rc;
+    if (jlm_cu_rt_graph(v->rt, 1))
+        return jlm_ecu_fail(v, err, "the token's graph");
+    memcpy(s->h_dpos.p, &pos, 4);   /* pinned: the stream was drained since its last use */
+    if (jlm_cu_rt_h2d(v->rt, s->dpos.p, s->h_dpos.p, 4, CS))
+        return jlm_ecu_fail(v, err, "the position");
+    s->queued = 1;
+    v->st.act_up += 4;
+    s->dpos_at = pos;
+    s->dpos_ok = 1;
+    return JLM_OK;
 }
 
 int jlm_ecu_block(jlm_dev *d, jlm_engine *e, const jlm_prog *p, uint32_t l, const uint8_t *page, float *xs,
@@ -446,6 +521,9 @@ int jlm_ecu_block(jlm_dev *d, jlm_engine *e, const jlm_prog *p, uint32_t l, cons
     if (!rc && s->x_host != xs) {   /* the rows go up */
         uint64_t bytes = (uint64_t)n * e->c->n_embd * 4;
         rc = jlm_ecu_grow(v, &s->h_x, bytes, 1, err);
+        s->dpos_ok = 0;
+        if (!rc && n == 1)   /* a decoded token: taped, and its position goes up with it */
+            rc = pos_up(v, jlm_exd_pos(&k, 0), err);
         if (!rc) {
             memcpy(s->h_x.p, xs, bytes);   /* pinned: the stream was drained since its last use */
             jlm_dev_prof_op(d, JLM_DEVP_XFER);
@@ -463,6 +541,7 @@ int jlm_ecu_block(jlm_dev *d, jlm_engine *e, const jlm_prog *p, uint32_t l, cons
         rc = jlm_exd_run(&k);
     if (rc) {
         jlm_ecu_drain(v, NULL);
+        jlm_cu_rt_graph(v->rt, 0);
         s->x_host = NULL;
         return jlm_err_prefix(err, rc == UNSUP ? JLM_EIO : rc, "cuda: block %u", l);
     }

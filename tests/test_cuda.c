@@ -297,7 +297,7 @@ static void check_attn(attn_case c, int kt, int vt, uint64_t seed)
     jlm_kv_get_row(vt, vc + vo, v, vn);
     jlm_cu_attn p = {c.n_head, c.n_head_kv, c.head_dim, c.head_dim_v, c.n_kv, c.head_dim, c.head_dim_v,
                      c.n_kv * c.head_dim, c.n_kv * c.head_dim_v, 1.0f / sqrtf((float)c.head_dim),
-                     c.softcap, c.sinks ? sinks : NULL, c.mask ? mask : NULL, kt, vt};
+                     c.softcap, c.sinks ? sinks : NULL, c.mask ? mask : NULL, kt, vt, NULL, 0, 0};
     jlm_cu_host_attn(&p, q, kc + ko, vc + vo, scores, o1);
     for (uint32_t h = 0; h < c.n_head; h++) {
         uint32_t g = h / (c.n_head / c.n_head_kv);

@@ -297,7 +297,7 @@ static void check_attn(void)
     gen_floats(k, HKV * NKV * D, 2.0f, &seed);
     gen_floats(v, HKV * NKV * D, 1.0f, &seed);
     gen_floats(sinks, H, 3.0f, &seed);
-    jlm_cu_attn p = {H, HKV, D, D, NKV, D, D, (uint64_t)NKV * D, (uint64_t)NKV * D, 0.088388f, 0.0f, sinks, NULL, 0, 0};
+    jlm_cu_attn p = {H, HKV, D, D, NKV, D, D, (uint64_t)NKV * D, (uint64_t)NKV * D, 0.088388f, 0.0f, sinks, NULL, 0, 0, NULL, 0, 0};
     jlm_cu_host_attn(&p, q, k, v, sc, o0);
     jlm_cu_attn dp = p;
     dp.sinks = dev_copy(sinks, sizeof sinks);
