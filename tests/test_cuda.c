@@ -1318,7 +1318,7 @@ Test(cuda, jlm_run_backend_cuda_emulated_gives_the_cpus_ids, .timeout = 120)
              tu_jlm(), path);
     cr_assert_eq(tu_run(cmd, &out), 0, "%s", out);
     cr_assert(strstr(out, "note: matmuls on CUDA device host emulation"), "%s", out);
-    cr_assert(strstr(out, "cuda: matmuls ") && strstr(out, "cpu fallbacks 0, device host emulation"), "%s", out);
+    cr_assert(strstr(out, "cuda: matmuls ") && strstr(out, "cpu fallbacks 0, graphs ") && strstr(out, "), runtime calls ") && strstr(out, ", device host emulation"), "%s", out);
     free(out);
     free(ref);
     free(path);
@@ -1372,6 +1372,112 @@ Test(cuda, bench_profile_shows_the_devices_matmul_time, .timeout = 120)
             cr_assert(ms[0] + ms[1] + ms[2] + ms[3] <= 1.05 * tok + 0.01, "more than the token:\n%s", o);
         }
         free(o);
+    }
+    tu_rmrf(dir);
+    free(dir);
+}
+
+/* ---------------------------------------------------------------- graphs */
+
+/* One engine on the emulated device (JLM_CUDA_GRAPH = graph), whole
+ * blocks: a 20-token prompt and n greedy steps, then rewound to 0 and a
+ * second prompt of np2 tokens and n steps: the ids (2n) and every logit
+ * (2n rows) into ids and lg (n decoded tokens in the first run, n - 1 in
+ * the second); st: the device's counters after the first run
+ * (st[0]) and after both (st[1]). */
+static void graph_run(const char *path, const char *graph, int n, uint32_t np2, int32_t *ids, float *lg,
+                      jlm_dev_stats st[2])
+{
+    setenv("JLM_CUDA_GRAPH", graph, 1);
+    jlm_engine *e = bm_engine_kv(path, "cuda", 0, NULL);
+    cr_assert(e, "the emulated device");
+    uint32_t nv = jlm_engine_n_vocab(e);
+    int32_t prompt[40];
+    for (int i = 0; i < 40; i++)
+        prompt[i] = 1 + (i * 7) % 50;
+    jlm_err err = {0};
+    for (int run = 0; run < 2; run++) {
+        uint32_t np = run ? np2 : 20;
+        if (run)
+            jlm_engine_rewind(e, 0);
+        cr_assert_eq(jlm_engine_eval(e, prompt + run, np, lg + (size_t)run * n * nv, &err), 0, "%s", err.msg);
+        for (int i = 0; i < n; i++) {
+            int32_t *id = &ids[run * n + i];
+            const float *l = lg + ((size_t)run * n + i) * nv;
+            *id = 0;
+            for (uint32_t j = 1; j < nv; j++)
+                if (l[j] > l[*id])
+                    *id = (int32_t)j;
+            if (i + 1 < n || !run)
+                cr_assert_eq(jlm_engine_eval(e, id, 1, lg + ((size_t)run * n + i + 1) * nv, &err), 0, "%s", err.msg);
+        }
+        cr_assert(jlm_engine_dev_stats(e, &st[run]), "no device");
+    }
+    jlm_engine_close(e);
+    unsetenv("JLM_CUDA_GRAPH");
+}
+
+/* A decoded token's launches are one graph on the emulated device: for
+ * synth-llama-256 (f32, Q4_0, Q4_K_M), gemma3 (sliding windows, past the
+ * window of 16) and a MoE model, n greedy steps with the graph give the ids
+ * and the logits (bit for bit) of JLM_CUDA_GRAPH=0; each decoded token
+ * after the first is one graph launch (dense: captured once, so every
+ * launch is the same graph, the position read on the device; MoE: the
+ * stretch before the first routing wait, at least); rewound to a prompt of
+ * the same length the graph is replayed from the first decoded token with
+ * no new capture, and after a longer prompt (the buffers grow: other
+ * pointers) it is captured once more. JLM_CUDA_GRAPH=0 launches none and
+ * makes more runtime calls. */
+Test(cuda, a_decoded_token_is_one_graph_launch_with_the_logits_of_no_graph, .timeout = 300)
+{
+    setenv("JLM_CUDA_EMULATE", "1", 1);
+    static const struct { const char *name; int moe; } MODELS[] = {
+        {"synth-llama-256.f32", 0}, {"synth-llama-256.Q4_0", 0}, {"synth-llama-256.Q4_K_M", 0},
+        {"synth-gemma3-256.Q8_0", 0}, {"synth-qwen3moe-256.Q8_0", 1}};
+    enum { N = 8 };
+    char *dir = tu_tmpdir();
+    for (size_t m = 0; m < sizeof MODELS / sizeof MODELS[0]; m++) {
+        char gguf[256];
+        snprintf(gguf, sizeof gguf, "%s.gguf", MODELS[m].name);
+        jlm_err err = {0};
+        char *path = tu_convert(gguf, dir, "g.jlm", &err);
+        cr_assert(path, "%s: %s", MODELS[m].name, err.msg);
+        for (int longer = 0; longer < 2; longer++) {
+            uint32_t np2 = longer ? 36 : 20, nv = 0;
+            {
+                jlm_engine *e = bm_engine_kv(path, "cpu", 0, NULL);
+                nv = jlm_engine_n_vocab(e);
+                jlm_engine_close(e);
+            }
+            size_t nl = (size_t)2 * N * nv;
+            float *l1 = calloc(nl, 4), *l0 = calloc(nl, 4);
+            int32_t i1[2 * N], i0[2 * N];
+            jlm_dev_stats s1[2], s0[2];
+            graph_run(path, "1", N, np2, i1, l1, s1);
+            graph_run(path, "0", N, np2, i0, l0, s0);
+            const char *mn = MODELS[m].name;
+            cr_assert(!memcmp(i1, i0, sizeof i1), "%s: the graph's ids differ", mn);
+            cr_assert(!memcmp(l1, l0, nl * 4), "%s: the graph's logits are not bit-identical", mn);
+            cr_assert_eq(s0[1].graph_launches + s0[1].graph_captures, 0, "%s: JLM_CUDA_GRAPH=0 launched graphs", mn);
+            /* the first run: N decoded tokens, the first taped and issued, the second captured */
+            uint64_t g1 = s1[0].graph_launches, g2 = s1[1].graph_launches - g1;
+            uint64_t c1 = s1[0].graph_captures, c2 = s1[1].graph_captures - c1;
+            if (!MODELS[m].moe) {
+                cr_assert_eq(g1, N - 1, "%s: %llu graph launches for %d decoded tokens", mn, (unsigned long long)g1,
+                             N);
+                cr_assert_eq(c1, 1, "%s: %llu captures at fixed shapes", mn, (unsigned long long)c1);
+                cr_assert_eq(g2, longer ? N - 2 : N - 1, "%s: after the rewind, %llu graph launches", mn,
+                             (unsigned long long)g2);
+                cr_assert_eq(c2, (uint64_t)longer, "%s: after the rewind, %llu captures", mn, (unsigned long long)c2);
+            } else {
+                cr_assert_geq(g1, N - 2, "%s: %llu graph launches for %d decoded MoE tokens", mn,
+                              (unsigned long long)g1, N);
+            }
+            cr_assert_lt(s1[1].rt_calls, s0[1].rt_calls, "%s: the graph made no fewer runtime calls", mn);
+            free(l1);
+            free(l0);
+        }
+        free(path);
     }
     tu_rmrf(dir);
     free(dir);
