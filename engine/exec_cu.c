@@ -451,13 +451,20 @@ int jlm_ecu_down(jlm_ecu *v, scratch *pin, float *dst, const void *src, uint64_t
         rc = jlm_ecu_fail(v, err, "copy to the host");
     v->blk.queued = 1;
     int rc2 = jlm_ecu_drain(v, err);
-    if (jlm_cu_rt_graph(v->rt, 0) && !rc2)   /* the token's device part ends here */
-        rc2 = jlm_ecu_fail(v, err, "the token's graph");
     if (!rc && !rc2) {
         memcpy(dst, pin->p, bytes);
         v->st.act_down += bytes;
     }
     return rc ? rc : rc2;
+}
+
+/* The token's device part ends (its rows or logits came down): its taping
+ * stops. A MoE block's routing wait (exec_cu_moe.c) only ends a segment. */
+static int token_end(jlm_ecu *v, int rc, jlm_err *err)
+{
+    if (jlm_cu_rt_graph(v->rt, 0) && !rc)
+        rc = jlm_ecu_fail(v, err, "the token's graph");
+    return rc;
 }
 
 int jlm_ecu_x_sync(jlm_dev *d, jlm_err *err)
@@ -468,7 +475,7 @@ int jlm_ecu_x_sync(jlm_dev *d, jlm_err *err)
         return JLM_OK;
     float *x = s->x_host;
     s->x_host = NULL;
-    return down(v, &s->h_x, x, s->ab[JLM_B_X].p, (uint64_t)s->x_rows * s->x_E * 4, err);
+    return token_end(v, down(v, &s->h_x, x, s->ab[JLM_B_X].p, (uint64_t)s->x_rows * s->x_E * 4, err), err);
 }
 
 void jlm_ecu_x_drop(jlm_dev *d)
@@ -576,5 +583,5 @@ int jlm_ecu_output(jlm_dev *d, const float *norm, float eps, const jlm_k_mat *m,
         jlm_ecu_drain(v, NULL);
         return rc;
     }
-    return down(v, &s->h_logits, logits, s->logits.p, bytes, err);
+    return token_end(v, down(v, &s->h_logits, logits, s->logits.p, bytes, err), err);
 }

@@ -1172,11 +1172,10 @@ static int replay(jlm_cu_rt *r, jlm_cu_graph *g)
 {
     r->cnt.graph_launches++;
     r->cnt.graph_ops += g->t.n;
+    r->cnt.calls++;   /* the graph launch: one call */
 #ifdef JLM_CUDA
-    if (!r->emulated) {
-        r->cnt.calls++;
+    if (!r->emulated)
         return cu(r, cudaGraphLaunch(g->exec, r->s[JLM_CU_S_COMPUTE]), "cudaGraphLaunch");
-    }
 #endif
     /* the emulation replays the ops through the calls' own checks (not host calls: not counted) */
     uint64_t calls = r->cnt.calls;
