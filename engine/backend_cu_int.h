@@ -147,6 +147,9 @@ void jlm_ecu_moe_free(jlm_ecu *v);
  * JLM_EUNSUPPORTED: not), the cache in the layer's kc; mla_free: its buffers. */
 struct jlm_exd;
 int  jlm_ecu_mla(struct jlm_exd *k, const struct jlm_op *op);
+/* The device's copy of a decoded row's position (exec_cu.c: up with the
+ * rows), or NULL: the launches then take the position as an argument. */
+const uint32_t *jlm_ecu_dpos(const struct jlm_exd *k);
 void jlm_ecu_mla_free(jlm_ecu *v);
 
 #endif

@@ -51,7 +51,7 @@ static int launched(jlm_exd *k, int rc, const char *what)
  * there (one row, the position that went up with it): a decoded token's
  * launches are then the same every token (a graph, kernels/cuda/rt.h);
  * NULL: the launches take the position as an argument. */
-static const uint32_t *dpos(const jlm_exd *k)
+const uint32_t *jlm_ecu_dpos(const jlm_exd *k)
 {
     const jlm_ecu_blk *s = &ecu(k)->blk;
     return k->b.n == 1 && s->dpos_ok && s->dpos_at == jlm_exd_pos(k, 0) ? s->dpos.p : NULL;
@@ -200,7 +200,7 @@ static int op_heads(jlm_exd *k, int b, uint32_t n_head, const float *p, int wide
     jlm_cu_rope cr;
     jlm_cu_rope_from(&rp, &cr);
     cr.freq_factors = ff;
-    cr.dpos = dpos(k);
+    cr.dpos = jlm_ecu_dpos(k);
     for (uint32_t t = 0; !rc && !k->dry && t < k->b.n; t++) {
         if (w && !wide)
             rc = launched(k, jlm_cu_rt_rmsnorm(v->rt, row(k, b, t), row(k, b, t), w, e->hd, n_head, k->c->rms_eps, CS),
@@ -248,7 +248,7 @@ static int op_kv_put(jlm_exd *k)
 {
     int rc = JLM_OK;
     jlm_ecu *v = ecu(k);
-    const uint32_t *dp = dpos(k);
+    const uint32_t *dp = jlm_ecu_dpos(k);
     for (int b = JLM_B_K; dp && !k->dry && b <= JLM_B_V && !rc; b++) {   /* the row at the device's position */
         _Static_assert(JLM_B_V == JLM_B_K + 1, "K then V");
         uint64_t rb = kv_row(k->e, b);
@@ -289,7 +289,7 @@ static int key_rule(const jlm_exd *k, jlm_cu_attn *p)
     uint32_t lo = p->chunk ? pos / p->chunk * p->chunk : p->win && pos >= p->win ? pos - p->win + 1 : 0;
     if (pos < k->e->bidir_end || lo != jlm_ex_first_key(c, k->b.l, pos) || pos >= k->e->kv_ctx)
         return 0;
-    p->dpos = dpos(k);
+    p->dpos = jlm_ecu_dpos(k);
     return 1;
 }
 
@@ -310,7 +310,7 @@ static int op_attend(jlm_exd *k, const float *sinks)
                       .softcap = c->attn_softcap, .sinks = sk, .k_type = e->kt, .v_type = e->vt};
     uint64_t kb = kv_row(e, JLM_B_K), vb = kv_row(e, JLM_B_V);
     int rc = JLM_OK;
-    if (!k->dry && dpos(k) && key_rule(k, &ap)) {   /* the keys the device's position sees, up to the cache's */
+    if (!k->dry && jlm_ecu_dpos(k) && key_rule(k, &ap)) {   /* the keys the device's position sees, up to the cache's */
         ap.n_kv = e->kv_ctx;
         return launched(k, jlm_cu_rt_attn(v->rt, &ap, row(k, JLM_B_Q, 0), v->blk.kc[k->b.l], v->blk.vc[k->b.l],
                                           v->blk.scores.p, row(k, JLM_B_ATT, 0), CS), "attention");

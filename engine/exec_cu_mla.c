@@ -304,11 +304,16 @@ static int mla_kv(jlm_exd *k, const jlm_op *op, const mla_dims *d)
     for (uint32_t t = 0; !rc && !k->dry && t < k->b.n; t++) {
         float *r = abp(k, JLM_B_K, t * d->W);
         uint32_t pos = jlm_exd_pos(k, t);
-        uint8_t *dst = (uint8_t *)v->blk.kc[k->b.l] + (uint64_t)pos * d->W * (f16 ? 2 : 4);
+        uint64_t rb = d->W * (f16 ? 2 : 4);
+        uint8_t *dst = (uint8_t *)v->blk.kc[k->b.l] + (uint64_t)pos * rb;
+        const uint32_t *dp = cr.dpos = jlm_ecu_dpos(k);   /* a decoded row: its position on the device */
         rc = launched(k, jlm_cu_rt_rmsnorm(v->rt, r, r, nw, d->R, 1, k->c->rms_eps, CS), "the latent's norm");
         if (!rc)
             rc = launched(k, jlm_cu_rt_rope(v->rt, &cr, r + d->R, 1, (uint32_t)d->rot, pos, CS), "the key's rope");
-        if (!rc)
+        if (!rc && dp)
+            rc = launched(k, jlm_cu_rt_kv_store(v->rt, f16 ? JLM_CU_KV_F16 : JLM_CU_KV_F32, v->blk.kc[k->b.l], rb,
+                                                rb * k->e->kv_ctx, dp, r, d->W, CS), "the latent into the cache");
+        else if (!rc)
             rc = launched(k, f16 ? jlm_cu_rt_to_f16(v->rt, (uint16_t *)(void *)dst, r, d->W, CS)
                                  : jlm_cu_rt_d2d(v->rt, dst, r, d->W * 4, CS), "the latent into the cache");
     }
@@ -344,6 +349,8 @@ static int mla_q(jlm_exd *k, const jlm_op *op, const mla_dims *d)
     int rc = op->dst != JLM_B_Q || rope_of(k, d, &cr) ? UNSUP : q_proj(k, op, d);
     const float *qf = k->dry ? NULL : reg(k, RG_QF, 0);
     float *ql = k->dry ? NULL : reg(k, RG_QL, 0);
+    if (!rc && !k->dry)
+        cr.dpos = jlm_ecu_dpos(k);
     for (uint32_t t = 0; !rc && !k->dry && t < k->b.n; t++) {
         rc = launched(k, jlm_cu_rt_rope(v->rt, &cr, reg(k, RG_QF, t * d->qd + d->nope), (uint32_t)d->nh,
                                         (uint32_t)d->hd, jlm_exd_pos(k, t), CS), "the queries' rope");
@@ -367,8 +374,9 @@ static int mla_attn(jlm_exd *k, const jlm_op *op, const mla_dims *d)
                       .head_dim_v = (uint32_t)d->R, .k_stride = d->W, .v_stride = d->W,
                       .scale = jlm_ex_mla_scale(k->e), .k_type = k->e->kt, .v_type = k->e->kt};
     int rc = op->dst != JLM_B_ATT ? UNSUP : JLM_OK;
+    ap.dpos = k->dry ? NULL : jlm_ecu_dpos(k);   /* a decoded row: keys 0..its position, read on the device */
     for (uint32_t t = 0; !rc && !k->dry && t < k->b.n; t++) {
-        ap.n_kv = jlm_exd_pos(k, t) + 1ull;
+        ap.n_kv = ap.dpos ? k->e->kv_ctx : jlm_exd_pos(k, t) + 1ull;
         const void *kv = v->blk.kc[k->b.l];
         rc = launched(k, jlm_cu_rt_attn(v->rt, &ap, reg(k, RG_QL, t * d->nh * d->W), kv, kv, v->blk.scores.p,
                                         reg(k, RG_OL, t * d->nh * d->R), CS), "latent attention");
