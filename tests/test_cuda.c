@@ -1482,3 +1482,83 @@ Test(cuda, a_decoded_token_is_one_graph_launch_with_the_logits_of_no_graph, .tim
     tu_rmrf(dir);
     free(dir);
 }
+
+/* The launches that read the position from device memory (a decoded
+ * token's, kept equal for its graph) give what the launch-argument forms
+ * give, bit for bit, on the emulated seam: the cache store at *dpos of each
+ * cache type (F32 as a copy, F16 as to_f16, Q8_0 as kv_q8), RoPE at *dpos,
+ * attention over the keys *dpos sees (all, a sliding window's, a chunk's)
+ * against the same kernel given n_kv and the first key; a position past the
+ * cache faults when the store runs. */
+Test(cuda, the_device_position_forms_equal_the_launch_argument_forms)
+{
+    enum { W = 64, ROWS = 8, NH = 2, HD = 32 };
+    jlm_cu_rt *r = emu_open();
+    float hx[W], hq[NH * HD];
+    for (int i = 0; i < W; i++)
+        hx[i] = sinf((float)i * 0.7f) * 3.0f;
+    for (int i = 0; i < NH * HD; i++)
+        hq[i] = cosf((float)i * 0.3f);
+    void *x, *q, *dp, *c1, *c2, *o1, *o2, *sc;
+    uint64_t cb = jlm_cu_kv_bytes(JLM_CU_KV_F32, (uint64_t)ROWS * W);
+    cr_assert_eq(jlm_cu_rt_alloc(r, W * 4, &x) | jlm_cu_rt_alloc(r, NH * HD * 4, &q) | jlm_cu_rt_alloc(r, 4, &dp) |
+                     jlm_cu_rt_alloc(r, cb, &c1) | jlm_cu_rt_alloc(r, cb, &c2) | jlm_cu_rt_alloc(r, NH * HD * 4, &o1) |
+                     jlm_cu_rt_alloc(r, NH * HD * 4, &o2) | jlm_cu_rt_alloc(r, NH * ROWS * 4, &sc), 0);
+    uint8_t *h1 = malloc(cb), *h2 = malloc(cb);
+    cr_assert_eq(jlm_cu_rt_h2d(r, x, hx, W * 4, JLM_CU_S_COMPUTE), 0);
+    for (int t = 0; t < 3; t++) {
+        uint64_t rb = jlm_cu_kv_bytes(t, W);
+        memset(h1, 0x5a, cb);
+        cr_assert_eq(jlm_cu_rt_h2d(r, c1, h1, cb, JLM_CU_S_COMPUTE) | jlm_cu_rt_h2d(r, c2, h1, cb, JLM_CU_S_COMPUTE), 0);
+        for (uint32_t p = 0; p < ROWS; p += 3) {
+            cr_assert_eq(jlm_cu_rt_h2d(r, dp, &p, 4, JLM_CU_S_COMPUTE), 0);
+            cr_assert_eq(jlm_cu_rt_kv_store(r, t, c1, rb, ROWS * rb, dp, x, W, JLM_CU_S_COMPUTE), 0);
+            uint8_t *d2 = (uint8_t *)c2 + p * rb;
+            cr_assert_eq(t == JLM_CU_KV_F16  ? jlm_cu_rt_to_f16(r, (uint16_t *)(void *)d2, x, W, JLM_CU_S_COMPUTE)
+                         : t == JLM_CU_KV_Q8_0 ? jlm_cu_rt_kv_q8(r, d2, x, W, JLM_CU_S_COMPUTE)
+                                               : jlm_cu_rt_d2d(r, d2, x, W * 4, JLM_CU_S_COMPUTE), 0);
+        }
+        cr_assert_eq(jlm_cu_rt_d2h(r, h1, c1, cb, JLM_CU_S_COMPUTE) | jlm_cu_rt_d2h(r, h2, c2, cb, JLM_CU_S_COMPUTE) |
+                         jlm_cu_rt_sync(r, JLM_CU_S_COMPUTE), 0, "%s", jlm_cu_rt_error(r));
+        cr_assert(!memcmp(h1, h2, cb), "cache type %d: the store at the device's position differs", t);
+    }
+    /* keys: the F32 cache c2 filled with varied rows */
+    float *hk = malloc(cb);
+    for (uint64_t i = 0; i < (uint64_t)ROWS * W; i++)
+        hk[i] = sinf((float)i * 0.11f);
+    cr_assert_eq(jlm_cu_rt_h2d(r, c2, hk, cb, JLM_CU_S_COMPUTE), 0);
+    static const uint32_t RULE[][2] = {{0, 0}, {3, 0}, {0, 4}};   /* {win, chunk} */
+    for (int ru = 0; ru < 3; ru++)
+        for (uint32_t p = 0; p < ROWS; p++) {
+            uint32_t win = RULE[ru][0], chunk = RULE[ru][1];
+            uint32_t lo = chunk ? p / chunk * chunk : win && p >= win ? p - win + 1 : 0;
+            jlm_cu_attn a = {.n_head = NH, .n_head_kv = 1, .head_dim = HD, .head_dim_v = HD, .n_kv = p + 1 - lo,
+                             .k_stride = W, .v_stride = W, .k_head_stride = 0, .v_head_stride = HD,
+                             .scale = 0.2f};
+            jlm_cu_attn b = a;
+            b.n_kv = ROWS, b.dpos = dp, b.win = win, b.chunk = chunk;
+            cr_assert_eq(jlm_cu_rt_h2d(r, q, hq, NH * HD * 4, JLM_CU_S_COMPUTE) |
+                             jlm_cu_rt_h2d(r, dp, &p, 4, JLM_CU_S_COMPUTE), 0);
+            cr_assert_eq(jlm_cu_rt_attn(r, &a, q, (float *)c2 + lo * W, (float *)c2 + lo * W, sc, o1,
+                                        JLM_CU_S_COMPUTE), 0);
+            cr_assert_eq(jlm_cu_rt_attn(r, &b, q, c2, c2, sc, o2, JLM_CU_S_COMPUTE), 0);
+            jlm_cu_rope rp = {.n_rot = HD, .freq_base = 10000.0f, .freq_scale = 1.0f, .attn_factor = 1.0f};
+            cr_assert_eq(jlm_cu_rt_rope(r, &rp, o1, NH, HD, p, JLM_CU_S_COMPUTE), 0);
+            rp.dpos = dp;
+            cr_assert_eq(jlm_cu_rt_rope(r, &rp, o2, NH, HD, 12345, JLM_CU_S_COMPUTE), 0);
+            cr_assert_eq(jlm_cu_rt_d2h(r, h1, o1, NH * HD * 4, JLM_CU_S_COMPUTE) |
+                             jlm_cu_rt_d2h(r, h2, o2, NH * HD * 4, JLM_CU_S_COMPUTE) | jlm_cu_rt_sync(r, JLM_CU_S_COMPUTE),
+                         0, "%s", jlm_cu_rt_error(r));
+            cr_assert(!memcmp(h1, h2, NH * HD * 4), "rule %d, position %u: attention and RoPE at the device's "
+                      "position differ", ru, p);
+        }
+    uint32_t past = ROWS;
+    cr_assert_eq(jlm_cu_rt_h2d(r, dp, &past, 4, JLM_CU_S_COMPUTE), 0);
+    cr_assert_eq(jlm_cu_rt_kv_store(r, JLM_CU_KV_F32, c1, W * 4, ROWS * W * 4ull, dp, x, W, JLM_CU_S_COMPUTE), 0);
+    cr_assert_neq(jlm_cu_rt_sync(r, JLM_CU_S_COMPUTE), 0, "a store past the cache ran");
+    cr_assert(strstr(jlm_cu_rt_error(r), "past"), "%s", jlm_cu_rt_error(r));
+    free(hk);
+    free(h1);
+    free(h2);
+    jlm_cu_rt_close(r);
+}
