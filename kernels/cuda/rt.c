@@ -1302,28 +1302,29 @@ static void top(tape_op *o, int kind)
 
 /* ---------------------------------------------------------------- the calls */
 
-int jlm_cu_rt_h2d(jlm_cu_rt *r, void *dev, const void *host, uint64_t n, int stream)
+/* An op of a destination, a source and a count (the copies, the F16 and
+ * Q8_0 rows). */
+static int submit_copy(jlm_cu_rt *r, int kind, void *dst, const void *src, uint64_t n, int stream)
 {
     tape_op o;
-    top(&o, T_H2D);
-    o.dst = dev, o.src = host, o.n = n;
+    top(&o, kind);
+    o.dst = dst, o.src = src, o.n = n;
     return submit(r, &o, stream);
+}
+
+int jlm_cu_rt_h2d(jlm_cu_rt *r, void *dev, const void *host, uint64_t n, int stream)
+{
+    return submit_copy(r, T_H2D, dev, host, n, stream);
 }
 
 int jlm_cu_rt_d2h(jlm_cu_rt *r, void *host, const void *dev, uint64_t n, int stream)
 {
-    tape_op o;
-    top(&o, T_D2H);
-    o.dst = host, o.src = dev, o.n = n;
-    return submit(r, &o, stream);
+    return submit_copy(r, T_D2H, host, dev, n, stream);
 }
 
 int jlm_cu_rt_d2d(jlm_cu_rt *r, void *dst, const void *src, uint64_t n, int stream)
 {
-    tape_op o;
-    top(&o, T_D2D);
-    o.dst = dst, o.src = src, o.n = n;
-    return submit(r, &o, stream);
+    return submit_copy(r, T_D2D, dst, src, n, stream);
 }
 
 int jlm_cu_rt_matvec_batch(jlm_cu_rt *r, const jlm_cu_mat *m, const jlm_cu_batch *b, uint64_t n, const float *x,
@@ -1377,18 +1378,12 @@ int jlm_cu_rt_elem(jlm_cu_rt *r, int op, float *out, const float *a, const float
 
 int jlm_cu_rt_to_f16(jlm_cu_rt *r, uint16_t *out, const float *x, uint64_t n, int stream)
 {
-    tape_op o;
-    top(&o, T_F16);
-    o.dst = out, o.src = x, o.n = n;
-    return submit(r, &o, stream);
+    return submit_copy(r, T_F16, out, x, n, stream);
 }
 
 int jlm_cu_rt_kv_q8(jlm_cu_rt *r, void *out, const float *x, uint64_t n, int stream)
 {
-    tape_op o;
-    top(&o, T_Q8);
-    o.dst = out, o.src = x, o.n = n;
-    return submit(r, &o, stream);
+    return submit_copy(r, T_Q8, out, x, n, stream);
 }
 
 int jlm_cu_rt_kv_store(jlm_cu_rt *r, int type, void *base, uint64_t row_bytes, uint64_t cap, const uint32_t *dpos,
