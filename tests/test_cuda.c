@@ -811,6 +811,86 @@ Test(cuda, the_emulated_row_kernels_compute_each_row_as_the_one_row_kernels_in_o
     jlm_cu_rt_close(r);
 }
 
+/* One taped token of row-batched launches and a cache store (the test
+ * below): q's rows (pageable, before the token) rotated at the row table
+ * tab's positions, a bias added, attention over k's keys from the table,
+ * the first output row into the cache c at *dpos; 4 launches counted. */
+typedef struct tape_rig {
+    jlm_cu_rt *r;
+    float *dq, *dy, *dk, *db, *dsc, *dout, *dc;
+    uint32_t *dpos;
+} tape_rig;
+
+enum { TR_R = 4, TR_NH = 2, TR_HD = 32, TR_P = 16, TR_QW = TR_NH * TR_HD };
+
+static void tape_token(const tape_rig *g, const float *q, const uint32_t *tab, float *out, float *cache)
+{
+    jlm_cu_rt *r = g->r;
+    jlm_cu_rows rw = {.n = TR_R, .x_stride = TR_QW, .o_stride = TR_QW, .sc_stride = TR_NH * TR_P, .kb = TR_QW * 4,
+                      .vb = TR_QW * 4, .pos = tab, .span = tab + TR_R};
+    jlm_cu_attn at = {.n_head = TR_NH, .n_head_kv = TR_NH, .head_dim = TR_HD, .head_dim_v = TR_HD, .n_kv = TR_P,
+                      .k_stride = TR_QW, .v_stride = TR_QW, .k_head_stride = TR_HD, .v_head_stride = TR_HD,
+                      .scale = 0.2f};
+    jlm_cu_rope rp = {.n_rot = 16, .freq_base = 10000, .freq_scale = 1, .attn_factor = 1};
+    cr_assert_eq(jlm_cu_rt_h2d(r, g->dy, q, TR_R * TR_QW * 4, JLM_CU_S_COMPUTE), 0);
+    uint64_t l0 = jlm_cu_rt_launches(r);
+    cr_assert_eq(jlm_cu_rt_graph(r, 1), 0);
+    cr_assert_eq(jlm_cu_rt_rope_rows(r, &rp, g->dy, TR_NH, TR_HD, &rw, JLM_CU_S_COMPUTE), 0, "%s", jlm_cu_rt_error(r));
+    cr_assert_eq(jlm_cu_rt_add_rows(r, g->dy, g->dy, g->db, TR_QW, TR_R, JLM_CU_S_COMPUTE), 0);
+    cr_assert_eq(jlm_cu_rt_attn_rows(r, &at, g->dy, g->dk, g->dk, TR_P, g->dsc, g->dout, &rw, JLM_CU_S_COMPUTE), 0);
+    cr_assert_eq(jlm_cu_rt_kv_store(r, JLM_CU_KV_F32, g->dc, TR_QW * 4, TR_P * TR_QW * 4, g->dpos, g->dout, TR_QW,
+                                    JLM_CU_S_COMPUTE), 0);
+    cr_assert_eq(jlm_cu_rt_graph(r, 0), 0, "%s", jlm_cu_rt_error(r));
+    cr_assert_eq(jlm_cu_rt_launches(r) - l0, 4, "a taped token's launches, issued or replayed, count once each");
+    host_of(r, out, g->dout, TR_R * TR_QW * 4);
+    host_of(r, cache, g->dc, TR_P * TR_QW * 4);
+}
+
+/* Every kernel kind of the emulation tapes into a decoded token's graph:
+ * the row-batched launches (RoPE, bias, attention) and the cache store at
+ * the device's position, the row table's pointers part of what a segment
+ * is compared by. The same token twice is issued, then captured and
+ * replayed: bit for bit the launches issued one by one, counted as many
+ * (jlm_cu_rt_launches); the same launches over another row table (other
+ * positions, same shapes) are another segment, issued, not the stale
+ * graph (other results), and captured when they repeat. */
+Test(cuda, the_row_kernels_and_the_cache_store_tape_into_a_graph_compared_with_their_row_table)
+{
+    unsetenv("JLM_CUDA_GRAPH");
+    tape_rig g = {.r = emu_open()};
+    jlm_cu_rt *r = g.r;
+    uint64_t seed = 71;
+    static float q[TR_R * TR_QW], kc[TR_P * TR_QW], bias[TR_QW], out[4][TR_R * TR_QW], cache[4][TR_P * TR_QW];
+    gen_floats(q, TR_R * TR_QW, 1.0f, &seed);
+    gen_floats(kc, TR_P * TR_QW, 1.0f, &seed);
+    gen_floats(bias, TR_QW, 1.0f, &seed);
+    uint32_t tab[2][3 * TR_R], pos = 5;
+    for (uint32_t v = 0; v < 2; v++)
+        for (uint32_t t = 0; t < TR_R; t++)
+            tab[v][t] = 8 + t + v, tab[v][TR_R + 2 * t] = 0, tab[v][TR_R + 2 * t + 1] = 9 + t + v;
+    g.dk = dev_of(r, kc, sizeof kc), g.db = dev_of(r, bias, sizeof bias), g.dc = dev_of(r, kc, sizeof kc);
+    g.dpos = dev_of(r, &pos, 4);
+    cr_assert_eq(jlm_cu_rt_alloc(r, sizeof q, (void **)&g.dy), 0);
+    cr_assert_eq(jlm_cu_rt_alloc(r, sizeof q, (void **)&g.dout), 0);
+    cr_assert_eq(jlm_cu_rt_alloc(r, (uint64_t)TR_R * TR_NH * TR_P * 4, (void **)&g.dsc), 0);
+    uint32_t *dt[2] = {dev_of(r, tab[0], sizeof tab[0]), dev_of(r, tab[1], sizeof tab[1])};
+    static const int TAB[4] = {0, 0, 1, 1}, GRAPHS[4] = {0, 1, 1, 2};
+    for (int i = 0; i < 4; i++) {
+        tape_token(&g, q, dt[TAB[i]], out[i], cache[i]);
+        jlm_cu_rt_count c;
+        jlm_cu_rt_counts(r, &c);
+        cr_assert(c.graph_launches == (uint64_t)GRAPHS[i] && c.captures == (uint64_t)GRAPHS[i],
+                  "token %d: %llu graph launches, %llu captures, want %d", i, (unsigned long long)c.graph_launches,
+                  (unsigned long long)c.captures, GRAPHS[i]);
+    }
+    cr_assert(!memcmp(out[1], out[0], sizeof out[0]) && !memcmp(cache[1], cache[0], sizeof cache[0]),
+              "the replayed graph differs from the launches issued");
+    cr_assert(!memcmp(out[3], out[2], sizeof out[0]) && !memcmp(cache[3], cache[2], sizeof cache[0]),
+              "the second table's graph differs from its launches issued");
+    cr_assert(memcmp(out[2], out[0], sizeof out[0]), "the other row table ran the first table's graph");
+    jlm_cu_rt_close(r);
+}
+
 /* The expert combine through the seam (jlm_cu_rt_moe_combine, what
  * exec_cu_moe.c launches): equal to jlm_k_moe_combine bit for bit; weights
  * copied on the other stream with no event fault at the wait, and spans past
@@ -1608,13 +1688,15 @@ static void graph_run(const char *path, const char *graph, int n, uint32_t np2, 
  * the same length the graph is replayed from the first decoded token with
  * no new capture, and after a longer prompt (the buffers grow: other
  * pointers) it is captured once more. JLM_CUDA_GRAPH=0 launches none and
- * makes more runtime calls. */
+ * makes more runtime calls, and the same launches and device copies
+ * (jlm_dev_stats.dispatches: a graph's counted at each replay). deepseek2's
+ * latent attention tapes its one-row strided norm and copy too. */
 Test(cuda, a_decoded_token_is_one_graph_launch_with_the_logits_of_no_graph, .timeout = 300)
 {
     setenv("JLM_CUDA_EMULATE", "1", 1);
     static const struct { const char *name; int moe; } MODELS[] = {
         {"synth-llama-256.f32", 0}, {"synth-llama-256.Q4_0", 0}, {"synth-llama-256.Q4_K_M", 0},
-        {"synth-gemma3-256.Q8_0", 0}, {"synth-qwen3moe-256.Q8_0", 1}};
+        {"synth-gemma3-256.Q8_0", 0}, {"synth-qwen3moe-256.Q8_0", 1}, {"synth-deepseek2-256.Q8_0", 1}};
     enum { N = 8 };
     char *dir = tu_tmpdir();
     for (size_t m = 0; m < sizeof MODELS / sizeof MODELS[0]; m++) {
@@ -1655,6 +1737,10 @@ Test(cuda, a_decoded_token_is_one_graph_launch_with_the_logits_of_no_graph, .tim
                               (unsigned long long)g1, N);
             }
             cr_assert_lt(s1[1].rt_calls, s0[1].rt_calls, "%s: the graph made no fewer runtime calls", mn);
+            for (int run = 0; run < 2; run++)   /* a graph's launches count at each replay, as issued one by one */
+                cr_assert(s0[run].dispatches && s1[run].dispatches == s0[run].dispatches,
+                          "%s: %llu launches and device copies with the graphs, %llu without", mn,
+                          (unsigned long long)s1[run].dispatches, (unsigned long long)s0[run].dispatches);
             free(l1);
             free(l0);
         }
