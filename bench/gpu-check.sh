@@ -13,7 +13,7 @@
 # with a Q8_0 one (JLM_CUDA_KV=q8_0);
 # then decode and prefill of mkgguf's synth-1b in Q4_0, Q8_0 and Q4_K with every
 # block resident and with --gpu-budget at half the blocks, so every token pages
-# them in from host memory, and Q4_0 resident on the offload for comparison), and the host-harness suite `cuda` when the Criterion binary can run
+# them in from host memory, Q4_0 resident with the graphs off (JLM_CUDA_GRAPH=0) and on the offload for comparison), and the host-harness suite `cuda` when the Criterion binary can run
 # there. Ends with a summary; exit status 0 only when every part that ran passed.
 #
 # The GPU machine has no network and may lack SQLite, jansson, FUSE, Criterion:
@@ -96,6 +96,12 @@ if [ -x "$engine" ] && ! grep -q "skip:" /tmp/gpu-check.out 2>/dev/null; then
         half=$(grep "bench synth-1b-$ty.gguf: block pages" /tmp/gpu-engine.out | tail -1 | awk '{print int($5 * 1048576 / 2)}')
         [ -n "$half" ] && [ "$half" -gt 0 ] && timeout "$left" "$engine" bench --synth synth-1b "$ty" --pp 32 --tg 16 --gpu-budget "$half" | tee -a /tmp/gpu-engine.out
     done
+    left=$(( 470 - ($(date +%s) - start) ))
+    if [ "$left" -gt 30 ]; then   # the graphs off: a decoded token's launches issued one by one (docs/cuda.md)
+        echo "== $engine bench --synth synth-1b Q4_0, no graph (JLM_CUDA_GRAPH=0)"
+        JLM_CUDA_GRAPH=0 timeout "$left" "$engine" bench --synth synth-1b Q4_0 --pp 128 --tg 32 --rounds 3 \
+            | sed 's/^bench /bench (no graph) /' | tee -a /tmp/gpu-engine.out
+    fi
     left=$(( 470 - ($(date +%s) - start) ))
     if [ "$left" -gt 30 ]; then
         echo "== $engine bench --synth synth-1b Q4_0, matmul offload (JLM_CUDA_BLOCKS=0)"

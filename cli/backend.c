@@ -90,6 +90,16 @@ json_t *jlm_cli_backends_json(void)
     return a;
 }
 
+/* The cuda line's graphs (docs/cuda.md): "graphs G (captures C), runtime calls K, "; "" elsewhere. */
+static const char *cu_graphs(char *b, size_t n, const jlm_dev_stats *s)
+{
+    if (strcmp(s->kind, "cuda"))
+        return "";
+    snprintf(b, n, "graphs %llu (captures %llu), runtime calls %llu, ", (unsigned long long)s->graph_launches,
+             (unsigned long long)s->graph_captures, (unsigned long long)s->rt_calls);
+    return b;
+}
+
 void jlm_cli_print_backend_stats(FILE *f, struct jlm_engine *e, unsigned long long pi, unsigned long long ev,
                                  unsigned long long br, unsigned long long hi)
 {
@@ -102,7 +112,7 @@ void jlm_cli_print_backend_stats(FILE *f, struct jlm_engine *e, unsigned long lo
         dbr += v[n].bytes_up;
         dhi += v[n].hits;
     }
-    char b1[32], b2[32], b3[32], b4[32];
+    char b1[32], b2[32], b3[32], b4[32], b5[96];
     fprintf(f, "pager: page-ins %llu, evictions %llu, bytes-read %llu (%s), hits %llu\n", pi + dpi, ev + dev, br + dbr,
             jlm_cli_iec(b1, br + dbr), hi + dhi);
     jlm_engine_mem mi;
@@ -112,7 +122,7 @@ void jlm_cli_print_backend_stats(FILE *f, struct jlm_engine *e, unsigned long lo
     for (int i = 0; i < n; i++)   /* one line per device, in block order */
         fprintf(f, "%s: matmuls %llu (round trips %llu), activations up %llu, down %llu, "
                    "page-ins %llu (%llu ahead), evictions %llu, hits %llu, bytes uploaded %llu (%s), bytes imported %llu (%s), frames %llu (%llu bytes, peak %llu, budget %llu), "
-                   "path %s, kernels %.1f ms, transfers %.1f ms, reuploads %llu, cpu fallbacks %llu, "
+                   "path %s, kernels %.1f ms, transfers %.1f ms, reuploads %llu, cpu fallbacks %llu, %s"
                    "device %s\n",
                 v[i].kind, (unsigned long long)v[i].matmuls, (unsigned long long)v[i].waits,
                 (unsigned long long)v[i].act_up, (unsigned long long)v[i].act_down,
@@ -123,5 +133,6 @@ void jlm_cli_print_backend_stats(FILE *f, struct jlm_engine *e, unsigned long lo
                 (unsigned long long)v[i].frames, (unsigned long long)v[i].resident_bytes,
                 (unsigned long long)v[i].peak_bytes, (unsigned long long)v[i].budget,
                 v[i].path, v[i].kernel_ns / 1e6, v[i].xfer_ns / 1e6,
-                (unsigned long long)v[i].reuploads, (unsigned long long)v[i].fallbacks, v[i].device);
+                (unsigned long long)v[i].reuploads, (unsigned long long)v[i].fallbacks, cu_graphs(b5, sizeof b5, &v[i]),
+                v[i].device);
 }

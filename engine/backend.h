@@ -45,7 +45,11 @@ typedef struct jlm_dev_stats {
     uint64_t act_up, act_down;   /* activation bytes copied host -> device (matmul inputs) and back
                                     (results), counted at the copies; page-ins and reuploads not */
     uint64_t dispatches;         /* kernel dispatches (CUDA: launches) and device copies recorded or
-                                    enqueued (0: not counted) */
+                                    enqueued; CUDA: a graph's counted each time it is launched, as
+                                    its ops issued one by one (0: not counted) */
+    uint64_t graph_launches, graph_captures;   /* CUDA: graphs of a token's launches replayed, captured */
+    uint64_t rt_calls;           /* CUDA: host calls into the device runtime (launches and copies issued
+                                    one by one, events, waits, graph launches; kernels/cuda/rt.h) */
 } jlm_dev_stats;
 
 /* Profiling (jlm bench --profile): a backend's time per op class. The

@@ -450,6 +450,11 @@ static void ecu_stats(const jlm_dev *dev, jlm_dev_stats *out)
     out->bytes_up = v->bytes_up;
     pthread_mutex_unlock(&v->mu);
     out->dispatches = jlm_cu_rt_launches(v->rt) - v->launch0;
+    jlm_cu_rt_count c;
+    jlm_cu_rt_counts(v->rt, &c);
+    out->graph_launches = c.graph_launches - v->cnt0.graph_launches;
+    out->graph_captures = c.captures - v->cnt0.captures;
+    out->rt_calls = c.calls - v->cnt0.calls;
 }
 
 static void ecu_stats_reset(jlm_dev *dev)
@@ -463,6 +468,7 @@ static void ecu_stats_reset(jlm_dev *dev)
     v->st.device = keep.device;
     v->st.path = keep.path;
     v->launch0 = jlm_cu_rt_launches(v->rt);
+    jlm_cu_rt_counts(v->rt, &v->cnt0);
 }
 
 /* ---------------------------------------------------------------- --profile */

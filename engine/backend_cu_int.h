@@ -57,6 +57,9 @@ typedef struct jlm_ecu_blk {
     float    *x_host;               /* where the rows held belong on the host; NULL: the host has them */
     uint32_t  x_rows, x_E;
     int       queued;               /* kernels enqueued since the host last waited for the compute stream */
+    scratch   dpos, h_dpos;         /* a decoded token's position: device, pinned (4 bytes, up with the rows) */
+    uint32_t  dpos_at;              /* ... its value; */
+    int       dpos_ok;              /* ... 1: dpos holds it (one row went up): RoPE, the cache and attention read it */
     struct jlm_ecu_moebufs *moe;    /* exec_cu_moe.c's buffers; NULL until a MoE block ran here */
     struct jlm_ecu_mlabufs *mla;    /* exec_cu_mla.c's; NULL until a latent attention block ran here */
 } jlm_ecu_blk;
@@ -87,6 +90,7 @@ typedef struct jlm_ecu {
     uint64_t       default_budget;
     jlm_dev_stats  st;
     uint64_t       launch0;          /* jlm_cu_rt_launches at the last stats reset */
+    jlm_cu_rt_count cnt0;            /* the runtime's other counts at the last stats reset */
     jlm_ecu_blk    blk;
     char           name[300];
     /* --profile: stamps on the compute stream at each op class change
@@ -161,6 +165,10 @@ int  jlm_ecu_mla(struct jlm_exd *k, const struct jlm_op *op);
 jlm_cu_rows jlm_ecu_rows(const struct jlm_exd *k, uint32_t t0, uint32_t m, uint64_t xw);
 int jlm_ecu_attn_rows(struct jlm_exd *k, jlm_cu_attn *ap, const float *q, uint64_t qw, const void *kc, const void *vc,
                       float *out, uint64_t ow, const char *what);
+/* The device's copy of a decoded row's position (exec_cu.c: up with the
+ * rows), or NULL (a prefill's rows, or no copy): the launches then take
+ * the position as an argument or from the row table. */
+const uint32_t *jlm_ecu_dpos(const struct jlm_exd *k);
 void jlm_ecu_mla_free(jlm_ecu *v);
 
 #endif

@@ -47,6 +47,16 @@ static int launched(jlm_exd *k, int rc, const char *what)
     return rc ? jlm_ecu_fail(ecu(k), k->err, what) : JLM_OK;
 }
 
+/* The device's copy of the row's position when the launches may read it
+ * there (one row, the position that went up with it): a decoded token's
+ * launches are then the same every token (a graph, kernels/cuda/rt.h);
+ * NULL: the launches take the position as an argument. */
+const uint32_t *jlm_ecu_dpos(const jlm_exd *k)
+{
+    const jlm_ecu_blk *s = &ecu(k)->blk;
+    return k->b.n == 1 && s->dpos_ok && s->dpos_at == jlm_exd_pos(k, 0) ? s->dpos.p : NULL;
+}
+
 #define vec jlm_ecu_vec
 #define matmul_rows jlm_ecu_matmul_rows
 #define down jlm_ecu_down
@@ -196,7 +206,9 @@ static int op_norm(jlm_exd *k, int dst, int src, const float *p)
  * 1 elsewhere, and below position 8191: a launch a row where it is not).
  * Each a launch over every row (the rows' heads are consecutive: one norm
  * over n x n_head heads; RoPE: each row at its own position, the row
- * table's, or the one-row kernel's argument for one row). */
+ * table's; one row: the one-row kernel, at the device's copy of a decoded
+ * token's position (jlm_ecu_dpos: the same launch every token) or at the
+ * position as its argument). */
 static int op_heads(jlm_exd *k, int b, uint32_t n_head, const float *p, int wide)
 {
     jlm_engine *e = k->e;
@@ -222,6 +234,7 @@ static int op_heads(jlm_exd *k, int b, uint32_t n_head, const float *p, int wide
     jlm_cu_rope cr;
     jlm_cu_rope_from(&rp, &cr);
     cr.freq_factors = ff;
+    cr.dpos = jlm_ecu_dpos(k);   /* a decoded row: its position read on the device (NULL for a prefill's rows) */
     if (!rc && rope) {
         jlm_cu_rows r = jlm_ecu_rows(k, 0, n, W);
         rc = launched(k, n == 1 ? jlm_cu_rt_rope(v->rt, &cr, x, n_head, e->hd, jlm_exd_pos(k, 0), CS)
@@ -277,6 +290,19 @@ static void use_seq(const jlm_exd *k, uint32_t t)
 static int op_kv_put(jlm_exd *k)
 {
     int rc = JLM_OK;
+    jlm_ecu *v = ecu(k);
+    const uint32_t *dp = jlm_ecu_dpos(k);
+    if (dp && !k->dry)
+        use_seq(k, 0);
+    for (int b = JLM_B_K; dp && !k->dry && b <= JLM_B_V && !rc; b++) {   /* the row at the device's position */
+        _Static_assert(JLM_B_V == JLM_B_K + 1, "K then V");
+        uint64_t rb = kv_row(k->e, b);
+        rc = launched(k, jlm_cu_rt_kv_store(v->rt, kv_type(k->e, b), (b == JLM_B_K ? v->blk.kc : v->blk.vc)[k->b.l], rb,
+                                            rb * k->e->kv_ctx, dp, row(k, b, 0), width(k->e, b), CS),
+                      b == JLM_B_K ? "the keys into the cache" : "the values into the cache");
+    }
+    if (dp)
+        return rc;
     /* rows at consecutive positions (one sequence's): one copy (or conversion) each for K and V */
     uint32_t step = k->b.n;
     for (uint32_t t = 1; t < k->b.n && step > 1; t++)
@@ -289,6 +315,28 @@ static int op_kv_put(jlm_exd *k)
             rc = kv_rows(k, JLM_B_V, t, jlm_exd_pos(k, t), step);
     }
     return rc;
+}
+
+/* p's key rule (jlm_cu_attn_at: from 0, a window's or a chunk's first key)
+ * for layer k->b.l, when it gives jlm_ex_first_key's first key at the row's
+ * position and the row is not one an image's keys are open to: 1 and
+ * p->dpos set; else 0 (the key count goes as an argument). */
+static int key_rule(const jlm_exd *k, jlm_cu_attn *p)
+{
+    const jlm_config *c = k->c;
+    uint32_t pos = jlm_exd_pos(k, 0), far = UINT32_MAX - 1;
+    p->win = p->chunk = 0;
+    if (jlm_ex_first_key(c, k->b.l, far)) {
+        if (c->arch == JLM_ARCH_LLAMA && c->moe_step)
+            p->chunk = c->swa_window;
+        else
+            p->win = c->swa_window;
+    }
+    uint32_t lo = p->chunk ? pos / p->chunk * p->chunk : p->win && pos >= p->win ? pos - p->win + 1 : 0;
+    if (pos < k->e->bidir_end || lo != jlm_ex_first_key(c, k->b.l, pos) || pos >= k->e->kv_ctx)
+        return 0;
+    p->dpos = jlm_ecu_dpos(k);
+    return 1;
 }
 
 static int op_attend(jlm_exd *k, const float *sinks)
@@ -315,6 +363,12 @@ static int op_attend(jlm_exd *k, const float *sinks)
         use_seq(k, 0);
         return jlm_ecu_attn_rows(k, &ap, row(k, JLM_B_Q, 0), width(e, JLM_B_Q), v->blk.kc[k->b.l], v->blk.vc[k->b.l],
                                  row(k, JLM_B_ATT, 0), width(e, JLM_B_ATT), "attention");
+    }
+    if (!k->dry && jlm_ecu_dpos(k) && key_rule(k, &ap)) {   /* the keys the device's position sees, up to the cache's */
+        use_seq(k, 0);
+        ap.n_kv = e->kv_ctx;
+        return launched(k, jlm_cu_rt_attn(v->rt, &ap, row(k, JLM_B_Q, 0), v->blk.kc[k->b.l], v->blk.vc[k->b.l],
+                                          v->blk.scores.p, row(k, JLM_B_ATT, 0), CS), "attention");
     }
     for (uint32_t t = 0; !rc && !k->dry && t < k->b.n; t++) {
         /* keys [lo, hi): a sliding window's (or a chunk's) first key is where the cache's rows start, so
@@ -519,7 +573,7 @@ int jlm_ecu_kv_xfer(jlm_dev *d, jlm_engine *e, void *kc, void *vc, uint32_t n, i
 void jlm_ecu_blk_free(jlm_ecu *v)
 {
     jlm_ecu_blk *s = &v->blk;
-    scratch *dev[] = {&s->aq, &s->ad, &s->as, &s->rec, &s->odd, &s->scores, &s->logits, &s->rowt};
+    scratch *dev[] = {&s->aq, &s->ad, &s->as, &s->rec, &s->odd, &s->scores, &s->logits, &s->rowt, &s->dpos};
     jlm_ecu_moe_free(v);
     jlm_ecu_mla_free(v);
     for (int b = 0; b < JLM_B_COUNT; b++)
@@ -529,6 +583,7 @@ void jlm_ecu_blk_free(jlm_ecu *v)
     jlm_ecu_scratch_free(v, &s->h_x, 1);
     jlm_ecu_scratch_free(v, &s->h_logits, 1);
     jlm_ecu_scratch_free(v, &s->stage, 1);
+    jlm_ecu_scratch_free(v, &s->h_dpos, 1);
     while (s->seqs && s->seqs->n)
         seq_drop(v, &s->seqs->c[0]);
     free(s->seqs ? s->seqs->c : NULL);
@@ -556,6 +611,15 @@ int jlm_ecu_down(jlm_ecu *v, scratch *pin, float *dst, const void *src, uint64_t
     return rc ? rc : rc2;
 }
 
+/* The token's device part ends (its rows or logits came down): its taping
+ * stops. A MoE block's routing wait (exec_cu_moe.c) only ends a segment. */
+static int token_end(jlm_ecu *v, int rc, jlm_err *err)
+{
+    if (jlm_cu_rt_graph(v->rt, 0) && !rc)
+        rc = jlm_ecu_fail(v, err, "the token's graph");
+    return rc;
+}
+
 int jlm_ecu_x_sync(jlm_dev *d, jlm_err *err)
 {
     jlm_ecu *v = (jlm_ecu *)d;
@@ -564,14 +628,37 @@ int jlm_ecu_x_sync(jlm_dev *d, jlm_err *err)
         return JLM_OK;
     float *x = s->x_host;
     s->x_host = NULL;
-    return down(v, &s->h_x, x, s->ab[JLM_B_X].p, (uint64_t)s->x_rows * s->x_E * 4, err);
+    return token_end(v, down(v, &s->h_x, x, s->ab[JLM_B_X].p, (uint64_t)s->x_rows * s->x_E * 4, err), err);
 }
 
 void jlm_ecu_x_drop(jlm_dev *d)
 {
     jlm_ecu *v = (jlm_ecu *)d;
     jlm_ecu_drain(v, NULL);   /* the pinned rows may be refilled next */
+    jlm_cu_rt_graph(v->rt, 0);
     v->blk.x_host = NULL;
+}
+
+/* A decoded token's launches taped from here (a graph where they repeat:
+ * kernels/cuda/rt.h) and its position into device memory for them. */
+static int pos_up(jlm_ecu *v, uint32_t pos, jlm_err *err)
+{
+    jlm_ecu_blk *s = &v->blk;
+    int rc = jlm_ecu_grow(v, &s->dpos, 4, 0, err);
+    if (!rc)
+        rc = jlm_ecu_grow(v, &s->h_dpos, 4, 1, err);
+    if (rc)
+        return rc;
+    if (jlm_cu_rt_graph(v->rt, 1))
+        return jlm_ecu_fail(v, err, "the token's graph");
+    memcpy(s->h_dpos.p, &pos, 4);   /* pinned: the stream was drained since its last use */
+    if (jlm_cu_rt_h2d(v->rt, s->dpos.p, s->h_dpos.p, 4, CS))
+        return jlm_ecu_fail(v, err, "the position");
+    s->queued = 1;
+    v->st.act_up += 4;
+    s->dpos_at = pos;
+    s->dpos_ok = 1;
+    return JLM_OK;
 }
 
 int jlm_ecu_block(jlm_dev *d, jlm_engine *e, const jlm_prog *p, uint32_t l, const uint8_t *page, float *xs,
@@ -600,6 +687,9 @@ int jlm_ecu_block(jlm_dev *d, jlm_engine *e, const jlm_prog *p, uint32_t l, cons
     if (!rc && s->x_host != xs) {   /* the rows go up */
         uint64_t bytes = (uint64_t)n * e->c->n_embd * 4;
         rc = jlm_ecu_grow(v, &s->h_x, bytes, 1, err);
+        s->dpos_ok = 0;
+        if (!rc && n == 1)   /* a decoded token: taped, and its position goes up with it */
+            rc = pos_up(v, jlm_exd_pos(&k, 0), err);
         if (!rc) {
             memcpy(s->h_x.p, xs, bytes);   /* pinned: the stream was drained since its last use */
             jlm_dev_prof_op(d, JLM_DEVP_XFER);
@@ -619,6 +709,7 @@ int jlm_ecu_block(jlm_dev *d, jlm_engine *e, const jlm_prog *p, uint32_t l, cons
         rc = jlm_exd_run(&k);
     if (rc) {
         jlm_ecu_drain(v, NULL);
+        jlm_cu_rt_graph(v->rt, 0);
         s->x_host = NULL;
         return jlm_err_prefix(err, rc == UNSUP ? JLM_EIO : rc, "cuda: block %u", l);
     }
@@ -653,5 +744,5 @@ int jlm_ecu_output(jlm_dev *d, const float *norm, float eps, const jlm_k_mat *m,
         jlm_ecu_drain(v, NULL);
         return rc;
     }
-    return down(v, &s->h_logits, logits, s->logits.p, bytes, err);
+    return token_end(v, down(v, &s->h_logits, logits, s->logits.p, bytes, err), err);
 }

@@ -305,16 +305,21 @@ static int mla_kv(jlm_exd *k, const jlm_op *op, const mla_dims *d)
     while (run < n && jlm_exd_pos(k, run) == p0 + run)
         run++;
     float *r = abp(k, JLM_B_K, 0);
+    uint64_t rb = d->W * (f16 ? 2 : 4);
+    const uint32_t *dp = cr.dpos = jlm_ecu_dpos(k);   /* a decoded row: its position on the device */
     rc = launched(k, jlm_cu_rt_rmsnorm_strided(v->rt, r, r, nw, d->R, n, (uint32_t)d->W, k->c->rms_eps, CS),
                   "the latent's norm");
     jlm_cu_rows rr = n > 1 ? jlm_ecu_rows(k, 0, n, d->W) : (jlm_cu_rows){0};
     if (!rc)
         rc = launched(k, n > 1 ? jlm_cu_rt_rope_rows(v->rt, &cr, r + d->R, 1, (uint32_t)d->rot, &rr, CS)
                                : jlm_cu_rt_rope(v->rt, &cr, r + d->R, 1, (uint32_t)d->rot, p0, CS), "the key's rope");
+    if (!rc && dp)
+        return launched(k, jlm_cu_rt_kv_store(v->rt, f16 ? JLM_CU_KV_F16 : JLM_CU_KV_F32, v->blk.kc[k->b.l], rb,
+                                              rb * k->e->kv_ctx, dp, r, d->W, CS), "the latent into the cache");
     /* into the cache: the run in one copy (a prefill: every row), any other row alone */
     for (uint32_t t = 0, m; !rc && t < n; t += m) {
         m = t ? 1 : run;
-        uint8_t *dst = (uint8_t *)v->blk.kc[k->b.l] + (uint64_t)jlm_exd_pos(k, t) * d->W * (f16 ? 2 : 4);
+        uint8_t *dst = (uint8_t *)v->blk.kc[k->b.l] + (uint64_t)jlm_exd_pos(k, t) * rb;
         float *x = r + t * d->W;
         rc = launched(k, f16 ? jlm_cu_rt_to_f16(v->rt, (uint16_t *)(void *)dst, x, m * d->W, CS)
                              : jlm_cu_rt_d2d(v->rt, dst, x, m * d->W * 4, CS), "the latent into the cache");
@@ -355,6 +360,7 @@ static int mla_q(jlm_exd *k, const jlm_op *op, const mla_dims *d)
         uint32_t n = k->b.n;
         jlm_cu_rows rr = n > 1 ? jlm_ecu_rows(k, 0, n, d->qd) : (jlm_cu_rows){0};
         float *x = reg(k, RG_QF, d->nope);
+        cr.dpos = jlm_ecu_dpos(k);   /* a decoded row: its position on the device */
         rc = launched(k, n > 1 ? jlm_cu_rt_rope_rows(v->rt, &cr, x, (uint32_t)d->nh, (uint32_t)d->hd, &rr, CS)
                                : jlm_cu_rt_rope(v->rt, &cr, x, (uint32_t)d->nh, (uint32_t)d->hd, jlm_exd_pos(k, 0), CS),
                       "the queries' rope");
@@ -383,7 +389,8 @@ static int mla_attn(jlm_exd *k, const jlm_op *op, const mla_dims *d)
         rc = jlm_ecu_attn_rows(k, &ap, reg(k, RG_QL, 0), d->nh * d->W, kv, kv, reg(k, RG_OL, 0), d->nh * d->R,
                                "latent attention");
     else if (!rc && !k->dry) {
-        ap.n_kv = jlm_exd_pos(k, 0) + 1ull;
+        ap.dpos = jlm_ecu_dpos(k);   /* a decoded row: keys 0..its position, read on the device */
+        ap.n_kv = ap.dpos ? k->e->kv_ctx : jlm_exd_pos(k, 0) + 1ull;
         rc = launched(k, jlm_cu_rt_attn(v->rt, &ap, reg(k, RG_QL, 0), kv, kv, v->blk.scores.p, reg(k, RG_OL, 0), CS),
                       "latent attention");
     }

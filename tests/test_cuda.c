@@ -297,7 +297,7 @@ static void check_attn(attn_case c, int kt, int vt, uint64_t seed)
     jlm_kv_get_row(vt, vc + vo, v, vn);
     jlm_cu_attn p = {c.n_head, c.n_head_kv, c.head_dim, c.head_dim_v, c.n_kv, c.head_dim, c.head_dim_v,
                      c.n_kv * c.head_dim, c.n_kv * c.head_dim_v, 1.0f / sqrtf((float)c.head_dim),
-                     c.softcap, c.sinks ? sinks : NULL, c.mask ? mask : NULL, kt, vt};
+                     c.softcap, c.sinks ? sinks : NULL, c.mask ? mask : NULL, kt, vt, NULL, 0, 0};
     jlm_cu_host_attn(&p, q, kc + ko, vc + vo, scores, o1);
     for (uint32_t h = 0; h < c.n_head; h++) {
         uint32_t g = h / (c.n_head / c.n_head_kv);
@@ -808,6 +808,86 @@ Test(cuda, the_emulated_row_kernels_compute_each_row_as_the_one_row_kernels_in_o
                 cr_assert(!memcmp(gsc + t * 8, wsc + t * 8, 5 * 4), "copied row %u differs", t);
         }
     }
+    jlm_cu_rt_close(r);
+}
+
+/* One taped token of row-batched launches and a cache store (the test
+ * below): q's rows (pageable, before the token) rotated at the row table
+ * tab's positions, a bias added, attention over k's keys from the table,
+ * the first output row into the cache c at *dpos; 4 launches counted. */
+typedef struct tape_rig {
+    jlm_cu_rt *r;
+    float *dq, *dy, *dk, *db, *dsc, *dout, *dc;
+    uint32_t *dpos;
+} tape_rig;
+
+enum { TR_R = 4, TR_NH = 2, TR_HD = 32, TR_P = 16, TR_QW = TR_NH * TR_HD };
+
+static void tape_token(const tape_rig *g, const float *q, const uint32_t *tab, float *out, float *cache)
+{
+    jlm_cu_rt *r = g->r;
+    jlm_cu_rows rw = {.n = TR_R, .x_stride = TR_QW, .o_stride = TR_QW, .sc_stride = TR_NH * TR_P, .kb = TR_QW * 4,
+                      .vb = TR_QW * 4, .pos = tab, .span = tab + TR_R};
+    jlm_cu_attn at = {.n_head = TR_NH, .n_head_kv = TR_NH, .head_dim = TR_HD, .head_dim_v = TR_HD, .n_kv = TR_P,
+                      .k_stride = TR_QW, .v_stride = TR_QW, .k_head_stride = TR_HD, .v_head_stride = TR_HD,
+                      .scale = 0.2f};
+    jlm_cu_rope rp = {.n_rot = 16, .freq_base = 10000, .freq_scale = 1, .attn_factor = 1};
+    cr_assert_eq(jlm_cu_rt_h2d(r, g->dy, q, TR_R * TR_QW * 4, JLM_CU_S_COMPUTE), 0);
+    uint64_t l0 = jlm_cu_rt_launches(r);
+    cr_assert_eq(jlm_cu_rt_graph(r, 1), 0);
+    cr_assert_eq(jlm_cu_rt_rope_rows(r, &rp, g->dy, TR_NH, TR_HD, &rw, JLM_CU_S_COMPUTE), 0, "%s", jlm_cu_rt_error(r));
+    cr_assert_eq(jlm_cu_rt_add_rows(r, g->dy, g->dy, g->db, TR_QW, TR_R, JLM_CU_S_COMPUTE), 0);
+    cr_assert_eq(jlm_cu_rt_attn_rows(r, &at, g->dy, g->dk, g->dk, TR_P, g->dsc, g->dout, &rw, JLM_CU_S_COMPUTE), 0);
+    cr_assert_eq(jlm_cu_rt_kv_store(r, JLM_CU_KV_F32, g->dc, TR_QW * 4, TR_P * TR_QW * 4, g->dpos, g->dout, TR_QW,
+                                    JLM_CU_S_COMPUTE), 0);
+    cr_assert_eq(jlm_cu_rt_graph(r, 0), 0, "%s", jlm_cu_rt_error(r));
+    cr_assert_eq(jlm_cu_rt_launches(r) - l0, 4, "a taped token's launches, issued or replayed, count once each");
+    host_of(r, out, g->dout, TR_R * TR_QW * 4);
+    host_of(r, cache, g->dc, TR_P * TR_QW * 4);
+}
+
+/* Every kernel kind of the emulation tapes into a decoded token's graph:
+ * the row-batched launches (RoPE, bias, attention) and the cache store at
+ * the device's position, the row table's pointers part of what a segment
+ * is compared by. The same token twice is issued, then captured and
+ * replayed: bit for bit the launches issued one by one, counted as many
+ * (jlm_cu_rt_launches); the same launches over another row table (other
+ * positions, same shapes) are another segment, issued, not the stale
+ * graph (other results), and captured when they repeat. */
+Test(cuda, the_row_kernels_and_the_cache_store_tape_into_a_graph_compared_with_their_row_table)
+{
+    unsetenv("JLM_CUDA_GRAPH");
+    tape_rig g = {.r = emu_open()};
+    jlm_cu_rt *r = g.r;
+    uint64_t seed = 71;
+    static float q[TR_R * TR_QW], kc[TR_P * TR_QW], bias[TR_QW], out[4][TR_R * TR_QW], cache[4][TR_P * TR_QW];
+    gen_floats(q, TR_R * TR_QW, 1.0f, &seed);
+    gen_floats(kc, TR_P * TR_QW, 1.0f, &seed);
+    gen_floats(bias, TR_QW, 1.0f, &seed);
+    uint32_t tab[2][3 * TR_R], pos = 5;
+    for (uint32_t v = 0; v < 2; v++)
+        for (uint32_t t = 0; t < TR_R; t++)
+            tab[v][t] = 8 + t + v, tab[v][TR_R + 2 * t] = 0, tab[v][TR_R + 2 * t + 1] = 9 + t + v;
+    g.dk = dev_of(r, kc, sizeof kc), g.db = dev_of(r, bias, sizeof bias), g.dc = dev_of(r, kc, sizeof kc);
+    g.dpos = dev_of(r, &pos, 4);
+    cr_assert_eq(jlm_cu_rt_alloc(r, sizeof q, (void **)&g.dy), 0);
+    cr_assert_eq(jlm_cu_rt_alloc(r, sizeof q, (void **)&g.dout), 0);
+    cr_assert_eq(jlm_cu_rt_alloc(r, (uint64_t)TR_R * TR_NH * TR_P * 4, (void **)&g.dsc), 0);
+    uint32_t *dt[2] = {dev_of(r, tab[0], sizeof tab[0]), dev_of(r, tab[1], sizeof tab[1])};
+    static const int TAB[4] = {0, 0, 1, 1}, GRAPHS[4] = {0, 1, 1, 2};
+    for (int i = 0; i < 4; i++) {
+        tape_token(&g, q, dt[TAB[i]], out[i], cache[i]);
+        jlm_cu_rt_count c;
+        jlm_cu_rt_counts(r, &c);
+        cr_assert(c.graph_launches == (uint64_t)GRAPHS[i] && c.captures == (uint64_t)GRAPHS[i],
+                  "token %d: %llu graph launches, %llu captures, want %d", i, (unsigned long long)c.graph_launches,
+                  (unsigned long long)c.captures, GRAPHS[i]);
+    }
+    cr_assert(!memcmp(out[1], out[0], sizeof out[0]) && !memcmp(cache[1], cache[0], sizeof cache[0]),
+              "the replayed graph differs from the launches issued");
+    cr_assert(!memcmp(out[3], out[2], sizeof out[0]) && !memcmp(cache[3], cache[2], sizeof cache[0]),
+              "the second table's graph differs from its launches issued");
+    cr_assert(memcmp(out[2], out[0], sizeof out[0]), "the other row table ran the first table's graph");
     jlm_cu_rt_close(r);
 }
 
@@ -1449,7 +1529,7 @@ Test(cuda, jlm_run_backend_cuda_emulated_gives_the_cpus_ids, .timeout = 120)
              tu_jlm(), path);
     cr_assert_eq(tu_run(cmd, &out), 0, "%s", out);
     cr_assert(strstr(out, "note: matmuls on CUDA device host emulation"), "%s", out);
-    cr_assert(strstr(out, "cuda: matmuls ") && strstr(out, "cpu fallbacks 0, device host emulation"), "%s", out);
+    cr_assert(strstr(out, "cuda: matmuls ") && strstr(out, "cpu fallbacks 0, graphs ") && strstr(out, "), runtime calls ") && strstr(out, ", device host emulation"), "%s", out);
     free(out);
     free(ref);
     free(path);
@@ -1571,4 +1651,196 @@ Test(cuda, a_prefill_launches_the_same_kernels_whatever_its_row_count, .timeout 
     }
     tu_rmrf(dir);
     free(dir);
+}
+
+/* ---------------------------------------------------------------- graphs */
+
+/* One engine on the emulated device (JLM_CUDA_GRAPH = graph), whole
+ * blocks: a 20-token prompt and n greedy steps, then rewound to 0 and a
+ * second prompt of np2 tokens and n steps: the ids (2n) and every logit
+ * (2n rows) into ids and lg (n decoded tokens in the first run, n - 1 in
+ * the second); st: the device's counters after the first run
+ * (st[0]) and after both (st[1]). */
+static void graph_run(const char *path, const char *graph, int n, uint32_t np2, int32_t *ids, float *lg,
+                      jlm_dev_stats st[2])
+{
+    setenv("JLM_CUDA_GRAPH", graph, 1);
+    jlm_engine *e = bm_engine_kv(path, "cuda", 0, NULL);
+    cr_assert(e, "the emulated device");
+    uint32_t nv = jlm_engine_n_vocab(e);
+    int32_t prompt[40];
+    for (int i = 0; i < 40; i++)
+        prompt[i] = 1 + (i * 7) % 50;
+    jlm_err err = {0};
+    for (int run = 0; run < 2; run++) {
+        uint32_t np = run ? np2 : 20;
+        if (run)
+            jlm_engine_rewind(e, 0);
+        cr_assert_eq(jlm_engine_eval(e, prompt + run, np, lg + (size_t)run * n * nv, &err), 0, "%s", err.msg);
+        for (int i = 0; i < n; i++) {
+            int32_t *id = &ids[run * n + i];
+            const float *l = lg + ((size_t)run * n + i) * nv;
+            *id = 0;
+            for (uint32_t j = 1; j < nv; j++)
+                if (l[j] > l[*id])
+                    *id = (int32_t)j;
+            if (i + 1 < n || !run)
+                cr_assert_eq(jlm_engine_eval(e, id, 1, lg + ((size_t)run * n + i + 1) * nv, &err), 0, "%s", err.msg);
+        }
+        cr_assert(jlm_engine_dev_stats(e, &st[run]), "no device");
+    }
+    jlm_engine_close(e);
+    unsetenv("JLM_CUDA_GRAPH");
+}
+
+/* A decoded token's launches are one graph on the emulated device: for
+ * synth-llama-256 (f32, Q4_0, Q4_K_M), gemma3 (sliding windows, past the
+ * window of 16) and a MoE model, n greedy steps with the graph give the ids
+ * and the logits (bit for bit) of JLM_CUDA_GRAPH=0; each decoded token
+ * after the first is one graph launch (dense: captured once, so every
+ * launch is the same graph, the position read on the device; MoE: the
+ * stretch before the first routing wait, at least); rewound to a prompt of
+ * the same length the graph is replayed from the first decoded token with
+ * no new capture, and after a longer prompt (the buffers grow: other
+ * pointers) it is captured once more. JLM_CUDA_GRAPH=0 launches none and
+ * makes more runtime calls, and the same launches and device copies
+ * (jlm_dev_stats.dispatches: a graph's counted at each replay). deepseek2's
+ * latent attention tapes its one-row strided norm and copy too. */
+Test(cuda, a_decoded_token_is_one_graph_launch_with_the_logits_of_no_graph, .timeout = 300)
+{
+    setenv("JLM_CUDA_EMULATE", "1", 1);
+    static const struct { const char *name; int moe; } MODELS[] = {
+        {"synth-llama-256.f32", 0}, {"synth-llama-256.Q4_0", 0}, {"synth-llama-256.Q4_K_M", 0},
+        {"synth-gemma3-256.Q8_0", 0}, {"synth-qwen3moe-256.Q8_0", 1}, {"synth-deepseek2-256.Q8_0", 1}};
+    enum { N = 8 };
+    char *dir = tu_tmpdir();
+    for (size_t m = 0; m < sizeof MODELS / sizeof MODELS[0]; m++) {
+        char gguf[256];
+        snprintf(gguf, sizeof gguf, "%s.gguf", MODELS[m].name);
+        jlm_err err = {0};
+        char *path = tu_convert(gguf, dir, "g.jlm", &err);
+        cr_assert(path, "%s: %s", MODELS[m].name, err.msg);
+        for (int longer = 0; longer < 2; longer++) {
+            uint32_t np2 = longer ? 36 : 20, nv = 0;
+            {
+                jlm_engine *e = bm_engine_kv(path, "cpu", 0, NULL);
+                nv = jlm_engine_n_vocab(e);
+                jlm_engine_close(e);
+            }
+            size_t nl = (size_t)2 * N * nv;
+            float *l1 = calloc(nl, 4), *l0 = calloc(nl, 4);
+            int32_t i1[2 * N], i0[2 * N];
+            jlm_dev_stats s1[2], s0[2];
+            graph_run(path, "1", N, np2, i1, l1, s1);
+            graph_run(path, "0", N, np2, i0, l0, s0);
+            const char *mn = MODELS[m].name;
+            cr_assert(!memcmp(i1, i0, sizeof i1), "%s: the graph's ids differ", mn);
+            cr_assert(!memcmp(l1, l0, nl * 4), "%s: the graph's logits are not bit-identical", mn);
+            cr_assert_eq(s0[1].graph_launches + s0[1].graph_captures, 0, "%s: JLM_CUDA_GRAPH=0 launched graphs", mn);
+            /* the first run: N decoded tokens, the first taped and issued, the second captured */
+            uint64_t g1 = s1[0].graph_launches, g2 = s1[1].graph_launches - g1;
+            uint64_t c1 = s1[0].graph_captures, c2 = s1[1].graph_captures - c1;
+            if (!MODELS[m].moe) {
+                cr_assert_eq(g1, N - 1, "%s: %llu graph launches for %d decoded tokens", mn, (unsigned long long)g1,
+                             N);
+                cr_assert_eq(c1, 1, "%s: %llu captures at fixed shapes", mn, (unsigned long long)c1);
+                cr_assert_eq(g2, longer ? N - 2 : N - 1, "%s: after the rewind, %llu graph launches", mn,
+                             (unsigned long long)g2);
+                cr_assert_eq(c2, (uint64_t)longer, "%s: after the rewind, %llu captures", mn, (unsigned long long)c2);
+            } else {
+                cr_assert_geq(g1, N - 2, "%s: %llu graph launches for %d decoded MoE tokens", mn,
+                              (unsigned long long)g1, N);
+            }
+            cr_assert_lt(s1[1].rt_calls, s0[1].rt_calls, "%s: the graph made no fewer runtime calls", mn);
+            for (int run = 0; run < 2; run++)   /* a graph's launches count at each replay, as issued one by one */
+                cr_assert(s0[run].dispatches && s1[run].dispatches == s0[run].dispatches,
+                          "%s: %llu launches and device copies with the graphs, %llu without", mn,
+                          (unsigned long long)s1[run].dispatches, (unsigned long long)s0[run].dispatches);
+            free(l1);
+            free(l0);
+        }
+        free(path);
+    }
+    tu_rmrf(dir);
+    free(dir);
+}
+
+/* The launches that read the position from device memory (a decoded
+ * token's, kept equal for its graph) give what the launch-argument forms
+ * give, bit for bit, on the emulated seam: the cache store at *dpos of each
+ * cache type (F32 as a copy, F16 as to_f16, Q8_0 as kv_q8), RoPE at *dpos,
+ * attention over the keys *dpos sees (all, a sliding window's, a chunk's)
+ * against the same kernel given n_kv and the first key; a position past the
+ * cache faults when the store runs. */
+Test(cuda, the_device_position_forms_equal_the_launch_argument_forms)
+{
+    enum { W = 64, ROWS = 8, NH = 2, HD = 32 };
+    jlm_cu_rt *r = emu_open();
+    float hx[W], hq[NH * HD];
+    for (int i = 0; i < W; i++)
+        hx[i] = sinf((float)i * 0.7f) * 3.0f;
+    for (int i = 0; i < NH * HD; i++)
+        hq[i] = cosf((float)i * 0.3f);
+    void *x, *q, *dp, *c1, *c2, *o1, *o2, *sc;
+    uint64_t cb = jlm_cu_kv_bytes(JLM_CU_KV_F32, (uint64_t)ROWS * W);
+    cr_assert_eq(jlm_cu_rt_alloc(r, W * 4, &x) | jlm_cu_rt_alloc(r, NH * HD * 4, &q) | jlm_cu_rt_alloc(r, 4, &dp) |
+                     jlm_cu_rt_alloc(r, cb, &c1) | jlm_cu_rt_alloc(r, cb, &c2) | jlm_cu_rt_alloc(r, NH * HD * 4, &o1) |
+                     jlm_cu_rt_alloc(r, NH * HD * 4, &o2) | jlm_cu_rt_alloc(r, NH * ROWS * 4, &sc), 0);
+    uint8_t *h1 = malloc(cb), *h2 = malloc(cb);
+    cr_assert_eq(jlm_cu_rt_h2d(r, x, hx, W * 4, JLM_CU_S_COMPUTE), 0);
+    for (int t = 0; t < 3; t++) {
+        uint64_t rb = jlm_cu_kv_bytes(t, W);
+        memset(h1, 0x5a, cb);
+        cr_assert_eq(jlm_cu_rt_h2d(r, c1, h1, cb, JLM_CU_S_COMPUTE) | jlm_cu_rt_h2d(r, c2, h1, cb, JLM_CU_S_COMPUTE), 0);
+        for (uint32_t p = 0; p < ROWS; p += 3) {
+            cr_assert_eq(jlm_cu_rt_h2d(r, dp, &p, 4, JLM_CU_S_COMPUTE), 0);
+            cr_assert_eq(jlm_cu_rt_kv_store(r, t, c1, rb, ROWS * rb, dp, x, W, JLM_CU_S_COMPUTE), 0);
+            uint8_t *d2 = (uint8_t *)c2 + p * rb;
+            cr_assert_eq(t == JLM_CU_KV_F16  ? jlm_cu_rt_to_f16(r, (uint16_t *)(void *)d2, x, W, JLM_CU_S_COMPUTE)
+                         : t == JLM_CU_KV_Q8_0 ? jlm_cu_rt_kv_q8(r, d2, x, W, JLM_CU_S_COMPUTE)
+                                               : jlm_cu_rt_d2d(r, d2, x, W * 4, JLM_CU_S_COMPUTE), 0);
+        }
+        cr_assert_eq(jlm_cu_rt_d2h(r, h1, c1, cb, JLM_CU_S_COMPUTE) | jlm_cu_rt_d2h(r, h2, c2, cb, JLM_CU_S_COMPUTE) |
+                         jlm_cu_rt_sync(r, JLM_CU_S_COMPUTE), 0, "%s", jlm_cu_rt_error(r));
+        cr_assert(!memcmp(h1, h2, cb), "cache type %d: the store at the device's position differs", t);
+    }
+    /* keys: the F32 cache c2 filled with varied rows */
+    float *hk = malloc(cb);
+    for (uint64_t i = 0; i < (uint64_t)ROWS * W; i++)
+        hk[i] = sinf((float)i * 0.11f);
+    cr_assert_eq(jlm_cu_rt_h2d(r, c2, hk, cb, JLM_CU_S_COMPUTE), 0);
+    static const uint32_t RULE[][2] = {{0, 0}, {3, 0}, {0, 4}};   /* {win, chunk} */
+    for (int ru = 0; ru < 3; ru++)
+        for (uint32_t p = 0; p < ROWS; p++) {
+            uint32_t win = RULE[ru][0], chunk = RULE[ru][1];
+            uint32_t lo = chunk ? p / chunk * chunk : win && p >= win ? p - win + 1 : 0;
+            jlm_cu_attn a = {.n_head = NH, .n_head_kv = 1, .head_dim = HD, .head_dim_v = HD, .n_kv = p + 1 - lo,
+                             .k_stride = W, .v_stride = W, .k_head_stride = 0, .v_head_stride = HD,
+                             .scale = 0.2f};
+            jlm_cu_attn b = a;
+            b.n_kv = ROWS, b.dpos = dp, b.win = win, b.chunk = chunk;
+            cr_assert_eq(jlm_cu_rt_h2d(r, q, hq, NH * HD * 4, JLM_CU_S_COMPUTE) |
+                             jlm_cu_rt_h2d(r, dp, &p, 4, JLM_CU_S_COMPUTE), 0);
+            cr_assert_eq(jlm_cu_rt_attn(r, &a, q, (float *)c2 + lo * W, (float *)c2 + lo * W, sc, o1,
+                                        JLM_CU_S_COMPUTE), 0);
+            cr_assert_eq(jlm_cu_rt_attn(r, &b, q, c2, c2, sc, o2, JLM_CU_S_COMPUTE), 0);
+            jlm_cu_rope rp = {.n_rot = HD, .freq_base = 10000.0f, .freq_scale = 1.0f, .attn_factor = 1.0f};
+            cr_assert_eq(jlm_cu_rt_rope(r, &rp, o1, NH, HD, p, JLM_CU_S_COMPUTE), 0);
+            rp.dpos = dp;
+            cr_assert_eq(jlm_cu_rt_rope(r, &rp, o2, NH, HD, 12345, JLM_CU_S_COMPUTE), 0);
+            cr_assert_eq(jlm_cu_rt_d2h(r, h1, o1, NH * HD * 4, JLM_CU_S_COMPUTE) |
+                             jlm_cu_rt_d2h(r, h2, o2, NH * HD * 4, JLM_CU_S_COMPUTE) | jlm_cu_rt_sync(r, JLM_CU_S_COMPUTE),
+                         0, "%s", jlm_cu_rt_error(r));
+            cr_assert(!memcmp(h1, h2, NH * HD * 4), "rule %d, position %u: attention and RoPE at the device's "
+                      "position differ", ru, p);
+        }
+    uint32_t past = ROWS;
+    cr_assert_eq(jlm_cu_rt_h2d(r, dp, &past, 4, JLM_CU_S_COMPUTE), 0);
+    cr_assert_eq(jlm_cu_rt_kv_store(r, JLM_CU_KV_F32, c1, W * 4, ROWS * W * 4ull, dp, x, W, JLM_CU_S_COMPUTE), 0);
+    cr_assert_neq(jlm_cu_rt_sync(r, JLM_CU_S_COMPUTE), 0, "a store past the cache ran");
+    cr_assert(strstr(jlm_cu_rt_error(r), "past"), "%s", jlm_cu_rt_error(r));
+    free(hk);
+    free(h1);
+    free(h2);
+    jlm_cu_rt_close(r);
 }

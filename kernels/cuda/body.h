@@ -552,7 +552,16 @@ typedef struct jlm_cu_rope {
     uint32_t     n_rot, neox, orig_ctx;
     float        freq_base, freq_scale, ext_factor, attn_factor, beta_fast, beta_slow;
     const float *freq_factors;   /* (n_rot/2,) or NULL */
+    const uint32_t *dpos;        /* device memory: the position read there, not the launch's (NULL: the launch's) */
 } jlm_cu_rope;
+
+/* The position a launch works at: *dpos when given (a decoded token's
+ * launches are then the same every token: a CUDA graph replays them), else
+ * the launch argument. */
+JLM_CU_HD int64_t jlm_cu_pos_at(const uint32_t *dpos, int64_t pos)
+{
+    return dpos ? (int64_t)*dpos : pos;
+}
 
 JLM_CU_HD float jlm_cu_yarn_dim(uint32_t n_dims, uint32_t orig_ctx, float n_rot, float base)
 {
@@ -697,6 +706,21 @@ JLM_CU_HD void jlm_cu_q8_block(uint8_t *out, const float *x, uint64_t b)
         o[2 + i] = jlm_cu_q8_code(xb[i] * id);
 }
 
+/* A decoded token's K or V row (n floats of x) into the cache at row
+ * *dpos (row_bytes a row): thread i of n (F32, F16) or block i of n / 32
+ * (Q8_0), as jlm_cu_k_to_f16 / jlm_cu_k_kv_q8 / a copy write it. */
+JLM_CU_HD void jlm_cu_kv_store_at(int t, uint8_t *base, uint64_t row_bytes, const uint32_t *dpos, const float *x,
+                                  uint64_t i)
+{
+    uint8_t *dst = base + (uint64_t)*dpos * row_bytes;
+    if (t == JLM_CU_KV_Q8_0)
+        jlm_cu_q8_block(dst, x, i);
+    else if (t == JLM_CU_KV_F16)
+        jlm_cu_f16_store((uint16_t *)(void *)dst, x, i);
+    else
+        ((float *)(void *)dst)[i] = x[i];
+}
+
 /* ---------------------------------------------------------------- decode attention (GQA) */
 
 /* One token's attention over a KV cache whose keys and values are each
@@ -715,7 +739,30 @@ typedef struct jlm_cu_attn {
     float        scale, softcap;
     const float *sinks, *mask;
     int          k_type, v_type;
+    /* dpos (device memory) non-NULL: the keys are those a query at *dpos
+     * sees, resolved by jlm_cu_attn_at when the kernel runs (n_kv then
+     * bounds the cache the launch may read): from key 0, from *dpos - win +
+     * 1 (a sliding window) or from the start of *dpos's chunk of chunk
+     * keys, to *dpos (jlm_ex_first_key's rule); no mask then */
+    const uint32_t *dpos;
+    uint32_t        win, chunk;
 } jlm_cu_attn;
+
+/* Resolves p's key range from *p->dpos (none: unchanged): n_kv, and k and
+ * v moved to the range's first key (rows of k_stride / v_stride elements). */
+JLM_CU_HD void jlm_cu_attn_at(jlm_cu_attn *p, const void **k, const void **v)
+{
+    if (!p->dpos)
+        return;
+    uint32_t pos = *p->dpos, lo = 0;
+    if (p->chunk)
+        lo = pos / p->chunk * p->chunk;
+    else if (p->win && pos >= p->win)
+        lo = pos - p->win + 1;
+    p->n_kv = (uint64_t)pos + 1 - lo;
+    *k = (const uint8_t *)*k + jlm_cu_kv_bytes(p->k_type, (uint64_t)lo * p->k_stride);
+    *v = (const uint8_t *)*v + jlm_cu_kv_bytes(p->v_type, (uint64_t)lo * p->v_stride);
+}
 
 /* Element i of a cache of type t: an f32, or a half or a Q8_0 code widened
  * (jlm_kv_get_row's: d * code). */

@@ -100,6 +100,9 @@ int jlm_cu_launch_elem(int op, float *out, const float *a, const float *b, uint6
                        void *stream);
 int jlm_cu_launch_to_f16(uint16_t *out, const float *x, uint64_t n, void *stream);
 int jlm_cu_launch_kv_q8(uint8_t *out, const float *x, uint64_t n, void *stream);
+/* n floats of x into the cache row at device *dpos (base + *dpos * row_bytes) of type t (JLM_CU_KV_*). */
+int jlm_cu_launch_kv_store(int t, uint8_t *base, uint64_t row_bytes, const uint32_t *dpos, const float *x, uint64_t n,
+                           void *stream);
 int jlm_cu_launch_attn(const jlm_cu_attn *p, const float *q, const void *k, const void *v, float *scores,
                        float *out, void *stream);
 /* A prefill's rows in one grid (body.h's jlm_cu_rows; r's pos and span device memory). */

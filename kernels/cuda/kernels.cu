@@ -117,7 +117,7 @@ __global__ void jlm_cu_k_rope(jlm_cu_rope p, float *x, uint32_t n_head, uint32_t
 {
     uint64_t i = (uint64_t)blockIdx.x * blockDim.x + threadIdx.x, half = p.n_rot / 2;
     if (i < (uint64_t)n_head * half)
-        jlm_cu_rope_pair(&p, x, head_dim, pos, (uint32_t)(i / half), (uint32_t)(i % half));
+        jlm_cu_rope_pair(&p, x, head_dim, jlm_cu_pos_at(p.dpos, pos), (uint32_t)(i / half), (uint32_t)(i % half));
 }
 
 __global__ void jlm_cu_k_elem(int op, float *out, const float *a, const float *b, uint64_t n, float s, float lim)
@@ -132,6 +132,15 @@ __global__ void jlm_cu_k_to_f16(uint16_t *out, const float *x, uint64_t n)
     uint64_t i = (uint64_t)blockIdx.x * blockDim.x + threadIdx.x;
     if (i < n)
         jlm_cu_f16_store(out, x, i);
+}
+
+// A decoded token's cache row at *dpos: thread = element (F32, F16) or block of 32 (Q8_0).
+__global__ void jlm_cu_k_kv_store(int t, uint8_t *base, uint64_t row_bytes, const uint32_t *dpos, const float *x,
+                                  uint64_t n)
+{
+    uint64_t i = (uint64_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < n)
+        jlm_cu_kv_store_at(t, base, row_bytes, dpos, x, i);
 }
 
 // Q8_0 cache rows: thread = block of 32 (its 34 bytes written byte by byte).
@@ -149,6 +158,7 @@ __global__ void jlm_cu_k_attn(jlm_cu_attn p, const float *q, const void *k, cons
     __shared__ float shm[T];
     uint32_t h = blockIdx.x;
     unsigned t = threadIdx.x;
+    jlm_cu_attn_at(&p, &k, &v);
     float max = jlm_cu_attn_max(&p, h, block_max(shm, jlm_cu_attn_scores(&p, q, k, scores, h, t, T)));
     float inv = jlm_cu_attn_inv(&p, h, max, block_sum(shs, jlm_cu_attn_exp(&p, scores, h, max, t, T)));
     jlm_cu_scale_strided(scores + h * p.n_kv, p.n_kv, inv, t, T);
@@ -322,6 +332,16 @@ int jlm_cu_launch_kv_q8(uint8_t *out, const float *x, uint64_t n, void *stream)
     if (n < 32)
         return 0;
     jlm_cu_k_kv_q8<<<blocks_for(n / 32, 128), 128, 0, (cudaStream_t)stream>>>(out, x, n / 32);
+    return launched();
+}
+
+int jlm_cu_launch_kv_store(int t, uint8_t *base, uint64_t row_bytes, const uint32_t *dpos, const float *x, uint64_t n,
+                           void *stream)
+{
+    uint64_t m = t == JLM_CU_KV_Q8_0 ? n / 32 : n;
+    if (m == 0)
+        return 0;
+    jlm_cu_k_kv_store<<<blocks_for(m, 256), 256, 0, (cudaStream_t)stream>>>(t, base, row_bytes, dpos, x, m);
     return launched();
 }
 

@@ -31,7 +31,7 @@ enum { OP_COPY, OP_RECORD, OP_WAIT, OP_MATVEC, OP_KERNEL, OP_STAMP };
 
 /* A whole block's kernels (everything but the matvec): the arguments of one
  * launch, and the device spans it reads (checked for ordering when it runs). */
-enum { K_QUANT, K_RMS, K_ROPE, K_ELEM, K_ATTN, K_COMB, K_F16, K_Q8, K_ROPE_ROWS, K_ADD_ROWS, K_ATTN_ROWS };
+enum { K_QUANT, K_RMS, K_ROPE, K_ELEM, K_ATTN, K_COMB, K_F16, K_Q8, K_STORE, K_ROPE_ROWS, K_ADD_ROWS, K_ATTN_ROWS };
 #define EMU_READS 5
 typedef struct emu_kern {
     int          kind, op;
@@ -48,6 +48,8 @@ typedef struct emu_kern {
     jlm_cu_rows  rws;     /* the *_ROWS kinds */
     uint64_t     n_pos;   /* K_ATTN_ROWS: the cache's positions from b, c */
     uint64_t     stride;  /* K_RMS: floats from a row to the next (0: n) */
+    const uint32_t *dpos;        /* K_STORE: the row's position, read when it runs */
+    uint64_t     row_bytes, cap; /* K_STORE: a row's bytes, the cache's bytes from out */
     struct { const void *p; uint64_t n; const char *what; } rd[EMU_READS];
 } emu_kern;
 
@@ -82,8 +84,34 @@ typedef struct emu_event {
     uint64_t rec_seq, done_seq;  /* latest record queued; latest record run */
 } emu_event;
 
+/* The graphs (below): a taped segment of the compute stream's ops, and a
+ * slot per segment ordinal of a token. */
+struct tape_op;
+typedef struct jlm_cu_tape {
+    struct tape_op *v;
+    size_t          n, cap;
+} jlm_cu_tape;
+typedef struct jlm_cu_graph {
+    jlm_cu_tape t;
+    int         captured;
+    uint64_t    launches;   /* device: the launches and device copies captured (counted at each replay) */
+#ifdef JLM_CUDA
+    cudaGraphExec_t exec;
+#endif
+} jlm_cu_graph;
+#define JLM_CU_NGRAPH 64
+
 struct jlm_cu_rt {
     int        emulated;
+    /* graphs (both): r->tmu held */
+    pthread_mutex_t tmu;
+    int          graph_ok, taping;   /* JLM_CUDA_GRAPH not 0; a token's compute ops are taped now */
+    unsigned     ord;                /* the segment's ordinal in the token */
+    jlm_cu_tape  cur;
+    jlm_cu_graph g[JLM_CU_NGRAPH];
+    jlm_cu_rt_count cnt;
+    struct { const uint8_t *p; uint64_t n; } *pin;   /* pinned host buffers (a copy from one is a graph's) */
+    size_t       npin, cappin;
     char       name[256];
     pthread_mutex_t mu;          /* emulation: the backend's copy thread and the graph's */
     /* emulation */
@@ -102,6 +130,8 @@ struct jlm_cu_rt {
     int        fault;            /* a queued op found bad pointers: reported at the next sync */
     uint64_t   stamp_at[JLM_CU_NSTAMP];   /* OP_STAMP i ran at this host time (0: not yet) */
     uint64_t   launches;         /* jlm_cu_rt_launches */
+    int        capturing;        /* device: a graph's capture is under way (r->tmu held): its launches ... */
+    uint64_t   cap_launches;     /* ... counted here, not in launches */
 #ifdef JLM_CUDA
     int          dev;
     cudaStream_t s[JLM_CU_NSTREAM];
@@ -112,8 +142,15 @@ struct jlm_cu_rt {
 
 #define EMU_FAULT 1000   /* the emulation's error code */
 
-/* A launch (or device copy) enqueued: jlm_cu_rt_launches. */
-static void counted(jlm_cu_rt *r) { __atomic_add_fetch(&r->launches, 1, __ATOMIC_RELAXED); }
+/* A launch (or device copy) enqueued: jlm_cu_rt_launches; one captured
+ * into a graph counts when the graph is launched (replay). */
+static void counted(jlm_cu_rt *r)
+{
+    if (r->capturing)
+        r->cap_launches++;
+    else
+        __atomic_add_fetch(&r->launches, 1, __ATOMIC_RELAXED);
+}
 
 uint64_t jlm_cu_rt_launches(const jlm_cu_rt *r) { return __atomic_load_n(&r->launches, __ATOMIC_RELAXED); }
 
@@ -200,6 +237,8 @@ static int emu_ordered(jlm_cu_rt *r, int s, const void *p, uint64_t n, const cha
 }
 
 static int emu_run_one(jlm_cu_rt *r, int s);
+static int seg_before(jlm_cu_rt *r, int stream);
+static void tape_free(jlm_cu_rt *r);
 
 /* Runs stream s's ops until event ev's record `seq` has run. */
 static int emu_until(jlm_cu_rt *r, int ev, uint64_t seq)
@@ -272,6 +311,57 @@ static int emu_attn_rows(jlm_cu_rt *r, const emu_kern *k)
     return 0;
 }
 
+/* The bytes of keys and values attention p reads: to the last key's last
+ * element, from the start of the first KV head (floats, halves or Q8_0
+ * blocks). */
+static void attn_bytes(const jlm_cu_attn *p, uint64_t *kn, uint64_t *vn)
+{
+    *kn = jlm_cu_kv_bytes(p->k_type, (p->n_head_kv - 1) * p->k_head_stride + (p->n_kv - 1) * p->k_stride + p->head_dim);
+    *vn = jlm_cu_kv_bytes(p->v_type, (p->n_head_kv - 1) * p->v_head_stride + (p->n_kv - 1) * p->v_stride +
+                                         p->head_dim_v);
+}
+
+static int emu_attn_spans(jlm_cu_rt *r, const jlm_cu_attn *p, const void *k, const void *v)
+{
+    uint64_t kn, vn;
+    attn_bytes(p, &kn, &vn);
+    return emu_dev(r, k, kn, "attention: keys at the device's position") ||
+           emu_dev(r, v, vn, "attention: values at the device's position");
+}
+
+/* kernel kv_store: the row at *dpos, read now: it must lie inside the
+ * cache the launch was given. */
+static int emu_store(jlm_cu_rt *r, const emu_kern *k)
+{
+    uint64_t m = k->op == JLM_CU_KV_Q8_0 ? k->n / 32 : k->n, off = (uint64_t)*k->dpos * k->row_bytes;
+    if (off > k->cap || jlm_cu_kv_bytes(k->op, k->n) > k->cap - off) {
+        r->fault = 1;
+        return failf(r, EMU_FAULT, "cuda emulation: cache store: row %u is past the %llu bytes of the cache",
+                     *k->dpos, (unsigned long long)k->cap);
+    }
+    for (uint64_t i = 0; i < m; i++)
+        jlm_cu_kv_store_at(k->op, (uint8_t *)(void *)k->out, k->row_bytes, k->dpos, k->a, i);
+    return 0;
+}
+
+/* kernel attn: a key range read from the device now (dpos) has its spans
+ * checked again, strictly. */
+static int emu_attn(jlm_cu_rt *r, const emu_kern *k)
+{
+    jlm_cu_attn p = k->attn;
+    const void *kk = k->b, *vv = k->c;
+    jlm_cu_attn_at(&p, &kk, &vv);
+    if (p.dpos && (p.n_kv > k->attn.n_kv || emu_attn_spans(r, &p, kk, vv))) {
+        r->fault = 1;
+        return p.n_kv > k->attn.n_kv ? failf(r, EMU_FAULT, "cuda emulation: attention: %llu keys at the device's "
+                                             "position, the launch allows %llu", (unsigned long long)p.n_kv,
+                                             (unsigned long long)k->attn.n_kv)
+                                     : EMU_FAULT;
+    }
+    jlm_cu_host_attn(&p, k->a, kk, vv, k->scores, k->out);
+    return 0;
+}
+
 /* One of a block's kernels, on the host: the bodies over the grid the
  * launchers of kernels.cu use (harness.c). */
 static int emu_kernel(jlm_cu_rt *r, int s, const emu_kern *k)
@@ -292,10 +382,12 @@ static int emu_kernel(jlm_cu_rt *r, int s, const emu_kern *k)
         break;
     case K_ROPE: {
         uint32_t half = k->rope.n_rot / 2;
+        int64_t pos = jlm_cu_pos_at(k->rope.dpos, k->pos);
         for (uint64_t i = 0; half && i < (uint64_t)k->n_head * half; i++)
-            jlm_cu_rope_pair(&k->rope, k->out, k->hd, k->pos, (uint32_t)(i / half), (uint32_t)(i % half));
+            jlm_cu_rope_pair(&k->rope, k->out, k->hd, pos, (uint32_t)(i / half), (uint32_t)(i % half));
         break;
     }
+    case K_STORE: return emu_store(r, k);
     case K_ELEM: jlm_cu_host_elem(k->op, k->out, k->a, k->b, k->n, k->s, k->lim); break;
     case K_COMB: jlm_cu_host_moe_combine(k->out, k->b, k->w, k->rows, k->n); break;
     case K_F16: jlm_cu_host_to_f16((uint16_t *)(void *)k->out, k->a, k->n); break;
@@ -313,7 +405,7 @@ static int emu_kernel(jlm_cu_rt *r, int s, const emu_kern *k)
             k->out[i] = jlm_cu_elem(JLM_CU_ADD, k->a[i], k->w[i % k->n], 0.0f, 0.0f);
         break;
     case K_ATTN_ROWS: return emu_attn_rows(r, k);
-    default: jlm_cu_host_attn(&k->attn, k->a, k->b, k->c, k->scores, k->out); break;
+    default: return emu_attn(r, k);
     }
     return 0;
 }
@@ -433,6 +525,9 @@ int jlm_cu_rt_open(int device, int emulate, jlm_cu_rt **out, char *why, size_t w
         return JLM_ENOMEM;
     }
     pthread_mutex_init(&r->mu, NULL);
+    pthread_mutex_init(&r->tmu, NULL);
+    const char *g = getenv("JLM_CUDA_GRAPH");
+    r->graph_ok = !(g && !strcmp(g, "0"));
     if (emulate) {
         r->emulated = 1;
         snprintf(r->name, sizeof r->name, "host emulation (JLM_CUDA_EMULATE)");
@@ -485,6 +580,8 @@ void jlm_cu_rt_close(jlm_cu_rt *r)
 {
     if (!r)
         return;
+    seg_before(r, JLM_CU_NSTREAM);
+    tape_free(r);
     if (r->emulated) {
         emu_flush_all(r);
         for (size_t i = 0; i < r->nal; i++)
@@ -510,6 +607,7 @@ void jlm_cu_rt_close(jlm_cu_rt *r)
     }
 #endif
     pthread_mutex_destroy(&r->mu);
+    pthread_mutex_destroy(&r->tmu);
     free(r);
 }
 
@@ -576,6 +674,7 @@ int jlm_cu_rt_alloc(jlm_cu_rt *r, uint64_t n, void **dev)
 
 void jlm_cu_rt_free(jlm_cu_rt *r, void *dev)
 {
+    seg_before(r, JLM_CU_NSTREAM);   /* taped launches may read it */
 #ifdef JLM_CUDA
     if (!r->emulated) {
         if (dev)
@@ -588,14 +687,58 @@ void jlm_cu_rt_free(jlm_cu_rt *r, void *dev)
     pthread_mutex_unlock(&r->mu);
 }
 
+static int pin_note(jlm_cu_rt *r, int rc, void *p, uint64_t n)
+{
+    pthread_mutex_lock(&r->tmu);
+    if (!rc && r->npin == r->cappin) {
+        size_t c = r->cappin ? r->cappin * 2 : 16;
+        void *v = realloc(r->pin, c * sizeof *r->pin);
+        if (v) {
+            r->pin = v;
+            r->cappin = c;
+        }
+    }
+    if (!rc && r->npin < r->cappin) {   /* else not noted: its copies are issued, never taped */
+        r->pin[r->npin].p = p;
+        r->pin[r->npin++].n = n;
+    }
+    if (rc || !p)
+        for (size_t i = 0; i < r->npin; i++)
+            if (r->pin[i].p == p)
+                r->pin[i] = r->pin[--r->npin];
+    pthread_mutex_unlock(&r->tmu);
+    return rc;
+}
+
 int jlm_cu_rt_host_alloc(jlm_cu_rt *r, uint64_t n, void **host)
 {
-    DEVICE_CALL(cudaHostAlloc(host, (size_t)n, cudaHostAllocDefault), "cudaHostAlloc");
-    EMU_LOCKED(emu_alloc_new(r, n, 1, host));
+#ifdef JLM_CUDA
+    if (!r->emulated)
+        return pin_note(r, cu(r, cudaHostAlloc(host, (size_t)n, cudaHostAllocDefault), "cudaHostAlloc"), *host, n);
+#else
+    DEVICE_CALL(0, "cudaHostAlloc");
+#endif
+    pthread_mutex_lock(&r->mu);
+    int rc = emu_alloc_new(r, n, 1, host);
+    pthread_mutex_unlock(&r->mu);
+    return pin_note(r, rc, *host, n);
+}
+
+static void pin_forget(jlm_cu_rt *r, const void *p)
+{
+    pthread_mutex_lock(&r->tmu);
+    for (size_t i = 0; i < r->npin; i++)
+        if (r->pin[i].p == p) {
+            r->pin[i] = r->pin[--r->npin];
+            break;
+        }
+    pthread_mutex_unlock(&r->tmu);
 }
 
 void jlm_cu_rt_host_free(jlm_cu_rt *r, void *host)
 {
+    seg_before(r, JLM_CU_NSTREAM);
+    pin_forget(r, host);
 #ifdef JLM_CUDA
     if (!r->emulated) {
         if (host) {
@@ -636,7 +779,7 @@ static int emu_h2d(jlm_cu_rt *r, void *dev, const void *host, uint64_t n, int st
     return rc;
 }
 
-int jlm_cu_rt_h2d(jlm_cu_rt *r, void *dev, const void *host, uint64_t n, int stream)
+static int iss_h2d(jlm_cu_rt *r, void *dev, const void *host, uint64_t n, int stream)
 {
     if (bad_stream(r, stream))
         return EMU_FAULT;
@@ -656,7 +799,7 @@ static int emu_d2h(jlm_cu_rt *r, void *host, const void *dev, uint64_t n, int st
     return emu_push(r, stream, &op);
 }
 
-int jlm_cu_rt_d2h(jlm_cu_rt *r, void *host, const void *dev, uint64_t n, int stream)
+static int iss_d2h(jlm_cu_rt *r, void *host, const void *dev, uint64_t n, int stream)
 {
     if (bad_stream(r, stream))
         return EMU_FAULT;
@@ -672,7 +815,7 @@ static int emu_record(jlm_cu_rt *r, int ev, int stream)
 
 int jlm_cu_rt_record(jlm_cu_rt *r, int ev, int stream)
 {
-    if (bad_stream(r, stream) || bad_event(r, ev))
+    if (bad_stream(r, stream) || bad_event(r, ev) || seg_before(r, stream))
         return EMU_FAULT;
     DEVICE_CALL(cudaEventRecord(r->e[ev], r->s[stream]), "cudaEventRecord");
     EMU_LOCKED(emu_record(r, ev, stream));
@@ -689,6 +832,8 @@ int jlm_cu_rt_stamp(jlm_cu_rt *r, uint32_t i, int stream)
 {
     if (bad_stream(r, stream) || i >= JLM_CU_NSTAMP)
         return failf(r, EMU_FAULT, "stamp %u on stream %d", i, stream);
+    if (seg_before(r, stream))
+        return EMU_FAULT;
 #ifdef JLM_CUDA
     if (!r->emulated) {
         if (!r->ts && !(r->ts = calloc(JLM_CU_NSTAMP, sizeof *r->ts)))
@@ -742,7 +887,7 @@ static int emu_wait(jlm_cu_rt *r, int stream, int ev)
 
 int jlm_cu_rt_wait(jlm_cu_rt *r, int stream, int ev)
 {
-    if (bad_stream(r, stream) || bad_event(r, ev))
+    if (bad_stream(r, stream) || bad_event(r, ev) || seg_before(r, stream))
         return EMU_FAULT;
     DEVICE_CALL(cudaStreamWaitEvent(r->s[stream], r->e[ev], 0), "cudaStreamWaitEvent");
     EMU_LOCKED(emu_wait(r, stream, ev));
@@ -761,7 +906,7 @@ static int emu_event_sync(jlm_cu_rt *r, int ev)
 
 int jlm_cu_rt_event_sync(jlm_cu_rt *r, int ev)
 {
-    if (bad_event(r, ev))
+    if (bad_event(r, ev) || seg_before(r, -1))
         return EMU_FAULT;
     DEVICE_CALL(cudaEventSynchronize(r->e[ev]), "cudaEventSynchronize");
     EMU_LOCKED(emu_event_sync(r, ev));
@@ -769,7 +914,7 @@ int jlm_cu_rt_event_sync(jlm_cu_rt *r, int ev)
 
 int jlm_cu_rt_sync(jlm_cu_rt *r, int stream)
 {
-    if (bad_stream(r, stream))
+    if (bad_stream(r, stream) || seg_before(r, stream))
         return EMU_FAULT;
     DEVICE_CALL(cudaStreamSynchronize(r->s[stream]), "cudaStreamSynchronize");
     EMU_LOCKED(emu_flush(r, stream));
@@ -807,8 +952,8 @@ int jlm_cu_rt_matvec(jlm_cu_rt *r, const jlm_cu_mat *m, uint64_t n, const float 
     return jlm_cu_rt_matvec_batch(r, m, &b, n, x, xq, y, stream);
 }
 
-int jlm_cu_rt_matvec_batch(jlm_cu_rt *r, const jlm_cu_mat *m, const jlm_cu_batch *b, uint64_t n, const float *x,
-                           const jlm_cu_act *xq, float *y, int stream)
+static int iss_matvec(jlm_cu_rt *r, const jlm_cu_mat *m, const jlm_cu_batch *b, uint64_t n, const float *x,
+                      const jlm_cu_act *xq, float *y, int stream)
 {
     if (bad_stream(r, stream))
         return EMU_FAULT;
@@ -841,7 +986,7 @@ static int emu_d2d(jlm_cu_rt *r, void *dst, const void *src, uint64_t n, int str
     return emu_push(r, stream, &op);
 }
 
-int jlm_cu_rt_d2d(jlm_cu_rt *r, void *dst, const void *src, uint64_t n, int stream)
+static int iss_d2d(jlm_cu_rt *r, void *dst, const void *src, uint64_t n, int stream)
 {
     if (bad_stream(r, stream))
         return EMU_FAULT;
@@ -877,7 +1022,7 @@ static int emu_kernel_push(jlm_cu_rt *r, const emu_kern *k, uint64_t out_n, uint
 #define LAUNCH(call, what) DEVICE_CALL(0, what)
 #endif
 
-int jlm_cu_rt_quantize(jlm_cu_rt *r, const float *x, const jlm_cu_act *a, int stream)
+static int iss_quantize(jlm_cu_rt *r, const float *x, const jlm_cu_act *a, int stream)
 {
     if (bad_stream(r, stream))
         return EMU_FAULT;
@@ -896,8 +1041,8 @@ int jlm_cu_rt_quantize(jlm_cu_rt *r, const float *x, const jlm_cu_act *a, int st
     return rc;
 }
 
-int jlm_cu_rt_rmsnorm(jlm_cu_rt *r, float *out, const float *x, const float *w, uint64_t n, uint32_t rows, float eps,
-                      int stream)
+static int iss_rmsnorm(jlm_cu_rt *r, float *out, const float *x, const float *w, uint64_t n, uint32_t rows,
+                       float eps, int stream)
 {
     if (bad_stream(r, stream))
         return EMU_FAULT;
@@ -909,8 +1054,8 @@ int jlm_cu_rt_rmsnorm(jlm_cu_rt *r, float *out, const float *x, const float *w, 
     EMU_LOCKED(emu_kernel_push(r, &k, n * rows * 4, 0, stream));
 }
 
-int jlm_cu_rt_rope(jlm_cu_rt *r, const jlm_cu_rope *p, float *x, uint32_t n_head, uint32_t head_dim, int64_t pos,
-                   int stream)
+static int iss_rope(jlm_cu_rt *r, const jlm_cu_rope *p, float *x, uint32_t n_head, uint32_t head_dim, int64_t pos,
+                    int stream)
 {
     if (bad_stream(r, stream))
         return EMU_FAULT;
@@ -918,12 +1063,13 @@ int jlm_cu_rt_rope(jlm_cu_rt *r, const jlm_cu_rope *p, float *x, uint32_t n_head
         return failf(r, EMU_FAULT, "rope: %u rotated of a %u-wide head", p->n_rot, head_dim);
     LAUNCH(jlm_cu_launch_rope(p, x, n_head, head_dim, pos, r->s[stream]), "rope");
     emu_kern k = {.kind = K_ROPE, .out = x, .rope = *p, .n_head = n_head, .hd = head_dim, .pos = pos,
-                  .rd = {{p->freq_factors, p->freq_factors ? p->n_rot / 2 * 4ull : 0, "rope: freq factors"}}};
+                  .rd = {{p->freq_factors, p->freq_factors ? p->n_rot / 2 * 4ull : 0, "rope: freq factors"},
+                         {p->dpos, p->dpos ? 4 : 0, "rope: position"}}};
     EMU_LOCKED(emu_kernel_push(r, &k, (uint64_t)n_head * head_dim * 4, 0, stream));
 }
 
-int jlm_cu_rt_elem(jlm_cu_rt *r, int op, float *out, const float *a, const float *b, uint64_t n, float s, float lim,
-                   int stream)
+static int iss_elem(jlm_cu_rt *r, int op, float *out, const float *a, const float *b, uint64_t n, float s, float lim,
+                    int stream)
 {
     if (bad_stream(r, stream))
         return EMU_FAULT;
@@ -935,7 +1081,7 @@ int jlm_cu_rt_elem(jlm_cu_rt *r, int op, float *out, const float *a, const float
     EMU_LOCKED(emu_kernel_push(r, &k, n * 4, 0, stream));
 }
 
-int jlm_cu_rt_to_f16(jlm_cu_rt *r, uint16_t *out, const float *x, uint64_t n, int stream)
+static int iss_to_f16(jlm_cu_rt *r, uint16_t *out, const float *x, uint64_t n, int stream)
 {
     if (bad_stream(r, stream))
         return EMU_FAULT;
@@ -946,7 +1092,7 @@ int jlm_cu_rt_to_f16(jlm_cu_rt *r, uint16_t *out, const float *x, uint64_t n, in
     EMU_LOCKED(emu_kernel_push(r, &k, n * 2, 0, stream));
 }
 
-int jlm_cu_rt_kv_q8(jlm_cu_rt *r, void *out, const float *x, uint64_t n, int stream)
+static int iss_kv_q8(jlm_cu_rt *r, void *out, const float *x, uint64_t n, int stream)
 {
     if (bad_stream(r, stream))
         return EMU_FAULT;
@@ -959,8 +1105,8 @@ int jlm_cu_rt_kv_q8(jlm_cu_rt *r, void *out, const float *x, uint64_t n, int str
     EMU_LOCKED(emu_kernel_push(r, &k, jlm_cu_kv_bytes(JLM_CU_KV_Q8_0, n), 0, stream));
 }
 
-int jlm_cu_rt_attn(jlm_cu_rt *r, const jlm_cu_attn *p, const float *q, const void *k, const void *v, float *scores,
-                   float *out, int stream)
+static int iss_attn(jlm_cu_rt *r, const jlm_cu_attn *p, const float *q, const void *k, const void *v, float *scores,
+                    float *out, int stream)
 {
     if (bad_stream(r, stream))
         return EMU_FAULT;
@@ -968,22 +1114,20 @@ int jlm_cu_rt_attn(jlm_cu_rt *r, const jlm_cu_attn *p, const float *q, const voi
         return failf(r, EMU_FAULT, "attention: %u heads over %u kv heads, %llu keys", p->n_head, p->n_head_kv,
                      (unsigned long long)p->n_kv);
     LAUNCH(jlm_cu_launch_attn(p, q, k, v, scores, out, r->s[stream]), "attention");
-    /* to the last key's last element, from the start of the first KV head (floats, halves or Q8_0 blocks) */
-    uint64_t kn = jlm_cu_kv_bytes(p->k_type, (p->n_head_kv - 1) * p->k_head_stride + (p->n_kv - 1) * p->k_stride +
-                                                 p->head_dim);
-    uint64_t vn = jlm_cu_kv_bytes(p->v_type, (p->n_head_kv - 1) * p->v_head_stride + (p->n_kv - 1) * p->v_stride +
-                                                 p->head_dim_v);
+    uint64_t kn, vn;
+    attn_bytes(p, &kn, &vn);
     emu_kern kr = {.kind = K_ATTN, .out = out, .scores = scores, .a = q, .b = k, .c = v, .attn = *p,
                    .rd = {{q, (uint64_t)p->n_head * p->head_dim * 4, "attention: q"}, {k, kn, "attention: keys"},
                           {v, vn, "attention: values"},
                           {p->sinks ? (const void *)p->sinks : (const void *)p->mask,
-                           p->sinks ? p->n_head * 4ull : p->mask ? p->n_kv * 4 : 0, "attention: sinks or mask"}}};
+                           p->sinks ? p->n_head * 4ull : p->mask ? p->n_kv * 4 : 0, "attention: sinks or mask"},
+                          {p->dpos, p->dpos ? 4 : 0, "attention: position"}}};
     EMU_LOCKED(emu_kernel_push(r, &kr, (uint64_t)p->n_head * p->head_dim_v * 4, (uint64_t)p->n_head * p->n_kv * 4,
                                stream));
 }
 
-int jlm_cu_rt_d2d_rows(jlm_cu_rt *r, void *dst, uint64_t dp, const void *src, uint64_t sp, uint64_t n, uint64_t rows,
-                       int stream)
+static int iss_d2d_rows(jlm_cu_rt *r, void *dst, uint64_t dp, const void *src, uint64_t sp, uint64_t n,
+                        uint64_t rows, int stream)
 {
     if (bad_stream(r, stream))
         return EMU_FAULT;
@@ -992,9 +1136,9 @@ int jlm_cu_rt_d2d_rows(jlm_cu_rt *r, void *dst, uint64_t dp, const void *src, ui
     if (dp < n || sp < n)
         return failf(r, EMU_FAULT, "device copy: rows of %llu bytes %llu and %llu apart", (unsigned long long)n,
                      (unsigned long long)dp, (unsigned long long)sp);
-    DEVICE_CALL_COUNTED(cudaMemcpy2DAsync(dst, (size_t)dp, src, (size_t)sp, (size_t)n, (size_t)rows, cudaMemcpyDeviceToDevice,
-                                  r->s[stream]),
-                "cudaMemcpy2DAsync (device to device)");
+    DEVICE_CALL_COUNTED(cudaMemcpy2DAsync(dst, (size_t)dp, src, (size_t)sp, (size_t)n, (size_t)rows,
+                                          cudaMemcpyDeviceToDevice, r->s[stream]),
+                        "cudaMemcpy2DAsync (device to device)");
     pthread_mutex_lock(&r->mu);
     int rc = emu_dev(r, dst, (rows - 1) * dp + n, "device copy: destination") ||
                      emu_dev(r, src, (rows - 1) * sp + n, "device copy: source")
@@ -1005,8 +1149,8 @@ int jlm_cu_rt_d2d_rows(jlm_cu_rt *r, void *dst, uint64_t dp, const void *src, ui
     return rc;
 }
 
-int jlm_cu_rt_rmsnorm_strided(jlm_cu_rt *r, float *out, const float *x, const float *w, uint64_t n, uint32_t rows,
-                              uint32_t stride, float eps, int stream)
+static int iss_rmsnorm_strided(jlm_cu_rt *r, float *out, const float *x, const float *w, uint64_t n, uint32_t rows,
+                               uint32_t stride, float eps, int stream)
 {
     if (bad_stream(r, stream))
         return EMU_FAULT;
@@ -1021,13 +1165,14 @@ int jlm_cu_rt_rmsnorm_strided(jlm_cu_rt *r, float *out, const float *x, const fl
     EMU_LOCKED(emu_kernel_push(r, &k, span, 0, stream));
 }
 
-int jlm_cu_rt_rope_rows(jlm_cu_rt *r, const jlm_cu_rope *p, float *x, uint32_t n_head, uint32_t head_dim,
-                        const jlm_cu_rows *rows, int stream)
+static int iss_rope_rows(jlm_cu_rt *r, const jlm_cu_rope *p, float *x, uint32_t n_head, uint32_t head_dim,
+                         const jlm_cu_rows *rows, int stream)
 {
     if (bad_stream(r, stream))
         return EMU_FAULT;
-    if (p->n_rot > head_dim || p->n_rot % 2 || rows->n > 65535)
-        return failf(r, EMU_FAULT, "rope: %u rotated of a %u-wide head, %u rows", p->n_rot, head_dim, rows->n);
+    if (p->n_rot > head_dim || p->n_rot % 2 || rows->n > 65535 || p->dpos)
+        return failf(r, EMU_FAULT, "rope: %u rotated of a %u-wide head, %u rows%s", p->n_rot, head_dim, rows->n,
+                     p->dpos ? ", a device position (the rows' are the table's)" : "");
     if (!rows->n || !p->n_rot || !n_head)
         return 0;
     LAUNCH(jlm_cu_launch_rope_rows(p, x, n_head, head_dim, rows, r->s[stream]), "rope");
@@ -1037,8 +1182,8 @@ int jlm_cu_rt_rope_rows(jlm_cu_rt *r, const jlm_cu_rope *p, float *x, uint32_t n
     EMU_LOCKED(emu_kernel_push(r, &k, ((rows->n - 1) * rows->x_stride + (uint64_t)n_head * head_dim) * 4, 0, stream));
 }
 
-int jlm_cu_rt_add_rows(jlm_cu_rt *r, float *out, const float *a, const float *b, uint64_t m, uint32_t rows,
-                       int stream)
+static int iss_add_rows(jlm_cu_rt *r, float *out, const float *a, const float *b, uint64_t m, uint32_t rows,
+                        int stream)
 {
     if (bad_stream(r, stream))
         return EMU_FAULT;
@@ -1052,12 +1197,12 @@ int jlm_cu_rt_add_rows(jlm_cu_rt *r, float *out, const float *a, const float *b,
     EMU_LOCKED(emu_kernel_push(r, &k, m * rows * 4, 0, stream));
 }
 
-int jlm_cu_rt_attn_rows(jlm_cu_rt *r, const jlm_cu_attn *p, const float *q, const void *k, const void *v,
-                        uint64_t n_pos, float *scores, float *out, const jlm_cu_rows *rows, int stream)
+static int iss_attn_rows(jlm_cu_rt *r, const jlm_cu_attn *p, const float *q, const void *k, const void *v,
+                         uint64_t n_pos, float *scores, float *out, const jlm_cu_rows *rows, int stream)
 {
     if (bad_stream(r, stream))
         return EMU_FAULT;
-    if (!p->n_head || !p->n_head_kv || p->n_head % p->n_head_kv || !p->n_kv || p->mask || rows->n > 65535 ||
+    if (!p->n_head || !p->n_head_kv || p->n_head % p->n_head_kv || !p->n_kv || p->mask || p->dpos || rows->n > 65535 ||
         rows->sc_stride < (uint64_t)p->n_head * p->n_kv || p->n_kv > n_pos ||
         rows->kb != jlm_cu_kv_bytes(p->k_type, p->k_stride) || rows->vb != jlm_cu_kv_bytes(p->v_type, p->v_stride))
         return failf(r, EMU_FAULT, "attention rows: %u heads over %u kv heads, %llu keys of %llu, %u rows",
@@ -1066,10 +1211,10 @@ int jlm_cu_rt_attn_rows(jlm_cu_rt *r, const jlm_cu_attn *p, const float *q, cons
         return 0;
     LAUNCH(jlm_cu_launch_attn_rows(p, q, k, v, scores, out, rows, r->s[stream]), "attention");
     /* every position of the cache a span may name, from the start of the first KV head */
-    uint64_t kn = jlm_cu_kv_bytes(p->k_type, (p->n_head_kv - 1) * p->k_head_stride + (n_pos - 1) * p->k_stride +
-                                                 p->head_dim);
-    uint64_t vn = jlm_cu_kv_bytes(p->v_type, (p->n_head_kv - 1) * p->v_head_stride + (n_pos - 1) * p->v_stride +
-                                                 p->head_dim_v);
+    jlm_cu_attn all = *p;
+    uint64_t kn, vn;
+    all.n_kv = n_pos;
+    attn_bytes(&all, &kn, &vn);
     uint64_t y1 = rows->n - 1;
     emu_kern kr = {.kind = K_ATTN_ROWS, .out = out, .scores = scores, .a = q, .b = k, .c = v, .attn = *p,
                    .rws = *rows, .n_pos = n_pos,
@@ -1081,8 +1226,8 @@ int jlm_cu_rt_attn_rows(jlm_cu_rt *r, const jlm_cu_attn *p, const float *q, cons
                                (y1 * rows->sc_stride + (uint64_t)p->n_head * p->n_kv) * 4, stream));
 }
 
-int jlm_cu_rt_moe_combine(jlm_cu_rt *r, float *x, const float *ys, const float *w, uint32_t n_used, uint64_t n,
-                          int stream)
+static int iss_moe_combine(jlm_cu_rt *r, float *x, const float *ys, const float *w, uint32_t n_used, uint64_t n,
+                           int stream)
 {
     if (bad_stream(r, stream))
         return EMU_FAULT;
@@ -1093,4 +1238,443 @@ int jlm_cu_rt_moe_combine(jlm_cu_rt *r, float *x, const float *ys, const float *
                   .rd = {{x, n * 4, "expert combine: x"}, {ys, n_used * n * 4, "expert combine: outputs"},
                          {w, n_used * 4ull, "expert combine: weights"}}};
     EMU_LOCKED(emu_kernel_push(r, &k, n * 4, 0, stream));
+}
+
+static int iss_kv_store(jlm_cu_rt *r, int t, void *base, uint64_t row_bytes, uint64_t cap, const uint32_t *dpos,
+                        const float *x, uint64_t n, int stream)
+{
+    if (t == JLM_CU_KV_Q8_0 && n % 32)
+        return failf(r, EMU_FAULT, "cache store: %llu floats, not whole blocks of 32", (unsigned long long)n);
+    if (!n)
+        return 0;
+    LAUNCH(jlm_cu_launch_kv_store(t, base, row_bytes, dpos, x, n, r->s[stream]), "cache store");
+    emu_kern k = {.kind = K_STORE, .op = t, .out = base, .a = x, .n = n, .dpos = dpos, .row_bytes = row_bytes,
+                  .cap = cap, .rd = {{x, n * 4, "cache store: input"}, {dpos, 4, "cache store: position"}}};
+    EMU_LOCKED(emu_kernel_push(r, &k, cap, 0, stream));
+}
+
+/* ---------------------------------------------------------------- the tape: graphs of a token's launches */
+
+/* While a token is taped (jlm_cu_rt_graph), the compute stream's copies
+ * and launches are recorded, not issued; a segment ends where the host
+ * waits (a sync, a free), or at a call that is not a graph's (an event, a
+ * stamp, a copy from pageable memory), and is then issued: as the graph of
+ * the segment at that ordinal of the token when it equals the segment taped
+ * there last time (captured the second time it is seen, replayed after),
+ * else op by op. So anything baked into a launch (a buffer, a split, the
+ * cache, an expert) that changed is a different segment: never a stale
+ * graph. The emulation's graph is the tape itself, replayed through the
+ * same strict checks as a call. */
+enum { T_H2D, T_D2H, T_D2D, T_MATVEC, T_QUANT, T_RMS, T_ROPE, T_ELEM, T_F16, T_Q8, T_STORE, T_ATTN, T_COMB,
+       T_D2D_ROWS, T_RMS_STRIDED, T_ROPE_ROWS, T_ADD_ROWS, T_ATTN_ROWS };
+
+typedef struct tape_op {
+    int          kind, op;
+    void        *dst;
+    const void  *src, *p2, *p3;
+    float       *f;
+    uint64_t     n, n2, n3, n4;
+    uint32_t     rows, nh, hd, pad_;
+    int64_t      pos;
+    float        s, lim;
+    jlm_cu_mat   m;
+    jlm_cu_batch b;
+    jlm_cu_act   act;
+    jlm_cu_rope  rope;
+    jlm_cu_attn  attn;
+    jlm_cu_rows  rws;   /* the row calls': the row table's pointers compared with the rest */
+} tape_op;
+
+static int issue(jlm_cu_rt *r, const tape_op *o, int s)
+{
+    r->cnt.calls++;
+    switch (o->kind) {
+    case T_H2D: return iss_h2d(r, o->dst, o->src, o->n, s);
+    case T_D2H: return iss_d2h(r, o->dst, o->src, o->n, s);
+    case T_D2D: return iss_d2d(r, o->dst, o->src, o->n, s);
+    case T_MATVEC: return iss_matvec(r, &o->m, &o->b, o->n, o->src, o->p2, o->f, s);
+    case T_QUANT: return iss_quantize(r, o->src, &o->act, s);
+    case T_RMS: return iss_rmsnorm(r, o->f, o->src, o->p2, o->n, o->rows, o->s, s);
+    case T_ROPE: return iss_rope(r, &o->rope, o->f, o->nh, o->hd, o->pos, s);
+    case T_ELEM: return iss_elem(r, o->op, o->f, o->src, o->p2, o->n, o->s, o->lim, s);
+    case T_F16: return iss_to_f16(r, o->dst, o->src, o->n, s);
+    case T_Q8: return iss_kv_q8(r, o->dst, o->src, o->n, s);
+    case T_STORE: return iss_kv_store(r, o->op, o->dst, o->n2, o->n3, o->p2, o->src, o->n, s);
+    case T_ATTN: return iss_attn(r, &o->attn, o->src, o->p2, o->p3, o->f, o->dst, s);
+    case T_D2D_ROWS: return iss_d2d_rows(r, o->dst, o->n2, o->src, o->n3, o->n, o->n4, s);
+    case T_RMS_STRIDED: return iss_rmsnorm_strided(r, o->f, o->src, o->p2, o->n, o->rows, (uint32_t)o->n2, o->s, s);
+    case T_ROPE_ROWS: return iss_rope_rows(r, &o->rope, o->f, o->nh, o->hd, &o->rws, s);
+    case T_ADD_ROWS: return iss_add_rows(r, o->f, o->src, o->p2, o->n, o->rows, s);
+    case T_ATTN_ROWS: return iss_attn_rows(r, &o->attn, o->src, o->p2, o->p3, o->n, o->f, o->dst, &o->rws, s);
+    default: return iss_moe_combine(r, o->f, o->src, o->p2, o->rows, o->n, s);
+    }
+}
+
+static int issue_all(jlm_cu_rt *r, const tape_op *v, size_t n)
+{
+    int rc = 0;
+    for (size_t i = 0; i < n && !rc; i++)
+        rc = issue(r, &v[i], JLM_CU_S_COMPUTE);
+    return rc;
+}
+
+static void slot_drop(jlm_cu_graph *g)
+{
+#ifdef JLM_CUDA
+    if (g->exec)
+        cudaGraphExecDestroy(g->exec);
+    g->exec = NULL;
+#endif
+    g->captured = 0;
+}
+
+/* Slot g's tape as a device graph (the emulation's is the tape). */
+static int capture(jlm_cu_rt *r, jlm_cu_graph *g)
+{
+    r->cnt.captures++;
+    g->captured = 1;
+#ifdef JLM_CUDA
+    if (!r->emulated) {
+        cudaStream_t s = r->s[JLM_CU_S_COMPUTE];
+        cudaGraph_t gr = NULL;
+        r->cnt.calls += 3;
+        if (cu(r, cudaStreamBeginCapture(s, cudaStreamCaptureModeRelaxed), "cudaStreamBeginCapture")) {
+            g->captured = 0;
+            return EMU_FAULT;
+        }
+        r->capturing = 1;   /* the launches captured count when the graph is launched (replay) */
+        r->cap_launches = 0;
+        int rc = issue_all(r, g->t.v, g->t.n);
+        r->capturing = 0;
+        g->launches = r->cap_launches;
+        cudaError_t e = cudaStreamEndCapture(s, &gr);
+        if (!rc)
+            rc = cu(r, e, "cudaStreamEndCapture");
+        if (!rc)
+            rc = cu(r, cudaGraphInstantiate(&g->exec, gr, 0), "cudaGraphInstantiate");
+        if (gr)
+            cudaGraphDestroy(gr);
+        if (rc)
+            slot_drop(g);
+        return rc;
+    }
+#endif
+    return 0;
+}
+
+static int replay(jlm_cu_rt *r, jlm_cu_graph *g)
+{
+    r->cnt.graph_launches++;
+    r->cnt.graph_ops += g->t.n;
+    r->cnt.calls++;   /* the graph launch: one call */
+#ifdef JLM_CUDA
+    if (!r->emulated) {
+        int rc = cu(r, cudaGraphLaunch(g->exec, r->s[JLM_CU_S_COMPUTE]), "cudaGraphLaunch");
+        if (!rc)   /* its launches and device copies, as the emulation's replay counts them */
+            __atomic_add_fetch(&r->launches, g->launches, __ATOMIC_RELAXED);
+        return rc;
+    }
+#endif
+    /* the emulation replays the ops through the calls' own checks (not host calls: not counted; their
+     * launches and device copies are, in jlm_cu_rt_launches, as they are enqueued) */
+    uint64_t calls = r->cnt.calls;
+    int rc = issue_all(r, g->t.v, g->t.n);
+    r->cnt.calls = calls;
+    return rc;
+}
+
+/* The taped segment issued (r->tmu held): its slot's graph when the slot
+ * holds the same tape (captured the first time it repeats), else op by op,
+ * the slot then remembering it. */
+static int seg_end(jlm_cu_rt *r)
+{
+    if (!r->cur.n)
+        return 0;
+    jlm_cu_graph *g = r->ord < JLM_CU_NGRAPH ? &r->g[r->ord] : NULL;
+    r->ord++;
+    if (g && g->t.n == r->cur.n && !memcmp(g->t.v, r->cur.v, r->cur.n * sizeof *r->cur.v)) {
+        r->cur.n = 0;
+        int rc = g->captured ? 0 : capture(r, g);
+        return rc ? rc : replay(r, g);
+    }
+    int rc = issue_all(r, r->cur.v, r->cur.n);
+    if (g) {
+        jlm_cu_tape t = g->t;
+        slot_drop(g);
+        g->t = r->cur;
+        r->cur = t;
+    }
+    r->cur.n = 0;
+    return rc;
+}
+
+static int pinned_span(const jlm_cu_rt *r, const void *p, uint64_t n)
+{
+    for (size_t i = 0; i < r->npin; i++)
+        if ((const uint8_t *)p >= r->pin[i].p && n <= r->pin[i].n &&
+            (uint64_t)((const uint8_t *)p - r->pin[i].p) <= r->pin[i].n - n)
+            return 1;
+    return 0;
+}
+
+/* An op from a call: taped while a token is and it can be a graph's, else
+ * issued after the taped segment of its stream. */
+static int submit(jlm_cu_rt *r, const tape_op *o, int stream)
+{
+    if (bad_stream(r, stream))
+        return EMU_FAULT;
+    pthread_mutex_lock(&r->tmu);
+    int rc = 0;
+    int tape = r->taping && stream == JLM_CU_S_COMPUTE &&
+               (o->kind == T_H2D ? pinned_span(r, o->src, o->n) : o->kind == T_D2H ? pinned_span(r, o->dst, o->n) : 1);
+    if (tape) {
+        if (r->cur.n == r->cur.cap) {
+            size_t c = r->cur.cap ? r->cur.cap * 2 : 64;
+            tape_op *v = realloc(r->cur.v, c * sizeof *v);
+            if (!v)
+                rc = failf(r, EMU_FAULT, "cuda: out of memory for the graph's tape");
+            else {
+                r->cur.v = v;
+                r->cur.cap = c;
+            }
+        }
+        if (!rc)
+            r->cur.v[r->cur.n++] = *o;
+    } else {
+        if (stream == JLM_CU_S_COMPUTE)
+            rc = seg_end(r);
+        if (!rc)
+            rc = issue(r, o, stream);
+    }
+    pthread_mutex_unlock(&r->tmu);
+    return rc;
+}
+
+/* Before a call that is no graph's on stream (JLM_CU_NSTREAM: any): the
+ * compute stream's taped segment issued. */
+static int seg_before(jlm_cu_rt *r, int stream)
+{
+    pthread_mutex_lock(&r->tmu);
+    int rc = stream == JLM_CU_S_COMPUTE || stream == JLM_CU_NSTREAM ? seg_end(r) : 0;
+    r->cnt.calls++;
+    pthread_mutex_unlock(&r->tmu);
+    return rc;
+}
+
+int jlm_cu_rt_graph(jlm_cu_rt *r, int on)
+{
+    pthread_mutex_lock(&r->tmu);
+    int rc = 0;
+    if (on && !r->taping && r->graph_ok) {
+        r->taping = 1;
+        r->ord = 0;
+    } else if (!on) {
+        rc = seg_end(r);
+        r->taping = 0;
+    }
+    pthread_mutex_unlock(&r->tmu);
+    return rc;
+}
+
+void jlm_cu_rt_counts(jlm_cu_rt *r, jlm_cu_rt_count *out)
+{
+    pthread_mutex_lock(&r->tmu);
+    *out = r->cnt;
+    pthread_mutex_unlock(&r->tmu);
+}
+
+static void tape_free(jlm_cu_rt *r)
+{
+    for (int i = 0; i < JLM_CU_NGRAPH; i++) {
+        slot_drop(&r->g[i]);
+        free(r->g[i].t.v);
+    }
+    free(r->cur.v);
+    free(r->pin);
+}
+
+static void top(tape_op *o, int kind)
+{
+    memset(o, 0, sizeof *o);
+    o->kind = kind;
+}
+
+/* Structs with padding into a zeroed op field by field: the padding stays
+ * zero, so equal launches compare equal (segments are compared byte for
+ * byte: a row table's pointers and strides are part of the op). */
+static void tape_rope(tape_op *o, const jlm_cu_rope *p)
+{
+    o->rope.n_rot = p->n_rot, o->rope.neox = p->neox, o->rope.orig_ctx = p->orig_ctx, o->rope.freq_base = p->freq_base;
+    o->rope.freq_scale = p->freq_scale, o->rope.ext_factor = p->ext_factor, o->rope.attn_factor = p->attn_factor;
+    o->rope.beta_fast = p->beta_fast, o->rope.beta_slow = p->beta_slow, o->rope.freq_factors = p->freq_factors;
+    o->rope.dpos = p->dpos;
+}
+
+static void tape_rows(tape_op *o, const jlm_cu_rows *rw)
+{
+    o->rws.n = rw->n, o->rws.x_stride = rw->x_stride, o->rws.o_stride = rw->o_stride;
+    o->rws.sc_stride = rw->sc_stride, o->rws.kb = rw->kb, o->rws.vb = rw->vb, o->rws.pos = rw->pos;
+    o->rws.span = rw->span;
+}
+
+/* ---------------------------------------------------------------- the calls */
+
+/* An op of a destination, a source and a count (the copies, the F16 and
+ * Q8_0 rows). */
+static int submit_copy(jlm_cu_rt *r, int kind, void *dst, const void *src, uint64_t n, int stream)
+{
+    tape_op o;
+    top(&o, kind);
+    o.dst = dst, o.src = src, o.n = n;
+    return submit(r, &o, stream);
+}
+
+/* An op of an output, two inputs and rows rows of n (the bias rows, the
+ * expert combine). */
+static int submit_rows(jlm_cu_rt *r, int kind, float *f, const void *src, const void *p2, uint32_t rows, uint64_t n,
+                       int stream)
+{
+    tape_op o;
+    top(&o, kind);
+    o.f = f, o.src = src, o.p2 = p2, o.rows = rows, o.n = n;
+    return submit(r, &o, stream);
+}
+
+int jlm_cu_rt_h2d(jlm_cu_rt *r, void *dev, const void *host, uint64_t n, int stream)
+{
+    return submit_copy(r, T_H2D, dev, host, n, stream);
+}
+
+int jlm_cu_rt_d2h(jlm_cu_rt *r, void *host, const void *dev, uint64_t n, int stream)
+{
+    return submit_copy(r, T_D2H, host, dev, n, stream);
+}
+
+int jlm_cu_rt_d2d(jlm_cu_rt *r, void *dst, const void *src, uint64_t n, int stream)
+{
+    return submit_copy(r, T_D2D, dst, src, n, stream);
+}
+
+int jlm_cu_rt_matvec_batch(jlm_cu_rt *r, const jlm_cu_mat *m, const jlm_cu_batch *b, uint64_t n, const float *x,
+                           const jlm_cu_act *xq, float *y, int stream)
+{
+    tape_op o;
+    top(&o, T_MATVEC);
+    o.m = *m, o.b = *b, o.n = n, o.src = x, o.p2 = xq, o.f = y;
+    return submit(r, &o, stream);
+}
+
+int jlm_cu_rt_quantize(jlm_cu_rt *r, const float *x, const jlm_cu_act *a, int stream)
+{
+    tape_op o;
+    top(&o, T_QUANT);
+    o.src = x, o.act = *a;
+    return submit(r, &o, stream);
+}
+
+int jlm_cu_rt_rmsnorm(jlm_cu_rt *r, float *out, const float *x, const float *w, uint64_t n, uint32_t rows, float eps,
+                      int stream)
+{
+    tape_op o;
+    top(&o, T_RMS);
+    o.f = out, o.src = x, o.p2 = w, o.n = n, o.rows = rows, o.s = eps;
+    return submit(r, &o, stream);
+}
+
+int jlm_cu_rt_rope(jlm_cu_rt *r, const jlm_cu_rope *p, float *x, uint32_t n_head, uint32_t head_dim, int64_t pos,
+                   int stream)
+{
+    tape_op o;
+    top(&o, T_ROPE);
+    tape_rope(&o, p);
+    o.f = x, o.nh = n_head, o.hd = head_dim, o.pos = p->dpos ? 0 : pos;
+    return submit(r, &o, stream);
+}
+
+int jlm_cu_rt_elem(jlm_cu_rt *r, int op, float *out, const float *a, const float *b, uint64_t n, float s, float lim,
+                   int stream)
+{
+    tape_op o;
+    top(&o, T_ELEM);
+    o.op = op, o.f = out, o.src = a, o.p2 = b, o.n = n, o.s = s, o.lim = lim;
+    return submit(r, &o, stream);
+}
+
+int jlm_cu_rt_to_f16(jlm_cu_rt *r, uint16_t *out, const float *x, uint64_t n, int stream)
+{
+    return submit_copy(r, T_F16, out, x, n, stream);
+}
+
+int jlm_cu_rt_kv_q8(jlm_cu_rt *r, void *out, const float *x, uint64_t n, int stream)
+{
+    return submit_copy(r, T_Q8, out, x, n, stream);
+}
+
+int jlm_cu_rt_kv_store(jlm_cu_rt *r, int type, void *base, uint64_t row_bytes, uint64_t cap, const uint32_t *dpos,
+                       const float *x, uint64_t n, int stream)
+{
+    tape_op o;
+    top(&o, T_STORE);
+    o.op = type, o.dst = base, o.n2 = row_bytes, o.n3 = cap, o.p2 = dpos, o.src = x, o.n = n;
+    return submit(r, &o, stream);
+}
+
+int jlm_cu_rt_attn(jlm_cu_rt *r, const jlm_cu_attn *p, const float *q, const void *k, const void *v, float *scores,
+                   float *out, int stream)
+{
+    tape_op o;
+    top(&o, T_ATTN);
+    o.attn = *p, o.src = q, o.p2 = k, o.p3 = v, o.f = scores, o.dst = out;
+    return submit(r, &o, stream);
+}
+
+int jlm_cu_rt_d2d_rows(jlm_cu_rt *r, void *dst, uint64_t dp, const void *src, uint64_t sp, uint64_t n, uint64_t rows,
+                       int stream)
+{
+    tape_op o;
+    top(&o, T_D2D_ROWS);
+    o.dst = dst, o.n2 = dp, o.src = src, o.n3 = sp, o.n = n, o.n4 = rows;
+    return submit(r, &o, stream);
+}
+
+int jlm_cu_rt_rmsnorm_strided(jlm_cu_rt *r, float *out, const float *x, const float *w, uint64_t n, uint32_t rows,
+                              uint32_t stride, float eps, int stream)
+{
+    tape_op o;
+    top(&o, T_RMS_STRIDED);
+    o.f = out, o.src = x, o.p2 = w, o.n = n, o.rows = rows, o.n2 = stride, o.s = eps;
+    return submit(r, &o, stream);
+}
+
+int jlm_cu_rt_rope_rows(jlm_cu_rt *r, const jlm_cu_rope *p, float *x, uint32_t n_head, uint32_t head_dim,
+                        const jlm_cu_rows *rows, int stream)
+{
+    tape_op o;
+    top(&o, T_ROPE_ROWS);
+    tape_rope(&o, p);
+    tape_rows(&o, rows);
+    o.f = x, o.nh = n_head, o.hd = head_dim;
+    return submit(r, &o, stream);
+}
+
+int jlm_cu_rt_add_rows(jlm_cu_rt *r, float *out, const float *a, const float *b, uint64_t m, uint32_t rows,
+                       int stream)
+{
+    return submit_rows(r, T_ADD_ROWS, out, a, b, rows, m, stream);
+}
+
+int jlm_cu_rt_attn_rows(jlm_cu_rt *r, const jlm_cu_attn *p, const float *q, const void *k, const void *v,
+                        uint64_t n_pos, float *scores, float *out, const jlm_cu_rows *rows, int stream)
+{
+    tape_op o;
+    top(&o, T_ATTN_ROWS);
+    tape_rows(&o, rows);
+    o.attn = *p, o.src = q, o.p2 = k, o.p3 = v, o.n = n_pos, o.f = scores, o.dst = out;
+    return submit(r, &o, stream);
+}
+
+int jlm_cu_rt_moe_combine(jlm_cu_rt *r, float *x, const float *ys, const float *w, uint32_t n_used, uint64_t n,
+                          int stream)
+{
+    return submit_rows(r, T_COMB, x, ys, w, n_used, n, stream);
 }

@@ -109,6 +109,12 @@ int jlm_cu_rt_elem(jlm_cu_rt *r, int op, float *out, const float *a, const float
                    int stream);
 int jlm_cu_rt_to_f16(jlm_cu_rt *r, uint16_t *out, const float *x, uint64_t n, int stream);
 int jlm_cu_rt_kv_q8(jlm_cu_rt *r, void *out, const float *x, uint64_t n, int stream);
+/* A decoded token's n floats of x into the cache row at the position in
+ * device memory dpos: base + *dpos * row_bytes (cap bytes of cache from
+ * base), of type type (JLM_CU_KV_*), as jlm_cu_rt_d2d / to_f16 / kv_q8
+ * write it (bit-identical): the launch is the same every token. */
+int jlm_cu_rt_kv_store(jlm_cu_rt *r, int type, void *base, uint64_t row_bytes, uint64_t cap, const uint32_t *dpos,
+                       const float *x, uint64_t n, int stream);
 int jlm_cu_rt_attn(jlm_cu_rt *r, const jlm_cu_attn *p, const float *q, const void *k, const void *v, float *scores,
                    float *out, int stream);
 /* A prefill's rows in one launch each (body.h's jlm_cu_rows; r->pos and
@@ -117,7 +123,10 @@ int jlm_cu_rt_attn(jlm_cu_rt *r, const jlm_cu_attn *p, const float *q, const voi
  * floats) to each of rows rows of m floats; attn_rows is jlm_cu_rt_attn of
  * each row over its span of keys, p->n_kv the most keys a row has (r's
  * sc_stride >= n_head * p->n_kv), k and v position 0 of a cache of n_pos
- * positions (a span past it fails; emulated: when the kernel runs). */
+ * positions (a span past it fails; emulated: when the kernel runs). The
+ * rows' positions are the table's: a rope or attention dpos is refused.
+ * Taped like any call (jlm_cu_rt_graph), the table's pointers part of the
+ * op a segment is compared by. */
 /* rows rows of n bytes from src (sp bytes apart) to dst (dp apart): one
  * strided device copy (cudaMemcpy2DAsync). rmsnorm_strided: rmsnorm of rows
  * rows of n floats, stride floats apart (in place or not). */
@@ -138,8 +147,34 @@ int jlm_cu_rt_moe_combine(jlm_cu_rt *r, float *x, const float *ys, const float *
                           int stream);
 
 /* Kernel launches and device-to-device copies enqueued so far (the
- * matvec's included; host <-> device copies not): jlm_dev_stats.dispatches. */
+ * matvec's included; host <-> device copies not): jlm_dev_stats.dispatches.
+ * A graph's ops count each time the graph is launched (not when it is
+ * captured), so the count is the same with graphs on or off. */
 uint64_t jlm_cu_rt_launches(const jlm_cu_rt *r);
+
+/* Graphs. jlm_cu_rt_graph(r, 1) at a decoded token's first launch tapes
+ * the compute stream's copies (from and to pinned memory, device to
+ * device) and launches instead of issuing them; the taped segment is
+ * issued where the host waits (a sync, a free), before any other call on
+ * the compute stream (an event, a stamp, a copy from pageable memory), and
+ * at jlm_cu_rt_graph(r, 0), which ends the token. The k-th segment of a
+ * token that equals the k-th of the token before it (every op and argument
+ * the same) is captured as a graph (device: stream capture, instantiated
+ * once) and replayed (one cudaGraphLaunch) while it keeps repeating; any
+ * difference (a buffer moved, another split, expert or cache) issues the
+ * segment op by op and is remembered for the next token. The emulation's
+ * graph is the tape, replayed through the calls' own checks when the graph
+ * launch runs. JLM_CUDA_GRAPH=0 (read at open) leaves every op issued.
+ * Positions the ops read from device memory (dpos) keep a token's launches
+ * equal. Counts: host calls into the device runtime (launches and copies
+ * issued one by one, waits, records, syncs, graph launches, captures' three),
+ * graph launches, captures, and the ops the graph launches ran. */
+typedef struct jlm_cu_rt_count {
+    uint64_t calls, graph_launches, captures, graph_ops;
+} jlm_cu_rt_count;
+int  jlm_cu_rt_graph(jlm_cu_rt *r, int on);
+void jlm_cu_rt_counts(jlm_cu_rt *r, jlm_cu_rt_count *out);
+
 const char *jlm_cu_rt_error(const jlm_cu_rt *r);
 
 #endif

@@ -297,7 +297,7 @@ static void check_attn(void)
     gen_floats(k, HKV * NKV * D, 2.0f, &seed);
     gen_floats(v, HKV * NKV * D, 1.0f, &seed);
     gen_floats(sinks, H, 3.0f, &seed);
-    jlm_cu_attn p = {H, HKV, D, D, NKV, D, D, (uint64_t)NKV * D, (uint64_t)NKV * D, 0.088388f, 0.0f, sinks, NULL, 0, 0};
+    jlm_cu_attn p = {H, HKV, D, D, NKV, D, D, (uint64_t)NKV * D, (uint64_t)NKV * D, 0.088388f, 0.0f, sinks, NULL, 0, 0, NULL, 0, 0};
     jlm_cu_host_attn(&p, q, k, v, sc, o0);
     jlm_cu_attn dp = p;
     dp.sinks = dev_copy(sinks, sizeof sinks);
@@ -306,6 +306,25 @@ static void check_attn(void)
     launch_ok(jlm_cu_launch_attn(&dp, dq, dk, dv, dsc, dout, NULL), "attn");
     back(o1, dout, sizeof o1);
     report(close_all(o0, o1, H * D, JLM_K_TOL_SOFTMAX), "attention GQA 32/8 heads x 128, 777 keys, sinks");
+    /* the key count and the cache row from the position in device memory (a decoded token's graph):
+     * bit for bit the launch-argument forms' */
+    {
+        static float o2[H * D];
+        static uint16_t r1[D], r2[D];
+        uint32_t last = NKV - 1, *dpos = dev_copy(&last, 4);
+        jlm_cu_attn pp = dp;
+        pp.dpos = dpos;
+        launch_ok(jlm_cu_launch_attn(&pp, dq, dk, dv, dsc, dout, NULL), "attn at the device's position");
+        back(o2, dout, sizeof o2);
+        uint16_t *c1 = dev_zero((uint64_t)NKV * D * 2), *c2 = dev_zero((uint64_t)NKV * D * 2);
+        launch_ok(jlm_cu_launch_kv_store(JLM_CU_KV_F16, (uint8_t *)c1, D * 2, dpos, dq, D, NULL), "kv_store");
+        launch_ok(jlm_cu_launch_to_f16(c2 + (uint64_t)last * D, dq, D, NULL), "to_f16");
+        back(r1, c1 + (uint64_t)last * D, sizeof r1);
+        back(r2, c2 + (uint64_t)last * D, sizeof r2);
+        report(!memcmp(o1, o2, sizeof o2) && !memcmp(r1, r2, sizeof r1),
+               "attention and the cache store at the device's position equal the argument forms");
+        cudaFree(dpos), cudaFree(c1), cudaFree(c2);
+    }
     /* an F16 cache: the rows rounded on the device (bit for bit the CPU's), attention reading the halves */
     static uint16_t kh[HKV * NKV * D], vh[HKV * NKV * D], dh[HKV * NKV * D];
     uint16_t *dkh = dev_zero(sizeof kh), *dvh = dev_zero(sizeof vh);
@@ -377,7 +396,7 @@ static void check_rows(void)
     float *dq = dev_copy(q, sizeof q), *dk = dev_copy(k, sizeof k), *dv = dev_copy(v, sizeof v);
     float *db = dev_copy(bias, sizeof bias), *dsc = dev_zero((uint64_t)R * H * 64 * 4), *dout = dev_zero(sizeof o1);
     uint32_t *dt = dev_copy(tab, sizeof tab);
-    jlm_cu_attn p = {H, HKV, D, D, 64, KW, KW, D, D, 0.088388f, 0.0f, dev_copy(sinks, sizeof sinks), NULL, 0, 0};
+    jlm_cu_attn p = {H, HKV, D, D, 64, KW, KW, D, D, 0.088388f, 0.0f, dev_copy(sinks, sizeof sinks), NULL, 0, 0, NULL, 0, 0};
     jlm_cu_rope rp;
     jlm_k_rope kr;
     jlm_k_rope_defaults(&kr, 128, 500000.0f);
