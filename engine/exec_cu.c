@@ -304,9 +304,9 @@ static int op_kv_put(jlm_exd *k)
     if (dp)
         return rc;
     /* rows at consecutive positions (one sequence's): one copy (or conversion) each for K and V */
-    uint32_t step = k->b.n;
+    uint32_t step = jlm_exd_group(k, 0) == k->b.n ? k->b.n : 1;
     for (uint32_t t = 1; t < k->b.n && step > 1; t++)
-        if (jlm_exd_pos(k, t) != jlm_exd_pos(k, 0) + t || jlm_exd_host(k, t) != jlm_exd_host(k, 0))
+        if (jlm_exd_pos(k, t) != jlm_exd_pos(k, 0) + t)
             step = 1;
     for (uint32_t t = 0; !rc && !k->dry && t < k->b.n; t += step) {
         use_seq(k, t);
@@ -356,10 +356,8 @@ static int op_attend(jlm_exd *k, const float *sinks)
                       .softcap = c->attn_softcap, .sinks = sk, .k_type = e->kt, .v_type = e->vt};
     uint64_t kb = kv_row(e, JLM_B_K), vb = kv_row(e, JLM_B_V);
     int rc = JLM_OK;
-    int one_seq = 1;   /* a prefill's rows are one sequence's; a batched step's are one a sequence */
-    for (uint32_t t = 1; t < k->b.n && one_seq; t++)
-        one_seq = jlm_exd_host(k, t) == jlm_exd_host(k, 0);
-    if (k->b.n > 1 && !k->dry && one_seq) {   /* a prefill: its rows together, on its sequence's cache */
+    /* a prefill's rows are one sequence's (together, on its cache); a batched step's one a sequence */
+    if (k->b.n > 1 && !k->dry && jlm_exd_group(k, 0) == k->b.n) {
         use_seq(k, 0);
         return jlm_ecu_attn_rows(k, &ap, row(k, JLM_B_Q, 0), width(e, JLM_B_Q), v->blk.kc[k->b.l], v->blk.vc[k->b.l],
                                  row(k, JLM_B_ATT, 0), width(e, JLM_B_ATT), "attention");

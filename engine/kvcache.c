@@ -202,11 +202,8 @@ int jlm_kv_reserve(const jlm_engine *e, void **kc, void **vc, jlm_err *err)
     void *p[2] = {NULL, NULL};
     for (int v = 0; v < 2; v++) {
         uint64_t n = res_bytes(e, v);
-        p[v] = mmap(NULL, n ? n : 1, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
-        if (p[v] != MAP_FAILED)
-            madvise(p[v], n ? n : 1, MADV_NOHUGEPAGE);   /* a chunk's first write takes its pages, not 2 MiB */
-        if (p[v] == MAP_FAILED) {
-            p[v] = NULL;
+        p[v] = jlm_mem_reserve(n ? n : 1);
+        if (!p[v]) {
             jlm_kv_release(e, p[0], p[1]);
             return jlm_errf(err, JLM_ENOMEM, "%s: no address space for the KV cache (%u positions, %llu bytes)",
                             e->m->path, e->n_ctx, (unsigned long long)(res_bytes(e, 0) + res_bytes(e, 1)));

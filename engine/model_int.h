@@ -225,7 +225,11 @@ uint64_t jlm_kv_mem_at(const jlm_engine *e, uint32_t have);     /* the pages the
  * (jlm_eng_fit_frames). Error: the pager's; *have unchanged then. */
 int      jlm_kv_fit(jlm_engine *e, void *kc, void *vc, uint32_t *have, uint32_t need, int counted, jlm_err *err);
 /* ---------------------------------------------------------------- the batch scratch's rows (scratch.c) */
-/* Address space for nb rows of row bytes (MAP_NORESERVE), recorded for the
+/* n bytes of address space (MAP_NORESERVE, MADV_NOHUGEPAGE: memory a page
+ * at a time as it is written, as the KV and scratch counts assume); NULL:
+ * none. Released with munmap. */
+void    *jlm_mem_reserve(uint64_t n);
+/* Address space for nb rows of row bytes (jlm_mem_reserve), recorded for the
  * count and jlm_rows_release; NULL: none left (or ROW_BUFS taken). */
 void    *jlm_rows_reserve(jlm_engine *e, uint64_t row);
 void     jlm_rows_release(jlm_engine *e);

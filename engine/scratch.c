@@ -12,39 +12,51 @@
 #include <sys/mman.h>
 #include <unistd.h>
 
-static uint64_t page_size(void) { return (uint64_t)sysconf(_SC_PAGESIZE); }
+static uint64_t pages_up(uint64_t n)
+{
+    uint64_t pg = (uint64_t)sysconf(_SC_PAGESIZE);
+    return (n + pg - 1) / pg * pg;
+}
+
+/* The address space buffer i holds: nb rows, at least a page. */
+static uint64_t reserved(const jlm_engine *e, int i)
+{
+    uint64_t n = pages_up((uint64_t)e->nb * e->rowbuf[i].row);
+    return n ? n : pages_up(1);
+}
+
+void *jlm_mem_reserve(uint64_t n)
+{
+    void *p = mmap(NULL, n, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+    if (p == MAP_FAILED)
+        return NULL;
+    madvise(p, n, MADV_NOHUGEPAGE);   /* a first write takes a page, not 2 MiB (the counts are by page) */
+    return p;
+}
 
 void *jlm_rows_reserve(jlm_engine *e, uint64_t row)
 {
     if (e->n_rowbuf >= ROW_BUFS)
         return NULL;
-    uint64_t n = (uint64_t)e->nb * row, pg = page_size();
-    n = n ? (n + pg - 1) / pg * pg : pg;
-    void *p = mmap(NULL, n, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
-    if (p == MAP_FAILED)
-        return NULL;
-    madvise(p, n, MADV_NOHUGEPAGE);   /* a row's first write takes a page, not 2 MiB (the count is by page) */
-    e->rowbuf[e->n_rowbuf].p = p;
     e->rowbuf[e->n_rowbuf].row = row;
-    e->n_rowbuf++;
+    void *p = jlm_mem_reserve(reserved(e, e->n_rowbuf));
+    if (p)
+        e->rowbuf[e->n_rowbuf++].p = p;
     return p;
 }
 
 void jlm_rows_release(jlm_engine *e)
 {
-    uint64_t pg = page_size();
-    for (int i = 0; i < e->n_rowbuf; i++) {
-        uint64_t n = (uint64_t)e->nb * e->rowbuf[i].row;
-        munmap(e->rowbuf[i].p, n ? (n + pg - 1) / pg * pg : pg);
-    }
+    for (int i = 0; i < e->n_rowbuf; i++)
+        munmap(e->rowbuf[i].p, reserved(e, i));
     e->n_rowbuf = 0;
 }
 
 uint64_t jlm_rows_bytes(const jlm_engine *e)
 {
-    uint64_t pg = page_size(), sum = 0;
+    uint64_t sum = 0;
     for (int i = 0; i < e->n_rowbuf; i++)
-        sum += ((uint64_t)e->rows_have * e->rowbuf[i].row + pg - 1) / pg * pg;
+        sum += pages_up((uint64_t)e->rows_have * e->rowbuf[i].row);
     return sum;
 }
 
@@ -68,14 +80,10 @@ int jlm_rows_fit(jlm_engine *e, uint32_t need, jlm_err *err)
     uint32_t old = e->rows_have;
     e->rows_have = need;
     e->mem_scratch = e->scratch_heap + jlm_rows_bytes(e);
-    if (need < old) {
-        uint64_t pg = page_size();
-        for (int i = 0; i < e->n_rowbuf; i++) {
-            uint64_t a = ((uint64_t)need * e->rowbuf[i].row + pg - 1) / pg * pg;
-            uint64_t b = ((uint64_t)old * e->rowbuf[i].row + pg - 1) / pg * pg;
-            if (b > a)
-                madvise((uint8_t *)e->rowbuf[i].p + a, b - a, MADV_DONTNEED);
-        }
+    for (int i = 0; need < old && i < e->n_rowbuf; i++) {
+        uint64_t a = pages_up((uint64_t)need * e->rowbuf[i].row), b = pages_up((uint64_t)old * e->rowbuf[i].row);
+        if (b > a)
+            madvise((uint8_t *)e->rowbuf[i].p + a, b - a, MADV_DONTNEED);
     }
     int rc = jlm_eng_fit_frames(e, err);
     if (rc && need > old) {
