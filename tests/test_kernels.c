@@ -685,6 +685,59 @@ Test(kernels, attention_head_matches_softmax_of_scaled_capped_masked_scores)
 
 /* The table's activation quantizer equals jlm_k_quantize_act bit for bit:
  * random blocks, rounding ties (x/d = k + 0.5), zeros, denormals, inf, NaN. */
+/* The KV cache's F16 rows: every variant's row conversion gives the
+ * reference's bits, contiguous and at the key tiles' stride, on each half's
+ * value and the floats around its rounding midpoints, NaNs with payloads,
+ * overflow, denormals and random values, for lengths that leave a tail. */
+Test(kernels, every_variants_fp16_row_conversion_equals_the_reference)
+{
+    enum { N = 65536 * 4 + 64 };
+    static float x[N];
+    static uint16_t want[N * 2], got[N * 2];
+    uint64_t s = 99;
+    for (uint32_t h = 0; h < 65536; h++) {
+        uint32_t b;
+        float f = jlm_k_fp16_to_f32((uint16_t)h);
+        memcpy(&b, &f, 4);
+        x[4 * h] = f;
+        uint32_t m = b + (1u << 12), lo = m - 1, hi = m + 1;   /* around the midpoint above f */
+        memcpy(&x[4 * h + 1], &m, 4);
+        memcpy(&x[4 * h + 2], &lo, 4);
+        memcpy(&x[4 * h + 3], &hi, 4);
+    }
+    for (int i = 65536 * 4; i < N; i++) {
+        s = s * 6364136223846793005ull + 1442695040888963407ull;
+        uint32_t b = (uint32_t)(s >> 32);
+        memcpy(&x[i], &b, 4);                                   /* any bits: NaNs and infinities too */
+    }
+    x[N - 1] = 65519.0f;
+    x[N - 2] = 65520.0f;
+    x[N - 3] = 1e-9f;
+    for (int v = 0; v < JLM_K_NVARIANT; v++) {
+        jlm_k_cpu tab;
+        if (jlm_k_cpu_table(v, &tab, NULL) != 0)
+            continue;
+        cr_assert(tab.to_fp16, "%s: no to_fp16", tab.name);
+        const uint64_t lens[] = {N, N - 5, 7, 1};
+        for (int l = 0; l < 4; l++)
+            for (uint64_t stride = 1; stride <= 2; stride++) {
+                memset(want, 0xa5, sizeof want);
+                memset(got, 0xa5, sizeof got);
+                jlm_k_to_fp16_ref(want, stride, x, lens[l]);
+                tab.to_fp16(got, stride, x, lens[l]);
+                for (uint64_t i = 0; i < N * 2; i++)
+                    cr_assert(got[i] == want[i], "%s, %llu values at stride %llu: element %llu: 0x%04x, reference 0x%04x",
+                              tab.name, (unsigned long long)lens[l], (unsigned long long)stride,
+                              (unsigned long long)i, got[i], want[i]);
+            }
+        uint16_t tile[32 * 40];
+        memset(tile, 0, sizeof tile);
+        tab.to_fp16(tile + 3, 32, x + 1000, 40);                /* the key tiles' stride */
+        for (int i = 0; i < 40; i++)
+            cr_assert(tile[3 + 32 * i] == jlm_k_f32_to_fp16(x[1000 + i]), "%s: tile element %d", tab.name, i);
+    }
+}
+
 Test(kernels, every_variants_activation_quantizer_equals_the_reference)
 {
     enum { K = 32 * 64 };

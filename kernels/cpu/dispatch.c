@@ -73,6 +73,7 @@ int jlm_k_cpu_table(int v, jlm_k_cpu *t, jlm_err *err)
         tab.matmul4[i] = jlm_k_matmul_ref;
     }
     tab.quantize_act = jlm_k_quantize_act;
+    tab.to_fp16 = jlm_k_to_fp16_ref;
     tab.fattn = jlm_k_fattn_ref;
     if (v == JLM_K_AVX2) {
         jlm_k_fill_avx2(&tab);

@@ -110,6 +110,9 @@ typedef struct jlm_k_cpu {
                                             * kept for benchmarks and tests; never NULL */
     /* jlm_k_quantize_act or a variant of it with bit-identical output */
     void          (*quantize_act)(const float *x, jlm_act_q8 *a);
+    /* d[i * stride] = jlm_k_f32_to_fp16(x[i]) for i < n: jlm_k_to_fp16_ref or a
+     * variant with bit-identical output (F16C; the KV cache's F16 rows) */
+    void          (*to_fp16)(uint16_t *d, uint64_t stride, const float *x, uint64_t n);
     /* jlm_k_fattn_ref or a variant of it with bit-identical output (never NULL) */
     void          (*fattn)(const struct jlm_k_fattn *p, const float *q, const void *k, const void *v,
                            float *out, uint32_t g, uint32_t r0, uint32_t r1, float *scratch);
@@ -144,6 +147,8 @@ void jlm_k_fill_avx512(jlm_k_cpu *t);
 
 float    jlm_k_fp16_to_f32(uint16_t h);   /* exact, inf/NaN/denormals kept */
 uint16_t jlm_k_f32_to_fp16(float f);      /* round to nearest even, like F16C */
+void     jlm_k_to_fp16_ref(uint16_t *d, uint64_t stride, const float *x, uint64_t n);
+void     jlm_k_to_fp16_f16c(uint16_t *d, uint64_t stride, const float *x, uint64_t n);
 float    jlm_k_bf16_to_f32(uint16_t h);
 
 /* ---------------------------------------------------------------- ops (ops.c), f32, cannot fail */

@@ -981,8 +981,29 @@ void jlm_k_quantize_act_avx2(const float *x, jlm_act_q8 *a)
     }
 }
 
+/* F16C rounds to nearest even and quiets a NaN keeping its top payload
+ * bits, as jlm_k_f32_to_fp16 does. */
+void jlm_k_to_fp16_f16c(uint16_t *d, uint64_t stride, const float *x, uint64_t n)
+{
+    uint64_t i = 0;
+    for (; i + 8 <= n; i += 8) {
+        __m128i h = _mm256_cvtps_ph(_mm256_loadu_ps(x + i), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+        if (stride == 1) {
+            _mm_storeu_si128((__m128i *)(d + i), h);
+        } else {
+            uint16_t t[8];
+            _mm_storeu_si128((__m128i *)t, h);
+            for (int k = 0; k < 8; k++)
+                d[(i + (uint64_t)k) * stride] = t[k];
+        }
+    }
+    for (; i < n; i++)
+        d[i * stride] = jlm_k_f32_to_fp16(x[i]);
+}
+
 void jlm_k_fill_avx2(jlm_k_cpu *t)
 {
+    t->to_fp16 = jlm_k_to_fp16_f16c;
     t->quantize_act = jlm_k_quantize_act_avx2;
     t->matvec[JLM_T_Q4_0] = mv_q4_0;
     t->matmul[JLM_T_Q4_0] = mm_q4_0;

@@ -839,6 +839,7 @@ DEFINE_F(bf16, JLM_T_BF16)
 
 void jlm_k_fill_avx512(jlm_k_cpu *t)
 {
+    t->to_fp16 = jlm_k_to_fp16_f16c;             /* F16C: the AVX2 variant's */
     t->quantize_act = jlm_k_quantize_act_avx2;   /* 32 floats a block: AVX2 width is enough */
     t->matvec[JLM_T_Q4_0] = mv_q4_0;
     t->matmul[JLM_T_Q4_0] = mm_q4_0;

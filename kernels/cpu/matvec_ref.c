@@ -45,6 +45,12 @@ uint16_t jlm_k_f32_to_fp16(float f)
     return (uint16_t)(sign | (m >> 13));
 }
 
+void jlm_k_to_fp16_ref(uint16_t *d, uint64_t stride, const float *x, uint64_t n)
+{
+    for (uint64_t i = 0; i < n; i++)
+        d[i * stride] = jlm_k_f32_to_fp16(x[i]);
+}
+
 float jlm_k_bf16_to_f32(uint16_t h)
 {
     uint32_t bits = (uint32_t)h << 16;
