@@ -299,8 +299,10 @@ Test(kv, a_saved_prefix_continues_exactly_in_every_type, .timeout = 60)
 /* ---------------------------------------------------------------- growth */
 /* The cache takes memory a key tile (32 positions) at a time as evaluation
  * reaches them, each chunk's pages taken from the frames' budget (frames +
- * KV + scratch + dense stays the budget), and gives it back on rewind; the
- * logits do not depend on the context size it was opened with. */
+ * KV + scratch + dense stays the budget), and gives it back on rewind when
+ * the frames hold less than the model (else keeps it: the next evaluation
+ * would only fault it in again); the logits do not depend on the context
+ * size it was opened with. */
 Test(kv, the_cache_grows_with_the_context_inside_the_budget, .timeout = 60)
 {
     char *dir = tu_tmpdir(), *path = convert_to("synth-llama-256.Q8_0", dir);
@@ -331,13 +333,37 @@ Test(kv, the_cache_grows_with_the_context_inside_the_budget, .timeout = 60)
     cr_assert_eq(m1.frames + m1.kv + m1.scratch + m1.dense, budget);
     cr_assert_eq(jlm_engine_eval(small, tok, 300, lb, &err), 0, "%s", err.msg);
     cr_assert(!memcmp(la, lb, nv * sizeof *la), "the same logits at -c 2048 and -c 512");
+    /* the frames hold every page at this budget: a rewind keeps the cache */
+    jlm_engine_mem held;
+    jlm_engine_mem_info(e, &held);
+    jlm_engine_rewind(e, 0);
+    jlm_engine_mem_info(e, &m1);
+    cr_assert_eq(m1.kv_have, 320, "the frames hold the model: the rewind kept the cache (%u)", m1.kv_have);
+    cr_assert_eq(m1.kv, held.kv);
+    cr_assert_eq(m1.frames, held.frames);
+    cr_assert_eq(jlm_engine_eval(e, tok, 300, la, &err), 0, "%s", err.msg);
+    cr_assert(!memcmp(la, lb, nv * sizeof *la), "the same logits after a rewind");
+    jlm_engine_close(e);
+
+    /* a budget below the model: the frames lack pages, and a rewind gives them
+     * the cache's pages back */
+    jlm_engine_mem sm;
+    jlm_engine_mem_info(small, &sm);
+    uint64_t tight = sm.dense + sm.scratch + sm.kv + (2u << 20);   /* the blocks' pages: about 3.4 MB */
+    e = open_kv(path, "f16", "f16", 2048, tight);
+    jlm_engine_mem_info(e, &m0);
+    cr_assert_eq(jlm_engine_eval(e, tok, 300, la, &err), 0, "%s", err.msg);
+    cr_assert(!memcmp(la, lb, nv * sizeof *la), "the same logits at a budget below the model");
+    jlm_engine_mem_info(e, &m1);
+    cr_assert_eq(m1.kv_have, 320);
+    cr_assert_eq(m1.frames + m1.kv + m1.scratch + m1.dense, tight, "the budget kept");
     jlm_engine_rewind(e, 100);
     jlm_engine_mem_info(e, &m1);
     cr_assert_eq(m1.kv_have, 128, "rewound to 100: four chunks kept");
     jlm_engine_rewind(e, 0);
     jlm_engine_mem_info(e, &m1);
     cr_assert_eq(m1.kv, 0);
-    cr_assert_eq(m1.frames + m1.scratch, m0.frames + m0.scratch, "rewound: the frames have the cache's bytes back");
+    cr_assert_eq(m1.frames + m1.scratch, m0.frames + m0.scratch, "rewound: the frames have the cache's bytes back: %llu+%llu vs %llu+%llu", (unsigned long long)m1.frames, (unsigned long long)m1.scratch, (unsigned long long)m0.frames, (unsigned long long)m0.scratch);
     /* after a rewind the positions read as written again */
     cr_assert_eq(jlm_engine_eval(e, tok, 300, la, &err), 0, "%s", err.msg);
     cr_assert(!memcmp(la, lb, nv * sizeof *la), "the same logits after a rewind");
