@@ -53,7 +53,13 @@ struct jlm_pool {
     int                mode;          /* POOL_ADAPTIVE, POOL_CLAIM or POOL_STATIC */
     unsigned long long solo_until;    /* ns, CLOCK_MONOTONIC; 0: none */
     unsigned long long solo_ns;       /* the last solo period's length */
-    unsigned long long stalls;        /* dispatches that found a worker stalled */
+    unsigned long long stalls;        /* solo periods started */
+    int                probing;       /* a solo period ended and the workers are on trial */
+    int                measure;       /* this dispatch's slices read their CPU time */
+    unsigned long long *cpu_ns;       /* (n_threads,) each thread's CPU time in this dispatch */
+    double par_wall, par_cpu;         /* recent split dispatches (decayed): wall time, CPU time */
+    unsigned par_n;                   /* split dispatches in those sums (to POOL_EVIDENCE_N) */
+    double one_wall, one_cpu;         /* recent claimed dispatches run solo: the same */
 
     /* profiling (pool.h): prof is read by workers at each job */
     int             prof;
@@ -87,16 +93,24 @@ static inline void cpu_relax(const jlm_pool *p, unsigned i)
 /* Pieces per thread of a claimed dispatch (jlm_pool_for_claim). */
 #define POOL_CLAIMS 4
 
-/* A stalled worker (pool.h): the caller waited more than STALL_NS for the
- * workers after its own share, and longer than that share took (the
- * dispatch took longer than the caller alone would have); then
- * claimed dispatches run on the caller alone for SOLO_FACTOR times that wait,
- * or twice the last solo period when this stall came within that period's
- * length after it ended (the neighbour is still there), within
- * [SOLO_MIN_NS, SOLO_MAX_NS]. */
-#define POOL_STALL_NS    50000ull
+/* A stalled worker (pool.h). Each claimed dispatch measures the CPU time
+ * its threads spent in their slices against its wall time, summed over recent
+ * dispatches with a decay of POOL_DECAY a dispatch: the CPUs' worth of work the
+ * split dispatches got done (par_cpu / par_wall), and the same for the
+ * dispatches the caller ran alone (one_cpu / one_wall; a whole CPU until one
+ * is measured). A worker that loses its core (a neighbour), or wakes too late
+ * for a small dispatch, adds wall time and no work. Once the split dispatches
+ * hold POOL_EVIDENCE_NS of wall time (or 8 dispatches) and got less done than the caller alone
+ * does, a solo period starts: SOLO_FACTOR times the last dispatch's wait for
+ * its workers, or twice the last period while on trial (the first split
+ * dispatches after a period, until they hold the evidence and win), within
+ * [SOLO_MIN_NS, SOLO_MAX_NS]. A one-off stall of a few milliseconds in a
+ * long prefill is outweighed by the work around it. */
+#define POOL_DECAY       0.875          /* about the last 8 dispatches */
+#define POOL_EVIDENCE_NS 2000000.0      /* or POOL_EVIDENCE_N dispatches */
+#define POOL_EVIDENCE_N  8u
 #define POOL_SOLO_FACTOR 8ull
-#define POOL_SOLO_MIN_NS 1000000ull
+#define POOL_SOLO_MIN_NS 4000000ull
 #define POOL_SOLO_MAX_NS 100000000ull
 enum { POOL_ADAPTIVE = 0, POOL_CLAIM = 1, POOL_STATIC = 2 };
 
@@ -118,9 +132,17 @@ static unsigned long long now_ns(void)
     return (unsigned long long)ts.tv_sec * 1000000000ull + (unsigned long long)ts.tv_nsec;
 }
 
+static unsigned long long thread_cpu_ns(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts);
+    return (unsigned long long)ts.tv_sec * 1000000000ull + (unsigned long long)ts.tv_nsec;
+}
+
 static void run_slice(jlm_pool *p, int t)
 {
     unsigned long long *ts = p->prof ? p->t_slice + 2 * t : NULL;
+    unsigned long long c0 = p->measure ? thread_cpu_ns() : 0;
     if (ts)
         ts[0] = now_ns();
     if (p->chunk == 0) {                     /* one slice per thread */
@@ -137,6 +159,8 @@ static void run_slice(jlm_pool *p, int t)
     }
     if (ts)
         ts[1] = now_ns();
+    if (p->measure)
+        p->cpu_ns[t] = thread_cpu_ns() - c0;
 }
 
 /* After a profiled dispatch (every slice done): fold its times in. */
@@ -223,21 +247,43 @@ static void publish(jlm_pool *p)
     }
 }
 
-/* After a claimed dispatch that began at t0 and whose caller finished its
- * own pieces at t_self: a wait past the stall threshold starts a solo
- * period (see POOL_STALL_NS). */
-static void stall_check(jlm_pool *p, unsigned long long t0, unsigned long long t_self)
+/* After a split claimed dispatch that began at t0 and whose caller finished
+ * its own pieces at t_self: fold it in, and start a solo period when the
+ * split dispatches have lately got less done than the caller alone (see
+ * POOL_DECAY). */
+static void split_check(jlm_pool *p, unsigned long long t0, unsigned long long t_self)
 {
-    unsigned long long end = now_ns(), wait = end - t_self;
-    if (wait <= POOL_STALL_NS || wait <= t_self - t0)
+    unsigned long long end = now_ns(), cpu = 0;
+    for (int t = 0; t < p->n_threads; t++)
+        cpu += p->cpu_ns[t];
+    p->par_wall = p->par_wall * POOL_DECAY + (double)(end - t0);
+    p->par_cpu = p->par_cpu * POOL_DECAY + (double)cpu;
+    if (p->par_n < POOL_EVIDENCE_N)
+        p->par_n++;
+    if (p->par_wall < POOL_EVIDENCE_NS && p->par_n < POOL_EVIDENCE_N)
         return;
-    unsigned long long solo = wait * POOL_SOLO_FACTOR;
-    if (p->solo_until && end - p->solo_until < p->solo_ns && solo < 2 * p->solo_ns)
+    double one = p->one_wall > 0 ? p->one_cpu / p->one_wall : 1.0;
+    if (p->par_cpu >= one * p->par_wall) {
+        p->probing = 0;                        /* the workers pay: stay split */
+        return;
+    }
+    unsigned long long solo = (end - t_self) * POOL_SOLO_FACTOR;
+    if (p->probing && solo < 2 * p->solo_ns)
         solo = 2 * p->solo_ns;
     solo = solo < POOL_SOLO_MIN_NS ? POOL_SOLO_MIN_NS : solo > POOL_SOLO_MAX_NS ? POOL_SOLO_MAX_NS : solo;
     p->solo_ns = solo;
     p->solo_until = end + solo;
     p->stalls++;
+}
+
+/* A claimed dispatch in a solo period: the caller alone, measured. */
+static void solo_run(jlm_pool *p, size_t n, jlm_pool_fn fn, void *ctx)
+{
+    unsigned long long w0 = now_ns(), c0 = thread_cpu_ns();
+    fn(ctx, 0, n, 0);
+    unsigned long long c1 = thread_cpu_ns(), w1 = now_ns();
+    p->one_wall = p->one_wall * POOL_DECAY + (double)(w1 - w0);
+    p->one_cpu = p->one_cpu * POOL_DECAY + (double)(c1 - c0);
 }
 
 static void pool_run(jlm_pool *p, size_t n, size_t grain, int claim, jlm_pool_fn fn, void *ctx)
@@ -248,10 +294,17 @@ static void pool_run(jlm_pool *p, size_t n, size_t grain, int claim, jlm_pool_fn
         claim = p->mode == POOL_CLAIM;
     int adapt = p && claim && p->mode == POOL_ADAPTIVE && !p->prof;   /* profiled: split as asked */
     unsigned long long t0 = adapt || (p && p->solo_until && !p->prof) ? now_ns() : 0;
-    if (p && p->solo_until && t0 >= p->solo_until + p->solo_ns)
-        p->solo_until = 0;   /* long past: a stall now starts afresh */
+    if (p && p->solo_until && t0 >= p->solo_until) {
+        p->solo_until = 0;                 /* the period is over: the workers on trial */
+        p->probing = 1;
+        p->par_wall = p->par_cpu = 0;
+        p->par_n = 0;
+    }
     if (!p || p->n_threads == 1 || n <= (grain ? grain : 1) || (t0 && t0 < p->solo_until)) {
-        fn(ctx, 0, n, 0);
+        if (adapt && t0 && t0 < p->solo_until)
+            solo_run(p, n, fn, ctx);
+        else
+            fn(ctx, 0, n, 0);
         return;
     }
     p->fn = fn;
@@ -266,6 +319,9 @@ static void pool_run(jlm_pool *p, size_t n, size_t grain, int claim, jlm_pool_fn
             p->chunk = 1;
     }
     atomic_store_explicit(&p->next, 0, memory_order_relaxed);   /* published by the gen bump */
+    p->measure = adapt;
+    if (adapt)
+        memset(p->cpu_ns, 0, (size_t)p->n_threads * sizeof *p->cpu_ns);
     if (p->prof)
         p->t_begin = now_ns();
     atomic_store(&p->pending, p->n_threads - 1);
@@ -288,7 +344,7 @@ static void pool_run(jlm_pool *p, size_t n, size_t grain, int claim, jlm_pool_fn
     if (p->prof)
         prof_fold(p);
     if (adapt)
-        stall_check(p, t0, t_self);
+        split_check(p, t0, t_self);
 }
 
 void jlm_pool_for(jlm_pool *p, size_t n, size_t grain, jlm_pool_fn fn, void *ctx)
@@ -356,7 +412,8 @@ int jlm_pool_create(int n_threads, unsigned spin, jlm_pool **out, jlm_err *err)
     pthread_cond_init(&p->done, NULL);
     p->threads = calloc((size_t)n_threads, sizeof *p->threads);
     p->t_slice = calloc((size_t)n_threads * 2, sizeof *p->t_slice);
-    if (!p->threads || !p->t_slice) {
+    p->cpu_ns = calloc((size_t)n_threads, sizeof *p->cpu_ns);
+    if (!p->threads || !p->t_slice || !p->cpu_ns) {
         jlm_pool_destroy(p);
         return jlm_errf(err, JLM_ENOMEM, "thread pool: out of memory");
     }
@@ -392,6 +449,7 @@ void jlm_pool_destroy(jlm_pool *p)
     pthread_cond_destroy(&p->done);
     free(p->threads);
     free(p->t_slice);
+    free(p->cpu_ns);
     free(p);
 }
 

@@ -55,13 +55,18 @@ void jlm_pool_for_claim(jlm_pool *p, size_t n, size_t grain, jlm_pool_fn fn, voi
  * (a neighbour process on its CPU: the kernel gives each a few-millisecond
  * slice in turn) holds the dispatch until it runs again, while the caller
  * waits with nothing left to take: beside a busy loop on one core a 2-thread
- * prefill ran below the 1-thread figure. So a claimed dispatch in which the
- * caller waited for the workers more than 50 us after its own pieces, and
- * longer than those took, starts a solo period: every dispatch runs on the
- * caller alone (fn(ctx, 0, n, 0), as with a NULL pool, so the same results;
- * the workers sleep instead of being woken for the odd dispatch) for 8 times
- * that wait, or twice the last solo period when the stall came soon after it
- * (1 to 100 ms), then the workers are tried again. Only a claimed dispatch
+ * prefill ran below the 1-thread figure. So each claimed dispatch weighs the
+ * CPU time its threads spent in their pieces against its wall time, over the
+ * last few dispatches (decayed), and the same for the dispatches the caller
+ * ran alone. When the split dispatches have got less work done per second
+ * than the caller alone does (a whole CPU until measured), a solo period
+ * starts: every dispatch runs on the caller alone (fn(ctx, 0, n, 0), as with
+ * a NULL pool, so the same results; the workers sleep instead of being woken
+ * for the odd dispatch) for 8 times the last dispatch's wait for its workers,
+ * or twice the last period when the workers lost their trial after it (4 to
+ * 100 ms), then the workers are tried again. A one-off stall of a few
+ * milliseconds in a long prefill does not start one: the work around it
+ * outweighs it. Only a claimed dispatch
  * starts one; a profiled pool (jlm_pool_profile) never does, so a profile
  * shows the dispatches as split. Env JLM_POOL:
  * "claim" turns the solo periods off, "static" also splits claimed
