@@ -95,20 +95,27 @@ static inline void cpu_relax(const jlm_pool *p, unsigned i)
 
 /* A stalled worker (pool.h). Each claimed dispatch measures the CPU time
  * its threads spent in their slices against its wall time, summed over recent
- * dispatches with a decay of POOL_DECAY a dispatch: the CPUs' worth of work the
- * split dispatches got done (par_cpu / par_wall), and the same for the
+ * dispatches with a decay of POOL_DECAY a dispatch: the CPUs' worth of work
+ * the split dispatches got done (par_cpu / par_wall), and the same for the
  * dispatches the caller ran alone (one_cpu / one_wall; a whole CPU until one
- * is measured). A worker that loses its core (a neighbour), or wakes too late
- * for a small dispatch, adds wall time and no work. Once the split dispatches
- * hold POOL_EVIDENCE_NS of wall time (or 8 dispatches) and got less done than the caller alone
- * does, a solo period starts: SOLO_FACTOR times the last dispatch's wait for
- * its workers, or twice the last period while on trial (the first split
- * dispatches after a period, until they hold the evidence and win), within
- * [SOLO_MIN_NS, SOLO_MAX_NS]. A one-off stall of a few milliseconds in a
- * long prefill is outweighed by the work around it. */
+ * is measured). A worker that loses its core (a neighbour) adds wall time and
+ * no work. A dispatch that had to wake a sleeping worker is left out: its
+ * wake-up says nothing of a neighbour (on a VM an idle vCPU can take
+ * milliseconds to run again), and counting it made solo periods feed
+ * themselves (the workers sleep through a period, so the trial after it
+ * woke them slowly and failed). Once the split dispatches
+ * hold POOL_EVIDENCE_NS of wall time (or POOL_EVIDENCE_N dispatches) and got
+ * less than POOL_TIE of what the caller alone gets done (a tie stays split:
+ * the workers are there the moment a neighbour leaves), a solo period starts:
+ * SOLO_FACTOR times the last dispatch's wait for its workers, or twice the
+ * last period while on trial (the first split dispatches after a period,
+ * until they hold the evidence and win), within [SOLO_MIN_NS, SOLO_MAX_NS].
+ * A one-off stall of a few milliseconds in a long prefill is outweighed by
+ * the work around it. */
 #define POOL_DECAY       0.875          /* about the last 8 dispatches */
 #define POOL_EVIDENCE_NS 2000000.0      /* or POOL_EVIDENCE_N dispatches */
 #define POOL_EVIDENCE_N  8u
+#define POOL_TIE         0.9            /* within 10% of the caller alone: a tie, kept split */
 #define POOL_SOLO_FACTOR 8ull
 #define POOL_SOLO_MIN_NS 4000000ull
 #define POOL_SOLO_MAX_NS 100000000ull
@@ -236,23 +243,29 @@ static void *worker_main(void *v)
     }
 }
 
-/* Bumps the generation and wakes sleepers if any (see the protocol above). */
-static void publish(jlm_pool *p)
+/* Bumps the generation and wakes sleepers if any (see the protocol above);
+ * 1 if some worker slept. */
+static int publish(jlm_pool *p)
 {
     atomic_fetch_add(&p->gen, 1);
     if (atomic_load(&p->n_sleep) > 0) {
         pthread_mutex_lock(&p->mu);
         pthread_cond_broadcast(&p->wake);
         pthread_mutex_unlock(&p->mu);
+        return 1;
     }
+    return 0;
 }
 
 /* After a split claimed dispatch that began at t0 and whose caller finished
  * its own pieces at t_self: fold it in, and start a solo period when the
  * split dispatches have lately got less done than the caller alone (see
  * POOL_DECAY). */
-static void split_check(jlm_pool *p, unsigned long long t0, unsigned long long t_self)
+static void split_check(jlm_pool *p, unsigned long long t0, unsigned long long t_self, int woke)
 {
+    if (woke)
+        return;   /* a worker woken from sleep: its wake-up is no evidence (after a solo period,
+                   * or a pause between dispatches, a VM's idle vCPU can take milliseconds) */
     unsigned long long end = now_ns(), cpu = 0;
     for (int t = 0; t < p->n_threads; t++)
         cpu += p->cpu_ns[t];
@@ -263,7 +276,7 @@ static void split_check(jlm_pool *p, unsigned long long t0, unsigned long long t
     if (p->par_wall < POOL_EVIDENCE_NS && p->par_n < POOL_EVIDENCE_N)
         return;
     double one = p->one_wall > 0 ? p->one_cpu / p->one_wall : 1.0;
-    if (p->par_cpu >= one * p->par_wall) {
+    if (p->par_cpu >= POOL_TIE * one * p->par_wall) {
         p->probing = 0;                        /* the workers pay: stay split */
         return;
     }
@@ -325,7 +338,7 @@ static void pool_run(jlm_pool *p, size_t n, size_t grain, int claim, jlm_pool_fn
     if (p->prof)
         p->t_begin = now_ns();
     atomic_store(&p->pending, p->n_threads - 1);
-    publish(p);
+    int woke = publish(p);
     run_slice(p, 0);
     unsigned long long t_self = adapt ? now_ns() : 0;
     unsigned i = 0;
@@ -344,7 +357,7 @@ static void pool_run(jlm_pool *p, size_t n, size_t grain, int claim, jlm_pool_fn
     if (p->prof)
         prof_fold(p);
     if (adapt)
-        split_check(p, t0, t_self);
+        split_check(p, t0, t_self, woke);
 }
 
 void jlm_pool_for(jlm_pool *p, size_t n, size_t grain, jlm_pool_fn fn, void *ctx)

@@ -58,8 +58,9 @@ void jlm_pool_for_claim(jlm_pool *p, size_t n, size_t grain, jlm_pool_fn fn, voi
  * prefill ran below the 1-thread figure. So each claimed dispatch weighs the
  * CPU time its threads spent in their pieces against its wall time, over the
  * last few dispatches (decayed), and the same for the dispatches the caller
- * ran alone. When the split dispatches have got less work done per second
- * than the caller alone does (a whole CPU until measured), a solo period
+ * ran alone (a dispatch that woke a sleeping worker is left out). When the
+ * split dispatches have got less than 0.9 of the work done per second that
+ * the caller alone does (a whole CPU until measured), a solo period
  * starts: every dispatch runs on the caller alone (fn(ctx, 0, n, 0), as with
  * a NULL pool, so the same results; the workers sleep instead of being woken
  * for the odd dispatch) for 8 times the last dispatch's wait for its workers,
