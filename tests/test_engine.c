@@ -789,10 +789,11 @@ Test(engine, gives_the_same_ids_with_and_without_prefetch_at_every_budget, .time
     greedy(e, prompt, 5, NG, ref, NULL);
     jlm_engine_mem mi;
     jlm_engine_mem_info(e, &mi);
-    /* + 64: the allocator's rounding of scratch (malloc_usable_size, which the
-     * budget counts) may differ by 16 bytes from one engine to the next; less
-     * than a chunk, so the frames still hold whole blocks and no more */
-    uint64_t fixed = mi.kv + mi.scratch + mi.dense + 64;
+    /* + 2048: the allocator's rounding of scratch (malloc_usable_size, which
+     * the budget counts) differs by up to ~100 bytes from one engine to the
+     * next; less than a chunk, so the frames still hold whole blocks and no
+     * more */
+    uint64_t fixed = mi.kv + mi.scratch + mi.dense + 2048;
     uint32_t nb = jlm_engine_model(e)->config.n_layer;
     uint64_t frame = jlm_pager_frame_len(jlm_engine_pager(e), JLM_PAGER_TEXT);
     jlm_engine_close(e);
@@ -1381,8 +1382,10 @@ Test(moe, the_replay_counts_the_expert_reads_the_engine_makes_under_each_policy,
         cr_assert(slots > t.n_used, "%s: %u experts routed to", names[k], used);
         uint64_t opt = rr_misses(&t, RR_OPT, slots, JLM_XP_HALF_LIFE);
         cr_assert_eq(opt, plain_belady(&t, slots), "%s: the replay's optimum", names[k]);
-        /* + 64: the allocator's rounding of scratch, as above (less than an expert page) */
-        uint64_t budget = mi.kv + mi.scratch + mi.dense + text + slots * xframe + 64;
+        /* + half an expert page: the allocator's rounding of scratch, as above
+         * (it moved the frames by up to 96 bytes between runs, and with a
+         * 64-byte margin one run in five lost a slot: 248 reads, not 191) */
+        uint64_t budget = mi.kv + mi.scratch + mi.dense + text + slots * xframe + xframe / 2;
         const char *pol[3] = {"lru", "lfu", "next"};
         for (int p = 0; p < 3; p++) {
             e = open_engine_replay(path, budget, pol[p]);
