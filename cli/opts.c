@@ -299,7 +299,7 @@ int jlm_opts_engine_rows(jlm_opt *t, unsigned which, jlm_engine_opts *eo, jlm_op
         t[n++] = (jlm_opt){NULL, "--no-predict", JLM_OPT_FLAG, &eo->no_predict, 0, 0, 0, NULL,
                            "no read ahead of the next MoE block's predicted experts"};
         t[n++] = (jlm_opt){NULL, "--no-warm", JLM_OPT_FLAG, &eo->no_warm, 0, 0, 0, NULL,
-                           "no background read of the whole model when the budget holds it"};
+                           "no background read of the model's pages (all of them when the budget holds them, else into free frames)"};
         t[n++] = (jlm_opt){NULL, "--whole-blocks", JLM_OPT_FLAG, &eo->whole_blocks, 0, 0, 0, NULL,
                            "under a budget, hold a block's whole page while it computes (default: op by op, "
                            "releasing each op's weights)"};

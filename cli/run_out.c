@@ -150,6 +150,11 @@ static void stats_arrays(const run *r, const jlm_pager_counters *pc)
                     (unsigned long long)ps.predicted, (unsigned long long)ps.hits, (unsigned long long)ps.reads,
                     (unsigned long long)ps.used, (unsigned long long)ps.wasted_bytes, (unsigned long long)ps.held);
     }
+    jlm_engine_predict ws;
+    jlm_engine_predict_stats(r->s->e, &ws);
+    if (ws.warm)
+        fprintf(stderr, "warm: %llu pages read in the background (%llu bytes)\n", (unsigned long long)ws.warm,
+                (unsigned long long)ws.warm_bytes);
 }
 
 void jlm_cli_run_stats(const run *r)

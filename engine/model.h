@@ -57,7 +57,7 @@ typedef struct jlm_engine_opts {
     int      direct;       /* plain-file source: 1 try O_DIRECT, 0 buffered */
     int      no_prefetch;  /* 1: no block read ahead on the pager's reader thread */
     int      no_predict;   /* 1: no read ahead of the next MoE block's predicted experts */
-    int      no_warm;      /* 1: no background read of the whole model when the budget holds it */
+    int      no_warm;      /* 1: no background read of the pages (the cold start, docs/pager.md) */
     int      whole_blocks; /* 1: a block's page acquired whole under a budget, not op by op */
     uint32_t read_depth;   /* pages read at once (the routed experts of a block);
                             * 0: JLM_ENGINE_READ_DEPTH; 1: one at a time */
@@ -306,6 +306,7 @@ void jlm_engine_mem_info(const jlm_engine *e, jlm_engine_mem *out);   /* cannot 
  * (docs/pager.md, Reading ahead). Zero when off or not a MoE. */
 typedef struct jlm_engine_predict {
     uint64_t predicted, hits, reads, used, wasted_bytes, held;
+    uint64_t warm, warm_bytes;   /* pages (bytes) the background read of the cold start started */
 } jlm_engine_predict;
 void jlm_engine_predict_stats(const jlm_engine *e, jlm_engine_predict *out);   /* cannot fail */
 /* Pages read at once when nothing else is said (jlm_engine_opts.read_depth):

@@ -66,6 +66,15 @@ static void list_push_head(plist *l, ppage *pg)
     l->n++;
 }
 
+static void list_push_tail(plist *l, ppage *pg)
+{
+    pg->next = NULL;
+    pg->prev = l->tail;
+    if (l->tail) l->tail->next = pg; else l->head = pg;
+    l->tail = pg;
+    l->n++;
+}
+
 static plist *class_list(jlm_pager *p, const ppage *pg)
 {
     return &p->lru[p->arr[pg->array].cls];
@@ -398,6 +407,7 @@ static void trim(jlm_pager *p, ppage *pg, uint64_t k, dest *d)
     if (pg->pf_fresh) {           /* read ahead, and (part of it) gone before any get */
         r->st.pf_unused++;
         pg->pf_fresh = 0;
+        pg->pf_low = 0;
     }
     if (pg->n_filled || pg->pins) {   /* (a pinned page keeps its frame, empty or not) */
         r->st.trims++;
@@ -487,6 +497,7 @@ static int take_frame(jlm_pager *p, ppage *pg, uint64_t need, uint64_t lo, uint6
     if (v->pf_fresh) {
         r->st.pf_unused++;
         v->pf_fresh = 0;
+        v->pf_low = 0;
     }
     pg->frame = v->frame;   /* resident_pages: one frame, passed on */
     v->frame = NULL;
@@ -617,6 +628,7 @@ static int pf_collect_slot(jlm_pager *p, pfslot *f, int wait, uint64_t *waited_n
     pg->pins--;
     if (rc) {
         r->st.pf_failed++;
+        pg->pf_low = 0;
         for (uint32_t i = 0; i < f->n_runs; i++)
             host_changing(p, pg), frame_release(pg->frame, f->runs[i].lo, f->runs[i].hi);
         uncharge(p, pg, f->len);
@@ -633,6 +645,10 @@ static int pf_collect_slot(jlm_pager *p, pfslot *f, int wait, uint64_t *waited_n
             bit_set(pg, c);
         pg->n_filled += (uint32_t)(f->runs[i].c1 - f->runs[i].c0);
     }
+    /* a background read (jlm_pager_prefetch_low) goes in as the least
+     * recently used page, and its pf_low leaves it unprotected (pager_policy.c):
+     * a victim before any page a get has used */
+    int low = pg->pf_low;
     pg->pf_fresh = 1;
     r->st.reads += f->n_runs;
     r->st.bytes_read += f->len;
@@ -641,7 +657,7 @@ static int pf_collect_slot(jlm_pager *p, pfslot *f, int wait, uint64_t *waited_n
     else
         r->st.fills++;
     if (pg->pins == 0)
-        list_push_head(class_list(p, pg), pg);
+        (low ? list_push_tail : list_push_head)(class_list(p, pg), pg);
     emit(p, f->was_absent ? JLM_PAGER_EV_PAGE_IN : JLM_PAGER_EV_FILL, pg, f->len, p->src->tier);
     return 1;
 }
@@ -681,6 +697,14 @@ int jlm_pager_prefetch(jlm_pager *p, uint32_t array, uint32_t page)
     if (array >= p->n_arrays || page >= p->arr[array].n_pages)
         return 0;
     return jlm_pager_prefetch_range(p, array, page, 0, p->arr[array].extent[page]);
+}
+
+int jlm_pager_prefetch_low(jlm_pager *p, uint32_t array, uint32_t page)
+{
+    int rc = jlm_pager_prefetch(p, array, page);
+    if (rc > 0)
+        p->arr[array].pages[page].pf_low = 1;   /* read on a reader thread: collected on this one */
+    return rc;
 }
 
 int jlm_pager_prefetch_range(jlm_pager *p, uint32_t array, uint32_t page, uint64_t off, uint64_t len)
@@ -797,6 +821,7 @@ static int acquire(jlm_pager *p, ppage *pg, uint64_t c0, uint64_t c1, int pin, u
         pf_collect(p, 1);
     if (pg->pf_fresh) {
         pg->pf_fresh = 0;
+        pg->pf_low = 0;
         if (!pf_waited)
             r->st.pf_hits++;
     }

@@ -282,6 +282,11 @@ void jlm_pager_set_prefetch_depth(jlm_pager *p, uint32_t depth);
  * when a read was started, 0 when there is nothing to read (resident in
  * full, pinned, on its way, prefetch off, out of range), -1 when skipped. */
 int  jlm_pager_prefetch(jlm_pager *p, uint32_t array, uint32_t page);
+/* The same as a background read (the engine's cold start): the page, once
+ * read, is not protected as a page read ahead is (taken only when nothing
+ * else is left) but placed as the least recently used, so pages a get uses
+ * evict it before each other. Returns as jlm_pager_prefetch. */
+int  jlm_pager_prefetch_low(jlm_pager *p, uint32_t array, uint32_t page);
 /* The same for the missing chunks of bytes [off, off+len) of the page only;
  * also into the page advanced through (jlm_pager_advance), pinned by its one
  * holder, for bytes it will advance to (the next jlm_pager_advance of the

@@ -23,6 +23,8 @@ typedef struct ppage {
     struct ppage *prev, *next;/* class list links (unpinned resident only) */
     uint32_t      array, idx;
     int           pf_fresh;   /* read by a prefetch, no get since */
+    uint8_t       pf_low;     /* read (or being read) by a background read
+                                 (jlm_pager_prefetch_low): fresh but not kept, until a get */
     uint8_t       pf_in;      /* 1 + the slot reading it; 0: none */
     uint64_t      rel;        /* pinned by one holder that advances (jlm_pager_advance):
                                  chunks [0, rel) are released, trimmable though pinned; else 0 */

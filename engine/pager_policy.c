@@ -56,7 +56,7 @@ ppage *jlm_pgp_expert_victim(jlm_pager *p, const ppage *skip)
         uint32_t cur = xp_block(p, skip && p->arr[skip->array].cls == JLM_PAGER_EXPERT ? skip->idx : p->xp_cur);
         double window = jlm_xp_window(p->xp_half, p->xp_gets), bs = 0;
         for (ppage *q = x; q; q = q->prev) {   /* strict >: ties to the least recent */
-            if (q == skip || q->pf_fresh)
+            if (q == skip || (q->pf_fresh && !q->pf_low))   /* read ahead: kept; a background read is not */
                 continue;
             double s = jlm_xp_next_score(q->xp_key, p->xp_clock, p->xp_half, window, xp_block(p, q->idx), cur,
                                          p->xp_blocks);
@@ -66,7 +66,7 @@ ppage *jlm_pgp_expert_victim(jlm_pager *p, const ppage *skip)
         return best ? best : x;
     }
     for (ppage *q = x; q; q = q->prev)   /* strict <: ties to the least recent */
-        if (q != skip && !q->pf_fresh && (!best || q->xp_key < best->xp_key))
+        if (q != skip && (!q->pf_fresh || q->pf_low) && (!best || q->xp_key < best->xp_key))
             best = q;
     return best ? best : x;   /* only pages read ahead and not yet gotten: the least recent */
 }

@@ -694,6 +694,59 @@ Test(engine, refuses_a_kv_type_other_than_f32_f16_or_q8_0)
 }
 
 /* ---------------------------------------------------------------- budgets */
+/* The cold start below the model (engine/stream.c, warm_step): with 3/4 of
+ * the model's pages in budget the pages not yet resident are read in file order
+ * on the readers (experts included, with prediction off: nothing else reads
+ * them ahead) while there is room, and never past the budget; --no-warm reads
+ * none ahead; the ids are the unlimited run's either way. */
+Test(moe, a_budget_below_the_model_fills_its_frames_in_the_background, .timeout = 60)
+{
+    char *dir = tu_tmpdir();
+    char *path = convert_model("synth-qwen3moe-256.Q8_0", dir);
+    int32_t prompt[] = {1, 403, 407, 261, 378}, ref[8], got[8];
+    jlm_engine *e = open_engine(path, 0);
+    greedy(e, prompt, 5, 8, ref, NULL);
+    jlm_pager *pg = jlm_engine_pager(e);
+    uint64_t all = 0;
+    const uint32_t arrays[2] = {JLM_PAGER_TEXT, JLM_PAGER_EXPERTS};
+    for (int k = 0; k < 2; k++)
+        for (uint32_t i = 0; jlm_pager_extent(pg, arrays[k], i); i++)
+            all += jlm_pager_extent(pg, arrays[k], i);
+    jlm_engine_mem mi;
+    jlm_engine_mem_info(e, &mi);
+    /* three quarters of the pages: the frames must hold twice a block's
+     * working set (2 block pages + 2 x the routed experts) for the background
+     * read to start below the model */
+    uint64_t budget = mi.kv + mi.scratch + mi.dense + all * 3 / 4;
+    jlm_engine_close(e);
+    for (int warm = 0; warm < 2; warm++) {
+        jlm_engine_opts o = {.n_threads = 2, .budget = budget, .quiet = 1, .direct = 1, .no_predict = 1,
+                             .no_warm = !warm};
+        jlm_err err = {0};
+        cr_assert_eq(jlm_engine_open(path, &o, &e, &err), 0, "%s", err.msg);
+        cr_assert(jlm_engine_budget(e) < all, "the frames (%llu) hold less than the model (%llu)",
+                  (unsigned long long)jlm_engine_budget(e), (unsigned long long)all);
+        greedy(e, prompt, 5, 8, got, NULL);
+        cr_assert_arr_eq(got, ref, sizeof ref, "warm %d: ids differ from the unlimited run", warm);
+        jlm_pager_counters pc;
+        jlm_pager_stats(jlm_engine_pager(e), &pc);
+        jlm_engine_predict ps;
+        jlm_engine_predict_stats(e, &ps);
+        if (warm)
+            cr_assert(ps.warm > 0 && ps.warm_bytes <= budget, "the background read: %llu pages, %llu bytes",
+                      (unsigned long long)ps.warm, (unsigned long long)ps.warm_bytes);
+        else
+            cr_assert_eq(ps.warm, 0, "--no-warm read %llu pages in the background", (unsigned long long)ps.warm);
+        cr_assert(pc.peak_bytes <= jlm_engine_budget(e), "resident %llu within budget %llu",
+                  (unsigned long long)pc.peak_bytes, (unsigned long long)jlm_engine_budget(e));
+        cr_assert_eq(jlm_pager_check(jlm_engine_pager(e), NULL), 0);
+        jlm_engine_close(e);
+    }
+    free(path);
+    tu_rmrf(dir);
+    free(dir);
+}
+
 static void same_ids_at_every_budget(const char *name, int n_gen)
 {
     char *dir = tu_tmpdir();
