@@ -149,10 +149,7 @@ static int bench_warm(jlm_engine *e, const bench_opts *o, jlm_err *err)
     jlm_pager *pg = jlm_engine_pager(e);
     jlm_pager_counters pc;
     jlm_pager_stats(pg, &pc);
-    uint64_t all = 0;
-    for (uint32_t a = 0; a < pc.n_arrays; a++)
-        for (uint32_t i = 0; jlm_pager_extent(pg, a, i); i++)
-            all += jlm_pager_extent(pg, a, i);
+    uint64_t all = jlm_pager_bytes(pg);
     for (uint32_t i = 0; !rc && (!pc.budget || all <= pc.budget) && jlm_pager_extent(pg, JLM_PAGER_EXPERTS, i); i++) {
         const void *p;
         if (!(rc = jlm_pager_get(pg, JLM_PAGER_EXPERTS, i, 0, jlm_pager_extent(pg, JLM_PAGER_EXPERTS, i), &p, err)))

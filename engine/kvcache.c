@@ -262,15 +262,7 @@ static void give_back(const jlm_engine *e, uint8_t *c, uint64_t row, uint32_t ke
  * prefill of synth-1b: about a thousand 4 KiB faults, 2-4% of its time). */
 static int frames_short(const jlm_engine *e)
 {
-    if (!e->budget_all)
-        return 0;
-    jlm_pager_counters pc;
-    jlm_pager_stats(e->pager, &pc);
-    uint64_t all = 0;
-    for (uint32_t a = 0; a < pc.n_arrays; a++)
-        for (uint32_t i = 0; all <= e->budget && jlm_pager_extent(e->pager, a, i); i++)
-            all += jlm_pager_extent(e->pager, a, i);
-    return e->budget < all;
+    return e->budget_all && e->budget < jlm_pager_bytes(e->pager);
 }
 
 int jlm_kv_fit(jlm_engine *e, void *kc, void *vc, uint32_t *have, uint32_t need, int counted, jlm_err *err)

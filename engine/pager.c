@@ -146,8 +146,10 @@ int jlm_pager_open(const jlm_pager_config *cfg, jlm_pager **out, jlm_err *err)
         uint64_t nc = (flen[a] + p->chunk - 1) >> p->chunk_shift;
         if (nc > max_chunks)
             max_chunks = nc;
-        for (uint32_t i = 0; i < p->arr[a].n_pages; i++)
+        for (uint32_t i = 0; i < p->arr[a].n_pages; i++) {
             p->huge_need += p->arr[a].extent[i] + HUGE_SLACK;
+            p->all_bytes += p->arr[a].extent[i];
+        }
     }
     /* a page's missing chunks form at most ceil(n/2) runs */
     p->pf.cap = (uint32_t)((max_chunks + 1) / 2);
@@ -407,7 +409,6 @@ static void trim(jlm_pager *p, ppage *pg, uint64_t k, dest *d)
     if (pg->pf_fresh) {           /* read ahead, and (part of it) gone before any get */
         r->st.pf_unused++;
         pg->pf_fresh = 0;
-        pg->pf_low = 0;
     }
     if (pg->n_filled || pg->pins) {   /* (a pinned page keeps its frame, empty or not) */
         r->st.trims++;
@@ -497,7 +498,6 @@ static int take_frame(jlm_pager *p, ppage *pg, uint64_t need, uint64_t lo, uint6
     if (v->pf_fresh) {
         r->st.pf_unused++;
         v->pf_fresh = 0;
-        v->pf_low = 0;
     }
     pg->frame = v->frame;   /* resident_pages: one frame, passed on */
     v->frame = NULL;
@@ -628,7 +628,6 @@ static int pf_collect_slot(jlm_pager *p, pfslot *f, int wait, uint64_t *waited_n
     pg->pins--;
     if (rc) {
         r->st.pf_failed++;
-        pg->pf_low = 0;
         for (uint32_t i = 0; i < f->n_runs; i++)
             host_changing(p, pg), frame_release(pg->frame, f->runs[i].lo, f->runs[i].hi);
         uncharge(p, pg, f->len);
@@ -752,6 +751,7 @@ int jlm_pager_prefetch_range(jlm_pager *p, uint32_t array, uint32_t page, uint64
     charge(p, pg, need);
     s->pg = pg;
     pg->pf_in = (uint8_t)(s - p->pf.slot + 1);
+    pg->pf_low = 0;   /* jlm_pager_prefetch_low sets it after */
     p->pf.busy++;
     r->st.pf_issued++;
     pthread_mutex_lock(&p->pf.mu);
@@ -821,7 +821,6 @@ static int acquire(jlm_pager *p, ppage *pg, uint64_t c0, uint64_t c1, int pin, u
         pf_collect(p, 1);
     if (pg->pf_fresh) {
         pg->pf_fresh = 0;
-        pg->pf_low = 0;
         if (!pf_waited)
             r->st.pf_hits++;
     }

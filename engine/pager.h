@@ -299,6 +299,8 @@ int  jlm_pager_prefetch_range(jlm_pager *p, uint32_t array, uint32_t page, uint6
 uint64_t jlm_pager_filled(const jlm_pager *p, uint32_t array, uint32_t page);
 /* 1 if the page holds a frame (all of it or a part). Cannot fail. */
 int  jlm_pager_resident(const jlm_pager *p, uint32_t array, uint32_t page);
+/* Bytes of every page of every array (their extents summed). Cannot fail. */
+uint64_t jlm_pager_bytes(const jlm_pager *p);
 /* Bytes of page `page` a reader uses (its extent); 0 out of range. Cannot fail. */
 uint64_t jlm_pager_extent(const jlm_pager *p, uint32_t array, uint32_t page);
 /* Frame bytes one page of the array takes (its largest extent). */

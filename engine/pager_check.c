@@ -28,6 +28,11 @@ int jlm_pager_resident(const jlm_pager *p, uint32_t array, uint32_t page)
     return array < p->n_arrays && page < p->arr[array].n_pages && p->arr[array].pages[page].frame != NULL;
 }
 
+uint64_t jlm_pager_bytes(const jlm_pager *p)
+{
+    return p->all_bytes;
+}
+
 uint64_t jlm_pager_extent(const jlm_pager *p, uint32_t array, uint32_t page)
 {
     return array < p->n_arrays && page < p->arr[array].n_pages ? p->arr[array].extent[page] : 0;

@@ -23,8 +23,8 @@ typedef struct ppage {
     struct ppage *prev, *next;/* class list links (unpinned resident only) */
     uint32_t      array, idx;
     int           pf_fresh;   /* read by a prefetch, no get since */
-    uint8_t       pf_low;     /* read (or being read) by a background read
-                                 (jlm_pager_prefetch_low): fresh but not kept, until a get */
+    uint8_t       pf_low;     /* the last prefetch of the page was a background read
+                                 (jlm_pager_prefetch_low): while pf_fresh, not kept */
     uint8_t       pf_in;      /* 1 + the slot reading it; 0: none */
     uint64_t      rel;        /* pinned by one holder that advances (jlm_pager_advance):
                                  chunks [0, rel) are released, trimmable though pinned; else 0 */
@@ -92,6 +92,7 @@ struct jlm_pager {
     uint64_t    budget;       /* 0 = unlimited */
     uint64_t    resident_bytes, peak_bytes;
     uint64_t    huge_need;    /* the budget from which frames use huge pages */
+    uint64_t    all_bytes;    /* every page's extent, summed (jlm_pager_bytes) */
     uint64_t    thp;          /* chunks are whole transparent huge pages of this
                                  size (0: no, chunks are smaller or THP is off) */
     plist       lru[2];       /* per class; head = most recently used */

@@ -126,7 +126,7 @@ void jlm_stream_open(jlm_engine *e, const jlm_engine_opts *o)
     e->warm = !o->no_warm && !o->no_prefetch && e->rd_depth > 1 && (!e->budget || e->budget >= all ||
                                                                      e->budget >= 2 * room);
     e->warm_room = !e->budget || e->budget >= all ? 0 : room;
-    e->rd_par = e->rd_depth > 1 && (!e->budget || e->budget >= jlm_pager_min_budget(e->pager, pins));
+    e->rd_par = e->rd_depth > 1 && (!e->budget || e->budget >= room);
     uint64_t blocks = 0;
     for (uint32_t pg = 0; jlm_pager_extent(e->pager, JLM_PAGER_TEXT, pg); pg++)
         blocks += jlm_pager_extent(e->pager, JLM_PAGER_TEXT, pg);
