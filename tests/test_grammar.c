@@ -827,6 +827,50 @@ Test(grammar, nested_optional_repetitions_match_in_linear_work, .timeout = 20)
     jlm_gram_free(g);
 }
 
+/* A grammar where every character can open another parse keeps its stack
+ * sets at their bounds, and every byte is taken by nearly every stack. A step
+ * still costs a bounded amount of work (sets indexed and capped in entries,
+ * bytes that the same stacks take fed once), and the mask and the matcher
+ * agree: on the byte fed at every step, and on all 256 at a few steps. Each
+ * mask fed the whole set once per byte before (a fuzz input timed out). */
+Test(grammar, an_ambiguous_grammar_steps_in_bounded_work, .timeout = 10)
+{
+    jlm_gram *g = parse_ok("root ::= r\nr ::= [^x] r [^y] | [^z] r | [^w] [^v] r [^u] | \"\"");
+    static char bytes[256];
+    const char *pc[257];
+    size_t ln[257];
+    uint8_t eog[257] = {0};
+    for (int i = 0; i < 256; i++) { bytes[i] = (char)i; pc[i] = &bytes[i]; ln[i] = 1; }
+    pc[256] = "";
+    ln[256] = 0;
+    eog[256] = 1;
+    jlm_gram_vocab *v;
+    cr_assert_eq(jlm_gram_vocab_new(257, pc, ln, eog, &v, NULL), 0);
+    jlm_gram_match *m;
+    cr_assert_eq(jlm_gram_match_new(g, &m, NULL), 0);
+    static const char text[] = "abxyuvwcdabyyxuuvvwwabcxyzw";
+    char fed[64];
+    float lg[257];
+    for (size_t k = 0; k + 1 < sizeof text; k++) {
+        for (int i = 0; i < 257; i++) lg[i] = 0;
+        cr_assert_geq(jlm_gram_mask(m, v, -1, lg), 0);
+        if (k == 1 || k == 8) {
+            for (int b = 0; b < 256; b++) {
+                fed[k] = (char)b;
+                cr_expect_eq(lg[b] == 0, prefix_ok(g, fed, k + 1), "step %zu byte %d: the mask and the matcher differ", k, b);
+            }
+        }
+        unsigned char c = (unsigned char)text[k];
+        int ok = jlm_gram_accept(m, v, c, NULL) == 0;
+        cr_assert_eq(lg[c] == 0, ok, "step %zu ('%c'): the mask and the matcher differ", k, c);
+        if (!ok) break;
+        fed[k] = (char)c;
+    }
+    jlm_gram_match_free(m);
+    jlm_gram_vocab_free(v);
+    jlm_gram_free(g);
+}
+
 Test(grammar, the_budget_leaves_only_tokens_that_can_still_close, .timeout = 10)
 {
     jlm_gram *g = parse_ok("root ::= \"[\" (\"ab\" | \"c\")* \"]\"");

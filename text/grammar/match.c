@@ -10,25 +10,57 @@
 #include "text/grammar/grammar_int.h"
 
 /* ---------------------------------------------------------------- stack sets */
+/* A set of stacks, deduplicated by content: a linear scan while it is small,
+ * then an open-addressing index (a set in an ambiguous grammar holds
+ * thousands, and a scan per add made a step quadratic). Every set is bounded
+ * in stacks and in entries, so a step costs at most a fixed amount of work
+ * whatever the grammar; what is over the bound is dropped, the same way on
+ * every path, so the mask and the matcher agree. */
 typedef struct sset {
     uint32_t *d;        /* the stacks' entries, bottom first, one after another */
     size_t    nd, capd;
     uint32_t *off;      /* (ns + 1,) */
     uint32_t *h;        /* (ns,) hashes */
     size_t    ns, caps;
+    uint32_t *slot;     /* (cap,) once indexed: stack index + 1, 0 empty */
+    uint32_t *at;       /* (cap / 2,) each stack's slot, to empty them */
+    uint32_t  cap;      /* a power of two; 0 while unindexed */
 } sset;
 
-static void sset_clear(sset *s) { s->nd = 0; s->ns = 0; if (s->off) s->off[0] = 0; }
+#define SSET_SCAN 16                        /* stacks a set scans before it builds an index */
+#define SSET_MAX_ENTRIES (1u << 13)         /* entries in one set: 8192, 32 KiB */
+#define XWORK_MAX_ENTRIES (1u << 17)        /* entries one step's expansions record */
+
+static void sset_clear(sset *s)
+{
+    if (s->cap)
+        for (size_t k = 0; k < s->ns; k++) s->slot[s->at[k]] = 0;
+    s->nd = 0;
+    s->ns = 0;
+    if (s->off) s->off[0] = 0;
+}
 
 static void sset_free(sset *s)
 {
     free(s->d);
     free(s->off);
     free(s->h);
+    free(s->slot);
+    free(s->at);
     memset(s, 0, sizeof *s);
 }
 
-static int sset_reserve(sset *s, size_t entries)
+/* Drops the index (a set that is only read from now on). */
+static void sset_unindex(sset *s)
+{
+    free(s->slot);
+    free(s->at);
+    s->slot = s->at = NULL;
+    s->cap = 0;
+}
+
+/* Room for `stacks` stacks and `entries` entries in all. */
+static int sset_room(sset *s, size_t stacks, size_t entries)
 {
     if (!s->off) {
         s->caps = 8;
@@ -37,8 +69,9 @@ static int sset_reserve(sset *s, size_t entries)
         if (!s->off || !s->h) return JLM_ENOMEM;
         s->off[0] = 0;
     }
-    if (s->ns + 1 > s->caps) {
+    if (stacks > s->caps) {
         size_t nc = s->caps * 2;
+        while (nc < stacks) nc *= 2;
         uint32_t *o = realloc(s->off, sizeof *o * (nc + 1));
         if (!o) return JLM_ENOMEM;
         s->off = o;
@@ -47,9 +80,9 @@ static int sset_reserve(sset *s, size_t entries)
         s->h = h;
         s->caps = nc;
     }
-    if (s->nd + entries > s->capd) {
+    if (entries > s->capd) {
         size_t nc = s->capd ? s->capd * 2 : 64;
-        while (nc < s->nd + entries) nc *= 2;
+        while (nc < entries) nc *= 2;
         uint32_t *d = realloc(s->d, sizeof *d * nc);
         if (!d) return JLM_ENOMEM;
         s->d = d;
@@ -58,27 +91,94 @@ static int sset_reserve(sset *s, size_t entries)
     return 0;
 }
 
-/* Adds stack w[0, n) unless the set holds it already. */
-static int sset_add(sset *s, const uint32_t *w, size_t n)
+/* Room for one more stack of `entries` entries. */
+static int sset_reserve(sset *s, size_t entries) { return sset_room(s, s->ns + 1, s->nd + entries); }
+
+static uint32_t sset_probe(const uint32_t *slot, uint32_t cap, uint32_t h)
+{
+    uint32_t k = (h * 0x9E3779B9u) & (cap - 1);
+    while (slot[k]) k = (k + 1) & (cap - 1);
+    return k;
+}
+
+/* Room in the index for one more stack at half load, built once the set
+ * outgrows a scan. */
+static int sset_grow_index(sset *s)
+{
+    if (!s->cap && s->ns < SSET_SCAN) return 0;
+    if ((s->ns + 1) * 2 <= s->cap) return 0;
+    uint32_t nc = s->cap ? s->cap * 2 : 4 * SSET_SCAN;
+    uint32_t *sl = calloc(nc, sizeof *sl), *at = malloc(sizeof *at * (nc / 2));
+    if (!sl || !at) {
+        free(sl);
+        free(at);
+        return JLM_ENOMEM;
+    }
+    for (size_t i = 0; i < s->ns; i++) {
+        at[i] = sset_probe(sl, nc, s->h[i]);
+        sl[at[i]] = (uint32_t)i + 1;
+    }
+    free(s->slot);
+    free(s->at);
+    s->slot = sl;
+    s->at = at;
+    s->cap = nc;
+    return 0;
+}
+
+static int same_stack(const sset *s, size_t i, const uint32_t *w, size_t n, uint32_t h)
+{
+    uint32_t o = s->off[i];
+    return s->h[i] == h && s->off[i + 1] - o == n && (!n || !memcmp(s->d + o, w, n * sizeof *w));
+}
+
+/* Adds stack w[0, n) to s, which holds at most max_s stacks and max_d
+ * entries. Returns 0 added, 1 held already or over a bound, or JLM_ENOMEM. */
+static int sset_put(sset *s, const uint32_t *w, size_t n, size_t max_s, size_t max_d)
 {
     uint32_t h = 2166136261u;
     for (size_t k = 0; k < n; k++) h = (h ^ w[k]) * 16777619u;
-    for (size_t k = 0; k < s->ns; k++)
-        if (s->h[k] == h && s->off[k + 1] - s->off[k] == n && (!n || !memcmp(s->d + s->off[k], w, n * sizeof *w))) return 0;
-    if (s->ns >= JLM_GRAM_MAX_STACKS) return 0;   /* bounded: the rest of an ambiguous parse is dropped */
-    if (sset_reserve(s, n)) return JLM_ENOMEM;
+    uint32_t k = 0;
+    if (s->cap) {
+        for (k = (h * 0x9E3779B9u) & (s->cap - 1); s->slot[k]; k = (k + 1) & (s->cap - 1))
+            if (same_stack(s, s->slot[k] - 1, w, n, h)) return 1;
+    } else {
+        for (size_t i = 0; i < s->ns; i++)
+            if (same_stack(s, i, w, n, h)) return 1;
+    }
+    if (s->ns >= max_s || s->nd + n > max_d) return 1;   /* bounded: the rest of an ambiguous parse is dropped */
+    uint32_t cap0 = s->cap;
+    if (sset_grow_index(s) || sset_reserve(s, n)) return JLM_ENOMEM;
+    if (s->cap && s->cap != cap0) k = sset_probe(s->slot, s->cap, h);   /* (re)built: probe again */
     if (n) memcpy(s->d + s->nd, w, n * sizeof *w);   /* d may still be NULL for an empty stack */
     s->nd += n;
     s->h[s->ns] = h;
+    if (s->cap) {
+        s->at[s->ns] = k;
+        s->slot[k] = (uint32_t)s->ns + 1;
+    }
     s->off[++s->ns] = (uint32_t)s->nd;
     return 0;
 }
 
+/* Adds a live stack (held already or over the bounds: nothing). */
+static int sset_add(sset *s, const uint32_t *w, size_t n)
+{
+    int rc = sset_put(s, w, n, JLM_GRAM_MAX_STACKS, SSET_MAX_ENTRIES);
+    return rc < 0 ? rc : 0;
+}
+
+/* dst = src, unindexed (an add builds the index again when it needs one). */
 static int sset_copy(sset *dst, const sset *src)
 {
     sset_clear(dst);
-    for (size_t k = 0; k < src->ns; k++)
-        if (sset_add(dst, src->d + src->off[k], src->off[k + 1] - src->off[k])) return JLM_ENOMEM;
+    sset_unindex(dst);
+    if (sset_room(dst, src->ns, src->nd)) return JLM_ENOMEM;
+    if (src->nd) memcpy(dst->d, src->d, sizeof *src->d * src->nd);
+    if (src->off) memcpy(dst->off, src->off, sizeof *src->off * (src->ns + 1));   /* else empty: off[0] = 0 */
+    if (src->ns) memcpy(dst->h, src->h, sizeof *src->h * src->ns);
+    dst->nd = src->nd;
+    dst->ns = src->ns;
     return 0;
 }
 
@@ -94,14 +194,12 @@ static int cls_has(const jlm_gram *g, uint32_t c, uint32_t lo, uint32_t hi)
  * stacks already expanded in this step. Expanding a stack twice adds nothing,
  * and nested optional rules reach one stack by exponentially many paths
  * (("a"?){0,40}){0,40} does), so each is expanded once; and a step expands at
- * most JLM_GRAM_MAX_EXPAND stacks (the rest of an ambiguous parse is dropped,
- * the same way on every path, so the mask and the matcher agree). */
+ * most JLM_GRAM_MAX_EXPAND stacks of XWORK_MAX_ENTRIES entries in all (the
+ * rest of an ambiguous parse is dropped, the same way on every path, so the
+ * mask and the matcher agree). */
 typedef struct xwork {
     uint32_t *w;        /* (JLM_GRAM_MAX_STACK + 1,) */
     sset      seen;     /* the stacks expanded this step */
-    uint32_t *slot;     /* (cap,) open addressing: seen index + 1, 0 empty */
-    uint32_t *used;     /* (cap / 2,) the slot of each seen stack, to empty them */
-    uint32_t  cap;      /* a power of two, at most 2 JLM_GRAM_MAX_EXPAND; grown as a step needs */
 } xwork;
 
 static int xwork_init(xwork *X)
@@ -114,71 +212,16 @@ static void xwork_free(xwork *X)
 {
     free(X->w);
     sset_free(&X->seen);
-    free(X->slot);
-    free(X->used);
 }
 
 /* Starts a step. */
-static void xwork_reset(xwork *X)
-{
-    for (size_t k = 0; k < X->seen.ns; k++) X->slot[X->used[k]] = 0;
-    sset_clear(&X->seen);
-}
-
-static uint32_t xwork_probe(const uint32_t *slot, uint32_t cap, uint32_t h)
-{
-    uint32_t k = (h * 0x9E3779B9u) & (cap - 1);
-    while (slot[k]) k = (k + 1) & (cap - 1);
-    return k;
-}
-
-/* Room for one more seen stack at half load (the table starts small: a
- * matcher is made for every request, and most steps expand a few stacks). */
-static int xwork_grow(xwork *X)
-{
-    if ((X->seen.ns + 1) * 2 <= X->cap) return 0;
-    uint32_t nc = X->cap ? X->cap * 2 : 64;
-    uint32_t *sl = calloc(nc, sizeof *sl), *us = malloc(sizeof *us * (nc / 2));
-    if (!sl || !us) {
-        free(sl);
-        free(us);
-        return JLM_ENOMEM;
-    }
-    for (size_t i = 0; i < X->seen.ns; i++) {
-        us[i] = xwork_probe(sl, nc, X->seen.h[i]);
-        sl[us[i]] = (uint32_t)i + 1;
-    }
-    free(X->slot);
-    free(X->used);
-    X->slot = sl;
-    X->used = us;
-    X->cap = nc;
-    return 0;
-}
+static void xwork_reset(xwork *X) { sset_clear(&X->seen); }
 
 /* 1 when w[0, n) was expanded already this step (or the step's work is
  * spent), 0 after recording it as expanded now, or JLM_ENOMEM. */
 static int xwork_seen(xwork *X, size_t n)
 {
-    if (X->seen.ns >= JLM_GRAM_MAX_EXPAND) return 1;
-    if (xwork_grow(X)) return JLM_ENOMEM;
-    const uint32_t *w = X->w;
-    uint32_t h = 2166136261u;
-    for (size_t k = 0; k < n; k++) h = (h ^ w[k]) * 16777619u;
-    uint32_t k = (h * 0x9E3779B9u) & (X->cap - 1);
-    for (; X->slot[k]; k = (k + 1) & (X->cap - 1)) {
-        uint32_t i = X->slot[k] - 1, o = X->seen.off[i];
-        if (X->seen.h[i] == h && X->seen.off[i + 1] - o == n && !memcmp(X->seen.d + o, w, n * sizeof *w)) return 1;
-    }
-    sset *s = &X->seen;
-    if (sset_reserve(s, n)) return JLM_ENOMEM;
-    memcpy(s->d + s->nd, w, n * sizeof *w);
-    s->nd += n;
-    s->h[s->ns] = h;
-    X->used[s->ns] = k;
-    s->off[++s->ns] = (uint32_t)s->nd;
-    X->slot[k] = (uint32_t)s->ns;
-    return 0;
+    return sset_put(&X->seen, X->w, n, JLM_GRAM_MAX_EXPAND, XWORK_MAX_ENTRIES);
 }
 
 /* Expands w[0, n) until its top is a character (or it is empty) into out.
@@ -443,13 +486,15 @@ struct jlm_gram_match {
     uint64_t *tkey;       /* (state << 8 | byte) + 1, 0 empty */
     uint32_t *tval;
     uint32_t  tcap, tn;
+    size_t    cache_words;   /* the states' entries and offsets */
 };
 
 typedef struct gstate {
     sset      s;
     u8st      st;
     uint32_t  h;
-    size_t    cost;
+    size_t    cost;     /* the close cost, once asked (costed) */
+    int       costed;
     uint32_t  visits;   /* walks from this state; at ROW_AFTER it gets a row */
     uint32_t *row;      /* (256,) byte -> state, CACHE_DEAD or CACHE_MISS: a hot state's transitions without hashing */
 } gstate;
@@ -457,6 +502,7 @@ typedef struct gstate {
 #define ROW_AFTER 4
 
 #define CACHE_MAX  16384u
+#define CACHE_WORDS (1u << 24)        /* 64 MiB of states at most */
 #define CACHE_NONE UINT32_MAX        /* no state (not interned) */
 #define CACHE_DEAD (UINT32_MAX - 1)  /* the byte kills every stack */
 #define CACHE_MISS (UINT32_MAX - 2)
@@ -469,6 +515,7 @@ static void cache_clear(jlm_gram_match *m)
         free(m->states[k]);
     }
     m->nstates = 0;
+    m->cache_words = 0;
     if (m->sidx) memset(m->sidx, 0, sizeof *m->sidx * m->sidx_cap);
     if (m->tkey) memset(m->tkey, 0, sizeof *m->tkey * m->tcap);
     m->tn = 0;
@@ -505,23 +552,30 @@ static uint32_t intern(jlm_gram_match *m, const sset *s, const u8st *st)
     uint32_t h = set_hash(s, st), mask = m->sidx_cap - 1, k = h & mask;
     for (; m->sidx[k]; k = (k + 1) & mask)
         if (same_set(m->states[m->sidx[k] - 1], s, st, h)) return m->sidx[k] - 1;
-    if (m->nstates >= CACHE_MAX) return CACHE_NONE;
+    if (m->nstates >= CACHE_MAX || m->cache_words + s->nd + 2 * s->ns > CACHE_WORDS) return CACHE_NONE;
     gstate *g = calloc(1, sizeof *g);
     if (!g || sset_copy(&g->s, s)) {
         if (g) sset_free(&g->s);
         free(g);
         return CACHE_NONE;
     }
-    if (!g->s.off && sset_reserve(&g->s, 0)) {   /* an empty set still needs off[0] */
-        free(g);
-        return CACHE_NONE;
-    }
+    m->cache_words += s->nd + 2 * s->ns;
     g->st = *st;
     g->h = h;
-    g->cost = set_cost(m->g, s, st);
     m->states[m->nstates] = g;
     m->sidx[k] = ++m->nstates;
     return m->nstates - 1;
+}
+
+/* A state's close cost, computed the first time a walk with a budget asks. */
+static size_t state_cost(jlm_gram_match *m, uint32_t sid)
+{
+    gstate *S = m->states[sid];
+    if (!S->costed) {
+        S->cost = set_cost(m->g, &S->s, &S->st);
+        S->costed = 1;
+    }
+    return S->cost;
 }
 
 static uint32_t trans_get(const jlm_gram_match *m, uint32_t sid, unsigned b)
@@ -649,6 +703,46 @@ typedef struct walk {
     long                 n;
 } walk;
 
+#define GROUP_COLS 256   /* distinct top classes a set may have for its bytes to be grouped */
+#define GROUP_MIN  16    /* children below 0x80 a trie node needs before grouping pays */
+
+/* Groups the bytes below 0x80 by which stacks of in take them. A step on a
+ * whole code point depends only on that (the stacks that take it are
+ * advanced and expanded in the same order), so every byte of a group leads to
+ * one set and a walk feeds one byte of each: an ambiguous grammar whose tops
+ * take most bytes costs one step, not 128. grp[b] = the group of b; returns
+ * the number of groups, or 0 when the tops have too many distinct classes. */
+static int ascii_groups(const jlm_gram *g, const sset *in, uint8_t grp[128])
+{
+    uint64_t bits[128][GROUP_COLS / 64];
+    uint32_t col[2 * GROUP_COLS];   /* open addressing: class id + 1, 0 empty */
+    memset(bits, 0, sizeof bits);
+    memset(col, 0, sizeof col);
+    uint32_t ncol = 0;
+    for (size_t k = 0; k < in->ns; k++) {
+        size_t n = in->off[k + 1] - in->off[k];
+        if (!n) continue;
+        uint32_t c = g->el[in->d[in->off[k] + n - 1]].v, h = (c * 0x9E3779B9u) & (2 * GROUP_COLS - 1);
+        while (col[h] && col[h] != c + 1) h = (h + 1) & (2 * GROUP_COLS - 1);
+        if (col[h]) continue;
+        if (ncol == GROUP_COLS) return 0;
+        col[h] = c + 1;
+        for (uint32_t r = g->cls[c]; r < g->cls[c + 1] && g->rng[2 * r] < 128; r++)
+            for (uint32_t b = g->rng[2 * r]; b <= g->rng[2 * r + 1] && b < 128; b++)
+                bits[b][ncol / 64] |= 1ull << (ncol % 64);
+        ncol++;
+    }
+    uint8_t rep[128];
+    int ng = 0;
+    for (int b = 0; b < 128; b++) {
+        int j = 0;
+        while (j < ng && memcmp(bits[rep[j]], bits[b], sizeof bits[b])) j++;
+        if (j == ng) rep[ng++] = (uint8_t)b;
+        grp[b] = (uint8_t)j;
+    }
+    return ng;
+}
+
 static int walk_node(walk *W, uint32_t node, size_t depth, const sset *in, u8st st, uint32_t sid)
 {
     jlm_gram_match *m = W->m;
@@ -664,38 +758,51 @@ static int walk_node(walk *W, uint32_t node, size_t depth, const sset *in, u8st 
     gstate *S = sid != CACHE_NONE ? m->states[sid] : NULL;
     if (S && !S->row && ++S->visits >= ROW_AFTER && (S->row = malloc(sizeof *S->row * 256)))
         for (int b = 0; b < 256; b++) S->row[b] = trans_get(m, sid, (unsigned)b);
+    uint8_t grp[128];
+    uint32_t gres[128];   /* each group's state once fed: an id, CACHE_DEAD, or CACHE_MISS */
+    int ng = 0;
+    if (!st.rem && nd->c1 - nd->c0 >= GROUP_MIN && W->v->nd[nd->c0 + GROUP_MIN - 1].byte < 128) {
+        ng = ascii_groups(m->g, in, grp);
+        for (int j = 0; j < ng; j++) gres[j] = CACHE_MISS;
+    }
     for (uint32_t c = nd->c0; c < nd->c1; c++) {
         const tnode *ch = &W->v->nd[c];
         const sset *out;
         u8st s2 = st;
-        size_t cost = SIZE_MAX;
+        size_t cost;
         uint32_t osid = S ? (S->row ? S->row[ch->byte] : trans_get(m, sid, ch->byte)) : CACHE_MISS;
+        if (osid == CACHE_MISS && ng && ch->byte < 128 && gres[grp[ch->byte]] != CACHE_MISS) {
+            osid = gres[grp[ch->byte]];   /* the same set as an earlier byte of its group */
+            if (S && S->row) S->row[ch->byte] = osid;
+            else if (S) trans_put(m, sid, ch->byte, osid);
+        }
+        if (ng && ch->byte < 128) gres[grp[ch->byte]] = osid;
         if (osid == CACHE_DEAD) continue;
         if (osid != CACHE_MISS) {
             out = &m->states[osid]->s;
             s2 = m->states[osid]->st;
-            cost = m->states[osid]->cost;
         } else {
             int rc = feed(m->g, in, &s2, (unsigned char)ch->byte, &m->lv[depth + 1], &m->x);
             if (rc < 0) return rc;
             if (!rc) {
                 if (S && S->row) S->row[ch->byte] = CACHE_DEAD;
                 else if (S) trans_put(m, sid, ch->byte, CACHE_DEAD);
+                if (ng && ch->byte < 128) gres[grp[ch->byte]] = CACHE_DEAD;
                 continue;
             }
             out = &m->lv[depth + 1];
             osid = intern(m, out, &s2);
+            if (ng && ch->byte < 128 && osid != CACHE_NONE) gres[grp[ch->byte]] = osid;
             if (osid != CACHE_NONE) {
                 if (S && S->row) S->row[ch->byte] = osid;
                 else if (S) trans_put(m, sid, ch->byte, osid);
                 out = &m->states[osid]->s;
-                cost = m->states[osid]->cost;
-            }
+                }
         }
         if (ch->t1 > ch->t0) {
             int ok = 1;
             if (W->budget >= 0 || W->progress) {
-                if (cost == SIZE_MAX) cost = set_cost(m->g, out, &s2);
+                cost = osid < m->nstates ? state_cost(m, osid) : set_cost(m->g, out, &s2);
                 ok = W->progress ? cost < W->now : cost <= (size_t)W->budget;
             }
             if (ok)
@@ -723,7 +830,7 @@ long jlm_gram_mask(jlm_gram_match *m, const jlm_gram_vocab *v, int32_t tokens_le
     memset(m->allow, 0, v->n);
     walk W = {.m = m, .v = v, .budget = tokens_left > 0 ? (long)tokens_left - 1 : -1};
     W.now = set_cost(m->g, &m->cur, &m->st);
-    if (m->nstates >= CACHE_MAX) cache_clear(m);
+    if (m->nstates >= CACHE_MAX || m->cache_words >= CACHE_WORDS / 2) cache_clear(m);
     uint32_t sid = intern(m, &m->cur, &m->st);
     int rc = walk_node(&W, 0, 0, sid != CACHE_NONE ? &m->states[sid]->s : &m->cur, m->st, sid);
     if (!rc && W.n == 0 && W.budget >= 0 && !jlm_gram_can_end(m)) {   /* over budget already: shrink */
