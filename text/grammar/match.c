@@ -703,6 +703,14 @@ typedef struct walk {
     long                 n;
 } walk;
 
+/* Records state sid's transition on byte b: in its row when it has one,
+ * else in the table (no state: nothing). */
+static void trans_remember(jlm_gram_match *m, gstate *S, uint32_t sid, unsigned b, uint32_t to)
+{
+    if (S && S->row) S->row[b] = to;
+    else if (S) trans_put(m, sid, b, to);
+}
+
 #define GROUP_COLS 256   /* distinct top classes a set may have for its bytes to be grouped */
 #define GROUP_MIN  16    /* children below 0x80 a trie node needs before grouping pays */
 
@@ -769,14 +777,13 @@ static int walk_node(walk *W, uint32_t node, size_t depth, const sset *in, u8st 
         const tnode *ch = &W->v->nd[c];
         const sset *out;
         u8st s2 = st;
-        size_t cost;
+        int gi = ng && ch->byte < 128 ? grp[ch->byte] : -1;   /* the byte's group, when grouped */
         uint32_t osid = S ? (S->row ? S->row[ch->byte] : trans_get(m, sid, ch->byte)) : CACHE_MISS;
-        if (osid == CACHE_MISS && ng && ch->byte < 128 && gres[grp[ch->byte]] != CACHE_MISS) {
-            osid = gres[grp[ch->byte]];   /* the same set as an earlier byte of its group */
-            if (S && S->row) S->row[ch->byte] = osid;
-            else if (S) trans_put(m, sid, ch->byte, osid);
+        if (osid == CACHE_MISS && gi >= 0 && gres[gi] != CACHE_MISS) {
+            osid = gres[gi];   /* the same set as an earlier byte of its group */
+            trans_remember(m, S, sid, ch->byte, osid);
         }
-        if (ng && ch->byte < 128) gres[grp[ch->byte]] = osid;
+        if (gi >= 0) gres[gi] = osid;
         if (osid == CACHE_DEAD) continue;
         if (osid != CACHE_MISS) {
             out = &m->states[osid]->s;
@@ -785,24 +792,22 @@ static int walk_node(walk *W, uint32_t node, size_t depth, const sset *in, u8st 
             int rc = feed(m->g, in, &s2, (unsigned char)ch->byte, &m->lv[depth + 1], &m->x);
             if (rc < 0) return rc;
             if (!rc) {
-                if (S && S->row) S->row[ch->byte] = CACHE_DEAD;
-                else if (S) trans_put(m, sid, ch->byte, CACHE_DEAD);
-                if (ng && ch->byte < 128) gres[grp[ch->byte]] = CACHE_DEAD;
+                trans_remember(m, S, sid, ch->byte, CACHE_DEAD);
+                if (gi >= 0) gres[gi] = CACHE_DEAD;
                 continue;
             }
             out = &m->lv[depth + 1];
             osid = intern(m, out, &s2);
-            if (ng && ch->byte < 128 && osid != CACHE_NONE) gres[grp[ch->byte]] = osid;
             if (osid != CACHE_NONE) {
-                if (S && S->row) S->row[ch->byte] = osid;
-                else if (S) trans_put(m, sid, ch->byte, osid);
+                trans_remember(m, S, sid, ch->byte, osid);
+                if (gi >= 0) gres[gi] = osid;
                 out = &m->states[osid]->s;
-                }
+            }
         }
         if (ch->t1 > ch->t0) {
             int ok = 1;
             if (W->budget >= 0 || W->progress) {
-                cost = osid < m->nstates ? state_cost(m, osid) : set_cost(m->g, out, &s2);
+                size_t cost = osid < m->nstates ? state_cost(m, osid) : set_cost(m->g, out, &s2);
                 ok = W->progress ? cost < W->now : cost <= (size_t)W->budget;
             }
             if (ok)
