@@ -55,6 +55,7 @@ typedef struct gcase { const char *gbnf, *yes[6], *no[6]; } gcase;
 
 static const gcase CASES[] = {
     {"root ::= \"ab\" | \"c\"", {"ab", "c"}, {"", "a", "abc", "cc"}},
+    {"root ::= [^]", {"a", "\xc3\xa9", "]"}, {"", "ab"}},   /* the first class of a grammar, empty and negated: any one character */
     {"root ::= x+ \"!\"\nx ::= [a-c]", {"a!", "abcab!"}, {"!", "ad!", "a"}},
     {"root ::= [0-9]* \".\"?", {"", "12", "12.", "."}, {"1.2", "a"}},
     {"root ::= \"a\"{2,3} \"b\"{2} \"c\"{1,}", {"aabbc", "aaabbccc"}, {"abbc", "aaaabbc", "aabc", "aabb"}},

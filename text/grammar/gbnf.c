@@ -85,8 +85,8 @@ static int rule_id(P *p, const char *name, size_t nlen, uint32_t *id)
 /* A class of the ranges rng[from, nrng) (pairs): sorted, merged, negated if asked. */
 static int close_class(P *p, uint32_t from, int negate, size_t at, uint32_t *id)
 {
-    uint32_t *a = p->rng + 2 * from;
     uint32_t k = p->nrng - from;
+    uint32_t *a = k ? p->rng + 2 * from : NULL;   /* rng is still NULL before a grammar's first range */
     for (uint32_t x = 1; x < k; x++)   /* insertion sort: classes are short */
         for (uint32_t y = x; y > 0 && a[2 * y] < a[2 * (y - 1)]; y--) {
             uint32_t t0 = a[2 * y], t1 = a[2 * y + 1];
