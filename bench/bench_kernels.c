@@ -37,6 +37,22 @@ static double clock_s(clockid_t id)
     return t.tv_sec + t.tv_nsec * 1e-9;
 }
 
+/* The kernel builds to compare from variant v0 on: each variant, and the
+ * AVX-512 one twice (its prefetch into L1 and into L2, dispatch.c); *tab
+ * filled and named for build i, 0 when the CPU lacks it. */
+enum { NBUILD = JLM_K_NVARIANT + 1 };
+
+static int build_table(int v0, int i, jlm_k_cpu *tab)
+{
+    static const int V[NBUILD] = {JLM_K_REF, JLM_K_AVX2, JLM_K_AVX512, JLM_K_AVX512};
+    static const int PF[NBUILD] = {0, 0, JLM_K_PF_L1, JLM_K_PF_L2};
+    if (V[i] < v0 || jlm_k_cpu_table_pf(V[i], PF[i], tab, NULL))
+        return 0;
+    if (V[i] == JLM_K_AVX512)
+        tab->name = PF[i] == JLM_K_PF_L1 ? "avx512-l1" : "avx512-l2";
+    return 1;
+}
+
 /* ---------------------------------------------------------------- matrices */
 
 typedef struct copyset {
@@ -242,7 +258,7 @@ static int bench_gemm(const uint8_t *want, int nwant, uint64_t k, uint64_t rows,
     printf("prefill matmul %llu x %llu, %llu tokens: GMAC/s (1 thread CPU time, 2 threads wall), "
            "GEMM (matmul) vs 4-token matmul (matmul4)\n",
            (unsigned long long)rows, (unsigned long long)k, (unsigned long long)ntok);
-    printf("%-6s %-7s %9s %9s %6s %9s %9s %6s\n", "type", "variant", "mm4 1t", "gemm 1t", "ratio", "mm4 2t",
+    printf("%-6s %-9s %9s %9s %6s %9s %9s %6s\n", "type", "variant", "mm4 1t", "gemm 1t", "ratio", "mm4 2t",
            "gemm 2t", "ratio");
     for (int ti = 0; ti < nwant; ti++) {
         uint8_t type = want[ti];
@@ -253,9 +269,9 @@ static int bench_gemm(const uint8_t *want, int nwant, uint64_t k, uint64_t rows,
             fprintf(stderr, "bench_kernels: cannot build %s\n", jlm_fmt_type_traits(type)->name);
             return 1;
         }
-        for (int v = JLM_K_AVX2; v < JLM_K_NVARIANT; v++) {
+        for (int b = 0; b < NBUILD; b++) {
             jlm_k_cpu tab;
-            if (jlm_k_cpu_table(v, &tab, NULL))
+            if (!build_table(JLM_K_AVX2, b, &tab))
                 continue;
             /* interleaved A/B rounds of ~secs/20 each, best round of each: on a
              * shared machine the best round is the least disturbed one */
@@ -273,7 +289,7 @@ static int bench_gemm(const uint8_t *want, int nwant, uint64_t k, uint64_t rows,
                     double v = macs * j[i].iters / run(&j[i], i < 2 ? 1 : 2) / 1e9;
                     g[i] = v > g[i] ? v : g[i];
                 }
-            printf("%-6s %-7s %9.1f %9.1f %6.2f %9.1f %9.1f %6.2f%s\n", jlm_fmt_type_traits(type)->name, tab.name,
+            printf("%-6s %-9s %9.1f %9.1f %6.2f %9.1f %9.1f %6.2f%s\n", jlm_fmt_type_traits(type)->name, tab.name,
                    g[0], g[1], g[1] / g[0], g[2], g[3], g[3] / g[2],
                    (tab.native_gemm >> type) & 1 ? "" : "  (no GEMM: matmul = matmul4)");
             fflush(stdout);
@@ -338,7 +354,7 @@ int main(int argc, char **argv)
            (unsigned long long)rows, (unsigned long long)k, (unsigned long long)(cold >> 20), p1, p2);
     if (probe_only)
         return 0;
-    printf("%-6s %-7s %8s %6s %8s %6s\n", "type", "variant", "1t GB/s", "/probe", "2t GB/s", "/probe");
+    printf("%-6s %-9s %8s %6s %8s %6s\n", "type", "variant", "1t GB/s", "/probe", "2t GB/s", "/probe");
     for (int ti = 0; ti < nwant; ti++) {
         uint8_t type = want[ti];
         copyset c;
@@ -347,21 +363,22 @@ int main(int argc, char **argv)
                     (unsigned long long)rows, (unsigned long long)k);
             return 1;
         }
-        for (int v = 0; v < JLM_K_NVARIANT; v++) {
+        for (int b = 0; b < NBUILD; b++) {
             jlm_k_cpu tab;
-            if (jlm_k_cpu_table(v, &tab, NULL))
+            if (!build_table(JLM_K_REF, b, &tab))
                 continue;
+            int v = tab.variant;
             job j = {.c = &c, .fn = tab.matvec[type], .x = x, .xq = &xq, .y = y};
             const char *tn = jlm_fmt_type_traits(type)->name;
             if (v == JLM_K_REF || !((tab.native >> type) & 1)) {
                 j.iters = 1;
                 double g = (double)c.bytes / run(&j, 1) / 1e9;
-                printf("%-6s %-7s %8.2f %6.3f %8s %6s%s\n", tn, tab.name, g, g / p1, "-", "-",
+                printf("%-6s %-9s %8.2f %6.3f %8s %6s%s\n", tn, tab.name, g, g / p1, "-", "-",
                        v == JLM_K_REF ? "" : "  (falls back to ref)");
                 continue;
             }
             double g1 = gbps(&j, 1, c.bytes, 2, secs), g2 = gbps(&j, 2, c.bytes, 2, secs);
-            printf("%-6s %-7s %8.1f %6.2f %8.1f %6.2f\n", tn, tab.name, g1, g1 / p1, g2, g2 / p2);
+            printf("%-6s %-9s %8.1f %6.2f %8.1f %6.2f\n", tn, tab.name, g1, g1 / p1, g2, g2 / p2);
             fflush(stdout);
         }
         copyset_free(&c);

@@ -60,7 +60,9 @@ void jlm_cli_print_version(FILE *f)
             snprintf(runs + strlen(runs), sizeof runs - strlen(runs), "%s%s", *runs ? " " : "", TIER[v]);
     fprintf(f, "build: %s; SIMD tiers built: ref avx2 avx512; backends built: cpu%s (cuda: next line)\n", cc,
             jlm_vk_built() ? ", vulkan" : " (vulkan left out: no headers or glslc at build time)");
-    fprintf(f, "cpu kernels: %s (this CPU runs: %s)\n%s\n", jlm_k_cpu_variant_name(), runs, line);
+    const jlm_k_cpu *k = jlm_k_cpu_get();
+    fprintf(f, "cpu kernels: %s%s (this CPU runs: %s)\n%s\n", k->name,
+            k->pf == JLM_K_PF_L1 ? ", prefetch into L1" : k->pf == JLM_K_PF_L2 ? ", prefetch into L2" : "", runs, line);
     char names[8][128];
     int n = jlm_vk_built() ? jlm_vk_list_devices(names, 8) : -1;
     fprintf(f, "vulkan: %s", !jlm_vk_built() ? "not built (no headers or glslc at build time)"

@@ -61,6 +61,7 @@ static double oracle_row(const tmat *t, const float *x, const jlm_act_q8 *xq, ui
 typedef struct mv_param {
     uint8_t type;
     int     variant;
+    int     pf;        /* AVX-512: enum jlm_k_pf, each of its two builds tested */
 } mv_param;
 
 static const uint8_t ALL_TYPES[] = {JLM_T_F32, JLM_T_F16, JLM_T_BF16, JLM_T_Q4_0, JLM_T_Q8_0,
@@ -68,25 +69,37 @@ static const uint8_t ALL_TYPES[] = {JLM_T_F32, JLM_T_F16, JLM_T_BF16, JLM_T_Q4_0
                                     JLM_T_Q5_K, JLM_T_Q6_K};
 #define N_TYPES (sizeof ALL_TYPES / sizeof ALL_TYPES[0])
 
+/* Every (variant, prefetch build) pair from variant v0 on: the AVX-512
+ * kernels twice (L1 and L2 prefetch), the others once. */
+static size_t variant_params(mv_param *p, int v0)
+{
+    size_t n = 0;
+    for (int v = v0; v < JLM_K_NVARIANT; v++)
+        for (int pf = v == JLM_K_AVX512 ? JLM_K_PF_L1 : 0; pf <= (v == JLM_K_AVX512 ? JLM_K_PF_L2 : 0); pf++)
+            for (size_t i = 0; i < N_TYPES; i++)
+                p[n++] = (mv_param){ALL_TYPES[i], v, pf};
+    return n;
+}
+
 ParameterizedTestParameters(kernels, matvec_matches_the_dequantized_dot_for_every_type_and_variant)
 {
-    static mv_param p[N_TYPES * JLM_K_NVARIANT];
-    size_t n = 0;
-    for (int v = 0; v < JLM_K_NVARIANT; v++)
-        for (size_t i = 0; i < N_TYPES; i++)
-            p[n++] = (mv_param){ALL_TYPES[i], v};
-    return cr_make_param_array(mv_param, p, n);
+    static mv_param p[N_TYPES * (JLM_K_NVARIANT + 1)];
+    return cr_make_param_array(mv_param, p, variant_params(p, 0));
 }
 
 static const char *VNAME[JLM_K_NVARIANT] = {"ref", "avx2", "avx512"};
 
-/* Fills *tab or skips the test when the CPU lacks the variant. */
-static void table_or_skip(int v, jlm_k_cpu *tab)
+/* Fills *tab (the AVX-512 build of prefetch level pf) or skips the test when
+ * the CPU lacks the variant; the name says which build failed. */
+static void table_or_skip(int v, int pf, jlm_k_cpu *tab)
 {
     jlm_err err = {0};
     if (!jlm_k_cpu_has(v))
         cr_skip_test("variant %s: not supported by this CPU", VNAME[v]);
-    cr_assert(jlm_k_cpu_table(v, tab, &err) == 0, "%s", err.msg);
+    cr_assert(jlm_k_cpu_table_pf(v, pf, tab, &err) == 0, "%s", err.msg);
+    cr_assert(tab->pf == pf, "%s: prefetch level %d, asked for %d", VNAME[v], tab->pf, pf);
+    if (v == JLM_K_AVX512)
+        tab->name = pf == JLM_K_PF_L1 ? "avx512-l1" : "avx512-l2";
 }
 
 /* One shape: rows [r0, r1) through the variant's matvec and (n tokens) matmul;
@@ -160,7 +173,7 @@ ParameterizedTest(mv_param *p, kernels, matvec_matches_the_dequantized_dot_for_e
                   .timeout = 60)
 {
     jlm_k_cpu tab;
-    table_or_skip(p->variant, &tab);
+    table_or_skip(p->variant, p->pf, &tab);
     const jlm_type_traits *tr = jlm_fmt_type_traits(p->type);
     uint64_t sw = tr->is_float ? 32 : (uint64_t)tr->sub * tr->super_sub;
     static const uint64_t ROWS[] = {1, 3, 7, 8, 9, 16, 17, 33};
@@ -182,12 +195,8 @@ ParameterizedTest(mv_param *p, kernels, matvec_matches_the_dequantized_dot_for_e
 
 ParameterizedTestParameters(kernels, variant_equals_the_reference_bit_for_bit_on_quantized_types)
 {
-    static mv_param p[N_TYPES * 2];
-    size_t n = 0;
-    for (int v = 1; v < JLM_K_NVARIANT; v++)
-        for (size_t i = 0; i < N_TYPES; i++)
-            p[n++] = (mv_param){ALL_TYPES[i], v};
-    return cr_make_param_array(mv_param, p, n);
+    static mv_param p[N_TYPES * JLM_K_NVARIANT];
+    return cr_make_param_array(mv_param, p, variant_params(p, JLM_K_AVX2));
 }
 
 /* y (nt tokens x rows) of the variant against the reference: quantized types
@@ -224,7 +233,7 @@ ParameterizedTest(mv_param *p, kernels, variant_equals_the_reference_bit_for_bit
 {
     enum { NT = 6 };
     jlm_k_cpu tab;
-    table_or_skip(p->variant, &tab);
+    table_or_skip(p->variant, p->pf, &tab);
     const jlm_type_traits *tr = jlm_fmt_type_traits(p->type);
     uint64_t k = tr->is_float ? 1000 : 1024, rows = 101, seed = 77 + p->type;
     float *x = malloc(NT * k * sizeof *x), *y = malloc(NT * rows * sizeof *y), *yr = malloc(NT * rows * sizeof *yr);
@@ -452,6 +461,31 @@ Test(kernels, an_unknown_jlm_cpu_is_refused_and_the_best_variant_used)
     cr_assert(strstr(err.msg, "sse9"), "message does not name the value: %s", err.msg);
     int best = jlm_k_cpu_has(JLM_K_AVX512) ? JLM_K_AVX512 : jlm_k_cpu_has(JLM_K_AVX2) ? JLM_K_AVX2 : JLM_K_REF;
     cr_assert_str_eq(jlm_k_cpu_variant_name(), VNAME[best]);
+}
+
+Test(kernels, jlm_cpu_names_the_avx512_prefetch_build_and_the_default_is_the_cpus)
+{
+    if (!jlm_k_cpu_has(JLM_K_AVX512))
+        cr_skip_test("no AVX-512 on this CPU");
+    static const struct { const char *env; int pf; } C[] = {
+        {"avx512-l1", JLM_K_PF_L1}, {"avx512-l2", JLM_K_PF_L2}, {"avx512", 0}};
+    for (size_t i = 0; i < sizeof C / sizeof C[0]; i++) {
+        setenv("JLM_CPU", C[i].env, 1);
+        jlm_err err = {0};
+        cr_assert(jlm_k_cpu_init(&err) == 0, "JLM_CPU=%s: %s", C[i].env, err.msg);
+        const jlm_k_cpu *k = jlm_k_cpu_get();
+        int want = C[i].pf ? C[i].pf : jlm_k_cpu_pf_default();
+        cr_assert(k->variant == JLM_K_AVX512 && k->pf == want, "JLM_CPU=%s: variant %d prefetch %d, want %d",
+                  C[i].env, k->variant, k->pf, want);
+        cr_assert(k->matvec[JLM_T_Q4_0] != jlm_k_matvec_ref, "JLM_CPU=%s: Q4_0 is the reference", C[i].env);
+    }
+    jlm_k_cpu l1, l2;
+    cr_assert(jlm_k_cpu_table_pf(JLM_K_AVX512, JLM_K_PF_L1, &l1, NULL) == 0);
+    cr_assert(jlm_k_cpu_table_pf(JLM_K_AVX512, JLM_K_PF_L2, &l2, NULL) == 0);
+    cr_assert(l1.matvec[JLM_T_Q4_0] != l2.matvec[JLM_T_Q4_0], "the two builds share the Q4_0 matvec");
+    cr_assert(jlm_k_cpu_table_pf(JLM_K_AVX512, 7, &l1, NULL) == JLM_EINVAL, "prefetch level 7 accepted");
+    unsetenv("JLM_CPU");
+    jlm_k_cpu_init(NULL);
 }
 
 Test(kernels, every_table_entry_is_set_for_every_supported_variant)

@@ -96,9 +96,15 @@ struct jlm_k_fattn;   /* below, with the ops */
 
 enum jlm_k_variant { JLM_K_REF = 0, JLM_K_AVX2 = 1, JLM_K_AVX512 = 2, JLM_K_NVARIANT = 3 };
 
+/* Where the AVX-512 kernels' software prefetch puts the weights' lines
+ * (prefetch.h): one build of matvec_avx512.c each. AUTO: this CPU's default
+ * (jlm_k_cpu_pf_default). The other variants have one build. */
+enum jlm_k_pf { JLM_K_PF_AUTO = 0, JLM_K_PF_L1 = 1, JLM_K_PF_L2 = 2 };
+
 typedef struct jlm_k_cpu {
     const char     *name;                  /* "ref", "avx2", "avx512" */
     int             variant;               /* enum jlm_k_variant */
+    int             pf;                    /* AVX-512: JLM_K_PF_L1 or _L2; 0 otherwise */
     uint32_t        native;                /* bit t: matvec[t] is this variant's own code */
     uint32_t        native_mm;             /* bit t: matmul[t] is this variant's own code */
     jlm_k_matvec_fn matvec[JLM_T_COUNT];   /* every stored type; never NULL */
@@ -123,11 +129,19 @@ int jlm_k_cpu_has(int v);
 /* Variant by name ("ref", "avx2", "avx512"); -1 if unknown. */
 int jlm_k_cpu_variant_by_name(const char *name);
 /* Fills *t with variant v (ref where it has no own code). JLM_EUNSUPPORTED if
- * the CPU lacks it, JLM_EINVAL for an unknown v; *t untouched then. */
+ * the CPU lacks it, JLM_EINVAL for an unknown v; *t untouched then. The
+ * AVX-512 variant prefetches as this CPU's default. */
 int jlm_k_cpu_table(int v, jlm_k_cpu *t, jlm_err *err);
+/* The same with the AVX-512 prefetch level named (enum jlm_k_pf; ignored by
+ * the other variants; JLM_EINVAL for a value outside the enum). */
+int jlm_k_cpu_table_pf(int v, int pf, jlm_k_cpu *t, jlm_err *err);
+/* JLM_K_PF_L1 or JLM_K_PF_L2: where this CPU's AVX-512 kernels prefetch
+ * (dispatch.c says which CPUs get which and what was measured). */
+int jlm_k_cpu_pf_default(void);
 
 /* Chooses the global table: the best variant the CPU runs, or the one named by
- * env JLM_CPU=ref|avx2|avx512. A forced variant the CPU lacks falls back to
+ * env JLM_CPU=ref|avx2|avx512|avx512-l1|avx512-l2 (the last two: AVX-512 with
+ * its prefetch into L1 or L2). A forced variant the CPU lacks falls back to
  * the best one with a note on stderr. JLM_EINVAL for an unknown JLM_CPU value
  * (the table is then the best variant anyway). Call once before threads start. */
 int jlm_k_cpu_init(jlm_err *err);
@@ -141,7 +155,8 @@ void jlm_k_quantize_act_avx2(const float *x, jlm_act_q8 *a);
 
 /* Internal: a variant's file overrides the entries it has code for. */
 void jlm_k_fill_avx2(jlm_k_cpu *t);
-void jlm_k_fill_avx512(jlm_k_cpu *t);
+void jlm_k_fill_avx512(jlm_k_cpu *t);      /* prefetch into L2 */
+void jlm_k_fill_avx512_l1(jlm_k_cpu *t);   /* the same code, prefetch into L1 */
 
 /* ---------------------------------------------------------------- scalar helpers */
 

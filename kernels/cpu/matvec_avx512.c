@@ -13,7 +13,13 @@
  * types are bit-identical to the reference (its f32 operations in its order,
  * no FMA; docs/kernels.md). */
 #include "kernels/cpu/kernels.h"
-#define JLM_PF_HINT _MM_HINT_T2   /* the matvec's prefetch into L2 (prefetch.h) */
+/* Where the software prefetch puts its lines (prefetch.h): L2 here; compiled
+ * a second time with L1 (matvec_l1_avx512.c) under another fill function.
+ * dispatch.c picks one per CPU (jlm_k_cpu_pf_default). */
+#ifndef JLM_PF_HINT
+#define JLM_PF_HINT _MM_HINT_T2
+#define JLM_K_FILL_AVX512 jlm_k_fill_avx512
+#endif
 #include "kernels/cpu/prefetch.h"
 
 #include <immintrin.h>
@@ -837,7 +843,7 @@ DEFINE_F(f32, JLM_T_F32)
 DEFINE_F(f16, JLM_T_F16)
 DEFINE_F(bf16, JLM_T_BF16)
 
-void jlm_k_fill_avx512(jlm_k_cpu *t)
+void JLM_K_FILL_AVX512(jlm_k_cpu *t)
 {
     t->to_fp16 = jlm_k_to_fp16_f16c;             /* F16C: the AVX2 variant's */
     t->quantize_act = jlm_k_quantize_act_avx2;   /* 32 floats a block: AVX2 width is enough */

@@ -26,12 +26,13 @@
 #define JLM_PF 32   /* lines ahead; 24-48 measured alike, 12 worse */
 #endif
 
-/* Where the lines go. The AVX-512 file asks for L2 (_MM_HINT_T2, defined
- * before this include): on Zen 4 prefetcht0 into L1 left one thread at 0.5-0.65
- * of the memory probe, and T1/T2 took decode 1.2-1.4x further (docs/kernels.md;
- * measured there only, not on Zen 5 or Xeon). The AVX2 file keeps T0, as first
- * measured (Zen 5): no machine that runs it by default (without AVX-512, Zen 3)
- * was here to compare the hints on. */
+/* Where the lines go. The AVX-512 file is compiled twice, asking for L2
+ * (_MM_HINT_T2) and for L1 (T0, matvec_l1_avx512.c), defined before this
+ * include: on Zen 4 prefetcht0 left one thread at 0.5-0.65 of the memory
+ * probe and T2 took decode 1.2-1.4x further; on Zen 5 T0 decodes 1.04-1.20x
+ * faster than T2 (docs/kernels.md). dispatch.c picks the build per CPU. The
+ * AVX2 file keeps T0, as first measured (Zen 5): no machine that runs it by
+ * default (without AVX-512, Zen 3) was here to compare the hints on. */
 #ifndef JLM_PF_HINT
 #define JLM_PF_HINT _MM_HINT_T0
 #endif
