@@ -249,7 +249,7 @@ fuzz-smoke: fuzz
 	    fuzz_serve_req) seeds=tests/fuzz/seeds-serve-req;; fuzz_mmproj) seeds=tests/fuzz/seeds-mmproj;; \
 	    fuzz_safetensors) seeds=tests/fuzz/seeds-safetensors;; fuzz_image) seeds=tests/fuzz/seeds-image;; fuzz_hf_tokenizer) seeds=tests/fuzz/seeds-hf-tokenizer;; \
 	    fuzz_cli_opts) seeds=tests/fuzz/seeds-cli-opts;; fuzz_grammar) seeds=tests/fuzz/seeds-grammar;; \
-	    fuzz_sums) seeds=tests/fuzz/seeds-sums;; \
+	    fuzz_sums) seeds=tests/fuzz/seeds-sums;; fuzz_routing) seeds=tests/fuzz/seeds-routing;; \
 	    fuzz_toolcall) seeds=tests/fuzz/seeds-toolcall;; esac; \
 	    rm -rf build-fuzz/corpus/$$n && mkdir -p build-fuzz/corpus/$$n; \
 	    echo "== $$n ($(FUZZ_SECONDS) s)"; \

@@ -24,6 +24,7 @@
  *
  * Tests include this file with ROUTING_REPLAY_NO_MAIN (tests/test_replay.c,
  * tests/test_engine.c: the replay against the engine's reads). */
+#include "engine/routing.h"
 #include "engine/xpolicy.h"
 
 #include <errno.h>
@@ -37,135 +38,23 @@
 
 enum { RR_LRU = JLM_XP_LRU, RR_LFU = JLM_XP_LFU, RR_NEXT = JLM_XP_NEXT, RR_OPT = 3, RR_N = 4 };
 
-typedef struct rr_trace {
-    uint32_t  n_layer, n_expert, n_used;
-    uint64_t  expert_bytes;
-    uint32_t  n_groups;     /* lines: one (position, block) each */
-    uint32_t  n_tokens;     /* distinct positions */
-    uint32_t *page;         /* (n_groups * n_used,) block * n_expert + id, in replay order */
-} rr_trace;
+/* The trace, parsed by the engine's own parser (engine/routing.h). */
+typedef jlm_routing_trace rr_trace;
 
-typedef struct rr_line { uint32_t pos, blk, at; } rr_line;
-
-static int rr_line_cmp(const void *a, const void *b)
-{
-    const rr_line *x = a, *y = b;
-    if (x->pos != y->pos)
-        return x->pos < y->pos ? -1 : 1;
-    if (x->blk != y->blk)
-        return x->blk < y->blk ? -1 : 1;
-    return x->at < y->at ? -1 : x->at > y->at;
-}
-
-RR_FN void rr_free(rr_trace *t)
-{
-    free(t->page);
-    memset(t, 0, sizeof *t);
-}
-
-/* Reads one unsigned decimal field at *s (after spaces): 0, or -1. */
-static int rr_field(char **s, uint64_t max, uint64_t *v)
-{
-    while (**s == ' ')
-        (*s)++;
-    if (**s < '0' || **s > '9')
-        return -1;
-    errno = 0;
-    char *end;
-    unsigned long long x = strtoull(*s, &end, 10);
-    if (errno || x > max)
-        return -1;
-    *s = end;
-    *v = x;
-    return 0;
-}
-
-static int rr_fail(char *msg, size_t msz, const char *name, unsigned long line, const char *why)
-{
-    snprintf(msg, msz, "%s:%lu: %s", name, line, why);
-    return -1;
-}
-
-static int rr_header(char *buf, rr_trace *t)
-{
-    unsigned nl, ne, nu;
-    unsigned long long eb;
-    if (sscanf(buf, "# jlm routing trace 1 n_layer %u n_expert %u n_used %u expert_bytes %llu", &nl, &ne, &nu, &eb) != 4 ||
-        !nl || !ne || !nu || nu > ne || nl > 65536 || ne > 65536 || (uint64_t)nl * ne > (1u << 24))
-        return -1;
-    t->n_layer = nl, t->n_expert = ne, t->n_used = nu, t->expert_bytes = eb;
-    return 0;
-}
+RR_FN void rr_free(rr_trace *t) { jlm_routing_free(t); }
 
 /* Parses a trace (untrusted: every refusal is one line "NAME:LINE: why" in
  * msg). 0, or -1 with *t zeroed. */
 RR_FN int rr_parse(FILE *f, const char *name, rr_trace *t, char *msg, size_t msz)
 {
-    memset(t, 0, sizeof *t);
-    char buf[4096];
-    unsigned long ln = 1;
-    if (!fgets(buf, sizeof buf, f) || rr_header(buf, t))
-        return rr_fail(msg, msz, name, ln, "expected '# jlm routing trace 1 n_layer L n_expert E n_used K expert_bytes B'");
-    size_t cap = 0, n = 0;
-    rr_line *ls = NULL;
-    uint32_t *ids = NULL;
-    int rc = 0;
-    while (!rc && fgets(buf, sizeof buf, f)) {
-        ln++;
-        if (!strchr(buf, '\n') && !feof(f)) {
-            rc = rr_fail(msg, msz, name, ln, "line too long");
-            break;
-        }
-        if (n == cap) {
-            size_t nc = cap ? cap * 2 : 1024;
-            rr_line *nl = n >= (1u << 26) ? NULL : realloc(ls, nc * sizeof *ls);
-            uint32_t *ni = nl ? realloc(ids, nc * t->n_used * sizeof *ids) : NULL;
-            if (nl) ls = nl;
-            if (ni) ids = ni;
-            if (!nl || !ni) {
-                rc = rr_fail(msg, msz, name, ln, "too many lines (out of memory)");
-                break;
-            }
-            cap = nc;
-        }
-        char *s = buf;
-        uint64_t pos, blk, id;
-        if (rr_field(&s, UINT32_MAX, &pos) || rr_field(&s, t->n_layer - 1, &blk)) {
-            rc = rr_fail(msg, msz, name, ln, "expected 'POS BLOCK ID...' with BLOCK below n_layer");
-            break;
-        }
-        for (uint32_t k = 0; !rc && k < t->n_used; k++) {
-            if (rr_field(&s, t->n_expert - 1, &id))
-                rc = rr_fail(msg, msz, name, ln, "expected n_used expert ids below n_expert");
-            else
-                ids[n * t->n_used + k] = (uint32_t)(blk * t->n_expert + id);
-        }
-        while (!rc && (*s == ' ' || *s == '\r'))
-            s++;
-        if (!rc && *s != '\n' && *s != 0)
-            rc = rr_fail(msg, msz, name, ln, "more fields than n_used expert ids");
-        ls[n] = (rr_line){(uint32_t)pos, (uint32_t)blk, (uint32_t)n};
-        n++;
-    }
-    if (!rc && ferror(f))
-        rc = rr_fail(msg, msz, name, ln, "read error");
-    if (!rc && n == 0)
-        rc = rr_fail(msg, msz, name, ln, "no routing lines");
-    if (!rc && !(t->page = malloc(n * t->n_used * sizeof *t->page)))
-        rc = rr_fail(msg, msz, name, ln, "out of memory");
-    if (!rc) {
-        qsort(ls, n, sizeof *ls, rr_line_cmp);
-        t->n_groups = (uint32_t)n;
-        for (size_t i = 0; i < n; i++) {
-            memcpy(t->page + i * t->n_used, ids + (size_t)ls[i].at * t->n_used, t->n_used * sizeof *ids);
-            t->n_tokens += i == 0 || ls[i].pos != ls[i - 1].pos;
-        }
-    }
-    free(ls);
-    free(ids);
-    if (rc)
-        rr_free(t);
-    return rc;
+    jlm_err err = {0};
+    if (!jlm_routing_parse(f, name, t, &err))
+        return 0;
+    size_t n = strnlen(err.msg, sizeof err.msg);
+    n = n < msz ? n : msz - 1;   /* msz > 0 */
+    memcpy(msg, err.msg, n);
+    msg[n] = 0;
+    return -1;
 }
 
 /* Expert pages the trace can name: n_layer * n_expert. */

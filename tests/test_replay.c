@@ -116,3 +116,31 @@ Test(replay, malformed_traces_are_refused_with_the_line)
         cr_assert_null(t.page);
     }
 }
+
+/* jlm_routing_order (the background read's order for --warm-from): most
+ * routed first, ties and the never routed in page order; a layer without
+ * experts (rank UINT32_MAX) is passed over and the layers after it are
+ * packed (a leading dense block); a rank past the pages is refused. */
+Test(replay, the_warm_order_puts_the_most_routed_experts_first)
+{
+    /* 3 layers of 4 experts, 2 used; layer 0 dense (its lines ignored) */
+    const char *text = "# jlm routing trace 1 n_layer 3 n_expert 4 n_used 2 expert_bytes 4096\n"
+                       "0 0 3 2\n0 1 2 0\n0 2 1 3\n"
+                       "1 0 3 2\n1 1 2 3\n1 2 1 0\n"
+                       "2 1 2 0\n2 2 3 1\n";
+    rr_trace t;
+    parse_ok(text, &t);
+    const uint32_t rank[3] = {UINT32_MAX, 0, 1};
+    uint32_t order[8];
+    jlm_err err = {0};
+    cr_assert_eq(jlm_routing_order(&t, rank, 8, order, &err), 0, "%s", err.msg);
+    /* counts by page (layer 1 -> pages 0-3, layer 2 -> 4-7):
+     * p0 2, p1 0, p2 3, p3 1; p4 1, p5 3, p6 0, p7 2 */
+    static const uint32_t want[8] = {2, 5, 0, 7, 3, 4, 1, 6};
+    for (int i = 0; i < 8; i++)
+        cr_assert_eq(order[i], want[i], "order[%d]: page %u, want %u", i, order[i], want[i]);
+    const uint32_t wide[3] = {UINT32_MAX, 0, 2};   /* block 2 of 4 experts: pages 8-11, past 8 */
+    cr_assert_eq(jlm_routing_order(&t, wide, 8, order, &err), JLM_EINVAL, "a rank past the pages accepted");
+    cr_assert(strstr(err.msg, "layer 2"), "%s", err.msg);
+    rr_free(&t);
+}
