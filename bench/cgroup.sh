@@ -23,6 +23,9 @@
 #   JLM_BIN: folder holding jlm (default build/). MARGIN_MIB: limit - --budget (40).
 #   JLM_BUFFERED=1: run with --no-direct (then the page cache is dropped before
 #   every run; O_DIRECT reads, the default, need no drop).
+#   JLM_FLAGS: more `jlm run` flags for every jlm run, split at spaces (e.g.
+#   "--warm-from OTHER.trace": the background read in an earlier run's order;
+#   jlm refuses it beside --no-prefetch, so those rows then say exit 2).
 # Needs root and a memory cgroup: v1 (mkdir under /sys/fs/cgroup/memory,
 # memory.limit_in_bytes) or v2 (a child of this shell's cgroup or of the root
 # with memory.max); otherwise prints one line and exits 0.
@@ -77,6 +80,7 @@ fi
 file=$(stat -c %s "$model")
 flags=(--ids 1,2,3 -n "$tokens" -c 256 -t "$threads" --temp 0 --json --stats)
 [ "${JLM_BUFFERED:-0}" = 1 ] && flags+=(--no-direct)
+if [ -n "${JLM_FLAGS:-}" ]; then read -ra xflags <<< "$JLM_FLAGS"; flags+=("${xflags[@]}"); fi
 passes=$tokens   # prefill + (tokens - 1) decode steps
 
 dropall() { sync; echo 3 > /proc/sys/vm/drop_caches; }

@@ -20,7 +20,8 @@
 #include <unistd.h>
 
 /* The option table of `jlm run` into t (room for RUN_OPTS_MAX); its length. */
-#define RUN_OPTS_MAX (17 + JLM_OPTS_ENGINE_MAX + JLM_OPTS_SAMPLER_MAX)
+#define RUN_OPTS_OWN 18   /* head and tail below; checked when compiled */
+#define RUN_OPTS_MAX (RUN_OPTS_OWN + JLM_OPTS_ENGINE_MAX + JLM_OPTS_SAMPLER_MAX)
 static int run_table(jlm_opt *t, run_opts *o, jlm_opts_gpu *gpu)
 {
     const jlm_opt head[] = {
@@ -39,6 +40,8 @@ static int run_table(jlm_opt *t, run_opts *o, jlm_opts_gpu *gpu)
         {NULL, "--logits", JLM_OPT_STR, &o->logits_file, 0, 0, JLM_OPT_OUT, "FILE", "write the first step's logits as JSON"},
         {NULL, "--trace-routing", JLM_OPT_STR, &o->trace_file, 0, 0, JLM_OPT_OUT, "FILE",
          "write each token's routed experts, block by block (MoE models; bench/routing_replay replays it)"},
+        {NULL, "--warm-from", JLM_OPT_STR, &o->warm_from, 0, 0, 0, "TRACE",
+         "read the experts in the background most routed in TRACE first (an earlier run's --trace-routing)"},
         {NULL, "--ids", JLM_OPT_STR, &o->ids, 0, 0, 0, "1,2,3", "prompt token ids instead of text"},
         {NULL, "--image", JLM_OPT_STR, &o->image, 0, 0, 0, "FILE", "PNG/JPEG/PPM at the prompt's <image> marker, or first"},
         {NULL, "--grammar", JLM_OPT_STR, &o->grammar, 0, 0, 0, "FILE", "constrain the output to a GBNF grammar (llama.cpp's syntax)"},
@@ -47,6 +50,8 @@ static int run_table(jlm_opt *t, run_opts *o, jlm_opts_gpu *gpu)
          "print the prompt's embedding (pooled final hidden states, L2-normalised) as a JSON array"},
         {NULL, "--pooling", JLM_OPT_STR, &o->pooling, 0, 0, 0, "mean|last", "--embeddings: how tokens pool (default mean)"},
     };
+    _Static_assert(sizeof head / sizeof head[0] + sizeof tail / sizeof tail[0] <= RUN_OPTS_OWN,
+                   "RUN_OPTS_OWN: room for jlm run's own options");
     int nt = jlm_opts_cat(t, 0, head, (int)(sizeof head / sizeof head[0]));
     nt += jlm_opts_engine_rows(t + nt, JLM_ROWS_CTX | JLM_ROWS_THREADS, &o->eng, NULL);
     nt += jlm_opts_sampler_rows(t + nt, &o->samp);
@@ -82,6 +87,9 @@ static int check_args(run_opts *o, int n_pos, const char *pos0)
                          o->trace_file))
         return jlm_cli_error("jlm run", "--embeddings prints only the vector: it goes without --image, --grammar, "
                                         "--json-schema, --logits, --json, --print-ids and --trace-routing"), 2;
+    if (o->warm_from && (o->eng.no_warm || o->eng.no_prefetch))
+        return jlm_cli_error("jlm run", "--warm-from orders the background read, which --no-warm and --no-prefetch "
+                                        "turn off: use one"), 2;
     if (!o->model)
         return jlm_cli_error("jlm run", "no model: give MODEL or -m FILE (see --help)"), 2;
     if (!o->prompt && !o->prompt_file && !o->ids && !o->image)
@@ -160,6 +168,27 @@ static int trace_start(run *r)
         jlm_cli_errorf("jlm run", "--trace-routing: %s", err.msg);
         return 2;
     }
+    return 0;
+}
+
+/* --warm-from TRACE: the background read takes the experts in the order of
+ * TRACE's routing (model.h: jlm_engine_warm_order). 0, or 2 after a line
+ * naming the file and the reason. */
+static int warm_from(run *r)
+{
+    FILE *f = fopen(r->o.warm_from, "r");
+    if (!f)
+        return jlm_cli_errorf("jlm run", "--warm-from %s: %s", r->o.warm_from, strerror(errno)), 2;
+    jlm_routing_trace t;
+    jlm_err err = {0};
+    int rc = jlm_routing_parse(f, r->o.warm_from, &t, &err);   /* its message names the file and line */
+    fclose(f);
+    if (rc)
+        return jlm_cli_errorf("jlm run", "--warm-from: %s", err.msg), 2;
+    rc = jlm_engine_warm_order(r->s->e, &t, &err);
+    jlm_routing_free(&t);
+    if (rc)
+        return jlm_cli_errorf("jlm run", "--warm-from %s: %s", r->o.warm_from, err.msg), 2;
     return 0;
 }
 
@@ -358,6 +387,8 @@ int jlm_cmd_run(int argc, char **argv)
         status = jlm_cli_out_check("jlm run", "--trace-routing", r.o.trace_file, r.inputs, 3, "model");
     if (!status)   /* --embeddings goes without --trace-routing (parse) */
         status = run_open(&r) ? 1 : r.o.trace_file ? trace_start(&r) : 0;
+    if (!status && r.o.warm_from)
+        status = warm_from(&r);
     if (!status)
         status = prompt_ids(&r) || (r.o.embeddings ? print_embedding(&r) : prefill(&r)) ? 1 : 0;
     if (!status && r.o.logits_file)

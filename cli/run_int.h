@@ -16,6 +16,7 @@
 typedef struct run_opts {
     const char *model, *prompt, *prompt_file, *logits_file, *ids, *image, *system, *grammar, *json_schema, *pooling;
     const char *trace_file;   /* --trace-routing */
+    const char *warm_from;    /* --warm-from: a trace whose routing orders the background read */
     int n_predict, stats, print_ids, json, chat, embeddings;
     jlm_engine_opts eng;
     jlm_samp_params samp;

@@ -27,6 +27,7 @@
 #include <stdio.h>
 
 #include "engine/pager.h"
+#include "engine/routing.h"
 #include "engine/source.h"
 #include "format/jlm_format.h"
 
@@ -332,5 +333,14 @@ const int32_t *jlm_engine_last_route(const jlm_engine *e, uint32_t block);
  * Writes are not checked here: the caller checks f (ferror) when done.
  * JLM_EINVAL for a model without routed experts (f untouched). */
 int jlm_engine_trace_routing(jlm_engine *e, FILE *f, jlm_err *err);
+
+/* --warm-from: the background read of the cold start (docs/pager.md) takes
+ * the expert pages in the order of their routings in t (an earlier run's
+ * --trace-routing, routing.h), most routed first, the rest in file order;
+ * the text pages still come first. Call before the first evaluation.
+ * JLM_EINVAL for a model without routed experts or a trace of another
+ * shape (n_layer, n_expert, n_used); the order is then unchanged. Changes
+ * which pages are read when, never a result. */
+int jlm_engine_warm_order(jlm_engine *e, const jlm_routing_trace *t, jlm_err *err);
 
 #endif

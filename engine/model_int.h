@@ -147,7 +147,7 @@ struct jlm_engine {
      * met by its block (pred_first: its bank, NO_PF none; pred_sel, and
      * pred_read: 1 a read was started for it, 2 one would have been but the
      * gate was shut, 0 neither); warm: the pages not yet resident read in
-     * file order in the background (warm_at: the next page, over the text
+     * file order (or warm_order's) in the background (warm_at: the next page, over the text
      * pages then the experts): all of them when the budget holds every
      * page, else while the frames have room (warm_room: the bytes left
      * free beside the warm pages; 0: the budget holds every page) */
@@ -163,6 +163,8 @@ struct jlm_engine {
     double           pred_cand, pred_paid;   /* the read-ahead's gate: decaying counts of candidates, and of those routed */
     uint32_t         pred_tick;   /* jlm_stream_predict_now's calls while the gate is shut */
     uint64_t         warm_at;
+    uint32_t        *warm_order;  /* (n_warm_order,) expert pages in the background read's order; NULL: file order */
+    uint32_t         n_warm_order;
     jlm_engine_predict pst;
     /* profiling (model.h): prof on; prof_in: a class is being timed (nested
      * ones are not); pr the sums; pr_page0 the pager's read time at reset */

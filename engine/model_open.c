@@ -697,6 +697,7 @@ void jlm_engine_close(jlm_engine *e)
         if (i != 1 && i != 2)
             free(bufs[i]);
     jlm_rows_release(e);   /* mapped (scratch.c) */
+    free(e->warm_order);
     free(e);
 }
 

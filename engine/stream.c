@@ -87,6 +87,8 @@ static void warm_step(jlm_engine *e)
 {
     while (e->warm) {
         uint32_t a = (uint32_t)(e->warm_at >> 32), pg = (uint32_t)e->warm_at;
+        if (a == JLM_PAGER_EXPERTS && pg < e->n_warm_order)
+            pg = e->warm_order[pg];   /* the order of an earlier run's routing (jlm_engine_warm_order) */
         if (!jlm_pager_extent(e->pager, a, pg)) {   /* past the array's end */
             e->warm = a == JLM_PAGER_TEXT;
             e->warm_at = (uint64_t)JLM_PAGER_EXPERTS << 32;
@@ -105,6 +107,37 @@ static void warm_step(jlm_engine *e)
         }
         e->warm_at++;
     }
+}
+
+/* The background read's expert order from t (routing.h: jlm_routing_order):
+ * a layer's MoE ordinal is its rank among the layers with a router. */
+int jlm_engine_warm_order(jlm_engine *e, const jlm_routing_trace *t, jlm_err *err)
+{
+    const jlm_config *c = e->c;
+    uint32_t np = 0, nmoe = 0;
+    while (jlm_pager_extent(e->pager, JLM_PAGER_EXPERTS, np))
+        np++;
+    if (!c->n_expert || !np)
+        return jlm_errf(err, JLM_EINVAL, "%s: no routed experts: no order to read them in", e->m->path);
+    if (t->n_layer != c->n_layer || t->n_expert != c->n_expert || t->n_used != c->n_expert_used)
+        return jlm_errf(err, JLM_EINVAL, "a trace of another model (n_layer %u n_expert %u n_used %u; this one "
+                        "has %u, %u, %u)", t->n_layer, t->n_expert, t->n_used, c->n_layer, c->n_expert,
+                        c->n_expert_used);
+    uint32_t *rank = malloc(c->n_layer * sizeof *rank), *order = malloc((uint64_t)np * sizeof *order);
+    int rc = rank && order ? JLM_OK : jlm_errf(err, JLM_ENOMEM, "out of memory");
+    for (uint32_t l = 0; !rc && l < c->n_layer; l++)
+        rank[l] = W(e, (int32_t)l, JLM_R_ROUTER) ? nmoe++ : UINT32_MAX;
+    if (!rc && (uint64_t)nmoe * c->n_expert != np)
+        rc = jlm_errf(err, JLM_EUNSUPPORTED, "%s: %u expert pages for %u MoE blocks of %u", e->m->path, np, nmoe,
+                      c->n_expert);
+    if (!rc && !(rc = jlm_routing_order(t, rank, np, order, err))) {
+        free(e->warm_order);
+        e->warm_order = order, e->n_warm_order = np;
+        order = NULL;
+    }
+    free(rank);
+    free(order);
+    return rc;
 }
 
 void jlm_stream_open(jlm_engine *e, const jlm_engine_opts *o)

@@ -248,6 +248,51 @@ Test(cli_io, trace_routing_writes_every_token_s_routing_and_refuses_a_dense_mode
     cr_assert(!tu_exists(out2) && !tu_exists(part), "nothing written for a dense model");
 }
 
+/* --warm-from: a run's own trace orders the background read (unlimited: it
+ * reads every page, the traced experts first); the ids are those of the run
+ * without it (the order changes which pages are read when, never a result;
+ * the moe suite checks it under a budget). A malformed trace (the file and
+ * line named), a trace of another model, a dense model and --no-warm are
+ * refused: exit 2, one line. */
+Test(cli_io, warm_from_orders_the_background_read_and_keeps_the_ids, .timeout = 120)
+{
+    const char *moe = model("synth-qwen3moe-256.Q8_0.gguf", "q3");
+    char cmd[3000], tr[1100], bad[1100], other[1100], *o = NULL, *e = NULL;
+    snprintf(tr, sizeof tr, "%s/w.trace", T);
+    snprintf(bad, sizeof bad, "%s/bad.trace", T);
+    snprintf(other, sizeof other, "%s/other.trace", T);
+    const char *run = "'%s' run '%s' --ids 1,403,407 -n 12 -t 2 --temp 0 --print-ids %s '%s'";
+    snprintf(cmd, sizeof cmd, run, tu_jlm(), moe, "--trace-routing", tr);
+    cr_assert_eq(sh2(cmd, &o, &e), 0, "%s", e);
+    char *ids0 = o;
+    free(e);
+    snprintf(cmd, sizeof cmd, run, tu_jlm(), moe, "--stats --warm-from", tr);
+    cr_assert_eq(sh2(cmd, &o, &e), 0, "%s", e);
+    cr_assert_str_eq(o, ids0, "ids with --warm-from differ");
+    cr_assert(strstr(e, "warm: "), "no background read with --warm-from: %s", e);
+    free(o);
+    free(e);
+    const char *b = "# jlm routing trace 1 n_layer 2 n_expert 4 n_used 2 expert_bytes 9\n0 1 1 2\n0 1 7 1\n";
+    const char *x = "# jlm routing trace 1 n_layer 99 n_expert 4 n_used 2 expert_bytes 9\n0 1 1 2\n";
+    cr_assert_eq(tu_write_file(bad, b, strlen(b)), 0);
+    cr_assert_eq(tu_write_file(other, x, strlen(x)), 0);
+    const char *dense = model("stories260K.gguf", "s");
+    struct { const char *model, *file, *flags, *want; } C[] = {
+        {moe, bad, "", "bad.trace:3: expected n_used expert ids below n_expert"},
+        {moe, other, "", "a trace of another model"},
+        {dense, tr, "", "no routed experts"},
+        {moe, tr, "--no-warm", "--no-warm"},
+    };
+    for (size_t i = 0; i < sizeof C / sizeof C[0]; i++) {
+        snprintf(cmd, sizeof cmd, "'%s' run '%s' -p Hi -n 1 -t 1 %s --warm-from '%s'", tu_jlm(), C[i].model,
+                 C[i].flags, C[i].file);
+        cr_assert_eq(sh2(cmd, NULL, &e), 2, "case %zu: %s", i, e);
+        cr_assert(strstr(e, "--warm-from") && strstr(e, C[i].want) && tu_count_lines(e) == 1, "case %zu: %s", i, e);
+        free(e);
+    }
+    free(ids0);
+}
+
 /* ---------------------------------------------------------------- stdout */
 
 Test(cli_io, a_full_stdout_is_exit_1_with_one_line_in_every_command)

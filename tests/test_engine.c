@@ -747,6 +747,64 @@ Test(moe, a_budget_below_the_model_fills_its_frames_in_the_background, .timeout 
     free(dir);
 }
 
+/* jlm_engine_warm_order: the background read under a budget below the
+ * model, in the order of the run's own routing trace (--warm-from), gives
+ * the unlimited run's ids, stays within the budget and still reads ahead;
+ * a trace of another shape is refused and leaves the order as it was. */
+Test(moe, the_warm_order_of_a_routing_trace_keeps_the_ids_and_the_budget, .timeout = 60)
+{
+    char *dir = tu_tmpdir();
+    char *path = convert_model("synth-qwen3moe-256.Q8_0", dir);
+    int32_t prompt[] = {1, 403, 407, 261, 378}, ref[8], got[8];
+    char *buf = NULL;
+    size_t len = 0;
+    FILE *f = open_memstream(&buf, &len);
+    cr_assert(f);
+    jlm_err err = {0};
+    jlm_engine *e = open_engine(path, 0);
+    cr_assert_eq(jlm_engine_trace_routing(e, f, &err), 0, "%s", err.msg);
+    greedy(e, prompt, 5, 8, ref, NULL);
+    jlm_engine_trace_routing(e, NULL, &err);
+    fclose(f);
+    jlm_pager *pg = jlm_engine_pager(e);
+    uint64_t all = 0;
+    const uint32_t arrays[2] = {JLM_PAGER_TEXT, JLM_PAGER_EXPERTS};
+    for (int k = 0; k < 2; k++)
+        for (uint32_t i = 0; jlm_pager_extent(pg, arrays[k], i); i++)
+            all += jlm_pager_extent(pg, arrays[k], i);
+    jlm_engine_mem mi;
+    jlm_engine_mem_info(e, &mi);
+    uint64_t budget = mi.kv + mi.scratch + mi.dense + all * 3 / 4;   /* as the test above */
+    jlm_engine_close(e);
+    jlm_routing_trace t;
+    FILE *in = fmemopen(buf, len, "r");
+    cr_assert_eq(jlm_routing_parse(in, "own.trace", &t, &err), 0, "%s", err.msg);
+    fclose(in);
+    jlm_engine_opts o = {.n_threads = 2, .budget = budget, .quiet = 1, .direct = 1, .no_predict = 1};
+    cr_assert_eq(jlm_engine_open(path, &o, &e, &err), 0, "%s", err.msg);
+    t.n_expert++;
+    cr_assert_eq(jlm_engine_warm_order(e, &t, &err), JLM_EINVAL, "a trace of another shape accepted");
+    cr_assert(strstr(err.msg, "another model"), "%s", err.msg);
+    t.n_expert--;
+    cr_assert_eq(jlm_engine_warm_order(e, &t, &err), 0, "%s", err.msg);
+    greedy(e, prompt, 5, 8, got, NULL);
+    cr_assert_arr_eq(got, ref, sizeof ref, "ids in the trace's order differ from the unlimited run");
+    jlm_pager_counters pc;
+    jlm_pager_stats(jlm_engine_pager(e), &pc);
+    jlm_engine_predict ps;
+    jlm_engine_predict_stats(e, &ps);
+    cr_assert(ps.warm > 0, "no background read");
+    cr_assert(pc.peak_bytes <= jlm_engine_budget(e), "resident %llu within budget %llu",
+              (unsigned long long)pc.peak_bytes, (unsigned long long)jlm_engine_budget(e));
+    cr_assert_eq(jlm_pager_check(jlm_engine_pager(e), NULL), 0);
+    jlm_engine_close(e);
+    jlm_routing_free(&t);
+    free(buf);
+    free(path);
+    tu_rmrf(dir);
+    free(dir);
+}
+
 static void same_ids_at_every_budget(const char *name, int n_gen)
 {
     char *dir = tu_tmpdir();
