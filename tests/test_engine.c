@@ -694,6 +694,23 @@ Test(engine, refuses_a_kv_type_other_than_f32_f16_or_q8_0)
 }
 
 /* ---------------------------------------------------------------- budgets */
+/* A budget of e's KV, scratch and dense region and three quarters of its
+ * pages (*all: every page's bytes): the frames must hold twice a block's
+ * working set (2 block pages + 2 x the routed experts) for the background
+ * read to start below the model. */
+static uint64_t three_quarters_of_the_pages(jlm_engine *e, uint64_t *all)
+{
+    jlm_pager *pg = jlm_engine_pager(e);
+    const uint32_t arrays[2] = {JLM_PAGER_TEXT, JLM_PAGER_EXPERTS};
+    *all = 0;
+    for (int k = 0; k < 2; k++)
+        for (uint32_t i = 0; jlm_pager_extent(pg, arrays[k], i); i++)
+            *all += jlm_pager_extent(pg, arrays[k], i);
+    jlm_engine_mem mi;
+    jlm_engine_mem_info(e, &mi);
+    return mi.kv + mi.scratch + mi.dense + *all * 3 / 4;
+}
+
 /* The cold start below the model (engine/stream.c, warm_step): with 3/4 of
  * the model's pages in budget the pages not yet resident are read in file order
  * on the readers (experts included, with prediction off: nothing else reads
@@ -706,18 +723,7 @@ Test(moe, a_budget_below_the_model_fills_its_frames_in_the_background, .timeout 
     int32_t prompt[] = {1, 403, 407, 261, 378}, ref[8], got[8];
     jlm_engine *e = open_engine(path, 0);
     greedy(e, prompt, 5, 8, ref, NULL);
-    jlm_pager *pg = jlm_engine_pager(e);
-    uint64_t all = 0;
-    const uint32_t arrays[2] = {JLM_PAGER_TEXT, JLM_PAGER_EXPERTS};
-    for (int k = 0; k < 2; k++)
-        for (uint32_t i = 0; jlm_pager_extent(pg, arrays[k], i); i++)
-            all += jlm_pager_extent(pg, arrays[k], i);
-    jlm_engine_mem mi;
-    jlm_engine_mem_info(e, &mi);
-    /* three quarters of the pages: the frames must hold twice a block's
-     * working set (2 block pages + 2 x the routed experts) for the background
-     * read to start below the model */
-    uint64_t budget = mi.kv + mi.scratch + mi.dense + all * 3 / 4;
+    uint64_t all, budget = three_quarters_of_the_pages(e, &all);
     jlm_engine_close(e);
     for (int warm = 0; warm < 2; warm++) {
         jlm_engine_opts o = {.n_threads = 2, .budget = budget, .quiet = 1, .direct = 1, .no_predict = 1,
@@ -766,15 +772,7 @@ Test(moe, the_warm_order_of_a_routing_trace_keeps_the_ids_and_the_budget, .timeo
     greedy(e, prompt, 5, 8, ref, NULL);
     jlm_engine_trace_routing(e, NULL, &err);
     fclose(f);
-    jlm_pager *pg = jlm_engine_pager(e);
-    uint64_t all = 0;
-    const uint32_t arrays[2] = {JLM_PAGER_TEXT, JLM_PAGER_EXPERTS};
-    for (int k = 0; k < 2; k++)
-        for (uint32_t i = 0; jlm_pager_extent(pg, arrays[k], i); i++)
-            all += jlm_pager_extent(pg, arrays[k], i);
-    jlm_engine_mem mi;
-    jlm_engine_mem_info(e, &mi);
-    uint64_t budget = mi.kv + mi.scratch + mi.dense + all * 3 / 4;   /* as the test above */
+    uint64_t all, budget = three_quarters_of_the_pages(e, &all);
     jlm_engine_close(e);
     jlm_routing_trace t;
     FILE *in = fmemopen(buf, len, "r");
