@@ -73,11 +73,14 @@ static const uint8_t ALL_TYPES[] = {JLM_T_F32, JLM_T_F16, JLM_T_BF16, JLM_T_Q4_0
  * kernels twice (L1 and L2 prefetch), the others once. */
 static size_t variant_params(mv_param *p, int v0)
 {
+    static const int PFS[2] = {JLM_K_PF_L1, JLM_K_PF_L2};
     size_t n = 0;
-    for (int v = v0; v < JLM_K_NVARIANT; v++)
-        for (int pf = v == JLM_K_AVX512 ? JLM_K_PF_L1 : 0; pf <= (v == JLM_K_AVX512 ? JLM_K_PF_L2 : 0); pf++)
+    for (int v = v0; v < JLM_K_NVARIANT; v++) {
+        int builds = v == JLM_K_AVX512 ? 2 : 1;
+        for (int b = 0; b < builds; b++)
             for (size_t i = 0; i < N_TYPES; i++)
-                p[n++] = (mv_param){ALL_TYPES[i], v, pf};
+                p[n++] = (mv_param){ALL_TYPES[i], v, v == JLM_K_AVX512 ? PFS[b] : 0};
+    }
     return n;
 }
 

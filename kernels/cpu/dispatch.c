@@ -46,8 +46,8 @@ int jlm_k_cpu_has(int v)
 
 static const char *const NAMES[JLM_K_NVARIANT] = {"ref", "avx2", "avx512"};
 
-/* Where the AVX-512 kernels prefetch. Measured (docs/kernels.md, "Prefetch
- * into L1 or L2"): on Zen 4 the L2 hint took one thread's decode 1.2-1.4x
+/* Where the AVX-512 kernels prefetch. Measured (docs/kernels.md, "Two
+ * AVX-512 builds"): on Zen 4 the L2 hint took one thread's decode 1.2-1.4x
  * past L1; on a Zen 5 EPYC (family 1Ah) L1 decoded 1.04-1.20x faster than L2
  * (Q4_0, Q4_K_M; 1 and 2 threads). AMD from family 1Ah on: L1; every other
  * CPU keeps L2, the hint it had (no Intel CPU with AVX-512 was measured). */
@@ -63,6 +63,15 @@ int jlm_k_cpu_pf_default(void)
     if (fam == 0xf)
         fam += (a >> 20) & 0xff;
     return fam >= 0x1a ? JLM_K_PF_L1 : JLM_K_PF_L2;
+}
+
+/* The prefetch level a table of variant v gets when pf is asked for: 0
+ * for the variants with one build, this CPU's default for AUTO. */
+static int pf_of(int v, int pf)
+{
+    if (v != JLM_K_AVX512)
+        return 0;
+    return pf == JLM_K_PF_AUTO ? jlm_k_cpu_pf_default() : pf;
 }
 
 int jlm_k_cpu_variant_by_name(const char *name)
@@ -93,6 +102,7 @@ int jlm_k_cpu_table_pf(int v, int pf, jlm_k_cpu *t, jlm_err *err)
     memset(&tab, 0, sizeof tab);
     tab.name = NAMES[v];
     tab.variant = v;
+    tab.pf = pf_of(v, pf);
     for (int i = 0; i < JLM_T_COUNT; i++) {
         tab.matvec[i] = jlm_k_matvec_ref;
         tab.matmul[i] = jlm_k_matmul_ref;
@@ -106,7 +116,6 @@ int jlm_k_cpu_table_pf(int v, int pf, jlm_k_cpu *t, jlm_err *err)
         tab.fattn = jlm_k_fattn_avx2;
     }
     if (v == JLM_K_AVX512) {
-        tab.pf = pf == JLM_K_PF_AUTO ? jlm_k_cpu_pf_default() : pf;
         if (tab.pf == JLM_K_PF_L1)
             jlm_k_fill_avx512_l1(&tab);
         else
@@ -143,10 +152,7 @@ int jlm_k_cpu_init(jlm_err *err)
     }
     /* written only when the choice changes: an engine opened while another
      * one computes (jlm serve adding a model) only reads the table */
-    if (v != JLM_K_AVX512)
-        pf = 0;
-    else if (pf == JLM_K_PF_AUTO)
-        pf = jlm_k_cpu_pf_default();
+    pf = pf_of(v, pf);
     if (!g_ready || g_table.variant != v || g_table.pf != pf) {
         jlm_k_cpu_table_pf(v, pf, &g_table, NULL);   /* cannot fail: v is supported */
         g_ready = 1;
