@@ -339,8 +339,9 @@ int jlm_engine_trace_routing(jlm_engine *e, FILE *f, jlm_err *err);
  * --trace-routing, routing.h), most routed first, the rest in file order;
  * the text pages still come first. Call before the first evaluation.
  * JLM_EINVAL for a model without routed experts or a trace of another
- * shape (n_layer, n_expert, n_used); the order is then unchanged. Changes
- * which pages are read when, never a result. */
+ * shape (n_layer, n_expert, n_used), JLM_EUNSUPPORTED when the expert pages
+ * are not n_expert a block with a router, JLM_ENOMEM; the order is then
+ * unchanged. Changes which pages are read when, never a result. */
 int jlm_engine_warm_order(jlm_engine *e, const jlm_routing_trace *t, jlm_err *err);
 
 #endif

@@ -147,10 +147,11 @@ struct jlm_engine {
      * met by its block (pred_first: its bank, NO_PF none; pred_sel, and
      * pred_read: 1 a read was started for it, 2 one would have been but the
      * gate was shut, 0 neither); warm: the pages not yet resident read in
-     * file order (or warm_order's) in the background (warm_at: the next page, over the text
-     * pages then the experts): all of them when the budget holds every
-     * page, else while the frames have room (warm_room: the bytes left
-     * free beside the warm pages; 0: the budget holds every page) */
+     * file order (the experts in warm_order's, when set) in the background
+     * (warm_at: the next page, over the text pages then the experts): all
+     * of them when the budget holds every page, else while the frames have
+     * room (warm_room: the bytes left free beside the warm pages; 0: the
+     * budget holds every page) */
     uint32_t         rd_depth;
     int              rd_par;      /* a block's experts read at once: depth > 1, budget 0 or >= 2 blocks + 2 x routed */
     int              predict, warm;
