@@ -179,14 +179,16 @@ int jlm_engine_trace_routing(jlm_engine *e, FILE *f, jlm_err *err)
     return JLM_OK;
 }
 
-/* x += the mixture of nu expert outputs (outs: nu rows of E) weighted by w,
- * summed from zero into mix in slot order (jlm_k_moe_combine's sum): the
- * fused decode step and each row of a grouped batch. */
-static void mix_slots(float *x, float *mix, const float *w, const float *outs, uint32_t nu, uint32_t E)
+/* x += the mixture of nu expert outputs (slot s's row of E floats in outs:
+ * row s, or row pos[s] where pos is given) weighted by w, summed from zero
+ * into mix in slot order (jlm_k_moe_combine's sum): the fused decode step
+ * and each row of a grouped batch. */
+static void mix_slots(float *x, float *mix, const float *w, const float *outs, const uint32_t *pos, uint32_t nu,
+                      uint32_t E)
 {
     memset(mix, 0, E * sizeof(float));
     for (uint32_t s = 0; s < nu; s++)
-        jlm_k_axpy(mix, w[s], outs + (uint64_t)s * E, E);
+        jlm_k_axpy(mix, w[s], outs + (uint64_t)(pos ? pos[s] : s) * E, E);
     jlm_k_add(x, x, mix, E);
 }
 
@@ -210,6 +212,9 @@ typedef struct moe_job {
     int      gate_up;
 } moe_job;
 
+/* Rows [b, en) of the experts' matrices end to end: each expert's slice of
+ * its rows over every input row of its job (a[s].n), then (gate_up) the
+ * biases and the activation of that slice, or (downs) the bias. */
 static void moe_slice(void *ctx, size_t b, size_t en, int tid)
 {
     moe_job *j = ctx;
@@ -219,21 +224,29 @@ static void moe_slice(void *ctx, size_t b, size_t en, int tid)
             continue;
         uint64_t r0 = b > lo ? b - lo : 0, r1 = (en < hi ? en : hi) - lo;
         jlm_ex_mm_slice(&j->a[s], r0, r1, tid);
-        if (!j->gate_up)
-            continue;
-        jlm_ex_mm_slice(&j->b[s], r0, r1, tid);
-        float *g = j->a[s].y + r0, *u = j->b[s].y + r0;
-        if (j->ba[s]) add_bias(g, j->ba[s] + r0, r1 - r0);
-        if (j->bb[s]) add_bias(u, j->bb[s] + r0, r1 - r0);
-        jlm_ex_activate(j->act, g, u, r1 - r0);
+        if (j->gate_up)
+            jlm_ex_mm_slice(&j->b[s], r0, r1, tid);
+        for (uint64_t t = 0; t < j->a[s].n; t++) {
+            float *g = j->a[s].y + t * j->rows + r0;
+            if (j->ba[s]) add_bias(g, j->ba[s] + r0, r1 - r0);
+            if (!j->gate_up)
+                continue;
+            float *u = j->b[s].y + t * j->rows + r0;
+            if (j->bb[s]) add_bias(u, j->bb[s] + r0, r1 - r0);
+            jlm_ex_activate(j->act, g, u, r1 - r0);
+        }
     }
 }
 
-static void moe_dispatch(jlm_engine *e, moe_job *j)
+/* One dispatch of the job's experts (n: 1 for a token's, else a batch's
+ * rows: pieces claimed, jlm_ex_mm_dispatch). Slices start at multiples of 64
+ * rows (the kernels' vector alignment, as jlm_ex_gate_up_act's) or are
+ * whole experts. */
+static void moe_dispatch(jlm_engine *e, moe_job *j, uint32_t n)
 {
     unsigned long long t0 = prof_begin(e);
     size_t grain = j->rows >= 256 && j->rows % 64 == 0 ? 64 : j->rows;
-    jlm_ex_mm_dispatch(e, 1, (size_t)j->nu * j->rows, grain, moe_slice, j);
+    jlm_ex_mm_dispatch(e, n, (size_t)j->nu * j->rows, grain, moe_slice, j);
     prof_end(e, JLM_PROF_MATMUL, t0);
 }
 
@@ -277,13 +290,13 @@ static void moe_experts_fused(jlm_engine *e, const jlm_op *op, uint32_t l, const
             gu.b[i].xq = jlm_fmt_type_traits(wu[i].type)->is_float ? NULL : e->xq;
         }
     }
-    moe_dispatch(e, &gu);
+    moe_dispatch(e, &gu, 1);
     if (qd) {   /* row s of xq: slot s's activation (every slot's row: quantizing is per row) */
         jlm_ex_quant_rows(e, e->g, nff, nu);
         for (uint32_t i = 0; i < m; i++)
             dn.a[i].xq = jlm_fmt_type_traits(wd[i].type)->is_float ? NULL : &e->xq[at[i]];
     }
-    moe_dispatch(e, &dn);
+    moe_dispatch(e, &dn, 1);
     e->xq_of = NULL;
     for (uint32_t i = 0; bd && i < m; i++)
         add_bias(e->o + (uint64_t)at[i] * E, bd + (uint64_t)sel[at[i]] * E, E);
@@ -326,7 +339,7 @@ static int moe_token(jlm_engine *e, const jlm_op *op, uint32_t l, const uint8_t 
         if (nr < nu && (rc = jlm_stream_experts_end(e, first, sel, nu, frames, ready, err)))
             return rc;
         moe_experts_fused(e, op, l, frames, first, sel, h, nr && nr < nu ? rest : NULL);
-        mix_slots(x, e->moe, e->route_w, e->o, nu, E);
+        mix_slots(x, e->moe, e->route_w, e->o, NULL, nu, E);
     } else if (!rc) {
         memset(e->moe, 0, E * sizeof(float));
         uint64_t nff = jlm_tensor_rows(tg);
@@ -384,47 +397,151 @@ static void route_rows(jlm_engine *e, const jlm_op *op, uint32_t l, const uint8_
     prof_end(e, JLM_PROF_ROUTE, t0);
 }
 
-/* Row t's mixture (mix_slots) into its h row (read no more), then onto x. */
+/* Row t's mixture (mix_slots) into its h row (read no more), then onto x:
+ * its (row, slot) outputs at their positions in mo. */
 static void mix_row(jlm_engine *e, void *ctx, uint32_t t)
 {
     uint32_t nu = e->c->n_expert_used, E = e->c->n_embd;
-    mix_slots(e->x + (uint64_t)t * E, e->h + (uint64_t)t * E, e->mw + (uint64_t)t * nu,
-              e->mo + (uint64_t)t * nu * E, nu, E);
+    mix_slots(e->x + (uint64_t)t * E, e->h + (uint64_t)t * E, e->mw + (uint64_t)t * nu, e->mo,
+              e->mpos + (uint64_t)t * nu, nu, E);
 }
 
-/* moe_batch, while expert x computes: the next expert of the batch (the
- * next group with rows), for the streamer to read ahead (a batch whose
- * experts are not resident, a first prompt or a budget, reads each while the
- * one before it computes). */
-static void expert_ahead(jlm_engine *e, uint32_t first, uint32_t x)
+/* moe_batch's (row, slot) pairs grouped by expert, rows ascending within
+ * an expert: mord (position -> pair), mcnt (each expert's first position,
+ * mcnt[n_expert] the end) and mpos (pair -> position). Expert x's rows are
+ * positions [mcnt[x], mcnt[x + 1]), and so are its output rows in mo. */
+static void group_pairs(jlm_engine *e, uint32_t n)
 {
-    uint32_t ne = e->c->n_expert, nx = x + 1;
-    while (nx < ne && e->mcnt[nx + 1] == e->mcnt[nx])
-        nx++;
-    if (nx < ne)
-        jlm_stream_expert_next(e, first + nx);
+    uint32_t nu = e->c->n_expert_used, ne = e->c->n_expert;
+    memset(e->mcnt, 0, (ne + 1) * sizeof *e->mcnt);
+    for (uint32_t i = 0; i < n * nu; i++)
+        e->mcnt[e->msel[i] + 1]++;
+    for (uint32_t x = 0; x < ne; x++)
+        e->mcnt[x + 1] += e->mcnt[x];
+    for (uint32_t i = 0; i < n * nu; i++) {
+        e->mpos[i] = e->mcnt[e->msel[i]]++;
+        e->mord[e->mpos[i]] = i;
+    }
+    for (uint32_t x = ne; x > 0; x--)   /* back to group starts */
+        e->mcnt[x] = e->mcnt[x - 1];
+    e->mcnt[0] = 0;
 }
 
-/* moe_batch's copies for expert x, whose rows are the pairs mord[g0..):
- * its input rows gathered from h, and its output rows (down bias added)
- * put back in (row, slot) order in mo. Over the pool: at 2 threads they
- * were most of a MoE prefill's serial time. */
-typedef struct moe_rows { uint32_t g0, x; const float *bd; } moe_rows;
+/* moe_batch, while a group computes: up to k experts of the next groups
+ * (from expert x on, those with rows), for the streamer to read ahead (a
+ * batch whose experts are not resident, a first prompt or a budget, reads
+ * them while the group before computes). */
+static void experts_ahead(jlm_engine *e, uint32_t first, uint32_t x, uint32_t k)
+{
+    for (; x < e->c->n_expert && k; x++)
+        if (e->mcnt[x + 1] > e->mcnt[x]) {
+            jlm_stream_expert_next(e, first + x);
+            k--;
+        }
+}
+
+/* Row i of a group whose rows start at position p0: its input row gathered
+ * from h into mh and (quant) its int8 row into xq[i], as quant_row makes it. */
+typedef struct moe_rows { uint32_t p0, x; int quant; const float *bd; } moe_rows;
 static void gather_row(jlm_engine *e, void *ctx, uint32_t i)
 {
     const moe_rows *r = ctx;
     uint32_t E = e->c->n_embd;
-    memcpy(e->mh + (uint64_t)i * E, e->h + (uint64_t)(e->mord[r->g0 + i] / e->c->n_expert_used) * E,
-           E * sizeof(float));
+    float *mh = e->mh + (uint64_t)i * E;
+    memcpy(mh, e->h + (uint64_t)(e->mord[r->p0 + i] / e->c->n_expert_used) * E, E * sizeof(float));
+    if (r->quant) {
+        e->xq[i].k = E;
+        e->k->quantize_act(mh, &e->xq[i]);
+    }
 }
-static void scatter_row(jlm_engine *e, void *ctx, uint32_t i)
+
+/* The CPU's group: experts xs[0..ng) (consecutive among the batch's experts
+ * with rows, their rows R <= the batch's n, pinned as frames[i]) in four
+ * dispatches, not four or more per expert: the rows gathered (and
+ * quantized), every expert's gate, up, biases and activation in one (the
+ * experts' rows end to end, moe_slice), the activations' int8 rows, every
+ * down (and its bias) in one, writing each expert's output rows where mo
+ * keeps them. A batch of 128 rows over 32 experts had ~16-row matmuls split
+ * by weight rows, one barrier each; the threads now claim pieces of a
+ * group's experts together. Each (row, expert) output is still the kernel's
+ * row over the same int8 input row (the invariant), with the same bias and
+ * activation per element: the per-expert path's result bit for bit. */
+static void moe_group(jlm_engine *e, const jlm_op *op, uint32_t l, uint32_t first, const int32_t *xs, uint32_t ng,
+                      const void *const *frames)
+{
+    uint32_t E = e->c->n_embd, p0 = e->mcnt[xs[0]], R = e->mcnt[xs[ng - 1] + 1] - p0, at[MOE_FUSE_MAX];
+    const jlm_tensor *tg = W(e, l, JLM_R_EXP_GATE), *tu = W(e, l, JLM_R_EXP_UP), *td = W(e, l, JLM_R_EXP_DOWN);
+    const float *bg = vec_dense(e, W(e, l, JLM_R_EXP_GATE_B)), *bu = vec_dense(e, W(e, l, JLM_R_EXP_UP_B));
+    const float *bd = vec_dense(e, W(e, l, JLM_R_EXP_DOWN_B));
+    uint64_t nff = jlm_tensor_rows(tg);
+    jlm_k_mat wg[MOE_FUSE_MAX], wu[MOE_FUSE_MAX], wd[MOE_FUSE_MAX];
+    moe_job gu = {.act = op->act, .nu = ng, .rows = nff, .gate_up = 1}, dn = {.nu = ng, .rows = E};
+    int qg = 0, qd = 0;
+    for (uint32_t i = 0; i < ng; i++) {
+        uint32_t x = (uint32_t)xs[i], m = e->mcnt[x + 1] - e->mcnt[x];
+        at[i] = e->mcnt[x] - p0;
+        wg[i] = mat_expert(e, tg, frames[i], first, x);
+        wu[i] = mat_expert(e, tu, frames[i], first, x);
+        wd[i] = mat_expert(e, td, frames[i], first, x);
+        const float *in = e->mh + (uint64_t)at[i] * E;
+        gu.a[i] = (mm_job){e->k->matvec[wg[i].type], e->k->matmul[wg[i].type], &wg[i], m, in, NULL, e->g + at[i] * nff};
+        gu.b[i] = (mm_job){e->k->matvec[wu[i].type], e->k->matmul[wu[i].type], &wu[i], m, in, NULL, e->u + at[i] * nff};
+        gu.ba[i] = bg ? bg + (uint64_t)x * nff : NULL;
+        gu.bb[i] = bu ? bu + (uint64_t)x * nff : NULL;
+        dn.a[i] = (mm_job){e->k->matvec[wd[i].type], e->k->matmul[wd[i].type], &wd[i], m, e->g + at[i] * nff, NULL,
+                           e->mo + (uint64_t)(p0 + at[i]) * E};
+        dn.ba[i] = bd ? bd + (uint64_t)x * E : NULL;
+        qg |= !jlm_fmt_type_traits(wg[i].type)->is_float || !jlm_fmt_type_traits(wu[i].type)->is_float;
+        qd |= !jlm_fmt_type_traits(wd[i].type)->is_float;
+    }
+    moe_rows mr = {.p0 = p0, .quant = qg};
+    jlm_ex_for_rows(e, R, gather_row, &mr);
+    for (uint32_t i = 0; qg && i < ng; i++) {
+        gu.a[i].xq = jlm_fmt_type_traits(wg[i].type)->is_float ? NULL : &e->xq[at[i]];
+        gu.b[i].xq = jlm_fmt_type_traits(wu[i].type)->is_float ? NULL : &e->xq[at[i]];
+    }
+    moe_dispatch(e, &gu, R);
+    if (qd) {
+        jlm_ex_quant_rows(e, e->g, nff, R);
+        for (uint32_t i = 0; i < ng; i++)
+            dn.a[i].xq = jlm_fmt_type_traits(wd[i].type)->is_float ? NULL : &e->xq[at[i]];
+    }
+    moe_dispatch(e, &dn, R);
+}
+
+/* Row i of expert x's output rows (from position p0): its down bias. */
+static void bias_row(jlm_engine *e, void *ctx, uint32_t i)
 {
     const moe_rows *r = ctx;
     uint32_t E = e->c->n_embd;
-    float *o = e->o + (uint64_t)i * E;
-    if (r->bd)
-        add_bias(o, r->bd + (uint64_t)r->x * E, E);
-    memcpy(e->mo + (uint64_t)e->mord[r->g0 + i] * E, o, E * sizeof(float));
+    add_bias(e->mo + (uint64_t)(r->p0 + i) * E, r->bd + (uint64_t)r->x * E, E);
+}
+
+/* The block's device: expert x alone (its frame pinned), its gate and up in
+ * one round trip, its down written where mo keeps its output rows. */
+static void moe_expert_dev(jlm_engine *e, const jlm_op *op, uint32_t l, uint32_t first, uint32_t x, const void *frame)
+{
+    uint32_t E = e->c->n_embd, p0 = e->mcnt[x], m = e->mcnt[x + 1] - p0;
+    const jlm_tensor *tg = W(e, l, JLM_R_EXP_GATE), *tu = W(e, l, JLM_R_EXP_UP), *td = W(e, l, JLM_R_EXP_DOWN);
+    const float *bg = vec_dense(e, W(e, l, JLM_R_EXP_GATE_B)), *bu = vec_dense(e, W(e, l, JLM_R_EXP_UP_B));
+    const float *bd = vec_dense(e, W(e, l, JLM_R_EXP_DOWN_B));
+    uint64_t nff = jlm_tensor_rows(tg);
+    moe_rows mr = {p0, x, 0, bd};
+    jlm_ex_for_rows(e, m, gather_row, &mr);
+    jlm_k_mat wg = mat_expert(e, tg, frame, first, x), wu = mat_expert(e, tu, frame, first, x);
+    jlm_k_mat wd = mat_expert(e, td, frame, first, x);
+    const jlm_k_mat *ms[2] = {&wg, &wu};
+    float *ys[2] = {e->g, e->u};
+    jlm_ex_matmul_multi(e, ms, ys, 2, m, e->mh);   /* one round trip */
+    for (uint32_t i = 0; i < m; i++) {
+        float *g = e->g + i * nff, *u = e->u + i * nff;
+        if (bg) add_bias(g, bg + (uint64_t)x * nff, nff);
+        if (bu) add_bias(u, bu + (uint64_t)x * nff, nff);
+        jlm_ex_activate(op->act, g, u, nff);
+    }
+    jlm_ex_matmul(e, &wd, m, e->g, e->mo + (uint64_t)p0 * E);
+    if (bd)
+        jlm_ex_for_rows(e, m, bias_row, &mr);
 }
 
 /* Rows [0, n) of the batch (n >= 2; the CPU or the block's device): x[t] += the routed experts'
@@ -436,60 +553,41 @@ static void scatter_row(jlm_engine *e, void *ctx, uint32_t i)
  * matmul's row for that input row, which is the matvec's (the kernels'
  * invariant, docs/kernels.md), with the biases added and the activation
  * applied per row as moe_token does; and each row's mixture is summed from
- * zero in its own slot order before it is added to x. One expert is pinned at
- * a time (the minimum working set counts n_expert_used). */
+ * zero in its own slot order before it is added to x. On the CPU the
+ * experts go in groups of up to n_expert_used pinned together (the minimum
+ * working set counts that many) whose rows fit the batch's scratch
+ * (moe_group); on a device one at a time. */
 static int moe_batch(jlm_engine *e, const jlm_op *op, uint32_t l, const uint8_t *page, uint64_t page_off, uint32_t n, jlm_err *err)
 {
     const jlm_config *c = e->c;
-    const jlm_header *hd = &e->m->hdr;
+    const jlm_tensor *tg = W(e, l, JLM_R_EXP_GATE);
     uint32_t nu = c->n_expert_used, ne = c->n_expert;
+    uint32_t first = (uint32_t)((tg->qs_off - e->m->hdr.exp_data_off) / e->m->hdr.exp_page_size);
+    uint32_t gmax = e->dev_here ? 1 : nu < MOE_FUSE_MAX ? nu : MOE_FUSE_MAX;
     route_rows(e, op, l, page, page_off, n);   /* h: the MOE op's normed input */
-    /* (row, slot) pairs grouped by expert, rows ascending within a group */
-    memset(e->mcnt, 0, (ne + 1) * sizeof *e->mcnt);
-    for (uint32_t i = 0; i < n * nu; i++)
-        e->mcnt[e->msel[i] + 1]++;
-    for (uint32_t x = 0; x < ne; x++)
-        e->mcnt[x + 1] += e->mcnt[x];
-    for (uint32_t i = 0; i < n * nu; i++)
-        e->mord[e->mcnt[e->msel[i]]++] = i;
-    for (uint32_t x = ne; x > 0; x--)   /* back to group starts */
-        e->mcnt[x] = e->mcnt[x - 1];
-    e->mcnt[0] = 0;
-    const jlm_tensor *tg = W(e, l, JLM_R_EXP_GATE), *tu = W(e, l, JLM_R_EXP_UP), *td = W(e, l, JLM_R_EXP_DOWN);
-    const float *bg = vec_dense(e, W(e, l, JLM_R_EXP_GATE_B)), *bu = vec_dense(e, W(e, l, JLM_R_EXP_UP_B));
-    const float *bd = vec_dense(e, W(e, l, JLM_R_EXP_DOWN_B));
-    uint32_t first = (uint32_t)((tg->qs_off - hd->exp_data_off) / hd->exp_page_size);
-    uint64_t nff = jlm_tensor_rows(tg);
-    for (uint32_t x = 0; x < ne; x++) {
-        uint32_t g0 = e->mcnt[x], m = e->mcnt[x + 1] - g0;
-        if (!m)
-            continue;
-        const void *frame;
-        int32_t xs = (int32_t)x;
-        int rc = jlm_stream_experts(e, first, &xs, 1, &frame, err);
+    group_pairs(e, n);
+    for (uint32_t x = 0; x < ne;) {
+        int32_t xs[MOE_FUSE_MAX];
+        uint32_t ng = 0, p0 = e->mcnt[x];
+        for (; x < ne && ng < gmax; x++) {
+            if (e->mcnt[x + 1] == e->mcnt[x])
+                continue;
+            if (ng && e->mcnt[x + 1] - p0 > n)
+                break;
+            xs[ng++] = (int32_t)x;
+        }
+        if (!ng)
+            break;
+        const void *frames[MOE_FUSE_MAX];
+        int rc = jlm_stream_experts(e, first, xs, ng, frames, err);
         if (rc)
             return rc;
-        expert_ahead(e, first, x);
-        moe_rows mr = {g0, x, bd};
-        jlm_ex_for_rows(e, m, gather_row, &mr);
-        jlm_k_mat wg = mat_expert(e, tg, frame, first, x), wu = mat_expert(e, tu, frame, first, x);
-        jlm_k_mat wd = mat_expert(e, td, frame, first, x);
-        if (!bg && !bu && !e->dev_here) {
-            jlm_ex_gate_up_act(e, op->act, &wg, &wu, m, e->mh);
-        } else {
-            const jlm_k_mat *ms[2] = {&wg, &wu};
-            float *ys[2] = {e->g, e->u};
-            jlm_ex_matmul_multi(e, ms, ys, 2, m, e->mh);   /* on a device: one round trip */
-            for (uint32_t i = 0; i < m; i++) {
-                float *g = e->g + i * nff, *u = e->u + i * nff;
-                if (bg) add_bias(g, bg + (uint64_t)x * nff, nff);
-                if (bu) add_bias(u, bu + (uint64_t)x * nff, nff);
-                jlm_ex_activate(op->act, g, u, nff);
-            }
-        }
-        jlm_ex_matmul(e, &wd, m, e->g, e->o);
-        jlm_ex_for_rows(e, m, scatter_row, &mr);
-        jlm_stream_experts_done(e, first, &xs, 1);
+        experts_ahead(e, first, x, gmax);
+        if (e->dev_here)
+            moe_expert_dev(e, op, l, first, (uint32_t)xs[0], frames[0]);
+        else
+            moe_group(e, op, l, first, xs, ng, frames);
+        jlm_stream_experts_done(e, first, xs, ng);
     }
     jlm_ex_for_rows(e, n, mix_row, NULL);
     e->xq_of = NULL;

@@ -26,7 +26,7 @@
 #define PREFILL_DEFAULT 128
 #define PREFILL_MAX 512
 #define NO_PF UINT32_MAX
-#define ROW_BUFS 16   /* buffers of the batch scratch reserved by the row (scratch.c) */
+#define ROW_BUFS 20   /* buffers of the batch scratch reserved by the row (scratch.c) */
 
 /* ================================================================ engine state */
 struct jlm_engine {
@@ -115,13 +115,14 @@ struct jlm_engine {
     float   *route_w; /* (n_expert_used,) */
     /* moe_batch (a prefill batch grouped by expert; MoE models only, else
      * one element each): each row's routing, the rows grouped by expert,
-     * the gathered inputs of one expert and every (row, slot)'s output */
+     * the gathered inputs of a group of experts and every (row, slot)'s output */
     int32_t  *msel;   /* (nb, n_expert_used) experts of each row */
     float    *mw;     /* (nb, n_expert_used) their weights */
     uint32_t *mord;   /* (nb * n_expert_used,) (row * n_expert_used + slot), grouped by expert */
+    uint32_t *mpos;   /* (nb * n_expert_used,) each (row, slot)'s position in mord */
     uint32_t *mcnt;   /* (n_expert + 1,) group starts in mord */
-    float    *mh;     /* (nb, n_embd) one expert's input rows */
-    float    *mo;     /* (nb * n_expert_used, n_embd) output of each (row, slot) */
+    float    *mh;     /* (nb, n_embd) a group's input rows */
+    float    *mo;     /* (nb * n_expert_used, n_embd) output of each (row, slot), in mord's order */
     float    *mrl;    /* (nb, n_expert) router logits of each row */
     void    *xq_buf;  /* nb quantized activation rows */
     jlm_act_q8 *xq;   /* (nb,) */

@@ -124,6 +124,7 @@ static int alloc_buffers(jlm_engine *e, jlm_err *err)
     e->msel = jlm_rows_reserve(e, U * sizeof(int32_t));
     e->mw = jlm_rows_reserve(e, U * F);
     e->mord = jlm_rows_reserve(e, U * sizeof(uint32_t));
+    e->mpos = jlm_rows_reserve(e, U * sizeof(uint32_t));
     e->mcnt = zalloc((c->n_expert + 1) * sizeof(uint32_t));
     e->mh = jlm_rows_reserve(e, U ? E : 0);
     e->mo = jlm_rows_reserve(e, U * E);
@@ -139,7 +140,7 @@ static int alloc_buffers(jlm_engine *e, jlm_err *err)
     if (!e->xq || !e->bkc || !e->bvc || !e->bpos || !e->kc || !e->vc || !e->x || !e->h || !e->q || !e->kk ||
         !e->vv || !e->att || !e->o || !e->g || !e->u || !e->moe || !e->scores || !e->mask || !e->fa || !e->mla || !e->router ||
         !e->route || !e->route_w || !e->xq_buf || ((e->attn_token || !e->kv_direct) && !e->kv32) || !e->msel || !e->mw ||
-        !e->mord || !e->mcnt || !e->mh || !e->mo || !e->mrl)
+        !e->mord || !e->mpos || !e->mcnt || !e->mh || !e->mo || !e->mrl)
         return jlm_errf(err, JLM_ENOMEM, "%s: out of memory for the KV cache (%u positions) and buffers",
                         e->m->path, e->n_ctx);
     for (uint32_t t = 0; t < nb; t++) {
