@@ -205,7 +205,7 @@ void jlm_ex_matmul_multi(jlm_engine *e, const jlm_k_mat *const *ms, float *const
     prof_end(e, JLM_PROF_MATMUL, t0);
 }
 
-typedef struct gu_job { mm_job g, u; int act; } gu_job;
+typedef struct gu_job { mm_job g, u; int act; const jlm_k_cpu *k; } gu_job;
 
 static void gate_up_slice(void *ctx, size_t b, size_t en, int tid)
 {
@@ -213,7 +213,7 @@ static void gate_up_slice(void *ctx, size_t b, size_t en, int tid)
     jlm_ex_mm_slice(&j->g, b, en, tid);
     jlm_ex_mm_slice(&j->u, b, en, tid);
     for (uint64_t t = 0; t < j->g.n; t++)
-        jlm_ex_activate(j->act, j->g.y + t * j->g.m->rows + b, j->u.y + t * j->u.m->rows + b, en - b);
+        jlm_ex_activate(j->k, j->act, j->g.y + t * j->g.m->rows + b, j->u.y + t * j->u.m->rows + b, en - b);
 }
 
 /* g = act(X Wg^T) * (X Wu^T) in one dispatch (CPU only: a device block runs
@@ -222,7 +222,7 @@ void jlm_ex_gate_up_act(jlm_engine *e, int act, const jlm_k_mat *wg, const jlm_k
 {
     unsigned long long t0 = prof_begin(e);
     gu_job j = {{e->k->matvec[wg->type], e->k->matmul[wg->type], wg, n, x, NULL, e->g},
-                {e->k->matvec[wu->type], e->k->matmul[wu->type], wu, n, x, NULL, e->u}, act};
+                {e->k->matvec[wu->type], e->k->matmul[wu->type], wu, n, x, NULL, e->u}, act, e->k};
     if (!jlm_fmt_type_traits(wg->type)->is_float || !jlm_fmt_type_traits(wu->type)->is_float) {
         jlm_ex_quant_rows(e, x, wg->k, n);
         e->xq_of = x;
@@ -236,7 +236,7 @@ void jlm_ex_gate_up_act(jlm_engine *e, int act, const jlm_k_mat *wg, const jlm_k
 
 
 
-void jlm_ex_activate(int act, float *g, const float *u, uint64_t n)
+void jlm_ex_activate(const jlm_k_cpu *k, int act, float *g, const float *u, uint64_t n)
 {
     if (act == JLM_ACT_SWIGLU_OAI) {
         jlm_k_swiglu_oai(g, g, u, n, 1.702f, 7.0f);
@@ -244,7 +244,7 @@ void jlm_ex_activate(int act, float *g, const float *u, uint64_t n)
         jlm_k_gelu_fp16(g, g, n);   /* llama.cpp's CPU GELU reads an fp16 table */
         jlm_k_mul(g, g, u, n);
     } else {
-        jlm_k_swiglu(g, g, u, n);
+        k->swiglu(g, g, u, n);
     }
 }
 
@@ -302,7 +302,7 @@ static void gate_up(jlm_engine *e, const jlm_op *op, const jlm_ex_blk *b)
     for (uint32_t t = 0; t < b->n; t++) {
         add_bias(e->g + t * F, bg, F);
         add_bias(e->u + t * F, bu, F);
-        jlm_ex_activate(op->act, e->g + t * F, e->u + t * F, F);
+        jlm_ex_activate(e->k, op->act, e->g + t * F, e->u + t * F, F);
     }
 }
 

@@ -141,7 +141,7 @@ void jlm_ex_matmul_multi(jlm_engine *e, const jlm_k_mat *const *ms, float *const
                          const float *x);
 void jlm_ex_gate_up_act(jlm_engine *e, int act, const jlm_k_mat *wg, const jlm_k_mat *wu, uint32_t n,
                         const float *x);
-void jlm_ex_activate(int act, float *g, const float *u, uint64_t n);
+void jlm_ex_activate(const jlm_k_cpu *k, int act, float *g, const float *u, uint64_t n);
 
 /* ================================================================ ops */
 void jlm_ex_rope_params(const jlm_engine *e, uint32_t l, jlm_k_rope *p);   /* exec_attn.c: layer l's RoPE */

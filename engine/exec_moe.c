@@ -204,6 +204,7 @@ static void mix_slots(float *x, float *mix, const float *w, const float *outs, c
  * are the per-expert path's bit for bit. */
 #define MOE_FUSE_MAX 16
 typedef struct moe_job {
+    const jlm_k_cpu *k;
     int      act;
     uint32_t nu;
     uint64_t rows;                 /* of each expert's matrices in this dispatch */
@@ -233,7 +234,7 @@ static void moe_slice(void *ctx, size_t b, size_t en, int tid)
                 continue;
             float *u = j->b[s].y + t * j->rows + r0;
             if (j->bb[s]) add_bias(u, j->bb[s] + r0, r1 - r0);
-            jlm_ex_activate(j->act, g, u, r1 - r0);
+            jlm_ex_activate(j->k, j->act, g, u, r1 - r0);
         }
     }
 }
@@ -266,7 +267,7 @@ static void moe_experts_fused(jlm_engine *e, const jlm_op *op, uint32_t l, const
     for (uint32_t s = 0; s < nu; s++)
         if (!only || only[s])
             at[m++] = s;   /* job i computes slot at[i]: its rows of g, u and o */
-    moe_job gu = {.act = op->act, .nu = m, .rows = nff, .gate_up = 1}, dn = {.nu = m, .rows = E};
+    moe_job gu = {.k = e->k, .act = op->act, .nu = m, .rows = nff, .gate_up = 1}, dn = {.nu = m, .rows = E};
     for (uint32_t i = 0; i < m; i++) {
         uint32_t s = at[i], xe = (uint32_t)sel[s];
         wg[i] = mat_expert(e, tg, frames[s], first, xe);
@@ -354,7 +355,7 @@ static int moe_token(jlm_engine *e, const jlm_op *op, uint32_t l, const uint8_t 
                 jlm_ex_matmul(e, &wu, 1, h, e->u);
                 if (bg) add_bias(e->g, bg + (uint64_t)xe * nff, nff);
                 if (bu) add_bias(e->u, bu + (uint64_t)xe * nff, nff);
-                jlm_ex_activate(op->act, e->g, e->u, nff);
+                jlm_ex_activate(e->k, op->act, e->g, e->u, nff);
             }
             jlm_ex_matmul(e, &wd, 1, e->g, e->o);
             if (bd) add_bias(e->o, bd + (uint64_t)xe * E, E);
@@ -475,7 +476,7 @@ static void moe_group(jlm_engine *e, const jlm_op *op, uint32_t l, uint32_t firs
     const float *bd = vec_dense(e, W(e, l, JLM_R_EXP_DOWN_B));
     uint64_t nff = jlm_tensor_rows(tg);
     jlm_k_mat wg[MOE_FUSE_MAX], wu[MOE_FUSE_MAX], wd[MOE_FUSE_MAX];
-    moe_job gu = {.act = op->act, .nu = ng, .rows = nff, .gate_up = 1}, dn = {.nu = ng, .rows = E};
+    moe_job gu = {.k = e->k, .act = op->act, .nu = ng, .rows = nff, .gate_up = 1}, dn = {.nu = ng, .rows = E};
     int qg = 0, qd = 0;
     for (uint32_t i = 0; i < ng; i++) {
         uint32_t x = (uint32_t)xs[i], m = e->mcnt[x + 1] - e->mcnt[x];
@@ -537,7 +538,7 @@ static void moe_expert_dev(jlm_engine *e, const jlm_op *op, uint32_t l, uint32_t
         float *g = e->g + i * nff, *u = e->u + i * nff;
         if (bg) add_bias(g, bg + (uint64_t)x * nff, nff);
         if (bu) add_bias(u, bu + (uint64_t)x * nff, nff);
-        jlm_ex_activate(op->act, g, u, nff);
+        jlm_ex_activate(e->k, op->act, g, u, nff);
     }
     jlm_ex_matmul(e, &wd, m, e->g, e->mo + (uint64_t)p0 * E);
     if (bd)

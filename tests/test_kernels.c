@@ -809,6 +809,44 @@ Test(kernels, every_variants_activation_quantizer_equals_the_reference)
     }
 }
 
+/* The table's SwiGLU equals jlm_k_swiglu bit for bit (NaN: a NaN): random
+ * gates over the exp's whole range and both signs, zeros of both signs,
+ * infinities, NaN, denormals, the exp's cut at -87, for lengths that leave
+ * each variant a tail. */
+Test(kernels, every_variants_swiglu_equals_the_reference)
+{
+    enum { N = 4099 };
+    static float g[N], u[N], want[N], got[N];
+    uint64_t s = 77;
+    for (int i = 0; i < N; i++) {
+        g[i] = 40.0f * rng_unit(&s) * (float)(i % 5 + 1);
+        u[i] = 3.0f * rng_unit(&s);
+    }
+    const float edge[] = {0.0f, -0.0f, INFINITY, -INFINITY, NAN, 1e-40f, -1e-40f, 87.0f, -87.0f, 87.01f, -87.01f,
+                          88.7f, -88.7f, 1e30f, -1e30f, 16.6f, -16.6f, 0.5f, -0.5f};
+    for (size_t i = 0; i < sizeof edge / sizeof edge[0]; i++)
+        g[3 * i + 1] = edge[i];
+    for (int v = 0; v < JLM_K_NVARIANT; v++) {
+        jlm_k_cpu tab;
+        if (jlm_k_cpu_table(v, &tab, NULL) != 0)
+            continue;
+        cr_assert(tab.swiglu, "%s: no swiglu", tab.name);
+        const uint64_t lens[] = {N, N - 7, 15, 1};
+        for (int l = 0; l < 4; l++) {
+            memset(got, 0xa5, sizeof got);
+            jlm_k_swiglu(want, g, u, lens[l]);
+            tab.swiglu(got, g, u, lens[l]);
+            for (uint64_t i = 0; i < lens[l]; i++)
+                cr_assert(!memcmp(&got[i], &want[i], 4) || (isnan(got[i]) && isnan(want[i])),
+                          "%s, %llu values: element %llu (gate %g, up %g): %.9g, reference %.9g", tab.name,
+                          (unsigned long long)lens[l], (unsigned long long)i, (double)g[i], (double)u[i],
+                          (double)got[i], (double)want[i]);
+            cr_assert(lens[l] == N || !memcmp(&got[lens[l]], &(uint32_t){0xa5a5a5a5u}, 4),
+                      "%s: wrote past %llu values", tab.name, (unsigned long long)lens[l]);
+        }
+    }
+}
+
 /* ---------------------------------------------------------------- batched attention (jlm_k_fattn) */
 
 /* One case: n rows at positions pos0.., KV cache of npos positions and NKVH

@@ -111,9 +111,11 @@ int jlm_k_cpu_table_pf(int v, int pf, jlm_k_cpu *t, jlm_err *err)
     tab.quantize_act = jlm_k_quantize_act;
     tab.to_fp16 = jlm_k_to_fp16_ref;
     tab.fattn = jlm_k_fattn_ref;
+    tab.swiglu = jlm_k_swiglu;
     if (v == JLM_K_AVX2) {
         jlm_k_fill_avx2(&tab);
         tab.fattn = jlm_k_fattn_avx2;
+        tab.swiglu = jlm_k_swiglu_avx2;
     }
     if (v == JLM_K_AVX512) {
         if (tab.pf == JLM_K_PF_L1)
@@ -121,6 +123,7 @@ int jlm_k_cpu_table_pf(int v, int pf, jlm_k_cpu *t, jlm_err *err)
         else
             jlm_k_fill_avx512(&tab);
         tab.fattn = jlm_k_fattn_avx512;
+        tab.swiglu = jlm_k_swiglu_avx512;
     }
     *t = tab;
     return JLM_OK;

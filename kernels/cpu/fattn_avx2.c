@@ -3,7 +3,8 @@
  * Kt (head_dim, 32) per key tile (or the cache's own tile, F16 converted as
  * loaded at decode), scores of 4 items x 16 keys in 8 ymm accumulators (two
  * halves per tile), exp in 8 lanes, values 8 dimensions a lane, two items with
- * the same keys at once. No FMA: mul then add, the reference's order. */
+ * the same keys at once. No FMA: mul then add, the reference's order. And
+ * jlm_k_swiglu in 8 lanes, on the same exp. */
 #include "kernels/cpu/kernels.h"
 
 #include <immintrin.h>
@@ -373,4 +374,20 @@ void jlm_k_fattn_avx2(const jlm_k_fattn *p, const float *q, const void *k, const
         if (L[it] > 0.0f)
             scale_row(out + r * p->o_stride + (uint64_t)h * hdv, 1.0f / L[it], hdv);
     }
+}
+
+/* jlm_k_swiglu, 8 lanes at a time with its operations (the tail: it). */
+void jlm_k_swiglu_avx2(float *out, const float *gate, const float *up, uint64_t n)
+{
+    const __m256 one = _mm256_set1_ps(1.0f), sign = _mm256_set1_ps(-0.0f);
+    uint64_t i = 0;
+    for (; i + 8 <= n; i += 8) {
+        __m256 g = _mm256_loadu_ps(gate + i);
+        __m256 e = exp8(_mm256_or_ps(g, sign));   /* exp(-|g|) */
+        __m256 pos = _mm256_cmp_ps(g, _mm256_setzero_ps(), _CMP_GE_OQ);
+        __m256 s = _mm256_div_ps(_mm256_blendv_ps(e, one, pos), _mm256_add_ps(one, e));
+        _mm256_storeu_ps(out + i, _mm256_mul_ps(_mm256_mul_ps(g, s), _mm256_loadu_ps(up + i)));
+    }
+    if (i < n)
+        jlm_k_swiglu(out + i, gate + i, up + i, n - i);
 }

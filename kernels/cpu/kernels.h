@@ -122,6 +122,8 @@ typedef struct jlm_k_cpu {
     /* jlm_k_fattn_ref or a variant of it with bit-identical output (never NULL) */
     void          (*fattn)(const struct jlm_k_fattn *p, const float *q, const void *k, const void *v,
                            float *out, uint32_t g, uint32_t r0, uint32_t r1, float *scratch);
+    /* jlm_k_swiglu or a variant of it with bit-identical output (never NULL) */
+    void          (*swiglu)(float *out, const float *gate, const float *up, uint64_t n);
 } jlm_k_cpu;
 
 /* 1 if this CPU (cpuid + OS xsave state) runs variant v. Cannot fail. */
@@ -214,7 +216,13 @@ void jlm_k_gelu_fp16(float *out, const float *x, uint64_t n);
 /* ggml's GELU table entry of the half h: f32(fp16(gelu(f32(h)))) (the table jlm_k_gelu_fp16 reads in (-10, 10)) */
 float jlm_k_gelu_fp16_entry(uint16_t h);
 void jlm_k_gelu_quick(float *out, const float *x, uint64_t n); /* x*sigmoid(1.702x) */
+/* out = gate * sigmoid(gate) * up, the sigmoid from e = jlm_k_fattn_exp(-|gate|)
+ * (<= 1, so it never overflows): 1 / (1 + e) for gate >= 0, else e / (1 + e).
+ * Within ~2 ulp of the libm formula; a vector variant gives the same bits
+ * (jlm_k_cpu's swiglu). */
 void jlm_k_swiglu(float *out, const float *gate, const float *up, uint64_t n);
+void jlm_k_swiglu_avx2(float *out, const float *gate, const float *up, uint64_t n);
+void jlm_k_swiglu_avx512(float *out, const float *gate, const float *up, uint64_t n);
 /* gpt-oss: g = min(gate, limit), u = clamp(up, -limit, limit),
  * out = g * sigmoid(alpha*g) * (u + 1). */
 void jlm_k_swiglu_oai(float *out, const float *gate, const float *up, uint64_t n,

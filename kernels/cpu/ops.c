@@ -193,8 +193,11 @@ void jlm_k_gelu_quick(float *out, const float *x, uint64_t n)
 
 void jlm_k_swiglu(float *out, const float *gate, const float *up, uint64_t n)
 {
-    for (uint64_t i = 0; i < n; i++)
-        out[i] = gate[i] / (1.0f + expf(-gate[i])) * up[i];
+    for (uint64_t i = 0; i < n; i++) {
+        float g = gate[i], e = jlm_k_fattn_exp(-fabsf(g));
+        float s = g >= 0.0f ? 1.0f / (1.0f + e) : e / (1.0f + e);
+        out[i] = g * s * up[i];
+    }
 }
 
 void jlm_k_swiglu_oai(float *out, const float *gate, const float *up, uint64_t n,

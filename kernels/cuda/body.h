@@ -612,6 +612,40 @@ JLM_CU_HD float jlm_cu_gelu1(float x)
     return 0.5f * x * (1.0f + tanhf(0.79788456080286535587989211986876f * x * (1.0f + 0.044715f * x * x)));
 }
 
+/* exp(x) for x <= 0 (x > 0 is taken as 0; below -87: 0), the twin of
+ * jlm_k_fattn_exp (kernels/cpu/fattn.c): the same f32 operations, so with
+ * -fmad=false the same bits on the device as on the CPU. */
+JLM_CU_HD float jlm_cu_exp_le0(float x)
+{
+    if (x != x)
+        return x;
+    if (x < -87.0f)
+        return 0.0f;
+    if (x > 0.0f)
+        x = 0.0f;
+    float n = rintf(x * 1.44269504088896341f);
+    float r = x - n * 0.693359375f;
+    r = r - n * -2.12194440e-4f;
+    float z = r * r;
+    float y = 1.9875691500e-4f;
+    y = y * r + 1.3981999507e-3f;
+    y = y * r + 8.3334519073e-3f;
+    y = y * r + 4.1665795894e-2f;
+    y = y * r + 1.6666665459e-1f;
+    y = y * r + 5.0000001201e-1f;
+    y = y * z + r;
+    y = y + 1.0f;
+    return y * jlm_cu_bits_f32((uint32_t)(((int32_t)n + 127) << 23));
+}
+
+/* gate * sigmoid(gate) * up as jlm_k_swiglu computes it (e = exp(-|gate|)) */
+JLM_CU_HD float jlm_cu_swiglu1(float g, float u)
+{
+    float e = jlm_cu_exp_le0(-fabsf(g));
+    float s = g >= 0.0f ? 1.0f / (1.0f + e) : e / (1.0f + e);
+    return g * s * u;
+}
+
 /* out[i] for element i: a is x (or gate), b is up / the second operand
  * (unused by the unary ops), s is the scale (SCALE) or alpha (SWIGLU_OAI),
  * lim the swiglu_oai limit. */
@@ -627,7 +661,7 @@ JLM_CU_HD float jlm_cu_elem(int op, float a, float b, float s, float lim)
             return a;
         return jlm_cu_fp16_to_f32(jlm_cu_f32_to_fp16(jlm_cu_gelu1(jlm_cu_fp16_to_f32(jlm_cu_f32_to_fp16(a)))));
     case JLM_CU_GELU_QUICK: return a * (1.0f / (1.0f + expf(-1.702f * a)));
-    case JLM_CU_SWIGLU: return a / (1.0f + expf(-a)) * b;
+    case JLM_CU_SWIGLU: return jlm_cu_swiglu1(a, b);
     case JLM_CU_SWIGLU_OAI: {
         float g = fminf(a, lim), u = fmaxf(fminf(b, lim), -lim);
         return g / (1.0f + expf(s * -g)) * (u + 1.0f);
