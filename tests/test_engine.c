@@ -300,7 +300,7 @@ Test(engine, prefill_in_any_batch_and_one_token_at_a_time_give_the_same_logits, 
  * (block, expert) page at most once: one prompt of 129 rows in one batch
  * asks the pager for at most n_layer * n_expert expert pages (row by row it
  * is 129 * n_expert_used a block); with the pager's read-ahead on, a cold
- * engine reads each at most once, some of them ahead (expert_ahead). */
+ * engine reads each at most once, some of them ahead (experts_ahead). */
 static jlm_pager_array_counters experts_of_one_batch(const char *path, int no_prefetch, uint32_t *bound)
 {
     setenv("JLM_BATCH", "512", 1);
@@ -345,7 +345,7 @@ Test(engine, moe_prefill_reads_each_routed_expert_once_a_batch_with_the_rows_log
         uint64_t gets = x.hits + x.page_ins + x.fills;
         cr_assert(gets > 0 && gets <= bound, "%s: %llu expert gets for one batch of 129 rows (at most %u)", M[m],
                   (unsigned long long)gets, bound);
-        /* with read-ahead (expert_ahead): still each expert read once at most,
+        /* with read-ahead (experts_ahead): still each expert read once at most,
          * and some read while the one before computed */
         x = experts_of_one_batch(path, 0, &bound);
         cr_assert(x.page_ins > 0 && x.page_ins <= bound && x.pf_issued > 0 && x.pf_unused == 0,
