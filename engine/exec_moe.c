@@ -251,56 +251,73 @@ static void moe_dispatch(jlm_engine *e, moe_job *j, uint32_t n)
     prof_end(e, JLM_PROF_MATMUL, t0);
 }
 
+/* An expert's three matrices, kept while its jobs run. */
+typedef struct moe_mats { jlm_k_mat g, u, d; } moe_mats;
+
+/* Job i of gu and dn: expert x of block l (its page frame, the bank's page
+ * first) over m input rows at in, its gate and up rows into e->g and e->u
+ * from row gr, its down's rows into out, with the block's expert biases;
+ * *w keeps its matrices. Returns bit 0: its gate or up reads int8 input
+ * rows; bit 1: its down does. */
+static int moe_expert_jobs(jlm_engine *e, uint32_t l, const void *frame, uint32_t first, uint32_t x, uint64_t m,
+                           const float *in, uint64_t gr, float *out, moe_mats *w, moe_job *gu, moe_job *dn, uint32_t i)
+{
+    const jlm_tensor *tg = W(e, l, JLM_R_EXP_GATE);
+    const float *bg = vec_dense(e, W(e, l, JLM_R_EXP_GATE_B)), *bu = vec_dense(e, W(e, l, JLM_R_EXP_UP_B));
+    const float *bd = vec_dense(e, W(e, l, JLM_R_EXP_DOWN_B));
+    uint64_t nff = jlm_tensor_rows(tg), E = e->c->n_embd;
+    w->g = mat_expert(e, tg, frame, first, x);
+    w->u = mat_expert(e, W(e, l, JLM_R_EXP_UP), frame, first, x);
+    w->d = mat_expert(e, W(e, l, JLM_R_EXP_DOWN), frame, first, x);
+    gu->a[i] = (mm_job){e->k->matvec[w->g.type], e->k->matmul[w->g.type], &w->g, m, in, NULL, e->g + gr * nff};
+    gu->b[i] = (mm_job){e->k->matvec[w->u.type], e->k->matmul[w->u.type], &w->u, m, in, NULL, e->u + gr * nff};
+    gu->ba[i] = bg ? bg + (uint64_t)x * nff : NULL;
+    gu->bb[i] = bu ? bu + (uint64_t)x * nff : NULL;
+    dn->a[i] = (mm_job){e->k->matvec[w->d.type], e->k->matmul[w->d.type], &w->d, m, e->g + gr * nff, NULL, out};
+    dn->ba[i] = bd ? bd + (uint64_t)x * E : NULL;
+    return (!jlm_fmt_type_traits(w->g.type)->is_float || !jlm_fmt_type_traits(w->u.type)->is_float) |
+           !jlm_fmt_type_traits(w->d.type)->is_float << 1;
+}
+
+/* The job reads the int8 rows from xq where its matrix is quantized. */
+static void job_xq(mm_job *j, const jlm_act_q8 *xq)
+{
+    j->xq = jlm_fmt_type_traits(j->m->type)->is_float ? NULL : xq;
+}
+
 /* The experts of one token (input h) whose frames are frames[s]: e->o row s
  * = expert sel[s]'s output. */
 static void moe_experts_fused(jlm_engine *e, const jlm_op *op, uint32_t l, const void *const *frames, uint32_t first,
                               const int32_t *sel, const float *h, const uint8_t *only)
 {
-    const jlm_config *c = e->c;
-    uint32_t nu = c->n_expert_used, E = c->n_embd, m = 0, at[MOE_FUSE_MAX];
-    const jlm_tensor *tg = W(e, l, JLM_R_EXP_GATE), *tu = W(e, l, JLM_R_EXP_UP), *td = W(e, l, JLM_R_EXP_DOWN);
-    const float *bg = vec_dense(e, W(e, l, JLM_R_EXP_GATE_B)), *bu = vec_dense(e, W(e, l, JLM_R_EXP_UP_B));
-    const float *bd = vec_dense(e, W(e, l, JLM_R_EXP_DOWN_B));
-    uint64_t nff = jlm_tensor_rows(tg);
-    jlm_k_mat wg[MOE_FUSE_MAX], wu[MOE_FUSE_MAX], wd[MOE_FUSE_MAX];
-    int qg = 0, qd = 0;
+    uint32_t nu = e->c->n_expert_used, E = e->c->n_embd, m = 0, at[MOE_FUSE_MAX];
+    uint64_t nff = jlm_tensor_rows(W(e, l, JLM_R_EXP_GATE));
+    moe_mats w[MOE_FUSE_MAX];
+    int q = 0;
     for (uint32_t s = 0; s < nu; s++)
         if (!only || only[s])
             at[m++] = s;   /* job i computes slot at[i]: its rows of g, u and o */
     moe_job gu = {.k = e->k, .act = op->act, .nu = m, .rows = nff, .gate_up = 1}, dn = {.nu = m, .rows = E};
-    for (uint32_t i = 0; i < m; i++) {
-        uint32_t s = at[i], xe = (uint32_t)sel[s];
-        wg[i] = mat_expert(e, tg, frames[s], first, xe);
-        wu[i] = mat_expert(e, tu, frames[s], first, xe);
-        wd[i] = mat_expert(e, td, frames[s], first, xe);
-        gu.a[i] = (mm_job){e->k->matvec[wg[i].type], e->k->matmul[wg[i].type], &wg[i], 1, h, NULL, e->g + s * nff};
-        gu.b[i] = (mm_job){e->k->matvec[wu[i].type], e->k->matmul[wu[i].type], &wu[i], 1, h, NULL, e->u + s * nff};
-        gu.ba[i] = bg ? bg + (uint64_t)xe * nff : NULL;
-        gu.bb[i] = bu ? bu + (uint64_t)xe * nff : NULL;
-        dn.a[i] = (mm_job){e->k->matvec[wd[i].type], e->k->matmul[wd[i].type], &wd[i], 1, e->g + s * nff, NULL,
-                           e->o + (uint64_t)s * E};
-        qg |= !jlm_fmt_type_traits(wg[i].type)->is_float || !jlm_fmt_type_traits(wu[i].type)->is_float;
-        qd |= !jlm_fmt_type_traits(wd[i].type)->is_float;
-    }
+    for (uint32_t i = 0; i < m; i++)
+        q |= moe_expert_jobs(e, l, frames[at[i]], first, (uint32_t)sel[at[i]], 1, h, at[i],
+                             e->o + (uint64_t)at[i] * E, &w[i], &gu, &dn, i);
     if (!m)
         return;
-    if (qg) {   /* h's int8 row, shared by every expert's gate and up */
-        jlm_ex_quant_rows(e, h, wg[0].k, 1);
+    if (q & 1) {   /* h's int8 row, shared by every expert's gate and up */
+        jlm_ex_quant_rows(e, h, E, 1);
         for (uint32_t i = 0; i < m; i++) {
-            gu.a[i].xq = jlm_fmt_type_traits(wg[i].type)->is_float ? NULL : e->xq;
-            gu.b[i].xq = jlm_fmt_type_traits(wu[i].type)->is_float ? NULL : e->xq;
+            job_xq(&gu.a[i], e->xq);
+            job_xq(&gu.b[i], e->xq);
         }
     }
     moe_dispatch(e, &gu, 1);
-    if (qd) {   /* row s of xq: slot s's activation (every slot's row: quantizing is per row) */
+    if (q & 2) {   /* row s of xq: slot s's activation (every slot's row: quantizing is per row) */
         jlm_ex_quant_rows(e, e->g, nff, nu);
         for (uint32_t i = 0; i < m; i++)
-            dn.a[i].xq = jlm_fmt_type_traits(wd[i].type)->is_float ? NULL : &e->xq[at[i]];
+            job_xq(&dn.a[i], &e->xq[at[i]]);
     }
     moe_dispatch(e, &dn, 1);
     e->xq_of = NULL;
-    for (uint32_t i = 0; bd && i < m; i++)
-        add_bias(e->o + (uint64_t)at[i] * E, bd + (uint64_t)sel[at[i]] * E, E);
 }
 
 /* x += the routed experts' mixture for one token (row t). Pages in every
@@ -471,41 +488,27 @@ static void moe_group(jlm_engine *e, const jlm_op *op, uint32_t l, uint32_t firs
                       const void *const *frames)
 {
     uint32_t E = e->c->n_embd, p0 = e->mcnt[xs[0]], R = e->mcnt[xs[ng - 1] + 1] - p0, at[MOE_FUSE_MAX];
-    const jlm_tensor *tg = W(e, l, JLM_R_EXP_GATE), *tu = W(e, l, JLM_R_EXP_UP), *td = W(e, l, JLM_R_EXP_DOWN);
-    const float *bg = vec_dense(e, W(e, l, JLM_R_EXP_GATE_B)), *bu = vec_dense(e, W(e, l, JLM_R_EXP_UP_B));
-    const float *bd = vec_dense(e, W(e, l, JLM_R_EXP_DOWN_B));
-    uint64_t nff = jlm_tensor_rows(tg);
-    jlm_k_mat wg[MOE_FUSE_MAX], wu[MOE_FUSE_MAX], wd[MOE_FUSE_MAX];
+    uint64_t nff = jlm_tensor_rows(W(e, l, JLM_R_EXP_GATE));
+    moe_mats w[MOE_FUSE_MAX];
     moe_job gu = {.k = e->k, .act = op->act, .nu = ng, .rows = nff, .gate_up = 1}, dn = {.nu = ng, .rows = E};
-    int qg = 0, qd = 0;
+    int q = 0;
     for (uint32_t i = 0; i < ng; i++) {
-        uint32_t x = (uint32_t)xs[i], m = e->mcnt[x + 1] - e->mcnt[x];
+        uint32_t x = (uint32_t)xs[i];
         at[i] = e->mcnt[x] - p0;
-        wg[i] = mat_expert(e, tg, frames[i], first, x);
-        wu[i] = mat_expert(e, tu, frames[i], first, x);
-        wd[i] = mat_expert(e, td, frames[i], first, x);
-        const float *in = e->mh + (uint64_t)at[i] * E;
-        gu.a[i] = (mm_job){e->k->matvec[wg[i].type], e->k->matmul[wg[i].type], &wg[i], m, in, NULL, e->g + at[i] * nff};
-        gu.b[i] = (mm_job){e->k->matvec[wu[i].type], e->k->matmul[wu[i].type], &wu[i], m, in, NULL, e->u + at[i] * nff};
-        gu.ba[i] = bg ? bg + (uint64_t)x * nff : NULL;
-        gu.bb[i] = bu ? bu + (uint64_t)x * nff : NULL;
-        dn.a[i] = (mm_job){e->k->matvec[wd[i].type], e->k->matmul[wd[i].type], &wd[i], m, e->g + at[i] * nff, NULL,
-                           e->mo + (uint64_t)(p0 + at[i]) * E};
-        dn.ba[i] = bd ? bd + (uint64_t)x * E : NULL;
-        qg |= !jlm_fmt_type_traits(wg[i].type)->is_float || !jlm_fmt_type_traits(wu[i].type)->is_float;
-        qd |= !jlm_fmt_type_traits(wd[i].type)->is_float;
+        q |= moe_expert_jobs(e, l, frames[i], first, x, e->mcnt[x + 1] - e->mcnt[x], e->mh + (uint64_t)at[i] * E,
+                             at[i], e->mo + (uint64_t)(p0 + at[i]) * E, &w[i], &gu, &dn, i);
     }
-    moe_rows mr = {.p0 = p0, .quant = qg};
+    moe_rows mr = {.p0 = p0, .quant = q & 1};
     jlm_ex_for_rows(e, R, gather_row, &mr);
-    for (uint32_t i = 0; qg && i < ng; i++) {
-        gu.a[i].xq = jlm_fmt_type_traits(wg[i].type)->is_float ? NULL : &e->xq[at[i]];
-        gu.b[i].xq = jlm_fmt_type_traits(wu[i].type)->is_float ? NULL : &e->xq[at[i]];
+    for (uint32_t i = 0; (q & 1) && i < ng; i++) {
+        job_xq(&gu.a[i], &e->xq[at[i]]);
+        job_xq(&gu.b[i], &e->xq[at[i]]);
     }
     moe_dispatch(e, &gu, R);
-    if (qd) {
+    if (q & 2) {
         jlm_ex_quant_rows(e, e->g, nff, R);
         for (uint32_t i = 0; i < ng; i++)
-            dn.a[i].xq = jlm_fmt_type_traits(wd[i].type)->is_float ? NULL : &e->xq[at[i]];
+            job_xq(&dn.a[i], &e->xq[at[i]]);
     }
     moe_dispatch(e, &dn, R);
 }
