@@ -167,6 +167,18 @@ struct jlm_engine {
     uint64_t         warm_at;
     uint32_t        *warm_order;  /* (n_warm_order,) expert pages in the background read's order; NULL: file order */
     uint32_t         n_warm_order;
+    /* below a budget that holds the model, the background read's experts
+     * by rank (warm_rank, stream.c): warm_score (n_layer, n_expert + 2)
+     * each block's routing probabilities summed, then its rows routed, then
+     * its experts done; warm_done (expert pages,) read, resident or passed
+     * over; warm_quota the frames' expert pages over the MoE blocks;
+     * warm_blk the block whose turn it is; warm_l the block acquired last,
+     * warm_pass the layers went round once */
+    int              warm_rank, warm_pass;
+    float            warm_quota;
+    float           *warm_score;
+    uint8_t         *warm_done;
+    uint32_t         warm_blk, warm_l;
     jlm_engine_predict pst;
     /* profiling (model.h): prof on; prof_in: a class is being timed (nested
      * ones are not); pr the sums; pr_page0 the pager's read time at reset */

@@ -55,12 +55,16 @@ static int pred_alloc(jlm_engine *e)
     if (!e->rbytes || e->rbytes * c->n_layer > PRED_MAX)
         e->predict = 0;
     uint64_t rb = e->predict ? e->rbytes * c->n_layer : 0;
-    e->pred_buf = zalloc(rb + c->n_layer + (uint64_t)nu * (sizeof(int32_t) + 1) + sizeof(int32_t));
+    uint64_t sel = (rb + c->n_layer + 3) & ~(uint64_t)3, warm = (sel + (uint64_t)nu * 5 + 3) & ~(uint64_t)3;
+    uint64_t ws = c->n_expert ? (uint64_t)c->n_layer * (c->n_expert + 2) : 0;   /* warm_score, then warm_done */
+    e->pred_buf = zalloc(warm + ws * sizeof(float) + (uint64_t)c->n_layer * c->n_expert);
     if (!e->pred_buf)
         return 0;
     e->pred_ok = e->pred_buf + rb;
-    e->pred_sel = (int32_t *)(e->pred_buf + ((rb + c->n_layer + 3) & ~(uint64_t)3));
+    e->pred_sel = (int32_t *)(e->pred_buf + sel);
     e->pred_read = (uint8_t *)(e->pred_sel + nu);
+    e->warm_score = ws ? (float *)(e->pred_buf + warm) : NULL;
+    e->warm_done = ws ? e->pred_buf + warm + ws * sizeof(float) : NULL;
     return 1;
 }
 

@@ -14,6 +14,8 @@
 
 #include "engine/pager.h"
 
+#include <math.h>
+
 /* The device that runs block l's matmuls, pages and experts; NULL: the CPU.
  * The output matrix's is out_dev (after the blocks: jlm_stream_finish). */
 static jlm_dev *block_dev(const jlm_engine *e, uint32_t l)
@@ -61,15 +63,18 @@ static void dev_prefetch_next(jlm_engine *e, uint32_t l)
 }
 
 /* ---------------------------------------------------------------- the cold start */
-/* The pages not yet resident read in file order (the text blocks, then the
- * experts) on the pager's readers, as many at once as it takes, so a first
- * run reads the model at the disk's bandwidth instead of page by page on
- * first use. When the budget holds every page, all of them; below that, only
- * into room the frames have (warm_room: room kept free for a block's working
- * set), never evicting: the first pages a run needs are then found read
- * (issue 42: a 90% limit decoded at 0.29-0.38 of the unlimited run, which
- * read the model in the background while the limited runs read each expert
- * on first use). warm_at: array << 32 | page of the next one. A page in use
+/* The pages not yet resident read in the background on the pager's
+ * readers, as many at once as it takes, so a first run reads the model at
+ * the disk's bandwidth instead of page by page on first use. When the
+ * budget holds every page, all of them in file order (the text blocks, then
+ * the experts). Below that, only into room the frames have (warm_room: room
+ * kept free for a block's working set), never evicting: the text blocks
+ * first, then the experts by rank (warm_pick), so that the frames fill with
+ * the experts the run is likely to route to (issue 42: a 90% limit decoded
+ * at 0.29-0.38 of the unlimited run, which read the model in the background
+ * while the limited runs read each expert on first use; in file order, half
+ * the frames then held the first blocks' experts whatever the routing).
+ * warm_at: array << 32 | page of the next one in file order. A page in use
  * or on its way is passed over (its get reads it). */
 static int warm_fits(jlm_engine *e, uint32_t a, uint32_t pg)
 {
@@ -83,12 +88,114 @@ static int warm_fits(jlm_engine *e, uint32_t a, uint32_t pg)
     return pc.resident_bytes + ext + e->warm_room <= e->budget;
 }
 
+/* Block l's routing of n rows (lg: their router logits, the bias added, n_expert
+ * each) into its ranks for the background read (warm_score): each row's
+ * probabilities summed, softmax over the logits, or for sigmoid routing
+ * each expert's selection score (its sigmoid plus exp_probs_b) over the
+ * row's sum. Counted while the background read ranks experts. */
+void jlm_stream_routed(jlm_engine *e, uint32_t l, int mode, const float *lg, uint32_t n)
+{
+    const jlm_config *c = e->c;
+    uint32_t ne = c->n_expert;
+    if (!e->warm || !e->warm_rank || l >= c->n_layer || ne > JLM_MAX_EXPERTS)
+        return;
+    float *sc = e->warm_score + (size_t)l * (ne + 2), p[JLM_MAX_EXPERTS];
+    const float *bias = mode == JLM_ROUTE_SIGMOID ? vec_dense(e, W(e, (int32_t)l, JLM_R_EXP_PROBS_B)) : NULL;
+    int sigmoid = mode == JLM_ROUTE_SIGMOID || mode == JLM_ROUTE_SIGMOID_IN;
+    for (uint32_t t = 0; t < n; t++) {
+        const float *r = lg + (uint64_t)t * ne;
+        float mx = r[0], sum = 0.0f;
+        for (uint32_t i = 1; i < ne; i++)
+            mx = r[i] > mx ? r[i] : mx;
+        for (uint32_t i = 0; i < ne; i++) {
+            p[i] = sigmoid ? 1.0f / (1.0f + expf(-r[i])) + (bias ? bias[i] : 0.0f) : expf(r[i] - mx);
+            p[i] = p[i] > 0.0f ? p[i] : 0.0f;
+            sum += p[i];
+        }
+        for (uint32_t i = 0; sum > 0.0f && i < ne; i++)
+            sc[i] += p[i] / sum;
+        sc[ne] += 1.0f;   /* rows seen */
+    }
+}
+
+/* Block l's expert bank (page `first`): its highest ranked expert not yet
+ * read, resident or passed over (ties: the lower index), -1 none; the
+ * resident ones found marked done (read as they were used). */
+static int32_t warm_best(jlm_engine *e, uint32_t l, uint32_t first)
+{
+    uint32_t ne = e->c->n_expert;
+    float *sc = e->warm_score + (size_t)l * (ne + 2);
+    int32_t best = -1;
+    for (uint32_t i = 0; i < ne; i++) {
+        if (e->warm_done[first + i])
+            continue;
+        if (jlm_pager_filled(e->pager, JLM_PAGER_EXPERTS, first + i)) {
+            e->warm_done[first + i] = 1;
+            sc[ne + 1] += 1.0f;
+            continue;
+        }
+        if (best < 0 || sc[i] > sc[best])
+            best = (int32_t)i;
+    }
+    return best;
+}
+
+/* The next expert page the background read takes below a budget that
+ * holds the model: from the routed MoE block with the fewest experts done
+ * (its level: resident, read or passed over; warm_blk: round robin among
+ * equals), its highest ranked one left. Up to warm_quota (the frames' share
+ * of each block) a block goes as soon as it is routed; past it, level by
+ * level, waiting for the blocks below, so that every block's top experts are
+ * read before any block's next. A block not yet routed counts as routed
+ * once the layers have gone round without it (routed where no logits come
+ * back: then in file order). 1: *pg, 0: none yet (a block waits), -1: none
+ * left. */
+static int warm_pick(jlm_engine *e, uint32_t *pg)
+{
+    const jlm_config *c = e->c;
+    uint32_t ne = c->n_expert;
+    for (;;) {
+        int64_t lb = -1;
+        float lv = 0.0f, low = (float)ne;   /* the chosen block's level; the lowest of all */
+        for (uint32_t k = 0; k < c->n_layer; k++) {
+            uint32_t l = (e->warm_blk + k) % c->n_layer;
+            const float *sc = e->warm_score + (size_t)l * (ne + 2);
+            if (!W(e, (int32_t)l, JLM_R_EXP_GATE) || sc[ne + 1] >= (float)ne)
+                continue;
+            low = sc[ne + 1] < low ? sc[ne + 1] : low;
+            if ((sc[ne] > 0.0f || e->warm_pass) && (lb < 0 || sc[ne + 1] < lv))
+                lb = l, lv = sc[ne + 1];
+        }
+        if (low >= (float)ne)
+            return -1;
+        if (lb < 0 || (lv >= e->warm_quota && lv > low))
+            return 0;   /* the blocks below it wait for their routing */
+        const jlm_tensor *tg = W(e, (int32_t)lb, JLM_R_EXP_GATE);
+        uint32_t first = (uint32_t)((tg->qs_off - e->m->hdr.exp_data_off) / e->m->hdr.exp_page_size);
+        const float *sc = e->warm_score + (size_t)lb * (ne + 2);
+        int32_t best = warm_best(e, (uint32_t)lb, first);
+        if (best < 0 || sc[ne + 1] > lv)
+            continue;   /* its resident experts raised its level: choose again */
+        e->warm_blk = (uint32_t)lb + 1;
+        *pg = first + (uint32_t)best;
+        return 1;
+    }
+}
+
 static void warm_step(jlm_engine *e)
 {
     while (e->warm) {
         uint32_t a = (uint32_t)(e->warm_at >> 32), pg = (uint32_t)e->warm_at;
-        if (a == JLM_PAGER_EXPERTS && pg < e->n_warm_order)
+        int ranked = a == JLM_PAGER_EXPERTS && e->warm_rank && !e->warm_order;
+        if (ranked) {
+            int k = warm_pick(e, &pg);
+            if (k <= 0) {
+                e->warm = k == 0;   /* none left: done */
+                return;
+            }
+        } else if (a == JLM_PAGER_EXPERTS && pg < e->n_warm_order) {
             pg = e->warm_order[pg];   /* the order of an earlier run's routing (jlm_engine_warm_order) */
+        }
         if (!jlm_pager_extent(e->pager, a, pg)) {   /* past the array's end */
             e->warm = a == JLM_PAGER_TEXT;
             e->warm_at = (uint64_t)JLM_PAGER_EXPERTS << 32;
@@ -105,7 +212,11 @@ static void warm_step(jlm_engine *e)
             e->pst.warm++;
             e->pst.warm_bytes += jlm_pager_extent(e->pager, a, pg);
         }
-        e->warm_at++;
+        if (ranked) {   /* done: one more of its block's (warm_pick left its turn past it) */
+            e->warm_done[pg] = 1;
+            e->warm_score[(size_t)(e->warm_blk - 1) * (e->c->n_expert + 2) + e->c->n_expert + 1] += 1.0f;
+        } else
+            e->warm_at++;
     }
 }
 
@@ -140,6 +251,25 @@ int jlm_engine_warm_order(jlm_engine *e, const jlm_routing_trace *t, jlm_err *er
     return rc;
 }
 
+/* The background read by rank (warm_pick), below a budget that holds the
+ * model: xp bytes of expert pages, `free` bytes for them beside the text
+ * blocks and the working set's room; warm_quota their expert slots over
+ * the MoE blocks. */
+static void warm_rank_open(jlm_engine *e, uint64_t xp, uint64_t free)
+{
+    const jlm_config *c = e->c;
+    uint32_t np = 0, nmoe = 0;
+    while (jlm_pager_extent(e->pager, JLM_PAGER_EXPERTS, np))
+        np++;
+    for (uint32_t l = 0; l < c->n_layer; l++)
+        nmoe += W(e, (int32_t)l, JLM_R_EXP_GATE) != NULL;
+    double quota = np && nmoe ? (double)free / ((double)xp / np) / nmoe : 0.0;
+    e->warm_rank = e->warm && e->warm_room && c->n_expert && e->warm_score && quota < 0.75 * c->n_expert;
+    e->warm_quota = e->warm_rank ? (float)quota : 0.0f;
+    e->warm_blk = 0;
+    e->warm_l = UINT32_MAX;
+}
+
 void jlm_stream_open(jlm_engine *e, const jlm_engine_opts *o)
 {
     e->rd_depth = o->no_prefetch ? 1 : o->read_depth ? o->read_depth : JLM_ENGINE_READ_DEPTH;
@@ -163,6 +293,7 @@ void jlm_stream_open(jlm_engine *e, const jlm_engine_opts *o)
     uint64_t blocks = 0;
     for (uint32_t pg = 0; jlm_pager_extent(e->pager, JLM_PAGER_TEXT, pg); pg++)
         blocks += jlm_pager_extent(e->pager, JLM_PAGER_TEXT, pg);
+    warm_rank_open(e, all - blocks, e->budget > room + blocks ? e->budget - room - blocks : 0);
     e->by_op_on = e->budget && e->budget < blocks && !o->whole_blocks;
     e->predict = e->predict && e->rd_par;
     e->warm_at = 0;
@@ -266,6 +397,8 @@ int jlm_stream_op(jlm_engine *e, const jlm_prog *p, uint32_t l, uint32_t k, jlm_
 /* ---------------------------------------------------------------- blocks */
 int jlm_stream_block(jlm_engine *e, uint32_t l, const jlm_prog *p, uint32_t n, const uint8_t **page, jlm_err *err)
 {
+    e->warm_pass |= e->warm_l != UINT32_MAX && l <= e->warm_l;   /* the layers went round once */
+    e->warm_l = l;
     const void *host;
     uint64_t ext = jlm_pager_extent(e->pager, JLM_PAGER_TEXT, l);
     if (by_op(e, p, l, n)) {   /* pinned with its first op's weights; the ops advance through it */

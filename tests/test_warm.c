@@ -1,0 +1,165 @@
+/* test_warm.c - the cold start below the model by rank (engine/stream.c,
+ * warm_pick): which experts the background read takes when the frames hold
+ * only part of them, on a model of bench/mkgguf.c's with 32 experts a
+ * block (the test models' 4-8 experts leave no room between a block's
+ * working set and the whole model). Reads the engine's own ranks
+ * (model_int.h) to check the order the pager was asked for. */
+#define MKGGUF_NO_MAIN
+#include "bench/mkgguf.c"
+
+#include <criterion/criterion.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "converter/convert.h"
+#include "engine/model.h"
+#include "engine/model_int.h"
+#include "engine/pager.h"
+#include "engine/routing.h"
+#include "tests/testutil.h"
+
+/* The greedy id after logits l. */
+static int32_t argmax(const float *l, uint32_t n)
+{
+    int32_t best = 0;
+    for (uint32_t j = 1; j < n; j++)
+        if (l[j] > l[best])
+            best = (int32_t)j;
+    return best;
+}
+
+/* prompt, then n greedy ids into out; the first eval (the prefill) checked
+ * by at_prefill (NULL: none) before any id is decoded. */
+static void greedy_after(jlm_engine *e, const int32_t *prompt, uint32_t np, int n, int32_t *out,
+                         void (*at_prefill)(jlm_engine *, void *), void *ctx)
+{
+    uint32_t nv = jlm_engine_n_vocab(e);
+    float *l = malloc(nv * sizeof *l);
+    jlm_err err = {0};
+    cr_assert(l);
+    cr_assert_eq(jlm_engine_eval(e, prompt, np, l, &err), 0, "%s", err.msg);
+    if (at_prefill)
+        at_prefill(e, ctx);
+    for (int i = 0; i < n; i++) {
+        out[i] = argmax(l, nv);
+        cr_assert_eq(jlm_engine_eval(e, &out[i], 1, l, &err), 0, "%s", err.msg);
+    }
+    free(l);
+}
+
+/* The frames' budget that holds the text blocks, a block's working set
+ * (the room the background read leaves) and 5/8 of the expert pages: each
+ * MoE block's share is 20 of its 32 experts, below the 3/4 past which the
+ * order is the file's. */
+static uint64_t five_eighths_of_the_experts(jlm_engine *e)
+{
+    jlm_pager *pg = jlm_engine_pager(e);
+    uint64_t text = 0, xp = 0;
+    for (uint32_t i = 0; jlm_pager_extent(pg, JLM_PAGER_TEXT, i); i++)
+        text += jlm_pager_extent(pg, JLM_PAGER_TEXT, i);
+    for (uint32_t i = 0; jlm_pager_extent(pg, JLM_PAGER_EXPERTS, i); i++)
+        xp += jlm_pager_extent(pg, JLM_PAGER_EXPERTS, i);
+    uint32_t pins[3] = {2, 0, 2 * e->c->n_expert_used};
+    jlm_engine_mem mi;
+    jlm_engine_mem_info(e, &mi);
+    return mi.kv + mi.scratch + mi.dense + text + jlm_pager_min_budget(pg, pins) + xp * 5 / 8;
+}
+
+typedef struct prefill_ctx {
+    const char *name;
+    const jlm_routing_trace *t;   /* the prefill's routing, filled after the eval */
+    FILE *trace;
+    char **buf;
+    size_t *len;
+    uint32_t picked;
+} prefill_ctx;
+
+/* After the prefill, in every MoE block: no expert left unread that its
+ * rows did not route to ranks above one the background read took (the
+ * block's ranks are its rows' probabilities summed, all of them routed in
+ * the prefill's one batch before the block's first pick). */
+static void check_ranks(jlm_engine *e, void *arg)
+{
+    prefill_ctx *x = arg;
+    jlm_err err = {0};
+    jlm_engine_trace_routing(e, NULL, &err);
+    fclose(x->trace);
+    jlm_routing_trace t;
+    FILE *in = fmemopen(*x->buf, *x->len, "r");
+    cr_assert(in);
+    cr_assert_eq(jlm_routing_parse(in, "prefill.trace", &t, &err), 0, "%s", err.msg);
+    fclose(in);
+    uint32_t ne = e->c->n_expert;
+    cr_assert(e->warm_rank, "%s: the background read does not rank the experts at 5/8 of them", x->name);
+    for (uint32_t l = 0; l < e->c->n_layer; l++) {
+        const jlm_tensor *tg = W(e, (int32_t)l, JLM_R_EXP_GATE);
+        if (!tg)
+            continue;
+        uint32_t first = (uint32_t)((tg->qs_off - e->m->hdr.exp_data_off) / e->m->hdr.exp_page_size);
+        uint8_t routed[JLM_MAX_EXPERTS] = {0};
+        for (uint64_t k = 0; k < (uint64_t)t.n_groups * t.n_used; k++)
+            if (t.page[k] / ne == l)
+                routed[t.page[k] % ne] = 1;   /* a page in the trace: block * n_expert + id */
+        const float *sc = e->warm_score + (size_t)l * (ne + 2);
+        float lo_taken = 1e30f, hi_left = -1.0f;
+        for (uint32_t i = 0; i < ne; i++) {
+            if (routed[i])
+                continue;
+            if (e->warm_done[first + i]) {
+                x->picked++;
+                lo_taken = sc[i] < lo_taken ? sc[i] : lo_taken;
+            } else {
+                hi_left = sc[i] > hi_left ? sc[i] : hi_left;
+            }
+        }
+        cr_assert(lo_taken >= hi_left, "%s block %u: an expert left unread ranks %g, above one read in the "
+                  "background (%g)", x->name, l, (double)hi_left, (double)lo_taken);
+    }
+    jlm_routing_free(&t);
+}
+
+/* A 3-token prompt's prefill (its routing in one batch a block) leaves
+ * every MoE block with the experts it routed to and, read in the
+ * background, the most probable of the rest (check_ranks); the ids are the
+ * unlimited run's, and the frames stay within the budget. */
+Test(moe, the_background_read_below_the_model_takes_the_most_probable_experts, .timeout = 60)
+{
+    char *dir = tu_tmpdir(), src[1024], path[1024], msg[512];
+    mkg_shape s;
+    cr_assert_eq(mkg_preset("tiny-moe", &s), 0);
+    s.n_layer = 4, s.n_expert = 32;   /* 4 blocks of 32 experts of 2 used: 128 expert pages */
+    snprintf(src, sizeof src, "%s/m.gguf", dir);
+    snprintf(path, sizeof path, "%s/m.jlm", dir);
+    cr_assert_eq(mkg_write(src, &s, GGML_Q8_0, 0, 7, msg, sizeof msg), 0, "%s", msg);
+    jlm_conv *cv;
+    jlm_err err = {0};
+    cr_assert_eq(jlm_conv_open(src, NULL, &cv, &err), 0, "%s", err.msg);
+    cr_assert_eq(jlm_conv_write(cv, path, NULL, NULL, NULL, &err), 0, "%s", err.msg);
+    jlm_conv_close(cv);
+    int32_t prompt[] = {1, 2, 3}, ref[6], got[6];
+    jlm_engine_opts o = {.n_threads = 2, .quiet = 1, .direct = 1, .no_predict = 1};
+    jlm_engine *e;
+    cr_assert_eq(jlm_engine_open(path, &o, &e, &err), 0, "%s", err.msg);
+    greedy_after(e, prompt, 3, 6, ref, NULL, NULL);
+    o.budget = five_eighths_of_the_experts(e);
+    jlm_engine_close(e);
+    cr_assert_eq(jlm_engine_open(path, &o, &e, &err), 0, "%s", err.msg);
+    char *buf = NULL;
+    size_t len = 0;
+    prefill_ctx x = {.name = "m.jlm", .trace = open_memstream(&buf, &len), .buf = &buf, .len = &len};
+    cr_assert(x.trace);
+    cr_assert_eq(jlm_engine_trace_routing(e, x.trace, &err), 0, "%s", err.msg);
+    greedy_after(e, prompt, 3, 6, got, check_ranks, &x);
+    cr_assert(x.picked > 0, "the background read took no expert the prompt did not route to");
+    cr_assert_arr_eq(got, ref, sizeof ref, "ids under the budget differ from the unlimited run");
+    jlm_pager_counters pc;
+    jlm_pager_stats(jlm_engine_pager(e), &pc);
+    cr_assert(pc.peak_bytes <= jlm_engine_budget(e), "resident %llu within budget %llu",
+              (unsigned long long)pc.peak_bytes, (unsigned long long)jlm_engine_budget(e));
+    cr_assert_eq(jlm_pager_check(jlm_engine_pager(e), NULL), 0);
+    jlm_engine_close(e);
+    free(buf);
+    tu_rmrf(dir);
+    free(dir);
+}
