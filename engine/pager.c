@@ -240,12 +240,22 @@ static void uncharge(jlm_pager *p, ppage *pg, uint64_t bytes)
  * ever evicted. */
 static int huge_ok(const jlm_pager *p) { return p->thp || p->budget == 0 || p->budget >= p->huge_need; }
 
+/* With whole-huge-page chunks: frame m (len bytes) of a page of `extent`
+ * bytes in huge pages up to the extent rounded down to one, in small pages
+ * past it, so no huge page maps memory past what the page holds (invariant 8). */
+static void advise_frame(const jlm_pager *p, uint8_t *m, uint64_t len, uint64_t extent)
+{
+    size_t al = (size_t)p->thp, hx = (size_t)(extent & ~(uint64_t)(al - 1));
+    if (hx)
+        madvise(m, hx, MADV_HUGEPAGE);
+    if (hx < len)
+        madvise(m + hx, (size_t)len - hx, MADV_NOHUGEPAGE);
+}
+
 /* ABSENT -> FILLING: maps pg a frame (nothing charged: the caller charges the
  * chunks it reads). With whole-huge-page chunks the frame starts on a huge
  * page boundary, so every full chunk is huge pages and a trim or a move
- * (drop_run) takes whole ones; the part past the page's own extent rounded
- * down to a huge page stays in small pages, so no huge page maps memory past
- * what the page holds (invariant 8). */
+ * (drop_run) takes whole ones (advise_frame). */
 static int map_frame(jlm_pager *p, ppage *pg, jlm_err *err)
 {
     parray *r = &p->arr[pg->array];
@@ -260,11 +270,7 @@ static int map_frame(jlm_pager *p, ppage *pg, jlm_err *err)
             munmap(m, (size_t)(a - m));
         munmap(a + len, (size_t)(m + al - a));
         m = a;
-        size_t hx = (size_t)(r->extent[pg->idx] & ~(uint64_t)(al - 1));
-        if (hx)
-            madvise(m, hx, MADV_HUGEPAGE);
-        if (hx < len)
-            madvise(m + hx, len - hx, MADV_NOHUGEPAGE);
+        advise_frame(p, m, len, r->extent[pg->idx]);
     } else {
         madvise(m, len, huge_ok(p) ? MADV_HUGEPAGE : MADV_NOHUGEPAGE);
     }
@@ -471,15 +477,18 @@ static ppage *pick_victim(jlm_pager *p, const ppage *skip, uint64_t *k)
 
 /* ABSENT -> FILLING for an expert page whose read must evict: when the
  * victim (invariant 7's: the expert policy's choice, unchanged) is an
- * unpinned page of the same array with the same extent, it is evicted whole
- * and its frame, its address range and the memory mapped there, becomes
- * pg's, instead of a new mapping the victim's memory then moves into
- * (drop_run). The memory is the same either way; the addresses are not,
- * and a hypervisor that shadows the guest's page tables charges the first
- * touch of every 4 KiB page at a new address: on this project's VM ~10 us,
- * about 4 ms for a 1.8 MB expert, 4x its read (docs/pager.md, Expert
- * frames). Bytes of the frame outside [lo, hi), the part pg is about to
- * read, are given back (invariant 8). 1 if pg got the frame; 0: map_frame. */
+ * unpinned page of the same array (every frame of an array is frame_len
+ * bytes, whatever its page's extent), it is evicted whole and its frame,
+ * its address range and the memory mapped there, becomes pg's, instead of a
+ * new mapping the victim's memory then moves into (drop_run). The memory is
+ * the same either way; the addresses are not, and a hypervisor that shadows
+ * the guest's page tables charges the first touch of every 4 KiB page at a
+ * new address: on this project's VM ~10 us, about 4 ms for a 1.8 MB expert,
+ * 4x its read (docs/pager.md, Expert frames). Bytes of the frame outside
+ * [lo, hi), the part pg is about to read, are given back (invariant 8); a
+ * victim of another extent leaves its huge page advice redone for pg's
+ * (map_frame's). Less freed than pg needs: the caller's make_room evicts
+ * the rest. 1 if pg got the frame; 0: map_frame. */
 static int take_frame(jlm_pager *p, ppage *pg, uint64_t need, uint64_t lo, uint64_t hi)
 {
     parray *r = &p->arr[pg->array];
@@ -487,7 +496,7 @@ static int take_frame(jlm_pager *p, ppage *pg, uint64_t need, uint64_t lo, uint6
         return 0;
     uint64_t k = 0;
     ppage *v = pick_victim(p, pg, &k);
-    if (!v || v->array != pg->array || r->extent[v->idx] != r->extent[pg->idx] || v->pins || v->pf_in)
+    if (!v || v->array != pg->array || v->pins || v->pf_in)
         return 0;
     host_changing(p, v);
     uint64_t held0 = v->held;
@@ -503,6 +512,8 @@ static int take_frame(jlm_pager *p, ppage *pg, uint64_t need, uint64_t lo, uint6
     v->frame = NULL;
     frame_release(pg->frame, 0, lo);
     frame_release(pg->frame, hi, r->frame_len);
+    if (p->thp && r->extent[v->idx] != r->extent[pg->idx])
+        advise_frame(p, pg->frame, r->frame_len, r->extent[pg->idx]);
     r->st.evictions++;
     emit(p, JLM_PAGER_EV_EVICT, v, held0, JLM_TIER_FRAME);
     return 1;
