@@ -150,13 +150,12 @@ struct jlm_engine {
      * gate was shut, 0 neither); warm: the pages not yet resident read in
      * file order (the experts in warm_order's, when set) in the background
      * (warm_at: the next page, over the text pages then the experts): all
-     * of them when the budget holds every page, else while the frames have
-     * room (warm_room: the bytes left free beside the warm pages; 0: the
-     * budget holds every page) */
+     * of them when the budget holds every page, else (warm_part) while the
+     * frames have room */
     uint32_t         rd_depth;
     int              rd_par;      /* a block's experts read at once: depth > 1, budget 0 or >= 2 blocks + 2 x routed */
     int              predict, warm;
-    uint64_t         warm_room;
+    int              warm_part;
     uint64_t         rbytes;
     uint8_t         *pred_buf;    /* routers, pred_ok, pred_sel, pred_read */
     uint8_t         *pred_ok, *pred_read;

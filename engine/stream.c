@@ -67,25 +67,27 @@ static void dev_prefetch_next(jlm_engine *e, uint32_t l)
  * readers, as many at once as it takes, so a first run reads the model at
  * the disk's bandwidth instead of page by page on first use. When the
  * budget holds every page, all of them in file order (the text blocks, then
- * the experts). Below that, only into room the frames have (warm_room: room
- * kept free for a block's working set), never evicting: the text blocks
- * first, then the experts by rank (warm_pick), so that the frames fill with
- * the experts the run is likely to route to (issue 42: a 90% limit decoded
- * at 0.29-0.38 of the unlimited run, which read the model in the background
- * while the limited runs read each expert on first use; in file order, half
- * the frames then held the first blocks' experts whatever the routing).
+ * the experts). Below that (warm_part), only into free frames, never
+ * evicting, until they are full: the text blocks first, then the experts by
+ * rank (warm_pick), so that the frames fill with the experts the run is
+ * likely to route to (issue 42: a 90% limit decoded at 0.29-0.38 of the
+ * unlimited run, which read the model in the background while the limited
+ * runs read each expert on first use; in file order, half the frames then
+ * held the first blocks' experts whatever the routing). A page read so goes
+ * in as the least recently used: a page a run needs evicts it and takes its
+ * frame over (no new mapping: docs/pager.md, Expert frames).
  * warm_at: array << 32 | page of the next one in file order. A page in use
  * or on its way is passed over (its get reads it). */
 static int warm_fits(jlm_engine *e, uint32_t a, uint32_t pg)
 {
-    if (!e->warm_room)
+    if (!e->warm_part)
         return 1;
     if (jlm_pager_filled(e->pager, a, pg))
         return 1;   /* resident (or partly): the prefetch passes it over or fills its rest */
     jlm_pager_counters pc;
     jlm_pager_stats(e->pager, &pc);
     uint64_t ext = jlm_pager_extent(e->pager, a, pg);
-    return pc.resident_bytes + ext + e->warm_room <= e->budget;
+    return pc.resident_bytes + ext <= e->budget;
 }
 
 /* Block l's routing of n rows (lg: their router logits, the bias added, n_expert
@@ -252,9 +254,8 @@ int jlm_engine_warm_order(jlm_engine *e, const jlm_routing_trace *t, jlm_err *er
 }
 
 /* The background read by rank (warm_pick), below a budget that holds the
- * model: xp bytes of expert pages, `free` bytes for them beside the text
- * blocks and the working set's room; warm_quota their expert slots over
- * the MoE blocks. */
+ * model: xp bytes of expert pages, `free` bytes of frames for them beside
+ * the text blocks; warm_quota their expert pages over the MoE blocks. */
 static void warm_rank_open(jlm_engine *e, uint64_t xp, uint64_t free)
 {
     const jlm_config *c = e->c;
@@ -264,7 +265,7 @@ static void warm_rank_open(jlm_engine *e, uint64_t xp, uint64_t free)
     for (uint32_t l = 0; l < c->n_layer; l++)
         nmoe += W(e, (int32_t)l, JLM_R_EXP_GATE) != NULL;
     double quota = np && nmoe ? (double)free / ((double)xp / np) / nmoe : 0.0;
-    e->warm_rank = e->warm && e->warm_room && c->n_expert && e->warm_score && quota < 0.75 * c->n_expert;
+    e->warm_rank = e->warm && e->warm_part && c->n_expert && e->warm_score && quota < 0.75 * c->n_expert;
     e->warm_quota = e->warm_rank ? (float)quota : 0.0f;
     e->warm_blk = 0;
     e->warm_l = UINT32_MAX;
@@ -288,12 +289,12 @@ void jlm_stream_open(jlm_engine *e, const jlm_engine_opts *o)
     uint64_t room = jlm_pager_min_budget(e->pager, pins);
     e->warm = !o->no_warm && !o->no_prefetch && e->rd_depth > 1 && (!e->budget || e->budget >= all ||
                                                                      e->budget >= 2 * room);
-    e->warm_room = !e->budget || e->budget >= all ? 0 : room;
+    e->warm_part = e->budget && e->budget < all;
     e->rd_par = e->rd_depth > 1 && (!e->budget || e->budget >= room);
     uint64_t blocks = 0;
     for (uint32_t pg = 0; jlm_pager_extent(e->pager, JLM_PAGER_TEXT, pg); pg++)
         blocks += jlm_pager_extent(e->pager, JLM_PAGER_TEXT, pg);
-    warm_rank_open(e, all - blocks, e->budget > room + blocks ? e->budget - room - blocks : 0);
+    warm_rank_open(e, all - blocks, e->budget > blocks ? e->budget - blocks : 0);
     e->by_op_on = e->budget && e->budget < blocks && !o->whole_blocks;
     e->predict = e->predict && e->rd_par;
     e->warm_at = 0;

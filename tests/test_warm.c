@@ -48,10 +48,9 @@ static void greedy_after(jlm_engine *e, const int32_t *prompt, uint32_t np, int 
     free(l);
 }
 
-/* The frames' budget that holds the text blocks, a block's working set
- * (the room the background read leaves) and 5/8 of the expert pages: each
- * MoE block's share is 20 of its 32 experts, below the 3/4 past which the
- * order is the file's. */
+/* The frames' budget that holds the text blocks and 5/8 of the expert
+ * pages: each MoE block's share is 20 of its 32 experts, below the 3/4 past
+ * which the order is the file's. */
 static uint64_t five_eighths_of_the_experts(jlm_engine *e)
 {
     jlm_pager *pg = jlm_engine_pager(e);
@@ -60,10 +59,9 @@ static uint64_t five_eighths_of_the_experts(jlm_engine *e)
         text += jlm_pager_extent(pg, JLM_PAGER_TEXT, i);
     for (uint32_t i = 0; jlm_pager_extent(pg, JLM_PAGER_EXPERTS, i); i++)
         xp += jlm_pager_extent(pg, JLM_PAGER_EXPERTS, i);
-    uint32_t pins[3] = {2, 0, 2 * e->c->n_expert_used};
     jlm_engine_mem mi;
     jlm_engine_mem_info(e, &mi);
-    return mi.kv + mi.scratch + mi.dense + text + jlm_pager_min_budget(pg, pins) + xp * 5 / 8;
+    return mi.kv + mi.scratch + mi.dense + text + xp * 5 / 8;
 }
 
 typedef struct prefill_ctx {
