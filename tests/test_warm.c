@@ -66,11 +66,10 @@ static uint64_t five_eighths_of_the_experts(jlm_engine *e)
 
 typedef struct prefill_ctx {
     const char *name;
-    const jlm_routing_trace *t;   /* the prefill's routing, filled after the eval */
-    FILE *trace;
+    FILE *trace;          /* the prefill's --trace-routing, into *buf (*len bytes) */
     char **buf;
     size_t *len;
-    uint32_t picked;
+    uint32_t picked;      /* experts the background read took that no row routed to */
 } prefill_ctx;
 
 /* After the prefill, in every MoE block: no expert left unread that its
