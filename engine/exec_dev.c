@@ -267,7 +267,7 @@ int jlm_exd_moe_plan(jlm_exd_moe *p, jlm_engine *e, const jlm_ex_blk *b, const j
     const jlm_header *hd = &e->m->hdr;
     if (!hd->n_exp_pages)
         return UNSUP;   /* banks outside an expert region: no page of expert 0 */
-    p->first = (uint32_t)((p->tg->qs_off - hd->exp_data_off) / hd->exp_page_size);
+    p->first = bank_first(e, p->tg);
     const uint16_t role[4] = {JLM_R_ROUTER_B, JLM_R_EXP_GATE_B, JLM_R_EXP_UP_B, JLM_R_EXP_DOWN_B};
     const uint64_t n[4] = {p->ne, p->ne * p->nff, p->ne * p->nff, p->ne * p->E};
     for (int i = 0; i < 4; i++) {

@@ -117,7 +117,7 @@ uint32_t jlm_ex_predict_pick(jlm_engine *e, int route, uint32_t nl, float *lg, i
         route_sigmoid(e, nl, lg, sel, w);
     else
         jlm_k_moe_route(lg, c->n_expert, c->n_expert_used, JLM_K_ROUTE_RAW, 0.0f, sel, w);
-    return (uint32_t)((W(e, nl, JLM_R_EXP_GATE)->qs_off - e->m->hdr.exp_data_off) / e->m->hdr.exp_page_size);
+    return bank_first(e, W(e, nl, JLM_R_EXP_GATE));
 }
 
 /* The next MoE block's experts from this block's normed input h (its router
@@ -327,7 +327,6 @@ static int moe_token(jlm_engine *e, const jlm_op *op, uint32_t l, const uint8_t 
                      int ahead, jlm_err *err)
 {
     const jlm_config *c = e->c;
-    const jlm_header *hd = &e->m->hdr;
     uint32_t nu = c->n_expert_used, E = c->n_embd;
     float *h = e->h + t * E, *x = e->x + t * E;
     route(e, op, l, page, page_off, h);   /* h: the MOE op's normed input */
@@ -335,7 +334,7 @@ static int moe_token(jlm_engine *e, const jlm_op *op, uint32_t l, const uint8_t 
     const jlm_tensor *tg = W(e, l, JLM_R_EXP_GATE), *tu = W(e, l, JLM_R_EXP_UP), *td = W(e, l, JLM_R_EXP_DOWN);
     const float *bg = vec_dense(e, W(e, l, JLM_R_EXP_GATE_B)), *bu = vec_dense(e, W(e, l, JLM_R_EXP_UP_B));
     const float *bd = vec_dense(e, W(e, l, JLM_R_EXP_DOWN_B));
-    uint32_t first = (uint32_t)((tg->qs_off - hd->exp_data_off) / hd->exp_page_size);
+    uint32_t first = bank_first(e, tg);
     const int32_t *sel = e->route + (size_t)l * nu;
     const void *frames[JLM_MAX_EXPERTS_USED];
     uint8_t ready[JLM_MAX_EXPERTS_USED], rest[JLM_MAX_EXPERTS_USED];
@@ -568,7 +567,7 @@ static int moe_batch(jlm_engine *e, const jlm_op *op, uint32_t l, const uint8_t 
     const jlm_config *c = e->c;
     const jlm_tensor *tg = W(e, l, JLM_R_EXP_GATE);
     uint32_t nu = c->n_expert_used, ne = c->n_expert;
-    uint32_t first = (uint32_t)((tg->qs_off - e->m->hdr.exp_data_off) / e->m->hdr.exp_page_size);
+    uint32_t first = bank_first(e, tg);
     uint32_t gmax = e->dev_here ? 1 : nu < MOE_FUSE_MAX ? nu : MOE_FUSE_MAX;
     route_rows(e, op, l, page, page_off, n);   /* h: the MOE op's normed input */
     group_pairs(e, n);

@@ -117,7 +117,6 @@ static int plan(moe_blk *mb)
     for (int i = 0; i < 4; i++)
         if (jlm_evk_vec(v, p->bias[i], p->bias_n[i], dev[i]))
             return UNSUP;
-    const jlm_header *hd = &e->m->hdr;
     mb->lp = round_up((uint64_t)b->n * p->ne * 4, al);   /* the rows packed, the prediction's aligned after */
     mb->sp = round_up((uint64_t)b->n * p->nu * 4, al);
     /* a decode step predicts the next MoE block's experts as the CPU's
@@ -130,7 +129,7 @@ static int plan(moe_blk *mb)
         jlm_evk_vec(v, vec_dense(e, W(e, mb->nl, JLM_R_ROUTER_B)), p->ne, &mb->nrb))
         mb->nl = c->n_layer;
     else
-        mb->nl_first = (uint32_t)((W(e, mb->nl, JLM_R_EXP_GATE)->qs_off - hd->exp_data_off) / hd->exp_page_size);
+        mb->nl_first = bank_first(e, W(e, mb->nl, JLM_R_EXP_GATE));
     return JLM_OK;
 }
 

@@ -199,6 +199,13 @@ static inline const jlm_tensor *W(const jlm_engine *e, int32_t block, uint16_t r
     return role < ROLE_SLOTS ? e->roles[(size_t)(block + 1) * ROLE_SLOTS + role] : NULL;
 }
 
+/* The expert page of expert 0 of the bank whose gate is tg (a tensor of
+ * the expert region): its offset there over the page size. */
+static inline uint32_t bank_first(const jlm_engine *e, const jlm_tensor *tg)
+{
+    return (uint32_t)((tg->qs_off - e->m->hdr.exp_data_off) / e->m->hdr.exp_page_size);
+}
+
 static inline void *zalloc(size_t n) { return calloc(1, n ? n : 1); }
 
 /* At open, after the budget (stream.c): the pages read at once, and whether

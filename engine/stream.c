@@ -15,6 +15,7 @@
 #include "engine/pager.h"
 
 #include <math.h>
+#include <string.h>
 
 /* The device that runs block l's matmuls, pages and experts; NULL: the CPU.
  * The output matrix's is out_dev (after the blocks: jlm_stream_finish). */
@@ -106,11 +107,13 @@ void jlm_stream_routed(jlm_engine *e, uint32_t l, int mode, const float *lg, uin
     int sigmoid = mode == JLM_ROUTE_SIGMOID || mode == JLM_ROUTE_SIGMOID_IN;
     for (uint32_t t = 0; t < n; t++) {
         const float *r = lg + (uint64_t)t * ne;
-        float mx = r[0], sum = 0.0f;
-        for (uint32_t i = 1; i < ne; i++)
-            mx = r[i] > mx ? r[i] : mx;
+        float sum = 0.0f;
+        memcpy(p, r, ne * sizeof *p);
+        if (!sigmoid)
+            jlm_k_softmax(p, ne);
         for (uint32_t i = 0; i < ne; i++) {
-            p[i] = sigmoid ? 1.0f / (1.0f + expf(-r[i])) + (bias ? bias[i] : 0.0f) : expf(r[i] - mx);
+            if (sigmoid)
+                p[i] = 1.0f / (1.0f + expf(-r[i])) + (bias ? bias[i] : 0.0f);
             p[i] = p[i] > 0.0f ? p[i] : 0.0f;
             sum += p[i];
         }
@@ -172,8 +175,7 @@ static int warm_pick(jlm_engine *e, uint32_t *pg)
             return -1;
         if (lb < 0 || (lv >= e->warm_quota && lv > low))
             return 0;   /* the blocks below it wait for their routing */
-        const jlm_tensor *tg = W(e, (int32_t)lb, JLM_R_EXP_GATE);
-        uint32_t first = (uint32_t)((tg->qs_off - e->m->hdr.exp_data_off) / e->m->hdr.exp_page_size);
+        uint32_t first = bank_first(e, W(e, (int32_t)lb, JLM_R_EXP_GATE));
         const float *sc = e->warm_score + (size_t)lb * (ne + 2);
         int32_t best = warm_best(e, (uint32_t)lb, first);
         if (best < 0 || sc[ne + 1] > lv)
@@ -222,14 +224,21 @@ static void warm_step(jlm_engine *e)
     }
 }
 
+/* The expert pages of the model (0: none). */
+static uint32_t expert_pages(const jlm_engine *e)
+{
+    uint32_t np = 0;
+    while (jlm_pager_extent(e->pager, JLM_PAGER_EXPERTS, np))
+        np++;
+    return np;
+}
+
 /* The background read's expert order from t (routing.h: jlm_routing_order):
  * a layer's MoE ordinal is its rank among the layers with a router. */
 int jlm_engine_warm_order(jlm_engine *e, const jlm_routing_trace *t, jlm_err *err)
 {
     const jlm_config *c = e->c;
-    uint32_t np = 0, nmoe = 0;
-    while (jlm_pager_extent(e->pager, JLM_PAGER_EXPERTS, np))
-        np++;
+    uint32_t np = expert_pages(e), nmoe = 0;
     if (!c->n_expert || !np)
         return jlm_errf(err, JLM_EINVAL, "%s: no routed experts: no order to read them in", e->m->path);
     if (t->n_layer != c->n_layer || t->n_expert != c->n_expert || t->n_used != c->n_expert_used)
@@ -259,9 +268,7 @@ int jlm_engine_warm_order(jlm_engine *e, const jlm_routing_trace *t, jlm_err *er
 static void warm_rank_open(jlm_engine *e, uint64_t xp, uint64_t free)
 {
     const jlm_config *c = e->c;
-    uint32_t np = 0, nmoe = 0;
-    while (jlm_pager_extent(e->pager, JLM_PAGER_EXPERTS, np))
-        np++;
+    uint32_t np = expert_pages(e), nmoe = 0;
     for (uint32_t l = 0; l < c->n_layer; l++)
         nmoe += W(e, (int32_t)l, JLM_R_EXP_GATE) != NULL;
     double quota = np && nmoe ? (double)free / ((double)xp / np) / nmoe : 0.0;

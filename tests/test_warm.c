@@ -93,7 +93,7 @@ static void check_ranks(jlm_engine *e, void *arg)
         const jlm_tensor *tg = W(e, (int32_t)l, JLM_R_EXP_GATE);
         if (!tg)
             continue;
-        uint32_t first = (uint32_t)((tg->qs_off - e->m->hdr.exp_data_off) / e->m->hdr.exp_page_size);
+        uint32_t first = bank_first(e, tg);
         uint8_t routed[JLM_MAX_EXPERTS] = {0};
         for (uint64_t k = 0; k < (uint64_t)t.n_groups * t.n_used; k++)
             if (t.page[k] / ne == l)
