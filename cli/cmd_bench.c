@@ -21,6 +21,7 @@
 #include "cli/opts.h"
 #include "engine/backend.h"
 #include "engine/model.h"
+#include "engine/sampler.h"
 
 #include <jansson.h>
 #include <math.h>
@@ -189,16 +190,6 @@ static void bench_prof_collect(const jlm_engine *e, bench_res *res)
     }
 }
 
-/* Greedy sampling of one row of logits, as jlm run at temperature 0. */
-static int32_t bench_argmax(const float *lg, uint32_t n)
-{
-    int32_t best = 0;
-    for (uint32_t i = 1; i < n; i++)
-        if (lg[i] > lg[best])
-            best = (int32_t)i;
-    return best;
-}
-
 /* --profile: after the test's row, where its time went, as comment lines
  * (md: "> ", csv/json: on stderr so the table stays parseable). */
 static void bench_prof_print(const char *test, const jlm_engine_prof *p, int md)
@@ -279,7 +270,7 @@ static int bench_test(jlm_engine *e, int pp, uint32_t n, uint32_t depth, int rep
                 rc = jlm_engine_eval(e, &ids[i], 1, lg, err);
                 if (lg && !rc) {
                     double s0 = bench_clock();
-                    volatile int32_t pick = bench_argmax(lg, nv);
+                    volatile int32_t pick = jlm_samp_argmax(lg, nv);   /* greedy, as jlm run at temperature 0 */
                     (void)pick;
                     jlm_engine_prof_add(e, JLM_PROF_SAMPLE, (unsigned long long)((bench_clock() - s0) * 1e9));
                 }

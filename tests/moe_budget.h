@@ -4,6 +4,8 @@
 #ifndef JLM_TESTS_MOE_BUDGET_H
 #define JLM_TESTS_MOE_BUDGET_H
 
+#include <criterion/criterion.h>
+
 #include "engine/model.h"
 #include "engine/pager.h"
 
@@ -17,6 +19,17 @@ static inline uint64_t tb_third_of_the_experts(jlm_engine *e)
     jlm_engine_mem_info(e, &mi);
     return mi.kv + mi.scratch + mi.dense + pc.a[JLM_PAGER_TEXT].resident_bytes +
            pc.a[JLM_PAGER_EXPERTS].resident_bytes / 3;
+}
+
+/* After a run under a budget: the frames never held more than it, and the
+ * pager's invariants hold (jlm_pager_check). */
+static inline void tb_within_budget(jlm_engine *e)
+{
+    jlm_pager_counters pc;
+    jlm_pager_stats(jlm_engine_pager(e), &pc);
+    cr_assert(pc.peak_bytes <= jlm_engine_budget(e), "resident %llu within budget %llu",
+              (unsigned long long)pc.peak_bytes, (unsigned long long)jlm_engine_budget(e));
+    cr_assert_eq(jlm_pager_check(jlm_engine_pager(e), NULL), 0);
 }
 
 #endif

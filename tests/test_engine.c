@@ -734,8 +734,6 @@ Test(moe, a_budget_below_the_model_fills_its_frames_in_the_background, .timeout 
                   (unsigned long long)jlm_engine_budget(e), (unsigned long long)all);
         greedy(e, prompt, 5, 8, got, NULL);
         cr_assert_arr_eq(got, ref, sizeof ref, "warm %d: ids differ from the unlimited run", warm);
-        jlm_pager_counters pc;
-        jlm_pager_stats(jlm_engine_pager(e), &pc);
         jlm_engine_predict ps;
         jlm_engine_predict_stats(e, &ps);
         if (warm)
@@ -743,9 +741,7 @@ Test(moe, a_budget_below_the_model_fills_its_frames_in_the_background, .timeout 
                       (unsigned long long)ps.warm, (unsigned long long)ps.warm_bytes);
         else
             cr_assert_eq(ps.warm, 0, "--no-warm read %llu pages in the background", (unsigned long long)ps.warm);
-        cr_assert(pc.peak_bytes <= jlm_engine_budget(e), "resident %llu within budget %llu",
-                  (unsigned long long)pc.peak_bytes, (unsigned long long)jlm_engine_budget(e));
-        cr_assert_eq(jlm_pager_check(jlm_engine_pager(e), NULL), 0);
+        tb_within_budget(e);
         jlm_engine_close(e);
     }
     free(path);
@@ -787,14 +783,10 @@ Test(moe, the_warm_order_of_a_routing_trace_keeps_the_ids_and_the_budget, .timeo
     cr_assert_eq(jlm_engine_warm_order(e, &t, &err), 0, "%s", err.msg);
     greedy(e, prompt, 5, 8, got, NULL);
     cr_assert_arr_eq(got, ref, sizeof ref, "ids in the trace's order differ from the unlimited run");
-    jlm_pager_counters pc;
-    jlm_pager_stats(jlm_engine_pager(e), &pc);
     jlm_engine_predict ps;
     jlm_engine_predict_stats(e, &ps);
     cr_assert(ps.warm > 0, "no background read");
-    cr_assert(pc.peak_bytes <= jlm_engine_budget(e), "resident %llu within budget %llu",
-              (unsigned long long)pc.peak_bytes, (unsigned long long)jlm_engine_budget(e));
-    cr_assert_eq(jlm_pager_check(jlm_engine_pager(e), NULL), 0);
+    tb_within_budget(e);
     jlm_engine_close(e);
     jlm_routing_free(&t);
     free(buf);
@@ -863,9 +855,7 @@ static void same_ids_at_every_budget(const char *name, int n_gen)
             ev += pc.a[a].evictions;
         if (b == 3)
             cr_assert(ev > 0, "%s: the minimum budget %llu evicts pages", name, (unsigned long long)jlm_engine_budget(e));
-        cr_assert(pc.peak_bytes <= jlm_engine_budget(e), "resident %llu within budget %llu",
-                  (unsigned long long)pc.peak_bytes, (unsigned long long)jlm_engine_budget(e));
-        cr_assert_eq(jlm_pager_check(jlm_engine_pager(e), NULL), 0);
+        tb_within_budget(e);
         jlm_engine_close(e);
     }
     free(path);

@@ -17,17 +17,9 @@
 #include "engine/model_int.h"
 #include "engine/pager.h"
 #include "engine/routing.h"
+#include "engine/sampler.h"
+#include "tests/moe_budget.h"
 #include "tests/testutil.h"
-
-/* The greedy id after logits l. */
-static int32_t argmax(const float *l, uint32_t n)
-{
-    int32_t best = 0;
-    for (uint32_t j = 1; j < n; j++)
-        if (l[j] > l[best])
-            best = (int32_t)j;
-    return best;
-}
 
 /* prompt, then n greedy ids into out; the first eval (the prefill) checked
  * by at_prefill (NULL: none) before any id is decoded. */
@@ -42,7 +34,7 @@ static void greedy_after(jlm_engine *e, const int32_t *prompt, uint32_t np, int 
     if (at_prefill)
         at_prefill(e, ctx);
     for (int i = 0; i < n; i++) {
-        out[i] = argmax(l, nv);
+        out[i] = jlm_samp_argmax(l, nv);
         cr_assert_eq(jlm_engine_eval(e, &out[i], 1, l, &err), 0, "%s", err.msg);
     }
     free(l);
@@ -150,11 +142,7 @@ Test(moe, the_background_read_below_the_model_takes_the_most_probable_experts, .
     greedy_after(e, prompt, 3, 6, got, check_ranks, &x);
     cr_assert(x.picked > 0, "the background read took no expert the prompt did not route to");
     cr_assert_arr_eq(got, ref, sizeof ref, "ids under the budget differ from the unlimited run");
-    jlm_pager_counters pc;
-    jlm_pager_stats(jlm_engine_pager(e), &pc);
-    cr_assert(pc.peak_bytes <= jlm_engine_budget(e), "resident %llu within budget %llu",
-              (unsigned long long)pc.peak_bytes, (unsigned long long)jlm_engine_budget(e));
-    cr_assert_eq(jlm_pager_check(jlm_engine_pager(e), NULL), 0);
+    tb_within_budget(e);
     jlm_engine_close(e);
     free(buf);
     tu_rmrf(dir);
