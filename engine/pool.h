@@ -32,7 +32,7 @@ typedef void (*jlm_pool_fn)(void *ctx, size_t begin, size_t end, int thread_idx)
 
 /* Starts n_threads - 1 workers (n_threads <= 0: the number of online CPUs;
  * capped at 256). spin = busy-wait iterations before sleeping (0: default
- * 4000: 256 pauses, then sched_yield steps). JLM_ENOMEM / JLM_EIO (pthread_create, errno in the
+ * 4000 pauses; when oversubscribed, 256 pauses, then sched_yield steps). JLM_ENOMEM / JLM_EIO (pthread_create, errno in the
  * message); *out untouched then and no thread left running. */
 int  jlm_pool_create(int n_threads, unsigned spin, jlm_pool **out, jlm_err *err);
 /* Stops and joins the workers; accepts NULL. */
@@ -46,7 +46,9 @@ void jlm_pool_for(jlm_pool *p, size_t n, size_t grain, jlm_pool_fn fn, void *ctx
  * claim from a shared counter: a thread may run several pieces or none, so a
  * thread that starts late or loses its core for a while (a VM's other
  * tenants, a neighbour process) leaves its share to the others instead of
- * holding all at the barrier. For compute-bound work (the prefill GEMM):
+ * holding all at the barrier, and the call returns once every piece has run,
+ * without waiting for a worker that took none (one still asleep, or waiting
+ * for a CPU: it can take no piece of a dispatch that has returned). For compute-bound work (the prefill GEMM):
  * a memory-bound matvec streams its rows best as one slice per thread
  * (decode ran 0.7-0.9x with pieces; docs/pager.md, Thread pool). fn must not
  * depend on which thread runs a piece (thread_idx is for scratch). */
@@ -54,25 +56,27 @@ void jlm_pool_for_claim(jlm_pool *p, size_t n, size_t grain, jlm_pool_fn fn, voi
 /* A stalled worker. A thread that loses its core in the middle of a piece
  * (a neighbour process on its CPU: the kernel gives each a few-millisecond
  * slice in turn) holds the dispatch until it runs again, while the caller
- * waits with nothing left to take: beside a busy loop on one core a 2-thread
- * prefill ran below the 1-thread figure. So each claimed dispatch weighs the
- * CPU time its threads spent in their pieces against its wall time, over the
- * last few dispatches (decayed), and the same for the dispatches the caller
- * ran alone (a dispatch that woke a sleeping worker is left out). When the
- * split dispatches have got less than 0.9 of the work done per second that
- * the caller alone does (a whole CPU until measured), a solo period
- * starts: every dispatch runs on the caller alone (fn(ctx, 0, n, 0), as with
- * a NULL pool, so the same results; the workers sleep instead of being woken
- * for the odd dispatch) for 8 times the last dispatch's wait for its workers,
- * or twice the last period when the workers lost their trial after it (4 to
- * 100 ms), then the workers are tried again. A one-off stall of a few
- * milliseconds in a long prefill does not start one: the work around it
- * outweighs it. Only a claimed dispatch
- * starts one; a profiled pool (jlm_pool_profile) never does, so a profile
- * shows the dispatches as split. Env JLM_POOL:
- * "claim" turns the solo periods off, "static" also splits claimed
- * dispatches as jlm_pool_for does (the A/B baselines of docs/bench.md).
- * jlm_pool_stalls: the solo periods started so far (0 for NULL). */
+ * waits with nothing left to take; and when a neighbour on one core leaves
+ * the two threads sharing the other, the worker's CPU time is the caller's
+ * loss: beside a busy loop on one core a 2-thread prefill ran at 0.6-0.9 of
+ * the 1-thread figure. So each claimed dispatch weighs the workers' CPU time
+ * in their pieces (the gain) against the caller's waits for their pieces and
+ * its own time off its CPU in the share the workers ran on the caller's CPU
+ * (the harm), decayed over the last ~8 ms of dispatches. When the harm
+ * exceeds the gain, a solo period starts: every dispatch runs on the caller
+ * alone (fn(ctx, 0, n, 0), as with a NULL pool, so the same results; the
+ * workers sleep instead of being woken for the odd dispatch) for 8 times the
+ * last dispatch's wait for its workers, or twice the last period when the
+ * workers lost their trial after it (4 to 100 ms), then the workers are
+ * tried again; a period that began with no CPU free for the workers (the
+ * running count of /proc/loadavg) ends as soon as one is. A one-off stall
+ * of a few milliseconds in a long prefill does not start one: the work
+ * around it outweighs it. Only a claimed dispatch starts one; a profiled
+ * pool (jlm_pool_profile) never does, so a profile shows the dispatches as
+ * split. Env JLM_POOL: "claim" turns the solo periods off, "static" also
+ * splits claimed dispatches as jlm_pool_for does (the A/B baselines of
+ * docs/bench.md). jlm_pool_stalls: the solo periods started so far (0 for
+ * NULL). */
 unsigned long long jlm_pool_stalls(const jlm_pool *p);
 
 /* Profiling (jlm bench --profile). While on, every dispatch that reaches the

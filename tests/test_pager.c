@@ -10,6 +10,7 @@
 #include <errno.h>
 #include <pthread.h>
 #include <fcntl.h>
+#include <sched.h>
 #include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -1652,6 +1653,77 @@ Test(pool, a_stalled_worker_sends_claimed_dispatches_to_the_caller_for_a_while, 
     jlm_pool_destroy(pool);
     c.lag_caller = 0;
     c.stall_thread = -1;
+}
+
+/* Claimed dispatches return once every piece has run, without waiting for a
+ * worker that took none: with workers that sleep after one wait step, most
+ * wake after the caller took every piece and join a dispatch that has
+ * returned (or a later one). None may run a piece of a returned dispatch:
+ * every index of every dispatch runs once, and none between dispatches (the
+ * hits of the last one, checked again after a pause, stay as they were). */
+Test(pool, claimed_dispatches_never_give_a_late_worker_a_piece_of_a_returned_one, .timeout = 60)
+{
+    jlm_pool *pool = NULL;
+    jlm_err err = { 0 };
+    cr_assert_eq(jlm_pool_create(3, 1, &pool, &err), 0, "%s", err.msg);
+    static cover c;
+    c.stall_thread = -1;
+    size_t by_workers = 0;
+    for (int rep = 0; rep < 4000; rep++) {
+        size_t n = 8 + (size_t)(rep * 7919) % (POOL_N - 7);
+        run_cover_as(pool, &c, n, (size_t)(rep % 3) + 1, 1);
+        by_workers += atomic_load(&c.by_thread[1]) + atomic_load(&c.by_thread[2]);
+        if (rep % 500 == 0) {
+            usleep(3000);   /* late workers arrive; the dispatch's hits must not change */
+            for (size_t i = 0; i < POOL_N; i++)
+                cr_assert_eq(atomic_load(&c.hits[i]), i < n ? 1 : 0, "rep %d: index %zu ran again after the dispatch", rep, i);
+        }
+    }
+    cr_log_info("workers ran %zu of the indices", by_workers);
+    jlm_pool_destroy(pool);
+}
+
+/* Two threads on one CPU (the process pinned to it: as when a neighbour holds
+ * the other core and both threads land on this one), pieces of ~2 ms, longer
+ * than the scheduler lets one thread run while the other waits: the worker's
+ * pieces run on the caller's CPU, so what it gains the caller loses, and the
+ * caller then waits for the piece it holds; the pool goes solo, and the next
+ * dispatch runs on the caller alone. */
+typedef struct burn { _Atomic size_t by_thread[2]; } burn;
+static void burn_fn(void *ctx, size_t b, size_t e, int t)
+{
+    burn *w = ctx;
+    volatile unsigned long x = 0;
+    for (size_t i = b; i < e; i++)
+        for (int k = 0; k < 1000000; k++)
+            x += (unsigned long)k * i;
+    atomic_fetch_add(&w->by_thread[t > 0], e - b);
+}
+
+Test(pool, two_threads_sharing_one_cpu_go_solo, .timeout = 60)
+{
+    cpu_set_t one;
+    CPU_ZERO(&one);
+    CPU_SET(sched_getcpu() >= 0 ? sched_getcpu() : 0, &one);
+    cr_assert_eq(sched_setaffinity(0, sizeof one, &one), 0, "sched_setaffinity: %s", strerror(errno));
+    setenv("JLM_POOL", "", 1);
+    jlm_pool *pool = NULL;
+    jlm_err err = { 0 };
+    cr_assert_eq(jlm_pool_create(2, 0, &pool, &err), 0, "%s", err.msg);
+    static burn w;
+    size_t by_worker = 0;
+    int rep = 0;
+    for (; rep < 100 && jlm_pool_stalls(pool) == 0; rep++) {
+        jlm_pool_for_claim(pool, 16, 1, burn_fn, &w);
+        by_worker = atomic_load(&w.by_thread[1]);
+    }
+    cr_assert_geq(jlm_pool_stalls(pool), 1, "%d dispatches on one CPU (the worker ran %zu of %d pieces) and the pool stayed split",
+                  rep, by_worker, 16 * rep);
+    atomic_store(&w.by_thread[0], 0);
+    atomic_store(&w.by_thread[1], 0);
+    jlm_pool_for_claim(pool, 16, 1, burn_fn, &w);
+    cr_assert_eq(atomic_load(&w.by_thread[1]), 0, "solo: the worker ran %zu of 16", atomic_load(&w.by_thread[1]));
+    jlm_pool_destroy(pool);
 }
 
 /* Profiling: counted only while on; per dispatch each thread's slice and
