@@ -189,30 +189,35 @@ static void run_mark_now(run_mark *r)
     r->cpu = (unsigned long long)ts.tv_sec * 1000000000ull + (unsigned long long)ts.tv_nsec;
 }
 
-/* Claims and runs pieces of job j until none is left (or the dispatch is
- * over: another tag). Each piece's grains count into units_done; the one
- * that completes the job wakes a sleeping caller. */
-static void claim_pieces(jlm_pool *p, const pool_job *j, int t, int *ran, run_mark *r0)
+/* Wakes the caller if it sleeps on `done` (after the last piece or worker). */
+static void wake_caller(jlm_pool *p)
 {
+    if (atomic_load(&p->caller_sleeps)) {
+        pthread_mutex_lock(&p->mu);
+        pthread_cond_signal(&p->done);
+        pthread_mutex_unlock(&p->mu);
+    }
+}
+
+/* Claims and runs pieces of job j until none is left (or the dispatch is
+ * over: another tag); 1 if it ran any. Each piece's grains count into
+ * units_done; a worker whose piece completes the job wakes the caller. */
+static int claim_pieces(jlm_pool *p, const pool_job *j, int t)
+{
+    int ran = 0;
     unsigned long long v = atomic_load_explicit(&p->claim, memory_order_relaxed);
     for (;;) {
         if ((v & ~0xffffffffull) != POOL_TAG(j->tag) || (v & 0xffffffffull) >= j->units)
-            return;
+            return ran;
         if (!atomic_compare_exchange_weak_explicit(&p->claim, &v, v + j->chunk, memory_order_relaxed,
                                                    memory_order_relaxed))
             continue;
         size_t u = (size_t)(v & 0xffffffffull), ue = u + j->chunk < j->units ? u + j->chunk : j->units;
-        if (t > 0 && (j->flags & JOB_MEASURE) && !*ran)
-            run_mark_now(r0);
-        *ran = 1;
         size_t e = ue * j->grain;
         j->fn(j->ctx, u * j->grain, e < j->n ? e : j->n, t);
-        if (atomic_fetch_add(&p->units_done, ue - u) + (ue - u) == j->units && t > 0 &&
-            atomic_load(&p->caller_sleeps)) {
-            pthread_mutex_lock(&p->mu);
-            pthread_cond_signal(&p->done);
-            pthread_mutex_unlock(&p->mu);
-        }
+        ran = 1;
+        if (atomic_fetch_add(&p->units_done, ue - u) + (ue - u) == j->units && t > 0)
+            wake_caller(p);
         v = atomic_load_explicit(&p->claim, memory_order_relaxed);
     }
 }
@@ -229,10 +234,11 @@ static void run_job(jlm_pool *p, const pool_job *j, int t)
         if (b < e)
             j->fn(j->ctx, b, e, t);
     } else {
-        int ran = 0;
+        int measure = t > 0 && (j->flags & JOB_MEASURE);
         run_mark r0 = {0, 0}, r1;
-        claim_pieces(p, j, t, &ran, &r0);
-        if (ran && t > 0 && (j->flags & JOB_MEASURE)) {   /* report (split_check) */
+        if (measure)
+            run_mark_now(&r0);
+        if (claim_pieces(p, j, t) && measure) {   /* report (split_check) */
             run_mark_now(&r1);
             unsigned long long cpu = r1.cpu > r0.cpu ? r1.cpu - r0.cpu : 0;
             atomic_fetch_add_explicit(&p->rep_cpu, cpu, memory_order_relaxed);
@@ -286,11 +292,8 @@ void jlm_pool_stats_reset(jlm_pool *p)
 
 static void worker_finish(jlm_pool *p)
 {
-    if (atomic_fetch_sub(&p->pending, 1) == 1 && atomic_load(&p->caller_sleeps)) {
-        pthread_mutex_lock(&p->mu);
-        pthread_cond_signal(&p->done);
-        pthread_mutex_unlock(&p->mu);
-    }
+    if (atomic_fetch_sub(&p->pending, 1) == 1)
+        wake_caller(p);
 }
 
 /* One wait step of a spin-wait (step *i): 0 once it should sleep instead. */
@@ -436,24 +439,26 @@ static void split_check(jlm_pool *p, const run_mark *m0, const run_mark *m_self)
     p->stalls++;
 }
 
+/* Is job j still running: a worker (pending), or a piece (units_done)? */
+static int job_left(jlm_pool *p, const pool_job *j)
+{
+    return job_waits_all(j) ? atomic_load(&p->pending) > 0 : atomic_load(&p->units_done) < j->units;
+}
+
 /* Thread 0's wait for the end of job j: every worker, or every piece. */
 static void caller_wait(jlm_pool *p, const pool_job *j)
 {
-    int all = job_waits_all(j);
-    _Atomic size_t *left = &p->units_done;
     unsigned i = 0;
-#define POOL_LEFT() (all ? atomic_load(&p->pending) > 0 : atomic_load(left) < j->units)
-    while (POOL_LEFT() && spin_step(p, &i))
+    while (job_left(p, j) && spin_step(p, &i))
         ;
-    if (POOL_LEFT()) {
+    if (job_left(p, j)) {
         pthread_mutex_lock(&p->mu);
         atomic_store(&p->caller_sleeps, 1);
-        while (POOL_LEFT())
+        while (job_left(p, j))
             pthread_cond_wait(&p->done, &p->mu);
         atomic_store(&p->caller_sleeps, 0);
         pthread_mutex_unlock(&p->mu);
     }
-#undef POOL_LEFT
 }
 
 static void pool_run(jlm_pool *p, size_t n, size_t grain, int claim, jlm_pool_fn fn, void *ctx)
