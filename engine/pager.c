@@ -25,14 +25,19 @@
  * every chunk is whole huge pages, so a trim, a move (mremap of whole PMDs)
  * or an eviction takes whole ones, and a read pins and fills 2 MiB folios
  * instead of 512 small pages. Under a budget that was decode 1.5-2.1x
- * (docs/pager.md). With smaller chunks (a pager opened directly, THP off):
- * when the budget holds every page of every array (unlimited, or at least
- * their extents plus 2 MiB a page: a huge page straddling an extent's end
- * maps up to 2 MiB past it) frames are MADV_HUGEPAGE (pp128 and tg64 1.05x),
- * otherwise MADV_NOHUGEPAGE: a huge page would map, and charge to the cgroup,
- * 2 MiB around one chunk of a partial frame. A budget lowered below that
- * later marks every mapped frame NOHUGEPAGE; huge pages already there are
- * split by the kernel when their chunks are dropped.
+ * (docs/pager.md). When the budget holds every page of every array
+ * (jlm_pg_fits: unlimited, or at least their extents plus 2 MiB a page: a
+ * huge page straddling an extent's end maps up to 2 MiB past it) a frame is
+ * huge pages whole, its tail included (map_len: frame_len rounded up to
+ * huge pages), so a MoE's expert pages of 1.7-2 MB are one huge page each
+ * instead of ~450 small ones (on a VM that shadows page tables ~10 us of
+ * first touch each: docs/pager.md, Whole huge frames). With smaller chunks
+ * (a pager opened directly, THP off) the same budget makes frames
+ * MADV_HUGEPAGE (pp128 and tg64 1.05x), otherwise MADV_NOHUGEPAGE: a huge
+ * page would map, and charge to the cgroup, 2 MiB around one chunk of a
+ * partial frame. A budget lowered below that later gives every mapped
+ * frame the advice of its new budget and gives back its memory past the
+ * extent (frame_fit); huge pages already there are split by the kernel.
  */
 #include "engine/pager_int.h"
 
@@ -186,7 +191,7 @@ void jlm_pager_close(jlm_pager *p)
         parray *r = &p->arr[a];
         for (uint32_t i = 0; r->pages && i < r->n_pages; i++)
             if (r->pages[i].frame)
-                munmap(r->pages[i].frame, r->frame_len);
+                munmap(r->pages[i].frame, r->map_len);
         free(r->pages);
         free(r->bitmap);
         free(r->extent);
@@ -238,14 +243,17 @@ static void uncharge(jlm_pager *p, ppage *pg, uint64_t bytes)
 /* Whether frames use transparent huge pages (see the top of the file):
  * always when every chunk is whole huge pages, else only while nothing is
  * ever evicted. */
-static int huge_ok(const jlm_pager *p) { return p->thp || p->budget == 0 || p->budget >= p->huge_need; }
+static int huge_ok(const jlm_pager *p) { return p->thp || jlm_pg_fits(p); }
 
-/* With whole-huge-page chunks: frame m (len bytes) of a page of `extent`
- * bytes in huge pages up to the extent rounded down to one, in small pages
- * past it, so no huge page maps memory past what the page holds (invariant 8). */
-static void advise_frame(const jlm_pager *p, uint8_t *m, uint64_t len, uint64_t extent)
+/* With whole-huge-page chunks: frame m of a page of `extent` bytes of array
+ * r in huge pages up to the extent rounded down to one, in small pages past
+ * it, so no huge page maps memory past what the page holds (invariant 8);
+ * while the budget holds everything (jlm_pg_fits), huge pages whole. */
+static void advise_frame(const jlm_pager *p, uint8_t *m, const parray *r, uint64_t extent)
 {
-    size_t al = (size_t)p->thp, hx = (size_t)(extent & ~(uint64_t)(al - 1));
+    size_t al = (size_t)p->thp, len = (size_t)r->map_len, hx = (size_t)(extent & ~(uint64_t)(al - 1));
+    if (jlm_pg_fits(p))
+        hx = len;
     if (hx)
         madvise(m, hx, MADV_HUGEPAGE);
     if (hx < len)
@@ -259,7 +267,7 @@ static void advise_frame(const jlm_pager *p, uint8_t *m, uint64_t len, uint64_t 
 static int map_frame(jlm_pager *p, ppage *pg, jlm_err *err)
 {
     parray *r = &p->arr[pg->array];
-    size_t len = (size_t)r->frame_len, al = (size_t)p->thp;
+    size_t len = (size_t)r->map_len, al = (size_t)p->thp;
     uint8_t *m = mmap(NULL, len + al, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
     if (m == MAP_FAILED)
         return jlm_errf(err, JLM_ENOMEM, "pager: %s page %u: out of memory for a %llu-byte frame",
@@ -270,7 +278,7 @@ static int map_frame(jlm_pager *p, ppage *pg, jlm_err *err)
             munmap(m, (size_t)(a - m));
         munmap(a + len, (size_t)(m + al - a));
         m = a;
-        advise_frame(p, m, len, r->extent[pg->idx]);
+        advise_frame(p, m, r, r->extent[pg->idx]);
     } else {
         madvise(m, len, huge_ok(p) ? MADV_HUGEPAGE : MADV_NOHUGEPAGE);
     }
@@ -285,7 +293,7 @@ static void unmap_frame(jlm_pager *p, ppage *pg)
     parray *r = &p->arr[pg->array];
     assert(pg->frame && pg->pins == 0 && pg->n_filled == 0 && pg->held == 0);
     host_changing(p, pg);
-    munmap(pg->frame, (size_t)r->frame_len);
+    munmap(pg->frame, (size_t)r->map_len);
     pg->frame = NULL;
     r->st.resident_pages--;
 }
@@ -513,7 +521,7 @@ static int take_frame(jlm_pager *p, ppage *pg, uint64_t need, uint64_t lo, uint6
     frame_release(pg->frame, 0, lo);
     frame_release(pg->frame, hi, r->frame_len);
     if (p->thp && r->extent[v->idx] != r->extent[pg->idx])
-        advise_frame(p, pg->frame, r->frame_len, r->extent[pg->idx]);
+        advise_frame(p, pg->frame, r, r->extent[pg->idx]);
     r->st.evictions++;
     emit(p, JLM_PAGER_EV_EVICT, v, held0, JLM_TIER_FRAME);
     return 1;
@@ -945,12 +953,19 @@ void jlm_pager_unpin(jlm_pager *p, uint32_t array, uint32_t page)
 }
 
 /* ---------------------------------------------------------------- configure, query */
-uint64_t jlm_pager_min_budget(const jlm_pager *p, const uint32_t *n_pinned)
+/* A frame mapped while the budget held everything, under one that no
+ * longer does: its new budget's advice, and its memory past the extent (a
+ * whole huge page's tail) given back (invariant 8). Reads are collected. */
+static void frame_fit(jlm_pager *p, parray *r, ppage *pg)
 {
-    uint64_t s = 0;
-    for (uint32_t a = 0; a < p->n_arrays; a++)
-        s += (uint64_t)n_pinned[a] * p->arr[a].frame_len;
-    return s;
+    if (!p->thp) {
+        madvise(pg->frame, (size_t)r->frame_len, MADV_NOHUGEPAGE);
+        return;
+    }
+    uint64_t ext = r->extent[pg->idx];
+    host_changing(p, pg);
+    advise_frame(p, pg->frame, r, ext);
+    frame_release(pg->frame, (ext + PAGER_ALIGN - 1) & ~(uint64_t)(PAGER_ALIGN - 1), r->map_len);
 }
 
 int jlm_pager_set_budget(jlm_pager *p, uint64_t budget, jlm_err *err)
@@ -966,26 +981,14 @@ int jlm_pager_set_budget(jlm_pager *p, uint64_t budget, jlm_err *err)
             return jlm_errf(err, JLM_ERANGE, "pager: budget %llu bytes is below the %llu bytes of pinned pages",
                             (unsigned long long)budget, (unsigned long long)pinned);
     }
-    int was_huge = huge_ok(p);
+    int was_fit = jlm_pg_fits(p);
     p->budget = budget;
-    if (was_huge && !huge_ok(p))   /* (never with whole-huge-page chunks) */
+    if (was_fit && !jlm_pg_fits(p))
         for (uint32_t a = 0; a < p->n_arrays; a++)
             for (uint32_t i = 0; i < p->arr[a].n_pages; i++)
                 if (p->arr[a].pages[i].frame)
-                    madvise(p->arr[a].pages[i].frame, (size_t)p->arr[a].frame_len, MADV_NOHUGEPAGE);
+                    frame_fit(p, &p->arr[a], &p->arr[a].pages[i]);
     int rc = make_room(p, 0, NULL, err);   /* cannot fail: the pinned pages fit */
     assert(rc == 0);
     return rc;
-}
-
-void jlm_pager_set_evict_hook(jlm_pager *p, jlm_pager_evict_fn fn, void *ctx)
-{
-    p->evict_fn = fn;
-    p->evict_ctx = ctx;
-}
-
-void jlm_pager_set_events(jlm_pager *p, jlm_pager_event_fn fn, void *ctx)
-{
-    p->ev_fn = fn;
-    p->ev_ctx = ctx;
 }

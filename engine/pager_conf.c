@@ -1,7 +1,8 @@
 /* pager_conf.c - the pager's configuration, kept out of pager.c: each
  * array's description checked (jlm_pager_open's refusals) and its records
- * laid out, and the transparent huge page size the engine's chunk follows
- * (see pager.h and the top of pager.c for why huge pages). */
+ * laid out, the transparent huge page size the engine's chunk follows
+ * (see pager.h and the top of pager.c for why huge pages), the minimum
+ * budget and the hooks. */
 #include "engine/pager_int.h"
 
 #include <pthread.h>
@@ -49,6 +50,7 @@ int jlm_pgc_init_array(jlm_pager *p, const jlm_pager_array_desc *d, uint32_t a, 
     r->base_off = d->base_off;
     r->page_size = d->page_size;
     r->frame_len = frame_len;
+    r->map_len = p->thp ? (frame_len + p->thp - 1) / p->thp * p->thp : frame_len;
     r->n_pages = d->n_pages;
     r->words = (uint32_t)(((frame_len + p->chunk - 1) / p->chunk + 63) / 64);
     size_t n = d->n_pages ? d->n_pages : 1;
@@ -106,4 +108,24 @@ uint64_t jlm_pager_chunk_for(uint64_t chunk)
 {
     uint64_t thp = jlm_pager_thp_size();
     return thp > chunk && (chunk == 0 || thp % chunk == 0) ? thp : chunk;
+}
+
+uint64_t jlm_pager_min_budget(const jlm_pager *p, const uint32_t *n_pinned)
+{
+    uint64_t s = 0;
+    for (uint32_t a = 0; a < p->n_arrays; a++)
+        s += (uint64_t)n_pinned[a] * p->arr[a].frame_len;
+    return s;
+}
+
+void jlm_pager_set_evict_hook(jlm_pager *p, jlm_pager_evict_fn fn, void *ctx)
+{
+    p->evict_fn = fn;
+    p->evict_ctx = ctx;
+}
+
+void jlm_pager_set_events(jlm_pager *p, jlm_pager_event_fn fn, void *ctx)
+{
+    p->ev_fn = fn;
+    p->ev_ctx = ctx;
 }

@@ -36,6 +36,8 @@ typedef struct parray {
     int       cls;            /* enum jlm_pager_class */
     uint64_t  base_off, page_size;
     uint64_t  frame_len;      /* bytes of one frame: the largest extent (>= 4096) */
+    uint64_t  map_len;        /* bytes of a frame's mapping: frame_len, rounded up to
+                                 whole huge pages where chunks are (p->thp) */
     uint32_t  n_pages;
     uint32_t  words;          /* bitmap words per page */
     uint64_t *extent;         /* (n_pages,) */
@@ -130,6 +132,11 @@ static inline uint64_t chunk_hi(const jlm_pager *p, const parray *r, const ppage
     uint64_t hi = c1 << p->chunk_shift, ext = r->extent[pg->idx];
     return hi > ext ? ext : hi;
 }
+
+/* The budget holds every page of every array with a huge page's slack each
+ * (unlimited, or huge_need): nothing is evicted, and a frame may be huge
+ * pages whole, its tail past the extent included (invariant 8's exception). */
+static inline int jlm_pg_fits(const jlm_pager *p) { return p->budget == 0 || p->budget >= p->huge_need; }
 
 /* ---------------------------------------------------------------- configuration (pager_conf.c) */
 /* Array a of cfg checked (JLM_EINVAL naming it and the bound); its frame

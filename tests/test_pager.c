@@ -965,6 +965,63 @@ Test(pager, huge_page_chunks_keep_frames_aligned_and_every_invariant_under_a_bud
     free(data);
 }
 
+/* While the budget holds every page with a huge page's slack (unlimited
+ * here), a frame is huge-page eligible whole, the tail past its extent
+ * included: a page of 1.7-2 MB (a MoE's expert) is one huge page instead of
+ * ~450 small ones. What a huge page maps past the extent is allowed by
+ * invariant (8) while nothing can be evicted; a budget lowered below that
+ * takes the tails back. The test writes the tails itself (what the kernel's
+ * huge page does, whether or not it found a free one here), so the checks
+ * fail without the exception and without the release. */
+Test(pager, frames_are_whole_huge_pages_while_the_budget_holds_everything, .timeout = 60)
+{
+    uint64_t H = jlm_pager_thp_size();
+    if (!H)
+        cr_skip_test("transparent huge pages are off here");
+    enum { N = 3 };
+    uint64_t psz = H, base = 4096, len = base + N * psz;
+    uint64_t ext[N] = { H - 65536, H - 262144, H };   /* the last one fills its huge page */
+    uint8_t *data = make_content((size_t)len);
+    jlm_source *mem;
+    jlm_pager *p;
+    jlm_err err = { 0 };
+    cr_assert_eq(jlm_source_open_mem(data, (size_t)len, "whole.jlm", &mem, &err), 0, "%s", err.msg);
+    jlm_pager_array_desc d = { .name = "experts", .cls = JLM_PAGER_EXPERT, .base_off = base, .page_size = psz,
+                               .n_pages = N, .extent = ext };
+    jlm_pager_config cfg = { .src = mem, .chunk = H, .budget = 0, .n_arrays = 1, .arrays = &d };
+    cr_assert_eq(jlm_pager_open(&cfg, &p, &err), 0, "%s", err.msg);
+    uint8_t *f[N];
+    for (uint32_t i = 0; i < N; i++) {
+        const void *ptr = NULL;
+        cr_assert_eq(jlm_pager_get(p, 0, i, 0, ext[i], &ptr, &err), 0, "%s", err.msg);
+        f[i] = (uint8_t *)ptr;
+        cr_assert_eq((uintptr_t)ptr % H, 0, "page %u's frame is not on a huge page boundary", i);
+        check_bytes(ptr, base + i * psz, (size_t)ext[i], "whole huge frame");
+        cr_assert_eq(thp_eligible(ptr), 1, "page %u: its frame is not huge-page eligible", i);
+        if (ext[i] < H) {
+            cr_assert_eq(thp_eligible(f[i] + ext[i]), 1, "page %u: the tail past its extent is not eligible", i);
+            memset(f[i] + ext[i], 0x5a, (size_t)(H - ext[i]));   /* as a huge page maps it */
+        }
+        cr_assert_eq(jlm_pager_check(p, &err), 0, "unlimited, page %u: %s", i, err.msg);
+        jlm_pager_unpin(p, 0, i);
+    }
+    /* a budget below every page + slack, but above what is resident: nothing evicted */
+    cr_assert_eq(jlm_pager_set_budget(p, ext[0] + ext[1] + ext[2] + H, &err), 0, "%s", err.msg);
+    cr_assert_eq(jlm_pager_check(p, &err), 0, "after the budget went below everything: %s", err.msg);
+    for (uint32_t i = 0; i < N; i++) {
+        const void *ptr = NULL;
+        cr_assert_eq(jlm_pager_get(p, 0, i, 0, ext[i], &ptr, &err), 0, "%s", err.msg);
+        cr_assert_eq(ptr, f[i], "page %u was evicted", i);
+        check_bytes(ptr, base + i * psz, (size_t)ext[i], "frame after the budget fell");
+        if (ext[i] < H)
+            cr_assert_eq(thp_eligible(f[i] + ext[i]), 0, "page %u: its tail is still huge-page eligible", i);
+        jlm_pager_unpin(p, 0, i);
+    }
+    jlm_pager_close(p);
+    jlm_source_close(mem);
+    free(data);
+}
+
 /* ---------------------------------------------------------------- prefetch */
 /* Prefetch counters add up: every prefetch issued was used by a get (hit or
  * wait), evicted unused, failed, or is still resident unused (at most one:
