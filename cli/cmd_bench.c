@@ -21,6 +21,7 @@
 #include "cli/opts.h"
 #include "engine/backend.h"
 #include "engine/model.h"
+#include "engine/pool.h"
 #include "engine/sampler.h"
 
 #include <jansson.h>
@@ -50,6 +51,7 @@ typedef struct bench_dev {
 /* One test's figures: per repetition, then summarized. */
 typedef struct bench_res {
     double tps_mean, tps_sd, pageins, mib, wait_ms;
+    double solo, solo_ms;                        /* the pool's solo periods a run, and their ms (engine/pool.h) */
     int    n_dev;                                /* device backends that ran (in block order) */
     bench_dev dev[JLM_ENGINE_DEVS];
     jlm_engine_prof prof;
@@ -233,6 +235,19 @@ static void bench_dev_prof_print(const char *test, const bench_dev *d, const jlm
             : d->path && !strcmp(d->path, "emulated") ? "the emulation's stamps, on the host's clock" : "device timestamps");
 }
 
+/* The host pager's page-ins, bytes read and read waits (reads + waits for
+ * prefetches) of the last run, added to the sums. */
+static void bench_pager_add(jlm_engine *e, double *pageins, double *bytes, double *wait_ns)
+{
+    jlm_pager_counters c;
+    jlm_pager_stats(jlm_engine_pager(e), &c);
+    for (uint32_t a = 0; a < c.n_arrays; a++) {
+        *pageins += (double)c.a[a].page_ins;
+        *bytes += (double)c.a[a].bytes_read;
+        *wait_ns += (double)(c.a[a].read_ns + c.a[a].pf_wait_ns);
+    }
+}
+
 static int bench_test(jlm_engine *e, int pp, uint32_t n, uint32_t depth, int reps, int profile, bench_res *res,
                       jlm_err *err)
 {
@@ -244,8 +259,9 @@ static int bench_test(jlm_engine *e, int pp, uint32_t n, uint32_t depth, int rep
     int rc = ids && tps && (lg || !(profile || pp)) ? 0 : jlm_errf(err, JLM_ENOMEM, "out of memory");
     memset(&res->prof, 0, sizeof res->prof);
     memset(res->dprof, 0, sizeof res->dprof);
-    double pageins = 0, bytes = 0, wait_ns = 0;
+    double pageins = 0, bytes = 0, wait_ns = 0, solo = 0, solo_ns = 0;
     jlm_dev_stats v0[JLM_ENGINE_DEVS], v1;
+    const jlm_pool *pool = jlm_engine_pool(e);
     res->n_dev = 0;
     memset(res->dev, 0, sizeof res->dev);
     for (int r = 0; r < reps && !rc; r++) {
@@ -261,6 +277,7 @@ static int bench_test(jlm_engine *e, int pp, uint32_t n, uint32_t depth, int rep
         jlm_pager_stats_reset(jlm_engine_pager(e));
         if (profile)
             jlm_engine_prof_reset(e);
+        unsigned long long st0 = jlm_pool_stalls(pool), sn0 = jlm_pool_solo_ns(pool);
         double t0 = bench_clock();
         if (pp)   /* the last id's logits: the work a device queued comes back inside the time */
             rc = jlm_engine_eval(e, ids, n, lg, err);
@@ -276,6 +293,8 @@ static int bench_test(jlm_engine *e, int pp, uint32_t n, uint32_t depth, int rep
                 }
             }
         tps[r] = n / (bench_clock() - t0);
+        solo += (double)(jlm_pool_stalls(pool) - st0);
+        solo_ns += (double)(jlm_pool_solo_ns(pool) - sn0);
         if (profile)
             bench_prof_collect(e, res);
         for (int i = 0; i < JLM_ENGINE_DEVS && jlm_engine_dev_stats_at(e, i, &v1); i++) {
@@ -289,13 +308,7 @@ static int bench_test(jlm_engine *e, int pp, uint32_t n, uint32_t depth, int rep
             d->xfer_ms += (double)(v1.xfer_ns - v0[i].xfer_ns) / 1e6 / reps;
             d->matmuls += (double)(v1.matmuls - v0[i].matmuls) / reps;
         }
-        jlm_pager_counters c;
-        jlm_pager_stats(jlm_engine_pager(e), &c);
-        for (uint32_t a = 0; a < c.n_arrays; a++) {
-            pageins += (double)c.a[a].page_ins;
-            bytes += (double)c.a[a].bytes_read;
-            wait_ns += (double)(c.a[a].read_ns + c.a[a].pf_wait_ns);   /* reads + waits for prefetches */
-        }
+        bench_pager_add(e, &pageins, &bytes, &wait_ns);
     }
     if (!rc) {
         double s = 0, q = 0;
@@ -308,6 +321,8 @@ static int bench_test(jlm_engine *e, int pp, uint32_t n, uint32_t depth, int rep
         res->pageins = pageins / reps;
         res->mib = bytes / reps / 1048576.0;
         res->wait_ms = wait_ns / reps / 1e6;
+        res->solo = solo / reps;
+        res->solo_ms = solo_ns / reps / 1e6;
     }
     free(ids);
     free(tps);
@@ -376,6 +391,10 @@ static json_t *bench_row_json(const bench_row *w)
                      "budget_bytes", (json_int_t)w->budget_bytes, "test", test, "n_tokens", w->n, "n_depth", w->depth, "tps_mean",
                      w->r.tps_mean, "tps_sd", w->r.tps_sd, "page_ins", w->r.pageins, "read_mib", w->r.mib,
                      "wait_ms", w->r.wait_ms);
+    if (o && w->threads > 1) {
+        json_object_set_new(o, "solo_periods", json_real(w->r.solo));
+        json_object_set_new(o, "solo_ms", json_real(w->r.solo_ms));
+    }
     for (int i = 0; o && i < w->r.n_dev; i++) {   /* per backend, by kind: the fields above are the CPU pager's */
         const bench_dev *d = &w->r.dev[i];
         json_object_set_new(o, d->kind, json_pack("{s:f, s:f, s:f, s:f, s:f, s:f}", "page_ins", d->pageins,
@@ -441,6 +460,11 @@ static void bench_print(const bench_opts *o, const bench_row *w, const char *tes
         snprintf(tps, sizeof tps, "%.2f ± %.2f", w->r.tps_mean, w->r.tps_sd);
         printf("| %-*s | %10s | %8s | %7d | %10s | %7s | %17s | %9.1f | %9.2f | %9.2f |\n", nw, w->name, w->size,
                w->params, w->threads, w->budget, test, tps, w->r.pageins, w->r.mib, w->r.wait_ms);
+    }
+    if (w->threads > 1 && o->fmt != OUT_JSON) {   /* the pool's solo periods (engine/pool.h), on stderr */
+        fflush(stdout);
+        fprintf(stderr, "%s%s pool: %.1f solo periods a run, %.1f ms on the calling thread alone\n",
+                o->fmt == OUT_MD ? "  " : "", test, w->r.solo, w->r.solo_ms);
     }
     if (w->r.n_dev && o->fmt != OUT_JSON) {   /* per backend, on stderr: the table's columns stay llama-bench's */
         fflush(stdout);

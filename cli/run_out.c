@@ -4,6 +4,7 @@
 #include "cli/backend.h"
 #include "cli/cli.h"
 #include "cli/run_int.h"
+#include "engine/pool.h"
 #include "text/tokenizer/utf8_fix.h"
 
 #include <jansson.h>
@@ -168,6 +169,10 @@ void jlm_cli_run_stats(const run *r)
     }
     fprintf(stderr, "seed: %llu\n", (unsigned long long)r->o.samp.seed);
     jlm_cli_print_backend_stats(stderr, e, pi, ev, br, hi);
+    const jlm_pool *pool = jlm_engine_pool(e);
+    if (jlm_pool_n_threads(pool) > 1)   /* engine/pool.h: a busy neighbour's doing */
+        fprintf(stderr, "pool: %d threads, %llu solo periods, %.1f ms on the calling thread alone\n",
+                jlm_pool_n_threads(pool), jlm_pool_stalls(pool), jlm_pool_solo_ns(pool) / 1e6);
     stats_arrays(r, &pc);
     jlm_engine_mem mi;
     jlm_engine_mem_info(e, &mi);

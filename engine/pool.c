@@ -78,6 +78,8 @@ struct jlm_pool {
     int                loadavg_fd;    /* /proc/loadavg (its running count), or -1 */
     int                n_cpus;        /* the CPUs this process may run on */
     unsigned long long stalls;        /* solo periods started */
+    unsigned long long solo_from;     /* ns: the start of the solo period in force */
+    unsigned long long solo_done;     /* ns in solo periods that are over */
     int                probing;       /* a solo period ended and the workers are on trial */
     /* recent split claimed dispatches (decayed, ns): wall time, the workers'
      * CPU time in pieces and the part on the caller's CPU, the caller's
@@ -434,6 +436,7 @@ static void split_check(jlm_pool *p, const run_mark *m0, const run_mark *m_self)
     solo = solo < POOL_SOLO_MIN_NS ? POOL_SOLO_MIN_NS : solo > POOL_SOLO_MAX_NS ? POOL_SOLO_MAX_NS : solo;
     p->solo_ns = solo;
     p->solo_until = end + solo;
+    p->solo_from = end;
     p->solo_busy = !cpus_free(p);
     p->free_at = end + POOL_FREE_LOOK_NS;
     p->stalls++;
@@ -477,6 +480,7 @@ static void pool_run(jlm_pool *p, size_t n, size_t grain, int claim, jlm_pool_fn
         }
     }
     if (p && p->solo_until && t0 >= p->solo_until) {
+        p->solo_done += p->solo_until - p->solo_from;
         p->solo_until = 0;                 /* the period is over: the workers on trial */
         p->probing = 1;
         p->ev_wall = p->ev_gain = p->ev_same = p->ev_wait = p->ev_lost = 0;
@@ -526,6 +530,14 @@ void jlm_pool_for_claim(jlm_pool *p, size_t n, size_t grain, jlm_pool_fn fn, voi
 unsigned long long jlm_pool_stalls(const jlm_pool *p)
 {
     return p ? p->stalls : 0;
+}
+
+unsigned long long jlm_pool_solo_ns(const jlm_pool *p)
+{
+    if (!p)
+        return 0;
+    unsigned long long now = p->solo_until ? now_ns() : 0;
+    return p->solo_done + (p->solo_until ? (now < p->solo_until ? now : p->solo_until) - p->solo_from : 0);
 }
 
 /* $JLM_POOL: "static" (claimed dispatches split as jlm_pool_for's), "claim"

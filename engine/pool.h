@@ -75,9 +75,11 @@ void jlm_pool_for_claim(jlm_pool *p, size_t n, size_t grain, jlm_pool_fn fn, voi
  * pool (jlm_pool_profile) never does, so a profile shows the dispatches as
  * split. Env JLM_POOL: "claim" turns the solo periods off, "static" also
  * splits claimed dispatches as jlm_pool_for does (the A/B baselines of
- * docs/bench.md). jlm_pool_stalls: the solo periods started so far (0 for
- * NULL). */
+ * docs/bench.md). jlm_pool_stalls: the solo periods started so far;
+ * jlm_pool_solo_ns: the wall time they covered, the one in force up to now
+ * (both 0 for NULL; jlm run --stats, jlm bench print them). */
 unsigned long long jlm_pool_stalls(const jlm_pool *p);
+unsigned long long jlm_pool_solo_ns(const jlm_pool *p);
 
 /* Profiling (jlm bench --profile). While on, every dispatch that reaches the
  * workers is timed: its wall time, and per thread the time it did not run

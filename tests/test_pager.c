@@ -1782,6 +1782,11 @@ Test(pool, two_threads_sharing_one_cpu_go_solo, .timeout = 60)
     static burn w;
     size_t by_worker = 0;
     int rep = 0;
+    cr_assert_eq(jlm_pool_solo_ns(pool), 0, "no solo period yet, %llu ns alone", jlm_pool_solo_ns(pool));
+    cr_assert_eq(jlm_pool_solo_ns(NULL), 0);
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    unsigned long long t_loop = (unsigned long long)ts.tv_sec * 1000000000ull + (unsigned long long)ts.tv_nsec;
     for (; rep < 100 && jlm_pool_stalls(pool) == 0; rep++) {
         jlm_pool_for_claim(pool, 16, 1, burn_fn, &w);
         by_worker = atomic_load(&w.by_thread[1]);
@@ -1790,8 +1795,19 @@ Test(pool, two_threads_sharing_one_cpu_go_solo, .timeout = 60)
                   rep, by_worker, 16 * rep);
     atomic_store(&w.by_thread[0], 0);
     atomic_store(&w.by_thread[1], 0);
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    unsigned long long t_a = (unsigned long long)ts.tv_sec * 1000000000ull + (unsigned long long)ts.tv_nsec;
     jlm_pool_for_claim(pool, 16, 1, burn_fn, &w);
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    unsigned long long t_b = (unsigned long long)ts.tv_sec * 1000000000ull + (unsigned long long)ts.tv_nsec;
     cr_assert_eq(atomic_load(&w.by_thread[1]), 0, "solo: the worker ran %zu of 16", atomic_load(&w.by_thread[1]));
+    /* the solo period in force is counted (a dispatch begun in it runs solo to its end, which
+     * may be past the period's), and no more than the time since the loop began */
+    unsigned long long alone = jlm_pool_solo_ns(pool);
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    unsigned long long t_c = (unsigned long long)ts.tv_sec * 1000000000ull + (unsigned long long)ts.tv_nsec;
+    cr_assert(alone > 0 && alone <= t_c - t_loop, "%llu ns alone: the solo dispatch took %llu, the test %llu",
+              alone, t_b - t_a, t_c - t_loop);
     jlm_pool_destroy(pool);
 }
 
