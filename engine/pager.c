@@ -27,9 +27,10 @@
  * instead of 512 small pages. Under a budget that was decode 1.5-2.1x
  * (docs/pager.md). When the budget holds every page of every array
  * (jlm_pg_fits: unlimited, or at least their extents plus 2 MiB a page: a
- * huge page straddling an extent's end maps up to 2 MiB past it) a frame is
- * huge pages whole, its tail included (map_len: frame_len rounded up to
- * huge pages), so a MoE's expert pages of 1.7-2 MB are one huge page each
+ * huge page straddling an extent's end maps up to 2 MiB past it) a frame
+ * whose last huge page would be at least 3/4 full is huge pages whole, its
+ * tail included (jlm_pg_whole_huge; map_len: frame_len rounded up to huge
+ * pages), so a MoE's expert pages of 1.7-2 MB are one huge page each
  * instead of ~450 small ones (on a VM that shadows page tables ~10 us of
  * first touch each: docs/pager.md, Whole huge frames). With smaller chunks
  * (a pager opened directly, THP off) the same budget makes frames
@@ -248,11 +249,11 @@ static int huge_ok(const jlm_pager *p) { return p->thp || jlm_pg_fits(p); }
 /* With whole-huge-page chunks: frame m of a page of `extent` bytes of array
  * r in huge pages up to the extent rounded down to one, in small pages past
  * it, so no huge page maps memory past what the page holds (invariant 8);
- * while the budget holds everything (jlm_pg_fits), huge pages whole. */
+ * huge pages whole where jlm_pg_whole_huge says so. */
 static void advise_frame(const jlm_pager *p, uint8_t *m, const parray *r, uint64_t extent)
 {
     size_t al = (size_t)p->thp, len = (size_t)r->map_len, hx = (size_t)(extent & ~(uint64_t)(al - 1));
-    if (jlm_pg_fits(p))
+    if (jlm_pg_whole_huge(p, extent))
         hx = len;
     if (hx)
         madvise(m, hx, MADV_HUGEPAGE);

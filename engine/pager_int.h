@@ -134,9 +134,20 @@ static inline uint64_t chunk_hi(const jlm_pager *p, const parray *r, const ppage
 }
 
 /* The budget holds every page of every array with a huge page's slack each
- * (unlimited, or huge_need): nothing is evicted, and a frame may be huge
- * pages whole, its tail past the extent included (invariant 8's exception). */
+ * (unlimited, or huge_need): nothing is evicted. */
 static inline int jlm_pg_fits(const jlm_pager *p) { return p->budget == 0 || p->budget >= p->huge_need; }
+
+/* A frame of a page of `extent` bytes is huge pages whole, its tail past the
+ * extent included (invariant 8's exception): with huge-page chunks, while the
+ * budget holds everything, and where the extent's last partial huge page is
+ * at least 3/4 full, so that the rounding maps at most a quarter of a huge
+ * page more than the page holds (a MoE's 1.7-2 MB expert pages; not a small
+ * model's 100 KB blocks, 20 times their size). */
+static inline int jlm_pg_whole_huge(const jlm_pager *p, uint64_t extent)
+{
+    uint64_t tail = p->thp ? extent & (p->thp - 1) : 0;
+    return tail && tail >= p->thp / 4 * 3 && jlm_pg_fits(p);
+}
 
 /* ---------------------------------------------------------------- configuration (pager_conf.c) */
 /* Array a of cfg checked (JLM_EINVAL naming it and the bound); its frame

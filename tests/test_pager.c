@@ -966,9 +966,10 @@ Test(pager, huge_page_chunks_keep_frames_aligned_and_every_invariant_under_a_bud
 }
 
 /* While the budget holds every page with a huge page's slack (unlimited
- * here), a frame is huge-page eligible whole, the tail past its extent
- * included: a page of 1.7-2 MB (a MoE's expert) is one huge page instead of
- * ~450 small ones. What a huge page maps past the extent is allowed by
+ * here), a frame whose last huge page would be at least 3/4 full is
+ * huge-page eligible whole, the tail past its extent included: a page of
+ * 1.7-2 MB (a MoE's expert) is one huge page instead of ~450 small ones; a
+ * page of 1/8 of a huge page stays in small pages. What a huge page maps past the extent is allowed by
  * invariant (8) while nothing can be evicted; a budget lowered below that
  * takes the tails back. The test writes the tails itself (what the kernel's
  * huge page does, whether or not it found a free one here), so the checks
@@ -978,9 +979,9 @@ Test(pager, frames_are_whole_huge_pages_while_the_budget_holds_everything, .time
     uint64_t H = jlm_pager_thp_size();
     if (!H)
         cr_skip_test("transparent huge pages are off here");
-    enum { N = 3 };
+    enum { N = 4 };
     uint64_t psz = H, base = 4096, len = base + N * psz;
-    uint64_t ext[N] = { H - 65536, H - 262144, H };   /* the last one fills its huge page */
+    uint64_t ext[N] = { H - 65536, H - H / 4, H, H / 8 };   /* page 2 fills its huge page; page 3's would be 1/8 full */
     uint8_t *data = make_content((size_t)len);
     jlm_source *mem;
     jlm_pager *p;
@@ -997,8 +998,10 @@ Test(pager, frames_are_whole_huge_pages_while_the_budget_holds_everything, .time
         f[i] = (uint8_t *)ptr;
         cr_assert_eq((uintptr_t)ptr % H, 0, "page %u's frame is not on a huge page boundary", i);
         check_bytes(ptr, base + i * psz, (size_t)ext[i], "whole huge frame");
-        cr_assert_eq(thp_eligible(ptr), 1, "page %u: its frame is not huge-page eligible", i);
-        if (ext[i] < H) {
+        cr_assert_eq(thp_eligible(ptr), i < 3, "page %u: its frame's eligibility", i);
+        if (i == 3) {   /* a huge page for it would map 8 times its bytes: small pages */
+            cr_assert_eq(thp_eligible(f[i] + ext[i]), 0, "page 3: the tail of a small page is huge-page eligible");
+        } else if (ext[i] < H) {
             cr_assert_eq(thp_eligible(f[i] + ext[i]), 1, "page %u: the tail past its extent is not eligible", i);
             memset(f[i] + ext[i], 0x5a, (size_t)(H - ext[i]));   /* as a huge page maps it */
         }
@@ -1006,7 +1009,7 @@ Test(pager, frames_are_whole_huge_pages_while_the_budget_holds_everything, .time
         jlm_pager_unpin(p, 0, i);
     }
     /* a budget below every page + slack, but above what is resident: nothing evicted */
-    cr_assert_eq(jlm_pager_set_budget(p, ext[0] + ext[1] + ext[2] + H, &err), 0, "%s", err.msg);
+    cr_assert_eq(jlm_pager_set_budget(p, ext[0] + ext[1] + ext[2] + ext[3] + H, &err), 0, "%s", err.msg);
     cr_assert_eq(jlm_pager_check(p, &err), 0, "after the budget went below everything: %s", err.msg);
     for (uint32_t i = 0; i < N; i++) {
         const void *ptr = NULL;
