@@ -67,9 +67,10 @@
  *  (8) No memory of a frame outside its filled chunks is mapped (mincore),
  *      so the process uses what the budget counts; not checked for the page
  *      a prefetch is reading into. While the budget holds every page with 2
- *      MiB of slack each (unlimited, or that much), a frame is huge pages
- *      whole and may map up to 2 MiB past its extent; a budget lowered
- *      below that gives those tails back.
+ *      MiB of slack each (unlimited, or that much), a frame whose last huge
+ *      page would be at least 3/4 full is huge pages whole and maps up to a
+ *      quarter of one past its extent; a budget lowered below that gives
+ *      those tails back.
  *
  * Budget: 0 = unlimited. The caller sizes the minimum working set (the most
  * pages it pins at once) with jlm_pager_min_budget() and raises the budget to

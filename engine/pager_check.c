@@ -80,8 +80,8 @@ static uint64_t filled_bytes(const jlm_pager *p, const parray *r, const ppage *p
 
 /* Invariant (8): no memory of the frame outside its filled chunks is mapped
  * (mincore: 1 per resident 4096-byte page), but for what a whole huge page
- * maps past the extent (jlm_pg_whole_huge). Not
- * checked for the page whose prefetch is in flight (the reader is writing it). */
+ * maps past the extent (jlm_pg_whole_huge). Not checked for the page whose
+ * prefetch is in flight (the reader is writing it). */
 static int check_frame_memory(const jlm_pager *p, const parray *r, const ppage *pg, jlm_err *err)
 {
     size_t n = (size_t)(r->frame_len / PAGER_ALIGN);

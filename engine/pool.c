@@ -534,10 +534,10 @@ unsigned long long jlm_pool_stalls(const jlm_pool *p)
 
 unsigned long long jlm_pool_solo_ns(const jlm_pool *p)
 {
-    if (!p)
-        return 0;
-    unsigned long long now = p->solo_until ? now_ns() : 0;
-    return p->solo_done + (p->solo_until ? (now < p->solo_until ? now : p->solo_until) - p->solo_from : 0);
+    if (!p || !p->solo_until)
+        return p ? p->solo_done : 0;
+    unsigned long long now = now_ns(), end = now < p->solo_until ? now : p->solo_until;   /* the period in force */
+    return p->solo_done + end - p->solo_from;
 }
 
 /* $JLM_POOL: "static" (claimed dispatches split as jlm_pool_for's), "claim"

@@ -1744,6 +1744,14 @@ Test(pool, claimed_dispatches_never_give_a_late_worker_a_piece_of_a_returned_one
     jlm_pool_destroy(pool);
 }
 
+/* CLOCK_MONOTONIC in ns. */
+static unsigned long long mono_ns(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (unsigned long long)ts.tv_sec * 1000000000ull + (unsigned long long)ts.tv_nsec;
+}
+
 /* Two threads on one CPU, as when a neighbour holds the other core and the
  * scheduler puts both threads on this one: the pool is made on two CPUs (so
  * it spins rather than yields, as it does beside a neighbour), then every
@@ -1787,9 +1795,7 @@ Test(pool, two_threads_sharing_one_cpu_go_solo, .timeout = 60)
     int rep = 0;
     cr_assert_eq(jlm_pool_solo_ns(pool), 0, "no solo period yet, %llu ns alone", jlm_pool_solo_ns(pool));
     cr_assert_eq(jlm_pool_solo_ns(NULL), 0);
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    unsigned long long t_loop = (unsigned long long)ts.tv_sec * 1000000000ull + (unsigned long long)ts.tv_nsec;
+    unsigned long long t_loop = mono_ns();
     for (; rep < 100 && jlm_pool_stalls(pool) == 0; rep++) {
         jlm_pool_for_claim(pool, 16, 1, burn_fn, &w);
         by_worker = atomic_load(&w.by_thread[1]);
@@ -1798,17 +1804,14 @@ Test(pool, two_threads_sharing_one_cpu_go_solo, .timeout = 60)
                   rep, by_worker, 16 * rep);
     atomic_store(&w.by_thread[0], 0);
     atomic_store(&w.by_thread[1], 0);
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    unsigned long long t_a = (unsigned long long)ts.tv_sec * 1000000000ull + (unsigned long long)ts.tv_nsec;
+    unsigned long long t_a = mono_ns();
     jlm_pool_for_claim(pool, 16, 1, burn_fn, &w);
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    unsigned long long t_b = (unsigned long long)ts.tv_sec * 1000000000ull + (unsigned long long)ts.tv_nsec;
+    unsigned long long t_b = mono_ns();
     cr_assert_eq(atomic_load(&w.by_thread[1]), 0, "solo: the worker ran %zu of 16", atomic_load(&w.by_thread[1]));
     /* the solo period in force is counted (a dispatch begun in it runs solo to its end, which
      * may be past the period's), and no more than the time since the loop began */
     unsigned long long alone = jlm_pool_solo_ns(pool);
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    unsigned long long t_c = (unsigned long long)ts.tv_sec * 1000000000ull + (unsigned long long)ts.tv_nsec;
+    unsigned long long t_c = mono_ns();
     cr_assert(alone > 0 && alone <= t_c - t_loop, "%llu ns alone: the solo dispatch took %llu, the test %llu",
               alone, t_b - t_a, t_c - t_loop);
     jlm_pool_destroy(pool);
