@@ -24,21 +24,22 @@
  * page's extent rounded down (the tail stays in small pages), at any budget:
  * every chunk is whole huge pages, so a trim, a move (mremap of whole PMDs)
  * or an eviction takes whole ones, and a read pins and fills 2 MiB folios
- * instead of 512 small pages. Under a budget that was decode 1.5-2.1x
- * (docs/pager.md). When the budget holds every page of every array
- * (jlm_pg_fits: unlimited, or at least their extents plus 2 MiB a page: a
- * huge page straddling an extent's end maps up to 2 MiB past it) a frame
- * whose last huge page would be at least 3/4 full is huge pages whole, its
- * tail included (jlm_pg_whole_huge; map_len: frame_len rounded up to huge
- * pages), so a MoE's expert pages of 1.7-2 MB are one huge page each
- * instead of ~450 small ones (on a VM that shadows page tables ~10 us of
- * first touch each: docs/pager.md, Whole huge frames). With smaller chunks
- * (a pager opened directly, THP off) the same budget makes frames
- * MADV_HUGEPAGE (pp128 and tg64 1.05x), otherwise MADV_NOHUGEPAGE: a huge
- * page would map, and charge to the cgroup, 2 MiB around one chunk of a
- * partial frame. A budget lowered below that later gives every mapped
- * frame the advice of its new budget and gives back its memory past the
- * extent (frame_fit); huge pages already there are split by the kernel.
+ * instead of 512 small pages (under a budget decode 1.5-2.1x: docs/pager.md).
+ * A page of one chunk whose last huge page would be at least 3/4 full (a
+ * MoE's expert of 1.7-2 MB) gets a one huge frame, its tail included and
+ * charged (ppage.huge, chunk_top), where the budget is unlimited or at least
+ * 3/8 of every page so (jlm_pg_want_huge): one huge page instead of ~450
+ * small ones, which a VM that shadows page tables charges ~10 us of first
+ * touch each, and fewer TLB misses. Other such pages are whole, their tails
+ * uncharged, while the budget holds everything (jlm_pg_fits: at least their
+ * extents plus 2 MiB a page; jlm_pg_whole_huge; map_len: frame_len rounded up
+ * to huge pages). With smaller chunks (a pager opened directly, THP off) the
+ * same budget makes frames MADV_HUGEPAGE (pp128 and tg64 1.05x), otherwise
+ * MADV_NOHUGEPAGE: a huge page would map, and charge to the cgroup, 2 MiB
+ * around one chunk of a partial frame. A budget lowered below that later
+ * gives every other mapped frame the advice of its new budget and gives back
+ * its memory past the extent (frame_fit); huge pages already there are split
+ * by the kernel.
  */
 #include "engine/pager_int.h"
 
@@ -153,7 +154,9 @@ int jlm_pager_open(const jlm_pager_config *cfg, jlm_pager **out, jlm_err *err)
         if (nc > max_chunks)
             max_chunks = nc;
         for (uint32_t i = 0; i < p->arr[a].n_pages; i++) {
-            p->huge_need += p->arr[a].extent[i] + HUGE_SLACK;
+            uint64_t ext = p->arr[a].extent[i];
+            p->huge_need += ext + HUGE_SLACK;
+            p->huge_all += jlm_pg_one_huge(p, ext) ? (ext + p->thp - 1) & ~(p->thp - 1) : ext;
             p->all_bytes += p->arr[a].extent[i];
         }
     }
@@ -209,7 +212,7 @@ static uint64_t missing_bytes(const jlm_pager *p, const parray *r, const ppage *
     uint64_t n = 0;
     for (uint64_t c = c0; c < c1; c++)
         if (!bit_get(pg, c))
-            n += chunk_hi(p, r, pg, c + 1) - chunk_lo(p, c);
+            n += chunk_top(p, r, pg, c + 1) - chunk_lo(p, c);
     return n;
 }
 
@@ -249,11 +252,11 @@ static int huge_ok(const jlm_pager *p) { return p->thp || jlm_pg_fits(p); }
 /* With whole-huge-page chunks: frame m of a page of `extent` bytes of array
  * r in huge pages up to the extent rounded down to one, in small pages past
  * it, so no huge page maps memory past what the page holds (invariant 8);
- * huge pages whole where jlm_pg_whole_huge says so. */
-static void advise_frame(const jlm_pager *p, uint8_t *m, const parray *r, uint64_t extent)
+ * huge pages whole where `whole` (a one huge frame, or jlm_pg_whole_huge). */
+static void advise_frame(const jlm_pager *p, uint8_t *m, const parray *r, uint64_t extent, int whole)
 {
     size_t al = (size_t)p->thp, len = (size_t)r->map_len, hx = (size_t)(extent & ~(uint64_t)(al - 1));
-    if (jlm_pg_whole_huge(p, extent))
+    if (whole)
         hx = len;
     if (hx)
         madvise(m, hx, MADV_HUGEPAGE);
@@ -279,7 +282,8 @@ static int map_frame(jlm_pager *p, ppage *pg, jlm_err *err)
             munmap(m, (size_t)(a - m));
         munmap(a + len, (size_t)(m + al - a));
         m = a;
-        advise_frame(p, m, r, r->extent[pg->idx]);
+        pg->huge = (uint8_t)jlm_pg_want_huge(p, r->extent[pg->idx]);
+        advise_frame(p, m, r, r->extent[pg->idx], pg->huge || jlm_pg_whole_huge(p, r->extent[pg->idx]));
     } else {
         madvise(m, len, huge_ok(p) ? MADV_HUGEPAGE : MADV_NOHUGEPAGE);
     }
@@ -296,6 +300,7 @@ static void unmap_frame(jlm_pager *p, ppage *pg)
     host_changing(p, pg);
     munmap(pg->frame, (size_t)r->map_len);
     pg->frame = NULL;
+    pg->huge = 0;
     r->st.resident_pages--;
 }
 
@@ -334,7 +339,7 @@ static void drop_any(jlm_pager *p, ppage *v, uint64_t lo, uint64_t hi, dest *d)
     for (uint64_t q = lo; q < hi; q += p->chunk) {
         uint64_t e = q + p->chunk < hi ? q + p->chunk : hi;
         while (dr && d->next < d->c1 &&
-               (bit_get(d->pg, d->next) || chunk_hi(p, dr, d->pg, d->next + 1) - chunk_lo(p, d->next) != p->chunk))
+               (bit_get(d->pg, d->next) || chunk_top(p, dr, d->pg, d->next + 1) - chunk_lo(p, d->next) != p->chunk))
             d->next++;
         if (dr && e - q == p->chunk && q % p->chunk == 0 && d->next < d->c1 &&
             mremap(v->frame + q, (size_t)p->chunk, (size_t)p->chunk, MREMAP_MAYMOVE | MREMAP_FIXED | MREMAP_DONTUNMAP,
@@ -355,7 +360,7 @@ static void drop_any(jlm_pager *p, ppage *v, uint64_t lo, uint64_t hi, dest *d)
 static void drop_run(jlm_pager *p, ppage *v, uint64_t ca, uint64_t cb, dest *d)
 {
     parray *r = &p->arr[v->array];
-    uint64_t lo = chunk_lo(p, ca), hi = chunk_hi(p, r, v, cb);
+    uint64_t lo = chunk_lo(p, ca), hi = chunk_top(p, r, v, cb);
     if (p->thp) {   /* whole huge pages: in order to d's missing chunks (none supplied twice) */
         drop_any(p, v, lo, hi, d);
         return;
@@ -415,7 +420,7 @@ static void trim(jlm_pager *p, ppage *pg, uint64_t k, dest *d)
         in_run = 1;
         bit_clear(pg, c);
         pg->n_filled--;
-        freed += chunk_hi(p, r, pg, c + 1) - chunk_lo(p, c);
+        freed += chunk_top(p, r, pg, c + 1) - chunk_lo(p, c);
         k--;
     }
     if (in_run)
@@ -498,7 +503,7 @@ static ppage *pick_victim(jlm_pager *p, const ppage *skip, uint64_t *k)
  * victim of another extent leaves its huge page advice redone for pg's
  * (map_frame's). Less freed than pg needs: the caller's make_room evicts
  * the rest. 1 if pg got the frame; 0: map_frame. */
-static int take_frame(jlm_pager *p, ppage *pg, uint64_t need, uint64_t lo, uint64_t hi)
+static int take_frame(jlm_pager *p, ppage *pg, uint64_t need, uint64_t c0, uint64_t c1)
 {
     parray *r = &p->arr[pg->array];
     if (!p->budget || r->cls != JLM_PAGER_EXPERT || p->resident_bytes + need <= p->budget)
@@ -518,11 +523,13 @@ static int take_frame(jlm_pager *p, ppage *pg, uint64_t need, uint64_t lo, uint6
         v->pf_fresh = 0;
     }
     pg->frame = v->frame;   /* resident_pages: one frame, passed on */
+    pg->huge = v->huge && jlm_pg_want_huge(p, r->extent[pg->idx]);
     v->frame = NULL;
-    frame_release(pg->frame, 0, lo);
-    frame_release(pg->frame, hi, r->frame_len);
-    if (p->thp && r->extent[v->idx] != r->extent[pg->idx])
-        advise_frame(p, pg->frame, r, r->extent[pg->idx]);
+    frame_release(pg->frame, 0, chunk_lo(p, c0));
+    frame_release(pg->frame, chunk_top(p, r, pg, c1), r->map_len);
+    if (p->thp && (r->extent[v->idx] != r->extent[pg->idx] || v->huge != pg->huge))
+        advise_frame(p, pg->frame, r, r->extent[pg->idx], pg->huge || jlm_pg_whole_huge(p, r->extent[pg->idx]));
+    v->huge = 0;
     r->st.evictions++;
     emit(p, JLM_PAGER_EV_EVICT, v, held0, JLM_TIER_FRAME);
     return 1;
@@ -596,7 +603,7 @@ static int fill_chunks(jlm_pager *p, ppage *pg, uint64_t c0, uint64_t c1, uint64
         if (rc) {   /* the failed run and the runs not reached may hold moved-in memory */
             for (uint64_t q = c; q < c1; q++)
                 if (!bit_get(pg, q))
-                    host_changing(p, pg), frame_release(pg->frame, chunk_lo(p, q), chunk_hi(p, r, pg, q + 1));
+                    host_changing(p, pg), frame_release(pg->frame, chunk_lo(p, q), chunk_top(p, r, pg, q + 1));
             return jlm_err_prefix(err, rc, "%s page %u", r->name, pg->idx);
         }
         r->st.reads++;
@@ -649,7 +656,7 @@ static int pf_collect_slot(jlm_pager *p, pfslot *f, int wait, uint64_t *waited_n
     if (rc) {
         r->st.pf_failed++;
         for (uint32_t i = 0; i < f->n_runs; i++)
-            host_changing(p, pg), frame_release(pg->frame, f->runs[i].lo, f->runs[i].hi);
+            host_changing(p, pg), frame_release(pg->frame, f->runs[i].lo, chunk_top(p, r, pg, f->runs[i].c1));
         uncharge(p, pg, f->len);
         if (pg->pins == 0) {
             if (pg->n_filled == 0)
@@ -670,14 +677,14 @@ static int pf_collect_slot(jlm_pager *p, pfslot *f, int wait, uint64_t *waited_n
     int low = pg->pf_low;
     pg->pf_fresh = 1;
     r->st.reads += f->n_runs;
-    r->st.bytes_read += f->len;
+    r->st.bytes_read += f->rlen;
     if (f->was_absent)
         r->st.page_ins++;
     else
         r->st.fills++;
     if (pg->pins == 0)
         (low ? list_push_tail : list_push_head)(class_list(p, pg), pg);
-    emit(p, f->was_absent ? JLM_PAGER_EV_PAGE_IN : JLM_PAGER_EV_FILL, pg, f->len, p->src->tier);
+    emit(p, f->was_absent ? JLM_PAGER_EV_PAGE_IN : JLM_PAGER_EV_FILL, pg, f->rlen, p->src->tier);
     return 1;
 }
 
@@ -693,21 +700,6 @@ void jlm_pager_set_prefetch(jlm_pager *p, int on)
     if (!on)
         pf_collect(p, 1);
     p->pf_on = on != 0;
-}
-
-
-/* Bytes the budget can give pg: free bytes plus every other unpinned page's. */
-static uint64_t room_for(jlm_pager *p, const ppage *pg)
-{
-    uint64_t unpinned = 0;
-    for (int c = 0; c < 2; c++)
-        for (const ppage *q = p->lru[c].head; q; q = q->next)
-            if (q != pg)
-                unpinned += q->held;
-    for (uint64_t c = 0; p->adv && p->adv->pins && c < p->adv->rel; c++)   /* the advancing page's released chunks */
-        if (bit_get(p->adv, c))
-            unpinned += chunk_hi(p, &p->arr[p->adv->array], p->adv, c + 1) - chunk_lo(p, c);
-    return p->budget - p->resident_bytes + unpinned;
 }
 
 
@@ -744,7 +736,7 @@ int jlm_pager_prefetch_range(jlm_pager *p, uint32_t array, uint32_t page, uint64
     uint64_t need = missing_bytes(p, r, pg, c0, nc);
     if (!need)
         return 0;   /* resident in full: nothing to read */
-    pfslot *s = p->budget && room_for(p, pg) < need ? NULL : jlm_pgr_free_slot(p);
+    pfslot *s = p->budget && jlm_pg_room_for(p, pg) < need ? NULL : jlm_pgr_free_slot(p);
     if (!s) {
         r->st.pf_skipped++;
         return -1;
@@ -752,14 +744,15 @@ int jlm_pager_prefetch_range(jlm_pager *p, uint32_t array, uint32_t page, uint64
     jlm_err err = {0};
     int was_absent = pg->frame == NULL;
     dest d = { .pg = pg, .c0 = c0, .c1 = nc, .next = c0 };
-    if (was_absent && !take_frame(p, pg, need, chunk_lo(p, c0), chunk_hi(p, r, pg, nc)) && map_frame(p, pg, &err)) {
+    if (was_absent && !take_frame(p, pg, need, c0, nc) && map_frame(p, pg, &err)) {
         r->st.pf_skipped++;
         return -1;
     }
+    need = missing_bytes(p, r, pg, c0, nc);   /* the frame it got: one huge frame or not */
     if (make_room(p, need, &d, &err)) {   /* cannot happen: room was checked */
         for (uint64_t c = c0; c < nc; c++)
             if (!bit_get(pg, c))
-                host_changing(p, pg), frame_release(pg->frame, chunk_lo(p, c), chunk_hi(p, r, pg, c + 1));
+                host_changing(p, pg), frame_release(pg->frame, chunk_lo(p, c), chunk_top(p, r, pg, c + 1));
         if (was_absent)
             unmap_frame(p, pg);
         r->st.pf_skipped++;
@@ -776,6 +769,7 @@ int jlm_pager_prefetch_range(jlm_pager *p, uint32_t array, uint32_t page, uint64
     r->st.pf_issued++;
     pthread_mutex_lock(&p->pf.mu);
     uint32_t n = 0;
+    s->rlen = 0;
     for (uint64_t c = c0; c < nc;) {
         if (bit_get(pg, c)) {
             c++;
@@ -786,10 +780,11 @@ int jlm_pager_prefetch_range(jlm_pager *p, uint32_t array, uint32_t page, uint64
             e++;
         assert(n < p->pf.cap);
         s->runs[n++] = (pfrun){ .c0 = c, .c1 = e, .lo = chunk_lo(p, c), .hi = chunk_hi(p, r, pg, e) };
+        s->rlen += s->runs[n - 1].hi - s->runs[n - 1].lo;
         c = e;
     }
     s->n_runs = n;
-    s->len = need;
+    s->len = need;   /* rlen: set with the runs */
     s->was_absent = was_absent;
     s->base = r->base_off + (uint64_t)page * r->page_size;
     s->dst = pg->frame;
@@ -847,8 +842,9 @@ static int acquire(jlm_pager *p, ppage *pg, uint64_t c0, uint64_t c1, int pin, u
     int was_absent = pg->frame == NULL, listed = !was_absent && pg->pins == 0;
     uint64_t need = missing_bytes(p, r, pg, c0, c1);
     int rc;
-    if (was_absent && !take_frame(p, pg, need, chunk_lo(p, c0), chunk_hi(p, r, pg, c1)) && (rc = map_frame(p, pg, err)))
+    if (was_absent && !take_frame(p, pg, need, c0, c1) && (rc = map_frame(p, pg, err)))
         return rc;
+    need = missing_bytes(p, r, pg, c0, c1);   /* the frame it got: one huge frame or not */
     dest d = { .pg = pg, .c0 = c0, .c1 = c1, .next = c0 };
     rc = make_room(p, need, &d, err);
     if (rc == JLM_ERANGE && p->pf.busy) {   /* reads in flight hold pins: room once they are in */
@@ -858,7 +854,7 @@ static int acquire(jlm_pager *p, ppage *pg, uint64_t c0, uint64_t c1, int pin, u
     if (rc) {
         for (uint64_t c = c0; c < c1; c++)   /* memory moved in for the chunks not read */
             if (!bit_get(pg, c))
-                host_changing(p, pg), frame_release(pg->frame, chunk_lo(p, c), chunk_hi(p, r, pg, c + 1));
+                host_changing(p, pg), frame_release(pg->frame, chunk_lo(p, c), chunk_top(p, r, pg, c + 1));
         if (was_absent)
             unmap_frame(p, pg);
         return rc;
@@ -964,8 +960,10 @@ static void frame_fit(jlm_pager *p, parray *r, ppage *pg)
         return;
     }
     uint64_t ext = r->extent[pg->idx];
+    if (pg->huge)
+        return;   /* a one huge frame: whole at every budget, and charged so */
     host_changing(p, pg);
-    advise_frame(p, pg->frame, r, ext);
+    advise_frame(p, pg->frame, r, ext, 0);
     frame_release(pg->frame, (ext + PAGER_ALIGN - 1) & ~(uint64_t)(PAGER_ALIGN - 1), r->map_len);
 }
 

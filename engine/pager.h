@@ -41,8 +41,9 @@
  *
  * Invariants (jlm_pager_check verifies (1)-(5) and (8)):
  *  (1) resident_bytes == sum of held over pages; a page's held == the bytes
- *      of its filled chunks (the last cut at its extent), plus the bytes of
- *      the chunks a prefetch in flight is reading into it.
+ *      of its filled chunks (the last cut at its extent, or for a one huge
+ *      frame at the end of its huge pages), plus the bytes of the chunks a
+ *      prefetch in flight is reading into it.
  *  (2) budget == 0 or resident_bytes <= budget.
  *  (3) frame == NULL implies no chunk filled, pins == 0 and held == 0.
  *  (4) A page is on its class's LRU list iff it has a frame and pins == 0;
@@ -66,11 +67,14 @@
  *      would fault all N. "Used" = the last get or unpin.
  *  (8) No memory of a frame outside its filled chunks is mapped (mincore),
  *      so the process uses what the budget counts; not checked for the page
- *      a prefetch is reading into. While the budget holds every page with 2
- *      MiB of slack each (unlimited, or that much), a frame whose last huge
- *      page would be at least 3/4 full is huge pages whole and maps up to a
- *      quarter of one past its extent; a budget lowered below that gives
- *      those tails back.
+ *      a prefetch is reading into. A one huge frame (a page of one chunk
+ *      whose last huge page is at least 3/4 full, mapped while the budget is
+ *      unlimited or at least 3/8 of every page so) maps its huge page past
+ *      the extent, and held counts it. While the budget holds every page
+ *      with 2 MiB of slack each (unlimited, or that much), any frame whose
+ *      last huge page is at least 3/4 full may map up to a quarter of one
+ *      past its extent, uncharged; a budget lowered below that gives those
+ *      tails back.
  *
  * Budget: 0 = unlimited. The caller sizes the minimum working set (the most
  * pages it pins at once) with jlm_pager_min_budget() and raises the budget to
@@ -205,7 +209,8 @@ uint64_t jlm_pager_chunk_for(uint64_t chunk);
 
 /* ---------------------------------------------------------------- configure */
 /* Bytes of the smallest budget that lets n_pinned[a] whole pages of each
- * array be pinned at once (sum of n_pinned[a] * frame_len(a)). Cannot fail. */
+ * array be pinned at once (sum of n_pinned[a] * frame_len(a), or its huge
+ * pages' length where that is a one huge frame). Cannot fail. */
 uint64_t jlm_pager_min_budget(const jlm_pager *p, const uint32_t *n_pinned);
 /* Sets the budget (0 = unlimited), evicting unpinned pages and chunks
  * (invariant 7 order) until resident bytes fit. JLM_ERANGE if the bytes the
@@ -307,6 +312,10 @@ int  jlm_pager_resident(const jlm_pager *p, uint32_t array, uint32_t page);
 uint64_t jlm_pager_bytes(const jlm_pager *p);
 /* Bytes of page `page` a reader uses (its extent); 0 out of range. Cannot fail. */
 uint64_t jlm_pager_extent(const jlm_pager *p, uint32_t array, uint32_t page);
+/* Bytes the page is charged when whole: its extent, or the length of its huge
+ * pages where it has (or, absent, would be mapped now) a one huge frame
+ * (invariant 8). 0 when out of range. */
+uint64_t jlm_pager_charge(const jlm_pager *p, uint32_t array, uint32_t page);
 /* Frame bytes one page of the array takes (its largest extent). */
 uint64_t jlm_pager_frame_len(const jlm_pager *p, uint32_t array);
 /* Copies the counters. Cannot fail. */

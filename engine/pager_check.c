@@ -8,6 +8,15 @@
 #include <string.h>
 #include <sys/mman.h>
 
+uint64_t jlm_pager_charge(const jlm_pager *p, uint32_t array, uint32_t page)
+{
+    if (array >= p->n_arrays || page >= p->arr[array].n_pages)
+        return 0;
+    const parray *r = &p->arr[array];
+    const ppage *pg = &r->pages[page];
+    return chunk_top(p, r, pg, page_chunks(p, r, pg));
+}
+
 uint64_t jlm_pager_filled(const jlm_pager *p, uint32_t array, uint32_t page)
 {
     if (array >= p->n_arrays || page >= p->arr[array].n_pages)
@@ -67,6 +76,20 @@ void jlm_pager_stats_reset(jlm_pager *p)
     }
 }
 
+/* Bytes the budget can give pg: free bytes plus every other unpinned page's. */
+uint64_t jlm_pg_room_for(const jlm_pager *p, const ppage *pg)
+{
+    uint64_t unpinned = 0;
+    for (int c = 0; c < 2; c++)
+        for (const ppage *q = p->lru[c].head; q; q = q->next)
+            if (q != pg)
+                unpinned += q->held;
+    for (uint64_t c = 0; p->adv && p->adv->pins && c < p->adv->rel; c++)   /* the advancing page's released chunks */
+        if (bit_get(p->adv, c))
+            unpinned += chunk_top(p, &p->arr[p->adv->array], p->adv, c + 1) - chunk_lo(p, c);
+    return p->budget - p->resident_bytes + unpinned;
+}
+
 /* ---------------------------------------------------------------- check */
 /* Bytes of the page's filled chunks. */
 static uint64_t filled_bytes(const jlm_pager *p, const parray *r, const ppage *pg)
@@ -74,7 +97,7 @@ static uint64_t filled_bytes(const jlm_pager *p, const parray *r, const ppage *p
     uint64_t n = 0, nc = page_chunks(p, r, pg);
     for (uint64_t c = 0; c < nc; c++)
         if (bit_get(pg, c))
-            n += chunk_hi(p, r, pg, c + 1) - chunk_lo(p, c);
+            n += chunk_top(p, r, pg, c + 1) - chunk_lo(p, c);
     return n;
 }
 
@@ -95,7 +118,7 @@ static int check_frame_memory(const jlm_pager *p, const parray *r, const ppage *
     for (size_t i = 0; i < n; i++) {
         uint64_t c = ((uint64_t)i * PAGER_ALIGN) >> p->chunk_shift;
         int past = (uint64_t)i * PAGER_ALIGN >= r->extent[pg->idx];
-        int filled = (!past && bit_get(pg, c)) || (past && jlm_pg_whole_huge(p, r->extent[pg->idx]));
+        int filled = (!past && bit_get(pg, c)) || (past && (pg->huge || jlm_pg_whole_huge(p, r->extent[pg->idx])));
         if ((vec[i] & 1) && !filled) {
             free(vec);
             return jlm_errf(err, JLM_EINVAL, "pager check (8): %s page %u: frame byte %llu is mapped, chunk %llu not filled",

@@ -114,7 +114,7 @@ uint64_t jlm_pager_min_budget(const jlm_pager *p, const uint32_t *n_pinned)
 {
     uint64_t s = 0;
     for (uint32_t a = 0; a < p->n_arrays; a++)
-        s += (uint64_t)n_pinned[a] * p->arr[a].frame_len;
+        s += (uint64_t)n_pinned[a] * (jlm_pg_one_huge(p, p->arr[a].frame_len) ? p->arr[a].map_len : p->arr[a].frame_len);
     return s;
 }
 

@@ -87,8 +87,7 @@ static int warm_fits(jlm_engine *e, uint32_t a, uint32_t pg)
         return 1;   /* resident (or partly): the prefetch passes it over or fills its rest */
     jlm_pager_counters pc;
     jlm_pager_stats(e->pager, &pc);
-    uint64_t ext = jlm_pager_extent(e->pager, a, pg);
-    return pc.resident_bytes + ext <= e->budget;
+    return pc.resident_bytes + jlm_pager_charge(e->pager, a, pg) <= e->budget;
 }
 
 /* Block l's routing of n rows (lg: their router logits, the bias added, n_expert
@@ -646,6 +645,6 @@ void jlm_stream_expert_next(jlm_engine *e, uint32_t page)
         return;
     jlm_pager_counters pc;
     jlm_pager_stats(e->pager, &pc);
-    if (!pc.budget || pc.resident_bytes + ext <= pc.budget)
+    if (!pc.budget || pc.resident_bytes + jlm_pager_charge(e->pager, JLM_PAGER_EXPERTS, page) <= pc.budget)
         jlm_pager_prefetch(e->pager, JLM_PAGER_EXPERTS, page);
 }

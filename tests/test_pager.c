@@ -965,23 +965,26 @@ Test(pager, huge_page_chunks_keep_frames_aligned_and_every_invariant_under_a_bud
     free(data);
 }
 
-/* While the budget holds every page with a huge page's slack (unlimited
- * here), a frame whose last huge page would be at least 3/4 full is
- * huge-page eligible whole, the tail past its extent included: a page of
- * 1.7-2 MB (a MoE's expert) is one huge page instead of ~450 small ones; a
- * page of 1/8 of a huge page stays in small pages. What a huge page maps past the extent is allowed by
- * invariant (8) while nothing can be evicted; a budget lowered below that
- * takes the tails back. The test writes the tails itself (what the kernel's
- * huge page does, whether or not it found a free one here), so the checks
- * fail without the exception and without the release. */
+/* Huge frames. Unlimited, a page whose last huge page would be at least 3/4
+ * full maps its frame in huge pages whole, its tail included; of those, the
+ * pages of one chunk (pages 0, 1) are one huge frames, charged their huge
+ * page, and stay so under a budget down to 3/8 of the pages as one huge frames;
+ * page 4 (two chunks) is whole only while the budget holds everything (its
+ * tail uncharged) and gives its tail back when it no longer does. Below 3/8,
+ * a page taking a one huge frame over gets exact small pages, charged its
+ * extent, the memory past it given back (the check's invariant 8). The test
+ * writes the tails itself (what the kernel's huge page does, whether or not
+ * it found a free one here), so the checks fail without the exception and
+ * without the releases. */
 Test(pager, frames_are_whole_huge_pages_while_the_budget_holds_everything, .timeout = 60)
 {
     uint64_t H = jlm_pager_thp_size();
     if (!H)
         cr_skip_test("transparent huge pages are off here");
-    enum { N = 4 };
-    uint64_t psz = H, base = 4096, len = base + N * psz;
-    uint64_t ext[N] = { H - 65536, H - H / 4, H, H / 8 };   /* page 2 fills its huge page; page 3's would be 1/8 full */
+    enum { N = 5 };
+    uint64_t psz = 2 * H, base = 4096, len = base + N * psz;
+    /* page 2 fills its huge page; page 3's would be 1/8 full; page 4 is two chunks */
+    uint64_t ext[N] = { H - 65536, H - H / 4, H, H / 8, 2 * H - 65536 };
     uint8_t *data = make_content((size_t)len);
     jlm_source *mem;
     jlm_pager *p;
@@ -998,28 +1001,53 @@ Test(pager, frames_are_whole_huge_pages_while_the_budget_holds_everything, .time
         f[i] = (uint8_t *)ptr;
         cr_assert_eq((uintptr_t)ptr % H, 0, "page %u's frame is not on a huge page boundary", i);
         check_bytes(ptr, base + i * psz, (size_t)ext[i], "whole huge frame");
-        cr_assert_eq(thp_eligible(ptr), i < 3, "page %u: its frame's eligibility", i);
+        cr_assert_eq(thp_eligible(ptr), i != 3, "page %u: its frame's eligibility", i);
         if (i == 3) {   /* a huge page for it would map 8 times its bytes: small pages */
             cr_assert_eq(thp_eligible(f[i] + ext[i]), 0, "page 3: the tail of a small page is huge-page eligible");
-        } else if (ext[i] < H) {
+        } else if (ext[i] % H) {
+            uint64_t end = (ext[i] + H - 1) / H * H;
             cr_assert_eq(thp_eligible(f[i] + ext[i]), 1, "page %u: the tail past its extent is not eligible", i);
-            memset(f[i] + ext[i], 0x5a, (size_t)(H - ext[i]));   /* as a huge page maps it */
+            memset(f[i] + ext[i], 0x5a, (size_t)(end - ext[i]));   /* as a huge page maps it */
         }
         cr_assert_eq(jlm_pager_check(p, &err), 0, "unlimited, page %u: %s", i, err.msg);
         jlm_pager_unpin(p, 0, i);
     }
+    jlm_pager_counters c;
+    jlm_pager_stats(p, &c);
+    cr_assert_eq(c.resident_bytes, 3 * H + ext[3] + ext[4], "unlimited: %llu bytes charged (one huge frames: H)",
+                 (unsigned long long)c.resident_bytes);
+    for (uint32_t i = 0; i < N; i++)
+        cr_assert_eq(jlm_pager_charge(p, 0, i), i < 2 ? H : ext[i], "unlimited: page %u's charge", i);
     /* a budget below every page + slack, but above what is resident: nothing evicted */
-    cr_assert_eq(jlm_pager_set_budget(p, ext[0] + ext[1] + ext[2] + ext[3] + H, &err), 0, "%s", err.msg);
+    uint64_t all = ext[0] + ext[1] + ext[2] + ext[3] + ext[4];
+    cr_assert_eq(jlm_pager_set_budget(p, all + H, &err), 0, "%s", err.msg);
     cr_assert_eq(jlm_pager_check(p, &err), 0, "after the budget went below everything: %s", err.msg);
-    for (uint32_t i = 0; i < N; i++) {
+    for (uint32_t i = 0; i <= N; i++) {   /* page 0 twice: the most recent */
         const void *ptr = NULL;
-        cr_assert_eq(jlm_pager_get(p, 0, i, 0, ext[i], &ptr, &err), 0, "%s", err.msg);
-        cr_assert_eq(ptr, f[i], "page %u was evicted", i);
-        check_bytes(ptr, base + i * psz, (size_t)ext[i], "frame after the budget fell");
-        if (ext[i] < H)
-            cr_assert_eq(thp_eligible(f[i] + ext[i]), 0, "page %u: its tail is still huge-page eligible", i);
-        jlm_pager_unpin(p, 0, i);
+        uint32_t k = i % N;
+        cr_assert_eq(jlm_pager_get(p, 0, k, 0, ext[k], &ptr, &err), 0, "%s", err.msg);
+        cr_assert_eq(ptr, f[k], "page %u was evicted", k);
+        check_bytes(ptr, base + k * psz, (size_t)ext[k], "frame after the budget fell");
+        if (ext[k] % H)
+            cr_assert_eq(thp_eligible(f[k] + ext[k]), k < 2, "page %u: its tail's eligibility", k);
+        jlm_pager_unpin(p, 0, k);
     }
+    /* below 3/8: pages 1-4 evicted, page 0 a one huge frame still (charged H) */
+    cr_assert_eq(jlm_pager_set_budget(p, H + H / 2, &err), 0, "%s", err.msg);
+    jlm_pager_stats(p, &c);
+    cr_assert_eq(c.resident_bytes, H, "below 3/8: %llu bytes charged, expected page 0's huge page",
+                 (unsigned long long)c.resident_bytes);
+    const void *ptr = NULL;
+    cr_assert_eq(jlm_pager_get(p, 0, 1, 0, ext[1], &ptr, &err), 0, "%s", err.msg);
+    cr_assert_eq(ptr, f[0], "page 1 did not take page 0's frame over");
+    cr_assert_eq(jlm_pager_charge(p, 0, 0), ext[0], "below 3/8, absent page 0 would be charged a huge page");
+    check_bytes(ptr, base + psz, (size_t)ext[1], "a one huge frame taken over below 3/8");
+    cr_assert_eq(thp_eligible((const uint8_t *)ptr + ext[1]), 0, "page 1: its tail is still huge-page eligible");
+    jlm_pager_stats(p, &c);
+    cr_assert_eq(c.resident_bytes, ext[1], "page 1 charged %llu bytes, its extent is %llu",
+                 (unsigned long long)c.resident_bytes, (unsigned long long)ext[1]);
+    cr_assert_eq(jlm_pager_check(p, &err), 0, "after the take-over: %s", err.msg);
+    jlm_pager_unpin(p, 0, 1);
     jlm_pager_close(p);
     jlm_source_close(mem);
     free(data);
