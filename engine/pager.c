@@ -156,7 +156,7 @@ int jlm_pager_open(const jlm_pager_config *cfg, jlm_pager **out, jlm_err *err)
         for (uint32_t i = 0; i < p->arr[a].n_pages; i++) {
             uint64_t ext = p->arr[a].extent[i];
             p->huge_need += ext + HUGE_SLACK;
-            p->huge_all += jlm_pg_one_huge(p, ext) ? (ext + p->thp - 1) & ~(p->thp - 1) : ext;
+            p->huge_all += jlm_pg_one_huge(p, ext) ? jlm_pg_huge_end(p, ext) : ext;
             p->all_bytes += p->arr[a].extent[i];
         }
     }
@@ -249,14 +249,16 @@ static void uncharge(jlm_pager *p, ppage *pg, uint64_t bytes)
  * ever evicted. */
 static int huge_ok(const jlm_pager *p) { return p->thp || jlm_pg_fits(p); }
 
-/* With whole-huge-page chunks: frame m of a page of `extent` bytes of array
- * r in huge pages up to the extent rounded down to one, in small pages past
- * it, so no huge page maps memory past what the page holds (invariant 8);
- * huge pages whole where `whole` (a one huge frame, or jlm_pg_whole_huge). */
-static void advise_frame(const jlm_pager *p, uint8_t *m, const parray *r, uint64_t extent, int whole)
+/* With whole-huge-page chunks: pg's frame in huge pages up to its extent
+ * rounded down to one, in small pages past it, so no huge page maps memory
+ * past what the page holds (invariant 8); huge pages whole where
+ * jlm_pg_frame_whole. */
+static void advise_frame(const jlm_pager *p, const ppage *pg)
 {
-    size_t al = (size_t)p->thp, len = (size_t)r->map_len, hx = (size_t)(extent & ~(uint64_t)(al - 1));
-    if (whole)
+    const parray *r = &p->arr[pg->array];
+    uint8_t *m = pg->frame;
+    size_t al = (size_t)p->thp, len = (size_t)r->map_len, hx = (size_t)(r->extent[pg->idx] & ~(uint64_t)(al - 1));
+    if (jlm_pg_frame_whole(p, r, pg))
         hx = len;
     if (hx)
         madvise(m, hx, MADV_HUGEPAGE);
@@ -282,8 +284,9 @@ static int map_frame(jlm_pager *p, ppage *pg, jlm_err *err)
             munmap(m, (size_t)(a - m));
         munmap(a + len, (size_t)(m + al - a));
         m = a;
+        pg->frame = m;
         pg->huge = (uint8_t)jlm_pg_want_huge(p, r->extent[pg->idx]);
-        advise_frame(p, m, r, r->extent[pg->idx], pg->huge || jlm_pg_whole_huge(p, r->extent[pg->idx]));
+        advise_frame(p, pg);
     } else {
         madvise(m, len, huge_ok(p) ? MADV_HUGEPAGE : MADV_NOHUGEPAGE);
     }
@@ -528,7 +531,7 @@ static int take_frame(jlm_pager *p, ppage *pg, uint64_t need, uint64_t c0, uint6
     frame_release(pg->frame, 0, chunk_lo(p, c0));
     frame_release(pg->frame, chunk_top(p, r, pg, c1), r->map_len);
     if (p->thp && (r->extent[v->idx] != r->extent[pg->idx] || v->huge != pg->huge))
-        advise_frame(p, pg->frame, r, r->extent[pg->idx], pg->huge || jlm_pg_whole_huge(p, r->extent[pg->idx]));
+        advise_frame(p, pg);
     v->huge = 0;
     r->st.evictions++;
     emit(p, JLM_PAGER_EV_EVICT, v, held0, JLM_TIER_FRAME);
@@ -748,7 +751,8 @@ int jlm_pager_prefetch_range(jlm_pager *p, uint32_t array, uint32_t page, uint64
         r->st.pf_skipped++;
         return -1;
     }
-    need = missing_bytes(p, r, pg, c0, nc);   /* the frame it got: one huge frame or not */
+    if (was_absent)
+        need = missing_bytes(p, r, pg, c0, nc);   /* the frame it got: one huge frame or not */
     if (make_room(p, need, &d, &err)) {   /* cannot happen: room was checked */
         for (uint64_t c = c0; c < nc; c++)
             if (!bit_get(pg, c))
@@ -844,7 +848,8 @@ static int acquire(jlm_pager *p, ppage *pg, uint64_t c0, uint64_t c1, int pin, u
     int rc;
     if (was_absent && !take_frame(p, pg, need, c0, c1) && (rc = map_frame(p, pg, err)))
         return rc;
-    need = missing_bytes(p, r, pg, c0, c1);   /* the frame it got: one huge frame or not */
+    if (was_absent)
+        need = missing_bytes(p, r, pg, c0, c1);   /* the frame it got: one huge frame or not */
     dest d = { .pg = pg, .c0 = c0, .c1 = c1, .next = c0 };
     rc = make_room(p, need, &d, err);
     if (rc == JLM_ERANGE && p->pf.busy) {   /* reads in flight hold pins: room once they are in */
@@ -963,7 +968,7 @@ static void frame_fit(jlm_pager *p, parray *r, ppage *pg)
     if (pg->huge)
         return;   /* a one huge frame: whole at every budget, and charged so */
     host_changing(p, pg);
-    advise_frame(p, pg->frame, r, ext, 0);
+    advise_frame(p, pg);   /* small pages past the extent: neither huge nor fitting */
     frame_release(pg->frame, (ext + PAGER_ALIGN - 1) & ~(uint64_t)(PAGER_ALIGN - 1), r->map_len);
 }
 

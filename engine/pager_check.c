@@ -103,7 +103,7 @@ static uint64_t filled_bytes(const jlm_pager *p, const parray *r, const ppage *p
 
 /* Invariant (8): no memory of the frame outside its filled chunks is mapped
  * (mincore: 1 per resident 4096-byte page), but for what a whole huge page
- * maps past the extent (jlm_pg_whole_huge). Not checked for the page whose
+ * maps past the extent (jlm_pg_frame_whole). Not checked for the page whose
  * prefetch is in flight (the reader is writing it). */
 static int check_frame_memory(const jlm_pager *p, const parray *r, const ppage *pg, jlm_err *err)
 {
@@ -118,7 +118,7 @@ static int check_frame_memory(const jlm_pager *p, const parray *r, const ppage *
     for (size_t i = 0; i < n; i++) {
         uint64_t c = ((uint64_t)i * PAGER_ALIGN) >> p->chunk_shift;
         int past = (uint64_t)i * PAGER_ALIGN >= r->extent[pg->idx];
-        int filled = (!past && bit_get(pg, c)) || (past && (pg->huge || jlm_pg_whole_huge(p, r->extent[pg->idx])));
+        int filled = (!past && bit_get(pg, c)) || (past && jlm_pg_frame_whole(p, r, pg));
         if ((vec[i] & 1) && !filled) {
             free(vec);
             return jlm_errf(err, JLM_EINVAL, "pager check (8): %s page %u: frame byte %llu is mapped, chunk %llu not filled",

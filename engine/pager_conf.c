@@ -50,7 +50,7 @@ int jlm_pgc_init_array(jlm_pager *p, const jlm_pager_array_desc *d, uint32_t a, 
     r->base_off = d->base_off;
     r->page_size = d->page_size;
     r->frame_len = frame_len;
-    r->map_len = p->thp ? (frame_len + p->thp - 1) / p->thp * p->thp : frame_len;
+    r->map_len = p->thp ? jlm_pg_huge_end(p, frame_len) : frame_len;
     r->n_pages = d->n_pages;
     r->words = (uint32_t)(((frame_len + p->chunk - 1) / p->chunk + 63) / 64);
     size_t n = d->n_pages ? d->n_pages : 1;

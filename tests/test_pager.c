@@ -16,6 +16,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 #include <sys/resource.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -889,6 +890,14 @@ Test(pager, random_gets_and_unpins_keep_every_invariant_and_every_byte, .timeout
  * 1 or 0, -1 if not found. It follows the mapping's flags (MADV_HUGEPAGE,
  * alignment), not whether the kernel found a free huge page, so it is a
  * deterministic check. */
+/* 1 if the 4096-byte page holding addr is mapped (mincore), 0 if not, -1 unknown. */
+static int page_mapped(const void *addr)
+{
+    unsigned char v = 0;
+    void *pg = (void *)((uintptr_t)addr & ~(uintptr_t)4095);
+    return mincore(pg, 4096, &v) == 0 ? (v & 1) : -1;
+}
+
 static int thp_eligible(const void *addr)
 {
     FILE *f = fopen("/proc/self/smaps", "r");
@@ -1030,6 +1039,8 @@ Test(pager, frames_are_whole_huge_pages_while_the_budget_holds_everything, .time
         check_bytes(ptr, base + k * psz, (size_t)ext[k], "frame after the budget fell");
         if (ext[k] % H)
             cr_assert_eq(thp_eligible(f[k] + ext[k]), k < 2, "page %u: its tail's eligibility", k);
+        if (k < 2)   /* a one huge frame keeps the tail it is charged for */
+            cr_assert_eq(page_mapped(f[k] + ext[k]), 1, "page %u: its tail was given back", k);
         jlm_pager_unpin(p, 0, k);
     }
     /* below 3/8: pages 1-4 evicted, page 0 a one huge frame still (charged H) */
