@@ -25,6 +25,7 @@
  * Tests include this file with ROUTING_REPLAY_NO_MAIN (tests/test_replay.c,
  * tests/test_engine.c: the replay against the engine's reads). */
 #include "engine/routing.h"
+#include "engine/xadapt.h"
 #include "engine/xpolicy.h"
 
 #include <errno.h>
@@ -36,7 +37,7 @@
 
 #define RR_FN static __attribute__((unused))
 
-enum { RR_LRU = JLM_XP_LRU, RR_LFU = JLM_XP_LFU, RR_NEXT = JLM_XP_NEXT, RR_OPT = 3, RR_N = 4 };
+enum { RR_LRU = JLM_XP_LRU, RR_LFU = JLM_XP_LFU, RR_NEXT = JLM_XP_NEXT, RR_AUTO = JLM_XP_AUTO, RR_OPT = 4, RR_N = 5 };
 
 /* The trace, parsed by the engine's own parser (engine/routing.h). */
 typedef jlm_routing_trace rr_trace;
@@ -73,6 +74,17 @@ static uint32_t rr_pages(const rr_trace *t) { return t->n_layer * t->n_expert; }
  * routing; a get adds to the expert's count (clock: expert gets so far);
  * then all are unpinned in slot order, which makes them the most recently
  * used in that order (the pager's list head). */
+/* A trace page's index among the MoE blocks' pages (the pager's expert
+ * array: ord, block -> 1 + its MoE ordinal), and AUTO's key for it. */
+static uint32_t rr_xpage(const rr_trace *t, const uint32_t *ord, uint32_t p)
+{
+    return (ord[p / t->n_expert] - 1) * t->n_expert + p % t->n_expert;
+}
+static double rr_xkey(const rr_trace *t, const jlm_xadapt *xa, const uint32_t *ord, uint32_t p)
+{
+    return jlm_xa_key(xa, rr_xpage(t, ord, p));
+}
+
 RR_FN uint64_t rr_misses(const rr_trace *t, int policy, uint32_t slots, double half_life)
 {
     uint32_t np = rr_pages(t), nu = t->n_used;
@@ -88,6 +100,7 @@ RR_FN uint64_t rr_misses(const rr_trace *t, int policy, uint32_t slots, double h
     uint32_t *resl = malloc((size_t)slots * sizeof *resl);   /* the resident pages, unordered */
     uint8_t *hit = malloc(nu);   /* the routing's experts resident at its start */
     uint32_t *ord = calloc(t->n_layer, sizeof *ord), nb = 0;   /* block -> 1 + its MoE ordinal */
+    jlm_xadapt *xa = NULL;   /* AUTO's shadows, over the MoE blocks' pages as the pager's */
     if (!res || !stamp || !nextuse || !pin || !key || !resl || !hit || !ord || (policy == RR_OPT && !next)) {
         miss = (uint64_t)-1;
         goto out;
@@ -108,6 +121,10 @@ RR_FN uint64_t rr_misses(const rr_trace *t, int policy, uint32_t slots, double h
     for (uint32_t b = 0; b < t->n_layer; b++)
         ord[b] = ord[b] ? ++nb : 0;
     double half = half_life * np, window = jlm_xp_window(half, (double)nb * nu);
+    if (policy == RR_AUTO && !(xa = jlm_xa_new(nb * t->n_expert, nu))) {
+        miss = (uint64_t)-1;
+        goto out;
+    }
     uint32_t nres = 0;
     uint64_t clock = 0, seq = 0;
     for (uint64_t g = 0; g < t->n_groups; g++) {
@@ -134,6 +151,9 @@ RR_FN uint64_t rr_misses(const rr_trace *t, int policy, uint32_t slots, double h
                                 (policy == RR_LRU && stamp[q] < stamp[resl[v]]) ||
                                 (policy == RR_LFU && (key[q] < key[resl[v]] ||
                                                       (key[q] == key[resl[v]] && stamp[q] < stamp[resl[v]]))) ||
+                                (policy == RR_AUTO && (rr_xkey(t, xa, ord, q) < rr_xkey(t, xa, ord, resl[v]) ||
+                                                       (rr_xkey(t, xa, ord, q) == rr_xkey(t, xa, ord, resl[v]) &&
+                                                        stamp[q] < stamp[resl[v]]))) ||
                                 (policy == RR_OPT && nextuse[q] > nextuse[resl[v]]))
                                 v = r, vs = qs;
                         }
@@ -143,6 +163,8 @@ RR_FN uint64_t rr_misses(const rr_trace *t, int policy, uint32_t slots, double h
                     res[p] = 1;
                     resl[nres++] = p;
                 }
+                if (xa)
+                    jlm_xa_get(xa, rr_xpage(t, ord, p), clock, slots);
                 key[p] = jlm_xp_touch(key[p], clock++, half);
                 if (next)
                     nextuse[p] = next[g * nu + k];
@@ -152,6 +174,7 @@ RR_FN uint64_t rr_misses(const rr_trace *t, int policy, uint32_t slots, double h
     }
 out:
     free(res); free(stamp); free(nextuse); free(next); free(pin); free(key); free(resl); free(hit); free(ord);
+    jlm_xa_free(xa);
     return miss;
 }
 
@@ -237,8 +260,8 @@ int main(int argc, char **argv)
     printf("trace %s: %u tokens, %u routings, %u MoE blocks x %u experts (%u used), expert page %.2f MB, "
            "half-life LFU %.3g, NEXT %.3g\n", path, t.n_tokens, t.n_groups, nb, t.n_expert, t.n_used, t.expert_bytes / 1e6,
            half, nhalf);
-    printf("| slots | budget MB | share | LRU MB/token | LFU MB/token | NEXT MB/token | optimum MB/token | LRU/opt | LFU/opt | NEXT/opt |\n");
-    printf("|---|---|---|---|---|---|---|---|---|---|\n");
+    printf("| slots | budget MB | share | LRU MB/token | LFU MB/token | NEXT MB/token | AUTO MB/token | optimum MB/token | LRU/opt | LFU/opt | NEXT/opt | AUTO/opt |\n");
+    printf("|---|---|---|---|---|---|---|---|---|---|---|---|\n");
     for (int k = 0; k < ns; k++) {
         uint64_t m[RR_N];
         for (int pol = 0; pol < RR_N; pol++)
@@ -248,10 +271,10 @@ int main(int argc, char **argv)
                 return 1;
             }
         double per = (double)t.expert_bytes / 1e6 / t.n_tokens;
-        printf("| %u | %.1f | %.3f | %.3f | %.3f | %.3f | %.3f | %.3f | %.3f | %.3f |\n", slots[k],
+        printf("| %u | %.1f | %.3f | %.3f | %.3f | %.3f | %.3f | %.3f | %.3f | %.3f | %.3f | %.3f |\n", slots[k],
                slots[k] * (double)t.expert_bytes / 1e6, (double)slots[k] / all, m[RR_LRU] * per, m[RR_LFU] * per,
-               m[RR_NEXT] * per, m[RR_OPT] * per, rr_ratio(m[RR_LRU], m[RR_OPT]), rr_ratio(m[RR_LFU], m[RR_OPT]),
-               rr_ratio(m[RR_NEXT], m[RR_OPT]));
+               m[RR_NEXT] * per, m[RR_AUTO] * per, m[RR_OPT] * per, rr_ratio(m[RR_LRU], m[RR_OPT]),
+               rr_ratio(m[RR_LFU], m[RR_OPT]), rr_ratio(m[RR_NEXT], m[RR_OPT]), rr_ratio(m[RR_AUTO], m[RR_OPT]));
     }
     rr_free(&t);
     return 0;

@@ -4,7 +4,9 @@
 #include "cli/backend.h"
 #include "cli/cli.h"
 #include "cli/run_int.h"
+#include "engine/pager.h"
 #include "engine/pool.h"
+#include "engine/xpolicy.h"
 #include "text/tokenizer/utf8_fix.h"
 
 #include <jansson.h>
@@ -142,8 +144,10 @@ static void stats_arrays(const run *r, const jlm_pager_counters *pc)
     if (pc->n_arrays > JLM_PAGER_EXPERTS && pc->a[JLM_PAGER_EXPERTS].page_ins + pc->a[JLM_PAGER_EXPERTS].hits) {
         const jlm_pager_array_counters *x = &pc->a[JLM_PAGER_EXPERTS];
         double tokens = (double)(r->np + r->ng);
-        fprintf(stderr, "experts: hit rate %.3f, bytes read per token %.0f\n",
-                (double)x->hits / (double)(x->hits + x->page_ins + x->fills), (double)x->bytes_read / tokens);
+        const jlm_pager *pg = jlm_engine_pager(r->s->e);
+        fprintf(stderr, "experts: hit rate %.3f, bytes read per token %.0f, policy %s, half-life %.3g tokens\n",
+                (double)x->hits / (double)(x->hits + x->page_ins + x->fills), (double)x->bytes_read / tokens,
+                jlm_xp_name(jlm_pager_expert_policy(pg)), jlm_pager_expert_half_life(pg));
         jlm_engine_predict ps;
         jlm_engine_predict_stats(r->s->e, &ps);
         if (ps.predicted)

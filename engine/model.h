@@ -96,7 +96,7 @@ typedef struct jlm_engine_opts {
                             * tolerances of the F32 cache's. "auto" (the CLI's
                             * default): F16, F32 for latent attention */
     const char *kv_k, *kv_v;   /* the keys' / values' type alone, over kv (--cache-type-k/-v) */
-    const char *expert_policy;   /* NULL: JLM_XP_DEFAULT; "lru" / "lfu" / "next": which
+    const char *expert_policy;   /* NULL: JLM_XP_DEFAULT; "auto" / "lru" / "lfu" / "next": which
                             * unpinned expert page the host pager evicts first
                             * (engine/xpolicy.h) */
 } jlm_engine_opts;

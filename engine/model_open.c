@@ -386,15 +386,16 @@ static int choose_kv(jlm_engine *e, const jlm_engine_opts *o, jlm_err *err)
     return JLM_OK;
 }
 
-/* opts.expert_policy: NULL (JLM_XP_DEFAULT), "lru", "lfu" or "next"; the
- * counts' half-life is JLM_XP_HALF_LIFE (JLM_XP_NEXT_HALF_LIFE for next)
- * gets per expert page of the model; next's cycle is the MoE blocks of
- * n_expert pages, n_expert_used gotten a token. */
+/* opts.expert_policy: NULL (JLM_XP_DEFAULT), "lru", "lfu", "next" or
+ * "auto"; the counts' half-life is JLM_XP_HALF_LIFE (JLM_XP_NEXT_HALF_LIFE
+ * for next) gets per expert page of the model, auto's its shadows' choice;
+ * next's cycle is the MoE blocks of n_expert pages, n_expert_used gotten a
+ * token. */
 static int choose_expert_policy(jlm_engine *e, const jlm_engine_opts *o, jlm_err *err)
 {
     int pol = o->expert_policy ? jlm_xp_parse(o->expert_policy) : JLM_XP_DEFAULT;
     if (pol < 0)
-        return jlm_errf(err, JLM_EINVAL, "--expert-policy '%.40s': expected lru, lfu or next", o->expert_policy);
+        return jlm_errf(err, JLM_EINVAL, "--expert-policy '%.40s': expected auto, lfu, lru or next", o->expert_policy);
     double n = (double)e->c->n_layer * e->c->n_expert;   /* expert pages, at most */
     double half = pol == JLM_XP_NEXT ? JLM_XP_NEXT_HALF_LIFE : JLM_XP_HALF_LIFE;
     jlm_pager_set_expert_policy(e->pager, pol, half * (n > 0 ? n : 1));

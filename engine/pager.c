@@ -201,6 +201,7 @@ void jlm_pager_close(jlm_pager *p)
         free(r->extent);
     }
     free(p->pf_runs);
+    jlm_xa_free(p->xa);
     free(p);
 }
 

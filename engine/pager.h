@@ -219,9 +219,14 @@ int  jlm_pager_set_budget(jlm_pager *p, uint64_t budget, jlm_err *err);
 /* Which unpinned expert page is evicted first (enum jlm_xpolicy,
  * engine/xpolicy.h; anything else is JLM_XP_LRU, the default at open), and
  * for JLM_XP_LFU and JLM_XP_NEXT the half-life of the counts in expert gets
- * (<= 0: 1). Cannot fail. */
+ * (<= 0: 1); JLM_XP_AUTO chooses its own (engine/xadapt.h; LFU's from there
+ * on if its shadows cannot be allocated at the first get). Cannot fail. */
 void jlm_pager_set_expert_policy(jlm_pager *p, int policy, double half_life);
 int  jlm_pager_expert_policy(const jlm_pager *p);
+/* The expert counts' half-life in force, in tokens (expert gets over
+ * jlm_pager_set_expert_blocks' gets a token): JLM_XP_AUTO's current pick,
+ * the fixed one of LFU and NEXT; 0 under LRU. */
+double jlm_pager_expert_half_life(const jlm_pager *p);
 /* JLM_XP_NEXT's cycle: the expert array's pages are MoE blocks of
  * per_block pages each in run order (page / per_block is the block), and a
  * token gets used_per_block of each block's. per_block 0, or one that does

@@ -9,6 +9,7 @@
 #include <pthread.h>
 
 #include "engine/lru.h"
+#include "engine/xadapt.h"
 #include "engine/xpolicy.h"
 
 #define PAGER_ALIGN 4096u
@@ -103,6 +104,7 @@ struct jlm_pager {
                                  size (0: no, chunks are smaller or THP is off) */
     plist       lru[2];       /* per class; head = most recently used */
     int         xp;           /* the expert victim policy (enum jlm_xpolicy) */
+    jlm_xadapt *xa;           /* JLM_XP_AUTO: the shadows choosing the half-life (made at the first get) */
     double      xp_half;      /* JLM_XP_LFU, _NEXT: expert gets in a count's half-life */
     uint64_t    xp_clock;     /* expert gets so far */
     uint32_t    xp_per_block; /* JLM_XP_NEXT: expert pages a MoE block (0: unknown, no cycle) */

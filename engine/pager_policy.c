@@ -1,7 +1,8 @@
 /* pager_policy.c - the expert victim of the pager's eviction (invariant 7:
  * experts first) under the policy in force (engine/xpolicy.h): LRU, the
- * tail of the expert list; LFU, the lowest decaying count; NEXT, the
- * latest expected next use; the last two found by a scan of the resident
+ * tail of the expert list; LFU, the lowest decaying count; AUTO, the same
+ * with the half-life its shadows choose (engine/xadapt.h); NEXT, the
+ * latest expected next use; the last three found by a scan of the resident
  * unpinned experts from the least recently used end (a model has hundreds
  * to thousands of expert pages; a scan runs once per expert read, which
  * moves a page of megabytes). */
@@ -9,8 +10,10 @@
 
 void jlm_pager_set_expert_policy(jlm_pager *p, int policy, double half_life)
 {
-    p->xp = policy == JLM_XP_LFU || policy == JLM_XP_NEXT ? policy : JLM_XP_LRU;
+    p->xp = policy == JLM_XP_LFU || policy == JLM_XP_NEXT || policy == JLM_XP_AUTO ? policy : JLM_XP_LRU;
     p->xp_half = half_life > 0 ? half_life : 1.0;
+    jlm_xa_free(p->xa);   /* AUTO's shadows start again at its next get */
+    p->xa = NULL;
 }
 
 void jlm_pager_set_expert_blocks(jlm_pager *p, uint32_t per_block, uint32_t used_per_block)
@@ -30,12 +33,43 @@ int jlm_pager_expert_policy(const jlm_pager *p)
     return p->xp;
 }
 
+double jlm_pager_expert_half_life(const jlm_pager *p)
+{
+    double gets = p->xp == JLM_XP_LRU ? 0 : p->xa ? jlm_xa_half(p->xa) : p->xp_half;
+    return gets / (p->xp_gets > 0 ? p->xp_gets : 1);
+}
+
+/* AUTO: the shadows see every expert get with the cache's expert pages as
+ * their capacity (they evict when it does not grow). Made at the first get
+ * (the routing's width is known then); out of memory: LFU from there on. */
+static void xa_get(jlm_pager *p, const parray *r, uint32_t idx)
+{
+    if (!p->xa) {
+        uint32_t used = p->xp_blocks ? (uint32_t)(p->xp_gets / p->xp_blocks) : 1;
+        if (!(p->xa = jlm_xa_new(r->n_pages, used))) {
+            p->xp = JLM_XP_LFU;
+            return;
+        }
+    }
+    jlm_xa_get(p->xa, idx, p->xp_clock, r->st.resident_pages);
+}
+
 void jlm_pgp_touch(jlm_pager *p, ppage *pg)
 {
-    if (p->arr[pg->array].cls != JLM_PAGER_EXPERT)
+    const parray *r = &p->arr[pg->array];
+    if (r->cls != JLM_PAGER_EXPERT)
         return;
+    if (p->xp == JLM_XP_AUTO)
+        xa_get(p, r, pg->idx);
     pg->xp_key = jlm_xp_touch(pg->xp_key, p->xp_clock++, p->xp_half);
     p->xp_cur = pg->idx;
+}
+
+/* The key a victim is chosen by: the decaying count's (LFU), or under
+ * AUTO the one its shadows chose. */
+static double xp_key(const jlm_pager *p, const ppage *q)
+{
+    return p->xa ? jlm_xa_key(p->xa, q->idx) : q->xp_key;
 }
 
 /* JLM_XP_NEXT: a page's block in the cycle (0 without one). */
@@ -65,8 +99,13 @@ ppage *jlm_pgp_expert_victim(jlm_pager *p, const ppage *skip)
         }
         return best ? best : x;
     }
-    for (ppage *q = x; q; q = q->prev)   /* strict <: ties to the least recent */
-        if (q != skip && (!q->pf_fresh || q->pf_low) && (!best || q->xp_key < best->xp_key))
-            best = q;
+    double bk = 0;
+    for (ppage *q = x; q; q = q->prev) {   /* strict <: ties to the least recent */
+        if (q == skip || (q->pf_fresh && !q->pf_low))
+            continue;
+        double k = xp_key(p, q);
+        if (!best || k < bk)
+            best = q, bk = k;
+    }
     return best ? best : x;   /* only pages read ahead and not yet gotten: the least recent */
 }

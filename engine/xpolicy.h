@@ -11,6 +11,9 @@
  *    the least recently used. A page read ahead and not
  *    yet gotten is a victim only when no other is left (it was read for a
  *    use about to come).
+ *  - JLM_XP_AUTO (the default): LFU with the half-life that would have
+ *    read least lately, from one get (recency) to 4 gets per expert page,
+ *    chosen by shadow caches of each (engine/xadapt.h).
  *  - JLM_XP_NEXT: the expert whose next use is expected last. The MoE
  *    blocks run in a cycle, one routing each a token, so an expert of the
  *    block d steps ahead of the current one (1 <= d <= n_blocks; the
@@ -35,14 +38,15 @@ enum jlm_xpolicy {
     JLM_XP_LRU = 0,
     JLM_XP_LFU = 1,
     JLM_XP_NEXT = 2,
+    JLM_XP_AUTO = 3,
 };
 
 /* The policy the engine uses when none is named. */
-#define JLM_XP_DEFAULT JLM_XP_LFU
+#define JLM_XP_DEFAULT JLM_XP_AUTO
 
-/* The engine's half-life of the counts, in expert gets per expert page of
+/* JLM_XP_LFU's half-life of the counts, in expert gets per expert page of
  * the model (n_layer * n_expert): the rate docs/pager.md's replay measured
- * best. */
+ * best of the fixed ones; AUTO's first pick. */
 #define JLM_XP_HALF_LIFE 1.0
 
 /* JLM_XP_NEXT's half-life, in the same unit: 2 measured best on the
@@ -53,7 +57,7 @@ enum jlm_xpolicy {
  * at its last get means a key >= t / half_life >= 0). */
 #define JLM_XP_KEY_NONE (-INFINITY)
 
-/* "lru" / "lfu" / "next" -> the policy; -1 for anything else (NULL included). */
+/* "lru" / "lfu" / "next" / "auto" -> the policy; -1 for anything else (NULL included). */
 static inline int jlm_xp_parse(const char *s)
 {
     if (s && !strcmp(s, "lru"))
@@ -62,7 +66,15 @@ static inline int jlm_xp_parse(const char *s)
         return JLM_XP_LFU;
     if (s && !strcmp(s, "next"))
         return JLM_XP_NEXT;
+    if (s && !strcmp(s, "auto"))
+        return JLM_XP_AUTO;
     return -1;
+}
+
+/* The policy's name (jlm_xp_parse's inverse): "lru" for anything else. */
+static inline const char *jlm_xp_name(int policy)
+{
+    return policy == JLM_XP_LFU ? "lfu" : policy == JLM_XP_NEXT ? "next" : policy == JLM_XP_AUTO ? "auto" : "lru";
 }
 
 /* The key after a get at clock `now` of a page whose key was `key`:

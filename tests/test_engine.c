@@ -994,8 +994,8 @@ Test(moe, gives_the_same_ids_under_every_expert_policy_at_a_small_budget, .timeo
         jlm_err err = {0};
         jlm_engine *e;
         jlm_pager_counters pc;
-        const char *pol[3] = {"lru", "lfu", "next"};
-        for (int p = 0; p < 3; p++) {
+        const char *pol[4] = {"lru", "lfu", "next", "auto"};
+        for (int p = 0; p < 4; p++) {
             e = open_engine_xp(path, budget, pol[p], &err);
             cr_assert(e, "%s", err.msg);
             cr_assert_eq(jlm_pager_expert_policy(jlm_engine_pager(e)), jlm_xp_parse(pol[p]));
@@ -1008,7 +1008,7 @@ Test(moe, gives_the_same_ids_under_every_expert_policy_at_a_small_budget, .timeo
             jlm_engine_close(e);
         }
         cr_assert_null(open_engine_xp(path, budget, "mru", &err));
-        cr_assert(strstr(err.msg, "--expert-policy 'mru'") && strstr(err.msg, "lru, lfu or next"), "%s", err.msg);
+        cr_assert(strstr(err.msg, "--expert-policy 'mru'") && strstr(err.msg, "auto, lfu, lru or next"), "%s", err.msg);
         free(path);
         tu_rmrf(dir);
         free(dir);
@@ -1485,8 +1485,8 @@ Test(moe, the_replay_counts_the_expert_reads_the_engine_makes_under_each_policy,
          * (it moved the frames by up to 96 bytes between runs, and with a
          * 64-byte margin one run in five lost a slot: 248 reads, not 191) */
         uint64_t budget = mi.kv + mi.scratch + mi.dense + text + slots * xframe + xframe / 2;
-        const char *pol[3] = {"lru", "lfu", "next"};
-        for (int p = 0; p < 3; p++) {
+        const char *pol[4] = {"lru", "lfu", "next", "auto"};
+        for (int p = 0; p < 4; p++) {
             e = open_engine_replay(path, budget, pol[p]);
             int32_t got[NG];
             greedy(e, prompt, 1, NG, got, NULL);

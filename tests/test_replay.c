@@ -2,7 +2,8 @@
  * refuses malformed traces with a line naming the place, and its LRU, LFU
  * and Belady simulations give the miss counts worked out by hand on small
  * traces (the classic reference string 1 2 3 4 1 2 5 1 2 3 4 5 with three
- * frames: LRU 10 misses, the optimum 7). */
+ * frames: LRU 10 misses, the optimum 7), and AUTO (engine/xadapt.h) picks
+ * the half-life that fits the trace. */
 #define ROUTING_REPLAY_NO_MAIN
 #include "bench/routing_replay.c"
 
@@ -62,6 +63,65 @@ Test(replay, lfu_keeps_the_frequent_expert_that_lru_evicts)
     cr_assert_eq(rr_misses(&t, RR_LRU, 2, 1e6), 4);
     cr_assert_eq(rr_misses(&t, RR_LFU, 2, 1e-6), 4);
     cr_assert_eq(rr_misses(&t, RR_OPT, 2, 1.0), 3);
+    rr_free(&t);
+}
+
+/* One block of 64 experts, one used a token, the pages `seq` gotten in turn. */
+static void seq_trace(const int *seq, int n, rr_trace *t)
+{
+    char *text = malloc(64 + (size_t)n * 16);
+    cr_assert(text);
+    int k = sprintf(text, "# jlm routing trace 1 n_layer 1 n_expert 64 n_used 1 expert_bytes 4096\n");
+    for (int i = 0; i < n; i++)
+        k += sprintf(text + k, "%d 0 %d\n", i, seq[i]);
+    parse_ok(text, t);
+    free(text);
+}
+
+/* Which candidate the shadows pick after `seq` at 8 expert pages. */
+static int auto_pick(const int *seq, int n)
+{
+    jlm_xadapt *a = jlm_xa_new(64, 1);
+    cr_assert(a);
+    for (int i = 0; i < n; i++)
+        jlm_xa_get(a, (uint32_t)seq[i], (uint64_t)i, 8);
+    int pick = jlm_xa_pick(a);
+    for (int k = 0; k < JLM_XA_K; k++)   /* the pick missed least */
+        cr_assert_leq(jlm_xa_misses(a, pick), jlm_xa_misses(a, k), "candidate %d missed less than %d", k, pick);
+    jlm_xa_free(a);
+    return pick;
+}
+
+/* 8 frames. Phases: 6 experts gotten 5 times each, round robin, then never
+ * again (a working set that moves on): a long memory keeps the last
+ * phase's 5-count experts and evicts each new one at its first miss, so
+ * recency wins. A hot set: 6 experts gotten every other get between
+ * experts that come back only after 116 gets: recency evicts the hot ones
+ * (11 others between two gets of one), a count that outlives the hot
+ * set's period of 12 gets keeps them. AUTO must pick recency (its first
+ * candidate: one get) in the first and a count (any other: 16 gets or
+ * more) in the second, and read less than the policy that loses in each. */
+Test(replay, auto_picks_recency_for_a_moving_working_set_and_counts_for_a_hot_set)
+{
+    enum { N = 300 };
+    int moving[N], hot[N];
+    for (int i = 0; i < N; i++) {
+        int phase = i / 30, j = i % 30;
+        moving[i] = (phase * 6 + j % 6) % 64;
+        hot[i] = i % 2 == 0 ? (i / 2) % 6 : 6 + (i / 2) % 58;
+    }
+    cr_assert_eq(auto_pick(moving, N), 0);
+    cr_assert_geq(auto_pick(hot, N), 1);
+    rr_trace t;
+    seq_trace(moving, N, &t);
+    uint64_t lru = rr_misses(&t, RR_LRU, 8, 1.0), lfu = rr_misses(&t, RR_LFU, 8, 4.0), au = rr_misses(&t, RR_AUTO, 8, 1.0);
+    cr_assert_lt(lru, lfu, "moving: LRU %llu, LFU %llu", (unsigned long long)lru, (unsigned long long)lfu);
+    cr_assert_lt(au, lfu, "moving: AUTO %llu, LFU %llu", (unsigned long long)au, (unsigned long long)lfu);
+    rr_free(&t);
+    seq_trace(hot, N, &t);
+    lru = rr_misses(&t, RR_LRU, 8, 1.0), lfu = rr_misses(&t, RR_LFU, 8, 4.0), au = rr_misses(&t, RR_AUTO, 8, 1.0);
+    cr_assert_lt(lfu, lru, "hot: LFU %llu, LRU %llu", (unsigned long long)lfu, (unsigned long long)lru);
+    cr_assert_lt(au, lru, "hot: AUTO %llu, LRU %llu", (unsigned long long)au, (unsigned long long)lru);
     rr_free(&t);
 }
 
