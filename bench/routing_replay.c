@@ -75,14 +75,10 @@ static uint32_t rr_pages(const rr_trace *t) { return t->n_layer * t->n_expert; }
  * then all are unpinned in slot order, which makes them the most recently
  * used in that order (the pager's list head). */
 /* A trace page's index among the MoE blocks' pages (the pager's expert
- * array: ord, block -> 1 + its MoE ordinal), and AUTO's key for it. */
+ * array: ord, block -> 1 + its MoE ordinal): AUTO's shadows number them so. */
 static uint32_t rr_xpage(const rr_trace *t, const uint32_t *ord, uint32_t p)
 {
     return (ord[p / t->n_expert] - 1) * t->n_expert + p % t->n_expert;
-}
-static double rr_xkey(const rr_trace *t, const jlm_xadapt *xa, const uint32_t *ord, uint32_t p)
-{
-    return jlm_xa_key(xa, rr_xpage(t, ord, p));
 }
 
 RR_FN uint64_t rr_misses(const rr_trace *t, int policy, uint32_t slots, double half_life)
@@ -121,7 +117,7 @@ RR_FN uint64_t rr_misses(const rr_trace *t, int policy, uint32_t slots, double h
     for (uint32_t b = 0; b < t->n_layer; b++)
         ord[b] = ord[b] ? ++nb : 0;
     double half = half_life * np, window = jlm_xp_window(half, (double)nb * nu);
-    if (policy == RR_AUTO && !(xa = jlm_xa_new(nb * t->n_expert, nu))) {
+    if (policy == RR_AUTO && !(xa = jlm_xa_new(nb * t->n_expert, nu, t->n_expert))) {
         miss = (uint64_t)-1;
         goto out;
     }
@@ -147,15 +143,14 @@ RR_FN uint64_t rr_misses(const rr_trace *t, int policy, uint32_t slots, double h
                                 continue;
                             double qs = policy == RR_NEXT ? jlm_xp_next_score(key[q], clock, half, window,
                                                                               ord[q / t->n_expert] - 1, cur, nb) : 0;
+                            double xr = xa ? jlm_xa_rank(xa, rr_xpage(t, ord, q), clock, rr_xpage(t, ord, p)) : 0;
                             if (v == UINT32_MAX || (policy == RR_NEXT && (qs > vs || (qs == vs && stamp[q] < stamp[resl[v]]))) ||
                                 (policy == RR_LRU && stamp[q] < stamp[resl[v]]) ||
                                 (policy == RR_LFU && (key[q] < key[resl[v]] ||
                                                       (key[q] == key[resl[v]] && stamp[q] < stamp[resl[v]]))) ||
-                                (policy == RR_AUTO && (rr_xkey(t, xa, ord, q) < rr_xkey(t, xa, ord, resl[v]) ||
-                                                       (rr_xkey(t, xa, ord, q) == rr_xkey(t, xa, ord, resl[v]) &&
-                                                        stamp[q] < stamp[resl[v]]))) ||
+                                (policy == RR_AUTO && (xr > vs || (xr == vs && stamp[q] < stamp[resl[v]]))) ||
                                 (policy == RR_OPT && nextuse[q] > nextuse[resl[v]]))
-                                v = r, vs = qs;
+                                v = r, vs = xa ? xr : qs;
                         }
                         res[resl[v]] = 0;
                         resl[v] = resl[--nres];

@@ -304,10 +304,10 @@ int jlm_opts_engine_rows(jlm_opt *t, unsigned which, jlm_engine_opts *eo, jlm_op
                            "under a budget, hold a block's whole page while it computes (default: op by op, "
                            "releasing each op's weights)"};
         t[n++] = (jlm_opt){NULL, "--expert-policy", JLM_OPT_STR, &eo->expert_policy, 0, 0, 0, "auto|lfu|lru|next",
-                           "which cached expert is evicted first: the lowest decaying use count with the half-life "
-                           "that would have read least lately (auto, default), with a fixed half-life (one get per expert page of the model: lfu), "
-                           "the least recently used (lru), or the one whose next use is expected last "
-                           "from its count and its block's place in the cycle (next)"};
+                           "which cached expert is evicted first: the lowest decaying use count (lfu; half-life one "
+                           "get per expert page of the model), the least recently used (lru), the one whose next use "
+                           "is expected last from its count and its block's place in the cycle (next), or by "
+                           "whichever of lfu at six half-lives and next would have read least lately (auto, default)"};
         t[n++] = (jlm_opt){NULL, "--verify", JLM_OPT_FLAG, &eo->verify, 0, 0, 0, NULL,
                            "check every page against MODEL.sums on its first read; refuse without one "
                            "(default: checked when MODEL.sums exists)"};

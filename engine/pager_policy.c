@@ -46,7 +46,7 @@ static void xa_get(jlm_pager *p, const parray *r, uint32_t idx)
 {
     if (!p->xa) {
         uint32_t used = p->xp_blocks ? (uint32_t)(p->xp_gets / p->xp_blocks) : 1;
-        if (!(p->xa = jlm_xa_new(r->n_pages, used))) {
+        if (!(p->xa = jlm_xa_new(r->n_pages, used, p->xp_per_block))) {
             p->xp = JLM_XP_LFU;
             return;
         }
@@ -65,17 +65,25 @@ void jlm_pgp_touch(jlm_pager *p, ppage *pg)
     p->xp_cur = pg->idx;
 }
 
-/* The key a victim is chosen by: the decaying count's (LFU), or under
- * AUTO the one its shadows chose. */
-static double xp_key(const jlm_pager *p, const ppage *q)
-{
-    return p->xa ? jlm_xa_key(p->xa, q->idx) : q->xp_key;
-}
+
 
 /* JLM_XP_NEXT: a page's block in the cycle (0 without one). */
 static uint32_t xp_block(const jlm_pager *p, uint32_t idx)
 {
     return p->xp_per_block ? idx / p->xp_per_block : 0;
+}
+
+/* How soon q goes (the larger, the sooner) under the policy in force:
+ * LFU the key's opposite, NEXT its score, AUTO its shadows' pick's (cur:
+ * the expert page being read, else the last gotten). */
+static double xp_rank(const jlm_pager *p, const ppage *q, uint32_t cur, double window)
+{
+    if (p->xa)
+        return jlm_xa_rank(p->xa, q->idx, p->xp_clock, cur);
+    if (p->xp == JLM_XP_NEXT)
+        return jlm_xp_next_score(q->xp_key, p->xp_clock, p->xp_half, window, xp_block(p, q->idx), xp_block(p, cur),
+                                 p->xp_blocks);
+    return -q->xp_key;
 }
 
 ppage *jlm_pgp_expert_victim(jlm_pager *p, const ppage *skip)
@@ -86,26 +94,14 @@ ppage *jlm_pgp_expert_victim(jlm_pager *p, const ppage *skip)
     if (!x || p->xp == JLM_XP_LRU)
         return x;
     ppage *best = NULL;
-    if (p->xp == JLM_XP_NEXT) {   /* the block running: the one being read, else the last gotten */
-        uint32_t cur = xp_block(p, skip && p->arr[skip->array].cls == JLM_PAGER_EXPERT ? skip->idx : p->xp_cur);
-        double window = jlm_xp_window(p->xp_half, p->xp_gets), bs = 0;
-        for (ppage *q = x; q; q = q->prev) {   /* strict >: ties to the least recent */
-            if (q == skip || (q->pf_fresh && !q->pf_low))   /* read ahead: kept; a background read is not */
-                continue;
-            double s = jlm_xp_next_score(q->xp_key, p->xp_clock, p->xp_half, window, xp_block(p, q->idx), cur,
-                                         p->xp_blocks);
-            if (!best || s > bs)
-                best = q, bs = s;
-        }
-        return best ? best : x;
-    }
-    double bk = 0;
-    for (ppage *q = x; q; q = q->prev) {   /* strict <: ties to the least recent */
-        if (q == skip || (q->pf_fresh && !q->pf_low))
+    uint32_t cur = skip && p->arr[skip->array].cls == JLM_PAGER_EXPERT ? skip->idx : p->xp_cur;
+    double window = jlm_xp_window(p->xp_half, p->xp_gets), br = 0;
+    for (ppage *q = x; q; q = q->prev) {   /* strict >: ties to the least recent */
+        if (q == skip || (q->pf_fresh && !q->pf_low))   /* read ahead: kept; a background read is not */
             continue;
-        double k = xp_key(p, q);
-        if (!best || k < bk)
-            best = q, bk = k;
+        double r = xp_rank(p, q, cur, window);
+        if (!best || r > br)
+            best = q, br = r;
     }
     return best ? best : x;   /* only pages read ahead and not yet gotten: the least recent */
 }

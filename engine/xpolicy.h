@@ -11,9 +11,9 @@
  *    the least recently used. A page read ahead and not
  *    yet gotten is a victim only when no other is left (it was read for a
  *    use about to come).
- *  - JLM_XP_AUTO (the default): LFU with the half-life that would have
- *    read least lately, from one get (recency) to 4 gets per expert page,
- *    chosen by shadow caches of each (engine/xadapt.h).
+ *  - JLM_XP_AUTO (the default): LFU with the half-life, from one get
+ *    (recency) to 4 gets per expert page, or NEXT, whichever would have
+ *    read least lately, chosen by shadow caches of each (engine/xadapt.h).
  *  - JLM_XP_NEXT: the expert whose next use is expected last. The MoE
  *    blocks run in a cycle, one routing each a token, so an expert of the
  *    block d steps ahead of the current one (1 <= d <= n_blocks; the

@@ -81,7 +81,7 @@ static void seq_trace(const int *seq, int n, rr_trace *t)
 /* Which candidate the shadows pick after `seq` at 8 expert pages. */
 static int auto_pick(const int *seq, int n)
 {
-    jlm_xadapt *a = jlm_xa_new(64, 1);
+    jlm_xadapt *a = jlm_xa_new(64, 1, 64);
     cr_assert(a);
     for (int i = 0; i < n; i++)
         jlm_xa_get(a, (uint32_t)seq[i], (uint64_t)i, 8);
@@ -123,6 +123,36 @@ Test(replay, auto_picks_recency_for_a_moving_working_set_and_counts_for_a_hot_se
     cr_assert_lt(lfu, lru, "hot: LFU %llu, LRU %llu", (unsigned long long)lfu, (unsigned long long)lru);
     cr_assert_lt(au, lru, "hot: AUTO %llu, LRU %llu", (unsigned long long)au, (unsigned long long)lru);
     rr_free(&t);
+}
+
+/* 4 MoE blocks of 8 experts, one routed each, the same one at every token,
+ * and 3 frames for the 4 pages a token gets: a cyclic scan. LRU (and LFU,
+ * whose equal counts tie to LRU) evicts the page needed next and misses at
+ * every get; NEXT evicts the page of the block just run, a whole cycle
+ * away, and misses once a token. AUTO must pick NEXT and read as little. */
+Test(replay, auto_picks_next_for_a_cyclic_scan_of_the_blocks)
+{
+    enum { T = 40 };
+    jlm_xadapt *a = jlm_xa_new(32, 1, 8);
+    cr_assert(a);
+    char text[T * 4 * 16 + 128];
+    int n = sprintf(text, "# jlm routing trace 1 n_layer 4 n_expert 8 n_used 1 expert_bytes 4096\n");
+    for (int t = 0; t < T; t++)
+        for (int b = 0; b < 4; b++) {
+            jlm_xa_get(a, (uint32_t)(b * 8 + 3), (uint64_t)(t * 4 + b), 3);
+            n += sprintf(text + n, "%d %d 3\n", t, b);
+        }
+    cr_assert_eq(jlm_xa_pick(a), JLM_XA_NEXT);
+    jlm_xa_free(a);
+    rr_trace tr;
+    parse_ok(text, &tr);
+    uint64_t lru = rr_misses(&tr, RR_LRU, 3, 1.0), lfu = rr_misses(&tr, RR_LFU, 3, 1.0);
+    uint64_t next = rr_misses(&tr, RR_NEXT, 3, JLM_XP_NEXT_HALF_LIFE), au = rr_misses(&tr, RR_AUTO, 3, 1.0);
+    cr_assert_eq(lru, 4 * T);
+    cr_assert_eq(lfu, 4 * T);
+    cr_assert_lt(next, 2 * T, "NEXT %llu misses", (unsigned long long)next);
+    cr_assert_lt(au, 2 * T, "AUTO %llu misses (NEXT %llu)", (unsigned long long)au, (unsigned long long)next);
+    rr_free(&tr);
 }
 
 /* Two experts a routing, three frames, A B C D = 0 1 2 3: B and D three
