@@ -1,11 +1,11 @@
 /* pager_policy.c - the expert victim of the pager's eviction (invariant 7:
  * experts first) under the policy in force (engine/xpolicy.h): LRU, the
- * tail of the expert list; LFU, the lowest decaying count; AUTO, the same
- * with the half-life its shadows choose (engine/xadapt.h); NEXT, the
- * latest expected next use; the last three found by a scan of the resident
- * unpinned experts from the least recently used end (a model has hundreds
- * to thousands of expert pages; a scan runs once per expert read, which
- * moves a page of megabytes). */
+ * tail of the expert list; LFU, the lowest decaying count; NEXT, the
+ * latest expected next use; AUTO, whichever of LFU at six half-lives and
+ * NEXT its shadows choose (engine/xadapt.h); the last three found by a
+ * scan of the resident unpinned experts from the least recently used end
+ * (a model has hundreds to thousands of expert pages; a scan runs once per
+ * expert read, which moves a page of megabytes). */
 #include "engine/pager_int.h"
 
 void jlm_pager_set_expert_policy(jlm_pager *p, int policy, double half_life)
@@ -64,8 +64,6 @@ void jlm_pgp_touch(jlm_pager *p, ppage *pg)
     pg->xp_key = jlm_xp_touch(pg->xp_key, p->xp_clock++, p->xp_half);
     p->xp_cur = pg->idx;
 }
-
-
 
 /* JLM_XP_NEXT: a page's block in the cycle (0 without one). */
 static uint32_t xp_block(const jlm_pager *p, uint32_t idx)

@@ -6,8 +6,8 @@
  *
  * Why: the half-life that reads least depends on the routing. On moe-1g's
  * routing traces a sampled generation reads least with counts that decay
- * over 8-16 tokens (frequency: LRU reads 1.3-2x more at a sixteenth to a
- * quarter of the experts), a greedy one with counts that decay within a
+ * over 8-16 tokens (frequency: LRU reads up to 1.6x more at a sixteenth to
+ * a quarter of the experts), a greedy one with counts that decay within a
  * get or two (recency: the 8-token counts read 1.1-2x LRU's there), and
  * at a sixteenth of the experts NEXT reads least on both. No fixed policy
  * is near the optimum on every kind and share (docs/pager.md, Expert cache
@@ -22,8 +22,8 @@
  * current routing: a scan of its pages). The candidate in force is the one
  * whose shadow missed least lately; the pager's victim is the one it would
  * take (jlm_xa_rank). Shadows hold page numbers and keys only, never
- * memory: K x 13 bytes an expert page. No call fails but jlm_xa_new (out
- * of memory: NULL). */
+ * memory: K x 16 + 8 bytes an expert page. No call fails but jlm_xa_new
+ * (out of memory: NULL). */
 #ifndef JLM_ENGINE_XADAPT_H
 #define JLM_ENGINE_XADAPT_H
 
