@@ -161,8 +161,7 @@ j() { jq -r "$1" "$dir/out.json"; }
 run - 0
 [ "$(cat "$dir/rc")" = 0 ] || { echo "cgroup.sh: unlimited run failed: $(cat "$dir/err")" >&2; exit 1; }
 blocks=$(j .pager.arrays[0].bytes_read) nb=$(j .pager.arrays[0].resident_pages) tps0=$(j .timings.decode_tps)
-cp "$dir/out.json" "$dir/first.json"
-j0() { jq -r "$1" "$dir/first.json"; }
+moe=$(j '(.pager.arrays | length) > 2 and .pager.arrays[2].page_ins > 0')   # expert pages read: a MoE model
 echo "model $model: $file bytes, $nb blocks of $((blocks / nb)) bytes; cgroup v$cgv; $tokens tokens (1 prefill pass +" \
     "$((tokens - 1)) decode passes), -t $threads, -c 256; reads $([ "${JLM_BUFFERED:-0}" = 1 ] && echo "buffered, page cache dropped before each run" || echo "O_DIRECT (no page cache to drop)")"
 printf 'unlimited: decode %.3f tok/s (the baseline)\n\n' "$tps0"
@@ -209,7 +208,7 @@ for pct in 90 50 25; do
     done
 done
 echo
-if [ "$(j0 '(.pager.arrays | length) > 2 and .pager.arrays[2].page_ins > 0')" = true ]; then
+if [ "$moe" = true ]; then
     echo "(a MoE model: this table's reads are its text blocks' only; the side-by-side table below counts all it read)"
 fi
 echo "read/token: (bytes read - the first pass) / $((passes - 1)); file - budget: the --budget given, or the automatic" \
@@ -238,7 +237,6 @@ else
     # first passes (every weight read once: subtracted from the limited runs) and the unlimited tok/s
     runj -; [ "$(cat "$dir/rc")" = 0 ] || { echo "cgroup.sh: jlm unlimited run failed: $(cat "$dir/err")" >&2; exit 1; }
     j_first=$(cat "$dir/inblock") j_tps0=$(j '.timings.decode_tps * 1000 | round / 1000')
-    moe=$(j '(.pager.arrays | length) > 2 and .pager.arrays[2].page_ins > 0')   # expert pages read: a MoE model
     qd=$here/../build/bench/bench_qd
     diskbw() {   # GB/s, one O_DIRECT read of 1 MiB in flight; nothing if bench_qd is not built or refuses
         { [ -x "$qd" ] && "$qd" "$model" 1 256 2> /dev/null | awk -F'|' '/^\| 1 MiB/ { gsub(/[^0-9.]/, "", $3); print $3 }'; } || true

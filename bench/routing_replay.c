@@ -61,7 +61,14 @@ RR_FN int rr_parse(FILE *f, const char *name, rr_trace *t, char *msg, size_t msz
 /* Expert pages the trace can name: n_layer * n_expert. */
 static uint32_t rr_pages(const rr_trace *t) { return t->n_layer * t->n_expert; }
 
-/* Misses of the replay under policy (RR_LRU, RR_LFU, RR_NEXT, RR_OPT) with
+/* A trace page's index among the MoE blocks' pages (the pager's expert
+ * array: ord, block -> 1 + its MoE ordinal): AUTO's shadows number them so. */
+static uint32_t rr_xpage(const rr_trace *t, const uint32_t *ord, uint32_t p)
+{
+    return (ord[p / t->n_expert] - 1) * t->n_expert + p % t->n_expert;
+}
+
+/* Misses of the replay under policy (RR_LRU, RR_LFU, RR_NEXT, RR_AUTO, RR_OPT) with
  * `slots` expert frames (raised to n_used); LFU's and NEXT's half-life in
  * gets per expert page (as the engine: JLM_XP_HALF_LIFE, _NEXT_HALF_LIFE).
  * NEXT's blocks are the trace's MoE blocks in order (the engine's expert
@@ -74,13 +81,6 @@ static uint32_t rr_pages(const rr_trace *t) { return t->n_layer * t->n_expert; }
  * routing; a get adds to the expert's count (clock: expert gets so far);
  * then all are unpinned in slot order, which makes them the most recently
  * used in that order (the pager's list head). */
-/* A trace page's index among the MoE blocks' pages (the pager's expert
- * array: ord, block -> 1 + its MoE ordinal): AUTO's shadows number them so. */
-static uint32_t rr_xpage(const rr_trace *t, const uint32_t *ord, uint32_t p)
-{
-    return (ord[p / t->n_expert] - 1) * t->n_expert + p % t->n_expert;
-}
-
 RR_FN uint64_t rr_misses(const rr_trace *t, int policy, uint32_t slots, double half_life)
 {
     uint32_t np = rr_pages(t), nu = t->n_used;

@@ -886,10 +886,6 @@ Test(pager, random_gets_and_unpins_keep_every_invariant_and_every_byte, .timeout
 }
 
 /* ---------------------------------------------------------------- huge pages */
-/* The THPeligible line of /proc/self/smaps for the mapping holding addr:
- * 1 or 0, -1 if not found. It follows the mapping's flags (MADV_HUGEPAGE,
- * alignment), not whether the kernel found a free huge page, so it is a
- * deterministic check. */
 /* 1 if the 4096-byte page holding addr is mapped (mincore), 0 if not, -1 unknown. */
 static int page_mapped(const void *addr)
 {
@@ -898,6 +894,10 @@ static int page_mapped(const void *addr)
     return mincore(pg, 4096, &v) == 0 ? (v & 1) : -1;
 }
 
+/* The THPeligible line of /proc/self/smaps for the mapping holding addr:
+ * 1 or 0, -1 if not found. It follows the mapping's flags (MADV_HUGEPAGE,
+ * alignment), not whether the kernel found a free huge page, so it is a
+ * deterministic check. */
 static int thp_eligible(const void *addr)
 {
     FILE *f = fopen("/proc/self/smaps", "r");
