@@ -145,8 +145,9 @@ static void stats_arrays(const run *r, const jlm_pager_counters *pc)
         const jlm_pager_array_counters *x = &pc->a[JLM_PAGER_EXPERTS];
         double tokens = (double)(r->np + r->ng);
         const jlm_pager *pg = jlm_engine_pager(r->s->e);
-        fprintf(stderr, "experts: hit rate %.3f, bytes read per token %.0f, policy %s, half-life %.3g tokens\n",
-                (double)x->hits / (double)(x->hits + x->page_ins + x->fills), (double)x->bytes_read / tokens,
+        fprintf(stderr, "experts: hit rate %.3f, bytes read per token %.0f, read ahead and evicted unused %llu, "
+                "policy %s, half-life %.3g tokens\n", (double)x->hits / (double)(x->hits + x->page_ins + x->fills),
+                (double)x->bytes_read / tokens, (unsigned long long)x->pf_unused,
                 jlm_xp_name(jlm_pager_expert_policy(pg)), jlm_pager_expert_half_life(pg));
         jlm_engine_predict ps;
         jlm_engine_predict_stats(r->s->e, &ps);

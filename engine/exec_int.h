@@ -227,8 +227,9 @@ void jlm_stream_expert_next(jlm_engine *e, uint32_t page);
  * that bank's experts are next acquired (jlm_engine_predict_stats). */
 void jlm_stream_predict(jlm_engine *e, uint32_t first, const int32_t *sel);
 /* Block l's routing of n rows (their router logits, bias added, n_expert
- * each; mode JLM_ROUTE_*): the background read's ranks of its experts. */
-void jlm_stream_routed(jlm_engine *e, uint32_t l, int mode, const float *lg, uint32_t n);
+ * each; mode JLM_ROUTE_*; sel: the experts chosen, n_expert_used a row):
+ * the background read's ranks of its experts. */
+void jlm_stream_routed(jlm_engine *e, uint32_t l, int mode, const float *lg, const int32_t *sel, uint32_t n);
 /* Whether to predict now: always while the read-ahead gate is open; while it
  * is shut, one call in PRED_SAMPLE (the router's matmul and the counts that
  * may open the gate again, without a dispatch per block every token). */

@@ -149,7 +149,7 @@ static void route(jlm_engine *e, const jlm_op *op, uint32_t l, const uint8_t *pa
     jlm_ex_matmul(e, &wr, 1, h, e->router);
     add_bias(e->router, vec_dense(e, W(e, l, JLM_R_ROUTER_B)), ne);
     jlm_ex_route_pick(e, op->route, l, e->router, e->route + (size_t)l * nu, e->route_w, (float *)h);
-    jlm_stream_routed(e, l, op->route, e->router, 1);
+    jlm_stream_routed(e, l, op->route, e->router, e->route + (size_t)l * nu, 1);
     prof_end(e, JLM_PROF_ROUTE, t0);
 }
 
@@ -409,7 +409,7 @@ static void route_rows(jlm_engine *e, const jlm_op *op, uint32_t l, const uint8_
     jlm_ex_matmul(e, &wr, n, e->h, e->mrl);
     route_ctx rc = {l, op->route};
     jlm_ex_for_rows(e, n, route_row, &rc);
-    jlm_stream_routed(e, l, op->route, e->mrl, n);
+    jlm_stream_routed(e, l, op->route, e->mrl, e->msel, n);
     for (uint32_t t = 0; e->rtrace && t < n; t++)
         jlm_ex_trace_route(e, l, t, e->msel + (size_t)t * nu);
     memcpy(e->route + (size_t)l * nu, e->msel + (size_t)(n - 1) * nu, nu * sizeof(int32_t));

@@ -26,6 +26,8 @@
 #define PREFILL_DEFAULT 128
 #define PREFILL_MAX 512
 #define NO_PF UINT32_MAX
+#define WARM_DONE 1   /* warm_done's flags: read, resident or passed over */
+#define WARM_SEL 2    /* a row routed to it */
 #define ROW_BUFS 20   /* buffers of the batch scratch reserved by the row (scratch.c) */
 
 /* ================================================================ engine state */
@@ -169,12 +171,16 @@ struct jlm_engine {
     /* below a budget that holds the model, the background read's experts
      * by rank (warm_rank, stream.c): warm_score (n_layer, n_expert + 2)
      * each block's routing probabilities summed, then its rows routed, then
-     * its experts done; warm_done (expert pages,) read, resident or passed
-     * over; warm_quota the frames' expert pages over the MoE blocks;
-     * warm_blk the block whose turn it is; warm_l the block acquired last,
-     * warm_pass the layers went round once */
+     * its experts done; warm_done (expert pages,) WARM_DONE read, resident
+     * or passed over, WARM_SEL a row routed to it; warm_quota the frames'
+     * expert pages over the MoE blocks; warm_xpage the mean expert page in
+     * bytes; warm_nsel the pages routed to, warm_nrouted the MoE blocks that
+     * routed, of warm_nmoe; warm_blk the block whose turn it is; warm_l the block acquired
+     * last, warm_pass the layers went round once */
     int              warm_rank, warm_pass;
     float            warm_quota;
+    double           warm_xpage;
+    uint32_t         warm_nsel, warm_nrouted, warm_nmoe;
     float           *warm_score;
     uint8_t         *warm_done;
     uint32_t         warm_blk, warm_l;

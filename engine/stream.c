@@ -70,7 +70,8 @@ static void dev_prefetch_next(jlm_engine *e, uint32_t l)
  * budget holds every page, all of them in file order (the text blocks, then
  * the experts). Below that (warm_part), only into free frames, never
  * evicting, until they are full: the text blocks first, then the experts by
- * rank (warm_pick), so that the frames fill with the experts the run is
+ * rank (warm_pick; in a prefill, guesses only where its later blocks leave
+ * room: warm_spare), so that the frames fill with the experts the run is
  * likely to route to (issue 42: a 90% limit decoded at 0.29-0.38 of the
  * unlimited run, which read the model in the background while the limited
  * runs read each expert on first use; in file order, half the frames then
@@ -90,18 +91,36 @@ static int warm_fits(jlm_engine *e, uint32_t a, uint32_t pg)
     return pc.resident_bytes + jlm_pager_charge(e->pager, a, pg) <= e->budget;
 }
 
+/* Block l's rows' choices (sel, n_expert_used a row) marked WARM_SEL in
+ * warm_done and counted (warm_nsel; warm_nrouted when `first` routing). */
+static void warm_chosen(jlm_engine *e, uint32_t l, int first_routing, const int32_t *sel, uint32_t n)
+{
+    const jlm_tensor *tg = W(e, (int32_t)l, JLM_R_EXP_GATE);
+    if (!tg)
+        return;
+    uint32_t first = bank_first(e, tg), ne = e->c->n_expert, nu = e->c->n_expert_used;
+    e->warm_nrouted += first_routing;
+    for (uint64_t k = 0; k < (uint64_t)n * nu; k++) {
+        if (sel[k] < 0 || (uint32_t)sel[k] >= ne || (e->warm_done[first + (uint32_t)sel[k]] & WARM_SEL))
+            continue;
+        e->warm_done[first + (uint32_t)sel[k]] |= WARM_SEL;
+        e->warm_nsel++;
+    }
+}
+
 /* Block l's routing of n rows (lg: their router logits, the bias added, n_expert
  * each) into its ranks for the background read (warm_score): each row's
  * probabilities summed, softmax over the logits, or for sigmoid routing
  * each expert's selection score (its sigmoid plus exp_probs_b) over the
  * row's sum. Counted while the background read ranks experts. */
-void jlm_stream_routed(jlm_engine *e, uint32_t l, int mode, const float *lg, uint32_t n)
+void jlm_stream_routed(jlm_engine *e, uint32_t l, int mode, const float *lg, const int32_t *sel, uint32_t n)
 {
     const jlm_config *c = e->c;
     uint32_t ne = c->n_expert;
     if (!e->warm || !e->warm_rank || l >= c->n_layer || ne > JLM_MAX_EXPERTS)
         return;
     float *sc = e->warm_score + (size_t)l * (ne + 2), p[JLM_MAX_EXPERTS];
+    warm_chosen(e, l, sc[ne] == 0.0f, sel, n);
     const float *bias = mode == JLM_ROUTE_SIGMOID ? vec_dense(e, W(e, (int32_t)l, JLM_R_EXP_PROBS_B)) : NULL;
     int sigmoid = mode == JLM_ROUTE_SIGMOID || mode == JLM_ROUTE_SIGMOID_IN;
     for (uint32_t t = 0; t < n; t++) {
@@ -123,25 +142,45 @@ void jlm_stream_routed(jlm_engine *e, uint32_t l, int mode, const float *lg, uin
 }
 
 /* Block l's expert bank (page `first`): its highest ranked expert not yet
- * read, resident or passed over (ties: the lower index), -1 none; the
- * resident ones found marked done (read as they were used). */
+ * read, resident or passed over (the ones a row routed to first, then by
+ * rank; ties: the lower index), -1 none; the resident ones found marked
+ * done (read as they were used). */
 static int32_t warm_best(jlm_engine *e, uint32_t l, uint32_t first)
 {
     uint32_t ne = e->c->n_expert;
     float *sc = e->warm_score + (size_t)l * (ne + 2);
+    const uint8_t *d = e->warm_done + first;
     int32_t best = -1;
     for (uint32_t i = 0; i < ne; i++) {
-        if (e->warm_done[first + i])
+        if (d[i] & WARM_DONE)
             continue;
         if (jlm_pager_filled(e->pager, JLM_PAGER_EXPERTS, first + i)) {
-            e->warm_done[first + i] = 1;
+            e->warm_done[first + i] |= WARM_DONE;
             sc[ne + 1] += 1.0f;
             continue;
         }
-        if (best < 0 || sc[i] > sc[best])
+        int si = (d[i] & WARM_SEL) != 0, sb = best >= 0 && (d[best] & WARM_SEL);
+        if (best < 0 || si > sb || (si == sb && sc[i] > sc[best]))
             best = (int32_t)i;
     }
     return best;
+}
+
+/* Whether the frames have room for expert page pg, which no row routed to,
+ * beside what the MoE blocks not yet routed in the layers' first pass (a
+ * prefill's) are expected to route to: the mean of the blocks routed so far
+ * each. A page read into a frame that the prefill's own experts then take
+ * is read for nothing (issue 42's moe-1g at its 25% budget: 17 such pages,
+ * 15 of them evicted before any use). */
+static int warm_spare(jlm_engine *e, uint32_t pg)
+{
+    if (e->warm_pass || !e->warm_nrouted || e->warm_nrouted >= e->warm_nmoe)
+        return 1;
+    double later = (double)(e->warm_nmoe - e->warm_nrouted) * e->warm_nsel / e->warm_nrouted * e->warm_xpage;
+    jlm_pager_counters pc;
+    jlm_pager_stats(e->pager, &pc);
+    return (double)(pc.resident_bytes + jlm_pager_charge(e->pager, JLM_PAGER_EXPERTS, pg)) + later <=
+           (double)e->budget;
 }
 
 /* The next expert page the background read takes below a budget that
@@ -179,6 +218,8 @@ static int warm_pick(jlm_engine *e, uint32_t *pg)
         int32_t best = warm_best(e, (uint32_t)lb, first);
         if (best < 0 || sc[ne + 1] > lv)
             continue;   /* its resident experts raised its level: choose again */
+        if (!(e->warm_done[first + (uint32_t)best] & WARM_SEL) && !warm_spare(e, first + (uint32_t)best))
+            return 0;   /* the frames left are the prefill's blocks to come */
         e->warm_blk = (uint32_t)lb + 1;
         *pg = first + (uint32_t)best;
         return 1;
@@ -216,7 +257,7 @@ static void warm_step(jlm_engine *e)
             e->pst.warm_bytes += jlm_pager_extent(e->pager, a, pg);
         }
         if (ranked) {   /* done: one more of its block's (warm_pick left its turn past it) */
-            e->warm_done[pg] = 1;
+            e->warm_done[pg] |= WARM_DONE;
             e->warm_score[(size_t)(e->warm_blk - 1) * (e->c->n_expert + 2) + e->c->n_expert + 1] += 1.0f;
         } else
             e->warm_at++;
@@ -273,6 +314,8 @@ static void warm_rank_open(jlm_engine *e, uint64_t xp, uint64_t free)
     double quota = np && nmoe ? (double)free / ((double)xp / np) / nmoe : 0.0;
     e->warm_rank = e->warm && e->warm_part && c->n_expert && e->warm_score && quota < 0.75 * c->n_expert;
     e->warm_quota = e->warm_rank ? (float)quota : 0.0f;
+    e->warm_xpage = np ? (double)xp / np : 0.0;
+    e->warm_nmoe = nmoe;
     e->warm_blk = 0;
     e->warm_l = UINT32_MAX;
 }
