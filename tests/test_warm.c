@@ -108,24 +108,33 @@ static void check_ranks(jlm_engine *e, void *arg)
     jlm_routing_free(&t);
 }
 
-/* A 3-token prompt's prefill (its routing in one batch a block) leaves
- * every MoE block with the experts it routed to and, read in the
- * background, the most probable of the rest (check_ranks); the ids are the
- * unlimited run's, and the frames stay within the budget. */
-Test(moe, the_background_read_below_the_model_takes_the_most_probable_experts, .timeout = 60)
+/* dir/m.jlm: bench/mkgguf.c's tiny-moe with n_layer blocks of 32 experts
+ * of 2 used, Q8_0, converted from dir/m.gguf; its path into path. */
+static void write_moe(const char *dir, uint32_t n_layer, char *path, size_t size)
 {
-    char *dir = tu_tmpdir(), src[1024], path[1024], msg[512];
+    char src[1024], msg[512];
     mkg_shape s;
     cr_assert_eq(mkg_preset("tiny-moe", &s), 0);
-    s.n_layer = 4, s.n_expert = 32;   /* 4 blocks of 32 experts of 2 used: 128 expert pages */
+    s.n_layer = n_layer, s.n_expert = 32;
     snprintf(src, sizeof src, "%s/m.gguf", dir);
-    snprintf(path, sizeof path, "%s/m.jlm", dir);
+    snprintf(path, size, "%s/m.jlm", dir);
     cr_assert_eq(mkg_write(src, &s, GGML_Q8_0, 0, 7, msg, sizeof msg), 0, "%s", msg);
     jlm_conv *cv;
     jlm_err err = {0};
     cr_assert_eq(jlm_conv_open(src, NULL, &cv, &err), 0, "%s", err.msg);
     cr_assert_eq(jlm_conv_write(cv, path, NULL, NULL, NULL, &err), 0, "%s", err.msg);
     jlm_conv_close(cv);
+}
+
+/* A 3-token prompt's prefill (its routing in one batch a block) leaves
+ * every MoE block with the experts it routed to and, read in the
+ * background, the most probable of the rest (check_ranks); the ids are the
+ * unlimited run's, and the frames stay within the budget. */
+Test(moe, the_background_read_below_the_model_takes_the_most_probable_experts, .timeout = 60)
+{
+    char *dir = tu_tmpdir(), path[1024];
+    write_moe(dir, 4, path, sizeof path);   /* 4 blocks of 32 experts of 2 used: 128 expert pages */
+    jlm_err err = {0};
     int32_t prompt[] = {1, 2, 3}, ref[6], got[6];
     jlm_engine_opts o = {.n_threads = 2, .quiet = 1, .direct = 1, .no_predict = 1};
     jlm_engine *e;
@@ -175,18 +184,9 @@ static uint64_t text_and_experts(jlm_engine *e, uint32_t k)
  * 15 of 17 guesses). */
 Test(moe, the_background_read_guesses_only_into_frames_the_prefill_leaves, .timeout = 60)
 {
-    char *dir = tu_tmpdir(), src[1024], path[1024], msg[512];
-    mkg_shape s;
-    cr_assert_eq(mkg_preset("tiny-moe", &s), 0);
-    s.n_layer = 8, s.n_expert = 32;   /* 8 blocks of 32 experts of 2 used */
-    snprintf(src, sizeof src, "%s/m.gguf", dir);
-    snprintf(path, sizeof path, "%s/m.jlm", dir);
-    cr_assert_eq(mkg_write(src, &s, GGML_Q8_0, 0, 7, msg, sizeof msg), 0, "%s", msg);
-    jlm_conv *cv;
+    char *dir = tu_tmpdir(), path[1024];
+    write_moe(dir, 8, path, sizeof path);   /* 8 blocks of 32 experts of 2 used */
     jlm_err err = {0};
-    cr_assert_eq(jlm_conv_open(src, NULL, &cv, &err), 0, "%s", err.msg);
-    cr_assert_eq(jlm_conv_write(cv, path, NULL, NULL, NULL, &err), 0, "%s", err.msg);
-    jlm_conv_close(cv);
     int32_t prompt[] = {5}, ref[4], got[4];
     jlm_engine_opts o = {.n_threads = 2, .quiet = 1, .direct = 1, .no_predict = 1};
     jlm_engine *e;
