@@ -14,15 +14,18 @@
 # -nr`, mmap, its default) on the same model in the same limits, interleaved:
 # bytes each read from the disk per token (the same counter for both: the
 # child's rusage ru_inblock, which counts O_DIRECT reads and page-fault
-# readahead alike) and decode tok/s; jlm's tok/s over its unlimited run's
-# (the first of the invocation); and for a MoE model (one with expert
+# readahead alike) and decode tok/s; jlm's tok/s over its unlimited runs'
+# (one in each round of the limit, beside the limited runs: on a shared VM
+# one unlimited run moved 16% between invocations); and for a MoE model (one with expert
 # pages, which a short run under a budget does not read whole) the bound
 # min(resident decode, O_DIRECT bandwidth / bytes a token) that issue 42
 # measures the 25% limit against (at 90% and 50% the budget holds the
 # run's working set and its reads are the background read's): resident
-# decode = that unlimited run's, the bandwidth bench_qd's (1 MiB, one in
+# decode = the limit's unlimited runs', the bandwidth bench_qd's (1 MiB, one in
 # flight) measured in each of that limit's rounds, bytes a token = all the
-# run read over the tokens.
+# run read over the tokens; and at 25% the run's expert pages read a routed
+# token over Belady's offline optimum at the expert pages its frames held
+# (build/bench/routing_replay on the round's --trace-routing).
 #
 # Usage: bench/cgroup.sh [MODEL.jlm] [TOKENS=6] [THREADS=2]
 #   no MODEL: writes build/bench/mkgguf llama-1b Q4_0 and converts it (temp dir).
@@ -232,12 +235,24 @@ else
     lc_eval() { grep -E ' eval time = .* runs ' "$dir/err" | grep -v prompt | tail -1 |
                 sed -E 's/.*\/ *([0-9]+) runs .*, *([0-9.]+) tokens per second.*/\1 \2/'; }
     runlc() { dropall; within "$1" "$dir/lc.out" "$lc" "${lflags[@]}"; }
-    runj() { dropall; within "$1" "$dir/out.json" "$jlm" run "$model" "${flags[@]}" ${2:+--budget "$2"}; }   # run's, always dropping
+    runj() { dropall; within "$1" "$dir/out.json" "$jlm" run "$model" "${flags[@]}" ${2:+--budget "$2"} "${@:3}"; }   # run's, always dropping
     med() { tr ' ' '\n' | awk NF | sort -g | awk '{ v[NR] = $1 } END { if (NR) print (NR % 2 ? v[(NR + 1) / 2] : (v[NR / 2] + v[NR / 2 + 1]) / 2); else print 0 }'; }
     # first passes (every weight read once: subtracted from the limited runs) and the unlimited tok/s
     runj -; [ "$(cat "$dir/rc")" = 0 ] || { echo "cgroup.sh: jlm unlimited run failed: $(cat "$dir/err")" >&2; exit 1; }
     j_first=$(cat "$dir/inblock") j_tps0=$(j '.timings.decode_tps * 1000 | round / 1000')
-    qd=$here/../build/bench/bench_qd
+    qd=$here/../build/bench/bench_qd rr=$here/../build/bench/routing_replay
+    # issue 42's bytes against the optimum (a MoE model at 25%): the run's
+    # expert pages read over the tokens it routed, over Belady's optimum at
+    # the expert pages its frames held at the end, replayed from its own
+    # --trace-routing (routing_replay: bytes at the trace's mean expert page)
+    optratio() {
+        [ -x "$rr" ] || return 0
+        local slots xb opt
+        slots=$(j '.pager.arrays[2].resident_pages') xb=$(j '.pager.arrays[2].bytes_read')
+        opt=$("$rr" "$dir/route.trace" --slots "$slots" 2> /dev/null | awk -F'|' -v s="$slots" '$2 + 0 == s && NF > 8 { print $(NF - 5) + 0 }') || true
+        awk -v xb="$xb" -v opt="$opt" -v n="$(awk '!/^#/ { p[$1] = 1 } END { print length(p) }' "$dir/route.trace")" \
+            'BEGIN { if (opt > 0 && n > 0) printf "%.4f:%.3f:%.3f", xb / n / 1e6 / opt, xb / n / 1e6, opt }'
+    }
     diskbw() {   # GB/s, one O_DIRECT read of 1 MiB in flight; nothing if bench_qd is not built or refuses
         { [ -x "$qd" ] && "$qd" "$model" 1 256 2> /dev/null | awk -F'|' '/^\| 1 MiB/ { gsub(/[^0-9.]/, "", $3); print $3 }'; } || true
     }
@@ -248,16 +263,20 @@ else
          "$(basename "$GGUF"), page cache dropped before every run; unlimited: jlm $j_tps0 tok/s (first pass $(mb "$j_first")), llama.cpp" \
          "$l_tps0 tok/s ($l_runs decode runs; first pass $(mb "$l_first")); median of $rounds interleaved rounds"
     echo
-    printf '| limit | jlm read/token | llama.cpp read/token | llama.cpp / jlm | jlm tok/s | llama.cpp tok/s | jlm / llama.cpp | jlm / its unlimited | bound tok/s | jlm / bound | peak jlm / llama.cpp | oom jlm / llama.cpp | exits |\n'
-    printf '|---|---|---|---|---|---|---|---|---|---|---|---|---|\n'
-    bws=
+    printf '| limit | jlm read/token | llama.cpp read/token | llama.cpp / jlm | jlm tok/s | llama.cpp tok/s | jlm / llama.cpp | jlm unlimited tok/s | jlm / its unlimited | bound tok/s | jlm / bound | peak jlm / llama.cpp | oom jlm / llama.cpp | exits |\n'
+    printf '|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n'
+    bws= opts=
     for pct in 90 50 25; do
         limit=$((file * pct / 100))
-        jr= jt= lr= lt= jp=0 lp=0 jo=0 lo=0 ex= bw=
+        jr= jt= lr= lt= jp=0 lp=0 jo=0 lo=0 ex= bw= ut=
         for ((r = 0; r < rounds; r++)); do
             [ "$moe" = true ] && [ $pct = 25 ] && bw+=" $(diskbw)"
-            runj "$limit" $((limit - margin))
+            runj -   # the unlimited run of this round: the baseline beside it
+            [ "$(cat "$dir/rc")" = 0 ] && ut+=" $(j .timings.decode_tps)" || ex+=" jlm-unlimited:$(cat "$dir/rc")"
+            tr=(); [ "$moe" = true ] && [ $pct = 25 ] && tr=(--trace-routing "$dir/route.trace")
+            runj "$limit" $((limit - margin)) "${tr[@]}"
             [ "$(cat "$dir/rc")" = 0 ] && { jr+=" $(cat "$dir/inblock")"; jt+=" $(j .timings.decode_tps)"; } || ex+=" jlm:$(cat "$dir/rc")"
+            [ ${#tr[@]} -gt 0 ] && [ "$(cat "$dir/rc")" = 0 ] && opts+=" $(optratio)"
             jp=$(( $(cat "$dir/peak") > jp ? $(cat "$dir/peak") : jp )); jo=$((jo + $(cat "$dir/oom")))
             runlc "$limit"
             if [ "$(cat "$dir/rc")" = 0 ]; then
@@ -269,9 +288,10 @@ else
             lp=$(( $(cat "$dir/peak") > lp ? $(cat "$dir/peak") : lp )); lo=$((lo + $(cat "$dir/oom")))
         done
         jrm=$(echo "$jr" | med) jtm=$(echo "$jt" | med) lrm=$(echo "$lr" | med) ltm=$(echo "$lt" | med) bwm=$(echo "$bw" | med)
+        utm=$(echo "$ut" | med)
         bws+="$bw"
         awk -v pct=$pct -v lim=$limit -v jr="$jrm" -v jf="$j_first" -v p=$passes -v lr="$lrm" -v jt="$jtm" -v lt="$ltm" \
-            -v jp=$jp -v lp=$lp -v jo=$jo -v lo=$lo -v ex="${ex:- all 0}" -v moe="$moe" -v t0="$j_tps0" -v bw="$bwm" -v n=$tokens '
+            -v jp=$jp -v lp=$lp -v jo=$jo -v lo=$lo -v ex="${ex:- all 0}" -v moe="$moe" -v t0="$utm" -v bw="$bwm" -v n=$tokens '
             function mb(x) { return sprintf("%.1f MB", x / 1e6) }
             BEGIN {
                 # a MoE run under a budget reads less than the whole file: all it read over the tokens
@@ -279,20 +299,30 @@ else
                 mo = moe == "true" && pct == 25   # the bound: the smallest limit (the others hold the working set)
                 bound = mo && bw > 0 && jpt > 0 ? bw * 1e9 / jpt : 0
                 if (bound > t0 || (mo && bound == 0)) bound = t0
-                printf "| %d%% (%s) | %s | %s | %s | %.3f | %.3f | %s | %.3f | %s | %s | %s / %s | %d / %d |%s |\n", pct, mb(lim),
+                printf "| %d%% (%s) | %s | %s | %s | %.3f | %.3f | %s | %.3f | %.3f | %s | %s | %s / %s | %d / %d |%s |\n", pct, mb(lim),
                     mb(jpt), mb(lr), (jpt > 0 ? sprintf("%.2fx", lr / jpt) : "-"), jt, lt,
-                    (lt > 0 ? sprintf("%.2fx", jt / lt) : "-"), (t0 > 0 ? jt / t0 : 0),
+                    (lt > 0 ? sprintf("%.2fx", jt / lt) : "-"), t0, (t0 > 0 ? jt / t0 : 0),
                     (mo ? sprintf("%.1f", bound) : "-"), (mo && bound > 0 ? sprintf("%.3f", jt / bound) : "-"),
                     mb(jp), mb(lp), jo, lo, ex
             }'
     done
     echo
+    echo "jlm unlimited tok/s: the median of a jlm run without a limit or --budget made in each of that limit's rounds" \
+         "(the baseline of jlm / its unlimited, and the bound's resident decode)"
     if [ "$moe" = true ]; then
         echo "read/token: bytes the process read from the disk (rusage, both tools the same counter); jlm's (a MoE model:" \
              "it reads what its routing and background read ask for, not the whole file) all over the $tokens tokens," \
-             "llama.cpp's less its unlimited run's (its load) over its decode runs; bound: min(jlm's unlimited decode" \
-             "$j_tps0 tok/s, O_DIRECT bandwidth / jlm read/token) at 25%, the bandwidth bench_qd's median of that limit's" \
+             "llama.cpp's less its unlimited run's (its load) over its decode runs; bound: min(jlm unlimited tok/s," \
+             "O_DIRECT bandwidth / jlm read/token) at 25%, the bandwidth bench_qd's median of that limit's" \
              "rounds ($(echo $bws) GB/s)"
+        if [ -n "$(echo $opts)" ]; then
+            echo "bytes against the optimum at 25%: jlm's expert pages read a routed token over Belady's optimum at the" \
+                 "expert pages its frames held (routing_replay on each round's --trace-routing): median" \
+                 "$(echo "$opts" | tr ' ' '\n' | awk -F: 'NF == 3 { print $1 }' | med)x (ratio:jlm MB:optimum MB, each round:" \
+                 "$(echo $opts))"
+        elif [ ! -x "$rr" ]; then
+            echo "bytes against the optimum: $rr not built (make build/bench/routing_replay): skipped"
+        fi
     else
         echo "read/token: bytes the process read from the disk (rusage, both tools the same counter) less its unlimited" \
              "run's (the first pass), over the passes after the first (jlm: $((passes - 1)); llama.cpp: its decode runs)"
