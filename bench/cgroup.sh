@@ -273,10 +273,10 @@ else
             [ "$moe" = true ] && [ $pct = 25 ] && bw+=" $(diskbw)"
             runj -   # the unlimited run of this round: the baseline beside it
             [ "$(cat "$dir/rc")" = 0 ] && ut+=" $(j .timings.decode_tps)" || ex+=" jlm-unlimited:$(cat "$dir/rc")"
-            tr=(); [ "$moe" = true ] && [ $pct = 25 ] && tr=(--trace-routing "$dir/route.trace")
-            runj "$limit" $((limit - margin)) "${tr[@]}"
+            rtrace=(); [ "$moe" = true ] && [ $pct = 25 ] && rtrace=(--trace-routing "$dir/route.trace")
+            runj "$limit" $((limit - margin)) "${rtrace[@]}"
             [ "$(cat "$dir/rc")" = 0 ] && { jr+=" $(cat "$dir/inblock")"; jt+=" $(j .timings.decode_tps)"; } || ex+=" jlm:$(cat "$dir/rc")"
-            [ ${#tr[@]} -gt 0 ] && [ "$(cat "$dir/rc")" = 0 ] && opts+=" $(optratio)"
+            [ ${#rtrace[@]} -gt 0 ] && [ "$(cat "$dir/rc")" = 0 ] && opts+=" $(optratio)"
             jp=$(( $(cat "$dir/peak") > jp ? $(cat "$dir/peak") : jp )); jo=$((jo + $(cat "$dir/oom")))
             runlc "$limit"
             if [ "$(cat "$dir/rc")" = 0 ]; then

@@ -175,8 +175,8 @@ struct jlm_engine {
      * or passed over, WARM_SEL a row routed to it; warm_quota the frames'
      * expert pages over the MoE blocks; warm_xpage the mean expert page in
      * bytes; warm_nsel the pages routed to, warm_nrouted the MoE blocks that
-     * routed, of warm_nmoe; warm_blk the block whose turn it is; warm_l the block acquired
-     * last, warm_pass the layers went round once */
+     * routed, of warm_nmoe; warm_blk the block whose turn it is; warm_l the
+     * block acquired last, warm_pass the layers went round once */
     int              warm_rank, warm_pass;
     float            warm_quota;
     double           warm_xpage;

@@ -80,15 +80,21 @@ static void dev_prefetch_next(jlm_engine *e, uint32_t l)
  * frame over (no new mapping: docs/pager.md, Expert frames).
  * warm_at: array << 32 | page of the next one in file order. A page in use
  * or on its way is passed over (its get reads it). */
+/* Whether the frames hold page pg of array a, and `more` bytes beside it. */
+static int frames_hold(jlm_engine *e, uint32_t a, uint32_t pg, double more)
+{
+    jlm_pager_counters pc;
+    jlm_pager_stats(e->pager, &pc);
+    return (double)(pc.resident_bytes + jlm_pager_charge(e->pager, a, pg)) + more <= (double)e->budget;
+}
+
 static int warm_fits(jlm_engine *e, uint32_t a, uint32_t pg)
 {
     if (!e->warm_part)
         return 1;
     if (jlm_pager_filled(e->pager, a, pg))
         return 1;   /* resident (or partly): the prefetch passes it over or fills its rest */
-    jlm_pager_counters pc;
-    jlm_pager_stats(e->pager, &pc);
-    return pc.resident_bytes + jlm_pager_charge(e->pager, a, pg) <= e->budget;
+    return frames_hold(e, a, pg, 0.0);
 }
 
 /* Block l's rows' choices (sel, n_expert_used a row) marked WARM_SEL in
@@ -177,10 +183,7 @@ static int warm_spare(jlm_engine *e, uint32_t pg)
     if (e->warm_pass || !e->warm_nrouted || e->warm_nrouted >= e->warm_nmoe)
         return 1;
     double later = (double)(e->warm_nmoe - e->warm_nrouted) * e->warm_nsel / e->warm_nrouted * e->warm_xpage;
-    jlm_pager_counters pc;
-    jlm_pager_stats(e->pager, &pc);
-    return (double)(pc.resident_bytes + jlm_pager_charge(e->pager, JLM_PAGER_EXPERTS, pg)) + later <=
-           (double)e->budget;
+    return frames_hold(e, JLM_PAGER_EXPERTS, pg, later);
 }
 
 /* The next expert page the background read takes below a budget that

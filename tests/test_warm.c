@@ -40,10 +40,9 @@ static void greedy_after(jlm_engine *e, const int32_t *prompt, uint32_t np, int 
     free(l);
 }
 
-/* The frames' budget that holds the text blocks and 5/8 of the expert
- * pages: each MoE block's share is 20 of its 32 experts, below the 3/4 past
- * which the order is the file's. */
-static uint64_t five_eighths_of_the_experts(jlm_engine *e)
+/* The budget that holds the KV cache, scratch, dense region, the text
+ * blocks and num/den of the expert pages' bytes. */
+static uint64_t text_and_experts(jlm_engine *e, uint64_t num, uint64_t den)
 {
     jlm_pager *pg = jlm_engine_pager(e);
     uint64_t text = 0, xp = 0;
@@ -53,7 +52,7 @@ static uint64_t five_eighths_of_the_experts(jlm_engine *e)
         xp += jlm_pager_extent(pg, JLM_PAGER_EXPERTS, i);
     jlm_engine_mem mi;
     jlm_engine_mem_info(e, &mi);
-    return mi.kv + mi.scratch + mi.dense + text + xp * 5 / 8;
+    return mi.kv + mi.scratch + mi.dense + text + xp * num / den;
 }
 
 typedef struct prefill_ctx {
@@ -140,7 +139,7 @@ Test(moe, the_background_read_below_the_model_takes_the_most_probable_experts, .
     jlm_engine *e;
     cr_assert_eq(jlm_engine_open(path, &o, &e, &err), 0, "%s", err.msg);
     greedy_after(e, prompt, 3, 6, ref, NULL, NULL);
-    o.budget = five_eighths_of_the_experts(e);
+    o.budget = text_and_experts(e, 5, 8);   /* each MoE block's share 20 of its 32 experts, below 3/4 (file order) */
     jlm_engine_close(e);
     cr_assert_eq(jlm_engine_open(path, &o, &e, &err), 0, "%s", err.msg);
     char *buf = NULL;
@@ -156,21 +155,6 @@ Test(moe, the_background_read_below_the_model_takes_the_most_probable_experts, .
     free(buf);
     tu_rmrf(dir);
     free(dir);
-}
-
-/* The frames' budget that holds the text blocks, the other buffers and k
- * expert pages (the test model's expert pages are all one size). */
-static uint64_t text_and_experts(jlm_engine *e, uint32_t k)
-{
-    jlm_pager *pg = jlm_engine_pager(e);
-    uint64_t text = 0, xp = 0, np = 0;
-    for (uint32_t i = 0; jlm_pager_extent(pg, JLM_PAGER_TEXT, i); i++)
-        text += jlm_pager_extent(pg, JLM_PAGER_TEXT, i);
-    for (; jlm_pager_extent(pg, JLM_PAGER_EXPERTS, (uint32_t)np); np++)
-        xp += jlm_pager_extent(pg, JLM_PAGER_EXPERTS, (uint32_t)np);
-    jlm_engine_mem mi;
-    jlm_engine_mem_info(e, &mi);
-    return mi.kv + mi.scratch + mi.dense + text + xp / np * k;
 }
 
 /* A one-token prompt routes n_expert_used experts in each of the 8 MoE
@@ -192,7 +176,7 @@ Test(moe, the_background_read_guesses_only_into_frames_the_prefill_leaves, .time
     jlm_engine *e;
     cr_assert_eq(jlm_engine_open(path, &o, &e, &err), 0, "%s", err.msg);
     greedy_after(e, prompt, 1, 4, ref, NULL, NULL);
-    o.budget = text_and_experts(e, 8 * 2 + 3);
+    o.budget = text_and_experts(e, 8 * 2 + 3, 8 * 32);   /* 19 of the 256 expert pages (all one size) */
     jlm_engine_close(e);
     cr_assert_eq(jlm_engine_open(path, &o, &e, &err), 0, "%s", err.msg);
     cr_assert(e->warm_rank, "the background read does not rank the experts at 19 of 256 expert pages");
