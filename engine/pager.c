@@ -143,6 +143,7 @@ int jlm_pager_open(const jlm_pager_config *cfg, jlm_pager **out, jlm_err *err)
     p->thp = thp && p->chunk % thp == 0 ? thp : 0;
     pthread_mutex_init(&p->pf.mu, NULL);
     pthread_cond_init(&p->pf.cv, NULL);
+    pthread_cond_init(&p->pf.done, NULL);
     uint64_t max_chunks = 1;
     for (uint32_t a = 0; a < cfg->n_arrays; a++) {
         int rc = jlm_pgc_init_array(p, &cfg->arrays[a], a, flen[a], err);
@@ -191,6 +192,7 @@ void jlm_pager_close(jlm_pager *p)
         pthread_join(p->pf.th[i], NULL);
     pthread_mutex_destroy(&p->pf.mu);
     pthread_cond_destroy(&p->pf.cv);
+    pthread_cond_destroy(&p->pf.done);
     for (uint32_t a = 0; a < p->n_arrays; a++) {
         parray *r = &p->arr[a];
         for (uint32_t i = 0; r->pages && i < r->n_pages; i++)
@@ -206,16 +208,6 @@ void jlm_pager_close(jlm_pager *p)
 }
 
 /* ---------------------------------------------------------------- chunks (bits, page_chunks, chunk_lo/hi: pager_int.h) */
-
-/* Bytes of the chunks of [c0, c1) not filled. */
-static uint64_t missing_bytes(const jlm_pager *p, const parray *r, const ppage *pg, uint64_t c0, uint64_t c1)
-{
-    uint64_t n = 0;
-    for (uint64_t c = c0; c < c1; c++)
-        if (!bit_get(pg, c))
-            n += chunk_top(p, r, pg, c + 1) - chunk_lo(p, c);
-    return n;
-}
 
 /* Gives the memory of frame bytes [lo, hi) back to the kernel (4096-aligned:
  * chunks are, and extents are multiples of 4096). The next touch maps zeroes. */
@@ -572,16 +564,6 @@ static int make_room(jlm_pager *p, uint64_t need, dest *d, jlm_err *err)
 }
 
 /* ---------------------------------------------------------------- fill */
-/* 1 if a chunk of [c0, c1) is not filled. */
-static int missing(const ppage *pg, uint64_t c0, uint64_t c1)
-{
-    for (uint64_t c = c0; c < c1; c++)
-        if (!bit_get(pg, c))
-            return 1;
-    return 0;
-}
-
-
 /* Reads the missing chunks of [c0, c1) in coalesced runs (charged by the
  * caller). *read_bytes = bytes read (also on failure: the runs before it stay
  * filled; the failed run's memory is given back). */
@@ -643,8 +625,16 @@ static int pf_collect_slot(jlm_pager *p, pfslot *f, int wait, uint64_t *waited_n
             return 0;
         }
         uint64_t t0 = now_ns();
+        if (f->state == PF_QUEUED) {   /* no reader has it yet: read here, with no wake-up on either side */
+            f->state = PF_READING;
+            pthread_mutex_unlock(&p->pf.mu);
+            jlm_err e = {0};
+            int rc = jlm_pgr_run(p, f, &e);
+            pthread_mutex_lock(&p->pf.mu);
+            f->rc = rc, f->err = e, f->state = PF_DONE;
+        }
         while (f->state != PF_DONE)
-            pthread_cond_wait(&p->pf.cv, &p->pf.mu);
+            pthread_cond_wait(&p->pf.done, &p->pf.mu);
         if (waited_ns)
             *waited_ns = now_ns() - t0 + 1;   /* nonzero: it waited */
     }
@@ -795,7 +785,7 @@ int jlm_pager_prefetch_range(jlm_pager *p, uint32_t array, uint32_t page, uint64
     s->dst = pg->frame;
     s->rc = 0;
     s->state = PF_QUEUED;
-    pthread_cond_broadcast(&p->pf.cv);
+    pthread_cond_signal(&p->pf.cv);   /* one reader: the others would only wake to find nothing */
     pthread_mutex_unlock(&p->pf.mu);
     return 1;
 }

@@ -55,7 +55,9 @@ typedef struct plist { ppage *head, *tail; uint32_t n; } plist;
  * chunks of one page. Up to `depth` slots are in use (pages read at once),
  * read by as many threads. state under mu; the engine thread fills a slot
  * (state QUEUED) only while it is IDLE, a reader takes it (READING) and
- * marks it DONE; the engine thread collects it (IDLE again). */
+ * marks it DONE; the engine thread collects it (IDLE again). An engine
+ * thread that must wait for a slot no reader has taken yet takes it itself
+ * (pf_collect_slot). */
 #define PF_SLOTS 16
 enum { PF_IDLE = 0, PF_QUEUED, PF_READING, PF_DONE };
 typedef struct pfrun { uint64_t c0, c1, lo, hi; } pfrun;   /* chunks [c0,c1), frame bytes [lo,hi) */
@@ -74,7 +76,8 @@ typedef struct pfslot {
 } pfslot;
 typedef struct pfetch {
     pthread_mutex_t mu;
-    pthread_cond_t  cv;       /* a state or stop changed */
+    pthread_cond_t  cv;       /* a slot was queued, or stop (the readers wait here) */
+    pthread_cond_t  done;     /* a read finished (the engine thread waits here) */
     pthread_t       th[PF_SLOTS];
     uint32_t        n_threads, depth, cap, busy;   /* busy: slots in use (engine thread) */
     int             stop;
@@ -210,9 +213,31 @@ int    jlm_pgc_check_desc(const jlm_pager_config *cfg, uint32_t a, uint64_t *fra
 /* p->arr[a]'s records from d (JLM_ENOMEM). */
 int    jlm_pgc_init_array(jlm_pager *p, const jlm_pager_array_desc *d, uint32_t a, uint64_t frame_len, jlm_err *err);
 
+/* Bytes of the chunks of [c0, c1) not filled. */
+static inline uint64_t missing_bytes(const jlm_pager *p, const parray *r, const ppage *pg, uint64_t c0, uint64_t c1)
+{
+    uint64_t n = 0;
+    for (uint64_t c = c0; c < c1; c++)
+        if (!bit_get(pg, c))
+            n += chunk_top(p, r, pg, c + 1) - chunk_lo(p, c);
+    return n;
+}
+
+/* 1 if a chunk of [c0, c1) is not filled. */
+static inline int missing(const ppage *pg, uint64_t c0, uint64_t c1)
+{
+    for (uint64_t c = c0; c < c1; c++)
+        if (!bit_get(pg, c))
+            return 1;
+    return 0;
+}
+
 /* ---------------------------------------------------------------- reader threads (pager_read.c) */
 /* The pages of [q, q + n) populated for writing before a read fills them. */
 void    jlm_pgr_prefault(uint8_t *q, uint64_t n);
+/* Reads slot s's runs into its frame (s READING, taken by this thread):
+ * 0, or the first failed read's error. */
+int     jlm_pgr_run(jlm_pager *p, const pfslot *s, jlm_err *err);
 /* A free prefetch slot with a reader thread for it (started here), or NULL;
  * with no thread at all prefetch turns off (p->pf_on = 0). */
 pfslot *jlm_pgr_free_slot(jlm_pager *p);

@@ -25,8 +25,19 @@ void jlm_pgr_prefault(uint8_t *q, uint64_t n)
         (void)madvise((void *)a, b - a, MADV_POPULATE_WRITE);
 }
 
+int jlm_pgr_run(jlm_pager *p, const pfslot *s, jlm_err *err)
+{
+    int rc = 0;
+    for (uint32_t i = 0; i < s->n_runs && !rc; i++) {
+        const pfrun *u = &s->runs[i];   /* not changed while READING */
+        jlm_pgr_prefault(s->dst + u->lo, u->hi - u->lo);
+        rc = p->src->read(p->src, s->base + u->lo, (size_t)(u->hi - u->lo), s->dst + u->lo, err);
+    }
+    return rc;
+}
+
 /* A reader thread: takes any queued slot and reads its runs in order into
- * the frame it was given. */
+ * the frame it was given (jlm_pgr_run). */
 static void *pf_main(void *arg)
 {
     jlm_pager *p = arg;
@@ -46,17 +57,12 @@ static void *pf_main(void *arg)
         s->state = PF_READING;
         pthread_mutex_unlock(&f->mu);
         jlm_err err = {0};
-        int rc = 0;
-        for (uint32_t i = 0; i < s->n_runs && !rc; i++) {
-            const pfrun *u = &s->runs[i];   /* not changed while READING */
-            jlm_pgr_prefault(s->dst + u->lo, u->hi - u->lo);
-            rc = p->src->read(p->src, s->base + u->lo, (size_t)(u->hi - u->lo), s->dst + u->lo, &err);
-        }
+        int rc = jlm_pgr_run(p, s, &err);
         pthread_mutex_lock(&f->mu);
         s->rc = rc;
         s->err = err;
         s->state = PF_DONE;
-        pthread_cond_broadcast(&f->cv);
+        pthread_cond_broadcast(&f->done);
     }
     pthread_mutex_unlock(&f->mu);
     return NULL;
