@@ -609,8 +609,10 @@ static int fill_chunks(jlm_pager *p, ppage *pg, uint64_t c0, uint64_t c1, uint64
  * chunks filled, its pin dropped, PAGE_IN (or FILL, for a page that held a
  * part) emitted; on a read error nothing of the read counts as filled and the
  * page returns to what it held before (ABSENT if nothing). wait 0: returns 0
- * at once if the read is unfinished. Returns 1 if collected, -1 if it was and
- * its read had failed, 0 if not; *waited_ns = time waited for it. */
+ * at once if the read is unfinished; wait 1 on a read no reader has taken
+ * yet: reads it here (jlm_pgr_run). Returns 1 if collected, -1 if it was and
+ * its read had failed, 0 if not; *waited_ns = time waited for it (or spent
+ * reading it). */
 static int pf_collect_slot(jlm_pager *p, pfslot *f, int wait, uint64_t *waited_ns)
 {
     if (waited_ns)

@@ -1,8 +1,9 @@
 /* pager_read.c - the pager's reader threads, kept out of pager.c: each
  * takes a queued prefetch slot and reads its runs into the frame it was
- * given (the engine thread collects them in pager.c), started on demand up
- * to the read depth; and the prefault every read into a frame makes first
- * (see pager.h, "Prefetch", and the top of pager.c). */
+ * given (jlm_pgr_run; the engine thread collects them in pager.c, and runs
+ * the read itself for a slot it must wait for that no reader has taken),
+ * started on demand up to the read depth; and the prefault every read into
+ * a frame makes first (see pager.h, "Prefetch", and the top of pager.c). */
 #include "engine/pager_int.h"
 
 #include <pthread.h>
