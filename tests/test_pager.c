@@ -287,6 +287,58 @@ Test(pager, an_expert_read_takes_over_the_frame_of_an_expert_of_another_extent, 
     rig_close(&r);
 }
 
+/* Experts of two extents (4096 and XPG bytes) at a full budget of four
+ * XPG: an XPG read passes over the least recent expert when it is smaller
+ * and one of its own extent ranks next (no more than a quarter of the
+ * candidates above it): that one goes alone and its frame is taken whole,
+ * where the smaller victim would have given too little room and cost a
+ * second eviction. When the fitting one ranks further back, the policy's
+ * victims go as before. */
+static const uint64_t two_sizes[NX] = {4096, XPG, XPG, XPG, XPG, 4096, 4096, 4096};
+
+Test(pager, an_expert_read_evicts_one_of_its_own_extent_when_it_ranks_next_to_the_policys_victim, .timeout = 10)
+{
+    rig r;
+    rig_open_x(&r, 0, 4, NULL, two_sizes);
+    jlm_pager_set_expert_policy(r.p, JLM_XP_LRU, 1);
+    use(&r, 1, 0, 4096);
+    const uint8_t *one = get_ok(&r, 1, 1, 0, XPG);
+    jlm_pager_unpin(r.p, 1, 1);
+    use(&r, 1, 2, XPG);
+    use(&r, 1, 3, XPG);
+    use(&r, 1, 5, 4096);   /* least recent first: 0 (4096), 1, 2, 3, 5 (4096); 32768 bytes */
+    const uint8_t *four = get_ok(&r, 1, 4, 0, XPG);
+    uint32_t ev[8];
+    int n = evictions(&r, 1, ev, 8);
+    cr_assert_eq(n, 1, "%d experts evicted, expected 1 (expert 1)", n);
+    cr_assert_eq(ev[0], 1, "expert %u evicted, expected 1 (the least recent of expert 4's extent)", ev[0]);
+    cr_assert_eq(four, one, "expert 4 at %p, expert 1's frame was %p", (const void *)four, (const void *)one);
+    cr_assert(jlm_pager_resident(r.p, 1, 0) && jlm_pager_resident(r.p, 1, 5), "a smaller expert evicted");
+    jlm_pager_unpin(r.p, 1, 4);
+    check(&r);
+    rig_close(&r);
+}
+
+Test(pager, an_expert_read_evicts_the_policys_victims_when_its_own_extent_ranks_far_back, .timeout = 10)
+{
+    rig r;
+    rig_open_x(&r, 0, 4, NULL, two_sizes);
+    jlm_pager_set_expert_policy(r.p, JLM_XP_LRU, 1);
+    use(&r, 1, 0, 4096);
+    use(&r, 1, 5, 4096);
+    use(&r, 1, 6, 4096);
+    use(&r, 1, 7, 4096);
+    use(&r, 1, 1, XPG);
+    use(&r, 1, 2, XPG);   /* least recent first: 0, 5, 6, 7 (4096 each), 1, 2; 32768 bytes */
+    use(&r, 1, 3, XPG);   /* expert 1 has 4 of 6 candidates above it: LRU's 0, then 5 for the rest */
+    uint32_t ev[8];
+    int n = evictions(&r, 1, ev, 8);
+    cr_assert_eq(n, 2, "%d experts evicted, expected 2 (experts 0 and 5)", n);
+    cr_assert(ev[0] == 0 && ev[1] == 5, "experts %u and %u evicted, expected 0 and 5", ev[0], ev[1]);
+    cr_assert(jlm_pager_resident(r.p, 1, 1) && jlm_pager_resident(r.p, 1, 2), "an expert of the read's extent evicted");
+    rig_close(&r);
+}
+
 /* Expert 0 gotten three times, then 1 and 2 once: at a budget of three
  * experts, expert 3's read evicts the least recently used (0) under LRU and
  * the lowest count (1; 2 ties with it and is more recent) under LFU with
