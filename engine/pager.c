@@ -28,7 +28,8 @@
  * A page of one chunk whose last huge page would be at least 3/4 full (a
  * MoE's expert of 1.7-2 MB) gets a one huge frame, its tail included and
  * charged (ppage.huge, chunk_top), where the budget is unlimited or at least
- * 3/8 of every page so (jlm_pg_want_huge): one huge page instead of ~450
+ * 3/8 of every page so, or at any budget where it leaves at most 1/32 of its
+ * huge pages empty (jlm_pg_want_huge): one huge page instead of ~450
  * small ones, which a VM that shadows page tables charges ~10 us of first
  * touch each, and fewer TLB misses. Other such pages are whole, their tails
  * uncharged, while the budget holds everything (jlm_pg_fits: at least their

@@ -69,7 +69,8 @@
  *      so the process uses what the budget counts; not checked for the page
  *      a prefetch is reading into. A one huge frame (a page of one chunk
  *      whose last huge page is at least 3/4 full, mapped while the budget is
- *      unlimited or at least 3/8 of every page so) maps its huge page past
+ *      unlimited or at least 3/8 of every page so, or at most 1/32 empty,
+ *      at any budget) maps its huge page past
  *      the extent, and held counts it. While the budget holds every page
  *      with 2 MiB of slack each (unlimited, or that much), any frame whose
  *      last huge page is at least 3/4 full may map up to a quarter of one

@@ -165,15 +165,26 @@ static inline int jlm_pg_one_huge(const jlm_pager *p, uint64_t extent)
     return jlm_pg_tail_full(p, extent) && extent <= p->chunk;
 }
 
+/* Such a page whose huge pages it would leave at most 1/32 empty (moe-1g's
+ * 2,048,000-byte experts: 49,152 bytes of 2 MiB). */
+static inline int jlm_pg_near_full(const jlm_pager *p, uint64_t extent)
+{
+    return jlm_pg_one_huge(p, extent) && jlm_pg_huge_end(p, extent) - extent <= jlm_pg_huge_end(p, extent) / 32;
+}
+
 /* A frame mapped now for a page of `extent` bytes is one huge frame: huge
  * pages whole and charged for them (chunk_top), when the page is one-huge
- * and the budget is unlimited or at least 3/8 of huge_all. Below that the
- * 1/8-1/9 more expert pages that exact frames hold cost fewer reads than the
- * huge pages save: on moe-1g's routing traces a 9% smaller cache read 51-58%
- * more at a quarter of the experts, under 5% more from 0.41 up. */
+ * and the budget is unlimited or at least 3/8 of huge_all, or at any budget
+ * when it is near full. Below 3/8 the 1/8-1/9 more expert pages that exact
+ * frames hold cost fewer reads than the huge pages save: on moe-1g's routing
+ * traces a 9% smaller cache read 51-58% more at a quarter of the experts,
+ * under 5% more from 0.41 up; a near-full page's frame holds at most 1/32
+ * more, and its read into huge pages takes 0.35-0.5 ms against ~0.7 (docs/pager.md,
+ * One huge frames under a budget). */
 static inline int jlm_pg_want_huge(const jlm_pager *p, uint64_t extent)
 {
-    return jlm_pg_one_huge(p, extent) && (p->budget == 0 || p->budget >= p->huge_all / 8 * 3);
+    return jlm_pg_one_huge(p, extent) &&
+           (p->budget == 0 || p->budget >= p->huge_all / 8 * 3 || jlm_pg_near_full(p, extent));
 }
 
 /* The end of the frame bytes chunks [.., c1) charge and give back: chunk_hi,

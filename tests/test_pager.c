@@ -1028,8 +1028,9 @@ Test(pager, huge_page_chunks_keep_frames_aligned_and_every_invariant_under_a_bud
 
 /* Huge frames. Unlimited, a page whose last huge page would be at least 3/4
  * full maps its frame in huge pages whole, its tail included; of those, the
- * pages of one chunk (pages 0, 1) are one huge frames, charged their huge
- * page, and stay so under a budget down to 3/8 of the pages as one huge frames;
+ * pages of one chunk (pages 0, 1, 2) are one huge frames, charged their huge
+ * page, and stay so under a budget down to 3/8 of the pages as one huge frames
+ * (page 2, near full, below it too);
  * page 4 (two chunks) is whole only while the budget holds everything (its
  * tail uncharged) and gives its tail back when it no longer does. Below 3/8,
  * a page taking a one huge frame over gets exact small pages, charged its
@@ -1044,8 +1045,9 @@ Test(pager, frames_are_whole_huge_pages_while_the_budget_holds_everything, .time
         cr_skip_test("transparent huge pages are off here");
     enum { N = 5 };
     uint64_t psz = 2 * H, base = 4096, len = base + N * psz;
-    /* page 2 fills its huge page; page 3's would be 1/8 full; page 4 is two chunks */
-    uint64_t ext[N] = { H - 65536, H - H / 4, H, H / 8, 2 * H - 65536 };
+    /* page 2 leaves 1/64 of its huge page (near full); page 3's would be 1/8
+     * full; page 4 is two chunks */
+    uint64_t ext[N] = { H - H / 16, H - H / 4, H - H / 64, H / 8, 2 * H - 65536 };
     uint8_t *data = make_content((size_t)len);
     jlm_source *mem;
     jlm_pager *p;
@@ -1078,7 +1080,7 @@ Test(pager, frames_are_whole_huge_pages_while_the_budget_holds_everything, .time
     cr_assert_eq(c.resident_bytes, 3 * H + ext[3] + ext[4], "unlimited: %llu bytes charged (one huge frames: H)",
                  (unsigned long long)c.resident_bytes);
     for (uint32_t i = 0; i < N; i++)
-        cr_assert_eq(jlm_pager_charge(p, 0, i), i < 2 ? H : ext[i], "unlimited: page %u's charge", i);
+        cr_assert_eq(jlm_pager_charge(p, 0, i), i < 3 ? H : ext[i], "unlimited: page %u's charge", i);
     /* a budget below every page + slack, but above what is resident: nothing evicted */
     uint64_t all = ext[0] + ext[1] + ext[2] + ext[3] + ext[4];
     cr_assert_eq(jlm_pager_set_budget(p, all + H, &err), 0, "%s", err.msg);
@@ -1090,8 +1092,8 @@ Test(pager, frames_are_whole_huge_pages_while_the_budget_holds_everything, .time
         cr_assert_eq(ptr, f[k], "page %u was evicted", k);
         check_bytes(ptr, base + k * psz, (size_t)ext[k], "frame after the budget fell");
         if (ext[k] % H)
-            cr_assert_eq(thp_eligible(f[k] + ext[k]), k < 2, "page %u: its tail's eligibility", k);
-        if (k < 2)   /* a one huge frame keeps the tail it is charged for */
+            cr_assert_eq(thp_eligible(f[k] + ext[k]), k < 3, "page %u: its tail's eligibility", k);
+        if (k < 3)   /* a one huge frame keeps the tail it is charged for */
             cr_assert_eq(page_mapped(f[k] + ext[k]), 1, "page %u: its tail was given back", k);
         jlm_pager_unpin(p, 0, k);
     }
@@ -1104,6 +1106,7 @@ Test(pager, frames_are_whole_huge_pages_while_the_budget_holds_everything, .time
     cr_assert_eq(jlm_pager_get(p, 0, 1, 0, ext[1], &ptr, &err), 0, "%s", err.msg);
     cr_assert_eq(ptr, f[0], "page 1 did not take page 0's frame over");
     cr_assert_eq(jlm_pager_charge(p, 0, 0), ext[0], "below 3/8, absent page 0 would be charged a huge page");
+    cr_assert_eq(jlm_pager_charge(p, 0, 2), H, "below 3/8, absent page 2 (near full) would be charged its extent");
     check_bytes(ptr, base + psz, (size_t)ext[1], "a one huge frame taken over below 3/8");
     cr_assert_eq(thp_eligible((const uint8_t *)ptr + ext[1]), 0, "page 1: its tail is still huge-page eligible");
     jlm_pager_stats(p, &c);
