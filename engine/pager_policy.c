@@ -86,31 +86,35 @@ static double xp_rank(const jlm_pager *p, const ppage *q, uint32_t cur, double w
     return -q->xp_key;
 }
 
-/* Whether q, an unpinned expert page, may be the victim: a page read ahead
- * and not yet gotten is kept (a background read's is not). */
-static int xp_candidate(const ppage *q, const ppage *skip)
+/* Whether q, an unpinned expert page, may be the victim: any but skip under
+ * LRU; under the others a page read ahead and not yet gotten is kept (a
+ * background read's is not). */
+static int xp_candidate(const jlm_pager *p, const ppage *q, const ppage *skip)
 {
-    return q != skip && !(q->pf_fresh && !q->pf_low);
+    return q != skip && (p->xp == JLM_XP_LRU || !(q->pf_fresh && !q->pf_low));
 }
 
-/* Whether expert page pg taking q's frame (take_frame) keeps its memory as
- * it is: the same array, and the same span of it charged and mapped (the
- * extent; for a one huge frame, its huge pages). Else the frame gives bytes
- * back, or maps new ones whose every 4 KiB page's first touch a shadowing
- * hypervisor charges (~10 us each: 0.7 ms for the 278 KB that moe-1g's two
- * expert sizes differ by), and a smaller victim leaves the budget short by
- * the difference: make_room evicts a second page for it, whose frame goes. */
-static int xp_fits(const jlm_pager *p, const ppage *q, const ppage *pg)
+/* The bytes of its frame that expert page pg (skip of the victim's scan,
+ * absent) would be charged and mapped whole: its extent, or for a one huge
+ * frame its huge pages (chunk_top's rule for a page mapped now). */
+static uint64_t xp_want_span(const jlm_pager *p, const ppage *pg)
 {
-    if (q->array != pg->array)
-        return 0;
-    const parray *r = &p->arr[pg->array];
-    uint64_t eq = r->extent[q->idx], ep = r->extent[pg->idx];
-    if (q->huge)
-        eq = jlm_pg_huge_end(p, eq);
-    if (jlm_pg_want_huge(p, ep))
-        ep = jlm_pg_huge_end(p, ep);
-    return eq == ep;
+    uint64_t ext = p->arr[pg->array].extent[pg->idx];
+    return jlm_pg_want_huge(p, ext) ? jlm_pg_huge_end(p, ext) : ext;
+}
+
+/* Whether expert page pg (of `span` bytes: xp_want_span) taking q's frame
+ * (take_frame) keeps its memory as it is: the same array, and the span q's
+ * frame is charged and mapped (chunk_top of its whole page). Else the frame
+ * gives bytes back, or maps new ones whose every 4 KiB page's first touch a
+ * shadowing hypervisor charges (~10 us each: 0.7 ms for the 278 KB that
+ * moe-1g's two expert sizes differ by), and a smaller victim leaves the
+ * budget short by the difference: make_room evicts a second page for it,
+ * whose frame goes. */
+static int xp_fits(const jlm_pager *p, const ppage *q, const ppage *pg, uint64_t span)
+{
+    const parray *r = &p->arr[q->array];
+    return q->array == pg->array && chunk_top(p, r, q, page_chunks(p, r, q)) == span;
 }
 
 /* The ranks above which the best victim that fits (xp_fits) is still
@@ -144,22 +148,23 @@ ppage *jlm_pgp_expert_victim(jlm_pager *p, const ppage *skip)
         return x;
     ppage *best = lru ? x : NULL, *same = NULL;
     uint32_t cur = fit ? skip->idx : p->xp_cur, n = 0, pos = 0;
+    uint64_t span = fit ? xp_want_span(p, skip) : 0;
     double window = jlm_xp_window(p->xp_half, p->xp_gets), br = 0, bs = 0;
     for (ppage *q = x; q; q = q->prev, pos++) {   /* strict >: ties to the least recent */
-        if (lru ? q == skip : !xp_candidate(q, skip))
+        if (!xp_candidate(p, q, skip))
             continue;
         double r = xp_order(p, q, pos, cur, window);
         n++;
         if (!lru && (!best || r > br))
             best = q, br = r;
-        if (fit && xp_fits(p, q, skip) && (!same || r > bs))
+        if (fit && xp_fits(p, q, skip, span) && (!same || r > bs))
             same = q, bs = r;
     }
-    if (same && same != best) {
+    if (same && same != best) {   /* the candidates ranked above it (a second scan: bs is known now) */
         uint32_t above = 0;
         pos = 0;
         for (ppage *q = x; q; q = q->prev, pos++)
-            if ((lru ? q != skip : xp_candidate(q, skip)) && xp_order(p, q, pos, cur, window) > bs)
+            if (xp_candidate(p, q, skip) && xp_order(p, q, pos, cur, window) > bs)
                 above++;
         if (above <= XP_FIT_SHARE * n)
             return same;
