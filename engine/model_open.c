@@ -558,27 +558,24 @@ static void fingerprint_note(const jlm_engine *e)
 
 /* The sidecar's checksums (jlm_engine_opts.verify), loaded and the header
  * and records checked before anything of the container is decoded: a
- * damaged record is named as a mismatch, never parsed. *out NULL: none. */
-static int load_verify(const char *path, const jlm_engine_opts *o, jlm_sums **out, jlm_err *err)
+ * damaged record is named as a mismatch, never parsed. fd: the container,
+ * open (the descriptor the metadata and pages are read through next).
+ * *out NULL: none. */
+static int load_verify(const char *path, int fd, const jlm_engine_opts *o, jlm_sums **out, jlm_err *err)
 {
     *out = NULL;
     if (o->no_verify)
         return JLM_OK;
+    struct stat st;
+    if (fstat(fd, &st))
+        return jlm_errf(err, JLM_EIO, "%s: cannot read its header: %s", path, strerror(errno));
+    if (!S_ISREG(st.st_mode))   /* a FIFO or a folder in the model's place: the format's open says so */
+        return JLM_OK;
     char *sp = jlm_sums_path(path);
     if (!sp)
         return jlm_errf(err, JLM_ENOMEM, "%s: out of memory", path);
-    /* non-blocking, and only a regular file: a FIFO in the model's place is
-     * refused by the source's open in one line, never waited on here */
-    int fd = open(path, O_RDONLY | O_CLOEXEC | O_NONBLOCK);
-    struct stat st;
-    int unread = fd < 0 || fstat(fd, &st);
-    if (!unread && !S_ISREG(st.st_mode)) {
-        close(fd);
-        free(sp);
-        return JLM_OK;
-    }
     uint8_t hb[JLM_HEADER_LEN];
-    int rc = unread || pread(fd, hb, sizeof hb, 0) != (ssize_t)sizeof hb
+    int rc = pread(fd, hb, sizeof hb, 0) != (ssize_t)sizeof hb
                  ? jlm_errf(err, JLM_EIO, "%s: cannot read its header: %s", path, strerror(errno))
                  : jlm_sums_load(AT_FDCWD, sp, hb, (uint64_t)st.st_size, out, err);
     free(sp);
@@ -594,8 +591,6 @@ static int load_verify(const char *path, const jlm_engine_opts *o, jlm_sums **ou
     else if (meta)
         rc = jlm_sums_check(*out, 0, meta, (*out)->spans[0].len, path, NULL, err);
     free(meta);
-    if (fd >= 0)
-        close(fd);
     if (rc) {
         jlm_sums_free(*out);
         *out = NULL;
@@ -623,8 +618,15 @@ int jlm_engine_open(const char *path, const jlm_engine_opts *opts, jlm_engine **
         return jlm_errf(err, JLM_ENOMEM, "%s: out of memory", path);
     e->pf_block = NO_PF;
     jlm_sums *sums = NULL;
-    int rc = load_verify(path, &o, &sums, err);
-    if (rc || (rc = jlm_fmt_open(path, &e->m, err)))
+    /* opened once: the checksum records, the metadata and every page are
+     * read through this open file, never through path again (a path
+     * replaced between two opens, a jlmfs view whose source changed, would
+     * pair one version's metadata with another's pages) */
+    int fd;
+    int rc = jlm_fmt_open_file(path, &fd, err);
+    if (!rc && (rc = load_verify(path, fd, &o, &sums, err)))
+        close(fd);
+    if (rc || (rc = jlm_fmt_open_fd(fd, path, &e->m, err)))   /* takes fd */
         goto fail;
     e->c = &e->m->config;
     const jlm_config *c = e->c;
@@ -660,9 +662,8 @@ int jlm_engine_open(const char *path, const jlm_engine_opts *opts, jlm_engine **
     if (jlm_k_cpu_init(&kerr) && !o.quiet)
         fprintf(stderr, "note: %s\n", kerr.msg);
     e->k = jlm_k_cpu_get();
-    struct stat mst;   /* the pages must come from the file the metadata came from */
-    jlm_file_source_opts so = {.direct = o.direct, .n_threads = 0,
-                               .same_as = e->m->fd >= 0 && !fstat(e->m->fd, &mst) ? &mst : NULL};
+    /* the pages come from the file the metadata came from */
+    jlm_file_source_opts so = {.direct = o.direct, .use_fd = 1, .fd = e->m->fd, .size = e->m->file_size};
     e->predict = !o.no_predict && !o.no_prefetch && c->n_expert;
     if ((rc = choose_kv(e, &o, err)) || (rc = jlm_source_open_file(path, &so, &e->src, err)) ||
         (rc = wrap_verify(e, sums, err), sums = NULL, rc) || (rc = index_tensors(e, err)) || (rc = read_dense(e, err)) || (rc = open_pager(e, &o, err)) ||

@@ -5,6 +5,7 @@
 #include "format/sums.h"
 
 #include <errno.h>
+#include <stdio.h>
 #include <fcntl.h>
 #include <stdlib.h>
 #include <string.h>
@@ -154,22 +155,29 @@ static ssize_t plain_pread(int fd, void *buf, size_t n, off_t off)
 }
 
 /* The O_DIRECT descriptor, or -1 where the filesystem refuses it (tmpfs:
- * EINVAL) or the caller asked for buffered reads. */
-static int open_direct(const char *path, int want)
+ * EINVAL) or the caller asked for buffered reads. fd >= 0: the file open on
+ * fd, opened again through /proc/self/fd (the same inode, whatever path
+ * names now), and only if it is that file (device and inode). */
+static int open_direct(const char *path, int fd, int want)
 {
 #ifdef O_DIRECT
-    if (want)
-        return open(path, O_RDONLY | O_DIRECT | O_CLOEXEC);
-#endif
+    if (!want || fd < 0)
+        return want ? open(path, O_RDONLY | O_DIRECT | O_CLOEXEC) : -1;
+    char self[64];
+    snprintf(self, sizeof self, "/proc/self/fd/%d", fd);
+    int d = open(self, O_RDONLY | O_DIRECT | O_CLOEXEC);
+    struct stat a, b;
+    if (d >= 0 && (fstat(fd, &a) || fstat(d, &b) || a.st_dev != b.st_dev || a.st_ino != b.st_ino)) {
+        close(d);
+        d = -1;
+    }
+    return d;
+#else
     (void)path;
+    (void)fd;
     (void)want;
     return -1;
-}
-
-static int same_file(const struct stat *a, const struct stat *b)
-{
-    return a->st_dev == b->st_dev && a->st_ino == b->st_ino && a->st_size == b->st_size &&
-           a->st_mtim.tv_sec == b->st_mtim.tv_sec && a->st_mtim.tv_nsec == b->st_mtim.tv_nsec;
+#endif
 }
 
 int jlm_source_open_file(const char *path, const jlm_file_source_opts *opts,
@@ -187,20 +195,15 @@ int jlm_source_open_file(const char *path, const jlm_file_source_opts *opts,
     }
     f->path = p;
     f->dfd = -1;
-    f->fd = open(path, O_RDONLY | O_CLOEXEC);
-    struct stat st;
-    if (f->fd < 0 || fstat(f->fd, &st) != 0) {
+    f->fd = o.use_fd ? fcntl(o.fd, F_DUPFD_CLOEXEC, 3) : open(path, O_RDONLY | O_CLOEXEC);
+    struct stat st = {0};
+    if (f->fd < 0 || ((!o.use_fd || !o.size) && fstat(f->fd, &st) != 0)) {
         int e = errno;
         file_close(&f->base);
         return jlm_errf(err, JLM_EIO, "%s: cannot open: %s", path, strerror(e));
     }
-    f->dfd = open_direct(path, o.direct);
-    struct stat dst;
-    if (o.same_as && (!same_file(&st, o.same_as) ||
-                      (f->dfd >= 0 && (fstat(f->dfd, &dst) != 0 || !same_file(&dst, o.same_as))))) {
-        file_close(&f->base);
-        return jlm_errf(err, JLM_EIO, "%s: the file changed while it was opened (replaced by another version)", path);
-    }
+    uint64_t size = o.use_fd && o.size ? o.size : (uint64_t)st.st_size;
+    f->dfd = open_direct(path, o.use_fd ? f->fd : -1, o.direct);
     f->pread = o.pread ? o.pread : plain_pread;
     f->split_min = o.split_min ? o.split_min : SRC_SPLIT_MIN;
     int nt = o.n_threads;
@@ -216,7 +219,7 @@ int jlm_source_open_file(const char *path, const jlm_file_source_opts *opts,
     f->base.read = file_read;
     f->base.close = file_close;
     f->base.name = f->path;
-    f->base.size = (uint64_t)st.st_size;
+    f->base.size = size;
     f->base.direct = f->dfd >= 0;
     f->base.tier = f->dfd >= 0 ? JLM_TIER_DISK : JLM_TIER_UNKNOWN;
     *out = &f->base;

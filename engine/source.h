@@ -73,15 +73,23 @@ typedef struct jlm_file_source_opts {
     int          n_threads;   /* I/O threads for large reads; 0: min(4, cores); 1: none */
     size_t       split_min;   /* reads of at least this many bytes are split; 0: 4 MiB */
     jlm_pread_fn pread;       /* syscall seam for tests; NULL: pread(2) */
-    /* non-NULL: the file opened must be this one (device, inode, size,
-     * mtime; the engine passes its container descriptor's), else JLM_EIO:
-     * the path was replaced between the opens (a jlmfs view whose source
-     * changed), and pages of another version would meet this metadata */
-    const struct stat *same_as;
+    /* use_fd: read the file open on fd (a duplicate of it; the caller keeps
+     * fd) instead of opening path, which then only names it in messages;
+     * size: its size (0: fstat). The engine passes its container's
+     * descriptor, so its pages come from the file its metadata came from:
+     * a path replaced between two opens (a jlmfs view whose source
+     * changed) would pair one version's metadata with another's pages,
+     * and a descriptor of a replaced view may fail fstat (ESTALE) while it
+     * still reads its version. The O_DIRECT descriptor is that file opened
+     * again through /proc/self/fd/N (the same inode, never a walk of the
+     * path; none where that fails: reads stay buffered). */
+    int          use_fd;
+    int          fd;
+    uint64_t     size;
 } jlm_file_source_opts;
 
-/* Opens path read-only. opts may be NULL (defaults). JLM_EIO naming the path
- * and errno on failure; *out untouched then. */
+/* Opens path read-only (or opts->fd's file). opts may be NULL (defaults).
+ * JLM_EIO naming the path and errno on failure; *out untouched then. */
 int jlm_source_open_file(const char *path, const jlm_file_source_opts *opts,
                          jlm_source **out, jlm_err *err);
 

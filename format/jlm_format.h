@@ -349,6 +349,16 @@ typedef struct jlm_model {
 /* Opens and validates a container (one read of [0, DenseOff)). Error messages
  * name the path. *out untouched on error. */
 int  jlm_fmt_open(const char *path, jlm_model **out, jlm_err *err);
+/* The same on a descriptor already open on the container (O_NONBLOCK, so a
+ * FIFO is refused, never waited on), which it takes: it becomes m->fd, or is
+ * closed on error. path names it in messages. The engine reads the metadata,
+ * the checksum records and the pages through one open file this way, so a
+ * path replaced between its reads (a jlmfs view whose source changed) never
+ * pairs one version's metadata with another's pages. */
+int  jlm_fmt_open_fd(int fd, const char *path, jlm_model **out, jlm_err *err);
+/* The descriptor jlm_fmt_open reads through (read-only, close-on-exec,
+ * non-blocking): JLM_EIO naming path and errno on failure. */
+int  jlm_fmt_open_file(const char *path, int *fd, jlm_err *err);
 /* Same checks on bytes in memory: buf holds at least [0, DenseOff) of a file
  * whose total size is file_size. For tests and fuzzing. */
 int  jlm_fmt_parse(const uint8_t *buf, size_t len, uint64_t file_size, const char *what,

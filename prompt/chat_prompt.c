@@ -12,7 +12,7 @@ static const char CHATML[] =
 int jlm_chat_template_or_chatml(const char *path, const jlm_vocab *v, char **tmpl, char **bos, char **eos,
                                 int *fallback, jlm_err *err)
 {
-    if (jlm_chat_template_from_model(path, tmpl, bos, eos, err) == 0) {
+    if (jlm_chat_template_from_vocab(v, path, tmpl, bos, eos, err) == 0) {
         *fallback = 0;
         return 0;
     }

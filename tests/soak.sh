@@ -70,13 +70,15 @@ reader() {
             cat "$V" >"$out" 2>/dev/null; rc=$?
             refa=$T/refA.jlm refb=$T/refB.jlm
         else
-            "$JLM" run "$V" "${RUN_ARGS[@]}" >"$out" 2>/dev/null; rc=$?
+            "$JLM" run "$V" "${RUN_ARGS[@]}" >"$out" 2>"$T/r$i.err"; rc=$?
             refa=$T/outA refb=$T/outB
         fi
         if [ $rc -ne 0 ]; then f=$((f + 1))
         elif cmp -s "$out" "$refa"; then a=$((a + 1))
         elif cmp -s "$out" "$refb"; then b=$((b + 1))
-        else m=$((m + 1)); cp "$out" "$T/bad/r$i-$m-at-$(( $(date +%s) - START ))s"
+        else
+            m=$((m + 1)); bad=$T/bad/$kind-r$i-$m-at-$(( $(date +%s) - START ))s
+            cp "$out" "$bad"; [ "$kind" = run ] && cp "$T/r$i.err" "$bad.err"
         fi
     done
     echo "$a $b $f $m" >"$T/res/$i.$kind"
@@ -110,15 +112,23 @@ mism=$(( $(tot 4 cat) + $(tot 4 run) ))
 seenA=$(( $(tot 1 cat) + $(tot 1 run) ))
 seenB=$(( $(tot 2 cat) + $(tot 2 run) ))
 if [ "$mism" -ne 0 ]; then
-    echo "soak: FAIL: $mism torn reads (copies in $T/bad); 64 KiB pages of each, A/B = that model's page, 0 = zeros, ? = neither:"
+    echo "soak: FAIL: $mism torn reads (copies in $T/bad); a page reader's copy by 64 KiB pages, A/B = that model's page, 0 = zeros, ? = neither; an engine reader's output and stderr:"
     for f in "$T"/bad/*; do
-        m=$(python3 -c 'import sys
-a, b, d = (open(p, "rb").read() for p in sys.argv[1:4]); P = 65536; s = ""
-for o in range(0, len(d), P):
-    c = d[o:o + P]
-    s += "A" if a[o:o + len(c)] == c else "B" if b[o:o + len(c)] == c else "0" if not c.strip(bytes(1)) else "?"
-print(s)' "$T/refA.jlm" "$T/refB.jlm" "$f" 2>/dev/null)
-        echo "  $(basename "$f"): $(stat -c %s "$f") bytes: ${m:-(no python3)}"
+        case ${f##*/} in
+        *.err) continue ;;
+        run-*) echo "  ${f##*/}: $(stat -c %s "$f") bytes: $(head -c 200 "$f" | od -An -c | tr -s ' \n' ' ')"
+               sed 's/^/    stderr: /' "$f.err" | head -5
+               continue ;;
+        esac
+        size=$(stat -c %s "$f") map=
+        for ((o = 0; o < size; o += 65536)); do
+            n=$((size - o < 65536 ? size - o : 65536))
+            if cmp -s -i "$o:$o" -n "$n" "$f" "$T/refA.jlm"; then map+=A
+            elif cmp -s -i "$o:$o" -n "$n" "$f" "$T/refB.jlm"; then map+=B
+            elif cmp -s -i "$o:0" -n "$n" "$f" /dev/zero; then map+=0
+            else map+='?'; fi
+        done
+        echo "  ${f##*/}: $size bytes: $map"
     done
     fail=1; SOAK_KEEP=1
 fi

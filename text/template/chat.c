@@ -220,35 +220,39 @@ int jlm_chat_render(const char *template_src, size_t len, const jlm_chat_msg *ms
     return rc;
 }
 
-int jlm_chat_template_from_model(const char *path, char **tmpl, char **bos, char **eos, jlm_err *err)
+int jlm_chat_template_from_vocab(const jlm_vocab *v, const char *name, char **tmpl, char **bos, char **eos,
+                                 jlm_err *err)
 {
-    jlm_model *m;
-    int rc = jlm_fmt_open(path, &m, err);
-    if (rc) return rc;
-    const jlm_vocab *v = &m->vocab;
     const jlm_str *body = NULL;
     for (uint32_t i = 0; i < v->n_templates; i++)
         if (v->templates[2 * i].len == 0) { body = &v->templates[2 * i + 1]; break; }
-    if (!body) {
-        uint32_t n_named = v->n_templates;
-        jlm_fmt_close(m);
+    if (!body)
         return jlm_errf(err, JLM_ENOTFOUND, "%s: no default chat template in the vocab (%u named templates)",
-                        path, n_named);
-    }
+                        name, v->n_templates);
     const jlm_str *b = v->bos >= 0 && (uint32_t)v->bos < v->n_tokens ? &v->tokens[v->bos] : NULL;
     const jlm_str *e = v->eos >= 0 && (uint32_t)v->eos < v->n_tokens ? &v->tokens[v->eos] : NULL;
     char *t = strndup(body->s, body->len);
     char *bs = b ? strndup(b->s, b->len) : strdup("");
     char *es = e ? strndup(e->s, e->len) : strdup("");
-    jlm_fmt_close(m);
     if (!t || !bs || !es) {
         free(t);
         free(bs);
         free(es);
-        return jlm_errf(err, JLM_ENOMEM, "%s: out of memory copying the chat template", path);
+        return jlm_errf(err, JLM_ENOMEM, "%s: out of memory copying the chat template", name);
     }
     *tmpl = t;
     *bos = bs;
     *eos = es;
     return 0;
+}
+
+int jlm_chat_template_from_model(const char *path, char **tmpl, char **bos, char **eos, jlm_err *err)
+{
+    jlm_model *m;
+    int rc = jlm_fmt_open(path, &m, err);
+    if (rc)
+        return rc;
+    rc = jlm_chat_template_from_vocab(&m->vocab, path, tmpl, bos, eos, err);
+    jlm_fmt_close(m);
+    return rc;
 }

@@ -35,6 +35,7 @@
 #include <jansson.h>
 
 #include "base/jlm_err.h"
+#include "format/jlm_format.h"
 
 typedef struct jlm_chat_msg {
     const char *role;
@@ -75,5 +76,9 @@ int jlm_chat_render_json(const char *template_src, size_t len, const json_t *mes
  * container has no default template; reader errors as jlm_fmt_open; *tmpl,
  * *bos, *eos untouched on error. */
 int jlm_chat_template_from_model(const char *path, char **tmpl, char **bos, char **eos, jlm_err *err);
+/* The same from a container already open (name: its path, for messages):
+ * the engine's own vocab, so the template is the version the engine runs. */
+int jlm_chat_template_from_vocab(const jlm_vocab *v, const char *name, char **tmpl, char **bos, char **eos,
+                                 jlm_err *err);
 
 #endif
