@@ -1106,7 +1106,7 @@ Test(pager, frames_are_whole_huge_pages_while_the_budget_holds_everything, .time
     cr_assert_eq(jlm_pager_get(p, 0, 1, 0, ext[1], &ptr, &err), 0, "%s", err.msg);
     cr_assert_eq(ptr, f[0], "page 1 did not take page 0's frame over");
     cr_assert_eq(jlm_pager_charge(p, 0, 0), ext[0], "below 3/8, absent page 0 would be charged a huge page");
-    cr_assert_eq(jlm_pager_charge(p, 0, 2), H, "below 3/8, absent page 2 (near full) would be charged its extent");
+    cr_assert_eq(jlm_pager_charge(p, 0, 2), H, "below 3/8, absent page 2 (near full) would be charged its huge page");
     check_bytes(ptr, base + psz, (size_t)ext[1], "a one huge frame taken over below 3/8");
     cr_assert_eq(thp_eligible((const uint8_t *)ptr + ext[1]), 0, "page 1: its tail is still huge-page eligible");
     jlm_pager_stats(p, &c);
