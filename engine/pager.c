@@ -63,6 +63,7 @@ static void list_unlink(plist *l, ppage *pg)
     if (pg->next) pg->next->prev = pg->prev; else l->tail = pg->prev;
     pg->prev = pg->next = NULL;
     l->n--;
+    l->held -= pg->held;
 }
 
 static void list_push_head(plist *l, ppage *pg)
@@ -72,6 +73,7 @@ static void list_push_head(plist *l, ppage *pg)
     if (l->head) l->head->prev = pg; else l->tail = pg;
     l->head = pg;
     l->n++;
+    l->held += pg->held;
 }
 
 static void list_push_tail(plist *l, ppage *pg)
@@ -81,6 +83,7 @@ static void list_push_tail(plist *l, ppage *pg)
     if (l->tail) l->tail->next = pg; else l->head = pg;
     l->tail = pg;
     l->n++;
+    l->held += pg->held;
 }
 
 static plist *class_list(jlm_pager *p, const ppage *pg)
@@ -221,6 +224,7 @@ static void frame_release(uint8_t *f, uint64_t lo, uint64_t hi)
 static void charge(jlm_pager *p, ppage *pg, uint64_t bytes)
 {
     parray *r = &p->arr[pg->array];
+    assert(!jlm_pg_listed(p, pg));   /* charged while pinned, or absent: its list's held is unchanged */
     pg->held += bytes;
     p->resident_bytes += bytes;
     r->st.resident_bytes += bytes;
@@ -233,6 +237,8 @@ static void uncharge(jlm_pager *p, ppage *pg, uint64_t bytes)
     parray *r = &p->arr[pg->array];
     assert(pg->held >= bytes);
     pg->held -= bytes;
+    if (jlm_pg_listed(p, pg))
+        class_list(p, pg)->held -= bytes;
     p->resident_bytes -= bytes;
     r->st.resident_bytes -= bytes;
 }

@@ -47,7 +47,8 @@
  *  (2) budget == 0 or resident_bytes <= budget.
  *  (3) frame == NULL implies no chunk filled, pins == 0 and held == 0.
  *  (4) A page is on its class's LRU list iff it has a frame and pins == 0;
- *      such a page has at least one chunk filled.
+ *      such a page has at least one chunk filled. A list's held is the sum
+ *      of its pages' held (the room a read can make, in O(1)).
  *  (5) n_filled == popcount(bitmap); no bit at or past the page's chunk count.
  *  (6) A filled chunk holds exactly the source's bytes for that span (tests
  *      check this against the source content).

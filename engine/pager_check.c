@@ -79,11 +79,7 @@ void jlm_pager_stats_reset(jlm_pager *p)
 /* Bytes the budget can give pg: free bytes plus every other unpinned page's. */
 uint64_t jlm_pg_room_for(const jlm_pager *p, const ppage *pg)
 {
-    uint64_t unpinned = 0;
-    for (int c = 0; c < 2; c++)
-        for (const ppage *q = p->lru[c].head; q; q = q->next)
-            if (q != pg)
-                unpinned += q->held;
+    uint64_t unpinned = p->lru[0].held + p->lru[1].held - (jlm_pg_listed(p, pg) ? pg->held : 0);
     for (uint64_t c = 0; p->adv && p->adv->pins && c < p->adv->rel; c++)   /* the advancing page's released chunks */
         if (bit_get(p->adv, c))
             unpinned += chunk_top(p, &p->arr[p->adv->array], p->adv, c + 1) - chunk_lo(p, c);
@@ -165,8 +161,10 @@ static int check_lists(const jlm_pager *p, const uint32_t expect[2], jlm_err *er
     for (int c = 0; c < 2; c++) {
         const plist *l = &p->lru[c];
         uint32_t n = 0;
+        uint64_t held = 0;
         const ppage *prev = NULL;
         for (const ppage *pg = l->head; pg; prev = pg, pg = pg->next) {
+            held += pg->held;
             if (++n > expect[c] || pg->prev != prev)
                 return jlm_errf(err, JLM_EINVAL, "pager check (4): class %d list broken or longer than the %u unpinned pages",
                                 c, expect[c]);
@@ -177,6 +175,9 @@ static int check_lists(const jlm_pager *p, const uint32_t expect[2], jlm_err *er
         if (n != expect[c] || n != l->n || l->tail != prev)
             return jlm_errf(err, JLM_EINVAL, "pager check (4): class %d list holds %u pages (n %u), expected %u",
                             c, n, l->n, expect[c]);
+        if (held != l->held)
+            return jlm_errf(err, JLM_EINVAL, "pager check (4): class %d list's pages hold %llu bytes, its count says %llu",
+                            c, (unsigned long long)held, (unsigned long long)l->held);
     }
     return 0;
 }

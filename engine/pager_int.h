@@ -49,7 +49,8 @@ typedef struct parray {
     jlm_pager_array_counters st;
 } parray;
 
-typedef struct plist { ppage *head, *tail; uint32_t n; } plist;
+/* A class list; held: its pages' held bytes, summed (jlm_pg_room_for). */
+typedef struct plist { ppage *head, *tail; uint32_t n; uint64_t held; } plist;
 
 /* The reader threads and their requests, one a slot: the runs of missing
  * chunks of one page. Up to `depth` slots are in use (pages read at once),
@@ -140,6 +141,12 @@ static inline uint64_t chunk_hi(const jlm_pager *p, const parray *r, const ppage
 {
     uint64_t hi = c1 << p->chunk_shift, ext = r->extent[pg->idx];
     return hi > ext ? ext : hi;
+}
+
+/* Whether pg is on its class's list (invariant (4): unpinned and resident). */
+static inline int jlm_pg_listed(const jlm_pager *p, const ppage *pg)
+{
+    return pg->prev || pg->next || p->lru[p->arr[pg->array].cls].head == pg;
 }
 
 /* The budget holds every page of every array with a huge page's slack each
