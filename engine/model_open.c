@@ -568,16 +568,26 @@ static int load_verify(const char *path, int fd, const jlm_engine_opts *o, jlm_s
         return JLM_OK;
     struct stat st;
     if (fstat(fd, &st))
-        return jlm_errf(err, JLM_EIO, "%s: cannot read its header: %s", path, strerror(errno));
-    if (!S_ISREG(st.st_mode))   /* a FIFO or a folder in the model's place: the format's open says so */
+        return jlm_fmt_io_error(path, "cannot read its header", err);
+    if (!S_ISREG(st.st_mode) || st.st_size < JLM_HEADER_LEN)   /* a FIFO, a folder or a file shorter than a
+                                                                   header: the format's open names it */
         return JLM_OK;
     char *sp = jlm_sums_path(path);
     if (!sp)
         return jlm_errf(err, JLM_ENOMEM, "%s: out of memory", path);
     uint8_t hb[JLM_HEADER_LEN];
-    int rc = pread(fd, hb, sizeof hb, 0) != (ssize_t)sizeof hb
-                 ? jlm_errf(err, JLM_EIO, "%s: cannot read its header: %s", path, strerror(errno))
-                 : jlm_sums_load(AT_FDCWD, sp, hb, (uint64_t)st.st_size, out, err);
+    jlm_header h;
+    ssize_t got = pread(fd, hb, sizeof hb, 0);
+    int rc;
+    if (got < 0)
+        rc = jlm_fmt_io_error(path, "cannot read its header", err);
+    else if (got != (ssize_t)sizeof hb)
+        rc = jlm_errf(err, JLM_EIO, "%s: cannot read its header: %zd of %zu bytes (the file shrank)", path, got,
+                      sizeof hb);
+    else if (jlm_fmt_header_decode(hb, sizeof hb, &h, NULL) || jlm_fmt_header_validate(&h, (uint64_t)st.st_size, NULL))
+        rc = JLM_OK;   /* a damaged header: the format's open names the container, not its sidecar */
+    else
+        rc = jlm_sums_load(AT_FDCWD, sp, hb, (uint64_t)st.st_size, out, err);
     free(sp);
     if (rc == JLM_ENOTFOUND && o->verify)
         rc = jlm_errf(err, JLM_ENOTFOUND, "%s: --verify: no checksum sidecar %s.sums", path, path);
@@ -586,8 +596,12 @@ static int load_verify(const char *path, int fd, const jlm_engine_opts *o, jlm_s
     uint8_t *meta = !rc && *out ? malloc((*out)->spans[0].len) : NULL;
     if (!rc && *out && !meta)
         rc = jlm_errf(err, JLM_ENOMEM, "%s: out of memory", path);
-    if (meta && pread(fd, meta, (*out)->spans[0].len, 0) != (ssize_t)(*out)->spans[0].len)
-        rc = jlm_errf(err, JLM_EIO, "%s: cannot read its records", path);
+    ssize_t mg = meta ? pread(fd, meta, (*out)->spans[0].len, 0) : 0;
+    if (meta && mg < 0)
+        rc = jlm_fmt_io_error(path, "cannot read its records", err);
+    else if (meta && mg != (ssize_t)(*out)->spans[0].len)
+        rc = jlm_errf(err, JLM_EIO, "%s: cannot read its records: %zd of %llu bytes (the file shrank)", path, mg,
+                      (unsigned long long)(*out)->spans[0].len);
     else if (meta)
         rc = jlm_sums_check(*out, 0, meta, (*out)->spans[0].len, path, NULL, err);
     free(meta);

@@ -359,6 +359,10 @@ int  jlm_fmt_open_fd(int fd, const char *path, jlm_model **out, jlm_err *err);
 /* The descriptor jlm_fmt_open reads through (read-only, close-on-exec,
  * non-blocking): JLM_EIO naming path and errno on failure. */
 int  jlm_fmt_open_file(const char *path, int *fd, jlm_err *err);
+/* An open, fstat or read of the container at path that failed (errno): JLM_EIO,
+ * "PATH: WHAT: strerror" (WHAT NULL: none), and ESTALE said in words (a jlmfs
+ * view whose source was replaced between the open and this call). */
+int  jlm_fmt_io_error(const char *path, const char *what, jlm_err *err);
 /* Same checks on bytes in memory: buf holds at least [0, DenseOff) of a file
  * whose total size is file_size. For tests and fuzzing. */
 int  jlm_fmt_parse(const uint8_t *buf, size_t len, uint64_t file_size, const char *what,

@@ -181,19 +181,17 @@ int jlm_fmt_parse(const uint8_t *buf, size_t len, uint64_t file_size, const char
     return JLM_OK;
 }
 
-/* An open or a read that failed: errno named, and ESTALE said in words (a
- * jlmfs view whose source was replaced between the open and this call). */
-static int io_error(const char *path, jlm_err *err)
+int jlm_fmt_io_error(const char *path, const char *what, jlm_err *err)
 {
     int e = errno;
-    return jlm_errf(err, JLM_EIO, "%s: %s%s", path, strerror(e),
+    return jlm_errf(err, JLM_EIO, "%s: %s%s%s%s", path, what ? what : "", what ? ": " : "", strerror(e),
                     e == ESTALE ? " (the file was replaced while it was opened; open it again)" : "");
 }
 
 int jlm_fmt_open_file(const char *path, int *fd, jlm_err *err)
 {
     *fd = open(path, O_RDONLY | O_CLOEXEC | O_NONBLOCK);   /* a FIFO is refused by the open, never waited on */
-    return *fd < 0 ? io_error(path, err) : JLM_OK;
+    return *fd < 0 ? jlm_fmt_io_error(path, NULL, err) : JLM_OK;
 }
 
 int jlm_fmt_open(const char *path, jlm_model **out, jlm_err *err)
@@ -214,7 +212,7 @@ int jlm_fmt_open_fd(int fd, const char *path, jlm_model **out, jlm_err *err)
     uint8_t hb[JLM_HEADER_LEN];
     m->fd = fd;
     if (fstat(m->fd, &st) != 0) {
-        rc = io_error(path, err);
+        rc = jlm_fmt_io_error(path, NULL, err);
         goto fail;
     }
     if (!S_ISREG(st.st_mode)) {
@@ -225,7 +223,7 @@ int jlm_fmt_open_fd(int fd, const char *path, jlm_model **out, jlm_err *err)
     m->file_size = (uint64_t)st.st_size;
     ssize_t got = pread(m->fd, hb, sizeof hb, 0);
     if (got < 0) {
-        rc = io_error(path, err);
+        rc = jlm_fmt_io_error(path, NULL, err);
         goto fail;
     }
     jlm_header h;

@@ -119,6 +119,46 @@ Test(sums, a_clean_container_verifies_and_runs)
     free(good);
 }
 
+/* A container cut short, beside its own sidecar or none: run says what the
+ * format's open says of the container (in its header: the bytes there are,
+ * of the header's; empty: no magic; past it: what runs past the end), in one
+ * line naming the container, not the sidecar, exit 1; never an errno left
+ * over from the short read. */
+Test(sums, a_cut_container_is_named_by_run_with_or_without_its_sidecar)
+{
+    char *good = convert("synth-llama-moe-256.Q4_K_M.gguf", "moe.jlm"), *cut = pf("%s/%s", g_tmp, "cut.jlm");
+    char *gs = pf("%s%s", good, ".sums"), *cs = pf("%s%s", cut, ".sums");
+    size_t n;
+    unsigned char *b = tu_read_file(good, &n);
+    cr_assert(b && n > JLM_HEADER_LEN);
+    const size_t lens[4] = {0, 10, JLM_HEADER_LEN - 1, JLM_HEADER_LEN + 8};
+    for (int side = 0; side < 2; side++) {
+        if (side)
+            copy(gs, cs);
+        for (int i = 0; i < 4; i++) {
+            char want[64], *out = NULL;
+            cr_assert_eq(tu_write_file(cut, b, lens[i]), 0);
+            if (lens[i] > JLM_HEADER_LEN)
+                snprintf(want, sizeof want, "runs past the end of the file (%zu bytes)", lens[i]);
+            else if (lens[i])
+                snprintf(want, sizeof want, "truncated header: %zu of %u bytes", lens[i], (unsigned)JLM_HEADER_LEN);
+            else
+                snprintf(want, sizeof want, "not a jlm container (bad magic)");
+            int rc = jlm("run", cut, &out);
+            cr_assert_eq(rc, 1, "%zu bytes, sidecar %d: exit %d: %s", lens[i], side, rc, out);
+            cr_assert(strstr(out, want) && tu_count_lines(out) == 1 && !strstr(out, ".sums"),
+                      "%zu bytes, sidecar %d: '%s' expected in one line naming the container: %s", lens[i], side, want,
+                      out);
+            free(out);
+        }
+    }
+    free(b);
+    free(cs);
+    free(gs);
+    free(cut);
+    free(good);
+}
+
 Test(sums, a_flipped_bit_in_every_page_class_is_named_and_never_computed_with)
 {
     char *good = convert("synth-llama-moe-256.Q4_K_M.gguf", "moe.jlm");
