@@ -557,10 +557,12 @@ static void fingerprint_note(const jlm_engine *e)
 }
 
 /* The sidecar's checksums (jlm_engine_opts.verify), loaded and the header
- * and records checked before anything of the container is decoded: a
- * damaged record is named as a mismatch, never parsed. fd: the container,
- * open (the descriptor the metadata and pages are read through next).
- * *out NULL: none. */
+ * and records checked before the records are decoded: a damaged record is
+ * named as a mismatch, never parsed. Only the 192-byte header is decoded
+ * first (bounds against the file, as the format's open and the sidecar's
+ * pairing both do), so a cut container is named as the container. fd: the
+ * container, open (the descriptor the metadata and pages are read through
+ * next). *out NULL: none. */
 static int load_verify(const char *path, int fd, const jlm_engine_opts *o, jlm_sums **out, jlm_err *err)
 {
     *out = NULL;
@@ -569,25 +571,21 @@ static int load_verify(const char *path, int fd, const jlm_engine_opts *o, jlm_s
     struct stat st;
     if (fstat(fd, &st))
         return jlm_fmt_io_error(path, "cannot read its header", err);
-    if (!S_ISREG(st.st_mode) || st.st_size < JLM_HEADER_LEN)   /* a FIFO, a folder or a file shorter than a
-                                                                   header: the format's open names it */
+    if (!S_ISREG(st.st_mode))   /* a FIFO or a folder in the model's place: the format's open says so */
         return JLM_OK;
-    char *sp = jlm_sums_path(path);
-    if (!sp)
-        return jlm_errf(err, JLM_ENOMEM, "%s: out of memory", path);
     uint8_t hb[JLM_HEADER_LEN];
     jlm_header h;
     ssize_t got = pread(fd, hb, sizeof hb, 0);
-    int rc;
     if (got < 0)
-        rc = jlm_fmt_io_error(path, "cannot read its header", err);
-    else if (got != (ssize_t)sizeof hb)
-        rc = jlm_errf(err, JLM_EIO, "%s: cannot read its header: %zd of %zu bytes (the file shrank)", path, got,
-                      sizeof hb);
-    else if (jlm_fmt_header_decode(hb, sizeof hb, &h, NULL) || jlm_fmt_header_validate(&h, (uint64_t)st.st_size, NULL))
-        rc = JLM_OK;   /* a damaged header: the format's open names the container, not its sidecar */
-    else
-        rc = jlm_sums_load(AT_FDCWD, sp, hb, (uint64_t)st.st_size, out, err);
+        return jlm_fmt_io_error(path, "cannot read its header", err);
+    int rc;   /* a cut or damaged header named as the format's open names it: the container, not its sidecar */
+    if ((rc = jlm_fmt_header_decode(hb, (size_t)got, &h, err)) ||
+        (rc = jlm_fmt_header_validate(&h, (uint64_t)st.st_size, err)))
+        return jlm_err_prefix(err, rc, "%s", path);
+    char *sp = jlm_sums_path(path);
+    if (!sp)
+        return jlm_errf(err, JLM_ENOMEM, "%s: out of memory", path);
+    rc = jlm_sums_load(AT_FDCWD, sp, hb, (uint64_t)st.st_size, out, err);
     free(sp);
     if (rc == JLM_ENOTFOUND && o->verify)
         rc = jlm_errf(err, JLM_ENOTFOUND, "%s: --verify: no checksum sidecar %s.sums", path, path);
